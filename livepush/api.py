@@ -1,0 +1,65 @@
+"""The module-level Python API (SPEC §4): publish from any process, sign topics."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from . import topics
+from .config import get_settings
+from .fanout import FanOut, from_settings
+from .types import JSON, Offset, Topic
+
+_lock = threading.Lock()
+_default: FanOut | None = None
+
+
+def default_fanout() -> FanOut:
+    """The process-wide publishing fan-out, created on first use. It never listens."""
+    global _default
+    with _lock:
+        if _default is None:
+            _default = from_settings(get_settings())
+        return _default
+
+
+def set_default_fanout(fanout: FanOut | None) -> None:
+    """Install the fan-out publish() uses (a server in the same process shares its own)."""
+    global _default
+    with _lock:
+        old, _default = _default, fanout
+    if old is not None and old is not fanout:
+        old.close()
+
+
+def publish(topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
+    """Publish `data` on `topic`; returns its offset. With `conn=` (a psycopg connection,
+    Postgres fan-out only) it is delivered if and only if conn's transaction commits."""
+    return default_fanout().publish(topics.validate_topic(topic), data, conn=conn)
+
+
+async def apublish(topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
+    """Async publish(); `conn=` takes a psycopg AsyncConnection."""
+    return await default_fanout().apublish(topics.validate_topic(topic), data, conn=conn)
+
+
+def latest_offset(topic: Topic) -> Offset:
+    """The offset of the newest message on `topic`, to embed beside what a page rendered;
+    the client subscribes with it as `since` and misses nothing published in between."""
+    return default_fanout().latest_offset(topics.validate_topic(topic))
+
+
+async def alatest_offset(topic: Topic) -> Offset:
+    return await default_fanout().alatest_offset(topics.validate_topic(topic))
+
+
+def sign_topic(topic: Topic, ttl: float | None = None) -> str:
+    """A signed topic, safe to embed in a page: it is its own permission to subscribe."""
+    settings = get_settings()
+    settings.require_secret()
+    return topics.sign(topic, settings.secrets, ttl)
+
+
+def verify_topic(signed: str) -> Topic:
+    """The plain topic inside `signed`, or raises InvalidTopic."""
+    return topics.verify(signed, get_settings().secrets)

@@ -1,0 +1,186 @@
+"""The `livepush` command (SPEC §3). Exit status: 0 clean stop, 1 a dependency failed,
+2 bad usage or configuration; errors are one line on stderr, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from . import config
+from .errors import ConfigError, DependencyError, InvalidTopic, LivepushError, SchemaError
+
+EXIT_OK, EXIT_DEPENDENCY, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"livepush: {message}\n")
+
+
+def _settings(args: argparse.Namespace) -> config.Settings:
+    settings = config.Settings.from_env()
+    overrides = {
+        "host": getattr(args, "host", None),
+        "port": getattr(args, "port", None),
+        "fanout": getattr(args, "fanout", None),
+        "authenticate": getattr(args, "authenticate", None),
+    }
+    settings = settings.replace(**overrides)
+    config.set_settings(settings)
+    return settings
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def run_async(coro: object) -> int:
+    try:
+        import uvloop
+
+        return uvloop.run(coro)  # type: ignore[arg-type]
+    except ImportError:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+# -- commands ------------------------------------------------------------------------
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from . import migrate
+
+    settings = _settings(args)
+    applied = migrate.migrate(settings.require_database())
+    for m in applied:
+        print(f"applied {m.version:04d}_{m.name}")
+    print(f"schema at version {migrate.required_version()}" + ("" if applied else " (nothing to do)"))
+    return EXIT_OK
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .server.run import serve
+
+    settings = _settings(args)
+    settings.require_secret()
+    app = None
+    if args.app:
+        from .rules import load_app
+
+        app = load_app(args.app)
+    sidecars = []
+    if args.with_jobs:
+        from .jobs.cli import sidecar
+
+        sidecars.append(sidecar(args.with_jobs, settings))
+    _setup_logging()
+    return run_async(serve(settings, app=app, sidecars=sidecars))
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from . import api
+
+    _settings(args)
+    try:
+        data = json.loads(args.json)
+    except ValueError as exc:
+        raise ConfigError(f"JSON argument is not valid JSON ({exc}): quote it, e.g. '{{\"text\": \"hi\"}}'") from None
+    print(api.publish(args.topic, data))
+    return EXIT_OK
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    settings.require_secret()
+    if args.kind == "session":
+        from . import sessions
+
+        print(sessions.issue(args.value, ttl=args.ttl if args.ttl is not None else 86400))
+    else:
+        from . import api
+
+        print(api.sign_topic(args.value, ttl=args.ttl))
+    return EXIT_OK
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from .jobs import cli as jobs_cli
+
+    _settings(args)
+    _setup_logging()
+    return jobs_cli.run(args)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from . import demo
+
+    _setup_logging()
+    return demo.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="livepush", description="Real-time push for Python applications.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("migrate", help="apply the database migrations (safe to repeat)")
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("serve", help="run the WebSocket server")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--fanout", choices=config.FANOUTS)
+    p.add_argument("--authenticate", choices=config.AUTH_MODES)
+    p.add_argument("--app", metavar="MODULE:ATTR", help="your livepush.App (topic rules, hooks)")
+    p.add_argument("--with-jobs", metavar="MODULE", help="also run the job runtime for these job modules")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("jobs", help="run the job runtime")
+    try:
+        from .jobs import cli as jobs_cli
+
+        jobs_cli.add_arguments(p)
+    except ImportError:
+        p.add_argument("modules")
+    p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser("demo", help="run the demo: server, jobs and a live page in one process")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("publish", help="publish a message")
+    p.add_argument("topic")
+    p.add_argument("json")
+    p.set_defaults(func=cmd_publish)
+
+    p = sub.add_parser("token", help="make a session token or a signed topic")
+    p.add_argument("kind", choices=("session", "topic"))
+    p.add_argument("value", metavar="SUBJECT|TOPIC")
+    p.add_argument("--ttl", type=float, help="seconds until it expires")
+    p.set_defaults(func=cmd_token)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except (ConfigError, SchemaError, InvalidTopic) as exc:
+        print(f"livepush: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ValueError, TypeError) as exc:
+        if isinstance(exc, LivepushError) or type(exc).__module__.startswith("livepush"):
+            print(f"livepush: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        raise
+    except DependencyError as exc:
+        print(f"livepush: {exc}", file=sys.stderr)
+        return EXIT_DEPENDENCY
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

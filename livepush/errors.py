@@ -1,0 +1,82 @@
+"""Every error livepush raises on purpose.
+
+    LivepushError
+    ├── ConfigError            a setting is missing or wrong (CLI: exit 2)
+    ├── DependencyError        Postgres or Redis cannot be reached (CLI: exit 1)
+    │   └── ListenError        listen() could not subscribe
+    ├── SchemaError            the database schema is older than this code needs
+    ├── NotListeningError      a receiver registered before listen()
+    ├── InvalidTopic (ValueError)    a topic or signed topic is malformed, forged or expired
+    ├── InvalidSession (ValueError)  a session token is malformed, forged or expired
+    └── PayloadTooLarge (ValueError) publish() data over 1 MiB of JSON
+
+Foreign errors (psycopg, redis, websockets) are translated at the seam where they occur
+(`raise X from exc`), so callers only ever catch ours. Messages say what to do next.
+"""
+
+from __future__ import annotations
+
+
+class LivepushError(Exception):
+    """Base class of every error livepush raises on purpose."""
+
+
+class ConfigError(LivepushError):
+    """A setting is missing or has a bad value. The message names the setting and the fix."""
+
+
+class DependencyError(LivepushError):
+    """Postgres or Redis could not be reached or failed."""
+
+
+class ListenError(DependencyError):
+    """`FanOut.listen()` could not put its subscription in effect."""
+
+
+class SchemaError(LivepushError):
+    """The database schema is older than this code needs: run `livepush migrate`."""
+
+
+class NotListeningError(LivepushError):
+    """A receiver was registered on a fan-out before `await fanout.listen()`."""
+
+
+class InvalidTopic(LivepushError, ValueError):
+    """A topic is malformed, or a signed topic is forged or expired.
+
+    `reason` is the wire reason a server sends in `refused`:
+    ``invalid_topic``, ``invalid_signature`` or ``expired``.
+    """
+
+    def __init__(self, message: str, reason: str = "invalid_topic") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class InvalidSession(LivepushError, ValueError):
+    """A session token is malformed, signed with an unknown secret, or expired.
+
+    `reason` is ``malformed``, ``bad_signature`` or ``expired``. The message never
+    contains the token: tokens are credentials and must not reach logs.
+    """
+
+    def __init__(self, message: str, reason: str = "malformed") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class PayloadTooLarge(LivepushError, ValueError):
+    """publish() data encodes to more than 1 MiB of JSON."""
+
+
+__all__ = [
+    "ConfigError",
+    "DependencyError",
+    "InvalidSession",
+    "InvalidTopic",
+    "ListenError",
+    "LivepushError",
+    "NotListeningError",
+    "PayloadTooLarge",
+    "SchemaError",
+]

@@ -1,0 +1,121 @@
+"""The fan-out seam: one narrow interface, three implementations (local, Postgres, Redis).
+
+A fan-out moves published messages from any process to every server that listens, and
+keeps each topic's recent history so a client can resume from an offset.
+
+Contract (SPEC §4, §7):
+- `publish`/`apublish` assign the message its offset and return it. Offsets increase per
+  topic in commit order. Data over 1 MiB of JSON raises PayloadTooLarge before anything
+  is written. `conn=` (Postgres only) publishes inside that psycopg transaction.
+- Nothing subscribes until `await listen()`, called once; it returns when the
+  subscription is in effect, or raises ListenError. A publish-only process never listens.
+- `register(receiver)` before `listen()` raises NotListeningError.
+- A lost listener reconnects with capped, jittered backoff; `listening` is False meanwhile;
+  after it is back, every `on_resync` handler runs so missed messages are read from history.
+- `history(topic, since)` returns the messages after `since`, in order, or None when
+  `since` is older than what is kept or unknown (the client must get `reset`).
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import NotListeningError, PayloadTooLarge
+from ..types import JSON, Message, Offset, Receiver, ResyncHandler, Topic
+
+MAX_PAYLOAD_BYTES = 1024 * 1024
+
+# Control messages between servers (revocations, ...) travel on reserved topics.
+RESERVED_PREFIX = "_livepush."
+
+
+def encode_payload(data: JSON) -> str:
+    """JSON text of `data`, refusing NaN and anything over 1 MiB (SPEC §7)."""
+    try:
+        text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"publish() data must be plain JSON: {exc}") from None
+    size = len(text.encode("utf-8"))
+    if size > MAX_PAYLOAD_BYTES:
+        raise PayloadTooLarge(
+            f"publish() data is {size} bytes of JSON, over the 1 MiB limit: send a reference "
+            "(an id or URL) and let the page fetch the rest"
+        )
+    return text
+
+
+class FanOut(abc.ABC):
+    """Base of the three fan-outs. Subclasses implement the abstract methods."""
+
+    name: str = "abstract"
+
+    def __init__(self) -> None:
+        self._receivers: list[Receiver] = []
+        self._resync_handlers: list[ResyncHandler] = []
+        self._listen_called = False
+
+    # -- listening --------------------------------------------------------------------
+    @abc.abstractmethod
+    async def listen(self) -> None: ...
+
+    @property
+    @abc.abstractmethod
+    def listening(self) -> bool:
+        """True while the subscription is in effect (drives /healthz)."""
+
+    def register(self, receiver: Receiver) -> None:
+        if not self._listen_called:
+            raise NotListeningError(
+                f"register() on the {self.name} fan-out before listen(): call `await fanout.listen()` once at boot first"
+            )
+        self._receivers.append(receiver)
+
+    def on_resync(self, handler: ResyncHandler) -> None:
+        if not self._listen_called:
+            raise NotListeningError(
+                f"on_resync() on the {self.name} fan-out before listen(): call `await fanout.listen()` once at boot first"
+            )
+        self._resync_handlers.append(handler)
+
+    def _dispatch(self, message: Message) -> None:
+        for receiver in self._receivers:
+            receiver(message)
+
+    async def _resynced(self) -> None:
+        for handler in self._resync_handlers:
+            result = handler()
+            if result is not None:
+                await result
+
+    # -- publishing -------------------------------------------------------------------
+    @abc.abstractmethod
+    def publish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset: ...
+
+    @abc.abstractmethod
+    async def apublish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset: ...
+
+    # -- history ----------------------------------------------------------------------
+    @abc.abstractmethod
+    async def history(self, topic: Topic, since: Offset) -> list[Message] | None: ...
+
+    @abc.abstractmethod
+    async def alatest_offset(self, topic: Topic) -> Offset: ...
+
+    @abc.abstractmethod
+    def latest_offset(self, topic: Topic) -> Offset: ...
+
+    async def prune(self) -> int:
+        """Drop history past the TTL; a bounded amount of work per call. Returns rows dropped."""
+        return 0
+
+    @abc.abstractmethod
+    async def aclose(self) -> None: ...
+
+    def close(self) -> None:
+        """Release sync (publish-side) resources."""
+
+
+FanOutFactory = Callable[..., FanOut]

@@ -1,0 +1,121 @@
+"""The local fan-out: one process, history in memory.
+
+For development, the demo without Postgres, and tests of pure logic. Publishing from
+another process is impossible by construction: use Postgres or Redis for that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..types import JSON, Message, Offset, Topic
+from .base import FanOut, encode_payload
+
+# Per topic: bounded memory even with a long TTL.
+MAX_KEPT_PER_TOPIC = 10_000
+
+
+@dataclass
+class _Log:
+    last: int = 0
+    entries: deque[tuple[int, float, str]] = field(default_factory=deque)  # seq, time, json
+    dropped_through: int = 0  # every seq <= this one is gone
+
+
+class LocalFanOut(FanOut):
+    name = "local"
+
+    def __init__(self, *, history_ttl: float = 300.0) -> None:
+        super().__init__()
+        self.history_ttl = history_ttl
+        self._logs: dict[Topic, _Log] = {}
+        # publish() may come from worker threads (sync jobs): one lock orders a topic's offsets.
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def listen(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._listen_called = True
+
+    @property
+    def listening(self) -> bool:
+        return self._listen_called
+
+    def publish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
+        if conn is not None:
+            raise ValueError("conn= needs the Postgres fan-out: set LIVEPUSH_FANOUT=postgres")
+        text = encode_payload(data)
+        with self._lock:
+            log = self._logs.setdefault(topic, _Log())
+            log.last += 1
+            seq = log.last
+            log.entries.append((seq, time.monotonic(), text))
+            while len(log.entries) > MAX_KEPT_PER_TOPIC:
+                log.dropped_through = log.entries.popleft()[0]
+            message = Message(topic, str(seq), str(seq - 1), text)
+            # Dispatch under the lock so the loop sees a topic's messages in offset order.
+            self._deliver(message)
+        return message.offset
+
+    def _deliver(self, message: Message) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            loop.call_soon(self._dispatch, message)
+        else:
+            loop.call_soon_threadsafe(self._dispatch, message)
+
+    async def apublish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
+        return self.publish(topic, data, conn=conn)
+
+    async def history(self, topic: Topic, since: Offset) -> list[Message] | None:
+        try:
+            after = int(since)
+        except ValueError:
+            return None
+        with self._lock:
+            log = self._logs.get(topic) or _Log()
+            if after < 0 or after > log.last:
+                return None  # an offset this topic never had
+            if after < log.dropped_through:
+                return None
+            cutoff = time.monotonic() - self.history_ttl
+            out = []
+            for seq, at, text in log.entries:
+                if seq <= after:
+                    continue
+                if at < cutoff:
+                    return None  # a missed message has expired: never a silent hole
+                out.append(Message(topic, str(seq), str(seq - 1), text))
+            return out
+
+    def latest_offset(self, topic: Topic) -> Offset:
+        with self._lock:
+            log = self._logs.get(topic)
+            return str(log.last if log else 0)
+
+    async def alatest_offset(self, topic: Topic) -> Offset:
+        return self.latest_offset(topic)
+
+    async def prune(self) -> int:
+        cutoff = time.monotonic() - self.history_ttl
+        dropped = 0
+        with self._lock:
+            for log in self._logs.values():
+                while log.entries and log.entries[0][1] < cutoff:
+                    log.dropped_through = log.entries.popleft()[0]
+                    dropped += 1
+        return dropped
+
+    async def aclose(self) -> None:
+        self._loop = None

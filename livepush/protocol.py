@@ -1,0 +1,148 @@
+"""The wire protocol (SPEC §5) as pure code: client frames in, typed commands or errors
+out, and the server's frames as text. No sockets here: tests call it directly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from .types import Offset
+
+MAX_FRAME_BYTES = 64 * 1024
+BAD_FRAMES_PER_MINUTE = 10
+
+# Close codes (SPEC §5).
+CLOSE_GOING_AWAY = 1001
+CLOSE_POLICY = 1008
+CLOSE_TOO_BIG = 1009
+CLOSE_TOO_SLOW = 1013
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_REVOKED = 4403
+
+Ref: TypeAlias = str | int | float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    topic: str  # plain or signed; checked by the server
+    since: Offset | None
+    ref: Ref
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe:
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    ref: Ref
+
+
+@dataclass(frozen=True, slots=True)
+class BadFrame:
+    """A frame the server answers with `error` (and counts against the client)."""
+
+    reason: str  # bad_frame | unknown_op
+    detail: str
+
+
+Command: TypeAlias = Subscribe | Unsubscribe | Ping | BadFrame
+
+
+def _ref(frame: dict[str, Any]) -> Ref | BadFrame:
+    ref = frame.get("ref")
+    if ref is None or isinstance(ref, (str, int, float)) and not isinstance(ref, bool):
+        if isinstance(ref, str) and len(ref) > 200:
+            return BadFrame("bad_frame", "ref is longer than 200 characters")
+        return ref
+    return BadFrame("bad_frame", "ref must be a string, a number or null")
+
+
+def parse(raw: str | bytes) -> Command:
+    """Decode one client frame. Never raises: anything wrong becomes a BadFrame."""
+    if isinstance(raw, bytes):
+        return BadFrame("bad_frame", "binary frames are not accepted: send JSON text frames")
+    try:
+        frame = json.loads(raw)
+    except (ValueError, RecursionError):
+        return BadFrame("bad_frame", "not valid JSON")
+    if not isinstance(frame, dict):
+        return BadFrame("bad_frame", "a frame must be a JSON object")
+    op = frame.get("op")
+    if not isinstance(op, str):
+        return BadFrame("bad_frame", 'missing "op": expected "subscribe", "unsubscribe" or "ping"')
+    ref = _ref(frame)
+    if isinstance(ref, BadFrame):
+        return ref
+    if op == "subscribe":
+        topic = frame.get("topic")
+        if not isinstance(topic, str):
+            return BadFrame("bad_frame", 'subscribe needs "topic" as a string')
+        since = frame.get("since")
+        if since is not None and not isinstance(since, str):
+            return BadFrame("bad_frame", 'subscribe "since" must be an offset string or null')
+        if since is not None and len(since) > 100:
+            return BadFrame("bad_frame", 'subscribe "since" is too long to be an offset')
+        return Subscribe(topic, since, ref)
+    if op == "unsubscribe":
+        topic = frame.get("topic")
+        if not isinstance(topic, str):
+            return BadFrame("bad_frame", 'unsubscribe needs "topic" as a string')
+        return Unsubscribe(topic)
+    if op == "ping":
+        return Ping(ref)
+    return BadFrame("unknown_op", f"unknown op {op[:40]!r}: expected subscribe, unsubscribe or ping")
+
+
+# -- server frames ---------------------------------------------------------------------
+def _dump(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def hello(subject: str | None, heartbeat: float) -> str:
+    session = {"subject": subject} if subject is not None else None
+    return _dump({"op": "hello", "session": session, "heartbeat": heartbeat})
+
+
+def subscribed(ref: Ref, topic: str, offset: Offset | None) -> str:
+    return _dump({"op": "subscribed", "ref": ref, "topic": topic, "offset": offset})
+
+
+def refused(ref: Ref, reason: str) -> str:
+    return _dump({"op": "refused", "ref": ref, "reason": reason})
+
+
+def message(topic: str, offset: Offset, data_json: str) -> str:
+    """Built by concatenation: data_json is already JSON, so the payload is never re-encoded.
+    Topics and offsets are drawn from JSON-safe alphabets (see topics.TOPIC_RE)."""
+    return '{"op":"message","topic":"' + topic + '","offset":"' + offset + '","data":' + data_json + "}"
+
+
+def reset(topic: str) -> str:
+    return _dump({"op": "reset", "topic": topic})
+
+
+def pong(ref: Ref) -> str:
+    return _dump({"op": "pong", "ref": ref})
+
+
+def error(reason: str, detail: str) -> str:
+    return _dump({"op": "error", "reason": reason, "detail": detail})
+
+
+class BadFrameWindow:
+    """Counts bad frames in a sliding minute; `add()` says when the client must be closed."""
+
+    def __init__(self, limit: int = BAD_FRAMES_PER_MINUTE, window: float = 60.0) -> None:
+        self.limit = limit
+        self.window = window
+        self._times: list[float] = []
+
+    def add(self, now: float) -> bool:
+        cutoff = now - self.window
+        self._times = [t for t in self._times if t > cutoff]
+        self._times.append(now)
+        return len(self._times) > self.limit

@@ -1,0 +1,1 @@
+"""The WebSocket server: hub (ordering), connections (frames), app (wiring), run (lifecycle)."""

@@ -1,0 +1,251 @@
+"""The WebSocket server: accepts connections, turns frames into hub calls, stops cleanly.
+
+Moves frames in and out and nothing more: the protocol is in `livepush.protocol`, the
+ordering in `hub`, authentication and rules in `livepush.auth` and `livepush.rules`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from urllib.parse import parse_qs, urlsplit
+
+from websockets.asyncio.server import Server as WSServer
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from .. import protocol, topics
+from ..config import Settings
+from ..errors import InvalidTopic
+from ..fanout import FanOut
+from ..types import Message
+from . import http
+from .connection import Client, broadcast
+from .hub import Hub, SnapshotProvider
+
+log = logging.getLogger("livepush.server")
+
+HEARTBEAT_SECONDS = 25.0
+PRUNE_EVERY_SECONDS = 30.0
+REVOCATIONS_TOPIC = "_livepush.revocations"
+
+PageRoute = Callable[[Request], Awaitable[Response | None] | Response | None]
+
+
+class PushServer:
+    """One server process's push side. `start()` listens; `stop()` closes everything."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        fanout: FanOut,
+        *,
+        app: object | None = None,
+        snapshot: SnapshotProvider | None = None,
+        pages: PageRoute | None = None,
+        heartbeat: float = HEARTBEAT_SECONDS,
+    ) -> None:
+        from ..rules import App  # the user's rules; default: signed topics only
+
+        self.settings = settings
+        self.fanout = fanout
+        self.app: App = app if app is not None else App()  # type: ignore[assignment]
+        self.hub = Hub(fanout, broadcast, snapshot=snapshot)
+        self.pages = pages
+        self.heartbeat = heartbeat
+        self.clients: set[Client] = set()
+        self._sessions: dict[ServerConnection, object] = {}
+        self._ws: WSServer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._store: object | None = None
+
+    # -- lifecycle --------------------------------------------------------------------
+    async def start(self) -> None:
+        from ..sessions import store_from_settings
+
+        self._store = store_from_settings(self.settings)
+        await self.fanout.listen()
+        self.fanout.register(self.hub.on_message)
+        self.fanout.on_resync(self.hub.resync)
+        self.hub.on_control(REVOCATIONS_TOPIC, self._on_revocation)
+        self._ws = await serve(
+            self._handle,
+            self.settings.host,
+            self.settings.port,
+            process_request=self._process_request,
+            max_size=protocol.MAX_FRAME_BYTES,
+            # Per-connection deflate costs ~3x the memory per idle connection and a
+            # compression pass per subscriber per message: off (docs/architecture.md).
+            compression=None,
+            ping_interval=self.heartbeat,
+            ping_timeout=self.heartbeat,
+            close_timeout=1.0,
+            server_header=None,
+        )
+        self._tasks.append(asyncio.create_task(self._prune_loop(), name="livepush-prune"))
+        self._tasks.append(asyncio.create_task(self._reverify_loop(), name="livepush-reverify"))
+
+    @property
+    def port(self) -> int:
+        assert self._ws is not None
+        return self._ws.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Stop accepting, close every connection with 1001, release the fan-out."""
+        for task in self._tasks:
+            task.cancel()
+        if self._ws is not None:
+            self._ws.close(close_connections=True)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._ws.wait_closed(), timeout=3)
+        await self.hub.aclose()
+        await self.fanout.aclose()
+        store = self._store
+        if store is not None and hasattr(store, "aclose"):
+            await store.aclose()  # type: ignore[attr-defined]
+
+    # -- HTTP -------------------------------------------------------------------------
+    async def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
+        from ..auth import authenticate, origin_allowed
+
+        path = urlsplit(request.path).path
+        if not http.is_websocket(request):
+            if path == "/healthz":
+                return http.healthz(self.fanout.listening, self.fanout.name)
+            if path == "/livepush.js":
+                return http.serve_js(request)
+            if self.pages is not None:
+                result = self.pages(request)
+                if asyncio.iscoroutine(result):
+                    result = await result
+                if result is not None:
+                    return result  # type: ignore[return-value]
+            return http.response(404, b"not found\n")
+        if not origin_allowed(request.headers, self.settings.allowed_origins):
+            log.info("refused a connection from origin %r (set LIVEPUSH_ALLOWED_ORIGINS to allow it)", request.headers.get("Origin", "")[:100])
+            return http.response(403, b"origin not allowed: set LIVEPUSH_ALLOWED_ORIGINS\n")
+        session, reason = await authenticate(request.headers, request.path, self.settings, self._store)
+        if reason:
+            log.info("connection without a valid session: %s", reason)
+        self._sessions[ws] = session
+        return None
+
+    # -- connections ------------------------------------------------------------------
+    async def _handle(self, ws: ServerConnection) -> None:
+        session = self._sessions.pop(ws, None)
+        if session is None and self.settings.authenticate == "required":
+            await ws.close(protocol.CLOSE_UNAUTHORIZED, "a valid session is required")
+            return
+        client = Client(ws, session)
+        self.clients.add(client)
+        try:
+            client.send(protocol.hello(client.subject, self.heartbeat))
+            async for raw in ws:
+                await self._on_frame(client, raw)
+                if client.closing:
+                    break
+        except ConnectionClosed:
+            pass
+        finally:
+            self.clients.discard(client)
+            for topic in client.topics:
+                self.hub.unsubscribe(client, topic)
+            client.topics.clear()
+
+    async def _on_frame(self, client: Client, raw: str | bytes) -> None:
+        cmd = protocol.parse(raw)
+        if isinstance(cmd, protocol.BadFrame):
+            client.send(protocol.error(cmd.reason, cmd.detail))
+            if client.bad_frames.add(time.monotonic()):
+                client.close(protocol.CLOSE_POLICY, "too many bad frames")
+        elif isinstance(cmd, protocol.Subscribe):
+            await self._subscribe(client, cmd)
+        elif isinstance(cmd, protocol.Unsubscribe):
+            plain = cmd.topic.split(topics.SEP, 1)[0]
+            if plain in client.topics:
+                client.topics.discard(plain)
+                self.hub.unsubscribe(client, plain)
+        elif isinstance(cmd, protocol.Ping):
+            client.send(protocol.pong(cmd.ref))
+
+    async def _subscribe(self, client: Client, cmd: protocol.Subscribe) -> None:
+        try:
+            if topics.is_signed(cmd.topic):
+                plain = topics.verify(cmd.topic, self.settings.secrets)  # its own permission
+            else:
+                plain = topics.validate_topic(cmd.topic)
+                reason = await self.app.check(client.session, plain)
+                if reason is not None:
+                    client.send(protocol.refused(cmd.ref, reason))
+                    return
+        except InvalidTopic as exc:
+            client.send(protocol.refused(cmd.ref, exc.reason))
+            return
+        if plain not in client.topics and len(client.topics) >= self.app.max_subscriptions:
+            client.send(protocol.refused(cmd.ref, "limit"))
+            return
+        client.topics.add(plain)
+        try:
+            await self.hub.subscribe(client, plain, cmd.since, cmd.ref)
+        except Exception as exc:
+            log.warning("subscribe to %s failed: %s", plain, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            client.topics.discard(plain)
+            self.hub.unsubscribe(client, plain)
+            client.send(protocol.refused(cmd.ref, "unavailable"))
+
+    # -- sessions ---------------------------------------------------------------------
+    def _on_revocation(self, message: Message) -> None:
+        from ..sessions import revocation_matches
+
+        try:
+            data = json.loads(message.data_json) if message.data_json else None
+        except ValueError:
+            return
+        if not isinstance(data, dict):
+            return
+        for client in list(self.clients):
+            if client.session is not None and revocation_matches(data, client.session):
+                client.close(protocol.CLOSE_REVOKED, "session revoked")
+
+    async def _reverify_loop(self) -> None:
+        interval = float(getattr(self.app, "reverify_interval", 60.0))
+        while True:
+            await asyncio.sleep(interval)
+            await self.reverify()
+
+    async def reverify(self) -> None:
+        """Close connections whose session expired or was revoked (a missed revocation too)."""
+        now = time.time()
+        with_sessions = [c for c in self.clients if c.session is not None and not c.closing]
+        if not with_sessions:
+            return
+        for client in with_sessions:
+            if client.session.expires_at <= now:  # type: ignore[union-attr]
+                client.close(protocol.CLOSE_REVOKED, "session expired")
+        try:
+            revoked = await self._store.revoked_among([c.session for c in with_sessions])  # type: ignore[union-attr]
+        except Exception as exc:
+            log.warning("could not re-check sessions: %s", exc)
+            return
+        for client in with_sessions:
+            if client.session.id in revoked:  # type: ignore[union-attr]
+                client.close(protocol.CLOSE_REVOKED, "session revoked")
+
+    # -- maintenance ------------------------------------------------------------------
+    async def _prune_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PRUNE_EVERY_SECONDS)
+            try:
+                await self.fanout.prune()
+            except Exception as exc:
+                log.warning("history pruning failed (will retry): %s", exc)
+
+
+def query_param(path: str, name: str) -> str | None:
+    values = parse_qs(urlsplit(path).query).get(name)
+    return values[0] if values else None

@@ -1,0 +1,71 @@
+"""One client connection: its frames in, its frames out, its subscriptions.
+
+Writes never await: a frame goes straight into the transport's buffer. A client whose
+buffer passes SEND_BUFFER_LIMIT is too slow to keep up; it is closed with 1013 and skipped
+from then on, so it never slows the others (SPEC §5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from websockets.asyncio.server import ServerConnection
+from websockets.protocol import State
+
+from .. import protocol
+
+log = logging.getLogger("livepush.server")
+
+SEND_BUFFER_LIMIT = 1024 * 1024
+
+
+class Client:
+    __slots__ = ("ws", "session", "topics", "bad_frames", "closing", "_close_task", "__weakref__")
+
+    def __init__(self, ws: ServerConnection, session: Any = None) -> None:
+        self.ws = ws
+        self.session = session
+        self.topics: set[str] = set()  # plain topics this client is subscribed to
+        self.bad_frames = protocol.BadFrameWindow()
+        self.closing = False
+        self._close_task: asyncio.Task[None] | None = None
+
+    @property
+    def subject(self) -> str | None:
+        return getattr(self.session, "subject", None)
+
+    def send(self, frame: str) -> None:
+        write(self, frame.encode())
+
+    def close(self, code: int, reason: str = "") -> None:
+        """Start closing without waiting for it (safe from any callback on the loop)."""
+        if self.closing:
+            return
+        self.closing = True
+        self._close_task = asyncio.ensure_future(self.ws.close(code, reason))
+
+
+def write(client: Client, data: bytes) -> None:
+    ws = client.ws
+    if client.closing or ws.protocol.state is not State.OPEN:
+        return
+    transport = ws.transport
+    if transport.get_write_buffer_size() > SEND_BUFFER_LIMIT:
+        log.info("closing a client that fell behind (%d bytes unsent)", transport.get_write_buffer_size())
+        client.close(protocol.CLOSE_TOO_SLOW, "too slow")
+        return
+    try:
+        ws.protocol.send_text(data)
+        ws.send_data()
+    except Exception as exc:  # a transport that broke mid-write: the handler will see it close
+        log.debug("write failed: %s", exc)
+
+
+def broadcast(clients: Iterable[Client], frame: str) -> None:
+    """Encode once, write to each: no task or coroutine per subscriber."""
+    data = frame.encode()
+    for client in clients:
+        write(client, data)

@@ -1,0 +1,1 @@
+../../client_js/livepush.js
