@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 from websockets.asyncio.server import Server as WSServer
 from websockets.asyncio.server import ServerConnection, serve
@@ -149,6 +149,7 @@ class PushServer:
                 await self._on_frame(client, raw)
                 if client.closing:
                     break
+            await client.wait_closed()
         except ConnectionClosed:
             pass
         finally:
@@ -245,7 +246,3 @@ class PushServer:
             except Exception as exc:
                 log.warning("history pruning failed (will retry): %s", exc)
 
-
-def query_param(path: str, name: str) -> str | None:
-    values = parse_qs(urlsplit(path).query).get(name)
-    return values[0] if values else None

@@ -47,6 +47,12 @@ class Client:
         self.closing = True
         self._close_task = asyncio.ensure_future(self.ws.close(code, reason))
 
+    async def wait_closed(self) -> None:
+        """Let a close started by close() finish: a handler that returned first would close
+        with 1000 instead of the code chosen."""
+        if self._close_task is not None:
+            await asyncio.shield(self._close_task)
+
 
 def write(client: Client, data: bytes) -> None:
     ws = client.ws

@@ -20,6 +20,18 @@ log = logging.getLogger("livepush.server")
 Sidecar = Callable[[asyncio.Event], Awaitable[None]]
 
 
+def raise_fd_limit() -> None:
+    """Each connection is a file descriptor: lift the soft limit to the hard one."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 def install_stop_signals(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -38,6 +50,7 @@ async def serve(
 ) -> int:
     """Run until SIGTERM or SIGINT; return the exit status."""
     settings.require_secret()
+    raise_fd_limit()
     if settings.fanout == "postgres" or settings.database_url:
         migrate.check_schema(settings.require_database())
     fanout = fanout or from_settings(settings)

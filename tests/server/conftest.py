@@ -1,0 +1,68 @@
+"""An in-process livepush server on each fan-out, for the server and recovery tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from livepush import api, topics
+from livepush.config import Settings, set_settings
+from livepush.fanout import FanOut, from_settings
+from livepush.server.app import PushServer
+
+
+@dataclass
+class Served:
+    server: PushServer
+    fanout: FanOut
+    settings: Settings
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.server.port}/"
+
+    def sign(self, topic: str) -> str:
+        return topics.sign(topic, self.settings.secrets)
+
+    async def publish(self, topic: str, data: object) -> str:
+        return await self.fanout.apublish(topic, data)
+
+
+async def start_served(settings: Settings, app: object | None = None) -> Served:
+    set_settings(settings)
+    fanout = from_settings(settings)
+    api.set_default_fanout(fanout)
+    server = PushServer(settings, fanout, app=app)
+    await server.start()
+    return Served(server, fanout, settings)
+
+
+def make_settings(kind: str, secret: str, pg_url: str | None, redis_url: str | None, **extra: object) -> Settings:
+    return Settings(
+        fanout=kind,
+        database_url=pg_url if kind == "postgres" else None,
+        redis_url=redis_url if kind == "redis" else None,
+        secret=secret,
+        port=0,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture(params=["local", "postgres", "redis"])
+def fanout_kind(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+async def served(fanout_kind: str, secret: str, request: pytest.FixtureRequest) -> AsyncIterator[Served]:
+    pg = request.getfixturevalue("pg_url") if fanout_kind == "postgres" else None
+    rd = request.getfixturevalue("redis_url") if fanout_kind == "redis" else None
+    s = await start_served(make_settings(fanout_kind, secret, pg, rd))
+    try:
+        yield s
+    finally:
+        await s.server.stop()
+        api.set_default_fanout(None)
+        set_settings(None)

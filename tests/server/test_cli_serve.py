@@ -1,0 +1,115 @@
+"""`livepush serve` as a process: bad configuration, dependencies down, clean shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import signal
+import time
+
+import pytest
+
+from livepush import topics
+from tests.support.procs import free_port
+from tests.support.wsclient import WSClient
+
+
+def assert_one_line_no_traceback(stderr: str, *needles: str) -> None:
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    "settings,needle",
+    [
+        ({"secret": ""}, "LIVEPUSH_SECRET"),
+        ({"secret": "short"}, "LIVEPUSH_SECRET"),
+        ({"fanout": "carrier-pigeon"}, "LIVEPUSH_FANOUT"),
+        ({"authenticate": "maybe"}, "LIVEPUSH_AUTHENTICATE"),
+        ({"port": "eighty"}, "LIVEPUSH_PORT"),
+        ({"history_ttl": "-3"}, "LIVEPUSH_HISTORY_TTL"),
+        ({"fanout": "redis"}, "LIVEPUSH_REDIS_URL"),
+    ],
+)
+def test_bad_configuration_exits_2_with_one_line_naming_the_setting(procs, livepush_env, settings, needle) -> None:
+    """A bad setting ends `serve` at once with status 2 and one stderr line that names it."""
+    env = livepush_env(**settings)
+    if settings.get("secret") == "":
+        env.pop("LIVEPUSH_SECRET", None)
+    child = procs.livepush("serve", env=env, wait_healthy=False, port=1)
+    assert child.wait(15) == 2
+    assert_one_line_no_traceback(child.stderr(), needle)
+
+
+def test_missing_app_module_exits_2(procs, livepush_env) -> None:
+    """--app naming a module that does not exist exits 2 with one line."""
+    child = procs.livepush("serve", "--app", "no_such_module_xyz:app", env=livepush_env(), wait_healthy=False)
+    assert child.wait(15) == 2
+    assert_one_line_no_traceback(child.stderr(), "no_such_module_xyz")
+
+
+def test_unreachable_postgres_exits_1(procs, livepush_env) -> None:
+    """A database that cannot be reached at boot exits 1 naming LIVEPUSH_DATABASE_URL."""
+    url = f"postgresql://postgres@127.0.0.1:{free_port()}/nope"
+    child = procs.livepush("serve", env=livepush_env(database_url=url), wait_healthy=False)
+    assert child.wait(20) == 1
+    assert_one_line_no_traceback(child.stderr(), "LIVEPUSH_DATABASE_URL")
+
+
+def test_unreachable_redis_exits_1(procs, livepush_env) -> None:
+    """A Redis that cannot be reached at boot exits 1 naming LIVEPUSH_REDIS_URL."""
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    child = procs.livepush("serve", env=livepush_env(redis_url=url), wait_healthy=False)
+    assert child.wait(20) == 1
+    assert_one_line_no_traceback(child.stderr(), "LIVEPUSH_REDIS_URL")
+
+
+def test_schema_older_than_needed_exits_2(procs, livepush_env, pg_admin_url) -> None:
+    """`serve` refuses an unmigrated database and says to run `livepush migrate`."""
+    from tests.support import services
+
+    name = f"empty_{int(time.time() * 1000)}"
+    url = services.create_database(pg_admin_url, name)
+    try:
+        child = procs.livepush("serve", env=livepush_env(database_url=url), wait_healthy=False)
+        assert child.wait(20) == 2
+        assert_one_line_no_traceback(child.stderr(), "livepush migrate")
+    finally:
+        services.drop_database(pg_admin_url, name)
+
+
+def test_port_in_use_exits_2(procs, livepush_env) -> None:
+    """A port another server holds is a configuration error naming LIVEPUSH_PORT."""
+    env = livepush_env()
+    first = procs.livepush("serve", env=env)
+    second = procs.livepush("serve", env=env, wait_healthy=False)
+    assert second.wait(15) == 2
+    assert "LIVEPUSH_PORT" in second.stderr() and "Traceback" not in second.stderr()
+    first.stop()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+async def test_shutdown_closes_1000_connections_with_1001_within_2_seconds(procs, livepush_env, pg_url, secret, sig) -> None:
+    """SIGTERM or SIGINT: stop accepting, close all 1,000 connections with 1001, exit 0, within 2 s."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    env = livepush_env(database_url=pg_url)
+    child = await procs.alivepush("serve", env=env)
+    url = f"ws://127.0.0.1:{env['LIVEPUSH_PORT']}/"
+    signed = topics.sign("room:big", [secret])
+    clients = []
+    for batch in range(10):
+        clients += await asyncio.gather(*(WSClient.open(url) for _ in range(100)))
+    await clients[0].subscribe(signed)
+    started = time.monotonic()
+    child.signal(sig)
+    codes = await asyncio.gather(*(c.closed_with(timeout=5) for c in clients))
+    status = await child.await_exit(5)
+    elapsed = time.monotonic() - started
+    assert status == 0, child.output()
+    assert codes.count(1001) == 1000, {c: codes.count(c) for c in set(codes)}
+    assert elapsed < 2.0, elapsed
+    assert "Traceback" not in child.stderr()

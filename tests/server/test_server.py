@@ -1,0 +1,183 @@
+"""The WebSocket server on every fan-out: frames, ordering, limits, health (SPEC §5)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+
+import pytest
+
+from livepush import topics
+from tests.server.conftest import Served
+from tests.support.wsclient import WSClient
+
+
+async def http_get(port: int, path: str) -> tuple[int, bytes]:
+    def get() -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    return await asyncio.to_thread(get)
+
+
+async def test_server_speaks_first_with_hello(served: Served) -> None:
+    """The first frame is hello with no session (anonymous) and the heartbeat interval."""
+    client = await WSClient.open(served.url)
+    assert client.hello["session"] is None and client.hello["heartbeat"] > 0
+    await client.close()
+
+
+async def test_signed_topic_subscribes_and_receives_in_publish_order(served: Served) -> None:
+    """A signed topic is its own permission; messages arrive in publish order with increasing offsets."""
+    client = await WSClient.open(served.url)
+    answer = await client.subscribe(served.sign("chat:lobby"), None)
+    assert answer["op"] == "subscribed" and answer["topic"] == "chat:lobby"
+    offsets = [await served.publish("chat:lobby", {"n": i}) for i in range(50)]
+    got = await client.messages(50)
+    assert [m["data"]["n"] for m in got] == list(range(50))
+    assert [m["offset"] for m in got] == offsets
+    assert all(m["topic"] == "chat:lobby" for m in got)
+    await client.close()
+
+
+async def test_each_subscriber_gets_every_message_once(served: Served) -> None:
+    """Several subscribers of one topic each get every message exactly once."""
+    clients = [await WSClient.open(served.url) for _ in range(5)]
+    for c in clients:
+        assert (await c.subscribe(served.sign("room:1")))["op"] == "subscribed"
+    for i in range(20):
+        await served.publish("room:1", {"i": i})
+    for c in clients:
+        assert [m["data"]["i"] for m in await c.messages(20)] == list(range(20))
+        with pytest.raises(asyncio.TimeoutError):
+            await c.recv(timeout=0.2)
+        await c.close()
+
+
+async def test_unsubscribe_stops_delivery(served: Served) -> None:
+    """After unsubscribe the client hears nothing more on that topic."""
+    client = await WSClient.open(served.url)
+    await client.subscribe(served.sign("t:1"))
+    await client.send({"op": "unsubscribe", "topic": served.sign("t:1")})
+    await client.send({"op": "ping", "ref": "after"})
+    assert (await client.recv())["op"] == "pong"
+    await served.publish("t:1", {"x": 1})
+    await client.send({"op": "ping", "ref": 2})
+    assert await client.recv() == {"op": "pong", "ref": 2}
+    await client.close()
+
+
+async def test_plain_topic_without_a_rule_is_forbidden(served: Served) -> None:
+    """Without an --app rule only signed topics are allowed."""
+    client = await WSClient.open(served.url)
+    assert (await client.subscribe("chat:lobby"))["reason"] == "forbidden"
+    await client.close()
+
+
+@pytest.mark.parametrize(
+    "topic,reason",
+    [
+        ("bad topic", "invalid_topic"),
+        ("x" * 201, "invalid_topic"),
+        ("_livepush.revocations", "invalid_topic"),
+        ("chat:lobby~forged", "invalid_signature"),
+        ("", "invalid_topic"),
+    ],
+)
+async def test_bad_topics_are_refused_with_a_reason(served: Served, topic: str, reason: str) -> None:
+    """Malformed, reserved and forged topics get `refused` with the matching reason."""
+    client = await WSClient.open(served.url)
+    assert (await client.subscribe(topic))["reason"] == reason
+    await client.close()
+
+
+async def test_expired_signed_topic_is_refused(served: Served) -> None:
+    """A signed topic past its TTL is refused with `expired`."""
+    signed = topics.sign("job:1", served.settings.secrets, ttl=1, now=0)
+    client = await WSClient.open(served.url)
+    assert (await client.subscribe(signed))["reason"] == "expired"
+    await client.close()
+
+
+BAD_FRAMES: list[str | bytes] = [
+    "not json",
+    "[]",
+    "42",
+    '{"no":"op"}',
+    '{"op":"fly"}',
+    '{"op":"subscribe"}',
+    '{"op":"subscribe","topic":["a"]}',
+    '{"op":"subscribe","topic":"a","since":3}',
+    b"binary",
+    '{"op":"unsubscribe","topic":null}',
+]
+
+
+async def test_every_malformed_frame_gets_an_error_and_the_connection_stays_open(served: Served) -> None:
+    """Ten malformed frames of every kind each get an `error`; the connection still works."""
+    client = await WSClient.open(served.url)
+    for raw in BAD_FRAMES:
+        await client.send(raw)
+        frame = await client.recv()
+        assert frame["op"] == "error" and frame["reason"] in ("bad_frame", "unknown_op") and frame["detail"]
+    await client.send({"op": "ping", "ref": "ok"})
+    assert await client.recv() == {"op": "pong", "ref": "ok"}
+    await client.close()
+
+
+async def test_a_client_that_keeps_sending_garbage_is_closed_with_1008(served: Served) -> None:
+    """More than 10 bad frames in a minute close the connection with 1008."""
+    client = await WSClient.open(served.url)
+    for _ in range(11):
+        await client.send("garbage")
+    assert await client.closed_with() == 1008
+
+
+async def test_a_frame_over_64_kib_closes_with_1009(served: Served) -> None:
+    """A client frame larger than 64 KiB closes the connection with 1009."""
+    client = await WSClient.open(served.url)
+    await client.send(json.dumps({"op": "ping", "ref": "x" * (65 * 1024)}))
+    assert await client.closed_with() == 1009
+
+
+async def test_healthz_and_client_js_are_served_on_the_same_port(served: Served) -> None:
+    """GET /healthz answers 200 while listening; GET /livepush.js serves the client with CORS."""
+    status, body = await http_get(served.server.port, "/healthz")
+    assert status == 200 and json.loads(body)["status"] == "ok"
+    status, _ = await http_get(served.server.port, "/nope")
+    assert status == 404
+
+
+async def test_subscribing_twice_restarts_the_subscription_without_duplicates(served: Served) -> None:
+    """A second subscribe to the same topic answers again and delivers each later message once."""
+    client = await WSClient.open(served.url)
+    await client.subscribe(served.sign("dup:1"))
+    await client.subscribe(served.sign("dup:1"))
+    await served.publish("dup:1", {"x": 1})
+    assert len(await client.messages(1)) == 1
+    with pytest.raises(asyncio.TimeoutError):
+        await client.recv(timeout=0.2)
+    await client.close()
+
+
+async def test_a_slow_subscriber_is_closed_with_1013_and_never_slows_the_others(served: Served) -> None:
+    """A client that stops reading passes the send-buffer limit and is closed; a reader gets everything."""
+    slow = await WSClient.open(served.url)
+    fast = await WSClient.open(served.url)
+    await slow.subscribe(served.sign("firehose"))
+    await fast.subscribe(served.sign("firehose"))
+    slow.ws.transport.pause_reading()
+    blob = "x" * 60_000
+    count = 120  # ~7 MB: more than the kernel and the 1 MiB send buffer hold
+    # The fast client reads each message as it comes (it shares this loop with the server).
+    for i in range(count):
+        await served.publish("firehose", {"i": i, "blob": blob})
+        assert (await fast.recv(timeout=5))["data"]["i"] == i
+    slow.ws.transport.resume_reading()
+    assert await slow.closed_with(timeout=10) in (1013, 1006, None)
+    assert not any(c.ws is slow.ws for c in served.server.clients)
+    await fast.close()
