@@ -1,0 +1,197 @@
+// Public API of livepush.js (the browser client). The JS file carries the same types as JSDoc.
+
+export type LivePushStatus = 'connecting' | 'open' | 'reconnecting' | 'closed' | 'unauthorized';
+
+export declare const Status: Readonly<{
+  CONNECTING: 'connecting';
+  OPEN: 'open';
+  RECONNECTING: 'reconnecting';
+  CLOSED: 'closed';
+  UNAUTHORIZED: 'unauthorized';
+}>;
+
+export declare const CloseCode: Readonly<{
+  NORMAL: 1000;
+  GOING_AWAY: 1001;
+  ABNORMAL: 1006;
+  POLICY: 1008;
+  TOO_BIG: 1009;
+  TRY_AGAIN_LATER: 1013;
+  UNAUTHORIZED: 4401;
+  REVOKED: 4403;
+}>;
+
+export declare const BACKOFF_BASE_MS: number;
+export declare const BACKOFF_CAP_MS: number;
+export declare const JITTER_MIN: number;
+export declare const JITTER_MAX: number;
+export declare const STABLE_AFTER_MS: number;
+export declare const GOING_AWAY_MIN_MS: number;
+export declare const GOING_AWAY_MAX_MS: number;
+export declare const WAKE_MIN_MS: number;
+export declare const WAKE_MAX_MS: number;
+export declare const CONNECT_TIMEOUT_MS: number;
+export declare const HEARTBEAT_GRACE_MS: number;
+
+/** What accompanies a status change. */
+export interface StatusInfo {
+  /** The close code that caused the change. */
+  code?: number;
+  /** The close reason, or why the client dropped the connection ("heartbeat timeout", ...). */
+  reason?: string;
+  /** For `reconnecting`: milliseconds until the next attempt. */
+  delayMs?: number;
+  /** For `reconnecting`: consecutive failed attempts so far. */
+  tries?: number;
+}
+
+export interface LivePushError {
+  /** A server `error` frame's reason ("bad_frame", "unknown_op", ...), "handler_error" when a
+   * callback of yours threw, "invalid_frame" for a non-JSON frame, "connect_failed". */
+  reason: string;
+  detail?: string;
+  error?: unknown;
+}
+
+export interface LivePushOptions {
+  /** Session token sent as `?token=`; a function is asked on every connect. Prefer the
+   * `livepush_session` cookie when the push server is on the page's site. */
+  token?: string | (() => string | null | undefined) | null;
+  /** Server `error` frames and exceptions thrown by your callbacks. Default: console.warn. */
+  onError?: (err: LivePushError) => void;
+  /** Delay before retry number `tries` (1-based). Default: 500 ms × 2^(tries-1), capped at
+   * 30 s, times a uniform factor in [0.5, 1.5). */
+  reconnectAfterMs?: (tries: number) => number;
+  // Injectable for tests; the defaults use the globals.
+  WebSocket?: new (url: string) => WebSocketLike;
+  random?: () => number;
+  now?: () => number;
+  setTimeout?: (fn: () => void, ms: number) => unknown;
+  clearTimeout?: (handle: any) => void;
+  /** Listened to for `visibilitychange`; null to not listen. */
+  document?: EventTargetLike | null;
+  /** Listened to for `online`; null to not listen. */
+  window?: EventTargetLike | null;
+}
+
+export interface WebSocketLike {
+  readyState: number;
+  send(data: string): void;
+  close(code?: number, reason?: string): void;
+  onmessage: ((ev: { data: any }) => void) | null;
+  onclose: ((ev: { code?: number; reason?: string }) => void) | null;
+  onerror: ((ev: unknown) => void) | null;
+}
+
+export interface EventTargetLike {
+  addEventListener(type: string, fn: (ev: any) => void): void;
+  removeEventListener(type: string, fn: (ev: any) => void): void;
+  visibilityState?: string;
+}
+
+export interface MessageMeta {
+  /** The plain topic (never the signed form). */
+  topic: string;
+  /** The message's offset: opaque, increasing per topic. */
+  offset: string | null;
+}
+
+export interface SubscribeOptions {
+  /** The last offset the page already reflects, e.g. `livepush.latest_offset(topic)` rendered
+   * into the page. Messages at or before it are not delivered. */
+  since?: string | null;
+  /** `since` is older than the history kept: refetch the state. */
+  onReset?: (topic: string) => void;
+  /** After every (re)subscribe the server accepted; `offset` is the server's latest or null. */
+  onSubscribed?: (info: { topic: string; offset: string | null }) => void;
+  /** The server refused the topic; the subscription is dropped and never resent.
+   * ("unavailable", the server's storage being briefly down, is retried with backoff instead,
+   * without calling onRefused.) */
+  onRefused?: (
+    reason: 'forbidden' | 'invalid_signature' | 'expired' | 'invalid_topic' | 'limit' | string,
+    info: { topic: string },
+  ) => void;
+}
+
+export type SubscriptionState = 'pending' | 'active' | 'refused' | 'closed';
+
+export declare class Subscription {
+  /** The topic as given (plain or signed); resubscribes send exactly this. */
+  readonly topic: string;
+  /** The plain topic the server names in its frames. */
+  readonly plainTopic: string;
+  /** The last offset delivered, or the `since` it started from; null when none. */
+  readonly offset: string | null;
+  readonly state: SubscriptionState;
+  /** Stop delivery; the server is told once no other subscription of this client needs the topic. */
+  unsubscribe(): void;
+}
+
+export declare class LivePush {
+  /**
+   * Connects at once. `url`: ws://, wss://, http(s):// (turned into ws(s)://) or a path
+   * relative to the page.
+   */
+  constructor(url: string, options?: LivePushOptions);
+  readonly status: LivePushStatus;
+  /** The session announced in `hello`; null when anonymous or not connected. */
+  readonly session: { subject: string } | null;
+  /** Returns a function that removes the listener. */
+  on(event: 'status', fn: (status: LivePushStatus, info: StatusInfo) => void): () => void;
+  off(event: 'status', fn: (status: LivePushStatus, info: StatusInfo) => void): void;
+  subscribe<T = any>(
+    topic: string,
+    onMessage: (data: T, meta: MessageMeta) => void,
+    options?: SubscribeOptions,
+  ): Subscription;
+  /** Close for good: no reconnect, status `closed`. */
+  close(): void;
+}
+
+/** The default reconnect delay for retry number `tries` (1-based). */
+export declare function defaultReconnectAfterMs(tries: number, random?: () => number): number;
+
+/** Order two offsets of one topic ("17", "1700000000000-3"): negative, zero or positive. */
+export declare function compareOffsets(a: string, b: string): number;
+
+export interface ProgressView {
+  kind: 'job' | 'group' | 'unknown';
+  event: string;
+  state: string | null;
+  done: number | null;
+  total: number | null;
+  message: string | null;
+  /** The job (succeeded, failed, cancelled) or group (finished, cancelled) reached a final state. */
+  finished: boolean;
+}
+
+/** Read a `job:<id>` or `group:<id>` event into what a progress bar shows. */
+export declare function describeProgress(data: unknown): ProgressView;
+
+/** "done/total · state · message", leaving out what is unknown. */
+export declare function progressText(view: ProgressView): string;
+
+export interface BindProgressOptions {
+  /** Once per arrival at a final state. */
+  onFinish?: (view: ProgressView, data: any) => void;
+  /** After every render. */
+  onUpdate?: (view: ProgressView, data: any) => void;
+  since?: string | null;
+}
+
+export interface ProgressBinding {
+  readonly topic: string;
+  readonly offset: string | null;
+  unsubscribe(): void;
+}
+
+/**
+ * Render a `<progress>` bar and a text line into `element` for a `job:<id>` or `group:<id>`
+ * topic (plain or signed). Re-subscribes by itself after a `reset`.
+ */
+export declare function bindProgress(
+  lp: LivePush,
+  topic: string,
+  element: Element,
+  options?: BindProgressOptions,
+): ProgressBinding;

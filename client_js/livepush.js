@@ -1,0 +1,1101 @@
+// livepush browser client: one ES module, no dependencies, no build step.
+//
+// The server serves this exact file at /livepush.js, so it imports nothing. It is laid out in
+// sections, one concern each, in the order they depend on one another:
+//
+//   1. constants      timings, close codes, statuses
+//   2. offsets        ordering of the server's opaque offsets (duplicate detection)
+//   3. backoff        reconnect delays with jitter
+//   4. timers         a one-shot timer and the heartbeat watchdog, on injectable clocks
+//   5. subscriptions  Subscription objects and the registry that routes frames to them
+//   6. socket         LivePush: the connection, its state machine and the wire protocol
+//   7. progress       bindProgress(): a <progress> bar for job:<id> and group:<id> topics
+//
+// The wire protocol is SPEC.md §5; the reconnect guarantee is SPEC.md §7.
+
+// ---------------------------------------------------------------------------------------------
+// 1. Constants
+// ---------------------------------------------------------------------------------------------
+
+/** Backoff before the first retry; doubles per failed try. */
+export const BACKOFF_BASE_MS = 500;
+/** The backoff never grows past this (the jittered delay is at most 150 % of it). */
+export const BACKOFF_CAP_MS = 30_000;
+/** Each delay is drawn uniformly from [JITTER_MIN, JITTER_MAX) times the backoff. */
+export const JITTER_MIN = 0.5;
+export const JITTER_MAX = 1.5;
+/**
+ * A connection that received `hello` and then stayed up this long counts as stable: when it
+ * drops, the backoff starts again from the base instead of continuing to grow.
+ */
+export const STABLE_AFTER_MS = 5_000;
+/**
+ * After close 1001 (server going away, i.e. a restart or deploy) the client waits a delay drawn
+ * uniformly from this range. Never zero: thousands of pages lose their socket in the same
+ * instant, and a 2.5 s spread keeps them from hammering the new server in one burst.
+ */
+export const GOING_AWAY_MIN_MS = 500;
+export const GOING_AWAY_MAX_MS = 3_000;
+/**
+ * When the page becomes visible again or the network comes back while the client is waiting
+ * to reconnect, it retries after a delay drawn from this range (small, but not zero, because
+ * `online` fires on every page of a machine at once).
+ */
+export const WAKE_MIN_MS = 50;
+export const WAKE_MAX_MS = 1_000;
+/** Without `hello` this long after opening a socket, the attempt is abandoned and retried. */
+export const CONNECT_TIMEOUT_MS = 10_000;
+/** Slack on top of 2 × heartbeat before a silent connection is declared dead. */
+export const HEARTBEAT_GRACE_MS = 2_000;
+
+/** Close codes the client treats specially (SPEC.md §5). */
+export const CloseCode = Object.freeze({
+  NORMAL: 1000,
+  GOING_AWAY: 1001,
+  ABNORMAL: 1006,
+  POLICY: 1008,
+  TOO_BIG: 1009,
+  TRY_AGAIN_LATER: 1013,
+  UNAUTHORIZED: 4401,
+  REVOKED: 4403,
+});
+
+/** Codes after which retrying is pointless: the session is missing, expired or revoked. */
+const FATAL_CODES = new Set(/** @type {number[]} */ ([CloseCode.UNAUTHORIZED, CloseCode.REVOKED]));
+/**
+ * Codes that say this client misbehaved or is overloaded; the backoff keeps growing even if
+ * the connection had been up for a while, so a client that trips the limit again and again
+ * does not reconnect at the base rate forever.
+ */
+const PENALTY_CODES = new Set(
+  /** @type {number[]} */ ([CloseCode.POLICY, CloseCode.TOO_BIG, CloseCode.TRY_AGAIN_LATER]),
+);
+
+/** @typedef {'connecting' | 'open' | 'reconnecting' | 'closed' | 'unauthorized'} LivePushStatus */
+
+/**
+ * @type {Readonly<{CONNECTING: 'connecting', OPEN: 'open', RECONNECTING: 'reconnecting',
+ *   CLOSED: 'closed', UNAUTHORIZED: 'unauthorized'}>}
+ */
+export const Status = Object.freeze({
+  CONNECTING: 'connecting',
+  OPEN: 'open',
+  RECONNECTING: 'reconnecting',
+  CLOSED: 'closed',
+  UNAUTHORIZED: 'unauthorized',
+});
+
+/**
+ * Refusal reasons that describe the server's state, not the topic (its database was briefly
+ * unreachable): the subscribe is retried with backoff instead of being dropped.
+ */
+const TRANSIENT_REFUSALS = new Set(['unavailable']);
+
+/** WebSocket.OPEN; spelled out so a fake WebSocket class need not define it. */
+const WS_OPEN = 1;
+
+// ---------------------------------------------------------------------------------------------
+// 2. Offsets
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * Compare two offsets of the same topic. Offsets are opaque strings that increase per topic;
+ * today they are "17" (Postgres, local) or "1700000000000-3" (Redis), so they are compared as
+ * tuples of integers separated by "." or "-". Digits are compared as strings (length first),
+ * so values past 2^53 stay exact.
+ *
+ * @param {string} a
+ * @param {string} b
+ * @returns {number} negative when a < b, 0 when equal, positive when a > b
+ */
+export function compareOffsets(a, b) {
+  const pa = String(a).split(/[.-]/);
+  const pb = String(b).split(/[.-]/);
+  const n = Math.max(pa.length, pb.length);
+  for (let i = 0; i < n; i++) {
+    if (i >= pa.length) return -1;
+    if (i >= pb.length) return 1;
+    const c = comparePart(pa[i], pb[i]);
+    if (c !== 0) return c;
+  }
+  return 0;
+}
+
+/**
+ * @param {string} x
+ * @param {string} y
+ * @returns {number}
+ */
+function comparePart(x, y) {
+  if (/^\d+$/.test(x) && /^\d+$/.test(y)) {
+    const sx = x.replace(/^0+(?=\d)/, '');
+    const sy = y.replace(/^0+(?=\d)/, '');
+    if (sx.length !== sy.length) return sx.length - sy.length;
+    return sx < sy ? -1 : sx > sy ? 1 : 0;
+  }
+  // Not a number: still give a total order rather than guessing.
+  return x < y ? -1 : x > y ? 1 : 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Backoff
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * The default reconnect schedule: an exponential backoff (base 500 ms, doubling, capped at
+ * 30 s) and a delay drawn uniformly from 50–150 % of it. Jitter is what spreads thousands of
+ * pages that lost their socket at the same instant.
+ *
+ * @param {number} tries consecutive failed attempts, 1 for the first retry
+ * @param {() => number} [random] uniform in [0, 1), Math.random by default
+ * @returns {number} milliseconds to wait
+ */
+export function defaultReconnectAfterMs(tries, random = Math.random) {
+  const exponent = Math.max(0, Math.min(tries - 1, 30)); // 2^30 is far past the cap: no overflow
+  const backoff = Math.min(BACKOFF_CAP_MS, BACKOFF_BASE_MS * 2 ** exponent);
+  return backoff * (JITTER_MIN + (JITTER_MAX - JITTER_MIN) * random());
+}
+
+/**
+ * @param {number} min
+ * @param {number} max
+ * @param {() => number} random
+ * @returns {number}
+ */
+function uniform(min, max, random) {
+  return min + (max - min) * random();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Timers
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * @typedef {object} Clock
+ * @property {() => number} now milliseconds, monotonic enough for intervals
+ * @property {(fn: () => void, ms: number) => unknown} setTimeout
+ * @property {(handle: any) => void} clearTimeout
+ */
+
+/** A restartable one-shot timer; scheduling again replaces the pending run. */
+class Timer {
+  /**
+   * @param {Clock} clock
+   * @param {() => void} fn
+   */
+  constructor(clock, fn) {
+    this._clock = clock;
+    this._fn = fn;
+    /** @type {unknown} */
+    this._handle = null;
+    /** @type {number | null} when the pending run is due, on clock.now() */
+    this.dueAt = null;
+  }
+
+  /** @param {number} ms */
+  schedule(ms) {
+    this.cancel();
+    this.dueAt = this._clock.now() + ms;
+    this._handle = this._clock.setTimeout(() => {
+      this._handle = null;
+      this.dueAt = null;
+      this._fn();
+    }, ms);
+  }
+
+  cancel() {
+    if (this._handle !== null) this._clock.clearTimeout(this._handle);
+    this._handle = null;
+    this.dueAt = null;
+  }
+
+  get pending() {
+    return this._handle !== null;
+  }
+}
+
+/**
+ * Keeps a connection honest once `hello` told the heartbeat: sends a ping every `heartbeat`
+ * seconds and declares the connection dead when nothing at all arrived for
+ * 2 × heartbeat + HEARTBEAT_GRACE_MS. A TCP connection cut by a sleeping laptop or a NAT
+ * timeout never fires `close`, so this is the only way such a connection gets replaced.
+ *
+ * The dead-check timer is not re-armed on every frame: it fires at the earliest possible
+ * deadline and, if something arrived meanwhile, re-arms for the remaining time.
+ */
+class Heartbeat {
+  /**
+   * @param {Clock} clock
+   * @param {{ping: () => void, onDead: () => void}} hooks
+   */
+  constructor(clock, hooks) {
+    this._clock = clock;
+    this._hooks = hooks;
+    this._intervalMs = 0;
+    this._deadAfterMs = 0;
+    this._lastSeen = 0;
+    this._pingTimer = new Timer(clock, () => {
+      this._hooks.ping();
+      this._pingTimer.schedule(this._intervalMs);
+    });
+    this._deadTimer = new Timer(clock, () => this.check());
+  }
+
+  /** @param {number} seconds the server's `hello.heartbeat`; 0 or less turns checks off */
+  start(seconds) {
+    this.stop();
+    this._lastSeen = this._clock.now();
+    if (!(seconds > 0)) return;
+    this._intervalMs = seconds * 1000;
+    this._deadAfterMs = 2 * this._intervalMs + HEARTBEAT_GRACE_MS;
+    this._pingTimer.schedule(this._intervalMs);
+    this._deadTimer.schedule(this._deadAfterMs);
+  }
+
+  /** Something arrived from the server. */
+  touch() {
+    this._lastSeen = this._clock.now();
+  }
+
+  /** Check now (also used when the page wakes up); calls onDead at most once per start(). */
+  check() {
+    if (!this._deadAfterMs) return;
+    const idle = this._clock.now() - this._lastSeen;
+    if (idle >= this._deadAfterMs) {
+      this.stop();
+      this._hooks.onDead();
+    } else {
+      this._deadTimer.schedule(this._deadAfterMs - idle);
+    }
+  }
+
+  stop() {
+    this._pingTimer.cancel();
+    this._deadTimer.cancel();
+    this._deadAfterMs = 0;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Subscriptions
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * @typedef {object} MessageMeta
+ * @property {string} topic the plain topic
+ * @property {string | null} offset
+ */
+
+/**
+ * @typedef {object} SubscribeOptions
+ * @property {string | null} [since] the last offset the page already reflects, e.g.
+ *   `livepush.latest_offset(topic)` embedded by the server when it rendered the page
+ * @property {(topic: string) => void} [onReset] `since` was older than the history the server
+ *   keeps: refetch the state. The next resubscribe starts from the latest.
+ * @property {(info: {topic: string, offset: string | null}) => void} [onSubscribed]
+ *   called after every (re)subscribe the server accepted
+ * @property {(reason: string, info: {topic: string}) => void} [onRefused] the server refused
+ *   the topic ("forbidden", "invalid_signature", "expired", "invalid_topic", "limit"); the
+ *   subscription is dropped and never resent. ("unavailable", the server's storage being
+ *   briefly down, is not a refusal: the subscribe is retried with backoff.)
+ */
+
+/** @typedef {'pending' | 'active' | 'refused' | 'closed'} SubscriptionState */
+
+/** The plain topic of a possibly signed one: `~` never appears in a plain topic. */
+function plainTopicOf(/** @type {string} */ topic) {
+  const i = topic.indexOf('~');
+  return i < 0 ? topic : topic.slice(0, i);
+}
+
+/** One call to `subscribe()`. Its offset and duplicate filter are its own. */
+export class Subscription {
+  /**
+   * @param {LivePush} client
+   * @param {string} topic
+   * @param {(data: any, meta: MessageMeta) => void} onMessage
+   * @param {SubscribeOptions} options
+   */
+  constructor(client, topic, onMessage, options) {
+    this._client = client;
+    /** The topic as given: plain or signed. Resubscribes send exactly this. */
+    this.topic = topic;
+    /** The plain topic the server uses in its frames. */
+    this.plainTopic = plainTopicOf(topic);
+    this._onMessage = onMessage;
+    this._options = options;
+    /** @type {string | null} */
+    this._offset = options.since ?? null;
+    /** @type {SubscriptionState} */
+    this._state = 'pending';
+    /** transient refusals in a row, for the retry backoff */
+    this._retries = 0;
+  }
+
+  /** The last offset delivered (or the `since` it started from); null when none yet. */
+  get offset() {
+    return this._offset;
+  }
+
+  /** @returns {SubscriptionState} */
+  get state() {
+    return this._state;
+  }
+
+  /** Stop delivery; the server is told once no other subscription needs the topic. */
+  unsubscribe() {
+    if (this._state === 'closed' || this._state === 'refused') return;
+    this._state = 'closed';
+    this._client._unsubscribe(this);
+  }
+
+  /** @param {{topic: string, offset?: string | null, data: any}} frame */
+  _deliver(frame) {
+    if (this._state === 'closed' || this._state === 'refused') return;
+    const offset = frame.offset ?? null;
+    if (offset !== null) {
+      // Replays after a reconnect, a second subscription's catch-up and the seam between
+      // history and live messages may repeat what this subscription already handed over.
+      if (this._offset !== null && compareOffsets(offset, this._offset) <= 0) return;
+      this._offset = offset;
+    }
+    this._client._call(this._onMessage, frame.data, { topic: frame.topic, offset });
+  }
+
+  _reset() {
+    if (this._state === 'closed' || this._state === 'refused') return;
+    // The kept history no longer reaches our offset: resuming from it would only get `reset`
+    // again, so the next subscribe asks for "from now" and the page refetches.
+    this._offset = null;
+    const onReset = this._options.onReset;
+    if (onReset) this._client._call(onReset, this.plainTopic);
+  }
+
+  /** @param {{topic?: string, offset?: string | null}} frame */
+  _subscribed(frame) {
+    if (this._state !== 'pending') return;
+    this._state = 'active';
+    this._retries = 0;
+    const cb = this._options.onSubscribed;
+    if (cb) this._client._call(cb, { topic: frame.topic ?? this.plainTopic, offset: frame.offset ?? null });
+  }
+
+  /** @param {string} reason */
+  _refused(reason) {
+    if (this._state === 'closed' || this._state === 'refused') return;
+    this._state = 'refused';
+    const cb = this._options.onRefused;
+    if (cb) this._client._call(cb, reason, { topic: this.topic });
+  }
+}
+
+/** Live subscriptions by plain topic, plus the subscribe refs awaiting an answer. */
+class Registry {
+  constructor() {
+    /** @type {Map<string, Set<Subscription>>} */
+    this._byTopic = new Map();
+    /** @type {Map<string, Subscription>} refs of this connection only */
+    this._pending = new Map();
+  }
+
+  /** @param {Subscription} sub */
+  add(sub) {
+    let set = this._byTopic.get(sub.plainTopic);
+    if (!set) this._byTopic.set(sub.plainTopic, (set = new Set()));
+    set.add(sub);
+  }
+
+  /**
+   * @param {Subscription} sub
+   * @returns {boolean} whether the topic has no subscription left
+   */
+  remove(sub) {
+    const set = this._byTopic.get(sub.plainTopic);
+    if (!set) return true;
+    set.delete(sub);
+    if (set.size === 0) this._byTopic.delete(sub.plainTopic);
+    return set.size === 0;
+  }
+
+  /**
+   * A snapshot, so callbacks may subscribe or unsubscribe while we iterate.
+   * @param {string} plainTopic
+   * @returns {Subscription[]}
+   */
+  forTopic(plainTopic) {
+    const set = this._byTopic.get(plainTopic);
+    return set ? [...set] : [];
+  }
+
+  /** @returns {Subscription[]} */
+  all() {
+    /** @type {Subscription[]} */
+    const out = [];
+    for (const set of this._byTopic.values()) out.push(...set);
+    return out;
+  }
+
+  /**
+   * @param {string} ref
+   * @param {Subscription} sub
+   */
+  expect(ref, sub) {
+    this._pending.set(ref, sub);
+  }
+
+  /**
+   * @param {unknown} ref
+   * @returns {Subscription | undefined}
+   */
+  answer(ref) {
+    const key = String(ref);
+    const sub = this._pending.get(key);
+    this._pending.delete(key);
+    return sub;
+  }
+
+  /** A new connection: answers to the old one's refs will never come. */
+  forgetRefs() {
+    this._pending.clear();
+  }
+
+  /**
+   * The server names the plain topic in `subscribed`; trust it over our own parsing.
+   * @param {Subscription} sub
+   * @param {string} plainTopic
+   */
+  rekey(sub, plainTopic) {
+    if (sub.plainTopic === plainTopic) return;
+    this.remove(sub);
+    sub.plainTopic = plainTopic;
+    this.add(sub);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Socket
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * @typedef {object} StatusInfo
+ * @property {number} [code] the close code that caused the change
+ * @property {string} [reason] the close reason, or why the client dropped the connection
+ * @property {number} [delayMs] for `reconnecting`: how long until the next attempt
+ * @property {number} [tries] for `reconnecting`: consecutive failed attempts so far
+ */
+
+/**
+ * @typedef {object} LivePushError
+ * @property {string} reason "bad_frame", "unknown_op", ... from a server `error` frame, or
+ *   "handler_error" when one of your callbacks threw, or "invalid_frame" for an unparsable
+ *   frame from the server
+ * @property {string} [detail]
+ * @property {unknown} [error] the exception, for "handler_error"
+ */
+
+/**
+ * @typedef {object} LivePushOptions
+ * @property {string | (() => string | null | undefined) | null} [token] session token sent as
+ *   `?token=`; a function is called on every connect (to hand over a fresh one). Prefer the
+ *   `livepush_session` cookie when the server shares the page's site.
+ * @property {(err: LivePushError) => void} [onError] server `error` frames and exceptions from
+ *   your callbacks; the connection keeps going. Default: console.warn.
+ * @property {(tries: number) => number} [reconnectAfterMs] the delay before retry number `tries`
+ * @property {any} [WebSocket] WebSocket constructor (tests inject a fake)
+ * @property {() => number} [random]
+ * @property {() => number} [now]
+ * @property {(fn: () => void, ms: number) => unknown} [setTimeout]
+ * @property {(handle: any) => void} [clearTimeout]
+ * @property {any} [document] for `visibilitychange`; null to not listen
+ * @property {any} [window] for `online`; null to not listen
+ */
+
+/**
+ * A connection to a livepush server that survives restarts: it reconnects with jitter,
+ * resubscribes every topic from the last offset it saw and drops duplicates.
+ *
+ * Statuses: `connecting` (first attempt), `open` (hello received), `reconnecting` (lost,
+ * waiting or retrying), `closed` (you called close()), `unauthorized` (closed with 4401 or
+ * 4403: never retried).
+ */
+export class LivePush {
+  /**
+   * @param {string} url ws://, wss://, http(s):// (turned into ws(s)://) or a path relative
+   *   to the page
+   * @param {LivePushOptions} [options]
+   */
+  constructor(url, options = {}) {
+    if (typeof url !== 'string' || url === '') {
+      throw new TypeError('LivePush needs the server URL, e.g. new LivePush("wss://push.example.com/")');
+    }
+    const g = /** @type {any} */ (globalThis);
+    this._url = url;
+    this._token = options.token ?? null;
+    this._WebSocket = options.WebSocket ?? g.WebSocket;
+    if (typeof this._WebSocket !== 'function') {
+      throw new TypeError('LivePush needs a WebSocket implementation: pass {WebSocket} outside a browser');
+    }
+    this._random = options.random ?? Math.random;
+    /** @type {Clock} */
+    this._clock = {
+      now: options.now ?? (() => Date.now()),
+      setTimeout: options.setTimeout ?? ((fn, ms) => g.setTimeout(fn, ms)),
+      clearTimeout: options.clearTimeout ?? ((h) => g.clearTimeout(h)),
+    };
+    this._reconnectAfterMs =
+      options.reconnectAfterMs ?? ((/** @type {number} */ tries) => defaultReconnectAfterMs(tries, this._random));
+    this._onError = options.onError ?? ((/** @type {LivePushError} */ err) => console.warn('livepush:', err));
+    this._document = options.document === undefined ? g.document : options.document;
+    this._window = options.window === undefined ? g.window : options.window;
+
+    /** @type {LivePushStatus} */
+    this._status = Status.CONNECTING;
+    /** @type {Map<string, Set<Function>>} */
+    this._listeners = new Map();
+    this._registry = new Registry();
+    this._refSeq = 0;
+    this._tries = 0;
+    /** @type {any} */
+    this._ws = null;
+    /** @type {number | null} when hello arrived on the current socket */
+    this._helloAt = null;
+    /** @type {{subject: string} | null} */
+    this._session = null;
+    this._stopped = false;
+    this._everOpened = false;
+    /** @type {Set<Timer>} subscribe retries after a transient refusal */
+    this._retryTimers = new Set();
+
+    this._reconnectTimer = new Timer(this._clock, () => this._connect());
+    this._connectTimer = new Timer(this._clock, () => this._drop('no hello from the server'));
+    this._heartbeat = new Heartbeat(this._clock, {
+      ping: () => this._send({ op: 'ping', ref: this._nextRef() }),
+      onDead: () => this._drop('heartbeat timeout'),
+    });
+
+    this._onVisibility = () => {
+      if (this._document && this._document.visibilityState === 'visible') this._wake();
+    };
+    this._onOnline = () => this._wake();
+    this._document?.addEventListener?.('visibilitychange', this._onVisibility);
+    this._window?.addEventListener?.('online', this._onOnline);
+
+    this._connect();
+  }
+
+  /** @returns {LivePushStatus} */
+  get status() {
+    return this._status;
+  }
+
+  /** The session the server announced in `hello` (null when anonymous or not connected). */
+  get session() {
+    return this._session;
+  }
+
+  /**
+   * Listen to an event. The only event is `status`: fn(status, info).
+   * @param {'status'} event
+   * @param {(status: LivePushStatus, info: StatusInfo) => void} fn
+   * @returns {() => void} call it to stop listening
+   */
+  on(event, fn) {
+    if (event !== 'status') throw new TypeError(`LivePush has no "${event}" event; listen to "status"`);
+    let set = this._listeners.get(event);
+    if (!set) this._listeners.set(event, (set = new Set()));
+    set.add(fn);
+    return () => this.off(event, fn);
+  }
+
+  /**
+   * @param {'status'} event
+   * @param {Function} fn
+   */
+  off(event, fn) {
+    this._listeners.get(event)?.delete(fn);
+  }
+
+  /**
+   * Receive the messages of a topic. Call it while connecting, open or reconnecting: the
+   * subscribe frame goes out as soon as the connection is open, and again after every
+   * reconnect. After close() or `unauthorized` it throws.
+   *
+   * @param {string} topic a plain topic or a signed one (`topic~signature`)
+   * @param {(data: any, meta: MessageMeta) => void} onMessage
+   * @param {SubscribeOptions} [options]
+   * @returns {Subscription}
+   */
+  subscribe(topic, onMessage, options = {}) {
+    if (this._stopped) throw new Error('this LivePush is closed: create a new one to subscribe again');
+    if (typeof topic !== 'string' || topic === '') throw new TypeError('subscribe() needs a topic string');
+    if (typeof onMessage !== 'function') throw new TypeError('subscribe() needs an onMessage function');
+    const sub = new Subscription(this, topic, onMessage, options);
+    this._registry.add(sub);
+    if (this._status === Status.OPEN) this._sendSubscribe(sub);
+    return sub;
+  }
+
+  /** Close for good: no reconnect, status `closed`. */
+  close() {
+    this._shutdown();
+    this._setStatus(Status.CLOSED, { code: CloseCode.NORMAL });
+  }
+
+  // -- internals ------------------------------------------------------------------------------
+
+  _connect() {
+    this._reconnectTimer.cancel();
+    if (this._stopped) return;
+    this._setStatus(this._tries > 0 || this._everOpened ? Status.RECONNECTING : Status.CONNECTING, {});
+    let ws;
+    try {
+      ws = new this._WebSocket(this._socketUrl());
+    } catch (err) {
+      // A malformed URL throws synchronously; retrying with backoff will not fix it, but
+      // surfacing it and backing off beats a tight loop or a silent stop.
+      this._onError({ reason: 'connect_failed', detail: String(err), error: err });
+      this._afterClose(CloseCode.ABNORMAL, 'connect failed');
+      return;
+    }
+    this._ws = ws;
+    this._helloAt = null;
+    this._registry.forgetRefs();
+    ws.onmessage = (/** @type {{data: any}} */ ev) => {
+      if (ws === this._ws) this._onFrame(ev.data);
+    };
+    ws.onclose = (/** @type {{code?: number, reason?: string}} */ ev) => {
+      if (ws === this._ws) this._onSocketClosed(ev?.code ?? CloseCode.ABNORMAL, ev?.reason ?? '');
+    };
+    ws.onerror = () => {}; // `close` always follows and carries what we need
+    this._connectTimer.schedule(CONNECT_TIMEOUT_MS);
+  }
+
+  /** @returns {string} */
+  _socketUrl() {
+    const base = this._window?.location?.href ?? this._document?.baseURI;
+    const url = new URL(this._url, base);
+    if (url.protocol === 'http:') url.protocol = 'ws:';
+    else if (url.protocol === 'https:') url.protocol = 'wss:';
+    const token = typeof this._token === 'function' ? this._token() : this._token;
+    if (token) url.searchParams.set('token', token);
+    return url.toString();
+  }
+
+  /** @param {any} text */
+  _onFrame(text) {
+    this._heartbeat.touch();
+    let frame;
+    try {
+      frame = JSON.parse(typeof text === 'string' ? text : String(text));
+    } catch {
+      this._onError({ reason: 'invalid_frame', detail: 'the server sent a frame that is not JSON' });
+      return;
+    }
+    if (!frame || typeof frame !== 'object') return;
+    switch (frame.op) {
+      case 'hello':
+        return this._onHello(frame);
+      case 'subscribed': {
+        const sub = this._registry.answer(frame.ref);
+        if (!sub || sub.state !== 'pending') return; // unsubscribed while the answer was on its way
+        // Map by ref: for a signed topic the server answers with the plain one.
+        if (typeof frame.topic === 'string') this._registry.rekey(sub, frame.topic);
+        return sub._subscribed(frame);
+      }
+      case 'refused': {
+        const sub = this._registry.answer(frame.ref);
+        if (!sub || sub.state !== 'pending') return;
+        const reason = String(frame.reason ?? 'refused');
+        if (TRANSIENT_REFUSALS.has(reason)) return this._retrySubscribe(sub);
+        this._registry.remove(sub);
+        return sub._refused(reason);
+      }
+      case 'message':
+        for (const sub of this._registry.forTopic(frame.topic)) sub._deliver(frame);
+        return;
+      case 'reset':
+        for (const sub of this._registry.forTopic(frame.topic)) sub._reset();
+        return;
+      case 'pong':
+        return; // its arrival already fed the heartbeat
+      case 'error':
+        this._onError({ reason: String(frame.reason ?? 'error'), detail: frame.detail });
+        return;
+      default:
+        return; // newer servers may add frames; ignore what we do not know
+    }
+  }
+
+  /** @param {any} frame */
+  _onHello(frame) {
+    this._connectTimer.cancel();
+    this._helloAt = this._clock.now();
+    this._everOpened = true;
+    this._session = frame.session ?? null;
+    this._heartbeat.start(Number(frame.heartbeat) || 0);
+    this._setStatus(Status.OPEN, {});
+    // Subscribe only now: sending earlier would race a 4401 close on `required` servers.
+    for (const sub of this._registry.all()) this._sendSubscribe(sub);
+  }
+
+  /** @param {Subscription} sub */
+  _sendSubscribe(sub) {
+    const ref = this._nextRef();
+    this._registry.expect(ref, sub);
+    sub._state = 'pending';
+    this._send({ op: 'subscribe', topic: sub.topic, since: sub.offset, ref });
+  }
+
+  /**
+   * The server could not serve the topic just now; ask again later on this connection (a
+   * reconnect resends it anyway).
+   * @param {Subscription} sub
+   */
+  _retrySubscribe(sub) {
+    sub._retries += 1;
+    const ws = this._ws;
+    const timer = new Timer(this._clock, () => {
+      this._retryTimers.delete(timer);
+      if (this._ws === ws && this._status === Status.OPEN && sub.state === 'pending') this._sendSubscribe(sub);
+    });
+    this._retryTimers.add(timer);
+    timer.schedule(this._reconnectAfterMs(sub._retries));
+  }
+
+  /** @param {Subscription} sub */
+  _unsubscribe(sub) {
+    const last = this._registry.remove(sub);
+    // Other subscriptions of this page may still need the topic; one server subscription
+    // serves them all.
+    if (last && this._status === Status.OPEN) this._send({ op: 'unsubscribe', topic: sub.plainTopic });
+  }
+
+  /** @param {object} frame */
+  _send(frame) {
+    const ws = this._ws;
+    if (!ws || ws.readyState !== WS_OPEN) return false;
+    try {
+      ws.send(JSON.stringify(frame));
+      return true;
+    } catch {
+      return false; // the socket is closing; its close event schedules the reconnect
+    }
+  }
+
+  _nextRef() {
+    this._refSeq += 1;
+    return String(this._refSeq);
+  }
+
+  /**
+   * The client decided the connection is dead (no hello, heartbeat lost). Closing a dead TCP
+   * connection can take minutes to report `close`, so stop listening to it and go on now.
+   * @param {string} reason
+   */
+  _drop(reason) {
+    const ws = this._ws;
+    if (!ws) return;
+    this._detach(ws);
+    try {
+      ws.close(CloseCode.NORMAL, reason);
+    } catch {
+      // already closed
+    }
+    this._onSocketClosed(CloseCode.ABNORMAL, reason, true);
+  }
+
+  /** @param {any} ws */
+  _detach(ws) {
+    ws.onmessage = ws.onclose = ws.onerror = null;
+    if (this._ws === ws) this._ws = null;
+  }
+
+  /**
+   * @param {number} code
+   * @param {string} reason
+   * @param {boolean} [detached]
+   */
+  _onSocketClosed(code, reason, detached = false) {
+    if (!detached && this._ws) this._detach(this._ws);
+    this._heartbeat.stop();
+    this._connectTimer.cancel();
+    this._cancelRetries();
+    this._registry.forgetRefs();
+    this._session = null;
+    if (this._stopped) return;
+    if (FATAL_CODES.has(code)) {
+      // 4401/4403: the session is missing or revoked; retrying would only hammer the server
+      // and never succeed. The page must log in again and create a new LivePush.
+      this._shutdown();
+      this._setStatus(Status.UNAUTHORIZED, { code, reason });
+      return;
+    }
+    this._afterClose(code, reason);
+  }
+
+  /**
+   * @param {number} code
+   * @param {string} reason
+   */
+  _afterClose(code, reason) {
+    const helloAt = this._helloAt;
+    this._helloAt = null;
+    const stable = helloAt !== null && this._clock.now() - helloAt >= STABLE_AFTER_MS;
+    if (stable && !PENALTY_CODES.has(code)) this._tries = 0;
+    this._tries += 1;
+    let delayMs = this._reconnectAfterMs(this._tries);
+    if (code === CloseCode.GOING_AWAY) {
+      // A restart or deploy: come back soon, spread out, never at once. If the server keeps
+      // going away (tries grows), the normal backoff takes over.
+      const short = uniform(GOING_AWAY_MIN_MS, GOING_AWAY_MAX_MS, this._random);
+      delayMs = this._tries > 1 ? Math.max(short, delayMs) : short;
+    }
+    this._reconnectTimer.schedule(delayMs);
+    this._setStatus(Status.RECONNECTING, { code, reason, delayMs, tries: this._tries });
+  }
+
+  /** The page is visible again or the network is back. */
+  _wake() {
+    if (this._stopped) return;
+    if (this._reconnectTimer.pending) {
+      const delayMs = uniform(WAKE_MIN_MS, WAKE_MAX_MS, this._random);
+      const due = this._reconnectTimer.dueAt ?? Infinity;
+      if (this._clock.now() + delayMs < due) this._reconnectTimer.schedule(delayMs);
+    } else if (this._status === Status.OPEN) {
+      // After a sleep the socket may be long dead without a close event; check at once.
+      this._heartbeat.check();
+    }
+  }
+
+  _cancelRetries() {
+    for (const timer of this._retryTimers) timer.cancel();
+    this._retryTimers.clear();
+  }
+
+  _shutdown() {
+    this._stopped = true;
+    this._reconnectTimer.cancel();
+    this._connectTimer.cancel();
+    this._heartbeat.stop();
+    this._cancelRetries();
+    this._registry.forgetRefs();
+    const ws = this._ws;
+    if (ws) {
+      this._detach(ws);
+      try {
+        ws.close(CloseCode.NORMAL, 'client closed');
+      } catch {
+        // already closed
+      }
+    }
+    this._document?.removeEventListener?.('visibilitychange', this._onVisibility);
+    this._window?.removeEventListener?.('online', this._onOnline);
+  }
+
+  /**
+   * @param {LivePushStatus} status
+   * @param {StatusInfo} info
+   */
+  _setStatus(status, info) {
+    const changed = status !== this._status;
+    // `reconnecting` is announced again with each newly scheduled attempt (info.delayMs), so
+    // a page can show "retrying in 4 s"; an attempt merely starting stays quiet.
+    const rescheduled = status === Status.RECONNECTING && info.delayMs !== undefined;
+    if (!changed && !rescheduled) return;
+    this._status = status;
+    for (const fn of [...(this._listeners.get('status') ?? [])]) this._call(fn, status, info);
+  }
+
+  /**
+   * Run a user callback; an exception in one must not break the connection for the others.
+   * @param {Function} fn
+   * @param {...any} args
+   */
+  _call(fn, ...args) {
+    try {
+      fn(...args);
+    } catch (error) {
+      try {
+        this._onError({ reason: 'handler_error', detail: String(error), error });
+      } catch {
+        // an onError that throws has nowhere left to report to
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Progress
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * @typedef {object} ProgressView
+ * @property {'job' | 'group' | 'unknown'} kind
+ * @property {string} event
+ * @property {string | null} state
+ * @property {number | null} done
+ * @property {number | null} total
+ * @property {string | null} message
+ * @property {boolean} finished the job or group reached a final state
+ */
+
+const JOB_FINAL = new Set(['succeeded', 'failed', 'cancelled']);
+const GROUP_FINAL = new Set(['finished', 'cancelled']);
+
+/**
+ * Read a `job:<id>` or `group:<id>` event (SPEC.md §6) into what a progress bar shows.
+ * @param {any} data
+ * @returns {ProgressView}
+ */
+export function describeProgress(data) {
+  const event = String(data?.event ?? '');
+  const num = (/** @type {any} */ v) => (typeof v === 'number' && Number.isFinite(v) ? v : null);
+  if (data && typeof data.job === 'object' && data.job) {
+    const job = data.job;
+    const state = job.state ?? null;
+    let message = job.progress?.message ?? null;
+    if (job.error && (state === 'failed' || event === 'retrying' || event === 'failed')) {
+      message = errorText(job.error);
+    }
+    return {
+      kind: 'job',
+      event,
+      state,
+      done: num(job.progress?.done),
+      total: num(job.progress?.total),
+      message: message === null ? null : String(message),
+      finished: JOB_FINAL.has(state),
+    };
+  }
+  if (data && typeof data.group === 'object' && data.group) {
+    const g = data.group;
+    const succeeded = num(g.succeeded) ?? 0;
+    const failed = num(g.failed) ?? 0;
+    const cancelled = num(g.cancelled) ?? 0;
+    const notes = [];
+    if (failed) notes.push(`${failed} failed`);
+    if (cancelled) notes.push(`${cancelled} cancelled`);
+    return {
+      kind: 'group',
+      event,
+      state: g.state ?? null,
+      done: succeeded + failed + cancelled,
+      total: num(g.total),
+      message: notes.length ? notes.join(', ') : null,
+      finished: GROUP_FINAL.has(g.state),
+    };
+  }
+  return { kind: 'unknown', event, state: null, done: null, total: null, message: null, finished: false };
+}
+
+/** @param {any} error */
+function errorText(error) {
+  if (typeof error === 'string') return error;
+  if (error && typeof error.message === 'string') {
+    return error.type ? `${error.type}: ${error.message}` : error.message;
+  }
+  return JSON.stringify(error);
+}
+
+/**
+ * The text line under the bar: "done/total · state · message", leaving out what is unknown.
+ * @param {ProgressView} view
+ * @returns {string}
+ */
+export function progressText(view) {
+  const parts = [];
+  if (view.total !== null) parts.push(`${view.done ?? 0}/${view.total}`);
+  if (view.state) parts.push(view.state);
+  if (view.message) parts.push(view.message);
+  return parts.join(' · ');
+}
+
+/**
+ * @typedef {object} BindProgressOptions
+ * @property {(view: ProgressView, data: any) => void} [onFinish] called once, when the job or
+ *   group reaches a final state (job: succeeded, failed, cancelled; group: finished, cancelled)
+ * @property {(view: ProgressView, data: any) => void} [onUpdate] called after every render
+ * @property {string | null} [since]
+ */
+
+/**
+ * Show a job's or a group's progress in `element`: a `<progress>` bar and a text line
+ * (done/total, state, last message). The element's children are replaced; its
+ * `data-state` attribute follows the state, for CSS. On `reset` it subscribes afresh, so
+ * the server sends a new snapshot.
+ *
+ * @param {LivePush} lp
+ * @param {string} topic `job:<id>` or `group:<id>`, plain or signed (e.g. `handle.signed_topic`)
+ * @param {any} element a DOM element
+ * @param {BindProgressOptions} [options]
+ * @returns {{readonly topic: string, readonly offset: string | null, unsubscribe(): void}}
+ *   a handle like a Subscription that stays valid across the re-subscribe after a reset
+ */
+export function bindProgress(lp, topic, element, options = {}) {
+  const doc = element.ownerDocument ?? /** @type {any} */ (globalThis).document;
+  const bar = doc.createElement('progress');
+  bar.className = 'livepush-progress-bar';
+  const label = doc.createElement('span');
+  label.className = 'livepush-progress-text';
+  if (typeof element.replaceChildren === 'function') element.replaceChildren(bar, label);
+  else {
+    element.textContent = '';
+    element.appendChild(bar);
+    element.appendChild(label);
+  }
+  let finished = false;
+
+  /** @param {ProgressView} view */
+  const render = (view) => {
+    if (view.total !== null && view.total > 0) {
+      bar.setAttribute('max', String(view.total));
+      bar.setAttribute('value', String(Math.min(view.done ?? 0, view.total)));
+    } else if (view.finished) {
+      bar.setAttribute('max', '1');
+      bar.setAttribute('value', view.state === 'succeeded' || view.state === 'finished' ? '1' : '0');
+    } else {
+      bar.removeAttribute('value'); // indeterminate until the first progress report
+    }
+    // textContent, never innerHTML: messages are user data.
+    label.textContent = progressText(view);
+    if (view.state) element.setAttribute?.('data-state', view.state);
+  };
+
+  /** @param {any} data */
+  const onMessage = (data) => {
+    const view = describeProgress(data);
+    if (view.kind === 'unknown') return;
+    render(view);
+    options.onUpdate?.(view, data);
+    if (view.finished && !finished) {
+      finished = true;
+      options.onFinish?.(view, data);
+    }
+    // A retried job leaves its final state again; let onFinish fire for the next ending.
+    if (!view.finished) finished = false;
+  };
+
+  const subscribeOptions = {
+    since: options.since ?? null,
+    onReset: () => {
+      // The page missed events older than the kept history; a fresh subscription brings
+      // the current state as a snapshot.
+      current.unsubscribe();
+      current = lp.subscribe(topic, onMessage, { ...subscribeOptions, since: null });
+    },
+    onRefused: (/** @type {string} */ reason) => {
+      label.textContent = `not allowed: ${reason}`;
+      element.setAttribute?.('data-state', 'refused');
+    },
+  };
+  let current = lp.subscribe(topic, onMessage, subscribeOptions);
+  return {
+    topic,
+    get offset() {
+      return current.offset;
+    },
+    unsubscribe() {
+      current.unsubscribe();
+    },
+  };
+}

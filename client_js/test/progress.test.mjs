@@ -1,0 +1,120 @@
+import assert from 'node:assert/strict';
+import test from 'node:test';
+
+import { bindProgress, describeProgress } from '../livepush.js';
+import { FakeElement, harness } from '../testing/fakes.mjs';
+
+function setup(topic, options) {
+  const h = harness();
+  const el = new FakeElement('div');
+  const finished = [];
+  const handle = bindProgress(h.lp, topic, el, { onFinish: (view) => finished.push(view.state), ...options });
+  const ws = h.last();
+  ws.hello();
+  ws.acceptSubscribes();
+  const [bar, label] = el.children;
+  let off = 0;
+  const send = (data) => ws.receive({ op: 'message', topic: topic.split('~')[0], offset: String(++off), data });
+  return { h, el, bar, label, finished, handle, ws, send };
+}
+
+const job = (event, state, progress, extra = {}) => ({
+  event,
+  job: { id: 42, name: 'import_row', queue: 'default', state, attempt: 1, max_attempts: 5, progress, error: null, run_at: null, ...extra },
+});
+
+test('bindProgress renders a job: bar, done/total, state and the last message', () => {
+  const t = setup('job:42~sig');
+  assert.equal(t.bar.tagName, 'PROGRESS');
+  assert.equal(t.h.last().frames('subscribe')[0].topic, 'job:42~sig');
+
+  t.send(job('snapshot', 'available', null));
+  assert.equal(t.bar.getAttribute('value'), null, 'indeterminate before any progress');
+  assert.equal(t.label.textContent, 'available');
+  assert.equal(t.el.getAttribute('data-state'), 'available');
+
+  t.send(job('progress', 'running', { done: 3, total: 10, message: 'parsing <b>rows</b>' }));
+  assert.equal(t.bar.getAttribute('max'), '10');
+  assert.equal(t.bar.getAttribute('value'), '3');
+  assert.equal(t.label.textContent, '3/10 · running · parsing <b>rows</b>'); // as text, not markup
+  assert.deepEqual(t.finished, []);
+
+  t.send(job('succeeded', 'succeeded', { done: 10, total: 10, message: 'done' }));
+  assert.equal(t.bar.getAttribute('value'), '10');
+  assert.equal(t.label.textContent, '10/10 · succeeded · done');
+  assert.deepEqual(t.finished, ['succeeded']);
+  t.h.lp.close();
+});
+
+test('a failed job shows its error; a job without progress still fills the bar when it succeeds', () => {
+  const t = setup('job:7');
+  t.send(job('retrying', 'scheduled', { done: 1, total: 4, message: 'x' }, { error: { type: 'KeyError', message: "'id'" } }));
+  assert.equal(t.label.textContent, "1/4 · scheduled · KeyError: 'id'");
+  assert.deepEqual(t.finished, []);
+  t.send(job('failed', 'failed', { done: 1, total: 4, message: 'x' }, { error: 'gave up' }));
+  assert.equal(t.label.textContent, '1/4 · failed · gave up');
+  assert.deepEqual(t.finished, ['failed']);
+  t.h.lp.close();
+
+  const u = setup('job:8');
+  u.send(job('succeeded', 'succeeded', null));
+  assert.equal(u.bar.getAttribute('max'), '1');
+  assert.equal(u.bar.getAttribute('value'), '1');
+  assert.equal(u.label.textContent, 'succeeded');
+  u.h.lp.close();
+});
+
+test('bindProgress renders a group: done counts succeeded, failed and cancelled members', () => {
+  const t = setup('group:9');
+  const group = (event, state, counts) => ({ event, group: { id: 9, state, total: 200, pending: 0, succeeded: 0, failed: 0, cancelled: 0, ...counts } });
+  t.send(group('snapshot', 'sealed', { pending: 200 }));
+  assert.equal(t.label.textContent, '0/200 · sealed');
+  assert.equal(t.bar.getAttribute('value'), '0');
+  t.send(group('progress', 'sealed', { pending: 150, succeeded: 45, failed: 3, cancelled: 2 }));
+  assert.equal(t.bar.getAttribute('max'), '200');
+  assert.equal(t.bar.getAttribute('value'), '50');
+  assert.equal(t.label.textContent, '50/200 · sealed · 3 failed, 2 cancelled');
+  t.send(group('finished', 'finished', { succeeded: 195, failed: 3, cancelled: 2 }));
+  assert.equal(t.label.textContent, '200/200 · finished · 3 failed, 2 cancelled');
+  assert.equal(t.el.getAttribute('data-state'), 'finished');
+  assert.deepEqual(t.finished, ['finished']);
+  // Duplicates (same offset) do not fire onFinish again.
+  t.ws.receive({ op: 'message', topic: 'group:9', offset: '3', data: group('finished', 'finished', { succeeded: 200 }) });
+  assert.deepEqual(t.finished, ['finished']);
+  t.h.lp.close();
+});
+
+test('bindProgress re-subscribes after a reset to get a fresh snapshot, and unsubscribe ends it', () => {
+  const t = setup('group:9');
+  t.send({ event: 'snapshot', group: { id: 9, state: 'sealed', total: 10, pending: 10, succeeded: 0, failed: 0, cancelled: 0 } });
+  t.ws.receive({ op: 'reset', topic: 'group:9' });
+  assert.deepEqual(t.ws.frames('unsubscribe'), [{ op: 'unsubscribe', topic: 'group:9' }]);
+  const again = t.ws.frames('subscribe').at(-1);
+  assert.equal(again.since, null);
+  assert.equal(t.ws.frames('subscribe').length, 2);
+  t.ws.acceptSubscribes();
+  t.ws.receive({ op: 'message', topic: 'group:9', offset: '90', data: { event: 'snapshot', group: { id: 9, state: 'sealed', total: 10, pending: 4, succeeded: 6, failed: 0, cancelled: 0 } } });
+  assert.equal(t.label.textContent, '6/10 · sealed');
+  assert.equal(t.handle.offset, '90');
+  t.handle.unsubscribe();
+  assert.equal(t.ws.frames('unsubscribe').length, 2);
+  t.ws.receive({ op: 'message', topic: 'group:9', offset: '91', data: { event: 'finished', group: { id: 9, state: 'finished', total: 10, pending: 0, succeeded: 10, failed: 0, cancelled: 0 } } });
+  assert.equal(t.label.textContent, '6/10 · sealed');
+  t.h.lp.close();
+});
+
+test('a refused progress topic says so in the text line', () => {
+  const h = harness();
+  const el = new FakeElement('div');
+  bindProgress(h.lp, 'job:1~bad', el);
+  h.last().hello();
+  h.last().receive({ op: 'refused', ref: h.last().frames('subscribe')[0].ref, reason: 'invalid_signature' });
+  assert.equal(el.children[1].textContent, 'not allowed: invalid_signature');
+  assert.equal(el.getAttribute('data-state'), 'refused');
+  h.lp.close();
+});
+
+test('describeProgress ignores data that is neither a job nor a group event', () => {
+  assert.equal(describeProgress({ text: 'hi' }).kind, 'unknown');
+  assert.equal(describeProgress(null).kind, 'unknown');
+});

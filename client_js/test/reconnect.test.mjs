@@ -1,0 +1,255 @@
+import assert from 'node:assert/strict';
+import test from 'node:test';
+
+import { GOING_AWAY_MAX_MS, GOING_AWAY_MIN_MS, STABLE_AFTER_MS } from '../livepush.js';
+import { harness, seededRandom } from '../testing/fakes.mjs';
+
+const MID = () => 0.5; // jitter factor 1.0: delays equal the backoff, so they are exact
+
+/** Delays announced with each `reconnecting` status. */
+const delays = (h) => h.statuses.filter((s) => s.status === 'reconnecting').map((s) => s.delayMs);
+
+test('statuses go connecting → open → reconnecting → open, and the first socket opens at once', () => {
+  const h = harness();
+  assert.equal(h.lp.status, 'connecting');
+  assert.equal(h.sockets.length, 1);
+  assert.equal(h.last().url, 'ws://push.test/');
+  h.last().hello({ session: { subject: 'u7' } });
+  assert.equal(h.lp.status, 'open');
+  assert.deepEqual(h.lp.session, { subject: 'u7' });
+  h.last().serverClose(1006);
+  assert.equal(h.lp.status, 'reconnecting');
+  h.clock.advance(750); // the longest first delay
+  assert.equal(h.sockets.length, 2);
+  h.last().hello();
+  assert.deepEqual(
+    h.statuses.map((s) => s.status),
+    ['open', 'reconnecting', 'open'],
+  );
+  h.lp.close();
+  assert.equal(h.lp.status, 'closed');
+});
+
+test('failed attempts grow the backoff up to the cap, one new socket per attempt', () => {
+  const h = harness({ random: MID });
+  for (let i = 0; i < 10; i++) {
+    h.last().serverClose(1006); // refused before hello
+    h.clock.advance(h.clock.pending()[0]);
+  }
+  assert.deepEqual(delays(h), [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000, 30000]);
+  assert.equal(h.sockets.length, 11);
+  h.lp.close();
+});
+
+test('the backoff starts over once a connection stayed open for STABLE_AFTER_MS after hello', () => {
+  const h = harness({ random: MID });
+  for (let i = 0; i < 4; i++) {
+    h.last().serverClose(1006);
+    h.clock.advance(h.clock.pending()[0]);
+  }
+  assert.deepEqual(delays(h), [500, 1000, 2000, 4000]);
+  // Up, but not for long: the backoff keeps growing.
+  h.last().hello();
+  h.clock.advance(STABLE_AFTER_MS - 1);
+  h.last().serverClose(1006);
+  assert.equal(delays(h).at(-1), 8000);
+  h.clock.advance(8000);
+  // Up long enough: back to the base.
+  h.last().hello();
+  h.clock.advance(STABLE_AFTER_MS);
+  h.last().serverClose(1006);
+  assert.equal(delays(h).at(-1), 500);
+  h.lp.close();
+});
+
+test('a policy close (1008) keeps growing the backoff even after a stable connection', () => {
+  const h = harness({ random: MID });
+  h.last().serverClose(1006);
+  h.clock.advance(500);
+  h.last().hello();
+  h.clock.advance(60_000);
+  h.last().serverClose(1008);
+  assert.deepEqual(delays(h), [500, 1000]);
+  h.lp.close();
+});
+
+for (const code of [4401, 4403]) {
+  test(`close ${code} stops for good with status unauthorized and no new socket`, () => {
+    const h = harness();
+    h.last().hello();
+    h.last().serverClose(code, 'session revoked');
+    assert.equal(h.lp.status, 'unauthorized');
+    assert.deepEqual(h.statuses.at(-1), { status: 'unauthorized', code, reason: 'session revoked' });
+    assert.deepEqual(h.clock.pending(), [], 'a timer is still pending');
+    h.window.dispatch('online');
+    h.document.dispatch('visibilitychange');
+    h.clock.advance(3_600_000);
+    assert.equal(h.sockets.length, 1);
+    assert.throws(() => h.lp.subscribe('public:x', () => {}), /closed/);
+  });
+}
+
+test('close 4401 right after the handshake (no hello) also stops', () => {
+  const h = harness();
+  h.last().serverClose(4401);
+  h.clock.advance(3_600_000);
+  assert.equal(h.lp.status, 'unauthorized');
+  assert.equal(h.sockets.length, 1);
+});
+
+test('close 1001 (server going away) waits a short, jittered, non-zero delay', () => {
+  const seen = [];
+  for (let i = 0; i < 300; i++) {
+    const h = harness({ random: seededRandom(500 + i) });
+    h.last().hello();
+    h.clock.advance(60_000);
+    h.last().serverClose(1001);
+    const d = delays(h).at(-1);
+    seen.push(d);
+    h.clock.advance(d - 1);
+    assert.equal(h.sockets.length, 1, 'reconnected before the announced delay');
+    h.clock.advance(1);
+    assert.equal(h.sockets.length, 2, 'did not reconnect at the announced delay');
+    h.lp.close();
+  }
+  const min = Math.min(...seen);
+  const max = Math.max(...seen);
+  assert.ok(min >= GOING_AWAY_MIN_MS && max < GOING_AWAY_MAX_MS, `delays ${min}..${max}`);
+  assert.ok(max - min > 2000, `1001 delays spread over only ${max - min} ms`);
+  // Even a random() of 0 gives a positive delay.
+  const h = harness({ random: () => 0 });
+  h.last().hello();
+  h.last().serverClose(1001);
+  assert.equal(delays(h).at(-1), GOING_AWAY_MIN_MS);
+  h.lp.close();
+});
+
+test('a server that keeps going away falls back to the growing backoff', () => {
+  const h = harness({ random: MID });
+  for (let i = 0; i < 6; i++) {
+    h.last().serverClose(1001);
+    h.clock.advance(h.clock.pending()[0]);
+  }
+  assert.deepEqual(delays(h), [1750, 1750, 2000, 4000, 8000, 16000]);
+  h.lp.close();
+});
+
+test('pings go out every heartbeat and answered pings keep the connection', () => {
+  const h = harness();
+  const ws = h.last();
+  ws.hello({ heartbeat: 10 });
+  for (let i = 1; i <= 10; i++) {
+    h.clock.advance(10_000);
+    const ping = ws.frames('ping').at(-1);
+    assert.equal(ws.frames('ping').length, i);
+    ws.receive({ op: 'pong', ref: ping.ref });
+  }
+  assert.equal(h.sockets.length, 1);
+  assert.equal(h.lp.status, 'open');
+  h.lp.close();
+});
+
+test('a silent connection is declared dead after 2 × heartbeat + grace and replaced', () => {
+  const h = harness({ random: MID });
+  const ws = h.last();
+  ws.hello({ heartbeat: 10 });
+  h.clock.advance(21_999);
+  assert.equal(h.lp.status, 'open');
+  assert.equal(ws.closedByClient, null);
+  h.clock.advance(1); // 2 × 10 s + 2 s grace
+  assert.equal(h.lp.status, 'reconnecting');
+  assert.ok(ws.closedByClient, 'the dead socket was not closed');
+  assert.equal(h.statuses.at(-1).reason, 'heartbeat timeout');
+  h.clock.advance(500);
+  assert.equal(h.sockets.length, 2);
+  ws.serverClose(1006); // the old socket's late close event changes nothing
+  assert.equal(h.sockets.length, 2);
+  h.last().hello({ heartbeat: 10 });
+  assert.equal(h.lp.status, 'open');
+  h.lp.close();
+});
+
+test('any frame counts as a sign of life for the heartbeat', () => {
+  const h = harness();
+  const ws = h.last();
+  ws.hello({ heartbeat: 10 });
+  for (let i = 0; i < 20; i++) {
+    h.clock.advance(15_000);
+    ws.receive({ op: 'message', topic: 'public:x', offset: String(i + 1), data: i });
+  }
+  assert.equal(h.sockets.length, 1);
+  h.lp.close();
+});
+
+test('an attempt that never gets hello is abandoned after the connect timeout', () => {
+  const h = harness({ random: MID });
+  h.clock.advance(9_999);
+  assert.equal(h.sockets.length, 1);
+  h.clock.advance(1);
+  assert.ok(h.sockets[0].closedByClient);
+  assert.equal(h.lp.status, 'reconnecting');
+  h.clock.advance(500);
+  assert.equal(h.sockets.length, 2);
+  h.lp.close();
+});
+
+test('the page becoming visible or the network coming back cuts a long wait short', () => {
+  const h = harness({ random: MID });
+  for (let i = 0; i < 7; i++) {
+    h.last().serverClose(1006);
+    h.clock.advance(h.clock.pending()[0]);
+  }
+  h.last().serverClose(1006);
+  assert.equal(delays(h).at(-1), 30000);
+  const before = h.sockets.length;
+  h.document.visibilityState = 'hidden';
+  h.document.dispatch('visibilitychange');
+  h.clock.advance(1_000);
+  assert.equal(h.sockets.length, before, 'a hidden page must not reconnect early');
+  h.document.visibilityState = 'visible';
+  h.document.dispatch('visibilitychange');
+  const wait = h.clock.pending()[0];
+  assert.ok(wait > 0 && wait <= 1_000, `wake delay ${wait}`);
+  h.clock.advance(wait);
+  assert.equal(h.sockets.length, before + 1);
+  // The network coming back does the same.
+  h.last().serverClose(1006);
+  assert.ok(h.clock.pending()[0] > 1_000);
+  h.window.dispatch('online');
+  h.clock.advance(1_000);
+  assert.equal(h.sockets.length, before + 2);
+  h.lp.close();
+});
+
+test('waking up while open checks the heartbeat at once', () => {
+  const h = harness();
+  h.last().hello({ heartbeat: 10 });
+  // A laptop sleep: timers did not run, but the clock moved on.
+  h.clock.t += 60_000;
+  h.document.dispatch('visibilitychange');
+  assert.equal(h.lp.status, 'reconnecting');
+  h.lp.close();
+});
+
+test('close() stops everything: no timers, no reconnect, listeners removed', () => {
+  const h = harness();
+  h.last().hello({ heartbeat: 10 });
+  h.lp.close();
+  assert.equal(h.lp.status, 'closed');
+  assert.deepEqual(h.clock.pending(), []);
+  assert.deepEqual(h.sockets[0].closedByClient, { code: 1000, reason: 'client closed' });
+  assert.equal(h.document.listeners.get('visibilitychange').size, 0);
+  assert.equal(h.window.listeners.get('online').size, 0);
+  h.clock.advance(3_600_000);
+  assert.equal(h.sockets.length, 1);
+});
+
+test('the token goes in the query string, and a token function is asked on every connect', () => {
+  let n = 0;
+  const h = harness({ token: () => `tok ${++n}` });
+  assert.equal(h.last().url, 'ws://push.test/?token=tok+1');
+  h.last().serverClose(1006);
+  h.clock.advance(1_000);
+  assert.equal(h.last().url, 'ws://push.test/?token=tok+2');
+  h.lp.close();
+});

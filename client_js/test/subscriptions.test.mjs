@@ -1,0 +1,248 @@
+import assert from 'node:assert/strict';
+import test from 'node:test';
+
+import { harness } from '../testing/fakes.mjs';
+
+/** Subscribe, collecting what is delivered as [data, offset] pairs. */
+function collect(lp, topic, options) {
+  const got = [];
+  const sub = lp.subscribe(topic, (data, meta) => got.push([data, meta.offset, meta.topic]), options);
+  return { sub, got, data: () => got.map((g) => g[0]) };
+}
+
+/** Reconnect: the server drops the socket, the client waits, a new socket says hello. */
+function reconnect(h, code = 1006) {
+  h.last().serverClose(code);
+  h.clock.advance(h.clock.pending()[0]);
+  h.last().hello();
+  return h.last();
+}
+
+test('subscribe frames wait for hello, then go out with since and a ref', () => {
+  const h = harness();
+  collect(h.lp, 'chat:lobby', { since: '41' });
+  collect(h.lp, 'public:news');
+  const ws = h.last();
+  assert.deepEqual(ws.sent, []);
+  ws.hello();
+  assert.deepEqual(
+    ws.frames('subscribe').map(({ topic, since }) => ({ topic, since })),
+    [
+      { topic: 'chat:lobby', since: '41' },
+      { topic: 'public:news', since: null },
+    ],
+  );
+  const refs = ws.frames('subscribe').map((f) => f.ref);
+  assert.equal(new Set(refs).size, 2);
+  // Subscribing while open sends at once.
+  collect(h.lp, 'user:7');
+  assert.equal(ws.frames('subscribe').at(-1).topic, 'user:7');
+  h.lp.close();
+});
+
+test('after a reconnect every subscription is resent with the last offset it saw', () => {
+  const h = harness();
+  const a = collect(h.lp, 'chat:a', { since: '5' });
+  const b = collect(h.lp, 'chat:b');
+  const c = collect(h.lp, 'chat:c', { since: '1700000000000-0' });
+  let ws = h.last();
+  ws.hello();
+  ws.acceptSubscribes();
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '6', data: 'a6' });
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '9', data: 'a9' });
+  ws.receive({ op: 'message', topic: 'chat:b', offset: '3', data: 'b3' });
+  assert.equal(a.sub.offset, '9');
+  assert.equal(b.sub.offset, '3');
+
+  ws = reconnect(h);
+  const since = Object.fromEntries(ws.frames('subscribe').map((f) => [f.topic, f.since]));
+  assert.deepEqual(since, { 'chat:a': '9', 'chat:b': '3', 'chat:c': '1700000000000-0' });
+  // Replayed history overlapping what we had is dropped; new messages come through.
+  ws.acceptSubscribes();
+  for (const [off, d] of [['9', 'a9'], ['10', 'a10']]) ws.receive({ op: 'message', topic: 'chat:a', offset: off, data: d });
+  assert.deepEqual(a.data(), ['a6', 'a9', 'a10']);
+  assert.deepEqual(c.data(), []);
+  h.lp.close();
+});
+
+test('duplicates and stale messages are dropped by offset', () => {
+  const h = harness();
+  const s = collect(h.lp, 'chat:a', { since: '1700000000000-5' });
+  const ws = h.last();
+  ws.hello();
+  ws.acceptSubscribes();
+  for (const off of ['1700000000000-4', '1700000000000-5', '1700000000000-6', '1700000000000-6', '1700000000000-10', '1700000000000-9', '1700000000001-0']) {
+    ws.receive({ op: 'message', topic: 'chat:a', offset: off, data: off });
+  }
+  assert.deepEqual(s.data(), ['1700000000000-6', '1700000000000-10', '1700000000001-0']);
+  assert.equal(s.sub.offset, '1700000000001-0');
+  assert.deepEqual(s.got[0], ['1700000000000-6', '1700000000000-6', 'chat:a']);
+  h.lp.close();
+});
+
+test('reset calls onReset and the next resubscribe asks for since null', () => {
+  const h = harness();
+  const resets = [];
+  const s = collect(h.lp, 'chat:a', { since: '3', onReset: (t) => resets.push(t) });
+  let ws = h.last();
+  ws.hello();
+  ws.acceptSubscribes();
+  ws.receive({ op: 'reset', topic: 'chat:a' });
+  assert.deepEqual(resets, ['chat:a']);
+  assert.equal(s.sub.offset, null);
+  // After a reset any offset is new again (the history it followed is gone).
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '2', data: 'x' });
+  assert.deepEqual(s.data(), ['x']);
+  ws.receive({ op: 'reset', topic: 'chat:a' });
+  ws = reconnect(h);
+  assert.deepEqual(ws.frames('subscribe').map((f) => f.since), [null]);
+  h.lp.close();
+});
+
+test('a signed topic is matched by ref; messages on the plain topic reach it', () => {
+  const h = harness();
+  const subscribed = [];
+  const s = collect(h.lp, 'job:42~abc.def', { onSubscribed: (info) => subscribed.push(info) });
+  assert.equal(s.sub.plainTopic, 'job:42');
+  const ws = h.last();
+  ws.hello();
+  const frame = ws.frames('subscribe')[0];
+  assert.equal(frame.topic, 'job:42~abc.def'); // resent exactly as given
+  ws.receive({ op: 'subscribed', ref: frame.ref, topic: 'job:42', offset: '12' });
+  assert.deepEqual(subscribed, [{ topic: 'job:42', offset: '12' }]);
+  assert.equal(s.sub.state, 'active');
+  ws.receive({ op: 'message', topic: 'job:42', offset: '12', data: { event: 'snapshot' } });
+  ws.receive({ op: 'message', topic: 'job:43', offset: '13', data: { event: 'other' } });
+  assert.deepEqual(s.got, [[{ event: 'snapshot' }, '12', 'job:42']]);
+  h.lp.close();
+});
+
+test('a refused subscription calls onRefused and is never resent', () => {
+  const h = harness();
+  const refused = [];
+  const bad = collect(h.lp, 'secret:x', { onRefused: (reason, info) => refused.push([reason, info.topic]) });
+  const good = collect(h.lp, 'public:x');
+  let ws = h.last();
+  ws.hello();
+  const [badFrame, goodFrame] = ws.frames('subscribe');
+  ws.receive({ op: 'refused', ref: badFrame.ref, reason: 'forbidden' });
+  ws.receive({ op: 'subscribed', ref: goodFrame.ref, topic: 'public:x', offset: null });
+  assert.deepEqual(refused, [['forbidden', 'secret:x']]);
+  assert.equal(bad.sub.state, 'refused');
+  ws.receive({ op: 'message', topic: 'secret:x', offset: '1', data: 'leak' });
+  assert.deepEqual(bad.data(), []);
+  ws = reconnect(h);
+  assert.deepEqual(ws.frames('subscribe').map((f) => f.topic), ['public:x']);
+  h.lp.close();
+});
+
+test('a transient refusal (unavailable) is retried with backoff, not dropped', () => {
+  const h = harness({ random: () => 0.5 });
+  const refused = [];
+  const s = collect(h.lp, 'chat:a', { since: '4', onRefused: (r) => refused.push(r) });
+  const ws = h.last();
+  ws.hello();
+  ws.receive({ op: 'refused', ref: ws.frames('subscribe')[0].ref, reason: 'unavailable' });
+  h.clock.advance(499);
+  assert.equal(ws.frames('subscribe').length, 1);
+  h.clock.advance(1);
+  const again = ws.frames('subscribe');
+  assert.equal(again.length, 2);
+  assert.equal(again[1].since, '4');
+  ws.receive({ op: 'refused', ref: again[1].ref, reason: 'unavailable' });
+  h.clock.advance(1000);
+  assert.equal(ws.frames('subscribe').length, 3);
+  ws.acceptSubscribes();
+  assert.equal(s.sub.state, 'active');
+  assert.deepEqual(refused, []);
+  h.lp.close();
+});
+
+test('unsubscribe sends the frame and stops delivery; it is not resent after a reconnect', () => {
+  const h = harness();
+  const s = collect(h.lp, 'chat:a');
+  const other = collect(h.lp, 'chat:b');
+  let ws = h.last();
+  ws.hello();
+  ws.acceptSubscribes();
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '1', data: 'one' });
+  s.sub.unsubscribe();
+  assert.equal(s.sub.state, 'closed');
+  assert.deepEqual(ws.frames('unsubscribe'), [{ op: 'unsubscribe', topic: 'chat:a' }]);
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '2', data: 'two' });
+  assert.deepEqual(s.data(), ['one']);
+  s.sub.unsubscribe(); // twice is harmless
+  assert.equal(ws.frames('unsubscribe').length, 1);
+  ws = reconnect(h);
+  assert.deepEqual(ws.frames('subscribe').map((f) => f.topic), ['chat:b']);
+  assert.ok(other.sub.state === 'pending');
+  h.lp.close();
+});
+
+test('two subscriptions on one topic each get their own history; the topic is released with the last', () => {
+  const h = harness();
+  const first = collect(h.lp, 'chat:a');
+  const ws = h.last();
+  ws.hello();
+  ws.acceptSubscribes();
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '1', data: 1 });
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '2', data: 2 });
+  const second = collect(h.lp, 'chat:a', { since: '1' });
+  ws.acceptSubscribes();
+  // The catch-up for the second subscription is a duplicate for the first.
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '2', data: 2 });
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '3', data: 3 });
+  assert.deepEqual(first.data(), [1, 2, 3]);
+  assert.deepEqual(second.data(), [2, 3]);
+  first.sub.unsubscribe();
+  assert.equal(ws.frames('unsubscribe').length, 0, 'the second subscription still needs the topic');
+  second.sub.unsubscribe();
+  assert.deepEqual(ws.frames('unsubscribe'), [{ op: 'unsubscribe', topic: 'chat:a' }]);
+  h.lp.close();
+});
+
+test('an answer arriving after unsubscribe does not revive the subscription', () => {
+  const h = harness();
+  const s = collect(h.lp, 'chat:a');
+  const ws = h.last();
+  ws.hello();
+  s.sub.unsubscribe();
+  ws.acceptSubscribes();
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '1', data: 'late' });
+  assert.deepEqual(s.data(), []);
+  assert.equal(s.sub.state, 'closed');
+  h.lp.close();
+});
+
+test('server error frames and throwing handlers are reported and the connection keeps going', () => {
+  const h = harness();
+  let calls = 0;
+  h.lp.subscribe('chat:a', () => {
+    calls += 1;
+    throw new Error('boom');
+  });
+  const fine = collect(h.lp, 'chat:a');
+  const ws = h.last();
+  ws.hello();
+  ws.acceptSubscribes();
+  ws.receive({ op: 'error', reason: 'bad_frame', detail: 'expected an object' });
+  ws.receive('not json');
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '1', data: 'x' });
+  ws.receive({ op: 'future_op' });
+  assert.equal(calls, 1);
+  assert.deepEqual(fine.data(), ['x']);
+  assert.deepEqual(
+    h.errors.map((e) => e.reason),
+    ['bad_frame', 'invalid_frame', 'handler_error'],
+  );
+  assert.equal(h.errors[0].detail, 'expected an object');
+  assert.equal(h.lp.status, 'open');
+  h.lp.close();
+});
+
+test('subscribe() rejects a missing topic or handler with a clear error', () => {
+  const h = harness();
+  assert.throws(() => h.lp.subscribe('', () => {}), /topic/);
+  assert.throws(() => h.lp.subscribe('chat:a'), /onMessage/);
+  h.lp.close();
+});

@@ -1,0 +1,138 @@
+"""Nothing lost across reconnects (SPEC §7, issue 4): `since` replays, seams, gaps, resets."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from livepush import PayloadTooLarge
+from livepush.types import offset_key
+from tests.server.conftest import Served, make_settings, start_served
+from tests.support.wsclient import WSClient
+
+
+async def test_a_client_away_during_1000_messages_gets_all_of_them_on_since(served: Served) -> None:
+    """Subscribing with the last offset seen replays every missed message, in order, once, then goes live."""
+    client = await WSClient.open(served.url)
+    await client.subscribe(served.sign("feed"))
+    await served.publish("feed", {"i": -1})
+    last_seen = (await client.messages(1))[0]["offset"]
+    await client.close()
+    for i in range(1000):
+        await served.publish("feed", {"i": i})
+    back = await WSClient.open(served.url)
+    answer = await back.subscribe(served.sign("feed"), since=last_seen)
+    assert answer["op"] == "subscribed"
+    replay = await back.messages(1000)
+    assert [m["data"]["i"] for m in replay] == list(range(1000))
+    await served.publish("feed", {"i": 1000})
+    live = await back.messages(1)
+    assert live[0]["data"]["i"] == 1000
+    with pytest.raises(asyncio.TimeoutError):
+        await back.recv(timeout=0.3)
+    await back.close()
+
+
+async def test_no_gap_and_no_duplicate_at_the_seam_between_replay_and_live(served: Served) -> None:
+    """Messages published while a replay is read arrive once, after the replay, in order."""
+    for i in range(200):
+        await served.publish("seam", {"i": i})
+    client = await WSClient.open(served.url)
+    await client.send({"op": "subscribe", "topic": served.sign("seam"), "since": "0" if served.fanout.name != "redis" else "0-0", "ref": 1})
+    for i in range(200, 400):  # races the replay read
+        await served.publish("seam", {"i": i})
+        if i % 50 == 0:
+            await asyncio.sleep(0)
+    assert (await client.recv())["op"] == "subscribed"
+    got = await client.messages(400, timeout=10)
+    assert [m["data"]["i"] for m in got] == list(range(400))
+    assert sorted(offset_key(m["offset"]) for m in got) == [offset_key(m["offset"]) for m in got]
+    with pytest.raises(asyncio.TimeoutError):
+        await client.recv(timeout=0.3)
+    await client.close()
+
+
+async def test_latest_offset_closes_the_render_to_subscribe_gap(served: Served) -> None:
+    """A page that embeds latest_offset() and subscribes with it misses nothing published in between."""
+    await served.publish("doc:1", {"v": 1})
+    rendered_at = await served.fanout.alatest_offset("doc:1")  # what the web process embeds
+    await served.publish("doc:1", {"v": 2})  # published after render, before subscribe
+    client = await WSClient.open(served.url)
+    await client.subscribe(served.sign("doc:1"), since=rendered_at)
+    assert [m["data"]["v"] for m in await client.messages(1)] == [2]
+    await client.close()
+
+
+async def test_latest_offset_of_a_new_topic_replays_its_first_message(served: Served) -> None:
+    """Embedding latest_offset() of a topic nobody published on yet still catches the first message."""
+    rendered_at = await served.fanout.alatest_offset("fresh:1")
+    await served.publish("fresh:1", {"first": True})
+    client = await WSClient.open(served.url)
+    await client.subscribe(served.sign("fresh:1"), since=rendered_at)
+    assert (await client.messages(1))[0]["data"] == {"first": True}
+    await client.close()
+
+
+async def test_mixed_small_and_200_kb_messages_arrive_in_order(served: Served) -> None:
+    """Large payloads (past NOTIFY's 8000 bytes) keep their place among small ones, live and replayed."""
+    client = await WSClient.open(served.url)
+    await client.subscribe(served.sign("mixed"))
+    start = await served.fanout.alatest_offset("mixed")
+    sizes = [10, 200_000, 5, 7_990, 200_000, 1, 9_000, 3]
+    for i, size in enumerate(sizes):
+        await served.publish("mixed", {"i": i, "pad": "x" * size})
+    live = await client.messages(len(sizes), timeout=10)
+    assert [(m["data"]["i"], len(m["data"]["pad"])) for m in live] == list(enumerate(sizes))
+    again = await WSClient.open(served.url)
+    await again.subscribe(served.sign("mixed"), since=start)
+    replay = await again.messages(len(sizes), timeout=10)
+    assert [(m["data"]["i"], len(m["data"]["pad"])) for m in replay] == list(enumerate(sizes))
+    await client.close()
+    await again.close()
+
+
+async def test_one_mib_works_and_two_mib_is_refused_before_anything_is_written(served: Served) -> None:
+    """Up to 1 MiB of JSON is delivered; 2 MiB raises PayloadTooLarge and publishes nothing."""
+    client = await WSClient.open(served.url)
+    await client.subscribe(served.sign("huge"))
+    near_limit = {"pad": "y" * (1024 * 1024 - 20)}
+    await served.publish("huge", near_limit)
+    assert len((await client.messages(1, timeout=10))[0]["data"]["pad"]) == len(near_limit["pad"])
+    before = await served.fanout.alatest_offset("huge")
+    with pytest.raises(PayloadTooLarge):
+        await served.publish("huge", {"pad": "z" * (2 * 1024 * 1024)})
+    assert await served.fanout.alatest_offset("huge") == before
+    await client.close()
+
+
+@pytest.mark.parametrize("since", ["garbage", "999999999", "-1"])
+async def test_an_unknown_since_gets_reset_then_live(served: Served, since: str) -> None:
+    """A `since` this topic never had is answered with `reset`, then live messages flow."""
+    await served.publish("unknown", {"i": 0})
+    client = await WSClient.open(served.url)
+    if served.fanout.name == "redis" and since.isdigit():
+        since = "99999999999999-0"
+    assert (await client.subscribe(served.sign("unknown"), since=since))["op"] == "subscribed"
+    assert (await client.recv())["op"] == "reset"
+    await served.publish("unknown", {"i": 1})
+    assert (await client.messages(1))[0]["data"] == {"i": 1}
+    await client.close()
+
+
+async def test_since_older_than_the_history_ttl_gets_reset(fanout_kind: str, secret: str, request) -> None:
+    """Past LIVEPUSH_HISTORY_TTL the missed messages are gone: the client gets `reset`, never a hole."""
+    pg = request.getfixturevalue("pg_url") if fanout_kind == "postgres" else None
+    rd = request.getfixturevalue("redis_url") if fanout_kind == "redis" else None
+    served = await start_served(make_settings(fanout_kind, secret, pg, rd, history_ttl=0.5))
+    try:
+        first = await served.publish("ttl", {"i": 0})
+        await served.publish("ttl", {"i": 1})
+        await asyncio.sleep(0.7)  # the TTL itself is what is under test
+        await served.fanout.prune()
+        client = await WSClient.open(served.url)
+        await client.subscribe(served.sign("ttl"), since=first)
+        assert (await client.recv())["op"] == "reset"
+        await client.close()
+    finally:
+        await served.server.stop()
