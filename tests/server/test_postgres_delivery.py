@@ -1,0 +1,183 @@
+"""Postgres fan-out through a real server: transactions, listener loss, concurrent publishers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import psycopg
+import pytest
+
+from livepush.fanout.postgres import LISTENER_APP_NAME
+from tests.server.conftest import Served, make_settings, start_served
+from tests.support import services
+from tests.support.waiting import async_wait_for
+from tests.support.wsclient import WSClient
+from tests.server.test_server import http_get
+
+
+@pytest.fixture
+async def pg_served(pg_url: str, secret: str):
+    served = await start_served(make_settings("postgres", secret, pg_url, None))
+    try:
+        yield served
+    finally:
+        await served.server.stop()
+
+
+async def test_publish_in_a_transaction_is_delivered_only_if_it_commits(pg_served: Served, pg_url: str) -> None:
+    """conn= ties the message to the caller's transaction: rollback delivers nothing, commit delivers."""
+    client = await WSClient.open(pg_served.url)
+    await client.subscribe(pg_served.sign("orders"))
+    with psycopg.connect(pg_url) as conn:
+        pg_served.fanout.publish("orders", {"n": "rolled back"}, conn=conn)
+        conn.rollback()
+    with pytest.raises(asyncio.TimeoutError):
+        await client.recv(timeout=0.3)
+    with psycopg.connect(pg_url) as conn:
+        offset = pg_served.fanout.publish("orders", {"n": "committed"}, conn=conn)
+        conn.commit()
+    got = await client.messages(1)
+    assert got[0]["data"] == {"n": "committed"} and got[0]["offset"] == offset == "1"
+    await client.close()
+
+
+async def test_other_fanouts_refuse_conn(secret: str) -> None:
+    """conn= is a Postgres-only feature: the local fan-out refuses it with ValueError."""
+    from livepush.fanout.local import LocalFanOut
+
+    with pytest.raises(ValueError, match="Postgres"):
+        LocalFanOut().publish("a", {}, conn=object())
+
+
+async def test_listener_loss_turns_healthz_503_then_recovers_with_nothing_missed(pg_served: Served, pg_url: str, pg_admin_url: str) -> None:
+    """Killing the listener's backend: /healthz says 503 until it is back; messages published
+    meanwhile and afterwards reach a client that stayed connected, in order, once."""
+    client = await WSClient.open(pg_served.url)
+    await client.subscribe(pg_served.sign("ticker"))
+    await pg_served.publish("ticker", {"i": 0})
+    assert (await client.messages(1))[0]["data"] == {"i": 0}
+
+    killed = await asyncio.to_thread(services.pg_terminate, pg_admin_url, services.dbname_of(pg_url), LISTENER_APP_NAME)
+    assert killed == 1
+    await async_wait_for(lambda: not pg_served.fanout.listening, 5, message="the listener to notice its loss")
+    status, _ = await http_get(pg_served.server.port, "/healthz")
+    assert status == 503
+    # Published while nobody listens: only history can bring these.
+    for i in range(1, 6):
+        await pg_served.publish("ticker", {"i": i})
+    await async_wait_for(lambda: pg_served.fanout.listening, 10, message="the listener to come back")
+    for i in range(6, 11):
+        await pg_served.publish("ticker", {"i": i})
+    got = await client.messages(10, timeout=10)
+    assert [m["data"]["i"] for m in got] == list(range(1, 11))
+    with pytest.raises(asyncio.TimeoutError):
+        await client.recv(timeout=0.3)
+    status, _ = await http_get(pg_served.server.port, "/healthz")
+    assert status == 200
+    await client.close()
+
+
+async def test_concurrent_publishers_are_ordered_by_commit_across_a_listener_reconnect(
+    pg_served: Served, pg_url: str, pg_admin_url: str
+) -> None:
+    """A later transaction cannot take an offset ahead of an uncommitted earlier one: the second
+    publisher waits for the first's commit, so the cursor never skips a row that commits late."""
+    client = await WSClient.open(pg_served.url)
+    await client.subscribe(pg_served.sign("race"))
+    first = psycopg.connect(pg_url)
+    offset_a = pg_served.fanout.publish("race", {"who": "a"}, conn=first)  # holds the topic's row lock
+    second_done = threading.Event()
+    result: dict[str, str] = {}
+
+    def second_publisher() -> None:
+        with psycopg.connect(pg_url) as conn:
+            result["b"] = pg_served.fanout.publish("race", {"who": "b"}, conn=conn)
+            conn.commit()
+        second_done.set()
+
+    thread = threading.Thread(target=second_publisher)
+    thread.start()
+    await asyncio.sleep(0.3)  # give the second publisher time to (try to) overtake
+    assert not second_done.is_set(), "the second publisher must wait for the first's commit"
+    await asyncio.to_thread(services.pg_terminate, pg_admin_url, services.dbname_of(pg_url), LISTENER_APP_NAME)
+    first.commit()
+    first.close()
+    await asyncio.to_thread(thread.join, 10)
+    assert int(result["b"]) == int(offset_a) + 1
+    got = await client.messages(2, timeout=10)
+    assert [(m["data"]["who"], m["offset"]) for m in got] == [("a", offset_a), ("b", result["b"])]
+    await client.close()
+
+
+async def test_a_server_that_was_not_running_answers_since_from_history(procs, livepush_env, pg_url: str, secret: str) -> None:
+    """Messages published while no server ran are replayed by a server started afterwards."""
+    from livepush import topics
+    from livepush.fanout.postgres import PostgresFanOut
+
+    env = livepush_env(database_url=pg_url)
+    server = await procs.alivepush("serve", env=env)
+    url = f"ws://127.0.0.1:{env['LIVEPUSH_PORT']}/"
+    signed = topics.sign("restart", [secret])
+    client = await WSClient.open(url)
+    await client.subscribe(signed)
+    publisher = PostgresFanOut(pg_url)
+    await publisher.apublish("restart", {"i": 0})
+    seen = (await client.messages(1))[0]["offset"]
+    server.stop()
+    for i in range(1, 1001):
+        await publisher.apublish("restart", {"i": i})
+    await procs.alivepush("serve", env=env)
+    back = await WSClient.open(url)
+    await back.subscribe(signed, since=seen)
+    got = await back.messages(1000, timeout=15)
+    assert [m["data"]["i"] for m in got] == list(range(1, 1001))
+    await back.close()
+    await publisher.aclose()
+
+
+async def test_publish_only_process_holds_no_listen_backend(pg_url: str, pg_admin_url: str) -> None:
+    """publish() from a process that never called listen() opens no LISTEN connection."""
+    from livepush.fanout.postgres import PostgresFanOut
+
+    publisher = PostgresFanOut(pg_url)
+    await publisher.apublish("a", {"x": 1})
+    publisher.publish("a", {"x": 2})
+    with psycopg.connect(pg_admin_url) as admin:
+        rows = admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND (application_name = %s OR query ILIKE 'LISTEN%%')",
+            (services.dbname_of(pg_url), LISTENER_APP_NAME),
+        ).fetchone()
+    assert rows[0] == 0
+    await publisher.aclose()
+
+
+async def test_livepush_publish_command_reaches_a_subscriber(procs, livepush_env, pg_served: Served, pg_url: str) -> None:
+    """`livepush publish TOPIC JSON` from another process is delivered and prints the offset."""
+    client = await WSClient.open(pg_served.url)
+    await client.subscribe(pg_served.sign("cli"))
+    child = procs.livepush("publish", "cli", '{"hello": "world"}', env=livepush_env(database_url=pg_url))
+    assert await child.await_exit(20) == 0, child.output()
+    assert child.stdout().strip() == "1"
+    assert (await client.messages(1))[0]["data"] == {"hello": "world"}
+    bad = procs.livepush("publish", "cli", "{not json", env=livepush_env(database_url=pg_url))
+    assert await bad.await_exit(20) == 2 and "Traceback" not in bad.stderr()
+    await client.close()
+
+
+def test_migrate_twice_at_once_is_safe(procs, livepush_env, pg_admin_url: str) -> None:
+    """Two `livepush migrate` at once both succeed and apply each migration once."""
+    name = "migrate_race"
+    url = services.create_database(pg_admin_url, name)
+    try:
+        env = livepush_env(database_url=url)
+        a = procs.livepush("migrate", env=env)
+        b = procs.livepush("migrate", env=env)
+        assert a.wait(30) == 0 and b.wait(30) == 0, a.output() + b.output()
+        with psycopg.connect(url) as conn:
+            versions = [r[0] for r in conn.execute("SELECT version FROM livepush_schema ORDER BY version")]
+        assert versions == sorted(set(versions)) and versions
+        again = procs.livepush("migrate", env=env)
+        assert again.wait(30) == 0 and "nothing to do" in again.stdout()
+    finally:
+        services.drop_database(pg_admin_url, name)
