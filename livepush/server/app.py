@@ -21,7 +21,7 @@ from websockets.http11 import Request, Response
 
 from .. import protocol, topics
 from ..config import Settings
-from ..errors import InvalidTopic
+from ..errors import DependencyError, InvalidTopic
 from ..fanout import FanOut
 from ..types import Message
 from . import http
@@ -105,6 +105,9 @@ class PushServer:
                 await asyncio.wait_for(self._ws.wait_closed(), timeout=3)
         await self.hub.aclose()
         await self.fanout.aclose()
+        close_app = getattr(self.app, "close", None)
+        if close_app is not None:
+            close_app()
         store = self._store
         if store is not None and hasattr(store, "aclose"):
             await store.aclose()  # type: ignore[attr-defined]
@@ -129,8 +132,12 @@ class PushServer:
         if not origin_allowed(request.headers, self.settings.allowed_origins):
             log.info("refused a connection from origin %r (set LIVEPUSH_ALLOWED_ORIGINS to allow it)", request.headers.get("Origin", "")[:100])
             return http.response(403, b"origin not allowed: set LIVEPUSH_ALLOWED_ORIGINS\n")
-        session, reason = await authenticate(request.headers, request.path, self.settings, self._store)
-        if reason:
+        try:
+            session, reason = await authenticate(request.headers, request.path, self.settings, self._store)
+        except DependencyError as exc:
+            log.warning("cannot check sessions right now: %s", exc)
+            return http.response(503, b"session store unavailable, retry shortly\n")
+        if reason and reason != "missing":
             log.info("connection without a valid session: %s", reason)
         self._sessions[ws] = session
         return None

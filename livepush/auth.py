@@ -1,0 +1,196 @@
+"""The handshake's security decisions (SPEC §5): where the token is, whether the Origin
+may connect, and who the connection is. Pure functions; the server applies the verdicts
+(HTTP 403 for a refused Origin, close 4401 for `required` without a session).
+
+Headers may be a `websockets.datastructures.Headers`, any mapping, or a list of
+(name, value) pairs; names are matched without regard to case.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeAlias
+from urllib.parse import unquote, urlsplit
+
+from .config import Settings
+from .errors import InvalidSession
+from .sessions import RevocationStore, Session, decode
+
+COOKIE_NAME = "livepush_session"
+QUERY_PARAM = "token"
+
+HeadersLike: TypeAlias = Mapping[str, str] | Iterable[tuple[str, str]] | Any
+
+# Failure reasons authenticate() returns for logging (never the token itself).
+REASONS = ("missing", "malformed", "bad_signature", "expired", "revoked")
+
+_DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+
+
+def header_values(headers: HeadersLike, name: str) -> list[str]:
+    """Every value of header `name` (case-insensitive), in order."""
+    name = name.lower()
+    get_all = getattr(headers, "get_all", None)
+    if callable(get_all):  # websockets' Headers keeps repeated headers apart
+        return [str(v) for v in get_all(name)]
+    items = headers.items() if hasattr(headers, "items") else headers
+    return [str(v) for k, v in items if isinstance(k, str) and k.lower() == name]
+
+
+# -- token ------------------------------------------------------------------------------
+
+
+def _cookie_token(cookie_headers: list[str]) -> str | None:
+    # By hand rather than http.cookies: SimpleCookie drops the whole header on one bad
+    # pair, and browsers send whatever other apps on the domain set. Linear in the size.
+    for header in cookie_headers:
+        for pair in header.split(";"):
+            name, sep, value = pair.partition("=")
+            if sep and name.strip() == COOKIE_NAME:
+                value = value.strip()
+                if len(value) >= 2 and value[0] == value[-1] == '"':
+                    value = value[1:-1]
+                if value:
+                    return value
+    return None
+
+
+def _query_token(path: str) -> str | None:
+    try:
+        query = urlsplit(path).query
+    except ValueError:  # e.g. an unbalanced "[" in a garbage request target
+        return None
+    for pair in query.split("&"):
+        name, sep, value = pair.partition("=")
+        if sep and unquote(name.replace("+", " ")) == QUERY_PARAM and value:
+            return unquote(value.replace("+", " "), errors="replace")
+    return None
+
+
+def extract_token(headers: HeadersLike, path: str) -> str | None:
+    """The session token from the `livepush_session` cookie, else from the `token` query
+    parameter of `path` (the request target), else None. The cookie wins when both are
+    there. No validation here: decode() refuses anything that is not a token."""
+    return _cookie_token(header_values(headers, "cookie")) or _query_token(path or "")
+
+
+# -- origin -----------------------------------------------------------------------------
+
+
+def _parse_origin(text: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of an origin such as https://Example.com:8443/, lower-cased,
+    default port filled in; None when it is not a scheme://host[:port] origin."""
+    text = text.strip().rstrip("/")
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    host = parts.hostname  # lower-cased, IPv6 brackets removed
+    if scheme not in _DEFAULT_PORTS or not host or parts.path or parts.query or parts.username is not None:
+        return None
+    return scheme, host, port if port is not None else _DEFAULT_PORTS[scheme]
+
+
+def _parse_host(text: str, scheme: str) -> tuple[str, int] | None:
+    try:
+        parts = urlsplit("//" + text.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    if not parts.hostname or parts.path or parts.username is not None:
+        return None
+    return parts.hostname, port if port is not None else _DEFAULT_PORTS[scheme]
+
+
+@functools.lru_cache(maxsize=64)
+def _compile_allowed(allowed: tuple[str, ...]) -> tuple[bool, frozenset[tuple[str, str, int]], tuple[tuple[str, str, int], ...]]:
+    """(any allowed, exact origins, wildcard-subdomain origins) from the configured list."""
+    exact: set[tuple[str, str, int]] = set()
+    wild: list[tuple[str, str, int]] = []
+    any_origin = False
+    for entry in allowed:
+        entry = entry.strip()
+        if entry == "*":
+            any_origin = True
+            continue
+        wildcard = "://*." in entry
+        parsed = _parse_origin(entry.replace("://*.", "://", 1) if wildcard else entry)
+        if parsed is None:
+            continue  # not an origin: it can never match (config validation reports it)
+        if wildcard:
+            wild.append(parsed)
+        else:
+            exact.add(parsed)
+    return any_origin, frozenset(exact), tuple(wild)
+
+
+def origin_allowed(headers: HeadersLike, allowed: tuple[str, ...] | None) -> bool:
+    """May a connection with these headers proceed?
+
+    - No Origin header: yes. Only browsers send one, and only a browser can be tricked
+      into connecting with a user's cookies from someone else's page.
+    - `allowed` None (LIVEPUSH_ALLOWED_ORIGINS unset): same-origin only, i.e. the
+      Origin's host and port equal the Host header's (ports default to 80/443 by the
+      Origin's scheme).
+    - Otherwise the Origin must equal one configured origin (scheme, host, port; case and
+      a trailing slash do not matter); `*` allows any origin, and `https://*.example.com`
+      any subdomain of example.com (not example.com itself).
+    Several Origin headers, or an unparseable or `null` Origin, are refused unless `*`.
+    """
+    origins = header_values(headers, "origin")
+    if not origins:
+        return True
+    if len(origins) > 1:
+        return False
+    if allowed is not None and _compile_allowed(tuple(allowed))[0]:
+        return True
+    origin = _parse_origin(origins[0])
+    if origin is None:
+        return False
+    scheme, host, port = origin
+    if allowed is None:
+        hosts = header_values(headers, "host")
+        if len(hosts) != 1:
+            return False
+        return _parse_host(hosts[0], scheme) == (host, port)
+    _, exact, wild = _compile_allowed(tuple(allowed))
+    if origin in exact:
+        return True
+    return any(
+        scheme == w_scheme and port == w_port and host.endswith("." + w_host) for w_scheme, w_host, w_port in wild
+    )
+
+
+# -- who is connecting ------------------------------------------------------------------
+
+
+async def authenticate(
+    headers: HeadersLike, path: str, settings: Settings, store: RevocationStore | None
+) -> tuple[Session | None, str | None]:
+    """(session, None) for a valid session, else (None, reason) with reason one of
+    ``missing | malformed | bad_signature | expired | revoked`` for the log line.
+
+    Mode `off` ignores tokens: (None, None). Modes `optional` and `required` answer the
+    same; the server lets `optional` in anonymously and closes `required` with 4401.
+    With `store` None revocations are not checked. Raises DependencyError when the store
+    cannot be reached, so the server can fail the handshake as temporary (e.g. HTTP 503)
+    rather than close with 4401, which would stop the client for good.
+    """
+    if settings.authenticate == "off":
+        return None, None
+    token = extract_token(headers, path)
+    if token is None:
+        return None, "missing"
+    try:
+        session = decode(token, settings.secrets)
+    except InvalidSession as exc:
+        return None, exc.reason
+    if store is not None and await store.is_revoked(session):
+        return None, "revoked"
+    return session, None
+
+
+__all__ = ["COOKIE_NAME", "QUERY_PARAM", "REASONS", "authenticate", "extract_token", "header_values", "origin_allowed"]

@@ -1,0 +1,286 @@
+"""Who may subscribe to which plain topic (SPEC §5): the `--app` object.
+
+    # myapp/push.py, served with: livepush serve --app myapp.push:app
+    import livepush
+    app = livepush.App(rules=[
+        livepush.Allow("public:*", anonymous=True),   # anyone, with a session or not
+        livepush.Allow("user:{subject}"),             # only the session whose subject fills the slot
+    ], authorize=can_see)                             # anything the rules cannot express
+
+A signed topic is its own permission and never reaches these rules (the server verifies
+it). A plain topic is allowed when a rule allows it, or else when `authorize` returns
+True; otherwise it is refused with ``forbidden``. With no rules and no `authorize`
+(`App()`), only signed topics can be subscribed.
+
+Pattern syntax:
+- literal characters from the topic alphabet ``A-Z a-z 0-9 _ . : / -`` match themselves;
+- ``*`` matches ONE OR MORE topic characters, any of them, ``:`` and ``/`` included (like
+  Phoenix's ``"room:*"``): ``public:*`` matches ``public:news`` and ``public:news:eu``
+  but not ``public:``;
+- ``{subject}`` matches exactly the session's subject; a rule with it never matches an
+  anonymous connection. It may not touch a ``*`` (``user:{subject}*`` would let subject
+  ``7`` read ``user:70``): put a literal separator between them.
+A pattern must match the whole topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import importlib
+import inspect
+import logging
+import math
+import os
+import re
+import sys
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+from .errors import ConfigError
+from .sessions import Session
+from .topics import RESERVED_PREFIX, TOPIC_RE
+
+log = logging.getLogger("livepush.rules")
+
+Authorize: TypeAlias = Callable[[Session | None, str], bool | Awaitable[bool]]
+
+SUBJECT_SLOT = "{subject}"
+_STAR = "[A-Za-z0-9_.:/-]+"
+_LITERAL_RE = re.compile(r"[A-Za-z0-9_.:/-]+")
+_TOKEN_RE = re.compile(r"\{[^{}]*\}|\*|[^{}*]+|[{}]")
+
+
+@dataclass(frozen=True)
+class Allow:
+    """Allow subscribing to plain topics matching `pattern` (see the module docstring).
+
+    `anonymous=True` also allows connections without a session; by default a session is
+    required. A `{subject}` rule is always for sessions only.
+    """
+
+    pattern: str
+    anonymous: bool = False
+    _template: str = field(init=False, repr=False, compare=False)
+    _has_subject: bool = field(init=False, repr=False, compare=False)
+    _fixed: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.pattern, str) or not self.pattern:
+            raise ValueError(f"Allow() needs a non-empty pattern string, got {self.pattern!r}")
+        if self.pattern.startswith(RESERVED_PREFIX):
+            raise ValueError(f"Allow({self.pattern!r}): topics starting with {RESERVED_PREFIX!r} are livepush's own")
+        parts: list[str] = []
+        kinds: list[str] = []
+        for token in _TOKEN_RE.findall(self.pattern):
+            if token == "*":
+                if kinds and kinds[-1] == "*":
+                    raise ValueError(f"Allow({self.pattern!r}): '**' means nothing more than '*': use one")
+                parts.append(_STAR)
+                kinds.append("*")
+            elif token == SUBJECT_SLOT:
+                parts.append("\0")  # filled with the escaped subject at match time
+                kinds.append("subject")
+            elif token.startswith("{") or token in ("{", "}"):
+                raise ValueError(f"Allow({self.pattern!r}): unknown slot {token!r}; the only slot is {{subject}}")
+            elif not _LITERAL_RE.fullmatch(token):
+                raise ValueError(
+                    f"Allow({self.pattern!r}): {token!r} has characters a topic never has; "
+                    "use A-Z a-z 0-9 _ . : / - plus * and {subject}"
+                )
+            else:
+                parts.append(re.escape(token))
+                kinds.append("literal")
+        for a, b in zip(kinds, kinds[1:]):
+            if {a, b} == {"*", "subject"}:
+                raise ValueError(
+                    f"Allow({self.pattern!r}): '*' next to {{subject}} would let one subject match another's "
+                    "topics (subject 7 reading user:70): put a literal separator between them, e.g. user:{subject}:*"
+                )
+        has_subject = "subject" in kinds
+        if has_subject and self.anonymous:
+            raise ValueError(
+                f"Allow({self.pattern!r}, anonymous=True): a {{subject}} rule needs a session, so it can never "
+                "match an anonymous connection; drop anonymous=True"
+            )
+        template = "".join(parts)
+        object.__setattr__(self, "_template", template)
+        object.__setattr__(self, "_has_subject", has_subject)
+        object.__setattr__(self, "_fixed", None if has_subject else re.compile(template))
+
+    def allows(self, session: Session | None, topic: str) -> bool:
+        """Does this rule allow `session` (None: anonymous) to subscribe to plain `topic`?"""
+        if session is None and not self.anonymous:
+            return False
+        if self._fixed is not None:
+            return self._fixed.fullmatch(topic) is not None
+        assert session is not None  # a {subject} rule is never anonymous (checked above)
+        # The subject is matched literally: re.escape, so "." or "*" in it are plain characters.
+        return re.fullmatch(self._template.replace("\0", re.escape(session.subject)), topic) is not None
+
+
+def _positive(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"App({name}=...) must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _is_async(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+class App:
+    """The user's configuration object for `livepush serve --app MODULE:ATTR`.
+
+    `rules`: Allow rules for plain topics. `authorize(session, topic)`: an optional
+    callable (sync or async; session is None for anonymous) asked about plain topics that
+    no rule allows; only a return value of exactly True allows. It is bounded by
+    `authorize_timeout` seconds; a timeout or an exception refuses with ``forbidden``, is
+    logged once per exception type, and never reaches the client. A sync `authorize`
+    runs in a small thread pool of its own, so it may block (e.g. on a database query);
+    a call that times out keeps its thread until it returns.
+    `max_subscriptions`: per connection; beyond it the server refuses with ``limit``.
+    `reverify_interval`: seconds between the server's re-checks of open sessions for
+    expiry and revocation.
+
+    Semantics chosen: rules are a fast allow-list (no I/O); `authorize` extends them,
+    like a Centrifugo subscribe proxy for channels that have no permission option. It
+    cannot veto a rule: to restrict a topic, do not cover it with a rule and decide in
+    `authorize` instead.
+    """
+
+    def __init__(
+        self,
+        rules: Iterable[Allow] = (),
+        authorize: Authorize | None = None,
+        authorize_timeout: float = 2.0,
+        max_subscriptions: int = 100,
+        reverify_interval: float = 60.0,
+    ) -> None:
+        self.rules: tuple[Allow, ...] = tuple(rules)
+        for i, rule in enumerate(self.rules):
+            if not isinstance(rule, Allow):
+                raise TypeError(f"App(rules=...): item {i} is a {type(rule).__name__}, not livepush.Allow")
+        if authorize is not None and not callable(authorize):
+            raise TypeError(f"App(authorize=...) must be callable(session, topic), got {type(authorize).__name__}")
+        self.authorize = authorize
+        self.authorize_timeout = _positive("authorize_timeout", authorize_timeout)
+        if isinstance(max_subscriptions, bool) or not isinstance(max_subscriptions, int) or max_subscriptions < 1:
+            raise ValueError(f"App(max_subscriptions=...) must be a positive int, got {max_subscriptions!r}")
+        self.max_subscriptions = max_subscriptions
+        self.reverify_interval = _positive("reverify_interval", reverify_interval)
+        self._authorize_is_async = authorize is not None and _is_async(authorize)
+        self._logged: set[type[BaseException]] = set()
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def __repr__(self) -> str:
+        return f"App(rules={list(self.rules)!r}, authorize={self.authorize!r}, max_subscriptions={self.max_subscriptions})"
+
+    def allowed_by_rules(self, session: Session | None, topic: str) -> bool:
+        return any(rule.allows(session, topic) for rule in self.rules)
+
+    async def check(self, session: Session | None, topic: str) -> str | None:
+        """None when `session` (None: anonymous) may subscribe to plain `topic`, else the
+        wire reason: ``invalid_topic`` (not a plain topic) or ``forbidden``."""
+        if not isinstance(topic, str) or not TOPIC_RE.fullmatch(topic):
+            return "invalid_topic"
+        if topic.startswith(RESERVED_PREFIX):
+            return "forbidden"
+        if self.allowed_by_rules(session, topic):
+            return None
+        if self.authorize is not None and await self._ask(session, topic):
+            return None
+        return "forbidden"
+
+    async def _ask(self, session: Session | None, topic: str) -> bool:
+        assert self.authorize is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.authorize_timeout
+        try:
+            if self._authorize_is_async:
+                result: Any = await asyncio.wait_for(self.authorize(session, topic), self.authorize_timeout)  # type: ignore[arg-type]
+            else:
+                if self._executor is None:
+                    self._executor = concurrent.futures.ThreadPoolExecutor(
+                        max_workers=8, thread_name_prefix="livepush-authorize"
+                    )
+                call = loop.run_in_executor(self._executor, self.authorize, session, topic)
+                result = await asyncio.wait_for(call, self.authorize_timeout)
+            if inspect.isawaitable(result):  # a sync callable that returned a coroutine
+                result = await asyncio.wait_for(result, max(deadline - loop.time(), 0.001))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # TimeoutError included
+            self._log_once(exc, topic)
+            return False
+        return result is True
+
+    def _log_once(self, exc: BaseException, topic: str) -> None:
+        kind = type(exc)
+        if kind in self._logged:
+            return
+        self._logged.add(kind)
+        if isinstance(exc, TimeoutError):
+            log.error(
+                "authorize() did not answer within %.3gs (topic %r); refusing with 'forbidden'. "
+                "Make it faster or raise App(authorize_timeout=...). Logged once per App.",
+                self.authorize_timeout,
+                topic,
+            )
+        else:
+            log.error(
+                "authorize() raised %s (topic %r); refusing with 'forbidden'. "
+                "Logged once per App and exception type.",
+                kind.__name__,
+                topic,
+                exc_info=exc,
+            )
+
+    def close(self) -> None:
+        """Release the thread pool of a sync `authorize` (the server calls it at shutdown)."""
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+
+
+def load_app(spec: str) -> App:
+    """The App named by `spec` ("package.module:attr"), for `serve --app`.
+
+    The current directory is importable, as with `python -m`. Raises ConfigError with
+    a message naming what is wrong: the spec's shape, a missing module, an import that
+    failed, a missing attribute, or an object that is not a livepush.App.
+    """
+    if not isinstance(spec, str) or spec.count(":") != 1:
+        raise ConfigError(f"--app {spec!r}: expected MODULE:ATTR, e.g. --app myapp.push:app")
+    module_name, attr_path = (part.strip() for part in spec.split(":"))
+    if not module_name or not attr_path:
+        raise ConfigError(f"--app {spec!r}: expected MODULE:ATTR, e.g. --app myapp.push:app")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise ConfigError(
+                f"--app {spec!r}: no module named {exc.name!r} (searched from {cwd}): check the name "
+                "and run livepush from your project's directory"
+            ) from None
+        raise ConfigError(f"--app {spec!r}: importing {module_name!r} failed: {exc}") from exc
+    except Exception as exc:
+        raise ConfigError(f"--app {spec!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+    obj: Any = module
+    for name in attr_path.split("."):
+        if not hasattr(obj, name):
+            raise ConfigError(
+                f"--app {spec!r}: module {module_name!r} has no attribute {attr_path!r}: "
+                f"define e.g. `{attr_path} = livepush.App(rules=[...])` there"
+            )
+        obj = getattr(obj, name)
+    if not isinstance(obj, App):
+        raise ConfigError(f"--app {spec!r} is a {type(obj).__name__}, not a livepush.App: set it to livepush.App(rules=[...])")
+    return obj
+
+
+__all__ = ["Allow", "App", "Authorize", "load_app"]

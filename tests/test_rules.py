@@ -1,0 +1,327 @@
+"""Topic rules, the authorize hook, and loading the --app object."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import livepush
+from livepush.errors import ConfigError
+from livepush.rules import Allow, App, load_app
+from livepush.sessions import Session
+
+ALICE = Session(id="sid-a", subject="7", expires_at=9e9, issued_at=1.0)
+BOB = Session(id="sid-b", subject="70", expires_at=9e9, issued_at=1.0)
+
+
+# -- Allow ------------------------------------------------------------------------------
+
+
+def test_star_matches_one_or_more_topic_characters() -> None:
+    """`*` matches any run of one or more topic characters, ':' and '/' included."""
+    rule = Allow("public:*", anonymous=True)
+    assert rule.allows(None, "public:news")
+    assert rule.allows(None, "public:news:eu/fr")
+    assert not rule.allows(None, "public:")
+    assert not rule.allows(None, "publicx:news")
+    assert not rule.allows(None, "xpublic:news")
+    middle = Allow("org:*:board")
+    assert middle.allows(ALICE, "org:acme:board")
+    assert not middle.allows(ALICE, "org::board")
+    assert not middle.allows(ALICE, "org:acme:board:x")
+
+
+def test_literal_rule_matches_exactly() -> None:
+    """A pattern without wildcards matches only itself (dots are literal)."""
+    rule = Allow("news.today", anonymous=True)
+    assert rule.allows(None, "news.today")
+    assert not rule.allows(None, "newsXtoday")
+    assert not rule.allows(None, "news.today2")
+
+
+def test_subject_slot_matches_only_the_sessions_subject() -> None:
+    """`user:{subject}` lets subject 7 read user:7 only: not user:70, and never anonymously."""
+    rule = Allow("user:{subject}")
+    assert rule.allows(ALICE, "user:7")
+    assert not rule.allows(ALICE, "user:70")
+    assert not rule.allows(BOB, "user:7")
+    assert rule.allows(BOB, "user:70")
+    assert not rule.allows(None, "user:7")
+
+
+def test_subject_is_matched_literally() -> None:
+    """Regex characters in a subject are plain characters."""
+    rule = Allow("user:{subject}")
+    dotted = Session("s", "a.b", 9e9)
+    assert rule.allows(dotted, "user:a.b")
+    assert not rule.allows(dotted, "user:aXb")
+    assert not rule.allows(Session("s", ".*", 9e9), "user:anything")
+
+
+def test_subject_and_star_combine() -> None:
+    """`user:{subject}:*` covers a subject's own sub-topics only."""
+    rule = Allow("user:{subject}:*")
+    assert rule.allows(ALICE, "user:7:inbox")
+    assert not rule.allows(ALICE, "user:70:inbox")
+    assert not rule.allows(ALICE, "user:7:")
+
+
+def test_rules_without_anonymous_need_a_session() -> None:
+    """By default a rule needs a session; anonymous=True lets anyone in."""
+    members = Allow("chat:*")
+    assert members.allows(ALICE, "chat:lobby")
+    assert not members.allows(None, "chat:lobby")
+    assert Allow("chat:*", anonymous=True).allows(ALICE, "chat:lobby")
+
+
+@pytest.mark.parametrize(
+    ("pattern", "anonymous", "message"),
+    [
+        ("", False, "non-empty"),
+        ("user:{subject}*", False, "separator"),
+        ("*{subject}", False, "separator"),
+        ("user:{id}", False, "unknown slot"),
+        ("user:{subject", False, "unknown slot"),
+        ("a**", False, "'\\*\\*'"),
+        ("chat lobby", False, "characters"),
+        ("chat~x", False, "characters"),
+        ("_livepush.revocations", True, "livepush's own"),
+        ("user:{subject}", True, "anonymous"),
+    ],
+)
+def test_bad_patterns_are_refused_at_construction(pattern: str, anonymous: bool, message: str) -> None:
+    """A pattern that could never work, or would leak, raises ValueError when the rule is made."""
+    with pytest.raises(ValueError, match=message):
+        Allow(pattern, anonymous=anonymous)
+
+
+# -- App.check --------------------------------------------------------------------------
+
+
+async def test_default_app_allows_no_plain_topic() -> None:
+    """App() refuses every plain topic: only signed topics (handled by the server) get in."""
+    app = App()
+    assert await app.check(ALICE, "user:7") == "forbidden"
+    assert await app.check(None, "public:x") == "forbidden"
+
+
+async def test_check_follows_the_rules() -> None:
+    """check() returns None when a rule allows, 'forbidden' otherwise."""
+    app = App(rules=[Allow("public:*", anonymous=True), Allow("user:{subject}")])
+    assert await app.check(None, "public:news") is None
+    assert await app.check(ALICE, "user:7") is None
+    assert await app.check(ALICE, "user:70") == "forbidden"
+    assert await app.check(None, "user:7") == "forbidden"
+
+
+async def test_check_refuses_reserved_and_invalid_topics() -> None:
+    """Reserved topics are forbidden even to a catch-all rule; malformed ones are invalid_topic."""
+    app = App(rules=[Allow("*", anonymous=True)])
+    assert await app.check(None, "_livepush.revocations") == "forbidden"
+    assert await app.check(None, "job:1~signature") == "invalid_topic"
+    assert await app.check(None, "") == "invalid_topic"
+    assert await app.check(None, "x" * 201) == "invalid_topic"
+    assert await app.check(None, 5) == "invalid_topic"  # type: ignore[arg-type]
+
+
+async def test_sync_authorize_extends_the_rules() -> None:
+    """A sync authorize is asked about topics no rule allows; exactly True allows."""
+    calls: list[tuple[Session | None, str]] = []
+
+    def authorize(session: Session | None, topic: str) -> bool:
+        calls.append((session, topic))
+        return topic == "team:42" and session is not None and session.subject == "7"
+
+    app = App(rules=[Allow("public:*", anonymous=True)], authorize=authorize)
+    assert await app.check(ALICE, "team:42") is None
+    assert await app.check(BOB, "team:42") == "forbidden"
+    assert await app.check(None, "team:42") == "forbidden"
+    assert await app.check(None, "public:x") is None  # the rule answered: authorize not asked
+    assert calls == [(ALICE, "team:42"), (BOB, "team:42"), (None, "team:42")]
+    app.close()
+
+
+async def test_async_authorize() -> None:
+    """An async authorize is awaited."""
+
+    async def authorize(session: Session | None, topic: str) -> bool:
+        await asyncio.sleep(0)
+        return session is not None
+
+    app = App(authorize=authorize)
+    assert await app.check(ALICE, "team:42") is None
+    assert await app.check(None, "team:42") == "forbidden"
+
+
+async def test_only_true_allows() -> None:
+    """Truthy values that are not True (a string, 1, a list) refuse: no accidental grants."""
+    for value in ("no", 1, [1], object()):
+        app = App(authorize=lambda s, t, v=value: v)
+        assert await app.check(ALICE, "team:42") == "forbidden"
+        app.close()
+
+
+async def test_sync_callable_returning_a_coroutine_is_awaited() -> None:
+    """A sync callable that returns an awaitable (e.g. a partial of an async def) works."""
+
+    async def inner(session: Session | None, topic: str) -> bool:
+        return True
+
+    app = App(authorize=lambda s, t: inner(s, t))
+    assert await app.check(ALICE, "team:42") is None
+    app.close()
+
+
+async def test_raising_authorize_refuses_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
+    """An exception refuses with 'forbidden', is logged once per type, and its text stays in the log."""
+    caplog.set_level(logging.ERROR, logger="livepush.rules")
+
+    def authorize(session: Session | None, topic: str) -> bool:
+        if topic == "team:key":
+            raise KeyError("secret-detail")
+        raise ValueError("secret-detail")
+
+    app = App(authorize=authorize)
+    results = [await app.check(ALICE, "team:1") for _ in range(3)]
+    results.append(await app.check(ALICE, "team:key"))
+    results.append(await app.check(ALICE, "team:key"))
+    assert results == ["forbidden"] * 5
+    records = [r for r in caplog.records if r.name == "livepush.rules"]
+    assert [r.exc_info[0] for r in records if r.exc_info] == [ValueError, KeyError]
+    assert len(records) == 2
+    app.close()
+
+
+async def test_async_authorize_timing_out_refuses_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
+    """An async authorize slower than authorize_timeout refuses with 'forbidden', logged once."""
+    caplog.set_level(logging.ERROR, logger="livepush.rules")
+    never = asyncio.Event()
+
+    async def authorize(session: Session | None, topic: str) -> bool:
+        await never.wait()
+        return True
+
+    app = App(authorize=authorize, authorize_timeout=0.05)
+    assert await app.check(ALICE, "team:1") == "forbidden"
+    assert await app.check(ALICE, "team:2") == "forbidden"
+    records = [r for r in caplog.records if r.name == "livepush.rules"]
+    assert len(records) == 1
+    assert "did not answer" in records[0].getMessage()
+
+
+async def test_sync_authorize_timing_out_refuses_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A blocking sync authorize is abandoned after authorize_timeout; the loop stays responsive."""
+    caplog.set_level(logging.ERROR, logger="livepush.rules")
+    release = threading.Event()
+
+    def authorize(session: Session | None, topic: str) -> bool:
+        release.wait(5)
+        return True
+
+    app = App(authorize=authorize, authorize_timeout=0.05)
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await app.check(ALICE, "team:1") == "forbidden"
+        assert await app.check(ALICE, "team:2") == "forbidden"
+        assert loop.time() - started < 1
+        records = [r for r in caplog.records if r.name == "livepush.rules"]
+        assert len(records) == 1
+    finally:
+        release.set()
+        app.close()
+
+
+async def test_each_app_logs_its_own_first_failure(caplog: pytest.LogCaptureFixture) -> None:
+    """'Once' is per App: a second App logs its first failure too."""
+    caplog.set_level(logging.ERROR, logger="livepush.rules")
+
+    async def authorize(session: Session | None, topic: str) -> bool:
+        raise RuntimeError("boom")
+
+    for app in (App(authorize=authorize), App(authorize=authorize)):
+        await app.check(ALICE, "team:1")
+        await app.check(ALICE, "team:1")
+    assert len([r for r in caplog.records if r.name == "livepush.rules"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"rules": ["public:*"]}, TypeError),
+        ({"authorize": "yes"}, TypeError),
+        ({"authorize_timeout": 0}, ValueError),
+        ({"authorize_timeout": float("inf")}, ValueError),
+        ({"max_subscriptions": 0}, ValueError),
+        ({"max_subscriptions": 1.5}, ValueError),
+        ({"reverify_interval": -1}, ValueError),
+    ],
+)
+def test_app_validates_its_arguments(kwargs: dict, error: type[Exception]) -> None:
+    """App() refuses arguments that cannot work, at construction."""
+    with pytest.raises(error):
+        App(**kwargs)
+
+
+def test_app_defaults() -> None:
+    """Defaults: 100 subscriptions, 2 s authorize timeout, 60 s re-verification."""
+    app = App()
+    assert (app.max_subscriptions, app.authorize_timeout, app.reverify_interval) == (100, 2.0, 60.0)
+    assert livepush.App is App and livepush.Allow is Allow
+
+
+# -- load_app ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A temporary project directory on sys.path with a `pushcfg` package."""
+    pkg = tmp_path / "pushcfg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "good.py").write_text(
+        "import livepush\n"
+        "app = livepush.App(rules=[livepush.Allow('public:*', anonymous=True)])\n"
+        "class Holder:\n    app = app\n"
+        "not_an_app = {'rules': []}\n"
+    )
+    (pkg / "broken.py").write_text("raise RuntimeError('boom at import')\n")
+    (pkg / "needs_missing.py").write_text("import definitely_not_installed_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in [m for m in sys.modules if m == "pushcfg" or m.startswith("pushcfg.")]:
+        del sys.modules[name]
+
+
+def test_load_app_finds_the_object(project: Path) -> None:
+    """MODULE:ATTR (and MODULE:OBJ.ATTR) returns the App."""
+    app = load_app("pushcfg.good:app")
+    assert isinstance(app, App)
+    assert load_app("pushcfg.good:Holder.app") is app
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("pushcfg.good", "expected MODULE:ATTR"),
+        ("pushcfg.good:", "expected MODULE:ATTR"),
+        (":app", "expected MODULE:ATTR"),
+        ("a:b:c", "expected MODULE:ATTR"),
+        ("pushcfg.nope:app", "no module named 'pushcfg.nope'"),
+        ("nopkg_xyz.push:app", "no module named 'nopkg_xyz'"),
+        ("pushcfg.good:missing", "has no attribute 'missing'"),
+        ("pushcfg.good:not_an_app", "is a dict, not a livepush.App"),
+        ("pushcfg.broken:app", "RuntimeError: boom at import"),
+        ("pushcfg.needs_missing:app", "importing 'pushcfg.needs_missing' failed"),
+    ],
+)
+def test_load_app_errors_are_config_errors(project: Path, spec: str, message: str) -> None:
+    """Every way --app can be wrong is a ConfigError whose message says which."""
+    with pytest.raises(ConfigError, match=message):
+        load_app(spec)

@@ -1,0 +1,460 @@
+"""Session tokens (pure) and revocation stores (against real Postgres and Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+import pytest
+import redis
+from hypothesis import given
+from hypothesis import strategies as st
+
+import livepush
+from livepush import sessions
+from livepush.api import set_default_fanout
+from livepush.config import Settings, set_settings
+from livepush.errors import ConfigError, DependencyError, InvalidSession
+from livepush.fanout.local import LocalFanOut
+from livepush.sessions import (
+    MemoryRevocations,
+    PostgresRevocations,
+    RedisRevocations,
+    Session,
+    decode,
+    revocation_matches,
+)
+from livepush.types import Message
+
+SECRET = "s" * 32 + "-current"
+OLD = "o" * 32 + "-previous"
+OTHER = "x" * 32 + "-someone-else"
+
+
+@pytest.fixture(autouse=True)
+def settings() -> Iterator[Settings]:
+    s = Settings(secret=SECRET)
+    set_settings(s)
+    sessions.set_default_store(None)
+    sessions.MEMORY.clear()
+    yield s
+    set_settings(None)
+    sessions.set_default_store(None)
+    sessions.MEMORY.clear()
+
+
+@pytest.fixture
+def no_token_in_logs(caplog: pytest.LogCaptureFixture) -> Iterator[list[str]]:
+    """Collects tokens a test handles; fails the test if any reached a log record."""
+    caplog.set_level(logging.DEBUG)
+    tokens: list[str] = []
+    yield tokens
+    # caplog.records is per phase: in teardown it would be empty, so ask for the call's.
+    for record in caplog.get_records("setup") + caplog.get_records("call"):
+        text = logging.Formatter().format(record)  # message and traceback
+        for token in tokens:
+            assert token not in text, "a session token reached the logs"
+
+
+# -- tokens (pure) ----------------------------------------------------------------------
+
+
+def test_issue_then_decode_round_trips() -> None:
+    """A freshly issued token decodes to its subject, a random id and the right times."""
+    before = time.time()
+    token = sessions.issue("user-7", ttl=60)
+    session = decode(token, (SECRET,))
+    assert session.subject == "user-7"
+    assert len(session.id) >= 20
+    assert before - 0.001 <= session.issued_at <= time.time()
+    assert session.expires_at == pytest.approx(session.issued_at + 60, abs=0.002)
+    assert decode(sessions.issue("user-7"), SECRET).id != session.id
+
+
+def test_token_is_url_safe_and_compact() -> None:
+    """A token needs no escaping in a cookie or a query string and stays short."""
+    token = sessions.issue("user-7")
+    assert all(c.isalnum() or c in "-_." for c in token)
+    assert len(token) < 160
+
+
+def test_expired_token_is_refused_with_reason_expired(no_token_in_logs: list[str]) -> None:
+    """A token past its expiry raises InvalidSession('expired') without echoing the token."""
+    token = sessions.issue("user-7", ttl=10, now=1_000_000)
+    no_token_in_logs.append(token)
+    with pytest.raises(InvalidSession) as info:
+        decode(token, (SECRET,), now=1_000_010)
+    assert info.value.reason == "expired"
+    assert token not in str(info.value)
+    assert decode(token, (SECRET,), now=1_000_009.9).subject == "user-7"
+
+
+@pytest.mark.parametrize("where", ["payload", "signature"])
+def test_tampered_token_is_refused(where: str) -> None:
+    """Changing one character of the payload or the signature gives bad_signature."""
+    token = sessions.issue("user-7")
+    payload, _, sig = token.rpartition(".")
+    if where == "payload":
+        i = len(payload) // 2
+        payload = payload[:i] + ("A" if payload[i] != "A" else "B") + payload[i + 1 :]
+    else:
+        sig = ("A" if sig[0] != "A" else "B") + sig[1:]
+    with pytest.raises(InvalidSession) as info:
+        decode(f"{payload}.{sig}", (SECRET,))
+    assert info.value.reason == "bad_signature"
+
+
+def test_token_of_another_secret_is_refused() -> None:
+    """A token signed with a secret we do not know gives bad_signature."""
+    set_settings(Settings(secret=OTHER))
+    token = sessions.issue("user-7")
+    with pytest.raises(InvalidSession) as info:
+        decode(token, (SECRET,))
+    assert info.value.reason == "bad_signature"
+
+
+def test_fallback_secret_verifies_but_never_signs() -> None:
+    """After rotation, tokens of the old secret still verify; new tokens use the new one."""
+    set_settings(Settings(secret=OLD))
+    old_token = sessions.issue("user-7")
+    rotated = Settings(secret=SECRET, secret_fallbacks=(OLD,))
+    set_settings(rotated)
+    assert decode(old_token, rotated.secrets).subject == "user-7"
+    new_token = sessions.issue("user-8")
+    assert decode(new_token, (SECRET,)).subject == "user-8"  # signed with the new secret only
+    with pytest.raises(InvalidSession):
+        decode(new_token, (OLD,))
+    with pytest.raises(InvalidSession) as info:
+        decode(old_token, (SECRET,))  # once the fallback is dropped, old tokens die
+    assert info.value.reason == "bad_signature"
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    ["", ".", "..", "a", "a.b", "a.b.c", "eyJ.", "." * 50, "null", "[1,2]", "a" * 4096, "=" * 10, "a b", "a\nb"],
+)
+def test_garbage_is_refused_cleanly(garbage: str) -> None:
+    """Garbage gives InvalidSession (malformed or bad_signature), never another exception."""
+    with pytest.raises(InvalidSession) as info:
+        decode(garbage, (SECRET,))
+    assert info.value.reason in ("malformed", "bad_signature")
+
+
+@pytest.mark.parametrize("value", [None, 123, b"bytes", ["a"], {"a": 1}])
+def test_non_strings_are_malformed(value: object) -> None:
+    """Anything but a str is malformed."""
+    with pytest.raises(InvalidSession) as info:
+        decode(value, (SECRET,))
+    assert info.value.reason == "malformed"
+
+
+def test_huge_token_is_refused_without_parsing() -> None:
+    """A 100 KB value is refused as malformed at once (no base64 or HMAC work)."""
+    token = sessions.issue("user-7")
+    huge = token + "A" * 100_000
+    started = time.perf_counter()
+    with pytest.raises(InvalidSession) as info:
+        decode(huge, (SECRET,))
+    assert info.value.reason == "malformed"
+    assert time.perf_counter() - started < 0.05
+    assert "AAAA" not in str(info.value)
+
+
+def test_non_ascii_token_is_malformed() -> None:
+    """Non-ASCII characters are refused as malformed."""
+    token = sessions.issue("user-7")
+    with pytest.raises(InvalidSession) as info:
+        decode(token[:-1] + "é", (SECRET,))
+    assert info.value.reason == "malformed"
+
+
+def test_unicode_subject_round_trips() -> None:
+    """A subject may be any text up to 200 characters; the token stays ASCII."""
+    token = sessions.issue("пользователь-7@example.com")
+    assert token.isascii()
+    assert decode(token, SECRET).subject == "пользователь-7@example.com"
+
+
+def test_signed_but_unexpected_payload_is_malformed() -> None:
+    """A payload with our signature but another shape (e.g. another salt's format) is malformed."""
+    forged = sessions._serializer((SECRET,)).dumps({"sub": "user-7"})
+    with pytest.raises(InvalidSession) as info:
+        decode(forged, (SECRET,))
+    assert info.value.reason == "malformed"
+
+
+def test_signed_topic_is_not_a_session_token() -> None:
+    """A signed topic (another salt) never verifies as a session token."""
+    signed = livepush.sign_topic("user:7")
+    with pytest.raises(InvalidSession):
+        decode(signed, (SECRET,))
+
+
+def test_no_secrets_means_bad_signature() -> None:
+    """Without any secret configured, every token is refused with bad_signature."""
+    token = sessions.issue("user-7")
+    with pytest.raises(InvalidSession) as info:
+        decode(token, ())
+    assert info.value.reason == "bad_signature"
+
+
+@given(st.text(max_size=300))
+def test_any_text_decodes_or_raises_invalid_session(text: str) -> None:
+    """decode() of arbitrary text raises only InvalidSession."""
+    try:
+        decode(text, (SECRET,))
+    except InvalidSession as exc:
+        assert exc.reason in ("malformed", "bad_signature", "expired")
+
+
+@pytest.mark.parametrize("subject", ["", "x" * 201, None, 7])
+def test_bad_subjects_are_refused(subject: object) -> None:
+    """issue() wants a non-empty str of at most 200 characters."""
+    with pytest.raises(ValueError, match="subject"):
+        sessions.issue(subject)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ttl", [0, -1, float("nan"), float("inf"), 367 * 86400, "60", True])
+def test_bad_ttls_are_refused(ttl: object) -> None:
+    """issue() wants a positive, finite ttl of at most 366 days."""
+    with pytest.raises(ValueError, match="ttl"):
+        sessions.issue("user-7", ttl=ttl)  # type: ignore[arg-type]
+
+
+def test_issue_without_secret_is_a_config_error() -> None:
+    """issue() without LIVEPUSH_SECRET raises ConfigError naming the setting."""
+    set_settings(Settings())
+    with pytest.raises(ConfigError, match="LIVEPUSH_SECRET"):
+        sessions.issue("user-7")
+
+
+# -- revocation messages (pure) ---------------------------------------------------------
+
+
+def test_revocation_matches() -> None:
+    """A session message matches its id; a subject message matches sessions issued up to `before`."""
+    s = Session(id="abc", subject="user-7", expires_at=2000.0, issued_at=1000.0)
+    assert revocation_matches({"session": "abc"}, s)
+    assert not revocation_matches({"session": "abd"}, s)
+    assert revocation_matches({"subject": "user-7", "before": 1000.0}, s)
+    assert revocation_matches({"subject": "user-7", "before": 1500}, s)
+    assert not revocation_matches({"subject": "user-7", "before": 999.999}, s)
+    assert not revocation_matches({"subject": "user-8", "before": 1500.0}, s)
+    for junk in (None, [], "abc", {}, {"subject": "user-7"}, {"subject": "user-7", "before": "1500"},
+                 {"subject": "user-7", "before": True}, {"subject": "user-7", "before": float("nan")},
+                 {"session": 5}):
+        assert not revocation_matches(junk, s)
+
+
+# -- revocation stores (real Postgres and Redis) -----------------------------------------
+# pg_url and redis_url come from tests/conftest.py (real servers started by bin/test).
+
+
+@pytest.fixture(params=["memory", "postgres", "redis"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[sessions.RevocationStore]:
+    kind = request.param
+    s: sessions.RevocationStore
+    if kind == "memory":
+        s = MemoryRevocations()
+    elif kind == "postgres":
+        s = PostgresRevocations(request.getfixturevalue("pg_url"))
+    else:
+        s = RedisRevocations(request.getfixturevalue("redis_url"))
+    yield s
+    await s.aclose()
+    s.close()
+
+
+@pytest.fixture
+async def announcements() -> AsyncIterator[list[dict]]:
+    """Revocation messages published on the (local) fan-out during the test."""
+    fanout = LocalFanOut()
+    await fanout.listen()
+    seen: list[dict] = []
+
+    def receive(message: Message) -> None:
+        if message.topic == sessions.REVOCATIONS_TOPIC and message.data_json is not None:
+            seen.append(json.loads(message.data_json))
+
+    fanout.register(receive)
+    set_default_fanout(fanout)
+    yield seen
+    set_default_fanout(None)
+    await fanout.aclose()
+
+
+async def settle() -> None:
+    # The local fan-out delivers with loop.call_soon: one loop turn.
+    await asyncio.sleep(0)
+
+
+async def test_revoke_token_revokes_that_session_only(
+    store: sessions.RevocationStore, announcements: list[dict], no_token_in_logs: list[str]
+) -> None:
+    """revoke(token) marks that session revoked, not others of the same subject, and announces it."""
+    token, other = sessions.issue("user-7"), sessions.issue("user-7")
+    no_token_in_logs += [token, other]
+    s, o = decode(token, SECRET), decode(other, SECRET)
+    assert not await store.is_revoked(s)
+    assert sessions.revoke(token, store=store) == s
+    assert await store.is_revoked(s)
+    assert not await store.is_revoked(o)
+    await settle()
+    assert announcements == [{"session": s.id}]
+
+
+async def test_arevoke_subject_cuts_off_at_revocation_time(
+    store: sessions.RevocationStore, announcements: list[dict]
+) -> None:
+    """revoke_subject revokes sessions issued up to now, not later ones nor other subjects."""
+    t = time.time()
+    old = decode(sessions.issue("user-7", now=t - 5), SECRET)
+    same_ms = decode(sessions.issue("user-7", now=t), SECRET)
+    later = decode(sessions.issue("user-7", now=t + 0.002), SECRET)
+    stranger = decode(sessions.issue("user-8", now=t - 5), SECRET)
+    before = await sessions.arevoke_subject("user-7", store=store, now=t)
+    assert await store.revoked_among([old, same_ms, later, stranger]) == {old.id, same_ms.id}
+    await settle()
+    assert announcements == [{"subject": "user-7", "before": before}]
+    assert [revocation_matches(announcements[0], x) for x in (old, same_ms, later, stranger)] == [
+        True,
+        True,
+        False,
+        False,
+    ]
+
+
+async def test_sync_and_async_writes_agree(store: sessions.RevocationStore, announcements: list[dict]) -> None:
+    """revoke/arevoke and revoke_subject/arevoke_subject store the same thing, idempotently."""
+    a, b = decode(sessions.issue("a"), SECRET), decode(sessions.issue("b"), SECRET)
+    await sessions.arevoke(a, store=store)
+    sessions.revoke(a, store=store)  # twice is fine
+    sessions.revoke_subject("b", store=store)
+    await sessions.arevoke_subject("b", store=store)
+    assert await store.revoked_among([a, b]) == {a.id, b.id}
+
+
+async def test_later_subject_revocation_wins(store: sessions.RevocationStore, announcements: list[dict]) -> None:
+    """Two subject revocations arriving out of order keep the later cut-off."""
+    t = time.time()
+    s = decode(sessions.issue("user-7", now=t - 1), SECRET)
+    store.add_subject("user-7", t)
+    await store.aadd_subject("user-7", t - 10)  # an older revocation arriving late
+    assert await store.is_revoked(s)
+
+
+async def test_revoked_among_handles_big_batches(store: sessions.RevocationStore, announcements: list[dict]) -> None:
+    """The periodic re-check asks about thousands of sessions in one call."""
+    batch = [decode(sessions.issue(f"user-{i % 50}"), SECRET) for i in range(2500)]
+    sessions.revoke(batch[7], store=store)
+    sessions.revoke_subject("user-3", store=store)
+    expected = {batch[7].id} | {s.id for s in batch if s.subject == "user-3"}
+    assert await store.revoked_among(batch) == expected
+    assert await store.revoked_among([]) == set()
+
+
+async def test_revoking_a_bad_token_raises_and_stores_nothing(
+    store: sessions.RevocationStore, announcements: list[dict], no_token_in_logs: list[str]
+) -> None:
+    """revoke() of a forged token raises InvalidSession and neither stores nor announces."""
+    set_settings(Settings(secret=OTHER))
+    forged = sessions.issue("user-7")
+    no_token_in_logs.append(forged)
+    set_settings(Settings(secret=SECRET))
+    with pytest.raises(InvalidSession):
+        sessions.revoke(forged, store=store)
+    await settle()
+    assert announcements == []
+
+
+async def test_expired_token_can_still_be_revoked(store: sessions.RevocationStore, announcements: list[dict]) -> None:
+    """Revoking an expired token announces it (open connections close) without error."""
+    token = sessions.issue("user-7", ttl=1, now=time.time() - 10)
+    s = sessions.revoke(token, store=store)
+    await settle()
+    assert announcements == [{"session": s.id}]
+
+
+async def test_announcement_failure_is_logged_not_raised(
+    caplog: pytest.LogCaptureFixture, no_token_in_logs: list[str]
+) -> None:
+    """When the fan-out is down the revocation is still stored, and a warning says what happens next."""
+
+    class Broken(LocalFanOut):
+        def publish(self, topic, data, *, conn=None):  # type: ignore[no-untyped-def]
+            raise DependencyError("fan-out down")
+
+    set_default_fanout(Broken())
+    try:
+        store = MemoryRevocations()
+        token = sessions.issue("user-7")
+        no_token_in_logs.append(token)
+        s = sessions.revoke(token, store=store)
+        assert await store.is_revoked(s)
+        assert any("re-check" in r.getMessage() for r in caplog.records)
+    finally:
+        set_default_fanout(None)
+
+
+async def test_postgres_rows_are_pruned_after_expiry(pg_url: str, announcements: list[dict]) -> None:
+    """Revoked sessions past their expiry are deleted by prune() (and by later writes)."""
+    store = PostgresRevocations(pg_url)
+    try:
+        await store.aadd_session("dead", time.time() - 1)
+        await store.aadd_session("alive", time.time() + 3600)
+        store.add_subject("old-subject", time.time() - sessions.MAX_TTL - 1)
+        await store.prune()
+        with psycopg.connect(pg_url) as conn:
+            rows = conn.execute("SELECT session_id FROM livepush_revoked_sessions").fetchall()
+            subjects = conn.execute("SELECT subject FROM livepush_revoked_subjects").fetchall()
+        assert rows == [("alive",)]
+        assert subjects == []
+    finally:
+        await store.aclose()
+
+
+async def test_redis_keys_expire_with_the_session(redis_url: str) -> None:
+    """A revoked session's Redis key lives as long as the session; an expired one is not stored."""
+    store = RedisRevocations(redis_url)
+    try:
+        await store.aadd_session("s1", time.time() + 100)
+        store.add_session("s2", time.time() - 1)
+        store.add_subject("user-7", time.time())
+        with redis.Redis.from_url(redis_url) as client:
+            assert 98_000 <= client.pttl(RedisRevocations.SESSION_PREFIX + "s1") <= 100_000
+            assert not client.exists(RedisRevocations.SESSION_PREFIX + "s2")
+            assert client.pttl(RedisRevocations.SUBJECT_PREFIX + "user-7") > (sessions.MAX_TTL - 10) * 1000
+    finally:
+        await store.aclose()
+
+
+async def test_unreachable_stores_raise_dependency_error() -> None:
+    """A store whose server is down raises DependencyError naming the setting, not a driver error."""
+    pg = PostgresRevocations("postgresql://postgres@127.0.0.1:55469/nothing")
+    rd = RedisRevocations("redis://:hunter2@127.0.0.1:56469/0")
+    s = Session("x", "user-7", time.time() + 60, time.time())
+    with pytest.raises(DependencyError, match="LIVEPUSH_DATABASE_URL"):
+        await pg.is_revoked(s)
+    with pytest.raises(DependencyError, match="LIVEPUSH_DATABASE_URL"):
+        pg.add_session("x", time.time() + 60)
+    with pytest.raises(DependencyError, match="LIVEPUSH_REDIS_URL") as info:
+        await rd.is_revoked(s)
+    assert "hunter2" not in str(info.value)
+    with pytest.raises(DependencyError, match="LIVEPUSH_REDIS_URL"):
+        rd.add_subject("user-7", time.time())
+    await pg.aclose()
+    await rd.aclose()
+
+
+def test_store_from_settings_prefers_postgres_then_redis_then_memory() -> None:
+    """The store follows the configured URLs: database, else Redis, else this process's memory."""
+    pg = sessions.store_from_settings(Settings(database_url="postgresql:///x", redis_url="redis://r"))
+    rd = sessions.store_from_settings(Settings(redis_url="redis://r"))
+    assert isinstance(pg, PostgresRevocations)
+    assert isinstance(rd, RedisRevocations)
+    assert sessions.store_from_settings(Settings()) is sessions.MEMORY
+    assert sessions.default_store() is sessions.MEMORY
