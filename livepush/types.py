@@ -17,7 +17,8 @@ class Message:
 
     `data_json` is the JSON text exactly as published, so the server encodes a frame once
     without parsing and re-serialising the payload. `prev` is the offset of the message
-    before it on the same topic ("" for the first), which lets the hub spot a gap.
+    before it on the same topic (for the first: "0" on Postgres and local, "0-0" on
+    Redis, the same value latest_offset() gives for a topic never published), which lets the hub spot a gap.
     `data_json` is None when the transport could not carry the payload (a large message on
     Postgres NOTIFY): the receiver reads it from history.
     """

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,8 @@ MAX_PAYLOAD_BYTES = 1024 * 1024
 
 # Control messages between servers (revocations, ...) travel on reserved topics.
 RESERVED_PREFIX = "_livepush."
+
+log = logging.getLogger("livepush.fanout")
 
 
 def encode_payload(data: JSON) -> str:
@@ -81,8 +84,12 @@ class FanOut(abc.ABC):
         self._resync_handlers.append(handler)
 
     def _dispatch(self, message: Message) -> None:
+        # One receiver's bug must not cost the others this message, nor kill the listener.
         for receiver in self._receivers:
-            receiver(message)
+            try:
+                receiver(message)
+            except Exception:
+                log.exception("a %s fan-out receiver failed on a message of %s", self.name, message.topic)
 
     async def _resynced(self) -> None:
         for handler in self._resync_handlers:

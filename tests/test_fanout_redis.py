@@ -1,0 +1,296 @@
+"""What only the Redis fan-out does: streams chained by `p`, Lua publish, trims, its own reconnects.
+
+The shared contract is tested in test_fanout_conformance.py; these tests look inside Redis
+(keys, CLIENT LIST, PAUSE, restarts without persistence) to check how it is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import redis
+
+import livepush
+from livepush.fanout.redis import CHANNEL, KEY_PREFIX, PRUNE_SCAN_COUNT, RedisFanOut
+from livepush.types import offset_key
+from tests.support.procs import free_port
+from tests.support.waiting import async_wait_for
+from tests.test_fanout_conformance import (  # noqa: F401  (private_redis is a fixture)
+    WAIT,
+    Collector,
+    PrivateRedis,
+    private_redis,
+    publish_from_child,
+)
+
+MakeRedis = Callable[..., Any]
+
+
+@pytest.fixture
+async def make_redis(redis_url: str) -> AsyncIterator[MakeRedis]:
+    """Factory of RedisFanOut on the test Redis (or `url=`), each closed after the test."""
+    made: list[RedisFanOut] = []
+
+    async def make(*, listen: bool = True, url: str | None = None, **options: Any) -> RedisFanOut:
+        fanout = RedisFanOut(url or redis_url, **options)
+        made.append(fanout)
+        if listen:
+            await fanout.listen()
+        return fanout
+
+    yield make
+    for fanout in made:
+        await fanout.aclose()
+
+
+@pytest.fixture
+def raw(redis_url: str) -> Any:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+def listeners(client: redis.Redis) -> list[dict[str, Any]]:
+    return [c for c in client.client_list() if c.get("name") == "livepush-listener"]
+
+
+# ---- offsets and the chain ----------------------------------------------------------------------
+
+
+async def test_offsets_are_stream_ids_chained_from_0_0(make_redis: MakeRedis, raw: redis.Redis) -> None:
+    """Offsets are the stream's ids; each entry names its predecessor, "0-0" before the first."""
+    fanout = await make_redis()
+    got = Collector()
+    fanout.register(got)
+    assert fanout.latest_offset("chain:a") == "0-0"
+    offsets = [fanout.publish("chain:a", {"i": i}) for i in range(3)]
+    received = await got.wait_count("chain:a", 3)
+    assert [m.prev for m in received] == ["0-0", *offsets[:2]]
+    entries = raw.xrange(KEY_PREFIX + "chain:a")
+    assert [e[0] for e in entries] == offsets
+    assert [e[1]["p"] for e in entries] == ["0-0", *offsets[:2]]
+    assert [json.loads(e[1]["d"]) for e in entries] == [{"i": i} for i in range(3)]
+
+
+async def test_publish_survives_a_script_flush(make_redis: MakeRedis, raw: redis.Redis) -> None:
+    """After SCRIPT FLUSH (or a restart) EVALSHA's NOSCRIPT is answered by loading the script again."""
+    fanout = await make_redis(listen=False)
+    first = fanout.publish("flush:a", {"i": 0})
+    await fanout.apublish("flush:a", {"i": 1})
+    raw.script_flush()
+    second = fanout.publish("flush:a", {"i": 2})
+    third = await fanout.apublish("flush:a", {"i": 3})
+    assert [m.offset for m in await fanout.history("flush:a", first) or []][1:] == [second, third]
+
+
+async def test_history_is_none_when_the_chain_is_broken(make_redis: MakeRedis, raw: redis.Redis) -> None:
+    """An entry missing in the middle (trimmed or lost) makes history from before it None, never a hole."""
+    fanout = await make_redis()
+    offsets = [fanout.publish("chain:b", {"i": i}) for i in range(5)]
+    raw.xdel(KEY_PREFIX + "chain:b", offsets[2])
+    assert await fanout.history("chain:b", offsets[0]) is None
+    assert await fanout.history("chain:b", offsets[1]) is None
+    assert [m.offset for m in await fanout.history("chain:b", offsets[2]) or []] == offsets[3:]
+
+
+async def test_history_pages_through_long_replays(make_redis: MakeRedis) -> None:
+    """A replay longer than one XRANGE page comes back whole and in order."""
+    fanout = await make_redis()
+    offsets = [fanout.publish("page:a", {"i": i}) for i in range(450)]
+    replay = await fanout.history("page:a", "0-0")
+    assert [m.offset for m in replay or []] == offsets
+
+
+async def test_concurrent_publishers_agree_on_one_order(make_redis: MakeRedis) -> None:
+    """Two processes publishing on one topic at once: delivery order, offsets and history all agree."""
+    fanout = await make_redis()
+    got = Collector()
+    fanout.register(got)
+    a, b = await asyncio.gather(
+        publish_from_child("redis", fanout.url, "race:a", 200),
+        publish_from_child("redis", fanout.url, "race:a", 200),
+    )
+    received = await got.wait_count("race:a", 400)
+    offsets = [m.offset for m in received]
+    assert sorted(offsets, key=offset_key) == offsets
+    assert set(offsets) == set(a) | set(b) and len(set(offsets)) == 400
+    assert [m.prev for m in received] == ["0-0", *offsets[:-1]]
+    assert [m.offset for m in await fanout.history("race:a", "0-0") or []] == offsets
+
+
+# ---- retention ----------------------------------------------------------------------------------
+
+
+async def test_prune_drops_expired_entries_but_keeps_the_newest(make_redis: MakeRedis, raw: redis.Redis) -> None:
+    """prune() drops entries past the TTL except a topic's newest, so since=latest replays nothing, not reset."""
+    fanout = await make_redis(history_ttl=0.2)
+    offsets = [fanout.publish("prune:a", {"i": i}) for i in range(3)]
+    await asyncio.sleep(0.4)  # wall-clock expiry: no event to await
+    assert await fanout.prune() == 2
+    assert [e[0] for e in raw.xrange(KEY_PREFIX + "prune:a")] == offsets[-1:]
+    assert await fanout.history("prune:a", offsets[-1]) == []
+    assert await fanout.history("prune:a", offsets[0]) is None
+    assert fanout.latest_offset("prune:a") == offsets[-1]
+    fresh = fanout.publish("prune:a", {"i": 3})
+    assert [m.offset for m in await fanout.history("prune:a", offsets[-1]) or []] == [fresh]
+
+
+async def test_prune_does_bounded_work_per_call(make_redis: MakeRedis, raw: redis.Redis) -> None:
+    """One prune() call visits about one SCAN batch of topics; repeated calls cover them all."""
+    fanout = await make_redis(history_ttl=0.2, listen=False)
+    topics = 3 * PRUNE_SCAN_COUNT
+    for t in range(topics):
+        fanout.publish(f"many:{t}", {"i": 0})
+        fanout.publish(f"many:{t}", {"i": 1})
+    await asyncio.sleep(0.4)
+    first = await fanout.prune()
+    assert 0 < first < topics, "one call trims a batch, not every topic"
+    total, calls = first, 1
+    while total < topics:
+        total += await fanout.prune()
+        calls += 1
+        assert calls < 50, f"pruning never finished: {total} of {topics}"
+    assert all(raw.xlen(KEY_PREFIX + f"many:{t}") == 1 for t in range(topics))
+
+
+async def test_max_len_bounds_a_busy_topic_and_resets_beyond_it(make_redis: MakeRedis, raw: redis.Redis) -> None:
+    """A topic past max_len keeps about max_len entries; older offsets get None, recent ones replay."""
+    fanout = await make_redis(max_len=100, listen=False)
+    offsets = [fanout.publish("busy:a", {"i": i}) for i in range(1000)]
+    assert raw.xlen(KEY_PREFIX + "busy:a") < 400
+    assert await fanout.history("busy:a", offsets[0]) is None
+    assert [m.offset for m in await fanout.history("busy:a", offsets[-51]) or []] == offsets[-50:]
+
+
+async def test_idle_topic_key_expires(make_redis: MakeRedis, raw: redis.Redis) -> None:
+    """Each publish sets the topic's key to expire after idle_expire, so dead topics free their memory."""
+    fanout = await make_redis(listen=False, history_ttl=10, idle_expire=60)
+    fanout.publish("idle:a", {"i": 0})
+    assert 0 < raw.pttl(KEY_PREFIX + "idle:a") <= 60_000
+
+
+# ---- errors -------------------------------------------------------------------------------------
+
+
+async def test_unreachable_redis_raises_dependency_error_without_the_password() -> None:
+    """Every call against a closed port raises DependencyError at once: one line, the setting, no password."""
+    fanout = RedisFanOut(f"redis://someone:s3cret-pw@127.0.0.1:{free_port()}/0", connect_timeout=2)
+    try:
+        calls = [
+            lambda: fanout.publish("down:a", {"i": 0}),
+            lambda: fanout.latest_offset("down:a"),
+        ]
+        for call in calls:
+            with pytest.raises(livepush.DependencyError) as caught:
+                call()
+            text = str(caught.value)
+            assert "LIVEPUSH_REDIS_URL" in text and "\n" not in text and "s3cret-pw" not in text
+        for acall in (fanout.apublish("down:a", {"i": 0}), fanout.history("down:a", "0-0"), fanout.prune()):
+            with pytest.raises(livepush.DependencyError) as caught:
+                await asyncio.wait_for(acall, 5)
+            assert "s3cret-pw" not in str(caught.value)
+        with pytest.raises(livepush.ListenError) as caught:
+            await asyncio.wait_for(fanout.listen(), 5)
+        assert "s3cret-pw" not in str(caught.value)
+    finally:
+        await fanout.aclose()
+
+
+async def test_a_failing_receiver_does_not_stop_delivery(make_redis: MakeRedis) -> None:
+    """A receiver that raises is logged and the listener stays up: later messages still arrive."""
+    fanout = await make_redis()
+
+    def broken(message: Any) -> None:
+        raise RuntimeError("receiver bug")
+
+    got = Collector()
+    # base.FanOut._dispatch stops at the first receiver that raises: the hub is the one receiver.
+    fanout.register(got)
+    fanout.register(broken)
+    offsets = [fanout.publish("bug:a", {"i": i}) for i in range(3)]
+    assert [m.offset for m in await got.wait_count("bug:a", 3)] == offsets
+    assert fanout.listening
+
+
+async def test_a_malformed_frame_on_the_channel_is_ignored(make_redis: MakeRedis, raw: redis.Redis) -> None:
+    """Garbage published on livepush:pub by someone else is skipped; the next real message arrives."""
+    fanout = await make_redis()
+    got = Collector()
+    fanout.register(got)
+    raw.publish(CHANNEL, "junk without newlines")
+    offset = fanout.publish("junk:a", {"ok": True})
+    assert [m.offset for m in await got.wait_count("junk:a", 1)] == [offset]
+    assert [m.topic for m in got.messages] == ["junk:a"]
+
+
+# ---- connections --------------------------------------------------------------------------------
+
+
+async def test_listen_holds_one_subscription_and_aclose_releases_it(make_redis: MakeRedis, raw: redis.Redis) -> None:
+    """listen() opens one pub/sub connection; constructing and publishing open none; aclose() releases it."""
+    fanout = await make_redis(listen=False)
+    fanout.publish("conn:a", {"i": 0})
+    assert listeners(raw) == []
+    await fanout.listen()
+    [listener] = listeners(raw)
+    assert listener["sub"] == "1" or listener["sub"] == 1
+    await fanout.listen()  # a second call changes nothing
+    assert len(listeners(raw)) == 1
+    await fanout.aclose()
+    await async_wait_for(lambda: listeners(raw) == [], WAIT, message="the listener connection to close")
+    assert not fanout.listening
+
+
+async def test_restart_without_persistence_resets_and_keeps_delivering(
+    make_redis: MakeRedis, private_redis: PrivateRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After Redis restarts empty, old offsets get None (reset), the listener is back, one warning per outage."""
+    fanout = await make_redis(url=private_redis.url)
+    got = Collector()
+    fanout.register(got)
+    resynced = asyncio.Event()
+    fanout.on_resync(resynced.set)
+    offsets = [fanout.publish("empty:a", {"i": i}) for i in range(3)]
+    await got.wait_count("empty:a", 3)
+
+    with caplog.at_level(logging.DEBUG, logger="livepush.fanout.redis"):
+        private_redis.stop(save=False)
+        await async_wait_for(lambda: not fanout.listening, WAIT, message="listening to drop")
+        # Let several reconnect attempts fail: still one warning for the outage.
+        await async_wait_for(
+            lambda: sum("reconnect failed" in r.getMessage() for r in caplog.records) >= 3, WAIT, message="3 failed attempts"
+        )
+        private_redis.start()
+        await asyncio.wait_for(resynced.wait(), WAIT)
+    lost = [r for r in caplog.records if r.levelno == logging.WARNING and "lost the Redis listener" in r.getMessage()]
+    assert len(lost) == 1
+
+    assert await fanout.history("empty:a", offsets[-1]) is None, "the chain is gone: the client must reset"
+    assert fanout.latest_offset("empty:a") == "0-0"
+    fresh = fanout.publish("empty:a", {"i": 3})
+    received = await got.wait_count("empty:a", 4)
+    assert (received[-1].offset, received[-1].prev) == (fresh, "0-0")
+
+
+async def test_a_silent_server_is_detected_by_the_heartbeat(make_redis: MakeRedis, private_redis: PrivateRedis) -> None:
+    """A Redis that stops answering without closing the socket is declared lost within a few heartbeats."""
+    fanout = await make_redis(url=private_redis.url, heartbeat=0.1)
+    got = Collector()
+    fanout.register(got)
+    resynced = asyncio.Event()
+    fanout.on_resync(resynced.set)
+    admin = redis.Redis.from_url(private_redis.url)
+    try:
+        admin.execute_command("CLIENT", "PAUSE", "1500", "ALL")  # PING goes unanswered meanwhile
+        await async_wait_for(lambda: not fanout.listening, WAIT, message="listening to drop")
+        await asyncio.wait_for(resynced.wait(), WAIT)
+        assert fanout.listening
+        offset = await fanout.apublish("pause:a", {"back": True})
+        assert [m.offset for m in await got.wait_count("pause:a", 1)] == [offset]
+    finally:
+        admin.close()
