@@ -1,0 +1,195 @@
+"""Fixtures every livepush test can use, sync or async.
+
+Servers: `bin/test` starts a private PostgreSQL and Redis and exports LIVEPUSH_TEST_PG_ADMIN_URL
+and LIVEPUSH_TEST_REDIS_URL; without them the tests that need a server are skipped with a
+message saying to run `bin/test`.
+
+- `pg_admin_url` (session)  the admin URL (database `postgres`, trust auth).
+- `pg_template` (session)   name of a database migrated once with `livepush.migrate.migrate()`.
+- `pg_url`                  URL of a fresh database cloned from the template, dropped afterwards.
+- `make_pg_url`             factory: `make_pg_url()` -> one more fresh database URL per call.
+- `redis_url`               the test Redis, FLUSHALLed before the test.
+- `free_port`               a free TCP port on 127.0.0.1.
+- `secret`                  a random 48-character LIVEPUSH_SECRET.
+- `livepush_env`            factory: `livepush_env(database_url=..., fanout=..., ...)` -> env dict
+                            for a child process.
+- `procs`                   starts child processes (`procs.livepush("serve", env=...)`) and kills
+                            them all at teardown.
+
+Helpers for fault tests (restart Redis, stop PostgreSQL, terminate backends) are in
+`tests/support/services.py`; bounded waits in `tests/support/waiting.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets as _secrets
+import sys
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+# `from tests.support... import` works from any test folder, whatever pytest's import mode.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.support import services  # noqa: E402
+from tests.support.procs import Processes  # noqa: E402
+from tests.support.procs import free_port as _free_port  # noqa: E402
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    pg = os.environ.get("LIVEPUSH_TEST_PG_ADMIN_URL") or "not set (run bin/test)"
+    rd = os.environ.get("LIVEPUSH_TEST_REDIS_URL") or "not set (run bin/test)"
+    return [f"livepush test servers: postgres {pg}, redis {rd}"]
+
+
+# ---- PostgreSQL ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url() -> str:
+    """Admin URL of the test PostgreSQL (database `postgres`)."""
+    return services.env_or_skip("LIVEPUSH_TEST_PG_ADMIN_URL")
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_admin_url: str) -> Iterator[str]:
+    """A database with every migration in sql/ applied, once per session: tests clone it."""
+    from livepush.migrate import migrate
+
+    name = f"livepush_tpl_{uuid.uuid4().hex[:12]}"
+    url = services.create_database(pg_admin_url, name)
+    try:
+        migrate(url)
+        with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+            # No connections allowed: one left open would make every clone fail.
+            conn.execute(f'ALTER DATABASE "{name}" WITH IS_TEMPLATE true ALLOW_CONNECTIONS false')  # type: ignore[arg-type]
+        yield name
+    finally:
+        try:
+            with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+                conn.execute(f'ALTER DATABASE "{name}" WITH IS_TEMPLATE false')  # type: ignore[arg-type]
+            services.drop_database(pg_admin_url, name)
+        except psycopg.Error:
+            pass  # the throwaway cluster goes anyway; don't mask the real failure
+
+
+@pytest.fixture
+def make_pg_url(pg_admin_url: str, pg_template: str) -> Iterator[Callable[[], str]]:
+    """Factory of fresh migrated databases (`t_<random>`); each is dropped after the test."""
+    made: list[str] = []
+
+    def make() -> str:
+        name = f"t_{uuid.uuid4().hex[:16]}"
+        url = services.create_database(pg_admin_url, name, template=pg_template)
+        made.append(name)
+        return url
+
+    yield make
+    for name in made:
+        services.drop_database(pg_admin_url, name)
+
+
+@pytest.fixture
+def pg_url(make_pg_url: Callable[[], str]) -> str:
+    """URL of a fresh, migrated database of this test's own."""
+    return make_pg_url()
+
+
+# ---- Redis --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def redis_url() -> str:
+    """URL of the test Redis, emptied (FLUSHALL) before the test."""
+    url = services.env_or_skip("LIVEPUSH_TEST_REDIS_URL")
+    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        client.flushall()
+    finally:
+        client.close()
+    return url
+
+
+# ---- Processes and settings ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (call tests.support.procs.free_port() for more)."""
+    return _free_port()
+
+
+@pytest.fixture
+def secret() -> str:
+    """A random 48-character secret, valid as LIVEPUSH_SECRET."""
+    return _secrets.token_urlsafe(36)
+
+
+@pytest.fixture
+def livepush_env(secret: str) -> Callable[..., dict[str, str]]:
+    """Factory of environments for a livepush child process.
+
+    `livepush_env(database_url=None, redis_url=None, fanout=None, port=None, secret=<fixture>,
+    extra=None, **settings)`: each keyword in `settings` becomes LIVEPUSH_<NAME> (e.g.
+    authenticate="off" -> LIVEPUSH_AUTHENTICATE=off; None leaves it unset); `extra` is merged
+    last, as is. The fan-out defaults to postgres with a database, else redis with a Redis URL,
+    else local; the port to a fresh free one. The caller's own LIVEPUSH_* and DATABASE_URL
+    never leak in; the LIVEPUSH_TEST_* variables do.
+    """
+    default_secret = secret
+
+    def make(
+        *,
+        database_url: str | None = None,
+        redis_url: str | None = None,
+        fanout: str | None = None,
+        port: int | None = None,
+        secret: str | None = None,
+        extra: Mapping[str, str] | None = None,
+        **settings: object,
+    ) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not (k.startswith("LIVEPUSH_") and not k.startswith("LIVEPUSH_TEST_")) and k != "DATABASE_URL"
+        }
+        venv_bin = str(Path(sys.executable).parent)
+        env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", "")])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+        env["PYTHONUNBUFFERED"] = "1"  # output reaches the capture files as it happens
+        if fanout is None:
+            fanout = "postgres" if database_url else "redis" if redis_url else "local"
+        values: dict[str, object] = {
+            "DATABASE_URL": database_url,
+            "REDIS_URL": redis_url,
+            "FANOUT": fanout,
+            "PORT": port if port is not None else _free_port(),
+            "SECRET": secret if secret is not None else default_secret,
+            "ENV": "test",
+        }
+        values.update({k.upper(): v for k, v in settings.items()})
+        for key, value in values.items():
+            if value is not None:
+                env[f"LIVEPUSH_{key}"] = str(value)
+        env.update(extra or {})
+        return env
+
+    return make
+
+
+@pytest.fixture
+def procs() -> Iterator[Processes]:
+    """Starts child processes for the test (`procs.livepush("serve", env=...)`, `procs.start([...])`)
+    and kills every one of them at teardown, whatever state they are in."""
+    group = Processes()
+    try:
+        yield group
+    finally:
+        group.close_all()
