@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
@@ -33,6 +34,11 @@ log = logging.getLogger("livepush.server")
 HEARTBEAT_SECONDS = 25.0
 PRUNE_EVERY_SECONDS = 30.0
 REVOCATIONS_TOPIC = "_livepush.revocations"
+
+# websockets logs request paths and headers at DEBUG: with `?token=` or a session cookie in
+# them. Its records go to a logger capped at INFO, so no log level setting can leak a token.
+_WS_LOGGER = logging.getLogger("livepush.websockets")
+_WS_LOGGER.setLevel(logging.INFO)
 
 PageRoute = Callable[[Request], Awaitable[Response | None] | Response | None]
 
@@ -59,7 +65,10 @@ class PushServer:
         self.pages = pages
         self.heartbeat = heartbeat
         self.clients: set[Client] = set()
-        self._sessions: dict[ServerConnection, object] = {}
+        # Filled by the HTTP check, emptied by the handler. Weak: a handshake refused after
+        # the check (e.g. a bad Sec-WebSocket-Key) never reaches the handler, and must not
+        # keep its connection alive.
+        self._sessions: weakref.WeakKeyDictionary[ServerConnection, object] = weakref.WeakKeyDictionary()
         self._ws: WSServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._store: object | None = None
@@ -86,6 +95,7 @@ class PushServer:
             ping_timeout=self.heartbeat,
             close_timeout=1.0,
             server_header=None,
+            logger=_WS_LOGGER,
         )
         self._tasks.append(asyncio.create_task(self._prune_loop(), name="livepush-prune"))
         self._tasks.append(asyncio.create_task(self._reverify_loop(), name="livepush-reverify"))
