@@ -1,0 +1,194 @@
+"""Servers under test, each in its own process so it has a core to itself as far as possible.
+
+- `bare`: a `websockets` 17 broadcast server with no livepush in it (uvloop,
+  `websockets.broadcast`, compression off, no keepalive pings): the ceiling.
+- `local`: livepush's `PushServer` with the local fan-out. That fan-out only delivers inside
+  its own process, so this harness publishes for the benchmark: every line written to its
+  control socket is one `fanout.publish("<topic>", data)` from the server's own loop.
+- `postgres`, `redis`: the real `python -m livepush serve` (see `start_livepush_cli`); the
+  benchmark publishes from its own process, as an application would.
+
+For `bare`, a control line is the data JSON; the frame sent has the same shape as livepush's
+`message` frame (built by concatenation, as livepush does), so clients cannot tell them apart.
+
+Run as `python bench/_servers.py KIND PORT CONTROL_SOCKET [TOPIC]`; prints `READY <port>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+async def _control(path: str, publish) -> asyncio.AbstractServer:
+    async def on_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while line := await reader.readline():
+            publish(line.rstrip(b"\n").decode())
+
+    return await asyncio.start_unix_server(on_conn, path, limit=2**24)
+
+
+async def run_bare(port: int, control: str, topic: str) -> None:
+    import websockets
+    from websockets.asyncio.server import serve
+
+    clients: set = set()
+
+    async def handler(ws) -> None:
+        clients.add(ws)
+        try:
+            await ws.wait_closed()
+        finally:
+            clients.discard(ws)
+
+    offset = 0
+
+    def publish(data_json: str) -> None:
+        nonlocal offset
+        offset += 1
+        frame = '{"op":"message","topic":"' + topic + '","offset":"' + str(offset) + '","data":' + data_json + "}"
+        websockets.broadcast(clients, frame)
+
+    async with serve(handler, "127.0.0.1", port, compression=None, ping_interval=None, max_size=2**16):
+        ctl = await _control(control, publish)
+        print(f"READY {port}", flush=True)
+        await _until_signal()
+        ctl.close()
+
+
+async def run_local(port: int, control: str, topic: str) -> None:
+    from livepush.config import Settings
+    from livepush.fanout.local import LocalFanOut
+    from livepush.server.app import PushServer
+
+    settings = Settings(secret=os.environ["LIVEPUSH_SECRET"], fanout="local", port=port)
+    fanout = LocalFanOut(history_ttl=settings.history_ttl)
+    server = PushServer(settings, fanout)
+    await server.start()
+
+    def publish(data_json: str) -> None:
+        fanout.publish(topic, json.loads(data_json))  # what livepush.publish() costs in-process
+
+    ctl = await _control(control, publish)
+    print(f"READY {server.port}", flush=True)
+    await _until_signal()
+    ctl.close()
+    await server.stop()
+
+
+async def _until_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def main() -> None:
+    sys.path.insert(0, HERE)
+    from _clients import raise_fd_limit
+
+    raise_fd_limit()
+    kind, port, control = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    topic = sys.argv[4] if len(sys.argv) > 4 else "bench:x"
+    run = {"bare": run_bare, "local": run_local}[kind]
+    import uvloop
+
+    uvloop.run(run(port, control, topic))
+
+
+# -- benchmark side --------------------------------------------------------------------
+class ServerProcess:
+    """A server child process; `publish_line()` feeds the harness's control socket."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, control: str | None, log: str) -> None:
+        self.proc = proc
+        self.log = log
+        self.port = port
+        self.control = control
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def connect_control(self) -> None:
+        if self.control is not None:
+            _, self._writer = await asyncio.open_unix_connection(self.control)
+
+    def publish_line(self, data_json: str) -> None:
+        assert self._writer is not None
+        self._writer.write(data_json.encode() + b"\n")
+
+    async def drain(self) -> None:
+        if self._writer is not None:
+            await self._writer.drain()
+
+    async def stop(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.to_thread(self.proc.wait, 10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.control is not None and os.path.exists(self.control):
+            os.unlink(self.control)
+
+
+    def log_tail(self, lines: int = 5) -> str:
+        try:
+            with open(self.log, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def start_harness(kind: str, port: int, control: str, env: dict[str, str], topic: str = "bench:x") -> ServerProcess:
+    """A `bare` or `local` server process; its stderr goes to CONTROL.log."""
+    log = control + ".log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "_servers.py"), kind, str(port), control, topic],
+            stdout=subprocess.PIPE, stderr=err, env=env, cwd=ROOT,
+        )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode()
+    if not line.startswith("READY"):
+        proc.kill()
+        raise RuntimeError(f"{kind} server did not start (exit {proc.wait()}): {open(log).read()[-500:]}")
+    return ServerProcess(proc, int(line.split()[1]), control, log)
+
+
+def start_livepush_cli(port: int, env: dict[str, str], log: str) -> ServerProcess:
+    """`python -m livepush serve` (stderr to `log`), ready once /healthz answers 200."""
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "livepush", "serve"], env={**env, "LIVEPUSH_PORT": str(port)}, cwd=ROOT, stderr=err
+        )
+    deadline = time.monotonic() + 20
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"livepush serve exited with status {proc.returncode}: {open(log).read()[-500:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("livepush serve did not answer /healthz with 200 within 20 s")
+        time.sleep(0.1)
+    return ServerProcess(proc, port, None, log)
+
+
+if __name__ == "__main__":
+    main()
