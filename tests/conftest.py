@@ -22,12 +22,15 @@ Helpers for fault tests (restart Redis, stop PostgreSQL, terminate backends) are
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import secrets as _secrets
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import IO
 
 import psycopg
 import pytest
@@ -41,6 +44,55 @@ if str(ROOT) not in sys.path:
 from tests.support import services  # noqa: E402
 from tests.support.procs import Processes  # noqa: E402
 from tests.support.procs import free_port as _free_port  # noqa: E402
+
+
+# ---- A bound on every test ----------------------------------------------------------------------
+# A test that hangs would otherwise hold CI until its overall limit. Past LIVEPUSH_TEST_TIMEOUT
+# seconds (setup, call and teardown together; 0 disables) faulthandler writes every thread's stack
+# to a file and ends pytest; bin/test prints that file. The file is emptied after each test, so
+# whatever it holds after pytest ended names the test that was running when pytest died.
+TEST_TIMEOUT = float(os.environ.get("LIVEPUSH_TEST_TIMEOUT") or 300)
+_hang_report: IO[str] | None = None
+
+
+def _hang_report_file() -> IO[str]:
+    global _hang_report
+    if _hang_report is None:
+        folder = os.environ.get("LIVEPUSH_TEST_TMP") or tempfile.gettempdir()
+        _hang_report = open(Path(folder) / f"pytest-hang-{os.getpid()}.txt", "w")  # noqa: SIM115 -- lives as long as pytest
+    return _hang_report
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if TEST_TIMEOUT <= 0:
+        yield
+        return
+    report = _hang_report_file()
+    report.seek(0)
+    report.truncate()
+    report.write(
+        f"pytest died while running {item.nodeid}; if it hung, it ran over LIVEPUSH_TEST_TIMEOUT={TEST_TIMEOUT:g} s"
+        " and these are the stacks of its threads:\n"
+    )
+    report.flush()
+    faulthandler.dump_traceback_later(TEST_TIMEOUT, exit=True, file=report)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        report.seek(0)
+        report.truncate()
+        report.flush()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # Reached only when pytest ends normally: nothing to report then.
+    global _hang_report
+    if _hang_report is not None:
+        _hang_report.close()
+        Path(_hang_report.name).unlink(missing_ok=True)
+        _hang_report = None
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

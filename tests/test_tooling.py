@@ -211,3 +211,10 @@ async def test_async_wait_for() -> None:
 
     with pytest.raises(AssertionError, match="timed out after 0.05 s"):
         await async_wait_for(never, timeout=0.05)
+
+
+def test_livepush_serve_child(procs: Processes, livepush_env: Callable[..., dict[str, str]], pg_url: str) -> None:
+    """procs.livepush runs `python -m livepush serve` on a fresh database, waits for /healthz, and stops it."""
+    child = procs.livepush("serve", env=livepush_env(database_url=pg_url))
+    child.terminate()
+    child.wait(timeout=10)

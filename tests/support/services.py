@@ -25,12 +25,18 @@ import redis
 from .waiting import wait_for
 
 RUN_BIN_TEST = "run the tests with bin/test, which starts a private PostgreSQL and Redis and sets it"
+OUTSIDE_SERVERS = (
+    "the test servers were given from outside, so this test cannot stop or restart them: "
+    "unset LIVEPUSH_TEST_PG_ADMIN_URL and LIVEPUSH_TEST_REDIS_URL and run bin/test, which starts its own"
+)
 
 
 def env_or_skip(name: str) -> str:
+    """The value of `name`, or skip the test with a message saying how to get it set."""
     value = os.environ.get(name)
     if not value:
-        pytest.skip(f"{name} is not set: {RUN_BIN_TEST}")
+        servers_given = os.environ.get("LIVEPUSH_TEST_PG_ADMIN_URL") and os.environ.get("LIVEPUSH_TEST_REDIS_URL")
+        pytest.skip(f"{name} is not set: {OUTSIDE_SERVERS if servers_given else RUN_BIN_TEST}")
     return value
 
 
