@@ -1,17 +1,28 @@
 -- Message history and per-topic offsets for the Postgres fan-out (SPEC §5, §7).
+--
+-- Both tables are UNLOGGED. History is a recovery window of LIVEPUSH_HISTORY_TTL seconds,
+-- not a record: writing it to the WAL would make every publish wait for a WAL flush while
+-- holding the instance-wide lock Postgres takes to commit a NOTIFY, which serializes all
+-- publishers behind the disk (measured: 0.24x the rate of a plain pg_notify; unlogged:
+-- close to the rate without fsync). The price: after a Postgres crash or a failover both
+-- tables are empty. Offsets carry the topic row's epoch, so a topic recreated after a crash
+-- starts a new epoch and a client resuming from the old one gets `reset`, never a silent
+-- hole. A clean restart keeps unlogged tables.
 
--- One row per topic ever published. publish() takes this row's lock with an UPSERT and
--- holds it until its transaction ends, so two transactions publishing on one topic get
--- their offsets in commit order: the second waits for the first to commit or roll back.
--- That makes "seq > since" a gap-free cursor (a rolled-back publish gives its number back).
-CREATE TABLE livepush_topics (
+-- One row per topic. publish() takes this row's lock with an UPSERT and holds it until its
+-- transaction ends, so two transactions publishing on one topic get their offsets in
+-- commit order: the second waits for the first to commit or roll back. That makes
+-- "seq > since" a gap-free cursor (a rolled-back publish gives its number back).
+CREATE UNLOGGED TABLE livepush_topics (
     topic    text PRIMARY KEY,
+    -- Microseconds since 1970 when the row was created: a larger value after any crash.
+    epoch    bigint NOT NULL DEFAULT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint,
     last_seq bigint NOT NULL
 );
 
 -- The log a client resumes from. data is the JSON text exactly as published, so the
 -- server sends it without parsing it again. Rows are deleted past LIVEPUSH_HISTORY_TTL.
-CREATE TABLE livepush_messages (
+CREATE UNLOGGED TABLE livepush_messages (
     topic      text NOT NULL,
     seq        bigint NOT NULL,
     data       text NOT NULL,
@@ -20,25 +31,29 @@ CREATE TABLE livepush_messages (
 );
 CREATE INDEX livepush_messages_created_at ON livepush_messages (created_at);
 
--- Publishes one message: assigns its offset, logs it and rings the listeners, all in the
--- caller's transaction, so it is delivered if and only if that transaction commits.
--- NOTIFY carries "seq topic\njson" while it fits under Postgres' 8000-byte limit, else only
--- "seq topic": the listener then reads the payload from livepush_messages.
-CREATE FUNCTION livepush_publish(p_topic text, p_data text) RETURNS bigint
+-- Publishes one message and returns its offset, "EPOCH-SEQ": assigns the offset, logs the
+-- message and rings the listeners, all in the caller's transaction, so it is delivered if
+-- and only if that transaction commits. NOTIFY carries "EPOCH-SEQ topic\njson" while it
+-- fits under Postgres' 8000-byte limit, else only "EPOCH-SEQ topic": the listener then
+-- reads the payload from livepush_messages.
+CREATE FUNCTION livepush_publish(p_topic text, p_data text) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_epoch bigint;
     v_seq bigint;
+    v_offset text;
 BEGIN
     -- Safe under concurrency: the row lock taken here orders publishers of one topic.
     INSERT INTO livepush_topics AS t (topic, last_seq) VALUES (p_topic, 1)
     ON CONFLICT (topic) DO UPDATE SET last_seq = t.last_seq + 1
-    RETURNING t.last_seq INTO v_seq;
+    RETURNING t.epoch, t.last_seq INTO v_epoch, v_seq;
     INSERT INTO livepush_messages (topic, seq, data) VALUES (p_topic, v_seq, p_data);
+    v_offset := v_epoch::text || '-' || v_seq::text;
     IF octet_length(p_data) + octet_length(p_topic) < 7800 THEN
-        PERFORM pg_notify('livepush', v_seq::text || ' ' || p_topic || E'\n' || p_data);
+        PERFORM pg_notify('livepush', v_offset || ' ' || p_topic || E'\n' || p_data);
     ELSE
-        PERFORM pg_notify('livepush', v_seq::text || ' ' || p_topic);
+        PERFORM pg_notify('livepush', v_offset || ' ' || p_topic);
     END IF;
-    RETURN v_seq;
+    RETURN v_offset;
 END;
 $$;

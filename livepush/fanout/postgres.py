@@ -4,6 +4,8 @@ publish() calls `livepush_publish()` (sql/0001_history.sql): one round trip that
 offset under the topic's row lock, logs the message and NOTIFYs, in the caller's
 transaction when `conn=` is given. Offsets are the per-topic sequence numbers, so they are
 gap-free and in commit order; a receiver that sees a number jump reads the rest from the log.
+An offset is "EPOCH-SEQ": the epoch changes only when a crash emptied the (unlogged)
+history tables, so an offset from before a crash can never be mistaken for a newer one.
 
 The listener is one dedicated connection (application_name `livepush-listener`). When it
 drops it reconnects with capped, jittered backoff, LISTENs again, and only then runs the
@@ -38,8 +40,8 @@ LISTENER_PING_SECONDS = 5.0
 
 # name: publish -- see livepush_publish(): ordered per topic by the topic row's lock.
 PUBLISH = "SELECT livepush_publish(%s, %s)"
-# name: latest_offset -- a committed value; 0 for a topic never published.
-LATEST = "SELECT coalesce((SELECT last_seq FROM livepush_topics WHERE topic = %s), 0)"
+# name: latest_offset -- a committed value; no row for a topic never published ("0").
+LATEST = "SELECT epoch, last_seq FROM livepush_topics WHERE topic = %s"
 # name: history -- read after LATEST, capped at its value: rows past it may commit meanwhile
 # and belong to the live stream; rows missing below it were pruned (the caller resets).
 HISTORY = """
@@ -58,22 +60,37 @@ DELETE FROM livepush_messages WHERE ctid = ANY (ARRAY(
 """
 
 
-def _parse_offset(since: Offset) -> int | None:
-    try:
-        value = int(since)
-    except (TypeError, ValueError):
+# The offset of a topic nothing was published on yet: "before the first message" of
+# whatever epoch the topic's first publish starts.
+ORIGIN = "0"
+
+
+def _offset(epoch: int, seq: int) -> Offset:
+    return f"{epoch}-{seq}"
+
+
+def _latest(row: tuple[int, int] | None) -> Offset:
+    return _offset(row[0], row[1]) if row else ORIGIN
+
+
+def _parse_offset(since: Offset) -> tuple[int | None, int] | None:
+    """(epoch, seq), with epoch None for ORIGIN; None for anything malformed."""
+    if since == ORIGIN:
+        return None, 0
+    epoch_text, sep, seq_text = since.partition("-")
+    if not sep or not epoch_text.isdigit() or not seq_text.isdigit():
         return None
-    return value if value >= 0 else None
+    return int(epoch_text), int(seq_text)
 
 
 def _parse_notification(payload: str) -> Message | None:
     head, sep, data = payload.partition("\n")
-    seq_text, _, topic = head.partition(" ")
-    try:
-        seq = int(seq_text)
-    except ValueError:
+    offset, _, topic = head.partition(" ")
+    parsed = _parse_offset(offset)
+    if parsed is None or parsed[0] is None:
         return None
-    return Message(topic, str(seq), str(seq - 1), data if sep else None)
+    epoch, seq = parsed
+    return Message(topic, offset, _offset(epoch, seq - 1), data if sep else None)
 
 
 class PostgresFanOut(FanOut):
@@ -87,6 +104,8 @@ class PostgresFanOut(FanOut):
         self._sync_lock = threading.Lock()
         self._apool: AsyncConnectionPool | None = None
         self._apool_loop: asyncio.AbstractEventLoop | None = None
+        self._apool_lock: asyncio.Lock | None = None
+        self._apool_lock_loop: asyncio.AbstractEventLoop | None = None
         self._listener_task: asyncio.Task[None] | None = None
         self._listening = False
         self._closing = False
@@ -106,14 +125,20 @@ class PostgresFanOut(FanOut):
 
     async def _apool_get(self) -> AsyncConnectionPool:
         loop = asyncio.get_running_loop()
-        if self._apool is None or self._apool_loop is not loop:
-            pool = AsyncConnectionPool(self.url, min_size=1, max_size=4, open=False, kwargs={"autocommit": True})
-            try:
-                await pool.open(wait=True, timeout=5)
-            except psycopg.pool.PoolTimeout as exc:
-                await pool.close()
-                raise db.unreachable(self.url, exc) from exc
-            self._apool, self._apool_loop = pool, loop
+        if self._apool is not None and self._apool_loop is loop:
+            return self._apool
+        if self._apool_lock is None or self._apool_lock_loop is not loop:
+            self._apool_lock, self._apool_lock_loop = asyncio.Lock(), loop
+        # Several first publishes at once must share one pool, not each open (and leak) one.
+        async with self._apool_lock:
+            if self._apool is None or self._apool_loop is not loop:
+                pool = AsyncConnectionPool(self.url, min_size=1, max_size=4, open=False, kwargs={"autocommit": True})
+                try:
+                    await pool.open(wait=True, timeout=5)
+                except psycopg.pool.PoolTimeout as exc:
+                    await pool.close()
+                    raise db.unreachable(self.url, exc) from exc
+                self._apool, self._apool_loop = pool, loop
         return self._apool
 
     # -- publishing -------------------------------------------------------------------
@@ -206,12 +231,18 @@ class PostgresFanOut(FanOut):
 
     # -- history ----------------------------------------------------------------------
     async def history(self, topic: Topic, since: Offset) -> list[Message] | None:
-        after = _parse_offset(since)
-        if after is None:
+        parsed = _parse_offset(since)
+        if parsed is None:
             return None
+        since_epoch, after = parsed
         async with (await self._apool_get()).connection() as c:
             cur = await c.execute(LATEST, (topic,))
-            last = int((await cur.fetchone())[0])  # type: ignore[index]
+            row = await cur.fetchone()
+            if row is None:
+                return [] if after == 0 else None  # nothing published yet (or since a crash)
+            epoch, last = row
+            if since_epoch not in (None, epoch):
+                return None  # an offset from before a crash emptied the history
             if after > last or last - after > MAX_REPLAY:
                 return None
             if after == last:
@@ -221,7 +252,7 @@ class PostgresFanOut(FanOut):
         # Never a silent hole: every seq in (after, last] must be here and unexpired.
         if len(rows) != last - after or rows[0][0] != after + 1 or not rows[0][2]:
             return None
-        return [Message(topic, str(seq), str(seq - 1), data) for seq, data, _fresh in rows]
+        return [Message(topic, _offset(epoch, seq), _offset(epoch, seq - 1), data) for seq, data, _fresh in rows]
 
     def latest_offset(self, topic: Topic) -> Offset:
         try:
@@ -229,12 +260,12 @@ class PostgresFanOut(FanOut):
                 row = c.execute(LATEST, (topic,)).fetchone()
         except psycopg.OperationalError as exc:
             raise db.unreachable(self.url, exc) from exc
-        return str(row[0])  # type: ignore[index]
+        return _latest(row)
 
     async def alatest_offset(self, topic: Topic) -> Offset:
         async with (await self._apool_get()).connection() as c:
             cur = await c.execute(LATEST, (topic,))
-            return str((await cur.fetchone())[0])  # type: ignore[index]
+            return _latest(await cur.fetchone())
 
     async def prune(self) -> int:
         async with (await self._apool_get()).connection() as c:

@@ -36,9 +36,10 @@ PRUNE_EVERY_SECONDS = 30.0
 REVOCATIONS_TOPIC = "_livepush.revocations"
 
 # websockets logs request paths and headers at DEBUG: with `?token=` or a session cookie in
-# them. Its records go to a logger capped at INFO, so no log level setting can leak a token.
+# them, and one INFO line per connection. Its records go to a logger capped at WARNING,
+# so no log level setting can leak a token, and busy servers do not log every connection.
 _WS_LOGGER = logging.getLogger("livepush.websockets")
-_WS_LOGGER.setLevel(logging.INFO)
+_WS_LOGGER.setLevel(logging.WARNING)
 
 PageRoute = Callable[[Request], Awaitable[Response | None] | Response | None]
 

@@ -20,7 +20,7 @@ from .hub import SnapshotProvider
 log = logging.getLogger("livepush.server")
 
 # name: latest_offset_in_tx -- read in the same snapshot as the job/group state.
-LATEST = "SELECT coalesce((SELECT last_seq FROM livepush_topics WHERE topic = %s), 0)"
+LATEST = "SELECT epoch, last_seq FROM livepush_topics WHERE topic = %s"
 
 
 def postgres_snapshots(settings: Settings, fanout: FanOut) -> SnapshotProvider:
@@ -44,7 +44,8 @@ def postgres_snapshots(settings: Settings, fanout: FanOut) -> SnapshotProvider:
             await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
             if same_db:
                 cur = await conn.execute(LATEST, (topic,))
-                offset = str((await cur.fetchone())[0])  # type: ignore[index]
+                row = await cur.fetchone()
+                offset = f"{row[0]}-{row[1]}" if row else "0"
                 data = await reader(conn, key)
             else:
                 offset = await fanout.alatest_offset(topic)
