@@ -1,0 +1,203 @@
+"""The completer: writes job outcomes and progress in batches, with their events.
+
+Executors hand it outcomes (`submit`) and progress (`progress`); one writer task turns
+whatever accumulated into one transaction: a fenced progress write, a fenced completion
+of every outcome (queries.COMPLETE), the terminal hook for groups, and every event of the
+batch in one more statement. Because one task writes, a job's progress events can never
+overtake its final event.
+
+Flush policy: outcomes go out after `flush_delay` (a few ms, to gather a batch) or at once
+when `max_batch` are waiting; progress goes out when it is due (~10 a second per job).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import json
+import logging
+import time
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from . import events, queries, terminal
+from .context import JobContext
+
+log = logging.getLogger("livepush.jobs")
+
+MAX_ERROR = 4000  # characters of an error kept with the job and sent in its events
+
+
+@dataclasses.dataclass
+class Outcome:
+    ctx: JobContext
+    kind: str  # succeeded | retry | fail | cancelled | released
+    error: str | None = None
+    delay: float = 0.0
+    done: asyncio.Future[dict[str, Any] | None] | None = None
+
+
+class Completer:
+    def __init__(self, pool: AsyncConnectionPool, *, flush_delay: float = 0.002, max_batch: int = 500) -> None:
+        self._pool = pool
+        self.flush_delay = flush_delay
+        self.max_batch = max_batch
+        self._outcomes: list[Outcome] = []
+        self._dirty: dict[int, JobContext] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.stale = 0  # outcomes fenced off
+
+    # -- called by executors (on the loop) ---------------------------------------------
+    def submit(self, outcome: Outcome) -> None:
+        ctx = outcome.ctx
+        self._dirty.pop(ctx.job_id, None)
+        if outcome.error is not None:
+            outcome.error = outcome.error[:MAX_ERROR]
+        self._outcomes.append(outcome)
+        self._idle.clear()
+        self._wake.set()
+
+    def progress(self, ctx: JobContext) -> None:
+        if ctx.job_id not in self._dirty:
+            self._dirty[ctx.job_id] = ctx
+            self._idle.clear()
+            self._wake.set()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="livepush-jobs-completer")
+
+    async def wait_idle(self, timeout: float | None = None) -> None:
+        """Until every submitted outcome is written."""
+        await asyncio.wait_for(self._idle.wait(), timeout)
+
+    async def close(self) -> None:
+        """Write what is pending (progress due or not), then stop the writer task."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await self._task
+            finally:
+                self._task = None
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            if not self._outcomes and not self._dirty:
+                self._idle.set()
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if self._outcomes:
+                if len(self._outcomes) < self.max_batch and not self._closing:
+                    await asyncio.sleep(self.flush_delay)  # gather a batch
+            elif not self._closing:
+                # Progress only: wait until the earliest job is due (or an outcome arrives).
+                due = min(c.next_publish_at for c in self._dirty.values()) - time.monotonic()
+                if due > 0:
+                    self._wake.clear()
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), due)
+                    except TimeoutError:
+                        pass
+                    continue
+            try:
+                await self.flush()
+                backoff = 0.05
+            except (psycopg.OperationalError, psycopg.errors.DeadlockDetected,
+                    psycopg.errors.SerializationFailure) as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise asyncio.CancelledError from exc
+                # Outcomes stay queued and go out with the next try: the leases still fence them.
+                log.warning("job completion failed, retrying in %.2f s: %s", backoff, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    async def flush(self) -> None:
+        """One transaction for the pending batch. Raises on database errors, keeping it queued."""
+        outcomes = self._outcomes[: self.max_batch]
+        now = time.monotonic()
+        ending = {o.ctx.job_id for o in outcomes}
+        progress_ctxs = [
+            c for c in self._dirty.values()
+            if c.job_id not in ending and (self._closing or c.next_publish_at <= now)
+        ]
+        # A job that reported progress but published none yet gets one progress event just
+        # before its final one (SPEC §6): same transaction, in order.
+        first_progress = [o.ctx for o in outcomes if o.ctx.latest is not None and o.ctx.published == 0
+                          and o.kind != "released"]
+        writes = progress_ctxs + first_progress
+        written = {c.job_id: c.latest for c in writes}
+        published: list[events.Event] = []
+        rows: list[dict[str, Any]] = []
+        async with self._pool.connection() as conn:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                live: set[int] = set()
+                if writes:
+                    await cur.execute(queries.WRITE_PROGRESS, {
+                        "ids": [c.job_id for c in writes],
+                        "leases": [c.job.lease for c in writes],
+                        "progress": [json.dumps(written[c.job_id]) for c in writes],
+                    })
+                    live = {r["id"] for r in await cur.fetchall()}
+                    for c in writes:
+                        if c.job_id in live:
+                            published.append(events.job_event("progress", c.job.row(), progress=written[c.job_id]))
+                if outcomes:
+                    await cur.execute(queries.COMPLETE, {
+                        "ids": [o.ctx.job_id for o in outcomes],
+                        "leases": [o.ctx.job.lease for o in outcomes],
+                        "kinds": [o.kind for o in outcomes],
+                        "errors": [o.error for o in outcomes],
+                        "delays": [o.delay for o in outcomes],
+                        "progress": [json.dumps(o.ctx.latest) if o.ctx.latest is not None else None for o in outcomes],
+                    })
+                    rows = await cur.fetchall()
+                    published.extend(events.state_event(r) for r in rows
+                                     if r["kind"] != "released" or r["state"] == "cancelled")
+                    published.extend(await terminal.on_terminal(conn, terminal.terminal_rows(rows)))
+                later = await events.apublish_in(conn, published)
+        # Committed.
+        del self._outcomes[: len(outcomes)]
+        for c in progress_ctxs:
+            if c.job_id in live:
+                c.mark_published()
+                if c.latest is written[c.job_id]:
+                    c.dirty = False  # nothing newer arrived while we wrote
+            if not c.dirty or c.job_id not in live:  # written, or fenced: the job is no longer ours
+                if self._dirty.get(c.job_id) is c:
+                    del self._dirty[c.job_id]
+        by_id = {r["id"]: r for r in rows}
+        for o in outcomes:
+            row = by_id.get(o.ctx.job_id)
+            if row is None:
+                self.stale += 1
+                log.warning("job %s (%s, attempt %s): outcome %r ignored: its lease is gone "
+                            "(rescued, cancelled or released meanwhile)", o.ctx.job_id, o.ctx.name,
+                            o.ctx.attempt, o.kind)
+            else:
+                self.counts[_count_key(row)] += 1
+            if o.done is not None and not o.done.done():
+                o.done.set_result(row)
+        await events.apublish_after(later)
+
+
+def _count_key(row: dict[str, Any]) -> str:
+    if row["kind"] == "released" and row["state"] == "available":
+        return "released"
+    if row["state"] in ("scheduled", "available"):
+        return "retrying"
+    return str(row["state"])

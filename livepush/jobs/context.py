@@ -1,0 +1,163 @@
+"""`ctx`: what a running job sees (SPEC §4): job_id, attempt, progress(), group.
+
+`progress()` only records the latest value in memory and returns; the completer writes
+and publishes it at most ~10 times a second per job, in batches with other jobs, so a job
+may report progress in a tight loop without touching the database each time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .errors import JobCancelled
+
+if TYPE_CHECKING:
+    from .completer import Completer
+
+PROGRESS_INTERVAL = 0.1  # seconds between two published progress events of one job
+MAX_MESSAGE = 1000  # characters of a progress message kept
+
+
+@dataclasses.dataclass
+class ClaimedJob:
+    """One claimed row: what the executor needs, plus the lease that fences its outcome."""
+
+    id: int
+    name: str
+    queue: str
+    priority: int
+    attempt: int
+    max_attempts: int
+    lease: int
+    args: list[Any]
+    run_at: datetime
+    group_id: int | None = None
+    progress: dict[str, Any] | None = None
+    error: str | None = None
+    cancel_requested: bool = False
+    state: str = "running"
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> ClaimedJob:
+        return cls(
+            id=row["id"], name=row["name"], queue=row["queue"], priority=row["priority"],
+            attempt=row["attempt"], max_attempts=row["max_attempts"], lease=row["lease"],
+            args=row["args"], run_at=row["run_at"], group_id=row["group_id"],
+            progress=row["progress"], error=row["error"], cancel_requested=row["cancel_requested"],
+        )
+
+    def row(self) -> dict[str, Any]:
+        """This job as an event row (see events.job_view)."""
+        return {
+            "id": self.id, "name": self.name, "queue": self.queue, "state": self.state,
+            "attempt": self.attempt, "max_attempts": self.max_attempts, "run_at": self.run_at,
+            "progress": self.progress, "error": self.error, "group_id": self.group_id,
+        }
+
+
+class JobContext:
+    """The `ctx` of an async job (sync jobs get a SyncJobContext around one of these)."""
+
+    group: Any = None  # task groups (issue 6) fill this in
+
+    def __init__(self, job: ClaimedJob, completer: Completer | None) -> None:
+        self.job = job
+        self._completer = completer
+        self.cancel_requested = job.cancel_requested
+        self.released = False  # set by the runtime when it hands the job back (drain)
+        self.latest: dict[str, Any] | None = None  # newest progress, published or not
+        self.dirty = False  # latest not yet written
+        self.published = 0  # progress events published so far
+        self.next_publish_at = 0.0  # monotonic time before which no new progress event goes out
+
+    @property
+    def job_id(self) -> int:
+        return self.job.id
+
+    @property
+    def attempt(self) -> int:
+        return self.job.attempt
+
+    @property
+    def name(self) -> str:
+        return self.job.name
+
+    @property
+    def args(self) -> list[Any]:
+        return self.job.args
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_requested
+
+    def check_cancelled(self) -> None:
+        if self.cancel_requested:
+            raise JobCancelled(f"job {self.job.id} was cancelled")
+
+    def record_progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
+        """The non-blocking core of progress(): remember the latest value, mark it dirty."""
+        self.check_cancelled()
+        if message is not None:
+            message = str(message)[:MAX_MESSAGE]
+        self.latest = {"done": done, "total": total, "message": message}
+        self.dirty = True
+        if self._completer is not None:
+            self._completer.progress(self)
+
+    def record_progress_quiet(self, done: float, total: float | None, message: str | None) -> None:
+        """record_progress() for values handed over from a sync job's thread."""
+        try:
+            self.record_progress(done, total, message)
+        except JobCancelled:
+            pass  # the thread raises it itself on its next call
+
+    async def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
+        """Report progress: `done` of `total`, with an optional message. Raises JobCancelled
+        once the job's cancel was requested. Cheap: no database round trip."""
+        self.record_progress(done, total, message)
+        await asyncio.sleep(0)  # a cancellation point, and fair to other jobs in a tight loop
+
+    def mark_published(self) -> None:
+        self.published += 1
+        self.next_publish_at = time.monotonic() + PROGRESS_INTERVAL
+
+
+class SyncJobContext:
+    """`ctx` of a sync job, running in a worker thread: the same names, blocking calls."""
+
+    group: Any = None
+
+    def __init__(self, inner: JobContext, loop: asyncio.AbstractEventLoop) -> None:
+        self._inner = inner
+        self._loop = loop
+
+    @property
+    def job_id(self) -> int:
+        return self._inner.job_id
+
+    @property
+    def attempt(self) -> int:
+        return self._inner.attempt
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    @property
+    def cancelled(self) -> bool:
+        return self._inner.cancel_requested
+
+    def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
+        """Report progress (see JobContext.progress). Raises JobCancelled once cancelled."""
+        self._inner.check_cancelled()
+        if self._inner.released:
+            return  # the runtime gave this job back; nothing of ours is written any more
+        if message is not None:
+            message = str(message)[:MAX_MESSAGE]
+        # The loop owns the context's state; hand the value over instead of touching it here.
+        self._loop.call_soon_threadsafe(self._inner.record_progress_quiet, done, total, message)
+

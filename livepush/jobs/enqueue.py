@@ -1,0 +1,161 @@
+"""Enqueue: one job or many, in our own transaction or the caller's (`conn=`).
+
+Every path is the same single statement (queries.ENQUEUE_MANY), which also rings the
+doorbell; it is delivered at commit, so idle runtimes wake only for committed jobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from . import database, events, queries
+from .args import check_args, dumps
+from .handles import JobHandle
+from .registry import JobFunction, JobRequest, REGISTRY
+
+
+def _run_at(wait: float | None, at: datetime | None) -> datetime | None:
+    if wait is not None and at is not None:
+        raise TypeError("give wait= (seconds) or at= (an aware datetime), not both")
+    if at is not None:
+        if not isinstance(at, datetime) or at.tzinfo is None or at.utcoffset() is None:
+            raise TypeError(f"at= must be an aware datetime (e.g. datetime.now(timezone.utc)), got {at!r}")
+        return at
+    if wait is not None:
+        if wait < 0:
+            raise ValueError(f"wait= must be zero or more seconds, got {wait!r}")
+        return datetime.now(timezone.utc) + timedelta(seconds=wait) if wait > 0 else None
+    return None
+
+
+class Batch:
+    """Columns for ENQUEUE_MANY, built from (function, args, run_at, group_id) items."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.queues: list[str] = []
+        self.priorities: list[int] = []
+        self.run_ats: list[datetime | None] = []
+        self.max_attempts: list[int] = []
+        self.args: list[str] = []
+        self.group_ids: list[int | None] = []
+
+    def add(self, fn: JobFunction, args: Sequence[Any], run_at: datetime | None = None,
+            group_id: int | None = None) -> None:
+        checked = check_args(args)
+        self.names.append(fn.name)
+        self.queues.append(fn.queue)
+        self.priorities.append(fn.priority)
+        self.run_ats.append(run_at)
+        self.max_attempts.append(fn.max_attempts)
+        self.args.append(dumps(checked))
+        self.group_ids.append(group_id)
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "names": self.names, "queues": self.queues, "priorities": self.priorities,
+            "run_ats": self.run_ats, "max_attempts": self.max_attempts, "args": self.args,
+            "group_ids": self.group_ids,
+        }
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def _item(item: Any) -> tuple[JobFunction, Sequence[Any], datetime | None]:
+    """enqueue_many items: a JobRequest, or (job_function, args) / (job_function, args, options)."""
+    if isinstance(item, JobRequest):
+        return REGISTRY.get(item.name), item.args, None
+    if isinstance(item, tuple) and len(item) in (2, 3) and isinstance(item[0], JobFunction):
+        options = item[2] if len(item) == 3 else {}
+        return item[0], item[1], _run_at(options.get("wait"), options.get("at"))
+    raise TypeError(
+        "enqueue_many() takes JobRequest values (some_job.request(*args)) or (job_function, args) tuples, "
+        f"got {item!r}"
+    )
+
+
+def _handles(rows: list[dict[str, Any]]) -> list[JobHandle]:
+    return [JobHandle(row["id"], row["name"]) for row in rows]
+
+
+def _events(rows: list[dict[str, Any]]) -> list[events.Event]:
+    return [events.job_event("enqueued", row) for row in rows]
+
+
+def run_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
+    """Insert a batch with a sync connection (the caller's, or ours and committed here)."""
+    if not len(batch):
+        return []
+    if conn is None:
+        with database.sync_pool().connection() as own:
+            with own.cursor(row_factory=dict_row) as cur:
+                cur.execute(queries.ENQUEUE_MANY, batch.params())
+                rows = cur.fetchall()
+            later = events.publish_in(own, _events(rows))
+        events.publish_after(later)
+        return _handles(rows)
+    if database.conn_kind(conn) != "sync":
+        raise TypeError("enqueue(conn=) takes a sync psycopg Connection; use aenqueue() with an AsyncConnection")
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(queries.ENQUEUE_MANY, batch.params())
+        rows = cur.fetchall()
+    # With a non-Postgres fan-out we cannot wait for the caller's commit: the events go out
+    # now. Only the caller knows these ids yet, so nobody else can be watching them.
+    events.publish_after(events.publish_in(conn, _events(rows)))
+    return _handles(rows)
+
+
+async def arun_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
+    if not len(batch):
+        return []
+    if conn is None:
+        pool = await database.async_pool()
+        async with pool.connection() as own:
+            async with own.cursor(row_factory=dict_row) as cur:
+                await cur.execute(queries.ENQUEUE_MANY, batch.params())
+                rows = await cur.fetchall()
+            later = await events.apublish_in(own, _events(rows))
+        await events.apublish_after(later)
+        return _handles(rows)
+    if database.conn_kind(conn) != "async":
+        raise TypeError("aenqueue(conn=) takes a psycopg AsyncConnection; use enqueue() with a sync Connection")
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(queries.ENQUEUE_MANY, batch.params())
+        rows = await cur.fetchall()
+    await events.apublish_after(await events.apublish_in(conn, _events(rows)))
+    return _handles(rows)
+
+
+def enqueue(fn: JobFunction, args: Sequence[Any], *, wait: float | None = None, at: datetime | None = None,
+            conn: Any = None) -> JobHandle:
+    batch = Batch()
+    batch.add(fn, args, _run_at(wait, at))
+    return run_batch(batch, conn)[0]
+
+
+async def aenqueue(fn: JobFunction, args: Sequence[Any], *, wait: float | None = None, at: datetime | None = None,
+                   conn: Any = None) -> JobHandle:
+    batch = Batch()
+    batch.add(fn, args, _run_at(wait, at))
+    return (await arun_batch(batch, conn))[0]
+
+
+def enqueue_many(items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
+    """Enqueue many jobs in one statement: items are `job.request(*args)` values or
+    `(job, args)` / `(job, args, {"wait": s} | {"at": dt})` tuples. Handles in item order."""
+    batch = Batch()
+    for item in items:
+        batch.add(*_item(item))
+    return run_batch(batch, conn)
+
+
+async def aenqueue_many(items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
+    batch = Batch()
+    for item in items:
+        batch.add(*_item(item))
+    return await arun_batch(batch, conn)

@@ -1,0 +1,104 @@
+"""The executor: runs one claimed job and classifies how it ended.
+
+Async jobs run on the loop under `asyncio.timeout`; sync jobs run in the runtime's thread
+pool. A sync job cannot be killed: past its timeout the attempt fails and the runtime moves
+on, the thread runs to its end, and whatever it returns is fenced off (its lease is gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+from typing import Any
+
+from .completer import Outcome
+from .context import JobContext, SyncJobContext
+from .errors import JobCancelled
+from .registry import JobFunction
+
+log = logging.getLogger("livepush.jobs")
+
+
+def _error_text(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+async def execute(
+    fn: JobFunction, ctx: JobContext, pool: concurrent.futures.Executor | None
+) -> Outcome | None:
+    """Run `fn` for `ctx.job` and return its outcome, or None when the runtime released
+    the job meanwhile (the runtime already recorded that)."""
+    job = ctx.job
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    try:
+        if fn.is_async:
+            if fn.timeout is None:
+                await fn.func(ctx, *job.args)
+            else:
+                try:
+                    async with asyncio.timeout(fn.timeout) as deadline:
+                        await fn.func(ctx, *job.args)
+                except TimeoutError:
+                    if deadline.expired():
+                        return _failure(fn, ctx, TimeoutError(f"timed out after {fn.timeout:g} s"), timed_out=True)
+                    raise
+        else:
+            sync_ctx = SyncJobContext(ctx, loop)
+            future = loop.run_in_executor(pool, functools.partial(fn.func, sync_ctx, *job.args))
+            done, _ = await asyncio.wait({future}, timeout=fn.timeout)
+            if not done:
+                # The thread keeps running; its result is dropped and its lease is gone by then.
+                future.cancel()
+                log.warning("sync job %s (%s) passed its %g s timeout; its thread runs on, its outcome will be ignored",
+                            job.id, fn.name, fn.timeout)
+                return _failure(fn, ctx, TimeoutError(f"timed out after {fn.timeout:g} s"), timed_out=True)
+            future.result()  # raises the job's exception
+    except asyncio.CancelledError:
+        if ctx.released:
+            if task is not None:
+                task.uncancel()
+            return None
+        if ctx.cancel_requested:
+            if task is not None:
+                task.uncancel()
+            return Outcome(ctx, "cancelled", error="cancelled")
+        raise
+    except JobCancelled:
+        if ctx.released:
+            return None
+        return Outcome(ctx, "cancelled", error="cancelled")
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - any failure of user code fails the attempt
+        if ctx.released:
+            return None
+        return _failure(fn, ctx, exc)
+    if ctx.released:
+        return None
+    return Outcome(ctx, "succeeded")
+
+
+def _failure(fn: JobFunction, ctx: JobContext, exc: BaseException, *, timed_out: bool = False) -> Outcome:
+    job = ctx.job
+    error = _error_text(exc)
+    if ctx.cancel_requested:
+        return Outcome(ctx, "cancelled", error="cancelled")
+    if not timed_out and fn.never_retry and isinstance(exc, fn.never_retry):
+        log.warning("job %s (%s) failed for good (never_retry): %s", job.id, fn.name, error, exc_info=exc)
+        return Outcome(ctx, "fail", error=error)
+    if job.attempt >= job.max_attempts:
+        log.warning("job %s (%s) failed its last attempt (%s of %s): %s", job.id, fn.name, job.attempt,
+                    job.max_attempts, error, exc_info=None if timed_out else exc)
+        return Outcome(ctx, "fail", error=error)
+    delay = max(0.0, float(fn.backoff(job.attempt)))
+    log.info("job %s (%s) attempt %s failed, retrying in %.1f s: %s", job.id, fn.name, job.attempt, delay, error,
+             exc_info=None if timed_out else exc)
+    return Outcome(ctx, "retry", error=error, delay=delay)
+
+
+def known(fn: Any) -> bool:
+    return isinstance(fn, JobFunction)

@@ -1,0 +1,94 @@
+"""Heartbeats, rescue of dead runtimes' jobs, and promotion of due scheduled jobs.
+
+Every runtime runs these; they are safe to run from many runtimes at once (see the
+statements' comments in queries.py). Each function is one or two short transactions.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from . import events, queries, terminal
+
+log = logging.getLogger("livepush.jobs")
+
+RESCUE_ERROR = "its runtime stopped beating (killed or stalled) while the job ran"
+
+
+async def register(pool: AsyncConnectionPool, info: Mapping[str, Any]) -> int:
+    async with pool.connection() as conn:
+        row = await (await conn.execute(queries.REGISTER_RUNTIME, dict(info))).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def beat(pool: AsyncConnectionPool, info: Mapping[str, Any]) -> bool:
+    """Beat; returns False when this runtime had been pruned as dead (it is back now)."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(queries.BEAT, {"id": info["id"], "state": info["state"], "in_hand": info["in_hand"]})
+        if cur.rowcount:
+            return True
+        await conn.execute(queries.REREGISTER_RUNTIME, dict(info))
+    log.warning("runtime %s was presumed dead (no heartbeat for three beats) and its jobs were released; "
+                "it registered again, and outcomes of jobs it still holds will be ignored", info["id"])
+    return False
+
+
+async def deregister(pool: AsyncConnectionPool, runtime_id: int) -> int:
+    """Give back anything still running under this runtime (attempt not spent), then
+    remove its row. Returns the number of jobs given back."""
+    async with pool.connection() as conn:
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(queries.RELEASE_ALL_OF_RUNTIME, {"runtime_id": runtime_id})
+            rows = await cur.fetchall()
+            published = [events.state_event(r) for r in rows if r["state"] == "cancelled"]
+            published.extend(await terminal.on_terminal(conn, terminal.terminal_rows(rows)))
+            await cur.execute(queries.DEREGISTER_RUNTIME, {"id": runtime_id})
+            later = await events.apublish_in(conn, published)
+    await events.apublish_after(later)
+    return len(rows)
+
+
+async def rescue(pool: AsyncConnectionPool) -> list[dict[str, Any]]:
+    """Prune runtimes silent for three beats, then release running jobs without a live
+    runtime, attempt counted. Returns the released rows."""
+    async with pool.connection() as conn:
+        dead = [r[0] for r in await (await conn.execute(queries.PRUNE_DEAD_RUNTIMES)).fetchall()]
+    if dead:
+        log.warning("runtimes %s stopped beating: releasing their jobs", dead)
+    async with pool.connection() as conn:
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(queries.RESCUE_ORPHANS, {"error": RESCUE_ERROR})
+            rows = await cur.fetchall()
+            if not rows:
+                return []
+            published = [events.state_event(r) for r in rows]
+            published.extend(await terminal.on_terminal(conn, terminal.terminal_rows(rows)))
+            later = await events.apublish_in(conn, published)
+    await events.apublish_after(later)
+    log.warning("released %d jobs of dead runtimes: %s", len(rows), [r["id"] for r in rows][:20])
+    return rows
+
+
+async def promote(pool: AsyncConnectionPool, limit: int = 5000) -> int:
+    """Make due scheduled jobs available (rings the doorbell). Returns how many."""
+    async with pool.connection() as conn:
+        row = await (await conn.execute(queries.PROMOTE_SCHEDULED, {"limit": limit})).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def seconds_to_next_scheduled(pool: AsyncConnectionPool) -> float | None:
+    async with pool.connection() as conn:
+        row = await (await conn.execute(queries.NEXT_SCHEDULED)).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
+async def cancel_requests(pool: AsyncConnectionPool, runtime_id: int) -> list[int]:
+    async with pool.connection() as conn:
+        rows = await (await conn.execute(queries.CANCEL_REQUESTS_FOR, {"runtime_id": runtime_id})).fetchall()
+    return [r[0] for r in rows]

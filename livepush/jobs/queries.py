@@ -1,0 +1,311 @@
+"""Every SQL statement of the job runtime, named, with why it is safe under concurrency.
+
+Only this module spells SQL for jobs. Statements that take a batch get it as arrays and
+`unnest` them, so a batch of any size is one round trip. Tables: see sql/0003_jobs.sql.
+
+Fencing rule: every statement that changes a running job names its lease
+(`WHERE id = … AND lease = … AND state = 'running'`). A claim gives each job a fresh lease,
+so an outcome from a worker that lost its job (rescued, cancelled, timed out, released)
+matches no row and changes nothing.
+"""
+
+from __future__ import annotations
+
+# Doorbell channel: a payload-free NOTIFY that wakes idle runtimes. Postgres folds identical
+# notifications of one transaction into one and delivers them at commit, so an enqueue in a
+# rolled-back transaction never wakes anyone.
+READY_CHANNEL = "livepush_jobs"
+# Cancel requests for running jobs: payload is the job id.
+CANCEL_CHANNEL = "livepush_jobs_cancel"
+
+# The columns an event needs, from the state table `j` and the payload table `p`.
+_EVENT_COLUMNS = "j.id, j.name, j.queue, j.state, j.attempt, j.max_attempts, j.run_at, j.group_id, p.progress, p.error"
+
+# name: enqueue_many
+# One statement for any number of jobs. Ids come from the sequence inside the `input` CTE,
+# which Postgres materializes once (it calls a volatile function), so both inserts see the
+# same ids. New rows are invisible to claims until commit: nothing to race with.
+ENQUEUE_MANY = f"""
+WITH input AS (
+    SELECT nextval('livepush_jobs_id_seq') AS id, u.*
+    FROM unnest(%(names)s::text[], %(queues)s::text[], %(priorities)s::int[],
+                %(run_ats)s::timestamptz[], %(max_attempts)s::int[], %(args)s::jsonb[],
+                %(group_ids)s::bigint[])
+         WITH ORDINALITY AS u(name, queue, priority, run_at, max_attempts, args, group_id, ord)
+), jobs AS (
+    INSERT INTO livepush_jobs AS j (id, queue, name, priority, run_at, state, max_attempts, group_id)
+    SELECT id, queue, name, priority, coalesce(run_at, now()),
+           CASE WHEN run_at > now() THEN 'scheduled' ELSE 'available' END,
+           max_attempts, group_id
+    FROM input
+    RETURNING {_EVENT_COLUMNS.replace("p.progress, p.error", "NULL::jsonb AS progress, NULL::text AS error")}
+), payloads AS (
+    INSERT INTO livepush_job_payloads (id, args) SELECT id, args FROM input
+)
+SELECT jobs.*, pg_notify('{READY_CHANNEL}', '') IS NULL AS _rang
+FROM jobs JOIN input USING (id)
+ORDER BY input.ord
+"""
+
+# name: claim
+# Safe under concurrency: FOR UPDATE SKIP LOCKED hands each available row to exactly one
+# claimer; the others skip it instead of waiting. The partial index covers only available
+# rows in claim order, so the scan never wades through jobs others hold. The LIMIT is the
+# claimer's free slots, never more. `excluded` holds names this runtime does not know.
+CLAIM = f"""
+WITH picked AS (
+    SELECT id FROM livepush_jobs
+    WHERE state = 'available' AND queue = %(queue)s AND name <> ALL(%(excluded)s::text[])
+    ORDER BY priority, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE livepush_jobs j
+    SET state = 'running', attempt = j.attempt + 1, runtime_id = %(runtime_id)s,
+        lease = nextval('livepush_job_lease_seq')
+    FROM picked WHERE j.id = picked.id
+    RETURNING j.*
+)
+SELECT {_EVENT_COLUMNS}, j.priority, j.lease, j.cancel_requested, p.args
+FROM claimed j JOIN livepush_job_payloads p ON p.id = j.id
+ORDER BY j.priority, j.run_at, j.id
+"""
+
+# name: complete
+# One statement for a batch of outcomes. Fenced: a row changes only if it is still running
+# under the lease the outcome names; the rest (rescued, cancelled, released elsewhere) are
+# left alone and missing from the result, which the completer logs. The UPDATE locks each
+# row, so a concurrent rescue or cancel of the same job either runs first (and this misses
+# it) or waits for this one (and then finds it finished).
+# kind: succeeded | retry (failed, may retry) | fail (failed for good) | cancelled | released
+# A released job (draining runtime, unknown name) gives its attempt back.
+COMPLETE = f"""
+WITH outcome AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(leases)s::bigint[], %(kinds)s::text[],
+                         %(errors)s::text[], %(delays)s::float8[], %(progress)s::jsonb[])
+         AS o(id, lease, kind, error, delay, progress)
+), moved AS (
+    UPDATE livepush_jobs j SET
+        state = CASE
+            WHEN o.kind = 'succeeded' THEN 'succeeded'
+            WHEN j.cancel_requested OR o.kind = 'cancelled' THEN 'cancelled'
+            WHEN o.kind = 'released' THEN 'available'
+            WHEN o.kind = 'retry' AND j.attempt < j.max_attempts THEN 'scheduled'
+            ELSE 'failed' END,
+        run_at = CASE
+            WHEN o.kind = 'retry' AND NOT j.cancel_requested AND j.attempt < j.max_attempts
+                THEN now() + make_interval(secs => o.delay)
+            WHEN o.kind = 'released' THEN now()
+            ELSE j.run_at END,
+        attempt = CASE WHEN o.kind = 'released' THEN j.attempt - 1 ELSE j.attempt END,
+        finished_at = CASE
+            WHEN o.kind IN ('succeeded', 'cancelled', 'fail') OR j.cancel_requested
+                 OR (o.kind = 'retry' AND j.attempt >= j.max_attempts) THEN now() END,
+        lease = NULL, runtime_id = NULL
+    FROM outcome o
+    WHERE j.id = o.id AND j.lease = o.lease AND j.state = 'running'
+    RETURNING j.*, o.kind AS kind
+), payload AS (
+    UPDATE livepush_job_payloads p SET
+        error = CASE WHEN m.state = 'succeeded' THEN NULL ELSE coalesce(o.error, p.error) END,
+        progress = coalesce(o.progress, p.progress)
+    FROM moved m JOIN outcome o ON o.id = m.id
+    WHERE p.id = m.id
+    RETURNING p.*
+)
+SELECT {_EVENT_COLUMNS}, j.kind
+FROM moved j JOIN payload p ON p.id = j.id
+ORDER BY j.id
+"""
+
+# name: write_progress
+# Fenced like COMPLETE; FOR SHARE on the state rows makes a concurrent rescue or
+# completion of the same job wait for this write (or this one wait for it), so a stale
+# worker's progress never lands after another attempt took the job.
+WRITE_PROGRESS = """
+WITH live AS (
+    SELECT j.id, u.progress
+    FROM unnest(%(ids)s::bigint[], %(leases)s::bigint[], %(progress)s::jsonb[]) AS u(id, lease, progress)
+    JOIN livepush_jobs j ON j.id = u.id AND j.lease = u.lease AND j.state = 'running'
+    ORDER BY j.id
+    FOR SHARE OF j
+)
+UPDATE livepush_job_payloads p SET progress = live.progress
+FROM live WHERE p.id = live.id
+RETURNING p.id
+"""
+
+# name: promote_scheduled
+# Makes due scheduled jobs available. SKIP LOCKED: two runtimes promoting at once split
+# the rows instead of queueing on each other's locks; each row flips once. Rings the
+# doorbell (delivered at commit) when anything moved.
+PROMOTE_SCHEDULED = f"""
+WITH due AS (
+    SELECT id FROM livepush_jobs
+    WHERE state = 'scheduled' AND run_at <= now()
+    ORDER BY run_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE livepush_jobs j SET state = 'available'
+    FROM due WHERE j.id = due.id
+    RETURNING j.id
+)
+SELECT count(*) AS n, CASE WHEN count(*) > 0 THEN pg_notify('{READY_CHANNEL}', '') END IS NULL AS _rang
+FROM moved
+"""
+
+# name: next_scheduled
+NEXT_SCHEDULED = """
+SELECT extract(epoch FROM min(run_at) - now()) FROM livepush_jobs WHERE state = 'scheduled'
+"""
+
+# name: register_runtime
+REGISTER_RUNTIME = """
+INSERT INTO livepush_job_runtimes (host, pid, queues, concurrency, heartbeat)
+VALUES (%(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(heartbeat)s)
+RETURNING id
+"""
+
+# name: reregister_runtime
+# A runtime that stalled past three beats was pruned; it comes back under its old id
+# (ON CONFLICT: a beat racing another re-register is harmless). Its old jobs were released
+# and their leases are gone, so whatever it still finishes is fenced off.
+REREGISTER_RUNTIME = """
+INSERT INTO livepush_job_runtimes (id, host, pid, queues, concurrency, heartbeat, state, in_hand)
+VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(heartbeat)s, %(state)s, %(in_hand)s)
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+"""
+
+# name: beat
+BEAT = """
+UPDATE livepush_job_runtimes SET heartbeat_at = now(), state = %(state)s, in_hand = %(in_hand)s
+WHERE id = %(id)s
+"""
+
+# name: deregister_runtime
+DEREGISTER_RUNTIME = "DELETE FROM livepush_job_runtimes WHERE id = %(id)s"
+
+# name: prune_dead_runtimes
+# A runtime is dead when silent for three of its own beats. DELETE locks each row, so two
+# runtimes pruning at once delete each dead row once; the loser finds nothing.
+PRUNE_DEAD_RUNTIMES = """
+DELETE FROM livepush_job_runtimes
+WHERE heartbeat_at < now() - make_interval(secs => heartbeat * 3)
+RETURNING id
+"""
+
+# name: rescue_orphans
+# Releases running jobs whose runtime has no row (pruned above, or claimed by a runtime
+# that was pruned mid-claim), counting the attempt (SPEC §4): back to available, or failed
+# when that was the last attempt. Runs after PRUNE_DEAD_RUNTIMES committed, so a runtime's
+# row is either there (alive, registered before it claimed) or gone for good. Row locks
+# order this against a late completion of the same job: whichever comes second finds the
+# state or lease changed and does nothing.
+RESCUE_ORPHANS = f"""
+WITH orphans AS (
+    SELECT j.id FROM livepush_jobs j
+    WHERE j.state = 'running'
+      AND NOT EXISTS (SELECT 1 FROM livepush_job_runtimes r WHERE r.id = j.runtime_id)
+    ORDER BY j.id
+    FOR UPDATE OF j SKIP LOCKED
+), moved AS (
+    UPDATE livepush_jobs j SET
+        state = CASE WHEN j.cancel_requested THEN 'cancelled'
+                     WHEN j.attempt >= j.max_attempts THEN 'failed'
+                     ELSE 'available' END,
+        finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN now() END,
+        run_at = now(), lease = NULL, runtime_id = NULL
+    FROM orphans WHERE j.id = orphans.id
+    RETURNING j.*
+), payload AS (
+    UPDATE livepush_job_payloads p SET error = %(error)s
+    FROM moved m WHERE p.id = m.id
+    RETURNING p.*
+)
+SELECT {_EVENT_COLUMNS}, CASE WHEN count(*) OVER () > 0 THEN pg_notify('{READY_CHANNEL}', '') END IS NULL AS _rang
+FROM moved j JOIN payload p ON p.id = j.id
+ORDER BY j.id
+"""
+
+# name: cancel_requests_for
+# Running jobs of this runtime whose cancel was requested: the heartbeat's fallback for a
+# missed cancel notification.
+CANCEL_REQUESTS_FOR = """
+SELECT id FROM livepush_jobs WHERE state = 'running' AND runtime_id = %(runtime_id)s AND cancel_requested
+"""
+
+# name: release_all_of_runtime
+# At deregistration: anything still running under this runtime's id goes back with its
+# attempt given back (a drain did not spend it). Fenced by runtime_id and state.
+RELEASE_ALL_OF_RUNTIME = f"""
+WITH moved AS (
+    UPDATE livepush_jobs j SET
+        state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'available' END,
+        attempt = j.attempt - 1, run_at = now(), lease = NULL, runtime_id = NULL
+    WHERE j.state = 'running' AND j.runtime_id = %(runtime_id)s
+    RETURNING j.*
+)
+SELECT {_EVENT_COLUMNS} FROM moved j JOIN livepush_job_payloads p ON p.id = j.id ORDER BY j.id
+"""
+
+# name: cancel
+# Queued jobs are cancelled on the spot; a running one is flagged and its runtime told
+# (pg_notify, delivered at commit). The row lock orders this against a claim (SKIP LOCKED
+# claimers skip a row being cancelled) and against completion.
+CANCEL = f"""
+WITH target AS (
+    SELECT id, state FROM livepush_jobs WHERE id = %(id)s FOR UPDATE
+), moved AS (
+    UPDATE livepush_jobs j SET
+        state = CASE WHEN t.state IN ('available', 'scheduled') THEN 'cancelled' ELSE j.state END,
+        finished_at = CASE WHEN t.state IN ('available', 'scheduled') THEN now() ELSE j.finished_at END,
+        cancel_requested = (t.state = 'running')
+    FROM target t
+    WHERE j.id = t.id AND t.state IN ('available', 'scheduled', 'running')
+    RETURNING j.*
+)
+SELECT {_EVENT_COLUMNS},
+       CASE WHEN j.state = 'running' THEN pg_notify('{CANCEL_CHANNEL}', j.id::text) END IS NULL AS _told
+FROM moved j JOIN livepush_job_payloads p ON p.id = j.id
+"""
+
+# name: retry_failed
+# A failed job gets a fresh set of attempts and runs again now. Only from 'failed'; the row
+# lock makes two concurrent retries re-queue it once.
+RETRY_FAILED = f"""
+WITH moved AS (
+    UPDATE livepush_jobs j SET state = 'available', attempt = 0, run_at = now(), finished_at = NULL,
+                               cancel_requested = false
+    WHERE j.id = %(id)s AND j.state = 'failed'
+    RETURNING j.*
+)
+SELECT {_EVENT_COLUMNS}, pg_notify('{READY_CHANNEL}', '') IS NULL AS _rang
+FROM moved j JOIN livepush_job_payloads p ON p.id = j.id
+"""
+
+# name: discard_failed
+# Deletes a failed job (its payload goes with it, ON DELETE CASCADE). Only from 'failed'.
+DISCARD_FAILED = "DELETE FROM livepush_jobs WHERE id = %(id)s AND state = 'failed' RETURNING id"
+
+# name: job_state
+JOB_STATE = f"""
+SELECT {_EVENT_COLUMNS} FROM livepush_jobs j JOIN livepush_job_payloads p ON p.id = j.id
+WHERE j.id = %(id)s
+"""
+
+# name: queues_with_due_jobs (tests: drain)
+QUEUES_WITH_DUE_JOBS = "SELECT DISTINCT queue FROM livepush_jobs WHERE state = 'available'"
+
+# name: clear (tests only)
+CLEAR = "TRUNCATE livepush_job_payloads, livepush_jobs, livepush_job_runtimes"
+
+# name: publish_many
+# The Postgres fan-out's own publish function, once per event, in array order (events of
+# one job keep their order); runs in the caller's transaction, so events go out if and
+# only if the state change they describe commits.
+PUBLISH_MANY = """
+SELECT livepush_publish(u.topic, u.data)
+FROM unnest(%(topics)s::text[], %(datas)s::text[]) WITH ORDINALITY AS u(topic, data, ord)
+ORDER BY u.ord
+"""

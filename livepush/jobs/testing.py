@@ -1,0 +1,79 @@
+"""Test helpers: `drain()` runs every due job in this process; `clear()` empties the job tables.
+
+`drain()` is a one-job-at-a-time runtime that stops when nothing is due: it registers like
+any runtime (so nobody rescues what it holds), claims, runs and completes through the same
+code paths, and returns counts by outcome: {"succeeded": n, "failed": n, "retrying": n,
+"cancelled": n, "released": n} (zeros left out). Jobs scheduled in the future are not due;
+a retry whose backoff has not passed is not run again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from ..config import get_settings
+from ..errors import ConfigError
+from . import database, maintenance, queries
+from .registry import REGISTRY, Registry
+from .runtime import Runtime
+
+
+async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = REGISTRY,
+                 max_jobs: int | None = None) -> dict[str, int]:
+    """drain() for async code."""
+    rt = Runtime(registry, queues=list(queues) if queues else ["default"], concurrency=1,
+                 install_signals=False, heartbeat=60.0, flush_delay=0.0)
+    await rt._open()
+    ran = 0
+    try:
+        assert rt._pool is not None and rt._completer is not None
+        while max_jobs is None or ran < max_jobs:
+            await maintenance.promote(rt._pool)
+            if not queues:
+                async with rt._pool.connection() as conn:
+                    rt.queues = [r[0] for r in await (await conn.execute(queries.QUEUES_WITH_DUE_JOBS)).fetchall()]
+                if not rt.queues:
+                    break
+            if await rt._claim(1) == 0:
+                break
+            ran += 1
+            await asyncio.gather(*[h.task for h in list(rt.in_hand.values())], return_exceptions=True)
+            await rt._completer.wait_idle(timeout=30)
+    finally:
+        await rt._close()
+    return {k: v for k, v in rt.counts.items() if v}
+
+
+def drain(queues: Sequence[str] | None = None, *, registry: Registry = REGISTRY,
+          max_jobs: int | None = None) -> dict[str, int]:
+    """Run every due job in this process, one at a time, until none is due; counts by outcome.
+    Works from sync code and from inside a running event loop (it then uses a thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(adrain(queues, registry=registry, max_jobs=max_jobs))
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = asyncio.run(adrain(queues, registry=registry, max_jobs=max_jobs))
+        except BaseException as exc:  # handed to the caller's thread below
+            result["error"] = exc
+
+    thread = threading.Thread(target=target, name="livepush-jobs-drain")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]  # type: ignore[no-any-return]
+
+
+def clear() -> None:
+    """Delete every job and runtime row. Refuses unless LIVEPUSH_ENV=test."""
+    if not get_settings().is_test:
+        raise ConfigError("jobs.clear() deletes every job: it only runs with LIVEPUSH_ENV=test")
+    with database.sync_pool().connection() as conn:
+        conn.execute(queries.CLEAR)

@@ -1,0 +1,48 @@
+"""Fixtures for the job tests: a fresh migrated database wired as the jobs' and the fan-out's."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from livepush import api, config
+from livepush.jobs import database
+from tests.jobs import sample_jobs
+
+
+@pytest.fixture
+def jobs_db(pg_url: str) -> Iterator[str]:
+    """A fresh database used by jobs and the (publish-only) Postgres fan-out, LIVEPUSH_ENV=test."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sample_jobs.RUNS_TABLE)
+        conn.execute(sample_jobs.FLAGS_TABLE)
+    config.set_settings(config.Settings(database_url=pg_url, fanout="postgres", env="test",
+                                        secret=secrets.token_urlsafe(36)))
+    api.set_default_fanout(None)
+    database.configure(pg_url)
+    try:
+        yield pg_url
+    finally:
+        database.configure(None)
+        api.set_default_fanout(None)
+        config.set_settings(None)
+        sample_jobs._pools.clear()
+
+
+def q(url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+    """Run one statement on its own connection and return its rows."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(sql, params)  # type: ignore[arg-type]
+        return cur.fetchall() if cur.description else []
+
+
+def events_of(url: str, job_id: int) -> list[dict[str, Any]]:
+    """Every message published on job:<id>, in offset order (from the fan-out's history)."""
+    import json
+
+    rows = q(url, "SELECT data FROM livepush_messages WHERE topic = %s ORDER BY seq", (f"job:{job_id}",))
+    return [json.loads(r[0]) for r in rows]

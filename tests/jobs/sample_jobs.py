@@ -1,0 +1,146 @@
+"""Job functions the job tests run, in this process and in child runtimes.
+
+Each records its runs in the `job_runs` table (created by the `jobs_db` fixture), so a test
+can count how many times each job ran, in which process and attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from livepush import jobs
+from livepush.jobs import database
+
+RUNS_TABLE = """
+CREATE TABLE IF NOT EXISTS job_runs (
+    job_id  bigint NOT NULL,
+    attempt integer NOT NULL,
+    pid     integer NOT NULL,
+    phase   text NOT NULL,
+    key     text,
+    at      timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+
+_pools: dict[Any, AsyncConnectionPool] = {}
+
+
+async def _pool() -> AsyncConnectionPool:
+    loop = asyncio.get_running_loop()
+    pool = _pools.get(loop)
+    if pool is None:
+        pool = AsyncConnectionPool(database.database_url(), min_size=1, max_size=4, open=False,
+                                   kwargs={"autocommit": True})
+        await pool.open()
+        _pools[loop] = pool
+    return pool
+
+
+async def note(ctx: Any, phase: str, key: Any = None) -> None:
+    pool = await _pool()
+    async with pool.connection() as conn:
+        await conn.execute("INSERT INTO job_runs (job_id, attempt, pid, phase, key) VALUES (%s, %s, %s, %s, %s)",
+                           (ctx.job_id, ctx.attempt, os.getpid(), phase, None if key is None else str(key)))
+
+
+def note_sync(ctx: Any, phase: str, key: Any = None) -> None:
+    with psycopg.connect(database.database_url(), autocommit=True) as conn:
+        conn.execute("INSERT INTO job_runs (job_id, attempt, pid, phase, key) VALUES (%s, %s, %s, %s, %s)",
+                     (ctx.job_id, ctx.attempt, os.getpid(), phase, None if key is None else str(key)))
+
+
+@jobs.job(name="t.record")
+async def record(ctx: Any, key: Any = None) -> None:
+    await note(ctx, "done", key)
+
+
+@jobs.job(name="t.record_sync")
+def record_sync(ctx: Any, key: Any = None) -> None:
+    note_sync(ctx, "done", key)
+
+
+@jobs.job(name="t.hold", timeout=120)
+async def hold(ctx: Any, seconds: float) -> None:
+    """Runs for `seconds`, noting its start and its end."""
+    await note(ctx, "start")
+    await asyncio.sleep(seconds)
+    await note(ctx, "done")
+
+
+@jobs.job(name="t.hold_sync", timeout=120)
+def hold_sync(ctx: Any, seconds: float) -> None:
+    note_sync(ctx, "start")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        ctx.progress(0, 1, "waiting")
+        time.sleep(0.02)
+    note_sync(ctx, "done")
+
+
+@jobs.job(name="t.flaky", max_attempts=3, backoff=lambda attempt: 0.0)
+async def flaky(ctx: Any, fail_times: int) -> None:
+    await note(ctx, "start")
+    if ctx.attempt <= fail_times:
+        raise RuntimeError(f"boom on attempt {ctx.attempt}")
+    await note(ctx, "done")
+
+
+@jobs.job(name="t.backoff", max_attempts=3)
+async def with_default_backoff(ctx: Any) -> None:
+    raise RuntimeError("always")
+
+
+@jobs.job(name="t.never", never_retry=(ValueError,))
+async def never(ctx: Any) -> None:
+    await note(ctx, "start")
+    raise ValueError("bad input")
+
+
+@jobs.job(name="t.progress")
+async def progress(ctx: Any, steps: int, pause: float = 0.0) -> None:
+    for i in range(steps):
+        await ctx.progress(i + 1, steps, f"step {i + 1}")
+        if pause:
+            await asyncio.sleep(pause)
+
+
+@jobs.job(name="t.too_slow", timeout=0.2, max_attempts=1)
+async def too_slow(ctx: Any) -> None:
+    await note(ctx, "start")
+    await asyncio.sleep(10)
+    await note(ctx, "done")
+
+
+@jobs.job(name="t.too_slow_sync", timeout=0.2, max_attempts=1)
+def too_slow_sync(ctx: Any, seconds: float) -> None:
+    note_sync(ctx, "start")
+    time.sleep(seconds)
+    note_sync(ctx, "done")
+
+
+@jobs.job(name="t.other_queue", queue="second")
+async def other_queue(ctx: Any, key: Any = None) -> None:
+    await note(ctx, "done", key)
+
+
+FLAGS_TABLE = "CREATE TABLE IF NOT EXISTS job_flags (name text PRIMARY KEY)"
+
+
+@jobs.job(name="t.wait_flag", timeout=120)
+async def wait_flag(ctx: Any, flag: str) -> None:
+    """Notes its start, then runs until the row `flag` appears in job_flags."""
+    await note(ctx, "start", flag)
+    pool = await _pool()
+    while True:
+        async with pool.connection() as conn:
+            row = await (await conn.execute("SELECT 1 FROM job_flags WHERE name = %s", (flag,))).fetchone()
+        if row:
+            break
+        await asyncio.sleep(0.05)
+    await note(ctx, "done", flag)

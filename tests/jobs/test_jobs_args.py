@@ -1,0 +1,42 @@
+"""The JSON argument check (pure logic)."""
+
+from __future__ import annotations
+
+import datetime
+import math
+
+import pytest
+
+from livepush import LivepushError
+from livepush.jobs import InvalidArgumentsError
+from livepush.jobs.args import check_args
+
+
+def test_plain_json_passes() -> None:
+    """Plain JSON values pass the check unchanged; tuples become lists."""
+    assert check_args((1, "a", 1.5, True, None, [1, {"k": [2]}], (3, 4))) == [1, "a", 1.5, True, None, [1, {"k": [2]}], (3, 4)]
+
+
+def test_error_names_the_path() -> None:
+    """A datetime nested in a dict is reported with its path, as SPEC §4 shows."""
+    with pytest.raises(InvalidArgumentsError) as info:
+        check_args((1, {"when": datetime.datetime.now()}))
+    assert 'args[1]["when"] is a datetime' in str(info.value)
+    assert isinstance(info.value, TypeError) and isinstance(info.value, LivepushError)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        ((math.nan,), "args[0] is nan"),
+        (([1, [2, {3}]],), "args[0][1][1] is a set"),
+        (({1: "x"},), "args[0] has the key 1"),
+        ((b"x",), "args[0] is a bytes"),
+        (({"a": {"b": object()}},), 'args[0]["a"]["b"] is an object'),
+    ],
+)
+def test_refused_values(args: tuple, fragment: str) -> None:
+    """NaN, sets, non-str keys, bytes and objects are refused with their path."""
+    with pytest.raises(InvalidArgumentsError) as info:
+        check_args(args)
+    assert fragment in str(info.value)

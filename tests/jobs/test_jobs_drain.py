@@ -1,0 +1,134 @@
+"""jobs.drain(), retries, never_retry, retry_failed, discard_failed, cancel of queued jobs, clear()."""
+
+from __future__ import annotations
+
+import pytest
+
+from livepush import ConfigError, config
+from livepush import jobs
+from tests.jobs import sample_jobs
+from tests.jobs.conftest import events_of, q
+
+
+def runs(url: str, job_id: int, phase: str = "done") -> list[int]:
+    return [r[0] for r in q(url, "SELECT attempt FROM job_runs WHERE job_id = %s AND phase = %s ORDER BY at",
+                            (job_id, phase))]
+
+
+def test_drain_runs_every_due_job_and_counts(jobs_db: str) -> None:
+    """drain() runs due jobs of every queue once (async and sync) and returns counts by outcome."""
+    a = sample_jobs.record.enqueue("a")
+    b = sample_jobs.record_sync.enqueue("b")
+    c = sample_jobs.other_queue.enqueue("c")
+    later = sample_jobs.record.enqueue("later", wait=60)
+    assert jobs.drain() == {"succeeded": 3}
+    assert runs(jobs_db, a.id) == runs(jobs_db, b.id) == runs(jobs_db, c.id) == [1]
+    assert runs(jobs_db, later.id) == []
+    assert jobs.job_state(later.id)["state"] == "scheduled"  # type: ignore[index]
+    assert [e["event"] for e in events_of(jobs_db, a.id)] == ["enqueued", "started", "succeeded"]
+
+
+async def test_drain_from_async_code(jobs_db: str) -> None:
+    """adrain() works inside a running loop (and drain() too, through a thread)."""
+    sample_jobs.record.enqueue()
+    assert await jobs.adrain() == {"succeeded": 1}
+    sample_jobs.record.enqueue()
+    assert jobs.drain() == {"succeeded": 1}
+
+
+def test_retries_until_success(jobs_db: str) -> None:
+    """A failing job retries with its attempt counted and succeeds on the third attempt."""
+    h = sample_jobs.flaky.enqueue(2)
+    assert jobs.drain() == {"retrying": 2, "succeeded": 1}
+    assert runs(jobs_db, h.id, "start") == [1, 2, 3]
+    assert runs(jobs_db, h.id) == [3]
+    names = [e["event"] for e in events_of(jobs_db, h.id)]
+    assert names == ["enqueued", "started", "retrying", "started", "retrying", "started", "succeeded"]
+    retrying = events_of(jobs_db, h.id)[2]["job"]
+    assert retrying["state"] == "scheduled" and retrying["error"] == "RuntimeError: boom on attempt 1"
+
+
+def test_exhausted_attempts_fail_and_keep_the_last_error(jobs_db: str) -> None:
+    """After max_attempts the job is failed, keeping the last error."""
+    h = sample_jobs.flaky.enqueue(5)
+    assert jobs.drain() == {"retrying": 2, "failed": 1}
+    state = jobs.job_state(h.id)
+    assert state is not None
+    assert (state["state"], state["attempt"], state["error"]) == ("failed", 3, "RuntimeError: boom on attempt 3")
+    assert events_of(jobs_db, h.id)[-1]["event"] == "failed"
+
+
+def test_default_backoff_is_exponential_with_jitter(jobs_db: str) -> None:
+    """Retry n waits about 2^n seconds (±25 %), capped at an hour."""
+    h = sample_jobs.with_default_backoff.enqueue()
+    assert jobs.drain() == {"retrying": 1}
+    (delay,) = q(jobs_db, "SELECT extract(epoch FROM run_at - now()) FROM livepush_jobs WHERE id = %s", (h.id,))[0]
+    assert 1.4 <= float(delay) <= 2.6
+    q(jobs_db, "UPDATE livepush_jobs SET run_at = now() WHERE id = %s", (h.id,))
+    assert jobs.drain() == {"retrying": 1}
+    (delay,) = q(jobs_db, "SELECT extract(epoch FROM run_at - now()) FROM livepush_jobs WHERE id = %s", (h.id,))[0]
+    assert 2.9 <= float(delay) <= 5.1
+    samples = [jobs.default_backoff(30) for _ in range(50)]
+    assert max(samples) <= 3600 and min(samples) >= 2700
+    assert len({round(jobs.default_backoff(5), 6) for _ in range(20)}) > 1
+
+
+def test_never_retry_fails_at_once(jobs_db: str) -> None:
+    """An exception listed in never_retry fails the job on its first attempt."""
+    h = sample_jobs.never.enqueue()
+    assert jobs.drain() == {"failed": 1}
+    state = jobs.job_state(h.id)
+    assert state is not None and (state["state"], state["attempt"], state["error"]) == ("failed", 1, "ValueError: bad input")
+
+
+def test_retry_failed_and_discard_failed(jobs_db: str) -> None:
+    """retry_failed runs a failed job again with fresh attempts; discard_failed deletes it; both refuse other states."""
+    h = sample_jobs.never.enqueue()
+    ok = sample_jobs.record.enqueue()
+    jobs.drain()
+    assert jobs.retry_failed(ok.id) is False
+    assert jobs.retry_failed(h.id) is True
+    assert jobs.job_state(h.id)["state"] == "available"  # type: ignore[index]
+    assert jobs.drain() == {"failed": 1}
+    assert runs(jobs_db, h.id, "start") == [1, 1]
+    assert jobs.discard_failed(ok.id) is False
+    assert jobs.discard_failed(h.id) is True
+    assert jobs.job_state(h.id) is None
+    assert q(jobs_db, "SELECT count(*) FROM livepush_job_payloads WHERE id = %s", (h.id,))[0][0] == 0
+
+
+def test_cancel_queued_and_scheduled(jobs_db: str) -> None:
+    """cancel() of a queued or scheduled job cancels it at once; it never runs; a finished job is left alone."""
+    a = sample_jobs.record.enqueue()
+    b = sample_jobs.record.enqueue(wait=60)
+    assert jobs.cancel(a.id) is True and jobs.cancel(b.id) is True
+    assert jobs.drain() == {}
+    assert jobs.job_state(a.id)["state"] == jobs.job_state(b.id)["state"] == "cancelled"  # type: ignore[index]
+    assert events_of(jobs_db, a.id)[-1]["event"] == "cancelled"
+    c = sample_jobs.record.enqueue()
+    jobs.drain()
+    assert jobs.cancel(c.id) is False
+    assert jobs.job_state(c.id)["state"] == "succeeded"  # type: ignore[index]
+
+
+def test_progress_events_before_the_final_one(jobs_db: str) -> None:
+    """A job reporting progress publishes at least one progress event, before its final one,
+    and the final event carries the last progress; a burst is coalesced."""
+    h = sample_jobs.progress.enqueue(500)
+    assert jobs.drain() == {"succeeded": 1}
+    evs = events_of(jobs_db, h.id)
+    names = [e["event"] for e in evs]
+    assert names[:2] == ["enqueued", "started"] and names[-1] == "succeeded"
+    assert 1 <= names.count("progress") <= 5
+    assert names.index("progress") < names.index("succeeded")
+    assert evs[-1]["job"]["progress"] == {"done": 500, "total": 500, "message": "step 500"}
+
+
+def test_clear_refuses_outside_tests(jobs_db: str) -> None:
+    """clear() empties the job tables with LIVEPUSH_ENV=test and refuses otherwise."""
+    sample_jobs.record.enqueue()
+    jobs.clear()
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs")[0][0] == 0
+    config.set_settings(config.Settings(database_url=jobs_db, fanout="postgres"))
+    with pytest.raises(ConfigError, match="LIVEPUSH_ENV=test"):
+        jobs.clear()

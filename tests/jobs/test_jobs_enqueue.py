@@ -1,0 +1,102 @@
+"""Enqueue: one, many, scheduled, inside the caller's transaction, and the handle."""
+
+from __future__ import annotations
+
+import datetime
+
+import psycopg
+import pytest
+
+from livepush import ConfigError, config
+from livepush.jobs import InvalidArgumentsError, enqueue_many, job_state
+from tests.jobs import sample_jobs
+from tests.jobs.conftest import events_of, q
+
+
+def test_enqueue_returns_a_handle_and_publishes_enqueued(jobs_db: str) -> None:
+    """enqueue() stores an available job and publishes `enqueued` on job:<id>."""
+    handle = sample_jobs.record.enqueue("k1")
+    assert handle.topic == f"job:{handle.id}"
+    assert handle.signed_topic.startswith(f"job:{handle.id}~")
+    state, args = q(jobs_db, "SELECT j.state, p.args FROM livepush_jobs j JOIN livepush_job_payloads p USING (id) WHERE id = %s",
+                    (handle.id,))[0]
+    assert (state, args) == ("available", ["k1"])
+    [event] = events_of(jobs_db, handle.id)
+    assert event["event"] == "enqueued"
+    assert set(event["job"]) == {"id", "name", "queue", "state", "attempt", "max_attempts", "progress", "error", "run_at"}
+    assert event["job"]["name"] == "t.record" and event["job"]["state"] == "available"
+    assert event["job"]["progress"] == {"done": 0, "total": None, "message": None}
+
+
+def test_signed_topic_without_secret_raises_on_access(jobs_db: str) -> None:
+    """Without LIVEPUSH_SECRET enqueue works; reading signed_topic raises ConfigError."""
+    config.set_settings(config.Settings(database_url=jobs_db, fanout="postgres", env="test"))
+    handle = sample_jobs.record.enqueue()
+    with pytest.raises(ConfigError):
+        handle.signed_topic
+
+
+def test_bad_arguments_never_reach_the_database(jobs_db: str) -> None:
+    """The argument check raises at enqueue and nothing is stored."""
+    with pytest.raises(InvalidArgumentsError, match=r'args\[0\]\["when"\] is a datetime'):
+        sample_jobs.record.enqueue({"when": datetime.datetime.now()})
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs")[0][0] == 0
+
+
+def test_wait_and_at_schedule(jobs_db: str) -> None:
+    """wait= and at= store a scheduled job due at that time; a naive datetime is refused."""
+    h1 = sample_jobs.record.enqueue(wait=30)
+    at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)
+    h2 = sample_jobs.record.enqueue(at=at)
+    rows = dict(q(jobs_db, "SELECT id, state FROM livepush_jobs"))
+    assert rows == {h1.id: "scheduled", h2.id: "scheduled"}
+    assert q(jobs_db, "SELECT run_at FROM livepush_jobs WHERE id = %s", (h2.id,))[0][0] == at
+    with pytest.raises(TypeError, match="aware datetime"):
+        sample_jobs.record.enqueue(at=datetime.datetime.now())
+
+
+def test_conn_enqueue_follows_the_callers_transaction(jobs_db: str) -> None:
+    """With conn=, a rolled-back transaction leaves no job and no event; a committed one both."""
+    with psycopg.connect(jobs_db) as conn:
+        gone = sample_jobs.record.enqueue("x", conn=conn)
+        conn.rollback()
+        kept = sample_jobs.record.enqueue("y", conn=conn)
+        conn.commit()
+    assert [r[0] for r in q(jobs_db, "SELECT id FROM livepush_jobs")] == [kept.id]
+    assert events_of(jobs_db, gone.id) == []
+    assert [e["event"] for e in events_of(jobs_db, kept.id)] == ["enqueued"]
+
+
+def test_conn_enqueue_rings_the_doorbell_at_commit(jobs_db: str) -> None:
+    """The wake-up notification is delivered only when the caller commits."""
+    with psycopg.connect(jobs_db, autocommit=True) as listener:
+        listener.execute("LISTEN livepush_jobs")
+        with psycopg.connect(jobs_db) as conn:
+            sample_jobs.record.enqueue(conn=conn)
+            assert list(listener.notifies(timeout=0.2, stop_after=1)) == []
+            conn.commit()
+        notes = list(listener.notifies(timeout=5, stop_after=1))
+    assert [n.channel for n in notes] == ["livepush_jobs"]
+
+
+async def test_aenqueue_with_async_connection(jobs_db: str) -> None:
+    """aenqueue(conn=AsyncConnection) enqueues inside that transaction."""
+    async with await psycopg.AsyncConnection.connect(jobs_db) as conn:
+        handle = await sample_jobs.record.aenqueue("a", conn=conn)
+        await conn.commit()
+    handle2 = await sample_jobs.record.aenqueue("b")
+    assert job_state(handle.id)["state"] == "available"  # type: ignore[index]
+    assert job_state(handle2.id)["state"] == "available"  # type: ignore[index]
+
+
+def test_enqueue_many_is_one_statement(jobs_db: str) -> None:
+    """enqueue_many stores a whole batch with one INSERT statement and returns handles in order."""
+    items = [sample_jobs.record.request(i) for i in range(500)] + [(sample_jobs.other_queue, [1], {"wait": 60})]
+    handles = enqueue_many(items)
+    assert len(handles) == 501
+    rows = q(jobs_db, "SELECT j.id, j.queue, j.state, p.args FROM livepush_jobs j JOIN livepush_job_payloads p USING (id) ORDER BY id")
+    assert [r[0] for r in rows] == [h.id for h in handles]
+    assert rows[0][1:] == ("default", "available", [0])
+    assert rows[-1][1:] == ("second", "scheduled", [1])
+    # xact ids: a single statement means a single transaction wrote every row.
+    assert q(jobs_db, "SELECT count(DISTINCT xmin::text) FROM livepush_jobs")[0][0] == 1

@@ -1,0 +1,133 @@
+"""Runtimes as child processes (`livepush jobs`): many at once, SIGTERM drain, second signal,
+kill -9 rescue, and a stalled runtime whose late outcome is fenced off."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from livepush import jobs
+from tests.jobs import sample_jobs
+from tests.jobs.conftest import q
+from tests.support.procs import ChildProcess, Processes
+from tests.support.waiting import wait_for
+
+MODULE = "tests.jobs.sample_jobs"
+
+
+@pytest.fixture
+def start_runtime(jobs_db: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> Callable[..., ChildProcess]:
+    env = livepush_env(database_url=jobs_db)
+
+    def start(*flags: str, heartbeat: float = 0.3) -> ChildProcess:
+        child = procs.livepush("jobs", MODULE, "--heartbeat", str(heartbeat), "--poll-interval", "0.2", *flags,
+                               env=env, wait_healthy=False)
+        # Registered = ready: its row is in livepush_job_runtimes.
+        wait_for(lambda: q(jobs_db, "SELECT count(*) FROM livepush_job_runtimes WHERE pid = %s", (child.pid,))[0][0] == 1
+                 or not child.running, 15.0, message=f"{child.name} to register")
+        assert child.running, child.output()
+        return child
+
+    return start
+
+
+def count(url: str, sql: str, params: Any = None) -> int:
+    return int(q(url, sql, params)[0][0])
+
+
+def test_ten_thousand_jobs_three_runtimes_each_once(jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
+    """10,000 jobs across 3 runtimes: every job runs, none twice, and every runtime takes part."""
+    handles = jobs.enqueue_many([sample_jobs.record.request(i) for i in range(10_000)])
+    children = [start_runtime("--concurrency", "20") for _ in range(3)]
+    wait_for(lambda: count(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE state = 'succeeded'") == 10_000, 120.0,
+             interval=0.2, message="10,000 jobs to succeed")
+    assert count(jobs_db, "SELECT count(*) FROM job_runs") == 10_000
+    assert count(jobs_db, "SELECT count(DISTINCT job_id) FROM job_runs") == 10_000
+    assert count(jobs_db, "SELECT count(DISTINCT pid) FROM job_runs") == 3
+    assert {r[0] for r in q(jobs_db, "SELECT job_id FROM job_runs")} == {h.id for h in handles}
+    for child in children:
+        assert child.stop(timeout=15) == 0, child.output()
+    assert count(jobs_db, "SELECT count(*) FROM livepush_job_runtimes") == 0
+
+
+def test_sigterm_finishes_the_jobs_in_hand(jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
+    """SIGTERM with 20 jobs in hand: all 20 finish, none twice, none more, and the runtime exits 0."""
+    jobs.enqueue_many([sample_jobs.hold.request(1.0) for _ in range(25)])
+    child = start_runtime("--concurrency", "20", "--shutdown-timeout", "20")
+    wait_for(lambda: count(jobs_db, "SELECT count(*) FROM job_runs WHERE phase = 'start'") == 20, 15.0)
+    child.signal(signal.SIGTERM)
+    assert child.wait(15) == 0, child.output()
+    assert count(jobs_db, "SELECT count(*) FROM job_runs WHERE phase = 'done'") == 20
+    assert count(jobs_db, "SELECT count(*) FROM job_runs WHERE phase = 'start'") == 20
+    assert count(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE state = 'succeeded'") == 20
+    assert count(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE state = 'available' AND attempt = 0") == 5
+    assert count(jobs_db, "SELECT count(*) FROM livepush_job_runtimes") == 0
+
+
+def test_second_signal_gives_back_at_once(jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
+    """A second signal gives the jobs in hand back at once (attempt not spent); another runtime finishes them."""
+    handles = jobs.enqueue_many([sample_jobs.wait_flag.request("go") for _ in range(5)])
+    first = start_runtime("--concurrency", "5", "--shutdown-timeout", "60")
+    wait_for(lambda: count(jobs_db, "SELECT count(*) FROM job_runs WHERE phase = 'start'") == 5, 15.0)
+    first.signal(signal.SIGTERM)
+    time.sleep(0.2)
+    first.signal(signal.SIGINT)
+    assert first.wait(10) == 0, first.output()
+    assert count(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE state = 'available' AND attempt = 0") == 5
+    second = start_runtime("--concurrency", "5")
+    wait_for(lambda: count(jobs_db, "SELECT count(*) FROM job_runs WHERE phase = 'start' AND pid = %s", (second.pid,)) == 5, 15.0)
+    q(jobs_db, "INSERT INTO job_flags VALUES ('go')")
+    wait_for(lambda: count(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE state = 'succeeded'") == 5, 15.0)
+    assert q(jobs_db, "SELECT DISTINCT attempt FROM job_runs") == [(1,)]
+    assert count(jobs_db, "SELECT count(*) FROM job_runs WHERE phase = 'done'") == 5
+    assert {r[0] for r in q(jobs_db, "SELECT job_id FROM job_runs WHERE pid = %s", (second.pid,))} == {h.id for h in handles}
+    assert second.stop() == 0, second.output()
+
+
+def test_kill_9_jobs_rescued_within_three_beats(jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
+    """kill -9: another runtime releases the jobs within about three heartbeats and runs them, attempt counted."""
+    beat = 0.3
+    jobs.enqueue_many([sample_jobs.wait_flag.request("go") for _ in range(4)])
+    victim = start_runtime("--concurrency", "4", heartbeat=beat)
+    wait_for(lambda: count(jobs_db, "SELECT count(*) FROM job_runs WHERE phase = 'start'") == 4, 15.0)
+    rescuer = start_runtime("--concurrency", "4", heartbeat=beat)
+    victim.kill()
+    killed_at = time.monotonic()
+    wait_for(lambda: count(jobs_db, "SELECT count(*) FROM job_runs WHERE phase = 'start' AND pid = %s", (rescuer.pid,)) == 4,
+             15.0, interval=0.02)
+    took = time.monotonic() - killed_at
+    # Dead after 3 silent beats (the last beat may have just happened: up to 4), found on the next beat.
+    assert took < 5 * beat + 0.5, took
+    assert q(jobs_db, "SELECT DISTINCT attempt FROM job_runs WHERE pid = %s", (rescuer.pid,)) == [(2,)]
+    q(jobs_db, "INSERT INTO job_flags VALUES ('go')")
+    wait_for(lambda: count(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE state = 'succeeded' AND attempt = 2") == 4, 15.0)
+    assert rescuer.stop() == 0
+
+
+def test_stalled_runtime_is_fenced_off(jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
+    """A runtime that stalls past three beats loses its job to another; when it comes back its
+    late outcome is ignored and it registers again."""
+    beat = 0.3
+    (h,) = jobs.enqueue_many([sample_jobs.wait_flag.request("go")])
+    stalled = start_runtime("--concurrency", "1", heartbeat=beat)
+    wait_for(lambda: count(jobs_db, "SELECT count(*) FROM job_runs WHERE phase = 'start'") == 1, 15.0)
+    (old_id,) = q(jobs_db, "SELECT id FROM livepush_job_runtimes WHERE pid = %s", (stalled.pid,))[0]
+    other = start_runtime("--concurrency", "1", heartbeat=beat)
+    os.kill(stalled.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: count(jobs_db, "SELECT count(*) FROM job_runs WHERE phase = 'start' AND pid = %s", (other.pid,)) == 1, 15.0)
+    finally:
+        os.kill(stalled.pid, signal.SIGCONT)
+    wait_for(lambda: count(jobs_db, "SELECT count(*) FROM livepush_job_runtimes WHERE id = %s", (old_id,)) == 1, 10.0,
+             message="the stalled runtime to register again")
+    q(jobs_db, "INSERT INTO job_flags VALUES ('go')")
+    wait_for(lambda: count(jobs_db, "SELECT count(*) FROM job_runs WHERE phase = 'done'") == 2, 15.0)
+    wait_for(lambda: "outcome 'succeeded' ignored" in stalled.stderr(), 10.0, message="the fenced outcome to be logged")
+    state = jobs.job_state(h.id)
+    assert state is not None and (state["state"], state["attempt"]) == ("succeeded", 2)
+    assert stalled.stop() == 0 and other.stop() == 0

@@ -1,0 +1,187 @@
+"""The runtime in this process: wake-up, scheduling, cancel, timeouts, unknown names, queues, slots, fencing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from livepush import jobs
+from livepush.jobs.completer import Outcome
+from livepush.jobs.context import ClaimedJob, JobContext
+from livepush.jobs.registry import REGISTRY, JobFunction
+from livepush.jobs.runtime import Runtime
+from tests.jobs import sample_jobs
+from tests.jobs.conftest import events_of, q
+from tests.support.waiting import async_wait_for
+
+
+@contextlib.asynccontextmanager
+async def running(**options: Any) -> AsyncIterator[Runtime]:
+    options.setdefault("queues", ["default", "second"])
+    options.setdefault("heartbeat", 0.2)
+    rt = Runtime(REGISTRY, install_signals=False, **options)
+    task = asyncio.create_task(rt.run())
+    await rt.wait_started()
+    try:
+        yield rt
+    finally:
+        rt.stop(now=True)
+        await asyncio.wait_for(task, 10)
+
+
+async def state_of(job_id: int) -> str | None:
+    s = await asyncio.to_thread(jobs.job_state, job_id)
+    return None if s is None else s["state"]
+
+
+async def wait_state(job_id: int, want: str, timeout: float = 5.0) -> None:
+    async def check() -> bool:
+        return await state_of(job_id) == want
+
+    await async_wait_for(check, timeout, message=f"job {job_id} to become {want}")
+
+
+async def test_idle_runtime_wakes_on_notify(jobs_db: str) -> None:
+    """An idle runtime starts a new job within milliseconds (LISTEN/NOTIFY, not the 5 s poll)."""
+    async with running(poll_interval=5.0):
+        await asyncio.sleep(0.1)  # idle, listening
+        t0 = time.monotonic()
+        h = await sample_jobs.record.aenqueue("fast")
+        await wait_state(h.id, "succeeded", timeout=2.0)
+        assert time.monotonic() - t0 < 1.0
+
+
+async def test_scheduled_job_runs_when_due(jobs_db: str) -> None:
+    """A job enqueued with wait= runs once due, not before."""
+    async with running(poll_interval=0.2):
+        t0 = time.monotonic()
+        h = await sample_jobs.record.aenqueue(wait=0.6)
+        await wait_state(h.id, "succeeded", timeout=5.0)
+        assert time.monotonic() - t0 >= 0.6
+
+
+async def test_cancel_running_async_job(jobs_db: str) -> None:
+    """cancel() of a running async job stops it at its next await; it ends cancelled."""
+    async with running():
+        h = await sample_jobs.wait_flag.aenqueue("never-set")
+        await wait_state(h.id, "running")
+        assert await asyncio.to_thread(jobs.cancel, h.id)
+        await wait_state(h.id, "cancelled", timeout=3.0)
+    assert events_of(jobs_db, h.id)[-1]["event"] == "cancelled"
+    assert q(jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s AND phase = 'done'", (h.id,))[0][0] == 0
+
+
+async def test_cancel_running_sync_job_at_progress(jobs_db: str) -> None:
+    """A running sync job learns of its cancel at its next ctx.progress() call."""
+    async with running():
+        h = await sample_jobs.hold_sync.aenqueue(30)
+        await wait_state(h.id, "running")
+        assert await asyncio.to_thread(jobs.cancel, h.id)
+        await wait_state(h.id, "cancelled", timeout=3.0)
+
+
+async def test_async_timeout_fails_the_attempt(jobs_db: str) -> None:
+    """An async job past its timeout is cancelled and the attempt fails."""
+    async with running():
+        h = await sample_jobs.too_slow.aenqueue()
+        await wait_state(h.id, "failed", timeout=3.0)
+    state = jobs.job_state(h.id)
+    assert state is not None and state["error"] == "TimeoutError: timed out after 0.2 s"
+
+
+async def test_sync_timeout_fails_and_late_outcome_is_fenced(jobs_db: str) -> None:
+    """A sync job past its timeout fails its attempt; when its thread ends later, nothing changes."""
+    async with running():
+        h = await sample_jobs.too_slow_sync.aenqueue(0.8)
+        await wait_state(h.id, "failed", timeout=3.0)
+
+        async def thread_done() -> bool:
+            rows = await asyncio.to_thread(q, jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s AND phase = 'done'", (h.id,))
+            return rows[0][0] == 1
+
+        await async_wait_for(thread_done, 5.0)
+        await asyncio.sleep(0.1)
+    assert await state_of(h.id) == "failed"
+
+
+async def test_unknown_name_is_given_back_and_skipped(jobs_db: str) -> None:
+    """A job name this runtime does not know is released (attempt not spent) and not claimed again."""
+
+    async def newer(ctx: Any) -> None:
+        pass
+
+    unknown = JobFunction(newer, name="t.from_the_future")  # not registered here
+    h = unknown.enqueue()
+    async with running(poll_interval=0.05) as rt:
+        await async_wait_for(lambda: "t.from_the_future" in rt.excluded, 3.0)
+        ok = await sample_jobs.record.aenqueue()
+        await wait_state(ok.id, "succeeded")
+        await asyncio.sleep(0.3)  # several polls: the unknown job is not claimed again
+    state = jobs.job_state(h.id)
+    assert state is not None and (state["state"], state["attempt"]) == ("available", 0)
+    assert [e["event"] for e in events_of(jobs_db, h.id)] == ["enqueued"]
+
+
+async def test_queues_in_order(jobs_db: str) -> None:
+    """With --queues second,default a runtime takes every job of `second` before `default`."""
+    for i in range(3):
+        sample_jobs.record.enqueue(f"d{i}")
+        sample_jobs.other_queue.enqueue(f"s{i}")
+    async with running(queues=["second", "default"], concurrency=1):
+        await async_wait_for(lambda: q(jobs_db, "SELECT count(*) FROM job_runs")[0][0] == 6, 5.0)
+    keys = [r[0] for r in q(jobs_db, "SELECT key FROM job_runs ORDER BY at")]
+    assert keys == ["s0", "s1", "s2", "d0", "d1", "d2"]
+
+
+async def test_never_more_than_free_slots(jobs_db: str) -> None:
+    """A runtime never has more jobs in hand than its concurrency (a slot frees when its
+    function returns; the outcome is written a few ms later, in a batch)."""
+    handles = jobs.enqueue_many([sample_jobs.hold.request(0.15) for _ in range(12)])
+    async with running(concurrency=3) as rt:
+        async def all_done() -> bool:
+            rows = await asyncio.to_thread(q, jobs_db, "SELECT count(*) FROM livepush_jobs WHERE state = 'succeeded'")
+            return rows[0][0] == 12
+
+        await async_wait_for(all_done, 10.0)
+        assert rt.peak_in_hand == 3
+    assert all(jobs.job_state(h.id)["state"] == "succeeded" for h in handles)  # type: ignore[index]
+    starts = q(jobs_db, "SELECT at FROM job_runs WHERE phase = 'start' ORDER BY at")
+    dones = q(jobs_db, "SELECT at FROM job_runs WHERE phase = 'done' ORDER BY at")
+    # At any start, fewer than three earlier-started jobs are still unfinished.
+    for (t,) in starts:
+        started = sum(1 for (s,) in starts if s < t)
+        finished = sum(1 for (d,) in dones if d <= t)
+        assert started - finished < 3
+
+
+async def test_stale_outcome_is_fenced(jobs_db: str) -> None:
+    """An outcome naming a lease the job no longer has changes nothing."""
+    h = sample_jobs.record.enqueue()
+    async with running(concurrency=1, queues=["nothing"]) as rt:
+        assert rt._completer is not None
+        q(jobs_db, "UPDATE livepush_jobs SET state = 'running', attempt = 1, lease = 999, runtime_id = %s WHERE id = %s",
+          (rt.id, h.id))
+        row = q(jobs_db, "SELECT run_at FROM livepush_jobs WHERE id = %s", (h.id,))[0]
+        stale = ClaimedJob(id=h.id, name="t.record", queue="default", priority=0, attempt=1, max_attempts=5,
+                           lease=998, args=[], run_at=row[0])
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        rt._completer.submit(Outcome(JobContext(stale, rt._completer), "succeeded", done=done))
+        assert await asyncio.wait_for(done, 5) is None
+        assert rt._completer.stale == 1
+        assert await state_of(h.id) == "running"
+        q(jobs_db, "UPDATE livepush_jobs SET runtime_id = NULL WHERE id = %s", (h.id,))
+
+
+async def test_runtime_publishes_its_state(jobs_db: str) -> None:
+    """A runtime publishes running, draining and stopped on runtime:<id>."""
+    async with running() as rt:
+        rid = rt.id
+    import json
+
+    rows = q(jobs_db, "SELECT data FROM livepush_messages WHERE topic = %s ORDER BY seq", (f"runtime:{rid}",))
+    seen = [json.loads(r[0])["event"] for r in rows]
+    assert seen[0] == "running" and seen[-2:] == ["draining", "stopped"]
+    assert set(json.loads(rows[0][0])["runtime"]) >= {"id", "host", "pid", "queues", "concurrency", "in_hand", "state"}
