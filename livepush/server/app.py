@@ -62,6 +62,10 @@ class PushServer:
         self.settings = settings
         self.fanout = fanout
         self.app: App = app if app is not None else App()  # type: ignore[assignment]
+        if snapshot is None and settings.database_url:
+            from .state import postgres_snapshots  # job and group states live in Postgres
+
+            snapshot = postgres_snapshots(settings, fanout)
         self.hub = Hub(fanout, broadcast, snapshot=snapshot)
         self.pages = pages
         self.heartbeat = heartbeat
@@ -116,6 +120,9 @@ class PushServer:
                 await asyncio.wait_for(self._ws.wait_closed(), timeout=3)
         await self.hub.aclose()
         await self.fanout.aclose()
+        close_snapshots = getattr(self.hub.snapshot_provider, "aclose", None)
+        if close_snapshots is not None:
+            await close_snapshots()
         close_app = getattr(self.app, "close", None)
         if close_app is not None:
             close_app()

@@ -80,6 +80,10 @@ class Hub:
         """Route messages of a reserved topic (e.g. revocations) to `handler`."""
         self._control[topic] = handler
 
+    @property
+    def snapshot_provider(self) -> SnapshotProvider | None:
+        return self._snapshot
+
     def topic_count(self) -> int:
         return len(self._topics)
 

@@ -56,10 +56,6 @@ async def serve(
     fanout = fanout or from_settings(settings)
     # publish() in this process shares the server's fan-out (the local one needs it).
     api.set_default_fanout(fanout)
-    if snapshot is None and settings.database_url:
-        from .state import postgres_snapshots
-
-        snapshot = postgres_snapshots(settings, fanout)
     server = PushServer(settings, fanout, app=app, snapshot=snapshot, pages=pages)
     stop = asyncio.Event()
     install_stop_signals(stop)

@@ -7,10 +7,12 @@ live stream resumes right after it with no event lost or repeated.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
 import psycopg
+from psycopg_pool import AsyncConnectionPool
 
 from ..config import Settings
 from ..fanout import FanOut
@@ -26,6 +28,18 @@ LATEST = "SELECT epoch, last_seq FROM livepush_topics WHERE topic = %s"
 def postgres_snapshots(settings: Settings, fanout: FanOut) -> SnapshotProvider:
     url = settings.require_database()
     same_db = fanout.name == "postgres"
+    pools: list[AsyncConnectionPool] = []
+    opening = asyncio.Lock()
+
+    async def pool() -> AsyncConnectionPool:
+        # Opened on first use, on the server's loop: a connection per subscribe would cost
+        # a Postgres backend start each time.
+        async with opening:
+            if not pools:
+                p = AsyncConnectionPool(url, min_size=1, max_size=4, open=False)
+                await p.open(wait=True, timeout=5)
+                pools.append(p)
+        return pools[0]
 
     async def snapshot(topic: str) -> tuple[Offset, str] | None:
         kind, _, ident = topic.partition(":")
@@ -40,7 +54,7 @@ def postgres_snapshots(settings: Settings, fanout: FanOut) -> SnapshotProvider:
             key = int(ident)
         except ValueError:
             return None
-        async with await psycopg.AsyncConnection.connect(url, autocommit=False) as conn:
+        async with (await pool()).connection() as conn:
             await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
             if same_db:
                 cur = await conn.execute(LATEST, (topic,))
@@ -51,8 +65,14 @@ def postgres_snapshots(settings: Settings, fanout: FanOut) -> SnapshotProvider:
                 offset = await fanout.alatest_offset(topic)
                 data = await reader(conn, key)
             await conn.rollback()
+            await conn.set_isolation_level(None)
         if data is None:
             return None
         return offset, json.dumps(data, separators=(",", ":"))
 
+    async def aclose() -> None:
+        for p in pools:
+            await p.close()
+
+    snapshot.aclose = aclose  # type: ignore[attr-defined]
     return snapshot
