@@ -211,3 +211,23 @@ async def test_a_postgres_crash_starts_a_new_epoch_so_old_offsets_get_reset(pg_u
         await fresh.close()
     finally:
         await served.server.stop()
+
+
+async def test_retention_prunes_a_bounded_batch_per_run(pg_url: str) -> None:
+    """Each prune() deletes at most PRUNE_BATCH expired rows, so a run is short and delivery
+    never waits behind it; repeated runs clear the rest."""
+    from livepush.fanout import postgres as pg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO livepush_messages (topic, seq, data, created_at) "
+            "SELECT 'old', g, '{}', now() - interval '1 hour' FROM generate_series(1, %s) g",
+            (pg.PRUNE_BATCH + 1234,),
+        )
+    fanout = pg.PostgresFanOut(pg_url, history_ttl=60)
+    try:
+        assert await fanout.prune() == pg.PRUNE_BATCH
+        assert await fanout.prune() == 1234
+        assert await fanout.prune() == 0
+    finally:
+        await fanout.aclose()
