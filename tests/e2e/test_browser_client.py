@@ -1,0 +1,215 @@
+"""The JS client in real headless Chromium against `livepush serve` on Postgres (issue 7).
+
+The page (tests/e2e/pages/client.html) lives on its own origin and imports /livepush.js from the
+push server's, as an app's pages would. This test process plays the web app: it signs topics,
+publishes through Postgres, issues and revokes sessions, and restarts the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from playwright.async_api import Page, WebSocket
+
+from livepush import api, sessions
+from livepush.config import set_settings
+from tests.e2e.conftest import ARTIFACTS, PushServer
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+# The client's wait after close 1001 (client_js/README.md, "Server going away").
+GOING_AWAY_MS = (500, 3000)
+
+
+async def watch(page: Page, topic: str, token: str | None = None) -> None:
+    """The page's main client subscribes to `topic`; returns once it is open and subscribed."""
+    await page.evaluate("([t, token]) => e2e.watch(t, {token})", [topic, token])
+    await page.wait_for_function("e2e.lp.status === 'open' && e2e.subscribed >= 1")
+
+
+async def messages_reach(page: Page, count: int, timeout_ms: float = 10_000) -> list[int]:
+    await page.wait_for_function("n => e2e.messages.length >= n", arg=count, timeout=timeout_ms)
+    return await page.evaluate("e2e.messages")
+
+
+async def test_page_receives_messages_live_and_shows_open(client_page: Page, push_server: PushServer) -> None:
+    """A page subscribed to a signed topic shows `open` and gets each message published through Postgres, live, in order."""
+    topic = "room:e2e-live"
+    await watch(client_page, push_server.sign(topic))
+    assert await client_page.text_content("#status") == "open"
+
+    # One at a time: each message arrives while the page waits for it, not as a later replay.
+    for n in range(1, 6):
+        await push_server.publish(topic, {"n": n})
+        assert await messages_reach(client_page, n) == list(range(1, n + 1))
+
+    assert await client_page.locator("#messages li").all_text_contents() == ["1", "2", "3", "4", "5"]
+    assert await client_page.evaluate("e2e.statusNames()") == ["open"]
+    assert await client_page.evaluate("e2e.errors") == []
+
+
+async def test_server_restart_mid_stream_loses_and_repeats_nothing(client_page: Page, push_server: PushServer) -> None:
+    """A server restarted (SIGTERM) mid-stream: the page goes `reconnecting` then `open` by itself and ends with every message exactly once, in order."""
+    topic = "room:e2e-restart"
+    total = 60
+    await watch(client_page, push_server.sign(topic))
+
+    published = 0
+    during_downtime: list[int] = []
+    server_down = False
+
+    async def publisher() -> None:
+        # A steady stream through Postgres, indifferent to the push server's restart.
+        nonlocal published
+        for n in range(1, total + 1):
+            await push_server.publish(topic, {"n": n})
+            published = n
+            if server_down:
+                during_downtime.append(n)
+            await asyncio.sleep(0.03)
+
+    def mark_down() -> None:
+        nonlocal server_down
+        server_down = True
+
+    stream = asyncio.create_task(publisher(), name="e2e-publisher")
+    try:
+        await messages_reach(client_page, 10)
+        await push_server.restart(between=mark_down)
+        server_down = False
+        await asyncio.wait_for(stream, 15)
+    finally:
+        stream.cancel()
+
+    # Per topic order: once the last one is in, everything before it has been delivered.
+    got = await messages_reach(client_page, total)
+    assert got == list(range(1, total + 1)), f"missing {sorted(set(range(1, total + 1)) - set(got))}, got {got}"
+    assert during_downtime, "no message was published while the server was down: the test proved nothing"
+
+    names = await client_page.evaluate("e2e.statusNames()")
+    first_reconnecting = names.index("reconnecting")
+    assert "open" in names[first_reconnecting:], names
+    assert names[-1] == "open" and await client_page.text_content("#status") == "open"
+    going_away = [s for s in await client_page.evaluate("e2e.statuses") if s["code"] == 1001]
+    assert going_away, "the server's SIGTERM did not close the page's connection with 1001"
+    offsets = await client_page.evaluate("e2e.offsets")
+    assert len(set(offsets)) == total
+    assert await client_page.evaluate("e2e.subscribed") >= 2, "the page did not resubscribe after the restart"
+
+
+class _web_app_settings:
+    """While active, this process's settings and fan-out are the push server's (sessions need its
+    secret and its revocation store), as in tests/server/test_revocation.py."""
+
+    def __init__(self, push: PushServer) -> None:
+        self.push = push
+
+    def __enter__(self) -> None:
+        set_settings(self.push.settings)
+        api.set_default_fanout(None)
+        sessions.set_default_store(None)
+
+    def __exit__(self, *exc: object) -> None:
+        api.set_default_fanout(None)  # closes the publishing fan-out revoke() created
+        sessions.set_default_store(None)
+        set_settings(None)
+
+
+@pytest.fixture
+def web_app(push_server: PushServer) -> Iterator[None]:
+    with _web_app_settings(push_server):
+        yield
+
+
+async def test_revoked_session_shows_unauthorized_and_stops_retrying(
+    client_page: Page, push_server: PushServer, web_app: None
+) -> None:
+    """A page whose session is revoked shows `unauthorized` (close 4403) and opens no new WebSocket afterwards."""
+    sockets: list[WebSocket] = []
+    client_page.on("websocket", lambda ws: sockets.append(ws))
+    token = sessions.issue("user-1")
+    await watch(client_page, push_server.sign("user:1"), token=token)
+    assert await client_page.text_content("#subject") == "as user-1"
+    assert len(sockets) == 1
+
+    await asyncio.to_thread(sessions.revoke, token)
+    await client_page.wait_for_function("e2e.lp.status === 'unauthorized'", timeout=5_000)
+    assert await client_page.text_content("#status") == "unauthorized"
+    last = (await client_page.evaluate("e2e.statuses"))[-1]
+    assert last["status"] == "unauthorized" and last["code"] == 4403, last
+
+    # The absence of a retry can only be watched for a while: the first retry of a client that
+    # did retry would come after 0.25-0.75 s (its first backoff), well inside this window.
+    await asyncio.sleep(3)
+    assert len(sockets) == 1, [ws.url for ws in sockets]
+    assert await client_page.evaluate("e2e.statusNames()") == ["open", "unauthorized"]
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+def _densest_window(sorted_values: list[float], width: float) -> int:
+    """The most values inside any window [t, t + width)."""
+    best, start = 0, 0
+    for end, value in enumerate(sorted_values):
+        while value - sorted_values[start] >= width:
+            start += 1
+        best = max(best, end - start + 1)
+    return best
+
+
+async def test_a_hundred_clients_come_back_spread_out_after_a_restart(client_page: Page, push_server: PushServer) -> None:
+    """100 clients cut off by one server restart all reconnect, spread over at least a second, never most of them in one 250 ms burst."""
+    clients = 100
+    topic = push_server.sign("room:e2e-crowd")
+    await client_page.evaluate("([n, t]) => e2e.startCrowd(n, t)", [clients, topic])
+    await client_page.wait_for_function("n => e2e.crowdReady(1) === n", arg=clients, timeout=10_000)
+
+    restart_at = await client_page.evaluate("performance.now()")
+    await push_server.restart()
+    await client_page.wait_for_function("n => e2e.crowdReady(2) === n", arg=clients, timeout=15_000)
+
+    history: list[dict[str, Any]] = await client_page.evaluate("e2e.crowdHistory()")
+    delays, reopened, attempts = [], [], []
+    for rec in history:
+        after = [s for s in rec["statuses"] if s["t"] >= restart_at]
+        going_away = [s for s in after if s["code"] == 1001]
+        assert going_away, f"client {rec['i']} was not closed with 1001: {after}"
+        delays.append(going_away[0]["delayMs"])
+        opens = [s["t"] for s in after if s["status"] == "open"]
+        assert opens, f"client {rec['i']} never reopened: {after}"
+        reopened.append((opens[0] - restart_at) / 1000)
+        attempts.append(sum(1 for s in after if s["delayMs"] is not None))
+
+    reopened.sort()
+    spread = reopened[-1] - reopened[0]
+    densest = _densest_window(reopened, 0.25)
+    report = {
+        "clients": clients,
+        "server": push_server.restarts[-1],
+        "reopen_s_after_sigterm": {
+            "min": reopened[0],
+            "p10": _percentile(reopened, 0.10),
+            "p50": _percentile(reopened, 0.50),
+            "p90": _percentile(reopened, 0.90),
+            "max": reopened[-1],
+        },
+        "spread_s": spread,
+        "most_in_250ms": densest,
+        "first_delay_ms": {"min": min(delays), "max": max(delays)},
+        "clients_needing_more_than_one_attempt": sum(1 for a in attempts if a > 1),
+    }
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "reconnect-spread.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nreconnect spread: {json.dumps(report)}")
+
+    # The first wait after 1001 is the client's jitter, within its documented range.
+    assert all(GOING_AWAY_MS[0] <= d < GOING_AWAY_MS[1] for d in delays), report
+    assert spread >= 1.0, report
+    assert densest <= 0.6 * clients, report
