@@ -101,15 +101,6 @@ def one_line(exc: BaseException) -> str:
     return text
 
 
-def _gone(pid: int) -> bool:
-    """True once `pid` has exited; a zombie counts (a daemon's new parent may never reap it)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return True
-    return state in ("Z", "X")
-
-
 class PrivateRedis:
     """A Redis of the test's own that it may stop and start (the shared one must stay up).
 
@@ -156,7 +147,7 @@ class PrivateRedis:
             pass  # already gone
         finally:
             client.close()
-        wait_for(lambda: _gone(pid), 10, message=f"private Redis (pid {pid}) to exit")
+        wait_for(lambda: services.process_gone(pid), 10, message=f"private Redis (pid {pid}) to exit")
 
 
 @pytest.fixture

@@ -153,7 +153,8 @@ def _check_test_redis(redis_url: str | None) -> str:
     return own
 
 
-def _gone(pid: int) -> bool:
+def process_gone(pid: int) -> bool:
+    """True once `pid` has exited; a zombie counts (a daemon's new parent may never reap it)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, IndexError):
@@ -173,7 +174,7 @@ def redis_stop(redis_url: str | None = None, *, hard: bool = False, timeout: flo
         os.kill(pid, signal.SIGKILL if hard else signal.SIGTERM)
     except ProcessLookupError:
         return
-    wait_for(lambda: _gone(pid), timeout, message=f"Redis (pid {pid}) to exit")
+    wait_for(lambda: process_gone(pid), timeout, message=f"Redis (pid {pid}) to exit")
 
 
 def redis_start(redis_url: str | None = None, *, timeout: float = 10.0) -> None:
