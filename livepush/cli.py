@@ -171,7 +171,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"livepush: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (ValueError, TypeError) as exc:
-        if isinstance(exc, LivepushError) or type(exc).__module__.startswith("livepush"):
+        # The operator tools pass what the user typed straight to the API: a ValueError
+        # there is the user's input, not a bug, and gets one line, not a traceback.
+        if isinstance(exc, LivepushError) or args.command in ("publish", "token"):
             print(f"livepush: {exc}", file=sys.stderr)
             return EXIT_USAGE
         raise

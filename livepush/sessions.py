@@ -78,8 +78,10 @@ def _serializer(secrets: Sequence[str]) -> URLSafeSerializer:
 
 
 def _check_subject(subject: object) -> str:
-    if not isinstance(subject, str) or not subject:
-        raise ValueError(f"a session subject must be a non-empty str, got {type(subject).__name__}")
+    if not isinstance(subject, str):
+        raise ValueError(f"a session subject must be a string (e.g. a user id), got {type(subject).__name__}")
+    if not subject:
+        raise ValueError("a session subject must not be empty: use the user's id")
     if len(subject) > MAX_SUBJECT_LENGTH:
         raise ValueError(
             f"a session subject is at most {MAX_SUBJECT_LENGTH} characters, got {len(subject)}: use an id, not a document"

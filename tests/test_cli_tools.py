@@ -1,0 +1,49 @@
+"""The operator tools: `livepush token ...` and `livepush publish`, good input and bad."""
+
+from __future__ import annotations
+
+import pytest
+
+from livepush import sessions, topics
+
+
+def test_token_topic_prints_a_signed_topic_that_verifies(procs, livepush_env, secret) -> None:
+    """`livepush token topic TOPIC --ttl S` prints a signed topic the server accepts."""
+    child = procs.livepush("token", "topic", "job:42", "--ttl", "60", env=livepush_env())
+    assert child.wait(20) == 0, child.output()
+    assert topics.verify(child.stdout().strip(), [secret]) == "job:42"
+
+
+def test_token_session_prints_a_session_token_for_the_subject(procs, livepush_env, secret) -> None:
+    """`livepush token session SUBJECT` prints a token whose subject is SUBJECT."""
+    child = procs.livepush("token", "session", "user-7", "--ttl", "100", env=livepush_env())
+    assert child.wait(20) == 0, child.output()
+    assert sessions.decode(child.stdout().strip(), [secret]).subject == "user-7"
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["token", "topic", "bad topic"], "invalid topic"),
+        (["token", "topic", "a", "--ttl", "-5"], "ttl"),
+        (["token", "session", ""], "subject"),
+        (["publish", "_livepush.x", "{}"], "reserved"),
+        (["publish", "a", "{not json"], "JSON"),
+        (["publish", "a", '{"x": NaN}'], "JSON"),
+        (["nope"], "invalid choice"),
+    ],
+)
+def test_bad_operator_input_exits_2_with_one_line(procs, livepush_env, argv, needle) -> None:
+    """A mistake in what the operator typed exits 2 with a line naming it, never a traceback."""
+    child = procs.livepush(*argv, env=livepush_env())
+    assert child.wait(20) == 2
+    err = child.stderr()
+    assert "Traceback" not in err and needle in err, err
+
+
+def test_token_without_a_secret_exits_2(procs, livepush_env) -> None:
+    """Signing without LIVEPUSH_SECRET says how to set it."""
+    env = livepush_env()
+    env.pop("LIVEPUSH_SECRET")
+    child = procs.livepush("token", "topic", "a", env=env)
+    assert child.wait(20) == 2 and "LIVEPUSH_SECRET" in child.stderr()
