@@ -7,6 +7,9 @@
 
     handle = import_row.enqueue(1, {"a": 1})        # JobHandle(id, topic, signed_topic)
 
+    with jobs.group(on_success=report.request(1)) as g:   # task groups (docs/groups.md)
+        g.enqueue(import_row, 1, {"a": 1})
+
 Run them with `livepush jobs MODULE` (see docs/jobs.md).
 """
 
@@ -15,16 +18,64 @@ from __future__ import annotations
 from typing import Any
 
 from .context import JobContext, SyncJobContext
-from .control import acancel, cancel, discard_failed, job_state, retry_failed
+from .control import acancel, acancel_group, cancel, cancel_group, discard_failed, job_state, retry_failed
 from .database import configure
 from .enqueue import aenqueue_many, enqueue_many
-from .errors import InvalidArgumentsError, JobCancelled, UnknownJobError
+from .errors import (
+    GroupClosedError,
+    GroupError,
+    GroupLimitError,
+    GroupNotFound,
+    InvalidArgumentsError,
+    JobCancelled,
+    LeaseLostError,
+    UnknownJobError,
+)
+from .groups import (
+    MAX_GROUP_MEMBERS,
+    GroupContext,
+    GroupHandle,
+    aadd_to_group,
+    acreate_group,
+    add_many_to_group,
+    add_to_group,
+    agroup,
+    aseal_group,
+    create_group,
+    get_group,
+    group,
+    group_history,
+    group_members,
+    seal_group,
+)
 from .handles import JobHandle
 from .registry import REGISTRY, JobFunction, JobRequest, default_backoff, job
 from .testing import adrain, clear, drain
 
 __all__ = [
+    "MAX_GROUP_MEMBERS",
     "REGISTRY",
+    "GroupClosedError",
+    "GroupContext",
+    "GroupError",
+    "GroupHandle",
+    "GroupLimitError",
+    "GroupNotFound",
+    "LeaseLostError",
+    "aadd_to_group",
+    "acancel_group",
+    "acreate_group",
+    "add_many_to_group",
+    "add_to_group",
+    "agroup",
+    "aseal_group",
+    "cancel_group",
+    "create_group",
+    "get_group",
+    "group",
+    "group_history",
+    "group_members",
+    "seal_group",
     "InvalidArgumentsError",
     "JobCancelled",
     "JobContext",

@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between heartbeats; three missed beats and the runtime is dead (default 10)")
     parser.add_argument("--poll-interval", type=float, default=1.0,
                         help="seconds between polls when no notification arrives (default 1)")
+    parser.add_argument("--retention", type=float, default=7 * 24 * 3600.0,
+                        help="seconds finished jobs and task groups are kept before they are deleted "
+                             "(default 604800, 7 days; 0 keeps them forever)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
             sys.path.insert(0, os.getcwd())
         runtime = Runtime(modules, queues=queues, concurrency=args.concurrency,
                           shutdown_timeout=args.shutdown_timeout, heartbeat=args.heartbeat,
-                          poll_interval=args.poll_interval)
+                          poll_interval=args.poll_interval,
+                          retention=getattr(args, "retention", None) or None)
         _run_loop(runtime.run())
         status = 0
     except (ConfigError, SchemaError) as exc:

@@ -141,35 +141,15 @@ class Completer:
                           and o.kind != "released"]
         writes = progress_ctxs + first_progress
         written = {c.job_id: c.latest for c in writes}
-        published: list[events.Event] = []
-        rows: list[dict[str, Any]] = []
-        async with self._pool.connection() as conn:
-            async with conn.cursor(row_factory=dict_row) as cur:
-                live: set[int] = set()
-                if writes:
-                    await cur.execute(queries.WRITE_PROGRESS, {
-                        "ids": [c.job_id for c in writes],
-                        "leases": [c.job.lease for c in writes],
-                        "progress": [json.dumps(written[c.job_id]) for c in writes],
-                    })
-                    live = {r["id"] for r in await cur.fetchall()}
-                    for c in writes:
-                        if c.job_id in live:
-                            published.append(events.job_event("progress", c.job.row(), progress=written[c.job_id]))
-                if outcomes:
-                    await cur.execute(queries.COMPLETE, {
-                        "ids": [o.ctx.job_id for o in outcomes],
-                        "leases": [o.ctx.job.lease for o in outcomes],
-                        "kinds": [o.kind for o in outcomes],
-                        "errors": [o.error for o in outcomes],
-                        "delays": [o.delay for o in outcomes],
-                        "progress": [json.dumps(o.ctx.latest) if o.ctx.latest is not None else None for o in outcomes],
-                    })
-                    rows = await cur.fetchall()
-                    published.extend(events.state_event(r) for r in rows
-                                     if r["kind"] != "released" or r["state"] == "cancelled")
-                    published.extend(await terminal.on_terminal(conn, terminal.terminal_rows(rows)))
-                later = await events.apublish_in(conn, published)
+        live: set[int] = set()
+        later: list[events.Event] = []
+        if not writes and outcomes and events.in_transaction() and all(o.ctx.job.group_id is None for o in outcomes):
+            # The common case: outcomes only, and no task group to count (terminal.on_terminal
+            # needs nothing for jobs without a group). COMPLETE_PUBLISHING writes them and
+            # publishes their events in one statement: autocommit, one round trip.
+            rows = await self._complete_publishing(outcomes)
+        else:
+            rows, later = await self._flush_in_transaction(outcomes, writes, written, live)
         # Committed.
         del self._outcomes[: len(outcomes)]
         for c in progress_ctxs:
@@ -193,6 +173,56 @@ class Completer:
             if o.done is not None and not o.done.done():
                 o.done.set_result(row)
         await events.apublish_after(later)
+
+    def _outcome_params(self, outcomes: list[Outcome]) -> dict[str, Any]:
+        return {
+            "ids": [o.ctx.job_id for o in outcomes],
+            "leases": [o.ctx.job.lease for o in outcomes],
+            "kinds": [o.kind for o in outcomes],
+            "errors": [o.error for o in outcomes],
+            "delays": [o.delay for o in outcomes],
+            "progress": [json.dumps(o.ctx.latest) if o.ctx.latest is not None else None for o in outcomes],
+        }
+
+    async def _complete_publishing(self, outcomes: list[Outcome]) -> list[dict[str, Any]]:
+        async with self._pool.connection() as conn:
+            await conn.set_autocommit(True)
+            try:
+                async with conn.cursor(row_factory=dict_row) as cur:
+                    await cur.execute(queries.COMPLETE_PUBLISHING, self._outcome_params(outcomes))
+                    return await cur.fetchall()
+            finally:
+                if not conn.closed:
+                    await conn.set_autocommit(False)
+
+    async def _flush_in_transaction(
+        self, outcomes: list[Outcome], writes: list[JobContext], written: dict[int, Any], live: set[int],
+    ) -> tuple[list[dict[str, Any]], list[events.Event]]:
+        """Progress, outcomes, the terminal hook and every event in one transaction. Fills
+        `live` (jobs whose progress was written); returns the completed rows and the events
+        to publish after commit (non-Postgres fan-outs)."""
+        published: list[events.Event] = []
+        rows: list[dict[str, Any]] = []
+        async with self._pool.connection() as conn:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                if writes:
+                    await cur.execute(queries.WRITE_PROGRESS, {
+                        "ids": [c.job_id for c in writes],
+                        "leases": [c.job.lease for c in writes],
+                        "progress": [json.dumps(written[c.job_id]) for c in writes],
+                    })
+                    live.update(r["id"] for r in await cur.fetchall())
+                    for c in writes:
+                        if c.job_id in live:
+                            published.append(events.job_event("progress", c.job.row(), progress=written[c.job_id]))
+                if outcomes:
+                    await cur.execute(queries.COMPLETE, self._outcome_params(outcomes))
+                    rows = await cur.fetchall()
+                    published.extend(events.state_event(r) for r in rows
+                                     if r["kind"] != "released" or r["state"] == "cancelled")
+                    published.extend(await terminal.on_terminal(conn, terminal.terminal_rows(rows)))
+                later = await events.apublish_in(conn, published)
+        return rows, later
 
 
 def _count_key(row: dict[str, Any]) -> str:

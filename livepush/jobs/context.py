@@ -62,7 +62,23 @@ class ClaimedJob:
 class JobContext:
     """The `ctx` of an async job (sync jobs get a SyncJobContext around one of these)."""
 
-    group: Any = None  # task groups (issue 6) fill this in
+    _group: Any = None  # GroupContext, made on first use (or loaded first, for a callback)
+
+    @property
+    def group(self) -> Any:
+        """The job's task group (livepush.jobs.groups.GroupContext), or None for a lone job."""
+        if self._group is None and self.job.group_id is not None:
+            from .groups import GroupContext
+
+            self._group = GroupContext(self)
+        return self._group
+
+    async def load_group(self) -> None:
+        """Before a group callback runs: load its group's final state into ctx.group."""
+        if self.job.group_id is not None and self.job.group_id < 0:
+            from .groups import load_callback_context
+
+            self._group = await load_callback_context(self)
 
     def __init__(self, job: ClaimedJob, completer: Completer | None) -> None:
         self.job = job
@@ -129,7 +145,15 @@ class JobContext:
 class SyncJobContext:
     """`ctx` of a sync job, running in a worker thread: the same names, blocking calls."""
 
-    group: Any = None
+    @property
+    def group(self) -> Any:
+        """The job's task group (blocking calls), or None for a lone job."""
+        inner = self._inner.group
+        if inner is None:
+            return None
+        from .groups import SyncGroupContext
+
+        return SyncGroupContext(inner, self._loop)
 
     def __init__(self, inner: JobContext, loop: asyncio.AbstractEventLoop) -> None:
         self._inner = inner

@@ -1,7 +1,8 @@
 """Enqueue: one job or many, in our own transaction or the caller's (`conn=`).
 
-Every path is the same single statement (queries.ENQUEUE_MANY), which also rings the
-doorbell; it is delivered at commit, so idle runtimes wake only for committed jobs.
+Every path is the same single statement (queries.ENQUEUE_MANY, or ENQUEUE_MANY_PUBLISHING
+which also publishes the "enqueued" events), which also rings the doorbell; it is delivered
+at commit, so idle runtimes wake only for committed jobs.
 """
 
 from __future__ import annotations
@@ -87,47 +88,59 @@ def _events(rows: list[dict[str, Any]]) -> list[events.Event]:
     return [events.job_event("enqueued", row) for row in rows]
 
 
+def _statement() -> tuple[str, bool]:
+    """The enqueue statement, and whether it publishes the "enqueued" events itself (Postgres
+    fan-out in the jobs' database: same statement, same transaction, one round trip)."""
+    if events.in_transaction():
+        return queries.ENQUEUE_MANY_PUBLISHING, True
+    return queries.ENQUEUE_MANY, False
+
+
 def run_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
     """Insert a batch with a sync connection (the caller's, or ours and committed here)."""
     if not len(batch):
         return []
+    sql, publishes = _statement()
     if conn is None:
         with database.sync_pool().connection() as own:
             with own.cursor(row_factory=dict_row) as cur:
-                cur.execute(queries.ENQUEUE_MANY, batch.params())
+                cur.execute(sql, batch.params())
                 rows = cur.fetchall()
-            later = events.publish_in(own, _events(rows))
-        events.publish_after(later)
+        if not publishes:
+            events.publish_after(_events(rows))
         return _handles(rows)
     if database.conn_kind(conn) != "sync":
         raise TypeError("enqueue(conn=) takes a sync psycopg Connection; use aenqueue() with an AsyncConnection")
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(queries.ENQUEUE_MANY, batch.params())
+        cur.execute(sql, batch.params())
         rows = cur.fetchall()
     # With a non-Postgres fan-out we cannot wait for the caller's commit: the events go out
     # now. Only the caller knows these ids yet, so nobody else can be watching them.
-    events.publish_after(events.publish_in(conn, _events(rows)))
+    if not publishes:
+        events.publish_after(_events(rows))
     return _handles(rows)
 
 
 async def arun_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
     if not len(batch):
         return []
+    sql, publishes = _statement()
     if conn is None:
         pool = await database.async_pool()
         async with pool.connection() as own:
             async with own.cursor(row_factory=dict_row) as cur:
-                await cur.execute(queries.ENQUEUE_MANY, batch.params())
+                await cur.execute(sql, batch.params())
                 rows = await cur.fetchall()
-            later = await events.apublish_in(own, _events(rows))
-        await events.apublish_after(later)
+        if not publishes:
+            await events.apublish_after(_events(rows))
         return _handles(rows)
     if database.conn_kind(conn) != "async":
         raise TypeError("aenqueue(conn=) takes a psycopg AsyncConnection; use enqueue() with a sync Connection")
     async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries.ENQUEUE_MANY, batch.params())
+        await cur.execute(sql, batch.params())
         rows = await cur.fetchall()
-    await events.apublish_after(await events.apublish_in(conn, _events(rows)))
+    if not publishes:
+        await events.apublish_after(_events(rows))
     return _handles(rows)
 
 

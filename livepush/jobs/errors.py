@@ -1,7 +1,10 @@
 """Errors of the job runtime.
 
     LivepushError
-    └── InvalidArgumentsError (TypeError)  job arguments are not plain JSON; names the path
+    ├── InvalidArgumentsError (TypeError)  job arguments are not plain JSON; names the path
+    └── GroupError                         task groups: GroupNotFound (LookupError),
+                                           GroupClosedError, GroupLimitError (ValueError),
+                                           LeaseLostError
     JobCancelled (BaseException)           raised inside a job whose cancel was requested
 """
 
@@ -26,3 +29,28 @@ class JobCancelled(BaseException):
 
 class UnknownJobError(LivepushError, LookupError):
     """A job name this process has no function for."""
+
+
+# -- task groups (livepush/jobs/groups.py) --------------------------------------------------
+
+class GroupError(LivepushError):
+    """Base of the task-group errors below."""
+
+
+class GroupNotFound(GroupError, LookupError):
+    """No group with that id (never created, or deleted by retention)."""
+
+
+class GroupClosedError(GroupError):
+    """A member was added to a group that no longer takes members that way: sealed (only its
+    running members may add, through ctx.group.enqueue), cancelled or finished."""
+
+
+class GroupLimitError(GroupError, ValueError):
+    """A group would have more members than the limit (jobs.MAX_GROUP_MEMBERS)."""
+
+
+class LeaseLostError(GroupError):
+    """ctx.group.enqueue from a job that no longer holds its claim (rescued after its runtime
+    was presumed dead, timed out, or given back): the add is refused, since another attempt
+    of this job may already be running."""

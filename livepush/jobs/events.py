@@ -149,16 +149,24 @@ async def job_snapshot(aconn: psycopg.AsyncConnection, job_id: int) -> dict[str,
     return {"event": "snapshot", "job": job_view(row)}
 
 
+async def group_snapshot(aconn: psycopg.AsyncConnection, group_id: int) -> dict[str, Any] | None:
+    """`{"event": "snapshot", "group": {...}}` for a task group, or None if there is no such group."""
+    from .group_events import group_snapshot as read
+
+    return await read(aconn, group_id)
+
+
 async def snapshot(conn_or_url: psycopg.AsyncConnection | str, topic: str) -> dict[str, Any] | None:
-    """The snapshot for a state topic `job:<id>`, or None (not a job topic, or no such job).
-    Takes an AsyncConnection or a database URL."""
+    """The snapshot for a state topic `job:<id>` or `group:<id>`, or None (not a state
+    topic, or no such job or group). Takes an AsyncConnection or a database URL."""
     kind, _, ident = topic.partition(":")
-    if kind != "job" or not ident.isdigit():
+    reader = {"job": job_snapshot, "group": group_snapshot}.get(kind)
+    if reader is None or not ident.isdigit():
         return None
     if isinstance(conn_or_url, str):
         async with await psycopg.AsyncConnection.connect(conn_or_url, autocommit=True) as aconn:
-            return await job_snapshot(aconn, int(ident))
-    return await job_snapshot(conn_or_url, int(ident))
+            return await reader(aconn, int(ident))
+    return await reader(conn_or_url, int(ident))
 
 
 def runtime_event(event: str, view: Mapping[str, Any]) -> list[Event]:

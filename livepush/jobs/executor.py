@@ -35,6 +35,8 @@ async def execute(
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     try:
+        if job.group_id is not None and job.group_id < 0:
+            await ctx.load_group()  # a group callback: ctx.group shows the finished group
         if fn.is_async:
             if fn.timeout is None:
                 await fn.func(ctx, *job.args)

@@ -92,3 +92,31 @@ async def cancel_requests(pool: AsyncConnectionPool, runtime_id: int) -> list[in
     async with pool.connection() as conn:
         rows = await (await conn.execute(queries.CANCEL_REQUESTS_FOR, {"runtime_id": runtime_id})).fetchall()
     return [r[0] for r in rows]
+
+
+DEFAULT_RETENTION = 7 * 24 * 3600.0  # seconds a finished job or group is kept
+PRUNE_BATCH = 1000  # rows per delete statement
+PRUNE_MAX_BATCHES = 20  # per maintenance run: a backlog is worked off over several runs
+
+
+async def prune(pool: AsyncConnectionPool, retention: float, *, batch: int = PRUNE_BATCH,
+                max_batches: int = PRUNE_MAX_BATCHES) -> int:
+    """Retention: delete lone jobs finished more than `retention` seconds ago, and finished
+    groups as old with their members and callbacks, in bounded batches (one short transaction
+    each). A member is kept while its group is unfinished. Returns the rows deleted."""
+    from . import group_queries as gq
+
+    params = {"retention": retention, "limit": batch}
+    deleted = 0
+    for sql in (gq.PRUNE_JOBS, gq.PRUNE_GROUP_JOBS):
+        for _ in range(max_batches):
+            async with pool.connection() as conn:
+                n = (await conn.execute(sql, params)).rowcount
+            deleted += n
+            if n < batch:
+                break
+    async with pool.connection() as conn:
+        deleted += (await conn.execute(gq.PRUNE_GROUPS, params)).rowcount
+    if deleted:
+        log.info("retention: deleted %d finished jobs and groups older than %g s", deleted, retention)
+    return deleted

@@ -21,11 +21,24 @@ CANCEL_CHANNEL = "livepush_jobs_cancel"
 # The columns an event needs, from the state table `j` and the payload table `p`.
 _EVENT_COLUMNS = "j.id, j.name, j.queue, j.state, j.attempt, j.max_attempts, j.run_at, j.group_id, p.progress, p.error"
 
+
+def _event_sql(event: str, alias: str) -> str:
+    """SQL for the JSON text of a job event (sql/0005: livepush_job_event, the twin of
+    events.job_view) from a relation `alias` with the _EVENT_COLUMNS."""
+    a = alias
+    return (f"livepush_job_event({event}, {a}.id, {a}.name, {a}.queue, {a}.state, {a}.attempt, "
+            f"{a}.max_attempts, {a}.progress, {a}.error, {a}.run_at)")
+
+
+# The event a job publishes on reaching its state (events._STATE_EVENT in SQL).
+_STATE_EVENT_SQL = """CASE {a}.state WHEN 'succeeded' THEN 'succeeded' WHEN 'failed' THEN 'failed'
+    WHEN 'cancelled' THEN 'cancelled' WHEN 'running' THEN 'started' ELSE 'retrying' END"""
+
 # name: enqueue_many
 # One statement for any number of jobs. Ids come from the sequence inside the `input` CTE,
 # which Postgres materializes once (it calls a volatile function), so both inserts see the
 # same ids. New rows are invisible to claims until commit: nothing to race with.
-ENQUEUE_MANY = f"""
+_ENQUEUE_CTES = f"""
 WITH input AS (
     SELECT nextval('livepush_jobs_id_seq') AS id, u.*
     FROM unnest(%(names)s::text[], %(queues)s::text[], %(priorities)s::int[],
@@ -42,9 +55,25 @@ WITH input AS (
 ), payloads AS (
     INSERT INTO livepush_job_payloads (id, args) SELECT id, args FROM input
 )
+"""
+ENQUEUE_MANY = _ENQUEUE_CTES + f"""
 SELECT jobs.*, pg_notify('{READY_CHANNEL}', '') IS NULL AS _rang
 FROM jobs JOIN input USING (id)
 ORDER BY input.ord
+"""
+
+# name: enqueue_many_publishing
+# ENQUEUE_MANY plus the "enqueued" events, built from the new rows and published by the
+# same statement (Postgres fan-out in the jobs' database): one round trip.
+ENQUEUE_MANY_PUBLISHING = _ENQUEUE_CTES + f"""
+, done AS (
+    SELECT jobs.*, input.ord FROM jobs JOIN input USING (id)
+)
+SELECT done.*, pg_notify('{READY_CHANNEL}', '') IS NULL AS _rang,
+       (SELECT livepush_publish_many(array_agg('job:' || d.id ORDER BY d.ord),
+                                     array_agg({_event_sql("'enqueued'", "d")} ORDER BY d.ord)) FROM done d) AS _published
+FROM done
+ORDER BY done.ord
 """
 
 # name: claim
@@ -52,7 +81,7 @@ ORDER BY input.ord
 # claimer; the others skip it instead of waiting. The partial index covers only available
 # rows in claim order, so the scan never wades through jobs others hold. The LIMIT is the
 # claimer's free slots, never more. `excluded` holds names this runtime does not know.
-CLAIM = f"""
+_CLAIM_CTES = """
 WITH picked AS (
     SELECT id FROM livepush_jobs
     WHERE state = 'available' AND queue = %(queue)s AND name <> ALL(%(excluded)s::text[])
@@ -66,9 +95,30 @@ WITH picked AS (
     FROM picked WHERE j.id = picked.id
     RETURNING j.*
 )
+"""
+CLAIM = _CLAIM_CTES + f"""
 SELECT {_EVENT_COLUMNS}, j.priority, j.lease, j.cancel_requested, p.args
 FROM claimed j JOIN livepush_job_payloads p ON p.id = j.id
 ORDER BY j.priority, j.run_at, j.id
+"""
+
+# name: claim_publishing
+# CLAIM plus the "started" events of the claimed jobs whose names this runtime knows
+# (`known`; an unknown one is given back without an event), published by the same
+# statement: with an autocommit connection the claim is one round trip, and the events
+# still commit if and only if the claim does. The scalar subquery runs once, and only when
+# something was claimed.
+CLAIM_PUBLISHING = _CLAIM_CTES + f"""
+, out AS (
+    SELECT {_EVENT_COLUMNS}, j.priority, j.lease, j.cancel_requested, p.args
+    FROM claimed j JOIN livepush_job_payloads p ON p.id = j.id
+)
+SELECT out.*,
+       (SELECT livepush_publish_many(array_agg('job:' || o.id ORDER BY o.id),
+                                     array_agg({_event_sql("'started'", "o")} ORDER BY o.id))
+        FROM out o WHERE o.name = ANY(%(known)s::text[])) AS _published
+FROM out
+ORDER BY out.priority, out.run_at, out.id
 """
 
 # name: complete
@@ -79,7 +129,7 @@ ORDER BY j.priority, j.run_at, j.id
 # it) or waits for this one (and then finds it finished).
 # kind: succeeded | retry (failed, may retry) | fail (failed for good) | cancelled | released
 # A released job (draining runtime, unknown name) gives its attempt back.
-COMPLETE = f"""
+_COMPLETE_CTES = """
 WITH outcome AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(leases)s::bigint[], %(kinds)s::text[],
                          %(errors)s::text[], %(delays)s::float8[], %(progress)s::jsonb[])
@@ -113,9 +163,29 @@ WITH outcome AS (
     WHERE p.id = m.id
     RETURNING p.*
 )
+"""
+COMPLETE = _COMPLETE_CTES + f"""
 SELECT {_EVENT_COLUMNS}, j.kind
 FROM moved j JOIN payload p ON p.id = j.id
 ORDER BY j.id
+"""
+
+# name: complete_publishing
+# COMPLETE plus each job's state event (none for a plain release), published by the same
+# statement, so with an autocommit connection a batch of outcomes is one round trip and its
+# events commit if and only if the outcomes do. Only for batches that need nothing else in
+# their transaction (no progress to write first, no task group to count).
+COMPLETE_PUBLISHING = _COMPLETE_CTES + f"""
+, done AS (
+    SELECT {_EVENT_COLUMNS}, j.kind
+    FROM moved j JOIN payload p ON p.id = j.id
+)
+SELECT done.*,
+       (SELECT livepush_publish_many(array_agg('job:' || d.id ORDER BY d.id),
+                                     array_agg({_event_sql(_STATE_EVENT_SQL.format(a="d"), "d")} ORDER BY d.id))
+        FROM done d WHERE d.kind <> 'released' OR d.state = 'cancelled') AS _published
+FROM done
+ORDER BY done.id
 """
 
 # name: write_progress
@@ -301,11 +371,10 @@ QUEUES_WITH_DUE_JOBS = "SELECT DISTINCT queue FROM livepush_jobs WHERE state = '
 CLEAR = "TRUNCATE livepush_job_payloads, livepush_jobs, livepush_job_runtimes"
 
 # name: publish_many
-# The Postgres fan-out's own publish function, once per event, in array order (events of
-# one job keep their order); runs in the caller's transaction, so events go out if and
-# only if the state change they describe commits.
+# The Postgres fan-out's publish, for a whole batch in one call (sql/0005): as if
+# livepush_publish() ran per event in array order (events of one job keep their order), with
+# topic row locks taken in topic order so concurrent batches cannot deadlock. Runs in the
+# caller's transaction, so events go out if and only if the state change they describe commits.
 PUBLISH_MANY = """
-SELECT livepush_publish(u.topic, u.data)
-FROM unnest(%(topics)s::text[], %(datas)s::text[]) WITH ORDINALITY AS u(topic, data, ord)
-ORDER BY u.ord
+SELECT livepush_publish_many(%(topics)s::text[], %(datas)s::text[])
 """

@@ -80,6 +80,7 @@ class Runtime:
         url: str | None = None,
         install_signals: bool = True,
         flush_delay: float = 0.002,
+        retention: float | None = maintenance.DEFAULT_RETENTION,
     ) -> None:
         if isinstance(modules, Registry):
             self.registry = modules
@@ -100,6 +101,12 @@ class Runtime:
         self.url = url
         self.install_signals = install_signals
         self.flush_delay = flush_delay
+        # Seconds finished jobs and groups are kept (None: forever); pruned by the heartbeat task.
+        if retention is not None and retention <= 0:
+            raise ConfigError(f"--retention {retention}: use a positive number of seconds")
+        self.retention = retention
+        self._pruned_at = 0.0
+        self._group_progress: Any = None
         self.id: int | None = None
         self.state = "starting"
         self.in_hand: dict[int, _InHand] = {}
@@ -196,6 +203,10 @@ class Runtime:
             raise unreachable(url, exc) from exc
         self._completer = Completer(self._pool, flush_delay=self.flush_delay)
         self._completer.start()
+        from .group_events import ProgressPublisher
+
+        self._group_progress = ProgressPublisher(self._pool)
+        self._group_progress.start()
         # Threads for sync jobs. A timed-out sync job keeps its thread until it returns, so
         # leave headroom beyond the concurrency.
         self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency * 2,
@@ -255,6 +266,9 @@ class Runtime:
         self._tasks = []
         if self._completer is not None and self._completer._task is not None:
             await self._completer.close()
+        if self._group_progress is not None:
+            await self._group_progress.close()
+            self._group_progress = None
         self.state = "stopped"
         if self._pool is not None:
             try:
@@ -363,20 +377,38 @@ class Runtime:
     async def _claim(self, free: int) -> int:
         assert self._pool is not None
         rows: list[dict[str, Any]] = []
+        # Each queue's claim is one statement that also publishes its "started" events
+        # (CLAIM_PUBLISHING), so it runs in autocommit: one round trip per queue instead of
+        # BEGIN, claim, publish, COMMIT. With another fan-out the events go after the claim.
+        publishing = events.in_transaction()
+        params: dict[str, Any] = {"excluded": sorted(self.excluded), "runtime_id": self.id}
+        if publishing:
+            params["known"] = self.registry.names()
         async with self._pool.connection() as conn:
-            async with conn.cursor(row_factory=dict_row) as cur:
-                for queue in self.queues:
-                    want = free - len(rows)
-                    if want <= 0:
-                        break
-                    await cur.execute(queries.CLAIM, {"queue": queue, "excluded": sorted(self.excluded),
-                                                      "limit": want, "runtime_id": self.id})
-                    rows.extend(await cur.fetchall())
+            await conn.set_autocommit(True)
+            try:
+                async with conn.cursor(row_factory=dict_row) as cur:
+                    for queue in self.queues:
+                        want = free - len(rows)
+                        if want <= 0:
+                            break
+                        params["queue"], params["limit"] = queue, want
+                        await cur.execute(queries.CLAIM_PUBLISHING if publishing else queries.CLAIM, params)
+                        rows.extend(await cur.fetchall())
+            except psycopg.Error as exc:
+                # Earlier queues' claims are committed: those jobs are ours and must run.
                 if not rows:
-                    return 0
-                known = [r for r in rows if r["name"] in self.registry]
-                later = await events.apublish_in(conn, [events.job_event("started", r) for r in known])
-        await events.apublish_after(later)
+                    raise
+                _reraise_if_cancelled()
+                log.warning("claim failed after %d jobs were claimed (%s); running those", len(rows), exc)
+            finally:
+                if not conn.closed:
+                    await conn.set_autocommit(False)
+        if not rows:
+            return 0
+        if not publishing:
+            known = [r for r in rows if r["name"] in self.registry]
+            await events.apublish_after([events.job_event("started", r) for r in known])
         for row in rows:
             self._start(ClaimedJob.from_row(row))
         return len(rows)
@@ -429,10 +461,21 @@ class Runtime:
                 if len(self.in_hand) != last_in_hand:
                     last_in_hand = len(self.in_hand)
                     await self._publish_state(self.state)
+                await self._prune()
             except psycopg.Error as exc:
                 _reraise_if_cancelled()
                 log.warning("heartbeat failed (%s); trying again next beat", exc)
             await self._pause(self.heartbeat)
+
+    async def _prune(self) -> None:
+        """Retention, at most once a minute (or per tenth of the retention time) per runtime."""
+        if self.retention is None or self._pool is None:
+            return
+        now = asyncio.get_running_loop().time()
+        if now - self._pruned_at < min(60.0, self.retention / 10):
+            return
+        self._pruned_at = now
+        await maintenance.prune(self._pool, self.retention)
 
     async def _promote(self) -> None:
         assert self._pool is not None

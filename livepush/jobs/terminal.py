@@ -4,8 +4,8 @@ seen inside the transaction that made it.
 Every path that can end a job (completer batch, cancel of a queued job, rescue of a job
 whose last attempt died with its runtime, release of a job whose cancel was requested)
 calls `on_terminal` with the rows that just became terminal, before commit. Task groups
-(issue 6) count their members here, in the same transaction, so a group's callback is
-enqueued exactly once.
+count their members here, in the same transaction, so a group's callback is enqueued
+exactly once (see group_queries.py for why).
 """
 
 from __future__ import annotations
@@ -28,16 +28,32 @@ async def on_terminal(aconn: psycopg.AsyncConnection, rows: Sequence[Row]) -> li
     """Called in the transaction that moved `rows` (dicts with id, state, group_id, ...) to
     a terminal state. Returns extra events to publish with the batch (group events).
 
-    Nothing to do until task groups exist: jobs without a group_id never need anything."""
-    grouped = [r for r in rows if r.get("group_id") is not None and r["state"] in TERMINAL_STATES]
-    if not grouped:
+    Counts group members on their groups' shards and finishes any group this completes
+    (callbacks enqueued in this transaction, exactly once). Group progress is not published
+    here: the runtime's ProgressPublisher is told which shards moved and publishes at most
+    ~10 times a second per group; without one (an admin call), progress goes out now."""
+    from . import group_events, group_steps
+
+    members = group_steps.members_of(rows)
+    if not members:
         return []
-    return []  # issue 6: count members per group, seal/finish, enqueue callbacks
+    counted = await group_steps.arun(aconn, group_steps.count_outcomes(members))
+    publisher = group_events.current_publisher()
+    if publisher is not None:
+        for group_id, shards in counted.expect.items():
+            publisher.mark(group_id, shards)
+        return counted.events
+    progress = await group_steps.arun(aconn, group_steps.progress_now(list(counted.expect)))
+    return counted.events + progress
 
 
 def on_terminal_sync(conn: psycopg.Connection, rows: Sequence[Row]) -> list[tuple[str, Any]]:
     """on_terminal for the sync admin calls (jobs.cancel on a queued job)."""
-    grouped = [r for r in rows if r.get("group_id") is not None and r["state"] in TERMINAL_STATES]
-    if not grouped:
+    from . import group_steps
+
+    members = group_steps.members_of(rows)
+    if not members:
         return []
-    return []  # issue 6
+    counted = group_steps.run(conn, group_steps.count_outcomes(members))
+    progress = group_steps.run(conn, group_steps.progress_now(list(counted.expect)))
+    return counted.events + progress

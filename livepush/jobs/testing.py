@@ -75,5 +75,8 @@ def clear() -> None:
     """Delete every job and runtime row. Refuses unless LIVEPUSH_ENV=test."""
     if not get_settings().is_test:
         raise ConfigError("jobs.clear() deletes every job: it only runs with LIVEPUSH_ENV=test")
+    from . import group_queries
+
     with database.sync_pool().connection() as conn:
         conn.execute(queries.CLEAR)
+        conn.execute(group_queries.CLEAR)

@@ -1,0 +1,389 @@
+"""Every SQL statement of task groups, named, with why it is safe under concurrency.
+
+Tables: sql/0004_groups.sql. Members are rows of livepush_jobs with `group_id` = the group;
+callbacks carry `group_id` = -group (never counted).
+
+Lock order (every transaction that touches groups takes its locks in this order, so no two
+can wait on each other in a cycle):
+
+    member job rows  ->  shard rows (sorted by group, shard)  ->  group rows (sorted by id)  ->  topic rows (publish)
+
+- a member's outcome (completer, cancel, rescue): job rows (COMPLETE), then COUNT_OUTCOMES
+  locks its shard rows in sorted order, then, only if a shard drained, LOCK_GROUPS;
+- an add (block, add_to_group, ctx.group.enqueue): the adding member's row (FENCE_MEMBER,
+  for ctx.group.enqueue), new job rows (invisible to others), ADD_PENDING (shards), then
+  ADD_TOTAL (the group row, where the state and the member limit are checked);
+- seal and cancel lock the group row only (then read, never lock, the shards);
+- the progress publisher locks group rows FOR SHARE only.
+Nobody who holds a group row lock goes on to lock a shard or a job row.
+
+Finishing (the one race that matters): a group finishes in the transaction that (a) holds
+its row lock and (b) then, in a LATER statement, reads the sum of pending over all shards as
+0 while the group is sealed (or cancelled). Under READ COMMITTED each statement takes a new
+snapshot, so the read in (b) sees every transaction that held the group lock before us as
+committed. Every transaction that could make the group finishable takes that lock after its
+own change: a member whose outcome drains a shard (the last pending member of a shard is
+well defined: the shard row's lock orders the decrements), the seal, the cancel. Whichever
+of them takes the lock last sees all the others' changes and finishes the group; the ones
+before it see something still pending (or the group still open) and do nothing. FINISH_GROUPS
+itself only moves a group whose finished_at is NULL, and the callbacks' unique key (group,
+kind) makes a second enqueue impossible even if that check were wrong.
+
+Adding from inside: a running member M adding a member counts it pending in its own
+transaction while M itself is still pending (M is not finished until its outcome commits,
+and FENCE_MEMBER's share lock on M makes that outcome, a rescue or a cancel wait for the add).
+So the sum of pending never reaches 0 between the add and M's outcome.
+"""
+
+from __future__ import annotations
+
+from .queries import READY_CHANNEL
+
+# Members with consecutive ids share a shard in blocks of this many: a runtime claims
+# members in id order, so one completer batch mostly touches one or two shard rows, and two
+# runtimes working on different blocks rarely wait for each other's shard locks. (Plain
+# `id % shards` would put every batch of 16+ members on all 16 rows, which serializes the
+# completers again.)
+SHARD_STRIDE = 32
+
+
+def _shard_of(member_id: str, shards: str) -> str:
+    """SQL for a member's shard: blocks of SHARD_STRIDE consecutive ids, round robin."""
+    return f"mod({member_id} / {SHARD_STRIDE}, {shards})"
+
+_VIEW_COLUMNS = """
+    g.id, g.state, g.total, g.finished_at, g.created_at, g.sealed_at, g.cancelled_at,
+    coalesce(c.pending, 0)::int AS pending, coalesce(c.succeeded, 0)::int AS succeeded,
+    coalesce(c.failed, 0)::int AS failed, coalesce(c.cancelled, 0)::int AS cancelled
+"""
+
+_COUNTS = """
+    SELECT group_id, sum(pending) AS pending, sum(succeeded) AS succeeded,
+           sum(failed) AS failed, sum(cancelled) AS cancelled
+    FROM livepush_group_shards WHERE group_id = ANY(%(ids)s::bigint[]) GROUP BY group_id
+"""
+
+# name: reserve_group_id
+# Sequences are not transactional: an id reserved by a block that then raises is simply unused.
+RESERVE_GROUP_ID = "SELECT nextval('livepush_groups_id_seq')"
+
+# name: create_group
+# A new row and its shard rows; invisible to everyone until commit, so nothing to race with.
+CREATE_GROUP = """
+WITH g AS (
+    INSERT INTO livepush_groups (id, shards, on_finish, on_success, on_failure)
+    VALUES (%(id)s, %(shards)s, %(on_finish)s, %(on_success)s, %(on_failure)s)
+    RETURNING id, shards
+), s AS (
+    INSERT INTO livepush_group_shards (group_id, shard)
+    SELECT g.id, n FROM g, generate_series(0, g.shards - 1) AS n
+)
+SELECT id FROM g
+"""
+
+# name: fence_member
+# ctx.group.enqueue: the adding member must still hold its claim (same lease, running). FOR
+# SHARE keeps it so until the add commits: the member's own outcome (COMPLETE updates the
+# row), a rescue (FOR UPDATE SKIP LOCKED skips it) or a cancel all wait or pass it by, so the
+# member stays pending, and its group unfinished, while its new member is being counted.
+FENCE_MEMBER = """
+SELECT group_id FROM livepush_jobs
+WHERE id = %(id)s AND lease = %(lease)s AND state = 'running' AND group_id > 0
+FOR SHARE
+"""
+
+# name: add_pending
+# Counts new members as pending on their shards. Shard rows are locked in (shard) order
+# (the MATERIALIZED CTE sorts before it locks), the same order COUNT_OUTCOMES uses, so an
+# add and a batch of outcomes never deadlock. The group row is read, not locked (its
+# `shards` never changes); it is locked after this, by ADD_TOTAL.
+ADD_PENDING = f"""
+WITH input AS (
+    SELECT {_shard_of("u.id", "g.shards")} AS shard, count(*)::int AS n
+    FROM unnest(%(ids)s::bigint[]) AS u(id), livepush_groups g
+    WHERE g.id = %(group_id)s
+    GROUP BY 1
+), locked AS MATERIALIZED (
+    SELECT s.shard FROM livepush_group_shards s JOIN input i ON i.shard = s.shard
+    WHERE s.group_id = %(group_id)s
+    ORDER BY s.shard
+    FOR UPDATE OF s
+)
+UPDATE livepush_group_shards s SET pending = s.pending + i.n
+FROM input i JOIN locked l ON l.shard = i.shard
+WHERE s.group_id = %(group_id)s AND s.shard = i.shard
+"""
+
+# name: add_total
+# The last lock an add takes: the group row. Checks, under that lock, that the group still
+# takes members in this way (`states`) and that the limit holds; a concurrent seal or cancel
+# either committed first (then the re-checked WHERE fails and the add is refused, rolling
+# back its pending counts) or waits for this add and then sees its members pending.
+# `seal` seals in the same statement (the `jobs.group()` block).
+ADD_TOTAL = """
+UPDATE livepush_groups SET
+    total = total + %(n)s,
+    state = CASE WHEN %(seal)s THEN 'sealed' ELSE state END,
+    sealed_at = CASE WHEN %(seal)s THEN now() ELSE sealed_at END
+WHERE id = %(group_id)s AND state = ANY(%(states)s::text[]) AND finished_at IS NULL
+  AND total + %(n)s <= %(limit)s
+RETURNING total, state
+"""
+
+# name: group_row (why an add or seal was refused; plain read)
+GROUP_ROW = "SELECT id, state, total, finished_at FROM livepush_groups WHERE id = %(id)s"
+
+# name: seal
+# Locks the group row and seals it; the caller then runs FINISH_GROUPS in a later statement
+# (see the module docstring: the read of pending must come after the lock).
+SEAL = """
+UPDATE livepush_groups SET state = 'sealed', sealed_at = now()
+WHERE id = %(id)s AND state = 'open'
+RETURNING id
+"""
+
+# name: count_outcomes
+# One statement per batch of members that just reached a terminal state, in the transaction
+# that moved them. Shard rows are locked in (group, shard) order before they are updated
+# (MATERIALIZED: the sort happens before the locks). Two batches on one shard serialize on
+# its row, so exactly one of them sees pending reach 0: that one (and only such a one) goes
+# on to lock the group (LOCK_GROUPS) and check whether the group is done. Returns, per
+# shard touched, its new pending and done counts (done only grows: the progress publisher
+# uses it to know when it has read past this commit).
+COUNT_OUTCOMES = f"""
+WITH input AS (
+    SELECT u.group_id, {_shard_of("u.id", "g.shards")} AS shard,
+           count(*)::int AS n,
+           count(*) FILTER (WHERE u.state = 'succeeded')::int AS succeeded,
+           count(*) FILTER (WHERE u.state = 'failed')::int AS failed,
+           count(*) FILTER (WHERE u.state = 'cancelled')::int AS cancelled
+    FROM unnest(%(ids)s::bigint[], %(group_ids)s::bigint[], %(states)s::text[]) AS u(id, group_id, state)
+    JOIN livepush_groups g ON g.id = u.group_id
+    GROUP BY 1, 2
+), locked AS MATERIALIZED (
+    SELECT s.group_id, s.shard FROM livepush_group_shards s
+    JOIN input i ON i.group_id = s.group_id AND i.shard = s.shard
+    ORDER BY s.group_id, s.shard
+    FOR UPDATE OF s
+)
+UPDATE livepush_group_shards s SET
+    pending = s.pending - i.n,
+    succeeded = s.succeeded + i.succeeded,
+    failed = s.failed + i.failed,
+    cancelled = s.cancelled + i.cancelled
+FROM input i JOIN locked l ON l.group_id = i.group_id AND l.shard = i.shard
+WHERE s.group_id = i.group_id AND s.shard = i.shard
+RETURNING s.group_id, s.shard, s.pending, s.succeeded + s.failed + s.cancelled AS done
+"""
+
+# name: lock_groups
+# FOR UPDATE, in id order (two finishers of two groups never deadlock). Runs alone: the
+# statement after it takes a fresh snapshot that sees every earlier holder's commit.
+LOCK_GROUPS = "SELECT id FROM livepush_groups WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR UPDATE"
+
+# name: finish_groups
+# Runs right after LOCK_GROUPS (or SEAL, or CANCEL_MARK) in the same transaction, with the
+# group rows locked. A group is finished when it is sealed or cancelled, not yet finished,
+# and no member of any shard is pending (read in this statement's snapshot, taken after the
+# lock). In the same statement its callbacks are enqueued: one key row per (group, kind)
+# first, ON CONFLICT DO NOTHING, and a job only for the keys actually inserted, so a callback
+# exists at most once even if this statement ran twice for a group; it runs at least once
+# because the transaction that makes the group finishable always gets here (module docstring).
+# on_finish always; on_success when every member succeeded and the group was not cancelled;
+# on_failure otherwise. Callback jobs carry group_id = -group and ring the doorbell.
+FINISH_GROUPS = f"""
+WITH counts AS ({_COUNTS}
+), done AS (
+    -- Conditions on the target row itself (not a self-join): we hold its lock, and a
+    -- self-joined copy would be read from the statement's snapshot, not re-checked.
+    UPDATE livepush_groups g SET
+        state = CASE WHEN g.state = 'cancelled' THEN 'cancelled' ELSE 'finished' END,
+        finished_at = now()
+    FROM counts c
+    WHERE g.id = c.group_id AND g.id = ANY(%(ids)s::bigint[])
+      AND g.state IN ('sealed', 'cancelled') AND g.finished_at IS NULL
+      AND c.pending = 0
+    RETURNING g.id, g.state, g.total, g.finished_at, g.created_at, g.sealed_at, g.cancelled_at,
+              g.on_finish, g.on_success, g.on_failure,
+              c.pending::int AS pending, c.succeeded::int AS succeeded,
+              c.failed::int AS failed, c.cancelled::int AS cancelled
+), due AS (
+    SELECT nextval('livepush_jobs_id_seq') AS job_id, d.id AS group_id, k.kind, k.spec
+    FROM done d CROSS JOIN LATERAL (VALUES
+        ('finish', d.on_finish),
+        ('success', CASE WHEN d.state <> 'cancelled' AND d.failed = 0 AND d.cancelled = 0 THEN d.on_success END),
+        ('failure', CASE WHEN d.state = 'cancelled' OR d.failed > 0 OR d.cancelled > 0 THEN d.on_failure END)
+    ) AS k(kind, spec)
+    WHERE k.spec IS NOT NULL
+), keyed AS (
+    INSERT INTO livepush_group_callbacks (group_id, kind, job_id)
+    SELECT group_id, kind, job_id FROM due
+    ON CONFLICT (group_id, kind) DO NOTHING
+    RETURNING job_id
+), jobs AS (
+    INSERT INTO livepush_jobs (id, queue, name, priority, state, max_attempts, group_id)
+    SELECT due.job_id, due.spec->>'queue', due.spec->>'name', (due.spec->>'priority')::int, 'available',
+           (due.spec->>'max_attempts')::int, -due.group_id
+    FROM due JOIN keyed USING (job_id)
+    RETURNING id, name, queue, state, attempt, max_attempts, run_at, group_id
+), payloads AS (
+    INSERT INTO livepush_job_payloads (id, args)
+    SELECT due.job_id, due.spec->'args' FROM due JOIN keyed USING (job_id)
+)
+SELECT d.id, d.state, d.total, d.pending, d.succeeded, d.failed, d.cancelled,
+       (SELECT coalesce(jsonb_agg(to_jsonb(j) ORDER BY j.id), '[]'::jsonb) FROM jobs j WHERE j.group_id = -d.id)
+           AS callbacks,
+       CASE WHEN EXISTS (SELECT 1 FROM jobs) THEN pg_notify('{READY_CHANNEL}', '') END IS NULL AS _rang
+FROM done d
+ORDER BY d.id
+"""
+
+# name: cancel_mark
+# cancel_group, first transaction: the group row only (conditions on the row itself, so a
+# concurrent finish or cancel that committed first is seen by the re-check and wins). From its commit on, adds are refused
+# (ADD_TOTAL re-checks the state under the same lock) and the group finishes as `cancelled`
+# once nothing is pending.
+CANCEL_MARK = """
+UPDATE livepush_groups g SET state = 'cancelled', cancelled_at = now()
+WHERE g.id = %(id)s AND g.state IN ('open', 'sealed')
+RETURNING g.id
+"""
+
+# name: cancel_members
+# cancel_group, one chunk of members in id order: queued ones (available, scheduled, i.e.
+# also those waiting for a retry) are cancelled, running ones flagged and told (pg_notify,
+# at commit) so they stop cooperatively and end `cancelled` (COMPLETE turns any outcome of a
+# flagged job into cancelled, except success). FOR UPDATE without SKIP LOCKED: a member
+# being claimed right now is waited for, and READ COMMITTED re-checks the locked row, so it
+# is seen as running and flagged rather than missed. Claimers use SKIP LOCKED and never wait
+# for us. A member that succeeds meanwhile is left alone (it no longer matches).
+CANCEL_MEMBERS = f"""
+WITH target AS (
+    SELECT id FROM livepush_jobs
+    WHERE group_id = %(id)s AND id > %(after)s AND state IN ('available', 'scheduled', 'running')
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE
+), moved AS (
+    UPDATE livepush_jobs j SET
+        state = CASE WHEN j.state = 'running' THEN 'running' ELSE 'cancelled' END,
+        finished_at = CASE WHEN j.state = 'running' THEN j.finished_at ELSE now() END,
+        cancel_requested = true
+    FROM target t WHERE j.id = t.id
+    RETURNING j.*
+)
+SELECT j.id, j.name, j.queue, j.state, j.attempt, j.max_attempts, j.run_at, j.group_id, p.progress, p.error,
+       CASE WHEN j.state = 'running' THEN pg_notify('livepush_jobs_cancel', j.id::text) END IS NULL AS _told
+FROM moved j JOIN livepush_job_payloads p ON p.id = j.id
+ORDER BY j.id
+"""
+
+# name: group_views
+# The `group` object of events and reads. A plain read: one snapshot, so total and the
+# shard sums are consistent with each other (an add changes both in one transaction).
+GROUP_VIEWS = f"""
+WITH c AS ({_COUNTS})
+SELECT {_VIEW_COLUMNS}
+FROM livepush_groups g LEFT JOIN c ON c.group_id = g.id
+WHERE g.id = ANY(%(ids)s::bigint[])
+ORDER BY g.id
+"""
+
+# name: lock_groups_share
+# The progress publisher: FOR SHARE on the groups it is about to report, then (next
+# statement) their counts. A finisher needs FOR UPDATE, so it either commits before this
+# (and the publisher then sees finished_at and publishes nothing) or waits until the
+# publisher's progress event is committed: a `progress` never follows `finished`.
+LOCK_GROUPS_SHARE = "SELECT id FROM livepush_groups WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR SHARE"
+
+# name: shard_done (publisher: per-shard done counts, to know it has read past a commit)
+SHARD_DONE = """
+SELECT group_id, shard, succeeded + failed + cancelled AS done
+FROM livepush_group_shards WHERE group_id = ANY(%(ids)s::bigint[])
+"""
+
+# name: record_events
+# Keeps what was published on group:<id>, for group_history(); same transaction as the publish.
+RECORD_EVENTS = """
+INSERT INTO livepush_group_events (group_id, event, data)
+SELECT * FROM unnest(%(group_ids)s::bigint[], %(events)s::text[], %(datas)s::jsonb[])
+"""
+
+# name: callback_context (ctx.group of a callback job)
+CALLBACK_CONTEXT = f"""
+WITH c AS ({_COUNTS.replace("%(ids)s::bigint[]", "ARRAY[%(group_id)s]::bigint[]")})
+SELECT {_VIEW_COLUMNS}, (SELECT kind FROM livepush_group_callbacks WHERE job_id = %(job_id)s) AS kind
+FROM livepush_groups g LEFT JOIN c ON c.group_id = g.id
+WHERE g.id = %(group_id)s
+"""
+
+# name: members_page
+# Keyset paging by id: stable under concurrent adds (new members have larger ids) and
+# cheap at any depth (livepush_jobs_group_idx). One row more than asked tells whether
+# another page exists, so a full last page has no next cursor.
+MEMBERS_PAGE = """
+SELECT j.id, j.name, j.queue, j.state, j.attempt, j.max_attempts, j.run_at, j.finished_at, p.error, p.progress
+FROM livepush_jobs j JOIN livepush_job_payloads p ON p.id = j.id
+WHERE j.group_id = %(id)s AND j.id > %(after)s
+ORDER BY j.id
+LIMIT %(limit)s + 1
+"""
+
+# name: events_page (newest first, keyset by seq)
+EVENTS_PAGE = """
+SELECT seq, event, data, at FROM livepush_group_events
+WHERE group_id = %(id)s AND seq < %(before)s
+ORDER BY seq DESC
+LIMIT %(limit)s + 1
+"""
+
+# name: prune_groups
+# Retention: finished groups older than the cutoff. Their members and callbacks go first,
+# a bounded batch per statement (SKIP LOCKED: two runtimes pruning split the work); a
+# callback still queued or running keeps its group. Members of unfinished groups are never
+# touched: only groups with finished_at set are considered, and a group finishes only when
+# every member is terminal.
+PRUNE_GROUP_JOBS = """
+WITH old AS (
+    SELECT id FROM livepush_groups
+    WHERE finished_at < now() - make_interval(secs => %(retention)s)
+    ORDER BY finished_at LIMIT 100
+), victims AS (
+    SELECT j.id FROM livepush_jobs j JOIN old ON j.group_id IN (old.id, -old.id)
+    WHERE j.state IN ('succeeded', 'failed', 'cancelled')
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+)
+DELETE FROM livepush_jobs j USING victims v WHERE j.id = v.id
+"""
+
+# name: prune_groups (the rows, once no job of theirs is left; cascades to shards, keys, events)
+PRUNE_GROUPS = """
+DELETE FROM livepush_groups g
+WHERE g.id IN (
+    SELECT id FROM livepush_groups
+    WHERE finished_at < now() - make_interval(secs => %(retention)s)
+    ORDER BY finished_at LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+AND NOT EXISTS (SELECT 1 FROM livepush_jobs j WHERE j.group_id IN (g.id, -g.id))
+"""
+
+# name: prune_jobs
+# Retention of lone jobs (no group): finished longer ago than the cutoff, a bounded batch in
+# id order (the primary key: no extra index on the hot table; old finished jobs are mostly
+# the lowest ids). SKIP LOCKED: never waits for, nor blocks, a live transaction.
+PRUNE_JOBS = """
+WITH victims AS (
+    SELECT id FROM livepush_jobs
+    WHERE group_id IS NULL AND state IN ('succeeded', 'failed', 'cancelled')
+      AND finished_at < now() - make_interval(secs => %(retention)s)
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM livepush_jobs j USING victims v WHERE j.id = v.id
+"""
+
+# name: clear (tests only)
+CLEAR = "TRUNCATE livepush_group_events, livepush_group_callbacks, livepush_group_shards, livepush_groups"

@@ -1,0 +1,74 @@
+-- Task groups (SPEC §4 `jobs.group`, §6 `group:<id>`, §7 "a callback runs exactly once").
+--
+-- A group's members are ordinary jobs whose `group_id` is the group's id. Its callbacks are
+-- jobs too, carrying the NEGATED group id: they belong to the group (retention, `ctx.group`)
+-- without being members (they are never counted).
+--
+-- Counting without a hot row: each member's outcome is counted on one of the group's
+-- `shards` rows, in the transaction that records the outcome. The group row itself is
+-- locked only when a shard's pending count reaches 0 (to check whether the whole group is
+-- done), on adds and on seal/cancel. See livepush/jobs/group_queries.py for the lock order
+-- and the races it closes, and docs/groups.md.
+
+CREATE TABLE livepush_groups (
+    id            bigserial PRIMARY KEY,
+    -- open: members may be added; sealed: only running members add (ctx.group.enqueue);
+    -- finished: done, callbacks enqueued; cancelled: cancel_group() ran (finished once
+    -- finished_at is set).
+    state         text        NOT NULL DEFAULT 'open'
+        CHECK (state IN ('open', 'sealed', 'finished', 'cancelled')),
+    -- Counter rows of this group; fixed at creation (a member's shard is computed from its id).
+    shards        integer     NOT NULL CHECK (shards BETWEEN 1 AND 1024),
+    -- Members added so far. Written by adds only (they lock this row anyway to check the
+    -- state and the member limit), never by a member's outcome.
+    total         integer     NOT NULL DEFAULT 0,
+    -- Callback specs {"name", "queue", "priority", "max_attempts", "args"}, resolved at creation
+    -- so that whichever process finishes the group can enqueue them without knowing the functions.
+    on_finish     jsonb,
+    on_success    jsonb,
+    on_failure    jsonb,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    sealed_at     timestamptz,
+    cancelled_at  timestamptz,
+    -- Set in the transaction that enqueues the callbacks: the group is done.
+    finished_at   timestamptz
+) WITH (fillfactor = 70, autovacuum_vacuum_cost_delay = 0);
+
+-- Retention finds finished groups by age.
+CREATE INDEX livepush_groups_finished_idx ON livepush_groups (finished_at) WHERE finished_at IS NOT NULL;
+
+CREATE TABLE livepush_group_shards (
+    group_id   bigint  NOT NULL REFERENCES livepush_groups (id) ON DELETE CASCADE,
+    shard      integer NOT NULL,
+    -- Members of this shard not yet finished (queued, running or waiting for a retry).
+    pending    integer NOT NULL DEFAULT 0,
+    succeeded  integer NOT NULL DEFAULT 0,
+    failed     integer NOT NULL DEFAULT 0,
+    cancelled  integer NOT NULL DEFAULT 0,
+    PRIMARY KEY (group_id, shard)
+) WITH (
+    -- Rewritten on every batch of outcomes: room for HOT updates, vacuumed early.
+    fillfactor = 50,
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_cost_delay = 0
+);
+
+-- The exactly-once key: one row per (group, callback kind), inserted in the transaction that
+-- enqueues that callback. A second attempt to enqueue it conflicts and enqueues nothing.
+CREATE TABLE livepush_group_callbacks (
+    group_id  bigint NOT NULL REFERENCES livepush_groups (id) ON DELETE CASCADE,
+    kind      text   NOT NULL CHECK (kind IN ('finish', 'success', 'failure')),
+    job_id    bigint NOT NULL UNIQUE,
+    PRIMARY KEY (group_id, kind)
+);
+
+-- Every event published on group:<id>, for `jobs.group_history()` (newest first). Progress
+-- events are coalesced (at most ~10 a second per group) before they get here.
+CREATE TABLE livepush_group_events (
+    group_id  bigint      NOT NULL REFERENCES livepush_groups (id) ON DELETE CASCADE,
+    seq       bigserial,
+    event     text        NOT NULL,
+    data      jsonb       NOT NULL,
+    at        timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (group_id, seq)
+);

@@ -1,0 +1,108 @@
+"""Job functions of the task-group tests, in this process and in child runtimes.
+
+Members note their runs in `job_runs` (tests/jobs/sample_jobs.py); callbacks note theirs,
+with what ctx.group showed them, in `group_callback_runs` (created by `groups_db`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+
+import psycopg
+
+from livepush import jobs
+from livepush.jobs import database
+from tests.jobs.sample_jobs import _pool, note, note_sync
+
+CALLBACK_RUNS_TABLE = """
+CREATE TABLE IF NOT EXISTS group_callback_runs (
+    job_id   bigint NOT NULL,
+    tag      text,
+    kind     text,
+    group_id bigint,
+    view     jsonb,
+    args     jsonb,
+    pid      integer NOT NULL
+)
+"""
+
+
+@jobs.job(name="g.member")
+async def member(ctx: Any, key: Any = None) -> None:
+    await note(ctx, "done", key)
+
+
+@jobs.job(name="g.member_sync")
+def member_sync(ctx: Any, key: Any = None) -> None:
+    note_sync(ctx, "done", key)
+
+
+@jobs.job(name="g.flaky", max_attempts=3, backoff=lambda attempt: 0.0)
+async def flaky(ctx: Any, fail_times: int, key: Any = None) -> None:
+    await note(ctx, "start", key)
+    if ctx.attempt <= fail_times:
+        raise RuntimeError(f"boom on attempt {ctx.attempt}")
+    await note(ctx, "done", key)
+
+
+@jobs.job(name="g.fail", never_retry=(ValueError,))
+async def fail(ctx: Any, key: Any = None) -> None:
+    await note(ctx, "start", key)
+    raise ValueError("bad input")
+
+
+@jobs.job(name="g.spawner")
+async def spawner(ctx: Any, n: int, key: Any = None) -> None:
+    """Adds n members to its own group, then finishes."""
+    for i in range(n):
+        await ctx.group.enqueue(member, f"{key}.{i}")
+    await note(ctx, "done", key)
+
+
+@jobs.job(name="g.spawner_sync")
+def spawner_sync(ctx: Any, n: int, key: Any = None) -> None:
+    for i in range(n):
+        ctx.group.enqueue(member_sync, f"{key}.{i}")
+    note_sync(ctx, "done", key)
+
+
+@jobs.job(name="g.wait_flag", timeout=120)
+async def wait_flag(ctx: Any, flag: str) -> None:
+    await note(ctx, "start", flag)
+    pool = await _pool()
+    while True:
+        async with pool.connection() as conn:
+            row = await (await conn.execute("SELECT 1 FROM job_flags WHERE name = %s", (flag,))).fetchone()
+        if row:
+            break
+        await asyncio.sleep(0.02)
+    await note(ctx, "done", flag)
+
+
+@jobs.job(name="g.callback")
+async def callback(ctx: Any, tag: str, *extra: Any) -> None:
+    """Notes that it ran, with its exact args and what ctx.group showed."""
+    group = ctx.group
+    pool = await _pool()
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO group_callback_runs (job_id, tag, kind, group_id, view, args, pid) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            (ctx.job_id, tag, group.kind, group.id, json.dumps(group.as_dict()), json.dumps([tag, *extra]), os.getpid()))
+
+
+def callback_runs(url: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute("SELECT tag, kind, group_id, view, args FROM group_callback_runs ORDER BY job_id").fetchall()
+
+
+__all__ = ["callback", "callback_runs", "database", "fail", "flaky", "member", "member_sync", "spawner",
+           "spawner_sync", "wait_flag"]
+
+
+@jobs.job(name="g.slow", timeout=60)
+async def slow(ctx: Any, seconds: float, key: Any = None) -> None:
+    await asyncio.sleep(seconds)
+    await note(ctx, "done", key)

@@ -1,0 +1,336 @@
+"""Task groups in this process: the block, separate calls, callbacks, limits, paging, cancel, events, retention."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from livepush import jobs
+from livepush.jobs import group_queries, groups, maintenance
+from livepush.jobs.context import ClaimedJob, JobContext
+from livepush.jobs.registry import REGISTRY
+from livepush.jobs.runtime import Runtime
+from tests.jobs import group_jobs as gj
+from tests.jobs.conftest import q
+from tests.support.waiting import async_wait_for
+
+
+@pytest.fixture
+def groups_db(jobs_db: str) -> Iterator[str]:
+    """jobs_db plus the table where test callbacks note their runs."""
+    q(jobs_db, gj.CALLBACK_RUNS_TABLE)
+    yield jobs_db
+
+
+def group_messages(url: str, group_id: int) -> list[dict[str, Any]]:
+    rows = q(url, "SELECT data FROM livepush_messages WHERE topic = %s ORDER BY seq", (f"group:{group_id}",))
+    return [json.loads(r[0]) for r in rows]
+
+
+def assert_events_well_formed(url: str, group_id: int) -> list[dict[str, Any]]:
+    """created first, finished last and once, no progress after finished."""
+    msgs = group_messages(url, group_id)
+    names = [m["event"] for m in msgs]
+    assert names[0] == "created", names
+    assert names.count("finished") == 1 and names[-1] == "finished", names
+    return msgs
+
+
+def test_block_creates_fills_and_seals_then_callbacks_run_once(groups_db: str) -> None:
+    """A block group of 5 members: after drain, on_finish and on_success ran once each with
+    exactly their args, saw the finished group in ctx.group, and on_failure did not run."""
+    with jobs.group(on_finish=gj.callback.request("fin", 1, {"x": [1]}), on_success=gj.callback.request("ok"),
+                    on_failure=gj.callback.request("bad")) as g:
+        for i in range(5):
+            g.enqueue(gj.member, i)
+        inside_id = g.id
+    assert g.handle.id == inside_id and g.handle.topic == f"group:{inside_id}"
+    assert len(g.members) == 5
+    view = jobs.get_group(g.handle.id)
+    assert view is not None and (view["state"], view["total"], view["pending"]) == ("sealed", 5, 5)
+    jobs.drain()
+    runs = gj.callback_runs(groups_db)
+    assert sorted((r[0], r[1]) for r in runs) == [("fin", "finish"), ("ok", "success")]
+    fin = next(r for r in runs if r[0] == "fin")
+    assert fin[4] == ["fin", 1, {"x": [1]}]
+    assert fin[3] == {"id": g.handle.id, "state": "finished", "total": 5, "pending": 0, "succeeded": 5,
+                      "failed": 0, "cancelled": 0}
+    assert jobs.get_group(g.handle.id)["state"] == "finished"
+    assert_events_well_formed(groups_db, g.handle.id)
+
+
+def test_failures_and_retries(groups_db: str) -> None:
+    """A member that fails then succeeds counts as succeeded; one that fails for good as
+    failed; the group runs on_finish and on_failure, once."""
+    with jobs.group(on_finish=gj.callback.request("fin"), on_success=gj.callback.request("ok"),
+                    on_failure=gj.callback.request("bad")) as g:
+        g.enqueue(gj.flaky, 1, "a")
+        g.enqueue(gj.flaky, 2, "b")
+        g.enqueue(gj.fail, "c")
+        g.enqueue(gj.member, "d")
+    for _ in range(10):
+        jobs.drain()
+        if jobs.get_group(g.handle.id)["state"] == "finished" and len(gj.callback_runs(groups_db)) == 2:
+            break
+    view = jobs.get_group(g.handle.id)
+    assert (view["succeeded"], view["failed"], view["cancelled"], view["pending"]) == (3, 1, 0, 0)
+    assert sorted(r[0] for r in gj.callback_runs(groups_db)) == ["bad", "fin"]
+
+
+def test_empty_group_finishes_at_the_seal(groups_db: str) -> None:
+    """An empty sealed group finishes at once: on_finish and on_success are enqueued by the seal."""
+    with jobs.group(on_finish=gj.callback.request("fin"), on_success=gj.callback.request("ok")) as g:
+        pass
+    assert jobs.get_group(g.handle.id)["state"] == "finished"
+    jobs.drain()
+    assert sorted(r[0] for r in gj.callback_runs(groups_db)) == ["fin", "ok"]
+    assert [m["event"] for m in group_messages(groups_db, g.handle.id)] == ["created", "finished"]
+    h = jobs.create_group(on_finish=gj.callback.request("fin2"))
+    assert jobs.seal_group(h.id) is True
+    assert jobs.seal_group(h.id) is False
+    jobs.drain()
+    assert sorted(r[0] for r in gj.callback_runs(groups_db)) == ["fin", "fin2", "ok"]
+
+
+def test_block_that_raises_enqueues_nothing(groups_db: str) -> None:
+    """If the block raises, no group, member or callback is written."""
+    with pytest.raises(RuntimeError, match="oops"):
+        with jobs.group(on_finish=gj.callback.request("fin")) as g:
+            g.enqueue(gj.member, 1)
+            raise RuntimeError("oops")
+    assert q(groups_db, "SELECT count(*) FROM livepush_groups")[0][0] == 0
+    assert q(groups_db, "SELECT count(*) FROM livepush_jobs")[0][0] == 0
+
+
+def test_block_in_the_callers_transaction(groups_db: str) -> None:
+    """With conn= the group exists if and only if the caller's transaction commits."""
+    with psycopg.connect(groups_db) as conn:
+        with jobs.group(on_finish=gj.callback.request("fin"), conn=conn) as g:
+            g.enqueue(gj.member, 1)
+        conn.rollback()
+    assert jobs.get_group(g.handle.id) is None
+    with psycopg.connect(groups_db) as conn:
+        with jobs.group(on_finish=gj.callback.request("fin"), conn=conn) as g:
+            g.enqueue(gj.member, 1)
+        conn.commit()
+    assert jobs.get_group(g.handle.id)["total"] == 1
+
+
+def test_member_limit(groups_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the member limit (100,000 by default) adds are refused with GroupLimitError."""
+    assert jobs.MAX_GROUP_MEMBERS == 100_000
+    monkeypatch.setattr(groups, "MAX_GROUP_MEMBERS", 5)
+    with pytest.raises(jobs.GroupLimitError, match="at most 5"):
+        with jobs.group() as g:
+            for i in range(6):
+                g.enqueue(gj.member, i)
+    assert q(groups_db, "SELECT count(*) FROM livepush_jobs")[0][0] == 0
+    h = jobs.create_group()
+    jobs.add_many_to_group(h.id, [gj.member.request(i) for i in range(4)])
+    h.add(gj.member, 4)
+    with pytest.raises(jobs.GroupLimitError, match="limit of 5"):
+        h.add(gj.member, 5)
+    assert jobs.get_group(h.id)["total"] == 5
+
+
+def test_separate_calls_and_closed_groups(groups_db: str) -> None:
+    """create, add, seal as separate transactions; adding from outside after the seal is refused."""
+    h = jobs.create_group(on_finish=gj.callback.request("fin"))
+    assert jobs.get_group(h.id)["state"] == "open"
+    jobs.add_to_group(h.id, gj.member, 1)
+    jobs.drain()
+    assert jobs.get_group(h.id)["state"] == "open", "an open group never finishes"
+    jobs.add_to_group(h.id, gj.member, 2)
+    assert h.seal()
+    with pytest.raises(jobs.GroupClosedError, match="sealed"):
+        jobs.add_to_group(h.id, gj.member, 3)
+    with pytest.raises(jobs.GroupNotFound):
+        jobs.add_to_group(10**12, gj.member, 3)
+    jobs.drain()
+    view = jobs.get_group(h.id)
+    assert (view["state"], view["total"], view["succeeded"]) == ("finished", 2, 2)
+    assert [r[0] for r in gj.callback_runs(groups_db)] == ["fin"]
+
+
+def test_paging(groups_db: str) -> None:
+    """Members come a page at a time in id order; the last page has no next cursor, even when full."""
+    with jobs.group() as g:
+        for i in range(20):
+            g.enqueue(gj.member, i)
+    seen: list[int] = []
+    cursor = None
+    pages = 0
+    while True:
+        rows, cursor = jobs.group_members(g.handle.id, after=cursor, limit=10)
+        pages += 1
+        seen.extend(r["id"] for r in rows)
+        if cursor is None:
+            break
+    assert pages == 2 and seen == sorted(h.id for h in g.members)
+    rows, cursor = jobs.group_members(g.handle.id, limit=7)
+    assert len(rows) == 7 and cursor == rows[-1]["id"]
+    evs, _ = jobs.group_history(g.handle.id)
+    assert [e["event"] for e in evs] == ["created"]
+
+
+def test_members_add_members_sync_and_async(groups_db: str) -> None:
+    """ctx.group.enqueue from running members (async and sync), also after the seal: the group
+    waits for the added members and counts them."""
+    with jobs.group(on_finish=gj.callback.request("fin")) as g:
+        g.enqueue(gj.spawner, 3, "a")
+        g.enqueue(gj.spawner_sync, 2, "s")
+    jobs.drain()
+    view = jobs.get_group(g.handle.id)
+    assert (view["state"], view["total"], view["succeeded"]) == ("finished", 7, 7)
+    runs = gj.callback_runs(groups_db)
+    assert len(runs) == 1 and runs[0][3]["total"] == 7
+    assert_events_well_formed(groups_db, g.handle.id)
+
+
+async def test_add_from_a_member_that_lost_its_claim_is_refused(groups_db: str) -> None:
+    """ctx.group.enqueue from a job whose lease is no longer valid raises LeaseLostError and adds nothing."""
+    with jobs.group() as g:
+        g.enqueue(gj.member, 1)
+    (member,) = g.members
+    row = q(groups_db, "SELECT run_at FROM livepush_jobs WHERE id = %s", (member.id,))[0]
+    stale = ClaimedJob(id=member.id, name="g.member", queue="default", priority=0, attempt=1, max_attempts=5,
+                       lease=123456, args=[1], run_at=row[0], group_id=g.handle.id)
+    from psycopg_pool import AsyncConnectionPool
+
+    from livepush.jobs.completer import Completer
+
+    async with AsyncConnectionPool(groups_db, min_size=1, max_size=2, open=False) as pool:
+        ctx = JobContext(stale, Completer(pool))
+        with pytest.raises(jobs.LeaseLostError, match="no longer holds its claim"):
+            await ctx.group.enqueue(gj.member, 2)
+    assert jobs.get_group(g.handle.id)["total"] == 1
+
+
+@contextlib.asynccontextmanager
+async def running(**options: Any) -> AsyncIterator[Runtime]:
+    options.setdefault("heartbeat", 0.2)
+    options.setdefault("poll_interval", 0.1)
+    rt = Runtime(REGISTRY, install_signals=False, queues=["default"], **options)
+    task = asyncio.create_task(rt.run())
+    await rt.wait_started()
+    try:
+        yield rt
+    finally:
+        rt.stop(now=True)
+        await asyncio.wait_for(task, 10)
+
+
+async def finished(group_id: int, timeout: float = 10.0) -> dict[str, Any]:
+    async def check() -> Any:
+        v = await asyncio.to_thread(jobs.get_group, group_id)
+        return v if v and v["pending"] == 0 and v["finished_at"] else None
+
+    return await async_wait_for(check, timeout, message=f"group {group_id} to finish")
+
+
+async def test_cancel_group(groups_db: str) -> None:
+    """cancel_group: queued members cancelled, running ones stop cooperatively, the group ends
+    cancelled with exact counts, and on_finish and on_failure run once."""
+    with jobs.group(on_finish=gj.callback.request("fin"), on_success=gj.callback.request("ok"),
+                    on_failure=gj.callback.request("bad")) as g:
+        g.enqueue(gj.member, "first")
+        for i in range(2):
+            g.enqueue(gj.wait_flag, "never")
+        for i in range(5):
+            g.enqueue(gj.member, f"q{i}", wait=60)
+    async with running(concurrency=4):
+        async def two_running() -> bool:
+            return q(groups_db, "SELECT count(*) FROM job_runs WHERE phase = 'start'")[0][0] == 2
+        await async_wait_for(two_running, 10)
+        assert await asyncio.to_thread(jobs.cancel_group, g.handle.id)
+        assert not await asyncio.to_thread(jobs.cancel_group, g.handle.id)
+        view = await finished(g.handle.id)
+        async def callbacks_ran() -> bool:
+            return len(gj.callback_runs(groups_db)) == 2
+        await async_wait_for(callbacks_ran, 10)
+    assert (view["state"], view["total"], view["succeeded"], view["cancelled"]) == ("cancelled", 8, 1, 7)
+    assert sorted(r[0] for r in gj.callback_runs(groups_db)) == ["bad", "fin"]
+    msgs = assert_events_well_formed(groups_db, g.handle.id)
+    assert "cancelled" in [m["event"] for m in msgs]
+    with pytest.raises(jobs.GroupClosedError):
+        jobs.add_to_group(g.handle.id, gj.member, 1)
+
+
+async def test_progress_is_coalesced_and_never_after_finished(groups_db: str) -> None:
+    """300 members through a runtime: the group topic gets created, a few progress events (at
+    most ~10 a second), then finished last."""
+    with jobs.group(on_finish=gj.callback.request("fin")) as g:
+        for i in range(300):
+            g.enqueue(gj.member, i)
+    async with running(concurrency=8):
+        await finished(g.handle.id, 30)
+    msgs = assert_events_well_formed(groups_db, g.handle.id)
+    times = q(groups_db, "SELECT extract(epoch FROM max(created_at) - min(created_at)) FROM livepush_messages "
+                         "WHERE topic = %s", (f"group:{g.handle.id}",))[0][0]
+    progress = [m for m in msgs if m["event"] == "progress"]
+    assert len(progress) <= 10 * float(times) + 3, (len(progress), times)
+    assert msgs[-1]["group"]["succeeded"] == 300
+    evs, _ = jobs.group_history(g.handle.id, limit=1000)
+    assert evs[0]["event"] == "finished" and evs[-1]["event"] == "created"
+
+
+async def test_race_member_adds_while_the_last_other_member_finishes(groups_db: str) -> None:
+    """50 times: a member adds a member while the only other member finishes, across 4 slots:
+    the group never finishes early, counts every member, and its callback runs once."""
+    gids = []
+    for i in range(50):
+        with jobs.group(on_finish=gj.callback.request(f"fin{i}")) as g:
+            g.enqueue(gj.spawner, 1, f"s{i}")
+            g.enqueue(gj.member, f"m{i}")
+        gids.append(g.handle.id)
+    async with running(concurrency=8):
+        for gid in gids:
+            await finished(gid, 30)
+        async def all_ran() -> bool:
+            return len(gj.callback_runs(groups_db)) >= 50
+        await async_wait_for(all_ran, 30)
+    for gid in gids:
+        v = jobs.get_group(gid)
+        assert (v["total"], v["succeeded"]) == (3, 3), v
+    runs = gj.callback_runs(groups_db)
+    assert sorted(r[0] for r in runs) == sorted(f"fin{i}" for i in range(50))
+    # Each callback was enqueued after every member (including the added one) had finished.
+    bad = q(groups_db, """
+        SELECT c.group_id FROM livepush_group_callbacks c JOIN livepush_jobs cb ON cb.id = c.job_id
+        JOIN livepush_jobs m ON m.group_id = c.group_id
+        WHERE m.id > cb.id OR m.finished_at IS NULL""")
+    assert bad == []
+
+
+def test_retention(groups_db: str) -> None:
+    """Maintenance deletes finished lone jobs and finished groups (with members and callbacks)
+    past the retention time; a member of an unfinished group stays."""
+    lone = gj.member.enqueue("lone")
+    with jobs.group(on_finish=gj.callback.request("fin")) as done_group:
+        g_member = done_group.enqueue(gj.member, "x")  # noqa: F841
+    open_group = jobs.create_group()
+    kept = jobs.add_to_group(open_group.id, gj.member, "kept")
+    jobs.drain()
+    q(groups_db, "UPDATE livepush_jobs SET finished_at = now() - interval '2 hours' WHERE finished_at IS NOT NULL")
+    q(groups_db, "UPDATE livepush_groups SET finished_at = now() - interval '2 hours' WHERE finished_at IS NOT NULL")
+
+    async def prune() -> int:
+        from psycopg_pool import AsyncConnectionPool
+
+        async with AsyncConnectionPool(groups_db, min_size=1, max_size=2, open=False) as pool:
+            return await maintenance.prune(pool, 3600)
+
+    deleted = asyncio.run(prune())
+    assert deleted >= 4
+    left = {r[0] for r in q(groups_db, "SELECT id FROM livepush_jobs")}
+    assert left == {kept.id}
+    assert jobs.get_group(done_group.handle.id) is None
+    assert jobs.get_group(open_group.id) is not None
+    assert lone.id not in left
+    assert q(groups_db, group_queries.PRUNE_GROUPS, {"retention": 3600, "limit": 10}) == []
