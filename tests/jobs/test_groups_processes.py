@@ -1,0 +1,93 @@
+"""Task groups across runtimes in child processes (`livepush jobs`): 2,000 members on 2
+runtimes, and kill -9 of a runtime in the middle of a group."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from livepush import jobs
+from tests.jobs import group_jobs as gj
+from tests.jobs.conftest import q
+from tests.support.procs import ChildProcess, Processes
+from tests.support.waiting import wait_for
+
+MODULE = "tests.jobs.group_jobs"
+
+
+@pytest.fixture
+def groups_db(jobs_db: str) -> Iterator[str]:
+    q(jobs_db, gj.CALLBACK_RUNS_TABLE)
+    yield jobs_db
+
+
+@pytest.fixture
+def start_runtime(groups_db: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> Callable[..., ChildProcess]:
+    env = livepush_env(database_url=groups_db)
+
+    def start(*flags: str, heartbeat: float = 0.3) -> ChildProcess:
+        child = procs.livepush("jobs", MODULE, "--heartbeat", str(heartbeat), "--poll-interval", "0.2", *flags,
+                               env=env, wait_healthy=False)
+        wait_for(lambda: q(groups_db, "SELECT count(*) FROM livepush_job_runtimes WHERE pid = %s", (child.pid,))[0][0] == 1
+                 or not child.running, 15.0, message=f"{child.name} to register")
+        assert child.running, child.output()
+        return child
+
+    return start
+
+
+def member_outcomes(url: str, group_id: int) -> dict[str, int]:
+    return dict(q(url, "SELECT state, count(*) FROM livepush_jobs WHERE group_id = %s GROUP BY state", (group_id,)))
+
+
+def test_two_thousand_members_two_runtimes(groups_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
+    """2,000 members (with retries, failures and members adding members) across 2 runtimes at
+    concurrency 16: exact counts, and exactly one of each due callback (on_finish, on_failure)."""
+    with jobs.group(on_finish=gj.callback.request("fin"), on_success=gj.callback.request("ok"),
+                    on_failure=gj.callback.request("bad")) as g:
+        for i in range(1800):
+            g.enqueue(gj.member, i)
+        for i in range(50):
+            g.enqueue(gj.flaky, 1, f"f{i}")  # fails once, then succeeds
+        for i in range(50):
+            g.enqueue(gj.fail, f"x{i}")  # fails for good
+        for i in range(50):
+            g.enqueue(gj.spawner, 1, f"s{i}")  # adds one member each
+    assert len(g.members) == 1950
+    children = [start_runtime("--concurrency", "16") for _ in range(2)]
+    wait_for(lambda: (jobs.get_group(g.handle.id) or {}).get("finished_at"), 120.0, interval=0.2,
+             message="the group to finish")
+    wait_for(lambda: len(gj.callback_runs(groups_db)) >= 2, 30.0)
+    view = jobs.get_group(g.handle.id)
+    assert (view["state"], view["total"], view["pending"]) == ("finished", 2000, 0)
+    assert (view["succeeded"], view["failed"], view["cancelled"]) == (1950, 50, 0)
+    assert member_outcomes(groups_db, g.handle.id) == {"succeeded": 1950, "failed": 50}
+    for child in children:
+        assert child.stop(timeout=15) == 0, child.output()
+    runs = gj.callback_runs(groups_db)
+    assert sorted(r[0] for r in runs) == ["bad", "fin"]
+    assert q(groups_db, "SELECT count(DISTINCT pid) FROM job_runs")[0][0] == 2
+    assert q(groups_db, "SELECT count(*) FROM livepush_jobs WHERE group_id = %s", (-g.handle.id,))[0][0] == 2
+
+
+def test_kill_9_in_the_middle_of_a_group(groups_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
+    """kill -9 of a runtime mid-group: its members are rescued and rerun elsewhere, the group
+    still finishes with exact counts, and each callback runs once."""
+    with jobs.group(on_finish=gj.callback.request("fin"), on_success=gj.callback.request("ok")) as g:
+        for i in range(300):
+            g.enqueue(gj.slow, 0.05, i)
+    victim = start_runtime("--concurrency", "16")
+    wait_for(lambda: q(groups_db, "SELECT count(*) FROM job_runs")[0][0] >= 60, 30.0)
+    victim.kill()
+    assert q(groups_db, "SELECT count(*) FROM livepush_jobs WHERE group_id = %s AND state = 'running'",
+             (g.handle.id,))[0][0] > 0, "the kill should leave members running"
+    rescuer = start_runtime("--concurrency", "16")
+    wait_for(lambda: (jobs.get_group(g.handle.id) or {}).get("finished_at"), 60.0, interval=0.2,
+             message="the group to finish")
+    wait_for(lambda: len(gj.callback_runs(groups_db)) >= 2, 30.0)
+    assert rescuer.stop(timeout=15) == 0, rescuer.output()
+    view = jobs.get_group(g.handle.id)
+    assert (view["state"], view["total"], view["succeeded"], view["pending"]) == ("finished", 300, 300, 0)
+    assert sorted(r[0] for r in gj.callback_runs(groups_db)) == ["fin", "ok"]
+    assert q(groups_db, "SELECT count(*) FROM livepush_jobs WHERE group_id = %s AND attempt = 2", (g.handle.id,))[0][0] > 0
