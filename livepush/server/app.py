@@ -110,14 +110,19 @@ class PushServer:
         assert self._ws is not None
         return self._ws.sockets[0].getsockname()[1]
 
-    async def stop(self) -> None:
-        """Stop accepting, close every connection with 1001, release the fan-out."""
+    async def close_connections(self) -> None:
+        """Stop accepting and close every connection with 1001 (each close waits at most
+        close_timeout for the client's answer). The fan-out stays usable for publishers."""
         for task in self._tasks:
             task.cancel()
         if self._ws is not None:
             self._ws.close(close_connections=True)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._ws.wait_closed(), timeout=3)
+
+    async def stop(self) -> None:
+        """close_connections(), then release the fan-out and everything else."""
+        await self.close_connections()
         await self.hub.aclose()
         await self.fanout.aclose()
         close_snapshots = getattr(self.hub.snapshot_provider, "aclose", None)

@@ -75,6 +75,10 @@ async def serve(
     await asyncio.wait([stop_wait, *side_tasks], return_when=asyncio.FIRST_COMPLETED)
     stop.set()
     log.info("stopping: closing connections with 1001")
+    # Connections first, so clients go elsewhere within the 2 s promised whatever a job
+    # runtime beside us still has to drain; the fan-out stays open until it is done, since
+    # its jobs keep publishing while they finish.
+    await server.close_connections()
     if side_tasks:
         await asyncio.gather(*side_tasks, return_exceptions=True)
     await server.stop()
