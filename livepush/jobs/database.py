@@ -68,6 +68,14 @@ async def async_pool() -> AsyncConnectionPool:
     return pool
 
 
+async def close_async_pool() -> None:
+    """Close the running loop's pool. A loop must do this before it ends: asyncio.run()
+    cancelling a still-open pool's tasks at shutdown was seen to hang."""
+    entry = _async_pools.pop(asyncio.get_running_loop(), None)
+    if entry is not None:
+        await entry[1].close()
+
+
 def close_pools() -> None:
     global _sync_pool, _sync_pool_url
     with _lock:

@@ -44,6 +44,7 @@ async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = RE
             await rt._completer.wait_idle(timeout=30)
     finally:
         await rt._close()
+        await database.close_async_pool()  # drain()'s loop ends right after this
     return {k: v for k, v in rt.counts.items() if v}
 
 
