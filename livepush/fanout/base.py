@@ -121,6 +121,10 @@ class FanOut(abc.ABC):
     @abc.abstractmethod
     async def aclose(self) -> None: ...
 
+    async def release_loop(self) -> None:
+        """Close what this fan-out opened on the running loop (a loop about to end, e.g. one
+        run by asyncio.run()), keeping everything else. The next async call opens anew."""
+
     def close(self) -> None:
         """Release sync (publish-side) resources."""
 

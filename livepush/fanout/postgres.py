@@ -273,6 +273,14 @@ class PostgresFanOut(FanOut):
             return cur.rowcount
 
     # -- closing ----------------------------------------------------------------------
+    async def release_loop(self) -> None:
+        # A pool left open when its loop ends has its tasks cancelled mid-connect, which
+        # psycopg can turn into a connection error the pool then retries: the loop's
+        # shutdown never returns. Close it while the loop still runs.
+        if self._apool is not None and self._apool_loop is asyncio.get_running_loop():
+            pool, self._apool, self._apool_loop = self._apool, None, None
+            await pool.close()
+
     async def aclose(self) -> None:
         self._closing = True
         self._listening = False

@@ -52,7 +52,13 @@ def job_topic(job_id: int) -> str:
 
 def _iso(value: Any) -> str | None:
     if isinstance(value, datetime):
-        return value.isoformat()
+        text = value.isoformat()
+        if value.microsecond:
+            # Postgres's JSON drops the fraction's trailing zeros (…:00.12345+00:00), and most
+            # job events are built in SQL (livepush_job_event): write the same text here.
+            head, _, rest = text.partition(".")
+            text = f"{head}.{rest[:6].rstrip('0')}{rest[6:]}"
+        return text
     return value
 
 

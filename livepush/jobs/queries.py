@@ -155,13 +155,26 @@ WITH outcome AS (
     FROM outcome o
     WHERE j.id = o.id AND j.lease = o.lease AND j.state = 'running'
     RETURNING j.*, o.kind AS kind
-), payload AS (
+), written AS (
+    -- Only payloads that change (a final progress, an error to keep or to clear): most jobs
+    -- succeed with neither, and rewriting their row (arguments and all) would cost a row
+    -- version and its WAL for nothing. The state row's lock, taken by `moved`, already
+    -- orders this against every other writer of the job (they lock it first too).
     UPDATE livepush_job_payloads p SET
         error = CASE WHEN m.state = 'succeeded' THEN NULL ELSE coalesce(o.error, p.error) END,
         progress = coalesce(o.progress, p.progress)
     FROM moved m JOIN outcome o ON o.id = m.id
     WHERE p.id = m.id
-    RETURNING p.*
+      AND (o.progress IS DISTINCT FROM p.progress AND o.progress IS NOT NULL
+           OR CASE WHEN m.state = 'succeeded' THEN p.error IS NOT NULL
+                   ELSE o.error IS NOT NULL AND o.error IS DISTINCT FROM p.error END)
+    RETURNING p.id, p.progress, p.error
+), payload AS (
+    -- Every moved job's payload as it is now: the new version where one was written, else
+    -- the one read (which that write would have left as it was).
+    SELECT m.id, CASE WHEN w.id IS NULL THEN p.progress ELSE w.progress END AS progress,
+           CASE WHEN w.id IS NULL THEN p.error ELSE w.error END AS error
+    FROM moved m JOIN livepush_job_payloads p ON p.id = m.id LEFT JOIN written w ON w.id = m.id
 )
 """
 COMPLETE = _COMPLETE_CTES + f"""

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from .. import api
 from ..config import get_settings
 from ..errors import ConfigError
 from . import database, maintenance, queries
@@ -44,7 +45,9 @@ async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = RE
             await rt._completer.wait_idle(timeout=30)
     finally:
         await rt._close()
-        await database.close_async_pool()  # drain()'s loop ends right after this
+        # drain()'s loop ends right after this: close what is bound to it.
+        await database.close_async_pool()
+        await api.default_fanout().release_loop()
     return {k: v for k, v in rt.counts.items() if v}
 
 

@@ -30,7 +30,6 @@ def jobs_db(pg_url: str) -> Iterator[str]:
         database.configure(None)
         api.set_default_fanout(None)
         config.set_settings(None)
-        sample_jobs._pools.clear()
 
 
 def q(url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:

@@ -28,18 +28,11 @@ CREATE TABLE IF NOT EXISTS job_runs (
 )
 """
 
-_pools: dict[Any, AsyncConnectionPool] = {}
-
-
 async def _pool() -> AsyncConnectionPool:
-    loop = asyncio.get_running_loop()
-    pool = _pools.get(loop)
-    if pool is None:
-        pool = AsyncConnectionPool(database.database_url(), min_size=1, max_size=4, open=False,
-                                   kwargs={"autocommit": True})
-        await pool.open()
-        _pools[loop] = pool
-    return pool
+    # The runtime's own per-loop pool: drain() closes it before its loop ends. A pool of
+    # our own left open there made asyncio.run()'s shutdown hang (its cancelled connect
+    # came back as a connection error the pool retried).
+    return await database.async_pool()
 
 
 async def note(ctx: Any, phase: str, key: Any = None) -> None:

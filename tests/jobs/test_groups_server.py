@@ -64,7 +64,7 @@ async def test_subscriber_gets_snapshot_then_progress_then_finished(pg_url: str,
         await client.close()
     finally:
         await served.server.stop()
+        await database.close_async_pool()
         database.configure(None)
-        sample_jobs._pools.clear()
         api.set_default_fanout(None)
         config.set_settings(None)
