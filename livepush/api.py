@@ -32,6 +32,13 @@ def set_default_fanout(fanout: FanOut | None) -> None:
         old.close()
 
 
+async def release_loop() -> None:
+    """Close what the publishing fan-out opened on the running loop, before that loop ends."""
+    fanout = _default
+    if fanout is not None:
+        await fanout.release_loop()
+
+
 def publish(topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
     """Publish `data` on `topic`; returns its offset. With `conn=` (a psycopg connection,
     Postgres fan-out only) it is delivered if and only if conn's transaction commits."""

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import threading
+from typing import Any
 
 from ..errors import ConfigError, DependencyError, SchemaError
 
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
                           shutdown_timeout=args.shutdown_timeout, heartbeat=args.heartbeat,
                           poll_interval=args.poll_interval,
                           retention=getattr(args, "retention", None) or None)
-        _run_loop(runtime.run())
+        _run_loop(_run_then_release(runtime))
         status = 0
     except (ConfigError, SchemaError) as exc:
         print(f"livepush jobs: {exc}", file=sys.stderr)
@@ -67,6 +68,18 @@ def run(args: argparse.Namespace) -> int:
         logging.shutdown()
         os._exit(status)
     return status
+
+
+async def _run_then_release(runtime: Any) -> None:
+    from .. import api
+    from . import database
+
+    try:
+        await runtime.run()
+    finally:
+        # Pools job code opened on this loop must close before it ends (see testing.adrain).
+        await database.close_async_pool()
+        await api.release_loop()
 
 
 def _run_loop(coro: object) -> None:

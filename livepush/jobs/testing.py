@@ -47,7 +47,7 @@ async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = RE
         await rt._close()
         # drain()'s loop ends right after this: close what is bound to it.
         await database.close_async_pool()
-        await api.default_fanout().release_loop()
+        await api.release_loop()
     return {k: v for k, v in rt.counts.items() if v}
 
 
