@@ -21,16 +21,12 @@ from __future__ import annotations
 import abc
 import json
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from ..errors import NotListeningError, PayloadTooLarge
 from ..types import JSON, Message, Offset, Receiver, ResyncHandler, Topic
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
-
-# Control messages between servers (revocations, ...) travel on reserved topics.
-RESERVED_PREFIX = "_livepush."
 
 log = logging.getLogger("livepush.fanout")
 
@@ -128,5 +124,3 @@ class FanOut(abc.ABC):
     def close(self) -> None:
         """Release sync (publish-side) resources."""
 
-
-FanOutFactory = Callable[..., FanOut]

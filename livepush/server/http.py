@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from http import HTTPStatus
 from importlib import resources
 
@@ -49,5 +48,3 @@ def serve_js(request: Request) -> Response:
 def is_websocket(request: Request) -> bool:
     return "websocket" in request.headers.get("Upgrade", "").lower()
 
-
-Route = Callable[[Request], Response | None]

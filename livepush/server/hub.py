@@ -84,9 +84,6 @@ class Hub:
     def snapshot_provider(self) -> SnapshotProvider | None:
         return self._snapshot
 
-    def topic_count(self) -> int:
-        return len(self._topics)
-
     # -- live path --------------------------------------------------------------------
     def on_message(self, message: Message) -> None:
         """The fan-out's receiver: called on the loop for every live message."""
