@@ -479,7 +479,7 @@ class RedisRevocations(RevocationStore):
         import redis.asyncio
 
         if self._client is None:
-            self._client = redis.asyncio.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=5)
+            self._client = redis.asyncio.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=5, protocol=2)
         return self._client
 
     async def revoked_among(self, sessions: Iterable[Session]) -> set[str]:
@@ -519,7 +519,7 @@ class RedisRevocations(RevocationStore):
         if ttl <= 0:
             return  # already expired: decode() refuses it anyway
         try:
-            with redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=5) as client:
+            with redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=5, protocol=2) as client:
                 client.set(self.SESSION_PREFIX + session_id, b"1", px=ttl)
         except redis.RedisError as exc:
             raise self._unreachable(exc) from exc
@@ -539,7 +539,7 @@ class RedisRevocations(RevocationStore):
         import redis
 
         try:
-            with redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=5) as client:
+            with redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=5, protocol=2) as client:
                 client.eval(_REDIS_ADD_SUBJECT, 1, self.SUBJECT_PREFIX + subject, _ms(before), _ms(MAX_TTL))
         except redis.RedisError as exc:
             raise self._unreachable(exc) from exc

@@ -187,6 +187,9 @@ class RedisFanOut(FanOut):
             # seconds. A pooled connection whose server restarted is reconnected before
             # use (its socket reads EOF), so a restart alone does not fail a publish.
             "retry": Retry(NoBackoff(), 0),
+            # RESP2 on every connection: the replies parsed here (XRANGE entries, script
+            # results) are the RESP2 shapes; redis-py 8 defaults to RESP3.
+            "protocol": 2,
         }
 
     def _sync_client(self) -> tuple[redis.Redis, Any]:
@@ -331,6 +334,9 @@ class RedisFanOut(FanOut):
                 max_connections=1,
                 socket_connect_timeout=self.connect_timeout,
                 client_name="livepush-listener",
+                # RESP2: the raw replies parsed below (redis-py 8 defaults to RESP3, where
+                # pub/sub frames arrive as push messages read_response() does not return).
+                protocol=2,
                 # No silent reconnects inside redis-py: a lost subscription must be seen
                 # here, so `listening` drops and the resync runs.
                 retry=Retry(NoBackoff(), 0),
