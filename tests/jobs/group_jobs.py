@@ -15,7 +15,7 @@ import psycopg
 
 from livepush import jobs
 from livepush.jobs import database
-from tests.jobs.sample_jobs import _pool, note, note_sync
+from tests.jobs.sample_jobs import _pool, note, note_sync, until_flag
 
 CALLBACK_RUNS_TABLE = """
 CREATE TABLE IF NOT EXISTS group_callback_runs (
@@ -72,13 +72,7 @@ def spawner_sync(ctx: Any, n: int, key: Any = None) -> None:
 @jobs.job(name="g.wait_flag", timeout=120)
 async def wait_flag(ctx: Any, flag: str) -> None:
     await note(ctx, "start", flag)
-    pool = await _pool()
-    while True:
-        async with pool.connection() as conn:
-            row = await (await conn.execute("SELECT 1 FROM job_flags WHERE name = %s", (flag,))).fetchone()
-        if row:
-            break
-        await asyncio.sleep(0.02)
+    await until_flag(flag, interval=0.02)
     await note(ctx, "done", flag)
 
 

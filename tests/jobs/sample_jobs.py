@@ -129,11 +129,16 @@ FLAGS_TABLE = "CREATE TABLE IF NOT EXISTS job_flags (name text PRIMARY KEY)"
 async def wait_flag(ctx: Any, flag: str) -> None:
     """Notes its start, then runs until the row `flag` appears in job_flags."""
     await note(ctx, "start", flag)
+    await until_flag(flag)
+    await note(ctx, "done", flag)
+
+
+async def until_flag(flag: str, interval: float = 0.05) -> None:
+    """Returns once the row `flag` is in job_flags (a test sets it to let a job finish)."""
     pool = await _pool()
     while True:
         async with pool.connection() as conn:
             row = await (await conn.execute("SELECT 1 FROM job_flags WHERE name = %s", (flag,))).fetchone()
         if row:
-            break
-        await asyncio.sleep(0.05)
-    await note(ctx, "done", flag)
+            return
+        await asyncio.sleep(interval)
