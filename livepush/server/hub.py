@@ -48,6 +48,10 @@ class _Topic:
     # Subscribers whose replay went past the cursor: skip live frames up to their floor.
     floors: dict[Subscriber, Key] = field(default_factory=dict)
     cursor: Offset | None = None
+    # While nothing was delivered yet (no cursor): the lowest floor of the subscribers that
+    # finished joining. Everyone has everything up to it, so once nobody is still joining
+    # it becomes the cursor, and a listener gap before the first live message is caught.
+    low_floor: Offset | None = None
     fetching: bool = False
     pending: list[Message] = field(default_factory=list)
 
@@ -112,6 +116,7 @@ class Hub:
 
     def _emit(self, state: _Topic, offset: Offset, data_json: str) -> None:
         state.cursor = offset
+        state.low_floor = None
         frame = protocol.message(state.name, offset, data_json)
         key = offset_key(offset)
         recipients: Iterable[Subscriber] = state.subscribers
@@ -164,8 +169,9 @@ class Hub:
     async def resync(self) -> None:
         """After a listener gap: read what every active topic missed."""
         for state in list(self._topics.values()):
-            if state.cursor is not None and not state.fetching:
-                self._fetch(state, state.cursor, None)
+            since = state.cursor if state.cursor is not None else state.low_floor
+            if since is not None and not state.fetching:
+                self._fetch(state, since, None)
 
     # -- subscribing ------------------------------------------------------------------
     async def subscribe(self, sub: Subscriber, topic: str, since: Offset | None, ref: protocol.Ref) -> None:
@@ -193,10 +199,13 @@ class Hub:
                 floor = key if key is not None else floor
         del state.joining[sub]
         state.subscribers.add(sub)
-        if state.cursor is None and len(state.subscribers) == 1 and not state.joining and not buffer:
-            # Sole subscriber of a quiet topic: its floor is where the live stream resumes,
-            # so a first live message that skips ahead is caught as a gap.
-            state.cursor = floor_offset
+        if state.cursor is None:
+            if state.low_floor is None or offset_key(floor_offset) < offset_key(state.low_floor):
+                state.low_floor = floor_offset
+            if not state.joining:
+                # Not while someone is still joining: its read may predate a message whose
+                # notification is in flight, which a higher cursor would drop as a duplicate.
+                state.cursor, state.low_floor = state.low_floor, None
         cursor_key = offset_key(state.cursor) if state.cursor is not None else NO_KEY
         if floor > cursor_key:
             state.floors[sub] = floor
