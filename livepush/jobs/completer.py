@@ -3,7 +3,10 @@
 Executors hand it outcomes (`submit`) and progress (`progress`); one writer task turns
 whatever accumulated into one transaction: a fenced progress write, a fenced completion
 of every outcome (queries.COMPLETE), the terminal hook for groups, and every event of the
-batch in one more statement. Because one task writes, a job's progress events can never
+batch in one more statement. With the Postgres fan-out and no progress to write first, a
+batch is one statement (COMPLETE_PUBLISHING, autocommit; or, holding group members,
+group_queries.COMPLETE_COUNTING in a transaction, followed by the group finish only when
+a shard drained). Because one task writes, a job's progress events can never
 overtake its final event.
 
 Flush policy: outcomes go out after `flush_delay` (a few ms, to gather a batch) or at once
@@ -24,7 +27,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from . import events, queries, terminal
+from . import events, group_queries as gq, queries, terminal
 from .context import JobContext
 
 log = logging.getLogger("livepush.jobs")
@@ -143,11 +146,16 @@ class Completer:
         written = {c.job_id: c.latest for c in writes}
         live: set[int] = set()
         later: list[events.Event] = []
-        if not writes and outcomes and events.in_transaction() and all(o.ctx.job.group_id is None for o in outcomes):
-            # The common case: outcomes only, and no task group to count (terminal.on_terminal
-            # needs nothing for jobs without a group). COMPLETE_PUBLISHING writes them and
-            # publishes their events in one statement: autocommit, one round trip.
-            rows = await self._complete_publishing(outcomes)
+        if not writes and outcomes and events.in_transaction():
+            if all(o.ctx.job.group_id is None for o in outcomes):
+                # The common case: outcomes only, and no task group to count (terminal.on_terminal
+                # needs nothing for jobs without a group). COMPLETE_PUBLISHING writes them and
+                # publishes their events in one statement: autocommit, one round trip.
+                rows = await self._complete_publishing(outcomes)
+            else:
+                # Group members (or callbacks): COMPLETE_COUNTING also counts them on their
+                # shards; only a drained shard needs more statements (the finish).
+                rows, later = await self._complete_counting(outcomes)
         else:
             rows, later = await self._flush_in_transaction(outcomes, writes, written, live)
         # Committed.
@@ -194,6 +202,23 @@ class Completer:
             finally:
                 if not conn.closed:
                     await conn.set_autocommit(False)
+
+    async def _complete_counting(self, outcomes: list[Outcome]) -> tuple[list[dict[str, Any]], list[events.Event]]:
+        """COMPLETE_COUNTING in a transaction, then, only if it drained a shard, the group
+        finish steps and their events (terminal.on_counted), in that same transaction.
+        Returns the completed rows and the events to publish after commit (none here: the
+        caller checked that the fan-out publishes in the transaction)."""
+        async with self._pool.connection() as conn:
+            # Pipelined, BEGIN and the statement go out together: one round trip.
+            async with conn.pipeline():
+                async with conn.cursor(row_factory=dict_row) as cur:
+                    await cur.execute(gq.COMPLETE_COUNTING, self._outcome_params(outcomes))
+                    rows = await cur.fetchall()
+            shards = rows[0]["_shards"] if rows else []
+            for r in rows:
+                r.pop("_shards", None)
+            later = await events.apublish_in(conn, await terminal.on_counted(conn, shards))
+        return rows, later  # committed by the pool as the block ends
 
     async def _flush_in_transaction(
         self, outcomes: list[Outcome], writes: list[JobContext], written: dict[int, Any], live: set[int],

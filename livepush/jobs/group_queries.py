@@ -37,7 +37,7 @@ So the sum of pending never reaches 0 between the add and M's outcome.
 
 from __future__ import annotations
 
-from .queries import READY_CHANNEL
+from .queries import _COMPLETE_CTES, _EVENT_COLUMNS, _STATE_EVENT_SQL, READY_CHANNEL, _event_sql
 
 # Members with consecutive ids share a shard in blocks of this many: a runtime claims
 # members in id order, so one completer batch mostly touches one or two shard rows, and two
@@ -150,30 +150,81 @@ RETURNING id
 # on to lock the group (LOCK_GROUPS) and check whether the group is done. Returns, per
 # shard touched, its new pending and done counts (done only grows: the progress publisher
 # uses it to know when it has read past this commit).
-COUNT_OUTCOMES = f"""
-WITH input AS (
+# `_count_ctes` is this statement's body, fed from any set of (id, group_id, state) rows:
+# COUNT_OUTCOMES feeds it parameters, COMPLETE_COUNTING the rows its completion returned.
+def _count_ctes(source: str, where: str = "") -> str:
+    return f"""
+input AS (
     SELECT u.group_id, {_shard_of("u.id", "g.shards")} AS shard,
            count(*)::int AS n,
            count(*) FILTER (WHERE u.state = 'succeeded')::int AS succeeded,
            count(*) FILTER (WHERE u.state = 'failed')::int AS failed,
            count(*) FILTER (WHERE u.state = 'cancelled')::int AS cancelled
-    FROM unnest(%(ids)s::bigint[], %(group_ids)s::bigint[], %(states)s::text[]) AS u(id, group_id, state)
+    FROM {source}
     JOIN livepush_groups g ON g.id = u.group_id
+    {where}
     GROUP BY 1, 2
 ), locked AS MATERIALIZED (
     SELECT s.group_id, s.shard FROM livepush_group_shards s
     JOIN input i ON i.group_id = s.group_id AND i.shard = s.shard
     ORDER BY s.group_id, s.shard
     FOR UPDATE OF s
+), counted AS (
+    UPDATE livepush_group_shards s SET
+        pending = s.pending - i.n,
+        succeeded = s.succeeded + i.succeeded,
+        failed = s.failed + i.failed,
+        cancelled = s.cancelled + i.cancelled
+    FROM input i JOIN locked l ON l.group_id = i.group_id AND l.shard = i.shard
+    WHERE s.group_id = i.group_id AND s.shard = i.shard
+    RETURNING s.group_id, s.shard, s.pending, s.succeeded + s.failed + s.cancelled AS done
+)"""
+
+
+COUNT_OUTCOMES = "WITH " + _count_ctes(
+    "unnest(%(ids)s::bigint[], %(group_ids)s::bigint[], %(states)s::text[]) AS u(id, group_id, state)"
+) + """
+SELECT group_id, shard, pending, done FROM counted
+"""
+
+# name: complete_counting
+# The completer's batch when it holds group members (and the fan-out publishes in the
+# transaction): queries.COMPLETE, then COUNT_OUTCOMES over the members that COMPLETE just
+# made terminal (its RETURNING rows: exactly the rows terminal.on_terminal would be given),
+# then every job's state event as COMPLETE_PUBLISHING publishes them, in ONE statement, run
+# inside the completer's transaction (BEGIN is pipelined with it: one round trip).
+# Safe as the three statements it replaces: the member rows are locked first (by `moved`;
+# `input` aggregates all of them before `locked` sorts and locks shard rows), then the
+# shard rows in (group, shard) order, then topic rows (the publish waits for `shards`, so
+# for every shard lock): the lock order of the module docstring. Each shard's decrement is
+# still ordered by its row lock (a concurrent holder is waited for and its committed row
+# re-read, as in COUNT_OUTCOMES), so exactly one batch sees a shard reach 0. It does NOT
+# finish groups: a drained shard is returned (first row's `_shards`, a JSON list of
+# {group_id, shard, pending, done}) and the caller runs LOCK_GROUPS and FINISH_GROUPS
+# afterwards, in the same transaction, as separate statements (the fresh snapshot after the
+# lock that exactly-once rests on). No group event is published here (only `finished` and
+# `enqueued`, by those later statements, and progress by the publisher), so group events
+# keep their order.
+COMPLETE_COUNTING = _COMPLETE_CTES + f"""
+, done AS (
+    SELECT {_EVENT_COLUMNS}, j.kind
+    FROM moved j JOIN payload p ON p.id = j.id
+), {_count_ctes("done u", "WHERE u.group_id > 0 AND u.state IN ('succeeded', 'failed', 'cancelled')")}
+, shards AS MATERIALIZED (
+    SELECT coalesce(jsonb_agg(jsonb_build_object('group_id', c.group_id, 'shard', c.shard,
+                                                 'pending', c.pending, 'done', c.done)
+                              ORDER BY c.group_id, c.shard), '[]'::jsonb) AS list
+    FROM counted c
 )
-UPDATE livepush_group_shards s SET
-    pending = s.pending - i.n,
-    succeeded = s.succeeded + i.succeeded,
-    failed = s.failed + i.failed,
-    cancelled = s.cancelled + i.cancelled
-FROM input i JOIN locked l ON l.group_id = i.group_id AND l.shard = i.shard
-WHERE s.group_id = i.group_id AND s.shard = i.shard
-RETURNING s.group_id, s.shard, s.pending, s.succeeded + s.failed + s.cancelled AS done
+SELECT done.*,
+       CASE WHEN done.id = (SELECT min(d.id) FROM done d) THEN (SELECT list FROM shards) END AS _shards,
+       (SELECT livepush_publish_many(array_agg('job:' || d.id ORDER BY d.id),
+                                     array_agg({_event_sql(_STATE_EVENT_SQL.format(a="d"), "d")} ORDER BY d.id))
+        FROM done d
+        WHERE (SELECT list FROM shards) IS NOT NULL  -- shard locks before topic locks
+          AND (d.kind <> 'released' OR d.state = 'cancelled')) AS _published
+FROM done
+ORDER BY done.id
 """
 
 # name: lock_groups

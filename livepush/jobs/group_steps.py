@@ -123,6 +123,12 @@ def count_outcomes(rows: Sequence[Row]) -> Steps[Counted]:
         "group_ids": [r["group_id"] for r in rows],
         "states": [r["state"] for r in rows],
     })
+    return (yield from counted_shards(shards))
+
+
+def counted_shards(shards: Sequence[Row]) -> Steps[Counted]:
+    """After COUNT_OUTCOMES (or COMPLETE_COUNTING) in this transaction, given the shard rows
+    it returned: finish (LOCK_GROUPS, then FINISH_GROUPS) every group one of them drained."""
     expect: dict[int, dict[int, int]] = {}
     drained: set[int] = set()
     for s in shards:

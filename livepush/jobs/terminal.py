@@ -32,12 +32,30 @@ async def on_terminal(aconn: psycopg.AsyncConnection, rows: Sequence[Row]) -> li
     (callbacks enqueued in this transaction, exactly once). Group progress is not published
     here: the runtime's ProgressPublisher is told which shards moved and publishes at most
     ~10 times a second per group; without one (an admin call), progress goes out now."""
-    from . import group_events, group_steps
+    from . import group_steps
 
     members = group_steps.members_of(rows)
     if not members:
         return []
     counted = await group_steps.arun(aconn, group_steps.count_outcomes(members))
+    return await _after_count(aconn, counted)
+
+
+async def on_counted(aconn: psycopg.AsyncConnection, shards: Sequence[Row]) -> list[tuple[str, Any]]:
+    """on_terminal for a transaction whose completion statement already counted its members
+    (group_queries.COMPLETE_COUNTING), given the shard rows it returned: finishes any group
+    they drained, in this transaction, and marks (or publishes) progress the same way."""
+    from . import group_steps
+
+    if not shards:
+        return []
+    counted = await group_steps.arun(aconn, group_steps.counted_shards(shards))
+    return await _after_count(aconn, counted)
+
+
+async def _after_count(aconn: psycopg.AsyncConnection, counted: Any) -> list[tuple[str, Any]]:
+    from . import group_events, group_steps
+
     publisher = group_events.current_publisher()
     if publisher is not None:
         for group_id, shards in counted.expect.items():
