@@ -14,9 +14,9 @@ import pytest
 from livepush import jobs
 from livepush.jobs import group_queries, groups, maintenance
 from livepush.jobs.context import ClaimedJob, JobContext
-from livepush.jobs.registry import REGISTRY
 from livepush.jobs.runtime import Runtime
 from tests.jobs import group_jobs as gj
+from tests.jobs.test_jobs_runtime import running as runtime_running
 from tests.jobs.conftest import q
 from tests.support.waiting import async_wait_for
 
@@ -214,16 +214,11 @@ async def test_add_from_a_member_that_lost_its_claim_is_refused(groups_db: str) 
 
 @contextlib.asynccontextmanager
 async def running(**options: Any) -> AsyncIterator[Runtime]:
-    options.setdefault("heartbeat", 0.2)
+    """A runtime on the default queue only, polling fast (the job tests' `running`)."""
     options.setdefault("poll_interval", 0.1)
-    rt = Runtime(REGISTRY, install_signals=False, queues=["default"], **options)
-    task = asyncio.create_task(rt.run())
-    await rt.wait_started()
-    try:
+    options.setdefault("queues", ["default"])
+    async with runtime_running(**options) as rt:
         yield rt
-    finally:
-        rt.stop(now=True)
-        await asyncio.wait_for(task, 10)
 
 
 async def finished(group_id: int, timeout: float = 10.0) -> dict[str, Any]:
