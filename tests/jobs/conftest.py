@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import psycopg
@@ -12,6 +12,8 @@ import pytest
 from livepush import api, config
 from livepush.jobs import database
 from tests.jobs import sample_jobs
+from tests.support.procs import ChildProcess, Processes
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture
@@ -45,3 +47,18 @@ def events_of(url: str, job_id: int) -> list[dict[str, Any]]:
 
     rows = q(url, "SELECT data FROM livepush_messages WHERE topic = %s ORDER BY seq", (f"job:{job_id}",))
     return [json.loads(r[0]) for r in rows]
+
+
+def runtime_starter(url: str, module: str, procs: Processes, env: Mapping[str, str]) -> Callable[..., ChildProcess]:
+    """`start(*flags, heartbeat=0.3)` runs `livepush jobs MODULE` on `url` and returns once the
+    runtime registered (its row is in livepush_job_runtimes): registered means ready."""
+
+    def start(*flags: str, heartbeat: float = 0.3) -> ChildProcess:
+        child = procs.livepush("jobs", module, "--heartbeat", str(heartbeat), "--poll-interval", "0.2", *flags,
+                               env=env, wait_healthy=False)
+        wait_for(lambda: q(url, "SELECT count(*) FROM livepush_job_runtimes WHERE pid = %s", (child.pid,))[0][0] == 1
+                 or not child.running, 15.0, message=f"{child.name} to register")
+        assert child.running, child.output()
+        return child
+
+    return start

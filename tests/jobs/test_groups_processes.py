@@ -9,7 +9,7 @@ import pytest
 
 from livepush import jobs
 from tests.jobs import group_jobs as gj
-from tests.jobs.conftest import q
+from tests.jobs.conftest import q, runtime_starter
 from tests.support.procs import ChildProcess, Processes
 from tests.support.waiting import wait_for
 
@@ -24,17 +24,7 @@ def groups_db(jobs_db: str) -> Iterator[str]:
 
 @pytest.fixture
 def start_runtime(groups_db: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> Callable[..., ChildProcess]:
-    env = livepush_env(database_url=groups_db)
-
-    def start(*flags: str, heartbeat: float = 0.3) -> ChildProcess:
-        child = procs.livepush("jobs", MODULE, "--heartbeat", str(heartbeat), "--poll-interval", "0.2", *flags,
-                               env=env, wait_healthy=False)
-        wait_for(lambda: q(groups_db, "SELECT count(*) FROM livepush_job_runtimes WHERE pid = %s", (child.pid,))[0][0] == 1
-                 or not child.running, 15.0, message=f"{child.name} to register")
-        assert child.running, child.output()
-        return child
-
-    return start
+    return runtime_starter(groups_db, MODULE, procs, livepush_env(database_url=groups_db))
 
 
 def member_outcomes(url: str, group_id: int) -> dict[str, int]:

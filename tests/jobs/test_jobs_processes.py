@@ -13,7 +13,7 @@ import pytest
 
 from livepush import jobs
 from tests.jobs import sample_jobs
-from tests.jobs.conftest import q
+from tests.jobs.conftest import q, runtime_starter
 from tests.support.procs import ChildProcess, Processes
 from tests.support.waiting import wait_for
 
@@ -22,18 +22,7 @@ MODULE = "tests.jobs.sample_jobs"
 
 @pytest.fixture
 def start_runtime(jobs_db: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> Callable[..., ChildProcess]:
-    env = livepush_env(database_url=jobs_db)
-
-    def start(*flags: str, heartbeat: float = 0.3) -> ChildProcess:
-        child = procs.livepush("jobs", MODULE, "--heartbeat", str(heartbeat), "--poll-interval", "0.2", *flags,
-                               env=env, wait_healthy=False)
-        # Registered = ready: its row is in livepush_job_runtimes.
-        wait_for(lambda: q(jobs_db, "SELECT count(*) FROM livepush_job_runtimes WHERE pid = %s", (child.pid,))[0][0] == 1
-                 or not child.running, 15.0, message=f"{child.name} to register")
-        assert child.running, child.output()
-        return child
-
-    return start
+    return runtime_starter(jobs_db, MODULE, procs, livepush_env(database_url=jobs_db))
 
 
 def count(url: str, sql: str, params: Any = None) -> int:
