@@ -1,15 +1,17 @@
 """The completer: writes job outcomes and progress in batches, with their events.
 
-Executors hand it outcomes (`submit`) and progress (`progress`); one writer task turns
-whatever accumulated into one transaction: a fenced progress write, a fenced completion
+The producer hands it the jobs it claimed (`started`), executors their outcomes (`submit`)
+and progress (`progress`); one writer task turns whatever accumulated into one
+transaction: the "started" events of new claims (so a claim stays a bare UPDATE on the
+path to running the job), a fenced progress write, a fenced completion
 of every outcome (queries.COMPLETE), the terminal hook for groups, and every event of the
 batch in one more statement. With the Postgres fan-out and no progress to write first, a
 batch is one statement (COMPLETE_PUBLISHING, autocommit; or, holding group members,
 group_queries.COMPLETE_COUNTING in a transaction, followed by the group finish only when
-a shard drained). Because one task writes, a job's progress events can never
-overtake its final event.
+a shard drained). Because one task writes, and each transaction publishes "started" first,
+a job's events always go out in the order started, progress, final.
 
-Flush policy: outcomes go out after `flush_delay` (a few ms, to gather a batch) or at once
+Flush policy: outcomes and starts go out after `flush_delay` (a few ms, to gather a batch) or at once
 when `max_batch` are waiting; progress goes out when it is due (~10 a second per job).
 """
 
@@ -28,7 +30,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from . import events, group_queries as gq, queries, terminal
-from .context import JobContext
+from .context import ClaimedJob, JobContext
 
 log = logging.getLogger("livepush.jobs")
 
@@ -50,6 +52,7 @@ class Completer:
         self.flush_delay = flush_delay
         self.max_batch = max_batch
         self._outcomes: list[Outcome] = []
+        self._started: list[ClaimedJob] = []
         self._dirty: dict[int, JobContext] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -59,7 +62,13 @@ class Completer:
         self.counts: collections.Counter[str] = collections.Counter()
         self.stale = 0  # outcomes fenced off
 
-    # -- called by executors (on the loop) ---------------------------------------------
+    # -- called by the producer and the executors (on the loop) ---------------------------
+    def started(self, job: ClaimedJob) -> None:
+        """Publish this claimed job's "started" event with the next batch (Postgres fan-out)."""
+        self._started.append(job)
+        self._idle.clear()
+        self._wake.set()
+
     def submit(self, outcome: Outcome) -> None:
         ctx = outcome.ctx
         self._dirty.pop(ctx.job_id, None)
@@ -96,14 +105,14 @@ class Completer:
     async def _run(self) -> None:
         backoff = 0.05
         while True:
-            if not self._outcomes and not self._dirty:
+            if not self._outcomes and not self._dirty and not self._started:
                 self._idle.set()
                 if self._closing:
                     return
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if self._outcomes:
+            if self._outcomes or self._started:
                 if len(self._outcomes) < self.max_batch and not self._closing:
                     await asyncio.sleep(self.flush_delay)  # gather a batch
             elif not self._closing:
@@ -132,6 +141,10 @@ class Completer:
     async def flush(self) -> None:
         """One transaction for the pending batch. Raises on database errors, keeping it queued."""
         outcomes = self._outcomes[: self.max_batch]
+        # Every start taken here precedes every outcome taken here (both lists only grow,
+        # and a job's outcome is submitted after its start), so no final event can overtake
+        # its "started".
+        starting = list(self._started)
         now = time.monotonic()
         ending = {o.ctx.job_id for o in outcomes}
         progress_ctxs = [
@@ -150,15 +163,16 @@ class Completer:
             if all(o.ctx.job.group_id is None for o in outcomes):
                 # The common case: outcomes only, and no task group to count (terminal.on_terminal
                 # needs nothing for jobs without a group). COMPLETE_PUBLISHING writes them and
-                # publishes their events in one statement: autocommit, one round trip.
-                rows = await self._complete_publishing(outcomes)
+                # publishes their events in one statement (after the starts, if any).
+                rows = await self._complete_publishing(starting, outcomes)
             else:
                 # Group members (or callbacks): COMPLETE_COUNTING also counts them on their
                 # shards; only a drained shard needs more statements (the finish).
-                rows, later = await self._complete_counting(outcomes)
+                rows, later = await self._complete_counting(starting, outcomes)
         else:
-            rows, later = await self._flush_in_transaction(outcomes, writes, written, live)
+            rows, later = await self._flush_in_transaction(starting, outcomes, writes, written, live)
         # Committed.
+        del self._started[: len(starting)]
         del self._outcomes[: len(outcomes)]
         for c in progress_ctxs:
             if c.job_id in live:
@@ -192,7 +206,19 @@ class Completer:
             "progress": [json.dumps(o.ctx.latest) if o.ctx.latest is not None else None for o in outcomes],
         }
 
-    async def _complete_publishing(self, outcomes: list[Outcome]) -> list[dict[str, Any]]:
+    @staticmethod
+    def _started_params(starting: list[ClaimedJob]) -> dict[str, Any]:
+        return {"started_ids": [j.id for j in starting], "started_leases": [j.lease for j in starting]}
+
+    async def _complete_publishing(self, starting: list[ClaimedJob], outcomes: list[Outcome]) -> list[dict[str, Any]]:
+        if starting:
+            # Starts and outcomes in one transaction, pipelined: still one round trip.
+            async with self._pool.connection() as conn:
+                async with conn.pipeline():
+                    async with conn.cursor(row_factory=dict_row) as cur:
+                        await cur.execute(queries.PUBLISH_STARTED, self._started_params(starting))
+                        await cur.execute(queries.COMPLETE_PUBLISHING, self._outcome_params(outcomes))
+                        return await cur.fetchall()
         async with self._pool.connection() as conn:
             await conn.set_autocommit(True)
             try:
@@ -203,7 +229,9 @@ class Completer:
                 if not conn.closed:
                     await conn.set_autocommit(False)
 
-    async def _complete_counting(self, outcomes: list[Outcome]) -> tuple[list[dict[str, Any]], list[events.Event]]:
+    async def _complete_counting(
+        self, starting: list[ClaimedJob], outcomes: list[Outcome],
+    ) -> tuple[list[dict[str, Any]], list[events.Event]]:
         """COMPLETE_COUNTING in a transaction, then, only if it drained a shard, the group
         finish steps and their events (terminal.on_counted), in that same transaction.
         Returns the completed rows and the events to publish after commit (none here: the
@@ -212,6 +240,8 @@ class Completer:
             # Pipelined, BEGIN and the statement go out together: one round trip.
             async with conn.pipeline():
                 async with conn.cursor(row_factory=dict_row) as cur:
+                    if starting:
+                        await cur.execute(queries.PUBLISH_STARTED, self._started_params(starting))
                     await cur.execute(gq.COMPLETE_COUNTING, self._outcome_params(outcomes))
                     rows = await cur.fetchall()
             shards = rows[0]["_shards"] if rows else []
@@ -221,15 +251,18 @@ class Completer:
         return rows, later  # committed by the pool as the block ends
 
     async def _flush_in_transaction(
-        self, outcomes: list[Outcome], writes: list[JobContext], written: dict[int, Any], live: set[int],
+        self, starting: list[ClaimedJob], outcomes: list[Outcome], writes: list[JobContext],
+        written: dict[int, Any], live: set[int],
     ) -> tuple[list[dict[str, Any]], list[events.Event]]:
-        """Progress, outcomes, the terminal hook and every event in one transaction. Fills
+        """Starts, progress, outcomes, the terminal hook and every event in one transaction. Fills
         `live` (jobs whose progress was written); returns the completed rows and the events
         to publish after commit (non-Postgres fan-outs)."""
         published: list[events.Event] = []
         rows: list[dict[str, Any]] = []
         async with self._pool.connection() as conn:
             async with conn.cursor(row_factory=dict_row) as cur:
+                if starting:  # only ever given with the Postgres fan-out (see Runtime._claim)
+                    await cur.execute(queries.PUBLISH_STARTED, self._started_params(starting))
                 if writes:
                     await cur.execute(queries.WRITE_PROGRESS, {
                         "ids": [c.job_id for c in writes],

@@ -207,8 +207,7 @@ SELECT group_id, shard, pending, done FROM counted
 # keep their order.
 COMPLETE_COUNTING = _COMPLETE_CTES + f"""
 , done AS (
-    SELECT {_EVENT_COLUMNS}, j.kind
-    FROM moved j JOIN payload p ON p.id = j.id
+    SELECT {_EVENT_COLUMNS.replace("p.", "j.")}, j.kind FROM moved j
 ), {_count_ctes("done u", "WHERE u.group_id > 0 AND u.state IN ('succeeded', 'failed', 'cancelled')")}
 , shards AS MATERIALIZED (
     SELECT coalesce(jsonb_agg(jsonb_build_object('group_id', c.group_id, 'shard', c.shard,

@@ -81,7 +81,8 @@ ORDER BY done.ord
 # claimer; the others skip it instead of waiting. The partial index covers only available
 # rows in claim order, so the scan never wades through jobs others hold. The LIMIT is the
 # claimer's free slots, never more. `excluded` holds names this runtime does not know.
-_CLAIM_CTES = """
+# The "started" events follow in the completer's next batch (PUBLISH_STARTED).
+CLAIM = f"""
 WITH picked AS (
     SELECT id FROM livepush_jobs
     WHERE state = 'available' AND queue = %(queue)s AND name <> ALL(%(excluded)s::text[])
@@ -95,30 +96,30 @@ WITH picked AS (
     FROM picked WHERE j.id = picked.id
     RETURNING j.*
 )
-"""
-CLAIM = _CLAIM_CTES + f"""
 SELECT {_EVENT_COLUMNS}, j.priority, j.lease, j.cancel_requested, p.args
 FROM claimed j JOIN livepush_job_payloads p ON p.id = j.id
 ORDER BY j.priority, j.run_at, j.id
 """
 
-# name: claim_publishing
-# CLAIM plus the "started" events of the claimed jobs whose names this runtime knows
-# (`known`; an unknown one is given back without an event), published by the same
-# statement: with an autocommit connection the claim is one round trip, and the events
-# still commit if and only if the claim does. The scalar subquery runs once, and only when
-# something was claimed.
-CLAIM_PUBLISHING = _CLAIM_CTES + f"""
-, out AS (
-    SELECT {_EVENT_COLUMNS}, j.priority, j.lease, j.cancel_requested, p.args
-    FROM claimed j JOIN livepush_job_payloads p ON p.id = j.id
+# name: publish_started
+# The "started" events of jobs this runtime claimed, published by the completer in the
+# transaction of its next batch, before that batch's progress and outcomes (the claim
+# itself stays a bare UPDATE, the shortest statement on the path to running a job).
+# Fenced like WRITE_PROGRESS: only jobs still running under the lease the claim gave, and
+# FOR SHARE makes a concurrent rescue wait for this transaction (or this one see its
+# result), so "started" can never land after another writer's event for the job.
+PUBLISH_STARTED = f"""
+WITH live AS (
+    SELECT {_EVENT_COLUMNS}
+    FROM unnest(%(started_ids)s::bigint[], %(started_leases)s::bigint[]) AS u(id, lease)
+    JOIN livepush_jobs j ON j.id = u.id AND j.lease = u.lease AND j.state = 'running'
+    JOIN livepush_job_payloads p ON p.id = j.id
+    ORDER BY j.id
+    FOR SHARE OF j
 )
-SELECT out.*,
-       (SELECT livepush_publish_many(array_agg('job:' || o.id ORDER BY o.id),
-                                     array_agg({_event_sql("'started'", "o")} ORDER BY o.id))
-        FROM out o WHERE o.name = ANY(%(known)s::text[])) AS _published
-FROM out
-ORDER BY out.priority, out.run_at, out.id
+SELECT livepush_publish_many(array_agg('job:' || l.id ORDER BY l.id),
+                             array_agg({_event_sql("'started'", "l")} ORDER BY l.id))
+FROM live l
 """
 
 # name: complete
@@ -152,34 +153,32 @@ WITH outcome AS (
             WHEN o.kind IN ('succeeded', 'cancelled', 'fail') OR j.cancel_requested
                  OR (o.kind = 'retry' AND j.attempt >= j.max_attempts) THEN now() END,
         lease = NULL, runtime_id = NULL
-    FROM outcome o
+    FROM outcome o JOIN livepush_job_payloads p ON p.id = o.id
     WHERE j.id = o.id AND j.lease = o.lease AND j.state = 'running'
-    RETURNING j.*, o.kind AS kind
+    -- Each job's payload as `written` leaves it, computed here from the row read, so no
+    -- later step joins `moved` back to anything: the planner cannot size a CTE, and a
+    -- nested loop over two copies of it made a batch of 300 cost 90,000 comparisons.
+    -- The state row's lock, taken here, orders this against every other payload writer
+    -- (they lock it first too). (In RETURNING, j is the new version of the row.)
+    RETURNING j.id, j.name, j.queue, j.state, j.attempt, j.max_attempts, j.run_at, j.group_id,
+              coalesce(o.progress, p.progress) AS progress,
+              CASE WHEN j.state = 'succeeded' THEN NULL ELSE coalesce(o.error, p.error) END AS error,
+              o.kind AS kind,
+              -- Write the payload only when it changes (a final progress, an error to keep or
+              -- to clear): most jobs succeed with neither, and rewriting their row (arguments
+              -- and all) would cost a row version and its WAL for nothing.
+              (o.progress IS NOT NULL AND o.progress IS DISTINCT FROM p.progress
+               OR CASE WHEN j.state = 'succeeded' THEN p.error IS NOT NULL
+                       ELSE o.error IS NOT NULL AND o.error IS DISTINCT FROM p.error END) AS _write
 ), written AS (
-    -- Only payloads that change (a final progress, an error to keep or to clear): most jobs
-    -- succeed with neither, and rewriting their row (arguments and all) would cost a row
-    -- version and its WAL for nothing. The state row's lock, taken by `moved`, already
-    -- orders this against every other writer of the job (they lock it first too).
-    UPDATE livepush_job_payloads p SET
-        error = CASE WHEN m.state = 'succeeded' THEN NULL ELSE coalesce(o.error, p.error) END,
-        progress = coalesce(o.progress, p.progress)
-    FROM moved m JOIN outcome o ON o.id = m.id
-    WHERE p.id = m.id
-      AND (o.progress IS DISTINCT FROM p.progress AND o.progress IS NOT NULL
-           OR CASE WHEN m.state = 'succeeded' THEN p.error IS NOT NULL
-                   ELSE o.error IS NOT NULL AND o.error IS DISTINCT FROM p.error END)
-    RETURNING p.id, p.progress, p.error
-), payload AS (
-    -- Every moved job's payload as it is now: the new version where one was written, else
-    -- the one read (which that write would have left as it was).
-    SELECT m.id, CASE WHEN w.id IS NULL THEN p.progress ELSE w.progress END AS progress,
-           CASE WHEN w.id IS NULL THEN p.error ELSE w.error END AS error
-    FROM moved m JOIN livepush_job_payloads p ON p.id = m.id LEFT JOIN written w ON w.id = m.id
+    UPDATE livepush_job_payloads p SET error = m.error, progress = m.progress
+    FROM moved m
+    WHERE p.id = m.id AND m._write
 )
 """
 COMPLETE = _COMPLETE_CTES + f"""
-SELECT {_EVENT_COLUMNS}, j.kind
-FROM moved j JOIN payload p ON p.id = j.id
+SELECT {_EVENT_COLUMNS.replace("p.", "j.")}, j.kind
+FROM moved j
 ORDER BY j.id
 """
 
@@ -190,8 +189,7 @@ ORDER BY j.id
 # their transaction (no progress to write first, no task group to count).
 COMPLETE_PUBLISHING = _COMPLETE_CTES + f"""
 , done AS (
-    SELECT {_EVENT_COLUMNS}, j.kind
-    FROM moved j JOIN payload p ON p.id = j.id
+    SELECT {_EVENT_COLUMNS.replace("p.", "j.")}, j.kind FROM moved j
 )
 SELECT done.*,
        (SELECT livepush_publish_many(array_agg('job:' || d.id ORDER BY d.id),
@@ -302,13 +300,15 @@ WITH orphans AS (
     FROM orphans WHERE j.id = orphans.id
     RETURNING j.*
 ), payload AS (
+    -- Returns the moved row's columns too, so nothing joins two CTEs (a planner that cannot
+    -- size them picks a nested loop, quadratic in the number of orphans).
     UPDATE livepush_job_payloads p SET error = %(error)s
-    FROM moved m WHERE p.id = m.id
-    RETURNING p.*
+    FROM moved j WHERE p.id = j.id
+    RETURNING {_EVENT_COLUMNS}
 )
-SELECT {_EVENT_COLUMNS}, CASE WHEN count(*) OVER () > 0 THEN pg_notify('{READY_CHANNEL}', '') END IS NULL AS _rang
-FROM moved j JOIN payload p ON p.id = j.id
-ORDER BY j.id
+SELECT *, CASE WHEN count(*) OVER () > 0 THEN pg_notify('{READY_CHANNEL}', '') END IS NULL AS _rang
+FROM payload
+ORDER BY id
 """
 
 # name: cancel_requests_for

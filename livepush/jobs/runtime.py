@@ -347,9 +347,7 @@ class Runtime:
             if free <= 0:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
-                # Let the other jobs finishing in this tick free their slots too, so the
-                # next claim is a batch rather than one job at a time.
-                await asyncio.sleep(0)
+                await self._settle()
                 continue
             if not more:
                 try:
@@ -374,16 +372,23 @@ class Runtime:
                 continue
             more = claimed >= free
 
+    async def _settle(self) -> None:
+        """Yield while jobs are still finishing, so that the next claim is a batch rather
+        than one job at a time (jobs that end together take a few loop turns to return).
+        Bounded: a steady trickle of slow jobs must not hold the claim back."""
+        before = len(self.in_hand)
+        for _ in range(4):
+            await asyncio.sleep(0)
+            now = len(self.in_hand)
+            if now == before:
+                return
+            before = now
+
     async def _claim(self, free: int) -> int:
-        assert self._pool is not None
+        assert self._pool is not None and self._completer is not None
         rows: list[dict[str, Any]] = []
-        # Each queue's claim is one statement that also publishes its "started" events
-        # (CLAIM_PUBLISHING), so it runs in autocommit: one round trip per queue instead of
-        # BEGIN, claim, publish, COMMIT. With another fan-out the events go after the claim.
-        publishing = events.in_transaction()
         params: dict[str, Any] = {"excluded": sorted(self.excluded), "runtime_id": self.id}
-        if publishing:
-            params["known"] = self.registry.names()
+        # Each queue's claim is one statement in autocommit: one round trip, no BEGIN/COMMIT.
         async with self._pool.connection() as conn:
             await conn.set_autocommit(True)
             try:
@@ -393,7 +398,7 @@ class Runtime:
                         if want <= 0:
                             break
                         params["queue"], params["limit"] = queue, want
-                        await cur.execute(queries.CLAIM_PUBLISHING if publishing else queries.CLAIM, params)
+                        await cur.execute(queries.CLAIM, params)
                         rows.extend(await cur.fetchall())
             except psycopg.Error as exc:
                 # Earlier queues' claims are committed: those jobs are ours and must run.
@@ -406,11 +411,18 @@ class Runtime:
                     await conn.set_autocommit(False)
         if not rows:
             return 0
-        if not publishing:
-            known = [r for r in rows if r["name"] in self.registry]
-            await events.apublish_after([events.job_event("started", r) for r in known])
-        for row in rows:
-            self._start(ClaimedJob.from_row(row))
+        # "started" for the jobs this runtime knows (an unknown one is given back without an
+        # event). With the Postgres fan-out the completer publishes them in its next batch,
+        # ahead of anything else about these jobs; otherwise they go out now, after the commit.
+        jobs = [ClaimedJob.from_row(row) for row in rows]
+        known = [(job, row) for job, row in zip(jobs, rows) if job.name in self.registry]
+        if events.in_transaction():
+            for job, _ in known:
+                self._completer.started(job)
+        else:
+            await events.apublish_after([events.job_event("started", row) for _, row in known])
+        for job in jobs:
+            self._start(job)
         return len(rows)
 
     def _start(self, job: ClaimedJob) -> None:
