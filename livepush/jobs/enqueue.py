@@ -1,8 +1,8 @@
 """Enqueue: one job or many, in our own transaction or the caller's (`conn=`).
 
-Every path is the same single statement (queries.ENQUEUE_MANY, or ENQUEUE_MANY_PUBLISHING
-which also publishes the "enqueued" events), which also rings the doorbell; it is delivered
-at commit, so idle runtimes wake only for committed jobs.
+Every path is one statement (queries.ENQUEUE_MANY, or ENQUEUE_MANY_PUBLISHING which also
+publishes the "enqueued" events; ENQUEUE_ONE* for a lone job), which also rings the
+doorbell; it is delivered at commit, so idle runtimes wake only for committed jobs.
 """
 
 from __future__ import annotations
@@ -63,6 +63,14 @@ class Batch:
             "group_ids": self.group_ids,
         }
 
+    def one_params(self) -> dict[str, Any]:
+        """Scalar parameters for ENQUEUE_ONE (a batch of exactly one job)."""
+        return {
+            "name": self.names[0], "queue": self.queues[0], "priority": self.priorities[0],
+            "run_at": self.run_ats[0], "max_attempts": self.max_attempts[0], "args": self.args[0],
+            "group_id": self.group_ids[0],
+        }
+
     def __len__(self) -> int:
         return len(self.names)
 
@@ -88,19 +96,21 @@ def _events(rows: list[dict[str, Any]]) -> list[events.Event]:
     return [events.job_event("enqueued", row) for row in rows]
 
 
-def _statement() -> tuple[str, bool]:
-    """The enqueue statement, and whether it publishes the "enqueued" events itself (Postgres
-    fan-out in the jobs' database: same statement, same transaction, one round trip)."""
-    if events.in_transaction():
-        return queries.ENQUEUE_MANY_PUBLISHING, True
-    return queries.ENQUEUE_MANY, False
+def _statement(batch: Batch) -> tuple[str, dict[str, Any], bool]:
+    """The enqueue statement and its parameters, and whether it publishes the "enqueued"
+    events itself (Postgres fan-out in the jobs' database: same statement, same transaction,
+    one round trip). A lone job takes the scalar twin of the batch statement (cheaper)."""
+    publishes = events.in_transaction()
+    if len(batch) == 1:
+        return (queries.ENQUEUE_ONE_PUBLISHING if publishes else queries.ENQUEUE_ONE), batch.one_params(), publishes
+    return (queries.ENQUEUE_MANY_PUBLISHING if publishes else queries.ENQUEUE_MANY), batch.params(), publishes
 
 
 def run_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
     """Insert a batch with a sync connection (the caller's, or ours and committed here)."""
     if not len(batch):
         return []
-    sql, publishes = _statement()
+    sql, params, publishes = _statement(batch)
     if conn is None:
         with database.sync_pool().connection() as own:
             # One statement is atomic on its own: in autocommit it is one round trip, where
@@ -108,7 +118,7 @@ def run_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
             own.autocommit = True
             try:
                 with own.cursor(row_factory=dict_row) as cur:
-                    cur.execute(sql, batch.params())
+                    cur.execute(sql, params)
                     rows = cur.fetchall()
             finally:
                 if not own.closed:
@@ -119,7 +129,7 @@ def run_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
     if database.conn_kind(conn) != "sync":
         raise TypeError("enqueue(conn=) takes a sync psycopg Connection; use aenqueue() with an AsyncConnection")
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(sql, batch.params())
+        cur.execute(sql, params)
         rows = cur.fetchall()
     # With a non-Postgres fan-out we cannot wait for the caller's commit: the events go out
     # now. Only the caller knows these ids yet, so nobody else can be watching them.
@@ -131,14 +141,14 @@ def run_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
 async def arun_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
     if not len(batch):
         return []
-    sql, publishes = _statement()
+    sql, params, publishes = _statement(batch)
     if conn is None:
         pool = await database.async_pool()
         async with pool.connection() as own:
             await own.set_autocommit(True)  # one round trip, as in run_batch
             try:
                 async with own.cursor(row_factory=dict_row) as cur:
-                    await cur.execute(sql, batch.params())
+                    await cur.execute(sql, params)
                     rows = await cur.fetchall()
             finally:
                 if not own.closed:
@@ -149,7 +159,7 @@ async def arun_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
     if database.conn_kind(conn) != "async":
         raise TypeError("aenqueue(conn=) takes a psycopg AsyncConnection; use enqueue() with a sync Connection")
     async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(sql, batch.params())
+        await cur.execute(sql, params)
         rows = await cur.fetchall()
     if not publishes:
         await events.apublish_after(_events(rows))

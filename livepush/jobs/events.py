@@ -7,7 +7,9 @@
 Events are published in the same transaction as the state change they describe when the
 fan-out is Postgres (on the jobs' database): a batch of any size is one statement calling
 the fan-out's `livepush_publish()` per event, so an event goes out if and only if its change
-commits, and in commit order per job. With another fan-out (Redis, local) they are
+commits, and in commit order per job. Except `started`: the completer publishes it with its
+next batch after the claim (queries.PUBLISH_STARTED), ahead of the job's other events, so
+the claim stays a bare UPDATE. With another fan-out (Redis, local) they are
 published right after the commit instead.
 
 Runtimes publish their own state on `runtime:<id>` and on `runtimes` (all of them):

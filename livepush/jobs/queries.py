@@ -64,16 +64,45 @@ ORDER BY input.ord
 
 # name: enqueue_many_publishing
 # ENQUEUE_MANY plus the "enqueued" events, built from the new rows and published by the
-# same statement (Postgres fan-out in the jobs' database): one round trip.
+# same statement (Postgres fan-out in the jobs' database): one round trip. Returns only
+# what a JobHandle needs (the events are already out).
 ENQUEUE_MANY_PUBLISHING = _ENQUEUE_CTES + f"""
 , done AS (
     SELECT jobs.*, input.ord FROM jobs JOIN input USING (id)
 )
-SELECT done.*, pg_notify('{READY_CHANNEL}', '') IS NULL AS _rang,
+SELECT done.id, done.name, pg_notify('{READY_CHANNEL}', '') IS NULL AS _rang,
        (SELECT livepush_publish_many(array_agg('job:' || d.id ORDER BY d.ord),
                                      array_agg({_event_sql("'enqueued'", "d")} ORDER BY d.ord)) FROM done d) AS _published
 FROM done
 ORDER BY done.ord
+"""
+
+# name: enqueue_one
+# ENQUEUE_MANY for a single job, with scalar parameters: the same rows, but no arrays to
+# unnest and materialize, which is a quarter of a lone enqueue's time on an idle server
+# (measured: 1.33 ms against 1.08 ms). New rows are invisible to claims until commit.
+_ENQUEUE_ONE_CTES = f"""
+WITH jobs AS (
+    INSERT INTO livepush_jobs AS j (queue, name, priority, run_at, state, max_attempts, group_id)
+    VALUES (%(queue)s, %(name)s, %(priority)s, coalesce(%(run_at)s::timestamptz, now()),
+            CASE WHEN %(run_at)s::timestamptz > now() THEN 'scheduled' ELSE 'available' END,
+            %(max_attempts)s, %(group_id)s::bigint)
+    RETURNING {_EVENT_COLUMNS.replace("p.progress, p.error", "NULL::jsonb AS progress, NULL::text AS error")}
+), payloads AS (
+    INSERT INTO livepush_job_payloads (id, args) SELECT id, %(args)s::jsonb FROM jobs
+)
+"""
+ENQUEUE_ONE = _ENQUEUE_ONE_CTES + f"""
+SELECT jobs.*, pg_notify('{READY_CHANNEL}', '') IS NULL AS _rang FROM jobs
+"""
+
+# name: enqueue_one_publishing
+# ENQUEUE_ONE plus its "enqueued" event, as ENQUEUE_MANY_PUBLISHING (livepush_publish():
+# the topic row's lock orders it, in the caller's transaction).
+ENQUEUE_ONE_PUBLISHING = _ENQUEUE_ONE_CTES + f"""
+SELECT jobs.id, jobs.name, pg_notify('{READY_CHANNEL}', '') IS NULL AS _rang,
+       livepush_publish('job:' || jobs.id, {_event_sql("'enqueued'", "jobs")}) AS _offset
+FROM jobs
 """
 
 # name: claim

@@ -54,3 +54,60 @@ def test_runtime_events_in_order(jobs_db: str) -> None:
     h = sample_jobs.record.enqueue("y")
     assert drain()["succeeded"] >= 1
     assert [e["event"] for e in events_of(jobs_db, h.id)] == ["enqueued", "started", "succeeded"]
+
+
+def test_a_lone_enqueue_publishes_the_same_event_as_a_batch(jobs_db: str) -> None:
+    """enqueue() of one job (ENQUEUE_ONE_PUBLISHING) and enqueue_many() publish the same
+    "enqueued" event: the job as a snapshot would show it then."""
+    from livepush.jobs import enqueue_many
+
+    one = sample_jobs.record.enqueue("solo")
+    many = enqueue_many([sample_jobs.record.request("a"), sample_jobs.record.request("b")])
+    with psycopg.connect(jobs_db, autocommit=True) as conn, conn.cursor(row_factory=dict_row) as cur:
+        for h in (one, *many):
+            row = cur.execute(queries.JOB_STATE, {"id": h.id}).fetchone()
+            assert events_of(jobs_db, h.id) == [events.job_event("enqueued", row)[1]]
+
+
+def test_started_is_fenced_by_the_claims_lease(jobs_db: str) -> None:
+    """PUBLISH_STARTED publishes "started" only for a job still running under the lease its
+    claim gave: a job rescued or finished meanwhile gets nothing."""
+    h = sample_jobs.record.enqueue("fenced")
+    with psycopg.connect(jobs_db, autocommit=True) as conn:
+        conn.execute("UPDATE livepush_jobs SET state = 'running', attempt = 1, lease = 7 WHERE id = %s", (h.id,))
+        conn.execute(queries.PUBLISH_STARTED, {"started_ids": [h.id], "started_leases": [6]})
+        assert [e["event"] for e in events_of(jobs_db, h.id)] == ["enqueued"]
+        conn.execute(queries.PUBLISH_STARTED, {"started_ids": [h.id], "started_leases": [7]})
+        started = events_of(jobs_db, h.id)[-1]
+        assert started["event"] == "started" and started["job"]["state"] == "running"
+        assert started["job"]["attempt"] == 1
+        conn.execute("UPDATE livepush_jobs SET state = 'available', lease = NULL WHERE id = %s", (h.id,))
+        conn.execute(queries.PUBLISH_STARTED, {"started_ids": [h.id], "started_leases": [7]})
+        assert [e["event"] for e in events_of(jobs_db, h.id)] == ["enqueued", "started"]
+
+
+def test_a_batch_of_300_outcomes_completes_every_job_once(jobs_db: str) -> None:
+    """One completion statement for 300 running jobs (successes, retries with errors, final
+    progress) moves each job once, keeps errors and progress, and publishes one event each."""
+    from livepush.jobs import enqueue_many
+
+    handles = enqueue_many([sample_jobs.record.request(i) for i in range(300)])
+    ids = [h.id for h in handles]
+    kinds = ["succeeded" if i % 3 else "retry" for i in range(300)]
+    with psycopg.connect(jobs_db, autocommit=True) as conn, conn.cursor(row_factory=dict_row) as cur:
+        cur.execute("UPDATE livepush_jobs SET state = 'running', attempt = 1, lease = id WHERE id = ANY(%s)", (ids,))
+        rows = cur.execute(queries.COMPLETE_PUBLISHING, {
+            "ids": ids, "leases": ids, "kinds": kinds,
+            "errors": [None if k == "succeeded" else "E: no" for k in kinds], "delays": [60.0] * 300,
+            "progress": [json.dumps({"done": i, "total": 300, "message": None}) for i in range(300)],
+        }).fetchall()
+        assert sorted(r["id"] for r in rows) == ids
+        cur.execute("SELECT j.id, j.state, coalesce(p.error, '') AS error, p.progress->>'done' AS done "
+                    "FROM livepush_jobs j JOIN livepush_job_payloads p USING (id) WHERE j.id = ANY(%s)", (ids,))
+        states = {r["id"]: f"{r['state']}/{r['error']}/{r['done']}" for r in cur.fetchall()}
+    for i, job_id in enumerate(ids):
+        expected = f"succeeded//{i}" if kinds[i] == "succeeded" else f"scheduled/E: no/{i}"
+        assert states[job_id] == expected
+    last = events_of(jobs_db, ids[1])
+    assert [e["event"] for e in last] == ["enqueued", "succeeded"] and last[-1]["job"]["progress"]["done"] == 1
+    assert [e["event"] for e in events_of(jobs_db, ids[0])] == ["enqueued", "retrying"]
