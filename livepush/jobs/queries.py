@@ -124,17 +124,22 @@ FROM jobs
 # rows in claim order, so the scan never wades through jobs others hold. The LIMIT is the
 # claimer's free slots, never more. `excluded` holds names this runtime does not know.
 # The "started" events follow in the completer's next batch (PUBLISH_STARTED).
+# The claim commits asynchronously (set_config(..., true): this transaction only; the
+# uncorrelated subquery runs once, before the scan): losing it in a crash only makes the
+# job run again, and its random lease (livepush_job_lease(), sql/0006) keeps the forgotten
+# claim's worker from matching any later claim. Why: sql/0006_async_claims.sql.
 CLAIM = f"""
 WITH picked AS (
     SELECT id FROM livepush_jobs
     WHERE state = 'available' AND queue = %(queue)s AND name <> ALL(%(excluded)s::text[])
+      AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE livepush_jobs j
     SET state = 'running', attempt = j.attempt + 1, runtime_id = %(runtime_id)s,
-        lease = nextval('livepush_job_lease_seq')
+        lease = livepush_job_lease()
     FROM picked WHERE j.id = picked.id
     RETURNING j.*
 )

@@ -114,6 +114,9 @@ class Runtime:
         self.excluded: set[str] = set()  # job names claimed here but not known: never claimed again
         self.signals = 0
         self._pool: AsyncConnectionPool | None = None
+        # The producer's own connection, in autocommit: claims only (no pool round on the
+        # path between a slot freeing and the next job starting). Reopened after an error.
+        self._claim_conn: psycopg.AsyncConnection | None = None
         self._completer: Completer | None = None
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._doorbell = asyncio.Event()
@@ -281,6 +284,9 @@ class Runtime:
                 log.error("could not deregister runtime %s (%s): its jobs are released once it is found dead",
                           self.id, exc)
             await self._pool.close()
+        if self._claim_conn is not None:
+            await self._claim_conn.close()
+            self._claim_conn = None
         if self._threads is not None:
             # Threads still running (timed-out or given-back sync jobs) are not waited for.
             self._threads.shutdown(wait=False, cancel_futures=True)
@@ -384,31 +390,37 @@ class Runtime:
                 return
             before = now
 
+    async def _claim_connection(self) -> psycopg.AsyncConnection:
+        conn = self._claim_conn
+        if conn is None or conn.closed or conn.broken:
+            if conn is not None:
+                await conn.close()
+            self._claim_conn = None
+            conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)  # type: ignore[arg-type]
+            self._claim_conn = conn
+        return conn
+
     async def _claim(self, free: int) -> int:
-        assert self._pool is not None and self._completer is not None
+        assert self._completer is not None
         rows: list[dict[str, Any]] = []
         params: dict[str, Any] = {"excluded": sorted(self.excluded), "runtime_id": self.id}
         # Each queue's claim is one statement in autocommit: one round trip, no BEGIN/COMMIT.
-        async with self._pool.connection() as conn:
-            await conn.set_autocommit(True)
-            try:
-                async with conn.cursor(row_factory=dict_row) as cur:
-                    for queue in self.queues:
-                        want = free - len(rows)
-                        if want <= 0:
-                            break
-                        params["queue"], params["limit"] = queue, want
-                        await cur.execute(queries.CLAIM, params)
-                        rows.extend(await cur.fetchall())
-            except psycopg.Error as exc:
-                # Earlier queues' claims are committed: those jobs are ours and must run.
-                if not rows:
-                    raise
-                _reraise_if_cancelled()
-                log.warning("claim failed after %d jobs were claimed (%s); running those", len(rows), exc)
-            finally:
-                if not conn.closed:
-                    await conn.set_autocommit(False)
+        conn = await self._claim_connection()
+        try:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                for queue in self.queues:
+                    want = free - len(rows)
+                    if want <= 0:
+                        break
+                    params["queue"], params["limit"] = queue, want
+                    await cur.execute(queries.CLAIM, params)
+                    rows.extend(await cur.fetchall())
+        except psycopg.Error as exc:
+            # Earlier queues' claims are committed: those jobs are ours and must run.
+            if not rows:
+                raise
+            _reraise_if_cancelled()
+            log.warning("claim failed after %d jobs were claimed (%s); running those", len(rows), exc)
         if not rows:
             return 0
         # "started" for the jobs this runtime knows (an unknown one is given back without an
