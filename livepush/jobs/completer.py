@@ -56,7 +56,6 @@ class Outcome:
     kind: str  # succeeded | retry | fail | cancelled | released
     error: str | None = None
     delay: float = 0.0
-    done: asyncio.Future[dict[str, Any] | None] | None = None
 
 
 class Completer:
@@ -205,8 +204,6 @@ class Completer:
                             o.ctx.attempt, o.kind)
             else:
                 self.counts[_count_key(row)] += 1
-            if o.done is not None and not o.done.done():
-                o.done.set_result(row)
         await events.apublish_after(later)
 
     def _outcome_params(self, outcomes: list[Outcome]) -> dict[str, Any]:

@@ -233,12 +233,13 @@ ORDER BY j.id
 # COMPLETE plus each job's state event (none for a plain release), published by the same
 # statement, so with an autocommit connection a batch of outcomes is one round trip and its
 # events commit if and only if the outcomes do. Only for batches that need nothing else in
-# their transaction (no progress to write first, no task group to count).
+# their transaction (no progress to write first, no task group to count). Returns only what
+# the completer counts (the events are already out).
 COMPLETE_PUBLISHING = _COMPLETE_CTES + f"""
 , done AS (
     SELECT {_EVENT_COLUMNS.replace("p.", "j.")}, j.kind FROM moved j
 )
-SELECT done.*,
+SELECT done.id, done.state, done.kind,
        (SELECT livepush_publish_many(array_agg('job:' || d.id ORDER BY d.id),
                                      array_agg({_event_sql(_STATE_EVENT_SQL.format(a="d"), "d")} ORDER BY d.id))
         FROM done d WHERE d.kind <> 'released' OR d.state = 'cancelled') AS _published

@@ -167,9 +167,8 @@ async def test_stale_outcome_is_fenced(jobs_db: str) -> None:
         row = q(jobs_db, "SELECT run_at FROM livepush_jobs WHERE id = %s", (h.id,))[0]
         stale = ClaimedJob(id=h.id, name="t.record", queue="default", priority=0, attempt=1, max_attempts=5,
                            lease=998, args=[], run_at=row[0])
-        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        rt._completer.submit(Outcome(JobContext(stale, rt._completer), "succeeded", done=done))
-        assert await asyncio.wait_for(done, 5) is None
+        rt._completer.submit(Outcome(JobContext(stale, rt._completer), "succeeded"))
+        await rt._completer.wait_idle(5)
         assert rt._completer.stale == 1
         assert await state_of(h.id) == "running"
         q(jobs_db, "UPDATE livepush_jobs SET runtime_id = NULL WHERE id = %s", (h.id,))
