@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from livepush import jobs
+from livepush.jobs import database
 from livepush.jobs.completer import Outcome
 from livepush.jobs.context import ClaimedJob, JobContext
 from livepush.jobs.registry import REGISTRY, JobFunction
@@ -184,3 +185,36 @@ async def test_runtime_publishes_its_state(jobs_db: str) -> None:
     seen = [json.loads(r[0])["event"] for r in rows]
     assert seen[0] == "running" and seen[-2:] == ["draining", "stopped"]
     assert set(json.loads(rows[0][0])["runtime"]) >= {"id", "host", "pid", "queues", "concurrency", "in_hand", "state"}
+
+
+async def test_a_running_job_publishes_started_while_it_runs(jobs_db: str) -> None:
+    """"started" goes out with the completer's next batch after the claim, within moments,
+    not when the job ends; the job is still running when it is there."""
+    async with running():
+        h = await sample_jobs.hold.aenqueue(5.0)
+
+        async def started() -> bool:
+            return [e["event"] for e in await asyncio.to_thread(events_of, jobs_db, h.id)] == ["enqueued", "started"]
+
+        await async_wait_for(started, 2.0, message="the started event")
+        assert await state_of(h.id) == "running"
+        event = (await asyncio.to_thread(events_of, jobs_db, h.id))[-1]
+        assert event["job"]["state"] == "running" and event["job"]["attempt"] == 1
+
+
+async def test_the_runtime_claims_again_after_its_connections_are_killed(jobs_db: str) -> None:
+    """Every connection of a running runtime terminated by the server (a restart, a proxy
+    dropping them): the next enqueued job still runs, on connections opened again."""
+    async with running(poll_interval=0.2) as rt:
+        first = await sample_jobs.record.aenqueue("before")
+        await wait_state(first.id, "succeeded")
+        killed = await asyncio.to_thread(
+            q, jobs_db, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'")
+        assert killed[0][0] >= 3  # listener, claims, pool
+        # This test's own client pools lost their connections too; the runtime is on its own.
+        await database.close_async_pool()
+        await asyncio.to_thread(database.close_pools)
+        h = await sample_jobs.record.aenqueue("after")
+        await wait_state(h.id, "succeeded", timeout=10.0)
+        assert rt.state == "running"
