@@ -3,16 +3,17 @@
 The producer hands it the jobs it claimed (`started`), executors their outcomes (`submit`)
 and progress (`progress`); one writer task turns whatever accumulated into one
 transaction: the "started" events of new claims (so a claim stays a bare UPDATE on the
-path to running the job), a fenced progress write, a fenced completion
-of every outcome (queries.COMPLETE), the terminal hook for groups, and every event of the
-batch in one more statement. With the Postgres fan-out and no progress to write first, a
+path to running the job), a fenced progress write, a fenced completion of every outcome
+(queries.COMPLETE), the terminal hook for groups, and every event of the batch in one more
+statement. With the Postgres fan-out and no progress to write first, a
 batch is one statement (COMPLETE_PUBLISHING, autocommit; or, holding group members,
 group_queries.COMPLETE_COUNTING in a transaction, followed by the group finish only when
 a shard drained). Because one task writes, and each transaction publishes "started" first,
 a job's events always go out in the order started, progress, final.
 
-Flush policy: outcomes and starts go out after `flush_delay` (a few ms, to gather a batch) or at once
-when `max_batch` are waiting; progress goes out when it is due (~10 a second per job).
+Flush policy: outcomes and starts go out after `flush_delay` (a few ms, to gather a batch)
+or at once when `max_batch` are waiting; progress goes out when it is due (~10 a second
+per job).
 """
 
 from __future__ import annotations

@@ -29,9 +29,9 @@ _EVENT_COLUMNS = "j.id, j.name, j.queue, j.state, j.attempt, j.max_attempts, j.r
 # the planner sizes that index (and an unnested array parameter) at a few rows, and
 # picked a nested loop that re-ran the unnest for every running row, quadratic in the
 # batch (500 outcomes took 108 ms, and a slow batch makes the next one bigger). Written
-# this way, the rows are fetched by primary key. States are lower case (CHECK), so this is
-# exactly `j.state = 'running'`. The jobs are then read by primary key, one lookup per
-# array element (or, in a small table, by one scan and a hash): linear either way.
+# this way, the jobs are read by primary key, one lookup per array element (or, in a small
+# table, by one scan and a hash): linear either way. States are lower case (CHECK), so
+# this is exactly `j.state = 'running'`.
 _STILL_RUNNING = "lower(j.state) = 'running'"
 
 

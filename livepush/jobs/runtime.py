@@ -4,7 +4,8 @@ Roles, each a named task owned by the Runtime:
 - listener: one LISTEN connection; the doorbell wakes the producer, cancel requests reach
   the jobs they name. Reconnects with backoff; polling covers the gap.
 - producer: claims at most as many jobs as there are free slots, queue by queue in the
-  order given, in one statement per queue (SKIP LOCKED), and starts them.
+  order given, in one statement per queue (SKIP LOCKED), on its own connection, and starts
+  them. Claims commit asynchronously (sql/0006_async_claims.sql says why that is safe).
 - executor (one task per job): runs the function, hands the outcome to the completer.
 - completer: writes outcomes and progress in batches (see completer.py).
 - heartbeat: beats every `heartbeat` s, prunes dead runtimes and rescues their jobs.
@@ -396,7 +397,8 @@ class Runtime:
             if conn is not None:
                 await conn.close()
             self._claim_conn = None
-            conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)  # type: ignore[arg-type]
+            conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True,  # type: ignore[arg-type]
+                                                         connect_timeout=10)
             self._claim_conn = conn
         return conn
 
