@@ -38,6 +38,11 @@ def database_url() -> str:
     return _url or get_settings().require_database()
 
 
+# prepare_threshold=0: enqueue runs the same few statements again and again, so they are
+# prepared on the server from their first run rather than their sixth (psycopg's default,
+# meant for one-off queries); the first enqueues of a process are no slower than the rest.
+
+
 def sync_pool() -> ConnectionPool:
     """A small shared pool for sync enqueue and the admin calls."""
     global _sync_pool, _sync_pool_url
@@ -46,7 +51,7 @@ def sync_pool() -> ConnectionPool:
         if _sync_pool is None or _sync_pool_url != url:
             if _sync_pool is not None:
                 _sync_pool.close()
-            _sync_pool = ConnectionPool(url, min_size=1, max_size=4, open=True, kwargs={"autocommit": False},
+            _sync_pool = ConnectionPool(url, min_size=1, max_size=4, open=True, kwargs={"autocommit": False, "prepare_threshold": 0},
                                         name="livepush-jobs-sync")
             _sync_pool_url = url
         return _sync_pool
@@ -59,7 +64,7 @@ async def async_pool() -> AsyncConnectionPool:
     entry = _async_pools.get(loop)
     if entry is not None and entry[0] == url:
         return entry[1]
-    pool = AsyncConnectionPool(url, min_size=1, max_size=4, open=False, kwargs={"autocommit": False},
+    pool = AsyncConnectionPool(url, min_size=1, max_size=4, open=False, kwargs={"autocommit": False, "prepare_threshold": 0},
                                name="livepush-jobs-async")
     await pool.open()
     _async_pools[loop] = (url, pool)
