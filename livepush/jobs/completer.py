@@ -227,14 +227,17 @@ class Completer:
             async with self._pool.connection() as conn:
                 async with conn.pipeline():
                     async with conn.cursor(row_factory=dict_row) as cur:
-                        await cur.execute(queries.PUBLISH_STARTED, self._started_params(starting), prepare=_prepare(starting))
-                        await cur.execute(queries.COMPLETE_PUBLISHING, self._outcome_params(outcomes), prepare=_prepare(outcomes))
+                        await cur.execute(queries.PUBLISH_STARTED, self._started_params(starting),
+                                          prepare=_prepare(starting))
+                        await cur.execute(queries.COMPLETE_PUBLISHING, self._outcome_params(outcomes),
+                                          prepare=_prepare(outcomes))
                         return await cur.fetchall()
         async with self._pool.connection() as conn:
             await conn.set_autocommit(True)
             try:
                 async with conn.cursor(row_factory=dict_row) as cur:
-                    await cur.execute(queries.COMPLETE_PUBLISHING, self._outcome_params(outcomes), prepare=_prepare(outcomes))
+                    await cur.execute(queries.COMPLETE_PUBLISHING, self._outcome_params(outcomes),
+                                      prepare=_prepare(outcomes))
                     return await cur.fetchall()
             finally:
                 if not conn.closed:
@@ -252,8 +255,10 @@ class Completer:
             async with conn.pipeline():
                 async with conn.cursor(row_factory=dict_row) as cur:
                     if starting:
-                        await cur.execute(queries.PUBLISH_STARTED, self._started_params(starting), prepare=_prepare(starting))
-                    await cur.execute(gq.COMPLETE_COUNTING, self._outcome_params(outcomes), prepare=_prepare(outcomes))
+                        await cur.execute(queries.PUBLISH_STARTED, self._started_params(starting),
+                                          prepare=_prepare(starting))
+                    await cur.execute(gq.COMPLETE_COUNTING, self._outcome_params(outcomes),
+                                      prepare=_prepare(outcomes))
                     rows = await cur.fetchall()
             shards = rows[0]["_shards"] if rows else []
             for r in rows:
@@ -273,7 +278,8 @@ class Completer:
         async with self._pool.connection() as conn:
             async with conn.cursor(row_factory=dict_row) as cur:
                 if starting:  # only ever given with the Postgres fan-out (see Runtime._claim)
-                    await cur.execute(queries.PUBLISH_STARTED, self._started_params(starting), prepare=_prepare(starting))
+                    await cur.execute(queries.PUBLISH_STARTED, self._started_params(starting),
+                                      prepare=_prepare(starting))
                 if writes:
                     await cur.execute(queries.WRITE_PROGRESS, {
                         "ids": [c.job_id for c in writes],
@@ -285,7 +291,8 @@ class Completer:
                         if c.job_id in live:
                             published.append(events.job_event("progress", c.job.row(), progress=written[c.job_id]))
                 if outcomes:
-                    await cur.execute(queries.COMPLETE, self._outcome_params(outcomes), prepare=_prepare(outcomes))
+                    await cur.execute(queries.COMPLETE, self._outcome_params(outcomes),
+                                      prepare=_prepare(outcomes))
                     rows = await cur.fetchall()
                     published.extend(events.state_event(r) for r in rows
                                      if r["kind"] != "released" or r["state"] == "cancelled")

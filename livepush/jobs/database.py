@@ -41,6 +41,7 @@ def database_url() -> str:
 # prepare_threshold=0: enqueue runs the same few statements again and again, so they are
 # prepared on the server from their first run rather than their sixth (psycopg's default,
 # meant for one-off queries); the first enqueues of a process are no slower than the rest.
+_POOL_KWARGS: dict[str, Any] = {"autocommit": False, "prepare_threshold": 0}
 
 
 def sync_pool() -> ConnectionPool:
@@ -51,7 +52,7 @@ def sync_pool() -> ConnectionPool:
         if _sync_pool is None or _sync_pool_url != url:
             if _sync_pool is not None:
                 _sync_pool.close()
-            _sync_pool = ConnectionPool(url, min_size=1, max_size=4, open=True, kwargs={"autocommit": False, "prepare_threshold": 0},
+            _sync_pool = ConnectionPool(url, min_size=1, max_size=4, open=True, kwargs=dict(_POOL_KWARGS),
                                         name="livepush-jobs-sync")
             _sync_pool_url = url
         return _sync_pool
@@ -64,7 +65,7 @@ async def async_pool() -> AsyncConnectionPool:
     entry = _async_pools.get(loop)
     if entry is not None and entry[0] == url:
         return entry[1]
-    pool = AsyncConnectionPool(url, min_size=1, max_size=4, open=False, kwargs={"autocommit": False, "prepare_threshold": 0},
+    pool = AsyncConnectionPool(url, min_size=1, max_size=4, open=False, kwargs=dict(_POOL_KWARGS),
                                name="livepush-jobs-async")
     await pool.open()
     _async_pools[loop] = (url, pool)
