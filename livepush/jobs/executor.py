@@ -11,7 +11,6 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
-from typing import Any
 
 from .completer import Outcome
 from .context import JobContext, SyncJobContext
@@ -100,7 +99,3 @@ def _failure(fn: JobFunction, ctx: JobContext, exc: BaseException, *, timed_out:
     log.info("job %s (%s) attempt %s failed, retrying in %.1f s: %s", job.id, fn.name, job.attempt, delay, error,
              exc_info=None if timed_out else exc)
     return Outcome(ctx, "retry", error=error, delay=delay)
-
-
-def known(fn: Any) -> bool:
-    return isinstance(fn, JobFunction)
