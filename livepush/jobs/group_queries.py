@@ -37,7 +37,8 @@ So the sum of pending never reaches 0 between the add and M's outcome.
 
 from __future__ import annotations
 
-from .queries import _COMPLETE_CTES, _EVENT_COLUMNS, _STATE_EVENT_SQL, READY_CHANNEL, _event_sql
+from .queries import (DELETE_PAYLOADS_OF_GONE, _COMPLETE_CTES, _EVENT_COLUMNS, _STATE_EVENT_SQL, READY_CHANNEL,
+                      _event_sql)
 
 # Members with consecutive ids share a shard in blocks of this many: a runtime claims
 # members in id order, so one completer batch mostly touches one or two shard rows, and two
@@ -403,9 +404,9 @@ WITH old AS (
     WHERE j.state IN ('succeeded', 'failed', 'cancelled')
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
-)
-DELETE FROM livepush_jobs j USING victims v WHERE j.id = v.id
-"""
+), gone AS (
+    DELETE FROM livepush_jobs j USING victims v WHERE j.id = v.id RETURNING j.id
+)""" + DELETE_PAYLOADS_OF_GONE
 
 # name: prune_groups (the rows, once no job of theirs is left; cascades to shards, keys, events)
 PRUNE_GROUPS = """
@@ -431,9 +432,9 @@ WITH victims AS (
     ORDER BY id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-)
-DELETE FROM livepush_jobs j USING victims v WHERE j.id = v.id
-"""
+), gone AS (
+    DELETE FROM livepush_jobs j USING victims v WHERE j.id = v.id RETURNING j.id
+)""" + DELETE_PAYLOADS_OF_GONE
 
 # name: clear (tests only)
 CLEAR = "TRUNCATE livepush_group_events, livepush_group_callbacks, livepush_group_shards, livepush_groups"

@@ -51,28 +51,30 @@ _STATE_EVENT_SQL = """CASE {a}.state WHEN 'succeeded' THEN 'succeeded' WHEN 'fai
 # One statement for any number of jobs. Ids come from the sequence inside the `input` CTE,
 # which Postgres materializes once (it calls a volatile function), so both inserts see the
 # same ids. New rows are invisible to claims until commit: nothing to race with.
+# `input` holds every column of the new rows' events, so the inserts return nothing and
+# nothing joins back to them (RETURNING and the join back cost ~1 us a job).
 _ENQUEUE_CTES = f"""
 WITH input AS (
-    SELECT nextval('livepush_jobs_id_seq') AS id, u.*
+    SELECT nextval('livepush_jobs_id_seq') AS id, u.name, u.queue, u.priority,
+           coalesce(u.run_at, now()) AS run_at,
+           CASE WHEN u.run_at > now() THEN 'scheduled' ELSE 'available' END AS state,
+           0 AS attempt, u.max_attempts, u.group_id, NULL::jsonb AS progress, NULL::text AS error,
+           u.args, u.ord
     FROM unnest(%(names)b::text[], %(queues)b::text[], %(priorities)b::int[],
                 %(run_ats)b::timestamptz[], %(max_attempts)b::int[], %(args)b::jsonb[],
                 %(group_ids)b::bigint[])
          WITH ORDINALITY AS u(name, queue, priority, run_at, max_attempts, args, group_id, ord)
 ), jobs AS (
-    INSERT INTO livepush_jobs AS j (id, queue, name, priority, run_at, state, max_attempts, group_id)
-    SELECT id, queue, name, priority, coalesce(run_at, now()),
-           CASE WHEN run_at > now() THEN 'scheduled' ELSE 'available' END,
-           max_attempts, group_id
-    FROM input
-    RETURNING {_EVENT_COLUMNS.replace("p.progress, p.error", "NULL::jsonb AS progress, NULL::text AS error")}
+    INSERT INTO livepush_jobs (id, queue, name, priority, run_at, state, max_attempts, group_id)
+    SELECT id, queue, name, priority, run_at, state, max_attempts, group_id FROM input
 ), payloads AS (
     INSERT INTO livepush_job_payloads (id, args) SELECT id, args FROM input
 )
 """
 ENQUEUE_MANY = _ENQUEUE_CTES + f"""
-SELECT jobs.*, pg_notify('{READY_CHANNEL}', '') IS NULL AS _rang
-FROM jobs JOIN input USING (id)
-ORDER BY input.ord
+SELECT {_EVENT_COLUMNS.replace("j.", "i.").replace("p.", "i.")}, pg_notify('{READY_CHANNEL}', '') IS NULL AS _rang
+FROM input i
+ORDER BY i.ord
 """
 
 # name: enqueue_many_publishing
@@ -80,14 +82,11 @@ ORDER BY input.ord
 # same statement (Postgres fan-out in the jobs' database): one round trip. Returns only
 # what a JobHandle needs (the events are already out).
 ENQUEUE_MANY_PUBLISHING = _ENQUEUE_CTES + f"""
-, done AS (
-    SELECT jobs.*, input.ord FROM jobs JOIN input USING (id)
-)
-SELECT done.id, done.name, pg_notify('{READY_CHANNEL}', '') IS NULL AS _rang,
+SELECT i.id, i.name, pg_notify('{READY_CHANNEL}', '') IS NULL AS _rang,
        (SELECT livepush_publish_many(array_agg('job:' || d.id ORDER BY d.ord),
-                                     array_agg({_event_sql("'enqueued'", "d")} ORDER BY d.ord)) FROM done d) AS _published
-FROM done
-ORDER BY done.ord
+                                     array_agg({_event_sql("'enqueued'", "d")} ORDER BY d.ord)) FROM input d) AS _published
+FROM input i
+ORDER BY i.ord
 """
 
 # name: enqueue_one
@@ -415,9 +414,23 @@ SELECT {_EVENT_COLUMNS}, pg_notify('{READY_CHANNEL}', '') IS NULL AS _rang
 FROM moved j JOIN livepush_job_payloads p ON p.id = j.id
 """
 
+# Every statement that deletes jobs ends with this: the jobs it deleted (a CTE `gone (id)`)
+# take their payloads with them, in the same statement (no foreign key cascades it: sql/0008).
+# Returns the deleted ids.
+DELETE_PAYLOADS_OF_GONE = """
+, payloads AS (
+    DELETE FROM livepush_job_payloads p USING gone g WHERE p.id = g.id
+)
+SELECT id FROM gone
+"""
+
 # name: discard_failed
-# Deletes a failed job (its payload goes with it, ON DELETE CASCADE). Only from 'failed'.
-DISCARD_FAILED = "DELETE FROM livepush_jobs WHERE id = %(id)s AND state = 'failed' RETURNING id"
+# Deletes a failed job and its payload. Only from 'failed': the row lock makes a concurrent
+# retry_failed either win (nothing deleted) or wait and find the job gone.
+DISCARD_FAILED = """
+WITH gone AS (
+    DELETE FROM livepush_jobs WHERE id = %(id)s AND state = 'failed' RETURNING id
+)""" + DELETE_PAYLOADS_OF_GONE
 
 # name: job_state
 JOB_STATE = f"""

@@ -305,7 +305,7 @@ async def test_race_member_adds_while_the_last_other_member_finishes(groups_db: 
 
 def test_retention(groups_db: str) -> None:
     """Maintenance deletes finished lone jobs and finished groups (with members and callbacks)
-    past the retention time; a member of an unfinished group stays."""
+    past the retention time, payloads with their jobs; a member of an unfinished group stays."""
     lone = gj.member.enqueue("lone")
     with jobs.group(on_finish=gj.callback.request("fin")) as done_group:
         g_member = done_group.enqueue(gj.member, "x")  # noqa: F841
@@ -325,6 +325,7 @@ def test_retention(groups_db: str) -> None:
     assert deleted >= 4
     left = {r[0] for r in q(groups_db, "SELECT id FROM livepush_jobs")}
     assert left == {kept.id}
+    assert {r[0] for r in q(groups_db, "SELECT id FROM livepush_job_payloads")} == {kept.id}
     assert jobs.get_group(done_group.handle.id) is None
     assert jobs.get_group(open_group.id) is not None
     assert lone.id not in left
