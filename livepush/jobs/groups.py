@@ -145,9 +145,7 @@ def _add_steps(group_id: int, batch: Batch, *, states: Sequence[str], seal: bool
             raise LeaseLostError(
                 f"job {fence[0]} no longer holds its claim (rescued after its runtime was presumed dead, timed out "
                 f"or given back): its additions to group {group_id} are refused; another attempt will run")
-    params = batch.params()
-    chunks = [{k: v[i:i + CHUNK] for k, v in params.items()} for i in range(0, len(batch), CHUNK)]
-    rows, got = yield from steps.add(group_id, chunks, states=states, limit=MAX_GROUP_MEMBERS, seal=seal)
+    rows, got = yield from steps.add(group_id, batch.chunks(CHUNK), states=states, limit=MAX_GROUP_MEMBERS, seal=seal)
     if got is None:
         row = yield from steps.group_row(group_id)
         raise _refused(group_id, row, len(rows), states)

@@ -3,7 +3,9 @@
 Only this module spells SQL for jobs. Statements that take a batch get it as arrays and
 `unnest` them, so a batch of any size is one round trip. The hot ones take their arrays in
 binary (`%(x)b`): psycopg builds a text array in Python, escaping each element, which was
-the runtime's largest single cost in Python per job. Tables: see sql/0003_jobs.sql.
+the runtime's largest single cost in Python per job. The enqueue takes its batch as one JSON
+document instead (enqueue.Batch: seven columns, one encoder call). Tables: see
+sql/0003_jobs.sql.
 
 Fencing rule: every statement that changes a running job names its lease
 (`WHERE id = … AND lease = … AND state = 'running'`). A claim gives each job a fresh lease,
@@ -55,15 +57,18 @@ _STATE_EVENT_SQL = """CASE {a}.state WHEN 'succeeded' THEN 'succeeded' WHEN 'fai
 # nothing joins back to them (RETURNING and the join back cost ~1 us a job).
 _ENQUEUE_CTES = f"""
 WITH input AS (
-    SELECT nextval('livepush_jobs_id_seq') AS id, u.name, u.queue, u.priority,
-           coalesce(u.run_at, now()) AS run_at,
-           CASE WHEN u.run_at > now() THEN 'scheduled' ELSE 'available' END AS state,
-           0 AS attempt, u.max_attempts, u.group_id, NULL::jsonb AS progress, NULL::text AS error,
-           u.args, u.ord
-    FROM unnest(%(names)b::text[], %(queues)b::text[], %(priorities)b::int[],
-                %(run_ats)b::timestamptz[], %(max_attempts)b::int[], %(args)b::jsonb[],
-                %(group_ids)b::bigint[])
-         WITH ORDINALITY AS u(name, queue, priority, run_at, max_attempts, args, group_id, ord)
+    SELECT nextval('livepush_jobs_id_seq') AS id, f.name, f.queue, f.priority,
+           coalesce(f.at, now()) AS run_at,
+           CASE WHEN f.at > now() THEN 'scheduled' ELSE 'available' END AS state,
+           0 AS attempt, f.max_attempts, f.group_id, NULL::jsonb AS progress, NULL::text AS error,
+           f.args, f.ord
+    FROM (
+        -- enqueue.Batch: one JSON array per job, in this column order.
+        SELECT u.j ->> 0 AS name, u.j ->> 1 AS queue, (u.j ->> 2)::int AS priority,
+               (u.j ->> 3)::timestamptz AS at, (u.j ->> 4)::int AS max_attempts,
+               (u.j ->> 5)::bigint AS group_id, u.j -> 6 AS args, u.ord
+        FROM jsonb_array_elements(%(jobs)s::jsonb) WITH ORDINALITY AS u(j, ord)
+    ) f
 ), jobs AS (
     INSERT INTO livepush_jobs (id, queue, name, priority, run_at, state, max_attempts, group_id)
     SELECT id, queue, name, priority, run_at, state, max_attempts, group_id FROM input

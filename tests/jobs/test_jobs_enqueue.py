@@ -100,3 +100,18 @@ def test_enqueue_many_is_one_statement(jobs_db: str) -> None:
     assert rows[-1][1:] == ("second", "scheduled", [1])
     # xact ids: a single statement means a single transaction wrote every row.
     assert q(jobs_db, "SELECT count(DISTINCT xmin::text) FROM livepush_jobs")[0][0] == 1
+
+
+def test_enqueue_many_stores_every_column_exactly(jobs_db: str) -> None:
+    """Each job of a batch keeps its own name, queue, max_attempts, arguments (nested, quoted,
+    non-ASCII) and run_at (microseconds and a non-UTC offset kept), in item order."""
+    at = datetime.datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=datetime.timezone(datetime.timedelta(hours=-3, minutes=-30)))
+    tricky = {"q": 'say "hi" \\ now', "é": ["ü", 1.5, None, True, {"n": -(2 ** 62)}]}
+    handles = enqueue_many([(sample_jobs.flaky, [2], {"at": at}), sample_jobs.other_queue.request(tricky),
+                            sample_jobs.record.request()])
+    rows = q(jobs_db, "SELECT j.id, j.name, j.queue, j.state, j.max_attempts, j.run_at, p.args "
+                      "FROM livepush_jobs j JOIN livepush_job_payloads p USING (id) ORDER BY id")
+    assert [r[0] for r in rows] == [h.id for h in handles]
+    assert rows[0][1:] == ("t.flaky", "default", "scheduled", 3, at, [2])
+    assert rows[1][1:5] == ("t.other_queue", "second", "available", 5) and rows[1][6] == [tricky]
+    assert rows[2][1:5] == ("t.record", "default", "available", 5) and rows[2][6] == []
