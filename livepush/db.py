@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import select
+from typing import Any
+
 import psycopg
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from .errors import DependencyError
 
@@ -37,3 +41,54 @@ async def aconnect(url: str, *, autocommit: bool = True, **kwargs: object) -> ps
         return await psycopg.AsyncConnection.connect(url, autocommit=autocommit, connect_timeout=5, **kwargs)  # type: ignore[arg-type]
     except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
         raise unreachable(url, exc) from exc
+
+
+# -- pools ------------------------------------------------------------------------------
+
+def _has_input(conn: Any) -> bool:
+    """Whether an idle connection has something to read. It should not: the server only
+    speaks when asked, except when it hangs up (a restart, a failover, pg_terminate_backend:
+    it sends a FATAL message and closes) or, rarely, to report a changed setting. One
+    zero-timeout select(), no round trip."""
+    try:
+        return bool(select.select([conn.fileno()], [], [], 0)[0])
+    except (OSError, ValueError, psycopg.Error):
+        return True
+
+
+class Pool(ConnectionPool):
+    """A psycopg pool that never hands out a connection the server has closed.
+
+    psycopg_pool notices a dead connection only when it is used, so after a Postgres restart
+    the first caller of each idle connection got an error (AdminShutdown). A connection with
+    unexpected input is checked with a round trip (an empty query) and, if dead, replaced
+    before anyone sees it. Nothing is retried: the caller's statement has not been sent yet.
+    (The pool's own `check=` hook would do the same, but waits a second between attempts.)"""
+
+    def getconn(self, timeout: float | None = None) -> Any:
+        for _ in range(self.max_size):
+            conn = super().getconn(timeout)
+            if not _has_input(conn):
+                return conn
+            try:
+                self.check_connection(conn)
+                return conn
+            except psycopg.Error:
+                self.putconn(conn)  # broken: the pool drops it and opens another
+        return super().getconn(timeout)
+
+
+class AsyncPool(AsyncConnectionPool):
+    """Pool, for asyncio."""
+
+    async def getconn(self, timeout: float | None = None) -> Any:
+        for _ in range(self.max_size):
+            conn = await super().getconn(timeout)
+            if not _has_input(conn):
+                return conn
+            try:
+                await self.check_connection(conn)
+                return conn
+            except psycopg.Error:
+                await self.putconn(conn)
+        return await super().getconn(timeout)

@@ -349,22 +349,19 @@ class PostgresRevocations(RevocationStore):
         self._pool_lock = asyncio.Lock()
 
     async def _get_pool(self) -> Any:
-        from psycopg_pool import AsyncConnectionPool
-
         async with self._pool_lock:
             if self._pool is None:
                 # One direct attempt first: a refused connection fails at once with our
                 # error, where the pool would retry in the background until its timeout.
                 probe = await db.aconnect(self.url)
                 await probe.close()
-                pool = AsyncConnectionPool(
+                pool = db.AsyncPool(
                     self.url,
                     min_size=1,
                     max_size=self._max,
                     open=False,
                     timeout=5,
                     kwargs={"autocommit": True, "connect_timeout": 5},
-                    check=AsyncConnectionPool.check_connection,
                     name="livepush-revocations",
                 )
                 try:

@@ -24,6 +24,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from .. import db
+from ..db import AsyncPool, Pool
 from ..errors import DependencyError, ListenError
 from ..types import JSON, Message, Offset, Topic
 from .base import FanOut, encode_payload
@@ -114,7 +115,7 @@ class PostgresFanOut(FanOut):
     def _pool(self) -> ConnectionPool:
         with self._sync_lock:
             if self._sync_pool is None:
-                pool = ConnectionPool(self.url, min_size=1, max_size=4, open=False, kwargs={"autocommit": True})
+                pool = Pool(self.url, min_size=1, max_size=4, open=False, kwargs={"autocommit": True})
                 try:
                     pool.open(wait=True, timeout=5)
                 except psycopg.pool.PoolTimeout as exc:
@@ -132,7 +133,7 @@ class PostgresFanOut(FanOut):
         # Several first publishes at once must share one pool, not each open (and leak) one.
         async with self._apool_lock:
             if self._apool is None or self._apool_loop is not loop:
-                pool = AsyncConnectionPool(self.url, min_size=1, max_size=4, open=False, kwargs={"autocommit": True})
+                pool = AsyncPool(self.url, min_size=1, max_size=4, open=False, kwargs={"autocommit": True})
                 try:
                     await pool.open(wait=True, timeout=5)
                 except psycopg.pool.PoolTimeout as exc:

@@ -15,6 +15,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from ..config import get_settings
+from ..db import AsyncPool, Pool
 
 _lock = threading.Lock()
 _url: str | None = None
@@ -52,7 +53,7 @@ def sync_pool() -> ConnectionPool:
         if _sync_pool is None or _sync_pool_url != url:
             if _sync_pool is not None:
                 _sync_pool.close()
-            _sync_pool = ConnectionPool(url, min_size=1, max_size=4, open=True, kwargs=dict(_POOL_KWARGS),
+            _sync_pool = Pool(url, min_size=1, max_size=4, open=True, kwargs=dict(_POOL_KWARGS),
                                         name="livepush-jobs-sync")
             _sync_pool_url = url
         return _sync_pool
@@ -65,7 +66,7 @@ async def async_pool() -> AsyncConnectionPool:
     entry = _async_pools.get(loop)
     if entry is not None and entry[0] == url:
         return entry[1]
-    pool = AsyncConnectionPool(url, min_size=1, max_size=4, open=False, kwargs=dict(_POOL_KWARGS),
+    pool = AsyncPool(url, min_size=1, max_size=4, open=False, kwargs=dict(_POOL_KWARGS),
                                name="livepush-jobs-async")
     await pool.open()
     _async_pools[loop] = (url, pool)

@@ -32,6 +32,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from ..db import AsyncPool
 from ..errors import ConfigError, SchemaError
 from . import database, events, maintenance, queries
 from .completer import Completer, Outcome
@@ -197,7 +198,7 @@ class Runtime:
         url = self.url or database.database_url()
         self.url = url
         await _check_schema(url)
-        self._pool = AsyncConnectionPool(url, min_size=2, max_size=6, open=False, kwargs={"autocommit": False},
+        self._pool = AsyncPool(url, min_size=2, max_size=6, open=False, kwargs={"autocommit": False},
                                          name="livepush-jobs-runtime")
         try:
             await self._pool.open(wait=True, timeout=10)

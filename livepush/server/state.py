@@ -14,6 +14,7 @@ import logging
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from .. import db
 from ..config import Settings
 from ..fanout import FanOut
 from ..types import Offset
@@ -36,7 +37,7 @@ def postgres_snapshots(settings: Settings, fanout: FanOut) -> SnapshotProvider:
         # a Postgres backend start each time.
         async with opening:
             if not pools:
-                p = AsyncConnectionPool(url, min_size=1, max_size=4, open=False)
+                p = db.AsyncPool(url, min_size=1, max_size=4, open=False)
                 await p.open(wait=True, timeout=5)
                 pools.append(p)
         return pools[0]

@@ -1,0 +1,43 @@
+"""After the server closed every connection (a restart, a failover, pg_terminate_backend), the
+next call through a client pool works: no caller is handed a connection the server closed."""
+
+from __future__ import annotations
+
+import livepush
+from livepush.jobs import job_state
+from tests.jobs import sample_jobs
+from tests.jobs.conftest import q
+from tests.support.waiting import wait_for
+
+_OTHERS = ("FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+           "AND backend_type = 'client backend'")
+
+
+def close_every_connection(url: str) -> int:
+    """Terminate every other client backend of the database and wait until they are gone."""
+    killed = q(url, f"SELECT count(pg_terminate_backend(pid)) {_OTHERS}")[0][0]
+    wait_for(lambda: q(url, f"SELECT count(*) {_OTHERS}")[0][0] == 0, 5.0, message="the terminated backends to exit")
+    return int(killed)
+
+
+def test_sync_enqueue_admin_calls_and_publish_survive_closed_connections(jobs_db: str) -> None:
+    """enqueue(), job_state() and publish() each work on the first call after their pools'
+    connections were closed by the server."""
+    before = sample_jobs.record.enqueue("before")
+    assert job_state(before.id) is not None
+    livepush.publish("pools:t", {"n": 1})
+    assert close_every_connection(jobs_db) >= 2  # the jobs' pool and the fan-out's
+    after = sample_jobs.record.enqueue("after")
+    assert job_state(after.id)["state"] == "available"  # type: ignore[index]
+    livepush.publish("pools:t", {"n": 2})
+    assert [r[0] for r in q(jobs_db, "SELECT seq FROM livepush_messages WHERE topic = 'pools:t' ORDER BY seq")] == [1, 2]
+
+
+async def test_aenqueue_survives_closed_connections(jobs_db: str) -> None:
+    """aenqueue() works on the first call after its pool's connections were closed."""
+    import asyncio
+
+    await sample_jobs.record.aenqueue("before")
+    assert await asyncio.to_thread(close_every_connection, jobs_db) >= 1
+    after = await sample_jobs.record.aenqueue("after")
+    assert job_state(after.id)["state"] == "available"  # type: ignore[index]
