@@ -26,7 +26,12 @@ def _describe(value: Any) -> str:
 def _check(value: Any, path: str, depth: int) -> None:
     if depth > _MAX_DEPTH:
         raise InvalidArgumentsError(f"{path} is nested more than {_MAX_DEPTH} levels deep: flatten the job's arguments")
-    if value is None or isinstance(value, (str, bool)):
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidArgumentsError(f"{path} contains a NUL character (\\x00), which Postgres cannot store: "
+                                        "drop it, or pass binary data encoded (e.g. base64)")
+        return
+    if value is None or isinstance(value, bool):
         return
     if isinstance(value, int):
         return
@@ -44,6 +49,8 @@ def _check(value: Any, path: str, depth: int) -> None:
                 raise InvalidArgumentsError(
                     f"{path} has the key {key!r}, {_describe(key)}: job arguments are plain JSON, whose keys are strings"
                 )
+            if "\x00" in key:
+                raise InvalidArgumentsError(f"{path} has a key with a NUL character (\\x00), which Postgres cannot store")
             _check(item, f"{path}[{json.dumps(key, ensure_ascii=False)}]", depth + 1)
         return
     raise InvalidArgumentsError(

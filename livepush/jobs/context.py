@@ -9,17 +9,50 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .errors import JobCancelled
+from .errors import InvalidProgressError, JobCancelled
 
 if TYPE_CHECKING:
     from .completer import Completer
 
 PROGRESS_INTERVAL = 0.1  # seconds between two published progress events of one job
 MAX_MESSAGE = 1000  # characters of a progress message kept
+
+
+def storable_text(text: str) -> str:
+    """`text` without NUL characters, which Postgres text and jsonb cannot hold: one in an
+    error or progress message made the completer's whole batch fail, again on every retry.
+    Each becomes U+FFFD, the replacement character."""
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text
+
+
+def _number(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidProgressError(
+            f"ctx.progress() takes a number for {name}, got {type(value).__name__} {value!r:.80}")
+    try:
+        finite = math.isfinite(value)  # an int too large for a float raises here
+    except OverflowError:
+        finite = False
+    if not finite:
+        raise InvalidProgressError(
+            f"ctx.progress() takes a finite number for {name}, got {value!r:.80}: JSON has no NaN or infinity")
+
+
+def progress_value(done: Any, total: Any, message: Any) -> dict[str, Any]:
+    """ctx.progress()'s arguments as stored and published. Numbers are checked here, in the
+    job's own call, because a NaN or a string reaching Postgres fails the completer's batch;
+    the message becomes a str of at most MAX_MESSAGE characters Postgres can store."""
+    _number("done", done)
+    if total is not None:
+        _number("total", total)
+    if message is not None:
+        message = storable_text(str(message)[:MAX_MESSAGE])
+    return {"done": done, "total": total, "message": message}
 
 
 @dataclasses.dataclass
@@ -117,19 +150,18 @@ class JobContext:
     def record_progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
         """The non-blocking core of progress(): remember the latest value, mark it dirty."""
         self.check_cancelled()
-        if message is not None:
-            message = str(message)[:MAX_MESSAGE]
-        self.latest = {"done": done, "total": total, "message": message}
+        self._record(progress_value(done, total, message))
+
+    def _record(self, value: dict[str, Any]) -> None:
+        self.latest = value
         self.dirty = True
         if self._completer is not None:
             self._completer.progress(self)
 
-    def record_progress_quiet(self, done: float, total: float | None, message: str | None) -> None:
-        """record_progress() for values handed over from a sync job's thread."""
-        try:
-            self.record_progress(done, total, message)
-        except JobCancelled:
-            pass  # the thread raises it itself on its next call
+    def record_progress_quiet(self, value: dict[str, Any]) -> None:
+        """record_progress() for a value a sync job's thread checked (progress_value)."""
+        if not self.cancel_requested:  # else the thread raises JobCancelled on its next call
+            self._record(value)
 
     async def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
         """Report progress: `done` of `total`, with an optional message. Raises JobCancelled
@@ -180,8 +212,7 @@ class SyncJobContext:
         self._inner.check_cancelled()
         if self._inner.released:
             return  # the runtime gave this job back; nothing of ours is written any more
-        if message is not None:
-            message = str(message)[:MAX_MESSAGE]
+        value = progress_value(done, total, message)  # raises here, in the job's thread
         # The loop owns the context's state; hand the value over instead of touching it here.
-        self._loop.call_soon_threadsafe(self._inner.record_progress_quiet, done, total, message)
+        self._loop.call_soon_threadsafe(self._inner.record_progress_quiet, value)
 

@@ -2,6 +2,7 @@
 
     LivepushError
     ├── InvalidArgumentsError (TypeError)  job arguments are not plain JSON; names the path
+    ├── InvalidProgressError (ValueError)  ctx.progress() got something other than numbers
     └── GroupError                         task groups: GroupNotFound (LookupError),
                                            GroupClosedError, GroupLimitError (ValueError),
                                            LeaseLostError
@@ -16,6 +17,11 @@ from ..errors import LivepushError
 class InvalidArgumentsError(LivepushError, TypeError):
     """Job arguments are not plain JSON. The message names the first offending path,
     e.g. ``args[1]["when"] is a datetime``."""
+
+
+class InvalidProgressError(LivepushError, ValueError):
+    """`ctx.progress(done, total, message)` got a `done` or `total` that is not a finite
+    number (a NaN, a string, ...). Raised inside the job, at the call."""
 
 
 class JobCancelled(BaseException):

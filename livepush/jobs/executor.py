@@ -13,16 +13,24 @@ import functools
 import logging
 
 from .completer import Outcome
-from .context import JobContext, SyncJobContext
+from .context import JobContext, SyncJobContext, storable_text
 from .errors import JobCancelled
 from .registry import JobFunction
 
 log = logging.getLogger("livepush.jobs")
 
 
+# A retry is never put off longer than this, whatever a job's own backoff= says (a huge or
+# infinite delay would not fit Postgres' interval and fail the completer's whole batch).
+MAX_RETRY_DELAY = 366 * 24 * 3600.0
+
+
 def _error_text(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    try:
+        text = str(exc)
+    except Exception:
+        text = "(its message could not be read: str() raised)"
+    return storable_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 
 async def execute(
@@ -95,7 +103,7 @@ def _failure(fn: JobFunction, ctx: JobContext, exc: BaseException, *, timed_out:
         log.warning("job %s (%s) failed its last attempt (%s of %s): %s", job.id, fn.name, job.attempt,
                     job.max_attempts, error, exc_info=None if timed_out else exc)
         return Outcome(ctx, "fail", error=error)
-    delay = max(0.0, float(fn.backoff(job.attempt)))
+    delay = min(max(0.0, float(fn.backoff(job.attempt))), MAX_RETRY_DELAY)
     log.info("job %s (%s) attempt %s failed, retrying in %.1f s: %s", job.id, fn.name, job.attempt, delay, error,
              exc_info=None if timed_out else exc)
     return Outcome(ctx, "retry", error=error, delay=delay)

@@ -7,6 +7,7 @@ can count how many times each job ran, in which process and attempt.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from typing import Any
@@ -101,6 +102,27 @@ async def progress(ctx: Any, steps: int, pause: float = 0.0) -> None:
         await ctx.progress(i + 1, steps, f"step {i + 1}")
         if pause:
             await asyncio.sleep(pause)
+
+
+@jobs.job(name="t.nul_error", max_attempts=1)
+async def nul_error(ctx: Any) -> None:
+    """Fails with a NUL character in its error message."""
+    raise ValueError("bad\x00byte")
+
+
+@jobs.job(name="t.odd_progress", max_attempts=1)
+async def odd_progress(ctx: Any, done: Any, message: Any = None) -> None:
+    """Reports progress with whatever it is given, then succeeds. Job arguments cannot carry
+    NaN, infinity or NUL: "nan" and "inf" become those floats, a backslash-zero in the
+    message a NUL character."""
+    if isinstance(done, str):
+        done = {"nan": math.nan, "inf": math.inf}.get(done, done)
+    await ctx.progress(done, 10, message.replace("\\0", "\x00") if isinstance(message, str) else message)
+
+
+@jobs.job(name="t.odd_progress_sync", max_attempts=1)
+def odd_progress_sync(ctx: Any, done: Any) -> None:
+    ctx.progress(done, 10)
 
 
 @jobs.job(name="t.too_slow", timeout=0.2, max_attempts=1)

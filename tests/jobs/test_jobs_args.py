@@ -33,10 +33,13 @@ def test_error_names_the_path() -> None:
         (({1: "x"},), "args[0] has the key 1"),
         ((b"x",), "args[0] is a bytes"),
         (({"a": {"b": object()}},), 'args[0]["a"]["b"] is an object'),
+        ((["ok", "a\x00b"],), "args[0][1] contains a NUL character"),
+        (({"k\x00": 1},), "args[0] has a key with a NUL character"),
     ],
 )
 def test_refused_values(args: tuple, fragment: str) -> None:
-    """NaN, sets, non-str keys, bytes and objects are refused with their path."""
+    """NaN, sets, non-str keys, bytes, objects and NUL characters (Postgres cannot store
+    them) are refused with their path."""
     with pytest.raises(InvalidArgumentsError) as info:
         check_args(args)
     assert fragment in str(info.value)

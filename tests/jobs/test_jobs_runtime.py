@@ -214,3 +214,29 @@ async def test_the_runtime_claims_again_after_its_connections_are_killed(jobs_db
         h = await sample_jobs.record.aenqueue("after")  # this test's own pool lost its connection too
         await wait_state(h.id, "succeeded", timeout=10.0)
         assert rt.state == "running"
+
+
+async def test_text_postgres_cannot_store_never_stops_the_runtime(jobs_db: str) -> None:
+    """A NUL character in a job's error or progress message (Postgres text cannot hold one)
+    is stored as U+FFFD; a `done` that is NaN, infinite or not a number raises
+    InvalidProgressError in the job, which fails with that error. The runtime goes on: a
+    job enqueued after them all still runs."""
+    async with running() as rt:
+        nul_error = await sample_jobs.nul_error.aenqueue()
+        nul_message = await sample_jobs.odd_progress.aenqueue(3, "half\\0way")
+        bad = [await sample_jobs.odd_progress.aenqueue(v) for v in ("3", None, "nan", "inf")]
+        bad_sync = await sample_jobs.odd_progress_sync.aenqueue([1])
+        last = await sample_jobs.record.aenqueue("after")
+        await wait_state(last.id, "succeeded")
+        await wait_state(nul_error.id, "failed")
+        await wait_state(nul_message.id, "succeeded")
+        s = await asyncio.to_thread(jobs.job_state, nul_error.id)
+        assert s is not None and s["error"] == "ValueError: bad\ufffdbyte"
+        s = await asyncio.to_thread(jobs.job_state, nul_message.id)
+        assert s is not None and s["progress"] == {"done": 3, "total": 10, "message": "half\ufffdway"}
+        for h in [*bad, bad_sync]:
+            await wait_state(h.id, "failed")
+            s = await asyncio.to_thread(jobs.job_state, h.id)
+            assert s is not None and s["error"].startswith("InvalidProgressError: ctx.progress() takes a"), s
+            assert "for done" in s["error"]
+        assert rt.state == "running"
