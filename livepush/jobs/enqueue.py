@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
 from . import database, events, queries
 from .args import check_args, dumps
@@ -81,7 +81,9 @@ def _item(item: Any) -> tuple[JobFunction, Sequence[Any], datetime | None]:
     )
 
 
-def _handles(rows: list[dict[str, Any]]) -> list[JobHandle]:
+def _handles(rows: list[Any], publishes: bool) -> list[JobHandle]:
+    if publishes:
+        return [JobHandle(row[0], row[1]) for row in rows]  # _row_factory: tuples, id and name first
     return [JobHandle(row["id"], row["name"]) for row in rows]
 
 
@@ -99,6 +101,12 @@ def _statement(batch: Batch) -> tuple[str, dict[str, Any], bool]:
     return (queries.ENQUEUE_MANY_PUBLISHING if publishes else queries.ENQUEUE_MANY), batch.params(), publishes
 
 
+def _row_factory(publishes: bool) -> Any:
+    """Rows as dicts when events are built from them here; else tuples (id, name first),
+    cheaper to read back for a batch of thousands."""
+    return tuple_row if publishes else dict_row
+
+
 def run_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
     """Insert a batch with a sync connection (the caller's, or ours and committed here)."""
     if not len(batch):
@@ -110,7 +118,7 @@ def run_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
             # BEGIN, the statement and COMMIT were three (the most of an idle enqueue's time).
             own.autocommit = True
             try:
-                with own.cursor(row_factory=dict_row) as cur:
+                with own.cursor(row_factory=_row_factory(publishes)) as cur:
                     cur.execute(sql, params)
                     rows = cur.fetchall()
             finally:
@@ -118,17 +126,17 @@ def run_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
                     own.autocommit = False
         if not publishes:
             events.publish_after(_events(rows))
-        return _handles(rows)
+        return _handles(rows, publishes)
     if database.conn_kind(conn) != "sync":
         raise TypeError("enqueue(conn=) takes a sync psycopg Connection; use aenqueue() with an AsyncConnection")
-    with conn.cursor(row_factory=dict_row) as cur:
+    with conn.cursor(row_factory=_row_factory(publishes)) as cur:
         cur.execute(sql, params)
         rows = cur.fetchall()
     # With a non-Postgres fan-out we cannot wait for the caller's commit: the events go out
     # now. Only the caller knows these ids yet, so nobody else can be watching them.
     if not publishes:
         events.publish_after(_events(rows))
-    return _handles(rows)
+    return _handles(rows, publishes)
 
 
 async def arun_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
@@ -140,7 +148,7 @@ async def arun_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
         async with pool.connection() as own:
             await own.set_autocommit(True)  # one round trip, as in run_batch
             try:
-                async with own.cursor(row_factory=dict_row) as cur:
+                async with own.cursor(row_factory=_row_factory(publishes)) as cur:
                     await cur.execute(sql, params)
                     rows = await cur.fetchall()
             finally:
@@ -148,15 +156,15 @@ async def arun_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
                     await own.set_autocommit(False)
         if not publishes:
             await events.apublish_after(_events(rows))
-        return _handles(rows)
+        return _handles(rows, publishes)
     if database.conn_kind(conn) != "async":
         raise TypeError("aenqueue(conn=) takes a psycopg AsyncConnection; use enqueue() with a sync Connection")
-    async with conn.cursor(row_factory=dict_row) as cur:
+    async with conn.cursor(row_factory=_row_factory(publishes)) as cur:
         await cur.execute(sql, params)
         rows = await cur.fetchall()
     if not publishes:
         await events.apublish_after(_events(rows))
-    return _handles(rows)
+    return _handles(rows, publishes)
 
 
 def enqueue(fn: JobFunction, args: Sequence[Any], *, wait: float | None = None, at: datetime | None = None,
