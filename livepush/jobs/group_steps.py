@@ -159,14 +159,16 @@ def create(group_id: int, shards: int, callbacks: dict[str, str | None]) -> Step
 
 
 def add(group_id: int, batches: Sequence[dict[str, Any]], *, states: Sequence[str], limit: int,
-        seal: bool = False) -> Steps[tuple[list[Row], Row | None]]:
+        seal: bool = False, publish: bool = False) -> Steps[tuple[list[Row], Row | None]]:
     """Insert members (ENQUEUE_MANY parameter sets), count them pending, then, last, bump the
     group's total under its row lock (state and limit checked there). Returns the member rows
     and the group's (total, state), or None when the group refused (the caller raises and
-    rolls back)."""
+    rolls back). `publish`: the insert also publishes the members' "enqueued" events
+    (ENQUEUE_MANY_PUBLISHING; its rows then carry only id and name)."""
     rows: list[Row] = []
+    insert = queries.ENQUEUE_MANY_PUBLISHING if publish else queries.ENQUEUE_MANY
     for params in batches:
-        rows.extend((yield Query(queries.ENQUEUE_MANY, params)))
+        rows.extend((yield Query(insert, params)))
     if rows:
         yield Query(gq.ADD_PENDING, {"group_id": group_id, "ids": [r["id"] for r in rows]})
     got = yield Query(gq.ADD_TOTAL, {"group_id": group_id, "n": len(rows), "seal": seal,

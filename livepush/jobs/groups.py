@@ -119,8 +119,6 @@ async def _ain_tx(make: Callable[[], steps.Steps[tuple[T, list[events.Event]]]],
     raise AssertionError("unreachable")
 
 
-def _enqueued(rows: Sequence[dict[str, Any]]) -> list[events.Event]:
-    return [events.job_event("enqueued", r) for r in rows]
 
 
 def _refused(group_id: int, row: dict[str, Any] | None, adding: int, states: Sequence[str]) -> Exception:
@@ -137,19 +135,25 @@ def _refused(group_id: int, row: dict[str, Any] | None, adding: int, states: Seq
 
 
 def _add_steps(group_id: int, batch: Batch, *, states: Sequence[str], seal: bool = False,
-               fence: tuple[int, int] | None = None) -> steps.Steps[list[dict[str, Any]]]:
-    """Fence (ctx.group.enqueue), insert, count pending, bump total; raise if refused."""
+               fence: tuple[int, int] | None = None
+               ) -> steps.Steps[tuple[list[dict[str, Any]], list[events.Event]]]:
+    """Fence (ctx.group.enqueue), insert, count pending, bump total; raise if refused.
+    Returns the member rows (id and name at least) and their "enqueued" events still to
+    publish: none when the insert published them itself (Postgres fan-out in the jobs'
+    database, as enqueue_many does)."""
     if fence is not None:
         ok = yield steps.Query(gq.FENCE_MEMBER, {"id": fence[0], "lease": fence[1]})
         if not ok:
             raise LeaseLostError(
                 f"job {fence[0]} no longer holds its claim (rescued after its runtime was presumed dead, timed out "
                 f"or given back): its additions to group {group_id} are refused; another attempt will run")
-    rows, got = yield from steps.add(group_id, batch.chunks(CHUNK), states=states, limit=MAX_GROUP_MEMBERS, seal=seal)
+    in_sql = events.in_transaction()
+    rows, got = yield from steps.add(group_id, batch.chunks(CHUNK), states=states, limit=MAX_GROUP_MEMBERS,
+                                     seal=seal, publish=in_sql)
     if got is None:
         row = yield from steps.group_row(group_id)
         raise _refused(group_id, row, len(rows), states)
-    return rows
+    return rows, ([] if in_sql else [events.job_event("enqueued", r) for r in rows])
 
 
 def _check_limit(n: int) -> None:
@@ -208,9 +212,9 @@ class GroupBuilder:
 
     def _steps(self) -> steps.Steps[tuple[list[dict[str, Any]], list[events.Event]]]:
         yield from steps.create(self.id, self._shards, self._callbacks)
-        rows = yield from _add_steps(self.id, self._batch, states=["open"], seal=True)
+        rows, enqueued = yield from _add_steps(self.id, self._batch, states=["open"], seal=True)
         (view,) = yield from steps.views([self.id])
-        evs = [group_events.group_event("created", view)] + _enqueued(rows)
+        evs = [group_events.group_event("created", view)] + enqueued
         # Empty: nothing will ever finish, so the seal finishes it (ADD_TOTAL holds the lock).
         evs.extend((yield from steps.finish([self.id], locked=True)) if not rows else [])
         yield from steps.record(evs[:1])
@@ -298,10 +302,10 @@ async def acreate_group(on_finish: JobRequest | None = None, on_success: JobRequ
 
 
 def _add_many_steps(group_id: int, batch: Batch) -> steps.Steps[tuple[list[JobHandle], list[events.Event]]]:
-    rows = yield from _add_steps(group_id, batch, states=["open"])
+    rows, enqueued = yield from _add_steps(group_id, batch, states=["open"])
     # We hold the group's row lock (ADD_TOTAL): this progress is ordered with its other events.
     (view,) = yield from steps.views([group_id])
-    evs = _enqueued(rows) + [group_events.group_event("progress", view)]
+    evs = enqueued + [group_events.group_event("progress", view)]
     yield from steps.record(evs[-1:])
     return [JobHandle(r["id"], r["name"]) for r in rows], evs
 
@@ -447,9 +451,8 @@ class GroupContext:
         job = self._ctx.job
         pool = await self._pool()
         async with pool.connection() as conn:
-            rows = await steps.arun(conn, _add_steps(self.id, batch, states=["open", "sealed"],
-                                                     fence=(job.id, job.lease)))
-            evs = _enqueued(rows)
+            rows, evs = await steps.arun(conn, _add_steps(self.id, batch, states=["open", "sealed"],
+                                                          fence=(job.id, job.lease)))
             publisher = group_events.current_publisher()
             if publisher is None:
                 evs.extend(await steps.arun(conn, steps.progress_now([self.id])))

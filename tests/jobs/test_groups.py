@@ -330,3 +330,40 @@ def test_retention(groups_db: str) -> None:
     assert jobs.get_group(open_group.id) is not None
     assert lone.id not in left
     assert q(groups_db, group_queries.PRUNE_GROUPS, {"retention": 3600, "limit": 10}) == []
+
+
+@pytest.mark.parametrize("fanout", ["postgres", "local"])
+def test_every_member_gets_its_enqueued_event(groups_db: str, fanout: str) -> None:
+    """Members added by the block, by add_many_to_group and by a running member each get
+    `enqueued` first on job:<id>: published by the insert itself on the Postgres fan-out in
+    the jobs' database, from Python on any other."""
+    from livepush import api, config
+    from livepush.fanout.local import LocalFanOut
+
+    local = None
+    if fanout == "local":
+        config.set_settings(config.Settings(database_url=groups_db, fanout="local", env="test",
+                                            secret=config.get_settings().secret))
+        local = LocalFanOut()
+        api.set_default_fanout(local)
+
+    def first_events(job_id: int) -> list[str]:
+        if local is None:
+            rows = q(groups_db, "SELECT data FROM livepush_messages WHERE topic = %s ORDER BY seq", (f"job:{job_id}",))
+            return [json.loads(r[0])["event"] for r in rows]
+        got = asyncio.run(local.history(f"job:{job_id}", "0")) or []
+        return [json.loads(m.data_json)["event"] for m in got if m.data_json is not None]
+
+    with jobs.group() as g:
+        g.enqueue(gj.spawner, 1, "a")
+        g.enqueue(gj.member, "b")
+    h = jobs.create_group()
+    added = jobs.add_many_to_group(h.id, [gj.member.request("c"), gj.member.request("d")])
+    h.seal()
+    jobs.drain()
+    members = [r[0] for r in q(groups_db, "SELECT id FROM livepush_jobs WHERE group_id IN (%s, %s) ORDER BY id",
+                                  (g.handle.id, h.id))]
+    assert len(members) == 5  # the block's two, the one the spawner added, the two added later
+    assert {m.id for m in added} <= set(members)
+    for job_id in members:
+        assert first_events(job_id)[:1] == ["enqueued"], job_id

@@ -107,9 +107,9 @@ def outcome(conn: psycopg.Connection, job: dict[str, Any], kind: str) -> list[di
 def add_inside(conn: psycopg.Connection, job: dict[str, Any]) -> None:
     batch = Batch()
     batch.add(gj.member, ["added"], None, job["group_id"])
-    rows = group_steps.run(conn, groups._add_steps(job["group_id"], batch, states=["open", "sealed"],
-                                                   fence=(job["id"], job["lease"])))
-    events.publish_in(conn, [events.job_event("enqueued", rows[0])])
+    _, evs = group_steps.run(conn, groups._add_steps(job["group_id"], batch, states=["open", "sealed"],
+                                                     fence=(job["id"], job["lease"])))
+    events.publish_in(conn, evs)
 
 
 def seal(conn: psycopg.Connection, group_id: int) -> None:
