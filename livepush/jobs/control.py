@@ -7,12 +7,14 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from . import database, events, queries, terminal
+from .handles import checked_id
 
 
 def cancel(job_id: int) -> bool:
     """Cancel a job. A queued or scheduled job is cancelled at once; a running one is told
     (its runtime gets a notification) and stops at its next await or `ctx.progress()` call,
     ending as `cancelled`. Returns False when the job is already finished or unknown."""
+    job_id = checked_id(job_id, "job_id")
     with database.sync_pool().connection() as conn:
         with conn.cursor(row_factory=dict_row) as cur:
             cur.execute(queries.CANCEL, {"id": job_id})
@@ -26,6 +28,7 @@ def cancel(job_id: int) -> bool:
 
 
 async def acancel(job_id: int) -> bool:
+    job_id = checked_id(job_id, "job_id")
     pool = await database.async_pool()
     async with pool.connection() as conn:
         async with conn.cursor(row_factory=dict_row) as cur:
@@ -42,6 +45,7 @@ async def acancel(job_id: int) -> bool:
 def retry_failed(job_id: int) -> bool:
     """Run a failed job again now, with a fresh set of attempts. False unless it was failed.
     A task group's member is refused (GroupClosedError): its failure is counted in its group."""
+    job_id = checked_id(job_id, "job_id")
     with database.sync_pool().connection() as conn:
         with conn.cursor(row_factory=dict_row) as cur:
             cur.execute("SELECT group_id FROM livepush_jobs WHERE id = %s", (job_id,))
@@ -60,6 +64,7 @@ def retry_failed(job_id: int) -> bool:
 
 def discard_failed(job_id: int) -> bool:
     """Delete a failed job for good. False unless it was failed."""
+    job_id = checked_id(job_id, "job_id")
     with database.sync_pool().connection() as conn:
         rows = conn.execute(queries.DISCARD_FAILED, {"id": job_id}).fetchall()
     return bool(rows)
@@ -67,6 +72,7 @@ def discard_failed(job_id: int) -> bool:
 
 def job_state(job_id: int) -> dict[str, Any] | None:
     """The job's current `job` object as events show it, or None."""
+    job_id = checked_id(job_id, "job_id")
     with database.sync_pool().connection() as conn:
         with conn.cursor(row_factory=dict_row) as cur:
             cur.execute(queries.JOB_STATE, {"id": job_id})
@@ -109,6 +115,7 @@ def cancel_group(group_id: int) -> bool:
 
     Three kinds of short transaction, so a cancel never holds the group row while it waits
     for members' rows (see group_queries.py for the lock order)."""
+    group_id = checked_id(group_id, "group_id")
     from . import group_steps as steps
     from .groups import _in_tx
 
@@ -131,6 +138,7 @@ def cancel_group(group_id: int) -> bool:
 
 
 async def acancel_group(group_id: int) -> bool:
+    group_id = checked_id(group_id, "group_id")
     from . import group_steps as steps
     from .groups import _ain_tx
 

@@ -7,6 +7,7 @@ doorbell; it is delivered at commit, so idle runtimes wake only for committed jo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -27,9 +28,16 @@ def _run_at(wait: float | None, at: datetime | None) -> datetime | None:
             raise TypeError(f"at= must be an aware datetime (e.g. datetime.now(timezone.utc)), got {at!r}")
         return at
     if wait is not None:
-        if wait < 0:
-            raise ValueError(f"wait= must be zero or more seconds, got {wait!r}")
-        return datetime.now(timezone.utc) + timedelta(seconds=wait) if wait > 0 else None
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)):
+            raise TypeError(f"wait= takes a number of seconds, got {type(wait).__name__} {wait!r:.60}")
+        if not wait >= 0 or wait == math.inf:  # `not >=` also catches NaN
+            raise ValueError(f"wait= must be zero or more seconds, a finite number, got {wait!r}")
+        if wait == 0:
+            return None
+        try:
+            return datetime.now(timezone.utc) + timedelta(seconds=wait)
+        except OverflowError:
+            raise ValueError(f"wait= of {wait!r} seconds ends after the year 9999: pass a shorter delay") from None
     return None
 
 

@@ -27,7 +27,7 @@ from psycopg.rows import dict_row
 from . import database, events, group_events, group_queries as gq, group_steps as steps
 from .enqueue import Batch, _item, _run_at
 from .errors import GroupClosedError, GroupLimitError, GroupNotFound, LeaseLostError
-from .handles import JobHandle
+from .handles import JobHandle, checked_id
 from .registry import JobFunction, JobRequest
 
 T = TypeVar("T")
@@ -323,6 +323,7 @@ def add_to_group(group_id: int, fn: JobFunction, *args: Any, wait: float | None 
                  at: datetime | None = None, conn: Any = None) -> JobHandle:
     """Add one member to an open group. Raises GroupClosedError once it is sealed (running
     members can still add through ctx.group.enqueue), GroupLimitError past the member limit."""
+    group_id = checked_id(group_id, "group_id")
     batch = Batch()
     batch.add(fn, args, _run_at(wait, at), group_id)
     return _in_tx(lambda: _add_many_steps(group_id, batch), conn)[0]
@@ -330,12 +331,14 @@ def add_to_group(group_id: int, fn: JobFunction, *args: Any, wait: float | None 
 
 def add_many_to_group(group_id: int, items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
     """Add many members in one transaction (items as for jobs.enqueue_many)."""
+    group_id = checked_id(group_id, "group_id")
     batch = _batch_of(group_id, items)
     return _in_tx(lambda: _add_many_steps(group_id, batch), conn)
 
 
 async def aadd_to_group(group_id: int, fn: JobFunction, *args: Any, wait: float | None = None,
                         at: datetime | None = None, conn: Any = None) -> JobHandle:
+    group_id = checked_id(group_id, "group_id")
     batch = Batch()
     batch.add(fn, args, _run_at(wait, at), group_id)
     return (await _ain_tx(lambda: _add_many_steps(group_id, batch), conn))[0]
@@ -354,10 +357,12 @@ def seal_group(group_id: int, *, conn: Any = None) -> bool:
     """Seal an open group: no more adds from outside; it finishes (callbacks run) once no
     member is pending, at once if none is. False if it was not open (already sealed,
     cancelled or finished)."""
+    group_id = checked_id(group_id, "group_id")
     return _in_tx(lambda: _seal_steps(group_id), conn)
 
 
 async def aseal_group(group_id: int, *, conn: Any = None) -> bool:
+    group_id = checked_id(group_id, "group_id")
     return await _ain_tx(lambda: _seal_steps(group_id), conn)
 
 
@@ -373,6 +378,7 @@ def _read(sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
 def get_group(group_id: int) -> dict[str, Any] | None:
     """The group as its events show it ({id, state, total, pending, succeeded, failed,
     cancelled}) plus created_at, sealed_at, cancelled_at, finished_at; None if unknown."""
+    group_id = checked_id(group_id, "group_id")
     rows = _read(gq.GROUP_VIEWS, {"ids": [group_id]})
     return group_events.view_time(rows[0]) if rows else None
 
@@ -380,6 +386,7 @@ def get_group(group_id: int) -> dict[str, Any] | None:
 def group_members(group_id: int, after: int | None = None, limit: int = 100) -> tuple[list[dict[str, Any]], int | None]:
     """One page of members in id order: (rows, next_cursor). Pass next_cursor as `after` for
     the next page; it is None on the last page (even a full one)."""
+    group_id = checked_id(group_id, "group_id")
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     rows = _read(gq.MEMBERS_PAGE, {"id": group_id, "after": after or 0, "limit": limit})
@@ -393,6 +400,7 @@ def group_members(group_id: int, after: int | None = None, limit: int = 100) -> 
 
 def group_history(group_id: int, before: int | None = None, limit: int = 50) -> tuple[list[dict[str, Any]], int | None]:
     """The group's events, newest first: (rows of {seq, event, data, at}, next_cursor)."""
+    group_id = checked_id(group_id, "group_id")
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     rows = _read(gq.EVENTS_PAGE, {"id": group_id, "before": before or 2**62, "limit": limit})

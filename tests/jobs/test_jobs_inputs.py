@@ -1,0 +1,56 @@
+"""Bad ids and delays get a clear TypeError or ValueError at the call, never a database error."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from livepush import jobs
+from livepush.jobs.enqueue import _run_at
+from livepush.jobs.handles import NO_SUCH_ID, checked_id
+from tests.jobs import sample_jobs
+
+
+def test_checked_id() -> None:
+    """Ints pass; ints no row can have become NO_SUCH_ID; anything else is a TypeError that
+    names the parameter (and hints at .id for a handle)."""
+    assert checked_id(42, "job_id") == 42
+    assert checked_id(0, "job_id") == checked_id(-5, "job_id") == checked_id(2**70, "job_id") == NO_SUCH_ID
+    for bad in ("42", 4.0, None, True):
+        with pytest.raises(TypeError, match="job_id must be an int"):
+            checked_id(bad, "job_id")
+    with pytest.raises(TypeError, match=r"pass its \.id"):
+        checked_id(jobs.JobHandle(7, "x"), "job_id")
+
+
+@pytest.mark.parametrize(("wait", "error", "fragment"), [
+    (-1, ValueError, "zero or more seconds"),
+    (math.nan, ValueError, "finite"),
+    (math.inf, ValueError, "finite"),
+    (1e30, ValueError, "after the year 9999"),
+    ("5", TypeError, "a number of seconds, got str"),
+    (True, TypeError, "a number of seconds, got bool"),
+])
+def test_bad_waits(wait: object, error: type, fragment: str) -> None:
+    """wait= takes a finite, non-negative number of seconds that ends before the year 9999."""
+    with pytest.raises(error, match=fragment):
+        _run_at(wait, None)  # type: ignore[arg-type]
+
+
+def test_calls_with_bad_ids(jobs_db: str) -> None:
+    """Every call that takes an id refuses a non-int with a TypeError, and answers an int no
+    row can have as it answers an unknown id."""
+    h = sample_jobs.record.enqueue()
+    for call in (jobs.cancel, jobs.retry_failed, jobs.discard_failed, jobs.job_state, jobs.cancel_group,
+                 jobs.get_group, jobs.seal_group, jobs.group_members, jobs.group_history):
+        with pytest.raises(TypeError, match="_id must be an int"):
+            call(str(h.id))  # type: ignore[operator]
+    assert jobs.cancel(2**70) is False and jobs.job_state(2**70) is None and jobs.get_group(2**70) is None
+    with pytest.raises(TypeError, match="group_id must be an int"):
+        jobs.add_to_group("1", sample_jobs.record)  # type: ignore[arg-type]
+    with pytest.raises(jobs.GroupNotFound):
+        jobs.add_to_group(2**70, sample_jobs.record)
+    with pytest.raises(ValueError, match="finite"):
+        sample_jobs.record.enqueue(wait=math.nan)
+    assert jobs.job_state(h.id)["state"] == "available"  # type: ignore[index]
