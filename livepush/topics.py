@@ -8,6 +8,7 @@ tells the two apart by that character alone.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Sequence
@@ -50,8 +51,8 @@ def sign(topic: str, secrets: Sequence[str], ttl: float | None = None, *, now: f
         raise InvalidTopic("cannot sign a topic without LIVEPUSH_SECRET: set it (32+ random characters)")
     value = topic
     if ttl is not None:
-        if ttl <= 0:
-            raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0 or ttl == math.inf:
+            raise ValueError(f"ttl must be a positive, finite number of seconds (or None: no expiry), got {ttl!r}")
         value = f"{topic}{SEP}{int((time.time() if now is None else now) + ttl)}"
     return _signer(secrets).sign(value).decode("ascii")
 
