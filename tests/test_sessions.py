@@ -211,7 +211,7 @@ def test_any_text_decodes_or_raises_invalid_session(text: str) -> None:
         assert exc.reason in ("malformed", "bad_signature", "expired")
 
 
-@pytest.mark.parametrize("subject", ["", "x" * 201, None, 7, "user\x007"])
+@pytest.mark.parametrize("subject", ["", "x" * 201, None, 7, "user\x007", "caf\udce9"])
 def test_bad_subjects_are_refused(subject: object) -> None:
     """issue() wants a non-empty str of at most 200 characters, without NUL (a revocation
     stores it in Postgres)."""

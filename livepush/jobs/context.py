@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import re
 import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -23,11 +24,15 @@ PROGRESS_INTERVAL = 0.1  # seconds between two published progress events of one 
 MAX_MESSAGE = 1000  # characters of a progress message kept
 
 
+# What Postgres text and jsonb cannot hold: NUL, and lone surrogates (not valid Unicode, so
+# not encodable as UTF-8; Python makes them from undecodable bytes, e.g. file names).
+UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
 def storable_text(text: str) -> str:
-    """`text` without NUL characters, which Postgres text and jsonb cannot hold: one in an
-    error or progress message made the completer's whole batch fail, again on every retry.
-    Each becomes U+FFFD, the replacement character."""
-    return text.replace("\x00", "\ufffd") if "\x00" in text else text
+    """`text` with every character Postgres cannot store replaced by U+FFFD: one in an error
+    or progress message made the completer's whole batch fail, again on every retry."""
+    return UNSTORABLE.sub("\ufffd", text)
 
 
 def _number(name: str, value: Any) -> None:

@@ -106,8 +106,9 @@ async def progress(ctx: Any, steps: int, pause: float = 0.0) -> None:
 
 @jobs.job(name="t.nul_error", max_attempts=1)
 async def nul_error(ctx: Any) -> None:
-    """Fails with a NUL character in its error message."""
-    raise ValueError("bad\x00byte")
+    """Fails with a NUL character and a lone surrogate (as os.fsdecode makes from a file
+    name's undecodable byte) in its error message."""
+    raise ValueError("bad\x00byte in caf\udce9")
 
 
 @jobs.job(name="t.odd_progress", max_attempts=1)

@@ -35,11 +35,13 @@ def test_error_names_the_path() -> None:
         (({"a": {"b": object()}},), 'args[0]["a"]["b"] is an object'),
         ((["ok", "a\x00b"],), "args[0][1] contains a NUL character"),
         (({"k\x00": 1},), "args[0] has a key with a NUL character"),
+        (("caf\udce9",), "args[0] contains a lone surrogate"),
+        (({"\ud800": 1},), "args[0] has a key with a lone surrogate"),
     ],
 )
 def test_refused_values(args: tuple, fragment: str) -> None:
-    """NaN, sets, non-str keys, bytes, objects and NUL characters (Postgres cannot store
-    them) are refused with their path."""
+    """NaN, sets, non-str keys, bytes, objects, NUL characters and lone surrogates
+    (Postgres cannot store either) are refused with their path."""
     with pytest.raises(InvalidArgumentsError) as info:
         check_args(args)
     assert fragment in str(info.value)

@@ -35,6 +35,7 @@ def test_anything_else_raises_naming_the_argument(done: object, total: object, f
 
 
 def test_message_is_cut_and_cleaned_of_nul() -> None:
-    """A long message keeps its first MAX_MESSAGE characters; a NUL becomes U+FFFD."""
+    """A long message keeps its first MAX_MESSAGE characters; a NUL or a lone surrogate
+    becomes U+FFFD."""
     assert progress_value(1, 2, "x" * (MAX_MESSAGE + 5))["message"] == "x" * MAX_MESSAGE
-    assert progress_value(1, 2, "a\x00b")["message"] == "a\ufffdb"
+    assert progress_value(1, 2, "a\x00b\udce9c")["message"] == "a\ufffdb\ufffdc"

@@ -217,8 +217,8 @@ async def test_the_runtime_claims_again_after_its_connections_are_killed(jobs_db
 
 
 async def test_text_postgres_cannot_store_never_stops_the_runtime(jobs_db: str) -> None:
-    """A NUL character in a job's error or progress message (Postgres text cannot hold one)
-    is stored as U+FFFD; a `done` that is NaN, infinite or not a number raises
+    """A NUL character or a lone surrogate in a job's error or progress message (Postgres
+    text cannot hold either) is stored as U+FFFD; a `done` that is NaN, infinite or not a number raises
     InvalidProgressError in the job, which fails with that error. The runtime goes on: a
     job enqueued after them all still runs."""
     async with running() as rt:
@@ -231,7 +231,7 @@ async def test_text_postgres_cannot_store_never_stops_the_runtime(jobs_db: str) 
         await wait_state(nul_error.id, "failed")
         await wait_state(nul_message.id, "succeeded")
         s = await asyncio.to_thread(jobs.job_state, nul_error.id)
-        assert s is not None and s["error"] == "ValueError: bad\ufffdbyte"
+        assert s is not None and s["error"] == "ValueError: bad\ufffdbyte in caf\ufffd"
         s = await asyncio.to_thread(jobs.job_state, nul_message.id)
         assert s is not None and s["progress"] == {"done": 3, "total": 10, "message": "half\ufffdway"}
         for h in [*bad, bad_sync]:
