@@ -178,8 +178,12 @@ class Runtime:
             log.info("job runtime %s running: queues %s, concurrency %s", self.id, ",".join(self.queues),
                      self.concurrency)
             stop_waiter = asyncio.create_task(self._stop.wait())
-            # A side task that dies stops the runtime rather than letting it limp on.
-            done, _ = await asyncio.wait([stop_waiter, *self._tasks], return_when=asyncio.FIRST_COMPLETED)
+            # A side task that dies stops the runtime rather than letting it limp on. The
+            # completer too: without it, every job this runtime claimed would stay `running`
+            # under a live heartbeat, never finished and never rescued.
+            assert self._completer is not None and self._completer._task is not None
+            watched = [stop_waiter, *self._tasks, self._completer._task]
+            done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
             if not self._stop.is_set():
                 stop_waiter.cancel()
                 for t in done:

@@ -8,6 +8,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+
 from livepush import jobs
 from livepush.jobs.completer import Outcome
 from livepush.jobs.context import ClaimedJob, JobContext
@@ -240,3 +242,23 @@ async def test_text_postgres_cannot_store_never_stops_the_runtime(jobs_db: str) 
             assert s is not None and s["error"].startswith("InvalidProgressError: ctx.progress() takes a"), s
             assert "for done" in s["error"]
         assert rt.state == "running"
+
+
+async def test_a_batch_postgres_refuses_stops_the_runtime_rather_than_swallowing_jobs(jobs_db: str) -> None:
+    """If Postgres refuses a completion for a reason no check foresaw (here a CHECK
+    constraint this test adds), the runtime stops and deregisters, giving its jobs back,
+    instead of running on without its completer, where every job it claimed would stay
+    `running` under a live heartbeat for ever."""
+    import psycopg
+
+    q(jobs_db, "ALTER TABLE livepush_job_payloads ADD CONSTRAINT test_refused "
+               "CHECK (error IS NULL OR error NOT LIKE '%bad input%')")
+    rt = Runtime(REGISTRY, install_signals=False, queues=["default"], heartbeat=0.2)
+    task = asyncio.create_task(rt.run())
+    await rt.wait_started()
+    h = await sample_jobs.never.aenqueue()  # fails with "ValueError: bad input"
+    with pytest.raises(psycopg.errors.CheckViolation):
+        await asyncio.wait_for(task, 10)
+    assert rt.state == "stopped"
+    assert q(jobs_db, "SELECT count(*) FROM livepush_job_runtimes")[0][0] == 0
+    assert await state_of(h.id) in ("available", "scheduled")
