@@ -38,6 +38,14 @@ log = logging.getLogger("livepush.jobs")
 
 MAX_ERROR = 4000  # characters of an error kept with the job and sent in its events
 
+# Connection trouble, or a conflict with another transaction: the same batch succeeds later.
+_TRANSIENT = (psycopg.OperationalError, psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+# Anything Postgres (or the encoding of a parameter) refuses; all but _TRANSIENT would be
+# refused again on every retry.
+_REFUSED = (psycopg.Error, ValueError)
+# The error a job gets when Postgres refused to store its real outcome (see _salvage).
+UNSTORABLE_OUTCOME = "livepush could not store this job's outcome; the runtime's log says why"
+
 # Batches larger than this are planned for their actual size. A prepared statement's
 # generic plan sizes an array parameter at ten elements, and for a large batch it picked a
 # nested loop that re-read the array for every row: 3,570 starts took 1.5 s, and a slow
@@ -139,10 +147,14 @@ class Completer:
                         pass
                     continue
             try:
-                await self.flush()
+                try:
+                    await self.flush()
+                except _REFUSED as exc:
+                    if isinstance(exc, _TRANSIENT):
+                        raise
+                    await self._salvage(exc)
                 backoff = 0.05
-            except (psycopg.OperationalError, psycopg.errors.DeadlockDetected,
-                    psycopg.errors.SerializationFailure) as exc:
+            except _TRANSIENT as exc:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
                     raise asyncio.CancelledError from exc
@@ -151,9 +163,59 @@ class Completer:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
 
-    async def flush(self) -> None:
-        """One transaction for the pending batch. Raises on database errors, keeping it queued."""
-        outcomes = self._outcomes[: self.max_batch]
+    async def _salvage(self, exc: BaseException) -> None:
+        """Postgres refused the batch for something in it (no check foresaw it: the values
+        jobs report are checked and cleaned before they get here). The same batch would be
+        refused on every retry, holding up every job of this runtime, so write it piece by
+        piece: the starts alone, each outcome alone (refused again: without its progress;
+        refused again: as a failure with a fixed error), then each pending progress alone
+        (refused again: dropped). Raises if even a fixed failure is refused (the runtime
+        then stops and gives its jobs back)."""
+        log.error("Postgres refused a batch of job updates (%s); writing them one at a time", exc)
+        suspects = self._outcomes[: self.max_batch]  # at the front, in order: executors only append
+        dirty, self._dirty = self._dirty, {}  # kept out of the pieces until their own turn
+        try:
+            if self._started:
+                await self.flush(limit=0)  # the starts: ids and leases only
+            for o in suspects:
+                for attempt in ("as is", "without its progress", "as a failure"):
+                    if attempt == "without its progress":
+                        o.ctx.latest = None
+                    elif attempt == "as a failure":
+                        o.kind, o.error, o.delay = "fail", UNSTORABLE_OUTCOME, None
+                    try:
+                        await self.flush(limit=1)  # o alone; on success it leaves the queue
+                        break
+                    except _REFUSED as again:
+                        if isinstance(again, _TRANSIENT) or attempt == "as a failure":
+                            raise  # o and the rest are still queued, first
+                        log.error("job %s (%s): Postgres refused its outcome %r (%s); trying it %s",
+                                  o.ctx.job_id, o.ctx.name, o.kind, again,
+                                  "without its progress" if attempt == "as is" else "as a failure")
+        finally:
+            self._dirty = {**dirty, **self._dirty}
+        for job_id, ctx in list(dirty.items()):
+            if self._dirty.get(job_id) is not ctx:
+                continue  # finished or written meanwhile
+            del self._dirty[job_id]
+            others, self._dirty = self._dirty, {job_id: ctx}
+            ctx.next_publish_at = 0.0  # due now, written alone
+            try:
+                await self.flush(limit=0)
+            except _REFUSED as again:
+                if isinstance(again, _TRANSIENT):
+                    raise
+                log.error("job %s (%s): Postgres refused its progress %r (%s); dropped", job_id, ctx.name,
+                          ctx.latest, again)
+                ctx.dirty, ctx.latest = False, None  # nor tried again with its outcome
+                self._dirty = {}
+            finally:
+                self._dirty = {**others, **self._dirty}
+
+    async def flush(self, limit: int | None = None) -> None:
+        """One transaction for the pending batch (at most `limit` outcomes, default
+        max_batch). Raises on database errors, keeping it queued."""
+        outcomes = self._outcomes[: self.max_batch if limit is None else limit]
         # Every start taken here precedes every outcome taken here (both lists only grow,
         # and a job's outcome is submitted after its start), so no final event can overtake
         # its "started".

@@ -156,6 +156,13 @@ async def wait_flag(ctx: Any, flag: str) -> None:
     await note(ctx, "done", flag)
 
 
+@jobs.job(name="t.progress_then_wait", timeout=120)
+async def progress_then_wait(ctx: Any, message: str, flag: str) -> None:
+    """Reports progress with `message`, then runs until the row `flag` appears in job_flags."""
+    await ctx.progress(1, 2, message)
+    await until_flag(flag)
+
+
 async def until_flag(flag: str, interval: float = 0.05) -> None:
     """Returns once the row `flag` is in job_flags (a test sets it to let a job finish)."""
     pool = await _pool()

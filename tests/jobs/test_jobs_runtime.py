@@ -244,19 +244,60 @@ async def test_text_postgres_cannot_store_never_stops_the_runtime(jobs_db: str) 
         assert rt.state == "running"
 
 
-async def test_a_batch_postgres_refuses_stops_the_runtime_rather_than_swallowing_jobs(jobs_db: str) -> None:
-    """If Postgres refuses a completion for a reason no check foresaw (here a CHECK
-    constraint this test adds), the runtime stops and deregisters, giving its jobs back,
-    instead of running on without its completer, where every job it claimed would stay
-    `running` under a live heartbeat for ever."""
-    import psycopg
+async def test_an_outcome_postgres_refuses_fails_alone(jobs_db: str) -> None:
+    """If Postgres refuses one outcome of a batch for a reason no check foresaw (here a CHECK
+    constraint this test adds against one job's error), the others of the batch are written
+    as they are, the refused job fails with a fixed error, and the runtime goes on."""
+    from livepush.jobs.completer import UNSTORABLE_OUTCOME
 
     q(jobs_db, "ALTER TABLE livepush_job_payloads ADD CONSTRAINT test_refused "
                "CHECK (error IS NULL OR error NOT LIKE '%bad input%')")
+    async with running(concurrency=10) as rt:
+        handles = await jobs.aenqueue_many([sample_jobs.record.request(i) for i in range(20)]
+                                           + [sample_jobs.never.request()])  # fails: "ValueError: bad input"
+        refused = handles[-1]
+        await wait_state(refused.id, "failed")
+        for h in handles[:-1]:
+            await wait_state(h.id, "succeeded")
+        s = await asyncio.to_thread(jobs.job_state, refused.id)
+        assert s is not None and s["error"] == UNSTORABLE_OUTCOME
+        after = await sample_jobs.record.aenqueue("after")
+        await wait_state(after.id, "succeeded")
+        assert rt.state == "running"
+
+
+async def test_progress_postgres_refuses_is_dropped(jobs_db: str) -> None:
+    """Progress Postgres refuses is dropped, the job's own and the batch's other work written:
+    a running job's (written alone, then dropped) and a finishing job's (its outcome is then
+    written without it)."""
+    q(jobs_db, "ALTER TABLE livepush_job_payloads ADD CONSTRAINT test_refused "
+               "CHECK (progress IS NULL OR progress ->> 'message' IS DISTINCT FROM 'refused')")
+    async with running() as rt:
+        waiting = await sample_jobs.progress_then_wait.aenqueue("refused", "go")
+        finishing = await sample_jobs.odd_progress.aenqueue(1, "refused")
+        await wait_state(finishing.id, "succeeded")
+        other = await sample_jobs.record.aenqueue("other")
+        await wait_state(other.id, "succeeded")  # the running job's refused progress held up nothing
+        await asyncio.to_thread(q, jobs_db, "INSERT INTO job_flags VALUES ('go')")
+        await wait_state(waiting.id, "succeeded")
+        for h in (waiting, finishing):
+            s = await asyncio.to_thread(jobs.job_state, h.id)
+            assert s is not None and s["progress"]["message"] is None, s
+        assert rt.state == "running"
+
+
+async def test_a_failure_postgres_refuses_stops_the_runtime_rather_than_swallowing_jobs(jobs_db: str) -> None:
+    """If Postgres refuses even the fixed failure (here a CHECK constraint that forbids this
+    job to fail at all), the runtime stops and deregisters, giving its jobs back, instead of
+    running on without its completer, where every job it claimed would stay `running`
+    under a live heartbeat for ever."""
+    import psycopg
+
+    q(jobs_db, "ALTER TABLE livepush_jobs ADD CONSTRAINT test_refused CHECK (state <> 'failed' OR name <> 't.never')")
     rt = Runtime(REGISTRY, install_signals=False, queues=["default"], heartbeat=0.2)
     task = asyncio.create_task(rt.run())
     await rt.wait_started()
-    h = await sample_jobs.never.aenqueue()  # fails with "ValueError: bad input"
+    h = await sample_jobs.never.aenqueue()
     with pytest.raises(psycopg.errors.CheckViolation):
         await asyncio.wait_for(task, 10)
     assert rt.state == "stopped"
