@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import select
 from typing import Any
 
@@ -9,6 +10,27 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from .errors import DependencyError
+
+
+# What Postgres text and jsonb cannot hold: NUL, and lone surrogates (not valid Unicode, so
+# not encodable as UTF-8; Python makes them from undecodable bytes, e.g. file names).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def unstorable(text: str) -> str | None:
+    """What in `text` Postgres cannot store (NUL, a lone surrogate), described; else None."""
+    if text.isascii():
+        return "a NUL character (\\x00)" if "\x00" in text else None
+    found = _UNSTORABLE.search(text)
+    if found is None:
+        return None
+    char = found.group()
+    return "a NUL character (\\x00)" if char == "\x00" else f"a lone surrogate ({char!r}: not valid Unicode text)"
+
+
+def storable_text(text: str) -> str:
+    """`text` with every character Postgres cannot store replaced by U+FFFD."""
+    return _UNSTORABLE.sub("\ufffd", text)
 
 
 def _redact(url: str) -> str:

@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any
 
-from .context import UNSTORABLE
+from ..db import unstorable
 from .errors import InvalidArgumentsError
 
 _MAX_DEPTH = 100
@@ -24,22 +24,11 @@ def _describe(value: Any) -> str:
     return f"{article} {name}"
 
 
-def _unstorable(text: str) -> str | None:
-    """What in `text` Postgres cannot store (NUL, a lone surrogate), described; else None."""
-    if text.isascii():
-        return "a NUL character (\\x00)" if "\x00" in text else None
-    found = UNSTORABLE.search(text)
-    if found is None:
-        return None
-    char = found.group()
-    return "a NUL character (\\x00)" if char == "\x00" else f"a lone surrogate ({char!r}: not valid Unicode text)"
-
-
 def _check(value: Any, path: str, depth: int) -> None:
     if depth > _MAX_DEPTH:
         raise InvalidArgumentsError(f"{path} is nested more than {_MAX_DEPTH} levels deep: flatten the job's arguments")
     if isinstance(value, str):
-        bad = _unstorable(value)
+        bad = unstorable(value)
         if bad:
             raise InvalidArgumentsError(f"{path} contains {bad}, which Postgres cannot store: "
                                         "drop it, or pass binary data encoded (e.g. base64)")
@@ -62,7 +51,7 @@ def _check(value: Any, path: str, depth: int) -> None:
                 raise InvalidArgumentsError(
                     f"{path} has the key {key!r}, {_describe(key)}: job arguments are plain JSON, whose keys are strings"
                 )
-            bad = _unstorable(key)
+            bad = unstorable(key)
             if bad:
                 raise InvalidArgumentsError(f"{path} has a key with {bad}, which Postgres cannot store")
             _check(item, f"{path}[{json.dumps(key, ensure_ascii=False)}]", depth + 1)

@@ -40,8 +40,8 @@ MAX_ERROR = 4000  # characters of an error kept with the job and sent in its eve
 
 # Connection trouble, or a conflict with another transaction: the same batch succeeds later.
 _TRANSIENT = (psycopg.OperationalError, psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
-# Anything Postgres (or the encoding of a parameter) refuses; all but _TRANSIENT would be
-# refused again on every retry.
+# Anything else Postgres (or the encoding of a parameter) refuses would be refused again on
+# every retry. Catch _TRANSIENT first.
 _REFUSED = (psycopg.Error, ValueError)
 # The error a job gets when Postgres refused to store its real outcome (see _salvage).
 UNSTORABLE_OUTCOME = "livepush could not store this job's outcome; the runtime's log says why"
@@ -149,9 +149,9 @@ class Completer:
             try:
                 try:
                     await self.flush()
+                except _TRANSIENT:
+                    raise
                 except _REFUSED as exc:
-                    if isinstance(exc, _TRANSIENT):
-                        raise
                     await self._salvage(exc)
                 backoff = 0.05
             except _TRANSIENT as exc:
@@ -186,9 +186,11 @@ class Completer:
                     try:
                         await self.flush(limit=1)  # o alone; on success it leaves the queue
                         break
+                    except _TRANSIENT:
+                        raise  # o and the rest are still queued, first
                     except _REFUSED as again:
-                        if isinstance(again, _TRANSIENT) or attempt == "as a failure":
-                            raise  # o and the rest are still queued, first
+                        if attempt == "as a failure":
+                            raise
                         log.error("job %s (%s): Postgres refused its outcome %r (%s); trying it %s",
                                   o.ctx.job_id, o.ctx.name, o.kind, again,
                                   "without its progress" if attempt == "as is" else "as a failure")
@@ -202,9 +204,9 @@ class Completer:
             ctx.next_publish_at = 0.0  # due now, written alone
             try:
                 await self.flush(limit=0)
+            except _TRANSIENT:
+                raise
             except _REFUSED as again:
-                if isinstance(again, _TRANSIENT):
-                    raise
                 log.error("job %s (%s): Postgres refused its progress %r (%s); dropped", job_id, ctx.name,
                           ctx.latest, again)
                 ctx.dirty, ctx.latest = False, None  # nor tried again with its outcome

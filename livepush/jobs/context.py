@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-import re
 import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from ..db import storable_text
 from .errors import InvalidProgressError, JobCancelled
 
 if TYPE_CHECKING:
@@ -22,17 +22,6 @@ if TYPE_CHECKING:
 
 PROGRESS_INTERVAL = 0.1  # seconds between two published progress events of one job
 MAX_MESSAGE = 1000  # characters of a progress message kept
-
-
-# What Postgres text and jsonb cannot hold: NUL, and lone surrogates (not valid Unicode, so
-# not encodable as UTF-8; Python makes them from undecodable bytes, e.g. file names).
-UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-
-
-def storable_text(text: str) -> str:
-    """`text` with every character Postgres cannot store replaced by U+FFFD: one in an error
-    or progress message made the completer's whole batch fail, again on every retry."""
-    return UNSTORABLE.sub("\ufffd", text)
 
 
 def _number(name: str, value: Any) -> None:
@@ -51,7 +40,8 @@ def _number(name: str, value: Any) -> None:
 def progress_value(done: Any, total: Any, message: Any) -> dict[str, Any]:
     """ctx.progress()'s arguments as stored and published. Numbers are checked here, in the
     job's own call, because a NaN or a string reaching Postgres fails the completer's batch;
-    the message becomes a str of at most MAX_MESSAGE characters Postgres can store."""
+    the message becomes a str of at most MAX_MESSAGE characters Postgres can store (a NUL in
+    one made the completer's whole batch fail, again on every retry)."""
     _number("done", done)
     if total is not None:
         _number("total", total)

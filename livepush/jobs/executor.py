@@ -12,8 +12,9 @@ import concurrent.futures
 import functools
 import logging
 
+from ..db import storable_text
 from .completer import Outcome
-from .context import JobContext, SyncJobContext, storable_text
+from .context import JobContext, SyncJobContext
 from .errors import JobCancelled
 from .registry import JobFunction
 
