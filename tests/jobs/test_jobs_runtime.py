@@ -209,8 +209,11 @@ async def test_the_runtime_claims_again_after_its_connections_are_killed(jobs_db
     async with running(poll_interval=0.2) as rt:
         first = await sample_jobs.record.aenqueue("before")
         await wait_state(first.id, "succeeded")
+        # With a timeout, pg_terminate_backend() returns once each backend has exited, so
+        # every connection is dead before the next call (else a pool may hand one out
+        # between the signal and its backend's exit, and only the runtime is under test).
         killed = await asyncio.to_thread(
-            q, jobs_db, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            q, jobs_db, "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'")
         assert killed[0][0] >= 3  # listener, claims, pool
         h = await sample_jobs.record.aenqueue("after")  # this test's own pool lost its connection too
