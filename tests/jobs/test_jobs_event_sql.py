@@ -143,3 +143,30 @@ def test_a_large_batch_reads_its_arrays_once(jobs_db: str) -> None:
                        if node["Node Type"] == "Function Scan" and node["Actual Loops"] > 1]
             assert not rescans, rescans
         conn.rollback()
+
+
+def test_a_batch_enqueue_numbers_logs_and_rings_like_publish(jobs_db: str) -> None:
+    """enqueue_many() publishes each job's "enqueued" event in its own statement
+    (queries._publish_once_each): numbered after whatever its topic already holds, logged,
+    and rung in item order with the payload livepush_publish() sends."""
+    from livepush.jobs import enqueue_many
+
+    with psycopg.connect(jobs_db, autocommit=True) as conn:
+        (last,) = conn.execute("SELECT nextval('livepush_jobs_id_seq')").fetchone()  # type: ignore[misc]
+        # Somebody already published on the second job's topic: its event comes after that.
+        conn.execute("SELECT livepush_publish(%s, '\"early\"')", (f"job:{last + 2}",))
+        conn.execute("LISTEN livepush")
+        handles = enqueue_many([sample_jobs.record.request(i) for i in range(3)])
+        notes = [n.payload for n in conn.notifies(timeout=5, stop_after=3)]
+        assert [h.id for h in handles] == [last + 1, last + 2, last + 3]
+        expected = []
+        for h in handles:
+            epoch, seq = conn.execute("SELECT epoch, last_seq FROM livepush_topics WHERE topic = %s",
+                                      (h.topic,)).fetchone()  # type: ignore[misc]
+            (data,) = conn.execute("SELECT data FROM livepush_messages WHERE topic = %s AND seq = %s",
+                                   (h.topic, seq)).fetchone()  # type: ignore[misc]
+            assert json.loads(data)["event"] == "enqueued"
+            expected.append(f"{epoch}-{seq} {h.topic}\n{data}")
+        assert [int(p.split(" ")[0].split("-")[1]) for p in expected] == [1, 2, 1]
+    assert notes == expected
+    assert [e["event"] if isinstance(e, dict) else e for e in events_of(jobs_db, handles[1].id)] == ["early", "enqueued"]
