@@ -47,6 +47,25 @@ def test_publish_many_keeps_order_per_topic(jobs_db: str) -> None:
                     ("t:c", 1, "1")]
 
 
+def test_publish_and_publish_many_ring_alike(jobs_db: str) -> None:
+    """livepush_publish() writes its notification itself (sql/0001); livepush_publish_many()
+    and the enqueue statement call livepush_notification() (sql/0009). Both give the same
+    text: the JSON inline while it fits, else only offset and topic."""
+    short, long = '{"a":1}', '"' + "x" * 8000 + '"'
+    with psycopg.connect(jobs_db, autocommit=True) as conn:
+        conn.execute("LISTEN livepush")
+        for data in (short, long):
+            conn.execute("SELECT livepush_publish('t:one', %s)", (data,))
+        conn.execute(queries.PUBLISH_MANY, {"topics": ["t:many", "t:many"], "datas": [short, long]})
+        got = [n.payload for n in conn.notifies(timeout=5, stop_after=4)]
+        want = [conn.execute("SELECT livepush_notification(t.epoch, m.seq, m.topic, m.data) FROM livepush_messages m "
+                             "JOIN livepush_topics t USING (topic) WHERE m.topic = %s AND m.seq = %s",
+                             (topic, seq)).fetchone()[0]  # type: ignore[index]
+                for topic in ("t:one", "t:many") for seq in (1, 2)]
+    assert got == want
+    assert got[0].endswith("t:one\n" + short) and "\n" not in got[1]
+
+
 def test_runtime_events_in_order(jobs_db: str) -> None:
     """A job run by the runtime gets enqueued, started, succeeded on its topic, in order."""
     from livepush.jobs import drain
