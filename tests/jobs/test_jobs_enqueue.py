@@ -115,3 +115,21 @@ def test_enqueue_many_stores_every_column_exactly(jobs_db: str) -> None:
     assert rows[0][1:] == ("t.flaky", "default", "scheduled", 3, at, [2])
     assert rows[1][1:5] == ("t.other_queue", "second", "available", 5) and rows[1][6] == [tricky]
     assert rows[2][1:5] == ("t.record", "default", "available", 5) and rows[2][6] == []
+
+
+def test_a_batch_enqueue_joins_its_events_by_hash(jobs_db: str) -> None:
+    """The enqueue statement pairs each event with its topic row (queries._publish_once_each)
+    by a hash join, whatever the batch: a nested loop there is quadratic in the batch size."""
+    from livepush.jobs import queries
+    from livepush.jobs.enqueue import Batch, _item
+
+    batch = Batch()
+    for i in range(3):
+        batch.add(*_item(sample_jobs.record.request(i)))
+    with psycopg.connect(jobs_db) as conn:
+        for generic in (False, True):
+            conn.execute(f"SET plan_cache_mode = {'force_generic_plan' if generic else 'auto'}")
+            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + queries.ENQUEUE_MANY_PUBLISHING, batch.params(),
+                                                         prepare=generic))
+            assert "Hash Cond: (s.topic = b.topic)" in plan and "Nested Loop" not in plan, plan
+        conn.rollback()
