@@ -1,11 +1,11 @@
--- The NOTIFY payload of a published message, in one place (issue 5's benchmark: bulk
--- enqueue against pgqueuer).
+-- The NOTIFY payload of a published message as a function that queries inline (issue 5's
+-- benchmark: bulk enqueue against pgqueuer).
 --
 -- A batch enqueue publishes one `enqueued` event on each new job's own topic. Passed to
 -- livepush_publish_many() it is aggregated into two arrays, unnested again and grouped by
 -- topic to number several messages per topic, which an enqueue never has (each topic is a
 -- job created by the statement). The enqueue statement now numbers, logs and notifies its
--- events itself (queries._publish_once_each, 1,000 jobs: 16.3 -> 14.4 ms on the server),
+-- events itself (queries.ENQUEUE_MANY_PUBLISHING, 1,000 jobs: 16.7 -> 14.75 ms on the server),
 -- so the payload format, written out in livepush_publish_many() until now, is this
 -- function, which both use. It is a single SQL expression, IMMUTABLE, so the planner
 -- inlines it into a query: no call overhead there. livepush_publish() (sql/0001) keeps its

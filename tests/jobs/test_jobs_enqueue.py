@@ -118,7 +118,7 @@ def test_enqueue_many_stores_every_column_exactly(jobs_db: str) -> None:
 
 
 def test_a_batch_enqueue_joins_its_events_by_hash(jobs_db: str) -> None:
-    """The enqueue statement pairs each event with its topic row (queries._publish_once_each)
+    """The enqueue statement (queries.ENQUEUE_MANY_PUBLISHING) pairs each event with its topic row
     by a hash join, whatever the batch: a nested loop there is quadratic in the batch size."""
     from livepush.jobs import queries
     from livepush.jobs.enqueue import Batch, _item
@@ -131,5 +131,5 @@ def test_a_batch_enqueue_joins_its_events_by_hash(jobs_db: str) -> None:
             conn.execute(f"SET plan_cache_mode = {'force_generic_plan' if generic else 'auto'}")
             plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + queries.ENQUEUE_MANY_PUBLISHING, batch.params(),
                                                          prepare=generic))
-            assert "Hash Cond: (s.topic = b.topic)" in plan and "Nested Loop" not in plan, plan
+            assert "Hash Cond: (e.topic = b.topic)" in plan and "Nested Loop" not in plan, plan
         conn.rollback()

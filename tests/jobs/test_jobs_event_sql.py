@@ -166,7 +166,7 @@ def test_a_large_batch_reads_its_arrays_once(jobs_db: str) -> None:
 
 def test_a_batch_enqueue_numbers_logs_and_rings_like_publish(jobs_db: str) -> None:
     """enqueue_many() publishes each job's "enqueued" event in its own statement
-    (queries._publish_once_each): numbered after whatever its topic already holds, logged,
+    (queries.ENQUEUE_MANY_PUBLISHING): numbered after whatever its topic already holds, logged,
     and rung in item order with the payload livepush_publish() sends."""
     from livepush.jobs import enqueue_many
 
