@@ -48,9 +48,10 @@ def test_publish_many_keeps_order_per_topic(jobs_db: str) -> None:
 
 
 def test_publish_and_publish_many_ring_alike(jobs_db: str) -> None:
-    """livepush_publish() writes its notification itself (sql/0001); livepush_publish_many()
-    and the enqueue statement call livepush_notification() (sql/0009). Both give the same
-    text: the JSON inline while it fits, else only offset and topic."""
+    """livepush_publish() (sql/0001) and livepush_publish_many() (sql/0007) write their
+    notifications themselves; the enqueue statement calls livepush_notification()
+    (sql/0009). All give the same text: the JSON inline while it fits, else only offset
+    and topic."""
     short, long = '{"a":1}', '"' + "x" * 8000 + '"'
     with psycopg.connect(jobs_db, autocommit=True) as conn:
         conn.execute("LISTEN livepush")
