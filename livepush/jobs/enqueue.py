@@ -1,7 +1,7 @@
 """Enqueue: one job or many, in our own transaction or the caller's (`conn=`).
 
-Every path is one statement (queries.ENQUEUE_MANY, or ENQUEUE_MANY_PUBLISHING which also
-publishes the "enqueued" events; ENQUEUE_ONE* for a lone job), which also rings the
+Every path is one statement (queries.ENQUEUE_MANY, or ENQUEUE_MANY_PUBLISHING* which also
+publish the "enqueued" events; ENQUEUE_ONE* for a lone job), which also rings the
 doorbell; it is delivered at commit, so idle runtimes wake only for committed jobs.
 """
 
@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import psycopg
 from psycopg.rows import dict_row, tuple_row
 
 from . import database, events, queries
@@ -99,14 +100,29 @@ def _events(rows: list[dict[str, Any]]) -> list[events.Event]:
     return [events.job_event("enqueued", row) for row in rows]
 
 
-def _statement(batch: Batch) -> tuple[str, dict[str, Any], bool]:
+def _statement(batch: Batch, *, fresh: bool = False) -> tuple[str, dict[str, Any], bool]:
     """The enqueue statement and its parameters, and whether it publishes the "enqueued"
     events itself (Postgres fan-out in the jobs' database: same statement, same transaction,
-    one round trip). A lone job takes the scalar twin of the batch statement (cheaper)."""
+    one round trip). A lone job takes the scalar twin of the batch statement (cheaper).
+    `fresh`: the statement runs in autocommit, so a batch may take the statement that
+    assumes its jobs' topics are new, and fails if one is not (_execute_own)."""
     publishes = events.in_transaction()
     if len(batch) == 1:
         return (queries.ENQUEUE_ONE_PUBLISHING if publishes else queries.ENQUEUE_ONE), batch.one_params(), publishes
-    return (queries.ENQUEUE_MANY_PUBLISHING if publishes else queries.ENQUEUE_MANY), batch.params(), publishes
+    if not publishes:
+        return queries.ENQUEUE_MANY, batch.params(), publishes
+    return (queries.ENQUEUE_MANY_PUBLISHING_FRESH if fresh else queries.ENQUEUE_MANY_PUBLISHING), batch.params(), publishes
+
+
+# Either insert of the fresh statement may be the one that meets a job topic already used
+# (Postgres runs the statement's inserts in no set order): its topic row, or its first message.
+_TAKEN_TOPIC_KEYS = frozenset({"livepush_topics_pkey", "livepush_messages_pkey"})
+
+
+def _topic_taken(exc: psycopg.errors.UniqueViolation, sql: str) -> bool:
+    """ENQUEUE_MANY_PUBLISHING_FRESH met a job topic that already holds messages: rerun the
+    batch with ENQUEUE_MANY_PUBLISHING, which numbers its events after what the topics hold."""
+    return sql is queries.ENQUEUE_MANY_PUBLISHING_FRESH and exc.diag.constraint_name in _TAKEN_TOPIC_KEYS
 
 
 def _row_factory(publishes: bool) -> Any:
@@ -119,15 +135,21 @@ def run_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
     """Insert a batch with a sync connection (the caller's, or ours and committed here)."""
     if not len(batch):
         return []
-    sql, params, publishes = _statement(batch)
     if conn is None:
+        sql, params, publishes = _statement(batch, fresh=True)
         with database.sync_pool().connection() as own:
             # One statement is atomic on its own: in autocommit it is one round trip, where
             # BEGIN, the statement and COMMIT were three (the most of an idle enqueue's time).
+            # A statement that failed left nothing, so the fallback simply runs next.
             own.autocommit = True
             try:
                 with own.cursor(row_factory=_row_factory(publishes)) as cur:
-                    cur.execute(sql, params)
+                    try:
+                        cur.execute(sql, params)
+                    except psycopg.errors.UniqueViolation as exc:
+                        if not _topic_taken(exc, sql):
+                            raise
+                        cur.execute(queries.ENQUEUE_MANY_PUBLISHING, params)
                     rows = cur.fetchall()
             finally:
                 if not own.closed:
@@ -135,6 +157,7 @@ def run_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
         if not publishes:
             events.publish_after(_events(rows))
         return _handles(rows, publishes)
+    sql, params, publishes = _statement(batch)
     if database.conn_kind(conn) != "sync":
         raise TypeError("enqueue(conn=) takes a sync psycopg Connection; use aenqueue() with an AsyncConnection")
     with conn.cursor(row_factory=_row_factory(publishes)) as cur:
@@ -150,14 +173,19 @@ def run_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
 async def arun_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
     if not len(batch):
         return []
-    sql, params, publishes = _statement(batch)
     if conn is None:
+        sql, params, publishes = _statement(batch, fresh=True)
         pool = await database.async_pool()
         async with pool.connection() as own:
             await own.set_autocommit(True)  # one round trip, as in run_batch
             try:
                 async with own.cursor(row_factory=_row_factory(publishes)) as cur:
-                    await cur.execute(sql, params)
+                    try:
+                        await cur.execute(sql, params)
+                    except psycopg.errors.UniqueViolation as exc:
+                        if not _topic_taken(exc, sql):
+                            raise
+                        await cur.execute(queries.ENQUEUE_MANY_PUBLISHING, params)
                     rows = await cur.fetchall()
             finally:
                 if not own.closed:
@@ -165,6 +193,7 @@ async def arun_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
         if not publishes:
             await events.apublish_after(_events(rows))
         return _handles(rows, publishes)
+    sql, params, publishes = _statement(batch)
     if database.conn_kind(conn) != "async":
         raise TypeError("aenqueue(conn=) takes a psycopg AsyncConnection; use enqueue() with a sync Connection")
     async with conn.cursor(row_factory=_row_factory(publishes)) as cur:

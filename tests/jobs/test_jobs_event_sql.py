@@ -3,14 +3,19 @@ statement) match the ones events.job_view builds in Python."""
 
 from __future__ import annotations
 
+import asyncio
+import datetime
 import json
+from typing import Any
 
 import psycopg
+import pytest
 from psycopg.rows import dict_row
 
+from livepush import jobs
 from livepush.jobs import events, queries
 from tests.jobs import sample_jobs
-from tests.jobs.conftest import events_of
+from tests.jobs.conftest import events_of, q
 
 
 def test_sql_event_equals_python_event(jobs_db: str) -> None:
@@ -165,28 +170,115 @@ def test_a_large_batch_reads_its_arrays_once(jobs_db: str) -> None:
         conn.rollback()
 
 
-def test_a_batch_enqueue_numbers_logs_and_rings_like_publish(jobs_db: str) -> None:
-    """enqueue_many() publishes each job's "enqueued" event in its own statement
-    (queries.ENQUEUE_MANY_PUBLISHING): numbered after whatever its topic already holds, logged,
-    and rung in item order with the payload livepush_publish() sends."""
+def _next_job_id(conn: psycopg.Connection) -> int:
+    (last,) = conn.execute("SELECT nextval('livepush_jobs_id_seq')").fetchone()  # type: ignore[misc]
+    return int(last) + 1
+
+
+def test_a_batch_enqueue_opens_each_jobs_topic_with_its_enqueued_event(jobs_db: str) -> None:
+    """enqueue_many() on its own connection publishes each job's "enqueued" event in its own
+    statement (queries.ENQUEUE_MANY_PUBLISHING_FRESH): the first message of the job's new
+    topic (offset EPOCH-1), logged, and rung in item order with offset and topic only, which
+    a listening server reads from the log when someone watches the topic."""
     from livepush.jobs import enqueue_many
 
     with psycopg.connect(jobs_db, autocommit=True) as conn:
-        (last,) = conn.execute("SELECT nextval('livepush_jobs_id_seq')").fetchone()  # type: ignore[misc]
-        # Somebody already published on the second job's topic: its event comes after that.
-        conn.execute("SELECT livepush_publish(%s, '\"early\"')", (f"job:{last + 2}",))
+        first = _next_job_id(conn)
         conn.execute("LISTEN livepush")
         handles = enqueue_many([sample_jobs.record.request(i) for i in range(3)])
         notes = [n.payload for n in conn.notifies(timeout=5, stop_after=3)]
-        assert [h.id for h in handles] == [last + 1, last + 2, last + 3]
+        assert [h.id for h in handles] == [first, first + 1, first + 2]
+        topics = conn.execute("SELECT topic, epoch, last_seq FROM livepush_topics WHERE topic LIKE 'job:%%' "
+                              "ORDER BY topic").fetchall()
+    assert [(t, seq) for t, _, seq in topics] == [(h.topic, 1) for h in handles]
+    epoch = topics[0][1]
+    assert notes == [f"{epoch}-1 {h.topic}" for h in handles]
+    for h in handles:
+        [event] = events_of(jobs_db, h.id)
+        assert event["event"] == "enqueued" and event["job"]["id"] == h.id
+
+
+@pytest.mark.parametrize("aio", [False, True], ids=["sync", "async"])
+def test_a_batch_enqueue_numbers_its_events_after_what_a_topic_holds(jobs_db: str, aio: bool) -> None:
+    """A job topic that already has messages (somebody published on job:<id> before the job
+    existed) fails the fresh statement, and enqueue_many() reruns the batch with
+    queries.ENQUEUE_MANY_PUBLISHING: every job is enqueued once, its event numbered after what
+    the topic held and rung with the payload livepush_publish() sends."""
+    from livepush.jobs import aenqueue_many, enqueue_many
+
+    with psycopg.connect(jobs_db, autocommit=True) as conn:
+        first = _next_job_id(conn)
+        conn.execute("SELECT livepush_publish(%s, '\"early\"')", (f"job:{first + 1}",))
+        conn.execute("LISTEN livepush")
+        items = [sample_jobs.record.request(i) for i in range(3)]
+        handles = asyncio.run(aenqueue_many(items)) if aio else enqueue_many(items)
+        notes = [n.payload for n in conn.notifies(timeout=5, stop_after=3)]
         expected = []
         for h in handles:
             epoch, seq = conn.execute("SELECT epoch, last_seq FROM livepush_topics WHERE topic = %s",
                                       (h.topic,)).fetchone()  # type: ignore[misc]
             (data,) = conn.execute("SELECT data FROM livepush_messages WHERE topic = %s AND seq = %s",
                                    (h.topic, seq)).fetchone()  # type: ignore[misc]
-            assert json.loads(data)["event"] == "enqueued"
             expected.append(f"{epoch}-{seq} {h.topic}\n{data}")
-        assert [int(p.split(" ")[0].split("-")[1]) for p in expected] == [1, 2, 1]
+        (jobs,) = conn.execute("SELECT count(*) FROM livepush_jobs").fetchone()  # type: ignore[misc]
+    # The failed statement took ids from the sequence and left nothing else behind.
+    assert jobs == 3 and [h.id for h in handles] == sorted(h.id for h in handles) and handles[0].id > first
+    assert [int(p.split(" ")[0].split("-")[1]) for p in expected] == [1, 1, 1]
     assert notes == expected
-    assert [e["event"] if isinstance(e, dict) else e for e in events_of(jobs_db, handles[1].id)] == ["early", "enqueued"]
+    assert [e["event"] for e in events_of(jobs_db, handles[0].id)] == ["enqueued"]
+    assert [e if isinstance(e, str) else e["event"] for e in events_of(jobs_db, first + 1)] == ["early"]
+
+
+def test_an_enqueue_in_the_callers_transaction_numbers_its_events_after_what_a_topic_holds(jobs_db: str) -> None:
+    """In the caller's transaction a failed statement would abort it, so enqueue_many(conn=)
+    takes queries.ENQUEUE_MANY_PUBLISHING at once: each event numbered after what its topic
+    already holds, rung at the caller's commit with livepush_publish()'s payload."""
+    from livepush.jobs import enqueue_many
+
+    with psycopg.connect(jobs_db, autocommit=True) as listener, psycopg.connect(jobs_db) as conn:
+        listener.execute("LISTEN livepush")
+        first = _next_job_id(conn)
+        conn.execute("SELECT livepush_publish(%s, '\"early\"')", (f"job:{first}",))
+        handles = enqueue_many([sample_jobs.record.request(i) for i in range(2)], conn=conn)
+        conn.commit()
+        notes = [n.payload for n in listener.notifies(timeout=5, stop_after=3)]
+        want = [listener.execute("SELECT livepush_notification(t.epoch, m.seq, m.topic, m.data) FROM livepush_messages m "
+                                 "JOIN livepush_topics t USING (topic) WHERE m.topic = %s AND m.seq = %s",
+                                 (topic, seq)).fetchone()[0]  # type: ignore[index]
+                for topic, seq in ((f"job:{first}", 1), (f"job:{first}", 2), (f"job:{first + 1}", 1))]
+    assert [h.id for h in handles] == [first, first + 1]
+    assert notes == want and want[1].startswith(f"{want[0].split('-')[0]}-2 job:{first}\n")
+    assert [e if isinstance(e, str) else e["event"] for e in events_of(jobs_db, first)] == ["early", "enqueued"]
+    assert [e["event"] for e in events_of(jobs_db, first + 1)] == ["enqueued"]
+
+
+@jobs.job(name='t.odd "name" \\ é\u2028', queue='q "odd" \t ü')
+async def oddly_named(ctx: Any) -> None:
+    pass
+
+
+def test_an_enqueued_event_is_the_text_livepush_job_event_gives(jobs_db: str) -> None:
+    """Both batch statements write a new job's "enqueued" event by hand
+    (queries._ENQUEUED_EVENT_SQL): the same text as livepush_job_event() (and so as
+    events.job_view) gives for the job's row, for names and queues that need escaping,
+    available and scheduled jobs, in a session time zone other than UTC."""
+    from livepush.jobs import enqueue_many
+
+    at = datetime.datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=datetime.timezone.utc)
+    items = [oddly_named.request(), (oddly_named, [], {"at": at}), sample_jobs.flaky.request(1)]
+    with psycopg.connect(jobs_db) as own, psycopg.connect(jobs_db) as conn:
+        conn.execute("SET TIME ZONE 'Asia/Kolkata'")
+        # run_at is written in the enqueuing session's time zone: our pool's, then the caller's.
+        sessions = [(own, h) for h in enqueue_many(items)] + [(conn, h) for h in enqueue_many(items, conn=conn)]
+        conn.commit()
+        for session, h in sessions:
+            want = session.execute(
+                "SELECT " + queries._event_sql("'enqueued'", "j") + " FROM ("
+                + queries.JOB_STATE.replace("%(id)s", str(h.id)) + ") j").fetchone()[0]  # type: ignore[index]
+            (got,) = session.execute("SELECT data FROM livepush_messages WHERE topic = %s", (h.topic,)).fetchone()  # type: ignore[misc]
+            assert got == want
+    assert "+05:30" in got
+    handles = [h for _, h in sessions]
+    states = [json.loads(m)["job"]["state"] for m in (q(jobs_db, "SELECT data FROM livepush_messages WHERE topic = %s",
+                                                          (h.topic,))[0][0] for h in handles)]
+    assert states == ["available", "scheduled", "available"] * 2

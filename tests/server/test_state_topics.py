@@ -86,3 +86,24 @@ async def test_an_unknown_job_topic_subscribes_without_a_snapshot(served_jobs: S
     with pytest.raises(asyncio.TimeoutError):
         await client.recv(timeout=0.3)
     await client.close()
+
+
+async def test_a_page_waiting_for_a_job_gets_its_enqueued_event(served_jobs: Served) -> None:
+    """A subscriber to job:<id> from before the job existed gets the job's `enqueued` event
+    live. A batch enqueue rings only offset and topic (queries.ENQUEUE_MANY_PUBLISHING_FRESH):
+    the server reads the event from history for the topics someone watches."""
+    def next_id() -> int:
+        with database.sync_pool().connection() as conn:
+            (last,) = conn.execute("SELECT nextval('livepush_jobs_id_seq')").fetchone()  # type: ignore[misc]
+        return int(last) + 1
+
+    first = await asyncio.to_thread(next_id)
+    client = await WSClient.open(served_jobs.url)
+    for topic in (f"job:{first}", f"job:{first + 1}"):
+        assert (await client.subscribe(served_jobs.sign(topic)))["op"] == "subscribed"
+    handles = await asyncio.to_thread(jobs.enqueue_many, [steps.request(1), steps.request(2)])
+    assert [h.id for h in handles] == [first, first + 1]
+    got = sorted((m["topic"], m["offset"].split("-")[1], m["data"]["event"], m["data"]["job"]["id"])
+                 for m in await client.messages(2))
+    assert got == [(f"job:{first}", "1", "enqueued", first), (f"job:{first + 1}", "1", "enqueued", first + 1)]
+    await client.close()
