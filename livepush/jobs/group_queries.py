@@ -408,16 +408,25 @@ WITH old AS (
     DELETE FROM livepush_jobs j USING victims v WHERE j.id = v.id RETURNING j.id
 )""" + DELETE_PAYLOADS_OF_GONE
 
-# name: prune_groups (the rows, once no job of theirs is left; cascades to shards, keys, events)
+# name: prune_groups (the rows, once no job of theirs is left; cascades to shards, keys,
+# events; their `group:<id>` topics go too, as a job's do: queries.DELETE_PAYLOADS_OF_GONE)
 PRUNE_GROUPS = """
-DELETE FROM livepush_groups g
-WHERE g.id IN (
-    SELECT id FROM livepush_groups
-    WHERE finished_at < now() - make_interval(secs => %(retention)s)
-    ORDER BY finished_at LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+WITH gone AS (
+    DELETE FROM livepush_groups g
+    WHERE g.id IN (
+        SELECT id FROM livepush_groups
+        WHERE finished_at < now() - make_interval(secs => %(retention)s)
+        ORDER BY finished_at LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    )
+    AND NOT EXISTS (SELECT 1 FROM livepush_jobs j WHERE j.group_id IN (g.id, -g.id))
+    RETURNING g.id
+), topics AS (
+    DELETE FROM livepush_topics t USING gone g WHERE t.topic = 'group:' || g.id
+), history AS (
+    DELETE FROM livepush_messages m USING gone g WHERE m.topic = 'group:' || g.id
 )
-AND NOT EXISTS (SELECT 1 FROM livepush_jobs j WHERE j.group_id IN (g.id, -g.id))
+SELECT id FROM gone
 """
 
 # name: prune_jobs

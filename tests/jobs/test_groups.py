@@ -330,6 +330,11 @@ def test_retention(groups_db: str) -> None:
     assert jobs.get_group(open_group.id) is not None
     assert lone.id not in left
     assert q(groups_db, group_queries.PRUNE_GROUPS, {"retention": 3600, "limit": 10}) == []
+    # Their topics went with them: the topic table does not keep a row per job ever run.
+    topics = {r[0] for r in q(groups_db, "SELECT topic FROM livepush_topics")}
+    assert f"job:{lone.id}" not in topics and f"group:{done_group.handle.id}" not in topics
+    assert f"job:{kept.id}" in topics and f"group:{open_group.id}" in topics
+    assert q(groups_db, "SELECT count(*) FROM livepush_messages WHERE topic = %s", (f"job:{lone.id}",)) == [(0,)]
 
 
 @pytest.mark.parametrize("fanout", ["postgres", "local"])

@@ -95,6 +95,9 @@ def test_retry_failed_and_discard_failed(jobs_db: str) -> None:
     assert jobs.discard_failed(h.id) is True
     assert jobs.job_state(h.id) is None
     assert q(jobs_db, "SELECT count(*) FROM livepush_job_payloads WHERE id = %s", (h.id,))[0][0] == 0
+    # Its topic goes with it (a resuming page gets `reset`); the other job's stays.
+    assert q(jobs_db, "SELECT topic FROM livepush_topics WHERE topic IN (%s, %s)", (h.topic, ok.topic)) == [(ok.topic,)]
+    assert events_of(jobs_db, h.id) == []
 
 
 def test_cancel_queued_and_scheduled(jobs_db: str) -> None:
