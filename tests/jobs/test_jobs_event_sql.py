@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import time
 from typing import Any
 
 import psycopg
@@ -282,3 +283,33 @@ def test_an_enqueued_event_is_the_text_livepush_job_event_gives(jobs_db: str) ->
     states = [json.loads(m)["job"]["state"] for m in (q(jobs_db, "SELECT data FROM livepush_messages WHERE topic = %s",
                                                           (h.topic,))[0][0] for h in handles)]
     assert states == ["available", "scheduled", "available"] * 2
+
+
+def test_a_batch_enqueue_waits_out_a_concurrent_publish_on_its_topic_then_reruns(jobs_db: str) -> None:
+    """Another transaction that publishes on job:<id> of the next job id, uncommitted, makes
+    the fresh statement wait on that topic row; when it commits, the statement fails with a
+    unique violation and the batch is rerun with ENQUEUE_MANY_PUBLISHING: no hang, no job
+    lost or doubled, the other transaction's message untouched."""
+    import concurrent.futures
+
+    from livepush.jobs import enqueue_many
+
+    with psycopg.connect(jobs_db) as other, psycopg.connect(jobs_db, autocommit=True) as watch:
+        first = _next_job_id(other)
+        other.execute("SELECT livepush_publish(%s, '\"early\"')", (f"job:{first}",))
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            future = pool.submit(enqueue_many, [sample_jobs.record.request(i) for i in range(3)])
+            for _ in range(500):  # until the enqueue waits on the other transaction's row
+                waiting = watch.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                        "AND query LIKE %s", ("%livepush_jobs_id_seq%",)).fetchone()[0]  # type: ignore[index]
+                if waiting or future.done():
+                    break
+                time.sleep(0.01)
+            assert waiting == 1 and not future.done()
+            other.commit()
+            handles = future.result(timeout=10)
+    assert len(handles) == 3 and min(h.id for h in handles) > first
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(3,)]
+    for h in handles:
+        assert [e["event"] for e in events_of(jobs_db, h.id)] == ["enqueued"]
+    assert events_of(jobs_db, first) == ["early"]
