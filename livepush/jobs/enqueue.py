@@ -105,7 +105,7 @@ def _statement(batch: Batch, *, fresh: bool = False) -> tuple[str, dict[str, Any
     events itself (Postgres fan-out in the jobs' database: same statement, same transaction,
     one round trip). A lone job takes the scalar twin of the batch statement (cheaper).
     `fresh`: the statement runs in autocommit, so a batch may take the statement that
-    assumes its jobs' topics are new, and fails if one is not (_execute_own)."""
+    assumes its jobs' topics are new, and fails if one is not (run_batch, arun_batch)."""
     publishes = events.in_transaction()
     if len(batch) == 1:
         return (queries.ENQUEUE_ONE_PUBLISHING if publishes else queries.ENQUEUE_ONE), batch.one_params(), publishes
