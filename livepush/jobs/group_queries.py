@@ -38,7 +38,7 @@ So the sum of pending never reaches 0 between the add and M's outcome.
 from __future__ import annotations
 
 from .queries import (DELETE_PAYLOADS_OF_GONE, _COMPLETE_CTES, _EVENT_COLUMNS, _STATE_EVENT_SQL, READY_CHANNEL,
-                      _event_sql)
+                      _event_sql, delete_topics_of_gone)
 
 # Members with consecutive ids share a shard in blocks of this many: a runtime claims
 # members in id order, so one completer batch mostly touches one or two shard rows, and two
@@ -409,7 +409,7 @@ WITH old AS (
 )""" + DELETE_PAYLOADS_OF_GONE
 
 # name: prune_groups (the rows, once no job of theirs is left; cascades to shards, keys,
-# events; their `group:<id>` topics go too, as a job's do: queries.DELETE_PAYLOADS_OF_GONE)
+# events; their `group:<id>` topics go too, as a job's do)
 PRUNE_GROUPS = """
 WITH gone AS (
     DELETE FROM livepush_groups g
@@ -421,11 +421,7 @@ WITH gone AS (
     )
     AND NOT EXISTS (SELECT 1 FROM livepush_jobs j WHERE j.group_id IN (g.id, -g.id))
     RETURNING g.id
-), topics AS (
-    DELETE FROM livepush_topics t USING gone g WHERE t.topic = 'group:' || g.id
-), history AS (
-    DELETE FROM livepush_messages m USING gone g WHERE m.topic = 'group:' || g.id
-)
+)""" + delete_topics_of_gone("group") + """
 SELECT id FROM gone
 """
 

@@ -488,22 +488,28 @@ SELECT {_EVENT_COLUMNS}, pg_notify('{READY_CHANNEL}', '') IS NULL AS _rang
 FROM moved j JOIN livepush_job_payloads p ON p.id = j.id
 """
 
+def delete_topics_of_gone(kind: str) -> str:
+    """CTEs deleting the `<kind>:<id>` topics (job, group) of the rows a statement deleted
+    (a CTE `gone (id)`): their topic rows and any history left. A topic row is otherwise
+    never deleted and every job and group has one, so the table (and the index each enqueue
+    inserts into) grew by a row per job for good. A page resuming on such a topic gets
+    `reset` (no row: older than the history kept), never a silent gap. The history is long
+    pruned (TTL: minutes; retention: days); what is left, for a job discarded at once, goes."""
+    return f"""
+, topics AS (
+    DELETE FROM livepush_topics t USING gone g WHERE t.topic = '{kind}:' || g.id
+), history AS (
+    DELETE FROM livepush_messages m USING gone g WHERE m.topic = '{kind}:' || g.id
+)"""
+
+
 # Every statement that deletes jobs ends with this: the jobs it deleted (a CTE `gone (id)`)
 # take their payloads with them, in the same statement (no foreign key cascades it: sql/0008),
-# and their `job:<id>` topics: a topic row is otherwise never deleted, and every job has
-# one, so the table (and the index each enqueue inserts into) grew by a row per job for
-# good. A page resuming on a deleted job's topic gets `reset` (no row: older than the
-# history kept), never a silent gap. Its history is long pruned (TTL: minutes; retention:
-# days); what is left, for a job discarded at once, goes with it.
-# Returns the deleted ids.
+# and their topics. Returns the deleted ids.
 DELETE_PAYLOADS_OF_GONE = """
 , payloads AS (
     DELETE FROM livepush_job_payloads p USING gone g WHERE p.id = g.id
-), topics AS (
-    DELETE FROM livepush_topics t USING gone g WHERE t.topic = 'job:' || g.id
-), history AS (
-    DELETE FROM livepush_messages m USING gone g WHERE m.topic = 'job:' || g.id
-)
+)""" + delete_topics_of_gone("job") + """
 SELECT id FROM gone
 """
 
