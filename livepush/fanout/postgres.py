@@ -45,9 +45,10 @@ PUBLISH = "SELECT livepush_publish(%s, %s)"
 LATEST = "SELECT epoch, last_seq FROM livepush_topics WHERE topic = %s"
 # name: history -- read after LATEST, capped at its value: rows past it may commit meanwhile
 # and belong to the live stream; rows missing below it were pruned (the caller resets).
+# The view adds the "enqueued" events a bulk enqueue derives rather than stores (sql/0010).
 HISTORY = """
 SELECT seq, data, created_at >= now() - make_interval(secs => %s) AS fresh
-FROM livepush_messages
+FROM livepush_history
 WHERE topic = %s AND seq > %s AND seq <= %s
 ORDER BY seq
 """

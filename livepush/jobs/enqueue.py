@@ -114,15 +114,15 @@ def _statement(batch: Batch, *, fresh: bool = False) -> tuple[str, dict[str, Any
     return (queries.ENQUEUE_MANY_PUBLISHING_FRESH if fresh else queries.ENQUEUE_MANY_PUBLISHING), batch.params(), publishes
 
 
-# Either insert of the fresh statement may be the one that meets a job topic already used
-# (Postgres runs the statement's inserts in no set order): its topic row, or its first message.
-_TAKEN_TOPIC_KEYS = frozenset({"livepush_topics_pkey", "livepush_messages_pkey"})
+# The fresh statement's topic rows meet a job topic already used on this key. (It writes no
+# history row: every message of a topic is published after its topic row, sql/0001.)
+_TAKEN_TOPIC_KEY = "livepush_topics_pkey"
 
 
 def _topic_taken(exc: psycopg.errors.UniqueViolation, sql: str) -> bool:
     """ENQUEUE_MANY_PUBLISHING_FRESH met a job topic that already holds messages: rerun the
     batch with ENQUEUE_MANY_PUBLISHING, which numbers its events after what the topics hold."""
-    return sql is queries.ENQUEUE_MANY_PUBLISHING_FRESH and exc.diag.constraint_name in _TAKEN_TOPIC_KEYS
+    return sql is queries.ENQUEUE_MANY_PUBLISHING_FRESH and exc.diag.constraint_name == _TAKEN_TOPIC_KEY
 
 
 def _row_factory(publishes: bool) -> Any:

@@ -54,7 +54,8 @@ _STATE_EVENT_SQL = """CASE {a}.state WHEN 'succeeded' THEN 'succeeded' WHEN 'fai
 # which Postgres materializes once (it calls a volatile function), so both inserts see the
 # same ids. New rows are invisible to claims until commit: nothing to race with.
 # `input` holds every column of the new rows' events, so the inserts return nothing and
-# nothing joins back to them (RETURNING and the join back cost ~1 us a job).
+# nothing joins back to them (RETURNING and the join back cost ~1 us a job). The payload
+# keeps the run_at asked for: a derived "enqueued" event is built from it (sql/0010).
 _ENQUEUE_CTES = f"""
 WITH input AS (
     SELECT nextval('livepush_jobs_id_seq') AS id, f.name, f.queue, f.priority,
@@ -73,7 +74,7 @@ WITH input AS (
     INSERT INTO livepush_jobs (id, queue, name, priority, run_at, state, max_attempts, group_id)
     SELECT id, queue, name, priority, run_at, state, max_attempts, group_id FROM input
 ), payloads AS (
-    INSERT INTO livepush_job_payloads (id, args) SELECT id, args FROM input
+    INSERT INTO livepush_job_payloads (id, args, requested_run_at) SELECT id, args, at FROM input
 )
 """
 ENQUEUE_MANY = _ENQUEUE_CTES + f"""
@@ -104,31 +105,32 @@ _ENQUEUED_CTE = f"""
 # Each job's topic is new: its id comes from the sequence in this statement. So its event is
 # the topic's first message, offset EPOCH-1, with one epoch for the statement (the topic
 # table's default, taken once): a plain insert of the topic rows, nothing to number, nothing
-# to join back. The NOTIFY carries only offset and topic ("EPOCH-1 job:<id>", the form
-# livepush_publish() uses past 8,000 bytes): nobody watches a job that did not exist yet, so
-# a listening server reads the event from livepush_messages in the rare case someone does
-# (a page that subscribed while the caller's transaction was open), and otherwise no server
-# parses a thousand notifications to drop them. Measured with 1,000 jobs a call through
-# enqueue_many(), alternating with ENQUEUE_MANY_PUBLISHING: median call 16.0 -> 11.9 ms.
+# to join back. The event itself is not written: the topic row is marked `first_derived`
+# and the history view builds it from the job's rows when someone reads it (why and what
+# holds: sql/0010_derived_enqueued_events.sql). The NOTIFY carries only offset and topic
+# ("EPOCH-1 job:<id>", the form livepush_publish() uses past 8,000 bytes): nobody watches a
+# job that did not exist yet, so a listening server reads the event from the history in the
+# rare case someone does (a page that subscribed while the caller's transaction was open),
+# and otherwise no server parses a thousand notifications to drop them. Measured with 1,000
+# jobs a call through enqueue_many(), alternating with ENQUEUE_MANY_PUBLISHING: median call
+# 16.0 -> 11.9 ms with the event still stored; not storing it: 9.66 -> 7.10 ms (sql/0010).
 # Safe under concurrency: no other enqueue can create these topics (the ids are ours). A
 # topic that already exists (someone published on job:<id> first, or the sequence was
-# reset) fails the statement with a unique violation, on livepush_topics_pkey or on
-# livepush_messages_pkey (seq 1), also when it is another transaction's and that commits
-# (the statement waits for it); the caller then reruns the batch with
-# ENQUEUE_MANY_PUBLISHING. So this runs only in autocommit, where the failed statement
-# leaves nothing behind (enqueue.run_batch).
-ENQUEUE_MANY_PUBLISHING_FRESH = _ENQUEUE_CTES.rstrip() + _ENQUEUED_CTE + f"""
+# reset) fails the statement with a unique violation on livepush_topics_pkey, also when it
+# is another transaction's and that commits (the statement waits for it); the caller then
+# reruns the batch with ENQUEUE_MANY_PUBLISHING. So this runs only in autocommit, where the
+# failed statement leaves nothing behind (enqueue.run_batch).
+ENQUEUE_MANY_PUBLISHING_FRESH = _ENQUEUE_CTES.rstrip() + f"""
 , epoch AS (
     SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS epoch
 ), created AS (
-    INSERT INTO livepush_topics (topic, epoch, last_seq) SELECT e.topic, epoch.epoch, 1 FROM enqueued e, epoch
-), logged AS (
-    INSERT INTO livepush_messages (topic, seq, data) SELECT topic, 1, data FROM enqueued
+    INSERT INTO livepush_topics (topic, epoch, last_seq, first_derived)
+    SELECT 'job:' || i.id, epoch.epoch, 1, true FROM input i, epoch
 )
-SELECT e.id, e.name, pg_notify('{READY_CHANNEL}', '') IS NULL AS _rang,
-       pg_notify('livepush', epoch.epoch::text || '-1 ' || e.topic) IS NULL AS _published
-FROM enqueued e, epoch
-ORDER BY e.ord
+SELECT i.id, i.name, pg_notify('{READY_CHANNEL}', '') IS NULL AS _rang,
+       pg_notify('livepush', epoch.epoch::text || '-1 job:' || i.id) IS NULL AS _published
+FROM input i, epoch
+ORDER BY i.ord
 """
 
 # name: enqueue_many_publishing

@@ -45,7 +45,7 @@ def events_of(url: str, job_id: int) -> list[dict[str, Any]]:
     """Every message published on job:<id>, in offset order (from the fan-out's history)."""
     import json
 
-    rows = q(url, "SELECT data FROM livepush_messages WHERE topic = %s ORDER BY seq", (f"job:{job_id}",))
+    rows = q(url, "SELECT data FROM livepush_history WHERE topic = %s ORDER BY seq", (f"job:{job_id}",))
     return [json.loads(r[0]) for r in rows]
 
 

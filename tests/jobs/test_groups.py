@@ -334,7 +334,7 @@ def test_retention(groups_db: str) -> None:
     topics = {r[0] for r in q(groups_db, "SELECT topic FROM livepush_topics")}
     assert f"job:{lone.id}" not in topics and f"group:{done_group.handle.id}" not in topics
     assert f"job:{kept.id}" in topics and f"group:{open_group.id}" in topics
-    assert q(groups_db, "SELECT count(*) FROM livepush_messages WHERE topic = %s", (f"job:{lone.id}",)) == [(0,)]
+    assert q(groups_db, "SELECT count(*) FROM livepush_history WHERE topic = %s", (f"job:{lone.id}",)) == [(0,)]
 
 
 @pytest.mark.parametrize("fanout", ["postgres", "local"])
@@ -354,7 +354,7 @@ def test_every_member_gets_its_enqueued_event(groups_db: str, fanout: str) -> No
 
     def first_events(job_id: int) -> list[str]:
         if local is None:
-            rows = q(groups_db, "SELECT data FROM livepush_messages WHERE topic = %s ORDER BY seq", (f"job:{job_id}",))
+            rows = q(groups_db, "SELECT data FROM livepush_history WHERE topic = %s ORDER BY seq", (f"job:{job_id}",))
             return [json.loads(r[0])["event"] for r in rows]
         got = asyncio.run(local.history(f"job:{job_id}", "0")) or []
         return [json.loads(m.data_json)["event"] for m in got if m.data_json is not None]

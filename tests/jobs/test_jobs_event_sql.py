@@ -179,8 +179,9 @@ def _next_job_id(conn: psycopg.Connection) -> int:
 def test_a_batch_enqueue_opens_each_jobs_topic_with_its_enqueued_event(jobs_db: str) -> None:
     """enqueue_many() on its own connection publishes each job's "enqueued" event in its own
     statement (queries.ENQUEUE_MANY_PUBLISHING_FRESH): the first message of the job's new
-    topic (offset EPOCH-1), logged, and rung in item order with offset and topic only, which
-    a listening server reads from the log when someone watches the topic."""
+    topic (offset EPOCH-1), in the history as derived from the job's rows (sql/0010: no
+    stored row), and rung in item order with offset and topic only, which a listening server
+    reads from the history when someone watches the topic."""
     from livepush.jobs import enqueue_many
 
     with psycopg.connect(jobs_db, autocommit=True) as conn:
@@ -189,9 +190,11 @@ def test_a_batch_enqueue_opens_each_jobs_topic_with_its_enqueued_event(jobs_db: 
         handles = enqueue_many([sample_jobs.record.request(i) for i in range(3)])
         notes = [n.payload for n in conn.notifies(timeout=5, stop_after=3)]
         assert [h.id for h in handles] == [first, first + 1, first + 2]
-        topics = conn.execute("SELECT topic, epoch, last_seq FROM livepush_topics WHERE topic LIKE 'job:%%' "
-                              "ORDER BY topic").fetchall()
-    assert [(t, seq) for t, _, seq in topics] == [(h.topic, 1) for h in handles]
+        topics = conn.execute("SELECT topic, epoch, last_seq, first_derived FROM livepush_topics "
+                              "WHERE topic LIKE 'job:%%' ORDER BY topic").fetchall()
+        (stored,) = conn.execute("SELECT count(*) FROM livepush_messages WHERE topic LIKE 'job:%%'").fetchone()  # type: ignore[misc]
+    assert [(t, seq, derived) for t, _, seq, derived in topics] == [(h.topic, 1, True) for h in handles]
+    assert stored == 0
     epoch = topics[0][1]
     assert notes == [f"{epoch}-1 {h.topic}" for h in handles]
     for h in handles:
@@ -259,28 +262,31 @@ async def oddly_named(ctx: Any) -> None:
 
 
 def test_an_enqueued_event_is_the_text_livepush_job_event_gives(jobs_db: str) -> None:
-    """Both batch statements write a new job's "enqueued" event by hand
-    (queries._ENQUEUED_EVENT_SQL): the same text as livepush_job_event() (and so as
-    events.job_view) gives for the job's row, for names and queues that need escaping,
-    available and scheduled jobs, in a session time zone other than UTC."""
+    """A new job's "enqueued" event, written by hand in the caller's transaction
+    (queries._ENQUEUED_EVENT_SQL) or derived by the history view for a fresh batch
+    (sql/0010), is the text livepush_job_event() (and so events.job_view) gives for the
+    job's row: for names and queues that need escaping, available and scheduled jobs, in
+    a session time zone other than UTC."""
     from livepush.jobs import enqueue_many
 
     at = datetime.datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=datetime.timezone.utc)
     items = [oddly_named.request(), (oddly_named, [], {"at": at}), sample_jobs.flaky.request(1)]
     with psycopg.connect(jobs_db) as own, psycopg.connect(jobs_db) as conn:
         conn.execute("SET TIME ZONE 'Asia/Kolkata'")
-        # run_at is written in the enqueuing session's time zone: our pool's, then the caller's.
-        sessions = [(own, h) for h in enqueue_many(items)] + [(conn, h) for h in enqueue_many(items, conn=conn)]
+        # run_at is written in the time zone of the session that writes the text: for a
+        # derived event the reader's (either session), for a stored one the caller's.
+        fresh = enqueue_many(items)
+        sessions = [(s, h) for h in fresh for s in (own, conn)] + [(conn, h) for h in enqueue_many(items, conn=conn)]
         conn.commit()
         for session, h in sessions:
             want = session.execute(
                 "SELECT " + queries._event_sql("'enqueued'", "j") + " FROM ("
                 + queries.JOB_STATE.replace("%(id)s", str(h.id)) + ") j").fetchone()[0]  # type: ignore[index]
-            (got,) = session.execute("SELECT data FROM livepush_messages WHERE topic = %s", (h.topic,)).fetchone()  # type: ignore[misc]
+            (got,) = session.execute("SELECT data FROM livepush_history WHERE topic = %s", (h.topic,)).fetchone()  # type: ignore[misc]
             assert got == want
-    assert "+05:30" in got
-    handles = [h for _, h in sessions]
-    states = [json.loads(m)["job"]["state"] for m in (q(jobs_db, "SELECT data FROM livepush_messages WHERE topic = %s",
+            assert ("+05:30" in got) == (session is conn)
+    handles = fresh + [h for _, h in sessions[len(fresh) * 2:]]
+    states = [json.loads(m)["job"]["state"] for m in (q(jobs_db, "SELECT data FROM livepush_history WHERE topic = %s",
                                                           (h.topic,))[0][0] for h in handles)]
     assert states == ["available", "scheduled", "available"] * 2
 
@@ -313,3 +319,49 @@ def test_a_batch_enqueue_waits_out_a_concurrent_publish_on_its_topic_then_reruns
     for h in handles:
         assert [e["event"] for e in events_of(jobs_db, h.id)] == ["enqueued"]
     assert events_of(jobs_db, first) == ["early"]
+
+
+def test_a_derived_enqueued_event_is_history_like_a_stored_one(jobs_db: str) -> None:
+    """The "enqueued" event a fresh batch derives from the job's rows (sql/0010) is read back
+    as the topic's first message by the fan-out's history: unchanged after the job ran and
+    was rescheduled (its run_at, attempt and state rewritten), followed by the events
+    published after it; gone, with `reset` and never a silent hole, once older than the
+    history TTL, or after a crash emptied the (unlogged) topic table."""
+    from livepush.fanout.postgres import PostgresFanOut
+    from livepush.jobs import enqueue_many
+
+    at = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=1)
+    [h] = enqueue_many([(sample_jobs.flaky, [1], {"at": at}), sample_jobs.record.request(0)])[:1]
+    fanout = PostgresFanOut(jobs_db, history_ttl=60)
+
+    async def read(since: str) -> list[tuple[str, str]] | None:
+        got = await fanout.history(h.topic, since)
+        return None if got is None else [(m.offset, m.data_json or "") for m in got]
+
+    async def check() -> None:
+        try:
+            [(offset, before)] = await read("0")  # type: ignore[misc]
+            epoch = offset.split("-")[0]
+            assert offset == f"{epoch}-1" and datetime.datetime.fromisoformat(json.loads(before)["job"]["run_at"]) == at
+            # t.flaky fails once and is retried at once (no backoff): run_at moves on.
+            assert jobs.drain() == {"retrying": 1, "succeeded": 2}
+            (run_at, attempt, state) = q(jobs_db, "SELECT run_at, attempt, state FROM livepush_jobs WHERE id = %s",
+                                         (h.id,))[0]
+            assert (attempt, state) == (2, "succeeded") and run_at > at
+            log = await read("0")
+            assert log is not None and log[0] == (offset, before)
+            assert [o for o, _ in log] == [f"{epoch}-{seq}" for seq in range(1, 6)]
+            assert [json.loads(d)["event"] for _, d in log] == ["enqueued", "started", "retrying", "started", "succeeded"]
+            assert json.loads(before)["job"]["attempt"] == 0 and json.loads(before)["job"]["state"] == "available"
+            # Past the TTL: the first message is expired, the later ones are not.
+            q(jobs_db, "UPDATE livepush_job_payloads SET created_at = created_at - interval '1 hour' WHERE id = %s",
+              (h.id,))
+            assert await read("0") is None
+            assert [o for o, _ in await read(offset) or []] == [f"{epoch}-{seq}" for seq in range(2, 6)]
+            # A crash resets unlogged tables: the derived event goes with the topic row.
+            q(jobs_db, "TRUNCATE livepush_topics, livepush_messages")
+            assert await read(offset) is None and await read("0") == []
+        finally:
+            await fanout.aclose()
+
+    asyncio.run(check())
