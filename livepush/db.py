@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import select
 from typing import Any
@@ -101,7 +102,38 @@ class Pool(ConnectionPool):
 
 
 class AsyncPool(AsyncConnectionPool):
-    """Pool, for asyncio."""
+    """Pool, for asyncio; and one that never makes its loop's shutdown hang.
+
+    psycopg_pool counts a cancelled connection attempt as a failed one: it schedules another
+    and its worker task lives on, waiting for work. So a loop that ends (asyncio.run(),
+    a test's loop) while a pool it never closed is opening a connection, after a restart
+    or a pool growing, waited forever for that task to finish (seen in our tests: about one
+    run in 20 of tests/jobs/test_jobs_pools.py). livepush opens pools on the caller's loop
+    for aenqueue() and apublish(), which the caller has no reason to close. So each pool
+    keeps a guard task on its loop: when the loop's shutdown cancels the guard with every
+    other task, the guard closes the pool, which stops its workers."""
+
+    _guard: asyncio.Task[None] | None = None
+
+    async def open(self, wait: bool = False, timeout: float = 30.0) -> None:
+        await super().open(wait=wait, timeout=timeout)
+        if self._guard is None:
+            self._guard = asyncio.get_running_loop().create_task(self._close_at_shutdown(),
+                                                                 name=f"{self.name}-close-at-shutdown")
+
+    async def _close_at_shutdown(self) -> None:
+        try:
+            await asyncio.get_running_loop().create_future()  # done only by cancellation
+        except asyncio.CancelledError:
+            self._guard = None
+            await self.close()
+            raise
+
+    async def close(self, timeout: float = 5.0) -> None:
+        guard, self._guard = self._guard, None
+        if guard is not None and guard is not asyncio.current_task():
+            guard.cancel()
+        await super().close(timeout)
 
     async def getconn(self, timeout: float | None = None) -> Any:
         for _ in range(self.max_size):
