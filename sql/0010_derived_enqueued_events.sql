@@ -30,8 +30,9 @@
 -- and keeps the mark. A constant default: no table rewrite.
 ALTER TABLE livepush_topics ADD COLUMN first_derived boolean NOT NULL DEFAULT false;
 
--- The run_at the enqueue asked for (`at=` / `wait=`), NULL for "now". The job's own run_at is
--- rewritten by retries and releases; the derived event needs the first one.
+-- The run_at a batch enqueue asked for (`at=` / `wait=`), NULL for "now" (and for a lone
+-- enqueue, which stores its event). The job's own run_at is rewritten by retries and
+-- releases; the derived event needs the first one.
 ALTER TABLE livepush_job_payloads ADD COLUMN requested_run_at timestamptz;
 
 -- The log a client resumes from (fanout.postgres.HISTORY): stored messages, and each marked
