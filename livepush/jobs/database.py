@@ -54,7 +54,7 @@ def sync_pool() -> ConnectionPool:
             if _sync_pool is not None:
                 _sync_pool.close()
             _sync_pool = Pool(url, min_size=1, max_size=4, open=True, kwargs=dict(_POOL_KWARGS),
-                                        name="livepush-jobs-sync")
+                              name="livepush-jobs-sync")
             _sync_pool_url = url
         return _sync_pool
 
@@ -67,7 +67,7 @@ async def async_pool() -> AsyncConnectionPool:
     if entry is not None and entry[0] == url:
         return entry[1]
     pool = AsyncPool(url, min_size=1, max_size=4, open=False, kwargs=dict(_POOL_KWARGS),
-                               name="livepush-jobs-async")
+                     name="livepush-jobs-async")
     await pool.open()
     _async_pools[loop] = (url, pool)
     if entry is not None:

@@ -119,8 +119,6 @@ async def _ain_tx(make: Callable[[], steps.Steps[tuple[T, list[events.Event]]]],
     raise AssertionError("unreachable")
 
 
-
-
 def _refused(group_id: int, row: dict[str, Any] | None, adding: int, states: Sequence[str]) -> Exception:
     """The typed error for an add that ADD_TOTAL refused, from the group's row."""
     if row is None:

@@ -94,10 +94,6 @@ _ENQUEUED_EVENT_SQL = """'{"event":"enqueued","job":{"id":' || i.id::text
         || ',"progress":{"done":0,"total":null,"message":null},"error":null,"run_at":'
         || CASE WHEN i.at IS NULL THEN (SELECT to_json(now())::text) ELSE to_json(i.run_at)::text END
         || '}}'"""
-_ENQUEUED_CTE = f"""
-, enqueued AS (
-    SELECT i.id, i.name, i.ord, 'job:' || i.id AS topic, {_ENQUEUED_EVENT_SQL} AS data FROM input i
-)"""
 
 # name: enqueue_many_publishing_fresh
 # ENQUEUE_MANY plus the "enqueued" events, published by the same statement (Postgres fan-out
@@ -148,8 +144,10 @@ ORDER BY i.ord
 # (measured: 17-20 us a job from 1,000 to 50,000 jobs a call). Not for inputs unnested
 # from arrays, sized at a few rows: tried for the completer's events, the planner
 # nested-looped over the CTEs, quadratic in the batch, 4x slower.
-ENQUEUE_MANY_PUBLISHING = _ENQUEUE_CTES.rstrip() + _ENQUEUED_CTE + f"""
-, bumped AS (
+ENQUEUE_MANY_PUBLISHING = _ENQUEUE_CTES.rstrip() + f"""
+, enqueued AS (
+    SELECT i.id, i.name, i.ord, 'job:' || i.id AS topic, {_ENQUEUED_EVENT_SQL} AS data FROM input i
+), bumped AS (
     INSERT INTO livepush_topics AS t (topic, last_seq)
     SELECT topic, 1 FROM enqueued ORDER BY topic
     ON CONFLICT (topic) DO UPDATE SET last_seq = t.last_seq + 1
