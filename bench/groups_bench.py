@@ -34,8 +34,8 @@ from jobs_bench import drop_db, make_db, run  # noqa: E402
 
 from livepush import config  # noqa: E402
 from livepush.jobs import database, enqueue_many, get_group, group, job  # noqa: E402
-from livepush.jobs.registry import Registry  # noqa: E402
-from livepush.jobs.runtime import Runtime  # noqa: E402
+from livepush.jobs.api.registry import Registry  # noqa: E402
+from livepush.jobs.runtime.runtime import Runtime  # noqa: E402
 from livepush.migrate import migrate  # noqa: E402
 
 REG = Registry()

@@ -46,8 +46,8 @@ from _services import Services  # noqa: E402
 
 from livepush import config  # noqa: E402
 from livepush.jobs import database, enqueue_many, job  # noqa: E402
-from livepush.jobs.registry import Registry  # noqa: E402
-from livepush.jobs.runtime import Runtime  # noqa: E402
+from livepush.jobs.api.registry import Registry  # noqa: E402
+from livepush.jobs.runtime.runtime import Runtime  # noqa: E402
 from livepush.migrate import migrate  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,7 +15,7 @@ from .errors import (
     SchemaError,
 )
 from . import sessions
-from .rules import Allow, App
+from .sessions.rules import Allow, App
 
 __all__ = [
     "Allow",

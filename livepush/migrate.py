@@ -13,7 +13,7 @@ from importlib import resources
 
 import psycopg
 
-from . import db
+from .postgres import connect as db
 from .errors import SchemaError
 
 # An arbitrary constant: any process migrating livepush's schema takes this lock.

@@ -10,7 +10,7 @@ import pytest
 from websockets.datastructures import Headers
 
 from livepush import sessions
-from livepush.auth import authenticate, extract_token, origin_allowed
+from livepush.sessions.handshake import authenticate, extract_token, origin_allowed
 from livepush.config import Settings, set_settings
 from livepush.errors import DependencyError
 from livepush.sessions import MemoryRevocations, RevocationStore, Session

@@ -13,7 +13,7 @@ import pytest
 
 import livepush
 from livepush.errors import ConfigError
-from livepush.rules import Allow, App, load_app
+from livepush.sessions.rules import Allow, App, load_app
 from livepush.sessions import Session
 
 ALICE = Session(id="sid-a", subject="7", expires_at=9e9, issued_at=1.0)

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import livepush
 from livepush import sessions
+from livepush.sessions import tokens
 from livepush.api import set_default_fanout
 from livepush.config import Settings, set_settings
 from livepush.errors import ConfigError, DependencyError, InvalidSession
@@ -181,7 +182,7 @@ def test_unicode_subject_round_trips() -> None:
 
 def test_signed_but_unexpected_payload_is_malformed() -> None:
     """A payload with our signature but another shape (e.g. another salt's format) is malformed."""
-    forged = sessions._serializer((SECRET,)).dumps({"sub": "user-7"})
+    forged = tokens._serializer((SECRET,)).dumps({"sub": "user-7"})
     with pytest.raises(InvalidSession) as info:
         decode(forged, (SECRET,))
     assert info.value.reason == "malformed"

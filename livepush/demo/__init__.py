@@ -29,7 +29,7 @@ def page() -> bytes:
 
 async def start_import(rows: int) -> dict[str, object]:
     """Enqueue the import: a group of `rows` jobs, created, filled and sealed in one transaction."""
-    from livepush import jobs
+    from .. import jobs
 
     from . import jobs as demo_jobs
 
@@ -77,8 +77,8 @@ def demo_secret(folder: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import run_async
-    from ..jobs.cli import sidecar
+    from ..cli.main import run_async
+    from ..cli.jobs import sidecar
     from ..server.run import serve
     from . import embedded
 

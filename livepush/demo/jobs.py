@@ -6,7 +6,7 @@ import asyncio
 import logging
 import random
 
-from livepush import jobs
+from .. import jobs
 
 log = logging.getLogger("livepush.demo")
 

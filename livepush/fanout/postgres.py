@@ -23,8 +23,8 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from .. import db
-from ..db import AsyncPool, Pool
+from ..postgres import connect as db
+from ..postgres.connect import AsyncPool, Pool
 from ..errors import DependencyError, ListenError
 from ..types import JSON, Message, Offset, Topic
 from .base import FanOut, encode_payload

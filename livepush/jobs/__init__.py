@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .context import JobContext, SyncJobContext
-from .control import acancel, acancel_group, cancel, cancel_group, discard_failed, job_state, retry_failed
+from .runtime.context import JobContext, SyncJobContext
+from .api.control import acancel, acancel_group, cancel, cancel_group, discard_failed, job_state, retry_failed
 from .database import configure
-from .enqueue import aenqueue_many, enqueue_many
+from .api.enqueue import aenqueue_many, enqueue_many
 from .errors import (
     GroupClosedError,
     GroupError,
@@ -32,7 +32,7 @@ from .errors import (
     LeaseLostError,
     UnknownJobError,
 )
-from .groups import (
+from .groups.calls import (
     MAX_GROUP_MEMBERS,
     GroupContext,
     GroupHandle,
@@ -49,9 +49,9 @@ from .groups import (
     group_members,
     seal_group,
 )
-from .handles import JobHandle
-from .registry import REGISTRY, JobFunction, JobRequest, default_backoff, job
-from .testing import adrain, clear, drain
+from .api.handles import JobHandle
+from .api.registry import REGISTRY, JobFunction, JobRequest, default_backoff, job
+from .api.testing import adrain, clear, drain
 
 __all__ = [
     "MAX_GROUP_MEMBERS",
@@ -105,7 +105,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "Runtime":
-        from .runtime import Runtime
+        from .runtime.runtime import Runtime
 
         return Runtime
     raise AttributeError(name)

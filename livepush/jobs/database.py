@@ -15,7 +15,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from ..config import get_settings
-from ..db import AsyncPool, Pool
+from ..postgres.connect import AsyncPool, Pool
 
 _lock = threading.Lock()
 _url: str | None = None

@@ -57,7 +57,7 @@ class PushServer:
         pages: PageRoute | None = None,
         heartbeat: float = HEARTBEAT_SECONDS,
     ) -> None:
-        from ..rules import App  # the user's rules; default: signed topics only
+        from ..sessions.rules import App  # the user's rules; default: signed topics only
 
         self.settings = settings
         self.fanout = fanout
@@ -137,7 +137,7 @@ class PushServer:
 
     # -- HTTP -------------------------------------------------------------------------
     async def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
-        from ..auth import authenticate, origin_allowed
+        from ..sessions.handshake import authenticate, origin_allowed
 
         path = urlsplit(request.path).path
         if not http.is_websocket(request):

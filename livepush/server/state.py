@@ -14,7 +14,7 @@ import logging
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from .. import db
+from ..postgres import connect as db
 from ..config import Settings
 from ..fanout import FanOut
 from ..types import Offset
@@ -45,7 +45,7 @@ def postgres_snapshots(settings: Settings, fanout: FanOut) -> SnapshotProvider:
     async def snapshot(topic: str) -> tuple[Offset, str] | None:
         kind, _, ident = topic.partition(":")
         try:
-            from ..jobs import events
+            from ..jobs.events import views as events
         except ImportError:
             return None
         reader = {"job": getattr(events, "job_snapshot", None), "group": getattr(events, "group_snapshot", None)}.get(kind)

@@ -12,9 +12,10 @@ import psycopg
 import pytest
 
 from livepush import jobs
-from livepush.jobs import group_queries, groups, maintenance
-from livepush.jobs.context import ClaimedJob, JobContext
-from livepush.jobs.runtime import Runtime
+from livepush.jobs.groups import queries as group_queries, calls as groups
+from livepush.jobs.runtime import maintenance
+from livepush.jobs.runtime.context import ClaimedJob, JobContext
+from livepush.jobs.runtime.runtime import Runtime
 from tests.jobs import group_jobs as gj
 from tests.jobs.test_jobs_runtime import running as runtime_running
 from tests.jobs.conftest import q
@@ -203,7 +204,7 @@ async def test_add_from_a_member_that_lost_its_claim_is_refused(groups_db: str) 
                        lease=123456, args=[1], run_at=row[0], group_id=g.handle.id)
     from psycopg_pool import AsyncConnectionPool
 
-    from livepush.jobs.completer import Completer
+    from livepush.jobs.runtime.completer import Completer
 
     async with AsyncConnectionPool(groups_db, min_size=1, max_size=2, open=False) as pool:
         ctx = JobContext(stale, Completer(pool))

@@ -22,8 +22,10 @@ import pytest
 from psycopg.rows import dict_row
 
 from livepush import jobs
-from livepush.jobs import events, group_steps, groups, queries, terminal
-from livepush.jobs.enqueue import Batch
+from livepush.jobs.events import views as events
+from livepush.jobs.groups import steps as group_steps, calls as groups, outcomes as terminal
+from livepush.jobs import queries
+from livepush.jobs.api.enqueue import Batch
 from livepush.jobs.errors import GroupClosedError, LeaseLostError
 from tests.jobs import group_jobs as gj
 from tests.jobs.conftest import q

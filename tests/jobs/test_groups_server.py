@@ -9,8 +9,8 @@ import psycopg
 
 from livepush import api, config
 from livepush.jobs import database
-from livepush.jobs.registry import REGISTRY
-from livepush.jobs.runtime import Runtime
+from livepush.jobs.api.registry import REGISTRY
+from livepush.jobs.runtime.runtime import Runtime
 from livepush import jobs
 from tests.jobs import group_jobs as gj
 from tests.jobs import sample_jobs

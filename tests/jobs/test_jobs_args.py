@@ -9,7 +9,7 @@ import pytest
 
 from livepush import LivepushError
 from livepush.jobs import InvalidArgumentsError
-from livepush.jobs.args import check_args
+from livepush.jobs.api.args import check_args
 
 
 def test_plain_json_passes() -> None:

@@ -121,7 +121,7 @@ def test_a_batch_enqueue_joins_its_events_by_hash(jobs_db: str) -> None:
     """The enqueue statement (queries.ENQUEUE_MANY_PUBLISHING) pairs each event with its topic row
     by a hash join, whatever the batch: a nested loop there is quadratic in the batch size."""
     from livepush.jobs import queries
-    from livepush.jobs.enqueue import Batch, _item
+    from livepush.jobs.api.enqueue import Batch, _item
 
     batch = Batch()
     for i in range(3):

@@ -14,7 +14,8 @@ import pytest
 from psycopg.rows import dict_row
 
 from livepush import jobs
-from livepush.jobs import events, queries
+from livepush.jobs.events import views as events
+from livepush.jobs import queries
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import events_of, q
 
@@ -148,7 +149,7 @@ def test_a_large_batch_reads_its_arrays_once(jobs_db: str) -> None:
     the completer does (planned for their size), never re-read an array parameter per row:
     the quadratic plan that made one batch of 3,570 starts take 1.5 s."""
     from livepush.jobs import enqueue_many
-    from livepush.jobs.completer import PREPARED_BATCH_MAX
+    from livepush.jobs.runtime.completer import PREPARED_BATCH_MAX
 
     n = PREPARED_BATCH_MAX * 4
     ids = [h.id for h in enqueue_many([sample_jobs.record.request(i) for i in range(n)])]

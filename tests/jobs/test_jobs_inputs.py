@@ -7,8 +7,8 @@ import math
 import pytest
 
 from livepush import jobs
-from livepush.jobs.enqueue import _run_at
-from livepush.jobs.handles import NO_SUCH_ID, checked_id
+from livepush.jobs.api.enqueue import _run_at
+from livepush.jobs.api.handles import NO_SUCH_ID, checked_id
 from tests.jobs import sample_jobs
 
 

@@ -52,7 +52,7 @@ def test_a_loop_that_ends_while_its_pool_connects_does_not_hang() -> None:
     import socket
     import threading
 
-    from livepush import db
+    from livepush.postgres import connect as db
 
     pools: list[db.AsyncPool] = []
     accepted: list[socket.socket] = []

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from livepush.jobs import InvalidProgressError
-from livepush.jobs.context import MAX_MESSAGE, progress_value
+from livepush.jobs.runtime.context import MAX_MESSAGE, progress_value
 
 
 def test_numbers_and_a_message_pass() -> None:

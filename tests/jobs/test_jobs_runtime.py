@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from livepush import jobs
-from livepush.jobs.completer import Outcome
-from livepush.jobs.context import ClaimedJob, JobContext
-from livepush.jobs.registry import REGISTRY, JobFunction
-from livepush.jobs.runtime import Runtime
+from livepush.jobs.runtime.completer import Outcome
+from livepush.jobs.runtime.context import ClaimedJob, JobContext
+from livepush.jobs.api.registry import REGISTRY, JobFunction
+from livepush.jobs.runtime.runtime import Runtime
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import events_of, q
 from tests.support.waiting import async_wait_for
@@ -251,7 +251,7 @@ async def test_an_outcome_postgres_refuses_fails_alone(jobs_db: str) -> None:
     """If Postgres refuses one outcome of a batch for a reason no check foresaw (here a CHECK
     constraint this test adds against one job's error), the others of the batch are written
     as they are, the refused job fails with a fixed error, and the runtime goes on."""
-    from livepush.jobs.completer import UNSTORABLE_OUTCOME
+    from livepush.jobs.runtime.completer import UNSTORABLE_OUTCOME
 
     q(jobs_db, "ALTER TABLE livepush_job_payloads ADD CONSTRAINT test_refused "
                "CHECK (error IS NULL OR error NOT LIKE '%bad input%')")

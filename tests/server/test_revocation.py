@@ -14,7 +14,7 @@ import pytest
 
 from livepush import api, sessions
 from livepush.config import Settings, get_settings, set_settings
-from livepush.rules import App
+from livepush.sessions.rules import App
 from livepush.sessions import PostgresRevocations, RedisRevocations, RevocationStore
 from tests.server.conftest import start_served
 from tests.support.procs import ChildProcess, Processes

@@ -19,7 +19,7 @@ import pytest
 
 from livepush import api, sessions
 from livepush.config import Settings, set_settings
-from livepush.rules import Allow, App
+from livepush.sessions.rules import Allow, App
 from tests.server.conftest import Served, start_served
 from tests.support.security import (
     ALLOWED_ORIGIN,

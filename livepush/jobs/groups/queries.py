@@ -37,8 +37,15 @@ So the sum of pending never reaches 0 between the add and M's outcome.
 
 from __future__ import annotations
 
-from .queries import (DELETE_PAYLOADS_OF_GONE, _COMPLETE_CTES, _EVENT_COLUMNS, _STATE_EVENT_SQL, READY_CHANNEL,
-                      _event_sql, delete_topics_of_gone)
+from ..queries import (
+    DELETE_PAYLOADS_OF_GONE,
+    _COMPLETE_CTES,
+    _EVENT_COLUMNS,
+    _STATE_EVENT_SQL,
+    READY_CHANNEL,
+    _event_sql,
+    delete_topics_of_gone,
+)
 
 # Members with consecutive ids share a shard in blocks of this many: a runtime claims
 # members in id order, so one completer batch mostly touches one or two shard rows, and two

@@ -10,8 +10,8 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from . import config
-from .errors import ConfigError, DependencyError, InvalidTopic, LivepushError, SchemaError
+from .. import config
+from ..errors import ConfigError, DependencyError, InvalidTopic, LivepushError, SchemaError
 
 EXIT_OK, EXIT_DEPENDENCY, EXIT_USAGE = 0, 1, 2
 
@@ -50,7 +50,7 @@ def run_async(coro: object) -> int:
 
 # -- commands ------------------------------------------------------------------------
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from . import migrate
+    from .. import migrate
 
     settings = _settings(args)
     applied = migrate.migrate(settings.require_database())
@@ -61,18 +61,18 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .server.run import serve
+    from ..server.run import serve
 
     settings = _settings(args)
     settings.require_secret()
     app = None
     if args.app:
-        from .rules import load_app
+        from ..sessions.rules import load_app
 
         app = load_app(args.app)
     sidecars = []
     if args.with_jobs:
-        from .jobs.cli import sidecar
+        from .jobs import sidecar
 
         sidecars.append(sidecar(args.with_jobs, settings))
     _setup_logging()
@@ -80,7 +80,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from . import api
+    from .. import api
 
     _settings(args)
     try:
@@ -95,18 +95,18 @@ def cmd_token(args: argparse.Namespace) -> int:
     settings = _settings(args)
     settings.require_secret()
     if args.kind == "session":
-        from . import sessions
+        from .. import sessions
 
         print(sessions.issue(args.value, ttl=args.ttl if args.ttl is not None else 86400))
     else:
-        from . import api
+        from .. import api
 
         print(api.sign_topic(args.value, ttl=args.ttl))
     return EXIT_OK
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from .jobs import cli as jobs_cli
+    from . import jobs as jobs_cli
 
     _settings(args)
     _setup_logging()
@@ -114,7 +114,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from . import demo
+    from .. import demo
 
     _setup_logging()
     return demo.run(args)
@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("jobs", help="run the job runtime")
     try:
-        from .jobs import cli as jobs_cli
+        from . import jobs as jobs_cli
 
         jobs_cli.add_arguments(p)
     except ImportError:

@@ -12,11 +12,11 @@ import concurrent.futures
 import functools
 import logging
 
-from ..db import storable_text
+from ...postgres.connect import storable_text
 from .completer import Outcome
 from .context import JobContext, SyncJobContext
-from .errors import JobCancelled
-from .registry import JobFunction
+from ..errors import JobCancelled
+from ..api.registry import JobFunction
 
 log = logging.getLogger("livepush.jobs")
 

@@ -38,9 +38,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
-from .errors import ConfigError
-from .sessions import Session
-from .topics import RESERVED_PREFIX, TOPIC_RE
+from ..errors import ConfigError
+from .tokens import Session
+from ..topics import RESERVED_PREFIX, TOPIC_RE
 
 log = logging.getLogger("livepush.rules")
 

@@ -13,9 +13,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TypeAlias
 from urllib.parse import unquote, urlsplit
 
-from .config import Settings
-from .errors import InvalidSession
-from .sessions import RevocationStore, Session, decode
+from ..config import Settings
+from ..errors import InvalidSession
+from .revocations import RevocationStore
+from .tokens import Session, decode
 
 COOKIE_NAME = "livepush_session"
 QUERY_PARAM = "token"

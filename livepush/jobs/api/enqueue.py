@@ -15,7 +15,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row, tuple_row
 
-from . import database, events, queries
+from .. import database, queries
+from ..events import views as events
 from .args import check_args, dumps
 from .handles import JobHandle
 from .registry import JobFunction, JobRequest, REGISTRY

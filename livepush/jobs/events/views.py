@@ -27,9 +27,9 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from ..config import get_settings
-from ..fanout.base import encode_payload
-from . import database, queries
+from ...config import get_settings
+from ...fanout.base import encode_payload
+from .. import database, queries
 
 log = logging.getLogger("livepush.jobs")
 
@@ -128,7 +128,7 @@ def publish_in(conn: psycopg.Connection, events: Sequence[Event]) -> list[Event]
 async def apublish_after(events: Iterable[Event]) -> None:
     """Publish events whose transaction committed (non-Postgres fan-outs). A failure is
     logged, not raised: the state change already happened and the snapshot shows it."""
-    from ..api import apublish
+    from ...api import apublish
 
     for topic, data in events:
         try:
@@ -138,7 +138,7 @@ async def apublish_after(events: Iterable[Event]) -> None:
 
 
 def publish_after(events: Iterable[Event]) -> None:
-    from ..api import publish
+    from ...api import publish
 
     for topic, data in events:
         try:
@@ -159,7 +159,7 @@ async def job_snapshot(aconn: psycopg.AsyncConnection, job_id: int) -> dict[str,
 
 async def group_snapshot(aconn: psycopg.AsyncConnection, group_id: int) -> dict[str, Any] | None:
     """`{"event": "snapshot", "group": {...}}` for a task group, or None if there is no such group."""
-    from .group_events import group_snapshot as read
+    from ..groups.progress import group_snapshot as read
 
     return await read(aconn, group_id)
 

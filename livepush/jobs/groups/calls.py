@@ -24,11 +24,13 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 
-from . import database, events, group_events, group_queries as gq, group_steps as steps
-from .enqueue import Batch, _item, _run_at
-from .errors import GroupClosedError, GroupLimitError, GroupNotFound, LeaseLostError
-from .handles import JobHandle, checked_id
-from .registry import JobFunction, JobRequest
+from .. import database
+from ..events import views as events
+from . import progress as group_events, queries as gq, steps
+from ..api.enqueue import Batch, _item, _run_at
+from ..errors import GroupClosedError, GroupLimitError, GroupNotFound, LeaseLostError
+from ..api.handles import JobHandle, checked_id
+from ..api.registry import JobFunction, JobRequest
 
 T = TypeVar("T")
 
@@ -54,7 +56,7 @@ class GroupHandle:
 
     @functools.cached_property
     def signed_topic(self) -> str:
-        from ..api import sign_topic
+        from ...api import sign_topic
 
         return sign_topic(self.topic)
 
@@ -66,7 +68,7 @@ class GroupHandle:
         return seal_group(self.id, conn=conn)
 
     def cancel(self) -> bool:
-        from .control import cancel_group
+        from ..api.control import cancel_group
 
         return cancel_group(self.id)
 

@@ -14,12 +14,13 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from .. import api
-from ..config import get_settings
-from ..errors import ConfigError
-from . import database, maintenance, queries
+from ... import api
+from ...config import get_settings
+from ...errors import ConfigError
+from .. import database, queries
+from ..runtime import maintenance
 from .registry import REGISTRY, Registry
-from .runtime import Runtime
+from ..runtime.runtime import Runtime
 
 
 async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = REGISTRY,
@@ -79,7 +80,7 @@ def clear() -> None:
     """Delete every job and runtime row. Refuses unless LIVEPUSH_ENV=test."""
     if not get_settings().is_test:
         raise ConfigError("jobs.clear() deletes every job: it only runs with LIVEPUSH_ENV=test")
-    from . import group_queries
+    from ..groups import queries as group_queries
 
     with database.sync_pool().connection() as conn:
         conn.execute(queries.CLEAR)

@@ -14,8 +14,8 @@ import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..db import storable_text
-from .errors import InvalidProgressError, JobCancelled
+from ...postgres.connect import storable_text
+from ..errors import InvalidProgressError, JobCancelled
 
 if TYPE_CHECKING:
     from .completer import Completer
@@ -96,7 +96,7 @@ class JobContext:
     def group(self) -> Any:
         """The job's task group (livepush.jobs.groups.GroupContext), or None for a lone job."""
         if self._group is None and self.job.group_id is not None:
-            from .groups import GroupContext
+            from ..groups.calls import GroupContext
 
             self._group = GroupContext(self)
         return self._group
@@ -104,7 +104,7 @@ class JobContext:
     async def load_group(self) -> None:
         """Before a group callback runs: load its group's final state into ctx.group."""
         if self.job.group_id is not None and self.job.group_id < 0:
-            from .groups import load_callback_context
+            from ..groups.calls import load_callback_context
 
             self._group = await load_callback_context(self)
 
@@ -178,7 +178,7 @@ class SyncJobContext:
         inner = self._inner.group
         if inner is None:
             return None
-        from .groups import SyncGroupContext
+        from ..groups.calls import SyncGroupContext
 
         return SyncGroupContext(inner, self._loop)
 

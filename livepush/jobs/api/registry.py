@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, overload
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .args import check_args
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ class Registry:
         try:
             return self._functions[name]
         except KeyError:
-            from .errors import UnknownJobError
+            from ..errors import UnknownJobError
 
             raise UnknownJobError(f"no job function named {name!r} in this process: import the module that defines it") from None
 

@@ -31,7 +31,9 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from . import events, group_queries as gq, queries, terminal
+from ..events import views as events
+from ..groups import queries as gq, outcomes as terminal
+from .. import queries
 from .context import ClaimedJob, JobContext
 
 log = logging.getLogger("livepush.jobs")

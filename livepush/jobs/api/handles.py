@@ -23,7 +23,7 @@ class JobHandle:
 
     @functools.cached_property
     def signed_topic(self) -> str:
-        from ..api import sign_topic
+        from ...api import sign_topic
 
         return sign_topic(self.topic)
 

@@ -33,8 +33,9 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from ..fanout.base import encode_payload
-from . import events, group_queries
+from ...fanout.base import encode_payload
+from ..events import views as events
+from . import queries as group_queries
 
 log = logging.getLogger("livepush.jobs")
 

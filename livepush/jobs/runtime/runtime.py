@@ -32,13 +32,15 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from ..db import AsyncPool
-from ..errors import ConfigError, SchemaError
-from . import database, events, maintenance, queries
+from ...postgres.connect import AsyncPool
+from ...errors import ConfigError, SchemaError
+from .. import database, queries
+from ..events import views as events
+from . import maintenance
 from .completer import Completer, Outcome
 from .context import ClaimedJob, JobContext
 from .executor import execute
-from .registry import REGISTRY, Registry
+from ..api.registry import REGISTRY, Registry
 
 log = logging.getLogger("livepush.jobs")
 
@@ -207,12 +209,12 @@ class Runtime:
         try:
             await self._pool.open(wait=True, timeout=10)
         except Exception as exc:
-            from ..db import unreachable
+            from ...postgres.connect import unreachable
 
             raise unreachable(url, exc) from exc
         self._completer = Completer(self._pool, flush_delay=self.flush_delay)
         self._completer.start()
-        from .group_events import ProgressPublisher
+        from ..groups.progress import ProgressPublisher
 
         self._group_progress = ProgressPublisher(self._pool)
         self._group_progress.start()
@@ -526,7 +528,7 @@ class Runtime:
 
 
 async def _check_schema(url: str) -> None:
-    from ..migrate import required_version
+    from ...migrate import required_version
 
     try:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=5) as conn:
@@ -536,7 +538,7 @@ async def _check_schema(url: str) -> None:
             except psycopg.errors.UndefinedTable:
                 have = 0
     except psycopg.OperationalError as exc:
-        from ..db import unreachable
+        from ...postgres.connect import unreachable
 
         raise unreachable(url, exc) from exc
     need = required_version()

@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .runtime import Runtime
+    from ..jobs.runtime.runtime import Runtime
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _run_then_release(runtime: Any) -> None:
     from .. import api
-    from . import database
+    from ..jobs import database
 
     try:
         await runtime.run()
@@ -105,7 +105,7 @@ if __name__ == "__main__":
 def sidecar(modules: str, settings: object = None):  # type: ignore[no-untyped-def]
     """For `livepush serve --with-jobs MODULE`: a coroutine function the server runs beside
     itself; it stops (draining) when the server's stop event is set."""
-    from .runtime import Runtime
+    from ..jobs.runtime.runtime import Runtime
 
     names = [m.strip() for m in modules.split(",") if m.strip()]
     runtime = Runtime(names, install_signals=False)

@@ -17,8 +17,10 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 
-from . import events, group_events, group_queries as gq, queries
-from .terminal import TERMINAL_STATES
+from ..events import views as events
+from . import progress as group_events, queries as gq
+from .. import queries
+from .outcomes import TERMINAL_STATES
 
 T = TypeVar("T")
 Row = dict[str, Any]
@@ -145,7 +147,7 @@ def callback_spec(request: Any) -> str | None:
     """A JobRequest as stored on the group: everything needed to enqueue it anywhere."""
     if request is None:
         return None
-    from .registry import JobRequest
+    from ..api.registry import JobRequest
 
     if not isinstance(request, JobRequest):
         raise TypeError(f"group callbacks are job requests (some_job.request(*args)), got {request!r}")

@@ -11,8 +11,8 @@ import json
 import math
 from typing import Any
 
-from ..db import unstorable
-from .errors import InvalidArgumentsError
+from ...postgres.connect import unstorable
+from ..errors import InvalidArgumentsError
 
 _MAX_DEPTH = 100
 

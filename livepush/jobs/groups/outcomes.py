@@ -32,7 +32,7 @@ async def on_terminal(aconn: psycopg.AsyncConnection, rows: Sequence[Row]) -> li
     (callbacks enqueued in this transaction, exactly once). Group progress is not published
     here: the runtime's ProgressPublisher is told which shards moved and publishes at most
     ~10 times a second per group; without one (an admin call), progress goes out now."""
-    from . import group_steps
+    from . import steps as group_steps
 
     members = group_steps.members_of(rows)
     if not members:
@@ -45,7 +45,7 @@ async def on_counted(aconn: psycopg.AsyncConnection, shards: Sequence[Row]) -> l
     """on_terminal for a transaction whose completion statement already counted its members
     (group_queries.COMPLETE_COUNTING), given the shard rows it returned: finishes any group
     they drained, in this transaction, and marks (or publishes) progress the same way."""
-    from . import group_steps
+    from . import steps as group_steps
 
     if not shards:
         return []
@@ -54,7 +54,7 @@ async def on_counted(aconn: psycopg.AsyncConnection, shards: Sequence[Row]) -> l
 
 
 async def _after_count(aconn: psycopg.AsyncConnection, counted: Any) -> list[tuple[str, Any]]:
-    from . import group_events, group_steps
+    from . import progress as group_events, steps as group_steps
 
     publisher = group_events.current_publisher()
     if publisher is not None:
@@ -67,7 +67,7 @@ async def _after_count(aconn: psycopg.AsyncConnection, counted: Any) -> list[tup
 
 def on_terminal_sync(conn: psycopg.Connection, rows: Sequence[Row]) -> list[tuple[str, Any]]:
     """on_terminal for the sync admin calls (jobs.cancel on a queued job)."""
-    from . import group_steps
+    from . import steps as group_steps
 
     members = group_steps.members_of(rows)
     if not members:

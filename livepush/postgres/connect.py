@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from .errors import DependencyError
+from ..errors import DependencyError
 
 
 # What Postgres text and jsonb cannot hold: NUL, and lone surrogates (not valid Unicode, so

@@ -6,7 +6,9 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from . import database, events, queries, terminal
+from .. import database, queries
+from ..events import views as events
+from ..groups import outcomes as terminal
 from .handles import checked_id
 
 
@@ -51,7 +53,7 @@ def retry_failed(job_id: int) -> bool:
             cur.execute("SELECT group_id FROM livepush_jobs WHERE id = %s", (job_id,))
             found = cur.fetchone()
             if found is not None and (found["group_id"] or 0) > 0:
-                from .errors import GroupClosedError
+                from ..errors import GroupClosedError
 
                 raise GroupClosedError(f"job {job_id} is a member of task group {found['group_id']}, which counted "
                                        "its failure: add a new member (or start a new group) instead")
@@ -86,7 +88,7 @@ CANCEL_CHUNK = 1000  # members per cancel transaction
 
 
 def _cancel_mark_steps(group_id: int) -> Any:
-    from . import group_events, group_queries as gq, group_steps as steps
+    from ..groups import progress as group_events, queries as gq, steps
 
     marked = yield steps.Query(gq.CANCEL_MARK, {"id": group_id})
     if not marked:
@@ -100,7 +102,7 @@ def _cancel_mark_steps(group_id: int) -> Any:
 def _cancel_chunk_steps(group_id: int, after: int) -> Any:
     """One chunk of members: queued ones cancelled (and counted, like any outcome), running
     ones flagged. Returns (rows, events)."""
-    from . import group_queries as gq, group_steps as steps
+    from ..groups import queries as gq, steps
 
     rows = yield steps.Query(gq.CANCEL_MEMBERS, {"id": group_id, "after": after, "limit": CANCEL_CHUNK})
     return rows, [events.state_event(r) for r in rows if r["state"] == "cancelled"]
@@ -116,8 +118,8 @@ def cancel_group(group_id: int) -> bool:
     Three kinds of short transaction, so a cancel never holds the group row while it waits
     for members' rows (see group_queries.py for the lock order)."""
     group_id = checked_id(group_id, "group_id")
-    from . import group_steps as steps
-    from .groups import _in_tx
+    from ..groups import steps
+    from ..groups.calls import _in_tx
 
     if not _in_tx(lambda: _cancel_mark_steps(group_id), None):
         return False
@@ -139,8 +141,8 @@ def cancel_group(group_id: int) -> bool:
 
 async def acancel_group(group_id: int) -> bool:
     group_id = checked_id(group_id, "group_id")
-    from . import group_steps as steps
-    from .groups import _ain_tx
+    from ..groups import steps
+    from ..groups.calls import _ain_tx
 
     if not await _ain_tx(lambda: _cancel_mark_steps(group_id), None):
         return False
@@ -160,7 +162,7 @@ async def acancel_group(group_id: int) -> bool:
 
 
 def _finish_steps(group_id: int) -> Any:
-    from . import group_steps as steps
+    from ..groups import steps
 
     evs = yield from steps.finish([group_id], locked=False)
     return None, evs

@@ -13,7 +13,9 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from . import events, queries, terminal
+from ..events import views as events
+from .. import queries
+from ..groups import outcomes as terminal
 
 log = logging.getLogger("livepush.jobs")
 
@@ -104,7 +106,7 @@ async def prune(pool: AsyncConnectionPool, retention: float, *, batch: int = PRU
     """Retention: delete lone jobs finished more than `retention` seconds ago, and finished
     groups as old with their members and callbacks, in bounded batches (one short transaction
     each). A member is kept while its group is unfinished. Returns the rows deleted."""
-    from . import group_queries as gq
+    from ..groups import queries as gq
 
     params = {"retention": retention, "limit": batch}
     deleted = 0

@@ -1,0 +1,1 @@
+"""Events on job and group state topics."""

@@ -1,0 +1,1 @@
+"""Task groups: building them, counting their members, their progress and ctx.group."""

@@ -1,0 +1,1 @@
+"""The job runtime's parts: the runtime loop, the executor, the completer, ctx and maintenance."""

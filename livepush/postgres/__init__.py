@@ -1,0 +1,1 @@
+"""How livepush talks to Postgres: connections, pools, error translation."""

@@ -1,0 +1,153 @@
+"""Session tokens: an itsdangerous-signed, URL-safe string carrying a random session id, the
+subject (who the session belongs to), when it was issued and when it expires.
+
+`decode()` is pure: signature, then shape, then expiry, no I/O. Tokens are credentials: no
+message, log line or exception here ever contains one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import secrets as _secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from itsdangerous import BadData, BadSignature, URLSafeSerializer
+
+from ..config import get_settings
+from ..errors import InvalidSession
+from ..postgres import connect as db
+
+MAX_TOKEN_LENGTH = 4096
+MAX_SUBJECT_LENGTH = 200
+# Sessions live at most this long. It bounds how long a subject revocation must be kept:
+# past revoked_at + MAX_TTL no session it covers can still be valid, so the row may go.
+MAX_TTL = 366 * 86400.0
+
+_SALT = "livepush.session"
+_FORMAT = 1  # first element of the payload, so a future format can be told apart
+# URL-safe base64 and itsdangerous' "." separator: anything else is not our token.
+_TOKEN_RE = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
+@dataclass(frozen=True)
+class Session:
+    """A verified session. Times are seconds since the epoch (millisecond precision)."""
+
+    id: str
+    subject: str
+    expires_at: float
+    issued_at: float = 0.0
+
+    def expired(self, now: float | None = None) -> bool:
+        return (time.time() if now is None else now) >= self.expires_at
+
+
+# -- tokens ---------------------------------------------------------------------------
+
+
+def _serializer(secrets: Sequence[str]) -> URLSafeSerializer:
+    # itsdangerous signs with the LAST key and verifies with any: livepush lists the
+    # signing secret first (Settings.secrets), so reverse.
+    return URLSafeSerializer(
+        list(reversed(secrets)), salt=_SALT, signer_kwargs={"digest_method": hashlib.sha256}
+    )
+
+
+def _check_subject(subject: object) -> str:
+    if not isinstance(subject, str):
+        raise ValueError(f"a session subject must be a string (e.g. a user id), got {type(subject).__name__}")
+    if not subject:
+        raise ValueError("a session subject must not be empty: use the user's id")
+    bad = db.unstorable(subject)
+    if bad:  # a revocation stores the subject in Postgres
+        raise ValueError(f"a session subject must not contain {bad}: use the user's id")
+    if len(subject) > MAX_SUBJECT_LENGTH:
+        raise ValueError(
+            f"a session subject is at most {MAX_SUBJECT_LENGTH} characters, got {len(subject)}: use an id, not a document"
+        )
+    return subject
+
+
+def _check_ttl(ttl: object) -> float:
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl) or ttl <= 0:
+        raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
+    if ttl > MAX_TTL:
+        raise ValueError(f"ttl is at most {int(MAX_TTL)} seconds (366 days), got {ttl!r}: issue a new token instead")
+    return float(ttl)
+
+
+def issue(subject: str, ttl: float = 86400, *, now: float | None = None) -> str:
+    """A new session token for `subject`, valid for `ttl` seconds (at most 366 days).
+
+    Signed with LIVEPUSH_SECRET (ConfigError when it is not set). Put it in the
+    `livepush_session` cookie (preferred: HttpOnly, Secure, SameSite) or pass it as the
+    `token` query parameter.
+    """
+    _check_subject(subject)
+    ttl = _check_ttl(ttl)
+    settings = get_settings()
+    settings.require_secret()
+    return _encode(subject, ttl, settings.secrets, now=now)
+
+
+def _encode(subject: str, ttl: float, secrets: Sequence[str], *, now: float | None = None) -> str:
+    issued_ms = int((time.time() if now is None else now) * 1000)
+    payload = [_FORMAT, _secrets.token_urlsafe(16), subject, issued_ms, issued_ms + int(ttl * 1000)]
+    return _serializer(secrets).dumps(payload)
+
+
+def _loads(token: object, secrets: Sequence[str] | str) -> Session:
+    """The session inside `token`, signature and shape checked, expiry NOT checked."""
+    # Cheap refusals first, before any parsing: a 100 KB cookie or a non-ASCII value is
+    # not ours and must cost nothing.
+    if not isinstance(token, str) or not token:
+        raise InvalidSession("the session token is empty or not a string", "malformed")
+    if len(token) > MAX_TOKEN_LENGTH:
+        raise InvalidSession(f"the session token is over {MAX_TOKEN_LENGTH} characters", "malformed")
+    if not token.isascii() or not _TOKEN_RE.fullmatch(token):
+        raise InvalidSession("the session token has characters a livepush token never has", "malformed")
+    if isinstance(secrets, str):
+        secrets = (secrets,)
+    if not secrets:
+        raise InvalidSession("cannot verify session tokens without LIVEPUSH_SECRET: set it", "bad_signature")
+    try:
+        payload = _serializer(secrets).loads(token)
+    except BadSignature:
+        raise InvalidSession(
+            "the session token's signature does not match LIVEPUSH_SECRET or any LIVEPUSH_SECRET_FALLBACKS",
+            "bad_signature",
+        ) from None
+    except (BadData, ValueError, UnicodeError):  # signed by us but undecodable: cannot happen unless forged
+        raise InvalidSession("the session token's content is unreadable", "malformed") from None
+    if not (
+        isinstance(payload, list)
+        and len(payload) == 5
+        and payload[0] == _FORMAT
+        and isinstance(payload[1], str)
+        and isinstance(payload[2], str)
+        and 0 < len(payload[2]) <= MAX_SUBJECT_LENGTH
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in payload[3:5])
+    ):
+        raise InvalidSession("the session token's content has an unknown shape", "malformed")
+    _, sid, subject, issued_ms, expires_ms = payload
+    return Session(id=sid, subject=subject, expires_at=expires_ms / 1000, issued_at=issued_ms / 1000)
+
+
+def decode(token: object, secrets: Sequence[str] | str, *, now: float | None = None) -> Session:
+    """The session inside `token`, or InvalidSession with `.reason` in
+    ``malformed | bad_signature | expired``.
+
+    Pure: no I/O, no logging. `secrets` is ordered like `Settings.secrets`: the signing
+    secret first, then fallbacks; any of them verifies. Revocation is not checked here
+    (see `RevocationStore`).
+    """
+    session = _loads(token, secrets)
+    if session.expired(now):
+        raise InvalidSession("the session token has expired: sign in again to get a fresh one", "expired")
+    return session
+
+
