@@ -1,8 +1,7 @@
 """Throwaway PostgreSQL and Redis for the benchmarks, in a temp dir, stopped at the end.
 
 Used when a benchmark is not given `--pg-url` / `--redis-url`. PostgreSQL refuses to run as
-root, so the cluster is initialised and run as the `postgres` user (see
-`/work/shared/RECIPES.md`). Everything lives under one temp dir that `stop()` removes.
+root, so the cluster is initialised and run as the `postgres` user. Everything lives under one temp dir that `stop()` removes.
 
 Ports: pass explicit ones on a shared machine (a port picked by the OS comes from the
 ephemeral range, where someone else's server may be about to listen).

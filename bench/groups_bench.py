@@ -11,8 +11,8 @@ both alike) in `--runtimes` runtimes of this process's event loop at `--concurre
 - group: one `jobs.group()` block of the same N members with an on_finish callback, then run
   until the group is finished (its callback enqueued).
 Reported: enqueue and processing rates (medians over the rounds), the group's overhead on
-processing, and the events published on `group:<id>` while members finished (total, per
-second over the run, and the most in any one-second window).
+processing, and the changes rung on `group:<id>` while members finished (recorded in the
+group's event log: total, per second over the run, and the most in any one-second window).
 """
 
 from __future__ import annotations
@@ -107,9 +107,10 @@ def grouped(url: str, n: int, runtimes: int, concurrency: int) -> dict[str, floa
 
     rate = run(process(n, runtimes, concurrency, done))
     with psycopg.connect(url, autocommit=True) as c:
-        rows = c.execute("SELECT extract(epoch FROM created_at) FROM livepush_messages WHERE topic = %s ORDER BY seq",
-                         (f"group:{gid}",)).fetchall()
-        callbacks = c.execute("SELECT count(*) FROM livepush_jobs WHERE group_id = %s", (-gid,)).fetchone()[0]
+        # The group's events as its topic showed them (livepush records them for group_history()).
+        rows = c.execute("SELECT extract(epoch FROM at) FROM livepush_group_events WHERE group_id = %s ORDER BY seq",
+                         (gid,)).fetchall()
+        callbacks = c.execute("SELECT count(*) FROM livepush_jobs WHERE callback_of = %s", (gid,)).fetchone()[0]
     stamps = [float(r[0]) for r in rows]
     span = max(stamps[-1] - stamps[0], 1e-9) if len(stamps) > 1 else 1.0
     window = 0

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""History benchmark (issue 4): what keeping history costs a publish, and how fast a replay is.
+"""History benchmark: what keeping history costs a publish, and how fast a replay is.
 
     .venv/bin/python bench/history_bench.py [--seconds 3] [--concurrency 4] [--rate 1000]
         [--fanouts postgres,redis] [--pg-url URL] [--redis-url URL]
@@ -36,12 +36,13 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import secrets
-import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 from array import array
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -84,13 +85,52 @@ class Listener:
     async def start(self, kind: str, url: str) -> None:
         if kind in ("postgres", "redis"):
             from livepush.config import Settings
-            from livepush.fanout import from_settings
+            from livepush.fanout import from_env
 
-            fanout = from_settings(Settings(fanout=kind, database_url=url if kind == "postgres" else None,
-                                            redis_url=url if kind == "redis" else None))
+            fanout = from_env(Settings(fanout=kind, database_url=url if kind == "postgres" else None,
+                                       redis_url=url if kind == "redis" else None))
             await fanout.listen()
-            fanout.register(lambda m: self.got(m.data_json))
-            self.close = fanout.aclose
+            # Postgres notifications are doorbells: read what they name from history, a page per
+            # topic at a time and coalesced, as the server's hub does, so the figures include it.
+            cursors: dict[str, str] = {}
+            dirty: set[str] = set()
+            wake = asyncio.Event()
+
+            def heard(m: Any) -> None:
+                if m.data_json is not None:
+                    self.got(m.data_json)
+                    return
+                cursors.setdefault(m.topic, m.prev)
+                dirty.add(m.topic)
+                wake.set()
+
+            async def read() -> None:
+                while True:
+                    await wake.wait()
+                    wake.clear()
+                    while dirty:
+                        topic = dirty.pop()
+                        page = await fanout.history(topic, cursors[topic])
+                        if page is None:  # past the history: start again from the newest
+                            cursors[topic] = await fanout.alatest_offset(topic)
+                            continue
+                        for message in page.messages:
+                            self.got(message.data_json)
+                            cursors[topic] = message.offset
+                        if page.more:
+                            dirty.add(topic)
+
+            fanout.register(heard)
+            self.task = asyncio.create_task(read())
+
+            async def close_fanout() -> None:
+                assert self.task is not None
+                self.task.cancel()
+                with contextlib.suppress(BaseException):
+                    await self.task
+                await fanout.aclose()
+
+            self.close = close_fanout
         elif kind == "pg_notify":
             import psycopg
 
@@ -113,7 +153,7 @@ class Listener:
         elif kind == "redis_publish":
             import redis.asyncio as aredis
 
-            pool = aredis.ConnectionPool.from_url(url)
+            pool = aredis.ConnectionPool.from_url(url, protocol=2)  # replies as lists, as parsed below
             conn = pool.make_connection()
             await conn.connect()
             await conn.send_command("SUBSCRIBE", CHANNEL)
@@ -121,7 +161,8 @@ class Listener:
 
             async def loop() -> None:
                 while True:
-                    reply = await conn.read_response()
+                    # Block between messages (the pool's socket timeout would end an idle wait).
+                    reply = await conn.read_response(timeout=math.inf)
                     if isinstance(reply, list) and reply[0] == b"message":
                         self.got(reply[2].decode())
 
@@ -228,9 +269,9 @@ class Publishers:
             await self._client.ping()
         else:
             from livepush.config import Settings
-            from livepush.fanout import from_settings
+            from livepush.fanout import from_env
 
-            self._fanout = from_settings(Settings(fanout=self.kind, database_url=self.url if self.kind == "postgres" else None,
+            self._fanout = from_env(Settings(fanout=self.kind, database_url=self.url if self.kind == "postgres" else None,
                                                   redis_url=self.url if self.kind == "redis" else None))
             # Open its connections before the clock starts, as the plain side does. (One call
             # first: concurrent first calls each open a pool of their own, see bench/README.md.)
@@ -299,7 +340,7 @@ async def measure_latency(listener: ListenerProcess, pubs: Publishers, seconds: 
 async def measure_replay(kind: str, n: int, env: dict[str, str], port: int, tmp: str, pad: str) -> dict:
     from livepush import topics
     from livepush.config import Settings
-    from livepush.fanout import from_settings
+    from livepush.fanout import from_env
 
     topic = f"bench:replay:{kind}:{secrets.token_hex(4)}"
     secret = env["LIVEPUSH_SECRET"]
@@ -315,7 +356,7 @@ async def measure_replay(kind: str, n: int, env: dict[str, str], port: int, tmp:
         marker = "1"  # a fresh topic's offsets count from 1
     else:
         server = await asyncio.to_thread(start_livepush_cli, port, dict(env, LIVEPUSH_FANOUT=kind), os.path.join(tmp, f"{kind}.log"))
-        fanout = from_settings(Settings(fanout=kind, database_url=env.get("LIVEPUSH_DATABASE_URL"),
+        fanout = from_env(Settings(fanout=kind, database_url=env.get("LIVEPUSH_DATABASE_URL"),
                                         redis_url=env.get("LIVEPUSH_REDIS_URL")))
         marker = await fanout.apublish(topic, payload(0, pad))  # also opens its pool before the gather below
         sem = asyncio.Semaphore(4)

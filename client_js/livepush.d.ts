@@ -54,8 +54,9 @@ export interface LivePushError {
 }
 
 export interface LivePushOptions {
-  /** Session token sent as `?token=`; a function is asked on every connect. Prefer the
-   * `livepush_session` cookie when the push server is on the page's site. */
+  /** Session token, sent in the `Sec-WebSocket-Protocol` header (`livepush.token.<token>`), never in
+   * the URL; a function is asked on every connect. Prefer the `__Host-livepush_session` cookie when
+   * the push server is the page's own host. */
   token?: string | (() => string | null | undefined) | null;
   /** Server `error` frames and exceptions thrown by your callbacks. Default: console.warn. */
   onError?: (err: LivePushError) => void;

@@ -11,7 +11,7 @@
 //   6. socket         LivePush: the connection, its state machine and the wire protocol
 //   7. progress       bindProgress(): a <progress> bar for job:<id> and group:<id> topics
 //
-// The wire protocol is SPEC.md §5; the reconnect guarantee is SPEC.md §7.
+// The wire protocol is docs/reference.md#5-wire-protocol; the reconnect guarantee is #7-guarantees.
 
 // ---------------------------------------------------------------------------------------------
 // 1. Constants
@@ -45,10 +45,13 @@ export const WAKE_MIN_MS = 50;
 export const WAKE_MAX_MS = 1_000;
 /** Without `hello` this long after opening a socket, the attempt is abandoned and retried. */
 export const CONNECT_TIMEOUT_MS = 10_000;
+/** The subprotocol the server selects; a token travels beside it as `livepush.token.<token>`. */
+export const SUBPROTOCOL = 'livepush';
+const TOKEN_SUBPROTOCOL = 'livepush.token.';
 /** Slack on top of 2 × heartbeat before a silent connection is declared dead. */
 export const HEARTBEAT_GRACE_MS = 2_000;
 
-/** Close codes the client treats specially (SPEC.md §5). */
+/** Close codes the client treats specially (docs/reference.md#5-wire-protocol). */
 export const CloseCode = Object.freeze({
   NORMAL: 1000,
   GOING_AWAY: 1001,
@@ -495,9 +498,10 @@ class Registry {
 
 /**
  * @typedef {object} LivePushOptions
- * @property {string | (() => string | null | undefined) | null} [token] session token sent as
- *   `?token=`; a function is called on every connect (to hand over a fresh one). Prefer the
- *   `livepush_session` cookie when the server shares the page's site.
+ * @property {string | (() => string | null | undefined) | null} [token] session token, sent in
+ *   the `Sec-WebSocket-Protocol` header (`livepush`, `livepush.token.<token>`), which proxies do
+ *   not log; a function is called on every connect (to hand over a fresh one). Prefer the
+ *   `__Host-livepush_session` cookie when the server shares the page's site.
  * @property {(err: LivePushError) => void} [onError] server `error` frames and exceptions from
  *   your callbacks; the connection keeps going. Default: console.warn.
  * @property {(tries: number) => number} [reconnectAfterMs] the delay before retry number `tries`
@@ -649,7 +653,7 @@ export class LivePush {
     this._setStatus(this._tries > 0 || this._everOpened ? Status.RECONNECTING : Status.CONNECTING, {});
     let ws;
     try {
-      ws = new this._WebSocket(this._socketUrl());
+      ws = new this._WebSocket(this._socketUrl(), this._protocols());
     } catch (err) {
       // A malformed URL throws synchronously; retrying with backoff will not fix it, but
       // surfacing it and backing off beats a tight loop or a silent stop.
@@ -676,9 +680,18 @@ export class LivePush {
     const url = new URL(this._url, base);
     if (url.protocol === 'http:') url.protocol = 'ws:';
     else if (url.protocol === 'https:') url.protocol = 'wss:';
-    const token = typeof this._token === 'function' ? this._token() : this._token;
-    if (token) url.searchParams.set('token', token);
     return url.toString();
+  }
+
+  /**
+   * The subprotocols offered: `livepush`, and the token as `livepush.token.<token>` when there
+   * is one (the server selects `livepush`). A header rather than the query string: proxies and
+   * load balancers log URLs, not this header.
+   * @returns {string[]}
+   */
+  _protocols() {
+    const token = typeof this._token === 'function' ? this._token() : this._token;
+    return token ? [SUBPROTOCOL, TOKEN_SUBPROTOCOL + token] : [SUBPROTOCOL];
   }
 
   /** @param {any} text */
@@ -943,7 +956,7 @@ const JOB_FINAL = new Set(['succeeded', 'failed', 'cancelled']);
 const GROUP_FINAL = new Set(['finished', 'cancelled']);
 
 /**
- * Read a `job:<id>` or `group:<id>` event (SPEC.md §6) into what a progress bar shows.
+ * Read a `job:<id>` or `group:<id>` event (docs/reference.md#6-events-on-state-topics) into what a progress bar shows.
  * @param {any} data
  * @returns {ProgressView}
  */

@@ -3,32 +3,14 @@
 from __future__ import annotations
 
 from .api import alatest_offset, apublish, latest_offset, publish, sign_topic, verify_topic
-from .errors import (
-    ConfigError,
-    DependencyError,
-    InvalidSession,
-    InvalidTopic,
-    ListenError,
-    LivepushError,
-    NotListeningError,
-    PayloadTooLarge,
-    SchemaError,
-)
-from . import sessions
+from .errors import *  # noqa: F403 (every error type is part of the API, see errors.__all__)
+from . import errors, sessions
 from .sessions.rules import Allow, App
 
 __all__ = [
+    *errors.__all__,
     "Allow",
     "App",
-    "ConfigError",
-    "DependencyError",
-    "InvalidSession",
-    "InvalidTopic",
-    "ListenError",
-    "LivepushError",
-    "NotListeningError",
-    "PayloadTooLarge",
-    "SchemaError",
     "alatest_offset",
     "apublish",
     "latest_offset",

@@ -1,4 +1,6 @@
-"""The module-level Python API (SPEC §4): publish from any process, sign topics."""
+"""The module-level Python API (docs/reference.md#4-python-api): publish from any process, sign
+topics. Its fan-out is this process's default, made from the settings on first use; a process
+that serves in-process (the local fan-out) has the wiring install the server's own."""
 
 from __future__ import annotations
 
@@ -7,7 +9,8 @@ from typing import Any
 
 from . import topics
 from .config import get_settings
-from .fanout import FanOut, from_settings
+from .errors import InvalidTopic
+from .fanout import FanOut, from_env
 from .types import JSON, Offset, Topic
 
 _lock = threading.Lock()
@@ -19,12 +22,12 @@ def default_fanout() -> FanOut:
     global _default
     with _lock:
         if _default is None:
-            _default = from_settings(get_settings())
+            _default = from_env(get_settings())
         return _default
 
 
 def set_default_fanout(fanout: FanOut | None) -> None:
-    """Install the fan-out publish() uses (a server in the same process shares its own)."""
+    """Install the fan-out publish() uses (the wiring, for a server in the same process)."""
     global _default
     with _lock:
         old, _default = _default, fanout
@@ -39,20 +42,30 @@ async def release_loop() -> None:
         await fanout.release_loop()
 
 
+def _publishable(topic: Topic) -> Topic:
+    topics.validate_topic(topic)
+    if topics.state_topic_id(topic) is not None:
+        raise InvalidTopic(
+            f"{topic!r} is a state topic: what it shows is its job's, group's or workflow's state, "
+            "which changes with the row; publish on a topic of your own"
+        )
+    return topic
+
+
 def publish(topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
-    """Publish `data` on `topic`; returns its offset. With `conn=` (a psycopg connection,
-    Postgres fan-out only) it is delivered if and only if conn's transaction commits."""
-    return default_fanout().publish(topics.validate_topic(topic), data, conn=conn)
+    """Publish `data` on `topic`; returns its offset. With `conn=` (a psycopg connection, Postgres
+    fan-out only) it is delivered if and only if conn's transaction commits."""
+    return default_fanout().publish(_publishable(topic), data, conn=conn)
 
 
 async def apublish(topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
     """Async publish(); `conn=` takes a psycopg AsyncConnection."""
-    return await default_fanout().apublish(topics.validate_topic(topic), data, conn=conn)
+    return await default_fanout().apublish(_publishable(topic), data, conn=conn)
 
 
 def latest_offset(topic: Topic) -> Offset:
-    """The offset of the newest message on `topic`, to embed beside what a page rendered;
-    the client subscribes with it as `since` and misses nothing published in between."""
+    """The offset of the newest message on `topic`, to embed beside what a page rendered; the
+    client subscribes with it as `since` and misses nothing published in between."""
     return default_fanout().latest_offset(topics.validate_topic(topic))
 
 

@@ -1,7 +1,9 @@
-"""Settings from the environment (SPEC §2); a CLI flag of the same meaning overrides.
+"""Settings from the environment (docs/reference.md#2-configuration); a CLI flag of the same
+meaning overrides.
 
-`Settings.from_env()` validates everything up front so a command fails at once, with
-one line naming the setting and the fix, instead of later with a traceback.
+`Settings.from_env()` validates everything up front so a command fails at once, with one line
+naming the setting and the fix, instead of later with a traceback. No message and no `repr`
+here holds a secret, a token or a password.
 """
 
 from __future__ import annotations
@@ -10,27 +12,35 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from .errors import ConfigError
 
 FANOUTS = ("postgres", "redis", "local")
 AUTH_MODES = ("required", "optional", "off")
 MIN_SECRET_LENGTH = 32
+MIN_SECRET_DISTINCT = 8  # fewer distinct characters than this is not a random secret (e.g. 32 times "a")
+DEFAULT_SIGNED_TOPIC_TTL = 86400.0
+_ORIGIN_SCHEMES = ("http", "https")
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    database_url: str | None = None
-    redis_url: str | None = None
+    database_url: str | None = dataclasses.field(default=None, repr=False)
+    redis_url: str | None = dataclasses.field(default=None, repr=False)
     fanout: str = "local"
-    secret: str | None = None
-    secret_fallbacks: tuple[str, ...] = ()
+    secret: str | None = dataclasses.field(default=None, repr=False)
+    secret_fallbacks: tuple[str, ...] = dataclasses.field(default=(), repr=False)
     authenticate: str = "optional"
     allowed_origins: tuple[str, ...] | None = None  # None: same-origin only
     host: str = "127.0.0.1"
     port: int = 8765
     history_ttl: float = 300.0
     env: str | None = None
+    redis_prefix: str | None = None  # None: livepush:<db number of the Redis URL>
+    max_connections: int | None = None
+    signed_topic_ttl: float = DEFAULT_SIGNED_TOPIC_TTL
+    query_tokens: bool = True
 
     @property
     def is_test(self) -> bool:
@@ -72,32 +82,38 @@ class Settings:
             value = env.get(name)
             return value.strip() if value and value.strip() else None
 
+        def number(name: str, default: str, kind: type[int] | type[float], hint: str) -> Any:
+            text = get(name) or default
+            try:
+                return kind(text)
+            except ValueError:
+                raise ConfigError(f"{name}={text!r} is not a number: set {hint}") from None
+
         database_url = get("LIVEPUSH_DATABASE_URL") or get("DATABASE_URL")
-        redis_url = get("LIVEPUSH_REDIS_URL")
         fanout = (get("LIVEPUSH_FANOUT") or ("postgres" if database_url else "local")).lower()
-        port_text = get("LIVEPUSH_PORT") or "8765"
-        try:
-            port = int(port_text)
-        except ValueError:
-            raise ConfigError(f"LIVEPUSH_PORT={port_text!r} is not a number: set a port from 0 to 65535") from None
-        ttl_text = get("LIVEPUSH_HISTORY_TTL") or "300"
-        try:
-            ttl = float(ttl_text)
-        except ValueError:
-            raise ConfigError(f"LIVEPUSH_HISTORY_TTL={ttl_text!r} is not a number: set seconds, e.g. 300") from None
         origins = get("LIVEPUSH_ALLOWED_ORIGINS")
+        max_connections = get("LIVEPUSH_MAX_CONNECTIONS")
+        query_tokens = (get("LIVEPUSH_QUERY_TOKENS") or "on").lower()
+        if query_tokens not in ("on", "off"):
+            raise ConfigError(f"LIVEPUSH_QUERY_TOKENS={query_tokens!r} is unknown: use on or off")
         settings = cls(
             database_url=database_url,
-            redis_url=redis_url,
+            redis_url=get("LIVEPUSH_REDIS_URL"),
             fanout=fanout,
             secret=get("LIVEPUSH_SECRET"),
             secret_fallbacks=tuple(s.strip() for s in (get("LIVEPUSH_SECRET_FALLBACKS") or "").split(",") if s.strip()),
             authenticate=(get("LIVEPUSH_AUTHENTICATE") or "optional").lower(),
             allowed_origins=tuple(o.strip().rstrip("/") for o in origins.split(",") if o.strip()) if origins else None,
             host=get("LIVEPUSH_HOST") or "127.0.0.1",
-            port=port,
-            history_ttl=ttl,
+            port=number("LIVEPUSH_PORT", "8765", int, "a port from 0 to 65535"),
+            history_ttl=number("LIVEPUSH_HISTORY_TTL", "300", float, "seconds, e.g. 300"),
             env=get("LIVEPUSH_ENV"),
+            redis_prefix=get("LIVEPUSH_REDIS_PREFIX"),
+            max_connections=(number("LIVEPUSH_MAX_CONNECTIONS", max_connections, int, "a number of connections")
+                             if max_connections else None),
+            signed_topic_ttl=number("LIVEPUSH_SIGNED_TOPIC_TTL", str(DEFAULT_SIGNED_TOPIC_TTL), float,
+                                    "seconds, e.g. 86400"),
+            query_tokens=query_tokens == "on",
         )
         settings._validate()
         return settings
@@ -109,21 +125,58 @@ class Settings:
             raise ConfigError("LIVEPUSH_FANOUT=postgres needs LIVEPUSH_DATABASE_URL (or DATABASE_URL): set it to a Postgres URL")
         if self.fanout == "redis" and not self.redis_url:
             raise ConfigError("LIVEPUSH_FANOUT=redis needs LIVEPUSH_REDIS_URL: set it to a URL such as redis://localhost:6379/0")
+        if self.database_url:
+            from .postgres.connect import check_url
+
+            check_url(self.database_url)
+        if self.redis_url:
+            from .redis.client import check_url as check_redis_url
+
+            check_redis_url(self.redis_url)
         if self.authenticate not in AUTH_MODES:
             raise ConfigError(f"LIVEPUSH_AUTHENTICATE={self.authenticate!r} is unknown: use one of {', '.join(AUTH_MODES)}")
-        if self.secret is not None and len(self.secret) < MIN_SECRET_LENGTH:
-            raise ConfigError(
-                f"LIVEPUSH_SECRET is {len(self.secret)} characters long: use at least {MIN_SECRET_LENGTH} random characters"
-            )
+        if self.secret is not None:
+            _check_secret("LIVEPUSH_SECRET", self.secret)
         for i, fallback in enumerate(self.secret_fallbacks):
-            if len(fallback) < MIN_SECRET_LENGTH:
+            _check_secret(f"LIVEPUSH_SECRET_FALLBACKS entry {i + 1}", fallback)
+        for entry in self.allowed_origins or ():
+            if entry != "*" and not _is_origin(entry):
                 raise ConfigError(
-                    f"LIVEPUSH_SECRET_FALLBACKS entry {i + 1} is shorter than {MIN_SECRET_LENGTH} characters: remove or fix it"
+                    f"LIVEPUSH_ALLOWED_ORIGINS entry {entry[:100]!r} is not an origin: write scheme://host[:port], "
+                    "e.g. https://app.example.com (or https://*.example.com for its subdomains, or * for any)"
                 )
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"LIVEPUSH_PORT={self.port} is out of range: use a port from 0 to 65535")
-        if self.history_ttl <= 0:
+        if not self.history_ttl > 0:
             raise ConfigError(f"LIVEPUSH_HISTORY_TTL={self.history_ttl} must be positive: set seconds, e.g. 300")
+        if not 0 < self.signed_topic_ttl < float("inf"):
+            raise ConfigError(f"LIVEPUSH_SIGNED_TOPIC_TTL={self.signed_topic_ttl} must be a positive number of seconds")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ConfigError(f"LIVEPUSH_MAX_CONNECTIONS={self.max_connections} must be at least 1 (or unset: no cap)")
+        if self.redis_prefix is not None and not (0 < len(self.redis_prefix) <= 100 and self.redis_prefix.isprintable()
+                                                  and " " not in self.redis_prefix):
+            raise ConfigError("LIVEPUSH_REDIS_PREFIX must be 1 to 100 printable characters without spaces")
+
+
+def _check_secret(name: str, value: str) -> None:
+    if len(value) < MIN_SECRET_LENGTH:
+        raise ConfigError(f"{name} is {len(value)} characters long: use at least {MIN_SECRET_LENGTH} random characters")
+    if len(set(value)) < MIN_SECRET_DISTINCT:
+        raise ConfigError(
+            f"{name} has only {len(set(value))} distinct characters, which is not a random secret: generate one, e.g. "
+            "`python -c 'import secrets; print(secrets.token_urlsafe(48))'`"
+        )
+
+
+def _is_origin(entry: str) -> bool:
+    text = entry.replace("://*.", "://", 1)
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 -- raises ValueError for a bad port
+    except ValueError:
+        return False
+    return (parts.scheme.lower() in _ORIGIN_SCHEMES and bool(parts.hostname) and not parts.path
+            and not parts.query and not parts.fragment and parts.username is None and parts.password is None)
 
 
 _current: Settings | None = None

@@ -1,4 +1,5 @@
-"""Schema migrations: numbered files in `sql/`, applied in order, once.
+"""Schema migrations: numbered files in `sql/`, applied in order, once; and the grants of a
+runtime role that needs no more than `serve`, `jobs`, `publish()` and enqueues do.
 
 `migrate()` holds a transaction-level advisory lock for the whole run, so two `livepush
 migrate` at once serialize: the second waits, then finds nothing left to do. Each file runs
@@ -12,14 +13,25 @@ from dataclasses import dataclass
 from importlib import resources
 
 import psycopg
+from psycopg import sql
 
-from .postgres import connect as db
-from .errors import SchemaError
+from .errors import ConfigError, SchemaError
+from .postgres.connect import connect, redact, translated
 
 # An arbitrary constant: any process migrating livepush's schema takes this lock.
 MIGRATION_LOCK_KEY = 0x6C697665_70757368 & 0x7FFFFFFFFFFFFFFF  # "livepush"
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+# name: runtime_objects -- livepush's tables and sequences in the current schema, whoever owns
+# them: a runtime role may read and write their rows (and use their sequences), nothing more (no
+# DDL, no TRUNCATE, no ownership). The schema table only to check the version.
+_RUNTIME_OBJECTS = """
+SELECT c.relname, c.relkind FROM pg_class c
+WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'u', 'S')
+  AND c.relname LIKE 'livepush\\_%' AND c.relname <> 'livepush_schema'
+ORDER BY c.relname
+"""
 
 
 @dataclass(frozen=True)
@@ -48,7 +60,7 @@ def required_version() -> int:
     return migrations[-1].version if migrations else 0
 
 
-# name: schema_table -- idempotent; runs under the advisory lock below.
+# name: schema_table -- idempotent; runs under the advisory lock.
 _CREATE_SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS livepush_schema (
     version    integer PRIMARY KEY,
@@ -56,44 +68,79 @@ CREATE TABLE IF NOT EXISTS livepush_schema (
     applied_at timestamptz NOT NULL DEFAULT now()
 )
 """
+# name: applied -- a plain read; under migrate()'s lock nobody adds rows meanwhile.
+_APPLIED = "SELECT version, name FROM livepush_schema ORDER BY version"
 
 
-def migrate(url: str) -> list[Migration]:
-    """Apply every bundled migration not yet applied. Returns those applied now."""
+def _check_lineage(url: str, applied: list[tuple[int, str]]) -> None:
+    """Refuse a database whose schema is not a prefix of ours (a 0.1 schema, or a newer livepush's)."""
+    ours = {m.version: m.name for m in bundled()}
+    for version, name in applied:
+        if ours.get(version) != name:
+            raise SchemaError(
+                f"the database at {redact(url)} has a livepush schema this version cannot use (migration "
+                f"{version:04d}_{name}): a schema from before 1.0 is not migrated in place; use a new database "
+                "(or drop livepush's tables) and run `livepush migrate`"
+            )
+
+
+def migrate(url: str, runtime_role: str | None = None) -> list[Migration]:
+    """Apply every bundled migration not yet applied; then, with `runtime_role`, grant that role
+    what the runtime needs. Returns the migrations applied now."""
     applied_now: list[Migration] = []
-    with db.connect(url, autocommit=False) as conn:
+    with translated(url), connect(url, autocommit=False) as conn:
         # Transaction-scoped lock: released at commit or rollback, never leaked by a crash.
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
         conn.execute(_CREATE_SCHEMA_TABLE)
-        done = {row[0] for row in conn.execute("SELECT version FROM livepush_schema")}
+        applied = [(int(v), str(n)) for v, n in conn.execute(_APPLIED)]
+        _check_lineage(url, applied)
+        done = {v for v, _ in applied}
         for migration in bundled():
             if migration.version in done:
                 continue
             conn.execute(migration.sql)  # type: ignore[arg-type]  # trusted files shipped with the package
-            conn.execute(
-                "INSERT INTO livepush_schema (version, name) VALUES (%s, %s)",
-                (migration.version, migration.name),
-            )
+            conn.execute("INSERT INTO livepush_schema (version, name) VALUES (%s, %s)",
+                         (migration.version, migration.name))
             applied_now.append(migration)
+        if runtime_role is not None:
+            _grant_runtime(conn, runtime_role)
         conn.commit()
     return applied_now
+
+
+def _grant_runtime(conn: psycopg.Connection, role: str) -> None:
+    exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+    if exists is None:
+        raise ConfigError(f"--runtime-role {role!r}: no such role; create it first (CREATE ROLE ... LOGIN)")
+    who = sql.Identifier(role)
+    database = conn.execute("SELECT current_database(), current_schema()").fetchone()
+    assert database is not None
+    conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(database[0]), who))
+    conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(database[1]), who))
+    conn.execute(sql.SQL("GRANT SELECT ON livepush_schema TO {}").format(who))
+    objects = conn.execute(_RUNTIME_OBJECTS).fetchall()
+    tables = [sql.Identifier(name) for name, kind in objects if kind != "S"]
+    sequences = [sql.Identifier(name) for name, kind in objects if kind == "S"]
+    conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(sql.SQL(", ").join(tables), who))
+    conn.execute(sql.SQL("GRANT USAGE, SELECT ON SEQUENCE {} TO {}").format(sql.SQL(", ").join(sequences), who))
 
 
 def current_version(conn: psycopg.Connection) -> int:
     try:
         row = conn.execute("SELECT coalesce(max(version), 0) FROM livepush_schema").fetchone()
     except psycopg.errors.UndefinedTable:
-        conn.rollback() if not conn.autocommit else None
+        if not conn.autocommit:
+            conn.rollback()
         return 0
     return int(row[0]) if row else 0
 
 
-def check_schema(url: str) -> None:
-    """Refuse to run on a schema older than this code needs (SPEC §3)."""
-    with db.connect(url) as conn:
+def check_schema(url: str, who: str = "this livepush") -> None:
+    """Refuse to run on a schema older than this code needs, or not ours at all."""
+    with translated(url), connect(url) as conn:
         have = current_version(conn)
+        applied = [(int(v), str(n)) for v, n in conn.execute(_APPLIED)] if have else []
+    _check_lineage(url, applied)
     need = required_version()
     if have < need:
-        raise SchemaError(
-            f"the database schema is at version {have} but this livepush needs {need}: run `livepush migrate`"
-        )
+        raise SchemaError(f"the database schema is at version {have} but {who} needs {need}: run `livepush migrate`")

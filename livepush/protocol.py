@@ -1,4 +1,4 @@
-"""The wire protocol (SPEC §5) as pure code: client frames in, typed commands or errors
+"""The wire protocol (docs/reference.md#5-wire-protocol) as pure code: client frames in, typed commands or errors
 out, and the server's frames as text. No sockets here: tests call it directly.
 """
 
@@ -13,10 +13,8 @@ from .types import Offset
 MAX_FRAME_BYTES = 64 * 1024
 BAD_FRAMES_PER_MINUTE = 10
 
-# Close codes (SPEC §5).
-CLOSE_GOING_AWAY = 1001
+# Close codes (docs/reference.md#5-wire-protocol).
 CLOSE_POLICY = 1008
-CLOSE_TOO_BIG = 1009
 CLOSE_TOO_SLOW = 1013
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_REVOKED = 4403

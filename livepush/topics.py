@@ -1,13 +1,17 @@
-"""Topic names and signed topics (SPEC §5).
+"""Topic names and signed topics (docs/reference.md#5-wire-protocol).
 
 A plain topic matches [A-Za-z0-9_.:/-]{1,200}. A signed topic is the topic, `~`, and an
-itsdangerous signature; with a TTL the signed value also carries the expiry time:
-`job:42~SIG` or `job:42~1767225600~SIG`. `~` never appears in a plain topic, so a server
+HMAC-SHA-256 signature (itsdangerous); with a TTL the signed value also carries the expiry
+time: `job:42~SIG` or `job:42~1767225600~SIG`. `~` never appears in a plain topic, so a server
 tells the two apart by that character alone.
+
+State topics (`job:<id>`, `group:<id>`, `workflow:<id>`) name a row by its canonical decimal
+id: `job:0001` or `job:0_1` are not job 1's topic, they are invalid.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import time
@@ -21,9 +25,11 @@ TOPIC_RE = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
 RESERVED_PREFIX = "_livepush."
 SEP = "~"
 _SALT = "livepush.topic"
+STATE_PREFIXES = ("job:", "group:", "workflow:")
+_STATE_ID = re.compile(r"[1-9][0-9]{0,18}")
 
 
-def validate_topic(topic: object, *, allow_reserved: bool = False) -> str:
+def validate_topic(topic: object) -> str:
     """Return `topic` if it is a valid plain topic, else raise InvalidTopic."""
     if not isinstance(topic, str) or not TOPIC_RE.fullmatch(topic):
         shown = repr(topic)[:60]
@@ -31,9 +37,29 @@ def validate_topic(topic: object, *, allow_reserved: bool = False) -> str:
             f"invalid topic {shown}: use 1 to 200 characters from A-Z a-z 0-9 _ . : / -",
             "invalid_topic",
         )
-    if not allow_reserved and topic.startswith(RESERVED_PREFIX):
+    if topic.startswith(RESERVED_PREFIX):
         raise InvalidTopic(f"topic {topic!r} is reserved: topics starting with {RESERVED_PREFIX!r} are livepush's own")
     return topic
+
+
+def state_topic_id(topic: str) -> int | None:
+    """The id in a state topic (`job:42` -> 42); None for any other topic. Raises
+    InvalidTopic for a state topic whose id is not canonical decimal."""
+    prefix, sep, ident = topic.partition(":")
+    if not sep or prefix + sep not in STATE_PREFIXES:
+        return None
+    if not _STATE_ID.fullmatch(ident):
+        raise InvalidTopic(
+            f"invalid topic {topic[:60]!r}: a {prefix} topic is {prefix}:<id> with the id in plain decimal "
+            "(no sign, leading zero or separator)",
+            "invalid_topic",
+        )
+    return int(ident)
+
+
+def check_state_topic(topic: str) -> None:
+    """InvalidTopic unless `topic` is either no state topic or one with a canonical id."""
+    state_topic_id(topic)
 
 
 def is_signed(topic: str) -> bool:
@@ -42,7 +68,7 @@ def is_signed(topic: str) -> bool:
 
 def _signer(secrets: Sequence[str]) -> Signer:
     # itsdangerous signs with the last key and verifies with any: newest last.
-    return Signer(list(reversed(secrets)), salt=_SALT, sep=SEP)
+    return Signer(list(reversed(secrets)), salt=_SALT, sep=SEP, digest_method=hashlib.sha256)
 
 
 def sign(topic: str, secrets: Sequence[str], ttl: float | None = None, *, now: float | None = None) -> str:
@@ -69,7 +95,7 @@ def verify(signed: object, secrets: Sequence[str], *, now: float | None = None) 
         raise InvalidTopic("the signed topic's signature does not match: sign it again with sign_topic()", "invalid_signature") from None
     topic, _, expires = value.partition(SEP)
     if expires:
-        if not expires.isdigit():
+        if not (expires.isascii() and expires.isdigit()):
             raise InvalidTopic("the signed topic is malformed", "invalid_signature")
         if (time.time() if now is None else now) >= int(expires):
             raise InvalidTopic("the signed topic has expired: render the page again to get a fresh one", "expired")

@@ -1,10 +1,11 @@
-"""Named types shared across livepush."""
+"""Named types shared across livepush, and the two seams the server reads through: fan-outs
+(messages, `livepush.fanout`) and state sources (state topics, `StateSource` here)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 JSON: TypeAlias = Any  # plain JSON: str, int, float, bool, None, list, dict[str, JSON]
 Topic: TypeAlias = str
@@ -16,11 +17,11 @@ class Message:
     """One published message as a fan-out hands it to receivers.
 
     `data_json` is the JSON text exactly as published, so the server encodes a frame once
-    without parsing and re-serialising the payload. `prev` is the offset of the message
-    before it on the same topic (for the first: "0" on Postgres and local, "0-0" on
-    Redis, the same value latest_offset() gives for a topic never published), which lets the hub spot a gap.
-    `data_json` is None when the transport could not carry the payload (a large message on
-    Postgres NOTIFY): the receiver reads it from history.
+    without parsing and re-serialising the payload. `prev` is the offset of the message before
+    it on the same topic ("EPOCH-0" on Postgres, "0" on local, "0-0" on Redis for the first, the same
+    value latest_offset() gives for a topic never published), which lets the hub spot a gap.
+    `data_json` is None for a doorbell, which only names the offset: the receiver reads the
+    message from history (the Postgres fan-out's notifications are all doorbells).
     """
 
     topic: Topic
@@ -30,12 +31,57 @@ class Message:
 
 
 def offset_key(offset: Offset) -> tuple[int, ...]:
-    """Order offsets of one topic: "17" (Postgres, local) or "1700000000000-3" (Redis)."""
-    return tuple(int(part) for part in offset.split("-"))
+    """Order offsets of one topic: "17" or "1700000000000-3". Raises ValueError for anything
+    that is not ASCII digits separated by "-"."""
+    parts = offset.split("-")
+    if not all(p.isascii() and p.isdigit() and len(p) <= 20 for p in parts):
+        raise ValueError(f"not an offset: {offset[:40]!r}")
+    return tuple(int(p) for p in parts)
 
 
-# A receiver gets live messages and control events from a fan-out, on the event loop.
+# A receiver gets live messages from a fan-out, on the event loop.
 Receiver: TypeAlias = Callable[[Message], None]
 # Called with no argument after the fan-out reconnected its listener: whatever was
 # published while it was away must be fetched from history.
 ResyncHandler: TypeAlias = Callable[[], Awaitable[None] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    """The current state of a state topic: its version (the topic's offset) and the JSON text of
+    the object it describes under `key`, e.g. key "job" and view '{"id":7,...}'."""
+
+    version: int
+    event: str
+    key: str
+    view_json: str
+
+    def data_json(self, *, snapshot: bool = False) -> str:
+        """The `data` of the topic's message: {"event": ..., KEY: VIEW}."""
+        event = "snapshot" if snapshot else self.event
+        return '{"event":"' + event + '","' + self.key + '":' + self.view_json + "}"
+
+
+class StateSource(Protocol):
+    """Where the server reads state topics (`job:<id>`, `group:<id>`, ...) from: their owner's
+    rows. Registered with the server for its `prefixes` at wiring time."""
+
+    prefixes: tuple[str, ...]
+
+    def watch(self, on_change: Callable[[Topic, int | None], None], on_resync: Callable[[], None],
+              on_created: Callable[[str, int, int], None]) -> None:
+        """Call `on_change(topic, version or None)` when a state topic may have changed,
+        `on_created(prefix, first, last)` when the rows with ids first..last may have been
+        created (only topics without a state yet need a read), and `on_resync()` when changes
+        may have been missed (every watched topic must be read again)."""
+
+    async def listen(self) -> None:
+        """Start watching; returns once changes are heard (raises ListenError otherwise)."""
+
+    @property
+    def listening(self) -> bool: ...
+
+    async def read(self, topics: Sequence[Topic]) -> dict[Topic, State]:
+        """The current state of each topic that has one (an unknown id has none)."""
+
+    async def aclose(self) -> None: ...

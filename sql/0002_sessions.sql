@@ -1,26 +1,33 @@
--- Session revocations (SPEC §4, §5; livepush/sessions.py). Independent of the other
--- migrations: no foreign keys, no shared functions.
+-- Session revocations (livepush/sessions/revocations.py owns these tables and the
+-- `livepush_revocations` channel).
 --
--- Session tokens are stateless (signed, with an expiry inside), so only revocations are
--- stored. A server asks these tables at the handshake and, in batches, every
--- reverify_interval; revoke() also announces each revocation on the fan-out so open
--- connections close within a second.
+-- Session tokens are stateless (signed, with an expiry inside), so only revocations are stored.
+-- A server asks these tables at the handshake and, in batches, every reverify_interval. Each
+-- revocation also rings `livepush_revocations` in its own transaction: a doorbell without a
+-- payload, on which every server re-checks its open sessions against these tables at once. A
+-- forged ring costs one such check and closes nothing.
 
--- One row per revoked session. expires_at is the session's own expiry: after it the
--- token is refused as expired anyway, so the row is pruned (see _PG_PRUNE).
+-- One row per revoked session. expires_at is the session's own expiry: after it the token is
+-- refused as expired anyway, so the row is pruned.
 CREATE TABLE livepush_revoked_sessions (
     session_id text PRIMARY KEY,
     expires_at timestamptz NOT NULL
 );
 CREATE INDEX livepush_revoked_sessions_expires_at ON livepush_revoked_sessions (expires_at);
 
--- "Sign out everywhere": every session of subject issued at or before revoked_at is
--- revoked; sessions issued later are not. Concurrent revocations keep the latest cut-off
--- (greatest() in the upsert). expires_at = revoked_at + the longest session lifetime
--- (366 days): no session the row covers can outlive it, so it is pruned then.
+-- "Sign out everywhere": every session of subject issued at or before revoked_at is revoked;
+-- sessions issued later are not. Concurrent revocations keep the latest cut-off (greatest()
+-- in the upsert). expires_at = revoked_at + the longest session lifetime: no session the row
+-- covers can outlive it, so it is pruned then.
 CREATE TABLE livepush_revoked_subjects (
     subject    text PRIMARY KEY,
     revoked_at timestamptz NOT NULL,
     expires_at timestamptz NOT NULL
 );
 CREATE INDEX livepush_revoked_subjects_expires_at ON livepush_revoked_subjects (expires_at);
+
+-- The doorbell, delivered when the revoking transaction commits.
+CREATE FUNCTION livepush_revocations_changed() RETURNS void
+LANGUAGE sql VOLATILE AS $$
+    SELECT pg_notify('livepush_revocations', '')
+$$;

@@ -1,11 +1,15 @@
--- The job runtime's tables (SPEC §4 Jobs, §7).
+-- The job runtime's tables and channels (livepush/jobs/ owns them: its statements are in
+-- livepush/jobs/queries.py).
 --
 -- Two tables per job on purpose. `livepush_jobs` is the narrow state row that every claim,
 -- completion and rescue rewrites; `livepush_job_payloads` holds what those statements never
--- touch (arguments) or touch rarely (error, progress). Rewriting a row copies all of it,
--- so keeping arguments out of the hot row keeps claims cheap and the heap small.
-
-CREATE SEQUENCE livepush_job_lease_seq;
+-- touch (arguments) or touch rarely (error, progress). Rewriting a row copies all of it, so
+-- keeping arguments out of the hot row keeps claims cheap and the heap small.
+--
+-- A job's row is its state topic `job:<id>`: `version` grows with every change a page could
+-- see, `event` names the last one, and each change rings `livepush_states` with the topic and
+-- the new version (in the same transaction, except a claim's `started`, which the runtime rings
+-- with its next write). Nothing is written anywhere else for it.
 
 CREATE TABLE livepush_jobs (
     id               bigserial PRIMARY KEY,
@@ -20,21 +24,28 @@ CREATE TABLE livepush_jobs (
     -- Attempts started so far; a claim adds one, a release by a draining runtime takes it back.
     attempt          integer     NOT NULL DEFAULT 0,
     max_attempts     integer     NOT NULL DEFAULT 5 CHECK (max_attempts >= 1),
-    -- The fencing token: a fresh value per claim. Every outcome names it, so a worker whose
-    -- job was rescued and claimed again can never overwrite the new attempt.
+    -- The fencing token: a fresh value per claim (livepush_job_lease()). Every outcome names
+    -- it, so a worker whose job was rescued and claimed again can never overwrite the new attempt.
     lease            bigint,
     runtime_id       bigint,
-    -- Task groups (issue 6): members point at their group; NULL for a lone job.
+    -- The task group this job is a member of (counted in it), or NULL.
     group_id         bigint,
+    -- The task group this job is a callback of (on_finish, on_success, on_failure: never
+    -- counted as a member), or NULL.
+    callback_of      bigint,
     cancel_requested boolean     NOT NULL DEFAULT false,
-    finished_at      timestamptz
+    finished_at      timestamptz,
+    -- The state topic: the version of what a page sees, and the event that made it.
+    version          bigint      NOT NULL DEFAULT 1,
+    event            text        NOT NULL DEFAULT 'enqueued'
+        CHECK (event IN ('enqueued', 'started', 'progress', 'retrying', 'succeeded', 'failed', 'cancelled')),
+    CHECK (group_id IS NULL OR callback_of IS NULL)
 ) WITH (
-    -- A queue table is mostly dead tuples: every job is inserted, rewritten two or three
-    -- times and finished within seconds. The defaults (vacuum at 20 % dead rows, with cost
-    -- throttling) let dead rows and index entries pile up under load until every claim
-    -- wades through them (River #59, PgQueuer #389). Vacuum early and unthrottled, and
-    -- leave free room in each page so a claim's rewrite can stay on the same page (HOT
-    -- for updates that do not touch an indexed column).
+    -- A queue table is mostly dead tuples: every job is inserted, rewritten two or three times
+    -- and finished within seconds. The defaults (vacuum at 20 % dead rows, with cost
+    -- throttling) let dead rows and index entries pile up under load until every claim wades
+    -- through them. Vacuum early and unthrottled, and leave free room in each page so a
+    -- rewrite can stay on the same page (HOT, for updates that touch no indexed column).
     fillfactor = 70,
     autovacuum_vacuum_scale_factor = 0.01,
     autovacuum_vacuum_threshold = 1000,
@@ -43,9 +54,9 @@ CREATE TABLE livepush_jobs (
     autovacuum_analyze_scale_factor = 0.02
 );
 
--- The claim's index: only rows ready to run, in claim order. Claimed rows leave it (their
--- state changes), so a claim never scans past jobs others hold; a claim ordered by id
--- alone over the whole table fell to ~300 jobs/s scanning past claimed rows.
+-- The claim's index: only rows ready to run, in claim order. Claimed rows leave it (their state
+-- changes), so a claim never scans past jobs others hold (a claim ordered by id over the whole
+-- table slows down as it scans past claimed rows).
 CREATE INDEX livepush_jobs_claim_idx ON livepush_jobs (queue, priority, run_at, id)
     WHERE state = 'available';
 
@@ -57,27 +68,31 @@ CREATE INDEX livepush_jobs_scheduled_idx ON livepush_jobs (run_at)
 CREATE INDEX livepush_jobs_running_idx ON livepush_jobs (runtime_id)
     WHERE state = 'running';
 
-CREATE INDEX livepush_jobs_group_idx ON livepush_jobs (group_id)
-    WHERE group_id IS NOT NULL;
+CREATE INDEX livepush_jobs_group_idx ON livepush_jobs (group_id) WHERE group_id IS NOT NULL;
+CREATE INDEX livepush_jobs_callback_idx ON livepush_jobs (callback_of) WHERE callback_of IS NOT NULL;
 
+-- No foreign key to livepush_jobs: its check would look each job up again for rows the same
+-- statement has just inserted side by side. Every statement that inserts a job inserts its
+-- payload in the same statement, and every statement that deletes jobs deletes their payloads
+-- in the same statement (livepush/jobs/queries.py: DELETE_PAYLOADS_OF_GONE).
 CREATE TABLE livepush_job_payloads (
-    id          bigint PRIMARY KEY REFERENCES livepush_jobs (id) ON DELETE CASCADE,
+    id          bigint PRIMARY KEY,
     args        jsonb       NOT NULL,
     error       text,
     -- {"done": n, "total": n|null, "message": text|null}, written at most ~10 times a second per job.
     progress    jsonb,
     created_at  timestamptz NOT NULL DEFAULT now()
 ) WITH (
-    -- Progress updates rewrite this row; room on the page keeps them HOT (no index
-    -- touches progress or error).
+    -- Progress updates rewrite this row; room on the page keeps them HOT (no index touches
+    -- progress or error).
     fillfactor = 80,
     autovacuum_vacuum_scale_factor = 0.02,
     autovacuum_vacuum_cost_delay = 0
 );
 
--- One row per live runtime process. A runtime beats every `heartbeat` seconds; one silent
--- for three of its own beats is dead, and any other runtime deletes its row and releases
--- its jobs (attempt counted).
+-- One row per live runtime process. A runtime beats every `heartbeat` seconds; one silent for
+-- three of its own beats is dead, and any other runtime deletes its row and releases its jobs
+-- (attempt counted).
 CREATE TABLE livepush_job_runtimes (
     id            bigserial PRIMARY KEY,
     host          text        NOT NULL,
@@ -90,3 +105,54 @@ CREATE TABLE livepush_job_runtimes (
     started_at    timestamptz NOT NULL DEFAULT now(),
     heartbeat_at  timestamptz NOT NULL DEFAULT now()
 ) WITH (fillfactor = 50, autovacuum_vacuum_cost_delay = 0);
+
+-- A fresh lease per claim: 62 random bits. Claims commit asynchronously (a claim lost in a crash
+-- only makes its job run again, which at-least-once allows), and a crash can rewind a sequence
+-- past values handed out in unflushed transactions, so a lease from a sequence could match a
+-- later claim of the same job. A random one matches it with probability 2^-62.
+CREATE FUNCTION livepush_job_lease() RETURNS bigint
+LANGUAGE sql VOLATILE AS $$
+    SELECT (floor(random() * 2147483648)::bigint << 31) | floor(random() * 2147483648)::bigint
+$$;
+
+-- The runtimes' doorbell `livepush_jobs`: something may be ready to claim. No payload, so
+-- Postgres folds the rings of one transaction into one, delivered at commit: a rolled-back
+-- enqueue wakes nobody. A forged ring costs one claim query.
+CREATE FUNCTION livepush_jobs_ready() RETURNS integer
+LANGUAGE sql VOLATILE AS $$
+    SELECT count(pg_notify('livepush_jobs', ''))::integer
+$$;
+
+-- `livepush_jobs_cancel`: the ids of running jobs whose cancel was requested, comma-separated,
+-- at most 300 a notification (under Postgres' 8000-byte limit). A runtime confirms each against
+-- the row (cancel_requested) before it stops anything.
+CREATE FUNCTION livepush_jobs_cancel_requested(p_ids bigint[]) RETURNS integer
+LANGUAGE sql VOLATILE AS $$
+    SELECT count(pg_notify('livepush_jobs_cancel', c.ids))::integer
+    FROM (SELECT string_agg(u.id::text, ',' ORDER BY u.ord) AS ids
+          FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord)
+          GROUP BY (u.ord - 1) / 300) c
+$$;
+
+-- `livepush_states`: state topics that changed, one "TOPIC VERSION" (or "TOPIC" when the version
+-- is not at hand) a line, at most 150 lines a notification (under the 8000-byte limit). Rung in
+-- the transaction that made the change, so a page hears of it if and only if it committed. A
+-- server reads the state from the rows, never from the notification.
+CREATE FUNCTION livepush_state_changed(p_topics text[], p_versions bigint[]) RETURNS integer
+LANGUAGE sql VOLATILE AS $$
+    SELECT count(pg_notify('livepush_states', c.lines))::integer
+    FROM (SELECT string_agg(u.topic || coalesce(' ' || u.version::text, ''), E'\n' ORDER BY u.ord) AS lines
+          FROM unnest(p_topics, p_versions) WITH ORDINALITY AS u(topic, version, ord)
+          GROUP BY (u.ord - 1) / 150) c
+$$;
+
+-- `livepush_states`, for an enqueue of any size: one line "KIND:FIRST-LAST" saying that rows
+-- with ids FIRST to LAST may have been created (at version 1). A server reads only the topics
+-- in that range it watches and has no state for yet (pages waiting for a job to exist); the
+-- range may hold other statements' ids too, which is harmless: the rows decide. Rings nothing
+-- for an empty range (NULL bounds).
+CREATE FUNCTION livepush_states_created(p_kind text, p_first bigint, p_last bigint) RETURNS integer
+LANGUAGE sql VOLATILE AS $$
+    SELECT count(pg_notify('livepush_states', p_kind || ':' || p_first || '-' || p_last))::integer
+    WHERE p_first IS NOT NULL AND p_last IS NOT NULL
+$$;

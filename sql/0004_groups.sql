@@ -1,14 +1,19 @@
--- Task groups (SPEC §4 `jobs.group`, §6 `group:<id>`, §7 "a callback runs exactly once").
+-- Task groups (livepush/jobs/groups/ owns these tables: its statements are in
+-- livepush/jobs/groups/queries.py, with the lock order and the races it closes; see also
+-- docs/groups.md).
 --
--- A group's members are ordinary jobs whose `group_id` is the group's id. Its callbacks are
--- jobs too, carrying the NEGATED group id: they belong to the group (retention, `ctx.group`)
--- without being members (they are never counted).
+-- A group's members are ordinary jobs whose `group_id` is the group's id; its callbacks are
+-- jobs whose `callback_of` is (they belong to the group without being counted in it).
 --
--- Counting without a hot row: each member's outcome is counted on one of the group's
--- `shards` rows, in the transaction that records the outcome. The group row itself is
--- locked only when a shard's pending count reaches 0 (to check whether the whole group is
--- done), on adds and on seal/cancel. See livepush/jobs/group_queries.py for the lock order
--- and the races it closes, and docs/groups.md.
+-- Counting without a hot row: each member's outcome is counted on one of the group's `shards`
+-- rows, in the transaction that records the outcome. The group row itself is locked only when
+-- a shard's pending count reaches 0 (to check whether the whole group is done), on adds and on
+-- seal and cancel.
+--
+-- The group's state topic `group:<id>` has no hot row either: its version is the group row's
+-- version plus the sum of its shards' versions, each of which grows with every change to its
+-- row, so the version grows with every change a page could see and is read in the same
+-- snapshot as the counts it describes.
 
 CREATE TABLE livepush_groups (
     id            bigserial PRIMARY KEY,
@@ -19,8 +24,8 @@ CREATE TABLE livepush_groups (
         CHECK (state IN ('open', 'sealed', 'finished', 'cancelled')),
     -- Counter rows of this group; fixed at creation (a member's shard is computed from its id).
     shards        integer     NOT NULL CHECK (shards BETWEEN 1 AND 1024),
-    -- Members added so far. Written by adds only (they lock this row anyway to check the
-    -- state and the member limit), never by a member's outcome.
+    -- Members added so far. Written by adds only (they lock this row anyway to check the state
+    -- and the member limit), never by a member's outcome.
     total         integer     NOT NULL DEFAULT 0,
     -- Callback specs {"name", "queue", "priority", "max_attempts", "args"}, resolved at creation
     -- so that whichever process finishes the group can enqueue them without knowing the functions.
@@ -31,7 +36,12 @@ CREATE TABLE livepush_groups (
     sealed_at     timestamptz,
     cancelled_at  timestamptz,
     -- Set in the transaction that enqueues the callbacks: the group is done.
-    finished_at   timestamptz
+    finished_at   timestamptz,
+    -- This row's part of the state topic's version, and its last event before any member
+    -- finished ('created' or 'progress'; 'cancelled' and 'finished' follow from state and
+    -- finished_at).
+    version       bigint      NOT NULL DEFAULT 1,
+    event         text        NOT NULL DEFAULT 'created' CHECK (event IN ('created', 'progress'))
 ) WITH (fillfactor = 70, autovacuum_vacuum_cost_delay = 0);
 
 -- Retention finds finished groups by age.
@@ -45,6 +55,8 @@ CREATE TABLE livepush_group_shards (
     succeeded  integer NOT NULL DEFAULT 0,
     failed     integer NOT NULL DEFAULT 0,
     cancelled  integer NOT NULL DEFAULT 0,
+    -- This shard's part of the group topic's version.
+    version    bigint  NOT NULL DEFAULT 0,
     PRIMARY KEY (group_id, shard)
 ) WITH (
     -- Rewritten on every batch of outcomes: room for HOT updates, vacuumed early.
@@ -62,8 +74,8 @@ CREATE TABLE livepush_group_callbacks (
     PRIMARY KEY (group_id, kind)
 );
 
--- Every event published on group:<id>, for `jobs.group_history()` (newest first). Progress
--- events are coalesced (at most ~10 a second per group) before they get here.
+-- The group's events as its state topic showed them, for `jobs.group_history()` (newest first).
+-- Progress is recorded at most ~10 times a second per group.
 CREATE TABLE livepush_group_events (
     group_id  bigint      NOT NULL REFERENCES livepush_groups (id) ON DELETE CASCADE,
     seq       bigserial,

@@ -10,10 +10,10 @@ import pytest
 from websockets.datastructures import Headers
 
 from livepush import sessions
-from livepush.sessions.handshake import authenticate, extract_token, origin_allowed
 from livepush.config import Settings, set_settings
 from livepush.errors import DependencyError
 from livepush.sessions import MemoryRevocations, RevocationStore, Session
+from livepush.sessions.handshake import authenticate, extract_token, origin_allowed
 
 SECRET = "s" * 32 + "-current"
 OLD = "o" * 32 + "-previous"
@@ -272,6 +272,7 @@ async def test_store_outage_is_not_a_missing_session() -> None:
         async def aadd_session(self, session_id: str, expires_at: float) -> None: ...
         def add_subject(self, subject: str, before: float) -> None: ...
         async def aadd_subject(self, subject: str, before: float) -> None: ...
+        async def watch(self, on_revoked: object) -> None: ...
 
     token = sessions.issue("user-7")
     with pytest.raises(DependencyError):

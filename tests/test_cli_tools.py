@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from livepush import sessions, topics
+from livepush import InvalidTopic, sessions, topics
 
 
 def test_token_topic_prints_a_signed_topic_that_verifies(procs, livepush_env, secret) -> None:
@@ -12,6 +14,20 @@ def test_token_topic_prints_a_signed_topic_that_verifies(procs, livepush_env, se
     child = procs.livepush("token", "topic", "job:42", "--ttl", "60", env=livepush_env())
     assert child.wait(20) == 0, child.output()
     assert topics.verify(child.stdout().strip(), [secret]) == "job:42"
+
+
+def test_token_topic_expires_after_the_signed_topic_ttl_by_default(procs, livepush_env, secret) -> None:
+    """Without --ttl, `livepush token topic` signs for LIVEPUSH_SIGNED_TOPIC_TTL seconds: the topic verifies now, not after."""
+    started = time.time()
+    child = procs.livepush("token", "topic", "job:42", env=livepush_env(signed_topic_ttl=120))
+    assert child.wait(20) == 0, child.output()
+    signed = child.stdout().strip()
+    assert topics.verify(signed, [secret]) == "job:42"
+    expires = int(signed.split("~")[1])
+    assert started + 119 <= expires <= time.time() + 120
+    with pytest.raises(InvalidTopic) as info:
+        topics.verify(signed, [secret], now=expires)
+    assert info.value.reason == "expired"
 
 
 def test_token_session_prints_a_session_token_for_the_subject(procs, livepush_env, secret) -> None:
@@ -28,6 +44,7 @@ def test_token_session_prints_a_session_token_for_the_subject(procs, livepush_en
         (["token", "topic", "a", "--ttl", "-5"], "ttl"),
         (["token", "session", ""], "subject"),
         (["publish", "_livepush.x", "{}"], "reserved"),
+        (["publish", "job:1", "{}"], "state topic"),
         (["publish", "a", "{not json"], "JSON"),
         (["publish", "a", '{"x": NaN}'], "JSON"),
         (["nope"], "invalid choice"),

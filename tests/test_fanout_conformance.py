@@ -1,14 +1,15 @@
 """One contract, three fan-outs: every test here runs against local, Postgres and Redis.
 
-The contract is `livepush.fanout.base` (SPEC §4, §7). A test that cannot apply to one
-fan-out (the local one has no server to lose, no other process to hear from) skips it and
+The contract is `livepush.fanout.base` (docs/reference.md §4, §7). A test that cannot apply to
+one fan-out (the local one has no server to lose, no other process to hear from) skips it and
 says why.
 
-Receivers and large payloads: a receiver may get `Message.data_json is None` when the
-transport could not carry the payload (Postgres NOTIFY stops at 8000 bytes). The message
-still has its offset and prev; the receiver must read the payload with
-`history(topic, message.prev)`, whose first entry is that message. The hub does exactly
-this; `payload_of()` below is the same rule, and every test reads payloads through it.
+Receivers and doorbells: the Postgres fan-out's receivers get doorbells, `Message.data_json` is
+None (a notification carries no data: any role that can connect may send one). The message
+still has its offset and prev; the receiver reads it with `history(topic, message.prev)`, whose
+first entry is that message. The hub does exactly this; `Collector` (tests/support/fanouts.py)
+does the same for every test here. `history()` answers one page, `History(messages, latest,
+more)`, or None; `read_history()` follows the pages to the end.
 """
 
 from __future__ import annotations
@@ -28,60 +29,33 @@ import pytest
 import redis
 
 import livepush
-from livepush.fanout.base import MAX_PAYLOAD_BYTES, FanOut
-from livepush.types import Message, offset_key
+from livepush.fanout.base import (
+    HISTORY_PAGE,
+    HISTORY_PAGE_BYTES,
+    MAX_PAYLOAD_BYTES,
+    FanOut,
+)
+from livepush.types import offset_key
 from tests.support import services
+from tests.support.fanouts import WAIT, Collector, payload_of, read_history
 from tests.support.procs import free_port
 from tests.support.waiting import async_wait_for, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ["local", "postgres", "redis"]
 SERVER_KINDS = ("postgres", "redis")
-WAIT = 10.0  # seconds: the bound on every wait for a delivery
 
 MakeFanOut = Callable[..., Awaitable[FanOut]]
-
 
 # ---- helpers ------------------------------------------------------------------------------------
 
 
-class Collector:
-    """A receiver that records messages and lets a test await a condition on them."""
-
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-        self._changed = asyncio.Event()
-
-    def __call__(self, message: Message) -> None:
-        self.messages.append(message)
-        self._changed.set()
-
-    def on(self, topic: str) -> list[Message]:
-        return [m for m in self.messages if m.topic == topic]
-
-    async def wait(self, predicate: Callable[[list[Message]], bool], timeout: float = WAIT) -> None:
-        try:
-            async with asyncio.timeout(timeout):
-                while not predicate(self.messages):
-                    self._changed.clear()
-                    await self._changed.wait()
-        except TimeoutError:
-            raise AssertionError(f"timed out after {timeout} s; received {[(m.topic, m.offset) for m in self.messages]}") from None
-
-    async def wait_count(self, topic: str, n: int, timeout: float = WAIT) -> list[Message]:
-        await self.wait(lambda _: len(self.on(topic)) >= n, timeout)
-        return self.on(topic)
+def offsets_of(messages: list[Any] | None) -> list[str]:
+    return [m.offset for m in messages or []]
 
 
-async def payload_of(fanout: FanOut, message: Message) -> Any:
-    """The message's data; read from history when the transport left it out (the contract)."""
-    if message.data_json is not None:
-        return json.loads(message.data_json)
-    replay = await fanout.history(message.topic, message.prev)
-    assert replay, f"{message.offset} was delivered without its payload and is not in history"
-    assert replay[0].offset == message.offset
-    assert replay[0].data_json is not None
-    return json.loads(replay[0].data_json)
+def datas_of(messages: list[Any] | None) -> list[Any]:
+    return [json.loads(m.data_json or "null") for m in messages or []]
 
 
 def beyond(offset: str) -> str:
@@ -180,7 +154,6 @@ async def make_fanout(kind: str, request: pytest.FixtureRequest) -> AsyncIterato
     """
     default_url: str | None = None
     if kind == "postgres":
-        pytest.importorskip("livepush.fanout.postgres", reason="livepush/fanout/postgres.py is not written yet")
         default_url = request.getfixturevalue("pg_url")
     elif kind == "redis":
         default_url = request.getfixturevalue("redis_url")
@@ -266,7 +239,6 @@ async def test_listen_unreachable_server_raises_listen_error(kind: str) -> None:
     port = free_port()  # nothing listens there
     fanout: FanOut
     if kind == "postgres":
-        pytest.importorskip("livepush.fanout.postgres", reason="livepush/fanout/postgres.py is not written yet")
         from livepush.fanout.postgres import PostgresFanOut
 
         fanout, setting = PostgresFanOut(f"postgresql://postgres@127.0.0.1:{port}/postgres"), "LIVEPUSH_DATABASE_URL"
@@ -288,9 +260,9 @@ async def test_listen_unreachable_server_raises_listen_error(kind: str) -> None:
 
 
 async def test_delivery_in_publish_order_sync_and_async(make_fanout: MakeFanOut) -> None:
-    """Sync and async publishes reach a receiver in publish order per topic, with rising offsets."""
+    """Sync and async publishes reach a receiver in publish order per topic, each once, with rising offsets."""
     fanout = await make_fanout()
-    got = Collector()
+    got = Collector(fanout)
     fanout.register(got)
     sent: dict[str, list[tuple[str, Any]]] = {"order:a": [], "order:b": []}
     for i in range(40):
@@ -300,19 +272,33 @@ async def test_delivery_in_publish_order_sync_and_async(make_fanout: MakeFanOut)
         sent[topic].append((offset, data))
     for topic, expected in sent.items():
         received = await got.wait_count(topic, len(expected))
-        assert [m.offset for m in received] == [offset for offset, _ in expected]
-        assert [await payload_of(fanout, m) for m in received] == [data for _, data in expected]
+        assert offsets_of(received) == [offset for offset, _ in expected]
+        assert datas_of(received) == [data for _, data in expected]
         keys = [offset_key(m.offset) for m in received]
         assert keys == sorted(keys) and len(set(keys)) == len(keys), "offsets must increase per topic"
         for before, after in zip(received, received[1:], strict=False):
             assert after.prev == before.offset, "prev names the message before on the topic"
 
 
+async def test_receivers_get_the_data_or_a_doorbell_that_history_resolves(kind: str, make_fanout: MakeFanOut) -> None:
+    """Postgres receivers get doorbells (offset and prev, no data) and read the message from history; the others get the data."""
+    fanout = await make_fanout()
+    got = Collector(fanout)
+    fanout.register(got)
+    offsets = [await fanout.apublish("bell:a", {"i": i}) for i in range(3)]
+    received = await got.wait_count("bell:a", 3)
+    doorbells = [m.data_json is None for m in got.raw]
+    assert doorbells == [kind == "postgres"] * 3, "only Postgres notifications are doorbells"
+    assert offsets_of(got.raw) == offsets == offsets_of(received)
+    assert [m.prev for m in got.raw] == [m.prev for m in received]
+    assert [await payload_of(fanout, m) for m in got.raw] == [{"i": i} for i in range(3)]
+
+
 async def test_publish_right_after_listen_is_received(make_fanout: MakeFanOut) -> None:
     """A message published the moment listen() returns is delivered: the subscription was in effect."""
     fanout = await make_fanout(listen=False)
     await fanout.listen()
-    got = Collector()
+    got = Collector(fanout)
     fanout.register(got)
     offset = await fanout.apublish("seam:first", {"n": 1})
     [message] = await got.wait_count("seam:first", 1)
@@ -323,12 +309,12 @@ async def test_receiver_gets_messages_from_another_process(kind: str, make_fanou
     """A receiver registered after listen() gets what a separate publish-only process publishes."""
     server_only(kind)
     fanout = await make_fanout()
-    got = Collector()
+    got = Collector(fanout)
     fanout.register(got)
     offsets = await publish_from_child(kind, fanout.url, "child:topic", 3)  # type: ignore[attr-defined]
     received = await got.wait_count("child:topic", 3)
-    assert [m.offset for m in received] == offsets
-    assert [await payload_of(fanout, m) for m in received] == [{"from": "child", "i": i} for i in range(3)]
+    assert offsets_of(received) == offsets
+    assert datas_of(received) == [{"from": "child", "i": i} for i in range(3)]
 
 
 async def test_conn_is_refused_without_postgres(kind: str, make_fanout: MakeFanOut) -> None:
@@ -336,11 +322,13 @@ async def test_conn_is_refused_without_postgres(kind: str, make_fanout: MakeFanO
     if kind == "postgres":
         pytest.skip("conn= is the Postgres fan-out's own feature (tested with transactions)")
     fanout = await make_fanout()
+    start = fanout.latest_offset("conn:topic")
     with pytest.raises(ValueError, match="Postgres"):
         fanout.publish("conn:topic", {"a": 1}, conn=object())
     with pytest.raises(ValueError, match="Postgres"):
         await fanout.apublish("conn:topic", {"a": 1}, conn=object())
-    assert await fanout.history("conn:topic", fanout.latest_offset("conn:topic")) == []
+    assert fanout.latest_offset("conn:topic") == start
+    assert await read_history(fanout, "conn:topic", start) == []
 
 
 # ---- payload size -------------------------------------------------------------------------------
@@ -349,7 +337,7 @@ async def test_conn_is_refused_without_postgres(kind: str, make_fanout: MakeFanO
 async def test_payload_of_exactly_1_mib_arrives_intact(make_fanout: MakeFanOut) -> None:
     """A payload of exactly 1 MiB of JSON (multi-byte text included) is delivered and replayed intact."""
     fanout = await make_fanout()
-    got = Collector()
+    got = Collector(fanout)
     fanout.register(got)
     tail = "é€😀"  # 2, 3 and 4 bytes in UTF-8
     filler = MAX_PAYLOAD_BYTES - len('{"s":""}') - len(tail.encode("utf-8"))
@@ -359,18 +347,17 @@ async def test_payload_of_exactly_1_mib_arrives_intact(make_fanout: MakeFanOut) 
     offset = await fanout.apublish("big:one", data)
     fanout.publish("big:one", {"n": 2})
     received = await got.wait_count("big:one", 3)
-    assert [m.offset for m in received][1] == offset
-    assert await payload_of(fanout, received[1]) == data
-    assert await payload_of(fanout, received[2]) == {"n": 2}, "order holds around a large message"
-    replay = await fanout.history("big:one", small_before)
-    assert replay is not None and replay[0].offset == offset
-    assert json.loads(replay[0].data_json or "null") == data
+    assert offsets_of(received)[1] == offset
+    assert datas_of(received)[1:] == [data, {"n": 2}], "intact, and order holds around a large message"
+    replay = await read_history(fanout, "big:one", small_before)
+    assert offsets_of(replay)[0] == offset
+    assert datas_of(replay) == [data, {"n": 2}]
 
 
 async def test_payload_over_1_mib_is_refused_and_nothing_written(make_fanout: MakeFanOut) -> None:
     """2 MiB raises PayloadTooLarge (a ValueError) before anything is written or delivered."""
     fanout = await make_fanout()
-    got = Collector()
+    got = Collector(fanout)
     fanout.register(got)
     fanout.publish("big:two", {"n": 0})
     await got.wait_count("big:two", 1)
@@ -384,15 +371,15 @@ async def test_payload_over_1_mib_is_refused_and_nothing_written(make_fanout: Ma
     assert fanout.latest_offset("big:two") == before
     marker = fanout.publish("big:two", {"n": 1})
     received = await got.wait_count("big:two", 2)
-    assert [m.offset for m in received][1] == marker, "nothing was delivered between the two"
-    assert [m.offset for m in (await fanout.history("big:two", before) or [])] == [marker]
+    assert offsets_of(received)[1] == marker, "nothing was delivered between the two"
+    assert offsets_of(await read_history(fanout, "big:two", before)) == [marker]
 
 
 # ---- history and offsets ------------------------------------------------------------------------
 
 
 async def test_history_returns_exactly_what_came_after(make_fanout: MakeFanOut) -> None:
-    """history(since) returns every later message of the topic, in order, and nothing else."""
+    """history(since) returns every later message of the topic, in order, and nothing else; `latest` is the newest offset."""
     fanout = await make_fanout()
     start = fanout.latest_offset("hist:a")
     offsets, datas = [], []
@@ -402,12 +389,14 @@ async def test_history_returns_exactly_what_came_after(make_fanout: MakeFanOut) 
         datas.append(data)
         fanout.publish("hist:other", {"noise": i})
     for cut, since in enumerate([start, *offsets]):
-        replay = await fanout.history("hist:a", since)
-        assert replay is not None, f"since={since} is in history"
-        assert [m.offset for m in replay] == offsets[cut:]
-        assert [json.loads(m.data_json or "null") for m in replay] == datas[cut:]
-        assert all(m.topic == "hist:a" for m in replay)
-    assert await fanout.history("hist:a", offsets[-1]) == []
+        page = await fanout.history("hist:a", since)
+        assert page is not None, f"since={since} is in history"
+        assert offsets_of(page.messages) == offsets[cut:]
+        assert datas_of(page.messages) == datas[cut:]
+        assert all(m.topic == "hist:a" for m in page.messages)
+        assert page.latest == offsets[-1] and page.more is False
+    last = await fanout.history("hist:a", offsets[-1])
+    assert last is not None and (last.messages, last.latest, last.more) == ([], offsets[-1], False)
 
 
 async def test_history_replays_1000_missed_messages(make_fanout: MakeFanOut) -> None:
@@ -415,10 +404,53 @@ async def test_history_replays_1000_missed_messages(make_fanout: MakeFanOut) -> 
     fanout = await make_fanout()
     since = fanout.latest_offset("away:a")
     offsets = [fanout.publish("away:a", {"i": i}) for i in range(1000)]
-    replay = await fanout.history("away:a", since)
-    assert replay is not None
-    assert [m.offset for m in replay] == offsets
-    assert [json.loads(m.data_json or "null")["i"] for m in replay] == list(range(1000))
+    replay = await read_history(fanout, "away:a", since)
+    assert offsets_of(replay) == offsets
+    assert [d["i"] for d in datas_of(replay)] == list(range(1000))
+
+
+async def test_a_history_of_1000_messages_comes_in_pages_with_more_until_the_last(make_fanout: MakeFanOut) -> None:
+    """history() answers one page of at most HISTORY_PAGE messages (or `limit`), `more` true until the last page."""
+    fanout = await make_fanout()
+    since = fanout.latest_offset("pages:a")
+    offsets = [fanout.publish("pages:a", {"i": i}) for i in range(1000)]
+    pages = []
+    cursor = since
+    while not pages or pages[-1].more:
+        assert len(pages) < 1000, "history never said it was done"
+        page = await fanout.history("pages:a", cursor)
+        assert page is not None
+        assert 0 < len(page.messages) <= HISTORY_PAGE
+        assert page.latest == offsets[-1], "every page knows where the replay ends"
+        pages.append(page)
+        cursor = page.messages[-1].offset
+    assert [m.offset for p in pages for m in p.messages] == offsets
+    assert len(pages) == -(-1000 // HISTORY_PAGE), "pages are full but the last"
+    assert [p.more for p in pages] == [True] * (len(pages) - 1) + [False]
+    small = await fanout.history("pages:a", since, limit=7)
+    assert small is not None and offsets_of(small.messages) == offsets[:7] and small.more
+
+
+async def test_a_page_of_large_messages_stops_at_about_a_mib(make_fanout: MakeFanOut) -> None:
+    """A page ends at the message that takes its data past HISTORY_PAGE_BYTES, so large messages come a few a page."""
+    fanout = await make_fanout()
+    since = fanout.latest_offset("pages:big")
+    blob = "z" * (400 * 1024)
+    offsets = [fanout.publish("pages:big", {"i": i, "blob": blob}) for i in range(8)]
+    one_mib = fanout.publish("pages:big", {"blob": "y" * (MAX_PAYLOAD_BYTES - 20)})
+    pages = []
+    cursor = since
+    while not pages or pages[-1].more:
+        assert len(pages) < 100, "history never said it was done"
+        page = await fanout.history("pages:big", cursor)
+        assert page is not None and page.messages, "a page always has a message, however large"
+        before_last = sum(len((m.data_json or "").encode()) for m in page.messages[:-1])
+        assert before_last < HISTORY_PAGE_BYTES, "a page holds about a MiB: what precedes its last message is under it"
+        pages.append(page)
+        cursor = page.messages[-1].offset
+    assert [m.offset for p in pages for m in p.messages] == [*offsets, one_mib]
+    assert len(pages) >= 3, f"8 × 400 KiB + 1 MiB came in {len(pages)} page(s)"
+    assert pages[0].more and not pages[-1].more
 
 
 async def test_history_of_unknown_or_garbage_offset_is_none(make_fanout: MakeFanOut) -> None:
@@ -442,25 +474,25 @@ async def test_expired_range_is_none(make_fanout: MakeFanOut) -> None:
         assert await fanout.history("ttl:a", since) is None, f"since={since}"
     # Fresh messages after the expired ones replay normally.
     fresh = fanout.publish("ttl:a", {"i": 3})
-    replay = await fanout.history("ttl:a", offsets[2])
-    assert replay is not None and [m.offset for m in replay] == [fresh]
-    assert await fanout.history("ttl:a", fresh) == []
+    assert offsets_of(await read_history(fanout, "ttl:a", offsets[2])) == [fresh]
+    assert await read_history(fanout, "ttl:a", fresh) == []
 
 
 async def test_latest_offset_closes_the_render_to_subscribe_gap(make_fanout: MakeFanOut) -> None:
-    """latest_offset() is the last published offset; replaying from it yields what came after, or []."""
+    """latest_offset() is the last published offset; replaying from it yields what came after, or nothing."""
     fanout = await make_fanout()
     unknown = fanout.latest_offset("latest:new")
     assert await fanout.alatest_offset("latest:new") == unknown
-    assert await fanout.history("latest:new", unknown) == [], "an unknown topic replays nothing, not reset"
+    empty = await fanout.history("latest:new", unknown)
+    assert empty is not None, "an unknown topic replays nothing, not reset"
+    assert (empty.messages, empty.latest, empty.more) == ([], unknown, False)
     offsets = [fanout.publish("latest:a", {"i": i}) for i in range(3)]
     assert fanout.latest_offset("latest:a") == offsets[-1]
     assert await fanout.alatest_offset("latest:a") == offsets[-1]
     # A page rendered now embeds `rendered`; what is published before it subscribes is replayed.
     rendered = fanout.latest_offset("latest:new")
     late = await fanout.apublish("latest:new", {"late": True})
-    replay = await fanout.history("latest:new", rendered)
-    assert [m.offset for m in replay or []] == [late]
+    assert offsets_of(await read_history(fanout, "latest:new", rendered)) == [late]
 
 
 # ---- connections: publish-only processes and lost listeners --------------------------------------
@@ -507,7 +539,7 @@ async def test_lost_listener_reconnects_resyncs_and_history_covers_the_outage(
     else:
         fanout = await make_fanout()
     url: str = fanout.url  # type: ignore[attr-defined]
-    got = Collector()
+    got = Collector(fanout)
     fanout.register(got)
     resyncs: list[bool] = []
     resynced = asyncio.Event()
@@ -554,9 +586,9 @@ async def test_lost_listener_reconnects_resyncs_and_history_covers_the_outage(
         after = await fanout.apublish("loss:a", {"phase": "after"})
         await got.wait(lambda _: after in [m.offset for m in got.on("loss:a")])
 
-        replay = await fanout.history("loss:a", before)
+        replay = await read_history(fanout, "loss:a", before)
         assert replay is not None, "history covers the outage"
-        assert [m.offset for m in replay] == [*during, after]
-        assert [json.loads(m.data_json or "null")["phase"] for m in replay] == ["during"] * 3 + ["after"]
+        assert offsets_of(replay) == [*during, after]
+        assert [d["phase"] for d in datas_of(replay)] == ["during"] * 3 + ["after"]
     finally:
         sampler.cancel()

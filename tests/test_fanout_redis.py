@@ -1,7 +1,9 @@
 """What only the Redis fan-out does: streams chained by `p`, Lua publish, trims, its own reconnects.
 
 The shared contract is tested in test_fanout_conformance.py; these tests look inside Redis
-(keys, CLIENT LIST, PAUSE, restarts without persistence) to check how it is kept.
+(keys under the deployment's prefix, CLIENT LIST, PAUSE, restarts without persistence) to check
+how it is kept. Keys and the channel are the fan-out's own: `fanout.key_prefix` + topic and
+`fanout.channel`, both under `fanout.prefix` ("livepush:<db>" by default).
 """
 
 from __future__ import annotations
@@ -16,13 +18,12 @@ import pytest
 import redis
 
 import livepush
-from livepush.fanout.redis import CHANNEL, KEY_PREFIX, PRUNE_SCAN_COUNT, RedisFanOut
+from livepush.fanout.redis import PRUNE_SCAN_COUNT, RedisFanOut
 from livepush.types import offset_key
+from tests.support.fanouts import WAIT, Collector, read_history
 from tests.support.procs import free_port
 from tests.support.waiting import async_wait_for
 from tests.test_fanout_conformance import (  # noqa: F401  (private_redis is a fixture)
-    WAIT,
-    Collector,
     PrivateRedis,
     private_redis,
     publish_from_child,
@@ -59,6 +60,10 @@ def listeners(client: redis.Redis) -> list[dict[str, Any]]:
     return [c for c in client.client_list() if c.get("name") == "livepush-listener"]
 
 
+def offsets_of(messages: list[Any] | None) -> list[str]:
+    return [m.offset for m in messages or []]
+
+
 # ---- offsets and the chain ----------------------------------------------------------------------
 
 
@@ -71,7 +76,8 @@ async def test_offsets_are_stream_ids_chained_from_0_0(make_redis: MakeRedis, ra
     offsets = [fanout.publish("chain:a", {"i": i}) for i in range(3)]
     received = await got.wait_count("chain:a", 3)
     assert [m.prev for m in received] == ["0-0", *offsets[:2]]
-    entries = raw.xrange(KEY_PREFIX + "chain:a")
+    assert fanout.prefix == "livepush:0" and fanout.key_prefix == "livepush:0:h:"
+    entries = raw.xrange(fanout.key_prefix + "chain:a")
     assert [e[0] for e in entries] == offsets
     assert [e[1]["p"] for e in entries] == ["0-0", *offsets[:2]]
     assert [json.loads(e[1]["d"]) for e in entries] == [{"i": i} for i in range(3)]
@@ -85,25 +91,24 @@ async def test_publish_survives_a_script_flush(make_redis: MakeRedis, raw: redis
     raw.script_flush()
     second = fanout.publish("flush:a", {"i": 2})
     third = await fanout.apublish("flush:a", {"i": 3})
-    assert [m.offset for m in await fanout.history("flush:a", first) or []][1:] == [second, third]
+    assert offsets_of(await read_history(fanout, "flush:a", first))[1:] == [second, third]
 
 
 async def test_history_is_none_when_the_chain_is_broken(make_redis: MakeRedis, raw: redis.Redis) -> None:
     """An entry missing in the middle (trimmed or lost) makes history from before it None, never a hole."""
     fanout = await make_redis()
     offsets = [fanout.publish("chain:b", {"i": i}) for i in range(5)]
-    raw.xdel(KEY_PREFIX + "chain:b", offsets[2])
+    raw.xdel(fanout.key_prefix + "chain:b", offsets[2])
     assert await fanout.history("chain:b", offsets[0]) is None
     assert await fanout.history("chain:b", offsets[1]) is None
-    assert [m.offset for m in await fanout.history("chain:b", offsets[2]) or []] == offsets[3:]
+    assert offsets_of(await read_history(fanout, "chain:b", offsets[2])) == offsets[3:]
 
 
 async def test_history_pages_through_long_replays(make_redis: MakeRedis) -> None:
-    """A replay longer than one XRANGE page comes back whole and in order."""
+    """A replay longer than one XRANGE page comes back whole and in order, page after page, the chain checked across pages."""
     fanout = await make_redis()
     offsets = [fanout.publish("page:a", {"i": i}) for i in range(450)]
-    replay = await fanout.history("page:a", "0-0")
-    assert [m.offset for m in replay or []] == offsets
+    assert offsets_of(await read_history(fanout, "page:a", "0-0")) == offsets
 
 
 async def test_concurrent_publishers_agree_on_one_order(make_redis: MakeRedis) -> None:
@@ -120,7 +125,7 @@ async def test_concurrent_publishers_agree_on_one_order(make_redis: MakeRedis) -
     assert sorted(offsets, key=offset_key) == offsets
     assert set(offsets) == set(a) | set(b) and len(set(offsets)) == 400
     assert [m.prev for m in received] == ["0-0", *offsets[:-1]]
-    assert [m.offset for m in await fanout.history("race:a", "0-0") or []] == offsets
+    assert offsets_of(await read_history(fanout, "race:a", "0-0")) == offsets
 
 
 # ---- retention ----------------------------------------------------------------------------------
@@ -132,12 +137,12 @@ async def test_prune_drops_expired_entries_but_keeps_the_newest(make_redis: Make
     offsets = [fanout.publish("prune:a", {"i": i}) for i in range(3)]
     await asyncio.sleep(0.4)  # wall-clock expiry: no event to await
     assert await fanout.prune() == 2
-    assert [e[0] for e in raw.xrange(KEY_PREFIX + "prune:a")] == offsets[-1:]
-    assert await fanout.history("prune:a", offsets[-1]) == []
+    assert [e[0] for e in raw.xrange(fanout.key_prefix + "prune:a")] == offsets[-1:]
+    assert await read_history(fanout, "prune:a", offsets[-1]) == []
     assert await fanout.history("prune:a", offsets[0]) is None
     assert fanout.latest_offset("prune:a") == offsets[-1]
     fresh = fanout.publish("prune:a", {"i": 3})
-    assert [m.offset for m in await fanout.history("prune:a", offsets[-1]) or []] == [fresh]
+    assert offsets_of(await read_history(fanout, "prune:a", offsets[-1])) == [fresh]
 
 
 async def test_prune_does_bounded_work_per_call(make_redis: MakeRedis, raw: redis.Redis) -> None:
@@ -155,23 +160,23 @@ async def test_prune_does_bounded_work_per_call(make_redis: MakeRedis, raw: redi
         total += await fanout.prune()
         calls += 1
         assert calls < 50, f"pruning never finished: {total} of {topics}"
-    assert all(raw.xlen(KEY_PREFIX + f"many:{t}") == 1 for t in range(topics))
+    assert all(raw.xlen(fanout.key_prefix + f"many:{t}") == 1 for t in range(topics))
 
 
 async def test_max_len_bounds_a_busy_topic_and_resets_beyond_it(make_redis: MakeRedis, raw: redis.Redis) -> None:
     """A topic past max_len keeps about max_len entries; older offsets get None, recent ones replay."""
     fanout = await make_redis(max_len=100, listen=False)
     offsets = [fanout.publish("busy:a", {"i": i}) for i in range(1000)]
-    assert raw.xlen(KEY_PREFIX + "busy:a") < 400
+    assert raw.xlen(fanout.key_prefix + "busy:a") < 400
     assert await fanout.history("busy:a", offsets[0]) is None
-    assert [m.offset for m in await fanout.history("busy:a", offsets[-51]) or []] == offsets[-50:]
+    assert offsets_of(await read_history(fanout, "busy:a", offsets[-51])) == offsets[-50:]
 
 
 async def test_idle_topic_key_expires(make_redis: MakeRedis, raw: redis.Redis) -> None:
     """Each publish sets the topic's key to expire after idle_expire, so dead topics free their memory."""
     fanout = await make_redis(listen=False, history_ttl=10, idle_expire=60)
     fanout.publish("idle:a", {"i": 0})
-    assert 0 < raw.pttl(KEY_PREFIX + "idle:a") <= 60_000
+    assert 0 < raw.pttl(fanout.key_prefix + "idle:a") <= 60_000
 
 
 # ---- errors -------------------------------------------------------------------------------------
@@ -202,27 +207,27 @@ async def test_unreachable_redis_raises_dependency_error_without_the_password() 
 
 
 async def test_a_failing_receiver_does_not_stop_delivery(make_redis: MakeRedis) -> None:
-    """A receiver that raises is logged and the listener stays up: later messages still arrive."""
+    """A receiver that raises is logged, costs the receivers after it nothing, and the listener stays up: every message still arrives."""
     fanout = await make_redis()
 
     def broken(message: Any) -> None:
         raise RuntimeError("receiver bug")
 
     got = Collector()
-    # base.FanOut._dispatch stops at the first receiver that raises: the hub is the one receiver.
+    fanout.register(broken)  # first: the one after it must still get every message
     fanout.register(got)
-    fanout.register(broken)
     offsets = [fanout.publish("bug:a", {"i": i}) for i in range(3)]
     assert [m.offset for m in await got.wait_count("bug:a", 3)] == offsets
     assert fanout.listening
 
 
 async def test_a_malformed_frame_on_the_channel_is_ignored(make_redis: MakeRedis, raw: redis.Redis) -> None:
-    """Garbage published on livepush:pub by someone else is skipped; the next real message arrives."""
+    """Garbage published on the fan-out's channel (P:pub) is skipped; the next real message arrives."""
     fanout = await make_redis()
+    assert fanout.channel == fanout.prefix + ":pub"
     got = Collector()
     fanout.register(got)
-    raw.publish(CHANNEL, "junk without newlines")
+    raw.publish(fanout.channel, "junk without newlines")
     offset = fanout.publish("junk:a", {"ok": True})
     assert [m.offset for m in await got.wait_count("junk:a", 1)] == [offset]
     assert [m.topic for m in got.messages] == ["junk:a"]
@@ -258,7 +263,7 @@ async def test_restart_without_persistence_resets_and_keeps_delivering(
     offsets = [fanout.publish("empty:a", {"i": i}) for i in range(3)]
     await got.wait_count("empty:a", 3)
 
-    with caplog.at_level(logging.DEBUG, logger="livepush.fanout.redis"):
+    with caplog.at_level(logging.DEBUG, logger="livepush.redis.subscriber"):
         private_redis.stop(save=False)
         await async_wait_for(lambda: not fanout.listening, WAIT, message="listening to drop")
         # Let several reconnect attempts fail: still one warning for the outage.

@@ -54,11 +54,14 @@ def test_message_frame_embeds_the_payload_text_unchanged() -> None:
 
 
 def test_server_frames_have_the_spec_shapes() -> None:
-    """hello, subscribed, refused, reset, pong and error frames match SPEC §5."""
+    """hello, subscribed, refused, reset, pong and error frames match docs/reference.md §5."""
     assert json.loads(protocol.hello("u1", 25)) == {"op": "hello", "session": {"subject": "u1"}, "heartbeat": 25}
     assert json.loads(protocol.hello(None, 25))["session"] is None
     assert json.loads(protocol.subscribed(1, "a", "3")) == {"op": "subscribed", "ref": 1, "topic": "a", "offset": "3"}
+    # A state topic with no row yet (no such job) is subscribed at offset null.
+    assert json.loads(protocol.subscribed(2, "job:9", None)) == {"op": "subscribed", "ref": 2, "topic": "job:9", "offset": None}
     assert json.loads(protocol.refused("r", "limit")) == {"op": "refused", "ref": "r", "reason": "limit"}
+    assert json.loads(protocol.refused("r", "unavailable")) == {"op": "refused", "ref": "r", "reason": "unavailable"}
     assert json.loads(protocol.reset("a")) == {"op": "reset", "topic": "a"}
     assert json.loads(protocol.pong(None)) == {"op": "pong", "ref": None}
     assert json.loads(protocol.error("bad_frame", "x"))["reason"] == "bad_frame"

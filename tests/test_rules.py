@@ -13,8 +13,8 @@ import pytest
 
 import livepush
 from livepush.errors import ConfigError
-from livepush.sessions.rules import Allow, App, load_app
 from livepush.sessions import Session
+from livepush.sessions.rules import Allow, App, load_app
 
 ALICE = Session(id="sid-a", subject="7", expires_at=9e9, issued_at=1.0)
 BOB = Session(id="sid-b", subject="70", expires_at=9e9, issued_at=1.0)
@@ -56,12 +56,27 @@ def test_subject_slot_matches_only_the_sessions_subject() -> None:
 
 
 def test_subject_is_matched_literally() -> None:
-    """Regex characters in a subject are plain characters."""
+    """Regex characters in a subject are plain characters: they match only themselves, never a pattern."""
     rule = Allow("user:{subject}")
-    dotted = Session("s", "a.b", 9e9)
-    assert rule.allows(dotted, "user:a.b")
-    assert not rule.allows(dotted, "user:aXb")
-    assert not rule.allows(Session("s", ".*", 9e9), "user:anything")
+    for subject, lookalikes in [("a*b", ["user:b", "user:ab", "user:aab"]), ("[a-z]+", ["user:abc", "user:a"]),
+                                ("a|b", ["user:a", "user:b"]), ("(x)?", ["user:x", "user:"])]:
+        session = Session("s", subject, 9e9)
+        for topic in lookalikes:
+            assert not rule.allows(session, topic), (subject, topic)
+    plain = Session("s", "a_b-c", 9e9)
+    assert rule.allows(plain, "user:a_b-c")
+    assert not rule.allows(plain, "user:a_b-cd")
+
+
+@pytest.mark.parametrize("subject", ["a.b", ".*", "7:x", "7/x", "7.", ":", "/", "."])
+def test_a_subject_with_a_topic_separator_never_fills_a_slot(subject: str) -> None:
+    """A subject holding ':', '/' or '.' matches no {subject} rule, not even its own topic: subject 7:x never enters 7's team:7:*."""
+    session = Session("s", subject, 9e9)
+    assert not Allow("user:{subject}").allows(session, f"user:{subject}")
+    assert not Allow("team:{subject}:*").allows(session, f"team:{subject}:board")
+    assert not Allow("user:{subject}").allows(session, "user:anything")
+    seven_x = Session("s", "7:x", 9e9)
+    assert not Allow("team:{subject}:*").allows(seven_x, "team:7:x:board"), "7:x must not reach into team:7:*"
 
 
 def test_subject_and_star_combine() -> None:
@@ -179,7 +194,7 @@ async def test_sync_callable_returning_a_coroutine_is_awaited() -> None:
 
 
 async def test_raising_authorize_refuses_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
-    """An exception refuses with 'forbidden', is logged once per type, and its text stays in the log."""
+    """An exception answers 'unavailable' (no answer is not a refusal), is logged once per type, and its text stays in the log."""
     caplog.set_level(logging.ERROR, logger="livepush.rules")
 
     def authorize(session: Session | None, topic: str) -> bool:
@@ -191,7 +206,7 @@ async def test_raising_authorize_refuses_and_logs_once(caplog: pytest.LogCapture
     results = [await app.check(ALICE, "team:1") for _ in range(3)]
     results.append(await app.check(ALICE, "team:key"))
     results.append(await app.check(ALICE, "team:key"))
-    assert results == ["forbidden"] * 5
+    assert results == ["unavailable"] * 5
     records = [r for r in caplog.records if r.name == "livepush.rules"]
     assert [r.exc_info[0] for r in records if r.exc_info] == [ValueError, KeyError]
     assert len(records) == 2
@@ -199,7 +214,7 @@ async def test_raising_authorize_refuses_and_logs_once(caplog: pytest.LogCapture
 
 
 async def test_async_authorize_timing_out_refuses_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
-    """An async authorize slower than authorize_timeout refuses with 'forbidden', logged once."""
+    """An async authorize slower than authorize_timeout answers 'unavailable', logged once."""
     caplog.set_level(logging.ERROR, logger="livepush.rules")
     never = asyncio.Event()
 
@@ -208,15 +223,15 @@ async def test_async_authorize_timing_out_refuses_and_logs_once(caplog: pytest.L
         return True
 
     app = App(authorize=authorize, authorize_timeout=0.05)
-    assert await app.check(ALICE, "team:1") == "forbidden"
-    assert await app.check(ALICE, "team:2") == "forbidden"
+    assert await app.check(ALICE, "team:1") == "unavailable"
+    assert await app.check(ALICE, "team:2") == "unavailable"
     records = [r for r in caplog.records if r.name == "livepush.rules"]
     assert len(records) == 1
     assert "did not answer" in records[0].getMessage()
 
 
 async def test_sync_authorize_timing_out_refuses_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
-    """A blocking sync authorize is abandoned after authorize_timeout; the loop stays responsive."""
+    """A blocking sync authorize is abandoned after authorize_timeout with 'unavailable'; the loop stays responsive."""
     caplog.set_level(logging.ERROR, logger="livepush.rules")
     release = threading.Event()
 
@@ -228,8 +243,8 @@ async def test_sync_authorize_timing_out_refuses_and_logs_once(caplog: pytest.Lo
     try:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        assert await app.check(ALICE, "team:1") == "forbidden"
-        assert await app.check(ALICE, "team:2") == "forbidden"
+        assert await app.check(ALICE, "team:1") == "unavailable"
+        assert await app.check(ALICE, "team:2") == "unavailable"
         assert loop.time() - started < 1
         records = [r for r in caplog.records if r.name == "livepush.rules"]
         assert len(records) == 1

@@ -1,12 +1,11 @@
-"""Session tokens (pure) and revocation stores (against real Postgres and Redis)."""
+"""Session tokens (pure) and revocation stores, their doorbells included (against real Postgres and Redis)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import psycopg
 import pytest
@@ -16,20 +15,16 @@ from hypothesis import strategies as st
 
 import livepush
 from livepush import sessions
-from livepush.sessions import tokens
-from livepush.api import set_default_fanout
 from livepush.config import Settings, set_settings
 from livepush.errors import ConfigError, DependencyError, InvalidSession
-from livepush.fanout.local import LocalFanOut
 from livepush.sessions import (
     MemoryRevocations,
     PostgresRevocations,
     RedisRevocations,
     Session,
     decode,
-    revocation_matches,
+    tokens,
 )
-from livepush.types import Message
 
 SECRET = "s" * 32 + "-current"
 OLD = "o" * 32 + "-previous"
@@ -234,113 +229,152 @@ def test_issue_without_secret_is_a_config_error() -> None:
         sessions.issue("user-7")
 
 
-# -- revocation messages (pure) ---------------------------------------------------------
-
-
-def test_revocation_matches() -> None:
-    """A session message matches its id; a subject message matches sessions issued up to `before`."""
-    s = Session(id="abc", subject="user-7", expires_at=2000.0, issued_at=1000.0)
-    assert revocation_matches({"session": "abc"}, s)
-    assert not revocation_matches({"session": "abd"}, s)
-    assert revocation_matches({"subject": "user-7", "before": 1000.0}, s)
-    assert revocation_matches({"subject": "user-7", "before": 1500}, s)
-    assert not revocation_matches({"subject": "user-7", "before": 999.999}, s)
-    assert not revocation_matches({"subject": "user-8", "before": 1500.0}, s)
-    for junk in (None, [], "abc", {}, {"subject": "user-7"}, {"subject": "user-7", "before": "1500"},
-                 {"subject": "user-7", "before": True}, {"subject": "user-7", "before": float("nan")},
-                 {"session": 5}):
-        assert not revocation_matches(junk, s)
-
-
 # -- revocation stores (real Postgres and Redis) -----------------------------------------
-# pg_url and redis_url come from tests/conftest.py (real servers started by bin/test).
+# pg_url and redis_url come from tests/conftest.py (real servers started by bin/test). A store
+# keeps revocations and rings a doorbell on each one (Postgres NOTIFY on livepush_revocations,
+# Redis PUBLISH on P:revoked); a server watching the store (watch()) re-checks its sessions
+# against the store on each ring.
+
+STORE_KINDS = ["memory", "postgres", "redis"]
+SHARED_KINDS = ["postgres", "redis"]
+RING_WAIT = 5.0  # seconds: the bound on every wait for a ring
 
 
-@pytest.fixture(params=["memory", "postgres", "redis"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[sessions.RevocationStore]:
-    kind = request.param
-    s: sessions.RevocationStore
+def make_store(kind: str, request: pytest.FixtureRequest) -> sessions.RevocationStore:
     if kind == "memory":
-        s = MemoryRevocations()
-    elif kind == "postgres":
-        s = PostgresRevocations(request.getfixturevalue("pg_url"))
-    else:
-        s = RedisRevocations(request.getfixturevalue("redis_url"))
+        return MemoryRevocations()
+    if kind == "postgres":
+        return PostgresRevocations(request.getfixturevalue("pg_url"))
+    return RedisRevocations(request.getfixturevalue("redis_url"))
+
+
+async def close_store(store: sessions.RevocationStore) -> None:
+    await store.aclose()
+    store.close()
+
+
+@pytest.fixture(params=STORE_KINDS)
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[sessions.RevocationStore]:
+    """Every kind of store, written through its own methods."""
+    s = make_store(request.param, request)
     yield s
-    await s.aclose()
-    s.close()
+    await close_store(s)
+
+
+@pytest.fixture(params=SHARED_KINDS)
+async def shared_store(request: pytest.FixtureRequest) -> AsyncIterator[sessions.RevocationStore]:
+    """The stores revoke() accepts: those other processes see."""
+    s = make_store(request.param, request)
+    yield s
+    await close_store(s)
+
+
+class Rings:
+    """What a server watching the store hears: each ring, and what the store held when it came."""
+
+    def __init__(self, store: sessions.RevocationStore) -> None:
+        self.store = store
+        self.count = 0
+        self._rung = asyncio.Event()
+
+    def __call__(self) -> None:
+        self.count += 1
+        self._rung.set()
+
+    async def next(self) -> None:
+        """Until the next ring (at most RING_WAIT seconds)."""
+        try:
+            await asyncio.wait_for(self._rung.wait(), RING_WAIT)
+        except TimeoutError:
+            raise AssertionError(f"the store did not ring within {RING_WAIT} s") from None
+        self._rung.clear()
 
 
 @pytest.fixture
-async def announcements() -> AsyncIterator[list[dict]]:
-    """Revocation messages published on the (local) fan-out during the test."""
-    fanout = LocalFanOut()
-    await fanout.listen()
-    seen: list[dict] = []
+async def rings(request: pytest.FixtureRequest) -> AsyncIterator[Callable[[sessions.RevocationStore], Awaitable[Rings]]]:
+    """rings(store) -> the rings a server watching `store` hears: another store on the same
+    database or Redis (as in a server process), or the memory store itself (one process)."""
+    watchers: list[sessions.RevocationStore] = []
 
-    def receive(message: Message) -> None:
-        if message.topic == sessions.REVOCATIONS_TOPIC and message.data_json is not None:
-            seen.append(json.loads(message.data_json))
+    async def watch(store: sessions.RevocationStore) -> Rings:
+        if isinstance(store, MemoryRevocations):
+            peer: sessions.RevocationStore = store
+        elif isinstance(store, PostgresRevocations):
+            peer = PostgresRevocations(store.url)
+            watchers.append(peer)
+        else:
+            assert isinstance(store, RedisRevocations)
+            peer = RedisRevocations(store.url, prefix=store.prefix)
+            watchers.append(peer)
+        heard = Rings(peer)
+        await peer.watch(heard)
+        return heard
 
-    fanout.register(receive)
-    set_default_fanout(fanout)
-    yield seen
-    set_default_fanout(None)
-    await fanout.aclose()
+    yield watch
+    for peer in watchers:
+        await close_store(peer)
 
 
-async def settle() -> None:
-    # The local fan-out delivers with loop.call_soon: one loop turn.
-    await asyncio.sleep(0)
+async def test_every_store_rings_its_watchers_once_the_revocation_is_readable(
+    store: sessions.RevocationStore, rings: Callable[[sessions.RevocationStore], Awaitable[Rings]]
+) -> None:
+    """Each write rings every watcher, and a watcher that re-checks on the ring already finds the revocation."""
+    heard = await rings(store)
+    s = decode(sessions.issue("user-7"), SECRET)
+    t = decode(sessions.issue("user-8", now=time.time() - 5), SECRET)
+    await store.aadd_session(s.id, s.expires_at)
+    await heard.next()
+    assert await heard.store.revoked_among([s, t]) == {s.id}, "the ring comes after the write is visible"
+    await asyncio.to_thread(store.add_subject, "user-8", time.time())
+    await heard.next()
+    assert await heard.store.revoked_among([s, t]) == {s.id, t.id}
 
 
 async def test_revoke_token_revokes_that_session_only(
-    store: sessions.RevocationStore, announcements: list[dict], no_token_in_logs: list[str]
+    shared_store: sessions.RevocationStore,
+    rings: Callable[[sessions.RevocationStore], Awaitable[Rings]],
+    no_token_in_logs: list[str],
 ) -> None:
-    """revoke(token) marks that session revoked, not others of the same subject, and announces it."""
+    """revoke(token) marks that session revoked, not others of the same subject, and rings every server."""
+    heard = await rings(shared_store)
     token, other = sessions.issue("user-7"), sessions.issue("user-7")
     no_token_in_logs += [token, other]
     s, o = decode(token, SECRET), decode(other, SECRET)
-    assert not await store.is_revoked(s)
-    assert sessions.revoke(token, store=store) == s
-    assert await store.is_revoked(s)
-    assert not await store.is_revoked(o)
-    await settle()
-    assert announcements == [{"session": s.id}]
+    assert not await shared_store.is_revoked(s)
+    assert sessions.revoke(token, store=shared_store) == s
+    await heard.next()
+    assert await heard.store.revoked_among([s, o]) == {s.id}
+    assert await shared_store.is_revoked(s)
+    assert not await shared_store.is_revoked(o)
 
 
 async def test_arevoke_subject_cuts_off_at_revocation_time(
-    store: sessions.RevocationStore, announcements: list[dict]
+    shared_store: sessions.RevocationStore, rings: Callable[[sessions.RevocationStore], Awaitable[Rings]]
 ) -> None:
-    """revoke_subject revokes sessions issued up to now, not later ones nor other subjects."""
+    """revoke_subject revokes sessions issued up to now, not later ones nor other subjects, and rings every server."""
+    heard = await rings(shared_store)
     t = time.time()
     old = decode(sessions.issue("user-7", now=t - 5), SECRET)
     same_ms = decode(sessions.issue("user-7", now=t), SECRET)
     later = decode(sessions.issue("user-7", now=t + 0.002), SECRET)
     stranger = decode(sessions.issue("user-8", now=t - 5), SECRET)
-    before = await sessions.arevoke_subject("user-7", store=store, now=t)
-    assert await store.revoked_among([old, same_ms, later, stranger]) == {old.id, same_ms.id}
-    await settle()
-    assert announcements == [{"subject": "user-7", "before": before}]
-    assert [revocation_matches(announcements[0], x) for x in (old, same_ms, later, stranger)] == [
-        True,
-        True,
-        False,
-        False,
-    ]
+    before = await sessions.arevoke_subject("user-7", store=shared_store, now=t)
+    assert before == pytest.approx(t, abs=0.001)
+    await heard.next()
+    assert await heard.store.revoked_among([old, same_ms, later, stranger]) == {old.id, same_ms.id}
 
 
-async def test_sync_and_async_writes_agree(store: sessions.RevocationStore, announcements: list[dict]) -> None:
+async def test_sync_and_async_writes_agree(shared_store: sessions.RevocationStore) -> None:
     """revoke/arevoke and revoke_subject/arevoke_subject store the same thing, idempotently."""
     a, b = decode(sessions.issue("a"), SECRET), decode(sessions.issue("b"), SECRET)
-    await sessions.arevoke(a, store=store)
-    sessions.revoke(a, store=store)  # twice is fine
-    sessions.revoke_subject("b", store=store)
-    await sessions.arevoke_subject("b", store=store)
-    assert await store.revoked_among([a, b]) == {a.id, b.id}
+    await sessions.arevoke(a, store=shared_store)
+    sessions.revoke(a, store=shared_store)  # twice is fine
+    sessions.revoke_subject("b", store=shared_store)
+    await sessions.arevoke_subject("b", store=shared_store)
+    assert await shared_store.revoked_among([a, b]) == {a.id, b.id}
 
 
-async def test_later_subject_revocation_wins(store: sessions.RevocationStore, announcements: list[dict]) -> None:
+async def test_later_subject_revocation_wins(store: sessions.RevocationStore) -> None:
     """Two subject revocations arriving out of order keep the later cut-off."""
     t = time.time()
     s = decode(sessions.issue("user-7", now=t - 1), SECRET)
@@ -349,60 +383,64 @@ async def test_later_subject_revocation_wins(store: sessions.RevocationStore, an
     assert await store.is_revoked(s)
 
 
-async def test_revoked_among_handles_big_batches(store: sessions.RevocationStore, announcements: list[dict]) -> None:
+async def test_revoked_among_handles_big_batches(store: sessions.RevocationStore) -> None:
     """The periodic re-check asks about thousands of sessions in one call."""
     batch = [decode(sessions.issue(f"user-{i % 50}"), SECRET) for i in range(2500)]
-    sessions.revoke(batch[7], store=store)
-    sessions.revoke_subject("user-3", store=store)
+    store.add_session(batch[7].id, batch[7].expires_at)
+    store.add_subject("user-3", time.time())
     expected = {batch[7].id} | {s.id for s in batch if s.subject == "user-3"}
     assert await store.revoked_among(batch) == expected
     assert await store.revoked_among([]) == set()
 
 
 async def test_revoking_a_bad_token_raises_and_stores_nothing(
-    store: sessions.RevocationStore, announcements: list[dict], no_token_in_logs: list[str]
+    shared_store: sessions.RevocationStore, monkeypatch: pytest.MonkeyPatch, no_token_in_logs: list[str]
 ) -> None:
-    """revoke() of a forged token raises InvalidSession and neither stores nor announces."""
+    """revoke() of a forged token raises InvalidSession before the store is written (nothing kept, nothing rung)."""
     set_settings(Settings(secret=OTHER))
     forged = sessions.issue("user-7")
     no_token_in_logs.append(forged)
     set_settings(Settings(secret=SECRET))
+    writes: list[str] = []
+    for name in ("add_session", "aadd_session", "add_subject", "aadd_subject"):
+        monkeypatch.setattr(shared_store, name, lambda *args, _name=name, **kw: writes.append(_name))
     with pytest.raises(InvalidSession):
-        sessions.revoke(forged, store=store)
-    await settle()
-    assert announcements == []
+        sessions.revoke(forged, store=shared_store)
+    with pytest.raises(InvalidSession):
+        await sessions.arevoke(forged, store=shared_store)
+    assert writes == [], "a write is what rings: none may happen"
+    assert not await shared_store.is_revoked(tokens.loads(forged, OTHER))
 
 
-async def test_expired_token_can_still_be_revoked(store: sessions.RevocationStore, announcements: list[dict]) -> None:
-    """Revoking an expired token announces it (open connections close) without error."""
-    token = sessions.issue("user-7", ttl=1, now=time.time() - 10)
-    s = sessions.revoke(token, store=store)
-    await settle()
-    assert announcements == [{"session": s.id}]
-
-
-async def test_announcement_failure_is_logged_not_raised(
-    caplog: pytest.LogCaptureFixture, no_token_in_logs: list[str]
+async def test_expired_token_can_still_be_revoked(
+    shared_store: sessions.RevocationStore, rings: Callable[[sessions.RevocationStore], Awaitable[Rings]]
 ) -> None:
-    """When the fan-out is down the revocation is still stored, and a warning says what happens next."""
-
-    class Broken(LocalFanOut):
-        def publish(self, topic, data, *, conn=None):  # type: ignore[no-untyped-def]
-            raise DependencyError("fan-out down")
-
-    set_default_fanout(Broken())
-    try:
-        store = MemoryRevocations()
-        token = sessions.issue("user-7")
-        no_token_in_logs.append(token)
-        s = sessions.revoke(token, store=store)
-        assert await store.is_revoked(s)
-        assert any("re-check" in r.getMessage() for r in caplog.records)
-    finally:
-        set_default_fanout(None)
+    """Revoking an expired token rings every server without error, so its still-open connections close now."""
+    heard = await rings(shared_store)
+    token = sessions.issue("user-7", ttl=1, now=time.time() - 10)
+    s = sessions.revoke(token, store=shared_store)
+    assert s.expired()
+    await heard.next()
 
 
-async def test_postgres_rows_are_pruned_after_expiry(pg_url: str, announcements: list[dict]) -> None:
+@pytest.mark.parametrize("call", ["revoke", "arevoke", "revoke_subject", "arevoke_subject"])
+async def test_revoking_with_the_memory_store_is_a_config_error_naming_the_fix(call: str) -> None:
+    """Without a database or Redis, revoke*() raise ConfigError saying revocation needs a shared store (the setting to set), and keep nothing."""
+    assert sessions.default_store() is sessions.MEMORY  # the settings name neither
+    token = sessions.issue("user-7")
+    argument = token if call in ("revoke", "arevoke") else "user-7"
+    for store in (None, MemoryRevocations()):
+        with pytest.raises(ConfigError) as info:
+            result = getattr(sessions, call)(argument, store=store)
+            if asyncio.iscoroutine(result):
+                await result
+        text = str(info.value)
+        assert "shared store" in text and "LIVEPUSH_DATABASE_URL" in text and "LIVEPUSH_REDIS_URL" in text, text
+        assert token not in text
+    assert not await sessions.MEMORY.is_revoked(decode(token, SECRET))
+
+
+async def test_postgres_rows_are_pruned_after_expiry(pg_url: str) -> None:
     """Revoked sessions past their expiry are deleted by prune() (and by later writes)."""
     store = PostgresRevocations(pg_url)
     try:
@@ -420,16 +458,18 @@ async def test_postgres_rows_are_pruned_after_expiry(pg_url: str, announcements:
 
 
 async def test_redis_keys_expire_with_the_session(redis_url: str) -> None:
-    """A revoked session's Redis key lives as long as the session; an expired one is not stored."""
+    """A revoked session's Redis key (under the deployment's prefix) lives as long as the session; an expired one is not stored."""
     store = RedisRevocations(redis_url)
     try:
+        assert store.session_prefix == "livepush:0:revoked:session:"
+        assert store.subject_prefix == "livepush:0:revoked:subject:"
         await store.aadd_session("s1", time.time() + 100)
         store.add_session("s2", time.time() - 1)
         store.add_subject("user-7", time.time())
         with redis.Redis.from_url(redis_url) as client:
-            assert 98_000 <= client.pttl(RedisRevocations.SESSION_PREFIX + "s1") <= 100_000
-            assert not client.exists(RedisRevocations.SESSION_PREFIX + "s2")
-            assert client.pttl(RedisRevocations.SUBJECT_PREFIX + "user-7") > (sessions.MAX_TTL - 10) * 1000
+            assert 98_000 <= client.pttl(store.session_prefix + "s1") <= 100_000
+            assert not client.exists(store.session_prefix + "s2")
+            assert client.pttl(store.subject_prefix + "user-7") > (sessions.MAX_TTL - 10) * 1000
     finally:
         await store.aclose()
 

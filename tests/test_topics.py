@@ -1,13 +1,15 @@
-"""Signed topics (pure logic): sign, verify, and what sign() refuses."""
+"""Topics (pure logic): signed topics (sign, verify, what sign() refuses) and state-topic ids."""
 
 from __future__ import annotations
 
+import base64
 import math
 
 import pytest
+from itsdangerous import Signer
 
 from livepush import InvalidTopic
-from livepush.topics import sign, verify
+from livepush.topics import sign, state_topic_id, verify
 
 SECRETS = ["s" * 40]
 
@@ -25,3 +27,31 @@ def test_bad_ttls_are_refused(ttl: object) -> None:
     """ttl= is a positive, finite number of seconds (or None)."""
     with pytest.raises(ValueError, match="ttl must be a positive, finite number"):
         sign("job:1", SECRETS, ttl=ttl)  # type: ignore[arg-type]
+
+
+def test_topics_are_signed_with_hmac_sha256() -> None:
+    """The signature is an HMAC-SHA-256 (32 bytes); one made with itsdangerous' SHA-1 default is refused."""
+    signed = sign("job:1", SECRETS)
+    topic, _, signature = signed.partition("~")
+    assert topic == "job:1"
+    assert len(base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))) == 32
+    sha1 = Signer(SECRETS[0], salt="livepush.topic", sep="~").sign("job:1").decode()
+    with pytest.raises(InvalidTopic) as info:
+        verify(sha1, SECRETS)
+    assert info.value.reason == "invalid_signature"
+
+
+@pytest.mark.parametrize("topic,ident", [("job:42", 42), ("group:7", 7), ("workflow:1", 1), ("chat:1", None),
+                                          ("jobs:0001", None), ("job", None), ("user:job:01", None)])
+def test_state_topic_ids_are_read_from_state_topics_only(topic: str, ident: int | None) -> None:
+    """job:, group: and workflow: topics name a row by its id; other topics are no state topics."""
+    assert state_topic_id(topic) == ident
+
+
+@pytest.mark.parametrize("topic", ["job:0001", "job:0_1", "group:07", "job:0", "job:-1", "job:1x", "workflow:",
+                                   "job:" + "9" * 20])
+def test_non_canonical_state_topic_ids_are_invalid(topic: str) -> None:
+    """A state topic's id is canonical decimal (no leading zero, sign or separator, at most 19 digits): anything else is invalid_topic."""
+    with pytest.raises(InvalidTopic) as info:
+        state_topic_id(topic)
+    assert info.value.reason == "invalid_topic"

@@ -2,8 +2,8 @@
 
     .venv-bench/bin/python bench/competitors/pgqueuer_driver.py URL install|enqueue|process|pickup [N]
 
-Prints one JSON object of figures. Configuration: pgqueuer's best per the measurements in
-/work/shared/RECIPES.md, its default batch of 10 on asyncpg, no cap on tasks in flight.
+Prints one JSON object of figures. Configuration: pgqueuer's best as measured on this kind of machine, its default batch of 10 on
+asyncpg, no cap on tasks in flight.
 A pool driver is used so that the worker's listener, dequeue and status writes do not take
 turns on one connection.
 """

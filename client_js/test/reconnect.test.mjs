@@ -244,12 +244,19 @@ test('close() stops everything: no timers, no reconnect, listeners removed', () 
   assert.equal(h.sockets.length, 1);
 });
 
-test('the token goes in the query string, and a token function is asked on every connect', () => {
+test('the token goes in Sec-WebSocket-Protocol, never the URL, and a token function is asked on every connect', () => {
   let n = 0;
-  const h = harness({ token: () => `tok ${++n}` });
-  assert.equal(h.last().url, 'ws://push.test/?token=tok+1');
+  const h = harness({ token: () => `tok-${++n}` });
+  assert.equal(h.last().url, 'ws://push.test/');
+  assert.deepEqual(h.last().protocols, ['livepush', 'livepush.token.tok-1']);
   h.last().serverClose(1006);
   h.clock.advance(1_000);
-  assert.equal(h.last().url, 'ws://push.test/?token=tok+2');
+  assert.deepEqual(h.last().protocols, ['livepush', 'livepush.token.tok-2']);
+  h.lp.close();
+});
+
+test('without a token the client still offers the livepush subprotocol', () => {
+  const h = harness({});
+  assert.deepEqual(h.last().protocols, ['livepush']);
   h.lp.close();
 });

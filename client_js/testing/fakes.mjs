@@ -48,8 +48,9 @@ export function fakeWebSocketClass() {
   /** @type {FakeSocket[]} */
   const sockets = [];
   class FakeSocket {
-    constructor(url) {
+    constructor(url, protocols) {
       this.url = url;
+      this.protocols = protocols;
       this.readyState = 0;
       /** @type {any[]} frames the client sent, parsed */
       this.sent = [];

@@ -1,17 +1,16 @@
-"""The `livepush` command (SPEC §3). Exit status: 0 clean stop, 1 a dependency failed,
-2 bad usage or configuration; errors are one line on stderr, never a traceback."""
+"""The `livepush` command (docs/reference.md#3-commands). Exit status: 0 clean stop, 1 a dependency
+failed, 2 bad usage or configuration; errors are one line on stderr, never a traceback."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import logging
 import sys
 from collections.abc import Callable, Sequence
 
 from .. import config
 from ..errors import ConfigError, DependencyError, InvalidTopic, LivepushError, SchemaError
+from .runner import run_async, setup_logging
 
 EXIT_OK, EXIT_DEPENDENCY, EXIT_USAGE = 0, 1, 2
 
@@ -35,33 +34,24 @@ def _settings(args: argparse.Namespace) -> config.Settings:
     return settings
 
 
-def _setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-
-
-def run_async(coro: object) -> int:
-    try:
-        import uvloop
-
-        return uvloop.run(coro)  # type: ignore[arg-type]
-    except ImportError:
-        return asyncio.run(coro)  # type: ignore[arg-type]
-
-
 # -- commands ------------------------------------------------------------------------
 def cmd_migrate(args: argparse.Namespace) -> int:
     from .. import migrate
 
     settings = _settings(args)
-    applied = migrate.migrate(settings.require_database())
+    applied = migrate.migrate(settings.require_database(), runtime_role=args.runtime_role)
     for m in applied:
         print(f"applied {m.version:04d}_{m.name}")
     print(f"schema at version {migrate.required_version()}" + ("" if applied else " (nothing to do)"))
+    if args.runtime_role:
+        print(f"granted {args.runtime_role} what the runtime needs")
     return EXIT_OK
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from ..server.run import serve
+    from . import wiring
+    from .jobs import modules_of
 
     settings = _settings(args)
     settings.require_secret()
@@ -70,13 +60,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from ..sessions.rules import load_app
 
         app = load_app(args.app)
-    sidecars = []
-    if args.with_jobs:
-        from .jobs import sidecar
+    setup_logging()
 
-        sidecars.append(sidecar(args.with_jobs, settings))
-    _setup_logging()
-    return run_async(serve(settings, app=app, sidecars=sidecars))
+    async def main() -> int:
+        parts = wiring.server_parts(settings, app=app, with_jobs=modules_of(args.with_jobs or ""))
+        return await serve(parts.server, sidecars=parts.sidecars, closers=[parts.close])
+
+    return run_async(main())
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -101,30 +91,39 @@ def cmd_token(args: argparse.Namespace) -> int:
     else:
         from .. import api
 
-        print(api.sign_topic(args.value, ttl=args.ttl))
+        print(api.sign_topic(args.value, ttl=args.ttl if args.ttl is not None else settings.signed_topic_ttl))
     return EXIT_OK
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     from . import jobs as jobs_cli
 
-    _settings(args)
-    _setup_logging()
-    return jobs_cli.run(args)
+    settings = _settings(args)
+    setup_logging()
+    status = EXIT_OK
+    try:
+        status = run_async(jobs_cli.run(args, settings))
+        return status
+    finally:
+        jobs_cli.leave_if_threads_run(status)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .. import demo
 
-    _setup_logging()
-    return demo.run(args)
+    setup_logging()
+    return demo.run()
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import jobs as jobs_cli
+
     parser = _Parser(prog="livepush", description="Real-time push for Python applications.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("migrate", help="apply the database migrations (safe to repeat)")
+    p.add_argument("--runtime-role", metavar="ROLE",
+                   help="also grant ROLE exactly what serve, jobs, publish() and enqueues need")
     p.set_defaults(func=cmd_migrate)
 
     p = sub.add_parser("serve", help="run the WebSocket server")
@@ -137,12 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("jobs", help="run the job runtime")
-    try:
-        from . import jobs as jobs_cli
-
-        jobs_cli.add_arguments(p)
-    except ImportError:
-        p.add_argument("modules")
+    jobs_cli.add_arguments(p)
     p.set_defaults(func=cmd_jobs)
 
     p = sub.add_parser("demo", help="run the demo: server, jobs and a live page in one process")
@@ -171,8 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"livepush: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (ValueError, TypeError) as exc:
-        # The operator tools pass what the user typed straight to the API: a ValueError
-        # there is the user's input, not a bug, and gets one line, not a traceback.
+        # The operator tools pass what the user typed straight to the API: a ValueError there is
+        # the user's input, not a bug, and gets one line, not a traceback.
         if isinstance(exc, LivepushError) or args.command in ("publish", "token"):
             print(f"livepush: {exc}", file=sys.stderr)
             return EXIT_USAGE

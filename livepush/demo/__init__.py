@@ -1,10 +1,15 @@
-"""`livepush demo`: Postgres (embedded when none is configured), migrations, the server, the
-job runtime and a page, in one process. Ctrl-C stops everything cleanly."""
+"""`livepush demo`: Postgres (embedded when none is configured), migrations, the server, the job
+runtime and a page, in one process. Ctrl-C stops everything cleanly.
+
+The page starts work only through a same-origin POST (a GET gets 405, another site's request
+403), and is served with a Content-Security-Policy that allows its own files and its own server
+only.
+"""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import ipaddress
 import json
 import logging
 import secrets
@@ -15,21 +20,46 @@ from urllib.parse import parse_qs, urlsplit
 from websockets.http11 import Request, Response
 
 from .. import config, migrate
+from ..cli.runner import run_async
+from ..cli.wiring import server_parts
 from ..server import http
+from ..server.run import serve
+from ..sessions.handshake import header_values, origin_allowed
 
 log = logging.getLogger("livepush.demo")
 
 DEMO_JOBS = "livepush.demo.jobs"
 MAX_ROWS = 5000
+_FILES = {"/": ("page.html", "text/html; charset=utf-8"), "/index.html": ("page.html", "text/html; charset=utf-8"),
+          "/demo/page.js": ("page.js", "text/javascript; charset=utf-8"),
+          "/demo/page.css": ("page.css", "text/css; charset=utf-8")}
 
 
-def page() -> bytes:
-    return resources.files("livepush.demo").joinpath("page.html").read_bytes()
+def _file(name: str) -> bytes:
+    return resources.files("livepush.demo").joinpath(name).read_bytes()
+
+
+def _csp(request: Request) -> str:
+    """Its own files, its own WebSocket server, nothing else (no inline script, no frames)."""
+    hosts = header_values(request.headers, "host")
+    host = hosts[0] if len(hosts) == 1 and all(c.isalnum() or c in ".-:[]" for c in hosts[0]) else ""
+    sockets = f" ws://{host} wss://{host}" if host else ""
+    return (f"default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'{sockets}; "
+            "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+def _same_origin(request: Request) -> bool:
+    """A request the demo's own page made: Sec-Fetch-Site says so (browsers send it), and an
+    Origin, when there is one, is the server's own."""
+    sites = header_values(request.headers, "sec-fetch-site")
+    if sites and sites != ["same-origin"]:
+        return False
+    return origin_allowed(request.headers, None)
 
 
 async def start_import(rows: int) -> dict[str, object]:
     """Enqueue the import: a group of `rows` jobs, created, filled and sealed in one transaction."""
-    from .. import jobs
+    from livepush import jobs
 
     from . import jobs as demo_jobs
 
@@ -50,9 +80,15 @@ async def routes(request: Request) -> Response | None:
     url = urlsplit(request.path)
     if url.path == "/favicon.ico":
         return http.response(204, b"")
-    if url.path in ("/", "/index.html"):
-        return http.response(200, page(), "text/html; charset=utf-8")
+    if url.path in _FILES:
+        name, kind = _FILES[url.path]
+        return http.response(200, _file(name), kind, Content_Security_Policy=_csp(request),
+                             X_Content_Type_Options="nosniff")
     if url.path == "/demo/start":
+        if request.method != "POST":
+            return http.response(405, b"start an import with a POST from the demo page\n", Allow="POST")
+        if not _same_origin(request):
+            return http.response(403, b"only the demo's own page may start an import\n")
         try:
             rows = int(parse_qs(url.query).get("n", ["200"])[0])
         except ValueError:
@@ -76,10 +112,16 @@ def demo_secret(folder: Path) -> str:
     return value
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..cli.main import run_async
-    from ..cli.jobs import sidecar
-    from ..server.run import serve
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run() -> int:
     from . import embedded
 
     settings = config.Settings.from_env()
@@ -91,14 +133,21 @@ def run(args: argparse.Namespace) -> int:
     if not settings.secret:
         settings = settings.replace(secret=demo_secret(Path.cwd() / ".livepush"))
     config.set_settings(settings)
+    if not _loopback(settings.host):
+        log.warning("the demo listens on %s, not only on this machine: anyone who can reach it can start "
+                    "imports; bind it to 127.0.0.1 (LIVEPUSH_HOST) unless you mean to share it", settings.host)
     migrate.migrate(settings.require_database())
 
     def ready(server: object) -> None:
         port = getattr(server, "port")
         print(f"\n  livepush demo: open http://{settings.host}:{port}/  (Ctrl-C stops)\n", flush=True)
 
+    async def main() -> int:
+        parts = server_parts(settings, with_jobs=[DEMO_JOBS], pages=routes)
+        return await serve(parts.server, sidecars=parts.sidecars, closers=[parts.close], ready=ready)
+
     try:
-        return run_async(serve(settings, pages=routes, sidecars=[sidecar(DEMO_JOBS, settings)], ready=ready))
+        return run_async(main())
     finally:
         if pg is not None:
             pg.cleanup()  # type: ignore[attr-defined]

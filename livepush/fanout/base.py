@@ -1,18 +1,20 @@
 """The fan-out seam: one narrow interface, three implementations (local, Postgres, Redis).
 
-A fan-out moves published messages from any process to every server that listens, and
-keeps each topic's recent history so a client can resume from an offset.
+A fan-out moves published messages from any process to every server that listens, and keeps
+each topic's recent history so a client can resume from an offset.
 
-Contract (SPEC §4, §7):
+Contract (docs/reference.md#4-python-api, #7-guarantees):
 - `publish`/`apublish` assign the message its offset and return it. Offsets increase per
-  topic in commit order. Data over 1 MiB of JSON raises PayloadTooLarge before anything
-  is written. `conn=` (Postgres only) publishes inside that psycopg transaction.
-- Nothing subscribes until `await listen()`, called once; it returns when the
-  subscription is in effect, or raises ListenError. A publish-only process never listens.
-- `register(receiver)` before `listen()` raises NotListeningError.
+  topic in commit order. Data over 1 MiB of JSON raises PayloadTooLarge before anything is
+  written. `conn=` (Postgres only) publishes inside that psycopg transaction.
+- Nothing subscribes until `await listen()`, called once; it returns when the subscription is
+  in effect, or raises ListenError. A publish-only process never listens.
+- `register(receiver)` before `listen()` raises NotListeningError. A receiver gets a
+  `Message` per live message; one whose `data_json` is None is a doorbell: the receiver reads
+  the message from `history()`.
 - A lost listener reconnects with capped, jittered backoff; `listening` is False meanwhile;
   after it is back, every `on_resync` handler runs so missed messages are read from history.
-- `history(topic, since)` returns the messages after `since`, in order, or None when
+- `history(topic, since)` returns a page of the messages after `since`, in order, or None when
   `since` is older than what is kept or unknown (the client must get `reset`).
 """
 
@@ -21,18 +23,26 @@ from __future__ import annotations
 import abc
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
+from ..channels import Handlers
 from ..errors import NotListeningError, PayloadTooLarge
 from ..types import JSON, Message, Offset, Receiver, ResyncHandler, Topic
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
+# Messages per history read: a replay or a catch-up of any length is read and sent page by
+# page, never held whole in memory.
+HISTORY_PAGE = 200
+# Every fan-out also ends a page at the message that takes its data past this many bytes (a page
+# always has one message), so a page of large messages stays about a MiB, not 200 of them.
+HISTORY_PAGE_BYTES = 1024 * 1024
 
 log = logging.getLogger("livepush.fanout")
 
 
 def encode_payload(data: JSON) -> str:
-    """JSON text of `data`, refusing NaN and anything over 1 MiB (SPEC §7)."""
+    """JSON text of `data`, refusing NaN and anything over 1 MiB."""
     try:
         text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -46,14 +56,26 @@ def encode_payload(data: JSON) -> str:
     return text
 
 
+@dataclass(frozen=True, slots=True)
+class History:
+    """One page of a topic's history after some offset.
+
+    `messages` come in offset order; `latest` is the topic's newest offset when the page was
+    read (the replay a subscriber needs ends there); `more` says whether messages remain
+    between the last one returned and `latest` (read them with another call from there)."""
+
+    messages: list[Message]
+    latest: Offset
+    more: bool
+
+
 class FanOut(abc.ABC):
     """Base of the three fan-outs. Subclasses implement the abstract methods."""
 
     name: str = "abstract"
 
     def __init__(self) -> None:
-        self._receivers: list[Receiver] = []
-        self._resync_handlers: list[ResyncHandler] = []
+        self._heard: Handlers[Message] = Handlers(f"the {self.name} fan-out", log)
         self._listen_called = False
 
     # -- listening --------------------------------------------------------------------
@@ -70,28 +92,14 @@ class FanOut(abc.ABC):
             raise NotListeningError(
                 f"register() on the {self.name} fan-out before listen(): call `await fanout.listen()` once at boot first"
             )
-        self._receivers.append(receiver)
+        self._heard.handlers.append(receiver)
 
     def on_resync(self, handler: ResyncHandler) -> None:
         if not self._listen_called:
             raise NotListeningError(
                 f"on_resync() on the {self.name} fan-out before listen(): call `await fanout.listen()` once at boot first"
             )
-        self._resync_handlers.append(handler)
-
-    def _dispatch(self, message: Message) -> None:
-        # One receiver's bug must not cost the others this message, nor kill the listener.
-        for receiver in self._receivers:
-            try:
-                receiver(message)
-            except Exception:
-                log.exception("a %s fan-out receiver failed on a message of %s", self.name, message.topic)
-
-    async def _resynced(self) -> None:
-        for handler in self._resync_handlers:
-            result = handler()
-            if result is not None:
-                await result
+        self._heard.resyncs.append(handler)
 
     # -- publishing -------------------------------------------------------------------
     @abc.abstractmethod
@@ -102,7 +110,7 @@ class FanOut(abc.ABC):
 
     # -- history ----------------------------------------------------------------------
     @abc.abstractmethod
-    async def history(self, topic: Topic, since: Offset) -> list[Message] | None: ...
+    async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE) -> History | None: ...
 
     @abc.abstractmethod
     async def alatest_offset(self, topic: Topic) -> Offset: ...
@@ -123,4 +131,3 @@ class FanOut(abc.ABC):
 
     def close(self) -> None:
         """Release sync (publish-side) resources."""
-

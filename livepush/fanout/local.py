@@ -7,6 +7,7 @@ another process is impossible by construction: use Postgres or Redis for that.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections import deque
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..types import JSON, Message, Offset, Topic
-from .base import FanOut, encode_payload
+from .base import HISTORY_PAGE, HISTORY_PAGE_BYTES, FanOut, History, encode_payload
 
 # Per topic: bounded memory even with a long TTL.
 MAX_KEPT_PER_TOPIC = 10_000
@@ -23,7 +24,8 @@ MAX_KEPT_PER_TOPIC = 10_000
 @dataclass
 class _Log:
     last: int = 0
-    entries: deque[tuple[int, float, str]] = field(default_factory=deque)  # seq, time, json
+    # seq, time, json, its size in bytes (counted once, at publish, for the page limit)
+    entries: deque[tuple[int, float, str, int]] = field(default_factory=deque)
     dropped_through: int = 0  # every seq <= this one is gone
 
 
@@ -54,7 +56,7 @@ class LocalFanOut(FanOut):
             log = self._logs.setdefault(topic, _Log())
             log.last += 1
             seq = log.last
-            log.entries.append((seq, time.monotonic(), text))
+            log.entries.append((seq, time.monotonic(), text, len(text.encode("utf-8"))))
             while len(log.entries) > MAX_KEPT_PER_TOPIC:
                 log.dropped_through = log.entries.popleft()[0]
             message = Message(topic, str(seq), str(seq - 1), text)
@@ -71,33 +73,36 @@ class LocalFanOut(FanOut):
         except RuntimeError:
             running = None
         if running is loop:
-            loop.call_soon(self._dispatch, message)
+            loop.call_soon(self._heard.deliver, message)
         else:
-            loop.call_soon_threadsafe(self._dispatch, message)
+            loop.call_soon_threadsafe(self._heard.deliver, message)
 
     async def apublish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
         return self.publish(topic, data, conn=conn)
 
-    async def history(self, topic: Topic, since: Offset) -> list[Message] | None:
-        try:
-            after = int(since)
-        except ValueError:
+    async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE) -> History | None:
+        if not (isinstance(since, str) and since.isascii() and since.isdigit()):
             return None
+        after = int(since)
         with self._lock:
             log = self._logs.get(topic) or _Log()
-            if after < 0 or after > log.last:
-                return None  # an offset this topic never had
-            if after < log.dropped_through:
-                return None
+            if after > log.last or after < log.dropped_through:
+                return None  # an offset this topic never had, or one whose successors are gone
             cutoff = time.monotonic() - self.history_ttl
             out = []
-            for seq, at, text in log.entries:
-                if seq <= after:
-                    continue
+            used = 0
+            # Entries hold consecutive seqs (appended in order, dropped from the front), so the page
+            # starts at a known index: islice skips what came before it without a Python loop.
+            start = max(0, after + 1 - log.entries[0][0]) if log.entries else 0
+            for seq, at, text, size in itertools.islice(log.entries, start, None):
                 if at < cutoff:
                     return None  # a missed message has expired: never a silent hole
+                if len(out) == limit or used >= HISTORY_PAGE_BYTES:
+                    break
                 out.append(Message(topic, str(seq), str(seq - 1), text))
-            return out
+                used += size
+            last = out[-1].offset if out else since
+            return History(out, str(log.last), int(last) < log.last)
 
     def latest_offset(self, topic: Topic) -> Offset:
         with self._lock:

@@ -1,59 +1,66 @@
-"""The Postgres fan-out: a message log plus LISTEN/NOTIFY as the doorbell.
+"""The Postgres fan-out: a message log, and LISTEN/NOTIFY as its doorbell.
 
-publish() calls `livepush_publish()` (sql/0001_history.sql): one round trip that assigns the
-offset under the topic's row lock, logs the message and NOTIFYs, in the caller's
-transaction when `conn=` is given. Offsets are the per-topic sequence numbers, so they are
-gap-free and in commit order; a receiver that sees a number jump reads the rest from the log.
-An offset is "EPOCH-SEQ": the epoch changes only when a crash emptied the (unlogged)
-history tables, so an offset from before a crash can never be mistaken for a newer one.
+This module and sql/0001_message_log.sql are the only places that name the log's tables
+(`livepush_topics`, `livepush_messages`), its channel (`livepush`) and its offset format
+("EPOCH-SEQ"); everything else publishes through `publish()` / `apublish()`.
 
-The listener is one dedicated connection (application_name `livepush-listener`). When it
-drops it reconnects with capped, jittered backoff, LISTENs again, and only then runs the
-resync handlers, which read what was missed from the log: listen first, then catch up.
+publish() calls `livepush_publish()`: one round trip that assigns the offset under the
+topic's row lock, logs the message and rings the channel, in the caller's transaction when
+`conn=` is given. Offsets are the per-topic sequence numbers, so they are gap-free and in
+commit order. The epoch changes only when a crash emptied the (unlogged) tables, so an offset
+from before a crash can never be mistaken for a newer one.
+
+A notification carries "EPOCH-SEQ TOPIC" and no data: any role that can connect may listen
+and send on any channel, so the server reads what it delivers from the log (the hub does, in
+a page per batch of doorbells) and whatever a notification claims is checked there. One that
+does not parse is dropped with a debug line.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
-import threading
+import re
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from ..postgres import connect as db
-from ..postgres.connect import AsyncPool, Pool
-from ..errors import DependencyError, ListenError
+from ..postgres.connect import translated
+from ..channels import ListenerSlot
+from ..postgres.listener import Listener
+from ..postgres.pools import LoopPools
 from ..types import JSON, Message, Offset, Topic
-from .base import FanOut, encode_payload
+from .base import HISTORY_PAGE, HISTORY_PAGE_BYTES, FanOut, History, encode_payload
 
 log = logging.getLogger("livepush.fanout.postgres")
 
 CHANNEL = "livepush"
-LISTENER_APP_NAME = "livepush-listener"
-# A missed range longer than this is answered with `reset` rather than read into memory.
-MAX_REPLAY = 50_000
 PRUNE_BATCH = 5_000
-# How often an idle listener proves its connection is alive.
-LISTENER_PING_SECONDS = 5.0
 
 # name: publish -- see livepush_publish(): ordered per topic by the topic row's lock.
 PUBLISH = "SELECT livepush_publish(%s, %s)"
 # name: latest_offset -- a committed value; no row for a topic never published ("0").
 LATEST = "SELECT epoch, last_seq FROM livepush_topics WHERE topic = %s"
-# name: history -- read after LATEST, capped at its value: rows past it may commit meanwhile
-# and belong to the live stream; rows missing below it were pruned (the caller resets).
-# The view adds the "enqueued" events a bulk enqueue derives rather than stores (sql/0010).
+# name: history -- the topic's latest offset and the page after `after`, in one statement
+# (one snapshot, one round trip: a doorbell costs the server this one read). Capped at the
+# latest offset of that snapshot, so every row below it has committed; rows missing below it
+# were pruned (the caller resets). A page stops at the row that takes it past
+# HISTORY_PAGE_BYTES (a page always has one row), so a page of large messages stays small.
+# No row: a topic never published. Otherwise at least one row; its page columns are NULL when
+# the page is empty.
 HISTORY = """
-SELECT seq, data, created_at >= now() - make_interval(secs => %s) AS fresh
-FROM livepush_history
-WHERE topic = %s AND seq > %s AND seq <= %s
-ORDER BY seq
+SELECT t.epoch, t.last_seq, m.seq, m.data, m.fresh
+FROM livepush_topics t
+LEFT JOIN LATERAL (
+    SELECT seq, data, created_at >= now() - make_interval(secs => %(ttl)s) AS fresh,
+           sum(octet_length(data)) OVER (ORDER BY seq) - octet_length(data) AS before
+    FROM livepush_messages
+    WHERE topic = %(topic)s AND seq > %(after)s AND seq <= least(t.last_seq, %(after)s + %(limit)s)
+) m ON m.before < %(bytes)s
+WHERE t.topic = %(topic)s
+ORDER BY m.seq
 """
-# name: prune -- bounded per call; concurrent servers pruning at once only delete rows twice
-# over in the sense of racing for the same ones, which DELETE tolerates.
+# name: prune -- bounded per call; servers pruning at once race for the same rows, which
+# DELETE tolerates (a row is deleted once).
 PRUNE = """
 DELETE FROM livepush_messages WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM livepush_messages
@@ -61,10 +68,11 @@ DELETE FROM livepush_messages WHERE ctid = ANY (ARRAY(
     LIMIT %s))
 """
 
-
-# The offset of a topic nothing was published on yet: "before the first message" of
-# whatever epoch the topic's first publish starts.
+# The offset of a topic nothing was published on yet: "before the first message" of whatever
+# epoch the topic's first publish starts.
 ORIGIN = "0"
+_OFFSET = re.compile(r"([0-9]{1,19})-([0-9]{1,19})")
+_DOORBELL = re.compile(r"([0-9]{1,19})-([0-9]{1,19}) ([A-Za-z0-9_.:/-]{1,200})")
 
 
 def _offset(epoch: int, seq: int) -> Offset:
@@ -75,73 +83,44 @@ def _latest(row: tuple[int, int] | None) -> Offset:
     return _offset(row[0], row[1]) if row else ORIGIN
 
 
-def _parse_offset(since: Offset) -> tuple[int | None, int] | None:
-    """(epoch, seq), with epoch None for ORIGIN; None for anything malformed."""
+def parse_offset(since: str) -> tuple[int | None, int] | None:
+    """(epoch, seq) of an offset this fan-out gives out, with epoch None for ORIGIN; None for
+    anything else (ASCII digits only)."""
     if since == ORIGIN:
         return None, 0
-    epoch_text, sep, seq_text = since.partition("-")
-    if not sep or not epoch_text.isdigit() or not seq_text.isdigit():
+    m = _OFFSET.fullmatch(since)
+    if m is None:
         return None
-    return int(epoch_text), int(seq_text)
+    return int(m.group(1)), int(m.group(2))
 
 
-def _parse_notification(payload: str) -> Message | None:
-    head, sep, data = payload.partition("\n")
-    offset, _, topic = head.partition(" ")
-    parsed = _parse_offset(offset)
-    if parsed is None or parsed[0] is None:
-        return None
-    epoch, seq = parsed
-    return Message(topic, offset, _offset(epoch, seq - 1), data if sep else None)
+def parse_doorbell(payload: str) -> list[Message]:
+    """The doorbells in one notification ("EPOCH-SEQ TOPIC" a line); lines that do not parse
+    are left out."""
+    found = []
+    for line in payload.split("\n", 100)[:100]:
+        m = _DOORBELL.fullmatch(line)
+        if m is None:
+            if line:
+                log.debug("dropped a notification on %s that is not a doorbell: %r", CHANNEL, line[:80])
+            continue
+        epoch, seq = int(m.group(1)), int(m.group(2))
+        if seq < 1:
+            continue
+        found.append(Message(m.group(3), _offset(epoch, seq), _offset(epoch, seq - 1), None))
+    return found
 
 
 class PostgresFanOut(FanOut):
     name = "postgres"
 
-    def __init__(self, url: str, *, history_ttl: float = 300.0) -> None:
+    def __init__(self, url: str, *, history_ttl: float = 300.0, listener: Listener | None = None) -> None:
         super().__init__()
         self.url = url
         self.history_ttl = history_ttl
-        self._sync_pool: ConnectionPool | None = None
-        self._sync_lock = threading.Lock()
-        self._apool: AsyncConnectionPool | None = None
-        self._apool_loop: asyncio.AbstractEventLoop | None = None
-        self._apool_lock: asyncio.Lock | None = None
-        self._apool_lock_loop: asyncio.AbstractEventLoop | None = None
-        self._listener_task: asyncio.Task[None] | None = None
-        self._listening = False
-        self._closing = False
-
-    # -- connections ------------------------------------------------------------------
-    def _pool(self) -> ConnectionPool:
-        with self._sync_lock:
-            if self._sync_pool is None:
-                pool = Pool(self.url, min_size=1, max_size=4, open=False, kwargs={"autocommit": True})
-                try:
-                    pool.open(wait=True, timeout=5)
-                except psycopg.pool.PoolTimeout as exc:
-                    pool.close()
-                    raise db.unreachable(self.url, exc) from exc
-                self._sync_pool = pool
-            return self._sync_pool
-
-    async def _apool_get(self) -> AsyncConnectionPool:
-        loop = asyncio.get_running_loop()
-        if self._apool is not None and self._apool_loop is loop:
-            return self._apool
-        if self._apool_lock is None or self._apool_lock_loop is not loop:
-            self._apool_lock, self._apool_lock_loop = asyncio.Lock(), loop
-        # Several first publishes at once must share one pool, not each open (and leak) one.
-        async with self._apool_lock:
-            if self._apool is None or self._apool_loop is not loop:
-                pool = AsyncPool(self.url, min_size=1, max_size=4, open=False, kwargs={"autocommit": True})
-                try:
-                    await pool.open(wait=True, timeout=5)
-                except psycopg.pool.PoolTimeout as exc:
-                    await pool.close()
-                    raise db.unreachable(self.url, exc) from exc
-                self._apool, self._apool_loop = pool, loop
-        return self._apool
+        self._pools = LoopPools(url, name="livepush-fanout")
+        # Shared with the process's other listening parts when the wiring passes one in.
+        self._listener = ListenerSlot(listener, lambda: Listener(url))
 
     # -- publishing -------------------------------------------------------------------
     def publish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
@@ -151,11 +130,8 @@ class PostgresFanOut(FanOut):
                 raise TypeError("publish(conn=) takes a psycopg.Connection; use apublish() for an AsyncConnection")
             row = conn.execute(PUBLISH, (topic, text)).fetchone()
         else:
-            try:
-                with self._pool().connection() as c:
-                    row = c.execute(PUBLISH, (topic, text)).fetchone()
-            except psycopg.OperationalError as exc:
-                raise db.unreachable(self.url, exc) from exc
+            with translated(self.url), self._pools.sync().connection() as c:
+                row = c.execute(PUBLISH, (topic, text)).fetchone()
         assert row is not None
         return str(row[0])
 
@@ -164,15 +140,11 @@ class PostgresFanOut(FanOut):
         if conn is not None:
             if not isinstance(conn, psycopg.AsyncConnection):
                 raise TypeError("apublish(conn=) takes a psycopg.AsyncConnection; use publish() for a sync Connection")
-            cur = await conn.execute(PUBLISH, (topic, text))
-            row = await cur.fetchone()
+            row = await (await conn.execute(PUBLISH, (topic, text))).fetchone()
         else:
-            try:
-                async with (await self._apool_get()).connection() as c:
-                    cur = await c.execute(PUBLISH, (topic, text))
-                    row = await cur.fetchone()
-            except psycopg.OperationalError as exc:
-                raise db.unreachable(self.url, exc) from exc
+            with translated(self.url):
+                async with (await self._pools.aget()).connection() as c:
+                    row = await (await c.execute(PUBLISH, (topic, text))).fetchone()
         assert row is not None
         return str(row[0])
 
@@ -180,126 +152,66 @@ class PostgresFanOut(FanOut):
     async def listen(self) -> None:
         if self._listen_called:
             raise RuntimeError("listen() was already called on this fan-out: call it once, at boot")
-        try:
-            conn = await self._connect_listener()
-        except (DependencyError, psycopg.Error) as exc:
-            raise ListenError(str(exc).splitlines()[0]) from exc
+        listener = self._listener.get()
+        listener.add(CHANNEL, self._on_notification, on_resync=self._heard.resync)
+        await listener.start()
         self._listen_called = True
-        self._listening = True
-        self._listener_task = asyncio.create_task(self._listen_loop(conn), name="livepush-pg-listener")
-
-    async def _connect_listener(self) -> psycopg.AsyncConnection:
-        conn = await db.aconnect(self.url, application_name=LISTENER_APP_NAME)
-        await conn.execute(f"LISTEN {CHANNEL}")
-        return conn
 
     @property
     def listening(self) -> bool:
-        return self._listening
+        return self._listen_called and self._listener.listening
 
-    async def _listen_loop(self, conn: psycopg.AsyncConnection) -> None:
-        attempt = 0
-        while not self._closing:
-            try:
-                while not self._closing:
-                    async for note in conn.notifies(timeout=LISTENER_PING_SECONDS):
-                        message = _parse_notification(note.payload)
-                        if message is not None:
-                            self._dispatch(message)
-                    await conn.execute("SELECT 1")  # a silent network drop shows up here
-            except (psycopg.Error, OSError) as exc:
-                if self._closing:
-                    break
-                self._listening = False
-                log.warning("Postgres listener lost (%s); reconnecting", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            finally:
-                await conn.close()
-            while not self._closing:
-                attempt += 1
-                delay = min(5.0, 0.1 * 2 ** min(attempt, 10)) * random.uniform(0.5, 1.5)
-                await asyncio.sleep(delay)
-                try:
-                    conn = await self._connect_listener()
-                except (DependencyError, psycopg.Error):
-                    continue
-                attempt = 0
-                self._listening = True
-                log.warning("Postgres listener is back; reading what was missed from history")
-                try:
-                    await self._resynced()
-                except Exception:
-                    log.exception("resync after listener reconnect failed")
-                break
+    def _on_notification(self, payload: str) -> None:
+        for message in parse_doorbell(payload):
+            self._heard.deliver(message)
 
     # -- history ----------------------------------------------------------------------
-    async def history(self, topic: Topic, since: Offset) -> list[Message] | None:
-        parsed = _parse_offset(since)
+    async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE) -> History | None:
+        parsed = parse_offset(since) if isinstance(since, str) else None
         if parsed is None:
             return None
         since_epoch, after = parsed
-        async with (await self._apool_get()).connection() as c:
-            cur = await c.execute(LATEST, (topic,))
-            row = await cur.fetchone()
-            if row is None:
-                return [] if after == 0 else None  # nothing published yet (or since a crash)
-            epoch, last = row
-            if since_epoch not in (None, epoch):
-                return None  # an offset from before a crash emptied the history
-            if after > last or last - after > MAX_REPLAY:
-                return None
-            if after == last:
-                return []
-            cur = await c.execute(HISTORY, (self.history_ttl, topic, after, last))
-            rows = await cur.fetchall()
-        # Never a silent hole: every seq in (after, last] must be here and unexpired.
-        if len(rows) != last - after or rows[0][0] != after + 1 or not rows[0][2]:
+        with translated(self.url):
+            async with (await self._pools.aget()).connection() as c:
+                found = await (await c.execute(HISTORY, {"ttl": self.history_ttl, "topic": topic, "after": after,
+                                                         "limit": limit, "bytes": HISTORY_PAGE_BYTES})).fetchall()
+        if not found:
+            # Nothing published yet (or not since a crash emptied the log).
+            return History([], ORIGIN, False) if after == 0 else None
+        epoch, last = found[0][0], found[0][1]
+        if since_epoch not in (None, epoch) or after > last:
+            return None  # from before a crash emptied the log, or an offset never given out
+        latest = _offset(epoch, last)
+        if after == last:
+            return History([], latest, False)
+        rows = [(seq, data, fresh) for _, _, seq, data, fresh in found if seq is not None]
+        # Never a silent hole: the page runs from after+1 without a gap, and its first row is unexpired.
+        if not rows or rows[0][0] != after + 1 or rows[-1][0] != after + len(rows) or not rows[0][2]:
             return None
-        return [Message(topic, _offset(epoch, seq), _offset(epoch, seq - 1), data) for seq, data, _fresh in rows]
+        messages = [Message(topic, _offset(epoch, seq), _offset(epoch, seq - 1), data) for seq, data, _ in rows]
+        return History(messages, latest, rows[-1][0] < last)
 
     def latest_offset(self, topic: Topic) -> Offset:
-        try:
-            with self._pool().connection() as c:
-                row = c.execute(LATEST, (topic,)).fetchone()
-        except psycopg.OperationalError as exc:
-            raise db.unreachable(self.url, exc) from exc
-        return _latest(row)
+        with translated(self.url), self._pools.sync().connection() as c:
+            return _latest(c.execute(LATEST, (topic,)).fetchone())
 
     async def alatest_offset(self, topic: Topic) -> Offset:
-        async with (await self._apool_get()).connection() as c:
-            cur = await c.execute(LATEST, (topic,))
-            return _latest(await cur.fetchone())
+        with translated(self.url):
+            async with (await self._pools.aget()).connection() as c:
+                return _latest(await (await c.execute(LATEST, (topic,))).fetchone())
 
     async def prune(self) -> int:
-        async with (await self._apool_get()).connection() as c:
-            cur = await c.execute(PRUNE, (self.history_ttl, PRUNE_BATCH))
-            return cur.rowcount
+        with translated(self.url):
+            async with (await self._pools.aget()).connection() as c:
+                return (await c.execute(PRUNE, (self.history_ttl, PRUNE_BATCH))).rowcount
 
     # -- closing ----------------------------------------------------------------------
     async def release_loop(self) -> None:
-        # A pool left open when its loop ends has its tasks cancelled mid-connect, which
-        # psycopg can turn into a connection error the pool then retries: the loop's
-        # shutdown never returns. Close it while the loop still runs.
-        if self._apool is not None and self._apool_loop is asyncio.get_running_loop():
-            pool, self._apool, self._apool_loop = self._apool, None, None
-            await pool.close()
+        await self._pools.release_loop()
 
     async def aclose(self) -> None:
-        self._closing = True
-        self._listening = False
-        if self._listener_task is not None:
-            self._listener_task.cancel()
-            try:
-                await self._listener_task
-            except (asyncio.CancelledError, Exception):
-                pass
-            self._listener_task = None
-        if self._apool is not None:
-            await self._apool.close()
-            self._apool = None
-        self.close()
+        await self._listener.aclose()
+        await self._pools.aclose()
 
     def close(self) -> None:
-        with self._sync_lock:
-            if self._sync_pool is not None:
-                self._sync_pool.close()
-                self._sync_pool = None
+        self._pools.close()

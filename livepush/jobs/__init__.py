@@ -1,4 +1,4 @@
-"""livepush.jobs: background jobs in Postgres with live progress (SPEC §4, §6, §7).
+"""livepush.jobs: background jobs in Postgres with live progress (docs/jobs.md, docs/reference.md#4-python-api).
 
     from livepush import jobs
 
@@ -17,10 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .runtime.context import JobContext, SyncJobContext
-from .api.control import acancel, acancel_group, cancel, cancel_group, discard_failed, job_state, retry_failed
-from .database import configure
+from .api.control import acancel, cancel, discard_failed, job_state, retry_failed
 from .api.enqueue import aenqueue_many, enqueue_many
+from .api.functions import JobFunction, default_backoff, job
+from .api.handles import JobHandle
+from .api.registry import REGISTRY, JobRequest
+from .api.testing import adrain, clear, drain
+from .database import configure
 from .errors import (
     GroupClosedError,
     GroupError,
@@ -32,9 +35,8 @@ from .errors import (
     LeaseLostError,
     UnknownJobError,
 )
-from .groups.calls import (
+from .groups.building import (
     MAX_GROUP_MEMBERS,
-    GroupContext,
     GroupHandle,
     aadd_to_group,
     acreate_group,
@@ -43,15 +45,13 @@ from .groups.calls import (
     agroup,
     aseal_group,
     create_group,
-    get_group,
     group,
-    group_history,
-    group_members,
     seal_group,
 )
-from .api.handles import JobHandle
-from .api.registry import REGISTRY, JobFunction, JobRequest, default_backoff, job
-from .api.testing import adrain, clear, drain
+from .groups.cancel import acancel_group, cancel_group
+from .groups.context import GroupContext
+from .groups.reads import get_group, group_history, group_members
+from .runtime.context import JobContext, SyncJobContext
 
 __all__ = [
     "MAX_GROUP_MEMBERS",

@@ -37,7 +37,7 @@ class UnknownJobError(LivepushError, LookupError):
     """A job name this process has no function for."""
 
 
-# -- task groups (livepush/jobs/groups.py) --------------------------------------------------
+# -- task groups (livepush/jobs/groups/) --------------------------------------------------
 
 class GroupError(LivepushError):
     """Base of the task-group errors below."""

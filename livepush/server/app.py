@@ -1,18 +1,19 @@
 """The WebSocket server: accepts connections, turns frames into hub calls, stops cleanly.
 
-Moves frames in and out and nothing more: the protocol is in `livepush.protocol`, the
-ordering in `hub`, authentication and rules in `livepush.auth` and `livepush.rules`.
+Moves frames in and out and nothing more: the protocol is in `livepush.protocol`, the ordering
+in `hub`, the handshake's security decisions in `livepush.sessions.handshake`, the rules in
+`livepush.sessions.rules`. Every part it reads from (fan-out, state sources, revocation store)
+is handed to it by the wiring (the CLI, the demo).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from urllib.parse import urlsplit
 
 from websockets.asyncio.server import Server as WSServer
@@ -24,20 +25,24 @@ from .. import protocol, topics
 from ..config import Settings
 from ..errors import DependencyError, InvalidTopic
 from ..fanout import FanOut
-from ..types import Message
+from ..sessions.handshake import SUBPROTOCOL, authenticate, duplicated_header, origin_allowed
+from ..sessions.revocations import MEMORY, RevocationStore
+from ..sessions.rules import App
+from ..tasks import supervise
+from ..types import StateSource
 from . import http
 from .connection import Client, broadcast
-from .hub import Hub, SnapshotProvider
+from .hub import Hub
+from .limits import Quiet
 
 log = logging.getLogger("livepush.server")
 
 HEARTBEAT_SECONDS = 25.0
 PRUNE_EVERY_SECONDS = 30.0
-REVOCATIONS_TOPIC = "_livepush.revocations"
 
 # websockets logs request paths and headers at DEBUG: with `?token=` or a session cookie in
-# them, and one INFO line per connection. Its records go to a logger capped at WARNING,
-# so no log level setting can leak a token, and busy servers do not log every connection.
+# them, and one INFO line per connection. Its records go to a logger capped at WARNING, so no
+# log level setting can leak a token, and busy servers do not log every connection.
 _WS_LOGGER = logging.getLogger("livepush.websockets")
 _WS_LOGGER.setLevel(logging.WARNING)
 
@@ -52,63 +57,74 @@ class PushServer:
         settings: Settings,
         fanout: FanOut,
         *,
-        app: object | None = None,
-        snapshot: SnapshotProvider | None = None,
+        app: App | None = None,
+        store: RevocationStore | None = None,
+        states: Sequence[StateSource] = (),
         pages: PageRoute | None = None,
         heartbeat: float = HEARTBEAT_SECONDS,
+        health: Sequence[Callable[[], bool]] = (),
     ) -> None:
-        from ..sessions.rules import App  # the user's rules; default: signed topics only
-
         self.settings = settings
         self.fanout = fanout
-        self.app: App = app if app is not None else App()  # type: ignore[assignment]
-        if snapshot is None and settings.database_url:
-            from .state import postgres_snapshots  # job and group states live in Postgres
-
-            snapshot = postgres_snapshots(settings, fanout)
-        self.hub = Hub(fanout, broadcast, snapshot=snapshot)
+        self.app = app if app is not None else App()  # default: signed topics only
+        self.store = store if store is not None else MEMORY
+        self.states = list(states)
+        self.hub = Hub(fanout, broadcast, states=self.states)
         self.pages = pages
         self.heartbeat = heartbeat
+        self._health = list(health)
         self.clients: set[Client] = set()
-        # Filled by the HTTP check, emptied by the handler. Weak: a handshake refused after
-        # the check (e.g. a bad Sec-WebSocket-Key) never reaches the handler, and must not
-        # keep its connection alive.
+        # Filled by the HTTP check, emptied by the handler. Weak: a handshake refused after the
+        # check (e.g. a bad Sec-WebSocket-Key) never reaches the handler, and must not keep its
+        # connection alive.
         self._sessions: weakref.WeakKeyDictionary[ServerConnection, object] = weakref.WeakKeyDictionary()
         self._ws: WSServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._store: object | None = None
+        self._reverify_now = asyncio.Event()
+        self._quiet = Quiet(log)  # client mistakes: at debug, and rate-limited
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
-        from ..sessions import store_from_settings
-
-        self._store = store_from_settings(self.settings)
         await self.fanout.listen()
         self.fanout.register(self.hub.on_message)
         self.fanout.on_resync(self.hub.resync)
-        self.hub.on_control(REVOCATIONS_TOPIC, self._on_revocation)
+        for source in self.states:
+            source.watch(self.hub.on_state_change, lambda source=source: self.hub.on_state_resync(source),
+                         self.hub.on_state_created)
+            await source.listen()
+        await self.store.watch(self._reverify_now.set)
         self._ws = await serve(
             self._handle,
             self.settings.host,
             self.settings.port,
             process_request=self._process_request,
             max_size=protocol.MAX_FRAME_BYTES,
-            # Per-connection deflate costs ~3x the memory per idle connection and a
-            # compression pass per subscriber per message: off (docs/architecture.md).
+            # Per-connection deflate costs ~3x the memory per idle connection and a compression
+            # pass per subscriber per message: off (docs/architecture.md).
             compression=None,
+            subprotocols=[SUBPROTOCOL],
+            # A client that offers no subprotocol (most non-browser clients) is served too.
+            select_subprotocol=lambda conn, offered: SUBPROTOCOL if SUBPROTOCOL in offered else None,
             ping_interval=self.heartbeat,
             ping_timeout=self.heartbeat,
             close_timeout=1.0,
             server_header=None,
             logger=_WS_LOGGER,
         )
-        self._tasks.append(asyncio.create_task(self._prune_loop(), name="livepush-prune"))
-        self._tasks.append(asyncio.create_task(self._reverify_loop(), name="livepush-reverify"))
+        self._tasks.append(supervise("livepush-prune", self._prune_loop))
+        self._tasks.append(supervise("livepush-reverify", self._reverify_loop))
 
     @property
     def port(self) -> int:
         assert self._ws is not None
         return self._ws.sockets[0].getsockname()[1]
+
+    @property
+    def listening(self) -> bool:
+        """The fan-out, the revocation store and every state source hear changes, and every
+        extra check (a runtime beside the server) passes: what /healthz answers."""
+        return (self.fanout.listening and self.store.listening and all(s.listening for s in self.states)
+                and all(check() for check in self._health))
 
     async def close_connections(self) -> None:
         """Stop accepting and close every connection with 1001 (each close waits at most
@@ -121,28 +137,21 @@ class PushServer:
                 await asyncio.wait_for(self._ws.wait_closed(), timeout=3)
 
     async def stop(self) -> None:
-        """close_connections(), then release the fan-out and everything else."""
+        """close_connections(), then release the hub; the parts it was given are their owner's."""
         await self.close_connections()
         await self.hub.aclose()
-        await self.fanout.aclose()
-        close_snapshots = getattr(self.hub.snapshot_provider, "aclose", None)
-        if close_snapshots is not None:
-            await close_snapshots()
-        close_app = getattr(self.app, "close", None)
-        if close_app is not None:
-            close_app()
-        store = self._store
-        if store is not None and hasattr(store, "aclose"):
-            await store.aclose()  # type: ignore[attr-defined]
+        self.app.close()
 
     # -- HTTP -------------------------------------------------------------------------
     async def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
-        from ..sessions.handshake import authenticate, origin_allowed
-
-        path = urlsplit(request.path).path
+        duplicate = duplicated_header(request.headers)
+        if duplicate is not None:
+            self._quiet.debug("refused a request with two %s headers", duplicate)
+            return http.response(400, f"one {duplicate} header at most\n".encode())
+        path = urlsplit(request.path).path if request.path.startswith("/") else "/"
         if not http.is_websocket(request):
             if path == "/healthz":
-                return http.healthz(self.fanout.listening, self.fanout.name)
+                return http.healthz(self.listening, self.fanout.name)
             if path == "/livepush.js":
                 return http.serve_js(request)
             if self.pages is not None:
@@ -152,16 +161,20 @@ class PushServer:
                 if result is not None:
                     return result  # type: ignore[return-value]
             return http.response(404, b"not found\n")
+        cap = self.settings.max_connections
+        if cap is not None and len(self.clients) + len(self._sessions) >= cap:
+            self._quiet.debug("refused a connection: %d connections is LIVEPUSH_MAX_CONNECTIONS", cap)
+            return http.response(503, b"this server is full: retry shortly\n", Retry_After="5")
         if not origin_allowed(request.headers, self.settings.allowed_origins):
-            log.info("refused a connection from origin %r (set LIVEPUSH_ALLOWED_ORIGINS to allow it)", request.headers.get("Origin", "")[:100])
+            self._quiet.debug("refused a connection from a disallowed origin (set LIVEPUSH_ALLOWED_ORIGINS to allow it)")
             return http.response(403, b"origin not allowed: set LIVEPUSH_ALLOWED_ORIGINS\n")
         try:
-            session, reason = await authenticate(request.headers, request.path, self.settings, self._store)
+            session, reason = await authenticate(request.headers, request.path, self.settings, self.store)
         except DependencyError as exc:
             log.warning("cannot check sessions right now: %s", exc)
             return http.response(503, b"session store unavailable, retry shortly\n")
         if reason and reason != "missing":
-            log.info("connection without a valid session: %s", reason)
+            self._quiet.debug("a connection without a valid session: %s", reason)
         self._sessions[ws] = session
         return None
 
@@ -205,11 +218,16 @@ class PushServer:
             client.send(protocol.pong(cmd.ref))
 
     async def _subscribe(self, client: Client, cmd: protocol.Subscribe) -> None:
+        if not client.subscribes.take(time.monotonic()):
+            client.send(protocol.refused(cmd.ref, "limit"))
+            return
         try:
             if topics.is_signed(cmd.topic):
                 plain = topics.verify(cmd.topic, self.settings.secrets)  # its own permission
             else:
                 plain = topics.validate_topic(cmd.topic)
+            topics.check_state_topic(plain)
+            if not topics.is_signed(cmd.topic):
                 reason = await self.app.check(client.session, plain)
                 if reason is not None:
                     client.send(protocol.refused(cmd.ref, reason))
@@ -223,6 +241,8 @@ class PushServer:
         client.topics.add(plain)
         try:
             await self.hub.subscribe(client, plain, cmd.since, cmd.ref)
+        except ConnectionClosed:
+            raise
         except Exception as exc:
             log.warning("subscribe to %s failed: %s", plain, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             client.topics.discard(plain)
@@ -230,23 +250,13 @@ class PushServer:
             client.send(protocol.refused(cmd.ref, "unavailable"))
 
     # -- sessions ---------------------------------------------------------------------
-    def _on_revocation(self, message: Message) -> None:
-        from ..sessions import revocation_matches
-
-        try:
-            data = json.loads(message.data_json) if message.data_json else None
-        except ValueError:
-            return
-        if not isinstance(data, dict):
-            return
-        for client in list(self.clients):
-            if client.session is not None and revocation_matches(data, client.session):
-                client.close(protocol.CLOSE_REVOKED, "session revoked")
-
     async def _reverify_loop(self) -> None:
-        interval = float(getattr(self.app, "reverify_interval", 60.0))
+        """Re-check open sessions every reverify_interval, and at once when the store rings
+        (a revocation somewhere): the store, not the ring, says who is revoked."""
         while True:
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._reverify_now.wait(), self.app.reverify_interval)
+            self._reverify_now.clear()
             await self.reverify()
 
     async def reverify(self) -> None:
@@ -259,7 +269,7 @@ class PushServer:
             if client.session.expires_at <= now:  # type: ignore[union-attr]
                 client.close(protocol.CLOSE_REVOKED, "session expired")
         try:
-            revoked = await self._store.revoked_among([c.session for c in with_sessions])  # type: ignore[union-attr]
+            revoked = await self.store.revoked_among([c.session for c in with_sessions])  # type: ignore[misc]
         except Exception as exc:
             log.warning("could not re-check sessions: %s", exc)
             return
@@ -273,6 +283,5 @@ class PushServer:
             await asyncio.sleep(PRUNE_EVERY_SECONDS)
             try:
                 await self.fanout.prune()
-            except Exception as exc:
+            except DependencyError as exc:
                 log.warning("history pruning failed (will retry): %s", exc)
-

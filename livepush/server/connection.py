@@ -1,8 +1,10 @@
 """One client connection: its frames in, its frames out, its subscriptions.
 
-Writes never await: a frame goes straight into the transport's buffer. A client whose
-buffer passes SEND_BUFFER_LIMIT is too slow to keep up; it is closed with 1013 and skipped
-from then on, so it never slows the others (SPEC §5).
+Writes never await: a frame goes straight into the transport's buffer. A frame that would take
+a client's unsent data past SEND_BUFFER_LIMIT is not written: the client is too slow to keep
+up, it is closed with 1013 and skipped from then on, so it never slows the others
+(docs/reference.md#5-wire-protocol). A buffer never holds more than the limit, or one frame
+when it was empty.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.protocol import State
 
 from .. import protocol
+from .limits import TokenBucket
 
 log = logging.getLogger("livepush.server")
 
@@ -23,13 +26,14 @@ SEND_BUFFER_LIMIT = 1024 * 1024
 
 
 class Client:
-    __slots__ = ("ws", "session", "topics", "bad_frames", "closing", "_close_task", "__weakref__")
+    __slots__ = ("ws", "session", "topics", "bad_frames", "subscribes", "closing", "_close_task", "__weakref__")
 
     def __init__(self, ws: ServerConnection, session: Any = None) -> None:
         self.ws = ws
         self.session = session
         self.topics: set[str] = set()  # plain topics this client is subscribed to
         self.bad_frames = protocol.BadFrameWindow()
+        self.subscribes = TokenBucket()
         self.closing = False
         self._close_task: asyncio.Task[None] | None = None
 
@@ -47,6 +51,10 @@ class Client:
         self.closing = True
         self._close_task = asyncio.ensure_future(self.ws.close(code, reason))
 
+    async def drain(self) -> None:
+        """Until the client has read most of what was written to it (between replay pages)."""
+        await self.ws.drain()
+
     async def wait_closed(self) -> None:
         """Let a close started by close() finish: a handler that returned first would close
         with 1000 instead of the code chosen."""
@@ -58,9 +66,9 @@ def write(client: Client, data: bytes) -> None:
     ws = client.ws
     if client.closing or ws.protocol.state is not State.OPEN:
         return
-    transport = ws.transport
-    if transport.get_write_buffer_size() > SEND_BUFFER_LIMIT:
-        log.info("closing a client that fell behind (%d bytes unsent)", transport.get_write_buffer_size())
+    unsent = ws.transport.get_write_buffer_size()
+    if unsent and unsent + len(data) > SEND_BUFFER_LIMIT:
+        log.debug("closing a client that fell behind (%d bytes unsent)", unsent)
         client.close(protocol.CLOSE_TOO_SLOW, "too slow")
         return
     try:

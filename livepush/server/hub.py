@@ -1,39 +1,56 @@
 """The hub: which connection hears which topic, and the order they hear it in.
 
-Per topic the hub keeps a cursor, the offset of the last message it delivered. A message
-whose `prev` is the cursor goes out at once; one at or below the cursor is a duplicate; one
-that skips ahead (a missed notification, a listener gap) or carries no payload (too large
-for NOTIFY) makes the hub read the range from history first. A range history cannot fill
-becomes a `reset` to every subscriber: recovery is never partial.
+Two kinds of topic.
 
-A new subscriber is "joining" while its replay is read: live messages for it are buffered,
-then sent after the replay without a duplicate at the seam (its `floor` is the last offset
-it was sent). Everything here runs on the event loop; nothing awaits per subscriber.
+Message topics (the fan-out's log). Per topic the hub keeps a cursor: the offset of the last
+message it delivered, anchored to the topic's latest offset when its first subscriber comes.
+A live message whose `prev` is the cursor goes out at once; one at or below the cursor is a
+duplicate. A doorbell (a message without data, as every Postgres notification is) or a message
+that skips ahead makes the hub read the log from its own cursor, a page at a time: whatever a
+notification claims, only what the log holds is delivered, and a notification that does not
+check out costs one read. Doorbells that come during a read are served by one more read, never
+by one read each. A range the log cannot fill becomes a `reset` to every subscriber: recovery
+is never partial.
+
+State topics (`job:<id>`, `group:<id>`: a StateSource's rows). Their offset is the state's
+version. A change rings the source; the hub reads the current state of every rung topic it
+watches, in one read per batch (which also conflates a burst of changes to the newest), and
+sends it when its version is newer than the one it sent last. A subscriber first gets the
+current state as a snapshot, unless its `since` is that version already.
+
+A new subscriber is "joining" while its replay or snapshot is read: live frames for it are
+buffered, then sent after the replay without a duplicate at the seam (its `floor` is the last
+offset it was sent). Everything here runs on the event loop; nothing awaits per subscriber.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from .. import protocol
 from ..fanout import FanOut
-from ..types import Message, Offset, offset_key
+from ..types import Message, Offset, StateSource, offset_key
 
 log = logging.getLogger("livepush.hub")
 
 Key = tuple[int, ...]
 NO_KEY: Key = ()
-# Returns (offset, data_json) of a state topic's current state, or None when the topic
-# has no state (not a state topic, or an unknown job/group).
-SnapshotProvider = Callable[[str], Awaitable[tuple[Offset, str] | None]]
+# After a read that a doorbell asked for and that found nothing new, the next read of that
+# topic waits this long: a flood of forged doorbells costs a bounded number of reads.
+EMPTY_READ_PAUSE = 0.05
+# A state read that failed is tried again after this long, while someone still watches.
+STATE_RETRY_SECONDS = 1.0
 
 
 class Subscriber(Protocol):
     def send(self, frame: str) -> None: ...
+
+    async def drain(self) -> None:
+        """Until the subscriber's unsent data is small again (between pages of a replay)."""
 
 
 Broadcast = Callable[[Iterable[Subscriber], str], None]
@@ -42,225 +59,341 @@ Broadcast = Callable[[Iterable[Subscriber], str], None]
 @dataclass(eq=False)
 class _Topic:
     name: str
+    source: StateSource | None  # None: a message topic of the fan-out
     subscribers: set[Subscriber] = field(default_factory=set)
     # Subscribers reading their replay; live frames wait in their buffer (key None = reset).
     joining: dict[Subscriber, list[tuple[Key | None, str]]] = field(default_factory=dict)
     # Subscribers whose replay went past the cursor: skip live frames up to their floor.
     floors: dict[Subscriber, Key] = field(default_factory=dict)
+    # The last offset (message topics) or version (state topics) delivered live.
     cursor: Offset | None = None
-    # While nothing was delivered yet (no cursor): the lowest floor of the subscribers that
-    # finished joining. Everyone has everything up to it, so once nobody is still joining
-    # it becomes the cursor, and a listener gap before the first live message is caught.
-    low_floor: Offset | None = None
-    fetching: bool = False
-    pending: list[Message] = field(default_factory=list)
+    # Message topics: set once the cursor is anchored; joiners read their replay after it.
+    anchored: asyncio.Future[None] | None = None
+    reading: bool = False
+    # The newest offset a doorbell named, during a read or before the anchor, past the cursor
+    # then: if the read leaves the cursor below it, read once more.
+    wanted: Key = ()
+    pending: list[Message] = field(default_factory=list)  # messages with data that came during a read
 
     @property
     def idle(self) -> bool:
         return not self.subscribers and not self.joining
 
 
-def is_state_topic(topic: str) -> bool:
-    return topic.startswith(("job:", "group:"))
-
-
 class Hub:
-    def __init__(
-        self,
-        fanout: FanOut,
-        broadcast: Broadcast,
-        *,
-        snapshot: SnapshotProvider | None = None,
-    ) -> None:
+    def __init__(self, fanout: FanOut, broadcast: Broadcast, *, states: Sequence[StateSource] = ()) -> None:
         self.fanout = fanout
         self._broadcast = broadcast
-        self._snapshot = snapshot
+        self._sources: dict[str, StateSource] = {}
+        for source in states:
+            for prefix in source.prefixes:
+                self._sources[prefix] = source
         self._topics: dict[str, _Topic] = {}
-        self._control: dict[str, Callable[[Message], None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # State topics to read, per source, and whether a read of that source is under way.
+        self._state_due: dict[int, set[str]] = {}
+        self._state_reading: set[int] = set()
+        # Watched state topics whose row was not found (yet): what a creation ring may concern.
+        self._unborn: set[str] = set()
 
-    # -- wiring -----------------------------------------------------------------------
-    def on_control(self, topic: str, handler: Callable[[Message], None]) -> None:
-        """Route messages of a reserved topic (e.g. revocations) to `handler`."""
-        self._control[topic] = handler
+    def source_of(self, topic: str) -> StateSource | None:
+        prefix, sep, _ = topic.partition(":")
+        return self._sources.get(prefix + sep) if sep else None
 
-    @property
-    def snapshot_provider(self) -> SnapshotProvider | None:
-        return self._snapshot
-
-    # -- live path --------------------------------------------------------------------
+    # -- message topics: the live path --------------------------------------------------
     def on_message(self, message: Message) -> None:
         """The fan-out's receiver: called on the loop for every live message."""
-        handler = self._control.get(message.topic)
-        if handler is not None:
-            handler(message)
-            return
-        state = self._topics.get(message.topic)
-        if state is not None:
-            self._accept(state, message)
+        t = self._topics.get(message.topic)
+        if t is not None and t.source is None:
+            self._accept(t, message)
 
-    def _accept(self, state: _Topic, message: Message) -> None:
-        if state.fetching:
-            state.pending.append(message)
+    def _accept(self, t: _Topic, message: Message) -> None:
+        try:
+            key = offset_key(message.offset)
+        except ValueError:
             return
-        if state.cursor is not None:
-            if offset_key(message.offset) <= offset_key(state.cursor):
-                return  # already delivered (a replayed range, or a notification twice)
-            if message.prev != state.cursor or message.data_json is None:
-                self._fetch(state, state.cursor, message)
-                return
-        elif message.data_json is None:
-            self._fetch(state, message.prev, message)
+        if t.reading or t.cursor is None:
+            # Served by the read under way (one more if it may have started too early and did
+            # not reach this offset), or by the first read once the cursor is anchored.
+            if message.data_json is not None and t.reading:
+                t.pending.append(message)
+            elif key > self._cursor_key(t):
+                t.wanted = max(t.wanted, key)
             return
-        self._emit(state, message.offset, message.data_json)  # type: ignore[arg-type]
+        if key <= offset_key(t.cursor):
+            return  # already delivered (a replayed range, or a notification twice)
+        if message.data_json is not None and message.prev == t.cursor:
+            self._emit(t, message.offset, message.data_json)
+            return
+        self._start_read(t)
 
-    def _emit(self, state: _Topic, offset: Offset, data_json: str) -> None:
-        state.cursor = offset
-        state.low_floor = None
-        frame = protocol.message(state.name, offset, data_json)
-        key = offset_key(offset)
-        recipients: Iterable[Subscriber] = state.subscribers
-        if state.floors:
-            recipients = [s for s in state.subscribers if state.floors.get(s, NO_KEY) < key]
-            for sub in [s for s, floor in state.floors.items() if floor <= key]:
-                del state.floors[sub]
+    def _emit(self, t: _Topic, offset: Offset, data_json: str) -> None:
+        t.cursor = offset
+        self._deliver(t, offset_key(offset), protocol.message(t.name, offset, data_json))
+
+    def _deliver(self, t: _Topic, key: Key, frame: str) -> None:
+        recipients: Iterable[Subscriber] = t.subscribers
+        if t.floors:
+            recipients = [s for s in t.subscribers if t.floors.get(s, NO_KEY) < key]
+            for sub in [s for s, floor in t.floors.items() if floor <= key]:
+                del t.floors[sub]
         self._broadcast(recipients, frame)
-        for buffer in state.joining.values():
+        for buffer in t.joining.values():
             buffer.append((key, frame))
 
-    def _fetch(self, state: _Topic, since: Offset, first: Message | None) -> None:
-        state.fetching = True
-        state.pending = [first] if first is not None else []
-        self._spawn(self._fill(state, since), f"livepush-fill-{state.name}")
+    def _start_read(self, t: _Topic) -> None:
+        if not t.reading:
+            t.reading = True
+            self._spawn(self._read(t), f"livepush-read-{t.name}")
 
-    async def _fill(self, state: _Topic, since: Offset) -> None:
+    async def _read(self, t: _Topic) -> None:
+        """Read the log from the cursor until it is caught up and no doorbell is outstanding."""
         try:
-            missed = await self.fanout.history(state.name, since)
-        except Exception as exc:  # a history read that fails is a gap we cannot fill
-            log.warning("could not read history of %s (%s): subscribers get reset", state.name, exc)
-            missed = None
-        if missed is None:
-            self._reset_all(state)
-        else:
-            floor = offset_key(state.cursor) if state.cursor is not None else NO_KEY
-            for message in missed:
-                if offset_key(message.offset) > floor and message.data_json is not None:
-                    self._emit(state, message.offset, message.data_json)
-        state.fetching = False
-        pending, state.pending = state.pending, []
-        for message in pending:
-            self._accept(state, message)
-        self._forget_if_idle(state)
+            while True:
+                t.wanted = NO_KEY
+                found = await self._read_once(t)
+                pending, t.pending = t.pending, []
+                for m in pending:
+                    key = offset_key(m.offset)
+                    if t.cursor is not None and key <= offset_key(t.cursor):
+                        continue
+                    if t.cursor is not None and m.prev == t.cursor and m.data_json is not None:
+                        self._emit(t, m.offset, m.data_json)
+                    else:
+                        t.wanted = max(t.wanted, key)
+                if t.idle or t.wanted <= self._cursor_key(t):
+                    return  # what every doorbell named is delivered
+                if not found:
+                    await asyncio.sleep(EMPTY_READ_PAUSE)
+        finally:
+            t.reading = False
+            self._forget_if_idle(t)
 
-    def _reset_all(self, state: _Topic) -> None:
-        """A gap that history cannot fill: every subscriber refetches, then goes on live."""
-        frame = protocol.reset(state.name)
-        self._broadcast(state.subscribers, frame)
-        for buffer in state.joining.values():
+    async def _read_once(self, t: _Topic) -> bool:
+        """Deliver what the log holds after the cursor; True if there was anything."""
+        assert t.cursor is not None
+        found = False
+        while not t.idle:
+            try:
+                page = await self.fanout.history(t.name, t.cursor)
+            except Exception as exc:  # a read that fails is a gap we cannot fill
+                log.warning("could not read the history of %s (%s): its subscribers get reset", t.name, exc)
+                page = None
+            if page is None:
+                await self._reset_all(t)
+                return True
+            for m in page.messages:
+                if m.data_json is not None and offset_key(m.offset) > offset_key(t.cursor):
+                    self._emit(t, m.offset, m.data_json)
+                    found = True
+            if not page.more:
+                break
+        return found
+
+    async def _reset_all(self, t: _Topic) -> None:
+        """A gap history cannot fill: every subscriber refetches, then goes on live from the
+        topic's latest offset. That offset is read before the reset goes out: a refetch (which
+        follows the reset) covers everything up to it, and everything after it is live."""
+        latest: Offset | None = None
+        try:
+            latest = await self.fanout.alatest_offset(t.name)
+        except Exception as exc:
+            log.warning("could not read the latest offset of %s (%s); reading again at the next message", t.name, exc)
+        frame = protocol.reset(t.name)
+        self._broadcast(t.subscribers, frame)
+        for buffer in t.joining.values():
             buffer.append((None, frame))
-        state.floors.clear()
-        if state.pending:
-            # What arrived during the failed read is covered by the refetch.
-            state.cursor = max((m.offset for m in state.pending), key=offset_key)
-            state.pending = []
-        else:
-            state.cursor = None
+        t.floors.clear()
+        if latest is not None:
+            t.cursor = latest  # messages pending from the read are kept: those past it go out next
 
     async def resync(self) -> None:
-        """After a listener gap: read what every active topic missed."""
-        for state in list(self._topics.values()):
-            since = state.cursor if state.cursor is not None else state.low_floor
-            if since is not None and not state.fetching:
-                self._fetch(state, since, None)
+        """After a listener gap: read what every active message topic missed."""
+        for t in list(self._topics.values()):
+            if t.source is None and t.cursor is not None:
+                self._start_read(t)
+
+    # -- state topics: the live path ------------------------------------------------------
+    def on_state_change(self, topic: str, version: int | None) -> None:
+        """A source's doorbell: `topic` may have changed (to `version`, when it says)."""
+        t = self._topics.get(topic)
+        if t is None or t.source is None:
+            return
+        if version is not None and t.cursor is not None and version <= int(t.cursor):
+            return  # already sent
+        self._due(t.source, [topic])
+
+    def on_state_created(self, prefix: str, first: int, last: int) -> None:
+        """A source's doorbell for rows `first`..`last` that may have been created: read the
+        watched topics among them that had no state (the rest already show a newer one)."""
+        born = []
+        for name in self._unborn:
+            ident = name[len(prefix):]
+            if name.startswith(prefix) and ident.isascii() and ident.isdigit() and first <= int(ident) <= last:
+                born.append(name)
+        for name in born:
+            t = self._topics.get(name)
+            if t is not None and t.source is not None:
+                self._due(t.source, [name])
+
+    def on_state_resync(self, source: StateSource) -> None:
+        """A source missed changes: read every topic of it that someone watches."""
+        self._due(source, [t.name for t in self._topics.values() if t.source is source])
+
+    def _due(self, source: StateSource, topics: Iterable[str]) -> None:
+        due = self._state_due.setdefault(id(source), set())
+        due.update(topics)
+        if due and id(source) not in self._state_reading:
+            self._state_reading.add(id(source))
+            self._spawn(self._read_states(source), "livepush-read-states")
+
+    async def _read_states(self, source: StateSource) -> None:
+        try:
+            while True:
+                due = self._state_due.get(id(source))
+                batch = sorted(n for n in (due or ()) if n in self._topics)
+                if due:
+                    due.clear()
+                if not batch:
+                    return
+                try:
+                    states = await source.read(batch)
+                except Exception as exc:
+                    log.warning("could not read %d state topics (%s); trying again in %g s", len(batch), exc,
+                                STATE_RETRY_SECONDS)
+                    await asyncio.sleep(STATE_RETRY_SECONDS)
+                    self._state_due.setdefault(id(source), set()).update(batch)
+                    continue
+                for name in batch:
+                    t = self._topics.get(name)
+                    state = states.get(name)
+                    if t is None or state is None:
+                        continue
+                    self._unborn.discard(name)
+                    if t.cursor is None or state.version > int(t.cursor):
+                        t.cursor = str(state.version)
+                        frame = protocol.message(name, t.cursor, state.data_json())
+                        self._deliver(t, (state.version,), frame)
+        finally:
+            self._state_reading.discard(id(source))
 
     # -- subscribing ------------------------------------------------------------------
     async def subscribe(self, sub: Subscriber, topic: str, since: Offset | None, ref: protocol.Ref) -> None:
         """Send `subscribed`, then the state or the missed messages, then go live."""
-        state = self._topics.get(topic)
-        if state is None:
-            state = self._topics[topic] = _Topic(topic)
-        if sub in state.subscribers or sub in state.joining:
-            self._leave(state, sub)
+        t = self._topics.get(topic)
+        if t is None:
+            t = self._topics[topic] = _Topic(topic, self.source_of(topic))
+            if t.source is not None:
+                self._unborn.add(topic)  # until a read finds its row
+        if sub in t.subscribers or sub in t.joining:
+            self._leave(t, sub)
         buffer: list[tuple[Key | None, str]] = []
-        state.joining[sub] = buffer
+        t.joining[sub] = buffer
         try:
-            floor_offset = await self._catch_up(sub, topic, since, ref)
+            if t.source is None:
+                await self._anchor(t)
+                floor = await self._catch_up(sub, t, since, ref)
+            else:
+                floor = await self._snapshot(sub, t, since, ref)
         except BaseException:
-            if state.joining.get(sub) is buffer:
-                del state.joining[sub]
-            self._forget_if_idle(state)
+            if t.joining.get(sub) is buffer:
+                del t.joining[sub]
+            self._forget_if_idle(t)
             raise
-        if state.joining.get(sub) is not buffer:
+        if t.joining.get(sub) is not buffer:
             return  # unsubscribed while catching up
-        floor = offset_key(floor_offset)
         for key, frame in buffer:
             if key is None or key > floor:
                 sub.send(frame)
                 floor = key if key is not None else floor
-        del state.joining[sub]
-        state.subscribers.add(sub)
-        if state.cursor is None:
-            if state.low_floor is None or offset_key(floor_offset) < offset_key(state.low_floor):
-                state.low_floor = floor_offset
-            if not state.joining:
-                # Not while someone is still joining: its read may predate a message whose
-                # notification is in flight, which a higher cursor would drop as a duplicate.
-                state.cursor, state.low_floor = state.low_floor, None
-        cursor_key = offset_key(state.cursor) if state.cursor is not None else NO_KEY
+        del t.joining[sub]
+        t.subscribers.add(sub)
+        cursor_key = self._cursor_key(t)
         if floor > cursor_key:
-            state.floors[sub] = floor
+            t.floors[sub] = floor
 
-    async def _catch_up(self, sub: Subscriber, topic: str, since: Offset | None, ref: protocol.Ref) -> Offset:
-        """Send `subscribed` and what precedes the live stream; return the last offset sent."""
-        if since is not None:
-            missed = await self.fanout.history(topic, since)
-            if missed is not None:
-                last = missed[-1].offset if missed else since
-                sub.send(protocol.subscribed(ref, topic, last))
-                for message in missed:
-                    data = message.data_json if message.data_json is not None else "null"
-                    sub.send(protocol.message(topic, message.offset, data))
-                return last
+    @staticmethod
+    def _cursor_key(t: _Topic) -> Key:
+        if t.cursor is None:
+            return NO_KEY
+        return (int(t.cursor),) if t.source is not None else offset_key(t.cursor)
+
+    async def _anchor(self, t: _Topic) -> None:
+        """The first joiner of a message topic reads its latest offset: the cursor live reads
+        start from. Every joiner reads its replay after this, so nothing falls between."""
+        if t.anchored is None:
+            t.anchored = asyncio.get_running_loop().create_future()
+            try:
+                t.cursor = await self.fanout.alatest_offset(t.name)
+            except BaseException as exc:
+                t.anchored.set_exception(exc)
+                t.anchored.exception()  # retrieved: a later joiner may not be waiting
+                t.anchored = None
+                raise
+            t.anchored.set_result(None)
+            if t.wanted > self._cursor_key(t):
+                self._start_read(t)
+        else:
+            await asyncio.shield(t.anchored)
+
+    async def _catch_up(self, sub: Subscriber, t: _Topic, since: Offset | None, ref: protocol.Ref) -> Key:
+        """Send `subscribed` and what precedes the live stream; return the key of the last offset sent."""
+        topic = t.name
+        if since is None:
+            latest = await self.fanout.alatest_offset(topic)
+            sub.send(protocol.subscribed(ref, topic, latest))
+            return offset_key(latest)
+        page = await self.fanout.history(topic, since)
+        if page is None:
             # Older than the history kept, or unknown: the client refetches.
             latest = await self.fanout.alatest_offset(topic)
             sub.send(protocol.subscribed(ref, topic, latest))
             sub.send(protocol.reset(topic))
-            if is_state_topic(topic):
-                return await self._send_snapshot(sub, topic, latest)
-            return latest
-        if is_state_topic(topic) and self._snapshot is not None:
-            snap = await self._snapshot(topic)
-            if snap is not None:
-                offset, data_json = snap
-                sub.send(protocol.subscribed(ref, topic, offset))
-                sub.send(protocol.message(topic, offset, data_json))
-                return offset
-        latest = await self.fanout.alatest_offset(topic)
-        sub.send(protocol.subscribed(ref, topic, latest))
-        return latest
+            return offset_key(latest)
+        sub.send(protocol.subscribed(ref, topic, page.latest))
+        last = since
+        while True:
+            for message in page.messages:
+                sub.send(protocol.message(topic, message.offset, message.data_json or "null"))
+                last = message.offset
+            if not page.more:
+                return offset_key(last)
+            await sub.drain()  # a replay of any length waits for the client, page by page
+            next_page = await self.fanout.history(topic, last)
+            if next_page is None:  # pruned while we read: the client refetches
+                latest = await self.fanout.alatest_offset(topic)
+                sub.send(protocol.reset(topic))
+                return offset_key(latest)
+            page = next_page
 
-    async def _send_snapshot(self, sub: Subscriber, topic: str, latest: Offset) -> Offset:
-        if self._snapshot is not None:
-            snap = await self._snapshot(topic)
-            if snap is not None:
-                sub.send(protocol.message(topic, snap[0], snap[1]))
-                return snap[0]
-        return latest
+    async def _snapshot(self, sub: Subscriber, t: _Topic, since: Offset | None, ref: protocol.Ref) -> Key:
+        assert t.source is not None
+        state = (await t.source.read([t.name])).get(t.name)
+        if state is None:
+            sub.send(protocol.subscribed(ref, t.name, None))  # no such job or group (yet): nothing to show
+            return NO_KEY
+        self._unborn.discard(t.name)
+        version = str(state.version)
+        sub.send(protocol.subscribed(ref, t.name, version))
+        if since != version:
+            sub.send(protocol.message(t.name, version, state.data_json(snapshot=True)))
+        return (state.version,)
 
     def unsubscribe(self, sub: Subscriber, topic: str) -> None:
-        state = self._topics.get(topic)
-        if state is not None:
-            self._leave(state, sub)
-            self._forget_if_idle(state)
+        t = self._topics.get(topic)
+        if t is not None:
+            self._leave(t, sub)
+            self._forget_if_idle(t)
 
-    def _leave(self, state: _Topic, sub: Subscriber) -> None:
-        state.subscribers.discard(sub)
-        state.joining.pop(sub, None)
-        state.floors.pop(sub, None)
+    def _leave(self, t: _Topic, sub: Subscriber) -> None:
+        t.subscribers.discard(sub)
+        t.joining.pop(sub, None)
+        t.floors.pop(sub, None)
 
-    def _forget_if_idle(self, state: _Topic) -> None:
-        if state.idle and not state.fetching and self._topics.get(state.name) is state:
-            del self._topics[state.name]
+    def _forget_if_idle(self, t: _Topic) -> None:
+        if t.idle and not t.reading and self._topics.get(t.name) is t:
+            del self._topics[t.name]
+            self._unborn.discard(t.name)
 
     # -- tasks ------------------------------------------------------------------------
     def _spawn(self, coro: Awaitable[None], name: str) -> None:

@@ -1,22 +1,20 @@
-"""`livepush serve`: boot checks, the server, and a clean stop on SIGTERM/SIGINT."""
+"""`livepush serve`'s lifecycle: start the server it is given, run what runs beside it, and stop
+cleanly on SIGTERM or SIGINT (the CLI builds the parts: livepush/cli/wiring.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
-from .. import api, migrate
-from ..config import Settings
 from ..errors import ConfigError
-from ..fanout import FanOut, from_settings
-from .app import PageRoute, PushServer
-from .hub import SnapshotProvider
+from .app import PushServer
 
 log = logging.getLogger("livepush.server")
 
-# Extra work run beside the server (the job runtime with --with-jobs), stopped with it.
+# Work run beside the server (the job runtime with --with-jobs), stopped with it: it gets the
+# stop event and returns once it has stopped; if it ends first, the server stops too.
 Sidecar = Callable[[asyncio.Event], Awaitable[None]]
 
 
@@ -39,50 +37,48 @@ def install_stop_signals(stop: asyncio.Event) -> None:
 
 
 async def serve(
-    settings: Settings,
+    server: PushServer,
     *,
-    app: object | None = None,
-    snapshot: SnapshotProvider | None = None,
-    pages: PageRoute | None = None,
-    sidecars: list[Sidecar] | None = None,
-    fanout: FanOut | None = None,
+    sidecars: Sequence[Sidecar] = (),
+    closers: Sequence[Callable[[], Awaitable[None]]] = (),
     ready: Callable[[PushServer], None] | None = None,
 ) -> int:
-    """Run until SIGTERM or SIGINT; return the exit status."""
-    settings.require_secret()
+    """Run until SIGTERM or SIGINT (or a sidecar ending); return the exit status. A sidecar that
+    failed re-raises its error once everything is closed."""
     raise_fd_limit()
-    if settings.fanout == "postgres" or settings.database_url:
-        migrate.check_schema(settings.require_database())
-    fanout = fanout or from_settings(settings)
-    # publish() in this process shares the server's fan-out (the local one needs it).
-    api.set_default_fanout(fanout)
-    server = PushServer(settings, fanout, app=app, snapshot=snapshot, pages=pages)
     stop = asyncio.Event()
     install_stop_signals(stop)
+    settings = server.settings
+    side_tasks: list[asyncio.Task[None]] = []
     try:
-        await server.start()
-    except OSError as exc:
-        await fanout.aclose()
-        raise ConfigError(
-            f"cannot listen on {settings.host}:{settings.port} ({exc.strerror or exc}): "
-            "set LIVEPUSH_PORT (or --port) to a free port"
-        ) from None
-    log.info("livepush serving on ws://%s:%d (fan-out: %s)", settings.host, server.port, fanout.name)
-    if ready is not None:
-        ready(server)
-    side_tasks = [asyncio.create_task(car(stop), name=f"livepush-sidecar-{i}") for i, car in enumerate(sidecars or [])]
-    stop_wait = asyncio.create_task(stop.wait(), name="livepush-stop-wait")
-    await asyncio.wait([stop_wait, *side_tasks], return_when=asyncio.FIRST_COMPLETED)
-    stop.set()
-    log.info("stopping: closing connections with 1001")
-    # Connections first, so clients go elsewhere within the 2 s promised whatever a job
-    # runtime beside us still has to drain; the fan-out stays open until it is done, since
-    # its jobs keep publishing while they finish.
-    await server.close_connections()
-    if side_tasks:
-        await asyncio.gather(*side_tasks, return_exceptions=True)
-    await server.stop()
-    api.set_default_fanout(None)
+        try:
+            await server.start()
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {settings.host}:{settings.port} ({exc.strerror or exc}): "
+                "set LIVEPUSH_PORT (or --port) to a free port"
+            ) from None
+        log.info("livepush serving on ws://%s:%d (fan-out: %s)", settings.host, server.port, server.fanout.name)
+        if ready is not None:
+            ready(server)
+        side_tasks = [asyncio.create_task(car(stop), name=f"livepush-sidecar-{i}") for i, car in enumerate(sidecars)]
+        stop_wait = asyncio.create_task(stop.wait(), name="livepush-stop-wait")
+        await asyncio.wait([stop_wait, *side_tasks], return_when=asyncio.FIRST_COMPLETED)
+        stop.set()
+        log.info("stopping: closing connections with 1001")
+        # Connections first, so clients go elsewhere at once whatever a job runtime beside us
+        # still has to drain; the fan-out stays open until it is done, since its jobs keep
+        # publishing while they finish.
+        await server.close_connections()
+        if side_tasks:
+            await asyncio.gather(*side_tasks, return_exceptions=True)
+        await server.stop()
+    finally:
+        for close in closers:
+            try:
+                await close()
+            except Exception as exc:  # closing what is already broken: nothing more to do
+                log.debug("closing failed: %s", exc)
     for task in side_tasks:
         if task.done() and not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]

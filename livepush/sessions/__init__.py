@@ -1,124 +1,109 @@
-"""Sessions: tokens, their revocation, the handshake's checks and the topic rules (SPEC §4, §5).
+"""Sessions: who is connecting, and what they may hear (docs/reference.md#4-python-api).
 
-A session token is an itsdangerous-signed, URL-safe string carrying a random session id,
-the subject (who the session belongs to), when it was issued and when it expires:
-
-    token = livepush.sessions.issue("user-7", ttl=86400)   # cookie value or ?token=
+    token = livepush.sessions.issue("user-7", ttl=86400)   # cookie value, subprotocol or ?token=
     livepush.sessions.revoke(token)                        # that session, everywhere
     livepush.sessions.revoke_subject("user-7")             # every session issued to user-7 so far
 
-`decode()` is pure: signature, then shape, then expiry, no I/O. Whether a session was
-revoked is a question for a `RevocationStore` (Postgres, Redis, or memory), which servers
-ask at the handshake and, in batches, every `reverify_interval`. A revocation is stored
-first (so new handshakes are refused), then announced on the reserved fan-out topic
-`_livepush.revocations` so every server closes the matching open connections at once;
-`revocation_matches()` is how a server reads that announcement.
+The parts: `tokens` (the signed token and `decode()`), `revocations` (where revocations are kept
+and how servers hear of them), `handshake` (the server's checks at connect time) and `rules`
+(which plain topics a session may subscribe to). A revocation is stored first, so new
+handshakes are refused; its store then rings every server, which re-checks its open sessions
+against the store and closes the revoked ones with 4403.
 
 Tokens are credentials: no message, log line or exception here ever contains one.
 """
 
 from __future__ import annotations
 
-import logging
 import time
-from typing import Any
 
+from ..config import get_settings
+from ..errors import ConfigError
 from .revocations import (
     MEMORY,
     MemoryRevocations,
     PostgresRevocations,
     RedisRevocations,
     RevocationStore,
-    _ms,
-    default_store,
-    revocation_matches,
-    set_default_store,
+    ms,
     store_from_settings,
 )
-from .tokens import MAX_TOKEN_LENGTH, MAX_TTL, Session, _check_subject, _loads, decode, issue
-from ..config import get_settings
+from .tokens import MAX_TOKEN_LENGTH, MAX_TTL, Session, check_subject, decode, issue, loads
 
-log = logging.getLogger("livepush.sessions")
-
-REVOCATIONS_TOPIC = "_livepush.revocations"
+_default: RevocationStore | None = None
 
 
-# -- revoking -------------------------------------------------------------------------
+def default_store() -> RevocationStore:
+    """The store `revoke*` write to, created from this process's settings on first use."""
+    global _default
+    if _default is None:
+        _default = store_from_settings(get_settings())
+    return _default
+
+
+def set_default_store(store: RevocationStore | None) -> None:
+    """Install the store `revoke*` use (tests; a web process with its own). None: from the settings."""
+    global _default
+    old, _default = _default, store
+    if old is not None and old is not store:
+        old.close()
+
+
+def _shared(store: RevocationStore | None) -> RevocationStore:
+    chosen = store or default_store()
+    if not chosen.shared:
+        raise ConfigError(
+            "revocation needs a shared store, and this process has neither a database nor Redis: set "
+            "LIVEPUSH_DATABASE_URL (or LIVEPUSH_REDIS_URL) to the one the servers use"
+        )
+    return chosen
 
 
 def _session_of(token: str | Session) -> Session:
     if isinstance(token, Session):
         return token
-    # Expired tokens are still revoked (their connections may be open until the next
-    # re-check), but a bad signature is the caller's mistake: InvalidSession.
-    return _loads(token, get_settings().secrets)
-
-
-def _announce(data: dict[str, Any]) -> None:
-    from ..api import default_fanout
-
-    try:
-        default_fanout().publish(REVOCATIONS_TOPIC, data)
-    except Exception as exc:  # stored already: servers still catch it at their next re-check
-        log.warning(
-            "revocation stored, but announcing it on the fan-out failed (%s: %s); open connections "
-            "will be closed at the servers' next re-check (reverify_interval)",
-            type(exc).__name__,
-            exc,
-        )
-
-
-async def _aannounce(data: dict[str, Any]) -> None:
-    from ..api import default_fanout
-
-    try:
-        await default_fanout().apublish(REVOCATIONS_TOPIC, data)
-    except Exception as exc:
-        log.warning(
-            "revocation stored, but announcing it on the fan-out failed (%s: %s); open connections "
-            "will be closed at the servers' next re-check (reverify_interval)",
-            type(exc).__name__,
-            exc,
-        )
+    # Expired tokens are still revoked (their connections may be open until the next re-check),
+    # but a bad signature is the caller's mistake: InvalidSession.
+    return loads(token, get_settings().secrets)
 
 
 def revoke(token: str | Session, *, store: RevocationStore | None = None) -> Session:
-    """Revoke one session (a token or a Session): new handshakes with it are refused
-    and every server closes its open connections with 4403. Returns the session.
+    """Revoke one session (a token or a Session): new handshakes with it are refused and every
+    server closes its open connections with 4403. Returns the session.
 
-    Raises InvalidSession when `token` is not a token signed with our secrets, and
-    DependencyError when the store cannot be reached (nothing was revoked then).
-    """
+    Raises InvalidSession when `token` is not a token signed with our secrets, ConfigError when
+    this process has no shared store, and DependencyError when the store cannot be reached
+    (nothing was revoked then)."""
+    chosen = _shared(store)
     session = _session_of(token)
-    (store or default_store()).add_session(session.id, session.expires_at)
-    _announce({"session": session.id})
+    chosen.add_session(session.id, session.expires_at)
     return session
 
 
 async def arevoke(token: str | Session, *, store: RevocationStore | None = None) -> Session:
     """Async revoke()."""
+    chosen = _shared(store)
     session = _session_of(token)
-    await (store or default_store()).aadd_session(session.id, session.expires_at)
-    await _aannounce({"session": session.id})
+    await chosen.aadd_session(session.id, session.expires_at)
     return session
 
 
 def revoke_subject(subject: str, *, store: RevocationStore | None = None, now: float | None = None) -> float:
-    """Revoke every session of `subject` issued up to now ("sign out everywhere");
-    sessions issued afterwards are unaffected. Returns the cut-off time."""
-    _check_subject(subject)
-    before = _ms(time.time() if now is None else now) / 1000
-    (store or default_store()).add_subject(subject, before)
-    _announce({"subject": subject, "before": before})
+    """Revoke every session of `subject` issued up to now ("sign out everywhere"); sessions
+    issued afterwards are unaffected. Returns the cut-off time."""
+    chosen = _shared(store)
+    check_subject(subject)
+    before = ms(time.time() if now is None else now) / 1000
+    chosen.add_subject(subject, before)
     return before
 
 
 async def arevoke_subject(subject: str, *, store: RevocationStore | None = None, now: float | None = None) -> float:
     """Async revoke_subject()."""
-    _check_subject(subject)
-    before = _ms(time.time() if now is None else now) / 1000
-    await (store or default_store()).aadd_subject(subject, before)
-    await _aannounce({"subject": subject, "before": before})
+    chosen = _shared(store)
+    check_subject(subject)
+    before = ms(time.time() if now is None else now) / 1000
+    await chosen.aadd_subject(subject, before)
     return before
 
 
@@ -126,7 +111,6 @@ __all__ = [
     "MAX_TOKEN_LENGTH",
     "MAX_TTL",
     "MEMORY",
-    "REVOCATIONS_TOPIC",
     "MemoryRevocations",
     "PostgresRevocations",
     "RedisRevocations",
@@ -137,7 +121,6 @@ __all__ = [
     "decode",
     "default_store",
     "issue",
-    "revocation_matches",
     "revoke",
     "revoke_subject",
     "set_default_store",

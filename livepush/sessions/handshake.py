@@ -1,6 +1,7 @@
-"""The handshake's security decisions (SPEC §5): where the token is, whether the Origin
-may connect, and who the connection is. Pure functions; the server applies the verdicts
-(HTTP 403 for a refused Origin, close 4401 for `required` without a session).
+"""The handshake's security decisions (docs/reference.md#5-wire-protocol): where the token is,
+whether the Origin may connect, and who the connection is. Pure functions; the server applies
+the verdicts (HTTP 400 for a duplicated header, 403 for a refused Origin, close 4401 for
+`required` without a session).
 
 Headers may be a `websockets.datastructures.Headers`, any mapping, or a list of
 (name, value) pairs; names are matched without regard to case.
@@ -19,14 +20,24 @@ from .revocations import RevocationStore
 from .tokens import Session, decode
 
 COOKIE_NAME = "livepush_session"
+# The same cookie with the __Host- prefix, which a browser keeps only if it was set Secure, for
+# the exact host and path /: a sibling subdomain cannot plant one (recommended).
+HOST_COOKIE_NAME = "__Host-livepush_session"
 QUERY_PARAM = "token"
+# The JS client offers `livepush` and `livepush.token.<token>` in Sec-WebSocket-Protocol: a header
+# proxies do not log, unlike the query string. The server selects `livepush`.
+SUBPROTOCOL = "livepush"
+_TOKEN_SUBPROTOCOL = "livepush.token."
+# Headers a request must not repeat: which value would count is ambiguous, and an ambiguity at
+# the gate is for the attacker to resolve.
+SINGLE_HEADERS = ("origin", "upgrade", "host", "cookie")
 
 HeadersLike: TypeAlias = Mapping[str, str] | Iterable[tuple[str, str]] | Any
 
 # Failure reasons authenticate() returns for logging (never the token itself).
 REASONS = ("missing", "malformed", "bad_signature", "expired", "revoked")
 
-_DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def header_values(headers: HeadersLike, name: str) -> list[str]:
@@ -42,18 +53,38 @@ def header_values(headers: HeadersLike, name: str) -> list[str]:
 # -- token ------------------------------------------------------------------------------
 
 
+def duplicated_header(headers: HeadersLike) -> str | None:
+    """The name of a header in SINGLE_HEADERS that the request repeats, or None."""
+    for name in SINGLE_HEADERS:
+        if len(header_values(headers, name)) > 1:
+            return name.title()
+    return None
+
+
 def _cookie_token(cookie_headers: list[str]) -> str | None:
-    # By hand rather than http.cookies: SimpleCookie drops the whole header on one bad
-    # pair, and browsers send whatever other apps on the domain set. Linear in the size.
+    """The session cookie's value (either name); None when there is none, or when two
+    different values are sent (a planted cookie beside the real one: trust neither)."""
+    # By hand rather than http.cookies: SimpleCookie drops the whole header on one bad pair,
+    # and browsers send whatever other apps on the domain set. Linear in the size.
+    found: set[str] = set()
     for header in cookie_headers:
         for pair in header.split(";"):
             name, sep, value = pair.partition("=")
-            if sep and name.strip() == COOKIE_NAME:
+            if sep and name.strip() in (COOKIE_NAME, HOST_COOKIE_NAME):
                 value = value.strip()
                 if len(value) >= 2 and value[0] == value[-1] == '"':
                     value = value[1:-1]
                 if value:
-                    return value
+                    found.add(value)
+    return found.pop() if len(found) == 1 else None
+
+
+def _subprotocol_token(protocol_headers: list[str]) -> str | None:
+    for header in protocol_headers:
+        for offered in header.split(","):
+            offered = offered.strip()
+            if offered.startswith(_TOKEN_SUBPROTOCOL) and len(offered) > len(_TOKEN_SUBPROTOCOL):
+                return offered[len(_TOKEN_SUBPROTOCOL):]
     return None
 
 
@@ -69,11 +100,24 @@ def _query_token(path: str) -> str | None:
     return None
 
 
-def extract_token(headers: HeadersLike, path: str) -> str | None:
-    """The session token from the `livepush_session` cookie, else from the `token` query
-    parameter of `path` (the request target), else None. The cookie wins when both are
-    there. No validation here: decode() refuses anything that is not a token."""
-    return _cookie_token(header_values(headers, "cookie")) or _query_token(path or "")
+def any_origin(allowed: tuple[str, ...] | None) -> bool:
+    return allowed is not None and "*" in (entry.strip() for entry in allowed)
+
+
+def extract_token(headers: HeadersLike, path: str, *, cookies: bool = True, query: bool = True) -> str | None:
+    """The session token from the session cookie, else from the `livepush.token.<token>`
+    subprotocol, else from the `token` query parameter of `path` (the request target), else
+    None. `cookies=False` ignores cookies (any origin may connect, so any site could use
+    them); `query=False` ignores the query (LIVEPUSH_QUERY_TOKENS=off). No validation here:
+    decode() refuses anything that is not a token."""
+    if cookies:
+        token = _cookie_token(header_values(headers, "cookie"))
+        if token is not None:
+            return token
+    token = _subprotocol_token(header_values(headers, "sec-websocket-protocol"))
+    if token is not None:
+        return token
+    return _query_token(path or "") if query else None
 
 
 # -- origin -----------------------------------------------------------------------------
@@ -182,7 +226,8 @@ async def authenticate(
     """
     if settings.authenticate == "off":
         return None, None
-    token = extract_token(headers, path)
+    token = extract_token(headers, path, cookies=not any_origin(settings.allowed_origins),
+                          query=settings.query_tokens)
     if token is None:
         return None, "missing"
     try:
@@ -194,4 +239,5 @@ async def authenticate(
     return session, None
 
 
-__all__ = ["COOKIE_NAME", "QUERY_PARAM", "REASONS", "authenticate", "extract_token", "header_values", "origin_allowed"]
+__all__ = ["COOKIE_NAME", "HOST_COOKIE_NAME", "QUERY_PARAM", "REASONS", "SUBPROTOCOL", "any_origin", "authenticate",
+           "duplicated_header", "extract_token", "header_values", "origin_allowed"]

@@ -1,58 +1,43 @@
-"""Where revocations are kept (Postgres, Redis, or one process's memory), and the pure rule
-that tells whether an announcement revokes a session."""
+"""Where revocations are kept: Postgres, Redis, or one process's memory.
+
+A session is revoked when its id was revoked, or when its subject was revoked at or after the
+moment it was issued. Servers ask the store at the handshake and, in batches, every
+`reverify_interval`. Each revocation also rings the store's doorbell (`watch()`): every server
+then re-checks its open sessions against the store at once. The ring carries nothing: a forged
+one costs a check and closes nothing, since only what the store holds revokes.
+
+Writes come in a sync and an async flavour because `revoke()` is called from sync web code and
+`arevoke()` from async code.
+"""
 
 from __future__ import annotations
 
 import abc
-import math
-import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
-from urllib.parse import urlsplit
 
-from ..config import Settings, get_settings
-from ..errors import DependencyError
-from ..postgres import connect as db
+from ..config import Settings
+from ..postgres.connect import translated
+from ..channels import ListenerSlot
+from ..postgres.listener import Listener
+from ..postgres.pools import LoopPools
+from ..redis.client import client_kwargs, default_prefix, failed
+from ..redis.subscriber import Subscriber
 from .tokens import MAX_TTL, Session
 
-def _ms(seconds: float) -> int:
+OnRevoked = Callable[[], None]
+
+
+def ms(seconds: float) -> int:
     return int(round(seconds * 1000))
 
 
-def revocation_matches(data: object, session: Session) -> bool:
-    """True when a message on `_livepush.revocations` revokes `session`.
-
-    `{"session": id}` revokes that one session; `{"subject": s, "before": t}` revokes
-    every session of subject `s` issued at or before `t` (seconds since the epoch).
-    Anything else matches nothing.
-    """
-    if not isinstance(data, dict):
-        return False
-    sid = data.get("session")
-    if isinstance(sid, str):
-        return sid == session.id
-    subject, before = data.get("subject"), data.get("before")
-    if (
-        isinstance(subject, str)
-        and isinstance(before, (int, float))
-        and not isinstance(before, bool)
-        and math.isfinite(before)
-    ):
-        return subject == session.subject and _ms(session.issued_at) <= _ms(before)
-    return False
-
-
-# -- revocation stores ----------------------------------------------------------------
-
-
 class RevocationStore(abc.ABC):
-    """Where revocations are kept. Servers read it; `revoke*` write it.
+    """Where revocations are kept. Servers read it and watch it; `revoke*` write it."""
 
-    A session is revoked when its id was revoked, or when its subject was revoked at or
-    after the moment it was issued. Writes come in a sync and an async flavour because
-    `revoke()` is called from sync web code and `arevoke()` from async code.
-    """
+    # Whether other processes see this store's revocations (the memory store's they do not).
+    shared: bool = True
 
     async def is_revoked(self, session: Session) -> bool:
         return bool(await self.revoked_among([session]))
@@ -73,6 +58,14 @@ class RevocationStore(abc.ABC):
     @abc.abstractmethod
     async def aadd_subject(self, subject: str, before: float) -> None: ...
 
+    @abc.abstractmethod
+    async def watch(self, on_revoked: OnRevoked) -> None:
+        """Call `on_revoked()` soon after any process revokes anything (returns once watching)."""
+
+    @property
+    def listening(self) -> bool:
+        return True
+
     async def prune(self) -> int:
         """Forget revocations that can no longer matter (their sessions expired)."""
         return 0
@@ -85,11 +78,15 @@ class RevocationStore(abc.ABC):
 
 
 class MemoryRevocations(RevocationStore):
-    """One process's revocations, in memory: for the local fan-out, the demo and tests."""
+    """One process's revocations, in memory: what a server without a database or Redis checks
+    (nothing is ever revoked in it from elsewhere; `revoke()` refuses it), and tests."""
+
+    shared = False
 
     def __init__(self) -> None:
         self._sessions: dict[str, int] = {}  # session id -> expires (ms)
         self._subjects: dict[str, int] = {}  # subject -> revoked at (ms)
+        self._watchers: list[OnRevoked] = []
 
     def clear(self) -> None:
         self._sessions.clear()
@@ -99,31 +96,40 @@ class MemoryRevocations(RevocationStore):
         found = set()
         for s in sessions:
             before = self._subjects.get(s.subject)
-            if s.id in self._sessions or (before is not None and _ms(s.issued_at) <= before):
+            if s.id in self._sessions or (before is not None and ms(s.issued_at) <= before):
                 found.add(s.id)
         return found
 
     def add_session(self, session_id: str, expires_at: float) -> None:
         self._prune_now()
-        self._sessions[session_id] = max(self._sessions.get(session_id, 0), _ms(expires_at))
+        self._sessions[session_id] = max(self._sessions.get(session_id, 0), ms(expires_at))
+        self._ring()
 
     async def aadd_session(self, session_id: str, expires_at: float) -> None:
         self.add_session(session_id, expires_at)
 
     def add_subject(self, subject: str, before: float) -> None:
         self._prune_now()
-        self._subjects[subject] = max(self._subjects.get(subject, 0), _ms(before))
+        self._subjects[subject] = max(self._subjects.get(subject, 0), ms(before))
+        self._ring()
 
     async def aadd_subject(self, subject: str, before: float) -> None:
         self.add_subject(subject, before)
+
+    async def watch(self, on_revoked: OnRevoked) -> None:
+        self._watchers.append(on_revoked)
+
+    def _ring(self) -> None:
+        for watcher in self._watchers:
+            watcher()
 
     async def prune(self) -> int:
         return self._prune_now()
 
     def _prune_now(self) -> int:
-        now = _ms(time.time())
+        now = ms(time.time())
         gone = [k for k, exp in self._sessions.items() if exp <= now]
-        gone_subjects = [k for k, at in self._subjects.items() if at + _ms(MAX_TTL) <= now]
+        gone_subjects = [k for k, at in self._subjects.items() if at + ms(MAX_TTL) <= now]
         for k in gone:
             del self._sessions[k]
         for k in gone_subjects:
@@ -131,27 +137,36 @@ class MemoryRevocations(RevocationStore):
         return len(gone) + len(gone_subjects)
 
 
-# name: add_session -- an upsert: revoking the same session twice (or from two processes
-# at once) leaves one row, with the later expiry.
+# The tables (sql/0002_sessions.sql) and the channel this store owns.
+CHANNEL = "livepush_revocations"
+
+# name: add_session -- an upsert: revoking the same session twice (or from two processes at
+# once) leaves one row, with the later expiry. Rings the doorbell in the same transaction.
 _PG_ADD_SESSION = """
-INSERT INTO livepush_revoked_sessions (session_id, expires_at)
-VALUES (%s, to_timestamp(%s))
-ON CONFLICT (session_id) DO UPDATE
-SET expires_at = greatest(livepush_revoked_sessions.expires_at, excluded.expires_at)
+WITH added AS (
+    INSERT INTO livepush_revoked_sessions (session_id, expires_at)
+    VALUES (%s, to_timestamp(%s))
+    ON CONFLICT (session_id) DO UPDATE
+    SET expires_at = greatest(livepush_revoked_sessions.expires_at, excluded.expires_at)
+)
+SELECT livepush_revocations_changed()
 """
 
-# name: add_subject -- greatest() makes concurrent revocations of one subject commit in
-# any order and still keep the latest cut-off (a later revocation covers more sessions).
+# name: add_subject -- greatest() makes concurrent revocations of one subject commit in any
+# order and still keep the latest cut-off (a later revocation covers more sessions).
 _PG_ADD_SUBJECT = """
-INSERT INTO livepush_revoked_subjects (subject, revoked_at, expires_at)
-VALUES (%s, to_timestamp(%s), to_timestamp(%s))
-ON CONFLICT (subject) DO UPDATE
-SET revoked_at = greatest(livepush_revoked_subjects.revoked_at, excluded.revoked_at),
-    expires_at = greatest(livepush_revoked_subjects.expires_at, excluded.expires_at)
+WITH added AS (
+    INSERT INTO livepush_revoked_subjects (subject, revoked_at, expires_at)
+    VALUES (%s, to_timestamp(%s), to_timestamp(%s))
+    ON CONFLICT (subject) DO UPDATE
+    SET revoked_at = greatest(livepush_revoked_subjects.revoked_at, excluded.revoked_at),
+        expires_at = greatest(livepush_revoked_subjects.expires_at, excluded.expires_at)
+)
+SELECT livepush_revocations_changed()
 """
 
-# name: revoked_among -- read-only; one statement for a whole batch of sessions. A
-# revocation committed after this snapshot is caught by the fan-out message or the next check.
+# name: revoked_among -- read-only; one statement for a whole batch of sessions. A revocation
+# committed after this snapshot rings, which makes the server check again.
 _PG_REVOKED_AMONG = """
 SELECT q.id
 FROM unnest(%s::text[], %s::text[], %s::float8[]) AS q(id, subject, issued_at)
@@ -160,8 +175,8 @@ WHERE EXISTS (SELECT 1 FROM livepush_revoked_sessions r WHERE r.session_id = q.i
               WHERE s.subject = q.subject AND to_timestamp(q.issued_at) <= s.revoked_at)
 """
 
-# name: prune -- bounded batches; SKIP LOCKED lets two servers prune at once without
-# waiting on each other, and a row being re-revoked right now is simply left for later.
+# name: prune -- bounded batches; SKIP LOCKED lets two servers prune at once without waiting on
+# each other, and a row being re-revoked right now is simply left for later.
 _PG_PRUNE = """
 WITH s AS (
     DELETE FROM livepush_revoked_sessions WHERE session_id IN (
@@ -181,65 +196,30 @@ _PRUNE_BATCH = 1000
 
 
 class PostgresRevocations(RevocationStore):
-    """Revocations in Postgres (`sql/0002_sessions.sql`), shared by every server.
+    """Revocations in Postgres (sql/0002_sessions.sql), shared by every server. `listener`: the
+    process's shared Postgres listener (else one of its own, opened by `watch()`)."""
 
-    Reads go through a small async pool opened on first use; sync writes (from web
-    code calling `revoke()`) use a short-lived connection each, since they are rare.
-    """
-
-    def __init__(self, url: str, *, max_connections: int = 4) -> None:
+    def __init__(self, url: str, *, listener: Listener | None = None) -> None:
         self.url = url
-        self._max = max_connections
-        self._pool: Any = None
-        self._pool_lock = asyncio.Lock()
+        self._pools = LoopPools(url, name="livepush-revocations")
+        self._listener = ListenerSlot(listener, lambda: Listener(url))
 
-    async def _get_pool(self) -> Any:
-        async with self._pool_lock:
-            if self._pool is None:
-                # One direct attempt first: a refused connection fails at once with our
-                # error, where the pool would retry in the background until its timeout.
-                probe = await db.aconnect(self.url)
-                await probe.close()
-                pool = db.AsyncPool(
-                    self.url,
-                    min_size=1,
-                    max_size=self._max,
-                    open=False,
-                    timeout=5,
-                    kwargs={"autocommit": True, "connect_timeout": 5},
-                    name="livepush-revocations",
-                )
-                try:
-                    await pool.open(wait=True, timeout=5)
-                except Exception as exc:
-                    await pool.close()
-                    raise db.unreachable(self.url, exc) from exc
-                self._pool = pool
-            return self._pool
-
-    async def _execute(self, sql: str, params: Any, *, fetch: bool = False) -> list[tuple[Any, ...]]:
-        import psycopg
-        from psycopg_pool import PoolTimeout
-
-        pool = await self._get_pool()
-        try:
-            async with pool.connection() as conn:
-                cur = await conn.execute(sql, params)
+    async def _execute(self, statement: str, params: Any, *, fetch: bool = False) -> list[tuple[Any, ...]]:
+        with translated(self.url):
+            async with (await self._pools.aget()).connection() as conn:
+                cur = await conn.execute(statement, params)
                 return await cur.fetchall() if fetch else []
-        except (psycopg.OperationalError, PoolTimeout) as exc:
-            raise db.unreachable(self.url, exc) from exc
 
-    def _execute_sync(self, sql: str, params: Any) -> None:
-        import psycopg
+    def _write(self, statement: str, params: Any) -> None:
+        with translated(self.url), self._pools.sync().connection() as conn:
+            conn.execute(statement, params)
+            # Every write also drops a bounded batch of dead rows, so the tables stay small
+            # without a separate maintenance job.
+            conn.execute(_PG_PRUNE, {"limit": _PRUNE_BATCH})
 
-        try:
-            with db.connect(self.url) as conn:
-                conn.execute(sql, params)
-                # Every write also drops a bounded batch of dead rows, so the tables stay
-                # small without a separate maintenance job.
-                conn.execute(_PG_PRUNE, {"limit": _PRUNE_BATCH})
-        except psycopg.OperationalError as exc:
-            raise db.unreachable(self.url, exc) from exc
+    async def _awrite(self, statement: str, params: Any) -> None:
+        await self._execute(statement, params)
+        await self.prune()
 
     async def revoked_among(self, sessions: Iterable[Session]) -> set[str]:
         batch = list(sessions)
@@ -247,82 +227,90 @@ class PostgresRevocations(RevocationStore):
             return set()
         rows = await self._execute(
             _PG_REVOKED_AMONG,
-            ([s.id for s in batch], [s.subject for s in batch], [_ms(s.issued_at) / 1000 for s in batch]),
+            ([s.id for s in batch], [s.subject for s in batch], [ms(s.issued_at) / 1000 for s in batch]),
             fetch=True,
         )
         return {row[0] for row in rows}
 
     def add_session(self, session_id: str, expires_at: float) -> None:
-        self._execute_sync(_PG_ADD_SESSION, (session_id, _ms(expires_at) / 1000))
+        self._write(_PG_ADD_SESSION, (session_id, ms(expires_at) / 1000))
 
     async def aadd_session(self, session_id: str, expires_at: float) -> None:
-        await self._execute(_PG_ADD_SESSION, (session_id, _ms(expires_at) / 1000))
-        await self.prune()
+        await self._awrite(_PG_ADD_SESSION, (session_id, ms(expires_at) / 1000))
 
     def add_subject(self, subject: str, before: float) -> None:
-        self._execute_sync(_PG_ADD_SUBJECT, (subject, _ms(before) / 1000, _ms(before + MAX_TTL) / 1000))
+        self._write(_PG_ADD_SUBJECT, (subject, ms(before) / 1000, ms(before + MAX_TTL) / 1000))
 
     async def aadd_subject(self, subject: str, before: float) -> None:
-        await self._execute(_PG_ADD_SUBJECT, (subject, _ms(before) / 1000, _ms(before + MAX_TTL) / 1000))
-        await self.prune()
+        await self._awrite(_PG_ADD_SUBJECT, (subject, ms(before) / 1000, ms(before + MAX_TTL) / 1000))
+
+    async def watch(self, on_revoked: OnRevoked) -> None:
+        listener = self._listener.get()
+        # After a reconnect a revocation may have rung unheard: check again too.
+        listener.add(CHANNEL, lambda _payload: on_revoked(), on_resync=on_revoked)
+        await listener.start()
+
+    @property
+    def listening(self) -> bool:
+        return self._listener.listening
 
     async def prune(self) -> int:
         rows = await self._execute(_PG_PRUNE, {"limit": _PRUNE_BATCH}, fetch=True)
         return int(rows[0][0]) if rows else 0
 
     async def aclose(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            await pool.close()
+        await self._listener.aclose()
+        await self._pools.aclose()
+
+    def close(self) -> None:
+        self._pools.close()
 
 
-# Keep the cut-off only if it is later than the one stored: revocations from two
-# processes may arrive in any order. Atomic, since Redis runs a script as one command.
+# Keep the cut-off only if it is later than the one stored: revocations from two processes may
+# arrive in any order. Atomic, since Redis runs a script as one command. Rings the doorbell.
 _REDIS_ADD_SUBJECT = """
 local cur = tonumber(redis.call('GET', KEYS[1]))
 if cur == nil or cur < tonumber(ARGV[1]) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
+redis.call('PUBLISH', ARGV[3], '')
+return 1
+"""
+_REDIS_ADD_SESSION = """
+redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
+redis.call('PUBLISH', ARGV[2], '')
 return 1
 """
 
 _REDIS_CHUNK = 1000
 
 
-def _redact_redis(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-        return f"{parts.hostname or 'localhost'}:{parts.port or 6379}{parts.path or ''}"
-    except ValueError:
-        return "(unparseable URL)"
-
-
 class RedisRevocations(RevocationStore):
-    """Revocations in Redis, for a deployment with Redis and no database.
+    """Revocations in Redis, for a deployment with Redis and no database, under the deployment's
+    prefix P: `P:revoked:session:<id>` expires with the session, `P:revoked:subject:<subject>`
+    holds the cut-off time (ms) for MAX_TTL (no covered session outlives it), and `P:revoked`
+    is the doorbell channel."""
 
-    A revoked session is a key that expires with the session; a revoked subject is a key
-    holding the cut-off time (ms), kept for MAX_TTL since no covered session outlives it.
-    """
-
-    SESSION_PREFIX = "livepush:revoked:session:"
-    SUBJECT_PREFIX = "livepush:revoked:subject:"
-
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, prefix: str | None = None, subscriber: Subscriber | None = None) -> None:
         self.url = url
+        self.prefix = prefix if prefix is not None else default_prefix(url)
+        self.session_prefix = f"{self.prefix}:revoked:session:"
+        self.subject_prefix = f"{self.prefix}:revoked:subject:"
+        self.channel = f"{self.prefix}:revoked"
+        self._subscriber = ListenerSlot(subscriber, lambda: Subscriber(url))
         self._client: Any = None
-
-    def _unreachable(self, exc: BaseException) -> DependencyError:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return DependencyError(
-            f"cannot reach Redis at {_redact_redis(self.url)} ({first}): check LIVEPUSH_REDIS_URL and that the server is running"
-        )
 
     def _aclient(self) -> Any:
         import redis.asyncio
 
         if self._client is None:
-            self._client = redis.asyncio.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=5, protocol=2)
+            self._client = redis.asyncio.Redis.from_url(self.url, socket_timeout=5, **client_kwargs("livepush-revocations"))
         return self._client
+
+    def _sync_client(self) -> Any:
+        import redis
+
+        return redis.Redis.from_url(self.url, socket_timeout=5, **client_kwargs("livepush-revocations"))
 
     async def revoked_among(self, sessions: Iterable[Session]) -> set[str]:
         import redis
@@ -331,14 +319,14 @@ class RedisRevocations(RevocationStore):
         if not batch:
             return set()
         subjects = sorted({s.subject for s in batch})
-        keys = [self.SESSION_PREFIX + s.id for s in batch] + [self.SUBJECT_PREFIX + s for s in subjects]
+        keys = [self.session_prefix + s.id for s in batch] + [self.subject_prefix + s for s in subjects]
         try:
             pipe = self._aclient().pipeline(transaction=False)
             for i in range(0, len(keys), _REDIS_CHUNK):
                 pipe.mget(keys[i : i + _REDIS_CHUNK])
             values = [v for chunk in await pipe.execute() for v in chunk]
-        except redis.RedisError as exc:
-            raise self._unreachable(exc) from exc
+        except (redis.RedisError, OSError) as exc:
+            raise failed(self.url, exc, "reading revocations") from exc
         session_hits = values[: len(batch)]
         cutoffs = {
             subject: int(v) for subject, v in zip(subjects, values[len(batch) :], strict=True) if v is not None
@@ -346,88 +334,91 @@ class RedisRevocations(RevocationStore):
         found = set()
         for s, hit in zip(batch, session_hits, strict=True):
             cutoff = cutoffs.get(s.subject)
-            if hit is not None or (cutoff is not None and _ms(s.issued_at) <= cutoff):
+            if hit is not None or (cutoff is not None and ms(s.issued_at) <= cutoff):
                 found.add(s.id)
         return found
 
     @staticmethod
     def _session_ttl_ms(expires_at: float) -> int:
-        return _ms(expires_at) - _ms(time.time())
+        return ms(expires_at) - ms(time.time())
 
+    # An expired session needs no key (decode() refuses it anyway), but connections opened while
+    # it was valid may still be open: ring anyway, and the servers' re-check closes them as
+    # expired now rather than at their next periodic check.
     def add_session(self, session_id: str, expires_at: float) -> None:
         import redis
 
         ttl = self._session_ttl_ms(expires_at)
-        if ttl <= 0:
-            return  # already expired: decode() refuses it anyway
         try:
-            with redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=5, protocol=2) as client:
-                client.set(self.SESSION_PREFIX + session_id, b"1", px=ttl)
-        except redis.RedisError as exc:
-            raise self._unreachable(exc) from exc
+            with self._sync_client() as client:
+                if ttl <= 0:
+                    client.publish(self.channel, "")
+                else:
+                    client.eval(_REDIS_ADD_SESSION, 1, self.session_prefix + session_id, ttl, self.channel)
+        except (redis.RedisError, OSError) as exc:
+            raise failed(self.url, exc, "storing a revocation") from exc
 
     async def aadd_session(self, session_id: str, expires_at: float) -> None:
         import redis
 
         ttl = self._session_ttl_ms(expires_at)
-        if ttl <= 0:
-            return
         try:
-            await self._aclient().set(self.SESSION_PREFIX + session_id, b"1", px=ttl)
-        except redis.RedisError as exc:
-            raise self._unreachable(exc) from exc
+            if ttl <= 0:
+                await self._aclient().publish(self.channel, "")
+            else:
+                await self._aclient().eval(_REDIS_ADD_SESSION, 1, self.session_prefix + session_id, ttl, self.channel)
+        except (redis.RedisError, OSError) as exc:
+            raise failed(self.url, exc, "storing a revocation") from exc
 
     def add_subject(self, subject: str, before: float) -> None:
         import redis
 
         try:
-            with redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=5, protocol=2) as client:
-                client.eval(_REDIS_ADD_SUBJECT, 1, self.SUBJECT_PREFIX + subject, _ms(before), _ms(MAX_TTL))
-        except redis.RedisError as exc:
-            raise self._unreachable(exc) from exc
+            with self._sync_client() as client:
+                client.eval(_REDIS_ADD_SUBJECT, 1, self.subject_prefix + subject, ms(before), ms(MAX_TTL), self.channel)
+        except (redis.RedisError, OSError) as exc:
+            raise failed(self.url, exc, "storing a revocation") from exc
 
     async def aadd_subject(self, subject: str, before: float) -> None:
         import redis
 
         try:
-            await self._aclient().eval(_REDIS_ADD_SUBJECT, 1, self.SUBJECT_PREFIX + subject, _ms(before), _ms(MAX_TTL))
-        except redis.RedisError as exc:
-            raise self._unreachable(exc) from exc
+            await self._aclient().eval(_REDIS_ADD_SUBJECT, 1, self.subject_prefix + subject, ms(before), ms(MAX_TTL),
+                                       self.channel)
+        except (redis.RedisError, OSError) as exc:
+            raise failed(self.url, exc, "storing a revocation") from exc
+
+    async def watch(self, on_revoked: OnRevoked) -> None:
+        subscriber = self._subscriber.get()
+        subscriber.add(self.channel, lambda _frame: on_revoked(), on_resync=on_revoked)
+        await subscriber.start()
+
+    @property
+    def listening(self) -> bool:
+        return self._subscriber.listening
 
     async def aclose(self) -> None:
+        await self._subscriber.aclose()
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
 
 
-# One in-memory store per process, so revoke() and a server in the same process agree.
+# The store of a process without a database or Redis: a server there can revoke nothing.
 MEMORY = MemoryRevocations()
 
 
-def store_from_settings(settings: Settings) -> RevocationStore:
+def store_from_settings(settings: Settings, *, listener: Listener | None = None,
+                        subscriber: Subscriber | None = None) -> RevocationStore:
     """Postgres when a database URL is set, else Redis when a Redis URL is set, else the
-    process's in-memory store (local fan-out, demo, tests)."""
+    process's in-memory store (which `revoke()` refuses: revocation needs a shared store)."""
     if settings.database_url:
-        return PostgresRevocations(settings.database_url)
+        return PostgresRevocations(settings.database_url, listener=listener)
     if settings.redis_url:
-        return RedisRevocations(settings.redis_url)
+        return RedisRevocations(settings.redis_url, prefix=settings.redis_prefix, subscriber=subscriber)
     return MEMORY
 
 
-_default: RevocationStore | None = None
-
-
-def default_store() -> RevocationStore:
-    """The process-wide store `revoke*` write to, created from the settings on first use."""
-    global _default
-    if _default is None:
-        _default = store_from_settings(get_settings())
-    return _default
-
-
-def set_default_store(store: RevocationStore | None) -> None:
-    """Install the store `revoke*` use (tests; a server sharing its own). None: re-read settings."""
-    global _default
-    _default = store
-
+__all__ = ["MEMORY", "MemoryRevocations", "PostgresRevocations", "RedisRevocations", "RevocationStore",
+           "store_from_settings"]
 

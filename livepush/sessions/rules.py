@@ -1,4 +1,4 @@
-"""Who may subscribe to which plain topic (SPEC §5): the `--app` object.
+"""Who may subscribe to which plain topic (docs/reference.md#5-wire-protocol): the `--app` object.
 
     # myapp/push.py, served with: livepush serve --app myapp.push:app
     import livepush
@@ -18,8 +18,10 @@ Pattern syntax:
   Phoenix's ``"room:*"``): ``public:*`` matches ``public:news`` and ``public:news:eu``
   but not ``public:``;
 - ``{subject}`` matches exactly the session's subject; a rule with it never matches an
-  anonymous connection. It may not touch a ``*`` (``user:{subject}*`` would let subject
-  ``7`` read ``user:70``): put a literal separator between them.
+  anonymous connection, nor a subject that holds a topic separator (``:``, ``/`` or ``.``:
+  subject ``7:x`` must not enter subject ``7``'s ``team:7:*``). It may not touch a ``*``
+  (``user:{subject}*`` would let subject ``7`` read ``user:70``): put a literal separator
+  between them.
 A pattern must match the whole topic.
 """
 
@@ -34,6 +36,7 @@ import math
 import os
 import re
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
@@ -47,6 +50,12 @@ log = logging.getLogger("livepush.rules")
 Authorize: TypeAlias = Callable[[Session | None, str], bool | Awaitable[bool]]
 
 SUBJECT_SLOT = "{subject}"
+# A subject with one of these could reach into another subject's namespace through a slot.
+SEPARATORS = frozenset(":/.")
+# Sync authorize() calls waiting for a thread, at most, per App: past it a subscribe is
+# answered `unavailable` at once rather than queued behind calls that may never return.
+AUTHORIZE_THREADS = 8
+AUTHORIZE_QUEUE = 32
 _STAR = "[A-Za-z0-9_.:/-]+"
 _LITERAL_RE = re.compile(r"[A-Za-z0-9_.:/-]+")
 _TOKEN_RE = re.compile(r"\{[^{}]*\}|\*|[^{}*]+|[{}]")
@@ -63,7 +72,6 @@ class Allow:
     pattern: str
     anonymous: bool = False
     _template: str = field(init=False, repr=False, compare=False)
-    _has_subject: bool = field(init=False, repr=False, compare=False)
     _fixed: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -106,7 +114,6 @@ class Allow:
             )
         template = "".join(parts)
         object.__setattr__(self, "_template", template)
-        object.__setattr__(self, "_has_subject", has_subject)
         object.__setattr__(self, "_fixed", None if has_subject else re.compile(template))
 
     def allows(self, session: Session | None, topic: str) -> bool:
@@ -116,6 +123,8 @@ class Allow:
         if self._fixed is not None:
             return self._fixed.fullmatch(topic) is not None
         assert session is not None  # a {subject} rule is never anonymous (checked above)
+        if not SEPARATORS.isdisjoint(session.subject):
+            return False
         # The subject is matched literally: re.escape, so "." or "*" in it are plain characters.
         return re.fullmatch(self._template.replace("\0", re.escape(session.subject)), topic) is not None
 
@@ -136,7 +145,8 @@ class App:
     `rules`: Allow rules for plain topics. `authorize(session, topic)`: an optional
     callable (sync or async; session is None for anonymous) asked about plain topics that
     no rule allows; only a return value of exactly True allows. It is bounded by
-    `authorize_timeout` seconds; a timeout or an exception refuses with ``forbidden``, is
+    `authorize_timeout` seconds; a timeout, an exception or a full thread pool answers
+    ``unavailable`` (the client retries later), is
     logged once per exception type, and never reaches the client. A sync `authorize`
     runs in a small thread pool of its own, so it may block (e.g. on a database query);
     a call that times out keeps its thread until it returns.
@@ -173,6 +183,8 @@ class App:
         self._authorize_is_async = authorize is not None and _is_async(authorize)
         self._logged: set[type[BaseException]] = set()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._waiting = 0  # sync calls submitted and not yet returned
+        self._waiting_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"App(rules={list(self.rules)!r}, authorize={self.authorize!r}, max_subscriptions={self.max_subscriptions})"
@@ -181,19 +193,25 @@ class App:
         return any(rule.allows(session, topic) for rule in self.rules)
 
     async def check(self, session: Session | None, topic: str) -> str | None:
-        """None when `session` (None: anonymous) may subscribe to plain `topic`, else the
-        wire reason: ``invalid_topic`` (not a plain topic) or ``forbidden``."""
+        """None when `session` (None: anonymous) may subscribe to plain `topic`, else the wire
+        reason: ``invalid_topic`` (not a plain topic), ``forbidden``, or ``unavailable`` when
+        `authorize` could not answer (it timed out, raised, or its threads are all busy): a
+        transient answer the client retries later, never a final refusal."""
         if not isinstance(topic, str) or not TOPIC_RE.fullmatch(topic):
             return "invalid_topic"
         if topic.startswith(RESERVED_PREFIX):
             return "forbidden"
         if self.allowed_by_rules(session, topic):
             return None
-        if self.authorize is not None and await self._ask(session, topic):
-            return None
-        return "forbidden"
+        if self.authorize is None:
+            return "forbidden"
+        answer = await self._ask(session, topic)
+        if answer is None:
+            return "unavailable"
+        return None if answer else "forbidden"
 
-    async def _ask(self, session: Session | None, topic: str) -> bool:
+    async def _ask(self, session: Session | None, topic: str) -> bool | None:
+        """authorize()'s answer (True: exactly True was returned), or None when it gave none."""
         assert self.authorize is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.authorize_timeout
@@ -201,11 +219,17 @@ class App:
             if self._authorize_is_async:
                 result: Any = await asyncio.wait_for(self.authorize(session, topic), self.authorize_timeout)  # type: ignore[arg-type]
             else:
+                if self._waiting >= AUTHORIZE_THREADS + AUTHORIZE_QUEUE:
+                    self._log_once(OverflowError("every authorize() thread is busy"), topic)
+                    return None
                 if self._executor is None:
                     self._executor = concurrent.futures.ThreadPoolExecutor(
-                        max_workers=8, thread_name_prefix="livepush-authorize"
+                        max_workers=AUTHORIZE_THREADS, thread_name_prefix="livepush-authorize"
                     )
-                call = loop.run_in_executor(self._executor, self.authorize, session, topic)
+                with self._waiting_lock:
+                    self._waiting += 1
+                call = loop.run_in_executor(self._executor, self._call_sync, session, topic)
+                # A call that times out keeps its thread, and counts, until it returns (_call_sync).
                 result = await asyncio.wait_for(call, self.authorize_timeout)
             if inspect.isawaitable(result):  # a sync callable that returned a coroutine
                 result = await asyncio.wait_for(result, max(deadline - loop.time(), 0.001))
@@ -213,8 +237,15 @@ class App:
             raise
         except Exception as exc:  # TimeoutError included
             self._log_once(exc, topic)
-            return False
+            return None
         return result is True
+
+    def _call_sync(self, session: Session | None, topic: str) -> Any:
+        try:
+            return self.authorize(session, topic)  # type: ignore[misc]
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
 
     def _log_once(self, exc: BaseException, topic: str) -> None:
         kind = type(exc)
@@ -223,14 +254,17 @@ class App:
         self._logged.add(kind)
         if isinstance(exc, TimeoutError):
             log.error(
-                "authorize() did not answer within %.3gs (topic %r); refusing with 'forbidden'. "
+                "authorize() did not answer within %.3gs (topic %r); answering 'unavailable'. "
                 "Make it faster or raise App(authorize_timeout=...). Logged once per App.",
                 self.authorize_timeout,
                 topic,
             )
+        elif isinstance(exc, OverflowError):
+            log.error("authorize() has %d calls waiting for its %d threads (topic %r); answering 'unavailable'. "
+                      "Logged once per App.", AUTHORIZE_QUEUE, AUTHORIZE_THREADS, topic)
         else:
             log.error(
-                "authorize() raised %s (topic %r); refusing with 'forbidden'. "
+                "authorize() raised %s (topic %r); answering 'unavailable'. "
                 "Logged once per App and exception type.",
                 kind.__name__,
                 topic,

@@ -19,7 +19,7 @@ from itsdangerous import BadData, BadSignature, URLSafeSerializer
 
 from ..config import get_settings
 from ..errors import InvalidSession
-from ..postgres import connect as db
+from ..postgres.text import unstorable
 
 MAX_TOKEN_LENGTH = 4096
 MAX_SUBJECT_LENGTH = 200
@@ -57,12 +57,12 @@ def _serializer(secrets: Sequence[str]) -> URLSafeSerializer:
     )
 
 
-def _check_subject(subject: object) -> str:
+def check_subject(subject: object) -> str:
     if not isinstance(subject, str):
         raise ValueError(f"a session subject must be a string (e.g. a user id), got {type(subject).__name__}")
     if not subject:
         raise ValueError("a session subject must not be empty: use the user's id")
-    bad = db.unstorable(subject)
+    bad = unstorable(subject)
     if bad:  # a revocation stores the subject in Postgres
         raise ValueError(f"a session subject must not contain {bad}: use the user's id")
     if len(subject) > MAX_SUBJECT_LENGTH:
@@ -87,7 +87,7 @@ def issue(subject: str, ttl: float = 86400, *, now: float | None = None) -> str:
     `livepush_session` cookie (preferred: HttpOnly, Secure, SameSite) or pass it as the
     `token` query parameter.
     """
-    _check_subject(subject)
+    check_subject(subject)
     ttl = _check_ttl(ttl)
     settings = get_settings()
     settings.require_secret()
@@ -100,7 +100,7 @@ def _encode(subject: str, ttl: float, secrets: Sequence[str], *, now: float | No
     return _serializer(secrets).dumps(payload)
 
 
-def _loads(token: object, secrets: Sequence[str] | str) -> Session:
+def loads(token: object, secrets: Sequence[str] | str) -> Session:
     """The session inside `token`, signature and shape checked, expiry NOT checked."""
     # Cheap refusals first, before any parsing: a 100 KB cookie or a non-ASCII value is
     # not ours and must cost nothing.
@@ -145,7 +145,7 @@ def decode(token: object, secrets: Sequence[str] | str, *, now: float | None = N
     secret first, then fallbacks; any of them verifies. Revocation is not checked here
     (see `RevocationStore`).
     """
-    session = _loads(token, secrets)
+    session = loads(token, secrets)
     if session.expired(now):
         raise InvalidSession("the session token has expired: sign in again to get a fresh one", "expired")
     return session

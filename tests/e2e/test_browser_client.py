@@ -1,4 +1,4 @@
-"""The JS client in real headless Chromium against `livepush serve` on Postgres (issue 7).
+"""The JS client in real headless Chromium against `livepush serve` on Postgres.
 
 The page (tests/e2e/pages/client.html) lives on its own origin and imports /livepush.js from the
 push server's, as an app's pages would. This test process plays the web app: it signs topics,
@@ -128,13 +128,14 @@ def web_app(push_server: PushServer) -> Iterator[None]:
 async def test_revoked_session_shows_unauthorized_and_stops_retrying(
     client_page: Page, push_server: PushServer, web_app: None
 ) -> None:
-    """A page whose session is revoked shows `unauthorized` (close 4403) and opens no new WebSocket afterwards."""
+    """A page whose session (sent in Sec-WebSocket-Protocol, not the URL) is revoked shows `unauthorized` (close 4403) and opens no new WebSocket afterwards."""
     sockets: list[WebSocket] = []
     client_page.on("websocket", lambda ws: sockets.append(ws))
     token = sessions.issue("user-1")
     await watch(client_page, push_server.sign("user:1"), token=token)
     assert await client_page.text_content("#subject") == "as user-1"
     assert len(sockets) == 1
+    assert "token" not in sockets[0].url, sockets[0].url  # proxies log URLs: the token is not in it
 
     await asyncio.to_thread(sessions.revoke, token)
     await client_page.wait_for_function("e2e.lp.status === 'unauthorized'", timeout=5_000)

@@ -1,4 +1,4 @@
-"""`livepush demo` in real headless Chromium (issue 7): the page starts an import (a task group of
+"""`livepush demo` in real headless Chromium: the page starts an import (a task group of
 jobs run by the demo's own job runtime) and shows it live to 100 %, with and without a restart of
 the demo process in the middle.
 
@@ -78,7 +78,7 @@ async def demo(pg_url: str, livepush_env: Callable[..., dict[str, str]], procs: 
 
 async def open_demo(page: Page, demo: Demo) -> None:
     await page.goto(demo.url)
-    await page.wait_for_function("window.livepushDemo && window.livepushDemo.lp.status === 'open'")
+    await page.wait_for_function("() => window.livepushDemo && window.livepushDemo.lp.status === 'open'")
     assert await page.get_attribute("#status", "data-status") == "open"
 
 
@@ -86,8 +86,8 @@ async def start_import(page: Page, rows: int) -> int:
     """Types `rows` into the page and clicks start; returns the group's id once the page follows it."""
     await page.fill("#n", str(rows))
     await page.click("#start")
-    await page.wait_for_function("window.livepushDemo.group !== null")
-    return int(await page.evaluate("window.livepushDemo.group"))
+    await page.wait_for_function("() => window.livepushDemo.group !== null")
+    return int(await page.evaluate("() => window.livepushDemo.group"))
 
 
 async def group_bar(page: Page) -> dict[str, Any]:
@@ -152,8 +152,8 @@ async def assert_database_counts(url: str, group_id: int, rows: int) -> None:
                       "cancelled": 0}, counts
     assert finished_at is not None
 
-    callbacks = await query(url, "SELECT group_id, state FROM livepush_jobs WHERE name = %s", (FINISH_CALLBACK,))
-    assert len(callbacks) == 1 and callbacks[0][0] == -group_id, callbacks
+    callbacks = await query(url, "SELECT callback_of, state FROM livepush_jobs WHERE name = %s", (FINISH_CALLBACK,))
+    assert len(callbacks) == 1 and callbacks[0][0] == group_id, callbacks
     kinds = await query(url, "SELECT kind FROM livepush_group_callbacks WHERE group_id = %s", (group_id,))
     assert kinds == [("finish",)], kinds
 
@@ -171,7 +171,7 @@ async def test_demo_import_of_100_reaches_100_percent(page: Page, demo: Demo) ->
     await open_demo(page, demo)
     group_id = await start_import(page, ROWS)
     try:
-        await page.wait_for_function("window.livepushDemo.finished === true", timeout=IMPORT_TIMEOUT_MS)
+        await page.wait_for_function("() => window.livepushDemo.finished === true", timeout=IMPORT_TIMEOUT_MS)
         took = time.monotonic() - t0
         await assert_page_shows_finished(page, ROWS)
     finally:
@@ -228,7 +228,7 @@ async def test_demo_import_survives_a_restart_of_the_demo_process(page: Page, de
     t_up = time.monotonic()
 
     try:
-        await page.wait_for_function("window.livepushDemo.finished === true", timeout=IMPORT_TIMEOUT_MS)
+        await page.wait_for_function("() => window.livepushDemo.finished === true", timeout=IMPORT_TIMEOUT_MS)
         took = time.monotonic() - t0
         await assert_page_shows_finished(page, ROWS)
     finally:
@@ -239,13 +239,13 @@ async def test_demo_import_survives_a_restart_of_the_demo_process(page: Page, de
         " after opening it"
     )
 
-    shown: list[str] = await page.evaluate("window.shownStatuses")
+    shown: list[str] = await page.evaluate("() => window.shownStatuses")
     print(f"statuses shown: {shown}")
     assert "reconnecting" in shown, shown
     assert "open" in shown[shown.index("reconnecting"):], shown
     assert shown[-1] == "open" and await page.get_attribute("#status", "data-status") == "open", shown
 
-    done: list[int] = await page.evaluate("window.shownDone")
+    done: list[int] = await page.evaluate("() => window.shownDone")
     assert done and done[-1] == ROWS, done
     assert all(a <= b for a, b in zip(done, done[1:])) and max(done) <= ROWS, f"the bar went back or past {ROWS}: {done}"
 
@@ -254,3 +254,51 @@ async def test_demo_import_survives_a_restart_of_the_demo_process(page: Page, de
     (retried,), = await query(demo.database_url, "SELECT count(*) FROM livepush_jobs WHERE group_id = %s AND attempt > 1",
                               (group_id,))
     assert retried == 0, f"{retried} members ran twice"
+
+
+def _request(url: str, method: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, method=method, headers=headers or {}, data=b"" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+async def test_the_demo_starts_work_only_on_a_same_origin_post(demo: Demo) -> None:
+    """A GET of /demo/start gets 405 and a cross-site POST 403, and neither enqueues anything; the page's own POST starts an import."""
+    start = f"{demo.url}demo/start?n=2"
+    origin = demo.url.rstrip("/")
+    got = [
+        await asyncio.to_thread(_request, start, "GET"),
+        await asyncio.to_thread(_request, start, "POST", {"Origin": "https://evil.example"}),
+        await asyncio.to_thread(_request, start, "POST", {"Origin": origin, "Sec-Fetch-Site": "cross-site"}),
+    ]
+    assert [status for status, _, _ in got] == [405, 403, 403], got
+    assert await query(demo.database_url, "SELECT count(*) FROM livepush_jobs") == [(0,)]
+    status, _, body = await asyncio.to_thread(_request, start, "POST", {"Origin": origin, "Sec-Fetch-Site": "same-origin"})
+    assert status == 200 and b'"group_id"' in body, (status, body)
+
+
+async def test_the_demo_page_has_a_strict_content_security_policy(demo: Demo) -> None:
+    """The page and its script come with a CSP that allows only its own files and its own WebSocket server."""
+    status, headers, _ = await asyncio.to_thread(_request, demo.url, "GET")
+    policy = headers.get("Content-Security-Policy", "")
+    assert status == 200
+    assert "default-src 'none'" in policy and "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+    assert "unsafe-inline" not in policy and "unsafe-eval" not in policy
+    host = demo.url.split("//", 1)[1].rstrip("/")
+    assert f"ws://{host}" in policy, policy
+    status, headers, body = await asyncio.to_thread(_request, f"{demo.url}demo/page.js", "GET")
+    assert status == 200 and headers.get("Content-Type", "").startswith("text/javascript") and b"LivePush" in body
+
+
+async def test_the_demo_warns_when_it_listens_beyond_this_machine(
+    pg_url: str, livepush_env: Callable[..., dict[str, str]], procs: Processes
+) -> None:
+    """`livepush demo` bound to 0.0.0.0 says on stderr that anyone who can reach it can start imports."""
+    child = await procs.alivepush("demo", env=livepush_env(database_url=pg_url, host="0.0.0.0"), wait_healthy=True)
+    assert "not only on this machine" in child.stderr(), child.output()

@@ -1,9 +1,11 @@
-"""Fixtures for the job tests: a fresh migrated database wired as the jobs' and the fan-out's."""
+"""Fixtures for the job tests: a fresh migrated database wired as the jobs' and the fan-out's,
+with a recording of every version of every job's state topic."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -11,17 +13,22 @@ import pytest
 
 from livepush import api, config
 from livepush.jobs import database
+from livepush.types import State
 from tests.jobs import sample_jobs
+from tests.support.job_versions import VERSIONS_TABLE, events_of, versions_of
 from tests.support.procs import ChildProcess, Processes
 from tests.support.waiting import wait_for
 
 
+
 @pytest.fixture
 def jobs_db(pg_url: str) -> Iterator[str]:
-    """A fresh database used by jobs and the (publish-only) Postgres fan-out, LIVEPUSH_ENV=test."""
+    """A fresh database used by jobs and the (publish-only) Postgres fan-out, LIVEPUSH_ENV=test,
+    recording every job version (events_of)."""
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(sample_jobs.RUNS_TABLE)
         conn.execute(sample_jobs.FLAGS_TABLE)
+        conn.execute(VERSIONS_TABLE)
     config.set_settings(config.Settings(database_url=pg_url, fanout="postgres", env="test",
                                         secret=secrets.token_urlsafe(36)))
     api.set_default_fanout(None)
@@ -41,12 +48,50 @@ def q(url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
         return cur.fetchall() if cur.description else []
 
 
-def events_of(url: str, job_id: int) -> list[dict[str, Any]]:
-    """Every message published on job:<id>, in offset order (from the fan-out's history)."""
-    import json
+def version_gaps(url: str) -> list[tuple[Any, ...]]:
+    """Jobs whose recorded versions are not exactly 1, 2, ... up to the row's version, each once
+    (for checks over many jobs at once): (id, row version, recorded versions)."""
+    return q(url, """
+        SELECT j.id, j.version, array_agg(v.version ORDER BY v.version) FILTER (WHERE v.version IS NOT NULL)
+        FROM livepush_jobs j LEFT JOIN test_job_versions v ON v.id = j.id
+        GROUP BY j.id, j.version
+        HAVING count(v.version) <> j.version OR count(DISTINCT v.version) <> j.version
+            OR coalesce(max(v.version), 0) <> j.version
+        ORDER BY j.id LIMIT 20""")
 
-    rows = q(url, "SELECT data FROM livepush_history WHERE topic = %s ORDER BY seq", (f"job:{job_id}",))
-    return [json.loads(r[0]) for r in rows]
+
+def names_of(url: str, job_id: int) -> list[str]:
+    """The event names of events_of(), each with the state it left the job in: "retrying/scheduled"."""
+    return [f"{e['event']}/{e['job']['state']}" for e in events_of(url, job_id)]
+
+
+def read_states(url: str, topics: Sequence[str]) -> dict[str, State]:
+    """What the server's state source for job: and group: topics (JobStates) reads for `topics`,
+    on a loop of its own (from sync code)."""
+    from livepush.jobs.events.source import JobStates
+
+    async def read() -> dict[str, State]:
+        source = JobStates(url)
+        try:
+            return dict(await source.read(topics))
+        finally:
+            await source.aclose()
+
+    return asyncio.run(read())
+
+
+def group_events(group_id: int) -> list[dict[str, Any]]:
+    """Every event livepush recorded for group:<id> (jobs.group_history()), oldest first."""
+    from livepush import jobs
+
+    rows: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        page, cursor = jobs.group_history(group_id, before=cursor, limit=500)
+        rows.extend(page)
+        if cursor is None:
+            break
+    return rows[::-1]
 
 
 def runtime_starter(url: str, module: str, procs: Processes, env: Mapping[str, str]) -> Callable[..., ChildProcess]:

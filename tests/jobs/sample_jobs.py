@@ -30,10 +30,10 @@ CREATE TABLE IF NOT EXISTS job_runs (
 """
 
 async def _pool() -> AsyncConnectionPool:
-    # The runtime's own per-loop pool: drain() closes it before its loop ends. A pool of
-    # our own left open there made asyncio.run()'s shutdown hang (its cancelled connect
-    # came back as a connection error the pool retried).
-    return await database.async_pool()
+    # The jobs' own per-loop pool: drain() closes it before its loop ends. A pool of our own
+    # left open there made asyncio.run()'s shutdown hang (its cancelled connect came back as a
+    # connection error the pool retried).
+    return await database.pools().aget()
 
 
 async def note(ctx: Any, phase: str, key: Any = None) -> None:

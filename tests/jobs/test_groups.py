@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -12,13 +11,14 @@ import psycopg
 import pytest
 
 from livepush import jobs
-from livepush.jobs.groups import queries as group_queries, calls as groups
+from livepush.jobs.groups import building
+from livepush.jobs.groups import queries as group_queries
 from livepush.jobs.runtime import maintenance
 from livepush.jobs.runtime.context import ClaimedJob, JobContext
 from livepush.jobs.runtime.runtime import Runtime
 from tests.jobs import group_jobs as gj
 from tests.jobs.test_jobs_runtime import running as runtime_running
-from tests.jobs.conftest import q
+from tests.jobs.conftest import events_of, group_events, q, read_states
 from tests.support.waiting import async_wait_for
 
 
@@ -29,17 +29,22 @@ def groups_db(jobs_db: str) -> Iterator[str]:
     yield jobs_db
 
 
-def group_messages(url: str, group_id: int) -> list[dict[str, Any]]:
-    rows = q(url, "SELECT data FROM livepush_messages WHERE topic = %s ORDER BY seq", (f"group:{group_id}",))
-    return [json.loads(r[0]) for r in rows]
+def group_messages(group_id: int) -> list[dict[str, Any]]:
+    """The messages group:<id> showed ({"event", "group"}), oldest first, as livepush recorded
+    them (jobs.group_history())."""
+    return [e["data"] for e in group_events(group_id)]
 
 
-def assert_events_well_formed(url: str, group_id: int) -> list[dict[str, Any]]:
-    """created first, finished last and once, no progress after finished."""
-    msgs = group_messages(url, group_id)
+def assert_events_well_formed(group_id: int) -> list[dict[str, Any]]:
+    """created first, finished last and once, no progress after finished; each message's event
+    is the one it was recorded as, and its group the one it names."""
+    history = group_events(group_id)
+    msgs = [e["data"] for e in history]
     names = [m["event"] for m in msgs]
     assert names[0] == "created", names
     assert names.count("finished") == 1 and names[-1] == "finished", names
+    assert [e["event"] for e in history] == names
+    assert {m["group"]["id"] for m in msgs} == {group_id}
     return msgs
 
 
@@ -63,7 +68,7 @@ def test_block_creates_fills_and_seals_then_callbacks_run_once(groups_db: str) -
     assert fin[3] == {"id": g.handle.id, "state": "finished", "total": 5, "pending": 0, "succeeded": 5,
                       "failed": 0, "cancelled": 0}
     assert jobs.get_group(g.handle.id)["state"] == "finished"
-    assert_events_well_formed(groups_db, g.handle.id)
+    assert_events_well_formed(g.handle.id)
 
 
 def test_failures_and_retries(groups_db: str) -> None:
@@ -91,7 +96,7 @@ def test_empty_group_finishes_at_the_seal(groups_db: str) -> None:
     assert jobs.get_group(g.handle.id)["state"] == "finished"
     jobs.drain()
     assert sorted(r[0] for r in gj.callback_runs(groups_db)) == ["fin", "ok"]
-    assert [m["event"] for m in group_messages(groups_db, g.handle.id)] == ["created", "finished"]
+    assert [m["event"] for m in group_messages(g.handle.id)] == ["created", "finished"]
     h = jobs.create_group(on_finish=gj.callback.request("fin2"))
     assert jobs.seal_group(h.id) is True
     assert jobs.seal_group(h.id) is False
@@ -126,7 +131,7 @@ def test_block_in_the_callers_transaction(groups_db: str) -> None:
 def test_member_limit(groups_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the member limit (100,000 by default) adds are refused with GroupLimitError."""
     assert jobs.MAX_GROUP_MEMBERS == 100_000
-    monkeypatch.setattr(groups, "MAX_GROUP_MEMBERS", 5)
+    monkeypatch.setattr(building, "MAX_GROUP_MEMBERS", 5)
     with pytest.raises(jobs.GroupLimitError, match="at most 5"):
         with jobs.group() as g:
             for i in range(6):
@@ -191,7 +196,7 @@ def test_members_add_members_sync_and_async(groups_db: str) -> None:
     assert (view["state"], view["total"], view["succeeded"]) == ("finished", 7, 7)
     runs = gj.callback_runs(groups_db)
     assert len(runs) == 1 and runs[0][3]["total"] == 7
-    assert_events_well_formed(groups_db, g.handle.id)
+    assert_events_well_formed(g.handle.id)
 
 
 async def test_add_from_a_member_that_lost_its_claim_is_refused(groups_db: str) -> None:
@@ -252,7 +257,7 @@ async def test_cancel_group(groups_db: str) -> None:
         await async_wait_for(callbacks_ran, 10)
     assert (view["state"], view["total"], view["succeeded"], view["cancelled"]) == ("cancelled", 8, 1, 7)
     assert sorted(r[0] for r in gj.callback_runs(groups_db)) == ["bad", "fin"]
-    msgs = assert_events_well_formed(groups_db, g.handle.id)
+    msgs = assert_events_well_formed(g.handle.id)
     assert "cancelled" in [m["event"] for m in msgs]
     with pytest.raises(jobs.GroupClosedError):
         jobs.add_to_group(g.handle.id, gj.member, 1)
@@ -266,9 +271,9 @@ async def test_progress_is_coalesced_and_never_after_finished(groups_db: str) ->
             g.enqueue(gj.member, i)
     async with running(concurrency=8):
         await finished(g.handle.id, 30)
-    msgs = assert_events_well_formed(groups_db, g.handle.id)
-    times = q(groups_db, "SELECT extract(epoch FROM max(created_at) - min(created_at)) FROM livepush_messages "
-                         "WHERE topic = %s", (f"group:{g.handle.id}",))[0][0]
+    msgs = assert_events_well_formed(g.handle.id)
+    times = q(groups_db, "SELECT extract(epoch FROM max(at) - min(at)) FROM livepush_group_events "
+                         "WHERE group_id = %s", (g.handle.id,))[0][0]
     progress = [m for m in msgs if m["event"] == "progress"]
     assert len(progress) <= 10 * float(times) + 3, (len(progress), times)
     assert msgs[-1]["group"]["succeeded"] == 300
@@ -331,34 +336,26 @@ def test_retention(groups_db: str) -> None:
     assert jobs.get_group(open_group.id) is not None
     assert lone.id not in left
     assert q(groups_db, group_queries.PRUNE_GROUPS, {"retention": 3600, "limit": 10}) == []
-    # Their topics went with them: the topic table does not keep a row per job ever run.
-    topics = {r[0] for r in q(groups_db, "SELECT topic FROM livepush_topics")}
-    assert f"job:{lone.id}" not in topics and f"group:{done_group.handle.id}" not in topics
-    assert f"job:{kept.id}" in topics and f"group:{open_group.id}" in topics
-    assert q(groups_db, "SELECT count(*) FROM livepush_history WHERE topic = %s", (f"job:{lone.id}",)) == [(0,)]
+    # Their state topics went with their rows (a page gets no state for them); the kept ones stay.
+    # The message log never held a row for either.
+    asked = [f"job:{lone.id}", f"group:{done_group.handle.id}", f"job:{kept.id}", f"group:{open_group.id}"]
+    assert set(read_states(groups_db, asked)) == {f"job:{kept.id}", f"group:{open_group.id}"}
+    assert q(groups_db, "SELECT count(*) FROM livepush_topics "
+                        "WHERE topic LIKE 'job:%' OR topic LIKE 'group:%'") == [(0,)]
 
 
 @pytest.mark.parametrize("fanout", ["postgres", "local"])
 def test_every_member_gets_its_enqueued_event(groups_db: str, fanout: str) -> None:
-    """Members added by the block, by add_many_to_group and by a running member each get
-    `enqueued` first on job:<id>: published by the insert itself on the Postgres fan-out in
-    the jobs' database, from Python on any other."""
+    """Members added by the block, by add_many_to_group and by a running member each start
+    with `enqueued` at version 1 on job:<id>, whatever the fan-out: a job's state topic is its
+    row, written by the insert itself."""
     from livepush import api, config
     from livepush.fanout.local import LocalFanOut
 
-    local = None
     if fanout == "local":
         config.set_settings(config.Settings(database_url=groups_db, fanout="local", env="test",
                                             secret=config.get_settings().secret))
-        local = LocalFanOut()
-        api.set_default_fanout(local)
-
-    def first_events(job_id: int) -> list[str]:
-        if local is None:
-            rows = q(groups_db, "SELECT data FROM livepush_history WHERE topic = %s ORDER BY seq", (f"job:{job_id}",))
-            return [json.loads(r[0])["event"] for r in rows]
-        got = asyncio.run(local.history(f"job:{job_id}", "0")) or []
-        return [json.loads(m.data_json)["event"] for m in got if m.data_json is not None]
+        api.set_default_fanout(LocalFanOut())
 
     with jobs.group() as g:
         g.enqueue(gj.spawner, 1, "a")
@@ -372,4 +369,6 @@ def test_every_member_gets_its_enqueued_event(groups_db: str, fanout: str) -> No
     assert len(members) == 5  # the block's two, the one the spawner added, the two added later
     assert {m.id for m in added} <= set(members)
     for job_id in members:
-        assert first_events(job_id)[:1] == ["enqueued"], job_id
+        evs = events_of(groups_db, job_id)
+        assert [e["event"] for e in evs] == ["enqueued", "started", "succeeded"], job_id
+        assert evs[0]["job"]["state"] == "available"

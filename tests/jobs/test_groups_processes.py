@@ -9,7 +9,7 @@ import pytest
 
 from livepush import jobs
 from tests.jobs import group_jobs as gj
-from tests.jobs.conftest import q, runtime_starter
+from tests.jobs.conftest import q, runtime_starter, version_gaps
 from tests.support.procs import ChildProcess, Processes
 from tests.support.waiting import wait_for
 
@@ -58,7 +58,8 @@ def test_two_thousand_members_two_runtimes(groups_db: str, start_runtime: Callab
     runs = gj.callback_runs(groups_db)
     assert sorted(r[0] for r in runs) == ["bad", "fin"]
     assert q(groups_db, "SELECT count(DISTINCT pid) FROM job_runs")[0][0] == 2
-    assert q(groups_db, "SELECT count(*) FROM livepush_jobs WHERE group_id = %s", (-g.handle.id,))[0][0] == 2
+    assert q(groups_db, "SELECT count(*) FROM livepush_jobs WHERE callback_of = %s", (g.handle.id,))[0][0] == 2
+    assert version_gaps(groups_db) == []  # every job's topic went 1, 2, 3... across both runtimes
 
 
 def test_kill_9_in_the_middle_of_a_group(groups_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
@@ -81,3 +82,4 @@ def test_kill_9_in_the_middle_of_a_group(groups_db: str, start_runtime: Callable
     assert (view["state"], view["total"], view["succeeded"], view["pending"]) == ("finished", 300, 300, 0)
     assert sorted(r[0] for r in gj.callback_runs(groups_db)) == ["fin", "ok"]
     assert q(groups_db, "SELECT count(*) FROM livepush_jobs WHERE group_id = %s AND attempt = 2", (g.handle.id,))[0][0] > 0
+    assert version_gaps(groups_db) == []  # the rescue included: every job's topic went 1, 2, 3...

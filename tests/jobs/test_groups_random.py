@@ -22,13 +22,13 @@ import pytest
 from psycopg.rows import dict_row
 
 from livepush import jobs
-from livepush.jobs.events import views as events
-from livepush.jobs.groups import steps as group_steps, calls as groups, outcomes as terminal
 from livepush.jobs import queries
 from livepush.jobs.api.enqueue import Batch
 from livepush.jobs.errors import GroupClosedError, LeaseLostError
+from livepush.jobs.groups import building, outcomes, steps
+from livepush.jobs.groups import queries as gq
 from tests.jobs import group_jobs as gj
-from tests.jobs.conftest import q
+from tests.jobs.conftest import events_of, group_events, q, read_states
 
 SEEDS = 30
 STEPS = 60
@@ -93,30 +93,39 @@ def claim(conn: psycopg.Connection, runtime_id: int, limit: int) -> list[dict[st
     return rows
 
 
-def outcome(conn: psycopg.Connection, job: dict[str, Any], kind: str) -> list[dict[str, Any]]:
-    """The completer's transaction for one outcome, left open."""
+def _outcome_params(job: dict[str, Any], kind: str) -> dict[str, Any]:
+    return {"ids": [job["id"]], "leases": [job["lease"]], "kinds": [kind],
+            "errors": ["boom" if kind != "succeeded" else None], "delays": [0.0], "progress": [None],
+            "started_topics": [], "started_versions": []}
+
+
+def outcome(conn: psycopg.Connection, job: dict[str, Any], kind: str, counting: bool = True) -> list[dict[str, Any]]:
+    """The completer's transaction for one outcome, left open: COMPLETE_COUNTING then the finish
+    of any group whose shard it drained (what the completer runs for group members), or, with
+    counting=False, COMPLETE then the count (the path of the other outcomes: cancel, rescue).
+    Both record progress as a runtime without a progress publisher would (steps.progress_now)."""
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(queries.COMPLETE, {"ids": [job["id"]], "leases": [job["lease"]], "kinds": [kind],
-                                       "errors": ["boom" if kind != "succeeded" else None], "delays": [0.0],
-                                       "progress": [None]})
+        cur.execute(gq.COMPLETE_COUNTING if counting else queries.COMPLETE, _outcome_params(job, kind))
         rows = cur.fetchall()
-    evs = [events.state_event(r) for r in rows]
-    evs.extend(terminal.on_terminal_sync(conn, terminal.terminal_rows(rows)))
-    events.publish_in(conn, evs)
+    if counting:
+        touched = steps.run(conn, steps.counted_shards((rows[0]["_shards"] or []) if rows else []))
+    else:
+        touched = outcomes.count_sync(conn, outcomes.terminal(rows))
+    steps.run(conn, steps.progress_now(sorted(touched)))
     return rows
 
 
 def add_inside(conn: psycopg.Connection, job: dict[str, Any]) -> None:
+    """ctx.group.enqueue of a running member, left open."""
     batch = Batch()
     batch.add(gj.member, ["added"], None, job["group_id"])
-    _, evs = group_steps.run(conn, groups._add_steps(job["group_id"], batch, states=["open", "sealed"],
-                                                     fence=(job["id"], job["lease"])))
-    events.publish_in(conn, evs)
+    steps.run(conn, building.add_steps(job["group_id"], batch, states=["open", "sealed"],
+                                       fence=(job["id"], job["lease"])))
+    steps.run(conn, steps.progress_now([job["group_id"]]))
 
 
 def seal(conn: psycopg.Connection, group_id: int) -> None:
-    _, evs = group_steps.run(conn, groups._seal_steps(group_id))
-    events.publish_in(conn, evs)
+    steps.run(conn, building._seal_steps(group_id))
 
 
 @pytest.fixture
@@ -160,20 +169,21 @@ def run_seed(url: str, seed: int) -> dict[str, int]:
                 got: list[dict[str, Any]] = []
                 w.submit(lambda c, got=got: got.extend(claim(c, runtime_id, 2)), wait=1.0)
                 for r in got:
-                    if r["group_id"] and r["group_id"] > 0:
+                    if r["group_id"] is not None:
                         running[r["id"]] = r
             elif op == "outcome" and w is not None and not w.in_tx:
                 free = [j for j in running.values() if j["id"] not in busy()]
                 if free:
                     job = rnd.choice(free)
                     kind = rnd.choice(["succeeded", "succeeded", "retry", "fail", "cancelled"])
+                    counting = rnd.random() < 0.5
                     w.holding = {job["id"]}
                     w.in_tx = True
 
                     def after(job: dict[str, Any] = job) -> None:
                         running.pop(job["id"], None)
                     w.after_commit = after
-                    w.submit(lambda c, job=job, kind=kind: outcome(c, job, kind))
+                    w.submit(lambda c, job=job, kind=kind, counting=counting: outcome(c, job, kind, counting))
             elif op == "add" and w is not None and not w.in_tx:
                 live = [j for j in running.values() if j["id"] not in busy()]
                 if live:
@@ -237,16 +247,16 @@ def run_seed(url: str, seed: int) -> dict[str, int]:
             if not rows and not stuck:
                 break
             for r in rows + [dict(id=s[0], lease=s[1], group_id=s[2]) for s in stuck if s[0] not in {x["id"] for x in rows}]:
-                outcome(conn, r, "succeeded")
+                outcome(conn, r, "succeeded", counting=r["group_id"] is not None)
                 conn.commit()
         assert q(url, "SELECT count(*) FROM livepush_jobs WHERE state NOT IN ('succeeded', 'failed', 'cancelled')")[0][0] == 0
     check_invariants(url, gids)
     return {
         "cancelled_groups": q(url, "SELECT count(*) FROM livepush_groups WHERE state = 'cancelled'")[0][0],
-        "failed_members": q(url, "SELECT count(*) FROM livepush_jobs WHERE group_id > 0 AND state = 'failed'")[0][0],
-        "retried_members": q(url, "SELECT count(*) FROM livepush_jobs WHERE group_id > 0 AND attempt > 1")[0][0],
+        "failed_members": q(url, "SELECT count(*) FROM livepush_jobs WHERE group_id IS NOT NULL AND state = 'failed'")[0][0],
+        "retried_members": q(url, "SELECT count(*) FROM livepush_jobs WHERE group_id IS NOT NULL AND attempt > 1")[0][0],
         "added_inside": q(url, "SELECT count(*) FROM livepush_job_payloads p JOIN livepush_jobs j ON j.id = p.id "
-                               "WHERE j.group_id > 0 AND p.args = '[\"added\"]'")[0][0],
+                               "WHERE j.group_id IS NOT NULL AND p.args = '[\"added\"]'")[0][0],
         "empty_groups": q(url, "SELECT count(*) FROM livepush_groups WHERE total = 0")[0][0],
     }
 
@@ -261,7 +271,7 @@ def check_invariants(url: str, gids: list[int]) -> None:
         for state in ("succeeded", "failed", "cancelled"):
             assert v[state] == outcomes.get(state, 0), (state, v, outcomes)
         kinds = sorted(r[0] for r in q(url, "SELECT kind FROM livepush_group_callbacks WHERE group_id = %s", (gid,)))
-        cb_jobs = q(url, "SELECT count(*) FROM livepush_jobs WHERE group_id = %s", (-gid,))[0][0]
+        cb_jobs = q(url, "SELECT count(*) FROM livepush_jobs WHERE callback_of = %s", (gid,))[0][0]
         good = v["state"] != "cancelled" and v["failed"] == 0 and v["cancelled"] == 0
         assert kinds == (["finish", "success"] if good else ["failure", "finish"]), (gid, kinds, v)
         assert cb_jobs == 2
@@ -269,9 +279,17 @@ def check_invariants(url: str, gids: list[int]) -> None:
         late = q(url, """SELECT count(*) FROM livepush_jobs m, livepush_group_callbacks c
                          WHERE c.group_id = %s AND m.group_id = %s AND m.id > c.job_id""", (gid, gid))[0][0]
         assert late == 0, gid
-        names = [json.loads(r[0])["event"] for r in q(url, "SELECT data FROM livepush_messages WHERE topic = %s ORDER BY seq",
-                                                       (f"group:{gid}",))]
-        assert names.count("finished") == 1 and names[-1] == "finished", names
+        history = group_events(gid)
+        names = [e["event"] for e in history]
+        assert names[0] == "created" and names.count("finished") == 1 and names[-1] == "finished", names
+        # What the state topic shows now is what `finished` recorded.
+        state = read_states(url, [f"group:{gid}"])[f"group:{gid}"]
+        assert (state.event, json.loads(state.view_json)) == ("finished", history[-1]["data"]["group"])
+    # Every job's versions went 1, 2, 3... through the interleavings (events_of checks), and its
+    # last recorded version is its row as it is.
+    for job_id, version, event in q(url, "SELECT id, version, event FROM livepush_jobs"):
+        evs = events_of(url, job_id)
+        assert (len(evs), evs[-1]["event"]) == (version, event), job_id
 
 
 def test_random_interleavings(groups_db: str) -> None:
@@ -280,7 +298,7 @@ def test_random_interleavings(groups_db: str) -> None:
     seen: dict[str, int] = {}
     for seed in range(SEEDS):
         jobs.clear()
-        q(groups_db, "TRUNCATE livepush_messages, livepush_topics, group_callback_runs")
+        q(groups_db, "TRUNCATE test_job_versions, group_callback_runs")
         try:
             for k, v in run_seed(groups_db, seed).items():
                 seen[k] = seen.get(k, 0) + v

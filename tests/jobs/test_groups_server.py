@@ -63,8 +63,8 @@ async def test_subscriber_gets_snapshot_then_progress_then_finished(pg_url: str,
             raise AssertionError(f"nothing may follow finished, got {extra}")
         await client.close()
     finally:
-        await served.server.stop()
-        await database.close_async_pool()
+        await served.stop()
+        await database.release_loop()
         database.configure(None)
         api.set_default_fanout(None)
         config.set_settings(None)

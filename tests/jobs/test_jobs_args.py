@@ -18,7 +18,7 @@ def test_plain_json_passes() -> None:
 
 
 def test_error_names_the_path() -> None:
-    """A datetime nested in a dict is reported with its path, as SPEC §4 shows."""
+    """A datetime nested in a dict is reported with its path, as docs/reference.md §4 shows."""
     with pytest.raises(InvalidArgumentsError) as info:
         check_args((1, {"when": datetime.datetime.now()}))
     assert 'args[1]["when"] is a datetime' in str(info.value)

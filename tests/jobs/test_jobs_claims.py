@@ -1,4 +1,4 @@
-"""Claims commit asynchronously (sql/0006): a claim a Postgres crash forgets only makes its
+"""Claims commit asynchronously (queries.CLAIM): a claim a Postgres crash forgets only makes its
 job run again, and the forgotten claim's worker can never finish a later attempt."""
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ def _claim(conn: psycopg.Connection, runtime_id: int = 1) -> dict:
 def _complete(conn: psycopg.Connection, job_id: int, lease: int) -> list[dict]:
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(queries.COMPLETE, {"ids": [job_id], "leases": [lease], "kinds": ["succeeded"],
-                                              "errors": [None], "delays": [0.0], "progress": [None]}).fetchall()
+                                              "errors": [None], "delays": [0.0], "progress": [None],
+                                              "started_topics": [], "started_versions": []}).fetchall()
 
 
 def test_a_forgotten_claims_worker_cannot_finish_the_next_attempt(jobs_db: str) -> None:

@@ -7,7 +7,7 @@ import pytest
 from livepush import ConfigError, config
 from livepush import jobs
 from tests.jobs import sample_jobs
-from tests.jobs.conftest import events_of, q
+from tests.jobs.conftest import events_of, names_of, q, read_states
 
 
 def runs(url: str, job_id: int, phase: str = "done") -> list[int]:
@@ -25,7 +25,9 @@ def test_drain_runs_every_due_job_and_counts(jobs_db: str) -> None:
     assert runs(jobs_db, a.id) == runs(jobs_db, b.id) == runs(jobs_db, c.id) == [1]
     assert runs(jobs_db, later.id) == []
     assert jobs.job_state(later.id)["state"] == "scheduled"  # type: ignore[index]
-    assert [e["event"] for e in events_of(jobs_db, a.id)] == ["enqueued", "started", "succeeded"]
+    for h in (a, b, c):
+        assert names_of(jobs_db, h.id) == ["enqueued/available", "started/running", "succeeded/succeeded"]
+    assert names_of(jobs_db, later.id) == ["enqueued/scheduled"]
 
 
 async def test_drain_from_async_code(jobs_db: str) -> None:
@@ -42,10 +44,18 @@ def test_retries_until_success(jobs_db: str) -> None:
     assert jobs.drain() == {"retrying": 2, "succeeded": 1}
     assert runs(jobs_db, h.id, "start") == [1, 2, 3]
     assert runs(jobs_db, h.id) == [3]
-    names = [e["event"] for e in events_of(jobs_db, h.id)]
-    assert names == ["enqueued", "started", "retrying", "started", "retrying", "started", "succeeded"]
-    retrying = events_of(jobs_db, h.id)[2]["job"]
-    assert retrying["state"] == "scheduled" and retrying["error"] == "RuntimeError: boom on attempt 1"
+    # Each retry waits (scheduled), then its promotion makes it available again: a new version
+    # that keeps the event's name.
+    assert names_of(jobs_db, h.id) == [
+        "enqueued/available", "started/running",
+        "retrying/scheduled", "retrying/available", "started/running",
+        "retrying/scheduled", "retrying/available", "started/running",
+        "succeeded/succeeded",
+    ]
+    evs = events_of(jobs_db, h.id)
+    assert [e["job"]["attempt"] for e in evs] == [0, 1, 1, 1, 2, 2, 2, 3, 3]
+    assert evs[2]["job"]["error"] == evs[3]["job"]["error"] == "RuntimeError: boom on attempt 1"
+    assert evs[-1]["job"]["error"] is None
 
 
 def test_exhausted_attempts_fail_and_keep_the_last_error(jobs_db: str) -> None:
@@ -91,13 +101,16 @@ def test_retry_failed_and_discard_failed(jobs_db: str) -> None:
     assert jobs.job_state(h.id)["state"] == "available"  # type: ignore[index]
     assert jobs.drain() == {"failed": 1}
     assert runs(jobs_db, h.id, "start") == [1, 1]
+    # retry_failed is one new version: enqueued again, with no attempt spent.
+    assert names_of(jobs_db, h.id) == ["enqueued/available", "started/running", "failed/failed",
+                                       "enqueued/available", "started/running", "failed/failed"]
+    assert events_of(jobs_db, h.id)[3]["job"]["attempt"] == 0
     assert jobs.discard_failed(ok.id) is False
     assert jobs.discard_failed(h.id) is True
     assert jobs.job_state(h.id) is None
     assert q(jobs_db, "SELECT count(*) FROM livepush_job_payloads WHERE id = %s", (h.id,))[0][0] == 0
-    # Its topic goes with it (a resuming page gets `reset`); the other job's stays.
-    assert q(jobs_db, "SELECT topic FROM livepush_topics WHERE topic IN (%s, %s)", (h.topic, ok.topic)) == [(ok.topic,)]
-    assert events_of(jobs_db, h.id) == []
+    # Its state topic goes with its row (a page gets no state for it); the other job's stays.
+    assert set(read_states(jobs_db, [h.topic, ok.topic])) == {ok.topic}
 
 
 def test_cancel_queued_and_scheduled(jobs_db: str) -> None:
@@ -107,7 +120,8 @@ def test_cancel_queued_and_scheduled(jobs_db: str) -> None:
     assert jobs.cancel(a.id) is True and jobs.cancel(b.id) is True
     assert jobs.drain() == {}
     assert jobs.job_state(a.id)["state"] == jobs.job_state(b.id)["state"] == "cancelled"  # type: ignore[index]
-    assert events_of(jobs_db, a.id)[-1]["event"] == "cancelled"
+    assert names_of(jobs_db, a.id) == ["enqueued/available", "cancelled/cancelled"]
+    assert names_of(jobs_db, b.id) == ["enqueued/scheduled", "cancelled/cancelled"]
     c = sample_jobs.record.enqueue()
     jobs.drain()
     assert jobs.cancel(c.id) is False
@@ -115,8 +129,8 @@ def test_cancel_queued_and_scheduled(jobs_db: str) -> None:
 
 
 def test_progress_events_before_the_final_one(jobs_db: str) -> None:
-    """A job reporting progress publishes at least one progress event, before its final one,
-    and the final event carries the last progress; a burst is coalesced."""
+    """A job reporting progress gets at least one progress version, committed before its final
+    one, and the final version carries the last progress; a burst is coalesced."""
     h = sample_jobs.progress.enqueue(500)
     assert jobs.drain() == {"succeeded": 1}
     evs = events_of(jobs_db, h.id)

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from livepush import jobs
-from livepush.jobs.api.enqueue import _run_at
+from livepush.jobs.api.enqueue import run_at
 from livepush.jobs.api.handles import NO_SUCH_ID, checked_id
 from tests.jobs import sample_jobs
 
@@ -35,7 +35,7 @@ def test_checked_id() -> None:
 def test_bad_waits(wait: object, error: type, fragment: str) -> None:
     """wait= takes a finite, non-negative number of seconds that ends before the year 9999."""
     with pytest.raises(error, match=fragment):
-        _run_at(wait, None)  # type: ignore[arg-type]
+        run_at(wait, None)  # type: ignore[arg-type]
 
 
 def test_calls_with_bad_ids(jobs_db: str) -> None:

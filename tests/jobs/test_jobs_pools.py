@@ -47,22 +47,22 @@ def test_a_loop_that_ends_while_its_pool_connects_does_not_hang() -> None:
     """A pool left open on its loop (as aenqueue()'s and apublish()'s are) with a connection
     attempt in flight when the loop ends: asyncio.run() returns and the pool is closed.
     psycopg_pool alone takes the cancellation for a failed attempt, schedules another, and
-    its worker task lives on, so the loop's shutdown waited forever (db.AsyncPool)."""
+    its worker task lives on, so the loop's shutdown waited forever (postgres.pools.AsyncPool)."""
     import asyncio
     import socket
     import threading
 
-    from livepush.postgres import connect as db
+    from livepush.postgres.pools import AsyncPool
 
-    pools: list[db.AsyncPool] = []
+    pools: list[AsyncPool] = []
     accepted: list[socket.socket] = []
     with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
         silent.settimeout(10)
         port = silent.getsockname()[1]
 
         async def main() -> None:
-            pool = db.AsyncPool(f"host=127.0.0.1 port={port} user=x dbname=x connect_timeout=60",
-                                min_size=1, open=False)
+            pool = AsyncPool(f"host=127.0.0.1 port={port} user=x dbname=x connect_timeout=60",
+                             min_size=1, open=False)
             await pool.open()
             pools.append(pool)
             accepted.append((await asyncio.to_thread(silent.accept))[0])  # its attempt is in flight

@@ -13,7 +13,7 @@ import pytest
 
 from livepush import jobs
 from tests.jobs import sample_jobs
-from tests.jobs.conftest import q, runtime_starter
+from tests.jobs.conftest import events_of, names_of, q, runtime_starter
 from tests.support.procs import ChildProcess, Processes
 from tests.support.waiting import wait_for
 
@@ -39,6 +39,13 @@ def test_ten_thousand_jobs_three_runtimes_each_once(jobs_db: str, start_runtime:
     assert count(jobs_db, "SELECT count(DISTINCT job_id) FROM job_runs") == 10_000
     assert count(jobs_db, "SELECT count(DISTINCT pid) FROM job_runs") == 3
     assert {r[0] for r in q(jobs_db, "SELECT job_id FROM job_runs")} == {h.id for h in handles}
+    # On every job's topic: versions 1, 2, 3 (enqueued, started once, succeeded), each recorded once.
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE version <> 3") == [(0,)]
+    assert q(jobs_db, """
+        SELECT count(*) FROM (
+            SELECT id, array_agg(event ORDER BY version) AS events, count(DISTINCT version) AS versions
+            FROM test_job_versions GROUP BY id) v
+        WHERE v.events <> ARRAY['enqueued', 'started', 'succeeded'] OR v.versions <> 3""") == [(0,)]
     for child in children:
         assert child.stop(timeout=15) == 0, child.output()
     assert count(jobs_db, "SELECT count(*) FROM livepush_job_runtimes") == 0
@@ -64,7 +71,9 @@ def test_second_signal_gives_back_at_once(jobs_db: str, start_runtime: Callable[
     first = start_runtime("--concurrency", "5", "--shutdown-timeout", "60")
     wait_for(lambda: count(jobs_db, "SELECT count(*) FROM job_runs WHERE phase = 'start'") == 5, 15.0)
     first.signal(signal.SIGTERM)
-    time.sleep(0.2)
+    # The second signal comes while it drains (its heartbeat says so), not with the first.
+    wait_for(lambda: q(jobs_db, "SELECT state FROM livepush_job_runtimes WHERE pid = %s", (first.pid,)) == [("draining",)],
+             10.0, message="the runtime to drain")
     first.signal(signal.SIGINT)
     assert first.wait(10) == 0, first.output()
     assert count(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE state = 'available' AND attempt = 0") == 5
@@ -74,6 +83,10 @@ def test_second_signal_gives_back_at_once(jobs_db: str, start_runtime: Callable[
     wait_for(lambda: count(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE state = 'succeeded'") == 5, 15.0)
     assert q(jobs_db, "SELECT DISTINCT attempt FROM job_runs") == [(1,)]
     assert count(jobs_db, "SELECT count(*) FROM job_runs WHERE phase = 'done'") == 5
+    for h in handles:  # given back as it was (attempt 0), then run by the second runtime
+        assert names_of(jobs_db, h.id) == ["enqueued/available", "started/running", "enqueued/available",
+                                           "started/running", "succeeded/succeeded"]
+        assert [e["job"]["attempt"] for e in events_of(jobs_db, h.id)] == [0, 1, 0, 1, 1]
     assert {r[0] for r in q(jobs_db, "SELECT job_id FROM job_runs WHERE pid = %s", (second.pid,))} == {h.id for h in handles}
     assert second.stop() == 0, second.output()
 
@@ -81,7 +94,7 @@ def test_second_signal_gives_back_at_once(jobs_db: str, start_runtime: Callable[
 def test_kill_9_jobs_rescued_within_three_beats(jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
     """kill -9: another runtime releases the jobs within about three heartbeats and runs them, attempt counted."""
     beat = 0.3
-    jobs.enqueue_many([sample_jobs.wait_flag.request("go") for _ in range(4)])
+    handles = jobs.enqueue_many([sample_jobs.wait_flag.request("go") for _ in range(4)])
     victim = start_runtime("--concurrency", "4", heartbeat=beat)
     wait_for(lambda: count(jobs_db, "SELECT count(*) FROM job_runs WHERE phase = 'start'") == 4, 15.0)
     rescuer = start_runtime("--concurrency", "4", heartbeat=beat)
@@ -95,6 +108,10 @@ def test_kill_9_jobs_rescued_within_three_beats(jobs_db: str, start_runtime: Cal
     assert q(jobs_db, "SELECT DISTINCT attempt FROM job_runs WHERE pid = %s", (rescuer.pid,)) == [(2,)]
     q(jobs_db, "INSERT INTO job_flags VALUES ('go')")
     wait_for(lambda: count(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE state = 'succeeded' AND attempt = 2") == 4, 15.0)
+    for h in handles:  # released with its attempt counted, then run again
+        assert names_of(jobs_db, h.id) == ["enqueued/available", "started/running", "retrying/available",
+                                           "started/running", "succeeded/succeeded"]
+        assert [e["job"]["attempt"] for e in events_of(jobs_db, h.id)] == [0, 1, 1, 2, 2]
     assert rescuer.stop() == 0
 
 
@@ -120,3 +137,7 @@ def test_stalled_runtime_is_fenced_off(jobs_db: str, start_runtime: Callable[...
     state = jobs.job_state(h.id)
     assert state is not None and (state["state"], state["attempt"]) == ("succeeded", 2)
     assert stalled.stop() == 0 and other.stop() == 0
+    # The stalled runtime's late outcome wrote no version: the job's topic shows only the rescue
+    # and the second attempt.
+    assert names_of(jobs_db, h.id) == ["enqueued/available", "started/running", "retrying/available",
+                                       "started/running", "succeeded/succeeded"]

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 
 from livepush import jobs
-from livepush.jobs.runtime.completer import Outcome
+from livepush.jobs.api.functions import JobFunction
+from livepush.jobs.api.registry import REGISTRY
 from livepush.jobs.runtime.context import ClaimedJob, JobContext
-from livepush.jobs.api.registry import REGISTRY, JobFunction
+from livepush.jobs.runtime.executor import Outcome
 from livepush.jobs.runtime.runtime import Runtime
 from tests.jobs import sample_jobs
-from tests.jobs.conftest import events_of, q
+from tests.jobs.conftest import events_of, names_of, q
 from tests.support.waiting import async_wait_for
 
 
@@ -49,7 +50,10 @@ async def wait_state(job_id: int, want: str, timeout: float = 5.0) -> None:
 async def test_idle_runtime_wakes_on_notify(jobs_db: str) -> None:
     """An idle runtime starts a new job within milliseconds (LISTEN/NOTIFY, not the 5 s poll)."""
     async with running(poll_interval=5.0):
-        await asyncio.sleep(0.1)  # idle, listening
+        # Idle: the producer claimed the first job and found nothing more, so it now waits for
+        # the doorbell (or its 5 s poll).
+        first = await sample_jobs.record.aenqueue("first")
+        await wait_state(first.id, "succeeded", timeout=5.0)
         t0 = time.monotonic()
         h = await sample_jobs.record.aenqueue("fast")
         await wait_state(h.id, "succeeded", timeout=2.0)
@@ -96,7 +100,7 @@ async def test_async_timeout_fails_the_attempt(jobs_db: str) -> None:
 
 async def test_sync_timeout_fails_and_late_outcome_is_fenced(jobs_db: str) -> None:
     """A sync job past its timeout fails its attempt; when its thread ends later, nothing changes."""
-    async with running():
+    async with running() as rt:
         h = await sample_jobs.too_slow_sync.aenqueue(0.8)
         await wait_state(h.id, "failed", timeout=3.0)
 
@@ -105,8 +109,10 @@ async def test_sync_timeout_fails_and_late_outcome_is_fenced(jobs_db: str) -> No
             return rows[0][0] == 1
 
         await async_wait_for(thread_done, 5.0)
-        await asyncio.sleep(0.1)
+        assert rt._completer is not None
+        await rt._completer.wait_idle(5)  # whatever was handed to the completer is written
     assert await state_of(h.id) == "failed"
+    assert names_of(jobs_db, h.id) == ["enqueued/available", "started/running", "failed/failed"]
 
 
 async def test_unknown_name_is_given_back_and_skipped(jobs_db: str) -> None:
@@ -119,12 +125,16 @@ async def test_unknown_name_is_given_back_and_skipped(jobs_db: str) -> None:
     h = unknown.enqueue()
     async with running(poll_interval=0.05) as rt:
         await async_wait_for(lambda: "t.from_the_future" in rt.excluded, 3.0)
-        ok = await sample_jobs.record.aenqueue()
-        await wait_state(ok.id, "succeeded")
-        await asyncio.sleep(0.3)  # several polls: the unknown job is not claimed again
+        # Three claims after it was given back, each with the unknown job first in claim order
+        # (same queue, older): each takes the new job and skips the unknown one.
+        for i in range(3):
+            ok = await sample_jobs.record.aenqueue(i)
+            await wait_state(ok.id, "succeeded")
     state = jobs.job_state(h.id)
     assert state is not None and (state["state"], state["attempt"]) == ("available", 0)
-    assert [e["event"] for e in events_of(jobs_db, h.id)] == ["enqueued"]
+    # Claimed once (started), given back as it was (enqueued, attempt 0), and never again.
+    assert names_of(jobs_db, h.id) == ["enqueued/available", "started/running", "enqueued/available"]
+    assert events_of(jobs_db, h.id)[-1]["job"]["attempt"] == 0
 
 
 async def test_queues_in_order(jobs_db: str) -> None:
@@ -177,20 +187,37 @@ async def test_stale_outcome_is_fenced(jobs_db: str) -> None:
 
 
 async def test_runtime_publishes_its_state(jobs_db: str) -> None:
-    """A runtime publishes running, draining and stopped on runtime:<id>."""
-    async with running() as rt:
-        rid = rt.id
+    """A runtime publishes running, draining and stopped on runtime:<id> through the fan-out it
+    was given (Runtime(publisher=...))."""
     import json
 
-    rows = q(jobs_db, "SELECT data FROM livepush_messages WHERE topic = %s ORDER BY seq", (f"runtime:{rid}",))
-    seen = [json.loads(r[0])["event"] for r in rows]
+    from livepush.fanout.postgres import PostgresFanOut
+
+    fanout = PostgresFanOut(jobs_db)
+    try:
+        async with running(publisher=fanout) as rt:
+            rid = rt.id
+        messages = []
+        since = "0"
+        while True:
+            page = await fanout.history(f"runtime:{rid}", since)
+            assert page is not None
+            messages.extend(page.messages)
+            if not page.more:
+                break
+            since = page.messages[-1].offset
+    finally:
+        await fanout.aclose()
+    seen = [json.loads(m.data_json)["event"] for m in messages if m.data_json is not None]
+    assert len(seen) == len(messages)
     assert seen[0] == "running" and seen[-2:] == ["draining", "stopped"]
-    assert set(json.loads(rows[0][0])["runtime"]) >= {"id", "host", "pid", "queues", "concurrency", "in_hand", "state"}
+    first = json.loads(messages[0].data_json or "")["runtime"]
+    assert set(first) >= {"id", "host", "pid", "queues", "concurrency", "in_hand", "state"} and first["id"] == rid
 
 
 async def test_a_running_job_publishes_started_while_it_runs(jobs_db: str) -> None:
-    """"started" goes out with the completer's next batch after the claim, within moments,
-    not when the job ends; the job is still running when it is there."""
+    """The claim itself writes the job's "started" version, at once and not when the job ends:
+    the job is still running (attempt 1) when it is there."""
     async with running():
         h = await sample_jobs.hold.aenqueue(5.0)
 
@@ -291,17 +318,17 @@ async def test_progress_postgres_refuses_is_dropped(jobs_db: str) -> None:
 
 async def test_a_failure_postgres_refuses_stops_the_runtime_rather_than_swallowing_jobs(jobs_db: str) -> None:
     """If Postgres refuses even the fixed failure (here a CHECK constraint that forbids this
-    job to fail at all), the runtime stops and deregisters, giving its jobs back, instead of
-    running on without its completer, where every job it claimed would stay `running`
-    under a live heartbeat for ever."""
-    import psycopg
+    job to fail at all), the runtime stops at once with DependencyError and deregisters, giving
+    its jobs back, instead of running on without its completer, where every job it claimed
+    would stay `running` under a live heartbeat for ever (or run again once given back)."""
+    from livepush import DependencyError
 
     q(jobs_db, "ALTER TABLE livepush_jobs ADD CONSTRAINT test_refused CHECK (state <> 'failed' OR name <> 't.never')")
     rt = Runtime(REGISTRY, install_signals=False, queues=["default"], heartbeat=0.2)
     task = asyncio.create_task(rt.run())
     await rt.wait_started()
     h = await sample_jobs.never.aenqueue()
-    with pytest.raises(psycopg.errors.CheckViolation):
+    with pytest.raises(DependencyError, match="livepush-jobs-completer"):
         await asyncio.wait_for(task, 10)
     assert rt.state == "stopped"
     assert q(jobs_db, "SELECT count(*) FROM livepush_job_runtimes")[0][0] == 0

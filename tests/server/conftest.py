@@ -8,16 +8,30 @@ from dataclasses import dataclass
 import pytest
 
 from livepush import api, topics
+from livepush.cli.wiring import Parts, server_parts
 from livepush.config import Settings, set_settings
-from livepush.fanout import FanOut, from_settings
+from livepush.fanout import FanOut
 from livepush.server.app import PushServer
 
 
 @dataclass
 class Served:
-    server: PushServer
-    fanout: FanOut
+    """A started server, built as `livepush serve` builds it (livepush/cli/wiring.py)."""
+
+    parts: Parts
     settings: Settings
+
+    @property
+    def server(self) -> PushServer:
+        return self.parts.server
+
+    @property
+    def fanout(self) -> FanOut:
+        return self.parts.server.fanout
+
+    async def stop(self) -> None:
+        await self.parts.server.stop()
+        await self.parts.close()
 
     @property
     def url(self) -> str:
@@ -32,11 +46,9 @@ class Served:
 
 async def start_served(settings: Settings, app: object | None = None) -> Served:
     set_settings(settings)
-    fanout = from_settings(settings)
-    api.set_default_fanout(fanout)
-    server = PushServer(settings, fanout, app=app)
-    await server.start()
-    return Served(server, fanout, settings)
+    parts = server_parts(settings, app=app)  # type: ignore[arg-type]
+    await parts.server.start()
+    return Served(parts, settings)
 
 
 def make_settings(kind: str, secret: str, pg_url: str | None, redis_url: str | None, **extra: object) -> Settings:
@@ -63,6 +75,6 @@ async def served(fanout_kind: str, secret: str, request: pytest.FixtureRequest) 
     try:
         yield s
     finally:
-        await s.server.stop()
+        await s.stop()
         api.set_default_fanout(None)
         set_settings(None)

@@ -32,6 +32,9 @@ def assert_one_line_no_traceback(stderr: str, *needles: str) -> None:
         ({"port": "eighty"}, "LIVEPUSH_PORT"),
         ({"history_ttl": "-3"}, "LIVEPUSH_HISTORY_TTL"),
         ({"fanout": "redis"}, "LIVEPUSH_REDIS_URL"),
+        ({"secret": "ab" * 24}, "LIVEPUSH_SECRET"),  # long enough, but too few distinct characters
+        ({"allowed_origins": "https://ok.example,app.example.com"}, "app.example.com"),
+        ({"max_connections": "0"}, "LIVEPUSH_MAX_CONNECTIONS"),
     ],
 )
 def test_bad_configuration_exits_2_with_one_line_naming_the_setting(procs, livepush_env, settings, needle) -> None:

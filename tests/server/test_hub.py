@@ -1,12 +1,20 @@
-"""The hub's ordering logic, driven directly with the in-memory fan-out and fake subscribers."""
+"""The hub's ordering logic, driven directly with the in-memory fan-out and fake subscribers.
+
+The local fan-out hands receivers each message with its data; `DoorbellLocal` hands them only
+doorbells (offset and prev, no data), as the Postgres fan-out does, so the hub must read every
+message from history."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 
+import pytest
+
+from livepush.fanout.base import HISTORY_PAGE, History
 from livepush.fanout.local import LocalFanOut
 from livepush.server.hub import Hub
+from livepush.types import Message, Receiver
 
 
 class Sub:
@@ -37,13 +45,39 @@ class YieldingLocal(LocalFanOut):
         await asyncio.sleep(0)
         return await super().alatest_offset(topic)
 
-    async def history(self, topic: str, since: str):  # type: ignore[no-untyped-def]
+    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE) -> History | None:
         await asyncio.sleep(0)
-        return await super().history(topic, since)
+        return await super().history(topic, since, limit=limit)
 
 
-async def make() -> tuple[LocalFanOut, Hub]:
-    fanout = YieldingLocal()
+class DoorbellLocal(YieldingLocal):
+    """Receivers get doorbells only, as from the Postgres fan-out; history reads are counted,
+    and each waits for `gate` (open unless a test closes it): before it reads, or, with
+    `snapshot_first`, after it read (as a database read answers from its snapshot)."""
+
+    def __init__(self, snapshot_first: bool = False) -> None:
+        super().__init__()
+        self.reads = 0
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.snapshot_first = snapshot_first
+
+    def register(self, receiver: Receiver) -> None:
+        # Every receiver hears a doorbell only, as from Postgres: the hub reads the data itself.
+        super().register(lambda m: receiver(Message(m.topic, m.offset, m.prev, None)))
+
+    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE) -> History | None:
+        self.reads += 1
+        if self.snapshot_first:
+            page = await super().history(topic, since, limit=limit)
+            await self.gate.wait()
+            return page
+        await self.gate.wait()
+        return await super().history(topic, since, limit=limit)
+
+
+async def make(fanout: LocalFanOut | None = None) -> tuple[LocalFanOut, Hub]:
+    fanout = fanout or YieldingLocal()
     await fanout.listen()
     hub = Hub(fanout, fan)
     fanout.register(hub.on_message)
@@ -119,3 +153,36 @@ async def test_a_gap_history_cannot_fill_becomes_reset_then_live() -> None:
     fanout.publish("t", "c")
     await settle()
     assert sub.data() == ["a", "c"]
+
+
+async def test_doorbells_are_read_from_history_in_order_and_once() -> None:
+    """Messages that arrive as doorbells go out with their data from history, in order, each once."""
+    fanout, hub = await make(DoorbellLocal())
+    sub = Sub()
+    await hub.subscribe(sub, "t", None, 1)
+    for i in range(5):
+        fanout.publish("t", i)
+    await settle()
+    assert sub.data() == [0, 1, 2, 3, 4]
+    assert [f["offset"] for f in sub.frames if f["op"] == "message"] == ["1", "2", "3", "4", "5"]
+
+
+@pytest.mark.parametrize(("snapshot_first", "reads"), [(True, 2), (False, 1)])
+async def test_doorbells_that_ring_during_a_read_cost_one_more_read_not_one_each(snapshot_first: bool, reads: int) -> None:
+    """Fifty doorbells arriving while the log is read are served by one more read, or by none
+    when the read under way already reached what they name; everything arrives, in order."""
+    fanout, hub = await make(DoorbellLocal(snapshot_first))
+    assert isinstance(fanout, DoorbellLocal)
+    sub = Sub()
+    await hub.subscribe(sub, "t", None, 1)
+    fanout.gate.clear()
+    fanout.publish("t", 0)
+    await settle()
+    assert fanout.reads == 1, "the first doorbell started a read, which waits"
+    for i in range(1, 51):
+        fanout.publish("t", i)
+    await settle()
+    fanout.gate.set()
+    await settle()
+    assert sub.data() == list(range(51))
+    assert fanout.reads == reads, f"{fanout.reads} reads for 51 doorbells"

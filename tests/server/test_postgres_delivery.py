@@ -1,4 +1,7 @@
-"""Postgres fan-out through a real server: transactions, listener loss, concurrent publishers."""
+"""Postgres fan-out through a real server: transactions, listener loss, concurrent publishers.
+
+Every notification on `livepush` is a doorbell ("EPOCH-SEQ TOPIC"); the server reads what it
+delivers from the message log, so these tests see only what the log holds."""
 
 from __future__ import annotations
 
@@ -8,12 +11,14 @@ import threading
 import psycopg
 import pytest
 
-from livepush.fanout.postgres import LISTENER_APP_NAME
 from tests.server.conftest import Served, make_settings, start_served
+from tests.server.test_server import http_get
 from tests.support import services
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
-from tests.server.test_server import http_get
+
+# The application_name of the process's one LISTEN connection (livepush/postgres/listener.py).
+LISTENER_APP_NAME = "livepush-listener"
 
 
 @pytest.fixture
@@ -22,7 +27,7 @@ async def pg_served(pg_url: str, secret: str):
     try:
         yield served
     finally:
-        await served.server.stop()
+        await served.stop()
 
 
 async def test_publish_in_a_transaction_is_delivered_only_if_it_commits(pg_served: Served, pg_url: str) -> None:
@@ -43,6 +48,25 @@ async def test_publish_in_a_transaction_is_delivered_only_if_it_commits(pg_serve
     await client.close()
 
 
+async def test_a_gap_in_the_log_becomes_reset_never_a_silent_hole(pg_served: Served, pg_url: str) -> None:
+    """Doorbells for rows the log no longer holds (a row deleted under the cursor) give the
+    subscriber `reset`, never the messages around the hole; the live stream then goes on."""
+    client = await WSClient.open(pg_served.url)
+    await client.subscribe(pg_served.sign("holes"))
+    await pg_served.publish("holes", {"n": 1})
+    assert (await client.messages(1))[0]["data"] == {"n": 1}
+    with psycopg.connect(pg_url) as conn:
+        lost = pg_served.fanout.publish("holes", {"n": 2}, conn=conn)
+        pg_served.fanout.publish("holes", {"n": 3}, conn=conn)
+        conn.execute("DELETE FROM livepush_messages WHERE topic = 'holes' AND seq = %s", (int(lost.split("-")[1]),))
+        conn.commit()  # both doorbells ring now; the log holds 3 but not 2
+    assert [f["op"] for f in await client.messages(1)] == ["reset"]
+    after = await pg_served.publish("holes", {"n": 4})
+    (message,) = await client.messages(1)
+    assert (message["op"], message["offset"], message["data"]) == ("message", after, {"n": 4})
+    await client.close()
+
+
 async def test_other_fanouts_refuse_conn(secret: str) -> None:
     """conn= is a Postgres-only feature: the local fan-out refuses it with ValueError."""
     from livepush.fanout.local import LocalFanOut
@@ -59,15 +83,22 @@ async def test_listener_loss_turns_healthz_503_then_recovers_with_nothing_missed
     await pg_served.publish("ticker", {"i": 0})
     assert (await client.messages(1))[0]["data"] == {"i": 0}
 
-    killed = await asyncio.to_thread(services.pg_terminate, pg_admin_url, services.dbname_of(pg_url), LISTENER_APP_NAME)
-    assert killed == 1
-    await async_wait_for(lambda: not pg_served.fanout.listening, 5, message="the listener to notice its loss")
-    status, _ = await http_get(pg_served.server.port, "/healthz")
-    assert status == 503
-    # Published while nobody listens: only history can bring these.
-    for i in range(1, 6):
-        await pg_served.publish("ticker", {"i": i})
-    await async_wait_for(lambda: pg_served.fanout.listening, 10, message="the listener to come back")
+    dbname = services.dbname_of(pg_url)
+    # Opened before the outage: the database refuses new connections while it lasts.
+    publisher = await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
+    try:
+        with services.pg_refusing_connections(pg_admin_url, dbname):
+            killed = await asyncio.to_thread(services.pg_terminate, pg_admin_url, dbname, LISTENER_APP_NAME)
+            assert killed == 1
+            await async_wait_for(lambda: not pg_served.fanout.listening, 5, message="the listener to notice its loss")
+            assert (await http_get(pg_served.server.port, "/healthz"))[0] == 503
+            # Published while nobody listens: only history can bring these.
+            for i in range(1, 6):
+                await pg_served.fanout.apublish("ticker", {"i": i}, conn=publisher)
+            assert (await http_get(pg_served.server.port, "/healthz"))[0] == 503, "503 for as long as the listener is away"
+    finally:
+        await publisher.close()
+    await async_wait_for(lambda: pg_served.fanout.listening, 15, message="the listener to come back")
     for i in range(6, 11):
         await pg_served.publish("ticker", {"i": i})
     got = await client.messages(10, timeout=10)
@@ -99,7 +130,10 @@ async def test_concurrent_publishers_are_ordered_by_commit_across_a_listener_rec
 
     thread = threading.Thread(target=second_publisher)
     thread.start()
-    await asyncio.sleep(0.3)  # give the second publisher time to (try to) overtake
+    first_pid = first.info.backend_pid
+    # The second publisher gets as far as it can: blocked on the row lock the first one holds.
+    await async_wait_for(lambda: asyncio.to_thread(lock_waiters, pg_url, first_pid), 10,
+                         message="the second publisher to wait for the first's row lock")
     assert not second_done.is_set(), "the second publisher must wait for the first's commit"
     await asyncio.to_thread(services.pg_terminate, pg_admin_url, services.dbname_of(pg_url), LISTENER_APP_NAME)
     first.commit()
@@ -110,6 +144,14 @@ async def test_concurrent_publishers_are_ordered_by_commit_across_a_listener_rec
     got = await client.messages(2, timeout=10)
     assert [(m["data"]["who"], m["offset"]) for m in got] == [("a", offset_a), ("b", result["b"])]
     await client.close()
+
+
+def lock_waiters(url: str, holder_pid: int) -> int:
+    """How many backends wait for a lock that backend `holder_pid` holds."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))",
+                           (holder_pid,)).fetchone()
+    return int(row[0]) if row else 0
 
 
 async def test_a_server_that_was_not_running_answers_since_from_history(procs, livepush_env, pg_url: str, secret: str) -> None:
@@ -210,7 +252,7 @@ async def test_a_postgres_crash_starts_a_new_epoch_so_old_offsets_get_reset(pg_u
         assert [m["data"]["i"] for m in await fresh.messages(3)] == [3, 4, 5]
         await fresh.close()
     finally:
-        await served.server.stop()
+        await served.stop()
 
 
 async def test_retention_prunes_a_bounded_batch_per_run(pg_url: str) -> None:

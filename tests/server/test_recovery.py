@@ -1,4 +1,4 @@
-"""Nothing lost across reconnects (SPEC §7, issue 4): `since` replays, seams, gaps, resets."""
+"""Nothing lost across reconnects (docs/reference.md §7): `since` replays, seams, gaps, resets."""
 
 from __future__ import annotations
 
@@ -135,4 +135,4 @@ async def test_since_older_than_the_history_ttl_gets_reset(fanout_kind: str, sec
         assert (await client.recv())["op"] == "reset"
         await client.close()
     finally:
-        await served.server.stop()
+        await served.stop()

@@ -45,4 +45,4 @@ async def test_redis_restart_while_clients_stay_subscribed(private_redis: Privat
         assert [f["data"]["i"] for f in frames if f["op"] == "message"] == [1, 2, 3, 4, 5]
         await client.close()
     finally:
-        await served.server.stop()
+        await served.stop()

@@ -1,23 +1,34 @@
-"""Revocation reaches open connections (issue 3, SPEC §4/§5): revoke() in one process closes
-the matching connections on every server process with 4403 within a second, through Postgres
-and through Redis; and each server's periodic re-check closes sessions that expired while
-connected, or whose revocation announcement it missed."""
+"""Revocation reaches open connections (docs/reference.md §4, §5, §8): revoke() in one process
+closes the matching connections on every server process with 4403 within a second, through
+Postgres and through Redis. The store rings a doorbell (NOTIFY livepush_revocations, PUBLISH
+P:revoked) that carries nothing: on it each server re-checks its open sessions against the store,
+so a forged ring closes nothing. Each server's periodic re-check closes sessions that expired
+while connected, or whose ring it missed."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
+import redis
 
 from livepush import api, sessions
 from livepush.config import Settings, get_settings, set_settings
+from livepush.sessions import (
+    PostgresRevocations,
+    RedisRevocations,
+    RevocationStore,
+    Session,
+)
+from livepush.sessions.revocations import ms
 from livepush.sessions.rules import App
-from livepush.sessions import PostgresRevocations, RedisRevocations, RevocationStore
-from tests.server.conftest import start_served
+from tests.server.conftest import Served, make_settings, start_served
 from tests.support.procs import ChildProcess, Processes
+from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
 CLOSE_REVOKED = 4403
@@ -62,6 +73,26 @@ class Deployment:
             return PostgresRevocations(self.settings.require_database())
         assert self.settings.redis_url
         return RedisRevocations(self.settings.redis_url)
+
+    def store_without_ring(self, *, session: Session | None = None, subject: str | None = None) -> None:
+        """Write a revocation straight into the store's table or key, as a ring the servers missed
+        leaves it: stored, and nobody told."""
+        if self.backend == "postgres":
+            with psycopg.connect(self.settings.require_database(), autocommit=True) as conn:
+                if session is not None:
+                    conn.execute("INSERT INTO livepush_revoked_sessions (session_id, expires_at) "
+                                 "VALUES (%s, to_timestamp(%s))", (session.id, session.expires_at))
+                if subject is not None:
+                    conn.execute("INSERT INTO livepush_revoked_subjects (subject, revoked_at, expires_at) "
+                                 "VALUES (%s, now(), now() + interval '1 day')", (subject,))
+            return
+        store = self.store()
+        assert isinstance(store, RedisRevocations) and self.settings.redis_url
+        with redis.Redis.from_url(self.settings.redis_url) as client:
+            if session is not None:
+                client.set(store.session_prefix + session.id, "1", px=ms(session.expires_at - time.time()))
+            if subject is not None:
+                client.set(store.subject_prefix + subject, str(ms(time.time())), px=86_400_000)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -112,7 +143,7 @@ async def closed_within(client: WSClient, t0: float, timeout: float = 5.0) -> tu
     return code, asyncio.get_running_loop().time() - t0
 
 
-# -- revoke() and revoke_subject() through the fan-out ---------------------------------------
+# -- revoke() and revoke_subject() through the store's doorbell ------------------------------
 
 
 async def test_revoke_closes_the_session_on_every_server_within_a_second(deployment: Deployment) -> None:
@@ -177,7 +208,7 @@ async def test_arevoke_from_async_code_closes_too(deployment: Deployment) -> Non
 
 
 async def test_a_missed_revocation_is_caught_by_the_recheck(deployment: Deployment) -> None:
-    """A revocation stored without an announcement (the server missed it) closes the session with 4403 at the next re-check."""
+    """A revocation stored without a ring (the server missed it) closes the session with 4403 at the next periodic re-check."""
     server = await deployment.serve("--app", "tests.support.security_app:fast_reverify")
     token = sessions.issue("user-7")
     session = sessions.decode(token, get_settings().secrets)
@@ -185,11 +216,7 @@ async def test_a_missed_revocation_is_caught_by_the_recheck(deployment: Deployme
     bystander = await connect_as(server, sessions.issue("user-7"))
     assert await still_open(client)
 
-    store = deployment.store()
-    try:
-        await store.aadd_session(session.id, session.expires_at)  # stored only: nobody is told
-    finally:
-        await store.aclose()
+    await asyncio.to_thread(deployment.store_without_ring, session=session)  # stored only: nobody is told
     t0 = asyncio.get_running_loop().time()
     code, elapsed = await closed_within(client, t0)
     assert code == CLOSE_REVOKED
@@ -199,15 +226,10 @@ async def test_a_missed_revocation_is_caught_by_the_recheck(deployment: Deployme
 
 
 async def test_a_missed_subject_revocation_is_caught_by_the_recheck(deployment: Deployment) -> None:
-    """A subject revocation written straight to the store (sync API) is caught by the re-check too."""
+    """A subject revocation written straight to the store without a ring is caught by the periodic re-check too."""
     server = await deployment.serve("--app", "tests.support.security_app:fast_reverify")
     client = await connect_as(server, sessions.issue("user-7"))
-    store = deployment.store()
-    try:
-        await asyncio.to_thread(store.add_subject, "user-7", time.time())
-    finally:
-        await store.aclose()
-        store.close()
+    await asyncio.to_thread(deployment.store_without_ring, subject="user-7")
     code, elapsed = await closed_within(client, asyncio.get_running_loop().time())
     assert code == CLOSE_REVOKED and elapsed < 0.2 + REVOCATION_DEADLINE
 
@@ -246,6 +268,65 @@ async def test_expiry_recheck_in_process(secret: str) -> None:
         assert await still_open(long_lived)
         await long_lived.close()
     finally:
-        await served.server.stop()
+        await served.stop()
         api.set_default_fanout(None)
         set_settings(None)
+
+
+# -- a ring is only a doorbell -----------------------------------------------------------------
+
+
+@pytest.fixture(params=["postgres", "redis"])
+async def watched(request: pytest.FixtureRequest, secret: str) -> AsyncIterator[tuple[Served, list[int]]]:
+    """A server in this process on Postgres or Redis, with its re-checks of open sessions
+    counted (calls of its store's revoked_among). Its periodic re-check is an hour away, so a
+    re-check a test sees came from a ring."""
+    pg = request.getfixturevalue("pg_url") if request.param == "postgres" else None
+    rd = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    served = await start_served(make_settings(request.param, secret, pg, rd), app=App(reverify_interval=3600))
+    checks = [0]
+    store = served.server.store
+    real = store.revoked_among
+
+    async def counted(batch: Any) -> set[str]:
+        checks[0] += 1
+        return await real(batch)
+
+    store.revoked_among = counted  # type: ignore[method-assign]
+    try:
+        yield served, checks
+    finally:
+        await served.stop()
+        api.set_default_fanout(None)
+        set_settings(None)
+
+
+def forge_ring(served: Served, payload: str) -> None:
+    """Ring the store's doorbell as anyone who can reach Postgres or Redis can, with no revocation behind it."""
+    settings = served.settings
+    if settings.fanout == "postgres":
+        with psycopg.connect(settings.require_database(), autocommit=True) as conn:
+            conn.execute("SELECT pg_notify('livepush_revocations', %s)", (payload,))
+    else:
+        store = served.server.store
+        assert isinstance(store, RedisRevocations) and settings.redis_url
+        with redis.Redis.from_url(settings.redis_url) as client:
+            client.publish(store.channel, payload)
+
+
+async def test_a_forged_doorbell_alone_closes_nothing(watched: tuple[Served, list[int]]) -> None:
+    """A ring without a revocation behind it (even one naming the session) makes the server re-check its sessions against the store, which closes nothing; a real revoke() still closes in < 1 s."""
+    served, checks = watched
+    token = sessions.issue("user-7")
+    session = sessions.decode(token, served.settings.secrets)
+    client = await WSClient.open(served.url, additional_headers={"Cookie": f"livepush_session={token}"})
+    assert client.hello["session"] == {"subject": "user-7"}
+    for payload in ("", session.id, f'{{"session":"{session.id}"}}', '{"subject":"user-7","before":9e99}'):
+        before = checks[0]
+        await asyncio.to_thread(forge_ring, served, payload)
+        await async_wait_for(lambda before=before: checks[0] > before, 5,
+                             message="the server to re-check its sessions on the ring")
+        assert await still_open(client), f"a forged ring {payload!r} closed the session"
+    await asyncio.to_thread(sessions.revoke, token)  # the server's own store, as the wiring installs it
+    code, elapsed = await closed_within(client, asyncio.get_running_loop().time())
+    assert code == CLOSE_REVOKED and elapsed < REVOCATION_DEADLINE

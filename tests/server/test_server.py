@@ -1,13 +1,15 @@
-"""The WebSocket server on every fan-out: frames, ordering, limits, health (SPEC §5)."""
+"""The WebSocket server on every fan-out: frames, ordering, limits, health (docs/reference.md §5)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import urllib.request
+from pathlib import Path
 
 import pytest
 
+import livepush
 from livepush import topics
 from tests.server.conftest import Served
 from tests.support.wsclient import WSClient
@@ -147,7 +149,15 @@ async def test_a_frame_over_64_kib_closes_with_1009(served: Served) -> None:
 async def test_healthz_and_client_js_are_served_on_the_same_port(served: Served) -> None:
     """GET /healthz answers 200 while listening; GET /livepush.js serves the client with CORS."""
     status, body = await http_get(served.server.port, "/healthz")
-    assert status == 200 and json.loads(body)["status"] == "ok"
+    assert status == 200 and json.loads(body) == {"status": "ok", "fanout": served.fanout.name}
+
+    def get_js() -> tuple[int, str, str, bytes]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{served.server.port}/livepush.js", timeout=5) as resp:
+            return resp.status, resp.headers["Content-Type"], resp.headers["Access-Control-Allow-Origin"], resp.read()
+
+    status, content_type, cors, js = await asyncio.to_thread(get_js)
+    assert status == 200 and content_type.startswith("text/javascript") and cors == "*"
+    assert js == (Path(livepush.__file__).parent / "static" / "livepush.js").read_bytes()
     status, _ = await http_get(served.server.port, "/nope")
     assert status == 404
 

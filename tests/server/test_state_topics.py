@@ -1,4 +1,15 @@
-"""State topics through a real server: a job's current state first, then its events (SPEC §5, §6)."""
+"""State topics through a real server (docs/reference.md §5, §6): `job:<id>` shows the job's row.
+
+Its offset is the row's version. A subscriber gets `subscribed` (offset: the current version,
+null when there is no such job), then the current state as a `snapshot` unless its `since` is
+that version already, then later versions as they happen (a burst of changes may reach it as
+its newest version; the final one always does). A client that was away gets one snapshot,
+never a replay of every event it missed.
+
+After a subscribe, a `ping` answered with `pong` as the very next frame shows that the server
+sent nothing else for it: the server handles a connection's frames one at a time, and a
+subscribe's snapshot goes out before the next frame is read.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +17,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import psycopg
 import pytest
 
 from livepush import jobs
 from livepush.jobs import database
 from tests.server.conftest import Served, make_settings, start_served
+from tests.support.job_versions import VERSIONS_TABLE, events_of
 from tests.support.wsclient import WSClient
 
 
@@ -22,22 +35,30 @@ async def steps(ctx: Any, n: int) -> None:
 
 @pytest.fixture
 async def served_jobs(pg_url: str, secret: str) -> AsyncIterator[Served]:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(VERSIONS_TABLE)
     served = await start_served(make_settings("postgres", secret, pg_url, None, env="test"))
     database.configure(pg_url)
     try:
         yield served
     finally:
         database.configure(None)
-        await served.server.stop()
+        await served.stop()
 
 
-async def test_a_job_topic_sends_the_snapshot_first_then_every_event_in_order(served_jobs: Served) -> None:
-    """Subscribing to job:<id> gives `subscribed`, the current state as `snapshot`, then
-    started, at least one progress, and succeeded, in order."""
+async def nothing_else(client: WSClient, ref: str = "quiet?") -> None:
+    """The next frame the server sends is the answer to this ping: nothing was queued before it."""
+    await client.send({"op": "ping", "ref": ref})
+    assert await client.recv() == {"op": "pong", "ref": ref}
+
+
+async def test_a_job_topic_sends_the_snapshot_first_then_every_event_in_order(served_jobs: Served, pg_url: str) -> None:
+    """job:<id> gives `subscribed` and a `snapshot` at the current version, then later versions as the row had them, ending with the final one; the row went enqueued, started, progress, succeeded."""
     handle = await asyncio.to_thread(steps.enqueue, 3)
     client = await WSClient.open(served_jobs.url)
     answer = await client.subscribe(handle.signed_topic)
     assert answer["op"] == "subscribed" and answer["topic"] == handle.topic == f"job:{handle.id}"
+    assert answer["offset"] == "1", "a job just enqueued is at version 1"
     snapshot = (await client.messages(1))[0]
     assert snapshot["data"]["event"] == "snapshot"
     assert snapshot["data"]["job"]["state"] == "available" and snapshot["data"]["job"]["id"] == handle.id
@@ -48,15 +69,23 @@ async def test_a_job_topic_sends_the_snapshot_first_then_every_event_in_order(se
     events = []
     while not events or events[-1]["data"]["event"] != "succeeded":
         events.append((await client.messages(1))[0])
-    names = [e["data"]["event"] for e in events]
-    assert names[0] == "started" and "progress" in names and names[-1] == "succeeded", names
-    assert events[-1]["data"]["job"]["progress"] == {"done": 3, "total": 3, "message": "step 3"}
+    await nothing_else(client)
     await client.close()
 
+    recorded = dict(enumerate(await asyncio.to_thread(events_of, pg_url, handle.id), start=1))
+    names = [recorded[v]["event"] for v in sorted(recorded)]
+    assert names[:2] == ["enqueued", "started"] and "progress" in names[2:-1] and names[-1] == "succeeded", names
+    assert recorded[1]["job"] == snapshot["data"]["job"], "the snapshot is version 1 as the row had it"
+    versions = [int(e["offset"]) for e in events]
+    assert versions == sorted(set(versions)) and versions[0] > 1, f"only later versions, rising: {versions}"
+    assert versions[-1] == max(recorded), "the final version is never dropped"
+    for event, version in zip(events, versions, strict=True):
+        assert event["data"] == recorded[version], f"version {version} as the row had it"
+    assert events[-1]["data"]["job"]["progress"] == {"done": 3, "total": 3, "message": "step 3"}
 
-async def test_a_late_subscriber_gets_the_final_state_and_since_replays_the_events(served_jobs: Served) -> None:
-    """After the job finished, a new subscriber's snapshot says succeeded; one resuming from
-    the enqueue-time snapshot gets the events it missed instead."""
+
+async def test_a_client_that_was_away_gets_one_snapshot_never_a_replay(served_jobs: Served) -> None:
+    """Resuming from an old version gives one snapshot of the current state, not the events missed; resuming at the current version gives nothing."""
     handle = await asyncio.to_thread(steps.enqueue, 2)
     early = await WSClient.open(served_jobs.url)
     await early.subscribe(handle.signed_topic)
@@ -64,46 +93,62 @@ async def test_a_late_subscriber_gets_the_final_state_and_since_replays_the_even
     await early.close()
     await asyncio.to_thread(jobs.drain, ["state-topics"])
 
-    late = await WSClient.open(served_jobs.url)
-    await late.subscribe(handle.signed_topic)
-    final = (await late.messages(1))[0]
-    assert final["data"]["event"] == "snapshot" and final["data"]["job"]["state"] == "succeeded"
-    await late.close()
-
     resumed = await WSClient.open(served_jobs.url)
-    await resumed.subscribe(handle.signed_topic, since=first["offset"])
-    replay = []
-    while not replay or replay[-1]["data"]["event"] != "succeeded":
-        replay.append((await resumed.messages(1))[0])
-    assert replay[0]["data"]["event"] == "started"
+    answer = await resumed.subscribe(handle.signed_topic, since=first["offset"])
+    assert int(answer["offset"]) > int(first["offset"])
+    (final,) = await resumed.messages(1)
+    assert final["data"]["event"] == "snapshot" and final["offset"] == answer["offset"]
+    assert final["data"]["job"]["state"] == "succeeded"
+    assert final["data"]["job"]["progress"] == {"done": 2, "total": 2, "message": "step 2"}
+    await nothing_else(resumed)
     await resumed.close()
+
+    current = await WSClient.open(served_jobs.url)
+    again = await current.subscribe(handle.signed_topic, since=answer["offset"])
+    assert (again["op"], again["offset"]) == ("subscribed", answer["offset"])
+    await nothing_else(current)
+    await current.close()
 
 
 async def test_an_unknown_job_topic_subscribes_without_a_snapshot(served_jobs: Served) -> None:
-    """job:<id> of a job that does not exist is subscribable; it just has no state to send."""
+    """job:<id> of a job that does not exist is subscribable: `subscribed` with offset null, and nothing else."""
     client = await WSClient.open(served_jobs.url)
-    assert (await client.subscribe(served_jobs.sign("job:987654")))["op"] == "subscribed"
-    with pytest.raises(asyncio.TimeoutError):
-        await client.recv(timeout=0.3)
+    for since in (None, "3"):
+        answer = await client.subscribe(served_jobs.sign("job:987654"), since=since)
+        assert (answer["op"], answer["topic"], answer["offset"]) == ("subscribed", "job:987654", None)
+        await nothing_else(client, f"after since={since}")
+    await client.close()
+
+
+@pytest.mark.parametrize("topic", ["job:0001", "job:0_1", "job:01", "job:0", "job:-1", "job:1.0",
+                                   "group:07", "job:99999999999999999999"])
+async def test_state_topics_with_a_non_canonical_id_are_refused(served_jobs: Served, topic: str) -> None:
+    """A state topic names its row by its canonical decimal id: job:0001 or job:0_1 is not job 1's topic, signed or not, and is refused invalid_topic."""
+    client = await WSClient.open(served_jobs.url)
+    assert (await client.subscribe(served_jobs.sign(topic)))["reason"] == "invalid_topic"
+    assert (await client.subscribe(topic))["reason"] == "invalid_topic"
+    assert (await client.subscribe(served_jobs.sign("job:1")))["op"] == "subscribed", "the canonical id is fine"
     await client.close()
 
 
 async def test_a_page_waiting_for_a_job_gets_its_enqueued_event(served_jobs: Served) -> None:
-    """A subscriber to job:<id> from before the job existed gets the job's `enqueued` event
-    live. A batch enqueue rings only offset and topic (queries.ENQUEUE_MANY_PUBLISHING_FRESH):
-    the server reads the event from history for the topics someone watches."""
+    """A subscriber to job:<id> from before the job existed gets its `enqueued` event live, at version 1: a batch enqueue rings the id range it created, a lone one its job's version 1."""
+
     def next_id() -> int:
-        with database.sync_pool().connection() as conn:
+        with database.pools().sync().connection() as conn:
             (last,) = conn.execute("SELECT nextval('livepush_jobs_id_seq')").fetchone()  # type: ignore[misc]
         return int(last) + 1
 
     first = await asyncio.to_thread(next_id)
     client = await WSClient.open(served_jobs.url)
-    for topic in (f"job:{first}", f"job:{first + 1}"):
-        assert (await client.subscribe(served_jobs.sign(topic)))["op"] == "subscribed"
+    for topic in (f"job:{first}", f"job:{first + 1}", f"job:{first + 2}"):
+        answer = await client.subscribe(served_jobs.sign(topic))
+        assert (answer["op"], answer["offset"]) == ("subscribed", None), "no such job yet"
     handles = await asyncio.to_thread(jobs.enqueue_many, [steps.request(1), steps.request(2)])
-    assert [h.id for h in handles] == [first, first + 1]
-    got = sorted((m["topic"], m["offset"].split("-")[1], m["data"]["event"], m["data"]["job"]["id"])
-                 for m in await client.messages(2))
-    assert got == [(f"job:{first}", "1", "enqueued", first), (f"job:{first + 1}", "1", "enqueued", first + 1)]
+    handles.append(await asyncio.to_thread(steps.enqueue, 3))
+    assert [h.id for h in handles] == [first, first + 1, first + 2]
+    got = sorted((m["topic"], m["offset"], m["data"]["event"], m["data"]["job"]["id"], m["data"]["job"]["state"])
+                 for m in await client.messages(3))
+    assert got == [(f"job:{i}", "1", "enqueued", i, "available") for i in (first, first + 1, first + 2)]
+    await nothing_else(client)
     await client.close()

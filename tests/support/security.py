@@ -90,10 +90,14 @@ def tamper(token: str) -> str:
     return payload[:i] + ("A" if payload[i] != "A" else "B") + payload[i + 1 :] + "." + sig
 
 
-def make_token(kind: str, settings: Settings, *, subject: str = SUBJECT) -> str | None:
+def make_token(
+    kind: str, settings: Settings, *, subject: str = SUBJECT, store: sessions.RevocationStore | None = None
+) -> str | None:
     """A token of `kind` for a server running with `settings` (the current settings must be
     those, as after start_served): none, valid, expired, revoked, tampered, other_secret,
-    fallback_secret. `revoked` is revoked through sessions.revoke() (the default store)."""
+    fallback_secret. `revoked` is revoked in `store` when one is given (e.g. a local server's
+    own memory store, which revoke() refuses since no other process sees it), else through
+    sessions.revoke() (the default store, which must be shared)."""
     assert settings.secret is not None
     if kind == "none":
         return None
@@ -103,7 +107,11 @@ def make_token(kind: str, settings: Settings, *, subject: str = SUBJECT) -> str 
         return sessions.issue(subject, ttl=60, now=time.time() - 3600)
     if kind == "revoked":
         token = sessions.issue(subject, ttl=600)
-        sessions.revoke(token)
+        if store is None:
+            sessions.revoke(token)
+        else:
+            session = sessions.decode(token, settings.secrets)
+            store.add_session(session.id, session.expires_at)
         return token
     if kind == "tampered":
         return tamper(sessions.issue(subject, ttl=600))

@@ -96,6 +96,20 @@ def pg_terminate(admin_url: str, dbname: str, application_name: str | None = Non
     return int(row[0]) if row else 0
 
 
+@contextlib.contextmanager
+def pg_refusing_connections(admin_url: str, dbname: str) -> Iterator[None]:
+    """Inside the block `dbname` accepts no new connection (ALLOW_CONNECTIONS false), so a
+    reconnect fails for as long as the test wants; open connections keep working. Connections
+    are allowed again after the block, whatever happens in it."""
+    with _admin(admin_url) as conn:
+        conn.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS false')  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        with _admin(admin_url) as conn:
+            conn.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')  # type: ignore[arg-type]
+
+
 # ---- PostgreSQL: stop and start the server ------------------------------------------------------
 
 

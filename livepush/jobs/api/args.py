@@ -1,4 +1,4 @@
-"""The JSON argument check (SPEC §4): job arguments are plain JSON, checked at enqueue.
+"""The JSON argument check (docs/reference.md#4-python-api): job arguments are plain JSON, checked at enqueue.
 
 Plain JSON: str, int, finite float, bool, None, lists (tuples too, stored as lists) and
 str-keyed dicts. Anything else raises InvalidArgumentsError naming the path, so the
@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any
 
-from ...postgres.connect import unstorable
+from ...postgres.text import unstorable
 from ..errors import InvalidArgumentsError
 
 _MAX_DEPTH = 100
@@ -103,5 +103,5 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan
 
 
 def dumps(value: Any) -> str:
-    """JSON text for the database (arguments already checked)."""
+    """Compact JSON text for the database (arguments already checked) and for views."""
     return _ENCODER.encode(value)

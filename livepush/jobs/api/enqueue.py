@@ -1,8 +1,8 @@
 """Enqueue: one job or many, in our own transaction or the caller's (`conn=`).
 
-Every path is one statement (queries.ENQUEUE_MANY, or ENQUEUE_MANY_PUBLISHING* which also
-publish the "enqueued" events; ENQUEUE_ONE* for a lone job), which also rings the
-doorbell; it is delivered at commit, so idle runtimes wake only for committed jobs.
+Every path is one statement (queries.ENQUEUE, or ENQUEUE_ONE for a lone job) that also rings
+each new job's state topic and the runtimes' doorbell; both are delivered at commit, so pages
+and idle runtimes hear only of committed jobs.
 """
 
 from __future__ import annotations
@@ -12,17 +12,16 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-import psycopg
-from psycopg.rows import dict_row, tuple_row
-
+from ...postgres.connect import translated
+from ...postgres.pools import aautocommitted, autocommitted
 from .. import database, queries
-from ..events import views as events
 from .args import check_args, dumps
 from .handles import JobHandle
-from .registry import JobFunction, JobRequest, REGISTRY
+from .registry import REGISTRY, JobRequest, JobSpec
 
 
-def _run_at(wait: float | None, at: datetime | None) -> datetime | None:
+def run_at(wait: float | None, at: datetime | None) -> datetime | None:
+    """When to run, from `wait=` (seconds) or `at=` (an aware datetime); None for now."""
     if wait is not None and at is not None:
         raise TypeError("give wait= (seconds) or at= (an aware datetime), not both")
     if at is not None:
@@ -46,190 +45,115 @@ def _run_at(wait: float | None, at: datetime | None) -> datetime | None:
 class Batch:
     """The jobs of one enqueue statement, built from (function, args, run_at, group_id) items.
 
-    The statement takes the whole batch as one JSON document (a row per job), written by
-    one call of the C encoder: per-job JSON texts and seven typed arrays, which psycopg
-    dumps an element at a time in Python, cost ~3 us a job, more than the inserts they
-    feed. Postgres reads the document back at ~0.6 us a job (queries._ENQUEUE_CTES)."""
+    The statement takes the whole batch as one JSON document (a row per job), written by one
+    call of the C encoder: per-job JSON texts and seven typed arrays, which psycopg dumps an
+    element at a time in Python, cost more than the inserts they feed."""
 
     def __init__(self) -> None:
         # [name, queue, priority, run_at (ISO 8601) | None, max_attempts, group_id | None, args]
         self.rows: list[list[Any]] = []
 
-    def add(self, fn: JobFunction, args: Sequence[Any], run_at: datetime | None = None,
+    def add(self, fn: JobSpec, args: Sequence[Any], when: datetime | None = None,
             group_id: int | None = None) -> None:
-        self.rows.append([fn.name, fn.queue, fn.priority, run_at.isoformat() if run_at else None,
+        self.rows.append([fn.name, fn.queue, fn.priority, when.isoformat() if when else None,
                           fn.max_attempts, group_id, check_args(args)])
 
     def params(self, start: int = 0, stop: int | None = None) -> dict[str, Any]:
-        """Parameters of ENQUEUE_MANY for the jobs rows[start:stop]."""
+        """Parameters of ENQUEUE for the jobs rows[start:stop]."""
         return {"jobs": dumps(self.rows[start:stop])}
 
     def chunks(self, size: int) -> list[dict[str, Any]]:
-        """ENQUEUE_MANY parameters for consecutive slices of at most `size` jobs."""
+        """ENQUEUE parameters for consecutive slices of at most `size` jobs."""
         return [self.params(i, i + size) for i in range(0, len(self.rows), size)]
 
     def one_params(self) -> dict[str, Any]:
         """Scalar parameters for ENQUEUE_ONE (a batch of exactly one job)."""
-        name, queue, priority, run_at, max_attempts, group_id, args = self.rows[0]
-        return {"name": name, "queue": queue, "priority": priority, "run_at": run_at,
+        name, queue, priority, when, max_attempts, group_id, args = self.rows[0]
+        return {"name": name, "queue": queue, "priority": priority, "run_at": when,
                 "max_attempts": max_attempts, "args": dumps(args), "group_id": group_id}
+
+    def statement(self) -> tuple[str, dict[str, Any]]:
+        """The enqueue statement and its parameters: a lone job takes the scalar twin (cheaper)."""
+        if len(self.rows) == 1:
+            return queries.ENQUEUE_ONE, self.one_params()
+        return queries.ENQUEUE, self.params()
 
     def __len__(self) -> int:
         return len(self.rows)
 
 
-def _item(item: Any) -> tuple[JobFunction, Sequence[Any], datetime | None]:
-    """enqueue_many items: a JobRequest, or (job_function, args) / (job_function, args, options)."""
-    if isinstance(item, JobRequest):
-        return REGISTRY.get(item.name), item.args, None
-    if isinstance(item, tuple) and len(item) in (2, 3) and isinstance(item[0], JobFunction):
-        options = item[2] if len(item) == 3 else {}
-        return item[0], item[1], _run_at(options.get("wait"), options.get("at"))
+def item(entry: Any) -> tuple[JobSpec, Sequence[Any], datetime | None]:
+    """An enqueue_many entry: a JobRequest, or (job_function, args) / (job_function, args, options)."""
+    if isinstance(entry, JobRequest):
+        return REGISTRY.get(entry.name), entry.args, None
+    if isinstance(entry, tuple) and len(entry) in (2, 3) and isinstance(entry[0], JobSpec) and not isinstance(entry[0], type):
+        options = entry[2] if len(entry) == 3 else {}
+        return entry[0], entry[1], run_at(options.get("wait"), options.get("at"))
     raise TypeError(
         "enqueue_many() takes JobRequest values (some_job.request(*args)) or (job_function, args) tuples, "
-        f"got {item!r}"
+        f"got {entry!r}"
     )
-
-
-def _handles(rows: list[Any], publishes: bool) -> list[JobHandle]:
-    if publishes:
-        return [JobHandle(row[0], row[1]) for row in rows]  # _row_factory: tuples, id and name first
-    return [JobHandle(row["id"], row["name"]) for row in rows]
-
-
-def _events(rows: list[dict[str, Any]]) -> list[events.Event]:
-    return [events.job_event("enqueued", row) for row in rows]
-
-
-def _statement(batch: Batch, *, fresh: bool = False) -> tuple[str, dict[str, Any], bool]:
-    """The enqueue statement and its parameters, and whether it publishes the "enqueued"
-    events itself (Postgres fan-out in the jobs' database: same statement, same transaction,
-    one round trip). A lone job takes the scalar twin of the batch statement (cheaper).
-    `fresh`: the statement runs in autocommit, so a batch may take the statement that
-    assumes its jobs' topics are new, and fails if one is not (run_batch, arun_batch)."""
-    publishes = events.in_transaction()
-    if len(batch) == 1:
-        return (queries.ENQUEUE_ONE_PUBLISHING if publishes else queries.ENQUEUE_ONE), batch.one_params(), publishes
-    if not publishes:
-        return queries.ENQUEUE_MANY, batch.params(), publishes
-    return (queries.ENQUEUE_MANY_PUBLISHING_FRESH if fresh else queries.ENQUEUE_MANY_PUBLISHING), batch.params(), publishes
-
-
-# The fresh statement's topic rows meet a job topic already used on this key. (It writes no
-# history row: every message of a topic is published after its topic row, sql/0001.)
-_TAKEN_TOPIC_KEY = "livepush_topics_pkey"
-
-
-def _topic_taken(exc: psycopg.errors.UniqueViolation, sql: str) -> bool:
-    """ENQUEUE_MANY_PUBLISHING_FRESH met a job topic that already holds messages: rerun the
-    batch with ENQUEUE_MANY_PUBLISHING, which numbers its events after what the topics hold."""
-    return sql is queries.ENQUEUE_MANY_PUBLISHING_FRESH and exc.diag.constraint_name == _TAKEN_TOPIC_KEY
-
-
-def _row_factory(publishes: bool) -> Any:
-    """Rows as dicts when events are built from them here; else tuples (id, name first),
-    cheaper to read back for a batch of thousands."""
-    return tuple_row if publishes else dict_row
 
 
 def run_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
     """Insert a batch with a sync connection (the caller's, or ours and committed here)."""
     if not len(batch):
         return []
+    sql, params = batch.statement()
+    url = database.database_url()
     if conn is None:
-        sql, params, publishes = _statement(batch, fresh=True)
-        with database.sync_pool().connection() as own:
-            # One statement is atomic on its own: in autocommit it is one round trip, where
-            # BEGIN, the statement and COMMIT were three (the most of an idle enqueue's time).
-            # A statement that failed left nothing, so the fallback simply runs next.
-            own.autocommit = True
-            try:
-                with own.cursor(row_factory=_row_factory(publishes)) as cur:
-                    try:
-                        cur.execute(sql, params)
-                    except psycopg.errors.UniqueViolation as exc:
-                        if not _topic_taken(exc, sql):
-                            raise
-                        cur.execute(queries.ENQUEUE_MANY_PUBLISHING, params)
-                    rows = cur.fetchall()
-            finally:
-                if not own.closed:
-                    own.autocommit = False
-        if not publishes:
-            events.publish_after(_events(rows))
-        return _handles(rows, publishes)
-    sql, params, publishes = _statement(batch)
-    if database.conn_kind(conn) != "sync":
-        raise TypeError("enqueue(conn=) takes a sync psycopg Connection; use aenqueue() with an AsyncConnection")
-    with conn.cursor(row_factory=_row_factory(publishes)) as cur:
-        cur.execute(sql, params)
-        rows = cur.fetchall()
-    # With a non-Postgres fan-out we cannot wait for the caller's commit: the events go out
-    # now. Only the caller knows these ids yet, so nobody else can be watching them.
-    if not publishes:
-        events.publish_after(_events(rows))
-    return _handles(rows, publishes)
+        with translated(url), database.pools().sync().connection() as own, autocommitted(own):
+            rows = own.execute(sql, params).fetchall()
+    else:
+        if database.conn_kind(conn) != "sync":
+            raise TypeError("enqueue(conn=) takes a sync psycopg Connection; use aenqueue() with an AsyncConnection")
+        with translated(url):
+            rows = conn.execute(sql, params).fetchall()
+    return [JobHandle(row[0], row[1]) for row in rows]
 
 
 async def arun_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
     if not len(batch):
         return []
+    sql, params = batch.statement()
+    url = database.database_url()
     if conn is None:
-        sql, params, publishes = _statement(batch, fresh=True)
-        pool = await database.async_pool()
-        async with pool.connection() as own:
-            await own.set_autocommit(True)  # one round trip, as in run_batch
-            try:
-                async with own.cursor(row_factory=_row_factory(publishes)) as cur:
-                    try:
-                        await cur.execute(sql, params)
-                    except psycopg.errors.UniqueViolation as exc:
-                        if not _topic_taken(exc, sql):
-                            raise
-                        await cur.execute(queries.ENQUEUE_MANY_PUBLISHING, params)
-                    rows = await cur.fetchall()
-            finally:
-                if not own.closed:
-                    await own.set_autocommit(False)
-        if not publishes:
-            await events.apublish_after(_events(rows))
-        return _handles(rows, publishes)
-    sql, params, publishes = _statement(batch)
-    if database.conn_kind(conn) != "async":
-        raise TypeError("aenqueue(conn=) takes a psycopg AsyncConnection; use enqueue() with a sync Connection")
-    async with conn.cursor(row_factory=_row_factory(publishes)) as cur:
-        await cur.execute(sql, params)
-        rows = await cur.fetchall()
-    if not publishes:
-        await events.apublish_after(_events(rows))
-    return _handles(rows, publishes)
+        with translated(url):
+            async with (await database.pools().aget()).connection() as own, aautocommitted(own):
+                rows = await (await own.execute(sql, params)).fetchall()
+    else:
+        if database.conn_kind(conn) != "async":
+            raise TypeError("aenqueue(conn=) takes a psycopg AsyncConnection; use enqueue() with a sync Connection")
+        with translated(url):
+            rows = await (await conn.execute(sql, params)).fetchall()
+    return [JobHandle(row[0], row[1]) for row in rows]
 
 
-def enqueue(fn: JobFunction, args: Sequence[Any], *, wait: float | None = None, at: datetime | None = None,
+def enqueue(fn: JobSpec, args: Sequence[Any], *, wait: float | None = None, at: datetime | None = None,
             conn: Any = None) -> JobHandle:
     batch = Batch()
-    batch.add(fn, args, _run_at(wait, at))
+    batch.add(fn, args, run_at(wait, at))
     return run_batch(batch, conn)[0]
 
 
-async def aenqueue(fn: JobFunction, args: Sequence[Any], *, wait: float | None = None, at: datetime | None = None,
+async def aenqueue(fn: JobSpec, args: Sequence[Any], *, wait: float | None = None, at: datetime | None = None,
                    conn: Any = None) -> JobHandle:
     batch = Batch()
-    batch.add(fn, args, _run_at(wait, at))
+    batch.add(fn, args, run_at(wait, at))
     return (await arun_batch(batch, conn))[0]
 
 
 def enqueue_many(items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
-    """Enqueue many jobs in one statement: items are `job.request(*args)` values or
-    `(job, args)` / `(job, args, {"wait": s} | {"at": dt})` tuples. Handles in item order."""
+    """Enqueue many jobs in one statement: items are `job.request(*args)` values or `(job, args)`
+    / `(job, args, {"wait": s} | {"at": dt})` tuples. Handles in item order."""
     batch = Batch()
-    for item in items:
-        batch.add(*_item(item))
+    for entry in items:
+        batch.add(*item(entry))
     return run_batch(batch, conn)
 
 
 async def aenqueue_many(items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
     batch = Batch()
-    for item in items:
-        batch.add(*_item(item))
+    for entry in items:
+        batch.add(*item(entry))
     return await arun_batch(batch, conn)

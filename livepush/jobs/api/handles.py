@@ -1,38 +1,56 @@
-"""JobHandle: what enqueue returns."""
+"""What enqueue returns (JobHandle), and the checks of ids a user passes in."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 
+from ...api import sign_topic
+from ...config import get_settings
+from ...postgres.text import BIGINT_MAX
 
-@dataclasses.dataclass(frozen=True)
-class JobHandle:
-    """An enqueued job: its id and the state topic a page subscribes to.
 
-    `signed_topic` is computed on first access with `livepush.sign_topic` (no expiry), so
-    enqueue works without LIVEPUSH_SECRET; reading it without one raises ConfigError.
-    """
+def signed_for_page(topic: str, ttl: float | None = None) -> str:
+    """`topic` signed for a page, expiring after `ttl` seconds (default LIVEPUSH_SIGNED_TOPIC_TTL):
+    a handle's signed topic is a capability handed to a browser, and must not be one for ever."""
+    return sign_topic(topic, ttl=get_settings().signed_topic_ttl if ttl is None else ttl)
+
+
+class StateTopicHandle:
+    """What every handle of a row with a state topic has: `topic` (`<kind>:<id>`) and
+    `signed_topic`, signed on first access (it expires after LIVEPUSH_SIGNED_TOPIC_TTL; use
+    `sign(ttl=...)` for another lifetime), so creating a handle works without LIVEPUSH_SECRET;
+    reading it without one raises ConfigError."""
 
     id: int
-    name: str = ""
+    kind: str = ""
 
     @property
     def topic(self) -> str:
-        return f"job:{self.id}"
+        return f"{self.kind}:{self.id}"
 
     @functools.cached_property
     def signed_topic(self) -> str:
-        from ...api import sign_topic
+        return signed_for_page(self.topic)
 
-        return sign_topic(self.topic)
+    def sign(self, ttl: float | None = None) -> str:
+        """The topic signed for a page, valid for `ttl` seconds."""
+        return signed_for_page(self.topic, ttl)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobHandle(StateTopicHandle):
+    """An enqueued job: its id, its function's name, and its state topic `job:<id>`."""
+
+    id: int
+    name: str = ""
+    kind = "job"
 
 
 # Ids are Postgres bigints, from 1 up. An int outside that range names nothing; it becomes
-# NO_SUCH_ID, so every call answers as for an unknown job or group (False, None,
-# GroupNotFound) instead of failing in Postgres with "out of range".
+# NO_SUCH_ID, so every call answers as for an unknown job or group (False, None, GroupNotFound)
+# instead of failing in Postgres with "out of range".
 NO_SUCH_ID = 0
-_BIGINT_MAX = 2**63 - 1
 
 
 def checked_id(value: object, what: str) -> int:
@@ -40,4 +58,4 @@ def checked_id(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         hint = " (pass its .id)" if hasattr(value, "id") else ""
         raise TypeError(f"{what} must be an int{hint}, got {type(value).__name__} {value!r:.60}")
-    return value if 0 < value <= _BIGINT_MAX else NO_SUCH_ID
+    return value if 0 < value <= BIGINT_MAX else NO_SUCH_ID

@@ -1,34 +1,27 @@
-"""Job functions: the `@jobs.job` decorator, the registry of names, and JobRequest.
+"""Job names to job functions: the one process-wide `REGISTRY`, and `JobRequest`, a job named
+with the exact arguments to run it with.
 
-A job's name is `module.qualname` of its function unless `name=` says otherwise; the
-name is what the database stores, so renaming a job function is a deploy concern (old
-rows keep the old name: keep an alias registered until they are gone).
+A job's name is `module.qualname` of its function unless `name=` says otherwise; the name is
+what the database stores, so renaming a job function is a deploy concern (old rows keep the old
+name: keep an alias registered until they are gone).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import inspect
-import random
-from collections.abc import Callable, Iterable
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, Protocol, runtime_checkable
 
-from ...errors import ConfigError
-from .args import check_args
-
-if TYPE_CHECKING:
-    from .handles import JobHandle
-
-MAX_BACKOFF = 3600.0
+from ..errors import UnknownJobError
 
 
-def default_backoff(attempt: int) -> float:
-    """Seconds before retry number `attempt` (1 after the first failure): about 2^attempt,
-    jittered by ±25 % so a burst of failures does not come back as a burst, capped at an hour."""
-    base = min(2.0 ** attempt, MAX_BACKOFF)
-    return min(base * random.uniform(0.75, 1.25), MAX_BACKOFF)
+@runtime_checkable
+class JobSpec(Protocol):
+    """What enqueueing needs to know of a job function (functions.JobFunction has it)."""
+
+    name: str
+    queue: str
+    priority: int
+    max_attempts: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,94 +33,30 @@ class JobRequest:
     args: tuple[Any, ...]
 
     @property
-    def function(self) -> JobFunction:
+    def function(self) -> Any:
         return REGISTRY.get(self.name)
-
-
-class JobFunction:
-    """What `@jobs.job` returns: still callable as the plain function, plus enqueue."""
-
-    def __init__(
-        self,
-        func: Callable[..., Any],
-        *,
-        name: str | None = None,
-        queue: str = "default",
-        priority: int = 0,
-        max_attempts: int = 5,
-        timeout: float | None = 60,
-        never_retry: Iterable[type[BaseException]] = (),
-        backoff: Callable[[int], float] = default_backoff,
-    ) -> None:
-        if max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
-        if timeout is not None and timeout <= 0:
-            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
-        self.func = func
-        self.name = name or f"{func.__module__}.{func.__qualname__}"
-        self.queue = queue
-        self.priority = priority
-        self.max_attempts = max_attempts
-        self.timeout = timeout
-        self.never_retry = tuple(never_retry)
-        self.backoff = backoff
-        self.is_async = inspect.iscoroutinefunction(func)
-        self.__name__ = getattr(func, "__name__", self.name)
-        self.__qualname__ = getattr(func, "__qualname__", self.name)
-        self.__doc__ = func.__doc__
-        self.__module__ = func.__module__
-
-    def __repr__(self) -> str:
-        return f"<job {self.name} queue={self.queue!r}>"
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.func(*args, **kwargs)
-
-    def request(self, *args: Any) -> JobRequest:
-        """This job with these arguments, to enqueue later (e.g. as a group callback)."""
-        return JobRequest(self.name, tuple(check_args(args)))
-
-    def enqueue(self, *args: Any, wait: float | None = None, at: datetime | None = None, conn: Any = None) -> JobHandle:
-        """Enqueue one run. `wait=` delays by seconds, `at=` runs at an aware datetime;
-        `conn=` (a psycopg Connection) enqueues inside the caller's transaction."""
-        from .enqueue import enqueue
-
-        return enqueue(self, args, wait=wait, at=at, conn=conn)
-
-    async def aenqueue(
-        self, *args: Any, wait: float | None = None, at: datetime | None = None, conn: Any = None
-    ) -> JobHandle:
-        """enqueue() for async code; `conn=` takes a psycopg AsyncConnection."""
-        from .enqueue import aenqueue
-
-        return await aenqueue(self, args, wait=wait, at=at, conn=conn)
 
 
 class Registry:
     """Job names to functions. One process-wide instance, `REGISTRY`."""
 
     def __init__(self) -> None:
-        self._functions: dict[str, JobFunction] = {}
+        self._functions: dict[str, Any] = {}
 
-    def add(self, fn: JobFunction) -> JobFunction:
-        existing = self._functions.get(fn.name)
-        if existing is not None and existing.func is not fn.func:
-            # Re-importing a module (e.g. under a reloader) defines the same name again: the
-            # newest definition wins. Two different functions with one explicit name do too,
-            # which is a mistake we cannot tell apart from a reload; the docs warn about it.
-            pass
+    def add(self, fn: Any) -> Any:
+        # Re-importing a module (e.g. under a reloader) defines the same name again: the newest
+        # definition wins. Two different functions with one explicit name do too, which is a
+        # mistake we cannot tell apart from a reload; the docs warn about it.
         self._functions[fn.name] = fn
         return fn
 
-    def get(self, name: str) -> JobFunction:
+    def get(self, name: str) -> Any:
         try:
             return self._functions[name]
         except KeyError:
-            from ..errors import UnknownJobError
-
             raise UnknownJobError(f"no job function named {name!r} in this process: import the module that defines it") from None
 
-    def find(self, name: str) -> JobFunction | None:
+    def find(self, name: str) -> Any:
         return self._functions.get(name)
 
     def queues(self) -> list[str]:
@@ -141,43 +70,3 @@ class Registry:
 
 
 REGISTRY = Registry()
-
-
-@overload
-def job(func: Callable[..., Any], /) -> JobFunction: ...
-@overload
-def job(
-    *,
-    name: str | None = ...,
-    queue: str = ...,
-    priority: int = ...,
-    max_attempts: int = ...,
-    timeout: float | None = ...,
-    never_retry: Iterable[type[BaseException]] = ...,
-    backoff: Callable[[int], float] = ...,
-) -> Callable[[Callable[..., Any]], JobFunction]: ...
-
-
-def job(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
-    """Declare a job function: `@jobs.job` or `@jobs.job(queue=..., priority=..., ...)`.
-
-    The function takes `ctx` first, then its arguments (plain JSON). Async functions run on
-    the runtime's event loop; sync ones in its thread pool.
-    """
-    if func is not None:
-        return REGISTRY.add(JobFunction(func))
-    unknown = set(options) - {"name", "queue", "priority", "max_attempts", "timeout", "never_retry", "backoff"}
-    if unknown:
-        raise TypeError(f"@jobs.job() got unknown options {sorted(unknown)}")
-    queue = options.get("queue", "default")
-    if not isinstance(queue, str) or not queue:
-        raise ConfigError(f"@jobs.job(queue={queue!r}): a queue is a non-empty string")
-
-    def decorate(f: Callable[..., Any]) -> JobFunction:
-        return REGISTRY.add(JobFunction(f, **options))
-
-    return decorate
-
-
-def is_coroutine_function(func: Callable[..., Any]) -> bool:
-    return asyncio.iscoroutinefunction(func)

@@ -17,17 +17,19 @@ from typing import Any
 from ... import api
 from ...config import get_settings
 from ...errors import ConfigError
+from ...postgres.connect import translated
 from .. import database, queries
+from ..groups import queries as group_queries
 from ..runtime import maintenance
-from .registry import REGISTRY, Registry
 from ..runtime.runtime import Runtime
+from .registry import REGISTRY, Registry
 
 
 async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = REGISTRY,
                  max_jobs: int | None = None) -> dict[str, int]:
     """drain() for async code."""
     rt = Runtime(registry, queues=list(queues) if queues else ["default"], concurrency=1,
-                 install_signals=False, heartbeat=60.0, flush_delay=0.0)
+                 install_signals=False, heartbeat=60.0, flush_delay=0.0, listen=False)
     await rt._open()
     ran = 0
     try:
@@ -47,7 +49,7 @@ async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = RE
     finally:
         await rt._close()
         # drain()'s loop ends right after this: close what is bound to it.
-        await database.close_async_pool()
+        await database.release_loop()
         await api.release_loop()
     return {k: v for k, v in rt.counts.items() if v}
 
@@ -77,11 +79,9 @@ def drain(queues: Sequence[str] | None = None, *, registry: Registry = REGISTRY,
 
 
 def clear() -> None:
-    """Delete every job and runtime row. Refuses unless LIVEPUSH_ENV=test."""
+    """Delete every job, group and runtime row. Refuses unless LIVEPUSH_ENV=test."""
     if not get_settings().is_test:
         raise ConfigError("jobs.clear() deletes every job: it only runs with LIVEPUSH_ENV=test")
-    from ..groups import queries as group_queries
-
-    with database.sync_pool().connection() as conn:
-        conn.execute(queries.CLEAR)
-        conn.execute(group_queries.CLEAR)
+    with translated(database.database_url()), database.pools().sync().connection() as conn:
+        for statement in (queries.CLEAR + "; " + group_queries.CLEAR).split("; "):
+            conn.execute(statement)  # type: ignore[arg-type]

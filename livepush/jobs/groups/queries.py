@@ -1,12 +1,18 @@
 """Every SQL statement of task groups, named, with why it is safe under concurrency.
 
 Tables: sql/0004_groups.sql. Members are rows of livepush_jobs with `group_id` = the group;
-callbacks carry `group_id` = -group (never counted).
+callbacks carry `callback_of` = the group (never counted).
+
+The group's state topic: its version is the group row's `version` plus the sum of its shards'
+`version`s. Every statement that writes a group or shard row adds one to that row's version, so
+the sum grows with every change and is read in the same snapshot as the counts (GROUP_VIEWS).
+Lifecycle changes (created, sealed, cancelled, finished) ring `group:<id>` in their statement;
+progress is rung by the runtime's progress publisher at most ~10 times a second per group.
 
 Lock order (every transaction that touches groups takes its locks in this order, so no two
 can wait on each other in a cycle):
 
-    member job rows  ->  shard rows (sorted by group, shard)  ->  group rows (sorted by id)  ->  topic rows (publish)
+    member job rows  ->  shard rows (sorted by group, shard)  ->  group rows (sorted by id)
 
 - a member's outcome (completer, cancel, rescue): job rows (COMPLETE), then COUNT_OUTCOMES
   locks its shard rows in sorted order, then, only if a shard drained, LOCK_GROUPS;
@@ -37,15 +43,7 @@ So the sum of pending never reaches 0 between the add and M's outcome.
 
 from __future__ import annotations
 
-from ..queries import (
-    DELETE_PAYLOADS_OF_GONE,
-    _COMPLETE_CTES,
-    _EVENT_COLUMNS,
-    _STATE_EVENT_SQL,
-    READY_CHANNEL,
-    _event_sql,
-    delete_topics_of_gone,
-)
+from ..queries import _COMPLETE_CTES, DELETE_PAYLOADS_OF_GONE, ring
 
 # Members with consecutive ids share a shard in blocks of this many: a runtime claims
 # members in id order, so one completer batch mostly touches one or two shard rows, and two
@@ -62,14 +60,23 @@ def _shard_of(member_id: str, shards: str) -> str:
 _VIEW_COLUMNS = """
     g.id, g.state, g.total, g.finished_at, g.created_at, g.sealed_at, g.cancelled_at,
     coalesce(c.pending, 0)::int AS pending, coalesce(c.succeeded, 0)::int AS succeeded,
-    coalesce(c.failed, 0)::int AS failed, coalesce(c.cancelled, 0)::int AS cancelled
+    coalesce(c.failed, 0)::int AS failed, coalesce(c.cancelled, 0)::int AS cancelled,
+    g.version + coalesce(c.version, 0) AS version,
+    CASE WHEN g.finished_at IS NOT NULL THEN 'finished' WHEN g.state = 'cancelled' THEN 'cancelled'
+         WHEN coalesce(c.succeeded + c.failed + c.cancelled, 0) > 0 THEN 'progress' ELSE g.event END AS event
 """
 
 _COUNTS = """
     SELECT group_id, sum(pending) AS pending, sum(succeeded) AS succeeded,
-           sum(failed) AS failed, sum(cancelled) AS cancelled
+           sum(failed) AS failed, sum(cancelled) AS cancelled, sum(version) AS version
     FROM livepush_group_shards WHERE group_id = ANY(%(ids)s::bigint[]) GROUP BY group_id
 """
+
+
+def ring_groups(rel: str) -> str:
+    """A CTE body that rings the `group:<id>` topics of the groups in `rel` (column id); the
+    version is left out (it is a sum the ring does not have at hand)."""
+    return f"SELECT livepush_state_changed(array_agg('group:' || r.id ORDER BY r.id), NULL) AS n FROM {rel} r"
 
 # name: reserve_group_id
 # Sequences are not transactional: an id reserved by a block that then raises is simply unused.
@@ -77,7 +84,7 @@ RESERVE_GROUP_ID = "SELECT nextval('livepush_groups_id_seq')"
 
 # name: create_group
 # A new row and its shard rows; invisible to everyone until commit, so nothing to race with.
-CREATE_GROUP = """
+CREATE_GROUP = f"""
 WITH g AS (
     INSERT INTO livepush_groups (id, shards, on_finish, on_success, on_failure)
     VALUES (%(id)s, %(shards)s, %(on_finish)s, %(on_success)s, %(on_failure)s)
@@ -85,8 +92,8 @@ WITH g AS (
 ), s AS (
     INSERT INTO livepush_group_shards (group_id, shard)
     SELECT g.id, n FROM g, generate_series(0, g.shards - 1) AS n
-)
-SELECT id FROM g
+), rung AS ({ring_groups("g")})
+SELECT g.id FROM g CROSS JOIN rung
 """
 
 # name: fence_member
@@ -96,7 +103,7 @@ SELECT id FROM g
 # member stays pending, and its group unfinished, while its new member is being counted.
 FENCE_MEMBER = """
 SELECT group_id FROM livepush_jobs
-WHERE id = %(id)s AND lease = %(lease)s AND state = 'running' AND group_id > 0
+WHERE id = %(id)s AND lease = %(lease)s AND state = 'running' AND group_id IS NOT NULL
 FOR SHARE
 """
 
@@ -117,7 +124,7 @@ WITH input AS (
     ORDER BY s.shard
     FOR UPDATE OF s
 )
-UPDATE livepush_group_shards s SET pending = s.pending + i.n
+UPDATE livepush_group_shards s SET pending = s.pending + i.n, version = s.version + 1
 FROM input i JOIN locked l ON l.shard = i.shard
 WHERE s.group_id = %(group_id)s AND s.shard = i.shard
 """
@@ -128,14 +135,20 @@ WHERE s.group_id = %(group_id)s AND s.shard = i.shard
 # either committed first (then the re-checked WHERE fails and the add is refused, rolling
 # back its pending counts) or waits for this add and then sees its members pending.
 # `seal` seals in the same statement (the `jobs.group()` block).
-ADD_TOTAL = """
+ADD_TOTAL = f"""
+WITH added AS (
 UPDATE livepush_groups SET
     total = total + %(n)s,
     state = CASE WHEN %(seal)s THEN 'sealed' ELSE state END,
-    sealed_at = CASE WHEN %(seal)s THEN now() ELSE sealed_at END
+    sealed_at = CASE WHEN %(seal)s THEN now() ELSE sealed_at END,
+    version = version + 1,
+    -- The block (created, filled and sealed at once) is still its `created` event.
+    event = CASE WHEN %(seal)s THEN event ELSE 'progress' END
 WHERE id = %(group_id)s AND state = ANY(%(states)s::text[]) AND finished_at IS NULL
   AND total + %(n)s <= %(limit)s
-RETURNING total, state
+RETURNING id, total, state
+), rung AS ({ring_groups("added")})
+SELECT a.total, a.state FROM added a CROSS JOIN rung
 """
 
 # name: group_row (why an add or seal was refused; plain read)
@@ -144,10 +157,13 @@ GROUP_ROW = "SELECT id, state, total, finished_at FROM livepush_groups WHERE id 
 # name: seal
 # Locks the group row and seals it; the caller then runs FINISH_GROUPS in a later statement
 # (see the module docstring: the read of pending must come after the lock).
-SEAL = """
-UPDATE livepush_groups SET state = 'sealed', sealed_at = now()
-WHERE id = %(id)s AND state = 'open'
-RETURNING id
+SEAL = f"""
+WITH sealed AS (
+    UPDATE livepush_groups SET state = 'sealed', sealed_at = now(), version = version + 1, event = 'progress'
+    WHERE id = %(id)s AND state = 'open'
+    RETURNING id
+), rung AS ({ring_groups("sealed")})
+SELECT s.id FROM sealed s CROSS JOIN rung
 """
 
 # name: count_outcomes
@@ -156,8 +172,7 @@ RETURNING id
 # (MATERIALIZED: the sort happens before the locks). Two batches on one shard serialize on
 # its row, so exactly one of them sees pending reach 0: that one (and only such a one) goes
 # on to lock the group (LOCK_GROUPS) and check whether the group is done. Returns, per
-# shard touched, its new pending and done counts (done only grows: the progress publisher
-# uses it to know when it has read past this commit).
+# shard touched, its new pending count.
 # `_count_ctes` is this statement's body, fed from any set of (id, group_id, state) rows:
 # COUNT_OUTCOMES feeds it parameters, COMPLETE_COUNTING the rows its completion returned.
 def _count_ctes(source: str, where: str = "") -> str:
@@ -179,59 +194,48 @@ input AS (
     FOR UPDATE OF s
 ), counted AS (
     UPDATE livepush_group_shards s SET
+        version = s.version + 1,
         pending = s.pending - i.n,
         succeeded = s.succeeded + i.succeeded,
         failed = s.failed + i.failed,
         cancelled = s.cancelled + i.cancelled
     FROM input i JOIN locked l ON l.group_id = i.group_id AND l.shard = i.shard
     WHERE s.group_id = i.group_id AND s.shard = i.shard
-    RETURNING s.group_id, s.shard, s.pending, s.succeeded + s.failed + s.cancelled AS done
+    RETURNING s.group_id, s.shard, s.pending
 )"""
 
 
 COUNT_OUTCOMES = "WITH " + _count_ctes(
     "unnest(%(ids)s::bigint[], %(group_ids)s::bigint[], %(states)s::text[]) AS u(id, group_id, state)"
 ) + """
-SELECT group_id, shard, pending, done FROM counted
+SELECT group_id, shard, pending FROM counted
 """
 
 # name: complete_counting
-# The completer's batch when it holds group members (and the fan-out publishes in the
-# transaction): queries.COMPLETE, then COUNT_OUTCOMES over the members that COMPLETE just
-# made terminal (its RETURNING rows: exactly the rows terminal.on_terminal would be given),
-# then every job's state event as COMPLETE_PUBLISHING publishes them, in ONE statement, run
-# inside the completer's transaction (BEGIN is pipelined with it: one round trip).
-# Safe as the three statements it replaces: the member rows are locked first (by `moved`;
-# `input` aggregates all of them before `locked` sorts and locks shard rows), then the
-# shard rows in (group, shard) order, then topic rows (the publish waits for `shards`, so
-# for every shard lock): the lock order of the module docstring. Each shard's decrement is
-# still ordered by its row lock (a concurrent holder is waited for and its committed row
-# re-read, as in COUNT_OUTCOMES), so exactly one batch sees a shard reach 0. It does NOT
-# finish groups: a drained shard is returned (first row's `_shards`, a JSON list of
-# {group_id, shard, pending, done}) and the caller runs LOCK_GROUPS and FINISH_GROUPS
-# afterwards, in the same transaction, as separate statements (the fresh snapshot after the
-# lock that exactly-once rests on). No group event is published here (only `finished` and
-# `enqueued`, by those later statements, and progress by the publisher), so group events
-# keep their order.
+# The completer's batch when it holds group members: jobs' COMPLETE (with its rings), then
+# COUNT_OUTCOMES over the members COMPLETE just made terminal (its RETURNING rows), in ONE
+# statement, run inside the completer's transaction (BEGIN is pipelined with it: one round trip).
+# Safe as the statements it replaces: the member rows are locked first (by `moved`; `input`
+# aggregates all of them before `locked` sorts and locks shard rows), then the shard rows in
+# (group, shard) order: the lock order of the module docstring. Each shard's decrement is still
+# ordered by its row lock (a concurrent holder is waited for and its committed row re-read, as in
+# COUNT_OUTCOMES), so exactly one batch sees a shard reach 0. It does NOT finish groups: the
+# shards it counted are returned (first row's `_shards`, a JSON list of {group_id, shard,
+# pending}) and the caller runs LOCK_GROUPS and FINISH_GROUPS afterwards, in the same
+# transaction, as separate statements (the fresh snapshot after the lock that exactly-once
+# rests on).
 COMPLETE_COUNTING = _COMPLETE_CTES + f"""
-, done AS (
-    SELECT {_EVENT_COLUMNS.replace("p.", "j.")}, j.kind FROM moved j
-), {_count_ctes("done u", "WHERE u.group_id > 0 AND u.state IN ('succeeded', 'failed', 'cancelled')")}
+, {_count_ctes("moved u", "WHERE u.group_id IS NOT NULL AND u.state IN ('succeeded', 'failed', 'cancelled')")}
 , shards AS MATERIALIZED (
     SELECT coalesce(jsonb_agg(jsonb_build_object('group_id', c.group_id, 'shard', c.shard,
-                                                 'pending', c.pending, 'done', c.done)
+                                                 'pending', c.pending)
                               ORDER BY c.group_id, c.shard), '[]'::jsonb) AS list
     FROM counted c
 )
-SELECT done.*,
-       CASE WHEN done.id = (SELECT min(d.id) FROM done d) THEN (SELECT list FROM shards) END AS _shards,
-       (SELECT livepush_publish_many(array_agg('job:' || d.id ORDER BY d.id),
-                                     array_agg({_event_sql(_STATE_EVENT_SQL.format(a="d"), "d")} ORDER BY d.id))
-        FROM done d
-        WHERE (SELECT list FROM shards) IS NOT NULL  -- shard locks before topic locks
-          AND (d.kind <> 'released' OR d.state = 'cancelled')) AS _published
-FROM done
-ORDER BY done.id
+SELECT m.id, m.state, m.group_id, m.kind,
+       CASE WHEN m.id = (SELECT min(d.id) FROM moved d) THEN (SELECT list FROM shards) END AS _shards
+FROM moved m CROSS JOIN rung
+ORDER BY m.id
 """
 
 # name: lock_groups
@@ -248,7 +252,8 @@ LOCK_GROUPS = "SELECT id FROM livepush_groups WHERE id = ANY(%(ids)s::bigint[]) 
 # exists at most once even if this statement ran twice for a group; it runs at least once
 # because the transaction that makes the group finishable always gets here (module docstring).
 # on_finish always; on_success when every member succeeded and the group was not cancelled;
-# on_failure otherwise. Callback jobs carry group_id = -group and ring the doorbell.
+# on_failure otherwise. Callback jobs carry callback_of = the group (never counted in it), ring
+# their own topics at version 1 and the runtimes' doorbell.
 FINISH_GROUPS = f"""
 WITH counts AS ({_COUNTS}
 ), done AS (
@@ -256,7 +261,7 @@ WITH counts AS ({_COUNTS}
     -- self-joined copy would be read from the statement's snapshot, not re-checked.
     UPDATE livepush_groups g SET
         state = CASE WHEN g.state = 'cancelled' THEN 'cancelled' ELSE 'finished' END,
-        finished_at = now()
+        finished_at = now(), version = g.version + 1
     FROM counts c
     WHERE g.id = c.group_id AND g.id = ANY(%(ids)s::bigint[])
       AND g.state IN ('sealed', 'cancelled') AND g.finished_at IS NULL
@@ -264,7 +269,8 @@ WITH counts AS ({_COUNTS}
     RETURNING g.id, g.state, g.total, g.finished_at, g.created_at, g.sealed_at, g.cancelled_at,
               g.on_finish, g.on_success, g.on_failure,
               c.pending::int AS pending, c.succeeded::int AS succeeded,
-              c.failed::int AS failed, c.cancelled::int AS cancelled
+              c.failed::int AS failed, c.cancelled::int AS cancelled,
+              g.version + c.version AS version, 'finished' AS event
 ), due AS (
     SELECT nextval('livepush_jobs_id_seq') AS job_id, d.id AS group_id, k.kind, k.spec
     FROM done d CROSS JOIN LATERAL (VALUES
@@ -279,20 +285,20 @@ WITH counts AS ({_COUNTS}
     ON CONFLICT (group_id, kind) DO NOTHING
     RETURNING job_id
 ), jobs AS (
-    INSERT INTO livepush_jobs (id, queue, name, priority, state, max_attempts, group_id)
+    INSERT INTO livepush_jobs (id, queue, name, priority, state, max_attempts, callback_of)
     SELECT due.job_id, due.spec->>'queue', due.spec->>'name', (due.spec->>'priority')::int, 'available',
-           (due.spec->>'max_attempts')::int, -due.group_id
+           (due.spec->>'max_attempts')::int, due.group_id
     FROM due JOIN keyed USING (job_id)
-    RETURNING id, name, queue, state, attempt, max_attempts, run_at, group_id
+    RETURNING id, version
 ), payloads AS (
     INSERT INTO livepush_job_payloads (id, args)
     SELECT due.job_id, due.spec->'args' FROM due JOIN keyed USING (job_id)
+), rung AS (
+    SELECT (SELECT n FROM ({ring("jobs")}) c) + (SELECT n FROM ({ring_groups("done")}) g)
+           + CASE WHEN EXISTS (SELECT 1 FROM jobs) THEN livepush_jobs_ready() ELSE 0 END AS n
 )
-SELECT d.id, d.state, d.total, d.pending, d.succeeded, d.failed, d.cancelled,
-       (SELECT coalesce(jsonb_agg(to_jsonb(j) ORDER BY j.id), '[]'::jsonb) FROM jobs j WHERE j.group_id = -d.id)
-           AS callbacks,
-       CASE WHEN EXISTS (SELECT 1 FROM jobs) THEN pg_notify('{READY_CHANNEL}', '') END IS NULL AS _rang
-FROM done d
+SELECT d.id, d.state, d.total, d.pending, d.succeeded, d.failed, d.cancelled, d.version, d.event
+FROM done d CROSS JOIN rung
 ORDER BY d.id
 """
 
@@ -301,16 +307,19 @@ ORDER BY d.id
 # concurrent finish or cancel that committed first is seen by the re-check and wins). From its commit on, adds are refused
 # (ADD_TOTAL re-checks the state under the same lock) and the group finishes as `cancelled`
 # once nothing is pending.
-CANCEL_MARK = """
-UPDATE livepush_groups g SET state = 'cancelled', cancelled_at = now()
-WHERE g.id = %(id)s AND g.state IN ('open', 'sealed')
-RETURNING g.id
+CANCEL_MARK = f"""
+WITH marked AS (
+    UPDATE livepush_groups g SET state = 'cancelled', cancelled_at = now(), version = g.version + 1
+    WHERE g.id = %(id)s AND g.state IN ('open', 'sealed')
+    RETURNING g.id
+), rung AS ({ring_groups("marked")})
+SELECT m.id FROM marked m CROSS JOIN rung
 """
 
 # name: cancel_members
 # cancel_group, one chunk of members in id order: queued ones (available, scheduled, i.e.
-# also those waiting for a retry) are cancelled, running ones flagged and told (pg_notify,
-# at commit) so they stop cooperatively and end `cancelled` (COMPLETE turns any outcome of a
+# also those waiting for a retry) are cancelled, running ones flagged and told
+# (livepush_jobs_cancel_requested(), at commit) so they stop cooperatively and end `cancelled` (COMPLETE turns any outcome of a
 # flagged job into cancelled, except success). FOR UPDATE without SKIP LOCKED: a member
 # being claimed right now is waited for, and READ COMMITTED re-checks the locked row, so it
 # is seen as running and flagged rather than missed. Claimers use SKIP LOCKED and never wait
@@ -325,15 +334,18 @@ WITH target AS (
 ), moved AS (
     UPDATE livepush_jobs j SET
         state = CASE WHEN j.state = 'running' THEN 'running' ELSE 'cancelled' END,
+        event = CASE WHEN j.state = 'running' THEN j.event ELSE 'cancelled' END,
+        version = CASE WHEN j.state = 'running' THEN j.version ELSE j.version + 1 END,
         finished_at = CASE WHEN j.state = 'running' THEN j.finished_at ELSE now() END,
         cancel_requested = true
     FROM target t WHERE j.id = t.id
-    RETURNING j.*
+    RETURNING j.id, j.state, j.group_id, j.version
+), rung AS ({ring("(SELECT * FROM moved WHERE state = 'cancelled')")}
+), told AS (
+    SELECT livepush_jobs_cancel_requested(array_agg(id ORDER BY id)) AS n FROM moved WHERE state = 'running'
 )
-SELECT j.id, j.name, j.queue, j.state, j.attempt, j.max_attempts, j.run_at, j.group_id, p.progress, p.error,
-       CASE WHEN j.state = 'running' THEN pg_notify('livepush_jobs_cancel', j.id::text) END IS NULL AS _told
-FROM moved j JOIN livepush_job_payloads p ON p.id = j.id
-ORDER BY j.id
+SELECT m.id, m.state, m.group_id FROM moved m CROSS JOIN rung CROSS JOIN told
+ORDER BY m.id
 """
 
 # name: group_views
@@ -354,14 +366,8 @@ ORDER BY g.id
 # publisher's progress event is committed: a `progress` never follows `finished`.
 LOCK_GROUPS_SHARE = "SELECT id FROM livepush_groups WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR SHARE"
 
-# name: shard_done (publisher: per-shard done counts, to know it has read past a commit)
-SHARD_DONE = """
-SELECT group_id, shard, succeeded + failed + cancelled AS done
-FROM livepush_group_shards WHERE group_id = ANY(%(ids)s::bigint[])
-"""
-
 # name: record_events
-# Keeps what was published on group:<id>, for group_history(); same transaction as the publish.
+# Keeps each change rung on group:<id>, for group_history(); in the transaction that rings it.
 RECORD_EVENTS = """
 INSERT INTO livepush_group_events (group_id, event, data)
 SELECT * FROM unnest(%(group_ids)s::bigint[], %(events)s::text[], %(datas)s::jsonb[])
@@ -407,7 +413,7 @@ WITH old AS (
     WHERE finished_at < now() - make_interval(secs => %(retention)s)
     ORDER BY finished_at LIMIT 100
 ), victims AS (
-    SELECT j.id FROM livepush_jobs j JOIN old ON j.group_id IN (old.id, -old.id)
+    SELECT j.id FROM livepush_jobs j JOIN old ON j.group_id = old.id OR j.callback_of = old.id
     WHERE j.state IN ('succeeded', 'failed', 'cancelled')
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
@@ -415,8 +421,7 @@ WITH old AS (
     DELETE FROM livepush_jobs j USING victims v WHERE j.id = v.id RETURNING j.id
 )""" + DELETE_PAYLOADS_OF_GONE
 
-# name: prune_groups (the rows, once no job of theirs is left; cascades to shards, keys,
-# events; their `group:<id>` topics go too, as a job's do)
+# name: prune_groups (the rows, once no job of theirs is left; cascades to shards, keys, events)
 PRUNE_GROUPS = """
 WITH gone AS (
     DELETE FROM livepush_groups g
@@ -426,9 +431,9 @@ WITH gone AS (
         ORDER BY finished_at LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     )
-    AND NOT EXISTS (SELECT 1 FROM livepush_jobs j WHERE j.group_id IN (g.id, -g.id))
+    AND NOT EXISTS (SELECT 1 FROM livepush_jobs j WHERE j.group_id = g.id OR j.callback_of = g.id)
     RETURNING g.id
-)""" + delete_topics_of_gone("group") + """
+)
 SELECT id FROM gone
 """
 
@@ -439,7 +444,7 @@ SELECT id FROM gone
 PRUNE_JOBS = """
 WITH victims AS (
     SELECT id FROM livepush_jobs
-    WHERE group_id IS NULL AND state IN ('succeeded', 'failed', 'cancelled')
+    WHERE group_id IS NULL AND callback_of IS NULL AND state IN ('succeeded', 'failed', 'cancelled')
       AND finished_at < now() - make_interval(secs => %(retention)s)
     ORDER BY id
     LIMIT %(limit)s
@@ -448,5 +453,12 @@ WITH victims AS (
     DELETE FROM livepush_jobs j USING victims v WHERE j.id = v.id RETURNING j.id
 )""" + DELETE_PAYLOADS_OF_GONE
 
-# name: clear (tests only)
-CLEAR = "TRUNCATE livepush_group_events, livepush_group_callbacks, livepush_group_shards, livepush_groups"
+# name: ring_groups (the progress publisher: the groups whose counts it saw change)
+RING_GROUPS = f"""
+WITH g AS (SELECT unnest(%(ids)s::bigint[]) AS id)
+{ring_groups("g")}
+"""
+
+# name: clear (tests only): DELETE rather than TRUNCATE, which a runtime role may not do.
+CLEAR = ("DELETE FROM livepush_group_events; DELETE FROM livepush_group_callbacks; "
+         "DELETE FROM livepush_group_shards; DELETE FROM livepush_groups")

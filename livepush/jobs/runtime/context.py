@@ -1,7 +1,7 @@
-"""`ctx`: what a running job sees (SPEC §4): job_id, attempt, progress(), group.
+"""`ctx`: what a running job sees (docs/reference.md#4-python-api): job_id, attempt, progress(), group.
 
-`progress()` only records the latest value in memory and returns; the completer writes
-and publishes it at most ~10 times a second per job, in batches with other jobs, so a job
+`progress()` only records the latest value in memory and returns; the completer writes it, and
+rings the job's topic, at most ~10 times a second per job, in batches with other jobs, so a job
 may report progress in a tight loop without touching the database each time.
 """
 
@@ -12,15 +12,12 @@ import dataclasses
 import math
 import time
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from ...postgres.connect import storable_text
+from ...postgres.text import storable_text
 from ..errors import InvalidProgressError, JobCancelled
+from ..events.views import PROGRESS_INTERVAL
 
-if TYPE_CHECKING:
-    from .completer import Completer
-
-PROGRESS_INTERVAL = 0.1  # seconds between two published progress events of one job
 MAX_MESSAGE = 1000  # characters of a progress message kept
 
 
@@ -38,10 +35,10 @@ def _number(name: str, value: Any) -> None:
 
 
 def progress_value(done: Any, total: Any, message: Any) -> dict[str, Any]:
-    """ctx.progress()'s arguments as stored and published. Numbers are checked here, in the
-    job's own call, because a NaN or a string reaching Postgres fails the completer's batch;
-    the message becomes a str of at most MAX_MESSAGE characters Postgres can store (a NUL in
-    one made the completer's whole batch fail, again on every retry)."""
+    """ctx.progress()'s arguments as stored. Numbers are checked here, in the job's own call,
+    because a NaN or a string reaching Postgres fails the completer's batch; the message becomes
+    a str of at most MAX_MESSAGE characters Postgres can store (a NUL in one made the completer's
+    whole batch fail, again on every retry)."""
     _number("done", done)
     if total is not None:
         _number("total", total)
@@ -63,60 +60,64 @@ class ClaimedJob:
     lease: int
     args: list[Any]
     run_at: datetime
-    group_id: int | None = None
-    progress: dict[str, Any] | None = None
-    error: str | None = None
+    group_id: int | None = None  # the group this job is a member of
+    callback_of: int | None = None  # the group this job is a callback of
     cancel_requested: bool = False
-    state: str = "running"
+    version: int = 0  # of its state topic, as the claim left it (its `started` version)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> ClaimedJob:
         return cls(
             id=row["id"], name=row["name"], queue=row["queue"], priority=row["priority"],
             attempt=row["attempt"], max_attempts=row["max_attempts"], lease=row["lease"],
-            args=row["args"], run_at=row["run_at"], group_id=row["group_id"],
-            progress=row["progress"], error=row["error"], cancel_requested=row["cancel_requested"],
+            args=row["args"], run_at=row["run_at"], group_id=row["group_id"], callback_of=row["callback_of"],
+            cancel_requested=row["cancel_requested"], version=row["version"],
         )
 
-    def row(self) -> dict[str, Any]:
-        """This job as an event row (see events.job_view)."""
-        return {
-            "id": self.id, "name": self.name, "queue": self.queue, "state": self.state,
-            "attempt": self.attempt, "max_attempts": self.max_attempts, "run_at": self.run_at,
-            "progress": self.progress, "error": self.error, "group_id": self.group_id,
-        }
+
+class ProgressSink(Protocol):
+    """Where a context hands its progress (the runtime's completer)."""
+
+    def progress(self, ctx: JobContext) -> None: ...
 
 
 class JobContext:
-    """The `ctx` of an async job (sync jobs get a SyncJobContext around one of these)."""
+    """The `ctx` of an async job (sync jobs get a SyncJobContext around one of these).
+
+    `pool`, `url` and `group_progress` are the runtime's (its connection pool, its database, its
+    group progress publisher), so what a job does through ctx (ctx.group.enqueue) uses them."""
 
     _group: Any = None  # GroupContext, made on first use (or loaded first, for a callback)
 
+    def __init__(self, job: ClaimedJob, completer: ProgressSink | None, *, pool: Any = None, url: str | None = None,
+                 group_progress: Any = None) -> None:
+        self.job = job
+        self._completer = completer
+        self.pool = pool
+        self.url = url
+        self.group_progress = group_progress
+        self.cancel_requested = job.cancel_requested
+        self.released = False  # set by the runtime when it hands the job back (drain)
+        self.latest: dict[str, Any] | None = None  # newest progress, written or not
+        self.dirty = False  # latest not yet written
+        self.published = 0  # progress writes so far
+        self.next_publish_at = 0.0  # monotonic time before which no new progress is written
+
     @property
     def group(self) -> Any:
-        """The job's task group (livepush.jobs.groups.GroupContext), or None for a lone job."""
-        if self._group is None and self.job.group_id is not None:
-            from ..groups.calls import GroupContext
+        """The job's task group (jobs.groups.context.GroupContext), or None for a lone job."""
+        if self._group is None and (self.job.group_id is not None or self.job.callback_of is not None):
+            from ..groups.context import GroupContext
 
             self._group = GroupContext(self)
         return self._group
 
     async def load_group(self) -> None:
         """Before a group callback runs: load its group's final state into ctx.group."""
-        if self.job.group_id is not None and self.job.group_id < 0:
-            from ..groups.calls import load_callback_context
+        if self.job.callback_of is not None:
+            from ..groups.context import load_callback_context
 
             self._group = await load_callback_context(self)
-
-    def __init__(self, job: ClaimedJob, completer: Completer | None) -> None:
-        self.job = job
-        self._completer = completer
-        self.cancel_requested = job.cancel_requested
-        self.released = False  # set by the runtime when it hands the job back (drain)
-        self.latest: dict[str, Any] | None = None  # newest progress, published or not
-        self.dirty = False  # latest not yet written
-        self.published = 0  # progress events published so far
-        self.next_publish_at = 0.0  # monotonic time before which no new progress event goes out
 
     @property
     def job_id(self) -> int:
@@ -159,8 +160,8 @@ class JobContext:
             self._record(value)
 
     async def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
-        """Report progress: `done` of `total`, with an optional message. Raises JobCancelled
-        once the job's cancel was requested. Cheap: no database round trip."""
+        """Report progress: `done` of `total`, with an optional message. Raises JobCancelled once
+        the job's cancel was requested. Cheap: no database round trip."""
         self.record_progress(done, total, message)
         await asyncio.sleep(0)  # a cancellation point, and fair to other jobs in a tight loop
 
@@ -172,19 +173,19 @@ class JobContext:
 class SyncJobContext:
     """`ctx` of a sync job, running in a worker thread: the same names, blocking calls."""
 
+    def __init__(self, inner: JobContext, loop: asyncio.AbstractEventLoop) -> None:
+        self._inner = inner
+        self._loop = loop
+
     @property
     def group(self) -> Any:
         """The job's task group (blocking calls), or None for a lone job."""
         inner = self._inner.group
         if inner is None:
             return None
-        from ..groups.calls import SyncGroupContext
+        from ..groups.context import SyncGroupContext
 
         return SyncGroupContext(inner, self._loop)
-
-    def __init__(self, inner: JobContext, loop: asyncio.AbstractEventLoop) -> None:
-        self._inner = inner
-        self._loop = loop
 
     @property
     def job_id(self) -> int:
@@ -210,4 +211,3 @@ class SyncJobContext:
         value = progress_value(done, total, message)  # raises here, in the job's thread
         # The loop owns the context's state; hand the value over instead of touching it here.
         self._loop.call_soon_threadsafe(self._inner.record_progress_quiet, value)
-

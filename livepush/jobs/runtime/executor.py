@@ -9,16 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import logging
+from typing import Any
 
-from ...postgres.connect import storable_text
-from .completer import Outcome
-from .context import JobContext, SyncJobContext
+from ...postgres.text import storable_text
 from ..errors import JobCancelled
-from ..api.registry import JobFunction
+from .context import JobContext, SyncJobContext
 
 log = logging.getLogger("livepush.jobs")
+
+
+@dataclasses.dataclass
+class Outcome:
+    """How one attempt ended, for the completer to write."""
+
+    ctx: JobContext
+    kind: str  # succeeded | retry | fail | cancelled | released
+    error: str | None = None
+    delay: float = 0.0
 
 
 # A retry is never put off longer than this, whatever a job's own backoff= says (a huge or
@@ -35,7 +45,7 @@ def _error_text(exc: BaseException) -> str:
 
 
 async def execute(
-    fn: JobFunction, ctx: JobContext, pool: concurrent.futures.Executor | None
+    fn: Any, ctx: JobContext, pool: concurrent.futures.Executor | None
 ) -> Outcome | None:
     """Run `fn` for `ctx.job` and return its outcome, or None when the runtime released
     the job meanwhile (the runtime already recorded that)."""
@@ -43,7 +53,7 @@ async def execute(
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     try:
-        if job.group_id is not None and job.group_id < 0:
+        if job.callback_of is not None:
             await ctx.load_group()  # a group callback: ctx.group shows the finished group
         if fn.is_async:
             if fn.timeout is None:
@@ -92,7 +102,7 @@ async def execute(
     return Outcome(ctx, "succeeded")
 
 
-def _failure(fn: JobFunction, ctx: JobContext, exc: BaseException, *, timed_out: bool = False) -> Outcome:
+def _failure(fn: Any, ctx: JobContext, exc: BaseException, *, timed_out: bool = False) -> Outcome:
     job = ctx.job
     error = _error_text(exc)
     if ctx.cancel_requested:

@@ -1,7 +1,8 @@
-"""Heartbeats, rescue of dead runtimes' jobs, and promotion of due scheduled jobs.
+"""Heartbeats, rescue of dead runtimes' jobs, promotion of due scheduled jobs, and retention.
 
-Every runtime runs these; they are safe to run from many runtimes at once (see the
-statements' comments in queries.py). Each function is one or two short transactions.
+Every runtime runs these; they are safe to run from many runtimes at once (see the statements'
+comments in queries.py). Each function is one or two short transactions. The ones that end jobs
+return the groups whose counts they changed, for the runtime's progress publisher.
 """
 
 from __future__ import annotations
@@ -13,13 +14,16 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from ..events import views as events
 from .. import queries
-from ..groups import outcomes as terminal
+from ..groups import outcomes
+from ..groups import queries as gq
 
 log = logging.getLogger("livepush.jobs")
 
 RESCUE_ERROR = "its runtime stopped beating (killed or stalled) while the job ran"
+DEFAULT_RETENTION = 7 * 24 * 3600.0  # seconds a finished job or group is kept
+PRUNE_BATCH = 1000  # rows per delete statement
+PRUNE_MAX_BATCHES = 20  # per maintenance run: a backlog is worked off over several runs
 
 
 async def register(pool: AsyncConnectionPool, info: Mapping[str, Any]) -> int:
@@ -41,24 +45,21 @@ async def beat(pool: AsyncConnectionPool, info: Mapping[str, Any]) -> bool:
     return False
 
 
-async def deregister(pool: AsyncConnectionPool, runtime_id: int) -> int:
-    """Give back anything still running under this runtime (attempt not spent), then
-    remove its row. Returns the number of jobs given back."""
+async def deregister(pool: AsyncConnectionPool, runtime_id: int) -> tuple[int, set[int]]:
+    """Give back anything still running under this runtime (attempt not spent), then remove its
+    row. Returns the number of jobs given back and the groups counted in."""
     async with pool.connection() as conn:
         async with conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(queries.RELEASE_ALL_OF_RUNTIME, {"runtime_id": runtime_id})
             rows = await cur.fetchall()
-            published = [events.state_event(r) for r in rows if r["state"] == "cancelled"]
-            published.extend(await terminal.on_terminal(conn, terminal.terminal_rows(rows)))
+            touched = await outcomes.count(conn, outcomes.terminal(rows))
             await cur.execute(queries.DEREGISTER_RUNTIME, {"id": runtime_id})
-            later = await events.apublish_in(conn, published)
-    await events.apublish_after(later)
-    return len(rows)
+    return len(rows), touched
 
 
-async def rescue(pool: AsyncConnectionPool) -> list[dict[str, Any]]:
-    """Prune runtimes silent for three beats, then release running jobs without a live
-    runtime, attempt counted. Returns the released rows."""
+async def rescue(pool: AsyncConnectionPool) -> tuple[list[dict[str, Any]], set[int]]:
+    """Prune runtimes silent for three beats, then release running jobs without a live runtime,
+    attempt counted. Returns the released rows and the groups counted in."""
     async with pool.connection() as conn:
         dead = [r[0] for r in await (await conn.execute(queries.PRUNE_DEAD_RUNTIMES)).fetchall()]
     if dead:
@@ -68,13 +69,10 @@ async def rescue(pool: AsyncConnectionPool) -> list[dict[str, Any]]:
             await cur.execute(queries.RESCUE_ORPHANS, {"error": RESCUE_ERROR})
             rows = await cur.fetchall()
             if not rows:
-                return []
-            published = [events.state_event(r) for r in rows]
-            published.extend(await terminal.on_terminal(conn, terminal.terminal_rows(rows)))
-            later = await events.apublish_in(conn, published)
-    await events.apublish_after(later)
+                return [], set()
+            touched = await outcomes.count(conn, outcomes.terminal(rows))
     log.warning("released %d jobs of dead runtimes: %s", len(rows), [r["id"] for r in rows][:20])
-    return rows
+    return rows, touched
 
 
 async def promote(pool: AsyncConnectionPool, limit: int = 5000) -> int:
@@ -90,24 +88,19 @@ async def seconds_to_next_scheduled(pool: AsyncConnectionPool) -> float | None:
     return None if row is None or row[0] is None else float(row[0])
 
 
-async def cancel_requests(pool: AsyncConnectionPool, runtime_id: int) -> list[int]:
+async def cancel_requests(pool: AsyncConnectionPool, runtime_id: int, ids: list[int] | None = None) -> list[int]:
+    """This runtime's running jobs whose cancel was requested (among `ids`, when given): what the
+    row says, whatever a notification claimed."""
     async with pool.connection() as conn:
-        rows = await (await conn.execute(queries.CANCEL_REQUESTS_FOR, {"runtime_id": runtime_id})).fetchall()
+        rows = await (await conn.execute(queries.CANCEL_REQUESTS_FOR, {"runtime_id": runtime_id, "ids": ids})).fetchall()
     return [r[0] for r in rows]
-
-
-DEFAULT_RETENTION = 7 * 24 * 3600.0  # seconds a finished job or group is kept
-PRUNE_BATCH = 1000  # rows per delete statement
-PRUNE_MAX_BATCHES = 20  # per maintenance run: a backlog is worked off over several runs
 
 
 async def prune(pool: AsyncConnectionPool, retention: float, *, batch: int = PRUNE_BATCH,
                 max_batches: int = PRUNE_MAX_BATCHES) -> int:
-    """Retention: delete lone jobs finished more than `retention` seconds ago, and finished
-    groups as old with their members and callbacks, in bounded batches (one short transaction
-    each). A member is kept while its group is unfinished. Returns the rows deleted."""
-    from ..groups import queries as gq
-
+    """Retention: delete lone jobs finished more than `retention` seconds ago, and finished groups
+    as old with their members and callbacks, in bounded batches (one short transaction each). A
+    member is kept while its group is unfinished. Returns the rows deleted."""
     params = {"retention": retention, "limit": batch}
     deleted = 0
     for sql in (gq.PRUNE_JOBS, gq.PRUNE_GROUP_JOBS):

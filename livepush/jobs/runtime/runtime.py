@@ -1,19 +1,21 @@
-"""The job runtime: one asyncio process running jobs from Postgres (SPEC §3, §7).
+"""The job runtime: one asyncio process running jobs from Postgres (docs/jobs.md).
 
-Roles, each a named task owned by the Runtime:
-- listener: one LISTEN connection; the doorbell wakes the producer, cancel requests reach
-  the jobs they name. Reconnects with backoff; polling covers the gap.
-- producer: claims at most as many jobs as there are free slots, queue by queue in the
-  order given, in one statement per queue (SKIP LOCKED), on its own connection, and starts
-  them. Claims commit asynchronously (sql/0006_async_claims.sql says why that is safe).
+Roles, each a named task owned by the Runtime and supervised (livepush.tasks: a task that fails
+is logged with its traceback and restarted with backoff; one that keeps failing stops the
+runtime with an error, so its process exits non-zero):
+- listener: the process's Postgres listener carries the runtimes' doorbell (wake the producer)
+  and cancel requests (confirmed against the row before anything is stopped). Polling covers
+  the time it is away.
+- producer: claims at most as many jobs as there are free slots, queue by queue in the order
+  given, in one statement per queue (SKIP LOCKED), on its own connection, and starts them.
 - executor (one task per job): runs the function, hands the outcome to the completer.
 - completer: writes outcomes and progress in batches (see completer.py).
 - heartbeat: beats every `heartbeat` s, prunes dead runtimes and rescues their jobs.
 - promoter: makes due scheduled jobs available.
 
 Stop (SIGTERM/SIGINT or `stop()`): stop claiming; let the jobs in hand finish for up to
-`shutdown_timeout` s; give back the rest (attempt not spent); deregister; return. A second
-signal (or `stop(now=True)`) gives back the jobs in hand at once.
+`shutdown_timeout` s; give back the rest (attempt not spent); deregister; return. A second signal
+(or `stop(now=True)`) gives back the jobs in hand at once.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import concurrent.futures
 import importlib
 import logging
 import os
+import re
 import signal
 import socket
 from collections.abc import Iterable, Sequence
@@ -30,27 +33,29 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
 
-from ...postgres.connect import AsyncPool
-from ...errors import ConfigError, SchemaError
+from ... import migrate
+from ...errors import ConfigError, DependencyError
+from ...fanout import FanOut
+from ...postgres.connect import aconnect, reraise_if_cancelled
+from ...channels import ListenerSlot
+from ...postgres.listener import Listener
+from ...postgres.pools import AsyncPool, LoopPools
+from ...tasks import Backoff, supervise
 from .. import database, queries
-from ..events import views as events
-from . import maintenance
-from .completer import Completer, Outcome
-from .context import ClaimedJob, JobContext
-from .executor import execute
 from ..api.registry import REGISTRY, Registry
+from ..groups.progress import ProgressPublisher
+from . import maintenance
+from .completer import Completer
+from .context import ClaimedJob, JobContext
+from .executor import Outcome, execute
 
 log = logging.getLogger("livepush.jobs")
 
-
-def _reraise_if_cancelled() -> None:
-    """psycopg turns a cancellation during a query into QueryCanceled (a psycopg.Error): a
-    loop that catches psycopg errors must not swallow its own task's cancellation."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
+# A cancel notification names at most this many ids (livepush_jobs_cancel_requested()).
+_CANCEL_IDS = re.compile(r"[0-9]{1,19}(?:,[0-9]{1,19}){0,299}")
+# Errors a loop of the runtime waits out and tries again: the database went away or refused.
+_DB_ERRORS = (psycopg.Error, DependencyError)
 
 
 class _InHand:
@@ -71,6 +76,15 @@ def load_modules(modules: Iterable[str]) -> None:
             raise ConfigError(f"cannot import job module {name!r} ({exc}): check the name and PYTHONPATH") from exc
 
 
+def parse_cancel_ids(payload: str) -> list[int]:
+    """The job ids of a `livepush_jobs_cancel` notification; [] for anything else."""
+    if not _CANCEL_IDS.fullmatch(payload):
+        if payload:
+            log.debug("dropped a cancel notification that names no job ids: %r", payload[:80])
+        return []
+    return [int(i) for i in payload.split(",")]
+
+
 class Runtime:
     def __init__(
         self,
@@ -85,6 +99,9 @@ class Runtime:
         install_signals: bool = True,
         flush_delay: float = 0.002,
         retention: float | None = maintenance.DEFAULT_RETENTION,
+        listener: Listener | None = None,
+        listen: bool = True,
+        publisher: FanOut | None = None,
     ) -> None:
         if isinstance(modules, Registry):
             self.registry = modules
@@ -97,6 +114,8 @@ class Runtime:
             raise ConfigError(f"--heartbeat {heartbeat}: use a positive number of seconds")
         if shutdown_timeout < 0:
             raise ConfigError(f"--shutdown-timeout {shutdown_timeout}: use zero or more seconds")
+        if retention is not None and retention <= 0:
+            raise ConfigError(f"--retention {retention}: use a positive number of seconds")
         self.queues = list(queues) if queues else (self.registry.queues() or ["default"])
         self.concurrency = concurrency
         self.shutdown_timeout = shutdown_timeout
@@ -106,22 +125,23 @@ class Runtime:
         self.install_signals = install_signals
         self.flush_delay = flush_delay
         # Seconds finished jobs and groups are kept (None: forever); pruned by the heartbeat task.
-        if retention is not None and retention <= 0:
-            raise ConfigError(f"--retention {retention}: use a positive number of seconds")
         self.retention = retention
+        self.publisher = publisher  # where the runtime's own state goes (runtime:<id>, runtimes)
+        self._listener = ListenerSlot(listener, lambda: Listener(self.url or "", name="livepush-jobs-listener"))
+        self._listen = listen
         self._pruned_at = 0.0
-        self._group_progress: Any = None
         self.id: int | None = None
         self.state = "starting"
         self.in_hand: dict[int, _InHand] = {}
         self.peak_in_hand = 0  # most jobs ever in hand at once (never above concurrency)
         self.excluded: set[str] = set()  # job names claimed here but not known: never claimed again
-        self.signals = 0
-        self._pool: AsyncConnectionPool | None = None
-        # The producer's own connection, in autocommit: claims only (no pool round on the
-        # path between a slot freeing and the next job starting). Reopened after an error.
+        self._pools: LoopPools | None = None
+        self._pool: AsyncPool | None = None
+        # The producer's own connection, in autocommit: claims only (no pool round on the path
+        # between a slot freeing and the next job starting). Reopened after an error.
         self._claim_conn: psycopg.AsyncConnection | None = None
         self._completer: Completer | None = None
+        self._group_progress: ProgressPublisher | None = None
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._doorbell = asyncio.Event()
         self._slot_freed = asyncio.Event()
@@ -130,6 +150,9 @@ class Runtime:
         self._started = asyncio.Event()
         self._closing = asyncio.Event()  # side tasks end their loops when set
         self._tasks: list[asyncio.Task[Any]] = []
+        self._completer_task: asyncio.Task[None] | None = None
+        self._cancels_due: set[int] = set()
+        self._cancel_check: asyncio.Task[None] | None = None
         self._host = socket.gethostname()
 
     # -- public ------------------------------------------------------------------------
@@ -145,9 +168,16 @@ class Runtime:
     def counts(self) -> dict[str, int]:
         return dict(self._completer.counts) if self._completer else {}
 
+    @property
+    def healthy(self) -> bool:
+        """Every side task runs, and the listener (if any) hears the doorbell."""
+        tasks_alive = all(not t.done() for t in [*self._tasks, *([self._completer_task] if self._completer_task else [])])
+        progress_alive = self._group_progress is None or self._group_progress.running
+        listening = self._listener.listening
+        return self.state in ("running", "draining") and tasks_alive and progress_alive and listening
+
     def stop(self, now: bool = False) -> None:
         """Begin the drain; with now=True (or on a second call) give back the jobs at once."""
-        self.signals += 1
         if now or self._stop.is_set():
             self._stop_now.set()
         self._stop.set()
@@ -158,7 +188,8 @@ class Runtime:
         await asyncio.wait_for(self._started.wait(), timeout)
 
     async def run(self) -> None:
-        """Run until stopped; returns after a clean drain (the CLI then exits 0)."""
+        """Run until stopped; returns after a clean drain (the CLI then exits 0). Raises
+        DependencyError when a side task failed for good (after draining)."""
         await self._open()
         loop = asyncio.get_running_loop()
         installed: list[int] = []
@@ -169,59 +200,60 @@ class Runtime:
                     installed.append(sig)
                 except (NotImplementedError, RuntimeError):
                     pass  # not the main thread: the embedder calls stop()
+        failure: str | None = None
         try:
             self._tasks = [
-                asyncio.create_task(self._listen(), name="livepush-jobs-listener"),
-                asyncio.create_task(self._produce(), name="livepush-jobs-producer"),
-                asyncio.create_task(self._heartbeat(), name="livepush-jobs-heartbeat"),
-                asyncio.create_task(self._promote(), name="livepush-jobs-promoter"),
+                supervise("livepush-jobs-producer", self._produce),
+                supervise("livepush-jobs-heartbeat", self._beat_loop),
+                supervise("livepush-jobs-promoter", self._promote),
             ]
             self._started.set()
             log.info("job runtime %s running: queues %s, concurrency %s", self.id, ",".join(self.queues),
                      self.concurrency)
             stop_waiter = asyncio.create_task(self._stop.wait())
-            # A side task that dies stops the runtime rather than letting it limp on. The
-            # completer too: without it, every job this runtime claimed would stay `running`
-            # under a live heartbeat, never finished and never rescued.
-            assert self._completer is not None and self._completer._task is not None
-            watched = [stop_waiter, *self._tasks, self._completer._task]
-            done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            assert self._completer_task is not None
+            done, _ = await asyncio.wait([stop_waiter, *self._tasks, self._completer_task],
+                                         return_when=asyncio.FIRST_COMPLETED)
             if not self._stop.is_set():
                 stop_waiter.cancel()
                 for t in done:
                     if t is not stop_waiter:
-                        log.error("runtime task %s stopped: %r; stopping the runtime", t.get_name(),
-                                  t.exception() if not t.cancelled() else "cancelled")
+                        failure = f"{t.get_name()}: {t.exception() if not t.cancelled() else 'cancelled'}"
+                        log.error("job runtime %s: %s; stopping", self.id, failure)
                 self.stop()
             await self._drain()
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
             await self._close()
+        if failure is not None:
+            raise DependencyError(f"the job runtime stopped because a part of it failed for good ({failure})")
 
     # -- startup and shutdown --------------------------------------------------------------
     async def _open(self) -> None:
         url = self.url or database.database_url()
         self.url = url
-        await _check_schema(url)
-        self._pool = AsyncPool(url, min_size=2, max_size=6, open=False, kwargs={"autocommit": False},
-                                         name="livepush-jobs-runtime")
-        try:
-            await self._pool.open(wait=True, timeout=10)
-        except Exception as exc:
-            from ...postgres.connect import unreachable
-
-            raise unreachable(url, exc) from exc
-        self._completer = Completer(self._pool, flush_delay=self.flush_delay)
-        self._completer.start()
-        from ..groups.progress import ProgressPublisher
-
+        await asyncio.to_thread(migrate.check_schema, url, "the job runtime")
+        self._pools = LoopPools(url, name="livepush-jobs-runtime", min_size=2, max_size=6, autocommit=False)
+        self._pool = await self._pools.aget()
         self._group_progress = ProgressPublisher(self._pool)
         self._group_progress.start()
-        # Threads for sync jobs. A timed-out sync job keeps its thread until it returns, so
-        # leave headroom beyond the concurrency.
+        self._completer = Completer(self._pool, flush_delay=self.flush_delay, groups=self._group_progress)
+        # Not restarted: the completer already retries whatever can succeed later (connection
+        # trouble, conflicts, a refused outcome written alone: completer.py), so what it raises
+        # would be raised again on the same queued outcome. And while it is down the producer goes
+        # on claiming: every job run meanwhile has no outcome written, is given back at
+        # deregistration and runs again. So the first failure stops the runtime.
+        self._completer_task = supervise("livepush-jobs-completer", self._completer.run, give_up=1)
+        # Threads for sync jobs. A timed-out sync job keeps its thread until it returns, so leave
+        # headroom beyond the concurrency.
         self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency * 2,
                                                               thread_name_prefix="livepush-job")
+        if self._listen:
+            listener = self._listener.get()
+            listener.add(queries.READY_CHANNEL, lambda _payload: self._doorbell.set(), on_resync=self._doorbell.set)
+            listener.add(queries.CANCEL_CHANNEL, self._on_cancel_ring)
+            await listener.start()
         self.state = "running"
         self.id = await maintenance.register(self._pool, self.info)
         await self._publish_state("running")
@@ -241,8 +273,17 @@ class Runtime:
         if self.in_hand:
             log.warning("giving back %d jobs in hand (attempt not spent)", len(self.in_hand))
             self.release_all()
-        assert self._completer is not None
-        await self._completer.close()
+        await self._close_completer()
+
+    async def _close_completer(self) -> None:
+        if self._completer is None or self._completer_task is None:
+            return
+        self._completer.closing()
+        task, self._completer_task = self._completer_task, None
+        try:
+            await task
+        except Exception as exc:  # gave up: what it could not write is given back at deregistration
+            log.error("the completer stopped (%s); outcomes not written are given back at deregistration", exc)
 
     def release_all(self) -> None:
         """Give back every job in hand, attempt not spent."""
@@ -264,10 +305,10 @@ class Runtime:
             pass
 
     async def _close(self) -> None:
-        # Side tasks end at their next loop turn even if a cancellation is lost inside a
-        # database call (psycopg may turn it into QueryCanceled); re-cancel until they are gone.
+        # Side tasks end at their next loop turn even if a cancellation is lost inside a database
+        # call (psycopg may turn it into QueryCanceled); re-cancel until they are gone.
         self._closing.set()
-        pending = set(self._tasks)
+        pending = {t for t in [*self._tasks, self._cancel_check] if t is not None}
         while pending:
             for task in pending:
                 task.cancel()
@@ -275,23 +316,28 @@ class Runtime:
             if pending:
                 log.warning("side tasks %s still stopping", [t.get_name() for t in pending])
         self._tasks = []
-        if self._completer is not None and self._completer._task is not None:
-            await self._completer.close()
+        try:
+            await self._close_completer()
+        except Exception as exc:
+            log.error("could not write the last outcomes (%s): those jobs are given back at deregistration", exc)
+        self.state = "stopped"
+        if self._pool is not None and self.id is not None:
+            try:
+                given_back, touched = await maintenance.deregister(self._pool, self.id)
+                if given_back:
+                    log.warning("gave back %d jobs still marked as ours at deregistration", given_back)
+                if self._group_progress is not None:
+                    self._group_progress.mark(touched)
+                await self._publish_state("stopped")
+            except _DB_ERRORS as exc:
+                log.error("could not deregister runtime %s (%s): its jobs are released once it is found dead",
+                          self.id, exc)
         if self._group_progress is not None:
             await self._group_progress.close()
             self._group_progress = None
-        self.state = "stopped"
-        if self._pool is not None:
-            try:
-                if self.id is not None:
-                    given_back = await maintenance.deregister(self._pool, self.id)
-                    if given_back:
-                        log.warning("gave back %d jobs still marked as ours at deregistration", given_back)
-                    await self._publish_state("stopped")
-            except psycopg.Error as exc:
-                log.error("could not deregister runtime %s (%s): its jobs are released once it is found dead",
-                          self.id, exc)
-            await self._pool.close()
+        await self._listener.aclose()
+        if self._pools is not None:
+            await self._pools.aclose()
         if self._claim_conn is not None:
             await self._claim_conn.close()
             self._claim_conn = None
@@ -309,39 +355,39 @@ class Runtime:
             self.stop()
 
     async def _publish_state(self, event: str) -> None:
-        if self._pool is None or self.id is None:
+        """The runtime's own state on runtime:<id> and runtimes, for operators' pages."""
+        if self.publisher is None or self.id is None:
             return
-        try:
-            async with self._pool.connection() as conn:
-                later = await events.apublish_in(conn, events.runtime_event(event, self.info))
-            await events.apublish_after(later)
-        except Exception as exc:  # the runtime's own state is informative only
-            _reraise_if_cancelled()
-            log.warning("could not publish runtime state %s: %s", event, exc)
-
-    # -- listener ----------------------------------------------------------------------------
-    async def _listen(self) -> None:
-        backoff = 0.1
-        while not self._closing.is_set():
+        data = {"event": event, "runtime": self.info}
+        for topic in (f"runtime:{self.id}", "runtimes"):
             try:
-                async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
-                    await conn.execute(f"LISTEN {queries.READY_CHANNEL}")
-                    await conn.execute(f"LISTEN {queries.CANCEL_CHANNEL}")
-                    backoff = 0.1
-                    self._doorbell.set()  # anything enqueued while we were not listening
-                    async for note in conn.notifies():
-                        if note.channel == queries.READY_CHANNEL:
-                            self._doorbell.set()
-                        elif note.channel == queries.CANCEL_CHANNEL and note.payload.isdigit():
-                            self._cancel_local(int(note.payload))
-            except asyncio.CancelledError:
-                raise
-            except psycopg.Error as exc:
-                _reraise_if_cancelled()
-                log.warning("job listener lost its connection (%s); polling every %g s until it is back",
-                            exc, self.poll_interval)
-                await self._pause(backoff)
-                backoff = min(backoff * 2, 5.0)
+                await self.publisher.apublish(topic, data)
+            except Exception as exc:  # informative only: the runtime goes on
+                reraise_if_cancelled()
+                log.warning("could not publish runtime state %s on %s: %s", event, topic, exc)
+
+    # -- cancel requests ------------------------------------------------------------------
+    def _on_cancel_ring(self, payload: str) -> None:
+        mine = [i for i in parse_cancel_ids(payload) if i in self.in_hand]
+        if not mine:
+            return
+        self._cancels_due.update(mine)
+        if self._cancel_check is None or self._cancel_check.done():
+            self._cancel_check = asyncio.create_task(self._confirm_cancels(), name="livepush-jobs-cancel-check")
+
+    async def _confirm_cancels(self) -> None:
+        """Cancel what the rows say was cancelled among the ids notifications named."""
+        assert self._pool is not None and self.id is not None
+        while self._cancels_due:
+            ids, self._cancels_due = sorted(self._cancels_due), set()
+            try:
+                confirmed = await maintenance.cancel_requests(self._pool, self.id, ids)
+            except _DB_ERRORS as exc:
+                reraise_if_cancelled()
+                log.warning("could not check cancel requests (%s); the heartbeat checks them again", exc)
+                return
+            for job_id in confirmed:
+                self._cancel_local(job_id)
 
     def _cancel_local(self, job_id: int) -> None:
         entry = self.in_hand.get(job_id)
@@ -355,7 +401,7 @@ class Runtime:
     # -- producer -----------------------------------------------------------------------------
     async def _produce(self) -> None:
         more = True  # whether the last claim filled every slot (so more may be waiting)
-        backoff = 0.05
+        retry = Backoff(0.05, 5.0)
         while not self._stop.is_set():
             free = self.concurrency - len(self.in_hand)
             if free <= 0:
@@ -377,19 +423,18 @@ class Runtime:
             self._doorbell.clear()
             try:
                 claimed = await self._claim(free)
-                backoff = 0.05
-            except psycopg.Error as exc:
-                _reraise_if_cancelled()
-                log.warning("claim failed (%s); retrying in %.2f s", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                retry.reset()
+            except _DB_ERRORS as exc:
+                reraise_if_cancelled()
+                log.warning("claim failed (%s); retrying in about %.2f s", exc, retry.delay)
+                await retry.wait()
                 continue
             more = claimed >= free
 
     async def _settle(self) -> None:
-        """Yield while jobs are still finishing, so that the next claim is a batch rather
-        than one job at a time (jobs that end together take a few loop turns to return).
-        Bounded: a steady trickle of slow jobs must not hold the claim back."""
+        """Yield while jobs are still finishing, so that the next claim is a batch rather than one
+        job at a time (jobs that end together take a few loop turns to return). Bounded: a steady
+        trickle of slow jobs must not hold the claim back."""
         before = len(self.in_hand)
         for _ in range(4):
             await asyncio.sleep(0)
@@ -404,15 +449,14 @@ class Runtime:
             if conn is not None:
                 await conn.close()
             self._claim_conn = None
-            # prepare_threshold=0: the claim is prepared from its first run, not its sixth
-            # (the first claims of an idle runtime are its pickup latency).
-            conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True,  # type: ignore[arg-type]
-                                                         connect_timeout=10, prepare_threshold=0)
+            assert self.url is not None
+            # prepare_threshold=0: the claim is prepared from its first run, not its sixth (the
+            # first claims of an idle runtime are its pickup latency).
+            conn = await aconnect(self.url, prepare_threshold=0)
             self._claim_conn = conn
         return conn
 
     async def _claim(self, free: int) -> int:
-        assert self._completer is not None
         rows: list[dict[str, Any]] = []
         params: dict[str, Any] = {"excluded": sorted(self.excluded), "runtime_id": self.id}
         # Each queue's claim is one statement in autocommit: one round trip, no BEGIN/COMMIT.
@@ -430,31 +474,22 @@ class Runtime:
             # Earlier queues' claims are committed: those jobs are ours and must run.
             if not rows:
                 raise
-            _reraise_if_cancelled()
+            reraise_if_cancelled()
             log.warning("claim failed after %d jobs were claimed (%s); running those", len(rows), exc)
-        if not rows:
-            return 0
-        # "started" for the jobs this runtime knows (an unknown one is given back without an
-        # event). With the Postgres fan-out the completer publishes them in its next batch,
-        # ahead of anything else about these jobs; otherwise they go out now, after the commit.
-        jobs = [ClaimedJob.from_row(row) for row in rows]
-        known = [(job, row) for job, row in zip(jobs, rows) if job.name in self.registry]
-        if events.in_transaction():
-            for job, _ in known:
-                self._completer.started(job)
-        else:
-            await events.apublish_after([events.job_event("started", row) for _, row in known])
-        for job in jobs:
+        assert self._completer is not None
+        for row in rows:
+            job = ClaimedJob.from_row(row)
+            self._completer.started(job)
             self._start(job)
         return len(rows)
 
     def _start(self, job: ClaimedJob) -> None:
         assert self._completer is not None
-        ctx = JobContext(job, self._completer)
+        ctx = JobContext(job, self._completer, pool=self._pool, url=self.url, group_progress=self._group_progress)
         fn = self.registry.find(job.name)
         if fn is None:
-            # A rolling deploy: a newer runtime enqueued a job this one does not know. Give it
-            # back for a runtime that does, and never claim that name here again.
+            # A rolling deploy: a newer runtime enqueued a job this one does not know. Give it back
+            # for a runtime that does, and never claim that name here again.
             log.warning("job %s has the unknown name %r: giving it back and skipping that name from now on "
                         "(deploy the code that defines it to this runtime)", job.id, job.name)
             self.excluded.add(job.name)
@@ -484,21 +519,23 @@ class Runtime:
             self._slot_freed.set()
 
     # -- heartbeat, rescue, promotion -------------------------------------------------------------
-    async def _heartbeat(self) -> None:
-        assert self._pool is not None
+    async def _beat_loop(self) -> None:
+        assert self._pool is not None and self.id is not None
         last_in_hand = -1
         while not self._closing.is_set():
             try:
                 await maintenance.beat(self._pool, self.info)
-                await maintenance.rescue(self._pool)
-                for job_id in await maintenance.cancel_requests(self._pool, self.id):  # type: ignore[arg-type]
+                _, touched = await maintenance.rescue(self._pool)
+                if touched and self._group_progress is not None:
+                    self._group_progress.mark(touched)
+                for job_id in await maintenance.cancel_requests(self._pool, self.id):
                     self._cancel_local(job_id)
                 if len(self.in_hand) != last_in_hand:
                     last_in_hand = len(self.in_hand)
                     await self._publish_state(self.state)
                 await self._prune()
-            except psycopg.Error as exc:
-                _reraise_if_cancelled()
+            except _DB_ERRORS as exc:
+                reraise_if_cancelled()
                 log.warning("heartbeat failed (%s); trying again next beat", exc)
             await self._pause(self.heartbeat)
 
@@ -519,29 +556,9 @@ class Runtime:
                 if await maintenance.promote(self._pool):
                     self._doorbell.set()
                 wait = await maintenance.seconds_to_next_scheduled(self._pool)
-            except psycopg.Error as exc:
-                _reraise_if_cancelled()
+            except _DB_ERRORS as exc:
+                reraise_if_cancelled()
                 log.warning("promoting scheduled jobs failed (%s)", exc)
                 wait = None
             delay = self.poll_interval if wait is None else min(self.poll_interval, max(wait, 0.005))
             await self._pause(delay)
-
-
-async def _check_schema(url: str) -> None:
-    from ...migrate import required_version
-
-    try:
-        async with await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=5) as conn:
-            try:
-                row = await (await conn.execute("SELECT coalesce(max(version), 0) FROM livepush_schema")).fetchone()
-                have = int(row[0]) if row else 0
-            except psycopg.errors.UndefinedTable:
-                have = 0
-    except psycopg.OperationalError as exc:
-        from ...postgres.connect import unreachable
-
-        raise unreachable(url, exc) from exc
-    need = required_version()
-    if have < need:
-        raise SchemaError(f"the database schema is at version {have} but the job runtime needs {need}: "
-                          "run `livepush migrate`")

@@ -1,0 +1,105 @@
+"""The one place livepush's parts are put together (the CLI's commands and the demo use it).
+
+From the settings it builds, once per process: one Postgres listener per database and one Redis
+subscriber (shared by every part that waits for notifications there), the fan-out, the
+revocation store, the state sources, and, with jobs, the runtime; then hands each part what it
+needs. Nothing else in the package builds or finds its collaborators.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from .. import api, migrate, sessions
+from ..config import Settings
+from ..fanout import FanOut, from_env
+from ..jobs.events.source import JobStates
+from ..jobs.runtime.runtime import Runtime
+from ..postgres.listener import Listener
+from ..redis.subscriber import Subscriber
+from ..server.app import PageRoute, PushServer
+from ..server.run import Sidecar
+from ..sessions.revocations import store_from_settings
+from ..sessions.rules import App
+
+
+@dataclass
+class Parts:
+    """What a `serve` process runs, and what it closes when it stops (in this order)."""
+
+    server: PushServer
+    runtime: Runtime | None = None
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    listener: Listener | None = None  # the one LISTEN connection every Postgres part shares
+
+    @property
+    def sidecars(self) -> list[Sidecar]:
+        return [runtime_sidecar(self.runtime)] if self.runtime is not None else []
+
+    async def close(self) -> None:
+        for close in self.closers:
+            with contextlib.suppress(Exception):
+                await close()
+
+
+def _listeners(settings: Settings) -> tuple[Listener | None, Subscriber | None]:
+    listener = Listener(settings.database_url) if settings.database_url else None
+    subscriber = Subscriber(settings.redis_url) if settings.redis_url else None
+    return listener, subscriber
+
+
+def server_parts(settings: Settings, *, app: App | None = None, with_jobs: Sequence[str] = (),
+                 pages: PageRoute | None = None) -> Parts:
+    """A server (and, with `with_jobs`, a job runtime beside it) for `settings`."""
+    settings.require_secret()
+    if settings.database_url:
+        migrate.check_schema(settings.database_url)
+    listener, subscriber = _listeners(settings)
+    fanout = from_env(settings, listener=listener, subscriber=subscriber)
+    store = store_from_settings(settings, listener=listener, subscriber=subscriber)
+    states = [JobStates(settings.database_url, listener=listener)] if settings.database_url else []
+    # publish() and revoke() in this process go through the server's own parts (the local fan-out
+    # and the memory store exist only there).
+    api.set_default_fanout(fanout)
+    sessions.set_default_store(store)
+    runtime = None
+    if with_jobs:
+        runtime = Runtime(list(with_jobs), install_signals=False, listener=listener, publisher=fanout)
+    health = [lambda: runtime.healthy] if runtime is not None else []
+    server = PushServer(settings, fanout, app=app, store=store, states=states, pages=pages, health=health)
+    closers: list[Callable[[], Awaitable[None]]] = [fanout.aclose, store.aclose, *(s.aclose for s in states)]
+    closers += [c.aclose for c in (listener, subscriber) if c is not None]
+    closers.append(_forget_defaults)
+    return Parts(server, runtime, closers, listener)
+
+
+async def _forget_defaults() -> None:
+    api.set_default_fanout(None)
+    sessions.set_default_store(None)
+
+
+def jobs_runtime(settings: Settings, modules: Sequence[str], **options: object) -> tuple[Runtime, FanOut]:
+    """A job runtime for `livepush jobs`, with a publish-only fan-out for its own state topics."""
+    fanout = from_env(settings)
+    return Runtime(list(modules), publisher=fanout, **options), fanout  # type: ignore[arg-type]
+
+
+def runtime_sidecar(runtime: Runtime) -> Sidecar:
+    """For `serve --with-jobs`: the runtime as a task beside the server; it drains when the server's
+    stop event is set, and its failure (for good) ends the server with it."""
+
+    async def run(stop: asyncio.Event) -> None:
+        task = asyncio.create_task(runtime.run(), name="livepush-jobs-runtime")
+        stopper = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait([task, stopper], return_when=asyncio.FIRST_COMPLETED)
+        if task not in done:
+            runtime.stop()
+            await task
+        else:
+            stopper.cancel()
+            task.result()
+
+    return run

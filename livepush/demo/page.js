@@ -1,0 +1,58 @@
+// The demo page's script (served as a file: the page's Content-Security-Policy allows no inline script).
+import { LivePush, bindProgress } from "/livepush.js";
+
+const lp = new LivePush(location.origin.replace(/^http/, "ws") + "/");
+const statusEl = document.getElementById("status");
+const show = (status) => { statusEl.textContent = status; statusEl.dataset.status = status; };
+show(lp.status);
+lp.on("status", show);
+window.livepushDemo = { lp, finished: false, group: null };
+
+const SLOTS = 5;
+let groupBinding = null;
+let jobBindings = [];
+
+document.getElementById("start").addEventListener("click", async () => {
+  const n = Math.max(1, Math.min(5000, parseInt(document.getElementById("n").value, 10) || 200));
+  // A POST from this page only: the server refuses a GET and any other site's request.
+  const response = await fetch(`/demo/start?n=${n}`, { method: "POST", cache: "no-store" });
+  if (!response.ok) { document.getElementById("started").textContent = await response.text(); return; }
+  const started = await response.json();
+  window.livepushDemo.finished = false;
+  window.livepushDemo.group = started.group_id;
+  document.getElementById("started").textContent = `import ${started.group_id}: ${n} jobs`;
+
+  if (groupBinding) groupBinding.unsubscribe();
+  const groupEl = document.getElementById("group");
+  groupEl.replaceChildren();
+  let doneSoFar = 0;  // members finished, from the group's events
+  groupBinding = bindProgress(lp, started.group_topic, groupEl, {
+    onUpdate: (view) => { doneSoFar = view.done ?? doneSoFar; },
+    onFinish: () => { window.livepushDemo.finished = true; },
+  });
+
+  // Each slot follows one job until it finishes, then jumps to the newest job not yet
+  // shown, so the bars keep up with the runtime instead of trailing behind it.
+  for (const b of jobBindings) b.unsubscribe();
+  jobBindings = [];
+  const jobsEl = document.getElementById("jobs");
+  jobsEl.replaceChildren();
+  let next = 0;
+  const follow = (slotEl, previous) => {
+    next = Math.max(next, doneSoFar);
+    if (next >= started.job_topics.length) return;  // the last bar stays as it finished
+    if (previous) { previous.unsubscribe(); slotEl.replaceChildren(); }
+    const topic = started.job_topics[next++];
+    let binding = null;
+    binding = bindProgress(lp, topic, slotEl, {
+      onFinish: () => setTimeout(() => follow(slotEl, binding), 150),
+    });
+    jobBindings.push(binding);
+  };
+  for (let i = 0; i < SLOTS; i++) {
+    const slotEl = document.createElement("div");
+    slotEl.className = "bar";
+    jobsEl.appendChild(slotEl);
+    follow(slotEl);
+  }
+});

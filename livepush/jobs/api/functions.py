@@ -1,0 +1,117 @@
+"""Job functions: the `@jobs.job` decorator and what it returns, `JobFunction`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any, overload
+
+from ...errors import ConfigError
+from . import enqueue as _enqueue
+from .args import check_args
+from .handles import JobHandle
+from .registry import REGISTRY, JobRequest
+
+MAX_BACKOFF = 3600.0
+
+
+def default_backoff(attempt: int) -> float:
+    """Seconds before retry number `attempt` (1 after the first failure): about 2^attempt,
+    jittered by ±25 % so a burst of failures does not come back as a burst, capped at an hour."""
+    base = min(2.0 ** attempt, MAX_BACKOFF)
+    return min(base * random.uniform(0.75, 1.25), MAX_BACKOFF)
+
+
+class JobFunction:
+    """What `@jobs.job` returns: still callable as the plain function, plus enqueue."""
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        max_attempts: int = 5,
+        timeout: float | None = 60,
+        never_retry: Iterable[type[BaseException]] = (),
+        backoff: Callable[[int], float] = default_backoff,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        self.func = func
+        self.name = name or f"{func.__module__}.{func.__qualname__}"
+        self.queue = queue
+        self.priority = priority
+        self.max_attempts = max_attempts
+        self.timeout = timeout
+        self.never_retry = tuple(never_retry)
+        self.backoff = backoff
+        self.is_async = inspect.iscoroutinefunction(func)
+        self.__name__ = getattr(func, "__name__", self.name)
+        self.__qualname__ = getattr(func, "__qualname__", self.name)
+        self.__doc__ = func.__doc__
+        self.__module__ = func.__module__
+
+    def __repr__(self) -> str:
+        return f"<job {self.name} queue={self.queue!r}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*args, **kwargs)
+
+    def request(self, *args: Any) -> JobRequest:
+        """This job with these arguments, to enqueue later (e.g. as a group callback)."""
+        return JobRequest(self.name, tuple(check_args(args)))
+
+    def enqueue(self, *args: Any, wait: float | None = None, at: datetime | None = None, conn: Any = None) -> JobHandle:
+        """Enqueue one run. `wait=` delays by seconds, `at=` runs at an aware datetime;
+        `conn=` (a psycopg Connection) enqueues inside the caller's transaction."""
+        return _enqueue.enqueue(self, args, wait=wait, at=at, conn=conn)
+
+    async def aenqueue(
+        self, *args: Any, wait: float | None = None, at: datetime | None = None, conn: Any = None
+    ) -> JobHandle:
+        """enqueue() for async code; `conn=` takes a psycopg AsyncConnection."""
+        return await _enqueue.aenqueue(self, args, wait=wait, at=at, conn=conn)
+
+
+@overload
+def job(func: Callable[..., Any], /) -> JobFunction: ...
+@overload
+def job(
+    *,
+    name: str | None = ...,
+    queue: str = ...,
+    priority: int = ...,
+    max_attempts: int = ...,
+    timeout: float | None = ...,
+    never_retry: Iterable[type[BaseException]] = ...,
+    backoff: Callable[[int], float] = ...,
+) -> Callable[[Callable[..., Any]], JobFunction]: ...
+
+
+def job(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+    """Declare a job function: `@jobs.job` or `@jobs.job(queue=..., priority=..., ...)`.
+
+    The function takes `ctx` first, then its arguments (plain JSON). Async functions run on
+    the runtime's event loop; sync ones in its thread pool.
+    """
+    if func is not None:
+        return REGISTRY.add(JobFunction(func))
+    unknown = set(options) - {"name", "queue", "priority", "max_attempts", "timeout", "never_retry", "backoff"}
+    if unknown:
+        raise TypeError(f"@jobs.job() got unknown options {sorted(unknown)}")
+    queue = options.get("queue", "default")
+    if not isinstance(queue, str) or not queue:
+        raise ConfigError(f"@jobs.job(queue={queue!r}): a queue is a non-empty string")
+
+    def decorate(f: Callable[..., Any]) -> JobFunction:
+        return REGISTRY.add(JobFunction(f, **options))
+
+    return decorate
+

@@ -1,0 +1,124 @@
+"""The state topics of jobs and groups, as the server reads them: `JobStates` is the
+StateSource (livepush.types) the wiring registers for `job:` and `group:`.
+
+Changes ring `livepush_states` ("TOPIC [VERSION]" a line; an enqueue "job:FIRST-LAST" for the
+id range it created) in the transaction that made them; `JobStates` hands each named topic or
+range to the server, which reads the current state here, from the rows. A line that does not
+parse is dropped with a debug line: the ring is only a hint.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from psycopg.rows import dict_row
+
+from ...channels import ListenerSlot
+from ...postgres.connect import translated
+from ...postgres.listener import Listener
+from ...postgres.pools import LoopPools
+from ...postgres.text import BIGINT_MAX
+from ...types import State, Topic
+from .. import queries
+from ..groups import queries as group_queries
+from .views import group_state, job_state
+
+log = logging.getLogger("livepush.jobs.events")
+
+_ID = "[1-9][0-9]{0,18}"
+_LINE = re.compile(rf"(job|group):({_ID})(?: ([0-9]{{1,19}})|-({_ID}))?")
+MAX_LINES = 150  # what livepush_state_changed() puts in one notification
+
+
+@dataclass
+class Ring:
+    """What one `livepush_states` notification names: topics that changed (with their new
+    version when it says), and id ranges of rows that may have been created."""
+
+    changed: list[tuple[Topic, int | None]] = field(default_factory=list)
+    created: list[tuple[str, int, int]] = field(default_factory=list)  # (prefix "job:", first, last)
+
+
+def parse_ring(payload: str) -> Ring:
+    """The lines of a `livepush_states` notification that parse ("TOPIC", "TOPIC VERSION",
+    "KIND:FIRST-LAST", canonical ASCII decimal within a bigint); the rest is dropped."""
+    ring = Ring()
+    for line in payload.split("\n", MAX_LINES)[:MAX_LINES]:
+        m = _LINE.fullmatch(line)
+        kind, ident, version, last = m.groups() if m is not None else ("", "0", None, None)
+        if m is None or int(ident) > BIGINT_MAX or (last is not None and not int(ident) <= int(last) <= BIGINT_MAX):
+            if line:
+                log.debug("dropped a line on %s that names no state topic: %r", queries.STATE_CHANNEL, line[:80])
+            continue
+        if last is not None:
+            ring.created.append((f"{kind}:", int(ident), int(last)))
+        else:
+            ring.changed.append((f"{kind}:{ident}", int(version) if version else None))
+    return ring
+
+
+class JobStates:
+    """`job:<id>` and `group:<id>`, read from the jobs' database at `url`. `listener`: the process's
+    shared Postgres listener on that database (else one of its own)."""
+
+    prefixes = ("job:", "group:")
+
+    def __init__(self, url: str, *, listener: Listener | None = None) -> None:
+        self.url = url
+        self._pools = LoopPools(url, name="livepush-states")
+        self._listener = ListenerSlot(listener, lambda: Listener(url))
+        self._on_change: Callable[[Topic, int | None], None] | None = None
+        self._on_created: Callable[[str, int, int], None] | None = None
+
+    def watch(self, on_change: Callable[[Topic, int | None], None], on_resync: Callable[[], None],
+              on_created: Callable[[str, int, int], None]) -> None:
+        self._on_change = on_change
+        self._on_created = on_created
+        self._listener.get().add(queries.STATE_CHANNEL, self._on_ring, on_resync=on_resync)
+
+    async def listen(self) -> None:
+        await self._listener.get().start()
+
+    @property
+    def listening(self) -> bool:
+        return self._listener.listening
+
+    def _on_ring(self, payload: str) -> None:
+        if self._on_change is None or self._on_created is None:
+            return
+        ring = parse_ring(payload)
+        for topic, version in ring.changed:
+            self._on_change(topic, version)
+        for prefix, first, last in ring.created:
+            self._on_created(prefix, first, last)
+
+    async def read(self, topics: Sequence[Topic]) -> dict[Topic, State]:
+        jobs: list[int] = []
+        groups: list[int] = []
+        for topic in topics:
+            kind, _, ident = topic.partition(":")
+            if not (ident.isascii() and ident.isdigit()) or int(ident) > BIGINT_MAX:
+                continue
+            (jobs if kind == "job" else groups if kind == "group" else []).append(int(ident))
+        out: dict[Topic, State] = {}
+        if not jobs and not groups:
+            return out
+        with translated(self.url):
+            async with (await self._pools.aget()).connection() as conn:
+                async with conn.cursor(row_factory=dict_row) as cur:
+                    if jobs:
+                        await cur.execute(queries.JOB_STATES, {"ids": jobs})
+                        for row in await cur.fetchall():
+                            out[f"job:{row['id']}"] = job_state(row)
+                    if groups:
+                        await cur.execute(group_queries.GROUP_VIEWS, {"ids": groups})
+                        for row in await cur.fetchall():
+                            out[f"group:{row['id']}"] = group_state(row)
+        return out
+
+    async def aclose(self) -> None:
+        await self._listener.aclose()
+        await self._pools.aclose()

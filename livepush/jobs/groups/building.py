@@ -1,0 +1,283 @@
+"""Building task groups (docs/reference.md#4-python-api, docs/groups.md):
+
+    with jobs.group(on_success=report.request(1), on_failure=alert.request(1)) as g:
+        for row in rows:
+            g.enqueue(import_row, 1, row)      # created, filled and sealed in one transaction
+    g.handle                                   # GroupHandle(id, topic, signed_topic)
+
+Over several transactions: `create_group()`, `add_to_group()` (while open), `seal_group()`.
+How counting, sealing and finishing stay exactly-once under concurrency: queries.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from ...postgres.connect import translated
+from .. import database
+from ..api.enqueue import Batch, item, run_at
+from ..api.handles import JobHandle, StateTopicHandle, checked_id
+from ..api.registry import JobRequest, JobSpec
+from ..errors import GroupClosedError, GroupLimitError, GroupNotFound, LeaseLostError
+from . import queries as gq
+from . import steps
+from .transactions import ain_tx, in_tx
+
+MAX_GROUP_MEMBERS = 100_000  # members per group, whichever way they are added
+DEFAULT_SHARDS = 16  # counter rows per group: outcomes of different shards never wait on each other
+CHUNK = 5000  # members per insert statement
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupHandle(StateTopicHandle):
+    """A task group: its id and the state topic a page subscribes to (`group:<id>`)."""
+
+    id: int
+    kind = "group"
+
+    def add(self, fn: JobSpec, *args: Any, wait: float | None = None, at: datetime | None = None,
+            conn: Any = None) -> JobHandle:
+        return add_to_group(self.id, fn, *args, wait=wait, at=at, conn=conn)
+
+    def seal(self, conn: Any = None) -> bool:
+        return seal_group(self.id, conn=conn)
+
+
+def refused(group_id: int, row: dict[str, Any] | None, adding: int, states: Sequence[str]) -> Exception:
+    """The typed error for an add that ADD_TOTAL refused, from the group's row."""
+    if row is None:
+        return GroupNotFound(f"no task group {group_id} (never created, or deleted after its retention time)")
+    if row["finished_at"] is not None or row["state"] not in states:
+        how = ("only its running members can add to it (ctx.group.enqueue)" if row["state"] == "sealed"
+               else "it takes no more members")
+        return GroupClosedError(f"task group {group_id} is {row['state']}: {how}")
+    return GroupLimitError(
+        f"task group {group_id} has {row['total']} members and adding {adding} would pass the limit of "
+        f"{MAX_GROUP_MEMBERS}: split the work over several groups")
+
+
+def add_steps(group_id: int, batch: Batch, *, states: Sequence[str], seal: bool = False,
+              fence: tuple[int, int] | None = None) -> steps.Steps[list[dict[str, Any]]]:
+    """Fence (ctx.group.enqueue), insert, count pending, bump total; raise if refused. Returns
+    the member rows (id, name)."""
+    if fence is not None:
+        ok = yield steps.Query(gq.FENCE_MEMBER, {"id": fence[0], "lease": fence[1]})
+        if not ok:
+            raise LeaseLostError(
+                f"job {fence[0]} no longer holds its claim (rescued after its runtime was presumed dead, timed out "
+                f"or given back): its additions to group {group_id} are refused; another attempt will run")
+    rows, got = yield from steps.add(group_id, batch.chunks(CHUNK), states=states, limit=MAX_GROUP_MEMBERS, seal=seal)
+    if got is None:
+        row = yield from steps.group_row(group_id)
+        raise refused(group_id, row, len(rows), states)
+    return rows
+
+
+def check_limit(n: int) -> None:
+    if n > MAX_GROUP_MEMBERS:
+        raise GroupLimitError(f"a task group takes at most {MAX_GROUP_MEMBERS} members; this one would have {n}: "
+                              "split the work over several groups")
+
+
+def _callbacks(on_finish: Any, on_success: Any, on_failure: Any) -> dict[str, str | None]:
+    return {"on_finish": steps.callback_spec(on_finish), "on_success": steps.callback_spec(on_success),
+            "on_failure": steps.callback_spec(on_failure)}
+
+
+def _shards(shards: int) -> int:
+    if not 1 <= shards <= 1024:
+        raise ValueError(f"shards= must be between 1 and 1024, got {shards}")
+    return shards
+
+
+# -- the block: create, fill and seal in one transaction ---------------------------------------
+
+class GroupBuilder:
+    """`with jobs.group(...) as g:` collects members with `g.enqueue(fn, *args)`; at the end of the
+    block the group is created, filled and sealed in one transaction (the caller's with `conn=`).
+    If the block raises, nothing is written. `g.id` and `g.handle` are known inside the block
+    already (the id is reserved on entry)."""
+
+    def __init__(self, on_finish: JobRequest | None, on_success: JobRequest | None, on_failure: JobRequest | None,
+                 conn: Any, shards: int) -> None:
+        self._callbacks = _callbacks(on_finish, on_success, on_failure)
+        self._conn = conn
+        self._shards = _shards(shards)
+        self._batch = Batch()
+        self._id: int | None = None
+        self.members: list[JobHandle] = []
+
+    @property
+    def id(self) -> int:
+        if self._id is None:
+            raise RuntimeError("the group's id is known once its `with` block is entered")
+        return self._id
+
+    @property
+    def handle(self) -> GroupHandle:
+        return GroupHandle(self.id)
+
+    def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None,
+                at: datetime | None = None) -> None:
+        """Add a member (written when the block ends). Arguments are checked now."""
+        if isinstance(fn, JobRequest):
+            if args:
+                raise TypeError("g.enqueue(job.request(...)) takes no further arguments")
+            fn, args = fn.function, fn.args
+        if not isinstance(fn, JobSpec) or isinstance(fn, type):
+            raise TypeError(f"g.enqueue() takes a @jobs.job function and its arguments, got {fn!r}")
+        check_limit(len(self._batch) + 1)
+        self._batch.add(fn, args, run_at(wait, at), self.id)
+
+    def enqueue_many(self, items: Iterable[Any]) -> None:
+        """Members as for jobs.enqueue_many: job.request(...) values or (job, args[, options]) tuples."""
+        for entry in items:
+            fn, args, when = item(entry)
+            check_limit(len(self._batch) + 1)
+            self._batch.add(fn, args, when, self.id)
+
+    def _steps(self) -> steps.Steps[list[dict[str, Any]]]:
+        yield from steps.create(self.id, self._shards, self._callbacks)
+        rows = yield from add_steps(self.id, self._batch, states=["open"], seal=True)
+        views = yield from steps.views([self.id])
+        yield from steps.record(views, "created")
+        if not rows:  # empty: nothing will ever finish, so the seal finishes it (ADD_TOTAL holds the lock)
+            yield from steps.finish([self.id], locked=True)
+        return rows
+
+    def _done(self, rows: list[dict[str, Any]]) -> None:
+        self.members = [JobHandle(r["id"], r["name"]) for r in rows]
+
+    def __enter__(self) -> GroupBuilder:
+        with translated(database.database_url()):
+            if self._conn is not None:
+                self._id = int(self._conn.execute(gq.RESERVE_GROUP_ID).fetchone()[0])
+            else:
+                with database.pools().sync().connection() as own:
+                    self._id = int(own.execute(gq.RESERVE_GROUP_ID).fetchone()[0])  # type: ignore[index]
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            return  # nothing was written; the reserved id stays unused
+        self._done(in_tx(self._steps, self._conn))
+
+    async def __aenter__(self) -> GroupBuilder:
+        with translated(database.database_url()):
+            if self._conn is not None:
+                row = await (await self._conn.execute(gq.RESERVE_GROUP_ID)).fetchone()
+            else:
+                async with (await database.pools().aget()).connection() as own:
+                    row = await (await own.execute(gq.RESERVE_GROUP_ID)).fetchone()
+        self._id = int(row[0])
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            return
+        self._done(await ain_tx(self._steps, self._conn))
+
+
+def group(on_finish: JobRequest | None = None, on_success: JobRequest | None = None,
+          on_failure: JobRequest | None = None, *, conn: Any = None, shards: int = DEFAULT_SHARDS) -> GroupBuilder:
+    """A task group built in one `with` block (see GroupBuilder). Callbacks are job requests
+    (`some_job.request(*args)`): on_finish always runs once the group is finished, on_success when
+    every member succeeded, on_failure otherwise (a failed or cancelled member)."""
+    return GroupBuilder(on_finish, on_success, on_failure, conn, shards)
+
+
+def agroup(on_finish: JobRequest | None = None, on_success: JobRequest | None = None,
+           on_failure: JobRequest | None = None, *, conn: Any = None, shards: int = DEFAULT_SHARDS) -> GroupBuilder:
+    """`async with jobs.agroup(...) as g:`; `conn=` takes an AsyncConnection."""
+    return GroupBuilder(on_finish, on_success, on_failure, conn, shards)
+
+
+# -- separate calls ----------------------------------------------------------------------------
+
+def _create_steps(callbacks: dict[str, str | None], shards: int) -> steps.Steps[GroupHandle]:
+    (row,) = yield steps.Query(gq.RESERVE_GROUP_ID, {})
+    group_id = int(row["nextval"])
+    yield from steps.create(group_id, shards, callbacks)
+    yield from steps.record((yield from steps.views([group_id])), "created")
+    return GroupHandle(group_id)
+
+
+def create_group(on_finish: JobRequest | None = None, on_success: JobRequest | None = None,
+                 on_failure: JobRequest | None = None, *, conn: Any = None,
+                 shards: int = DEFAULT_SHARDS) -> GroupHandle:
+    """Create an open group, to fill with add_to_group() and close with seal_group() (in as many
+    transactions as you like). It cannot finish before it is sealed."""
+    cbs, n = _callbacks(on_finish, on_success, on_failure), _shards(shards)
+    return in_tx(lambda: _create_steps(cbs, n), conn)
+
+
+async def acreate_group(on_finish: JobRequest | None = None, on_success: JobRequest | None = None,
+                        on_failure: JobRequest | None = None, *, conn: Any = None,
+                        shards: int = DEFAULT_SHARDS) -> GroupHandle:
+    cbs, n = _callbacks(on_finish, on_success, on_failure), _shards(shards)
+    return await ain_tx(lambda: _create_steps(cbs, n), conn)
+
+
+def _add_many_steps(group_id: int, batch: Batch) -> steps.Steps[list[JobHandle]]:
+    rows = yield from add_steps(group_id, batch, states=["open"])
+    # We hold the group's row lock (ADD_TOTAL): this progress is ordered with its other events.
+    yield from steps.record((yield from steps.views([group_id])), "progress")
+    return [JobHandle(r["id"], r["name"]) for r in rows]
+
+
+def _batch_of(group_id: int, items: Iterable[Any]) -> Batch:
+    batch = Batch()
+    for entry in items:
+        fn, args, when = item(entry)
+        batch.add(fn, args, when, group_id)
+    check_limit(len(batch))
+    return batch
+
+
+def add_to_group(group_id: int, fn: JobSpec, *args: Any, wait: float | None = None,
+                 at: datetime | None = None, conn: Any = None) -> JobHandle:
+    """Add one member to an open group. Raises GroupClosedError once it is sealed (running members
+    can still add through ctx.group.enqueue), GroupLimitError past the member limit."""
+    group_id = checked_id(group_id, "group_id")
+    batch = Batch()
+    batch.add(fn, args, run_at(wait, at), group_id)
+    return in_tx(lambda: _add_many_steps(group_id, batch), conn)[0]
+
+
+def add_many_to_group(group_id: int, items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
+    """Add many members in one transaction (items as for jobs.enqueue_many)."""
+    group_id = checked_id(group_id, "group_id")
+    batch = _batch_of(group_id, items)
+    return in_tx(lambda: _add_many_steps(group_id, batch), conn)
+
+
+async def aadd_to_group(group_id: int, fn: JobSpec, *args: Any, wait: float | None = None,
+                        at: datetime | None = None, conn: Any = None) -> JobHandle:
+    group_id = checked_id(group_id, "group_id")
+    batch = Batch()
+    batch.add(fn, args, run_at(wait, at), group_id)
+    return (await ain_tx(lambda: _add_many_steps(group_id, batch), conn))[0]
+
+
+def _seal_steps(group_id: int) -> steps.Steps[bool]:
+    sealed = yield from steps.seal(group_id)
+    if not sealed:
+        row = yield from steps.group_row(group_id)
+        if row is None:
+            raise GroupNotFound(f"no task group {group_id}")
+    return sealed
+
+
+def seal_group(group_id: int, *, conn: Any = None) -> bool:
+    """Seal an open group: no more adds from outside; it finishes (callbacks run) once no member is
+    pending, at once if none is. False if it was not open (already sealed, cancelled or finished)."""
+    group_id = checked_id(group_id, "group_id")
+    return in_tx(lambda: _seal_steps(group_id), conn)
+
+
+async def aseal_group(group_id: int, *, conn: Any = None) -> bool:
+    group_id = checked_id(group_id, "group_id")
+    return await ain_tx(lambda: _seal_steps(group_id), conn)

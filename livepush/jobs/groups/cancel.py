@@ -1,0 +1,71 @@
+"""Cancelling a task group: `jobs.cancel_group()` / `acancel_group()`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..api.handles import checked_id
+from . import queries as gq
+from . import steps
+from .transactions import ain_tx, in_tx
+
+CANCEL_CHUNK = 1000  # members per cancel transaction
+
+
+def _mark_steps(group_id: int) -> steps.Steps[bool]:
+    marked = yield steps.Query(gq.CANCEL_MARK, {"id": group_id})
+    if not marked:
+        return False
+    yield from steps.record((yield from steps.views([group_id])), "cancelled")
+    return True
+
+
+def _chunk_steps(group_id: int, after: int) -> steps.Steps[list[dict[str, Any]]]:
+    """One chunk of members: queued ones cancelled (and counted, like any outcome), running ones
+    flagged. Counts and rings what changed, in this transaction (an operator call has no progress
+    publisher). Returns the chunk's rows."""
+    rows = yield steps.Query(gq.CANCEL_MEMBERS, {"id": group_id, "after": after, "limit": CANCEL_CHUNK})
+    touched = yield from steps.count_outcomes(steps.members_of(rows))
+    yield from steps.progress_now(sorted(touched))
+    return rows
+
+
+def _finish_steps(group_id: int) -> steps.Steps[None]:
+    yield from steps.finish([group_id], locked=False)
+
+
+def cancel_group(group_id: int) -> bool:
+    """Cancel a task group: members still queued (or waiting for a retry) are cancelled, running
+    ones are told to stop (they end `cancelled` at their next await or `ctx.progress()`, or finish
+    normally if they complete first). Once nothing is pending the group finishes as `cancelled`:
+    on_finish and on_failure run. Returns False when the group was already finished or cancelled.
+
+    Three kinds of short transaction, so a cancel never holds the group row while it waits for
+    members' rows (see queries.py for the lock order)."""
+    group_id = checked_id(group_id, "group_id")
+    if not in_tx(lambda: _mark_steps(group_id), None):
+        return False
+    after = 0
+    while True:
+        rows = in_tx(lambda: _chunk_steps(group_id, after), None)
+        if len(rows) < CANCEL_CHUNK:
+            break
+        after = rows[-1]["id"]
+    # Nothing pending now (every member was finished already, or none was running): the group
+    # finishes here. Otherwise the last running member's outcome finishes it.
+    in_tx(lambda: _finish_steps(group_id), None)
+    return True
+
+
+async def acancel_group(group_id: int) -> bool:
+    group_id = checked_id(group_id, "group_id")
+    if not await ain_tx(lambda: _mark_steps(group_id), None):
+        return False
+    after = 0
+    while True:
+        rows = await ain_tx(lambda: _chunk_steps(group_id, after), None)
+        if len(rows) < CANCEL_CHUNK:
+            break
+        after = rows[-1]["id"]
+    await ain_tx(lambda: _finish_steps(group_id), None)
+    return True

@@ -1,0 +1,110 @@
+"""`ctx.group`: what a running member or callback sees of its task group."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from ...postgres.connect import translated
+from .. import database
+from ..api.enqueue import Batch, run_at
+from ..api.handles import JobHandle
+from ..api.registry import JobRequest, JobSpec
+from ..errors import GroupClosedError
+from ..events.views import GROUP_KEYS
+from . import queries as gq
+from . import steps
+from .building import add_steps
+
+
+class GroupContext:
+    """`ctx.group` of a running member or callback.
+
+    Members: `id`, and `await ctx.group.enqueue(fn, *args)` adds a member to the group, also
+    after the seal, fenced by the member's claim (LeaseLostError once it lost it).
+    Callbacks: also `kind` ("finish", "success" or "failure") and the group's final `state`,
+    `total`, `pending`, `succeeded`, `failed`, `cancelled` (loaded before the callback runs);
+    `as_dict()` gives them as its state topic does."""
+
+    def __init__(self, ctx: Any, view: dict[str, Any] | None = None, kind: str | None = None) -> None:
+        self._ctx = ctx
+        job = ctx.job
+        self.is_callback = job.callback_of is not None
+        self.id: int = job.callback_of if self.is_callback else job.group_id
+        self.kind = kind
+        self._view = view or {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name in GROUP_KEYS and name != "id":
+            return self._view.get(name)
+        raise AttributeError(name)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, **{k: self._view.get(k) for k in GROUP_KEYS if k != "id"}}
+
+    def __repr__(self) -> str:
+        return f"<group {self.id}{' callback ' + str(self.kind) if self.is_callback else ''}>"
+
+    async def _pool(self) -> Any:
+        pool = getattr(self._ctx, "pool", None)
+        return pool if pool is not None else await database.pools().aget()
+
+    @property
+    def _url(self) -> str:
+        return getattr(self._ctx, "url", None) or database.database_url()
+
+    async def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None,
+                      at: datetime | None = None) -> JobHandle:
+        """Add a member to this job's group; returns its handle once committed."""
+        if self.is_callback:
+            raise GroupClosedError(f"this callback runs after group {self.id} finished: it takes no more members "
+                                   "(enqueue a job of your own, or start a new group)")
+        if isinstance(fn, JobRequest):
+            fn, args = fn.function, fn.args
+        batch = Batch()
+        batch.add(fn, args, run_at(wait, at), self.id)
+        job = self._ctx.job
+        publisher = getattr(self._ctx, "group_progress", None)
+        with translated(self._url):
+            async with (await self._pool()).connection() as conn:
+                rows = await steps.arun(conn, add_steps(self.id, batch, states=["open", "sealed"],
+                                                        fence=(job.id, job.lease)))
+                if publisher is None:
+                    await steps.arun(conn, steps.progress_now([self.id]))
+        if publisher is not None:
+            publisher.mark([self.id])  # after the commit: one read is enough
+        return JobHandle(rows[0]["id"], rows[0]["name"])
+
+    aenqueue = enqueue
+
+
+class SyncGroupContext:
+    """`ctx.group` of a sync job (in a worker thread): the same names, blocking."""
+
+    def __init__(self, inner: GroupContext, loop: asyncio.AbstractEventLoop) -> None:
+        self._inner = inner
+        self._loop = loop
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None, at: datetime | None = None,
+                timeout: float = 30.0) -> JobHandle:
+        future = asyncio.run_coroutine_threadsafe(self._inner.enqueue(fn, *args, wait=wait, at=at), self._loop)
+        return future.result(timeout)
+
+
+async def load_callback_context(ctx: Any) -> GroupContext:
+    """ctx.group of a callback job: the group's final state and which callback this is."""
+    group = GroupContext(ctx)
+    with translated(group._url):
+        async with (await group._pool()).connection() as conn:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(gq.CALLBACK_CONTEXT, {"group_id": group.id, "job_id": ctx.job.id})
+                row = await cur.fetchone()
+    if row is None:
+        return group
+    return GroupContext(ctx, dict(row), row["kind"])

@@ -1,0 +1,61 @@
+"""Reading task groups: `get_group()`, `group_members()`, `group_history()`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from ...postgres.connect import translated
+from .. import database
+from ..api.handles import checked_id
+from ..events.views import group_view, iso
+from . import queries as gq
+
+
+def _read(sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    with translated(database.database_url()), database.pools().sync().connection() as conn:
+        with conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(sql, params)  # type: ignore[arg-type]
+            return cur.fetchall()
+
+
+def get_group(group_id: int) -> dict[str, Any] | None:
+    """The group as its state topic shows it ({id, state, total, pending, succeeded, failed,
+    cancelled}) plus created_at, sealed_at, cancelled_at, finished_at (UTC); None if unknown."""
+    group_id = checked_id(group_id, "group_id")
+    rows = _read(gq.GROUP_VIEWS, {"ids": [group_id]})
+    if not rows:
+        return None
+    out = group_view(rows[0])
+    for k in ("created_at", "sealed_at", "cancelled_at", "finished_at"):
+        out[k] = iso(rows[0][k])
+    return out
+
+
+def group_members(group_id: int, after: int | None = None, limit: int = 100) -> tuple[list[dict[str, Any]], int | None]:
+    """One page of members in id order: (rows, next_cursor). Pass next_cursor as `after` for the
+    next page; it is None on the last page (even a full one)."""
+    group_id = checked_id(group_id, "group_id")
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    rows = _read(gq.MEMBERS_PAGE, {"id": group_id, "after": after or 0, "limit": limit})
+    more = len(rows) > limit
+    rows = rows[:limit]
+    for r in rows:
+        r["run_at"] = iso(r["run_at"])
+        r["finished_at"] = iso(r["finished_at"])
+    return rows, (rows[-1]["id"] if more else None)
+
+
+def group_history(group_id: int, before: int | None = None, limit: int = 50) -> tuple[list[dict[str, Any]], int | None]:
+    """The group's events, newest first: (rows of {seq, event, data, at}, next_cursor)."""
+    group_id = checked_id(group_id, "group_id")
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    rows = _read(gq.EVENTS_PAGE, {"id": group_id, "before": before or 2**62, "limit": limit})
+    more = len(rows) > limit
+    rows = rows[:limit]
+    for r in rows:
+        r["at"] = iso(r["at"])
+    return rows, (rows[-1]["seq"] if more else None)

@@ -1,0 +1,157 @@
+"""One LISTEN connection to one database, shared by every part of a process that waits for
+notifications there: the Postgres fan-out, state topics, revocations, the job runtime.
+
+Each part names its channel and a handler (`add`); `start()` returns once every channel added
+so far is LISTENed. Notifications are handed to their channel's handlers on the event loop,
+in the order Postgres delivers them. A handler owns its channel's format: it parses the
+payload and drops what does not parse. A handler that raises is logged and the next
+notification is delivered as usual: nothing a notification holds can stop the listener.
+
+When the connection is lost (a restart, a failover, a killed backend, a silent network) the
+listener reconnects with capped, jittered backoff, LISTENs every channel again, and only then
+runs each channel's resync handler: listen first, then catch up from the tables, so nothing
+committed meanwhile is missed. An unexpected error in the loop itself is logged with its
+traceback and handled the same way. `listening` is False while it is away (drives /healthz).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Callable
+
+import psycopg
+
+from ..channels import Channels, Resync
+from ..errors import DependencyError, ListenError
+from ..tasks import Backoff, stop
+from .connect import aconnect, redact
+
+log = logging.getLogger("livepush.postgres.listener")
+
+Handler = Callable[[str], None]
+
+# Channels are spliced into LISTEN: only livepush's own names, which need no quoting.
+_CHANNEL = re.compile(r"livepush[a-z_]{0,40}")
+# How long one wait for notifications lasts before the loop looks at its own work (channels
+# added since, the ping): short, since an idle wait costs nothing but a timer.
+_CYCLE = 0.25
+
+
+class Listener:
+    def __init__(self, url: str, *, name: str = "livepush-listener", ping: float = 5.0,
+                 backoff: tuple[float, float] = (0.1, 5.0)) -> None:
+        self.url = url
+        self.name = name
+        self.ping = ping
+        self.backoff = backoff
+        self._channels: Channels[str] = Channels(log)
+        self._task: asyncio.Task[None] | None = None
+        self._listening = False
+        self._closing = False
+
+    # -- registering --------------------------------------------------------------------
+    def add(self, channel: str, handler: Handler, *, on_resync: Resync | None = None) -> None:
+        """Hand every notification on `channel` to `handler`; after a reconnect, run `on_resync`.
+        Takes effect at the next `start()` (which waits for it when the listener already runs)."""
+        if not _CHANNEL.fullmatch(channel):
+            raise ValueError(f"{channel!r} is not a livepush channel name")
+        self._channels.add(channel, handler, on_resync)
+
+    @property
+    def listening(self) -> bool:
+        return self._listening
+
+    # -- starting and stopping ---------------------------------------------------------
+    async def start(self, timeout: float = 10.0) -> None:
+        """Return once every channel added so far is LISTENed; raise ListenError if Postgres
+        cannot be reached (at the first start) or the channels are not in effect within
+        `timeout` seconds (a reconnect in progress)."""
+        if self._task is None:
+            try:
+                conn = await self._connect()
+            except (DependencyError, psycopg.Error, OSError) as exc:
+                raise ListenError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+            self._listening = True
+            self._task = asyncio.create_task(self._run(conn), name=self.name)
+            return
+        waiting = [c.live.wait() for c in self._channels.not_live()]
+        if waiting:
+            try:
+                await asyncio.wait_for(asyncio.gather(*waiting), timeout)
+            except TimeoutError:
+                raise ListenError(f"the Postgres listener at {redact(self.url)} is reconnecting: "
+                                  "its new channels were not in effect in time") from None
+
+    async def aclose(self) -> None:
+        self._closing = True
+        self._listening = False
+        task, self._task = self._task, None
+        await stop(task)
+
+    # -- the loop ------------------------------------------------------------------------
+    async def _connect(self) -> psycopg.AsyncConnection:
+        conn = await aconnect(self.url, application_name=self.name)
+        try:
+            for channel in self._channels:
+                await conn.execute(f"LISTEN {channel.name}")
+                channel.live.set()
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
+
+    async def _run(self, conn: psycopg.AsyncConnection) -> None:
+        while not self._closing:
+            try:
+                await self._serve(conn)
+                reason = "the connection ended"
+            except asyncio.CancelledError:
+                await conn.close()
+                raise
+            except (psycopg.Error, OSError, TimeoutError) as exc:
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            except Exception:  # a bug of ours: say so once, with the traceback, and carry on
+                log.exception("the Postgres listener %s failed unexpectedly; reconnecting", self.name)
+                reason = "an unexpected error"
+            self._listening = False
+            self._channels.lost()
+            await conn.close()
+            if self._closing:
+                return
+            lost_at = time.monotonic()
+            log.warning("lost the Postgres listener at %s (%s); reconnecting, then reading what was missed",
+                        redact(self.url), reason)
+            conn = await self._reconnect()
+            self._listening = True
+            log.warning("the Postgres listener is back after %.1f s; reading what was missed",
+                        time.monotonic() - lost_at)
+            await self._channels.resync()
+
+    async def _serve(self, conn: psycopg.AsyncConnection) -> None:
+        last_ping = time.monotonic()
+        while not self._closing:
+            async for note in conn.notifies(timeout=_CYCLE):
+                self._dispatch(note.channel, note.payload)
+            for channel in self._channels.not_live():
+                await conn.execute(f"LISTEN {channel.name}")
+                channel.live.set()
+            if time.monotonic() - last_ping >= self.ping:
+                # A network that drops silently shows up here, not in the wait above.
+                await asyncio.wait_for(conn.execute("SELECT 1"), self.ping)
+                last_ping = time.monotonic()
+
+    async def _reconnect(self) -> psycopg.AsyncConnection:
+        retry = Backoff(*self.backoff)
+        while True:
+            await retry.wait()
+            try:
+                return await self._connect()
+            except (DependencyError, psycopg.Error, OSError) as exc:
+                log.debug("Postgres listener reconnect failed: %s", exc)
+
+    def _dispatch(self, channel: str, payload: str) -> None:
+        self._channels.dispatch(channel, payload)
+

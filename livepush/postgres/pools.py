@@ -1,0 +1,204 @@
+"""Connection pools: `Pool` and `AsyncPool` (psycopg_pool, hardened), and `LoopPools`, the one
+way any part of livepush holds pools for a database: one sync pool per process, one async pool
+per event loop, each opened on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import select
+import threading
+import weakref
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from .connect import CONNECT_TIMEOUT, aconnect, connect, translate
+
+OPEN_TIMEOUT = 5.0  # seconds a first use waits for the pool's first connection
+
+
+# A statement that is atomic on its own runs in one round trip in autocommit, where BEGIN, the
+# statement and COMMIT were three. The pooled connection goes back in transaction mode (unless
+# it broke: the pool then discards it).
+@contextlib.contextmanager
+def autocommitted(conn: psycopg.Connection) -> Iterator[psycopg.Connection]:
+    conn.autocommit = True
+    try:
+        yield conn
+    finally:
+        if not conn.closed:
+            conn.autocommit = False
+
+
+@contextlib.asynccontextmanager
+async def aautocommitted(conn: psycopg.AsyncConnection) -> AsyncIterator[psycopg.AsyncConnection]:
+    await conn.set_autocommit(True)
+    try:
+        yield conn
+    finally:
+        if not conn.closed:
+            await conn.set_autocommit(False)
+
+
+def _has_input(conn: Any) -> bool:
+    """Whether an idle connection has something to read. It should not: the server only
+    speaks when asked, except when it hangs up (a restart, a failover, pg_terminate_backend:
+    it sends a FATAL message and closes) or, rarely, to report a changed setting. One
+    zero-timeout select(), no round trip."""
+    try:
+        return bool(select.select([conn.fileno()], [], [], 0)[0])
+    except (OSError, ValueError, psycopg.Error):
+        return True
+
+
+class Pool(ConnectionPool):
+    """A psycopg pool that never hands out a connection the server has closed.
+
+    psycopg_pool notices a dead connection only when it is used, so after a Postgres restart
+    the first caller of each idle connection got an error (AdminShutdown). A connection with
+    unexpected input is checked with a round trip (an empty query) and, if dead, replaced
+    before anyone sees it. Nothing is retried: the caller's statement has not been sent yet.
+    (The pool's own `check=` hook would do the same, but waits a second between attempts.)"""
+
+    def getconn(self, timeout: float | None = None) -> Any:
+        for _ in range(self.max_size):
+            conn = super().getconn(timeout)
+            if not _has_input(conn):
+                return conn
+            try:
+                self.check_connection(conn)
+                return conn
+            except psycopg.Error:
+                self.putconn(conn)  # broken: the pool drops it and opens another
+        return super().getconn(timeout)
+
+
+class AsyncPool(AsyncConnectionPool):
+    """Pool, for asyncio; and one that never makes its loop's shutdown hang.
+
+    psycopg_pool counts a cancelled connection attempt as a failed one: it schedules another
+    and its worker task lives on. So a loop that ends (asyncio.run(), a test's loop) while a
+    pool it never closed is opening a connection waits forever for that task. livepush opens
+    pools on the caller's loop (aenqueue(), apublish()), which the caller has no reason to
+    close, so each pool keeps a guard task on its loop: when the loop's shutdown cancels the
+    guard with every other task, the guard closes the pool, which stops its workers."""
+
+    _guard: asyncio.Task[None] | None = None
+
+    async def open(self, wait: bool = False, timeout: float = 30.0) -> None:
+        await super().open(wait=wait, timeout=timeout)
+        if self._guard is None:
+            self._guard = asyncio.get_running_loop().create_task(self._close_at_shutdown(),
+                                                                 name=f"{self.name}-close-at-shutdown")
+
+    async def _close_at_shutdown(self) -> None:
+        try:
+            await asyncio.get_running_loop().create_future()  # done only by cancellation
+        except asyncio.CancelledError:
+            self._guard = None
+            await self.close()
+            raise
+
+    async def close(self, timeout: float = 5.0) -> None:
+        guard, self._guard = self._guard, None
+        if guard is not None and guard is not asyncio.current_task():
+            guard.cancel()
+        await super().close(timeout)
+
+    async def getconn(self, timeout: float | None = None) -> Any:
+        for _ in range(self.max_size):
+            conn = await super().getconn(timeout)
+            if not _has_input(conn):
+                return conn
+            try:
+                await self.check_connection(conn)
+                return conn
+            except psycopg.Error:
+                await self.putconn(conn)
+        return await super().getconn(timeout)
+
+
+class LoopPools:
+    """The pools of one database for one owner (the fan-out, the jobs, the revocation store,
+    state topics): `sync()` for threads, `await aget()` for the running event loop.
+
+    An async pool belongs to the loop that opened it (its connections and tasks do), so there
+    is one per loop, forgotten with its loop. The first use of each pool makes one direct
+    connection first: a refused or misconfigured database fails at once with our error, where
+    a pool would retry in the background until its timeout. Connections are in autocommit
+    unless `autocommit=False`; `prepare_threshold=0` prepares a repeated statement from its
+    first run (set by owners whose few statements run again and again)."""
+
+    def __init__(self, url: str, *, name: str, max_size: int = 4, autocommit: bool = True,
+                 prepare_threshold: int | None = None, min_size: int = 1) -> None:
+        self.url = url
+        self.name = name
+        self.max_size = max_size
+        self.min_size = min_size
+        self._kwargs: dict[str, Any] = {"autocommit": autocommit, "connect_timeout": CONNECT_TIMEOUT}
+        if prepare_threshold is not None:
+            self._kwargs["prepare_threshold"] = prepare_threshold
+        self._lock = threading.Lock()
+        self._sync: Pool | None = None
+        self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncPool] = weakref.WeakKeyDictionary()
+        self._opening: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+    def sync(self) -> Pool:
+        with self._lock:
+            if self._sync is None:
+                connect(self.url).close()  # fails fast, translated
+                pool = Pool(self.url, min_size=self.min_size, max_size=self.max_size, open=False,
+                            kwargs=dict(self._kwargs), name=f"{self.name}-sync")
+                try:
+                    pool.open(wait=True, timeout=OPEN_TIMEOUT)
+                except Exception as exc:
+                    pool.close()
+                    raise translate(self.url, exc) from None
+                self._sync = pool
+            return self._sync
+
+    async def aget(self) -> AsyncPool:
+        loop = asyncio.get_running_loop()
+        pool = self._async.get(loop)
+        if pool is not None and not pool.closed:
+            return pool
+        lock = self._opening.get(loop)
+        if lock is None:
+            lock = self._opening[loop] = asyncio.Lock()
+        async with lock:  # several first uses at once share one pool rather than each opening one
+            pool = self._async.get(loop)
+            if pool is not None and not pool.closed:
+                return pool
+            await (await aconnect(self.url)).close()
+            pool = AsyncPool(self.url, min_size=self.min_size, max_size=self.max_size, open=False,
+                             kwargs=dict(self._kwargs), name=f"{self.name}-async")
+            try:
+                await pool.open(wait=True, timeout=OPEN_TIMEOUT)
+            except Exception as exc:
+                await pool.close()
+                raise translate(self.url, exc) from None
+            self._async[loop] = pool
+            return pool
+
+    async def release_loop(self) -> None:
+        """Close the running loop's pool (a loop about to end); the next use opens a new one."""
+        pool = self._async.pop(asyncio.get_running_loop(), None)
+        if pool is not None:
+            await pool.close()
+
+    async def aclose(self) -> None:
+        """Close the running loop's pool and the sync pool."""
+        await self.release_loop()
+        self.close()
+
+    def close(self) -> None:
+        """Close the sync pool and forget the async ones (their loops close them)."""
+        with self._lock:
+            pool, self._sync = self._sync, None
+        if pool is not None:
+            pool.close()
+        self._async.clear()

@@ -1,0 +1,80 @@
+"""Redis clients as livepush makes them, the namespace every channel and key lives under, and
+URLs shown without their credentials."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from redis.backoff import NoBackoff
+from redis.connection import parse_url
+from redis.retry import Retry
+
+from ..errors import ConfigError, DependencyError
+
+CONNECT_TIMEOUT = 5.0
+# Query parameters of a Redis URL that are credentials.
+_SECRET_PARAMS = {"password", "username", "user", "pass", "auth", "token"}
+
+
+def redact(url: str) -> str:
+    """`url` without a password, username or credential parameter; safe for any output."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        if parts.port:
+            host = f"{host}:{parts.port}"
+        netloc = ("***@" if parts.username or parts.password else "") + host
+        query = urlencode([(k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in parse_qsl(parts.query)], safe="*")
+        return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    except ValueError:
+        return "(a malformed URL)"
+
+
+def check_url(url: str) -> None:
+    """ConfigError, naming no credential, when `url` is not a Redis URL."""
+    try:
+        parse_url(url)
+    except (ValueError, TypeError):
+        raise ConfigError(
+            f"LIVEPUSH_REDIS_URL {redact(url)} is not a Redis URL: use redis://[:PASSWORD@]HOST:PORT/DB"
+        ) from None
+
+
+def default_prefix(url: str) -> str:
+    """`livepush:<db number>`: Redis pub/sub ignores database numbers, so deployments on two
+    databases of one server would otherwise hear each other's messages and revocations."""
+    try:
+        db = parse_url(url).get("db", 0)
+    except (ValueError, TypeError):
+        db = 0
+    return f"livepush:{int(db or 0)}"
+
+
+def client_kwargs(client_name: str, connect_timeout: float = CONNECT_TIMEOUT) -> dict[str, Any]:
+    return {
+        "socket_connect_timeout": connect_timeout,
+        "client_name": client_name,
+        "health_check_interval": 30,
+        # No retries: a retried script whose first reply was lost would run twice, and
+        # redis-py's default backoff makes a call to a down Redis hang for seconds. A pooled
+        # connection whose server restarted is reconnected before use (its socket reads EOF).
+        "retry": Retry(NoBackoff(), 0),
+        # RESP2 on every connection: the replies parsed here (stream entries, script results,
+        # pub/sub frames) are the RESP2 shapes; redis-py 8 defaults to RESP3.
+        "protocol": 2,
+    }
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def failed(url: str, exc: BaseException, doing: str, cls: type[DependencyError] = DependencyError) -> DependencyError:
+    """Our error for a Redis failure: the URL redacted, and the driver's words, which never
+    hold the password (redis-py does not quote URLs or AUTH arguments in its errors)."""
+    return cls(f"Redis at {redact(url)} failed while {doing} ({one_line(exc)}): "
+               "check LIVEPUSH_REDIS_URL and that Redis is running")

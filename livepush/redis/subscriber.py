@@ -1,0 +1,185 @@
+"""One SUBSCRIBE connection to one Redis, shared by the parts of a process that wait for
+messages there (the Redis fan-out, Redis revocations).
+
+Each part names its channel and a handler (`add`); `start()` returns once every channel added
+so far is subscribed, confirmed by Redis. Frames are handed to their channel's handlers in
+the order Redis delivers them; a handler parses its own format and drops what does not parse,
+and one that raises is logged while the next frame is delivered as usual.
+
+A quiet connection is PINGed every `heartbeat` seconds and called lost after three silent
+beats (a dead peer without a reset looks quiet too). On loss it reconnects with capped,
+jittered backoff, subscribes again, and then runs each channel's resync handler. `listening`
+is False while it is away (drives /healthz).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis.asyncio as aredis
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.retry import Retry
+
+from ..channels import Channels, Resync
+from ..errors import ListenError
+from ..tasks import Backoff, stop
+from .client import failed, one_line, redact
+
+log = logging.getLogger("livepush.redis.subscriber")
+
+Handler = Callable[[bytes], None]
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class Subscriber:
+    def __init__(self, url: str, *, name: str = "livepush-listener", heartbeat: float = 5.0,
+                 backoff: tuple[float, float] = (0.1, 5.0), connect_timeout: float = 5.0) -> None:
+        self.url = url
+        self.name = name
+        self.heartbeat = heartbeat
+        self.backoff = backoff
+        self.connect_timeout = connect_timeout
+        self._channels: Channels[bytes] = Channels(log)
+        self._pool: aredis.ConnectionPool | None = None
+        self._conn: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._listening = False
+
+    def add(self, channel: str, handler: Handler, *, on_resync: Resync | None = None) -> None:
+        self._channels.add(channel, handler, on_resync)
+
+    @property
+    def listening(self) -> bool:
+        return self._listening
+
+    async def start(self, timeout: float = 10.0) -> None:
+        if self._task is None:
+            try:
+                self._conn = await self._subscribe_all()
+            except (RedisError, OSError, asyncio.TimeoutError) as exc:
+                await self._drop_connection()
+                raise failed(self.url, exc, "subscribing to its pub/sub channels", ListenError) from None
+            self._listening = True
+            self._task = asyncio.create_task(self._run(), name=self.name)
+            return
+        late = self._channels.not_live()
+        if not late:
+            return
+        if self._conn is not None:
+            try:
+                await self._conn.send_command("SUBSCRIBE", *[c.name for c in late])
+            except (RedisError, OSError):
+                pass  # the loop sees the loss and subscribes everything again
+        try:
+            await asyncio.wait_for(asyncio.gather(*(c.live.wait() for c in late)), timeout)
+        except TimeoutError:
+            raise ListenError(f"the Redis listener at {redact(self.url)} did not confirm its new channels in time") from None
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        await stop(task)
+        self._listening = False
+        await self._drop_connection()
+        if self._pool is not None:
+            await self._pool.disconnect()
+            self._pool = None
+
+    # -- the connection ---------------------------------------------------------------
+    async def _subscribe_all(self) -> Any:
+        """A connection SUBSCRIBEd to every channel, returned once Redis confirmed them all."""
+        if self._pool is None:
+            self._pool = aredis.ConnectionPool.from_url(
+                self.url, max_connections=1, socket_connect_timeout=self.connect_timeout, client_name=self.name,
+                # RESP2: pub/sub frames as plain replies (RESP3 delivers them as pushes).
+                protocol=2,
+                # No silent reconnects inside redis-py: a lost subscription must be seen here.
+                retry=Retry(NoBackoff(), 0),
+            )
+        conn = self._pool.make_connection()
+        self._conn = conn
+        await asyncio.wait_for(conn.connect(), self.connect_timeout + 1)
+        names = self._channels.names()
+        await conn.send_command("SUBSCRIBE", *names)
+        confirmed: set[str] = set()
+        while len(confirmed) < len(names):
+            reply = await conn.read_response(timeout=self.connect_timeout)
+            if reply is None:
+                raise TimeoutError(f"no SUBSCRIBE confirmation within {self.connect_timeout} s")
+            if not (isinstance(reply, list) and reply and _text(reply[0]) == "subscribe"):
+                raise RedisError(f"unexpected reply to SUBSCRIBE: {reply!r:.80}")
+            confirmed.add(_text(reply[1]))
+        for channel in self._channels:
+            channel.live.set()
+        return conn
+
+    async def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                await conn.disconnect(nowait=True)
+            except Exception:  # already broken: nothing left to release
+                pass
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._read_until_lost()
+                reason = "connection closed"
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError, TimeoutError) as exc:
+                reason = one_line(exc)
+            except Exception:
+                log.exception("the Redis listener %s failed unexpectedly; reconnecting", self.name)
+                reason = "an unexpected error"
+            self._listening = False
+            self._channels.lost()
+            lost_at = time.monotonic()
+            log.warning("lost the Redis listener at %s (%s); reconnecting, then reading what was missed",
+                        redact(self.url), reason)
+            await self._drop_connection()
+            await self._reconnect()
+            self._listening = True
+            log.warning("the Redis listener is back after %.1f s; reading what was missed", time.monotonic() - lost_at)
+            await self._channels.resync()
+
+    async def _reconnect(self) -> None:
+        retry = Backoff(*self.backoff)
+        while True:
+            await retry.wait()
+            try:
+                self._conn = await self._subscribe_all()
+                return
+            except (RedisError, OSError, asyncio.TimeoutError) as exc:
+                log.debug("Redis listener reconnect failed: %s", one_line(exc))
+                await self._drop_connection()
+
+    async def _read_until_lost(self) -> None:
+        conn = self._conn
+        last_heard = time.monotonic()
+        while True:
+            reply = await conn.read_response(timeout=self.heartbeat)
+            now = time.monotonic()
+            if reply is None:
+                if now - last_heard > 3 * self.heartbeat:
+                    raise TimeoutError(f"no reply from Redis for {now - last_heard:.0f} s")
+                await conn.send_command("PING")
+                continue
+            last_heard = now
+            if not (isinstance(reply, list) and len(reply) >= 3):
+                continue
+            kind = _text(reply[0])
+            if kind == "message":
+                self._channels.dispatch(_text(reply[1]), reply[2] if isinstance(reply[2], bytes) else str(reply[2]).encode())
+            elif kind == "subscribe":
+                entry = self._channels.get(_text(reply[1]))
+                if entry is not None:
+                    entry.live.set()

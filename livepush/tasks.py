@@ -1,0 +1,93 @@
+"""Background tasks that never die silently.
+
+`supervise(name, body)` runs `body()` as a named task. When it raises anything but a
+cancellation, the error is logged once with its traceback, `on_down` is told, and the body
+runs again after a capped, jittered backoff. A body that keeps failing quickly (`give_up`
+failures in a row, none after a long healthy run) is given up on: the task then ends with
+that error, so its owner stops and its process exits with a failure status instead of
+limping on or stopping with 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+
+log = logging.getLogger("livepush.tasks")
+
+# A run this long without failing counts as healthy: the next failure starts a new count.
+HEALTHY_RUN = 60.0
+
+
+class Backoff:
+    """Capped, doubling delays with jitter for a loop that retries: many processes that lost
+    the same server come back spread out instead of all at once."""
+
+    def __init__(self, low: float, high: float) -> None:
+        self.low, self.high = low, high
+        self.delay = low
+
+    def reset(self) -> None:
+        self.delay = self.low
+
+    async def wait(self) -> None:
+        await asyncio.sleep(self.delay * random.uniform(0.5, 1.5))
+        self.delay = min(self.delay * 2, self.high)
+
+
+async def stop(task: asyncio.Task[object] | None) -> None:
+    """Cancel `task` and wait until it has ended; how it ended is its own business (a
+    supervised task has logged its failure already)."""
+    if task is None:
+        return
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):
+        pass
+
+
+class GaveUp(Exception):
+    """A supervised task failed `give_up` times in a row; the last error is its cause."""
+
+
+def supervise(
+    name: str,
+    body: Callable[[], Awaitable[None]],
+    *,
+    on_down: Callable[[BaseException], None] | None = None,
+    on_up: Callable[[], None] | None = None,
+    backoff: tuple[float, float] = (0.1, 5.0),
+    give_up: int | None = 10,
+) -> asyncio.Task[None]:
+    """Start `body` under supervision as a task named `name` (see the module docstring)."""
+
+    async def run() -> None:
+        retry = Backoff(*backoff)
+        failures = 0
+        while True:
+            started = time.monotonic()
+            try:
+                await body()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if time.monotonic() - started >= HEALTHY_RUN:
+                    failures = 0
+                    retry.reset()
+                failures += 1
+                if give_up is not None and failures >= give_up:
+                    log.error("%s failed %d times in a row; giving up", name, failures, exc_info=exc)
+                    raise GaveUp(f"{name} failed {failures} times in a row: {type(exc).__name__}: {exc}") from exc
+                log.error("%s failed; restarting it in %.2f s", name, retry.delay, exc_info=exc)
+                if on_down is not None:
+                    on_down(exc)
+                await retry.wait()
+                if on_up is not None:
+                    on_up()
+
+    return asyncio.create_task(run(), name=name)

@@ -1,0 +1,59 @@
+-- The Postgres fan-out's message log: per-topic offsets, recent messages, and the `livepush`
+-- notification channel. livepush/fanout/postgres.py owns all of it (these tables, the channel,
+-- its doorbell text and the EPOCH-SEQ offset format); nothing else reads or writes them.
+--
+-- Both tables are UNLOGGED. History is a recovery window of LIVEPUSH_HISTORY_TTL seconds, not
+-- a record: writing it to the WAL would make every publish wait for a WAL flush while holding
+-- the instance-wide lock Postgres takes to commit a NOTIFY, which serializes all publishers
+-- behind the disk. The price: after a Postgres crash or a failover both tables are empty.
+-- Offsets carry the topic row's epoch, so a topic recreated after a crash starts a new epoch
+-- and a client resuming from the old one gets `reset`, never a silent hole. A clean restart
+-- keeps unlogged tables.
+
+-- One row per topic. livepush_publish() takes this row's lock with an upsert and holds it until
+-- its transaction ends, so two transactions publishing on one topic get their offsets in
+-- commit order: the second waits for the first to commit or roll back. That makes
+-- "seq > since" a gap-free cursor (a rolled-back publish gives its number back).
+CREATE UNLOGGED TABLE livepush_topics (
+    topic    text PRIMARY KEY,
+    -- Microseconds since 1970 when the row was created: a larger value after any crash.
+    epoch    bigint NOT NULL DEFAULT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint,
+    last_seq bigint NOT NULL
+);
+
+-- The log a client resumes from. data is the JSON text exactly as published, so the server
+-- sends it without parsing it again. Rows are deleted past LIVEPUSH_HISTORY_TTL.
+CREATE UNLOGGED TABLE livepush_messages (
+    topic      text NOT NULL,
+    seq        bigint NOT NULL,
+    data       text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (topic, seq)
+);
+CREATE INDEX livepush_messages_created_at ON livepush_messages (created_at);
+
+-- Publishes one message and returns its offset, "EPOCH-SEQ": assigns the offset, logs the
+-- message and rings the listeners, all in the caller's transaction, so it is delivered if and
+-- only if that transaction commits.
+--
+-- The notification is a doorbell: "EPOCH-SEQ TOPIC", naming what changed and carrying no data.
+-- Postgres has no privileges on LISTEN and NOTIFY (any role that can connect may listen and
+-- send on any channel), so a server reads what it delivers from livepush_messages, which needs
+-- privileges, and a notification that does not check out against it is dropped.
+CREATE FUNCTION livepush_publish(p_topic text, p_data text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_epoch bigint;
+    v_seq bigint;
+    v_offset text;
+BEGIN
+    -- Safe under concurrency: the row lock taken here orders the publishers of one topic.
+    INSERT INTO livepush_topics AS t (topic, last_seq) VALUES (p_topic, 1)
+    ON CONFLICT (topic) DO UPDATE SET last_seq = t.last_seq + 1
+    RETURNING t.epoch, t.last_seq INTO v_epoch, v_seq;
+    INSERT INTO livepush_messages (topic, seq, data) VALUES (p_topic, v_seq, p_data);
+    v_offset := v_epoch::text || '-' || v_seq::text;
+    PERFORM pg_notify('livepush', v_offset || ' ' || p_topic);
+    RETURN v_offset;
+END;
+$$;

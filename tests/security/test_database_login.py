@@ -1,0 +1,193 @@
+"""A database login is not trust: a role with no privileges on livepush's tables (it can connect,
+LISTEN and NOTIFY, as any role can) reads no message data and makes no server or runtime
+deliver, reset, cancel or close anything; malformed notifications stop nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from livepush import jobs, sessions
+from livepush.fanout.postgres import PostgresFanOut
+from livepush.jobs import database
+from livepush.jobs.runtime.runtime import Runtime
+from tests.security import role_jobs
+from tests.server.conftest import Served, make_settings, start_served
+from tests.support.waiting import async_wait_for
+from tests.support.wsclient import WSClient
+
+# How long a test watches for something that must not happen (a loop, a forged delivery). The
+# real event that follows each probe is awaited, so a wrong delivery would arrive before it.
+QUIET = 0.5
+
+# What the doorbells of the channels livepush uses could be forged into, by someone who can only
+# connect: the offsets a parser must refuse (non-ASCII digits, signs, overflows), lines naming
+# other topics, an empty one, and junk.
+JUNK = ["²-1 x", "-1-1 t", "99999999999999999999-1 t", "1-99999999999999999999 t", "1-1", " ", "",
+        "1-1 bad topic", "x" * 7000, "1-0 t", "\x01\x7f", "１-１ t", "1-1 t\n" * 200]
+
+
+@pytest.fixture
+async def served(pg_url: str, secret: str) -> AsyncIterator[Served]:
+    s = await start_served(make_settings("postgres", secret, pg_url, None, env="test"))
+    try:
+        yield s
+    finally:
+        await s.stop()
+
+
+def notify(url: str, channel: str, *payloads: str) -> None:
+    """Send each payload on `channel` as the role of `url` (one transaction each)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for payload in payloads:
+            conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+
+
+async def anotify(url: str, channel: str, *payloads: str) -> None:
+    await asyncio.to_thread(notify, url, channel, *payloads)
+
+
+async def nothing_within(client: WSClient, seconds: float = QUIET) -> None:
+    with pytest.raises(asyncio.TimeoutError):
+        frame = await client.recv(timeout=seconds)
+        raise AssertionError(f"expected nothing, got {frame}")
+
+
+def test_a_login_without_privileges_reads_no_message_data(pg_url: str, nobody_url: str) -> None:
+    """Listening on `livepush` shows only "EPOCH-SEQ TOPIC"; the log, the jobs and livepush_publish() refuse the role."""
+    fanout = PostgresFanOut(pg_url)
+    with psycopg.connect(nobody_url, autocommit=True) as spy:
+        spy.execute("LISTEN livepush")
+        offset = fanout.publish("user:alice", {"secret": "alice's private message"})
+        notes = list(spy.notifies(timeout=5, stop_after=1))
+        for statement in ("SELECT data FROM livepush_messages", "SELECT * FROM livepush_job_payloads",
+                          "SELECT * FROM livepush_revoked_sessions", "SELECT livepush_publish('user:bob', '{}')"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                spy.execute(statement)  # type: ignore[arg-type]
+    fanout.close()
+    assert [n.payload for n in notes] == [f"{offset} user:alice"]
+    assert "secret" not in notes[0].payload
+
+
+async def test_forged_doorbells_deliver_reset_or_silence_nothing(served: Served, nobody_url: str) -> None:
+    """A subscriber hears only what was published: not a forged next offset, a forged high epoch or seq, nor junk; the next real message still arrives."""
+    client = await WSClient.open(served.url)
+    topic = "user:alice"
+    answer = await client.subscribe(served.sign(topic))
+    epoch = int(answer["offset"].split("-")[0]) if "-" in answer["offset"] else 1
+    first = await served.publish(topic, {"n": 1})
+    assert (await client.messages(1))[0]["offset"] == first
+    seq = int(first.split("-")[1])
+    await anotify(nobody_url, "livepush", f"{epoch}-{seq + 1} {topic}", f"{epoch + 10**9}-1 {topic}",
+                  f"{epoch}-{seq + 10**6} {topic}", *JUNK)
+    await nothing_within(client)
+    second = await served.publish(topic, {"n": 2})
+    (message,) = await client.messages(1)
+    assert message["offset"] == second and message["data"] == {"n": 2}
+    assert served.server.listening
+    await client.close()
+
+
+async def test_a_doorbell_ahead_of_history_costs_a_bounded_number_of_reads(served: Served, nobody_url: str) -> None:
+    """One forged doorbell ahead of the log, or a flood of them, makes the server read the log a few times, never loop; nothing is sent."""
+    hub = served.server.hub
+    reads = 0
+    real_history = hub.fanout.history
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return await real_history(*args, **kwargs)
+
+    hub.fanout.history = counted  # type: ignore[method-assign]
+    client = await WSClient.open(served.url)
+    await client.subscribe(served.sign("room:flood"))
+    offset = await served.publish("room:flood", {"n": 1})
+    await client.messages(1)
+    epoch, seq = (int(p) for p in offset.split("-"))
+    reads = 0
+    await anotify(nobody_url, "livepush", f"{epoch}-{seq + 5} room:flood")
+    await nothing_within(client)
+    assert reads <= 2, reads
+    reads = 0
+    await anotify(nobody_url, "livepush", *[f"{epoch}-{seq + 1 + i} room:flood" for i in range(300)])
+    await nothing_within(client, 1.0)
+    assert reads <= 25, reads  # coalesced, with a pause after each read that found nothing
+    await client.close()
+
+
+async def test_a_forged_revocation_closes_no_session(served: Served, nobody_url: str) -> None:
+    """A ring on `livepush_revocations` from a login without privileges makes the server re-check sessions against the store, which closes nothing."""
+    token = sessions.issue("carol")
+    client = await WSClient.open(served.url, additional_headers={"Cookie": f"livepush_session={token}"})
+    assert client.hello["session"] == {"subject": "carol"}
+    await anotify(nobody_url, "livepush_revocations", "", '{"subject":"carol","before":9e99}', *JUNK)
+    await nothing_within(client)
+    await client.send({"op": "ping", "ref": 1})
+    assert await client.recv() == {"op": "pong", "ref": 1}
+    await asyncio.to_thread(sessions.revoke, token)  # the real one still closes it
+    assert await client.closed_with(timeout=2) == 4403
+
+
+async def test_forged_state_rings_show_only_what_the_rows_hold(served: Served, nobody_url: str, pg_url: str) -> None:
+    """Lines on `livepush_states` naming a job at a higher version, or junk, send a subscriber nothing; the job's next real change arrives."""
+    database.configure(pg_url)
+    try:
+        handle = await role_jobs.work.aenqueue(1)
+        client = await WSClient.open(served.url)
+        await client.subscribe(served.sign(handle.topic))
+        (snapshot,) = await client.messages(1)
+        assert snapshot["data"]["event"] == "snapshot"
+        await anotify(nobody_url, "livepush_states", f"{handle.topic} 999999", f"{handle.topic}", "job:0001 5",
+                      "job:-1", "group:x 1", *JUNK)
+        await nothing_within(client)
+        assert await asyncio.to_thread(jobs.cancel, handle.id)
+        (cancelled,) = await client.messages(1)
+        assert cancelled["data"]["event"] == "cancelled" and int(cancelled["offset"]) > int(snapshot["offset"])
+        await client.close()
+    finally:
+        await database.release_loop()
+        database.configure(None)
+
+
+async def test_a_forged_cancel_cancels_nothing_and_stops_no_runtime(pg_url: str, nobody_url: str,
+                                                                    secret: str) -> None:
+    """`livepush_jobs_cancel` with a running job's id, or junk, from a login without privileges: the job runs to success and the runtime keeps running."""
+    from livepush import config
+
+    config.set_settings(config.Settings(database_url=pg_url, fanout="postgres", env="test", secret=secret))
+    database.configure(pg_url)
+    gate = asyncio.Event()
+
+    @jobs.job(name="t.security.waits", queue="forged-cancel")
+    async def waits(ctx: Any) -> None:
+        gate.set()
+        for i in range(20):
+            await ctx.progress(i, 20)
+            await asyncio.sleep(0.05)
+
+    runtime = Runtime(queues=["forged-cancel"], install_signals=False, heartbeat=0.5, poll_interval=0.1)
+    task = asyncio.create_task(runtime.run())
+    try:
+        await runtime.wait_started()
+        handle = await waits.aenqueue()
+        await asyncio.wait_for(gate.wait(), 10)
+        await anotify(nobody_url, "livepush_jobs_cancel", str(handle.id), f"{handle.id},{handle.id}", "²", *JUNK)
+        async def finished() -> Any:
+            state = await asyncio.to_thread(jobs.job_state, handle.id)
+            return state if state and state["state"] in ("succeeded", "failed", "cancelled") else None
+
+        state = await async_wait_for(finished, 10, 0.05, message="the job to finish")
+        assert state["state"] == "succeeded", state
+        assert runtime.healthy and not task.done()
+    finally:
+        runtime.stop(now=True)
+        await asyncio.wait_for(task, 15)
+        await database.release_loop()
+        database.configure(None)
+        config.set_settings(None)
+

@@ -1,0 +1,152 @@
+"""Handshake and HTTP: duplicated headers are refused without a traceback, `*` never reads
+cookies, bad origin entries end the command, the `__Host-` cookie and the subprotocol token are
+accepted, query tokens can be turned off, and client mistakes are logged quietly."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+
+from livepush import sessions
+from livepush.cli.main import main as cli
+from livepush.config import Settings
+from livepush.errors import ConfigError
+from tests.server.conftest import Served, make_settings, start_served
+from tests.support.wsclient import WSClient
+
+
+async def serve(secret: str, **settings: object) -> Served:
+    return await start_served(make_settings("local", secret, None, None, **settings))
+
+
+@pytest.fixture
+async def served(secret: str) -> AsyncIterator[Served]:
+    s = await serve(secret)
+    try:
+        yield s
+    finally:
+        await s.stop()
+
+
+def raw_request(port: int, headers: list[tuple[str, str]], path: str = "/") -> bytes:
+    """Send one HTTP request with exactly these headers; return the status line and headers."""
+    lines = [f"GET {path} HTTP/1.1"] + [f"{k}: {v}" for k, v in headers]
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        return sock.recv(65536)
+
+
+def upgrade(port: int) -> list[tuple[str, str]]:
+    return [("Host", f"127.0.0.1:{port}"), ("Upgrade", "websocket"), ("Connection", "Upgrade"),
+            ("Sec-WebSocket-Key", base64.b64encode(os.urandom(16)).decode()), ("Sec-WebSocket-Version", "13")]
+
+
+async def test_duplicated_headers_get_400_and_no_traceback(served: Served, caplog: pytest.LogCaptureFixture) -> None:
+    """A handshake or an HTTP request with two Origin, Upgrade, Host or Cookie headers gets 400 and leaves no error in the log."""
+    caplog.set_level(logging.DEBUG)
+    port = served.server.port
+    base = upgrade(port)
+    for name, value in (("Origin", "http://127.0.0.1"), ("Upgrade", "websocket"), ("Host", "other"),
+                        ("Cookie", "a=b")):
+        answer = await asyncio.to_thread(raw_request, port, base + [(name, value), (name, value + "x")])
+        assert answer.startswith(b"HTTP/1.1 400"), (name, answer[:80])
+    answer = await asyncio.to_thread(raw_request, port, [("Host", "h"), ("Upgrade", "a"), ("Upgrade", "b")], "/healthz")
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:80]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
+    assert "Traceback" not in caplog.text
+
+
+async def test_any_origin_never_reads_cookie_sessions(secret: str) -> None:
+    """With LIVEPUSH_ALLOWED_ORIGINS=* a session cookie is ignored (any site could use it); a token in the subprotocol still works."""
+    s = await serve(secret, allowed_origins=("*",))
+    token = sessions.issue("frank")
+    try:
+        by_cookie = await WSClient.open(s.url, additional_headers={"Cookie": f"livepush_session={token}",
+                                                                   "Origin": "https://evil.example"})
+        assert by_cookie.hello["session"] is None
+        by_protocol = await WSClient.open(s.url, subprotocols=["livepush", f"livepush.token.{token}"])
+        assert by_protocol.hello["session"] == {"subject": "frank"}
+        for c in (by_cookie, by_protocol):
+            await c.close()
+    finally:
+        await s.stop()
+
+
+def test_entries_that_are_not_origins_end_the_command(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str], secret: str) -> None:
+    """`app.example.com` or `null` in LIVEPUSH_ALLOWED_ORIGINS ends `serve` with exit 2 and a line naming the entry."""
+    for entry in ("app.example.com", "null", "https://ok.example,ftp://x.example", "wss://push.example"):
+        with pytest.raises(ConfigError, match="is not an origin"):
+            Settings.from_env({"LIVEPUSH_ALLOWED_ORIGINS": entry, "LIVEPUSH_SECRET": secret})
+    monkeypatch.setenv("LIVEPUSH_ALLOWED_ORIGINS", "https://app.example.com,null")
+    monkeypatch.setenv("LIVEPUSH_SECRET", secret)
+    assert cli(["serve"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'null'" in err[0] and "LIVEPUSH_ALLOWED_ORIGINS" in err[0], err
+    Settings.from_env({"LIVEPUSH_ALLOWED_ORIGINS": "https://*.example.com,http://localhost:8000,*"})
+
+
+async def test_the_host_prefixed_cookie_is_accepted_and_two_different_cookies_are_none(served: Served) -> None:
+    """`__Host-livepush_session` carries a session; two different session cookies carry none (a planted one beside the real one)."""
+    mine, planted = sessions.issue("gina"), sessions.issue("mallory")
+    host = await WSClient.open(served.url, additional_headers={"Cookie": f"__Host-livepush_session={mine}"})
+    assert host.hello["session"] == {"subject": "gina"}
+    both = await WSClient.open(served.url, additional_headers={
+        "Cookie": f"__Host-livepush_session={mine}; livepush_session={planted}"})
+    assert both.hello["session"] is None
+    same = await WSClient.open(served.url, additional_headers={
+        "Cookie": f"__Host-livepush_session={mine}; livepush_session={mine}"})
+    assert same.hello["session"] == {"subject": "gina"}
+    for c in (host, both, same):
+        await c.close()
+
+
+async def test_the_token_is_accepted_in_the_subprotocol_and_the_server_selects_livepush(served: Served) -> None:
+    """A client offering `livepush` and `livepush.token.<token>` comes in with its session, and the server answers with `livepush`."""
+    token = sessions.issue("hana")
+    client = await WSClient.open(served.url, subprotocols=["livepush", f"livepush.token.{token}"])
+    assert client.hello["session"] == {"subject": "hana"}
+    assert client.ws.subprotocol == "livepush"
+    plain = await WSClient.open(served.url)
+    assert plain.ws.subprotocol is None and plain.hello["session"] is None
+    for c in (client, plain):
+        await c.close()
+
+
+async def test_query_tokens_off_refuses_the_query_and_keeps_the_other_ways(secret: str) -> None:
+    """With LIVEPUSH_QUERY_TOKENS=off a `?token=` is ignored (anonymous), while the cookie and the subprotocol still work."""
+    s = await serve(secret, query_tokens=False)
+    token = sessions.issue("ivan")
+    try:
+        query = await WSClient.open(s.url + f"?token={token}")
+        assert query.hello["session"] is None
+        cookie = await WSClient.open(s.url, additional_headers={"Cookie": f"livepush_session={token}"})
+        protocol = await WSClient.open(s.url, subprotocols=["livepush", f"livepush.token.{token}"])
+        assert cookie.hello["session"] == protocol.hello["session"] == {"subject": "ivan"}
+        for c in (query, cookie, protocol):
+            await c.close()
+    finally:
+        await s.stop()
+    assert Settings.from_env({"LIVEPUSH_QUERY_TOKENS": "off"}).query_tokens is False
+    with pytest.raises(ConfigError, match="LIVEPUSH_QUERY_TOKENS"):
+        Settings.from_env({"LIVEPUSH_QUERY_TOKENS": "maybe"})
+
+
+async def test_client_mistakes_are_logged_at_debug_and_rate_limited(served: Served, caplog: pytest.LogCaptureFixture) -> None:
+    """Fifty refused origins and fifty bad tokens leave nothing above DEBUG in the log, and at most ten lines of each."""
+    caplog.set_level(logging.DEBUG, logger="livepush")
+    port = served.server.port
+    for _ in range(50):
+        await asyncio.to_thread(raw_request, port, upgrade(port) + [("Origin", "https://evil.example")])
+        await asyncio.to_thread(raw_request, port, upgrade(port) + [("Cookie", "livepush_session=forged.token")])
+    mine = [r for r in caplog.records if r.name.startswith("livepush")]
+    assert all(r.levelno <= logging.DEBUG for r in mine), [(r.levelname, r.getMessage()) for r in mine]
+    origins = [r for r in mine if "origin" in r.getMessage()]
+    tokens = [r for r in mine if "session" in r.getMessage()]
+    assert 1 <= len(origins) <= 10 and 1 <= len(tokens) <= 10, (len(origins), len(tokens))

@@ -1,0 +1,163 @@
+"""No client can exhaust a server: subscribes are rate-limited per connection, connections are
+capped per process, a slow reader's buffer stays bounded, a replay is read and sent in pages,
+and an `authorize` hook that cannot answer says `unavailable`, never `forbidden`."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import socket
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from websockets.exceptions import InvalidStatus
+
+import livepush
+from livepush.fanout import HISTORY_PAGE
+from livepush.server.connection import SEND_BUFFER_LIMIT
+from livepush.sessions import Session
+from tests.server.conftest import Served, make_settings, start_served
+from tests.support.wsclient import WSClient
+
+
+@pytest.fixture
+async def served(secret: str) -> AsyncIterator[Served]:
+    s = await start_served(make_settings("local", secret, None, None, max_connections=5))
+    try:
+        yield s
+    finally:
+        await s.stop()
+
+
+async def test_subscribes_past_100_a_second_are_refused_with_limit(served: Served) -> None:
+    """A burst of 150 subscribes gets 100 `subscribed` and then `limit`, without an error frame; a second later subscribing works again."""
+    client = await WSClient.open(served.url)
+    topic = served.sign("room:burst")
+    for ref in range(150):
+        await client.send({"op": "subscribe", "topic": topic, "since": None, "ref": ref})
+    answers = [await client.recv() for _ in range(150)]
+    assert [a["op"] for a in answers[:100]] == ["subscribed"] * 100
+    assert [(a["op"], a["reason"]) for a in answers[100:]] == [("refused", "limit")] * 50
+    await asyncio.sleep(1.0)  # the bucket refills at 100 a second: this is the rule being checked
+    assert (await client.subscribe(topic))["op"] == "subscribed"
+    await client.close()
+
+
+async def test_unsubscribing_a_topic_not_subscribed_does_nothing(served: Served) -> None:
+    """An unsubscribe of a topic the connection does not hold gets no answer and counts as no bad frame."""
+    client = await WSClient.open(served.url)
+    for _ in range(20):
+        await client.send({"op": "unsubscribe", "topic": "room:never"})
+    await client.send({"op": "ping", "ref": "after"})
+    assert await client.recv() == {"op": "pong", "ref": "after"}
+    await client.close()
+
+
+async def test_connections_past_the_cap_get_http_503(served: Served) -> None:
+    """With LIVEPUSH_MAX_CONNECTIONS=5 the sixth connection is refused with HTTP 503; once one closes, a new one comes in."""
+    clients = [await WSClient.open(served.url) for _ in range(5)]
+    with pytest.raises(InvalidStatus) as refused:
+        await WSClient.open(served.url)
+    assert refused.value.response.status_code == 503
+    await clients.pop().close()
+    for _ in range(100):  # the server notices the close on its next loop turns
+        if len(served.server.clients) < 5:
+            break
+        await asyncio.sleep(0.01)
+    clients.append(await WSClient.open(served.url))
+    for c in clients:
+        await c.close()
+
+
+def _silent_client(port: int) -> socket.socket:
+    """A WebSocket client that completes the handshake and then never reads."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall((f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                  f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+    assert sock.recv(4096).startswith(b"HTTP/1.1 101")
+    return sock
+
+
+async def test_a_reader_that_never_reads_is_closed_before_its_buffer_passes_the_limit(served: Served) -> None:
+    """While 200 KB messages pile up for a client that never reads, its unsent data never passes the 1 MiB limit by more than one frame; it is closed with 1013, and others still get every message."""
+    sock = await asyncio.to_thread(_silent_client, served.server.port)
+    watcher = await WSClient.open(served.url)
+    topic = "room:slow"
+    slow_client = next(c for c in served.server.clients if c.ws.remote_address[1] == sock.getsockname()[1])
+    frame = "x" * 200_000
+    # The silent one subscribes with a raw frame, then reads nothing more.
+    sock.sendall(_masked_text(f'{{"op":"subscribe","topic":"{served.sign(topic)}","since":null,"ref":1}}'))
+    assert (await watcher.subscribe(served.sign(topic)))["op"] == "subscribed"
+    for _ in range(200):
+        if topic in slow_client.topics:
+            break
+        await asyncio.sleep(0.01)
+    worst = 0
+    for n in range(30):
+        await served.publish(topic, {"n": n, "pad": frame})
+        await asyncio.sleep(0)
+        worst = max(worst, slow_client.ws.transport.get_write_buffer_size() if slow_client.ws.transport else 0)
+        assert (await watcher.messages(1, timeout=5))[0]["data"]["n"] == n
+        if slow_client.closing:
+            break
+    assert slow_client.closing, "the silent client was never closed"
+    assert worst <= SEND_BUFFER_LIMIT + len(frame) + 1000, worst
+    sock.close()
+    await watcher.close()
+
+
+def _masked_text(text: str) -> bytes:
+    """A client text frame (clients must mask): FIN, opcode 1, a 16-bit length, a zero mask."""
+    payload = text.encode()
+    assert len(payload) < 65536
+    header = bytes([0x81, 0x80 | 126]) + len(payload).to_bytes(2, "big") + b"\x00\x00\x00\x00"
+    return header + payload
+
+
+async def test_a_replay_is_read_and_sent_in_pages(served: Served) -> None:
+    """A subscribe with `since` before 1,000 messages gets every one of them in order, read a page at a time from history."""
+    pages: list[int] = []
+    real_history = served.fanout.history
+
+    async def paged(*args: Any, **kwargs: Any) -> Any:
+        page = await real_history(*args, **kwargs)
+        pages.append(len(page.messages) if page is not None else -1)
+        return page
+
+    served.fanout.history = paged  # type: ignore[method-assign]
+    since = await served.fanout.alatest_offset("room:replay")
+    sent = [await served.publish("room:replay", {"n": n}) for n in range(1000)]
+    client = await WSClient.open(served.url)
+    assert (await client.subscribe(served.sign("room:replay"), since=since))["op"] == "subscribed"
+    got = await client.messages(1000)
+    assert [m["offset"] for m in got] == sent
+    assert len(pages) >= 1000 // HISTORY_PAGE and max(pages) <= HISTORY_PAGE, pages
+    await client.close()
+
+
+async def test_an_authorize_that_cannot_answer_says_unavailable() -> None:
+    """authorize() that times out, raises, or finds every thread busy answers `unavailable`, never `forbidden`."""
+    session = Session(id="s", subject="u", expires_at=9e9, issued_at=1.0)
+
+    def slow(_session: Any, _topic: str) -> bool:
+        time.sleep(0.5)
+        return True
+
+    def broken(_session: Any, _topic: str) -> bool:
+        raise RuntimeError("the user database is down")
+
+    timing_out = livepush.App(authorize=slow, authorize_timeout=0.05)
+    assert await timing_out.check(session, "team:a") == "unavailable"
+    assert await livepush.App(authorize=broken).check(session, "team:a") == "unavailable"
+    assert await livepush.App(authorize=lambda s, t: False).check(session, "team:a") == "forbidden"
+    busy = livepush.App(authorize=slow, authorize_timeout=5.0)
+    answers = await asyncio.gather(*(busy.check(session, f"team:{i}") for i in range(60)))
+    # 8 threads and 32 waiting calls: the rest are told at once, and the queued ones get through.
+    assert answers.count("unavailable") == 60 - 40 and answers.count(None) == 40, answers
+    for app in (timing_out, busy):
+        app.close()

@@ -1,0 +1,77 @@
+"""Least privilege: `livepush migrate --runtime-role ROLE` grants a role exactly what serve, jobs,
+publish() and enqueues need, and a server and a runtime run as that role."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import psycopg
+import pytest
+
+from livepush import topics
+from livepush.cli.main import main as cli
+from livepush.fanout.postgres import PostgresFanOut
+from livepush.jobs import database
+from tests.security import role_jobs
+from tests.security.conftest import role_of
+from tests.support.procs import Processes
+from tests.support.wsclient import WSClient
+
+
+
+@pytest.fixture
+def runtime_url(pg_url: str, role_url: Callable[..., str], monkeypatch: pytest.MonkeyPatch,
+                capsys: pytest.CaptureFixture[str]) -> str:
+    url = role_url("app")
+    monkeypatch.setenv("LIVEPUSH_DATABASE_URL", pg_url)
+    assert cli(["migrate", "--runtime-role", role_of(url)]) == 0
+    assert f"granted {role_of(url)}" in capsys.readouterr().out
+    return url
+
+
+async def test_a_server_and_a_runtime_run_as_the_runtime_role(
+    runtime_url: str, livepush_env: Callable[..., dict[str, str]], procs: Processes, secret: str
+) -> None:
+    """As the runtime role: `serve` and `jobs` start, an enqueue runs, its progress reaches a subscriber, and a publish is delivered."""
+    env = livepush_env(database_url=runtime_url)
+    server = await procs.alivepush("serve", env=env)
+    procs.livepush("jobs", role_jobs.__name__, "--heartbeat", "0.5", env=env)
+    database.configure(runtime_url)
+    fanout = PostgresFanOut(runtime_url)
+    client = await WSClient.open(f"ws://127.0.0.1:{server.port}/")
+    try:
+        handle = await role_jobs.work.aenqueue(2)
+        assert (await client.subscribe(topics.sign(handle.topic, (secret,))))["op"] == "subscribed"
+        seen = []
+        while not seen or seen[-1]["data"]["event"] != "succeeded":
+            seen.append((await client.messages(1, timeout=15))[0])
+        assert seen[-1]["data"]["job"]["progress"] == {"done": 2, "total": 2, "message": "step 2"}
+        assert (await client.subscribe(topics.sign("room:role", (secret,))))["op"] == "subscribed"
+        offset = await fanout.apublish("room:role", {"as": "runtime role"})
+        (message,) = await client.messages(1)
+        assert message["offset"] == offset and message["data"] == {"as": "runtime role"}
+    finally:
+        await client.close()
+        await fanout.aclose()
+        await database.release_loop()
+        database.configure(None)
+
+
+def test_the_runtime_role_has_no_ddl_truncate_or_ownership(runtime_url: str) -> None:
+    """The runtime role may read and write livepush's rows, and may not create, truncate, alter or drop anything."""
+    with psycopg.connect(runtime_url, autocommit=True) as conn:
+        conn.execute("SELECT count(*) FROM livepush_jobs")
+        for statement in ("CREATE TABLE t_role_probe (x int)", "TRUNCATE livepush_jobs",
+                          "ALTER TABLE livepush_jobs ADD COLUMN x int", "DROP TABLE livepush_messages",
+                          "INSERT INTO livepush_schema (version, name) VALUES (99, 'x')"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(statement)  # type: ignore[arg-type]
+
+
+def test_migrate_refuses_a_role_that_does_not_exist(pg_url: str, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """`migrate --runtime-role` naming no role ends with exit 2 and one line saying to create it."""
+    monkeypatch.setenv("LIVEPUSH_DATABASE_URL", pg_url)
+    assert cli(["migrate", "--runtime-role", "no_such_role_xyz"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such role" in err[0] and "CREATE ROLE" in err[0], err

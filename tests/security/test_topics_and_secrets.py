@@ -1,0 +1,156 @@
+"""Topics, sessions and secrets: handles' signed topics expire and are HMAC-SHA-256, `{subject}`
+slots refuse separators, state topics take canonical ids, revocation without a shared store is
+an error, weak secrets are refused, and no output holds a secret, token or password."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from itsdangerous import Signer
+
+import livepush
+from livepush import config, sessions, topics
+from livepush.cli.main import main as cli
+from livepush.config import Settings
+from livepush.errors import ConfigError, InvalidTopic
+from livepush.jobs import JobHandle
+from livepush.jobs.groups.building import GroupHandle
+from livepush.sessions import MemoryRevocations, Session
+from tests.server.conftest import Served, make_settings, start_served
+from tests.support.procs import Processes
+from tests.support.wsclient import WSClient
+
+
+@pytest.fixture
+def settings(secret: str) -> AsyncIterator[Settings]:
+    s = Settings(secret=secret)
+    config.set_settings(s)
+    yield s
+    config.set_settings(None)
+
+
+def test_handles_sign_topics_that_expire(settings: Settings) -> None:
+    """A job's or group's signed topic expires after LIVEPUSH_SIGNED_TOPIC_TTL (a day by default); sign(ttl=) picks another lifetime."""
+    now = time.time()
+    for handle in (JobHandle(42), GroupHandle(7)):
+        signed = handle.signed_topic
+        assert topics.verify(signed, settings.secrets) == handle.topic
+        expires = int(signed.split(topics.SEP)[1])
+        assert now + 86400 - 5 <= expires <= now + 86400 + 5
+        with pytest.raises(InvalidTopic) as late:
+            topics.verify(signed, settings.secrets, now=now + 86401)
+        assert late.value.reason == "expired"
+        short = handle.sign(ttl=5)
+        with pytest.raises(InvalidTopic):
+            topics.verify(short, settings.secrets, now=now + 6)
+    config.set_settings(Settings(secret=settings.secret, signed_topic_ttl=60))
+    assert int(JobHandle(1).signed_topic.split(topics.SEP)[1]) <= time.time() + 61
+
+
+def test_topics_are_signed_with_hmac_sha256(settings: Settings) -> None:
+    """A signed topic's signature is HMAC-SHA-256 (32 bytes); one made with SHA-1 is refused."""
+    signed = livepush.sign_topic("job:42", ttl=60)
+    signature = signed.rsplit(topics.SEP, 1)[1]
+    assert len(base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))) == hashlib.sha256().digest_size
+    sha1 = Signer(settings.secret, salt="livepush.topic", sep=topics.SEP, digest_method=hashlib.sha1)  # type: ignore[arg-type]
+    with pytest.raises(InvalidTopic) as refused:
+        topics.verify(sha1.sign("job:42").decode(), settings.secrets)
+    assert refused.value.reason == "invalid_signature"
+    assert hmac.compare_digest(topics.verify(signed, settings.secrets), "job:42")
+
+
+async def test_a_subject_slot_never_matches_a_subject_with_a_separator() -> None:
+    """Under Allow("team:{subject}:*"), subject `7:x` does not enter subject 7's `team:7:x:inbox`, nor `7/x` or `7.x` theirs."""
+    app = livepush.App(rules=[livepush.Allow("team:{subject}:*"), livepush.Allow("user:{subject}")])
+    seven = Session(id="a", subject="7", expires_at=9e9, issued_at=1.0)
+    assert await app.check(seven, "team:7:x:inbox") is None
+    for subject in ("7:x", "7/x", "7.x"):
+        intruder = Session(id="b", subject=subject, expires_at=9e9, issued_at=1.0)
+        assert await app.check(intruder, f"team:{subject}:inbox") == "forbidden", subject
+        assert await app.check(intruder, f"user:{subject}") == "forbidden", subject
+
+
+@pytest.fixture
+async def served(secret: str) -> AsyncIterator[Served]:
+    s = await start_served(make_settings("local", secret, None, None))
+    try:
+        yield s
+    finally:
+        await s.stop()
+
+
+async def test_state_topics_take_canonical_ids_only(served: Served) -> None:
+    """Signed `job:0001`, `job:0_1`, `group:07` and `job:-1` are refused with invalid_topic; `job:1` is subscribed."""
+    client = await WSClient.open(served.url)
+    for topic in ("job:0001", "job:0_1", "group:07", "job:-1", "job:1x", "workflow:0"):
+        answer = await client.subscribe(served.sign(topic))
+        assert (answer["op"], answer.get("reason")) == ("refused", "invalid_topic"), (topic, answer)
+    assert (await client.subscribe(served.sign("job:1")))["op"] == "subscribed"
+    await client.close()
+    with pytest.raises(InvalidTopic):
+        livepush.publish("job:1", {"not": "allowed"})  # a state topic shows its row, nothing else
+
+
+def test_revoke_without_a_shared_store_is_a_config_error(settings: Settings) -> None:
+    """In a process with neither a database nor Redis, revoke() and revoke_subject() raise ConfigError saying revocation needs a shared store."""
+    sessions.set_default_store(None)
+    token = sessions.issue("judy")
+    for call in (lambda: sessions.revoke(token), lambda: sessions.revoke_subject("judy"),
+                 lambda: sessions.revoke(token, store=MemoryRevocations())):
+        with pytest.raises(ConfigError, match="shared store"):
+            call()
+    with pytest.raises(ConfigError, match="shared store"):
+        asyncio.run(sessions.arevoke(token))
+
+
+def test_a_secret_with_few_distinct_characters_is_refused(capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 32-character secret of fewer than 8 distinct characters is refused like a short one: exit 2, one line, no secret in it."""
+    weak = "ab" * 20
+    with pytest.raises(ConfigError, match="distinct characters"):
+        Settings.from_env({"LIVEPUSH_SECRET": weak})
+    with pytest.raises(ConfigError, match="LIVEPUSH_SECRET_FALLBACKS entry 1"):
+        Settings.from_env({"LIVEPUSH_SECRET": "k" * 4 + "0123456789abcdefghijklmnopqrstuv", "LIVEPUSH_SECRET_FALLBACKS": weak})
+    monkeypatch.setenv("LIVEPUSH_SECRET", weak)
+    assert cli(["token", "session", "u1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and weak not in err
+
+
+def test_settings_repr_holds_no_secret_or_password(secret: str) -> None:
+    """The settings' repr names neither the secret, the fallbacks nor the passwords in the URLs."""
+    s = Settings(secret=secret, secret_fallbacks=(secret[::-1],), database_url="postgresql://u:pg-pass-1@h/db",
+                 redis_url="redis://:redis-pass-2@h/0", fanout="postgres")
+    shown = repr(s)
+    for hidden in (secret, secret[::-1], "pg-pass-1", "redis-pass-2"):
+        assert hidden not in shown
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://u:S3cr3tPw%zz@127.0.0.1/db",  # psycopg quotes the bad token
+    "postgresql://postgres:S3cr3tPw@[::1/db",  # psycopg quotes the whole URI
+    "postgresql://u:S3cr3tPw@127.0.0.1:1/db",  # refused connection
+])
+def test_a_database_url_never_shows_its_password(url: str, livepush_env: Callable[..., dict[str, str]],
+                                                 procs: Processes) -> None:
+    """`livepush serve` with a malformed or unreachable database URL ends with one line that does not hold the password."""
+    child = procs.livepush("serve", env=livepush_env(database_url=url), wait_healthy=False)
+    code = child.wait(30)
+    assert code in (1, 2), child.output()
+    assert "S3cr3tPw" not in child.output()
+    assert "Traceback" not in child.output()
+
+
+def test_a_redis_url_never_shows_its_password(livepush_env: Callable[..., dict[str, str]], procs: Processes) -> None:
+    """`livepush serve` on an unreachable Redis whose URL carries `?password=` ends with exit 1 and a line without it."""
+    env = livepush_env(redis_url="redis://127.0.0.1:1/0?password=S3cr3tPw", fanout="redis")
+    child = procs.livepush("serve", env=env, wait_healthy=False)
+    assert child.wait(30) == 1, child.output()
+    assert "S3cr3tPw" not in child.output() and "Traceback" not in child.output()
+    assert "password=***" in child.stderr(), child.stderr()
