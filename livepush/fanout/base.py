@@ -32,10 +32,11 @@ from ..types import JSON, Message, Offset, Receiver, ResyncHandler, Topic
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
 # Messages per history read: a replay or a catch-up of any length is read and sent page by
-# page, never held whole in memory.
-HISTORY_PAGE = 200
+# page, never held whole in memory. Each page costs a round trip, so a page is as long as the
+# byte bound below allows for small messages.
+HISTORY_PAGE = 1000
 # Every fan-out also ends a page at the message that takes its data past this many bytes (a page
-# always has one message), so a page of large messages stays about a MiB, not 200 of them.
+# always has one message), so a page of large messages stays about a MiB, not 1,000 of them.
 HISTORY_PAGE_BYTES = 1024 * 1024
 
 log = logging.getLogger("livepush.fanout")
