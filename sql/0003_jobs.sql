@@ -115,23 +115,32 @@ LANGUAGE sql VOLATILE AS $$
     SELECT (floor(random() * 2147483648)::bigint << 31) | floor(random() * 2147483648)::bigint
 $$;
 
+-- The ring functions below are PL/pgSQL, not SQL: Postgres 15 plans the body of a SQL function
+-- that it cannot inline again at every execution of the statement calling it, where PL/pgSQL
+-- keeps the plan for the session. Every enqueue and outcome calls one.
+--
 -- The runtimes' doorbell `livepush_jobs`: something may be ready to claim. No payload, so
 -- Postgres folds the rings of one transaction into one, delivered at commit: a rolled-back
 -- enqueue wakes nobody. A forged ring costs one claim query.
 CREATE FUNCTION livepush_jobs_ready() RETURNS integer
-LANGUAGE sql VOLATILE AS $$
-    SELECT count(pg_notify('livepush_jobs', ''))::integer
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM pg_notify('livepush_jobs', '');
+    RETURN 1;
+END
 $$;
 
 -- `livepush_jobs_cancel`: the ids of running jobs whose cancel was requested, comma-separated,
 -- at most 300 a notification (under Postgres' 8000-byte limit). A runtime confirms each against
 -- the row (cancel_requested) before it stops anything.
 CREATE FUNCTION livepush_jobs_cancel_requested(p_ids bigint[]) RETURNS integer
-LANGUAGE sql VOLATILE AS $$
-    SELECT count(pg_notify('livepush_jobs_cancel', c.ids))::integer
-    FROM (SELECT string_agg(u.id::text, ',' ORDER BY u.ord) AS ids
-          FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord)
-          GROUP BY (u.ord - 1) / 300) c
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    RETURN (SELECT count(pg_notify('livepush_jobs_cancel', c.ids))::integer
+            FROM (SELECT string_agg(u.id::text, ',' ORDER BY u.ord) AS ids
+                  FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord)
+                  GROUP BY (u.ord - 1) / 300) c);
+END
 $$;
 
 -- `livepush_states`: state topics that changed, one "TOPIC VERSION" (or "TOPIC" when the version
@@ -139,11 +148,13 @@ $$;
 -- the transaction that made the change, so a page hears of it if and only if it committed. A
 -- server reads the state from the rows, never from the notification.
 CREATE FUNCTION livepush_state_changed(p_topics text[], p_versions bigint[]) RETURNS integer
-LANGUAGE sql VOLATILE AS $$
-    SELECT count(pg_notify('livepush_states', c.lines))::integer
-    FROM (SELECT string_agg(u.topic || coalesce(' ' || u.version::text, ''), E'\n' ORDER BY u.ord) AS lines
-          FROM unnest(p_topics, p_versions) WITH ORDINALITY AS u(topic, version, ord)
-          GROUP BY (u.ord - 1) / 150) c
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    RETURN (SELECT count(pg_notify('livepush_states', c.lines))::integer
+            FROM (SELECT string_agg(u.topic || coalesce(' ' || u.version::text, ''), E'\n' ORDER BY u.ord) AS lines
+                  FROM unnest(p_topics, p_versions) WITH ORDINALITY AS u(topic, version, ord)
+                  GROUP BY (u.ord - 1) / 150) c);
+END
 $$;
 
 -- `livepush_states`, for an enqueue of any size: one line "KIND:FIRST-LAST" saying that rows
@@ -152,7 +163,12 @@ $$;
 -- range may hold other statements' ids too, which is harmless: the rows decide. Rings nothing
 -- for an empty range (NULL bounds).
 CREATE FUNCTION livepush_states_created(p_kind text, p_first bigint, p_last bigint) RETURNS integer
-LANGUAGE sql VOLATILE AS $$
-    SELECT count(pg_notify('livepush_states', p_kind || ':' || p_first || '-' || p_last))::integer
-    WHERE p_first IS NOT NULL AND p_last IS NOT NULL
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF p_first IS NULL OR p_last IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM pg_notify('livepush_states', p_kind || ':' || p_first || '-' || p_last);
+    RETURN 1;
+END
 $$;
