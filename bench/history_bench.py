@@ -16,8 +16,9 @@ In one run:
    With several publishers livepush runs twice: all on one topic (they queue on the topic's
    row lock, by design) and each on its own topic. msg/s = messages the listener received /
    (its receipt of the last one - first publish); every publish must arrive.
-   The listener: livepush's own (`fanout.listen()` + `fanout.register(cb)`) vs a plain
-   psycopg LISTEN / a raw redis-py SUBSCRIBE connection (the same calls the fan-outs use).
+   The listener: the server's own hub over `fanout.listen()` (on Postgres it reads the log
+   for every doorbell, as a server does) vs a plain psycopg LISTEN / a raw redis-py
+   SUBSCRIBE connection (the same calls the fan-outs use).
 2. Publish-to-receive latency at `--rate` messages a second from one publisher (each message
    carries `time.time()` taken before the publish call), p50/p99 over `--seconds` after
    half a second of warm-up.
@@ -42,8 +43,8 @@ import secrets
 import sys
 import tempfile
 import time
-from typing import Any
 from array import array
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -66,6 +67,21 @@ def time_in(text: str) -> float:
 
 
 # -- the listener, in its own process ------------------------------------------------------
+class _Sink:
+    """The hub's one subscriber: hands each message frame's data to the listener."""
+
+    def __init__(self, listener: Listener) -> None:
+        self.listener = listener
+
+    def send(self, frame: str) -> None:
+        i = frame.find('"data":')
+        if i >= 0:
+            self.listener.got(frame[i + 7 : -1])
+
+    async def drain(self) -> None:
+        pass
+
+
 class Listener:
     def __init__(self) -> None:
         self.count = 0
@@ -73,6 +89,7 @@ class Listener:
         self.lat = array("d")
         self.task: asyncio.Task[None] | None = None
         self.close = None
+        self.watch: Any = None  # fan-out listeners: subscribe the hub to a topic before it is published on
 
     def got(self, text: str) -> None:
         now = time.time()
@@ -86,48 +103,26 @@ class Listener:
         if kind in ("postgres", "redis"):
             from livepush.config import Settings
             from livepush.fanout import from_env
+            from livepush.server.hub import Hub
 
             fanout = from_env(Settings(fanout=kind, database_url=url if kind == "postgres" else None,
                                        redis_url=url if kind == "redis" else None))
+            # The server's own hub does the listening: on Postgres every notification is a
+            # doorbell that makes it read the topic's log, and the figures include those reads.
+            sink = _Sink(self)
+
+            def broadcast(subscribers: Any, frame: str) -> None:
+                for subscriber in subscribers:
+                    subscriber.send(frame)
+
+            hub = Hub(fanout, broadcast)
             await fanout.listen()
-            # Postgres notifications are doorbells: read what they name from history, a page per
-            # topic at a time and coalesced, as the server's hub does, so the figures include it.
-            cursors: dict[str, str] = {}
-            dirty: set[str] = set()
-            wake = asyncio.Event()
-
-            def heard(m: Any) -> None:
-                if m.data_json is not None:
-                    self.got(m.data_json)
-                    return
-                cursors.setdefault(m.topic, m.prev)
-                dirty.add(m.topic)
-                wake.set()
-
-            async def read() -> None:
-                while True:
-                    await wake.wait()
-                    wake.clear()
-                    while dirty:
-                        topic = dirty.pop()
-                        page = await fanout.history(topic, cursors[topic])
-                        if page is None:  # past the history: start again from the newest
-                            cursors[topic] = await fanout.alatest_offset(topic)
-                            continue
-                        for message in page.messages:
-                            self.got(message.data_json)
-                            cursors[topic] = message.offset
-                        if page.more:
-                            dirty.add(topic)
-
-            fanout.register(heard)
-            self.task = asyncio.create_task(read())
+            fanout.register(hub.on_message)
+            fanout.on_resync(hub.resync)
+            self.watch = lambda topic: hub.subscribe(sink, topic, None, None)
 
             async def close_fanout() -> None:
-                assert self.task is not None
-                self.task.cancel()
-                with contextlib.suppress(BaseException):
-                    await self.task
+                await hub.aclose()
                 await fanout.aclose()
 
             self.close = close_fanout
@@ -192,6 +187,10 @@ async def listener_main(control: str) -> None:
                 await listener.start(cmd["kind"], cmd["url"])
             except Exception as exc:
                 reply = {"error": f"{type(exc).__name__}: {exc}"}
+        elif cmd["cmd"] == "watch":
+            if listener.watch is not None:
+                for topic in cmd["topics"]:
+                    await listener.watch(topic)
         elif cmd["cmd"] == "reset":
             listener.count, listener.lat = 0, array("d")
         elif cmd["cmd"] == "count":
@@ -297,6 +296,7 @@ class Publishers:
 
 
 async def measure_throughput(listener: ListenerProcess, pubs: Publishers, seconds: float, topics: list[str]) -> dict:
+    await listener.call(cmd="watch", topics=topics)
     await listener.call(cmd="reset")
     counter = 0
     t0 = time.time()
@@ -326,6 +326,7 @@ async def measure_latency(listener: ListenerProcess, pubs: Publishers, seconds: 
                 await asyncio.sleep(delay)
             await pubs.publish(0, topic, first + i)
 
+    await listener.call(cmd="watch", topics=[topic])
     warm = int(rate * 0.5)
     await paced(1, warm)
     await listener.wait_count(warm, timeout=10)
