@@ -87,7 +87,7 @@ return redis.call('XTRIM', key, 'MINID', minid)
 # KEYS[1] stream; ARGV: since (exclusive), count, bytes. One page of history, read atomically
 # with the server's time and the newest entry, so "nothing after since" and "since is the newest"
 # are one instant: a publish in between cannot turn a valid since into a reset. The page ends at
-# the entry that takes its data past ARGV[3] bytes (a page always has one entry), so 200 large
+# the entry that takes its data past ARGV[3] bytes (a page always has one entry), so 1,000 large
 # messages never leave Redis in one reply.
 _HISTORY_LUA = """
 local page = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])
