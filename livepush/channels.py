@@ -10,12 +10,13 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from .types import ResyncHandler as Resync
+
 P = TypeVar("P")  # what a notification carries: str (Postgres) or bytes (Redis)
-Resync = Callable[[], Awaitable[None] | None]
 
 _RELOG_SECONDS = 60.0
 

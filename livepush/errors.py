@@ -69,6 +69,12 @@ class PayloadTooLarge(LivepushError, ValueError):
     """publish() data encodes to more than 1 MiB of JSON."""
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's first line for a one-line log or error message (its type if it says nothing)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 __all__ = [
     "ConfigError",
     "DependencyError",

@@ -92,7 +92,7 @@ def migrate(url: str, runtime_role: str | None = None) -> list[Migration]:
         # Transaction-scoped lock: released at commit or rollback, never leaked by a crash.
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
         conn.execute(_CREATE_SCHEMA_TABLE)
-        applied = [(int(v), str(n)) for v, n in conn.execute(_APPLIED)]
+        applied = _applied(conn)
         _check_lineage(url, applied)
         done = {v for v, _ in applied}
         for migration in bundled():
@@ -125,21 +125,21 @@ def _grant_runtime(conn: psycopg.Connection, role: str) -> None:
     conn.execute(sql.SQL("GRANT USAGE, SELECT ON SEQUENCE {} TO {}").format(sql.SQL(", ").join(sequences), who))
 
 
-def current_version(conn: psycopg.Connection) -> int:
+def _applied(conn: psycopg.Connection) -> list[tuple[int, str]]:
+    """The migrations recorded in the database, oldest first; none before the first migrate."""
     try:
-        row = conn.execute("SELECT coalesce(max(version), 0) FROM livepush_schema").fetchone()
+        return [(int(v), str(n)) for v, n in conn.execute(_APPLIED)]
     except psycopg.errors.UndefinedTable:
         if not conn.autocommit:
             conn.rollback()
-        return 0
-    return int(row[0]) if row else 0
+        return []
 
 
 def check_schema(url: str, who: str = "this livepush") -> None:
     """Refuse to run on a schema older than this code needs, or not ours at all."""
     with translated(url), connect(url) as conn:
-        have = current_version(conn)
-        applied = [(int(v), str(n)) for v, n in conn.execute(_APPLIED)] if have else []
+        applied = _applied(conn)
+    have = max((v for v, _ in applied), default=0)
     _check_lineage(url, applied)
     need = required_version()
     if have < need:

@@ -26,7 +26,8 @@ RESERVED_PREFIX = "_livepush."
 SEP = "~"
 _SALT = "livepush.topic"
 STATE_PREFIXES = ("job:", "group:", "workflow:")
-_STATE_ID = re.compile(r"[1-9][0-9]{0,18}")
+STATE_ID_PATTERN = "[1-9][0-9]{0,18}"  # a state topic's id: canonical decimal, within bigint
+_STATE_ID = re.compile(STATE_ID_PATTERN)
 
 
 def validate_topic(topic: object) -> str:

@@ -37,7 +37,7 @@ from livepush.fanout.base import (
 )
 from livepush.types import offset_key
 from tests.support import services
-from tests.support.fanouts import WAIT, Collector, payload_of, read_history
+from tests.support.fanouts import WAIT, Collector, offsets_of, payload_of, read_history
 from tests.support.procs import free_port
 from tests.support.waiting import async_wait_for, wait_for
 
@@ -48,10 +48,6 @@ SERVER_KINDS = ("postgres", "redis")
 MakeFanOut = Callable[..., Awaitable[FanOut]]
 
 # ---- helpers ------------------------------------------------------------------------------------
-
-
-def offsets_of(messages: list[Any] | None) -> list[str]:
-    return [m.offset for m in messages or []]
 
 
 def datas_of(messages: list[Any] | None) -> list[Any]:

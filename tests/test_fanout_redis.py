@@ -20,7 +20,7 @@ import redis
 import livepush
 from livepush.fanout.redis import PRUNE_SCAN_COUNT, RedisFanOut
 from livepush.types import offset_key
-from tests.support.fanouts import WAIT, Collector, read_history
+from tests.support.fanouts import WAIT, Collector, offsets_of, read_history
 from tests.support.procs import free_port
 from tests.support.waiting import async_wait_for
 from tests.test_fanout_conformance import (  # noqa: F401  (private_redis is a fixture)
@@ -58,10 +58,6 @@ def raw(redis_url: str) -> Any:
 
 def listeners(client: redis.Redis) -> list[dict[str, Any]]:
     return [c for c in client.client_list() if c.get("name") == "livepush-listener"]
-
-
-def offsets_of(messages: list[Any] | None) -> list[str]:
-    return [m.offset for m in messages or []]
 
 
 # ---- offsets and the chain ----------------------------------------------------------------------

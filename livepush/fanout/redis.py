@@ -39,9 +39,10 @@ import redis
 import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
-from ..redis.client import client_kwargs, default_prefix, failed
 from ..channels import ListenerSlot
+from ..redis.client import client_kwargs, default_prefix, failed, text
 from ..redis.subscriber import Subscriber
+from ..topics import TOPIC_RE
 from ..types import JSON, Message, Offset, Topic
 from .base import HISTORY_PAGE, HISTORY_PAGE_BYTES, FanOut, History, encode_payload
 
@@ -49,7 +50,6 @@ logger = logging.getLogger("livepush.fanout.redis")
 
 FIRST_PREV = "0-0"  # the "offset before the first message" of every topic
 _STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
-_TOPIC = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
 
 # KEYS[1] stream; ARGV: topic, json, ttl_ms, max_len, idle_ms, channel.
 _PUBLISH_LUA = """
@@ -110,10 +110,6 @@ return {redis.call('TIME'), page, redis.call('XREVRANGE', KEYS[1], '+', '-', 'CO
 PRUNE_SCAN_COUNT = 200
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
 def parse_frame(raw: bytes) -> Message | None:
     """The message in a pub/sub frame, or None when it is not one of ours."""
     try:
@@ -121,7 +117,7 @@ def parse_frame(raw: bytes) -> Message | None:
         message = Message(topic.decode("ascii"), offset.decode("ascii"), prev.decode("ascii"), data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError):
         return None
-    if not (_TOPIC.fullmatch(message.topic) and _STREAM_ID.fullmatch(message.offset)
+    if not (TOPIC_RE.fullmatch(message.topic) and _STREAM_ID.fullmatch(message.offset)
             and (message.prev == FIRST_PREV or _STREAM_ID.fullmatch(message.prev)) and message.data_json):
         return None
     return message
@@ -206,14 +202,14 @@ class RedisFanOut(FanOut):
             raise ValueError("conn= needs the Postgres fan-out: set LIVEPUSH_FANOUT=postgres")
         if "\n" in topic:  # would break the frame header; validated topics never have one
             raise ValueError(f"invalid topic {topic[:60]!r}")
-        text = encode_payload(data)  # PayloadTooLarge before anything is written
-        return [self.key_prefix + topic], [topic, text, *self._publish_args_tail]
+        encoded = encode_payload(data)  # PayloadTooLarge before anything is written
+        return [self.key_prefix + topic], [topic, encoded, *self._publish_args_tail]
 
     def publish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
         keys, args = self._publish_args(topic, data, conn)
         client, script = self._sync_client()
         try:
-            return _text(script(keys=keys, args=args, client=client))
+            return text(script(keys=keys, args=args, client=client))
         except (RedisError, OSError) as exc:
             raise failed(self.url, exc, f"publishing on {topic!r}") from exc
 
@@ -221,7 +217,7 @@ class RedisFanOut(FanOut):
         keys, args = self._publish_args(topic, data, conn)
         client = self._async_client()
         try:
-            return _text(await self._async_publish(keys=keys, args=args, client=client))
+            return text(await self._async_publish(keys=keys, args=args, client=client))
         except (RedisError, OSError) as exc:
             raise failed(self.url, exc, f"publishing on {topic!r}") from exc
 
@@ -232,7 +228,7 @@ class RedisFanOut(FanOut):
             newest = client.xrevrange(self.key_prefix + topic, "+", "-", count=1)
         except (RedisError, OSError) as exc:
             raise failed(self.url, exc, f"reading the latest offset of {topic!r}") from exc
-        return _text(newest[0][0]) if newest else FIRST_PREV
+        return text(newest[0][0]) if newest else FIRST_PREV
 
     async def alatest_offset(self, topic: Topic) -> Offset:
         client = self._async_client()
@@ -240,7 +236,7 @@ class RedisFanOut(FanOut):
             newest = await client.xrevrange(self.key_prefix + topic, "+", "-", count=1)
         except (RedisError, OSError) as exc:
             raise failed(self.url, exc, f"reading the latest offset of {topic!r}") from exc
-        return _text(newest[0][0]) if newest else FIRST_PREV
+        return text(newest[0][0]) if newest else FIRST_PREV
 
     async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE) -> History | None:
         if not isinstance(since, str) or not (since == FIRST_PREV or _STREAM_ID.fullmatch(since)):
@@ -250,21 +246,21 @@ class RedisFanOut(FanOut):
         try:
             (now_s, now_us), page, newest = await self._async_history(
                 keys=[key], args=[since, limit, HISTORY_PAGE_BYTES], client=client)
-            latest = _text(newest[0][0]) if newest else FIRST_PREV
+            latest = text(newest[0][0]) if newest else FIRST_PREV
             if not page:
                 return History([], latest, False) if latest == since else None
-            first_ms = int(_text(page[0][0]).split("-")[0])
+            first_ms = int(text(page[0][0]).split("-")[0])
             if first_ms < int(now_s) * 1000 + int(now_us) // 1000 - self._ttl_ms:
                 return None  # the first missed message has expired: never a silent hole
             out: list[Message] = []
             expected = since
             for entry_id, flat in page:
                 fields = dict(zip(flat[::2], flat[1::2], strict=True))  # a script returns fields flat
-                offset, prev = _text(entry_id), _text(fields[b"p"])
+                offset, prev = text(entry_id), text(fields[b"p"])
                 if prev != expected:
                     # A trimmed range or a restart without persistence broke the chain.
                     return None
-                out.append(Message(topic, offset, prev, _text(fields[b"d"])))
+                out.append(Message(topic, offset, prev, text(fields[b"d"])))
                 expected = offset
             return History(out, latest, expected != latest)
         except (RedisError, OSError) as exc:

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import PoolTimeout
 
-from ..errors import ConfigError, DependencyError, SchemaError
+from ..errors import ConfigError, DependencyError, SchemaError, first_line
 
 CONNECT_TIMEOUT = 5  # seconds; a server that does not answer fails the command rather than hanging it
 
@@ -42,8 +42,7 @@ def _password(url: str) -> str | None:
 
 def _reason(url: str, exc: BaseException) -> str:
     """The first line of the driver's message, with the URL and its password taken out."""
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else type(exc).__name__
+    first = first_line(exc)
     password = _password(url)
     if password and password in first:
         first = first.replace(password, "***")

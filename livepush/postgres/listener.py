@@ -25,7 +25,7 @@ from collections.abc import Callable
 import psycopg
 
 from ..channels import Channels, Resync
-from ..errors import DependencyError, ListenError
+from ..errors import DependencyError, ListenError, first_line
 from ..tasks import Backoff, stop
 from .connect import aconnect, redact
 
@@ -73,7 +73,7 @@ class Listener:
             try:
                 conn = await self._connect()
             except (DependencyError, psycopg.Error, OSError) as exc:
-                raise ListenError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+                raise ListenError(first_line(exc)) from None
             self._listening = True
             self._task = asyncio.create_task(self._run(conn), name=self.name)
             return
@@ -112,7 +112,7 @@ class Listener:
                 await conn.close()
                 raise
             except (psycopg.Error, OSError, TimeoutError) as exc:
-                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                reason = first_line(exc)
             except Exception:  # a bug of ours: say so once, with the traceback, and carry on
                 log.exception("the Postgres listener %s failed unexpectedly; reconnecting", self.name)
                 reason = "an unexpected error"

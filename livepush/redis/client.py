@@ -68,9 +68,14 @@ def client_kwargs(client_name: str, connect_timeout: float = CONNECT_TIMEOUT) ->
     }
 
 
+def text(value: Any, errors: str = "strict") -> str:
+    """A reply value as text: Redis answers bytes (this client never decodes replies itself)."""
+    return value.decode("utf-8", errors) if isinstance(value, bytes) else str(value)
+
+
 def one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
+    said = " ".join(str(exc).split())
+    return said or type(exc).__name__
 
 
 def failed(url: str, exc: BaseException, doing: str, cls: type[DependencyError] = DependencyError) -> DependencyError:

@@ -28,15 +28,11 @@ from redis.retry import Retry
 from ..channels import Channels, Resync
 from ..errors import ListenError
 from ..tasks import Backoff, stop
-from .client import failed, one_line, redact
+from .client import failed, one_line, redact, text
 
 log = logging.getLogger("livepush.redis.subscriber")
 
 Handler = Callable[[bytes], None]
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 class Subscriber:
@@ -113,9 +109,9 @@ class Subscriber:
             reply = await conn.read_response(timeout=self.connect_timeout)
             if reply is None:
                 raise TimeoutError(f"no SUBSCRIBE confirmation within {self.connect_timeout} s")
-            if not (isinstance(reply, list) and reply and _text(reply[0]) == "subscribe"):
+            if not (isinstance(reply, list) and reply and text(reply[0], "replace") == "subscribe"):
                 raise RedisError(f"unexpected reply to SUBSCRIBE: {reply!r:.80}")
-            confirmed.add(_text(reply[1]))
+            confirmed.add(text(reply[1], "replace"))
         for channel in self._channels:
             channel.live.set()
         return conn
@@ -176,10 +172,10 @@ class Subscriber:
             last_heard = now
             if not (isinstance(reply, list) and len(reply) >= 3):
                 continue
-            kind = _text(reply[0])
+            kind = text(reply[0], "replace")
             if kind == "message":
-                self._channels.dispatch(_text(reply[1]), reply[2] if isinstance(reply[2], bytes) else str(reply[2]).encode())
+                self._channels.dispatch(text(reply[1], "replace"), reply[2] if isinstance(reply[2], bytes) else str(reply[2]).encode())
             elif kind == "subscribe":
-                entry = self._channels.get(_text(reply[1]))
+                entry = self._channels.get(text(reply[1], "replace"))
                 if entry is not None:
                     entry.live.set()

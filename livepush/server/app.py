@@ -23,7 +23,7 @@ from websockets.http11 import Request, Response
 
 from .. import protocol, topics
 from ..config import Settings
-from ..errors import DependencyError, InvalidTopic
+from ..errors import DependencyError, InvalidTopic, first_line
 from ..fanout import FanOut
 from ..sessions.handshake import SUBPROTOCOL, authenticate, duplicated_header, origin_allowed
 from ..sessions.revocations import MEMORY, RevocationStore
@@ -244,7 +244,7 @@ class PushServer:
         except ConnectionClosed:
             raise
         except Exception as exc:
-            log.warning("subscribe to %s failed: %s", plain, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            log.warning("subscribe to %s failed: %s", plain, first_line(exc))
             client.topics.discard(plain)
             self.hub.unsubscribe(client, plain)
             client.send(protocol.refused(cmd.ref, "unavailable"))

@@ -123,13 +123,13 @@ class Hub:
         if key <= offset_key(t.cursor):
             return  # already delivered (a replayed range, or a notification twice)
         if message.data_json is not None and message.prev == t.cursor:
-            self._emit(t, message.offset, message.data_json)
+            self._emit(t, message.offset, message.data_json, key)
             return
         self._start_read(t)
 
-    def _emit(self, t: _Topic, offset: Offset, data_json: str) -> None:
+    def _emit(self, t: _Topic, offset: Offset, data_json: str, key: Key) -> None:
         t.cursor = offset
-        self._deliver(t, offset_key(offset), protocol.message(t.name, offset, data_json))
+        self._deliver(t, key, protocol.message(t.name, offset, data_json))
 
     def _deliver(self, t: _Topic, key: Key, frame: str) -> None:
         recipients: Iterable[Subscriber] = t.subscribers
@@ -158,7 +158,7 @@ class Hub:
                     if t.cursor is not None and key <= offset_key(t.cursor):
                         continue
                     if t.cursor is not None and m.prev == t.cursor and m.data_json is not None:
-                        self._emit(t, m.offset, m.data_json)
+                        self._emit(t, m.offset, m.data_json, key)
                     else:
                         t.wanted = max(t.wanted, key)
                 if t.idle or t.wanted <= self._cursor_key(t):
@@ -182,9 +182,14 @@ class Hub:
             if page is None:
                 await self._reset_all(t)
                 return True
+            cursor_key = offset_key(t.cursor)
             for m in page.messages:
-                if m.data_json is not None and offset_key(m.offset) > offset_key(t.cursor):
-                    self._emit(t, m.offset, m.data_json)
+                if m.data_json is None:
+                    continue
+                key = offset_key(m.offset)
+                if key > cursor_key:
+                    self._emit(t, m.offset, m.data_json, key)
+                    cursor_key = key
                     found = True
             if not page.more:
                 break

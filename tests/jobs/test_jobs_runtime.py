@@ -18,6 +18,7 @@ from livepush.jobs.runtime.executor import Outcome
 from livepush.jobs.runtime.runtime import Runtime
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import events_of, names_of, q
+from tests.support.fanouts import read_history
 from tests.support.waiting import async_wait_for
 
 
@@ -197,15 +198,8 @@ async def test_runtime_publishes_its_state(jobs_db: str) -> None:
     try:
         async with running(publisher=fanout) as rt:
             rid = rt.id
-        messages = []
-        since = "0"
-        while True:
-            page = await fanout.history(f"runtime:{rid}", since)
-            assert page is not None
-            messages.extend(page.messages)
-            if not page.more:
-                break
-            since = page.messages[-1].offset
+        messages = await read_history(fanout, f"runtime:{rid}", "0")
+        assert messages is not None
     finally:
         await fanout.aclose()
     seen = [json.loads(m.data_json)["event"] for m in messages if m.data_json is not None]

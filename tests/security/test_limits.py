@@ -20,6 +20,7 @@ from livepush.fanout import HISTORY_PAGE
 from livepush.server.connection import SEND_BUFFER_LIMIT
 from livepush.sessions import Session
 from tests.server.conftest import Served, make_settings, start_served
+from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
 
@@ -63,10 +64,8 @@ async def test_connections_past_the_cap_get_http_503(served: Served) -> None:
         await WSClient.open(served.url)
     assert refused.value.response.status_code == 503
     await clients.pop().close()
-    for _ in range(100):  # the server notices the close on its next loop turns
-        if len(served.server.clients) < 5:
-            break
-        await asyncio.sleep(0.01)
+    # The server notices the close on its next loop turns.
+    await async_wait_for(lambda: len(served.server.clients) < 5, 1, message="the closed connection is still counted")
     clients.append(await WSClient.open(served.url))
     for c in clients:
         await c.close()
@@ -93,10 +92,7 @@ async def test_a_reader_that_never_reads_is_closed_before_its_buffer_passes_the_
     # The silent one subscribes with a raw frame, then reads nothing more.
     sock.sendall(_masked_text(f'{{"op":"subscribe","topic":"{served.sign(topic)}","since":null,"ref":1}}'))
     assert (await watcher.subscribe(served.sign(topic)))["op"] == "subscribed"
-    for _ in range(200):
-        if topic in slow_client.topics:
-            break
-        await asyncio.sleep(0.01)
+    await async_wait_for(lambda: topic in slow_client.topics, 2, message="the silent client never subscribed")
     worst = 0
     for n in range(30):
         await served.publish(topic, {"n": n, "pad": frame})

@@ -24,6 +24,10 @@ WAIT = 10.0  # seconds: the default bound on a wait for deliveries
 MAX_PAGES = 10_000
 
 
+def offsets_of(messages: list[Message] | None) -> list[str]:
+    return [m.offset for m in messages or []]
+
+
 async def read_history(fanout: FanOut, topic: str, since: str) -> list[Message] | None:
     """Every message after `since`, following history()'s pages while `more`; None when any page
     answers None (the client would get `reset`)."""

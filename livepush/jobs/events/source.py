@@ -21,6 +21,7 @@ from ...postgres.connect import translated
 from ...postgres.listener import Listener
 from ...postgres.pools import LoopPools
 from ...postgres.text import BIGINT_MAX
+from ...topics import STATE_ID_PATTERN
 from ...types import State, Topic
 from .. import queries
 from ..groups import queries as group_queries
@@ -28,8 +29,7 @@ from .views import group_state, job_state
 
 log = logging.getLogger("livepush.jobs.events")
 
-_ID = "[1-9][0-9]{0,18}"
-_LINE = re.compile(rf"(job|group):({_ID})(?: ([0-9]{{1,19}})|-({_ID}))?")
+_LINE = re.compile(rf"(job|group):({STATE_ID_PATTERN})(?: ([0-9]{{1,19}})|-({STATE_ID_PATTERN}))?")
 MAX_LINES = 150  # what livepush_state_changed() puts in one notification
 
 
