@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import math
 import os
 import socket
 import time
@@ -34,14 +35,20 @@ async def served(secret: str) -> AsyncIterator[Served]:
 
 
 async def test_subscribes_past_100_a_second_are_refused_with_limit(served: Served) -> None:
-    """A burst of 150 subscribes gets 100 `subscribed` and then `limit`, without an error frame; a second later subscribing works again."""
+    """A burst of 150 subscribes gets 100 `subscribed` (and one more per 10 ms the burst took), then `limit`, without an error frame; a second later subscribing works again."""
     client = await WSClient.open(served.url)
     topic = served.sign("room:burst")
+    started = time.monotonic()
     for ref in range(150):
         await client.send({"op": "subscribe", "topic": topic, "since": None, "ref": ref})
     answers = [await client.recv() for _ in range(150)]
+    # The bucket refills at 100 a second while the burst is under way: a slow machine earns a
+    # token for every 10 ms the 150 took, and no more.
+    refilled = math.ceil((time.monotonic() - started) * 100)
+    granted = [a["op"] for a in answers].count("subscribed")
     assert [a["op"] for a in answers[:100]] == ["subscribed"] * 100
-    assert [(a["op"], a["reason"]) for a in answers[100:]] == [("refused", "limit")] * 50
+    assert 100 <= granted <= 100 + refilled, (granted, refilled)
+    assert [(a["op"], a.get("reason")) for a in answers if a["op"] != "subscribed"] == [("refused", "limit")] * (150 - granted)
     await asyncio.sleep(1.0)  # the bucket refills at 100 a second: this is the rule being checked
     assert (await client.subscribe(topic))["op"] == "subscribed"
     await client.close()
