@@ -9,8 +9,13 @@ runtime has pools of its own (runtime.Runtime).
 from __future__ import annotations
 
 import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+
+import psycopg
 
 from ..config import get_settings
+from ..postgres.connect import translated
 from ..postgres.pools import LoopPools
 
 _lock = threading.Lock()
@@ -41,6 +46,22 @@ def pools() -> LoopPools:
                 _pools.close()
             _pools = LoopPools(url, name="livepush-jobs", autocommit=False, prepare_threshold=0)
         return _pools
+
+
+@contextmanager
+def connection() -> Iterator[psycopg.Connection]:
+    """A pooled connection of the jobs' database in a transaction, committed when the block
+    ends; psycopg's errors come out as ours."""
+    with translated(database_url()), pools().sync().connection() as conn:
+        yield conn
+
+
+@asynccontextmanager
+async def aconnection() -> AsyncIterator[psycopg.AsyncConnection]:
+    """connection(), on the running loop's pool."""
+    with translated(database_url()):
+        async with (await pools().aget()).connection() as conn:
+            yield conn
 
 
 async def release_loop() -> None:

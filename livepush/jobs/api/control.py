@@ -6,7 +6,6 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from ...postgres.connect import translated
 from .. import database, queries
 from ..errors import GroupClosedError
 from ..events.views import job_view
@@ -19,7 +18,7 @@ def cancel(job_id: int) -> bool:
     runtime gets a notification) and stops at its next await or `ctx.progress()` call, ending as
     `cancelled`. Returns False when the job is already finished or unknown."""
     job_id = checked_id(job_id, "job_id")
-    with translated(database.database_url()), database.pools().sync().connection() as conn:
+    with database.connection() as conn:
         with conn.cursor(row_factory=dict_row) as cur:
             cur.execute(queries.CANCEL, {"id": job_id})
             rows = cur.fetchall()
@@ -30,13 +29,12 @@ def cancel(job_id: int) -> bool:
 
 async def acancel(job_id: int) -> bool:
     job_id = checked_id(job_id, "job_id")
-    with translated(database.database_url()):
-        async with (await database.pools().aget()).connection() as conn:
-            async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(queries.CANCEL, {"id": job_id})
-                rows = await cur.fetchall()
-            touched = await outcomes.count(conn, outcomes.terminal(rows))
-            await steps.arun(conn, steps.progress_now(sorted(touched)))
+    async with database.aconnection() as conn:
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(queries.CANCEL, {"id": job_id})
+            rows = await cur.fetchall()
+        touched = await outcomes.count(conn, outcomes.terminal(rows))
+        await steps.arun(conn, steps.progress_now(sorted(touched)))
     return bool(rows)
 
 
@@ -44,7 +42,7 @@ def retry_failed(job_id: int) -> bool:
     """Run a failed job again now, with a fresh set of attempts. False unless it was failed. A task
     group's member is refused (GroupClosedError): its failure is counted in its group."""
     job_id = checked_id(job_id, "job_id")
-    with translated(database.database_url()), database.pools().sync().connection() as conn:
+    with database.connection() as conn:
         found = conn.execute(queries.JOB_GROUP, {"id": job_id}).fetchone()
         if found is not None and found[0] is not None:
             raise GroupClosedError(f"job {job_id} is a member of task group {found[0]}, which counted its failure: "
@@ -56,7 +54,7 @@ def retry_failed(job_id: int) -> bool:
 def discard_failed(job_id: int) -> bool:
     """Delete a failed job for good. False unless it was failed."""
     job_id = checked_id(job_id, "job_id")
-    with translated(database.database_url()), database.pools().sync().connection() as conn:
+    with database.connection() as conn:
         rows = conn.execute(queries.DISCARD_FAILED, {"id": job_id}).fetchall()
     return bool(rows)
 
@@ -64,7 +62,7 @@ def discard_failed(job_id: int) -> bool:
 def job_state(job_id: int) -> dict[str, Any] | None:
     """The job's current `job` object as its state topic shows it, or None."""
     job_id = checked_id(job_id, "job_id")
-    with translated(database.database_url()), database.pools().sync().connection() as conn:
+    with database.connection() as conn:
         with conn.cursor(row_factory=dict_row) as cur:
             cur.execute(queries.JOB_STATES, {"ids": [job_id]})
             row = cur.fetchone()

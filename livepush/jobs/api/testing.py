@@ -17,7 +17,6 @@ from typing import Any
 from ... import api
 from ...config import get_settings
 from ...errors import ConfigError
-from ...postgres.connect import translated
 from .. import database, queries
 from ..groups import queries as group_queries
 from ..runtime import maintenance
@@ -82,6 +81,6 @@ def clear() -> None:
     """Delete every job, group and runtime row. Refuses unless LIVEPUSH_ENV=test."""
     if not get_settings().is_test:
         raise ConfigError("jobs.clear() deletes every job: it only runs with LIVEPUSH_ENV=test")
-    with translated(database.database_url()), database.pools().sync().connection() as conn:
+    with database.connection() as conn:
         for statement in (queries.CLEAR + "; " + group_queries.CLEAR).split("; "):
             conn.execute(statement)  # type: ignore[arg-type]

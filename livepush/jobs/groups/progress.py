@@ -21,13 +21,12 @@ from collections.abc import Iterable
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from ...postgres.connect import reraise_if_cancelled
 from ...tasks import Backoff, stop, supervise
 from ..events.views import GROUP_KEYS, PROGRESS_INTERVAL
-from . import queries, steps
+from . import steps
 
 log = logging.getLogger("livepush.jobs")
 
@@ -90,18 +89,13 @@ class ProgressPublisher:
         if not ids:
             return
         self._marked.difference_update(ids)  # a mark arriving from here on gets a read of its own
+
+        def changed(view: steps.Row) -> bool:
+            return tuple(view[k] for k in GROUP_KEYS) != self._last.get(view["id"])
+
         try:
             async with self._pool.connection() as conn:
-                async with conn.cursor(row_factory=dict_row) as cur:
-                    await cur.execute(queries.LOCK_GROUPS_SHARE, {"ids": ids})
-                    # A new statement: its snapshot sees every finisher that held the lock before us.
-                    await cur.execute(queries.GROUP_VIEWS, {"ids": ids})
-                    views = {r["id"]: r for r in await cur.fetchall()}
-                    changed = [v for g, v in views.items()
-                               if v["finished_at"] is None and tuple(v[k] for k in GROUP_KEYS) != self._last.get(g)]
-                    await steps.arun(conn, steps.record(changed, "progress"))
-                    if changed:
-                        await cur.execute(queries.RING_GROUPS, {"ids": [v["id"] for v in changed]})
+                views = {v["id"]: v for v in await steps.arun(conn, steps.progress_now(ids, changed))}
         except BaseException:
             self._marked.update(ids)
             raise
@@ -113,7 +107,5 @@ class ProgressPublisher:
                 self._next_at.pop(g, None)
                 self._last.pop(g, None)
                 continue
-            counts = tuple(view[k] for k in GROUP_KEYS)
-            if counts != self._last.get(g):
-                self._last[g] = counts
+            self._last[g] = tuple(view[k] for k in GROUP_KEYS)
             self._next_at[g] = now + self.interval

@@ -6,7 +6,6 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from ...postgres.connect import translated
 from .. import database
 from ..api.handles import checked_id
 from ..events.views import group_view, iso
@@ -14,7 +13,7 @@ from . import queries as gq
 
 
 def _read(sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    with translated(database.database_url()), database.pools().sync().connection() as conn:
+    with database.connection() as conn:
         with conn.cursor(row_factory=dict_row) as cur:
             cur.execute(sql, params)  # type: ignore[arg-type]
             return cur.fetchall()

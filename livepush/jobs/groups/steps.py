@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -97,19 +97,22 @@ def finish(ids: Sequence[int], *, locked: bool) -> Steps[list[Row]]:
     return done
 
 
-def progress_now(ids: Sequence[int]) -> Steps[None]:
-    """Record and ring progress for `ids` now (when no progress publisher runs in this process:
-    an operator call such as jobs.cancel). Locks FOR SHARE like the publisher, so no progress is
-    recorded after `finished`."""
+def progress_now(ids: Sequence[int], changed: Callable[[Row], bool] | None = None) -> Steps[list[Row]]:
+    """Record and ring progress for `ids` now, for the unfinished groups that `changed` accepts
+    (all of them without it: an operator call such as jobs.cancel, or the progress publisher's
+    flush); returns every group's view. Locks FOR SHARE, so no progress is recorded after
+    `finished`; the views are read in a new statement, whose snapshot sees every finisher that
+    held the lock before."""
     ids = sorted(set(ids))
     if not ids:
-        return
+        return []
     yield Query(gq.LOCK_GROUPS_SHARE, {"ids": ids})
     views = yield Query(gq.GROUP_VIEWS, {"ids": ids})
-    live = [v for v in views if v["finished_at"] is None]
+    live = [v for v in views if v["finished_at"] is None and (changed is None or changed(v))]
     yield from record(live, "progress")
     if live:
         yield Query(gq.RING_GROUPS, {"ids": [v["id"] for v in live]})
+    return views
 
 
 # -- a member's outcome ----------------------------------------------------------------------
