@@ -5,10 +5,7 @@ accepted, query tokens can be turned off, and client mistakes are logged quietly
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
-import os
-import socket
 from collections.abc import AsyncIterator
 
 import pytest
@@ -18,6 +15,7 @@ from livepush.cli.main import main as cli
 from livepush.config import Settings
 from livepush.errors import ConfigError
 from tests.server.conftest import Served, make_settings, start_served
+from tests.support.security import raw_request, upgrade
 from tests.support.wsclient import WSClient
 
 
@@ -32,19 +30,6 @@ async def served(secret: str) -> AsyncIterator[Served]:
         yield s
     finally:
         await s.stop()
-
-
-def raw_request(port: int, headers: list[tuple[str, str]], path: str = "/") -> bytes:
-    """Send one HTTP request with exactly these headers; return the status line and headers."""
-    lines = [f"GET {path} HTTP/1.1"] + [f"{k}: {v}" for k, v in headers]
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
-        return sock.recv(65536)
-
-
-def upgrade(port: int) -> list[tuple[str, str]]:
-    return [("Host", f"127.0.0.1:{port}"), ("Upgrade", "websocket"), ("Connection", "Upgrade"),
-            ("Sec-WebSocket-Key", base64.b64encode(os.urandom(16)).decode()), ("Sec-WebSocket-Version", "13")]
 
 
 async def test_duplicated_headers_get_400_and_no_traceback(served: Served, caplog: pytest.LogCaptureFixture) -> None:

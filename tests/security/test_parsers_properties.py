@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 
 import psycopg
 from hypothesis import HealthCheck, given, settings
@@ -23,6 +22,7 @@ from livepush.sessions import decode
 from livepush.sessions.handshake import duplicated_header, extract_token, origin_allowed
 from livepush.types import offset_key
 from tests.server.conftest import make_settings, start_served
+from tests.support.security import raw_request, upgrade
 from tests.support.wsclient import WSClient
 
 TOPIC = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
@@ -193,15 +193,7 @@ def test_arbitrary_http_requests_never_get_a_500(secret: str, hs: list[tuple[str
         try:
             port = served.server.port
 
-            def ask() -> bytes:
-                lines = ["GET / HTTP/1.1", f"Host: 127.0.0.1:{port}", "Upgrade: websocket", "Connection: Upgrade",
-                         "Sec-WebSocket-Version: 13", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="]
-                lines += [f"{k}: {v}" for k, v in hs]
-                with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-                    sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
-                    return sock.recv(200)
-
-            answer = await asyncio.to_thread(ask)
+            answer = await asyncio.to_thread(raw_request, port, upgrade(port) + list(hs))
             assert not answer.startswith(b"HTTP/1.1 5"), answer
             client = await WSClient.open(served.url)
             await client.close()

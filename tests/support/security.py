@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import secrets as _secrets
+import socket
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
@@ -175,6 +176,19 @@ async def attempt(
     assert frame["op"] == "hello", frame
     session = frame["session"]
     return hello(session["subject"] if session is not None else None)
+
+
+def raw_request(port: int, headers: list[tuple[str, str]], path: str = "/") -> bytes:
+    """Send one HTTP request with exactly these headers; return the status line and headers."""
+    lines = [f"GET {path} HTTP/1.1"] + [f"{k}: {v}" for k, v in headers]
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        return sock.recv(65536)
+
+
+def upgrade(port: int) -> list[tuple[str, str]]:
+    return [("Host", f"127.0.0.1:{port}"), ("Upgrade", "websocket"), ("Connection", "Upgrade"),
+            ("Sec-WebSocket-Key", base64.b64encode(os.urandom(16)).decode()), ("Sec-WebSocket-Version", "13")]
 
 
 async def raw_attempt(port: int, target: bytes = b"/", headers: Sequence[tuple[bytes, bytes]] = ()) -> Outcome:
