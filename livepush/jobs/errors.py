@@ -14,6 +14,7 @@
                                            LeaseLostError
     JobCancelled (BaseException)           raised inside a job whose cancel was requested
     Parked (BaseException)                 ends a durable job's run when it parks (internal)
+    RunAbandoned (BaseException)           a durable call in a run that lost its job
 """
 
 from __future__ import annotations
@@ -87,6 +88,13 @@ class ChildFailed(DurableError):
 
 class SignalTimeout(DurableError, TimeoutError):
     """`ctx.wait_for_signal(name, timeout=...)` passed its timeout with no signal."""
+
+
+class RunAbandoned(BaseException):
+    """Raised by a durable call in a run that no longer holds its job (rescued after its runtime
+    was presumed dead, timed out, given back): whatever it does now would be fenced off, and
+    another run replays the job. A BaseException so that a job's `except Exception` does not keep
+    a run going whose checkpoints can no longer be stored."""
 
 
 class Parked(BaseException):

@@ -109,9 +109,12 @@ RETURNING data
 """
 
 # name: signal_target
-# jobs.signal, first statement: locks the job's row (a parking run holds it too: one waits for
-# the other), and tells whether the job exists and is not finished.
-SIGNAL_TARGET = "SELECT state FROM livepush_jobs WHERE id = %(id)s FOR NO KEY UPDATE"
+# jobs.signal, first statement: a KEY SHARE lock on the job's row, which a parking run's FENCE
+# (FOR UPDATE) waits for and which waits for it: a park and a signal are ordered. It does not
+# conflict with the plain updates of a running job (outcome, progress, checkpoint), so a caller
+# that keeps its transaction open after jobs.signal(conn=) holds up nothing but a park. Tells
+# whether the job exists and is not finished.
+SIGNAL_TARGET = "SELECT state FROM livepush_jobs WHERE id = %(id)s FOR KEY SHARE"
 
 # name: send_signal
 # jobs.signal, second statement (a new snapshot: a park that held the row before is seen): keeps

@@ -38,8 +38,8 @@ from ..errors import (
     DuplicateStepError,
     InvalidResultError,
     JobCancelled,
-    LeaseLostError,
     Parked,
+    RunAbandoned,
     SignalTimeout,
 )
 from ..groups import building
@@ -77,9 +77,14 @@ def check_name(name: Any, what: str) -> str:
     return name
 
 
+# A wait longer than this ends after any date Postgres and Python share.
+MAX_SECONDS = 100 * 366 * 24 * 3600.0
+
+
 def _seconds(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
-        raise ValueError(f"{what} takes a finite number of seconds, zero or more, got {value!r:.60}")
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0
+            or not value <= MAX_SECONDS):
+        raise ValueError(f"{what} takes a number of seconds from 0 to 100 years, got {value!r:.60}")
     return float(value)
 
 
@@ -171,9 +176,9 @@ class DurableRun:
         return await self.store(name, result, fingerprint)
 
     # -- parking --------------------------------------------------------------------------------
-    def _lost(self, what: str) -> LeaseLostError:
-        return LeaseLostError(f"job {self.ctx.job_id} no longer holds its claim (rescued, cancelled or given back): "
-                              f"{what}; another run will replay it")
+    def _lost(self, what: str) -> RunAbandoned:
+        return RunAbandoned(f"job {self.ctx.job_id} no longer holds its claim (rescued, cancelled or given back): "
+                            f"{what}; another run will replay it")
 
     async def _park_tx(self, body: Callable[[datetime], steps.Steps[Any]]) -> Any:
         """Run `body(db_now)` after FENCE in one transaction, retried when Postgres broke a

@@ -256,7 +256,9 @@ class SyncJobContext:
         found, value, fingerprint = self._call(durable.lookup(name, input))
         if found:
             return value
-        result = self._call(fn(*args)) if inspect.iscoroutinefunction(fn) else fn(*args)
+        result = fn(*args)
+        if inspect.iscoroutine(result):  # an async fn, or a sync one that returned a coroutine
+            result = self._call(result)
         return self._call(durable.store(name, result, fingerprint))
 
     def run_child(self, request: JobRequest) -> Any:

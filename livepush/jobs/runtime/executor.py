@@ -23,6 +23,7 @@ from ..errors import (
     InvalidResultError,
     JobCancelled,
     Parked,
+    RunAbandoned,
     SignalTimeout,
 )
 from .context import JobContext, SyncJobContext
@@ -93,6 +94,9 @@ async def execute(
                 return _failure(fn, ctx, TimeoutError(f"timed out after {fn.timeout:g} s"), timed_out=True)
             value = future.result()  # raises the job's exception
     except Parked:
+        return None
+    except RunAbandoned as exc:
+        log.warning("job %s (%s): %s", job.id, fn.name, exc)
         return None
     except asyncio.CancelledError:
         if ctx.released:
