@@ -40,10 +40,13 @@ async def import_file(ctx: jobs.JobContext, rows: int) -> dict[str, Any]:
 
     async def download() -> dict[str, Any]:
         chunks = 10
-        for chunk in range(1, chunks + 1):
+        name = f"import-{ctx.job_id}.csv"
+        for chunk in range(1, chunks):
             await asyncio.sleep(0.1)  # stands in for the network
-            await ctx.progress(chunk, chunks, f"downloading: {chunk * 10} %")
-        return {"file": f"import-{ctx.job_id}.csv", "rows": rows}
+            await ctx.progress(chunk, chunks, f"downloading {name}: {chunk * 10} %")
+        # The last progress stays on the page while the job waits: it says what was fetched.
+        await ctx.progress(chunks, chunks, f"downloaded {name}: {rows} rows")
+        return {"file": name, "rows": rows}
 
     fetched = await ctx.checkpoint("fetch", download)
     await ctx.run_children([import_row.request(ctx.job_id, row) for row in range(fetched["rows"])])
