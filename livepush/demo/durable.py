@@ -45,7 +45,7 @@ async def start(rows: int) -> dict[str, Any]:
     return {"job_id": handle.id, "job_topic": handle.signed_topic}
 
 
-async def _import(job: int) -> Any:
+async def _import(job: int) -> jobs.JobInfo:
     """The durable import `job` as jobs.aget_job() reads it; Refused (404) for any other job."""
     info = await jobs.aget_job(job)
     if info is None or info.name != demo_jobs.import_file.name:
@@ -53,8 +53,8 @@ async def _import(job: int) -> Any:
     return info
 
 
-def _waiting_for(info: Any) -> dict[str, Any]:
-    return info.waiting if info.state == "waiting" and isinstance(info.waiting, dict) else {}
+def _waiting_for(info: jobs.JobInfo) -> dict[str, Any]:
+    return info.waiting if info.state == "waiting" and info.waiting is not None else {}
 
 
 async def children(job: int) -> dict[str, Any]:
@@ -62,7 +62,7 @@ async def children(job: int) -> dict[str, Any]:
     info = await _import(job)
     group = _waiting_for(info).get("group")
     if not isinstance(group, int):
-        raise Refused(409, f"durable import {job} is not waiting for its children ({info.state})")
+        raise Refused(409, f"durable import {job} is not waiting for its children now (it is {info.state})")
     return {"group_id": group, "group_topic": jobs.GroupHandle(group).signed_topic}
 
 
@@ -74,7 +74,7 @@ async def approve(job: int) -> dict[str, Any]:
     waiting = _waiting_for(info)
     if waiting.get("for") != "signal" or waiting.get("name") != demo_jobs.APPROVAL:
         # A signal is kept until the job waits for it; refusing early keeps one click, one approval.
-        raise Refused(409, f"durable import {job} is not waiting for approval yet ({info.state})")
+        raise Refused(409, f"durable import {job} is not waiting for approval now (it is {info.state})")
     data = {"by": "the demo page", "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     try:
         await jobs.asignal(job, demo_jobs.APPROVAL, data)
