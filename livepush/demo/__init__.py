@@ -24,7 +24,7 @@ from websockets.http11 import Request, Response
 from .. import config, migrate
 from ..cli.runner import run_async
 from ..cli.wiring import server_parts
-from ..errors import DependencyError
+from ..errors import DependencyError, SchemaError
 from ..server import http
 from ..server.run import serve
 from ..sessions.handshake import header_values, origin_allowed
@@ -135,9 +135,10 @@ async def routes(request: Request) -> Response | None:
         body = json.dumps(await action(parse_qs(url.query)))
     except durable.Refused as refused:
         return http.response(refused.status, f"{refused.reason}\n".encode())
-    except DependencyError as exc:
+    except (DependencyError, SchemaError) as exc:
+        # The page gets a line it can show; the details (which database, what to run) go to the log.
         log.warning("could not %s: %s", what, exc)
-        return http.response(503, b"the database is not reachable right now: try again shortly\n")
+        return http.response(503, b"the demo's database is unavailable or not migrated: see the demo's log\n")
     return http.response(200, body.encode(), "application/json")
 
 
