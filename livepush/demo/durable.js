@@ -28,6 +28,7 @@ export function setUpDurable(lp, state) {
   let reached = 0;  // the index in STEPS of the step in hand
   let lastWaitingStep = null;  // what the previous state waited for, to see a wake-up
   let parked = false;  // has it parked yet: every later run is a replay
+  let askedForChildren = false;  // one request at a time for the children's group
 
   const reset = (started) => {
     jobBinding?.unsubscribe();
@@ -36,6 +37,7 @@ export function setUpDurable(lp, state) {
     reached = 0;
     lastWaitingStep = null;
     parked = false;
+    askedForChildren = false;
     state.durable = { job: started.job_id, state: null, waiting: null, waited: [], group: null, result: null, events: [] };
     $("durable").dataset.state = "none";
     $("durable-note").textContent = "";
@@ -78,13 +80,13 @@ export function setUpDurable(lp, state) {
   const note = (text) => { $("durable-note").textContent = text; };
 
   const followChildren = async (jobId) => {
-    if (childrenBinding || state.durable.group !== null) return;
-    state.durable.group = "asking";
+    if (childrenBinding || askedForChildren) return;
+    askedForChildren = true;
     let found;
     try {
       found = await post(`/demo/durable/children?job=${jobId}`);
     } catch (error) {
-      state.durable.group = null;  // asked too late or too early: the next state tries again
+      askedForChildren = false;  // it had woken already: a later wait for children asks again
       return;
     }
     if (state.durable.job !== jobId) return;  // another import started meanwhile
