@@ -106,11 +106,15 @@ CREATE TABLE livepush_job_payloads (
 
 -- One row per live runtime process. A runtime beats every `heartbeat` seconds; one silent for
 -- three of its own beats is dead, and any other runtime deletes its row and releases its jobs
--- (attempt counted).
+-- (attempt counted). A runtime starting on the same node also finds one whose process is gone.
 CREATE TABLE livepush_job_runtimes (
     id            bigserial PRIMARY KEY,
     host          text        NOT NULL,
     pid           integer     NOT NULL,
+    -- The machine and process namespace the pid belongs to (boot id and pid namespace), when
+    -- known: a runtime that starts there finds runtimes that died on it (their pid is gone) at
+    -- once, instead of after three missed beats.
+    node          text,
     queues        text[]      NOT NULL,
     concurrency   integer     NOT NULL,
     heartbeat     double precision NOT NULL CHECK (heartbeat > 0),

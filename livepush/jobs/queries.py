@@ -257,18 +257,29 @@ WHERE state IN ('scheduled', 'waiting') AND run_at < 'infinity'
 
 # name: register_runtime
 REGISTER_RUNTIME = """
-INSERT INTO livepush_job_runtimes (host, pid, queues, concurrency, heartbeat)
-VALUES (%(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(heartbeat)s)
+INSERT INTO livepush_job_runtimes (host, pid, node, queues, concurrency, heartbeat)
+VALUES (%(host)s, %(pid)s, %(node)s, %(queues)s, %(concurrency)s, %(heartbeat)s)
 RETURNING id
 """
+
+# name: runtimes_on_node
+# The other runtimes registered on this node (same boot and pid namespace): the starting runtime
+# checks whether their processes still exist. A plain read.
+RUNTIMES_ON_NODE = "SELECT id, pid FROM livepush_job_runtimes WHERE node = %(node)s AND id <> %(id)s"
+
+# name: prune_runtime
+# A runtime whose process is gone from this node. Deleted only if the row still names that
+# process (a re-registration under the same id by a live process is left alone); its jobs are
+# then released by RESCUE_ORPHANS, like those of a runtime that stopped beating.
+PRUNE_RUNTIME = "DELETE FROM livepush_job_runtimes WHERE id = %(id)s AND node = %(node)s AND pid = %(pid)s"
 
 # name: reregister_runtime
 # A runtime that stalled past three beats was pruned; it comes back under its old id (ON
 # CONFLICT: a beat racing another re-register is harmless). Its old jobs were released and their
 # leases are gone, so whatever it still finishes is fenced off.
 REREGISTER_RUNTIME = """
-INSERT INTO livepush_job_runtimes (id, host, pid, queues, concurrency, heartbeat, state, in_hand)
-VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(heartbeat)s, %(state)s, %(in_hand)s)
+INSERT INTO livepush_job_runtimes (id, host, pid, node, queues, concurrency, heartbeat, state, in_hand)
+VALUES (%(id)s, %(host)s, %(pid)s, %(node)s, %(queues)s, %(concurrency)s, %(heartbeat)s, %(state)s, %(in_hand)s)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 """
 

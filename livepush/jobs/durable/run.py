@@ -275,8 +275,11 @@ class DurableRun:
         async with self._connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(dq.CHILDREN, {"group_id": group_id, "count": count})
             rows = await cur.fetchall()
+        if len(rows) < count:
+            raise ChildFailed(f"{count - len(rows)} of {count} children of job {self.ctx.job_id} are gone (deleted "
+                              "after their retention time): their results cannot be read", [])
         failed = [(r["id"], r["name"], r["state"], r["error"]) for r in rows if r["state"] != "succeeded"]
-        if failed or len(rows) < count:
+        if failed:
             shown = "; ".join(f"job {i} ({n}) {s}: {e or 'no error recorded'}" for i, n, s, e in failed[:5])
             more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
             raise ChildFailed(f"{len(failed)} of {count} children of job {self.ctx.job_id} did not succeed: "
