@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+import psycopg
 from websockets.http11 import Request, Response
 
 from .. import config, migrate
@@ -178,7 +179,17 @@ def run() -> int:
     if not _loopback(settings.host):
         log.warning("the demo listens on %s, not only on this machine: anyone who can reach it can start "
                     "imports; bind it to 127.0.0.1 (LIVEPUSH_HOST) unless you mean to share it", settings.host)
-    migrate.migrate(settings.require_database())
+    try:
+        migrate.migrate(settings.require_database())
+    except SchemaError:
+        if pg is None:
+            raise  # the user's own database: never reset it
+        # The embedded database holds nothing but earlier demo runs: start it afresh.
+        log.warning("the demo's database in .livepush/ was made by another livepush version: resetting it")
+        with psycopg.connect(settings.require_database(), autocommit=True) as conn:
+            conn.execute("DROP SCHEMA public CASCADE")
+            conn.execute("CREATE SCHEMA public")
+        migrate.migrate(settings.require_database())
 
     def ready(server: object) -> None:
         port = getattr(server, "port")
