@@ -36,6 +36,9 @@ CREATE TABLE livepush_jobs (
     -- The task group this job is a callback of (on_finish, on_success, on_failure: never
     -- counted as a member), or NULL.
     callback_of      bigint,
+    -- The workflow run this job is a step of (sql/0006_workflows.sql), or NULL: its end
+    -- advances the run, in the transaction that records it.
+    workflow_id      bigint,
     cancel_requested boolean     NOT NULL DEFAULT false,
     finished_at      timestamptz,
     -- The state topic: the version of what a page sees, and the event that made it.

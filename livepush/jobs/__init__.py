@@ -42,6 +42,8 @@ from .errors import (
     InvalidProgressError,
     InvalidResultError,
     JobCancelled,
+    WorkflowDefinitionError,
+    WorkflowNotFound,
     JobFinishedError,
     JobNotFound,
     LeaseLostError,
@@ -65,6 +67,8 @@ from .groups.cancel import acancel_group, cancel_group
 from .groups.context import GroupContext
 from .groups.reads import get_group, group_history, group_members
 from .runtime.context import JobContext, SyncJobContext
+from .workflows.definition import Workflow
+from .workflows.runner import StepContext, WorkflowHandle, workflow
 
 __all__ = [
     "MAX_GROUP_MEMBERS",
@@ -78,6 +82,13 @@ __all__ = [
     "JobInfo",
     "JobNotFound",
     "SignalTimeout",
+    "StepContext",
+    "Workflow",
+    "WorkflowDefinitionError",
+    "WorkflowHandle",
+    "WorkflowNotFound",
+    "workflow",
+    "workflows",
     "aget_job",
     "asignal",
     "get_job",

@@ -124,7 +124,7 @@ WITH picked AS (
     RETURNING j.*
 )
 SELECT j.id, j.name, j.queue, j.priority, j.attempt, j.max_attempts, j.lease, j.cancel_requested,
-       j.run_at, j.group_id, j.callback_of, j.version, j.has_steps, p.args
+       j.run_at, j.group_id, j.callback_of, j.workflow_id, j.version, j.has_steps, p.args
 FROM claimed j JOIN livepush_job_payloads p ON p.id = j.id
 ORDER BY j.priority, j.run_at, j.id
 """
@@ -144,8 +144,8 @@ SELECT livepush_state_changed(%(started_topics)s::text[], %(started_versions)s::
 # concurrent rescue or cancel of the same job either runs first (and this misses it) or waits
 # for this one (and then finds it finished).
 # kind: succeeded | retry (failed, may retry) | fail (failed for good) | cancelled | released
-# A released job (draining runtime, unknown name) gives its attempt back: it is `enqueued`
-# again (`retrying` if it had run before).
+# A released job (draining runtime, unknown name, a workflow step that asked to be run again
+# later: its delay) gives its attempt back: it is `enqueued` again (`retrying` if it had run before).
 _COMPLETE_CTES = f"""
 WITH outcome AS (
     SELECT * FROM unnest(%(ids)b::bigint[], %(leases)b::bigint[], %(kinds)b::text[],
@@ -156,7 +156,7 @@ WITH outcome AS (
         state = CASE
             WHEN o.kind = 'succeeded' THEN 'succeeded'
             WHEN j.cancel_requested OR o.kind = 'cancelled' THEN 'cancelled'
-            WHEN o.kind = 'released' THEN 'available'
+            WHEN o.kind = 'released' THEN CASE WHEN o.delay > 0 THEN 'scheduled' ELSE 'available' END
             WHEN o.kind = 'retry' AND j.attempt < j.max_attempts THEN 'scheduled'
             ELSE 'failed' END,
         event = CASE
@@ -168,7 +168,7 @@ WITH outcome AS (
         run_at = CASE
             WHEN o.kind = 'retry' AND NOT j.cancel_requested AND j.attempt < j.max_attempts
                 THEN now() + make_interval(secs => o.delay)
-            WHEN o.kind = 'released' THEN now()
+            WHEN o.kind = 'released' THEN now() + make_interval(secs => o.delay)
             ELSE j.run_at END,
         attempt = CASE WHEN o.kind = 'released' THEN j.attempt - 1 ELSE j.attempt END,
         finished_at = CASE
@@ -182,7 +182,7 @@ WITH outcome AS (
     -- over two copies of it is quadratic in the batch. The state row's lock, taken here,
     -- orders this against every other payload writer (they lock it first too). (In RETURNING,
     -- j is the new version of the row.)
-    RETURNING j.id, j.state, j.group_id, j.version, o.kind AS kind,
+    RETURNING j.id, j.state, j.group_id, j.workflow_id, j.version, o.kind AS kind,
               coalesce(o.progress, p.progress) AS progress,
               CASE WHEN j.state = 'succeeded' THEN NULL ELSE coalesce(o.error, p.error) END AS error,
               CASE WHEN j.state = 'succeeded' THEN o.result END AS result,
@@ -326,11 +326,12 @@ WITH orphans AS (
         finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN now() END,
         run_at = now(), lease = NULL, runtime_id = NULL, version = j.version + 1
     FROM orphans WHERE j.id = orphans.id
-    RETURNING j.id, j.state, j.group_id, j.version
+    RETURNING j.id, j.state, j.group_id, j.workflow_id, j.version
 ), payload AS (
     UPDATE livepush_job_payloads p SET error = %(error)s FROM moved j WHERE p.id = j.id
 ), rung AS ({ring("moved")})
-SELECT m.id, m.state, m.group_id, CASE WHEN count(*) OVER () > 0 THEN livepush_jobs_ready() END AS _rang
+SELECT m.id, m.state, m.group_id, m.workflow_id, %(error)s AS error,
+       CASE WHEN count(*) OVER () > 0 THEN livepush_jobs_ready() END AS _rang
 FROM moved m CROSS JOIN rung
 ORDER BY m.id
 """
@@ -357,9 +358,9 @@ WITH moved AS (
         finished_at = CASE WHEN j.cancel_requested THEN now() END,
         attempt = j.attempt - 1, run_at = now(), lease = NULL, runtime_id = NULL, version = j.version + 1
     WHERE j.state = 'running' AND j.runtime_id = %(runtime_id)s
-    RETURNING j.id, j.state, j.group_id, j.version
+    RETURNING j.id, j.state, j.group_id, j.workflow_id, j.version
 ), rung AS ({ring("moved")})
-SELECT m.id, m.state, m.group_id FROM moved m CROSS JOIN rung ORDER BY m.id
+SELECT m.id, m.state, m.group_id, m.workflow_id FROM moved m CROSS JOIN rung ORDER BY m.id
 """
 
 # name: cancel
@@ -380,12 +381,12 @@ WITH target AS (
         cancel_requested = (t.state = 'running')
     FROM target t
     WHERE j.id = t.id AND t.state IN ('available', 'scheduled', 'waiting', 'running')
-    RETURNING j.id, j.state, j.group_id, j.version
+    RETURNING j.id, j.state, j.group_id, j.workflow_id, j.version
 ), rung AS ({ring("(SELECT * FROM moved WHERE state = 'cancelled')")}
 ), told AS (
     SELECT livepush_jobs_cancel_requested(array_agg(id)) AS n FROM moved WHERE state = 'running'
 )
-SELECT m.id, m.state, m.group_id FROM moved m CROSS JOIN rung CROSS JOIN told
+SELECT m.id, m.state, m.group_id, m.workflow_id FROM moved m CROSS JOIN rung CROSS JOIN told
 """
 
 # name: job_group (retry_failed refuses a group member: its failure is counted in its group)

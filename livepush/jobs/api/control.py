@@ -20,9 +20,10 @@ log = logging.getLogger("livepush.jobs")
 
 
 def _cancel_steps(job_id: int) -> steps.Steps[list[dict[str, Any]]]:
-    """Cancel (or flag) the job, count it in its group if that ended it, ring its group's progress."""
+    """Cancel (or flag) the job; if that ended it, count it in its group (ringing its progress) and
+    record it on its workflow run."""
     rows = yield steps.Query(queries.CANCEL, {"id": job_id})
-    touched = yield from steps.count_outcomes(steps.members_of(outcomes.terminal(rows)))
+    touched = yield from outcomes.ended(rows)
     yield from steps.progress_now(sorted(touched))
     return rows
 

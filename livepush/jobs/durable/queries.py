@@ -67,18 +67,23 @@ UPDATE livepush_jobs SET has_steps = true WHERE id = %(id)s AND NOT has_steps
 # (whatever the run still writes is fenced off), its attempt is given back (parking is not a
 # failure: the run that wakes is the same attempt), `run_at` is when the promoter wakes it
 # ('infinity' when only an event can). The payload keeps what it waits for and the latest progress.
+# A workflow step's park also makes a new version of its run's state topic.
 PARK = f"""
 WITH moved AS (
     UPDATE livepush_jobs j SET state = 'waiting', event = 'waiting', attempt = j.attempt - 1,
         run_at = coalesce(%(until)s::timestamptz, 'infinity'), lease = NULL, runtime_id = NULL,
         version = j.version + 1, has_steps = true
     WHERE j.id = %(id)s AND j.lease = %(lease)s AND j.state = 'running'
-    RETURNING j.id, j.version
+    RETURNING j.id, j.version, j.workflow_id
 ), payload AS (
     UPDATE livepush_job_payloads p SET waiting = %(waiting)s::jsonb, progress = coalesce(%(progress)s::jsonb, p.progress)
     FROM moved m WHERE p.id = m.id
-), rung AS ({ring("moved")})
-SELECT m.id FROM moved m CROSS JOIN rung
+), rung AS ({ring("moved")}
+), run AS (
+    -- A workflow step that parks shows as `waiting` on its run's topic (sql/0006_workflows.sql).
+    SELECT livepush_workflow_touched(m.workflow_id) AS n FROM moved m WHERE m.workflow_id IS NOT NULL
+)
+SELECT m.id FROM moved m CROSS JOIN rung LEFT JOIN run ON true
 """
 
 # name: group_finished

@@ -221,7 +221,8 @@ SELECT group_id, shard, pending FROM counted
 """
 
 # name: complete_counting
-# The completer's batch when it holds group members: jobs' COMPLETE (with its rings), then
+# The completer's batch when it holds group members or workflow steps (whose ends the caller then
+# records in the same transaction: workflows/engine.steps_ended): jobs' COMPLETE (with its rings), then
 # COUNT_OUTCOMES over the members COMPLETE just made terminal (its RETURNING rows), in ONE
 # statement, run inside the completer's transaction (BEGIN is pipelined with it: one round trip).
 # Safe as the statements it replaces: the member rows are locked first (by `moved`; `input`
@@ -241,7 +242,7 @@ COMPLETE_COUNTING = _COMPLETE_CTES + f"""
                               ORDER BY c.group_id, c.shard), '[]'::jsonb) AS list
     FROM counted c
 )
-SELECT m.id, m.state, m.group_id, m.kind,
+SELECT m.id, m.state, m.group_id, m.kind, m.workflow_id, m.result, m.error,
        CASE WHEN m.id = (SELECT min(d.id) FROM moved d) THEN (SELECT list FROM shards) END AS _shards
 FROM moved m CROSS JOIN rung
 ORDER BY m.id

@@ -23,6 +23,7 @@ from ..errors import (
     InvalidResultError,
     JobCancelled,
     Parked,
+    Reattempt,
     RunAbandoned,
     SignalTimeout,
 )
@@ -98,6 +99,8 @@ async def execute(
     except RunAbandoned as exc:
         log.warning("job %s (%s): %s", job.id, fn.name, exc)
         return None
+    except Reattempt as again:
+        return Outcome(ctx, "released", delay=min(again.seconds, MAX_RETRY_DELAY))
     except asyncio.CancelledError:
         if ctx.released:
             if task is not None:

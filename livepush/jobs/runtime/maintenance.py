@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 from .. import queries
 from ..groups import outcomes
 from ..groups import queries as gq
+from ..workflows import queries as wq
 
 log = logging.getLogger("livepush.jobs")
 
@@ -144,8 +145,9 @@ async def cancel_requests(pool: AsyncConnectionPool, runtime_id: int, ids: list[
 
 async def prune(pool: AsyncConnectionPool, retention: float, *, batch: int = PRUNE_BATCH,
                 max_batches: int = PRUNE_MAX_BATCHES) -> int:
-    """Retention: delete lone jobs finished more than `retention` seconds ago, and finished groups
-    as old with their members and callbacks, in bounded batches (one short transaction each). A
+    """Retention: delete lone jobs finished more than `retention` seconds ago, finished groups as
+    old with their members and callbacks, and finished workflow runs, in bounded batches (one
+    short transaction each). A
     member is kept while its group is unfinished. Returns the rows deleted."""
     params = {"retention": retention, "limit": batch}
     deleted = 0
@@ -158,6 +160,7 @@ async def prune(pool: AsyncConnectionPool, retention: float, *, batch: int = PRU
                 break
     async with pool.connection() as conn:
         deleted += (await conn.execute(gq.PRUNE_GROUPS, params)).rowcount
+        deleted += (await conn.execute(wq.PRUNE_RUNS, params)).rowcount
     if deleted:
         log.info("retention: deleted %d finished jobs and groups older than %g s", deleted, retention)
     return deleted
