@@ -1,6 +1,7 @@
-"""The demo's jobs: an "import" of N rows, each a job that reports progress; and a durable
-import, one job that fetches, fans its rows out as children, waits for an approval and writes a
-report, parking between the steps."""
+"""The demo's jobs: an "import" of N rows, each a job that reports progress; a durable import,
+one job that fetches, fans its rows out as children, waits for an approval and writes a report,
+parking between the steps; and the same import as a workflow, `demo_import`, whose steps are
+jobs of their own (docs/workflows.md)."""
 
 from __future__ import annotations
 
@@ -65,3 +66,42 @@ async def import_file(ctx: jobs.JobContext, rows: int) -> dict[str, Any]:
     approved_by = approval.get("by") if isinstance(approval, dict) else None
     return {"file": fetched["file"], "rows": fetched["rows"], "approved": True, "approved_by": approved_by,
             "report": report}
+
+
+# -- the workflow: fetch -> rows (a fan-out) -> report (after an approval) -----------------------
+
+WORKFLOW = "demo_import"
+flow = jobs.workflow(WORKFLOW, queue="demo")
+
+
+@flow.step(name="fetch")
+async def fetch_file(ctx: jobs.StepContext) -> dict[str, Any]:
+    """Downloads the run's file. It takes about two seconds, so a person (or a test) can press
+    Pause while it runs and see that nothing new starts after it."""
+    chunks = 10
+    name = f"workflow-{ctx.run_id}.csv"
+    rows = int(ctx.input["rows"])
+    for chunk in range(1, chunks):
+        await asyncio.sleep(0.2)  # stands in for the network
+        await ctx.progress(chunk, chunks, f"downloading {name}: {chunk * 10} %")
+    await ctx.progress(chunks, chunks, f"downloaded {name}: {rows} rows")
+    return {"file": name, "rows": rows}
+
+
+@flow.fan_out(name="rows", after=["fetch"])
+def import_rows(ctx: jobs.StepContext, batch: Any) -> None:
+    """One import_row job per row: they run as a task group the step parks on."""
+    for row in range(ctx.outputs["fetch"]["rows"]):
+        batch.enqueue(import_row, ctx.run_id, row)
+
+
+@flow.step(name="report", after=["rows"], wait_for=APPROVAL, wait_timeout=APPROVAL_TIMEOUT, on_timeout="cancel")
+async def write_report(ctx: jobs.StepContext) -> dict[str, Any]:
+    """Starts once the page's Approve sent the signal; its output is the run's summary."""
+    await ctx.progress(0, 1, "writing the report")
+    await asyncio.sleep(0.3)  # stands in for writing a file
+    await ctx.progress(1, 1, "report written")
+    fetched, batch = ctx.outputs["fetch"], ctx.outputs["rows"]
+    approved_by = ctx.signal.get("by") if isinstance(ctx.signal, dict) else None
+    return {"file": fetched["file"], "rows": fetched["rows"], "imported": batch["succeeded"],
+            "approved_by": approved_by, "report": f"workflow-report-{ctx.run_id}.txt"}
