@@ -3,8 +3,9 @@ runtime and a page, in one process. Ctrl-C stops everything cleanly.
 
 The page starts work only through a same-origin POST (a GET gets 405, another site's request
 403), and is served with a Content-Security-Policy that allows its own files and its own server
-only. It shows two kinds of import: a task group of jobs, and a durable job that parks while its
-children run and again until someone approves it (durable.py).
+only. It shows three kinds of import: a task group of jobs, a durable job that parks while its
+children run and again until someone approves it (durable.py), and a workflow whose steps are
+drawn as a live graph, with Approve, Pause and Resume buttons and its audit trail (workflow.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ..errors import DependencyError, SchemaError
 from ..server import http
 from ..server.run import serve
 from ..sessions.handshake import header_values, origin_allowed
-from . import durable
+from . import durable, workflow
 
 log = logging.getLogger("livepush.demo")
 
@@ -38,6 +39,7 @@ MAX_ROWS = 5000
 _FILES = {"/": ("page.html", "text/html; charset=utf-8"), "/index.html": ("page.html", "text/html; charset=utf-8"),
           "/demo/page.js": ("page.js", "text/javascript; charset=utf-8"),
           "/demo/durable.js": ("durable.js", "text/javascript; charset=utf-8"),
+          "/demo/workflow.js": ("workflow.js", "text/javascript; charset=utf-8"),
           "/demo/page.css": ("page.css", "text/css; charset=utf-8")}
 
 
@@ -108,12 +110,32 @@ async def _approve(query: dict[str, list[str]]) -> dict[str, object]:
     return await durable.approve(durable.job_id(query))
 
 
+async def _start_workflow(query: dict[str, list[str]]) -> dict[str, object]:
+    return await workflow.start(_rows(query, 12, workflow.MAX_ROWS))
+
+
+def _on_run(verb: Callable[[int], Awaitable[dict[str, object]]]
+            ) -> Callable[[dict[str, list[str]]], Awaitable[dict[str, object]]]:
+    """An action on the run the `run` parameter names."""
+
+    async def action(query: dict[str, list[str]]) -> dict[str, object]:
+        return await verb(workflow.run_id(query))
+
+    return action
+
+
 # Every action the page takes: a same-origin POST, answered with JSON or a one-line refusal.
 _ACTIONS: dict[str, tuple[str, Callable[[dict[str, list[str]]], Awaitable[dict[str, object]]]]] = {
     "/demo/start": ("start an import", _start),
     "/demo/durable/start": ("start a durable import", _start_durable),
     "/demo/durable/children": ("follow a durable import's children", _children),
     "/demo/durable/approve": ("approve a durable import", _approve),
+    "/demo/workflow/start": ("start a workflow run", _start_workflow),
+    "/demo/workflow/batch": ("follow a workflow run's batch", _on_run(workflow.batch)),
+    "/demo/workflow/approve": ("approve a workflow run", _on_run(workflow.approve)),
+    "/demo/workflow/pause": ("pause a workflow run", _on_run(workflow.pause)),
+    "/demo/workflow/resume": ("resume a workflow run", _on_run(workflow.resume)),
+    "/demo/workflow/audit": ("read a workflow run's audit trail", _on_run(workflow.audit)),
 }
 
 

@@ -18,7 +18,7 @@ from . import jobs as demo_jobs
 
 MAX_ROWS = 500
 FINAL_STATES = ("succeeded", "failed", "cancelled")
-# The ids a page may send: canonical decimal, as the job's own topic spells them.
+# The ids a page may send: canonical decimal, as the row's own topic spells them.
 _JOB_ID = re.compile(r"[1-9][0-9]{0,18}")
 
 
@@ -31,12 +31,17 @@ class Refused(Exception):
         self.reason = reason
 
 
+def query_id(query: dict[str, list[str]], key: str, what: str) -> int:
+    """The `key` parameter as an id; Refused (400) for anything but one canonical id."""
+    values = query.get(key, [])
+    if len(values) != 1 or not _JOB_ID.fullmatch(values[0]) or int(values[0]) > BIGINT_MAX:
+        raise Refused(400, f"{key} must be the id of {what}, a whole number from 1")
+    return int(values[0])
+
+
 def job_id(query: dict[str, list[str]]) -> int:
     """The `job` parameter as a job id; Refused (400) for anything but one canonical id."""
-    values = query.get("job", [])
-    if len(values) != 1 or not _JOB_ID.fullmatch(values[0]) or int(values[0]) > BIGINT_MAX:
-        raise Refused(400, "job must be the id of a durable import, a whole number from 1")
-    return int(values[0])
+    return query_id(query, "job", "a durable import")
 
 
 async def start(rows: int) -> dict[str, Any]:
