@@ -15,8 +15,8 @@ const stepOfWaiting = (waiting) => {
 };
 
 // POST to the demo server (same origin only: it refuses a GET and other sites); the JSON
-// answer, or an Error carrying the server's one-line reason.
-async function post(path) {
+// answer, or an Error carrying the server's one-line reason. The workflow's section uses it too.
+export async function post(path) {
   const response = await fetch(path, { method: "POST", cache: "no-store" });
   if (!response.ok) throw new Error((await response.text()).trim() || `${response.status}`);
   return response.json();
