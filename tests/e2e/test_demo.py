@@ -446,3 +446,182 @@ async def test_the_demo_approves_only_a_durable_import_it_started_that_waits_for
                for method, site in [("GET", "same-origin"), ("POST", "cross-site")]]
         assert got == [405, 403], (path, got)
     assert await query(demo.database_url, "SELECT count(*) FROM livepush_job_signals") == [(0,)]
+
+
+# ---- the workflow -------------------------------------------------------------------------------
+
+WORKFLOW_ROWS = 6
+NODES = ["fetch", "rows", "approval", "report"]
+# Fetch (~2 s), six rows at once (~1-2 s), the report (~0.3 s): past this the run is stuck.
+WORKFLOW_TIMEOUT_MS = 20_000
+
+
+async def start_workflow(page: Page, rows: int) -> int:
+    """Types `rows` into the workflow's field and clicks its start; returns the run's id."""
+    await page.fill("#workflow-n", str(rows))
+    await page.click("#workflow-start")
+    await page.wait_for_function("() => window.livepushDemo.workflow !== null")
+    return int(await page.evaluate("() => window.livepushDemo.workflow.run"))
+
+
+async def workflow_view(page: Page) -> dict[str, Any]:
+    """What the workflow's part of the page shows: the run's badge, each box's state and detail, the buttons, the audit."""
+    return await page.evaluate(
+        """() => ({
+          state: document.querySelector('#workflow').dataset.state,
+          badge: document.querySelector('#workflow-run-state').textContent,
+          nodes: Object.fromEntries([...document.querySelectorAll('#workflow-graph .node')].map(
+            (el) => [el.dataset.step, el.dataset.state])),
+          details: Object.fromEntries([...document.querySelectorAll('#workflow-graph .node')].map(
+            (el) => [el.dataset.step, el.querySelector('.node-detail').textContent])),
+          approve: !document.querySelector('#workflow-approve').hidden,
+          pause: !document.querySelector('#workflow-pause').disabled,
+          resume: !document.querySelector('#workflow-resume').disabled,
+          batch: document.querySelector('#workflow-batch').dataset.state ?? null,
+          audit: [...document.querySelectorAll('#workflow-audit li')].map((li) => li.textContent),
+          note: document.querySelector('#workflow-note').textContent,
+        })"""
+    )
+
+
+async def nodes_are(page: Page, want: dict[str, str], timeout_ms: int = WORKFLOW_TIMEOUT_MS) -> None:
+    """Waits until the graph's boxes show these states."""
+    await page.wait_for_function(
+        """(want) => Object.entries(want).every(([step, state]) =>
+             document.querySelector(`#workflow-graph .node[data-step="${step}"]`).dataset.state === state)""",
+        arg=want, timeout=timeout_ms)
+
+
+async def workflow_action(demo: Demo, action: str, run: str, method: str = "POST",
+                          site: str = "same-origin") -> tuple[int, bytes]:
+    """What the workflow endpoint `action` answers for `run` (as the page would send it, unless told otherwise)."""
+    headers = {"Origin": demo.url.rstrip("/"), "Sec-Fetch-Site": site}
+    status, _, body = await asyncio.to_thread(_request, f"{demo.url}demo/workflow/{action}?run={run}", method, headers)
+    return status, body
+
+
+async def test_demo_workflow_waits_for_approval_and_succeeds(page: Page, demo: Demo) -> None:
+    """The page draws the workflow's run live: fetch and rows (with its batch's bar) succeed and report waits for the approval; Approve finishes the run, every box succeeded, its summary and audit trail shown."""
+    await open_demo(page, demo)
+    run_id = await start_workflow(page, WORKFLOW_ROWS)
+
+    await nodes_are(page, {"fetch": "succeeded", "rows": "succeeded", "approval": "waiting", "report": "waiting"})
+    await page.wait_for_selector("#workflow-batch[data-state=finished]")
+    await page.wait_for_selector("#workflow-approve", state="visible")
+    waiting = await workflow_view(page)
+    await screenshot(page, "demo-workflow-waiting-for-approval.png")
+    assert waiting["state"] == "waiting" and waiting["badge"] == f"run {run_id} · waiting", waiting
+    assert waiting["details"]["rows"] == f"{WORKFLOW_ROWS}/{WORKFLOW_ROWS} rows", waiting
+    assert waiting["pause"] and not waiting["resume"], waiting
+    rows = dict(await query(demo.database_url, "SELECT state, count(*) FROM livepush_jobs WHERE name = %s "
+                            "AND group_id IS NOT NULL GROUP BY state", (CHILD_JOB,)))
+    assert rows == {"succeeded": WORKFLOW_ROWS}, rows
+
+    await page.click("#workflow-approve")
+    try:
+        await nodes_are(page, dict.fromkeys(NODES, "succeeded"))
+        await page.wait_for_function("() => window.livepushDemo.workflow.summary !== null")
+    finally:
+        await screenshot(page, "demo-workflow-succeeded.png")
+    done = await workflow_view(page)
+    heard = await page.evaluate("() => [...document.querySelectorAll('#workflow-events li')].map((li) => li.textContent)")
+    print("what the page heard on the run's topic:\n  " + "\n  ".join(heard))
+    assert done["state"] == "succeeded" and not done["approve"] and not done["pause"] and not done["resume"], done
+    summary = await page.evaluate("() => window.livepushDemo.workflow.summary")
+    assert summary == {"file": f"workflow-{run_id}.csv", "rows": WORKFLOW_ROWS, "imported": WORKFLOW_ROWS,
+                       "approved_by": "demo page", "report": f"workflow-report-{run_id}.txt"}, summary
+    audit = await page.evaluate("() => window.livepushDemo.workflow.audit")
+    assert [(a["verb"], a["step"], a["actor"], a["reason"]) for a in audit] == [
+        ("signal", "report", "demo page", "approval")], audit
+    assert any("signal “approval” → report by demo page" in line for line in done["audit"]), done
+
+    # Once it has finished there is nothing left to approve, pause or resume.
+    assert [(await workflow_action(demo, verb, str(run_id)))[0] for verb in ["approve", "pause", "resume"]] == [409] * 3
+
+
+async def test_demo_workflow_pause_holds_the_next_step_until_resume(page: Page, demo: Demo) -> None:
+    """Pause pressed while fetch runs: fetch finishes, rows does not start and the page shows the run paused; Resume starts rows. Paused again while report waits, Approve goes away until Resume; the audit trail lists each press."""
+    await open_demo(page, demo)
+    run_id = await start_workflow(page, 2)
+    await nodes_are(page, {"fetch": "running"})
+    await page.click("#workflow-pause")
+    await page.wait_for_selector("#workflow[data-state=paused]")
+    await nodes_are(page, {"fetch": "succeeded"})
+    await asyncio.sleep(1.0)  # time enough for rows to start, were the run not paused
+    paused = await workflow_view(page)
+    await screenshot(page, "demo-workflow-paused.png")
+    assert paused["nodes"] == {"fetch": "succeeded", "rows": "pending", "approval": "pending", "report": "pending"}, paused
+    assert paused["badge"] == f"run {run_id} · paused" and paused["resume"] and not paused["pause"], paused
+    assert "nothing new starts" in paused["note"], paused
+    assert await query(demo.database_url, "SELECT count(*) FROM livepush_jobs WHERE name = %s", (CHILD_JOB,)) == [(0,)]
+
+    await page.click("#workflow-resume")
+    await nodes_are(page, {"rows": "succeeded", "approval": "waiting", "report": "waiting"})
+    await page.wait_for_selector("#workflow-approve", state="visible")
+
+    await page.click("#workflow-pause")
+    await page.wait_for_selector("#workflow[data-state=paused]")
+    await page.wait_for_selector("#workflow-approve", state="hidden")
+    assert (await workflow_action(demo, "approve", str(run_id)))[0] == 409  # paused: resume first
+    await page.click("#workflow-resume")
+    await page.wait_for_selector("#workflow[data-state=waiting]")
+    await page.click("#workflow-approve")
+    await nodes_are(page, dict.fromkeys(NODES, "succeeded"))
+
+    await page.wait_for_function("() => window.livepushDemo.workflow.audit.length === 5")
+    audit = await page.evaluate("() => window.livepushDemo.workflow.audit")
+    assert [(a["verb"], a["actor"]) for a in audit] == [
+        ("pause", "demo page"), ("resume", "demo page"), ("pause", "demo page"), ("resume", "demo page"),
+        ("signal", "demo page")], audit
+    assert audit[0]["reason"] == "pressed Pause on the demo page", audit
+    shown = (await workflow_view(page))["audit"]
+    assert len(shown) == 5 and "pause by demo page: pressed Pause on the demo page" in shown[0], shown
+
+
+async def test_the_demo_steers_only_its_own_workflow_runs_in_the_state_each_verb_needs(demo: Demo) -> None:
+    """The workflow endpoints answer a GET 405, a cross-site POST 403, a malformed id 400, an unknown run or another workflow's run 404, and a verb the run's state does not allow 409, and signal nothing."""
+    start = f"{demo.url}demo/workflow/start?n=1"
+    got = [(await asyncio.to_thread(_request, start, method, {"Sec-Fetch-Site": site}))[0]
+           for method, site in [("GET", "same-origin"), ("POST", "cross-site")]]
+    assert got == [405, 403], got
+    assert await query(demo.database_url, "SELECT count(*) FROM livepush_workflows") == [(0,)]
+
+    status, _, body = await asyncio.to_thread(_request, start, "POST", FROM_PAGE)
+    assert status == 200, (status, body)
+    started = json.loads(body)
+    run_id = started["run_id"]
+    assert started["run_topic"].startswith(f"workflow:{run_id}~"), started
+    # While it fetches (about two seconds): nothing to approve, no batch yet, nothing to resume.
+    early = {verb: (await workflow_action(demo, verb, str(run_id)))[0] for verb in ["approve", "batch", "resume"]}
+    fetching = await query(demo.database_url, "SELECT state FROM livepush_workflow_steps WHERE workflow_id = %s "
+                           "AND name = 'fetch'", (run_id,))
+    assert fetching == [("running",)], f"the run went past fetch before the refusals were checked: {fetching}"
+    assert early == {"approve": 409, "batch": 409, "resume": 409}, early
+
+    # A run of another workflow, in the same table: the demo's buttons must not reach it.
+    (other,), = await query(demo.database_url, "INSERT INTO livepush_workflows (name, queue, graph, input) "
+                            "VALUES ('someone_elses', 'elsewhere', '{\"steps\": {}, \"order\": []}', '{}') RETURNING id")
+    actions = ["approve", "batch", "pause", "resume", "audit"]
+    for action in actions:
+        refused = {
+            "GET": (await workflow_action(demo, action, str(run_id), method="GET"))[0],
+            "cross-site": (await workflow_action(demo, action, str(run_id), site="cross-site"))[0],
+            **{f"id {bad!r}": (await workflow_action(demo, action, bad))[0]
+               for bad in ["", "abc", "0", "-1", "01", "1.0", "1e3", str(2**63), "9" * 40, f"{run_id}&run={run_id}"]},
+            "no such run": (await workflow_action(demo, action, str(run_id + 1000)))[0],
+            "another workflow's run": (await workflow_action(demo, action, str(other)))[0],
+        }
+        assert refused == {"GET": 405, "cross-site": 403, **{k: 400 for k in refused if k.startswith("id ")},
+                           "no such run": 404, "another workflow's run": 404}, (action, refused)
+
+    status, body = await workflow_action(demo, "pause", str(run_id))
+    assert status == 200, (status, body)
+    status, body = await workflow_action(demo, "pause", str(run_id))
+    assert status == 409 and b"is not running (it is paused)" in body, (status, body)
+    status, body = await workflow_action(demo, "audit", str(run_id))
+    assert status == 200 and [a["verb"] for a in json.loads(body)["audit"]] == ["pause"], (status, body)
+    assert await query(demo.database_url, "SELECT state FROM livepush_workflows WHERE id = %s", (other,)) == [("running",)]
+    assert await query(demo.database_url, "SELECT count(*) FROM livepush_workflow_audit WHERE workflow_id = %s",
+                       (other,)) == [(0,)]
+    assert await query(demo.database_url, "SELECT (SELECT count(*) FROM livepush_job_signals) + "
+                       "(SELECT count(*) FROM livepush_workflow_signals)") == [(0,)]
