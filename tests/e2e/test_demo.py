@@ -1,7 +1,8 @@
 """`livepush demo` in real headless Chromium: the page starts an import (a task group of
 jobs run by the demo's own job runtime) and shows it live to 100 %, with and without a restart of
-the demo process in the middle; and a durable import, one job the page shows parked for its
-children, then for an approval its Approve button sends, then succeeded with its result.
+the demo process in the middle; a durable import, one job the page shows parked for its
+children, then for an approval its Approve button sends, then succeeded with its result; and a
+workflow run drawn as a graph of its steps, approved, paused and resumed from the page.
 
 The demo runs as a child process on the test's Postgres (so no embedded Postgres starts) and
 serves its page, /livepush.js and the WebSocket on one port: the page is same-origin, as a user
