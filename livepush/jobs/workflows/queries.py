@@ -210,3 +210,31 @@ DELETE FROM livepush_workflows WHERE id IN (
 # name: clear (tests only)
 CLEAR = ("DELETE FROM livepush_workflow_signals; DELETE FROM livepush_workflow_audit; "
          "DELETE FROM livepush_workflow_steps; DELETE FROM livepush_workflows")
+
+# name: runs_in_progress
+# `livepush status`: a plain read (no lock; api/status.py runs it in a read-only snapshot). The
+# newest `limit` runs not finished (running or paused), each with its steps as RUN_VIEWS shows
+# them (a step whose job is parked is `waiting`) and the graph's step order, so that
+# events/views.workflow_view gives the same state and steps as the run's topic; `in_progress`
+# counts every unfinished run (before the LIMIT; `limit` is at least 1). Steps are read only
+# for the runs shown.
+RUNS_IN_PROGRESS = """
+WITH page AS (
+    SELECT id, name, state, created_at, graph -> 'order' AS step_order, count(*) OVER () AS in_progress
+    FROM livepush_workflows
+    WHERE state IN ('running', 'paused')
+    ORDER BY id DESC
+    LIMIT %(limit)s
+)
+SELECT p.id, p.name, p.state, p.created_at, p.in_progress::int AS in_progress,
+       jsonb_build_object('order', p.step_order) AS graph, st.steps
+FROM page p
+CROSS JOIN LATERAL (
+    SELECT coalesce(jsonb_object_agg(s.name, jsonb_build_object(
+               'state', CASE WHEN s.state = 'running' AND j.state = 'waiting' THEN 'waiting' ELSE s.state END,
+               'attempt', coalesce(j.attempt, 0), 'group', s.group_id)), '{}'::jsonb) AS steps
+    FROM livepush_workflow_steps s LEFT JOIN livepush_jobs j ON j.id = s.job_id
+    WHERE s.workflow_id = p.id
+) st
+ORDER BY p.id DESC
+"""
