@@ -131,7 +131,7 @@ STEP_INPUTS = """
 SELECT w.input, w.state,
        coalesce((SELECT jsonb_object_agg(s.name, s.output) FROM livepush_workflow_steps s
                  WHERE s.workflow_id = w.id AND s.state = 'succeeded'), '{}'::jsonb) AS outputs,
-       me.group_id, g.parent_id AS group_parent,
+       me.state AS step_state, me.job_id AS step_job, me.group_id, g.parent_id AS group_parent,
        (SELECT coalesce(sum(sh.succeeded), 0)::int FROM livepush_group_shards sh
         WHERE sh.group_id = me.group_id) AS group_succeeded
 FROM livepush_workflows w
@@ -185,13 +185,6 @@ WHERE (%(name)s::text IS NULL OR name = %(name)s) AND (%(state)s::text IS NULL O
   AND id < %(before)s
 ORDER BY id DESC
 LIMIT %(limit)s + 1
-"""
-
-# name: step_jobs
-# Operator verbs, after their decision committed: the jobs still running the given steps.
-STEP_JOBS = """
-SELECT job_id FROM livepush_workflow_steps
-WHERE workflow_id = %(id)s AND name = ANY(%(names)s::text[]) AND job_id IS NOT NULL
 """
 
 # name: prune_runs
