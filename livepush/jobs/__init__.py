@@ -25,6 +25,7 @@ from .api.enqueue import aenqueue_many, enqueue_many
 from .api.functions import JobFunction, default_backoff, job
 from .api.handles import JobHandle
 from .api.registry import REGISTRY, JobRequest
+from .api.status import Status, astatus, status
 from .api.testing import adrain, clear, drain
 from .database import configure
 from .durable.fingerprint import input_fingerprint
@@ -138,6 +139,9 @@ __all__ = [
     "job",
     "job_state",
     "retry_failed",
+    "Status",
+    "astatus",
+    "status",
 ]
 
 

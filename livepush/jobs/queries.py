@@ -440,3 +440,65 @@ QUEUES_WITH_DUE_JOBS = "SELECT DISTINCT queue FROM livepush_jobs WHERE state = '
 # name: clear (tests only): DELETE rather than TRUNCATE, which a runtime role may not do.
 CLEAR = ("DELETE FROM livepush_job_steps; DELETE FROM livepush_job_signals; DELETE FROM livepush_job_payloads; "
          "DELETE FROM livepush_jobs; DELETE FROM livepush_job_runtimes")
+
+# -- `livepush status` (api/status.py) --------------------------------------------------------------
+# Plain reads: no lock, no write, no ring. They run in one REPEATABLE READ, READ ONLY transaction
+# (STATUS_SNAPSHOT first), so every figure of one report comes from the same snapshot and now()
+# is the same instant for each age.
+
+# name: status_snapshot
+# Must be the transaction's first statement. Read only: the report can never change anything,
+# whatever role runs it.
+STATUS_SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+
+# name: queue_status
+# A plain read. Per queue: jobs available now (depth) and how long the oldest of them has been
+# due, scheduled (delayed enqueues and retries in backoff), running, waiting (durable jobs
+# parked: they hold no slot) and failed (kept until retention deletes them). Finished jobs that
+# succeeded or were cancelled are left out. Queues that a registered runtime serves are listed
+# even with nothing in them, so an idle queue shows as 0 rather than not at all. This scans the
+# unfinished and failed rows of livepush_jobs (failed jobs have no index): an operator's
+# occasional read, never on a job's path.
+QUEUE_STATUS = """
+WITH counts AS (
+    SELECT queue,
+           count(*) FILTER (WHERE state = 'available') AS depth,
+           extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'available'))::float8 AS oldest_age,
+           count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
+           count(*) FILTER (WHERE state = 'running') AS running,
+           count(*) FILTER (WHERE state = 'waiting') AS waiting,
+           count(*) FILTER (WHERE state = 'failed') AS failed
+    FROM livepush_jobs
+    WHERE state IN ('available', 'scheduled', 'running', 'waiting', 'failed')
+    GROUP BY queue
+), served AS (
+    SELECT DISTINCT unnest(queues) AS queue FROM livepush_job_runtimes
+)
+SELECT q.queue, coalesce(c.depth, 0)::int AS depth,
+       -- NULL with nothing available (greatest() alone would make that 0: it skips NULLs).
+       CASE WHEN c.depth > 0 THEN greatest(c.oldest_age, 0) END AS oldest_age,
+       coalesce(c.scheduled, 0)::int AS scheduled, coalesce(c.running, 0)::int AS running,
+       coalesce(c.waiting, 0)::int AS waiting, coalesce(c.failed, 0)::int AS failed
+FROM (SELECT queue FROM counts UNION SELECT queue FROM served) q
+LEFT JOIN counts c ON c.queue = q.queue
+ORDER BY q.queue
+"""
+
+# name: runtime_status
+# A plain read. Every registered runtime, with the jobs it holds now (its running rows: exact,
+# where the row's in_hand is as of its last beat), the seconds since its last beat, and whether
+# it is overdue: silent for more than three of its own beats, the point at which any other
+# runtime deletes it and releases its jobs (PRUNE_DEAD_RUNTIMES), so an overdue runtime is dead
+# or stalled and about to be treated as dead.
+RUNTIME_STATUS = """
+SELECT r.id, r.host, r.pid, r.queues, r.concurrency, r.heartbeat, r.state, r.started_at,
+       (SELECT count(*) FROM livepush_jobs j WHERE j.state = 'running' AND j.runtime_id = r.id)::int AS in_hand,
+       greatest(extract(epoch FROM now() - r.heartbeat_at), 0)::float8 AS since_heartbeat,
+       r.heartbeat_at < now() - make_interval(secs => r.heartbeat * 3) AS overdue
+FROM livepush_job_runtimes r
+ORDER BY r.id
+"""
+
+# name: status_now
+# A plain read: the instant the report describes (the snapshot's now()).
+STATUS_NOW = "SELECT now() AS at"

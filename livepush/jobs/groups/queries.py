@@ -501,3 +501,29 @@ WITH g AS (SELECT unnest(%(ids)s::bigint[]) AS id)
 # name: clear (tests only): DELETE rather than TRUNCATE, which a runtime role may not do.
 CLEAR = ("DELETE FROM livepush_group_events; DELETE FROM livepush_group_callbacks; "
          "DELETE FROM livepush_group_shards; DELETE FROM livepush_groups")
+
+# name: groups_in_progress
+# `livepush status`: a plain read (no lock; api/status.py runs it in a read-only snapshot). The
+# newest `limit` groups not finished (open, sealed, or cancelled with members still ending), with
+# their counts summed over their shards, and in `in_progress` how many unfinished groups there
+# are in all (counted before the LIMIT; `limit` is at least 1, so no groups means no rows and 0).
+# The shards are read only for the groups shown.
+GROUPS_IN_PROGRESS = """
+WITH page AS (
+    SELECT id, state, total, created_at, count(*) OVER () AS in_progress
+    FROM livepush_groups
+    WHERE finished_at IS NULL
+    ORDER BY id DESC
+    LIMIT %(limit)s
+)
+SELECT p.id, p.state, p.total, p.created_at, p.in_progress::int AS in_progress,
+       coalesce(c.pending, 0)::int AS pending, coalesce(c.succeeded, 0)::int AS succeeded,
+       coalesce(c.failed, 0)::int AS failed, coalesce(c.cancelled, 0)::int AS cancelled
+FROM page p
+LEFT JOIN LATERAL (
+    SELECT sum(s.pending) AS pending, sum(s.succeeded) AS succeeded, sum(s.failed) AS failed,
+           sum(s.cancelled) AS cancelled
+    FROM livepush_group_shards s WHERE s.group_id = p.id
+) c ON true
+ORDER BY p.id DESC
+"""

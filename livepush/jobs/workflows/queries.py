@@ -131,7 +131,7 @@ STEP_INPUTS = """
 SELECT w.input, w.state,
        coalesce((SELECT jsonb_object_agg(s.name, s.output) FROM livepush_workflow_steps s
                  WHERE s.workflow_id = w.id AND s.state = 'succeeded'), '{}'::jsonb) AS outputs,
-       me.group_id, g.parent_id AS group_parent,
+       me.state AS step_state, me.job_id AS step_job, me.group_id, g.parent_id AS group_parent,
        (SELECT coalesce(sum(sh.succeeded), 0)::int FROM livepush_group_shards sh
         WHERE sh.group_id = me.group_id) AS group_succeeded
 FROM livepush_workflows w
@@ -187,13 +187,6 @@ ORDER BY id DESC
 LIMIT %(limit)s + 1
 """
 
-# name: step_jobs
-# Operator verbs, after their decision committed: the jobs still running the given steps.
-STEP_JOBS = """
-SELECT job_id FROM livepush_workflow_steps
-WHERE workflow_id = %(id)s AND name = ANY(%(names)s::text[]) AND job_id IS NOT NULL
-"""
-
 # name: prune_runs
 # Retention: finished runs older than the cutoff, a bounded batch (SKIP LOCKED: two runtimes
 # pruning split the work); their steps, audit and signals go with them (ON DELETE CASCADE). The
@@ -210,3 +203,31 @@ DELETE FROM livepush_workflows WHERE id IN (
 # name: clear (tests only)
 CLEAR = ("DELETE FROM livepush_workflow_signals; DELETE FROM livepush_workflow_audit; "
          "DELETE FROM livepush_workflow_steps; DELETE FROM livepush_workflows")
+
+# name: runs_in_progress
+# `livepush status`: a plain read (no lock; api/status.py runs it in a read-only snapshot). The
+# newest `limit` runs not finished (running or paused), each with its steps as RUN_VIEWS shows
+# them (a step whose job is parked is `waiting`) and the graph's step order, so that
+# events/views.workflow_view gives the same state and steps as the run's topic; `in_progress`
+# counts every unfinished run (before the LIMIT; `limit` is at least 1). Steps are read only
+# for the runs shown.
+RUNS_IN_PROGRESS = """
+WITH page AS (
+    SELECT id, name, state, created_at, graph -> 'order' AS step_order, count(*) OVER () AS in_progress
+    FROM livepush_workflows
+    WHERE state IN ('running', 'paused')
+    ORDER BY id DESC
+    LIMIT %(limit)s
+)
+SELECT p.id, p.name, p.state, p.created_at, p.in_progress::int AS in_progress,
+       jsonb_build_object('order', p.step_order) AS graph, st.steps
+FROM page p
+CROSS JOIN LATERAL (
+    SELECT coalesce(jsonb_object_agg(s.name, jsonb_build_object(
+               'state', CASE WHEN s.state = 'running' AND j.state = 'waiting' THEN 'waiting' ELSE s.state END,
+               'attempt', coalesce(j.attempt, 0), 'group', s.group_id)), '{}'::jsonb) AS steps
+    FROM livepush_workflow_steps s LEFT JOIN livepush_jobs j ON j.id = s.job_id
+    WHERE s.workflow_id = p.id
+) st
+ORDER BY p.id DESC
+"""

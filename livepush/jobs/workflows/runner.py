@@ -22,7 +22,7 @@ from psycopg.rows import dict_row
 from ..api.args import check_json, dumps
 from ..api.handles import StateTopicHandle
 from ..api.registry import JobRequest, JobSpec
-from ..errors import InvalidArgumentsError, Reattempt, SignalTimeout, WorkflowDefinitionError
+from ..errors import InvalidArgumentsError, JobCancelled, Reattempt, SignalTimeout, WorkflowDefinitionError
 from ..groups import steps
 from ..groups.transactions import ain_tx, in_tx
 from ..runtime.context import SyncJobContext
@@ -141,8 +141,11 @@ class Runner:
         async with ctx.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(wq.STEP_INPUTS, {"id": run_id, "step": step})
             row = await cur.fetchone()
-        if row is None or row["state"] in engine.RUN_FINISHED:
-            return {"verb": "complete", "output": None}  # the run ended meanwhile: what this did is ignored
+        if (row is None or row["state"] in engine.RUN_FINISHED or row["step_job"] != ctx.job_id
+                or row["step_state"] not in engine.STEP_ACTIVE):
+            # The run ended, or this step was skipped or cancelled, after this job was made: it
+            # ends as cancelled without running the step.
+            raise JobCancelled(f"workflow run {run_id} no longer runs step {step!r} with job {ctx.job_id}")
         sctx = StepContext(ctx, run_id, step, row["input"], row["outputs"])
         try:
             if spec.wait_for is not None:
