@@ -48,6 +48,7 @@ export function setUpWorkflow(lp, state) {
     };
     $("workflow").dataset.state = "none";
     $("workflow-run-state").textContent = `run ${started.run_id}`;
+    delete $("workflow-run-state").dataset.state;  // not the previous run's colour
     for (const name of NODES) setNode(name, "pending", "");
     $("workflow-note").textContent = "";
     $("workflow-action-note").textContent = "";
