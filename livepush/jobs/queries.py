@@ -389,6 +389,34 @@ WITH target AS (
 SELECT m.id, m.state, m.group_id, m.workflow_id FROM moved m CROSS JOIN rung CROSS JOIN told
 """
 
+# name: stop_jobs
+# The jobs of workflow steps still active when their run ended (workflows/engine.py), in the
+# transaction that ended it, which holds the run's row: a queued or parked one is cancelled, a
+# running one flagged and told (as CANCEL does). SKIP LOCKED, because the lock order is job rows
+# before workflow rows: a job whose row is busy right now (its own outcome being written) is
+# left alone, and its end, recorded on the run after this commits, changes nothing there.
+STOP_JOBS = f"""
+WITH target AS (
+    SELECT id, state FROM livepush_jobs
+    WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('available', 'scheduled', 'waiting', 'running')
+    ORDER BY id
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE livepush_jobs j SET
+        state = CASE WHEN t.state = 'running' THEN 'running' ELSE 'cancelled' END,
+        event = CASE WHEN t.state = 'running' THEN j.event ELSE 'cancelled' END,
+        version = CASE WHEN t.state = 'running' THEN j.version ELSE j.version + 1 END,
+        finished_at = CASE WHEN t.state = 'running' THEN j.finished_at ELSE now() END,
+        cancel_requested = true
+    FROM target t WHERE j.id = t.id
+    RETURNING j.id, j.state, j.version
+), rung AS ({ring("(SELECT * FROM moved WHERE state = 'cancelled')")}
+), told AS (
+    SELECT livepush_jobs_cancel_requested(array_agg(id ORDER BY id)) AS n FROM moved WHERE state = 'running'
+)
+SELECT m.id, m.state FROM moved m CROSS JOIN rung CROSS JOIN told
+"""
+
 # name: job_group (retry_failed refuses a group member: its failure is counted in its group)
 JOB_GROUP = "SELECT group_id FROM livepush_jobs WHERE id = %(id)s"
 

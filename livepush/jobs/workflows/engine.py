@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from .. import queries as job_queries
 from ..groups.steps import Query, Steps
 from . import queries as wq
 
@@ -42,6 +43,7 @@ class Plan:
     error: str | None = None
     audit: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     to_cancel: list[int] = dataclasses.field(default_factory=list)  # jobs to cancel after commit
+    to_stop: list[int] = dataclasses.field(default_factory=list)  # jobs to stop now, if not busy
 
     def __post_init__(self) -> None:
         self.state = self.run["state"]
@@ -65,9 +67,15 @@ class Plan:
             self.error = error
         if output is not None:
             self.output = output
-        for name, step in self.steps.items():  # what has not started never will
-            if step["state"] == "pending":
+        for name, step in self.steps.items():
+            if step["state"] == "pending":  # what has not started never will
                 self._set(name, "cancelled" if state != "succeeded" else "skipped")
+            elif step["state"] in STEP_ACTIVE:
+                # A step still running beside the one that ended the run: its job is stopped (a
+                # parked one would otherwise wait for ever) and what it does no longer counts.
+                self._set(name, "skipped" if state == "succeeded" else "cancelled", error=f"the run {state} first")
+                if step["job_id"] is not None:
+                    self.to_stop.append(int(step["job_id"]))
 
     def _note(self, verb: str, step: str | None, actor: str | None, reason: str | None) -> None:
         self.audit.append({"id": self.id, "verb": verb, "step": step, "actor": actor, "reason": reason})
@@ -208,6 +216,8 @@ def _write(plan: Plan) -> Steps[list[dict[str, Any]]]:
             "outputs": [None if plan.steps[n].get("output") is None else json.dumps(plan.steps[n]["output"])
                         for n in names],
             "errors": [plan.steps[n].get("error") for n in names]})
+    if plan.to_stop:
+        yield Query(job_queries.STOP_JOBS, {"ids": sorted(plan.to_stop)})
     for entry in plan.audit:
         yield Query(wq.AUDIT, entry)
     if plan.event is not None:

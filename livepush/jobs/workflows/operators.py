@@ -122,10 +122,12 @@ def _signal_steps(run_id: int, name: str, data: str, actor: str | None) -> steps
     if not waiting:
         raise ValueError(f"no step of workflow run {run_id} waits for signal {name!r} (any more)")
     yield steps.Query(wq.AUDIT, {"id": run_id, "verb": "signal", "step": waiting[0], "actor": actor, "reason": name})
-    job_id = by_name[waiting[0]]["job_id"]
-    if job_id is None:
-        yield steps.Query(wq.KEEP_SIGNAL, {"id": run_id, "name": name, "data": data})
-    return job_id
+    step = by_name[waiting[0]]
+    if step["state"] in engine.STEP_ACTIVE and step["job_id"] is not None:
+        return int(step["job_id"])
+    # Not started, or to run again (a step that paused the run): its next job takes it over.
+    yield steps.Query(wq.KEEP_SIGNAL, {"id": run_id, "name": name, "data": data})
+    return None
 
 
 def signal(run_id: int, name: str, data: Any = None, *, actor: str | None = None) -> None:

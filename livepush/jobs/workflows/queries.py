@@ -131,7 +131,8 @@ STEP_INPUTS = """
 SELECT w.input, w.state,
        coalesce((SELECT jsonb_object_agg(s.name, s.output) FROM livepush_workflow_steps s
                  WHERE s.workflow_id = w.id AND s.state = 'succeeded'), '{}'::jsonb) AS outputs,
-       me.state AS step_state, me.job_id AS step_job, me.group_id, g.parent_id AS group_parent,
+       me.state AS step_state, me.job_id AS step_job, me.output AS step_output, me.group_id,
+       g.parent_id AS group_parent,
        (SELECT coalesce(sum(sh.succeeded), 0)::int FROM livepush_group_shards sh
         WHERE sh.group_id = me.group_id) AS group_succeeded
 FROM livepush_workflows w

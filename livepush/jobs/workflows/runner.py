@@ -183,7 +183,10 @@ class Runner:
             async with ctx.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(wq.FAILED_MEMBERS, {"group_id": row["group_id"]})
                 failed = await cur.fetchall()
-            return {"failed": failed, "succeeded": row["group_succeeded"]}
+            # What succeeded so far: the counts the step output when it paused (every batch before
+            # this one, added up), else its first batch's.
+            earlier_counts = row["step_output"] if isinstance(row["step_output"], dict) else {}
+            return {"failed": failed, "succeeded": earlier_counts.get("succeeded", row["group_succeeded"])}
 
         earlier = await ctx.checkpoint("livepush.earlier_batch", earlier_batch)
 
