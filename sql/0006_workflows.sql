@@ -73,10 +73,11 @@ CREATE TABLE livepush_workflow_signals (
 
 CREATE INDEX livepush_workflow_signals_idx ON livepush_workflow_signals (workflow_id, name, id);
 
--- A step's job changed in a way its run's state topic shows (it parked: the step is `waiting`):
--- a new version of `workflow:<id>`, rung in the caller's transaction. Called by the job's own
--- statements (livepush/jobs/durable/queries.py: PARK), which hold the job's row: the lock order
--- job rows -> workflow rows holds.
+-- A step's job changed in a way its run's state topic shows (it parked, or woke: the step is
+-- `waiting`, or `running` again): a new version of `workflow:<id>`, rung in the caller's
+-- transaction. Called by the statements that park and wake jobs, which hold the job's row: the
+-- lock order job rows -> workflow rows holds. Returns -1 when the run has finished (read after
+-- waiting for whoever holds its row): a step must not park in a run that ended.
 CREATE FUNCTION livepush_workflow_touched(p_id bigint) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -86,7 +87,7 @@ BEGIN
     WHERE id = p_id AND finished_at IS NULL
     RETURNING version INTO v;
     IF v IS NULL THEN
-        RETURN 0;
+        RETURN -1;
     END IF;
     RETURN livepush_state_changed(ARRAY['workflow:' || p_id], ARRAY[v]);
 END

@@ -34,6 +34,14 @@ STATE_CHANNEL = "livepush_states"
 _STILL_RUNNING = "lower(j.state) = 'running'"
 
 
+# A CTE body for a statement that parks or wakes jobs in `{rel}` (columns workflow_id, ...): a
+# workflow step among them shows as `waiting` or `running` again on its run's topic, so the run
+# gets a new version (livepush_workflow_touched(), sql/0006_workflows.sql). Always one row; `n` is
+# negative when a run among them has finished.
+TOUCH_RUNS = """SELECT coalesce(sum(livepush_workflow_touched(t.workflow_id)), 0) AS n
+    FROM {rel} t WHERE t.workflow_id IS NOT NULL"""
+
+
 def ring(rel: str) -> str:
     """A CTE body that rings the state topics of the jobs in `rel` (columns id, version)."""
     return (f"SELECT livepush_state_changed(array_agg('job:' || r.id ORDER BY r.id), "
@@ -243,10 +251,11 @@ WITH due AS (
     UPDATE livepush_jobs j SET state = 'available', version = j.version + 1,
         event = CASE WHEN j.state = 'waiting' THEN 'enqueued' ELSE j.event END
     FROM due WHERE j.id = due.id AND j.state IN ('scheduled', 'waiting')
-    RETURNING j.id, j.version
-), rung AS ({ring("moved")})
+    RETURNING j.id, j.version, j.workflow_id
+), rung AS ({ring("moved")}
+), run AS ({TOUCH_RUNS.format(rel="moved")})
 SELECT count(*) AS n, CASE WHEN count(*) > 0 THEN livepush_jobs_ready() END AS _rang
-FROM moved CROSS JOIN rung
+FROM moved CROSS JOIN rung CROSS JOIN run
 """
 
 # name: next_scheduled

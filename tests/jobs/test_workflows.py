@@ -301,3 +301,18 @@ async def test_retention_removes_finished_runs_with_their_steps_and_audit(flows_
     assert jobs.workflows.get(run.id) is None
     assert q(flows_db, "SELECT count(*) FROM livepush_workflow_steps") == [(0,)]
     assert q(flows_db, "SELECT count(*) FROM livepush_workflow_audit") == [(0,)]
+
+
+async def test_a_woken_step_gives_its_run_a_new_version(flows_db: str) -> None:
+    """When a parked step is woken (here by its signal), workflow:<id> gets a newer version showing
+    it running: a page that saw it waiting hears that it runs again."""
+    async with running():
+        run = await wd.approval.astart()
+        await run_state(run.id, "waiting")
+    before = (await asyncio.to_thread(read_states, flows_db, [run.topic]))[run.topic]
+    await jobs.workflows.asignal(run.id, "approve", {"by": "ana"})
+    after = (await asyncio.to_thread(read_states, flows_db, [run.topic]))[run.topic]
+    assert after.version > before.version
+    assert json.loads(before.view_json)["steps"]["publish"]["state"] == "waiting"
+    view = json.loads(after.view_json)
+    assert view["steps"]["publish"]["state"] == "running" and view["state"] == "running"

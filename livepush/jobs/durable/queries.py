@@ -15,7 +15,7 @@ happened, and never sleeps through something that happens after it parked.
 
 from __future__ import annotations
 
-from ..queries import ring
+from ..queries import TOUCH_RUNS, ring
 
 # name: load_steps
 # What earlier runs stored, read once per run (only for a job whose row says it has steps). A
@@ -67,7 +67,9 @@ UPDATE livepush_jobs SET has_steps = true WHERE id = %(id)s AND NOT has_steps
 # (whatever the run still writes is fenced off), its attempt is given back (parking is not a
 # failure: the run that wakes is the same attempt), `run_at` is when the promoter wakes it
 # ('infinity' when only an event can). The payload keeps what it waits for and the latest progress.
-# A workflow step's park also makes a new version of its run's state topic.
+# A workflow step's park also makes a new version of its run's state topic; `run_touched` < 0
+# says its run has finished (the caller then rolls the park back: a step never waits in a run
+# that ended, whose end could not stop it while this transaction held the job).
 PARK = f"""
 WITH moved AS (
     UPDATE livepush_jobs j SET state = 'waiting', event = 'waiting', attempt = j.attempt - 1,
@@ -79,11 +81,8 @@ WITH moved AS (
     UPDATE livepush_job_payloads p SET waiting = %(waiting)s::jsonb, progress = coalesce(%(progress)s::jsonb, p.progress)
     FROM moved m WHERE p.id = m.id
 ), rung AS ({ring("moved")}
-), run AS (
-    -- A workflow step that parks shows as `waiting` on its run's topic (sql/0006_workflows.sql).
-    SELECT livepush_workflow_touched(m.workflow_id) AS n FROM moved m WHERE m.workflow_id IS NOT NULL
-)
-SELECT m.id FROM moved m CROSS JOIN rung LEFT JOIN run ON true
+), run AS ({TOUCH_RUNS.format(rel="moved")})
+SELECT m.id, run.n AS run_touched FROM moved m CROSS JOIN rung CROSS JOIN run
 """
 
 # name: group_finished
@@ -134,9 +133,10 @@ WITH sent AS (
     FROM livepush_job_payloads p
     WHERE j.id = %(id)s AND p.id = j.id AND j.state = 'waiting'
       AND p.waiting ->> 'for' = 'signal' AND p.waiting ->> 'name' = %(name)s
-    RETURNING j.id, j.version
-), rung AS ({ring("woken")})
+    RETURNING j.id, j.version, j.workflow_id
+), rung AS ({ring("woken")}
+), run AS ({TOUCH_RUNS.format(rel="woken")})
 SELECT (SELECT id FROM sent) AS signal_id,
        CASE WHEN EXISTS (SELECT 1 FROM woken) THEN livepush_jobs_ready() ELSE 0 END AS woke
-FROM rung
+FROM rung CROSS JOIN run
 """

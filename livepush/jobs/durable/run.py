@@ -217,6 +217,10 @@ class DurableRun:
                                             "waiting": dumps(waiting), "progress": progress})
         if not moved:
             raise _Lost()
+        if moved[0]["run_touched"] < 0:
+            # A workflow step whose run ended meanwhile: roll the park back and end as cancelled.
+            ctx.cancel_requested = True
+            raise JobCancelled(f"job {ctx.job_id}: its workflow run has ended; it does not wait")
         ctx.dirty = False
         raise Parked()
 

@@ -43,7 +43,7 @@ So the sum of pending never reaches 0 between the add and M's outcome.
 
 from __future__ import annotations
 
-from ..queries import _COMPLETE_CTES, DELETE_PAYLOADS_OF_GONE, ring
+from ..queries import _COMPLETE_CTES, DELETE_PAYLOADS_OF_GONE, TOUCH_RUNS, ring
 
 # Members with consecutive ids share a shard in blocks of this many: a runtime claims
 # members in id order, so one completer batch mostly touches one or two shard rows, and two
@@ -323,10 +323,11 @@ WITH counts AS ({_COUNTS}
         version = CASE WHEN j.state = 'waiting' THEN j.version + 1 ELSE j.version END
     FROM done d
     WHERE j.id = d.parent_id AND j.state IN ('waiting', 'running')
-    RETURNING j.id, j.version, j.state
+    RETURNING j.id, j.version, j.state, j.workflow_id
 ), rung AS (
     SELECT (SELECT n FROM ({ring("jobs")}) c) + (SELECT n FROM ({ring_groups("done")}) g)
            + (SELECT n FROM ({ring("(SELECT * FROM woken WHERE state = 'available')")}) w)
+           + (SELECT n FROM ({TOUCH_RUNS.format(rel="(SELECT * FROM woken WHERE state = 'available')")}) r)
            + CASE WHEN EXISTS (SELECT 1 FROM jobs) OR EXISTS (SELECT 1 FROM woken WHERE state = 'available')
                   THEN livepush_jobs_ready() ELSE 0 END AS n
 )

@@ -17,7 +17,7 @@ from ..api.args import check_json, dumps
 from ..api.control import acancel, cancel
 from ..api.handles import checked_id
 from ..durable.run import check_name
-from ..durable.signals import asignal, signal as signal_job
+from ..durable import queries as dq
 from ..errors import InvalidArgumentsError, WorkflowNotFound
 from ..events.views import workflow_view
 from ..groups import steps
@@ -104,11 +104,9 @@ async def askip(run_id: int, step: str, *, actor: str | None = None, reason: str
 
 # -- signals ----------------------------------------------------------------------------------------
 
-def _signal_steps(run_id: int, name: str, data: str, actor: str | None) -> steps.Steps[int | None]:
-    """Under a share lock on the run (no decision meanwhile): the job of the first unfinished step
-    that waits for `name` gets the signal after commit (returned), or the run keeps it for that
-    step's job, which takes it over when it is created."""
-    runs = yield steps.Query(wq.LOCK_RUN_SHARE, {"id": run_id})
+def _target(run_id: int, name: str, lock: bool) -> steps.Steps[dict[str, Any]]:
+    """The first unfinished step of the run that waits for signal `name` (its row)."""
+    runs = yield steps.Query(wq.LOCK_RUN_SHARE if lock else wq.RUN_OF, {"id": run_id})
     if not runs:
         raise WorkflowNotFound(f"no workflow run {run_id} (never started, or deleted after its retention time)")
     run = runs[0]
@@ -121,13 +119,33 @@ def _signal_steps(run_id: int, name: str, data: str, actor: str | None) -> steps
                and by_name[n]["state"] not in engine.STEP_FINISHED]
     if not waiting:
         raise ValueError(f"no step of workflow run {run_id} waits for signal {name!r} (any more)")
-    yield steps.Query(wq.AUDIT, {"id": run_id, "verb": "signal", "step": waiting[0], "actor": actor, "reason": name})
-    step = by_name[waiting[0]]
-    if step["state"] in engine.STEP_ACTIVE and step["job_id"] is not None:
-        return int(step["job_id"])
-    # Not started, or to run again (a step that paused the run): its next job takes it over.
-    yield steps.Query(wq.KEEP_SIGNAL, {"id": run_id, "name": name, "data": data})
-    return None
+    return by_name[waiting[0]]
+
+
+def _to_job(step: dict[str, Any], name: str, data: str) -> steps.Steps[bool]:
+    """Send the signal to the step's job if the step is active and its job has not finished."""
+    if step["state"] not in engine.STEP_ACTIVE or step["job_id"] is None:
+        return False
+    found = yield steps.Query(dq.SIGNAL_TARGET, {"id": step["job_id"]})
+    if not found or found[0]["state"] in engine.STEP_FINISHED:
+        return False  # it ended meanwhile
+    yield steps.Query(dq.SEND_SIGNAL, {"id": step["job_id"], "name": name, "data": data})
+    return True
+
+
+def _signal_steps(run_id: int, name: str, data: str, actor: str | None) -> steps.Steps[None]:
+    """One transaction: the signal reaches the first unfinished step that waits for it, and the
+    audit trail says so (both, or neither). To the step's job when it is active (its row locked
+    first, as jobs.signal does: the lock order is job rows before the run's); otherwise, under a
+    share lock on the run (no decision meanwhile, so no job of that step starts meanwhile), the run
+    keeps it for the step's next job, which takes it over when it is created."""
+    step = yield from _target(run_id, name, lock=False)
+    if not (yield from _to_job(step, name, data)):
+        step = yield from _target(run_id, name, lock=True)
+        if not (yield from _to_job(step, name, data)):
+            yield steps.Query(wq.KEEP_SIGNAL, {"id": run_id, "name": name, "data": data})
+    yield steps.Query(wq.AUDIT, {"id": run_id, "verb": "signal", "step": step["name"], "actor": actor,
+                                 "reason": name})
 
 
 def signal(run_id: int, name: str, data: Any = None, *, actor: str | None = None) -> None:
@@ -136,18 +154,14 @@ def signal(run_id: int, name: str, data: Any = None, *, actor: str | None = None
     run_id, name = checked_id(run_id, "run_id"), check_name(name, "signal()")
     check_json(data, "data", InvalidArgumentsError, "signal data")
     actor = _text(actor, "actor")
-    job_id = in_tx(lambda: _signal_steps(run_id, name, dumps(data), actor), None)
-    if job_id is not None:
-        signal_job(job_id, name, data)
+    in_tx(lambda: _signal_steps(run_id, name, dumps(data), actor), None)
 
 
 async def asignal_run(run_id: int, name: str, data: Any = None, *, actor: str | None = None) -> None:
     run_id, name = checked_id(run_id, "run_id"), check_name(name, "signal()")
     check_json(data, "data", InvalidArgumentsError, "signal data")
     actor = _text(actor, "actor")
-    job_id = await ain_tx(lambda: _signal_steps(run_id, name, dumps(data), actor), None)
-    if job_id is not None:
-        await asignal(job_id, name, data)
+    await ain_tx(lambda: _signal_steps(run_id, name, dumps(data), actor), None)
 
 
 # -- reads ----------------------------------------------------------------------------------------

@@ -112,9 +112,13 @@ INSERT INTO livepush_job_signals (job_id, name, data) SELECT %(job_id)s, name, d
 # that has no job yet waits here.
 KEEP_SIGNAL = "INSERT INTO livepush_workflow_signals (workflow_id, name, data) VALUES (%(id)s, %(name)s, %(data)s::jsonb)"
 
+# name: run_of
+# jobs.workflows.signal, first look (a plain read: the step's job row, locked next, decides).
+RUN_OF = "SELECT id, state, graph FROM livepush_workflows WHERE id = %(id)s"
+
 # name: lock_run_share
-# jobs.workflows.signal: holds off decisions (they lock FOR UPDATE) while it reads which step
-# waits for the signal and hands it to that step's job or keeps it for the run.
+# jobs.workflows.signal, when the step has no active job: holds off decisions (they lock FOR
+# UPDATE) while it keeps the signal for the run, so no job of that step starts meanwhile.
 LOCK_RUN_SHARE = "SELECT id, state, graph FROM livepush_workflows WHERE id = %(id)s FOR SHARE"
 
 # name: audit
