@@ -1,0 +1,84 @@
+"""Workflows where pauses, signals and a run's end meet (docs/workflows.md): a fan-out step resumed
+twice counts every batch, a signal sent while its step is paused is kept for it, and a run that
+ends stops its other steps, so none is left parked and a finished run never shows a failed step."""
+
+from __future__ import annotations
+
+from livepush import jobs
+from tests.jobs import workflow_corner_defs as wc
+from tests.jobs import workflow_crash_defs as cd
+from tests.jobs.conftest import q, running
+from tests.jobs.test_workflows import run_state, step_states
+from tests.support.waiting import async_wait_for
+
+
+async def job_ended(url: str, name: str) -> str | None:
+    """The state of the (one) job named `name` once it finished, else None."""
+    got = q(url, "SELECT state FROM livepush_jobs WHERE name = %s", (name,))
+    return got[0][0] if got and got[0][0] in ("succeeded", "failed", "cancelled") else None
+
+
+async def step_is(run_id: int, step: str, state: str) -> bool:
+    got = jobs.workflows.get(run_id)
+    return got is not None and got["steps"][step]["state"] == state
+
+
+async def test_a_fan_out_step_resumed_twice_counts_every_batch(jobs_db: str) -> None:
+    """Paused twice by failed members and resumed twice, a fan-out step outputs the counts of all
+    its members: the batches add up."""
+    q(jobs_db, cd.RUNS_TABLE)
+    async with running(queues=[cd.QUEUE], concurrency=8):
+        run = await cd.fan.astart({"n": 4, "failing": {"0": 2, "1": 1}})
+        for _ in range(2):
+            await run_state(run.id, "paused")
+            assert await jobs.workflows.aresume(run.id, actor="ana")
+        done = await run_state(run.id, "succeeded")
+    assert done["steps"]["spread"]["output"] == {"total": 4, "succeeded": 4, "failed": 0, "cancelled": 0}
+    assert done["steps"]["report"]["output"] == {"rows": done["steps"]["spread"]["output"], "n": 4}
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE name = 'wfc.member'") == [(4 + 2 + 1,)]
+
+
+async def test_a_signal_sent_while_its_step_is_paused_is_kept_for_it(jobs_db: str) -> None:
+    """A step that paused the run after its signal came waits again once resumed: a signal sent
+    while it was paused is kept for its next job, and audited once."""
+    async with running(queues=[wc.QUEUE]):
+        run = await wc.approve_twice.astart()
+        await jobs.workflows.asignal(run.id, "go", {"pause": True}, actor="ana")
+        await run_state(run.id, "paused")
+        await jobs.workflows.asignal(run.id, "go", {"by": "bo"}, actor="bo")
+        assert await jobs.workflows.aresume(run.id, actor="bo")
+        done = await run_state(run.id, "succeeded")
+    assert done["steps"]["approve"]["output"] == {"by": "bo"}
+    assert [(a["verb"], a["actor"]) for a in done["audit"]] == [
+        ("signal", "ana"), ("pause", "step:approve"), ("signal", "bo"), ("resume", "bo")]
+
+
+async def test_a_run_that_fails_stops_the_step_waiting_for_a_signal(jobs_db: str) -> None:
+    """When a step fails the run, a step parked on a signal that can no longer come is cancelled
+    with its job, instead of waiting for ever."""
+    async with running(queues=[wc.QUEUE]):
+        run = await wc.fails_while_waiting.astart()
+        await async_wait_for(lambda: step_is(run.id, "waits", "waiting"), 10.0, message="the step to park")
+        q(jobs_db, "INSERT INTO job_flags VALUES ('break-now')")
+        done = await run_state(run.id, "failed")
+        assert await async_wait_for(lambda: job_ended(jobs_db, "wfd_fails_while_waiting.waits"), 10.0,
+                                    message="the parked step's job to end") == "cancelled"
+    assert step_states(done) == {"start": "succeeded", "breaks": "failed", "waits": "cancelled"}
+
+
+async def test_a_run_that_finished_early_stops_its_running_sibling(jobs_db: str) -> None:
+    """ctx.flow.finish() ends the run as succeeded: a step still running beside it is stopped
+    (its job cancelled, the step skipped), so the run never shows a failed step."""
+    async with running(queues=[wc.QUEUE]):
+        run = await wc.finishes_early.astart()
+        await async_wait_for(lambda: step_is(run.id, "slow_sibling", "running"), 10.0,
+                             message="the sibling to run")
+        q(jobs_db, "INSERT INTO job_flags VALUES ('finish-now')")
+        await run_state(run.id, "succeeded")
+        ended = await async_wait_for(lambda: job_ended(jobs_db, "wfd_finishes_early.slow_sibling"), 10.0,
+                                     message="the sibling's job to end")
+        q(jobs_db, "INSERT INTO job_flags VALUES ('sibling-go')")
+    assert ended == "cancelled"
+    done = jobs.workflows.get(run.id)
+    assert done["state"] == "succeeded" and done["output"] == {"early": True}
+    assert step_states(done) == {"first": "succeeded", "done_early": "succeeded", "slow_sibling": "skipped"}

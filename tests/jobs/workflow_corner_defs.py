@@ -1,0 +1,60 @@
+"""Workflows the tests of workflow corners run (tests/jobs/test_workflows_corners.py): a step that
+pauses its run after its signal came, a step that finishes the run beside a slow sibling, and a
+step that fails the run beside a step waiting for a signal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from livepush import jobs
+from tests.jobs.sample_jobs import until_flag
+
+QUEUE = "wfd"
+
+approve_twice = jobs.workflow("wfd_approve_twice", queue=QUEUE)
+
+
+@approve_twice.step(wait_for="go")
+async def approve(ctx: Any) -> Any:
+    if ctx.signal.get("pause"):
+        ctx.flow.pause("looked wrong")
+    return ctx.signal
+
+
+finishes_early = jobs.workflow("wfd_finishes_early", queue=QUEUE)
+
+
+@finishes_early.step()
+async def first(ctx: Any) -> Any:
+    return 1
+
+
+@finishes_early.step(after="first")
+async def done_early(ctx: Any) -> Any:
+    await until_flag("finish-now")
+    ctx.flow.finish({"early": True})
+
+
+@finishes_early.step(after="first", max_attempts=1)
+async def slow_sibling(ctx: Any) -> Any:
+    await until_flag("sibling-go")
+    raise ValueError("the sibling fails after the run finished")
+
+
+fails_while_waiting = jobs.workflow("wfd_fails_while_waiting", queue=QUEUE)
+
+
+@fails_while_waiting.step()
+async def start(ctx: Any) -> Any:
+    return 1
+
+
+@fails_while_waiting.step(after="start", max_attempts=1)
+async def breaks(ctx: Any) -> Any:
+    await until_flag("break-now")
+    raise ValueError("breaks")
+
+
+@fails_while_waiting.step(after="start", wait_for="go")
+async def waits(ctx: Any) -> Any:
+    return "approved"
