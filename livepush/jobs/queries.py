@@ -37,9 +37,10 @@ _STILL_RUNNING = "lower(j.state) = 'running'"
 # A CTE body for a statement that parks or wakes jobs in `{rel}` (columns workflow_id, ...): a
 # workflow step among them shows as `waiting` or `running` again on its run's topic, so the run
 # gets a new version (livepush_workflow_touched(), sql/0006_workflows.sql). Always one row; `n` is
-# negative when a run among them has finished.
+# negative when a run among them has finished. Runs are touched in id order, so two statements
+# waking jobs of the same runs never wait for each other in a circle.
 TOUCH_RUNS = """SELECT coalesce(sum(livepush_workflow_touched(t.workflow_id)), 0) AS n
-    FROM {rel} t WHERE t.workflow_id IS NOT NULL"""
+    FROM (SELECT DISTINCT r.workflow_id FROM {rel} r WHERE r.workflow_id IS NOT NULL ORDER BY 1) t"""
 
 
 def ring(rel: str) -> str:

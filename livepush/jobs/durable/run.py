@@ -210,7 +210,9 @@ class DurableRun:
                         raise
         raise AssertionError("unreachable")
 
-    def _park(self, waiting: dict[str, Any], until: datetime | None = None) -> steps.Steps[None]:
+    def _park(self, waiting: dict[str, Any], until: datetime | None = None,
+              then: steps.Steps[None] | None = None) -> steps.Steps[None]:
+        """PARK (then `then`, in the same transaction), and end the run with Parked."""
         ctx = self.ctx
         progress = dumps(ctx.latest) if ctx.latest is not None else None
         moved = yield steps.Query(dq.PARK, {"id": ctx.job_id, "lease": ctx.job.lease, "until": until,
@@ -221,6 +223,8 @@ class DurableRun:
             # A workflow step whose run ended meanwhile: roll the park back and end as cancelled.
             ctx.cancel_requested = True
             raise JobCancelled(f"job {ctx.job_id}: its workflow run has ended; it does not wait")
+        if then is not None:
+            yield from then
         ctx.dirty = False
         raise Parked()
 
@@ -301,9 +305,10 @@ class DurableRun:
         yield from building.add_steps(group_id, batch, states=["open"], seal=True)
         yield from steps.record((yield from steps.views([group_id])), "created")
         yield from self._save("children", call, {"group": group_id, "count": len(requests)})
-        if on_group is not None:
-            yield from on_group(group_id)
-        yield from self._park({"for": "children", "name": f"group:{group_id}", "group": group_id})
+        # on_group after the park: the park touches a workflow step's run row, and whatever on_group
+        # locks of that run (its step's row) comes after it, as in every decision about the run.
+        yield from self._park({"for": "children", "name": f"group:{group_id}", "group": group_id},
+                              then=on_group(group_id) if on_group is not None else None)
 
     async def _finished(self, group_id: int) -> bool:
         async with self._connection() as conn, conn.cursor(row_factory=dict_row) as cur:

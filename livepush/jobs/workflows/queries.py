@@ -154,8 +154,8 @@ ORDER BY j.id
 """
 
 # name: set_step_group
-# In the transaction that creates a fan-out step's batch (under its job's FENCE): the step shows
-# its batch. Locks the step row only (job rows -> workflow rows: the lock order).
+# In the transaction that creates a fan-out step's batch, after its park (which touched the run's
+# row): the step shows its batch. The step row comes after the run's, as in every decision.
 SET_STEP_GROUP = """
 UPDATE livepush_workflow_steps SET group_id = %(group_id)s WHERE workflow_id = %(id)s AND name = %(name)s
 """
