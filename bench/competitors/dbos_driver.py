@@ -4,8 +4,8 @@
     .venv-bench/bin/python bench/competitors/dbos_driver.py URL victim|recover WORKFLOW_ID
 
 URL is the DBOS system database (Postgres). Prints one JSON object of figures, except
-victim and recover, which print a line per event ("ready", "step I", "done") with the
-time.time() it happened, for the benchmark to read as they come.
+victim and recover, which print a line per event ("durable-bench ready|step I|done" and the
+time.time() it happened), for the benchmark to read as they come.
 
 Configuration: sync workflows and steps (DBOS's primary style; in this driver they ran faster than
 async ones), a fixed application_version and executor_id so a second process recovers
@@ -44,7 +44,7 @@ marks: dict[str, float] = {}
 
 
 def emit(*words: Any) -> None:
-    print(*words, time.time(), flush=True)
+    print("durable-bench", *words, time.time(), flush=True)
 
 
 @DBOS.step()
