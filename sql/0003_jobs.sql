@@ -20,8 +20,11 @@ CREATE TABLE livepush_jobs (
     priority         integer     NOT NULL DEFAULT 0,
     run_at           timestamptz NOT NULL DEFAULT now(),
     state            text        NOT NULL
-        CHECK (state IN ('scheduled', 'available', 'running', 'succeeded', 'failed', 'cancelled')),
-    -- Attempts started so far; a claim adds one, a release by a draining runtime takes it back.
+        -- waiting: a durable job parked (ctx.run_children, wait_for_signal, sleep: sql/0005_durable.sql)
+        -- until what it waits for happens; it holds no runtime slot meanwhile.
+        CHECK (state IN ('scheduled', 'available', 'running', 'waiting', 'succeeded', 'failed', 'cancelled')),
+    -- Attempts started so far; a claim adds one, a release by a draining runtime or a park takes
+    -- it back.
     attempt          integer     NOT NULL DEFAULT 0,
     max_attempts     integer     NOT NULL DEFAULT 5 CHECK (max_attempts >= 1),
     -- The fencing token: a fresh value per claim (livepush_job_lease()). Every outcome names
@@ -38,7 +41,11 @@ CREATE TABLE livepush_jobs (
     -- The state topic: the version of what a page sees, and the event that made it.
     version          bigint      NOT NULL DEFAULT 1,
     event            text        NOT NULL DEFAULT 'enqueued'
-        CHECK (event IN ('enqueued', 'started', 'progress', 'retrying', 'succeeded', 'failed', 'cancelled')),
+        CHECK (event IN ('enqueued', 'started', 'progress', 'retrying', 'succeeded', 'failed', 'cancelled',
+                     'waiting', 'checkpoint')),
+    -- Whether the job stored a durable step (sql/0005_durable.sql): a run of a job without one
+    -- has nothing to replay, and never reads the steps table.
+    has_steps        boolean     NOT NULL DEFAULT false,
     CHECK (group_id IS NULL OR callback_of IS NULL)
 ) WITH (
     -- A queue table is mostly dead tuples: every job is inserted, rewritten two or three times
@@ -60,9 +67,11 @@ CREATE TABLE livepush_jobs (
 CREATE INDEX livepush_jobs_claim_idx ON livepush_jobs (queue, priority, run_at, id)
     WHERE state = 'available';
 
--- Promotion of due scheduled jobs (delayed enqueues and retries after backoff).
+-- Promotion of due scheduled jobs (delayed enqueues and retries after backoff) and of waiting
+-- jobs whose time came (durable sleeps, signal timeouts; a wait without a time has run_at
+-- 'infinity').
 CREATE INDEX livepush_jobs_scheduled_idx ON livepush_jobs (run_at)
-    WHERE state = 'scheduled';
+    WHERE state IN ('scheduled', 'waiting');
 
 -- Rescue and drain look up running jobs by their runtime; the running set is small.
 CREATE INDEX livepush_jobs_running_idx ON livepush_jobs (runtime_id)
@@ -81,6 +90,11 @@ CREATE TABLE livepush_job_payloads (
     error       text,
     -- {"done": n, "total": n|null, "message": text|null}, written at most ~10 times a second per job.
     progress    jsonb,
+    -- The job function's return value (JSON), once it succeeded.
+    result      jsonb,
+    -- What a waiting job waits for: {"for": "children"|"signal"|"sleep", "name": ...}, written
+    -- when it parks (shown only while its state is `waiting`).
+    waiting     jsonb,
     created_at  timestamptz NOT NULL DEFAULT now()
 ) WITH (
     -- Progress updates rewrite this row; room on the page keeps them HOT (no index touches

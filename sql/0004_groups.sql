@@ -32,6 +32,9 @@ CREATE TABLE livepush_groups (
     on_finish     jsonb,
     on_success    jsonb,
     on_failure    jsonb,
+    -- The durable job parked on this group (ctx.run_child, ctx.run_children): the group's
+    -- finish makes it available again, in the finishing transaction.
+    parent_id     bigint,
     created_at    timestamptz NOT NULL DEFAULT now(),
     sealed_at     timestamptz,
     cancelled_at  timestamptz,
@@ -43,6 +46,9 @@ CREATE TABLE livepush_groups (
     version       bigint      NOT NULL DEFAULT 1,
     event         text        NOT NULL DEFAULT 'created' CHECK (event IN ('created', 'progress'))
 ) WITH (fillfactor = 70, autovacuum_vacuum_cost_delay = 0);
+
+-- Cancelling a waiting job cancels the groups of children it waits for.
+CREATE INDEX livepush_groups_parent_idx ON livepush_groups (parent_id) WHERE parent_id IS NOT NULL;
 
 -- Retention finds finished groups by age.
 CREATE INDEX livepush_groups_finished_idx ON livepush_groups (finished_at) WHERE finished_at IS NOT NULL;

@@ -6,11 +6,13 @@
     async def import_row(ctx, import_id, row): ...
 
     handle = import_row.enqueue(1, {"a": 1})        # JobHandle(id, topic, signed_topic)
+    jobs.get_job(handle.id)                          # JobInfo: state, attempt, result, error, ...
 
     with jobs.group(on_success=report.request(1)) as g:   # task groups (docs/groups.md)
         g.enqueue(import_row, 1, {"a": 1})
 
-Run them with `livepush jobs MODULE` (see docs/jobs.md).
+Durable jobs (checkpoints, children, signals, durable sleep) are in docs/durable.md. Run them
+with `livepush jobs MODULE` (see docs/jobs.md).
 """
 
 from __future__ import annotations
@@ -18,21 +20,32 @@ from __future__ import annotations
 from typing import Any
 
 from .api.control import acancel, cancel, discard_failed, job_state, retry_failed
+from .api.reads import JobInfo, aget_job, get_job
 from .api.enqueue import aenqueue_many, enqueue_many
 from .api.functions import JobFunction, default_backoff, job
 from .api.handles import JobHandle
 from .api.registry import REGISTRY, JobRequest
 from .api.testing import adrain, clear, drain
 from .database import configure
+from .durable.fingerprint import input_fingerprint
+from .durable.signals import asignal, signal
 from .errors import (
+    CheckpointInputConflict,
+    ChildFailed,
+    DurableError,
+    DuplicateStepError,
     GroupClosedError,
     GroupError,
     GroupLimitError,
     GroupNotFound,
     InvalidArgumentsError,
     InvalidProgressError,
+    InvalidResultError,
     JobCancelled,
+    JobFinishedError,
+    JobNotFound,
     LeaseLostError,
+    SignalTimeout,
     UnknownJobError,
 )
 from .groups.building import (
@@ -56,6 +69,20 @@ from .runtime.context import JobContext, SyncJobContext
 __all__ = [
     "MAX_GROUP_MEMBERS",
     "REGISTRY",
+    "CheckpointInputConflict",
+    "ChildFailed",
+    "DurableError",
+    "DuplicateStepError",
+    "InvalidResultError",
+    "JobFinishedError",
+    "JobInfo",
+    "JobNotFound",
+    "SignalTimeout",
+    "aget_job",
+    "asignal",
+    "get_job",
+    "input_fingerprint",
+    "signal",
     "GroupClosedError",
     "GroupContext",
     "GroupError",

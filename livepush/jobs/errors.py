@@ -3,10 +3,17 @@
     LivepushError
     ├── InvalidArgumentsError (TypeError)  job arguments are not plain JSON; names the path
     ├── InvalidProgressError (ValueError)  ctx.progress() got something other than numbers
+    ├── InvalidResultError (TypeError)     a job's or a checkpoint's result is not plain JSON
+    ├── JobNotFound (LookupError)          no job with that id (jobs.signal)
+    ├── JobFinishedError                   the job has finished (jobs.signal)
+    ├── DurableError                       durable jobs: CheckpointInputConflict,
+    │                                      DuplicateStepError (ValueError), ChildFailed,
+    │                                      SignalTimeout (TimeoutError)
     └── GroupError                         task groups: GroupNotFound (LookupError),
                                            GroupClosedError, GroupLimitError (ValueError),
                                            LeaseLostError
     JobCancelled (BaseException)           raised inside a job whose cancel was requested
+    Parked (BaseException)                 ends a durable job's run when it parks (internal)
 """
 
 from __future__ import annotations
@@ -37,6 +44,57 @@ class UnknownJobError(LivepushError, LookupError):
     """A job name this process has no function for."""
 
 
+class InvalidResultError(LivepushError, TypeError):
+    """A job function returned, or a checkpoint's function returned, something that is not plain
+    JSON. The message names the checkpoint (or "result") and the first offending path; the job
+    fails without a retry (the same code would return the same thing)."""
+
+
+class JobNotFound(LivepushError, LookupError):
+    """No job with that id (never enqueued, or deleted after its retention time)."""
+
+
+class JobFinishedError(LivepushError):
+    """The job has finished (succeeded, failed or cancelled): it takes no more signals."""
+
+
+# -- durable jobs (livepush/jobs/durable/) -----------------------------------------------------
+
+class DurableError(LivepushError):
+    """Base of the durable-job errors below. Each is raised inside the job; unless the job catches
+    it, the job fails without a retry (a replay would meet the same stored facts again)."""
+
+
+class CheckpointInputConflict(DurableError):
+    """`ctx.checkpoint(name, fn, input=...)` was given an input whose fingerprint differs from the
+    one stored with the checkpoint's result: the code or the data changed under a stored result.
+    Raised before `fn` runs."""
+
+
+class DuplicateStepError(DurableError, ValueError):
+    """Two checkpoints (or two sleeps) with one name in one run: names find stored results on
+    replay, so each must be unique within a job."""
+
+
+class ChildFailed(DurableError):
+    """A child of `ctx.run_child` / `ctx.run_children` failed or was cancelled. `failures` lists
+    (child job id, its name, its state, its error)."""
+
+    def __init__(self, message: str, failures: list[tuple[int, str, str, str | None]]) -> None:
+        super().__init__(message)
+        self.failures = failures
+
+
+class SignalTimeout(DurableError, TimeoutError):
+    """`ctx.wait_for_signal(name, timeout=...)` passed its timeout with no signal."""
+
+
+class Parked(BaseException):
+    """Ends a durable job's run once it parked (its children, signal or sleep are stored and its
+    state is `waiting`). A BaseException so that a job's `except Exception` lets it through; the
+    executor turns it into "nothing to write"."""
+
+
 # -- task groups (livepush/jobs/groups/) --------------------------------------------------
 
 class GroupError(LivepushError):
@@ -57,6 +115,6 @@ class GroupLimitError(GroupError, ValueError):
 
 
 class LeaseLostError(GroupError):
-    """ctx.group.enqueue from a job that no longer holds its claim (rescued after its runtime
-    was presumed dead, timed out, or given back): the add is refused, since another attempt
-    of this job may already be running."""
+    """ctx.group.enqueue (or a durable step) from a job that no longer holds its claim (rescued
+    after its runtime was presumed dead, timed out, or given back): the write is refused, since
+    another attempt of this job may already be running."""

@@ -40,8 +40,15 @@ def ring(rel: str) -> str:
             f"array_agg(r.version ORDER BY r.id)) AS n FROM {rel} r")
 
 
-# The columns of a job's state topic (events/views.py: job_view), from `j` and its payload `p`.
-VIEW_COLUMNS = "j.id, j.name, j.queue, j.state, j.attempt, j.max_attempts, j.run_at, j.version, j.event, p.progress, p.error"
+# The columns of a job's state topic (events/views.py: job_view), from `j` and its payload `p`. A
+# `checkpoint` event names the job's latest stored checkpoint (durable/queries.py: its steps). A
+# job waiting for an event has no time to run at ('infinity', which Python cannot represent).
+VIEW_COLUMNS = """j.id, j.name, j.queue, j.state, j.attempt, j.max_attempts, j.version, j.event,
+    nullif(j.run_at, 'infinity') AS run_at,
+    p.progress, p.error, p.result, p.waiting,
+    CASE WHEN j.event = 'checkpoint' THEN (
+        SELECT s.name FROM livepush_job_steps s WHERE s.job_id = j.id AND s.kind = 'checkpoint'
+        ORDER BY s.at DESC LIMIT 1) END AS checkpoint"""
 
 # name: enqueue
 # One statement for any number of jobs. Ids come from the sequence inside the `input` CTE, which
@@ -117,7 +124,7 @@ WITH picked AS (
     RETURNING j.*
 )
 SELECT j.id, j.name, j.queue, j.priority, j.attempt, j.max_attempts, j.lease, j.cancel_requested,
-       j.run_at, j.group_id, j.callback_of, j.version, p.args
+       j.run_at, j.group_id, j.callback_of, j.version, j.has_steps, p.args
 FROM claimed j JOIN livepush_job_payloads p ON p.id = j.id
 ORDER BY j.priority, j.run_at, j.id
 """
@@ -142,8 +149,8 @@ SELECT livepush_state_changed(%(started_topics)s::text[], %(started_versions)s::
 _COMPLETE_CTES = f"""
 WITH outcome AS (
     SELECT * FROM unnest(%(ids)b::bigint[], %(leases)b::bigint[], %(kinds)b::text[],
-                         %(errors)b::text[], %(delays)b::float8[], %(progress)b::jsonb[])
-         AS o(id, lease, kind, error, delay, progress)
+                         %(errors)b::text[], %(delays)b::float8[], %(progress)b::jsonb[], %(results)b::jsonb[])
+         AS o(id, lease, kind, error, delay, progress, result)
 ), moved AS (
     UPDATE livepush_jobs j SET
         state = CASE
@@ -178,14 +185,15 @@ WITH outcome AS (
     RETURNING j.id, j.state, j.group_id, j.version, o.kind AS kind,
               coalesce(o.progress, p.progress) AS progress,
               CASE WHEN j.state = 'succeeded' THEN NULL ELSE coalesce(o.error, p.error) END AS error,
+              CASE WHEN j.state = 'succeeded' THEN o.result END AS result,
               -- Write the payload only when it changes (a final progress, an error to keep or to
-              -- clear): most jobs succeed with neither, and rewriting their row (arguments and
-              -- all) would cost a row version and its WAL for nothing.
+              -- clear, a result): most jobs succeed with none, and rewriting their row (arguments
+              -- and all) would cost a row version and its WAL for nothing.
               (o.progress IS NOT NULL AND o.progress IS DISTINCT FROM p.progress
-               OR CASE WHEN j.state = 'succeeded' THEN p.error IS NOT NULL
+               OR CASE WHEN j.state = 'succeeded' THEN p.error IS NOT NULL OR o.result IS NOT NULL
                        ELSE o.error IS NOT NULL AND o.error IS DISTINCT FROM p.error END) AS _write
 ), written AS (
-    UPDATE livepush_job_payloads p SET error = m.error, progress = m.progress
+    UPDATE livepush_job_payloads p SET error = m.error, progress = m.progress, result = m.result
     FROM moved m
     WHERE p.id = m.id AND m._write
 ), rung AS (
@@ -218,19 +226,23 @@ SELECT live.id FROM live CROSS JOIN rung
 """
 
 # name: promote_scheduled
-# Makes due scheduled jobs available. SKIP LOCKED: two runtimes promoting at once split the rows
-# instead of queueing on each other's locks; each row flips once. Rings the runtimes' doorbell
+# Makes due scheduled jobs available, and waiting jobs whose time came (a durable sleep that ended,
+# a signal wait that timed out: they run again and find out which). SKIP LOCKED: two runtimes
+# promoting at once split the rows instead of queueing on each other's locks; a row being parked
+# or signalled right now is skipped and seen by the next round. The UPDATE re-checks the state,
+# so a row another statement moved meanwhile is left alone. Rings the runtimes' doorbell
 # (delivered at commit) when anything moved.
 PROMOTE_SCHEDULED = f"""
 WITH due AS (
     SELECT id FROM livepush_jobs
-    WHERE state = 'scheduled' AND run_at <= now()
+    WHERE state IN ('scheduled', 'waiting') AND run_at <= now()
     ORDER BY run_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), moved AS (
-    UPDATE livepush_jobs j SET state = 'available', version = j.version + 1
-    FROM due WHERE j.id = due.id
+    UPDATE livepush_jobs j SET state = 'available', version = j.version + 1,
+        event = CASE WHEN j.state = 'waiting' THEN 'enqueued' ELSE j.event END
+    FROM due WHERE j.id = due.id AND j.state IN ('scheduled', 'waiting')
     RETURNING j.id, j.version
 ), rung AS ({ring("moved")})
 SELECT count(*) AS n, CASE WHEN count(*) > 0 THEN livepush_jobs_ready() END AS _rang
@@ -239,7 +251,8 @@ FROM moved CROSS JOIN rung
 
 # name: next_scheduled
 NEXT_SCHEDULED = """
-SELECT extract(epoch FROM min(run_at) - now()) FROM livepush_jobs WHERE state = 'scheduled'
+SELECT extract(epoch FROM min(run_at) - now()) FROM livepush_jobs
+WHERE state IN ('scheduled', 'waiting') AND run_at < 'infinity'
 """
 
 # name: register_runtime
@@ -339,21 +352,23 @@ SELECT m.id, m.state, m.group_id FROM moved m CROSS JOIN rung ORDER BY m.id
 """
 
 # name: cancel
-# A queued job is cancelled on the spot; a running one is flagged and its runtime told
+# A queued or waiting job is cancelled on the spot; a running one is flagged and its runtime told
 # (livepush_jobs_cancel_requested(), delivered at commit). The row lock orders this against a
-# claim (SKIP LOCKED claimers skip a row being cancelled) and against completion.
+# claim (SKIP LOCKED claimers skip a row being cancelled), against completion, and against a park
+# or a wake (both lock the row). The children a waiting job waits for are cancelled after
+# commit (api/control.py).
 CANCEL = f"""
 WITH target AS (
     SELECT id, state FROM livepush_jobs WHERE id = %(id)s FOR UPDATE
 ), moved AS (
     UPDATE livepush_jobs j SET
-        state = CASE WHEN t.state IN ('available', 'scheduled') THEN 'cancelled' ELSE j.state END,
-        event = CASE WHEN t.state IN ('available', 'scheduled') THEN 'cancelled' ELSE j.event END,
-        version = CASE WHEN t.state IN ('available', 'scheduled') THEN j.version + 1 ELSE j.version END,
-        finished_at = CASE WHEN t.state IN ('available', 'scheduled') THEN now() ELSE j.finished_at END,
+        state = CASE WHEN t.state <> 'running' THEN 'cancelled' ELSE j.state END,
+        event = CASE WHEN t.state <> 'running' THEN 'cancelled' ELSE j.event END,
+        version = CASE WHEN t.state <> 'running' THEN j.version + 1 ELSE j.version END,
+        finished_at = CASE WHEN t.state <> 'running' THEN now() ELSE j.finished_at END,
         cancel_requested = (t.state = 'running')
     FROM target t
-    WHERE j.id = t.id AND t.state IN ('available', 'scheduled', 'running')
+    WHERE j.id = t.id AND t.state IN ('available', 'scheduled', 'waiting', 'running')
     RETURNING j.id, j.state, j.group_id, j.version
 ), rung AS ({ring("(SELECT * FROM moved WHERE state = 'cancelled')")}
 ), told AS (
@@ -379,11 +394,15 @@ SELECT m.id, livepush_jobs_ready() AS _rang FROM moved m CROSS JOIN rung
 """
 
 # Every statement that deletes jobs ends with this: the jobs it deleted (a CTE `gone (id)`) take
-# their payloads with them, in the same statement (no foreign key cascades it: sql/0003_jobs.sql).
-# Returns the deleted ids.
+# their payloads, durable steps and unread signals with them, in the same statement (no foreign
+# key cascades it: sql/0003_jobs.sql). Returns the deleted ids.
 DELETE_PAYLOADS_OF_GONE = """
 , payloads AS (
     DELETE FROM livepush_job_payloads p USING gone g WHERE p.id = g.id
+), steps AS (
+    DELETE FROM livepush_job_steps s USING gone g WHERE s.job_id = g.id
+), signals AS (
+    DELETE FROM livepush_job_signals s USING gone g WHERE s.job_id = g.id
 )
 SELECT id FROM gone
 """
@@ -407,4 +426,5 @@ WHERE j.id = ANY(%(ids)s::bigint[])
 QUEUES_WITH_DUE_JOBS = "SELECT DISTINCT queue FROM livepush_jobs WHERE state = 'available'"
 
 # name: clear (tests only): DELETE rather than TRUNCATE, which a runtime role may not do.
-CLEAR = "DELETE FROM livepush_job_payloads; DELETE FROM livepush_jobs; DELETE FROM livepush_job_runtimes"
+CLEAR = ("DELETE FROM livepush_job_steps; DELETE FROM livepush_job_signals; DELETE FROM livepush_job_payloads; "
+         "DELETE FROM livepush_jobs; DELETE FROM livepush_job_runtimes")

@@ -4,8 +4,9 @@ with a recording of every version of every job's state topic."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -13,6 +14,8 @@ import pytest
 
 from livepush import api, config
 from livepush.jobs import database
+from livepush.jobs.api.registry import REGISTRY
+from livepush.jobs.runtime.runtime import Runtime
 from livepush.types import State
 from tests.jobs import sample_jobs
 from tests.support.job_versions import VERSIONS_TABLE, events_of, versions_of
@@ -39,6 +42,22 @@ def jobs_db(pg_url: str) -> Iterator[str]:
         database.configure(None)
         api.set_default_fanout(None)
         config.set_settings(None)
+
+
+@contextlib.asynccontextmanager
+async def running(**options: Any) -> AsyncIterator[Runtime]:
+    """A runtime of every registered job on this loop (queues "default" and "second" unless
+    given, 0.2 s heartbeat), stopped at once when the block ends."""
+    options.setdefault("queues", ["default", "second"])
+    options.setdefault("heartbeat", 0.2)
+    rt = Runtime(REGISTRY, install_signals=False, **options)
+    task = asyncio.create_task(rt.run())
+    await rt.wait_started()
+    try:
+        yield rt
+    finally:
+        rt.stop(now=True)
+        await asyncio.wait_for(task, 10)
 
 
 def q(url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:

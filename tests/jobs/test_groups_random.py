@@ -95,7 +95,7 @@ def claim(conn: psycopg.Connection, runtime_id: int, limit: int) -> list[dict[st
 
 def _outcome_params(job: dict[str, Any], kind: str) -> dict[str, Any]:
     return {"ids": [job["id"]], "leases": [job["lease"]], "kinds": [kind],
-            "errors": ["boom" if kind != "succeeded" else None], "delays": [0.0], "progress": [None],
+            "errors": ["boom" if kind != "succeeded" else None], "delays": [0.0], "progress": [None], "results": [None],
             "started_topics": [], "started_versions": []}
 
 

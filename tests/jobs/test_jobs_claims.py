@@ -21,7 +21,7 @@ def _claim(conn: psycopg.Connection, runtime_id: int = 1) -> dict:
 def _complete(conn: psycopg.Connection, job_id: int, lease: int) -> list[dict]:
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(queries.COMPLETE, {"ids": [job_id], "leases": [lease], "kinds": ["succeeded"],
-                                              "errors": [None], "delays": [0.0], "progress": [None],
+                                              "errors": [None], "delays": [0.0], "progress": [None], "results": [None],
                                               "started_topics": [], "started_versions": []}).fetchall()
 
 

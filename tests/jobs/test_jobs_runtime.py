@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,23 +15,9 @@ from livepush.jobs.runtime.context import ClaimedJob, JobContext
 from livepush.jobs.runtime.executor import Outcome
 from livepush.jobs.runtime.runtime import Runtime
 from tests.jobs import sample_jobs
-from tests.jobs.conftest import events_of, names_of, q
+from tests.jobs.conftest import events_of, names_of, q, running
 from tests.support.fanouts import read_history
 from tests.support.waiting import async_wait_for
-
-
-@contextlib.asynccontextmanager
-async def running(**options: Any) -> AsyncIterator[Runtime]:
-    options.setdefault("queues", ["default", "second"])
-    options.setdefault("heartbeat", 0.2)
-    rt = Runtime(REGISTRY, install_signals=False, **options)
-    task = asyncio.create_task(rt.run())
-    await rt.wait_started()
-    try:
-        yield rt
-    finally:
-        rt.stop(now=True)
-        await asyncio.wait_for(task, 10)
 
 
 async def state_of(job_id: int) -> str | None:

@@ -205,7 +205,7 @@ def test_each_statement_on_a_running_job_is_one_version_fenced_by_the_lease(jobs
 
     def complete(conn: psycopg.Connection, lease: int) -> list[Any]:
         return conn.execute(queries.COMPLETE, {"ids": [h.id], "leases": [lease], "kinds": ["succeeded"],
-                                               "errors": [None], "delays": [0.0], "progress": [None],
+                                               "errors": [None], "delays": [0.0], "progress": [None], "results": [None],
                                               "started_topics": [], "started_versions": []}).fetchall()
 
     with psycopg.connect(jobs_db, autocommit=True) as conn:
@@ -306,6 +306,7 @@ def test_a_batch_of_300_outcomes_completes_every_job_once(jobs_db: str, rings: R
             "ids": ids, "leases": ids, "kinds": kinds,
             "errors": [None if k == "succeeded" else "E: no" for k in kinds], "delays": [60.0] * 300,
             "progress": [json.dumps({"done": i, "total": 300, "message": None}) for i in range(300)],
+            "results": [None] * 300,
             "started_topics": [], "started_versions": [],
         }).fetchall()
         assert sorted(r["id"] for r in rows) == ids
@@ -344,7 +345,7 @@ def test_a_large_batch_reads_its_arrays_once(jobs_db: str) -> None:
                "FROM generate_series(1, 20000)")
     q(jobs_db, "ANALYZE livepush_jobs")
     outcome = {"ids": ids, "leases": ids, "kinds": ["succeeded"] * n, "errors": [None] * n, "delays": [0.0] * n,
-               "progress": [None] * n, "started_topics": [f"job:{i}" for i in ids], "started_versions": [2] * n}
+               "progress": [None] * n, "results": [None] * n, "started_topics": [f"job:{i}" for i in ids], "started_versions": [2] * n}
     progress = {"ids": ids, "leases": ids, "progress": [json.dumps({"done": 1, "total": 2, "message": None})] * n}
     with psycopg.connect(jobs_db) as conn:
         for sql, params in ((queries.WRITE_PROGRESS, progress), (queries.COMPLETE, outcome),

@@ -27,7 +27,7 @@ CREATE TABLE test_job_versions (
     state        text NOT NULL,
     attempt      integer NOT NULL,
     max_attempts integer NOT NULL,
-    run_at       timestamptz NOT NULL,
+    run_at       timestamptz,
     progress     jsonb,
     error        text,
     xid          bigint NOT NULL DEFAULT txid_current()
@@ -40,7 +40,7 @@ BEGIN
     INSERT INTO test_job_versions (id, version, event, name, queue, state, attempt, max_attempts, run_at,
                                    progress, error)
     SELECT NEW.id, NEW.version, NEW.event, NEW.name, NEW.queue, NEW.state, NEW.attempt, NEW.max_attempts,
-           NEW.run_at, p.progress, p.error
+           nullif(NEW.run_at, 'infinity'), p.progress, p.error
     FROM (SELECT NEW.id AS id) j LEFT JOIN livepush_job_payloads p ON p.id = j.id;
     RETURN NULL;
 END

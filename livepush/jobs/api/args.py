@@ -1,4 +1,5 @@
-"""The JSON argument check (docs/reference.md#4-python-api): job arguments are plain JSON, checked at enqueue.
+"""The JSON check (docs/reference.md#4-python-api): job arguments are plain JSON, checked at
+enqueue; so are job results and durable checkpoints' results, checked when they are returned.
 
 Plain JSON: str, int, finite float, bool, None, lists (tuples too, stored as lists) and
 str-keyed dicts. Anything else raises InvalidArgumentsError naming the path, so the
@@ -24,14 +25,15 @@ def _describe(value: Any) -> str:
     return f"{article} {name}"
 
 
-def _check(value: Any, path: str, depth: int) -> None:
+def _check(value: Any, path: str, depth: int, error: type[Exception] = InvalidArgumentsError,
+           what: str = "job arguments") -> None:
     if depth > _MAX_DEPTH:
-        raise InvalidArgumentsError(f"{path} is nested more than {_MAX_DEPTH} levels deep: flatten the job's arguments")
+        raise error(f"{path} is nested more than {_MAX_DEPTH} levels deep: flatten the {what}")
     if isinstance(value, str):
         bad = unstorable(value)
         if bad:
-            raise InvalidArgumentsError(f"{path} contains {bad}, which Postgres cannot store: "
-                                        "drop it, or pass binary data encoded (e.g. base64)")
+            raise error(f"{path} contains {bad}, which Postgres cannot store: "
+                        "drop it, or pass binary data encoded (e.g. base64)")
         return
     if value is None or isinstance(value, bool):
         return
@@ -39,25 +41,25 @@ def _check(value: Any, path: str, depth: int) -> None:
         return
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise InvalidArgumentsError(f"{path} is {value!r}, not a finite number: JSON has no NaN or infinity")
+            raise error(f"{path} is {value!r}, not a finite number: JSON has no NaN or infinity")
         return
     if isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            _check(item, f"{path}[{i}]", depth + 1)
+            _check(item, f"{path}[{i}]", depth + 1, error, what)
         return
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise InvalidArgumentsError(
-                    f"{path} has the key {key!r}, {_describe(key)}: job arguments are plain JSON, whose keys are strings"
+                raise error(
+                    f"{path} has the key {key!r}, {_describe(key)}: {what} are plain JSON, whose keys are strings"
                 )
             bad = unstorable(key)
             if bad:
-                raise InvalidArgumentsError(f"{path} has a key with {bad}, which Postgres cannot store")
-            _check(item, f"{path}[{json.dumps(key, ensure_ascii=False)}]", depth + 1)
+                raise error(f"{path} has a key with {bad}, which Postgres cannot store")
+            _check(item, f"{path}[{json.dumps(key, ensure_ascii=False)}]", depth + 1, error, what)
         return
-    raise InvalidArgumentsError(
-        f"{path} is {_describe(value)}: job arguments are plain JSON (str, int, float, bool, None, "
+    raise error(
+        f"{path} is {_describe(value)}: {what} are plain JSON (str, int, float, bool, None, "
         "list, dict with str keys); pass an id or an ISO string instead"
     )
 
@@ -87,6 +89,12 @@ def _is_plain(value: Any, depth: int) -> bool:
                 return False
         return True
     return False
+
+
+def check_json(value: Any, path: str, error: type[Exception], what: str) -> None:
+    """Raise `error` naming the first path (from `path`) where `value` is not plain JSON."""
+    if not _is_plain(value, 0):
+        _check(value, path, 0, error, what)
 
 
 def check_args(args: tuple[Any, ...] | list[Any]) -> list[Any]:

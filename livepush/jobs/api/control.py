@@ -10,13 +10,15 @@ from .. import database, queries
 from ..errors import GroupClosedError
 from ..events.views import job_view
 from ..groups import outcomes, steps
+from ..groups.cancel import acancel_children, cancel_children
 from .handles import checked_id
 
 
 def cancel(job_id: int) -> bool:
-    """Cancel a job. A queued or scheduled job is cancelled at once; a running one is told (its
-    runtime gets a notification) and stops at its next await or `ctx.progress()` call, ending as
-    `cancelled`. Returns False when the job is already finished or unknown."""
+    """Cancel a job. A queued, scheduled or waiting job is cancelled at once (a waiting one's
+    unfinished children with it); a running one is told (its runtime gets a notification) and
+    stops at its next await or `ctx.progress()` call, ending as `cancelled`. Returns False when
+    the job is already finished or unknown."""
     job_id = checked_id(job_id, "job_id")
     with database.connection() as conn:
         with conn.cursor(row_factory=dict_row) as cur:
@@ -24,6 +26,9 @@ def cancel(job_id: int) -> bool:
             rows = cur.fetchall()
         touched = outcomes.count_sync(conn, outcomes.terminal(rows))
         steps.run(conn, steps.progress_now(sorted(touched)))
+    # After commit: from now on the job cannot park again, so no new group of children appears.
+    if outcomes.terminal(rows):
+        cancel_children([job_id])
     return bool(rows)
 
 
@@ -35,6 +40,8 @@ async def acancel(job_id: int) -> bool:
             rows = await cur.fetchall()
         touched = await outcomes.count(conn, outcomes.terminal(rows))
         await steps.arun(conn, steps.progress_now(sorted(touched)))
+    if outcomes.terminal(rows):
+        await acancel_children([job_id])
     return bool(rows)
 
 

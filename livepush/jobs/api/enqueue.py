@@ -54,8 +54,8 @@ class Batch:
         self.rows: list[list[Any]] = []
 
     def add(self, fn: JobSpec, args: Sequence[Any], when: datetime | None = None,
-            group_id: int | None = None) -> None:
-        self.rows.append([fn.name, fn.queue, fn.priority, when.isoformat() if when else None,
+            group_id: int | None = None, queue: str | None = None) -> None:
+        self.rows.append([fn.name, queue or fn.queue, fn.priority, when.isoformat() if when else None,
                           fn.max_attempts, group_id, check_args(args)])
 
     def params(self, start: int = 0, stop: int | None = None) -> dict[str, Any]:
@@ -82,13 +82,14 @@ class Batch:
         return len(self.rows)
 
 
-def item(entry: Any) -> tuple[JobSpec, Sequence[Any], datetime | None]:
-    """An enqueue_many entry: a JobRequest, or (job_function, args) / (job_function, args, options)."""
+def item(entry: Any) -> tuple[JobSpec, Sequence[Any], datetime | None, str | None]:
+    """An enqueue_many entry: a JobRequest, or (job_function, args) / (job_function, args, options).
+    Returns the function, its arguments, when to run and the queue a request asked for."""
     if isinstance(entry, JobRequest):
-        return REGISTRY.get(entry.name), entry.args, None
+        return REGISTRY.get(entry.name), entry.args, None, entry.queue
     if isinstance(entry, tuple) and len(entry) in (2, 3) and isinstance(entry[0], JobSpec) and not isinstance(entry[0], type):
         options = entry[2] if len(entry) == 3 else {}
-        return entry[0], entry[1], run_at(options.get("wait"), options.get("at"))
+        return entry[0], entry[1], run_at(options.get("wait"), options.get("at")), None
     raise TypeError(
         "enqueue_many() takes JobRequest values (some_job.request(*args)) or (job_function, args) tuples, "
         f"got {entry!r}"
@@ -148,12 +149,14 @@ def enqueue_many(items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
     / `(job, args, {"wait": s} | {"at": dt})` tuples. Handles in item order."""
     batch = Batch()
     for entry in items:
-        batch.add(*item(entry))
+        fn, args, when, queue = item(entry)
+        batch.add(fn, args, when, queue=queue)
     return run_batch(batch, conn)
 
 
 async def aenqueue_many(items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
     batch = Batch()
     for entry in items:
-        batch.add(*item(entry))
+        fn, args, when, queue = item(entry)
+        batch.add(fn, args, when, queue=queue)
     return await arun_batch(batch, conn)

@@ -64,9 +64,13 @@ class JobFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
 
-    def request(self, *args: Any) -> JobRequest:
-        """This job with these arguments, to enqueue later (e.g. as a group callback)."""
-        return JobRequest(self.name, tuple(check_args(args)))
+    def request(self, *args: Any, queue: str | None = None) -> JobRequest:
+        """This job with these arguments, to enqueue later (a group callback, a durable job's
+        child). `queue=` puts it on that queue instead of the function's own (a child's default
+        is its parent's queue)."""
+        if queue is not None and (not isinstance(queue, str) or not queue):
+            raise ConfigError(f"request(queue={queue!r}): a queue is a non-empty string")
+        return JobRequest(self.name, tuple(check_args(args)), queue)
 
     def enqueue(self, *args: Any, wait: float | None = None, at: datetime | None = None, conn: Any = None) -> JobHandle:
         """Enqueue one run. `wait=` delays by seconds, `at=` runs at an aware datetime;

@@ -27,10 +27,13 @@ class JobSpec(Protocol):
 @dataclasses.dataclass(frozen=True)
 class JobRequest:
     """A job function and the exact arguments to run it with, not yet enqueued
-    (`some_job.request(*args)`; task groups use these as callbacks)."""
+    (`some_job.request(*args)`; task groups use these as callbacks, durable jobs as children).
+    `queue`: the queue asked for (`request(*args, queue=...)`), else None: the function's own, or
+    for a child its parent's."""
 
     name: str
     args: tuple[Any, ...]
+    queue: str | None = None
 
     @property
     def function(self) -> Any:

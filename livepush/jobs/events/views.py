@@ -3,6 +3,8 @@ built from their rows in one place:
 
     job:<id>    {"event": ..., "job": {"id", "name", "queue", "state", "attempt", "max_attempts",
                                        "progress": {"done", "total", "message"}, "error", "run_at"}}
+                and, for durable jobs: "result" once succeeded, "waiting": {"for", "name"} while
+                waiting, "checkpoint": NAME on a `checkpoint` event
     group:<id>  {"event": ..., "group": {"id", "state", "total", "pending", "succeeded", "failed",
                                          "cancelled"}}
 
@@ -36,7 +38,7 @@ def iso(value: Any) -> Any:
 def job_view(row: Mapping[str, Any]) -> dict[str, Any]:
     """The `job` object from a row of queries.VIEW_COLUMNS."""
     progress = row.get("progress") or EMPTY_PROGRESS
-    return {
+    view = {
         "id": row["id"],
         "name": row["name"],
         "queue": row["queue"],
@@ -47,6 +49,15 @@ def job_view(row: Mapping[str, Any]) -> dict[str, Any]:
         "error": row.get("error"),
         "run_at": iso(row["run_at"]),
     }
+    # Keys that only some states have, so that a plain job's view stays as it always was.
+    if row["state"] == "succeeded":
+        view["result"] = row.get("result")
+    elif row["state"] == "waiting":
+        waiting = row.get("waiting") or {}
+        view["waiting"] = {k: waiting[k] for k in ("for", "name", "group") if k in waiting}
+    if row["event"] == "checkpoint":
+        view["checkpoint"] = row.get("checkpoint")
+    return view
 
 
 def group_view(row: Mapping[str, Any]) -> dict[str, Any]:

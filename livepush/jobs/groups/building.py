@@ -123,21 +123,22 @@ class GroupBuilder:
     def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None,
                 at: datetime | None = None) -> None:
         """Add a member (written when the block ends). Arguments are checked now."""
+        queue = None
         if isinstance(fn, JobRequest):
             if args:
                 raise TypeError("g.enqueue(job.request(...)) takes no further arguments")
-            fn, args = fn.function, fn.args
+            fn, args, queue = fn.function, fn.args, fn.queue
         if not isinstance(fn, JobSpec) or isinstance(fn, type):
             raise TypeError(f"g.enqueue() takes a @jobs.job function and its arguments, got {fn!r}")
         check_limit(len(self._batch) + 1)
-        self._batch.add(fn, args, run_at(wait, at), self.id)
+        self._batch.add(fn, args, run_at(wait, at), self.id, queue)
 
     def enqueue_many(self, items: Iterable[Any]) -> None:
         """Members as for jobs.enqueue_many: job.request(...) values or (job, args[, options]) tuples."""
         for entry in items:
-            fn, args, when = item(entry)
+            fn, args, when, queue = item(entry)
             check_limit(len(self._batch) + 1)
-            self._batch.add(fn, args, when, self.id)
+            self._batch.add(fn, args, when, self.id, queue)
 
     def _steps(self) -> steps.Steps[list[dict[str, Any]]]:
         yield from steps.create(self.id, self._shards, self._callbacks)
@@ -231,8 +232,8 @@ def _add_many_steps(group_id: int, batch: Batch) -> steps.Steps[list[JobHandle]]
 def _batch_of(group_id: int, items: Iterable[Any]) -> Batch:
     batch = Batch()
     for entry in items:
-        fn, args, when = item(entry)
-        batch.add(fn, args, when, group_id)
+        fn, args, when, queue = item(entry)
+        batch.add(fn, args, when, group_id, queue)
     check_limit(len(batch))
     return batch
 

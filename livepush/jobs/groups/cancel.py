@@ -34,38 +34,85 @@ def _finish_steps(group_id: int) -> steps.Steps[None]:
     yield from steps.finish([group_id], locked=False)
 
 
-def cancel_group(group_id: int) -> bool:
-    """Cancel a task group: members still queued (or waiting for a retry) are cancelled, running
-    ones are told to stop (they end `cancelled` at their next await or `ctx.progress()`, or finish
-    normally if they complete first). Once nothing is pending the group finishes as `cancelled`:
-    on_finish and on_failure run. Returns False when the group was already finished or cancelled.
+def _children_steps(job_ids: list[int]) -> steps.Steps[list[int]]:
+    rows = yield steps.Query(gq.CHILD_GROUPS, {"ids": job_ids})
+    return [r["id"] for r in rows]
+
+
+def _parked(rows: list[dict[str, Any]]) -> list[int]:
+    """Members this chunk cancelled that may have been parked on children of their own."""
+    return [r["id"] for r in rows if r["state"] == "cancelled" and r["has_steps"]]
+
+
+def _cancel_one(group_id: int) -> list[int] | None:
+    """Cancel one group; None when it was already finished or cancelled, else the members it
+    cancelled that had durable steps.
 
     Three kinds of short transaction, so a cancel never holds the group row while it waits for
     members' rows (see queries.py for the lock order)."""
-    group_id = checked_id(group_id, "group_id")
     if not in_tx(lambda: _mark_steps(group_id), None):
-        return False
+        return None
+    parked: list[int] = []
     after = 0
     while True:
         rows = in_tx(lambda: _chunk_steps(group_id, after), None)
+        parked += _parked(rows)
         if len(rows) < CANCEL_CHUNK:
             break
         after = rows[-1]["id"]
     # Nothing pending now (every member was finished already, or none was running): the group
     # finishes here. Otherwise the last running member's outcome finishes it.
     in_tx(lambda: _finish_steps(group_id), None)
-    return True
+    return parked
 
 
-async def acancel_group(group_id: int) -> bool:
-    group_id = checked_id(group_id, "group_id")
+async def _acancel_one(group_id: int) -> list[int] | None:
     if not await ain_tx(lambda: _mark_steps(group_id), None):
-        return False
+        return None
+    parked: list[int] = []
     after = 0
     while True:
         rows = await ain_tx(lambda: _chunk_steps(group_id, after), None)
+        parked += _parked(rows)
         if len(rows) < CANCEL_CHUNK:
             break
         after = rows[-1]["id"]
     await ain_tx(lambda: _finish_steps(group_id), None)
+    return parked
+
+
+def cancel_group(group_id: int) -> bool:
+    """Cancel a task group: members still queued (or waiting for a retry, or parked) are cancelled,
+    running ones are told to stop (they end `cancelled` at their next await or `ctx.progress()`, or
+    finish normally if they complete first). Once nothing is pending the group finishes as
+    `cancelled`: on_finish and on_failure run. Parked members' own children are cancelled too.
+    Returns False when the group was already finished or cancelled."""
+    parked = _cancel_one(checked_id(group_id, "group_id"))
+    if parked is None:
+        return False
+    cancel_children(parked)
     return True
+
+
+async def acancel_group(group_id: int) -> bool:
+    parked = await _acancel_one(checked_id(group_id, "group_id"))
+    if parked is None:
+        return False
+    await acancel_children(parked)
+    return True
+
+
+def cancel_children(job_ids: list[int]) -> None:
+    """Cancel the unfinished groups of children that these jobs (just cancelled) were parked on,
+    and their parked members' children in turn."""
+    todo = list(job_ids)
+    while todo:
+        groups = in_tx(lambda: _children_steps(todo), None)
+        todo = [j for g in groups for j in (_cancel_one(g) or [])]
+
+
+async def acancel_children(job_ids: list[int]) -> None:
+    todo = list(job_ids)
+    while todo:
+        groups = await ain_tx(lambda: _children_steps(todo), None)
+        todo = [j for g in groups for j in (await _acancel_one(g) or [])]

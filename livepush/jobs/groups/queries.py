@@ -86,8 +86,8 @@ RESERVE_GROUP_ID = "SELECT nextval('livepush_groups_id_seq')"
 # A new row and its shard rows; invisible to everyone until commit, so nothing to race with.
 CREATE_GROUP = f"""
 WITH g AS (
-    INSERT INTO livepush_groups (id, shards, on_finish, on_success, on_failure)
-    VALUES (%(id)s, %(shards)s, %(on_finish)s, %(on_success)s, %(on_failure)s)
+    INSERT INTO livepush_groups (id, shards, on_finish, on_success, on_failure, parent_id)
+    VALUES (%(id)s, %(shards)s, %(on_finish)s, %(on_success)s, %(on_failure)s, %(parent_id)s)
     RETURNING id, shards
 ), s AS (
     INSERT INTO livepush_group_shards (group_id, shard)
@@ -149,6 +149,15 @@ WHERE id = %(group_id)s AND state = ANY(%(states)s::text[]) AND finished_at IS N
 RETURNING id, total, state
 ), rung AS ({ring_groups("added")})
 SELECT a.total, a.state FROM added a CROSS JOIN rung
+"""
+
+# name: child_groups
+# The unfinished groups of children that `ids` (jobs just cancelled) were parked on: cancelling
+# a waiting job cancels them (cancel.py). A plain read: cancel_group re-checks each under its lock.
+CHILD_GROUPS = """
+SELECT id FROM livepush_groups
+WHERE parent_id = ANY(%(ids)s::bigint[]) AND finished_at IS NULL AND state IN ('open', 'sealed')
+ORDER BY id
 """
 
 # name: group_row (why an add or seal was refused; plain read)
@@ -254,6 +263,8 @@ LOCK_GROUPS = "SELECT id FROM livepush_groups WHERE id = ANY(%(ids)s::bigint[]) 
 # on_finish always; on_success when every member succeeded and the group was not cancelled;
 # on_failure otherwise. Callback jobs carry callback_of = the group (never counted in it), ring
 # their own topics at version 1 and the runtimes' doorbell.
+# A durable job parked on a group (its parent_id) is made available again in the same statement
+# (the `woken` CTE says why that cannot miss a parent that is parking right now).
 FINISH_GROUPS = f"""
 WITH counts AS ({_COUNTS}
 ), done AS (
@@ -267,7 +278,7 @@ WITH counts AS ({_COUNTS}
       AND g.state IN ('sealed', 'cancelled') AND g.finished_at IS NULL
       AND c.pending = 0
     RETURNING g.id, g.state, g.total, g.finished_at, g.created_at, g.sealed_at, g.cancelled_at,
-              g.on_finish, g.on_success, g.on_failure,
+              g.on_finish, g.on_success, g.on_failure, g.parent_id,
               c.pending::int AS pending, c.succeeded::int AS succeeded,
               c.failed::int AS failed, c.cancelled::int AS cancelled,
               g.version + c.version AS version, 'finished' AS event
@@ -293,9 +304,28 @@ WITH counts AS ({_COUNTS}
 ), payloads AS (
     INSERT INTO livepush_job_payloads (id, args)
     SELECT due.job_id, due.spec->'args' FROM due JOIN keyed USING (job_id)
+), woken AS (
+    -- The parked parent runs again. Its row is locked here, after the group rows (the lock order
+    -- of the module docstring, extended: group rows -> their parents' job rows; a parent is never
+    -- locked by anyone who then waits for one of its child groups: parking locks the parent, then
+    -- reads its group without a lock). The filter keeps `running` on purpose: a parent that is
+    -- parking right now is running in this statement's snapshot, so the UPDATE waits for its
+    -- transaction and then re-reads the row, finding it `waiting` (the CASEs are evaluated on the
+    -- row as the parking left it). A parent that read the group as unfinished before this
+    -- commits therefore always wakes; one that reads it later sees it finished and does not park.
+    UPDATE livepush_jobs j SET
+        state = CASE WHEN j.state = 'waiting' THEN 'available' ELSE j.state END,
+        event = CASE WHEN j.state = 'waiting' THEN 'enqueued' ELSE j.event END,
+        run_at = CASE WHEN j.state = 'waiting' THEN now() ELSE j.run_at END,
+        version = CASE WHEN j.state = 'waiting' THEN j.version + 1 ELSE j.version END
+    FROM done d
+    WHERE j.id = d.parent_id AND j.state IN ('waiting', 'running')
+    RETURNING j.id, j.version, j.state
 ), rung AS (
     SELECT (SELECT n FROM ({ring("jobs")}) c) + (SELECT n FROM ({ring_groups("done")}) g)
-           + CASE WHEN EXISTS (SELECT 1 FROM jobs) THEN livepush_jobs_ready() ELSE 0 END AS n
+           + (SELECT n FROM ({ring("(SELECT * FROM woken WHERE state = 'available')")}) w)
+           + CASE WHEN EXISTS (SELECT 1 FROM jobs) OR EXISTS (SELECT 1 FROM woken WHERE state = 'available')
+                  THEN livepush_jobs_ready() ELSE 0 END AS n
 )
 SELECT d.id, d.state, d.total, d.pending, d.succeeded, d.failed, d.cancelled, d.version, d.event
 FROM done d CROSS JOIN rung
@@ -318,7 +348,7 @@ SELECT m.id FROM marked m CROSS JOIN rung
 
 # name: cancel_members
 # cancel_group, one chunk of members in id order: queued ones (available, scheduled, i.e.
-# also those waiting for a retry) are cancelled, running ones flagged and told
+# also those waiting for a retry) and parked ones (waiting) are cancelled, running ones flagged and told
 # (livepush_jobs_cancel_requested(), at commit) so they stop cooperatively and end `cancelled` (COMPLETE turns any outcome of a
 # flagged job into cancelled, except success). FOR UPDATE without SKIP LOCKED: a member
 # being claimed right now is waited for, and READ COMMITTED re-checks the locked row, so it
@@ -327,7 +357,7 @@ SELECT m.id FROM marked m CROSS JOIN rung
 CANCEL_MEMBERS = f"""
 WITH target AS (
     SELECT id FROM livepush_jobs
-    WHERE group_id = %(id)s AND id > %(after)s AND state IN ('available', 'scheduled', 'running')
+    WHERE group_id = %(id)s AND id > %(after)s AND state IN ('available', 'scheduled', 'waiting', 'running')
     ORDER BY id
     LIMIT %(limit)s
     FOR UPDATE
@@ -339,12 +369,12 @@ WITH target AS (
         finished_at = CASE WHEN j.state = 'running' THEN j.finished_at ELSE now() END,
         cancel_requested = true
     FROM target t WHERE j.id = t.id
-    RETURNING j.id, j.state, j.group_id, j.version
+    RETURNING j.id, j.state, j.group_id, j.version, j.has_steps
 ), rung AS ({ring("(SELECT * FROM moved WHERE state = 'cancelled')")}
 ), told AS (
     SELECT livepush_jobs_cancel_requested(array_agg(id ORDER BY id)) AS n FROM moved WHERE state = 'running'
 )
-SELECT m.id, m.state, m.group_id FROM moved m CROSS JOIN rung CROSS JOIN told
+SELECT m.id, m.state, m.group_id, m.has_steps FROM moved m CROSS JOIN rung CROSS JOIN told
 ORDER BY m.id
 """
 

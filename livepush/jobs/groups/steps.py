@@ -151,12 +151,13 @@ def callback_spec(request: Any) -> str | None:
     if not isinstance(request, JobRequest):
         raise TypeError(f"group callbacks are job requests (some_job.request(*args)), got {request!r}")
     fn = request.function
-    return json.dumps({"name": fn.name, "queue": fn.queue, "priority": fn.priority,
+    return json.dumps({"name": fn.name, "queue": request.queue or fn.queue, "priority": fn.priority,
                        "max_attempts": fn.max_attempts, "args": list(request.args)})
 
 
-def create(group_id: int, shards: int, callbacks: dict[str, str | None]) -> Steps[None]:
-    yield Query(gq.CREATE_GROUP, {"id": group_id, "shards": shards, **callbacks})
+def create(group_id: int, shards: int, callbacks: dict[str, str | None], parent_id: int | None = None) -> Steps[None]:
+    """A new group; `parent_id`: the durable job that will park on it (its finish wakes that job)."""
+    yield Query(gq.CREATE_GROUP, {"id": group_id, "shards": shards, "parent_id": parent_id, **callbacks})
 
 
 def add(group_id: int, batches: Sequence[dict[str, Any]], *, states: Sequence[str], limit: int,

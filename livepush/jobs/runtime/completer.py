@@ -284,6 +284,7 @@ class Completer:
             "errors": [o.error for o in outcomes],
             "delays": [o.delay for o in outcomes],
             "progress": [json.dumps(o.ctx.latest) if o.ctx.latest is not None else None for o in outcomes],
+            "results": [o.result for o in outcomes],
         }
 
     async def _complete(self, outcomes: list[Outcome], rings: dict[str, Any]) -> list[dict[str, Any]]:

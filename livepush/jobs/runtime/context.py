@@ -1,4 +1,6 @@
-"""`ctx`: what a running job sees (docs/reference.md#4-python-api): job_id, attempt, progress(), group.
+"""`ctx`: what a running job sees (docs/reference.md#4-python-api): job_id, attempt, progress(), group,
+and the durable calls (docs/durable.md): checkpoint(), run_child(), run_children(),
+wait_for_signal(), sleep().
 
 `progress()` only records the latest value in memory and returns; the completer writes it, and
 rings the job's topic, at most ~10 times a second per job, in batches with other jobs, so a job
@@ -9,13 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import math
 import time
 from datetime import datetime
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from ...postgres.text import storable_text
 from ..errors import InvalidProgressError, JobCancelled
+from ..api.registry import JobRequest
+from ..durable.fingerprint import NO_INPUT
 from ..events.views import PROGRESS_INTERVAL
 
 MAX_MESSAGE = 1000  # characters of a progress message kept
@@ -64,6 +70,7 @@ class ClaimedJob:
     callback_of: int | None = None  # the group this job is a callback of
     cancel_requested: bool = False
     version: int = 0  # of its state topic, as the claim left it (its `started` version)
+    has_steps: bool = False  # durable steps stored by earlier runs (to replay)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> ClaimedJob:
@@ -71,7 +78,7 @@ class ClaimedJob:
             id=row["id"], name=row["name"], queue=row["queue"], priority=row["priority"],
             attempt=row["attempt"], max_attempts=row["max_attempts"], lease=row["lease"],
             args=row["args"], run_at=row["run_at"], group_id=row["group_id"], callback_of=row["callback_of"],
-            cancel_requested=row["cancel_requested"], version=row["version"],
+            cancel_requested=row["cancel_requested"], version=row["version"], has_steps=row["has_steps"],
         )
 
 
@@ -88,6 +95,7 @@ class JobContext:
     group progress publisher), so what a job does through ctx (ctx.group.enqueue) uses them."""
 
     _group: Any = None  # GroupContext, made on first use (or loaded first, for a callback)
+    _durable: Any = None  # durable.run.DurableRun, made on first use
 
     def __init__(self, job: ClaimedJob, completer: ProgressSink | None, *, pool: Any = None, url: str | None = None,
                  group_progress: Any = None) -> None:
@@ -111,6 +119,41 @@ class JobContext:
 
             self._group = GroupContext(self)
         return self._group
+
+    @property
+    def durable(self) -> Any:
+        if self._durable is None:
+            from ..durable.run import DurableRun
+
+            self._durable = DurableRun(self)
+        return self._durable
+
+    async def checkpoint(self, name: str, fn: Callable[..., Any], *args: Any, input: Any = NO_INPUT) -> Any:
+        """Run `fn(*args)` (sync or async) once for this job, whatever the replays: the first
+        success stores its result (JSON), every later run returns that without calling `fn`.
+        `input=`: its fingerprint is stored too, and a replay given a different one raises
+        CheckpointInputConflict before `fn` runs."""
+        return await self.durable.checkpoint(name, fn, *args, input=input)
+
+    async def run_child(self, request: JobRequest) -> Any:
+        """Run a child job (`some_job.request(*args)`, on this job's queue unless the request names
+        one) and return its result. Parks this job until the child has finished; raises ChildFailed
+        if it did not succeed."""
+        return (await self.durable.run_children([request]))[0]
+
+    async def run_children(self, requests: Iterable[JobRequest]) -> list[Any]:
+        """Run child jobs as a task group and return their results, in order. Parks this job until
+        every child has finished; raises ChildFailed naming those that did not succeed."""
+        return await self.durable.run_children(requests)
+
+    async def wait_for_signal(self, name: str, timeout: float | None = None) -> Any:
+        """The data of the next signal `name` sent to this job (jobs.signal), parking until one
+        comes; raises SignalTimeout after `timeout` seconds without one."""
+        return await self.durable.wait_for_signal(name, timeout)
+
+    async def sleep(self, name: str, seconds: float) -> None:
+        """A durable sleep: park for `seconds` (no slot held), then go on. `name` is unique in a job."""
+        await self.durable.sleep(name, seconds)
 
     async def load_group(self) -> None:
         """Before a group callback runs: load its group's final state into ctx.group."""
@@ -202,6 +245,31 @@ class SyncJobContext:
     @property
     def cancelled(self) -> bool:
         return self._inner.cancel_requested
+
+    def _call(self, coro: Any) -> Any:
+        """Run one of the job context's coroutines on the runtime's loop and wait for it here."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def checkpoint(self, name: str, fn: Callable[..., Any], *args: Any, input: Any = NO_INPUT) -> Any:
+        """JobContext.checkpoint, blocking; `fn` runs in this thread (an async `fn` on the loop)."""
+        durable = self._inner.durable
+        found, value, fingerprint = self._call(durable.lookup(name, input))
+        if found:
+            return value
+        result = self._call(fn(*args)) if inspect.iscoroutinefunction(fn) else fn(*args)
+        return self._call(durable.store(name, result, fingerprint))
+
+    def run_child(self, request: JobRequest) -> Any:
+        return self._call(self._inner.run_child(request))
+
+    def run_children(self, requests: Iterable[JobRequest]) -> list[Any]:
+        return self._call(self._inner.run_children(list(requests)))
+
+    def wait_for_signal(self, name: str, timeout: float | None = None) -> Any:
+        return self._call(self._inner.wait_for_signal(name, timeout))
+
+    def sleep(self, name: str, seconds: float) -> None:
+        self._call(self._inner.sleep(name, seconds))
 
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
         """Report progress (see JobContext.progress). Raises JobCancelled once cancelled."""

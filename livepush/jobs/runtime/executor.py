@@ -15,7 +15,16 @@ import logging
 from typing import Any
 
 from ...postgres.text import storable_text
-from ..errors import JobCancelled
+from ..api.args import check_json, dumps
+from ..errors import (
+    CheckpointInputConflict,
+    ChildFailed,
+    DuplicateStepError,
+    InvalidResultError,
+    JobCancelled,
+    Parked,
+    SignalTimeout,
+)
 from .context import JobContext, SyncJobContext
 
 log = logging.getLogger("livepush.jobs")
@@ -29,7 +38,12 @@ class Outcome:
     kind: str  # succeeded | retry | fail | cancelled | released
     error: str | None = None
     delay: float = 0.0
+    result: str | None = None  # the return value as JSON text, when it succeeded and returned one
 
+
+# Failures that a retry would meet again, unchanged: the same code returns the same thing, and a
+# replay finds the same stored facts (a child's failure, a signal's timeout, a stored input).
+NEVER_RETRIED = (CheckpointInputConflict, ChildFailed, DuplicateStepError, InvalidResultError, SignalTimeout)
 
 # A retry is never put off longer than this, whatever a job's own backoff= says (a huge or
 # infinite delay would not fit Postgres' interval and fail the completer's whole batch).
@@ -47,8 +61,9 @@ def _error_text(exc: BaseException) -> str:
 async def execute(
     fn: Any, ctx: JobContext, pool: concurrent.futures.Executor | None
 ) -> Outcome | None:
-    """Run `fn` for `ctx.job` and return its outcome, or None when the runtime released
-    the job meanwhile (the runtime already recorded that)."""
+    """Run `fn` for `ctx.job` and return its outcome, or None when there is nothing to write: the
+    runtime released the job meanwhile (it recorded that), or the job parked (its parking
+    transaction wrote that)."""
     job = ctx.job
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
@@ -57,11 +72,11 @@ async def execute(
             await ctx.load_group()  # a group callback: ctx.group shows the finished group
         if fn.is_async:
             if fn.timeout is None:
-                await fn.func(ctx, *job.args)
+                value = await fn.func(ctx, *job.args)
             else:
                 try:
                     async with asyncio.timeout(fn.timeout) as deadline:
-                        await fn.func(ctx, *job.args)
+                        value = await fn.func(ctx, *job.args)
                 except TimeoutError:
                     if deadline.expired():
                         return _failure(fn, ctx, TimeoutError(f"timed out after {fn.timeout:g} s"), timed_out=True)
@@ -76,7 +91,9 @@ async def execute(
                 log.warning("sync job %s (%s) passed its %g s timeout; its thread runs on, its outcome will be ignored",
                             job.id, fn.name, fn.timeout)
                 return _failure(fn, ctx, TimeoutError(f"timed out after {fn.timeout:g} s"), timed_out=True)
-            future.result()  # raises the job's exception
+            value = future.result()  # raises the job's exception
+    except Parked:
+        return None
     except asyncio.CancelledError:
         if ctx.released:
             if task is not None:
@@ -99,7 +116,13 @@ async def execute(
         return _failure(fn, ctx, exc)
     if ctx.released:
         return None
-    return Outcome(ctx, "succeeded")
+    if value is None:
+        return Outcome(ctx, "succeeded")
+    try:
+        check_json(value, "result", InvalidResultError, "job results")
+    except InvalidResultError as exc:
+        return _failure(fn, ctx, exc)
+    return Outcome(ctx, "succeeded", result=dumps(value))
 
 
 def _failure(fn: Any, ctx: JobContext, exc: BaseException, *, timed_out: bool = False) -> Outcome:
@@ -107,8 +130,10 @@ def _failure(fn: Any, ctx: JobContext, exc: BaseException, *, timed_out: bool = 
     error = _error_text(exc)
     if ctx.cancel_requested:
         return Outcome(ctx, "cancelled", error="cancelled")
-    if not timed_out and fn.never_retry and isinstance(exc, fn.never_retry):
-        log.warning("job %s (%s) failed for good (never_retry): %s", job.id, fn.name, error, exc_info=exc)
+    if not timed_out and isinstance(exc, NEVER_RETRIED + fn.never_retry):
+        log.warning("job %s (%s) failed for good (%s): %s", job.id, fn.name,
+                    "never_retry" if isinstance(exc, fn.never_retry) else "a retry would fail the same way", error,
+                    exc_info=exc)
         return Outcome(ctx, "fail", error=error)
     if job.attempt >= job.max_attempts:
         log.warning("job %s (%s) failed its last attempt (%s of %s): %s", job.id, fn.name, job.attempt,

@@ -1,0 +1,56 @@
+"""`jobs.get_job()`: one job as it is now, results included."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from .. import database, queries
+from ..events.views import job_view
+from .handles import checked_id
+
+
+@dataclasses.dataclass(frozen=True)
+class JobInfo:
+    """A job as its row says now. `result`: what the function returned, once succeeded (None
+    before, and for a function that returned None). `waiting`: what a `waiting` job waits for
+    ({"for": "children"|"signal"|"sleep", "name": ...}), else None."""
+
+    id: int
+    name: str
+    queue: str
+    state: str
+    attempt: int
+    max_attempts: int
+    result: Any
+    error: str | None
+    progress: dict[str, Any]
+    run_at: str | None  # ISO 8601; None while it waits for an event
+    waiting: dict[str, Any] | None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> JobInfo:
+        view = job_view(row)
+        return cls(id=view["id"], name=view["name"], queue=view["queue"], state=view["state"],
+                   attempt=view["attempt"], max_attempts=view["max_attempts"], result=view.get("result"),
+                   error=view["error"], progress=view["progress"], run_at=view["run_at"],
+                   waiting=view.get("waiting"))
+
+
+def get_job(job_id: int) -> JobInfo | None:
+    """The job with that id, or None (never enqueued, or deleted after its retention time)."""
+    job_id = checked_id(job_id, "job_id")
+    with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(queries.JOB_STATES, {"ids": [job_id]})
+        row = cur.fetchone()
+    return None if row is None else JobInfo.from_row(row)
+
+
+async def aget_job(job_id: int) -> JobInfo | None:
+    job_id = checked_id(job_id, "job_id")
+    async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(queries.JOB_STATES, {"ids": [job_id]})
+        row = await cur.fetchone()
+    return None if row is None else JobInfo.from_row(row)

@@ -1,0 +1,134 @@
+"""Every SQL statement of durable jobs, named, with why it is safe under concurrency.
+
+Tables: sql/0005_durable.sql (steps, signals); the job rows are sql/0003_jobs.sql's, the groups
+of children sql/0004_groups.sql's (a group's `parent_id` is the job parked on it).
+
+Fencing: every write of a run names its lease. A parking transaction first locks the job's row
+with FENCE (its lease, still running), so from then on nothing else changes that row until the
+transaction ends: a rescue or a cancel waits (or skips it), and a wake-up (a signal, the finish
+of its children's group) waits for the park and then sees the job `waiting`. Whatever the
+transaction reads after FENCE is read in a later statement, whose snapshot sees every change
+committed by whoever held the row before: a signal sent or a group finished before the park is
+seen by it, one after the park sees the park. So a job never parks on something that already
+happened, and never sleeps through something that happens after it parked.
+"""
+
+from __future__ import annotations
+
+from ..queries import ring
+
+# name: load_steps
+# What earlier runs stored, read once per run (only for a job whose row says it has steps). A
+# plain read: only this job's run, which holds the lease, writes its steps.
+LOAD_STEPS = "SELECT kind, name, result, fingerprint FROM livepush_job_steps WHERE job_id = %(id)s"
+
+# name: save_checkpoint
+# One statement, in autocommit: the fenced update of the job's row (a new version, the
+# `checkpoint` event; it locks the row, so a rescue of this job waits for it or goes first and
+# makes it match nothing) and the step, inserted only if the fence held. ON CONFLICT: a name is
+# stored once, whatever happens.
+SAVE_CHECKPOINT = f"""
+WITH fenced AS (
+    UPDATE livepush_jobs j SET version = j.version + 1, event = 'checkpoint', has_steps = true
+    WHERE j.id = %(id)s AND j.lease = %(lease)s AND j.state = 'running'
+    RETURNING j.id, j.version
+), saved AS (
+    INSERT INTO livepush_job_steps (job_id, kind, name, result, fingerprint)
+    SELECT f.id, 'checkpoint', %(name)s, %(result)s::jsonb, %(fingerprint)s FROM fenced f
+    ON CONFLICT (job_id, kind, name) DO NOTHING
+), rung AS ({ring("fenced")})
+SELECT f.id FROM fenced f CROSS JOIN rung
+"""
+
+# name: fence
+# The first statement of every parking transaction: locks the running job's row (its lease),
+# and reads whether a cancel was requested and the database's clock (deadlines and sleeps are
+# in its time, the time the promoter compares with).
+FENCE = """
+SELECT cancel_requested, now() AS now FROM livepush_jobs
+WHERE id = %(id)s AND lease = %(lease)s AND state = 'running'
+FOR UPDATE
+"""
+
+# name: save_step
+# A step of a parking call (children, signal, sleep), under FENCE's lock: inserted, or replaced
+# (a signal wait's deadline becomes what it received).
+SAVE_STEP = """
+WITH saved AS (
+    INSERT INTO livepush_job_steps (job_id, kind, name, result)
+    VALUES (%(id)s, %(kind)s, %(name)s, %(result)s::jsonb)
+    ON CONFLICT (job_id, kind, name) DO UPDATE SET result = EXCLUDED.result, at = clock_timestamp()
+)
+UPDATE livepush_jobs SET has_steps = true WHERE id = %(id)s AND NOT has_steps
+"""
+
+# name: park
+# Under FENCE's lock: the run ends and the job waits, holding no slot: its lease and runtime go
+# (whatever the run still writes is fenced off), its attempt is given back (parking is not a
+# failure: the run that wakes is the same attempt), `run_at` is when the promoter wakes it
+# ('infinity' when only an event can). The payload keeps what it waits for and the latest progress.
+PARK = f"""
+WITH moved AS (
+    UPDATE livepush_jobs j SET state = 'waiting', event = 'waiting', attempt = j.attempt - 1,
+        run_at = coalesce(%(until)s::timestamptz, 'infinity'), lease = NULL, runtime_id = NULL,
+        version = j.version + 1, has_steps = true
+    WHERE j.id = %(id)s AND j.lease = %(lease)s AND j.state = 'running'
+    RETURNING j.id, j.version
+), payload AS (
+    UPDATE livepush_job_payloads p SET waiting = %(waiting)s::jsonb, progress = coalesce(%(progress)s::jsonb, p.progress)
+    FROM moved m WHERE p.id = m.id
+), rung AS ({ring("moved")})
+SELECT m.id FROM moved m CROSS JOIN rung
+"""
+
+# name: group_finished
+# Whether the group of children has finished (a plain read: after FENCE in a parking
+# transaction, see the module docstring).
+GROUP_FINISHED = "SELECT finished_at IS NOT NULL AS finished FROM livepush_groups WHERE id = %(group_id)s"
+
+# name: children
+# The first `count` members of a finished group of children, in the order they were asked for
+# (the parking statement inserted them with ascending ids; members they added themselves come
+# later). A plain read: they are all terminal and no longer change.
+CHILDREN = """
+SELECT j.id, j.name, j.state, p.result, p.error
+FROM livepush_jobs j JOIN livepush_job_payloads p ON p.id = j.id
+WHERE j.group_id = %(group_id)s
+ORDER BY j.id
+LIMIT %(count)s
+"""
+
+# name: take_signal
+# Under FENCE's lock: the oldest signal of that name sent to this job, taken (deleted) in the
+# transaction that stores it as the wait's result, so it is delivered exactly once. Only this
+# job's run, holding the lock, takes its signals.
+TAKE_SIGNAL = """
+DELETE FROM livepush_job_signals
+WHERE id = (SELECT id FROM livepush_job_signals WHERE job_id = %(id)s AND name = %(name)s ORDER BY id LIMIT 1)
+RETURNING data
+"""
+
+# name: signal_target
+# jobs.signal, first statement: locks the job's row (a parking run holds it too: one waits for
+# the other), and tells whether the job exists and is not finished.
+SIGNAL_TARGET = "SELECT state FROM livepush_jobs WHERE id = %(id)s FOR NO KEY UPDATE"
+
+# name: send_signal
+# jobs.signal, second statement (a new snapshot: a park that held the row before is seen): keeps
+# the signal, and makes the job available if it is parked waiting for a signal of that name; it
+# takes the signal when it runs. Rings its topic and the runtimes' doorbell at commit.
+SEND_SIGNAL = f"""
+WITH sent AS (
+    INSERT INTO livepush_job_signals (job_id, name, data) VALUES (%(id)s, %(name)s, %(data)s::jsonb)
+    RETURNING id
+), woken AS (
+    UPDATE livepush_jobs j SET state = 'available', event = 'enqueued', run_at = now(), version = j.version + 1
+    FROM livepush_job_payloads p
+    WHERE j.id = %(id)s AND p.id = j.id AND j.state = 'waiting'
+      AND p.waiting ->> 'for' = 'signal' AND p.waiting ->> 'name' = %(name)s
+    RETURNING j.id, j.version
+), rung AS ({ring("woken")})
+SELECT (SELECT id FROM sent) AS signal_id,
+       CASE WHEN EXISTS (SELECT 1 FROM woken) THEN livepush_jobs_ready() ELSE 0 END AS woke
+FROM rung
+"""

@@ -1,0 +1,348 @@
+"""What a durable job calls during one run: `ctx.checkpoint`, `ctx.run_child`, `ctx.run_children`,
+`ctx.wait_for_signal` and `ctx.sleep` (docs/durable.md).
+
+Replay: every run starts at the top. A call finds what an earlier run stored under its key and
+returns it, or does its work and stores it. Keys: a checkpoint's or a sleep's name (unique within
+a job); the n-th children call of the run; the n-th wait for a signal of a name. So code between
+steps must be deterministic in the order of its durable calls (it is run again on replay).
+
+Parking (children not finished, no signal yet, a sleep not over) happens in one transaction that
+locks the job's row first (queries.FENCE), re-reads what it waits for, stores the step and moves
+the job to `waiting`; then `Parked` ends the run and its slot is free. What it waits for makes it
+available again (the group's finish, jobs.signal, or the promoter at its time) and it replays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import inspect
+import json
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any, Protocol
+
+import psycopg
+from psycopg.rows import dict_row
+
+from ...postgres.connect import translated
+from ...postgres.pools import aautocommitted
+from ...postgres.text import unstorable
+from ..api.args import check_json, dumps
+from ..api.enqueue import Batch
+from ..api.registry import REGISTRY, JobRequest
+from ..errors import (
+    CheckpointInputConflict,
+    ChildFailed,
+    DuplicateStepError,
+    InvalidResultError,
+    JobCancelled,
+    LeaseLostError,
+    Parked,
+    SignalTimeout,
+)
+from ..groups import building
+from ..groups import queries as gq
+from ..groups import steps
+from . import queries as dq
+from .fingerprint import NO_INPUT, input_fingerprint
+
+
+
+class RunContext(Protocol):
+    """What the durable calls need of a running job's context (runtime/context.JobContext)."""
+
+    job: Any  # its ClaimedJob: id, lease, queue, has_steps
+    pool: Any  # the runtime's connection pool
+    url: str | None
+    latest: dict[str, Any] | None  # the newest progress, written with the park
+    dirty: bool
+    cancel_requested: bool
+
+    @property
+    def job_id(self) -> int: ...
+
+    def check_cancelled(self) -> None: ...
+
+MAX_NAME = 200  # characters of a checkpoint, sleep or signal name
+_RETRIES = 5  # a parking transaction Postgres broke (deadlock) is run again
+_CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
+
+def check_name(name: Any, what: str) -> str:
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME or unstorable(name):
+        raise ValueError(f"{what} takes a name: a non-empty str of at most {MAX_NAME} characters Postgres can "
+                         f"store, got {name!r:.80}")
+    return name
+
+
+def _seconds(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+        raise ValueError(f"{what} takes a finite number of seconds, zero or more, got {value!r:.60}")
+    return float(value)
+
+
+def _when(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
+
+
+class _Lost(Exception):
+    """FENCE found the job no longer ours."""
+
+
+class DurableRun:
+    """The durable calls of one run of one job. Made by the job's context on first use."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self._stored: dict[tuple[str, str], dict[str, Any]] | None = None
+        self._used: set[tuple[str, str]] = set()  # checkpoint and sleep names this run
+        self._children_calls = 0
+        self._signal_waits: collections.Counter[str] = collections.Counter()
+
+    # -- what earlier runs stored ---------------------------------------------------------------
+    async def _steps(self) -> dict[tuple[str, str], dict[str, Any]]:
+        if self._stored is None:
+            stored: dict[tuple[str, str], dict[str, Any]] = {}
+            if self.ctx.job.has_steps:
+                async with self._connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+                    await cur.execute(dq.LOAD_STEPS, {"id": self.ctx.job_id})
+                    for row in await cur.fetchall():
+                        stored[(row["kind"], row["name"])] = row
+            self._stored = stored
+        return self._stored
+
+    def _connection(self) -> Any:
+        return self.ctx.pool.connection()
+
+    def _unique(self, kind: str, name: str) -> tuple[str, str]:
+        key = (kind, name)
+        if key in self._used:
+            raise DuplicateStepError(f"a second {kind} named {name!r} in one run of job {self.ctx.job_id}: "
+                                     f"{kind} names find stored results on replay, so each must be unique in a job")
+        self._used.add(key)
+        return key
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    async def lookup(self, name: Any, input: Any) -> tuple[bool, Any, str | None]:
+        """(found, stored value, input fingerprint) for checkpoint `name`; raises
+        CheckpointInputConflict when both fingerprints exist and differ."""
+        key = self._unique("checkpoint", check_name(name, "ctx.checkpoint()"))
+        fingerprint = None if input is NO_INPUT else input_fingerprint(input)
+        row = (await self._steps()).get(key)
+        if row is None:
+            return False, None, fingerprint
+        if fingerprint is not None and row["fingerprint"] is not None and fingerprint != row["fingerprint"]:
+            raise CheckpointInputConflict(
+                f"checkpoint {name!r} of job {self.ctx.job_id} was stored for another input (fingerprint "
+                f"{row['fingerprint'][:12]}…, now {fingerprint[:12]}…): its stored result would be wrong for this input. "
+                "Rename the checkpoint if the step really changed, or restore the input")
+        return True, row["result"]["value"], fingerprint
+
+    async def store(self, name: str, value: Any, fingerprint: str | None) -> Any:
+        """Store a checkpoint's result (fenced by the run's lease); returns it as a replay will."""
+        check_json(value, f"checkpoint {name!r} result", InvalidResultError, "checkpoint results")
+        text = dumps(value)
+        self.ctx.check_cancelled()
+        # One statement in autocommit: one round trip (queries.SAVE_CHECKPOINT).
+        async with self._connection() as conn, aautocommitted(conn), conn.cursor() as cur:
+            await cur.execute(dq.SAVE_CHECKPOINT, {"id": self.ctx.job_id, "lease": self.ctx.job.lease,
+                                                   "name": name, "result": dumps({"value": value}),
+                                                   "fingerprint": fingerprint})
+            stored = await cur.fetchone()
+        if stored is None:
+            raise self._lost(f"its checkpoint {name!r} was not stored")
+        assert self._stored is not None
+        self._stored[("checkpoint", name)] = {"result": {"value": value}, "fingerprint": fingerprint}
+        return json.loads(text)
+
+    async def checkpoint(self, name: Any, fn: Callable[..., Any], *args: Any, input: Any = NO_INPUT) -> Any:
+        found, value, fingerprint = await self.lookup(name, input)
+        if found:
+            return value
+        if inspect.iscoroutinefunction(fn):
+            result = await fn(*args)
+        else:
+            # A sync function may block (a request, a file): not on the loop the runtime's jobs share.
+            result = await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
+            if inspect.isawaitable(result):
+                result = await result
+        return await self.store(name, result, fingerprint)
+
+    # -- parking --------------------------------------------------------------------------------
+    def _lost(self, what: str) -> LeaseLostError:
+        return LeaseLostError(f"job {self.ctx.job_id} no longer holds its claim (rescued, cancelled or given back): "
+                              f"{what}; another run will replay it")
+
+    async def _park_tx(self, body: Callable[[datetime], steps.Steps[Any]]) -> Any:
+        """Run `body(db_now)` after FENCE in one transaction, retried when Postgres broke a
+        deadlock. `body` returns what the call returns, or raises Parked after its PARK."""
+        ctx = self.ctx
+
+        def tx() -> steps.Steps[Any]:
+            fenced = yield steps.Query(dq.FENCE, {"id": ctx.job_id, "lease": ctx.job.lease})
+            if not fenced:
+                raise _Lost()
+            if fenced[0]["cancel_requested"]:
+                ctx.cancel_requested = True
+                raise JobCancelled(f"job {ctx.job_id} was cancelled")
+            return (yield from body(fenced[0]["now"]))
+
+        with translated(ctx.url or ""):
+            for attempt in range(_RETRIES):
+                try:
+                    async with self._connection() as conn:
+                        try:
+                            return await steps.arun(conn, tx())
+                        except Parked:
+                            await conn.commit()  # the park and what it stored
+                            raise
+                except _Lost:
+                    raise self._lost("it cannot park") from None
+                except _CONFLICTS:
+                    if attempt == _RETRIES - 1:
+                        raise
+        raise AssertionError("unreachable")
+
+    def _park(self, waiting: dict[str, Any], until: datetime | None = None) -> steps.Steps[None]:
+        ctx = self.ctx
+        progress = dumps(ctx.latest) if ctx.latest is not None else None
+        moved = yield steps.Query(dq.PARK, {"id": ctx.job_id, "lease": ctx.job.lease, "until": until,
+                                            "waiting": dumps(waiting), "progress": progress})
+        if not moved:
+            raise _Lost()
+        ctx.dirty = False
+        raise Parked()
+
+    def _save(self, kind: str, name: str, result: dict[str, Any]) -> steps.Steps[None]:
+        yield steps.Query(dq.SAVE_STEP, {"id": self.ctx.job_id, "kind": kind, "name": name, "result": dumps(result)})
+
+    # -- children -------------------------------------------------------------------------------
+    async def run_children(self, requests: Iterable[JobRequest]) -> list[Any]:
+        requests = list(requests)
+        for r in requests:
+            if not isinstance(r, JobRequest):
+                raise TypeError(f"ctx.run_children() takes job requests (some_job.request(*args)), got {r!r:.80}")
+        call = str(self._children_calls)
+        self._children_calls += 1
+        if not requests:
+            return []
+        building.check_limit(len(requests))
+        stored = (await self._steps()).get(("children", call))
+        if stored is None:
+            await self._park_tx(lambda now: self._spawn(call, requests))
+            raise AssertionError("unreachable: _spawn parks")
+        group_id, count = stored["result"]["group"], stored["result"]["count"]
+        if not await self._finished(group_id):
+            waiting = {"for": "children", "name": f"group:{group_id}", "group": group_id}
+
+            def recheck(now: datetime) -> steps.Steps[None]:
+                rows = yield steps.Query(dq.GROUP_FINISHED, {"group_id": group_id})
+                if rows and rows[0]["finished"]:
+                    return
+                yield from self._park(waiting)
+
+            await self._park_tx(recheck)
+        return await self._results(group_id, count)
+
+    def _spawn(self, call: str, requests: Sequence[JobRequest]) -> steps.Steps[None]:
+        """Under FENCE: the children as a sealed task group on the parent's queue (unless a request
+        names one) whose finish wakes the parent, the step that remembers it, and the park."""
+        ctx = self.ctx
+        (row,) = yield steps.Query(gq.RESERVE_GROUP_ID, {})
+        group_id = int(row["nextval"])
+        batch = Batch()
+        for r in requests:
+            batch.add(REGISTRY.get(r.name), r.args, None, group_id, r.queue or ctx.job.queue)
+        yield from steps.create(group_id, building.DEFAULT_SHARDS, {"on_finish": None, "on_success": None,
+                                                                      "on_failure": None}, parent_id=ctx.job_id)
+        yield from building.add_steps(group_id, batch, states=["open"], seal=True)
+        yield from steps.record((yield from steps.views([group_id])), "created")
+        yield from self._save("children", call, {"group": group_id, "count": len(requests)})
+        yield from self._park({"for": "children", "name": f"group:{group_id}", "group": group_id})
+
+    async def _finished(self, group_id: int) -> bool:
+        async with self._connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(dq.GROUP_FINISHED, {"group_id": group_id})
+            row = await cur.fetchone()
+        if row is None:
+            raise ChildFailed(f"the task group {group_id} of job {self.ctx.job_id}'s children is gone (deleted after "
+                              "its retention time): its children's results cannot be read", [])
+        return bool(row["finished"])
+
+    async def _results(self, group_id: int, count: int) -> list[Any]:
+        async with self._connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(dq.CHILDREN, {"group_id": group_id, "count": count})
+            rows = await cur.fetchall()
+        failed = [(r["id"], r["name"], r["state"], r["error"]) for r in rows if r["state"] != "succeeded"]
+        if failed or len(rows) < count:
+            shown = "; ".join(f"job {i} ({n}) {s}: {e or 'no error recorded'}" for i, n, s, e in failed[:5])
+            more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
+            raise ChildFailed(f"{len(failed)} of {count} children of job {self.ctx.job_id} did not succeed: "
+                              f"{shown}{more}", failed)
+        return [r["result"] for r in rows]
+
+    # -- signals --------------------------------------------------------------------------------
+    async def wait_for_signal(self, name: Any, timeout: Any = None) -> Any:
+        name = check_name(name, "ctx.wait_for_signal()")
+        limit = None if timeout is None else _seconds(timeout, "ctx.wait_for_signal(timeout=)")
+        key = f"{self._signal_waits[name]}:{name}"
+        self._signal_waits[name] += 1
+        stored = (await self._steps()).get(("signal", key))
+        if stored is not None:
+            result = stored["result"]
+            if "data" in result:
+                return result["data"]
+            if result.get("timeout"):
+                raise self._timeout(name, limit)
+
+        def tx(now: datetime) -> steps.Steps[Any]:
+            taken = yield steps.Query(dq.TAKE_SIGNAL, {"id": self.ctx.job_id, "name": name})
+            if taken:
+                data = taken[0]["data"]
+                yield from self._save("signal", key, {"data": data})
+                return {"data": data}
+            if stored is not None:
+                deadline = _when(stored["result"].get("deadline"))
+            else:
+                deadline = None if limit is None else now + timedelta(seconds=limit)
+            if deadline is not None and deadline <= now:
+                yield from self._save("signal", key, {"timeout": True})
+                return {"timeout": True}
+            if stored is None:
+                yield from self._save("signal", key, {"deadline": deadline.isoformat() if deadline else None})
+            yield from self._park({"for": "signal", "name": name}, deadline)
+
+        result = await self._park_tx(tx)
+        self._steps_cache(("signal", key), result)
+        if "data" in result:
+            return result["data"]
+        raise self._timeout(name, limit)
+
+    def _timeout(self, name: str, limit: float | None) -> SignalTimeout:
+        return SignalTimeout(f"job {self.ctx.job_id} waited for signal {name!r} for {limit:g} s and none came"
+                             if limit is not None else f"job {self.ctx.job_id}: signal {name!r} timed out")
+
+    def _steps_cache(self, key: tuple[str, str], result: dict[str, Any]) -> None:
+        if self._stored is not None:
+            self._stored[key] = {"result": result, "fingerprint": None}
+
+    # -- durable sleep --------------------------------------------------------------------------
+    async def sleep(self, name: Any, seconds: Any) -> None:
+        key = self._unique("sleep", check_name(name, "ctx.sleep()"))
+        wanted = _seconds(seconds, "ctx.sleep()")
+        stored = (await self._steps()).get(key)
+        stored_until = _when(stored["result"]["until"]) if stored is not None else None
+        if stored_until is not None and stored_until <= datetime.now(timezone.utc):
+            return
+
+        def tx(now: datetime) -> steps.Steps[None]:
+            until = stored_until if stored_until is not None else now + timedelta(seconds=wanted)
+            if stored is None:
+                yield from self._save("sleep", name, {"until": until.isoformat()})
+            if until <= now:
+                return
+            yield from self._park({"for": "sleep", "name": name}, until)
+
+        await self._park_tx(tx)

@@ -1,0 +1,170 @@
+"""Durable job functions the durable tests run, in this process and in child runtimes.
+
+Every checkpoint body records its run in `durable_bodies` (job, checkpoint name, attempt, when it
+started, in autocommit: before its result is stored), so a test can tell how often each body ran
+and whether one ran after its result was committed. `durable_inputs` holds values a test changes
+between runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+from typing import Any
+
+import psycopg
+
+from livepush import jobs
+from livepush.jobs import database
+from tests.jobs.sample_jobs import _pool, until_flag
+
+BODIES_TABLE = """
+CREATE TABLE IF NOT EXISTS durable_bodies (
+    job_id  bigint NOT NULL,
+    name    text NOT NULL,
+    attempt integer NOT NULL,
+    pid     integer NOT NULL,
+    at      timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+INPUTS_TABLE = "CREATE TABLE IF NOT EXISTS durable_inputs (name text PRIMARY KEY, value jsonb)"
+
+
+async def body(ctx: Any, name: str, value: Any = None) -> Any:
+    """A checkpoint body: records that it ran, returns `value` (default: the name)."""
+    pool = await _pool()
+    async with pool.connection() as conn:
+        await conn.execute("INSERT INTO durable_bodies (job_id, name, attempt, pid) VALUES (%s, %s, %s, %s)",
+                           (ctx.job_id, name, ctx.attempt, os.getpid()))
+    return name if value is None else value
+
+
+def body_sync(job_id: int, attempt: int, name: str) -> str:
+    with psycopg.connect(database.database_url(), autocommit=True) as conn:
+        conn.execute("INSERT INTO durable_bodies (job_id, name, attempt, pid) VALUES (%s, %s, %s, %s)",
+                     (job_id, name, attempt, os.getpid()))
+    return name
+
+
+async def flag_value(name: str) -> Any:
+    pool = await _pool()
+    async with pool.connection() as conn:
+        row = await (await conn.execute("SELECT value FROM durable_inputs WHERE name = %s", (name,))).fetchone()
+    return None if row is None else row[0]
+
+
+@jobs.job(name="d.steps", max_attempts=3, backoff=lambda attempt: 0.0)
+async def steps(ctx: Any, n: int, fail_first: bool = False) -> dict[str, Any]:
+    """n checkpoints, then (on its first attempt only, if asked) a failure: the retry replays."""
+    got = [await ctx.checkpoint(f"s{i}", body, ctx, f"s{i}", {"i": i}) for i in range(n)]
+    if fail_first and ctx.attempt == 1:
+        raise RuntimeError("first attempt fails after its checkpoints")
+    return {"got": got, "attempt": ctx.attempt}
+
+
+@jobs.job(name="d.steps_sync", max_attempts=3, backoff=lambda attempt: 0.0)
+def steps_sync(ctx: Any, n: int) -> list[str]:
+    got = [ctx.checkpoint(f"s{i}", body_sync, ctx.job_id, ctx.attempt, f"s{i}") for i in range(n)]
+    if ctx.attempt == 1:
+        raise RuntimeError("first attempt fails after its checkpoints")
+    return got
+
+
+@jobs.job(name="d.with_input", max_attempts=3, backoff=lambda attempt: 0.0)
+async def with_input(ctx: Any, flag: str) -> Any:
+    """A checkpoint whose input comes from durable_inputs (a test changes it between attempts)."""
+    value = await ctx.checkpoint("charge", body, ctx, "charge", input={"cents": await flag_value(flag)})
+    if ctx.attempt == 1:
+        raise RuntimeError("fails after the charge")
+    return value
+
+
+@jobs.job(name="d.bad_result", max_attempts=3)
+async def bad_result(ctx: Any, where: str) -> Any:
+    if where == "checkpoint":
+        await ctx.checkpoint("when", lambda: {"at": datetime.datetime.now()})
+    return {"when": datetime.datetime.now()}
+
+
+@jobs.job(name="d.twice", max_attempts=3)
+async def twice(ctx: Any) -> None:
+    await ctx.checkpoint("same", body, ctx, "same")
+    await ctx.checkpoint("same", body, ctx, "same")
+
+
+@jobs.job(name="d.child", max_attempts=1)
+async def child(ctx: Any, value: Any, fail: bool = False) -> Any:
+    await body(ctx, f"child:{value}")
+    if fail:
+        raise ValueError(f"child {value} fails")
+    return {"child": value, "queue": ctx.job.queue}
+
+
+@jobs.job(name="d.child_elsewhere", queue="elsewhere", max_attempts=1)
+async def child_elsewhere(ctx: Any, value: Any) -> Any:
+    return {"child": value, "queue": ctx.job.queue}
+
+
+@jobs.job(name="d.parent", max_attempts=3, backoff=lambda attempt: 0.0)
+async def parent(ctx: Any, values: list[Any], failing: list[Any] | None = None) -> Any:
+    """Fetch (a checkpoint), one child, then the rest as a group; a failed child is reported."""
+    first = await ctx.checkpoint("fetch", body, ctx, "fetch", values)
+    one = await ctx.run_child(child.request(first[0]))
+    try:
+        rest = await ctx.run_children([child.request(v, v in (failing or [])) for v in first[1:]])
+    except jobs.ChildFailed as exc:
+        return {"one": one, "failed": [f[0] for f in exc.failures], "error": str(exc)}
+    return {"one": one, "rest": rest}
+
+
+@jobs.job(name="d.parent_queues", max_attempts=1)
+async def parent_queues(ctx: Any) -> Any:
+    return await ctx.run_children([child.request("mine"), child_elsewhere.request("theirs"),
+                                   child.request("named", queue="elsewhere")])
+
+
+@jobs.job(name="d.parent_sync", max_attempts=1)
+def parent_sync(ctx: Any, value: Any) -> Any:
+    return ctx.run_child(child.request(value))
+
+
+@jobs.job(name="d.waiter", max_attempts=3, timeout=None)
+async def waiter(ctx: Any, name: str, times: int = 1, timeout: float | None = None) -> Any:
+    got = []
+    for _ in range(times):
+        try:
+            got.append(await ctx.wait_for_signal(name, timeout=timeout))
+        except jobs.SignalTimeout:
+            got.append("timeout")
+    return got
+
+
+@jobs.job(name="d.sleeper", max_attempts=1)
+async def sleeper(ctx: Any, seconds: float) -> str:
+    await ctx.checkpoint("before", body, ctx, "before")
+    await ctx.sleep("nap", seconds)
+    await ctx.checkpoint("after", body, ctx, "after")
+    return "rested"
+
+
+@jobs.job(name="d.fan_and_wait", max_attempts=1, timeout=None)
+async def fan_and_wait(ctx: Any, n: int) -> Any:
+    """Children that wait for a signal each (so they stay unfinished until told)."""
+    return await ctx.run_children([waiter.request(f"go-{i}") for i in range(n)])
+
+
+@jobs.job(name="d.slow_step", max_attempts=5, timeout=None, backoff=lambda attempt: 0.0)
+async def slow_step(ctx: Any, seconds: float) -> str:
+    async def work() -> str:
+        await body(ctx, "slow")
+        await asyncio.sleep(seconds)
+        return "slow"
+
+    return str(await ctx.checkpoint("slow", work))
+
+
+@jobs.job(name="d.checkpoint_then_hold", max_attempts=1, timeout=None)
+async def checkpoint_then_hold(ctx: Any, flag: str) -> None:
+    await ctx.checkpoint("fetched", body, ctx, "fetched")
+    await until_flag(flag)

@@ -1,0 +1,361 @@
+"""Durable jobs (docs/durable.md): checkpoints replayed, not rerun; children, signals and sleeps that
+park a job without holding a slot; results; the events a page sees; cancel and retention."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from livepush import jobs
+from livepush.jobs.runtime import maintenance
+from tests.jobs import durable_jobs as dj
+from tests.jobs.conftest import names_of, q, read_states
+from tests.jobs.conftest import running as runtime_running
+from tests.support.waiting import async_wait_for
+
+
+@pytest.fixture
+def durable_db(jobs_db: str) -> Iterator[str]:
+    """jobs_db, with the tables the durable job functions record into."""
+    q(jobs_db, dj.BODIES_TABLE)
+    q(jobs_db, dj.INPUTS_TABLE)
+    yield jobs_db
+
+
+def running(**options: Any) -> Any:
+    """conftest.running on the queues the durable jobs use, polling every 0.2 s."""
+    options.setdefault("queues", ["default", "elsewhere"])
+    options.setdefault("poll_interval", 0.2)
+    return runtime_running(**options)
+
+
+async def info(job_id: int) -> jobs.JobInfo:
+    found = await jobs.aget_job(job_id)
+    assert found is not None
+    return found
+
+
+async def wait_state(job_id: int, want: str, timeout: float = 10.0) -> jobs.JobInfo:
+    async def check() -> jobs.JobInfo | None:
+        found = await info(job_id)
+        return found if found.state == want else None
+
+    return await async_wait_for(check, timeout, message=f"job {job_id} to become {want}")
+
+
+def bodies(url: str, job_id: int) -> list[str]:
+    return [r[0] for r in q(url, "SELECT name FROM durable_bodies WHERE job_id = %s ORDER BY at", (job_id,))]
+
+
+# -- checkpoints -----------------------------------------------------------------------------------
+
+async def test_checkpoints_are_replayed_not_rerun(durable_db: str) -> None:
+    """A retry replays the stored checkpoints: each body ran once, and the result is stored."""
+    async with running():
+        h = await dj.steps.aenqueue(5, True)
+        done = await wait_state(h.id, "succeeded")
+    assert bodies(durable_db, h.id) == [f"s{i}" for i in range(5)]
+    assert done.attempt == 2
+    assert done.result == {"got": [{"i": i} for i in range(5)], "attempt": 2}
+
+
+async def test_sync_job_checkpoints_are_replayed(durable_db: str) -> None:
+    """A sync job's ctx.checkpoint works the same, its body running in the job's thread."""
+    async with running():
+        h = await dj.steps_sync.aenqueue(3)
+        done = await wait_state(h.id, "succeeded")
+    assert bodies(durable_db, h.id) == ["s0", "s1", "s2"]
+    assert done.result == ["s0", "s1", "s2"]
+
+
+async def test_changed_input_fails_the_job_at_once(durable_db: str) -> None:
+    """A replay whose checkpoint input changed fails with CheckpointInputConflict, without a retry,
+    before the body runs again."""
+    q(durable_db, "INSERT INTO durable_inputs VALUES ('price', '1250')")
+    async with running():
+        h = await dj.with_input.aenqueue("price")
+        await async_wait_for(lambda: bodies(durable_db, h.id) == ["charge"], 10.0, message="the charge to run")
+
+        async def retried_or_done() -> bool:
+            return (await info(h.id)).attempt >= 2 or (await info(h.id)).state == "succeeded"
+
+        # Change the input before the retry (backoff 0) reads it; the first attempt fails after its charge.
+        q(durable_db, "UPDATE durable_inputs SET value = '999' WHERE name = 'price'")
+        await async_wait_for(retried_or_done, 10.0, message="the retry")
+        failed = await wait_state(h.id, "failed")
+    assert "CheckpointInputConflict" in (failed.error or "") and "'charge'" in (failed.error or "")
+    assert failed.attempt == 2  # failed on the attempt that met the conflict, no further retry
+    assert bodies(durable_db, h.id) == ["charge"]
+
+
+async def test_same_input_replays_the_stored_result(durable_db: str) -> None:
+    """With the same input on replay, the checkpoint returns its stored result."""
+    q(durable_db, "INSERT INTO durable_inputs VALUES ('price', '1250')")
+    async with running():
+        h = await dj.with_input.aenqueue("price")
+        done = await wait_state(h.id, "succeeded")
+    assert done.result == "charge" and bodies(durable_db, h.id) == ["charge"]
+
+
+def test_input_fingerprint_is_sha256_of_canonical_json() -> None:
+    """input_fingerprint: SHA-256 of RFC 8785 JSON (key order and 1.0 vs 1 do not matter)."""
+    import hashlib
+
+    want = hashlib.sha256(b'{"a":[1,2.5,"x"],"b":null}').hexdigest()
+    assert jobs.input_fingerprint({"b": None, "a": [1, 2.5, "x"]}) == want
+    assert jobs.input_fingerprint({"b": None, "a": [1.0, 2.5, "x"]}) == want
+    assert len(want) == 64 and want == want.lower()
+
+
+@pytest.mark.parametrize("value", [2**53, -(2**53), {"n": [float(2**60)]}])
+def test_input_fingerprint_refuses_numbers_past_2_53(value: Any) -> None:
+    """Numbers beyond ±(2**53-1) are refused with ValueError naming the path."""
+    with pytest.raises(ValueError, match="2\\*\\*53"):
+        jobs.input_fingerprint(value)
+    assert jobs.input_fingerprint(2**53 - 1)
+
+
+@pytest.mark.parametrize("where, path", [("result", 'result["when"] is a datetime'),
+                                         ("checkpoint", """checkpoint 'when' result["at"] is a datetime""")])
+async def test_a_result_that_is_not_json_fails_naming_the_path(durable_db: str, where: str, path: str) -> None:
+    """A job or checkpoint result that is not JSON fails the job at once, naming where."""
+    async with running():
+        h = await dj.bad_result.aenqueue(where)
+        failed = await wait_state(h.id, "failed")
+    assert "InvalidResultError" in (failed.error or "") and path in (failed.error or ""), failed.error
+    assert failed.attempt == 1
+
+
+async def test_a_duplicate_checkpoint_name_fails_the_job(durable_db: str) -> None:
+    """Two checkpoints with one name in a run: DuplicateStepError, no retry."""
+    async with running():
+        h = await dj.twice.aenqueue()
+        failed = await wait_state(h.id, "failed")
+    assert "DuplicateStepError" in (failed.error or "") and "'same'" in (failed.error or "")
+    assert failed.attempt == 1
+
+
+# -- children --------------------------------------------------------------------------------------
+
+async def test_children_run_once_and_the_parent_gets_their_results(durable_db: str) -> None:
+    """run_child and run_children park the parent (holding no slot: one slot runs them all), create
+    each child once, and the parent replays with their results in order, on its first attempt."""
+    async with running(concurrency=1) as rt:
+        h = await dj.parent.aenqueue([1, 2, 3, 4])
+        done = await wait_state(h.id, "succeeded", timeout=15.0)
+        assert rt.peak_in_hand == 1
+    assert done.result == {"one": {"child": 1, "queue": "default"},
+                           "rest": [{"child": v, "queue": "default"} for v in (2, 3, 4)]}
+    assert done.attempt == 1
+    assert bodies(durable_db, h.id) == ["fetch"]
+    children = q(durable_db, "SELECT j.id FROM livepush_jobs j JOIN livepush_groups g ON g.id = j.group_id "
+                             "WHERE g.parent_id = %s", (h.id,))
+    assert len(children) == 4
+    names = names_of(durable_db, h.id)
+    assert names.count("waiting/waiting") == 2 and names[-1] == "succeeded/succeeded"
+
+
+async def test_a_failed_child_raises_child_failed_in_the_parent(durable_db: str) -> None:
+    """A child that fails makes run_children raise ChildFailed naming it; the parent may catch it."""
+    async with running():
+        h = await dj.parent.aenqueue([1, 2, 3], [3])
+        done = await wait_state(h.id, "succeeded", timeout=15.0)
+    assert done.result["one"] == {"child": 1, "queue": "default"}
+    assert len(done.result["failed"]) == 1
+    assert "child 3 fails" in done.result["error"] and "1 of 2 children" in done.result["error"]
+
+
+async def test_children_go_to_the_parents_queue_unless_the_request_names_one(durable_db: str) -> None:
+    """A child runs on its parent's queue; request(queue=) puts it elsewhere."""
+    async with running():
+        h = await dj.parent_queues.aenqueue()
+        done = await wait_state(h.id, "succeeded", timeout=15.0)
+    assert [r["queue"] for r in done.result] == ["default", "default", "elsewhere"]
+
+
+async def test_a_sync_parent_parks_and_replays(durable_db: str) -> None:
+    """A sync job's ctx.run_child parks it the same way."""
+    async with running():
+        h = await dj.parent_sync.aenqueue(7)
+        done = await wait_state(h.id, "succeeded", timeout=15.0)
+    assert done.result == {"child": 7, "queue": "default"}
+
+
+async def test_waiting_parent_shows_what_it_waits_for(durable_db: str) -> None:
+    """While children run, the parent is `waiting` for them, with its children's group topic."""
+    async with running():
+        h = await dj.fan_and_wait.aenqueue(2)
+        waiting = await wait_state(h.id, "waiting")
+        assert waiting.waiting is not None and waiting.waiting["for"] == "children"
+        group = waiting.waiting["group"]
+        assert waiting.waiting["name"] == f"group:{group}"
+        kids = [r[0] for r in q(durable_db, "SELECT id FROM livepush_jobs WHERE group_id = %s ORDER BY id", (group,))]
+        for kid in kids:
+            await wait_state(kid, "waiting")
+        for i, kid in enumerate(kids):
+            await jobs.asignal(kid, f"go-{i}", {"n": i})
+        done = await wait_state(h.id, "succeeded")
+    assert done.result == [[{"n": 0}], [{"n": 1}]]
+
+
+async def test_cancelling_a_waiting_parent_cancels_its_unfinished_children(durable_db: str) -> None:
+    """cancel() of a parked parent cancels it at once and its children that have not finished."""
+    async with running():
+        h = await dj.fan_and_wait.aenqueue(3)
+        waiting = await wait_state(h.id, "waiting")
+        group = waiting.waiting["group"]  # type: ignore[index]
+        kids = [r[0] for r in q(durable_db, "SELECT id FROM livepush_jobs WHERE group_id = %s ORDER BY id", (group,))]
+        await wait_state(kids[0], "waiting")
+        await jobs.asignal(kids[0], "go-0")
+        await wait_state(kids[0], "succeeded")
+        assert await jobs.acancel(h.id)
+        assert (await info(h.id)).state == "cancelled"
+        assert [(await info(k)).state for k in kids] == ["succeeded", "cancelled", "cancelled"]
+        assert jobs.get_group(group)["state"] == "cancelled"
+
+
+# -- signals ---------------------------------------------------------------------------------------
+
+async def test_signals_sent_before_the_wait_are_kept_in_order(durable_db: str) -> None:
+    """Signals sent before the job waits are delivered once each, oldest first."""
+    h = await dj.waiter.aenqueue("approval", 2)
+    await jobs.asignal(h.id, "approval", {"n": 1})
+    await jobs.asignal(h.id, "approval", {"n": 2})
+    await jobs.asignal(h.id, "other", {"n": 3})
+    async with running():
+        done = await wait_state(h.id, "succeeded")
+    assert done.result == [{"n": 1}, {"n": 2}]
+    assert q(durable_db, "SELECT name FROM livepush_job_signals WHERE job_id = %s", (h.id,)) == [("other",)]
+
+
+async def test_a_signal_wakes_a_parked_job(durable_db: str) -> None:
+    """A job parked on a signal waits, holding no slot, until jobs.signal() sends it."""
+    async with running(concurrency=1):
+        h = await dj.waiter.aenqueue("approval")
+        parked = await wait_state(h.id, "waiting")
+        assert parked.waiting == {"for": "signal", "name": "approval"}
+        assert parked.attempt == 0  # parking gave the attempt back
+        other = await dj.steps.aenqueue(1)
+        await wait_state(other.id, "succeeded")  # the only slot is free
+        await asyncio.to_thread(jobs.signal, h.id, "approval", {"by": "ana"})
+        done = await wait_state(h.id, "succeeded")
+    assert done.result == [{"by": "ana"}] and done.attempt == 1
+
+
+async def test_a_signal_in_a_rolled_back_transaction_is_never_sent(durable_db: str) -> None:
+    """signal(conn=) takes part in the caller's transaction."""
+    h = await dj.waiter.aenqueue("approval")
+    with psycopg.connect(durable_db) as conn:
+        jobs.signal(h.id, "approval", 1, conn=conn)
+        conn.rollback()
+        jobs.signal(h.id, "approval", 2, conn=conn)
+        conn.commit()
+    async with running():
+        done = await wait_state(h.id, "succeeded")
+    assert done.result == [2]
+
+
+async def test_signal_timeout(durable_db: str) -> None:
+    """wait_for_signal(timeout=) parks until the timeout, then raises SignalTimeout in the job."""
+    async with running():
+        t0 = time.monotonic()
+        h = await dj.waiter.aenqueue("approval", 1, 0.5)
+        await wait_state(h.id, "waiting")
+        done = await wait_state(h.id, "succeeded")
+    assert done.result == ["timeout"] and time.monotonic() - t0 >= 0.5
+
+
+async def test_signals_to_missing_or_finished_jobs_are_refused(durable_db: str) -> None:
+    """jobs.signal to an unknown or finished job raises a clear error and writes nothing."""
+    with pytest.raises(jobs.JobNotFound, match="no job 987654"):
+        jobs.signal(987654, "approval")
+    h = await dj.steps.aenqueue(0)
+    async with running():
+        await wait_state(h.id, "succeeded")
+    with pytest.raises(jobs.JobFinishedError, match="has succeeded"):
+        await jobs.asignal(h.id, "approval", {"late": True})
+    with pytest.raises(jobs.InvalidArgumentsError, match='data\\["x"\\] is a set'):
+        jobs.signal(h.id, "approval", {"x": {1}})
+    with pytest.raises(ValueError, match="a non-empty str"):
+        jobs.signal(h.id, "")
+    assert q(durable_db, "SELECT count(*) FROM livepush_job_signals") == [(0,)]
+
+
+# -- durable sleep ---------------------------------------------------------------------------------
+
+async def test_durable_sleep_parks_then_goes_on(durable_db: str) -> None:
+    """ctx.sleep parks the job until its time (state waiting, for sleep), then it replays past it."""
+    async with running():
+        t0 = time.monotonic()
+        h = await dj.sleeper.aenqueue(0.6)
+        parked = await wait_state(h.id, "waiting")
+        assert parked.waiting == {"for": "sleep", "name": "nap"}
+        done = await wait_state(h.id, "succeeded")
+    assert time.monotonic() - t0 >= 0.6
+    assert done.result == "rested" and bodies(durable_db, h.id) == ["before", "after"]
+
+
+# -- events and retention --------------------------------------------------------------------------
+
+async def test_checkpoint_and_waiting_events_and_the_result_on_the_job_topic(durable_db: str) -> None:
+    """job:<id> shows `checkpoint` (naming it), `waiting` (with what for) and the result at the end."""
+    async with running():
+        h = await dj.sleeper.aenqueue(0.2)
+        await wait_state(h.id, "succeeded")
+    from tests.support.job_versions import events_of
+
+    events = events_of(durable_db, h.id)
+    kinds = [e["event"] for e in events]
+    assert kinds[:4] == ["enqueued", "started", "checkpoint", "waiting"]
+    assert kinds[-2:] == ["checkpoint", "succeeded"]
+    state = (await asyncio.to_thread(read_states, durable_db, [h.topic]))[h.topic]
+    final = json.loads(state.data_json())
+    assert final["event"] == "succeeded" and final["job"]["result"] == "rested"
+    assert state.version == len(events)
+
+
+async def test_the_checkpoint_event_names_the_checkpoint(durable_db: str) -> None:
+    """A page reading job:<id> right after a checkpoint sees the `checkpoint` event and its name."""
+    async with running():
+        h = await dj.checkpoint_then_hold.aenqueue("let-go")
+        await async_wait_for(lambda: bodies(durable_db, h.id) == ["fetched"], 10.0, message="the checkpoint")
+
+        async def checkpoint_seen() -> dict[str, Any] | None:
+            state = (await asyncio.to_thread(read_states, durable_db, [h.topic]))[h.topic]
+            data = json.loads(state.data_json())
+            return data if data["event"] == "checkpoint" else None
+
+        data = await async_wait_for(checkpoint_seen, 10.0, message="the checkpoint event")
+        assert data["job"]["checkpoint"] == "fetched" and data["job"]["state"] == "running"
+        q(durable_db, "INSERT INTO job_flags VALUES ('let-go')")
+        await wait_state(h.id, "succeeded")
+
+
+async def test_retention_removes_steps_and_signals_with_their_job(durable_db: str) -> None:
+    """Pruning a finished job deletes its stored steps and unread signals too."""
+    h = await dj.waiter.aenqueue("approval", 1, 0.0)
+    await jobs.asignal(h.id, "other", 1)
+    async with running():
+        await wait_state(h.id, "succeeded")
+    assert q(durable_db, "SELECT count(*) FROM livepush_job_steps WHERE job_id = %s", (h.id,)) != [(0,)]
+    q(durable_db, "UPDATE livepush_jobs SET finished_at = now() - interval '2 days' WHERE id = %s", (h.id,))
+    from livepush.jobs import database
+
+    pool = await database.pools().aget()
+    await maintenance.prune(pool, 3600)
+    assert await jobs.aget_job(h.id) is None
+    assert q(durable_db, "SELECT count(*) FROM livepush_job_steps WHERE job_id = %s", (h.id,)) == [(0,)]
+    assert q(durable_db, "SELECT count(*) FROM livepush_job_signals WHERE job_id = %s", (h.id,)) == [(0,)]
+
+
+async def test_get_job_of_an_unknown_id_is_none(durable_db: str) -> None:
+    """get_job answers None for an id that names no job, and a TypeError for a non-int."""
+    assert jobs.get_job(424242) is None
+    with pytest.raises(TypeError, match="job_id must be an int"):
+        jobs.get_job("7")  # type: ignore[arg-type]
