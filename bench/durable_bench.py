@@ -133,7 +133,7 @@ async def child(ctx: Any, i: int) -> int:
 
 
 async def parent(ctx: Any, n: int) -> None:
-    parent_runs[ctx.job_id].append(time.perf_counter())
+    parent_runs[ctx.job_id].append(time.time())
     results = await ctx.run_children([child_job.request(i) for i in range(n)])
     assert len(results) == n, len(results)
 
@@ -236,48 +236,45 @@ def lp_replay(url: str) -> dict[str, float]:
 
 
 def lp_wake(url: str, children: int, samples: int) -> list[float]:
-    """ms from the last child's outcome commit to the parent's function starting again."""
+    """ms from the commit of the last child's outcome to the parent's function starting again.
+    The commit's time is the one Postgres records with it (track_commit_timestamp), taken just
+    before the commit's WAL flush; the parent's is time.time() at its entry, the same clock."""
     lp_truncate(url)
     parent_runs.clear()
-    waits: list[float] = []
-
-    class Stamped(collections.Counter):  # type: ignore[type-arg]
-        """The completer adds to its counts as its commit returns: the reading closest to the
-        commit this process can take without a clock inside Postgres."""
-
-        target = 0
-        reached = 0.0
-
-        def __setitem__(self, key: str, value: int) -> None:
-            super().__setitem__(key, value)
-            if key == "succeeded" and value == self.target:
-                self.reached = time.perf_counter()
+    handles: list[int] = []
 
     async def go() -> None:
         rt = Runtime(REG, queues=["durable-wake"], concurrency=10, install_signals=False, heartbeat=5)
         task = asyncio.create_task(rt.run())
         try:
             await rt.wait_started()
-            stamped = Stamped(rt._completer.counts)  # type: ignore[union-attr]
-            rt._completer.counts = stamped  # type: ignore[union-attr]
-            for s in range(samples):
-                before = stamped.get("succeeded", 0)
-                stamped.target = before + children  # this parent's children; the parent counts after
+            for _ in range(samples):
+                before = rt.counts.get("succeeded", 0)
                 handle = await parent_job.aenqueue(children)
+                handles.append(handle.id)
                 deadline = time.monotonic() + 120
-                while len(parent_runs[handle.id]) < 2 or stamped.get("succeeded", 0) < before + children + 1:
+                # Done when the parent ran again and its outcome (after its children's) is written.
+                while len(parent_runs[handle.id]) < 2 or rt.counts.get("succeeded", 0) < before + children + 1:
                     if task.done():
                         task.result()
                         raise RuntimeError("the runtime stopped early (wake)")
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"parent {handle.id} did not finish within 120 s")
                     await asyncio.sleep(0.005)
-                waits.append((parent_runs[handle.id][1] - stamped.reached) * 1000)
         finally:
             rt.stop()
             await asyncio.wait_for(task, 60)
 
     run(go())
+    waits = []
+    with psycopg.connect(url, autocommit=True) as c:
+        for parent_id in handles:
+            # A child's row is last written by the transaction of its outcome; the latest of those
+            # is the one that finished the group and made the parent available.
+            committed = c.execute(
+                "SELECT extract(epoch FROM max(pg_xact_commit_timestamp(j.xmin)))::float8 FROM livepush_jobs j "
+                "JOIN livepush_groups g ON g.id = j.group_id WHERE g.parent_id = %s", (parent_id,)).fetchone()[0]  # type: ignore[index]
+            waits.append((parent_runs[parent_id][1] - committed) * 1000)
     return waits
 
 
@@ -465,6 +462,7 @@ def report(results: dict[str, dict[str, list[float]]], args: argparse.Namespace,
     if "wake_ms" in lp:
         print(f"| parent running again after its last child's commit ({args.children:,} children, median of "
               f"{len(results['livepush']['wake_ms'])}) | {fmt(lp['wake_ms'], 'ms')} | | |")
+    if "rate_none" in lp:
         print(f"| {jobs_n:,} no-op jobs at concurrency 10, none parked | {fmt(lp['rate_none'], '/s')} | | |")
         print(f"| the same with {parked_n:,} jobs parked on a signal | {fmt(lp['rate_parked'], '/s')} | | |")
     print()
@@ -477,8 +475,9 @@ def report(results: dict[str, dict[str, list[float]]], args: argparse.Namespace,
         goals.append((f"replay of {REPLAY_STEPS} stored checkpoints < 100 ms",
                       f"{lp['replay_ms']:.1f} ms ({lp['replay_ms'] / REPLAY_STEPS * 1000:.0f} us per checkpoint)",
                       lp["replay_ms"] < 100))
-        goals.append(("parent running again <= 100 ms after its last child's commit", f"{lp['wake_ms']:.1f} ms",
-                      lp["wake_ms"] <= 100))
+        if "wake_ms" in lp:
+            goals.append(("parent running again <= 100 ms after its last child's commit",
+                          f"{lp['wake_ms']:.1f} ms", lp["wake_ms"] <= 100))
         nones, parks = results["livepush"]["rate_none"], results["livepush"]["rate_parked"]
         per_round = [p / n for p, n in zip(parks, nones)]
         overall = lp["rate_parked"] / lp["rate_none"]
@@ -491,6 +490,9 @@ def report(results: dict[str, dict[str, list[float]]], args: argparse.Namespace,
                       abs(1 - overall) <= spread))
     for label, value, ok in goals:
         print(f"goal {label}: {value} {'met' if ok else 'NOT met'}")
+    if "rate_none" in lp and lp["rate_parked"] > lp["rate_none"] * 1.1:
+        print("note: faster with parked jobs than without; the goal is about not being slower, but a gap past "
+              "the noise is worth a look")
     if "recover_s" in lp:
         print(f"recovery: livepush heartbeat {args.heartbeat:g} s, so a runtime is dead after {3 * args.heartbeat:g} s "
               "of silence; DBOS recovers at launch through its internal queue, polled once a second")
@@ -533,13 +535,19 @@ def main() -> None:
         if args.pg_url:
             admin, where = args.pg_url, "given server (--pg-url): its own settings"
         else:
-            admin = services.start_postgres(args.pg_port, durable=not args.pg_no_fsync)
+            # Commit timestamps: the wake figure reads when the last child's outcome committed.
+            admin = services.start_postgres(args.pg_port, durable=not args.pg_no_fsync,
+                                            settings={"track_commit_timestamp": "on"})
             where = ("throwaway PostgreSQL, fsync OFF (--pg-no-fsync)" if args.pg_no_fsync
                      else "throwaway PostgreSQL, durable defaults")
         with psycopg.connect(admin) as c:
             version = c.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
             fsync = c.execute("SHOW fsync").fetchone()[0]  # type: ignore[index]
             sync_commit = c.execute("SHOW synchronous_commit").fetchone()[0]  # type: ignore[index]
+            commit_ts = c.execute("SHOW track_commit_timestamp").fetchone()[0] == "on"  # type: ignore[index]
+        if with_lp and not commit_ts:
+            print("the server keeps no commit timestamps (track_commit_timestamp off): the wake figure is skipped",
+                  flush=True)
         dbos_version = "not run"
         if with_dbos:
             dbos_version = subprocess.run([BENCH_PY, "-c", "import importlib.metadata as m; print(m.version('dbos'))"],
@@ -576,8 +584,10 @@ def main() -> None:
         order = ["seq", "conc", "replay", "kill"]
         figures.sort(key=lambda f: order.index(f[1]))
         if with_lp:
+            if commit_ts:
+                figures.append(("livepush", "wake",
+                                lambda r: {"wake_ms": lp_wake(lp_url, args.children, args.wake_samples)}))
             figures += [
-                ("livepush", "wake", lambda r: {"wake_ms": lp_wake(lp_url, args.children, args.wake_samples)}),
                 ("livepush", "none parked", lambda r: {"rate_none": lp_parked(lp_url, jobs_n, 0)}),
                 ("livepush", "parked", lambda r: {"rate_parked": lp_parked(lp_url, jobs_n, parked_n)}),
             ]
