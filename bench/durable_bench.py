@@ -32,9 +32,10 @@ c. recovery after kill -9: a runtime process (livepush: `livepush jobs` with --h
    DBOS re-enqueues the PENDING workflows of its executor id and application version at launch,
    on an internal queue it polls once a second. "up" is when the new process said it was ready.
 d. parking and waking (livepush only): a parent job calls ctx.run_children() on --children
-   children; the time from the commit of the last child's outcome (the completer counts it as
-   its commit returns; the same transaction finishes the group and makes the parent available)
-   to the parent's function starting again, --wake-samples per round. And --jobs no-op jobs at
+   children; the time from the commit of the last child's outcome (the same transaction finishes
+   the group and makes the parent available; its time is the commit timestamp Postgres records,
+   so the server needs track_commit_timestamp, which the throwaway one has) to the parent's
+   function starting again, --wake-samples per round. And --jobs no-op jobs at
    concurrency 10 with --parked jobs parked (each waiting for a signal that never comes) against
    the same with none parked (which of the two runs first alternates by round).
 Rounds are interleaved (each round runs every figure for both systems) so drift hits all alike;
