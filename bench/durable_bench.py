@@ -1,8 +1,8 @@
 """Durable jobs benchmark (not a test): livepush's durable jobs against DBOS Transact, in one run
 on the same Postgres.
 
-    .venv/bin/python bench/durable_bench.py                       # durable Postgres, 3 rounds, ~5 min
-    .venv/bin/python bench/durable_bench.py --quick               # 1 round, smaller sizes, ~1.5 min
+    .venv/bin/python bench/durable_bench.py                       # durable Postgres, 3 rounds, ~4 min
+    .venv/bin/python bench/durable_bench.py --quick               # 1 round, smaller sizes, ~1 min
     .venv/bin/python bench/durable_bench.py --rounds 1 --systems livepush   # livepush only
 
 Without --pg-url it starts a throwaway PostgreSQL (Postgres' durable defaults: fsync and
@@ -12,7 +12,7 @@ docs/performance.md) and bench/competitors/dbos_driver.py, which prints its figu
 system gets its own scratch database on the same server (DBOS's is its system database).
 
 Measured (livepush jobs are async, their steps async no-op functions; DBOS's workflows and steps
-are sync, its faster style in this benchmark):
+are sync: async ones ran no faster in this benchmark):
 a. steps/s of a 10-step job (`await ctx.checkpoint(f"s{i}", noop_step)` ten times): --seq-jobs
    jobs run one after another (livepush: a Runtime at concurrency 1 draining them; DBOS: the
    workflow called in one thread, after one warm-up call), and --conc-jobs jobs enqueued at once,
@@ -35,9 +35,9 @@ d. parking and waking (livepush only): a parent job calls ctx.run_children() on 
    children; the time from the commit of the last child's outcome (the same transaction finishes
    the group and makes the parent available; its time is the commit timestamp Postgres records,
    so the server needs track_commit_timestamp, which the throwaway one has) to the parent's
-   function starting again, --wake-samples per round. And --jobs no-op jobs at
-   concurrency 10 with --parked jobs parked (each waiting for a signal that never comes) against
-   the same with none parked (which of the two runs first alternates by round).
+   function starting again, --wake-samples per round. And --jobs no-op jobs at concurrency 10
+   with --parked jobs parked (each waiting for a signal that never comes) against the same with
+   none parked (which of the two runs first alternates by round).
 Rounds are interleaved (each round runs every figure for both systems) so drift hits all alike;
 the table shows each figure's median over the rounds and the ratios of the medians.
 """

@@ -7,11 +7,11 @@ URL is the DBOS system database (Postgres). Prints one JSON object of figures, e
 victim and recover, which print a line per event ("durable-bench ready|step I|done" and the
 time.time() it happened), for the benchmark to read as they come.
 
-Configuration: sync workflows and steps (DBOS's primary style; in this driver they ran faster than
-async ones), a fixed application_version and executor_id so a second process recovers
-what the first left PENDING, logging at WARNING. The queue is registered with
-worker_concurrency=10 and a 10 ms polling interval: DBOS queues are polled (the default
-is 1 s, which would cap a queue at 10 workflows a second and measure the poll, not DBOS).
+Configuration: sync workflows and steps (async ones ran no faster here), a fixed
+application_version and executor_id so a second process recovers what the first left PENDING,
+logging at WARNING. The queue is registered with worker_concurrency=10 and a 10 ms polling
+interval: DBOS queues are polled (the default is 1 s, which would cap a queue at 10 workflows a
+second and measure the poll, not DBOS).
 """
 
 from __future__ import annotations
@@ -144,7 +144,8 @@ def seq(n: int) -> dict:
 
 
 def queue(n: int) -> dict:
-    """n workflows enqueued at once on a paused queue, then run at worker concurrency 10."""
+    """n workflows enqueued on a paused queue (worker_concurrency 0: its worker claims none), then
+    run at worker concurrency 10, timed from the release."""
     global target
     launch()
     clear()
