@@ -8,6 +8,7 @@ in the same transaction as the row that records it, so a failed file leaves no t
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -40,6 +41,12 @@ class Migration:
     name: str
     sql: str
 
+    @property
+    def checksum(self) -> str:
+        """What the database records of the file it ran: before 1.0 files are rewritten in place,
+        so a name alone does not say which schema a database has."""
+        return hashlib.sha256(self.sql.encode("utf-8")).hexdigest()
+
 
 def bundled() -> list[Migration]:
     """The migrations shipped with this package, in version order."""
@@ -65,23 +72,29 @@ _CREATE_SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS livepush_schema (
     version    integer PRIMARY KEY,
     name       text NOT NULL,
+    checksum   text NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now()
 )
 """
 # name: applied -- a plain read; under migrate()'s lock nobody adds rows meanwhile.
-_APPLIED = "SELECT version, name FROM livepush_schema ORDER BY version"
+_APPLIED = "SELECT version, name, checksum FROM livepush_schema ORDER BY version"
 
 
-def _check_lineage(url: str, applied: list[tuple[int, str]]) -> None:
-    """Refuse a database whose schema is not a prefix of ours (a 0.1 schema, or a newer livepush's)."""
-    ours = {m.version: m.name for m in bundled()}
-    for version, name in applied:
-        if ours.get(version) != name:
-            raise SchemaError(
-                f"the database at {redact(url)} has a livepush schema this version cannot use (migration "
-                f"{version:04d}_{name}): a schema from before 1.0 is not migrated in place; use a new database "
-                "(or drop livepush's tables) and run `livepush migrate`"
-            )
+def _foreign(url: str, what: str) -> SchemaError:
+    return SchemaError(
+        f"the database at {redact(url)} has a livepush schema this version cannot use ({what}): a schema from "
+        "before 1.0 is not migrated in place; use a new database (or drop livepush's tables) and run "
+        "`livepush migrate`")
+
+
+def _check_lineage(url: str, applied: list[tuple[int, str, str]]) -> None:
+    """Refuse a database whose schema is not a prefix of ours, file for file (a 0.1 schema, one made
+    by an earlier build of this version, or a newer livepush's)."""
+    ours = {m.version: m for m in bundled()}
+    for version, name, checksum in applied:
+        mine = ours.get(version)
+        if mine is None or mine.name != name or mine.checksum != checksum:
+            raise _foreign(url, f"migration {version:04d}_{name} differs from this version's")
 
 
 def migrate(url: str, runtime_role: str | None = None) -> list[Migration]:
@@ -92,15 +105,15 @@ def migrate(url: str, runtime_role: str | None = None) -> list[Migration]:
         # Transaction-scoped lock: released at commit or rollback, never leaked by a crash.
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
         conn.execute(_CREATE_SCHEMA_TABLE)
-        applied = _applied(conn)
+        applied = _applied(conn, url)
         _check_lineage(url, applied)
-        done = {v for v, _ in applied}
+        done = {v for v, _, _ in applied}
         for migration in bundled():
             if migration.version in done:
                 continue
             conn.execute(migration.sql)  # type: ignore[arg-type]  # trusted files shipped with the package
-            conn.execute("INSERT INTO livepush_schema (version, name) VALUES (%s, %s)",
-                         (migration.version, migration.name))
+            conn.execute("INSERT INTO livepush_schema (version, name, checksum) VALUES (%s, %s, %s)",
+                         (migration.version, migration.name, migration.checksum))
             applied_now.append(migration)
         if runtime_role is not None:
             _grant_runtime(conn, runtime_role)
@@ -125,21 +138,23 @@ def _grant_runtime(conn: psycopg.Connection, role: str) -> None:
     conn.execute(sql.SQL("GRANT USAGE, SELECT ON SEQUENCE {} TO {}").format(sql.SQL(", ").join(sequences), who))
 
 
-def _applied(conn: psycopg.Connection) -> list[tuple[int, str]]:
+def _applied(conn: psycopg.Connection, url: str) -> list[tuple[int, str, str]]:
     """The migrations recorded in the database, oldest first; none before the first migrate."""
     try:
-        return [(int(v), str(n)) for v, n in conn.execute(_APPLIED)]
+        return [(int(v), str(n), str(c)) for v, n, c in conn.execute(_APPLIED)]
     except psycopg.errors.UndefinedTable:
         if not conn.autocommit:
             conn.rollback()
         return []
+    except psycopg.errors.UndefinedColumn:  # recorded by a livepush that kept no checksums
+        raise _foreign(url, "its migrations were recorded without checksums") from None
 
 
 def check_schema(url: str, who: str = "this livepush") -> None:
     """Refuse to run on a schema older than this code needs, or not ours at all."""
     with translated(url), connect(url) as conn:
-        applied = _applied(conn)
-    have = max((v for v, _ in applied), default=0)
+        applied = _applied(conn, url)
+    have = max((v for v, _, _ in applied), default=0)
     _check_lineage(url, applied)
     need = required_version()
     if have < need:

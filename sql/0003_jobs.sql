@@ -36,6 +36,9 @@ CREATE TABLE livepush_jobs (
     -- The task group this job is a callback of (on_finish, on_success, on_failure: never
     -- counted as a member), or NULL.
     callback_of      bigint,
+    -- The workflow run this job is a step of (sql/0006_workflows.sql), or NULL: its end
+    -- advances the run, in the transaction that records it.
+    workflow_id      bigint,
     cancel_requested boolean     NOT NULL DEFAULT false,
     finished_at      timestamptz,
     -- The state topic: the version of what a page sees, and the event that made it.
@@ -106,11 +109,15 @@ CREATE TABLE livepush_job_payloads (
 
 -- One row per live runtime process. A runtime beats every `heartbeat` seconds; one silent for
 -- three of its own beats is dead, and any other runtime deletes its row and releases its jobs
--- (attempt counted).
+-- (attempt counted). A runtime starting on the same node also finds one whose process is gone.
 CREATE TABLE livepush_job_runtimes (
     id            bigserial PRIMARY KEY,
     host          text        NOT NULL,
     pid           integer     NOT NULL,
+    -- The machine and process namespace the pid belongs to (boot id and pid namespace), when
+    -- known: a runtime that starts there finds runtimes that died on it (their pid is gone) at
+    -- once, instead of after three missed beats.
+    node          text,
     queues        text[]      NOT NULL,
     concurrency   integer     NOT NULL,
     heartbeat     double precision NOT NULL CHECK (heartbeat > 0),

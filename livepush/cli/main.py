@@ -108,6 +108,12 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         jobs_cli.leave_if_threads_run(status)
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from . import status as status_cli
+
+    return status_cli.run(args, _settings(args))
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .. import demo
 
@@ -117,6 +123,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import jobs as jobs_cli
+    from . import status as status_cli
 
     parser = _Parser(prog="livepush", description="Real-time push for Python applications.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -138,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("jobs", help="run the job runtime")
     jobs_cli.add_arguments(p)
     p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser("status", help="queues, runtimes, groups and workflows in progress, from the database")
+    status_cli.add_arguments(p)
+    p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("demo", help="run the demo: server, jobs and a live page in one process")
     p.set_defaults(func=cmd_demo)

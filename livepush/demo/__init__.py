@@ -3,7 +3,8 @@ runtime and a page, in one process. Ctrl-C stops everything cleanly.
 
 The page starts work only through a same-origin POST (a GET gets 405, another site's request
 403), and is served with a Content-Security-Policy that allows its own files and its own server
-only.
+only. It shows two kinds of import: a task group of jobs, and a durable job that parks while its
+children run and again until someone approves it (durable.py).
 """
 
 from __future__ import annotations
@@ -13,18 +14,22 @@ import ipaddress
 import json
 import logging
 import secrets
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+import psycopg
 from websockets.http11 import Request, Response
 
 from .. import config, migrate
 from ..cli.runner import run_async
 from ..cli.wiring import server_parts
+from ..errors import DependencyError, SchemaError
 from ..server import http
 from ..server.run import serve
 from ..sessions.handshake import header_values, origin_allowed
+from . import durable
 
 log = logging.getLogger("livepush.demo")
 
@@ -32,6 +37,7 @@ DEMO_JOBS = "livepush.demo.jobs"
 MAX_ROWS = 5000
 _FILES = {"/": ("page.html", "text/html; charset=utf-8"), "/index.html": ("page.html", "text/html; charset=utf-8"),
           "/demo/page.js": ("page.js", "text/javascript; charset=utf-8"),
+          "/demo/durable.js": ("durable.js", "text/javascript; charset=utf-8"),
           "/demo/page.css": ("page.css", "text/css; charset=utf-8")}
 
 
@@ -76,6 +82,41 @@ async def start_import(rows: int) -> dict[str, object]:
     return await asyncio.to_thread(enqueue)
 
 
+def _rows(query: dict[str, list[str]], default: int, most: int) -> int:
+    try:
+        rows = int(query.get("n", [str(default)])[0])
+    except ValueError:
+        raise durable.Refused(400, "n must be a whole number") from None
+    if not 1 <= rows <= most:
+        raise durable.Refused(400, f"n must be between 1 and {most}")
+    return rows
+
+
+async def _start(query: dict[str, list[str]]) -> dict[str, object]:
+    return await start_import(_rows(query, 200, MAX_ROWS))
+
+
+async def _start_durable(query: dict[str, list[str]]) -> dict[str, object]:
+    return await durable.start(_rows(query, 20, durable.MAX_ROWS))
+
+
+async def _children(query: dict[str, list[str]]) -> dict[str, object]:
+    return await durable.children(durable.job_id(query))
+
+
+async def _approve(query: dict[str, list[str]]) -> dict[str, object]:
+    return await durable.approve(durable.job_id(query))
+
+
+# Every action the page takes: a same-origin POST, answered with JSON or a one-line refusal.
+_ACTIONS: dict[str, tuple[str, Callable[[dict[str, list[str]]], Awaitable[dict[str, object]]]]] = {
+    "/demo/start": ("start an import", _start),
+    "/demo/durable/start": ("start a durable import", _start_durable),
+    "/demo/durable/children": ("follow a durable import's children", _children),
+    "/demo/durable/approve": ("approve a durable import", _approve),
+}
+
+
 async def routes(request: Request) -> Response | None:
     url = urlsplit(request.path)
     if url.path == "/favicon.ico":
@@ -84,20 +125,22 @@ async def routes(request: Request) -> Response | None:
         name, kind = _FILES[url.path]
         return http.response(200, _file(name), kind, Content_Security_Policy=_csp(request),
                              X_Content_Type_Options="nosniff")
-    if url.path == "/demo/start":
-        if request.method != "POST":
-            return http.response(405, b"start an import with a POST from the demo page\n", Allow="POST")
-        if not _same_origin(request):
-            return http.response(403, b"only the demo's own page may start an import\n")
-        try:
-            rows = int(parse_qs(url.query).get("n", ["200"])[0])
-        except ValueError:
-            return http.response(400, b"n must be a whole number\n")
-        if not 1 <= rows <= MAX_ROWS:
-            return http.response(400, f"n must be between 1 and {MAX_ROWS}\n".encode())
-        body = json.dumps(await start_import(rows)).encode()
-        return http.response(200, body, "application/json")
-    return None
+    if url.path not in _ACTIONS:
+        return None
+    what, action = _ACTIONS[url.path]
+    if request.method != "POST":
+        return http.response(405, f"{what} with a POST from the demo page\n".encode(), Allow="POST")
+    if not _same_origin(request):
+        return http.response(403, f"only the demo's own page may {what}\n".encode())
+    try:
+        body = json.dumps(await action(parse_qs(url.query)))
+    except durable.Refused as refused:
+        return http.response(refused.status, f"{refused.reason}\n".encode())
+    except (DependencyError, SchemaError) as exc:
+        # The page gets a line it can show; the details (which database, what to run) go to the log.
+        log.warning("could not %s: %s", what, exc)
+        return http.response(503, b"the demo's database is unavailable or not migrated: see the demo's log\n")
+    return http.response(200, body.encode(), "application/json")
 
 
 def demo_secret(folder: Path) -> str:
@@ -136,7 +179,17 @@ def run() -> int:
     if not _loopback(settings.host):
         log.warning("the demo listens on %s, not only on this machine: anyone who can reach it can start "
                     "imports; bind it to 127.0.0.1 (LIVEPUSH_HOST) unless you mean to share it", settings.host)
-    migrate.migrate(settings.require_database())
+    try:
+        migrate.migrate(settings.require_database())
+    except SchemaError:
+        if pg is None:
+            raise  # the user's own database: never reset it
+        # The embedded database holds nothing but earlier demo runs: start it afresh.
+        log.warning("the demo's database in .livepush/ was made by another livepush version: resetting it")
+        with psycopg.connect(settings.require_database(), autocommit=True) as conn:
+            conn.execute("DROP SCHEMA public CASCADE")
+            conn.execute("CREATE SCHEMA public")
+        migrate.migrate(settings.require_database())
 
     def ready(server: object) -> None:
         port = getattr(server, "port")

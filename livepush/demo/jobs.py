@@ -1,14 +1,21 @@
-"""The demo's jobs: an "import" of N rows, each a job that reports progress."""
+"""The demo's jobs: an "import" of N rows, each a job that reports progress; and a durable
+import, one job that fetches, fans its rows out as children, waits for an approval and writes a
+report, parking between the steps."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import random
+from typing import Any
 
 from .. import jobs
 
 log = logging.getLogger("livepush.demo")
+
+# How long a durable import waits for someone to press Approve before it gives up.
+APPROVAL_TIMEOUT = 3600.0
+APPROVAL = "approval"  # the signal's name: the page's Approve button sends it
 
 
 @jobs.job(queue="demo", max_attempts=3, timeout=60)
@@ -24,3 +31,37 @@ async def import_finished(ctx: jobs.JobContext, import_id: int) -> None:
     """The group's on_finish callback: runs once, after every row is done."""
     g = ctx.group
     log.info("import of group %s finished: %s succeeded, %s failed, %s cancelled", g.id, g.succeeded, g.failed, g.cancelled)
+
+
+@jobs.job(queue="demo", max_attempts=3, timeout=60)
+async def import_file(ctx: jobs.JobContext, rows: int) -> dict[str, Any]:
+    """A durable import. Every parking call ends the run and a later run replays from the top,
+    so everything outside the checkpoints must be safe to run again."""
+
+    async def download() -> dict[str, Any]:
+        chunks = 10
+        name = f"import-{ctx.job_id}.csv"
+        for chunk in range(1, chunks):
+            await asyncio.sleep(0.1)  # stands in for the network
+            await ctx.progress(chunk, chunks, f"downloading {name}: {chunk * 10} %")
+        # The last progress stays on the page while the job waits: it says what was fetched.
+        await ctx.progress(chunks, chunks, f"downloaded {name}: {rows} rows")
+        return {"file": name, "rows": rows}
+
+    fetched = await ctx.checkpoint("fetch", download)
+    await ctx.run_children([import_row.request(ctx.job_id, row) for row in range(fetched["rows"])])
+    try:
+        approval = await ctx.wait_for_signal(APPROVAL, timeout=APPROVAL_TIMEOUT)
+    except jobs.SignalTimeout:
+        return {"file": fetched["file"], "rows": fetched["rows"], "approved": False, "report": None}
+
+    async def write_report() -> str:
+        await ctx.progress(0, 1, "writing the report")
+        await asyncio.sleep(0.3)  # stands in for writing a file
+        await ctx.progress(1, 1, "report written")
+        return f"report-{ctx.job_id}.txt"
+
+    report = await ctx.checkpoint("report", write_report)
+    approved_by = approval.get("by") if isinstance(approval, dict) else None
+    return {"file": fetched["file"], "rows": fetched["rows"], "approved": True, "approved_by": approved_by,
+            "report": report}

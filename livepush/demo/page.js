@@ -1,12 +1,14 @@
 // The demo page's script (served as a file: the page's Content-Security-Policy allows no inline script).
 import { LivePush, bindProgress } from "/livepush.js";
+import { setUpDurable } from "/demo/durable.js";
 
 const lp = new LivePush(location.origin.replace(/^http/, "ws") + "/");
 const statusEl = document.getElementById("status");
 const show = (status) => { statusEl.textContent = status; statusEl.dataset.status = status; };
 show(lp.status);
 lp.on("status", show);
-window.livepushDemo = { lp, finished: false, group: null };
+window.livepushDemo = { lp, finished: false, group: null, durable: null };
+setUpDurable(lp, window.livepushDemo);
 
 const SLOTS = 5;
 let groupBinding = null;

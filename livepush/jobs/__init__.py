@@ -25,6 +25,7 @@ from .api.enqueue import aenqueue_many, enqueue_many
 from .api.functions import JobFunction, default_backoff, job
 from .api.handles import JobHandle
 from .api.registry import REGISTRY, JobRequest
+from .api.status import Status, astatus, status
 from .api.testing import adrain, clear, drain
 from .database import configure
 from .durable.fingerprint import input_fingerprint
@@ -42,6 +43,8 @@ from .errors import (
     InvalidProgressError,
     InvalidResultError,
     JobCancelled,
+    WorkflowDefinitionError,
+    WorkflowNotFound,
     JobFinishedError,
     JobNotFound,
     LeaseLostError,
@@ -65,6 +68,8 @@ from .groups.cancel import acancel_group, cancel_group
 from .groups.context import GroupContext
 from .groups.reads import get_group, group_history, group_members
 from .runtime.context import JobContext, SyncJobContext
+from .workflows.definition import Workflow
+from .workflows.runner import StepContext, WorkflowHandle, workflow
 
 __all__ = [
     "MAX_GROUP_MEMBERS",
@@ -78,6 +83,13 @@ __all__ = [
     "JobInfo",
     "JobNotFound",
     "SignalTimeout",
+    "StepContext",
+    "Workflow",
+    "WorkflowDefinitionError",
+    "WorkflowHandle",
+    "WorkflowNotFound",
+    "workflow",
+    "workflows",
     "aget_job",
     "asignal",
     "get_job",
@@ -127,6 +139,9 @@ __all__ = [
     "job",
     "job_state",
     "retry_failed",
+    "Status",
+    "astatus",
+    "status",
 ]
 
 

@@ -6,19 +6,22 @@
     ├── InvalidResultError (TypeError)     a job's or a checkpoint's result is not plain JSON
     ├── JobNotFound (LookupError)          no job with that id (jobs.signal)
     ├── JobFinishedError                   the job has finished (jobs.signal)
+    ├── WorkflowNotFound (LookupError)     no workflow run with that id
     ├── DurableError                       durable jobs: CheckpointInputConflict,
     │                                      DuplicateStepError (ValueError), ChildFailed,
     │                                      SignalTimeout (TimeoutError)
     └── GroupError                         task groups: GroupNotFound (LookupError),
                                            GroupClosedError, GroupLimitError (ValueError),
                                            LeaseLostError
+    ConfigError > WorkflowDefinitionError  a workflow's graph is wrong (raised at import)
     JobCancelled (BaseException)           raised inside a job whose cancel was requested
     Parked (BaseException)                 ends a durable job's run when it parks (internal)
+    RunAbandoned (BaseException)           a durable call in a run that lost its job
 """
 
 from __future__ import annotations
 
-from ..errors import LivepushError
+from ..errors import ConfigError, LivepushError
 
 
 class InvalidArgumentsError(LivepushError, TypeError):
@@ -87,6 +90,33 @@ class ChildFailed(DurableError):
 
 class SignalTimeout(DurableError, TimeoutError):
     """`ctx.wait_for_signal(name, timeout=...)` passed its timeout with no signal."""
+
+
+class RunAbandoned(BaseException):
+    """Raised by a durable call in a run that no longer holds its job (rescued after its runtime
+    was presumed dead, timed out, given back): whatever it does now would be fenced off, and
+    another run replays the job. A BaseException so that a job's `except Exception` does not keep
+    a run going whose checkpoints can no longer be stored."""
+
+
+# -- workflows (livepush/jobs/workflows/) -----------------------------------------------------
+
+class WorkflowDefinitionError(ConfigError):
+    """A workflow's graph is wrong (an unknown step, a step defined twice, a fan-out step with a
+    signal wait, a bad option): raised when the module defining it is imported."""
+
+
+class WorkflowNotFound(LivepushError, LookupError):
+    """No workflow run with that id (never started, or deleted after its retention time)."""
+
+
+class Reattempt(BaseException):
+    """Ends a run to be run again after `seconds`, its attempt not spent (a workflow step's
+    ctx.flow.reattempt). Internal: the executor turns it into a release with that delay."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"run again in {seconds:g} s")
+        self.seconds = seconds
 
 
 class Parked(BaseException):

@@ -124,7 +124,7 @@ WITH picked AS (
     RETURNING j.*
 )
 SELECT j.id, j.name, j.queue, j.priority, j.attempt, j.max_attempts, j.lease, j.cancel_requested,
-       j.run_at, j.group_id, j.callback_of, j.version, j.has_steps, p.args
+       j.run_at, j.group_id, j.callback_of, j.workflow_id, j.version, j.has_steps, p.args
 FROM claimed j JOIN livepush_job_payloads p ON p.id = j.id
 ORDER BY j.priority, j.run_at, j.id
 """
@@ -144,8 +144,8 @@ SELECT livepush_state_changed(%(started_topics)s::text[], %(started_versions)s::
 # concurrent rescue or cancel of the same job either runs first (and this misses it) or waits
 # for this one (and then finds it finished).
 # kind: succeeded | retry (failed, may retry) | fail (failed for good) | cancelled | released
-# A released job (draining runtime, unknown name) gives its attempt back: it is `enqueued`
-# again (`retrying` if it had run before).
+# A released job (draining runtime, unknown name, a workflow step that asked to be run again
+# later: its delay) gives its attempt back: it is `enqueued` again (`retrying` if it had run before).
 _COMPLETE_CTES = f"""
 WITH outcome AS (
     SELECT * FROM unnest(%(ids)b::bigint[], %(leases)b::bigint[], %(kinds)b::text[],
@@ -156,7 +156,7 @@ WITH outcome AS (
         state = CASE
             WHEN o.kind = 'succeeded' THEN 'succeeded'
             WHEN j.cancel_requested OR o.kind = 'cancelled' THEN 'cancelled'
-            WHEN o.kind = 'released' THEN 'available'
+            WHEN o.kind = 'released' THEN CASE WHEN o.delay > 0 THEN 'scheduled' ELSE 'available' END
             WHEN o.kind = 'retry' AND j.attempt < j.max_attempts THEN 'scheduled'
             ELSE 'failed' END,
         event = CASE
@@ -168,7 +168,7 @@ WITH outcome AS (
         run_at = CASE
             WHEN o.kind = 'retry' AND NOT j.cancel_requested AND j.attempt < j.max_attempts
                 THEN now() + make_interval(secs => o.delay)
-            WHEN o.kind = 'released' THEN now()
+            WHEN o.kind = 'released' THEN now() + make_interval(secs => o.delay)
             ELSE j.run_at END,
         attempt = CASE WHEN o.kind = 'released' THEN j.attempt - 1 ELSE j.attempt END,
         finished_at = CASE
@@ -182,7 +182,7 @@ WITH outcome AS (
     -- over two copies of it is quadratic in the batch. The state row's lock, taken here,
     -- orders this against every other payload writer (they lock it first too). (In RETURNING,
     -- j is the new version of the row.)
-    RETURNING j.id, j.state, j.group_id, j.version, o.kind AS kind,
+    RETURNING j.id, j.state, j.group_id, j.workflow_id, j.version, o.kind AS kind,
               coalesce(o.progress, p.progress) AS progress,
               CASE WHEN j.state = 'succeeded' THEN NULL ELSE coalesce(o.error, p.error) END AS error,
               CASE WHEN j.state = 'succeeded' THEN o.result END AS result,
@@ -257,18 +257,29 @@ WHERE state IN ('scheduled', 'waiting') AND run_at < 'infinity'
 
 # name: register_runtime
 REGISTER_RUNTIME = """
-INSERT INTO livepush_job_runtimes (host, pid, queues, concurrency, heartbeat)
-VALUES (%(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(heartbeat)s)
+INSERT INTO livepush_job_runtimes (host, pid, node, queues, concurrency, heartbeat)
+VALUES (%(host)s, %(pid)s, %(node)s, %(queues)s, %(concurrency)s, %(heartbeat)s)
 RETURNING id
 """
+
+# name: runtimes_on_node
+# The other runtimes registered on this node (same boot and pid namespace): the starting runtime
+# checks whether their processes still exist. A plain read.
+RUNTIMES_ON_NODE = "SELECT id, pid FROM livepush_job_runtimes WHERE node = %(node)s AND id <> %(id)s"
+
+# name: prune_runtime
+# A runtime whose process is gone from this node. Deleted only if the row still names that
+# process (a re-registration under the same id by a live process is left alone); its jobs are
+# then released by RESCUE_ORPHANS, like those of a runtime that stopped beating.
+PRUNE_RUNTIME = "DELETE FROM livepush_job_runtimes WHERE id = %(id)s AND node = %(node)s AND pid = %(pid)s"
 
 # name: reregister_runtime
 # A runtime that stalled past three beats was pruned; it comes back under its old id (ON
 # CONFLICT: a beat racing another re-register is harmless). Its old jobs were released and their
 # leases are gone, so whatever it still finishes is fenced off.
 REREGISTER_RUNTIME = """
-INSERT INTO livepush_job_runtimes (id, host, pid, queues, concurrency, heartbeat, state, in_hand)
-VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(heartbeat)s, %(state)s, %(in_hand)s)
+INSERT INTO livepush_job_runtimes (id, host, pid, node, queues, concurrency, heartbeat, state, in_hand)
+VALUES (%(id)s, %(host)s, %(pid)s, %(node)s, %(queues)s, %(concurrency)s, %(heartbeat)s, %(state)s, %(in_hand)s)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 """
 
@@ -315,11 +326,12 @@ WITH orphans AS (
         finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN now() END,
         run_at = now(), lease = NULL, runtime_id = NULL, version = j.version + 1
     FROM orphans WHERE j.id = orphans.id
-    RETURNING j.id, j.state, j.group_id, j.version
+    RETURNING j.id, j.state, j.group_id, j.workflow_id, j.version
 ), payload AS (
     UPDATE livepush_job_payloads p SET error = %(error)s FROM moved j WHERE p.id = j.id
 ), rung AS ({ring("moved")})
-SELECT m.id, m.state, m.group_id, CASE WHEN count(*) OVER () > 0 THEN livepush_jobs_ready() END AS _rang
+SELECT m.id, m.state, m.group_id, m.workflow_id, %(error)s AS error,
+       CASE WHEN count(*) OVER () > 0 THEN livepush_jobs_ready() END AS _rang
 FROM moved m CROSS JOIN rung
 ORDER BY m.id
 """
@@ -346,9 +358,9 @@ WITH moved AS (
         finished_at = CASE WHEN j.cancel_requested THEN now() END,
         attempt = j.attempt - 1, run_at = now(), lease = NULL, runtime_id = NULL, version = j.version + 1
     WHERE j.state = 'running' AND j.runtime_id = %(runtime_id)s
-    RETURNING j.id, j.state, j.group_id, j.version
+    RETURNING j.id, j.state, j.group_id, j.workflow_id, j.version
 ), rung AS ({ring("moved")})
-SELECT m.id, m.state, m.group_id FROM moved m CROSS JOIN rung ORDER BY m.id
+SELECT m.id, m.state, m.group_id, m.workflow_id FROM moved m CROSS JOIN rung ORDER BY m.id
 """
 
 # name: cancel
@@ -369,12 +381,40 @@ WITH target AS (
         cancel_requested = (t.state = 'running')
     FROM target t
     WHERE j.id = t.id AND t.state IN ('available', 'scheduled', 'waiting', 'running')
-    RETURNING j.id, j.state, j.group_id, j.version
+    RETURNING j.id, j.state, j.group_id, j.workflow_id, j.version
 ), rung AS ({ring("(SELECT * FROM moved WHERE state = 'cancelled')")}
 ), told AS (
     SELECT livepush_jobs_cancel_requested(array_agg(id)) AS n FROM moved WHERE state = 'running'
 )
-SELECT m.id, m.state, m.group_id FROM moved m CROSS JOIN rung CROSS JOIN told
+SELECT m.id, m.state, m.group_id, m.workflow_id FROM moved m CROSS JOIN rung CROSS JOIN told
+"""
+
+# name: stop_jobs
+# The jobs of workflow steps still active when their run ended (workflows/engine.py), in the
+# transaction that ended it, which holds the run's row: a queued or parked one is cancelled, a
+# running one flagged and told (as CANCEL does). SKIP LOCKED, because the lock order is job rows
+# before workflow rows: a job whose row is busy right now (its own outcome being written) is
+# left alone, and its end, recorded on the run after this commits, changes nothing there.
+STOP_JOBS = f"""
+WITH target AS (
+    SELECT id, state FROM livepush_jobs
+    WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('available', 'scheduled', 'waiting', 'running')
+    ORDER BY id
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE livepush_jobs j SET
+        state = CASE WHEN t.state = 'running' THEN 'running' ELSE 'cancelled' END,
+        event = CASE WHEN t.state = 'running' THEN j.event ELSE 'cancelled' END,
+        version = CASE WHEN t.state = 'running' THEN j.version ELSE j.version + 1 END,
+        finished_at = CASE WHEN t.state = 'running' THEN j.finished_at ELSE now() END,
+        cancel_requested = true
+    FROM target t WHERE j.id = t.id
+    RETURNING j.id, j.state, j.version
+), rung AS ({ring("(SELECT * FROM moved WHERE state = 'cancelled')")}
+), told AS (
+    SELECT livepush_jobs_cancel_requested(array_agg(id ORDER BY id)) AS n FROM moved WHERE state = 'running'
+)
+SELECT m.id, m.state FROM moved m CROSS JOIN rung CROSS JOIN told
 """
 
 # name: job_group (retry_failed refuses a group member: its failure is counted in its group)
@@ -428,3 +468,65 @@ QUEUES_WITH_DUE_JOBS = "SELECT DISTINCT queue FROM livepush_jobs WHERE state = '
 # name: clear (tests only): DELETE rather than TRUNCATE, which a runtime role may not do.
 CLEAR = ("DELETE FROM livepush_job_steps; DELETE FROM livepush_job_signals; DELETE FROM livepush_job_payloads; "
          "DELETE FROM livepush_jobs; DELETE FROM livepush_job_runtimes")
+
+# -- `livepush status` (api/status.py) --------------------------------------------------------------
+# Plain reads: no lock, no write, no ring. They run in one REPEATABLE READ, READ ONLY transaction
+# (STATUS_SNAPSHOT first), so every figure of one report comes from the same snapshot and now()
+# is the same instant for each age.
+
+# name: status_snapshot
+# Must be the transaction's first statement. Read only: the report can never change anything,
+# whatever role runs it.
+STATUS_SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+
+# name: queue_status
+# A plain read. Per queue: jobs available now (depth) and how long the oldest of them has been
+# due, scheduled (delayed enqueues and retries in backoff), running, waiting (durable jobs
+# parked: they hold no slot) and failed (kept until retention deletes them). Finished jobs that
+# succeeded or were cancelled are left out. Queues that a registered runtime serves are listed
+# even with nothing in them, so an idle queue shows as 0 rather than not at all. This scans the
+# unfinished and failed rows of livepush_jobs (failed jobs have no index): an operator's
+# occasional read, never on a job's path.
+QUEUE_STATUS = """
+WITH counts AS (
+    SELECT queue,
+           count(*) FILTER (WHERE state = 'available') AS depth,
+           extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'available'))::float8 AS oldest_age,
+           count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
+           count(*) FILTER (WHERE state = 'running') AS running,
+           count(*) FILTER (WHERE state = 'waiting') AS waiting,
+           count(*) FILTER (WHERE state = 'failed') AS failed
+    FROM livepush_jobs
+    WHERE state IN ('available', 'scheduled', 'running', 'waiting', 'failed')
+    GROUP BY queue
+), served AS (
+    SELECT DISTINCT unnest(queues) AS queue FROM livepush_job_runtimes
+)
+SELECT q.queue, coalesce(c.depth, 0)::int AS depth,
+       -- NULL with nothing available (greatest() alone would make that 0: it skips NULLs).
+       CASE WHEN c.depth > 0 THEN greatest(c.oldest_age, 0) END AS oldest_age,
+       coalesce(c.scheduled, 0)::int AS scheduled, coalesce(c.running, 0)::int AS running,
+       coalesce(c.waiting, 0)::int AS waiting, coalesce(c.failed, 0)::int AS failed
+FROM (SELECT queue FROM counts UNION SELECT queue FROM served) q
+LEFT JOIN counts c ON c.queue = q.queue
+ORDER BY q.queue
+"""
+
+# name: runtime_status
+# A plain read. Every registered runtime, with the jobs it holds now (its running rows: exact,
+# where the row's in_hand is as of its last beat), the seconds since its last beat, and whether
+# it is overdue: silent for more than three of its own beats, the point at which any other
+# runtime deletes it and releases its jobs (PRUNE_DEAD_RUNTIMES), so an overdue runtime is dead
+# or stalled and about to be treated as dead.
+RUNTIME_STATUS = """
+SELECT r.id, r.host, r.pid, r.queues, r.concurrency, r.heartbeat, r.state, r.started_at,
+       (SELECT count(*) FROM livepush_jobs j WHERE j.state = 'running' AND j.runtime_id = r.id)::int AS in_hand,
+       greatest(extract(epoch FROM now() - r.heartbeat_at), 0)::float8 AS since_heartbeat,
+       r.heartbeat_at < now() - make_interval(secs => r.heartbeat * 3) AS overdue
+FROM livepush_job_runtimes r
+ORDER BY r.id
+"""
+
+# name: status_now
+# A plain read: the instant the report describes (the snapshot's now()).
+STATUS_NOW = "SELECT now() AS at"

@@ -1,6 +1,7 @@
 """`livepush demo` in real headless Chromium: the page starts an import (a task group of
 jobs run by the demo's own job runtime) and shows it live to 100 %, with and without a restart of
-the demo process in the middle.
+the demo process in the middle; and a durable import, one job the page shows parked for its
+children, then for an approval its Approve button sends, then succeeded with its result.
 
 The demo runs as a child process on the test's Postgres (so no embedded Postgres starts) and
 serves its page, /livepush.js and the WebSocket on one port: the page is same-origin, as a user
@@ -11,6 +12,7 @@ who runs `livepush demo` sees it. At the end of each import the page is saved as
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -302,3 +304,145 @@ async def test_the_demo_warns_when_it_listens_beyond_this_machine(
     """`livepush demo` bound to 0.0.0.0 says on stderr that anyone who can reach it can start imports."""
     child = await procs.alivepush("demo", env=livepush_env(database_url=pg_url, host="0.0.0.0"), wait_healthy=True)
     assert "not only on this machine" in child.stderr(), child.output()
+
+
+# ---- the durable import -------------------------------------------------------------------------
+
+DURABLE_ROWS = 8
+CHILD_JOB = "livepush.demo.jobs.import_row"  # each row of a durable import is one of these
+# Download (~1 s), eight children at once (~1-2 s), the report (~0.3 s): past this it is stuck.
+DURABLE_TIMEOUT_MS = 20_000
+
+
+async def start_durable_import(page: Page, rows: int) -> int:
+    """Types `rows` into the durable import's field and clicks its start; returns the job's id."""
+    await page.fill("#durable-n", str(rows))
+    await page.click("#durable-start")
+    await page.wait_for_function("() => window.livepushDemo.durable !== null")
+    return int(await page.evaluate("() => window.livepushDemo.durable.job"))
+
+
+async def durable_view(page: Page) -> dict[str, Any]:
+    """What the durable import's part of the page shows: the job's state, each step's status, the note."""
+    return await page.evaluate(
+        """() => ({
+          state: document.querySelector('#durable').dataset.state,
+          steps: [...document.querySelectorAll('#durable-steps li')].map((li) => li.dataset.status),
+          note: document.querySelector('#durable-note').textContent,
+          approve: !document.querySelector('#durable-approve-row').hidden,
+          children: document.querySelector('#durable-children').dataset.state ?? null,
+          waited: window.livepushDemo.durable.waited,
+        })"""
+    )
+
+
+FROM_PAGE = {"Sec-Fetch-Site": "same-origin"}
+
+
+async def approve(demo: Demo, job: str, method: str = "POST", site: str = "same-origin") -> int:
+    """The status the approve endpoint answers for `job` (as the page would send it, unless told otherwise)."""
+    headers = {"Origin": demo.url.rstrip("/"), "Sec-Fetch-Site": site}
+    return (await asyncio.to_thread(_request, f"{demo.url}demo/durable/approve?job={job}", method, headers))[0]
+
+
+async def test_demo_durable_import_parks_for_its_children_and_its_approval(page: Page, demo: Demo) -> None:
+    """The page's durable import shows the job waiting for its children (with their group's bar), then for the approval; Approve wakes it and the page shows it succeeded with its result."""
+    await open_demo(page, demo)
+    job_id = await start_durable_import(page, DURABLE_ROWS)
+
+    await page.wait_for_function(
+        "() => window.livepushDemo.durable.waiting?.for === 'signal'", timeout=DURABLE_TIMEOUT_MS)
+    await page.wait_for_selector("#durable-children[data-state=finished]")
+    await page.wait_for_selector("#durable-approve", state="visible")
+    waiting = await durable_view(page)
+    await screenshot(page, "demo-durable-waiting-for-approval.png")
+    assert waiting["waited"] == ["children", "approval"], waiting
+    assert waiting["state"] == "waiting" and waiting["steps"] == ["done", "done", "current", "todo"], waiting
+    assert "approval" in waiting["note"] and waiting["children"] == "finished", waiting
+    children = dict(await query(demo.database_url, "SELECT state, count(*) FROM livepush_jobs WHERE name = %s GROUP BY state",
+                                (CHILD_JOB,)))
+    assert children == {"succeeded": DURABLE_ROWS}, children
+
+    await page.click("#durable-approve")
+    try:
+        await page.wait_for_function("() => window.livepushDemo.durable.state === 'succeeded'", timeout=DURABLE_TIMEOUT_MS)
+    finally:
+        await screenshot(page, "demo-durable-succeeded.png")
+    print(f"events the page heard: {await page.evaluate('() => window.livepushDemo.durable.events')}")
+    done = await durable_view(page)
+    result = await page.evaluate("() => window.livepushDemo.durable.result")
+    assert result == {"file": f"import-{job_id}.csv", "rows": DURABLE_ROWS, "approved": True,
+                      "approved_by": "the demo page", "report": f"report-{job_id}.txt"}, result
+    assert done["steps"] == ["done"] * 4 and not done["approve"], done
+    assert done["note"].startswith(f"Succeeded: {DURABLE_ROWS} rows imported"), done
+    assert f"report-{job_id}.txt" in await page.text_content("#durable-result")
+
+    # Once it has finished there is nothing left to approve: a second approval is refused.
+    assert await approve(demo, str(job_id)) == 409
+
+
+async def test_a_durable_import_parked_for_approval_is_approved_after_a_restart_of_the_demo(page: Page, demo: Demo) -> None:
+    """The demo process restarted while a durable import waits for approval: the page reconnects by itself, still offers Approve, and the approval wakes the job to success with its children created once."""
+    await open_demo(page, demo)
+    await page.evaluate(
+        """() => {
+          const el = document.querySelector('#status');
+          window.shownStatuses = [el.dataset.status];
+          new MutationObserver(() => window.shownStatuses.push(el.dataset.status))
+            .observe(el, { attributes: true, attributeFilter: ['data-status'] });
+        }"""
+    )
+    job_id = await start_durable_import(page, 2)
+    await page.wait_for_function(
+        "() => window.livepushDemo.durable.waiting?.name === 'approval'", timeout=DURABLE_TIMEOUT_MS)
+
+    await demo.stop()
+    await demo.start()
+    await page.wait_for_function(
+        "() => window.shownStatuses.includes('reconnecting') && window.shownStatuses.at(-1) === 'open'")
+    await page.wait_for_selector("#durable-approve", state="visible")
+    await page.click("#durable-approve")
+    await page.wait_for_function("() => window.livepushDemo.durable.state === 'succeeded'", timeout=DURABLE_TIMEOUT_MS)
+
+    result = await page.evaluate("() => window.livepushDemo.durable.result")
+    assert result["approved"] is True and result["report"] == f"report-{job_id}.txt", result
+    children = await query(demo.database_url, "SELECT count(*) FROM livepush_jobs WHERE name = %s",
+                           (CHILD_JOB,))
+    assert children == [(2,)], children
+
+
+async def test_the_demo_approves_only_a_durable_import_it_started_that_waits_for_approval(demo: Demo) -> None:
+    """The approve endpoint answers a GET 405, a cross-site POST 403, a malformed id 400, the id of no durable import 404 and an import not yet waiting 409, and signals nothing; the other durable endpoints refuse a GET and another site too."""
+    status, _, body = await asyncio.to_thread(_request, f"{demo.url}demo/durable/start?n=1", "POST", FROM_PAGE)
+    assert status == 200, (status, body)
+    job_id = json.loads(body)["job_id"]
+    # First, while it downloads (about a second), before it ever parks.
+    early = {
+        "approve": await approve(demo, str(job_id)),
+        "children": (await asyncio.to_thread(
+            _request, f"{demo.url}demo/durable/children?job={job_id}", "POST", FROM_PAGE))[0],
+    }
+    parked = await query(demo.database_url, "SELECT count(*) FROM livepush_jobs WHERE name = %s",
+                         (CHILD_JOB,))
+    assert parked == [(0,)], f"the import parked before the refusals were checked: {parked}"
+    assert early == {"approve": 409, "children": 409}, early
+
+    status, _, body = await asyncio.to_thread(_request, f"{demo.url}demo/start?n=1", "POST", FROM_PAGE)
+    assert status == 200, (status, body)
+    (other_job,), = await query(demo.database_url, "SELECT id FROM livepush_jobs WHERE name = %s",
+                                (CHILD_JOB,))
+    refused = {
+        "GET": await approve(demo, str(job_id), method="GET"),
+        "cross-site": await approve(demo, str(job_id), site="cross-site"),
+        **{f"id {bad!r}": await approve(demo, bad)
+           for bad in ["", "abc", "0", "-1", "01", "1.0", "1e3", str(2**63), "9" * 40, f"{job_id}&job={job_id}"]},
+        "no such job": await approve(demo, str(job_id + 1000)),
+        "another job": await approve(demo, str(other_job)),
+    }
+    assert refused == {"GET": 405, "cross-site": 403, **{k: 400 for k in refused if k.startswith("id ")},
+                       "no such job": 404, "another job": 404}, refused
+    for path in ["durable/start?n=1", f"durable/children?job={job_id}"]:
+        got = [(await asyncio.to_thread(_request, f"{demo.url}demo/{path}", method, {"Sec-Fetch-Site": site}))[0]
+               for method, site in [("GET", "same-origin"), ("POST", "cross-site")]]
+        assert got == [405, 403], (path, got)
+    assert await query(demo.database_url, "SELECT count(*) FROM livepush_job_signals") == [(0,)]

@@ -359,3 +359,49 @@ async def test_get_job_of_an_unknown_id_is_none(durable_db: str) -> None:
     assert jobs.get_job(424242) is None
     with pytest.raises(TypeError, match="job_id must be an int"):
         jobs.get_job("7")  # type: ignore[arg-type]
+
+
+async def test_a_parked_member_is_listed_with_no_run_at(durable_db: str) -> None:
+    """group_members() lists a member parked without a time (its run_at is None, not an error)."""
+    async with running():
+        h = await dj.fan_and_wait.aenqueue(1)
+        waiting = await wait_state(h.id, "waiting")
+        group = waiting.waiting["group"]  # type: ignore[index]
+        (kid,) = [r[0] for r in q(durable_db, "SELECT id FROM livepush_jobs WHERE group_id = %s", (group,))]
+        await wait_state(kid, "waiting")
+        members, _ = await asyncio.to_thread(jobs.group_members, group)
+        assert [(m["id"], m["state"], m["run_at"]) for m in members] == [(kid, "waiting", None)]
+        await jobs.asignal(kid, "go-0")
+        await wait_state(h.id, "succeeded")
+
+
+async def test_retention_keeps_the_children_of_a_job_that_has_not_finished(durable_db: str) -> None:
+    """A finished group of children outlives the retention time while its parent still waits."""
+    async with running():
+        h = await dj.parent.aenqueue([1, 2])
+        await wait_state(h.id, "succeeded", timeout=15.0)
+    groups = [r[0] for r in q(durable_db, "SELECT id FROM livepush_groups WHERE parent_id = %s", (h.id,))]
+    assert len(groups) == 2
+    q(durable_db, "UPDATE livepush_groups SET finished_at = now() - interval '2 days' WHERE parent_id = %s", (h.id,))
+    q(durable_db, "UPDATE livepush_jobs SET state = 'waiting', finished_at = NULL WHERE id = %s", (h.id,))
+    from livepush.jobs import database
+
+    pool = await database.pools().aget()
+    await maintenance.prune(pool, 3600)
+    assert q(durable_db, "SELECT count(*) FROM livepush_groups WHERE parent_id = %s", (h.id,)) == [(2,)]
+    q(durable_db, "UPDATE livepush_jobs SET state = 'succeeded', finished_at = now() - interval '2 days' "
+                  "WHERE id = %s", (h.id,))
+    await maintenance.prune(pool, 3600)
+    assert q(durable_db, "SELECT count(*) FROM livepush_groups WHERE parent_id = %s", (h.id,)) == [(0,)]
+
+
+async def test_an_open_signal_transaction_does_not_hold_up_a_running_job(durable_db: str) -> None:
+    """jobs.signal(conn=) in a transaction left open does not block the job's own writes."""
+    async with running():
+        h = await dj.checkpoint_then_hold.aenqueue("release")
+        await wait_state(h.id, "running")
+        with psycopg.connect(durable_db) as conn:
+            jobs.signal(h.id, "later", {"x": 1}, conn=conn)
+            q(durable_db, "INSERT INTO job_flags VALUES ('release')")
+            await wait_state(h.id, "succeeded")  # its checkpoint and outcome went through meanwhile
+            conn.commit()

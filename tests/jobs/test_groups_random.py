@@ -110,7 +110,7 @@ def outcome(conn: psycopg.Connection, job: dict[str, Any], kind: str, counting: 
     if counting:
         touched = steps.run(conn, steps.counted_shards((rows[0]["_shards"] or []) if rows else []))
     else:
-        touched = outcomes.count_sync(conn, outcomes.terminal(rows))
+        touched = steps.run(conn, outcomes.ended(rows))
     steps.run(conn, steps.progress_now(sorted(touched)))
     return rows
 

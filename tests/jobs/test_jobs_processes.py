@@ -115,6 +115,23 @@ def test_kill_9_jobs_rescued_within_three_beats(jobs_db: str, start_runtime: Cal
     assert rescuer.stop() == 0
 
 
+def test_a_runtime_starting_on_the_same_machine_rescues_a_killed_ones_jobs_at_once(
+        jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
+    """kill -9, then a new runtime on the same machine: it finds the dead process at its start and
+    runs the jobs at once, long before three of its (60 s) heartbeats."""
+    jobs.enqueue_many([sample_jobs.wait_flag.request("go") for _ in range(3)])
+    victim = start_runtime("--concurrency", "3", heartbeat=60.0)
+    wait_for(lambda: count(jobs_db, "SELECT count(*) FROM job_runs WHERE phase = 'start'") == 3, 15.0)
+    victim.kill()
+    successor = start_runtime("--concurrency", "3", heartbeat=60.0)
+    wait_for(lambda: count(jobs_db, "SELECT count(*) FROM job_runs WHERE phase = 'start' AND pid = %s",
+                           (successor.pid,)) == 3, 10.0, message="the successor to run the killed runtime's jobs")
+    assert q(jobs_db, "SELECT DISTINCT attempt FROM job_runs WHERE pid = %s", (successor.pid,)) == [(2,)]
+    q(jobs_db, "INSERT INTO job_flags VALUES ('go')")
+    wait_for(lambda: count(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE state = 'succeeded'") == 3, 15.0)
+    assert successor.stop() == 0
+
+
 def test_stalled_runtime_is_fenced_off(jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
     """A runtime that stalls past three beats loses its job to another; when it comes back its
     late outcome is ignored and it registers again."""

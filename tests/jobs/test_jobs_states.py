@@ -473,13 +473,13 @@ def test_jobs_write_nothing_to_the_message_log(jobs_db: str) -> None:
 
 @pytest.mark.parametrize("line", [
     "job:0001 3", "job:0 1", "group:07", "job:1 -1", "job:1 1.5", "job:1  2", " job:1", "job:1 ", "job:1\r",
-    "job:+1", "job:1_0", "job:\u0661", "job:1 \u0662", "workflow:1 2", "jobs:1", "job:", "job", "job 1",
+    "job:+1", "job:1_0", "job:\u0661", "job:1 \u0662", "workflows:1 2", "jobs:1", "job:", "job", "job 1",
     "job:9223372036854775808", "job:92233720368547758070 1", "job:1 99999999999999999999", "job:1 2 3",
     "job:1,job:2", "job:1\x00", "", "job:5-4", "job:0-3", "job:1-0", "job:1-", "job:-1", "job:1-2 1",
     "job:1-9223372036854775808", "job:1--2", "job:1-\u0662", "job:1-2-3",
 ])
 def test_parse_ring_drops_a_malformed_line(line: str) -> None:
-    """A line that is not "job:<id> [<version>]", "group:<id> [<version>]" or an id range
+    """A line that is not "job:<id> [<version>]", "group:<id> [<version>]", "workflow:<id> [<version>]" or an id range
     "job:<first>-<last>" (first <= last) in canonical ASCII decimal (ids within a bigint) is
     dropped, and the lines around it are kept."""
     ring = parse_ring(f"job:1 2\n{line}\ngroup:3\njob:4-6")

@@ -2,46 +2,58 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from psycopg.rows import dict_row
 
+from ...errors import DependencyError
 from .. import database, queries
 from ..errors import GroupClosedError
 from ..events.views import job_view
 from ..groups import outcomes, steps
 from ..groups.cancel import acancel_children, cancel_children
+from ..groups.transactions import ain_tx, in_tx
 from .handles import checked_id
+
+log = logging.getLogger("livepush.jobs")
+
+
+def _cancel_steps(job_id: int) -> steps.Steps[list[dict[str, Any]]]:
+    """Cancel (or flag) the job; if that ended it, count it in its group (ringing its progress) and
+    record it on its workflow run."""
+    rows = yield steps.Query(queries.CANCEL, {"id": job_id})
+    touched = yield from outcomes.ended(rows)
+    yield from steps.progress_now(sorted(touched))
+    return rows
 
 
 def cancel(job_id: int) -> bool:
     """Cancel a job. A queued, scheduled or waiting job is cancelled at once (a waiting one's
     unfinished children with it); a running one is told (its runtime gets a notification) and
     stops at its next await or `ctx.progress()` call, ending as `cancelled`. Returns False when
-    the job is already finished or unknown."""
+    the job is already finished or unknown. Retried when Postgres broke a deadlock (a cancel
+    meets a completer finishing the same group)."""
     job_id = checked_id(job_id, "job_id")
-    with database.connection() as conn:
-        with conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(queries.CANCEL, {"id": job_id})
-            rows = cur.fetchall()
-        touched = outcomes.count_sync(conn, outcomes.terminal(rows))
-        steps.run(conn, steps.progress_now(sorted(touched)))
-    # After commit: from now on the job cannot park again, so no new group of children appears.
+    rows = in_tx(lambda: _cancel_steps(job_id), None)
     if outcomes.terminal(rows):
-        cancel_children([job_id])
+        try:
+            cancel_children([job_id])
+        except DependencyError as exc:
+            log.error("job %s was cancelled, but cancelling the children it waited for failed (%s): "
+                      "cancel their groups with jobs.cancel_group()", job_id, exc)
     return bool(rows)
 
 
 async def acancel(job_id: int) -> bool:
     job_id = checked_id(job_id, "job_id")
-    async with database.aconnection() as conn:
-        async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(queries.CANCEL, {"id": job_id})
-            rows = await cur.fetchall()
-        touched = await outcomes.count(conn, outcomes.terminal(rows))
-        await steps.arun(conn, steps.progress_now(sorted(touched)))
+    rows = await ain_tx(lambda: _cancel_steps(job_id), None)
     if outcomes.terminal(rows):
-        await acancel_children([job_id])
+        try:
+            await acancel_children([job_id])
+        except DependencyError as exc:
+            log.error("job %s was cancelled, but cancelling the children it waited for failed (%s): "
+                      "cancel their groups with jobs.cancel_group()", job_id, exc)
     return bool(rows)
 
 

@@ -19,6 +19,7 @@ from ...config import get_settings
 from ...errors import ConfigError
 from .. import database, queries
 from ..groups import queries as group_queries
+from ..workflows import queries as workflow_queries
 from ..runtime import maintenance
 from ..runtime.runtime import Runtime
 from .registry import REGISTRY, Registry
@@ -78,9 +79,9 @@ def drain(queues: Sequence[str] | None = None, *, registry: Registry = REGISTRY,
 
 
 def clear() -> None:
-    """Delete every job, group and runtime row. Refuses unless LIVEPUSH_ENV=test."""
+    """Delete every job, group, workflow run and runtime row. Refuses unless LIVEPUSH_ENV=test."""
     if not get_settings().is_test:
         raise ConfigError("jobs.clear() deletes every job: it only runs with LIVEPUSH_ENV=test")
     with database.connection() as conn:
-        for statement in (queries.CLEAR + "; " + group_queries.CLEAR).split("; "):
+        for statement in (workflow_queries.CLEAR + "; " + queries.CLEAR + "; " + group_queries.CLEAR).split("; "):
             conn.execute(statement)  # type: ignore[arg-type]

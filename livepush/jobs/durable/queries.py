@@ -67,18 +67,23 @@ UPDATE livepush_jobs SET has_steps = true WHERE id = %(id)s AND NOT has_steps
 # (whatever the run still writes is fenced off), its attempt is given back (parking is not a
 # failure: the run that wakes is the same attempt), `run_at` is when the promoter wakes it
 # ('infinity' when only an event can). The payload keeps what it waits for and the latest progress.
+# A workflow step's park also makes a new version of its run's state topic.
 PARK = f"""
 WITH moved AS (
     UPDATE livepush_jobs j SET state = 'waiting', event = 'waiting', attempt = j.attempt - 1,
         run_at = coalesce(%(until)s::timestamptz, 'infinity'), lease = NULL, runtime_id = NULL,
         version = j.version + 1, has_steps = true
     WHERE j.id = %(id)s AND j.lease = %(lease)s AND j.state = 'running'
-    RETURNING j.id, j.version
+    RETURNING j.id, j.version, j.workflow_id
 ), payload AS (
     UPDATE livepush_job_payloads p SET waiting = %(waiting)s::jsonb, progress = coalesce(%(progress)s::jsonb, p.progress)
     FROM moved m WHERE p.id = m.id
-), rung AS ({ring("moved")})
-SELECT m.id FROM moved m CROSS JOIN rung
+), rung AS ({ring("moved")}
+), run AS (
+    -- A workflow step that parks shows as `waiting` on its run's topic (sql/0006_workflows.sql).
+    SELECT livepush_workflow_touched(m.workflow_id) AS n FROM moved m WHERE m.workflow_id IS NOT NULL
+)
+SELECT m.id FROM moved m CROSS JOIN rung LEFT JOIN run ON true
 """
 
 # name: group_finished
@@ -109,9 +114,12 @@ RETURNING data
 """
 
 # name: signal_target
-# jobs.signal, first statement: locks the job's row (a parking run holds it too: one waits for
-# the other), and tells whether the job exists and is not finished.
-SIGNAL_TARGET = "SELECT state FROM livepush_jobs WHERE id = %(id)s FOR NO KEY UPDATE"
+# jobs.signal, first statement: a KEY SHARE lock on the job's row, which a parking run's FENCE
+# (FOR UPDATE) waits for and which waits for it: a park and a signal are ordered. It does not
+# conflict with the plain updates of a running job (outcome, progress, checkpoint), so a caller
+# that keeps its transaction open after jobs.signal(conn=) holds up nothing but a park. Tells
+# whether the job exists and is not finished.
+SIGNAL_TARGET = "SELECT state FROM livepush_jobs WHERE id = %(id)s FOR KEY SHARE"
 
 # name: send_signal
 # jobs.signal, second statement (a new snapshot: a park that held the row before is seen): keeps

@@ -19,7 +19,7 @@ import collections
 import functools
 import inspect
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
@@ -38,8 +38,8 @@ from ..errors import (
     DuplicateStepError,
     InvalidResultError,
     JobCancelled,
-    LeaseLostError,
     Parked,
+    RunAbandoned,
     SignalTimeout,
 )
 from ..groups import building
@@ -77,9 +77,14 @@ def check_name(name: Any, what: str) -> str:
     return name
 
 
+# A wait longer than this ends after any date Postgres and Python share.
+MAX_SECONDS = 100 * 366 * 24 * 3600.0
+
+
 def _seconds(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
-        raise ValueError(f"{what} takes a finite number of seconds, zero or more, got {value!r:.60}")
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0
+            or not value <= MAX_SECONDS):
+        raise ValueError(f"{what} takes a number of seconds from 0 to 100 years, got {value!r:.60}")
     return float(value)
 
 
@@ -171,9 +176,9 @@ class DurableRun:
         return await self.store(name, result, fingerprint)
 
     # -- parking --------------------------------------------------------------------------------
-    def _lost(self, what: str) -> LeaseLostError:
-        return LeaseLostError(f"job {self.ctx.job_id} no longer holds its claim (rescued, cancelled or given back): "
-                              f"{what}; another run will replay it")
+    def _lost(self, what: str) -> RunAbandoned:
+        return RunAbandoned(f"job {self.ctx.job_id} no longer holds its claim (rescued, cancelled or given back): "
+                            f"{what}; another run will replay it")
 
     async def _park_tx(self, body: Callable[[datetime], steps.Steps[Any]]) -> Any:
         """Run `body(db_now)` after FENCE in one transaction, retried when Postgres broke a
@@ -224,14 +229,45 @@ class DurableRun:
         for r in requests:
             if not isinstance(r, JobRequest):
                 raise TypeError(f"ctx.run_children() takes job requests (some_job.request(*args)), got {r!r:.80}")
+        if requests:
+            building.check_limit(len(requests))
+
+        async def given() -> list[JobRequest]:
+            return requests
+
+        found = await self._children(given)
+        if found is None:
+            return []
+        return await self._results(*found)
+
+    async def fan_out(self, make: Callable[[], Awaitable[list[JobRequest]]],
+                      on_group: Callable[[int], steps.Steps[None]] | None = None) -> dict[str, int]:
+        """Children that `make()` returns (called only on the run that creates them), as a task group
+        this job parks on; returns the group's counts once it finished, whatever its members' outcomes.
+        `on_group(group_id)`: more steps in the transaction that creates the group."""
+        found = await self._children(make, on_group)
+        if found is None:
+            return {"total": 0, "succeeded": 0, "failed": 0, "cancelled": 0}
+        async with self._connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(gq.GROUP_VIEWS, {"ids": [found[0]]})
+            view = await cur.fetchone()
+        if view is None:
+            raise ChildFailed(f"the task group {found[0]} of job {self.ctx.job_id}'s children is gone (deleted after "
+                              "its retention time): their counts cannot be read", [])
+        return {k: int(view[k]) for k in ("total", "succeeded", "failed", "cancelled")}
+
+    async def _children(self, make: Callable[[], Awaitable[list[JobRequest]]],
+                        on_group: Callable[[int], steps.Steps[None]] | None = None) -> tuple[int, int] | None:
+        """The n-th children call of the run: its group (id, children asked for) once finished, or
+        None when it asked for none; parks until then. Creates the children the first time only."""
         call = str(self._children_calls)
         self._children_calls += 1
-        if not requests:
-            return []
-        building.check_limit(len(requests))
         stored = (await self._steps()).get(("children", call))
         if stored is None:
-            await self._park_tx(lambda now: self._spawn(call, requests))
+            requests = await make()
+            if not requests:
+                return None
+            await self._park_tx(lambda now: self._spawn(call, requests, on_group))
             raise AssertionError("unreachable: _spawn parks")
         group_id, count = stored["result"]["group"], stored["result"]["count"]
         if not await self._finished(group_id):
@@ -244,9 +280,10 @@ class DurableRun:
                 yield from self._park(waiting)
 
             await self._park_tx(recheck)
-        return await self._results(group_id, count)
+        return group_id, count
 
-    def _spawn(self, call: str, requests: Sequence[JobRequest]) -> steps.Steps[None]:
+    def _spawn(self, call: str, requests: Sequence[JobRequest],
+               on_group: Callable[[int], steps.Steps[None]] | None) -> steps.Steps[None]:
         """Under FENCE: the children as a sealed task group on the parent's queue (unless a request
         names one) whose finish wakes the parent, the step that remembers it, and the park."""
         ctx = self.ctx
@@ -260,6 +297,8 @@ class DurableRun:
         yield from building.add_steps(group_id, batch, states=["open"], seal=True)
         yield from steps.record((yield from steps.views([group_id])), "created")
         yield from self._save("children", call, {"group": group_id, "count": len(requests)})
+        if on_group is not None:
+            yield from on_group(group_id)
         yield from self._park({"for": "children", "name": f"group:{group_id}", "group": group_id})
 
     async def _finished(self, group_id: int) -> bool:
@@ -275,8 +314,11 @@ class DurableRun:
         async with self._connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(dq.CHILDREN, {"group_id": group_id, "count": count})
             rows = await cur.fetchall()
+        if len(rows) < count:
+            raise ChildFailed(f"{count - len(rows)} of {count} children of job {self.ctx.job_id} are gone (deleted "
+                              "after their retention time): their results cannot be read", [])
         failed = [(r["id"], r["name"], r["state"], r["error"]) for r in rows if r["state"] != "succeeded"]
-        if failed or len(rows) < count:
+        if failed:
             shown = "; ".join(f"job {i} ({n}) {s}: {e or 'no error recorded'}" for i, n, s, e in failed[:5])
             more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
             raise ChildFailed(f"{len(failed)} of {count} children of job {self.ctx.job_id} did not succeed: "

@@ -1,5 +1,5 @@
-"""The state topics of jobs and groups, as the server reads them: `JobStates` is the
-StateSource (livepush.types) the wiring registers for `job:` and `group:`.
+"""The state topics of jobs, groups and workflow runs, as the server reads them: `JobStates` is
+the StateSource (livepush.types) the wiring registers for `job:`, `group:` and `workflow:`.
 
 Changes ring `livepush_states` ("TOPIC [VERSION]" a line; an enqueue "job:FIRST-LAST" for the
 id range it created) in the transaction that made them; `JobStates` hands each named topic or
@@ -25,11 +25,12 @@ from ...topics import STATE_ID_PATTERN
 from ...types import State, Topic
 from .. import queries
 from ..groups import queries as group_queries
-from .views import group_state, job_state
+from ..workflows import queries as workflow_queries
+from .views import group_state, job_state, workflow_state
 
 log = logging.getLogger("livepush.jobs.events")
 
-_LINE = re.compile(rf"(job|group):({STATE_ID_PATTERN})(?: ([0-9]{{1,19}})|-({STATE_ID_PATTERN}))?")
+_LINE = re.compile(rf"(job|group|workflow):({STATE_ID_PATTERN})(?: ([0-9]{{1,19}})|-({STATE_ID_PATTERN}))?")
 MAX_LINES = 150  # what livepush_state_changed() puts in one notification
 
 
@@ -64,7 +65,7 @@ class JobStates:
     """`job:<id>` and `group:<id>`, read from the jobs' database at `url`. `listener`: the process's
     shared Postgres listener on that database (else one of its own)."""
 
-    prefixes = ("job:", "group:")
+    prefixes = ("job:", "group:", "workflow:")
 
     def __init__(self, url: str, *, listener: Listener | None = None) -> None:
         self.url = url
@@ -96,15 +97,14 @@ class JobStates:
             self._on_created(prefix, first, last)
 
     async def read(self, topics: Sequence[Topic]) -> dict[Topic, State]:
-        jobs: list[int] = []
-        groups: list[int] = []
+        ids: dict[str, list[int]] = {"job": [], "group": [], "workflow": []}
         for topic in topics:
             kind, _, ident = topic.partition(":")
-            if not (ident.isascii() and ident.isdigit()) or int(ident) > BIGINT_MAX:
-                continue
-            (jobs if kind == "job" else groups if kind == "group" else []).append(int(ident))
+            if kind in ids and ident.isascii() and ident.isdigit() and int(ident) <= BIGINT_MAX:
+                ids[kind].append(int(ident))
+        jobs, groups, workflows = ids["job"], ids["group"], ids["workflow"]
         out: dict[Topic, State] = {}
-        if not jobs and not groups:
+        if not jobs and not groups and not workflows:
             return out
         with translated(self.url):
             async with (await self._pools.aget()).connection() as conn:
@@ -117,6 +117,10 @@ class JobStates:
                         await cur.execute(group_queries.GROUP_VIEWS, {"ids": groups})
                         for row in await cur.fetchall():
                             out[f"group:{row['id']}"] = group_state(row)
+                    if workflows:
+                        await cur.execute(workflow_queries.RUN_VIEWS, {"ids": workflows})
+                        for row in await cur.fetchall():
+                            out[f"workflow:{row['id']}"] = workflow_state(row)
         return out
 
     async def aclose(self) -> None:

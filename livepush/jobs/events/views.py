@@ -8,6 +8,9 @@ built from their rows in one place:
     group:<id>  {"event": ..., "group": {"id", "state", "total", "pending", "succeeded", "failed",
                                          "cancelled"}}
 
+    workflow:<id>  {"event": ..., "workflow": {"id", "name", "state",
+                                              "steps": {NAME: {"state", "attempt", "group"}}}}
+
 The event is the row's last change ("snapshot" for a new subscriber's first message), and the
 offset is the row's version.
 """
@@ -76,3 +79,21 @@ def group_state(row: Mapping[str, Any]) -> State:
 def group_event(row: Mapping[str, Any], event: str | None = None) -> dict[str, Any]:
     """The message a group row shows, as recorded for jobs.group_history()."""
     return {"event": event or row["event"], "group": group_view(row)}
+
+
+def workflow_view(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The `workflow` object from a row of workflows.queries.RUN_VIEWS. A running run whose active
+    steps all wait (for their batch, a signal, a sleep) shows as `waiting`."""
+    steps = {name: {"state": s["state"], "attempt": s["attempt"], "group": s["group"]}
+             for name, s in row["steps"].items()}
+    state = row["state"]
+    active = [s["state"] for s in steps.values() if s["state"] in ("running", "waiting")]
+    if state == "running" and active and all(a == "waiting" for a in active):
+        state = "waiting"
+    order = (row.get("graph") or {}).get("order") or list(steps)
+    return {"id": row["id"], "name": row["name"], "state": state,
+            "steps": {name: steps[name] for name in order if name in steps}}
+
+
+def workflow_state(row: Mapping[str, Any]) -> State:
+    return State(int(row["version"]), row["event"], "workflow", dumps(workflow_view(row)))

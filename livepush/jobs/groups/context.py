@@ -62,10 +62,11 @@ class GroupContext:
         if self.is_callback:
             raise GroupClosedError(f"this callback runs after group {self.id} finished: it takes no more members "
                                    "(enqueue a job of your own, or start a new group)")
+        queue = None
         if isinstance(fn, JobRequest):
-            fn, args = fn.function, fn.args
+            fn, args, queue = fn.function, fn.args, fn.queue
         batch = Batch()
-        batch.add(fn, args, run_at(wait, at), self.id)
+        batch.add(fn, args, run_at(wait, at), self.id, queue)
         job = self._ctx.job
         publisher = getattr(self._ctx, "group_progress", None)
         with translated(self._url):

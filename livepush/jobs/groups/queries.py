@@ -221,7 +221,8 @@ SELECT group_id, shard, pending FROM counted
 """
 
 # name: complete_counting
-# The completer's batch when it holds group members: jobs' COMPLETE (with its rings), then
+# The completer's batch when it holds group members or workflow steps (whose ends the caller then
+# records in the same transaction: workflows/engine.steps_ended): jobs' COMPLETE (with its rings), then
 # COUNT_OUTCOMES over the members COMPLETE just made terminal (its RETURNING rows), in ONE
 # statement, run inside the completer's transaction (BEGIN is pipelined with it: one round trip).
 # Safe as the statements it replaces: the member rows are locked first (by `moved`; `input`
@@ -241,7 +242,7 @@ COMPLETE_COUNTING = _COMPLETE_CTES + f"""
                               ORDER BY c.group_id, c.shard), '[]'::jsonb) AS list
     FROM counted c
 )
-SELECT m.id, m.state, m.group_id, m.kind,
+SELECT m.id, m.state, m.group_id, m.kind, m.workflow_id, m.result, m.error,
        CASE WHEN m.id = (SELECT min(d.id) FROM moved d) THEN (SELECT list FROM shards) END AS _shards
 FROM moved m CROSS JOIN rung
 ORDER BY m.id
@@ -306,9 +307,11 @@ WITH counts AS ({_COUNTS}
     SELECT due.job_id, due.spec->'args' FROM due JOIN keyed USING (job_id)
 ), woken AS (
     -- The parked parent runs again. Its row is locked here, after the group rows (the lock order
-    -- of the module docstring, extended: group rows -> their parents' job rows; a parent is never
-    -- locked by anyone who then waits for one of its child groups: parking locks the parent, then
-    -- reads its group without a lock). The filter keeps `running` on purpose: a parent that is
+    -- of the module docstring, extended: group rows -> their parents' job rows). Parking locks
+    -- the parent, then reads its group without a lock. A parent may itself be a member of another
+    -- group whose shard this statement's transaction holds, and a cancel of that parent locks it,
+    -- then that shard: Postgres breaks such a deadlock, and both sides run again (the completer,
+    -- and jobs.cancel through transactions.in_tx). The filter keeps `running` on purpose: a parent that is
     -- parking right now is running in this statement's snapshot, so the UPDATE waits for its
     -- transaction and then re-reads the row, finding it `waiting` (the CASEs are evaluated on the
     -- row as the parking left it). A parent that read the group as unfinished before this
@@ -416,7 +419,8 @@ WHERE g.id = %(group_id)s
 # cheap at any depth (livepush_jobs_group_idx). One row more than asked tells whether
 # another page exists, so a full last page has no next cursor.
 MEMBERS_PAGE = """
-SELECT j.id, j.name, j.queue, j.state, j.attempt, j.max_attempts, j.run_at, j.finished_at, p.error, p.progress
+SELECT j.id, j.name, j.queue, j.state, j.attempt, j.max_attempts, nullif(j.run_at, 'infinity') AS run_at,
+       j.finished_at, p.error, p.progress
 FROM livepush_jobs j JOIN livepush_job_payloads p ON p.id = j.id
 WHERE j.group_id = %(id)s AND j.id > %(after)s
 ORDER BY j.id
@@ -431,17 +435,22 @@ ORDER BY seq DESC
 LIMIT %(limit)s + 1
 """
 
+# A group of children is kept while the durable job that made it has not finished: it replays
+# their results, however long it waits for something else.
+_NO_LIVE_PARENT = """NOT EXISTS (SELECT 1 FROM livepush_jobs p WHERE p.id = g.parent_id
+                                  AND p.state NOT IN ('succeeded', 'failed', 'cancelled'))"""
+
 # name: prune_groups
 # Retention: finished groups older than the cutoff. Their members and callbacks go first,
 # a bounded batch per statement (SKIP LOCKED: two runtimes pruning split the work); a
 # callback still queued or running keeps its group. Members of unfinished groups are never
 # touched: only groups with finished_at set are considered, and a group finishes only when
 # every member is terminal.
-PRUNE_GROUP_JOBS = """
+PRUNE_GROUP_JOBS = f"""
 WITH old AS (
-    SELECT id FROM livepush_groups
-    WHERE finished_at < now() - make_interval(secs => %(retention)s)
-    ORDER BY finished_at LIMIT 100
+    SELECT g.id FROM livepush_groups g
+    WHERE g.finished_at < now() - make_interval(secs => %(retention)s) AND {_NO_LIVE_PARENT}
+    ORDER BY g.finished_at LIMIT 100
 ), victims AS (
     SELECT j.id FROM livepush_jobs j JOIN old ON j.group_id = old.id OR j.callback_of = old.id
     WHERE j.state IN ('succeeded', 'failed', 'cancelled')
@@ -452,13 +461,13 @@ WITH old AS (
 )""" + DELETE_PAYLOADS_OF_GONE
 
 # name: prune_groups (the rows, once no job of theirs is left; cascades to shards, keys, events)
-PRUNE_GROUPS = """
+PRUNE_GROUPS = f"""
 WITH gone AS (
     DELETE FROM livepush_groups g
     WHERE g.id IN (
-        SELECT id FROM livepush_groups
-        WHERE finished_at < now() - make_interval(secs => %(retention)s)
-        ORDER BY finished_at LIMIT %(limit)s
+        SELECT g.id FROM livepush_groups g
+        WHERE g.finished_at < now() - make_interval(secs => %(retention)s) AND {_NO_LIVE_PARENT}
+        ORDER BY g.finished_at LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     )
     AND NOT EXISTS (SELECT 1 FROM livepush_jobs j WHERE j.group_id = g.id OR j.callback_of = g.id)
@@ -492,3 +501,29 @@ WITH g AS (SELECT unnest(%(ids)s::bigint[]) AS id)
 # name: clear (tests only): DELETE rather than TRUNCATE, which a runtime role may not do.
 CLEAR = ("DELETE FROM livepush_group_events; DELETE FROM livepush_group_callbacks; "
          "DELETE FROM livepush_group_shards; DELETE FROM livepush_groups")
+
+# name: groups_in_progress
+# `livepush status`: a plain read (no lock; api/status.py runs it in a read-only snapshot). The
+# newest `limit` groups not finished (open, sealed, or cancelled with members still ending), with
+# their counts summed over their shards, and in `in_progress` how many unfinished groups there
+# are in all (counted before the LIMIT; `limit` is at least 1, so no groups means no rows and 0).
+# The shards are read only for the groups shown.
+GROUPS_IN_PROGRESS = """
+WITH page AS (
+    SELECT id, state, total, created_at, count(*) OVER () AS in_progress
+    FROM livepush_groups
+    WHERE finished_at IS NULL
+    ORDER BY id DESC
+    LIMIT %(limit)s
+)
+SELECT p.id, p.state, p.total, p.created_at, p.in_progress::int AS in_progress,
+       coalesce(c.pending, 0)::int AS pending, coalesce(c.succeeded, 0)::int AS succeeded,
+       coalesce(c.failed, 0)::int AS failed, coalesce(c.cancelled, 0)::int AS cancelled
+FROM page p
+LEFT JOIN LATERAL (
+    SELECT sum(s.pending) AS pending, sum(s.succeeded) AS succeeded, sum(s.failed) AS failed,
+           sum(s.cancelled) AS cancelled
+    FROM livepush_group_shards s WHERE s.group_id = p.id
+) c ON true
+ORDER BY p.id DESC
+"""

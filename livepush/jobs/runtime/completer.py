@@ -3,9 +3,9 @@
 The producer hands it the jobs it claimed (`started`), executors their outcomes (`submit`) and
 progress (`progress`); one writer task turns whatever accumulated into as few statements as it
 can: the progress that is due (queries.WRITE_PROGRESS, one statement in autocommit), then every
-outcome (queries.COMPLETE, one statement in autocommit; or, holding group members,
-groups.queries.COMPLETE_COUNTING in a transaction, followed by the group finish only when a shard
-drained). Each statement rings the state topics it changed; the outcome statement also rings the
+outcome (queries.COMPLETE, one statement in autocommit; or, holding group members or workflow
+steps, groups.queries.COMPLETE_COUNTING in a transaction, followed by the group finish only when a
+shard drained, and the steps' ends on their workflow runs). Each statement rings the state topics it changed; the outcome statement also rings the
 `started` versions the claims left (the claim itself rings nothing, to stay the shortest
 statement on the path to running a job), or RING_STARTED does when no outcome is due. Because
 one task writes, a job's versions always go started (the claim), progress, final.
@@ -230,7 +230,7 @@ class Completer:
                 await self._ring_started(rings)
                 del self._started[: len(starting)]
             return
-        if all(o.ctx.job.group_id is None for o in outcomes):
+        if all(o.ctx.job.group_id is None and o.ctx.job.workflow_id is None for o in outcomes):
             rows, touched = await self._complete(outcomes, rings), set()
         else:
             rows, touched = await self._complete_counting(outcomes, rings)
@@ -288,16 +288,16 @@ class Completer:
         }
 
     async def _complete(self, outcomes: list[Outcome], rings: dict[str, Any]) -> list[dict[str, Any]]:
-        """Outcomes of jobs outside any group: one statement, in autocommit (one round trip)."""
+        """Outcomes of jobs outside any group or workflow: one statement, in autocommit (one round trip)."""
         async with self._pool.connection() as conn, aautocommitted(conn), conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(queries.COMPLETE, self._outcome_params(outcomes, rings), prepare=_prepare(outcomes))
             return await cur.fetchall()
 
     async def _complete_counting(self, outcomes: list[Outcome], rings: dict[str, Any]
                                  ) -> tuple[list[dict[str, Any]], set[int]]:
-        """COMPLETE_COUNTING in a transaction, then, only if it drained a shard, the group finish
-        (outcomes.counted), in that same transaction. Returns the completed rows and the groups
-        whose counts changed."""
+        """COMPLETE_COUNTING in a transaction, then, only if it drained a shard, the group finish, and
+        the ends of workflow steps (outcomes.counted), in that same transaction. Returns the
+        completed rows and the groups whose counts changed."""
         async with self._pool.connection() as conn:
             # Pipelined, BEGIN and the statement go out together: one round trip.
             async with conn.pipeline():
@@ -306,7 +306,7 @@ class Completer:
                                       prepare=_prepare(outcomes))
                     rows = await cur.fetchall()
             shards = rows[0]["_shards"] if rows else []
-            touched = await group_outcomes.counted(conn, shards or [])
+            touched = await group_outcomes.counted(conn, shards or [], rows)
         return rows, touched  # committed by the pool as the block ends
 
 

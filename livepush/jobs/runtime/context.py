@@ -71,6 +71,7 @@ class ClaimedJob:
     cancel_requested: bool = False
     version: int = 0  # of its state topic, as the claim left it (its `started` version)
     has_steps: bool = False  # durable steps stored by earlier runs (to replay)
+    workflow_id: int | None = None  # the workflow run this job is a step of
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> ClaimedJob:
@@ -79,6 +80,7 @@ class ClaimedJob:
             attempt=row["attempt"], max_attempts=row["max_attempts"], lease=row["lease"],
             args=row["args"], run_at=row["run_at"], group_id=row["group_id"], callback_of=row["callback_of"],
             cancel_requested=row["cancel_requested"], version=row["version"], has_steps=row["has_steps"],
+            workflow_id=row["workflow_id"],
         )
 
 
@@ -256,7 +258,9 @@ class SyncJobContext:
         found, value, fingerprint = self._call(durable.lookup(name, input))
         if found:
             return value
-        result = self._call(fn(*args)) if inspect.iscoroutinefunction(fn) else fn(*args)
+        result = fn(*args)
+        if inspect.iscoroutine(result):  # an async fn, or a sync one that returned a coroutine
+            result = self._call(result)
         return self._call(durable.store(name, result, fingerprint))
 
     def run_child(self, request: JobRequest) -> Any:

@@ -23,6 +23,8 @@ from ..errors import (
     InvalidResultError,
     JobCancelled,
     Parked,
+    Reattempt,
+    RunAbandoned,
     SignalTimeout,
 )
 from .context import JobContext, SyncJobContext
@@ -94,6 +96,11 @@ async def execute(
             value = future.result()  # raises the job's exception
     except Parked:
         return None
+    except RunAbandoned as exc:
+        log.warning("job %s (%s): %s", job.id, fn.name, exc)
+        return None
+    except Reattempt as again:
+        return Outcome(ctx, "released", delay=min(again.seconds, MAX_RETRY_DELAY))
     except asyncio.CancelledError:
         if ctx.released:
             if task is not None:

@@ -7,7 +7,9 @@ return the groups whose counts they changed, for the runtime's progress publishe
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 from .. import queries
 from ..groups import outcomes
 from ..groups import queries as gq
+from ..workflows import queries as wq
 
 log = logging.getLogger("livepush.jobs")
 
@@ -26,11 +29,55 @@ PRUNE_BATCH = 1000  # rows per delete statement
 PRUNE_MAX_BATCHES = 20  # per maintenance run: a backlog is worked off over several runs
 
 
+@functools.cache
+def local_node() -> str | None:
+    """This machine's boot and this process's pid namespace (Linux), or None: where a pid means
+    this process and no other. Two runtimes with the same node see each other's processes."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    return f"{boot}:{namespace}"
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: it exists
+    return True
+
+
 async def register(pool: AsyncConnectionPool, info: Mapping[str, Any]) -> int:
     async with pool.connection() as conn:
-        row = await (await conn.execute(queries.REGISTER_RUNTIME, dict(info))).fetchone()
+        row = await (await conn.execute(queries.REGISTER_RUNTIME, {**info, "node": local_node()})).fetchone()
     assert row is not None
     return int(row[0])
+
+
+async def prune_gone_on_node(pool: AsyncConnectionPool, runtime_id: int) -> list[int]:
+    """At start: delete the rows of runtimes on this node whose process no longer exists (killed,
+    crashed), so that their jobs are released now (rescue()) rather than after three missed beats.
+    A pid that exists again (reused) counts as alive: the heartbeat finds that runtime later."""
+    node = local_node()
+    if node is None:
+        return []
+    gone: list[int] = []
+    async with pool.connection() as conn:
+        rows = await (await conn.execute(queries.RUNTIMES_ON_NODE, {"node": node, "id": runtime_id})).fetchall()
+        for other_id, pid in rows:
+            if not _process_exists(pid):
+                cur = await conn.execute(queries.PRUNE_RUNTIME, {"id": other_id, "node": node, "pid": pid})
+                if cur.rowcount:
+                    gone.append(other_id)
+    if gone:
+        log.warning("runtimes %s on this machine are gone (their processes no longer exist): releasing their jobs",
+                    gone)
+    return gone
 
 
 async def beat(pool: AsyncConnectionPool, info: Mapping[str, Any]) -> bool:
@@ -39,7 +86,7 @@ async def beat(pool: AsyncConnectionPool, info: Mapping[str, Any]) -> bool:
         cur = await conn.execute(queries.BEAT, {"id": info["id"], "state": info["state"], "in_hand": info["in_hand"]})
         if cur.rowcount:
             return True
-        await conn.execute(queries.REREGISTER_RUNTIME, dict(info))
+        await conn.execute(queries.REREGISTER_RUNTIME, {**info, "node": local_node()})
     log.warning("runtime %s was presumed dead (no heartbeat for three beats) and its jobs were released; "
                 "it registered again, and outcomes of jobs it still holds will be ignored", info["id"])
     return False
@@ -98,8 +145,9 @@ async def cancel_requests(pool: AsyncConnectionPool, runtime_id: int, ids: list[
 
 async def prune(pool: AsyncConnectionPool, retention: float, *, batch: int = PRUNE_BATCH,
                 max_batches: int = PRUNE_MAX_BATCHES) -> int:
-    """Retention: delete lone jobs finished more than `retention` seconds ago, and finished groups
-    as old with their members and callbacks, in bounded batches (one short transaction each). A
+    """Retention: delete lone jobs finished more than `retention` seconds ago, finished groups as
+    old with their members and callbacks, and finished workflow runs, in bounded batches (one
+    short transaction each). A
     member is kept while its group is unfinished. Returns the rows deleted."""
     params = {"retention": retention, "limit": batch}
     deleted = 0
@@ -112,6 +160,7 @@ async def prune(pool: AsyncConnectionPool, retention: float, *, batch: int = PRU
                 break
     async with pool.connection() as conn:
         deleted += (await conn.execute(gq.PRUNE_GROUPS, params)).rowcount
+        deleted += (await conn.execute(wq.PRUNE_RUNS, params)).rowcount
     if deleted:
         log.info("retention: deleted %d finished jobs and groups older than %g s", deleted, retention)
     return deleted

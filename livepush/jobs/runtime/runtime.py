@@ -256,6 +256,8 @@ class Runtime:
             await listener.start()
         self.state = "running"
         self.id = await maintenance.register(self._pool, self.info)
+        # The heartbeat's first round (right after this) rescues what they held.
+        await maintenance.prune_gone_on_node(self._pool, self.id)
         await self._publish_state("running")
 
     async def _drain(self) -> None:

@@ -1,0 +1,119 @@
+"""`livepush status [--json] [--limit N]`: the job runtime as the database shows it now.
+
+Plain output is a report for people (one section each: queues, runtimes, groups, workflows,
+servers); `--json` prints the same data as one JSON document for scripts. Servers register
+nowhere, so the report says how to check them (GET /healthz on each port) instead of listing
+them, and the JSON has no such part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from datetime import datetime
+
+from ..config import Settings
+from ..jobs import database
+from ..jobs.api.status import DEFAULT_LIMIT, MAX_LIMIT, Status, status
+from ..postgres.connect import redact
+
+SERVERS_NOTE = ("not recorded in the database: check each server with GET /healthz on its port "
+                "(200 while it hears every change it serves, 503 while it does not)")
+
+
+def _limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"takes a whole number from 1 to {MAX_LIMIT}, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of the report")
+    parser.add_argument("--limit", type=_limit, default=DEFAULT_LIMIT, metavar="N",
+                        help=f"groups and workflow runs in progress shown, newest first (default {DEFAULT_LIMIT})")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    url = settings.require_database()
+    try:
+        report = status(args.limit)
+    finally:
+        # A one-shot command: close the pool now rather than leave it to interpreter exit.
+        database.close_pools()
+    print(json.dumps(report.as_dict(), indent=2) if args.json else render(report, redact(url)))
+    return 0
+
+
+# -- the plain report ---------------------------------------------------------------------------
+
+def duration(seconds: float) -> str:
+    """A short, human age: 0.4s, 12s, 4m05s, 2h13m, 3d04h."""
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: frozenset[int] = frozenset()) -> list[str]:
+    """Aligned columns, indented under their section; columns in `right` (numbers) align right."""
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
+    lines = []
+    for row in (headers, *rows):
+        cells = [str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        lines.append("  " + "  ".join(cells).rstrip())
+    return lines
+
+
+def _section(title: str, body: list[str]) -> list[str]:
+    return [title, *(body or ["  none"]), ""]
+
+
+def render(report: Status, database_name: str) -> str:
+    at = datetime.fromisoformat(report.at).replace(microsecond=0).isoformat()
+    out = [f"livepush status of {database_name} at {at}", ""]
+
+    out += _section(f"Queues ({len(report.queues)})", table(
+        ["QUEUE", "DEPTH", "OLDEST", "SCHEDULED", "RUNNING", "WAITING", "FAILED"],
+        [[q.queue, str(q.depth), "-" if q.oldest_age is None else duration(q.oldest_age), str(q.scheduled),
+          str(q.running), str(q.waiting), str(q.failed)] for q in report.queues],
+        right=frozenset({1, 2, 3, 4, 5, 6})) if report.queues else [])
+
+    runtimes = table(
+        ["ID", "HOST", "PID", "QUEUES", "STATE", "IN HAND", "LAST BEAT"],
+        [[str(r.id), r.host, str(r.pid), ",".join(r.queues), r.state, f"{r.in_hand}/{r.concurrency}",
+          f"{duration(r.since_heartbeat)} ago" + (f", OVERDUE (beats every {r.heartbeat:g}s)" if r.overdue else "")]
+         for r in report.runtimes],
+        right=frozenset({0, 2, 5})) if report.runtimes else []
+    if any(r.overdue for r in report.runtimes):
+        runtimes.append("  OVERDUE: silent for more than 3 beats, dead or stalled; the next runtime to beat "
+                        "releases its jobs")
+    out += _section(f"Runtimes ({len(report.runtimes)})", runtimes)
+
+    out += _section(_shown("Groups in progress", len(report.groups), report.groups_in_progress), table(
+        ["ID", "STATE", "TOTAL", "PENDING", "SUCCEEDED", "FAILED", "CANCELLED", "CREATED"],
+        [[str(g.id), g.state, str(g.total), str(g.pending), str(g.succeeded), str(g.failed), str(g.cancelled),
+          f"{duration(g.age)} ago"] for g in report.groups],
+        right=frozenset({0, 2, 3, 4, 5, 6})) if report.groups else [])
+
+    out += _section(_shown("Workflows in progress", len(report.workflows), report.workflows_in_progress), table(
+        ["ID", "NAME", "STATE", "CREATED", "STEPS"],
+        [[str(w.id), w.name, w.state, f"{duration(w.age)} ago", w.summary] for w in report.workflows],
+        right=frozenset({0})) if report.workflows else [])
+
+    out += ["Servers", f"  {SERVERS_NOTE}"]
+    return "\n".join(out)
+
+
+def _shown(title: str, shown: int, total: int) -> str:
+    return f"{title} ({total}, newest {shown} shown)" if shown < total else f"{title} ({total})"

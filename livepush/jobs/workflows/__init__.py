@@ -1,0 +1,37 @@
+"""Workflows (docs/workflows.md): a named graph of steps run as jobs, with outputs passed along,
+fan-out steps that park on a task group, steps that wait for a signal, flow verbs inside a step
+and operator verbs with an audit trail.
+
+    flow = jobs.workflow("nightly_import", queue="imports")
+
+    @flow.step()
+    async def fetch(ctx): ...                      # ctx.input; returns its output (JSON)
+
+    run = flow.start({"source": "..."})            # WorkflowHandle: id, topic, signed_topic
+    jobs.workflows.pause(run.id, actor="ana", reason="bad data")
+    jobs.workflows.get(run.id)
+
+Modules: `definition.py` (the graph and its checks), `runner.py` (a step's job, starting runs),
+`engine.py` (the decisions, exactly once under the run's lock), `operators.py` (what an operator
+calls), `queries.py` (the SQL).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# jobs.workflows.<verb>: operators.py, imported when first used (operators imports the jobs API,
+# which imports engine.py from here: a plain import would go round in a circle at start-up).
+_OPERATORS = {
+    "pause": "pause", "resume": "resume", "cancel": "cancel_run", "skip": "skip", "signal": "signal",
+    "get": "get", "list": "list_runs", "apause": "apause", "aresume": "aresume", "acancel": "acancel_run",
+    "askip": "askip", "asignal": "asignal_run",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _OPERATORS:
+        from . import operators
+
+        return getattr(operators, _OPERATORS[name])
+    raise AttributeError(name)

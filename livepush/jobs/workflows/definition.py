@@ -1,0 +1,173 @@
+"""Defining a workflow: `jobs.workflow(name, queue=)`, `@flow.step(...)`, `@flow.fan_out(...)`.
+
+The graph is checked as it is written: a step may only come after steps defined above it (so a
+name that is unknown is caught at the decorator, and a cycle cannot be written), and a fan-out
+step takes no signal wait. Each step is also a job function (`<workflow>.<step>`), registered
+like any `@jobs.job`, so the runtimes that import the module run its steps.
+
+What runs a step and starts a run is the `Engine` given to the Workflow (workflows/__init__.py
+gives the real one): this module only describes graphs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from ..api.functions import JobFunction, default_backoff
+from ..api.registry import REGISTRY
+from ..errors import WorkflowDefinitionError
+
+ON_TIMEOUT = ("fail", "cancel", "skip")
+ON_BATCH_FAILURE = ("pause", "cancel", "skip")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,99}")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    name: str
+    kind: str  # "step" | "fan_out"
+    after: tuple[str, ...]
+    fn: Callable[..., Any]
+    job: str  # the name of the job function that runs it
+    wait_for: str | None = None
+    wait_timeout: float | None = None
+    on_timeout: str = "fail"
+    on_batch_failure: str = "pause"
+    max_attempts: int = 5
+    priority: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        """What a run stores of this step (the graph it follows, whatever later deploys change)."""
+        return {"kind": self.kind, "after": list(self.after), "job": self.job, "wait_for": self.wait_for,
+                "wait_timeout": self.wait_timeout, "on_timeout": self.on_timeout,
+                "on_batch_failure": self.on_batch_failure, "max_attempts": self.max_attempts,
+                "priority": self.priority}
+
+
+class Engine(Protocol):
+    """What runs a workflow's steps and starts its runs."""
+
+    async def run_step(self, flow: Workflow, step: str, ctx: Any, run_id: int) -> Any: ...
+
+    def start(self, flow: Workflow, input: Any, conn: Any) -> Any: ...
+
+    async def astart(self, flow: Workflow, input: Any, conn: Any) -> Any: ...
+
+
+WORKFLOWS: dict[str, Workflow] = {}
+
+
+class Workflow:
+    """A named graph of steps run as jobs (docs/workflows.md). Made by `jobs.workflow(name, queue=)`."""
+
+    def __init__(self, name: str, queue: str, engine: Engine) -> None:
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise WorkflowDefinitionError(f"jobs.workflow({name!r}): a workflow name is a letter or _ and then up to "
+                                          "99 letters, digits, _ . or -")
+        if not isinstance(queue, str) or not queue:
+            raise WorkflowDefinitionError(f"jobs.workflow({name!r}, queue={queue!r}): a queue is a non-empty string")
+        self.name = name
+        self.queue = queue
+        self.engine = engine
+        self.steps: dict[str, StepSpec] = {}
+        WORKFLOWS[name] = self  # a re-import defines it again: the newest definition wins
+
+    def __repr__(self) -> str:
+        return f"<workflow {self.name} steps={list(self.steps)}>"
+
+    def graph(self) -> dict[str, Any]:
+        """The graph as a run stores it: steps in definition order (a topological order)."""
+        return {"steps": {name: spec.as_json() for name, spec in self.steps.items()}, "order": list(self.steps)}
+
+    def _add(self, fn: Callable[..., Any], kind: str, after: Iterable[str] | str | None,
+             options: dict[str, Any]) -> StepSpec:
+        name = options.pop("name", None) or getattr(fn, "__name__", None)
+        where = f"workflow {self.name!r}"
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise WorkflowDefinitionError(f"{where}: a step name is a letter or _ and then letters, digits, _ . or -;"
+                                          f" got {name!r} (pass name=)")
+        if name in self.steps:
+            raise WorkflowDefinitionError(f"{where}: step {name!r} is defined twice")
+        if isinstance(after, str):
+            after = [after]
+        deps = tuple(after or ())
+        for dep in deps:
+            if dep not in self.steps:
+                raise WorkflowDefinitionError(
+                    f"{where}: step {name!r} comes after {dep!r}, which is not a step defined above it "
+                    f"(steps so far: {list(self.steps) or 'none'}); define the steps in the order they run")
+        if len(set(deps)) != len(deps):
+            raise WorkflowDefinitionError(f"{where}: step {name!r} names a step twice in after={list(deps)}")
+        wait_for = options.pop("wait_for", None)
+        wait_timeout = options.pop("wait_timeout", None)
+        on_timeout = options.pop("on_timeout", "fail")
+        on_batch_failure = options.pop("on_batch_failure", "pause")
+        if kind == "fan_out" and wait_for is not None:
+            raise WorkflowDefinitionError(f"{where}: fan-out step {name!r} cannot wait for a signal (wait_for=): "
+                                          "put the wait on a step before or after it")
+        if wait_for is not None and (not isinstance(wait_for, str) or not wait_for):
+            raise WorkflowDefinitionError(f"{where}: step {name!r} wait_for= takes a signal name, got {wait_for!r}")
+        if wait_timeout is not None and (wait_for is None or isinstance(wait_timeout, bool)
+                                         or not isinstance(wait_timeout, (int, float)) or not wait_timeout > 0):
+            raise WorkflowDefinitionError(f"{where}: step {name!r} wait_timeout= takes a positive number of seconds, "
+                                          "with wait_for=")
+        if on_timeout not in ON_TIMEOUT:
+            raise WorkflowDefinitionError(f"{where}: step {name!r} on_timeout={on_timeout!r}: use one of {ON_TIMEOUT}")
+        if on_batch_failure not in ON_BATCH_FAILURE:
+            raise WorkflowDefinitionError(
+                f"{where}: step {name!r} on_batch_failure={on_batch_failure!r}: use one of {ON_BATCH_FAILURE}")
+        unknown = set(options) - {"max_attempts", "timeout", "priority", "never_retry", "backoff"}
+        if unknown:
+            raise WorkflowDefinitionError(f"{where}: step {name!r} got unknown options {sorted(unknown)}")
+        job_name = f"{self.name}.{name}"
+        options.setdefault("timeout", None if kind == "fan_out" or wait_for is not None else 60)
+        job = REGISTRY.add(JobFunction(self._runner(name), name=job_name, queue=self.queue,
+                                       backoff=options.pop("backoff", default_backoff), **options))
+        spec = StepSpec(name, kind, deps, fn, job_name, wait_for,
+                        None if wait_timeout is None else float(wait_timeout), on_timeout, on_batch_failure,
+                        job.max_attempts, job.priority)
+        self.steps[name] = spec
+        return spec
+
+    def _runner(self, step: str) -> Callable[..., Any]:
+        async def run(ctx: Any, run_id: int) -> Any:
+            return await self.engine.run_step(self, step, ctx, run_id)
+
+        run.__name__ = run.__qualname__ = f"{self.name}.{step}"
+        return run
+
+    def step(self, after: Iterable[str] | str | None = None, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+        """A step: `fn(ctx)` (sync or async) returns its output (JSON). Options: `after=` (steps
+        that must have succeeded or been skipped first), `wait_for=` a signal name (the step
+        starts once it came; `ctx.signal` holds its data), `wait_timeout=` seconds and
+        `on_timeout=` ("fail", "cancel" the run, or "skip" the step), and the job options
+        `max_attempts=`, `timeout=`, `priority=`, `never_retry=`, `backoff=`, `name=`."""
+
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self._add(fn, "step", after, dict(options))
+            return fn
+
+        return decorate
+
+    def fan_out(self, after: Iterable[str] | str | None = None, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+        """A fan-out step: `fn(ctx, batch)` adds jobs with `batch.enqueue(job, *args)`; the step
+        waits (parked, no slot held) until they all finished; its output is their counts.
+        `on_batch_failure=`: "pause" (the default: an operator resumes, which runs the failed
+        ones again, or skips), "cancel" the run, or "skip" (count the step as skipped, go on)."""
+
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self._add(fn, "fan_out", after, dict(options))
+            return fn
+
+        return decorate
+
+    def start(self, input: Any = None, *, conn: Any = None) -> Any:
+        """Start a run with `input` (JSON; `ctx.input` in every step): its first steps are
+        enqueued in this transaction (the caller's with `conn=`). Returns a WorkflowHandle."""
+        return self.engine.start(self, input, conn)
+
+    async def astart(self, input: Any = None, *, conn: Any = None) -> Any:
+        return await self.engine.astart(self, input, conn)

@@ -1,0 +1,269 @@
+"""The decisions of workflow runs, written once as sans-I/O steps (groups/steps.py runs them).
+
+Every decision locks the run (queries.LOCK_RUNS), reads its steps, computes what changes with a
+`Plan` (pure: tests call it directly), and writes it: step states, the jobs of steps that became
+ready, the run's state and a new version of its topic, the audit trail. queries.py says why a
+step therefore starts exactly once.
+
+- `start_run`: a new run and its first steps.
+- `steps_ended`: jobs of steps ended (called in the transaction that ended them, by every path
+  that ends a job: groups/outcomes.py).
+- `operator`: pause, resume, cancel, skip (operators.py calls it, then cancels the jobs it names
+  in later transactions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from .. import queries as job_queries
+from ..groups.steps import Query, Steps
+from . import queries as wq
+
+RUN_FINISHED = frozenset({"succeeded", "failed", "cancelled"})
+STEP_DONE = frozenset({"succeeded", "skipped"})
+STEP_ACTIVE = frozenset({"running", "waiting"})
+STEP_FINISHED = frozenset({"succeeded", "skipped", "failed", "cancelled"})
+
+
+@dataclasses.dataclass
+class Plan:
+    """What one decision does to one run: built from the run and its steps as read under the lock."""
+
+    run: dict[str, Any]
+    steps: dict[str, dict[str, Any]]
+    changed: set[str] = dataclasses.field(default_factory=set)
+    state: str = ""
+    event: str | None = None
+    output: Any = None
+    error: str | None = None
+    audit: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    to_cancel: list[int] = dataclasses.field(default_factory=list)  # jobs to cancel after commit
+    to_stop: list[int] = dataclasses.field(default_factory=list)  # jobs to stop now, if not busy
+
+    def __post_init__(self) -> None:
+        self.state = self.run["state"]
+        self.graph = self.run["graph"]
+
+    @property
+    def id(self) -> int:
+        return int(self.run["id"])
+
+    def _set(self, name: str, state: str, *, output: Any = None, error: str | None = None) -> None:
+        step = self.steps[name]
+        step["state"] = state
+        if output is not None:
+            step["output"] = output
+        step["error"] = error
+        self.changed.add(name)
+
+    def _finish(self, state: str, event: str, *, error: str | None = None, output: Any = None) -> None:
+        self.state, self.event = state, event
+        if error is not None:
+            self.error = error
+        if output is not None:
+            self.output = output
+        for name, step in self.steps.items():
+            if step["state"] == "pending":  # what has not started never will
+                self._set(name, "cancelled" if state != "succeeded" else "skipped")
+            elif step["state"] in STEP_ACTIVE:
+                # A step still running beside the one that ended the run: its job is stopped (a
+                # parked one would otherwise wait for ever) and what it does no longer counts.
+                self._set(name, "skipped" if state == "succeeded" else "cancelled", error=f"the run {state} first")
+                if step["job_id"] is not None:
+                    self.to_stop.append(int(step["job_id"]))
+
+    def _note(self, verb: str, step: str | None, actor: str | None, reason: str | None) -> None:
+        self.audit.append({"id": self.id, "verb": verb, "step": step, "actor": actor, "reason": reason})
+
+    # -- a step's job ended -------------------------------------------------------------------
+    def job_ended(self, job: dict[str, Any]) -> None:
+        """Record how the job running a step ended (its row from the ending statement)."""
+        name = next((n for n, s in self.steps.items() if s["job_id"] == job["id"]), None)
+        if name is None or self.steps[name]["state"] not in STEP_ACTIVE:
+            return  # an older job of a step that was rerun, skipped or cancelled meanwhile
+        state, result = job["state"], job.get("result") or {}
+        if state == "succeeded":
+            self._verb(name, result)
+        elif state == "failed":
+            self._set(name, "failed", error=job.get("error"))
+            if self.state not in RUN_FINISHED:
+                self._finish("failed", "finished", error=f"step {name!r} failed: {job.get('error')}")
+        else:  # cancelled: by an operator's cancel of the run (already recorded) or of the job itself
+            self._set(name, "cancelled", error=job.get("error"))
+            if self.state not in RUN_FINISHED:
+                self._finish("cancelled", "cancelled", error=f"step {name!r} was cancelled")
+        self.event = self.event or "step"
+
+    def _verb(self, name: str, result: dict[str, Any]) -> None:
+        verb, reason, actor = result.get("verb", "complete"), result.get("reason"), f"step:{name}"
+        output = result.get("output")
+        if verb == "complete":
+            self._set(name, "succeeded", output=output)
+        elif verb == "finish":
+            self._set(name, "succeeded", output=output)
+            self._note("finish", name, actor, reason)
+            if self.state not in RUN_FINISHED:
+                self._finish("succeeded", "finished", output=output)
+        elif verb == "skip":
+            self._set(name, "skipped", output=output, error=reason)
+            self._note("skip", name, actor, reason)
+        elif verb == "cancel":
+            self._set(name, "cancelled", output=output, error=reason)
+            self._note("cancel", name, actor, reason)
+            if self.state not in RUN_FINISHED:
+                self._finish("cancelled", "cancelled", error=reason)
+        elif verb == "pause":
+            # The step runs again (a new job) when the run is resumed.
+            self._set(name, "pending", output=output, error=reason)
+            self._note("pause", name, actor, reason)
+            if self.state == "running":
+                self.state, self.event = "paused", "paused"
+        else:
+            self._set(name, "failed", error=f"unknown flow verb {verb!r}")
+
+    # -- operators ----------------------------------------------------------------------------
+    def operator(self, verb: str, step: str | None, actor: str | None, reason: str | None) -> bool:
+        """Apply an operator verb; False when it does not apply to the run as it is."""
+        if verb == "pause":
+            if self.state != "running":
+                return False
+            self.state, self.event = "paused", "paused"
+        elif verb == "resume":
+            if self.state != "paused":
+                return False
+            self.state, self.event = "running", "resumed"
+        elif verb == "cancel":
+            if self.state in RUN_FINISHED:
+                return False
+            for name, s in self.steps.items():
+                if s["state"] in STEP_ACTIVE:
+                    self._set(name, "cancelled", error=reason or "cancelled")
+                    self.to_cancel.append(int(s["job_id"]))
+            self._finish("cancelled", "cancelled", error=reason or "cancelled")
+        elif verb == "skip":
+            assert step is not None
+            s = self.steps[step]
+            if self.state in RUN_FINISHED or s["state"] in STEP_FINISHED:
+                return False
+            if s["state"] in STEP_ACTIVE and s["job_id"] is not None:
+                self.to_cancel.append(int(s["job_id"]))
+            self._set(step, "skipped", error=reason)
+            self.event = "step"
+        else:
+            raise ValueError(verb)
+        self._note(verb, step, actor, reason)
+        return True
+
+    # -- what follows -------------------------------------------------------------------------
+    def ready(self) -> list[str]:
+        """Pending steps whose every `after` step succeeded or was skipped, in definition order."""
+        if self.state != "running":
+            return []
+        specs = self.graph["steps"]
+        return [n for n in self.graph["order"] if self.steps[n]["state"] == "pending"
+                and all(self.steps[d]["state"] in STEP_DONE for d in specs[n]["after"])]
+
+    def settle(self) -> list[str]:
+        """The steps to start now; finishes the run when nothing is left to do."""
+        ready = self.ready()
+        if not ready and self.state == "running" and all(s["state"] in STEP_DONE for s in self.steps.values()):
+            self._finish("succeeded", "finished")
+        return ready
+
+
+def _plans(runs: Sequence[dict[str, Any]], steps: Sequence[dict[str, Any]]) -> dict[int, Plan]:
+    by_run: dict[int, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for s in steps:
+        by_run[s["workflow_id"]][s["name"]] = dict(s)
+    return {r["id"]: Plan(dict(r), by_run[r["id"]]) for r in runs}
+
+
+def _load(ids: Sequence[int]) -> Steps[dict[int, Plan]]:
+    runs = yield Query(wq.LOCK_RUNS, {"ids": sorted(set(ids))})
+    if not runs:
+        return {}
+    # A later statement than the lock: it sees every earlier decision's commit.
+    steps = yield Query(wq.STEPS_OF, {"ids": [r["id"] for r in runs]})
+    return _plans(runs, steps)
+
+
+def _write(plan: Plan) -> Steps[list[dict[str, Any]]]:
+    """Write what the plan decided, start the steps that are ready; returns the started jobs."""
+    started: list[dict[str, Any]] = []
+    ready = plan.settle()
+    if ready:
+        specs = plan.graph["steps"]
+        started = yield Query(wq.START_STEPS, {
+            "id": plan.id, "queue": plan.run["queue"], "steps": ready,
+            "jobs": [specs[n]["job"] for n in ready], "priorities": [specs[n].get("priority", 0) for n in ready],
+            "max_attempts": [specs[n].get("max_attempts", 5) for n in ready]})
+        for row in started:
+            wait_for = specs[row["step"]].get("wait_for")
+            if wait_for:
+                yield Query(wq.HAND_OVER_SIGNALS, {"id": plan.id, "name": wait_for, "job_id": row["id"]})
+            plan.steps[row["step"]].update(state="running", job_id=row["id"])
+        plan.changed -= set(ready)
+        plan.event = plan.event or "step"
+    if plan.changed:
+        names = sorted(plan.changed)
+        yield Query(wq.SET_STEPS, {
+            "id": plan.id, "names": names, "states": [plan.steps[n]["state"] for n in names],
+            "outputs": [None if plan.steps[n].get("output") is None else json.dumps(plan.steps[n]["output"])
+                        for n in names],
+            "errors": [plan.steps[n].get("error") for n in names]})
+    if plan.to_stop:
+        yield Query(job_queries.STOP_JOBS, {"ids": sorted(plan.to_stop)})
+    for entry in plan.audit:
+        yield Query(wq.AUDIT, entry)
+    if plan.event is not None:
+        yield Query(wq.SET_RUN, {"id": plan.id, "state": plan.state, "event": plan.event, "error": plan.error,
+                                 "output": None if plan.output is None else json.dumps(plan.output)})
+    return started
+
+
+def start_run(name: str, queue: str, graph: dict[str, Any], input_json: str) -> Steps[int]:
+    """Insert a run and start its first steps, in the caller's transaction. Returns its id."""
+    (row,) = yield Query(wq.INSERT_RUN, {"name": name, "queue": queue, "graph": json.dumps(graph),
+                                         "input": input_json, "steps": list(graph["order"])})
+    plans = yield from _load([row["id"]])
+    plan = plans[row["id"]]
+    plan.event = "started"
+    yield from _write(plan)
+    return int(row["id"])
+
+
+def steps_ended(rows: Sequence[dict[str, Any]]) -> Steps[None]:
+    """In the transaction that ended them: record how the jobs of workflow steps among `rows`
+    ended (rows with a `workflow_id`), and start what follows."""
+    by_run: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if r.get("workflow_id") is not None:
+            by_run[int(r["workflow_id"])].append(r)
+    if not by_run:
+        return
+    plans = yield from _load(list(by_run))
+    for run_id, plan in sorted(plans.items()):
+        for job in by_run[run_id]:
+            plan.job_ended(job)
+        yield from _write(plan)
+
+
+def operator(run_id: int, verb: str, step: str | None, actor: str | None, reason: str | None
+             ) -> Steps[tuple[bool, list[int], dict[str, Any] | None]]:
+    """An operator verb on a run: (applied, jobs to cancel after commit, the run as read), or the
+    run None when there is no such run."""
+    plans = yield from _load([run_id])
+    plan = plans.get(run_id)
+    if plan is None:
+        return False, [], None
+    if step is not None and step not in plan.steps:
+        raise KeyError(step)
+    if not plan.operator(verb, step, actor, reason):
+        return False, [], plan.run
+    yield from _write(plan)
+    return True, plan.to_cancel, plan.run

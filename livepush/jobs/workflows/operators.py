@@ -1,0 +1,187 @@
+"""What an operator calls on workflow runs (`jobs.workflows.*`): pause, resume, cancel, skip,
+signal, each recording actor, reason and time on the run's audit trail; get and list.
+
+A verb is decided under the run's lock (engine.operator) and committed; the jobs it must stop (a
+cancelled run's running steps, a skipped step's job) are cancelled afterwards, each in its own
+transaction, so a verb never locks a job row after the run's (queries.py: the lock order).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from .. import database
+from ..api.args import check_json, dumps
+from ..api.control import acancel, cancel
+from ..api.handles import checked_id
+from ..durable.run import check_name
+from ..durable.signals import asignal, signal as signal_job
+from ..errors import InvalidArgumentsError, WorkflowNotFound
+from ..events.views import workflow_view
+from ..groups import steps
+from ..groups.transactions import ain_tx, in_tx
+from . import engine
+from . import queries as wq
+
+def _text(value: Any, what: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str or None, got {type(value).__name__}")
+    return value[:1000]
+
+
+def _verb_steps(run_id: int, verb: str, step: str | None, actor: str | None, reason: str | None
+                ) -> steps.Steps[tuple[bool, list[int]]]:
+    try:
+        applied, to_cancel, run = yield from engine.operator(run_id, verb, step, actor, reason)
+    except KeyError:
+        raise ValueError(f"workflow run {run_id} has no step {step!r}") from None
+    if run is None:
+        raise WorkflowNotFound(f"no workflow run {run_id} (never started, or deleted after its retention time)")
+    return applied, to_cancel
+
+
+def _verb(run_id: Any, verb: str, step: str | None, actor: Any, reason: Any) -> bool:
+    run_id = checked_id(run_id, "run_id")
+    actor, reason = _text(actor, "actor"), _text(reason, "reason")
+    applied, to_cancel = in_tx(lambda: _verb_steps(run_id, verb, step, actor, reason), None)
+    for job_id in to_cancel:
+        cancel(job_id)
+    return applied
+
+
+async def _averb(run_id: Any, verb: str, step: str | None, actor: Any, reason: Any) -> bool:
+    run_id = checked_id(run_id, "run_id")
+    actor, reason = _text(actor, "actor"), _text(reason, "reason")
+    applied, to_cancel = await ain_tx(lambda: _verb_steps(run_id, verb, step, actor, reason), None)
+    for job_id in to_cancel:
+        await acancel(job_id)
+    return applied
+
+
+def pause(run_id: int, *, actor: str | None = None, reason: str | None = None) -> bool:
+    """Pause a running run: steps running now finish, nothing new starts until resume(). False if it
+    was not running."""
+    return _verb(run_id, "pause", None, actor, reason)
+
+
+def resume(run_id: int, *, actor: str | None = None, reason: str | None = None) -> bool:
+    """Resume a paused run: ready steps start (a step paused by its batch's failures runs again,
+    with only the failed members of its batch). False if it was not paused."""
+    return _verb(run_id, "resume", None, actor, reason)
+
+
+def cancel_run(run_id: int, *, actor: str | None = None, reason: str | None = None) -> bool:
+    """Cancel a run: its running steps' jobs are cancelled, nothing more starts. False if it had
+    finished."""
+    return _verb(run_id, "cancel", None, actor, reason)
+
+
+def skip(run_id: int, step: str, *, actor: str | None = None, reason: str | None = None) -> bool:
+    """Skip a step that has not finished (its job, if running, is cancelled): what comes after it
+    runs as if it had succeeded. False if it had finished."""
+    return _verb(run_id, "skip", check_name(step, "skip()"), actor, reason)
+
+
+async def apause(run_id: int, *, actor: str | None = None, reason: str | None = None) -> bool:
+    return await _averb(run_id, "pause", None, actor, reason)
+
+
+async def aresume(run_id: int, *, actor: str | None = None, reason: str | None = None) -> bool:
+    return await _averb(run_id, "resume", None, actor, reason)
+
+
+async def acancel_run(run_id: int, *, actor: str | None = None, reason: str | None = None) -> bool:
+    return await _averb(run_id, "cancel", None, actor, reason)
+
+
+async def askip(run_id: int, step: str, *, actor: str | None = None, reason: str | None = None) -> bool:
+    return await _averb(run_id, "skip", check_name(step, "skip()"), actor, reason)
+
+
+# -- signals ----------------------------------------------------------------------------------------
+
+def _signal_steps(run_id: int, name: str, data: str, actor: str | None) -> steps.Steps[int | None]:
+    """Under a share lock on the run (no decision meanwhile): the job of the first unfinished step
+    that waits for `name` gets the signal after commit (returned), or the run keeps it for that
+    step's job, which takes it over when it is created."""
+    runs = yield steps.Query(wq.LOCK_RUN_SHARE, {"id": run_id})
+    if not runs:
+        raise WorkflowNotFound(f"no workflow run {run_id} (never started, or deleted after its retention time)")
+    run = runs[0]
+    if run["state"] in engine.RUN_FINISHED:
+        raise ValueError(f"workflow run {run_id} has {run['state']}: it takes no more signals")
+    rows = yield steps.Query(wq.STEPS_OF, {"ids": [run_id]})
+    by_name = {r["name"]: r for r in rows}
+    graph = run["graph"]
+    waiting = [n for n in graph["order"] if graph["steps"][n].get("wait_for") == name
+               and by_name[n]["state"] not in engine.STEP_FINISHED]
+    if not waiting:
+        raise ValueError(f"no step of workflow run {run_id} waits for signal {name!r} (any more)")
+    yield steps.Query(wq.AUDIT, {"id": run_id, "verb": "signal", "step": waiting[0], "actor": actor, "reason": name})
+    step = by_name[waiting[0]]
+    if step["state"] in engine.STEP_ACTIVE and step["job_id"] is not None:
+        return int(step["job_id"])
+    # Not started, or to run again (a step that paused the run): its next job takes it over.
+    yield steps.Query(wq.KEEP_SIGNAL, {"id": run_id, "name": name, "data": data})
+    return None
+
+
+def signal(run_id: int, name: str, data: Any = None, *, actor: str | None = None) -> None:
+    """Send signal `name` to the run: the first unfinished step with `wait_for=name` gets it (now,
+    or when it starts). Raises ValueError when no step waits for it, WorkflowNotFound for no run."""
+    run_id, name = checked_id(run_id, "run_id"), check_name(name, "signal()")
+    check_json(data, "data", InvalidArgumentsError, "signal data")
+    actor = _text(actor, "actor")
+    job_id = in_tx(lambda: _signal_steps(run_id, name, dumps(data), actor), None)
+    if job_id is not None:
+        signal_job(job_id, name, data)
+
+
+async def asignal_run(run_id: int, name: str, data: Any = None, *, actor: str | None = None) -> None:
+    run_id, name = checked_id(run_id, "run_id"), check_name(name, "signal()")
+    check_json(data, "data", InvalidArgumentsError, "signal data")
+    actor = _text(actor, "actor")
+    job_id = await ain_tx(lambda: _signal_steps(run_id, name, dumps(data), actor), None)
+    if job_id is not None:
+        await asignal(job_id, name, data)
+
+
+# -- reads ----------------------------------------------------------------------------------------
+
+def _run(row: dict[str, Any], audit: list[dict[str, Any]]) -> dict[str, Any]:
+    view = workflow_view(row)
+    view["steps"] = {name: {k: s.get(k) for k in ("state", "attempt", "group", "output", "error", "job")}
+                     for name, s in row["steps"].items()}
+    return {**view, "output": row["output"], "error": row["error"], "created_at": row["created_at"],
+            "finished_at": row["finished_at"], "audit": audit}
+
+
+def get(run_id: int) -> dict[str, Any] | None:
+    """A run: id, name, state, output, error, steps (state, attempt, group, output, error, job) and
+    its audit trail (verb, step, actor, reason, at), oldest first; None for no such run."""
+    run_id = checked_id(run_id, "run_id")
+    with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(wq.RUN_VIEWS, {"ids": [run_id]})
+        row = cur.fetchone()
+        if row is None:
+            return None
+        cur.execute(wq.AUDIT_OF, {"id": run_id})
+        return _run(row, cur.fetchall())
+
+
+def list_runs(name: str | None = None, state: str | None = None, *, before: int | None = None,
+              limit: int = 100) -> tuple[list[dict[str, Any]], int | None]:
+    """Runs newest first, by name and state if given: (page, cursor for the next page or None)."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+        raise ValueError(f"limit= takes an int from 1 to 1000, got {limit!r}")
+    cursor = checked_id(before, "before") if before is not None else 2**63 - 1
+    with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(wq.LIST_RUNS, {"name": name, "state": state, "before": cursor, "limit": limit})
+        rows = cur.fetchall()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (rows[-1]["id"] if more else None)

@@ -1,0 +1,234 @@
+"""Every SQL statement of workflows, named, with why it is safe under concurrency.
+
+Tables: sql/0006_workflows.sql. A step is run by a job (sql/0003_jobs.sql) whose `workflow_id`
+is the run; its payload's args are [run id].
+
+Exactly once: every decision about a run (start its first steps, record a step's end and start
+what follows, an operator verb) runs in a transaction that first locks the run's row (LOCK_RUNS),
+then reads its steps in a later statement (a snapshot that sees every earlier holder's commit),
+and changes steps only from the states it read. So two decisions on one run never interleave:
+a step is started (its job created) by exactly one of them.
+
+Lock order, extending the jobs' and groups' (job rows -> shards -> groups -> parent jobs):
+job rows -> workflow rows. A step's end is recorded in the transaction that ended its job (the
+job row is locked first). Operator verbs lock the run first and never lock a job row after it:
+what they do to jobs (cancel a running step) is done in a later transaction.
+"""
+
+from __future__ import annotations
+
+# name: insert_run
+# A new run and its steps, all pending; invisible to others until commit.
+INSERT_RUN = """
+WITH run AS (
+    INSERT INTO livepush_workflows (name, queue, graph, input)
+    VALUES (%(name)s, %(queue)s, %(graph)s::jsonb, %(input)s::jsonb)
+    RETURNING id
+), steps AS (
+    INSERT INTO livepush_workflow_steps (workflow_id, name)
+    SELECT run.id, s.name FROM run, unnest(%(steps)s::text[]) AS s(name)
+)
+SELECT id FROM run
+"""
+
+# name: lock_runs
+# The decision lock: run rows FOR UPDATE in id order (two decisions over several runs never
+# deadlock). Returns what the decision needs of each run.
+LOCK_RUNS = """
+SELECT id, name, queue, state, graph, input FROM livepush_workflows
+WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR UPDATE
+"""
+
+# name: steps_of
+# After LOCK_RUNS, in a later statement: the runs' steps as the last lock holder left them.
+STEPS_OF = """
+SELECT workflow_id, name, state, job_id, group_id, output, error FROM livepush_workflow_steps
+WHERE workflow_id = ANY(%(ids)s::bigint[])
+"""
+
+# name: set_steps
+# Under the run's lock: steps' new states (and outputs, errors) as the decision computed them.
+# `job_id`/`group_id` NULL keep the current value.
+SET_STEPS = """
+UPDATE livepush_workflow_steps s SET
+    state = u.state, output = coalesce(u.output, s.output), error = u.error
+FROM unnest(%(names)s::text[], %(states)s::text[], %(outputs)s::jsonb[], %(errors)s::text[])
+     AS u(name, state, output, error)
+WHERE s.workflow_id = %(id)s AND s.name = u.name
+"""
+
+# name: set_run
+# Under the run's lock: the run's new state (and output, error), a new version of its state
+# topic naming the change, rung in this transaction (delivered at commit).
+SET_RUN = """
+WITH moved AS (
+    UPDATE livepush_workflows w SET
+        state = %(state)s, output = coalesce(%(output)s::jsonb, w.output), error = coalesce(%(error)s, w.error),
+        version = w.version + 1, event = %(event)s,
+        finished_at = CASE WHEN %(state)s IN ('succeeded', 'failed', 'cancelled') THEN now() END
+    WHERE w.id = %(id)s
+    RETURNING w.id, w.version
+)
+SELECT livepush_state_changed(array_agg('workflow:' || m.id), array_agg(m.version)) AS n FROM moved m
+"""
+
+# name: start_steps
+# Under the run's lock: one job per ready step (state `pending`, read after the lock), on the
+# run's queue, args [run id], and the step rows pointing at them. New rows are invisible until
+# commit; the rings (the new jobs' id range, the runtimes' doorbell) are delivered at commit.
+START_STEPS = """
+WITH input AS (
+    SELECT nextval('livepush_jobs_id_seq') AS id, u.step, u.job, u.priority, u.max_attempts
+    FROM unnest(%(steps)s::text[], %(jobs)s::text[], %(priorities)s::int[], %(max_attempts)s::int[])
+         WITH ORDINALITY AS u(step, job, priority, max_attempts, ord)
+), jobs AS (
+    INSERT INTO livepush_jobs (id, queue, name, priority, state, max_attempts, workflow_id)
+    SELECT id, %(queue)s, job, priority, 'available', max_attempts, %(id)s FROM input
+), payloads AS (
+    INSERT INTO livepush_job_payloads (id, args) SELECT id, jsonb_build_array(%(id)s::bigint) FROM input
+), marked AS (
+    UPDATE livepush_workflow_steps s SET state = 'running', job_id = i.id, error = NULL
+    FROM input i WHERE s.workflow_id = %(id)s AND s.name = i.step
+), rung AS (
+    SELECT livepush_states_created('job', min(id), max(id)) + livepush_jobs_ready() AS n FROM input
+)
+SELECT i.id, i.step FROM input i CROSS JOIN rung
+"""
+
+# name: hand_over_signals
+# Under the run's lock, with the step's new job: the run's signals of the name the step waits
+# for become the job's (oldest first), so a signal sent before the step started is delivered
+# to it once.
+HAND_OVER_SIGNALS = """
+WITH taken AS (
+    DELETE FROM livepush_workflow_signals WHERE workflow_id = %(id)s AND name = %(name)s
+    RETURNING id, name, data
+)
+INSERT INTO livepush_job_signals (job_id, name, data) SELECT %(job_id)s, name, data FROM taken ORDER BY id
+"""
+
+# name: keep_signal
+# Under the run's lock (FOR SHARE is enough: no decision runs meanwhile): a signal for a step
+# that has no job yet waits here.
+KEEP_SIGNAL = "INSERT INTO livepush_workflow_signals (workflow_id, name, data) VALUES (%(id)s, %(name)s, %(data)s::jsonb)"
+
+# name: lock_run_share
+# jobs.workflows.signal: holds off decisions (they lock FOR UPDATE) while it reads which step
+# waits for the signal and hands it to that step's job or keeps it for the run.
+LOCK_RUN_SHARE = "SELECT id, state, graph FROM livepush_workflows WHERE id = %(id)s FOR SHARE"
+
+# name: audit
+AUDIT = """
+INSERT INTO livepush_workflow_audit (workflow_id, verb, step, actor, reason)
+VALUES (%(id)s, %(verb)s, %(step)s, %(actor)s, %(reason)s)
+"""
+
+# name: step_inputs
+# What a step's job reads when it starts: the run's input and the outputs of the steps that
+# succeeded (a plain read; outputs never change once written).
+# Also the step's batch so far (a fan-out step): made by whom, and how many of it succeeded.
+STEP_INPUTS = """
+SELECT w.input, w.state,
+       coalesce((SELECT jsonb_object_agg(s.name, s.output) FROM livepush_workflow_steps s
+                 WHERE s.workflow_id = w.id AND s.state = 'succeeded'), '{}'::jsonb) AS outputs,
+       me.state AS step_state, me.job_id AS step_job, me.output AS step_output, me.group_id,
+       g.parent_id AS group_parent,
+       (SELECT coalesce(sum(sh.succeeded), 0)::int FROM livepush_group_shards sh
+        WHERE sh.group_id = me.group_id) AS group_succeeded
+FROM livepush_workflows w
+JOIN livepush_workflow_steps me ON me.workflow_id = w.id AND me.name = %(step)s
+LEFT JOIN livepush_groups g ON g.id = me.group_id
+WHERE w.id = %(id)s
+"""
+
+# name: failed_members
+# The members of an earlier batch that did not succeed, to run again (a resumed fan-out step).
+FAILED_MEMBERS = """
+SELECT j.name, j.queue, p.args FROM livepush_jobs j JOIN livepush_job_payloads p ON p.id = j.id
+WHERE j.group_id = %(group_id)s AND j.state IN ('failed', 'cancelled')
+ORDER BY j.id
+"""
+
+# name: set_step_group
+# In the transaction that creates a fan-out step's batch (under its job's FENCE): the step shows
+# its batch. Locks the step row only (job rows -> workflow rows: the lock order).
+SET_STEP_GROUP = """
+UPDATE livepush_workflow_steps SET group_id = %(group_id)s WHERE workflow_id = %(id)s AND name = %(name)s
+"""
+
+# name: run_views
+# The state topic workflow:<id> and jobs.workflows.get(): the run and each step, with the
+# attempt and state of the job running it (a parked job shows its step as `waiting`). A plain
+# read: one snapshot.
+RUN_VIEWS = """
+SELECT w.id, w.name, w.state, w.version, w.event, w.output, w.error, w.created_at, w.finished_at, w.graph,
+       coalesce(jsonb_object_agg(s.name, jsonb_build_object(
+           'state', CASE WHEN s.state = 'running' AND j.state = 'waiting' THEN 'waiting' ELSE s.state END,
+           'attempt', coalesce(j.attempt, 0), 'group', s.group_id, 'output', s.output, 'error', s.error,
+           'job', s.job_id)) FILTER (WHERE s.name IS NOT NULL), '{}'::jsonb) AS steps
+FROM livepush_workflows w
+LEFT JOIN livepush_workflow_steps s ON s.workflow_id = w.id
+LEFT JOIN livepush_jobs j ON j.id = s.job_id
+WHERE w.id = ANY(%(ids)s::bigint[])
+GROUP BY w.id
+"""
+
+# name: audit_of
+AUDIT_OF = """
+SELECT seq, verb, step, actor, reason, at FROM livepush_workflow_audit WHERE workflow_id = %(id)s ORDER BY seq
+"""
+
+# name: list_runs
+# Keyset paging, newest first (id descending), optionally by name and state.
+LIST_RUNS = """
+SELECT id, name, state, created_at, finished_at FROM livepush_workflows
+WHERE (%(name)s::text IS NULL OR name = %(name)s) AND (%(state)s::text IS NULL OR state = %(state)s)
+  AND id < %(before)s
+ORDER BY id DESC
+LIMIT %(limit)s + 1
+"""
+
+# name: prune_runs
+# Retention: finished runs older than the cutoff, a bounded batch (SKIP LOCKED: two runtimes
+# pruning split the work); their steps, audit and signals go with them (ON DELETE CASCADE). The
+# jobs that ran their steps are ordinary finished jobs, pruned as such.
+PRUNE_RUNS = """
+DELETE FROM livepush_workflows WHERE id IN (
+    SELECT id FROM livepush_workflows
+    WHERE finished_at < now() - make_interval(secs => %(retention)s)
+    ORDER BY finished_at LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+"""
+
+# name: clear (tests only)
+CLEAR = ("DELETE FROM livepush_workflow_signals; DELETE FROM livepush_workflow_audit; "
+         "DELETE FROM livepush_workflow_steps; DELETE FROM livepush_workflows")
+
+# name: runs_in_progress
+# `livepush status`: a plain read (no lock; api/status.py runs it in a read-only snapshot). The
+# newest `limit` runs not finished (running or paused), each with its steps as RUN_VIEWS shows
+# them (a step whose job is parked is `waiting`) and the graph's step order, so that
+# events/views.workflow_view gives the same state and steps as the run's topic; `in_progress`
+# counts every unfinished run (before the LIMIT; `limit` is at least 1). Steps are read only
+# for the runs shown.
+RUNS_IN_PROGRESS = """
+WITH page AS (
+    SELECT id, name, state, created_at, graph -> 'order' AS step_order, count(*) OVER () AS in_progress
+    FROM livepush_workflows
+    WHERE state IN ('running', 'paused')
+    ORDER BY id DESC
+    LIMIT %(limit)s
+)
+SELECT p.id, p.name, p.state, p.created_at, p.in_progress::int AS in_progress,
+       jsonb_build_object('order', p.step_order) AS graph, st.steps
+FROM page p
+CROSS JOIN LATERAL (
+    SELECT coalesce(jsonb_object_agg(s.name, jsonb_build_object(
+               'state', CASE WHEN s.state = 'running' AND j.state = 'waiting' THEN 'waiting' ELSE s.state END,
+               'attempt', coalesce(j.attempt, 0), 'group', s.group_id)), '{}'::jsonb) AS steps
+    FROM livepush_workflow_steps s LEFT JOIN livepush_jobs j ON j.id = s.job_id
+    WHERE s.workflow_id = p.id
+) st
+ORDER BY p.id DESC
+"""

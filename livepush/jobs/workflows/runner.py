@@ -1,0 +1,238 @@
+"""Running a workflow's steps (the job side) and starting runs: the `Engine` every Workflow uses.
+
+A step's job (args [run id]) reads the run's input and the outputs so far, waits for its signal
+if it has one (a durable wait: parked, no slot held), runs the step's function, and returns what
+happened as its result: {"verb": "complete" | "finish" | "skip" | "cancel" | "pause", "output",
+"reason"}. The transaction that records the job's end records it on the run and starts what
+follows (engine.steps_ended). A fan-out step adds its jobs to a batch and parks on it as a task
+group (durable children); its output is the group's counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import inspect
+import math
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from ..api.args import check_json, dumps
+from ..api.handles import StateTopicHandle
+from ..api.registry import JobRequest, JobSpec
+from ..errors import InvalidArgumentsError, JobCancelled, Reattempt, SignalTimeout, WorkflowDefinitionError
+from ..groups import steps
+from ..groups.transactions import ain_tx, in_tx
+from ..runtime.context import SyncJobContext
+from . import engine
+from . import queries as wq
+from .definition import StepSpec, Workflow
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkflowHandle(StateTopicHandle):
+    """A workflow run: its id and its state topic `workflow:<id>`."""
+
+    id: int
+    name: str = ""
+    kind = "workflow"
+
+
+class FlowVerb(BaseException):
+    """Ends a step's body at once (ctx.flow.*). A BaseException, so a step's `except Exception`
+    does not swallow it."""
+
+    def __init__(self, verb: str, output: Any = None, reason: str | None = None) -> None:
+        super().__init__(verb)
+        self.verb, self.output, self.reason = verb, output, reason
+
+
+def _reason(reason: Any) -> str | None:
+    if reason is None:
+        return None
+    return str(reason)[:1000]
+
+
+class Flow:
+    """`ctx.flow` inside a step: each verb ends the step's body at once."""
+
+    def complete(self, output: Any = None) -> None:
+        """The step succeeded with `output`."""
+        raise FlowVerb("complete", output)
+
+    def finish(self, output: Any = None) -> None:
+        """The whole run succeeds now, with `output` (steps not started never start)."""
+        raise FlowVerb("finish", output)
+
+    def skip(self, reason: str | None = None) -> None:
+        """The step is skipped: what comes after it runs as if it had succeeded."""
+        raise FlowVerb("skip", reason=_reason(reason))
+
+    def cancel(self, reason: str | None = None) -> None:
+        """The run is cancelled."""
+        raise FlowVerb("cancel", reason=_reason(reason))
+
+    def pause(self, reason: str | None = None) -> None:
+        """The run pauses; this step runs again (from the top) when an operator resumes it."""
+        raise FlowVerb("pause", reason=_reason(reason))
+
+    def reattempt(self, wait: float = 0.0) -> None:
+        """Run this step again in `wait` seconds, its attempt not spent."""
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < math.inf:
+            raise ValueError(f"ctx.flow.reattempt(wait=) takes a finite number of seconds, got {wait!r:.60}")
+        raise Reattempt(float(wait))
+
+
+class Batch:
+    """What a fan-out step's function fills: `batch.enqueue(job, *args)`; each job runs on its own
+    queue unless `job.request(..., queue=)` names another."""
+
+    def __init__(self) -> None:
+        self.requests: list[JobRequest] = []
+
+    def enqueue(self, fn: JobSpec | JobRequest, *args: Any) -> None:
+        if isinstance(fn, JobRequest):
+            if args:
+                raise TypeError("batch.enqueue(job.request(...)) takes no further arguments")
+            request = fn
+        elif isinstance(fn, JobSpec) and not isinstance(fn, type) and hasattr(fn, "request"):
+            request = fn.request(*args)
+        else:
+            raise TypeError(f"batch.enqueue() takes a @jobs.job function and its arguments, got {fn!r:.80}")
+        fn_queue = request.function.queue
+        self.requests.append(dataclasses.replace(request, queue=request.queue or fn_queue))
+
+    def enqueue_many(self, requests: Any) -> None:
+        for request in requests:
+            self.enqueue(request)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+
+class StepContext:
+    """`ctx` of a workflow step: the job's ctx (progress, checkpoint, job_id, ...) plus `input`
+    (the run's), `outputs` (of the steps that succeeded), `flow` (the verbs), `signal` (the data
+    of the signal a `wait_for=` step waited for), `run_id` and `step`."""
+
+    def __init__(self, job_ctx: Any, run_id: int, step: str, input: Any, outputs: dict[str, Any]) -> None:
+        self._job_ctx = job_ctx
+        self.run_id = run_id
+        self.step = step
+        self.input = input
+        self.outputs = outputs
+        self.signal: Any = None
+        self.flow = Flow()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._job_ctx, name)
+
+
+class Runner:
+    """The Engine of every workflow (definition.Engine)."""
+
+    async def run_step(self, flow: Workflow, step: str, ctx: Any, run_id: int) -> Any:
+        spec = flow.steps.get(step)
+        if spec is None:
+            raise WorkflowDefinitionError(f"workflow {flow.name!r} has no step {step!r} in this deploy: "
+                                          "keep a step defined while runs may still reach it")
+        async with ctx.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(wq.STEP_INPUTS, {"id": run_id, "step": step})
+            row = await cur.fetchone()
+        if (row is None or row["state"] in engine.RUN_FINISHED or row["step_job"] != ctx.job_id
+                or row["step_state"] not in engine.STEP_ACTIVE):
+            # The run ended, or this step was skipped or cancelled, after this job was made: it
+            # ends as cancelled without running the step.
+            raise JobCancelled(f"workflow run {run_id} no longer runs step {step!r} with job {ctx.job_id}")
+        sctx = StepContext(ctx, run_id, step, row["input"], row["outputs"])
+        try:
+            if spec.wait_for is not None:
+                try:
+                    sctx.signal = await ctx.wait_for_signal(spec.wait_for, spec.wait_timeout)
+                except SignalTimeout as exc:
+                    if spec.on_timeout == "fail":
+                        raise
+                    return {"verb": spec.on_timeout, "reason": str(exc)}
+            if spec.kind == "fan_out":
+                return await self._fan_out(spec, sctx, row)
+            output = await self._call(spec, sctx, ctx)
+            return {"verb": "complete", "output": output}
+        except FlowVerb as verb:
+            return {"verb": verb.verb, "output": verb.output, "reason": verb.reason}
+
+    async def _call(self, spec: StepSpec, sctx: StepContext, ctx: Any, *extra: Any) -> Any:
+        if inspect.iscoroutinefunction(spec.fn):
+            return await spec.fn(sctx, *extra)
+        # A sync step runs in a thread with the blocking ctx, like a sync job.
+        loop = asyncio.get_running_loop()
+        sync_ctx = StepContext(SyncJobContext(ctx, loop), sctx.run_id, sctx.step, sctx.input, sctx.outputs)
+        sync_ctx.signal = sctx.signal
+        return await loop.run_in_executor(None, functools.partial(spec.fn, sync_ctx, *extra))
+
+    async def _fan_out(self, spec: StepSpec, sctx: StepContext, row: dict[str, Any]) -> dict[str, Any]:
+        ctx = sctx._job_ctx
+
+        async def earlier_batch() -> dict[str, Any] | None:
+            """The batch of an earlier job of this step, paused on its failures and now resumed: its
+            failed members run again. Read once, as a checkpoint: later runs of this job see the
+            step's new batch in the row."""
+            if row["group_id"] is None or row["group_parent"] == ctx.job_id:
+                return None
+            async with ctx.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(wq.FAILED_MEMBERS, {"group_id": row["group_id"]})
+                failed = await cur.fetchall()
+            # What succeeded so far: the counts the step output when it paused (every batch before
+            # this one, added up), else its first batch's.
+            earlier_counts = row["step_output"] if isinstance(row["step_output"], dict) else {}
+            return {"failed": failed, "succeeded": earlier_counts.get("succeeded", row["group_succeeded"])}
+
+        earlier = await ctx.checkpoint("livepush.earlier_batch", earlier_batch)
+
+        async def make() -> list[JobRequest]:
+            if earlier:
+                return [JobRequest(r["name"], tuple(r["args"]), r["queue"]) for r in earlier["failed"]]
+            batch = Batch()
+            await self._call(spec, sctx, ctx, batch)
+            return batch.requests
+
+        def remember(group_id: int) -> steps.Steps[None]:
+            yield steps.Query(wq.SET_STEP_GROUP, {"id": sctx.run_id, "name": spec.name, "group_id": group_id})
+
+        counts = await ctx.durable.fan_out(make, remember)
+        if earlier:
+            counts["succeeded"] += earlier["succeeded"]
+            counts["total"] += earlier["succeeded"]
+        if counts["failed"] or counts["cancelled"]:
+            reason = f"{counts['failed']} failed and {counts['cancelled']} cancelled of {counts['total']} in its batch"
+            verb = {"pause": "pause", "cancel": "cancel", "skip": "skip"}[spec.on_batch_failure]
+            return {"verb": verb, "output": counts, "reason": reason}
+        return {"verb": "complete", "output": counts}
+
+    # -- starting runs --------------------------------------------------------------------------
+    @staticmethod
+    def _input(flow: Workflow, input: Any) -> str:
+        check_json(input, "input", InvalidArgumentsError, "workflow inputs")
+        if not flow.steps:
+            raise WorkflowDefinitionError(f"workflow {flow.name!r} has no steps: define them before starting it")
+        return dumps(input)
+
+    def start(self, flow: Workflow, input: Any, conn: Any) -> WorkflowHandle:
+        text = self._input(flow, input)
+        run_id = in_tx(lambda: engine.start_run(flow.name, flow.queue, flow.graph(), text), conn)
+        return WorkflowHandle(run_id, flow.name)
+
+    async def astart(self, flow: Workflow, input: Any, conn: Any) -> WorkflowHandle:
+        text = self._input(flow, input)
+        run_id = await ain_tx(lambda: engine.start_run(flow.name, flow.queue, flow.graph(), text), conn)
+        return WorkflowHandle(run_id, flow.name)
+
+
+ENGINE = Runner()
+
+
+def workflow(name: str, queue: str = "default") -> Workflow:
+    """A new workflow named `name`, whose steps run on `queue` (docs/workflows.md)."""
+    return Workflow(name, queue, ENGINE)
+

@@ -1,0 +1,303 @@
+"""Workflows (docs/workflows.md): graphs checked at import; steps that run once when what they come
+after succeeded; flow and operator verbs with an audit trail; signal waits; fan-out steps parked
+on a batch; the workflow:<id> state topic."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from livepush import jobs
+from tests.jobs import durable_jobs as dj
+from tests.jobs import workflow_defs as wd
+from tests.jobs.conftest import q, read_states
+from tests.jobs.conftest import running as runtime_running
+from tests.support.waiting import async_wait_for
+
+
+@pytest.fixture
+def flows_db(jobs_db: str) -> Iterator[str]:
+    q(jobs_db, dj.BODIES_TABLE)
+    yield jobs_db
+
+
+def running(**options: Any) -> Any:
+    options.setdefault("queues", ["flows"])
+    options.setdefault("poll_interval", 0.2)
+    return runtime_running(**options)
+
+
+async def run_state(run_id: int, want: str | set[str], timeout: float = 15.0) -> dict[str, Any]:
+    wanted = {want} if isinstance(want, str) else want
+
+    async def check() -> dict[str, Any] | None:
+        got = await asyncio.to_thread(jobs.workflows.get, run_id)
+        return got if got is not None and got["state"] in wanted else None
+
+    return await async_wait_for(check, timeout, message=f"workflow run {run_id} to be {wanted}")
+
+
+def step_states(run: dict[str, Any]) -> dict[str, str]:
+    return {name: s["state"] for name, s in run["steps"].items()}
+
+
+# -- definitions -----------------------------------------------------------------------------------
+
+def test_a_step_after_an_unknown_step_is_refused_at_import() -> None:
+    """A step may only come after steps defined above it: an unknown name is caught at once."""
+    flow = jobs.workflow("t_bad_after")
+    with pytest.raises(jobs.WorkflowDefinitionError, match="'b' comes after 'a', which is not a step defined above"):
+        @flow.step(after=["a"])
+        async def b(ctx: Any) -> None: ...
+
+
+def test_a_cycle_cannot_be_written() -> None:
+    """A step cannot come after itself (nor, so, after anything that comes after it)."""
+    flow = jobs.workflow("t_cycle")
+    with pytest.raises(jobs.WorkflowDefinitionError, match="'loop' comes after 'loop'"):
+        @flow.step(after=["loop"])
+        async def loop(ctx: Any) -> None: ...
+
+
+def test_a_fan_out_step_with_a_signal_wait_is_refused() -> None:
+    """A fan-out step takes no signal wait: the error names the step."""
+    flow = jobs.workflow("t_fan_wait")
+    with pytest.raises(jobs.WorkflowDefinitionError, match="fan-out step 'spread' cannot wait for a signal"):
+        @flow.fan_out(wait_for="go")
+        def spread(ctx: Any, batch: Any) -> None: ...
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"on_timeout": "explode", "wait_for": "x"}, "on_timeout='explode'"),
+    ({"wait_timeout": 5}, "wait_timeout= takes a positive number of seconds, with wait_for="),
+    ({"colour": "red"}, "unknown options \\['colour'\\]"),
+])
+def test_bad_step_options_are_refused(options: dict[str, Any], message: str) -> None:
+    """Every bad option names itself."""
+    flow = jobs.workflow("t_bad_options")
+    with pytest.raises(jobs.WorkflowDefinitionError, match=message):
+        @flow.step(**options)
+        async def s(ctx: Any) -> None: ...
+
+
+# -- runs ------------------------------------------------------------------------------------------
+
+async def test_a_diamond_runs_each_step_once_and_passes_outputs(flows_db: str) -> None:
+    """Steps start when every step they come after succeeded, independent ones side by side, each
+    once; outputs reach the steps after them; the run succeeds."""
+    async with running(concurrency=4):
+        run = await wd.diamond.astart({"n": 4})
+        done = await run_state(run.id, "succeeded")
+    assert step_states(done) == {"fetch": "succeeded", "left": "succeeded", "right": "succeeded", "join": "succeeded"}
+    assert done["steps"]["join"]["output"] == {"sum": 45, "input": {"n": 4}}
+    assert q(flows_db, "SELECT count(*) FROM livepush_jobs WHERE workflow_id = %s", (run.id,)) == [(4,)]
+    assert q(flows_db, "SELECT count(*) FROM durable_bodies WHERE name = 'fetch'") == [(1,)]
+    assert run.topic == f"workflow:{run.id}"
+
+
+async def test_the_workflow_topic_shows_every_step(flows_db: str) -> None:
+    """workflow:<id> reads the run with each step's state, attempt and group, steps in order."""
+    async with running():
+        run = await wd.diamond.astart({"n": 1})
+        await run_state(run.id, "succeeded")
+    state = (await asyncio.to_thread(read_states, flows_db, [run.topic]))[run.topic]
+    data = json.loads(state.data_json(snapshot=True))
+    assert data["event"] == "snapshot"
+    assert data["workflow"]["state"] == "succeeded" and list(data["workflow"]["steps"]) == ["fetch", "left", "right",
+                                                                                            "join"]
+    assert data["workflow"]["steps"]["join"] == {"state": "succeeded", "attempt": 1, "group": None}
+
+
+async def test_a_failed_step_fails_the_run(flows_db: str) -> None:
+    """A step that fails for good fails the run, and what comes after it never starts."""
+    async with running():
+        run = await wd.verbs.astart({"first": "fail"})
+        done = await run_state(run.id, "failed")
+    assert step_states(done) == {"first": "failed", "second": "cancelled"}
+    assert "step 'first' failed: ValueError: first fails" in done["error"]
+
+
+@pytest.mark.parametrize("verb, run_state_after, steps_after", [
+    ("skip", "succeeded", {"first": "skipped", "second": "succeeded"}),
+    ("cancel", "cancelled", {"first": "cancelled", "second": "cancelled"}),
+    ("finish", "succeeded", {"first": "succeeded", "second": "skipped"}),
+])
+async def test_flow_verbs_end_the_step_at_once(flows_db: str, verb: str, run_state_after: str,
+                                               steps_after: dict[str, str]) -> None:
+    """ctx.flow.skip/cancel/finish end the step's body and act on the run; the audit names the step."""
+    async with running():
+        run = await wd.verbs.astart({"first": verb})
+        done = await run_state(run.id, run_state_after)
+    assert step_states(done) == steps_after
+    assert [(a["verb"], a["step"], a["actor"]) for a in done["audit"]] == [(verb, "first", "step:first")]
+    if verb == "finish":
+        assert done["output"] == {"early": True}
+
+
+async def test_a_step_that_pauses_runs_again_on_resume(flows_db: str) -> None:
+    """ctx.flow.pause pauses the run; an operator's resume runs the step again from the top."""
+    async with running():
+        run = await wd.verbs.astart({"first": "pause"})
+        paused = await run_state(run.id, "paused")
+        assert step_states(paused)["first"] == "pending"
+        assert await jobs.workflows.aresume(run.id, actor="ana", reason="looked fine")
+        await async_wait_for(lambda: q(flows_db, "SELECT count(*) FROM livepush_jobs WHERE workflow_id = %s",
+                                       (run.id,))[0][0] == 2, 10.0, message="the step's second job")
+        assert await jobs.workflows.acancel(run.id, actor="ana", reason="enough")
+        done = await run_state(run.id, "cancelled")
+    assert [(a["verb"], a["actor"]) for a in done["audit"]] == [("pause", "step:first"), ("resume", "ana"),
+                                                                ("cancel", "ana")]
+
+
+async def test_reattempt_runs_the_step_again_later_without_spending_an_attempt(flows_db: str) -> None:
+    """ctx.flow.reattempt(wait=) runs the step again after the wait, on the same attempt."""
+    async with running():
+        run = await wd.verbs.astart({"first": "reattempt"})
+        done = await run_state(run.id, "succeeded")
+    assert done["steps"]["first"]["attempt"] == 1 and done["steps"]["first"]["output"] == "first done"
+
+
+async def test_operator_pause_holds_what_follows_until_resume(flows_db: str) -> None:
+    """Paused while a step runs: it finishes, but the next step waits for resume; each verb is audited."""
+    async with running():
+        run = await wd.verbs.astart({"first": "hold", "flag": "let-first-go"})
+        await async_wait_for(lambda: step_states(jobs.workflows.get(run.id))["first"] == "running", 10.0)
+        assert await jobs.workflows.apause(run.id, actor="ana", reason="bad data")
+        assert not await jobs.workflows.apause(run.id, actor="ana")  # already paused
+        q(flows_db, "INSERT INTO job_flags VALUES ('let-first-go')")
+        await async_wait_for(lambda: step_states(jobs.workflows.get(run.id))["first"] == "succeeded", 10.0)
+        assert step_states(jobs.workflows.get(run.id))["second"] == "pending"
+        assert await jobs.workflows.aresume(run.id, actor="bo")
+        done = await run_state(run.id, "succeeded")
+    assert [(a["verb"], a["actor"], a["reason"]) for a in done["audit"]] == [("pause", "ana", "bad data"),
+                                                                             ("resume", "bo", None)]
+
+
+async def test_operator_cancel_stops_the_running_step(flows_db: str) -> None:
+    """cancel() cancels the running step's job and every step not started."""
+    async with running():
+        run = await wd.verbs.astart({"first": "hold", "flag": "never"})
+        await async_wait_for(lambda: step_states(jobs.workflows.get(run.id))["first"] == "running", 10.0)
+        assert await jobs.workflows.acancel(run.id, actor="ana", reason="wrong file")
+        done = await run_state(run.id, "cancelled")
+        job_id = done["steps"]["first"]["job"]
+
+        async def job_cancelled() -> bool:
+            found = await jobs.aget_job(job_id)
+            return found is not None and found.state == "cancelled"
+
+        await async_wait_for(job_cancelled, 10.0, message="the step's job to be cancelled")
+    assert step_states(done) == {"first": "cancelled", "second": "cancelled"}
+    assert not jobs.workflows.cancel(run.id, actor="ana")
+
+
+async def test_operator_skip_of_a_running_step_goes_on(flows_db: str) -> None:
+    """skip() of a running step cancels its job, marks it skipped, and the next step starts."""
+    async with running():
+        run = await wd.verbs.astart({"first": "hold", "flag": "never"})
+        await async_wait_for(lambda: step_states(jobs.workflows.get(run.id))["first"] == "running", 10.0)
+        assert await jobs.workflows.askip(run.id, "first", actor="ana", reason="not needed")
+        done = await run_state(run.id, "succeeded")
+    assert step_states(done) == {"first": "skipped", "second": "succeeded"}
+    assert done["steps"]["second"]["output"] == {"after": None}
+    with pytest.raises(ValueError, match="has no step 'nope'"):
+        jobs.workflows.skip(run.id, "nope", actor="ana")
+
+
+# -- signals ---------------------------------------------------------------------------------------
+
+async def test_a_step_waits_for_its_signal_even_one_sent_before_it_started(flows_db: str) -> None:
+    """A signal sent before its step started is kept for it; the step then runs with ctx.signal."""
+    run = await wd.approval.astart()
+    await jobs.workflows.asignal(run.id, "approve", {"by": "ana"}, actor="ana")
+    async with running():
+        done = await run_state(run.id, "succeeded")
+    assert done["steps"]["publish"]["output"] == {"approved_by": "ana"}
+    assert [(a["verb"], a["step"], a["reason"]) for a in done["audit"]] == [("signal", "publish", "approve")]
+
+
+async def test_a_waiting_step_shows_waiting_and_a_signal_wakes_it(flows_db: str) -> None:
+    """While its step waits for the signal the run shows `waiting`; the signal wakes it."""
+    async with running():
+        run = await wd.approval.astart()
+        waiting = await run_state(run.id, "waiting")
+        assert step_states(waiting) == {"prepare": "succeeded", "publish": "waiting"}
+        await asyncio.to_thread(jobs.workflows.signal, run.id, "approve", {"by": "bo"})
+        done = await run_state(run.id, "succeeded")
+    assert done["steps"]["publish"]["output"] == {"approved_by": "bo"}
+    with pytest.raises(ValueError, match="has succeeded"):
+        jobs.workflows.signal(run.id, "approve", {})
+
+
+async def test_a_signal_timeout_follows_on_timeout(flows_db: str) -> None:
+    """on_timeout="skip": the step is skipped at its timeout and the run goes on."""
+    async with running():
+        run = await wd.quick_timeout.astart()
+        done = await run_state(run.id, "succeeded")
+    assert step_states(done) == {"maybe": "skipped", "after_maybe": "succeeded"}
+
+
+def test_signals_nobody_waits_for_are_refused(flows_db: str) -> None:
+    """A signal no step waits for, or to no run, is refused with a clear error."""
+    run = wd.approval.start()
+    with pytest.raises(ValueError, match="no step of workflow run .* waits for signal 'nope'"):
+        jobs.workflows.signal(run.id, "nope")
+    with pytest.raises(jobs.WorkflowNotFound):
+        jobs.workflows.signal(987654, "approve")
+
+
+# -- fan-out ---------------------------------------------------------------------------------------
+
+async def test_a_fan_out_step_parks_on_its_batch_and_outputs_the_counts(flows_db: str) -> None:
+    """A fan-out step's jobs run as a task group; the step waits, then outputs their counts."""
+    async with running(concurrency=4):
+        run = await wd.fan.astart({"n": 20})
+        done = await run_state(run.id, "succeeded")
+    counts = done["steps"]["rows"]["output"]
+    assert counts == {"total": 20, "succeeded": 20, "failed": 0, "cancelled": 0}
+    assert done["steps"]["report"]["output"] == {"rows": counts}
+    assert done["steps"]["rows"]["group"] is not None
+
+
+async def test_batch_failures_pause_the_run_and_resume_reruns_only_the_failed_members(flows_db: str) -> None:
+    """on_batch_failure="pause": failed members pause the run; resume runs only those again."""
+    async with running(concurrency=4):
+        run = await wd.fan.astart({"n": 6, "failing": [1, 4]})
+        paused = await run_state(run.id, "paused")
+        assert paused["audit"][-1]["verb"] == "pause" and "2 failed" in paused["audit"][-1]["reason"]
+        q(flows_db, "INSERT INTO job_flags VALUES ('members-ok')")
+        assert await jobs.workflows.aresume(run.id, actor="ana", reason="vendor back")
+        done = await run_state(run.id, "succeeded")
+    assert done["steps"]["rows"]["output"] == {"total": 6, "succeeded": 6, "failed": 0, "cancelled": 0}
+    members = q(flows_db, "SELECT count(*) FROM livepush_jobs WHERE name = 't.member'")
+    assert members == [(8,)]  # 6, then the 2 that failed
+
+
+async def test_list_runs_by_name_and_state_paged(flows_db: str) -> None:
+    """list() pages runs newest first, by name and state."""
+    handles = [wd.approval.start() for _ in range(3)]
+    page, cursor = jobs.workflows.list("t_approval", "running", limit=2)
+    assert [r["id"] for r in page] == [handles[2].id, handles[1].id] and cursor == handles[1].id
+    page, cursor = jobs.workflows.list("t_approval", before=cursor, limit=2)
+    assert [r["id"] for r in page] == [handles[0].id] and cursor is None
+    assert jobs.workflows.list("t_diamond")[0] == []
+
+
+async def test_retention_removes_finished_runs_with_their_steps_and_audit(flows_db: str) -> None:
+    """Pruning deletes a run finished longer ago than the retention time, with its steps and audit."""
+    async with running():
+        run = await wd.verbs.astart({"first": "skip"})
+        await run_state(run.id, "succeeded")
+    q(flows_db, "UPDATE livepush_workflows SET finished_at = now() - interval '2 days' WHERE id = %s", (run.id,))
+    from livepush.jobs import database
+    from livepush.jobs.runtime import maintenance
+
+    pool = await database.pools().aget()
+    await maintenance.prune(pool, 3600)
+    assert jobs.workflows.get(run.id) is None
+    assert q(flows_db, "SELECT count(*) FROM livepush_workflow_steps") == [(0,)]
+    assert q(flows_db, "SELECT count(*) FROM livepush_workflow_audit") == [(0,)]

@@ -1,0 +1,129 @@
+"""Workflows the workflow tests run (defined at import, as a user's module would)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from livepush import jobs
+from tests.jobs.durable_jobs import body
+from tests.jobs.sample_jobs import until_flag
+
+# fetch -> (left, right) -> join: a diamond, outputs passed along.
+diamond = jobs.workflow("t_diamond", queue="flows")
+
+
+@diamond.step()
+async def fetch(ctx: Any) -> Any:
+    await body(ctx, "fetch")
+    return {"n": ctx.input["n"]}
+
+
+@diamond.step(after=["fetch"])
+async def left(ctx: Any) -> Any:
+    return ctx.outputs["fetch"]["n"] + 1
+
+
+@diamond.step(after="fetch")
+def right(ctx: Any) -> Any:  # a sync step, in a thread
+    return ctx.outputs["fetch"]["n"] * 10
+
+
+@diamond.step(after=["left", "right"])
+async def join(ctx: Any) -> Any:
+    return {"sum": ctx.outputs["left"] + ctx.outputs["right"], "input": ctx.input}
+
+
+# A step whose behaviour the test chooses through the run's input: a flow verb, a failure, a hold.
+verbs = jobs.workflow("t_verbs", queue="flows")
+
+
+@verbs.step(max_attempts=1)
+async def first(ctx: Any) -> Any:
+    what = ctx.input.get("first")
+    if what == "fail":
+        raise ValueError("first fails")
+    if what == "hold":
+        await until_flag(ctx.input["flag"])
+    if what in ("skip", "cancel", "pause"):
+        getattr(ctx.flow, what)(f"asked to {what}")
+    if what == "finish":
+        ctx.flow.finish({"early": True})
+    if what == "reattempt" and ctx.attempt == 1 and not await _seen(ctx):
+        ctx.flow.reattempt(0.2)
+    return "first done"
+
+
+async def _seen(ctx: Any) -> bool:
+    """Whether an earlier run of this step already asked to be run again (records it if not)."""
+    from tests.jobs.sample_jobs import _pool
+
+    pool = await _pool()
+    async with pool.connection() as conn:
+        cur = await conn.execute("INSERT INTO job_flags VALUES (%s) ON CONFLICT DO NOTHING",
+                                 (f"reattempt-{ctx.run_id}",))
+        return cur.rowcount == 0
+
+
+@verbs.step(after=["first"])
+async def second(ctx: Any) -> Any:
+    await body(ctx, "second")
+    return {"after": ctx.outputs.get("first")}
+
+
+# A step that waits for a person's approval.
+approval = jobs.workflow("t_approval", queue="flows")
+
+
+@approval.step()
+async def prepare(ctx: Any) -> Any:
+    return "prepared"
+
+
+@approval.step(after=["prepare"], wait_for="approve", wait_timeout=30, on_timeout="cancel")
+async def publish(ctx: Any) -> Any:
+    return {"approved_by": ctx.signal["by"]}
+
+
+quick_timeout = jobs.workflow("t_quick_timeout", queue="flows")
+
+
+@quick_timeout.step(wait_for="approve", wait_timeout=0.3, on_timeout="skip")
+async def maybe(ctx: Any) -> Any:
+    return "approved"
+
+
+@quick_timeout.step(after=["maybe"])
+async def after_maybe(ctx: Any) -> Any:
+    return "went on"
+
+
+# A fan-out step; members that fail are chosen by the input.
+@jobs.job(name="t.member", queue="flows", max_attempts=1)
+async def member(ctx: Any, i: int, fail: bool) -> None:
+    if fail:
+        from tests.jobs.sample_jobs import _pool
+
+        pool = await _pool()
+        async with pool.connection() as conn:
+            row = await (await conn.execute("SELECT 1 FROM job_flags WHERE name = 'members-ok'")).fetchone()
+        if row is None:
+            raise ValueError(f"member {i} fails")
+
+
+fan = jobs.workflow("t_fan", queue="flows")
+
+
+@fan.step()
+async def plan(ctx: Any) -> Any:
+    return list(range(ctx.input["n"]))
+
+
+@fan.fan_out(after=["plan"], on_batch_failure="pause")
+def rows(ctx: Any, batch: Any) -> None:
+    for i in ctx.outputs["plan"]:
+        batch.enqueue(member, i, i in ctx.input.get("failing", []))
+
+
+@fan.step(after=["rows"])
+async def report(ctx: Any) -> Any:
+    return {"rows": ctx.outputs["rows"]}

@@ -1,0 +1,246 @@
+"""`livepush status` and `jobs.status()`: queues, runtimes, groups and workflow runs in progress,
+as the database shows them, in a report for people and as JSON; an unreachable database or a bad
+argument gives one line and the exit status of every command."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from livepush import api, config, jobs
+from livepush.jobs import database
+from tests.support.procs import Processes
+
+# The jobs and the workflow the report describes: defined at import, as a user's module would.
+
+
+@jobs.job(name="status.ok", queue="status_a")
+async def ok(ctx: Any, n: int) -> None:
+    return None
+
+
+@jobs.job(name="status.fails", queue="status_work", max_attempts=1)
+async def fails(ctx: Any) -> None:
+    raise ValueError("fails on purpose")
+
+
+@jobs.job(name="status.parked", queue="status_work")
+async def parked(ctx: Any) -> None:
+    await ctx.wait_for_signal("go", timeout=3600)
+
+
+flow = jobs.workflow("status_flow", queue="status_work")
+
+
+@flow.step()
+async def fetch(ctx: Any) -> Any:
+    return {"rows": 3}
+
+
+@flow.step(after=["fetch"], wait_for="approval", wait_timeout=3600, on_timeout="cancel")
+async def report(ctx: Any) -> Any:
+    return "reported"
+
+
+@flow.step(after=["report"])
+async def publish(ctx: Any) -> Any:
+    return "published"
+
+
+def q(url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(sql, params)  # type: ignore[arg-type]
+        return cur.fetchall() if cur.description else []
+
+
+@pytest.fixture
+def status_db(pg_url: str) -> Iterator[str]:
+    """A fresh database as the jobs' (this process enqueues and drains there)."""
+    config.set_settings(config.Settings(database_url=pg_url, fanout="postgres", env="test",
+                                        secret=secrets.token_urlsafe(36)))
+    api.set_default_fanout(None)
+    database.configure(pg_url)
+    try:
+        yield pg_url
+    finally:
+        database.configure(None)
+        api.set_default_fanout(None)
+        config.set_settings(None)
+
+
+@pytest.fixture
+def busy_db(status_db: str) -> dict[str, Any]:
+    """Jobs in every state, an open and a sealed group, a workflow run whose second step waits for a
+    signal, a runtime holding a job and one that stopped beating. Returns the ids."""
+    url = status_db
+    fails.enqueue()
+    parked.enqueue()
+    run = flow.start({"source": "test"})
+    # Runs the failing job (failed), parks the durable one (waiting), runs `fetch` and parks `report`.
+    jobs.drain(["status_work"])
+
+    first = ok.enqueue(1)
+    held = ok.enqueue(2)
+    ok.enqueue(3, wait=3600)
+    q(url, "UPDATE livepush_jobs SET run_at = now() - interval '90 seconds' WHERE id = %s", (first.id,))
+    open_group = jobs.create_group()
+    with jobs.group() as g:
+        for n in (10, 11, 12):
+            g.enqueue(ok, n)
+
+    live = q(url, """INSERT INTO livepush_job_runtimes (host, pid, queues, concurrency, heartbeat)
+                     VALUES ('status-host', 4242, '{status_a}', 4, 10) RETURNING id""")[0][0]
+    q(url, """UPDATE livepush_jobs SET state = 'running', attempt = 1, runtime_id = %s, lease = 7
+              WHERE id = %s""", (live, held.id))
+    stalled = q(url, """INSERT INTO livepush_job_runtimes (host, pid, queues, concurrency, heartbeat, state,
+                                                         heartbeat_at)
+                        VALUES ('stalled-host', 4343, '{status_b}', 2, 1, 'draining', now() - interval '30 seconds')
+                        RETURNING id""")[0][0]
+    return {"url": url, "run": run.id, "open_group": open_group.id, "sealed_group": g.handle.id,
+            "live": live, "stalled": stalled}
+
+
+def run_status(procs: Processes, env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    child = procs.livepush("status", *args, env=env)
+    code = child.wait(30)
+    return code, child.stdout(), child.stderr()
+
+
+def test_the_report_names_each_queue_runtime_group_and_workflow(
+        busy_db: dict[str, Any], procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
+    """The plain report has a section for each part, names what is in it, and says how servers
+    are checked."""
+    code, out, err = run_status(procs, livepush_env(database_url=busy_db["url"]))
+    assert code == 0, err
+    assert "Traceback" not in err
+    for needle in ("Queues (3)", "status_a", "status_b", "status_work",
+                   "Runtimes (2)", "status-host", "stalled-host", "draining", "OVERDUE", "1/4",
+                   "Groups in progress (2)", "sealed", "open",
+                   "Workflows in progress (1)", "status_flow", "waiting",
+                   "fetch:succeeded report:waiting publish:pending",
+                   "Servers", "GET /healthz"):
+        assert needle in out, f"{needle!r} not in:\n{out}"
+    lines = out.splitlines()
+    group_lines = _section(lines, "Groups in progress")
+    assert [line.split()[0] for line in group_lines[1:]] == [str(busy_db["sealed_group"]), str(busy_db["open_group"])]
+    queue_lines = {line.split()[0]: line.split() for line in _section(lines, "Queues")[1:]}
+    # QUEUE DEPTH OLDEST SCHEDULED RUNNING WAITING FAILED
+    assert queue_lines["status_a"][1] == "4" and queue_lines["status_a"][3:] == ["1", "1", "0", "0"]
+    assert queue_lines["status_work"][1:] == ["0", "-", "0", "0", "2", "1"]
+    assert queue_lines["status_b"][1:] == ["0", "-", "0", "0", "0", "0"]
+
+
+def _section(lines: list[str], title: str) -> list[str]:
+    """The lines of a report section (its table's header first), up to the blank line after it."""
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    end = lines.index("", start)
+    return [line for line in lines[start + 1:end]]
+
+
+def test_json_has_the_figures(busy_db: dict[str, Any], procs: Processes,
+                              livepush_env: Callable[..., dict[str, str]]) -> None:
+    """--json prints one document with the same data: counts per queue, each runtime, the groups
+    and runs in progress with their counts; no servers part."""
+    code, out, err = run_status(procs, livepush_env(database_url=busy_db["url"]), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert set(doc) == {"at", "queues", "runtimes", "groups", "groups_in_progress", "workflows",
+                        "workflows_in_progress", "limit"}
+    queues = {qu["queue"]: qu for qu in doc["queues"]}
+    assert {k: v for k, v in queues["status_a"].items() if k != "oldest_age"} == {
+        "queue": "status_a", "depth": 4, "scheduled": 1, "running": 1, "waiting": 0, "failed": 0}
+    assert 90 <= queues["status_a"]["oldest_age"] < 120
+    assert queues["status_work"] == {"queue": "status_work", "depth": 0, "oldest_age": None, "scheduled": 0,
+                                     "running": 0, "waiting": 2, "failed": 1}
+    assert queues["status_b"]["depth"] == 0
+
+    runtimes = {r["id"]: r for r in doc["runtimes"]}
+    live, stalled = runtimes[busy_db["live"]], runtimes[busy_db["stalled"]]
+    assert (live["host"], live["pid"], live["queues"], live["concurrency"], live["state"], live["in_hand"],
+            live["overdue"]) == ("status-host", 4242, ["status_a"], 4, "running", 1, False)
+    assert live["since_heartbeat"] < 10
+    assert (stalled["state"], stalled["in_hand"], stalled["overdue"]) == ("draining", 0, True)
+    assert stalled["since_heartbeat"] >= 30
+
+    assert doc["groups_in_progress"] == 2 and doc["limit"] == 20
+    sealed, opened = doc["groups"]
+    assert (sealed["id"], sealed["state"], sealed["total"], sealed["pending"], sealed["succeeded"],
+            sealed["failed"], sealed["cancelled"]) == (busy_db["sealed_group"], "sealed", 3, 3, 0, 0, 0)
+    assert (opened["id"], opened["state"], opened["total"]) == (busy_db["open_group"], "open", 0)
+    assert sealed["created_at"].endswith("+00:00")
+
+    assert doc["workflows_in_progress"] == 1
+    (run,) = doc["workflows"]
+    assert (run["id"], run["name"], run["state"]) == (busy_db["run"], "status_flow", "waiting")
+    assert run["steps"] == {"fetch": "succeeded", "report": "waiting", "publish": "pending"}
+    assert list(run["steps"]) == ["fetch", "report", "publish"]
+
+
+def test_limit_shows_the_newest_and_counts_all(busy_db: dict[str, Any], procs: Processes,
+                                               livepush_env: Callable[..., dict[str, str]]) -> None:
+    """--limit N shows the newest N groups and runs; the count is of all of them."""
+    code, out, err = run_status(procs, livepush_env(database_url=busy_db["url"]), "--limit", "1")
+    assert code == 0, err
+    assert "Groups in progress (2, newest 1 shown)" in out
+    group_lines = _section(out.splitlines(), "Groups in progress")
+    assert [line.split()[0] for line in group_lines[1:]] == [str(busy_db["sealed_group"])]
+
+
+def test_the_python_api_returns_the_same_data(busy_db: dict[str, Any]) -> None:
+    """jobs.status() and jobs.astatus() return the report's data; a bad limit is refused."""
+    got = jobs.status(limit=1)
+    assert isinstance(got, jobs.Status)
+    assert (got.groups_in_progress, [g.id for g in got.groups]) == (2, [busy_db["sealed_group"]])
+    assert got.workflows[0].summary == "fetch:succeeded report:waiting publish:pending"
+    again = asyncio.run(jobs.astatus())
+    assert [qu.queue for qu in again.queues] == ["status_a", "status_b", "status_work"]
+    for bad in (0, 1001, "5", True):
+        with pytest.raises(ValueError, match="limit"):
+            jobs.status(limit=bad)  # type: ignore[arg-type]
+
+
+def test_an_empty_database_says_none_in_each_section(pg_url: str, procs: Processes,
+                                                      livepush_env: Callable[..., dict[str, str]]) -> None:
+    code, out, err = run_status(procs, livepush_env(database_url=pg_url))
+    assert code == 0, err
+    for title in ("Queues (0)", "Runtimes (0)", "Groups in progress (0)", "Workflows in progress (0)"):
+        assert _section(out.splitlines(), title) == ["  none"], out
+    code, out, err = run_status(procs, livepush_env(database_url=pg_url), "--json")
+    assert code == 0, err
+    assert json.loads(out)["queues"] == []
+
+
+def test_an_unreachable_database_exits_1_with_one_line(procs: Processes, free_port: int,
+                                                       livepush_env: Callable[..., dict[str, str]]) -> None:
+    url = f"postgresql://postgres:hunter2secret@127.0.0.1:{free_port}/nowhere"
+    code, out, err = run_status(procs, livepush_env(database_url=url))
+    assert code == 1
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert "cannot reach Postgres" in err and "LIVEPUSH_DATABASE_URL" in err
+    assert "Traceback" not in err and "hunter2secret" not in err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--limit", "0"], "--limit"),
+    (["--limit", "many"], "--limit"),
+    (["--jsn"], "unrecognized"),
+])
+def test_bad_usage_exits_2(procs: Processes, livepush_env: Callable[..., dict[str, str]], argv: list[str],
+                           needle: str) -> None:
+    code, _, err = run_status(procs, livepush_env(database_url="postgresql://postgres@127.0.0.1:1/x"), *argv)
+    assert code == 2
+    assert needle in err and "Traceback" not in err
+
+
+def test_without_a_database_url_exits_2_naming_the_setting(procs: Processes,
+                                                           livepush_env: Callable[..., dict[str, str]]) -> None:
+    code, _, err = run_status(procs, livepush_env())
+    assert code == 2
+    assert "LIVEPUSH_DATABASE_URL" in err and "Traceback" not in err
