@@ -55,10 +55,11 @@ class Services:
     redis_pidfile: str | None = None
     redis_url: str | None = None
 
-    def start_postgres(self, port: int = 0, durable: bool = True) -> str:
+    def start_postgres(self, port: int = 0, durable: bool = True, settings: dict[str, str] | None = None) -> str:
         """A fresh cluster. `durable`: Postgres' defaults (fsync, synchronous_commit on), so a
         commit that wrote the history log waits for its WAL flush as it would in production;
-        False turns fsync off (faster, but hides that cost)."""
+        False turns fsync off (faster, but hides that cost). `settings`: more server settings
+        (`-c name=value`), for a benchmark that reads something Postgres keeps only on demand."""
         port = free_port(port)
         pg_bin = _pg_bin()
         data = os.path.join(self.tmp, "pg")
@@ -72,6 +73,8 @@ class Services:
         opts = f"-p {port} -c listen_addresses=127.0.0.1 -k {data} -c max_connections=200"
         if not durable:
             opts += " -c fsync=off"
+        for name, value in (settings or {}).items():
+            opts += f" -c {name}={value}"
         subprocess.run(_as_postgres([f"{pg_bin}/pg_ctl", "-D", data, "-l", f"{data}/log", "-o", opts, "-w", "start"]), **quiet)
         self.pg_data = data
         self.pg_url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
