@@ -158,3 +158,20 @@ def test_stalled_runtime_is_fenced_off(jobs_db: str, start_runtime: Callable[...
     # and the second attempt.
     assert names_of(jobs_db, h.id) == ["enqueued/available", "started/running", "retrying/available",
                                        "started/running", "succeeded/succeeded"]
+
+
+def test_a_killed_runtime_process_its_parent_has_not_reaped_counts_as_gone() -> None:
+    """A runtime killed but not yet reaped by its supervisor (a zombie) is gone, not alive."""
+    import subprocess
+
+    from livepush.jobs.runtime.maintenance import _process_exists
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert _process_exists(child.pid)
+        os.kill(child.pid, signal.SIGKILL)
+        wait_for(lambda: not _process_exists(child.pid), 5.0, message="the killed child to count as gone")
+    finally:
+        child.kill()
+        child.wait(5)
+    assert _process_exists(os.getpid())

@@ -48,8 +48,13 @@ def _process_exists(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # someone else's process: it exists
-    return True
+        pass  # someone else's process: it exists, unless it is a zombie (below)
+    # A killed process its parent has not reaped yet still answers signal 0: it is dead all the same.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 async def register(pool: AsyncConnectionPool, info: Mapping[str, Any]) -> int:
