@@ -307,6 +307,11 @@ def dbos_call(url: str, what: str, n: int = 0) -> dict[str, float]:
 
 
 # -- report ----------------------------------------------------------------------------------------------
+def load() -> str:
+    """The 1, 5 and 15 minute load averages: how busy the machine was around the figures."""
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(len(s) * q))]
@@ -362,7 +367,8 @@ def main() -> None:
                                           capture_output=True, text=True, timeout=60, check=True).stdout.strip()
         print(f"PostgreSQL {version} ({where}; fsync={fsync}, synchronous_commit={sync_commit}), "
               f"{os.cpu_count()} cores, DBOS {dbos_version}, {args.rounds} round(s); 10-step runs: {seq_n:,} one "
-              f"at a time, {conc_n:,} at once at concurrency {CONCURRENCY}; fan-out of {members_n:,}", flush=True)
+              f"at a time, {conc_n:,} at once at concurrency {CONCURRENCY}; fan-out of {members_n:,}; "
+              f"load average {load()}", flush=True)
 
         pairs: list[list[tuple[str, str, Callable[[], dict[str, Any]]]]] = []
         if with_lp:
@@ -404,6 +410,7 @@ def main() -> None:
                     print(f"  round {r + 1} {system:9} {what:14} {', '.join(shown)}  "
                           f"({time.perf_counter() - t:.1f} s)", flush=True)
         report(results, seq_n, conc_n, members_n)
+        print(f"load average at the end {load()} (the machine's, others' work included: {os.cpu_count()} cores)")
     finally:
         database.configure(None)
         if args.pg_url:
