@@ -258,10 +258,11 @@ def lp_conc(url: str, n: int, commit_ts: bool) -> dict[str, Any]:
 def lp_group(url: str, n: int) -> dict[str, Any]:
     lp_truncate(url)
     gid: list[int] = []
+    wall = [0.0]
 
     async def body(rt: Runtime, task: asyncio.Task[None]) -> float:
         await asyncio.sleep(0.2)  # idle, as in the workflow case
-        t = time.perf_counter()
+        t, wall[0] = time.perf_counter(), time.time()
         async with jobs.agroup() as g:
             for _ in range(n):
                 g.enqueue(noop_job)
@@ -275,15 +276,17 @@ def lp_group(url: str, n: int) -> dict[str, Any]:
     view = get_group(gid[0])
     if not view or not view["finished_at"] or view["succeeded"] != n:
         raise RuntimeError(f"the group ended as {view}")
-    return {"group_s": took}
+    return {"group_s": took, **phases(url, wall[0], "group")}
 
 
 def lp_fan(url: str, n: int) -> dict[str, Any]:
     lp_truncate(url)
 
+    wall = [0.0]
+
     async def body(rt: Runtime, task: asyncio.Task[None]) -> float:
         await asyncio.sleep(0.2)  # idle, as in the group case
-        t = time.perf_counter()
+        t, wall[0] = time.perf_counter(), time.time()
         await fan.astart({"n": n})
         # n members and then the fan-out step's own job (whose outcome finishes the run).
         await wait_until(lambda: succeeded(rt) >= n + 1, task, 300, f"the fan-out of {n}")
@@ -295,7 +298,21 @@ def lp_fan(url: str, n: int) -> dict[str, Any]:
                          "JOIN livepush_workflow_steps s ON s.workflow_id = w.id").fetchall()
     if len(rows) != 1 or rows[0][0] != "succeeded" or (rows[0][1] or {}).get("succeeded") != n:
         raise RuntimeError(f"the fan-out run ended as {rows}")
-    return {"fan_s": took}
+    return {"fan_s": took, **phases(url, wall[0], "fan")}
+
+
+def phases(url: str, start: float, key: str) -> dict[str, float]:
+    """Where the time went, from the one group's Postgres times (each a transaction's start, now()):
+    start call -> the transaction writing the members began (the members were built before it), the
+    members' run (-> the group's finish), and (a fan-out) the group's finish -> the run's finish."""
+    with psycopg.connect(url, autocommit=True) as c:
+        made, finished = c.execute("SELECT extract(epoch FROM created_at)::float8, extract(epoch FROM finished_at)::float8 "
+                                   "FROM livepush_groups").fetchone()  # type: ignore[misc]
+        run_end = c.execute("SELECT extract(epoch FROM max(finished_at))::float8 FROM livepush_workflows").fetchone()[0]  # type: ignore[index]
+    out = {f"{key}_made_ms": (made - start) * 1000, f"{key}_members_s": finished - made}
+    if run_end is not None:
+        out[f"{key}_end_ms"] = (run_end - finished) * 1000
+    return out
 
 
 # -- DBOS ---------------------------------------------------------------------------------------------
@@ -471,14 +488,16 @@ def report(results: dict[str, dict[str, list[Any]]], seq_n: int, conc_n: int, me
         print()
     g, f = med(lp, "group_s"), med(lp, "fan_s")
     if g and f:
-        print(f"| {members_n:,} no-op jobs, start to finished | s | jobs/s | each round, s |")
-        print("|---|---|---|---|")
-        print(f"| plain task group (jobs.agroup) | {g:.2f} | {members_n / g:,.0f} | "
-              f"{', '.join(f'{x:.2f}' for x in lp['group_s'])} |")
-        print(f"| workflow fan-out step | {f:.2f} | {members_n / f:,.0f} | "
+        print(f"| {members_n:,} no-op jobs, start to finished | s | jobs/s | start -> members written, ms | "
+              "members run, s | group finished -> run finished, ms | each round, s |")
+        print("|---|---|---|---|---|---|---|")
+        print(f"| plain task group (jobs.agroup) | {g:.2f} | {members_n / g:,.0f} | {med(lp, 'group_made_ms'):.0f} | "
+              f"{med(lp, 'group_members_s'):.2f} | | {', '.join(f'{x:.2f}' for x in lp['group_s'])} |")
+        print(f"| workflow fan-out step | {f:.2f} | {members_n / f:,.0f} | {med(lp, 'fan_made_ms'):.0f} | "
+              f"{med(lp, 'fan_members_s'):.2f} | {med(lp, 'fan_end_ms'):.0f} | "
               f"{', '.join(f'{x:.2f}' for x in lp['fan_s'])} |")
         fan_ratios = [a / b for a, b in zip(lp["fan_s"], lp["group_s"])]
-        print(f"| fan-out / group | {statistics.median(fan_ratios):.2f}x | | "
+        print(f"| fan-out / group | {statistics.median(fan_ratios):.2f}x | | | | | "
               f"{', '.join(f'{x:.2f}' for x in fan_ratios)} |")
         print()
     goals: list[tuple[str, str, bool]] = []
