@@ -1,7 +1,7 @@
 """Workflow benchmark (not a test): livepush workflows on one runtime process, against a task group
 and against DBOS Transact, in one run on the same Postgres.
 
-    .venv/bin/python bench/workflows_bench.py                  # durable Postgres, 5 rounds, ~3 min
+    .venv/bin/python bench/workflows_bench.py                  # durable Postgres, 5 rounds, 2-5 min
     .venv/bin/python bench/workflows_bench.py --quick          # 1 round, fewer runs, ~30 s
     .venv/bin/python bench/workflows_bench.py --rounds 1 --systems livepush   # without DBOS
 
