@@ -192,38 +192,35 @@ def _load(ids: Sequence[int]) -> Steps[dict[int, Plan]]:
     return _plans(runs, steps)
 
 
-def _write(plan: Plan) -> Steps[list[dict[str, Any]]]:
-    """Write what the plan decided, start the steps that are ready; returns the started jobs."""
-    started: list[dict[str, Any]] = []
+def _write(plan: Plan) -> Steps[None]:
+    """Write what the plan decided and start the steps that are ready: one statement (DECIDE)."""
     ready = plan.settle()
+    specs = plan.graph["steps"]
     if ready:
-        specs = plan.graph["steps"]
-        started = yield Query(wq.START_STEPS, {
-            "id": plan.id, "queue": plan.run["queue"], "steps": ready,
-            "jobs": [specs[n]["job"] for n in ready], "priorities": [specs[n].get("priority", 0) for n in ready],
-            "max_attempts": [specs[n].get("max_attempts", 5) for n in ready]})
-        for row in started:
-            wait_for = specs[row["step"]].get("wait_for")
-            if wait_for:
-                yield Query(wq.HAND_OVER_SIGNALS, {"id": plan.id, "name": wait_for, "job_id": row["id"]})
-            plan.steps[row["step"]].update(state="running", job_id=row["id"])
         plan.changed -= set(ready)
         plan.event = plan.event or "step"
-    if plan.changed:
-        names = sorted(plan.changed)
-        yield Query(wq.SET_STEPS, {
-            "id": plan.id, "names": names, "states": [plan.steps[n]["state"] for n in names],
-            "outputs": [None if plan.steps[n].get("output") is None else json.dumps(plan.steps[n]["output"])
-                        for n in names],
-            "errors": [plan.steps[n].get("error") for n in names]})
     if plan.to_stop:
         yield Query(job_queries.STOP_JOBS, {"ids": sorted(plan.to_stop)})
-    for entry in plan.audit:
-        yield Query(wq.AUDIT, entry)
-    if plan.event is not None:
-        yield Query(wq.SET_RUN, {"id": plan.id, "state": plan.state, "event": plan.event, "error": plan.error,
-                                 "output": None if plan.output is None else json.dumps(plan.output)})
-    return started
+    if not ready and not plan.changed and not plan.audit and plan.event is None:
+        return  # nothing changed (the end of a job that no longer runs its step)
+    names = sorted(plan.changed)
+    audit = plan.audit
+    yield Query(wq.DECIDE, {
+        "id": plan.id, "queue": plan.run["queue"],
+        "start": ready, "jobs": [specs[n]["job"] for n in ready],
+        "priorities": [specs[n].get("priority", 0) for n in ready],
+        "max_attempts": [specs[n].get("max_attempts", 5) for n in ready],
+        "wait_for": [specs[n].get("wait_for") for n in ready],
+        "names": names, "states": [plan.steps[n]["state"] for n in names],
+        "outputs": [None if plan.steps[n].get("output") is None else json.dumps(plan.steps[n]["output"])
+                    for n in names],
+        "errors": [plan.steps[n].get("error") for n in names],
+        "verbs": [a["verb"] for a in audit], "verb_steps": [a["step"] for a in audit],
+        "actors": [a["actor"] for a in audit], "reasons": [a["reason"] for a in audit],
+        "state": plan.state, "event": plan.event, "error": plan.error,
+        "output": None if plan.output is None else json.dumps(plan.output)})
+    for name in ready:
+        plan.steps[name]["state"] = "running"
 
 
 def start_run(name: str, queue: str, graph: dict[str, Any], input_json: str) -> Steps[int]:

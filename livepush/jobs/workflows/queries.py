@@ -46,65 +46,70 @@ SELECT workflow_id, name, state, job_id, group_id, output, error FROM livepush_w
 WHERE workflow_id = ANY(%(ids)s::bigint[])
 """
 
-# name: set_steps
-# Under the run's lock: steps' new states (and outputs, errors) as the decision computed them.
-# `job_id`/`group_id` NULL keep the current value.
-SET_STEPS = """
-UPDATE livepush_workflow_steps s SET
-    state = u.state, output = coalesce(u.output, s.output), error = u.error
-FROM unnest(%(names)s::text[], %(states)s::text[], %(outputs)s::jsonb[], %(errors)s::text[])
-     AS u(name, state, output, error)
-WHERE s.workflow_id = %(id)s AND s.name = u.name
-"""
-
-# name: set_run
-# Under the run's lock: the run's new state (and output, error), a new version of its state
-# topic naming the change, rung in this transaction (delivered at commit).
-SET_RUN = """
-WITH moved AS (
-    UPDATE livepush_workflows w SET
-        state = %(state)s, output = coalesce(%(output)s::jsonb, w.output), error = coalesce(%(error)s, w.error),
-        version = w.version + 1, event = %(event)s,
-        finished_at = CASE WHEN %(state)s IN ('succeeded', 'failed', 'cancelled') THEN now() END
-    WHERE w.id = %(id)s
-    RETURNING w.id, w.version
-)
-SELECT livepush_state_changed(array_agg('workflow:' || m.id), array_agg(m.version)) AS n FROM moved m
-"""
-
-# name: start_steps
-# Under the run's lock: one job per ready step (state `pending`, read after the lock), on the
-# run's queue, args [run id], and the step rows pointing at them. New rows are invisible until
-# commit; the rings (the new jobs' id range, the runtimes' doorbell) are delivered at commit.
-START_STEPS = """
-WITH input AS (
-    SELECT nextval('livepush_jobs_id_seq') AS id, u.step, u.job, u.priority, u.max_attempts
-    FROM unnest(%(steps)s::text[], %(jobs)s::text[], %(priorities)s::int[], %(max_attempts)s::int[])
-         WITH ORDINALITY AS u(step, job, priority, max_attempts, ord)
+# name: decide
+# Under the run's lock (LOCK_RUNS, then STEPS_OF), everything one decision about the run writes, in
+# one statement (one round trip; a step's end costs its transaction this and the two reads):
+# - the jobs of the steps that became ready (`start`: pending when read after the lock), on the
+#   run's queue, args [run id], and those steps `running` with their job;
+# - the run's signals kept for a step that waits for them, taken over by that step's new job
+#   (the first started step waiting for the name takes them all, oldest first);
+# - the other steps whose state the decision changed (never the started ones: two updates of one
+#   row in a statement are not allowed);
+# - the audit lines, in order;
+# - the run's state, and a new version of its topic naming the change (unless `event` is null),
+#   rung with the new jobs' id range and the runtimes' doorbell, all delivered at commit.
+DECIDE = """
+WITH input AS MATERIALIZED (
+    SELECT nextval('livepush_jobs_id_seq') AS id, u.step, u.job, u.priority, u.max_attempts, u.wait_for, u.ord
+    FROM unnest(%(start)s::text[], %(jobs)s::text[], %(priorities)s::int[], %(max_attempts)s::int[],
+                %(wait_for)s::text[]) WITH ORDINALITY AS u(step, job, priority, max_attempts, wait_for, ord)
 ), jobs AS (
     INSERT INTO livepush_jobs (id, queue, name, priority, state, max_attempts, workflow_id)
     SELECT id, %(queue)s, job, priority, 'available', max_attempts, %(id)s FROM input
 ), payloads AS (
     INSERT INTO livepush_job_payloads (id, args) SELECT id, jsonb_build_array(%(id)s::bigint) FROM input
-), marked AS (
+), started AS (
     UPDATE livepush_workflow_steps s SET state = 'running', job_id = i.id, error = NULL
     FROM input i WHERE s.workflow_id = %(id)s AND s.name = i.step
-), rung AS (
-    SELECT livepush_states_created('job', min(id), max(id)) + livepush_jobs_ready() AS n FROM input
+), first_waits AS (
+    SELECT DISTINCT ON (i.wait_for) i.wait_for, i.id FROM input i WHERE i.wait_for IS NOT NULL
+    ORDER BY i.wait_for, i.ord
+), handed AS (
+    DELETE FROM livepush_workflow_signals w USING first_waits f
+    WHERE w.workflow_id = %(id)s AND w.name = f.wait_for
+    RETURNING w.id AS seq, f.id AS job_id, w.name, w.data
+), taken AS (
+    INSERT INTO livepush_job_signals (job_id, name, data) SELECT job_id, name, data FROM handed ORDER BY seq
+), changed AS (
+    UPDATE livepush_workflow_steps s SET
+        state = u.state, output = coalesce(u.output, s.output), error = u.error
+    FROM unnest(%(names)s::text[], %(states)s::text[], %(outputs)s::jsonb[], %(errors)s::text[])
+         AS u(name, state, output, error)
+    WHERE s.workflow_id = %(id)s AND s.name = u.name
+), audited AS (
+    INSERT INTO livepush_workflow_audit (workflow_id, verb, step, actor, reason)
+    SELECT %(id)s, a.verb, a.step, a.actor, a.reason
+    FROM unnest(%(verbs)s::text[], %(verb_steps)s::text[], %(actors)s::text[], %(reasons)s::text[])
+         WITH ORDINALITY AS a(verb, step, actor, reason, ord)
+    ORDER BY a.ord
+), run AS (
+    UPDATE livepush_workflows w SET
+        state = %(state)s, output = coalesce(%(output)s::jsonb, w.output), error = coalesce(%(error)s, w.error),
+        version = w.version + 1, event = %(event)s,
+        finished_at = CASE WHEN %(state)s IN ('succeeded', 'failed', 'cancelled') THEN now() END
+    WHERE w.id = %(id)s AND %(event)s::text IS NOT NULL
+    RETURNING w.id, w.version
 )
-SELECT i.id, i.step FROM input i CROSS JOIN rung
+SELECT (SELECT livepush_state_changed(array_agg('workflow:' || r.id), array_agg(r.version)) FROM run r)
+     + (SELECT livepush_states_created('job', min(i.id), max(i.id))
+               + CASE WHEN count(*) > 0 THEN livepush_jobs_ready() ELSE 0 END FROM input i) AS rung
 """
 
-# name: hand_over_signals
-# Under the run's lock, with the step's new job: the run's signals of the name the step waits
-# for become the job's (oldest first), so a signal sent before the step started is delivered
-# to it once.
-HAND_OVER_SIGNALS = """
-WITH taken AS (
-    DELETE FROM livepush_workflow_signals WHERE workflow_id = %(id)s AND name = %(name)s
-    RETURNING id, name, data
-)
-INSERT INTO livepush_job_signals (job_id, name, data) SELECT %(job_id)s, name, data FROM taken ORDER BY id
+# name: audit
+# An audit line of its own (jobs.workflows.signal, in the transaction that delivers the signal).
+AUDIT = """
+INSERT INTO livepush_workflow_audit (workflow_id, verb, step, actor, reason)
+VALUES (%(id)s, %(verb)s, %(step)s, %(actor)s, %(reason)s)
 """
 
 # name: keep_signal
@@ -120,12 +125,6 @@ RUN_OF = "SELECT id, state, graph FROM livepush_workflows WHERE id = %(id)s"
 # jobs.workflows.signal, when the step has no active job: holds off decisions (they lock FOR
 # UPDATE) while it keeps the signal for the run, so no job of that step starts meanwhile.
 LOCK_RUN_SHARE = "SELECT id, state, graph FROM livepush_workflows WHERE id = %(id)s FOR SHARE"
-
-# name: audit
-AUDIT = """
-INSERT INTO livepush_workflow_audit (workflow_id, verb, step, actor, reason)
-VALUES (%(id)s, %(verb)s, %(step)s, %(actor)s, %(reason)s)
-"""
 
 # name: step_inputs
 # What a step's job reads when it starts: the run's input and the outputs of the steps that

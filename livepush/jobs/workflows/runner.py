@@ -19,6 +19,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
+from ...postgres.pools import aautocommitted
 from ..api.args import check_json, dumps
 from ..api.handles import StateTopicHandle
 from ..api.registry import JobRequest, JobSpec
@@ -138,7 +139,8 @@ class Runner:
         if spec is None:
             raise WorkflowDefinitionError(f"workflow {flow.name!r} has no step {step!r} in this deploy: "
                                           "keep a step defined while runs may still reach it")
-        async with ctx.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        # One read in autocommit: no BEGIN and COMMIT round trips on the path between two steps.
+        async with ctx.pool.connection() as conn, aautocommitted(conn), conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(wq.STEP_INPUTS, {"id": run_id, "step": step})
             row = await cur.fetchone()
         if (row is None or row["state"] in engine.RUN_FINISHED or row["step_job"] != ctx.job_id
