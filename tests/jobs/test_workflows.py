@@ -316,3 +316,20 @@ async def test_a_woken_step_gives_its_run_a_new_version(flows_db: str) -> None:
     assert json.loads(before.view_json)["steps"]["publish"]["state"] == "waiting"
     view = json.loads(after.view_json)
     assert view["steps"]["publish"]["state"] == "running" and view["state"] == "running"
+
+
+async def test_a_run_that_fails_cancels_the_batch_of_its_waiting_fan_out_step(flows_db: str) -> None:
+    """A run that fails while a fan-out step waits for its batch stops that step, and the batch's
+    members that have not run are cancelled (by the runtime's heartbeat), not run to their end."""
+    async with running(concurrency=2):
+        run = await wd.doomed.astart()
+        failed = await run_state(run.id, "failed")
+        assert failed["steps"]["many"]["state"] == "cancelled"
+        group = failed["steps"]["many"]["group"]
+
+        async def batch_cancelled() -> dict[str, Any] | None:
+            found = await asyncio.to_thread(jobs.get_group, group)
+            return found if found["state"] == "cancelled" and found["pending"] == 0 else None
+
+        batch = await async_wait_for(batch_cancelled, 10.0, message="the batch to be cancelled")
+    assert batch["cancelled"] > 0 and batch["succeeded"] < 40

@@ -127,3 +127,33 @@ def rows(ctx: Any, batch: Any) -> None:
 @fan.step(after=["rows"])
 async def report(ctx: Any) -> Any:
     return {"rows": ctx.outputs["rows"]}
+
+
+# A run that fails while its fan-out step waits for a batch of slow members.
+@jobs.job(name="t.slow_member", queue="flows", max_attempts=1, timeout=None)
+async def slow_member(ctx: Any, i: int) -> None:
+    import asyncio
+
+    await asyncio.sleep(0.2)
+
+
+doomed = jobs.workflow("t_doomed", queue="flows")
+
+
+@doomed.step()
+async def begin(ctx: Any) -> Any:
+    return 1
+
+
+@doomed.fan_out(after=["begin"])
+def many(ctx: Any, batch: Any) -> None:
+    for i in range(40):
+        batch.enqueue(slow_member, i)
+
+
+@doomed.step(after=["begin"], max_attempts=1)
+async def breaks(ctx: Any) -> Any:
+    import asyncio
+
+    await asyncio.sleep(0.3)
+    raise ValueError("breaks")

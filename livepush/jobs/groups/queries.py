@@ -160,6 +160,19 @@ WHERE parent_id = ANY(%(ids)s::bigint[]) AND finished_at IS NULL AND state IN ('
 ORDER BY id
 """
 
+# name: orphaned_child_groups
+# Groups of children whose parent job has finished while they had not: the parent will never
+# read them (a workflow run that ended stopped its parked fan-out step, or a cancel whose
+# cancel_children did not get to run). The heartbeat cancels them (runtime/maintenance.py). A
+# plain read: cancel_group re-checks each under its lock.
+ORPHANED_CHILD_GROUPS = """
+SELECT g.id FROM livepush_groups g JOIN livepush_jobs p ON p.id = g.parent_id
+WHERE g.parent_id IS NOT NULL AND g.finished_at IS NULL AND g.state IN ('open', 'sealed')
+  AND p.state IN ('succeeded', 'failed', 'cancelled')
+ORDER BY g.id
+LIMIT %(limit)s
+"""
+
 # name: group_row (why an add or seal was refused; plain read)
 GROUP_ROW = "SELECT id, state, total, finished_at FROM livepush_groups WHERE id = %(id)s"
 

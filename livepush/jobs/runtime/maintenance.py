@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 from .. import queries
 from ..groups import outcomes
 from ..groups import queries as gq
+from ..groups.cancel import acancel_group
 from ..workflows import queries as wq
 
 log = logging.getLogger("livepush.jobs")
@@ -146,6 +147,17 @@ async def cancel_requests(pool: AsyncConnectionPool, runtime_id: int, ids: list[
     async with pool.connection() as conn:
         rows = await (await conn.execute(queries.CANCEL_REQUESTS_FOR, {"runtime_id": runtime_id, "ids": ids})).fetchall()
     return [r[0] for r in rows]
+
+
+async def cancel_orphaned_children(pool: AsyncConnectionPool, limit: int = 100) -> list[int]:
+    """Cancel the groups of children whose parent job finished before them (docs/durable.md):
+    nobody will read them, and their members would otherwise run to their end. Returns them."""
+    async with pool.connection() as conn:
+        ids = [r[0] for r in await (await conn.execute(gq.ORPHANED_CHILD_GROUPS, {"limit": limit})).fetchall()]
+    cancelled = [gid for gid in ids if await acancel_group(gid)]
+    if cancelled:
+        log.info("cancelled groups of children whose parent job had finished: %s", cancelled)
+    return cancelled
 
 
 async def prune(pool: AsyncConnectionPool, retention: float, *, batch: int = PRUNE_BATCH,

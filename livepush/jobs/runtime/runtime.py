@@ -10,7 +10,8 @@ runtime with an error, so its process exits non-zero):
   given, in one statement per queue (SKIP LOCKED), on its own connection, and starts them.
 - executor (one task per job): runs the function, hands the outcome to the completer.
 - completer: writes outcomes and progress in batches (see completer.py).
-- heartbeat: beats every `heartbeat` s, prunes dead runtimes and rescues their jobs.
+- heartbeat: beats every `heartbeat` s, prunes dead runtimes and rescues their jobs, cancels
+  groups of children whose parent finished first.
 - promoter: makes due scheduled jobs available.
 
 Stop (SIGTERM/SIGINT or `stop()`): stop claiming; let the jobs in hand finish for up to
@@ -532,6 +533,7 @@ class Runtime:
                     self._group_progress.mark(touched)
                 for job_id in await maintenance.cancel_requests(self._pool, self.id):
                     self._cancel_local(job_id)
+                await maintenance.cancel_orphaned_children(self._pool)
                 if len(self.in_hand) != last_in_hand:
                     last_in_hand = len(self.in_hand)
                     await self._publish_state(self.state)
