@@ -261,6 +261,10 @@ async def test_a_fan_out_step_parks_on_its_batch_and_outputs_the_counts(flows_db
     assert counts == {"total": 20, "succeeded": 20, "failed": 0, "cancelled": 0}
     assert done["steps"]["report"]["output"] == {"rows": counts}
     assert done["steps"]["rows"]["group"] is not None
+    # The run's topic shows the batch's progress beside the step.
+    state = (await asyncio.to_thread(read_states, flows_db, [run.topic]))[run.topic]
+    assert json.loads(state.view_json)["steps"]["rows"]["batch"] == {"total": 20, "pending": 0, "succeeded": 20,
+                                                                     "failed": 0, "cancelled": 0}
 
 
 async def test_batch_failures_pause_the_run_and_resume_reruns_only_the_failed_members(flows_db: str) -> None:

@@ -10,6 +10,8 @@ built from their rows in one place:
 
     workflow:<id>  {"event": ..., "workflow": {"id", "name", "state",
                                               "steps": {NAME: {"state", "attempt", "group"}}}}
+                   (a fan-out step also has "batch": {"total", "pending", "succeeded", "failed",
+                   "cancelled"}, its batch's progress)
 
 The event is the row's last change ("snapshot" for a new subscriber's first message), and the
 offset is the row's version.
@@ -83,8 +85,10 @@ def group_event(row: Mapping[str, Any], event: str | None = None) -> dict[str, A
 
 def workflow_view(row: Mapping[str, Any]) -> dict[str, Any]:
     """The `workflow` object from a row of workflows.queries.RUN_VIEWS. A running run whose active
-    steps all wait (for their batch, a signal, a sleep) shows as `waiting`."""
-    steps = {name: {"state": s["state"], "attempt": s["attempt"], "group": s["group"]}
+    steps all wait (for their batch, a signal, a sleep) shows as `waiting`; a fan-out step shows
+    its batch's counts."""
+    steps = {name: {"state": s["state"], "attempt": s["attempt"], "group": s["group"],
+                    **({"batch": s["batch"]} if s.get("batch") else {})}
              for name, s in row["steps"].items()}
     state = row["state"]
     active = [s["state"] for s in steps.values() if s["state"] in ("running", "waiting")]

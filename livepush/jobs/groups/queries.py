@@ -507,9 +507,16 @@ WITH victims AS (
 )""" + DELETE_PAYLOADS_OF_GONE
 
 # name: ring_groups (the progress publisher: the groups whose counts it saw change)
+# A group that is a workflow fan-out step's batch also makes a new version of its run's topic,
+# which shows the batch's counts (the lock order: group rows, then workflow rows).
 RING_GROUPS = f"""
-WITH g AS (SELECT unnest(%(ids)s::bigint[]) AS id)
-{ring_groups("g")}
+WITH g AS (SELECT unnest(%(ids)s::bigint[]) AS id
+), rung AS ({ring_groups("g")}
+), runs AS (
+    SELECT j.workflow_id FROM livepush_groups gr JOIN livepush_jobs j ON j.id = gr.parent_id
+    WHERE gr.id = ANY(%(ids)s::bigint[]) AND j.workflow_id IS NOT NULL
+), touched AS ({TOUCH_RUNS.format(rel="runs")})
+SELECT rung.n + touched.n AS n FROM rung, touched
 """
 
 # name: clear (tests only): DELETE rather than TRUNCATE, which a runtime role may not do.

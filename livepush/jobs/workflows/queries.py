@@ -161,17 +161,25 @@ UPDATE livepush_workflow_steps SET group_id = %(group_id)s WHERE workflow_id = %
 
 # name: run_views
 # The state topic workflow:<id> and jobs.workflows.get(): the run and each step, with the
-# attempt and state of the job running it (a parked job shows its step as `waiting`). A plain
-# read: one snapshot.
+# attempt and state of the job running it (a parked job shows its step as `waiting`) and a
+# fan-out step's batch counts. A plain read: one snapshot.
 RUN_VIEWS = """
 SELECT w.id, w.name, w.state, w.version, w.event, w.output, w.error, w.created_at, w.finished_at, w.graph,
        coalesce(jsonb_object_agg(s.name, jsonb_build_object(
            'state', CASE WHEN s.state = 'running' AND j.state = 'waiting' THEN 'waiting' ELSE s.state END,
-           'attempt', coalesce(j.attempt, 0), 'group', s.group_id, 'output', s.output, 'error', s.error,
-           'job', s.job_id)) FILTER (WHERE s.name IS NOT NULL), '{}'::jsonb) AS steps
+           'attempt', coalesce(j.attempt, 0), 'group', s.group_id, 'batch', b.counts, 'output', s.output,
+           'error', s.error, 'job', s.job_id)) FILTER (WHERE s.name IS NOT NULL), '{}'::jsonb) AS steps
 FROM livepush_workflows w
 LEFT JOIN livepush_workflow_steps s ON s.workflow_id = w.id
 LEFT JOIN livepush_jobs j ON j.id = s.job_id
+LEFT JOIN LATERAL (
+    -- A fan-out step's batch: its counts, read in the same snapshot as the steps.
+    SELECT jsonb_build_object('total', gr.total, 'pending', sum(sh.pending), 'succeeded', sum(sh.succeeded),
+                              'failed', sum(sh.failed), 'cancelled', sum(sh.cancelled)) AS counts
+    FROM livepush_groups gr JOIN livepush_group_shards sh ON sh.group_id = gr.id
+    WHERE gr.id = s.group_id
+    GROUP BY gr.id, gr.total
+) b ON true
 WHERE w.id = ANY(%(ids)s::bigint[])
 GROUP BY w.id
 """
