@@ -113,16 +113,32 @@ def group_events(group_id: int) -> list[dict[str, Any]]:
     return rows[::-1]
 
 
+def registered(url: str, child: ChildProcess) -> None:
+    """Returns once the runtime's row is in livepush_job_runtimes: registered means ready."""
+    wait_for(lambda: q(url, "SELECT count(*) FROM livepush_job_runtimes WHERE pid = %s", (child.pid,))[0][0] == 1
+             or not child.running, 15.0, message=f"{child.name} (pid {child.pid}) to register")
+    assert child.running, child.output()
+
+
+def runtime_spawner(module: str, procs: Processes, env: Mapping[str, str], *flags: str,
+                    heartbeat: float = 0.3) -> Callable[[], ChildProcess]:
+    """`spawn()` starts `livepush jobs MODULE` with these flags and returns at once (wait with
+    `registered`): the kill -9 loops overlap a replacement's start with their rounds."""
+
+    def spawn() -> ChildProcess:
+        return procs.livepush("jobs", module, "--heartbeat", str(heartbeat), "--poll-interval", "0.2", *flags,
+                              env=env, wait_healthy=False)
+
+    return spawn
+
+
 def runtime_starter(url: str, module: str, procs: Processes, env: Mapping[str, str]) -> Callable[..., ChildProcess]:
     """`start(*flags, heartbeat=0.3)` runs `livepush jobs MODULE` on `url` and returns once the
-    runtime registered (its row is in livepush_job_runtimes): registered means ready."""
+    runtime registered."""
 
     def start(*flags: str, heartbeat: float = 0.3) -> ChildProcess:
-        child = procs.livepush("jobs", module, "--heartbeat", str(heartbeat), "--poll-interval", "0.2", *flags,
-                               env=env, wait_healthy=False)
-        wait_for(lambda: q(url, "SELECT count(*) FROM livepush_job_runtimes WHERE pid = %s", (child.pid,))[0][0] == 1
-                 or not child.running, 15.0, message=f"{child.name} to register")
-        assert child.running, child.output()
+        child = runtime_spawner(module, procs, env, *flags, heartbeat=heartbeat)()
+        registered(url, child)
         return child
 
     return start

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.jobs import durable_crash_jobs as cj
-from tests.jobs.conftest import q, version_gaps
+from tests.jobs.conftest import q, registered, runtime_spawner, version_gaps
 from tests.support.procs import ChildProcess, Processes
 from tests.support.waiting import wait_for
 
@@ -40,20 +40,8 @@ def crash_db(jobs_db: str) -> Iterator[str]:
 def spawn_runtime(crash_db: str, procs: Processes,
                   livepush_env: Callable[..., dict[str, str]]) -> Callable[[], ChildProcess]:
     """Starts a runtime of the crash jobs and returns at once (see `registered`)."""
-    env = livepush_env(database_url=crash_db)
-
-    def spawn() -> ChildProcess:
-        return procs.livepush("jobs", MODULE, "--heartbeat", str(BEAT), "--poll-interval", "0.2",
-                              "--concurrency", CONCURRENCY, env=env, wait_healthy=False)
-
-    return spawn
-
-
-def registered(url: str, child: ChildProcess) -> None:
-    """Returns once the runtime's row is in livepush_job_runtimes: registered means ready."""
-    wait_for(lambda: q(url, "SELECT count(*) FROM livepush_job_runtimes WHERE pid = %s", (child.pid,))[0][0] == 1
-             or not child.running, 15.0, message=f"{child.name} (pid {child.pid}) to register")
-    assert child.running, child.output()
+    return runtime_spawner(MODULE, procs, livepush_env(database_url=crash_db), "--concurrency", CONCURRENCY,
+                           heartbeat=BEAT)
 
 
 @dataclass
