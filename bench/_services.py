@@ -20,6 +20,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+import psycopg
+
 
 def free_port(preferred: int = 0) -> int:
     """`preferred` when it is free (0: any free port)."""
@@ -136,3 +138,35 @@ def redis_fanout_available() -> str | None:
     except Exception as exc:  # absent or half-written: the benchmark reports n/a
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+@dataclass
+class Postgres:
+    """The server a DBOS-comparing benchmark runs on, as it describes it in its first line."""
+
+    admin: str  # an admin URL: scratch databases are made there
+    where: str
+    version: str
+    fsync: str
+    synchronous_commit: str
+    commit_timestamps: bool
+
+
+def commit_timestamped_postgres(services: Services, pg_url: str | None, port: int, no_fsync: bool) -> Postgres:
+    """The given server (`--pg-url`), or a throwaway one that keeps commit timestamps: the durable
+    and workflow benchmarks time wake-ups and step latencies from when an outcome committed."""
+    if pg_url:
+        admin, where = pg_url, "given server (--pg-url): its own settings"
+    else:
+        admin = services.start_postgres(port, durable=not no_fsync, settings={"track_commit_timestamp": "on"})
+        where = "throwaway PostgreSQL, fsync OFF (--pg-no-fsync)" if no_fsync else "throwaway PostgreSQL, durable defaults"
+    with psycopg.connect(admin) as c:
+        shown = [c.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
+                 for name in ("server_version", "fsync", "synchronous_commit", "track_commit_timestamp")]
+    return Postgres(admin, where, shown[0], shown[1], shown[2], shown[3] == "on")
+
+
+def dbos_version(bench_py: str) -> str:
+    """The version of DBOS in the bench-only virtualenv."""
+    return subprocess.run([bench_py, "-c", "import importlib.metadata as m; print(m.version('dbos'))"],
+                          capture_output=True, text=True, timeout=60, check=True).stdout.strip()

@@ -67,7 +67,7 @@ import psycopg
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _services import Services  # noqa: E402
+from _services import Services, commit_timestamped_postgres, dbos_version  # noqa: E402
 from jobs_bench import drop_db, make_db, run  # noqa: E402
 
 from livepush import config  # noqa: E402
@@ -572,28 +572,14 @@ def main() -> None:
                          "(see docs/performance.md), or pass --systems livepush")
     services = Services()
     try:
-        if args.pg_url:
-            admin, where = args.pg_url, "given server (--pg-url): its own settings"
-        else:
-            # Commit timestamps: the wake figure reads when the last child's outcome committed.
-            admin = services.start_postgres(args.pg_port, durable=not args.pg_no_fsync,
-                                            settings={"track_commit_timestamp": "on"})
-            where = ("throwaway PostgreSQL, fsync OFF (--pg-no-fsync)" if args.pg_no_fsync
-                     else "throwaway PostgreSQL, durable defaults")
-        with psycopg.connect(admin) as c:
-            version = c.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-            fsync = c.execute("SHOW fsync").fetchone()[0]  # type: ignore[index]
-            sync_commit = c.execute("SHOW synchronous_commit").fetchone()[0]  # type: ignore[index]
-            commit_ts = c.execute("SHOW track_commit_timestamp").fetchone()[0] == "on"  # type: ignore[index]
-        if with_lp and not commit_ts:
-            print("the server keeps no commit timestamps (track_commit_timestamp off): the wake figure is skipped",
-                  flush=True)
-        dbos_version = "not run"
-        if with_dbos:
-            dbos_version = subprocess.run([BENCH_PY, "-c", "import importlib.metadata as m; print(m.version('dbos'))"],
-                                          capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+        pg = commit_timestamped_postgres(services, args.pg_url, args.pg_port, args.pg_no_fsync)
+        admin, where, version, fsync, sync_commit = pg.admin, pg.where, pg.version, pg.fsync, pg.synchronous_commit
+        commit_ts = pg.commit_timestamps
+        if with_lp and not pg.commit_timestamps:
+            print("the server keeps no commit timestamps (track_commit_timestamp off): the wake figure is skipped", flush=True)
+        dbos_version_shown = dbos_version(BENCH_PY) if with_dbos else "not run"
         print(f"PostgreSQL {version} ({where}; fsync={fsync}, synchronous_commit={sync_commit}), "
-              f"{os.cpu_count()} cores, DBOS {dbos_version}, {args.rounds} round(s); 10-step jobs: {seq_n:,} one "
+              f"{os.cpu_count()} cores, DBOS {dbos_version_shown}, {args.rounds} round(s); 10-step jobs: {seq_n:,} one "
               f"at a time, {conc_n:,} at concurrency 10; livepush heartbeat in the kill test {args.heartbeat:g} s; "
               f"{args.children:,} children x {args.wake_samples} per round; {jobs_n:,} no-op jobs with "
               f"{parked_n:,} parked", flush=True)
