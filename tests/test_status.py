@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
-from livepush import api, config, jobs
-from livepush.jobs import database
+from livepush import jobs
 from tests.support.procs import Processes
+from tests.support.settings import jobs_settings
 
 # The jobs and the workflow the report describes: defined at import, as a user's module would.
 
@@ -62,16 +61,8 @@ def q(url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
 @pytest.fixture
 def status_db(pg_url: str) -> Iterator[str]:
     """A fresh database as the jobs' (this process enqueues and drains there)."""
-    config.set_settings(config.Settings(database_url=pg_url, fanout="postgres", env="test",
-                                        secret=secrets.token_urlsafe(36)))
-    api.set_default_fanout(None)
-    database.configure(pg_url)
-    try:
+    with jobs_settings(pg_url):
         yield pg_url
-    finally:
-        database.configure(None)
-        api.set_default_fanout(None)
-        config.set_settings(None)
 
 
 @pytest.fixture

@@ -5,21 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
 import pytest
 
-from livepush import api, config
-from livepush.jobs import database
 from livepush.jobs.api.registry import REGISTRY
 from livepush.jobs.runtime.runtime import Runtime
 from livepush.types import State
 from tests.jobs import sample_jobs
 from tests.support.job_versions import VERSIONS_TABLE, events_of, versions_of
 from tests.support.procs import ChildProcess, Processes
+from tests.support.settings import jobs_settings
 from tests.support.waiting import wait_for
 
 
@@ -32,16 +30,8 @@ def jobs_db(pg_url: str) -> Iterator[str]:
         conn.execute(sample_jobs.RUNS_TABLE)
         conn.execute(sample_jobs.FLAGS_TABLE)
         conn.execute(VERSIONS_TABLE)
-    config.set_settings(config.Settings(database_url=pg_url, fanout="postgres", env="test",
-                                        secret=secrets.token_urlsafe(36)))
-    api.set_default_fanout(None)
-    database.configure(pg_url)
-    try:
+    with jobs_settings(pg_url):
         yield pg_url
-    finally:
-        database.configure(None)
-        api.set_default_fanout(None)
-        config.set_settings(None)
 
 
 @contextlib.asynccontextmanager
