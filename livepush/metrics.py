@@ -1,0 +1,101 @@
+"""Every `livepush_` metric, in one registry: what `/metrics` serves (docs/operations.md says what
+each one means and when to alert on it).
+
+Counters and the lag histogram are per process; Prometheus sums them across processes. The
+gauges of queues and runtimes describe the database, not the process: whoever serves `/metrics`
+refreshes them (through `refreshers`) just before rendering, at most once a second, so a
+scrape costs no query when scrapes come in bursts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# -- the push side ----------------------------------------------------------------------------
+CONNECTIONS = Gauge("livepush_connections", "WebSocket connections open now.", registry=REGISTRY)
+SUBSCRIPTIONS = Gauge("livepush_subscriptions", "Topic subscriptions held by open connections now.",
+                      registry=REGISTRY)
+PUBLISHED = Counter("livepush_messages_published", "Messages published from this process.", ["fanout"],
+                    registry=REGISTRY)
+DELIVERED = Counter("livepush_messages_delivered", "Message frames written to clients (one per recipient).",
+                    registry=REGISTRY)
+LAG = Histogram("livepush_deliver_lag_seconds",
+                "From publish (its commit on Postgres) to the live frame leaving this server, once per message.",
+                buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+                registry=REGISTRY)
+RECOVERIES = Counter("livepush_recoveries", "Subscriptions with `since` served from history.", registry=REGISTRY)
+RESETS = Counter("livepush_resets", "`reset` frames sent: history could not fill a gap, or a slow client fell "
+                 "too far behind on a message topic.", ["cause"], registry=REGISTRY)
+SLOW_CLIENT_ACTIONS = Counter("livepush_slow_client_actions", "What the server did about clients that could "
+                              "not keep up: conflated (an older state replaced), reset, closed (1013).",
+                              ["action"], registry=REGISTRY)
+REFUSALS = Counter("livepush_refusals", "Connections and subscriptions refused, by reason.", ["reason"],
+                   registry=REGISTRY)
+CANARY_SECONDS = Gauge("livepush_canary_round_trip_seconds",
+                       "The last canary's trip through the fan-out and back (what /readyz checks).",
+                       registry=REGISTRY)
+
+# -- jobs ---------------------------------------------------------------------------------------
+JOBS_CLAIMED = Counter("livepush_jobs_claimed", "Jobs claimed by runtimes in this process.", ["queue"],
+                       registry=REGISTRY)
+JOBS_SUCCEEDED = Counter("livepush_jobs_succeeded", "Jobs that succeeded.", ["queue"], registry=REGISTRY)
+JOBS_FAILED = Counter("livepush_jobs_failed", "Jobs that failed for good (no attempt left, or a "
+                      "non-retryable error).", ["queue"], registry=REGISTRY)
+JOBS_RETRIED = Counter("livepush_jobs_retried", "Failed attempts scheduled to run again.", ["queue"],
+                       registry=REGISTRY)
+JOBS_RESCUED = Counter("livepush_jobs_rescued", "Jobs taken back from runtimes that died.", registry=REGISTRY)
+QUEUE_DEPTH = Gauge("livepush_queue_depth", "Jobs available to run now, per queue.", ["queue"],
+                    registry=REGISTRY)
+QUEUE_OLDEST_AGE = Gauge("livepush_queue_oldest_age_seconds",
+                         "Seconds the oldest available job of the queue has been due (0 when none is).",
+                         ["queue"], registry=REGISTRY)
+RUNTIMES_ALIVE = Gauge("livepush_runtimes_alive", "Job runtimes registered and beating.", registry=REGISTRY)
+
+Refresher = Callable[[], Awaitable[None]]
+REFRESH_EVERY = 1.0
+_refreshed: dict[int, float] = {}
+_refreshing: dict[int, asyncio.Future[None]] = {}
+
+
+async def render(refreshers: Sequence[Refresher] = ()) -> bytes:
+    """The registry in Prometheus text format, after the database gauges are fresh enough. A
+    refresher that fails leaves its gauges as they were: the scrape still answers."""
+    now = time.monotonic()
+    for refresh in refreshers:
+        key = id(refresh)
+        if now - _refreshed.get(key, float("-inf")) < REFRESH_EVERY:
+            continue
+        running = _refreshing.get(key)
+        if running is None:
+            running = _refreshing[key] = asyncio.ensure_future(refresh())
+            running.add_done_callback(lambda f, key=key: _refresh_done(key, f))
+        try:
+            await asyncio.wait_for(asyncio.shield(running), timeout=2.0)
+        except Exception:  # a database that does not answer must not hang the scrape
+            pass
+    return generate_latest(REGISTRY)
+
+
+def _refresh_done(key: int, future: asyncio.Future[None]) -> None:
+    _refreshing.pop(key, None)
+    _refreshed[key] = time.monotonic()
+    if not future.cancelled():
+        future.exception()  # retrieved: a refresh that outlived its scrape failed quietly
+
+
+def set_queue_gauges(depths: dict[str, tuple[int, float | None]], runtimes_alive: int) -> None:
+    """Replace the per-queue gauges: a queue gone from the database disappears from the scrape."""
+    QUEUE_DEPTH.clear()
+    QUEUE_OLDEST_AGE.clear()
+    for queue, (depth, oldest) in depths.items():
+        QUEUE_DEPTH.labels(queue).set(depth)
+        QUEUE_OLDEST_AGE.labels(queue).set(oldest or 0.0)
+    RUNTIMES_ALIVE.set(runtimes_alive)
