@@ -90,10 +90,12 @@ class AsyncPool(AsyncConnectionPool):
     _guard: asyncio.Task[None] | None = None
 
     async def open(self, wait: bool = False, timeout: float = 30.0) -> None:
-        await super().open(wait=wait, timeout=timeout)
+        # The guard first: an open cancelled while it waits for its first connections has
+        # started workers already.
         if self._guard is None:
             self._guard = asyncio.get_running_loop().create_task(self._close_at_shutdown(),
                                                                  name=f"{self.name}-close-at-shutdown")
+        await super().open(wait=wait, timeout=timeout)
 
     async def _close_at_shutdown(self) -> None:
         try:
@@ -178,9 +180,11 @@ class LoopPools:
                              kwargs=dict(self._kwargs), name=f"{self.name}-async")
             try:
                 await pool.open(wait=True, timeout=OPEN_TIMEOUT)
-            except Exception as exc:
+            except BaseException as exc:  # a cancelled open too: its workers would retry for ever
                 await pool.close()
-                raise translate(self.url, exc) from None
+                if isinstance(exc, Exception):
+                    raise translate(self.url, exc) from None
+                raise
             self._async[loop] = pool
             return pool
 
