@@ -23,9 +23,9 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 CONNECTIONS = Gauge("livepush_connections", "WebSocket connections open now.", registry=REGISTRY)
 SUBSCRIPTIONS = Gauge("livepush_subscriptions", "Topic subscriptions held by open connections now.",
                       registry=REGISTRY)
-PUBLISHED = Counter("livepush_messages_published", "Messages published from this process.", ["fanout"],
+PUBLISHED = Counter("livepush_published", "Messages published from this process (publish() returned an offset).", ["fanout"],
                     registry=REGISTRY)
-DELIVERED = Counter("livepush_messages_delivered", "Message frames written to clients (one per recipient).",
+DELIVERED = Counter("livepush_delivered", "Message frames written to clients (one per recipient).",
                     registry=REGISTRY)
 LAG = Histogram("livepush_deliver_lag_seconds",
                 "From publish (its commit on Postgres) to the live frame leaving this server, once per message.",
@@ -99,3 +99,29 @@ def set_queue_gauges(depths: dict[str, tuple[int, float | None]], runtimes_alive
         QUEUE_DEPTH.labels(queue).set(depth)
         QUEUE_OLDEST_AGE.labels(queue).set(oldest or 0.0)
     RUNTIMES_ALIVE.set(runtimes_alive)
+
+
+async def serve(host: str, port: int, refreshers: Sequence[Refresher] = ()) -> asyncio.Server:
+    """A minimal HTTP server answering GET /metrics (and /healthz with 200), for a process that
+    has no HTTP port of its own (the job runtime's `--metrics-port`)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5.0)
+            method, _, rest = head.partition(b" ")
+            path = rest.partition(b" ")[0].partition(b"?")[0]
+            if method == b"GET" and path == b"/metrics":
+                status, ctype, body = b"200 OK", CONTENT_TYPE.encode(), await render(refreshers)
+            elif method == b"GET" and path == b"/healthz":
+                status, ctype, body = b"200 OK", b"application/json", b'{"status":"ok"}\n'
+            else:
+                status, ctype, body = b"404 Not Found", b"text/plain", b"not found: GET /metrics\n"
+            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + ctype + b"\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+            await writer.drain()
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+            pass  # a scraper that went away or sent no request: nothing to answer
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, host, port, limit=16 * 1024)

@@ -17,7 +17,7 @@ import psycopg
 from psycopg import sql
 
 from .errors import ConfigError, SchemaError
-from .postgres.connect import connect, redact, translated
+from .postgres.connect import aconnect, connect, redact, translated
 
 # An arbitrary constant: any process migrating livepush's schema takes this lock.
 MIGRATION_LOCK_KEY = 0x6C697665_70757368 & 0x7FFFFFFFFFFFFFFF  # "livepush"
@@ -76,6 +76,8 @@ CREATE TABLE IF NOT EXISTS livepush_schema (
     applied_at timestamptz NOT NULL DEFAULT now()
 )
 """
+# name: schema_version -- a plain read of one number.
+_SCHEMA_VERSION = "SELECT max(version) FROM livepush_schema"
 # name: applied -- a plain read; under migrate()'s lock nobody adds rows meanwhile.
 _APPLIED = "SELECT version, name, checksum FROM livepush_schema ORDER BY version"
 
@@ -154,6 +156,34 @@ def check_schema(url: str, who: str = "this livepush") -> None:
     """Refuse to run on a schema older than this code needs, or not ours at all."""
     with translated(url), connect(url) as conn:
         applied = _applied(conn, url)
+    _judge(url, applied, who)
+
+
+async def aschema_version(url: str) -> int:
+    """The newest migration the database records (0 before the first migrate), on a short
+    connection of its own: what a running server's readiness check compares with
+    required_version(). A newer schema is fine for running code (upgrades migrate first)."""
+    with translated(url):
+        conn = await aconnect(url)
+        try:
+            try:
+                rows = await (await conn.execute(_SCHEMA_VERSION)).fetchall()
+            except psycopg.errors.UndefinedTable:
+                return 0
+        finally:
+            await conn.close()
+    return int(rows[0][0] or 0)
+
+
+async def aschema_behind(url: str) -> str | None:
+    """None when the database's schema is what this code needs (or newer), else what to do."""
+    have, need = await aschema_version(url), required_version()
+    if have >= need:
+        return None
+    return f"the database schema is at version {have} but this server needs {need}: run `livepush migrate`"
+
+
+def _judge(url: str, applied: list[tuple[int, str, str]], who: str) -> None:
     have = max((v for v, _, _ in applied), default=0)
     _check_lineage(url, applied)
     need = required_version()

@@ -28,6 +28,9 @@ class Message:
     offset: Offset
     prev: Offset
     data_json: str | None
+    # When it was published, in seconds since the epoch, where the fan-out knows (for the
+    # publish-to-deliver lag metric; None for a doorbell).
+    at: float | None = None
 
 
 def offset_key(offset: Offset) -> tuple[int, ...]:

@@ -8,9 +8,11 @@ import os
 import sys
 import threading
 
-from .. import api
+from .. import api, metrics
 from ..config import Settings
+from ..errors import ConfigError
 from ..jobs import database
+from ..jobs.api.status import arefresh_metrics
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +30,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retention", type=float, default=7 * 24 * 3600.0,
                         help="seconds finished jobs and task groups are kept before they are deleted "
                              "(default 604800, 7 days; 0 keeps them forever)")
+    parser.add_argument("--metrics-port", type=_port, default=None, metavar="P",
+                        help="serve Prometheus metrics on GET /metrics at this port (on LIVEPUSH_HOST)")
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"takes a TCP port from 0 to 65535, got {text!r}")
+    return port
 
 
 def modules_of(text: str) -> list[str]:
@@ -45,9 +59,18 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         settings, modules_of(args.modules), queues=queues, concurrency=args.concurrency,
         shutdown_timeout=args.shutdown_timeout, heartbeat=args.heartbeat, poll_interval=args.poll_interval,
         retention=args.retention or None)
+    exposer = None
+    if args.metrics_port is not None:
+        try:
+            exposer = await metrics.serve(settings.host, args.metrics_port, [arefresh_metrics])
+        except OSError as exc:
+            raise ConfigError(f"cannot serve metrics on {settings.host}:{args.metrics_port} "
+                              f"({exc.strerror or exc}): pass a free port to --metrics-port") from None
     try:
         await runtime.run()
     finally:
+        if exposer is not None:
+            exposer.close()
         # Pools job code opened on this loop must close before it ends.
         await database.release_loop()
         await api.release_loop()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from .. import api, migrate, sessions
 from ..config import Settings
 from ..fanout import FanOut, from_env
+from ..jobs.api.status import arefresh_metrics
 from ..jobs.events.source import JobStates
 from ..jobs.runtime.runtime import Runtime
 from ..postgres.listener import Listener
@@ -69,7 +70,10 @@ def server_parts(settings: Settings, *, app: App | None = None, with_jobs: Seque
     if with_jobs:
         runtime = Runtime(list(with_jobs), install_signals=False, listener=listener, publisher=fanout)
     health = [lambda: runtime.healthy] if runtime is not None else []
-    server = PushServer(settings, fanout, app=app, store=store, states=states, pages=pages, health=health)
+    url = settings.database_url
+    server = PushServer(settings, fanout, app=app, store=store, states=states, pages=pages, health=health,
+                        schema=(lambda: migrate.aschema_behind(url)) if url else None,
+                        refreshers=[arefresh_metrics] if url else [])
     closers: list[Callable[[], Awaitable[None]]] = [fanout.aclose, store.aclose, *(s.aclose for s in states)]
     closers += [c.aclose for c in (listener, subscriber) if c is not None]
     closers.append(_forget_defaults)

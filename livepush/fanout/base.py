@@ -26,6 +26,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from .. import metrics
 from ..channels import Handlers
 from ..errors import NotListeningError, PayloadTooLarge
 from ..types import JSON, Message, Offset, Receiver, ResyncHandler, Topic
@@ -78,6 +79,7 @@ class FanOut(abc.ABC):
     def __init__(self) -> None:
         self._heard: Handlers[Message] = Handlers(f"the {self.name} fan-out", log)
         self._listen_called = False
+        self._published = metrics.PUBLISHED.labels(self.name)  # counted once a publish returns its offset
 
     # -- listening --------------------------------------------------------------------
     @abc.abstractmethod

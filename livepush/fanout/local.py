@@ -59,9 +59,10 @@ class LocalFanOut(FanOut):
             log.entries.append((seq, time.monotonic(), text, len(text.encode("utf-8"))))
             while len(log.entries) > MAX_KEPT_PER_TOPIC:
                 log.dropped_through = log.entries.popleft()[0]
-            message = Message(topic, str(seq), str(seq - 1), text)
+            message = Message(topic, str(seq), str(seq - 1), text, time.time())
             # Dispatch under the lock so the loop sees a topic's messages in offset order.
             self._deliver(message)
+        self._published.inc()
         return message.offset
 
     def _deliver(self, message: Message) -> None:

@@ -48,10 +48,11 @@ LATEST = "SELECT epoch, last_seq FROM livepush_topics WHERE topic = %s"
 # No row: a topic never published. Otherwise at least one row; its page columns are NULL when
 # the page is empty.
 HISTORY = """
-SELECT t.epoch, t.last_seq, m.seq, m.data, m.fresh
+SELECT t.epoch, t.last_seq, m.seq, m.data, m.fresh, m.at
 FROM livepush_topics t
 LEFT JOIN LATERAL (
     SELECT seq, data, created_at >= now() - make_interval(secs => %(ttl)s) AS fresh,
+           extract(epoch FROM created_at)::float8 AS at,
            sum(octet_length(data)) OVER (ORDER BY seq) - octet_length(data) AS before
     FROM livepush_messages
     WHERE topic = %(topic)s AND seq > %(after)s AND seq <= least(t.last_seq, %(after)s + %(limit)s)
@@ -133,6 +134,7 @@ class PostgresFanOut(FanOut):
             with translated(self.url), self._pools.sync().connection() as c:
                 row = c.execute(PUBLISH, (topic, text)).fetchone()
         assert row is not None
+        self._published.inc()
         return str(row[0])
 
     async def apublish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
@@ -146,6 +148,7 @@ class PostgresFanOut(FanOut):
                 async with (await self._pools.aget()).connection() as c:
                     row = await (await c.execute(PUBLISH, (topic, text))).fetchone()
         assert row is not None
+        self._published.inc()
         return str(row[0])
 
     # -- listening --------------------------------------------------------------------
@@ -184,11 +187,11 @@ class PostgresFanOut(FanOut):
         latest = _offset(epoch, last)
         if after == last:
             return History([], latest, False)
-        rows = [(seq, data, fresh) for _, _, seq, data, fresh in found if seq is not None]
+        rows = [(seq, data, fresh, at) for _, _, seq, data, fresh, at in found if seq is not None]
         # Never a silent hole: the page runs from after+1 without a gap, and its first row is unexpired.
         if not rows or rows[0][0] != after + 1 or rows[-1][0] != after + len(rows) or not rows[0][2]:
             return None
-        messages = [Message(topic, _offset(epoch, seq), _offset(epoch, seq - 1), data) for seq, data, _ in rows]
+        messages = [Message(topic, _offset(epoch, seq), _offset(epoch, seq - 1), data, at) for seq, data, _, at in rows]
         return History(messages, latest, rows[-1][0] < last)
 
     def latest_offset(self, topic: Topic) -> Offset:

@@ -110,11 +110,17 @@ return {redis.call('TIME'), page, redis.call('XREVRANGE', KEYS[1], '+', '-', 'CO
 PRUNE_SCAN_COUNT = 200
 
 
+def _published_at(offset: bytes) -> float:
+    """A stream entry's id starts with Redis' clock at XADD, in milliseconds."""
+    return int(offset.split(b"-", 1)[0]) / 1000.0
+
+
 def parse_frame(raw: bytes) -> Message | None:
     """The message in a pub/sub frame, or None when it is not one of ours."""
     try:
         topic, offset, prev, data = raw.split(b"\n", 3)
-        message = Message(topic.decode("ascii"), offset.decode("ascii"), prev.decode("ascii"), data.decode("utf-8"))
+        message = Message(topic.decode("ascii"), offset.decode("ascii"), prev.decode("ascii"), data.decode("utf-8"),
+                          _published_at(offset))
     except (ValueError, UnicodeDecodeError):
         return None
     if not (TOPIC_RE.fullmatch(message.topic) and _STREAM_ID.fullmatch(message.offset)
@@ -209,17 +215,21 @@ class RedisFanOut(FanOut):
         keys, args = self._publish_args(topic, data, conn)
         client, script = self._sync_client()
         try:
-            return text(script(keys=keys, args=args, client=client))
+            offset = text(script(keys=keys, args=args, client=client))
         except (RedisError, OSError) as exc:
             raise failed(self.url, exc, f"publishing on {topic!r}") from exc
+        self._published.inc()
+        return offset
 
     async def apublish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
         keys, args = self._publish_args(topic, data, conn)
         client = self._async_client()
         try:
-            return text(await self._async_publish(keys=keys, args=args, client=client))
+            offset = text(await self._async_publish(keys=keys, args=args, client=client))
         except (RedisError, OSError) as exc:
             raise failed(self.url, exc, f"publishing on {topic!r}") from exc
+        self._published.inc()
+        return offset
 
     # -- history ----------------------------------------------------------------------
     def latest_offset(self, topic: Topic) -> Offset:

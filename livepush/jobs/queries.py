@@ -537,6 +537,26 @@ FROM livepush_job_runtimes r
 ORDER BY r.id
 """
 
+# name: queue_gauges
+# A plain read for /metrics: per queue, jobs available now and the oldest one's age. Reads only
+# the claim index's rows (state 'available'), so a scrape costs what the backlog is, never the
+# table; queues a registered runtime serves show as 0 when empty.
+QUEUE_GAUGES = """
+SELECT q.queue, coalesce(c.depth, 0)::int AS depth, c.oldest_age
+FROM (SELECT DISTINCT unnest(queues) AS queue FROM livepush_job_runtimes) q
+FULL JOIN (
+    SELECT queue, count(*) AS depth, greatest(extract(epoch FROM now() - min(run_at)), 0)::float8 AS oldest_age
+    FROM livepush_jobs WHERE state = 'available' GROUP BY queue
+) c USING (queue)
+"""
+
+# name: runtimes_alive
+# A plain read for /metrics: registered runtimes that beat within three of their heartbeats.
+RUNTIMES_ALIVE = """
+SELECT count(*)::int AS alive FROM livepush_job_runtimes
+WHERE heartbeat_at >= now() - make_interval(secs => heartbeat * 3)
+"""
+
 # name: status_now
 # A plain read: the instant the report describes (the snapshot's now()).
 STATUS_NOW = "SELECT now() AS at"

@@ -21,19 +21,21 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from .. import protocol, topics
+from .. import metrics, protocol, topics
 from ..config import Settings
 from ..errors import DependencyError, InvalidTopic, first_line
 from ..fanout import FanOut
 from ..sessions.handshake import SUBPROTOCOL, authenticate, duplicated_header, origin_allowed
 from ..sessions.revocations import MEMORY, RevocationStore
 from ..sessions.rules import App
+from ..tasks import stop as stop_task
 from ..tasks import supervise
 from ..types import StateSource
 from . import http
 from .connection import Client, broadcast
 from .hub import Hub
 from .limits import Quiet
+from .readiness import Readiness, SchemaCheck
 
 log = logging.getLogger("livepush.server")
 
@@ -63,6 +65,8 @@ class PushServer:
         pages: PageRoute | None = None,
         heartbeat: float = HEARTBEAT_SECONDS,
         health: Sequence[Callable[[], bool]] = (),
+        schema: SchemaCheck | None = None,
+        refreshers: Sequence[metrics.Refresher] = (),
     ) -> None:
         self.settings = settings
         self.fanout = fanout
@@ -73,6 +77,11 @@ class PushServer:
         self.pages = pages
         self.heartbeat = heartbeat
         self._health = list(health)
+        self._refreshers = list(refreshers)  # what refreshes the database gauges of /metrics
+        self.draining = False
+        self.readiness = Readiness(fanout, listening=lambda: self.listening, draining=lambda: self.draining,
+                                   schema=schema)
+        self._readiness_task: asyncio.Task[None] | None = None
         self.clients: set[Client] = set()
         # Filled by the HTTP check, emptied by the handler. Weak: a handshake refused after the
         # check (e.g. a bad Sec-WebSocket-Key) never reaches the handler, and must not keep its
@@ -87,6 +96,7 @@ class PushServer:
     async def start(self) -> None:
         await self.fanout.listen()
         self.fanout.register(self.hub.on_message)
+        self.fanout.register(self.readiness.on_message)
         self.fanout.on_resync(self.hub.resync)
         for source in self.states:
             source.watch(self.hub.on_state_change, lambda source=source: self.hub.on_state_resync(source),
@@ -113,6 +123,7 @@ class PushServer:
         )
         self._tasks.append(supervise("livepush-prune", self._prune_loop))
         self._tasks.append(supervise("livepush-reverify", self._reverify_loop))
+        self._readiness_task = supervise("livepush-readiness", self.readiness.run)
 
     @property
     def port(self) -> int:
@@ -129,6 +140,8 @@ class PushServer:
     async def close_connections(self) -> None:
         """Stop accepting and close every connection with 1001 (each close waits at most
         close_timeout for the client's answer). The fan-out stays usable for publishers."""
+        self.draining = True
+        await stop_task(self._readiness_task)  # its canary publishes through the fan-out, closed after us
         for task in self._tasks:
             task.cancel()
         if self._ws is not None:
@@ -147,11 +160,17 @@ class PushServer:
         duplicate = duplicated_header(request.headers)
         if duplicate is not None:
             self._quiet.debug("refused a request with two %s headers", duplicate)
+            metrics.REFUSALS.labels("duplicate_header").inc()
             return http.response(400, f"one {duplicate} header at most\n".encode())
         path = urlsplit(request.path).path if request.path.startswith("/") else "/"
         if not http.is_websocket(request):
             if path == "/healthz":
                 return http.healthz(self.listening, self.fanout.name)
+            if path == "/readyz":
+                ready, body = self.readiness.report()
+                return http.response(200 if ready else 503, body, "application/json")
+            if path == "/metrics":
+                return http.response(200, await metrics.render(self._refreshers), metrics.CONTENT_TYPE)
             if path == "/livepush.js":
                 return http.serve_js(request)
             if self.pages is not None:
@@ -164,17 +183,22 @@ class PushServer:
         cap = self.settings.max_connections
         if cap is not None and len(self.clients) + len(self._sessions) >= cap:
             self._quiet.debug("refused a connection: %d connections is LIVEPUSH_MAX_CONNECTIONS", cap)
+            metrics.REFUSALS.labels("full").inc()
             return http.response(503, b"this server is full: retry shortly\n", Retry_After="5")
         if not origin_allowed(request.headers, self.settings.allowed_origins):
             self._quiet.debug("refused a connection from a disallowed origin (set LIVEPUSH_ALLOWED_ORIGINS to allow it)")
+            metrics.REFUSALS.labels("origin").inc()
             return http.response(403, b"origin not allowed: set LIVEPUSH_ALLOWED_ORIGINS\n")
         try:
             session, reason = await authenticate(request.headers, request.path, self.settings, self.store)
         except DependencyError as exc:
             log.warning("cannot check sessions right now: %s", exc)
+            metrics.REFUSALS.labels("session_store_unavailable").inc()
             return http.response(503, b"session store unavailable, retry shortly\n")
         if reason and reason != "missing":
             self._quiet.debug("a connection without a valid session: %s", reason)
+        if reason and self.settings.authenticate == "required":
+            metrics.REFUSALS.labels(f"session_{reason}").inc()  # closed with 4401 once upgraded
         self._sessions[ws] = session
         return None
 
@@ -186,6 +210,7 @@ class PushServer:
             return
         client = Client(ws, session)
         self.clients.add(client)
+        metrics.CONNECTIONS.inc()
         try:
             client.send(protocol.hello(client.subject, self.heartbeat))
             async for raw in ws:
@@ -197,6 +222,8 @@ class PushServer:
             pass
         finally:
             self.clients.discard(client)
+            metrics.CONNECTIONS.dec()
+            metrics.SUBSCRIPTIONS.dec(len(client.topics))
             for topic in client.topics:
                 self.hub.unsubscribe(client, topic)
             client.topics.clear()
@@ -213,13 +240,14 @@ class PushServer:
             plain = cmd.topic.split(topics.SEP, 1)[0]
             if plain in client.topics:
                 client.topics.discard(plain)
+                metrics.SUBSCRIPTIONS.dec()
                 self.hub.unsubscribe(client, plain)
         elif isinstance(cmd, protocol.Ping):
             client.send(protocol.pong(cmd.ref))
 
     async def _subscribe(self, client: Client, cmd: protocol.Subscribe) -> None:
         if not client.subscribes.take(time.monotonic()):
-            client.send(protocol.refused(cmd.ref, "limit"))
+            self._refuse(client, cmd.ref, "limit")
             return
         try:
             if topics.is_signed(cmd.topic):
@@ -230,24 +258,33 @@ class PushServer:
             if not topics.is_signed(cmd.topic):
                 reason = await self.app.check(client.session, plain)
                 if reason is not None:
-                    client.send(protocol.refused(cmd.ref, reason))
+                    self._refuse(client, cmd.ref, reason)
                     return
         except InvalidTopic as exc:
-            client.send(protocol.refused(cmd.ref, exc.reason))
+            self._refuse(client, cmd.ref, exc.reason)
             return
         if plain not in client.topics and len(client.topics) >= self.app.max_subscriptions:
-            client.send(protocol.refused(cmd.ref, "limit"))
+            self._refuse(client, cmd.ref, "limit")
             return
-        client.topics.add(plain)
+        if plain not in client.topics:
+            client.topics.add(plain)
+            metrics.SUBSCRIPTIONS.inc()
         try:
             await self.hub.subscribe(client, plain, cmd.since, cmd.ref)
         except ConnectionClosed:
             raise
         except Exception as exc:
             log.warning("subscribe to %s failed: %s", plain, first_line(exc))
-            client.topics.discard(plain)
+            if plain in client.topics:
+                client.topics.discard(plain)
+                metrics.SUBSCRIPTIONS.dec()
             self.hub.unsubscribe(client, plain)
-            client.send(protocol.refused(cmd.ref, "unavailable"))
+            self._refuse(client, cmd.ref, "unavailable")
+
+    @staticmethod
+    def _refuse(client: Client, ref: protocol.Ref, reason: str) -> None:
+        metrics.REFUSALS.labels(f"subscribe_{reason}").inc()
+        client.send(protocol.refused(ref, reason))
 
     # -- sessions ---------------------------------------------------------------------
     async def _reverify_loop(self) -> None:

@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .. import protocol
+from .. import metrics, protocol
 from ..fanout import FanOut
 from ..types import Message, Offset, StateSource, offset_key
 
@@ -123,12 +124,14 @@ class Hub:
         if key <= offset_key(t.cursor):
             return  # already delivered (a replayed range, or a notification twice)
         if message.data_json is not None and message.prev == t.cursor:
-            self._emit(t, message.offset, message.data_json, key)
+            self._emit(t, message.offset, message.data_json, key, message.at)
             return
         self._start_read(t)
 
-    def _emit(self, t: _Topic, offset: Offset, data_json: str, key: Key) -> None:
+    def _emit(self, t: _Topic, offset: Offset, data_json: str, key: Key, at: float | None) -> None:
         t.cursor = offset
+        if at is not None:
+            metrics.LAG.observe(max(time.time() - at, 0.0))
         self._deliver(t, key, protocol.message(t.name, offset, data_json))
 
     def _deliver(self, t: _Topic, key: Key, frame: str) -> None:
@@ -138,6 +141,7 @@ class Hub:
             for sub in [s for s, floor in t.floors.items() if floor <= key]:
                 del t.floors[sub]
         self._broadcast(recipients, frame)
+        metrics.DELIVERED.inc(len(recipients))  # type: ignore[arg-type]
         for buffer in t.joining.values():
             buffer.append((key, frame))
 
@@ -158,7 +162,7 @@ class Hub:
                     if t.cursor is not None and key <= offset_key(t.cursor):
                         continue
                     if t.cursor is not None and m.prev == t.cursor and m.data_json is not None:
-                        self._emit(t, m.offset, m.data_json, key)
+                        self._emit(t, m.offset, m.data_json, key, m.at)
                     else:
                         t.wanted = max(t.wanted, key)
                 if t.idle or t.wanted <= self._cursor_key(t):
@@ -188,7 +192,7 @@ class Hub:
                     continue
                 key = offset_key(m.offset)
                 if key > cursor_key:
-                    self._emit(t, m.offset, m.data_json, key)
+                    self._emit(t, m.offset, m.data_json, key, m.at)
                     cursor_key = key
                     found = True
             if not page.more:
@@ -206,6 +210,7 @@ class Hub:
             log.warning("could not read the latest offset of %s (%s); reading again at the next message", t.name, exc)
         frame = protocol.reset(t.name)
         self._broadcast(t.subscribers, frame)
+        metrics.RESETS.labels("history").inc(len(t.subscribers) + len(t.joining))
         for buffer in t.joining.values():
             buffer.append((None, frame))
         t.floors.clear()
@@ -354,7 +359,9 @@ class Hub:
             latest = await self.fanout.alatest_offset(topic)
             sub.send(protocol.subscribed(ref, topic, latest))
             sub.send(protocol.reset(topic))
+            metrics.RESETS.labels("history").inc()
             return offset_key(latest)
+        metrics.RECOVERIES.inc()
         sub.send(protocol.subscribed(ref, topic, page.latest))
         last = since
         while True:
@@ -368,6 +375,7 @@ class Hub:
             if next_page is None:  # pruned while we read: the client refetches
                 latest = await self.fanout.alatest_offset(topic)
                 sub.send(protocol.reset(topic))
+                metrics.RESETS.labels("history").inc()
                 return offset_key(latest)
             page = next_page
 

@@ -17,6 +17,7 @@ import dataclasses
 from datetime import datetime
 from typing import Any
 
+from ... import metrics
 from .. import queries
 from ..events.views import iso, workflow_view
 from ..groups import queries as group_queries
@@ -171,3 +172,15 @@ async def astatus(limit: int = DEFAULT_LIMIT) -> Status:
     """status() for async code."""
     limit = checked_limit(limit)
     return await ain_tx(lambda: _reads(limit), None)
+
+
+def _gauges() -> steps.Steps[None]:
+    queue_rows = yield steps.Query(queries.QUEUE_GAUGES, {})
+    alive = (yield steps.Query(queries.RUNTIMES_ALIVE, {}))[0]["alive"]
+    metrics.set_queue_gauges({r["queue"]: (r["depth"], r["oldest_age"]) for r in queue_rows}, alive)
+
+
+async def arefresh_metrics() -> None:
+    """Refresh the queue and runtime gauges of /metrics from the database (metrics.render()
+    calls this, at most once a second)."""
+    await ain_tx(_gauges, None)

@@ -34,6 +34,7 @@ from psycopg_pool import AsyncConnectionPool
 from ...postgres.connect import reraise_if_cancelled
 from ...postgres.pools import aautocommitted
 from ...tasks import Backoff
+from ... import metrics
 from .. import queries
 from ..groups import outcomes as group_outcomes
 from ..groups import queries as gq
@@ -237,6 +238,7 @@ class Completer:
         del self._started[: len(starting)]
         del self._outcomes[: len(outcomes)]
         by_id = {r["id"]: r for r in rows}
+        ended: collections.Counter[tuple[str, str]] = collections.Counter()
         for o in outcomes:
             row = by_id.get(o.ctx.job_id)
             if row is None:
@@ -245,7 +247,13 @@ class Completer:
                             "(rescued, cancelled or released meanwhile)", o.ctx.job_id, o.ctx.name,
                             o.ctx.attempt, o.kind)
             else:
-                self.counts[_count_key(row)] += 1
+                key = _count_key(row)
+                self.counts[key] += 1
+                ended[key, o.ctx.job.queue] += 1
+        for (key, queue), n in ended.items():
+            counter = _COUNTERS.get(key)
+            if counter is not None:
+                counter.labels(queue).inc(n)
         if touched and self.groups is not None:
             self.groups.mark(touched)
 
@@ -308,6 +316,10 @@ class Completer:
             shards = rows[0]["_shards"] if rows else []
             touched = await group_outcomes.counted(conn, shards or [], rows)
         return rows, touched  # committed by the pool as the block ends
+
+
+# Which outcomes /metrics counts, by _count_key().
+_COUNTERS = {"succeeded": metrics.JOBS_SUCCEEDED, "failed": metrics.JOBS_FAILED, "retrying": metrics.JOBS_RETRIED}
 
 
 def _count_key(row: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from ... import metrics
 from .. import queries
 from ..groups import outcomes
 from ..groups import queries as gq
@@ -125,6 +126,7 @@ async def rescue(pool: AsyncConnectionPool) -> tuple[list[dict[str, Any]], set[i
                 return [], set()
             touched = await outcomes.count(conn, outcomes.terminal(rows))
     log.warning("released %d jobs of dead runtimes: %s", len(rows), [r["id"] for r in rows][:20])
+    metrics.JOBS_RESCUED.inc(len(rows))
     return rows, touched
 
 

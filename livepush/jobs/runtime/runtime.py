@@ -35,7 +35,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from ... import migrate
+from ... import metrics, migrate
 from ...errors import ConfigError, DependencyError
 from ...fanout import FanOut
 from ...postgres.connect import aconnect, reraise_if_cancelled
@@ -472,7 +472,10 @@ class Runtime:
                         break
                     params["queue"], params["limit"] = queue, want
                     await cur.execute(queries.CLAIM, params)
-                    rows.extend(await cur.fetchall())
+                    claimed = await cur.fetchall()
+                    if claimed:
+                        rows.extend(claimed)
+                        metrics.JOBS_CLAIMED.labels(queue).inc(len(claimed))
         except psycopg.Error as exc:
             # Earlier queues' claims are committed: those jobs are ours and must run.
             if not rows:

@@ -1,0 +1,187 @@
+"""What `/readyz` answers: whether a load balancer should send this server new connections.
+
+Four checks, each named in the JSON body (docs/reference.md#8-operations):
+- listening: what /healthz says (the fan-out and every state source hear their changes);
+- canary: a message this server publishes to itself through the fan-out every CANARY_EVERY
+  seconds came back within CANARY_BOUND. A listener can look connected and hear nothing (a
+  wedged subscription, a proxy that dropped it); only a message that went all the way round
+  proves it hears;
+- schema: the database's schema is not older than this code needs (checked every SCHEMA_EVERY
+  seconds, when the server has a database);
+- draining: the server is not stopping.
+
+The canary's bookkeeping (`Canary`) is pure and clocked from outside; `Readiness.run()` is the
+loop that publishes and the only part that awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from .. import metrics
+from ..errors import first_line
+from ..fanout import FanOut
+from ..topics import RESERVED_PREFIX
+from ..types import Message, Offset
+
+log = logging.getLogger("livepush.server")
+
+CANARY_TOPIC = RESERVED_PREFIX + "canary"
+CANARY_EVERY = 2.0
+CANARY_BOUND = 5.0
+SCHEMA_EVERY = 30.0
+
+SchemaCheck = Callable[[], Awaitable[str | None]]  # None when current, else what is wrong
+
+
+@dataclass
+class Canary:
+    """Canaries sent and not yet heard back, oldest first. One heard back answers every canary
+    sent before it too: the fan-out delivers one channel in order, so an earlier one that never
+    came was lost, and what matters is that the path works now."""
+
+    bound: float = CANARY_BOUND
+    # [sent_at, offset]; offset None while its publish is under way or after it failed.
+    unanswered: list[list[object]] = field(default_factory=list)
+    heard: dict[Offset, float] = field(default_factory=dict)  # heard before its publish returned
+    round_trip: float | None = None
+    answered_once: bool = False
+
+    def sent(self, at: float) -> list[object]:
+        entry: list[object] = [at, None]
+        self.unanswered.append(entry)
+        if len(self.unanswered) > 64:  # keep the oldest: it says how long the path has been broken
+            del self.unanswered[1]
+        return entry
+
+    def published(self, entry: list[object], offset: Offset, now: float) -> None:
+        entry[1] = offset
+        heard_at = self.heard.pop(offset, None)
+        if heard_at is not None:
+            self._answer(entry, heard_at)
+
+    def on_heard(self, offset: Offset, now: float) -> None:
+        for entry in self.unanswered:
+            if entry[1] == offset:
+                self._answer(entry, now)
+                return
+        self.heard[offset] = now  # its publish has not returned yet (or it is another server's)
+        if len(self.heard) > 256:
+            self.heard.pop(next(iter(self.heard)))
+
+    def _answer(self, entry: list[object], at: float) -> None:
+        index = self.unanswered.index(entry)
+        self.round_trip = max(at - float(entry[0]), 0.0)  # type: ignore[arg-type]
+        self.answered_once = True
+        del self.unanswered[: index + 1]
+        metrics.CANARY_SECONDS.set(self.round_trip)
+
+    def check(self, now: float) -> tuple[bool, dict[str, object]]:
+        oldest = float(self.unanswered[0][0]) if self.unanswered else None  # type: ignore[arg-type]
+        late = oldest is not None and now - oldest >= self.bound
+        ok = self.answered_once and not late
+        body: dict[str, object] = {"ok": ok, "bound_seconds": self.bound}
+        if self.round_trip is not None:
+            body["round_trip_ms"] = round(self.round_trip * 1000, 2)
+        if late:
+            body["detail"] = f"no canary came back through the fan-out for {now - oldest:.1f} s"  # type: ignore[operator]
+        elif not self.answered_once:
+            body["detail"] = "waiting for the first canary to come back"
+        return ok, body
+
+
+def _reraise_if_cancelled() -> None:
+    """A database driver may turn our cancellation into its own error (psycopg raises
+    QueryCanceled): a loop that goes on after an error must not swallow its own stop."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+class Readiness:
+    """The checks behind /readyz for one server; `run()` keeps the canary and schema ones fresh."""
+
+    def __init__(
+        self,
+        fanout: FanOut,
+        *,
+        listening: Callable[[], bool],
+        draining: Callable[[], bool],
+        schema: SchemaCheck | None = None,
+        every: float = CANARY_EVERY,
+        bound: float = CANARY_BOUND,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.fanout = fanout
+        self._listening = listening
+        self._draining = draining
+        self._schema = schema
+        self.every = every
+        self.clock = clock
+        self.canary = Canary(bound)
+        self.server_id = uuid.uuid4().hex[:12]
+        self._schema_problem: str | None = None
+        self._schema_checked_at: float | None = None
+
+    def on_message(self, message: Message) -> None:
+        """The fan-out's receiver: canaries come back here (a doorbell names the offset)."""
+        if message.topic == CANARY_TOPIC:
+            self.canary.on_heard(message.offset, self.clock())
+
+    async def run(self) -> None:
+        """Publish a canary every `every` seconds, and check the schema every SCHEMA_EVERY."""
+        n = 0
+        next_schema = self.clock()
+        while True:
+            n += 1
+            entry = self.canary.sent(self.clock())
+            try:
+                offset = await self.fanout.apublish(CANARY_TOPIC, {"server": self.server_id, "n": n})
+            except Exception as exc:  # the fan-out is down: the canary stays unanswered
+                _reraise_if_cancelled()
+                log.debug("canary publish failed: %s", first_line(exc))
+            else:
+                self.canary.published(entry, offset, self.clock())
+            if self._schema is not None and self.clock() >= next_schema:
+                next_schema = self.clock() + SCHEMA_EVERY
+                await self._check_schema()
+            # redis-py can swallow a cancellation that lands mid-command and return normally:
+            # look before sleeping, or a stop would wait on this loop for ever.
+            _reraise_if_cancelled()
+            await asyncio.sleep(self.every)
+
+    async def _check_schema(self) -> None:
+        assert self._schema is not None
+        try:
+            self._schema_problem = await self._schema()
+            self._schema_checked_at = self.clock()
+        except Exception as exc:  # the database is away: keep the last verdict; the canary tells
+            _reraise_if_cancelled()
+            log.debug("schema check failed: %s", first_line(exc))
+
+    def report(self) -> tuple[bool, bytes]:
+        """(ready, the JSON body naming each check)."""
+        now = self.clock()
+        listening = self._listening()
+        canary_ok, canary = self.canary.check(now)
+        schema: dict[str, object] = {"ok": self._schema_problem is None}
+        if self._schema is None:
+            schema["detail"] = "no database"
+        elif self._schema_problem is not None:
+            schema["detail"] = self._schema_problem
+        draining = self._draining()
+        checks = {
+            "listening": {"ok": listening},
+            "canary": canary,
+            "schema": schema,
+            "draining": {"ok": not draining} | ({"detail": "stopping: connect elsewhere"} if draining else {}),
+        }
+        ready = all(bool(c["ok"]) for c in checks.values())
+        body = {"status": "ready" if ready else "unavailable", "fanout": self.fanout.name, "checks": checks}
+        return ready, (json.dumps(body, separators=(",", ":")) + "\n").encode()
