@@ -19,7 +19,6 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from signal import SIGINT, SIGTERM
-from typing import Any
 
 import pytest
 
