@@ -20,8 +20,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from signal import SIGINT, SIGTERM
 
+import psycopg
 import pytest
 
+import livepush
 from livepush import jobs
 from tests.faults import runtime_kill_jobs as kj
 from tests.jobs.conftest import q, registered, version_gaps
@@ -233,6 +235,21 @@ def test_runtimes_killed_and_drained_at_random_run_every_job_once_to_success(
         # The faults landed where the guarantee is tested: on jobs in hand, of both kinds.
         assert faults.killed and faults.drained, faults.describe()
         assert rescues > 0 and give_backs > 0, (rescues, give_backs)
+
+
+def test_a_sigterm_while_the_runtime_starts_drains_it_too(kill_db: str, spawn: Callable[[str], ChildProcess]) -> None:
+    """SIGTERM after the runtime registered but before it runs jobs: it deregisters and exits 0,
+    like any SIGTERM (the random test above once caught one dying of the signal there)."""
+    # The runtime's start ends by publishing its state on `runtimes`; a transaction that published
+    # there first holds the topic's lock, so the start waits, registered, until it ends.
+    with psycopg.connect(kill_db) as holder:
+        livepush.publish("runtimes", {"held": True}, conn=holder)
+        child = spawn("30")
+        registered(kill_db, child)
+        child.signal(SIGTERM)
+        holder.rollback()
+    assert child.wait(15) == 0, child.output()
+    assert q(kill_db, "SELECT count(*) FROM livepush_job_runtimes WHERE pid = %s", (child.pid,)) == [(0,)]
 
 
 def fault_of(faults: Faults, pid: int) -> str:
