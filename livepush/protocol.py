@@ -5,6 +5,7 @@ out, and the server's frames as text. No sockets here: tests call it directly.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -55,6 +56,10 @@ def _ref(frame: dict[str, Any]) -> Ref | BadFrame:
     if ref is None or isinstance(ref, (str, int, float)) and not isinstance(ref, bool):
         if isinstance(ref, str) and len(ref) > 200:
             return BadFrame("bad_frame", "ref is longer than 200 characters")
+        # json.loads reads NaN, Infinity and 1e999 as floats that no JSON can carry back: echoed,
+        # they would make a frame the client cannot parse.
+        if isinstance(ref, float) and not math.isfinite(ref):
+            return BadFrame("bad_frame", "ref must be a finite number")
         return ref
     return BadFrame("bad_frame", "ref must be a string, a number or null")
 

@@ -191,9 +191,10 @@ class Runtime:
     async def run(self) -> None:
         """Run until stopped; returns after a clean drain (the CLI then exits 0). Raises
         DependencyError when a side task failed for good (after draining)."""
-        await self._open()
         loop = asyncio.get_running_loop()
         installed: list[int] = []
+        # Before _open(), which registers: a signal that comes while the runtime starts must drain
+        # and deregister it too, not end the process with the default action.
         if self.install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 try:
@@ -201,6 +202,12 @@ class Runtime:
                     installed.append(sig)
                 except (NotImplementedError, RuntimeError):
                     pass  # not the main thread: the embedder calls stop()
+        try:
+            await self._open()
+        except BaseException:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            raise
         failure: str | None = None
         try:
             self._tasks = [
