@@ -82,3 +82,14 @@ test('a server that keeps sending the client away with retry=MS: the growing bac
   assert.deepEqual(delays(h), [3000, 3000, 3000, 4000, 8000, 16000]);
   h.lp.close();
 });
+
+test('the page becoming visible again still cuts a long server-given wait short', () => {
+  const h = harness({ random: MID });
+  h.last().hello();
+  h.last().serverClose(1001, 'retry=60000');
+  assert.equal(delays(h).at(-1), 60_000);
+  h.document.dispatch('visibilitychange');
+  h.clock.advance(1_000);
+  assert.equal(h.sockets.length, 2);
+  h.lp.close();
+});

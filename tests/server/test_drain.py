@@ -4,6 +4,7 @@ schedule as a pure function, the setting, and real `livepush serve` processes be
 from __future__ import annotations
 
 import asyncio
+import http.client
 import re
 import signal
 import time
@@ -47,6 +48,15 @@ async def first_close(clients: list[WSClient], timeout: float) -> None:
     for wait in pending:
         wait.cancel()
     assert done, f"no connection was closed within {timeout:g} s"
+
+
+def http_status(port: int, path: str) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status
+    finally:
+        conn.close()
 
 
 async def refused_status(url: str) -> tuple[int, str | None]:
@@ -136,6 +146,7 @@ async def test_draining_is_visible_and_refuses_new_websockets_while_it_lasts(sec
         await asyncio.sleep(0)  # the drain begins, and closes its first batch
         assert served.server.draining is True
         assert await refused_status(served.url) == (503, "1")
+        assert await asyncio.to_thread(http_status, served.server.port, "/healthz") == 200  # probes still answered
         assert len(served.server.clients) > 1, "the drain did not pace its closes"
         seen = await closes(clients, timeout=5)
         await asyncio.wait_for(draining, 5)
