@@ -16,6 +16,7 @@ from livepush.config import MAX_DRAIN_SECONDS, Settings
 from livepush.errors import ConfigError
 from livepush.server import drain
 from tests.server.conftest import make_settings, start_served
+from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
 RETRY = re.compile(r"^retry=(\d+)$")
@@ -143,8 +144,7 @@ async def test_draining_is_visible_and_refuses_new_websockets_while_it_lasts(sec
         clients = await open_clients(served.url, 5)
         assert served.server.draining is False
         draining = asyncio.create_task(served.server.close_connections(1.0))
-        await asyncio.sleep(0)  # the drain begins, and closes its first batch
-        assert served.server.draining is True
+        await async_wait_for(lambda: served.server.draining, 2, message="the drain to begin")
         assert await refused_status(served.url) == (503, "1")
         assert await asyncio.to_thread(http_status, served.server.port, "/healthz") == 200  # probes still answered
         assert len(served.server.clients) > 1, "the drain did not pace its closes"
@@ -232,7 +232,6 @@ async def test_drain_beside_a_job_runtime_stays_bounded(procs, livepush_env, pg_
 
     from livepush.jobs import database
     from tests.support import slow_jobs
-    from tests.support.waiting import async_wait_for
 
     env = livepush_env(database_url=pg_url, drain_seconds=1)
     child = await procs.alivepush("serve", "--with-jobs", "tests.support.slow_jobs", env=env)
