@@ -28,6 +28,7 @@ export declare const JITTER_MAX: number;
 export declare const STABLE_AFTER_MS: number;
 export declare const GOING_AWAY_MIN_MS: number;
 export declare const GOING_AWAY_MAX_MS: number;
+export declare const RETRY_MAX_MS: number;
 export declare const WAKE_MIN_MS: number;
 export declare const WAKE_MAX_MS: number;
 export declare const CONNECT_TIMEOUT_MS: number;
@@ -151,6 +152,8 @@ export declare class LivePush {
 
 /** The default reconnect delay for retry number `tries` (1-based). */
 export declare function defaultReconnectAfterMs(tries: number, random?: () => number): number;
+/** The delay a close reason `retry=MS` asks for (capped at RETRY_MAX_MS), or null. */
+export declare function retryDelayFromReason(reason: string): number | null;
 
 /** Order two offsets of one topic ("17", "1700000000000-3"): negative, zero or positive. */
 export declare function compareOffsets(a: string, b: string): number;

@@ -37,6 +37,12 @@ export const STABLE_AFTER_MS = 5_000;
 export const GOING_AWAY_MIN_MS = 500;
 export const GOING_AWAY_MAX_MS = 3_000;
 /**
+ * A draining server (`livepush serve --drain-seconds`) closes with 1001 and the reason `retry=MS`:
+ * the client waits MS before its next attempt, the server having spread those delays over its
+ * fleet of pages. At most this long, so no server or proxy can park a page for longer.
+ */
+export const RETRY_MAX_MS = 300_000;
+/**
  * When the page becomes visible again or the network comes back while the client is waiting
  * to reconnect, it retries after a delay drawn from this range (small, but not zero, because
  * `online` fires on every page of a machine at once).
@@ -157,6 +163,19 @@ export function defaultReconnectAfterMs(tries, random = Math.random) {
   const exponent = Math.max(0, Math.min(tries - 1, 30)); // 2^30 is far past the cap: no overflow
   const backoff = Math.min(BACKOFF_CAP_MS, BACKOFF_BASE_MS * 2 ** exponent);
   return backoff * (JITTER_MIN + (JITTER_MAX - JITTER_MIN) * random());
+}
+
+/**
+ * The reconnect delay a close reason asks for: `retry=MS`, MS a whole number of milliseconds,
+ * capped at RETRY_MAX_MS. Anything else (another reason, `retry=soon`, `retry=-5`) is `null`,
+ * and the client's own delay applies.
+ *
+ * @param {string} reason the close frame's reason
+ * @returns {number | null} milliseconds to wait, or null
+ */
+export function retryDelayFromReason(reason) {
+  const match = /^retry=(\d+)$/.exec(String(reason ?? ''));
+  return match ? Math.min(Number(match[1]), RETRY_MAX_MS) : null;
 }
 
 /**
@@ -858,9 +877,11 @@ export class LivePush {
     this._tries += 1;
     let delayMs = this._reconnectAfterMs(this._tries);
     if (code === CloseCode.GOING_AWAY) {
-      // A restart or deploy: come back soon, spread out, never at once. If the server keeps
-      // going away (tries grows), the normal backoff takes over.
-      const short = uniform(GOING_AWAY_MIN_MS, GOING_AWAY_MAX_MS, this._random);
+      // A restart or deploy: come back soon, spread out, never at once; when a draining server
+      // said when (`retry=MS`), then, since it spread the whole herd's delays. If the server
+      // keeps going away (tries grows), the normal backoff takes over.
+      const asked = retryDelayFromReason(reason);
+      const short = asked ?? uniform(GOING_AWAY_MIN_MS, GOING_AWAY_MAX_MS, this._random);
       delayMs = this._tries > 1 ? Math.max(short, delayMs) : short;
     }
     this._reconnectTimer.schedule(delayMs);

@@ -21,6 +21,8 @@ AUTH_MODES = ("required", "optional", "off")
 MIN_SECRET_LENGTH = 32
 MIN_SECRET_DISTINCT = 8  # fewer distinct characters than this is not a random secret (e.g. 32 times "a")
 DEFAULT_SIGNED_TOPIC_TTL = 86400.0
+# A drain's reconnect delays reach 1000 × S ms, and the JS client honours at most 5 minutes.
+MAX_DRAIN_SECONDS = 300.0
 _ORIGIN_SCHEMES = ("http", "https")
 
 
@@ -41,6 +43,7 @@ class Settings:
     max_connections: int | None = None
     signed_topic_ttl: float = DEFAULT_SIGNED_TOPIC_TTL
     query_tokens: bool = True
+    drain_seconds: float = 0.0  # 0: on SIGTERM close every connection at once
 
     @property
     def is_test(self) -> bool:
@@ -114,6 +117,7 @@ class Settings:
             signed_topic_ttl=number("LIVEPUSH_SIGNED_TOPIC_TTL", str(DEFAULT_SIGNED_TOPIC_TTL), float,
                                     "seconds, e.g. 86400"),
             query_tokens=query_tokens == "on",
+            drain_seconds=number("LIVEPUSH_DRAIN_SECONDS", "0", float, "seconds, e.g. 10 (0: close every connection at once)"),
         )
         settings._validate()
         return settings
@@ -151,6 +155,11 @@ class Settings:
             raise ConfigError(f"LIVEPUSH_HISTORY_TTL={self.history_ttl} must be positive: set seconds, e.g. 300")
         if not 0 < self.signed_topic_ttl < float("inf"):
             raise ConfigError(f"LIVEPUSH_SIGNED_TOPIC_TTL={self.signed_topic_ttl} must be a positive number of seconds")
+        if not 0 <= self.drain_seconds <= MAX_DRAIN_SECONDS:
+            raise ConfigError(
+                f"LIVEPUSH_DRAIN_SECONDS={self.drain_seconds:g} (or --drain-seconds) is out of range: use 0 to "
+                f"{MAX_DRAIN_SECONDS:g} seconds (0: close every connection at once)"
+            )
         if self.max_connections is not None and self.max_connections < 1:
             raise ConfigError(f"LIVEPUSH_MAX_CONNECTIONS={self.max_connections} must be at least 1 (or unset: no cap)")
         if self.redis_prefix is not None and not (0 < len(self.redis_prefix) <= 100 and self.redis_prefix.isprintable()

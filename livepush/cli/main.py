@@ -28,6 +28,7 @@ def _settings(args: argparse.Namespace) -> config.Settings:
         "port": getattr(args, "port", None),
         "fanout": getattr(args, "fanout", None),
         "authenticate": getattr(args, "authenticate", None),
+        "drain_seconds": getattr(args, "drain_seconds", None),
     }
     settings = settings.replace(**overrides)
     config.set_settings(settings)
@@ -140,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--authenticate", choices=config.AUTH_MODES)
     p.add_argument("--app", metavar="MODULE:ATTR", help="your livepush.App (topic rules, hooks)")
     p.add_argument("--with-jobs", metavar="MODULE", help="also run the job runtime for these job modules")
+    p.add_argument("--drain-seconds", type=float, metavar="S",
+                   help="on SIGTERM, close connections in batches over S seconds (default 0: all at once)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("jobs", help="run the job runtime")

@@ -31,7 +31,7 @@ from ..sessions.rules import App
 from ..tasks import stop as stop_task
 from ..tasks import supervise
 from ..types import StateSource
-from . import http
+from . import drain, http
 from .connection import Client, broadcast
 from .hub import Hub
 from .limits import Quiet
@@ -78,7 +78,7 @@ class PushServer:
         self.heartbeat = heartbeat
         self._health = list(health)
         self._refreshers = list(refreshers)  # what refreshes the database gauges of /metrics
-        self.draining = False
+        self._draining = False
         self.readiness = Readiness(fanout, listening=lambda: self.listening, draining=lambda: self.draining,
                                    schema=schema)
         self._readiness_task: asyncio.Task[None] | None = None
@@ -137,11 +137,19 @@ class PushServer:
         return (self.fanout.listening and self.store.listening and all(s.listening for s in self.states)
                 and all(check() for check in self._health))
 
-    async def close_connections(self) -> None:
-        """Stop accepting and close every connection with 1001 (each close waits at most
-        close_timeout for the client's answer). The fan-out stays usable for publishers."""
-        self.draining = True
+    @property
+    def draining(self) -> bool:
+        """True from the moment close_connections() begins: new WebSocket upgrades get 503."""
+        return self._draining
+
+    async def close_connections(self, drain_seconds: float = 0.0) -> None:
+        """Stop accepting and close every connection with 1001: at once, or in batches over
+        `drain_seconds` with a `retry=MS` reason (livepush/server/drain.py). Each close waits at
+        most close_timeout for the client's answer. The fan-out stays usable for publishers."""
+        self._draining = True
         await stop_task(self._readiness_task)  # its canary publishes through the fan-out, closed after us
+        if drain_seconds > 0:
+            await drain.close_paced(lambda: self.clients, drain_seconds)
         for task in self._tasks:
             task.cancel()
         if self._ws is not None:
@@ -180,6 +188,8 @@ class PushServer:
                 if result is not None:
                     return result  # type: ignore[return-value]
             return http.response(404, b"not found\n")
+        if self._draining:
+            return drain.refusal(self.settings.drain_seconds)
         cap = self.settings.max_connections
         if cap is not None and len(self.clients) + len(self._sessions) >= cap:
             self._quiet.debug("refused a connection: %d connections is LIVEPUSH_MAX_CONNECTIONS", cap)

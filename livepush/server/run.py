@@ -1,5 +1,6 @@
 """`livepush serve`'s lifecycle: start the server it is given, run what runs beside it, and stop
-cleanly on SIGTERM or SIGINT (the CLI builds the parts: livepush/cli/wiring.py)."""
+cleanly on SIGTERM or SIGINT, at once or paced over LIVEPUSH_DRAIN_SECONDS (the CLI builds the
+parts: livepush/cli/wiring.py)."""
 
 from __future__ import annotations
 
@@ -30,10 +31,37 @@ def raise_fd_limit() -> None:
         pass
 
 
-def install_stop_signals(stop: asyncio.Event) -> None:
+def install_stop_signals(stop: asyncio.Event, hurry: asyncio.Event) -> None:
+    """The first SIGTERM or SIGINT sets `stop`; a second one sets `hurry` (end a drain now)."""
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            hurry.set()
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
+
+
+async def close_connections(server: PushServer, drain_seconds: float, hurry: asyncio.Event) -> None:
+    """The server's connections closed, paced over `drain_seconds`; all at once after `hurry`."""
+    if drain_seconds > 0:
+        log.info("stopping: closing %d connections with 1001 over %g s (signal again to close all now)",
+                 len(server.clients), drain_seconds)
+    else:
+        log.info("stopping: closing connections with 1001")
+    paced = asyncio.create_task(server.close_connections(drain_seconds), name="livepush-drain")
+    hurried = asyncio.create_task(hurry.wait(), name="livepush-hurry-wait")
+    await asyncio.wait([paced, hurried], return_when=asyncio.FIRST_COMPLETED)
+    hurried.cancel()
+    if paced.done():
+        paced.result()
+        return
+    log.info("stopping: second signal, closing the remaining %d connections now", len(server.clients))
+    paced.cancel()
+    await asyncio.wait([paced])
+    await server.close_connections()
 
 
 async def serve(
@@ -46,8 +74,8 @@ async def serve(
     """Run until SIGTERM or SIGINT (or a sidecar ending); return the exit status. A sidecar that
     failed re-raises its error once everything is closed."""
     raise_fd_limit()
-    stop = asyncio.Event()
-    install_stop_signals(stop)
+    stop, hurry = asyncio.Event(), asyncio.Event()
+    install_stop_signals(stop, hurry)
     settings = server.settings
     side_tasks: list[asyncio.Task[None]] = []
     try:
@@ -65,11 +93,10 @@ async def serve(
         stop_wait = asyncio.create_task(stop.wait(), name="livepush-stop-wait")
         await asyncio.wait([stop_wait, *side_tasks], return_when=asyncio.FIRST_COMPLETED)
         stop.set()
-        log.info("stopping: closing connections with 1001")
-        # Connections first, so clients go elsewhere at once whatever a job runtime beside us
-        # still has to drain; the fan-out stays open until it is done, since its jobs keep
-        # publishing while they finish.
-        await server.close_connections()
+        # Connections first (the job runtime beside us drains at the same time, on the stop
+        # event), so the whole stop takes at most the longer of the two; the fan-out stays open
+        # until both are done, since the runtime's jobs keep publishing while they finish.
+        await close_connections(server, settings.drain_seconds, hurry)
         if side_tasks:
             await asyncio.gather(*side_tasks, return_exceptions=True)
         await server.stop()

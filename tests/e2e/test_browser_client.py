@@ -214,3 +214,59 @@ async def test_a_hundred_clients_come_back_spread_out_after_a_restart(client_pag
     assert all(GOING_AWAY_MS[0] <= d < GOING_AWAY_MS[1] for d in delays), report
     assert spread >= 1.0, report
     assert densest <= 0.6 * clients, report
+
+
+async def test_a_drained_page_comes_back_at_the_delay_the_server_gave_and_misses_nothing(
+    client_page: Page, push_server: PushServer
+) -> None:
+    """A server stopped with LIVEPUSH_DRAIN_SECONDS=2 closes the page's socket with 1001 and
+    retry=MS; the page opens its next socket MS later (not its own 0.5-3 s jitter), reconnects to
+    the new server and ends with every message exactly once, in order."""
+    drain_seconds = 2
+    push_server.env["LIVEPUSH_DRAIN_SECONDS"] = str(drain_seconds)
+    await push_server.restart()  # the page has not connected yet: the new process drains
+    topic = "room:e2e-drain"
+    total = 100
+    await watch(client_page, push_server.sign(topic))
+
+    published = 0
+    stopped = asyncio.Event()
+    during_downtime: list[int] = []
+
+    async def publisher() -> None:
+        nonlocal published
+        for n in range(1, total + 1):
+            await push_server.publish(topic, {"n": n})
+            published = n
+            if stopped.is_set():
+                during_downtime.append(n)
+            await asyncio.sleep(0.03)
+
+    stream = asyncio.create_task(publisher(), name="e2e-drain-publisher")
+    try:
+        await messages_reach(client_page, 10)
+        await push_server.restart(between=stopped.set)
+        stopped.clear()
+        await asyncio.wait_for(stream, 20)
+    finally:
+        stream.cancel()
+
+    got = await messages_reach(client_page, total)
+    assert got == list(range(1, total + 1)), f"missing {sorted(set(range(1, total + 1)) - set(got))}, got {got}"
+    assert during_downtime, "no message was published while the server was down: the test proved nothing"
+    assert push_server.restarts[-1]["stop_s"] < drain_seconds + 3, push_server.restarts[-1]
+
+    statuses = await client_page.evaluate("e2e.statuses")
+    drained = [s for s in statuses if s["status"] == "reconnecting" and s["code"] == 1001]
+    assert drained, f"the page was not closed with 1001: {statuses}"
+    close = drained[0]
+    reason = close["reason"] or ""
+    assert reason.startswith("retry=") and reason[6:].isdigit(), close
+    asked = int(reason[6:])
+    assert 500 <= asked <= 1000 * drain_seconds and close["delayMs"] == asked, close
+    socket_times = await client_page.evaluate("e2e.socketTimes")
+    next_socket = min(t for t in socket_times if t > close["t"])
+    # Timers never fire early; a busy test machine may fire one a little late.
+    assert asked - 20 <= next_socket - close["t"] <= asked + 400, (next_socket - close["t"], close)
+    assert await client_page.text_content("#status") == "open"
+    assert len(set(await client_page.evaluate("e2e.offsets"))) == total

@@ -8,6 +8,7 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Close
 
 RECV_TIMEOUT = 5.0
 
@@ -52,12 +53,17 @@ class WSClient:
 
     async def closed_with(self, timeout: float = RECV_TIMEOUT) -> int | None:
         """Read until the server closes; return the close code."""
+        frame = await self.close_frame(timeout)
+        return frame.code if frame else None
+
+    async def close_frame(self, timeout: float = RECV_TIMEOUT) -> Close | None:
+        """Read until the server closes; return its close frame (code and reason), if it sent one."""
         try:
             async with asyncio.timeout(timeout):
                 while True:
                     await self.ws.recv()
         except ConnectionClosed as exc:
-            return exc.rcvd.code if exc.rcvd else None
+            return exc.rcvd
         raise AssertionError("unreachable")
 
     async def close(self) -> None:

@@ -17,7 +17,8 @@ const e2e = {
   wsUrl,
   /** The main client (watch()). */
   lp: null,
-  statuses: [], // [{status, code, delayMs, tries, t}]
+  statuses: [], // [{status, code, reason, delayMs, tries, t}]
+  socketTimes: [], // performance.now() of each WebSocket the main client opened
   messages: [], // data.n of every delivered message, in delivery order
   offsets: [],
   subscribed: 0, // accepted (re)subscribes
@@ -25,10 +26,17 @@ const e2e = {
 
   /** One client subscribed to `topic`, its status and messages rendered in the page. */
   watch(topic, { token = null } = {}) {
-    const lp = new mod.LivePush(wsUrl, { token, onError: (err) => e2e.errors.push(String(err.reason)) });
+    // The browser's own WebSocket, timestamped: when each (re)connect attempt really started.
+    class TimedWebSocket extends WebSocket {
+      constructor(url, protocols) {
+        super(url, protocols);
+        e2e.socketTimes.push(performance.now());
+      }
+    }
+    const lp = new mod.LivePush(wsUrl, { token, WebSocket: TimedWebSocket, onError: (err) => e2e.errors.push(String(err.reason)) });
     e2e.lp = lp;
     lp.on('status', (status, info) => {
-      e2e.statuses.push({ status, code: info.code ?? null, delayMs: info.delayMs ?? null, tries: info.tries ?? null, t: performance.now() });
+      e2e.statuses.push({ status, code: info.code ?? null, reason: info.reason ?? null, delayMs: info.delayMs ?? null, tries: info.tries ?? null, t: performance.now() });
       $('status').textContent = status;
       $('subject').textContent = lp.session ? `as ${lp.session.subject}` : '';
     });

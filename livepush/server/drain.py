@@ -1,0 +1,89 @@
+"""Paced drain on SIGTERM (`livepush serve --drain-seconds S`, docs/reference.md#3-commands).
+
+Closing every connection at once sends every page back at once: the next server gets the
+whole herd in one burst. A drain closes them in batches spread over S seconds instead, each
+with 1001 and a reason `retry=MS` that tells the client how long to wait before it comes back,
+drawn so that the reconnects are spread too. `schedule()` and `retry_ms()` are the whole policy,
+as pure functions; `close_paced()` only follows them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from websockets.frames import CloseCode
+from websockets.http11 import Response
+
+from . import http
+from .connection import Client
+
+BATCH_EVERY_SECONDS = 0.1
+# The client's reconnect window after a drain of S seconds is [RETRY_MIN_MS, 1000 × max(S, 1)]:
+# never zero (a retry that arrives while this server still drains is refused), and at most the
+# client's own cap when S is at its maximum (config.MAX_DRAIN_SECONDS).
+RETRY_MIN_MS = 500
+RETRY_PREFIX = "retry="
+
+
+@dataclass(frozen=True)
+class Batch:
+    """`size` connections to close `at` seconds after the drain began."""
+
+    at: float
+    size: int
+
+
+def schedule(count: int, seconds: float, every: float = BATCH_EVERY_SECONDS) -> list[Batch]:
+    """Batches closing `count` connections over `seconds`: one every `every` s (or one per
+    connection when there are fewer), the first at once, sizes differing by at most one."""
+    if count <= 0:
+        return []
+    if seconds <= 0:
+        return [Batch(0.0, count)]
+    # The epsilon keeps 0.3 / 0.1 (2.9999…) at 3 batches, not 4.
+    batches = max(1, min(count, math.ceil(seconds / every - 1e-9)))
+    base, extra = divmod(count, batches)
+    return [Batch(i * seconds / batches, base + (1 if i < extra else 0)) for i in range(batches)]
+
+
+def retry_ms(seconds: float, draw: Callable[[], float] = random.random) -> int:
+    """A reconnect delay in ms, uniform from RETRY_MIN_MS to 1000 × max(seconds, 1)."""
+    high = 1000 * max(seconds, 1.0)
+    return int(RETRY_MIN_MS + (high - RETRY_MIN_MS) * draw())
+
+
+def reason(ms: int) -> str:
+    """The close reason that carries a reconnect delay (the JS client parses it)."""
+    return f"{RETRY_PREFIX}{ms}"
+
+
+def refusal(seconds: float) -> Response:
+    """What a WebSocket upgrade gets while this server drains: go elsewhere, or come back later."""
+    return http.response(503, b"this server is shutting down: retry shortly\n", Retry_After=str(max(1, math.ceil(seconds))))
+
+
+async def close_paced(
+    clients: Callable[[], Collection[Client]], seconds: float, draw: Callable[[], float] = random.random
+) -> int:
+    """Close every client with 1001 and a `retry=MS` reason, batch by batch as schedule() says;
+    return how many closes were started. `clients` is asked again at the end, for a handshake
+    that was already past the door when the drain began."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    pending = [c for c in clients() if not c.closing]
+    closed = 0
+    for batch in schedule(len(pending), seconds):
+        wait = started + batch.at - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        for client in pending[closed:closed + batch.size]:
+            client.close(CloseCode.GOING_AWAY, reason(retry_ms(seconds, draw)))
+        closed += batch.size
+    late = [c for c in clients() if not c.closing]
+    for client in late:
+        client.close(CloseCode.GOING_AWAY, reason(retry_ms(seconds, draw)))
+    return closed + len(late)
