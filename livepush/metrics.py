@@ -10,11 +10,14 @@ scrape costs no query when scrapes come in bursts.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+log = logging.getLogger("livepush.metrics")
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -63,6 +66,7 @@ Refresher = Callable[[], Awaitable[None]]
 REFRESH_EVERY = 1.0
 _refreshed: dict[int, float] = {}
 _refreshing: dict[int, asyncio.Future[None]] = {}
+_warned: dict[int, float] = {}
 
 
 async def render(refreshers: Sequence[Refresher] = ()) -> bytes:
@@ -87,8 +91,11 @@ async def render(refreshers: Sequence[Refresher] = ()) -> bytes:
 def _refresh_done(key: int, future: asyncio.Future[None]) -> None:
     _refreshing.pop(key, None)
     _refreshed[key] = time.monotonic()
-    if not future.cancelled():
-        future.exception()  # retrieved: a refresh that outlived its scrape failed quietly
+    if not future.cancelled() and future.exception() is not None:
+        # The gauges keep their last values; say why once in a while, not at every scrape.
+        if time.monotonic() - _warned.get(key, float("-inf")) >= 60.0:
+            _warned[key] = time.monotonic()
+            log.warning("could not refresh the database gauges of /metrics: %s", future.exception())
 
 
 def set_queue_gauges(depths: dict[str, tuple[int, float | None]], runtimes_alive: int) -> None:

@@ -542,7 +542,7 @@ ORDER BY r.id
 # the claim index's rows (state 'available'), so a scrape costs what the backlog is, never the
 # table; queues a registered runtime serves show as 0 when empty.
 QUEUE_GAUGES = """
-SELECT q.queue, coalesce(c.depth, 0)::int AS depth, c.oldest_age
+SELECT queue, coalesce(c.depth, 0)::int AS depth, c.oldest_age
 FROM (SELECT DISTINCT unnest(queues) AS queue FROM livepush_job_runtimes) q
 FULL JOIN (
     SELECT queue, count(*) AS depth, greatest(extract(epoch FROM now() - min(run_at)), 0)::float8 AS oldest_age

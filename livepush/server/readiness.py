@@ -123,6 +123,7 @@ class Readiness:
         self._draining = draining
         self._schema = schema
         self.every = every
+        self.schema_every = SCHEMA_EVERY
         self.clock = clock
         self.canary = Canary(bound)
         self.server_id = uuid.uuid4().hex[:12]
@@ -149,7 +150,7 @@ class Readiness:
             else:
                 self.canary.published(entry, offset, self.clock())
             if self._schema is not None and self.clock() >= next_schema:
-                next_schema = self.clock() + SCHEMA_EVERY
+                next_schema = self.clock() + self.schema_every
                 await self._check_schema()
             # redis-py can swallow a cancellation that lands mid-command and return normally:
             # look before sleeping, or a stop would wait on this loop for ever.

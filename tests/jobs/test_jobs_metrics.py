@@ -1,0 +1,65 @@
+"""`livepush jobs --metrics-port P`: the runtime's own /metrics counts what it claimed and how
+each job ended, and shows every queue's backlog and the runtimes alive (docs/operations.md)."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Callable
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from livepush import jobs
+from tests.jobs import sample_jobs
+from tests.jobs.conftest import q, runtime_starter
+from tests.support.procs import ChildProcess, Processes, free_port
+from tests.support.waiting import wait_for
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/plain")
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_the_runtime_serves_its_job_counts_and_the_queues_backlog(
+        jobs_db: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
+    start: Callable[..., ChildProcess] = runtime_starter(jobs_db, "tests.jobs.sample_jobs", procs,
+                                                         livepush_env(database_url=jobs_db))
+    port = free_port()
+    child = start("--queues", "default", "--metrics-port", str(port))
+    jobs.enqueue_many([sample_jobs.other_queue.request(i) for i in range(3)])  # a queue nobody serves
+    sample_jobs.flaky.enqueue(1)  # fails once, then succeeds
+    sample_jobs.never.enqueue()  # fails for good
+    sample_jobs.record.enqueue("x")
+    wait_for(lambda: q(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE queue = 'default' "
+                                "AND state IN ('succeeded', 'failed')")[0][0] == 3, 15.0, message="three jobs to end")
+
+    def counted() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+        m = scrape(port)
+        return m if m.get(("livepush_jobs_succeeded_total", (("queue", "default"),))) == 2 else None
+
+    m = wait_for(counted, 5.0, message="the outcomes to be counted")
+    assert m["livepush_jobs_claimed_total", (("queue", "default"),)] == 4
+    assert m["livepush_jobs_retried_total", (("queue", "default"),)] == 1
+    assert m["livepush_jobs_failed_total", (("queue", "default"),)] == 1
+    assert m["livepush_queue_depth", (("queue", "second"),)] == 3
+    assert m["livepush_queue_oldest_age_seconds", (("queue", "second"),)] > 0
+    assert m["livepush_queue_depth", (("queue", "default"),)] == 0
+    assert m["livepush_runtimes_alive", ()] == 1
+    assert child.stop(timeout=15) == 0, child.output()
+
+
+def test_a_busy_metrics_port_is_a_clear_error(jobs_db: str, procs: Processes,
+                                              livepush_env: Callable[..., dict[str, str]]) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        child = procs.livepush("jobs", "tests.jobs.sample_jobs", "--metrics-port", str(port),
+                               env=livepush_env(database_url=jobs_db), wait_healthy=False)
+        assert child.wait(15) == 2
+        assert "--metrics-port" in child.output() and "Traceback" not in child.output()

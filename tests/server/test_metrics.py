@@ -1,0 +1,68 @@
+"""GET /metrics on the server's port: Prometheus text whose `livepush_` figures follow what
+clients and publishers did (docs/reference.md#8-operations, docs/operations.md)."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.server.conftest import Served
+from tests.server.test_server import http_get
+from tests.support.waiting import async_wait_for
+from tests.support.wsclient import WSClient
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+async def scrape(port: int) -> Samples:
+    status, body = await http_get(port, "/metrics")
+    assert status == 200
+    samples: Samples = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            samples[s.name, tuple(sorted(s.labels.items()))] = s.value
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+async def test_metrics_follow_connections_subscriptions_publishes_deliveries_and_refusals(served: Served) -> None:
+    port = served.server.port
+    before = await scrape(port)
+    client = await WSClient.open(served.url)
+    await client.subscribe(served.sign("room.1"))
+    await client.send({"op": "subscribe", "topic": "no spaces allowed", "ref": 2})
+    assert (await client.recv())["reason"] == "invalid_topic"
+    await served.publish("room.1", {"n": 1})
+    assert (await client.messages(1))[0]["data"] == {"n": 1}
+
+    after = await scrape(port)
+    assert value(after, "livepush_connections") == value(before, "livepush_connections") + 1
+    assert value(after, "livepush_subscriptions") == value(before, "livepush_subscriptions") + 1
+    name = served.fanout.name
+    assert value(after, "livepush_published_total", fanout=name) > value(before, "livepush_published_total",
+                                                                           fanout=name)
+    assert value(after, "livepush_delivered_total") >= value(before, "livepush_delivered_total") + 1
+    assert value(after, "livepush_deliver_lag_seconds_count") >= value(before, "livepush_deliver_lag_seconds_count") + 1
+    assert value(after, "livepush_refusals_total", reason="subscribe_invalid_topic") == \
+        value(before, "livepush_refusals_total", reason="subscribe_invalid_topic") + 1
+
+    await client.close()
+
+    async def closed() -> bool:
+        return value(await scrape(port), "livepush_connections") == value(before, "livepush_connections")
+
+    await async_wait_for(closed, 5.0, message="the connection gauge to drop back")
+
+
+async def test_a_resubscribe_with_since_counts_as_a_recovery(served: Served) -> None:
+    port = served.server.port
+    first = await served.publish("room.2", {"n": 1})
+    await served.publish("room.2", {"n": 2})
+    before = await scrape(port)
+    client = await WSClient.open(served.url)
+    await client.subscribe(served.sign("room.2"), since=first)
+    assert [m["data"] for m in await client.messages(1)] == [{"n": 2}]
+    await client.close()
+    assert value(await scrape(port), "livepush_recoveries_total") == value(before, "livepush_recoveries_total") + 1

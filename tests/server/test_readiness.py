@@ -1,0 +1,154 @@
+"""GET /readyz: ready only while a canary goes round the fan-out in time, the schema is current,
+and the server is not draining; every check is named in the body (docs/reference.md#8-operations)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from livepush.server.readiness import Canary
+from tests.server.conftest import Served, make_settings, start_served
+from tests.server.test_server import http_get
+from tests.support.waiting import async_wait_for
+from tests.support.wsclient import WSClient
+
+
+# -- the canary's bookkeeping, clocked by hand ------------------------------------------------
+
+def test_not_ready_until_a_first_canary_comes_back() -> None:
+    canary = Canary(bound=5.0)
+    entry = canary.sent(0.0)
+    assert canary.check(1.0)[0] is False
+    canary.published(entry, "1-1", 0.01)
+    canary.on_heard("1-1", 0.02)
+    ok, body = canary.check(1.0)
+    assert ok and body["round_trip_ms"] == 20.0
+
+
+def test_a_canary_heard_before_its_publish_returned_counts() -> None:
+    canary = Canary(bound=5.0)
+    entry = canary.sent(0.0)
+    canary.on_heard("1-7", 0.01)  # the doorbell came first
+    canary.published(entry, "1-7", 0.02)
+    assert canary.check(0.5)[0] is True
+
+
+def test_a_canary_not_back_within_the_bound_makes_it_unready_and_a_later_one_heals_it() -> None:
+    canary = Canary(bound=5.0)
+    first = canary.sent(0.0)
+    canary.published(first, "1-1", 0.0)
+    canary.on_heard("1-1", 0.01)
+    lost = canary.sent(2.0)
+    canary.published(lost, "1-2", 2.0)
+    assert canary.check(6.9)[0] is True  # 4.9 s late: not yet past the bound
+    ok, body = canary.check(7.0)
+    assert not ok and "no canary came back" in str(body["detail"])
+    failed = canary.sent(8.0)  # a publish that raised: never published
+    assert canary.check(8.0)[0] is False
+    later = canary.sent(10.0)
+    canary.published(later, "1-4", 10.0)
+    canary.on_heard("1-4", 10.1)  # answers the lost one and the failed one too
+    assert canary.check(10.2)[0] is True
+    assert failed not in canary.unanswered
+
+
+def test_another_servers_canaries_are_not_ours() -> None:
+    canary = Canary(bound=5.0)
+    entry = canary.sent(0.0)
+    canary.published(entry, "1-2", 0.0)
+    canary.on_heard("1-1", 0.01)  # someone else's
+    assert canary.check(5.0)[0] is False
+
+
+# -- a real server on each fan-out --------------------------------------------------------------
+
+async def readyz(served: Served, port: int | None = None) -> tuple[int, dict[str, object]]:
+    status, body = await http_get(port or served.server.port, "/readyz")
+    return status, json.loads(body)
+
+
+async def test_a_started_server_is_ready_and_names_each_check(served: Served) -> None:
+    served.server.readiness.every = 0.1
+    await async_wait_for(lambda: served.server.readiness.canary.answered_once, 10.0, message="a first canary")
+    status, body = await readyz(served)
+    assert status == 200, body
+    assert body["status"] == "ready" and body["fanout"] == served.fanout.name
+    checks = body["checks"]
+    assert isinstance(checks, dict) and set(checks) == {"listening", "canary", "schema", "draining"}
+    assert all(c["ok"] for c in checks.values())
+    assert checks["canary"]["round_trip_ms"] >= 0
+
+
+async def test_a_draining_server_is_not_ready_while_healthz_still_answers(served: Served) -> None:
+    await async_wait_for(lambda: served.server.readiness.canary.answered_once, 10.0, message="a first canary")
+    port = served.server.port
+    clients = [await WSClient.open(served.url) for _ in range(20)]  # closed in batches over 2 s
+    closing = asyncio.create_task(served.server.close_connections(drain_seconds=2.0))
+    try:
+        await async_wait_for(lambda: served.server.draining, 5.0)
+        status, body = await readyz(served, port)
+        assert status == 503 and body["checks"]["draining"]["ok"] is False, body  # type: ignore[index]
+        assert (await http_get(port, "/healthz"))[0] == 200
+    finally:
+        await closing
+        for client in clients:
+            await client.close()
+
+
+@pytest.fixture
+def listener_backend(pg_url: str) -> Iterator[list[int]]:
+    """Pids of LISTEN backends the test stopped with SIGSTOP: continued at teardown whatever happened."""
+    stopped: list[int] = []
+    yield stopped
+    for pid in stopped:
+        os.kill(pid, signal.SIGCONT)
+
+
+async def test_a_wedged_listener_turns_readyz_503_while_healthz_stays_200_and_heals_by_itself(
+        pg_url: str, secret: str, listener_backend: list[int]) -> None:
+    """The listener's backend frozen (SIGSTOP): its connection looks fine, nothing arrives. Only
+    the canary can tell; once the backend runs again the server is ready again without help."""
+    served = await start_served(make_settings("postgres", secret, pg_url, None))
+    readiness = served.server.readiness
+    readiness.every, readiness.canary.bound = 0.1, 1.0
+    try:
+        await async_wait_for(lambda: readiness.canary.answered_once, 10.0, message="a first canary")
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            pid = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                               "AND query ILIKE 'LISTEN%%'").fetchone()
+        assert pid is not None, "no LISTEN backend found"
+        os.kill(pid[0], signal.SIGSTOP)
+        listener_backend.append(pid[0])
+        await async_wait_for(lambda: not readiness.report()[0], 10.0, message="/readyz to turn 503")
+        status, body = await readyz(served)
+        assert status == 503 and body["checks"]["canary"]["ok"] is False, body  # type: ignore[index]
+        assert body["checks"]["listening"]["ok"] is True  # type: ignore[index]
+        assert (await http_get(served.server.port, "/healthz"))[0] == 200
+        os.kill(pid[0], signal.SIGCONT)
+        listener_backend.clear()
+        await async_wait_for(lambda: readiness.report()[0], 10.0, message="/readyz to heal")
+        assert (await readyz(served))[0] == 200
+    finally:
+        await served.stop()
+
+
+async def test_a_schema_older_than_the_code_makes_the_server_unready(pg_url: str, secret: str) -> None:
+    served = await start_served(make_settings("postgres", secret, pg_url, None))
+    readiness = served.server.readiness
+    readiness.every, readiness.schema_every = 0.1, 0.1
+    try:
+        await async_wait_for(lambda: readiness.report()[0], 10.0, message="ready at first")
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("DELETE FROM livepush_schema WHERE version = (SELECT max(version) FROM livepush_schema)")
+        await async_wait_for(lambda: not readiness.report()[0], 10.0, message="/readyz to turn 503")
+        status, body = await readyz(served)
+        schema = body["checks"]["schema"]  # type: ignore[index]
+        assert status == 503 and schema["ok"] is False and "livepush migrate" in schema["detail"], body
+    finally:
+        await served.stop()
