@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 
 from .. import config
 from ..errors import ConfigError, DependencyError, InvalidTopic, LivepushError, SchemaError
-from .runner import run_async, setup_logging
+from . import logs
+from .runner import run_async
 
 EXIT_OK, EXIT_DEPENDENCY, EXIT_USAGE = 0, 1, 2
 
@@ -61,7 +62,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from ..sessions.rules import load_app
 
         app = load_app(args.app)
-    setup_logging()
+    logs.setup(args.log_format)
 
     async def main() -> int:
         parts = wiring.server_parts(settings, app=app, with_jobs=modules_of(args.with_jobs or ""))
@@ -100,7 +101,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     from . import jobs as jobs_cli
 
     settings = _settings(args)
-    setup_logging()
+    logs.setup(args.log_format)
     status = EXIT_OK
     try:
         status = run_async(jobs_cli.run(args, settings))
@@ -118,8 +119,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .. import demo
 
-    setup_logging()
+    logs.setup(args.log_format)
     return demo.run()
+
+
+def _log_format(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-format", choices=logs.FORMATS, default="text",
+                        help="text (default): lines for people; json: one JSON object a line")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,12 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--authenticate", choices=config.AUTH_MODES)
     p.add_argument("--app", metavar="MODULE:ATTR", help="your livepush.App (topic rules, hooks)")
     p.add_argument("--with-jobs", metavar="MODULE", help="also run the job runtime for these job modules")
+    _log_format(p)
     p.add_argument("--drain-seconds", type=float, metavar="S",
                    help="on SIGTERM, close connections in batches over S seconds (default 0: all at once)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("jobs", help="run the job runtime")
     jobs_cli.add_arguments(p)
+    _log_format(p)
     p.set_defaults(func=cmd_jobs)
 
     p = sub.add_parser("status", help="queues, runtimes, groups and workflows in progress, from the database")
@@ -154,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("demo", help="run the demo: server, jobs and a live page in one process")
+    _log_format(p)
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("publish", help="publish a message")

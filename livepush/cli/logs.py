@@ -1,0 +1,68 @@
+"""How long-running commands log: plain lines for people, or one JSON object a line
+(`--log-format json`) for log collectors; either way, credentials never reach the output.
+
+The scrubber is the last line of defence: the code already logs redacted URLs and never logs a
+token, but a third-party library's message (a driver's connection error quoting its DSN) passes
+through here too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from datetime import datetime, timezone
+
+FORMATS = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+# user:password@ in a URL; token=, password=, secret= in a query string or a key=value DSN;
+# a session token's shape (a long base64url payload, a dot, its signature; a JWT's three parts too).
+_SECRETS = [
+    (re.compile(r"(//[^/@\s:]*:)[^@\s/]+@"), r"\1***@"),
+    (re.compile(r"(?i)\b((?:token|password|passwd|secret|sslpassword)\s*=\s*)(?:'[^']*'|\"[^\"]*\"|[^&\s,;\"']+)"),
+     r"\1***"),
+    (re.compile(r"\b[A-Za-z0-9_-]{32,}\.[A-Za-z0-9_-]{20,}(?:\.[A-Za-z0-9_-]{16,})?"), "***"),
+]
+
+
+def scrub(text: str) -> str:
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class Scrubbed(logging.Formatter):
+    """Formats as its parent does, then removes credentials from the whole line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return scrub(super().format(record))
+
+
+class JsonLines(logging.Formatter):
+    """One JSON object a line: time (UTC, ISO 8601), level, logger, message, and the exception
+    (type, message and traceback text) when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": scrub(record.getMessage()),
+        }
+        if record.exc_info and record.exc_info[0] is not None:
+            entry["error"] = scrub(f"{record.exc_info[0].__name__}: {record.exc_info[1]}")
+            entry["traceback"] = scrub(self.formatException(record.exc_info))
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def setup(log_format: str = "text", level: int = logging.INFO) -> None:
+    """Log to stderr in `log_format`, once per process (a host that configured logging keeps its own)."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLines() if log_format == "json" else Scrubbed(TEXT_FORMAT))
+    root.addHandler(handler)
+    root.setLevel(level)

@@ -1,0 +1,62 @@
+"""`--log-format json`: one JSON object a line, and never a token, secret or password in the
+output, whatever format (docs/reference.md#8-operations)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+from livepush import sessions
+from livepush.cli import logs
+from tests.support.wsclient import WSClient
+
+
+def test_scrub_removes_passwords_tokens_and_secrets() -> None:
+    line = ("connecting to postgresql://app:hunter2@db.internal:5432/app?sslmode=require "
+            "and redis://:s3cret@cache:6379/0 with password='p w' token=abc.def secret=xyz")
+    scrubbed = logs.scrub(line)
+    for secret in ("hunter2", "s3cret", "p w", "abc.def", "xyz"):
+        assert secret not in scrubbed
+    assert "postgresql://app:***@db.internal:5432/app" in scrubbed
+
+
+def test_a_session_token_anywhere_in_a_message_is_scrubbed(monkeypatch) -> None:
+    monkeypatch.setenv("LIVEPUSH_SECRET", "k3J9sQ2vX8nR5tW1yZ4bC7dF0gH6jL2mN9pQ3rS5tU8v")
+    from livepush import config
+
+    config.set_settings(config.Settings.from_env())
+    try:
+        token = sessions.issue("alice", ttl=60)
+    finally:
+        config.set_settings(None)
+    assert token not in logs.scrub(f"GET /?token={token} and {token} alone")
+
+
+def test_json_lines_are_one_object_each_with_the_error_and_its_traceback() -> None:
+    try:
+        raise RuntimeError("boom at postgresql://u:pw@h/db")
+    except RuntimeError:
+        record = logging.LogRecord("livepush.x", logging.ERROR, __file__, 1, "failed: %s", ("it",), sys.exc_info())
+    line = logs.JsonLines().format(record)
+    assert "\n" not in line
+    entry = json.loads(line)
+    assert entry["level"] == "error" and entry["logger"] == "livepush.x" and entry["message"] == "failed: it"
+    assert entry["error"].startswith("RuntimeError: boom") and "pw@" not in entry["traceback"]
+    assert entry["time"].endswith("+00:00")
+
+
+async def test_serve_logs_json_lines_without_the_tokens_clients_sent(procs, livepush_env, pg_url, secret) -> None:
+    env = livepush_env(database_url=pg_url, authenticate="required")
+    server = procs.livepush("serve", "--log-format", "json", env=env)
+    base = f"ws://127.0.0.1:{server.port}/"
+    bad = "WzEsInlfNDRMU3dGdWQyOXZ6WmduVF9mMXciLCJhbGljZSJd.RC8Y3T84kY1SR0o54rmOpXQiadLuO2HT-Zqx-GzEoU8"
+    client = await WSClient.open(base + "?token=" + bad, hello=False)
+    assert await client.closed_with() == 4401
+    assert server.stop(timeout=15) == 0, server.output()
+    lines = [line for line in server.stderr().splitlines() if line.strip()]
+    assert lines, "serve logged nothing"
+    for line in lines:
+        entry = json.loads(line)
+        assert {"time", "level", "logger", "message"} <= set(entry), line
+    assert bad not in server.stderr() and secret not in server.stderr()
