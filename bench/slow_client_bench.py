@@ -16,7 +16,9 @@ Each round runs two phases in turn on the same server:
   buffers for it are full then, so every frame of the measured topic waits in its backlog
   during the phase, and the second topic's share of the backlog has passed its bound (`reset`).
 Printed per phase: p50, p99 and max over every delivery, and the server's resident memory at
-the end of the phase; then whether the slow client was sent `reset` (read afterwards).
+the end of the phase, and its CPU per delivery while the phase published (less sensitive than
+latency to load from elsewhere on the machine); then whether the slow client was sent `reset`
+(read afterwards).
 
 Without --redis-url, a throwaway Redis is started in a temp dir and stopped at the end.
 """
@@ -40,6 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from _clients import ClientPool, masked_frame, raise_fd_limit  # noqa: E402
+from push_bench import cpu_seconds, percentile  # noqa: E402
 
 TOPIC = "bench:slow"
 FILL_TOPIC = "bench:slow-fill"  # heard by the slow client only
@@ -56,6 +59,7 @@ class Phase:
     max_ms: float
     samples: int
     rss_mib: float
+    cpu_us: float  # server CPU per delivery while the phase published
     closed: dict[str, int]
 
 
@@ -105,10 +109,6 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def percentile(values: list[float], q: float) -> float:
-    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
-
-
 async def run_phase(name: str, pool: ClientPool, port: int, pid: int, publish: Publish, sign: Callable[[str], str],
                     *, subscribers: int, rate: float, seconds: float, warmup: float,
                     slow: SilentClient | None = None) -> Phase:
@@ -122,6 +122,7 @@ async def run_phase(name: str, pool: ClientPool, port: int, pid: int, publish: P
         for _ in range(FILL_MESSAGES):
             await publish(FILL_TOPIC, {"pad": "x" * FILL_BYTES})
     loop = asyncio.get_running_loop()
+    cpu0 = cpu_seconds(pid)
     t0 = loop.time()
     for k in range(1, warm + measured + 1):
         delay = t0 + (k - 1) / rate - loop.time()  # an absolute schedule: no drift from publish time
@@ -130,11 +131,12 @@ async def run_phase(name: str, pool: ClientPool, port: int, pid: int, publish: P
         await publish(TOPIC, {"t": time.time(), "k": k, "p": "x" * 150})
     if not await pool.wait_through(warm + measured, timeout=30):
         raise RuntimeError(f"subscribers got only through message {pool.through} of {warm + measured}")
+    cpu = cpu_seconds(pid) - cpu0
     rss = rss_mib(pid)
     stats = await pool.collect()
     lat = sorted(stats["lat"])
     return Phase(name, percentile(lat, 0.5) * 1000, percentile(lat, 0.99) * 1000, (lat[-1] if lat else 0) * 1000,
-                 len(lat), rss, stats["codes"])
+                 len(lat), rss, cpu / ((warm + measured) * n) * 1e6, stats["codes"])
 
 
 async def run_rounds(pool: ClientPool, port: int, pid: int, publish: Publish, sign: Callable[[str], str], *,
@@ -161,7 +163,7 @@ async def run_rounds(pool: ClientPool, port: int, pid: int, publish: Publish, si
 def format_phase(p: Phase, round_no: int) -> str:
     closed = f"  closed {p.closed}" if p.closed else ""
     return (f"round {round_no} {p.name:<6} p50 {p.p50_ms:6.2f} ms  p99 {p.p99_ms:6.2f} ms  max {p.max_ms:6.1f} ms  "
-            f"({p.samples} deliveries)  server RSS {p.rss_mib:6.1f} MiB{closed}")
+            f"({p.samples} deliveries)  server {p.cpu_us:4.1f} us CPU/delivery, RSS {p.rss_mib:6.1f} MiB{closed}")
 
 
 async def amain(args: argparse.Namespace) -> int:
@@ -196,7 +198,8 @@ async def amain(args: argparse.Namespace) -> int:
         for name, index in (("alone", 0), ("slow", 1)):
             p50 = statistics.median(p[index].p50_ms for p in pairs)
             p99 = statistics.median(p[index].p99_ms for p in pairs)
-            print(f"  {name:<6} p50 {p50:6.2f} ms  p99 {p99:6.2f} ms")
+            cpu = statistics.median(p[index].cpu_us for p in pairs)
+            print(f"  {name:<6} p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  server {cpu:4.1f} us CPU/delivery")
         ratio = statistics.median(p[1].p99_ms / p[0].p99_ms for p in pairs)
         print(f"  p99 with the slow client / without: {ratio:.2f}x; the slow client was sent reset in "
               f"{reset} of {len(pairs)} round(s)")

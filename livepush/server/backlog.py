@@ -33,13 +33,14 @@ TOPIC_BYTES = 256 * 1024  # and their bytes (one larger message may wait alone)
 
 
 class _Slot:
-    __slots__ = ("data", "topic", "kind", "at")
+    __slots__ = ("data", "topic", "kind", "at", "seq")
 
-    def __init__(self, data: bytes, topic: str | None, kind: Kind | None, at: float) -> None:
+    def __init__(self, data: bytes, topic: str | None, kind: Kind | None, at: float, seq: int) -> None:
         self.data: bytes | None = data  # None once dropped
         self.topic = topic
         self.kind = kind
         self.at = at  # when this place in the queue was taken
+        self.seq = seq  # its place among every slot ever added
 
 
 class Backlog:
@@ -55,9 +56,15 @@ class Backlog:
         self._messages: dict[str, deque[_Slot]] = {}  # each message topic's waiting messages
         self._message_bytes: dict[str, int] = {}
         self._resets: dict[str, _Slot] = {}  # each message topic's waiting reset
+        self.last = 0  # the place of the last frame added (see passed())
 
     def __len__(self) -> int:
         return len(self._queue) - self._dropped
+
+    def passed(self, place: int) -> bool:
+        """Whether every frame added up to `place` (a value of `last`) was popped or dropped."""
+        self._skip_dropped()
+        return not self._queue or self._queue[0].seq > place
 
     def behind_since(self) -> float | None:
         """Since when (time.monotonic()) the client has been missing something: when the frame
@@ -121,7 +128,8 @@ class Backlog:
 
     # -- inside ---------------------------------------------------------------------------------
     def _append(self, data: bytes, topic: str | None, kind: Kind | None) -> _Slot:
-        slot = _Slot(data, topic, kind, time.monotonic())
+        self.last += 1
+        slot = _Slot(data, topic, kind, time.monotonic(), self.last)
         self._queue.append(slot)
         self.bytes += len(data)
         return slot

@@ -40,7 +40,7 @@ CLOSE_INTERNAL_ERROR = 1011
 
 class Client:
     __slots__ = ("ws", "session", "topics", "bad_frames", "subscribes", "closing", "_close_task", "_high",
-                 "_backlog", "_flusher", "_flushed", "__weakref__")
+                 "_backlog", "_flusher", "_written", "__weakref__")
 
     def __init__(self, ws: ServerConnection, session: Any = None) -> None:
         self.ws = ws
@@ -53,7 +53,7 @@ class Client:
         self._high = ws.transport.get_write_buffer_limits()[1]
         self._backlog: Backlog | None = None  # frames waiting while the transport is full
         self._flusher: asyncio.Task[None] | None = None
-        self._flushed: asyncio.Future[None] | None = None  # for drain(): the backlog is gone
+        self._written: asyncio.Future[None] | None = None  # for drain(): more of the backlog is written
         sock = ws.transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -79,15 +79,20 @@ class Client:
             return
         self.closing = True
         self._backlog = None  # what still waits is never sent
+        self._wake_drain()
         self._close_task = asyncio.ensure_future(self.ws.close(code, reason))
 
     async def drain(self) -> None:
-        """Until the client has read its backlog and most of what was written to it (between
-        replay pages); raises ConnectionClosed once the client is being closed."""
-        if self._backlog is not None and not self.closing:
-            if self._flushed is None:
-                self._flushed = asyncio.get_running_loop().create_future()
-            await asyncio.shield(self._flushed)
+        """Until the client has read what was sent to it so far, but for a little (between
+        replay pages); raises ConnectionClosed once the client is being closed. Frames added
+        to its backlog later are not waited for: a busy topic cannot hold a replay back."""
+        backlog = self._backlog
+        if backlog is not None:
+            place = backlog.last
+            while self._backlog is backlog and not backlog.passed(place):
+                if self._written is None:
+                    self._written = asyncio.get_running_loop().create_future()
+                await asyncio.shield(self._written)
         if self.closing:
             await self.wait_closed()
             raise ConnectionClosedError(None, None)
@@ -128,6 +133,7 @@ class Client:
                 since = backlog.behind_since()
                 if since is None:
                     return  # all written; the next frame checks the transport again
+                self._wake_drain()
                 try:
                     async with asyncio.timeout(since + BEHIND_SECONDS - time.monotonic()):
                         await ws.drain()
@@ -143,9 +149,12 @@ class Client:
             if self._backlog is backlog:
                 self._backlog = None
             self._flusher = None
-            flushed, self._flushed = self._flushed, None
-            if flushed is not None and not flushed.done():
-                flushed.set_result(None)
+            self._wake_drain()
+
+    def _wake_drain(self) -> None:
+        written, self._written = self._written, None
+        if written is not None and not written.done():
+            written.set_result(None)
 
     def _too_slow(self, why: str) -> None:
         log.debug("closing a client that fell too far behind (%s)", why)

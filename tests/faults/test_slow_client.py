@@ -54,7 +54,8 @@ async def test_one_client_that_never_reads_does_not_raise_the_others_p99(
     growth = max(p[1].rss_mib for p in pairs) - min(p[0].rss_mib for p in pairs)
     print(f"{SUBSCRIBERS} subscribers at {RATE:g} msg/s: p99 {alone:.2f} ms alone, {slow:.2f} ms beside a client "
           f"that never reads (better of {len(pairs)} each); p50 {min(p[0].p50_ms for p in pairs):.2f} / "
-          f"{min(p[1].p50_ms for p in pairs):.2f} ms; server RSS grew {growth:.1f} MiB; reset sent in {resets} of "
+          f"{min(p[1].p50_ms for p in pairs):.2f} ms; server CPU per delivery {min(p[0].cpu_us for p in pairs):.1f} / "
+          f"{min(p[1].cpu_us for p in pairs):.1f} us; server RSS grew {growth:.1f} MiB; reset sent in {resets} of "
           f"{len(pairs)} runs")
     assert all(not p.closed for pair in pairs for p in pair), pairs
     assert all(p.samples == SUBSCRIBERS * int(SECONDS * RATE) for pair in pairs for p in pair), pairs

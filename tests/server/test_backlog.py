@@ -118,6 +118,26 @@ def test_dropped_frames_do_not_pile_up_in_memory() -> None:
     assert ops[0][0] == "reset" and ops[-1] == ("message", "a", "99999")
 
 
+def test_a_place_is_passed_once_everything_added_up_to_it_is_popped_or_dropped() -> None:
+    """What a replay waits for between pages: the frames queued so far, not the ones added later."""
+    b = Backlog(topic_frames=1)
+    b.add(message("a", 1), "a", "message")
+    b.add(control("page"))
+    place = b.last
+    b.add(message("b", 1), "b", "message")
+    assert not b.passed(place)
+    b.pop()
+    assert not b.passed(place)
+    b.pop()
+    assert b.passed(place), "the later message of b is not waited for"
+    b.add(message("c", 1), "c", "message")
+    place = b.last
+    b.add(message("c", 2), "c", "message")  # drops c's 1, queues reset and c's 2 after b's 1
+    assert not b.passed(place)
+    assert b.pop() == message("b", 1)
+    assert b.passed(place), "a dropped frame is passed; what replaced it came later"
+
+
 def test_per_topic_order_holds_whatever_the_mix() -> None:
     """Random mixes of states, messages, resets and ordered frames over a few topics: per state topic, versions rise and the last added is the last sent; per message topic, messages rise, and after its last reset they run without a gap to the last one added (or the hub's reset, when that came last); ordered frames keep their order."""
     for seed in range(200):

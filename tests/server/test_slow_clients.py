@@ -187,3 +187,36 @@ async def test_a_client_with_too_much_waiting_is_closed_with_1013(served: Served
     slow.ws.transport.resume_reading()
     assert await slow.closed_with(timeout=5) == 1013
     assert connection.BACKLOG_BYTES < 12 * 6 * 40_000
+
+
+async def test_a_replay_to_a_client_that_fell_behind_arrives_whole_once_it_reads(served: Served) -> None:
+    """A client that stopped reading (frames waiting for it on a busy topic) subscribes with `since` to a topic of 2,500 messages, more arriving live meanwhile: once it reads again it gets `subscribed`, then every message of that topic exactly once, in order; the replay's pages waited for it."""
+    busy, kept = "room:busy", "room:kept"
+    since = await served.fanout.alatest_offset(kept)
+    sent = [await served.publish(kept, {"n": n}) for n in range(2500)]
+    slow = await open_client(served.url)
+    assert (await slow.subscribe(served.sign(busy)))["op"] == "subscribed"
+    slow.ws.transport.pause_reading()
+    on_server = server_side(served.server, slow)
+    for n in range(300):
+        await served.publish(busy, {"n": n, "pad": "x" * 2000})
+    await async_wait_for(lambda: on_server.backlog_bytes, 5, message="frames to wait for the client")
+    await slow.send({"op": "subscribe", "topic": served.sign(kept), "since": since, "ref": "kept"})
+    await async_wait_for(lambda: kept in on_server.topics, 5, message="the server to take the subscribe")
+    sent += [await served.publish(kept, {"n": n}) for n in range(2500, 2600)]
+    slow.ws.transport.resume_reading()
+
+    got: list[str] = []
+    answered = False
+    while not got or got[-1] != sent[-1]:
+        frame = await slow.recv()
+        if frame.get("topic") != kept:
+            continue
+        if frame["op"] == "subscribed":
+            answered = True
+            continue
+        assert answered and frame["op"] == "message", frame
+        got.append(frame["offset"])
+    assert got == sent
+    assert not on_server.closing
+    await slow.close()
