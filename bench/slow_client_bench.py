@@ -226,13 +226,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main() -> int:
-    args = parse_args()
-    try:
-        import uvloop
+    import uvloop  # a dependency of livepush wherever `livepush serve` runs
 
-        return uvloop.run(amain(args))
-    except ImportError:
-        return asyncio.run(amain(args))
+    return uvloop.run(amain(parse_args()))
 
 
 if __name__ == "__main__":

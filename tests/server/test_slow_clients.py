@@ -12,18 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
 from typing import Any
 
-import psycopg
 import pytest
 
 from livepush import jobs, metrics
-from livepush.jobs import database
 from livepush.server import connection
 from livepush.server.app import PushServer
 from livepush.server.connection import Client
-from tests.server.conftest import Served, make_settings, start_served
+from tests.server.conftest import Served
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
@@ -61,24 +58,9 @@ def count(action: str) -> float:
     return metrics.SLOW_CLIENT_ACTIONS.labels(action)._value.get()
 
 
-@pytest.fixture
-async def served_jobs(pg_url: str, secret: str) -> AsyncIterator[Served]:
-    served = await start_served(make_settings("postgres", secret, pg_url, None, env="test"))
-    database.configure(pg_url)
-    try:
-        yield served
-    finally:
-        database.configure(None)
-        await served.stop()
-
-
-@pytest.fixture
-async def served(secret: str) -> AsyncIterator[Served]:
-    s = await start_served(make_settings("local", secret, None, None))
-    try:
-        yield s
-    finally:
-        await s.stop()
+# The bounds are the server's, whatever the fan-out: those tests run on the local one only; the
+# resync from history runs on every fan-out (the `served` fixture's).
+LOCAL_ONLY = pytest.mark.parametrize("fanout_kind", ["local"])
 
 
 async def test_a_client_that_stops_reading_on_a_job_gets_the_newest_states_then_the_final_one(served_jobs: Served) -> None:
@@ -153,6 +135,7 @@ async def test_a_client_that_stops_reading_on_a_message_topic_gets_reset_then_re
     await slow.close()
 
 
+@LOCAL_ONLY
 async def test_a_client_that_stays_behind_is_closed_with_1013(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
     """A client that reads nothing for longer than the server lets a frame wait (shortened to 0.5 s here) is closed with 1013 and counted; reading again, it sees the close code."""
     monkeypatch.setattr(connection, "BEHIND_SECONDS", 0.5)
@@ -170,6 +153,7 @@ async def test_a_client_that_stays_behind_is_closed_with_1013(served: Served, mo
     assert await slow.closed_with(timeout=5) == 1013
 
 
+@LOCAL_ONLY
 async def test_a_client_with_too_much_waiting_is_closed_with_1013(served: Served) -> None:
     """A client that does not read on 12 busy topics holds more than the backlog's byte bound: it is closed with 1013 at once, without waiting for the time bound."""
     slow = await open_client(served.url)
@@ -189,6 +173,7 @@ async def test_a_client_with_too_much_waiting_is_closed_with_1013(served: Served
     assert connection.BACKLOG_BYTES < 12 * 6 * 40_000
 
 
+@LOCAL_ONLY
 async def test_a_replay_to_a_client_that_fell_behind_arrives_whole_once_it_reads(served: Served) -> None:
     """A client that stopped reading (frames waiting for it on a busy topic) subscribes with `since` to a topic of 2,500 messages, more arriving live meanwhile: once it reads again it gets `subscribed`, then every message of that topic exactly once, in order; the replay's pages waited for it."""
     busy, kept = "room:busy", "room:kept"
