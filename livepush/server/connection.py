@@ -35,6 +35,8 @@ SOCKET_SEND_BUFFER = 64 * 1024
 # long, is too far behind: closed with 1013.
 BACKLOG_BYTES = 2 * 1024 * 1024
 BEHIND_SECONDS = 20.0
+# Only if writing a backlog fails unexpectedly (a bug): the client reconnects rather than miss
+# frames without knowing.
 CLOSE_INTERNAL_ERROR = 1011
 
 
