@@ -21,6 +21,11 @@ current state as a snapshot, unless its `since` is that version already.
 A new subscriber is "joining" while its replay or snapshot is read: live frames for it are
 buffered, then sent after the replay without a duplicate at the seam (its `floor` is the last
 offset it was sent). Everything here runs on the event loop; nothing awaits per subscriber.
+
+Live frames go out through `broadcast` with their topic and kind ("state", "message", "reset"):
+what a subscriber that cannot keep up may replace or drop (server/backlog.py). The frames of a
+subscribe (`subscribed`, the replay or snapshot, the join buffer) go through `send`, which only
+keeps them in order.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import Protocol
 from .. import metrics, protocol
 from ..fanout import FanOut
 from ..types import Message, Offset, StateSource, offset_key
+from .backlog import Kind
 
 log = logging.getLogger("livepush.hub")
 
@@ -54,7 +60,8 @@ class Subscriber(Protocol):
         """Until the subscriber's unsent data is small again (between pages of a replay)."""
 
 
-Broadcast = Callable[[Iterable[Subscriber], str], None]
+# (recipients, frame, topic, kind): encode once, write to each.
+Broadcast = Callable[[Iterable[Subscriber], str, str, Kind], None]
 
 
 @dataclass(eq=False)
@@ -140,7 +147,7 @@ class Hub:
             recipients = [s for s in t.subscribers if t.floors.get(s, NO_KEY) < key]
             for sub in [s for s, floor in t.floors.items() if floor <= key]:
                 del t.floors[sub]
-        self._broadcast(recipients, frame)
+        self._broadcast(recipients, frame, t.name, "message" if t.source is None else "state")
         metrics.DELIVERED.inc(len(recipients))  # type: ignore[arg-type]
         for buffer in t.joining.values():
             buffer.append((key, frame))
@@ -209,7 +216,7 @@ class Hub:
         except Exception as exc:
             log.warning("could not read the latest offset of %s (%s); reading again at the next message", t.name, exc)
         frame = protocol.reset(t.name)
-        self._broadcast(t.subscribers, frame)
+        self._broadcast(t.subscribers, frame, t.name, "reset")
         metrics.RESETS.labels("history").inc(len(t.subscribers) + len(t.joining))
         for buffer in t.joining.values():
             buffer.append((None, frame))

@@ -1,17 +1,21 @@
-"""An in-process livepush server on each fan-out, for the server and recovery tests."""
+"""An in-process livepush server on each fan-out, for the server and recovery tests; and one on
+Postgres beside this process's jobs, for state topics."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import psycopg
 import pytest
 
 from livepush import api, topics
 from livepush.cli.wiring import Parts, server_parts
 from livepush.config import Settings, set_settings
 from livepush.fanout import FanOut
+from livepush.jobs import database
 from livepush.server.app import PushServer
+from tests.support.job_versions import VERSIONS_TABLE
 
 
 @dataclass
@@ -78,3 +82,17 @@ async def served(fanout_kind: str, secret: str, request: pytest.FixtureRequest) 
         await s.stop()
         api.set_default_fanout(None)
         set_settings(None)
+
+
+@pytest.fixture
+async def served_jobs(pg_url: str, secret: str) -> AsyncIterator[Served]:
+    """A server on Postgres whose state topics show this process's jobs (every job version recorded)."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(VERSIONS_TABLE)
+    served = await start_served(make_settings("postgres", secret, pg_url, None, env="test"))
+    database.configure(pg_url)
+    try:
+        yield served
+    finally:
+        database.configure(None)
+        await served.stop()

@@ -28,7 +28,7 @@ class Sub:
         return [f["data"] for f in self.frames if f["op"] == "message"]
 
 
-def fan(subs, frame: str) -> None:
+def fan(subs, frame: str, *_topic_and_kind: object) -> None:
     for sub in subs:
         sub.send(frame)
 

@@ -14,16 +14,14 @@ subscribe's snapshot goes out before the next frame is read.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
-import psycopg
 import pytest
 
 from livepush import jobs
 from livepush.jobs import database
-from tests.server.conftest import Served, make_settings, start_served
-from tests.support.job_versions import VERSIONS_TABLE, events_of
+from tests.server.conftest import Served
+from tests.support.job_versions import events_of
 from tests.support.wsclient import WSClient
 
 
@@ -31,19 +29,6 @@ from tests.support.wsclient import WSClient
 async def steps(ctx: Any, n: int) -> None:
     for i in range(1, n + 1):
         await ctx.progress(i, n, f"step {i}")
-
-
-@pytest.fixture
-async def served_jobs(pg_url: str, secret: str) -> AsyncIterator[Served]:
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(VERSIONS_TABLE)
-    served = await start_served(make_settings("postgres", secret, pg_url, None, env="test"))
-    database.configure(pg_url)
-    try:
-        yield served
-    finally:
-        database.configure(None)
-        await served.stop()
 
 
 async def nothing_else(client: WSClient, ref: str = "quiet?") -> None:

@@ -1,0 +1,235 @@
+#!/usr/bin/env python
+"""Slow-client benchmark: the publish-to-deliver latency of 1,000 subscribers with and without one
+client that never reads, on the same topic, on the same server, in the same run
+(docs/reference.md §8, slow clients).
+
+    .venv/bin/python bench/slow_client_bench.py [--subscribers 1000] [--rate 20] [--seconds 5]
+        [--rounds 2] [--redis-url URL]
+
+One `python -m livepush serve` process on the Redis fan-out; the benchmark publishes from its own
+process, as an application would, ~200-byte messages carrying their publish time (the
+subscribers, spread over child processes by bench/_clients.py, subtract it from their clock).
+Each round runs two phases in turn on the same server:
+- `alone`: the subscribers only;
+- `slow`: the same, plus one client subscribed to the topic that reads nothing after its
+  handshake. Before the phase, ~1 MB goes to a second topic only it hears: the kernel's
+  buffers for it are full then, so every frame of the measured topic waits in its backlog
+  during the phase, and the second topic's share of the backlog has passed its bound (`reset`).
+Printed per phase: p50, p99 and max over every delivery, and the server's resident memory at
+the end of the phase, and its CPU per delivery while the phase published (less sensitive than
+latency to load from elsewhere on the machine); then whether the slow client was sent `reset`
+(read afterwards).
+
+Without --redis-url, a throwaway Redis is started in a temp dir and stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import secrets
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from _clients import ClientPool, masked_frame, raise_fd_limit  # noqa: E402
+from push_bench import cpu_seconds, percentile  # noqa: E402
+
+TOPIC = "bench:slow"
+FILL_TOPIC = "bench:slow-fill"  # heard by the slow client only
+FILL_MESSAGES, FILL_BYTES = 16, 64 * 1024
+
+Publish = Callable[[str, object], Awaitable[object]]
+
+
+@dataclass
+class Phase:
+    name: str
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    samples: int
+    rss_mib: float
+    cpu_us: float  # server CPU per delivery while the phase published
+    closed: dict[str, int]
+
+
+class SilentClient:
+    """A WebSocket client that completes its handshake, subscribes, and then never reads."""
+
+    def __init__(self, port: int, signed_topics: list[str]) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall((f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+                           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += self.sock.recv(1)  # byte by byte: nothing past the handshake is read
+        assert answer.startswith(b"HTTP/1.1 101"), answer
+        for ref, topic in enumerate(signed_topics):
+            frame = {"op": "subscribe", "topic": topic, "since": None, "ref": ref}
+            self.sock.sendall(masked_frame(1, json.dumps(frame).encode()))
+
+    def read_until(self, needle: bytes, timeout: float) -> bool:
+        """Read (at last) until `needle` shows up, the server closes, or `timeout` s passed."""
+        deadline = time.monotonic() + timeout
+        tail = b""
+        while (left := deadline - time.monotonic()) > 0:
+            self.sock.settimeout(left)
+            try:
+                data = self.sock.recv(1 << 20)
+            except (TimeoutError, OSError):
+                return False
+            if not data:
+                return False
+            tail = tail[-len(needle):] + data
+            if needle in tail:
+                return True
+        return False
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def run_phase(name: str, pool: ClientPool, port: int, pid: int, publish: Publish, sign: Callable[[str], str],
+                    *, subscribers: int, rate: float, seconds: float, warmup: float,
+                    slow: SilentClient | None = None) -> Phase:
+    """Open the subscribers, publish at `rate` for `warmup` + `seconds`, and measure the latter."""
+    warm, measured = max(1, int(warmup * rate)), int(seconds * rate)
+    subscribe = json.dumps({"op": "subscribe", "topic": sign(TOPIC), "since": None, "ref": 1})
+    n = await pool.open("127.0.0.1", port, subscribers, subscribe=subscribe, lat_from=warm + 1, lat_to=warm + measured)
+    if n < subscribers:
+        raise RuntimeError(f"only {n} of {subscribers} subscribers connected")
+    if slow is not None:
+        for _ in range(FILL_MESSAGES):
+            await publish(FILL_TOPIC, {"pad": "x" * FILL_BYTES})
+    loop = asyncio.get_running_loop()
+    cpu0 = cpu_seconds(pid)
+    t0 = loop.time()
+    for k in range(1, warm + measured + 1):
+        delay = t0 + (k - 1) / rate - loop.time()  # an absolute schedule: no drift from publish time
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await publish(TOPIC, {"t": time.time(), "k": k, "p": "x" * 150})
+    if not await pool.wait_through(warm + measured, timeout=30):
+        raise RuntimeError(f"subscribers got only through message {pool.through} of {warm + measured}")
+    cpu = cpu_seconds(pid) - cpu0
+    rss = rss_mib(pid)
+    stats = await pool.collect()
+    lat = sorted(stats["lat"])
+    return Phase(name, percentile(lat, 0.5) * 1000, percentile(lat, 0.99) * 1000, (lat[-1] if lat else 0) * 1000,
+                 len(lat), rss, cpu / ((warm + measured) * n) * 1e6, stats["codes"])
+
+
+async def run_rounds(pool: ClientPool, port: int, pid: int, publish: Publish, sign: Callable[[str], str], *,
+                     rounds: int, subscribers: int, rate: float, seconds: float, warmup: float,
+                     report: Callable[[str], None] = print) -> tuple[list[tuple[Phase, Phase]], int]:
+    """`rounds` pairs of phases (alone, slow); returns them and how many slow clients got `reset`."""
+    pairs = []
+    reset = 0
+    options = dict(subscribers=subscribers, rate=rate, seconds=seconds, warmup=warmup)
+    for i in range(1, rounds + 1):
+        alone = await run_phase("alone", pool, port, pid, publish, sign, **options)  # type: ignore[arg-type]
+        report(format_phase(alone, i))
+        slow = await asyncio.to_thread(SilentClient, port, [sign(TOPIC), sign(FILL_TOPIC)])
+        try:
+            with_slow = await run_phase("slow", pool, port, pid, publish, sign, slow=slow, **options)  # type: ignore[arg-type]
+            reset += await asyncio.to_thread(slow.read_until, b'"op":"reset"', 10.0)
+        finally:
+            slow.close()
+        report(format_phase(with_slow, i))
+        pairs.append((alone, with_slow))
+    return pairs, reset
+
+
+def format_phase(p: Phase, round_no: int) -> str:
+    closed = f"  closed {p.closed}" if p.closed else ""
+    return (f"round {round_no} {p.name:<6} p50 {p.p50_ms:6.2f} ms  p99 {p.p99_ms:6.2f} ms  max {p.max_ms:6.1f} ms  "
+            f"({p.samples} deliveries)  server {p.cpu_us:4.1f} us CPU/delivery, RSS {p.rss_mib:6.1f} MiB{closed}")
+
+
+async def amain(args: argparse.Namespace) -> int:
+    from _servers import start_livepush_cli
+    from _services import Services, free_port, redis_fanout_available
+
+    from livepush import topics
+    from livepush.config import Settings
+    from livepush.fanout import from_env
+
+    raise_fd_limit()
+    why = redis_fanout_available()
+    if why:
+        raise SystemExit(f"the Redis fan-out is not available: {why}")
+    services = Services()
+    secret = secrets.token_urlsafe(48)
+    pool = ClientPool(args.processes)
+    server = fanout = None
+    try:
+        redis_url = args.redis_url or services.start_redis()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LIVEPUSH_") and k != "DATABASE_URL"}
+        env.update(LIVEPUSH_SECRET=secret, LIVEPUSH_FANOUT="redis", LIVEPUSH_REDIS_URL=redis_url)
+        port = free_port()
+        server = await asyncio.to_thread(start_livepush_cli, port, env, os.path.join(services.tmp, "serve.log"))
+        fanout = from_env(Settings(secret=secret, fanout="redis", redis_url=redis_url))
+        await pool.start()
+        pairs, reset = await run_rounds(
+            pool, port, server.proc.pid, fanout.apublish, lambda t: topics.sign(t, [secret]), rounds=args.rounds,
+            subscribers=args.subscribers, rate=args.rate, seconds=args.seconds, warmup=args.warmup)
+        print(f"\n{args.subscribers} subscribers, {args.rate:g} msg/s for {args.seconds:g} s per phase; median of "
+              f"{len(pairs)} round(s):")
+        for name, index in (("alone", 0), ("slow", 1)):
+            p50 = statistics.median(p[index].p50_ms for p in pairs)
+            p99 = statistics.median(p[index].p99_ms for p in pairs)
+            cpu = statistics.median(p[index].cpu_us for p in pairs)
+            print(f"  {name:<6} p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  server {cpu:4.1f} us CPU/delivery")
+        ratio = statistics.median(p[1].p99_ms / p[0].p99_ms for p in pairs)
+        print(f"  p99 with the slow client / without: {ratio:.2f}x; the slow client was sent reset in "
+              f"{reset} of {len(pairs)} round(s)")
+    finally:
+        await pool.close()
+        if fanout is not None:
+            await fanout.aclose()
+        if server is not None:
+            await server.stop()
+        services.stop()
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--subscribers", type=int, default=1000)
+    p.add_argument("--rate", type=float, default=20.0, help="messages a second on the measured topic")
+    p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per phase")
+    p.add_argument("--warmup", type=float, default=1.0, help="seconds at --rate before latency is recorded")
+    p.add_argument("--rounds", type=int, default=2, help="pairs of phases (alone, slow)")
+    p.add_argument("--redis-url", help="default: a throwaway redis-server")
+    p.add_argument("--processes", type=int, default=2, help="client processes the subscribers are spread over")
+    return p.parse_args(argv)
+
+
+def main() -> int:
+    import uvloop  # a dependency of livepush wherever `livepush serve` runs
+
+    return uvloop.run(amain(parse_args()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""Clients that cannot keep up, through a real server and real sockets (docs/reference.md §8, slow
+clients; §5, `reset`).
+
+A client stops reading by pausing its transport, with a 4 KiB receive buffer: the kernel then
+holds little for it, and what the server sends piles up in the server. On a state topic it
+later gets the newest states only, ending with the final one; on a message topic it gets
+`reset` past its topic's bound and stays open, and a resubscribe with the last offset it had
+brings every message it missed from history; a client that stays behind is closed with 1013.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import pytest
+
+from livepush import jobs, metrics
+from livepush.server import connection
+from livepush.server.app import PushServer
+from livepush.server.connection import Client
+from tests.server.conftest import Served
+from tests.support.waiting import async_wait_for
+from tests.support.wsclient import WSClient
+
+PAD = "p" * 180  # in every checkpoint's name (at most 200 characters): ~600-byte frames
+
+
+async def _same(i: int) -> int:
+    return i
+
+
+@jobs.job(name="t.slow.checkpoints", queue="slow-clients")
+async def checkpoints(ctx: Any, n: int) -> int:
+    """n checkpoints, each a new version of the job's state topic."""
+    for i in range(n):
+        await ctx.checkpoint(f"step {i:04d} {PAD}", _same, i)
+    return n
+
+
+async def open_client(url: str) -> WSClient:
+    """A client whose socket receives into a 4 KiB buffer."""
+    host, port = url.removeprefix("ws://").strip("/").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    return await WSClient.open(url, sock=sock)
+
+
+def server_side(server: PushServer, client: WSClient) -> Client:
+    port = client.ws.local_address[1]
+    return next(c for c in server.clients if c.ws.remote_address[1] == port)
+
+
+def count(action: str) -> float:
+    return metrics.SLOW_CLIENT_ACTIONS.labels(action)._value.get()
+
+
+# The bounds are the server's, whatever the fan-out: those tests run on the local one only; the
+# resync from history runs on every fan-out (the `served` fixture's).
+LOCAL_ONLY = pytest.mark.parametrize("fanout_kind", ["local"])
+
+
+async def test_a_client_that_stops_reading_on_a_job_gets_the_newest_states_then_the_final_one(served_jobs: Served) -> None:
+    """While a job's state changes 1,000 times, a client that does not read falls behind; when it reads again it gets what its socket held, then only the newest states (at most 3, the older ones replaced where they waited), the last being the job's final state; versions only rise."""
+    handle = await checkpoints.aenqueue(1000)
+    slow, reader = await open_client(served_jobs.url), await WSClient.open(served_jobs.url)
+    for client in (slow, reader):
+        assert (await client.subscribe(handle.signed_topic))["op"] == "subscribed"
+        assert (await client.messages(1))[0]["data"]["event"] == "snapshot"
+    slow.ws.transport.pause_reading()
+    conflated = count("conflated")
+
+    async def read_to_the_end(client: WSClient) -> list[dict[str, Any]]:
+        frames: list[dict[str, Any]] = []
+        while not frames or frames[-1]["data"]["event"] != "succeeded":
+            frames.extend(await client.messages(1, timeout=30))
+        return frames
+
+    reading = asyncio.ensure_future(read_to_the_end(reader))
+    outcome = await asyncio.to_thread(jobs.drain, ["slow-clients"])
+    assert outcome.get("succeeded") == 1, (outcome, await jobs.aget_job(handle.id))
+    read = await asyncio.wait_for(reading, 30)
+    await async_wait_for(lambda: count("conflated") > conflated, 10, message="the server to replace a waiting state")
+    slow.ws.transport.resume_reading()
+    got = await read_to_the_end(slow)
+
+    versions = [int(f["offset"]) for f in got]
+    assert versions == sorted(set(versions)), versions
+    assert got[-1] == read[-1], "the final state, as the reader got it"
+    assert got[-1]["data"]["job"]["state"] == "succeeded"
+    # What the kernel held went out as it was; of everything after it, only the newest.
+    held = next(i for i, (a, b) in enumerate(zip(got, read)) if a != b)
+    print(f"a reader got {len(read)} states; the client that stopped reading got {len(got)}: {held} the "
+          f"kernel held, then {len(got) - held} ({count('conflated') - conflated:.0f} replaced while waiting); "
+          f"final version {versions[-1]}")
+    assert len(got) - held <= 3, got[held:]
+    assert len(read) - held >= 100, "too few states changed while the client did not read to tell"
+    await slow.close()
+    await reader.close()
+
+
+async def test_a_client_that_stops_reading_on_a_message_topic_gets_reset_then_resyncs_with_since(served: Served) -> None:
+    """A client that does not read while 600 messages of 2 KB go out gets `reset` for the topic and is not closed; reading again, it resubscribes with the last offset it had and gets every message it missed, in order, none twice."""
+    topic = "room:busy"
+    slow = await open_client(served.url)
+    assert (await slow.subscribe(served.sign(topic)))["op"] == "subscribed"
+    slow.ws.transport.pause_reading()
+    resets = metrics.RESETS.labels("slow_client")._value.get()
+    sent = [await served.publish(topic, {"n": n, "pad": "x" * 2000}) for n in range(600)]
+    await async_wait_for(lambda: metrics.RESETS.labels("slow_client")._value.get() > resets, 5,
+                         message="the server to queue a reset")
+    assert not server_side(served.server, slow).closing
+    slow.ws.transport.resume_reading()
+
+    got: list[str] = []  # offsets of the messages handed over, as a client library would keep them
+    frame = await slow.recv()
+    while frame["op"] == "message":
+        got.append(frame["offset"])
+        frame = await slow.recv()
+    assert frame == {"op": "reset", "topic": topic}
+    assert got == sent[: len(got)], "before the reset: the first messages, in order"
+    # Resync: subscribe again from the last offset had. Live frames that were already on their
+    # way come before the answer; history repeats them after it.
+    await slow.send({"op": "subscribe", "topic": served.sign(topic), "since": got[-1] if got else None, "ref": "again"})
+    while (frame := await slow.recv())["op"] != "subscribed":
+        assert frame["op"] == "message", frame
+    while not got or got[-1] != sent[-1]:
+        frame = await slow.recv()
+        assert frame["op"] == "message", frame
+        got.append(frame["offset"])
+    assert got == sent, "every message once, in order"
+    await slow.close()
+
+
+@LOCAL_ONLY
+async def test_a_client_that_stays_behind_is_closed_with_1013(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that reads nothing for longer than the server lets a frame wait (shortened to 0.5 s here) is closed with 1013 and counted; reading again, it sees the close code."""
+    monkeypatch.setattr(connection, "BEHIND_SECONDS", 0.5)
+    topic = "room:stuck"
+    slow = await open_client(served.url)
+    assert (await slow.subscribe(served.sign(topic)))["op"] == "subscribed"
+    slow.ws.transport.pause_reading()
+    on_server = server_side(served.server, slow)
+    closed = count("closed")
+    for n in range(200):  # 400 KB: more than its socket holds, less than the backlog's byte bound
+        await served.publish(topic, {"n": n, "pad": "x" * 2000})
+    await async_wait_for(lambda: on_server.closing, 5, message="the server to close the client")
+    assert count("closed") == closed + 1
+    slow.ws.transport.resume_reading()
+    assert await slow.closed_with(timeout=5) == 1013
+
+
+@LOCAL_ONLY
+async def test_a_client_with_too_much_waiting_is_closed_with_1013(served: Served) -> None:
+    """A client that does not read on 12 busy topics holds more than the backlog's byte bound: it is closed with 1013 at once, without waiting for the time bound."""
+    slow = await open_client(served.url)
+    names = [f"room:many-{i}" for i in range(12)]
+    for name in names:
+        assert (await slow.subscribe(served.sign(name)))["op"] == "subscribed"
+    slow.ws.transport.pause_reading()
+    on_server = server_side(served.server, slow)
+    for _ in range(6):
+        for name in names:
+            await served.publish(name, {"pad": "x" * 40_000})
+    # Well before the time bound (BEHIND_SECONDS): the byte bound closed it.
+    await async_wait_for(lambda: on_server.closing, 5, message="the server to close the client")
+    assert not on_server.backlog_bytes, "what waited for it is let go"
+    slow.ws.transport.resume_reading()
+    assert await slow.closed_with(timeout=5) == 1013
+    assert connection.BACKLOG_BYTES < 12 * 6 * 40_000
+
+
+@LOCAL_ONLY
+async def test_a_replay_to_a_client_that_fell_behind_arrives_whole_once_it_reads(served: Served) -> None:
+    """A client that stopped reading (frames waiting for it on a busy topic) subscribes with `since` to a topic of 2,500 messages, more arriving live meanwhile: once it reads again it gets `subscribed`, then every message of that topic exactly once, in order; the replay's pages waited for it."""
+    busy, kept = "room:busy", "room:kept"
+    since = await served.fanout.alatest_offset(kept)
+    sent = [await served.publish(kept, {"n": n}) for n in range(2500)]
+    slow = await open_client(served.url)
+    assert (await slow.subscribe(served.sign(busy)))["op"] == "subscribed"
+    slow.ws.transport.pause_reading()
+    on_server = server_side(served.server, slow)
+    for n in range(300):
+        await served.publish(busy, {"n": n, "pad": "x" * 2000})
+    await async_wait_for(lambda: on_server.backlog_bytes, 5, message="frames to wait for the client")
+    await slow.send({"op": "subscribe", "topic": served.sign(kept), "since": since, "ref": "kept"})
+    await async_wait_for(lambda: kept in on_server.topics, 5, message="the server to take the subscribe")
+    sent += [await served.publish(kept, {"n": n}) for n in range(2500, 2600)]
+    slow.ws.transport.resume_reading()
+
+    got: list[str] = []
+    answered = False
+    while not got or got[-1] != sent[-1]:
+        frame = await slow.recv()
+        if frame.get("topic") != kept:
+            continue
+        if frame["op"] == "subscribed":
+            answered = True
+            continue
+        assert answered and frame["op"] == "message", frame
+        got.append(frame["offset"])
+    assert got == sent
+    assert not on_server.closing
+    await slow.close()
