@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from .. import metrics, protocol
+from ..errors import DependencyError
 from ..fanout import FanOut
 from ..types import Message, Offset, StateSource, offset_key
 from .backlog import Kind
@@ -51,6 +52,9 @@ NO_KEY: Key = ()
 EMPTY_READ_PAUSE = 0.05
 # A state read that failed is tried again after this long, while someone still watches.
 STATE_RETRY_SECONDS = 1.0
+# A history read that Postgres or Redis failed (a restart under way) is tried again after this
+# long, while someone still listens: the log still holds the range, so it is no gap.
+READ_RETRY_SECONDS = 0.5
 
 
 class Subscriber(Protocol):
@@ -184,9 +188,16 @@ class Hub:
         """Deliver what the log holds after the cursor; True if there was anything."""
         assert t.cursor is not None
         found = False
+        failures = 0
         while not t.idle:
             try:
                 page = await self.fanout.history(t.name, t.cursor)
+            except DependencyError as exc:
+                failures += 1
+                (log.warning if failures == 1 else log.debug)(
+                    "could not read the history of %s (%s); reading again every %g s", t.name, exc, READ_RETRY_SECONDS)
+                await asyncio.sleep(READ_RETRY_SECONDS)
+                continue
             except Exception as exc:  # a read that fails is a gap we cannot fill
                 log.warning("could not read the history of %s (%s): its subscribers get reset", t.name, exc)
                 page = None

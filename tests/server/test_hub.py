@@ -11,10 +11,12 @@ import json
 
 import pytest
 
+from livepush.errors import DependencyError
 from livepush.fanout.base import HISTORY_PAGE, History
 from livepush.fanout.local import LocalFanOut
 from livepush.server.hub import Hub
 from livepush.types import Message, Receiver
+from tests.support.waiting import async_wait_for
 
 
 class Sub:
@@ -153,6 +155,37 @@ async def test_a_gap_history_cannot_fill_becomes_reset_then_live() -> None:
     fanout.publish("t", "c")
     await settle()
     assert sub.data() == ["a", "c"]
+
+
+class FlakyHistory(DoorbellLocal):
+    """Doorbells only, and the next `failures` history reads raise, as while Postgres restarts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures = 0
+
+    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE) -> History | None:
+        if self.failures:
+            self.failures -= 1
+            self.reads += 1
+            raise DependencyError("cannot reach Postgres (terminating connection due to administrator command)")
+        return await super().history(topic, since, limit=limit)
+
+
+async def test_a_history_read_that_fails_for_a_moment_is_read_again_not_reset() -> None:
+    """A read the database fails (a restart under way) is no gap: the log still holds the range,
+    so the messages arrive once it answers again, in order, and nobody gets reset."""
+    fanout, hub = await make(FlakyHistory())
+    assert isinstance(fanout, FlakyHistory)
+    sub = Sub()
+    await hub.subscribe(sub, "t", None, 1)
+    fanout.failures = 2
+    fanout.publish("t", "a")
+    fanout.publish("t", "b")
+    await async_wait_for(lambda: len(sub.data()) == 2, timeout=5, message="the messages after the failed reads")
+    assert sub.data() == ["a", "b"]
+    assert [f["op"] for f in sub.frames] == ["subscribed", "message", "message"]
+    assert fanout.reads >= 3, "two failed reads, then one that delivered"
 
 
 async def test_doorbells_are_read_from_history_in_order_and_once() -> None:
