@@ -41,8 +41,11 @@ _CYCLE = 0.25
 
 
 class Listener:
+    # Reconnects capped at 1 s, as the Redis subscriber's: one listener per process, so the cap
+    # costs the database at most one attempt a second per process, and healing follows the
+    # database's return within about a second.
     def __init__(self, url: str, *, name: str = "livepush-listener", ping: float = 5.0,
-                 backoff: tuple[float, float] = (0.1, 5.0)) -> None:
+                 backoff: tuple[float, float] = (0.1, 1.0)) -> None:
         self.url = url
         self.name = name
         self.ping = ping
