@@ -105,8 +105,8 @@ def run_status(procs: Processes, env: dict[str, str], *args: str) -> tuple[int, 
 
 def test_the_report_names_each_queue_runtime_group_and_workflow(
         busy_db: dict[str, Any], procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
-    """The plain report has a section for each part, names what is in it, and says how servers
-    are checked."""
+    """The plain report has a section for each part, names what is in it, and says how a server
+    is asked whether it is ready."""
     code, out, err = run_status(procs, livepush_env(database_url=busy_db["url"]))
     assert code == 0, err
     assert "Traceback" not in err
@@ -115,7 +115,7 @@ def test_the_report_names_each_queue_runtime_group_and_workflow(
                    "Groups in progress (2)", "sealed", "open",
                    "Workflows in progress (1)", "status_flow", "waiting",
                    "fetch:succeeded report:waiting publish:pending",
-                   "Servers", "GET /healthz"):
+                   "Servers listening (0)", "GET /readyz"):
         assert needle in out, f"{needle!r} not in:\n{out}"
     lines = out.splitlines()
     group_lines = _section(lines, "Groups in progress")
@@ -137,12 +137,13 @@ def _section(lines: list[str], title: str) -> list[str]:
 def test_json_has_the_figures(busy_db: dict[str, Any], procs: Processes,
                               livepush_env: Callable[..., dict[str, str]]) -> None:
     """--json prints one document with the same data: counts per queue, each runtime, the groups
-    and runs in progress with their counts; no servers part."""
+    and runs in progress with their counts, and the servers listening (none here)."""
     code, out, err = run_status(procs, livepush_env(database_url=busy_db["url"]), "--json")
     assert code == 0, err
     doc = json.loads(out)
     assert set(doc) == {"at", "queues", "runtimes", "groups", "groups_in_progress", "workflows",
-                        "workflows_in_progress", "limit"}
+                        "workflows_in_progress", "limit", "servers"}
+    assert doc["servers"] == []
     queues = {qu["queue"]: qu for qu in doc["queues"]}
     assert {k: v for k, v in queues["status_a"].items() if k != "oldest_age"} == {
         "queue": "status_a", "depth": 4, "scheduled": 1, "running": 1, "waiting": 0, "failed": 0}
@@ -235,3 +236,17 @@ def test_without_a_database_url_exits_2_naming_the_setting(procs: Processes,
     code, _, err = run_status(procs, livepush_env())
     assert code == 2
     assert "LIVEPUSH_DATABASE_URL" in err and "Traceback" not in err
+
+
+def test_servers_listening_on_the_database_and_on_redis_are_listed(
+        pg_url: str, redis_url: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
+    """A server on the Redis fan-out with a database holds one listener on each: both are listed."""
+    env = livepush_env(database_url=pg_url, redis_url=redis_url, fanout="redis")
+    procs.livepush("serve", env=env)
+    code, out, err = run_status(procs, env, "--json")
+    assert code == 0, err
+    servers = json.loads(out)["servers"]
+    assert sorted(s["via"] for s in servers) == ["postgres", "redis"], servers
+    assert all(s["address"] == "127.0.0.1" for s in servers), servers
+    code, out, err = run_status(procs, env)
+    assert code == 0 and "Servers listening (2)" in out, out + err

@@ -1,9 +1,10 @@
-"""`livepush status [--json] [--limit N]`: the job runtime as the database shows it now.
+"""`livepush status [--json] [--limit N]`: the job runtime as the database shows it now, and the
+servers listening.
 
 Plain output is a report for people (one section each: queues, runtimes, groups, workflows,
 servers); `--json` prints the same data as one JSON document for scripts. Servers register
-nowhere, so the report says how to check them (GET /healthz on each port) instead of listing
-them, and the JSON has no such part.
+nowhere: the report lists the listening connections their database (and Redis, when one is
+configured) shows, each server holding one on each.
 """
 
 from __future__ import annotations
@@ -13,13 +14,16 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 
+from typing import Any
+
 from ..config import Settings
 from ..jobs import database
 from ..jobs.api.status import DEFAULT_LIMIT, MAX_LIMIT, Status, status
 from ..postgres.connect import redact
+from ..postgres.listener import listening_backends
+from ..redis.subscriber import subscribed_clients
 
-SERVERS_NOTE = ("not recorded in the database: check each server with GET /healthz on its port "
-                "(200 while it hears every change it serves, 503 while it does not)")
+SERVERS_NOTE = "each server's own view: GET /readyz on its port (what a load balancer should ask)"
 
 
 def _limit(text: str) -> int:
@@ -45,8 +49,21 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         # A one-shot command: close the pool now rather than leave it to interpreter exit.
         database.close_pools()
-    print(json.dumps(report.as_dict(), indent=2) if args.json else render(report, redact(url)))
+    servers = listening_servers(settings)
+    if args.json:
+        print(json.dumps(report.as_dict() | {"servers": servers}, indent=2, default=str))
+    else:
+        print(render(report, redact(url), servers))
     return 0
+
+
+def listening_servers(settings: Settings) -> list[dict[str, Any]]:
+    """The listening connections of servers: on the database, and on Redis when one is set."""
+    servers: list[dict[str, Any]] = [{"via": "postgres", **row}
+                                     for row in listening_backends(settings.require_database())]
+    if settings.redis_url:
+        servers += [{"via": "redis", **row} for row in subscribed_clients(settings.redis_url)]
+    return servers
 
 
 # -- the plain report ---------------------------------------------------------------------------
@@ -79,7 +96,7 @@ def _section(title: str, body: list[str]) -> list[str]:
     return [title, *(body or ["  none"]), ""]
 
 
-def render(report: Status, database_name: str) -> str:
+def render(report: Status, database_name: str, servers: Sequence[dict[str, Any]] = ()) -> str:
     at = datetime.fromisoformat(report.at).replace(microsecond=0).isoformat()
     out = [f"livepush status of {database_name} at {at}", ""]
 
@@ -111,8 +128,19 @@ def render(report: Status, database_name: str) -> str:
         [[str(w.id), w.name, w.state, f"{duration(w.age)} ago", w.summary] for w in report.workflows],
         right=frozenset({0})) if report.workflows else [])
 
-    out += ["Servers", f"  {SERVERS_NOTE}"]
+    now = datetime.fromisoformat(report.at)
+    rows = [[s["via"], s.get("address") or "-", _since(s, now)] for s in servers]
+    body = table(["VIA", "ADDRESS", "LISTENING FOR"], rows) if rows else ["  none"]
+    out += [f"Servers listening ({len(servers)})", *body, f"  {SERVERS_NOTE}"]
     return "\n".join(out)
+
+
+def _since(server: dict[str, Any], at: datetime) -> str:
+    if server.get("since") is not None:
+        return duration(max((at - server["since"]).total_seconds(), 0.0))
+    if server.get("since_seconds") is not None:
+        return duration(float(server["since_seconds"]))
+    return "-"
 
 
 def _shown(title: str, shown: int, total: int) -> str:

@@ -151,7 +151,7 @@ class RedisFanOut(FanOut):
         prefix: str | None = None,
         subscriber: Subscriber | None = None,
         heartbeat: float = 5.0,
-        backoff: tuple[float, float] = (0.1, 5.0),
+        backoff: tuple[float, float] = (0.1, 1.0),
         connect_timeout: float = 5.0,
     ) -> None:
         super().__init__()

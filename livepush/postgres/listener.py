@@ -23,11 +23,12 @@ import time
 from collections.abc import Callable
 
 import psycopg
+from psycopg.rows import dict_row
 
 from ..channels import Channels, Resync
 from ..errors import DependencyError, ListenError, first_line
 from ..tasks import Backoff, stop
-from .connect import aconnect, redact
+from .connect import aconnect, connect, redact, translated
 
 log = logging.getLogger("livepush.postgres.listener")
 
@@ -158,3 +159,21 @@ class Listener:
     def _dispatch(self, channel: str, payload: str) -> None:
         self._channels.dispatch(channel, payload)
 
+
+
+# name: listening_backends
+# A plain read of the statistics view: the LISTEN connections of livepush servers on this
+# database (the name every server's shared listener connects with). Another role's sessions
+# show their name but no address or start time to a role without pg_read_all_stats.
+LISTENING_BACKENDS = """
+SELECT pid, host(client_addr) AS address, backend_start AS since
+FROM pg_stat_activity
+WHERE datname = current_database() AND application_name = %(name)s
+ORDER BY backend_start, pid
+"""
+
+
+def listening_backends(url: str, name: str = "livepush-listener") -> list[dict[str, object]]:
+    """The servers listening on this database now, for `livepush status`."""
+    with translated(url), connect(url) as conn:
+        return list(conn.cursor(row_factory=dict_row).execute(LISTENING_BACKENDS, {"name": name}))

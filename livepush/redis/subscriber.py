@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import redis
 import redis.asyncio as aredis
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -28,7 +29,7 @@ from redis.retry import Retry
 from ..channels import Channels, Resync
 from ..errors import ListenError
 from ..tasks import Backoff, stop
-from .client import failed, one_line, redact, text
+from .client import client_kwargs, failed, one_line, redact, text
 
 log = logging.getLogger("livepush.redis.subscriber")
 
@@ -182,3 +183,17 @@ class Subscriber:
                 entry = self._channels.get(text(reply[1], "replace"))
                 if entry is not None:
                     entry.live.set()
+
+
+def subscribed_clients(url: str, name: str = "livepush-listener") -> list[dict[str, object]]:
+    """The servers subscribed on this Redis now (its pub/sub clients with our client name), for
+    `livepush status`."""
+    client = redis.Redis.from_url(url, **client_kwargs("livepush-status"))
+    try:
+        found = client.client_list(_type="pubsub")
+    except (RedisError, OSError) as exc:
+        raise failed(url, exc, "listing the servers subscribed") from exc
+    finally:
+        client.close()
+    return [{"id": int(c["id"]), "address": str(c.get("addr", "")).rsplit(":", 1)[0],
+             "since_seconds": int(c.get("age", 0))} for c in found if c.get("name") == name]
