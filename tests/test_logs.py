@@ -1,5 +1,5 @@
 """`--log-format json`: one JSON object a line, and never a token, secret or password in the
-output, whatever format (docs/reference.md#8-operations)."""
+output, whatever format (docs/reference.md#9-operations)."""
 
 from __future__ import annotations
 

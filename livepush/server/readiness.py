@@ -1,6 +1,6 @@
 """What `/readyz` answers: whether a load balancer should send this server new connections.
 
-Four checks, each named in the JSON body (docs/reference.md#8-operations):
+Four checks, each named in the JSON body (docs/reference.md#9-operations):
 - listening: what /healthz says (the fan-out and every state source hear their changes);
 - canary: a message this server publishes to itself through the fan-out every CANARY_EVERY
   seconds came back within CANARY_BOUND. A listener can look connected and hear nothing (a

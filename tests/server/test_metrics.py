@@ -1,5 +1,5 @@
 """GET /metrics on the server's port: Prometheus text whose `livepush_` figures follow what
-clients and publishers did (docs/reference.md#8-operations, docs/operations.md)."""
+clients and publishers did (docs/reference.md#9-operations, docs/operations.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """GET /readyz: ready only while a canary goes round the fan-out in time, the schema is current,
-and the server is not draining; every check is named in the body (docs/reference.md#8-operations)."""
+and the server is not draining; every check is named in the body (docs/reference.md#9-operations)."""
 
 from __future__ import annotations
 
