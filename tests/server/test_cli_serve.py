@@ -121,25 +121,11 @@ async def test_shutdown_closes_1000_connections_with_1001_within_2_seconds(procs
 async def test_serve_with_jobs_closes_connections_before_draining(procs, livepush_env, pg_url, secret) -> None:
     """With a job in hand, SIGTERM still closes connections with 1001 within 2 s; the runtime
     then finishes the job and the process exits 0."""
-    import psycopg
-
-    from livepush.jobs import database
-    from tests.support import slow_jobs
-    from tests.support.waiting import async_wait_for
+    from tests.support.slow_jobs import started_slow_job
 
     env = livepush_env(database_url=pg_url)
     child = await procs.alivepush("serve", "--with-jobs", "tests.support.slow_jobs", env=env)
-    database.configure(pg_url)
-    try:
-        handle = await asyncio.to_thread(slow_jobs.slow.enqueue, 3.0)
-    finally:
-        database.configure(None)
-
-    def state() -> str:
-        with psycopg.connect(pg_url) as conn:
-            return conn.execute("SELECT state FROM livepush_jobs WHERE id = %s", (handle.id,)).fetchone()[0]
-
-    await async_wait_for(lambda: state() == "running", 10, message="the slow job to start")
+    state = await started_slow_job(pg_url, 3.0)
     client = await WSClient.open(f"ws://127.0.0.1:{env['LIVEPUSH_PORT']}/")
     started = time.monotonic()
     child.signal(signal.SIGTERM)

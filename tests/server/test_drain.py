@@ -228,24 +228,11 @@ async def test_drain_beside_a_job_runtime_stays_bounded(procs, livepush_env, pg_
     """serve --with-jobs --drain-seconds 1 with a 3 s job in hand: the connection closes with a
     retry reason within the drain, the runtime finishes its job as before, and the process exits
     0 within the longer of the two plus a margin."""
-    import psycopg
-
-    from livepush.jobs import database
-    from tests.support import slow_jobs
+    from tests.support.slow_jobs import started_slow_job
 
     env = livepush_env(database_url=pg_url, drain_seconds=1)
     child = await procs.alivepush("serve", "--with-jobs", "tests.support.slow_jobs", env=env)
-    database.configure(pg_url)
-    try:
-        handle = await asyncio.to_thread(slow_jobs.slow.enqueue, 3.0)
-    finally:
-        database.configure(None)
-
-    def state() -> str:
-        with psycopg.connect(pg_url) as conn:
-            return conn.execute("SELECT state FROM livepush_jobs WHERE id = %s", (handle.id,)).fetchone()[0]
-
-    await async_wait_for(lambda: state() == "running", 10, message="the slow job to start")
+    state = await started_slow_job(pg_url, 3.0)
     client = await WSClient.open(f"ws://127.0.0.1:{env['LIVEPUSH_PORT']}/")
     started = time.monotonic()
     child.signal(signal.SIGTERM)

@@ -3,11 +3,33 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
+import psycopg
+
 from livepush import jobs
+from livepush.jobs import database
+from tests.support.waiting import async_wait_for
 
 
 @jobs.job(name="t.slow", queue="slow")
 async def slow(ctx: Any, seconds: float) -> None:
     await asyncio.sleep(seconds)
+
+
+async def started_slow_job(pg_url: str, seconds: float) -> Callable[[], str]:
+    """Enqueue `slow(seconds)` on `pg_url` and return once a runtime runs it; the result reads
+    the job's state now."""
+    database.configure(pg_url)
+    try:
+        handle = await asyncio.to_thread(slow.enqueue, seconds)
+    finally:
+        database.configure(None)
+
+    def state() -> str:
+        with psycopg.connect(pg_url) as conn:
+            return conn.execute("SELECT state FROM livepush_jobs WHERE id = %s", (handle.id,)).fetchone()[0]
+
+    await async_wait_for(lambda: state() == "running", 10, message="the slow job to start")
+    return state
