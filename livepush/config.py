@@ -46,7 +46,7 @@ class Settings:
     drain_seconds: float = 0.0  # 0: on SIGTERM close every connection at once
     # Where the LISTEN connection goes when it must bypass a pooler that cannot keep it (None: database_url).
     listen_database_url: str | None = dataclasses.field(default=None, repr=False)
-    # False behind a pooler that cannot keep prepared statements (PgBouncer's transaction mode before 1.21).
+    # False behind a pooler that cannot keep prepared statements (PgBouncer in transaction mode before 1.22).
     prepared_statements: bool = True
 
     @property
