@@ -44,6 +44,10 @@ class Settings:
     signed_topic_ttl: float = DEFAULT_SIGNED_TOPIC_TTL
     query_tokens: bool = True
     drain_seconds: float = 0.0  # 0: on SIGTERM close every connection at once
+    # Where the LISTEN connection goes when it must bypass a pooler that cannot keep it (None: database_url).
+    listen_database_url: str | None = dataclasses.field(default=None, repr=False)
+    # False behind a pooler that cannot keep prepared statements (PgBouncer in transaction mode before 1.22).
+    prepared_statements: bool = True
 
     @property
     def is_test(self) -> bool:
@@ -61,6 +65,11 @@ class Settings:
                 f"{MIN_SECRET_LENGTH} characters (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(48))'`)"
             )
         return self.secret
+
+    @property
+    def listen_url(self) -> str | None:
+        """The URL the process's Postgres listener connects to."""
+        return self.listen_database_url or self.database_url
 
     def require_database(self) -> str:
         if not self.database_url:
@@ -99,6 +108,10 @@ class Settings:
         query_tokens = (get("LIVEPUSH_QUERY_TOKENS") or "on").lower()
         if query_tokens not in ("on", "off"):
             raise ConfigError(f"LIVEPUSH_QUERY_TOKENS={query_tokens!r} is unknown: use on or off")
+        prepared = (get("LIVEPUSH_PREPARED_STATEMENTS") or "on").lower()
+        if prepared not in ("on", "off"):
+            raise ConfigError(f"LIVEPUSH_PREPARED_STATEMENTS={prepared!r} is unknown: use on, or off behind a "
+                              "pooler in transaction mode that cannot keep prepared statements")
         settings = cls(
             database_url=database_url,
             redis_url=get("LIVEPUSH_REDIS_URL"),
@@ -118,6 +131,8 @@ class Settings:
                                     "seconds, e.g. 86400"),
             query_tokens=query_tokens == "on",
             drain_seconds=number("LIVEPUSH_DRAIN_SECONDS", "0", float, "seconds, e.g. 10 (0: close every connection at once)"),
+            listen_database_url=get("LIVEPUSH_LISTEN_DATABASE_URL"),
+            prepared_statements=prepared == "on",
         )
         settings._validate()
         return settings
@@ -130,9 +145,16 @@ class Settings:
         if self.fanout == "redis" and not self.redis_url:
             raise ConfigError("LIVEPUSH_FANOUT=redis needs LIVEPUSH_REDIS_URL: set it to a URL such as redis://localhost:6379/0")
         if self.database_url:
-            from .postgres.connect import check_url
+            from .postgres.urls import check_url
 
             check_url(self.database_url)
+        if self.listen_database_url:
+            from .postgres.urls import check_url
+
+            if not self.database_url:
+                raise ConfigError("LIVEPUSH_LISTEN_DATABASE_URL is set without LIVEPUSH_DATABASE_URL: set that too "
+                                  "(the listen URL only moves the LISTEN connection of the same database)")
+            check_url(self.listen_database_url, "LIVEPUSH_LISTEN_DATABASE_URL")
         if self.redis_url:
             from .redis.client import check_url as check_redis_url
 

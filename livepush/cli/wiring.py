@@ -47,7 +47,8 @@ class Parts:
 
 
 def _listeners(settings: Settings) -> tuple[Listener | None, Subscriber | None]:
-    listener = Listener(settings.database_url) if settings.database_url else None
+    # LISTEN needs a session of its own: LIVEPUSH_LISTEN_DATABASE_URL may send it past a pooler.
+    listener = Listener(settings.listen_url) if settings.listen_url else None
     subscriber = Subscriber(settings.redis_url) if settings.redis_url else None
     return listener, subscriber
 
@@ -88,7 +89,8 @@ async def _forget_defaults() -> None:
 def jobs_runtime(settings: Settings, modules: Sequence[str], **options: object) -> tuple[Runtime, FanOut]:
     """A job runtime for `livepush jobs`, with a publish-only fan-out for its own state topics."""
     fanout = from_env(settings)
-    return Runtime(list(modules), publisher=fanout, **options), fanout  # type: ignore[arg-type]
+    return Runtime(list(modules), publisher=fanout, listen_url=settings.listen_database_url,
+                   **options), fanout  # type: ignore[arg-type]
 
 
 def runtime_sidecar(runtime: Runtime) -> Sidecar:

@@ -15,22 +15,11 @@ from typing import Any
 import psycopg
 from psycopg_pool import PoolTimeout
 
+from ..config import get_settings
 from ..errors import ConfigError, DependencyError, SchemaError, first_line
+from .urls import check_url, redact
 
 CONNECT_TIMEOUT = 5  # seconds; a server that does not answer fails the command rather than hanging it
-
-
-def redact(url: str) -> str:
-    """`dbname@host:port` of a Postgres URL or conninfo, never its password; safe for any output."""
-    try:
-        info = psycopg.conninfo.conninfo_to_dict(url)
-    except psycopg.Error:
-        return "(a malformed URL)"
-    host = info.get("host") or "localhost"
-    if host.startswith("/"):  # a unix socket directory
-        host = "unix socket"
-    port = info.get("port") or "5432"
-    return f"{info.get('dbname') or info.get('user') or ''}@{host}:{port}"
 
 
 def _password(url: str) -> str | None:
@@ -86,26 +75,20 @@ def translated(url: str) -> Iterator[None]:
         raise translate(url, exc) from exc
 
 
-def malformed(url: str) -> ConfigError:
-    # psycopg's message for a URL it cannot parse quotes the offending part, password included.
-    return ConfigError(
-        f"LIVEPUSH_DATABASE_URL cannot be parsed ({redact(url)}): use postgresql://USER:PASSWORD@HOST:PORT/DBNAME, "
-        "with special characters in the password percent-encoded"
-    )
-
-
-def check_url(url: str) -> None:
-    """ConfigError, naming no part of it, when `url` is not a Postgres URL or conninfo."""
-    try:
-        psycopg.conninfo.conninfo_to_dict(url)
-    except psycopg.Error:
-        raise malformed(url) from None
+def statement_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """psycopg connection options with preparing turned off when LIVEPUSH_PREPARED_STATEMENTS=off.
+    A pooler in transaction mode without prepared-statement support hands each transaction to any
+    server connection, where a statement prepared on another is missing or a name is taken."""
+    if get_settings().prepared_statements:
+        return kwargs
+    return {**kwargs, "prepare_threshold": None}
 
 
 def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection:
     check_url(url)
     try:
-        return psycopg.connect(url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT, **kwargs)
+        return psycopg.connect(url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT,
+                               **statement_options(kwargs))
     except psycopg.Error as exc:
         raise translate(url, exc) from None
 
@@ -114,7 +97,7 @@ async def aconnect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psyco
     check_url(url)
     try:
         return await psycopg.AsyncConnection.connect(url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT,
-                                                     **kwargs)
+                                                     **statement_options(kwargs))
     except psycopg.Error as exc:
         raise translate(url, exc) from None
 

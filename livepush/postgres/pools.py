@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from .connect import CONNECT_TIMEOUT, aconnect, connect, translate
+from .connect import CONNECT_TIMEOUT, aconnect, connect, statement_options, translate
 
 OPEN_TIMEOUT = 5.0  # seconds a first use waits for the pool's first connection
 
@@ -133,7 +133,8 @@ class LoopPools:
     connection first: a refused or misconfigured database fails at once with our error, where
     a pool would retry in the background until its timeout. Connections are in autocommit
     unless `autocommit=False`; `prepare_threshold=0` prepares a repeated statement from its
-    first run (set by owners whose few statements run again and again)."""
+    first run (set by owners whose few statements run again and again). With
+    LIVEPUSH_PREPARED_STATEMENTS=off no pool prepares anything (connect.statement_options)."""
 
     def __init__(self, url: str, *, name: str, max_size: int = 4, autocommit: bool = True,
                  prepare_threshold: int | None = None, min_size: int = 1) -> None:
@@ -154,7 +155,7 @@ class LoopPools:
             if self._sync is None:
                 connect(self.url).close()  # fails fast, translated
                 pool = Pool(self.url, min_size=self.min_size, max_size=self.max_size, open=False,
-                            kwargs=dict(self._kwargs), name=f"{self.name}-sync")
+                            kwargs=statement_options(dict(self._kwargs)), name=f"{self.name}-sync")
                 try:
                     pool.open(wait=True, timeout=OPEN_TIMEOUT)
                 except Exception as exc:
@@ -177,7 +178,7 @@ class LoopPools:
                 return pool
             await (await aconnect(self.url)).close()
             pool = AsyncPool(self.url, min_size=self.min_size, max_size=self.max_size, open=False,
-                             kwargs=dict(self._kwargs), name=f"{self.name}-async")
+                             kwargs=statement_options(dict(self._kwargs)), name=f"{self.name}-async")
             try:
                 await pool.open(wait=True, timeout=OPEN_TIMEOUT)
             except BaseException as exc:  # a cancelled open too: its workers would retry for ever

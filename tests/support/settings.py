@@ -5,17 +5,18 @@ from __future__ import annotations
 import contextlib
 import secrets
 from collections.abc import Iterator
+from typing import Any
 
 from livepush import api, config
 from livepush.jobs import database
 
 
 @contextlib.contextmanager
-def jobs_settings(url: str) -> Iterator[str]:
+def jobs_settings(url: str, **options: Any) -> Iterator[str]:
     """`url` as the jobs' database and the (publish-only) Postgres fan-out's, LIVEPUSH_ENV=test,
-    a fresh secret; everything put back afterwards."""
-    config.set_settings(config.Settings(database_url=url, fanout="postgres", env="test",
-                                        secret=secrets.token_urlsafe(36)))
+    a fresh secret unless given, and any other `options` of Settings; everything put back afterwards."""
+    options.setdefault("secret", secrets.token_urlsafe(36))
+    config.set_settings(config.Settings(database_url=url, fanout="postgres", env="test", **options))
     api.set_default_fanout(None)
     database.configure(url)
     try:

@@ -103,6 +103,7 @@ class Runtime:
         listener: Listener | None = None,
         listen: bool = True,
         publisher: FanOut | None = None,
+        listen_url: str | None = None,
     ) -> None:
         if isinstance(modules, Registry):
             self.registry = modules
@@ -128,7 +129,11 @@ class Runtime:
         # Seconds finished jobs and groups are kept (None: forever); pruned by the heartbeat task.
         self.retention = retention
         self.publisher = publisher  # where the runtime's own state goes (runtime:<id>, runtimes)
-        self._listener = ListenerSlot(listener, lambda: Listener(self.url or "", name="livepush-jobs-listener"))
+        # Its own listener (when none is given) may connect elsewhere than its pools: past a pooler
+        # in transaction mode, which cannot keep a LISTEN (LIVEPUSH_LISTEN_DATABASE_URL).
+        self.listen_url = listen_url
+        self._listener = ListenerSlot(listener, lambda: Listener(self.listen_url or self.url or "",
+                                                                 name="livepush-jobs-listener"))
         self._listen = listen
         self._pruned_at = 0.0
         self.id: int | None = None
@@ -461,7 +466,8 @@ class Runtime:
             self._claim_conn = None
             assert self.url is not None
             # prepare_threshold=0: the claim is prepared from its first run, not its sixth (the
-            # first claims of an idle runtime are its pickup latency).
+            # first claims of an idle runtime are its pickup latency); never, with
+            # LIVEPUSH_PREPARED_STATEMENTS=off (connect.statement_options).
             conn = await aconnect(self.url, prepare_threshold=0)
             self._claim_conn = conn
         return conn

@@ -1,0 +1,40 @@
+"""Postgres URLs as settings: whether one parses, and how to show one without its password.
+
+Apart from connect.py so that the settings can check a URL without importing the connections
+(which read the settings).
+"""
+
+from __future__ import annotations
+
+import psycopg
+
+from ..errors import ConfigError
+
+
+def redact(url: str) -> str:
+    """`dbname@host:port` of a Postgres URL or conninfo, never its password; safe for any output."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.Error:
+        return "(a malformed URL)"
+    host = info.get("host") or "localhost"
+    if host.startswith("/"):  # a unix socket directory
+        host = "unix socket"
+    port = info.get("port") or "5432"
+    return f"{info.get('dbname') or info.get('user') or ''}@{host}:{port}"
+
+
+def malformed(url: str, setting: str = "LIVEPUSH_DATABASE_URL") -> ConfigError:
+    # psycopg's message for a URL it cannot parse quotes the offending part, password included.
+    return ConfigError(
+        f"{setting} cannot be parsed ({redact(url)}): use postgresql://USER:PASSWORD@HOST:PORT/DBNAME, "
+        "with special characters in the password percent-encoded"
+    )
+
+
+def check_url(url: str, setting: str = "LIVEPUSH_DATABASE_URL") -> None:
+    """ConfigError, naming `setting` and no part of the URL, when `url` is not a Postgres URL or conninfo."""
+    try:
+        psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.Error:
+        raise malformed(url, setting) from None

@@ -1,0 +1,317 @@
+"""livepush behind a real PgBouncer (docs/reference.md#2-configuration).
+
+- Transaction mode: job runtimes, publish() and enqueues work through it, with
+  LIVEPUSH_PREPARED_STATEMENTS=off when the pooler cannot keep prepared statements; a LISTEN
+  through it is accepted but hears nothing, so a runtime runs on polling, or hears at once
+  when LIVEPUSH_LISTEN_DATABASE_URL sends its LISTEN to the database directly.
+- Session mode: everything works as on a direct connection, LISTEN included (`serve`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from livepush import api, config, jobs
+from livepush.errors import ConfigError
+from livepush.jobs import database
+from livepush.migrate import migrate
+from tests.jobs import sample_jobs
+from tests.jobs.conftest import q, registered
+from tests.support import services
+from tests.support.pgbouncer import PgBouncer, pgbouncer_version, start_pgbouncer
+from tests.support.procs import ChildProcess, Processes
+from tests.support.settings import jobs_settings
+from tests.support.waiting import async_wait_for, wait_for
+from tests.support.wsclient import WSClient
+
+MODULE = "tests.jobs.sample_jobs"
+# What a runtime logs when a claim, a beat or an outcome fails: none may appear behind the pooler.
+FAILURE_LINES = ("claim failed", "heartbeat failed", "promoting scheduled jobs failed", "could not", "Traceback",
+                 "prepared statement")
+
+
+def pooled(mode: str) -> Callable[..., Iterator[PgBouncer]]:
+    def fixture(pg_admin_url: str) -> Iterator[PgBouncer]:
+        bouncer = start_pgbouncer(pg_admin_url, pool_mode=mode)
+        try:
+            yield bouncer
+        finally:
+            bouncer.stop()
+
+    return fixture
+
+
+transaction_pool = pytest.fixture(pooled("transaction"), name="transaction_pool")
+session_pool = pytest.fixture(pooled("session"), name="session_pool")
+
+
+def through(bouncer: PgBouncer, direct_url: str) -> str:
+    """The URL of the same database as `direct_url`, through `bouncer`."""
+    return bouncer.url(services.dbname_of(direct_url))
+
+
+def settings_through(url: str, **options: Any) -> contextlib.AbstractContextManager[str]:
+    """This process's publish() and enqueues go to `url`, with LIVEPUSH_PREPARED_STATEMENTS=off
+    unless given."""
+    options.setdefault("prepared_statements", False)
+    return jobs_settings(url, **options)
+
+
+@pytest.fixture
+def runs_db(pg_url: str) -> str:
+    """A fresh migrated database with the sample jobs' tables."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sample_jobs.RUNS_TABLE)
+        conn.execute(sample_jobs.FLAGS_TABLE)
+    return pg_url
+
+
+def count(url: str, sql: str, params: Any = None) -> int:
+    return int(q(url, sql, params)[0][0])
+
+
+def assert_no_failures(child: ChildProcess) -> None:
+    text = child.stderr() + child.stdout()
+    found = [line for line in text.splitlines() if any(f in line for f in FAILURE_LINES)]
+    assert not found, f"{child.name} logged failures behind PgBouncer:\n" + "\n".join(found[:20])
+
+
+def http_json(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as answer:
+            return answer.status, json.loads(answer.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def test_the_pgbouncer_under_test(transaction_pool: PgBouncer) -> None:
+    """Names the PgBouncer these tests ran against (the guarantees below were checked with it)."""
+    version = pgbouncer_version()
+    print(version)
+    assert version.startswith("PgBouncer ")
+
+
+# ---- transaction mode: job runtimes --------------------------------------------------------------
+
+
+def test_runtime_through_transaction_mode_runs_every_job_once_by_polling(
+        runs_db: str, transaction_pool: PgBouncer, procs: Processes,
+        livepush_env: Callable[..., dict[str, str]]) -> None:
+    """Two `livepush jobs` runtimes and every enqueue through transaction mode (no LISTEN that
+    hears): 400 jobs each run exactly once, a job enqueued to idle runtimes starts within a few
+    poll intervals, nothing fails on the way, and both stop cleanly."""
+    url = through(transaction_pool, runs_db)
+    env = livepush_env(database_url=url, prepared_statements="off")
+    children = [procs.livepush("jobs", MODULE, "--concurrency", "10", "--heartbeat", "0.3", "--poll-interval", "0.3",
+                               env=env) for _ in range(2)]
+    for child in children:
+        registered(runs_db, child)
+    with settings_through(url):
+        handles = jobs.enqueue_many([sample_jobs.record.request(i) for i in range(200)])
+        handles += [sample_jobs.record_sync.enqueue(i) for i in range(200, 400)]
+    wait_for(lambda: count(runs_db, "SELECT count(*) FROM livepush_jobs WHERE state = 'succeeded'") == 400, 40.0,
+             interval=0.1, message="400 jobs to succeed through PgBouncer")
+    assert count(runs_db, "SELECT count(*) FROM job_runs") == 400
+    assert {r[0] for r in q(runs_db, "SELECT job_id FROM job_runs")} == {h.id for h in handles}
+
+    with settings_through(url):
+        late = sample_jobs.record.enqueue("late")
+    enqueued = time.monotonic()
+    wait_for(lambda: count(runs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s", (late.id,)) == 1, 10.0,
+             message="a job enqueued to idle runtimes to run by polling")
+    assert time.monotonic() - enqueued < 3.0, "picked up later than a few poll intervals"
+    for child in children:
+        assert child.stop(timeout=15) == 0, child.output()
+        assert_no_failures(child)
+    assert count(runs_db, "SELECT count(*) FROM livepush_job_runtimes") == 0
+    assert count(runs_db, "SELECT count(*) FROM job_runs") == 401
+
+
+@pytest.mark.parametrize("mode", ["transaction mode, LISTEN direct", "session mode"])
+def test_runtime_that_really_listens_is_woken_at_once(
+        mode: str, runs_db: str, transaction_pool: PgBouncer, session_pool: PgBouncer, procs: Processes,
+        livepush_env: Callable[..., dict[str, str]]) -> None:
+    """A runtime polling only every 30 s still starts a job within 3 s of its enqueue through the
+    pooler: its doorbell comes through a LISTEN that holds (a direct one past a transaction-mode
+    pool with LIVEPUSH_LISTEN_DATABASE_URL, or one through a session-mode pool)."""
+    if mode == "session mode":
+        url, listen, prepared = through(session_pool, runs_db), None, "on"
+    else:
+        url, listen, prepared = through(transaction_pool, runs_db), runs_db, "off"
+    env = livepush_env(database_url=url, listen_database_url=listen, prepared_statements=prepared)
+    child = procs.livepush("jobs", MODULE, "--heartbeat", "0.3", "--poll-interval", "30", env=env)
+    registered(runs_db, child)
+    for i in range(3):
+        with settings_through(url, prepared_statements=prepared == "on"):
+            job = sample_jobs.record.enqueue(i)
+        enqueued = time.monotonic()
+        wait_for(lambda: count(runs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s", (job.id,)) == 1, 10.0,
+                 message=f"job {job.id} to run")
+        assert time.monotonic() - enqueued < 3.0, "not woken by its doorbell"
+    assert child.stop(timeout=15) == 0, child.output()
+    assert_no_failures(child)
+
+
+# ---- transaction mode: publish() and enqueues -----------------------------------------------------
+
+
+def test_publish_and_enqueue_through_transaction_mode(pg_url: str, transaction_pool: PgBouncer) -> None:
+    """publish() and enqueues, sync from 4 threads at once and async, through transaction mode with
+    LIVEPUSH_PREPARED_STATEMENTS=off: every call succeeds and each topic's offsets follow on
+    without a gap."""
+    url = through(transaction_pool, pg_url)
+    errors: list[BaseException] = []
+
+    def publisher(n: int) -> None:
+        try:
+            for i in range(40):
+                api.publish(f"news:{n}", {"i": i})
+                sample_jobs.record.enqueue(f"{n}:{i}")
+        except BaseException as exc:  # noqa: BLE001 -- reported by the test thread below
+            errors.append(exc)
+
+    async def async_calls() -> None:
+        for i in range(40):
+            await api.apublish("news:async", {"i": i})
+            await sample_jobs.record.aenqueue(f"async:{i}")
+        await jobs.aenqueue_many([sample_jobs.record.request(f"many:{i}") for i in range(20)])
+        await database.release_loop()
+        await api.release_loop()
+
+    with settings_through(url):
+        threads = [threading.Thread(target=publisher, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        asyncio.run(async_calls())
+        offsets = [api.latest_offset(f"news:{n}") for n in range(4)] + [api.latest_offset("news:async")]
+    assert not errors, errors[:3]
+    assert all(offset.endswith("-40") for offset in offsets), offsets
+    assert count(pg_url, "SELECT count(*) FROM livepush_jobs WHERE name = 't.record'") == 4 * 40 + 40 + 20
+
+
+def test_prepared_statements_off_keeps_every_connection_from_preparing(pg_url: str,
+                                                                        transaction_pool: PgBouncer) -> None:
+    """With LIVEPUSH_PREPARED_STATEMENTS=off no statement livepush runs is prepared, even those it
+    prepares from their first run (the enqueue's, the claim's): the server holds none after 20
+    enqueues on one pooled connection."""
+    with settings_through(through(transaction_pool, pg_url)):
+        for i in range(20):
+            sample_jobs.record.enqueue(i)
+        pool = database.pools().sync()
+        with pool.connection() as conn:
+            assert conn.prepare_threshold is None
+            assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone() == (0,)
+
+
+def test_migrate_through_transaction_mode(pg_admin_url: str, transaction_pool: PgBouncer) -> None:
+    """`migrate()` runs in one transaction under a transaction-level advisory lock, so it holds
+    through transaction mode too (preparing off): the schema is complete and a second run finds
+    nothing to do."""
+    name = f"t_{secrets.token_hex(8)}"
+    services.create_database(pg_admin_url, name)
+    try:
+        with settings_through(transaction_pool.url(name)) as url:
+            assert len(migrate(url)) >= 1
+            assert migrate(url) == []
+    finally:
+        services.drop_database(pg_admin_url, name)
+
+
+# ---- servers ----------------------------------------------------------------------------------------
+
+
+async def delivered(port: int, publish_url: str, secret: str, count_: int = 10) -> list[Any]:
+    """Subscribe to `news` (signed with the server's `secret`) on the server at `port`, publish
+    `count_` messages to `publish_url`, and return the data delivered."""
+    client = await WSClient.open(f"ws://127.0.0.1:{port}/")
+    try:
+        with settings_through(publish_url, secret=secret):
+            assert (await client.subscribe(api.sign_topic("news")))["op"] == "subscribed"
+            for i in range(count_):
+                await api.apublish("news", {"i": i})
+            await api.release_loop()
+        return [m["data"] for m in await client.messages(count_, timeout=10)]
+    finally:
+        await client.close()
+
+
+async def test_serve_through_session_mode_delivers(pg_url: str, session_pool: PgBouncer, procs: Processes,
+                                                  livepush_env: Callable[..., dict[str, str]], secret: str) -> None:
+    """`livepush serve` whose every connection, LISTEN included, goes through session mode
+    delivers what is published, and /readyz says it is ready."""
+    url = through(session_pool, pg_url)
+    child = await procs.alivepush("serve", env=livepush_env(database_url=url))
+    assert await delivered(child.port, url, secret) == [{"i": i} for i in range(10)]
+    await async_wait_for(lambda: http_json(child.port, "/readyz")[0] == 200, 15.0, interval=0.2,
+                         message="/readyz to answer 200")
+
+
+async def test_serve_through_transaction_mode_listening_directly_delivers(
+        pg_url: str, transaction_pool: PgBouncer, procs: Processes,
+        livepush_env: Callable[..., dict[str, str]], secret: str) -> None:
+    """`livepush serve` through transaction mode with LIVEPUSH_LISTEN_DATABASE_URL on the database
+    itself delivers what is published through the pooler, and is ready."""
+    url = through(transaction_pool, pg_url)
+    env = livepush_env(database_url=url, listen_database_url=pg_url, prepared_statements="off")
+    child = await procs.alivepush("serve", env=env)
+    assert await delivered(child.port, url, secret) == [{"i": i} for i in range(10)]
+    await async_wait_for(lambda: http_json(child.port, "/readyz")[0] == 200, 15.0, interval=0.2,
+                         message="/readyz to answer 200")
+    assert_no_failures(child)
+
+
+async def test_serve_listening_through_transaction_mode_is_never_ready(
+        pg_url: str, transaction_pool: PgBouncer, procs: Processes,
+        livepush_env: Callable[..., dict[str, str]]) -> None:
+    """A LISTEN through transaction mode is accepted and hears nothing: /healthz answers 200, but
+    /readyz answers 503, its canary never coming back, so a load balancer sends it no one."""
+    url = through(transaction_pool, pg_url)
+    child = await procs.alivepush("serve", env=livepush_env(database_url=url, prepared_statements="off"))
+
+    def canary_late() -> bool:
+        status, body = http_json(child.port, "/readyz")
+        return status == 503 and "no canary came back" in json.dumps(body)
+
+    await async_wait_for(canary_late, 20.0, interval=0.25, message="/readyz to report the canary missing")
+    assert http_json(child.port, "/healthz")[0] == 200
+
+
+# ---- settings --------------------------------------------------------------------------------------
+
+
+def test_listen_url_defaults_to_the_database_url() -> None:
+    settings = config.Settings.from_env({"LIVEPUSH_DATABASE_URL": "postgresql://u@pooler:6432/app"})
+    assert settings.listen_url == "postgresql://u@pooler:6432/app"
+    assert settings.prepared_statements is True
+    direct = config.Settings.from_env({"LIVEPUSH_DATABASE_URL": "postgresql://u@pooler:6432/app",
+                                       "LIVEPUSH_LISTEN_DATABASE_URL": "postgresql://u@db:5432/app",
+                                       "LIVEPUSH_PREPARED_STATEMENTS": "OFF"})
+    assert direct.listen_url == "postgresql://u@db:5432/app"
+    assert direct.prepared_statements is False
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"LIVEPUSH_DATABASE_URL": "postgresql://u@db/app", "LIVEPUSH_LISTEN_DATABASE_URL": "postgresql://u:s3cr3t@[bad"},
+     "LIVEPUSH_LISTEN_DATABASE_URL cannot be parsed"),
+    ({"LIVEPUSH_LISTEN_DATABASE_URL": "postgresql://u@db/app"}, "LIVEPUSH_LISTEN_DATABASE_URL is set without"),
+    ({"LIVEPUSH_PREPARED_STATEMENTS": "maybe"}, "LIVEPUSH_PREPARED_STATEMENTS='maybe' is unknown"),
+], ids=["malformed-listen-url", "listen-url-alone", "bad-prepared-statements"])
+def test_a_bad_pooler_setting_names_it(env: dict[str, str], needle: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        config.Settings.from_env(env)
+    assert needle in str(caught.value)
+    assert "s3cr3t" not in str(caught.value)
