@@ -73,13 +73,16 @@ def _redis_answers(url: str) -> bool:
 
 
 @pytest.fixture(autouse=True)
-def services_back_up(make_pg_url: Callable[[], str]) -> Iterator[None]:
+def services_back_up(request: pytest.FixtureRequest) -> Iterator[None]:
     """After the test, PostgreSQL and Redis run (started again if a fault left them down).
 
-    It depends on `make_pg_url` so that it is torn down first: the databases the test made are
-    dropped only once PostgreSQL is up again."""
-    yield
+    When the suite's PostgreSQL is there it takes `make_pg_url` first, so that it is torn down
+    before it: the databases the test made are dropped only once PostgreSQL is up again. A test
+    that needs no service is left alone."""
     admin_url = os.environ.get("LIVEPUSH_TEST_PG_ADMIN_URL", "")
+    if admin_url:
+        request.getfixturevalue("make_pg_url")
+    yield
     if os.environ.get("LIVEPUSH_TEST_PG_DATA") and not _postgres_answers(admin_url):
         services.pg_start()
     redis_url = os.environ.get("LIVEPUSH_TEST_REDIS_URL", "")
