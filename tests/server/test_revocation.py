@@ -237,13 +237,15 @@ async def test_a_missed_subject_revocation_is_caught_by_the_recheck(deployment: 
 async def test_a_session_that_expires_while_connected_is_closed_with_4403(procs: Processes, livepush_env: Any) -> None:
     """A session whose token expires while connected is closed with 4403 by the re-check (serve --app, child process)."""
     env = livepush_env()
+    server = await procs.alivepush("serve", "--app", "tests.support.security_app:fast_reverify", env=env)
+    # Issued once the server is up, with room for a handshake on a loaded machine: the token
+    # must still be valid when it arrives.
     set_settings(Settings.from_env(env))
     try:
-        token = sessions.issue("user-7", ttl=1)
+        token = sessions.issue("user-7", ttl=2)
         expires_at = sessions.decode(token, get_settings().secrets).expires_at
     finally:
         set_settings(None)
-    server = await procs.alivepush("serve", "--app", "tests.support.security_app:fast_reverify", env=env)
     client = await WSClient.open(f"ws://127.0.0.1:{server.port}/?token={token}")
     assert client.hello["session"] == {"subject": "user-7"}
     code = await client.closed_with(timeout=5)
