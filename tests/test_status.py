@@ -121,10 +121,10 @@ def test_the_report_names_each_queue_runtime_group_and_workflow(
     group_lines = _section(lines, "Groups in progress")
     assert [line.split()[0] for line in group_lines[1:]] == [str(busy_db["sealed_group"]), str(busy_db["open_group"])]
     queue_lines = {line.split()[0]: line.split() for line in _section(lines, "Queues")[1:]}
-    # QUEUE DEPTH OLDEST SCHEDULED RUNNING WAITING FAILED
-    assert queue_lines["status_a"][1] == "4" and queue_lines["status_a"][3:] == ["1", "1", "0", "0"]
-    assert queue_lines["status_work"][1:] == ["0", "-", "0", "0", "2", "1"]
-    assert queue_lines["status_b"][1:] == ["0", "-", "0", "0", "0", "0"]
+    # QUEUE STATE DEPTH OLDEST SCHEDULED RUNNING WAITING FAILED
+    assert queue_lines["status_a"][1:3] == ["active", "4"] and queue_lines["status_a"][4:] == ["1", "1", "0", "0"]
+    assert queue_lines["status_work"][1:] == ["active", "0", "-", "0", "0", "2", "1"]
+    assert queue_lines["status_b"][1:] == ["active", "0", "-", "0", "0", "0", "0"]
 
 
 def _section(lines: list[str], title: str) -> list[str]:
@@ -146,9 +146,9 @@ def test_json_has_the_figures(busy_db: dict[str, Any], procs: Processes,
     assert doc["servers"] == []
     queues = {qu["queue"]: qu for qu in doc["queues"]}
     assert {k: v for k, v in queues["status_a"].items() if k != "oldest_age"} == {
-        "queue": "status_a", "depth": 4, "scheduled": 1, "running": 1, "waiting": 0, "failed": 0}
+        "queue": "status_a", "paused": False, "depth": 4, "scheduled": 1, "running": 1, "waiting": 0, "failed": 0}
     assert 90 <= queues["status_a"]["oldest_age"] < 120
-    assert queues["status_work"] == {"queue": "status_work", "depth": 0, "oldest_age": None, "scheduled": 0,
+    assert queues["status_work"] == {"queue": "status_work", "paused": False, "depth": 0, "oldest_age": None, "scheduled": 0,
                                      "running": 0, "waiting": 2, "failed": 1}
     assert queues["status_b"]["depth"] == 0
 

@@ -19,7 +19,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from .api.control import acancel, cancel, discard_failed, job_state, retry_failed
+from .api.control import (
+    acancel,
+    apause_queue,
+    aresume_queue,
+    cancel,
+    discard_failed,
+    job_state,
+    pause_queue,
+    resume_queue,
+    retry_failed,
+)
 from .api.reads import JobInfo, aget_job, get_job
 from .api.enqueue import aenqueue_many, enqueue_many
 from .api.functions import JobFunction, default_backoff, job
@@ -128,6 +138,10 @@ __all__ = [
     "UnknownJobError",
     "acancel",
     "adrain",
+    "apause_queue",
+    "aresume_queue",
+    "pause_queue",
+    "resume_queue",
     "aenqueue_many",
     "cancel",
     "clear",

@@ -1,4 +1,5 @@
-"""Operator calls on single jobs: cancel, retry_failed, discard_failed, job_state."""
+"""Operator calls: on single jobs (cancel, retry_failed, discard_failed, job_state) and on queues
+(pause_queue, resume_queue)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from ...errors import DependencyError
+from ...errors import ConfigError, DependencyError
 from .. import database, queries
 from ..errors import GroupClosedError
 from ..events.views import job_view
@@ -86,3 +87,35 @@ def job_state(job_id: int) -> dict[str, Any] | None:
             cur.execute(queries.JOB_STATES, {"ids": [job_id]})
             row = cur.fetchone()
     return None if row is None else job_view(row)
+
+
+def _queue_name(queue: Any) -> str:
+    if not isinstance(queue, str) or not queue:
+        raise ConfigError(f"a queue is a non-empty string, got {queue!r}")
+    return queue
+
+
+def pause_queue(queue: str) -> bool:
+    """Stop every runtime claiming from `queue` (from the claim after this returns); enqueues are
+    still accepted and jobs already running finish. False when it was already paused."""
+    with database.connection() as conn:
+        return bool(conn.execute(queries.PAUSE_QUEUE, {"queue": _queue_name(queue)}).fetchall())
+
+
+async def apause_queue(queue: str) -> bool:
+    """pause_queue() for async code."""
+    async with database.aconnection() as conn:
+        return bool(await (await conn.execute(queries.PAUSE_QUEUE, {"queue": _queue_name(queue)})).fetchall())
+
+
+def resume_queue(queue: str) -> bool:
+    """Let runtimes claim from `queue` again; idle ones are rung and claim at once. False when it
+    was not paused."""
+    with database.connection() as conn:
+        return bool(conn.execute(queries.RESUME_QUEUE, {"queue": _queue_name(queue)}).fetchall())
+
+
+async def aresume_queue(queue: str) -> bool:
+    """resume_queue() for async code."""
+    async with database.aconnection() as conn:
+        return bool(await (await conn.execute(queries.RESUME_QUEUE, {"queue": _queue_name(queue)})).fetchall())

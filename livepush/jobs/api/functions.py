@@ -13,6 +13,7 @@ from ...errors import ConfigError
 from . import enqueue as _enqueue
 from .args import check_args
 from .handles import JobHandle
+from .limits import Limits, limits_of
 from .registry import REGISTRY, JobRequest
 
 MAX_BACKOFF = 3600.0
@@ -39,6 +40,8 @@ class JobFunction:
         timeout: float | None = 60,
         never_retry: Iterable[type[BaseException]] = (),
         backoff: Callable[[int], float] = default_backoff,
+        concurrency: tuple[str, int] | None = None,
+        rate: str | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
@@ -52,6 +55,8 @@ class JobFunction:
         self.timeout = timeout
         self.never_retry = tuple(never_retry)
         self.backoff = backoff
+        # Claim limits (docs/jobs.md "Limits and paused queues"): runtimes store them at start.
+        self.limits: Limits = limits_of(func, concurrency, rate)
         self.is_async = inspect.iscoroutinefunction(func)
         self.__name__ = getattr(func, "__name__", self.name)
         self.__qualname__ = getattr(func, "__qualname__", self.name)
@@ -60,6 +65,10 @@ class JobFunction:
 
     def __repr__(self) -> str:
         return f"<job {self.name} queue={self.queue!r}>"
+
+    def concurrency_key(self, args: Any) -> str | None:
+        """The key `concurrency=` counts this job under (its argument as JSON text), or None."""
+        return self.limits.key_of(args)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
@@ -96,18 +105,23 @@ def job(
     timeout: float | None = ...,
     never_retry: Iterable[type[BaseException]] = ...,
     backoff: Callable[[int], float] = ...,
+    concurrency: tuple[str, int] | None = ...,
+    rate: str | None = ...,
 ) -> Callable[[Callable[..., Any]], JobFunction]: ...
 
 
 def job(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     """Declare a job function: `@jobs.job` or `@jobs.job(queue=..., priority=..., ...)`.
+    `concurrency=("tenant", 2)` runs at most 2 at once per value of that argument, `rate="100/s"`
+    (or "N/m") starts at most that many a second, across every runtime.
 
     The function takes `ctx` first, then its arguments (plain JSON). Async functions run on
     the runtime's event loop; sync ones in its thread pool.
     """
     if func is not None:
         return REGISTRY.add(JobFunction(func))
-    unknown = set(options) - {"name", "queue", "priority", "max_attempts", "timeout", "never_retry", "backoff"}
+    unknown = set(options) - {"name", "queue", "priority", "max_attempts", "timeout", "never_retry", "backoff",
+                              "concurrency", "rate"}
     if unknown:
         raise TypeError(f"@jobs.job() got unknown options {sorted(unknown)}")
     queue = options.get("queue", "default")

@@ -62,6 +62,9 @@ class Registry:
     def find(self, name: str) -> Any:
         return self._functions.get(name)
 
+    def names(self) -> list[str]:
+        return sorted(self._functions)
+
     def queues(self) -> list[str]:
         return sorted({fn.queue for fn in self._functions.values()})
 

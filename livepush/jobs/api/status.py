@@ -1,6 +1,6 @@
 """`jobs.status()`: what the database says about the job runtime now, for `livepush status`.
 
-Queues (depth, the oldest available job's age, scheduled, running, waiting, failed), registered
+Queues (paused or not, depth, the oldest available job's age, scheduled, running, waiting, failed), registered
 runtimes (state, jobs in hand, last beat, overdue), the newest task groups and workflow runs in
 progress. Every figure comes from one read-only snapshot (queries.STATUS_SNAPSHOT), so the
 report is consistent with itself: a job counted running in its queue is in hand of a runtime
@@ -31,10 +31,11 @@ MAX_LIMIT = 1000
 
 @dataclasses.dataclass(frozen=True)
 class QueueStatus:
-    """One queue. `depth`: jobs available now; `oldest_age`: seconds since the oldest of them was
-    due (None when none is available)."""
+    """One queue. `paused`: no runtime claims from it (jobs.pause_queue()); `depth`: jobs available
+    now; `oldest_age`: seconds since the oldest of them was due (None when none is available)."""
 
     queue: str
+    paused: bool
     depth: int
     oldest_age: float | None
     scheduled: int

@@ -7,7 +7,9 @@ runtime with an error, so its process exits non-zero):
   and cancel requests (confirmed against the row before anything is stopped). Polling covers
   the time it is away.
 - producer: claims at most as many jobs as there are free slots, queue by queue in the order
-  given, in one statement per queue (SKIP LOCKED), on its own connection, and starts them.
+  given, in one statement per queue (SKIP LOCKED), on its own connection, and starts them. Job
+  names with limits (concurrency per key, a start rate) take a claim of their own, one short
+  transaction per name, before the queue's other jobs (limits.py); a paused queue gives nothing.
 - executor (one task per job): runs the function, hands the outcome to the completer.
 - completer: writes outcomes and progress in batches (see completer.py).
 - heartbeat: beats every `heartbeat` s, prunes dead runtimes and rescues their jobs, cancels
@@ -46,7 +48,7 @@ from ...tasks import Backoff, supervise
 from .. import database, queries
 from ..api.registry import REGISTRY, Registry
 from ..groups.progress import ProgressPublisher
-from . import maintenance
+from . import limits, maintenance
 from .completer import Completer
 from .context import ClaimedJob, JobContext
 from .executor import Outcome, execute
@@ -141,6 +143,11 @@ class Runtime:
         self.in_hand: dict[int, _InHand] = {}
         self.peak_in_hand = 0  # most jobs ever in hand at once (never above concurrency)
         self.excluded: set[str] = set()  # job names claimed here but not known: never claimed again
+        # Names with limits (livepush_job_limits, re-read every beat): the plain claim leaves them
+        # to the limited one. And when the next token of a rate-limited name is due, if a bucket
+        # held jobs back (loop time): the producer wakes then rather than polling or spinning.
+        self.limited: set[str] = set()
+        self._token_due: float | None = None
         self._pools: LoopPools | None = None
         self._pool: AsyncPool | None = None
         # The producer's own connection, in autocommit: claims only (no pool round on the path
@@ -269,6 +276,8 @@ class Runtime:
             await listener.start()
         self.state = "running"
         self.id = await maintenance.register(self._pool, self.info)
+        await limits.store(self._pool, self.registry)
+        self.limited = await limits.names(self._pool)
         # The heartbeat's first round (right after this) rescues what they held.
         await maintenance.prune_gone_on_node(self._pool, self.id)
         await self._publish_state("running")
@@ -426,7 +435,7 @@ class Runtime:
                 continue
             if not more:
                 try:
-                    await asyncio.wait_for(self._doorbell.wait(), self.poll_interval)
+                    await asyncio.wait_for(self._doorbell.wait(), self._idle_wait())
                 except TimeoutError:
                     pass
                 if self._stop.is_set():
@@ -445,6 +454,12 @@ class Runtime:
                 await retry.wait()
                 continue
             more = claimed >= free
+
+    def _idle_wait(self) -> float:
+        """Seconds to wait for the doorbell: the poll interval, or less when a token is due sooner."""
+        if self._token_due is None:
+            return self.poll_interval
+        return min(self.poll_interval, max(self._token_due - asyncio.get_running_loop().time(), 0.0))
 
     async def _settle(self) -> None:
         """Yield while jobs are still finishing, so that the next claim is a batch rather than one
@@ -474,12 +489,17 @@ class Runtime:
 
     async def _claim(self, free: int) -> int:
         rows: list[dict[str, Any]] = []
-        params: dict[str, Any] = {"excluded": sorted(self.excluded), "runtime_id": self.id}
-        # Each queue's claim is one statement in autocommit: one round trip, no BEGIN/COMMIT.
+        params: dict[str, Any] = {"excluded": sorted(self.excluded | self.limited), "runtime_id": self.id}
+        limited = sorted(n for n in self.limited if n in self.registry and n not in self.excluded)
+        self._token_due = None
+        # Each queue's plain claim is one statement in autocommit: one round trip, no BEGIN/COMMIT.
         conn = await self._claim_connection()
         try:
             async with conn.cursor(row_factory=dict_row) as cur:
                 for queue in self.queues:
+                    for name in limited:
+                        if free - len(rows) > 0:
+                            await self._claim_limited(conn, name, queue, free - len(rows), rows)
                     want = free - len(rows)
                     if want <= 0:
                         break
@@ -501,6 +521,17 @@ class Runtime:
             self._completer.started(job)
             self._start(job)
         return len(rows)
+
+    async def _claim_limited(self, conn: psycopg.AsyncConnection, name: str, queue: str, want: int,
+                             rows: list[dict[str, Any]]) -> None:
+        """Claim jobs of one name with limits into `rows`, and note when its next token is due."""
+        claimed, wait = await limits.claim(conn, name, queue, want, self.id)
+        if claimed:
+            rows.extend(claimed)
+            metrics.JOBS_CLAIMED.labels(queue).inc(len(claimed))
+        if wait is not None:
+            due = asyncio.get_running_loop().time() + wait
+            self._token_due = due if self._token_due is None else min(self._token_due, due)
 
     def _start(self, job: ClaimedJob) -> None:
         assert self._completer is not None
@@ -544,6 +575,7 @@ class Runtime:
         while not self._closing.is_set():
             try:
                 await maintenance.beat(self._pool, self.info)
+                self.limited = await limits.names(self._pool)
                 _, touched = await maintenance.rescue(self._pool)
                 if touched and self._group_progress is not None:
                     self._group_progress.mark(touched)

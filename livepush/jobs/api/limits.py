@@ -1,0 +1,86 @@
+"""A job function's claim limits: `concurrency=(param, n)` and `rate="N/s" | "N/m"` (docs/jobs.md,
+"Limits and paused queues")."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ...errors import ConfigError
+
+_RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*/\s*(s|sec|second|m|min|minute)\s*$")
+_MISSING = object()
+
+
+def parse_rate(text: str) -> float:
+    """Starts a second from "100/s" or "30/m"."""
+    m = _RATE.match(text) if isinstance(text, str) else None
+    if m is None or float(m.group(1)) <= 0:
+        raise ConfigError(f"@jobs.job(rate={text!r}): write a positive number of starts per second or minute, "
+                          "e.g. \"100/s\" or \"30/m\"")
+    per = 1.0 if m.group(2).startswith("s") else 60.0
+    return float(m.group(1)) / per
+
+
+def burst_of(rate: float) -> float:
+    """The bucket's capacity: a tenth of a second's starts, at least one. Small, so that the rate
+    holds over short spans too; large enough that a runtime waking every 10 ms loses no token."""
+    return max(1.0, rate / 10.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What livepush_job_limits stores for one job name, and where its concurrency key comes from."""
+
+    max_running: int | None = None
+    rate: float | None = None
+    key_param: str | None = None
+    key_index: int | None = None  # the parameter's position among the job's arguments (after ctx)
+    key_default: Any = _MISSING
+
+    @property
+    def burst(self) -> float | None:
+        return None if self.rate is None else burst_of(self.rate)
+
+    @property
+    def any(self) -> bool:
+        return self.max_running is not None or self.rate is not None
+
+    def key_of(self, args: Sequence[Any]) -> str | None:
+        """The concurrency key of a job with these arguments: the named argument as JSON text."""
+        if self.key_index is None:
+            return None
+        if self.key_index < len(args):
+            value = args[self.key_index]
+        elif self.key_default is not _MISSING:
+            value = self.key_default
+        else:
+            raise TypeError(f"the concurrency key {self.key_param!r} is missing from the arguments {list(args)!r:.80}")
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def limits_of(func: Callable[..., Any], concurrency: Any, rate: Any) -> Limits:
+    """Check `concurrency=` and `rate=` of @jobs.job against the function's signature."""
+    max_running = key_param = key_index = None
+    key_default: Any = _MISSING
+    if concurrency is not None:
+        if (not isinstance(concurrency, tuple) or len(concurrency) != 2 or not isinstance(concurrency[0], str)
+                or isinstance(concurrency[1], bool) or not isinstance(concurrency[1], int) or concurrency[1] < 1):
+            raise ConfigError(f"@jobs.job(concurrency={concurrency!r}): give (parameter name, at most N running), "
+                              "e.g. (\"tenant\", 2)")
+        key_param, max_running = concurrency
+        params = list(inspect.signature(func).parameters.values())[1:]  # after ctx
+        found = [i for i, p in enumerate(params) if p.name == key_param]
+        if not found or params[found[0]].kind not in (inspect.Parameter.POSITIONAL_ONLY,
+                                                      inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            raise ConfigError(f"@jobs.job(concurrency=({key_param!r}, {max_running})): {func.__qualname__} has no "
+                              f"positional parameter {key_param!r} after ctx")
+        key_index = found[0]
+        if params[key_index].default is not inspect.Parameter.empty:
+            key_default = params[key_index].default
+    return Limits(max_running=max_running, rate=None if rate is None else parse_rate(rate),
+                  key_param=key_param, key_index=key_index, key_default=key_default)

@@ -1,0 +1,224 @@
+"""Claim limits and paused queues (docs/reference.md §4, docs/jobs.md "Limits and paused queues"),
+checked with `livepush jobs` child processes: at most N running per concurrency key across
+runtimes, a full key blocks nothing else, a killed runtime's job frees its slot, a start rate
+holds across two runtimes, and a pause stops (and a resume restarts) every runtime's claims
+within a second while enqueues are still accepted."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from livepush import jobs
+from livepush.errors import ConfigError
+from tests.jobs import limit_jobs
+from tests.jobs.conftest import q, runtime_starter
+from tests.support.procs import ChildProcess, Processes
+from tests.support.waiting import wait_for
+
+MODULE = "tests.jobs.limit_jobs"
+
+
+@pytest.fixture
+def limits_db(jobs_db: str) -> str:
+    with psycopg.connect(jobs_db, autocommit=True) as conn:
+        conn.execute(limit_jobs.LIMIT_RUNS_TABLE)
+    return jobs_db
+
+
+@pytest.fixture
+def env(limits_db: str, livepush_env: Callable[..., dict[str, str]]) -> dict[str, str]:
+    return livepush_env(database_url=limits_db)
+
+
+@pytest.fixture
+def start_runtime(limits_db: str, procs: Processes, env: dict[str, str]) -> Callable[..., ChildProcess]:
+    return runtime_starter(limits_db, MODULE, procs, env)
+
+
+def count(url: str, sql: str, params: Any = None) -> int:
+    return int(q(url, sql, params)[0][0])
+
+
+def most_at_once(url: str, name: str) -> dict[str, int]:
+    """Per key, the most runs of `name` between their start and done notes at any instant."""
+    rows = q(url, "SELECT key, phase, at FROM limit_runs WHERE name = %s AND phase IN ('start', 'done') "
+                  "ORDER BY at, phase DESC", (name,))  # at a tie, 'start' sorts after 'done'
+    now: dict[str, int] = {}
+    most: dict[str, int] = {}
+    for key, phase, _at in rows:
+        now[key] = now.get(key, 0) + (1 if phase == "start" else -1)
+        most[key] = max(most.get(key, 0), now[key])
+    return most
+
+
+def set_flag(url: str, flag: str) -> None:
+    q(url, "INSERT INTO job_flags (name) VALUES (%s) ON CONFLICT DO NOTHING", (flag,))
+
+
+# -- the decorator ------------------------------------------------------------------------------
+
+def test_the_options_are_checked_when_the_function_is_declared() -> None:
+    """A concurrency key must name a positional parameter after ctx, with a count of at least 1; a
+    rate is N/s or N/m."""
+    async def f(ctx: Any, tenant: str) -> None: ...
+
+    for bad in [("nope", 1), ("tenant", 0), ("tenant",), "tenant", ("tenant", True)]:
+        with pytest.raises(ConfigError):
+            jobs.job(name="t.bad", concurrency=bad)(f)
+    for bad in ["100", "0/s", "-1/s", "5/h", 5]:
+        with pytest.raises(ConfigError):
+            jobs.job(name="t.bad", rate=bad)(f)
+    assert jobs.job(name="t.ok", rate="30/m")(f).limits.rate == 0.5
+
+
+def test_the_key_is_the_named_argument_at_enqueue(limits_db: str) -> None:
+    """The key is the argument's value by the parameter's name (or its default), as JSON text."""
+    @jobs.job(name="t.keyed", concurrency=("tenant", 3))
+    async def keyed(ctx: Any, item: int, tenant: Any = "shared") -> None: ...
+
+    a = keyed.enqueue(1, "acme")
+    b = keyed.enqueue(2)
+    c, d = jobs.enqueue_many([keyed.request(3, {"org": 7}), limit_jobs.plain.request()])
+    keys = dict(q(limits_db, "SELECT id, concurrency_key FROM livepush_jobs"))
+    assert keys == {a.id: '"acme"', b.id: '"shared"', c.id: '{"org":7}', d.id: None}
+
+
+# -- concurrency ------------------------------------------------------------------------------------
+
+def test_at_most_n_per_key_across_runtimes(limits_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
+    """Three tenants, 12 jobs each, two runtimes of 4 slots (one alone cannot fill the 6 the
+    limits allow): never more than 2 of a tenant run at once (by the runs' own notes, and by the
+    running rows each saw as it started), and every job runs once."""
+    runtimes = [start_runtime("--concurrency", "4") for _ in range(2)]
+    jobs.enqueue_many([limit_jobs.per_tenant.request(t, 0.15) for _ in range(12) for t in ("a", "b", "c")])
+    wait_for(lambda: count(limits_db, "SELECT count(*) FROM livepush_jobs WHERE state = 'succeeded'") == 36, 30.0,
+             interval=0.1, message="36 jobs to succeed")
+    assert most_at_once(limits_db, "t.per_tenant") == {"a": 2, "b": 2, "c": 2}
+    assert count(limits_db, "SELECT max(running) FROM limit_runs WHERE phase = 'start'") <= 2
+    assert count(limits_db, "SELECT count(DISTINCT job_id) FROM limit_runs WHERE phase = 'start'") == 36
+    assert count(limits_db, "SELECT count(*) FROM limit_runs WHERE phase = 'start'") == 36
+    assert count(limits_db, "SELECT count(DISTINCT pid) FROM limit_runs") == 2
+    for child in runtimes:
+        assert child.stop(timeout=15) == 0, child.output()
+
+
+def test_a_full_key_blocks_neither_other_keys_nor_other_jobs(
+        limits_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
+    """Tenant a's jobs are first in line and a holds its one slot: tenant b's job and a plain job
+    enqueued after them still run; a's second job waits for a's slot."""
+    first = limit_jobs.tenant_flag.enqueue("a", "a1")
+    second = limit_jobs.tenant_flag.enqueue("a", "a2")
+    start_runtime("--concurrency", "4")
+    start_runtime("--concurrency", "4")
+    wait_for(lambda: jobs.get_job(first.id).state == "running", 10.0, message="a's first job to run")
+    other_key = limit_jobs.tenant_flag.enqueue("b", "b1")
+    other_job = limit_jobs.plain.enqueue()
+    wait_for(lambda: jobs.get_job(other_job.id).state == "succeeded", 10.0, message="the plain job to run")
+    wait_for(lambda: jobs.get_job(other_key.id).state == "running", 10.0, message="b's job to run")
+    assert jobs.get_job(second.id).state == "available"
+    set_flag(limits_db, "a1")
+    wait_for(lambda: jobs.get_job(second.id).state == "running", 10.0, message="a's second job to take the slot")
+    set_flag(limits_db, "a2")
+    set_flag(limits_db, "b1")
+    wait_for(lambda: {jobs.get_job(h.id).state for h in (first, second, other_key)} == {"succeeded"}, 10.0)
+    assert most_at_once(limits_db, "t.tenant_flag") == {"a": 1, "b": 1}
+
+
+def test_a_killed_runtimes_job_frees_its_slot(limits_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
+    """kill -9 while a key's only slot is held: no job of that key starts while the dead runtime's
+    row still says running; once it is rescued, exactly one of them runs at a time again."""
+    held = limit_jobs.tenant_flag.enqueue("k", "k-go")
+    victim = start_runtime("--concurrency", "4")
+    wait_for(lambda: jobs.get_job(held.id).state == "running", 10.0)
+    waiting = limit_jobs.tenant_flag.enqueue("k", "k-go")
+    victim.kill()
+    successor = start_runtime("--concurrency", "4")
+    # The successor finds the dead process at its start, rescues its job (attempt counted) and
+    # runs one of the two.
+    wait_for(lambda: count(limits_db, "SELECT count(*) FROM limit_runs WHERE phase = 'start' AND pid = %s",
+                           (successor.pid,)) == 1, 15.0, message="the successor to start one job of k")
+    assert count(limits_db, "SELECT count(*) FROM livepush_jobs WHERE state = 'running'") == 1
+    set_flag(limits_db, "k-go")
+    wait_for(lambda: {jobs.get_job(h.id).state for h in (held, waiting)} == {"succeeded"}, 15.0)
+    assert jobs.get_job(held.id).attempt == 2
+    # The dead runtime's run never noted its end: count the running rows each run saw instead.
+    assert count(limits_db, "SELECT max(running) FROM limit_runs WHERE phase = 'start'") == 1
+
+
+# -- rate ---------------------------------------------------------------------------------------------
+
+def test_a_rate_holds_across_two_runtimes(limits_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
+    """41 jobs limited to 10 starts a second, two runtimes of 20 slots: after the first (the
+    bucket's one token of burst), the other 40 take 4 s, within 10 %, and both runtimes start some."""
+    start_runtime("--concurrency", "20")
+    start_runtime("--concurrency", "20")
+    jobs.enqueue_many([limit_jobs.rated.request() for _ in range(41)])
+    wait_for(lambda: count(limits_db, "SELECT count(*) FROM limit_runs WHERE phase = 'start'") == 41, 15.0,
+             interval=0.1, message="41 rate-limited jobs to start")
+    span = q(limits_db, "SELECT extract(epoch FROM max(at) - min(at))::float8 FROM limit_runs")[0][0]
+    assert 3.6 <= span <= 4.4, span
+    assert count(limits_db, "SELECT count(DISTINCT pid) FROM limit_runs") == 2
+    # Never ahead of the bucket: by any start, at most 1 + 10 per second since the first.
+    starts = [r[0] for r in q(limits_db, "SELECT extract(epoch FROM at - min(at) OVER ())::float8 FROM limit_runs "
+                                         "ORDER BY at")]
+    assert all(n <= 1 + 10 * t + 1 for n, t in enumerate(starts, start=1)), starts
+
+
+# -- pause and resume -----------------------------------------------------------------------------------
+
+def started_since(url: str, at: Any) -> int:
+    return count(url, "SELECT count(*) FROM limit_runs WHERE name = 't.plain' AND at > %s", (at,))
+
+
+def db_now(url: str) -> Any:
+    return q(url, "SELECT clock_timestamp()")[0][0]
+
+
+def test_pause_stops_every_runtime_and_resume_restarts_them(
+        limits_db: str, start_runtime: Callable[..., ChildProcess], procs: Processes, env: dict[str, str]) -> None:
+    """A steady flow of jobs through two runtimes: a pause stops both from starting any within a
+    second while enqueues are still accepted, `livepush status` shows the queue paused, and a
+    resume has them start again within a second."""
+    runtimes = [start_runtime("--concurrency", "2") for _ in range(2)]
+    jobs.enqueue_many([limit_jobs.plain.request(0.05) for _ in range(400)])
+    wait_for(lambda: count(limits_db, "SELECT count(DISTINCT pid) FROM limit_runs") == 2, 10.0,
+             message="both runtimes to run jobs")
+
+    assert jobs.pause_queue("default") is True
+    assert jobs.pause_queue("default") is False
+    paused_at = db_now(limits_db)
+    late = jobs.enqueue_many([limit_jobs.plain.request(0.05) for _ in range(5)])
+    assert len(late) == 5
+    # An observation window of 2 s: nothing may start later than 1 s after the pause.
+    deadline = time.monotonic() + 2.0
+    wait_for(lambda: time.monotonic() >= deadline, 3.0)
+    last_start = q(limits_db, "SELECT max(at) FROM limit_runs")[0][0]
+    assert (last_start - paused_at).total_seconds() < 1.0
+    status = {s.queue: s for s in jobs.status().queues}
+    assert status["default"].paused and status["default"].depth > 0
+    child = procs.livepush("status", "--json", env=env)
+    assert child.wait(30) == 0, child.output()
+    shown = {s["queue"]: s for s in json.loads(child.stdout())["queues"]}
+    assert shown["default"]["paused"] is True and shown["second"]["paused"] is False
+    child = procs.livepush("status", env=env)
+    assert child.wait(30) == 0, child.output()
+    assert [line.split()[:2] for line in child.stdout().splitlines() if line.strip().startswith("default")] == \
+        [["default", "paused"]]
+
+    resumed_at = db_now(limits_db)
+    assert jobs.resume_queue("default") is True
+    assert jobs.resume_queue("default") is False
+    wait_for(lambda: started_since(limits_db, resumed_at) > 0, 5.0, message="a start after the resume")
+    first = q(limits_db, "SELECT min(at) FROM limit_runs WHERE at > %s", (resumed_at,))[0][0]
+    assert (first - resumed_at).total_seconds() < 1.0
+    wait_for(lambda: count(limits_db, "SELECT count(*) FROM limit_runs WHERE at > %s", (resumed_at,)) >= 10
+             and count(limits_db, "SELECT count(DISTINCT pid) FROM limit_runs WHERE at > %s", (resumed_at,)) == 2,
+             10.0, message="both runtimes to start jobs again")
+    for child in runtimes:
+        child.kill()
