@@ -53,11 +53,13 @@ async def claim(conn: psycopg.AsyncConnection, name: str, queue: str, limit: int
     it held jobs back (else None)."""
     params = {"name": name, "queue": queue, "limit": limit, "scan": limit * SCAN_FACTOR + SCAN_EXTRA,
               "runtime_id": runtime_id}
-    async with conn.transaction():
-        async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(queries.LOCK_LIMITS, params)
+    # Pipelined: BEGIN, the lock, the claim and COMMIT go out together, one round trip (the
+    # server still runs them in order, so the claim's snapshot comes after the lock).
+    async with conn.cursor(row_factory=dict_row) as cur:
+        async with conn.pipeline(), conn.transaction():
+            await conn.execute(queries.LOCK_LIMITS, params)
             await cur.execute(queries.CLAIM_LIMITED, params)
-            rows = await cur.fetchall()
+        rows = await cur.fetchall()
     wait = rows[0]["wait_token"] if rows else None
     jobs = [r for r in rows if r["id"] is not None]
     for r in jobs:
