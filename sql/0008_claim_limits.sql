@@ -4,6 +4,21 @@
 -- Only jobs whose function has a limit take the limited claim (CLAIM_LIMITED); every other job
 -- keeps the plain claim, which gains one lookup in the (almost always empty) paused table.
 
+-- Whether the job takes the limited claim: set at enqueue when its function has a limit. The
+-- two claims read two partial indexes, so neither wades through the other's jobs (limited jobs
+-- waiting for a slot or a token can be a long backlog at the head of a queue). Cleared only when
+-- a definition drops its limits (queries.py: UNFLAG_LIMITED).
+ALTER TABLE livepush_jobs ADD COLUMN limited boolean NOT NULL DEFAULT false;
+
+-- The plain claim's index: sql/0003_jobs.sql's, without the limited jobs.
+DROP INDEX livepush_jobs_claim_idx;
+CREATE INDEX livepush_jobs_claim_idx ON livepush_jobs (queue, priority, run_at, id)
+    WHERE state = 'available' AND NOT limited;
+
+-- The limited claim's: one function's jobs of one queue, in claim order.
+CREATE INDEX livepush_jobs_limited_claim_idx ON livepush_jobs (queue, name, priority, run_at, id)
+    WHERE state = 'available' AND limited;
+
 -- The concurrency key of a job whose function has `concurrency=(param, n)`: the value of that
 -- argument at enqueue, as JSON text. NULL for every other job (and for jobs enqueued before the
 -- limit existed, which the limit does not count). Never updated after the insert.
@@ -38,3 +53,93 @@ CREATE TABLE livepush_paused_queues (
     queue      text PRIMARY KEY,
     paused_at  timestamptz NOT NULL DEFAULT now()
 );
+
+-- The limited claim (livepush/jobs/queries.py: CLAIM_LIMITED calls it): up to p_limit available
+-- jobs of p_name on p_queue, within the name's limits. Two statements, on purpose:
+-- 1. Lock the name's limits row. Every limited claim of the name, from every runtime, does this
+--    first, so they run one at a time.
+-- 2. Claim. A volatile PL/pgSQL function's statements each take a fresh snapshot (READ
+--    COMMITTED), so this one starts after the lock is held, and so after every earlier claim of
+--    the name committed: its count of running jobs per key (`busy`) misses no claimed job. (A
+--    lock taken inside the claim statement itself would come after that statement's snapshot,
+--    and a claim committing in between would go uncounted.) Jobs leave `running` without the
+--    lock (outcomes, rescue, release): a claim that still sees one running only under-fills.
+-- In the claim: `room` is the jobs it may start: the slots asked for and the whole tokens of the
+-- name's bucket (refilled by the time since its last claim, capped at `burst`). `candidates` are
+-- available jobs of the name whose key has a free slot, from their own index (state 'available'
+-- AND limited), read without row locks (claims of the name are serialized by the limits row);
+-- `eligible` keeps each key's first (free slots) of them in claim order, so a full key is
+-- skipped, not waited behind. The UPDATE re-checks that each row is still available (a cancel
+-- meanwhile leaves it out). The bucket is debited in the same statement. With no token left one
+-- candidate is read, enough to tell whether the bucket holds anything back.
+-- Returns one row with wait_token (seconds until the next token, when the bucket held eligible
+-- jobs back: the runtime sleeps that long rather than spin) and the claimed jobs' columns
+-- (NULL when none), then one row per further job: a row of NULLs while the queue is paused or
+-- when the name has no limits row. Commits asynchronously, as the plain claim (sql/0003_jobs.sql:
+-- livepush_job_lease()).
+CREATE FUNCTION livepush_claim_limited(p_name text, p_queue text, p_limit integer, p_scan integer,
+                                       p_runtime_id bigint)
+RETURNS TABLE (wait_token double precision, id bigint, name text, queue text, priority integer, attempt integer,
+               max_attempts integer, lease bigint, cancel_requested boolean, run_at timestamptz, group_id bigint,
+               callback_of bigint, workflow_id bigint, version bigint, has_steps boolean, args jsonb)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    PERFORM 1 FROM livepush_job_limits l WHERE l.name = p_name FOR UPDATE;
+    RETURN QUERY
+    WITH lim AS (
+        SELECT l.name, l.max_running, l.rate, c.at,
+               least(l.burst, l.tokens + l.rate * greatest(extract(epoch FROM c.at - l.refilled_at), 0)) AS tokens
+        FROM livepush_job_limits l CROSS JOIN (SELECT clock_timestamp() AS at) c
+        WHERE l.name = p_name AND NOT EXISTS (SELECT 1 FROM livepush_paused_queues WHERE queue = p_queue)
+    ), room AS (
+        SELECT CASE WHEN lim.rate IS NULL THEN p_limit ELSE least(p_limit, floor(lim.tokens)::int) END AS n FROM lim
+    ), busy AS (
+        SELECT j.concurrency_key AS key, count(*)::int AS n FROM livepush_jobs j
+        WHERE j.state = 'running' AND j.name = p_name AND j.concurrency_key IS NOT NULL
+          AND (SELECT max_running FROM lim) IS NOT NULL
+        GROUP BY j.concurrency_key
+    ), candidates AS (
+        SELECT j.id, j.priority, j.run_at, j.concurrency_key, coalesce(b.n, 0) AS busy
+        FROM livepush_jobs j LEFT JOIN busy b ON b.key = j.concurrency_key
+        WHERE j.state = 'available' AND j.limited AND j.queue = p_queue AND j.name = p_name
+          AND EXISTS (SELECT 1 FROM lim)
+          AND (j.concurrency_key IS NULL OR b.n IS NULL OR b.n < (SELECT max_running FROM lim))
+        ORDER BY j.priority, j.run_at, j.id
+        -- With no token, one candidate is enough to tell whether the bucket holds anything back.
+        LIMIT CASE WHEN (SELECT n FROM room) > 0 THEN p_scan ELSE 1 END
+    ), eligible AS (
+        SELECT c.id, c.priority, c.run_at FROM (
+            SELECT c.*, row_number() OVER (PARTITION BY c.concurrency_key ORDER BY c.priority, c.run_at, c.id) AS nth
+            FROM candidates c) c
+        WHERE c.concurrency_key IS NULL OR (SELECT max_running FROM lim) IS NULL
+           OR c.busy + c.nth <= (SELECT max_running FROM lim)
+    ), chosen AS (
+        SELECT id FROM eligible ORDER BY priority, run_at, id LIMIT coalesce((SELECT n FROM room), 0)
+    ), claimed AS (
+        UPDATE livepush_jobs j
+        SET state = 'running', attempt = j.attempt + 1, runtime_id = p_runtime_id,
+            lease = livepush_job_lease(), version = j.version + 1, event = 'started'
+        FROM chosen WHERE j.id = chosen.id AND j.state = 'available'
+        RETURNING j.*
+    ), took AS (
+        UPDATE livepush_job_limits l SET tokens = lim.tokens - (SELECT count(*) FROM claimed), refilled_at = lim.at
+        FROM lim WHERE l.name = lim.name AND l.rate IS NOT NULL
+        RETURNING l.tokens, l.rate
+    ), waiting AS (
+        SELECT CASE WHEN t.tokens < 1 AND (SELECT count(*) FROM eligible) > (SELECT count(*) FROM chosen)
+                    THEN (1 - t.tokens) / t.rate END AS wait_token
+        FROM took t
+    )
+    SELECT w.wait_token, c.id, c.name, c.queue, c.priority, c.attempt, c.max_attempts, c.lease,
+           c.cancel_requested, c.run_at, c.group_id, c.callback_of, c.workflow_id, c.version, c.has_steps, c.args
+    FROM (SELECT (SELECT wait_token FROM waiting) AS wait_token) w
+    LEFT JOIN (
+        SELECT j.id, j.name, j.queue, j.priority, j.attempt, j.max_attempts, j.lease, j.cancel_requested,
+               j.run_at, j.group_id, j.callback_of, j.workflow_id, j.version, j.has_steps, p.args
+        FROM claimed j JOIN livepush_job_payloads p ON p.id = j.id
+    ) c ON true
+    ORDER BY c.priority, c.run_at, c.id;
+END
+$$;

@@ -69,17 +69,19 @@ WITH input AS (
     SELECT nextval('livepush_jobs_id_seq') AS id, f.name, f.queue, f.priority,
            coalesce(f.at, now()) AS run_at,
            CASE WHEN f.at > now() THEN 'scheduled' ELSE 'available' END AS state,
-           f.max_attempts, f.group_id, f.args, f.concurrency_key, f.ord
+           f.max_attempts, f.group_id, f.args, f.concurrency_key, f.limited, f.ord
     FROM (
         -- enqueue.Batch: one JSON array per job, in this column order.
         SELECT u.j ->> 0 AS name, u.j ->> 1 AS queue, (u.j ->> 2)::int AS priority,
                (u.j ->> 3)::timestamptz AS at, (u.j ->> 4)::int AS max_attempts,
-               (u.j ->> 5)::bigint AS group_id, u.j -> 6 AS args, u.j ->> 7 AS concurrency_key, u.ord
+               (u.j ->> 5)::bigint AS group_id, u.j -> 6 AS args, u.j ->> 7 AS concurrency_key,
+               (u.j -> 8)::boolean AS limited, u.ord
         FROM jsonb_array_elements(%(jobs)s::jsonb) WITH ORDINALITY AS u(j, ord)
     ) f
 ), jobs AS (
-    INSERT INTO livepush_jobs (id, queue, name, priority, run_at, state, max_attempts, group_id, concurrency_key)
-    SELECT id, queue, name, priority, run_at, state, max_attempts, group_id, concurrency_key FROM input
+    INSERT INTO livepush_jobs (id, queue, name, priority, run_at, state, max_attempts, group_id, concurrency_key,
+                               limited)
+    SELECT id, queue, name, priority, run_at, state, max_attempts, group_id, concurrency_key, limited FROM input
 ), payloads AS (
     INSERT INTO livepush_job_payloads (id, args) SELECT id, args FROM input
 ), rung AS (
@@ -93,10 +95,11 @@ SELECT i.id, i.name FROM input i CROSS JOIN rung ORDER BY i.ord
 # document to expand and materialize (a quarter of a lone enqueue's time on an idle server).
 ENQUEUE_ONE = """
 WITH jobs AS (
-    INSERT INTO livepush_jobs AS j (queue, name, priority, run_at, state, max_attempts, group_id, concurrency_key)
+    INSERT INTO livepush_jobs AS j (queue, name, priority, run_at, state, max_attempts, group_id, concurrency_key,
+                                    limited)
     VALUES (%(queue)s, %(name)s, %(priority)s, coalesce(%(run_at)s::timestamptz, now()),
             CASE WHEN %(run_at)s::timestamptz > now() THEN 'scheduled' ELSE 'available' END,
-            %(max_attempts)s, %(group_id)s::bigint, %(concurrency_key)s::text)
+            %(max_attempts)s, %(group_id)s::bigint, %(concurrency_key)s::text, %(limited)s::boolean)
     RETURNING j.id, j.name, j.version
 ), payloads AS (
     INSERT INTO livepush_job_payloads (id, args) SELECT id, %(args)s::jsonb FROM jobs
@@ -110,8 +113,8 @@ FROM jobs
 # Safe under concurrency: FOR UPDATE SKIP LOCKED hands each available row to exactly one
 # claimer; the others skip it instead of waiting. The partial index covers only available rows
 # in claim order, so the scan never wades through jobs others hold. The LIMIT is the claimer's
-# free slots, never more. `excluded` holds names this runtime does not know, and the names with
-# limits (livepush_job_limits: those take CLAIM_LIMITED). A paused queue (livepush_paused_queues)
+# free slots, never more. `excluded` holds names this runtime does not know. Jobs with limits
+# (`limited`) are CLAIM_LIMITED's, and not in this claim's index. A paused queue (livepush_paused_queues)
 # gives nothing: an uncorrelated subquery, run once before the scan (one primary-key probe of a
 # table that is almost always empty), so a pause holds from the first claim that starts after it
 # commits, in every runtime.
@@ -124,7 +127,7 @@ FROM jobs
 CLAIM = """
 WITH picked AS (
     SELECT id FROM livepush_jobs
-    WHERE state = 'available' AND queue = %(queue)s AND name <> ALL(%(excluded)s::text[])
+    WHERE state = 'available' AND NOT limited AND queue = %(queue)s AND name <> ALL(%(excluded)s::text[])
       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
       AND NOT EXISTS (SELECT 1 FROM livepush_paused_queues WHERE queue = %(queue)s)
     ORDER BY priority, run_at, id
@@ -143,87 +146,17 @@ FROM claimed j JOIN livepush_job_payloads p ON p.id = j.id
 ORDER BY j.priority, j.run_at, j.id
 """
 
-# name: lock_limits
-# The first statement of a limited claim's transaction (CLAIM_LIMITED is the second): it locks
-# the name's limits row, so the limited claims of one name, from every runtime, run one at a
-# time. This is what makes the count of running jobs per key race-free: a READ COMMITTED
-# statement sees what committed before it started, so a lock taken inside the claim statement
-# itself would come after its snapshot, and a claim that committed in between would go
-# uncounted. Taken here, in a statement of its own, the claim that follows starts after every
-# earlier claim of the name committed. Jobs leave `running` without this lock (outcomes, rescue):
-# a claim that still sees one running only under-fills, never exceeds. Asynchronous commit, as
-# CLAIM (same reasons). No row (the limit was removed meanwhile): the claim finds nothing.
-LOCK_LIMITS = """
-SELECT name FROM livepush_job_limits
-WHERE name = %(name)s AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
-FOR UPDATE
-"""
-
 # name: claim_limited
-# CLAIM for one job name with limits (livepush_job_limits), after LOCK_LIMITS in the same
-# transaction. `busy`: the name's running jobs per concurrency key. `room`: the jobs this claim
-# may start: the free slots asked for, and the whole tokens of the name's bucket (refilled by the
-# time since its last claim, capped at `burst`). `eligible`: available jobs of the name whose key
-# has a free slot, each key's first (slots free) in claim order, so a full key is skipped, not
-# waited behind: it blocks neither other keys nor other jobs. The candidates are read without
-# locks (claims of the name are serialized by the limits row); the UPDATE re-checks each row is
-# still available, so one a cancel or an older runtime's plain claim took meanwhile is left out.
-# The bucket is debited in the same statement. Always one row: `wait_token` (seconds until the
-# next token, set only when the bucket held back eligible jobs: the runtime waits that long, not
-# spins) and, when jobs were claimed, one row per job with CLAIM's columns. `scan` bounds the
-# candidates read (keys with fewer free slots than waiting jobs leave some unused).
+# CLAIM for one job name with limits (livepush_job_limits), up to `limit` jobs of `queue`: one
+# statement, one round trip, committed asynchronously like CLAIM. The function
+# (sql/0008_claim_limits.sql) first locks the name's limits row, then claims in a statement of
+# its own: a volatile PL/pgSQL function's statements each take a fresh snapshot, so the claim
+# counts the running jobs of each key after every earlier claim of the name has committed (see
+# the function for why that makes the count race-free). Always one row: `wait_token` (seconds
+# until the bucket's next token, set only when it held jobs back) and, when jobs were claimed,
+# one row per job with CLAIM's columns. `scan` bounds the candidates read.
 CLAIM_LIMITED = """
-WITH lim AS (
-    SELECT l.name, l.max_running, l.rate, c.at,
-           least(l.burst, l.tokens + l.rate * greatest(extract(epoch FROM c.at - l.refilled_at), 0)) AS tokens
-    FROM livepush_job_limits l CROSS JOIN (SELECT clock_timestamp() AS at) c
-    WHERE l.name = %(name)s AND NOT EXISTS (SELECT 1 FROM livepush_paused_queues WHERE queue = %(queue)s)
-), room AS (
-    SELECT CASE WHEN lim.rate IS NULL THEN %(limit)s ELSE least(%(limit)s, floor(lim.tokens)::int) END AS n FROM lim
-), busy AS (
-    SELECT j.concurrency_key AS key, count(*)::int AS n FROM livepush_jobs j
-    WHERE j.state = 'running' AND j.name = %(name)s AND j.concurrency_key IS NOT NULL
-      AND (SELECT max_running FROM lim) IS NOT NULL
-    GROUP BY j.concurrency_key
-), candidates AS (
-    SELECT j.id, j.priority, j.run_at, j.concurrency_key, coalesce(b.n, 0) AS busy
-    FROM livepush_jobs j LEFT JOIN busy b ON b.key = j.concurrency_key
-    WHERE j.state = 'available' AND j.queue = %(queue)s AND j.name = %(name)s
-      AND EXISTS (SELECT 1 FROM lim)
-      AND (j.concurrency_key IS NULL OR b.n IS NULL OR b.n < (SELECT max_running FROM lim))
-    ORDER BY j.priority, j.run_at, j.id
-    -- With no token, one candidate is enough to tell whether the bucket holds anything back.
-    LIMIT CASE WHEN (SELECT n FROM room) > 0 THEN %(scan)s ELSE 1 END
-), eligible AS (
-    SELECT c.id, c.priority, c.run_at FROM (
-        SELECT c.*, row_number() OVER (PARTITION BY c.concurrency_key ORDER BY c.priority, c.run_at, c.id) AS nth
-        FROM candidates c) c
-    WHERE c.concurrency_key IS NULL OR (SELECT max_running FROM lim) IS NULL
-       OR c.busy + c.nth <= (SELECT max_running FROM lim)
-), chosen AS (
-    SELECT id FROM eligible ORDER BY priority, run_at, id LIMIT coalesce((SELECT n FROM room), 0)
-), claimed AS (
-    UPDATE livepush_jobs j
-    SET state = 'running', attempt = j.attempt + 1, runtime_id = %(runtime_id)s,
-        lease = livepush_job_lease(), version = j.version + 1, event = 'started'
-    FROM chosen WHERE j.id = chosen.id AND j.state = 'available'
-    RETURNING j.*
-), took AS (
-    UPDATE livepush_job_limits l SET tokens = lim.tokens - (SELECT count(*) FROM claimed), refilled_at = lim.at
-    FROM lim WHERE l.name = lim.name AND l.rate IS NOT NULL
-    RETURNING l.tokens, l.rate
-), waiting AS (
-    SELECT CASE WHEN t.tokens < 1 AND (SELECT count(*) FROM eligible) > (SELECT count(*) FROM chosen)
-                THEN (1 - t.tokens) / t.rate END AS wait_token
-    FROM took t
-)
-SELECT w.wait_token, c.* FROM (SELECT (SELECT wait_token FROM waiting) AS wait_token) w
-LEFT JOIN (
-    SELECT j.id, j.name, j.queue, j.priority, j.attempt, j.max_attempts, j.lease, j.cancel_requested,
-           j.run_at, j.group_id, j.callback_of, j.workflow_id, j.version, j.has_steps, p.args
-    FROM claimed j JOIN livepush_job_payloads p ON p.id = j.id
-) c ON true
-ORDER BY c.priority, c.run_at, c.id
+SELECT * FROM livepush_claim_limited(%(name)s, %(queue)s, %(limit)s, %(scan)s, %(runtime_id)s)
 """
 
 # name: set_limits
@@ -243,8 +176,18 @@ ON CONFLICT (name) DO UPDATE SET
 """
 
 # name: drop_limits
-# A starting runtime's job functions that have no limits: rows left by an older definition go.
-DROP_LIMITS = "DELETE FROM livepush_job_limits WHERE name = ANY(%(names)s::text[])"
+# A starting runtime's job functions that have no limits: rows left by an older definition go
+# (their names returned, for UNFLAG_LIMITED).
+DROP_LIMITS = "DELETE FROM livepush_job_limits WHERE name = ANY(%(names)s::text[]) RETURNING name"
+
+# name: unflag_limited
+# The unfinished jobs of names whose limits were just dropped go back to the plain claim (else
+# no claim would take them). Rare (a deploy that removes a limit), so a scan is acceptable. The
+# UPDATE locks each row; a claim of one of them meanwhile makes the re-check skip it.
+UNFLAG_LIMITED = """
+UPDATE livepush_jobs SET limited = false
+WHERE limited AND name = ANY(%(names)s::text[]) AND state IN ('available', 'scheduled', 'waiting')
+"""
 
 # name: limited_names
 # The names that take the limited claim (a plain read; each runtime re-reads it every beat).
@@ -670,14 +613,17 @@ ORDER BY r.id
 
 # name: queue_gauges
 # A plain read for /metrics: per queue, jobs available now and the oldest one's age. Reads only
-# the claim index's rows (state 'available'), so a scrape costs what the backlog is, never the
-# table; queues a registered runtime serves show as 0 when empty.
+# the two claim indexes' rows (state 'available', plain and limited), so a scrape costs what the
+# backlog is, never the table; queues a registered runtime serves show as 0 when empty.
 QUEUE_GAUGES = """
 SELECT queue, coalesce(c.depth, 0)::int AS depth, c.oldest_age
 FROM (SELECT DISTINCT unnest(queues) AS queue FROM livepush_job_runtimes) q
 FULL JOIN (
     SELECT queue, count(*) AS depth, greatest(extract(epoch FROM now() - min(run_at)), 0)::float8 AS oldest_age
-    FROM livepush_jobs WHERE state = 'available' GROUP BY queue
+    FROM (SELECT queue, run_at FROM livepush_jobs WHERE state = 'available' AND NOT limited
+          UNION ALL
+          SELECT queue, run_at FROM livepush_jobs WHERE state = 'available' AND limited) a
+    GROUP BY queue
 ) c USING (queue)
 """
 

@@ -85,8 +85,29 @@ def test_the_key_is_the_named_argument_at_enqueue(limits_db: str) -> None:
     a = keyed.enqueue(1, "acme")
     b = keyed.enqueue(2)
     c, d = jobs.enqueue_many([keyed.request(3, {"org": 7}), limit_jobs.plain.request()])
-    keys = dict(q(limits_db, "SELECT id, concurrency_key FROM livepush_jobs"))
-    assert keys == {a.id: '"acme"', b.id: '"shared"', c.id: '{"org":7}', d.id: None}
+    keys = {r[0]: r[1:] for r in q(limits_db, "SELECT id, concurrency_key, limited FROM livepush_jobs")}
+    assert keys == {a.id: ('"acme"', True), b.id: ('"shared"', True), c.id: ('{"org":7}', True), d.id: (None, False)}
+
+
+def test_drain_runs_jobs_with_limits(limits_db: str) -> None:
+    """jobs.drain() takes the limited claim too: every job of a limited function runs."""
+    jobs.enqueue_many([limit_jobs.per_tenant.request(t, 0.0) for t in ("a", "a", "b")])
+    assert jobs.drain() == {"succeeded": 3}
+
+
+def test_jobs_of_a_definition_that_dropped_its_limits_still_run(limits_db: str) -> None:
+    """Jobs enqueued while their function had a limit run once a runtime starts with a definition
+    without one: it removes the stored limit and hands them to the plain claim."""
+    async def changing(ctx: Any, tenant: str) -> None: ...
+
+    limited = jobs.job(name="t.changing", concurrency=("tenant", 1))(changing)
+    jobs.enqueue_many([limited.request("a") for _ in range(3)])
+    assert jobs.drain(max_jobs=0) == {}  # a runtime started: the limit is stored
+    assert q(limits_db, "SELECT name, max_running FROM livepush_job_limits WHERE name = 't.changing'") == \
+        [("t.changing", 1)]
+    jobs.job(name="t.changing")(changing)  # redeployed without the limit
+    assert jobs.drain() == {"succeeded": 3}
+    assert q(limits_db, "SELECT count(*) FROM livepush_job_limits WHERE name = 't.changing'") == [(0,)]
 
 
 # -- concurrency ------------------------------------------------------------------------------------
@@ -154,20 +175,20 @@ def test_a_killed_runtimes_job_frees_its_slot(limits_db: str, start_runtime: Cal
 # -- rate ---------------------------------------------------------------------------------------------
 
 def test_a_rate_holds_across_two_runtimes(limits_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
-    """41 jobs limited to 10 starts a second, two runtimes of 20 slots: after the first (the
-    bucket's one token of burst), the other 40 take 4 s, within 10 %, and both runtimes start some."""
+    """42 jobs limited to 10 starts a second, two runtimes of 20 slots: after the first two (the
+    bucket's burst), the other 40 take 4 s, within 10 %, and both runtimes start some."""
     start_runtime("--concurrency", "20")
     start_runtime("--concurrency", "20")
-    jobs.enqueue_many([limit_jobs.rated.request() for _ in range(41)])
-    wait_for(lambda: count(limits_db, "SELECT count(*) FROM limit_runs WHERE phase = 'start'") == 41, 15.0,
-             interval=0.1, message="41 rate-limited jobs to start")
+    jobs.enqueue_many([limit_jobs.rated.request() for _ in range(42)])
+    wait_for(lambda: count(limits_db, "SELECT count(*) FROM limit_runs WHERE phase = 'start'") == 42, 15.0,
+             interval=0.1, message="42 rate-limited jobs to start")
     span = q(limits_db, "SELECT extract(epoch FROM max(at) - min(at))::float8 FROM limit_runs")[0][0]
     assert 3.6 <= span <= 4.4, span
     assert count(limits_db, "SELECT count(DISTINCT pid) FROM limit_runs") == 2
-    # Never ahead of the bucket: by any start, at most 1 + 10 per second since the first.
+    # Never ahead of the bucket: by any start, at most the burst and 10 per second since the first.
     starts = [r[0] for r in q(limits_db, "SELECT extract(epoch FROM at - min(at) OVER ())::float8 FROM limit_runs "
                                          "ORDER BY at")]
-    assert all(n <= 1 + 10 * t + 1 for n, t in enumerate(starts, start=1)), starts
+    assert all(n <= 2 + 10 * t + 1 for n, t in enumerate(starts, start=1)), starts
 
 
 # -- pause and resume -----------------------------------------------------------------------------------

@@ -46,19 +46,21 @@ class Batch:
     """The jobs of one enqueue statement, built from (function, args, run_at, group_id) items.
 
     The statement takes the whole batch as one JSON document (a row per job), written by one
-    call of the C encoder: per-job JSON texts and eight typed arrays, which psycopg dumps an
+    call of the C encoder: per-job JSON texts and nine typed arrays, which psycopg dumps an
     element at a time in Python, cost more than the inserts they feed."""
 
     def __init__(self) -> None:
         # [name, queue, priority, run_at (ISO 8601) | None, max_attempts, group_id | None, args,
-        #  concurrency_key | None]
+        #  concurrency_key | None, limited]
         self.rows: list[list[Any]] = []
 
     def add(self, fn: JobSpec, args: Sequence[Any], when: datetime | None = None,
             group_id: int | None = None, queue: str | None = None) -> None:
-        key_of = getattr(fn, "concurrency_key", None)  # JobFunction's; None for other specs
+        limits = getattr(fn, "limits", None)  # JobFunction's; None for other specs
+        limited = limits is not None and limits.any
         self.rows.append([fn.name, queue or fn.queue, fn.priority, when.isoformat() if when else None,
-                          fn.max_attempts, group_id, check_args(args), key_of(args) if key_of else None])
+                          fn.max_attempts, group_id, check_args(args), limits.key_of(args) if limited else None,
+                          limited])
 
     def params(self, start: int = 0, stop: int | None = None) -> dict[str, Any]:
         """Parameters of ENQUEUE for the jobs rows[start:stop]."""
@@ -70,9 +72,9 @@ class Batch:
 
     def one_params(self) -> dict[str, Any]:
         """Scalar parameters for ENQUEUE_ONE (a batch of exactly one job)."""
-        name, queue, priority, when, max_attempts, group_id, args, key = self.rows[0]
-        return {"name": name, "queue": queue, "priority": priority, "run_at": when,
-                "max_attempts": max_attempts, "args": dumps(args), "group_id": group_id, "concurrency_key": key}
+        name, queue, priority, when, max_attempts, group_id, args, key, limited = self.rows[0]
+        return {"name": name, "queue": queue, "priority": priority, "run_at": when, "max_attempts": max_attempts,
+                "args": dumps(args), "group_id": group_id, "concurrency_key": key, "limited": limited}
 
     def statement(self) -> tuple[str, dict[str, Any]]:
         """The enqueue statement and its parameters: a lone job takes the scalar twin (cheaper)."""

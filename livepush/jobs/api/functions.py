@@ -66,10 +66,6 @@ class JobFunction:
     def __repr__(self) -> str:
         return f"<job {self.name} queue={self.queue!r}>"
 
-    def concurrency_key(self, args: Any) -> str | None:
-        """The key `concurrency=` counts this job under (its argument as JSON text), or None."""
-        return self.limits.key_of(args)
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
 

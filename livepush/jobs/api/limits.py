@@ -27,9 +27,10 @@ def parse_rate(text: str) -> float:
 
 
 def burst_of(rate: float) -> float:
-    """The bucket's capacity: a tenth of a second's starts, at least one. Small, so that the rate
-    holds over short spans too; large enough that a runtime waking every 10 ms loses no token."""
-    return max(1.0, rate / 10.0)
+    """The bucket's capacity: a tenth of a second's starts, at least two. Small, so that the rate
+    holds over short spans too; large enough that a runtime waking late (every 10 ms at most, or
+    a busy loop's late wake-up) loses no token."""
+    return max(2.0, rate / 10.0)
 
 
 @dataclasses.dataclass(frozen=True)

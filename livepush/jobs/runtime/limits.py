@@ -1,5 +1,5 @@
 """The runtime's side of claim limits: storing its functions' limits, knowing which names take
-the limited claim, and running that claim (queries.LOCK_LIMITS + CLAIM_LIMITED)."""
+the limited claim, and running that claim (queries.CLAIM_LIMITED)."""
 
 from __future__ import annotations
 
@@ -37,13 +37,20 @@ async def store(pool: AsyncConnectionPool, registry: Registry) -> None:
                 "names": [n for n, _ in limited], "max_running": [lim.max_running for _, lim in limited],
                 "rates": [lim.rate for _, lim in limited], "bursts": [lim.burst for _, lim in limited]})
         if plain:
-            await conn.execute(queries.DROP_LIMITS, {"names": [n for n, _ in plain]})
+            dropped = [r[0] for r in await (await conn.execute(
+                queries.DROP_LIMITS, {"names": [n for n, _ in plain]})).fetchall()]
+            if dropped:
+                log.info("limits removed from %s: their waiting jobs take the plain claim again", ", ".join(dropped))
+                await conn.execute(queries.UNFLAG_LIMITED, {"names": dropped})
 
 
-async def names(pool: AsyncConnectionPool) -> set[str]:
-    """Every name that has limits, whichever runtime stored them."""
+async def names(pool: AsyncConnectionPool, registry: Registry) -> list[str]:
+    """The names this runtime claims with the limited claim: its functions that have limits by
+    their stored row (whichever runtime stored it last) or by their own definition."""
     async with pool.connection() as conn:
-        return {r[0] for r in await (await conn.execute(queries.LIMITED_NAMES)).fetchall()}
+        stored = {r[0] for r in await (await conn.execute(queries.LIMITED_NAMES)).fetchall()}
+    own = {n for n in registry.names() if getattr(registry.find(n), "limits", None) and registry.find(n).limits.any}
+    return sorted(n for n in stored | own if n in registry)
 
 
 async def claim(conn: psycopg.AsyncConnection, name: str, queue: str, limit: int,
@@ -53,12 +60,8 @@ async def claim(conn: psycopg.AsyncConnection, name: str, queue: str, limit: int
     it held jobs back (else None)."""
     params = {"name": name, "queue": queue, "limit": limit, "scan": limit * SCAN_FACTOR + SCAN_EXTRA,
               "runtime_id": runtime_id}
-    # Pipelined: BEGIN, the lock, the claim and COMMIT go out together, one round trip (the
-    # server still runs them in order, so the claim's snapshot comes after the lock).
     async with conn.cursor(row_factory=dict_row) as cur:
-        async with conn.pipeline(), conn.transaction():
-            await conn.execute(queries.LOCK_LIMITS, params)
-            await cur.execute(queries.CLAIM_LIMITED, params)
+        await cur.execute(queries.CLAIM_LIMITED, params)
         rows = await cur.fetchall()
     wait = rows[0]["wait_token"] if rows else None
     jobs = [r for r in rows if r["id"] is not None]

@@ -143,10 +143,10 @@ class Runtime:
         self.in_hand: dict[int, _InHand] = {}
         self.peak_in_hand = 0  # most jobs ever in hand at once (never above concurrency)
         self.excluded: set[str] = set()  # job names claimed here but not known: never claimed again
-        # Names with limits (livepush_job_limits, re-read every beat): the plain claim leaves them
-        # to the limited one. And when the next token of a rate-limited name is due, if a bucket
-        # held jobs back (loop time): the producer wakes then rather than polling or spinning.
-        self.limited: set[str] = set()
+        # Names whose jobs take the limited claim (limits.names(), re-read every beat). And when
+        # the next token of a rate-limited name is due, if a bucket held jobs back (loop time): the
+        # producer wakes then rather than polling or spinning.
+        self.limited: list[str] = []
         self._token_due: float | None = None
         self._pools: LoopPools | None = None
         self._pool: AsyncPool | None = None
@@ -277,7 +277,7 @@ class Runtime:
         self.state = "running"
         self.id = await maintenance.register(self._pool, self.info)
         await limits.store(self._pool, self.registry)
-        self.limited = await limits.names(self._pool)
+        self.limited = await limits.names(self._pool, self.registry)
         # The heartbeat's first round (right after this) rescues what they held.
         await maintenance.prune_gone_on_node(self._pool, self.id)
         await self._publish_state("running")
@@ -489,8 +489,8 @@ class Runtime:
 
     async def _claim(self, free: int) -> int:
         rows: list[dict[str, Any]] = []
-        params: dict[str, Any] = {"excluded": sorted(self.excluded | self.limited), "runtime_id": self.id}
-        limited = sorted(n for n in self.limited if n in self.registry and n not in self.excluded)
+        params: dict[str, Any] = {"excluded": sorted(self.excluded), "runtime_id": self.id}
+        limited = [n for n in self.limited if n not in self.excluded]
         self._token_due = None
         # Each queue's plain claim is one statement in autocommit: one round trip, no BEGIN/COMMIT.
         conn = await self._claim_connection()
@@ -575,7 +575,7 @@ class Runtime:
         while not self._closing.is_set():
             try:
                 await maintenance.beat(self._pool, self.info)
-                self.limited = await limits.names(self._pool)
+                self.limited = await limits.names(self._pool, self.registry)
                 _, touched = await maintenance.rescue(self._pool)
                 if touched and self._group_progress is not None:
                     self._group_progress.mark(touched)
