@@ -148,6 +148,11 @@ class Runtime:
         # producer wakes then rather than polling or spinning.
         self.limited: list[str] = []
         self._token_due: float | None = None
+        # (name, queue) whose last limited claim found nothing it could start, and when (loop
+        # time): skipped until the doorbell rings, a job of the name ends here, or a poll interval
+        # passes, so that a runtime with limited functions does not pay their claims on every
+        # round of plain work.
+        self._limited_empty: dict[tuple[str, str], float] = {}
         self._pools: LoopPools | None = None
         self._pool: AsyncPool | None = None
         # The producer's own connection, in autocommit: claims only (no pool round on the path
@@ -444,6 +449,8 @@ class Runtime:
                 if free <= 0:
                     continue
             # Cleared before the claim: a doorbell during the claim is kept for the next round.
+            if self._doorbell.is_set():
+                self._limited_empty.clear()
             self._doorbell.clear()
             try:
                 claimed = await self._claim(free)
@@ -496,9 +503,11 @@ class Runtime:
         conn = await self._claim_connection()
         try:
             async with conn.cursor(row_factory=dict_row) as cur:
+                now = asyncio.get_running_loop().time()
                 for queue in self.queues:
                     for name in limited:
-                        if free - len(rows) > 0:
+                        empty_at = self._limited_empty.get((name, queue))
+                        if free - len(rows) > 0 and (empty_at is None or now - empty_at >= self.poll_interval):
                             await self._claim_limited(conn, name, queue, free - len(rows), rows)
                     want = free - len(rows)
                     if want <= 0:
@@ -529,6 +538,10 @@ class Runtime:
         if claimed:
             rows.extend(claimed)
             metrics.JOBS_CLAIMED.labels(queue).inc(len(claimed))
+        if claimed or wait is not None:
+            self._limited_empty.pop((name, queue), None)
+        else:
+            self._limited_empty[(name, queue)] = asyncio.get_running_loop().time()
         if wait is not None:
             due = asyncio.get_running_loop().time() + wait
             self._token_due = due if self._token_due is None else min(self._token_due, due)
@@ -566,6 +579,9 @@ class Runtime:
         finally:
             if self.in_hand.get(ctx.job_id) is not None and self.in_hand[ctx.job_id].ctx is ctx:
                 del self.in_hand[ctx.job_id]
+            if self._limited_empty:  # its key's slot may be free again
+                for key in [k for k in self._limited_empty if k[0] == ctx.job.name]:
+                    del self._limited_empty[key]
             self._slot_freed.set()
 
     # -- heartbeat, rescue, promotion -------------------------------------------------------------
