@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .api.control import acancel, cancel, discard_failed, job_state, retry_failed
-from .api.reads import JobInfo, aget_job, get_job
+from .api.control import acancel, acancel_tagged, cancel, cancel_tagged, discard_failed, job_state, retry_failed
+from .api.reads import JobInfo, aget_job, alist_tagged, get_job, list_tagged
 from .api.enqueue import aenqueue_many, enqueue_many
 from .api.functions import JobFunction, default_backoff, job
 from .api.handles import JobHandle
@@ -127,9 +127,12 @@ __all__ = [
     "SyncJobContext",
     "UnknownJobError",
     "acancel",
+    "acancel_tagged",
     "adrain",
+    "alist_tagged",
     "aenqueue_many",
     "cancel",
+    "cancel_tagged",
     "clear",
     "configure",
     "default_backoff",
@@ -138,6 +141,7 @@ __all__ = [
     "enqueue_many",
     "job",
     "job_state",
+    "list_tagged",
     "retry_failed",
     "Status",
     "astatus",
