@@ -118,6 +118,15 @@ FROM jobs
 # unfinished jobs backs this up. Rows: (id, name, created), one per item, in item order.
 ENQUEUE_KEYED = "SELECT k.id, k.name, k.created FROM livepush_enqueue_keyed(%(jobs)s::jsonb) k ORDER BY k.ord"
 
+# name: enqueue_one_keyed
+# ENQUEUE_KEYED for a single job, with scalar parameters (livepush_enqueue_one_keyed(): the same
+# per-key lock, so the same safety under concurrency).
+ENQUEUE_ONE_KEYED = """
+SELECT k.id, k.name, k.created FROM livepush_enqueue_one_keyed(
+    %(name)s, %(queue)s, %(priority)s, %(run_at)s::timestamptz, %(max_attempts)s, %(group_id)s::bigint,
+    %(args)s::jsonb, %(tags)s::text[], %(key)s) k
+"""
+
 # name: enqueue_debounced
 # One keyed job that runs `delay` seconds from now, replacing a pending job with the key (its
 # arguments and run time) or queued behind a started one: livepush_enqueue_debounced()

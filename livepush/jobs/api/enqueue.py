@@ -1,7 +1,7 @@
 """Enqueue: one job or many, in our own transaction or the caller's (`conn=`).
 
-Every path is one statement (queries.ENQUEUE, or ENQUEUE_ONE for a lone job; ENQUEUE_KEYED or
-ENQUEUE_DEBOUNCED when a job has an idempotency key) that also rings each new job's state topic
+Every path is one statement (queries.ENQUEUE, or ENQUEUE_ONE for a lone job; ENQUEUE_KEYED,
+ENQUEUE_ONE_KEYED or ENQUEUE_DEBOUNCED when a job has an idempotency key) that also rings each new job's state topic
 and the runtimes' doorbell; both are delivered at commit, so pages and idle runtimes hear only of
 committed jobs. Enqueue options (key=, debounce=, tags=): docs/jobs.md "Enqueue options".
 """
@@ -82,19 +82,19 @@ class Batch:
 
     def one_params(self) -> dict[str, Any]:
         """Scalar parameters for ENQUEUE_ONE (a batch of exactly one job)."""
-        name, queue, priority, when, max_attempts, group_id, args, tags, _key = self.rows[0]
+        name, queue, priority, when, max_attempts, group_id, args, tags, key = self.rows[0]
         return {"name": name, "queue": queue, "priority": priority, "run_at": when,
-                "max_attempts": max_attempts, "args": dumps(args), "group_id": group_id, "tags": tags}
+                "max_attempts": max_attempts, "args": dumps(args), "group_id": group_id, "tags": tags, "key": key}
 
     def statement(self, debounce: float | None = None) -> tuple[str, dict[str, Any]]:
         """The enqueue statement and its parameters: a lone job takes the scalar twin (cheaper);
         a batch with keys the keyed statement; a debounced job (one, keyed) its own."""
         if debounce is not None:
             return queries.ENQUEUE_DEBOUNCED, {"job": dumps(self.rows[0]), "delay": float(debounce)}
+        if len(self.rows) == 1:
+            return (queries.ENQUEUE_ONE_KEYED if self.keyed else queries.ENQUEUE_ONE), self.one_params()
         if self.keyed:
             return queries.ENQUEUE_KEYED, self.params()
-        if len(self.rows) == 1:
-            return queries.ENQUEUE_ONE, self.one_params()
         return queries.ENQUEUE, self.params()
 
     def __len__(self) -> int:
@@ -103,6 +103,22 @@ class Batch:
 
 ITEM_OPTIONS = frozenset({"wait", "at", "key", "tags"})
 
+# Types whose instances passed the JobSpec check: isinstance() against a runtime-checkable
+# Protocol walks its attributes on every call, which was most of the Python time of an
+# enqueue_many of (job, args) tuples.
+_SPEC_TYPES: set[type] = set()
+
+
+def is_spec(value: Any) -> bool:
+    """Whether `value` is a job function (a JobSpec instance, not a class)."""
+    kind = type(value)
+    if kind in _SPEC_TYPES:
+        return True
+    if isinstance(value, JobSpec) and not isinstance(value, type):
+        _SPEC_TYPES.add(kind)
+        return True
+    return False
+
 
 def item(entry: Any) -> tuple[JobSpec, Sequence[Any], datetime | None, str | None, dict[str, Any]]:
     """An enqueue_many entry: a JobRequest, or (job_function, args) / (job_function, args, options).
@@ -110,7 +126,7 @@ def item(entry: Any) -> tuple[JobSpec, Sequence[Any], datetime | None, str | Non
     enqueue options (key=, tags=) as keyword arguments of Batch.add."""
     if isinstance(entry, JobRequest):
         return REGISTRY.get(entry.name), entry.args, None, entry.queue, {}
-    if isinstance(entry, tuple) and len(entry) in (2, 3) and isinstance(entry[0], JobSpec) and not isinstance(entry[0], type):
+    if isinstance(entry, tuple) and len(entry) in (2, 3) and is_spec(entry[0]):
         options = entry[2] if len(entry) == 3 else {}
         unknown = set(options) - ITEM_OPTIONS
         if unknown:
