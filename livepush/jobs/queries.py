@@ -459,12 +459,19 @@ JOB_GROUP = "SELECT group_id FROM livepush_jobs WHERE id = %(id)s"
 
 # name: retry_failed
 # A failed job gets a fresh set of attempts and runs again now. Only from 'failed'; the row lock
-# makes two concurrent retries re-queue it once.
+# makes two concurrent retries re-queue it once. A job with an idempotency key stays failed when
+# another unfinished job holds its key's place (sql/0007_enqueue_options.sql): that job is the
+# key's run now. (An enqueue of the key committing between this statement's snapshot and its
+# write makes it fail on the key's unique index instead: loud, never a duplicate.)
 RETRY_FAILED = f"""
 WITH moved AS (
     UPDATE livepush_jobs j SET state = 'available', attempt = 0, run_at = now(), finished_at = NULL,
                                cancel_requested = false, version = j.version + 1, event = 'enqueued'
     WHERE j.id = %(id)s AND j.state = 'failed'
+      AND (j.key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM livepush_jobs o
+          WHERE o.key = j.key AND o.key_slot = j.key_slot
+            AND o.state IN ('available', 'scheduled', 'running', 'waiting')))
     RETURNING j.id, j.version
 ), rung AS ({ring("moved")})
 SELECT m.id, livepush_jobs_ready() AS _rang FROM moved m CROSS JOIN rung

@@ -70,6 +70,19 @@ def test_a_job_being_retried_keeps_its_key(jobs_db: str) -> None:
     assert sample_jobs.with_default_backoff.enqueue(key="retry") == first
 
 
+def test_retry_failed_leaves_a_failed_job_alone_while_its_key_is_held_again(jobs_db: str) -> None:
+    """A failed job freed its key; retrying it while a new job holds the key does nothing."""
+    failed = sample_jobs.never.enqueue(key="rf")
+    jobs.drain()
+    assert jobs.get_job(failed.id).state == "failed"  # type: ignore[union-attr]
+    holder = sample_jobs.never.enqueue(key="rf")
+    assert holder != failed
+    assert jobs.retry_failed(failed.id) is False
+    assert jobs.cancel(holder.id)
+    assert jobs.retry_failed(failed.id) is True
+    assert sample_jobs.never.enqueue(key="rf") == failed
+
+
 def test_a_key_enqueued_inside_a_rolled_back_transaction_stays_free(jobs_db: str) -> None:
     """With conn=, the key is taken only if the caller's transaction commits."""
     with psycopg.connect(jobs_db) as conn:
