@@ -68,7 +68,7 @@ BEGIN
         SELECT u.ord, u.j ->> 0 AS name, u.j ->> 1 AS queue, (u.j ->> 2)::int AS priority,
                (u.j ->> 3)::timestamptz AS at, (u.j ->> 4)::int AS max_attempts,
                (u.j ->> 5)::bigint AS group_id, u.j -> 6 AS args,
-               ARRAY(SELECT jsonb_array_elements_text(nullif(u.j -> 7, 'null'::jsonb))) AS tags,
+               CASE WHEN jsonb_typeof(u.j -> 7) = 'array' THEN ARRAY(SELECT jsonb_array_elements_text(u.j -> 7)) END AS tags,
                u.j ->> 8 AS key,
                -- The batch's first item with a key creates it (or finds it held); later ones share it.
                (u.j ->> 8 IS NULL OR u.ord = min(u.ord) OVER (PARTITION BY u.j ->> 8)) AS first
@@ -91,7 +91,7 @@ BEGIN
         INSERT INTO livepush_jobs (id, queue, name, priority, run_at, state, max_attempts, group_id, key, tags)
         SELECT n.id, n.queue, n.name, n.priority, coalesce(n.at, now()),
                CASE WHEN n.at > now() THEN 'scheduled' ELSE 'available' END,
-               n.max_attempts, n.group_id, n.key, nullif(n.tags, '{}')
+               n.max_attempts, n.group_id, n.key, n.tags
         FROM input n
     ), payloads AS (
         INSERT INTO livepush_job_payloads (id, args) SELECT n.id, n.args FROM input n
