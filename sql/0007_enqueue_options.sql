@@ -44,12 +44,15 @@ BEGIN
 END
 $$;
 
--- An enqueue whose batch (enqueue.Batch rows, as for ENQUEUE) has keys. PL/pgSQL, because each
--- statement of a volatile function takes a fresh snapshot: the read of the key's jobs below runs
--- after the lock is held, so it sees every job of the key that any committed enqueue created,
--- and no other enqueue of the key can commit until this transaction ends. A job that is claimed,
--- retried or finished meanwhile only moves between states; the read sees it unfinished (its
--- handle is returned) or finished (the key is free).
+-- An enqueue whose batch (enqueue.Batch rows, as for ENQUEUE) has keys; `p_keys`: the distinct
+-- keys of the batch. PL/pgSQL, because each statement of a volatile function takes a fresh
+-- snapshot: the read of the keys' jobs below runs after the locks are held, so it sees every job
+-- of those keys that any committed enqueue created (this transaction's own earlier ones too), and
+-- no other enqueue of them can commit until this transaction ends. A job that is claimed, retried
+-- or finished meanwhile only moves between states; the read sees it unfinished (its handle is
+-- returned) or finished (the key is free).
+-- Row column 9 is 1 for the batch's first item with its key (the caller marks it, which saves a
+-- sort here): only it may create the job; a later item with the key gets the same one.
 -- Returns one row per batch item, in order: the job's id and name, and whether it was created
 -- (false: an unfinished job with the key already held it, or an earlier item of the batch did).
 --
@@ -58,32 +61,30 @@ $$;
 -- whole table for each key of every later batch (1,000 keys against 8,000 rows: 2 s instead of
 -- 30 ms). Without sequential scans the key's lookup always goes through livepush_jobs_key_idx,
 -- whatever size the table had when the plan was made; nothing else here scans a table.
-CREATE FUNCTION livepush_enqueue_keyed(p_jobs jsonb) RETURNS TABLE (ord bigint, id bigint, name text, created boolean)
+CREATE FUNCTION livepush_enqueue_keyed(p_jobs jsonb, p_keys text[])
+RETURNS TABLE (ord bigint, id bigint, name text, created boolean)
 LANGUAGE plpgsql VOLATILE SET enable_seqscan = off AS $$
 #variable_conflict use_column
 BEGIN
-    PERFORM livepush_lock_keys(ARRAY(SELECT u.j ->> 8 FROM jsonb_array_elements(p_jobs) u(j)));
+    PERFORM livepush_lock_keys(p_keys);
     RETURN QUERY
     WITH items AS (
         SELECT u.ord, u.j ->> 0 AS name, u.j ->> 1 AS queue, (u.j ->> 2)::int AS priority,
                (u.j ->> 3)::timestamptz AS at, (u.j ->> 4)::int AS max_attempts,
                (u.j ->> 5)::bigint AS group_id, u.j -> 6 AS args,
                CASE WHEN jsonb_typeof(u.j -> 7) = 'array' THEN ARRAY(SELECT jsonb_array_elements_text(u.j -> 7)) END AS tags,
-               u.j ->> 8 AS key,
-               -- The batch's first item with a key creates it (or finds it held); later ones share it.
-               (u.j ->> 8 IS NULL OR u.ord = min(u.ord) OVER (PARTITION BY u.j ->> 8)) AS first
+               u.j ->> 8 AS key, (u.j ->> 9) = '1' AS first
         FROM jsonb_array_elements(p_jobs) WITH ORDINALITY AS u(j, ord)
     ), held AS (
         -- The oldest unfinished job of each key (more than one only after debounced enqueues:
         -- see key_slot), one index lookup per key. `x.id + 0`: ordered by the bare id, the
         -- planner would rather walk the primary key, filtering every row of the table.
-        SELECT i.key, h.id, h.name FROM items i
+        SELECT k.key, h.id, h.name FROM unnest(p_keys) AS k(key)
         CROSS JOIN LATERAL (
             SELECT x.id, x.name FROM livepush_jobs x
-            WHERE x.key = i.key AND x.state IN ('available', 'scheduled', 'running', 'waiting')
+            WHERE x.key = k.key AND x.state IN ('available', 'scheduled', 'running', 'waiting')
             ORDER BY x.id + 0 LIMIT 1
         ) h
-        WHERE i.key IS NOT NULL AND i.first
     ), input AS MATERIALIZED (
         SELECT nextval('livepush_jobs_id_seq') AS id, i.* FROM items i
         WHERE i.first AND NOT EXISTS (SELECT 1 FROM held WHERE held.key = i.key)
@@ -99,11 +100,10 @@ BEGIN
         SELECT CASE WHEN count(*) > 0 THEN livepush_states_created('job', min(n.id), max(n.id)) + livepush_jobs_ready()
                END AS n FROM input n
     ), owner AS (
-        SELECT held.key, held.id, held.name, false AS created FROM held
-        UNION ALL SELECT n.key, n.id, n.name, true FROM input n WHERE n.key IS NOT NULL
+        SELECT held.key, held.id, held.name FROM held
+        UNION ALL SELECT n.key, n.id, n.name FROM input n WHERE n.key IS NOT NULL
     )
-    SELECT i.ord, coalesce(n.id, o.id), coalesce(n.name, o.name),
-           coalesce(n.id IS NOT NULL, false)
+    SELECT i.ord, coalesce(n.id, o.id), coalesce(n.name, o.name), n.id IS NOT NULL
     FROM items i CROSS JOIN rung
     LEFT JOIN input n ON n.ord = i.ord
     LEFT JOIN owner o ON o.key = i.key AND n.id IS NULL

@@ -110,13 +110,15 @@ FROM jobs
 """
 
 # name: enqueue_keyed
-# ENQUEUE for a batch with idempotency keys (the same JSON rows; columns 7 and 8 are the tags
-# and the key). Safe under concurrency: livepush_enqueue_keyed() (sql/0007_enqueue_options.sql)
+# ENQUEUE for a batch with idempotency keys (the same JSON rows; columns 7, 8 and 9 are the tags,
+# the key and whether the item is the batch's first with its key), and the batch's distinct keys. Safe under concurrency: livepush_enqueue_keyed() (sql/0007_enqueue_options.sql)
 # first takes an advisory lock per key, held until this transaction ends, so enqueues of one key
 # from any number of processes run one after the other; then, in a fresh snapshot, it returns
 # the unfinished job holding the key or inserts one. The unique index on (key, key_slot) over
 # unfinished jobs backs this up. Rows: (id, name, created), one per item, in item order.
-ENQUEUE_KEYED = "SELECT k.id, k.name, k.created FROM livepush_enqueue_keyed(%(jobs)s::jsonb) k ORDER BY k.ord"
+ENQUEUE_KEYED = """
+SELECT k.id, k.name, k.created FROM livepush_enqueue_keyed(%(jobs)s::jsonb, %(keys)s::text[]) k ORDER BY k.ord
+"""
 
 # name: enqueue_one_keyed
 # ENQUEUE_KEYED for a single job, with scalar parameters (livepush_enqueue_one_keyed(): the same

@@ -53,9 +53,10 @@ class Batch:
 
     def __init__(self) -> None:
         # [name, queue, priority, run_at (ISO 8601) | None, max_attempts, group_id | None, args,
-        #  tags | None, key | None]
+        #  tags | None, key | None, 1 if this is the batch's first item with its key (or has none)]
         self.rows: list[list[Any]] = []
         self.keyed = False
+        self._keys: set[str] = set()
 
     def add(self, fn: JobSpec, args: Sequence[Any], when: datetime | None = None,
             group_id: int | None = None, queue: str | None = None, *,
@@ -66,14 +67,21 @@ class Batch:
         validate = getattr(fn, "validate_args", None)
         if validate is not None:
             validate(items)
+        first = 1
         if key is not None:
+            key = check_key(key)
             self.keyed = True
+            first = 0 if key in self._keys else 1
+            self._keys.add(key)  # type: ignore[arg-type]
         self.rows.append([fn.name, queue or fn.queue, fn.priority, when.isoformat() if when else None,
-                          fn.max_attempts, group_id, items, check_tags(tags), check_key(key)])
+                          fn.max_attempts, group_id, items, check_tags(tags), key, first])
 
     def params(self, start: int = 0, stop: int | None = None) -> dict[str, Any]:
-        """Parameters of ENQUEUE for the jobs rows[start:stop]."""
-        return {"jobs": dumps(self.rows[start:stop])}
+        """Parameters of ENQUEUE (or ENQUEUE_KEYED: with the slice's distinct keys) for rows[start:stop]."""
+        rows = self.rows[start:stop]
+        if not self.keyed:
+            return {"jobs": dumps(rows)}
+        return {"jobs": dumps(rows), "keys": list({r[8] for r in rows if r[8] is not None})}
 
     def chunks(self, size: int) -> list[tuple[str, dict[str, Any]]]:
         """Enqueue statements and parameters for consecutive slices of at most `size` jobs."""
@@ -82,7 +90,7 @@ class Batch:
 
     def one_params(self) -> dict[str, Any]:
         """Scalar parameters for ENQUEUE_ONE (a batch of exactly one job)."""
-        name, queue, priority, when, max_attempts, group_id, args, tags, key = self.rows[0]
+        name, queue, priority, when, max_attempts, group_id, args, tags, key, _first = self.rows[0]
         return {"name": name, "queue": queue, "priority": priority, "run_at": when,
                 "max_attempts": max_attempts, "args": dumps(args), "group_id": group_id, "tags": tags, "key": key}
 
