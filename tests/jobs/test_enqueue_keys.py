@@ -152,6 +152,28 @@ def test_debounce_replaces_a_pending_job_and_moves_its_run_time(jobs_db: str) ->
     assert len(jobs_with_key(jobs_db, "d")) == 1
 
 
+def test_concurrent_debounced_enqueues_of_one_key_leave_one_pending_job(jobs_db: str) -> None:
+    """12 threads debouncing one key at once: one job, holding one of their arguments, and every
+    caller got its handle."""
+    barrier = threading.Barrier(12)
+    got: list[Any] = []
+
+    def enqueue(i: int) -> None:
+        with psycopg.connect(jobs_db) as conn:
+            barrier.wait(10)
+            got.append(sample_jobs.record.enqueue(i, key="deb", debounce=30, conn=conn))
+
+    threads = [threading.Thread(target=enqueue, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(got) == 12 and len(set(got)) == 1
+    assert [r[1] for r in jobs_with_key(jobs_db, "deb")] == ["scheduled"]
+    [(args,)] = q(jobs_db, "SELECT args FROM livepush_job_payloads")
+    assert args[0] in range(12)
+
+
 def test_debounce_needs_a_key_and_excludes_wait() -> None:
     with pytest.raises(ValueError, match="debounce= needs key="):
         sample_jobs.record.enqueue("a", debounce=5)
@@ -159,6 +181,8 @@ def test_debounce_needs_a_key_and_excludes_wait() -> None:
         sample_jobs.record.enqueue("a", key="x", debounce=5, wait=1)
     with pytest.raises(ValueError, match="zero or more"):
         sample_jobs.record.enqueue("a", key="x", debounce=-1)
+    with pytest.raises(ValueError, match="more than a year"):
+        sample_jobs.record.enqueue("a", key="x", debounce=1e12)
     with pytest.raises(InvalidArgumentsError, match="key= takes a non-empty str"):
         sample_jobs.record.enqueue("a", key="")
     with pytest.raises(TypeError, match="debounce= is for a single enqueue"):

@@ -14,6 +14,7 @@ from ..errors import InvalidArgumentsError
 MAX_KEY_LENGTH = 500  # characters; a key is an index entry, and Postgres refuses btree entries past ~2,700 bytes
 MAX_TAGS = 20  # tags per job: they are for finding jobs again, not for data
 MAX_TAG_LENGTH = 200  # characters per tag
+MAX_DEBOUNCE = 366 * 86400.0  # seconds; a debounce is a short quiet period, and Postgres' intervals end somewhere
 
 
 def check_key(key: Any) -> str | None:
@@ -72,4 +73,6 @@ def check_debounce(debounce: Any, key: str | None, wait: float | None, at: datet
         raise TypeError(f"debounce= takes a number of seconds, got {type(debounce).__name__} {debounce!r:.60}")
     if not debounce >= 0 or debounce == math.inf:  # `not >=` also catches NaN
         raise ValueError(f"debounce= must be zero or more seconds, a finite number, got {debounce!r}")
+    if debounce > MAX_DEBOUNCE:
+        raise ValueError(f"debounce= of {debounce!r} seconds is more than a year: pass a shorter delay")
     return float(debounce)
