@@ -21,16 +21,18 @@ from typing import Any
 
 from .api.control import (
     acancel,
+    acancel_tagged,
     apause_queue,
     aresume_queue,
     cancel,
+    cancel_tagged,
     discard_failed,
     job_state,
     pause_queue,
     resume_queue,
     retry_failed,
 )
-from .api.reads import JobInfo, aget_job, get_job
+from .api.reads import JobInfo, aget_job, alist_tagged, get_job, list_tagged
 from .api.enqueue import aenqueue_many, enqueue_many
 from .api.functions import JobFunction, default_backoff, job
 from .api.handles import JobHandle
@@ -137,13 +139,16 @@ __all__ = [
     "SyncJobContext",
     "UnknownJobError",
     "acancel",
+    "acancel_tagged",
     "adrain",
     "apause_queue",
     "aresume_queue",
     "pause_queue",
     "resume_queue",
+    "alist_tagged",
     "aenqueue_many",
     "cancel",
+    "cancel_tagged",
     "clear",
     "configure",
     "default_backoff",
@@ -152,6 +157,7 @@ __all__ = [
     "enqueue_many",
     "job",
     "job_state",
+    "list_tagged",
     "retry_failed",
     "Status",
     "astatus",

@@ -69,19 +69,25 @@ WITH input AS (
     SELECT nextval('livepush_jobs_id_seq') AS id, f.name, f.queue, f.priority,
            coalesce(f.at, now()) AS run_at,
            CASE WHEN f.at > now() THEN 'scheduled' ELSE 'available' END AS state,
-           f.max_attempts, f.group_id, f.args, f.concurrency_key, f.limited, f.ord
+           f.max_attempts, f.group_id, f.args, f.ord, f.tags, f.concurrency_key, f.limited
     FROM (
         -- enqueue.Batch: one JSON array per job, in this column order.
         SELECT u.j ->> 0 AS name, u.j ->> 1 AS queue, (u.j ->> 2)::int AS priority,
                (u.j ->> 3)::timestamptz AS at, (u.j ->> 4)::int AS max_attempts,
-               (u.j ->> 5)::bigint AS group_id, u.j -> 6 AS args, u.j ->> 7 AS concurrency_key,
-               (u.j -> 8)::boolean AS limited, u.ord
+               (u.j ->> 5)::bigint AS group_id, u.j -> 6 AS args, u.ord,
+               -- Tags (enqueue options): NULL for none, so untagged jobs stay out of the tags index.
+               CASE WHEN jsonb_typeof(u.j -> 7) = 'array'
+                    THEN ARRAY(SELECT jsonb_array_elements_text(u.j -> 7)) END AS tags,
+               -- Claim limits (sql/0008_claim_limits.sql): the concurrency key and whether the
+               -- job takes the limited claim.
+               u.j ->> 10 AS concurrency_key, (u.j -> 11)::boolean AS limited
         FROM jsonb_array_elements(%(jobs)s::jsonb) WITH ORDINALITY AS u(j, ord)
     ) f
 ), jobs AS (
-    INSERT INTO livepush_jobs (id, queue, name, priority, run_at, state, max_attempts, group_id, concurrency_key,
-                               limited)
-    SELECT id, queue, name, priority, run_at, state, max_attempts, group_id, concurrency_key, limited FROM input
+    INSERT INTO livepush_jobs (id, queue, name, priority, run_at, state, max_attempts, group_id, tags,
+                               concurrency_key, limited)
+    SELECT id, queue, name, priority, run_at, state, max_attempts, group_id, tags, concurrency_key, limited
+    FROM input
 ), payloads AS (
     INSERT INTO livepush_job_payloads (id, args) SELECT id, args FROM input
 ), rung AS (
@@ -95,11 +101,11 @@ SELECT i.id, i.name FROM input i CROSS JOIN rung ORDER BY i.ord
 # document to expand and materialize (a quarter of a lone enqueue's time on an idle server).
 ENQUEUE_ONE = """
 WITH jobs AS (
-    INSERT INTO livepush_jobs AS j (queue, name, priority, run_at, state, max_attempts, group_id, concurrency_key,
-                                    limited)
+    INSERT INTO livepush_jobs AS j (queue, name, priority, run_at, state, max_attempts, group_id, tags,
+                                    concurrency_key, limited)
     VALUES (%(queue)s, %(name)s, %(priority)s, coalesce(%(run_at)s::timestamptz, now()),
             CASE WHEN %(run_at)s::timestamptz > now() THEN 'scheduled' ELSE 'available' END,
-            %(max_attempts)s, %(group_id)s::bigint, %(concurrency_key)s::text, %(limited)s::boolean)
+            %(max_attempts)s, %(group_id)s::bigint, %(tags)s::text[], %(concurrency_key)s::text, %(limited)s::boolean)
     RETURNING j.id, j.name, j.version
 ), payloads AS (
     INSERT INTO livepush_job_payloads (id, args) SELECT id, %(args)s::jsonb FROM jobs
@@ -108,6 +114,32 @@ SELECT jobs.id, jobs.name,
        livepush_state_changed(ARRAY['job:' || jobs.id], ARRAY[jobs.version]) + livepush_jobs_ready() AS _rung
 FROM jobs
 """
+
+# name: enqueue_keyed
+# ENQUEUE for a batch with idempotency keys (the same JSON rows; columns 7, 8 and 9 are the tags,
+# the key and whether the item is the batch's first with its key), and the batch's distinct keys. Safe under concurrency: livepush_enqueue_keyed() (sql/0007_enqueue_options.sql)
+# first takes an advisory lock per key, held until this transaction ends, so enqueues of one key
+# from any number of processes run one after the other; then, in a fresh snapshot, it returns
+# the unfinished job holding the key or inserts one. The unique index on (key, key_slot) over
+# unfinished jobs backs this up. Rows: (id, name, created), one per item, in item order.
+ENQUEUE_KEYED = """
+SELECT k.id, k.name, k.created FROM livepush_enqueue_keyed(%(jobs)s::jsonb, %(keys)s::text[]) k ORDER BY k.ord
+"""
+
+# name: enqueue_one_keyed
+# ENQUEUE_KEYED for a single job, with scalar parameters (livepush_enqueue_one_keyed(): the same
+# per-key lock, so the same safety under concurrency).
+ENQUEUE_ONE_KEYED = """
+SELECT k.id, k.name, k.created FROM livepush_enqueue_one_keyed(
+    %(name)s, %(queue)s, %(priority)s, %(run_at)s::timestamptz, %(max_attempts)s, %(group_id)s::bigint,
+    %(args)s::jsonb, %(tags)s::text[], %(key)s) k
+"""
+
+# name: enqueue_debounced
+# One keyed job that runs `delay` seconds from now, replacing a pending job with the key (its
+# arguments and run time) or queued behind a started one: livepush_enqueue_debounced()
+# (sql/0007_enqueue_options.sql), serialized per key by the same lock as ENQUEUE_KEYED.
+ENQUEUE_DEBOUNCED = "SELECT k.id, k.name, k.created FROM livepush_enqueue_debounced(%(job)s::jsonb, %(delay)s) k"
 
 # name: claim
 # Safe under concurrency: FOR UPDATE SKIP LOCKED hands each available row to exactly one
@@ -503,12 +535,19 @@ JOB_GROUP = "SELECT group_id FROM livepush_jobs WHERE id = %(id)s"
 
 # name: retry_failed
 # A failed job gets a fresh set of attempts and runs again now. Only from 'failed'; the row lock
-# makes two concurrent retries re-queue it once.
+# makes two concurrent retries re-queue it once. A job with an idempotency key stays failed when
+# another unfinished job holds its key's place (sql/0007_enqueue_options.sql): that job is the
+# key's run now. (An enqueue of the key committing between this statement's snapshot and its
+# write makes it fail on the key's unique index instead: loud, never a duplicate.)
 RETRY_FAILED = f"""
 WITH moved AS (
     UPDATE livepush_jobs j SET state = 'available', attempt = 0, run_at = now(), finished_at = NULL,
                                cancel_requested = false, version = j.version + 1, event = 'enqueued'
     WHERE j.id = %(id)s AND j.state = 'failed'
+      AND (j.key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM livepush_jobs o
+          WHERE o.key = j.key AND o.key_slot = j.key_slot
+            AND o.state IN ('available', 'scheduled', 'running', 'waiting')))
     RETURNING j.id, j.version
 ), rung AS ({ring("moved")})
 SELECT m.id, livepush_jobs_ready() AS _rang FROM moved m CROSS JOIN rung
@@ -541,6 +580,24 @@ WITH gone AS (
 JOB_STATES = f"""
 SELECT {VIEW_COLUMNS} FROM livepush_jobs j JOIN livepush_job_payloads p ON p.id = j.id
 WHERE j.id = ANY(%(ids)s::bigint[])
+"""
+
+# name: job_infos
+# JOB_STATES plus what only jobs.get_job() shows (the job's tags). A plain read.
+JOB_INFOS = f"""
+SELECT {VIEW_COLUMNS}, j.tags FROM livepush_jobs j JOIN livepush_job_payloads p ON p.id = j.id
+WHERE j.id = ANY(%(ids)s::bigint[])
+"""
+
+# name: tagged_ids
+# The ids of jobs with a tag, newest first (unfinished ones only when `unfinished`), through the
+# tags index. A plain read: a job enqueued or finished meanwhile may or may not be listed.
+TAGGED_IDS = """
+SELECT id FROM livepush_jobs
+WHERE tags IS NOT NULL AND tags @> ARRAY[%(tag)s::text]
+  AND (NOT %(unfinished)s OR state IN ('available', 'scheduled', 'running', 'waiting'))
+ORDER BY id DESC
+LIMIT %(limit)s
 """
 
 # name: queues_with_due_jobs (tests: drain)

@@ -89,6 +89,15 @@ def test_the_key_is_the_named_argument_at_enqueue(limits_db: str) -> None:
     assert keys == {a.id: ('"acme"', True), b.id: ('"shared"', True), c.id: ('{"org":7}', True), d.id: (None, False)}
 
 
+def test_a_limited_function_with_an_idempotency_key_is_refused(limits_db: str) -> None:
+    """Keyed enqueues do not store claim limits yet: refused, and nothing is written."""
+    with pytest.raises(ConfigError):
+        limit_jobs.per_tenant.enqueue("a", key="k1")
+    with pytest.raises(ConfigError):
+        jobs.enqueue_many([(limit_jobs.per_tenant, ("a",)), (limit_jobs.plain, (), {"key": "k2"})])
+    assert q(limits_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
+
+
 def test_drain_runs_jobs_with_limits(limits_db: str) -> None:
     """jobs.drain() takes the limited claim too: every job of a limited function runs."""
     jobs.enqueue_many([limit_jobs.per_tenant.request(t, 0.0) for t in ("a", "a", "b")])

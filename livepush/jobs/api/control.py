@@ -1,5 +1,6 @@
-"""Operator calls: on single jobs (cancel, retry_failed, discard_failed, job_state) and on queues
-(pause_queue, resume_queue)."""
+"""Operator calls on single jobs: cancel, retry_failed, discard_failed, job_state; cancel_tagged,
+which cancels each unfinished job with a tag as cancel() does; and on queues: pause_queue,
+resume_queue."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ..groups import outcomes, steps
 from ..groups.cancel import acancel_children, cancel_children
 from ..groups.transactions import ain_tx, in_tx
 from .handles import checked_id
+from .options import check_tag
 
 log = logging.getLogger("livepush.jobs")
 
@@ -56,6 +58,36 @@ async def acancel(job_id: int) -> bool:
             log.error("job %s was cancelled, but cancelling the children it waited for failed (%s): "
                       "cancel their groups with jobs.cancel_group()", job_id, exc)
     return bool(rows)
+
+
+def tagged_unfinished(tag: str) -> list[int]:
+    """The ids of every unfinished job with `tag`, oldest first."""
+    params = {"tag": check_tag(tag), "limit": None, "unfinished": True}
+    with database.connection() as conn:
+        return sorted(r[0] for r in conn.execute(queries.TAGGED_IDS, params).fetchall())
+
+
+def cancel_tagged(tag: str) -> int:
+    """Cancel every unfinished job with `tag` (enqueue(tags=...)), each exactly as cancel() does
+    (a running one is told and ends `cancelled` at its next await or progress call). Returns how
+    many were cancelled or told; a job that finished meanwhile is not counted. A job enqueued with
+    the tag while this runs may be left out."""
+    return sum(cancel(job_id) for job_id in tagged_unfinished(tag))
+
+
+async def acancel_tagged(tag: str) -> int:
+    ids = await _atagged_unfinished(tag)
+    count = 0
+    for job_id in ids:
+        count += await acancel(job_id)
+    return count
+
+
+async def _atagged_unfinished(tag: str) -> list[int]:
+    params = {"tag": check_tag(tag), "limit": None, "unfinished": True}
+    async with database.aconnection() as conn:
+        rows = await (await conn.execute(queries.TAGGED_IDS, params)).fetchall()
+    return sorted(r[0] for r in rows)
 
 
 def retry_failed(job_id: int) -> bool:

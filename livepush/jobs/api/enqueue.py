@@ -1,8 +1,9 @@
 """Enqueue: one job or many, in our own transaction or the caller's (`conn=`).
 
-Every path is one statement (queries.ENQUEUE, or ENQUEUE_ONE for a lone job) that also rings
-each new job's state topic and the runtimes' doorbell; both are delivered at commit, so pages
-and idle runtimes hear only of committed jobs.
+Every path is one statement (queries.ENQUEUE, or ENQUEUE_ONE for a lone job; ENQUEUE_KEYED,
+ENQUEUE_ONE_KEYED or ENQUEUE_DEBOUNCED when a job has an idempotency key) that also rings each new job's state topic
+and the runtimes' doorbell; both are delivered at commit, so pages and idle runtimes hear only of
+committed jobs. Enqueue options (key=, debounce=, tags=): docs/jobs.md "Enqueue options".
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from ...errors import ConfigError
 from ...postgres.connect import translated
 from ...postgres.pools import aautocommitted, autocommitted
 from .. import database, queries
 from .args import check_args, dumps
 from .handles import JobHandle
+from .options import check_debounce, check_key, check_tags
 from .registry import REGISTRY, JobRequest, JobSpec
 
 
@@ -51,60 +54,118 @@ class Batch:
 
     def __init__(self) -> None:
         # [name, queue, priority, run_at (ISO 8601) | None, max_attempts, group_id | None, args,
+        #  tags | None, key | None, 1 if this is the batch's first item with its key (or has none),
         #  concurrency_key | None, limited]
         self.rows: list[list[Any]] = []
+        self.keyed = False
+        self.limited = False  # whether a job of the batch has claim limits
+        self._keys: set[str] = set()
 
     def add(self, fn: JobSpec, args: Sequence[Any], when: datetime | None = None,
-            group_id: int | None = None, queue: str | None = None) -> None:
-        limits = getattr(fn, "limits", None)  # JobFunction's; None for other specs
+            group_id: int | None = None, queue: str | None = None, *,
+            key: str | None = None, tags: Sequence[str] | None = None) -> None:
+        """Check one job (plain JSON, then its function's schema, if any) and add it; a refusal
+        raises before anything of the batch is written."""
+        items = check_args(args)
+        validate = getattr(fn, "validate_args", None)
+        if validate is not None:
+            validate(items)
+        limits = getattr(fn, "limits", None)  # JobFunction's claim limits; None for other specs
         limited = limits is not None and limits.any
+        first = 1
+        if key is not None:
+            key = check_key(key)
+            self.keyed = True
+            first = 0 if key in self._keys else 1
+            self._keys.add(key)  # type: ignore[arg-type]
+        self.limited = self.limited or limited
+        if self.keyed and self.limited:
+            # The keyed statements (sql/0007_enqueue_options.sql) do not store a job's claim
+            # limits yet: refused rather than enqueued without them.
+            raise ConfigError(f"{fn.name}: a job function with concurrency= or rate= cannot be enqueued with key= "
+                              "or debounce= (or in a batch with keyed jobs) yet")
         self.rows.append([fn.name, queue or fn.queue, fn.priority, when.isoformat() if when else None,
-                          fn.max_attempts, group_id, check_args(args), limits.key_of(args) if limited else None,
-                          limited])
+                          fn.max_attempts, group_id, items, check_tags(tags), key, first,
+                          limits.key_of(args) if limited else None, limited])
 
     def params(self, start: int = 0, stop: int | None = None) -> dict[str, Any]:
-        """Parameters of ENQUEUE for the jobs rows[start:stop]."""
-        return {"jobs": dumps(self.rows[start:stop])}
+        """Parameters of ENQUEUE (or ENQUEUE_KEYED: with the slice's distinct keys) for rows[start:stop]."""
+        rows = self.rows[start:stop]
+        if not self.keyed:
+            return {"jobs": dumps(rows)}
+        return {"jobs": dumps(rows), "keys": list({r[8] for r in rows if r[8] is not None})}
 
-    def chunks(self, size: int) -> list[dict[str, Any]]:
-        """ENQUEUE parameters for consecutive slices of at most `size` jobs."""
-        return [self.params(i, i + size) for i in range(0, len(self.rows), size)]
+    def chunks(self, size: int) -> list[tuple[str, dict[str, Any]]]:
+        """Enqueue statements and parameters for consecutive slices of at most `size` jobs."""
+        sql = queries.ENQUEUE_KEYED if self.keyed else queries.ENQUEUE
+        return [(sql, self.params(i, i + size)) for i in range(0, len(self.rows), size)]
 
     def one_params(self) -> dict[str, Any]:
         """Scalar parameters for ENQUEUE_ONE (a batch of exactly one job)."""
-        name, queue, priority, when, max_attempts, group_id, args, key, limited = self.rows[0]
+        name, queue, priority, when, max_attempts, group_id, args, tags, key, _first, ckey, limited = self.rows[0]
         return {"name": name, "queue": queue, "priority": priority, "run_at": when, "max_attempts": max_attempts,
-                "args": dumps(args), "group_id": group_id, "concurrency_key": key, "limited": limited}
+                "args": dumps(args), "group_id": group_id, "tags": tags, "key": key, "concurrency_key": ckey,
+                "limited": limited}
 
-    def statement(self) -> tuple[str, dict[str, Any]]:
-        """The enqueue statement and its parameters: a lone job takes the scalar twin (cheaper)."""
+    def statement(self, debounce: float | None = None) -> tuple[str, dict[str, Any]]:
+        """The enqueue statement and its parameters: a lone job takes the scalar twin (cheaper);
+        a batch with keys the keyed statement; a debounced job (one, keyed) its own."""
+        if debounce is not None:
+            return queries.ENQUEUE_DEBOUNCED, {"job": dumps(self.rows[0]), "delay": float(debounce)}
         if len(self.rows) == 1:
-            return queries.ENQUEUE_ONE, self.one_params()
+            return (queries.ENQUEUE_ONE_KEYED if self.keyed else queries.ENQUEUE_ONE), self.one_params()
+        if self.keyed:
+            return queries.ENQUEUE_KEYED, self.params()
         return queries.ENQUEUE, self.params()
 
     def __len__(self) -> int:
         return len(self.rows)
 
 
-def item(entry: Any) -> tuple[JobSpec, Sequence[Any], datetime | None, str | None]:
+ITEM_OPTIONS = frozenset({"wait", "at", "key", "tags"})
+
+# Types whose instances passed the JobSpec check: isinstance() against a runtime-checkable
+# Protocol walks its attributes on every call, which was most of the Python time of an
+# enqueue_many of (job, args) tuples.
+_SPEC_TYPES: set[type] = set()
+
+
+def is_spec(value: Any) -> bool:
+    """Whether `value` is a job function (a JobSpec instance, not a class)."""
+    kind = type(value)
+    if kind in _SPEC_TYPES:
+        return True
+    if isinstance(value, JobSpec) and not isinstance(value, type):
+        _SPEC_TYPES.add(kind)
+        return True
+    return False
+
+
+def item(entry: Any) -> tuple[JobSpec, Sequence[Any], datetime | None, str | None, dict[str, Any]]:
     """An enqueue_many entry: a JobRequest, or (job_function, args) / (job_function, args, options).
-    Returns the function, its arguments, when to run and the queue a request asked for."""
+    Returns the function, its arguments, when to run, the queue a request asked for, and the
+    enqueue options (key=, tags=) as keyword arguments of Batch.add."""
     if isinstance(entry, JobRequest):
-        return REGISTRY.get(entry.name), entry.args, None, entry.queue
-    if isinstance(entry, tuple) and len(entry) in (2, 3) and isinstance(entry[0], JobSpec) and not isinstance(entry[0], type):
+        return REGISTRY.get(entry.name), entry.args, None, entry.queue, {}
+    if isinstance(entry, tuple) and len(entry) in (2, 3) and is_spec(entry[0]):
         options = entry[2] if len(entry) == 3 else {}
-        return entry[0], entry[1], run_at(options.get("wait"), options.get("at")), None
+        unknown = set(options) - ITEM_OPTIONS
+        if unknown:
+            raise TypeError(f"enqueue_many() item options take {sorted(ITEM_OPTIONS)}, got {sorted(unknown)}"
+                            + (" (debounce= is for a single enqueue)" if "debounce" in unknown else ""))
+        extra = {k: options[k] for k in ("key", "tags") if k in options}
+        return entry[0], entry[1], run_at(options.get("wait"), options.get("at")), None, extra
     raise TypeError(
         "enqueue_many() takes JobRequest values (some_job.request(*args)) or (job_function, args) tuples, "
         f"got {entry!r}"
     )
 
 
-def run_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
+def run_batch(batch: Batch, conn: Any = None, debounce: float | None = None) -> list[JobHandle]:
     """Insert a batch with a sync connection (the caller's, or ours and committed here)."""
     if not len(batch):
         return []
-    sql, params = batch.statement()
+    sql, params = batch.statement(debounce)
     url = database.database_url()
     if conn is None:
         with translated(url), database.pools().sync().connection() as own, autocommitted(own):
@@ -117,10 +178,10 @@ def run_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
     return [JobHandle(row[0], row[1]) for row in rows]
 
 
-async def arun_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
+async def arun_batch(batch: Batch, conn: Any = None, debounce: float | None = None) -> list[JobHandle]:
     if not len(batch):
         return []
-    sql, params = batch.statement()
+    sql, params = batch.statement(debounce)
     url = database.database_url()
     if conn is None:
         with translated(url):
@@ -134,33 +195,45 @@ async def arun_batch(batch: Batch, conn: Any = None) -> list[JobHandle]:
     return [JobHandle(row[0], row[1]) for row in rows]
 
 
-def enqueue(fn: JobSpec, args: Sequence[Any], *, wait: float | None = None, at: datetime | None = None,
-            conn: Any = None) -> JobHandle:
+def one(fn: JobSpec, args: Sequence[Any], wait: float | None, at: datetime | None, key: str | None,
+        debounce: float | None, tags: Sequence[str] | None) -> tuple[Batch, float | None]:
+    """The batch of a single enqueue and its debounce delay (checked: it needs a key, and is the
+    run time, so it excludes wait= and at=)."""
+    delay = check_debounce(debounce, key, wait, at)
     batch = Batch()
-    batch.add(fn, args, run_at(wait, at))
-    return run_batch(batch, conn)[0]
+    batch.add(fn, args, None if delay is not None else run_at(wait, at), key=key, tags=tags)
+    return batch, delay
+
+
+def enqueue(fn: JobSpec, args: Sequence[Any], *, wait: float | None = None, at: datetime | None = None,
+            conn: Any = None, key: str | None = None, debounce: float | None = None,
+            tags: Sequence[str] | None = None) -> JobHandle:
+    batch, delay = one(fn, args, wait, at, key, debounce, tags)
+    return run_batch(batch, conn, delay)[0]
 
 
 async def aenqueue(fn: JobSpec, args: Sequence[Any], *, wait: float | None = None, at: datetime | None = None,
-                   conn: Any = None) -> JobHandle:
-    batch = Batch()
-    batch.add(fn, args, run_at(wait, at))
-    return (await arun_batch(batch, conn))[0]
+                   conn: Any = None, key: str | None = None, debounce: float | None = None,
+                   tags: Sequence[str] | None = None) -> JobHandle:
+    batch, delay = one(fn, args, wait, at, key, debounce, tags)
+    return (await arun_batch(batch, conn, delay))[0]
 
 
 def enqueue_many(items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
     """Enqueue many jobs in one statement: items are `job.request(*args)` values or `(job, args)`
-    / `(job, args, {"wait": s} | {"at": dt})` tuples. Handles in item order."""
+    / `(job, args, options)` tuples, options a dict of wait=, at=, key=, tags=. Handles in item
+    order; an item whose key an unfinished job (or an earlier item) holds gets that job's handle."""
+    return run_batch(many(items), conn)
+
+
+def many(items: Iterable[Any]) -> Batch:
+    """The batch of an enqueue_many, every item checked before anything is written."""
     batch = Batch()
     for entry in items:
-        fn, args, when, queue = item(entry)
-        batch.add(fn, args, when, queue=queue)
-    return run_batch(batch, conn)
+        fn, args, when, queue, extra = item(entry)
+        batch.add(fn, args, when, queue=queue, **extra)
+    return batch
 
 
 async def aenqueue_many(items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
-    batch = Batch()
-    for entry in items:
-        fn, args, when, queue = item(entry)
-        batch.add(fn, args, when, queue=queue)
-    return await arun_batch(batch, conn)
+    return await arun_batch(many(items), conn)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, overload
 
@@ -15,6 +15,7 @@ from .args import check_args
 from .handles import JobHandle
 from .limits import Limits, limits_of
 from .registry import REGISTRY, JobRequest
+from .schema import compile_schema
 
 MAX_BACKOFF = 3600.0
 
@@ -42,6 +43,7 @@ class JobFunction:
         backoff: Callable[[int], float] = default_backoff,
         concurrency: tuple[str, int] | None = None,
         rate: str | None = None,
+        schema: Mapping[str, Any] | bool | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
@@ -57,6 +59,9 @@ class JobFunction:
         self.backoff = backoff
         # Claim limits (docs/jobs.md "Limits and paused queues"): runtimes store them at start.
         self.limits: Limits = limits_of(func, concurrency, rate)
+        self.schema = schema
+        # Checks the arguments (a JSON array) against `schema` at enqueue; None without one.
+        self.validate_args = None if schema is None else compile_schema(schema, self.name)
         self.is_async = inspect.iscoroutinefunction(func)
         self.__name__ = getattr(func, "__name__", self.name)
         self.__qualname__ = getattr(func, "__qualname__", self.name)
@@ -75,18 +80,26 @@ class JobFunction:
         is its parent's queue)."""
         if queue is not None and (not isinstance(queue, str) or not queue):
             raise ConfigError(f"request(queue={queue!r}): a queue is a non-empty string")
-        return JobRequest(self.name, tuple(check_args(args)), queue)
+        items = check_args(args)
+        if self.validate_args is not None:
+            self.validate_args(items)
+        return JobRequest(self.name, tuple(items), queue)
 
-    def enqueue(self, *args: Any, wait: float | None = None, at: datetime | None = None, conn: Any = None) -> JobHandle:
+    def enqueue(self, *args: Any, wait: float | None = None, at: datetime | None = None, conn: Any = None,
+                key: str | None = None, debounce: float | None = None,
+                tags: Sequence[str] | None = None) -> JobHandle:
         """Enqueue one run. `wait=` delays by seconds, `at=` runs at an aware datetime;
-        `conn=` (a psycopg Connection) enqueues inside the caller's transaction."""
-        return _enqueue.enqueue(self, args, wait=wait, at=at, conn=conn)
+        `conn=` (a psycopg Connection) enqueues inside the caller's transaction; `key=`,
+        `debounce=`, `tags=`: docs/jobs.md "Enqueue options"."""
+        return _enqueue.enqueue(self, args, wait=wait, at=at, conn=conn, key=key, debounce=debounce, tags=tags)
 
     async def aenqueue(
-        self, *args: Any, wait: float | None = None, at: datetime | None = None, conn: Any = None
+        self, *args: Any, wait: float | None = None, at: datetime | None = None, conn: Any = None,
+        key: str | None = None, debounce: float | None = None, tags: Sequence[str] | None = None,
     ) -> JobHandle:
         """enqueue() for async code; `conn=` takes a psycopg AsyncConnection."""
-        return await _enqueue.aenqueue(self, args, wait=wait, at=at, conn=conn)
+        return await _enqueue.aenqueue(self, args, wait=wait, at=at, conn=conn, key=key, debounce=debounce,
+                                       tags=tags)
 
 
 @overload
@@ -103,6 +116,7 @@ def job(
     backoff: Callable[[int], float] = ...,
     concurrency: tuple[str, int] | None = ...,
     rate: str | None = ...,
+    schema: Mapping[str, Any] | bool | None = ...,
 ) -> Callable[[Callable[..., Any]], JobFunction]: ...
 
 
@@ -117,7 +131,7 @@ def job(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     if func is not None:
         return REGISTRY.add(JobFunction(func))
     unknown = set(options) - {"name", "queue", "priority", "max_attempts", "timeout", "never_retry", "backoff",
-                              "concurrency", "rate"}
+                              "schema", "concurrency", "rate"}
     if unknown:
         raise TypeError(f"@jobs.job() got unknown options {sorted(unknown)}")
     queue = options.get("queue", "default")

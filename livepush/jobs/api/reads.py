@@ -10,6 +10,9 @@ from psycopg.rows import dict_row
 from .. import database, queries
 from ..events.views import job_view
 from .handles import checked_id
+from .options import check_tag
+
+MAX_LISTED = 1000  # jobs per list_tagged() call
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +32,7 @@ class JobInfo:
     progress: dict[str, Any]
     run_at: str | None  # ISO 8601; None while it waits for an event
     waiting: dict[str, Any] | None
+    tags: tuple[str, ...] = ()  # enqueue(tags=...), in the order given
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> JobInfo:
@@ -36,14 +40,14 @@ class JobInfo:
         return cls(id=view["id"], name=view["name"], queue=view["queue"], state=view["state"],
                    attempt=view["attempt"], max_attempts=view["max_attempts"], result=view.get("result"),
                    error=view["error"], progress=view["progress"], run_at=view["run_at"],
-                   waiting=view.get("waiting"))
+                   waiting=view.get("waiting"), tags=tuple(row.get("tags") or ()))
 
 
 def get_job(job_id: int) -> JobInfo | None:
     """The job with that id, or None (never enqueued, or deleted after its retention time)."""
     job_id = checked_id(job_id, "job_id")
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(queries.JOB_STATES, {"ids": [job_id]})
+        cur.execute(queries.JOB_INFOS, {"ids": [job_id]})
         row = cur.fetchone()
     return None if row is None else JobInfo.from_row(row)
 
@@ -51,6 +55,35 @@ def get_job(job_id: int) -> JobInfo | None:
 async def aget_job(job_id: int) -> JobInfo | None:
     job_id = checked_id(job_id, "job_id")
     async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries.JOB_STATES, {"ids": [job_id]})
+        await cur.execute(queries.JOB_INFOS, {"ids": [job_id]})
         row = await cur.fetchone()
     return None if row is None else JobInfo.from_row(row)
+
+
+def tagged_params(tag: str, limit: int, unfinished: bool) -> dict[str, Any]:
+    """TAGGED_IDS parameters, checked."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LISTED:
+        raise ValueError(f"limit= must be an int from 1 to {MAX_LISTED}, got {limit!r}")
+    return {"tag": check_tag(tag), "limit": limit, "unfinished": bool(unfinished)}
+
+
+def list_tagged(tag: str, *, limit: int = 100, unfinished: bool = False) -> list[JobInfo]:
+    """The jobs with `tag` (enqueue(tags=...)), newest first, at most `limit`; only those not
+    finished yet with `unfinished=True`. Finished jobs are listed until retention deletes them."""
+    params = tagged_params(tag, limit, unfinished)
+    with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        ids = [r["id"] for r in cur.execute(queries.TAGGED_IDS, params).fetchall()]
+        rows = cur.execute(queries.JOB_INFOS, {"ids": ids}).fetchall() if ids else []
+    return sorted((JobInfo.from_row(r) for r in rows), key=lambda j: -j.id)
+
+
+async def alist_tagged(tag: str, *, limit: int = 100, unfinished: bool = False) -> list[JobInfo]:
+    params = tagged_params(tag, limit, unfinished)
+    async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(queries.TAGGED_IDS, params)
+        ids = [r["id"] for r in await cur.fetchall()]
+        rows = []
+        if ids:
+            await cur.execute(queries.JOB_INFOS, {"ids": ids})
+            rows = await cur.fetchall()
+    return sorted((JobInfo.from_row(r) for r in rows), key=lambda j: -j.id)

@@ -121,8 +121,9 @@ class GroupBuilder:
         return GroupHandle(self.id)
 
     def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None,
-                at: datetime | None = None) -> None:
-        """Add a member (written when the block ends). Arguments are checked now."""
+                at: datetime | None = None, key: str | None = None, tags: Sequence[str] | None = None) -> None:
+        """Add a member (written when the block ends). Arguments are checked now. With `key=`
+        held by an unfinished job, that job's handle stands in and it is not a member."""
         queue = None
         if isinstance(fn, JobRequest):
             if args:
@@ -131,14 +132,14 @@ class GroupBuilder:
         if not isinstance(fn, JobSpec) or isinstance(fn, type):
             raise TypeError(f"g.enqueue() takes a @jobs.job function and its arguments, got {fn!r}")
         check_limit(len(self._batch) + 1)
-        self._batch.add(fn, args, run_at(wait, at), self.id, queue)
+        self._batch.add(fn, args, run_at(wait, at), self.id, queue, key=key, tags=tags)
 
     def enqueue_many(self, items: Iterable[Any]) -> None:
         """Members as for jobs.enqueue_many: job.request(...) values or (job, args[, options]) tuples."""
         for entry in items:
-            fn, args, when, queue = item(entry)
+            fn, args, when, queue, extra = item(entry)
             check_limit(len(self._batch) + 1)
-            self._batch.add(fn, args, when, self.id, queue)
+            self._batch.add(fn, args, when, self.id, queue, **extra)
 
     def _steps(self) -> steps.Steps[list[dict[str, Any]]]:
         yield from steps.create(self.id, self._shards, self._callbacks)
@@ -232,8 +233,8 @@ def _add_many_steps(group_id: int, batch: Batch) -> steps.Steps[list[JobHandle]]
 def _batch_of(group_id: int, items: Iterable[Any]) -> Batch:
     batch = Batch()
     for entry in items:
-        fn, args, when, queue = item(entry)
-        batch.add(fn, args, when, group_id, queue)
+        fn, args, when, queue, extra = item(entry)
+        batch.add(fn, args, when, group_id, queue, **extra)
     check_limit(len(batch))
     return batch
 

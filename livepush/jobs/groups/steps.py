@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 
-from .. import queries as job_queries
 from ..api.registry import JobRequest
 from ..events.views import group_event
 from . import queries as gq
@@ -160,18 +159,20 @@ def create(group_id: int, shards: int, callbacks: dict[str, str | None], parent_
     yield Query(gq.CREATE_GROUP, {"id": group_id, "shards": shards, "parent_id": parent_id, **callbacks})
 
 
-def add(group_id: int, batches: Sequence[dict[str, Any]], *, states: Sequence[str], limit: int,
+def add(group_id: int, batches: Sequence[tuple[str, dict[str, Any]]], *, states: Sequence[str], limit: int,
         seal: bool = False) -> Steps[tuple[list[Row], Row | None]]:
-    """Insert members (ENQUEUE parameter sets), count them pending, then, last, bump the group's
-    total under its row lock (state and limit checked there). Returns the member rows (id, name)
-    and the group's (total, state), or None when the group refused (the caller raises and rolls
-    back)."""
+    """Insert members (enqueue statements and their parameters: Batch.chunks), count them pending,
+    then, last, bump the group's total under its row lock (state and limit checked there). Returns
+    the member rows (id, name) and the group's (total, state), or None when the group refused (the
+    caller raises and rolls back). An item whose idempotency key an unfinished job already held
+    (created false) gets that job's row but is not a member: only created jobs are counted."""
     rows: list[Row] = []
-    for params in batches:
-        rows.extend((yield Query(job_queries.ENQUEUE, params)))
-    if rows:
-        yield Query(gq.ADD_PENDING, {"group_id": group_id, "ids": [r["id"] for r in rows]})
-    got = yield Query(gq.ADD_TOTAL, {"group_id": group_id, "n": len(rows), "seal": seal,
+    for sql, params in batches:
+        rows.extend((yield Query(sql, params)))
+    created = [r["id"] for r in rows if r.get("created", True)]
+    if created:
+        yield Query(gq.ADD_PENDING, {"group_id": group_id, "ids": created})
+    got = yield Query(gq.ADD_TOTAL, {"group_id": group_id, "n": len(created), "seal": seal,
                                      "states": list(states), "limit": limit})
     return rows, (got[0] if got else None)
 

@@ -1,0 +1,78 @@
+"""Checks of the enqueue options key=, debounce= and tags= (docs/jobs.md "Enqueue options"):
+a mistake raises at the enqueue call, before anything is written."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from ...postgres.text import unstorable
+from ..errors import InvalidArgumentsError
+
+MAX_KEY_LENGTH = 500  # characters; a key is an index entry, and Postgres refuses btree entries past ~2,700 bytes
+MAX_TAGS = 20  # tags per job: they are for finding jobs again, not for data
+MAX_TAG_LENGTH = 200  # characters per tag
+MAX_DEBOUNCE = 366 * 86400.0  # seconds; a debounce is a short quiet period, and Postgres' intervals end somewhere
+
+
+def check_key(key: Any) -> str | None:
+    """`key` as an idempotency key: a non-empty str of at most MAX_KEY_LENGTH characters, or None."""
+    if key is None:
+        return None
+    if not isinstance(key, str) or not key:
+        raise InvalidArgumentsError(f"key= takes a non-empty str, got {type(key).__name__} {key!r:.60}")
+    if len(key) > MAX_KEY_LENGTH:
+        raise InvalidArgumentsError(f"key= is {len(key)} characters long, more than {MAX_KEY_LENGTH}: "
+                                    "use a shorter key (e.g. a hash of what identifies the work)")
+    bad = unstorable(key)
+    if bad:
+        raise InvalidArgumentsError(f"key= contains {bad}, which Postgres cannot store")
+    return key
+
+
+def check_tags(tags: Any) -> list[str] | None:
+    """`tags` as a list of at most MAX_TAGS distinct non-empty strs (order kept), or None for none."""
+    if tags is None:
+        return None
+    if isinstance(tags, (str, bytes)) or not isinstance(tags, Sequence):
+        raise InvalidArgumentsError(f"tags= takes a list of str, got {type(tags).__name__} {tags!r:.60}"
+                                    + (" (wrap a single tag in a list)" if isinstance(tags, str) else ""))
+    if len(tags) > MAX_TAGS:
+        raise InvalidArgumentsError(f"tags= has {len(tags)} tags, more than {MAX_TAGS}")
+    out: list[str] = []
+    for i, tag in enumerate(tags):
+        if not isinstance(tag, str) or not tag:
+            raise InvalidArgumentsError(f"tags[{i}] is {type(tag).__name__} {tag!r:.60}: a tag is a non-empty str")
+        if len(tag) > MAX_TAG_LENGTH:
+            raise InvalidArgumentsError(f"tags[{i}] is {len(tag)} characters long, more than {MAX_TAG_LENGTH}")
+        bad = unstorable(tag)
+        if bad:
+            raise InvalidArgumentsError(f"tags[{i}] contains {bad}, which Postgres cannot store")
+        if tag not in out:
+            out.append(tag)
+    return out or None
+
+
+def check_tag(tag: Any) -> str:
+    """One tag to look jobs up by (list_tagged, cancel_tagged)."""
+    return check_tags([tag])[0]  # type: ignore[index]
+
+
+def check_debounce(debounce: Any, key: str | None, wait: float | None, at: datetime | None) -> float | None:
+    """`debounce` in seconds (zero or more, finite), or None; it needs a key and excludes wait=/at=
+    (it is the run time)."""
+    if debounce is None:
+        return None
+    if key is None:
+        raise ValueError("debounce= needs key=: the key names the pending job a later enqueue replaces")
+    if wait is not None or at is not None:
+        raise ValueError("debounce= sets the run time (now + debounce): give it without wait= or at=")
+    if isinstance(debounce, bool) or not isinstance(debounce, (int, float)):
+        raise TypeError(f"debounce= takes a number of seconds, got {type(debounce).__name__} {debounce!r:.60}")
+    if not debounce >= 0 or debounce == math.inf:  # `not >=` also catches NaN
+        raise ValueError(f"debounce= must be zero or more seconds, a finite number, got {debounce!r}")
+    if debounce > MAX_DEBOUNCE:
+        raise ValueError(f"debounce= of {debounce!r} seconds is more than a year: pass a shorter delay")
+    return float(debounce)

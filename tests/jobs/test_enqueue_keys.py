@@ -1,0 +1,229 @@
+"""Idempotency keys and debounce (docs/reference.md §4 Jobs, docs/jobs.md "Enqueue options"):
+one unfinished job per key, whatever the number of concurrent enqueuers; a finished job frees it."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from livepush import jobs
+from livepush.jobs import InvalidArgumentsError
+from tests.jobs import sample_jobs
+from tests.jobs.conftest import q, running
+from tests.support.procs import ChildProcess, Processes
+from tests.support.waiting import async_wait_for, wait_for
+
+
+def jobs_with_key(url: str, key: str) -> list[tuple[Any, ...]]:
+    return q(url, "SELECT id, state, key_slot FROM livepush_jobs WHERE key = %s ORDER BY id", (key,))
+
+
+def test_a_second_enqueue_with_the_key_returns_the_first_job_and_writes_nothing(jobs_db: str) -> None:
+    """While the first job with a key is unfinished, enqueue, aenqueue and enqueue_many with the key
+    return its handle; nothing else is written."""
+    first = sample_jobs.record.enqueue("a", key="k")
+    assert sample_jobs.record.enqueue("b", key="k") == first
+    assert sample_jobs.record.enqueue("c", key="k", wait=60) == first
+    again = jobs.enqueue_many([(sample_jobs.record, ["d"], {"key": "k"}), (sample_jobs.record, ["e"])])
+    assert again[0] == first and again[1] != first
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(2,)]
+    assert q(jobs_db, "SELECT args FROM livepush_job_payloads WHERE id = %s", (first.id,)) == [(["a"],)]
+
+
+async def test_aenqueue_with_the_key_returns_the_first_job(jobs_db: str) -> None:
+    first = await sample_jobs.record.aenqueue("a", key="ak")
+    assert await sample_jobs.record.aenqueue("b", key="ak") == first
+    assert (await jobs.aenqueue_many([(sample_jobs.record, ["c"], {"key": "ak"})])) == [first]
+
+
+def test_two_items_with_one_key_in_a_batch_share_the_first_ones_job(jobs_db: str) -> None:
+    """In one enqueue_many, a later item with an earlier item's key gets that item's handle."""
+    handles = jobs.enqueue_many([(sample_jobs.record, [i], {"key": f"b{i % 3}"}) for i in range(9)])
+    assert [h.id for h in handles[3:]] == [h.id for h in handles[:3]] * 2
+    assert len({h.id for h in handles}) == 3
+    assert sorted(r[0] for r in q(jobs_db, "SELECT args->>0 FROM livepush_job_payloads")) == ["0", "1", "2"]
+
+
+def test_a_finished_job_frees_its_key_and_a_cancelled_one_too(jobs_db: str) -> None:
+    """Once the job with the key succeeded (or was cancelled), the next enqueue creates a new job."""
+    first = sample_jobs.record.enqueue("a", key="free")
+    jobs.drain()
+    assert jobs.get_job(first.id).state == "succeeded"  # type: ignore[union-attr]
+    second = sample_jobs.record.enqueue("b", key="free")
+    assert second != first
+    assert jobs.cancel(second.id)
+    third = sample_jobs.record.enqueue("c", key="free")
+    assert third not in (first, second)
+    assert [r[1] for r in jobs_with_key(jobs_db, "free")] == ["succeeded", "cancelled", "available"]
+
+
+def test_a_job_being_retried_keeps_its_key(jobs_db: str) -> None:
+    """A job that failed an attempt and waits for its retry is still unfinished: it holds the key."""
+    first = sample_jobs.with_default_backoff.enqueue(key="retry")
+    jobs.drain(max_jobs=1)
+    assert jobs.get_job(first.id).state == "scheduled"  # type: ignore[union-attr]
+    assert sample_jobs.with_default_backoff.enqueue(key="retry") == first
+
+
+def test_retry_failed_leaves_a_failed_job_alone_while_its_key_is_held_again(jobs_db: str) -> None:
+    """A failed job freed its key; retrying it while a new job holds the key does nothing."""
+    failed = sample_jobs.never.enqueue(key="rf")
+    jobs.drain()
+    assert jobs.get_job(failed.id).state == "failed"  # type: ignore[union-attr]
+    holder = sample_jobs.never.enqueue(key="rf")
+    assert holder != failed
+    assert jobs.retry_failed(failed.id) is False
+    assert jobs.cancel(holder.id)
+    assert jobs.retry_failed(failed.id) is True
+    assert sample_jobs.never.enqueue(key="rf") == failed
+
+
+def test_a_key_enqueued_inside_a_rolled_back_transaction_stays_free(jobs_db: str) -> None:
+    """With conn=, the key is taken only if the caller's transaction commits."""
+    with psycopg.connect(jobs_db) as conn:
+        sample_jobs.record.enqueue("a", key="tx", conn=conn)
+        conn.rollback()
+    handle = sample_jobs.record.enqueue("b", key="tx")
+    assert q(jobs_db, "SELECT id FROM livepush_jobs WHERE key = 'tx'") == [(handle.id,)]
+
+
+def test_concurrent_enqueues_of_one_key_from_threads_make_one_job(jobs_db: str) -> None:
+    """16 threads enqueueing the same key at once (each on its own connection, in its own
+    transaction held open a moment): one job, and every caller gets its handle."""
+    barrier = threading.Barrier(16)
+    got: list[Any] = []
+
+    def enqueue(i: int) -> None:
+        with psycopg.connect(jobs_db) as conn:
+            barrier.wait(10)
+            got.append(sample_jobs.record.enqueue(i, key="race", conn=conn))
+            conn.execute("SELECT pg_sleep(0.01)")  # the others wait on the key until this commits
+
+    threads = [threading.Thread(target=enqueue, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(got) == 16 and len(set(got)) == 1
+    assert len(jobs_with_key(jobs_db, "race")) == 1
+
+
+RACER = """
+import sys
+from livepush import jobs
+from tests.jobs import sample_jobs
+handles = [sample_jobs.record.enqueue(i, key=f"p{i}") for i in range(int(sys.argv[1]))]
+print(",".join(str(h.id) for h in handles), flush=True)
+"""
+
+
+def test_concurrent_enqueues_of_many_keys_from_processes_make_one_job_per_key(
+        jobs_db: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
+    """4 processes enqueue the same 200 keys at once: 200 jobs, and all 4 got the same handles."""
+    import sys
+    env = livepush_env(database_url=jobs_db)
+    children: list[ChildProcess] = [procs.start([sys.executable, "-c", RACER, "200"], env=env) for _ in range(4)]
+    for child in children:
+        assert child.wait(60) == 0, child.output()
+    outputs = {child.stdout().strip() for child in children}
+    assert len(outputs) == 1, outputs
+    assert q(jobs_db, "SELECT count(*), count(DISTINCT key) FROM livepush_jobs") == [(200, 200)]
+
+
+def test_debounce_replaces_a_pending_job_and_moves_its_run_time(jobs_db: str) -> None:
+    """debounce= with a pending job of the key: its arguments are the new ones, it runs `debounce`
+    seconds from now, and its topic gets a new version; no second job."""
+    first = sample_jobs.record.enqueue("a", key="d", debounce=30)
+    before = q(jobs_db, "SELECT run_at, version FROM livepush_jobs WHERE id = %s", (first.id,))[0]
+    second = sample_jobs.record.enqueue("b", key="d", debounce=60)
+    assert second == first
+    run_at, version, state = q(jobs_db, "SELECT run_at, version, state FROM livepush_jobs WHERE id = %s",
+                               (first.id,))[0]
+    now = q(jobs_db, "SELECT now()")[0][0]
+    assert state == "scheduled" and version == before[1] + 1
+    assert datetime.timedelta(seconds=55) < run_at - now <= datetime.timedelta(seconds=60)
+    assert run_at > before[0]
+    assert q(jobs_db, "SELECT args FROM livepush_job_payloads WHERE id = %s", (first.id,)) == [(["b"],)]
+    assert len(jobs_with_key(jobs_db, "d")) == 1
+
+
+def test_concurrent_debounced_enqueues_of_one_key_leave_one_pending_job(jobs_db: str) -> None:
+    """12 threads debouncing one key at once: one job, holding one of their arguments, and every
+    caller got its handle."""
+    barrier = threading.Barrier(12)
+    got: list[Any] = []
+
+    def enqueue(i: int) -> None:
+        with psycopg.connect(jobs_db) as conn:
+            barrier.wait(10)
+            got.append(sample_jobs.record.enqueue(i, key="deb", debounce=30, conn=conn))
+
+    threads = [threading.Thread(target=enqueue, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(got) == 12 and len(set(got)) == 1
+    assert [r[1] for r in jobs_with_key(jobs_db, "deb")] == ["scheduled"]
+    [(args,)] = q(jobs_db, "SELECT args FROM livepush_job_payloads")
+    assert args[0] in range(12)
+
+
+def test_debounce_needs_a_key_and_excludes_wait() -> None:
+    with pytest.raises(ValueError, match="debounce= needs key="):
+        sample_jobs.record.enqueue("a", debounce=5)
+    with pytest.raises(ValueError, match="without wait= or at="):
+        sample_jobs.record.enqueue("a", key="x", debounce=5, wait=1)
+    with pytest.raises(ValueError, match="zero or more"):
+        sample_jobs.record.enqueue("a", key="x", debounce=-1)
+    with pytest.raises(ValueError, match="more than a year"):
+        sample_jobs.record.enqueue("a", key="x", debounce=1e12)
+    with pytest.raises(InvalidArgumentsError, match="key= takes a non-empty str"):
+        sample_jobs.record.enqueue("a", key="")
+    with pytest.raises(TypeError, match="debounce= is for a single enqueue"):
+        jobs.enqueue_many([(sample_jobs.record, ["a"], {"key": "x", "debounce": 1})])
+
+
+async def test_debounce_leaves_a_running_job_alone_and_queues_one_behind_it(jobs_db: str) -> None:
+    """A job with the key already running is not touched: the debounced enqueue queues a new one
+    (the key then has one running and one pending job); a further debounce replaces the pending one,
+    and a plain enqueue with the key returns the first (running) job."""
+    async with running():
+        front = await sample_jobs.wait_flag.aenqueue("go-front", key="dr", debounce=0)
+        await async_wait_for(lambda: jobs.get_job(front.id).state == "running", 10.0)  # type: ignore[union-attr]
+        behind = await sample_jobs.wait_flag.aenqueue("x", key="dr", debounce=30)
+        assert behind != front
+        assert await sample_jobs.wait_flag.aenqueue("go-behind", key="dr", debounce=30) == behind
+        assert await sample_jobs.wait_flag.aenqueue("y", key="dr") == front
+        rows = jobs_with_key(jobs_db, "dr")
+        assert [(r[0], r[1], r[2]) for r in rows] == [(front.id, "running", 0), (behind.id, "scheduled", 1)]
+        assert q(jobs_db, "SELECT args FROM livepush_job_payloads WHERE id = %s", (behind.id,)) == [(["go-behind"],)]
+        q(jobs_db, "INSERT INTO job_flags VALUES ('go-front')")
+        await async_wait_for(lambda: jobs.get_job(front.id).state == "succeeded", 10.0)  # type: ignore[union-attr]
+    # The front job finished; the one behind holds the key now.
+    assert sample_jobs.wait_flag.enqueue("z", key="dr") == behind
+
+
+def test_a_key_longer_than_the_limit_is_refused() -> None:
+    with pytest.raises(InvalidArgumentsError, match="characters long"):
+        sample_jobs.record.enqueue("a", key="k" * 501)
+
+
+def test_group_members_with_a_key_held_elsewhere_are_not_counted(jobs_db: str) -> None:
+    """In a group, an item whose key an unfinished job holds gets that job's handle and is not a
+    member; the group counts only the jobs it created."""
+    outside = sample_jobs.record.enqueue("o", key="g1")
+    with jobs.group() as g:
+        g.enqueue(sample_jobs.record, "a", key="g1")
+        g.enqueue(sample_jobs.record, "b", key="g2")
+        g.enqueue(sample_jobs.record, "c", key="g2")
+    assert g.members[0] == outside and g.members[1] == g.members[2] != outside
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE group_id = %s", (g.id,)) == [(1,)]
+    jobs.drain()
+    group = jobs.get_group(g.id)
+    assert group is not None and (group["state"], group["total"], group["succeeded"]) == ("finished", 1, 1)

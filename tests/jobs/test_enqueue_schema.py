@@ -1,0 +1,72 @@
+"""@jobs.job(schema=...) (docs/jobs.md "Enqueue options"): a JSON Schema (draft 2020-12) on the
+arguments as one JSON array, checked at enqueue; a refusal names the path and the rule, and
+nothing is written."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from livepush import ConfigError, jobs
+from livepush.jobs import InvalidArgumentsError
+from tests.jobs.conftest import q
+
+ROW = {"type": "object", "required": ["email"], "additionalProperties": False,
+       "properties": {"email": {"type": "string", "pattern": "^[^@]+@[^@]+$"}, "rows": {"type": "array",
+                      "items": {"$ref": "#/$defs/row"}}}}
+
+
+@jobs.job(name="t.schema_import", schema={
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "array", "prefixItems": [{"type": "integer", "minimum": 1}, ROW], "items": False, "minItems": 2,
+    "$defs": {"row": {"type": "object", "required": ["id"], "properties": {"id": {"type": "integer"}}}},
+})
+async def schema_import(ctx: Any, import_id: int, spec: dict[str, Any]) -> None:
+    return None
+
+
+GOOD = {"email": "a@b.c", "rows": [{"id": 1}]}
+
+
+def test_valid_arguments_are_enqueued(jobs_db: str) -> None:
+    handle = schema_import.enqueue(7, GOOD)
+    assert q(jobs_db, "SELECT args FROM livepush_job_payloads WHERE id = %s", (handle.id,)) == [([7, GOOD],)]
+
+
+@pytest.mark.parametrize(("args", "path", "rule"), [
+    ((0, GOOD), "args[0]", "minimum"),
+    ((7, {"email": "nope"}), 'args[1]["email"]', "pattern"),
+    ((7, {**GOOD, "x": 1}), "args[1]", "additionalProperties"),
+    ((7, {"email": "a@b.c", "rows": [{"id": "1"}]}), 'args[1]["rows"][0]["id"]', "type"),
+    ((7, GOOD, 3), "args", "items"),
+    ((7,), "args", "minItems"),
+])
+def test_a_refusal_names_the_path_and_the_rule_and_writes_nothing(
+        jobs_db: str, args: tuple[Any, ...], path: str, rule: str) -> None:
+    with pytest.raises(InvalidArgumentsError) as caught:
+        schema_import.enqueue(*args)
+    message = str(caught.value)
+    assert message.startswith(f"{path} breaks the schema of t.schema_import (rule '{rule}')"), message
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
+
+
+def test_one_refused_item_writes_nothing_of_the_batch(jobs_db: str) -> None:
+    with pytest.raises(InvalidArgumentsError, match=r"args\[0\]"):
+        jobs.enqueue_many([(schema_import, [1, GOOD]), (schema_import, [0, GOOD])])
+    with pytest.raises(InvalidArgumentsError, match=r"args\[0\]"):
+        schema_import.request(0, GOOD)
+    with pytest.raises(InvalidArgumentsError):
+        with jobs.group() as g:
+            g.enqueue(schema_import, 1, GOOD)
+            g.enqueue(schema_import, 1, {})
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
+
+
+def test_an_invalid_schema_fails_at_decoration() -> None:
+    with pytest.raises(ConfigError, match="not a valid JSON Schema: at type"):
+        jobs.job(name="t.bad_schema", schema={"type": "nonsense"})(lambda ctx: None)
+    with pytest.raises(ConfigError, match="draft 2020-12"):
+        jobs.job(name="t.old_schema", schema={"$schema": "http://json-schema.org/draft-07/schema#"})(lambda ctx: None)
+    with pytest.raises(ConfigError, match="is a dict"):
+        jobs.job(name="t.list_schema", schema=[1])(lambda ctx: None)

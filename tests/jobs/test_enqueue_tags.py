@@ -1,0 +1,83 @@
+"""Tags (docs/jobs.md "Enqueue options"): stored with the job, shown by get_job, listed by tag,
+and cancelled by tag as jobs.cancel does (a running job in a runtime process too)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from livepush import jobs
+from livepush.jobs import InvalidArgumentsError
+from tests.jobs import sample_jobs
+from tests.jobs.conftest import q, runtime_starter
+from tests.support.procs import ChildProcess, Processes
+from tests.support.waiting import wait_for
+
+
+@pytest.fixture
+def start_runtime(jobs_db: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> Callable[..., ChildProcess]:
+    return runtime_starter(jobs_db, "tests.jobs.sample_jobs", procs, livepush_env(database_url=jobs_db))
+
+
+def test_tags_are_stored_and_shown_by_get_job(jobs_db: str) -> None:
+    """get_job() returns the tags in the order given (duplicates dropped); an untagged job has none."""
+    tagged = sample_jobs.record.enqueue("a", tags=["import:7", "tenant:3", "import:7"])
+    plain = sample_jobs.record.enqueue("b")
+    assert jobs.get_job(tagged.id).tags == ("import:7", "tenant:3")  # type: ignore[union-attr]
+    assert jobs.get_job(plain.id).tags == ()  # type: ignore[union-attr]
+    assert q(jobs_db, "SELECT tags FROM livepush_jobs WHERE id = %s", (plain.id,)) == [(None,)]
+
+
+def test_list_tagged_newest_first_and_unfinished_only(jobs_db: str) -> None:
+    handles = jobs.enqueue_many([(sample_jobs.record, [i], {"tags": ["batch:1"]}) for i in range(5)]
+                                + [(sample_jobs.record, ["other"], {"tags": ["batch:2"]})])
+    listed = jobs.list_tagged("batch:1")
+    assert [j.id for j in listed] == [h.id for h in reversed(handles[:5])]
+    assert [j.id for j in jobs.list_tagged("batch:1", limit=2)] == [handles[4].id, handles[3].id]
+    assert jobs.cancel(handles[0].id)
+    assert [j.id for j in jobs.list_tagged("batch:1", unfinished=True)] == [h.id for h in reversed(handles[1:5])]
+    assert jobs.list_tagged("nothing") == []
+
+
+async def test_alist_tagged(jobs_db: str) -> None:
+    handle = await sample_jobs.record.aenqueue("a", tags=["x"])
+    assert [j.id for j in await jobs.alist_tagged("x")] == [handle.id]
+
+
+def test_tags_are_checked_at_enqueue_and_nothing_is_written(jobs_db: str) -> None:
+    """A bad tag raises InvalidArgumentsError naming it; nothing of the batch is written."""
+    with pytest.raises(InvalidArgumentsError, match="wrap a single tag in a list"):
+        sample_jobs.record.enqueue("a", tags="import:7")
+    with pytest.raises(InvalidArgumentsError, match=r"tags\[1\] is int"):
+        sample_jobs.record.enqueue("a", tags=["ok", 7])
+    with pytest.raises(InvalidArgumentsError, match="more than 20"):
+        sample_jobs.record.enqueue("a", tags=[f"t{i}" for i in range(21)])
+    with pytest.raises(InvalidArgumentsError, match="more than 200"):
+        sample_jobs.record.enqueue("a", tags=["t" * 201])
+    with pytest.raises(InvalidArgumentsError, match=r"tags\[0\]"):
+        jobs.enqueue_many([(sample_jobs.record, ["a"]), (sample_jobs.record, ["b"], {"tags": [""]})])
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
+
+
+def test_cancel_tagged_cancels_queued_and_running_jobs_in_a_runtime_process(
+        jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
+    """cancel_tagged() cancels every unfinished job with the tag: queued ones at once, the one a
+    runtime process is running when it next awaits; other tags and finished jobs are untouched."""
+    running = sample_jobs.wait_flag.enqueue("never", tags=["imp:9"])
+    child = start_runtime("--concurrency", "1")
+    wait_for(lambda: jobs.get_job(running.id).state == "running", 15.0)  # type: ignore[union-attr]
+    queued = [sample_jobs.record.enqueue(i, tags=["imp:9"], wait=60) for i in range(3)]
+    other = sample_jobs.record.enqueue("o", tags=["imp:10"], wait=60)
+    assert jobs.cancel_tagged("imp:9") == 4
+    wait_for(lambda: jobs.get_job(running.id).state == "cancelled", 15.0)  # type: ignore[union-attr]
+    assert {jobs.get_job(h.id).state for h in queued} == {"cancelled"}  # type: ignore[union-attr]
+    assert jobs.get_job(other.id).state == "scheduled"  # type: ignore[union-attr]
+    assert jobs.cancel_tagged("imp:9") == 0
+    assert child.stop(timeout=15) == 0, child.output()
+
+
+async def test_acancel_tagged(jobs_db: str) -> None:
+    handles = [await sample_jobs.record.aenqueue(i, tags=["a:1"]) for i in range(2)]
+    assert await jobs.acancel_tagged("a:1") == 2
+    assert {(await jobs.aget_job(h.id)).state for h in handles} == {"cancelled"}  # type: ignore[union-attr]
