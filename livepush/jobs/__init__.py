@@ -11,6 +11,9 @@
     with jobs.group(on_success=report.request(1)) as g:   # task groups (docs/groups.md)
         g.enqueue(import_row, 1, {"a": 1})
 
+    @jobs.periodic("*/5 * * * *", timezone="UTC")   # once per cron tick across every runtime
+    async def sweep(ctx, tick: str): ...             # tick: ISO 8601 with its offset
+
 Durable jobs (checkpoints, children, signals, durable sleep) are in docs/durable.md. Run them
 with `livepush jobs MODULE` (see docs/jobs.md).
 """
@@ -42,6 +45,7 @@ from .errors import (
     InvalidArgumentsError,
     InvalidProgressError,
     InvalidResultError,
+    InvalidScheduleError,
     JobCancelled,
     WorkflowDefinitionError,
     WorkflowNotFound,
@@ -67,6 +71,7 @@ from .groups.building import (
 from .groups.cancel import acancel_group, cancel_group
 from .groups.context import GroupContext
 from .groups.reads import get_group, group_history, group_members
+from .periodic.decorator import periodic
 from .runtime.context import JobContext, SyncJobContext
 from .workflows.definition import Workflow
 from .workflows.runner import StepContext, WorkflowHandle, workflow
@@ -79,6 +84,7 @@ __all__ = [
     "DurableError",
     "DuplicateStepError",
     "InvalidResultError",
+    "InvalidScheduleError",
     "JobFinishedError",
     "JobInfo",
     "JobNotFound",
@@ -138,6 +144,7 @@ __all__ = [
     "enqueue_many",
     "job",
     "job_state",
+    "periodic",
     "retry_failed",
     "Status",
     "astatus",

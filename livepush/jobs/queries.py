@@ -472,6 +472,13 @@ SELECT {VIEW_COLUMNS} FROM livepush_jobs j JOIN livepush_job_payloads p ON p.id 
 WHERE j.id = ANY(%(ids)s::bigint[])
 """
 
+# name: job_info (jobs.get_job): JOB_STATES with the job's arguments, which state topics never
+# show (a server reading states for pages does not read them).
+JOB_INFO = f"""
+SELECT {VIEW_COLUMNS}, p.args FROM livepush_jobs j JOIN livepush_job_payloads p ON p.id = j.id
+WHERE j.id = ANY(%(ids)s::bigint[])
+"""
+
 # name: queues_with_due_jobs (tests: drain)
 QUEUES_WITH_DUE_JOBS = "SELECT DISTINCT queue FROM livepush_jobs WHERE state = 'available'"
 

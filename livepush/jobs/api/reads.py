@@ -16,7 +16,8 @@ from .handles import checked_id
 class JobInfo:
     """A job as its row says now. `result`: what the function returned, once succeeded (None
     before, and for a function that returned None). `waiting`: what a `waiting` job waits for
-    ({"for": "children"|"signal"|"sleep", "name": ...}), else None."""
+    ({"for": "children"|"signal"|"sleep", "name": ...}), else None. `args`: the arguments it was
+    enqueued with (a periodic job's: its tick)."""
 
     id: int
     name: str
@@ -29,6 +30,7 @@ class JobInfo:
     progress: dict[str, Any]
     run_at: str | None  # ISO 8601; None while it waits for an event
     waiting: dict[str, Any] | None
+    args: list[Any] | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> JobInfo:
@@ -36,14 +38,14 @@ class JobInfo:
         return cls(id=view["id"], name=view["name"], queue=view["queue"], state=view["state"],
                    attempt=view["attempt"], max_attempts=view["max_attempts"], result=view.get("result"),
                    error=view["error"], progress=view["progress"], run_at=view["run_at"],
-                   waiting=view.get("waiting"))
+                   waiting=view.get("waiting"), args=row.get("args"))
 
 
 def get_job(job_id: int) -> JobInfo | None:
     """The job with that id, or None (never enqueued, or deleted after its retention time)."""
     job_id = checked_id(job_id, "job_id")
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(queries.JOB_STATES, {"ids": [job_id]})
+        cur.execute(queries.JOB_INFO, {"ids": [job_id]})
         row = cur.fetchone()
     return None if row is None else JobInfo.from_row(row)
 
@@ -51,6 +53,6 @@ def get_job(job_id: int) -> JobInfo | None:
 async def aget_job(job_id: int) -> JobInfo | None:
     job_id = checked_id(job_id, "job_id")
     async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries.JOB_STATES, {"ids": [job_id]})
+        await cur.execute(queries.JOB_INFO, {"ids": [job_id]})
         row = await cur.fetchone()
     return None if row is None else JobInfo.from_row(row)
