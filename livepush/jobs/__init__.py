@@ -11,6 +11,9 @@
     with jobs.group(on_success=report.request(1)) as g:   # task groups (docs/groups.md)
         g.enqueue(import_row, 1, {"a": 1})
 
+    @jobs.periodic("*/5 * * * *", timezone="UTC")   # once per cron tick across every runtime
+    async def sweep(ctx, tick: str): ...             # tick: ISO 8601 with its offset
+
 Durable jobs (checkpoints, children, signals, durable sleep) are in docs/durable.md. Run them
 with `livepush jobs MODULE` (see docs/jobs.md).
 """
@@ -54,6 +57,7 @@ from .errors import (
     InvalidArgumentsError,
     InvalidProgressError,
     InvalidResultError,
+    InvalidScheduleError,
     JobCancelled,
     WorkflowDefinitionError,
     WorkflowNotFound,
@@ -79,6 +83,7 @@ from .groups.building import (
 from .groups.cancel import acancel_group, cancel_group
 from .groups.context import GroupContext
 from .groups.reads import get_group, group_history, group_members
+from .periodic.decorator import periodic
 from .runtime.context import JobContext, SyncJobContext
 from .workflows.definition import Workflow
 from .workflows.runner import StepContext, WorkflowHandle, workflow
@@ -91,6 +96,7 @@ __all__ = [
     "DurableError",
     "DuplicateStepError",
     "InvalidResultError",
+    "InvalidScheduleError",
     "JobFinishedError",
     "JobInfo",
     "JobNotFound",
@@ -158,6 +164,7 @@ __all__ = [
     "job",
     "job_state",
     "list_tagged",
+    "periodic",
     "retry_failed",
     "Status",
     "astatus",

@@ -14,6 +14,7 @@
                                            GroupClosedError, GroupLimitError (ValueError),
                                            LeaseLostError
     ConfigError > WorkflowDefinitionError  a workflow's graph is wrong (raised at import)
+    ConfigError > InvalidScheduleError (ValueError)  a periodic job's cron or zone is wrong (at import)
     JobCancelled (BaseException)           raised inside a job whose cancel was requested
     Parked (BaseException)                 ends a durable job's run when it parks (internal)
     RunAbandoned (BaseException)           a durable call in a run that lost its job
@@ -104,6 +105,13 @@ class RunAbandoned(BaseException):
 class WorkflowDefinitionError(ConfigError):
     """A workflow's graph is wrong (an unknown step, a step defined twice, a fan-out step with a
     signal wait, a bad option): raised when the module defining it is imported."""
+
+
+# -- periodic jobs (livepush/jobs/periodic/) ----------------------------------------------------
+
+class InvalidScheduleError(ConfigError, ValueError):
+    """A periodic job's cron expression or time zone is wrong; the message names it. Raised when
+    the module defining the job is imported."""
 
 
 class WorkflowNotFound(LivepushError, LookupError):

@@ -19,7 +19,8 @@ MAX_LISTED = 1000  # jobs per list_tagged() call
 class JobInfo:
     """A job as its row says now. `result`: what the function returned, once succeeded (None
     before, and for a function that returned None). `waiting`: what a `waiting` job waits for
-    ({"for": "children"|"signal"|"sleep", "name": ...}), else None."""
+    ({"for": "children"|"signal"|"sleep", "name": ...}), else None. `args`: the arguments it was
+    enqueued with (a periodic job's: its tick)."""
 
     id: int
     name: str
@@ -33,6 +34,7 @@ class JobInfo:
     run_at: str | None  # ISO 8601; None while it waits for an event
     waiting: dict[str, Any] | None
     tags: tuple[str, ...] = ()  # enqueue(tags=...), in the order given
+    args: list[Any] | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> JobInfo:
@@ -40,7 +42,7 @@ class JobInfo:
         return cls(id=view["id"], name=view["name"], queue=view["queue"], state=view["state"],
                    attempt=view["attempt"], max_attempts=view["max_attempts"], result=view.get("result"),
                    error=view["error"], progress=view["progress"], run_at=view["run_at"],
-                   waiting=view.get("waiting"), tags=tuple(row.get("tags") or ()))
+                   waiting=view.get("waiting"), tags=tuple(row.get("tags") or ()), args=row.get("args"))
 
 
 def get_job(job_id: int) -> JobInfo | None:

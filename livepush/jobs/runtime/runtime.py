@@ -15,6 +15,8 @@ runtime with an error, so its process exits non-zero):
 - heartbeat: beats every `heartbeat` s, prunes dead runtimes and rescues their jobs, cancels
   groups of children whose parent finished first.
 - promoter: makes due scheduled jobs available.
+- periodic (only with periodic jobs on its queues): enqueues each cron tick, once across every
+  runtime (livepush/jobs/periodic/scheduler.py), sleeping until the next tick.
 
 Stop (SIGTERM/SIGINT or `stop()`): stop claiming; let the jobs in hand finish for up to
 `shutdown_timeout` s; give back the rest (attempt not spent); deregister; return. A second signal
@@ -48,6 +50,8 @@ from ...tasks import Backoff, supervise
 from .. import database, queries
 from ..api.registry import REGISTRY, Registry
 from ..groups.progress import ProgressPublisher
+from ..periodic.decorator import SCHEDULES
+from ..periodic.scheduler import Scheduler
 from . import limits, maintenance
 from .completer import Completer
 from .context import ClaimedJob, JobContext
@@ -232,6 +236,10 @@ class Runtime:
                 supervise("livepush-jobs-heartbeat", self._beat_loop),
                 supervise("livepush-jobs-promoter", self._promote),
             ]
+            schedules = SCHEDULES.served_by(self.registry, self.queues)
+            if schedules:
+                scheduler = Scheduler(schedules)
+                self._tasks.append(supervise("livepush-jobs-periodic", lambda: self._schedule(scheduler)))
             self._started.set()
             log.info("job runtime %s running: queues %s, concurrency %s", self.id, ",".join(self.queues),
                      self.concurrency)
@@ -630,3 +638,16 @@ class Runtime:
                 wait = None
             delay = self.poll_interval if wait is None else min(self.poll_interval, max(wait, 0.005))
             await self._pause(delay)
+
+    async def _schedule(self, scheduler: Scheduler) -> None:
+        assert self._pool is not None
+        while not self._closing.is_set():
+            try:
+                wait = (await scheduler.round(self._pool)).wait
+            except _DB_ERRORS as exc:
+                reraise_if_cancelled()
+                log.warning("scheduling periodic jobs failed (%s); trying again", exc)
+                wait = self.poll_interval
+            # Until the next tick, but at least a few ms (a wake-up just before the tick on the
+            # database's clock finds nothing due and sleeps the rest) and at most a heartbeat.
+            await self._pause(min(max(wait, 0.005), self.heartbeat))

@@ -1,0 +1,76 @@
+"""`@jobs.periodic(cron, timezone=...)`: a job enqueued once per cron tick, and the process-wide
+table of periodic jobs, `SCHEDULES`, that runtimes schedule from."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..api.functions import JobFunction, job
+from ..api.registry import Registry
+from ..errors import InvalidScheduleError
+from .cron import Cron, parse
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """A periodic job: its function (registered like any job) and its cron schedule."""
+
+    function: JobFunction
+    cron: Cron
+
+    @property
+    def name(self) -> str:
+        return self.function.name
+
+
+class Schedules:
+    """Periodic job names to schedules. One process-wide instance, `SCHEDULES`."""
+
+    def __init__(self) -> None:
+        self._schedules: dict[str, Schedule] = {}
+
+    def add(self, schedule: Schedule) -> None:
+        # As with the job registry, a re-imported module's newest definition wins.
+        self._schedules[schedule.name] = schedule
+
+    def served_by(self, registry: Registry, queues: Iterable[str]) -> list[Schedule]:
+        """The schedules a runtime with this registry and these queues takes part in: those whose
+        function is still the one registered under its name, on a queue it serves."""
+        served = set(queues)
+        return [s for s in self._schedules.values()
+                if registry.find(s.name) is s.function and s.function.queue in served]
+
+    def __len__(self) -> int:
+        return len(self._schedules)
+
+
+SCHEDULES = Schedules()
+
+
+def _check_signature(cron: str, func: Callable[..., Any]) -> None:
+    try:
+        inspect.signature(func).bind(None, "tick")
+    except TypeError:
+        raise InvalidScheduleError(f"periodic {cron!r}: {getattr(func, '__qualname__', func)!r} must take "
+                                   "(ctx, tick): the tick is passed as its one argument") from None
+    except ValueError:
+        pass  # no signature to inspect (a builtin): found out when it runs
+
+
+def periodic(cron: str, *, timezone: str = "UTC", **options: Any) -> Callable[[Callable[..., Any]], JobFunction]:
+    """Declare a periodic job: `@jobs.periodic("*/5 * * * *", timezone="UTC", queue=...)` on
+    `def f(ctx, tick)`. It is enqueued once per tick across every runtime, with the tick (ISO 8601,
+    in `timezone`) as its argument; `options` are those of `@jobs.job`."""
+    parsed = parse(cron, timezone)
+    declare = job(**options)  # checks the job options now, at import, as @jobs.job does
+
+    def decorate(func: Callable[..., Any]) -> JobFunction:
+        _check_signature(cron, func)
+        fn = declare(func)
+        SCHEDULES.add(Schedule(fn, parsed))
+        return fn
+
+    return decorate

@@ -1,0 +1,37 @@
+"""The statements of periodic jobs, on `livepush_periodic` (sql/0009_periodic.sql). The job itself
+is enqueued through the enqueue's own statement (api/enqueue.Batch), in the same transaction as
+ADVANCE."""
+
+from __future__ import annotations
+
+# name: periodic_state
+# A plain read: each name asked for with its newest enqueued tick (NULL for a job no runtime has
+# seen yet), and the database's clock, which every runtime uses so that skewed machine clocks
+# agree on which tick is due. clock_timestamp(), not now(): the read may sit in a transaction.
+STATE = """
+SELECT n.name, p.last_tick, clock_timestamp() AS now
+FROM unnest(%(names)s::text[]) AS n(name) LEFT JOIN livepush_periodic p ON p.name = n.name
+"""
+
+# name: periodic_start
+# A new periodic job: record the newest due tick as done, so it starts from its next tick. Two
+# runtimes starting it at once: one insert wins, the other does nothing (ON CONFLICT), and both
+# go on from the row that is there.
+START = """
+INSERT INTO livepush_periodic (name, last_tick) VALUES (%(name)s, %(tick)s)
+ON CONFLICT (name) DO NOTHING
+"""
+
+# name: periodic_advance
+# Claims a tick: moves last_tick forward to it, or changes nothing. Safe under concurrency: the
+# UPDATE locks the row until the transaction (which also enqueues the job) ends. A runtime
+# advancing to the same tick meanwhile waits for that lock, then re-checks its WHERE against the
+# committed row (READ COMMITTED), finds last_tick no longer before the tick and updates nothing,
+# so it enqueues nothing; under a stricter isolation level it gets a serialization error instead,
+# which the scheduler logs and retries next round. If the winner rolls back (its enqueue failed),
+# the row is unchanged and the waiter advances it and enqueues. `<` never moves it backwards: a
+# runtime that read the clock before another advanced cannot enqueue an older tick again.
+ADVANCE = """
+UPDATE livepush_periodic SET last_tick = %(tick)s, updated_at = now()
+WHERE name = %(name)s AND last_tick < %(tick)s
+"""

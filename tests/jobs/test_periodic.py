@@ -1,0 +1,172 @@
+"""Periodic jobs in this process: the decorator's checks at import, and the scheduler's rounds on a
+real database (a new job starts from its next tick, missed ticks are enqueued once, many rounds at
+once enqueue a tick once, the tick is ISO 8601 in the job's zone)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from livepush import jobs
+from livepush.errors import ConfigError
+from livepush.jobs import database
+from livepush.jobs.periodic.cron import parse
+from livepush.jobs.periodic.decorator import SCHEDULES, Schedule
+from livepush.jobs.periodic.scheduler import Scheduler
+from tests.jobs.conftest import q
+
+_names = itertools.count()
+
+
+def declare(cron: str, timezone: str = "UTC") -> Schedule:
+    """A fresh periodic job on a queue no runtime serves, and its schedule."""
+
+    def tick_job(ctx: Any, tick: str) -> None:
+        pass
+
+    fn = jobs.periodic(cron, timezone=timezone, queue="periodic-in-process",
+                       name=f"tests.periodic.job_{next(_names)}")(tick_job)
+    return Schedule(fn, parse(cron, timezone))
+
+
+@pytest.fixture
+async def pool(jobs_db: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    try:
+        yield await database.pools().aget()
+    finally:
+        await database.release_loop()
+
+
+def last_tick(url: str, name: str) -> datetime | None:
+    rows = q(url, "SELECT last_tick FROM livepush_periodic WHERE name = %s", (name,))
+    return rows[0][0] if rows else None
+
+
+def db_now(url: str) -> datetime:
+    return q(url, "SELECT clock_timestamp()")[0][0]
+
+
+def jobs_of(url: str, name: str) -> list[tuple[int, Any]]:
+    return q(url, """SELECT j.id, p.args FROM livepush_jobs j JOIN livepush_job_payloads p ON p.id = j.id
+                     WHERE j.name = %s ORDER BY j.id""", (name,))
+
+
+# -- at import --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cron, says", [
+    ("*/5 * * *", "5 fields"),
+    ("61 * * * *", "not a valid cron expression"),
+    ("every five minutes", "5 fields"),
+    ("* * * * * * 2030", "5 fields"),
+    ("", "non-empty string"),
+])
+def test_a_bad_cron_expression_fails_at_decoration_naming_it(cron: str, says: str) -> None:
+    with pytest.raises(jobs.InvalidScheduleError, match=says) as caught:
+        declare(cron)
+    assert repr(cron) in str(caught.value)
+    assert isinstance(caught.value, ConfigError) and isinstance(caught.value, ValueError)
+
+
+def test_an_unknown_timezone_fails_at_decoration_naming_it() -> None:
+    with pytest.raises(jobs.InvalidScheduleError, match="unknown timezone 'Mars/Olympus'") as caught:
+        declare("*/5 * * * *", timezone="Mars/Olympus")
+    assert "'*/5 * * * *'" in str(caught.value)
+
+
+def test_a_function_that_takes_no_tick_fails_at_decoration() -> None:
+    with pytest.raises(jobs.InvalidScheduleError, match=r"must take \(ctx, tick\)"):
+        jobs.periodic("* * * * *", queue="periodic-in-process")(lambda ctx: None)
+
+
+def test_job_options_are_checked_as_jobs_job_checks_them() -> None:
+    with pytest.raises(TypeError, match="unknown options"):
+        jobs.periodic("* * * * *", colour="blue")
+    with pytest.raises(ValueError, match="max_attempts"):
+        jobs.periodic("* * * * *", max_attempts=0, name="tests.periodic.bad_attempts")(lambda ctx, tick: None)
+
+
+def test_a_periodic_job_is_a_registered_job_with_its_options() -> None:
+    schedule = declare("*/5 * * * *")
+    assert schedule.function.queue == "periodic-in-process"
+    assert jobs.REGISTRY.get(schedule.name) is schedule.function
+    assert SCHEDULES.served_by(jobs.REGISTRY, ["periodic-in-process"])[-1].function is schedule.function
+    assert schedule not in SCHEDULES.served_by(jobs.REGISTRY, ["default"])
+
+
+def test_ticks_with_a_seconds_field_and_in_a_zone() -> None:
+    every_10s = parse("* * * * * */10")
+    at = datetime(2030, 1, 1, 12, 0, 25, 500_000, tzinfo=ZoneInfo("UTC"))
+    assert every_10s.latest_due(at).isoformat() == "2030-01-01T12:00:20+00:00"
+    assert every_10s.next_after(at).isoformat() == "2030-01-01T12:00:30+00:00"
+    exact = at.replace(second=20, microsecond=0)
+    assert every_10s.latest_due(exact) == exact  # a tick exactly now is due
+    paris = parse("0 9 * * *", "Europe/Paris")
+    assert paris.latest_due(at).isoformat() == "2030-01-01T09:00:00+01:00"
+    # 07:00 UTC is 09:00 in Paris in summer (UTC+2): the tick is due at that instant.
+    assert paris.latest_due(datetime(2030, 7, 1, 7, 0, tzinfo=ZoneInfo("UTC"))).isoformat() == \
+        "2030-07-01T09:00:00+02:00"
+
+
+# -- rounds on the database --------------------------------------------------------------------------
+
+async def test_a_new_periodic_job_starts_from_its_next_tick(jobs_db: str, pool: AsyncConnectionPool[Any]) -> None:
+    """No row yet: the newest due tick is recorded as done, nothing is enqueued."""
+    schedule = declare("*/5 * * * *")
+    first = await Scheduler([schedule]).round(pool)
+    assert first.enqueued == [] and jobs_of(jobs_db, schedule.name) == []
+    assert last_tick(jobs_db, schedule.name) == schedule.cron.latest_due(db_now(jobs_db))
+    assert 0 < first.wait <= 300
+    assert (await Scheduler([schedule]).round(pool)).enqueued == []
+
+
+async def test_ticks_missed_while_no_runtime_ran_are_enqueued_once(jobs_db: str,
+                                                                   pool: AsyncConnectionPool[Any]) -> None:
+    """A day of missed five-minute ticks: one job, for the newest due tick; then nothing until the next."""
+    schedule = declare("*/5 * * * *")
+    q(jobs_db, "INSERT INTO livepush_periodic (name, last_tick) VALUES (%s, now() - interval '1 day')",
+      (schedule.name,))
+    done = await Scheduler([schedule]).round(pool)
+    newest = schedule.cron.latest_due(db_now(jobs_db))
+    assert [(e.name, e.tick) for e in done.enqueued] == [(schedule.name, newest.isoformat())]
+    assert jobs_of(jobs_db, schedule.name) == [(done.enqueued[0].job_id, [newest.isoformat()])]
+    assert last_tick(jobs_db, schedule.name) == newest
+    assert (await Scheduler([schedule]).round(pool)).enqueued == []
+    info = jobs.get_job(done.enqueued[0].job_id)
+    assert info is not None and info.args == [newest.isoformat()] and info.queue == "periodic-in-process"
+
+
+async def test_many_rounds_at_once_enqueue_a_tick_once(jobs_db: str, pool: AsyncConnectionPool[Any]) -> None:
+    """Twenty rounds of separate schedulers at the same moment (as many runtimes would): one job per tick."""
+    schedules = [declare("* * * * * */1"), declare("*/5 * * * *")]
+    for s in schedules:
+        q(jobs_db, "INSERT INTO livepush_periodic (name, last_tick) VALUES (%s, now() - interval '1 hour')", (s.name,))
+    rounds = await asyncio.gather(*(Scheduler(schedules).round(pool) for _ in range(20)))
+    enqueued = [e for r in rounds for e in r.enqueued]
+    for s in schedules:
+        mine = [e for e in enqueued if e.name == s.name]
+        # One winner for the first due tick, and at most one more for a newer tick that came due
+        # while the rounds ran (the every-second schedule): never two jobs for one tick.
+        assert 1 <= len(mine) <= 2 and len({e.tick for e in mine}) == len(mine), mine
+        assert [a for _, a in jobs_of(jobs_db, s.name)] == [[e.tick] for e in sorted(mine, key=lambda e: e.job_id)]
+
+
+async def test_the_tick_is_iso_8601_in_the_jobs_zone(jobs_db: str, pool: AsyncConnectionPool[Any]) -> None:
+    schedule = declare("0 9 * * *", timezone="America/New_York")
+    q(jobs_db, "INSERT INTO livepush_periodic (name, last_tick) VALUES (%s, now() - interval '3 days')",
+      (schedule.name,))
+    done = await Scheduler([schedule]).round(pool)
+    (entry,) = done.enqueued
+    tick = datetime.fromisoformat(entry.tick)
+    assert (tick.hour, tick.minute, tick.second) == (9, 0, 0)
+    assert tick.utcoffset() == tick.astimezone(ZoneInfo("America/New_York")).utcoffset()
+    assert tick.utcoffset() in (timedelta(hours=-5), timedelta(hours=-4))
+    assert db_now(jobs_db) - timedelta(days=1) < tick <= db_now(jobs_db)
+    info = jobs.get_job(entry.job_id)
+    assert info is not None and info.args == [entry.tick]
