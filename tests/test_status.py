@@ -76,9 +76,9 @@ def busy_db(status_db: str) -> dict[str, Any]:
     # Runs the failing job (failed), parks the durable one (waiting), runs `fetch` and parks `report`.
     jobs.drain(["status_work"])
 
-    first = ok.enqueue(1)
-    held = ok.enqueue(2)
-    ok.enqueue(3, wait=3600)
+    first = ok.enqueue(1, tags=["import:7"])
+    held = ok.enqueue(2, tags=["import:7", "vip"])
+    ok.enqueue(3, wait=3600, tags=["import:7"])
     q(url, "UPDATE livepush_jobs SET run_at = now() - interval '90 seconds' WHERE id = %s", (first.id,))
     open_group = jobs.create_group()
     with jobs.group() as g:
@@ -115,6 +115,7 @@ def test_the_report_names_each_queue_runtime_group_and_workflow(
                    "Groups in progress (2)", "sealed", "open",
                    "Workflows in progress (1)", "status_flow", "waiting",
                    "fetch:succeeded report:waiting publish:pending",
+                   "Tags on unfinished jobs (2)", "import:7",
                    "Servers listening (0)", "GET /readyz"):
         assert needle in out, f"{needle!r} not in:\n{out}"
     lines = out.splitlines()
@@ -142,7 +143,8 @@ def test_json_has_the_figures(busy_db: dict[str, Any], procs: Processes,
     assert code == 0, err
     doc = json.loads(out)
     assert set(doc) == {"at", "queues", "runtimes", "groups", "groups_in_progress", "workflows",
-                        "workflows_in_progress", "limit", "servers"}
+                        "workflows_in_progress", "limit", "servers", "tags"}
+    assert doc["tags"] == {"import:7": 3, "vip": 1}
     assert doc["servers"] == []
     queues = {qu["queue"]: qu for qu in doc["queues"]}
     assert {k: v for k, v in queues["status_a"].items() if k != "oldest_age"} == {

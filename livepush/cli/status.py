@@ -129,6 +129,10 @@ def render(report: Status, database_name: str, servers: Sequence[dict[str, Any]]
         [[str(w.id), w.name, w.state, f"{duration(w.age)} ago", w.summary] for w in report.workflows],
         right=frozenset({0})) if report.workflows else [])
 
+    out += _section(f"Tags on unfinished jobs ({len(report.tags)})", table(
+        ["TAG", "JOBS"], [[tag, str(n)] for tag, n in report.tags.items()], right=frozenset({1}))
+        if report.tags else [])
+
     now = datetime.fromisoformat(report.at)
     rows = [[s["via"], s.get("address") or "-", _since(s, now)] for s in servers]
     body = table(["VIA", "ADDRESS", "LISTENING FOR"], rows) if rows else ["  none"]

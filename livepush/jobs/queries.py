@@ -669,6 +669,19 @@ FROM livepush_job_runtimes r
 ORDER BY r.id
 """
 
+# name: tag_status
+# A plain read for `livepush status`: the tags of unfinished jobs, with how many carry each, most
+# carried first. Scans the unfinished jobs that have tags (as queue_status scans the unfinished
+# ones): an operator's occasional read, never on a job's path.
+TAG_STATUS = """
+SELECT tag, count(*)::int AS unfinished
+FROM livepush_jobs, unnest(tags) AS tag
+WHERE tags IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'waiting')
+GROUP BY tag
+ORDER BY count(*) DESC, tag
+LIMIT %(limit)s
+"""
+
 # name: queue_gauges
 # A plain read for /metrics: per queue, jobs available now and the oldest one's age. Reads only
 # the two claim indexes' rows (state 'available', plain and limited), so a scrape costs what the

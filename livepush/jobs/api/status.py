@@ -110,6 +110,8 @@ class Status:
     workflows: list[WorkflowStatus]
     workflows_in_progress: int
     limit: int
+    # The `limit` tags most carried by unfinished jobs, with how many carry each, most first.
+    tags: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON types only (what `livepush status --json` prints)."""
@@ -133,6 +135,7 @@ def _reads(limit: int) -> steps.Steps[Status]:
     runtime_rows = yield steps.Query(queries.RUNTIME_STATUS, {})
     group_rows = yield steps.Query(group_queries.GROUPS_IN_PROGRESS, {"limit": limit})
     run_rows = yield steps.Query(workflow_queries.RUNS_IN_PROGRESS, {"limit": limit})
+    tag_rows = yield steps.Query(queries.TAG_STATUS, {"limit": limit})
 
     runtimes = [RuntimeStatus(
         id=r["id"], host=r["host"], pid=r["pid"], queues=list(r["queues"]), concurrency=r["concurrency"],
@@ -158,6 +161,7 @@ def _reads(limit: int) -> steps.Steps[Status]:
         groups_in_progress=group_rows[0]["in_progress"] if group_rows else 0,
         workflows=workflows,
         workflows_in_progress=run_rows[0]["in_progress"] if run_rows else 0,
+        tags={r["tag"]: r["unfinished"] for r in tag_rows},
         limit=limit,
     )
 
