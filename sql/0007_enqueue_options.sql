@@ -73,7 +73,8 @@ BEGIN
                (u.j ->> 3)::timestamptz AS at, (u.j ->> 4)::int AS max_attempts,
                (u.j ->> 5)::bigint AS group_id, u.j -> 6 AS args,
                CASE WHEN jsonb_typeof(u.j -> 7) = 'array' THEN ARRAY(SELECT jsonb_array_elements_text(u.j -> 7)) END AS tags,
-               u.j ->> 8 AS key, (u.j ->> 9) = '1' AS first
+               u.j ->> 8 AS key, (u.j ->> 9) = '1' AS first,
+               u.j ->> 10 AS concurrency_key, coalesce((u.j ->> 11)::boolean, false) AS limited
         FROM jsonb_array_elements(p_jobs) WITH ORDINALITY AS u(j, ord)
     ), held AS (
         -- The oldest unfinished job of each key (more than one only after debounced enqueues:
@@ -89,10 +90,11 @@ BEGIN
         SELECT nextval('livepush_jobs_id_seq') AS id, i.* FROM items i
         WHERE i.first AND NOT EXISTS (SELECT 1 FROM held WHERE held.key = i.key)
     ), jobs AS (
-        INSERT INTO livepush_jobs (id, queue, name, priority, run_at, state, max_attempts, group_id, key, tags)
+        INSERT INTO livepush_jobs (id, queue, name, priority, run_at, state, max_attempts, group_id, key, tags,
+                                   concurrency_key, limited)
         SELECT n.id, n.queue, n.name, n.priority, coalesce(n.at, now()),
                CASE WHEN n.at > now() THEN 'scheduled' ELSE 'available' END,
-               n.max_attempts, n.group_id, n.key, n.tags
+               n.max_attempts, n.group_id, n.key, n.tags, n.concurrency_key, n.limited
         FROM input n
     ), payloads AS (
         INSERT INTO livepush_job_payloads (id, args) SELECT n.id, n.args FROM input n
@@ -117,7 +119,7 @@ $$;
 -- SET enable_seqscan = off: as for livepush_enqueue_keyed.
 CREATE FUNCTION livepush_enqueue_one_keyed(p_name text, p_queue text, p_priority integer, p_at timestamptz,
                                            p_max_attempts integer, p_group_id bigint, p_args jsonb,
-                                           p_tags text[], p_key text)
+                                           p_tags text[], p_key text, p_concurrency_key text, p_limited boolean)
 RETURNS TABLE (id bigint, name text, created boolean)
 LANGUAGE plpgsql VOLATILE SET enable_seqscan = off AS $$
 #variable_conflict use_column
@@ -134,10 +136,11 @@ BEGIN
         RETURN QUERY SELECT v_id, v_name, false;
         RETURN;
     END IF;
-    INSERT INTO livepush_jobs AS j (queue, name, priority, run_at, state, max_attempts, group_id, key, tags)
+    INSERT INTO livepush_jobs AS j (queue, name, priority, run_at, state, max_attempts, group_id, key, tags,
+                                    concurrency_key, limited)
     VALUES (p_queue, p_name, p_priority, coalesce(p_at, now()),
             CASE WHEN p_at > now() THEN 'scheduled' ELSE 'available' END,
-            p_max_attempts, p_group_id, p_key, p_tags)
+            p_max_attempts, p_group_id, p_key, p_tags, p_concurrency_key, coalesce(p_limited, false))
     RETURNING j.id, j.name, j.version INTO v_id, v_name, v_version;
     INSERT INTO livepush_job_payloads (id, args) VALUES (v_id, p_args);
     PERFORM livepush_state_changed(ARRAY['job:' || v_id], ARRAY[v_version]) + livepush_jobs_ready();
@@ -169,8 +172,9 @@ DECLARE
     v_slot smallint;
 BEGIN
     PERFORM livepush_lock_keys(ARRAY[v_key]);
+    -- New arguments: a limited function's concurrency key is taken from them again.
     UPDATE livepush_jobs j SET run_at = v_at, state = v_state, version = j.version + 1, event = 'enqueued',
-                               tags = coalesce(v_tags, j.tags)
+                               tags = coalesce(v_tags, j.tags), concurrency_key = p_job ->> 10
     -- At most one job of a key is pending (this function is the only way a second one is made).
     WHERE j.id = (SELECT x.id FROM livepush_jobs x
                   WHERE x.key = v_key AND x.state IN ('available', 'scheduled') ORDER BY x.key, x.key_slot LIMIT 1)
@@ -191,9 +195,10 @@ BEGIN
                       WHERE x.key = v_key AND x.key_slot = s
                         AND x.state IN ('available', 'scheduled', 'running', 'waiting'))
     LIMIT 1;
-    INSERT INTO livepush_jobs (queue, name, priority, run_at, state, max_attempts, group_id, key, key_slot, tags)
+    INSERT INTO livepush_jobs (queue, name, priority, run_at, state, max_attempts, group_id, key, key_slot, tags,
+                               concurrency_key, limited)
     VALUES (p_job ->> 1, p_job ->> 0, (p_job ->> 2)::int, v_at, v_state, (p_job ->> 4)::int,
-            (p_job ->> 5)::bigint, v_key, v_slot, v_tags)
+            (p_job ->> 5)::bigint, v_key, v_slot, v_tags, p_job ->> 10, coalesce((p_job ->> 11)::boolean, false))
     RETURNING livepush_jobs.id, livepush_jobs.name INTO v_id, v_name;
     INSERT INTO livepush_job_payloads (id, args) VALUES (v_id, p_job -> 6);
     PERFORM livepush_states_created('job', v_id, v_id) + livepush_jobs_ready();

@@ -132,7 +132,7 @@ SELECT k.id, k.name, k.created FROM livepush_enqueue_keyed(%(jobs)s::jsonb, %(ke
 ENQUEUE_ONE_KEYED = """
 SELECT k.id, k.name, k.created FROM livepush_enqueue_one_keyed(
     %(name)s, %(queue)s, %(priority)s, %(run_at)s::timestamptz, %(max_attempts)s, %(group_id)s::bigint,
-    %(args)s::jsonb, %(tags)s::text[], %(key)s) k
+    %(args)s::jsonb, %(tags)s::text[], %(key)s, %(concurrency_key)s, %(limited)s) k
 """
 
 # name: enqueue_debounced

@@ -89,13 +89,20 @@ def test_the_key_is_the_named_argument_at_enqueue(limits_db: str) -> None:
     assert keys == {a.id: ('"acme"', True), b.id: ('"shared"', True), c.id: ('{"org":7}', True), d.id: (None, False)}
 
 
-def test_a_limited_function_with_an_idempotency_key_is_refused(limits_db: str) -> None:
-    """Keyed enqueues do not store claim limits yet: refused, and nothing is written."""
-    with pytest.raises(ConfigError):
-        limit_jobs.per_tenant.enqueue("a", key="k1")
-    with pytest.raises(ConfigError):
-        jobs.enqueue_many([(limit_jobs.per_tenant, ("a",)), (limit_jobs.plain, (), {"key": "k2"})])
-    assert q(limits_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
+def test_keyed_and_debounced_enqueues_of_a_limited_function_keep_its_limits(limits_db: str) -> None:
+    """An idempotency key, a batch with keyed jobs and a debounce store the job's concurrency key
+    and limited mark as a plain enqueue does; a debounce that changes the arguments moves the job
+    to its new concurrency key; drain runs them all through the limited claim."""
+    first = limit_jobs.per_tenant.enqueue("a", 0.0, key="k1")
+    assert limit_jobs.per_tenant.enqueue("a", 0.0, key="k1").id == first.id
+    batch = jobs.enqueue_many([(limit_jobs.per_tenant, ("b", 0.0), {"key": "k2"}), (limit_jobs.plain, (), {"key": "k3"})])
+    debounced = limit_jobs.per_tenant.enqueue("c", 0.0, key="k4", debounce=3600)
+    assert limit_jobs.per_tenant.enqueue("d", 0.0, key="k4", debounce=3600).id == debounced.id
+    rows = {r[0]: r[1:] for r in q(limits_db, "SELECT id, concurrency_key, limited FROM livepush_jobs")}
+    assert rows == {first.id: ('"a"', True), batch[0].id: ('"b"', True), batch[1].id: (None, False),
+                    debounced.id: ('"d"', True)}
+    q(limits_db, "UPDATE livepush_jobs SET run_at = now(), state = 'available' WHERE id = %s", (debounced.id,))
+    assert jobs.drain() == {"succeeded": 4}
 
 
 def test_drain_runs_jobs_with_limits(limits_db: str) -> None:

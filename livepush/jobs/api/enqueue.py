@@ -13,7 +13,6 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from ...errors import ConfigError
 from ...postgres.connect import translated
 from ...postgres.pools import aautocommitted, autocommitted
 from .. import database, queries
@@ -79,11 +78,6 @@ class Batch:
             first = 0 if key in self._keys else 1
             self._keys.add(key)  # type: ignore[arg-type]
         self.limited = self.limited or limited
-        if self.keyed and self.limited:
-            # The keyed statements (sql/0007_enqueue_options.sql) do not store a job's claim
-            # limits yet: refused rather than enqueued without them.
-            raise ConfigError(f"{fn.name}: a job function with concurrency= or rate= cannot be enqueued with key= "
-                              "or debounce= (or in a batch with keyed jobs) yet")
         self.rows.append([fn.name, queue or fn.queue, fn.priority, when.isoformat() if when else None,
                           fn.max_attempts, group_id, items, check_tags(tags), key, first,
                           limits.key_of(args) if limited else None, limited])
