@@ -374,7 +374,6 @@ class Soak:
 
     async def probe_job(self, deadline: float) -> float | None:
         """Enqueue a job now (retrying while Postgres is away); when it finished, or None."""
-        from livepush import jobs
         from soak_jobs import work
 
         handle = None

@@ -16,7 +16,7 @@ from livepush.jobs import InvalidArgumentsError
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import q, running
 from tests.support.procs import ChildProcess, Processes
-from tests.support.waiting import async_wait_for, wait_for
+from tests.support.waiting import async_wait_for
 
 
 def jobs_with_key(url: str, key: str) -> list[tuple[Any, ...]]:
