@@ -131,24 +131,25 @@ def lp_enqueue(url: str, n: int) -> dict[str, float]:
     return {"enqueue_one": rate_one, "enqueue_bulk": n / (time.perf_counter() - t)}
 
 
+async def drain_rate(registry: Registry, n: int) -> float:
+    """Run one runtime of `registry` (queue default, concurrency 10) until n jobs succeeded; jobs/s."""
+    rt = Runtime(registry, queues=["default"], concurrency=10, install_signals=False, heartbeat=5)
+    t = time.perf_counter()
+    task = asyncio.create_task(rt.run())
+    while rt.counts.get("succeeded", 0) < n:  # counted once its outcome committed
+        if task.done():
+            task.result()
+            raise RuntimeError("the runtime stopped early")
+        await asyncio.sleep(0.005)
+    rate = n / (time.perf_counter() - t)
+    rt.stop()
+    await task
+    return rate
+
+
 def lp_process(url: str, n: int) -> dict[str, float]:
     lp_fill(url, n)
-
-    async def go() -> float:
-        rt = Runtime(REG, queues=["default"], concurrency=10, install_signals=False, heartbeat=5)
-        t = time.perf_counter()
-        task = asyncio.create_task(rt.run())
-        while rt.counts.get("succeeded", 0) < n:  # counted once its outcome committed
-            if task.done():
-                task.result()
-                raise RuntimeError("the runtime stopped early")
-            await asyncio.sleep(0.005)
-        rate = n / (time.perf_counter() - t)
-        rt.stop()
-        await task
-        return rate
-
-    return {"process": run(go())}
+    return {"process": run(drain_rate(REG, n))}
 
 
 def lp_pickup(url: str, n: int) -> dict[str, float]:

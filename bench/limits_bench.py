@@ -45,7 +45,6 @@ def child_process(url: str, n: int, limited: bool) -> dict[str, float]:
     from livepush import config
     from livepush.jobs import database, enqueue_many, job
     from livepush.jobs.api.registry import Registry
-    from livepush.jobs.runtime.runtime import Runtime
     from livepush.migrate import migrate
 
     migrate(url)
@@ -64,22 +63,10 @@ def child_process(url: str, n: int, limited: bool) -> dict[str, float]:
         enqueue_many([fn.request(i) for i in range(start, min(start + 1000, n))])
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("VACUUM ANALYZE livepush_jobs")
+    # Imported here, after PYTHONPATH chose the livepush under test: jobs_bench imports it too.
+    from jobs_bench import drain_rate, run
 
-    async def go() -> float:
-        rt = Runtime(reg, queues=["default"], concurrency=10, install_signals=False, heartbeat=5)
-        t = time.perf_counter()
-        task = asyncio.create_task(rt.run())
-        while rt.counts.get("succeeded", 0) < n:
-            if task.done():
-                task.result()
-                raise RuntimeError("the runtime stopped early")
-            await asyncio.sleep(0.005)
-        rate = n / (time.perf_counter() - t)
-        rt.stop()
-        await task
-        return rate
-
-    return {"process": _run(go())}
+    return {"process": run(drain_rate(reg, n))}
 
 
 def child_rate(url: str, seconds: float) -> dict[str, Any]:
@@ -106,17 +93,10 @@ def child_rate(url: str, seconds: float) -> dict[str, Any]:
         rt.stop()
         await task
 
-    _run(go())
+    from jobs_bench import run
+
+    run(go())
     return {"starts": starts}
-
-
-def _run(coro: Any) -> Any:
-    try:
-        import uvloop
-
-        return uvloop.run(coro)
-    except ImportError:
-        return asyncio.run(coro)
 
 
 # -- parent side ---------------------------------------------------------------------------------------
