@@ -50,6 +50,15 @@ async def stop(task: asyncio.Task[object] | None) -> None:
         pass
 
 
+def reraise_if_cancelled() -> None:
+    """Drivers may turn a cancellation into their own error (psycopg raises QueryCanceled, a
+    psycopg.Error; redis-py can return normally): a loop that goes on after an error must not
+    swallow its own task's cancellation."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class GaveUp(Exception):
     """A supervised task failed `give_up` times in a row; the last error is its cause."""
 

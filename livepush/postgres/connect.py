@@ -100,13 +100,3 @@ async def aconnect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psyco
                                                      **statement_options(kwargs))
     except psycopg.Error as exc:
         raise translate(url, exc) from None
-
-
-def reraise_if_cancelled() -> None:
-    """psycopg turns a cancellation during a query into QueryCanceled (a psycopg.Error): a
-    loop that catches psycopg errors must not swallow its own task's cancellation."""
-    import asyncio
-
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from .. import metrics
 from ..errors import first_line
 from ..fanout import FanOut
+from ..tasks import reraise_if_cancelled
 from ..topics import RESERVED_PREFIX
 from ..types import Message, Offset
 
@@ -60,7 +61,7 @@ class Canary:
             del self.unanswered[1]
         return entry
 
-    def published(self, entry: list[object], offset: Offset, now: float) -> None:
+    def published(self, entry: list[object], offset: Offset) -> None:
         entry[1] = offset
         heard_at = self.heard.pop(offset, None)
         if heard_at is not None:
@@ -94,14 +95,6 @@ class Canary:
         elif not self.answered_once:
             body["detail"] = "waiting for the first canary to come back"
         return ok, body
-
-
-def _reraise_if_cancelled() -> None:
-    """A database driver may turn our cancellation into its own error (psycopg raises
-    QueryCanceled): a loop that goes on after an error must not swallow its own stop."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
 
 
 class Readiness:
@@ -145,16 +138,16 @@ class Readiness:
             try:
                 offset = await self.fanout.apublish(CANARY_TOPIC, {"server": self.server_id, "n": n})
             except Exception as exc:  # the fan-out is down: the canary stays unanswered
-                _reraise_if_cancelled()
+                reraise_if_cancelled()
                 log.debug("canary publish failed: %s", first_line(exc))
             else:
-                self.canary.published(entry, offset, self.clock())
+                self.canary.published(entry, offset)
             if self._schema is not None and self.clock() >= next_schema:
                 next_schema = self.clock() + self.schema_every
                 await self._check_schema()
             # redis-py can swallow a cancellation that lands mid-command and return normally:
             # look before sleeping, or a stop would wait on this loop for ever.
-            _reraise_if_cancelled()
+            reraise_if_cancelled()
             await asyncio.sleep(self.every)
 
     async def _check_schema(self) -> None:
@@ -163,7 +156,7 @@ class Readiness:
             self._schema_problem = await self._schema()
             self._schema_checked_at = self.clock()
         except Exception as exc:  # the database is away: keep the last verdict; the canary tells
-            _reraise_if_cancelled()
+            reraise_if_cancelled()
             log.debug("schema check failed: %s", first_line(exc))
 
     def report(self) -> tuple[bool, bytes]:

@@ -25,7 +25,7 @@ def test_not_ready_until_a_first_canary_comes_back() -> None:
     canary = Canary(bound=5.0)
     entry = canary.sent(0.0)
     assert canary.check(1.0)[0] is False
-    canary.published(entry, "1-1", 0.01)
+    canary.published(entry, "1-1")
     canary.on_heard("1-1", 0.02)
     ok, body = canary.check(1.0)
     assert ok and body["round_trip_ms"] == 20.0
@@ -35,24 +35,24 @@ def test_a_canary_heard_before_its_publish_returned_counts() -> None:
     canary = Canary(bound=5.0)
     entry = canary.sent(0.0)
     canary.on_heard("1-7", 0.01)  # the doorbell came first
-    canary.published(entry, "1-7", 0.02)
+    canary.published(entry, "1-7")
     assert canary.check(0.5)[0] is True
 
 
 def test_a_canary_not_back_within_the_bound_makes_it_unready_and_a_later_one_heals_it() -> None:
     canary = Canary(bound=5.0)
     first = canary.sent(0.0)
-    canary.published(first, "1-1", 0.0)
+    canary.published(first, "1-1")
     canary.on_heard("1-1", 0.01)
     lost = canary.sent(2.0)
-    canary.published(lost, "1-2", 2.0)
+    canary.published(lost, "1-2")
     assert canary.check(6.9)[0] is True  # 4.9 s late: not yet past the bound
     ok, body = canary.check(7.0)
     assert not ok and "no canary came back" in str(body["detail"])
     failed = canary.sent(8.0)  # a publish that raised: never published
     assert canary.check(8.0)[0] is False
     later = canary.sent(10.0)
-    canary.published(later, "1-4", 10.0)
+    canary.published(later, "1-4")
     canary.on_heard("1-4", 10.1)  # answers the lost one and the failed one too
     assert canary.check(10.2)[0] is True
     assert failed not in canary.unanswered
@@ -61,7 +61,7 @@ def test_a_canary_not_back_within_the_bound_makes_it_unready_and_a_later_one_hea
 def test_another_servers_canaries_are_not_ours() -> None:
     canary = Canary(bound=5.0)
     entry = canary.sent(0.0)
-    canary.published(entry, "1-2", 0.0)
+    canary.published(entry, "1-2")
     canary.on_heard("1-1", 0.01)  # someone else's
     assert canary.check(5.0)[0] is False
 

@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from ...postgres.connect import reraise_if_cancelled
+from ...tasks import reraise_if_cancelled
 from ...tasks import Backoff, stop, supervise
 from ..events.views import GROUP_KEYS, PROGRESS_INTERVAL
 from . import steps

@@ -31,7 +31,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from ...postgres.connect import reraise_if_cancelled
+from ...tasks import reraise_if_cancelled
 from ...postgres.pools import aautocommitted
 from ...tasks import Backoff
 from ... import metrics

@@ -42,11 +42,11 @@ from psycopg.rows import dict_row
 from ... import metrics, migrate
 from ...errors import ConfigError, DependencyError
 from ...fanout import FanOut
-from ...postgres.connect import aconnect, reraise_if_cancelled
+from ...postgres.connect import aconnect
 from ...channels import ListenerSlot
 from ...postgres.listener import Listener
 from ...postgres.pools import AsyncPool, LoopPools
-from ...tasks import Backoff, supervise
+from ...tasks import Backoff, reraise_if_cancelled, supervise
 from .. import database, queries
 from ..api.registry import REGISTRY, Registry
 from ..groups.progress import ProgressPublisher
