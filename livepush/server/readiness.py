@@ -145,8 +145,9 @@ class Readiness:
             if self._schema is not None and self.clock() >= next_schema:
                 next_schema = self.clock() + self.schema_every
                 await self._check_schema()
-            # redis-py can swallow a cancellation that lands mid-command and return normally:
-            # look before sleeping, or a stop would wait on this loop for ever.
+            # A driver can swallow a cancellation that lands mid-call and return normally (seen
+            # with redis-py and with psycopg's pool): look before sleeping, or a stop would wait
+            # on this loop for ever.
             reraise_if_cancelled()
             await asyncio.sleep(self.every)
 
