@@ -1,0 +1,84 @@
+"""The benchmark harness' shared shapes: one figure, the context every suite runs in, and
+the report (`bench/report.json` and the printed table).
+
+A figure is one number measured beside its baseline in the same run. `ratio` is above 1
+when livepush wins, whichever way the figure runs: for a rate it is value / baseline, for a
+latency or a cost it is baseline / value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterable
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Figure:
+    """One measured figure of livepush and its baseline's, from the same run."""
+
+    name: str
+    value: float
+    unit: str
+    baseline: str | None = None
+    baseline_value: float | None = None
+    higher_is_better: bool = True
+    suite: str = ""
+    goal: float | None = None  # the ratio an issue or a guarantee asks for, if any
+
+    @property
+    def ratio(self) -> float | None:
+        if self.baseline_value is None or not self.value or not self.baseline_value:
+            return None
+        r = self.value / self.baseline_value if self.higher_is_better else self.baseline_value / self.value
+        return r if math.isfinite(r) else None
+
+    def as_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["ratio"] = None if self.ratio is None else round(self.ratio, 3)
+        return out
+
+
+@dataclasses.dataclass
+class Context:
+    """What every suite is given: the services the harness started, and how long to run."""
+
+    pg_admin_url: str  # a superuser URL; suites make scratch databases on this server
+    redis_url: str
+    quick: bool  # the whole harness under 3 minutes instead of 20
+    workdir: str  # a scratch directory for logs and sockets, removed at the end
+    bench_python: str | None  # the bench-only virtualenv's python (competitors), if present
+
+
+def fmt(value: float | None, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 100:
+        text = f"{value:,.0f}"
+    elif abs(value) >= 10:
+        text = f"{value:.1f}"
+    else:
+        text = f"{value:.3g}"
+    return f"{text} {unit}".rstrip()
+
+
+def table(figures: Iterable[Figure]) -> str:
+    """The figures as one aligned plain-text table, in the order given."""
+    rows = [("suite", "figure", "livepush", "baseline", "baseline value", "ratio", "goal")]
+    for f in figures:
+        rows.append((
+            f.suite, f.name, fmt(f.value, f.unit), f.baseline or "-", fmt(f.baseline_value, f.unit),
+            "-" if f.ratio is None else f"{f.ratio:.2f}x", "-" if f.goal is None else f">= {f.goal:g}x",
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def write(path: str, figures: Iterable[Figure]) -> None:
+    """Writes the report: a JSON list of every figure (the machine and command go in the
+    printed header and docs/performance.md)."""
+    with open(path, "w") as fh:
+        json.dump([f.as_json() for f in figures], fh, indent=2)
+        fh.write("\n")
