@@ -10,13 +10,15 @@ from http.cookies import SimpleCookie
 
 import httpx
 import pytest
+from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from examples.fastapi_app.app import SESSION_TTL
 from examples.fastapi_app.app import app as example
 from livepush import config, sessions
-from livepush.contrib.starlette import set_session_cookie
+from livepush.contrib.starlette import lifespan, logout, set_session_cookie
 from tests.contrib.conftest import cookie_header, serving
 from tests.support.procs import Processes
 from tests.support.wsclient import WSClient
@@ -111,6 +113,25 @@ async def test_logout_revokes_every_session_cookie_it_carries(https_client: http
     cookies = set_cookies(answer)
     assert cookies["__Host-livepush_session"]["max-age"] == "0" and cookies["__Host-livepush_session"]["secure"]
     assert cookies["livepush_session"]["max-age"] == "0"
+
+
+async def test_logout_everywhere_revokes_every_session_of_the_subject(app_env: dict[str, str]) -> None:
+    """`logout(everywhere=True)`: the subject's other sessions (other browsers) are revoked too, not
+    another subject's."""
+
+    async def sign_out_everywhere(request: Request) -> Response:
+        response = JSONResponse({})
+        await logout(response, request, everywhere=True)
+        return response
+
+    secrets = config.get_settings().secrets
+    other_browser, other_user, here = sessions.issue("ana"), sessions.issue("bob"), sessions.issue("ana")
+    app = Starlette(routes=[Route("/logout", sign_out_everywhere, methods=["POST"])], lifespan=lifespan)
+    async with serving(app) as client:
+        assert (await client.post("/logout", headers=cookie_header(here))).status_code == 200
+        store = sessions.default_store()
+        assert await store.is_revoked(sessions.decode(other_browser, secrets))
+        assert not await store.is_revoked(sessions.decode(other_user, secrets))
 
 
 async def test_logout_without_a_session_only_deletes(http_client: httpx.AsyncClient) -> None:
