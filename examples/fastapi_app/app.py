@@ -64,8 +64,9 @@ def push_url(request: Request) -> str:
 def _csp(push: str) -> str:
     """Its own files and its push server, nothing else (no inline script)."""
     parts = urlsplit(push)
-    return (f"default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self' {parts.scheme}://{parts.netloc}; "
-            "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+    return (f"default-src 'none'; script-src 'self'; style-src 'self'; "
+            f"connect-src 'self' {parts.scheme}://{parts.netloc}; base-uri 'none'; form-action 'none'; "
+            "frame-ancestors 'none'")
 
 
 @app.get("/", response_class=HTMLResponse)

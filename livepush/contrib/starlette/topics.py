@@ -38,12 +38,14 @@ async def page_topic(topic: str, *, ttl: float | None = None) -> PageTopic:
     """`topic` signed for `ttl` seconds (LIVEPUSH_SIGNED_TOPIC_TTL unless given) and its latest
     offset. Call it before reading what the page shows: a message published in between then
     reaches the page twice (render idempotently) rather than never."""
-    since = None if topics.state_topic_id(topics.validate_topic(topic)) is not None else await api.alatest_offset(topic)
+    # A state topic's offset is its version: without one the page gets the current state.
+    state = topics.state_topic_id(topics.validate_topic(topic)) is not None
+    since = None if state else await api.alatest_offset(topic)
     signed = api.sign_topic(topic, get_settings().signed_topic_ttl if ttl is None else ttl)
     return PageTopic(topic, signed, since)
 
 
-TopicOf = Callable[[Request], "str | Awaitable[str]"]
+TopicOf = Callable[[Request], str | Awaitable[str]]  # names a route's topic, sync or async
 
 
 class SignedTopic:
