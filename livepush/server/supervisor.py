@@ -88,6 +88,7 @@ class Supervisor:
         self._booted = False
         self._exits: collections.deque[float] = collections.deque()
         self._keepers: list[asyncio.Task[None]] = []
+        self._hearing: set[asyncio.Task[None]] = set()
 
     @property
     def pids(self) -> list[int]:
@@ -130,7 +131,12 @@ class Supervisor:
     async def _keep(self, slot: _Slot) -> None:
         """Run `slot`'s worker; start it again each time it dies, until the supervisor stops."""
         while not self._stopping:
-            process = await self._start(slot)
+            try:
+                process = await self._start(slot)
+            except OSError as exc:  # no process at all (out of fds or memory): nothing to wait for
+                log.error("worker %d could not be started (%s): stopping every worker", slot.index, exc)
+                self._give_up(1)
+                return
             status = await process.wait()
             slot.last_status = status
             if self.on_exit is not None:
@@ -168,7 +174,10 @@ class Supervisor:
         slot.process = process
         if self._stopping:  # a signal came while it started: it has not heard it
             process.send_signal(signal.SIGTERM)
-        asyncio.create_task(self._hear_ready(slot, process, read_fd), name=f"livepush-worker-{slot.index}-ready")
+        hearing = asyncio.create_task(self._hear_ready(slot, process, read_fd),
+                                      name=f"livepush-worker-{slot.index}-ready")
+        self._hearing.add(hearing)  # the loop keeps only a weak reference to a task
+        hearing.add_done_callback(self._hearing.discard)
         return process
 
     async def _hear_ready(self, slot: _Slot, process: asyncio.subprocess.Process, read_fd: int) -> None:

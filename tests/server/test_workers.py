@@ -78,6 +78,26 @@ def children_of(pid: int) -> set[int]:
     return out
 
 
+def workers_of(supervisor: int) -> set[int]:
+    """Every live worker process started by `supervisor`, wherever it was reparented."""
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"--supervised-as" in argv and argv[argv.index(b"--supervised-as") + 1].endswith(
+                    f",parent={supervisor}".encode()) and alive(int(entry.name)):
+                out.add(int(entry.name))
+    return out
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    text = (Path("/proc") / str(pid) / "environ").read_text()
+    return dict(entry.split("=", 1) for entry in text.split("\0") if "=" in entry)
+
+
 def alive(pid: int) -> bool:
     try:
         return (Path("/proc") / str(pid) / "stat").read_text().rpartition(")")[2].split()[0] != "Z"
@@ -198,9 +218,7 @@ async def test_one_signal_stops_every_worker(procs, livepush_env, pg_url, secret
     child, port = await start_workers(procs, livepush_env(database_url=pg_url, drain_seconds=drain),
                                       "--workers", "2")
     pids = set((await workers_by_index(port, 2)).values())
-    metrics_dir = dict(
-        entry.split("=", 1) for entry in (Path("/proc") / str(min(pids)) / "environ").read_text().split("\0") if "=" in entry
-    )["PROMETHEUS_MULTIPROC_DIR"]
+    metrics_dir = environ_of(min(pids))["PROMETHEUS_MULTIPROC_DIR"]
     assert os.listdir(metrics_dir)
     clients = await open_clients(f"ws://127.0.0.1:{port}/", 20, topics.sign("room:stop", [secret]))
     assert {holder_of(c, port, pids) for c in clients} == pids
@@ -211,17 +229,31 @@ async def test_one_signal_stops_every_worker(procs, livepush_env, pg_url, secret
     if drain != "0":
         assert all(f.reason.startswith("retry=") for f in frames), [f.reason for f in frames]
     assert await child.await_exit(15) == 0, child.output()
-    await async_wait_for(lambda: not any(alive(p) for p in pids), timeout=5, message="every worker gone")
+    await async_wait_for(lambda: not workers_of(child.pid), timeout=5, message="every worker gone")
+    assert not any(alive(p) for p in pids)
     assert not os.path.exists(metrics_dir)
     assert "Traceback" not in child.stderr(), child.output()
+
+
+async def test_a_signal_while_the_workers_boot_stops_them_too(procs, livepush_env, pg_url) -> None:
+    """SIGTERM to the supervisor while its first worker is still booting: it stops, the
+    supervisor exits 0, and no worker is left."""
+    child = procs.livepush("serve", "--workers", "2", env=livepush_env(database_url=pg_url), wait_healthy=False)
+    await async_wait_for(lambda: workers_of(child.pid) or not child.running, timeout=BOOT,
+                         message="the first worker's process")
+    child.signal(signal.SIGTERM)
+    assert await child.await_exit(15) == 0, child.output()
+    await async_wait_for(lambda: not workers_of(child.pid), timeout=5, message="every worker gone")
+    assert "[worker 2 " not in child.stderr(), child.output()
 
 
 async def test_killing_the_supervisor_outright_stops_its_workers(procs, livepush_env) -> None:
     """kill -9 of the supervisor: its workers hear SIGTERM (they die with it) and exit."""
     child, port = await start_workers(procs, livepush_env(), "--workers", "2")
     pids = set((await workers_by_index(port, 2)).values())
+    assert workers_of(child.pid) == pids
     os.kill(child.pid, signal.SIGKILL)
-    await async_wait_for(lambda: not any(alive(p) for p in pids), timeout=10, message="every worker gone")
+    await async_wait_for(lambda: not workers_of(child.pid), timeout=10, message="every worker gone")
 
 
 # -- a worker that dies ---------------------------------------------------------------------------
