@@ -56,7 +56,9 @@ def django_db_url(pg_admin_url: str, pg_template: str) -> Iterator[str]:
         else:
             os.environ["LIVEPUSH_DATABASE_URL"] = before
     from django.core.management import call_command
+    from django.test.utils import setup_test_environment
 
+    setup_test_environment()  # as Django's test runner does: the test client's host is allowed
     call_command("migrate", verbosity=0)
     try:
         yield url

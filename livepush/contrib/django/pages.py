@@ -28,6 +28,9 @@ class Subscription:
         """`data-livepush-topic="..." data-livepush-since="..."`, escaped, for an element's tag."""
         return format_html('data-livepush-topic="{}" data-livepush-since="{}"', self.signed, self.since or "")
 
+    def __html__(self) -> str:  # how templates render it: the attributes, already escaped
+        return self.attrs()
+
     def __str__(self) -> str:
         return self.attrs()
 

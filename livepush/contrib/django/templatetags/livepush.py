@@ -13,9 +13,9 @@ from typing import Any
 
 from django import template
 
-from ... import api
+from .... import api
 from ..pages import Subscription, job_topic, subscription
-from ...jobs.api.handles import signed_for_page
+from ....jobs.api.handles import signed_for_page
 
 register = template.Library()
 
