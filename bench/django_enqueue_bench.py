@@ -57,9 +57,11 @@ def configure_django(url: str) -> Any:
                                "PORT": str(parts.port or "")}},
         TASKS={"default": {"BACKEND": "livepush.contrib.django.LivePushBackend"}})
     django.setup()
+    from django_enqueue_bench import work as importable  # the runtime imports tasks by path, never from __main__
+
     from livepush.contrib.django.tasks_api import Task
 
-    return Task(func=work)
+    return Task(func=importable)
 
 
 def main() -> None:

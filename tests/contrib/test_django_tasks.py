@@ -15,8 +15,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from livepush import jobs
-from livepush.contrib.django import LivePushBackend, RUN_TASK, request, task_group
-from livepush.contrib.django.tasks_api import TaskResultDoesNotExist, TaskResultStatus, task_backends
+from livepush.contrib.django import RUN_TASK, LivePushBackend, TaskNotSupported, request, task_group
+from livepush.contrib.django.tasks_api import InvalidTask, Task, TaskResultDoesNotExist, TaskResultStatus, task_backends
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.usefixtures("django_site")
@@ -198,6 +198,17 @@ def test_max_attempts_option_retries_a_failing_task(t: Any) -> None:
     again = backend.get_result(result.id)
     assert again.status == TaskResultStatus.READY and again.attempts == 1
     assert again.errors[0].exception_class is t.Declined
+
+
+def test_a_task_defined_in_main_is_refused(t: Any) -> None:
+    """A task the runtime could not import by its path (defined in __main__) is refused with TaskNotSupported."""
+    def main_func() -> None: ...
+
+    main_func.__module__ = "__main__"
+    main_func.__qualname__ = "main_func"
+    with pytest.raises(TaskNotSupported, match="__main__") as refused:
+        Task(func=main_func)
+    assert isinstance(refused.value, InvalidTask)  # caught where Django code catches a refused task
 
 
 def test_backend_capabilities(t: Any) -> None:

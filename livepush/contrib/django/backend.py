@@ -24,7 +24,7 @@ from django.db import connections
 from django.utils import timezone
 
 from ... import jobs
-from .errors import TransactionNotSupported
+from .errors import TaskNotSupported, TransactionNotSupported
 from .execution import RUN_TASK
 from .groups import current_group
 from .results import job_id_of, result_of
@@ -75,7 +75,25 @@ class LivePushBackend(BaseTaskBackend):
         self.max_attempts = attempts
         self._specs: dict[tuple[str, int], TaskSpec] = {}
         self._joinable: set[str] = set()  # Django databases checked to hold livepush's tables
+        self._valid: set[tuple[Any, ...]] = set()  # tasks (as validate_task reads them) that passed
         self._lock = threading.Lock()
+
+    def validate_task(self, task: Task) -> None:
+        """Django's checks, and livepush's: the runtime must be able to import the task by its path.
+        A task without run_after that passed once passes again (its other fields are what the
+        checks read, and the backend's queues do not change), so it is not checked again: the
+        checks read the function's signature, which cost more than the rest of an enqueue's Python."""
+        key = (task.func, task.priority, task.queue_name, task.takes_context)
+        if task.run_after is None and key in self._valid:
+            return
+        super().validate_task(task)
+        if task.func.__module__ == "__main__":
+            raise TaskNotSupported(
+                f"task {task.name} is defined in __main__, which the job runtime cannot import by its path: "
+                "define it in a module of your project (e.g. myapp/tasks.py)")
+        if task.run_after is None:
+            with self._lock:
+                self._valid.add(key)
 
     def spec(self, task: Task) -> TaskSpec:
         """The job spec of `task`'s queue and priority (one object per pair, made once)."""
