@@ -4,8 +4,9 @@
     .venv/bin/python bench/django_enqueue_bench.py              # throwaway durable PostgreSQL, 7 rounds
     .venv/bin/python bench/django_enqueue_bench.py --pg-url postgresql://postgres@127.0.0.1:5432/postgres
 
-Measured in one run, rounds interleaved so drift hits every variant alike (medians shown), 1,000
-sync enqueues per variant and round, each its own transaction:
+Measured in one run, 1,000 sync enqueues per variant and round, each its own transaction, in
+blocks of 50 that alternate between the variants, so that this machine's drift (several times
+over, from one second to the next, with fsync on) hits every variant alike; medians of the rounds:
 - direct: `run_task.enqueue(path, args, kwargs)`, the livepush job a Django task becomes;
 - django: `some_task.enqueue(n)` through the backend (validate the task, build the TaskResult,
   the same insert, send task_enqueued);
@@ -37,6 +38,7 @@ from jobs_bench import lp_setup, lp_truncate  # noqa: E402
 from livepush.jobs import database  # noqa: E402
 
 N = 1000
+BLOCK = 50
 
 
 def work(n: int) -> int:
@@ -86,25 +88,25 @@ def main() -> None:
 
         path = bench_task.module_path
 
-        def direct() -> None:
-            for n in range(N):
+        def direct(count: int) -> None:
+            for n in range(count):
                 run_task.enqueue(path, [n], {})
 
-        def django_enqueue() -> None:
-            for n in range(N):
+        def django_enqueue(count: int) -> None:
+            for n in range(count):
                 bench_task.enqueue(n)
 
-        def direct_tx() -> None:
-            for n in range(N):
+        def direct_tx(count: int) -> None:
+            for n in range(count):
                 with transaction.atomic():
                     run_task.enqueue(path, [n], {}, conn=connection.connection)
 
-        def django_tx() -> None:
-            for n in range(N):
+        def django_tx(count: int) -> None:
+            for n in range(count):
                 with transaction.atomic():
                     bench_task.enqueue(n)
 
-        variants: dict[str, Callable[[], None]] = {"direct": direct, "django": django_enqueue,
+        variants: dict[str, Callable[[int], None]] = {"direct": direct, "django": django_enqueue,
                                                    "direct, in atomic()": direct_tx,
                                                    "django, in atomic()": django_tx}
         with database.pools().sync().connection():
@@ -113,11 +115,15 @@ def main() -> None:
         print(f"Tasks framework: {MODULE} (Django {django_version()})", flush=True)
         rates: dict[str, list[float]] = {name: [] for name in variants}
         for r in range(args.rounds):
-            for name, fn in variants.items():
-                lp_truncate(url)
-                t = time.perf_counter()
-                fn()
-                rates[name].append(N / (time.perf_counter() - t))
+            lp_truncate(url)
+            spent = dict.fromkeys(variants, 0.0)
+            for _ in range(N // BLOCK):
+                for name, fn in variants.items():
+                    t = time.perf_counter()
+                    fn(BLOCK)
+                    spent[name] += time.perf_counter() - t
+            for name in variants:
+                rates[name].append(N / spent[name])
             print(f"  round {r + 1}: " + ", ".join(f"{n} {v[-1]:,.0f}/s" for n, v in rates.items()), flush=True)
         med = {name: statistics.median(v) for name, v in rates.items()}
         for name, rate in med.items():
