@@ -1,7 +1,7 @@
 """Django backend benchmark (not a test): what enqueueing through Django's Tasks framework
 (livepush.contrib.django.LivePushBackend) costs over livepush's own enqueue() of the same job.
 
-    .venv/bin/python bench/django_enqueue_bench.py              # throwaway durable PostgreSQL, 7 rounds
+    .venv/bin/python bench/django_enqueue_bench.py              # throwaway durable PostgreSQL, 9 rounds
     .venv/bin/python bench/django_enqueue_bench.py --pg-url postgresql://postgres@127.0.0.1:5432/postgres
 
 Measured in one run, 1,000 sync enqueues per variant and round, each its own transaction, in
@@ -19,7 +19,6 @@ The goal (docs/frameworks.md, Django) is the Django enqueue at most 1.2x the dir
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -28,11 +27,9 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-import psycopg
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _services import Services  # noqa: E402
+from _services import Services, ratio_bench_args, ratio_bench_postgres  # noqa: E402
 from jobs_bench import lp_setup, lp_truncate  # noqa: E402
 
 from livepush.jobs import database  # noqa: E402
@@ -59,7 +56,9 @@ def configure_django(url: str) -> Any:
                                "PORT": str(parts.port or "")}},
         TASKS={"default": {"BACKEND": "livepush.contrib.django.LivePushBackend"}})
     django.setup()
-    from django_enqueue_bench import work as importable  # the runtime imports tasks by path, never from __main__
+    from django_enqueue_bench import (
+        work as importable,  # the runtime imports tasks by path, never from __main__
+    )
 
     from livepush.contrib.django.tasks_api import Task
 
@@ -67,18 +66,10 @@ def configure_django(url: str) -> Any:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pg-url", help="an admin URL of a running PostgreSQL (a scratch database is made there)")
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--pg-no-fsync", action="store_true", help="throwaway PostgreSQL with fsync=off (CPU cost only)")
-    args = ap.parse_args()
+    args = ratio_bench_args(__doc__, rounds=9)
     services = Services()
     try:
-        admin = args.pg_url or services.start_postgres(0, durable=not args.pg_no_fsync)
-        with psycopg.connect(admin) as c:
-            version = c.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-            fsync = c.execute("SHOW fsync").fetchone()[0]  # type: ignore[index]
-        print(f"PostgreSQL {version} (fsync={fsync}), {os.cpu_count()} cores, {args.rounds} rounds", flush=True)
+        admin = ratio_bench_postgres(services, args)
         url = lp_setup(admin)
         bench_task = configure_django(url)
         from django.db import connection, transaction

@@ -5,8 +5,8 @@ with it, run_after, priorities, queues, context, progress, task groups, and what
 from __future__ import annotations
 
 import importlib
-from typing import Any
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -15,8 +15,20 @@ from django.db import transaction
 from django.utils import timezone
 
 from livepush import jobs
-from livepush.contrib.django import RUN_TASK, LivePushBackend, TaskNotSupported, request, task_group
-from livepush.contrib.django.tasks_api import InvalidTask, Task, TaskResultDoesNotExist, TaskResultStatus, task_backends
+from livepush.contrib.django import (
+    RUN_TASK,
+    LivePushBackend,
+    TaskNotSupported,
+    request,
+    task_group,
+)
+from livepush.contrib.django.tasks_api import (
+    InvalidTask,
+    Task,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_backends,
+)
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.usefixtures("django_site")

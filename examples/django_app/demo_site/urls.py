@@ -2,9 +2,9 @@
 
 from django.contrib.auth.views import LogoutView
 from django.urls import path
+from progress_demo import views
 
 from livepush.contrib.django.views import client_js
-from progress_demo import views
 
 urlpatterns = [
     path("", views.index, name="index"),

@@ -34,7 +34,7 @@ _NAMES = {
     "TransactionNotSupported": ".errors",
 }
 
-__all__ = sorted(_NAMES)
+__all__ = list(_NAMES)
 
 
 def __getattr__(name: str) -> Any:

@@ -28,7 +28,14 @@ from .errors import TaskNotSupported, TransactionNotSupported
 from .execution import RUN_TASK
 from .groups import current_group
 from .results import job_id_of, result_of
-from .tasks_api import BaseTaskBackend, Task, TaskResult, TaskResultStatus, set_attr, task_enqueued
+from .tasks_api import (
+    BaseTaskBackend,
+    Task,
+    TaskResult,
+    TaskResultStatus,
+    set_attr,
+    task_enqueued,
+)
 
 OPTIONS = frozenset({"DATABASE_URL", "DATABASE", "ENQUEUE_ON_COMMIT", "MAX_ATTEMPTS"})
 

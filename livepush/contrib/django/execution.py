@@ -18,8 +18,16 @@ from django.utils.module_loading import import_string
 
 from ... import jobs
 from .errors import failure_of
-from .tasks_api import (Task, TaskContext, TaskResult, TaskResultStatus, normalize_json, set_attr, task_finished,
-                        task_started)
+from .tasks_api import (
+    Task,
+    TaskContext,
+    TaskResult,
+    TaskResultStatus,
+    normalize_json,
+    set_attr,
+    task_finished,
+    task_started,
+)
 
 RUN_TASK = "livepush.contrib.django.run_task"
 

@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-
 from ... import jobs
 from .execution import run_task
 from .tasks_api import Task, normalize_json, task_backends

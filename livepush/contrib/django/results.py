@@ -21,7 +21,13 @@ from ...jobs import JobInfo
 from ...jobs import errors as job_errors
 from .errors import TaskFailed
 from .execution import RUN_TASK, load_task
-from .tasks_api import TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus, set_attr
+from .tasks_api import (
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    set_attr,
+)
 
 STATUS = {
     "available": TaskResultStatus.READY,

@@ -12,6 +12,7 @@ from django.apps import apps
 if not apps.ready:
     django.setup()
 
-from .execution import RUN_TASK, run_task  # noqa: E402  (registers the job, once Django is set up)
+# Only now: the job's module imports Django's models and signals, which need the apps loaded.
+from .execution import RUN_TASK, run_task
 
 __all__ = ["RUN_TASK", "run_task"]

@@ -14,8 +14,8 @@ from typing import Any
 from django import template
 
 from .... import api
-from ..pages import Subscription, job_topic, subscription
 from ....jobs.api.handles import signed_for_page
+from ..pages import Subscription, job_topic, subscription
 
 register = template.Library()
 
