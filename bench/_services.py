@@ -9,6 +9,7 @@ ephemeral range, where someone else's server may be about to listen).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import glob
 import os
@@ -123,6 +124,26 @@ class Services:
                     time.sleep(0.05)
             self.redis_pidfile = None
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def ratio_bench_args(doc: str | None, rounds: int) -> argparse.Namespace:
+    """The arguments of a benchmark that compares enqueue variants on one PostgreSQL:
+    --pg-url, --rounds, --pg-no-fsync."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pg-url", help="an admin URL of a running PostgreSQL (a scratch database is made there)")
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--pg-no-fsync", action="store_true", help="throwaway PostgreSQL with fsync=off (CPU cost only)")
+    return ap.parse_args()
+
+
+def ratio_bench_postgres(services: Services, args: argparse.Namespace) -> str:
+    """The admin URL of `args.pg_url`, else of a throwaway cluster; prints its version and fsync."""
+    admin = args.pg_url or services.start_postgres(0, durable=not args.pg_no_fsync)
+    with psycopg.connect(admin) as c:
+        version = c.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+        fsync = c.execute("SHOW fsync").fetchone()[0]  # type: ignore[index]
+    print(f"PostgreSQL {version} (fsync={fsync}), {os.cpu_count()} cores, {args.rounds} rounds", flush=True)
+    return admin
 
 
 def migrate(url: str) -> None:

@@ -14,18 +14,15 @@ The goal (docs/jobs.md "Enqueue options") is a keyed enqueue at most 1.3x a plai
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
 
-import psycopg
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _services import Services  # noqa: E402
+from _services import Services, ratio_bench_args, ratio_bench_postgres  # noqa: E402
 from jobs_bench import lp_setup, lp_truncate, noop_job  # noqa: E402
 
 from livepush.jobs import database, enqueue_many  # noqa: E402
@@ -85,19 +82,10 @@ RATIOS = [("one, fresh key", "one, no key"), ("one, key held", "one, no key"), (
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pg-url", help="an admin URL of a running PostgreSQL (a scratch database is made there)")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--pg-no-fsync", action="store_true", help="throwaway PostgreSQL with fsync=off (CPU cost only)")
-    args = ap.parse_args()
+    args = ratio_bench_args(__doc__, rounds=5)
     services = Services()
     try:
-        admin = args.pg_url or services.start_postgres(0, durable=not args.pg_no_fsync)
-        with psycopg.connect(admin) as c:
-            version = c.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-        with psycopg.connect(admin) as c:
-            fsync = c.execute("SHOW fsync").fetchone()[0]  # type: ignore[index]
-        print(f"PostgreSQL {version} (fsync={fsync}), {os.cpu_count()} cores, {args.rounds} rounds", flush=True)
+        admin = ratio_bench_postgres(services, args)
         url = lp_setup(admin)
         with database.pools().sync().connection():
             pass  # the pool is open before any clock starts
