@@ -67,6 +67,7 @@ import psycopg
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _procs import Child  # noqa: E402
 from _services import Services, commit_timestamped_postgres, dbos_version  # noqa: E402
 from jobs_bench import drop_db, make_db, run  # noqa: E402
 
@@ -329,47 +330,6 @@ def with_parked(url: str, n: int, parked_n: int) -> dict[str, float]:
 
 
 # -- kill -9 and recovery (both systems) ---------------------------------------------------------
-class Child:
-    """A subprocess whose output lines are read by a thread, so every wait on them is bounded."""
-
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        self.lines: queue.Queue[tuple[float, str]] = queue.Queue()
-        self.tail: collections.deque[str] = collections.deque(maxlen=40)
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put((time.time(), line.rstrip("\n")))
-        self.lines.put((time.time(), ""))  # end of output
-
-    def wait_for(self, match: Callable[[str], bool], timeout: float, what: str) -> tuple[float, str]:
-        """(time read, line) of the next line that matches."""
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                at, line = self.lines.get(timeout=max(left, 0.0))
-            except queue.Empty:
-                raise TimeoutError(f"{what}: nothing within {timeout:g} s; last output:\n" + "\n".join(self.tail)) from None
-            if not line and self.proc.poll() is not None:
-                raise RuntimeError(f"{what}: the process exited ({self.proc.returncode}); last output:\n"
-                                   + "\n".join(self.tail))
-            self.tail.append(line)
-            if match(line):
-                return at, line
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
 def emitted(line: str) -> list[str] | None:
     """The words of a line job code printed (the last one its time.time()), else None."""
     words = line.split()
