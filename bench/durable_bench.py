@@ -422,7 +422,6 @@ def figures(ctx: report.Context) -> list[report.Figure]:
     with livepush_db(ctx.pg_admin_url, "bench_durable_livepush") as lp_url:
         dbos_url = make_db(ctx.pg_admin_url, "bench_durable_dbos")
         try:
-            dbos_call(bench_py, dbos_url, "install")
             elsewhere = other_node_prefix()
             if elsewhere is None:
                 report.note("  cannot run a process in a pid namespace of its own (needs root and unshare): the "

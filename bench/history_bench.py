@@ -23,7 +23,7 @@ In one run:
    `subscribe` to receiving the last missed message, for each fan-out; the local fan-out, which
    replays from memory, is the baseline of the other two.
 
-Messages are ~200 bytes of JSON. Each measurement runs 3 s (1 s with --quick). The listener
+Messages are ~200 bytes of JSON. Each measurement runs 3 s (0.5 s with --quick). The listener
 process is this file run with `--listener` (the one entry it keeps).
 """
 
@@ -405,7 +405,7 @@ FAMILIES = (("postgres", "pg_notify", "Postgres", "pg_notify"), ("redis", "redis
 
 async def measure(ctx: report.Context, url: str) -> tuple[dict, dict]:
     """Throughput and latency of each side, then the replays: ({side: {case: result}}, {fan-out: ms})."""
-    seconds, replay_n = (1.0, 2_000) if ctx.quick else (3.0, 10_000)
+    seconds, replay_n = (0.5, 2_000) if ctx.quick else (3.0, 10_000)
     why = redis_fanout_available()
     if why:
         raise RuntimeError(f"livepush's Redis fan-out is not available: {why}")

@@ -7,7 +7,8 @@ system gets its own scratch database on the same server.
 
 Measured, with livepush's state topics on (every change of a job bumps its version and rings
 the servers, as in production; the peers ring nothing):
-- enqueue one at a time (1,000 jobs, one transaction each) and in bulk (calls of 1,000);
+- enqueue one at a time (1,000 jobs, one transaction each; 250 with --quick) and in bulk (calls
+  of 1,000);
 - N no-op async jobs drained by one process at concurrency 10 (jobs/s, until the last outcome
   is written), and by two processes at concurrency 10 each (livepush: two `livepush jobs`
   processes, started on a paused queue that is then resumed; the peers: two workers told to go
@@ -99,16 +100,22 @@ def lp_fill(url: str, n: int) -> None:
         enqueue_many([noop_job.request() for _ in range(1000)])
 
 
+def singles(n: int) -> int:
+    """Jobs enqueued one at a time beside n in bulk: 1,000 for the full 20,000 (the drivers agree)."""
+    return max(100, min(1000, n // 20))
+
+
 def lp_enqueue(url: str, n: int) -> dict[str, float]:
     # Connections are opened before the clock starts, as the competitors' drivers connect
     # before theirs: opening a pool is not enqueue throughput.
     async def one() -> float:
         async with (await database.pools().aget()).connection():
             pass
+        ones = singles(n)
         t = time.perf_counter()
-        for _ in range(1000):
+        for _ in range(ones):
             await noop_job.aenqueue()
-        rate = 1000 / (time.perf_counter() - t)
+        rate = ones / (time.perf_counter() - t)
         await database.release_loop()
         return rate
 
@@ -279,7 +286,7 @@ def figures(ctx: report.Context) -> list[report.Figure]:
     against procrastinate, and processing against the bare loop."""
     if ctx.bench_python is None:
         raise RuntimeError("no .venv-bench with the peers: run bin/bench, which makes it")
-    n, pickups, rounds_n = (5_000, 100, 1) if ctx.quick else (20_000, 300, 2)
+    n, pickups, rounds_n = (5_000, 50, 1) if ctx.quick else (20_000, 300, 2)
     rounds = report.Rounds()
     with livepush_db(ctx.pg_admin_url, "bench_livepush") as lp_url:
         systems: dict[str, dict[str, Callable[[], dict[str, float]]]] = {"livepush": {

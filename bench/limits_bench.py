@@ -6,7 +6,7 @@ Figures, each from child processes (this file run with `--child`, the one entry 
   `concurrency=("key", 2)` and a distinct key each (no key ever collides, so the limit never
   binds), against the same jobs without a limit. The goal: within 10 %.
 - rate: jobs declared `rate="100/s"` and two runtime processes of 20 slots: starts counted over
-  the window (30 s; 8 s with --quick) after the first one, against the 100/s asked. The goal:
+  the window (30 s; 5 s with --quick) after the first one, against the 100/s asked. The goal:
   within 5 %.
 - plain path (full runs on a branch only: skipped when the tree's HEAD is main's commit): the
   jobs without limits with this tree's code against main's (exported to a temp dir), rounds
@@ -156,7 +156,7 @@ def head_is_main() -> bool:
 def figures(ctx: report.Context) -> list[report.Figure]:
     """The never-binding limit against none, the rate against the asked one, and (full runs on a
     branch) this tree's plain path against main's."""
-    n, rounds_n, window = (3_000, 1, 8.0) if ctx.quick else (10_000, 3, 30.0)
+    n, rounds_n, window = (3_000, 1, 5.0) if ctx.quick else (10_000, 3, 30.0)
     with_base = not ctx.quick and not head_is_main()
     base_dir = tempfile.mkdtemp(prefix="livepush-base-", dir=ctx.workdir)
     names = ["plain", "limited"] + (["base"] if with_base else [])

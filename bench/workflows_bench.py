@@ -314,7 +314,6 @@ def figures(ctx: report.Context) -> list[report.Figure]:
     with livepush_db(ctx.pg_admin_url, "bench_workflows_livepush") as lp_url:
         dbos_url = make_db(ctx.pg_admin_url, "bench_workflows_dbos")
         try:
-            dbos_call(bench_py, dbos_url, "install")
             pairs: list[list[tuple[str, str, Callable[[], dict[str, Any]]]]] = [
                 [("livepush", "one at a time", lambda: lp_seq(lp_url, seq_n, True)),
                  ("DBOS", "one at a time", lambda: {"seq_steps": dbos_call(bench_py, dbos_url, "seq", seq_n)["seq_steps"]})],

@@ -43,7 +43,7 @@ async def _clear(q: Queries) -> None:
 async def enqueue(url: str, n: int) -> dict:
     pool, q = await _queries(url)
     await _clear(q)
-    ones = 1000
+    ones = max(100, min(1000, n // 20))  # as jobs_bench.singles()
     t = time.perf_counter()
     for _ in range(ones):
         await q.enqueue("noop", None)

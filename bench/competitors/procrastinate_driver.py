@@ -58,7 +58,7 @@ async def install(n: int) -> dict:
 async def enqueue(n: int) -> dict:
     async with app.open_async():
         await _clear()
-        ones = 1000
+        ones = max(100, min(1000, n // 20))  # as jobs_bench.singles()
         t = time.perf_counter()
         for _ in range(ones):
             await noop.defer_async()
