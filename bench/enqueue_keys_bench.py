@@ -1,10 +1,10 @@
 """Enqueue options suite: what an idempotency key costs an enqueue (docs/jobs.md#enqueue-options).
 
 Measured in one run, rounds interleaved so drift hits every variant alike (medians reported):
-- one at a time: 1,000 sync enqueues, each its own transaction, without a key, with a fresh key
+- one at a time: 1,000 sync enqueues (300 with --quick), each its own transaction, without a key, with a fresh key
   each (the insert path: lock, look up, insert), and with a key an unfinished job holds (the
   hit: lock, look up, nothing written);
-- bulk: 10 enqueue_many calls of 1,000 (job, args, options) items, without keys and with a
+- bulk: 10 enqueue_many calls of 1,000 (3 with --quick) (job, args, options) items, without keys and with a
   fresh key per job.
 The goal is a keyed enqueue costing at most 1.3x a plain one: a rate at least 1/1.3 of it.
 """
@@ -24,8 +24,7 @@ from jobs_bench import lp_truncate, noop_job  # noqa: E402
 
 from livepush.jobs import database, enqueue_many  # noqa: E402
 
-ONE = 1000
-BULK_CALLS, BULK_SIZE = 10, 1000
+BULK_SIZE = 1000
 _seq = [0]
 
 
@@ -34,44 +33,45 @@ def fresh() -> str:
     return f"bench:{_seq[0]}"
 
 
-def one_plain(url: str) -> float:
+def one_plain(n: int) -> float:
     t = time.perf_counter()
-    for _ in range(ONE):
+    for _ in range(n):
         noop_job.enqueue()
-    return ONE / (time.perf_counter() - t)
+    return n / (time.perf_counter() - t)
 
 
-def one_keyed(url: str) -> float:
-    keys = [fresh() for _ in range(ONE)]
+def one_keyed(n: int) -> float:
+    keys = [fresh() for _ in range(n)]
     t = time.perf_counter()
     for k in keys:
         noop_job.enqueue(key=k)
-    return ONE / (time.perf_counter() - t)
+    return n / (time.perf_counter() - t)
 
 
-def one_held(url: str) -> float:
+def one_held(n: int) -> float:
     noop_job.enqueue(key="bench:held")
     t = time.perf_counter()
-    for _ in range(ONE):
+    for _ in range(n):
         noop_job.enqueue(key="bench:held")
-    return ONE / (time.perf_counter() - t)
+    return n / (time.perf_counter() - t)
 
 
-def bulk_plain(url: str) -> float:
+def bulk_plain(n: int) -> float:
     t = time.perf_counter()
-    for _ in range(BULK_CALLS):
+    for _ in range(n // 100):
         enqueue_many([(noop_job, [], {}) for _ in range(BULK_SIZE)])
-    return BULK_CALLS * BULK_SIZE / (time.perf_counter() - t)
+    return n // 100 * BULK_SIZE / (time.perf_counter() - t)
 
 
-def bulk_keyed(url: str) -> float:
+def bulk_keyed(n: int) -> float:
     t = time.perf_counter()
-    for _ in range(BULK_CALLS):
+    for _ in range(n // 100):
         enqueue_many([(noop_job, [], {"key": fresh()}) for _ in range(BULK_SIZE)])
-    return BULK_CALLS * BULK_SIZE / (time.perf_counter() - t)
+    return n // 100 * BULK_SIZE / (time.perf_counter() - t)
 
 
-VARIANTS: dict[str, Callable[[str], float]] = {
+# Each variant is given n, the enqueues one at a time; the bulk ones make n / 100 calls of 1,000.
+VARIANTS: dict[str, Callable[[int], float]] = {
     "one, no key": one_plain, "one, fresh key": one_keyed, "one, key held": one_held,
     "bulk, no key": bulk_plain, "bulk, fresh keys": bulk_keyed,
 }
@@ -89,10 +89,11 @@ def figures(ctx: report.Context) -> list[report.Figure]:
     with livepush_db(ctx.pg_admin_url, "bench_enqueue_keys") as url:
         with database.pools().sync().connection():
             pass  # the pool is open before any clock starts
+        n = 300 if ctx.quick else 1000
         for r in range(1 if ctx.quick else 5):
             for name, fn in VARIANTS.items():
                 lp_truncate(url)
-                rounds.add(name, {"rate": fn(url)})
+                rounds.add(name, {"rate": fn(n)})
             report.note(f"  round {r + 1}: " + ", ".join(
                 f"{n} {rounds.samples[n, 'rate'][-1]:,.0f}/s" for n in VARIANTS))
     return [report.Figure(label, rounds.median(keyed, "rate") or 0.0, "jobs/s", plain,

@@ -287,12 +287,14 @@ def figures(ctx: report.Context) -> list[report.Figure]:
     if ctx.bench_python is None:
         raise RuntimeError("no .venv-bench with the peers: run bin/bench, which makes it")
     n, pickups, rounds_n = (5_000, 50, 1) if ctx.quick else (20_000, 300, 2)
+    # procrastinate, some 20x slower, would take half of a quick run: full runs only.
+    peers = PEERS[:1] if ctx.quick else PEERS
     rounds = report.Rounds()
     with livepush_db(ctx.pg_admin_url, "bench_livepush") as lp_url:
         systems: dict[str, dict[str, Callable[[], dict[str, float]]]] = {"livepush": {
             "enqueue": lambda: lp_enqueue(lp_url, n), "process": lambda: lp_process(lp_url, n),
             "process_two": lambda: lp_process_two(lp_url, n), "pickup": lambda: lp_pickup(lp_url, pickups)}}
-        for name in PEERS:
+        for name in peers:
             url = make_db(ctx.pg_admin_url, f"bench_{name}")
             call = peer(ctx.bench_python, name, url)
             call("install", 0)
@@ -314,7 +316,7 @@ def figures(ctx: report.Context) -> list[report.Figure]:
                                         + ", ".join(f"{k} {v:,.1f}" for k, v in got.items())
                                         + f"  ({time.perf_counter() - t:.1f} s)")
         finally:
-            for name in PEERS:
+            for name in peers:
                 drop_db(ctx.pg_admin_url, f"bench_{name}")
     out = []
     for label, key, unit, higher, goals in FIGURES:

@@ -14,10 +14,10 @@ step is a job (the step's end, in its job's outcome transaction, enqueues the ne
 
 Measured, per round (interleaved: each round runs every figure for both sides, the order of each
 pair alternating by round, so drift hits both alike):
-a. one run at a time: 100 runs (30 with --quick), each started (flow.astart) once the one before finished;
+a. one run at a time: 100 runs (15 with --quick), each started (flow.astart) once the one before finished;
    DBOS: the workflow called as many times in one thread (after a warm-up call).
    steps/s = runs x 10 / the time from the first start to the last run finished.
-b. 300 runs at once (100 with --quick): started before the runtime starts, timed from its start (registered
+b. 300 runs at once (50 with --quick): started before the runtime starts, timed from its start (registered
    and listening: its startup is not counted, as DBOS's launch is not) until every run finished;
    DBOS: the workflows enqueued on a paused queue, then released at worker_concurrency=10, polled
    every 10 ms. steps/s as above.
@@ -309,7 +309,7 @@ def figures(ctx: report.Context) -> list[report.Figure]:
     if ctx.bench_python is None:
         raise RuntimeError("no .venv-bench with DBOS: run bin/bench, which makes it")
     bench_py = ctx.bench_python
-    rounds_n, seq_n, conc_n, members_n = (1, 30, 100, 2_000) if ctx.quick else (3, 100, 300, 10_000)
+    rounds_n, seq_n, conc_n, members_n = (1, 15, 50, 2_000) if ctx.quick else (3, 100, 300, 10_000)
     rounds = report.Rounds()
     with livepush_db(ctx.pg_admin_url, "bench_workflows_livepush") as lp_url:
         dbos_url = make_db(ctx.pg_admin_url, "bench_workflows_dbos")
