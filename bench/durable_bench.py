@@ -56,8 +56,8 @@ import psycopg
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _procs import Child  # noqa: E402
 import report  # noqa: E402
+from _procs import Child  # noqa: E402
 from _services import drop_db, livepush_db, make_db  # noqa: E402
 from jobs_bench import run  # noqa: E402
 

@@ -15,6 +15,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -114,6 +115,8 @@ def run_suite(name: str, ctx: report.Context) -> tuple[list[report.Figure], str 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM (a CI timeout, kill) unwinds like Ctrl-C, so the finally below stops the services.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     bench_python = os.path.join(ROOT, ".venv-bench", "bin", "python")
     services = Services()
     workdir = tempfile.mkdtemp(prefix="livepush-bench-run-")

@@ -43,11 +43,9 @@ import report  # noqa: E402
 from _procs import Child  # noqa: E402
 from _services import drop_db, livepush_db, make_db  # noqa: E402
 
-from livepush import config  # noqa: E402
 from livepush.jobs import database, enqueue_many, job  # noqa: E402
 from livepush.jobs.api.registry import Registry  # noqa: E402
 from livepush.jobs.runtime.runtime import Runtime  # noqa: E402
-from livepush.migrate import migrate  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
