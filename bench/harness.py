@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         redis_url = services.start_redis(args.redis_port)
         ctx = report.Context(pg_admin_url=pg_admin, redis_url=redis_url, quick=args.quick, workdir=workdir,
                              bench_python=bench_python if os.path.exists(bench_python) else None)
-        print("command: bin/bench " + shlex.join(sys.argv[1:] if argv is None else argv))
+        print(("command: bin/bench " + shlex.join(sys.argv[1:] if argv is None else argv)).rstrip())
         for line in machine(pg_admin, redis_url, ctx.bench_python):
             print(line)
         print(flush=True)
