@@ -1,8 +1,7 @@
 """Django backend benchmark (not a test): what enqueueing through Django's Tasks framework
 (livepush.contrib.django.LivePushBackend) costs over livepush's own enqueue() of the same job.
 
-    .venv/bin/python bench/django_enqueue_bench.py              # throwaway durable PostgreSQL, 9 rounds
-    .venv/bin/python bench/django_enqueue_bench.py --pg-url postgresql://postgres@127.0.0.1:5432/postgres
+    bin/bench --only django                  # the harness' `django` suite: 9 rounds (1 with --quick)
 
 Measured in one run, 1,000 sync enqueues per variant and round, each its own transaction, in
 blocks of 50 that alternate between the variants, so that this machine's drift (several times
@@ -20,7 +19,6 @@ The goal (docs/frameworks.md, Django) is the Django enqueue at most 1.2x the dir
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -29,8 +27,9 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _services import Services, ratio_bench_args, ratio_bench_postgres  # noqa: E402
-from jobs_bench import lp_setup, lp_truncate  # noqa: E402
+import report  # noqa: E402
+from _services import livepush_db  # noqa: E402
+from jobs_bench import lp_truncate  # noqa: E402
 
 from livepush.jobs import database  # noqa: E402
 
@@ -65,12 +64,10 @@ def configure_django(url: str) -> Any:
     return Task(func=importable)
 
 
-def main() -> None:
-    args = ratio_bench_args(__doc__, rounds=9)
-    services = Services()
-    try:
-        admin = ratio_bench_postgres(services, args)
-        url = lp_setup(admin)
+def figures(ctx: report.Context) -> list[report.Figure]:
+    """The Django enqueue's rate against the direct one, alone and inside atomic()."""
+    rounds = report.Rounds()
+    with livepush_db(ctx.pg_admin_url, "bench_django") as url:
         bench_task = configure_django(url)
         from django.db import connection, transaction
 
@@ -103,33 +100,29 @@ def main() -> None:
         with database.pools().sync().connection():
             pass  # the pools are open before any clock starts
         connection.ensure_connection()
-        print(f"Tasks framework: {MODULE} (Django {django_version()})", flush=True)
-        rates: dict[str, list[float]] = {name: [] for name in variants}
-        for r in range(args.rounds):
+        report.note(f"Tasks framework: {MODULE} (Django {django_version()})")
+        n = 200 if ctx.quick else N
+        for r in range(1 if ctx.quick else 9):
             lp_truncate(url)
             spent = dict.fromkeys(variants, 0.0)
-            for _ in range(N // BLOCK):
+            for _ in range(n // BLOCK):
                 for name, fn in variants.items():
                     t = time.perf_counter()
                     fn(BLOCK)
                     spent[name] += time.perf_counter() - t
             for name in variants:
-                rates[name].append(N / spent[name])
-            print(f"  round {r + 1}: " + ", ".join(f"{n} {v[-1]:,.0f}/s" for n, v in rates.items()), flush=True)
-        med = {name: statistics.median(v) for name, v in rates.items()}
-        for name, rate in med.items():
-            print(f"{name:26} {rate:10,.0f} jobs/s  {1e6 / rate:8.1f} µs/job")
-        print(f"cost ratio django / direct: {med['direct'] / med['django']:.2f}x (goal <= 1.2x)")
-        print(f"cost ratio in atomic(), django / direct: {med['direct, in atomic()'] / med['django, in atomic()']:.2f}x")
-    finally:
-        services.stop()
+                rounds.add(name, {"rate": n / spent[name]})
+            report.note(f"  round {r + 1}: " + ", ".join(
+                f"{name} {rounds.samples[name, 'rate'][-1]:,.0f}/s" for name in variants))
+        connection.close()
+    return [report.Figure(label, rounds.median(mine, "rate") or 0.0, "jobs/s", base, rounds.median(base, "rate"),
+                          goal=1 / 1.2)
+            for label, mine, base in [("enqueue through the Django backend", "django", "direct"),
+                                      ("enqueue through the Django backend in atomic()", "django, in atomic()",
+                                       "direct, in atomic()")]]
 
 
 def django_version() -> str:
     import django
 
     return django.get_version()
-
-
-if __name__ == "__main__":
-    main()
