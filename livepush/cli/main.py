@@ -30,6 +30,7 @@ def _settings(args: argparse.Namespace) -> config.Settings:
         "fanout": getattr(args, "fanout", None),
         "authenticate": getattr(args, "authenticate", None),
         "drain_seconds": getattr(args, "drain_seconds", None),
+        "core": getattr(args, "core", None),
     }
     settings = settings.replace(**overrides)
     config.set_settings(settings)
@@ -150,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     _log_format(p)
     p.add_argument("--drain-seconds", type=float, metavar="S",
                    help="on SIGTERM, close connections in batches over S seconds (default 0: all at once)")
+    p.add_argument("--core", choices=config.CORES,
+                   help="the WebSocket connection core: classic (default) or lean (LIVEPUSH_CORE)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("jobs", help="run the job runtime")
