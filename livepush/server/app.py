@@ -208,9 +208,6 @@ class PushServer:
         self._sessions[ws] = verdict.session
         return None
 
-    def _handshaking(self) -> int:
-        """Upgrades past the gate whose connection is not open yet."""
-        return len(self._sessions) + (self._lean.handshaking if self._lean is not None else 0)
 
     async def admit(self, request: Request) -> Response | Admitted:
         """Either core's gate: the answer to a plain HTTP request or a refused upgrade, else the
@@ -241,7 +238,9 @@ class PushServer:
         if self._draining:
             return drain.refusal(self.settings.drain_seconds)
         cap = self.settings.max_connections
-        if cap is not None and len(self.clients) + self._handshaking() >= cap:
+        # Upgrades past the gate whose handler has not started (classic); the lean core opens a
+        # connection in the same step as its gate's verdict.
+        if cap is not None and len(self.clients) + len(self._sessions) >= cap:
             self._quiet.debug("refused a connection: %d connections is LIVEPUSH_MAX_CONNECTIONS", cap)
             metrics.REFUSALS.labels("full").inc()
             return http.response(503, b"this server is full: retry shortly\n", Retry_After="5")

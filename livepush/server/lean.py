@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError
 from websockets.frames import BINARY, CONT, TEXT, CloseCode, Frame
@@ -28,13 +28,36 @@ from . import connection, frames
 from .backlog import Backlog, Kind
 from .limits import TokenBucket
 
-if TYPE_CHECKING:
-    from .leancore import LeanCore
-
 log = logging.getLogger("livepush.server")
 
 # Frames a client may send while its subscribe is being served before its reads are paused.
 INBOX_FRAMES = 16
+
+
+class Server(Protocol):
+    """What a connection asks of the server (app.PushServer)."""
+
+    def on_frame(self, client: Any, raw: str | bytes) -> Awaitable[None] | None: ...
+
+
+class Core(Protocol):
+    """What a connection asks of its core (leancore.LeanCore): the clock and the sweep's sets."""
+
+    server: Server
+    now: float
+    behind: set[Connection]
+
+    def new_protocol(self) -> ServerProtocol: ...
+
+    def opened_tcp(self, conn: Connection) -> None: ...
+
+    def is_opening(self, conn: Connection) -> bool: ...
+
+    def request_received(self, conn: Connection, request: Any) -> None: ...
+
+    def expect_close(self, conn: Connection) -> None: ...
+
+    def lost(self, conn: Connection) -> None: ...
 
 
 class Connection(asyncio.Protocol):
@@ -43,7 +66,7 @@ class Connection(asyncio.Protocol):
     __slots__ = ("core", "transport", "proto", "session", "topics", "closing", "paused", "backlog", "seen",
                  "ping_at", "deadline", "busy", "inbox", "partial", "_bad", "_subscribes", "_waiter")
 
-    def __init__(self, core: LeanCore) -> None:
+    def __init__(self, core: Core) -> None:
         self.core = core
         self.transport: Any = None
         self.proto = core.new_protocol()

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable
+from typing import Any, Protocol
 
 from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
@@ -32,9 +33,6 @@ from ..tasks import supervise
 from . import connection, frames
 from .lean import Connection
 
-if TYPE_CHECKING:
-    from .app import PushServer
-
 log = logging.getLogger("livepush.server")
 # websockets logs request paths and headers at DEBUG (tokens in them): capped, as in app.py.
 _WS_LOGGER = logging.getLogger("livepush.websockets")
@@ -43,6 +41,23 @@ OPEN_TIMEOUT = 10.0  # websockets' default, which the classic core keeps
 CLOSE_TIMEOUT = 1.0  # the classic core's close_timeout
 TICK = 0.25
 STOP_SECONDS = 3.0  # how long close() waits for the close handshakes before aborting the rest
+
+
+class Server(Protocol):
+    """What the core asks of the server (app.PushServer): its gate, its connections, its frames."""
+
+    clients: set[Any]
+    heartbeat: float
+
+    async def admit(self, request: Request) -> Any: ...
+
+    def refuses(self, session: object) -> bool: ...
+
+    def attach(self, client: Any) -> None: ...
+
+    def detach(self, client: Any) -> None: ...
+
+    def on_frame(self, client: Any, raw: str | bytes) -> Awaitable[None] | None: ...
 
 
 class _Protocol(ServerProtocol):
@@ -56,11 +71,10 @@ class _Protocol(ServerProtocol):
 class LeanCore:
     """The listening socket, the handshakes under way, and the sweep."""
 
-    def __init__(self, server: PushServer) -> None:
+    def __init__(self, server: Server) -> None:
         self.server = server
         self.now = 0.0  # the loop's time at the last tick: a connection's `seen`
         self.behind: set[Connection] = set()  # connections with a backlog
-        self.handshaking = 0  # upgrades past the gate whose answer is not sent yet
         self._opening: set[Connection] = set()  # accepted, not yet answered
         self._closing: set[Connection] = set()  # waiting for the peer to finish closing
         self._handshakes: set[asyncio.Task[None]] = set()
