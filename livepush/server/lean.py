@@ -53,7 +53,7 @@ class Core(Protocol):
 
     def is_opening(self, conn: Connection) -> bool: ...
 
-    def request_received(self, conn: Connection, request: Any) -> None: ...
+    def request_received(self, conn: Connection, events: list[Any]) -> None: ...
 
     def expect_close(self, conn: Connection) -> None: ...
 
@@ -161,10 +161,10 @@ class Connection(asyncio.Protocol):
         self.flush()  # a handshake refused by the parser, pongs, a close answered, an error's close
         if self.core.is_opening(self):
             if events:
-                self.core.request_received(self, events[0])
+                self.core.request_received(self, events)
             return
         if events and not self.closing:
-            self._on_events(events)
+            self.on_events(events)
         if proto.state is not OPEN and not self.closing:
             self._closed_by_protocol()  # the client closed, or sent what the protocol fails on
 
@@ -210,7 +210,7 @@ class Connection(asyncio.Protocol):
                 self.transport.write_eof()
             else:
                 self.transport.close()
-        if self.proto.close_expected() and self.deadline == 0.0:
+        if self.proto.close_expected():
             self.core.expect_close(self)
 
     def _closed_by_protocol(self) -> None:
@@ -220,7 +220,8 @@ class Connection(asyncio.Protocol):
         self.core.behind.discard(self)
         self._wake()
 
-    def _on_events(self, events: list[Any]) -> None:
+    def on_events(self, events: list[Any]) -> None:
+        """Serve the messages among the frames the protocol parsed (it answers pings itself)."""
         for event in events:
             if not isinstance(event, Frame):
                 continue

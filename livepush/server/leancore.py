@@ -108,17 +108,18 @@ class LeanCore:
     def is_opening(self, conn: Connection) -> bool:
         return conn in self._opening
 
-    def request_received(self, conn: Connection, request: Any) -> None:
+    def request_received(self, conn: Connection, events: list[Any]) -> None:
         """The handshake request is in: answer it once the gate has spoken; the client's next
-        bytes wait until then."""
+        bytes wait until then (frames that came with the request are served once it is open)."""
+        request, early = events[0], events[1:]
         if not isinstance(request, Request) or conn.closing:
             return
         conn.transport.pause_reading()
-        task = asyncio.ensure_future(self._handshake(conn, request))
+        task = asyncio.ensure_future(self._handshake(conn, request, early))
         self._handshakes.add(task)
         task.add_done_callback(self._handshakes.discard)
 
-    async def _handshake(self, conn: Connection, request: Request) -> None:
+    async def _handshake(self, conn: Connection, request: Request, early: list[Any]) -> None:
         proto = conn.proto
         try:
             verdict: Any = await self.server.admit(request)
@@ -137,18 +138,22 @@ class LeanCore:
         conn.deadline = 0.0
         proto.send_response(response)
         conn.flush()
+        conn.transport.resume_reading()
         if proto.state is not OPEN:
             conn.closing = True  # an HTTP answer: the client closes, or the close timeout does
             return
-        conn.transport.resume_reading()
         conn.session = verdict.session
         if self.server.refuses(conn.session):
             conn.close(protocol.CLOSE_UNAUTHORIZED, "a valid session is required")
             return
         self.server.attach(conn)
+        if early:
+            conn.on_events(early)
 
     def expect_close(self, conn: Connection) -> None:
         """The close handshake is under way: the peer has CLOSE_TIMEOUT to finish it."""
+        if conn in self._closing:
+            return
         self._opening.discard(conn)
         conn.deadline = (self._loop.time() if self._loop is not None else self.now) + CLOSE_TIMEOUT
         self._closing.add(conn)
