@@ -38,9 +38,10 @@ from ..sessions.rules import App
 from ..tasks import stop as stop_task
 from ..tasks import supervise
 from ..types import StateSource
-from . import drain, http
+from . import drain, http, lean
 from .connection import Client, broadcast
 from .hub import Hub
+from .leancore import LeanCore
 from .limits import Quiet
 from .readiness import Readiness, SchemaCheck
 
@@ -91,12 +92,7 @@ class PushServer:
         self.app = app if app is not None else App()  # default: signed topics only
         self.store = store if store is not None else MEMORY
         self.states = list(states)
-        if self.core == "lean":
-            from .lean import broadcast as lean_broadcast
-
-            self.hub = Hub(fanout, lean_broadcast, states=self.states)
-        else:
-            self.hub = Hub(fanout, broadcast, states=self.states)
+        self.hub = Hub(fanout, lean.broadcast if self.core == "lean" else broadcast, states=self.states)
         self.pages = pages
         self.heartbeat = heartbeat
         self._health = list(health)
@@ -111,7 +107,7 @@ class PushServer:
         # connection alive.
         self._sessions: weakref.WeakKeyDictionary[ServerConnection, object] = weakref.WeakKeyDictionary()
         self._ws: WSServer | None = None
-        self._lean: Any = None  # leancore.LeanCore with the lean core
+        self._lean: LeanCore | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._reverify_now = asyncio.Event()
         self._quiet = Quiet(log)  # client mistakes: at debug, and rate-limited
@@ -128,8 +124,6 @@ class PushServer:
             await source.listen()
         await self.store.watch(self._reverify_now.set)
         if self.core == "lean":
-            from .leancore import LeanCore
-
             self._lean = LeanCore(self)
             await self._lean.listen(self.settings.host, self.settings.port)
         else:
@@ -207,7 +201,6 @@ class PushServer:
             return verdict
         self._sessions[ws] = verdict.session
         return None
-
 
     async def admit(self, request: Request) -> Response | Admitted:
         """Either core's gate: the answer to a plain HTTP request or a refused upgrade, else the
