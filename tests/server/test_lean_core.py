@@ -202,3 +202,19 @@ async def test_frames_sent_while_a_subscribe_is_served_are_answered_after_it_in_
     assert [(a["op"], a["ref"]) for a in answers] == [("subscribed", "s"), ("pong", 1), ("pong", 2), ("pong", 3)]
     await async_wait_for(lambda: not on_server(server, client).topics, 5, message="the unsubscribe")
     await client.close()
+
+
+def test_the_core_is_chosen_by_flag_or_environment_and_an_unknown_one_is_refused() -> None:
+    """`serve --core lean` and LIVEPUSH_CORE=lean choose the lean core (the flag wins); an unknown core is a configuration error naming the choices."""
+    from livepush.cli.main import _settings, build_parser
+    from livepush.errors import ConfigError
+
+    assert Settings.from_env({"LIVEPUSH_CORE": "lean"}).core == "lean"
+    assert Settings.from_env({}).core is None  # the server's default
+    with pytest.raises(ConfigError, match="classic, lean"):
+        Settings.from_env({"LIVEPUSH_CORE": "turbo"})
+    args = build_parser().parse_args(["serve", "--core", "lean"])
+    try:
+        assert _settings(args).core == "lean"
+    finally:
+        set_settings(None)
