@@ -293,6 +293,7 @@ async def amain(args: argparse.Namespace) -> int:
     services = Services()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIVEPUSH_") and k != "DATABASE_URL"}
     env["LIVEPUSH_SECRET"] = secrets.token_urlsafe(48)
+    env["LIVEPUSH_CORE"] = args.core
     rounds: list[dict[str, Result]] = []
     skipped: dict[str, str] = {}
     pool = ClientPool(args.processes, source=args.client_source or None)
@@ -334,6 +335,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pg-port", type=int, default=0, help="port for the throwaway PostgreSQL (0: any free)")
     p.add_argument("--redis-port", type=int, default=0, help="port for the throwaway Redis (0: any free)")
     p.add_argument("--ws-port", type=int, default=0, help="first WebSocket server port; targets use consecutive ports")
+    p.add_argument("--core", choices=("classic", "lean"), default="classic",
+                   help="the connection core of the livepush targets (LIVEPUSH_CORE)")
     p.add_argument("--rounds", type=int, default=3, help="rounds over all targets, interleaved against drift")
     p.add_argument("--rate", type=float, default=20.0, help="messages per second in the latency phase")
     p.add_argument("--warmup", type=float, default=1.0, help="seconds at --rate before latency is recorded")

@@ -4,6 +4,11 @@ Moves frames in and out and nothing more: the protocol is in `livepush.protocol`
 in `hub`, the handshake's security decisions in `livepush.sessions.handshake`, the rules in
 `livepush.sessions.rules`. Every part it reads from (fan-out, state sources, revocation store)
 is handed to it by the wiring (the CLI, the demo).
+
+Two connection cores move the bytes (docs/architecture.md#connection-cores): `classic`, websockets'
+asyncio server with a handler task per connection (`connection.py`), and `lean`, websockets'
+sans-I/O protocol under one asyncio.Protocol per connection (`lean.py`, `leancore.py`). Both go
+through the same gate (`admit()`), the same frame handling (`on_frame()`) and the same hub.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import logging
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from websockets.asyncio.server import Server as WSServer
@@ -31,9 +38,10 @@ from ..sessions.rules import App
 from ..tasks import stop as stop_task
 from ..tasks import supervise
 from ..types import StateSource
-from . import drain, http
+from . import drain, http, lean
 from .connection import Client, broadcast
 from .hub import Hub
+from .leancore import LeanCore
 from .limits import Quiet
 from .readiness import Readiness, SchemaCheck
 
@@ -49,6 +57,15 @@ _WS_LOGGER = logging.getLogger("livepush.websockets")
 _WS_LOGGER.setLevel(logging.WARNING)
 
 PageRoute = Callable[[Request], Awaitable[Response | None] | Response | None]
+
+DEFAULT_CORE = "classic"
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """The gate's verdict for an upgrade it lets through: the session (None: anonymous)."""
+
+    session: Any
 
 
 class PushServer:
@@ -68,13 +85,15 @@ class PushServer:
         schema: SchemaCheck | None = None,
         refreshers: Sequence[metrics.Refresher] = (),
         worker: int | None = None,
+        core: str | None = None,
     ) -> None:
         self.settings = settings
+        self.core = core or settings.core or DEFAULT_CORE
         self.fanout = fanout
         self.app = app if app is not None else App()  # default: signed topics only
         self.store = store if store is not None else MEMORY
         self.states = list(states)
-        self.hub = Hub(fanout, broadcast, states=self.states)
+        self.hub = Hub(fanout, lean.broadcast if self.core == "lean" else broadcast, states=self.states)
         self.pages = pages
         self.heartbeat = heartbeat
         self._health = list(health)
@@ -86,12 +105,13 @@ class PushServer:
         self.readiness = Readiness(fanout, listening=lambda: self.listening, draining=lambda: self.draining,
                                    schema=schema, worker=worker)
         self._readiness_task: asyncio.Task[None] | None = None
-        self.clients: set[Client] = set()
+        self.clients: set[Any] = set()  # the open connections: Client (classic) or lean.Connection
         # Filled by the HTTP check, emptied by the handler. Weak: a handshake refused after the
         # check (e.g. a bad Sec-WebSocket-Key) never reaches the handler, and must not keep its
         # connection alive.
         self._sessions: weakref.WeakKeyDictionary[ServerConnection, object] = weakref.WeakKeyDictionary()
         self._ws: WSServer | None = None
+        self._lean: LeanCore | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._reverify_now = asyncio.Event()
         self._quiet = Quiet(log)  # client mistakes: at debug, and rate-limited
@@ -107,6 +127,16 @@ class PushServer:
                          self.hub.on_state_created)
             await source.listen()
         await self.store.watch(self._reverify_now.set)
+        if self.core == "lean":
+            self._lean = LeanCore(self)
+            await self._lean.listen(self.settings.host, self.settings.port, reuse_port=self.worker is not None)
+        else:
+            await self._serve_classic()
+        self._tasks.append(supervise("livepush-prune", self._prune_loop))
+        self._tasks.append(supervise("livepush-reverify", self._reverify_loop))
+        self._readiness_task = supervise("livepush-readiness", self.readiness.run)
+
+    async def _serve_classic(self) -> None:
         self._ws = await serve(
             self._handle,
             self.settings.host,
@@ -126,12 +156,11 @@ class PushServer:
             logger=_WS_LOGGER,
             reuse_port=self.worker is not None,
         )
-        self._tasks.append(supervise("livepush-prune", self._prune_loop))
-        self._tasks.append(supervise("livepush-reverify", self._reverify_loop))
-        self._readiness_task = supervise("livepush-readiness", self.readiness.run)
 
     @property
     def port(self) -> int:
+        if self._lean is not None:
+            return self._lean.port
         assert self._ws is not None
         return self._ws.sockets[0].getsockname()[1]
 
@@ -157,6 +186,8 @@ class PushServer:
             await drain.close_paced(lambda: self.clients, drain_seconds)
         for task in self._tasks:
             task.cancel()
+        if self._lean is not None:
+            await self._lean.close()
         if self._ws is not None:
             self._ws.close(close_connections=True)
             with contextlib.suppress(asyncio.TimeoutError):
@@ -170,6 +201,15 @@ class PushServer:
 
     # -- HTTP -------------------------------------------------------------------------
     async def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
+        verdict = await self.admit(request)
+        if isinstance(verdict, Response):
+            return verdict
+        self._sessions[ws] = verdict.session
+        return None
+
+    async def admit(self, request: Request) -> Response | Admitted:
+        """Either core's gate: the answer to a plain HTTP request or a refused upgrade, else the
+        upgrade's session. The upgrade itself (Sec-WebSocket-Key, subprotocol) is the core's."""
         duplicate = duplicated_header(request.headers)
         if duplicate is not None:
             self._quiet.debug("refused a request with two %s headers", duplicate)
@@ -196,6 +236,8 @@ class PushServer:
         if self._draining:
             return drain.refusal(self.settings.drain_seconds)
         cap = self.settings.max_connections
+        # Upgrades past the gate whose handler has not started (classic); the lean core opens a
+        # connection in the same step as its gate's verdict.
         if cap is not None and len(self.clients) + len(self._sessions) >= cap:
             self._quiet.debug("refused a connection: %d connections is LIVEPUSH_MAX_CONNECTIONS", cap)
             metrics.REFUSALS.labels("full").inc()
@@ -214,43 +256,60 @@ class PushServer:
             self._quiet.debug("a connection without a valid session: %s", reason)
         if reason and self.settings.authenticate == "required":
             metrics.REFUSALS.labels(f"session_{reason}").inc()  # closed with 4401 once upgraded
-        self._sessions[ws] = session
-        return None
+        return Admitted(session)
 
     # -- connections ------------------------------------------------------------------
+    def refuses(self, session: object) -> bool:
+        """Whether an upgraded connection must be closed with 4401 before it is served."""
+        return session is None and self.settings.authenticate == "required"
+
+    def attach(self, client: Any) -> None:
+        """A connection opened (either core): count it and say hello."""
+        self.clients.add(client)
+        metrics.CONNECTIONS.inc()
+        client.send(protocol.hello(client.subject, self.heartbeat))
+
+    def detach(self, client: Any) -> None:
+        """A connection closed (either core): forget it and its subscriptions."""
+        if client not in self.clients:
+            return
+        self.clients.discard(client)
+        metrics.CONNECTIONS.dec()
+        metrics.SUBSCRIPTIONS.dec(len(client.topics))
+        for topic in client.topics:
+            self.hub.unsubscribe(client, topic)
+        client.topics.clear()
+
     async def _handle(self, ws: ServerConnection) -> None:
         session = self._sessions.pop(ws, None)
-        if session is None and self.settings.authenticate == "required":
+        if self.refuses(session):
             await ws.close(protocol.CLOSE_UNAUTHORIZED, "a valid session is required")
             return
         client = Client(ws, session)
-        self.clients.add(client)
-        metrics.CONNECTIONS.inc()
         try:
-            client.send(protocol.hello(client.subject, self.heartbeat))
+            self.attach(client)
             async for raw in ws:
-                await self._on_frame(client, raw)
+                work = self.on_frame(client, raw)
+                if work is not None:
+                    await work
                 if client.closing:
                     break
             await client.wait_closed()
         except ConnectionClosed:
             pass
         finally:
-            self.clients.discard(client)
-            metrics.CONNECTIONS.dec()
-            metrics.SUBSCRIPTIONS.dec(len(client.topics))
-            for topic in client.topics:
-                self.hub.unsubscribe(client, topic)
-            client.topics.clear()
+            self.detach(client)
 
-    async def _on_frame(self, client: Client, raw: str | bytes) -> None:
+    def on_frame(self, client: Any, raw: str | bytes) -> Awaitable[None] | None:
+        """Act on one client frame; a subscribe returns what to await (the hub reads), any other
+        frame is done on return. The next frame of that client waits for it either way."""
         cmd = protocol.parse(raw)
         if isinstance(cmd, protocol.BadFrame):
             client.send(protocol.error(cmd.reason, cmd.detail))
             if client.bad_frames.add(time.monotonic()):
                 client.close(protocol.CLOSE_POLICY, "too many bad frames")
         elif isinstance(cmd, protocol.Subscribe):
-            await self._subscribe(client, cmd)
+            return self._subscribe(client, cmd)
         elif isinstance(cmd, protocol.Unsubscribe):
             plain = cmd.topic.split(topics.SEP, 1)[0]
             if plain in client.topics:
@@ -259,8 +318,9 @@ class PushServer:
                 self.hub.unsubscribe(client, plain)
         elif isinstance(cmd, protocol.Ping):
             client.send(protocol.pong(cmd.ref))
+        return None
 
-    async def _subscribe(self, client: Client, cmd: protocol.Subscribe) -> None:
+    async def _subscribe(self, client: Any, cmd: protocol.Subscribe) -> None:
         if not client.subscribes.take(time.monotonic()):
             self._refuse(client, cmd.ref, "limit")
             return
@@ -297,7 +357,7 @@ class PushServer:
             self._refuse(client, cmd.ref, "unavailable")
 
     @staticmethod
-    def _refuse(client: Client, ref: protocol.Ref, reason: str) -> None:
+    def _refuse(client: Any, ref: protocol.Ref, reason: str) -> None:
         metrics.REFUSALS.labels(f"subscribe_{reason}").inc()
         client.send(protocol.refused(ref, reason))
 

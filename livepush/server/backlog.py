@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Literal
 
 from .. import protocol
@@ -46,7 +47,8 @@ class _Slot:
 class Backlog:
     """Frames for one client in the order they go out, with each topic's share bounded."""
 
-    def __init__(self, topic_frames: int = TOPIC_FRAMES, topic_bytes: int = TOPIC_BYTES) -> None:
+    def __init__(self, topic_frames: int = TOPIC_FRAMES, topic_bytes: int = TOPIC_BYTES,
+                 framing: Callable[[bytes], bytes] | None = None) -> None:
         self.topic_frames = topic_frames
         self.topic_bytes = topic_bytes
         self.bytes = 0  # of the frames waiting
@@ -57,6 +59,8 @@ class Backlog:
         self._message_bytes: dict[str, int] = {}
         self._resets: dict[str, _Slot] = {}  # each message topic's waiting reset
         self.last = 0  # the place of the last frame added (see passed())
+        # What turns a frame's text into what is queued: the lean core queues whole wire frames.
+        self._framing = framing
 
     def __len__(self) -> int:
         return len(self._queue) - self._dropped
@@ -149,7 +153,8 @@ class Backlog:
             slot.data = None
         self._dropped += len(dropped)
         if add_reset:
-            reset = self._append(protocol.reset(topic).encode(), topic, "reset")
+            data = protocol.reset(topic).encode()
+            reset = self._append(self._framing(data) if self._framing is not None else data, topic, "reset")
             reset.at = since
             self._resets[topic] = reset
         if self._dropped > 64 and self._dropped > len(self._queue) // 2:

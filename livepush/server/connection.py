@@ -16,7 +16,7 @@ import logging
 import socket
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError
@@ -31,6 +31,9 @@ log = logging.getLogger("livepush.server")
 # The kernel's send buffer per connection (Linux doubles it). Left to autotuning it grows to
 # megabytes for a client that does not read, where no frame can be replaced or dropped.
 SOCKET_SEND_BUFFER = 64 * 1024
+# The transport's high-water mark: past it, frames wait in the backlog (websockets' default
+# write limit, which the classic core keeps; the low-water mark is asyncio's, a quarter of it).
+WRITE_HIGH = 32 * 1024
 # A client whose waiting frames pass this many bytes, or that has been missing a frame this
 # long, is too far behind: closed with 1013.
 BACKLOG_BYTES = 2 * 1024 * 1024
@@ -56,12 +59,7 @@ class Client:
         self._backlog: Backlog | None = None  # frames waiting while the transport is full
         self._flusher: asyncio.Task[None] | None = None
         self._written: asyncio.Future[None] | None = None  # for drain(): more of the backlog is written
-        sock = ws.transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SEND_BUFFER)
-            except OSError as exc:
-                log.debug("could not bound a connection's socket buffer: %s", exc)
+        bound_send_buffer(ws.transport)
 
     @property
     def subject(self) -> str | None:
@@ -112,14 +110,8 @@ class Client:
         if backlog is None:
             backlog = self._backlog = Backlog()
             self._flusher = asyncio.ensure_future(self._flush(backlog))
-        outcome = backlog.add(data, topic, kind)
-        if outcome == "conflated":
-            metrics.SLOW_CLIENT_ACTIONS.labels("conflated").inc()
-        elif outcome == "reset":
-            metrics.SLOW_CLIENT_ACTIONS.labels("reset").inc()
-            metrics.RESETS.labels("slow_client").inc()
-        if backlog.bytes > BACKLOG_BYTES:
-            self._too_slow(f"{backlog.bytes} bytes waiting")
+        if queue_frame(backlog, data, topic, kind):
+            too_slow(self, f"{backlog.bytes} bytes waiting")
 
     async def _flush(self, backlog: Backlog) -> None:
         """Write the backlog out as the transport drains; the one task of a slow client."""
@@ -141,7 +133,7 @@ class Client:
                         await ws.drain()
                 except TimeoutError:
                     if self._backlog is backlog:
-                        self._too_slow(f"behind for {BEHIND_SECONDS:g} s")
+                        too_slow(self, f"behind for {BEHIND_SECONDS:g} s")
         except (ConnectionClosed, OSError):
             pass  # the connection broke: its handler sees it close
         except Exception:  # never drop frames silently: the client reconnects and resubscribes
@@ -158,12 +150,43 @@ class Client:
         if written is not None and not written.done():
             written.set_result(None)
 
-    def _too_slow(self, why: str) -> None:
-        log.debug("closing a client that fell too far behind (%s)", why)
-        metrics.SLOW_CLIENT_ACTIONS.labels("closed").inc()
-        self.close(protocol.CLOSE_TOO_SLOW, "too slow")
 
 
+# -- the slow-client rules, shared by both cores -------------------------------------------------
+class Closable(Protocol):
+    def close(self, code: int, reason: str = "") -> None: ...
+
+
+def bound_send_buffer(transport: Any) -> None:
+    """Cap the kernel's send buffer of a connection at SOCKET_SEND_BUFFER."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SEND_BUFFER)
+        except OSError as exc:
+            log.debug("could not bound a connection's socket buffer: %s", exc)
+
+
+def queue_frame(backlog: Backlog, data: bytes, topic: str | None, kind: Kind | None) -> bool:
+    """Add a frame to a slow client's backlog and count what the rules did; True when the
+    backlog now holds more than BACKLOG_BYTES (the client must be closed)."""
+    outcome = backlog.add(data, topic, kind)
+    if outcome == "conflated":
+        metrics.SLOW_CLIENT_ACTIONS.labels("conflated").inc()
+    elif outcome == "reset":
+        metrics.SLOW_CLIENT_ACTIONS.labels("reset").inc()
+        metrics.RESETS.labels("slow_client").inc()
+    return backlog.bytes > BACKLOG_BYTES
+
+
+def too_slow(client: Closable, why: str) -> None:
+    """Close a client that fell too far behind with 1013, and count it."""
+    log.debug("closing a client that fell too far behind (%s)", why)
+    metrics.SLOW_CLIENT_ACTIONS.labels("closed").inc()
+    client.close(protocol.CLOSE_TOO_SLOW, "too slow")
+
+
+# -- the classic core's writes ----------------------------------------------------------------
 def push(client: Client, data: bytes, topic: str | None = None, kind: Kind | None = None) -> None:
     """Send one encoded frame: at once while the client keeps up, else through its backlog."""
     ws = client.ws

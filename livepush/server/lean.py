@@ -1,0 +1,317 @@
+"""One connection of the lean core: websockets' sans-I/O ServerProtocol under an asyncio.Protocol.
+
+No task and no timer of its own. Bytes in go `data_received` -> `ServerProtocol.receive_data` ->
+its events -> `PushServer.on_frame`; a subscribe (the hub reads) runs in a short-lived task
+while the connection's next frames wait for it, as they do in the classic core. Bytes out are
+whole frames written to the transport: a broadcast frame is encoded once (`frames.text`) and the
+same bytes object goes to every subscriber; only the close handshake goes through the protocol,
+so its state stays right. Keepalive pings, the open and close timeouts and the slow-client time
+bound are the sweep's (`leancore.LeanCore`). The slow-client rules are the classic core's
+(`connection.queue_frame`, `backlog.Backlog`): while the transport is paused, frames wait in the
+backlog, which `resume_writing` empties in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Iterable
+from typing import Any, Protocol
+
+from websockets.exceptions import ConnectionClosed, ConnectionClosedError
+from websockets.frames import BINARY, CONT, TEXT, CloseCode, Frame
+from websockets.protocol import OPEN
+from websockets.server import ServerProtocol
+
+from .. import protocol
+from . import connection, frames
+from .backlog import Backlog, Kind
+from .limits import TokenBucket
+
+log = logging.getLogger("livepush.server")
+
+# Frames a client may send while its subscribe is being served before its reads are paused.
+INBOX_FRAMES = 16
+
+
+class Server(Protocol):
+    """What a connection asks of the server (app.PushServer)."""
+
+    def on_frame(self, client: Any, raw: str | bytes) -> Awaitable[None] | None: ...
+
+
+class Core(Protocol):
+    """What a connection asks of its core (leancore.LeanCore): the clock and the sweep's sets."""
+
+    server: Server
+    now: float
+    behind: set[Connection]
+
+    def new_protocol(self) -> ServerProtocol: ...
+
+    def opened_tcp(self, conn: Connection) -> None: ...
+
+    def is_opening(self, conn: Connection) -> bool: ...
+
+    def request_received(self, conn: Connection, events: list[Any]) -> None: ...
+
+    def expect_close(self, conn: Connection) -> None: ...
+
+    def lost(self, conn: Connection) -> None: ...
+
+
+class Connection(asyncio.Protocol):
+    """The lean core's per-connection state: what cannot be derived, nothing more."""
+
+    __slots__ = ("core", "transport", "proto", "session", "topics", "closing", "paused", "backlog", "seen",
+                 "ping_at", "deadline", "busy", "inbox", "partial", "_bad", "_subscribes", "_waiter")
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.transport: Any = None
+        self.proto = core.new_protocol()
+        self.session: Any = None
+        self.topics: set[str] = set()  # plain topics this client is subscribed to
+        self.closing = False  # a close started or happened: nothing more is written
+        self.paused = False  # the transport is over its high-water mark
+        self.backlog: Backlog | None = None  # frames waiting while the transport is paused
+        self.seen = core.now  # the sweep's clock when data last came from the peer
+        self.ping_at = 0.0  # when the sweep's unanswered ping went (0: none)
+        self.deadline = 0.0  # the open or close timeout, while the sweep watches one
+        self.busy: asyncio.Task[None] | None = None  # the subscribe being served
+        self.inbox: list[str | bytes] | None = None  # frames that wait for it
+        self.partial: bytearray | None = None  # a fragmented message so far (opcode in its first byte)
+        self._bad: protocol.BadFrameWindow | None = None
+        self._subscribes: TokenBucket | None = None
+        self._waiter: asyncio.Future[None] | None = None  # drain(): more was written
+
+    # -- what app.py and the hub use ------------------------------------------------------------
+    @property
+    def subject(self) -> str | None:
+        return getattr(self.session, "subject", None)
+
+    @property
+    def bad_frames(self) -> protocol.BadFrameWindow:
+        if self._bad is None:
+            self._bad = protocol.BadFrameWindow()
+        return self._bad
+
+    @property
+    def subscribes(self) -> TokenBucket:
+        if self._subscribes is None:
+            self._subscribes = TokenBucket()
+        return self._subscribes
+
+    @property
+    def backlog_bytes(self) -> int:
+        """Bytes of the frames waiting for this client (0 while it keeps up)."""
+        return self.backlog.bytes if self.backlog is not None else 0
+
+    @property
+    def ws(self) -> Connection:
+        """The connection itself: what the classic core's Client calls its websocket."""
+        return self
+
+    @property
+    def remote_address(self) -> Any:
+        return self.transport.get_extra_info("peername") if self.transport is not None else None
+
+    def send(self, frame: str) -> None:
+        push(self, frames.text(frame.encode()))
+
+    def close(self, code: int, reason: str = "") -> None:
+        """Start the close handshake (safe from any callback on the loop); the sweep ends it
+        after the close timeout if the client does not answer."""
+        if self.closing:
+            return
+        self.closing = True
+        self.backlog = None  # what still waits is never sent
+        self.core.behind.discard(self)
+        self._wake()
+        if self.proto.state is OPEN:
+            self.proto.send_close(code, reason)
+            self.flush()
+
+    async def drain(self) -> None:
+        """Until the client has read what was sent to it so far, but for a little (between
+        replay pages); raises ConnectionClosed once the client is being closed."""
+        backlog = self.backlog
+        if backlog is not None:
+            place = backlog.last
+            while self.backlog is backlog and not backlog.passed(place):
+                await self._written()
+        while self.paused and not self.closing:
+            await self._written()
+        if self.closing:
+            raise ConnectionClosedError(None, None)
+
+    # -- asyncio.Protocol -------------------------------------------------------------------------
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        transport.set_write_buffer_limits(connection.WRITE_HIGH)
+        connection.bound_send_buffer(transport)
+        self.core.opened_tcp(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.seen = self.core.now
+        self.ping_at = 0.0  # any data answers the sweep's ping
+        proto = self.proto
+        proto.receive_data(data)
+        events = proto.events_received()
+        self.flush()  # a handshake refused by the parser, pongs, a close answered, an error's close
+        if self.core.is_opening(self):
+            if events:
+                self.core.request_received(self, events)
+            return
+        if events and not self.closing:
+            self.on_events(events)
+        if proto.state is not OPEN and not self.closing:
+            self._closed_by_protocol()  # the client closed, or sent what the protocol fails on
+
+    def eof_received(self) -> None:
+        self.proto.receive_eof()
+        self.flush()
+        # Returning None closes the transport: livepush never writes after the peer's EOF.
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.proto.receive_eof()
+        self.closing = True
+        self.backlog = None
+        self._wake()
+        if self.busy is not None:
+            self.busy.cancel()
+        self.inbox = None
+        self.core.lost(self)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        backlog = self.backlog
+        if backlog is not None:
+            write = self.transport.write
+            while not self.paused:
+                data = backlog.pop()
+                if data is None:
+                    self.backlog = None  # caught up: writes go straight to the transport again
+                    self.core.behind.discard(self)
+                    break
+                write(data)
+        self._wake()
+
+    # -- inside -----------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Write what the protocol has to send (handshake answer, pongs, close frames, EOF)."""
+        for data in self.proto.data_to_send():
+            if data:
+                self.transport.write(data)
+            elif self.transport.can_write_eof():
+                self.transport.write_eof()
+            else:
+                self.transport.close()
+        if self.proto.close_expected():
+            self.core.expect_close(self)
+
+    def _closed_by_protocol(self) -> None:
+        """The protocol failed the connection itself (a frame too large, a protocol error)."""
+        self.closing = True
+        self.backlog = None
+        self.core.behind.discard(self)
+        self._wake()
+
+    def on_events(self, events: list[Any]) -> None:
+        """Serve the messages among the frames the protocol parsed (it answers pings itself)."""
+        for event in events:
+            if not isinstance(event, Frame):
+                continue
+            opcode = event.opcode
+            if opcode is TEXT or opcode is BINARY:
+                if not event.fin:
+                    self.partial = bytearray(b"\x01" if opcode is TEXT else b"\x02") + event.data
+                    continue
+                self._message(opcode is TEXT, event.data)
+            elif opcode is CONT and self.partial is not None:
+                self.partial += event.data
+                if event.fin:
+                    whole, self.partial = self.partial, None
+                    self._message(whole[0] == 1, bytes(whole[1:]))
+            if self.closing:
+                return
+
+    def _message(self, is_text: bool, data: bytes) -> None:
+        raw: str | bytes = data
+        if is_text:
+            try:
+                raw = data.decode()
+            except UnicodeDecodeError as exc:
+                self.proto.fail(CloseCode.INVALID_DATA, f"{exc.reason} at position {exc.start}")
+                self.flush()
+                self._closed_by_protocol()
+                return
+        if self.closing:
+            return
+        if self.busy is not None:
+            if self.inbox is None:
+                self.inbox = []
+            self.inbox.append(raw)
+            if len(self.inbox) == INBOX_FRAMES:
+                self.transport.pause_reading()
+            return
+        work = self.core.server.on_frame(self, raw)
+        if work is not None:
+            self.busy = asyncio.ensure_future(self._serve(work))
+
+    async def _serve(self, work: Awaitable[None] | None) -> None:
+        """Await a subscribe, then the frames that came meanwhile, in order."""
+        try:
+            while work is not None:
+                try:
+                    await work
+                except ConnectionClosed:
+                    return
+                work = None
+                while self.inbox and work is None and not self.closing:
+                    raw = self.inbox.pop(0)
+                    if len(self.inbox) == INBOX_FRAMES - 1:
+                        self.transport.resume_reading()
+                    work = self.core.server.on_frame(self, raw)
+        except asyncio.CancelledError:
+            pass  # the connection was lost: its subscriptions are gone already
+        except Exception:
+            log.exception("serving a client's frame failed; closing it")
+            self.close(connection.CLOSE_INTERNAL_ERROR, "internal error")
+        finally:
+            self.busy = None
+
+    async def _written(self) -> None:
+        if self._waiter is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._waiter)
+
+    def _wake(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+def push(conn: Connection, data: bytes, topic: str | None = None, kind: Kind | None = None) -> None:
+    """Write one whole frame: at once while the transport takes it, else through the backlog."""
+    if conn.closing:
+        return
+    if conn.backlog is None and not conn.paused:
+        conn.transport.write(data)
+        return
+    backlog = conn.backlog
+    if backlog is None:
+        backlog = conn.backlog = Backlog(framing=frames.text)
+        conn.core.behind.add(conn)
+    if connection.queue_frame(backlog, data, topic, kind):
+        connection.too_slow(conn, f"{backlog.bytes} bytes waiting")
+
+
+def broadcast(clients: Iterable[Connection], frame: str, topic: str | None = None, kind: Kind | None = None) -> None:
+    """Encode the frame once; the same bytes object goes to every subscriber."""
+    data = frames.text(frame.encode())
+    for conn in clients:
+        push(conn, data, topic, kind)

@@ -1,0 +1,241 @@
+"""The lean core's listener and its one clock (docs/architecture.md#connection-cores).
+
+It accepts TCP connections (each a `lean.Connection`), runs each opening handshake through the
+server's gate (`PushServer.admit`, shared with the classic core) in a task that ends with the
+handshake, and keeps every timer of every connection in one sweep every TICK seconds:
+
+- the open timeout (OPEN_TIMEOUT to send a request and be answered) and the close timeout
+  (CLOSE_TIMEOUT for the peer to finish a close handshake), both then abort the connection;
+- the slow-client time bound: a connection whose backlog has been missing a frame for
+  `connection.BEHIND_SECONDS` is closed with 1013 (only connections with a backlog are looked at);
+- keepalive, every quarter heartbeat: a connection silent for three quarters of a heartbeat gets
+  a ping (any data from it answers), and one that leaves a ping unanswered for a heartbeat is
+  dropped: a dead peer goes within 2.25 heartbeats of its last byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from typing import Any, Protocol
+
+from websockets.frames import CloseCode
+from websockets.http11 import Request, Response
+from websockets.protocol import OPEN
+from websockets.server import ServerProtocol
+
+from .. import protocol
+from ..sessions.handshake import SUBPROTOCOL
+from ..tasks import stop as stop_task
+from ..tasks import supervise
+from . import connection, frames
+from .lean import Connection
+
+log = logging.getLogger("livepush.server")
+# websockets logs request paths and headers at DEBUG (tokens in them): capped, as in app.py.
+_WS_LOGGER = logging.getLogger("livepush.websockets")
+
+OPEN_TIMEOUT = 10.0  # websockets' default, which the classic core keeps
+CLOSE_TIMEOUT = 1.0  # the classic core's close_timeout
+TICK = 0.25
+STOP_SECONDS = 3.0  # how long close() waits for the close handshakes before aborting the rest
+
+
+class Server(Protocol):
+    """What the core asks of the server (app.PushServer): its gate, its connections, its frames."""
+
+    clients: set[Any]
+    heartbeat: float
+
+    async def admit(self, request: Request) -> Any: ...
+
+    def refuses(self, session: object) -> bool: ...
+
+    def attach(self, client: Any) -> None: ...
+
+    def detach(self, client: Any) -> None: ...
+
+    def on_frame(self, client: Any, raw: str | bytes) -> Awaitable[None] | None: ...
+
+
+class _Protocol(ServerProtocol):
+    """websockets' sans-I/O server side, selecting `livepush` when offered (as the classic core
+    does); a method rather than a bound callback per connection."""
+
+    def select_subprotocol(self, subprotocols: Any) -> Any:
+        return SUBPROTOCOL if SUBPROTOCOL in subprotocols else None
+
+
+class LeanCore:
+    """The listening socket, the handshakes under way, and the sweep."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.now = 0.0  # the loop's time at the last tick: a connection's `seen`
+        self.behind: set[Connection] = set()  # connections with a backlog
+        self._opening: set[Connection] = set()  # accepted, not yet answered
+        self._closing: set[Connection] = set()  # waiting for the peer to finish closing
+        self._handshakes: set[asyncio.Task[None]] = set()
+        self._live = 0  # connections made and not lost
+        self._all_lost: asyncio.Event | None = None
+        self._listener: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._listener is not None
+        return self._listener.sockets[0].getsockname()[1]
+
+    async def listen(self, host: str, port: int, *, reuse_port: bool = False) -> None:
+        """Listen on host:port; `reuse_port`: one of several processes on the port (serve --workers)."""
+        self._loop = asyncio.get_running_loop()
+        self.now = self._loop.time()
+        self._listener = await self._loop.create_server(lambda: Connection(self), host, port,
+                                                        reuse_port=reuse_port or None)
+        self._sweeper = supervise("livepush-lean-sweep", self._sweep)
+
+    def new_protocol(self) -> ServerProtocol:
+        return _Protocol(subprotocols=[SUBPROTOCOL], max_size=protocol.MAX_FRAME_BYTES, logger=_WS_LOGGER)
+
+    # -- connections ------------------------------------------------------------------------------
+    def opened_tcp(self, conn: Connection) -> None:
+        self._live += 1
+        conn.deadline = self.now + OPEN_TIMEOUT
+        self._opening.add(conn)
+
+    def is_opening(self, conn: Connection) -> bool:
+        return conn in self._opening
+
+    def request_received(self, conn: Connection, events: list[Any]) -> None:
+        """The handshake request is in: answer it once the gate has spoken; the client's next
+        bytes wait until then (frames that came with the request are served once it is open)."""
+        request, early = events[0], events[1:]
+        if not isinstance(request, Request) or conn.closing:
+            return
+        conn.transport.pause_reading()
+        task = asyncio.ensure_future(self._handshake(conn, request, early))
+        self._handshakes.add(task)
+        task.add_done_callback(self._handshakes.discard)
+
+    async def _handshake(self, conn: Connection, request: Request, early: list[Any]) -> None:
+        proto = conn.proto
+        try:
+            verdict: Any = await self.server.admit(request)
+        except Exception:
+            log.exception("the opening handshake failed")
+            verdict = proto.reject(500, "Failed to open a WebSocket connection.\nSee server log for more information.\n")
+        if conn.closing:
+            return  # the client left meanwhile
+        if isinstance(verdict, Response):
+            response = verdict
+        else:
+            response = proto.accept(request)
+            if response.status_code == 101 and self._stopping:
+                response = proto.reject(503, "Server is shutting down.\n")
+        self._opening.discard(conn)
+        conn.deadline = 0.0
+        proto.send_response(response)
+        conn.flush()
+        conn.transport.resume_reading()
+        if proto.state is not OPEN:
+            conn.closing = True  # an HTTP answer: the client closes, or the close timeout does
+            return
+        conn.session = verdict.session
+        if self.server.refuses(conn.session):
+            conn.close(protocol.CLOSE_UNAUTHORIZED, "a valid session is required")
+            return
+        self.server.attach(conn)
+        if early:
+            conn.on_events(early)
+
+    def expect_close(self, conn: Connection) -> None:
+        """The close handshake is under way: the peer has CLOSE_TIMEOUT to finish it."""
+        if conn in self._closing:
+            return
+        self._opening.discard(conn)
+        conn.deadline = (self._loop.time() if self._loop is not None else self.now) + CLOSE_TIMEOUT
+        self._closing.add(conn)
+
+    def lost(self, conn: Connection) -> None:
+        self._opening.discard(conn)
+        self._closing.discard(conn)
+        self.behind.discard(conn)
+        self.server.detach(conn)
+        self._live -= 1
+        if self._live == 0 and self._all_lost is not None:
+            self._all_lost.set()
+
+    # -- the sweep --------------------------------------------------------------------------------
+    async def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        beat = self.server.heartbeat
+        every = beat / 4  # keepalive's period
+        tick = min(TICK, every)
+        next_beat = loop.time() + every
+        while True:
+            await asyncio.sleep(tick)
+            now = self.now = loop.time()
+            self._timeouts(now)
+            if self.behind:
+                self._too_far_behind()
+            if now >= next_beat:
+                next_beat = now + every
+                self._keepalive(now, beat - every, beat)
+
+    def _timeouts(self, now: float) -> None:
+        for conns in (self._opening, self._closing):
+            for conn in [c for c in conns if c.deadline <= now]:
+                conns.discard(conn)
+                conn.transport.abort()
+
+    def _too_far_behind(self) -> None:
+        now = time.monotonic()  # the backlog's clock
+        bound = connection.BEHIND_SECONDS
+        for conn in list(self.behind):
+            since = conn.backlog.behind_since() if conn.backlog is not None else None
+            if since is None:
+                self.behind.discard(conn)
+            elif now - since >= bound:
+                connection.too_slow(conn, f"behind for {bound:g} s")
+
+    def _keepalive(self, now: float, quiet: float, answer: float) -> None:
+        dead = []
+        for conn in self.server.clients:
+            if conn.closing:
+                continue
+            if conn.ping_at:
+                if now - conn.ping_at >= answer:
+                    dead.append(conn)
+            elif now - conn.seen >= quiet:
+                conn.ping_at = now
+                conn.transport.write(frames.PING)
+        for conn in dead:
+            log.debug("dropping a connection that left a keepalive ping unanswered for %g s", answer)
+            conn.closing = True
+            conn.transport.abort()
+
+    # -- stopping ---------------------------------------------------------------------------------
+    async def close(self) -> None:
+        """Stop listening, close every connection with 1001, and wait (at most STOP_SECONDS) for
+        the close handshakes; abort what is left."""
+        self._stopping = True
+        if self._listener is not None:
+            self._listener.close()
+        for conn in list(self.server.clients):
+            conn.close(CloseCode.GOING_AWAY)
+        for conn in list(self._opening):
+            conn.transport.abort()
+        if self._live:
+            self._all_lost = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._all_lost.wait(), STOP_SECONDS)
+            except TimeoutError:
+                for conn in list(self._closing) + list(self.server.clients):
+                    conn.transport.abort()
+        await stop_task(self._sweeper)
+        for task in list(self._handshakes):
+            task.cancel()

@@ -1,0 +1,220 @@
+"""What the lean connection core adds (docs/architecture.md#connection-cores): one encoded frame
+for every subscriber, slow clients queued under the same rules without a copy, keepalive by one
+sweep, and no asyncio task per connection. Everything else it must do as the classic core does:
+the whole server suite runs against it with `--core lean`."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from livepush import api, topics
+from livepush.config import Settings, set_settings
+from livepush.fanout.local import LocalFanOut
+from livepush.server import frames
+from livepush.server.app import PushServer
+from livepush.server.lean import Connection
+from tests.support.waiting import async_wait_for
+from tests.support.wsclient import WSClient
+
+
+@pytest.fixture
+async def lean(secret: str) -> AsyncIterator[Callable[..., Any]]:
+    """`await lean(heartbeat=25.0)`: a started lean-core server on the local fan-out."""
+    servers: list[PushServer] = []
+
+    async def start(heartbeat: float = 25.0) -> PushServer:
+        settings = Settings(fanout="local", secret=secret, port=0, core="lean")
+        set_settings(settings)
+        server = PushServer(settings, LocalFanOut(), heartbeat=heartbeat)
+        await server.start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.stop()
+        await server.fanout.aclose()
+    api.set_default_fanout(None)
+    set_settings(None)
+
+
+def url(server: PushServer) -> str:
+    return f"ws://127.0.0.1:{server.port}/"
+
+
+def on_server(server: PushServer, client: WSClient) -> Connection:
+    port = client.ws.local_address[1]
+    return next(c for c in server.clients if c.remote_address[1] == port)
+
+
+def record_writes(conn: Connection, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """What the server writes to this connection's transport, as the objects it writes."""
+    written: list[bytes] = []
+    write = conn.transport.write
+
+    def recording(data: bytes) -> None:
+        written.append(data)
+        write(data)
+
+    monkeypatch.setattr(conn.transport, "write", recording)
+    return written
+
+
+async def raw_upgrade(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A bare TCP client that completes the opening handshake and then does nothing by itself:
+    it answers no ping (a dead peer, as far as WebSocket can tell), and runs no task."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write(f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                 f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    return reader, writer
+
+
+def is_message(data: bytes) -> bool:
+    return b'"op":"message"' in data
+
+
+async def test_a_message_is_encoded_once_and_the_same_bytes_go_to_every_subscriber(
+    lean: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three subscribers of a topic: the message is encoded to a frame once, and the very same bytes object is written to each of the three transports."""
+    server = await lean()
+    topic = topics.sign("room:shared", server.settings.secrets)
+    clients = [await WSClient.open(url(server)) for _ in range(3)]
+    for client in clients:
+        assert (await client.subscribe(topic))["op"] == "subscribed"
+    writes = [record_writes(on_server(server, c), monkeypatch) for c in clients]
+    encoded: list[bytes] = []
+    text = frames.text
+
+    def counting(payload: bytes) -> bytes:
+        frame = text(payload)
+        if is_message(payload):
+            encoded.append(frame)
+        return frame
+
+    monkeypatch.setattr(frames, "text", counting)
+    await server.fanout.apublish("room:shared", {"n": 1})
+    for client in clients:
+        assert (await client.messages(1))[0]["data"] == {"n": 1}
+    assert len(encoded) == 1, "one encode per message, whatever the number of subscribers"
+    sent = [[d for d in w if is_message(d)] for w in writes]
+    assert all(len(s) == 1 and s[0] is encoded[0] for s in sent), "the same bytes object on every transport"
+    for client in clients:
+        await client.close()
+
+
+async def open_slow(server: PushServer) -> WSClient:
+    """A client whose socket receives into a 4 KiB buffer, so that the server's side fills up."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", server.port))
+    return await WSClient.open(url(server), sock=sock)
+
+
+async def test_a_paused_transport_queues_the_shared_frames_and_gets_them_all_in_order(
+    lean: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A subscriber that stops reading: once its transport is paused, each message waits in its backlog as the same bytes the reader's transport got (no copy); reading again, it gets every message in order."""
+    server = await lean()
+    topic = topics.sign("room:paused", server.settings.secrets)
+    slow, reader = await open_slow(server), await WSClient.open(url(server))
+    for client in (slow, reader):
+        assert (await client.subscribe(topic))["op"] == "subscribed"
+    slow_conn, reader_writes = on_server(server, slow), record_writes(on_server(server, reader), monkeypatch)
+    slow.ws.transport.pause_reading()
+    count = 100  # ~200 KB: past what the kernel holds, within a topic's share of the backlog
+    for n in range(count):
+        await server.fanout.apublish("room:paused", {"n": n, "pad": "x" * 2000})
+        assert (await reader.recv())["data"]["n"] == n
+    assert slow_conn.paused and slow_conn.backlog is not None and slow_conn.backlog_bytes > 0
+    waiting = {id(slot.data) for slot in slow_conn.backlog._queue if slot.data is not None}
+    shared = {id(d) for d in reader_writes if is_message(d)}
+    assert waiting and waiting <= shared, "the backlog holds the broadcast frames themselves"
+
+    slow.ws.transport.resume_reading()
+    got = [f["data"]["n"] for f in await slow.messages(count, timeout=10)]
+    assert got == list(range(count))
+    await async_wait_for(lambda: slow_conn.backlog is None, 5, message="the backlog to empty")
+    await slow.close()
+    await reader.close()
+
+
+async def test_the_keepalive_sweep_drops_a_dead_peer_within_its_bound_and_keeps_a_live_one(
+    lean: Callable[..., Any],
+) -> None:
+    """Heartbeat 0.4 s: a peer that answers nothing is pinged and dropped no sooner than one heartbeat and no later than 2.25 heartbeats (plus a tick) after its last byte; a client that answers pings stays open all along."""
+    beat = 0.4
+    server = await lean(heartbeat=beat)
+    live = await WSClient.open(url(server))
+    reader, writer = await raw_upgrade(server.port)
+    last_byte = time.monotonic()
+    await async_wait_for(lambda: len(server.clients) == 2, 5, message="both connections open")
+    await async_wait_for(lambda: len(server.clients) == 1, 5 * beat, message="the dead peer to be dropped")
+    dropped_after = time.monotonic() - last_byte
+    assert beat <= dropped_after <= 2.25 * beat + 0.2, dropped_after
+    received = await asyncio.wait_for(reader.read(), 5)  # up to the server's abort
+    assert frames.PING in received, "it was pinged before it was dropped"
+    writer.close()
+    assert (await live.subscribe(topics.sign("room:alive", server.settings.secrets)))["op"] == "subscribed"
+    assert not on_server(server, live).closing
+    await live.close()
+
+
+async def test_500_idle_connections_run_no_task(lean: Callable[..., Any]) -> None:
+    """500 connections open and idle: the server runs no asyncio task for any of them."""
+    server = await lean()
+    before = len(asyncio.all_tasks())
+    peers = [await raw_upgrade(server.port) for _ in range(500)]
+    await async_wait_for(lambda: len(server.clients) == 500, 10, message="500 connections open")
+    # The server's own periodic tasks come and go (a wait_for runs in one): a few, never 500.
+    await async_wait_for(lambda: len(asyncio.all_tasks()) - before < 5, 5,
+                         message="no task left per connection once the handshakes are done")
+    for _, writer in peers:
+        writer.close()
+    await async_wait_for(lambda: not server.clients, 10, message="every connection gone")
+
+
+async def test_frames_sent_while_a_subscribe_is_served_are_answered_after_it_in_order(
+    lean: Callable[..., Any],
+) -> None:
+    """subscribe, ping, a fragmented ping, unsubscribe and ping sent at once: the answers come in the order sent (subscribed, then each pong)."""
+    server = await lean()
+    client = await WSClient.open(url(server))
+    topic = topics.sign("room:burst", server.settings.secrets)
+    await client.send({"op": "subscribe", "topic": topic, "since": None, "ref": "s"})
+    await client.send({"op": "ping", "ref": 1})
+    await client.ws.send(['{"op":"ping",', '"ref":2}'])  # one message in two frames
+    await client.send({"op": "unsubscribe", "topic": topic})
+    await client.send({"op": "ping", "ref": 3})
+    answers = [await client.recv() for _ in range(4)]
+    assert [(a["op"], a["ref"]) for a in answers] == [("subscribed", "s"), ("pong", 1), ("pong", 2), ("pong", 3)]
+    await async_wait_for(lambda: not on_server(server, client).topics, 5, message="the unsubscribe")
+    await client.close()
+
+
+def test_the_core_is_chosen_by_flag_or_environment_and_an_unknown_one_is_refused() -> None:
+    """`serve --core lean` and LIVEPUSH_CORE=lean choose the lean core (the flag wins); an unknown core is a configuration error naming the choices."""
+    from livepush.cli.main import _settings, build_parser
+    from livepush.errors import ConfigError
+
+    assert Settings.from_env({"LIVEPUSH_CORE": "lean"}).core == "lean"
+    assert Settings.from_env({}).core is None  # the server's default
+    with pytest.raises(ConfigError, match="classic, lean"):
+        Settings.from_env({"LIVEPUSH_CORE": "turbo"})
+    args = build_parser().parse_args(["serve", "--core", "lean"])
+    try:
+        assert _settings(args).core == "lean"
+    finally:
+        set_settings(None)
