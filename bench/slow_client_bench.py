@@ -42,7 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from _clients import ClientPool, masked_frame, raise_fd_limit  # noqa: E402
-from push_bench import cpu_seconds, percentile  # noqa: E402
+from _procstat import cpu_seconds, percentile  # noqa: E402
 
 TOPIC = "bench:slow"
 FILL_TOPIC = "bench:slow-fill"  # heard by the slow client only
