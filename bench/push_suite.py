@@ -74,7 +74,7 @@ class Plan:
     def of(cls, quick: bool) -> Plan:
         if quick:
             return cls(1, 2.0, 0.5, 1_000, ("redis",), False)
-        return cls(2, 4.0, 1.0, 10_000, tuple(FANOUTS), True)
+        return cls(3, 4.0, 1.0, 10_000, tuple(FANOUTS), True)
 
 
 @dataclasses.dataclass
