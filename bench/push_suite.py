@@ -103,13 +103,19 @@ class Target:
 
     async def __aenter__(self) -> Target:
         self.server = await self._start()
-        await self.opened()
+        try:
+            await self.opened()
+        except BaseException:
+            await self.server.stop()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.closing()
         assert self.server is not None
-        await self.server.stop()
+        try:
+            await self.closing()
+        finally:
+            await self.server.stop()
 
     async def opened(self) -> None:
         """Connect the publisher."""
