@@ -18,6 +18,8 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import psycopg
@@ -140,33 +142,35 @@ def redis_fanout_available() -> str | None:
     return None
 
 
-@dataclass
-class Postgres:
-    """The server a DBOS-comparing benchmark runs on, as it describes it in its first line."""
-
-    admin: str  # an admin URL: scratch databases are made there
-    where: str
-    version: str
-    fsync: str
-    synchronous_commit: str
-    commit_timestamps: bool
+def make_db(admin: str, name: str) -> str:
+    """A fresh scratch database `name` on the server of `admin`; its URL."""
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        c.execute(f"CREATE DATABASE {name}")
+    # A URL, not key=value: asyncpg (pgqueuer's driver) takes URLs only.
+    parts = urllib.parse.urlsplit(admin)
+    return urllib.parse.urlunsplit(parts._replace(path=f"/{name}"))
 
 
-def commit_timestamped_postgres(services: Services, pg_url: str | None, port: int, no_fsync: bool) -> Postgres:
-    """The given server (`--pg-url`), or a throwaway one that keeps commit timestamps: the durable
-    and workflow benchmarks time wake-ups and step latencies from when an outcome committed."""
-    if pg_url:
-        admin, where = pg_url, "given server (--pg-url): its own settings"
-    else:
-        admin = services.start_postgres(port, durable=not no_fsync, settings={"track_commit_timestamp": "on"})
-        where = "throwaway PostgreSQL, fsync OFF (--pg-no-fsync)" if no_fsync else "throwaway PostgreSQL, durable defaults"
-    with psycopg.connect(admin) as c:
-        shown = [c.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
-                 for name in ("server_version", "fsync", "synchronous_commit", "track_commit_timestamp")]
-    return Postgres(admin, where, shown[0], shown[1], shown[2], shown[3] == "on")
+def drop_db(admin: str, name: str) -> None:
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-def dbos_version(bench_py: str) -> str:
-    """The version of DBOS in the bench-only virtualenv."""
-    return subprocess.run([bench_py, "-c", "import importlib.metadata as m; print(m.version('dbos'))"],
-                          capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+@contextlib.contextmanager
+def livepush_db(admin: str, name: str) -> Iterator[str]:
+    """A migrated scratch database that livepush's settings and pools point at until the block
+    ends; then they point nowhere and the database is dropped."""
+    from livepush import config
+    from livepush.jobs import database
+
+    url = make_db(admin, name)
+    migrate(url)
+    config.set_settings(config.Settings(database_url=url, fanout="postgres", env="test"))
+    database.configure(url)
+    try:
+        yield url
+    finally:
+        database.configure(None)
+        with contextlib.suppress(psycopg.Error):
+            drop_db(admin, name)

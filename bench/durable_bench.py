@@ -1,64 +1,53 @@
-"""Durable jobs benchmark (not a test): livepush's durable jobs against DBOS Transact, in one run
-on the same Postgres.
+"""Durable jobs suite: livepush's durable jobs against DBOS Transact, in one run on the same
+Postgres (which keeps commit timestamps: the harness starts it so).
 
-    .venv/bin/python bench/durable_bench.py                       # durable Postgres, 3 rounds, ~4 min
-    .venv/bin/python bench/durable_bench.py --quick               # 1 round, smaller sizes, ~1 min
-    .venv/bin/python bench/durable_bench.py --rounds 1 --systems livepush   # livepush only
-
-Without --pg-url it starts a throwaway PostgreSQL (Postgres' durable defaults: fsync and
-synchronous_commit on; --pg-no-fsync turns fsync off) and removes it at the end. DBOS runs as
-subprocesses with the bench-only virtualenv's python (.venv-bench, with `dbos` installed: see
-docs/performance.md) and bench/competitors/dbos_driver.py, which prints its figures as JSON. Each
-system gets its own scratch database on the same server (DBOS's is its system database).
+DBOS runs as subprocesses with the bench-only virtualenv's python (.venv-bench) and
+bench/competitors/dbos_driver.py, which prints its figures as JSON. Each system gets its own
+scratch database on the same server (DBOS's is its system database).
 
 Measured (livepush jobs are async, their steps async no-op functions; DBOS's workflows and steps
-are sync: async ones ran no faster in this benchmark):
-a. steps/s of a 10-step job (`await ctx.checkpoint(f"s{i}", noop_step)` ten times): --seq-jobs
-   jobs run one after another (livepush: a Runtime at concurrency 1 draining them; DBOS: the
-   workflow called in one thread, after one warm-up call), and --conc-jobs jobs enqueued at once,
-   then run at concurrency 10 (livepush: one Runtime; DBOS: a queue paused while they are
-   enqueued, then given worker_concurrency=10, polled every 10 ms). Timed from the runtime's
-   start (registered and listening: its startup, like DBOS's launch, is not counted; DBOS: the
-   first call, the queue's release) to the last job's outcome committed.
+are sync: async ones ran no faster here):
+a. steps/s of a 10-step job (`await ctx.checkpoint(f"s{i}", noop_step)` ten times): jobs run one
+   after another (livepush: a Runtime at concurrency 1 draining them; DBOS: the workflow called
+   in one thread, after one warm-up call), and jobs enqueued at once, then run at concurrency 10
+   (livepush: one Runtime; DBOS: a queue paused while they are enqueued, then given
+   worker_concurrency=10, polled every 10 ms). Timed from the runtime's start (registered and
+   listening: its startup, like DBOS's launch, is not counted; DBOS: the first call, the queue's
+   release) to the last job's outcome committed. Goal: 3x DBOS.
 b. replay: a 100-step job whose final step raises on attempt 1; attempt 2 replays the 100 stored
    checkpoints. Time from the job function's entry on attempt 2 to the call of its final step.
    DBOS: the 100-step workflow forked at its final step (DBOS.fork_workflow), which replays the
    100 steps copied to the fork; same clock, from the fork's entry to its final step.
-c. recovery after kill -9: a runtime process (livepush: `livepush jobs` with --heartbeat; DBOS:
-   a launched DBOS process) runs a 10-step job; its 5th step never returns, and the process is
-   SIGKILLed in it and reaped. A new process of the same kind starts right after; the figure is
-   the time from the kill to the start of the 5th step in the new process (printed with
+c. recovery after kill -9: a runtime process (livepush: `livepush jobs` with --heartbeat 0.2;
+   DBOS: a launched DBOS process) runs a 10-step job; its 5th step never returns, and the process
+   is SIGKILLed in it and reaped. A new process of the same kind starts right after; the figure
+   is the time from the kill to the start of the 5th step in the new process (printed with
    time.time() by the step itself). livepush: a runtime starting on the same machine releases at
    once the jobs of runtimes whose process is gone; from another machine (the victim run in a pid
-   namespace of its own, which livepush takes for another machine) a runtime silent for three of
-   its heartbeats is dead. DBOS re-enqueues the PENDING workflows of its executor id and
-   application version at launch, on an internal queue it polls once a second, wherever the new
-   process runs. "up" is when the new process said it was ready.
-d. parking and waking (livepush only): a parent job calls ctx.run_children() on --children
-   children; the time from the commit of the last child's outcome (the same transaction finishes
-   the group and makes the parent available; its time is the commit timestamp Postgres records,
-   so the server needs track_commit_timestamp, which the throwaway one has) to the parent's
-   function starting again, --wake-samples per round. And --jobs no-op jobs at concurrency 10
-   with --parked jobs parked (each waiting for a signal that never comes) against the same with
-   none parked (which of the two runs first alternates by round).
+   namespace of its own, which livepush takes for another machine; needs root) a runtime silent
+   for three of its heartbeats is dead. DBOS re-enqueues the PENDING workflows of its executor id
+   and application version at launch, on an internal queue it polls once a second, wherever the
+   new process runs: its one figure is the baseline of both. Goal: no slower than DBOS.
+d. parking and waking (livepush only): a parent job calls ctx.run_children() on its children;
+   the time from the commit of the last child's outcome (the same transaction finishes the group
+   and makes the parent available; its time is the commit timestamp Postgres records) to the
+   parent's function starting again. And no-op jobs at concurrency 10 with jobs parked (each
+   waiting for a signal that never comes) against the same with none parked (which of the two
+   runs first alternates by round).
 Rounds are interleaved (each round runs every figure for both systems) so drift hits all alike;
-the table shows each figure's median over the rounds and the ratios of the medians.
+a figure is the median over the rounds.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import json
 import os
-import queue
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -67,17 +56,16 @@ import psycopg
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _services import Services, commit_timestamped_postgres, dbos_version  # noqa: E402
-from jobs_bench import drop_db, make_db, run  # noqa: E402
+import report  # noqa: E402
+from _procs import Child  # noqa: E402
+from _services import drop_db, livepush_db, make_db  # noqa: E402
+from jobs_bench import run  # noqa: E402
 
-from livepush import config  # noqa: E402
-from livepush.jobs import database, enqueue_many, job  # noqa: E402
+from livepush.jobs import enqueue_many, job  # noqa: E402
 from livepush.jobs.api.registry import Registry  # noqa: E402
 from livepush.jobs.runtime.runtime import Runtime  # noqa: E402
-from livepush.migrate import migrate  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH_PY = os.path.join(ROOT, ".venv-bench", "bin", "python")
 DBOS_DRIVER = os.path.join(ROOT, "bench", "competitors", "dbos_driver.py")
 
 STEPS = 10
@@ -329,47 +317,6 @@ def with_parked(url: str, n: int, parked_n: int) -> dict[str, float]:
 
 
 # -- kill -9 and recovery (both systems) ---------------------------------------------------------
-class Child:
-    """A subprocess whose output lines are read by a thread, so every wait on them is bounded."""
-
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        self.lines: queue.Queue[tuple[float, str]] = queue.Queue()
-        self.tail: collections.deque[str] = collections.deque(maxlen=40)
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put((time.time(), line.rstrip("\n")))
-        self.lines.put((time.time(), ""))  # end of output
-
-    def wait_for(self, match: Callable[[str], bool], timeout: float, what: str) -> tuple[float, str]:
-        """(time read, line) of the next line that matches."""
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                at, line = self.lines.get(timeout=max(left, 0.0))
-            except queue.Empty:
-                raise TimeoutError(f"{what}: nothing within {timeout:g} s; last output:\n" + "\n".join(self.tail)) from None
-            if not line and self.proc.poll() is not None:
-                raise RuntimeError(f"{what}: the process exited ({self.proc.returncode}); last output:\n"
-                                   + "\n".join(self.tail))
-            self.tail.append(line)
-            if match(line):
-                return at, line
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
 def emitted(line: str) -> list[str] | None:
     """The words of a line job code printed (the last one its time.time()), else None."""
     words = line.split()
@@ -441,216 +388,103 @@ def lp_kill(url: str, heartbeat: float, victim_prefix: list[str] | None = None) 
 
 
 # -- DBOS ---------------------------------------------------------------------------------------------
-def dbos_call(url: str, what: str, n: int = 0) -> dict[str, float]:
-    proc = subprocess.run([BENCH_PY, DBOS_DRIVER, url, what, str(n)], capture_output=True, text=True,
+def dbos_call(bench_python: str, url: str, what: str, n: int = 0) -> dict[str, float]:
+    proc = subprocess.run([bench_python, DBOS_DRIVER, url, what, str(n)], capture_output=True, text=True,
                           timeout=600, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"DBOS {what} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def dbos_kill(url: str, round_no: int) -> dict[str, float]:
+def dbos_kill(bench_python: str, url: str, round_no: int) -> dict[str, float]:
     workflow_id = f"kill-{round_no}-{os.getpid()}"
 
     def start(role: str) -> Child:
-        return Child([BENCH_PY, DBOS_DRIVER, url, role, workflow_id])
+        return Child([bench_python, DBOS_DRIVER, url, role, workflow_id])
 
     return kill_and_recover(start, lambda line: (emitted(line) or [""])[0] == "ready")
 
 
-# -- report ----------------------------------------------------------------------------------------------
-def fmt(v: float | None, unit: str) -> str:
-    if v is None:
-        return "n/a"
-    if unit == "/s":
-        return f"{v:,.0f}/s"
-    if unit == "s":
-        return f"{v:.2f} s"
-    return f"{v:.1f} ms"
+# -- figures --------------------------------------------------------------------------------------------
+HEARTBEAT = 0.2  # livepush's heartbeat in the kill test, seconds
 
 
-def report(results: dict[str, dict[str, list[float]]], args: argparse.Namespace, seq_n: int, conc_n: int,
-           jobs_n: int, parked_n: int) -> None:
-    med = {s: {k: statistics.median(v) for k, v in m.items()} for s, m in results.items()}
-    lp, db = med["livepush"], med["DBOS"]
-
-    # DBOS recovers by executor id, wherever the new process runs: its one figure stands for both.
-    db = {**db, "recover_s_other": db["recover_s"]} if "recover_s" in db else db
-
-    def ratio(key: str) -> str:
-        return f"{lp[key] / db[key]:.2f}x" if key in lp and db.get(key) else ""
-
-    rows = [
-        (f"10-step jobs one at a time ({seq_n:,} jobs), steps/s", "seq_steps", "/s"),
-        (f"10-step jobs at concurrency 10 ({conc_n:,} enqueued at once), steps/s", "conc_steps", "/s"),
-        (f"replay of {REPLAY_STEPS} stored checkpoints", "replay_ms", "ms"),
-        ("kill -9 to the job's next step, new process on the same machine", "recover_s", "s"),
-        ("kill -9 to that new process up", "up_s", "s"),
-        (f"kill -9 to the job's next step, new process on another machine (heartbeat {args.heartbeat:g} s)",
-         "recover_s_other", "s"),
-    ]
-    print()
-    print("| figure | livepush | DBOS | livepush / DBOS |")
-    print("|---|---|---|---|")
-    for label, key, unit in rows:
-        print(f"| {label} | {fmt(lp.get(key), unit)} | {fmt(db.get(key), unit)} | {ratio(key)} |")
-    if "wake_ms" in lp:
-        print(f"| parent running again after its last child's commit ({args.children:,} children, median of "
-              f"{len(results['livepush']['wake_ms'])}) | {fmt(lp['wake_ms'], 'ms')} | | |")
-    if "rate_none" in lp:
-        print(f"| {jobs_n:,} no-op jobs at concurrency 10, none parked | {fmt(lp['rate_none'], '/s')} | | |")
-        print(f"| the same with {parked_n:,} jobs parked on a signal | {fmt(lp['rate_parked'], '/s')} | | |")
-        print(f"| (setup, not a goal) parking those {parked_n:,} jobs at concurrency 30 | {fmt(lp['parks'], '/s')} | | |")
-    print()
-    goals: list[tuple[str, str, bool]] = []
-    faster = False
-    if lp and db:
-        for key, label in (("seq_steps", "one at a time"), ("conc_steps", "at concurrency 10")):
-            x = lp[key] / db[key]
-            goals.append((f"steps/s {label} >= 3x DBOS's", f"{x:.2f}x", x >= 3))
-    if lp:
-        goals.append((f"replay of {REPLAY_STEPS} stored checkpoints < 100 ms",
-                      f"{lp['replay_ms']:.1f} ms ({lp['replay_ms'] / REPLAY_STEPS * 1000:.0f} us per checkpoint)",
-                      lp["replay_ms"] < 100))
-        if "wake_ms" in lp:
-            goals.append(("parent running again <= 100 ms after its last child's commit",
-                          f"{lp['wake_ms']:.1f} ms", lp["wake_ms"] <= 100))
-        nones, parks = results["livepush"]["rate_none"], results["livepush"]["rate_parked"]
-        per_round = [p / n for p, n in zip(parks, nones)]
-        overall = lp["rate_parked"] / lp["rate_none"]
-        # Noise: how far apart the rounds of the same case (none parked) land. With one round
-        # there is no measure of it, and 10 % stands in.
-        spread = (max(nones) - min(nones)) / statistics.median(nones) if len(nones) > 1 else 0.10
-        faster = overall > 1 + spread
-        goals.append((f"processing unchanged with {parked_n:,} parked (within noise)",
-                      (f"parked / none {overall:.2f}x (rounds {', '.join(f'{x:.2f}' for x in per_round)}; "
-                       f"noise {spread * 100:.0f} %{'' if len(nones) > 1 else ' assumed'})"),
-                      abs(1 - overall) <= spread))
-    for label, value, ok in goals:
-        print(f"goal {label}: {value} {'met' if ok else 'NOT met'}")
-    if lp and faster:
-        print("note: faster with parked jobs than without, past the noise: nothing parked jobs do should speed "
-              "the others up, so suspect the noise measure (more rounds)")
-    if "recover_s" in lp:
-        print(f"recovery: a new livepush runtime on the same machine releases the jobs of runtimes whose process is "
-              f"gone as it starts; on another machine, a runtime is dead after three heartbeats of silence "
-              f"({3 * args.heartbeat:g} s here). DBOS recovers at launch, by executor id, through its internal queue, "
-              "polled once a second")
-    print(f"runs: {json.dumps(results)}")
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pg-url", help="an admin URL of a running PostgreSQL (scratch databases are made there)")
-    ap.add_argument("--pg-port", type=int, default=0, help="port for the throwaway PostgreSQL (0: any free one)")
-    ap.add_argument("--pg-no-fsync", action="store_true", help="throwaway PostgreSQL with fsync=off")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="1 round (unless --rounds is given) and smaller sizes")
-    ap.add_argument("--seq-jobs", type=int, default=None, help="10-step jobs run one after another (default 100)")
-    ap.add_argument("--conc-jobs", type=int, default=None, help="10-step jobs run at concurrency 10 (default 300)")
-    ap.add_argument("--heartbeat", type=float, default=0.2, help="livepush heartbeat in the kill test (seconds)")
-    ap.add_argument("--children", type=int, default=1000, help="children of the parent in the wake test")
-    ap.add_argument("--wake-samples", type=int, default=3, help="parents woken per round")
-    ap.add_argument("--jobs", type=int, default=None, help="no-op jobs in the parked test (default 20,000)")
-    ap.add_argument("--parked", type=int, default=None, help="jobs parked in the parked test (default 10,000)")
-    ap.add_argument("--systems", default="livepush,dbos", help="comma-separated: livepush, dbos, or both")
-    args = ap.parse_args()
-    rounds_given = any(a == "--rounds" or a.startswith("--rounds=") for a in sys.argv[1:])
-    if args.quick and not rounds_given:
-        args.rounds = 1
-    small = args.quick
-    seq_n = args.seq_jobs or (30 if small else 100)
-    conc_n = args.conc_jobs or (100 if small else 300)
-    jobs_n = args.jobs or (10_000 if small else 20_000)
-    parked_n = args.parked if args.parked is not None else (5_000 if small else 10_000)
-    systems = {s.strip().lower() for s in args.systems.split(",") if s.strip()}
-    if not systems or systems - {"livepush", "dbos"}:
-        raise SystemExit(f"--systems {args.systems}: name livepush, dbos or both")
-    with_dbos, with_lp = "dbos" in systems, "livepush" in systems
-    if with_dbos and not os.path.exists(BENCH_PY):
-        raise SystemExit("no .venv-bench: python3 -m venv .venv-bench && .venv-bench/bin/pip install dbos "
-                         "(see docs/performance.md), or pass --systems livepush")
-    services = Services()
-    try:
-        pg = commit_timestamped_postgres(services, args.pg_url, args.pg_port, args.pg_no_fsync)
-        admin, where, version, fsync, sync_commit = pg.admin, pg.where, pg.version, pg.fsync, pg.synchronous_commit
-        commit_ts = pg.commit_timestamps
-        if with_lp and not pg.commit_timestamps:
-            print("the server keeps no commit timestamps (track_commit_timestamp off): the wake figure is skipped", flush=True)
-        dbos_version_shown = dbos_version(BENCH_PY) if with_dbos else "not run"
-        print(f"PostgreSQL {version} ({where}; fsync={fsync}, synchronous_commit={sync_commit}), "
-              f"{os.cpu_count()} cores, DBOS {dbos_version_shown}, {args.rounds} round(s); 10-step jobs: {seq_n:,} one "
-              f"at a time, {conc_n:,} at concurrency 10; livepush heartbeat in the kill test {args.heartbeat:g} s; "
-              f"{args.children:,} children x {args.wake_samples} per round; {jobs_n:,} no-op jobs with "
-              f"{parked_n:,} parked", flush=True)
-
-        lp_url = dbos_url = ""
-        figures: list[tuple[str, str, Callable[[int], dict[str, Any]]]] = []
-        if with_lp:
-            lp_url = make_db(admin, "bench_durable_livepush")
-            migrate(lp_url)
-            config.set_settings(config.Settings(database_url=lp_url, fanout="postgres", env="test"))
-            database.configure(lp_url)
-            figures += [
-                ("livepush", "seq", lambda r: {"seq_steps": lp_steps(lp_url, seq_n, 1)}),
-                ("livepush", "conc", lambda r: {"conc_steps": lp_steps(lp_url, conc_n, 10)}),
-                ("livepush", "replay", lambda r: lp_replay(lp_url)),
-                ("livepush", "kill", lambda r: lp_kill(lp_url, args.heartbeat)),
-            ]
+def figures(ctx: report.Context) -> list[report.Figure]:
+    """Steps/s, replay and recovery against DBOS; waking and processing beside parked jobs alone."""
+    if ctx.bench_python is None:
+        raise RuntimeError("no .venv-bench with DBOS: run bin/bench, which makes it")
+    bench_py = ctx.bench_python
+    if ctx.quick:
+        rounds_n, seq_n, conc_n, children, wakes, jobs_n, parked_n = 1, 30, 100, 200, 1, 5_000, 1_000
+    else:
+        rounds_n, seq_n, conc_n, children, wakes, jobs_n, parked_n = 2, 100, 300, 1_000, 3, 20_000, 10_000
+    rounds = report.Rounds()
+    with livepush_db(ctx.pg_admin_url, "bench_durable_livepush") as lp_url:
+        dbos_url = make_db(ctx.pg_admin_url, "bench_durable_dbos")
+        try:
             elsewhere = other_node_prefix()
             if elsewhere is None:
-                print("cannot run a process in a pid namespace of its own (needs root and unshare): the kill test "
-                      "with the new process on another machine is skipped", flush=True)
-            else:
-                figures.append(("livepush", "kill elsewhere", lambda r: {
-                    f"{k}_other": v for k, v in lp_kill(lp_url, args.heartbeat, elsewhere).items()}))
-        if with_dbos:
-            dbos_url = make_db(admin, "bench_durable_dbos")
-            dbos_call(dbos_url, "install")
-            figures += [
-                ("DBOS", "seq", lambda r: {"seq_steps": dbos_call(dbos_url, "seq", seq_n)["seq_steps"]}),
-                ("DBOS", "conc", lambda r: {"conc_steps": dbos_call(dbos_url, "queue", conc_n)["queue_steps"]}),
-                ("DBOS", "replay", lambda r: dbos_call(dbos_url, "replay")),
-                ("DBOS", "kill", lambda r: dbos_kill(dbos_url, r)),
+                report.note("  cannot run a process in a pid namespace of its own (needs root and unshare): the "
+                            "kill test with the new process on another machine is skipped")
+            # A round runs each figure for both systems back to back, so drift hits both alike.
+            tests: list[tuple[str, str, Callable[[int], dict[str, Any]]]] = [
+                ("livepush", "seq", lambda r: {"seq_steps": lp_steps(lp_url, seq_n, 1)}),
+                ("DBOS", "seq", lambda r: {"seq_steps": dbos_call(bench_py, dbos_url, "seq", seq_n)["seq_steps"]}),
+                ("livepush", "conc", lambda r: {"conc_steps": lp_steps(lp_url, conc_n, 10)}),
+                ("DBOS", "conc", lambda r: {"conc_steps": dbos_call(bench_py, dbos_url, "queue", conc_n)["queue_steps"]}),
+                ("livepush", "replay", lambda r: lp_replay(lp_url)),
+                ("DBOS", "replay", lambda r: dbos_call(bench_py, dbos_url, "replay")),
+                ("livepush", "kill", lambda r: lp_kill(lp_url, HEARTBEAT)),
+                ("DBOS", "kill", lambda r: dbos_kill(bench_py, dbos_url, r)),
             ]
-        # A round runs each figure for both systems back to back, so drift hits both alike.
-        order = ["seq", "conc", "replay", "kill", "kill elsewhere"]
-        figures.sort(key=lambda f: order.index(f[1]))
-        if with_lp:
-            if commit_ts:
-                figures.append(("livepush", "wake",
-                                lambda r: {"wake_ms": lp_wake(lp_url, args.children, args.wake_samples)}))
-            figures += [
+            if elsewhere is not None:
+                tests.append(("livepush", "kill elsewhere", lambda r: {
+                    f"{k}_other": v for k, v in lp_kill(lp_url, HEARTBEAT, elsewhere).items()}))
+            tests += [
+                ("livepush", "wake", lambda r: {"wake_ms": lp_wake(lp_url, children, wakes)}),
                 ("livepush", "none parked", lambda r: {"rate_none": lp_parked(lp_url, jobs_n, 0)["rate"]}),
                 ("livepush", "parked", lambda r: with_parked(lp_url, jobs_n, parked_n)),
             ]
+            for r in range(rounds_n):
+                # The two processing runs of the parked test swap places every round, so that what
+                # the first of the pair pays for following another test falls on each case in turn.
+                for system, what, fn in (tests if r % 2 == 0 else [*tests[:-2], tests[-1], tests[-2]]):
+                    t = time.perf_counter()
+                    got = {k: v for k, v in fn(r).items() if k not in ("stored", "replayed")}
+                    rounds.add(system, got)
+                    report.note(f"  round {r + 1} {system:9} {what:14} " + ", ".join(
+                        f"{k} {statistics_text(v)}" for k, v in got.items()) + f"  ({time.perf_counter() - t:.1f} s)")
+        finally:
+            drop_db(ctx.pg_admin_url, "bench_durable_dbos")
 
-        results: dict[str, dict[str, list[float]]] = {"livepush": {}, "DBOS": {}}
-        for r in range(args.rounds):
-            # The two processing runs of the parked test swap places every round, so that what the
-            # first of the pair pays for following another test falls on each case in turn.
-            this_round = figures if r % 2 == 0 or not with_lp else [*figures[:-2], figures[-1], figures[-2]]
-            for system, what, fn in this_round:
-                t = time.perf_counter()
-                got = fn(r)
-                for k, v in got.items():
-                    if k in ("stored", "replayed"):
-                        continue
-                    results[system].setdefault(k, []).extend(v if isinstance(v, list) else [v])
-                shown = ", ".join(f"{k} " + (", ".join(f"{x:,.1f}" for x in v) if isinstance(v, list) else f"{v:,.2f}")
-                                  for k, v in got.items())
-                print(f"  round {r + 1} {system:9} {what:12} {shown}  ({time.perf_counter() - t:.1f} s)", flush=True)
-        report(results, args, seq_n, conc_n, jobs_n, parked_n)
-    finally:
-        database.configure(None)
-        if args.pg_url:
-            for name in ("bench_durable_livepush", "bench_durable_dbos"):
-                try:
-                    drop_db(args.pg_url, name)
-                except psycopg.Error:
-                    pass
-        services.stop()
+    def lp(key: str) -> float:
+        return rounds.median("livepush", key) or 0.0
+
+    def dbos(key: str) -> float | None:
+        return rounds.median("DBOS", key)
+
+    out = [
+        report.Figure("10-step durable jobs one at a time", lp("seq_steps"), "steps/s", "DBOS", dbos("seq_steps"),
+                      goal=3.0),
+        report.Figure("10-step durable jobs at concurrency 10", lp("conc_steps"), "steps/s", "DBOS",
+                      dbos("conc_steps"), goal=3.0),
+        report.Figure(f"replay of {REPLAY_STEPS} stored checkpoints", lp("replay_ms"), "ms", "DBOS (a fork)",
+                      dbos("replay_ms"), higher_is_better=False),
+        report.Figure("kill -9 to the job's next step, new process on the same machine", lp("recover_s"), "s",
+                      "DBOS", dbos("recover_s"), higher_is_better=False, goal=1.0),
+    ]
+    if rounds.median("livepush", "recover_s_other") is not None:
+        out.append(report.Figure(f"kill -9 to the job's next step, new process elsewhere (heartbeat {HEARTBEAT:g} s)",
+                                 lp("recover_s_other"), "s", "DBOS", dbos("recover_s"), higher_is_better=False,
+                                 goal=1.0))
+    out += [
+        report.Figure(f"parent running again after its last child's commit ({children:,} children)", lp("wake_ms"),
+                      "ms", higher_is_better=False),
+        report.Figure(f"process no-op jobs beside {parked_n:,} parked jobs", lp("rate_parked"), "jobs/s",
+                      "the same with none parked", rounds.median("livepush", "rate_none")),
+    ]
+    return out
 
 
-if __name__ == "__main__":
-    main()
+def statistics_text(value: float | list[float]) -> str:
+    return ", ".join(f"{x:,.1f}" for x in value) if isinstance(value, list) else f"{value:,.2f}"

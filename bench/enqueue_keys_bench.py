@@ -1,37 +1,30 @@
-"""Enqueue options benchmark (not a test): what an idempotency key costs an enqueue.
+"""Enqueue options suite: what an idempotency key costs an enqueue (docs/jobs.md#enqueue-options).
 
-    .venv/bin/python bench/enqueue_keys_bench.py              # throwaway durable PostgreSQL, 5 rounds
-    .venv/bin/python bench/enqueue_keys_bench.py --pg-url postgresql://postgres@127.0.0.1:5432/postgres
-
-Measured in one run, rounds interleaved so drift hits every variant alike (medians shown):
-- one at a time: 1,000 sync enqueues, each its own transaction, without a key, with a fresh key
+Measured in one run, rounds interleaved so drift hits every variant alike (medians reported):
+- one at a time: 1,000 sync enqueues (300 with --quick), each its own transaction, without a key, with a fresh key
   each (the insert path: lock, look up, insert), and with a key an unfinished job holds (the
   hit: lock, look up, nothing written);
-- bulk: 10 enqueue_many calls of 1,000 (job, args, options) items, without keys and with a
+- bulk: 10 enqueue_many calls of 1,000 (3 with --quick) (job, args, options) items, without keys and with a
   fresh key per job.
-The goal (docs/jobs.md "Enqueue options") is a keyed enqueue at most 1.3x a plain one.
+The goal is a keyed enqueue costing at most 1.3x a plain one: a rate at least 1/1.3 of it.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
 
-import psycopg
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _services import Services  # noqa: E402
-from jobs_bench import lp_setup, lp_truncate, noop_job  # noqa: E402
+import report  # noqa: E402
+from _services import livepush_db  # noqa: E402
+from jobs_bench import lp_truncate, noop_job  # noqa: E402
 
 from livepush.jobs import database, enqueue_many  # noqa: E402
 
-ONE = 1000
-BULK_CALLS, BULK_SIZE = 10, 1000
+BULK_SIZE = 1000
 _seq = [0]
 
 
@@ -40,81 +33,69 @@ def fresh() -> str:
     return f"bench:{_seq[0]}"
 
 
-def one_plain(url: str) -> float:
+def one_plain(n: int) -> float:
     t = time.perf_counter()
-    for _ in range(ONE):
+    for _ in range(n):
         noop_job.enqueue()
-    return ONE / (time.perf_counter() - t)
+    return n / (time.perf_counter() - t)
 
 
-def one_keyed(url: str) -> float:
-    keys = [fresh() for _ in range(ONE)]
+def one_keyed(n: int) -> float:
+    keys = [fresh() for _ in range(n)]
     t = time.perf_counter()
     for k in keys:
         noop_job.enqueue(key=k)
-    return ONE / (time.perf_counter() - t)
+    return n / (time.perf_counter() - t)
 
 
-def one_held(url: str) -> float:
+def one_held(n: int) -> float:
     noop_job.enqueue(key="bench:held")
     t = time.perf_counter()
-    for _ in range(ONE):
+    for _ in range(n):
         noop_job.enqueue(key="bench:held")
-    return ONE / (time.perf_counter() - t)
+    return n / (time.perf_counter() - t)
 
 
-def bulk_plain(url: str) -> float:
+def bulk_plain(n: int) -> float:
     t = time.perf_counter()
-    for _ in range(BULK_CALLS):
+    for _ in range(n // 100):
         enqueue_many([(noop_job, [], {}) for _ in range(BULK_SIZE)])
-    return BULK_CALLS * BULK_SIZE / (time.perf_counter() - t)
+    return n // 100 * BULK_SIZE / (time.perf_counter() - t)
 
 
-def bulk_keyed(url: str) -> float:
+def bulk_keyed(n: int) -> float:
     t = time.perf_counter()
-    for _ in range(BULK_CALLS):
+    for _ in range(n // 100):
         enqueue_many([(noop_job, [], {"key": fresh()}) for _ in range(BULK_SIZE)])
-    return BULK_CALLS * BULK_SIZE / (time.perf_counter() - t)
+    return n // 100 * BULK_SIZE / (time.perf_counter() - t)
 
 
-VARIANTS: dict[str, Callable[[str], float]] = {
+# Each variant is given n, the enqueues one at a time; the bulk ones make n / 100 calls of 1,000.
+VARIANTS: dict[str, Callable[[int], float]] = {
     "one, no key": one_plain, "one, fresh key": one_keyed, "one, key held": one_held,
     "bulk, no key": bulk_plain, "bulk, fresh keys": bulk_keyed,
 }
-RATIOS = [("one, fresh key", "one, no key"), ("one, key held", "one, no key"), ("bulk, fresh keys", "bulk, no key")]
+# (figure, variant, its baseline variant, goal)
+FIGURES = [
+    ("enqueue one with a fresh key", "one, fresh key", "one, no key", 1 / 1.3),
+    ("enqueue one whose key a job holds", "one, key held", "one, no key", None),
+    ("enqueue_many of 1,000 with fresh keys", "bulk, fresh keys", "bulk, no key", 1 / 1.3),
+]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pg-url", help="an admin URL of a running PostgreSQL (a scratch database is made there)")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--pg-no-fsync", action="store_true", help="throwaway PostgreSQL with fsync=off (CPU cost only)")
-    args = ap.parse_args()
-    services = Services()
-    try:
-        admin = args.pg_url or services.start_postgres(0, durable=not args.pg_no_fsync)
-        with psycopg.connect(admin) as c:
-            version = c.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-        with psycopg.connect(admin) as c:
-            fsync = c.execute("SHOW fsync").fetchone()[0]  # type: ignore[index]
-        print(f"PostgreSQL {version} (fsync={fsync}), {os.cpu_count()} cores, {args.rounds} rounds", flush=True)
-        url = lp_setup(admin)
+def figures(ctx: report.Context) -> list[report.Figure]:
+    """Each keyed variant's rate against the same enqueue without a key."""
+    rounds = report.Rounds()
+    with livepush_db(ctx.pg_admin_url, "bench_enqueue_keys") as url:
         with database.pools().sync().connection():
             pass  # the pool is open before any clock starts
-        rates: dict[str, list[float]] = {name: [] for name in VARIANTS}
-        for r in range(args.rounds):
+        n = 300 if ctx.quick else 1000
+        for r in range(1 if ctx.quick else 5):
             for name, fn in VARIANTS.items():
                 lp_truncate(url)
-                rates[name].append(fn(url))
-            print(f"  round {r + 1}: " + ", ".join(f"{n} {v[-1]:,.0f}/s" for n, v in rates.items()), flush=True)
-        med = {name: statistics.median(v) for name, v in rates.items()}
-        for name, rate in med.items():
-            print(f"{name:18} {rate:10,.0f} jobs/s  {1e6 / rate:8.1f} µs/job")
-        for keyed, plain in RATIOS:
-            print(f"cost ratio {keyed} / {plain}: {med[plain] / med[keyed]:.2f}x")
-    finally:
-        services.stop()
-
-
-if __name__ == "__main__":
-    main()
+                rounds.add(name, {"rate": fn(n)})
+            report.note(f"  round {r + 1}: " + ", ".join(
+                f"{n} {rounds.samples[n, 'rate'][-1]:,.0f}/s" for n in VARIANTS))
+    return [report.Figure(label, rounds.median(keyed, "rate") or 0.0, "jobs/s", plain,
+                          rounds.median(plain, "rate"), goal=goal)
+            for label, keyed, plain, goal in FIGURES]

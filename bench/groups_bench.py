@@ -1,26 +1,20 @@
-"""Task group benchmark (not a test): 10,000 no-op jobs in one group against the same 10,000
-jobs without a group, in one run on the same Postgres, and the group topic's event rate.
+"""Task groups suite: N no-op jobs in one group against the same N jobs without a group, in one
+run on the same Postgres, and the group topic's event rate.
 
-    .venv/bin/python bench/groups_bench.py                      # throwaway durable Postgres, 3 rounds
-    .venv/bin/python bench/groups_bench.py --pg-port 55510 --rounds 1 --runtimes 2
-
-Without --pg-url it starts a throwaway PostgreSQL (durable defaults; --pg-no-fsync turns
-fsync off) and removes it at the end. Each round runs both cases (interleaved, so drift hits
-both alike) in `--runtimes` runtimes of this process's event loop at `--concurrency` each:
+Each round runs both cases (interleaved, so drift hits both alike) in one runtime of this
+process's event loop at concurrency 10:
 - plain: `jobs.enqueue_many` of N jobs (1,000 per call), then run until every outcome is written;
 - group: one `jobs.group()` block of the same N members with an on_finish callback, then run
   until the group is finished (its callback enqueued).
-Reported: enqueue and processing rates (medians over the rounds), the group's overhead on
-processing, and the changes rung on `group:<id>` while members finished (recorded in the
-group's event log: total, per second over the run, and the most in any one-second window).
+Figures: enqueue and processing rates (medians over the rounds; the goal: at most 15 % processing
+overhead), and the most changes rung on `group:<id>` in any one second while members finished
+(recorded in the group's event log; the goal: about 10 a second at most).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
-import statistics
 import sys
 import time
 from typing import Any
@@ -29,14 +23,13 @@ import psycopg
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _services import Services  # noqa: E402
-from jobs_bench import drop_db, make_db, run  # noqa: E402
+import report  # noqa: E402
+from _services import livepush_db  # noqa: E402
+from jobs_bench import run  # noqa: E402
 
-from livepush import config  # noqa: E402
-from livepush.jobs import database, enqueue_many, get_group, group, job  # noqa: E402
+from livepush.jobs import enqueue_many, get_group, group, job  # noqa: E402
 from livepush.jobs.api.registry import Registry  # noqa: E402
 from livepush.jobs.runtime.runtime import Runtime  # noqa: E402
-from livepush.migrate import migrate  # noqa: E402
 
 REG = Registry()
 
@@ -124,48 +117,22 @@ def grouped(url: str, n: int, runtimes: int, concurrency: int) -> dict[str, floa
             "max_events_1s": window}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pg-url", help="an admin URL of a running PostgreSQL (a scratch database is made there)")
-    ap.add_argument("--pg-port", type=int, default=0)
-    ap.add_argument("--pg-no-fsync", action="store_true")
-    ap.add_argument("--jobs", type=int, default=10_000)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--runtimes", type=int, default=1)
-    ap.add_argument("--concurrency", type=int, default=10)
-    args = ap.parse_args()
-    services = Services()
-    try:
-        admin = args.pg_url or services.start_postgres(args.pg_port, durable=not args.pg_no_fsync)
-        url = make_db(admin, "bench_groups")
-        migrate(url)
-        config.set_settings(config.Settings(database_url=url, fanout="postgres", env="test"))
-        database.configure(url)
-        print(f"{os.cpu_count()} cores, {args.rounds} round(s), {args.jobs:,} jobs, {args.runtimes} runtime(s) "
-              f"x concurrency {args.concurrency}, fsync {'off' if args.pg_no_fsync else 'on'}", flush=True)
-        results: dict[str, list[dict[str, float]]] = {"plain": [], "group": []}
-        for r in range(args.rounds):
+def figures(ctx: report.Context) -> list[report.Figure]:
+    """The group's enqueue and processing rates against the same jobs without a group."""
+    n, rounds_n = (5_000, 1) if ctx.quick else (10_000, 3)
+    rounds = report.Rounds()
+    with livepush_db(ctx.pg_admin_url, "bench_groups") as url:
+        for r in range(rounds_n):
             for name, fn in (("plain", plain), ("group", grouped)):
-                got = fn(url, args.jobs, args.runtimes, args.concurrency)
-                results[name].append(got)
-                print(f"round {r + 1} {name}: " + ", ".join(f"{k} {v:,.1f}" for k, v in got.items()), flush=True)
-
-        def med(name: str, key: str) -> float:
-            return statistics.median(x[key] for x in results[name])
-
-        print()
-        print(f"{'':28}{'plain':>12}{'group':>12}{'group/plain':>14}")
-        for key, label in (("enqueue", "enqueue jobs/s"), ("process", "process jobs/s")):
-            p, g = med("plain", key), med("group", key)
-            print(f"{label:28}{p:>12,.0f}{g:>12,.0f}{g / p:>14.2f}")
-        overhead = 1 - med("group", "process") / med("plain", "process")
-        print(f"processing overhead of the group: {overhead * 100:.1f} % (goal: at most 15 %)")
-        print(f"group topic events: {med('group', 'events'):.0f} in total, {med('group', 'events_per_s'):.1f}/s "
-              f"over the run, at most {med('group', 'max_events_1s'):.0f} in any second (goal: about 10/s at most)")
-        drop_db(admin, "bench_groups")
-    finally:
-        services.stop()
-
-
-if __name__ == "__main__":
-    main()
+                got = fn(url, n, 1, 10)
+                rounds.add(name, got)
+                report.note(f"  round {r + 1} {name}: " + ", ".join(f"{k} {v:,.1f}" for k, v in got.items()))
+    base = "the same jobs without a group"
+    return [
+        report.Figure("enqueue in a task group", rounds.median("group", "enqueue") or 0.0, "jobs/s", base,
+                      rounds.median("plain", "enqueue")),
+        report.Figure("process in a task group, concurrency 10", rounds.median("group", "process") or 0.0, "jobs/s",
+                      base, rounds.median("plain", "process"), goal=0.85),
+        report.Figure("group topic events in the busiest second", rounds.median("group", "max_events_1s") or 0.0,
+                      "events", higher_is_better=False),
+    ]

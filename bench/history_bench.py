@@ -1,8 +1,4 @@
-#!/usr/bin/env python
-"""History benchmark: what keeping history costs a publish, and how fast a replay is.
-
-    .venv/bin/python bench/history_bench.py [--seconds 3] [--concurrency 4] [--rate 1000]
-        [--fanouts postgres,redis] [--pg-url URL] [--redis-url URL]
+"""History suite: what keeping history costs a publish, and how fast a replay is.
 
 In one run:
 1. Publish throughput, history on vs plain, with one listener in another process:
@@ -10,30 +6,29 @@ In one run:
      `SELECT pg_notify('bench', payload)`, one per transaction (autocommit);
    - livepush Redis (`fanout.apublish()`: one Lua script, XADD + trims + PUBLISH) vs plain
      `PUBLISH bench payload`.
-   Same concurrency on both sides: 1 publisher, one message per round trip; then
-   `--concurrency` publishers in one process (asyncio tasks; livepush's Postgres fan-out
-   shares its own pool of at most 4 connections, the plain side opens one connection each).
-   With several publishers livepush runs twice: all on one topic (they queue on the topic's
-   row lock, by design) and each on its own topic. msg/s = messages the listener received /
-   (its receipt of the last one - first publish); every publish must arrive.
-   The listener: the server's own hub over `fanout.listen()` (on Postgres it reads the log
-   for every doorbell, as a server does) vs a plain psycopg LISTEN / a raw redis-py
-   SUBSCRIBE connection (the same calls the fan-outs use).
-2. Publish-to-receive latency at `--rate` messages a second from one publisher (each message
-   carries `time.time()` taken before the publish call), p50/p99 over `--seconds` after
-   half a second of warm-up.
-3. Replay: `--replay` (10,000) messages published while nobody listened, then one WebSocket
-   client subscribes with `since` through a real server (`python -m livepush serve`; for the
-   local fan-out the in-process harness of bench/_servers.py). Time from sending `subscribe`
-   to receiving the last missed message, for each fan-out.
+   Same concurrency on both sides: 1 publisher, one message per round trip; then 4 publishers
+   in one process (asyncio tasks; livepush's Postgres fan-out shares its own pool of at most 4
+   connections, the plain side opens one connection each). With several publishers livepush
+   runs twice: all on one topic (they queue on the topic's row lock, by design) and each on its
+   own topic. msg/s = messages the listener received / (its receipt of the last one - first
+   publish); every publish must arrive (a loss fails the suite). Goal: >= 0.5x plain.
+   The listener: the server's own hub over `fanout.listen()` (on Postgres it reads the log for
+   every doorbell, as a server does) vs a plain psycopg LISTEN / a raw redis-py SUBSCRIBE
+   connection (the same calls the fan-outs use).
+2. Publish-to-receive latency at 1,000 messages a second from one publisher (each message
+   carries `time.time()` taken before the publish call), p50/p99 after half a second of warm-up.
+3. Replay: 10,000 messages (2,000 with --quick) published while nobody listened, then one
+   WebSocket client subscribes with `since` through a real server (`python -m livepush serve`;
+   for the local fan-out the in-process harness of bench/_servers.py). Time from sending
+   `subscribe` to receiving the last missed message, for each fan-out; the local fan-out, which
+   replays from memory, is the baseline of the other two.
 
-Messages are ~200 bytes of JSON. Without --pg-url / --redis-url a throwaway PostgreSQL and
-Redis are started in a temp dir and stopped at the end.
+Messages are ~200 bytes of JSON. Each measurement runs 3 s (0.5 s with --quick). The listener
+process is this file run with `--listener` (the one entry it keeps).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -41,7 +36,6 @@ import math
 import os
 import secrets
 import sys
-import tempfile
 import time
 from array import array
 from typing import Any
@@ -49,8 +43,9 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import report  # noqa: E402
 from _clients import open_group, raise_fd_limit  # noqa: E402
-from _services import Services, free_port, migrate, redis_fanout_available  # noqa: E402
+from _services import drop_db, free_port, make_db, migrate, redis_fanout_available  # noqa: E402
 from _servers import start_harness, start_livepush_cli  # noqa: E402
 
 CHANNEL = "bench"
@@ -111,7 +106,7 @@ class Listener:
             # doorbell that makes it read the topic's log, and the figures include those reads.
             sink = _Sink(self)
 
-            def broadcast(subscribers: Any, frame: str) -> None:
+            def broadcast(subscribers: Any, frame: str, topic: str, kind: str) -> None:
                 for subscriber in subscribers:
                     subscriber.send(frame)
 
@@ -402,183 +397,102 @@ async def measure_replay(kind: str, n: int, env: dict[str, str], port: int, tmp:
 
 
 # -- the run ----------------------------------------------------------------------------------
-def fmt_rate(r: dict | None) -> str:
-    if r is None:
-        return "n/a"
-    lost = "" if r["received"] == r["published"] else f" (got {r['received']}/{r['published']}!)"
-    return f"{r['rate']:>8,.0f}{lost}"
+CONCURRENCY = 4
+RATE = 1000.0  # messages a second in the latency measurement
+SIZE = 200  # bytes of JSON data per message
+FAMILIES = (("postgres", "pg_notify", "Postgres", "pg_notify"), ("redis", "redis_publish", "Redis", "Redis PUBLISH"))
 
 
-async def amain(args: argparse.Namespace) -> int:
-    raise_fd_limit()
-    fanouts = [f.strip() for f in args.fanouts.split(",") if f.strip()]
-    services = Services()
-    tmp = tempfile.mkdtemp(prefix="livepush-history-bench-")
+async def measure(ctx: report.Context, url: str) -> tuple[dict, dict]:
+    """Throughput and latency of each side, then the replays: ({side: {case: result}}, {fan-out: ms})."""
+    seconds, replay_n = (0.5, 2_000) if ctx.quick else (3.0, 10_000)
+    why = redis_fanout_available()
+    if why:
+        raise RuntimeError(f"livepush's Redis fan-out is not available: {why}")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIVEPUSH_") and k != "DATABASE_URL"}
-    env["LIVEPUSH_SECRET"] = secrets.token_urlsafe(48)
-    pad = "x" * max(0, args.size - 50)
-    listener = ListenerProcess(tmp)
-    rows: list[tuple[str, str, dict | None, dict | None, dict | None]] = []  # family, side, c=1, c=N, c=N many topics
-    latency: dict[str, dict | str] = {}
-    replay: dict[str, dict | str] = {}
-    notes: list[str] = []
+    env.update(LIVEPUSH_SECRET=secrets.token_urlsafe(48), LIVEPUSH_DATABASE_URL=url, LIVEPUSH_REDIS_URL=ctx.redis_url)
+    pad = "x" * max(0, SIZE - 50)
+    listener = ListenerProcess(ctx.workdir)
+    results: dict[str, dict] = {}
+    replays: dict[str, float] = {}
+    await listener.start()
     try:
-        families = []
-        if "postgres" in fanouts:
-            url = args.pg_url or services.start_postgres(args.pg_port, durable=not args.pg_no_fsync)
-            await asyncio.to_thread(migrate, url)
-            env["LIVEPUSH_DATABASE_URL"] = url
-            families.append(("postgres", "pg_notify", url))
-        if "redis" in fanouts:
-            why = redis_fanout_available()
-            url = args.redis_url or services.start_redis(args.redis_port)
-            env["LIVEPUSH_REDIS_URL"] = url
-            if why:
-                notes.append(f"redis: livepush's Redis fan-out is not available ({why}); only the plain side ran")
-            families.append(("redis" if not why else None, "redis_publish", url))
-        await listener.start()
-        c = args.concurrency
-        for lp_kind, plain_kind, url in families:
+        for lp_kind, plain_kind, _, _ in FAMILIES:
+            side_url = url if lp_kind == "postgres" else ctx.redis_url
             for side in (plain_kind, lp_kind):
-                if side is None:
-                    rows.append((plain_kind, "livepush", None, None, None))
-                    continue
-                print(f"[{side}] throughput and latency ...", file=sys.stderr, flush=True)
+                report.note(f"  [{side}] throughput and latency ...")
+                await listener.call(cmd="listen", kind=side, url=side_url)
                 try:
-                    await listener.call(cmd="listen", kind=side, url=url)
-                    results = []
-                    for conc, many in ((1, False), (c, False), (c, True)):
-                        if many and side == plain_kind:
-                            results.append(None)  # plain NOTIFY/PUBLISH has no topics to spread over
-                            continue
-                        pubs = Publishers(side, url, conc, pad)
+                    got: dict = {}
+                    cases = [("one", 1, False), ("many", CONCURRENCY, False)]
+                    if side == lp_kind:
+                        cases.append(("spread", CONCURRENCY, True))  # plain NOTIFY/PUBLISH has no topics
+                    for case, conc, many in cases:
+                        pubs = Publishers(side, side_url, conc, pad)
                         await pubs.open()
                         try:
                             tps = [f"bench:t{secrets.token_hex(3)}:{i}" for i in range(conc if many else 1)]
-                            results.append(await measure_throughput(listener, pubs, args.seconds, tps))
+                            got[case] = r = await measure_throughput(listener, pubs, seconds, tps)
                         finally:
                             await pubs.close()
-                    pubs = Publishers(side, url, 1, pad)
+                        if r["received"] != r["published"]:
+                            raise RuntimeError(f"{side}: the listener got {r['received']} of {r['published']} messages")
+                    pubs = Publishers(side, side_url, 1, pad)
                     await pubs.open()
                     try:
-                        latency[side] = await measure_latency(listener, pubs, args.seconds, args.rate, f"bench:lat{secrets.token_hex(3)}")
+                        got["latency"] = await measure_latency(listener, pubs, seconds, RATE,
+                                                               f"bench:lat{secrets.token_hex(3)}")
                     finally:
                         await pubs.close()
-                    rows.append((plain_kind, side, *results))
-                except Exception as exc:
-                    rows.append((plain_kind, side, None, None, None))
-                    latency[side] = f"{type(exc).__name__}: {exc}"
+                    results[side] = got
                 finally:
-                    with contextlib.suppress(Exception):
-                        await listener.call(cmd="stop")
-        replay_kinds = ["local"] + [f for f in ("postgres", "redis") if f in fanouts and not (f == "redis" and redis_fanout_available())]
-        for i, kind in enumerate(replay_kinds):
-            print(f"[{kind}] replay of {args.replay} messages ...", file=sys.stderr, flush=True)
-            port = free_port(args.ws_port + i if args.ws_port else 0)
-            try:
-                replay[kind] = await measure_replay(kind, args.replay, env, port, tmp, pad)
-            except Exception as exc:
-                replay[kind] = f"{type(exc).__name__}: {exc}"
-        print_report(args, rows, latency, replay, notes)
+                    await listener.call(cmd="stop")
+        for kind in ("local", "postgres", "redis"):
+            report.note(f"  [{kind}] replay of {replay_n:,} messages ...")
+            r = await measure_replay(kind, replay_n, env, free_port(0), ctx.workdir, pad)
+            if r["received"] != replay_n or not r["seconds"]:
+                raise RuntimeError(f"{kind} replay: got {r['received']} of {replay_n} messages "
+                                   f"(other frame {r.get('other', '-')[:80]}, closed {r.get('closed', '-')})")
+            replays[kind] = r["seconds"] * 1000
     finally:
         await listener.close()
-        services.stop()
-        for name in os.listdir(tmp):
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(tmp, name))
-        with contextlib.suppress(OSError):
-            os.rmdir(tmp)
-    return 0
+    return results, replays
 
 
-def print_report(args, rows, latency, replay, notes) -> None:
-    c = args.concurrency
-    print()
-    print(f"Publish throughput (msg/s received by one listener in another process; {args.size}-byte messages, {args.seconds:g} s each)")
-    head = f"{'':<24} {'1 publisher':>12} {'vs plain':>9} {f'{c} publishers':>13} {'vs plain':>9} {f'{c} pubs, {c} topics':>17} {'vs plain':>9}"
-    print(head)
-    print("-" * len(head))
-    plain: dict[str, tuple] = {}
-    for family, side, one, many, spread in rows:
-        label = {"pg_notify": "plain pg_notify", "redis_publish": "plain Redis PUBLISH",
-                 "postgres": "livepush postgres", "redis": "livepush redis", "livepush": "livepush redis"}[side]
-        if side == family:
-            plain[family] = (one, many)
-            print(f"{label:<24} {fmt_rate(one):>12} {'':>9} {fmt_rate(many):>13} {'':>9} {'(no topics)':>17}")
-            continue
-        base1, baseN = plain.get(family, (None, None))
-
-        def ratio(x, base):
-            if x is None or base is None:
-                return ""
-            r = x["rate"] / base["rate"]
-            return f"{r:.2f}x" + ("" if r >= GOAL else "!")
-
-        print(f"{label:<24} {fmt_rate(one):>12} {ratio(one, base1):>9} {fmt_rate(many):>13} {ratio(many, baseN):>9} "
-              f"{fmt_rate(spread):>17} {ratio(spread, baseN):>9}")
-    print(f"goal: >= {GOAL}x plain ('!' marks a miss). Postgres: livepush's fan-out publishes through its own pool "
-          "of at most 4 connections; the plain side has one connection per publisher.")
-    print()
-    print(f"Publish-to-receive latency at {args.rate:g} msg/s, one publisher, one listener ({args.seconds:g} s after 0.5 s warm-up)")
-    for side, label in (("pg_notify", "plain pg_notify"), ("postgres", "livepush postgres"),
-                        ("redis_publish", "plain Redis PUBLISH"), ("redis", "livepush redis")):
-        r = latency.get(side)
-        if r is None:
-            continue
-        if isinstance(r, str):
-            print(f"  {label:<22} n/a ({r})")
-        else:
-            print(f"  {label:<22} p50 {r['p50'] * 1000:6.2f} ms   p99 {r['p99'] * 1000:6.2f} ms   max {r['max'] * 1000:6.2f} ms   ({r['count']} messages)")
-    print()
-    print(f"Replay of {args.replay:,} missed messages to one WebSocket client (subscribe with since -> last message received)")
-    for kind in ("local", "postgres", "redis"):
-        r = replay.get(kind)
-        if r is None:
-            continue
-        if isinstance(r, str):
-            print(f"  {kind:<10} n/a ({r})")
-            continue
-        ok = r["received"] == args.replay
-        line = f"  {kind:<10} {r['seconds'] * 1000:8.0f} ms  ({r['received'] / r['seconds']:,.0f} msg/s)" if ok and r["seconds"] else \
-            f"  {kind:<10} FAILED: got {r['received']} of {args.replay}"
-        if "other" in r:
-            line += f"; unexpected frame {r['other'][:80]}"
-        if "closed" in r:
-            line += f"; closed by the server with {r['closed']}"
-        print(line)
-    for note in notes:
-        print("note:", note)
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seconds", type=float, default=3.0, help="length of each throughput and latency measurement")
-    p.add_argument("--concurrency", type=int, default=4, help="publishers in the concurrent measurement")
-    p.add_argument("--rate", type=float, default=1000.0, help="messages per second in the latency measurement")
-    p.add_argument("--replay", type=int, default=10_000, help="missed messages to replay")
-    p.add_argument("--fanouts", default="postgres,redis", help="comma-separated (local is always in the replay)")
-    p.add_argument("--size", type=int, default=200, help="bytes of JSON data per message")
-    p.add_argument("--pg-url")
-    p.add_argument("--redis-url")
-    p.add_argument("--pg-no-fsync", action="store_true",
-                   help="run the throwaway PostgreSQL with fsync=off (default: Postgres' durable defaults)")
-    p.add_argument("--pg-port", type=int, default=0, help="port for the throwaway PostgreSQL (0: any free)")
-    p.add_argument("--redis-port", type=int, default=0, help="port for the throwaway Redis (0: any free)")
-    p.add_argument("--ws-port", type=int, default=0, help="first WebSocket server port for the replay servers")
-    return p.parse_args(argv)
-
-
-def main() -> int:
-    if len(sys.argv) == 3 and sys.argv[1] == "--listener":
+def figures(ctx: report.Context) -> list[report.Figure]:
+    """Each fan-out's publish rate and latency against plain NOTIFY / PUBLISH; replays against local's."""
+    raise_fd_limit()
+    url = make_db(ctx.pg_admin_url, "bench_history")
+    try:
+        migrate(url)
         import uvloop
 
-        uvloop.run(listener_main(sys.argv[2]))
-        return 0
-    args = parse_args()
+        results, replays = uvloop.run(measure(ctx, url))
+    finally:
+        drop_db(ctx.pg_admin_url, "bench_history")
+    out = []
+    c = CONCURRENCY
+    for lp_kind, plain_kind, name, plain_name in FAMILIES:
+        lp, plain = results[lp_kind], results[plain_kind]
+        for case, base_case, label in (("one", "one", "1 publisher"), ("many", "many", f"{c} publishers, one topic"),
+                                       ("spread", "many", f"{c} publishers, {c} topics")):
+            out.append(report.Figure(f"publish with history, {name}, {label}", lp[case]["rate"], "msg/s",
+                                     f"plain {plain_name}", plain[base_case]["rate"], goal=0.5))
+        for q in ("p50", "p99"):
+            out.append(report.Figure(f"publish to receive {q} at {RATE:,.0f} msg/s, {name}",
+                                     lp["latency"][q] * 1000, "ms", f"plain {plain_name}",
+                                     plain["latency"][q] * 1000, higher_is_better=False))
+    n = 2_000 if ctx.quick else 10_000
+    out.append(report.Figure(f"replay of {n:,} missed messages, local fan-out", replays["local"], "ms",
+                             higher_is_better=False))
+    for kind, name in (("postgres", "Postgres"), ("redis", "Redis")):
+        out.append(report.Figure(f"replay of {n:,} missed messages, {name} fan-out", replays[kind], "ms",
+                                 "local fan-out (from memory)", replays["local"], higher_is_better=False))
+    return out
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--listener":
+    # The one entry left: the listener process of ListenerProcess.
     import uvloop
 
-    return uvloop.run(amain(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    uvloop.run(listener_main(sys.argv[2]))

@@ -1,33 +1,30 @@
-"""Job runtime benchmark (not a test): livepush against pgqueuer, procrastinate and a bare
-SKIP LOCKED loop, in one run on the same Postgres.
+"""Jobs suite: livepush's job runtime against pgqueuer, procrastinate and a bare SKIP LOCKED
+loop, in one run on the same Postgres (docs/performance.md#jobs).
 
-    .venv/bin/python bench/jobs_bench.py                      # durable Postgres, 3 rounds, ~5 min
-    .venv/bin/python bench/jobs_bench.py --pg-port 55500 --rounds 1 --competitors pgqueuer
-
-Without --pg-url it starts a throwaway PostgreSQL (Postgres' durable defaults: fsync and
-synchronous_commit on; --pg-no-fsync turns fsync off) and removes it at the end. The
-competitors run as subprocesses with the bench-only virtualenv's python (.venv-bench, see
-docs/performance.md for how to make it) and a driver each under bench/competitors/, which
-prints its figures as JSON. Each system gets its own scratch database on the same server.
+The peers run as subprocesses with the bench-only virtualenv's python (.venv-bench, made by
+bin/bench) and a driver each under bench/competitors/, which prints its figures as JSON. Each
+system gets its own scratch database on the same server.
 
 Measured, with livepush's state topics on (every change of a job bumps its version and rings
-the servers, as in production; the competitors ring nothing):
-- enqueue one at a time (1,000 jobs, one transaction each) and in bulk (20 x 1,000);
-- 20,000 no-op async jobs drained by one process at concurrency 10 (jobs/s, until the
-  last outcome is written);
-- pickup latency p50/p99: 300 jobs enqueued at 50 a second into an idle worker, from
-  just before the enqueue call to the start of the job function. Every system's client
-  enqueues one other job first (then the worker idles for a second), so no system's first
-  sample pays for opening its connection or preparing its statements;
-- the ceiling: a bare loop claiming 50 jobs per statement (SKIP LOCKED, ordered by the
-  claim index that skips claimed rows) and marking them done, nothing else.
-Rounds are interleaved (each round runs every system once) so drift hits all alike;
-the table shows each figure's median over the rounds and the ratios of the medians.
+the servers, as in production; the peers ring nothing):
+- enqueue one at a time (1,000 jobs, one transaction each; 250 with --quick) and in bulk (calls
+  of 1,000);
+- N no-op async jobs drained by one process at concurrency 10 (jobs/s, until the last outcome
+  is written), and by two processes at concurrency 10 each (livepush: two `livepush jobs`
+  processes, started on a paused queue that is then resumed; the peers: two workers told to go
+  at once; from the go to the last outcome);
+- pickup latency p50/p99: jobs enqueued at 50 a second into an idle worker, from just before
+  the enqueue call to the start of the job function. Every system's client enqueues one other
+  job first (then the worker idles for a second), so no system's first sample pays for opening
+  its connection or preparing its statements;
+- the ceiling: a bare loop claiming 50 jobs per statement (SKIP LOCKED, ordered by the claim
+  index that skips claimed rows) and marking them done, nothing else.
+Rounds are interleaved (each round runs every system once) so drift hits all alike; a figure
+is the median over the rounds.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -35,7 +32,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -43,21 +39,25 @@ import psycopg
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _services import Services  # noqa: E402
+import report  # noqa: E402
+from _procs import Child  # noqa: E402
+from _services import drop_db, livepush_db, make_db  # noqa: E402
 
-from livepush import config  # noqa: E402
 from livepush.jobs import database, enqueue_many, job  # noqa: E402
 from livepush.jobs.api.registry import Registry  # noqa: E402
 from livepush.jobs.runtime.runtime import Runtime  # noqa: E402
-from livepush.migrate import migrate  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH_PY = os.path.join(ROOT, ".venv-bench", "bin", "python")
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 DRIVERS = {
     "pgqueuer": os.path.join(ROOT, "bench", "competitors", "pgqueuer_driver.py"),
     "procrastinate": os.path.join(ROOT, "bench", "competitors", "procrastinate_driver.py"),
 }
-PICKUPS = 300  # jobs for the latency test, at 50 a second
+PEERS = ("pgqueuer", "procrastinate")
+# procrastinate processes some 20x slower than the others: it drains a smaller share of the jobs
+# (a rate from the worker's start to its last outcome, so the count barely changes it), to keep
+# the suite's run time.
+SHARE = {"procrastinate": 4}
 
 done_at: dict[int, float] = {}
 REG = Registry()
@@ -85,14 +85,6 @@ def run(coro: Any) -> Any:
 
 
 # -- livepush ---------------------------------------------------------------------------------
-def lp_setup(admin: str) -> str:
-    url = make_db(admin, "bench_livepush")
-    migrate(url)
-    config.set_settings(config.Settings(database_url=url, fanout="postgres", env="test"))
-    database.configure(url)
-    return url
-
-
 def lp_truncate(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("TRUNCATE livepush_job_payloads, livepush_jobs, livepush_job_runtimes, "
@@ -106,16 +98,22 @@ def lp_fill(url: str, n: int) -> None:
         enqueue_many([noop_job.request() for _ in range(1000)])
 
 
+def singles(n: int) -> int:
+    """Jobs enqueued one at a time beside n in bulk: 1,000 for the full 20,000 (the drivers agree)."""
+    return max(100, min(1000, n // 20))
+
+
 def lp_enqueue(url: str, n: int) -> dict[str, float]:
     # Connections are opened before the clock starts, as the competitors' drivers connect
     # before theirs: opening a pool is not enqueue throughput.
     async def one() -> float:
         async with (await database.pools().aget()).connection():
             pass
+        ones = singles(n)
         t = time.perf_counter()
-        for _ in range(1000):
+        for _ in range(ones):
             await noop_job.aenqueue()
-        rate = 1000 / (time.perf_counter() - t)
+        rate = ones / (time.perf_counter() - t)
         await database.release_loop()
         return rate
 
@@ -200,24 +198,45 @@ def bare_process(url: str, n: int) -> dict[str, float]:
     return {"process": done / (time.perf_counter() - t)}
 
 
-# -- competitors ----------------------------------------------------------------------------------
-def make_db(admin: str, name: str) -> str:
-    with psycopg.connect(admin, autocommit=True) as c:
-        c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        c.execute(f"CREATE DATABASE {name}")
-    # A URL, not key=value: asyncpg (pgqueuer's driver) takes URLs only.
-    parts = urllib.parse.urlsplit(admin)
-    return urllib.parse.urlunsplit(parts._replace(path=f"/{name}"))
+def lp_process_two(url: str, n: int) -> dict[str, float]:
+    """Two `livepush jobs` processes at concurrency 10 each: started on the paused queue, timed
+    from its resume to the last outcome committed (counted in the database every 20 ms)."""
+    from livepush.jobs import pause_queue, resume_queue
+
+    lp_truncate(url)
+    pause_queue("default")
+    lp_fill_kept(n)
+    env = {**os.environ, "LIVEPUSH_DATABASE_URL": url, "LIVEPUSH_FANOUT": "postgres"}
+    runtimes = [Child([sys.executable, "-m", "livepush", "jobs", "jobs_bench", "--queues", "default",
+                       "--concurrency", "10", "--heartbeat", "5"], env=env, cwd=HERE) for _ in range(2)]
+    try:
+        for rt in runtimes:
+            rt.wait_for(lambda line: "job runtime" in line and " running" in line, 60, "a runtime starting")
+        with psycopg.connect(url, autocommit=True) as c:
+            t = time.perf_counter()
+            resume_queue("default")
+            deadline = time.monotonic() + 300
+            while c.execute("SELECT count(*) FROM livepush_jobs WHERE state = 'succeeded'").fetchone()[0] < n:  # type: ignore[index]
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"two runtimes did not finish {n} jobs within 300 s")
+                time.sleep(0.02)
+            return {"process_two": n / (time.perf_counter() - t)}
+    finally:
+        for rt in runtimes:
+            rt.stop()
 
 
-def drop_db(admin: str, name: str) -> None:
-    with psycopg.connect(admin, autocommit=True) as c:
-        c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+def lp_fill_kept(n: int) -> None:
+    """n no-op jobs, whatever the queue holds already (lp_fill empties it first)."""
+    for _ in range(n // 1000):
+        enqueue_many([noop_job.request() for _ in range(1000)])
 
 
-def competitor(name: str, url: str) -> Callable[[str, int], dict[str, float]]:
+# -- peers ------------------------------------------------------------------------------------------
+def peer(bench_python: str, name: str, url: str) -> Callable[[str, int], dict[str, float]]:
+    """Calls of the peer's driver: (what, n) -> its figures."""
     def call(what: str, n: int) -> dict[str, float]:
-        proc = subprocess.run([BENCH_PY, DRIVERS[name], url, what, str(n)], capture_output=True, text=True,
+        proc = subprocess.run([bench_python, DRIVERS[name], url, what, str(n)], capture_output=True, text=True,
                               timeout=900)
         if proc.returncode != 0:
             raise RuntimeError(f"{name} {what} failed:\n{proc.stderr[-2000:]}")
@@ -226,112 +245,82 @@ def competitor(name: str, url: str) -> Callable[[str, int], dict[str, float]]:
     return call
 
 
-# -- report ----------------------------------------------------------------------------------------------
-def fmt(v: float | None, unit: str) -> str:
-    if v is None:
-        return "n/a"
-    return f"{v:.1f} ms" if unit == "ms" else f"{v:,.0f}/s"
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pg-url", help="an admin URL of a running PostgreSQL (scratch databases are made there)")
-    ap.add_argument("--pg-port", type=int, default=0, help="port for the throwaway PostgreSQL (0: any free one)")
-    ap.add_argument("--pg-no-fsync", action="store_true", help="throwaway PostgreSQL with fsync=off")
-    ap.add_argument("--jobs", type=int, default=20_000, help="jobs in the processing test")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--competitors", default="pgqueuer,procrastinate",
-                    help="comma-separated; empty for livepush and the bare loop only")
-    args = ap.parse_args()
-    names = [c for c in args.competitors.split(",") if c]
-    if names and not os.path.exists(BENCH_PY):
-        raise SystemExit("no .venv-bench: python3 -m venv .venv-bench && .venv-bench/bin/pip install "
-                         "procrastinate pgqueuer 'psycopg[binary]' asyncpg uvloop")
-    services = Services()
+def peer_process_two(bench_python: str, name: str, url: str, n: int) -> dict[str, float]:
+    """Two of the peer's workers on n queued jobs, told to go at once; from the first one's go to
+    the last one's end."""
+    peer(bench_python, name, url)("fill", n)
+    workers = [Child([bench_python, DRIVERS[name], url, "drain", str(n)]) for _ in range(2)]
     try:
-        if args.pg_url:
-            admin, where = args.pg_url, "given server (--pg-url): its own settings"
-        else:
-            admin = services.start_postgres(args.pg_port, durable=not args.pg_no_fsync)
-            where = ("throwaway PostgreSQL, fsync OFF (--pg-no-fsync)" if args.pg_no_fsync
-                     else "throwaway PostgreSQL, durable defaults (fsync on, synchronous_commit on)")
-        with psycopg.connect(admin) as c:
-            version = c.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-            fsync = c.execute("SHOW fsync").fetchone()[0]  # type: ignore[index]
-            sync_commit = c.execute("SHOW synchronous_commit").fetchone()[0]  # type: ignore[index]
-        print(f"PostgreSQL {version} ({where}; fsync={fsync}, synchronous_commit={sync_commit}), "
-              f"{os.cpu_count()} cores, {args.rounds} round(s), {args.jobs:,} jobs, concurrency 10", flush=True)
-
-        lp_url = lp_setup(admin)
-        systems: dict[str, dict[str, Callable[[str, int], dict[str, float]]]] = {
-            "livepush": {"enqueue": lambda w, n: lp_enqueue(lp_url, n), "process": lambda w, n: lp_process(lp_url, n),
-                         "pickup": lambda w, n: lp_pickup(lp_url, n)},
-        }
-        for name in names:
-            call = competitor(name, make_db(admin, f"bench_{name}"))
-            call("install", 0)
-            systems[name] = {"enqueue": call, "process": call, "pickup": call}
-        systems["bare loop"] = {"process": lambda w, n: bare_process(lp_url, n)}
-
-        results: dict[str, dict[str, list[float]]] = {s: {} for s in systems}
-        for r in range(args.rounds):
-            for what, n in (("enqueue", args.jobs), ("process", args.jobs), ("pickup", PICKUPS)):
-                for system, fns in systems.items():
-                    if what not in fns:
-                        continue
-                    t = time.perf_counter()
-                    figures = fns[what](what, n)
-                    for k, v in figures.items():
-                        if k != "processed":
-                            results[system].setdefault(k, []).append(v)
-                    shown = ", ".join(f"{k} {fmt(v, 'ms' if 'pickup' in k else '/s')}" for k, v in figures.items()
-                                      if k != "processed")
-                    print(f"  round {r + 1} {system:13} {what:8} {shown}  ({time.perf_counter() - t:.1f} s)",
-                          flush=True)
-
-        med = {s: {k: statistics.median(v) for k, v in m.items()} for s, m in results.items()}
-        rows = [("enqueue one at a time", "enqueue_one", "/s"), ("enqueue bulk (1,000 per call)", "enqueue_bulk", "/s"),
-                (f"process {args.jobs:,} no-op jobs, conc. 10", "process", "/s"),
-                ("pickup p50 at 50 jobs/s", "pickup_p50", "ms"), ("pickup p99 at 50 jobs/s", "pickup_p99", "ms")]
-        cols = list(systems)
-        ratio_cols = [c for c in cols if c != "livepush"]
-        print()
-        print("| figure | " + " | ".join(cols) + " | " + " | ".join(f"livepush / {c}" for c in ratio_cols) + " |")
-        print("|---" * (1 + len(cols) + len(ratio_cols)) + "|")
-        for label, key, unit in rows:
-            cells = [fmt(med[c].get(key), unit) for c in cols]
-            lp = med["livepush"].get(key)
-            ratios = []
-            for c in ratio_cols:
-                other = med[c].get(key)
-                ratios.append("n/a" if lp is None or not other else f"{lp / other:.2f}x")
-            print(f"| {label} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
-        print()
-        goals = []
-        lp = med["livepush"]
-        if "pgqueuer" in med:
-            goals.append(("processing >= 2.5x pgqueuer", lp["process"] / med["pgqueuer"]["process"], 2.5, True))
-            goals.append(("bulk enqueue >= 1.3x pgqueuer", lp["enqueue_bulk"] / med["pgqueuer"]["enqueue_bulk"], 1.3,
-                          True))
-            goals.append(("pickup p99 <= pgqueuer", lp["pickup_p99"] / med["pgqueuer"]["pickup_p99"], 1.0, False))
-        if "procrastinate" in med:
-            goals.append(("processing >= 10x procrastinate", lp["process"] / med["procrastinate"]["process"], 10.0,
-                          True))
-        for label, ratio, target, higher in goals:
-            ok = ratio >= target if higher else ratio <= target
-            print(f"goal {label}: {ratio:.2f}x {'met' if ok else 'NOT met'}")
-        print(f"livepush / bare loop (processing): {lp['process'] / med['bare loop']['process']:.2f}x")
-        print(f"runs: {json.dumps(results)}")
+        for w in workers:
+            w.wait_for(lambda line: line == "ready", 60, f"a {name} worker starting")
+        for w in workers:
+            w.send("go")
+        got = [json.loads(w.wait_for(lambda line: line.startswith("{"), 300, f"a {name} worker draining")[1])
+               for w in workers]
     finally:
-        database.configure(None)
-        if args.pg_url:
-            for name in ["livepush", *names]:
-                try:
-                    drop_db(args.pg_url, f"bench_{name}")
-                except psycopg.Error:
-                    pass
-        services.stop()
+        for w in workers:
+            w.stop()
+    processed = sum(g["processed"] for g in got)
+    if processed < n:
+        raise RuntimeError(f"two {name} workers processed {processed} of {n} jobs")
+    return {"process_two": n / (max(g["end"] for g in got) - min(g["start"] for g in got))}
 
 
-if __name__ == "__main__":
-    main()
+# -- figures ----------------------------------------------------------------------------------------
+# (figure, key, unit, higher is better, goal against each peer)
+FIGURES = [
+    ("enqueue one at a time", "enqueue_one", "jobs/s", True, {}),
+    ("enqueue bulk (1,000 per call)", "enqueue_bulk", "jobs/s", True, {"pgqueuer": 1.3}),
+    ("process no-op jobs, 1 process at concurrency 10", "process", "jobs/s", True,
+     {"pgqueuer": 2.5, "procrastinate": 10.0}),
+    ("process no-op jobs, 2 processes at concurrency 10", "process_two", "jobs/s", True, {}),
+    ("pickup p50 at 50 jobs/s", "pickup_p50", "ms", False, {}),
+    ("pickup p99 at 50 jobs/s", "pickup_p99", "ms", False, {"pgqueuer": 1.0}),
+]
+
+
+def figures(ctx: report.Context) -> list[report.Figure]:
+    """Every figure against pgqueuer (the peer docs/performance.md sets its goals against), then
+    against procrastinate, and processing against the bare loop."""
+    if ctx.bench_python is None:
+        raise RuntimeError("no .venv-bench with the peers: run bin/bench, which makes it")
+    n, pickups, rounds_n = (5_000, 50, 1) if ctx.quick else (20_000, 300, 2)
+    # procrastinate, some 20x slower, would take half of a quick run: full runs only.
+    peers = PEERS[:1] if ctx.quick else PEERS
+    rounds = report.Rounds()
+    with livepush_db(ctx.pg_admin_url, "bench_livepush") as lp_url:
+        systems: dict[str, dict[str, Callable[[], dict[str, float]]]] = {"livepush": {
+            "enqueue": lambda: lp_enqueue(lp_url, n), "process": lambda: lp_process(lp_url, n),
+            "process_two": lambda: lp_process_two(lp_url, n), "pickup": lambda: lp_pickup(lp_url, pickups)}}
+        for name in peers:
+            url = make_db(ctx.pg_admin_url, f"bench_{name}")
+            call = peer(ctx.bench_python, name, url)
+            call("install", 0)
+            m = max(1000, n // SHARE.get(name, 1) // 1000 * 1000)  # the drivers queue whole thousands
+            systems[name] = {
+                "enqueue": lambda call=call: call("enqueue", n), "process": lambda call=call, m=m: call("process", m),
+                "process_two": lambda name=name, url=url, m=m: peer_process_two(ctx.bench_python, name, url, m),  # type: ignore[arg-type]
+                "pickup": lambda call=call: call("pickup", pickups)}
+        systems["bare loop"] = {"process": lambda: bare_process(lp_url, n)}
+        try:
+            for r in range(rounds_n):
+                for what in ("enqueue", "process", "process_two", "pickup"):
+                    for system, fns in systems.items():
+                        if what in fns:
+                            t = time.perf_counter()
+                            got = {k: v for k, v in fns[what]().items() if k != "processed"}
+                            rounds.add(system, got)
+                            report.note(f"  round {r + 1} {system:13} {what:11} "
+                                        + ", ".join(f"{k} {v:,.1f}" for k, v in got.items())
+                                        + f"  ({time.perf_counter() - t:.1f} s)")
+        finally:
+            for name in peers:
+                drop_db(ctx.pg_admin_url, f"bench_{name}")
+    out = []
+    for label, key, unit, higher, goals in FIGURES:
+        for base in (*PEERS, "bare loop"):
+            other = rounds.median(base, key)
+            if other is not None:
+                out.append(report.Figure(label, rounds.median("livepush", key) or 0.0, unit, base, other,
+                                         higher_is_better=higher, goal=goals.get(base)))
+    return out

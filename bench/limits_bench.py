@@ -1,28 +1,24 @@
-"""Claim limits benchmark (not a test): what a concurrency limit and a paused-queue check cost, and
-how closely a start rate holds, each against a baseline measured in the same run.
+"""Claim limits suite: what a concurrency limit and a paused-queue check cost, and how closely a
+start rate holds, each against a baseline measured in the same run.
 
-    .venv/bin/python bench/limits_bench.py                       # 6 rounds, ~3 min
-    .venv/bin/python bench/limits_bench.py --pg-port 55500 --rounds 1 --base main
-
-Figures, each from child processes on one throwaway PostgreSQL (durable defaults):
-- plain path: 10,000 no-op jobs drained by one runtime at concurrency 10, with this tree's code
-  and with the code of `--base` (a git revision, default main, exported to a temp dir), rounds
+Figures, each from child processes (this file run with `--child`, the one entry it keeps):
+- concurrency: N no-op jobs drained by one runtime at concurrency 10, declared with
+  `concurrency=("key", 2)` and a distinct key each (no key ever collides, so the limit never
+  binds), against the same jobs without a limit. The goal: within 10 %.
+- rate: jobs declared `rate="100/s"` and two runtime processes of 20 slots: starts counted over
+  the window (30 s; 5 s with --quick) after the first one, against the 100/s asked. The goal:
+  within 5 %.
+- plain path (full runs on a branch only: skipped when the tree's HEAD is main's commit): the
+  jobs without limits with this tree's code against main's (exported to a temp dir), rounds
   interleaved, each on its own database migrated by its own code. Jobs without limits must not
   get slower.
-- concurrency: the same jobs declared with `concurrency=("key", 2)` and a distinct key each (no
-  key ever collides, so the limit never binds), against the same jobs without a limit, both
-  with this tree. The goal: within 10 %.
-- rate: 4,000 jobs declared `rate="100/s"` and two runtime processes of 20 slots for 33 s:
-  starts counted over the 30 s after the first one. The goal: within 5 % of 100/s.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,7 +31,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PY = sys.executable
 RATE = 100.0
-RATE_WINDOW = 30.0
+
+sys.path.insert(0, HERE)
+
+import report  # noqa: E402
+from _services import drop_db, livepush_db, make_db  # noqa: E402
 
 
 # -- child side: imports whichever livepush is first on sys.path -----------------------------------
@@ -110,16 +110,8 @@ def spawn(tree: str, *args: str) -> subprocess.Popen[str]:
 def result(proc: subprocess.Popen[str]) -> Any:
     out, _ = proc.communicate(timeout=600)
     if proc.returncode != 0:
-        raise SystemExit(f"a child failed ({proc.returncode})")
+        raise RuntimeError(f"a child failed ({proc.returncode})")
     return json.loads(out.strip().splitlines()[-1])
-
-
-def make_db(admin: str, name: str) -> str:
-    with psycopg.connect(admin, autocommit=True) as c:
-        c.execute(f"DROP DATABASE IF EXISTS {name}")
-        c.execute(f"CREATE DATABASE {name}")
-    parts = admin.rsplit("/", 1)
-    return f"{parts[0]}/{name}"
 
 
 def export(rev: str, into: str) -> str:
@@ -130,104 +122,80 @@ def export(rev: str, into: str) -> str:
     return into
 
 
-def rate_round(url: str, tree: str) -> dict[str, float]:
-    from livepush import config
-    from livepush.jobs import database, enqueue_many, job
+def rate_round(admin: str, window: float) -> dict[str, Any]:
+    from livepush.jobs import enqueue_many, job
     from livepush.jobs.api.registry import Registry
-    from livepush.migrate import migrate
 
-    migrate(url)
-    config.set_settings(config.Settings(database_url=url, fanout="postgres", env="test"))
-    database.configure(url)
+    with livepush_db(admin, "bench_limits_rate") as url:
+        async def rated(ctx: Any) -> None:
+            pass
 
-    async def rated(ctx: Any) -> None:
-        pass
-
-    fn = Registry().add(job(name="bench.rated", rate=f"{RATE:g}/s")(rated))
-    enqueue_many([fn.request() for _ in range(int(RATE * (RATE_WINDOW + 10)))])
-    children = [spawn(tree, "rate", url, str(RATE_WINDOW + 3)) for _ in range(2)]
-    per_child = [result(c)["starts"] for c in children]
+        fn = Registry().add(job(name="bench.rated", rate=f"{RATE:g}/s")(rated))
+        enqueue_many([fn.request() for _ in range(int(RATE * (window + 10)))])
+        children = [spawn(ROOT, "rate", url, str(window + 3)) for _ in range(2)]
+        per_child = [result(c)["starts"] for c in children]
     starts = sorted(t for c in per_child for t in c)
     first = starts[0]
-    within = [t for t in starts if t < first + RATE_WINDOW]
+    within = [t for t in starts if t < first + window]
     # Each process's share of the window's starts (both must take part for the rate to be shared).
-    shares = [sum(1 for t in c if t < first + RATE_WINDOW) for c in per_child]
-    return {"rate": len(within) / RATE_WINDOW, "started": float(len(starts)), "shares": shares}
+    shares = [sum(1 for t in c if t < first + window) for c in per_child]
+    return {"rate": len(within) / window, "shares": shares}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
-    ap.add_argument("--pg-url", help="an admin URL of a running PostgreSQL (scratch databases are made there)")
-    ap.add_argument("--pg-port", type=int, default=0, help="port for the throwaway PostgreSQL (0: any free one)")
-    ap.add_argument("--jobs", type=int, default=10_000)
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--base", default="main", help="git revision the plain path is compared with")
-    ap.add_argument("--skip-rate", action="store_true")
-    args = ap.parse_args()
-    if args.child:
-        kind, url, *rest = args.child
-        if kind == "process":
-            print(json.dumps(child_process(url, int(rest[0]), rest[1] == "limited")))
-        else:
-            print(json.dumps(child_rate(url, float(rest[0]))))
-        return
+def head_is_main() -> bool:
+    """True when this tree's HEAD is main's commit (or either is unknown): nothing to compare."""
+    def rev(name: str) -> str:
+        out = subprocess.run(["git", "-C", ROOT, "rev-parse", "-q", "--verify", name], capture_output=True, text=True,
+                             check=False)
+        return out.stdout.strip()
 
-    sys.path.insert(0, HERE)
-    from _services import Services
+    head, main = rev("HEAD"), rev("main")
+    return not head or not main or head == main
 
-    services = Services()
-    base_dir = tempfile.mkdtemp(prefix="livepush-base-")
+
+def figures(ctx: report.Context) -> list[report.Figure]:
+    """The never-binding limit against none, the rate against the asked one, and (full runs on a
+    branch) this tree's plain path against main's."""
+    n, rounds_n, window = (3_000, 1, 5.0) if ctx.quick else (10_000, 3, 30.0)
+    with_base = not ctx.quick and not head_is_main()
+    base_dir = tempfile.mkdtemp(prefix="livepush-base-", dir=ctx.workdir)
+    names = ["plain", "limited"] + (["base"] if with_base else [])
+    urls = {name: make_db(ctx.pg_admin_url, f"bench_limits_{name}") for name in names}
+    trees = {"base": export("main", base_dir) if with_base else "", "plain": ROOT, "limited": ROOT}
+    runs = report.Rounds()
     try:
-        admin = args.pg_url or services.start_postgres(args.pg_port, durable=True)
-        base = export(args.base, base_dir)
-        urls = {name: make_db(admin, f"bench_limits_{name}") for name in ("base", "plain", "limited")}
-        with psycopg.connect(admin) as c:
-            version = c.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-        print(f"PostgreSQL {version} (durable defaults), {os.cpu_count()} cores, {args.rounds} round(s), "
-              f"{args.jobs:,} jobs, concurrency 10; base {args.base}", flush=True)
-        runs: dict[str, list[float]] = {"base": [], "plain": [], "limited": []}
-        trees = {"base": base, "plain": ROOT, "limited": ROOT}
-        order = list(runs)
-        for r in range(args.rounds):
+        for r in range(rounds_n):
             # Rotated each round, so that drift and each figure's position hit all alike.
-            for name in order[r % 3:] + order[:r % 3]:
+            for name in names[r % len(names):] + names[:r % len(names)]:
                 mode = "limited" if name == "limited" else "plain"
-                rate = result(spawn(trees[name], "process", urls[name], str(args.jobs), mode))["process"]
-                runs[name].append(rate)
-                print(f"  round {r + 1} {name:8} {rate:,.0f} jobs/s", flush=True)
+                rate = result(spawn(trees[name], "process", urls[name], str(n), mode))["process"]
+                runs.add(name, {"process": rate})
+                report.note(f"  round {r + 1} {name:8} {rate:,.0f} jobs/s")
                 # Vacuumed now, untimed: an autovacuum of this run's dead rows must not run into
                 # the next figure's.
                 with psycopg.connect(urls[name], autocommit=True) as c:
                     c.execute("VACUUM livepush_jobs, livepush_job_payloads")
-        med = {k: statistics.median(v) for k, v in runs.items()}
-        # Paired within each round as well: a round's figures ran minutes apart at most.
-        paired_plain = statistics.median(p / b for p, b in zip(runs["plain"], runs["base"]))
-        paired_limited = statistics.median(x / p for x, p in zip(runs["limited"], runs["plain"]))
-        print()
-        print("| figure | jobs/s (median) | ratio of medians | median of per-round ratios |")
-        print("|---|---|---|---|")
-        print(f"| no limits, {args.base} | {med['base']:,.0f} | 1.00x | 1.00x |")
-        print(f"| no limits, this tree | {med['plain']:,.0f} | {med['plain'] / med['base']:.2f}x of {args.base} | "
-              f"{paired_plain:.2f}x |")
-        print(f"| concurrency=(key, 2), keys never collide | {med['limited']:,.0f} | "
-              f"{med['limited'] / med['plain']:.2f}x of no limits | {paired_limited:.2f}x |")
-        goals = [("plain path >= 0.97x of " + args.base + " (per-round ratios)", paired_plain >= 0.97),
-                 ("concurrency limit within 10 % of none (per-round ratios)", paired_limited >= 0.90)]
-        if not args.skip_rate:
-            rates = [rate_round(make_db(admin, "bench_limits_rate"), ROOT) for _ in range(1)]
-            got = rates[0]["rate"]
-            print(f"| rate=\"{RATE:g}/s\", 2 runtime processes, {RATE_WINDOW:g} s | {got:.1f} starts/s | "
-                  f"{got / RATE:.3f}x of asked | starts per process: {rates[0]['shares']} |")
-            goals.append((f"rate within 5 % of {RATE:g}/s", abs(got / RATE - 1) <= 0.05))
-        print()
-        for label, ok in goals:
-            print(f"goal {label}: {'met' if ok else 'NOT met'}")
-        print(f"runs: {json.dumps(runs)}")
+        got = rate_round(ctx.pg_admin_url, window)
+        report.note(f"  rate {got['rate']:.1f} starts/s, per process {got['shares']}")
     finally:
-        services.stop()
-        subprocess.run(["rm", "-rf", base_dir], check=False)
+        for name in names:
+            drop_db(ctx.pg_admin_url, f"bench_limits_{name}")
+    out = [
+        report.Figure("process with concurrency=(key, 2), keys never colliding", runs.median("limited", "process") or 0.0,
+                      "jobs/s", "the same jobs without a limit", runs.median("plain", "process"), goal=0.9),
+        report.Figure(f'rate="{RATE:g}/s", 2 runtime processes, over {window:g} s', got["rate"], "starts/s",
+                      "the rate asked", RATE),
+    ]
+    if with_base:
+        out.append(report.Figure("process without limits", runs.median("plain", "process") or 0.0, "jobs/s",
+                                 "main's code", runs.median("base", "process"), goal=0.97))
+    return out
 
 
 if __name__ == "__main__":
-    main()
+    # The one entry left: a child process of figures() (see spawn()).
+    kind, url, *rest = sys.argv[2:]
+    if kind == "process":
+        print(json.dumps(child_process(url, int(rest[0]), rest[1] == "limited")))
+    else:
+        print(json.dumps(child_rate(url, float(rest[0]))))

@@ -1,19 +1,50 @@
 """The push suite: livepush's WebSocket server on each fan-out against a bare `websockets`
 broadcast server (the ceiling of one process) and python-socketio, measured in the same run.
 
-`figures(ctx)` returns, for the local, Postgres and Redis fan-outs:
-- deliveries per second (messages published back to back, at most a window in flight) and the
-  server's CPU per delivery, with 1 topic x 1,000 subscribers, 1 topic x 5,000, and 1,000
-  topics x 5 subscribers;
-- publish-to-receive p50/p99 at 20 messages a second to 1,000 subscribers;
-- resident memory per idle subscribed connection, without compression and with the upgrade
-  offering permessage-deflate as browsers do;
-- deliveries with `serve --workers 1, 2, auto`, when `serve` has that flag.
-python-socketio (an `AsyncServer` with an `AsyncRedisManager` under uvicorn, one room per
-topic, published to through Redis from another process) is compared with the Redis fan-out,
-whose messages take the same path. bench/README.md says how each figure is measured.
+Run alone: `.venv/bin/python bench/push_suite.py [--quick]` (a throwaway PostgreSQL and Redis);
+`bin/bench --only push` runs it in the harness. python-socketio runs from `.venv-bench`; without
+it, the figures against it say so.
 
-Run alone: `.venv/bin/python bench/push_suite.py [--quick]` (throwaway PostgreSQL and Redis).
+Targets, each a fresh server process per measurement, the same subscribers (bench/_clients.py,
+2 client processes):
+- bare: `websockets.broadcast` on uvloop, compression off, no livepush. Every figure is
+  compared with it.
+- livepush on each fan-out: local (`PushServer` in bench/_servers.py's process, published to in
+  that process), Postgres and Redis (the real `python -m livepush serve`, published to with
+  `fanout.apublish()` from this process, as an application would, 8 at a time on several topics).
+- python-socketio (`AsyncServer` with `AsyncRedisManager`, an ASGI app under uvicorn with its
+  defaults, one room per topic joined with an acknowledged `join` event; the clients speak
+  Engine.IO 4 over WebSocket). A publisher process emits through `AsyncRedisManager(write_only=True)`,
+  so a message crosses Redis from another process, as on livepush's Redis fan-out, the one it is
+  compared with.
+
+Figures (messages carry ~200 bytes of JSON data, `"t"` first: the time just before the publish call):
+1. Deliveries per second with 1 topic x 1,000 subscribers, 1 topic x 5,000 and 1,000 topics x 5:
+   messages published back to back for the phase, at most IN_FLIGHT deliveries in flight (50
+   messages to 1,000 subscribers; on 1,000 topics, rounds of one message per topic), so every queue
+   stays bounded. deliveries/s = messages x subscribers / (the last subscriber's receipt of the
+   last message - the first publish). Goals: 0.9x bare, 6x python-socketio; 5,000 subscribers
+   0.9x the 1,000-subscriber figure.
+2. Server CPU per delivery (µs) in the same phase: user + system CPU of the server process and
+   its children (the workers of `--workers`), from /proc, over the deliveries. The clients and
+   the databases share the machine's cores, so deliveries/s partly measure them; this is the
+   steadier comparison.
+3. Publish-to-receive p50 and p99 over every delivery at RATE messages a second to 1,000
+   subscribers, after a warm-up. Goals: p99 within 1.2x bare's (ratio 0.83), 10x python-socketio's.
+   python-socketio delivers fewer than RATE x 1,000 messages a second on 2 cores, so there its
+   latency is its growing backlog; the Redis fan-out and it are also compared at LOW_RATE.
+4. Memory per idle connection: the server's resident memory before and after N subscribed
+   connections that receive nothing, over N (20 connections opened and closed first, so one-off
+   loading is not counted). Without compression (target 16 KiB), and with the upgrade offering
+   `permessage-deflate; client_max_window_bits` as browsers do (target 40 KiB; on the Redis
+   fan-out, against `bare-deflate` and python-socketio, which accept it). livepush never
+   negotiates deflate (docs/architecture.md); the figure names what each server answered.
+5. `serve --workers 1, 2, auto` on Postgres and Redis: deliveries and CPU per delivery (all
+   workers) with 1 topic x 1,000 subscribers, against the bare figure; reported as not measured
+   when `livepush serve --help` does not list `--workers`.
+
+The 1,000-subscriber figures are medians over rounds, the targets interleaved in each; the others
+one round. A target that fails is reported as not measured, with the reason, and the rest goes on.
 """
 
 from __future__ import annotations
@@ -39,7 +70,7 @@ import report  # noqa: E402
 from _clients import ClientPool, Dialect, livepush_dialect, raise_fd_limit  # noqa: E402
 from _procstat import percentile, rss_kib, tree, tree_cpu_seconds  # noqa: E402
 from _servers import ROOT, ServerProcess, start_harness, start_livepush_cli  # noqa: E402
-from _services import free_port, migrate  # noqa: E402
+from _services import drop_db, free_port, make_db, migrate  # noqa: E402
 
 BARE, SOCKETIO = "bare websockets", "python-socketio"
 FANOUTS = {"local": "local", "postgres": "Postgres", "redis": "Redis"}
@@ -379,16 +410,16 @@ async def measure_idle(target: Target, pool: ClientPool, n: int, deflate: bool) 
 
 async def attempt(what: str, measure: Awaitable[Run]) -> Run:
     """A measurement's result, or a Run that says why it failed (the rest of the suite goes on)."""
-    print(f"[push] {what} ...", file=sys.stderr, flush=True)
+    report.note(f"[push] {what} ...")
     t0 = time.monotonic()
     try:
         run = await measure
     except Exception as exc:
-        print(f"[push] {what} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        report.note(f"[push] {what} failed: {type(exc).__name__}: {exc}")
         return Run(error=f"{type(exc).__name__}: {exc}"[:200])
     shown = {k: round(v, 2) for k, v in dataclasses.asdict(run).items() if isinstance(v, float) and v == v}
-    print(f"[push] {what}: {shown}" + ("" if run.deflated is None else f", deflate negotiated by {run.deflated}")
-          + f" ({time.monotonic() - t0:.1f} s)", file=sys.stderr, flush=True)
+    report.note(f"[push] {what}: {shown}" + ("" if run.deflated is None else f", deflate negotiated by {run.deflated}")
+                + f" ({time.monotonic() - t0:.1f} s)")
     return run
 
 
@@ -540,14 +571,9 @@ async def workers_figures(figs: Figures, flow: Callable[..., Awaitable[Run]], ba
 # -- entry points ----------------------------------------------------------------------
 def figures(ctx: report.Context) -> list[report.Figure]:
     """The push suite's figures, on a scratch database of ctx's server and ctx's Redis."""
-    import psycopg
-    from psycopg.conninfo import make_conninfo
-
     raise_fd_limit()
     db = f"livepush_push_{secrets.token_hex(4)}"
-    with psycopg.connect(ctx.pg_admin_url, autocommit=True) as c:
-        c.execute(f"CREATE DATABASE {db}")
-    url = make_conninfo(ctx.pg_admin_url, dbname=db)
+    url = make_db(ctx.pg_admin_url, db)
     try:
         migrate(url)
         env = {k: v for k, v in os.environ.items() if not k.startswith("LIVEPUSH_") and k != "DATABASE_URL"}
@@ -560,8 +586,7 @@ def figures(ctx: report.Context) -> list[report.Figure]:
         except ImportError:
             return asyncio.run(suite(ctx, env, Plan.of(ctx.quick)))
     finally:
-        with psycopg.connect(ctx.pg_admin_url, autocommit=True) as c:
-            c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+        drop_db(ctx.pg_admin_url, db)
 
 
 def main() -> None:

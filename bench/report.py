@@ -8,9 +8,12 @@ latency or a cost it is baseline / value.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
+import statistics
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -52,6 +55,26 @@ class Context:
     bench_python: str | None  # the bench-only virtualenv's python (competitors), if present
 
 
+class Rounds:
+    """Each system's samples of each key over a suite's rounds; a figure is their median."""
+
+    def __init__(self) -> None:
+        self.samples: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+
+    def add(self, system: str, got: dict[str, float | list[float]]) -> None:
+        for key, value in got.items():
+            self.samples[system, key].extend(value if isinstance(value, list) else [value])
+
+    def median(self, system: str, key: str) -> float | None:
+        values = self.samples.get((system, key))
+        return statistics.median(values) if values else None
+
+
+def note(text: str) -> None:
+    """A progress line: on stderr, so stdout carries the header and the table only."""
+    print(text, file=sys.stderr, flush=True)
+
+
 def fmt(value: float | None, unit: str = "") -> str:
     if value is None:
         return "-"
@@ -70,7 +93,7 @@ def table(figures: Iterable[Figure]) -> str:
     for f in figures:
         rows.append((
             f.suite, f.name, fmt(f.value, f.unit), f.baseline or "-", fmt(f.baseline_value, f.unit),
-            "-" if f.ratio is None else f"{f.ratio:.2f}x", "-" if f.goal is None else f">= {f.goal:g}x",
+            "-" if f.ratio is None else f"{f.ratio:.2f}x", "-" if f.goal is None else f">= {f.goal:.2f}".rstrip("0").rstrip(".") + "x",
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

@@ -1,10 +1,8 @@
 #!/usr/bin/env python
-"""Slow-client benchmark: the publish-to-deliver latency of 1,000 subscribers with and without one
-client that never reads, on the same topic, on the same server, in the same run
-(docs/reference.md §8, slow clients).
-
-    .venv/bin/python bench/slow_client_bench.py [--subscribers 1000] [--rate 20] [--seconds 5]
-        [--rounds 2] [--redis-url URL]
+"""Slow-client suite: the publish-to-deliver latency of 1,000 subscribers (500 with --quick) with
+and without one client that never reads, on the same topic, on the same server, in the same run
+(docs/reference.md §8, slow clients). tests/faults/test_slow_client.py asserts the same
+measurement through run_rounds().
 
 One `python -m livepush serve` process on the Redis fan-out; the benchmark publishes from its own
 process, as an application would, ~200-byte messages carrying their publish time (the
@@ -15,24 +13,21 @@ Each round runs two phases in turn on the same server:
   handshake. Before the phase, ~1 MB goes to a second topic only it hears: the kernel's
   buffers for it are full then, so every frame of the measured topic waits in its backlog
   during the phase, and the second topic's share of the backlog has passed its bound (`reset`).
-Printed per phase: p50, p99 and max over every delivery, and the server's resident memory at
-the end of the phase, and its CPU per delivery while the phase published (less sensitive than
-latency to load from elsewhere on the machine); then whether the slow client was sent `reset`
-(read afterwards).
-
-Without --redis-url, a throwaway Redis is started in a temp dir and stopped at the end.
+20 messages a second for 5 s per phase (2 s with --quick), after a second of warm-up; 2 rounds
+(1 with --quick). Figures, each the slow phase's against the alone phase's (medians over the
+rounds): p50 and p99 over every delivery, the server's CPU per delivery while the phase
+published (less sensitive than latency to load from elsewhere on the machine), and its resident
+memory at the end of the phase. Whether the slow client was sent `reset` is printed as progress.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import json
 import os
 import secrets
 import socket
-import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -41,6 +36,7 @@ from dataclasses import dataclass
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import report  # noqa: E402
 from _clients import ClientPool, masked_frame, raise_fd_limit  # noqa: E402
 from _procstat import cpu_seconds, percentile  # noqa: E402
 
@@ -166,70 +162,55 @@ def format_phase(p: Phase, round_no: int) -> str:
             f"({p.samples} deliveries)  server {p.cpu_us:4.1f} us CPU/delivery, RSS {p.rss_mib:6.1f} MiB{closed}")
 
 
-async def amain(args: argparse.Namespace) -> int:
+async def measure(ctx: report.Context) -> tuple[list[tuple[Phase, Phase]], int]:
+    """The rounds of phases on one `livepush serve` on the harness' Redis."""
     from _servers import start_livepush_cli
-    from _services import Services, free_port, redis_fanout_available
+    from _services import free_port, redis_fanout_available
 
     from livepush import topics
     from livepush.config import Settings
     from livepush.fanout import from_env
 
-    raise_fd_limit()
     why = redis_fanout_available()
     if why:
-        raise SystemExit(f"the Redis fan-out is not available: {why}")
-    services = Services()
+        raise RuntimeError(f"the Redis fan-out is not available: {why}")
     secret = secrets.token_urlsafe(48)
-    pool = ClientPool(args.processes)
+    pool = ClientPool(2)
     server = fanout = None
     try:
-        redis_url = args.redis_url or services.start_redis()
         env = {k: v for k, v in os.environ.items() if not k.startswith("LIVEPUSH_") and k != "DATABASE_URL"}
-        env.update(LIVEPUSH_SECRET=secret, LIVEPUSH_FANOUT="redis", LIVEPUSH_REDIS_URL=redis_url)
-        port = free_port()
-        server = await asyncio.to_thread(start_livepush_cli, port, env, os.path.join(services.tmp, "serve.log"))
-        fanout = from_env(Settings(secret=secret, fanout="redis", redis_url=redis_url))
+        env.update(LIVEPUSH_SECRET=secret, LIVEPUSH_FANOUT="redis", LIVEPUSH_REDIS_URL=ctx.redis_url)
+        server = await asyncio.to_thread(start_livepush_cli, free_port(), env, os.path.join(ctx.workdir, "slow.log"))
+        fanout = from_env(Settings(secret=secret, fanout="redis", redis_url=ctx.redis_url))
         await pool.start()
-        pairs, reset = await run_rounds(
-            pool, port, server.proc.pid, fanout.apublish, lambda t: topics.sign(t, [secret]), rounds=args.rounds,
-            subscribers=args.subscribers, rate=args.rate, seconds=args.seconds, warmup=args.warmup)
-        print(f"\n{args.subscribers} subscribers, {args.rate:g} msg/s for {args.seconds:g} s per phase; median of "
-              f"{len(pairs)} round(s):")
-        for name, index in (("alone", 0), ("slow", 1)):
-            p50 = statistics.median(p[index].p50_ms for p in pairs)
-            p99 = statistics.median(p[index].p99_ms for p in pairs)
-            cpu = statistics.median(p[index].cpu_us for p in pairs)
-            print(f"  {name:<6} p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  server {cpu:4.1f} us CPU/delivery")
-        ratio = statistics.median(p[1].p99_ms / p[0].p99_ms for p in pairs)
-        print(f"  p99 with the slow client / without: {ratio:.2f}x; the slow client was sent reset in "
-              f"{reset} of {len(pairs)} round(s)")
+        quick = ctx.quick
+        return await run_rounds(
+            pool, server.port, server.proc.pid, fanout.apublish, lambda t: topics.sign(t, [secret]),
+            rounds=1 if quick else 2, subscribers=500 if quick else 1000, rate=20.0, seconds=2.0 if quick else 5.0,
+            warmup=1.0, report=report.note)
     finally:
         await pool.close()
         if fanout is not None:
             await fanout.aclose()
         if server is not None:
             await server.stop()
-        services.stop()
-    return 0
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--subscribers", type=int, default=1000)
-    p.add_argument("--rate", type=float, default=20.0, help="messages a second on the measured topic")
-    p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per phase")
-    p.add_argument("--warmup", type=float, default=1.0, help="seconds at --rate before latency is recorded")
-    p.add_argument("--rounds", type=int, default=2, help="pairs of phases (alone, slow)")
-    p.add_argument("--redis-url", help="default: a throwaway redis-server")
-    p.add_argument("--processes", type=int, default=2, help="client processes the subscribers are spread over")
-    return p.parse_args(argv)
-
-
-def main() -> int:
+def figures(ctx: report.Context) -> list[report.Figure]:
+    """Each phase figure beside the slow client against the same without it."""
     import uvloop  # a dependency of livepush wherever `livepush serve` runs
 
-    return uvloop.run(amain(parse_args()))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    raise_fd_limit()
+    pairs, reset = uvloop.run(measure(ctx))
+    report.note(f"  the slow client was sent reset in {reset} of {len(pairs)} round(s)")
+    rounds = report.Rounds()
+    for alone, slow in pairs:
+        for system, phase in (("alone", alone), ("slow", slow)):
+            rounds.add(system, {"p50": phase.p50_ms, "p99": phase.p99_ms, "cpu": phase.cpu_us, "rss": phase.rss_mib})
+    base = "the same subscribers alone"
+    return [report.Figure(label, rounds.median("slow", key) or 0.0, unit, base, rounds.median("alone", key),
+                          higher_is_better=False)
+            for label, key, unit in (("delivery p50 beside a client that never reads", "p50", "ms"),
+                                     ("delivery p99 beside a client that never reads", "p99", "ms"),
+                                     ("server CPU per delivery beside a client that never reads", "cpu", "us"),
+                                     ("server memory beside a client that never reads", "rss", "MiB"))]

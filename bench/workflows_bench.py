@@ -1,14 +1,9 @@
-"""Workflow benchmark (not a test): livepush workflows on one runtime process, against a task group
-and against DBOS Transact, in one run on the same Postgres.
+"""Workflows suite: livepush workflows on one runtime process, against a task group and against
+DBOS Transact, in one run on the same Postgres (which keeps commit timestamps, for the latency:
+the harness starts it so).
 
-    .venv/bin/python bench/workflows_bench.py                  # durable Postgres, 5 rounds, 2-5 min
-    .venv/bin/python bench/workflows_bench.py --quick          # 1 round, fewer runs, ~30 s
-    .venv/bin/python bench/workflows_bench.py --rounds 1 --systems livepush   # without DBOS
-
-Without --pg-url it starts a throwaway PostgreSQL (Postgres' durable defaults: fsync and
-synchronous_commit on; --pg-no-fsync turns fsync off; track_commit_timestamp on, for the latency)
-and removes it at the end. DBOS runs as subprocesses with the bench-only virtualenv's python
-(.venv-bench, with `dbos` installed: see docs/performance.md) and bench/competitors/dbos_driver.py
+DBOS runs as subprocesses with the bench-only virtualenv's python (.venv-bench, made by
+bin/bench) and bench/competitors/dbos_driver.py
 (its `seq` and `queue` modes: a @DBOS.workflow calling 10 @DBOS.step functions), which prints its
 figures as JSON. Each system gets its own scratch database on the same server.
 
@@ -19,10 +14,10 @@ step is a job (the step's end, in its job's outcome transaction, enqueues the ne
 
 Measured, per round (interleaved: each round runs every figure for both sides, the order of each
 pair alternating by round, so drift hits both alike):
-a. one run at a time: --seq-runs runs, each started (flow.astart) once the one before finished;
-   DBOS: the workflow called --seq-runs times in one thread (after a warm-up call).
+a. one run at a time: 100 runs (15 with --quick), each started (flow.astart) once the one before finished;
+   DBOS: the workflow called as many times in one thread (after a warm-up call).
    steps/s = runs x 10 / the time from the first start to the last run finished.
-b. --conc-runs runs at once: started before the runtime starts, timed from its start (registered
+b. 300 runs at once (50 with --quick): started before the runtime starts, timed from its start (registered
    and listening: its startup is not counted, as DBOS's launch is not) until every run finished;
    DBOS: the workflows enqueued on a paused queue, then released at worker_concurrency=10, polled
    every 10 ms. steps/s as above.
@@ -32,7 +27,7 @@ c. step-to-step latency, from (a)'s runs: from the commit of step i's job outcom
    (9 per run). Also shown: a step's entry to its own outcome's commit, entry to entry, and
    flow.astart() called to the first step entered. The same figures are printed for (b), under
    load (they include the wait for a slot and for the completer).
-d. fan-out: a workflow of one fan-out step whose batch is --members no-op jobs, against the same
+d. fan-out: a workflow of one fan-out step whose batch is 10,000 no-op jobs (2,000 with --quick), against the same
    no-op jobs in a plain task group (`async with jobs.agroup()`), on a runtime already started
    and idle; from the start call (flow.astart / entering the group block) to finished (the run
    succeeded / the group's finished_at set). overhead = workflow time / group time - 1.
@@ -43,13 +38,9 @@ The tables show each figure's median over the rounds; a ratio is the median of t
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -59,22 +50,19 @@ import psycopg
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _services import Services, commit_timestamped_postgres, dbos_version  # noqa: E402
-from jobs_bench import drop_db, make_db, run  # noqa: E402
+import report  # noqa: E402
+from _services import drop_db, livepush_db, make_db  # noqa: E402
+from jobs_bench import run  # noqa: E402
 
-from livepush import config, jobs  # noqa: E402
-from livepush.jobs import REGISTRY, database, get_group, job  # noqa: E402
+from livepush import jobs  # noqa: E402
+from livepush.jobs import REGISTRY, get_group, job  # noqa: E402
 from livepush.jobs.runtime.runtime import Runtime  # noqa: E402
-from livepush.migrate import migrate  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH_PY = os.path.join(ROOT, ".venv-bench", "bin", "python")
-DBOS_DRIVER = os.path.join(ROOT, "bench", "competitors", "dbos_driver.py")
+from durable_bench import dbos_call  # noqa: E402
 
 STEPS = 10
 QUEUE = "wfbench"
 CONCURRENCY = 10
-DBS = ("bench_workflows_livepush", "bench_workflows_dbos")
 
 # (run id, step index) -> time.time() when the step's function was entered
 entered: dict[tuple[int, int], float] = {}
@@ -315,200 +303,51 @@ def phases(url: str, start: float, key: str) -> dict[str, float]:
     return out
 
 
-# -- DBOS ---------------------------------------------------------------------------------------------
-def dbos_call(url: str, what: str, n: int = 0) -> dict[str, float]:
-    proc = subprocess.run([BENCH_PY, DBOS_DRIVER, url, what, str(n)], capture_output=True, text=True,
-                          timeout=600, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"DBOS {what} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+# -- figures --------------------------------------------------------------------------------------------
+def figures(ctx: report.Context) -> list[report.Figure]:
+    """Steps/s against DBOS's, step-to-step latency, and a fan-out step against a plain task group."""
+    if ctx.bench_python is None:
+        raise RuntimeError("no .venv-bench with DBOS: run bin/bench, which makes it")
+    bench_py = ctx.bench_python
+    rounds_n, seq_n, conc_n, members_n = (1, 15, 50, 2_000) if ctx.quick else (3, 100, 300, 10_000)
+    rounds = report.Rounds()
+    with livepush_db(ctx.pg_admin_url, "bench_workflows_livepush") as lp_url:
+        dbos_url = make_db(ctx.pg_admin_url, "bench_workflows_dbos")
+        try:
+            pairs: list[list[tuple[str, str, Callable[[], dict[str, Any]]]]] = [
+                [("livepush", "one at a time", lambda: lp_seq(lp_url, seq_n, True)),
+                 ("DBOS", "one at a time", lambda: {"seq_steps": dbos_call(bench_py, dbos_url, "seq", seq_n)["seq_steps"]})],
+                [("livepush", "at once", lambda: lp_conc(lp_url, conc_n, True)),
+                 ("DBOS", "at once", lambda: {"conc_steps": dbos_call(bench_py, dbos_url, "queue", conc_n)["queue_steps"]})],
+                [("livepush", "group", lambda: lp_group(lp_url, members_n)),
+                 ("livepush", "fan-out", lambda: lp_fan(lp_url, members_n))],
+            ]
+            for r in range(rounds_n):
+                for pair in pairs:
+                    # The order within each pair alternates by round, so drift hits both alike.
+                    for system, what, fn in (pair if r % 2 == 0 else pair[::-1]):
+                        t = time.perf_counter()
+                        got = fn()
+                        rounds.add(system, got)
+                        shown = [f"{k} p50 {statistics.median(v):.2f} ms" if isinstance(v, list) else f"{k} {v:,.2f}"
+                                 for k, v in got.items() if v or not isinstance(v, list)]
+                        report.note(f"  round {r + 1} {system:9} {what:14} {', '.join(shown)}  "
+                                    f"({time.perf_counter() - t:.1f} s)")
+        finally:
+            drop_db(ctx.pg_admin_url, "bench_workflows_dbos")
 
+    def lp(key: str) -> float:
+        return rounds.median("livepush", key) or 0.0
 
-# -- report ----------------------------------------------------------------------------------------------
-def load() -> str:
-    """The 1, 5 and 15 minute load averages: how busy the machine was around the figures."""
-    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+    return [
+        report.Figure("10-step workflow runs one at a time", lp("seq_steps"), "steps/s", "DBOS",
+                      rounds.median("DBOS", "seq_steps")),
+        report.Figure(f"10-step workflow runs at once, concurrency {CONCURRENCY}", lp("conc_steps"), "steps/s", "DBOS",
+                      rounds.median("DBOS", "conc_steps")),
+        report.Figure("workflow step outcome committed -> next step entered, p50", lp("seq_gap"), "ms",
+                      higher_is_better=False),
+        report.Figure(f"fan-out step of {members_n:,} no-op jobs, start to finished", lp("fan_s"), "s",
+                      "the same jobs in a task group", rounds.median("livepush", "group_s"), higher_is_better=False,
+                      goal=1 / 1.15),
+    ]
 
-
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(len(s) * q))]
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pg-url", help="an admin URL of a running PostgreSQL (scratch databases are made there)")
-    ap.add_argument("--pg-port", type=int, default=0, help="port for the throwaway PostgreSQL (0: any free one)")
-    ap.add_argument("--pg-no-fsync", action="store_true", help="throwaway PostgreSQL with fsync=off")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--quick", action="store_true", help="1 round (unless --rounds is given) and smaller sizes")
-    ap.add_argument("--seq-runs", type=int, default=None, help="runs one after another (default 100)")
-    ap.add_argument("--conc-runs", type=int, default=None, help="runs at once (default 300)")
-    ap.add_argument("--members", type=int, default=10_000, help="members of the fan-out (quick too)")
-    ap.add_argument("--systems", default="livepush,dbos", help="comma-separated: livepush, dbos, or both")
-    args = ap.parse_args()
-    rounds_given = any(a == "--rounds" or a.startswith("--rounds=") for a in sys.argv[1:])
-    if args.quick and not rounds_given:
-        args.rounds = 1
-    seq_n = args.seq_runs or (30 if args.quick else 100)
-    conc_n = args.conc_runs or (100 if args.quick else 300)
-    members_n = args.members
-    systems = {s.strip().lower() for s in args.systems.split(",") if s.strip()}
-    if not systems or systems - {"livepush", "dbos"}:
-        raise SystemExit(f"--systems {args.systems}: name livepush, dbos or both")
-    with_dbos, with_lp = "dbos" in systems, "livepush" in systems
-    if with_dbos and not os.path.exists(BENCH_PY):
-        raise SystemExit("no .venv-bench: python3 -m venv .venv-bench && .venv-bench/bin/pip install dbos "
-                         "'psycopg[binary]' (see docs/performance.md), or pass --systems livepush")
-    # SIGTERM (a CI timeout, kill) unwinds like Ctrl-C, so the finally below stops what was started.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    services = Services()
-    try:
-        pg = commit_timestamped_postgres(services, args.pg_url, args.pg_port, args.pg_no_fsync)
-        admin, where, version, fsync, sync_commit = pg.admin, pg.where, pg.version, pg.fsync, pg.synchronous_commit
-        commit_ts = pg.commit_timestamps
-        if with_lp and not pg.commit_timestamps:
-            print("the server keeps no commit timestamps (track_commit_timestamp off): the latency is skipped", flush=True)
-        dbos_version_shown = dbos_version(BENCH_PY) if with_dbos else "not run"
-        print(f"PostgreSQL {version} ({where}; fsync={fsync}, synchronous_commit={sync_commit}), "
-              f"{os.cpu_count()} cores, DBOS {dbos_version_shown}, {args.rounds} round(s); 10-step runs: {seq_n:,} one "
-              f"at a time, {conc_n:,} at once at concurrency {CONCURRENCY}; fan-out of {members_n:,}; "
-              f"load average {load()}", flush=True)
-
-        pairs: list[list[tuple[str, str, Callable[[], dict[str, Any]]]]] = []
-        if with_lp:
-            lp_url = make_db(admin, DBS[0])
-            migrate(lp_url)
-            config.set_settings(config.Settings(database_url=lp_url, fanout="postgres", env="test"))
-            database.configure(lp_url)
-        if with_dbos:
-            dbos_url = make_db(admin, DBS[1])
-            dbos_call(dbos_url, "install")
-        seq_pair, conc_pair = [], []
-        if with_lp:
-            seq_pair.append(("livepush", "one at a time", lambda: lp_seq(lp_url, seq_n, commit_ts)))
-            conc_pair.append(("livepush", "at once", lambda: lp_conc(lp_url, conc_n, commit_ts)))
-        if with_dbos:
-            seq_pair.append(("DBOS", "one at a time",
-                             lambda: {"seq_steps": dbos_call(dbos_url, "seq", seq_n)["seq_steps"]}))
-            conc_pair.append(("DBOS", "at once",
-                              lambda: {"conc_steps": dbos_call(dbos_url, "queue", conc_n)["queue_steps"]}))
-        pairs += [seq_pair, conc_pair]
-        if with_lp:
-            pairs.append([("livepush", "group", lambda: lp_group(lp_url, members_n)),
-                          ("livepush", "fan-out", lambda: lp_fan(lp_url, members_n))])
-
-        results: dict[str, dict[str, list[Any]]] = {"livepush": {}, "DBOS": {}}
-        for r in range(args.rounds):
-            for pair in pairs:
-                for system, what, fn in (pair if r % 2 == 0 else pair[::-1]):
-                    t = time.perf_counter()
-                    got = fn()
-                    shown = []
-                    for k, v in got.items():
-                        results[system].setdefault(k, []).append(v)
-                        if isinstance(v, list):
-                            if v:
-                                shown.append(f"{k} p50 {statistics.median(v):.2f} ms")
-                        else:
-                            shown.append(f"{k} {v:,.2f}")
-                    print(f"  round {r + 1} {system:9} {what:14} {', '.join(shown)}  "
-                          f"({time.perf_counter() - t:.1f} s)", flush=True)
-        report(results, seq_n, conc_n, members_n)
-        print(f"load average at the end {load()} (the machine's, others' work included: {os.cpu_count()} cores)")
-    finally:
-        database.configure(None)
-        if args.pg_url:
-            for name in DBS:
-                try:
-                    drop_db(args.pg_url, name)
-                except psycopg.Error:
-                    pass
-        services.stop()
-
-
-def report(results: dict[str, dict[str, list[Any]]], seq_n: int, conc_n: int, members_n: int) -> None:
-    lp, db = results["livepush"], results["DBOS"]
-
-    def med(side: dict[str, list[Any]], key: str) -> float | None:
-        return statistics.median(side[key]) if side.get(key) else None
-
-    def rate(v: float | None) -> str:
-        return "n/a" if v is None else f"{v:,.0f}/s"
-
-    def spread(values: list[float]) -> str:
-        return f"{(max(values) - min(values)) / statistics.median(values) * 100:.0f} %" if len(values) > 1 else "n/a"
-
-    print()
-    print("| figure | livepush | DBOS | livepush / DBOS | each round |")
-    print("|---|---|---|---|---|")
-    for label, key in ((f"10-step runs one at a time ({seq_n:,} runs), steps/s", "seq_steps"),
-                       (f"10-step runs at once ({conc_n:,}, concurrency {CONCURRENCY}), steps/s", "conc_steps")):
-        ratios = [x / y for x, y in zip(lp.get(key, []), db.get(key, []))]
-        shown = f"{statistics.median(ratios):.2f}x" if ratios else ""
-        print(f"| {label} | {rate(med(lp, key))} | {rate(med(db, key))} | {shown} | "
-              f"{', '.join(f'{x:.2f}' for x in ratios)} |")
-    print()
-    if lp.get("conc_steps"):
-        print(f"livepush spread over the rounds (max - min) / median: one at a time {spread(lp['seq_steps'])}, "
-              f"at once {spread(lp['conc_steps'])}; runtime process CPU while {conc_n:,} runs went at once: "
-              f"{med(lp, 'conc_cpu'):.0f} % of a core (100 % would mean the process is the limit)")
-    if db.get("conc_steps"):
-        print(f"DBOS spread: one at a time {spread(db['seq_steps'])}, at once {spread(db['conc_steps'])}")
-    print()
-    lat_rows = []
-    for case, label in (("seq", "one at a time"), ("conc", f"{conc_n:,} at once")):
-        for key, what in (("gap", "outcome commit -> next step entered"),
-                          ("own", "step entered -> its outcome committed"),
-                          ("step", "step entered -> next step entered"),
-                          ("first", "flow.astart() called -> first step entered")):
-            per_round = lp.get(f"{case}_{key}") or []
-            pooled = [x for rnd in per_round for x in rnd]
-            if pooled:
-                lat_rows.append((f"{what} ({label})", pooled, [statistics.median(x) for x in per_round if x]))
-    if lat_rows:
-        print("| livepush step latency, ms | p50 | p90 | p99 | p50 of each round |")
-        print("|---|---|---|---|---|")
-        for label, pooled, p50s in lat_rows:
-            print(f"| {label} | {pct(pooled, 0.5):.2f} | {pct(pooled, 0.9):.2f} | {pct(pooled, 0.99):.2f} | "
-                  f"{', '.join(f'{x:.2f}' for x in p50s)} |")
-        print()
-    g, f = med(lp, "group_s"), med(lp, "fan_s")
-    if g and f:
-        print(f"| {members_n:,} no-op jobs, start to finished | s | jobs/s | start -> members written, ms | "
-              "members run, s | group finished -> run finished, ms | each round, s |")
-        print("|---|---|---|---|---|---|---|")
-        print(f"| plain task group (jobs.agroup) | {g:.2f} | {members_n / g:,.0f} | {med(lp, 'group_made_ms'):.0f} | "
-              f"{med(lp, 'group_members_s'):.2f} | | {', '.join(f'{x:.2f}' for x in lp['group_s'])} |")
-        print(f"| workflow fan-out step | {f:.2f} | {members_n / f:,.0f} | {med(lp, 'fan_made_ms'):.0f} | "
-              f"{med(lp, 'fan_members_s'):.2f} | {med(lp, 'fan_end_ms'):.0f} | "
-              f"{', '.join(f'{x:.2f}' for x in lp['fan_s'])} |")
-        fan_ratios = [a / b for a, b in zip(lp["fan_s"], lp["group_s"])]
-        print(f"| fan-out / group | {statistics.median(fan_ratios):.2f}x | | | | | "
-              f"{', '.join(f'{x:.2f}' for x in fan_ratios)} |")
-        print()
-    goals: list[tuple[str, str, bool]] = []
-    v = med(lp, "conc_steps")
-    if v is not None:
-        goals.append((f"steps/s on one runtime process, {conc_n:,} runs at once >= 1,000", f"{v:,.0f}/s", v >= 1000))
-    v = med(lp, "seq_steps")
-    if v is not None:
-        goals.append(("steps/s on one runtime process, one run at a time >= 1,000",
-                      f"{v:,.0f}/s, one step every {1000 / v:.1f} ms", v >= 1000))
-    pooled = [x for rnd in lp.get("seq_gap") or [] for x in rnd]
-    if pooled:
-        p50 = pct(pooled, 0.5)
-        goals.append(("step-to-step latency p50 (outcome commit -> next step entered, one at a time) <= 5 ms",
-                      f"{p50:.2f} ms", p50 <= 5))
-    if g and f:
-        over = statistics.median(fan_ratios) - 1
-        goals.append((f"fan-out of {members_n:,} vs the same jobs in a task group: overhead <= 15 %",
-                       f"{over * 100:.1f} % (the group's own times spread {spread(lp['group_s'])})", over <= 0.15))
-    for label, value, ok in goals:
-        print(f"goal {label}: {value} {'met' if ok else 'NOT met'}")
-    flat = {s: {k: v for k, v in m.items() if not (v and isinstance(v[0], list))} for s, m in results.items()}
-    print(f"runs: {json.dumps(flat)}")
-
-
-if __name__ == "__main__":
-    main()

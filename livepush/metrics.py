@@ -5,16 +5,22 @@ Counters and the lag histogram are per process; Prometheus sums them across proc
 gauges of queues and runtimes describe the database, not the process: whoever serves `/metrics`
 refreshes them (through `refreshers`) just before rendering, at most once a second, so a
 scrape costs no query when scrapes come in bursts.
+
+Under `serve --workers N` every worker writes its values to files in one directory
+(prometheus_client's multiprocess mode, switched on by PROMETHEUS_MULTIPROC_DIR, which the
+supervisor sets) and `/metrics`, on whichever worker answers, adds them all up: one scrape
+target, the whole server's numbers. Each gauge says how its workers' values combine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 log = logging.getLogger("livepush.metrics")
@@ -22,10 +28,15 @@ log = logging.getLogger("livepush.metrics")
 REGISTRY = CollectorRegistry(auto_describe=True)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
+# Read only in a process whose values go to files (see the module's docstring).
+MULTIPROCESS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
+
 # -- the push side ----------------------------------------------------------------------------
-CONNECTIONS = Gauge("livepush_connections", "WebSocket connections open now.", registry=REGISTRY)
+# Workers' connections add up; a dead worker's are gone with it ("live").
+CONNECTIONS = Gauge("livepush_connections", "WebSocket connections open now.", registry=REGISTRY,
+                    multiprocess_mode="livesum")
 SUBSCRIPTIONS = Gauge("livepush_subscriptions", "Topic subscriptions held by open connections now.",
-                      registry=REGISTRY)
+                      registry=REGISTRY, multiprocess_mode="livesum")
 PUBLISHED = Counter("livepush_published", "Messages published from this process (publish() returned an offset).", ["fanout"],
                     registry=REGISTRY)
 DELIVERED = Counter("livepush_delivered", "Message frames written to clients (one per recipient).",
@@ -42,9 +53,10 @@ SLOW_CLIENT_ACTIONS = Counter("livepush_slow_client_actions", "What the server d
                               ["action"], registry=REGISTRY)
 REFUSALS = Counter("livepush_refusals", "Connections and subscriptions refused, by reason.", ["reason"],
                    registry=REGISTRY)
+# Each worker sends its own canary; the slowest live one is the one to alert on.
 CANARY_SECONDS = Gauge("livepush_canary_round_trip_seconds",
                        "The last canary's trip through the fan-out and back (what /readyz checks).",
-                       registry=REGISTRY)
+                       registry=REGISTRY, multiprocess_mode="livemax")
 
 # -- jobs ---------------------------------------------------------------------------------------
 JOBS_CLAIMED = Counter("livepush_jobs_claimed", "Jobs claimed by runtimes in this process.", ["queue"],
@@ -55,18 +67,22 @@ JOBS_FAILED = Counter("livepush_jobs_failed", "Jobs that failed for good (no att
 JOBS_RETRIED = Counter("livepush_jobs_retried", "Failed attempts scheduled to run again.", ["queue"],
                        registry=REGISTRY)
 JOBS_RESCUED = Counter("livepush_jobs_rescued", "Jobs taken back from runtimes that died.", registry=REGISTRY)
+# The database's gauges: the worker that answers a scrape has just read them, so its value is the
+# freshest ("mostrecent").
 QUEUE_DEPTH = Gauge("livepush_queue_depth", "Jobs available to run now, per queue.", ["queue"],
-                    registry=REGISTRY)
+                    registry=REGISTRY, multiprocess_mode="mostrecent")
 QUEUE_OLDEST_AGE = Gauge("livepush_queue_oldest_age_seconds",
                          "Seconds the oldest available job of the queue has been due (0 when none is).",
-                         ["queue"], registry=REGISTRY)
-RUNTIMES_ALIVE = Gauge("livepush_runtimes_alive", "Job runtimes registered and beating.", registry=REGISTRY)
+                         ["queue"], registry=REGISTRY, multiprocess_mode="mostrecent")
+RUNTIMES_ALIVE = Gauge("livepush_runtimes_alive", "Job runtimes registered and beating.", registry=REGISTRY,
+                       multiprocess_mode="mostrecent")
 
 Refresher = Callable[[], Awaitable[None]]
 REFRESH_EVERY = 1.0
 _refreshed: dict[int, float] = {}
 _refreshing: dict[int, asyncio.Future[None]] = {}
 _warned: dict[int, float] = {}
+_merged: dict[str, CollectorRegistry] = {}
 
 
 async def render(refreshers: Sequence[Refresher] = ()) -> bytes:
@@ -85,7 +101,25 @@ async def render(refreshers: Sequence[Refresher] = ()) -> bytes:
             await asyncio.wait_for(asyncio.shield(running), timeout=2.0)
         except Exception:  # a database that does not answer must not hang the scrape
             pass
-    return generate_latest(REGISTRY)
+    return generate_latest(_registry())
+
+
+def _registry() -> CollectorRegistry:
+    """This process's registry, or, in multiprocess mode, one that reads every process's files."""
+    directory = os.environ.get(MULTIPROCESS_DIR_VARIABLE)
+    if not directory:
+        return REGISTRY
+    if directory not in _merged:
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged, path=directory)
+        _merged[directory] = merged
+    return _merged[directory]
+
+
+def forget_process(pid: int, directory: str) -> None:
+    """Drop a dead process's "live" gauges from the multiprocess files; its counters stay, so
+    the sums keep growing across worker restarts."""
+    multiprocess.mark_process_dead(pid, directory)
 
 
 def _refresh_done(key: int, future: asyncio.Future[None]) -> None:

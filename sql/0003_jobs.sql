@@ -49,6 +49,29 @@ CREATE TABLE livepush_jobs (
     -- Whether the job stored a durable step (sql/0005_durable.sql): a run of a job without one
     -- has nothing to replay, and never reads the steps table.
     has_steps        boolean     NOT NULL DEFAULT false,
+    -- Enqueue options (sql/0007_enqueue_options.sql). `key`: at most one job with a key is
+    -- unfinished at a time, except that a debounced enqueue may queue one job behind a started
+    -- one. NULL for the jobs of a plain enqueue.
+    key              text COLLATE "C",
+    -- Which place of its key a job holds: 0 for the first job with a key, 1 (or the lowest free
+    -- place) for a job a debounced enqueue queued behind one that had already started. Chosen
+    -- once, at insert, and never changed, so no state change of the runtime (claim, retry,
+    -- release, rescue, promote) can make two unfinished rows collide on the key's unique index:
+    -- its predicate is over the unfinished states as a whole, which those changes never leave
+    -- except by finishing.
+    key_slot         smallint    NOT NULL DEFAULT 0,
+    -- Labels to list and cancel jobs by (jobs.list_tagged, jobs.cancel_tagged); NULL when none.
+    tags             text[],
+    -- Claim limits (sql/0008_claim_limits.sql). Whether the job takes the limited claim: set at
+    -- enqueue when its function has a limit. The two claims read two partial indexes, so neither
+    -- wades through the other's jobs (limited jobs waiting for a slot or a token can be a long
+    -- backlog at the head of a queue). Cleared only when a definition drops its limits
+    -- (queries.py: UNFLAG_LIMITED).
+    limited          boolean     NOT NULL DEFAULT false,
+    -- The concurrency key of a job whose function has `concurrency=(param, n)`: the value of
+    -- that argument at enqueue, as JSON text. NULL for every other job. Never updated after the
+    -- insert, except by a debounced enqueue that replaces the pending job's arguments.
+    concurrency_key  text,
     CHECK (group_id IS NULL OR callback_of IS NULL)
 ) WITH (
     -- A queue table is mostly dead tuples: every job is inserted, rewritten two or three times
@@ -64,11 +87,12 @@ CREATE TABLE livepush_jobs (
     autovacuum_analyze_scale_factor = 0.02
 );
 
--- The claim's index: only rows ready to run, in claim order. Claimed rows leave it (their state
--- changes), so a claim never scans past jobs others hold (a claim ordered by id over the whole
--- table slows down as it scans past claimed rows).
+-- The plain claim's index: only rows ready to run, in claim order. Claimed rows leave it (their
+-- state changes), so a claim never scans past jobs others hold (a claim ordered by id over the
+-- whole table slows down as it scans past claimed rows). Jobs with limits have their own
+-- (sql/0008_claim_limits.sql).
 CREATE INDEX livepush_jobs_claim_idx ON livepush_jobs (queue, priority, run_at, id)
-    WHERE state = 'available';
+    WHERE state = 'available' AND NOT limited;
 
 -- Promotion of due scheduled jobs (delayed enqueues and retries after backoff) and of waiting
 -- jobs whose time came (durable sleeps, signal timeouts; a wait without a time has run_at

@@ -2,27 +2,14 @@
 -- livepush/jobs/queries.py; docs/jobs.md "Limits and paused queues").
 --
 -- Only jobs whose function has a limit take the limited claim (CLAIM_LIMITED); every other job
--- keeps the plain claim, which gains one lookup in the (almost always empty) paused table.
+-- keeps the plain claim.
 
--- Whether the job takes the limited claim: set at enqueue when its function has a limit. The
--- two claims read two partial indexes, so neither wades through the other's jobs (limited jobs
--- waiting for a slot or a token can be a long backlog at the head of a queue). Cleared only when
--- a definition drops its limits (queries.py: UNFLAG_LIMITED).
-ALTER TABLE livepush_jobs ADD COLUMN limited boolean NOT NULL DEFAULT false;
-
--- The plain claim's index: sql/0003_jobs.sql's, without the limited jobs.
-DROP INDEX livepush_jobs_claim_idx;
-CREATE INDEX livepush_jobs_claim_idx ON livepush_jobs (queue, priority, run_at, id)
-    WHERE state = 'available' AND NOT limited;
+-- The columns (limited, concurrency_key) and the plain claim's index, which leaves limited jobs
+-- out, are in sql/0003_jobs.sql.
 
 -- The limited claim's: one function's jobs of one queue, in claim order.
 CREATE INDEX livepush_jobs_limited_claim_idx ON livepush_jobs (queue, name, priority, run_at, id)
     WHERE state = 'available' AND limited;
-
--- The concurrency key of a job whose function has `concurrency=(param, n)`: the value of that
--- argument at enqueue, as JSON text. NULL for every other job (and for jobs enqueued before the
--- limit existed, which the limit does not count). Never updated after the insert.
-ALTER TABLE livepush_jobs ADD COLUMN concurrency_key text;
 
 -- The running jobs of each key, counted by the limited claim. Partial: jobs without a key never
 -- enter it, so the plain path pays nothing for it.
@@ -47,12 +34,24 @@ CREATE TABLE livepush_job_limits (
     CHECK (max_running IS NOT NULL OR rate IS NOT NULL)
 ) WITH (fillfactor = 50, autovacuum_vacuum_cost_delay = 0);
 
--- Queues no runtime claims from (jobs.pause_queue()); enqueues are still accepted. Read by every
--- claim, so a pause holds for every runtime from the claim after it commits.
+-- Queues no runtime claims from (jobs.pause_queue()); enqueues are still accepted. Each runtime
+-- keeps the set in memory, read again when a pause or resume rings (livepush_queues_changed())
+-- and at least twice a second, so a pause holds everywhere within a second without a lookup in
+-- every plain claim. The limited claim also checks it itself.
 CREATE TABLE livepush_paused_queues (
     queue      text PRIMARY KEY,
     paused_at  timestamptz NOT NULL DEFAULT now()
 );
+
+-- The runtimes' doorbell with the payload `queues`: the paused set changed, read it again (and,
+-- after a resume, claim). Delivered at commit, like every ring of livepush_jobs.
+CREATE FUNCTION livepush_queues_changed() RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM pg_notify('livepush_jobs', 'queues');
+    RETURN 1;
+END
+$$;
 
 -- The limited claim (livepush/jobs/queries.py: CLAIM_LIMITED calls it): up to p_limit available
 -- jobs of p_name on p_queue, within the name's limits. Two statements, on purpose:

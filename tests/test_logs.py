@@ -60,3 +60,33 @@ async def test_serve_logs_json_lines_without_the_tokens_clients_sent(procs, live
         entry = json.loads(line)
         assert {"time", "level", "logger", "message"} <= set(entry), line
     assert bad not in server.stderr() and secret not in server.stderr()
+
+
+def test_a_workers_lines_name_it_and_its_pid_in_both_formats() -> None:
+    """Under `serve --workers N`, text lines say `[worker I pid P]` (`[supervisor pid P]` for the
+    parent) and JSON lines carry `worker` and `pid`; a lone server's lines are as before."""
+    record = logging.LogRecord("livepush.server", logging.INFO, __file__, 1, "serving", (), None)
+
+    def formatted(log_format: str, **role: object) -> str:
+        root = logging.getLogger()
+        saved = root.handlers[:]
+        root.handlers.clear()
+        try:
+            logs.setup(log_format, **role)  # type: ignore[arg-type]
+            handler = root.handlers[0]
+            handler.filter(record)
+            return handler.format(record)
+        finally:
+            root.handlers[:] = saved
+            for attr in ("livepush_process", "livepush_worker"):
+                record.__dict__.pop(attr, None)
+
+    pid = record.process
+    assert f"[worker 2 pid {pid}] livepush.server: serving" in formatted("text", worker=2)
+    assert f"[supervisor pid {pid}] livepush.server: serving" in formatted("text", supervisor=True)
+    assert "[" not in formatted("text")
+    assert {k: v for k, v in json.loads(formatted("json", worker=2)).items() if k in ("worker", "pid")} == {
+        "worker": 2, "pid": pid}
+    supervisor = json.loads(formatted("json", supervisor=True))
+    assert supervisor["pid"] == pid and "worker" not in supervisor
+    assert not {"worker", "pid"} & set(json.loads(formatted("json")))

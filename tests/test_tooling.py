@@ -4,10 +4,14 @@ fault helpers really stop and start the servers, and child processes are waited 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import json
 import signal
+import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -218,3 +222,47 @@ def test_livepush_serve_child(procs: Processes, livepush_env: Callable[..., dict
     child = procs.livepush("serve", env=livepush_env(database_url=pg_url))
     child.terminate()
     child.wait(timeout=10)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bin_bench_help() -> None:
+    """`bin/bench --help` answers without running a benchmark, naming its flags and every suite."""
+    out = subprocess.run([str(ROOT / "bin" / "bench"), "--help"], capture_output=True, text=True, timeout=300,
+                         stdin=subprocess.DEVNULL, check=False)
+    assert out.returncode == 0, out.stderr
+    for word in ("--quick", "--only", "--out", "--pg-port", "--redis-port", "jobs", "durable", "push"):
+        assert word in out.stdout, out.stdout
+
+
+def _bench_report() -> object:
+    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "bench" / "report.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_report_shape(tmp_path: Path) -> None:
+    """report.write gives a JSON list of figures with name, value, unit, baseline, baseline_value and a ratio above 1 when livepush wins either way; report.table gives a header and a row per figure."""
+    report = _bench_report()
+    figures = [
+        report.Figure("process", 3000.0, "jobs/s", "pgqueuer", 1000.0, suite="jobs", goal=2.5),  # type: ignore[attr-defined]
+        report.Figure("pickup p99", 2.0, "ms", "pgqueuer", 4.0, higher_is_better=False, suite="jobs"),  # type: ignore[attr-defined]
+        report.Figure("wake", 1.5, "ms", higher_is_better=False, suite="durable"),  # type: ignore[attr-defined]
+    ]
+    path = tmp_path / "report.json"
+    report.write(str(path), figures)  # type: ignore[attr-defined]
+    got = json.loads(path.read_text())
+    assert isinstance(got, list) and len(got) == 3
+    for row in got:
+        assert {"name", "value", "unit", "baseline", "baseline_value", "ratio", "higher_is_better", "suite",
+                "goal"} <= set(row)
+    assert [r["ratio"] for r in got] == [3.0, 2.0, None]
+    assert got[0]["goal"] == 2.5 and got[2]["baseline"] is None
+    lines = report.table(figures).splitlines()  # type: ignore[attr-defined]
+    assert len(lines) == 4
+    assert lines[0].split()[:3] == ["suite", "figure", "livepush"]
+    assert "3.00x" in lines[1] and ">= 2.5x" in lines[1] and "2.00x" in lines[2]

@@ -1,8 +1,9 @@
 """pgqueuer under the jobs benchmark: run by bench/jobs_bench.py with .venv-bench's python.
 
-    .venv-bench/bin/python bench/competitors/pgqueuer_driver.py URL install|enqueue|process|pickup [N]
+    .venv-bench/bin/python bench/competitors/pgqueuer_driver.py URL install|enqueue|process|fill|drain|pickup [N]
 
-Prints one JSON object of figures. Configuration: pgqueuer's best as measured on this kind of machine, its default batch of 10 on
+Prints one JSON object of figures. `fill` queues N no-op jobs; `drain` (one of several workers
+on them) says "ready" once connected, waits for a line on stdin, and drains the queue. Configuration: pgqueuer's best as measured on this kind of machine, its default batch of 10 on
 asyncpg, no cap on tasks in flight.
 A pool driver is used so that the worker's listener, dequeue and status writes do not take
 turns on one connection.
@@ -42,7 +43,7 @@ async def _clear(q: Queries) -> None:
 async def enqueue(url: str, n: int) -> dict:
     pool, q = await _queries(url)
     await _clear(q)
-    ones = 1000
+    ones = max(100, min(1000, n // 20))  # as jobs_bench.singles()
     t = time.perf_counter()
     for _ in range(ones):
         await q.enqueue("noop", None)
@@ -79,6 +80,36 @@ async def process(url: str, n: int) -> dict:
     rate = n / (time.perf_counter() - t)
     await pool.close()
     return {"process": rate, "processed": seen}
+
+
+async def fill(url: str, n: int) -> dict:
+    pool, q = await _queries(url)
+    await _clear(q)
+    for _ in range(n // 1000):
+        await q.enqueue(["noop"] * 1000, [None] * 1000, [0] * 1000)
+    await pool.close()
+    return {}
+
+
+async def drain(url: str, n: int) -> dict:
+    """Drain what `fill` queued, from the parent's go (a line on stdin) until the queue is empty:
+    the wall-clock start and end, for a rate over several workers."""
+    pool, q = await _queries(url)
+    qm = QueueManager(q)
+    seen = 0
+
+    @qm.entrypoint("noop")
+    async def noop(job: object) -> None:
+        nonlocal seen
+        seen += 1
+
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    start = time.time()
+    await qm.run(batch_size=10, mode=QueueExecutionMode.drain)
+    end = time.time()
+    await pool.close()
+    return {"start": start, "end": end, "processed": seen}
 
 
 async def pickup(url: str, n: int) -> dict:
@@ -126,7 +157,8 @@ def main() -> None:
 
     logging.disable(logging.WARNING)
     coro = {"install": lambda: install(url), "enqueue": lambda: enqueue(url, n),
-            "process": lambda: process(url, n), "pickup": lambda: pickup(url, n)}[what]()
+            "process": lambda: process(url, n), "fill": lambda: fill(url, n),
+            "drain": lambda: drain(url, n), "pickup": lambda: pickup(url, n)}[what]()
     print(json.dumps(asyncio.run(coro)))
 
 

@@ -1,9 +1,11 @@
 """procrastinate under the jobs benchmark: run by bench/jobs_bench.py with .venv-bench's python.
 
-    .venv-bench/bin/python bench/competitors/procrastinate_driver.py URL install|enqueue|process|pickup [N]
+    .venv-bench/bin/python bench/competitors/procrastinate_driver.py URL install|enqueue|process|fill|drain|pickup [N]
 
 Prints one JSON object of figures. Configuration: its psycopg connector, a worker at
-concurrency 10 with LISTEN/NOTIFY on (its default), async no-op tasks.
+concurrency 10 with LISTEN/NOTIFY on (its default), async no-op tasks. `fill` queues N no-op
+jobs; `drain` (one of several workers on them) says "ready" once connected, waits for a line on
+stdin, and runs until no job is left.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ async def install(n: int) -> dict:
 async def enqueue(n: int) -> dict:
     async with app.open_async():
         await _clear()
-        ones = 1000
+        ones = max(100, min(1000, n // 20))  # as jobs_bench.singles()
         t = time.perf_counter()
         for _ in range(ones):
             await noop.defer_async()
@@ -80,6 +82,25 @@ async def process(n: int) -> dict:
         await app.run_worker_async(concurrency=10, wait=False)
         rate = n / (time.perf_counter() - t)
     return {"process": rate, "processed": seen}
+
+
+async def fill(n: int) -> dict:
+    async with app.open_async():
+        await _clear()
+        for _ in range(n // 1000):
+            await noop.batch_defer_async(*[{} for _ in range(1000)])
+    return {}
+
+
+async def drain(n: int) -> dict:
+    """From the parent's go (a line on stdin) until no job is left: the wall-clock start and end."""
+    async with app.open_async():
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        start = time.time()
+        await app.run_worker_async(concurrency=10, wait=False)
+        end = time.time()
+    return {"start": start, "end": end, "processed": seen}
 
 
 async def pickup(n: int) -> dict:
@@ -114,7 +135,8 @@ def main() -> None:
     except ImportError:
         pass
     logging.disable(logging.WARNING)
-    fn = {"install": install, "enqueue": enqueue, "process": process, "pickup": pickup}[what]
+    fn = {"install": install, "enqueue": enqueue, "process": process, "fill": fill, "drain": drain,
+          "pickup": pickup}[what]
     print(json.dumps(asyncio.run(fn(n))))
 
 

@@ -16,6 +16,9 @@ from datetime import datetime, timezone
 
 FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# Under `serve --workers N`, which process wrote the line: "supervisor" or "worker 2", and its pid.
+SUPERVISOR = "supervisor"
+PROCESS_TEXT_FORMAT = "%(asctime)s %(levelname)s [%(livepush_process)s pid %(process)d] %(name)s: %(message)s"
 
 # user:password@ in a URL; token=, password=, secret= in a query string or a key=value DSN;
 # a session token's shape (a long base64url payload, a dot, its signature; a JWT's three parts too).
@@ -42,7 +45,8 @@ class Scrubbed(logging.Formatter):
 
 class JsonLines(logging.Formatter):
     """One JSON object a line: time (UTC, ISO 8601), level, logger, message, and the exception
-    (type, message and traceback text) when there is one."""
+    (type, message and traceback text) when there is one; under `serve --workers N`, also the
+    worker's index (absent on the supervisor's lines) and the pid."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
@@ -51,18 +55,45 @@ class JsonLines(logging.Formatter):
             "logger": record.name,
             "message": scrub(record.getMessage()),
         }
+        if hasattr(record, "livepush_process"):
+            worker = getattr(record, "livepush_worker", None)
+            if worker is not None:
+                entry["worker"] = worker
+            entry["pid"] = record.process
         if record.exc_info and record.exc_info[0] is not None:
             entry["error"] = scrub(f"{record.exc_info[0].__name__}: {record.exc_info[1]}")
             entry["traceback"] = scrub(self.formatException(record.exc_info))
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 
-def setup(log_format: str = "text", level: int = logging.INFO) -> None:
-    """Log to stderr in `log_format`, once per process (a host that configured logging keeps its own)."""
+class _NameProcess(logging.Filter):
+    """Stamps every record with the process's role among `serve --workers N`'s processes."""
+
+    def __init__(self, worker: int | None) -> None:
+        super().__init__()
+        self.worker = worker
+        self.process_name = SUPERVISOR if worker is None else f"worker {worker}"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.livepush_process = self.process_name
+        record.livepush_worker = self.worker
+        return True
+
+
+def setup(log_format: str = "text", level: int = logging.INFO, *, worker: int | None = None,
+          supervisor: bool = False) -> None:
+    """Log to stderr in `log_format`, once per process (a host that configured logging keeps its
+    own); `worker` (its index) or `supervisor` name the process in every line."""
     root = logging.getLogger()
     if root.handlers:
         return
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonLines() if log_format == "json" else Scrubbed(TEXT_FORMAT))
+    named = worker is not None or supervisor
+    if log_format == "json":
+        handler.setFormatter(JsonLines())
+    else:
+        handler.setFormatter(Scrubbed(PROCESS_TEXT_FORMAT if named else TEXT_FORMAT))
+    if named:
+        handler.addFilter(_NameProcess(worker))
     root.addHandler(handler)
     root.setLevel(level)

@@ -52,21 +52,31 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from ..server.run import serve
-    from . import wiring
+    from . import wiring, workers
     from .jobs import modules_of
 
     settings = _settings(args)
     settings.require_secret()
+    role = workers.WorkerRole.parse(args.supervised_as) if args.supervised_as else None
+    if role is None:
+        count = workers.worker_count(args.workers)
+        if count > 1:
+            logs.setup(args.log_format, supervisor=True)
+            return workers.supervise(count, args.argv, settings)
+    else:
+        role.start()
+    index = role.index if role is not None else None
     app = None
     if args.app:
         from ..sessions.rules import load_app
 
         app = load_app(args.app)
-    logs.setup(args.log_format)
+    logs.setup(args.log_format, worker=index)
 
     async def main() -> int:
-        parts = wiring.server_parts(settings, app=app, with_jobs=modules_of(args.with_jobs or ""))
-        return await serve(parts.server, sidecars=parts.sidecars, closers=[parts.close])
+        parts = wiring.server_parts(settings, app=app, with_jobs=modules_of(args.with_jobs or ""), worker=index)
+        return await serve(parts.server, sidecars=parts.sidecars, closers=[parts.close],
+                           ready=role.tell_ready if role is not None else None)
 
     return run_async(main())
 
@@ -150,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     _log_format(p)
     p.add_argument("--drain-seconds", type=float, metavar="S",
                    help="on SIGTERM, close connections in batches over S seconds (default 0: all at once)")
+    p.add_argument("--workers", metavar="N",
+                   help="N server processes on one port (default 1; auto: one per core)")
+    p.add_argument("--supervised-as", help=argparse.SUPPRESS)  # set by the supervisor of --workers
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("jobs", help="run the job runtime")
@@ -180,7 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # what `serve --workers N` runs again in each worker
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -54,8 +54,9 @@ def _listeners(settings: Settings) -> tuple[Listener | None, Subscriber | None]:
 
 
 def server_parts(settings: Settings, *, app: App | None = None, with_jobs: Sequence[str] = (),
-                 pages: PageRoute | None = None) -> Parts:
-    """A server (and, with `with_jobs`, a job runtime beside it) for `settings`."""
+                 pages: PageRoute | None = None, worker: int | None = None) -> Parts:
+    """A server (and, with `with_jobs`, a job runtime beside it) for `settings`; `worker` is its
+    index when it is one of `serve --workers N`'s processes."""
     settings.require_secret()
     if settings.database_url:
         migrate.check_schema(settings.database_url)
@@ -74,7 +75,7 @@ def server_parts(settings: Settings, *, app: App | None = None, with_jobs: Seque
     url = settings.database_url
     server = PushServer(settings, fanout, app=app, store=store, states=states, pages=pages, health=health,
                         schema=(lambda: migrate.aschema_behind(url)) if url else None,
-                        refreshers=[arefresh_metrics] if url else [])
+                        refreshers=[arefresh_metrics] if url else [], worker=worker)
     closers: list[Callable[[], Awaitable[None]]] = [fanout.aclose, store.aclose, *(s.aclose for s in states)]
     closers += [c.aclose for c in (listener, subscriber) if c is not None]
     closers.append(_forget_defaults)

@@ -125,6 +125,10 @@ class FanOut(abc.ABC):
         """Drop history past the TTL; a bounded amount of work per call. Returns rows dropped."""
         return 0
 
+    async def aopen(self) -> None:
+        """Open what publishing from the running loop uses, so that an unreachable database or
+        Redis fails when a web app starts rather than at its first publish."""
+
     @abc.abstractmethod
     async def aclose(self) -> None: ...
 

@@ -208,7 +208,10 @@ class PostgresFanOut(FanOut):
             async with (await self._pools.aget()).connection() as c:
                 return (await c.execute(PRUNE, (self.history_ttl, PRUNE_BATCH))).rowcount
 
-    # -- closing ----------------------------------------------------------------------
+    # -- opening and closing ------------------------------------------------------------
+    async def aopen(self) -> None:
+        await self._pools.aget()
+
     async def release_loop(self) -> None:
         await self._pools.release_loop()
 

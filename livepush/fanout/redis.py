@@ -317,7 +317,18 @@ class RedisFanOut(FanOut):
             return
         self._heard.deliver(message)
 
-    # -- closing ----------------------------------------------------------------------
+    # -- opening and closing ------------------------------------------------------------
+    async def aopen(self) -> None:
+        try:
+            await self._async_client().ping()
+        except (RedisError, OSError) as exc:
+            raise failed(self.url, exc, "connecting") from exc
+
+    async def release_loop(self) -> None:
+        if self._async is not None and self._async_loop is asyncio.get_running_loop():
+            client, self._async = self._async, None
+            await client.aclose()
+
     async def aclose(self) -> None:
         await self._subscriber.aclose()
         if self._async is not None:

@@ -64,6 +64,11 @@ async def aconnection() -> AsyncIterator[psycopg.AsyncConnection]:
             yield conn
 
 
+async def aopen() -> None:
+    """Open the running loop's pool now (a web app's start): a bad URL fails at once."""
+    await pools().aget()
+
+
 async def release_loop() -> None:
     """Close the running loop's pool: a loop must do this before it ends (asyncio.run()
     cancelling a still-open pool's tasks at shutdown was seen to hang)."""

@@ -59,6 +59,12 @@ def translate(url: str, exc: BaseException) -> Exception:
             f"the database role lacks a privilege livepush needs at {redact(url)} ({_reason(url, exc)}): "
             "run `livepush migrate --runtime-role ROLE` as the schema's owner"
         )
+    state = getattr(exc, "sqlstate", None) or ""
+    if state.startswith("53") and state != "53300":  # class 53 but "too many connections"
+        # Out of memory, disk or a configured limit: the server is there, and says what to change.
+        hint = getattr(getattr(exc, "diag", None), "message_hint", None)
+        return DependencyError(f"Postgres at {redact(url)} ran out of a resource ({_reason(url, exc)})"
+                               + (f": {hint}" if hint else ": see its log"))
     if isinstance(exc, (psycopg.OperationalError, PoolTimeout, OSError)):
         return unreachable(url, exc)
     return DependencyError(f"Postgres at {redact(url)} failed: {_reason(url, exc)}")

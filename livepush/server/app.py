@@ -67,6 +67,7 @@ class PushServer:
         health: Sequence[Callable[[], bool]] = (),
         schema: SchemaCheck | None = None,
         refreshers: Sequence[metrics.Refresher] = (),
+        worker: int | None = None,
     ) -> None:
         self.settings = settings
         self.fanout = fanout
@@ -79,8 +80,11 @@ class PushServer:
         self._health = list(health)
         self._refreshers = list(refreshers)  # what refreshes the database gauges of /metrics
         self._draining = False
+        # One of `serve --workers N`'s processes: it shares its port with the others (SO_REUSEPORT,
+        # the kernel spreads connections) and names itself in /readyz.
+        self.worker = worker
         self.readiness = Readiness(fanout, listening=lambda: self.listening, draining=lambda: self.draining,
-                                   schema=schema)
+                                   schema=schema, worker=worker)
         self._readiness_task: asyncio.Task[None] | None = None
         self.clients: set[Client] = set()
         # Filled by the HTTP check, emptied by the handler. Weak: a handshake refused after the
@@ -120,6 +124,7 @@ class PushServer:
             close_timeout=1.0,
             server_header=None,
             logger=_WS_LOGGER,
+            reuse_port=self.worker is not None,
         )
         self._tasks.append(supervise("livepush-prune", self._prune_loop))
         self._tasks.append(supervise("livepush-reverify", self._reverify_loop))

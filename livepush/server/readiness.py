@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -107,6 +108,7 @@ class Readiness:
         listening: Callable[[], bool],
         draining: Callable[[], bool],
         schema: SchemaCheck | None = None,
+        worker: int | None = None,
         every: float = CANARY_EVERY,
         bound: float = CANARY_BOUND,
         clock: Callable[[], float] = time.monotonic,
@@ -115,6 +117,7 @@ class Readiness:
         self._listening = listening
         self._draining = draining
         self._schema = schema
+        self.worker = worker  # this process's index under `serve --workers N`, named in the body
         self.every = every
         self.schema_every = SCHEMA_EVERY
         self.clock = clock
@@ -178,5 +181,8 @@ class Readiness:
             "draining": {"ok": not draining} | ({"detail": "stopping: connect elsewhere"} if draining else {}),
         }
         ready = all(bool(c["ok"]) for c in checks.values())
-        body = {"status": "ready" if ready else "unavailable", "fanout": self.fanout.name, "checks": checks}
+        body: dict[str, object] = {"status": "ready" if ready else "unavailable", "fanout": self.fanout.name,
+                                   "checks": checks}
+        if self.worker is not None:
+            body["worker"] = {"index": self.worker, "pid": os.getpid()}
         return ready, (json.dumps(body, separators=(",", ":")) + "\n").encode()

@@ -61,9 +61,15 @@ def duplicated_header(headers: HeadersLike) -> str | None:
     return None
 
 
-def _cookie_token(cookie_headers: list[str]) -> str | None:
+def cookie_token(cookie_headers: list[str]) -> str | None:
     """The session cookie's value (either name); None when there is none, or when two
     different values are sent (a planted cookie beside the real one: trust neither)."""
+    found = session_cookies(cookie_headers)
+    return found.pop() if len(found) == 1 else None
+
+
+def session_cookies(cookie_headers: list[str]) -> set[str]:
+    """Every distinct non-empty value of the session cookie, under either name."""
     # By hand rather than http.cookies: SimpleCookie drops the whole header on one bad pair,
     # and browsers send whatever other apps on the domain set. Linear in the size.
     found: set[str] = set()
@@ -76,7 +82,7 @@ def _cookie_token(cookie_headers: list[str]) -> str | None:
                     value = value[1:-1]
                 if value:
                     found.add(value)
-    return found.pop() if len(found) == 1 else None
+    return found
 
 
 def _subprotocol_token(protocol_headers: list[str]) -> str | None:
@@ -111,7 +117,7 @@ def extract_token(headers: HeadersLike, path: str, *, cookies: bool = True, quer
     them); `query=False` ignores the query (LIVEPUSH_QUERY_TOKENS=off). No validation here:
     decode() refuses anything that is not a token."""
     if cookies:
-        token = _cookie_token(header_values(headers, "cookie"))
+        token = cookie_token(header_values(headers, "cookie"))
         if token is not None:
             return token
     token = _subprotocol_token(header_values(headers, "sec-websocket-protocol"))
@@ -240,4 +246,4 @@ async def authenticate(
 
 
 __all__ = ["COOKIE_NAME", "HOST_COOKIE_NAME", "QUERY_PARAM", "REASONS", "SUBPROTOCOL", "any_origin", "authenticate",
-           "duplicated_header", "extract_token", "header_values", "origin_allowed"]
+           "cookie_token", "duplicated_header", "extract_token", "header_values", "origin_allowed", "session_cookies"]

@@ -70,6 +70,10 @@ class RevocationStore(abc.ABC):
         """Forget revocations that can no longer matter (their sessions expired)."""
         return 0
 
+    async def aopen(self) -> None:
+        """Open what `arevoke*()` and `revoked_among()` use on the running loop, so that an
+        unreachable store fails when a web app starts rather than at its first check."""
+
     async def aclose(self) -> None:
         """Release async resources (servers call this at shutdown)."""
 
@@ -258,6 +262,9 @@ class PostgresRevocations(RevocationStore):
         rows = await self._execute(_PG_PRUNE, {"limit": _PRUNE_BATCH}, fetch=True)
         return int(rows[0][0]) if rows else 0
 
+    async def aopen(self) -> None:
+        await self._pools.aget()
+
     async def aclose(self) -> None:
         await self._listener.aclose()
         await self._pools.aclose()
@@ -396,6 +403,14 @@ class RedisRevocations(RevocationStore):
     @property
     def listening(self) -> bool:
         return self._subscriber.listening
+
+    async def aopen(self) -> None:
+        import redis
+
+        try:
+            await self._aclient().ping()
+        except (redis.RedisError, OSError) as exc:
+            raise failed(self.url, exc, "connecting") from exc
 
     async def aclose(self) -> None:
         await self._subscriber.aclose()

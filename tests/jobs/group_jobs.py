@@ -69,6 +69,19 @@ def spawner_sync(ctx: Any, n: int, key: Any = None) -> None:
     note_sync(ctx, "done", key)
 
 
+@jobs.job(name="g.keyed_spawner")
+async def keyed_spawner(ctx: Any, n: int, key: str) -> None:
+    """Adds n members to its own group under one idempotency key: the first holds it, so one is added."""
+    handles = {await ctx.group.enqueue(member, f"{key}.{i}", key=key, tags=[key]) for i in range(n)}
+    await note(ctx, "done", f"{key}:{len(handles)}")
+
+
+@jobs.job(name="g.keyed_spawner_sync")
+def keyed_spawner_sync(ctx: Any, n: int, key: str) -> None:
+    handles = {ctx.group.enqueue(member_sync, f"{key}.{i}", key=key) for i in range(n)}
+    note_sync(ctx, "done", f"{key}:{len(handles)}")
+
+
 @jobs.job(name="g.wait_flag", timeout=120)
 async def wait_flag(ctx: Any, flag: str) -> None:
     await note(ctx, "start", flag)

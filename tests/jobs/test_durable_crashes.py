@@ -52,8 +52,13 @@ class Kill:
 
 
 def kill_one(url: str, round_no: int, victim: ChildProcess) -> Kill:
-    (runtime_id,) = q(url, "SELECT id FROM livepush_job_runtimes WHERE pid = %s", (victim.pid,))[0]
+    rows = q(url, "SELECT id FROM livepush_job_runtimes WHERE pid = %s", (victim.pid,))
     victim.kill()
+    if not rows:
+        # Starved of CPU past three beats (a loaded machine), the victim was already presumed dead
+        # and its jobs rescued: it held nothing the kill could interrupt.
+        return Kill(round_no, q(url, "SELECT clock_timestamp()")[0][0], [])
+    (runtime_id,) = rows[0]
     # Nothing moves the victim's jobs on before a rescue (by a runtime that registers after the
     # kill, or three beats from now): these are the runs it lost.
     at, ids, names = q(url, """

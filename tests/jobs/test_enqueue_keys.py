@@ -13,7 +13,7 @@ import pytest
 
 from livepush import jobs
 from livepush.jobs import InvalidArgumentsError
-from tests.jobs import sample_jobs
+from tests.jobs import group_jobs, sample_jobs
 from tests.jobs.conftest import q, running
 from tests.support.procs import ChildProcess, Processes
 from tests.support.waiting import async_wait_for
@@ -113,10 +113,49 @@ def test_concurrent_enqueues_of_one_key_from_threads_make_one_job(jobs_db: str) 
     assert len(jobs_with_key(jobs_db, "race")) == 1
 
 
+def test_concurrent_batches_sharing_keys_in_any_order_make_one_job_per_key(jobs_db: str) -> None:
+    """8 threads each enqueue_many the same 300 keys, shuffled, in transactions held open a moment:
+    300 jobs, every batch got the same handle per key, and none deadlocked (each batch inserts in
+    key order, whatever its item order)."""
+    import random
+    barrier = threading.Barrier(8)
+    got: list[dict[str, Any]] = []
+    errors: list[BaseException] = []
+
+    def enqueue(seed: int) -> None:
+        keys = [f"b{i}" for i in range(300)]
+        random.Random(seed).shuffle(keys)
+        try:
+            with psycopg.connect(jobs_db) as conn:
+                barrier.wait(10)
+                handles = jobs.enqueue_many([(sample_jobs.record, [k], {"key": k}) for k in keys], conn=conn)
+                conn.execute("SELECT pg_sleep(0.01)")
+            got.append(dict(zip(keys, handles)))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=enqueue, args=(seed,)) for seed in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [] and len(got) == 8
+    assert all(g == got[0] for g in got)
+    assert q(jobs_db, "SELECT count(*), count(DISTINCT key) FROM livepush_jobs") == [(300, 300)]
+
+
+def test_a_batch_of_twenty_thousand_keys_takes_no_lock_per_key(jobs_db: str) -> None:
+    """A lock per key would run Postgres out of lock memory (64 per connection by default) long
+    before this; the keys' unique index is what serializes enqueues of a key."""
+    handles = jobs.enqueue_many([(sample_jobs.record, [i], {"key": f"big{i}"}) for i in range(20_000)])
+    assert len(set(handles)) == 20_000
+    assert jobs.enqueue_many([(sample_jobs.record, [0], {"key": "big0"})]) == [handles[0]]
+
+
 RACER = """
 import sys
 from livepush import jobs
-from tests.jobs import sample_jobs
+from tests.jobs import group_jobs, sample_jobs
 handles = [sample_jobs.record.enqueue(i, key=f"p{i}") for i in range(int(sys.argv[1]))]
 print(",".join(str(h.id) for h in handles), flush=True)
 """
@@ -227,3 +266,38 @@ def test_group_members_with_a_key_held_elsewhere_are_not_counted(jobs_db: str) -
     jobs.drain()
     group = jobs.get_group(g.id)
     assert group is not None and (group["state"], group["total"], group["succeeded"]) == ("finished", 1, 1)
+
+
+def test_every_way_of_adding_to_a_group_takes_a_key(jobs_db: str) -> None:
+    """add_to_group, GroupHandle.add and add_many_to_group: a key held by an unfinished job gives
+    its handle back, and only the jobs created count as members."""
+    g = jobs.create_group()
+    first = jobs.add_to_group(g.id, sample_jobs.record, "a", key="m1", tags=["t1"])
+    assert jobs.add_to_group(g.id, sample_jobs.record, "b", key="m1") == first
+    assert g.add(sample_jobs.record, "c", key="m1") == first
+    second, again = jobs.add_many_to_group(g.id, [(sample_jobs.record, ["d"], {"key": "m2"}),
+                                                  (sample_jobs.record, ["e"], {"key": "m2"})])
+    assert second == again != first
+    assert jobs.get_job(first.id).tags == ("t1",)
+    assert jobs.seal_group(g.id) is True
+    jobs.drain()
+    group = jobs.get_group(g.id)
+    assert group is not None and (group["state"], group["total"], group["succeeded"]) == ("finished", 2, 2)
+
+
+async def test_aadd_to_group_takes_a_key(jobs_db: str) -> None:
+    g = await jobs.acreate_group()
+    first = await jobs.aadd_to_group(g.id, sample_jobs.record, "a", key="am")
+    assert await jobs.aadd_to_group(g.id, sample_jobs.record, "b", key="am") == first
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE group_id = %s", (g.id,)) == [(1,)]
+
+
+def test_a_running_member_adds_to_its_group_with_a_key(jobs_db: str) -> None:
+    """ctx.group.enqueue (async and sync jobs) with one key three times adds one member."""
+    with jobs.group() as g:
+        g.enqueue(group_jobs.keyed_spawner, 3, "ka")
+        g.enqueue(group_jobs.keyed_spawner_sync, 3, "ks")
+    jobs.drain()
+    assert sorted(r[0] for r in q(jobs_db, "SELECT key FROM job_runs WHERE key LIKE 'k_:%%'")) == ["ka:1", "ks:1"]
+    group = jobs.get_group(g.id)
+    assert group is not None and (group["state"], group["total"], group["succeeded"]) == ("finished", 4, 4)

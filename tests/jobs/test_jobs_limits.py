@@ -6,6 +6,8 @@ within a second while enqueues are still accepted."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -17,9 +19,9 @@ import pytest
 from livepush import jobs
 from livepush.errors import ConfigError
 from tests.jobs import limit_jobs
-from tests.jobs.conftest import q, runtime_starter
+from tests.jobs.conftest import q, running, runtime_starter
 from tests.support.procs import ChildProcess, Processes
-from tests.support.waiting import wait_for
+from tests.support.waiting import async_wait_for, wait_for
 
 MODULE = "tests.jobs.limit_jobs"
 
@@ -259,3 +261,23 @@ def test_pause_stops_every_runtime_and_resume_restarts_them(
              10.0, message="both runtimes to start jobs again")
     for child in runtimes:
         child.kill()
+
+
+async def test_a_runtime_that_misses_the_pause_ring_still_stops_within_a_second(limits_db: str) -> None:
+    """The pause's ring is what stops runtimes at once; one that hears no rings (no listener)
+    reads the paused set again often enough that it too starts nothing a second after the pause."""
+    async with running(listen=False, queues=["default"], concurrency=2) as rt:
+        await jobs.aenqueue_many([limit_jobs.plain.request(0.05) for _ in range(400)])
+        await async_wait_for(lambda: count(limits_db, "SELECT count(*) FROM limit_runs") >= 4, 10.0,
+                             message="the runtime to run jobs")
+        assert await jobs.apause_queue("default") is True
+        paused_at = db_now(limits_db)
+        # An observation window of 2 s: nothing may start later than 1 s after the pause.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.Event().wait(), 2.0)
+        last_start = q(limits_db, "SELECT max(at) FROM limit_runs")[0][0]
+        assert (last_start - paused_at).total_seconds() < 1.0
+        assert "default" in rt.paused
+        resumed_at = db_now(limits_db)
+        assert await jobs.aresume_queue("default") is True
+        await async_wait_for(lambda: started_since(limits_db, resumed_at) > 0, 5.0, message="a start after the resume")

@@ -74,3 +74,18 @@ def test_a_loop_that_ends_while_its_pool_connects_does_not_hang() -> None:
             conn.close()
     assert not runner.is_alive(), "asyncio.run() still waits for the pool's tasks"
     assert accepted and pools[0].closed
+
+
+def test_a_server_out_of_a_resource_is_not_reported_unreachable() -> None:
+    """Out of shared memory (lock table, say) names the resource and Postgres' hint, not "cannot
+    reach Postgres"; too many connections is still a reachability problem."""
+    import psycopg
+
+    from livepush.postgres.connect import translate
+
+    url = "postgresql://app:secret@db.example:5432/app"
+    err = translate(url, psycopg.errors.OutOfMemory("out of shared memory"))
+    assert "ran out of a resource" in str(err) and "out of shared memory" in str(err)
+    assert "secret" not in str(err) and "cannot reach" not in str(err)
+    err = translate(url, psycopg.errors.TooManyConnections("sorry, too many clients already"))
+    assert "cannot reach" in str(err)

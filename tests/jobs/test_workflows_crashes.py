@@ -65,8 +65,13 @@ def runtime_of(url: str, job_id: int) -> int | None:
 
 
 def kill(url: str, round_no: int, why: str, victim: ChildProcess) -> Kill:
-    (runtime_id,) = q(url, "SELECT id FROM livepush_job_runtimes WHERE pid = %s", (victim.pid,))[0]
+    rows = q(url, "SELECT id FROM livepush_job_runtimes WHERE pid = %s", (victim.pid,))
     victim.kill()
+    if not rows:
+        # Starved of CPU past three beats (a loaded machine), the victim was already presumed dead
+        # and its jobs rescued: it held nothing the kill could interrupt.
+        return Kill(round_no, why, q(url, "SELECT clock_timestamp()")[0][0], [])
+    (runtime_id,) = rows[0]
     # Nothing moves the victim's jobs on before a rescue: these are the runs it lost.
     at, ids, names = q(url, """
         SELECT clock_timestamp(), coalesce(array_agg(id ORDER BY id), '{}'), coalesce(array_agg(name ORDER BY id), '{}')

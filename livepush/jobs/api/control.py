@@ -128,8 +128,8 @@ def _queue_name(queue: Any) -> str:
 
 
 def pause_queue(queue: str) -> bool:
-    """Stop every runtime claiming from `queue` (from the claim after this returns); enqueues are
-    still accepted and jobs already running finish. False when it was already paused."""
+    """Stop every runtime claiming from `queue` within a second (at once where its ring is heard);
+    enqueues are still accepted and jobs already running finish. False when it was already paused."""
     with database.connection() as conn:
         return bool(conn.execute(queries.PAUSE_QUEUE, {"queue": _queue_name(queue)}).fetchall())
 

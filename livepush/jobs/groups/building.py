@@ -39,8 +39,8 @@ class GroupHandle(StateTopicHandle):
     kind = "group"
 
     def add(self, fn: JobSpec, *args: Any, wait: float | None = None, at: datetime | None = None,
-            conn: Any = None) -> JobHandle:
-        return add_to_group(self.id, fn, *args, wait=wait, at=at, conn=conn)
+            conn: Any = None, key: str | None = None, tags: Sequence[str] | None = None) -> JobHandle:
+        return add_to_group(self.id, fn, *args, wait=wait, at=at, conn=conn, key=key, tags=tags)
 
     def seal(self, conn: Any = None) -> bool:
         return seal_group(self.id, conn=conn)
@@ -239,13 +239,21 @@ def _batch_of(group_id: int, items: Iterable[Any]) -> Batch:
     return batch
 
 
-def add_to_group(group_id: int, fn: JobSpec, *args: Any, wait: float | None = None,
-                 at: datetime | None = None, conn: Any = None) -> JobHandle:
-    """Add one member to an open group. Raises GroupClosedError once it is sealed (running members
-    can still add through ctx.group.enqueue), GroupLimitError past the member limit."""
-    group_id = checked_id(group_id, "group_id")
+def _one(group_id: int, fn: JobSpec, args: Sequence[Any], wait: float | None, at: datetime | None,
+         key: str | None, tags: Sequence[str] | None) -> Batch:
     batch = Batch()
-    batch.add(fn, args, run_at(wait, at), group_id)
+    batch.add(fn, args, run_at(wait, at), group_id, key=key, tags=tags)
+    return batch
+
+
+def add_to_group(group_id: int, fn: JobSpec, *args: Any, wait: float | None = None,
+                 at: datetime | None = None, conn: Any = None, key: str | None = None,
+                 tags: Sequence[str] | None = None) -> JobHandle:
+    """Add one member to an open group. Raises GroupClosedError once it is sealed (running members
+    can still add through ctx.group.enqueue), GroupLimitError past the member limit. With `key=`
+    held by an unfinished job, that job's handle is returned and it is not a member."""
+    group_id = checked_id(group_id, "group_id")
+    batch = _one(group_id, fn, args, wait, at, key, tags)
     return in_tx(lambda: _add_many_steps(group_id, batch), conn)[0]
 
 
@@ -257,10 +265,10 @@ def add_many_to_group(group_id: int, items: Iterable[Any], *, conn: Any = None) 
 
 
 async def aadd_to_group(group_id: int, fn: JobSpec, *args: Any, wait: float | None = None,
-                        at: datetime | None = None, conn: Any = None) -> JobHandle:
+                        at: datetime | None = None, conn: Any = None, key: str | None = None,
+                        tags: Sequence[str] | None = None) -> JobHandle:
     group_id = checked_id(group_id, "group_id")
-    batch = Batch()
-    batch.add(fn, args, run_at(wait, at), group_id)
+    batch = _one(group_id, fn, args, wait, at, key, tags)
     return (await ain_tx(lambda: _add_many_steps(group_id, batch), conn))[0]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -57,8 +58,10 @@ class GroupContext:
         return getattr(self._ctx, "url", None) or database.database_url()
 
     async def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None,
-                      at: datetime | None = None) -> JobHandle:
-        """Add a member to this job's group; returns its handle once committed."""
+                      at: datetime | None = None, key: str | None = None,
+                      tags: Sequence[str] | None = None) -> JobHandle:
+        """Add a member to this job's group; returns its handle once committed. With `key=` held
+        by an unfinished job, that job's handle is returned and it is not a member."""
         if self.is_callback:
             raise GroupClosedError(f"this callback runs after group {self.id} finished: it takes no more members "
                                    "(enqueue a job of your own, or start a new group)")
@@ -66,7 +69,7 @@ class GroupContext:
         if isinstance(fn, JobRequest):
             fn, args, queue = fn.function, fn.args, fn.queue
         batch = Batch()
-        batch.add(fn, args, run_at(wait, at), self.id, queue)
+        batch.add(fn, args, run_at(wait, at), self.id, queue, key=key, tags=tags)
         job = self._ctx.job
         publisher = getattr(self._ctx, "group_progress", None)
         with translated(self._url):
@@ -93,8 +96,9 @@ class SyncGroupContext:
         return getattr(self._inner, name)
 
     def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None, at: datetime | None = None,
-                timeout: float = 30.0) -> JobHandle:
-        future = asyncio.run_coroutine_threadsafe(self._inner.enqueue(fn, *args, wait=wait, at=at), self._loop)
+                key: str | None = None, tags: Sequence[str] | None = None, timeout: float = 30.0) -> JobHandle:
+        future = asyncio.run_coroutine_threadsafe(
+            self._inner.enqueue(fn, *args, wait=wait, at=at, key=key, tags=tags), self._loop)
         return future.result(timeout)
 
 

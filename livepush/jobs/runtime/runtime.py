@@ -9,7 +9,8 @@ runtime with an error, so its process exits non-zero):
 - producer: claims at most as many jobs as there are free slots, queue by queue in the order
   given, in one statement per queue (SKIP LOCKED), on its own connection, and starts them. Job
   names with limits (concurrency per key, a start rate) take a claim of their own, one short
-  transaction per name, before the queue's other jobs (limits.py); a paused queue gives nothing.
+  transaction per name, before the queue's other jobs (limits.py). Paused queues are skipped: the set is read again
+  when a pause or resume rings, and at least every PAUSED_REFRESH_SECONDS.
 - executor (one task per job): runs the function, hands the outcome to the completer.
 - completer: writes outcomes and progress in batches (see completer.py).
 - heartbeat: beats every `heartbeat` s, prunes dead runtimes and rescues their jobs, cancels
@@ -63,6 +64,9 @@ log = logging.getLogger("livepush.jobs")
 _CANCEL_IDS = re.compile(r"[0-9]{1,19}(?:,[0-9]{1,19}){0,299}")
 # Errors a loop of the runtime waits out and tries again: the database went away or refused.
 _DB_ERRORS = (psycopg.Error, DependencyError)
+# The longest a runtime goes on claiming from a queue after its pause committed, should the pause's
+# ring be lost: the paused set is read again before a claim once it is this old.
+PAUSED_REFRESH_SECONDS = 0.5
 
 
 class _InHand:
@@ -157,6 +161,10 @@ class Runtime:
         # passes, so that a runtime with limited functions does not pay their claims on every
         # round of plain work.
         self._limited_empty: dict[tuple[str, str], float] = {}
+        # Queues no claim takes from (jobs.pause_queue()), as last read, and when (loop time; None:
+        # read again before the next claim, as after a `queues` ring).
+        self.paused: frozenset[str] = frozenset()
+        self._paused_read_at: float | None = None
         self._pools: LoopPools | None = None
         self._pool: AsyncPool | None = None
         # The producer's own connection, in autocommit: claims only (no pool round on the path
@@ -284,7 +292,7 @@ class Runtime:
                                                               thread_name_prefix="livepush-job")
         if self._listen:
             listener = self._listener.get()
-            listener.add(queries.READY_CHANNEL, lambda _payload: self._doorbell.set(), on_resync=self._doorbell.set)
+            listener.add(queries.READY_CHANNEL, self._on_ready_ring, on_resync=self._on_ready_resync)
             listener.add(queries.CANCEL_CHANNEL, self._on_cancel_ring)
             await listener.start()
         self.state = "running"
@@ -404,6 +412,16 @@ class Runtime:
                 log.warning("could not publish runtime state %s on %s: %s", event, topic, exc)
 
     # -- cancel requests ------------------------------------------------------------------
+    def _on_ready_ring(self, payload: str) -> None:
+        if payload == queries.QUEUES_RING:
+            self._paused_read_at = None
+        self._doorbell.set()
+
+    def _on_ready_resync(self) -> None:
+        # Rings may have been missed while the listener was away, a pause among them.
+        self._paused_read_at = None
+        self._doorbell.set()
+
     def _on_cancel_ring(self, payload: str) -> None:
         mine = [i for i in parse_cancel_ids(payload) if i in self.in_hand]
         if not mine:
@@ -512,7 +530,13 @@ class Runtime:
         try:
             async with conn.cursor(row_factory=dict_row) as cur:
                 now = asyncio.get_running_loop().time()
+                if self._paused_read_at is None or now - self._paused_read_at >= PAUSED_REFRESH_SECONDS:
+                    await cur.execute(queries.PAUSED_QUEUES)
+                    self.paused = frozenset(r["queue"] for r in await cur.fetchall())
+                    self._paused_read_at = now
                 for queue in self.queues:
+                    if queue in self.paused:
+                        continue
                     for name in limited:
                         empty_at = self._limited_empty.get((name, queue))
                         if free - len(rows) > 0 and (empty_at is None or now - empty_at >= self.poll_interval):

@@ -1,0 +1,153 @@
+"""`livepush serve --workers N` (docs/reference.md#3-commands): how many processes, the port they
+share, and how a worker learns it is one.
+
+With N > 1 this process becomes the supervisor (livepush/server/supervisor.py) and each worker
+is `livepush serve` again, run as is (its own fan-out listener, sessions and rules) on the same
+port: every worker binds its own socket with SO_REUSEPORT and the kernel spreads new connections
+over them. The supervisor holds the port too (bound, never listening, so it gets no connection):
+`--port 0` becomes one concrete port that every worker, and every restarted one, binds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .. import metrics
+from ..config import Settings
+from ..errors import ConfigError
+
+log = logging.getLogger("livepush.workers")
+
+WORKERS_VARIABLE = "LIVEPUSH_WORKERS"
+MAX_WORKERS = 1024
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def cpu_count() -> int:
+    """The cores this process may run on (its affinity, not the machine's total)."""
+    counted = getattr(os, "process_cpu_count", None)  # Python 3.13
+    if counted is not None:
+        return counted() or 1
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def worker_count(flag: str | None, environ: Mapping[str, str] | None = None) -> int:
+    """The number of workers `--workers` (else LIVEPUSH_WORKERS, else 1) asks for."""
+    env = os.environ if environ is None else environ
+    text = (flag if flag is not None else env.get(WORKERS_VARIABLE, "")).strip() or "1"
+    if text.lower() == "auto":
+        return cpu_count()
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= MAX_WORKERS:
+        raise ConfigError(f"--workers {text!r} (or {WORKERS_VARIABLE}) is not a number of processes: use a whole "
+                          f"number from 1 to {MAX_WORKERS}, or auto (one per core)")
+    return count
+
+
+@dataclass(frozen=True)
+class WorkerRole:
+    """What the supervisor tells a worker on its command line (a hidden flag)."""
+
+    index: int
+    ready_fd: int  # the pipe on which it says "ready" once it serves
+    parent: int  # the supervisor's pid
+
+    def __str__(self) -> str:
+        return f"index={self.index},ready_fd={self.ready_fd},parent={self.parent}"
+
+    @classmethod
+    def parse(cls, text: str) -> WorkerRole:
+        try:
+            fields = dict(part.split("=", 1) for part in text.split(","))
+            return cls(int(fields["index"]), int(fields["ready_fd"]), int(fields["parent"]))
+        except (ValueError, KeyError):
+            raise ConfigError(f"--supervised-as {text!r}: only `serve --workers` sets this flag") from None
+
+    def start(self) -> None:
+        """Die with the supervisor: if it is killed outright, its workers get SIGTERM and stop."""
+        if sys.platform.startswith("linux"):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != self.parent:  # it died before the line above took effect
+            raise SystemExit(0)
+
+    def tell_ready(self, _server: object = None) -> None:
+        """Say "ready" on the supervisor's pipe: this worker serves."""
+        from ..server.supervisor import READY_LINE
+
+        try:
+            os.write(self.ready_fd, READY_LINE)
+        finally:
+            os.close(self.ready_fd)
+
+
+def reserve_port(host: str, port: int) -> tuple[list[socket.socket], int]:
+    """Bind (never listen) `host:port` with SO_REUSEPORT on each of the host's addresses; with
+    port 0, the first address's pick is the port of all. The sockets hold it while workers come
+    and go."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    held: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            held.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:  # as asyncio binds: one family per socket
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((address[0], port, *address[2:]))
+            port = sock.getsockname()[1]
+    except OSError as exc:
+        for sock in held:
+            sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror or exc}): "
+                          "set LIVEPUSH_PORT (or --port) to a free port") from None
+    return held, port
+
+
+def supervise(count: int, argv: Sequence[str], settings: Settings) -> int:
+    """Run `count` workers of `livepush serve ARGV` on one port until a signal; the exit status."""
+    import asyncio
+
+    from ..server.supervisor import Supervisor
+
+    if not sys.platform.startswith("linux"):
+        raise ConfigError("--workers above 1 needs Linux (the kernel's SO_REUSEPORT balancing): run one "
+                          "`livepush serve` per port instead")
+    held, port = reserve_port(settings.host, settings.port)
+    # Every worker's metrics go to files here; /metrics on any worker adds them up (livepush/metrics.py).
+    metrics_dir = tempfile.mkdtemp(prefix="livepush-metrics-")
+    parent = os.getpid()
+
+    def command(index: int, ready_fd: int) -> list[str]:
+        role = WorkerRole(index, ready_fd, parent)
+        return [sys.executable, "-m", "livepush", *argv,
+                "--workers", "1", "--port", str(port), "--supervised-as", str(role)]
+
+    def serving(pids: list[int]) -> None:
+        log.info("livepush serving on ws://%s:%d with %d workers, pids %s (fan-out: %s)", settings.host, port,
+                 count, ", ".join(map(str, pids)), settings.fanout)
+
+    supervisor = Supervisor(count, command, env={**os.environ, metrics.MULTIPROCESS_DIR_VARIABLE: metrics_dir},
+                            on_exit=lambda pid: metrics.forget_process(pid, metrics_dir))
+    try:
+        return asyncio.run(supervisor.run(ready=serving))
+    finally:
+        for sock in held:
+            sock.close()
+        shutil.rmtree(metrics_dir, ignore_errors=True)

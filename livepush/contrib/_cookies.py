@@ -1,0 +1,77 @@
+"""The `livepush_session` cookie as any web framework sets it (docs/reference.md#handshake,
+docs/security.md): which name, value and attributes, given a token and whether the request is
+secure, and which cookies delete it.
+
+The server reads the token from `livepush_session` or `__Host-livepush_session`, and two different
+session cookies count as none, so whoever sets one name must delete the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from ..sessions.handshake import COOKIE_NAME, HOST_COOKIE_NAME, cookie_token, session_cookies
+
+COOKIE_NAMES = (HOST_COOKIE_NAME, COOKIE_NAME)
+# Lax: the cookie goes with a top-level navigation to the app and with the same-site WebSocket
+# handshake, never with another site's POST (a second layer behind the server's Origin check).
+SAMESITE = "Lax"
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionCookie:
+    """One Set-Cookie: a name, a value and its attributes; `max_age=0` deletes the cookie."""
+
+    name: str
+    value: str
+    max_age: int
+    secure: bool
+    domain: str | None = None
+    path: str = "/"
+    httponly: bool = True  # out of reach of the page's scripts: an XSS bug cannot read the token
+    samesite: str = SAMESITE
+
+    @property
+    def other_name(self) -> str:
+        """The other session cookie name, to delete beside this one."""
+        return COOKIE_NAME if self.name == HOST_COOKIE_NAME else HOST_COOKIE_NAME
+
+
+def cookie_name(secure: bool, domain: str | None = None) -> str:
+    """`__Host-livepush_session` over HTTPS without a domain (the browser then refuses it from any
+    other host or path); else `livepush_session`: over plain HTTP a browser drops a `__Host-`
+    cookie (it must be Secure), and a domain shared with the push server's host (`example.com`
+    for `push.example.com`) rules the prefix out."""
+    return HOST_COOKIE_NAME if secure and not domain else COOKIE_NAME
+
+
+def session_cookie(token: str, *, secure: bool, max_age: float, domain: str | None = None) -> SessionCookie:
+    """The cookie that carries `token` for `max_age` seconds (the token's TTL): Path=/, HttpOnly,
+    SameSite=Lax, Secure over HTTPS, and host-only unless `domain` is given."""
+    return SessionCookie(cookie_name(secure, domain), token, max(1, int(max_age)), secure, domain)
+
+
+def deleting_cookies(*, secure: bool, domain: str | None = None) -> list[SessionCookie]:
+    """The cookies that delete the session cookie under each name this app can have set (a
+    `__Host-` one exists only over HTTPS, and deleting it needs Secure too)."""
+    names = COOKIE_NAMES if secure else (COOKIE_NAME,)
+    return [SessionCookie(name, "", 0, secure, None if name == HOST_COOKIE_NAME else domain) for name in names]
+
+
+def stale_cookies(*, secure: bool, domain: str | None = None) -> list[SessionCookie]:
+    """What to delete beside a new session cookie: the other name, when this app can have set it
+    (two different session cookies count as none)."""
+    fresh = cookie_name(secure, domain)
+    return [c for c in deleting_cookies(secure=secure, domain=domain) if c.name != fresh]
+
+
+def session_token(cookies: Mapping[str, str]) -> str | None:
+    """The session token a request's parsed cookies carry, read as the server reads it: None when
+    two different ones are present."""
+    found = {cookies[name] for name in COOKIE_NAMES if cookies.get(name)}
+    return found.pop() if len(found) == 1 else None
+
+
+__all__ = ["COOKIE_NAMES", "SAMESITE", "SessionCookie", "cookie_name", "cookie_token", "deleting_cookies",
+           "session_cookie", "session_cookies", "session_token", "stale_cookies"]

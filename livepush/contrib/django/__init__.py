@@ -1,0 +1,44 @@
+"""livepush for Django (docs/frameworks.md, Django): a Tasks backend on livepush's job runtime,
+publish on commit, a livepush session for `request.user`, and template tags.
+
+    TASKS = {"default": {"BACKEND": "livepush.contrib.django.LivePushBackend"}}
+    INSTALLED_APPS = [..., "livepush.contrib.django"]          # {% load livepush %}, sign-out revokes
+    MIDDLEWARE = [..., "django.contrib.auth.middleware.AuthenticationMiddleware",
+                  "livepush.contrib.django.LivePushSessionMiddleware"]
+
+    from livepush.contrib.django import progress, publish, request, task_group
+
+Importing this package imports nothing of Django until a name is used, so `livepush` itself never
+needs Django installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_NAMES = {
+    "LivePushBackend": ".backend",
+    "TaskSpec": ".backend",
+    "progress": ".execution",
+    "current_job": ".execution",
+    "RUN_TASK": ".execution",
+    "task_group": ".groups",
+    "request": ".groups",
+    "publish": ".publishing",
+    "LivePushSessionMiddleware": ".sessions",
+    "Subscription": ".pages",
+    "subscription": ".pages",
+    "job_topic": ".pages",
+    "TaskNotSupported": ".errors",
+    "TransactionNotSupported": ".errors",
+}
+
+__all__ = list(_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module, __name__), name)

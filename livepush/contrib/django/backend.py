@@ -1,0 +1,182 @@
+"""`LivePushBackend`: Django's Tasks framework on livepush's job runtime (docs/frameworks.md, Django).
+
+    TASKS = {"default": {"BACKEND": "livepush.contrib.django.LivePushBackend",
+                         "QUEUES": ["default", "emails"],
+                         "OPTIONS": {"DATABASE_URL": None, "DATABASE": "default",
+                                     "ENQUEUE_ON_COMMIT": True, "MAX_ATTEMPTS": 1}}}
+
+A task is enqueued as one livepush job, `livepush.contrib.django.run_task` with the task's module
+path, args and kwargs, on the task's queue; `run_after` is its run time; its priority is negated
+(Django runs higher numbers first, livepush lower ones, and both are whole numbers, so the order is
+kept exactly). Inside `transaction.atomic()` on the Django database that holds livepush's tables,
+the job is written in that transaction: it exists, and runs, if and only if the transaction commits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from datetime import datetime
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+from django.utils import timezone
+
+from ... import jobs
+from .errors import TaskNotSupported, TransactionNotSupported
+from .execution import RUN_TASK
+from .groups import current_group
+from .results import job_id_of, result_of
+from .tasks_api import (
+    BaseTaskBackend,
+    Task,
+    TaskResult,
+    TaskResultStatus,
+    set_attr,
+    task_enqueued,
+)
+
+OPTIONS = frozenset({"DATABASE_URL", "DATABASE", "ENQUEUE_ON_COMMIT", "MAX_ATTEMPTS"})
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """What livepush's enqueue needs of a job (jobs.api.registry.JobSpec): the runner's name with one
+    task's queue and priority."""
+
+    name: str
+    queue: str
+    priority: int
+    max_attempts: int
+
+
+def livepush_priority(priority: int) -> int:
+    """Django's priority (-100..100, higher first) as livepush's (lower first)."""
+    return -int(priority)
+
+
+class LivePushBackend(BaseTaskBackend):
+    """Runs Django tasks as livepush jobs; results come from the jobs' rows."""
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        unknown = set(self.options) - OPTIONS
+        if unknown:
+            raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS'] has unknown keys {sorted(unknown)}; "
+                                       f"{type(self).__name__} takes {sorted(OPTIONS)}")
+        url = self.options.get("DATABASE_URL")
+        if url:
+            jobs.configure(url)  # the jobs' database of this process (else LIVEPUSH_DATABASE_URL)
+        self.database = self.options.get("DATABASE", "default")
+        self.enqueue_on_commit = bool(self.options.get("ENQUEUE_ON_COMMIT", True))
+        attempts = self.options.get("MAX_ATTEMPTS", 1)
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS']['MAX_ATTEMPTS'] must be a whole number "
+                                       f"of attempts, 1 or more, got {attempts!r}")
+        self.max_attempts = attempts
+        self._specs: dict[tuple[str, int], TaskSpec] = {}
+        self._joinable: set[str] = set()  # Django databases checked to hold livepush's tables
+        self._valid: set[tuple[Any, ...]] = set()  # tasks (as validate_task reads them) that passed
+        self._lock = threading.Lock()
+
+    def validate_task(self, task: Task) -> None:
+        """Django's checks, and livepush's: the runtime must be able to import the task by its path.
+        A task without run_after that passed once passes again (its other fields are what the
+        checks read, and the backend's queues do not change), so it is not checked again: the
+        checks read the function's signature, which cost more than the rest of an enqueue's Python."""
+        key = (task.func, task.priority, task.queue_name, task.takes_context)
+        if task.run_after is None and key in self._valid:
+            return
+        super().validate_task(task)
+        if task.func.__module__ == "__main__":
+            raise TaskNotSupported(
+                f"task {task.name} is defined in __main__, which the job runtime cannot import by its path: "
+                "define it in a module of your project (e.g. myapp/tasks.py)")
+        if task.run_after is None:
+            with self._lock:
+                self._valid.add(key)
+
+    def spec(self, task: Task) -> TaskSpec:
+        """The job spec of `task`'s queue and priority (one object per pair, made once)."""
+        key = (task.queue_name, task.priority)
+        found = self._specs.get(key)
+        if found is None:
+            found = self._specs[key] = TaskSpec(RUN_TASK, task.queue_name, livepush_priority(task.priority),
+                                                self.max_attempts)
+        return found
+
+    def run_at(self, task: Task) -> datetime | None:
+        """`run_after` as an aware datetime: a naive one (USE_TZ = False) is in TIME_ZONE, as Django reads it."""
+        when = task.run_after
+        if when is not None and timezone.is_naive(when):
+            when = timezone.make_aware(when, timezone.get_default_timezone())
+        return when
+
+    def transaction_conn(self) -> Any:
+        """The psycopg connection whose transaction an enqueue joins now, or None (our own, committed
+        at once): the Django database's, while it is inside `transaction.atomic()`."""
+        if not self.enqueue_on_commit:
+            return None
+        connection = connections[self.database]
+        if not connection.in_atomic_block:
+            return None
+        if connection.vendor != "postgresql" or not _is_psycopg3():
+            raise TransactionNotSupported(
+                f"a task enqueued inside transaction.atomic() on database {self.database!r} is written in that "
+                "transaction, which needs PostgreSQL through psycopg 3 holding livepush's tables; set "
+                "OPTIONS['DATABASE'] to such a database, or OPTIONS['ENQUEUE_ON_COMMIT'] = False to enqueue at "
+                "once, outside the transaction")
+        raw = connection.connection
+        if self.database not in self._joinable:
+            self._check_tables(raw)
+        return raw
+
+    def _check_tables(self, raw: Any) -> None:
+        found = raw.execute("SELECT to_regclass('livepush_jobs') IS NOT NULL").fetchone()[0]
+        if not found:
+            raise TransactionNotSupported(
+                f"Django database {self.database!r} has no livepush tables, so a task enqueued inside its "
+                "transaction cannot be written there: run `livepush migrate` on it (it must be the database "
+                "of LIVEPUSH_DATABASE_URL), set OPTIONS['DATABASE'] to the one that has them, or "
+                "OPTIONS['ENQUEUE_ON_COMMIT'] = False")
+        with self._lock:
+            self._joinable.add(self.database)
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Enqueue `task` as a livepush job (in a task group when inside `task_group()`)."""
+        self.validate_task(task)
+        result = TaskResult(task=task, id="", status=TaskResultStatus.READY, enqueued_at=None, started_at=None,
+                            finished_at=None, last_attempted_at=None, args=args, kwargs=kwargs,
+                            backend=self.alias, errors=[], worker_ids=[])
+        job_args = [task.module_path, result.args, result.kwargs]
+        conn = self.transaction_conn()
+        group = current_group()
+        if group is not None:
+            handle = group.add(self.spec(task), job_args, self.run_at(task), conn)
+        else:
+            handle = jobs.enqueue_many([(self.spec(task), job_args, {"at": self.run_at(task)})], conn=conn)[0]
+        set_attr(result, "id", str(handle.id))
+        set_attr(result, "enqueued_at", timezone.now())
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult:
+        """The task result `result_id` as the job's row says now; TaskResultDoesNotExist if none."""
+        job_id = job_id_of(result_id)
+        return result_of(jobs.get_job(job_id), result_id, self.alias)
+
+    async def aget_result(self, result_id: str) -> TaskResult:
+        job_id = job_id_of(result_id)
+        return result_of(await jobs.aget_job(job_id), result_id, self.alias)
+
+
+def _is_psycopg3() -> bool:
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return bool(is_psycopg3)

@@ -1,0 +1,50 @@
+"""Errors of the Django integration.
+
+    LivepushError
+    ├── TaskNotSupported (also Django's InvalidTask)   what Django's task contract allows but
+    │   └── TransactionNotSupported                     livepush cannot do; the message says why
+    │                                                   and what to do instead
+    └── TaskFailed                                      ends a job whose Django task raised (internal)
+
+TaskNotSupported subclasses the Tasks framework's InvalidTask, so code written against any Django
+task backend catches it where it catches a refused task.
+"""
+
+from __future__ import annotations
+
+from ...errors import LivepushError
+from .tasks_api import InvalidTask
+
+
+class TaskNotSupported(LivepushError, InvalidTask):
+    """A task, or a way of enqueueing it, that this backend refuses."""
+
+
+class TransactionNotSupported(TaskNotSupported):
+    """An enqueue inside `transaction.atomic()` that cannot join the transaction: the Django
+    database is not PostgreSQL through psycopg 3, or does not hold livepush's tables."""
+
+
+class TaskFailed(Exception):
+    """Ends the run of a Django task that raised. Each exception class gets a subclass named by its
+    path (`myapp.errors.Declined`, or `ValueError` for a built-in), so the job's stored error reads
+    `myapp.errors.Declined: card declined` and TaskError.exception_class_path can be read back."""
+
+
+_failures: dict[str, type[TaskFailed]] = {}
+
+
+def class_path(kind: type[BaseException]) -> str:
+    """An exception class's import path; built-ins by their bare name, as livepush's errors show them."""
+    if kind.__module__ == "builtins":
+        return kind.__qualname__
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def failure_of(exc: BaseException) -> TaskFailed:
+    """The TaskFailed to raise (from `exc`) for a task that raised `exc`."""
+    path = class_path(type(exc))
+    kind = _failures.get(path)
+    if kind is None:
+        kind = _failures[path] = type(path, (TaskFailed,), {"__module__": __name__})
+    return kind(*exc.args) if exc.args else kind(str(exc))

@@ -1,0 +1,65 @@
+"""Django tasks as members of a livepush task group (docs/groups.md): every task enqueued inside the
+block joins the group, which is sealed when the block ends; its callbacks run exactly once after
+every member finished.
+
+    with task_group(on_success=request(send_report, import_id)) as group:
+        for row in rows:
+            import_row.enqueue(import_id, row)      # a TaskResult each, as always
+    group.signed_topic                              # progress of the whole group, on group:<id>
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from ... import jobs
+from .execution import run_task
+from .tasks_api import Task, normalize_json, task_backends
+
+_open: contextvars.ContextVar[OpenGroup | None] = contextvars.ContextVar("livepush_django_group", default=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenGroup:
+    """The group tasks enqueued now join."""
+
+    handle: jobs.GroupHandle
+
+    def add(self, spec: Any, job_args: list[Any], when: datetime | None, conn: Any) -> jobs.JobHandle:
+        return jobs.add_to_group(self.handle.id, spec, *job_args, at=when, conn=conn)
+
+
+def current_group() -> OpenGroup | None:
+    """The group of the innermost `task_group()` block around the caller, or None."""
+    return _open.get()
+
+
+def request(task: Task, *args: Any, **kwargs: Any) -> jobs.JobRequest:
+    """`task` with these arguments as a job request: a group's callback (on_success=...)."""
+    return run_task.request(task.module_path, normalize_json(list(args)), normalize_json(kwargs),
+                            queue=task.queue_name)
+
+
+@contextmanager
+def task_group(on_finish: jobs.JobRequest | None = None, on_success: jobs.JobRequest | None = None,
+               on_failure: jobs.JobRequest | None = None, *, backend: str = "default") -> Iterator[jobs.GroupHandle]:
+    """Open a task group that the tasks enqueued in the block join; seal it when the block ends
+    (cancel it when the block raises outside a transaction; inside one the rollback undoes it all).
+    Inside `transaction.atomic()` the group is created in that transaction, like the tasks."""
+    conn = task_backends[backend].transaction_conn()
+    handle = jobs.create_group(on_finish=on_finish, on_success=on_success, on_failure=on_failure, conn=conn)
+    token = _open.set(OpenGroup(handle))
+    try:
+        yield handle
+    except BaseException:
+        _open.reset(token)
+        if conn is None:
+            jobs.cancel_group(handle.id)
+        raise
+    _open.reset(token)
+    jobs.seal_group(handle.id, conn=conn)

@@ -1,0 +1,48 @@
+"""What a page embeds to follow a topic live: the topic signed (its own permission to subscribe)
+and its latest offset, read *before* the page reads what it renders, so that the client, subscribing
+with that offset as `since`, gets everything published after it and misses nothing in between
+(docs/reference.md#4-python-api)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from ... import api
+from ...jobs import JobHandle
+from ...jobs.api.handles import signed_for_page
+from .results import job_id_of
+
+
+@dataclasses.dataclass(frozen=True)
+class Subscription:
+    """A topic as a page subscribes to it: `signed` (the topic signed) and `since` (its latest offset)."""
+
+    topic: str
+    signed: str
+    since: str | None
+
+    def attrs(self) -> SafeString:
+        """`data-livepush-topic="..." data-livepush-since="..."`, escaped, for an element's tag."""
+        return format_html('data-livepush-topic="{}" data-livepush-since="{}"', self.signed, self.since or "")
+
+    def __html__(self) -> str:  # how templates render it: the attributes, already escaped
+        return self.attrs()
+
+    def __str__(self) -> str:
+        return self.attrs()
+
+
+def subscription(topic: str, ttl: float | None = None) -> Subscription:
+    """`topic`'s latest offset, then the topic signed for `ttl` seconds (default
+    LIVEPUSH_SIGNED_TOPIC_TTL). Call it in the view before reading the data the page shows."""
+    since = api.latest_offset(topic)
+    return Subscription(topic, signed_for_page(topic, ttl), since)
+
+
+def job_topic(result: object, ttl: float | None = None) -> str:
+    """The signed `job:<id>` topic of a TaskResult enqueued through LivePushBackend (or of its id)."""
+    job_id = job_id_of(getattr(result, "id", result))
+    return JobHandle(job_id).sign(ttl)

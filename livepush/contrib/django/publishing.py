@@ -1,0 +1,33 @@
+"""`publish()` for Django code: inside `transaction.atomic()` the message goes out when the
+transaction commits (`transaction.on_commit`), and never when it rolls back.
+
+livepush's own `publish()` is unchanged: it sends at once, or in the transaction of the psycopg
+connection given as `conn=`, which this one passes through.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+
+from ... import api, topics
+from ...fanout.base import encode_payload
+from ...types import JSON, Offset, Topic
+
+
+def publish(topic: Topic, data: JSON, *, conn: Any = None, using: str = DEFAULT_DB_ALIAS) -> Offset | None:
+    """Publish `data` on `topic`. Inside `transaction.atomic(using=using)`: once it commits (None is
+    returned: the offset is not known yet); outside one: at once, returning the offset. `conn=`
+    (a psycopg connection, Postgres fan-out) publishes in that connection's transaction instead,
+    as livepush.publish() does. The topic and data are checked now, in both cases."""
+    if conn is not None or not connections[using].in_atomic_block:
+        return api.publish(topic, data, conn=conn)
+    # Checked now, where the caller can handle a mistake, and copied: what is sent at commit is the
+    # data as it was at this call.
+    topics.validate_topic(topic)
+    frozen = json.loads(encode_payload(data))
+    transaction.on_commit(functools.partial(api.publish, topic, frozen), using=using)
+    return None

@@ -1,0 +1,107 @@
+"""A livepush session for `request.user`, in the `livepush_session` cookie, so the browser needs no
+token code: `LivePushSessionMiddleware` (after Django's AuthenticationMiddleware) issues one for a
+signed-in user whose cookie is missing, expiring or another user's, and drops it for anonymous
+requests; signing out (Django's `user_logged_out`) revokes it, so the sockets it opened close with 4403.
+
+Settings (all optional):
+    LIVEPUSH_SESSION_TTL = 86400              seconds a token lives; renewed once half of it has passed
+    LIVEPUSH_SESSION_COOKIE_DOMAIN = None     e.g. "example.com" when the push server is push.example.com
+    LIVEPUSH_SESSION_SUBJECT = None           a function user -> subject; default str(user.pk)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.signals import user_logged_out
+from django.http import HttpRequest, HttpResponse
+
+from ... import sessions
+from ...config import get_settings
+from ...errors import InvalidSession, LivepushError
+from .._cookies import COOKIE_NAMES, session_cookie, session_token
+
+log = logging.getLogger("livepush.contrib.django")
+
+DEFAULT_TTL = 86400.0
+_REVOKED = "_livepush_session_revoked"  # set on a request whose session was revoked by its logout
+
+
+def subject_of(user: Any) -> str:
+    """The livepush subject of a Django user (what `Allow("user:{subject}")` rules compare)."""
+    custom: Callable[[Any], str] | None = getattr(settings, "LIVEPUSH_SESSION_SUBJECT", None)
+    return str(custom(user)) if custom is not None else str(user.pk)
+
+
+def _ttl() -> float:
+    return float(getattr(settings, "LIVEPUSH_SESSION_TTL", DEFAULT_TTL))
+
+
+def _current(token: str | None, subject: str, ttl: float) -> bool:
+    """Whether `token` is a valid session of `subject` with more than half its lifetime left."""
+    if token is None:
+        return False
+    try:
+        session = sessions.decode(token, get_settings().secrets)
+    except InvalidSession:
+        return False
+    return session.subject == subject and session.expires_at - time.time() > ttl / 2
+
+
+def _set(response: HttpResponse, token: str, ttl: float, secure: bool) -> None:
+    cookie = session_cookie(token, secure=secure, max_age=ttl,
+                            domain=getattr(settings, "LIVEPUSH_SESSION_COOKIE_DOMAIN", None))
+    response.set_cookie(cookie.name, cookie.value, max_age=cookie.max_age, path=cookie.path, domain=cookie.domain,
+                        secure=cookie.secure, httponly=cookie.httponly, samesite=cookie.samesite)
+    response.delete_cookie(cookie.other_name, path="/", domain=cookie.domain)
+
+
+def _drop(request: HttpRequest, response: HttpResponse) -> None:
+    domain = getattr(settings, "LIVEPUSH_SESSION_COOKIE_DOMAIN", None)
+    for name in COOKIE_NAMES:
+        if name in request.COOKIES:
+            response.delete_cookie(name, path="/", domain=domain)
+
+
+class LivePushSessionMiddleware:
+    """Keeps the `livepush_session` cookie in step with `request.user` (see the module docstring)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        user = getattr(request, "user", None)
+        if user is None or not user.is_authenticated or getattr(request, _REVOKED, False):
+            _drop(request, response)
+            return response
+        subject, ttl = subject_of(user), _ttl()
+        if not _current(session_token(request.COOKIES), subject, ttl):
+            _set(response, sessions.issue(subject, ttl=ttl), ttl, request.is_secure())
+        return response
+
+
+def revoke_on_logout(sender: Any, request: HttpRequest | None = None, user: Any = None, **kwargs: Any) -> None:
+    """`user_logged_out` receiver: revoke the session in the request's cookie, so the sockets it
+    opened close with 4403; the middleware then deletes the cookie."""
+    if request is None:
+        return
+    setattr(request, _REVOKED, True)
+    token = session_token(request.COOKIES)
+    if token is None:
+        return
+    try:
+        sessions.revoke(token)
+    except InvalidSession:
+        pass  # not a token of ours (forged, or from a rotated-out secret): nothing it opens is accepted
+    except LivepushError:
+        # Revocation needs the shared store: a sign-out must not fail because of it, but the
+        # sockets stay open until their token expires, so say so.
+        log.exception("could not revoke the livepush session of a user who signed out")
+
+
+user_logged_out.connect(revoke_on_logout, dispatch_uid="livepush.contrib.django.sessions.revoke_on_logout")

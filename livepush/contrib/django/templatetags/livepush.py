@@ -1,0 +1,46 @@
+"""`{% load livepush %}`: signed topics and latest offsets for the page (livepush.contrib.django.pages).
+
+    <ul id="notices" {% livepush_subscription "notices:lobby" %}>...</ul>
+    {% livepush_subscription sub %}                 a Subscription the view made before reading its data
+    {% livepush_subscription "notices:lobby" as sub %}{{ sub.signed }} {{ sub.since }}
+    {% livepush_signed_topic "chat:7" ttl=3600 %}   {% livepush_latest_offset "chat:7" %}
+    {% livepush_job_topic result %}                 the signed job:<id> topic of a TaskResult
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+
+from .... import api
+from ....jobs.api.handles import signed_for_page
+from ..pages import Subscription, job_topic, subscription
+
+register = template.Library()
+
+
+@register.simple_tag
+def livepush_subscription(topic: str | Subscription, ttl: float | None = None) -> Subscription:
+    """Renders as `data-livepush-topic="..." data-livepush-since="..."`; `as var` keeps the object.
+    A topic given as text has its offset read now, after the view read its data: make the
+    Subscription in the view (pages.subscription) when missing a message in between matters."""
+    return topic if isinstance(topic, Subscription) else subscription(topic, ttl)
+
+
+@register.simple_tag
+def livepush_signed_topic(topic: str, ttl: float | None = None) -> str:
+    """`topic` signed for the page (valid `ttl` seconds, default LIVEPUSH_SIGNED_TOPIC_TTL)."""
+    return signed_for_page(topic, ttl)
+
+
+@register.simple_tag
+def livepush_latest_offset(topic: str) -> str:
+    """The offset of the newest message on `topic` ("" when none), for the client's `since`."""
+    return api.latest_offset(topic) or ""
+
+
+@register.simple_tag
+def livepush_job_topic(result: Any, ttl: float | None = None) -> str:
+    """The signed `job:<id>` topic of a task result (or result id) of LivePushBackend."""
+    return job_topic(result, ttl)

@@ -1,0 +1,66 @@
+"""The session cookie on a Starlette response: set for a subject when a user signs in, revoked
+and deleted when they sign out (docs/security.md, where the token travels)."""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ... import sessions
+from ...errors import DependencyError, InvalidSession
+from ...sessions import Session
+from .._cookies import SessionCookie, deleting_cookies, session_cookie, session_cookies, stale_cookies
+
+log = logging.getLogger("livepush.contrib")
+
+
+def _secure(request: Request, secure: bool | None) -> bool:
+    # Behind a proxy that terminates TLS, run uvicorn with --proxy-headers so the scheme is https.
+    return request.url.scheme in ("https", "wss") if secure is None else secure
+
+
+def _set(response: Response, cookie: SessionCookie) -> None:
+    response.set_cookie(cookie.name, cookie.value, max_age=cookie.max_age, path=cookie.path, secure=cookie.secure,
+                        httponly=cookie.httponly, samesite=cookie.samesite)  # type: ignore[arg-type]
+
+
+def set_session_cookie(response: Response, request: Request, subject: str, *, ttl: float = 86400,
+                       secure: bool | None = None) -> str:
+    """Issue a session for `subject` (livepush.sessions.issue) valid `ttl` seconds, and set it on
+    `response`: `__Host-livepush_session` with Secure over HTTPS (`livepush_session` over plain
+    HTTP), host-only, Path=/, HttpOnly, SameSite=Lax, expiring with the token. `secure` overrides
+    what the request's scheme says. Returns the token."""
+    token = sessions.issue(subject, ttl)
+    is_secure = _secure(request, secure)
+    for stale in stale_cookies(secure=is_secure):
+        _set(response, stale)
+    _set(response, session_cookie(token, secure=is_secure, max_age=ttl))
+    return token
+
+
+async def logout(response: Response, request: Request, *, everywhere: bool = False,
+                 secure: bool | None = None) -> Session | None:
+    """Revoke the request's session (with `everywhere=True`, every session of its subject) so
+    that its open WebSocket connections close with 4403, and delete the cookie on `response`.
+    Returns the session revoked, or None when the request had none of ours. Every session cookie
+    the request carries is revoked, a second one beside it too. When the store cannot be reached
+    nothing is deleted and the request gets 503: the user can try again."""
+    revoked: Session | None = None
+    try:
+        for token in session_cookies(request.headers.getlist("cookie")):
+            try:
+                session = await sessions.arevoke(token)
+            except InvalidSession:
+                continue  # not a token of ours: nothing to revoke, the cookie goes anyway
+            if everywhere:
+                await sessions.arevoke_subject(session.subject)
+            revoked = revoked or session
+    except DependencyError as exc:
+        log.warning("livepush: cannot revoke a session at logout: %s", exc)
+        raise HTTPException(503, "signing out failed: the session store cannot be reached, try again") from None
+    for cookie in deleting_cookies(secure=_secure(request, secure)):
+        _set(response, cookie)
+    return revoked

@@ -1,0 +1,62 @@
+"""The request's livepush session, from its session cookie: a dependency for FastAPI
+(`Depends(current_session)`) that plain Starlette code awaits (`await current_session(request)`).
+
+A request without a usable session gets 401 (no cookie, two different ones, a malformed, forged
+or expired token) or 403 (a revoked session), through Starlette's HTTPException: the app answers
+it like any other, never with a traceback. A store that cannot be reached answers 503."""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+
+from ... import sessions
+from ...config import get_settings
+from ...errors import DependencyError, InvalidSession
+from ...sessions import Session
+from .._cookies import cookie_token
+
+log = logging.getLogger("livepush.contrib")
+
+
+class SessionRefused(HTTPException):
+    """No usable session: `status_code` 401 or 403, and `reason`: ``missing``, ``malformed``,
+    ``bad_signature``, ``expired`` or ``revoked``."""
+
+    def __init__(self, status_code: int, reason: str, detail: str) -> None:
+        super().__init__(status_code, detail)
+        self.reason = reason
+
+
+async def _session(request: Request) -> Session:
+    token = cookie_token(request.headers.getlist("cookie"))
+    if token is None:
+        raise SessionRefused(401, "missing", "sign in first: no livepush session cookie came with this request "
+                                             "(or two different ones)")
+    try:
+        session = sessions.decode(token, get_settings().secrets)
+    except InvalidSession as exc:
+        raise SessionRefused(401, exc.reason, f"your session is not valid ({exc.reason}): sign in again") from None
+    try:
+        revoked = await sessions.default_store().is_revoked(session)
+    except DependencyError as exc:
+        log.warning("livepush: cannot check a session against the revocation store: %s", exc)
+        raise HTTPException(503, "sessions cannot be checked just now: try again shortly") from None
+    if revoked:
+        raise SessionRefused(403, "revoked", "this session was revoked (signed out): sign in again")
+    return session
+
+
+async def current_session(request: Request) -> Session:
+    """The request's session; SessionRefused (401 or 403) when it has none that is valid."""
+    return await _session(request)
+
+
+async def optional_session(request: Request) -> Session | None:
+    """The request's session, or None when it has none that is valid (pages anyone may see)."""
+    try:
+        return await _session(request)
+    except SessionRefused:
+        return None

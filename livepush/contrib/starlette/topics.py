@@ -1,0 +1,79 @@
+"""Signed topics for a page to render: the topic signed (its own permission to subscribe) and the
+offset the page subscribes from, so that nothing published after the page's data was read is
+missed (docs/reference.md#4-python-api, the JS client's `since`).
+
+Signing is granting: call these only where the request may see the topic (behind your own
+checks), as you would render the data itself."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+
+from ... import api, topics
+from ...config import get_settings
+from ...errors import InvalidTopic
+from ...sessions.rules import SEPARATORS
+
+
+@dataclass(frozen=True)
+class PageTopic:
+    """What a page needs to follow a topic: `signed` to subscribe with, and `since`, the offset
+    to subscribe from (None for a state topic such as job:<id>: the page gets its current state)."""
+
+    topic: str
+    signed: str
+    since: str | None
+
+    def as_dict(self) -> dict[str, str | None]:
+        """For a JSON answer or a template: {"topic": signed, "since": since}."""
+        return {"topic": self.signed, "since": self.since}
+
+
+async def page_topic(topic: str, *, ttl: float | None = None) -> PageTopic:
+    """`topic` signed for `ttl` seconds (LIVEPUSH_SIGNED_TOPIC_TTL unless given) and its latest
+    offset. Call it before reading what the page shows: a message published in between then
+    reaches the page twice (render idempotently) rather than never."""
+    # A state topic's offset is its version: without one the page gets the current state.
+    state = topics.state_topic_id(topics.validate_topic(topic)) is not None
+    since = None if state else await api.alatest_offset(topic)
+    signed = api.sign_topic(topic, get_settings().signed_topic_ttl if ttl is None else ttl)
+    return PageTopic(topic, signed, since)
+
+
+TopicOf = Callable[[Request], str | Awaitable[str]]  # names a route's topic, sync or async
+
+
+class SignedTopic:
+    """A dependency that gives a route its PageTopic: `Depends(SignedTopic("chat:{room}"))` fills
+    the template from the path parameters, or `SignedTopic(fn)` asks `fn(request)` (sync or
+    async). A path parameter with a topic separator (`:`, `/`, `.`) or a name that is not a
+    topic gets 404: a slot never reaches into another namespace (`chat:{room}` never signs
+    `chat:admin:x`)."""
+
+    def __init__(self, topic: str | TopicOf, *, ttl: float | None = None) -> None:
+        self.topic = topic
+        self.ttl = ttl
+
+    async def _name(self, request: Request) -> str:
+        if callable(self.topic):
+            name = self.topic(request)
+            return await name if inspect.isawaitable(name) else name
+        values = {k: str(v) for k, v in request.path_params.items()}
+        if any(not SEPARATORS.isdisjoint(v) for v in values.values()):
+            raise HTTPException(404, "no such topic")
+        try:
+            return self.topic.format_map(values)
+        except (KeyError, IndexError, ValueError):
+            raise HTTPException(404, "no such topic") from None
+
+    async def __call__(self, request: Request) -> PageTopic:
+        name = await self._name(request)
+        try:
+            return await page_topic(name, ttl=self.ttl)
+        except InvalidTopic:
+            raise HTTPException(404, "no such topic") from None

@@ -1,0 +1,61 @@
+"""Django tasks the Django integration tests enqueue (module-level, as the Tasks framework needs)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from livepush.contrib.django import current_job, progress
+
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2 on Python 3.11: the backport
+    from django_tasks import task
+
+# What ran, in order, in this process (jobs.drain() runs tasks here).
+RAN: list[str] = []
+
+
+class Declined(Exception):
+    """A task's own exception, to find by its class path in the result's error."""
+
+
+@task
+def add(a: int, b: int = 0) -> int:
+    RAN.append(f"add:{a}+{b}")
+    return a + b
+
+
+@task(queue_name="second")
+def on_second(tag: str) -> str:
+    RAN.append(f"second:{tag}")
+    return tag
+
+
+@task
+def decline(reason: str) -> None:
+    raise Declined(reason)
+
+
+@task(takes_context=True)
+def with_context(context, label: str) -> dict:
+    return {"label": label, "id": context.task_result.id, "attempt": context.attempt}
+
+
+@task
+def in_steps(steps: int) -> dict:
+    for done in range(1, steps + 1):
+        progress(done, steps, f"step {done}")
+    ctx = current_job()
+    return {"job_id": ctx.job_id, "group": ctx.group.id if ctx.group else None}
+
+
+@task
+async def async_double(x: int) -> int:
+    await asyncio.sleep(0)
+    progress(1, 1, "async")
+    return 2 * x
+
+
+@task
+def record(tag: str) -> None:
+    RAN.append(tag)

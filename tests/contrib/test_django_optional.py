@@ -1,0 +1,35 @@
+"""Django is optional (docs/frameworks.md): livepush, its CLI and the contrib package import in a
+process where Django cannot be imported; only the Django integration's own names need it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+BLOCK_DJANGO = """
+import sys
+class NoDjango:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("django", "django_tasks"):
+            raise ImportError(f"{name} is not installed here")
+sys.meta_path.insert(0, NoDjango())
+"""
+
+
+def run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", BLOCK_DJANGO + code], capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_livepush_imports_without_django() -> None:
+    """livepush, its jobs, its CLI, the cookie helper and livepush.contrib.django itself import without Django."""
+    done = run("import livepush, livepush.jobs, livepush.cli.main, livepush.contrib._cookies, "
+               "livepush.contrib.django; print('ok')")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_the_integrations_names_say_django_is_missing() -> None:
+    """Using a name of the Django integration without Django raises ImportError naming it."""
+    done = run("import livepush.contrib.django as d\ntry:\n    d.publish\nexcept ImportError as e:\n    print(e)")
+    assert done.returncode == 0, done.stderr
+    assert "django" in done.stdout

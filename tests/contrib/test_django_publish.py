@@ -1,0 +1,98 @@
+"""livepush.contrib.django.publish (docs/frameworks.md, Django): inside transaction.atomic() a
+message goes out when the transaction commits and never when it rolls back; outside one, or with
+conn=, it behaves as livepush.publish()."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from django.db import connection, transaction
+
+import livepush
+import livepush.fanout
+from livepush.config import get_settings
+from livepush.contrib.django import publish
+
+pytestmark = pytest.mark.usefixtures("django_site")
+
+TOPIC = "notices:django"
+
+
+def published_since(offset: str) -> list[object]:
+    """The data of the messages on TOPIC after `offset`, read from its history as a server would."""
+    async def read() -> list[object]:
+        fanout = livepush.fanout.from_env(get_settings())
+        try:
+            page = await fanout.history(TOPIC, offset)
+            return [json.loads(m.data_json) for m in page.messages if m.data_json] if page else []
+        finally:
+            await fanout.aclose()
+
+    return asyncio.run(read())
+
+
+def test_outside_a_transaction_it_publishes_at_once() -> None:
+    """Outside transaction.atomic() publish() sends at once and returns the offset."""
+    before = livepush.latest_offset(TOPIC)
+    offset = publish(TOPIC, {"n": 1})
+    assert offset is not None and offset != before
+    assert livepush.latest_offset(TOPIC) == offset
+
+
+def test_inside_a_transaction_it_publishes_on_commit() -> None:
+    """Inside transaction.atomic() nothing is sent until the commit, then the message is."""
+    before = livepush.latest_offset(TOPIC)
+    with transaction.atomic():
+        assert publish(TOPIC, {"n": 2}) is None
+        assert livepush.latest_offset(TOPIC) == before
+    assert livepush.latest_offset(TOPIC) != before
+
+
+def test_inside_a_transaction_that_rolls_back_nothing_is_delivered() -> None:
+    """A message published in a transaction that rolls back is never sent."""
+    before = livepush.latest_offset(TOPIC)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        publish(TOPIC, {"n": 3})
+        raise RuntimeError("roll back")
+    assert livepush.latest_offset(TOPIC) == before
+
+
+def test_a_savepoint_rolled_back_drops_its_messages_only() -> None:
+    """A nested atomic() that rolls back drops its own messages; the outer one's go out at commit."""
+    before = livepush.latest_offset(TOPIC)
+    with transaction.atomic():
+        publish(TOPIC, {"outer": True})
+        with pytest.raises(RuntimeError), transaction.atomic():
+            publish(TOPIC, {"inner": True})
+            raise RuntimeError("roll back the savepoint")
+    assert published_since(before) == [{"outer": True}]
+
+
+def test_the_data_sent_is_the_data_at_the_call() -> None:
+    """What is sent at commit is the data as it was when publish() was called."""
+    before = livepush.latest_offset(TOPIC)
+    data = {"v": "at the call"}
+    with transaction.atomic():
+        publish(TOPIC, data)
+        data["v"] = "changed later"
+    assert published_since(before) == [{"v": "at the call"}]
+
+
+def test_mistakes_raise_at_the_call_not_at_commit() -> None:
+    """A bad topic or data raises at publish(), inside the transaction, not when it commits."""
+    with transaction.atomic():
+        with pytest.raises(livepush.InvalidTopic):
+            publish("bad topic!", {})
+        with pytest.raises(TypeError):
+            publish(TOPIC, {"x": object()})
+
+
+def test_conn_publishes_in_that_connections_transaction() -> None:
+    """conn= (a psycopg connection, here Django's own) publishes in its transaction, as the core does."""
+    before = livepush.latest_offset(TOPIC)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        assert publish(TOPIC, {"n": 4}, conn=connection.connection) is not None
+        raise RuntimeError("roll back")
+    assert livepush.latest_offset(TOPIC) == before

@@ -1,0 +1,88 @@
+"""LivePushSessionMiddleware (docs/frameworks.md, Django): a signed-in user gets a livepush session
+in the `livepush_session` cookie (`__Host-` on a secure request), so the browser connects as that
+user with no token code; signing out revokes it, and the sockets it opened close with 4403."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from livepush import sessions
+from livepush.config import get_settings
+from tests.support.procs import Processes
+from tests.support.wsclient import WSClient
+
+pytestmark = pytest.mark.usefixtures("django_site")
+
+CLOSE_REVOKED = 4403
+
+
+def signed_in() -> tuple[Client, Any]:
+    user = get_user_model().objects.create_user(f"u{uuid.uuid4().hex[:10]}", password="x")
+    client = Client()
+    client.force_login(user)
+    return client, user
+
+
+def test_a_signed_in_user_gets_a_session_cookie_for_their_subject() -> None:
+    """A signed-in user's response sets livepush_session: HttpOnly, SameSite=Lax, a token of subject user.pk."""
+    client, user = signed_in()
+    cookie = client.get("/").cookies["livepush_session"]
+    assert cookie["httponly"] and cookie["samesite"] == "Lax" and not cookie["secure"]
+    assert cookie["path"] == "/" and int(cookie["max-age"]) == 86400
+    session = sessions.decode(cookie.value, get_settings().secrets)
+    assert session.subject == str(user.pk)
+    # The next request carries it: nothing is issued again.
+    assert "livepush_session" not in client.get("/").cookies
+
+
+def test_a_secure_request_gets_the_host_prefixed_cookie() -> None:
+    """Over HTTPS the cookie is __Host-livepush_session, Secure, with no Domain."""
+    client, _ = signed_in()
+    cookies = client.get("/", secure=True).cookies
+    cookie = cookies["__Host-livepush_session"]
+    assert cookie["secure"] and cookie["path"] == "/" and not cookie["domain"]
+    assert cookies["livepush_session"].value == ""  # the other name is deleted: two would count as none
+
+
+def test_anonymous_requests_get_no_session_and_lose_a_stale_one() -> None:
+    """An anonymous request gets no cookie; one it still carries is deleted."""
+    client = Client()
+    assert "livepush_session" not in client.get("/").cookies
+    client.cookies["livepush_session"] = sessions.issue("someone", ttl=60)
+    assert client.get("/").cookies["livepush_session"].value == ""
+
+
+def test_another_users_cookie_is_replaced() -> None:
+    """A cookie issued to another subject is replaced by one of the signed-in user."""
+    client, user = signed_in()
+    client.cookies["livepush_session"] = sessions.issue("someone-else", ttl=3600)
+    token = client.get("/").cookies["livepush_session"].value
+    assert sessions.decode(token, get_settings().secrets).subject == str(user.pk)
+
+
+def test_signing_out_revokes_the_session_and_its_socket_closes_4403(
+    django_db_url: str, livepush_env: Callable[..., dict[str, str]], procs: Processes
+) -> None:
+    """Django's logout revokes the cookie's session: the socket it opened closes with 4403, and the cookie goes."""
+    server = procs.livepush("serve", env=livepush_env(database_url=django_db_url, secret=get_settings().secret,
+                                                      authenticate="required"))
+    client, user = signed_in()
+    token = client.get("/").cookies["livepush_session"].value
+
+    async def scenario() -> tuple[int | None, Any]:
+        ws = await WSClient.open(f"ws://127.0.0.1:{server.port}/",
+                                 additional_headers={"Cookie": f"livepush_session={token}"})
+        assert ws.hello["session"] == {"subject": str(user.pk)}
+        response = await asyncio.to_thread(client.post, "/logout/")
+        return await ws.closed_with(timeout=5), response
+
+    code, response = asyncio.run(scenario())
+    assert code == CLOSE_REVOKED
+    assert response.cookies["livepush_session"].value == ""

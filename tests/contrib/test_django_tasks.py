@@ -1,0 +1,262 @@
+"""Django's Tasks framework on livepush (docs/frameworks.md, Django): enqueue, results and their
+states, errors with their exception class, enqueues inside a transaction that commit or roll back
+with it, run_after, priorities, queues, context, progress, task groups, and what is refused."""
+
+from __future__ import annotations
+
+import importlib
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+from django.utils import timezone
+
+from livepush import jobs
+from livepush.contrib.django import (
+    RUN_TASK,
+    LivePushBackend,
+    TaskNotSupported,
+    request,
+    task_group,
+)
+from livepush.contrib.django.tasks_api import (
+    InvalidTask,
+    Task,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_backends,
+)
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.usefixtures("django_site")
+
+
+@pytest.fixture
+def t(django_site: str) -> Any:
+    """The sample tasks (importable once Django is set up: @task reads settings.TASKS), none run yet."""
+    module = importlib.import_module("tests.contrib.sample_django_tasks")
+    module.RAN.clear()
+    return module
+
+
+def test_enqueue_then_run_gives_a_successful_result_with_its_return_value(t: Any) -> None:
+    """A task enqueued is READY, runs once on the runtime, and its result reads SUCCESSFUL with the value."""
+    result = t.add.enqueue(2, b=3)
+    assert result.status == TaskResultStatus.READY
+    assert result.id.isdigit() and result.args == [2] and result.kwargs == {"b": 3}
+    assert jobs.get_job(int(result.id)).name == RUN_TASK
+    assert t.add.get_result(result.id).status == TaskResultStatus.READY
+
+    assert jobs.drain() == {"succeeded": 1}
+    assert t.RAN == ["add:2+3"]
+    done = t.add.get_result(result.id)
+    assert done.status == TaskResultStatus.SUCCESSFUL and done.is_finished
+    assert done.return_value == 5 and done.errors == [] and done.attempts == 1
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 5
+
+
+def test_a_task_that_raises_fails_with_its_exception_class_and_message(t: Any) -> None:
+    """A task that raises is FAILED; its error names the exception's class (importable) and message."""
+    result = t.decline.enqueue("card declined")
+    assert jobs.drain() == {"failed": 1}
+    failed = t.decline.get_result(result.id)
+    assert failed.status == TaskResultStatus.FAILED
+    with pytest.raises(ValueError):
+        failed.return_value  # noqa: B018
+    (error,) = failed.errors
+    assert error.exception_class is t.Declined
+    assert error.exception_class_path == "tests.contrib.sample_django_tasks.Declined"
+    assert "card declined" in error.traceback
+    # What pages watching job:<id> see: the class path and the message, never a traceback.
+    assert jobs.get_job(int(result.id)).error == "tests.contrib.sample_django_tasks.Declined: card declined"
+
+
+def test_a_builtin_exception_is_read_back_as_its_builtin_class(t: Any) -> None:
+    """A task that raises a built-in (TypeError for a bad argument) fails with that class."""
+    result = t.add.enqueue("x", b=1)
+    assert jobs.drain() == {"failed": 1}
+    (error,) = t.add.get_result(result.id).errors
+    assert error.exception_class is TypeError
+
+
+def test_enqueue_inside_a_transaction_that_rolls_back_never_runs(t: Any, django_site: str) -> None:
+    """Inside transaction.atomic() the job is written in that transaction: rolled back, it never existed."""
+    with pytest.raises(RuntimeError), transaction.atomic():
+        result = t.record.enqueue("rolled back")
+        with psycopg.connect(django_site) as other:  # not visible outside the transaction yet
+            assert other.execute("SELECT count(*) FROM livepush_jobs").fetchone() == (0,)
+        raise RuntimeError("roll back")
+    assert jobs.drain() == {}
+    with pytest.raises(TaskResultDoesNotExist):
+        t.record.get_result(result.id)
+    assert t.RAN == []
+
+
+def test_enqueue_inside_a_transaction_that_commits_runs_once(t: Any) -> None:
+    """A task enqueued in a transaction that commits exists from the commit and runs once."""
+    with transaction.atomic():
+        result = t.record.enqueue("committed")
+    assert t.record.get_result(result.id).status == TaskResultStatus.READY
+    assert jobs.drain() == {"succeeded": 1}
+    assert t.RAN == ["committed"]
+
+
+def test_enqueue_on_commit_off_writes_at_once_outside_the_transaction(t: Any) -> None:
+    """With ENQUEUE_ON_COMMIT = False an enqueue inside a transaction is committed at once, rollback or not."""
+    backend = LivePushBackend("default", {"QUEUES": ["default"], "OPTIONS": {"ENQUEUE_ON_COMMIT": False}})
+    with pytest.raises(RuntimeError), transaction.atomic():
+        result = backend.enqueue(t.record, ["kept"], {})
+        raise RuntimeError("roll back")
+    assert jobs.drain() == {"succeeded": 1}
+    assert t.RAN == ["kept"] and backend.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
+
+
+def test_run_after_is_respected(t: Any) -> None:
+    """A task with run_after does not run before that time, and runs once it has passed."""
+    when = timezone.now() + timedelta(seconds=1.5)
+    result = t.record.using(run_after=when).enqueue("later")
+    assert jobs.drain() == {}
+    assert t.record.get_result(result.id).status == TaskResultStatus.READY
+    wait_for(lambda: jobs.drain() == {"succeeded": 1}, timeout=10, interval=0.1)
+    assert timezone.now() >= when
+    assert t.RAN == ["later"]
+
+
+def test_higher_django_priority_runs_first(t: Any) -> None:
+    """Django's higher priority runs first: livepush gets the priority negated."""
+    t.record.using(priority=-50).enqueue("low")
+    t.record.enqueue("normal")
+    t.record.using(priority=100).enqueue("high")
+    assert jobs.drain() == {"succeeded": 3}
+    assert t.RAN == ["high", "normal", "low"]
+
+
+def test_queue_name_is_the_livepush_queue(t: Any) -> None:
+    """A task's queue_name is its job's queue, and results read it back."""
+    result = t.on_second.enqueue("q")
+    assert jobs.get_job(int(result.id)).queue == "second"
+    assert jobs.drain(queues=["default"]) == {}
+    assert jobs.drain(queues=["second"]) == {"succeeded": 1}
+    assert t.on_second.get_result(result.id).task.queue_name == "second"
+
+
+def test_a_task_that_takes_context_sees_its_result_id_and_attempt(t: Any) -> None:
+    """takes_context=True: the task gets a TaskContext whose result id is the job's and attempt 1."""
+    result = t.with_context.enqueue("ctx")
+    jobs.drain()
+    assert t.with_context.get_result(result.id).return_value == {"label": "ctx", "id": result.id, "attempt": 1}
+
+
+def test_progress_is_stored_on_the_job(t: Any) -> None:
+    """progress() inside a task is the job's progress, on its job:<id> topic."""
+    result = t.in_steps.enqueue(3)
+    jobs.drain()
+    info = jobs.get_job(int(result.id))
+    assert info.progress == {"done": 3, "total": 3, "message": "step 3"}
+    assert info.result == {"job_id": int(result.id), "group": None}
+
+
+def test_an_async_task_runs(t: Any) -> None:
+    """An async task runs (supports_async_task) and reports progress too."""
+    result = t.async_double.enqueue(21)
+    assert jobs.drain() == {"succeeded": 1}
+    assert t.async_double.get_result(result.id).return_value == 42
+    assert jobs.get_job(int(result.id)).progress["message"] == "async"
+
+
+async def test_aenqueue_and_aget_result(t: Any) -> None:
+    """aenqueue() and aget_result() work from async code."""
+    result = await t.add.aenqueue(1, b=1)
+    await jobs.adrain()
+    assert (await t.add.aget_result(result.id)).return_value == 2
+
+
+def test_tasks_enqueued_in_a_task_group_are_its_members_and_its_callback_runs_once(t: Any) -> None:
+    """Inside task_group() every task enqueued joins the group; on_success runs once after all succeed."""
+    with task_group(on_success=request(t.record, "all done")) as group:
+        first = t.in_steps.enqueue(1)
+        t.record.enqueue("member")
+    counts = jobs.drain()
+    assert counts == {"succeeded": 3}, counts
+    assert jobs.get_group(group.id)["state"] == "finished"
+    assert t.RAN == ["member", "all done"]
+    assert t.in_steps.get_result(first.id).return_value["group"] == group.id
+
+
+def test_unknown_results_do_not_exist(t: Any) -> None:
+    """An id that is not a Django task's job (unknown, malformed, or another job) does not exist."""
+    for bad in ("999999", "abc", "-1", "0", ""):
+        with pytest.raises(TaskResultDoesNotExist):
+            t.add.get_result(bad)
+
+
+def test_backend_options_are_checked(t: Any) -> None:
+    """An unknown option, or MAX_ATTEMPTS below 1, is refused when the backend is made."""
+    with pytest.raises(ImproperlyConfigured, match="unknown keys"):
+        LivePushBackend("x", {"OPTIONS": {"ENQUEUE_ON_COMIT": True}})
+    with pytest.raises(ImproperlyConfigured, match="MAX_ATTEMPTS"):
+        LivePushBackend("x", {"OPTIONS": {"MAX_ATTEMPTS": 0}})
+
+
+def test_max_attempts_option_retries_a_failing_task(t: Any) -> None:
+    """With MAX_ATTEMPTS = 2 a failing task is READY again after its first attempt (livepush's retry)."""
+    backend = LivePushBackend("default", {"QUEUES": ["default"], "OPTIONS": {"MAX_ATTEMPTS": 2}})
+    result = backend.enqueue(t.decline, ["again"], {})
+    assert jobs.drain() == {"retrying": 1}
+    again = backend.get_result(result.id)
+    assert again.status == TaskResultStatus.READY and again.attempts == 1
+    assert again.errors[0].exception_class is t.Declined
+
+
+def test_a_task_defined_in_main_is_refused(t: Any) -> None:
+    """A task the runtime could not import by its path (defined in __main__) is refused with TaskNotSupported."""
+    def main_func() -> None: ...
+
+    main_func.__module__ = "__main__"
+    main_func.__qualname__ = "main_func"
+    with pytest.raises(TaskNotSupported, match="__main__") as refused:
+        Task(func=main_func)
+    assert isinstance(refused.value, InvalidTask)  # caught where Django code catches a refused task
+
+
+def test_backend_capabilities(t: Any) -> None:
+    """The backend says what it supports: defer, async tasks, results, priority."""
+    backend = task_backends["default"]
+    assert isinstance(backend, LivePushBackend)
+    assert backend.supports_defer and backend.supports_async_task
+    assert backend.supports_get_result and backend.supports_priority
+
+
+def test_arguments_that_are_not_plain_json_are_refused_at_enqueue(t: Any) -> None:
+    """Arguments that are not JSON are refused at the enqueue call, and nothing is written."""
+    with pytest.raises(TypeError):
+        t.record.enqueue(object())
+    with pytest.raises(jobs.InvalidArgumentsError):
+        t.record.enqueue(float("nan"))
+    assert jobs.drain() == {}
+
+
+def test_a_runtime_process_runs_django_tasks(t: Any, django_db_url: str, livepush_env, procs) -> None:  # type: ignore[no-untyped-def]
+    """`livepush jobs livepush.contrib.django.runner` with DJANGO_SETTINGS_MODULE runs enqueued tasks."""
+    from tests.contrib.conftest import EXAMPLE
+
+    env = livepush_env(database_url=django_db_url, extra={
+        "DJANGO_SETTINGS_MODULE": "demo_site.settings", "PYTHONPATH": f"{EXAMPLE}:{procs_pythonpath()}"})
+    child = procs.livepush("jobs", "livepush.contrib.django.runner", "--queues", "default,second", env=env)
+    result = t.in_steps.enqueue(2)
+    other = t.on_second.enqueue("there")
+    done = wait_for(lambda: t.in_steps.get_result(result.id).is_finished or None, timeout=20, interval=0.05,
+                    message=f"the task to finish; runtime output: {child.output()}")
+    assert done and t.in_steps.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
+    wait_for(lambda: t.on_second.get_result(other.id).status == TaskResultStatus.SUCCESSFUL, timeout=10)
+    assert child.stop() == 0
+
+
+def procs_pythonpath() -> str:
+    from tests.contrib.conftest import ROOT
+
+    return str(ROOT)

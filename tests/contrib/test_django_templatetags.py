@@ -1,0 +1,63 @@
+"""`{% load livepush %}` (docs/frameworks.md, Django): a signed topic and its latest offset beside
+what the page rendered, and the signed job topic of a task result."""
+
+from __future__ import annotations
+
+import html
+import importlib
+import re
+
+import pytest
+from django.template import Context, Template
+
+import livepush
+from livepush.contrib.django import Subscription, subscription
+
+pytestmark = pytest.mark.usefixtures("django_site")
+
+TOPIC = "notices:tags"
+
+
+def render(source: str, **context: object) -> str:
+    return Template("{% load livepush %}" + source).render(Context(context))
+
+
+def test_subscription_renders_the_signed_topic_and_latest_offset_as_attributes() -> None:
+    """{% livepush_subscription topic %} renders data-livepush-topic (signed) and data-livepush-since."""
+    livepush.publish(TOPIC, {"n": 1})
+    out = render("<ul {% livepush_subscription topic %}></ul>", topic=TOPIC)
+    signed, since = re.fullmatch(r'<ul data-livepush-topic="([^"]*)" data-livepush-since="([^"]*)"></ul>', out).groups()
+    assert livepush.verify_topic(html.unescape(signed)) == TOPIC
+    assert since == livepush.latest_offset(TOPIC)
+
+
+def test_a_subscription_made_in_the_view_keeps_the_offset_read_before_the_data() -> None:
+    """A Subscription made in the view keeps its offset: a message published after it is after `since`."""
+    sub = subscription(TOPIC)
+    livepush.publish(TOPIC, {"n": 2})  # published between the view's read and the render
+    out = render("{% livepush_subscription sub as s %}{{ s.since }}|{{ s.signed }}", sub=sub)
+    since, signed = out.split("|")
+    assert since == sub.since != livepush.latest_offset(TOPIC)
+    assert livepush.verify_topic(html.unescape(signed)) == TOPIC
+
+
+def test_signed_topic_and_latest_offset_tags() -> None:
+    """{% livepush_signed_topic %} and {% livepush_latest_offset %} render each value alone."""
+    livepush.publish(TOPIC, {"n": 3})
+    signed = html.unescape(render('{% livepush_signed_topic "notices:tags" ttl=60 %}'))
+    assert livepush.verify_topic(signed) == TOPIC
+    assert render('{% livepush_latest_offset "notices:tags" %}') == livepush.latest_offset(TOPIC)
+
+
+def test_job_topic_of_a_task_result() -> None:
+    """{% livepush_job_topic result %} is the task's job:<id> topic, signed."""
+    tasks = importlib.import_module("tests.contrib.sample_django_tasks")
+    result = tasks.add.enqueue(1)
+    signed = html.unescape(render("{% livepush_job_topic result %}", result=result))
+    assert livepush.verify_topic(signed) == f"job:{result.id}"
+
+
+def test_values_are_escaped() -> None:
+    """What the tags render is escaped for an HTML attribute, whatever the values hold."""
+    out = render("<ul {% livepush_subscription sub %}>", sub=Subscription("t", 'a"><script>', "1&2"))
+    assert out == '<ul data-livepush-topic="a&quot;&gt;&lt;script&gt;" data-livepush-since="1&amp;2">'

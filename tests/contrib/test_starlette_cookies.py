@@ -1,0 +1,158 @@
+"""The session cookie helpers (docs/frameworks.md#starlette-and-fastapi, docs/security.md): signing
+in sets `livepush_session` over HTTP and `__Host-livepush_session` (Secure) over HTTPS, host-only,
+Path=/, HttpOnly, SameSite=Lax, expiring with its token; signing out revokes the session, so its
+open WebSocket connections close with 4403, and deletes the cookie."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from http.cookies import SimpleCookie
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from examples.fastapi_app.app import SESSION_TTL
+from examples.fastapi_app.app import app as example
+from livepush import config, sessions
+from livepush.contrib.starlette import lifespan, logout, set_session_cookie
+from tests.contrib.conftest import cookie_header, serving
+from tests.support.procs import Processes
+from tests.support.wsclient import WSClient
+
+CLOSE_REVOKED = 4403
+
+
+def set_cookies(answer: httpx.Response) -> dict[str, dict[str, str]]:
+    """Each Set-Cookie of `answer` by name: its value and its attributes, names lower-cased."""
+    out: dict[str, dict[str, str]] = {}
+    for header in answer.headers.get_list("set-cookie"):
+        name_value, *attributes = [part.strip() for part in header.split(";")]
+        name, _, value = name_value.partition("=")
+        fields = {"value": value.strip('"')}
+        for attribute in attributes:
+            key, _, val = attribute.partition("=")
+            fields[key.lower()] = val or "true"
+        out[name] = fields
+    return out
+
+
+@pytest.fixture
+async def http_client(app_env: dict[str, str]) -> AsyncIterator[httpx.AsyncClient]:
+    async with serving(example, "http://127.0.0.1:8000") as c:
+        yield c
+
+
+@pytest.fixture
+async def https_client(app_env: dict[str, str]) -> AsyncIterator[httpx.AsyncClient]:
+    async with serving(example, "https://app.example.com") as c:
+        yield c
+
+
+async def test_over_http_the_cookie_is_livepush_session(http_client: httpx.AsyncClient) -> None:
+    """HttpOnly, SameSite=Lax, Path=/, no Domain, no Secure (a browser drops a Secure cookie over
+    plain HTTP, and a __Host- one with it), and Max-Age the token's TTL; its token is the subject's."""
+    answer = await http_client.post("/login", json={"name": "ana"})
+    assert answer.status_code == 200, answer.text
+    cookies = set_cookies(answer)
+    assert list(cookies) == ["livepush_session"]
+    cookie = cookies["livepush_session"]
+    assert cookie["httponly"] == "true" and cookie["samesite"].lower() == "lax" and cookie["path"] == "/"
+    assert "domain" not in cookie and "secure" not in cookie
+    assert int(cookie["max-age"]) == SESSION_TTL
+    session = sessions.decode(cookie["value"], config.get_settings().secrets)
+    assert session.subject == "ana" and abs(session.expires_at - session.issued_at - SESSION_TTL) < 1
+
+
+async def test_over_https_the_cookie_is_host_prefixed_and_secure(https_client: httpx.AsyncClient) -> None:
+    """__Host-livepush_session: Secure, Path=/, no Domain (what a browser requires of the prefix,
+    so no sibling subdomain can plant one); a plain livepush_session left from HTTP is deleted, as
+    two different session cookies would count as none."""
+    answer = await https_client.post("/login", json={"name": "ana"})
+    cookies = set_cookies(answer)
+    host = cookies["__Host-livepush_session"]
+    assert host["secure"] == "true" and host["path"] == "/" and "domain" not in host
+    assert host["httponly"] == "true" and host["samesite"].lower() == "lax"
+    assert sessions.decode(host["value"], config.get_settings().secrets).subject == "ana"
+    assert cookies["livepush_session"]["max-age"] == "0"
+
+
+def test_the_secure_flag_can_be_given(app_env: dict[str, str]) -> None:
+    """`secure=True` for an app behind a TLS proxy whose scheme the app does not see."""
+    request = Request({"type": "http", "scheme": "http", "method": "GET", "path": "/", "headers": [],
+                       "server": ("127.0.0.1", 8000), "query_string": b""})
+    response = Response()
+    token = set_session_cookie(response, request, "ana", ttl=60, secure=True)
+    cookie = SimpleCookie(response.headers.getlist("set-cookie")[-1])["__Host-livepush_session"]
+    assert cookie.value == token and cookie["secure"] and cookie["max-age"] == "60"
+
+
+async def test_logout_revokes_and_deletes_the_cookie(http_client: httpx.AsyncClient) -> None:
+    """After /logout the session is revoked (the app refuses it with 403) and the cookie deleted."""
+    token = set_cookies(await http_client.post("/login", json={"name": "ana"}))["livepush_session"]["value"]
+    answer = await http_client.post("/logout", headers=cookie_header(token))
+    assert answer.json() == {"signed_out": True}
+    assert set_cookies(answer)["livepush_session"]["max-age"] == "0"
+    assert await sessions.default_store().is_revoked(sessions.decode(token, config.get_settings().secrets))
+    assert (await http_client.post("/reports", json={}, headers=cookie_header(token))).status_code == 403
+
+
+async def test_logout_revokes_every_session_cookie_it_carries(https_client: httpx.AsyncClient) -> None:
+    """Two different session cookies count as none for a request, but logout revokes both (the real
+    one is among them) and deletes the cookie under both names."""
+    secrets = config.get_settings().secrets
+    first, second = sessions.issue("ana"), sessions.issue("ana")
+    answer = await https_client.post("/logout", headers={
+        "Cookie": f"livepush_session={first}; __Host-livepush_session={second}"})
+    assert answer.json() == {"signed_out": True}
+    for token in (first, second):
+        assert await sessions.default_store().is_revoked(sessions.decode(token, secrets))
+    cookies = set_cookies(answer)
+    assert cookies["__Host-livepush_session"]["max-age"] == "0" and cookies["__Host-livepush_session"]["secure"]
+    assert cookies["livepush_session"]["max-age"] == "0"
+
+
+async def test_logout_everywhere_revokes_every_session_of_the_subject(app_env: dict[str, str]) -> None:
+    """`logout(everywhere=True)`: the subject's other sessions (other browsers) are revoked too, not
+    another subject's."""
+
+    async def sign_out_everywhere(request: Request) -> Response:
+        response = JSONResponse({})
+        await logout(response, request, everywhere=True)
+        return response
+
+    secrets = config.get_settings().secrets
+    other_browser, other_user, here = sessions.issue("ana"), sessions.issue("bob"), sessions.issue("ana")
+    app = Starlette(routes=[Route("/logout", sign_out_everywhere, methods=["POST"])], lifespan=lifespan)
+    async with serving(app) as client:
+        assert (await client.post("/logout", headers=cookie_header(here))).status_code == 200
+        store = sessions.default_store()
+        assert await store.is_revoked(sessions.decode(other_browser, secrets))
+        assert not await store.is_revoked(sessions.decode(other_user, secrets))
+
+
+async def test_logout_without_a_session_only_deletes(http_client: httpx.AsyncClient) -> None:
+    """No cookie, or one that is not ours: nothing to revoke, the answer is still a plain 200."""
+    for headers in ({}, cookie_header("garbage")):
+        answer = await http_client.post("/logout", headers=headers)
+        assert answer.status_code == 200 and answer.json() == {"signed_out": False}
+        assert set_cookies(answer)["livepush_session"]["max-age"] == "0"
+
+
+async def test_logout_closes_the_sessions_open_socket_with_4403(
+    http_client: httpx.AsyncClient, app_env: dict[str, str], procs: Processes
+) -> None:
+    """A socket opened with the session cookie is closed by the server with 4403 once the app's
+    logout revoked the session (the JS client then stops: status `unauthorized`)."""
+    server = await procs.alivepush("serve", env=app_env)
+    token = set_cookies(await http_client.post("/login", json={"name": "ana"}))["livepush_session"]["value"]
+    ws = await WSClient.open(f"ws://127.0.0.1:{server.port}/", additional_headers=cookie_header(token))
+    try:
+        assert ws.hello["session"] == {"subject": "ana"}
+        assert (await http_client.post("/logout", headers=cookie_header(token))).json() == {"signed_out": True}
+        assert await ws.closed_with(timeout=5) == CLOSE_REVOKED
+    finally:
+        await ws.close()

@@ -1,0 +1,178 @@
+"""The Starlette/FastAPI lifespan (docs/frameworks.md#starlette-and-fastapi): the app's start opens
+the pools and clients publish(), latest_offset(), enqueues and revoke() use, refusing bad settings
+with livepush's own errors; its stop closes every one of them, those sync endpoints opened in
+threads too, so nothing stays connected; a user's own lifespan runs inside it; and livepush
+imports without Starlette."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+import livepush
+from livepush import config
+from livepush.contrib.starlette import current_session, lifespan, with_livepush
+from livepush.errors import ConfigError, DependencyError, SchemaError
+from livepush.sessions import issue
+from examples.fastapi_app import tasks
+from tests.contrib.conftest import connections, cookie_header, forget_defaults, serving
+from tests.support.procs import REPO_ROOT
+from tests.support.waiting import async_wait_for
+
+
+def publish_sync(request: Request) -> JSONResponse:
+    # A sync endpoint runs in a thread: publish() uses the fan-out's sync pool.
+    return JSONResponse({"offset": livepush.publish("news:sync", {"n": 1})})
+
+
+async def publish_async(request: Request) -> JSONResponse:
+    return JSONResponse({"offset": await livepush.apublish("news:async", {"n": 2}),
+                         "latest": await livepush.alatest_offset("news:async")})
+
+
+async def enqueue(request: Request) -> JSONResponse:
+    handle = await tasks.build_report.aenqueue("ana", 1)
+    return JSONResponse({"job": handle.id})
+
+
+async def me(request: Request) -> JSONResponse:
+    session = await current_session(request)  # plain Starlette: awaited, no Depends
+    return JSONResponse({"subject": session.subject})
+
+
+def make_app(lifespan_: Callable[[Any], Any] = lifespan) -> Starlette:
+    routes = [Route("/sync", publish_sync, methods=["POST"]), Route("/async", publish_async, methods=["POST"]),
+              Route("/enqueue", enqueue, methods=["POST"]), Route("/me", me)]
+    return Starlette(routes=routes, lifespan=lifespan_)
+
+
+async def use_everything(client: Any) -> None:
+    """Publish from a thread and from the loop, enqueue, and check a session against the store."""
+    assert (await client.post("/sync")).status_code == 200
+    assert (await client.post("/async")).status_code == 200
+    assert (await client.post("/enqueue")).status_code == 200
+    answer = await client.get("/me", headers=cookie_header(issue("ana")))
+    assert answer.status_code == 200 and answer.json() == {"subject": "ana"}
+
+
+async def test_start_opens_the_pools_and_stop_leaves_no_connection(app_env: dict[str, str], pg_admin_url: str) -> None:
+    """Connections are open once the app has started, before any request, and none is left after
+    it stopped, whether the app used them from its loop or from threads."""
+    url = app_env["LIVEPUSH_DATABASE_URL"]
+    app = make_app()
+    assert connections(pg_admin_url, url) == 0
+    async with serving(app) as client:
+        assert connections(pg_admin_url, url) >= 3  # the fan-out's, the store's and the jobs' pools
+        await use_everything(client)
+        assert connections(pg_admin_url, url) >= 4  # and the sync pool publish() used in a thread
+    await async_wait_for(lambda: connections(pg_admin_url, url) == 0, timeout=5,
+                         message="every connection of the app closed after its shutdown")
+
+
+async def test_a_second_start_after_a_stop_works(app_env: dict[str, str], pg_admin_url: str) -> None:
+    """What a stop closed opens again at the next start (a reloaded app, a test's next app)."""
+    for _ in range(2):
+        async with serving(make_app()) as client:
+            await use_everything(client)
+    await async_wait_for(lambda: connections(pg_admin_url, app_env["LIVEPUSH_DATABASE_URL"]) == 0, timeout=5,
+                         message="every connection closed")
+
+
+def redis_clients(url: str) -> list[str]:
+    client = redis.Redis.from_url(url)
+    try:
+        return [c["name"] for c in client.client_list() if c.get("name", "").startswith("livepush")]
+    finally:
+        client.close()
+
+
+async def test_redis_fan_out_clients_close_with_the_app(pg_url: str, redis_url: str, pg_admin_url: str,
+                                                         livepush_env: Callable[..., dict[str, str]]) -> None:
+    """With the Redis fan-out the publishing clients, async and sync, close at the stop too."""
+    env = livepush_env(database_url=pg_url, redis_url=redis_url, fanout="redis")
+    forget_defaults()
+    config.set_settings(config.Settings.from_env(env))
+    try:
+        async with serving(make_app()) as client:
+            assert redis_clients(redis_url), "the app's start opened its Redis client"
+            await use_everything(client)
+            assert len(redis_clients(redis_url)) >= 2  # the loop's client and the one publish() used in a thread
+        await async_wait_for(lambda: redis_clients(redis_url) == [], timeout=5, message="no livepush Redis client left")
+        await async_wait_for(lambda: connections(pg_admin_url, pg_url) == 0, timeout=5, message="no connection left")
+    finally:
+        forget_defaults()
+
+
+async def start_with(settings: config.Settings) -> None:
+    config.set_settings(settings)
+    try:
+        async with lifespan(None):
+            raise AssertionError("the app started")
+    finally:
+        forget_defaults()
+
+
+async def test_bad_settings_stop_the_start_with_one_clear_error(app_env: dict[str, str], pg_admin_url: str,
+                                                                 make_pg_url: Callable[[], str]) -> None:
+    """No secret, an unreachable database or a schema that was never migrated: the start fails with
+    ConfigError, DependencyError or SchemaError saying what to do, and leaves nothing open."""
+    settings = config.Settings.from_env(app_env)
+    with pytest.raises(ConfigError, match="LIVEPUSH_SECRET"):
+        await start_with(config.Settings.from_env({k: v for k, v in app_env.items() if k != "LIVEPUSH_SECRET"}))
+    with pytest.raises(DependencyError):
+        await start_with(settings.replace(database_url="postgresql://livepush@127.0.0.1:1/nothing"))
+    bare = make_pg_url()
+    with psycopg.connect(bare, autocommit=True) as conn:
+        conn.execute("DROP TABLE livepush_schema")
+    with pytest.raises(SchemaError, match="livepush migrate"):
+        await start_with(settings.replace(database_url=bare))
+    assert connections(pg_admin_url, bare) == 0
+
+
+async def test_a_user_lifespan_runs_inside_and_keeps_its_state(app_env: dict[str, str], pg_admin_url: str) -> None:
+    """with_livepush(yours): yours starts after livepush opened (it may publish) and stops before
+    livepush closes; the state it yields is what the app's lifespan yields (Starlette hands it to
+    every request as request.state)."""
+    seen: list[str] = []
+
+    @asynccontextmanager
+    async def mine(app: Any) -> AsyncIterator[dict[str, str]]:
+        seen.append(await livepush.apublish("news:boot", {"up": True}))
+        yield {"greeting": "hello"}
+        seen.append(await livepush.apublish("news:boot", {"up": False}))
+
+    app = Starlette(lifespan=with_livepush(mine))
+    async with app.router.lifespan_context(app) as state:
+        assert state == {"greeting": "hello"}
+        assert len(seen) == 1
+    assert len(seen) == 2 and seen[0] != seen[1]
+    await async_wait_for(lambda: connections(pg_admin_url, app_env["LIVEPUSH_DATABASE_URL"]) == 0, timeout=5,
+                         message="every connection closed")
+
+
+def test_livepush_imports_without_starlette() -> None:
+    """Neither Starlette nor FastAPI is a dependency: livepush, its jobs and contrib import without
+    them, and only livepush.contrib.starlette asks for the extra."""
+    script = (
+        "import sys\n"
+        "sys.modules['starlette'] = None; sys.modules['fastapi'] = None\n"
+        "import livepush, livepush.jobs, livepush.contrib, livepush.contrib._cookies, livepush.contrib._process\n"
+        "try:\n"
+        "    import livepush.contrib.starlette\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30, cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'livepush[starlette]'" in out.stdout

@@ -1,0 +1,106 @@
+"""The signed-topic helpers (docs/frameworks.md#starlette-and-fastapi): page_topic() gives a page
+the topic signed (its own permission, expiring after LIVEPUSH_SIGNED_TOPIC_TTL) and the latest
+offset, from which a subscriber gets exactly what was published after the page was rendered; a
+state topic has no offset (the page gets its current state). SignedTopic("chat:{room}") signs
+only what its template names: a path parameter never reaches into another namespace."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from fastapi import Depends, FastAPI
+from starlette.requests import Request
+
+import livepush
+from livepush import config, topics
+from livepush.contrib.starlette import PageTopic, SignedTopic, lifespan, page_topic
+from livepush.errors import InvalidTopic
+from tests.contrib.conftest import serving
+from tests.support.procs import Processes
+from tests.support.wsclient import WSClient
+
+
+async def test_a_page_topic_is_signed_and_expires(app_env: dict[str, str]) -> None:
+    """The signature names the plain topic and lapses after the configured TTL (or the one given)."""
+    async with lifespan(None):
+        page = await page_topic("chat:lobby")
+        short = await page_topic("chat:lobby", ttl=5)
+    secrets = config.get_settings().secrets
+    assert page.topic == "chat:lobby" and topics.verify(page.signed, secrets) == "chat:lobby"
+    ttl = config.get_settings().signed_topic_ttl
+    with pytest.raises(InvalidTopic):
+        topics.verify(page.signed, secrets, now=time.time() + ttl + 5)
+    with pytest.raises(InvalidTopic):
+        topics.verify(short.signed, secrets, now=time.time() + 10)
+    assert page.as_dict() == {"topic": page.signed, "since": page.since}
+
+
+async def test_a_subscriber_from_the_page_offset_misses_nothing_after_it(app_env: dict[str, str],
+                                                                         procs: Processes) -> None:
+    """Published before the page: not replayed; published after it: delivered, in order."""
+    server = await procs.alivepush("serve", env=app_env)
+    async with lifespan(None):
+        await livepush.apublish("chat:lobby", {"n": 1})
+        page = await page_topic("chat:lobby")
+        assert page.since == await livepush.alatest_offset("chat:lobby")
+        await livepush.apublish("chat:lobby", {"n": 2})
+        await livepush.apublish("chat:lobby", {"n": 3})
+    ws = await WSClient.open(f"ws://127.0.0.1:{server.port}/")
+    try:
+        assert (await ws.subscribe(page.signed, since=page.since))["op"] == "subscribed"
+        assert [m["data"] for m in await ws.messages(2)] == [{"n": 2}, {"n": 3}]
+    finally:
+        await ws.close()
+
+
+async def test_a_state_topic_has_no_offset(app_env: dict[str, str]) -> None:
+    """job:<id> shows its job's current state: the page subscribes without `since`."""
+    async with lifespan(None):
+        page = await page_topic("job:42")
+    assert page.since is None and topics.verify(page.signed, config.get_settings().secrets) == "job:42"
+
+
+def rooms_app() -> FastAPI:
+    app = FastAPI(lifespan=lifespan)
+
+    @app.get("/rooms/{room}")
+    async def room(page: PageTopic = Depends(SignedTopic("chat:{room}"))) -> dict[str, str | None]:
+        return page.as_dict()
+
+    async def team_topic(request: Request) -> str:
+        return f"team:{request.query_params['team']}:news"
+
+    @app.get("/team")
+    async def team(page: PageTopic = Depends(SignedTopic(team_topic, ttl=60))) -> dict[str, str | None]:
+        return page.as_dict()
+
+    return app
+
+
+@pytest.fixture
+async def client(app_env: dict[str, str]) -> AsyncIterator[httpx.AsyncClient]:
+    async with serving(rooms_app()) as c:
+        yield c
+
+
+async def test_the_dependency_signs_the_templates_topic(client: httpx.AsyncClient) -> None:
+    """`Depends(SignedTopic("chat:{room}"))` fills the template from the path; a callable names
+    the topic itself."""
+    answer = await client.get("/rooms/lobby")
+    assert answer.status_code == 200
+    assert topics.verify(answer.json()["topic"], config.get_settings().secrets) == "chat:lobby"
+    assert answer.json()["since"] == await livepush.alatest_offset("chat:lobby")
+    answer = await client.get("/team", params={"team": "7"})
+    assert topics.verify(answer.json()["topic"], config.get_settings().secrets) == "team:7:news"
+
+
+async def test_a_path_parameter_never_reaches_another_namespace(client: httpx.AsyncClient) -> None:
+    """A room with a topic separator (`:`, `.`) or a character no topic has gets 404, never a
+    signature for chat:admin:x."""
+    for room in ("admin:x", "a.b", "a~b", "a%20b"):
+        answer = await client.get(f"/rooms/{room}")
+        assert answer.status_code == 404, (room, answer.text)
+        assert answer.json() == {"detail": "no such topic"}

@@ -1,0 +1,382 @@
+"""`livepush serve --workers N`: N processes on one port, one signal stops them all, a dead
+worker comes back (docs/reference.md#3-commands, #9-operations)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from livepush import topics
+from livepush.config import Settings
+from livepush.fanout import from_env
+from livepush.server.supervisor import READY_LINE, RestartPolicy, Supervisor
+from tests.support.procs import ChildProcess, Processes, free_port
+from tests.support.waiting import async_wait_for
+from tests.support.wsclient import WSClient
+
+BOOT = 30.0  # seconds for N workers to boot on a busy test machine
+
+
+# -- looking at the processes from outside ----------------------------------------------------
+async def readyz(port: int) -> dict:
+    """GET /readyz on a new connection (the kernel picks the worker that answers)."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 5)
+    try:
+        writer.write(f"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
+        raw = await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+    return json.loads(raw.partition(b"\r\n\r\n")[2])
+
+
+async def metric(port: int, name: str) -> float:
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 5)
+    try:
+        writer.write(f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
+        text = (await asyncio.wait_for(reader.read(), 5)).decode()
+    finally:
+        writer.close()
+    found = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    assert found, f"{name} not in /metrics:\n{text[:2000]}"
+    return float(found.group(1))
+
+
+async def workers_by_index(port: int, count: int) -> dict[int, int]:
+    """{worker index: pid}, from /readyz answers, once every one of `count` workers has answered."""
+    seen: dict[int, int] = {}
+
+    async def all_answered() -> bool:
+        for _ in range(8):
+            worker = (await readyz(port))["worker"]
+            seen[worker["index"]] = worker["pid"]
+        return len(seen) == count
+
+    await async_wait_for(all_answered, timeout=10, message=f"/readyz answers from {count} workers")
+    return seen
+
+
+def children_of(pid: int) -> set[int]:
+    """The live processes whose parent is `pid`."""
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rpartition(")")[2].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.add(int(entry.name))
+    return out
+
+
+def workers_of(supervisor: int) -> set[int]:
+    """Every live worker process started by `supervisor`, wherever it was reparented."""
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"--supervised-as" in argv and argv[argv.index(b"--supervised-as") + 1].endswith(
+                    f",parent={supervisor}".encode()) and alive(int(entry.name)):
+                out.add(int(entry.name))
+    return out
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    text = (Path("/proc") / str(pid) / "environ").read_text()
+    return dict(entry.split("=", 1) for entry in text.split("\0") if "=" in entry)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def holder_of(client: WSClient, server_port: int, pids: set[int]) -> int | None:
+    """Which of `pids` holds the server side of `client`'s connection (read from /proc)."""
+    client_port = client.ws.local_address[1]
+    inode = None
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote = fields[1].split(":")[1], fields[2].split(":")[1]
+        if int(local, 16) == server_port and int(remote, 16) == client_port:
+            inode = fields[9]
+    for pid in pids:
+        try:
+            fds = list((Path("/proc") / str(pid) / "fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd) == f"socket:[{inode}]":
+                    return pid
+            except OSError:
+                continue
+    return None
+
+
+def serving_port(child: ChildProcess) -> int:
+    found = re.search(r"serving on ws://[^:]+:(\d+) with", child.stderr())
+    return int(found.group(1)) if found else 0
+
+
+async def start_workers(procs: Processes, env: dict[str, str], *args: str) -> tuple[ChildProcess, int]:
+    """`serve --workers ARGS` with `env`, once it says it serves; (the supervisor, its port)."""
+    child = procs.livepush("serve", *args, env=env, wait_healthy=False)
+    await async_wait_for(lambda: serving_port(child) or not child.running, timeout=BOOT,
+                         message="the supervisor's 'serving on' line")
+    assert child.running, child.output()
+    return child, serving_port(child)
+
+
+async def open_clients(url: str, count: int, topic: str) -> list[WSClient]:
+    clients = await asyncio.gather(*(WSClient.open(url) for _ in range(count)))
+    for answer in await asyncio.gather(*(c.subscribe(topic) for c in clients)):
+        assert answer["op"] == "subscribed", answer
+    return list(clients)
+
+
+@pytest.fixture
+async def publisher(request: pytest.FixtureRequest, secret: str) -> AsyncIterator[Callable[..., object]]:
+    """publish(kind, url, topic, data) through a fan-out of its own, as another process would."""
+    fanouts = []
+
+    async def publish(kind: str, url: str, topic: str, data: object) -> str:
+        settings = Settings(fanout=kind, secret=secret, database_url=url if kind == "postgres" else None,
+                            redis_url=url if kind == "redis" else None)
+        fanout = from_env(settings)
+        fanouts.append(fanout)
+        return await fanout.apublish(topic, data)
+
+    yield publish
+    for fanout in fanouts:
+        await fanout.aclose()
+
+
+# -- N workers on one port --------------------------------------------------------------------
+async def test_two_workers_serve_one_port_and_name_themselves(procs, livepush_env, pg_url) -> None:
+    """--port 0 with 2 workers: one concrete port, both workers answer on it, each names itself
+    in /readyz and in its JSON log lines; the supervisor's lines carry its pid."""
+    child, port = await start_workers(procs, livepush_env(database_url=pg_url, port=0),
+                                      "--workers", "2", "--log-format", "json")
+    assert port > 0
+    workers = await workers_by_index(port, 2)
+    assert set(workers) == {1, 2}
+    assert set(workers.values()) == children_of(child.pid)
+    lines = [json.loads(line) for line in child.stderr().splitlines() if line.startswith("{")]
+    serving = [line for line in lines if line["message"].startswith("livepush serving on")]
+    # The supervisor's line has a pid and no worker index.
+    assert sorted((line.get("worker", 0), line["pid"]) for line in serving) == sorted(
+        [(1, workers[1]), (2, workers[2]), (0, child.pid)]), serving
+    assert child.stop(15) == 0, child.output()
+
+
+@pytest.mark.parametrize("kind", ["postgres", "redis"])
+async def test_a_publish_reaches_clients_on_every_worker(procs, livepush_env, pg_url, redis_url, secret,
+                                                         publisher, kind) -> None:
+    """Clients spread over both workers all get one publish through the fan-out; /metrics on
+    either worker counts the connections and deliveries of both."""
+    url = pg_url if kind == "postgres" else redis_url
+    env = livepush_env(database_url=pg_url if kind == "postgres" else None,
+                       redis_url=redis_url if kind == "redis" else None)
+    child, port = await start_workers(procs, env, "--workers", "2")
+    pids = set((await workers_by_index(port, 2)).values())
+    topic = topics.sign("room:workers", [secret])
+    clients = await open_clients(f"ws://127.0.0.1:{port}/", 24, topic)
+    holders = {holder_of(c, port, pids) for c in clients}
+    assert holders == pids, holders  # both workers hold some
+
+    await publisher(kind, url, "room:workers", {"n": 1})
+    for frames in await asyncio.gather(*(c.messages(1) for c in clients)):
+        assert frames[0]["data"] == {"n": 1}
+    assert await metric(port, "livepush_connections") == 24
+    await async_wait_for(lambda: metric_is(port, "livepush_delivered_total", 24), timeout=5)
+    for c in clients:
+        await c.close()
+    assert child.stop(15) == 0, child.output()
+
+
+# -- stopping -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("sig,drain", [(signal.SIGTERM, "0"), (signal.SIGINT, "0"), (signal.SIGTERM, "1")])
+async def test_one_signal_stops_every_worker(procs, livepush_env, pg_url, secret, sig, drain) -> None:
+    """SIGTERM or SIGINT to the supervisor: every client on every worker is closed with 1001 (with
+    a `retry=` reason under a paced drain), the supervisor exits 0, no worker outlives it, and
+    the metrics files are gone."""
+    child, port = await start_workers(procs, livepush_env(database_url=pg_url, drain_seconds=drain),
+                                      "--workers", "2")
+    pids = set((await workers_by_index(port, 2)).values())
+    metrics_dir = environ_of(min(pids))["PROMETHEUS_MULTIPROC_DIR"]
+    assert os.listdir(metrics_dir)
+    clients = await open_clients(f"ws://127.0.0.1:{port}/", 20, topics.sign("room:stop", [secret]))
+    assert {holder_of(c, port, pids) for c in clients} == pids
+
+    child.signal(sig)
+    frames = await asyncio.gather(*(c.close_frame(timeout=10) for c in clients))
+    assert [f.code if f else None for f in frames] == [1001] * 20
+    if drain != "0":
+        assert all(f.reason.startswith("retry=") for f in frames), [f.reason for f in frames]
+    assert await child.await_exit(15) == 0, child.output()
+    await async_wait_for(lambda: not workers_of(child.pid), timeout=5, message="every worker gone")
+    assert not any(alive(p) for p in pids)
+    assert not os.path.exists(metrics_dir)
+    assert "Traceback" not in child.stderr(), child.output()
+
+
+async def test_a_signal_while_the_workers_boot_stops_them_too(procs, livepush_env, pg_url) -> None:
+    """SIGTERM to the supervisor while its first worker is still booting: it stops, the
+    supervisor exits 0, and no worker is left."""
+    child = procs.livepush("serve", "--workers", "2", env=livepush_env(database_url=pg_url), wait_healthy=False)
+    await async_wait_for(lambda: workers_of(child.pid) or not child.running, timeout=BOOT,
+                         message="the first worker's process")
+    child.signal(signal.SIGTERM)
+    assert await child.await_exit(15) == 0, child.output()
+    await async_wait_for(lambda: not workers_of(child.pid), timeout=5, message="every worker gone")
+    assert "[worker 2 " not in child.stderr(), child.output()
+
+
+async def test_killing_the_supervisor_outright_stops_its_workers(procs, livepush_env) -> None:
+    """kill -9 of the supervisor: its workers hear SIGTERM (they die with it) and exit."""
+    child, port = await start_workers(procs, livepush_env(), "--workers", "2")
+    pids = set((await workers_by_index(port, 2)).values())
+    assert workers_of(child.pid) == pids
+    os.kill(child.pid, signal.SIGKILL)
+    await async_wait_for(lambda: not workers_of(child.pid), timeout=10, message="every worker gone")
+
+
+# -- a worker that dies ---------------------------------------------------------------------------
+async def test_a_killed_worker_is_restarted_and_its_clients_come_back(procs, livepush_env, pg_url, secret,
+                                                                      publisher) -> None:
+    """kill -9 of one worker: the supervisor starts another in its place; the clients it held
+    reconnect (to either worker) and get later messages; the others never noticed."""
+    child, port = await start_workers(procs, livepush_env(database_url=pg_url), "--workers", "2")
+    workers = await workers_by_index(port, 2)
+    topic = topics.sign("room:restart", [secret])
+    url = f"ws://127.0.0.1:{port}/"
+    clients = await open_clients(url, 20, topic)
+    victim = workers[1]
+    on_victim = [c for c in clients if holder_of(c, port, set(workers.values())) == victim]
+    others = [c for c in clients if c not in on_victim]
+    assert on_victim and others
+
+    os.kill(victim, signal.SIGKILL)
+    for frame in await asyncio.gather(*(c.close_frame(timeout=5) for c in on_victim)):
+        assert frame is None  # the process died: no close frame
+    await async_wait_for(lambda: "worker 1 (pid %d) was killed by SIGKILL; restarting" % victim in child.stderr(),
+                         timeout=5, message="the supervisor's restart line")
+
+    async def replaced() -> bool:
+        return (await workers_by_index(port, 2))[1] != victim
+
+    await async_wait_for(replaced, timeout=BOOT, message="a new worker 1")
+    # The dead worker's connections left the gauge with it; counters would not.
+    await async_wait_for(lambda: metric_is(port, "livepush_connections", len(others)), timeout=5)
+    back = await open_clients(url, len(on_victim), topic)  # what the JS client does by itself
+
+    await publisher("postgres", pg_url, "room:restart", {"after": "restart"})
+    for frames in await asyncio.gather(*(c.messages(1) for c in back + others)):
+        assert frames[0]["data"] == {"after": "restart"}
+    assert child.running
+    assert child.stop(15) == 0, child.output()
+
+
+async def metric_is(port: int, name: str, expected: float) -> bool:
+    return await metric(port, name) == expected
+
+
+# -- how many -------------------------------------------------------------------------------------
+async def test_workers_auto_runs_one_per_core(procs, livepush_env) -> None:
+    """--workers auto starts one worker per core this process may use."""
+    cores = len(os.sched_getaffinity(0))
+    child, port = await start_workers(procs, livepush_env(), "--workers", "auto")
+    assert len(await workers_by_index(port, cores)) == cores
+    assert len(children_of(child.pid)) == cores
+    assert child.stop(15) == 0, child.output()
+
+
+async def test_the_workers_variable_is_the_flags_twin(procs, livepush_env) -> None:
+    """LIVEPUSH_WORKERS=2 does what --workers 2 does."""
+    child, port = await start_workers(procs, livepush_env(workers="2"))
+    assert len(await workers_by_index(port, 2)) == 2
+    assert child.stop(15) == 0, child.output()
+
+
+@pytest.mark.parametrize("flag,variable", [("0", None), ("two", None), ("1.5", None), (None, "-1")])
+def test_a_bad_workers_value_exits_2_naming_the_flag(procs, livepush_env, flag, variable) -> None:
+    """--workers (or LIVEPUSH_WORKERS) that is not a whole number from 1, nor auto: exit 2, one line."""
+    args = ["serve"] + (["--workers", flag] if flag is not None else [])
+    child = procs.livepush(*args, env=livepush_env(workers=variable), wait_healthy=False)
+    assert child.wait(15) == 2
+    lines = child.stderr().strip().splitlines()
+    assert len(lines) == 1 and "--workers" in lines[0] and "LIVEPUSH_WORKERS" in lines[0], child.output()
+
+
+@pytest.mark.parametrize("args", [(), ("--workers", "1")])
+async def test_one_worker_runs_no_supervisor(procs, livepush_env, args) -> None:
+    """By default, and with --workers 1, `serve` is one process as before: no child, no worker
+    in /readyz, and its port is its own (no SO_REUSEPORT)."""
+    env = livepush_env()
+    child = await procs.alivepush("serve", *args, env=env)
+    port = int(env["LIVEPUSH_PORT"])
+    assert "worker" not in await readyz(port)
+    assert children_of(child.pid) == set()
+    second = procs.livepush("serve", "--workers", "2", env=env, wait_healthy=False)
+    assert second.wait(15) == 2 and "LIVEPUSH_PORT" in second.stderr(), second.output()
+    assert child.stop(15) == 0
+
+
+async def test_a_worker_that_cannot_boot_stops_the_supervisor_with_its_status(procs, livepush_env) -> None:
+    """A boot failure (here, a database that cannot be reached) is said by the first worker
+    alone, and the supervisor exits with its status (1) without starting the others."""
+    url = f"postgresql://postgres@127.0.0.1:{free_port()}/nope"
+    child = procs.livepush("serve", "--workers", "3", env=livepush_env(database_url=url), wait_healthy=False)
+    assert child.wait(30) == 1, child.output()
+    stderr = child.stderr()
+    assert "LIVEPUSH_DATABASE_URL" in stderr and "Traceback" not in stderr, child.output()
+    assert "[worker 2 " not in stderr and "worker 1 (pid" in stderr, child.output()
+
+
+# -- the supervisor on its own ----------------------------------------------------------------------
+_FAKE_WORKER = (
+    "import os, signal, sys\n"
+    "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+    "os.write(int(sys.argv[1]), {ready!r}); os.close(int(sys.argv[1]))\n"
+    "while True: signal.pause()\n"
+).format(ready=READY_LINE)
+
+
+async def test_a_restart_storm_makes_the_supervisor_give_up() -> None:
+    """Each killed worker comes back after a backoff, until more exits than the policy allows
+    within its window: then the supervisor stops every worker and returns 1."""
+    exited: list[int] = []
+    supervisor = Supervisor(2, lambda index, fd: [sys.executable, "-c", _FAKE_WORKER, str(fd)],
+                            policy=RestartPolicy(first_delay=0.01, max_delay=0.05, window=60, limit=3),
+                            on_exit=exited.append)
+    served: list[list[int]] = []
+    run = asyncio.create_task(supervisor.run(ready=served.append))
+    await async_wait_for(lambda: served, timeout=BOOT, message="both fake workers ready")
+    first_pids = set(served[0])
+    for kill in range(4):
+        await async_wait_for(lambda: len(supervisor.pids) == 2, timeout=5, message="two workers")
+        before = set(supervisor.pids)
+        victim = supervisor.slots[0].process
+        assert victim is not None
+        os.kill(victim.pid, signal.SIGKILL)
+        if kill < 3:
+            await async_wait_for(lambda: len(set(supervisor.pids) - before) == 1, timeout=5,
+                                 message=f"restart {kill + 1}")
+    assert await asyncio.wait_for(run, 10) == 1
+    assert not any(alive(p) for p in first_pids | set(exited))
+    assert len(exited) == 5  # four kills of worker 1, then worker 2 stopped
