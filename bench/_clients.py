@@ -11,18 +11,27 @@ Two halves:
   to connect to over a Unix socket, and hears back how far every connection got.
 - `main()` (in each child) runs the connections and reports.
 
-Counting: a connection's k-th `message` frame is message k (per-topic order is guaranteed
-and the benchmark publishes on one topic), so a process reports "all my connections have
+Counting: a connection's k-th `message` frame is message k (per-topic order is guaranteed,
+every connection hears one topic, and a benchmark on several topics publishes in rounds of one
+message per topic, so there k is the round), so a process reports "all my connections have
 message k" with O(1) work per frame: `reached[k]` counts the connections that got it.
 
+Dialects: what a connection says after the upgrade is a list of steps, each "when a frame
+starting with PREFIX arrives, send TEXT" (TEXT null: the connection is ready). livepush is
+(any frame: the hello -> subscribe), (`{"op":"subscribed"` -> ready); a bare server that takes
+its topic from the path has no steps; Socket.IO is (`0` open -> `40`), (`40` -> a join event
+with an ack id), (`431` its ack -> ready). `{topic}` in the path and the step texts is replaced
+by the connection's topic (connection i gets topics[i % len(topics)]). With `deflate` the
+upgrade offers permessage-deflate as browsers do, and compressed frames are inflated.
+
 Control lines (JSON, one per line), benchmark -> child:
-  {"cmd":"run","host","port","path","n","subscribe":TEXT|null,"lat_from":K,"lat_to":K,"source":IP}
+  {"cmd":"run","host","port","n","dialect":{...Dialect},"lat_from":K,"lat_to":K,"source":IP}
   {"cmd":"collect"}  -> child answers "stats", then closes its connections
   {"cmd":"exit"}
 child -> benchmark:
   {"ev":"ready","ok":N,"failed":N,"error":TEXT|null}
   "T <k> <unix time>"  every connection of this child has message k (cheap, not JSON)
-  {"ev":"stats","frames":N,"closed":N,"codes":{code:count},"lat":BASE64 of float64 seconds}
+  {"ev":"stats","frames":N,"closed":N,"codes":{code:count},"deflated":N,"lat":BASE64 of float64 seconds}
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import os
 import resource
@@ -38,18 +48,39 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from array import array
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 HANDSHAKE = (
     "GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-    "Sec-WebSocket-Key: bGl2ZXB1c2gtYmVuY2gtMQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    "Sec-WebSocket-Key: bGl2ZXB1c2gtYmVuY2gtMQ==\r\nSec-WebSocket-Version: 13\r\n{extra}\r\n"
 )
-MESSAGE_PREFIX = b'{"op":"message"'
-SUBSCRIBED_PREFIX = b'{"op":"subscribed"'
+# What a browser offers (Chrome and Firefox send exactly this).
+DEFLATE_OFFER = "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n"
+LIVEPUSH_MESSAGE = '{"op":"message"'
 TIME_FIELD = b'"t":'
 CONNECT_CONCURRENCY = 50
+IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)  # Linux
+
+
+@dataclasses.dataclass(frozen=True)
+class Dialect:
+    """How a subscriber of one kind of server subscribes and recognises a message frame."""
+
+    path: str = "/"
+    steps: tuple[tuple[str, str | None], ...] = ()  # (frame prefix, text to send; None: ready)
+    topics: tuple[str, ...] = ("",)  # connection i fills `{topic}` with topics[i % len(topics)]
+    message_prefix: str = LIVEPUSH_MESSAGE
+    pong: tuple[str, str] | None = None  # (text frame, answer): a protocol-level ping
+    deflate: bool = False  # offer permessage-deflate in the upgrade, as browsers do
+
+
+def livepush_dialect(subscribes: list[str] | tuple[str, ...], deflate: bool = False) -> Dialect:
+    """livepush: `subscribes` are `subscribe` frames (JSON), one per topic."""
+    return Dialect(steps=(("", "{topic}"), ('{"op":"subscribed"', None)), topics=tuple(subscribes), deflate=deflate)
 
 
 def raise_fd_limit(want: int = 65536) -> None:
@@ -75,10 +106,26 @@ def masked_frame(opcode: int, payload: bytes) -> bytes:
 def time_of(buf: bytes, start: int, end: int) -> float:
     """The `"t":<unix time>` a benchmark message carries (the first field of its data)."""
     i = buf.find(TIME_FIELD, start, end) + 4
+    while buf[i] == 32:  # a space after the colon, from encoders that put one there
+        i += 1
     j = i
     while buf[j] in b"0123456789.":
         j += 1
     return float(buf[i:j])
+
+
+class Script:
+    """A dialect made ready to send: per topic, the upgrade request and the step frames."""
+
+    def __init__(self, d: Dialect, host: str, port: int) -> None:
+        extra = DEFLATE_OFFER if d.deflate else ""
+        self.requests = [HANDSHAKE.format(path=d.path.replace("{topic}", t), host=host, port=port, extra=extra).encode()
+                         for t in d.topics]
+        self.steps = [[(p.encode(), None if text is None else masked_frame(1, text.replace("{topic}", t).encode()))
+                       for p, text in d.steps] for t in d.topics]
+        self.message_prefix = d.message_prefix.encode()
+        self.ping = d.pong[0].encode() if d.pong else None
+        self.pong = masked_frame(1, d.pong[1].encode()) if d.pong else None
 
 
 class Group:
@@ -93,6 +140,7 @@ class Group:
         self.reported = 0
         self.lat = array("d")
         self.frames = 0
+        self.deflated = 0  # connections whose server accepted permessage-deflate
         self.codes: Counter[int] = Counter()
         self.conns: list[Conn] = []
         self.subscribe_sent_at = 0.0  # of the last connection to subscribe
@@ -119,23 +167,24 @@ class Group:
 
 
 class Conn(asyncio.Protocol):
-    """One subscriber: upgrade, (hello, subscribe, subscribed), then count message frames."""
+    """One subscriber: upgrade, the dialect's steps, then count message frames."""
 
-    def __init__(self, group: Group, request: bytes, subscribe: bytes | None, on_ready: asyncio.Future[None]) -> None:
+    def __init__(self, group: Group, script: Script, topic: int, on_ready: asyncio.Future[None]) -> None:
         self.group = group
-        self.request = request
-        self.subscribe = subscribe
+        self.script = script
+        self.topic = topic
         self.on_ready = on_ready
         self.transport: asyncio.Transport | None = None
         self.buf = b""
         self.upgraded = False
-        self.greeted = False
+        self.step = 0
         self.ready = False
         self.count = 0
+        self.inflate: Any = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        transport.write(self.request)  # type: ignore[attr-defined]
+        transport.write(self.script.requests[self.topic])  # type: ignore[attr-defined]
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.on_ready.done():
@@ -156,12 +205,16 @@ class Conn(asyncio.Protocol):
                 self.transport.close()  # type: ignore[union-attr]
                 return
             self.upgraded = True
+            if b"permessage-deflate" in buf[:end].lower():
+                self.inflate = zlib.decompressobj(-15)
+                self.group.deflated += 1
             pos = end + 4
-            if self.subscribe is None:
+            if not self.script.steps[self.topic]:
                 self._set_ready()
         size = len(buf)
         now = 0.0
         group = self.group
+        script = self.script
         while size - pos >= 2:
             length = buf[pos + 1] & 0x7F
             head = 2
@@ -180,40 +233,49 @@ class Conn(asyncio.Protocol):
             if end > size:
                 break
             opcode = buf[pos] & 0x0F
-            pos = end
+            frame = buf
+            if buf[pos] & 0x40:  # RSV1: a compressed message (permessage-deflate)
+                frame = self.inflate.decompress(buf[start:end] + b"\x00\x00\xff\xff")
+                start, end = 0, len(frame)
+            pos = end if frame is buf else pos + head + length
             if opcode == 1:
-                if buf.startswith(MESSAGE_PREFIX, start):
+                if frame.startswith(script.message_prefix, start):
                     if not now:
                         now = time.time()  # one clock read per read(): these frames arrived together
                     self.count += 1
                     group.frames += 1
                     if group.lat_from and group.lat_from <= self.count <= group.lat_to:
-                        group.lat.append(now - time_of(buf, start, end))
+                        group.lat.append(now - time_of(frame, start, end))
                     group.got(self.count, now)
                 elif not self.ready:
-                    self._control_frame(buf, start)
+                    self._control_frame(frame, start)
+                elif script.ping is not None and frame[start:end] == script.ping:
+                    self.transport.write(script.pong)  # type: ignore[union-attr]
                 elif len(group.others) < 10:
-                    group.others.append(buf[start : min(end, start + 200)])
+                    group.others.append(frame[start : min(end, start + 200)])
             elif opcode == 9:  # ping: answer, or the server's keepalive drops us
-                self.transport.write(masked_frame(0xA, buf[start:end]))  # type: ignore[union-attr]
+                self.transport.write(masked_frame(0xA, frame[start:end]))  # type: ignore[union-attr]
             elif opcode == 8:
-                code = int.from_bytes(buf[start : start + 2], "big") if length >= 2 else 1005
+                code = int.from_bytes(frame[start : start + 2], "big") if end - start >= 2 else 1005
                 group.codes[code] += 1
                 self.transport.close()  # type: ignore[union-attr]
                 return
         self.buf = buf[pos:]
 
     def _control_frame(self, buf: bytes, start: int) -> None:
-        if not self.greeted:  # the server's hello: now subscribe
-            self.greeted = True
-            self.group.subscribe_sent_at = time.time()
-            self.transport.write(self.subscribe)  # type: ignore[union-attr]
-        elif buf.startswith(SUBSCRIBED_PREFIX, start):
-            self._set_ready()
-        else:
+        steps = self.script.steps[self.topic]
+        prefix, reply = steps[self.step]
+        if not buf.startswith(prefix, start):
             text = buf[start : start + 200].decode(errors="replace")
             if not self.on_ready.done():
-                self.on_ready.set_exception(ConnectionError(f"subscribe answered with {text}"))
+                self.on_ready.set_exception(ConnectionError(f"expected {prefix!r}, got {text}"))
+            return
+        self.step += 1
+        if reply is None:
+            self._set_ready()
+        else:
+            self.group.subscribe_sent_at = time.time()
+            self.transport.write(reply)  # type: ignore[union-attr]
 
     def _set_ready(self) -> None:
         self.ready = True
@@ -224,47 +286,50 @@ class Conn(asyncio.Protocol):
 async def open_group(
     host: str,
     port: int,
-    path: str,
     n: int,
-    subscribe: str | None,
+    dialect: Dialect,
     lat_from: int,
     lat_to: int,
     report: Callable[[int, float], None],
     source: str | None = None,
+    first: int = 0,
 ) -> tuple[Group, int, str | None]:
-    """Open `n` subscribers; returns the group, how many failed, and the first error."""
+    """Open `n` subscribers (the `first`-th of the whole pool onwards, which picks their
+    topics); returns the group, how many failed, and the first error."""
     loop = asyncio.get_running_loop()
     group = Group(n, lat_from, lat_to, report)
-    request = HANDSHAKE.format(path=path, host=host, port=port).encode()
-    sub_frame = masked_frame(1, subscribe.encode()) if subscribe is not None else None
+    script = Script(dialect, host, port)
     limit = asyncio.Semaphore(CONNECT_CONCURRENCY)
     errors: list[str] = []
 
-    async def one() -> None:
+    async def one(i: int) -> None:
         async with limit:
             ready = loop.create_future()
             try:
-                _, conn = await asyncio.wait_for(
-                    loop.create_connection(
-                        lambda: Conn(group, request, sub_frame, ready), host, port,
-                        local_addr=(source, 0) if source else None,
-                    ),
-                    timeout=10,
-                )
-                conn.transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock = socket.socket()
+                sock.setblocking(False)
+                if source:
+                    # The port is picked at connect(), not bind(): a bind to port 0 searches the
+                    # whole range for a port free for every destination, ~1 ms a connection.
+                    sock.setsockopt(socket.SOL_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+                    sock.bind((source, 0))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                await asyncio.wait_for(loop.sock_connect(sock, (host, port)), timeout=10)
+                _, conn = await loop.create_connection(lambda: Conn(group, script, i % len(dialect.topics), ready),
+                                                       sock=sock)
                 await asyncio.wait_for(ready, timeout=15)
                 group.conns.append(conn)
             except Exception as exc:
                 errors.append(f"{type(exc).__name__}: {exc}")
 
-    await asyncio.gather(*(one() for _ in range(n)))
+    await asyncio.gather(*(one(first + i) for i in range(n)))
     group.n = len(group.conns)
     return group, len(errors), (errors[0] if errors else None)
 
 
 # -- child process ---------------------------------------------------------------------
 async def _child(control_path: str) -> None:
-    reader, writer = await asyncio.open_unix_connection(control_path, limit=2**24)
+    reader, writer = await asyncio.open_unix_connection(control_path, limit=2**26)
     group: Group | None = None
 
     def report(k: int, at: float) -> None:
@@ -273,9 +338,12 @@ async def _child(control_path: str) -> None:
     while line := await reader.readline():
         cmd = json.loads(line)
         if cmd["cmd"] == "run":
+            d = cmd["dialect"]
+            dialect = Dialect(d["path"], tuple(tuple(s) for s in d["steps"]), tuple(d["topics"]), d["message_prefix"],
+                              tuple(d["pong"]) if d["pong"] else None, d["deflate"])
             group, failed, error = await open_group(
-                cmd["host"], cmd["port"], cmd["path"], cmd["n"], cmd["subscribe"], cmd["lat_from"], cmd["lat_to"], report,
-                cmd.get("source"),
+                cmd["host"], cmd["port"], cmd["n"], dialect, cmd["lat_from"], cmd["lat_to"], report,
+                cmd.get("source"), cmd.get("first", 0),
             )
             writer.write(json.dumps({"ev": "ready", "ok": len(group.conns), "failed": failed, "error": error}).encode() + b"\n")
         elif cmd["cmd"] == "collect":
@@ -287,6 +355,7 @@ async def _child(control_path: str) -> None:
                 "frames": group.frames,
                 "closed": closed,
                 "codes": {str(k): v for k, v in group.codes.items()},
+                "deflated": group.deflated,
                 "lat": base64.b64encode(group.lat.tobytes()).decode(),
             }
             for conn in group.conns:
@@ -311,8 +380,18 @@ def main() -> None:
 
 
 # -- benchmark side --------------------------------------------------------------------
+def _source(base: str | None, i: int) -> str | None:
+    """Process i's source address: `base` + i, so every process has the whole ephemeral port
+    range of an address of its own (10,000 connections and more never run short)."""
+    if base is None:
+        return None
+    a, b, c, d = (int(x) for x in base.split("."))
+    return f"{a}.{b}.{c}.{d + i}"
+
+
 class ClientPool:
-    """`processes` child processes of subscribers, driven over a Unix socket."""
+    """`processes` child processes of subscribers, driven over a Unix socket. They connect
+    from `source`, `source` + 1, ... (one address each)."""
 
     def __init__(self, processes: int = 2, source: str | None = "127.0.0.2") -> None:
         self.processes = processes
@@ -342,6 +421,10 @@ class ClientPool:
             self._readers.append(asyncio.create_task(self._read(i), name=f"bench-client-reader-{i}"))
         server.close()
 
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
     async def _read(self, i: int) -> None:
         reader = self._streams[i][0]
         while line := await reader.readline():
@@ -359,17 +442,23 @@ class ClientPool:
         return [await asyncio.wait_for(q.get(), timeout=120) for q in self._replies]
 
     async def open(
-        self, host: str, port: int, n: int, *, path: str = "/", subscribe: str | None = None, lat_from: int = 0, lat_to: int = 0
+        self, host: str, port: int, n: int, *, subscribe: str | None = None, dialect: Dialect | None = None,
+        lat_from: int = 0, lat_to: int = 0,
     ) -> int:
-        """Open `n` subscribers spread over the processes; returns how many are ready."""
+        """Open `n` subscribers spread over the processes; returns how many are ready.
+        `subscribe`: one livepush `subscribe` frame for all (else `dialect`; neither: no steps)."""
+        if dialect is None:
+            dialect = livepush_dialect([subscribe]) if subscribe is not None else Dialect()
         self._through = [0] * self.processes
         self._at = [{} for _ in range(self.processes)]
+        first = 0
         for i, (_, writer) in enumerate(self._streams):
             share = n // self.processes + (1 if i < n % self.processes else 0)
-            cmd = {"cmd": "run", "host": host, "port": port, "path": path, "n": share,
-                   "subscribe": subscribe, "lat_from": lat_from, "lat_to": lat_to, "source": self.source}
+            cmd = {"cmd": "run", "host": host, "port": port, "n": share, "dialect": dataclasses.asdict(dialect),
+                   "lat_from": lat_from, "lat_to": lat_to, "source": _source(self.source, i), "first": first}
+            first += share
             writer.write(json.dumps(cmd).encode() + b"\n")
-        replies = [await asyncio.wait_for(q.get(), timeout=120) for q in self._replies]
+        replies = [await asyncio.wait_for(q.get(), timeout=300) for q in self._replies]
         errors = [r["error"] for r in replies if r["error"]]
         if errors:
             print(f"  ! {sum(r['failed'] for r in replies)} subscribers failed to connect, e.g. {errors[0]}", file=sys.stderr)
@@ -404,7 +493,7 @@ class ClientPool:
             lat.frombytes(base64.b64decode(r["lat"]))
             codes.update(r["codes"])
         return {"frames": sum(r["frames"] for r in replies), "closed": sum(r["closed"] for r in replies),
-                "codes": dict(codes), "lat": lat}
+                "codes": dict(codes), "deflated": sum(r["deflated"] for r in replies), "lat": lat}
 
     async def close(self) -> None:
         for _, writer in self._streams:

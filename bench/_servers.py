@@ -1,15 +1,19 @@
 """Servers under test, each in its own process so it has a core to itself as far as possible.
 
 - `bare`: a `websockets` 17 broadcast server with no livepush in it (uvloop,
-  `websockets.broadcast`, compression off, no keepalive pings): the ceiling.
+  `websockets.broadcast`, compression off, no keepalive pings): the ceiling. A client's topic
+  is its request path without the leading `/` (`/` alone: the default topic).
+  `bare-deflate` is the same with `websockets`' default compression (permessage-deflate
+  accepted when the client offers it, as browsers do).
 - `local`: livepush's `PushServer` with the local fan-out. That fan-out only delivers inside
   its own process, so this harness publishes for the benchmark: every line written to its
   control socket is one `fanout.publish("<topic>", data)` from the server's own loop.
 - `postgres`, `redis`: the real `python -m livepush serve` (see `start_livepush_cli`); the
   benchmark publishes from its own process, as an application would.
 
-For `bare`, a control line is the data JSON; the frame sent has the same shape as livepush's
-`message` frame (built by concatenation, as livepush does), so clients cannot tell them apart.
+A control line is the data JSON (published on the default topic) or `TOPIC<TAB>DATA JSON`. For
+`bare`, the frame sent has the same shape as livepush's `message` frame (built by concatenation,
+as livepush does), so clients cannot tell them apart.
 
 Run as `python bench/_servers.py KIND PORT CONTROL_SOCKET [TOPIC]`; prints `READY <port>`.
 """
@@ -37,28 +41,35 @@ async def _control(path: str, publish) -> asyncio.AbstractServer:
     return await asyncio.start_unix_server(on_conn, path, limit=2**24)
 
 
-async def run_bare(port: int, control: str, topic: str) -> None:
+def _split(line: str, default_topic: str) -> tuple[str, str]:
+    """(topic, data JSON) of a control line."""
+    topic, tab, data_json = line.partition("\t")
+    return (topic, data_json) if tab else (default_topic, line)
+
+
+async def run_bare(port: int, control: str, topic: str, compression: str | None = None) -> None:
     import websockets
     from websockets.asyncio.server import serve
 
-    clients: set = set()
+    clients: dict[str, set] = {}
+    offsets: dict[str, int] = {}
 
     async def handler(ws) -> None:
-        clients.add(ws)
+        name = ws.request.path[1:] or topic
+        members = clients.setdefault(name, set())
+        members.add(ws)
         try:
             await ws.wait_closed()
         finally:
-            clients.discard(ws)
+            members.discard(ws)
 
-    offset = 0
+    def publish(line: str) -> None:
+        name, data_json = _split(line, topic)
+        offset = offsets[name] = offsets.get(name, 0) + 1
+        frame = '{"op":"message","topic":"' + name + '","offset":"' + str(offset) + '","data":' + data_json + "}"
+        websockets.broadcast(clients.get(name, ()), frame)
 
-    def publish(data_json: str) -> None:
-        nonlocal offset
-        offset += 1
-        frame = '{"op":"message","topic":"' + topic + '","offset":"' + str(offset) + '","data":' + data_json + "}"
-        websockets.broadcast(clients, frame)
-
-    async with serve(handler, "127.0.0.1", port, compression=None, ping_interval=None, max_size=2**16):
+    async with serve(handler, "127.0.0.1", port, compression=compression, ping_interval=None, max_size=2**16):
         ctl = await _control(control, publish)
         print(f"READY {port}", flush=True)
         await _until_signal()
@@ -76,8 +87,9 @@ async def run_local(port: int, control: str, topic: str) -> None:
     server = PushServer(settings, fanout)
     await server.start()
 
-    def publish(data_json: str) -> None:
-        fanout.publish(topic, json.loads(data_json))  # what livepush.publish() costs in-process
+    def publish(line: str) -> None:
+        name, data_json = _split(line, topic)
+        fanout.publish(name, json.loads(data_json))  # what livepush.publish() costs in-process
 
     ctl = await _control(control, publish)
     print(f"READY {server.port}", flush=True)
@@ -101,10 +113,12 @@ def main() -> None:
     raise_fd_limit()
     kind, port, control = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     topic = sys.argv[4] if len(sys.argv) > 4 else "bench:x"
-    run = {"bare": run_bare, "local": run_local}[kind]
     import uvloop
 
-    uvloop.run(run(port, control, topic))
+    if kind == "local":
+        uvloop.run(run_local(port, control, topic))
+    else:
+        uvloop.run(run_bare(port, control, topic, "deflate" if kind == "bare-deflate" else None))
 
 
 # -- benchmark side --------------------------------------------------------------------
@@ -122,9 +136,10 @@ class ServerProcess:
         if self.control is not None:
             _, self._writer = await asyncio.open_unix_connection(self.control)
 
-    def publish_line(self, data_json: str) -> None:
+    def publish_line(self, data_json: str, topic: str | None = None) -> None:
         assert self._writer is not None
-        self._writer.write(data_json.encode() + b"\n")
+        line = data_json if topic is None else f"{topic}\t{data_json}"
+        self._writer.write(line.encode() + b"\n")
 
     async def drain(self) -> None:
         if self._writer is not None:
@@ -153,7 +168,7 @@ class ServerProcess:
 
 
 def start_harness(kind: str, port: int, control: str, env: dict[str, str], topic: str = "bench:x") -> ServerProcess:
-    """A `bare` or `local` server process; its stderr goes to CONTROL.log."""
+    """A `bare`, `bare-deflate` or `local` server process; its stderr goes to CONTROL.log."""
     log = control + ".log"
     with open(log, "wb") as err:
         proc = subprocess.Popen(
@@ -168,11 +183,12 @@ def start_harness(kind: str, port: int, control: str, env: dict[str, str], topic
     return ServerProcess(proc, int(line.split()[1]), control, log)
 
 
-def start_livepush_cli(port: int, env: dict[str, str], log: str) -> ServerProcess:
-    """`python -m livepush serve` (stderr to `log`), ready once /healthz answers 200."""
+def start_livepush_cli(port: int, env: dict[str, str], log: str, args: tuple[str, ...] = ()) -> ServerProcess:
+    """`python -m livepush serve [args]` (stderr to `log`), ready once /healthz answers 200."""
     with open(log, "wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "livepush", "serve"], env={**env, "LIVEPUSH_PORT": str(port)}, cwd=ROOT, stderr=err
+            [sys.executable, "-m", "livepush", "serve", *args], env={**env, "LIVEPUSH_PORT": str(port)}, cwd=ROOT,
+            stderr=err,
         )
     deadline = time.monotonic() + 20
     while True:

@@ -38,7 +38,7 @@ sys.path.insert(0, HERE)
 
 import report  # noqa: E402
 from _clients import ClientPool, masked_frame, raise_fd_limit  # noqa: E402
-from push_bench import cpu_seconds, percentile  # noqa: E402
+from _procstat import cpu_seconds, percentile  # noqa: E402
 
 TOPIC = "bench:slow"
 FILL_TOPIC = "bench:slow-fill"  # heard by the slow client only
