@@ -107,6 +107,15 @@ async def test_history_pages_through_long_replays(make_redis: MakeRedis) -> None
     assert offsets_of(await read_history(fanout, "page:a", "0-0")) == offsets
 
 
+async def test_a_burst_of_reads_waits_for_connections_instead_of_failing(make_redis: MakeRedis) -> None:
+    """1,000 latest-offset reads at once (a burst of subscribes to new topics) all answer: past
+    the client's connections they wait their turn, never "Too many connections"."""
+    fanout = await make_redis()
+    fanout.publish("burst:0", {"i": 0})
+    got = await asyncio.wait_for(asyncio.gather(*(fanout.alatest_offset(f"burst:{i}") for i in range(1000))), 30)
+    assert got[0] is not None and len(got) == 1000
+
+
 async def test_concurrent_publishers_agree_on_one_order(make_redis: MakeRedis) -> None:
     """Two processes publishing on one topic at once: delivery order, offsets and history all agree."""
     fanout = await make_redis()

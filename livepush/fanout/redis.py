@@ -40,7 +40,7 @@ import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
 from ..channels import ListenerSlot
-from ..redis.client import client_kwargs, default_prefix, failed, text
+from ..redis.client import async_client, client_kwargs, default_prefix, failed, text
 from ..redis.subscriber import Subscriber
 from ..topics import TOPIC_RE
 from ..types import JSON, Message, Offset, Topic
@@ -195,7 +195,7 @@ class RedisFanOut(FanOut):
         if self._async is None or self._async_loop is not loop:
             # A client made on another (finished) loop cannot be reused here; its sockets
             # die with that loop.
-            self._async = aredis.Redis.from_url(self.url, **client_kwargs("livepush-publisher", self.connect_timeout))
+            self._async = async_client(self.url, "livepush-publisher", self.connect_timeout)
             self._async_loop = loop
             self._async_publish = self._async.register_script(_PUBLISH_LUA)
             self._async_prune = self._async.register_script(_PRUNE_LUA)

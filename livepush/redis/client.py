@@ -13,6 +13,11 @@ from redis.retry import Retry
 from ..errors import ConfigError, DependencyError
 
 CONNECT_TIMEOUT = 5.0
+# An async client's connections, and how long a call waits for one of them to free up. redis-py's
+# own pool refuses a call at once past its limit (100: "Too many connections"), which turned a
+# burst of subscribes to new topics into refusals; a call now waits its turn instead.
+POOL_CONNECTIONS = 100
+POOL_WAIT_SECONDS = 10.0
 # Query parameters of a Redis URL that are credentials.
 _SECRET_PARAMS = {"password", "username", "user", "pass", "auth", "token"}
 
@@ -83,3 +88,13 @@ def failed(url: str, exc: BaseException, doing: str, cls: type[DependencyError] 
     hold the password (redis-py does not quote URLs or AUTH arguments in its errors)."""
     return cls(f"Redis at {redact(url)} failed while {doing} ({one_line(exc)}): "
                "check LIVEPUSH_REDIS_URL and that Redis is running")
+
+
+def async_client(url: str, client_name: str, connect_timeout: float = CONNECT_TIMEOUT, **extra: Any) -> Any:
+    """An asyncio Redis client whose calls wait (up to POOL_WAIT_SECONDS) for one of its
+    POOL_CONNECTIONS connections rather than fail when a burst has them all in use."""
+    from redis import asyncio as aredis
+
+    pool = aredis.BlockingConnectionPool.from_url(url, max_connections=POOL_CONNECTIONS, timeout=POOL_WAIT_SECONDS,
+                                                  **client_kwargs(client_name, connect_timeout), **extra)
+    return aredis.Redis.from_pool(pool)

@@ -22,7 +22,7 @@ from ..postgres.connect import translated
 from ..channels import ListenerSlot
 from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
-from ..redis.client import client_kwargs, default_prefix, failed
+from ..redis.client import async_client, client_kwargs, default_prefix, failed
 from ..redis.subscriber import Subscriber
 from .tokens import MAX_TTL, Session
 
@@ -308,10 +308,8 @@ class RedisRevocations(RevocationStore):
         self._client: Any = None
 
     def _aclient(self) -> Any:
-        import redis.asyncio
-
         if self._client is None:
-            self._client = redis.asyncio.Redis.from_url(self.url, socket_timeout=5, **client_kwargs("livepush-revocations"))
+            self._client = async_client(self.url, "livepush-revocations", socket_timeout=5)
         return self._client
 
     def _sync_client(self) -> Any:
