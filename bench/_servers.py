@@ -81,8 +81,7 @@ async def run_local(port: int, control: str, topic: str) -> None:
     from livepush.fanout.local import LocalFanOut
     from livepush.server.app import PushServer
 
-    settings = Settings(secret=os.environ["LIVEPUSH_SECRET"], fanout="local", port=port,
-                        core=os.environ.get("LIVEPUSH_CORE") or None)
+    settings = Settings(secret=os.environ["LIVEPUSH_SECRET"], fanout="local", port=port)
     fanout = LocalFanOut(history_ttl=settings.history_ttl)
     server = PushServer(settings, fanout)
     await server.start()

@@ -18,8 +18,6 @@ from .errors import ConfigError
 
 FANOUTS = ("postgres", "redis", "local")
 AUTH_MODES = ("required", "optional", "off")
-# The WebSocket connection cores `serve` can run (docs/architecture.md#connection-cores).
-CORES = ("classic", "lean")
 MIN_SECRET_LENGTH = 32
 MIN_SECRET_DISTINCT = 8  # fewer distinct characters than this is not a random secret (e.g. 32 times "a")
 DEFAULT_SIGNED_TOPIC_TTL = 86400.0
@@ -50,8 +48,6 @@ class Settings:
     listen_database_url: str | None = dataclasses.field(default=None, repr=False)
     # False behind a pooler that cannot keep prepared statements (PgBouncer in transaction mode before 1.22).
     prepared_statements: bool = True
-    # Which connection core serves WebSockets; None: the server's default (classic, for now).
-    core: str | None = None
 
     @property
     def is_test(self) -> bool:
@@ -137,7 +133,6 @@ class Settings:
             drain_seconds=number("LIVEPUSH_DRAIN_SECONDS", "0", float, "seconds, e.g. 10 (0: close every connection at once)"),
             listen_database_url=get("LIVEPUSH_LISTEN_DATABASE_URL"),
             prepared_statements=prepared == "on",
-            core=(get("LIVEPUSH_CORE") or "").lower() or None,
         )
         settings._validate()
         return settings
@@ -187,8 +182,6 @@ class Settings:
                 f"LIVEPUSH_DRAIN_SECONDS={self.drain_seconds:g} (or --drain-seconds) is out of range: use 0 to "
                 f"{MAX_DRAIN_SECONDS:g} seconds (0: close every connection at once)"
             )
-        if self.core is not None and self.core not in CORES:
-            raise ConfigError(f"LIVEPUSH_CORE={self.core!r} is unknown: use one of {', '.join(CORES)}")
         if self.max_connections is not None and self.max_connections < 1:
             raise ConfigError(f"LIVEPUSH_MAX_CONNECTIONS={self.max_connections} must be at least 1 (or unset: no cap)")
         if self.redis_prefix is not None and not (0 < len(self.redis_prefix) <= 100 and self.redis_prefix.isprintable()

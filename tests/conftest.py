@@ -15,9 +15,6 @@ message saying to run `bin/test`.
                             for a child process.
 - `procs`                   starts child processes (`procs.livepush("serve", env=...)`) and kills
                             them all at teardown.
-- `server_core` (autouse)   the WebSocket connection core every server of the run uses, in this
-                            process and in children: `--core classic|lean` (or
-                            LIVEPUSH_TEST_CORE); default classic. Run the suite once per core.
 
 Helpers for fault tests (restart Redis, stop PostgreSQL, terminate backends) are in
 `tests/support/services.py`; bounded waits in `tests/support/waiting.py`.
@@ -98,26 +95,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         _hang_report = None
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--core", choices=("classic", "lean"), default=os.environ.get("LIVEPUSH_TEST_CORE") or "classic",
-                     help="the WebSocket connection core the servers of this run use (default: classic)")
-
-
 def pytest_report_header(config: pytest.Config) -> list[str]:
     pg = os.environ.get("LIVEPUSH_TEST_PG_ADMIN_URL") or "not set (run bin/test)"
     rd = os.environ.get("LIVEPUSH_TEST_REDIS_URL") or "not set (run bin/test)"
-    return [f"livepush test servers: postgres {pg}, redis {rd}", f"livepush connection core: {config.getoption('--core')}"]
-
-
-@pytest.fixture(autouse=True)
-def server_core(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The connection core of this run: the default of every PushServer built here (children get
-    it through `livepush_env`)."""
-    from livepush.server import app
-
-    core: str = request.config.getoption("--core")
-    monkeypatch.setattr(app, "DEFAULT_CORE", core)
-    return core
+    return [f"livepush test servers: postgres {pg}, redis {rd}"]
 
 
 # ---- PostgreSQL ---------------------------------------------------------------------------------
@@ -204,7 +185,7 @@ def secret() -> str:
 
 
 @pytest.fixture
-def livepush_env(secret: str, server_core: str) -> Callable[..., dict[str, str]]:
+def livepush_env(secret: str) -> Callable[..., dict[str, str]]:
     """Factory of environments for a livepush child process.
 
     `livepush_env(database_url=None, redis_url=None, fanout=None, port=None, secret=<fixture>,
@@ -244,7 +225,6 @@ def livepush_env(secret: str, server_core: str) -> Callable[..., dict[str, str]]
             "PORT": port if port is not None else _free_port(),
             "SECRET": secret if secret is not None else default_secret,
             "ENV": "test",
-            "CORE": server_core,
         }
         values.update({k.upper(): v for k, v in settings.items()})
         for key, value in values.items():

@@ -30,7 +30,6 @@ def _settings(args: argparse.Namespace) -> config.Settings:
         "fanout": getattr(args, "fanout", None),
         "authenticate": getattr(args, "authenticate", None),
         "drain_seconds": getattr(args, "drain_seconds", None),
-        "core": getattr(args, "core", None),
     }
     settings = settings.replace(**overrides)
     config.set_settings(settings)
@@ -164,8 +163,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", metavar="N",
                    help="N server processes on one port (default 1; auto: one per core)")
     p.add_argument("--supervised-as", help=argparse.SUPPRESS)  # set by the supervisor of --workers
-    p.add_argument("--core", choices=config.CORES,
-                   help="the WebSocket connection core: classic (default) or lean (LIVEPUSH_CORE)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("jobs", help="run the job runtime")

@@ -5,10 +5,10 @@ in `hub`, the handshake's security decisions in `livepush.sessions.handshake`, t
 `livepush.sessions.rules`. Every part it reads from (fan-out, state sources, revocation store)
 is handed to it by the wiring (the CLI, the demo).
 
-Two connection cores move the bytes (docs/architecture.md#connection-cores): `classic`, websockets'
-asyncio server with a handler task per connection (`connection.py`), and `lean`, websockets'
-sans-I/O protocol under one asyncio.Protocol per connection (`lean.py`, `leancore.py`). Both go
-through the same gate (`admit()`), the same frame handling (`on_frame()`) and the same hub.
+The connection core moves the bytes (docs/architecture.md#the-connection-core): websockets'
+sans-I/O protocol under one asyncio.Protocol per connection (`connection.py`) and one listener
+with one sweep for every timer (`core.py`); it asks this server for the gate (`admit()`) and
+hands it each frame (`on_frame()`).
 """
 
 from __future__ import annotations
@@ -17,14 +17,11 @@ import asyncio
 import contextlib
 import logging
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from websockets.asyncio.server import Server as WSServer
-from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
@@ -32,16 +29,16 @@ from .. import metrics, protocol, topics
 from ..config import Settings
 from ..errors import DependencyError, InvalidTopic, first_line
 from ..fanout import FanOut
-from ..sessions.handshake import SUBPROTOCOL, authenticate, duplicated_header, origin_allowed
+from ..sessions.handshake import authenticate, duplicated_header, origin_allowed
 from ..sessions.revocations import MEMORY, RevocationStore
 from ..sessions.rules import App
 from ..tasks import stop as stop_task
 from ..tasks import supervise
 from ..types import StateSource
-from . import drain, http, lean
-from .connection import Client, broadcast
+from . import drain, http
+from .connection import Connection, broadcast
+from .core import ConnectionCore
 from .hub import Hub
-from .leancore import LeanCore
 from .limits import Quiet
 from .readiness import Readiness, SchemaCheck
 
@@ -50,15 +47,7 @@ log = logging.getLogger("livepush.server")
 HEARTBEAT_SECONDS = 25.0
 PRUNE_EVERY_SECONDS = 30.0
 
-# websockets logs request paths and headers at DEBUG: with `?token=` or a session cookie in
-# them, and one INFO line per connection. Its records go to a logger capped at WARNING, so no
-# log level setting can leak a token, and busy servers do not log every connection.
-_WS_LOGGER = logging.getLogger("livepush.websockets")
-_WS_LOGGER.setLevel(logging.WARNING)
-
 PageRoute = Callable[[Request], Awaitable[Response | None] | Response | None]
-
-DEFAULT_CORE = "classic"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,15 +74,13 @@ class PushServer:
         schema: SchemaCheck | None = None,
         refreshers: Sequence[metrics.Refresher] = (),
         worker: int | None = None,
-        core: str | None = None,
     ) -> None:
         self.settings = settings
-        self.core = core or settings.core or DEFAULT_CORE
         self.fanout = fanout
         self.app = app if app is not None else App()  # default: signed topics only
         self.store = store if store is not None else MEMORY
         self.states = list(states)
-        self.hub = Hub(fanout, lean.broadcast if self.core == "lean" else broadcast, states=self.states)
+        self.hub = Hub(fanout, broadcast, states=self.states)
         self.pages = pages
         self.heartbeat = heartbeat
         self._health = list(health)
@@ -105,13 +92,8 @@ class PushServer:
         self.readiness = Readiness(fanout, listening=lambda: self.listening, draining=lambda: self.draining,
                                    schema=schema, worker=worker)
         self._readiness_task: asyncio.Task[None] | None = None
-        self.clients: set[Any] = set()  # the open connections: Client (classic) or lean.Connection
-        # Filled by the HTTP check, emptied by the handler. Weak: a handshake refused after the
-        # check (e.g. a bad Sec-WebSocket-Key) never reaches the handler, and must not keep its
-        # connection alive.
-        self._sessions: weakref.WeakKeyDictionary[ServerConnection, object] = weakref.WeakKeyDictionary()
-        self._ws: WSServer | None = None
-        self._lean: LeanCore | None = None
+        self.clients: set[Connection] = set()  # the open connections
+        self._core: ConnectionCore | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._reverify_now = asyncio.Event()
         self._quiet = Quiet(log)  # client mistakes: at debug, and rate-limited
@@ -127,42 +109,16 @@ class PushServer:
                          self.hub.on_state_created)
             await source.listen()
         await self.store.watch(self._reverify_now.set)
-        if self.core == "lean":
-            self._lean = LeanCore(self)
-            await self._lean.listen(self.settings.host, self.settings.port, reuse_port=self.worker is not None)
-        else:
-            await self._serve_classic()
+        self._core = ConnectionCore(self)
+        await self._core.listen(self.settings.host, self.settings.port, reuse_port=self.worker is not None)
         self._tasks.append(supervise("livepush-prune", self._prune_loop))
         self._tasks.append(supervise("livepush-reverify", self._reverify_loop))
         self._readiness_task = supervise("livepush-readiness", self.readiness.run)
 
-    async def _serve_classic(self) -> None:
-        self._ws = await serve(
-            self._handle,
-            self.settings.host,
-            self.settings.port,
-            process_request=self._process_request,
-            max_size=protocol.MAX_FRAME_BYTES,
-            # Per-connection deflate costs ~3x the memory per idle connection and a compression
-            # pass per subscriber per message: off (docs/architecture.md).
-            compression=None,
-            subprotocols=[SUBPROTOCOL],
-            # A client that offers no subprotocol (most non-browser clients) is served too.
-            select_subprotocol=lambda conn, offered: SUBPROTOCOL if SUBPROTOCOL in offered else None,
-            ping_interval=self.heartbeat,
-            ping_timeout=self.heartbeat,
-            close_timeout=1.0,
-            server_header=None,
-            logger=_WS_LOGGER,
-            reuse_port=self.worker is not None,
-        )
-
     @property
     def port(self) -> int:
-        if self._lean is not None:
-            return self._lean.port
-        assert self._ws is not None
-        return self._ws.sockets[0].getsockname()[1]
+        assert self._core is not None
+        return self._core.port
 
     @property
     def listening(self) -> bool:
@@ -186,12 +142,8 @@ class PushServer:
             await drain.close_paced(lambda: self.clients, drain_seconds)
         for task in self._tasks:
             task.cancel()
-        if self._lean is not None:
-            await self._lean.close()
-        if self._ws is not None:
-            self._ws.close(close_connections=True)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._ws.wait_closed(), timeout=3)
+        if self._core is not None:
+            await self._core.close()
 
     async def stop(self) -> None:
         """close_connections(), then release the hub; the parts it was given are their owner's."""
@@ -200,16 +152,9 @@ class PushServer:
         self.app.close()
 
     # -- HTTP -------------------------------------------------------------------------
-    async def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
-        verdict = await self.admit(request)
-        if isinstance(verdict, Response):
-            return verdict
-        self._sessions[ws] = verdict.session
-        return None
-
     async def admit(self, request: Request) -> Response | Admitted:
-        """Either core's gate: the answer to a plain HTTP request or a refused upgrade, else the
-        upgrade's session. The upgrade itself (Sec-WebSocket-Key, subprotocol) is the core's."""
+        """The gate: the answer to a plain HTTP request or a refused upgrade, else the upgrade's
+        session. The upgrade itself (Sec-WebSocket-Key, subprotocol) is the core's."""
         duplicate = duplicated_header(request.headers)
         if duplicate is not None:
             self._quiet.debug("refused a request with two %s headers", duplicate)
@@ -236,9 +181,8 @@ class PushServer:
         if self._draining:
             return drain.refusal(self.settings.drain_seconds)
         cap = self.settings.max_connections
-        # Upgrades past the gate whose handler has not started (classic); the lean core opens a
-        # connection in the same step as its gate's verdict.
-        if cap is not None and len(self.clients) + len(self._sessions) >= cap:
+        # Open connections: the core attaches an upgrade in the step that ends its handshake.
+        if cap is not None and len(self.clients) >= cap:
             self._quiet.debug("refused a connection: %d connections is LIVEPUSH_MAX_CONNECTIONS", cap)
             metrics.REFUSALS.labels("full").inc()
             return http.response(503, b"this server is full: retry shortly\n", Retry_After="5")
@@ -263,14 +207,14 @@ class PushServer:
         """Whether an upgraded connection must be closed with 4401 before it is served."""
         return session is None and self.settings.authenticate == "required"
 
-    def attach(self, client: Any) -> None:
-        """A connection opened (either core): count it and say hello."""
+    def attach(self, client: Connection) -> None:
+        """A connection opened: count it and say hello."""
         self.clients.add(client)
         metrics.CONNECTIONS.inc()
         client.send(protocol.hello(client.subject, self.heartbeat))
 
-    def detach(self, client: Any) -> None:
-        """A connection closed (either core): forget it and its subscriptions."""
+    def detach(self, client: Connection) -> None:
+        """A connection closed: forget it and its subscriptions."""
         if client not in self.clients:
             return
         self.clients.discard(client)
@@ -280,27 +224,7 @@ class PushServer:
             self.hub.unsubscribe(client, topic)
         client.topics.clear()
 
-    async def _handle(self, ws: ServerConnection) -> None:
-        session = self._sessions.pop(ws, None)
-        if self.refuses(session):
-            await ws.close(protocol.CLOSE_UNAUTHORIZED, "a valid session is required")
-            return
-        client = Client(ws, session)
-        try:
-            self.attach(client)
-            async for raw in ws:
-                work = self.on_frame(client, raw)
-                if work is not None:
-                    await work
-                if client.closing:
-                    break
-            await client.wait_closed()
-        except ConnectionClosed:
-            pass
-        finally:
-            self.detach(client)
-
-    def on_frame(self, client: Any, raw: str | bytes) -> Awaitable[None] | None:
+    def on_frame(self, client: Connection, raw: str | bytes) -> Awaitable[None] | None:
         """Act on one client frame; a subscribe returns what to await (the hub reads), any other
         frame is done on return. The next frame of that client waits for it either way."""
         cmd = protocol.parse(raw)
@@ -320,7 +244,7 @@ class PushServer:
             client.send(protocol.pong(cmd.ref))
         return None
 
-    async def _subscribe(self, client: Any, cmd: protocol.Subscribe) -> None:
+    async def _subscribe(self, client: Connection, cmd: protocol.Subscribe) -> None:
         if not client.subscribes.take(time.monotonic()):
             self._refuse(client, cmd.ref, "limit")
             return
@@ -357,7 +281,7 @@ class PushServer:
             self._refuse(client, cmd.ref, "unavailable")
 
     @staticmethod
-    def _refuse(client: Any, ref: protocol.Ref, reason: str) -> None:
+    def _refuse(client: Connection, ref: protocol.Ref, reason: str) -> None:
         metrics.REFUSALS.labels(f"subscribe_{reason}").inc()
         client.send(protocol.refused(ref, reason))
 

@@ -59,7 +59,7 @@ class Backlog:
         self._message_bytes: dict[str, int] = {}
         self._resets: dict[str, _Slot] = {}  # each message topic's waiting reset
         self.last = 0  # the place of the last frame added (see passed())
-        # What turns a frame's text into what is queued: the lean core queues whole wire frames.
+        # What turns a frame's text into what is queued: a connection queues whole wire frames.
         self._framing = framing
 
     def __len__(self) -> int:

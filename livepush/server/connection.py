@@ -1,12 +1,20 @@
-"""One client connection: its frames in, its frames out, its subscriptions.
+"""One client connection: websockets' sans-I/O ServerProtocol under an asyncio.Protocol.
 
-Writes never await. While a client keeps up (its transport holds no more than the transport's
-high-water mark), a frame goes straight into the transport's buffer. Past that, frames wait in
-the client's backlog (backlog.py: a state replaces the older one of its topic, a message topic's
-share is bounded and replaced by `reset` past the bound), and one task per such client writes
-them out, in order, as the transport drains. A client whose backlog passes BACKLOG_BYTES, or
-that has been missing a frame for BEHIND_SECONDS, is closed with 1013. A slow client costs the
-others nothing: a frame for it is one append (docs/reference.md#8-trust-boundaries-and-abuse).
+No task and no timer of its own. Bytes in go `data_received` -> `ServerProtocol.receive_data` ->
+its events -> `PushServer.on_frame`; a subscribe (the hub reads) runs in a short-lived task
+while the connection's next frames wait for it. Bytes out are whole frames written to the
+transport: a broadcast frame is encoded once (`frames.text`) and the same bytes object goes to
+every subscriber; only the close handshake goes through the protocol, so its state stays right.
+Keepalive pings, the open and close timeouts and the slow-client time bound are the sweep's
+(`core.ConnectionCore`).
+
+Writes never await. While a client keeps up, a frame goes straight into the transport. Once
+the transport is past its high-water mark (paused), frames wait in the client's backlog
+(backlog.py: a state replaces the older one of its topic, a message topic's share is bounded and
+replaced by `reset` past the bound), which `resume_writing` empties in order. A client whose
+backlog passes BACKLOG_BYTES, or that has been missing a frame for BEHIND_SECONDS, is closed
+with 1013. A slow client costs the others nothing: a frame for it is one append
+(docs/reference.md#8-trust-boundaries-and-abuse).
 """
 
 from __future__ import annotations
@@ -14,15 +22,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any, Protocol
 
-from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError
-from websockets.protocol import State
+from websockets.frames import BINARY, CONT, TEXT, CloseCode, Frame
+from websockets.protocol import OPEN
+from websockets.server import ServerProtocol
 
 from .. import metrics, protocol
+from . import frames
 from .backlog import Backlog, Kind
 from .limits import TokenBucket
 
@@ -32,131 +41,306 @@ log = logging.getLogger("livepush.server")
 # megabytes for a client that does not read, where no frame can be replaced or dropped.
 SOCKET_SEND_BUFFER = 64 * 1024
 # The transport's high-water mark: past it, frames wait in the backlog (websockets' default
-# write limit, which the classic core keeps; the low-water mark is asyncio's, a quarter of it).
+# write limit; the low-water mark is asyncio's, a quarter of it).
 WRITE_HIGH = 32 * 1024
 # A client whose waiting frames pass this many bytes, or that has been missing a frame this
 # long, is too far behind: closed with 1013.
 BACKLOG_BYTES = 2 * 1024 * 1024
 BEHIND_SECONDS = 20.0
-# Only if writing a backlog fails unexpectedly (a bug): the client reconnects rather than miss
+# Only if serving a frame fails unexpectedly (a bug): the client reconnects rather than miss
 # frames without knowing.
 CLOSE_INTERNAL_ERROR = 1011
 
+# Frames a client may send while its subscribe is being served before its reads are paused.
+INBOX_FRAMES = 16
 
-class Client:
-    __slots__ = ("ws", "session", "topics", "bad_frames", "subscribes", "closing", "_close_task", "_high",
-                 "_backlog", "_flusher", "_written", "__weakref__")
 
-    def __init__(self, ws: ServerConnection, session: Any = None) -> None:
-        self.ws = ws
-        self.session = session
+class Server(Protocol):
+    """What a connection asks of the server (app.PushServer)."""
+
+    def on_frame(self, client: Connection, raw: str | bytes) -> Awaitable[None] | None: ...
+
+
+class Core(Protocol):
+    """What a connection asks of its core (core.ConnectionCore): the clock and the sweep's sets."""
+
+    server: Server
+    now: float
+    behind: set[Connection]
+
+    def new_protocol(self) -> ServerProtocol: ...
+
+    def opened_tcp(self, conn: Connection) -> None: ...
+
+    def is_opening(self, conn: Connection) -> bool: ...
+
+    def request_received(self, conn: Connection, events: list[Any]) -> None: ...
+
+    def expect_close(self, conn: Connection) -> None: ...
+
+    def lost(self, conn: Connection) -> None: ...
+
+
+class Connection(asyncio.Protocol):
+    """One connection's state: what cannot be derived, nothing more."""
+
+    __slots__ = ("core", "transport", "proto", "session", "topics", "closing", "paused", "backlog", "seen",
+                 "ping_at", "deadline", "busy", "inbox", "partial", "_bad", "_subscribes", "_waiter")
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.transport: Any = None
+        self.proto = core.new_protocol()
+        self.session: Any = None
         self.topics: set[str] = set()  # plain topics this client is subscribed to
-        self.bad_frames = protocol.BadFrameWindow()
-        self.subscribes = TokenBucket()
-        self.closing = False
-        self._close_task: asyncio.Task[None] | None = None
-        self._high = ws.transport.get_write_buffer_limits()[1]
-        self._backlog: Backlog | None = None  # frames waiting while the transport is full
-        self._flusher: asyncio.Task[None] | None = None
-        self._written: asyncio.Future[None] | None = None  # for drain(): more of the backlog is written
-        bound_send_buffer(ws.transport)
+        self.closing = False  # a close started or happened: nothing more is written
+        self.paused = False  # the transport is over its high-water mark
+        self.backlog: Backlog | None = None  # frames waiting while the transport is paused
+        self.seen = core.now  # the sweep's clock when data last came from the peer
+        self.ping_at = 0.0  # when the sweep's unanswered ping went (0: none)
+        self.deadline = 0.0  # the open or close timeout, while the sweep watches one
+        self.busy: asyncio.Task[None] | None = None  # the subscribe being served
+        self.inbox: list[str | bytes] | None = None  # frames that wait for it
+        self.partial: bytearray | None = None  # a fragmented message so far (opcode in its first byte)
+        self._bad: protocol.BadFrameWindow | None = None
+        self._subscribes: TokenBucket | None = None
+        self._waiter: asyncio.Future[None] | None = None  # drain(): more was written
 
+    # -- what app.py and the hub use ------------------------------------------------------------
     @property
     def subject(self) -> str | None:
         return getattr(self.session, "subject", None)
 
     @property
+    def bad_frames(self) -> protocol.BadFrameWindow:
+        if self._bad is None:
+            self._bad = protocol.BadFrameWindow()
+        return self._bad
+
+    @property
+    def subscribes(self) -> TokenBucket:
+        if self._subscribes is None:
+            self._subscribes = TokenBucket()
+        return self._subscribes
+
+    @property
     def backlog_bytes(self) -> int:
         """Bytes of the frames waiting for this client (0 while it keeps up)."""
-        return self._backlog.bytes if self._backlog is not None else 0
+        return self.backlog.bytes if self.backlog is not None else 0
+
+    @property
+    def remote_address(self) -> Any:
+        return self.transport.get_extra_info("peername") if self.transport is not None else None
 
     def send(self, frame: str) -> None:
-        push(self, frame.encode())
+        push(self, frames.text(frame.encode()))
 
     def close(self, code: int, reason: str = "") -> None:
-        """Start closing without waiting for it (safe from any callback on the loop)."""
+        """Start the close handshake (safe from any callback on the loop); the sweep ends it
+        after the close timeout if the client does not answer."""
         if self.closing:
             return
         self.closing = True
-        self._backlog = None  # what still waits is never sent
-        self._wake_drain()
-        self._close_task = asyncio.ensure_future(self.ws.close(code, reason))
+        self.backlog = None  # what still waits is never sent
+        self.core.behind.discard(self)
+        self._wake()
+        if self.proto.state is OPEN:
+            self.proto.send_close(code, reason)
+            self.flush()
 
     async def drain(self) -> None:
         """Until the client has read what was sent to it so far, but for a little (between
-        replay pages); raises ConnectionClosed once the client is being closed. Frames added
-        to its backlog later are not waited for: a busy topic cannot hold a replay back."""
-        backlog = self._backlog
+        replay pages); raises ConnectionClosed once the client is being closed."""
+        backlog = self.backlog
         if backlog is not None:
             place = backlog.last
-            while self._backlog is backlog and not backlog.passed(place):
-                if self._written is None:
-                    self._written = asyncio.get_running_loop().create_future()
-                await asyncio.shield(self._written)
+            while self.backlog is backlog and not backlog.passed(place):
+                await self._written()
+        while self.paused and not self.closing:
+            await self._written()
         if self.closing:
-            await self.wait_closed()
             raise ConnectionClosedError(None, None)
-        await self.ws.drain()
 
-    async def wait_closed(self) -> None:
-        """Let a close started by close() finish: a handler that returned first would close
-        with 1000 instead of the code chosen."""
-        if self._close_task is not None:
-            await asyncio.shield(self._close_task)
+    # -- asyncio.Protocol -------------------------------------------------------------------------
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        transport.set_write_buffer_limits(WRITE_HIGH)
+        bound_send_buffer(transport)
+        self.core.opened_tcp(self)
 
-    # -- the backlog ----------------------------------------------------------------------------
-    def _queue(self, data: bytes, topic: str | None, kind: Kind | None) -> None:
-        backlog = self._backlog
-        if backlog is None:
-            backlog = self._backlog = Backlog()
-            self._flusher = asyncio.ensure_future(self._flush(backlog))
-        if queue_frame(backlog, data, topic, kind):
-            too_slow(self, f"{backlog.bytes} bytes waiting")
+    def data_received(self, data: bytes) -> None:
+        self.seen = self.core.now
+        self.ping_at = 0.0  # any data answers the sweep's ping
+        proto = self.proto
+        proto.receive_data(data)
+        events = proto.events_received()
+        self.flush()  # a handshake refused by the parser, pongs, a close answered, an error's close
+        if self.core.is_opening(self):
+            if events:
+                self.core.request_received(self, events)
+            return
+        if events and not self.closing:
+            self.on_events(events)
+        if proto.state is not OPEN and not self.closing:
+            self._closed_by_protocol()  # the client closed, or sent what the protocol fails on
 
-    async def _flush(self, backlog: Backlog) -> None:
-        """Write the backlog out as the transport drains; the one task of a slow client."""
-        try:
-            ws = self.ws
-            while self._backlog is backlog and ws.protocol.state is State.OPEN:
-                if ws.transport.get_write_buffer_size() <= self._high:
-                    data = backlog.pop()
-                    if data is None:
-                        return  # caught up: writes go straight to the transport again
-                    _write(ws, data)
+    def eof_received(self) -> None:
+        self.proto.receive_eof()
+        self.flush()
+        # Returning None closes the transport: livepush never writes after the peer's EOF.
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.proto.receive_eof()
+        self.closing = True
+        self.backlog = None
+        self._wake()
+        if self.busy is not None:
+            self.busy.cancel()
+        self.inbox = None
+        self.core.lost(self)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        backlog = self.backlog
+        if backlog is not None:
+            write = self.transport.write
+            while not self.paused:
+                data = backlog.pop()
+                if data is None:
+                    self.backlog = None  # caught up: writes go straight to the transport again
+                    self.core.behind.discard(self)
+                    break
+                write(data)
+        self._wake()
+
+    # -- inside -----------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Write what the protocol has to send (handshake answer, pongs, close frames, EOF)."""
+        for data in self.proto.data_to_send():
+            if data:
+                self.transport.write(data)
+            elif self.transport.can_write_eof():
+                self.transport.write_eof()
+            else:
+                self.transport.close()
+        if self.proto.close_expected():
+            self.core.expect_close(self)
+
+    def _closed_by_protocol(self) -> None:
+        """The protocol failed the connection itself (a frame too large, a protocol error)."""
+        self.closing = True
+        self.backlog = None
+        self.core.behind.discard(self)
+        self._wake()
+
+    def on_events(self, events: list[Any]) -> None:
+        """Serve the messages among the frames the protocol parsed (it answers pings itself)."""
+        for event in events:
+            if not isinstance(event, Frame):
+                continue
+            opcode = event.opcode
+            if opcode is TEXT or opcode is BINARY:
+                if not event.fin:
+                    self.partial = bytearray(b"\x01" if opcode is TEXT else b"\x02") + event.data
                     continue
-                since = backlog.behind_since()
-                if since is None:
-                    return  # all written; the next frame checks the transport again
-                self._wake_drain()
+                self._message(opcode is TEXT, event.data)
+            elif opcode is CONT and self.partial is not None:
+                self.partial += event.data
+                if event.fin:
+                    whole, self.partial = self.partial, None
+                    self._message(whole[0] == 1, bytes(whole[1:]))
+            if self.closing:
+                return
+
+    def _message(self, is_text: bool, data: bytes) -> None:
+        raw: str | bytes = data
+        if is_text:
+            try:
+                raw = data.decode()
+            except UnicodeDecodeError as exc:
+                self.proto.fail(CloseCode.INVALID_DATA, f"{exc.reason} at position {exc.start}")
+                self.flush()
+                self._closed_by_protocol()
+                return
+        if self.closing:
+            return
+        if self.busy is not None:
+            if self.inbox is None:
+                self.inbox = []
+            self.inbox.append(raw)
+            if len(self.inbox) == INBOX_FRAMES:
+                self.transport.pause_reading()
+            return
+        work = self.core.server.on_frame(self, raw)
+        if work is not None:
+            self.busy = asyncio.ensure_future(self._serve(work))
+
+    async def _serve(self, work: Awaitable[None] | None) -> None:
+        """Await a subscribe, then the frames that came meanwhile, in order."""
+        try:
+            while work is not None:
                 try:
-                    async with asyncio.timeout(since + BEHIND_SECONDS - time.monotonic()):
-                        await ws.drain()
-                except TimeoutError:
-                    if self._backlog is backlog:
-                        too_slow(self, f"behind for {BEHIND_SECONDS:g} s")
-        except (ConnectionClosed, OSError):
-            pass  # the connection broke: its handler sees it close
-        except Exception:  # never drop frames silently: the client reconnects and resubscribes
-            log.exception("writing a slow client's backlog failed; closing it")
+                    await work
+                except ConnectionClosed:
+                    return
+                work = None
+                while self.inbox and work is None and not self.closing:
+                    raw = self.inbox.pop(0)
+                    if len(self.inbox) == INBOX_FRAMES - 1:
+                        self.transport.resume_reading()
+                    work = self.core.server.on_frame(self, raw)
+        except asyncio.CancelledError:
+            pass  # the connection was lost: its subscriptions are gone already
+        except Exception:
+            log.exception("serving a client's frame failed; closing it")
             self.close(CLOSE_INTERNAL_ERROR, "internal error")
         finally:
-            if self._backlog is backlog:
-                self._backlog = None
-            self._flusher = None
-            self._wake_drain()
+            self.busy = None
 
-    def _wake_drain(self) -> None:
-        written, self._written = self._written, None
-        if written is not None and not written.done():
-            written.set_result(None)
+    async def _written(self) -> None:
+        if self._waiter is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._waiter)
 
-
-
-# -- the slow-client rules, shared by both cores -------------------------------------------------
-class Closable(Protocol):
-    def close(self, code: int, reason: str = "") -> None: ...
+    def _wake(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
 
+# -- writes ---------------------------------------------------------------------------------------
+def push(conn: Connection, data: bytes, topic: str | None = None, kind: Kind | None = None) -> None:
+    """Write one whole frame: at once while the transport takes it, else through the backlog."""
+    if conn.closing:
+        return
+    if conn.backlog is None and not conn.paused:
+        conn.transport.write(data)
+        return
+    backlog = conn.backlog
+    if backlog is None:
+        backlog = conn.backlog = Backlog(framing=frames.text)
+        conn.core.behind.add(conn)
+    outcome = backlog.add(data, topic, kind)
+    if outcome == "conflated":
+        metrics.SLOW_CLIENT_ACTIONS.labels("conflated").inc()
+    elif outcome == "reset":
+        metrics.SLOW_CLIENT_ACTIONS.labels("reset").inc()
+        metrics.RESETS.labels("slow_client").inc()
+    if backlog.bytes > BACKLOG_BYTES:
+        too_slow(conn, f"{backlog.bytes} bytes waiting")
+
+
+def broadcast(clients: Iterable[Connection], frame: str, topic: str | None = None, kind: Kind | None = None) -> None:
+    """Encode the frame once; the same bytes object goes to every subscriber."""
+    data = frames.text(frame.encode())
+    for conn in clients:
+        push(conn, data, topic, kind)
+
+
+# -- the slow-client rules ----------------------------------------------------------------------
 def bound_send_buffer(transport: Any) -> None:
     """Cap the kernel's send buffer of a connection at SOCKET_SEND_BUFFER."""
     sock = transport.get_extra_info("socket")
@@ -167,47 +351,8 @@ def bound_send_buffer(transport: Any) -> None:
             log.debug("could not bound a connection's socket buffer: %s", exc)
 
 
-def queue_frame(backlog: Backlog, data: bytes, topic: str | None, kind: Kind | None) -> bool:
-    """Add a frame to a slow client's backlog and count what the rules did; True when the
-    backlog now holds more than BACKLOG_BYTES (the client must be closed)."""
-    outcome = backlog.add(data, topic, kind)
-    if outcome == "conflated":
-        metrics.SLOW_CLIENT_ACTIONS.labels("conflated").inc()
-    elif outcome == "reset":
-        metrics.SLOW_CLIENT_ACTIONS.labels("reset").inc()
-        metrics.RESETS.labels("slow_client").inc()
-    return backlog.bytes > BACKLOG_BYTES
-
-
-def too_slow(client: Closable, why: str) -> None:
+def too_slow(conn: Connection, why: str) -> None:
     """Close a client that fell too far behind with 1013, and count it."""
     log.debug("closing a client that fell too far behind (%s)", why)
     metrics.SLOW_CLIENT_ACTIONS.labels("closed").inc()
-    client.close(protocol.CLOSE_TOO_SLOW, "too slow")
-
-
-# -- the classic core's writes ----------------------------------------------------------------
-def push(client: Client, data: bytes, topic: str | None = None, kind: Kind | None = None) -> None:
-    """Send one encoded frame: at once while the client keeps up, else through its backlog."""
-    ws = client.ws
-    if client.closing or ws.protocol.state is not State.OPEN:
-        return
-    if client._backlog is None and ws.transport.get_write_buffer_size() <= client._high:
-        _write(ws, data)
-    else:
-        client._queue(data, topic, kind)
-
-
-def _write(ws: ServerConnection, data: bytes) -> None:
-    try:
-        ws.protocol.send_text(data)
-        ws.send_data()
-    except Exception as exc:  # a transport that broke mid-write: the handler will see it close
-        log.debug("write failed: %s", exc)
-
-
-def broadcast(clients: Iterable[Client], frame: str, topic: str | None = None, kind: Kind | None = None) -> None:
-    """Encode once, push to each: no task or coroutine per subscriber."""
-    data = frame.encode()
-    for client in clients:
-        push(client, data, topic, kind)
+    conn.close(protocol.CLOSE_TOO_SLOW, "too slow")

@@ -19,7 +19,7 @@ from websockets.frames import CloseCode
 from websockets.http11 import Response
 
 from . import http
-from .connection import Client
+from .connection import Connection
 
 BATCH_EVERY_SECONDS = 0.1
 # The client's reconnect window after a drain of S seconds is [RETRY_MIN_MS, 1000 × max(S, 1)]:
@@ -67,7 +67,7 @@ def refusal(seconds: float) -> Response:
 
 
 async def close_paced(
-    clients: Callable[[], Collection[Client]], seconds: float, draw: Callable[[], float] = random.random
+    clients: Callable[[], Collection[Connection]], seconds: float, draw: Callable[[], float] = random.random
 ) -> int:
     """Close every client with 1001 and a `retry=MS` reason, batch by batch as schedule() says;
     return how many closes were started. `clients` is asked again at the end, for a handshake

@@ -1,4 +1,4 @@
-"""Server-to-client WebSocket frames as bytes (RFC 6455 §5.2), for the lean core.
+"""Server-to-client WebSocket frames as bytes (RFC 6455 §5.2), for the connection core.
 
 A server frame is never masked and livepush negotiates no extension, so a text frame is a
 header and the payload as it is: built once per message, the same bytes go to every

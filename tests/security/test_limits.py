@@ -95,19 +95,19 @@ async def test_what_the_server_holds_for_a_reader_that_never_reads_stays_bounded
     sock = await asyncio.to_thread(_silent_client, served.server.port)
     watcher = await WSClient.open(served.url)
     topic = "room:slow"
-    slow_client = next(c for c in served.server.clients if c.ws.remote_address[1] == sock.getsockname()[1])
+    slow_client = next(c for c in served.server.clients if c.remote_address[1] == sock.getsockname()[1])
     frame = "x" * 200_000
     # The silent one subscribes with a raw frame, then reads nothing more.
     sock.sendall(_masked_text(f'{{"op":"subscribe","topic":"{served.sign(topic)}","since":null,"ref":1}}'))
     assert (await watcher.subscribe(served.sign(topic)))["op"] == "subscribed"
     await async_wait_for(lambda: topic in slow_client.topics, 2, message="the silent client never subscribed")
     resets = metrics.RESETS.labels("slow_client")._value.get()
-    high = slow_client.ws.transport.get_write_buffer_limits()[1]
+    high = slow_client.transport.get_write_buffer_limits()[1]
     worst = 0
     for n in range(30):
         await served.publish(topic, {"n": n, "pad": frame})
         await asyncio.sleep(0)
-        held = slow_client.ws.transport.get_write_buffer_size() + slow_client.backlog_bytes
+        held = slow_client.transport.get_write_buffer_size() + slow_client.backlog_bytes
         worst = max(worst, held)
         assert (await watcher.messages(1, timeout=5))[0]["data"]["n"] == n
     assert metrics.RESETS.labels("slow_client")._value.get() > resets, "the silent client was never reset"

@@ -17,7 +17,8 @@ from tests.server.test_server import http_get
 async def test_redis_restart_while_clients_stay_subscribed(private_redis: PrivateRedis, secret: str, persistent: bool) -> None:
     """/healthz is 503 while Redis is down; once the listener is back, messages published after
     it arrive. With persistence the client misses nothing and gets no reset; without it, the
-    lost history is announced with `reset`, never a silent hole."""
+    lost history is announced with `reset`, never a silent hole, and every message published
+    after the reset arrives live."""
     served = await start_served(make_settings("redis", secret, None, private_redis.url))
     try:
         client = await WSClient.open(served.url)
@@ -32,9 +33,14 @@ async def test_redis_restart_while_clients_stay_subscribed(private_redis: Privat
         await async_wait_for(lambda: served.fanout.listening, 20, message="the listener to come back")
         assert (await http_get(served.server.port, "/healthz"))[0] == 200
 
+        frames = []
+        if not persistent:
+            # The resync's read finds the history gone and says so by itself. A message published
+            # before that reset goes out is covered by the refetch it asks for, not sent live
+            # (docs/reference.md §5, reset): the messages that must all arrive are the ones after it.
+            frames.append(await client.recv(timeout=10))
         for i in range(1, 6):
             await served.publish("stay", {"i": i})
-        frames = []
         while len([f for f in frames if f["op"] == "message"]) < 5:
             frames.append(await client.recv(timeout=10))
         ops = [f["op"] for f in frames]

@@ -19,7 +19,7 @@ import pytest
 from livepush import jobs, metrics
 from livepush.server import connection
 from livepush.server.app import PushServer
-from livepush.server.connection import Client
+from livepush.server.connection import Connection
 from tests.server.conftest import Served
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
@@ -49,9 +49,9 @@ async def open_client(url: str) -> WSClient:
     return await WSClient.open(url, sock=sock)
 
 
-def server_side(server: PushServer, client: WSClient) -> Client:
+def server_side(server: PushServer, client: WSClient) -> Connection:
     port = client.ws.local_address[1]
-    return next(c for c in server.clients if c.ws.remote_address[1] == port)
+    return next(c for c in server.clients if c.remote_address[1] == port)
 
 
 def count(action: str) -> float:

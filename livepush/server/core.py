@@ -1,8 +1,7 @@
-"""The lean core's listener and its one clock (docs/architecture.md#connection-cores).
+"""The connection core: the listener and its one clock (docs/architecture.md#the-connection-core).
 
-It accepts TCP connections (each a `lean.Connection`), runs each opening handshake through the
-server's gate (`PushServer.admit`, shared with the classic core) in a task that ends with the
-handshake, and keeps every timer of every connection in one sweep every TICK seconds:
+It accepts TCP connections (each a `connection.Connection`), runs each opening handshake through
+the server's gate (`PushServer.admit`) in a task that ends with the handshake, and keeps every timer of every connection in one sweep every TICK seconds:
 
 - the open timeout (OPEN_TIMEOUT to send a request and be answered) and the close timeout
   (CLOSE_TIMEOUT for the peer to finish a close handshake), both then abort the connection;
@@ -31,14 +30,16 @@ from ..sessions.handshake import SUBPROTOCOL
 from ..tasks import stop as stop_task
 from ..tasks import supervise
 from . import connection, frames
-from .lean import Connection
+from .connection import Connection
 
 log = logging.getLogger("livepush.server")
-# websockets logs request paths and headers at DEBUG (tokens in them): capped, as in app.py.
+# websockets logs request paths and headers at DEBUG: with `?token=` or a session cookie in
+# them. Its records go to a logger capped at WARNING, so no log level setting can leak a token.
 _WS_LOGGER = logging.getLogger("livepush.websockets")
+_WS_LOGGER.setLevel(logging.WARNING)
 
-OPEN_TIMEOUT = 10.0  # websockets' default, which the classic core keeps
-CLOSE_TIMEOUT = 1.0  # the classic core's close_timeout
+OPEN_TIMEOUT = 10.0  # websockets' default
+CLOSE_TIMEOUT = 1.0  # for the peer to answer a close
 TICK = 0.25
 STOP_SECONDS = 3.0  # how long close() waits for the close handshakes before aborting the rest
 
@@ -46,29 +47,29 @@ STOP_SECONDS = 3.0  # how long close() waits for the close handshakes before abo
 class Server(Protocol):
     """What the core asks of the server (app.PushServer): its gate, its connections, its frames."""
 
-    clients: set[Any]
+    clients: set[Connection]
     heartbeat: float
 
     async def admit(self, request: Request) -> Any: ...
 
     def refuses(self, session: object) -> bool: ...
 
-    def attach(self, client: Any) -> None: ...
+    def attach(self, client: Connection) -> None: ...
 
-    def detach(self, client: Any) -> None: ...
+    def detach(self, client: Connection) -> None: ...
 
-    def on_frame(self, client: Any, raw: str | bytes) -> Awaitable[None] | None: ...
+    def on_frame(self, client: Connection, raw: str | bytes) -> Awaitable[None] | None: ...
 
 
 class _Protocol(ServerProtocol):
-    """websockets' sans-I/O server side, selecting `livepush` when offered (as the classic core
-    does); a method rather than a bound callback per connection."""
+    """websockets' sans-I/O server side, selecting `livepush` when offered (a client that offers
+    no subprotocol is served too); a method rather than a bound callback per connection."""
 
     def select_subprotocol(self, subprotocols: Any) -> Any:
         return SUBPROTOCOL if SUBPROTOCOL in subprotocols else None
 
 
-class LeanCore:
+class ConnectionCore:
     """The listening socket, the handshakes under way, and the sweep."""
 
     def __init__(self, server: Server) -> None:
@@ -96,7 +97,7 @@ class LeanCore:
         self.now = self._loop.time()
         self._listener = await self._loop.create_server(lambda: Connection(self), host, port,
                                                         reuse_port=reuse_port or None)
-        self._sweeper = supervise("livepush-lean-sweep", self._sweep)
+        self._sweeper = supervise("livepush-sweep", self._sweep)
 
     def new_protocol(self) -> ServerProtocol:
         return _Protocol(subprotocols=[SUBPROTOCOL], max_size=protocol.MAX_FRAME_BYTES, logger=_WS_LOGGER)

@@ -1,7 +1,6 @@
-"""What the lean connection core adds (docs/architecture.md#connection-cores): one encoded frame
-for every subscriber, slow clients queued under the same rules without a copy, keepalive by one
-sweep, and no asyncio task per connection. Everything else it must do as the classic core does:
-the whole server suite runs against it with `--core lean`."""
+"""What the connection core promises beyond the protocol (docs/architecture.md#the-connection-core):
+one encoded frame for every subscriber, slow clients' frames queued without a copy, keepalive by
+one sweep, and no asyncio task per connection."""
 
 from __future__ import annotations
 
@@ -20,18 +19,18 @@ from livepush.config import Settings, set_settings
 from livepush.fanout.local import LocalFanOut
 from livepush.server import frames
 from livepush.server.app import PushServer
-from livepush.server.lean import Connection
+from livepush.server.connection import Connection
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
 
 @pytest.fixture
-async def lean(secret: str) -> AsyncIterator[Callable[..., Any]]:
-    """`await lean(heartbeat=25.0)`: a started lean-core server on the local fan-out."""
+async def start_server(secret: str) -> AsyncIterator[Callable[..., Any]]:
+    """`await start_server(heartbeat=25.0)`: a started server on the local fan-out."""
     servers: list[PushServer] = []
 
     async def start(heartbeat: float = 25.0) -> PushServer:
-        settings = Settings(fanout="local", secret=secret, port=0, core="lean")
+        settings = Settings(fanout="local", secret=secret, port=0)
         set_settings(settings)
         server = PushServer(settings, LocalFanOut(), heartbeat=heartbeat)
         await server.start()
@@ -85,10 +84,10 @@ def is_message(data: bytes) -> bool:
 
 
 async def test_a_message_is_encoded_once_and_the_same_bytes_go_to_every_subscriber(
-    lean: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+    start_server: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Three subscribers of a topic: the message is encoded to a frame once, and the very same bytes object is written to each of the three transports."""
-    server = await lean()
+    server = await start_server()
     topic = topics.sign("room:shared", server.settings.secrets)
     clients = [await WSClient.open(url(server)) for _ in range(3)]
     for client in clients:
@@ -124,10 +123,10 @@ async def open_slow(server: PushServer) -> WSClient:
 
 
 async def test_a_paused_transport_queues_the_shared_frames_and_gets_them_all_in_order(
-    lean: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+    start_server: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A subscriber that stops reading: once its transport is paused, each message waits in its backlog as the same bytes the reader's transport got (no copy); reading again, it gets every message in order."""
-    server = await lean()
+    server = await start_server()
     topic = topics.sign("room:paused", server.settings.secrets)
     slow, reader = await open_slow(server), await WSClient.open(url(server))
     for client in (slow, reader):
@@ -152,11 +151,11 @@ async def test_a_paused_transport_queues_the_shared_frames_and_gets_them_all_in_
 
 
 async def test_the_keepalive_sweep_drops_a_dead_peer_within_its_bound_and_keeps_a_live_one(
-    lean: Callable[..., Any],
+    start_server: Callable[..., Any],
 ) -> None:
     """Heartbeat 0.4 s: a peer that answers nothing is pinged and dropped no sooner than one heartbeat and no later than 2.25 heartbeats (plus a tick) after its last byte; a client that answers pings stays open all along."""
     beat = 0.4
-    server = await lean(heartbeat=beat)
+    server = await start_server(heartbeat=beat)
     live = await WSClient.open(url(server))
     reader, writer = await raw_upgrade(server.port)
     last_byte = time.monotonic()
@@ -172,9 +171,9 @@ async def test_the_keepalive_sweep_drops_a_dead_peer_within_its_bound_and_keeps_
     await live.close()
 
 
-async def test_500_idle_connections_run_no_task(lean: Callable[..., Any]) -> None:
+async def test_500_idle_connections_run_no_task(start_server: Callable[..., Any]) -> None:
     """500 connections open and idle: the server runs no asyncio task for any of them."""
-    server = await lean()
+    server = await start_server()
     before = len(asyncio.all_tasks())
     peers = [await raw_upgrade(server.port) for _ in range(500)]
     await async_wait_for(lambda: len(server.clients) == 500, 10, message="500 connections open")
@@ -187,10 +186,10 @@ async def test_500_idle_connections_run_no_task(lean: Callable[..., Any]) -> Non
 
 
 async def test_frames_sent_while_a_subscribe_is_served_are_answered_after_it_in_order(
-    lean: Callable[..., Any],
+    start_server: Callable[..., Any],
 ) -> None:
     """subscribe, ping, a fragmented ping, unsubscribe and ping sent at once: the answers come in the order sent (subscribed, then each pong)."""
-    server = await lean()
+    server = await start_server()
     client = await WSClient.open(url(server))
     topic = topics.sign("room:burst", server.settings.secrets)
     await client.send({"op": "subscribe", "topic": topic, "since": None, "ref": "s"})
@@ -202,19 +201,3 @@ async def test_frames_sent_while_a_subscribe_is_served_are_answered_after_it_in_
     assert [(a["op"], a["ref"]) for a in answers] == [("subscribed", "s"), ("pong", 1), ("pong", 2), ("pong", 3)]
     await async_wait_for(lambda: not on_server(server, client).topics, 5, message="the unsubscribe")
     await client.close()
-
-
-def test_the_core_is_chosen_by_flag_or_environment_and_an_unknown_one_is_refused() -> None:
-    """`serve --core lean` and LIVEPUSH_CORE=lean choose the lean core (the flag wins); an unknown core is a configuration error naming the choices."""
-    from livepush.cli.main import _settings, build_parser
-    from livepush.errors import ConfigError
-
-    assert Settings.from_env({"LIVEPUSH_CORE": "lean"}).core == "lean"
-    assert Settings.from_env({}).core is None  # the server's default
-    with pytest.raises(ConfigError, match="classic, lean"):
-        Settings.from_env({"LIVEPUSH_CORE": "turbo"})
-    args = build_parser().parse_args(["serve", "--core", "lean"])
-    try:
-        assert _settings(args).core == "lean"
-    finally:
-        set_settings(None)
