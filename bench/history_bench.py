@@ -44,7 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import report  # noqa: E402
-from _clients import open_group, raise_fd_limit  # noqa: E402
+from _clients import livepush_dialect, open_group, raise_fd_limit  # noqa: E402
 from _services import drop_db, free_port, make_db, migrate, redis_fanout_available  # noqa: E402
 from _servers import start_harness, start_livepush_cli  # noqa: E402
 
@@ -375,7 +375,7 @@ async def measure_replay(kind: str, n: int, env: dict[str, str], port: int, tmp:
             last["k"], last["at"] = k, at
 
         sub = json.dumps({"op": "subscribe", "topic": topics.sign(topic, [secret]), "since": marker, "ref": 1})
-        group, failed, error = await open_group("127.0.0.1", server.port, "/", 1, sub, 0, 0, report)
+        group, failed, error = await open_group("127.0.0.1", server.port, 1, livepush_dialect([sub]), 0, 0, report)
         if failed:
             raise RuntimeError(error)
         deadline = time.monotonic() + 60
