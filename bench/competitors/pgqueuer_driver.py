@@ -58,35 +58,42 @@ async def enqueue(url: str, n: int) -> dict:
     return {"enqueue_one": one, "enqueue_bulk": bulk}
 
 
-async def process(url: str, n: int) -> dict:
-    pool, q = await _queries(url)
+async def _fill(q: Queries, n: int) -> None:
     await _clear(q)
     for _ in range(n // 1000):
         await q.enqueue(["noop"] * 1000, [None] * 1000, [0] * 1000)
+
+
+def _noop_manager(q: Queries, stop_at: int | None = None) -> tuple[QueueManager, list[int]]:
+    """A QueueManager running no-op jobs, and its count of jobs run (stopping at `stop_at`)."""
     qm = QueueManager(q)
-    seen = 0
+    seen = [0]
 
     @qm.entrypoint("noop")
     async def noop(job: object) -> None:
-        nonlocal seen
-        seen += 1
-        if seen >= n:
+        seen[0] += 1
+        if stop_at is not None and seen[0] >= stop_at:
             qm.shutdown.set()
 
+    return qm, seen
+
+
+async def process(url: str, n: int) -> dict:
+    pool, q = await _queries(url)
+    await _fill(q, n)
+    qm, seen = _noop_manager(q, stop_at=n)
     t = time.perf_counter()
     # Drain mode also stops when the queue is empty; the entrypoint stops it at the Nth job.
     # run() returns after flushing its status buffer, so every outcome is written.
     await qm.run(batch_size=10, mode=QueueExecutionMode.drain)
     rate = n / (time.perf_counter() - t)
     await pool.close()
-    return {"process": rate, "processed": seen}
+    return {"process": rate, "processed": seen[0]}
 
 
 async def fill(url: str, n: int) -> dict:
     pool, q = await _queries(url)
-    await _clear(q)
-    for _ in range(n // 1000):
-        await q.enqueue(["noop"] * 1000, [None] * 1000, [0] * 1000)
+    await _fill(q, n)
     await pool.close()
     return {}
 
@@ -95,21 +102,14 @@ async def drain(url: str, n: int) -> dict:
     """Drain what `fill` queued, from the parent's go (a line on stdin) until the queue is empty:
     the wall-clock start and end, for a rate over several workers."""
     pool, q = await _queries(url)
-    qm = QueueManager(q)
-    seen = 0
-
-    @qm.entrypoint("noop")
-    async def noop(job: object) -> None:
-        nonlocal seen
-        seen += 1
-
+    qm, seen = _noop_manager(q)
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     start = time.time()
     await qm.run(batch_size=10, mode=QueueExecutionMode.drain)
     end = time.time()
     await pool.close()
-    return {"start": start, "end": end, "processed": seen}
+    return {"start": start, "end": end, "processed": seen[0]}
 
 
 async def pickup(url: str, n: int) -> dict:
