@@ -140,10 +140,7 @@ class Connection(asyncio.Protocol):
         after the close timeout if the client does not answer."""
         if self.closing:
             return
-        self.closing = True
-        self.backlog = None  # what still waits is never sent
-        self.core.behind.discard(self)
-        self._wake()
+        self._stop_writing()
         if self.proto.state is OPEN:
             self.proto.send_close(code, reason)
             self.flush()
@@ -182,7 +179,7 @@ class Connection(asyncio.Protocol):
         if events and not self.closing:
             self.on_events(events)
         if proto.state is not OPEN and not self.closing:
-            self._closed_by_protocol()  # the client closed, or sent what the protocol fails on
+            self._stop_writing()  # the client closed, or sent what the protocol fails on
 
     def eof_received(self) -> None:
         self.proto.receive_eof()
@@ -191,9 +188,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.proto.receive_eof()
-        self.closing = True
-        self.backlog = None
-        self._wake()
+        self._stop_writing()
         if self.busy is not None:
             self.busy.cancel()
         self.inbox = None
@@ -229,8 +224,8 @@ class Connection(asyncio.Protocol):
         if self.proto.close_expected():
             self.core.expect_close(self)
 
-    def _closed_by_protocol(self) -> None:
-        """The protocol failed the connection itself (a frame too large, a protocol error)."""
+    def _stop_writing(self) -> None:
+        """Closing: nothing more is written, what still waits is never sent, drain() returns."""
         self.closing = True
         self.backlog = None
         self.core.behind.discard(self)
@@ -263,7 +258,7 @@ class Connection(asyncio.Protocol):
             except UnicodeDecodeError as exc:
                 self.proto.fail(CloseCode.INVALID_DATA, f"{exc.reason} at position {exc.start}")
                 self.flush()
-                self._closed_by_protocol()
+                self._stop_writing()
                 return
         if self.closing:
             return
