@@ -395,6 +395,28 @@ async def test_history_returns_exactly_what_came_after(make_fanout: MakeFanOut) 
     assert last is not None and (last.messages, last.latest, last.more) == ([], offsets[-1], False)
 
 
+async def test_histories_answer_for_each_topic_what_history_does(make_fanout: MakeFanOut) -> None:
+    """histories() reads many topics at once (the server's live reads) and answers for each what history() would: a page after its offset, an empty page at its latest, None for an offset it never gave."""
+    fanout = await make_fanout()
+    starts = {f"many:{i}": fanout.latest_offset(f"many:{i}") for i in range(30)}
+    sent = {t: [fanout.publish(t, {"t": t, "n": n}) for n in range(i % 4)] for i, t in enumerate(starts)}
+    reads = {t: starts[t] for t in starts}
+    reads["many:0"] = "garbage"
+    reads["many:never"] = fanout.latest_offset("many:never")
+    reads["many:3"] = sent["many:3"][0]
+    pages = await fanout.histories(reads)
+    assert set(pages) == set(reads)
+    for topic, since in reads.items():
+        assert pages[topic] == await fanout.history(topic, since), topic
+    assert pages["many:0"] is None
+    assert pages["many:never"] is not None and pages["many:never"].messages == []
+    page = pages["many:3"]
+    assert page is not None and offsets_of(page.messages) == sent["many:3"][1:] and not page.more
+    for topic in [t for t in starts if t not in ("many:0", "many:3")]:
+        page = pages[topic]
+        assert page is not None and offsets_of(page.messages) == sent[topic], topic
+
+
 async def test_history_replays_1000_missed_messages(make_fanout: MakeFanOut) -> None:
     """A client away while 1,000 messages are published gets all of them from history, in order, once."""
     fanout = await make_fanout()

@@ -15,20 +15,25 @@ Contract (docs/reference.md#4-python-api, #7-guarantees):
 - A lost listener reconnects with capped, jittered backoff; `listening` is False meanwhile;
   after it is back, every `on_resync` handler runs so missed messages are read from history.
 - `history(topic, since)` returns a page of the messages after `since`, in order, or None when
-  `since` is older than what is kept or unknown (the client must get `reset`).
+  `since` is older than what is kept or unknown (the client must get `reset`). `histories()`
+  reads a page of each of many topics at once (the server's live reads after doorbells); it
+  raises DependencyError when the store cannot be reached, and answers None for a topic whose
+  read failed otherwise.
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .. import metrics
 from ..channels import Handlers
-from ..errors import NotListeningError, PayloadTooLarge
+from ..errors import DependencyError, NotListeningError, PayloadTooLarge
 from ..types import JSON, Message, Offset, Receiver, ResyncHandler, Topic
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
@@ -114,6 +119,23 @@ class FanOut(abc.ABC):
     # -- history ----------------------------------------------------------------------
     @abc.abstractmethod
     async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE) -> History | None: ...
+
+    async def histories(self, reads: Mapping[Topic, Offset]) -> dict[Topic, History | None]:
+        """A page after each topic's offset, as `history()` reads it; fan-outs whose store can
+        answer many topics in one round trip do so."""
+        topics = list(reads)
+        pages = await asyncio.gather(*(self.history(t, reads[t]) for t in topics), return_exceptions=True)
+        found: dict[Topic, History | None] = {}
+        for topic, page in zip(topics, pages):
+            if isinstance(page, DependencyError):
+                raise page
+            if isinstance(page, BaseException):
+                if not isinstance(page, Exception):
+                    raise page
+                log.warning("could not read the history of %s (%s)", topic, page)
+                page = None
+            found[topic] = page
+        return found
 
     @abc.abstractmethod
     async def alatest_offset(self, topic: Topic) -> Offset: ...

@@ -12,7 +12,7 @@ from before a crash can never be mistaken for a newer one.
 
 A notification carries "EPOCH-SEQ TOPIC" and no data: any role that can connect may listen
 and send on any channel, so the server reads what it delivers from the log (the hub does, in
-a page per batch of doorbells) and whatever a notification claims is checked there. One that
+one read of every topic a batch of doorbells named) and whatever a notification claims is checked there. One that
 does not parse is dropped with a debug line.
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
@@ -35,30 +36,35 @@ log = logging.getLogger("livepush.fanout.postgres")
 
 CHANNEL = "livepush"
 PRUNE_BATCH = 5_000
+# Topics per statement of histories(); their pages share HISTORY_PAGE_BYTES, each topic at
+# least MIN_PAGE_BYTES (and its first row whatever its size).
+READ_BATCH = 500
+MIN_PAGE_BYTES = 4096
 
 # name: publish -- see livepush_publish(): ordered per topic by the topic row's lock.
 PUBLISH = "SELECT livepush_publish(%s, %s)"
 # name: latest_offset -- a committed value; no row for a topic never published ("0").
 LATEST = "SELECT epoch, last_seq FROM livepush_topics WHERE topic = %s"
-# name: history -- the topic's latest offset and the page after `after`, in one statement
-# (one snapshot, one round trip: a doorbell costs the server this one read). Capped at the
-# latest offset of that snapshot, so every row below it has committed; rows missing below it
-# were pruned (the caller resets). A page stops at the row that takes it past
-# HISTORY_PAGE_BYTES (a page always has one row), so a page of large messages stays small.
-# No row: a topic never published. Otherwise at least one row; its page columns are NULL when
-# the page is empty.
-HISTORY = """
-SELECT t.epoch, t.last_seq, m.seq, m.data, m.fresh, m.at
-FROM livepush_topics t
+# name: histories -- for each (topic, after) pair, the topic's latest offset and the page after
+# `after`, in one statement: one snapshot and one round trip for every topic a batch of
+# doorbells named (the server's live reads), or for one topic (a replay). Per topic: capped at
+# its latest offset in that snapshot, so every row below it has committed; rows missing below
+# it were pruned (the caller resets). A page stops at the row that takes it past the byte
+# bound (a page always has one row), so a page of large messages stays small. No row for a
+# pair: a topic never published. Otherwise at least one row; its page columns are NULL when the
+# page is empty. Read-only: concurrent publishers only add rows past what the snapshot shows.
+HISTORIES = """
+SELECT q.i, t.epoch, t.last_seq, m.seq, m.data, m.fresh, m.at
+FROM unnest(%(topics)s::text[], %(afters)s::bigint[]) WITH ORDINALITY AS q(topic, after, i)
+JOIN livepush_topics t ON t.topic = q.topic
 LEFT JOIN LATERAL (
     SELECT seq, data, created_at >= now() - make_interval(secs => %(ttl)s) AS fresh,
            extract(epoch FROM created_at)::float8 AS at,
            sum(octet_length(data)) OVER (ORDER BY seq) - octet_length(data) AS before
     FROM livepush_messages
-    WHERE topic = %(topic)s AND seq > %(after)s AND seq <= least(t.last_seq, %(after)s + %(limit)s)
+    WHERE topic = q.topic AND seq > q.after AND seq <= least(t.last_seq, q.after + %(limit)s)
 ) m ON m.before < %(bytes)s
-WHERE t.topic = %(topic)s
-ORDER BY m.seq
+ORDER BY q.i, m.seq
 """
 # name: prune -- bounded per call; servers pruning at once race for the same rows, which
 # DELETE tolerates (a row is deleted once).
@@ -110,6 +116,25 @@ def parse_doorbell(payload: str) -> list[Message]:
             continue
         found.append(Message(m.group(3), _offset(epoch, seq), _offset(epoch, seq - 1), None))
     return found
+
+
+def _page(topic: Topic, since_epoch: int | None, after: int, found: list[tuple[Any, ...]]) -> History | None:
+    """One topic's page from its rows of HISTORIES."""
+    if not found:
+        # Nothing published yet (or not since a crash emptied the log).
+        return History([], ORIGIN, False) if after == 0 else None
+    epoch, last = found[0][1], found[0][2]
+    if since_epoch not in (None, epoch) or after > last:
+        return None  # from before a crash emptied the log, or an offset never given out
+    latest = _offset(epoch, last)
+    if after == last:
+        return History([], latest, False)
+    rows = [(seq, data, fresh, at) for _, _, _, seq, data, fresh, at in found if seq is not None]
+    # Never a silent hole: the page runs from after+1 without a gap, and its first row is unexpired.
+    if not rows or rows[0][0] != after + 1 or rows[-1][0] != after + len(rows) or not rows[0][2]:
+        return None
+    messages = [Message(topic, _offset(epoch, seq), _offset(epoch, seq - 1), data, at) for seq, data, _, at in rows]
+    return History(messages, latest, rows[-1][0] < last)
 
 
 class PostgresFanOut(FanOut):
@@ -170,30 +195,42 @@ class PostgresFanOut(FanOut):
 
     # -- history ----------------------------------------------------------------------
     async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE) -> History | None:
-        parsed = parse_offset(since) if isinstance(since, str) else None
-        if parsed is None:
-            return None
-        since_epoch, after = parsed
+        return (await self._read({topic: since}, limit))[topic]
+
+    async def histories(self, reads: Mapping[Topic, Offset]) -> dict[Topic, History | None]:
+        found: dict[Topic, History | None] = {}
+        batch: dict[Topic, Offset] = {}
+        for topic, since in reads.items():
+            batch[topic] = since
+            if len(batch) == READ_BATCH:
+                found.update(await self._read(batch, HISTORY_PAGE))
+                batch = {}
+        if batch:
+            found.update(await self._read(batch, HISTORY_PAGE))
+        return found
+
+    async def _read(self, reads: Mapping[Topic, Offset], limit: int) -> dict[Topic, History | None]:
+        found: dict[Topic, History | None] = {}
+        asked: list[tuple[Topic, int | None, int]] = []
+        for topic, since in reads.items():
+            parsed = parse_offset(since) if isinstance(since, str) else None
+            if parsed is None:
+                found[topic] = None
+            else:
+                asked.append((topic, *parsed))
+        if not asked:
+            return found
+        params = {"topics": [a[0] for a in asked], "afters": [a[2] for a in asked], "ttl": self.history_ttl,
+                  "limit": limit, "bytes": max(HISTORY_PAGE_BYTES // len(asked), MIN_PAGE_BYTES)}
         with translated(self.url):
             async with (await self._pools.aget()).connection() as c:
-                found = await (await c.execute(HISTORY, {"ttl": self.history_ttl, "topic": topic, "after": after,
-                                                         "limit": limit, "bytes": HISTORY_PAGE_BYTES})).fetchall()
-        if not found:
-            # Nothing published yet (or not since a crash emptied the log).
-            return History([], ORIGIN, False) if after == 0 else None
-        epoch, last = found[0][0], found[0][1]
-        if since_epoch not in (None, epoch) or after > last:
-            return None  # from before a crash emptied the log, or an offset never given out
-        latest = _offset(epoch, last)
-        if after == last:
-            return History([], latest, False)
-        rows = [(seq, data, fresh, at) for _, _, seq, data, fresh, at in found if seq is not None]
-        # Never a silent hole: the page runs from after+1 without a gap, and its first row is unexpired.
-        if not rows or rows[0][0] != after + 1 or rows[-1][0] != after + len(rows) or not rows[0][2]:
-            return None
-        messages = [Message(topic, _offset(epoch, seq), _offset(epoch, seq - 1), data, at) for seq, data, _, at in rows]
-        return History(messages, latest, rows[-1][0] < last)
-
+                rows = await (await c.execute(HISTORIES, params)).fetchall()
+        by_pair: dict[int, list[tuple[Any, ...]]] = {}
+        for row in rows:
+            by_pair.setdefault(row[0], []).append(row)
+        for i, (topic, since_epoch, after) in enumerate(asked, 1):
+            found[topic] = _page(topic, since_epoch, after, by_pair.get(i, []))
+        return found
     def latest_offset(self, topic: Topic) -> Offset:
         with translated(self.url), self._pools.sync().connection() as c:
             return _latest(c.execute(LATEST, (topic,)).fetchone())

@@ -40,6 +40,7 @@ from typing import Protocol
 from .. import metrics, protocol
 from ..errors import DependencyError
 from ..fanout import FanOut
+from ..fanout.base import History
 from ..types import Message, Offset, StateSource, offset_key
 from .backlog import Kind
 
@@ -55,6 +56,8 @@ STATE_RETRY_SECONDS = 1.0
 # A history read that Postgres or Redis failed (a restart under way) is tried again after this
 # long, while someone still listens: the log still holds the range, so it is no gap.
 READ_RETRY_SECONDS = 0.5
+# Topics per log read: their pages share one read's byte bound (fanout/base.py).
+READ_BATCH = 500
 
 
 class Subscriber(Protocol):
@@ -86,6 +89,7 @@ class _Topic:
     # then: if the read leaves the cursor below it, read once more.
     wanted: Key = ()
     pending: list[Message] = field(default_factory=list)  # messages with data that came during a read
+    found: bool = False  # whether the read round under way delivered anything
 
     @property
     def idle(self) -> bool:
@@ -107,6 +111,10 @@ class Hub:
         self._state_reading: set[int] = set()
         # Watched state topics whose row was not found (yet): what a creation ring may concern.
         self._unborn: set[str] = set()
+        # Message topics whose log read is due, in the order asked, and whether a reader runs.
+        self._read_due: dict[str, _Topic] = {}
+        self._log_reading = False
+        self._closed = False
 
     def source_of(self, topic: str) -> StateSource | None:
         prefix, sep, _ = topic.partition(":")
@@ -159,51 +167,75 @@ class Hub:
     def _start_read(self, t: _Topic) -> None:
         if not t.reading:
             t.reading = True
-            self._spawn(self._read(t), f"livepush-read-{t.name}")
+            self._queue_read(t, new_round=True)
 
-    async def _read(self, t: _Topic) -> None:
-        """Read the log from the cursor until it is caught up and no doorbell is outstanding."""
+    def _queue_read(self, t: _Topic, *, new_round: bool) -> None:
+        """Read `t` in the next batch: a new round (after which pending messages and doorbells
+        are looked at again) or the next page of the round under way."""
+        if new_round:
+            t.wanted, t.found = NO_KEY, False
+        self._read_due[t.name] = t
+        if not self._log_reading:
+            self._log_reading = True
+            self._spawn(self._read_log(), "livepush-read-log")
+
+    async def _read_log(self) -> None:
+        """Read the log for every topic due, up to READ_BATCH topics a read: doorbells on many
+        topics cost one read per batch, not one each. Each topic reads until it is caught up
+        and no doorbell it heard is outstanding."""
+        batch: list[_Topic] = []
         try:
-            while True:
-                t.wanted = NO_KEY
-                found = await self._read_once(t)
-                pending, t.pending = t.pending, []
-                for m in pending:
-                    key = offset_key(m.offset)
-                    if t.cursor is not None and key <= offset_key(t.cursor):
-                        continue
-                    if t.cursor is not None and m.prev == t.cursor and m.data_json is not None:
-                        self._emit(t, m.offset, m.data_json, key, m.at)
+            while self._read_due:
+                batch = []
+                while self._read_due and len(batch) < READ_BATCH:
+                    t = self._read_due.pop(next(iter(self._read_due)))
+                    if t.idle:
+                        self._stop_reading(t)
                     else:
-                        t.wanted = max(t.wanted, key)
-                if t.idle or t.wanted <= self._cursor_key(t):
-                    return  # what every doorbell named is delivered
-                if not found:
-                    await asyncio.sleep(EMPTY_READ_PAUSE)
+                        batch.append(t)
+                if not batch:
+                    continue
+                pages = await self._read_pages(batch)
+                for t in batch:
+                    if t.name in pages:
+                        await self._take_page(t, pages[t.name])
+                    else:
+                        self._stop_reading(t)  # nobody listened by the time of the read
+                batch = []
         finally:
-            t.reading = False
-            self._forget_if_idle(t)
+            self._log_reading = False
+            for t in [*batch, *self._read_due.values()]:  # cancelled: the hub is closing
+                self._stop_reading(t)
+            self._read_due.clear()
 
-    async def _read_once(self, t: _Topic) -> bool:
-        """Deliver what the log holds after the cursor; True if there was anything."""
-        assert t.cursor is not None
-        found = False
+    async def _read_pages(self, batch: list[_Topic]) -> dict[str, History | None]:
+        """A page of each topic of `batch` that someone still listens to, read again while the
+        store is unreachable (a restart under way: the log still holds the range, so it is no
+        gap); a read that fails otherwise is a gap we cannot fill (None: reset)."""
         failures = 0
-        while not t.idle:
+        while True:
+            live = {t.name: t.cursor for t in batch if not t.idle and t.cursor is not None}
+            if not live:
+                return {}
             try:
-                page = await self.fanout.history(t.name, t.cursor)
+                return await self.fanout.histories(live)
             except DependencyError as exc:
                 failures += 1
                 (log.warning if failures == 1 else log.debug)(
-                    "could not read the history of %s (%s); reading again every %g s", t.name, exc, READ_RETRY_SECONDS)
+                    "could not read the history of %d topics (%s); reading again every %g s", len(live), exc,
+                    READ_RETRY_SECONDS)
                 await asyncio.sleep(READ_RETRY_SECONDS)
-                continue
-            except Exception as exc:  # a read that fails is a gap we cannot fill
-                log.warning("could not read the history of %s (%s): its subscribers get reset", t.name, exc)
-                page = None
-            if page is None:
-                await self._reset_all(t)
-                return True
+            except Exception as exc:
+                log.warning("could not read the history of %d topics (%s): their subscribers get reset", len(live), exc)
+                return dict.fromkeys(live)
+
+    async def _take_page(self, t: _Topic, page: History | None) -> None:
+        """Deliver what a page read after the cursor holds, then read on or stop."""
+        assert t.cursor is not None
+        if page is None:
+            await self._reset_all(t)
+            t.found = True
+        else:
             cursor_key = offset_key(t.cursor)
             for m in page.messages:
                 if m.data_json is None:
@@ -212,10 +244,37 @@ class Hub:
                 if key > cursor_key:
                     self._emit(t, m.offset, m.data_json, key, m.at)
                     cursor_key = key
-                    found = True
-            if not page.more:
-                break
-        return found
+                    t.found = True
+            if page.more and not t.idle:
+                self._queue_read(t, new_round=False)
+                return
+        # The round is over: what came live meanwhile goes out, or asks for one more round.
+        pending, t.pending = t.pending, []
+        for m in pending:
+            key = offset_key(m.offset)
+            if t.cursor is not None and key <= offset_key(t.cursor):
+                continue
+            if t.cursor is not None and m.prev == t.cursor and m.data_json is not None:
+                self._emit(t, m.offset, m.data_json, key, m.at)
+            else:
+                t.wanted = max(t.wanted, key)
+        if t.idle or t.wanted <= self._cursor_key(t):
+            self._stop_reading(t)  # what every doorbell named is delivered
+        elif t.found:
+            self._queue_read(t, new_round=True)
+        else:
+            asyncio.get_running_loop().call_later(EMPTY_READ_PAUSE, self._read_again, t)
+
+    def _read_again(self, t: _Topic) -> None:
+        if self._closed:
+            self._stop_reading(t)
+        else:
+            self._queue_read(t, new_round=True)
+
+    def _stop_reading(self, t: _Topic) -> None:
+        t.reading = False
+        t.pending = []
+        self._forget_if_idle(t)
 
     async def _reset_all(self, t: _Topic) -> None:
         """A gap history cannot fill: every subscriber refetches, then goes on live from the
@@ -434,6 +493,7 @@ class Hub:
         task.add_done_callback(self._tasks.discard)
 
     async def aclose(self) -> None:
+        self._closed = True
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:

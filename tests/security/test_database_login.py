@@ -96,14 +96,14 @@ async def test_a_doorbell_ahead_of_history_costs_a_bounded_number_of_reads(serve
     """One forged doorbell ahead of the log, or a flood of them, makes the server read the log a few times, never loop; nothing is sent."""
     hub = served.server.hub
     reads = 0
-    real_history = hub.fanout.history
+    real_histories = hub.fanout.histories
 
-    async def counted(*args: Any, **kwargs: Any) -> Any:
+    async def counted(*args: Any, **kwargs: Any) -> Any:  # the server's live reads of the log
         nonlocal reads
         reads += 1
-        return await real_history(*args, **kwargs)
+        return await real_histories(*args, **kwargs)
 
-    hub.fanout.history = counted  # type: ignore[method-assign]
+    hub.fanout.histories = counted  # type: ignore[method-assign]
     client = await WSClient.open(served.url)
     await client.subscribe(served.sign("room:flood"))
     offset = await served.publish("room:flood", {"n": 1})
@@ -112,7 +112,7 @@ async def test_a_doorbell_ahead_of_history_costs_a_bounded_number_of_reads(serve
     reads = 0
     await anotify(nobody_url, "livepush", f"{epoch}-{seq + 5} room:flood")
     await nothing_within(client)
-    assert reads <= 2, reads
+    assert 1 <= reads <= 2, reads
     reads = 0
     await anotify(nobody_url, "livepush", *[f"{epoch}-{seq + 1 + i} room:flood" for i in range(300)])
     await nothing_within(client, 1.0)

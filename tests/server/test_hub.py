@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 
 import pytest
 
@@ -60,6 +61,7 @@ class DoorbellLocal(YieldingLocal):
     def __init__(self, snapshot_first: bool = False) -> None:
         super().__init__()
         self.reads = 0
+        self.batches: list[int] = []  # topics per histories() call: the hub's live reads
         self.gate = asyncio.Event()
         self.gate.set()
         self.snapshot_first = snapshot_first
@@ -67,6 +69,10 @@ class DoorbellLocal(YieldingLocal):
     def register(self, receiver: Receiver) -> None:
         # Every receiver hears a doorbell only, as from Postgres: the hub reads the data itself.
         super().register(lambda m: receiver(Message(m.topic, m.offset, m.prev, None)))
+
+    async def histories(self, reads: Mapping[str, str]) -> dict[str, History | None]:
+        self.batches.append(len(reads))
+        return await super().histories(reads)
 
     async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE) -> History | None:
         self.reads += 1
@@ -186,6 +192,31 @@ async def test_a_history_read_that_fails_for_a_moment_is_read_again_not_reset() 
     assert sub.data() == ["a", "b"]
     assert [f["op"] for f in sub.frames] == ["subscribed", "message", "message"]
     assert fanout.reads >= 3, "two failed reads, then one that delivered"
+
+
+async def test_doorbells_on_many_topics_cost_one_read_per_batch_not_one_each() -> None:
+    """Doorbells on 200 topics that ring while a read is under way are served by one more read of
+    all the topics it does not cover, each topic's messages in order."""
+    fanout, hub = await make(DoorbellLocal())
+    assert isinstance(fanout, DoorbellLocal)
+    subs = {f"t{i}": Sub() for i in range(200)}
+    for i, (topic, sub) in enumerate(subs.items()):
+        await hub.subscribe(sub, topic, None, i)
+    fanout.publish("t0", "first")
+    await async_wait_for(lambda: fanout.batches == [1], timeout=5, message="the first read")
+    fanout.gate.clear()  # the next read waits: doorbells pile up meanwhile
+    fanout.publish("t0", "second")
+    await async_wait_for(lambda: len(fanout.batches) == 2, timeout=5, message="a read under way")
+    for topic in subs:
+        fanout.publish(topic, 1)
+        fanout.publish(topic, 2)
+    fanout.gate.set()
+    await async_wait_for(lambda: all(len(s.data()) >= 2 for s in subs.values()), timeout=5, message="every topic read")
+    await settle()
+    assert subs["t0"].data() == ["first", "second", 1, 2]
+    assert all(s.data() == [1, 2] for t, s in subs.items() if t != "t0")
+    # t0's read under way (it reads after the gate) covered its own; the other 199 in one read.
+    assert fanout.batches[2:] == [199], fanout.batches
 
 
 async def test_doorbells_are_read_from_history_in_order_and_once() -> None:
