@@ -60,6 +60,13 @@ READ_RETRY_SECONDS = 0.5
 READ_BATCH = 500
 
 
+def _names(topics: Iterable[str], shown: int = 3) -> str:
+    """Topics for a log line: 'a', 'a, b' or 'a, b, c and 7 more'."""
+    names = list(topics)
+    head = ", ".join(names[:shown])
+    return head if len(names) <= shown else f"{head} and {len(names) - shown} more"
+
+
 class Subscriber(Protocol):
     def send(self, frame: str) -> None: ...
 
@@ -222,11 +229,11 @@ class Hub:
             except DependencyError as exc:
                 failures += 1
                 (log.warning if failures == 1 else log.debug)(
-                    "could not read the history of %d topics (%s); reading again every %g s", len(live), exc,
+                    "could not read the history of %s (%s); reading again every %g s", _names(live), exc,
                     READ_RETRY_SECONDS)
                 await asyncio.sleep(READ_RETRY_SECONDS)
             except Exception as exc:
-                log.warning("could not read the history of %d topics (%s): their subscribers get reset", len(live), exc)
+                log.warning("could not read the history of %s (%s): their subscribers get reset", _names(live), exc)
                 return dict.fromkeys(live)
 
     async def _take_page(self, t: _Topic, page: History | None) -> None:
