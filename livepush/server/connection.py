@@ -8,7 +8,11 @@ every subscriber; only the close handshake goes through the protocol, so its sta
 Keepalive pings, the open and close timeouts and the slow-client time bound are the sweep's
 (`core.ConnectionCore`).
 
-Writes never await. While a client keeps up, a frame goes straight into the transport. Once
+Writes never await. While a client keeps up, its frames of one turn of the event loop are
+gathered and written together at the end of that turn (`ConnectionCore.cork`): a burst of
+messages costs a client one write (one system call) per CORK_BYTES, not one per frame; a lone frame waits no
+longer than the loop takes to come round. Whatever else is written (a pong, a close frame, a
+replay page being drained) first writes what is gathered, so frames keep their order. Once
 the transport is past its high-water mark (paused), frames wait in the client's backlog
 (backlog.py: a state replaces the older one of its topic, a message topic's share is bounded and
 replaced by `reset` past the bound), which `resume_writing` empties in order. A client whose
@@ -43,6 +47,9 @@ SOCKET_SEND_BUFFER = 64 * 1024
 # The transport's high-water mark: past it, frames wait in the backlog (websockets' default
 # write limit; the low-water mark is asyncio's, a quarter of it).
 WRITE_HIGH = 32 * 1024
+# Frames gathered for one write at the end of a turn of the loop, at most: past it they are
+# written at once, so that a burst meets the high-water mark and the slow-client rules as before.
+CORK_BYTES = 16 * 1024
 # A client whose waiting frames pass this many bytes, or that has been missing a frame this
 # long, is too far behind: closed with 1013.
 BACKLOG_BYTES = 2 * 1024 * 1024
@@ -80,11 +87,14 @@ class Core(Protocol):
 
     def lost(self, conn: Connection) -> None: ...
 
+    def cork(self, conn: Connection) -> None:
+        """Call conn.uncork() at the end of this turn of the loop."""
+
 
 class Connection(asyncio.Protocol):
     """One connection's state: what cannot be derived, nothing more."""
 
-    __slots__ = ("core", "transport", "proto", "session", "topics", "closing", "paused", "backlog", "seen",
+    __slots__ = ("core", "transport", "proto", "session", "topics", "closing", "paused", "out", "out_bytes", "backlog", "seen",
                  "ping_at", "deadline", "busy", "inbox", "partial", "_bad", "_subscribes", "_waiter")
 
     def __init__(self, core: Core) -> None:
@@ -95,6 +105,8 @@ class Connection(asyncio.Protocol):
         self.topics: set[str] = set()  # plain topics this client is subscribed to
         self.closing = False  # a close started or happened: nothing more is written
         self.paused = False  # the transport is over its high-water mark
+        self.out: list[bytes] | None = None  # frames of this turn of the loop, written at its end
+        self.out_bytes = 0  # their size
         self.backlog: Backlog | None = None  # frames waiting while the transport is paused
         self.seen = core.now  # the sweep's clock when data last came from the peer
         self.ping_at = 0.0  # when the sweep's unanswered ping went (0: none)
@@ -140,6 +152,7 @@ class Connection(asyncio.Protocol):
         after the close timeout if the client does not answer."""
         if self.closing:
             return
+        self.uncork()  # what was sent before the close goes before the close frame
         self._stop_writing()
         if self.proto.state is OPEN:
             self.proto.send_close(code, reason)
@@ -148,6 +161,7 @@ class Connection(asyncio.Protocol):
     async def drain(self) -> None:
         """Until the client has read what was sent to it so far, but for a little (between
         replay pages); raises ConnectionClosed once the client is being closed."""
+        self.uncork()  # written now, so that the transport tells whether the client keeps up
         backlog = self.backlog
         if backlog is not None:
             place = backlog.last
@@ -212,8 +226,17 @@ class Connection(asyncio.Protocol):
         self._wake()
 
     # -- inside -----------------------------------------------------------------------------------
+    def uncork(self) -> None:
+        """Write the frames gathered in this turn of the loop, as one write."""
+        out = self.out
+        if out is not None:
+            self.out = None
+            if not self.closing:
+                self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+
     def flush(self) -> None:
         """Write what the protocol has to send (handshake answer, pongs, close frames, EOF)."""
+        self.uncork()
         for data in self.proto.data_to_send():
             if data:
                 self.transport.write(data)
@@ -227,6 +250,7 @@ class Connection(asyncio.Protocol):
     def _stop_writing(self) -> None:
         """Closing: nothing more is written, what still waits is never sent, drain() returns."""
         self.closing = True
+        self.out = None
         self.backlog = None
         self.core.behind.discard(self)
         self._wake()
@@ -308,11 +332,21 @@ class Connection(asyncio.Protocol):
 
 # -- writes ---------------------------------------------------------------------------------------
 def push(conn: Connection, data: bytes, topic: str | None = None, kind: Kind | None = None) -> None:
-    """Write one whole frame: at once while the transport takes it, else through the backlog."""
+    """Write one whole frame: at the end of this turn of the loop while the transport takes it,
+    else through the backlog."""
     if conn.closing:
         return
     if conn.backlog is None and not conn.paused:
-        conn.transport.write(data)
+        out = conn.out
+        if out is None:
+            conn.out = [data]
+            conn.out_bytes = len(data)
+            conn.core.cork(conn)
+        else:
+            out.append(data)
+            conn.out_bytes += len(data)
+        if conn.out_bytes >= CORK_BYTES:
+            conn.uncork()  # the transport says now whether the client keeps up, as for a lone frame
         return
     backlog = conn.backlog
     if backlog is None:

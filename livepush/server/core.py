@@ -85,6 +85,7 @@ class ConnectionCore:
         self._sweeper: asyncio.Task[None] | None = None
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._corked: list[Connection] = []  # connections with frames gathered in this turn
 
     @property
     def port(self) -> int:
@@ -107,6 +108,19 @@ class ConnectionCore:
         self._live += 1
         conn.deadline = self.now + OPEN_TIMEOUT
         self._opening.add(conn)
+
+    def cork(self, conn: Connection) -> None:
+        self._corked.append(conn)
+        if len(self._corked) == 1:
+            asyncio.get_running_loop().call_soon(self._uncork)
+
+    def _uncork(self) -> None:
+        corked, self._corked = self._corked, []
+        for conn in corked:
+            try:
+                conn.uncork()
+            except Exception as exc:  # a transport gone under us: its connection_lost follows
+                log.debug("could not write to a connection: %s", exc)
 
     def is_opening(self, conn: Connection) -> bool:
         return conn in self._opening

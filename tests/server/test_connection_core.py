@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import socket
 import time
@@ -20,6 +21,7 @@ from livepush.fanout.local import LocalFanOut
 from livepush.server import frames
 from livepush.server.app import PushServer
 from livepush.server.connection import Connection
+from livepush.types import Message
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
@@ -111,6 +113,37 @@ async def test_a_message_is_encoded_once_and_the_same_bytes_go_to_every_subscrib
     assert all(len(s) == 1 and s[0] is encoded[0] for s in sent), "the same bytes object on every transport"
     for client in clients:
         await client.close()
+
+
+async def test_a_burst_of_messages_in_one_turn_of_the_loop_is_one_write_per_subscriber(
+    start_server: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ten messages published in one turn of the event loop reach each of two subscribers as one write (one system call, not ten), their frames in order."""
+    server = await start_server()
+    topic = topics.sign("room:burst", server.settings.secrets)
+    clients = [await WSClient.open(url(server)) for _ in range(2)]
+    for client in clients:
+        assert (await client.subscribe(topic))["op"] == "subscribed"
+    writes = [record_writes(on_server(server, c), monkeypatch) for c in clients]
+    for n in range(10):
+        server.hub.on_message(Message("room:burst", str(n + 1), str(n), json.dumps({"n": n}), None))
+    for client, written in zip(clients, writes):
+        assert [m["data"]["n"] for m in await client.messages(10)] == list(range(10))
+        assert len(written) == 1, f"{len(written)} writes for a burst of 10"
+        assert written[0].count(b'"op":"message"') == 10
+
+
+async def test_what_was_sent_before_a_close_in_the_same_turn_goes_before_the_close_frame(
+    start_server: Callable[..., Any]
+) -> None:
+    """A frame sent, then a close, in one turn of the loop: the client reads the frame, then the close code."""
+    server = await start_server()
+    client = await WSClient.open(url(server))
+    conn = on_server(server, client)
+    conn.send('{"op":"error","code":"bye"}')
+    conn.close(4000, "bye")
+    assert await client.recv() == {"op": "error", "code": "bye"}
+    assert await client.closed_with() == 4000
 
 
 async def open_slow(server: PushServer) -> WSClient:
