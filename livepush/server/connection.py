@@ -94,7 +94,7 @@ class Core(Protocol):
 class Connection(asyncio.Protocol):
     """One connection's state: what cannot be derived, nothing more."""
 
-    __slots__ = ("core", "transport", "proto", "session", "topics", "closing", "paused", "out", "out_bytes", "backlog", "seen",
+    __slots__ = ("core", "transport", "proto", "session", "topics", "closing", "paused", "out", "backlog", "seen",
                  "ping_at", "deadline", "busy", "inbox", "partial", "_bad", "_subscribes", "_waiter")
 
     def __init__(self, core: Core) -> None:
@@ -105,8 +105,7 @@ class Connection(asyncio.Protocol):
         self.topics: set[str] = set()  # plain topics this client is subscribed to
         self.closing = False  # a close started or happened: nothing more is written
         self.paused = False  # the transport is over its high-water mark
-        self.out: list[bytes] | None = None  # frames of this turn of the loop, written at its end
-        self.out_bytes = 0  # their size
+        self.out: bytes | bytearray | None = None  # frames of this turn of the loop, written at its end
         self.backlog: Backlog | None = None  # frames waiting while the transport is paused
         self.seen = core.now  # the sweep's clock when data last came from the peer
         self.ping_at = 0.0  # when the sweep's unanswered ping went (0: none)
@@ -232,7 +231,7 @@ class Connection(asyncio.Protocol):
         if out is not None:
             self.out = None
             if not self.closing:
-                self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+                self.transport.write(out)
 
     def flush(self) -> None:
         """Write what the protocol has to send (handshake answer, pongs, close frames, EOF)."""
@@ -337,15 +336,17 @@ def push(conn: Connection, data: bytes, topic: str | None = None, kind: Kind | N
     if conn.closing:
         return
     if conn.backlog is None and not conn.paused:
+        # Bytes, never a list: a list per connection and turn is a container the garbage
+        # collector counts, and enough of them made its collections a latency spike.
         out = conn.out
         if out is None:
-            conn.out = [data]
-            conn.out_bytes = len(data)
+            out = conn.out = data  # a lone frame is written as the broadcast's own bytes
             conn.core.cork(conn)
         else:
-            out.append(data)
-            conn.out_bytes += len(data)
-        if conn.out_bytes >= CORK_BYTES:
+            if type(out) is bytes:
+                out = conn.out = bytearray(out)
+            out += data
+        if len(out) >= CORK_BYTES:
             conn.uncork()  # the transport says now whether the client keeps up, as for a lone frame
         return
     backlog = conn.backlog
