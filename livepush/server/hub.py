@@ -56,7 +56,8 @@ STATE_RETRY_SECONDS = 1.0
 # A history read that Postgres or Redis failed (a restart under way) is tried again after this
 # long, while someone still listens: the log still holds the range, so it is no gap.
 READ_RETRY_SECONDS = 0.5
-# Topics per log read: their pages share one read's byte bound (fanout/base.py).
+# Topics per log read at most, so that a topic rung among thousands waits for one read, not for
+# all of them (the Postgres fan-out reads as many in one statement).
 READ_BATCH = 500
 
 

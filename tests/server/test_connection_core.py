@@ -69,6 +69,16 @@ def record_writes(conn: Connection, monkeypatch: pytest.MonkeyPatch) -> list[byt
     return written
 
 
+async def subscribers_recorded(server: PushServer, topic: str, n: int,
+                               monkeypatch: pytest.MonkeyPatch) -> tuple[list[WSClient], list[list[bytes]]]:
+    """n clients subscribed to `topic`, and what the server writes to each from then on."""
+    signed = topics.sign(topic, server.settings.secrets)
+    clients = [await WSClient.open(url(server)) for _ in range(n)]
+    for client in clients:
+        assert (await client.subscribe(signed))["op"] == "subscribed"
+    return clients, [record_writes(on_server(server, c), monkeypatch) for c in clients]
+
+
 async def raw_upgrade(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A bare TCP client that completes the opening handshake and then does nothing by itself:
     it answers no ping (a dead peer, as far as WebSocket can tell), and runs no task."""
@@ -90,11 +100,7 @@ async def test_a_message_is_encoded_once_and_the_same_bytes_go_to_every_subscrib
 ) -> None:
     """Three subscribers of a topic: the message is encoded to a frame once, and the very same bytes object is written to each of the three transports."""
     server = await start_server()
-    topic = topics.sign("room:shared", server.settings.secrets)
-    clients = [await WSClient.open(url(server)) for _ in range(3)]
-    for client in clients:
-        assert (await client.subscribe(topic))["op"] == "subscribed"
-    writes = [record_writes(on_server(server, c), monkeypatch) for c in clients]
+    clients, writes = await subscribers_recorded(server, "room:shared", 3, monkeypatch)
     encoded: list[bytes] = []
     text = frames.text
 
@@ -120,11 +126,7 @@ async def test_a_burst_of_messages_in_one_turn_of_the_loop_is_one_write_per_subs
 ) -> None:
     """Ten messages published in one turn of the event loop reach each of two subscribers as one write (one system call, not ten), their frames in order."""
     server = await start_server()
-    topic = topics.sign("room:burst", server.settings.secrets)
-    clients = [await WSClient.open(url(server)) for _ in range(2)]
-    for client in clients:
-        assert (await client.subscribe(topic))["op"] == "subscribed"
-    writes = [record_writes(on_server(server, c), monkeypatch) for c in clients]
+    clients, writes = await subscribers_recorded(server, "room:burst", 2, monkeypatch)
     for n in range(10):
         server.hub.on_message(Message("room:burst", str(n + 1), str(n), json.dumps({"n": n}), None))
     for client, written in zip(clients, writes):
