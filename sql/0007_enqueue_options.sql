@@ -95,6 +95,7 @@ DECLARE
     v_name text[];
     v_created boolean[];
     v_job jsonb;
+    v_i bigint;
     v_one record;
     v_owner jsonb := '{}';
 BEGIN
@@ -127,6 +128,9 @@ BEGIN
                    CASE WHEN n.at > now() THEN 'scheduled' ELSE 'available' END,
                    n.max_attempts, n.group_id, n.key, n.tags, n.concurrency_key, n.limited
             FROM input n
+            -- In key order, whatever the items' order: two batches sharing keys wait for each
+            -- other's inserts in one order, so they cannot deadlock.
+            ORDER BY n.key
         ), payloads AS (
             INSERT INTO livepush_job_payloads (id, args) SELECT n.id, n.args FROM input n
         ), rung AS (
@@ -147,10 +151,11 @@ BEGIN
     EXCEPTION WHEN unique_violation THEN
         NULL;  -- settled below, item by item
     END;
-    FOR i IN 1..jsonb_array_length(p_jobs) LOOP
-        v_job := p_jobs -> (i - 1);
+    -- Item by item in key order (the caller orders the rows by `ord`), for the same reason.
+    FOR v_i IN SELECT u.ord FROM jsonb_array_elements(p_jobs) WITH ORDINALITY AS u(j, ord) ORDER BY u.j ->> 8, u.ord LOOP
+        v_job := p_jobs -> (v_i - 1)::int;
         IF v_job ->> 8 IS NOT NULL AND v_owner ? (v_job ->> 8) THEN
-            RETURN QUERY SELECT i::bigint, (v_owner -> (v_job ->> 8) ->> 0)::bigint, v_owner -> (v_job ->> 8) ->> 1, false;
+            RETURN QUERY SELECT v_i, (v_owner -> (v_job ->> 8) ->> 0)::bigint, v_owner -> (v_job ->> 8) ->> 1, false;
             CONTINUE;
         END IF;
         SELECT * INTO v_one FROM livepush_enqueue_one_keyed(
@@ -161,7 +166,7 @@ BEGIN
         IF v_job ->> 8 IS NOT NULL THEN
             v_owner := v_owner || jsonb_build_object(v_job ->> 8, jsonb_build_array(v_one.id, v_one.name));
         END IF;
-        RETURN QUERY SELECT i::bigint, v_one.id, v_one.name, v_one.created;
+        RETURN QUERY SELECT v_i, v_one.id, v_one.name, v_one.created;
     END LOOP;
 END
 $$;
