@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import os
+import random
 import shutil
 from signal import SIGINT, SIGKILL, SIGTERM
 import socket
@@ -27,11 +28,37 @@ HEALTH_TIMEOUT = 15.0
 POLL_INTERVAL = 0.02
 
 
+# Ports handed out by this run: a child may not have bound its port yet when the next is asked for.
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (the kernel's pick)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now, for a child to bind.
+
+    Drawn below the kernel's ephemeral range: a port the kernel picks for `bind(0)` is one it
+    also gives to outgoing connections, so under a test's client traffic another socket could
+    take it between this check and the child's bind ("address already in use")."""
+    high = _ephemeral_low()
+    low = max(1024, high - 12000)
+    for _ in range(200):
+        port = random.randrange(low, high)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free TCP port on 127.0.0.1 in {low}-{high - 1} after 200 tries")
 
 
 class ChildProcess:
