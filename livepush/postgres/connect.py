@@ -65,6 +65,11 @@ def translate(url: str, exc: BaseException) -> Exception:
         hint = getattr(getattr(exc, "diag", None), "message_hint", None)
         return DependencyError(f"Postgres at {redact(url)} ran out of a resource ({_reason(url, exc)})"
                                + (f": {hint}" if hint else ": see its log"))
+    if state.startswith("40"):
+        # A deadlock or a serialization failure (psycopg calls them operational errors): the
+        # server is there and undid the transaction because another one conflicted with it.
+        return DependencyError(f"Postgres at {redact(url)} rolled back the transaction ({_reason(url, exc)}): "
+                               "another transaction conflicted with it; run the whole transaction again")
     if isinstance(exc, (psycopg.OperationalError, PoolTimeout, OSError)):
         return unreachable(url, exc)
     return DependencyError(f"Postgres at {redact(url)} failed: {_reason(url, exc)}")

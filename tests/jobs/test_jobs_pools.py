@@ -89,3 +89,18 @@ def test_a_server_out_of_a_resource_is_not_reported_unreachable() -> None:
     assert "secret" not in str(err) and "cannot reach" not in str(err)
     err = translate(url, psycopg.errors.TooManyConnections("sorry, too many clients already"))
     assert "cannot reach" in str(err)
+
+
+def test_a_deadlock_is_reported_as_a_conflict_to_retry_not_as_unreachable() -> None:
+    """Deadlocks and serialization failures are psycopg OperationalErrors, but the server is
+    there: the error says the transaction was rolled back and should be run again."""
+    import psycopg
+
+    from livepush.postgres.connect import translate
+
+    url = "postgresql://app:secret@db.example:5432/app"
+    for exc in (psycopg.errors.DeadlockDetected("deadlock detected"),
+                psycopg.errors.SerializationFailure("could not serialize access")):
+        err = translate(url, exc)
+        assert "rolled back the transaction" in str(err) and "run the whole transaction again" in str(err)
+        assert "cannot reach" not in str(err) and "secret" not in str(err)
