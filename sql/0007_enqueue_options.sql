@@ -71,7 +71,7 @@ BEGIN
 END
 $$;
 
--- An enqueue whose batch (enqueue.Batch rows, as for ENQUEUE) has keys; `p_keys`: the distinct
+-- An enqueue whose batch (livepush_job_items(), as for ENQUEUE) has keys; `p_keys`: the distinct
 -- keys of the batch. One statement does the common case: each key's unfinished job is looked up
 -- (one index probe per key), and the batch's first item of every key not held is inserted. A
 -- concurrent enqueue of one of those keys meets this one on the unique index: the later insert
@@ -80,12 +80,12 @@ $$;
 -- at a time by livepush_enqueue_one_keyed, whose fresh snapshots see the winners. A plain insert,
 -- not ON CONFLICT DO NOTHING: speculative insertion writes a second WAL record per row, which cost
 -- every keyed batch more than the rare race costs here.
--- Row column 9 is 1 for the batch's first item with its key (the caller marks it, which saves a
--- sort here): only it may create the job; a later item with the key gets the same one.
+-- Only the batch's first item with a key (`first`: the caller marks it, which saves a sort here)
+-- may create the job; a later item with the key gets the same one.
 -- Returns one row per batch item, in order: the job's id and name, and whether it was created
 -- (false: an unfinished job with the key already held it, or an earlier item of the batch did).
 -- SET enable_seqscan = off: as for livepush_enqueue_one_keyed.
-CREATE FUNCTION livepush_enqueue_keyed(p_jobs jsonb, p_keys text[])
+CREATE FUNCTION livepush_enqueue_keyed(p_batch jsonb, p_keys text[])
 RETURNS TABLE (ord bigint, id bigint, name text, created boolean)
 LANGUAGE plpgsql VOLATILE SET enable_seqscan = off AS $$
 #variable_conflict use_column
@@ -94,20 +94,13 @@ DECLARE
     v_id bigint[];
     v_name text[];
     v_created boolean[];
-    v_job jsonb;
-    v_i bigint;
+    v_item record;
     v_one record;
     v_owner jsonb := '{}';
 BEGIN
     BEGIN
         WITH items AS (
-            SELECT u.ord, u.j ->> 0 AS name, u.j ->> 1 AS queue, (u.j ->> 2)::int AS priority,
-                   (u.j ->> 3)::timestamptz AS at, (u.j ->> 4)::int AS max_attempts,
-                   (u.j ->> 5)::bigint AS group_id, u.j -> 6 AS args,
-                   CASE WHEN jsonb_typeof(u.j -> 7) = 'array' THEN ARRAY(SELECT jsonb_array_elements_text(u.j -> 7)) END AS tags,
-                   u.j ->> 8 AS key, (u.j ->> 9) = '1' AS first,
-                   u.j ->> 10 AS concurrency_key, coalesce((u.j ->> 11)::boolean, false) AS limited
-            FROM jsonb_array_elements(p_jobs) WITH ORDINALITY AS u(j, ord)
+            SELECT * FROM livepush_job_items(p_batch)
         ), held AS (
             -- The oldest unfinished job of each key (more than one only after debounced enqueues:
             -- see key_slot). `x.id + 0`: ordered by the bare id, the planner would rather walk the
@@ -152,21 +145,18 @@ BEGIN
         NULL;  -- settled below, item by item
     END;
     -- Item by item in key order (the caller orders the rows by `ord`), for the same reason.
-    FOR v_i IN SELECT u.ord FROM jsonb_array_elements(p_jobs) WITH ORDINALITY AS u(j, ord) ORDER BY u.j ->> 8, u.ord LOOP
-        v_job := p_jobs -> (v_i - 1)::int;
-        IF v_job ->> 8 IS NOT NULL AND v_owner ? (v_job ->> 8) THEN
-            RETURN QUERY SELECT v_i, (v_owner -> (v_job ->> 8) ->> 0)::bigint, v_owner -> (v_job ->> 8) ->> 1, false;
+    FOR v_item IN SELECT * FROM livepush_job_items(p_batch) i ORDER BY i.key, i.ord LOOP
+        IF v_item.key IS NOT NULL AND v_owner ? v_item.key THEN
+            RETURN QUERY SELECT v_item.ord, (v_owner -> v_item.key ->> 0)::bigint, v_owner -> v_item.key ->> 1, false;
             CONTINUE;
         END IF;
         SELECT * INTO v_one FROM livepush_enqueue_one_keyed(
-            v_job ->> 0, v_job ->> 1, (v_job ->> 2)::int, (v_job ->> 3)::timestamptz, (v_job ->> 4)::int,
-            (v_job ->> 5)::bigint, v_job -> 6,
-            CASE WHEN jsonb_typeof(v_job -> 7) = 'array' THEN ARRAY(SELECT jsonb_array_elements_text(v_job -> 7)) END,
-            v_job ->> 8, v_job ->> 10, coalesce((v_job ->> 11)::boolean, false)) o;
-        IF v_job ->> 8 IS NOT NULL THEN
-            v_owner := v_owner || jsonb_build_object(v_job ->> 8, jsonb_build_array(v_one.id, v_one.name));
+            v_item.name, v_item.queue, v_item.priority, v_item.at, v_item.max_attempts, v_item.group_id, v_item.args,
+            v_item.tags, v_item.key, v_item.concurrency_key, v_item.limited) o;
+        IF v_item.key IS NOT NULL THEN
+            v_owner := v_owner || jsonb_build_object(v_item.key, jsonb_build_array(v_one.id, v_one.name));
         END IF;
-        RETURN QUERY SELECT v_i, v_one.id, v_one.name, v_one.created;
+        RETURN QUERY SELECT v_item.ord, v_one.id, v_one.name, v_one.created;
     END LOOP;
 END
 $$;
@@ -185,20 +175,24 @@ $$;
 -- both insert at place 0, they meet on the unique index (the second waits for the first, inserts
 -- nothing, and its next round finds the first's job).
 -- SET enable_seqscan = off: as for livepush_enqueue_one_keyed.
-CREATE FUNCTION livepush_enqueue_debounced(p_job jsonb, p_delay float8) RETURNS TABLE (id bigint, name text, created boolean)
+CREATE FUNCTION livepush_enqueue_debounced(p_batch jsonb, p_delay float8) RETURNS TABLE (id bigint, name text, created boolean)
 LANGUAGE plpgsql VOLATILE SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_key text := p_job ->> 8;
+    v_job record;
+    v_key text;
     v_at timestamptz := now() + make_interval(secs => p_delay);
     v_state text := CASE WHEN p_delay > 0 THEN 'scheduled' ELSE 'available' END;
-    v_tags text[] := nullif(ARRAY(SELECT jsonb_array_elements_text(nullif(p_job -> 7, 'null'::jsonb))), '{}');
+    v_tags text[];
     v_id bigint;
     v_name text;
     v_version bigint;
     v_slot smallint;
     v_pending boolean;
 BEGIN
+    SELECT * INTO v_job FROM livepush_job_items(p_batch);
+    v_key := v_job.key;
+    v_tags := nullif(v_job.tags, '{}');
     -- ids: a constant naming livepush's key namespace, so users' own advisory locks never collide
     -- with it, and the key's hash (two keys sharing a hash only wait for each other).
     PERFORM pg_advisory_xact_lock(1819045236, hashtext(v_key));
@@ -206,14 +200,14 @@ BEGIN
     FOR v_round IN 1..100 LOOP
         -- New arguments: a limited function's concurrency key is taken from them again.
         UPDATE livepush_jobs j SET run_at = v_at, state = v_state, version = j.version + 1, event = 'enqueued',
-                                   tags = coalesce(v_tags, j.tags), concurrency_key = p_job ->> 10
+                                   tags = coalesce(v_tags, j.tags), concurrency_key = v_job.concurrency_key
         -- At most one job of a key is pending (only this function makes a second unfinished one).
         WHERE j.id = (SELECT x.id FROM livepush_jobs x
                       WHERE x.key = v_key AND x.state IN ('available', 'scheduled') ORDER BY x.key, x.key_slot LIMIT 1)
           AND j.state IN ('available', 'scheduled')
         RETURNING j.id, j.name, j.version INTO v_id, v_name, v_version;
         IF FOUND THEN
-            UPDATE livepush_job_payloads p SET args = p_job -> 6 WHERE p.id = v_id;
+            UPDATE livepush_job_payloads p SET args = v_job.args WHERE p.id = v_id;
             PERFORM livepush_state_changed(ARRAY['job:' || v_id], ARRAY[v_version]);
             IF v_state = 'available' THEN
                 PERFORM livepush_jobs_ready();
@@ -233,13 +227,13 @@ BEGIN
         CONTINUE WHEN v_pending;
         INSERT INTO livepush_jobs AS j (queue, name, priority, run_at, state, max_attempts, group_id, key, key_slot,
                                         tags, concurrency_key, limited)
-        VALUES (p_job ->> 1, p_job ->> 0, (p_job ->> 2)::int, v_at, v_state, (p_job ->> 4)::int,
-                (p_job ->> 5)::bigint, v_key, v_slot, v_tags, p_job ->> 10, coalesce((p_job ->> 11)::boolean, false))
+        VALUES (v_job.queue, v_job.name, v_job.priority, v_at, v_state, v_job.max_attempts,
+                v_job.group_id, v_key, v_slot, v_tags, v_job.concurrency_key, v_job.limited)
         ON CONFLICT (key, key_slot) WHERE key IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'waiting')
         DO NOTHING
         RETURNING j.id, j.name INTO v_id, v_name;
         IF FOUND THEN
-            INSERT INTO livepush_job_payloads (id, args) VALUES (v_id, p_job -> 6);
+            INSERT INTO livepush_job_payloads (id, args) VALUES (v_id, v_job.args);
             PERFORM livepush_states_created('job', v_id, v_id) + livepush_jobs_ready();
             RETURN QUERY SELECT v_id, v_name, true;
             RETURN;

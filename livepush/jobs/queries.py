@@ -4,7 +4,7 @@ Only this module (and groups/queries.py for task groups) spells SQL for jobs; ta
 and functions are in sql/0003_jobs.sql. Statements that take a batch get it as arrays and
 `unnest` them, so a batch of any size is one round trip. The hot ones take their arrays in
 binary (`%(x)b`): psycopg builds a text array in Python, escaping each element. The enqueue
-takes its batch as one JSON document instead (enqueue.Batch: seven columns, one encoder call).
+takes its batch as one JSON document instead (enqueue.Batch, one encoder call).
 
 Fencing rule: every statement that changes a running job names its lease (`WHERE id = ... AND
 lease = ... AND state = 'running'`). A claim gives each job a fresh lease, so an outcome from a
@@ -60,29 +60,17 @@ VIEW_COLUMNS = """j.id, j.name, j.queue, j.state, j.attempt, j.max_attempts, j.v
         ORDER BY s.at DESC LIMIT 1) END AS checkpoint"""
 
 # name: enqueue
-# One statement for any number of jobs. Ids come from the sequence inside the `input` CTE, which
-# Postgres materializes once (it calls a volatile function), so both inserts see the same ids.
-# New rows are invisible to claims until commit: nothing to race with. The rings (the new jobs'
-# id range, created at version 1, and the runtimes' doorbell) are delivered at commit.
+# One statement for any number of jobs (their batch decoded by livepush_job_items(), in
+# sql/0003_jobs.sql). Ids come from the sequence inside the `input` CTE, which Postgres
+# materializes once (it calls a volatile function), so both inserts see the same ids, given in
+# item order. New rows are invisible to claims until commit: nothing to race with. The rings (the
+# new jobs' id range, created at version 1, and the runtimes' doorbell) are delivered at commit.
 ENQUEUE = """
 WITH input AS (
-    SELECT nextval('livepush_jobs_id_seq') AS id, f.name, f.queue, f.priority,
-           coalesce(f.at, now()) AS run_at,
-           CASE WHEN f.at > now() THEN 'scheduled' ELSE 'available' END AS state,
-           f.max_attempts, f.group_id, f.args, f.ord, f.tags, f.concurrency_key, f.limited
-    FROM (
-        -- enqueue.Batch: one JSON array per job, in this column order.
-        SELECT u.j ->> 0 AS name, u.j ->> 1 AS queue, (u.j ->> 2)::int AS priority,
-               (u.j ->> 3)::timestamptz AS at, (u.j ->> 4)::int AS max_attempts,
-               (u.j ->> 5)::bigint AS group_id, u.j -> 6 AS args, u.ord,
-               -- Tags (enqueue options): NULL for none, so untagged jobs stay out of the tags index.
-               CASE WHEN jsonb_typeof(u.j -> 7) = 'array'
-                    THEN ARRAY(SELECT jsonb_array_elements_text(u.j -> 7)) END AS tags,
-               -- Claim limits (sql/0008_claim_limits.sql): the concurrency key and whether the
-               -- job takes the limited claim.
-               u.j ->> 10 AS concurrency_key, (u.j -> 11)::boolean AS limited
-        FROM jsonb_array_elements(%(jobs)s::jsonb) WITH ORDINALITY AS u(j, ord)
-    ) f
+    SELECT nextval('livepush_jobs_id_seq') AS id, b.name, b.queue, b.priority,
+           coalesce(b.at, now()) AS run_at, CASE WHEN b.at > now() THEN 'scheduled' ELSE 'available' END AS state,
+           b.max_attempts, b.group_id, b.args, b.ord, b.tags, b.concurrency_key, b.limited
+    FROM livepush_job_items(%(batch)s::jsonb) b
 ), jobs AS (
     INSERT INTO livepush_jobs (id, queue, name, priority, run_at, state, max_attempts, group_id, tags,
                                concurrency_key, limited)
@@ -116,15 +104,14 @@ FROM jobs
 """
 
 # name: enqueue_keyed
-# ENQUEUE for a batch with idempotency keys (the same JSON rows; columns 7, 8 and 9 are the tags,
-# the key and whether the item is the batch's first with its key), and the batch's distinct keys.
+# ENQUEUE for a batch with idempotency keys (the same document), and the batch's distinct keys.
 # Safe under concurrency: livepush_enqueue_keyed() (sql/0007_enqueue_options.sql) looks up each
 # key's unfinished job and inserts the rest with ON CONFLICT DO NOTHING on the unique index of
 # (key, key_slot) over unfinished jobs, so a concurrent enqueue of a key waits for this one's
 # transaction and then returns its job (or the other way round); an item whose insert met one is
 # settled in a fresh snapshot. Rows: (id, name, created), one per item, in item order.
 ENQUEUE_KEYED = """
-SELECT k.id, k.name, k.created FROM livepush_enqueue_keyed(%(jobs)s::jsonb, %(keys)s::text[]) k ORDER BY k.ord
+SELECT k.id, k.name, k.created FROM livepush_enqueue_keyed(%(batch)s::jsonb, %(keys)s::text[]) k ORDER BY k.ord
 """
 
 # name: enqueue_one_keyed
@@ -140,7 +127,7 @@ SELECT k.id, k.name, k.created FROM livepush_enqueue_one_keyed(
 # One keyed job that runs `delay` seconds from now, replacing a pending job with the key (its
 # arguments and run time) or queued behind a started one: livepush_enqueue_debounced()
 # (sql/0007_enqueue_options.sql); concurrent enqueues of the key meet on the same unique index.
-ENQUEUE_DEBOUNCED = "SELECT k.id, k.name, k.created FROM livepush_enqueue_debounced(%(job)s::jsonb, %(delay)s) k"
+ENQUEUE_DEBOUNCED = "SELECT k.id, k.name, k.created FROM livepush_enqueue_debounced(%(batch)s::jsonb, %(delay)s) k"
 
 # name: claim
 # Safe under concurrency: FOR UPDATE SKIP LOCKED hands each available row to exactly one

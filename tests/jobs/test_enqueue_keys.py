@@ -113,35 +113,66 @@ def test_concurrent_enqueues_of_one_key_from_threads_make_one_job(jobs_db: str) 
     assert len(jobs_with_key(jobs_db, "race")) == 1
 
 
+def shuffled_keys_at_once(url: str, threads: int, keys: list[str],
+                          enqueue: Callable[[psycopg.Connection, list[str]], list[Any]]) -> list[dict[str, Any]]:
+    """Each of `threads` threads opens a transaction, waits for the others, calls `enqueue(conn,
+    keys)` with the keys in its own shuffled order and commits a moment later. Returns each
+    thread's {key: handle}; fails naming any thread's error (a deadlock, say)."""
+    import random
+    barrier = threading.Barrier(threads)
+    got: list[dict[str, Any]] = []
+    errors: list[BaseException] = []
+
+    def run(seed: int) -> None:
+        mine = list(keys)
+        random.Random(seed).shuffle(mine)
+        try:
+            with psycopg.connect(url) as conn:
+                barrier.wait(10)
+                handles = enqueue(conn, mine)
+                conn.execute("SELECT pg_sleep(0.01)")
+            got.append(dict(zip(mine, handles)))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    started = [threading.Thread(target=run, args=(seed,)) for seed in range(threads)]
+    for t in started:
+        t.start()
+    for t in started:
+        t.join(60)
+    assert errors == [] and len(got) == threads
+    return got
+
+
 def test_concurrent_batches_sharing_keys_in_any_order_make_one_job_per_key(jobs_db: str) -> None:
     """8 threads each enqueue_many the same 300 keys, shuffled, in transactions held open a moment:
     300 jobs, every batch got the same handle per key, and none deadlocked (each batch inserts in
     key order, whatever its item order)."""
-    import random
-    barrier = threading.Barrier(8)
-    got: list[dict[str, Any]] = []
-    errors: list[BaseException] = []
-
-    def enqueue(seed: int) -> None:
-        keys = [f"b{i}" for i in range(300)]
-        random.Random(seed).shuffle(keys)
-        try:
-            with psycopg.connect(jobs_db) as conn:
-                barrier.wait(10)
-                handles = jobs.enqueue_many([(sample_jobs.record, [k], {"key": k}) for k in keys], conn=conn)
-                conn.execute("SELECT pg_sleep(0.01)")
-            got.append(dict(zip(keys, handles)))
-        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=enqueue, args=(seed,)) for seed in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert errors == [] and len(got) == 8
+    got = shuffled_keys_at_once(jobs_db, 8, [f"b{i}" for i in range(300)], lambda conn, keys: jobs.enqueue_many(
+        [(sample_jobs.record, [k], {"key": k}) for k in keys], conn=conn))
     assert all(g == got[0] for g in got)
     assert q(jobs_db, "SELECT count(*), count(DISTINCT key) FROM livepush_jobs") == [(300, 300)]
+
+
+def test_concurrent_group_batches_of_many_statements_sharing_keys_do_not_deadlock(
+        jobs_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group's members go in statements of at most CHUNK jobs (here 50, so 1,000 keys take 20):
+    6 threads each add the same keys, shuffled, in their own group and transaction. A keyed
+    batch is sliced in key order, so the transactions insert in one order and none deadlocks;
+    each group's members come back in item order, one job per key across the groups."""
+    from livepush.jobs.groups import building
+
+    monkeypatch.setattr(building, "CHUNK", 50)
+
+    def in_a_group(conn: psycopg.Connection, keys: list[str]) -> list[Any]:
+        with jobs.group(conn=conn) as g:
+            g.enqueue_many([(sample_jobs.record, [k], {"key": k}) for k in keys])
+        return g.members
+
+    got = shuffled_keys_at_once(jobs_db, 6, [f"c{i}" for i in range(1000)], in_a_group)
+    assert all(g == got[0] for g in got)
+    assert q(jobs_db, "SELECT count(*), count(DISTINCT key) FROM livepush_jobs") == [(1000, 1000)]
+    assert all(q(jobs_db, "SELECT key FROM livepush_jobs WHERE id = %s", (h.id,)) == [(k,)] for k, h in got[0].items())
 
 
 def test_a_batch_of_twenty_thousand_keys_takes_no_lock_per_key(jobs_db: str) -> None:

@@ -118,6 +118,32 @@ def test_enqueue_many_stores_every_column_exactly(jobs_db: str) -> None:
     assert rows[2][1:5] == ("t.record", "default", "available", 5) and rows[2][6] == []
 
 
+def test_the_batch_document_gives_back_every_field_of_every_item(jobs_db: str) -> None:
+    """A batch travels as one compact document (what each function fixes once, rows without
+    their trailing nulls); livepush_job_items(), which every enqueue statement reads it through,
+    gives back each item's every field, in item order."""
+    from livepush.jobs.api.enqueue import Batch
+    from tests.jobs import limit_jobs
+
+    at = datetime.datetime(2031, 5, 6, 7, 8, 9, tzinfo=datetime.timezone.utc)
+    batch = Batch()
+    batch.add(sample_jobs.record, [])
+    batch.add(sample_jobs.record, ["x", {"n": 1}], at, queue="elsewhere")
+    batch.add(sample_jobs.flaky, [2], group_id=7, tags=["a", "b"], key="k")
+    batch.add(sample_jobs.record, [3], key="k")
+    batch.add(limit_jobs.per_tenant, ["acme"])
+    with psycopg.connect(jobs_db) as conn:
+        rows = conn.execute("SELECT * FROM livepush_job_items(%(batch)s::jsonb)", batch.params()).fetchall()
+    # ord, name, queue, priority, at, max_attempts, group_id, args, tags, key, first, concurrency_key, limited
+    assert rows == [
+        (1, "t.record", "default", 0, None, 5, None, [], None, None, True, None, False),
+        (2, "t.record", "elsewhere", 0, at, 5, None, ["x", {"n": 1}], None, None, True, None, False),
+        (3, "t.flaky", "default", 0, None, 3, 7, [2], ["a", "b"], "k", True, None, False),
+        (4, "t.record", "default", 0, None, 5, None, [3], None, "k", False, None, False),
+        (5, "t.per_tenant", "default", 0, None, 5, None, ["acme"], None, None, True, '"acme"', True),
+    ]
+
+
 def _nodes(plan: dict) -> list[dict]:
     return [plan, *(n for child in plan.get("Plans", []) for n in _nodes(child))]
 
@@ -137,10 +163,10 @@ def test_a_batch_enqueue_reads_its_document_once(jobs_db: str) -> None:
         custom = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + queries.ENQUEUE, batch.params(),
                               prepare=False).fetchone()[0][0]["Plan"]  # type: ignore[index]
         conn.execute("SET plan_cache_mode = force_generic_plan")
-        conn.execute("PREPARE test_enqueue(jsonb) AS " + queries.ENQUEUE.replace("%(jobs)s", "$1"))
+        conn.execute("PREPARE test_enqueue(jsonb) AS " + queries.ENQUEUE.replace("%(batch)s", "$1"))
         # EXECUTE takes its argument as a literal (utility statements take no bound parameters).
         execute = sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE test_enqueue({})").format(
-            sql.Literal(batch.params()["jobs"]))
+            sql.Literal(batch.params()["batch"]))
         generic = conn.execute(execute).fetchone()[0][0]["Plan"]  # type: ignore[index]
         for plan in (custom, generic):
             scans = [n for n in _nodes(plan) if n["Node Type"] == "Function Scan"]

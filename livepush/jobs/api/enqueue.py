@@ -44,17 +44,28 @@ def run_at(wait: float | None, at: datetime | None) -> datetime | None:
     return None
 
 
-class Batch:
-    """The jobs of one enqueue statement, built from (function, args, run_at, group_id) items.
+Spec = tuple[str, str, int, int, bool]  # name, queue, priority, max_attempts, limited
 
-    The statement takes the whole batch as one JSON document (a row per job), written by one
-    call of the C encoder: per-job JSON texts and nine typed arrays, which psycopg dumps an
-    element at a time in Python, cost more than the inserts they feed."""
+
+def _key(row: list[Any]) -> str | None:
+    """The idempotency key of a Batch row."""
+    return row[5] if len(row) > 5 else None
+
+
+class Batch:
+    """The jobs of one enqueue statement, and the JSON document it takes them as.
+
+    The document is decoded by livepush_job_items() (sql/0003_jobs.sql), which says its layout:
+    what a job's function fixes (name, queue, priority, attempts, whether it has claim limits)
+    once per function in `specs`, and per job a row without its trailing nulls. One call of the
+    C encoder writes it: per-job JSON texts and typed arrays, which psycopg dumps an element at
+    a time in Python, cost more than the inserts they feed, and full rows made Postgres parse
+    and pick apart ten times the text."""
 
     def __init__(self) -> None:
-        # [name, queue, priority, run_at (ISO 8601) | None, max_attempts, group_id | None, args,
-        #  tags | None, key | None, 1 if this is the batch's first item with its key (or has none),
-        #  concurrency_key | None, limited]
+        self.specs: dict[Spec, int] = {}
+        # [spec, args, run_at (ISO 8601) | None, group_id | None, tags | None, key | None,
+        #  1 if an earlier item has the key | None, concurrency_key | None], trailing Nones cut
         self.rows: list[list[Any]] = []
         self.keyed = False
         self.limited = False  # whether a job of the batch has claim limits
@@ -71,32 +82,56 @@ class Batch:
             validate(items)
         limits = getattr(fn, "limits", None)  # JobFunction's claim limits; None for other specs
         limited = limits is not None and limits.any
-        first = 1
+        spec: Spec = (fn.name, queue or fn.queue, fn.priority, fn.max_attempts, limited)
+        index = self.specs.get(spec)
+        if index is None:
+            index = self.specs[spec] = len(self.specs)
+        later = None
         if key is not None:
             key = check_key(key)
             self.keyed = True
-            first = 0 if key in self._keys else 1
+            later = 1 if key in self._keys else None
             self._keys.add(key)  # type: ignore[arg-type]
+        tags = check_tags(tags)
         self.limited = self.limited or limited
-        self.rows.append([fn.name, queue or fn.queue, fn.priority, when.isoformat() if when else None,
-                          fn.max_attempts, group_id, items, check_tags(tags), key, first,
-                          limits.key_of(args) if limited else None, limited])
+        ckey = limits.key_of(args) if limited else None  # type: ignore[union-attr]
+        if when is None and group_id is None and tags is None and key is None and ckey is None:
+            self.rows.append([index, items])
+            return
+        row = [index, items, when.isoformat() if when else None, group_id, tags, key, later, ckey]
+        while row[-1] is None:
+            row.pop()
+        self.rows.append(row)
 
-    def params(self, start: int = 0, stop: int | None = None) -> dict[str, Any]:
-        """Parameters of ENQUEUE (or ENQUEUE_KEYED: with the slice's distinct keys) for rows[start:stop]."""
-        rows = self.rows[start:stop]
+    def params(self, rows: list[list[Any]] | None = None) -> dict[str, Any]:
+        """Parameters of ENQUEUE (or ENQUEUE_KEYED: with their distinct keys) for `rows` (all)."""
+        rows = self.rows if rows is None else rows
+        batch = dumps({"specs": list(self.specs), "rows": rows})
         if not self.keyed:
-            return {"jobs": dumps(rows)}
-        return {"jobs": dumps(rows), "keys": list({r[8] for r in rows if r[8] is not None})}
+            return {"batch": batch}
+        return {"batch": batch, "keys": list({k for k in map(_key, rows) if k is not None})}
 
-    def chunks(self, size: int) -> list[tuple[str, dict[str, Any]]]:
-        """Enqueue statements and parameters for consecutive slices of at most `size` jobs."""
+    def chunks(self, size: int) -> tuple[list[tuple[str, dict[str, Any]]], list[int]]:
+        """Enqueue statements and parameters for slices of at most `size` jobs, and for each item
+        the place of its row among the statements' results. A keyed batch is sliced in key order:
+        each statement inserts in key order, and so does the transaction as a whole, so two of
+        them sharing keys cannot wait for each other in a circle. The sort is stable: an item's
+        earlier items with its key stay earlier."""
+        order = list(range(len(self.rows)))
+        if self.keyed and len(self.rows) > size:
+            order.sort(key=lambda i: _key(self.rows[i]) or "")
+        place = [0] * len(order)
+        for at, i in enumerate(order):
+            place[i] = at
         sql = queries.ENQUEUE_KEYED if self.keyed else queries.ENQUEUE
-        return [(sql, self.params(i, i + size)) for i in range(0, len(self.rows), size)]
+        return [(sql, self.params([self.rows[i] for i in order[at:at + size]]))
+                for at in range(0, len(order), size)], place
 
     def one_params(self) -> dict[str, Any]:
         """Scalar parameters for ENQUEUE_ONE (a batch of exactly one job)."""
-        name, queue, priority, when, max_attempts, group_id, args, tags, key, _first, ckey, limited = self.rows[0]
+        row = self.rows[0] + [None] * (8 - len(self.rows[0]))
+        _spec, args, when, group_id, tags, key, _later, ckey = row
+        name, queue, priority, max_attempts, limited = next(iter(self.specs))
         return {"name": name, "queue": queue, "priority": priority, "run_at": when, "max_attempts": max_attempts,
                 "args": dumps(args), "group_id": group_id, "tags": tags, "key": key, "concurrency_key": ckey,
                 "limited": limited}
@@ -105,7 +140,7 @@ class Batch:
         """The enqueue statement and its parameters: a lone job takes the scalar twin (cheaper);
         a batch with keys the keyed statement; a debounced job (one, keyed) its own."""
         if debounce is not None:
-            return queries.ENQUEUE_DEBOUNCED, {"job": dumps(self.rows[0]), "delay": float(debounce)}
+            return queries.ENQUEUE_DEBOUNCED, {"batch": self.params()["batch"], "delay": float(debounce)}
         if len(self.rows) == 1:
             return (queries.ENQUEUE_ONE_KEYED if self.keyed else queries.ENQUEUE_ONE), self.one_params()
         if self.keyed:

@@ -69,11 +69,12 @@ def add_steps(group_id: int, batch: Batch, *, states: Sequence[str], seal: bool 
             raise LeaseLostError(
                 f"job {fence[0]} no longer holds its claim (rescued after its runtime was presumed dead, timed out "
                 f"or given back): its additions to group {group_id} are refused; another attempt will run")
-    rows, got = yield from steps.add(group_id, batch.chunks(CHUNK), states=states, limit=MAX_GROUP_MEMBERS, seal=seal)
+    statements, places = batch.chunks(CHUNK)
+    rows, got = yield from steps.add(group_id, statements, states=states, limit=MAX_GROUP_MEMBERS, seal=seal)
     if got is None:
         row = yield from steps.group_row(group_id)
         raise refused(group_id, row, len(rows), states)
-    return rows
+    return [rows[p] for p in places]
 
 
 def check_limit(n: int) -> None:
