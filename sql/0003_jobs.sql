@@ -154,23 +154,23 @@ CREATE TABLE livepush_job_runtimes (
 -- The batch of an enqueue (livepush/jobs/api/enqueue.py: Batch), read here only: every enqueue
 -- statement and function takes its jobs through this. One JSON document, written by one call of
 -- the encoder: {"specs": [[name, queue, priority, max_attempts, limited], ...], "rows": [[spec,
--- args, run_at, group_id, tags, key, later, concurrency_key], ...]}. A batch's jobs share a few
+-- args, key, group_id, concurrency_key, run_at, tags, later], ...]}. A batch's jobs share a few
 -- functions, so what a function fixes is written once per function (`spec`: its place in
--- `specs`), and a row leaves out its trailing nulls: a plain job is `[0, []]`. `later` is 1 for
--- an item whose key an earlier item of the batch has (only the first may create the job).
--- Rows come out in item order (`ord`, from 1). SQL, not PL/pgSQL, and STABLE (the time cast
--- reads the session's time zone): Postgres inlines it into the calling statement, so the
--- document is expanded once, as part of that statement's plan.
+-- `specs`), and a row leaves out its trailing nulls: a plain job is `[0, []]`, a keyed one
+-- `[0, [], "k"]`. `later` is 1 for an item whose key an earlier item of the batch has (only the
+-- first may create the job). Rows come out in item order (`ord`, from 1). SQL, not PL/pgSQL,
+-- and STABLE (the time cast reads the session's time zone): Postgres inlines it into the calling
+-- statement, so the document is expanded once, as part of that statement's plan.
 CREATE FUNCTION livepush_job_items(p_batch jsonb)
 RETURNS TABLE (ord bigint, name text, queue text, priority integer, at timestamptz, max_attempts integer,
                group_id bigint, args jsonb, tags text[], key text, first boolean, concurrency_key text,
                limited boolean)
 LANGUAGE sql STABLE AS $$
-    SELECT u.ord, f.spec ->> 0, f.spec ->> 1, (f.spec ->> 2)::integer, (u.j ->> 2)::timestamptz,
+    SELECT u.ord, f.spec ->> 0, f.spec ->> 1, (f.spec ->> 2)::integer, (u.j ->> 5)::timestamptz,
            (f.spec ->> 3)::integer, (u.j ->> 3)::bigint, u.j -> 1,
            -- NULL for none, so untagged jobs stay out of the tags index.
-           CASE WHEN jsonb_typeof(u.j -> 4) = 'array' THEN ARRAY(SELECT jsonb_array_elements_text(u.j -> 4)) END,
-           u.j ->> 5, (u.j ->> 6) IS NULL, u.j ->> 7, coalesce((f.spec -> 4)::boolean, false)
+           CASE WHEN jsonb_typeof(u.j -> 6) = 'array' THEN ARRAY(SELECT jsonb_array_elements_text(u.j -> 6)) END,
+           u.j ->> 2, (u.j ->> 7) IS NULL, u.j ->> 4, coalesce((f.spec -> 4)::boolean, false)
     FROM jsonb_array_elements(p_batch -> 'rows') WITH ORDINALITY AS u(j, ord)
     -- A lookup per row, not a join: no plan can read the rows more than once.
     CROSS JOIN LATERAL (SELECT p_batch -> 'specs' -> (u.j ->> 0)::integer AS spec) f

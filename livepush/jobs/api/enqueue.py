@@ -9,8 +9,9 @@ committed jobs. Enqueue options (key=, debounce=, tags=): docs/jobs.md "Enqueue 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
+from types import MappingProxyType
 from typing import Any
 
 from ...postgres.connect import translated
@@ -49,7 +50,7 @@ Spec = tuple[str, str, int, int, bool]  # name, queue, priority, max_attempts, l
 
 def _key(row: list[Any]) -> str | None:
     """The idempotency key of a Batch row."""
-    return row[5] if len(row) > 5 else None
+    return row[2] if len(row) > 2 else None
 
 
 class Batch:
@@ -64,8 +65,8 @@ class Batch:
 
     def __init__(self) -> None:
         self.specs: dict[Spec, int] = {}
-        # [spec, args, run_at (ISO 8601) | None, group_id | None, tags | None, key | None,
-        #  1 if an earlier item has the key | None, concurrency_key | None], trailing Nones cut
+        # [spec, args, key, group_id, concurrency_key, run_at (ISO 8601), tags, 1 if an earlier
+        #  item has the key], trailing Nones cut: the options users give most come first
         self.rows: list[list[Any]] = []
         self.keyed = False
         self.limited = False  # whether a job of the batch has claim limits
@@ -92,24 +93,21 @@ class Batch:
             self.keyed = True
             later = 1 if key in self._keys else None
             self._keys.add(key)  # type: ignore[arg-type]
-        tags = check_tags(tags)
+        if tags is not None:
+            tags = check_tags(tags)
         self.limited = self.limited or limited
         ckey = limits.key_of(args) if limited else None  # type: ignore[union-attr]
         if when is None and group_id is None and tags is None and key is None and ckey is None:
             self.rows.append([index, items])
             return
-        row = [index, items, when.isoformat() if when else None, group_id, tags, key, later, ckey]
+        row = [index, items, key, group_id, ckey, when.isoformat() if when else None, tags, later]
         while row[-1] is None:
             row.pop()
         self.rows.append(row)
 
     def params(self, rows: list[list[Any]] | None = None) -> dict[str, Any]:
-        """Parameters of ENQUEUE (or ENQUEUE_KEYED: with their distinct keys) for `rows` (all)."""
-        rows = self.rows if rows is None else rows
-        batch = dumps({"specs": list(self.specs), "rows": rows})
-        if not self.keyed:
-            return {"batch": batch}
-        return {"batch": batch, "keys": list({k for k in map(_key, rows) if k is not None})}
+        """Parameters of ENQUEUE (or ENQUEUE_KEYED) for `rows` (all of the batch's by default)."""
+        return {"batch": dumps({"specs": list(self.specs), "rows": self.rows if rows is None else rows})}
 
     def chunks(self, size: int) -> tuple[list[tuple[str, dict[str, Any]]], list[int]]:
         """Enqueue statements and parameters for slices of at most `size` jobs, and for each item
@@ -130,7 +128,7 @@ class Batch:
     def one_params(self) -> dict[str, Any]:
         """Scalar parameters for ENQUEUE_ONE (a batch of exactly one job)."""
         row = self.rows[0] + [None] * (8 - len(self.rows[0]))
-        _spec, args, when, group_id, tags, key, _later, ckey = row
+        _spec, args, key, group_id, ckey, when, tags, _later = row
         name, queue, priority, max_attempts, limited = next(iter(self.specs))
         return {"name": name, "queue": queue, "priority": priority, "run_at": when, "max_attempts": max_attempts,
                 "args": dumps(args), "group_id": group_id, "tags": tags, "key": key, "concurrency_key": ckey,
@@ -152,6 +150,7 @@ class Batch:
 
 
 ITEM_OPTIONS = frozenset({"wait", "at", "key", "tags"})
+NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})
 
 # Types whose instances passed the JobSpec check: isinstance() against a runtime-checkable
 # Protocol walks its attributes on every call, which was most of the Python time of an
@@ -170,19 +169,22 @@ def is_spec(value: Any) -> bool:
     return False
 
 
-def item(entry: Any) -> tuple[JobSpec, Sequence[Any], datetime | None, str | None, dict[str, Any]]:
+def item(entry: Any) -> tuple[JobSpec, Sequence[Any], datetime | None, str | None, Mapping[str, Any]]:
     """An enqueue_many entry: a JobRequest, or (job_function, args) / (job_function, args, options).
     Returns the function, its arguments, when to run, the queue a request asked for, and the
     enqueue options (key=, tags=) as keyword arguments of Batch.add."""
     if isinstance(entry, JobRequest):
-        return REGISTRY.get(entry.name), entry.args, None, entry.queue, {}
+        return REGISTRY.get(entry.name), entry.args, None, entry.queue, NO_OPTIONS
     if isinstance(entry, tuple) and len(entry) in (2, 3) and is_spec(entry[0]):
-        options = entry[2] if len(entry) == 3 else {}
-        unknown = set(options) - ITEM_OPTIONS
-        if unknown:
+        if len(entry) == 2 or not entry[2]:
+            return entry[0], entry[1], None, None, NO_OPTIONS
+        options = entry[2]
+        if not ITEM_OPTIONS.issuperset(options):  # no set built per item: most are fine
+            unknown = set(options) - ITEM_OPTIONS
             raise TypeError(f"enqueue_many() item options take {sorted(ITEM_OPTIONS)}, got {sorted(unknown)}"
                             + (" (debounce= is for a single enqueue)" if "debounce" in unknown else ""))
-        extra = {k: options[k] for k in ("key", "tags") if k in options}
+        key, tags = options.get("key"), options.get("tags")
+        extra = NO_OPTIONS if key is None and tags is None else {"key": key, "tags": tags}
         return entry[0], entry[1], run_at(options.get("wait"), options.get("at")), None, extra
     raise TypeError(
         "enqueue_many() takes JobRequest values (some_job.request(*args)) or (job_function, args) tuples, "
