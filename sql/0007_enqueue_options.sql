@@ -82,8 +82,9 @@ $$;
 -- every keyed batch more than the rare race costs here.
 -- Only the batch's first item with a key (`first`: the caller marks it, which saves a sort here)
 -- may create the job; a later item with the key gets the same one.
--- Returns one row per batch item, in order: the job's id and name, and whether it was created
--- (false: an unfinished job with the key already held it, or an earlier item of the batch did).
+-- Returns one row per batch item, with its `ord` (in no order: the caller orders by it): the
+-- job's id and name, and whether it was created (false: an unfinished job with the key already
+-- held it, or an earlier item of the batch did).
 -- SET enable_seqscan = off: as for livepush_enqueue_one_keyed.
 CREATE FUNCTION livepush_enqueue_keyed(p_batch jsonb)
 RETURNS TABLE (ord bigint, id bigint, name text, created boolean)
@@ -131,8 +132,10 @@ BEGIN
             SELECT held.key, held.id, held.name FROM held
             UNION ALL SELECT n.key, n.id, n.name FROM input n WHERE n.key IS NOT NULL
         )
-        SELECT array_agg(i.ord ORDER BY i.ord), array_agg(coalesce(n.id, o.id) ORDER BY i.ord),
-               array_agg(coalesce(n.name, o.name) ORDER BY i.ord), array_agg(n.id IS NOT NULL ORDER BY i.ord)
+        -- Unordered: one aggregation fills the four arrays from the same rows in the same order,
+        -- and the caller orders the result by `ord` (an ordered aggregate sorts its own input).
+        SELECT array_agg(i.ord), array_agg(coalesce(n.id, o.id)), array_agg(coalesce(n.name, o.name)),
+               array_agg(n.id IS NOT NULL)
         INTO v_ord, v_id, v_name, v_created
         FROM items i CROSS JOIN rung
         LEFT JOIN input n ON n.ord = i.ord
