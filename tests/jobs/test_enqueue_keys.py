@@ -259,6 +259,11 @@ def test_debounce_needs_a_key_and_excludes_wait() -> None:
         jobs.enqueue_many([(sample_jobs.record, ["a"], {"key": "x", "debounce": 1})])
 
 
+def test_enqueue_many_item_options_that_are_not_a_dict_are_refused_by_name() -> None:
+    with pytest.raises(TypeError, match="item options are a dict of .* got list"):
+        jobs.enqueue_many([(sample_jobs.record, ["a"], ["key"])])
+
+
 async def test_debounce_leaves_a_running_job_alone_and_queues_one_behind_it(jobs_db: str) -> None:
     """A job with the key already running is not touched: the debounced enqueue queues a new one
     (the key then has one running and one pending job); a further debounce replaces the pending one,

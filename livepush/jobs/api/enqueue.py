@@ -179,6 +179,9 @@ def item(entry: Any) -> tuple[JobSpec, Sequence[Any], datetime | None, str | Non
         if len(entry) == 2 or not entry[2]:
             return entry[0], entry[1], None, None, NO_OPTIONS
         options = entry[2]
+        if type(options) is not dict and not isinstance(options, Mapping):
+            raise TypeError(f"enqueue_many() item options are a dict of {sorted(ITEM_OPTIONS)}, "
+                            f"got {type(options).__name__} {options!r:.60}")
         if not ITEM_OPTIONS.issuperset(options):  # no set built per item: most are fine
             unknown = set(options) - ITEM_OPTIONS
             raise TypeError(f"enqueue_many() item options take {sorted(ITEM_OPTIONS)}, got {sorted(unknown)}"
