@@ -73,13 +73,13 @@ $$;
 
 -- An enqueue whose batch (livepush_job_items(), as for ENQUEUE) has keys. One statement does the
 -- common case: the keys' unfinished jobs are looked up (one scan of the keys' index), and the
--- batch's first item of every key not held is inserted. A
--- concurrent enqueue of one of those keys meets this one on the unique index: the later insert
--- waits for the earlier transaction and, if it committed, fails with a unique violation. Then the
--- whole statement is undone (a subtransaction: nothing of it stays) and every item is settled one
--- at a time by livepush_enqueue_one_keyed, whose fresh snapshots see the winners. A plain insert,
--- not ON CONFLICT DO NOTHING: speculative insertion writes a second WAL record per row, which cost
--- every keyed batch more than the rare race costs here.
+-- batch's first item of every key not held is inserted. A concurrent enqueue of one of those
+-- keys meets this one on the unique index: the later insert waits for the earlier transaction
+-- and, if it committed, fails with a unique violation. Then the whole statement is undone (a
+-- subtransaction: nothing of it stays) and every item is settled one at a time by
+-- livepush_enqueue_one_keyed, whose fresh snapshots see the winners. A plain insert, not ON
+-- CONFLICT DO NOTHING: speculative insertion writes a second WAL record per row, which cost every
+-- keyed batch more than the rare race costs here.
 -- Only the batch's first item with a key (`first`: the caller marks it, which saves a sort here)
 -- may create the job; a later item with the key gets the same one.
 -- Returns one row per batch item, with its `ord` (in no order: the caller orders by it): the
