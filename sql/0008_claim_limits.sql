@@ -17,10 +17,9 @@ CREATE INDEX livepush_jobs_key_running_idx ON livepush_jobs (name, concurrency_k
     WHERE state = 'running' AND concurrency_key IS NOT NULL;
 
 -- One row per job name that has a limit, written by each runtime that defines the function as it
--- starts (the newest definition wins; a definition without limits deletes its row). The row is
--- also what serializes the limited claims of its name: each one locks it first, in its own
--- statement, so the claim that follows counts running rows in a snapshot taken after every
--- earlier claim of the name committed (queries.py: CLAIM_LIMITED).
+-- starts (the newest definition wins; a definition without limits deletes its row). The limited
+-- claims of a name are serialized by the name's claim lock, not by this row (see
+-- livepush_claim_limited below).
 CREATE TABLE livepush_job_limits (
     name         text PRIMARY KEY,
     -- At most this many jobs of the name running at once per concurrency key (NULL: no limit).
@@ -55,8 +54,10 @@ $$;
 
 -- The limited claim (livepush/jobs/queries.py: CLAIM_LIMITED calls it): up to p_limit available
 -- jobs of p_name on p_queue, within the name's limits. Two statements, on purpose:
--- 1. Lock the name's limits row. Every limited claim of the name, from every runtime, does this
---    first, so they run one at a time.
+-- 1. Take the name's claim lock (a transaction-level advisory lock of the name's hash, which
+--    writes nothing, where a lock of the limits row wrote one WAL record per claim). Every
+--    limited claim of the name, from every runtime, does this first, so they run one at a time;
+--    the lock goes at commit, once the claim's rows are visible to the next one's snapshot.
 -- 2. Claim. A volatile PL/pgSQL function's statements each take a fresh snapshot (READ
 --    COMMITTED), so this one starts after the lock is held, and so after every earlier claim of
 --    the name committed: its count of running jobs per key (`busy`) misses no claimed job. (A
@@ -66,7 +67,7 @@ $$;
 -- In the claim: `room` is the jobs it may start: the slots asked for and the whole tokens of the
 -- name's bucket (refilled by the time since its last claim, capped at `burst`). `candidates` are
 -- available jobs of the name whose key has a free slot, from their own index (state 'available'
--- AND limited), read without row locks (claims of the name are serialized by the limits row);
+-- AND limited), read without row locks (claims of the name are serialized by the claim lock);
 -- `eligible` keeps each key's first (free slots) of them in claim order, so a full key is
 -- skipped, not waited behind. The UPDATE re-checks that each row is still available (a cancel
 -- meanwhile leaves it out). The bucket is debited in the same statement. With no token left one
@@ -85,7 +86,10 @@ LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
-    PERFORM 1 FROM livepush_job_limits l WHERE l.name = p_name FOR UPDATE;
+    -- ids: a constant naming livepush's claim-lock namespace (users' own advisory locks, and
+    -- debounced enqueues' key locks, never collide with it), and the name's hash (two names
+    -- sharing a hash only wait for each other).
+    PERFORM pg_advisory_xact_lock(1819304812, hashtext(p_name));
     RETURN QUERY
     WITH lim AS (
         SELECT l.name, l.max_running, l.rate, c.at,

@@ -166,7 +166,7 @@ ORDER BY j.priority, j.run_at, j.id
 # name: claim_limited
 # CLAIM for one job name with limits (livepush_job_limits), up to `limit` jobs of `queue`: one
 # statement, one round trip, committed asynchronously like CLAIM. The function
-# (sql/0008_claim_limits.sql) first locks the name's limits row, then claims in a statement of
+# (sql/0008_claim_limits.sql) first takes the name's claim lock, then claims in a statement of
 # its own: a volatile PL/pgSQL function's statements each take a fresh snapshot, so the claim
 # counts the running jobs of each key after every earlier claim of the name has committed (see
 # the function for why that makes the count race-free). Always one row: `wait_token` (seconds
