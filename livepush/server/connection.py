@@ -11,13 +11,13 @@ Keepalive pings, the open and close timeouts and the slow-client time bound are 
 Writes never await. While a client keeps up, its frames of one turn of the event loop are
 gathered and written together at the end of that turn (`ConnectionCore.cork`): a burst of
 messages costs a client one write (one system call) per CORK_BYTES, not one per frame; a lone
-frame waits no longer than the loop takes to come round. Whatever else is written (a pong, a close frame, a
-replay page being drained) first writes what is gathered, so frames keep their order. Once
-the transport is past its high-water mark (paused), frames wait in the client's backlog
-(backlog.py: a state replaces the older one of its topic, a message topic's share is bounded and
-replaced by `reset` past the bound), which `resume_writing` empties in order. A client whose
-backlog passes BACKLOG_BYTES, or that has been missing a frame for BEHIND_SECONDS, is closed
-with 1013. A slow client costs the others nothing: a frame for it is one append
+frame waits no longer than the loop takes to come round. Whatever else is written (a pong, a
+close frame, a replay page being drained) first writes what is gathered, so frames keep their
+order. Once the transport is past its high-water mark (paused), frames wait in the client's
+backlog (backlog.py: a state replaces the older one of its topic, a message topic's share is
+bounded and replaced by `reset` past the bound), which `resume_writing` empties in order. A
+client whose backlog passes BACKLOG_BYTES, or that has been missing a frame for BEHIND_SECONDS,
+is closed with 1013. A slow client costs the others nothing: a frame for it is one append
 (docs/reference.md#8-trust-boundaries-and-abuse).
 """
 

@@ -69,7 +69,6 @@ class Batch:
         #  item has the key], trailing Nones cut: the options users give most come first
         self.rows: list[list[Any]] = []
         self.keyed = False
-        self.limited = False  # whether a job of the batch has claim limits
         self._keys: set[str] = set()
 
     def add(self, fn: JobSpec, args: Sequence[Any], when: datetime | None = None,
@@ -95,7 +94,6 @@ class Batch:
             self._keys.add(key)  # type: ignore[arg-type]
         if tags is not None:
             tags = check_tags(tags)
-        self.limited = self.limited or limited
         ckey = limits.key_of(args) if limited else None  # type: ignore[union-attr]
         if when is None and group_id is None and tags is None and key is None and ckey is None:
             self.rows.append([index, items])
@@ -138,12 +136,10 @@ class Batch:
         """The enqueue statement and its parameters: a lone job takes the scalar twin (cheaper);
         a batch with keys the keyed statement; a debounced job (one, keyed) its own."""
         if debounce is not None:
-            return queries.ENQUEUE_DEBOUNCED, {"batch": self.params()["batch"], "delay": float(debounce)}
+            return queries.ENQUEUE_DEBOUNCED, {**self.params(), "delay": float(debounce)}
         if len(self.rows) == 1:
             return (queries.ENQUEUE_ONE_KEYED if self.keyed else queries.ENQUEUE_ONE), self.one_params()
-        if self.keyed:
-            return queries.ENQUEUE_KEYED, self.params()
-        return queries.ENQUEUE, self.params()
+        return (queries.ENQUEUE_KEYED if self.keyed else queries.ENQUEUE), self.params()
 
     def __len__(self) -> int:
         return len(self.rows)
