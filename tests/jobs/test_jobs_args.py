@@ -9,12 +9,18 @@ import pytest
 
 from livepush import LivepushError
 from livepush.jobs import InvalidArgumentsError
-from livepush.jobs.api.args import check_args
+from livepush.jobs.api.args import check_args, dumps
 
 
-def test_plain_json_passes() -> None:
-    """Plain JSON values pass the check unchanged; tuples become lists."""
-    assert check_args((1, "a", 1.5, True, None, [1, {"k": [2]}], (3, 4))) == [1, "a", 1.5, True, None, [1, {"k": [2]}], (3, 4)]
+def test_plain_json_passes_as_given() -> None:
+    """Plain JSON values pass the check as they are: a tuple or a list of arguments is not
+    copied, anything else iterable becomes a list; all of them encode as one JSON array."""
+    args = (1, "a", 1.5, True, None, [1, {"k": [2]}], (3, 4))
+    assert check_args(args) is args
+    listed = list(args)
+    assert check_args(listed) is listed
+    assert check_args(iter(args)) == listed
+    assert dumps(check_args(args)) == '[1,"a",1.5,true,null,[1,{"k":[2]}],[3,4]]'
 
 
 def test_error_names_the_path() -> None:

@@ -152,11 +152,9 @@ def test_a_batch_enqueue_reads_its_document_once(jobs_db: str) -> None:
     """The enqueue statement (queries.ENQUEUE) expands its JSON document once, whatever the plan
     (custom or generic): a plan that re-read it for every row would be quadratic in the batch."""
     from livepush.jobs import queries
-    from livepush.jobs.api.enqueue import Batch, item
+    from livepush.jobs.api.enqueue import many
 
-    batch = Batch()
-    for i in range(200):
-        batch.add(*item(sample_jobs.record.request(i)))
+    batch = many(sample_jobs.record.request(i) for i in range(200))
     with psycopg.connect(jobs_db) as conn:
         # A custom plan (the parameter's value known), then the generic one a prepared statement
         # may switch to (planned without it).
@@ -172,3 +170,28 @@ def test_a_batch_enqueue_reads_its_document_once(jobs_db: str) -> None:
             scans = [n for n in _nodes(plan) if n["Node Type"] == "Function Scan"]
             assert scans and all(n["Actual Loops"] == 1 for n in scans), scans
         conn.rollback()
+
+
+def test_a_batch_looks_each_function_up_once_and_keeps_their_specs_apart() -> None:
+    """A batch notes what each (function, queue) fixes the first time it meets it; specs that
+    cannot be a dict key (a plain, unfrozen dataclass) are looked up at every job instead, and
+    every job keeps its own function's name, queue, priority and attempts."""
+    import dataclasses
+    import json
+
+    from livepush.jobs.api.enqueue import many
+
+    @dataclasses.dataclass  # eq without frozen: unhashable
+    class Loose:
+        name: str
+        queue: str
+        priority: int
+        max_attempts: int
+
+    a, b = Loose("x.a", "qa", 1, 2), Loose("x.b", "qb", 3, 4)
+    batch = many([(a, ()), (sample_jobs.record, [1]), (b, [2]), sample_jobs.record.request(3, queue="q2"),
+                  (a, [4]), (sample_jobs.record, [5])])
+    document = json.loads(batch.params()["batch"])
+    assert document["specs"] == [["x.a", "qa", 1, 2, False], ["t.record", "default", 0, 5, False],
+                                 ["x.b", "qb", 3, 4, False], ["t.record", "q2", 0, 5, False]]
+    assert document["rows"] == [[0, []], [1, [1]], [2, [2]], [3, [3]], [0, [4]], [1, [5]]]

@@ -97,11 +97,13 @@ def check_json(value: Any, path: str, error: type[Exception], what: str) -> None
         _check(value, path, 0, error, what)
 
 
-def check_args(args: tuple[Any, ...] | list[Any]) -> list[Any]:
-    """Raise InvalidArgumentsError unless `args` is plain JSON; return them as a list."""
-    items = list(args)
+def check_args(args: tuple[Any, ...] | list[Any]) -> tuple[Any, ...] | list[Any]:
+    """Raise InvalidArgumentsError unless `args` is plain JSON; return them, as a list unless
+    they are one already or a tuple (no copy: enqueue_many allocates as little per job as it
+    can, since the collector's passes over what it allocates cost as much as the rest)."""
+    items = args if type(args) is tuple or type(args) is list else list(args)
     if not _is_plain(items, 0):
-        _check(items, "args", 0)
+        _check(list(items), "args", 0)
     return items
 
 

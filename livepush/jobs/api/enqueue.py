@@ -8,6 +8,7 @@ committed jobs. Enqueue options (key=, debounce=, tags=): docs/jobs.md "Enqueue 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
@@ -48,7 +49,7 @@ def run_at(wait: float | None, at: datetime | None) -> datetime | None:
 Spec = tuple[str, str, int, int, bool]  # name, queue, priority, max_attempts, limited
 
 
-def _key(row: list[Any]) -> str | None:
+def _key(row: Sequence[Any]) -> str | None:
     """The idempotency key of a Batch row."""
     return row[2] if len(row) > 2 else None
 
@@ -67,9 +68,26 @@ class Batch:
         self.specs: dict[Spec, int] = {}
         # [spec, args, key, group_id, concurrency_key, run_at (ISO 8601), tags, 1 if an earlier
         #  item has the key], trailing Nones cut: the options users give most come first
-        self.rows: list[list[Any]] = []
+        # A plain job's row is a tuple (index, args), as it came: the fewer objects a job
+        # allocates, the less the collector has to go over while a big batch is alive.
+        self.rows: list[Sequence[Any]] = []
         self.keyed = False
         self._keys: set[str] = set()
+        # What a (function, queue) fixes for every job of it, looked up once per batch: its
+        # spec's index, its schema check (or None) and its claim limits (or None without any).
+        self._fns: dict[tuple[JobSpec, str | None], tuple[int, Any, Any]] = {}
+
+    def _fn(self, fn: JobSpec, queue: str | None) -> tuple[int, Any, Any]:
+        limits = getattr(fn, "limits", None)  # JobFunction's claim limits; None for other specs
+        limited = limits is not None and limits.any
+        spec: Spec = (fn.name, queue or fn.queue, fn.priority, fn.max_attempts, limited)
+        index = self.specs.get(spec)
+        if index is None:
+            index = self.specs[spec] = len(self.specs)
+        found = (index, getattr(fn, "validate_args", None), limits if limited else None)
+        with contextlib.suppress(TypeError):  # an unhashable spec (a plain dataclass) is looked up each time
+            self._fns[fn, queue] = found
+        return found
 
     def add(self, fn: JobSpec, args: Sequence[Any], when: datetime | None = None,
             group_id: int | None = None, queue: str | None = None, *,
@@ -77,15 +95,16 @@ class Batch:
         """Check one job (plain JSON, then its function's schema, if any) and add it; a refusal
         raises before anything of the batch is written."""
         items = check_args(args)
-        validate = getattr(fn, "validate_args", None)
+        try:
+            found = self._fns.get((fn, queue))
+        except TypeError:
+            found = None
+        index, validate, limits = found or self._fn(fn, queue)
         if validate is not None:
-            validate(items)
-        limits = getattr(fn, "limits", None)  # JobFunction's claim limits; None for other specs
-        limited = limits is not None and limits.any
-        spec: Spec = (fn.name, queue or fn.queue, fn.priority, fn.max_attempts, limited)
-        index = self.specs.get(spec)
-        if index is None:
-            index = self.specs[spec] = len(self.specs)
+            validate(list(items))
+        if when is None and group_id is None and tags is None and key is None and limits is None:
+            self.rows.append((index, items))
+            return
         later = None
         if key is not None:
             key = check_key(key)
@@ -94,16 +113,13 @@ class Batch:
             self._keys.add(key)  # type: ignore[arg-type]
         if tags is not None:
             tags = check_tags(tags)
-        ckey = limits.key_of(args) if limited else None  # type: ignore[union-attr]
-        if when is None and group_id is None and tags is None and key is None and ckey is None:
-            self.rows.append([index, items])
-            return
+        ckey = limits.key_of(args) if limits is not None else None
         row = [index, items, key, group_id, ckey, when.isoformat() if when else None, tags, later]
         while row[-1] is None:
             row.pop()
         self.rows.append(row)
 
-    def params(self, rows: list[list[Any]] | None = None) -> dict[str, Any]:
+    def params(self, rows: list[Sequence[Any]] | None = None) -> dict[str, Any]:
         """Parameters of ENQUEUE (or ENQUEUE_KEYED) for `rows` (all of the batch's by default)."""
         return {"batch": dumps({"specs": list(self.specs), "rows": self.rows if rows is None else rows})}
 
@@ -125,7 +141,7 @@ class Batch:
 
     def one_params(self) -> dict[str, Any]:
         """Scalar parameters for ENQUEUE_ONE (a batch of exactly one job)."""
-        row = self.rows[0] + [None] * (8 - len(self.rows[0]))
+        row = [*self.rows[0]] + [None] * (8 - len(self.rows[0]))
         _spec, args, key, group_id, ckey, when, tags, _later = row
         name, queue, priority, max_attempts, limited = next(iter(self.specs))
         return {"name": name, "queue": queue, "priority": priority, "run_at": when, "max_attempts": max_attempts,

@@ -80,10 +80,10 @@ class JobFunction:
         is its parent's queue)."""
         if queue is not None and (not isinstance(queue, str) or not queue):
             raise ConfigError(f"request(queue={queue!r}): a queue is a non-empty string")
-        items = check_args(args)
+        check_args(args)
         if self.validate_args is not None:
-            self.validate_args(items)
-        return JobRequest(self.name, tuple(items), queue)
+            self.validate_args(list(args))
+        return JobRequest(self.name, args, queue)
 
     def enqueue(self, *args: Any, wait: float | None = None, at: datetime | None = None, conn: Any = None,
                 key: str | None = None, debounce: float | None = None,

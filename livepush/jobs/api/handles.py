@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 from ...api import sign_topic
 from ...config import get_settings
@@ -20,8 +19,12 @@ class StateTopicHandle:
     """What every handle of a row with a state topic has: `topic` (`<kind>:<id>`) and
     `signed_topic`, signed on first access (it expires after LIVEPUSH_SIGNED_TOPIC_TTL; use
     `sign(ttl=...)` for another lifetime), so creating a handle works without LIVEPUSH_SECRET;
-    reading it without one raises ConfigError."""
+    reading it without one raises ConfigError.
 
+    Handles are slotted dataclasses: enqueue_many makes one per job, and an object without a
+    `__dict__` is cheaper to make and to collect. The signed topic is kept in its own slot."""
+
+    __slots__ = ("_signed",)
     id: int
     kind: str = ""
 
@@ -29,16 +32,20 @@ class StateTopicHandle:
     def topic(self) -> str:
         return f"{self.kind}:{self.id}"
 
-    @functools.cached_property
+    @property
     def signed_topic(self) -> str:
-        return signed_for_page(self.topic)
+        signed: str | None = getattr(self, "_signed", None)
+        if signed is None:
+            signed = signed_for_page(self.topic)
+            object.__setattr__(self, "_signed", signed)  # a cache, not a field: the handles are frozen
+        return signed
 
     def sign(self, ttl: float | None = None) -> str:
         """The topic signed for a page, valid for `ttl` seconds."""
         return signed_for_page(self.topic, ttl)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class JobHandle(StateTopicHandle):
     """An enqueued job: its id, its function's name, and its state topic `job:<id>`."""
 

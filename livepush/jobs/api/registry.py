@@ -24,7 +24,7 @@ class JobSpec(Protocol):
     max_attempts: int
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class JobRequest:
     """A job function and the exact arguments to run it with, not yet enqueued
     (`some_job.request(*args)`; task groups use these as callbacks, durable jobs as children).

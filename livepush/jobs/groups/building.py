@@ -31,7 +31,7 @@ DEFAULT_SHARDS = 16  # counter rows per group: outcomes of different shards neve
 CHUNK = 5000  # members per insert statement
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class GroupHandle(StateTopicHandle):
     """A task group: its id and the state topic a page subscribes to (`group:<id>`)."""
 

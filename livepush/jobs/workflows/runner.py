@@ -32,7 +32,7 @@ from . import queries as wq
 from .definition import StepSpec, Workflow
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class WorkflowHandle(StateTopicHandle):
     """A workflow run: its id and its state topic `workflow:<id>`."""
 
