@@ -98,17 +98,23 @@ BEGIN
         WHERE l.name = p_name AND NOT EXISTS (SELECT 1 FROM livepush_paused_queues WHERE queue = p_queue)
     ), room AS (
         SELECT CASE WHEN lim.rate IS NULL THEN p_limit ELSE least(p_limit, floor(lim.tokens)::int) END AS n FROM lim
-    ), busy AS (
-        SELECT j.concurrency_key AS key, count(*)::int AS n FROM livepush_jobs j
-        WHERE j.state = 'running' AND j.name = p_name AND j.concurrency_key IS NOT NULL
-          AND (SELECT max_running FROM lim) IS NOT NULL
-        GROUP BY j.concurrency_key
+    ), busy AS MATERIALIZED (
+        -- One object {key: running jobs}, made once and looked up per candidate: a join with
+        -- the counts was planned from the table's statistics (no job running when it was last
+        -- analyzed) as a nested loop, whose pass over the hundred-odd running keys (outcomes
+        -- not yet written) for each candidate cost more than the rest of the claim.
+        SELECT coalesce(jsonb_object_agg(k.key, k.n), '{}') AS running FROM (
+            SELECT j.concurrency_key AS key, count(*)::int AS n FROM livepush_jobs j
+            WHERE j.state = 'running' AND j.name = p_name AND j.concurrency_key IS NOT NULL
+              AND (SELECT max_running FROM lim) IS NOT NULL
+            GROUP BY j.concurrency_key) k
     ), candidates AS (
-        SELECT j.id, j.priority, j.run_at, j.concurrency_key, coalesce(b.n, 0) AS busy
-        FROM livepush_jobs j LEFT JOIN busy b ON b.key = j.concurrency_key
-        WHERE j.state = 'available' AND j.limited AND j.queue = p_queue AND j.name = p_name
-          AND EXISTS (SELECT 1 FROM lim)
-          AND (j.concurrency_key IS NULL OR b.n IS NULL OR b.n < (SELECT max_running FROM lim))
+        SELECT j.id, j.priority, j.run_at, j.concurrency_key, j.busy
+        FROM (SELECT j.*, coalesce(((SELECT running FROM busy) ->> j.concurrency_key)::int, 0) AS busy
+              FROM livepush_jobs j
+              WHERE j.state = 'available' AND j.limited AND j.queue = p_queue AND j.name = p_name) j
+        WHERE EXISTS (SELECT 1 FROM lim)
+          AND (j.concurrency_key IS NULL OR j.busy < coalesce((SELECT max_running FROM lim), 2147483647))
         ORDER BY j.priority, j.run_at, j.id
         -- With no token, one candidate is enough to tell whether the bucket holds anything back.
         LIMIT CASE WHEN (SELECT n FROM room) > 0 THEN p_scan ELSE 1 END
