@@ -195,3 +195,20 @@ def test_a_batch_looks_each_function_up_once_and_keeps_their_specs_apart() -> No
     assert document["specs"] == [["x.a", "qa", 1, 2, False], ["t.record", "default", 0, 5, False],
                                  ["x.b", "qb", 3, 4, False], ["t.record", "q2", 0, 5, False]]
     assert document["rows"] == [[0, []], [1, [1]], [2, [2]], [3, [3]], [0, [4]], [1, [5]]]
+
+
+def test_item_options_reach_the_batch_document_whatever_mapping_carries_them() -> None:
+    """enqueue_many's per-item options (a dict or any mapping) give each row its key, tags and
+    run time; a key already in the batch marks the later item, which gets the earlier one's job."""
+    import json
+    from types import MappingProxyType
+
+    from livepush.jobs.api.enqueue import many
+
+    at = datetime.datetime(2031, 5, 6, 7, 8, 9, tzinfo=datetime.timezone.utc)
+    batch = many([(sample_jobs.record, [1], {"key": "k"}), (sample_jobs.record, [2], MappingProxyType({"key": "m"})),
+                  (sample_jobs.record, [3], {"tags": ["a"]}), (sample_jobs.record, [4], {"key": "k"}),
+                  (sample_jobs.record, [5], {"key": "n", "at": at}), (sample_jobs.record, [6], {})])
+    assert json.loads(batch.params()["batch"])["rows"] == [
+        [0, [1], "k"], [0, [2], "m"], [0, [3], None, None, None, None, ["a"]], [0, [4], "k", None, None, None, None, 1],
+        [0, [5], "n", None, None, at.isoformat()], [0, [6]]]

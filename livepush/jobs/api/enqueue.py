@@ -109,8 +109,13 @@ class Batch:
         if key is not None:
             key = check_key(key)
             self.keyed = True
-            later = 1 if key in self._keys else None
-            self._keys.add(key)  # type: ignore[arg-type]
+            if key in self._keys:
+                later = 1
+            else:
+                self._keys.add(key)  # type: ignore[arg-type]
+                if when is None and group_id is None and tags is None and limits is None:
+                    self.rows.append((index, items, key))  # the usual keyed job: its row as it ends
+                    return
         if tags is not None:
             tags = check_tags(tags)
         ckey = limits.key_of(args) if limits is not None else None
@@ -198,6 +203,8 @@ def item(entry: Any) -> tuple[JobSpec, Sequence[Any], datetime | None, str | Non
             unknown = set(options) - ITEM_OPTIONS
             raise TypeError(f"enqueue_many() item options take {sorted(ITEM_OPTIONS)}, got {sorted(unknown)}"
                             + (" (debounce= is for a single enqueue)" if "debounce" in unknown else ""))
+        if "wait" not in options and "at" not in options:
+            return entry[0], entry[1], None, None, options  # key= and tags= only: Batch.add's own names
         key, tags = options.get("key"), options.get("tags")
         extra = NO_OPTIONS if key is None and tags is None else {"key": key, "tags": tags}
         return entry[0], entry[1], run_at(options.get("wait"), options.get("at")), None, extra
