@@ -212,3 +212,15 @@ def test_item_options_reach_the_batch_document_whatever_mapping_carries_them() -
     assert json.loads(batch.params()["batch"])["rows"] == [
         [0, [1], "k"], [0, [2], "m"], [0, [3], None, None, None, None, ["a"]], [0, [4], "k", None, None, None, None, 1],
         [0, [5], "n", None, None, at.isoformat()], [0, [6]]]
+
+
+def test_a_limited_jobs_concurrency_key_comes_from_its_checked_arguments() -> None:
+    """Arguments given as any iterable are read once: the row's arguments and the concurrency
+    key both come from the checked list."""
+    import json
+
+    from livepush.jobs.api.enqueue import many
+    from tests.jobs import limit_jobs
+
+    document = json.loads(many([(limit_jobs.per_tenant, iter(["acme", 0.5]))]).params()["batch"])
+    assert document["rows"] == [[0, ["acme", 0.5], None, None, '"acme"']]
