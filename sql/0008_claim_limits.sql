@@ -110,7 +110,8 @@ BEGIN
             GROUP BY j.concurrency_key) k
     ), candidates AS (
         SELECT j.id, j.priority, j.run_at, j.concurrency_key, j.busy
-        FROM (SELECT j.*, coalesce(((SELECT running FROM busy) ->> j.concurrency_key)::int, 0) AS busy
+        FROM (SELECT j.id, j.priority, j.run_at, j.concurrency_key,
+                     coalesce(((SELECT running FROM busy) ->> j.concurrency_key)::int, 0) AS busy
               FROM livepush_jobs j
               WHERE j.state = 'available' AND j.limited AND j.queue = p_queue AND j.name = p_name) j
         WHERE EXISTS (SELECT 1 FROM lim)

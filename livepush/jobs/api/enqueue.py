@@ -102,7 +102,9 @@ class Batch:
         index, validate, limits = found or self._fn(fn, queue)
         if validate is not None:
             validate(list(items))
-        if when is None and group_id is None and tags is None and key is None and limits is None:
+        # No option but perhaps a key: the row ends with the args, or with the key.
+        bare = when is None and group_id is None and tags is None and limits is None
+        if bare and key is None:
             self.rows.append((index, items))
             return
         later = None
@@ -113,8 +115,8 @@ class Batch:
                 later = 1
             else:
                 self._keys.add(key)  # type: ignore[arg-type]
-                if when is None and group_id is None and tags is None and limits is None:
-                    self.rows.append((index, items, key))  # the usual keyed job: its row as it ends
+                if bare:
+                    self.rows.append((index, items, key))
                     return
         if tags is not None:
             tags = check_tags(tags)
