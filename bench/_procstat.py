@@ -32,15 +32,15 @@ def tree(pid: int) -> list[int]:
     return out
 
 
-def tree_cpu_seconds(pids: list[int]) -> float:
-    """CPU seconds of the given processes together (those gone since count as 0)."""
-    total = 0.0
+def cpu_each(pids: list[int]) -> dict[int, float]:
+    """CPU seconds of each of the given processes (those gone since count as 0)."""
+    out = {}
     for pid in pids:
         try:
-            total += cpu_seconds(pid)
+            out[pid] = cpu_seconds(pid)
         except OSError:
-            pass
-    return total
+            out[pid] = 0.0
+    return out
 
 
 def rss_kib(pids: list[int]) -> int:

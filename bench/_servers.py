@@ -183,27 +183,44 @@ def start_harness(kind: str, port: int, control: str, env: dict[str, str], topic
 
 
 def start_livepush_cli(port: int, env: dict[str, str], log: str, args: tuple[str, ...] = ()) -> ServerProcess:
-    """`python -m livepush serve [args]` (stderr to `log`), ready once /healthz answers 200."""
+    """`python -m livepush serve [args]` (stderr to `log`), ready once /healthz answers 200 and,
+    with several workers, once the supervisor says every one of them serves: the first worker to
+    answer /healthz would otherwise get every subscriber that connects before the others listen."""
     with open(log, "wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "livepush", "serve", *args], env={**env, "LIVEPUSH_PORT": str(port)}, cwd=ROOT,
             stderr=err,
         )
+    several = worker_count(args) > 1
     deadline = time.monotonic() + 20
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"livepush serve exited with status {proc.returncode}: {open(log).read()[-500:]}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-                if r.status == 200:
+                if r.status == 200 and (not several or SUPERVISOR_READY in open(log).read()):
                     break
         except OSError:
             pass
         if time.monotonic() > deadline:
             proc.kill()
-            raise RuntimeError("livepush serve did not answer /healthz with 200 within 20 s")
+            raise RuntimeError("livepush serve did not answer /healthz with 200 (with every worker serving) within 20 s")
         time.sleep(0.1)
     return ServerProcess(proc, port, None, log)
+
+
+# What `livepush serve --workers N` logs once all N workers serve (livepush/cli/workers.py).
+SUPERVISOR_READY = " workers, pids "
+
+
+def worker_count(args: tuple[str, ...]) -> int:
+    """The workers `serve args` runs: `--workers N`, `auto` (one per core this process may use), or 1."""
+    from livepush.cli.workers import cpu_count
+
+    if "--workers" not in args:
+        return 1
+    flag = args[args.index("--workers") + 1]
+    return cpu_count() if flag == "auto" else int(flag)
 
 
 if __name__ == "__main__":
