@@ -191,7 +191,7 @@ def start_livepush_cli(port: int, env: dict[str, str], log: str, args: tuple[str
             [sys.executable, "-m", "livepush", "serve", *args], env={**env, "LIVEPUSH_PORT": str(port)}, cwd=ROOT,
             stderr=err,
         )
-    several = worker_count(args) > 1
+    several = workers(args, env) > 1
     deadline = time.monotonic() + 20
     while True:
         if proc.poll() is not None:
@@ -213,14 +213,11 @@ def start_livepush_cli(port: int, env: dict[str, str], log: str, args: tuple[str
 SUPERVISOR_READY = " workers, pids "
 
 
-def worker_count(args: tuple[str, ...]) -> int:
-    """The workers `serve args` runs: `--workers N`, `auto` (one per core this process may use), or 1."""
-    from livepush.cli.workers import cpu_count
+def workers(args: tuple[str, ...], env: dict[str, str]) -> int:
+    """How many workers `serve args` runs under `env`, as the CLI counts them."""
+    from livepush.cli.workers import worker_count
 
-    if "--workers" not in args:
-        return 1
-    flag = args[args.index("--workers") + 1]
-    return cpu_count() if flag == "auto" else int(flag)
+    return worker_count(args[args.index("--workers") + 1] if "--workers" in args else None, env)
 
 
 if __name__ == "__main__":
