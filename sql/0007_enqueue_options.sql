@@ -94,7 +94,9 @@ DECLARE
     v_ord bigint[];
     v_id bigint[];
     v_name text[];
-    v_created boolean[];
+    v_settled_ord bigint[];
+    v_settled_id bigint[];
+    v_settled_name text[];
     v_item record;
     v_one record;
     v_owner jsonb := '{}';
@@ -128,19 +130,27 @@ BEGIN
         ), rung AS (
             SELECT CASE WHEN count(*) > 0 THEN livepush_states_created('job', min(n.id), max(n.id)) + livepush_jobs_ready()
                    END AS n FROM input n
-        ), owner AS (
-            SELECT held.key, held.id, held.name FROM held
-            UNION ALL SELECT n.key, n.id, n.name FROM input n WHERE n.key IS NOT NULL
+        ), settled AS (
+            -- The items that created nothing (a key held, or an earlier item's), with the job that
+            -- holds their key. Read only when there are any (the CASEs below): most batches
+            -- create a job per item, and joining every item to its owner cost them 6 % of their time.
+            SELECT i.ord, o.id, o.name FROM items i
+            JOIN (SELECT held.key, held.id, held.name FROM held
+                  UNION ALL SELECT n.key, n.id, n.name FROM input n WHERE n.key IS NOT NULL) o ON o.key = i.key
+            WHERE NOT i.first OR EXISTS (SELECT 1 FROM held WHERE held.key = i.key)
         )
-        -- Unordered: one aggregation fills the four arrays from the same rows in the same order,
-        -- and the caller orders the result by `ord` (an ordered aggregate sorts its own input).
-        SELECT array_agg(i.ord), array_agg(coalesce(n.id, o.id)), array_agg(coalesce(n.name, o.name)),
-               array_agg(n.id IS NOT NULL)
-        INTO v_ord, v_id, v_name, v_created
-        FROM items i CROSS JOIN rung
-        LEFT JOIN input n ON n.ord = i.ord
-        LEFT JOIN owner o ON o.key = i.key AND n.id IS NULL;
-        RETURN QUERY SELECT u.ord, u.id, u.name, u.created FROM unnest(v_ord, v_id, v_name, v_created) AS u(ord, id, name, created);
+        -- Unordered (the caller orders by `ord`): one aggregation fills the first three arrays
+        -- from the same rows, and the settled ones read one materialized CTE (referenced three
+        -- times), whose scans return its rows in one order.
+        SELECT array_agg(n.ord), array_agg(n.id), array_agg(n.name),
+               CASE WHEN count(*) < (SELECT count(*) FROM items) THEN (SELECT array_agg(s.ord) FROM settled s) END,
+               CASE WHEN count(*) < (SELECT count(*) FROM items) THEN (SELECT array_agg(s.id) FROM settled s) END,
+               CASE WHEN count(*) < (SELECT count(*) FROM items) THEN (SELECT array_agg(s.name) FROM settled s) END
+        INTO v_ord, v_id, v_name, v_settled_ord, v_settled_id, v_settled_name
+        FROM rung CROSS JOIN input n;
+        RETURN QUERY SELECT u.ord, u.id, u.name, true FROM unnest(v_ord, v_id, v_name) AS u(ord, id, name)
+                     UNION ALL
+                     SELECT u.ord, u.id, u.name, false FROM unnest(v_settled_ord, v_settled_id, v_settled_name) AS u(ord, id, name);
         RETURN;
     EXCEPTION WHEN unique_violation THEN
         NULL;  -- settled below, item by item

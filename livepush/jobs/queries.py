@@ -106,10 +106,11 @@ FROM jobs
 # name: enqueue_keyed
 # ENQUEUE for a batch with idempotency keys (the same document).
 # Safe under concurrency: livepush_enqueue_keyed() (sql/0007_enqueue_options.sql) looks up each
-# key's unfinished job and inserts the rest with ON CONFLICT DO NOTHING on the unique index of
-# (key, key_slot) over unfinished jobs, so a concurrent enqueue of a key waits for this one's
-# transaction and then returns its job (or the other way round); an item whose insert met one is
-# settled in a fresh snapshot. Rows: (id, name, created), one per item, in item order.
+# key's unfinished job and inserts the rest, in key order, on the unique index of (key, key_slot)
+# over unfinished jobs, so a concurrent enqueue of a key waits for this one's transaction; if
+# that committed, the waiter's insert fails, is undone, and its items are settled one at a time
+# in fresh snapshots, each getting the winner's job. Rows: (id, name, created), one per item, in
+# item order.
 ENQUEUE_KEYED = """
 SELECT k.id, k.name, k.created FROM livepush_enqueue_keyed(%(batch)s::jsonb) k ORDER BY k.ord
 """

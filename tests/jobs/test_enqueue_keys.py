@@ -49,6 +49,19 @@ def test_two_items_with_one_key_in_a_batch_share_the_first_ones_job(jobs_db: str
     assert sorted(r[0] for r in q(jobs_db, "SELECT args->>0 FROM livepush_job_payloads")) == ["0", "1", "2"]
 
 
+def test_a_batch_mixing_held_new_repeated_and_unkeyed_items_answers_each_in_item_order(jobs_db: str) -> None:
+    """Each item gets its own job or the one holding its key, in item order; only new keys and
+    unkeyed items write a job."""
+    held = sample_jobs.record.enqueue("held", key="m-held")
+    items = [(sample_jobs.record, ["new"], {"key": "m-new"}), (sample_jobs.record, ["x"], {"key": "m-held"}),
+             (sample_jobs.record, ["plain"]), (sample_jobs.record, ["y"], {"key": "m-new"}),
+             (sample_jobs.record, ["z"], {"key": "m-held"})]
+    new, held_again, plain, new_again, held_third = jobs.enqueue_many(items)
+    assert held_again == held_third == held
+    assert new_again == new and len({new.id, plain.id, held.id}) == 3
+    assert q(jobs_db, "SELECT p.args->>0 FROM livepush_job_payloads p ORDER BY p.id") == [("held",), ("new",), ("plain",)]
+
+
 def test_a_finished_job_frees_its_key_and_a_cancelled_one_too(jobs_db: str) -> None:
     """Once the job with the key succeeded (or was cancelled), the next enqueue creates a new job."""
     first = sample_jobs.record.enqueue("a", key="free")
