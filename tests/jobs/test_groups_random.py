@@ -27,6 +27,7 @@ from livepush.jobs.api.enqueue import Batch
 from livepush.jobs.errors import GroupClosedError, LeaseLostError
 from livepush.jobs.groups import building, outcomes, steps
 from livepush.jobs.groups import queries as gq
+from livepush.jobs.runtime.completer import complete_params
 from tests.jobs import group_jobs as gj
 from tests.jobs.conftest import events_of, group_events, q, read_states
 
@@ -94,9 +95,7 @@ def claim(conn: psycopg.Connection, runtime_id: int, limit: int) -> list[dict[st
 
 
 def _outcome_params(job: dict[str, Any], kind: str) -> dict[str, Any]:
-    return {"ids": [job["id"]], "leases": [job["lease"]], "kinds": [kind],
-            "errors": ["boom" if kind != "succeeded" else None], "delays": [0.0], "progress": [None], "results": [None],
-            "started_topics": [], "started_versions": []}
+    return complete_params([(job["id"], job["lease"], kind, "boom" if kind != "succeeded" else None, 0.0, None, None)])
 
 
 def outcome(conn: psycopg.Connection, job: dict[str, Any], kind: str, counting: bool = True) -> list[dict[str, Any]]:

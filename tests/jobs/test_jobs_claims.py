@@ -7,6 +7,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from livepush.jobs import queries
+from livepush.jobs.runtime.completer import complete_params
 from tests.jobs import sample_jobs
 
 
@@ -20,9 +21,7 @@ def _claim(conn: psycopg.Connection, runtime_id: int = 1) -> dict:
 
 def _complete(conn: psycopg.Connection, job_id: int, lease: int) -> list[dict]:
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(queries.COMPLETE, {"ids": [job_id], "leases": [lease], "kinds": ["succeeded"],
-                                              "errors": [None], "delays": [0.0], "progress": [None], "results": [None],
-                                              "started_topics": [], "started_versions": []}).fetchall()
+        return cur.execute(queries.COMPLETE, complete_params([(job_id, lease, "succeeded", None, 0.0, None, None)])).fetchall()
 
 
 def test_a_forgotten_claims_worker_cannot_finish_the_next_attempt(jobs_db: str) -> None:

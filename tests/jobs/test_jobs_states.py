@@ -24,6 +24,7 @@ from livepush.jobs.events.source import MAX_LINES, JobStates, Ring, parse_ring
 from livepush.jobs.events.views import GROUP_KEYS
 from livepush.jobs.groups import queries as group_queries
 from livepush.types import State
+from livepush.jobs.runtime.completer import complete_params
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import events_of, group_events, names_of, q, read_states, versions_of
 from tests.support.services import dbname_of
@@ -204,9 +205,7 @@ def test_each_statement_on_a_running_job_is_one_version_fenced_by_the_lease(jobs
         return conn.execute(queries.WRITE_PROGRESS, params).fetchall()
 
     def complete(conn: psycopg.Connection, lease: int) -> list[Any]:
-        return conn.execute(queries.COMPLETE, {"ids": [h.id], "leases": [lease], "kinds": ["succeeded"],
-                                               "errors": [None], "delays": [0.0], "progress": [None], "results": [None],
-                                              "started_topics": [], "started_versions": []}).fetchall()
+        return conn.execute(queries.COMPLETE, complete_params([(h.id, lease, "succeeded", None, 0.0, None, None)])).fetchall()
 
     with psycopg.connect(jobs_db, autocommit=True) as conn:
         with conn.cursor(row_factory=dict_row) as cur:
@@ -302,13 +301,9 @@ def test_a_batch_of_300_outcomes_completes_every_job_once(jobs_db: str, rings: R
     rings.sync()
     with psycopg.connect(jobs_db, autocommit=True) as conn, conn.cursor(row_factory=dict_row) as cur:
         cur.execute("UPDATE livepush_jobs SET state = 'running', attempt = 1, lease = id WHERE id = ANY(%s)", (ids,))
-        rows = cur.execute(queries.COMPLETE, {
-            "ids": ids, "leases": ids, "kinds": kinds,
-            "errors": [None if k == "succeeded" else "E: no" for k in kinds], "delays": [60.0] * 300,
-            "progress": [json.dumps({"done": i, "total": 300, "message": None}) for i in range(300)],
-            "results": [None] * 300,
-            "started_topics": [], "started_versions": [],
-        }).fetchall()
+        rows = cur.execute(queries.COMPLETE, complete_params(
+            (job_id, job_id, kind, None if kind == "succeeded" else "E: no", 60.0, {"done": i, "total": 300, "message": None},
+             None) for i, (job_id, kind) in enumerate(zip(ids, kinds)))).fetchall()
         assert sorted(r["id"] for r in rows) == ids
         cur.execute("SELECT j.id, j.state, coalesce(p.error, '') AS error, p.progress->>'done' AS done "
                     "FROM livepush_jobs j JOIN livepush_job_payloads p USING (id) WHERE j.id = ANY(%s)", (ids,))
@@ -330,7 +325,7 @@ def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
 def test_a_large_batch_reads_its_arrays_once(jobs_db: str) -> None:
     """The completer's statements over a batch larger than PREPARED_BATCH_MAX (progress,
     outcomes, outcomes of group members), executed as the completer does (planned for their
-    size), never re-read an array parameter per row: the quadratic plan that made one batch of
+    size), never re-read a batch parameter (an array, or the outcomes' JSON) per row: the quadratic plan that made one batch of
     3,570 starts take 1.5 s."""
     from livepush.jobs.runtime.completer import PREPARED_BATCH_MAX
 
@@ -344,8 +339,7 @@ def test_a_large_batch_reads_its_arrays_once(jobs_db: str) -> None:
     q(jobs_db, "INSERT INTO livepush_jobs (queue, name, state) SELECT 'default', 'old', 'succeeded' "
                "FROM generate_series(1, 20000)")
     q(jobs_db, "ANALYZE livepush_jobs")
-    outcome = {"ids": ids, "leases": ids, "kinds": ["succeeded"] * n, "errors": [None] * n, "delays": [0.0] * n,
-               "progress": [None] * n, "results": [None] * n, "started_topics": [f"job:{i}" for i in ids], "started_versions": [2] * n}
+    outcome = complete_params([(i, i, "succeeded", None, 0.0, None, None) for i in ids], [(i, 2) for i in ids])
     progress = {"ids": ids, "leases": ids, "progress": [json.dumps({"done": 1, "total": 2, "message": None})] * n}
     with psycopg.connect(jobs_db) as conn:
         for sql, params in ((queries.WRITE_PROGRESS, progress), (queries.COMPLETE, outcome),

@@ -45,6 +45,7 @@ from livepush.jobs.groups.cancel import cancel_children
 from livepush.jobs.runtime.maintenance import RESCUE_ERROR
 from livepush.jobs.workflows import operators
 from livepush.jobs.workflows import queries as wq
+from livepush.jobs.runtime.completer import complete_params
 from tests.jobs import workflow_checks as checks
 from tests.jobs import workflow_random_defs as rd
 from tests.jobs.conftest import q
@@ -308,12 +309,9 @@ class Seed:
 
         async def body(conn: psycopg.AsyncConnection[Any]) -> tuple[bool, Callable[[], None] | None]:
             decided = [await decide(conn) for decide in deciders]
-            kinds = [kind for kind, _ in decided]
-            rows = await fetch(conn, gq.COMPLETE_COUNTING, {
-                "ids": [job["id"] for job in batch], "leases": [job["lease"] for job in batch], "kinds": kinds,
-                "errors": [None if kind == "succeeded" else f"{kind} by the test" for kind in kinds],
-                "delays": [0.0] * len(batch), "progress": [None] * len(batch),
-                "results": [result for _, result in decided], "started_topics": [], "started_versions": []})
+            rows = await fetch(conn, gq.COMPLETE_COUNTING, complete_params(
+                (job["id"], job["lease"], kind, None if kind == "succeeded" else f"{kind} by the test", 0.0, None, result)
+                for job, (kind, result) in zip(batch, decided)))
             await outcomes.counted(conn, (rows[0]["_shards"] if rows else None) or [], rows)
 
             def after() -> None:

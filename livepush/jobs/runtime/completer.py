@@ -24,18 +24,18 @@ import collections
 import json
 import logging
 import time
-from collections.abc import Sized
+from collections.abc import Iterable, Sequence, Sized
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from ...tasks import reraise_if_cancelled
-from ...postgres.pools import aautocommitted
-from ...tasks import Backoff
 from ... import metrics
+from ...postgres.pools import aautocommitted
+from ...tasks import Backoff, reraise_if_cancelled
 from .. import queries
+from ..api.args import dumps
 from ..groups import outcomes as group_outcomes
 from ..groups import queries as gq
 from ..groups.progress import ProgressPublisher
@@ -59,6 +59,18 @@ UNSTORABLE_OUTCOME = "livepush could not store this job's outcome; the runtime's
 # re-read the array for every row: a slow batch makes the next one larger. Planning costs well
 # under a millisecond, noise next to such a batch.
 PREPARED_BATCH_MAX = 64
+
+
+def started_param(pairs: Iterable[tuple[int, int]]) -> dict[str, str]:
+    """RING_STARTED's parameter, also COMPLETE's `started`: the (job id, version) pairs to ring."""
+    return {"started": dumps(list(pairs))}
+
+
+def complete_params(outcomes: Iterable[Sequence[Any]], started: Iterable[tuple[int, int]] = ()) -> dict[str, str]:
+    """COMPLETE's (and COMPLETE_COUNTING's) parameters: per outcome (id, lease, kind, error,
+    delay, progress, result), progress a dict or None, result JSON text or None; and the
+    `started` pairs to ring with them."""
+    return {"outcomes": dumps(list(outcomes)), **started_param(started)}
 
 
 def _prepare(batch: Sized) -> bool | None:
@@ -225,16 +237,16 @@ class Completer:
             await self._write_progress(writes, progress_ctxs)
         # A job whose later version is rung here (its progress, its outcome) needs no `started` ring.
         superseded = ending | {c.job_id for c in writes}
-        rings = self._started_params([j for j in starting if j.id not in superseded])
+        started = [(j.id, j.version) for j in starting if j.id not in superseded]
         if not outcomes:
             if starting:
-                await self._ring_started(rings)
+                await self._ring_started(started)
                 del self._started[: len(starting)]
             return
         if all(o.ctx.job.group_id is None and o.ctx.job.workflow_id is None for o in outcomes):
-            rows, touched = await self._complete(outcomes, rings), set()
+            rows, touched = await self._complete(outcomes, started), set()
         else:
-            rows, touched = await self._complete_counting(outcomes, rings)
+            rows, touched = await self._complete_counting(outcomes, started)
         del self._started[: len(starting)]
         del self._outcomes[: len(outcomes)]
         by_id = {r["id"]: r for r in rows}
@@ -275,33 +287,22 @@ class Completer:
             if (not c.dirty or c.job_id not in live) and self._dirty.get(c.job_id) is c:
                 del self._dirty[c.job_id]  # written, or fenced: the job is no longer ours
 
-    @staticmethod
-    def _started_params(jobs: list[ClaimedJob]) -> dict[str, Any]:
-        return {"started_topics": [f"job:{j.id}" for j in jobs], "started_versions": [j.version for j in jobs]}
-
-    async def _ring_started(self, rings: dict[str, Any]) -> None:
+    async def _ring_started(self, started: list[tuple[int, int]]) -> None:
         async with self._pool.connection() as conn, aautocommitted(conn):
-            await conn.execute(queries.RING_STARTED, rings)
+            await conn.execute(queries.RING_STARTED, started_param(started))
 
-    def _outcome_params(self, outcomes: list[Outcome], rings: dict[str, Any]) -> dict[str, Any]:
-        return {
-            **rings,
-            "ids": [o.ctx.job_id for o in outcomes],
-            "leases": [o.ctx.job.lease for o in outcomes],
-            "kinds": [o.kind for o in outcomes],
-            "errors": [o.error for o in outcomes],
-            "delays": [o.delay for o in outcomes],
-            "progress": [json.dumps(o.ctx.latest) if o.ctx.latest is not None else None for o in outcomes],
-            "results": [o.result for o in outcomes],
-        }
+    @staticmethod
+    def _outcome_params(outcomes: list[Outcome], started: list[tuple[int, int]]) -> dict[str, str]:
+        return complete_params(((o.ctx.job_id, o.ctx.job.lease, o.kind, o.error, o.delay, o.ctx.latest, o.result)
+                                for o in outcomes), started)
 
-    async def _complete(self, outcomes: list[Outcome], rings: dict[str, Any]) -> list[dict[str, Any]]:
+    async def _complete(self, outcomes: list[Outcome], started: list[tuple[int, int]]) -> list[dict[str, Any]]:
         """Outcomes of jobs outside any group or workflow: one statement, in autocommit (one round trip)."""
         async with self._pool.connection() as conn, aautocommitted(conn), conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(queries.COMPLETE, self._outcome_params(outcomes, rings), prepare=_prepare(outcomes))
+            await cur.execute(queries.COMPLETE, self._outcome_params(outcomes, started), prepare=_prepare(outcomes))
             return await cur.fetchall()
 
-    async def _complete_counting(self, outcomes: list[Outcome], rings: dict[str, Any]
+    async def _complete_counting(self, outcomes: list[Outcome], started: list[tuple[int, int]]
                                  ) -> tuple[list[dict[str, Any]], set[int]]:
         """COMPLETE_COUNTING in a transaction, then, only if it drained a shard, the group finish, and
         the ends of workflow steps (outcomes.counted), in that same transaction. Returns the
@@ -310,7 +311,7 @@ class Completer:
             # Pipelined, BEGIN and the statement go out together: one round trip.
             async with conn.pipeline():
                 async with conn.cursor(row_factory=dict_row) as cur:
-                    await cur.execute(gq.COMPLETE_COUNTING, self._outcome_params(outcomes, rings),
+                    await cur.execute(gq.COMPLETE_COUNTING, self._outcome_params(outcomes, started),
                                       prepare=_prepare(outcomes))
                     rows = await cur.fetchall()
             shards = rows[0]["_shards"] if rows else []
