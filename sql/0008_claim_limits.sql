@@ -16,10 +16,13 @@ CREATE INDEX livepush_jobs_limited_claim_idx ON livepush_jobs (queue, name, prio
 CREATE INDEX livepush_jobs_key_running_idx ON livepush_jobs (name, concurrency_key)
     WHERE state = 'running' AND concurrency_key IS NOT NULL;
 
--- One row per job name that has a limit, written by each runtime that defines the function as it
--- starts (the newest definition wins; a definition without limits deletes its row). The limited
--- claims of a name are serialized by the name's claim lock, not by this row (see
--- livepush_claim_limited below).
+-- One row per job name that has had a limit, written by each runtime that defines the function
+-- as it starts (the newest definition wins). A definition without limits keeps the row with both
+-- limits NULL rather than deleting it: jobs marked `limited` by the older definition can still
+-- turn up (enqueued by a process not yet redeployed, or running when the limit went and back for
+-- a retry), and only the limited claim takes them; a runtime keeps claiming the names of every
+-- row its code defines, and a row without limits claims with none. The limited claims of a name
+-- are serialized by the name's claim lock, not by this row (see livepush_claim_limited below).
 CREATE TABLE livepush_job_limits (
     name         text PRIMARY KEY,
     -- At most this many jobs of the name running at once per concurrency key (NULL: no limit).
@@ -29,8 +32,7 @@ CREATE TABLE livepush_job_limits (
     rate         double precision CHECK (rate > 0),
     burst        double precision CHECK (burst >= 1),
     tokens       double precision NOT NULL DEFAULT 0,
-    refilled_at  timestamptz NOT NULL DEFAULT now(),
-    CHECK (max_running IS NOT NULL OR rate IS NOT NULL)
+    refilled_at  timestamptz NOT NULL DEFAULT now()
 ) WITH (fillfactor = 50, autovacuum_vacuum_cost_delay = 0);
 
 -- Queues no runtime claims from (jobs.pause_queue()); enqueues are still accepted. Each runtime

@@ -197,21 +197,33 @@ ON CONFLICT (name) DO UPDATE SET
 """
 
 # name: drop_limits
-# A starting runtime's job functions that have no limits: rows left by an older definition go
-# (their names returned, for UNFLAG_LIMITED).
-DROP_LIMITS = "DELETE FROM livepush_job_limits WHERE name = ANY(%(names)s::text[]) RETURNING name"
+# A starting runtime's job functions that have no limits: a row with limits left by an older
+# definition keeps the name with none (sql/0008_claim_limits.sql says why it is not deleted); the
+# names that had limits are returned, for UNFLAG_LIMITED. Rows locked in name order, as SET_LIMITS
+# locks them.
+DROP_LIMITS = """
+UPDATE livepush_job_limits l SET max_running = NULL, rate = NULL, burst = NULL, tokens = 0
+FROM (SELECT name FROM livepush_job_limits
+      WHERE name = ANY(%(names)s::text[]) AND (max_running IS NOT NULL OR rate IS NOT NULL)
+      ORDER BY name FOR UPDATE) d
+WHERE l.name = d.name
+RETURNING l.name
+"""
 
 # name: unflag_limited
-# The unfinished jobs of names whose limits were just dropped go back to the plain claim (else
-# no claim would take them). Rare (a deploy that removes a limit), so a scan is acceptable. The
-# UPDATE locks each row; a claim of one of them meanwhile makes the re-check skip it.
+# The unfinished jobs of names whose limits were just dropped go to the plain claim, the cheaper
+# one. Rare (a deploy that removes a limit), so a scan is acceptable. Jobs it misses (running
+# now, back later; a claim of one meanwhile makes the re-check skip it; jobs enqueued later by
+# code that still has the limit) keep the mark and the limited claim of the name, which now
+# applies no limit.
 UNFLAG_LIMITED = """
 UPDATE livepush_jobs SET limited = false
 WHERE limited AND name = ANY(%(names)s::text[]) AND state IN ('available', 'scheduled', 'waiting')
 """
 
 # name: limited_names
-# The names that take the limited claim (a plain read; each runtime re-reads it every beat).
+# The names that take the limited claim, rows without limits too (a plain read; each runtime
+# re-reads it every beat).
 LIMITED_NAMES = "SELECT name FROM livepush_job_limits"
 
 # name: pause_queue

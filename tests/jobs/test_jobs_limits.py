@@ -125,7 +125,27 @@ def test_jobs_of_a_definition_that_dropped_its_limits_still_run(limits_db: str) 
         [("t.changing", 1)]
     jobs.job(name="t.changing")(changing)  # redeployed without the limit
     assert jobs.drain() == {"succeeded": 3}
-    assert q(limits_db, "SELECT count(*) FROM livepush_job_limits WHERE name = 't.changing'") == [(0,)]
+    # The row stays, saying "no limits", for jobs older code still marks as limited.
+    assert q(limits_db, "SELECT max_running, rate FROM livepush_job_limits WHERE name = 't.changing'") == \
+        [(None, None)]
+
+
+def test_jobs_marked_limited_after_the_limits_were_dropped_still_run(limits_db: str) -> None:
+    """During a rolling deploy that removes a limit, a process still running the old definition
+    enqueues jobs marked for the limited claim, and a job that was running under the limit may
+    come back for a retry; a runtime with the new definition runs both."""
+    async def rolling(ctx: Any, tenant: str) -> None: ...
+
+    old = jobs.job(name="t.rolling", concurrency=("tenant", 1))(rolling)
+    retried = old.enqueue("retried")
+    assert jobs.drain(max_jobs=0) == {}  # a runtime with the old definition stored the limit
+    q(limits_db, "UPDATE livepush_jobs SET state = 'running', attempt = 1, lease = 1 WHERE id = %s", (retried.id,))
+    jobs.job(name="t.rolling")(rolling)  # the new definition, without the limit
+    assert jobs.drain(max_jobs=0) == {}  # a runtime with it started: the limit is dropped
+    late = old.enqueue("late")  # a web process not yet redeployed
+    q(limits_db, "UPDATE livepush_jobs SET state = 'available', attempt = 1 WHERE id = %s", (retried.id,))  # back for a retry
+    assert q(limits_db, "SELECT id, limited FROM livepush_jobs ORDER BY id") == [(retried.id, True), (late.id, True)]
+    assert jobs.drain() == {"succeeded": 2}
 
 
 # -- concurrency ------------------------------------------------------------------------------------

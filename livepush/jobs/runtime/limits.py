@@ -45,8 +45,9 @@ async def store(pool: AsyncConnectionPool, registry: Registry) -> None:
 
 
 async def names(pool: AsyncConnectionPool, registry: Registry) -> list[str]:
-    """The names this runtime claims with the limited claim: its functions that have limits by
-    their stored row (whichever runtime stored it last) or by their own definition."""
+    """The names this runtime claims with the limited claim: its functions that have a stored
+    row (whichever runtime stored it last; with no limits in it, for jobs an older definition
+    marked) or limits in their own definition."""
     async with pool.connection() as conn:
         stored = {r[0] for r in await (await conn.execute(queries.LIMITED_NAMES)).fetchall()}
     own = {n for n in registry.names() if getattr(registry.find(n), "limits", None) and registry.find(n).limits.any}
