@@ -151,8 +151,11 @@ CREATE TABLE livepush_job_runtimes (
     heartbeat_at  timestamptz NOT NULL DEFAULT now()
 ) WITH (fillfactor = 50, autovacuum_vacuum_cost_delay = 0);
 
--- The batch of an enqueue (livepush/jobs/api/enqueue.py: Batch), read here only: every enqueue
--- statement and function takes its jobs through this. One JSON document, written by one call of
+-- The batch of an enqueue (livepush/jobs/api/enqueue.py: Batch), read here only: every batch
+-- enqueue statement and function (ENQUEUE, livepush_enqueue_keyed, livepush_enqueue_debounced)
+-- takes its jobs through this; a lone job goes by scalar parameters (ENQUEUE_ONE,
+-- livepush_enqueue_one_keyed), and task-group callbacks and workflow steps are inserted by
+-- their own statements. One JSON document, written by one call of
 -- the encoder: {"specs": [[name, queue, priority, max_attempts, limited], ...], "rows": [[spec,
 -- args, key, group_id, concurrency_key, run_at, tags, later], ...]}. A batch's jobs share a few
 -- functions, so what a function fixes is written once per function (`spec`: its place in

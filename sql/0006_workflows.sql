@@ -75,8 +75,9 @@ CREATE INDEX livepush_workflow_signals_idx ON livepush_workflow_signals (workflo
 
 -- A step's job changed in a way its run's state topic shows (it parked, or woke: the step is
 -- `waiting`, or `running` again): a new version of `workflow:<id>`, rung in the caller's
--- transaction. Called by the statements that park and wake jobs, which hold the job's row: the
--- lock order job rows -> workflow rows holds. Returns -1 when the run has finished (read after
+-- transaction. Called by the statements that park and wake jobs, which hold the job's row (the
+-- lock order job rows -> workflow rows holds), and by the ring of a fan-out step's task group
+-- (livepush/jobs/groups/queries.py: RING_GROUPS), which holds no job row. Returns -1 when the run has finished (read after
 -- waiting for whoever holds its row): a step must not park in a run that ended.
 CREATE FUNCTION livepush_workflow_touched(p_id bigint) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $$

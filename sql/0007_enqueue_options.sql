@@ -5,10 +5,11 @@
 -- The columns (key, key_slot, tags) are in sql/0003_jobs.sql, with the rest of the job row.
 
 -- The key's invariant, held by Postgres whatever the caller does: one unfinished job per
--- (key, place). It is also what makes concurrent enqueues of a key safe: each inserts with
--- ON CONFLICT DO NOTHING on this index, so of two enqueues of one key the second waits for the
--- first's transaction (Postgres' speculative insertion), then inserts nothing if it committed
--- and looks the winner up in a fresh snapshot. A plain keyed enqueue takes no lock per key, so a
+-- (key, place). It is also what makes concurrent enqueues of a key safe: of two inserts of one
+-- key the second waits on this index for the first's transaction, and if that committed it
+-- inserts nothing (a single enqueue: ON CONFLICT DO NOTHING) or fails and is settled item by
+-- item (a batch: livepush_enqueue_keyed); either way the winner is then looked up in a fresh
+-- snapshot. A plain keyed enqueue takes no lock per key, so a
 -- batch of any size holds no more locks than a plain one (debounced enqueues take one: see
 -- livepush_enqueue_debounced). Partial: finished jobs free their key, and jobs without a
 -- key cost nothing here.

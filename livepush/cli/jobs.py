@@ -1,4 +1,5 @@
-"""`livepush jobs MODULE[,MODULE...] [--queues a,b] [--concurrency N] [--shutdown-timeout S] [--heartbeat S]`."""
+"""`livepush jobs MODULE[,MODULE...] [--queues a,b] [--concurrency N] [--shutdown-timeout S] [--heartbeat S]
+[--poll-interval S] [--retention S] [--metrics-port P]`."""
 
 from __future__ import annotations
 

@@ -37,8 +37,9 @@ STATE_CHANNEL = "livepush_states"
 _STILL_RUNNING = "lower(j.state) = 'running'"
 
 
-# A CTE body for a statement that parks or wakes jobs in `{rel}` (columns workflow_id, ...): a
-# workflow step among them shows as `waiting` or `running` again on its run's topic, so the run
+# A CTE body for a statement that parks or wakes jobs in `{rel}` (columns workflow_id, ...), or
+# that changes a step's task group (groups/queries.py: RING_GROUPS): a workflow step among them
+# shows as `waiting` or `running` again, or its batch's progress, on its run's topic, so the run
 # gets a new version (livepush_workflow_touched(), sql/0006_workflows.sql). Always one row; `n` is
 # negative when a run among them has finished. Runs are touched in id order, so two statements
 # waking jobs of the same runs never wait for each other in a circle.

@@ -12,7 +12,7 @@ check out costs one read. Doorbells that come during a read are served by one mo
 by one read each. A range the log cannot fill becomes a `reset` to every subscriber: recovery
 is never partial.
 
-State topics (`job:<id>`, `group:<id>`: a StateSource's rows). Their offset is the state's
+State topics (`job:<id>`, `group:<id>`, `workflow:<id>`: a StateSource's rows). Their offset is the state's
 version. A change rings the source; the hub reads the current state of every rung topic it
 watches, in one read per batch (which also conflates a burst of changes to the newest), and
 sends it when its version is newer than the one it sent last. A subscriber first gets the

@@ -7,8 +7,8 @@ report is consistent with itself: a job counted running in its queue is in hand 
 in the same report. The statements are their owners' (queries.py, groups/queries.py,
 workflows/queries.py); this module only gathers them.
 
-Servers are not here: they register nowhere, so the database cannot say which are listening.
-Each one answers GET /healthz on its own port.
+Servers are not here: they register nowhere. `livepush status` adds the listening connections
+the database and Redis show (cli/status.py); each server's own view is GET /readyz on its port.
 """
 
 from __future__ import annotations

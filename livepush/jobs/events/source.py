@@ -62,7 +62,7 @@ def parse_ring(payload: str) -> Ring:
 
 
 class JobStates:
-    """`job:<id>` and `group:<id>`, read from the jobs' database at `url`. `listener`: the process's
+    """`job:<id>`, `group:<id>` and `workflow:<id>`, read from the jobs' database at `url`. `listener`: the process's
     shared Postgres listener on that database (else one of its own)."""
 
     prefixes = ("job:", "group:", "workflow:")

@@ -21,7 +21,8 @@ can wait on each other in a cycle):
   ADD_TOTAL (the group row, where the state and the member limit are checked);
 - seal and cancel lock the group row only (then read, never lock, the shards);
 - the progress publisher locks group rows FOR SHARE only.
-Nobody who holds a group row lock goes on to lock a shard or a job row.
+Nobody who holds a group row lock goes on to lock a shard, or a job row other than the parked
+parent a finishing group wakes (FINISH_GROUPS: woken, which says why that is safe).
 
 Finishing (the one race that matters): a group finishes in the transaction that (a) holds
 its row lock and (b) then, in a LATER statement, reads the sum of pending over all shards as
@@ -454,7 +455,7 @@ LIMIT %(limit)s + 1
 _NO_LIVE_PARENT = """NOT EXISTS (SELECT 1 FROM livepush_jobs p WHERE p.id = g.parent_id
                                   AND p.state NOT IN ('succeeded', 'failed', 'cancelled'))"""
 
-# name: prune_groups
+# name: prune_group_jobs
 # Retention: finished groups older than the cutoff. Their members and callbacks go first,
 # a bounded batch per statement (SKIP LOCKED: two runtimes pruning split the work); a
 # callback still queued or running keeps its group. Members of unfinished groups are never

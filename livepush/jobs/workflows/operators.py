@@ -138,7 +138,9 @@ def _signal_steps(run_id: int, name: str, data: str, actor: str | None) -> steps
     audit trail says so (both, or neither). To the step's job when it is active (its row locked
     first, as jobs.signal does: the lock order is job rows before the run's); otherwise, under a
     share lock on the run (no decision meanwhile, so no job of that step starts meanwhile), the run
-    keeps it for the step's next job, which takes it over when it is created."""
+    keeps it for the step's next job, which takes it over when it is created. A job created
+    between the two looks is locked after the run, against the order: a deadlock with that job
+    parking is possible, and the transaction runs again (workflows/queries.py says so)."""
     step = yield from _target(run_id, name, lock=False)
     if not (yield from _to_job(step, name, data)):
         step = yield from _target(run_id, name, lock=True)
