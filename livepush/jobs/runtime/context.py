@@ -108,6 +108,7 @@ class JobContext:
         self.group_progress = group_progress
         self.cancel_requested = job.cancel_requested
         self.released = False  # set by the runtime when it hands the job back (drain)
+        self.timed_out = False  # set by the runtime when it cancels an async job past its timeout
         self.latest: dict[str, Any] | None = None  # newest progress, written or not
         self.dirty = False  # latest not yet written
         self.published = 0  # progress writes so far

@@ -73,16 +73,9 @@ async def execute(
         if job.callback_of is not None:
             await ctx.load_group()  # a group callback: ctx.group shows the finished group
         if fn.is_async:
-            if fn.timeout is None:
-                value = await fn.func(ctx, *job.args)
-            else:
-                try:
-                    async with asyncio.timeout(fn.timeout) as deadline:
-                        value = await fn.func(ctx, *job.args)
-                except TimeoutError:
-                    if deadline.expired():
-                        return _failure(fn, ctx, TimeoutError(f"timed out after {fn.timeout:g} s"), timed_out=True)
-                    raise
+            # Its timeout is the runtime's (Runtime._time_out): it cancels the task and sets
+            # ctx.timed_out, handled below.
+            value = await fn.func(ctx, *job.args)
         else:
             sync_ctx = SyncJobContext(ctx, loop)
             future = loop.run_in_executor(pool, functools.partial(fn.func, sync_ctx, *job.args))
@@ -110,6 +103,10 @@ async def execute(
             if task is not None:
                 task.uncancel()
             return Outcome(ctx, "cancelled", error="cancelled")
+        if ctx.timed_out:
+            if task is not None:
+                task.uncancel()
+            return _failure(fn, ctx, TimeoutError(f"timed out after {fn.timeout:g} s"), timed_out=True)
         raise
     except JobCancelled:
         if ctx.released:

@@ -56,6 +56,7 @@ from ..periodic.scheduler import Scheduler
 from . import limits, maintenance
 from .completer import Completer
 from .context import ClaimedJob, JobContext
+from .deadlines import Deadlines
 from .executor import Outcome, execute
 
 log = logging.getLogger("livepush.jobs")
@@ -70,12 +71,13 @@ PAUSED_REFRESH_SECONDS = 0.5
 
 
 class _InHand:
-    __slots__ = ("ctx", "task", "is_async")
+    __slots__ = ("ctx", "task", "is_async", "deadline")
 
     def __init__(self, ctx: JobContext, task: asyncio.Task[None], is_async: bool) -> None:
         self.ctx = ctx
         self.task = task
         self.is_async = is_async
+        self.deadline: int | None = None  # its bucket in Runtime._deadlines, for an async job with a timeout
 
 
 def load_modules(modules: Iterable[str]) -> None:
@@ -173,6 +175,7 @@ class Runtime:
         self._completer: Completer | None = None
         self._group_progress: ProgressPublisher | None = None
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
+        self._deadlines: Deadlines[_InHand] = Deadlines(self._time_out)
         self._doorbell = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._stop = asyncio.Event()
@@ -592,10 +595,20 @@ class Runtime:
             self._completer.submit(Outcome(ctx, "released"))
             return
         task = asyncio.create_task(self._run_job(fn, ctx), name=f"livepush-job-{job.id}")
-        self.in_hand[job.id] = _InHand(ctx, task, fn.is_async)
+        entry = self.in_hand[job.id] = _InHand(ctx, task, fn.is_async)
+        if fn.is_async and fn.timeout is not None:
+            # Counted from here, a loop turn before the function starts. Sync jobs keep theirs in
+            # execute(): their threads cannot be cancelled anyway.
+            entry.deadline = self._deadlines.add(job.id, fn.timeout, entry)
         self.peak_in_hand = max(self.peak_in_hand, len(self.in_hand))
         if ctx.cancel_requested and fn.is_async:
             task.cancel()
+
+    def _time_out(self, entry: _InHand) -> None:
+        """An async job ran past its timeout: cancel it; execute() makes that a TimeoutError failure."""
+        if self.in_hand.get(entry.ctx.job_id) is entry and not entry.task.done():
+            entry.ctx.timed_out = True
+            entry.task.cancel()
 
     async def _run_job(self, fn: Any, ctx: JobContext) -> None:
         assert self._completer is not None
@@ -609,8 +622,11 @@ class Runtime:
                 self._completer.submit(Outcome(ctx, "released"))
             raise
         finally:
-            if self.in_hand.get(ctx.job_id) is not None and self.in_hand[ctx.job_id].ctx is ctx:
+            entry = self.in_hand.get(ctx.job_id)
+            if entry is not None and entry.ctx is ctx:
                 del self.in_hand[ctx.job_id]
+                if entry.deadline is not None:
+                    self._deadlines.discard(entry.deadline, ctx.job_id)
             if self._limited_empty:  # its key's slot may be free again
                 for key in [k for k in self._limited_empty if k[0] == ctx.job.name]:
                     del self._limited_empty[key]
