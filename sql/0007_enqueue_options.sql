@@ -134,7 +134,7 @@ BEGIN
         ), settled AS (
             -- The items that created nothing (a key held, or an earlier item's), with the job that
             -- holds their key. Read only when there are any (the CASEs below): most batches
-            -- create a job per item, and joining every item to its owner cost them 6 % of their time.
+            -- create a job per item, and joining every item to its owner cost them for nothing.
             SELECT i.ord, o.id, o.name FROM items i
             JOIN (SELECT held.key, held.id, held.name FROM held
                   UNION ALL SELECT n.key, n.id, n.name FROM input n WHERE n.key IS NOT NULL) o ON o.key = i.key

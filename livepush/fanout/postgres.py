@@ -50,7 +50,7 @@ LATEST = "SELECT epoch, last_seq FROM livepush_topics WHERE topic = %s"
 # `after`, in one statement: one snapshot and one round trip for every topic a batch of
 # doorbells named (the server's live reads), or for one topic (a replay). The pairs come as one
 # JSON text, [[topic, after], ...]: one call of the C encoder, where psycopg dumps a list
-# parameter an element at a time in Python (a third of a live read's CPU). Per topic: capped at
+# parameter an element at a time in Python, a cost on every live read. Per topic: capped at
 # its latest offset in that snapshot, so every row below it has committed; rows missing below
 # it were pruned (the caller resets). A page stops at the row that takes it past the byte
 # bound (a page always has one row), so a page of large messages stays small. No row for a

@@ -1,8 +1,8 @@
 """Timeouts of the async jobs a runtime runs, with one loop timer per slice of time rather than
 one per job.
 
-A timer per job (`asyncio.timeout()`) cost about 4 us of the runtime's ~30 us of CPU per short
-job. Here a deadline joins the bucket of the GRAIN-second slice it falls in; the bucket's one
+A timer per job (`asyncio.timeout()`: an object, a loop timer armed and cancelled) was a
+noticeable share of the runtime's CPU per short job (docs/performance.md, Jobs). Here a deadline joins the bucket of the GRAIN-second slice it falls in; the bucket's one
 timer fires at the end of its slice and expires what is still in it, so a timeout fires at most
 GRAIN seconds late, never early. A job that ends leaves its bucket (one dict removal), so nothing
 is held for jobs long gone.
