@@ -131,7 +131,7 @@ BEGIN
         ), rung AS (
             SELECT CASE WHEN count(*) > 0 THEN livepush_states_created('job', min(n.id), max(n.id)) + livepush_jobs_ready()
                    END AS n FROM input n
-        ), settled AS (
+        ), settled AS MATERIALIZED (
             -- The items that created nothing (a key held, or an earlier item's), with the job that
             -- holds their key. Read only when there are any (the CASEs below): most batches
             -- create a job per item, and joining every item to its owner cost them for nothing.
@@ -141,8 +141,8 @@ BEGIN
             WHERE NOT i.first OR EXISTS (SELECT 1 FROM held WHERE held.key = i.key)
         )
         -- Unordered (the caller orders by `ord`): one aggregation fills the first three arrays
-        -- from the same rows, and the settled ones read one materialized CTE (referenced three
-        -- times), whose scans return its rows in one order.
+        -- from the same rows, and the settled ones read one materialized CTE, whose scans
+        -- return its rows in one order.
         SELECT array_agg(n.ord), array_agg(n.id), array_agg(n.name),
                CASE WHEN count(*) < (SELECT count(*) FROM items) THEN (SELECT array_agg(s.ord) FROM settled s) END,
                CASE WHEN count(*) < (SELECT count(*) FROM items) THEN (SELECT array_agg(s.id) FROM settled s) END,

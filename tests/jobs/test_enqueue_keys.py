@@ -13,6 +13,7 @@ import pytest
 
 from livepush import jobs
 from livepush.jobs import InvalidArgumentsError
+from livepush.jobs.groups import building
 from tests.jobs import group_jobs, sample_jobs
 from tests.jobs.conftest import q, running
 from tests.support.procs import ChildProcess, Processes
@@ -315,6 +316,19 @@ def test_group_members_with_a_key_held_elsewhere_are_not_counted(jobs_db: str) -
     jobs.drain()
     group = jobs.get_group(g.id)
     assert group is not None and (group["state"], group["total"], group["succeeded"]) == ("finished", 1, 1)
+
+
+def test_a_key_repeated_across_a_large_groups_statements_gets_one_job(jobs_db: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group block too big for one insert statement is split in key order, never inside a run of
+    one key: an item repeating a key gets its first item's job whatever the split."""
+    monkeypatch.setattr(building, "CHUNK", 2)
+    with jobs.group() as g:
+        for i, key in enumerate(["b", "a", "a", "a", "c"]):
+            g.enqueue(sample_jobs.record, i, key=f"split:{key}")
+    b, a1, a2, a3, c = g.members
+    assert a1 == a2 == a3 and len({b.id, a1.id, c.id}) == 3
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE group_id = %s", (g.id,)) == [(3,)]
 
 
 def test_every_way_of_adding_to_a_group_takes_a_key(jobs_db: str) -> None:

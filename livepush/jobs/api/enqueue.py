@@ -131,11 +131,12 @@ class Batch:
         return {"batch": dumps({"specs": list(self.specs), "rows": self.rows if rows is None else rows})}
 
     def chunks(self, size: int) -> tuple[list[tuple[str, dict[str, Any]]], list[int]]:
-        """Enqueue statements and parameters for slices of at most `size` jobs, and for each item
+        """Enqueue statements and parameters for slices of about `size` jobs, and for each item
         the place of its row among the statements' results. A keyed batch is sliced in key order:
         each statement inserts in key order, and so does the transaction as a whole, so two of
         them sharing keys cannot wait for each other in a circle. The sort is stable: an item's
-        earlier items with its key stay earlier."""
+        earlier items with its key stay earlier. A slice never ends inside a run of one key: an
+        item marked `later` is settled by the first item of its key in the same statement."""
         order = list(range(len(self.rows)))
         if self.keyed and len(self.rows) > size:
             order.sort(key=lambda i: _key(self.rows[i]) or "")
@@ -143,8 +144,17 @@ class Batch:
         for at, i in enumerate(order):
             place[i] = at
         sql = queries.ENQUEUE_KEYED if self.keyed else queries.ENQUEUE
-        return [(sql, self.params([self.rows[i] for i in order[at:at + size]]))
-                for at in range(0, len(order), size)], place
+        statements = []
+        at = 0
+        while at < len(order):
+            end = min(at + size, len(order))
+            if self.keyed:
+                last = _key(self.rows[order[end - 1]])
+                while last is not None and end < len(order) and _key(self.rows[order[end]]) == last:
+                    end += 1
+            statements.append((sql, self.params([self.rows[i] for i in order[at:end]])))
+            at = end
+        return statements, place
 
     def one_params(self) -> dict[str, Any]:
         """Scalar parameters for ENQUEUE_ONE (a batch of exactly one job)."""
