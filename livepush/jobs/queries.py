@@ -223,9 +223,9 @@ WHERE limited AND name = ANY(%(names)s::text[]) AND state IN ('available', 'sche
 """
 
 # name: limited_names
-# The names that take the limited claim, rows without limits too (a plain read; each runtime
-# re-reads it every beat).
-LIMITED_NAMES = "SELECT name FROM livepush_job_limits"
+# The names that take the limited claim, rows without limits too (`dropped`), as a plain read;
+# each runtime re-reads it every beat.
+LIMITED_NAMES = "SELECT name, max_running IS NULL AND rate IS NULL AS dropped FROM livepush_job_limits"
 
 # name: pause_queue
 # Idempotent; the first pause's time is kept. Rings the runtimes (delivered at commit) so each

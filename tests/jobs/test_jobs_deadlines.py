@@ -1,10 +1,15 @@
 """The runtime's job timeouts (livepush/jobs/runtime/deadlines.py): a deadline never fires early,
-fires at most a grain late, and one discarded never fires; nothing is kept for either."""
+fires at most a grain late, and one discarded never fires; nothing is kept for either, and a
+timeout must be a positive number of seconds."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import pytest
+
+from livepush import jobs
 from livepush.jobs.runtime.deadlines import GRAIN, Deadlines
 from tests.support.waiting import async_wait_for
 
@@ -44,3 +49,23 @@ async def test_a_discarded_deadline_never_fires_and_nothing_is_kept() -> None:
     await async_wait_for(lambda: len(fired) == 50, timeout=5)
     assert sorted(fired) == list(range(0, 100, 2))
     assert len(deadlines) == 0
+
+
+async def test_an_infinite_time_sets_no_timer_and_a_bucket_goes_once_emptied() -> None:
+    deadlines: Deadlines[int] = Deadlines(lambda item: None)
+    assert deadlines.add(0, float("inf"), 0) is None
+    deadlines.discard(None, 0)
+    buckets = [deadlines.add(n, 3600, n) for n in range(10)]
+    assert deadlines.buckets >= 1
+    for n, bucket in enumerate(buckets):
+        deadlines.discard(bucket, n)
+    assert deadlines.buckets == 0 and len(deadlines) == 0
+
+
+def test_a_timeout_that_is_not_a_positive_number_is_refused_at_the_decorator() -> None:
+    async def f(ctx: Any) -> None: ...
+
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(ValueError, match="timeout must be a positive number"):
+            jobs.job(name="t.bad_timeout", timeout=bad)(f)
+    assert jobs.job(name="t.no_timeout", timeout=float("inf"))(f).timeout == float("inf")

@@ -47,7 +47,7 @@ class JobFunction:
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
-        if timeout is not None and timeout <= 0:
+        if timeout is not None and not timeout > 0:  # NaN too
             raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
         self.func = func
         self.name = name or f"{func.__module__}.{func.__qualname__}"

@@ -2,10 +2,11 @@
 one per job.
 
 A timer per job (`asyncio.timeout()`: an object, a loop timer armed and cancelled) was a
-noticeable share of the runtime's CPU per short job (docs/performance.md, Jobs). Here a deadline joins the bucket of the GRAIN-second slice it falls in; the bucket's one
-timer fires at the end of its slice and expires what is still in it, so a timeout fires at most
-GRAIN seconds late, never early. A job that ends leaves its bucket (one dict removal), so nothing
-is held for jobs long gone.
+noticeable share of the runtime's CPU per short job (docs/performance.md, Jobs). Here a deadline
+joins the bucket of the GRAIN-second slice it falls in; the bucket's one timer fires at the end
+of its slice and expires what is still in it, so a timeout fires at most GRAIN seconds late,
+never early. A job that ends leaves its bucket, and a bucket left empty goes with its timer, so
+nothing is held for jobs that ended, whatever their timeout.
 """
 
 from __future__ import annotations
@@ -25,28 +26,40 @@ class Deadlines(Generic[T]):
 
     def __init__(self, expired: Callable[[T], None]) -> None:
         self._expired = expired
-        self._buckets: dict[int, dict[int, T]] = {}
+        self._buckets: dict[int, tuple[dict[int, T], asyncio.TimerHandle]] = {}
 
-    def add(self, item_id: int, seconds: float, item: T) -> int:
+    def add(self, item_id: int, seconds: float, item: T) -> int | None:
         """Expire `item` `seconds` from now (at most GRAIN later) unless discarded first; returns
-        the bucket to pass to discard()."""
+        the bucket to pass to discard(), or None for an infinite time (nothing to expire)."""
+        if not math.isfinite(seconds):
+            return None
         loop = asyncio.get_running_loop()
         key = math.ceil((loop.time() + seconds) / GRAIN)
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = self._buckets[key] = {}
-            loop.call_at(key * GRAIN, self._fire, key)
-        bucket[item_id] = item
+        found = self._buckets.get(key)
+        if found is None:
+            found = self._buckets[key] = ({}, loop.call_at(key * GRAIN, self._fire, key))
+        found[0][item_id] = item
         return key
 
-    def discard(self, bucket: int, item_id: int) -> None:
-        items = self._buckets.get(bucket)
-        if items is not None:
+    def discard(self, bucket: int | None, item_id: int) -> None:
+        found = self._buckets.get(bucket) if bucket is not None else None
+        if found is not None:
+            items, timer = found
             items.pop(item_id, None)
+            if not items:
+                timer.cancel()
+                del self._buckets[bucket]  # type: ignore[arg-type]
 
     def _fire(self, key: int) -> None:
-        for item in self._buckets.pop(key, {}).values():
-            self._expired(item)
+        found = self._buckets.pop(key, None)
+        if found is not None:
+            for item in found[0].values():
+                self._expired(item)
 
     def __len__(self) -> int:
-        return sum(len(items) for items in self._buckets.values())
+        """Items waiting; buckets are never kept empty."""
+        return sum(len(items) for items, _ in self._buckets.values())
+
+    @property
+    def buckets(self) -> int:
+        return len(self._buckets)

@@ -1,6 +1,7 @@
 """The executor: runs one claimed job and classifies how it ended.
 
-Async jobs run on the loop under `asyncio.timeout`; sync jobs run in the runtime's thread
+Async jobs run on the loop, their timeouts kept by the runtime (runtime/deadlines.py): it
+cancels a job past its own and marks `ctx.timed_out`. Sync jobs run in the runtime's thread
 pool. A sync job cannot be killed: past its timeout the attempt fails and the runtime moves
 on, the thread runs to its end, and whatever it returns is fenced off (its lease is gone).
 """
@@ -12,6 +13,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ...postgres.text import storable_text
@@ -61,11 +63,13 @@ def _error_text(exc: BaseException) -> str:
 
 
 async def execute(
-    fn: Any, ctx: JobContext, pool: concurrent.futures.Executor | None
+    fn: Any, ctx: JobContext, pool: concurrent.futures.Executor | None,
+    arm: Callable[[Any, JobContext], None] | None = None,
 ) -> Outcome | None:
     """Run `fn` for `ctx.job` and return its outcome, or None when there is nothing to write: the
     runtime released the job meanwhile (it recorded that), or the job parked (its parking
-    transaction wrote that)."""
+    transaction wrote that). `arm(fn, ctx)` starts an async job's timeout, just before its
+    function runs."""
     job = ctx.job
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
@@ -73,8 +77,9 @@ async def execute(
         if job.callback_of is not None:
             await ctx.load_group()  # a group callback: ctx.group shows the finished group
         if fn.is_async:
-            # Its timeout is the runtime's (Runtime._time_out): it cancels the task and sets
-            # ctx.timed_out, handled below.
+            # Its timeout is the runtime's: it cancels the task and sets ctx.timed_out, handled below.
+            if arm is not None and fn.timeout is not None:
+                arm(fn, ctx)
             value = await fn.func(ctx, *job.args)
         else:
             sync_ctx = SyncJobContext(ctx, loop)
@@ -117,6 +122,12 @@ async def execute(
     except BaseException as exc:  # noqa: BLE001 - any failure of user code fails the attempt
         if ctx.released:
             return None
+        if ctx.timed_out:
+            # It turned the timeout's cancel into an error of its own: the attempt still failed
+            # by its timeout.
+            if task is not None:
+                task.uncancel()
+            return _failure(fn, ctx, TimeoutError(f"timed out after {fn.timeout:g} s"), timed_out=True)
         return _failure(fn, ctx, exc)
     if ctx.released:
         return None

@@ -44,14 +44,16 @@ async def store(pool: AsyncConnectionPool, registry: Registry) -> None:
                 await conn.execute(queries.UNFLAG_LIMITED, {"names": dropped})
 
 
-async def names(pool: AsyncConnectionPool, registry: Registry) -> list[str]:
+async def names(pool: AsyncConnectionPool, registry: Registry) -> tuple[list[str], frozenset[str]]:
     """The names this runtime claims with the limited claim: its functions that have a stored
-    row (whichever runtime stored it last; with no limits in it, for jobs an older definition
-    marked) or limits in their own definition."""
+    row (whichever runtime stored it last) or limits in their own definition; and those of them
+    whose row has no limits left (a newer definition dropped them): only jobs an older
+    definition marked take their limited claim."""
     async with pool.connection() as conn:
-        stored = {r[0] for r in await (await conn.execute(queries.LIMITED_NAMES)).fetchall()}
+        stored = {r[0]: r[1] for r in await (await conn.execute(queries.LIMITED_NAMES)).fetchall()}
     own = {n for n in registry.names() if getattr(registry.find(n), "limits", None) and registry.find(n).limits.any}
-    return sorted(n for n in stored | own if n in registry)
+    mine = sorted(n for n in stored.keys() | own if n in registry)
+    return mine, frozenset(n for n in mine if stored.get(n))
 
 
 async def claim(conn: psycopg.AsyncConnection, name: str, queue: str, limit: int,

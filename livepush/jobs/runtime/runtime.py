@@ -157,11 +157,12 @@ class Runtime:
         # the next token of a rate-limited name is due, if a bucket held jobs back (loop time): the
         # producer wakes then rather than polling or spinning.
         self.limited: list[str] = []
+        self.limits_dropped: frozenset[str] = frozenset()  # of them, rows whose limits a newer definition dropped
         self._token_due: float | None = None
         # (name, queue) whose last limited claim found nothing it could start, and when (loop
-        # time): skipped until the doorbell rings, a job of the name ends here, or a poll interval
-        # passes, so that a runtime with limited functions does not pay their claims on every
-        # round of plain work.
+        # time): skipped until the doorbell rings (not for limits_dropped), a job of the name ends
+        # here, or a poll interval passes, so that a runtime with limited functions does not pay
+        # their claims on every round of plain work.
         self._limited_empty: dict[tuple[str, str], float] = {}
         # Queues no claim takes from (jobs.pause_queue()), as last read, and when (loop time; None:
         # read again before the next claim, as after a `queues` ring).
@@ -301,7 +302,7 @@ class Runtime:
         self.state = "running"
         self.id = await maintenance.register(self._pool, self.info)
         await limits.store(self._pool, self.registry)
-        self.limited = await limits.names(self._pool, self.registry)
+        self.limited, self.limits_dropped = await limits.names(self._pool, self.registry)
         # The heartbeat's first round (right after this) rescues what they held.
         await maintenance.prune_gone_on_node(self._pool, self.id)
         await self._publish_state("running")
@@ -343,6 +344,7 @@ class Runtime:
             ctx.released = True
             self._completer.submit(Outcome(ctx, "released"))
             entry.task.cancel()
+            self._deadlines.discard(entry.deadline, ctx.job_id)
         self.in_hand.clear()
 
     async def _pause(self, seconds: float) -> None:
@@ -477,9 +479,13 @@ class Runtime:
                 free = self.concurrency - len(self.in_hand)
                 if free <= 0:
                     continue
-            # Cleared before the claim: a doorbell during the claim is kept for the next round.
+            # Cleared before the claim: a doorbell during the claim is kept for the next round. A
+            # name whose limits were dropped only has leftovers from older code: looked for every
+            # poll interval, not on every ring.
             if self._doorbell.is_set():
-                self._limited_empty.clear()
+                dropped = self.limits_dropped
+                self._limited_empty = {k: at for k, at in self._limited_empty.items() if k[0] in dropped} \
+                    if dropped else {}
             self._doorbell.clear()
             try:
                 claimed = await self._claim(free)
@@ -595,14 +601,17 @@ class Runtime:
             self._completer.submit(Outcome(ctx, "released"))
             return
         task = asyncio.create_task(self._run_job(fn, ctx), name=f"livepush-job-{job.id}")
-        entry = self.in_hand[job.id] = _InHand(ctx, task, fn.is_async)
-        if fn.is_async and fn.timeout is not None:
-            # Counted from here, a loop turn before the function starts. Sync jobs keep theirs in
-            # execute(): their threads cannot be cancelled anyway.
-            entry.deadline = self._deadlines.add(job.id, fn.timeout, entry)
+        self.in_hand[job.id] = _InHand(ctx, task, fn.is_async)
         self.peak_in_hand = max(self.peak_in_hand, len(self.in_hand))
         if ctx.cancel_requested and fn.is_async:
             task.cancel()
+
+    def _arm(self, fn: Any, ctx: JobContext) -> None:
+        """Start an async job's timeout, just before its function runs (execute() calls this; sync
+        jobs keep their own: their threads cannot be cancelled anyway)."""
+        entry = self.in_hand.get(ctx.job_id)
+        if entry is not None and entry.ctx is ctx:
+            entry.deadline = self._deadlines.add(ctx.job_id, fn.timeout, entry)
 
     def _time_out(self, entry: _InHand) -> None:
         """An async job ran past its timeout: cancel it; execute() makes that a TimeoutError failure."""
@@ -613,7 +622,7 @@ class Runtime:
     async def _run_job(self, fn: Any, ctx: JobContext) -> None:
         assert self._completer is not None
         try:
-            outcome = await execute(fn, ctx, self._threads)
+            outcome = await execute(fn, ctx, self._threads, self._arm)
             if outcome is not None and not ctx.released:
                 self._completer.submit(outcome)
         except asyncio.CancelledError:
@@ -625,8 +634,7 @@ class Runtime:
             entry = self.in_hand.get(ctx.job_id)
             if entry is not None and entry.ctx is ctx:
                 del self.in_hand[ctx.job_id]
-                if entry.deadline is not None:
-                    self._deadlines.discard(entry.deadline, ctx.job_id)
+                self._deadlines.discard(entry.deadline, ctx.job_id)
             if self._limited_empty:  # its key's slot may be free again
                 for key in [k for k in self._limited_empty if k[0] == ctx.job.name]:
                     del self._limited_empty[key]
@@ -639,7 +647,7 @@ class Runtime:
         while not self._closing.is_set():
             try:
                 await maintenance.beat(self._pool, self.info)
-                self.limited = await limits.names(self._pool, self.registry)
+                self.limited, self.limits_dropped = await limits.names(self._pool, self.registry)
                 _, touched = await maintenance.rescue(self._pool)
                 if touched and self._group_progress is not None:
                     self._group_progress.mark(touched)
