@@ -5,8 +5,9 @@ A timer per job (`asyncio.timeout()`: an object, a loop timer armed and cancelle
 noticeable share of the runtime's CPU per short job (docs/performance.md, Jobs). Here a deadline
 joins the bucket of the GRAIN-second slice it falls in; the bucket's one timer fires at the end
 of its slice and expires what is still in it, so a timeout fires at most GRAIN seconds late,
-never early. A job that ends leaves its bucket, and a bucket left empty goes with its timer, so
-nothing is held for jobs that ended, whatever their timeout.
+never early. A job that ends leaves its bucket, and a bucket left empty goes with its timer
+(except the one jobs are being added to now, which would only be made again), so nothing is
+held for jobs that ended, whatever their timeout.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Deadlines(Generic[T]):
     def __init__(self, expired: Callable[[T], None]) -> None:
         self._expired = expired
         self._buckets: dict[int, tuple[dict[int, T], asyncio.TimerHandle]] = {}
+        self._adding: int | None = None  # the bucket of the latest add
 
     def add(self, item_id: int, seconds: float, item: T) -> int | None:
         """Expire `item` `seconds` from now (at most GRAIN later) unless discarded first; returns
@@ -38,17 +40,24 @@ class Deadlines(Generic[T]):
         found = self._buckets.get(key)
         if found is None:
             found = self._buckets[key] = ({}, loop.call_at(key * GRAIN, self._fire, key))
+        if key != self._adding:
+            previous, self._adding = self._adding, key
+            self._drop_if_empty(previous)
         found[0][item_id] = item
         return key
 
     def discard(self, bucket: int | None, item_id: int) -> None:
         found = self._buckets.get(bucket) if bucket is not None else None
         if found is not None:
-            items, timer = found
-            items.pop(item_id, None)
-            if not items:
-                timer.cancel()
-                del self._buckets[bucket]  # type: ignore[arg-type]
+            found[0].pop(item_id, None)
+            if bucket != self._adding:
+                self._drop_if_empty(bucket)
+
+    def _drop_if_empty(self, bucket: int | None) -> None:
+        found = self._buckets.get(bucket) if bucket is not None else None
+        if found is not None and not found[0]:
+            found[1].cancel()
+            del self._buckets[bucket]  # type: ignore[arg-type]
 
     def _fire(self, key: int) -> None:
         found = self._buckets.pop(key, None)
@@ -57,9 +66,10 @@ class Deadlines(Generic[T]):
                 self._expired(item)
 
     def __len__(self) -> int:
-        """Items waiting; buckets are never kept empty."""
+        """Items waiting."""
         return sum(len(items) for items, _ in self._buckets.values())
 
     @property
     def buckets(self) -> int:
+        """Buckets kept: at most one of them empty (the one being added to)."""
         return len(self._buckets)
