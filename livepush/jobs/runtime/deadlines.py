@@ -47,14 +47,14 @@ class Deadlines(Generic[T]):
         return key
 
     def discard(self, bucket: int | None, item_id: int) -> None:
-        found = self._buckets.get(bucket) if bucket is not None else None
+        found = self._buckets.get(bucket)  # type: ignore[arg-type]
         if found is not None:
             found[0].pop(item_id, None)
             if bucket != self._adding:
                 self._drop_if_empty(bucket)
 
     def _drop_if_empty(self, bucket: int | None) -> None:
-        found = self._buckets.get(bucket) if bucket is not None else None
+        found = self._buckets.get(bucket)  # type: ignore[arg-type]
         if found is not None and not found[0]:
             found[1].cancel()
             del self._buckets[bucket]  # type: ignore[arg-type]

@@ -90,7 +90,7 @@ async def execute(
                 future.cancel()
                 log.warning("sync job %s (%s) passed its %g s timeout; its thread runs on, its outcome will be ignored",
                             job.id, fn.name, fn.timeout)
-                return _failure(fn, ctx, TimeoutError(f"timed out after {fn.timeout:g} s"), timed_out=True)
+                return _timeout_failure(fn, ctx)
             value = future.result()  # raises the job's exception
     except Parked:
         return None
@@ -111,7 +111,7 @@ async def execute(
         if ctx.timed_out:
             if task is not None:
                 task.uncancel()
-            return _failure(fn, ctx, TimeoutError(f"timed out after {fn.timeout:g} s"), timed_out=True)
+            return _timeout_failure(fn, ctx)
         raise
     except JobCancelled:
         if ctx.released:
@@ -127,7 +127,7 @@ async def execute(
             # by its timeout.
             if task is not None:
                 task.uncancel()
-            return _failure(fn, ctx, TimeoutError(f"timed out after {fn.timeout:g} s"), timed_out=True)
+            return _timeout_failure(fn, ctx)
         return _failure(fn, ctx, exc)
     if ctx.released:
         return None
@@ -138,6 +138,11 @@ async def execute(
     except InvalidResultError as exc:
         return _failure(fn, ctx, exc)
     return Outcome(ctx, "succeeded", result=dumps(value))
+
+
+def _timeout_failure(fn: Any, ctx: JobContext) -> Outcome:
+    """The attempt failed by passing its function's timeout."""
+    return _failure(fn, ctx, TimeoutError(f"timed out after {fn.timeout:g} s"), timed_out=True)
 
 
 def _failure(fn: Any, ctx: JobContext, exc: BaseException, *, timed_out: bool = False) -> Outcome:
