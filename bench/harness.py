@@ -5,6 +5,10 @@ Run it through bin/bench, which makes .venv and the peers' .venv-bench first. Ea
 module of bench/ with `figures(ctx) -> list[report.Figure]`; one that fails is reported with its
 error and the others still run (the exit status is then 1). A suite whose module is not in this
 tree is reported as not built and skipped.
+
+`--repeat N` runs the selected suites N times, round after round rather than one suite N times
+in a row, so a slow spell of a shared machine falls on one round of several suites instead of on
+every round of one. Each figure is then the median of its N runs.
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 epilog="suites: " + ", ".join(SUITES))
     p.add_argument("--quick", action="store_true", help="smaller sizes and one round: the whole run under 3 minutes")
     p.add_argument("--only", metavar="SUITE[,SUITE]", help="run only these suites")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run the suites N times, round after round, and report each figure's median "
+                        "and the median of its N paired ratios (default 1)")
     p.add_argument("--out", default=os.path.join("bench", "report.json"), help="where the JSON report goes")
     p.add_argument("--pg-port", type=int, default=0, help="port for the throwaway PostgreSQL (0: any free one)")
     p.add_argument("--redis-port", type=int, default=0, help="port for the throwaway Redis (0: any free one)")
@@ -61,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown suite(s) {', '.join(unknown)}: choose from {', '.join(SUITES)}")
     args.suites = names
+    if args.repeat < 1:
+        p.error(f"--repeat must be 1 or more, not {args.repeat}")
     return args
 
 
@@ -136,21 +145,27 @@ def main(argv: list[str] | None = None) -> int:
         for line in machine(pg_admin, redis_url, ctx.bench_python):
             print(line)
         print(flush=True)
-        for name in args.suites:
-            started = time.monotonic()
-            report.note(f"== {name}")
-            try:
-                got, why = run_suite(name, ctx)
-            except Exception:
-                failed[name] = traceback.format_exc()
-                report.note(f"== {name} FAILED after {time.monotonic() - started:.0f} s:\n{failed[name]}")
-                continue
-            if why:
-                skipped.append(name)
-                report.note(f"== {name}: {why}, skipped")
-                continue
-            figures += got
-            report.note(f"== {name}: {len(got)} figures in {time.monotonic() - started:.0f} s")
+        runs: list[list[report.Figure]] = []
+        for round_no in range(1, args.repeat + 1):
+            runs.append([])
+            for name in args.suites:
+                started = time.monotonic()
+                label = name if args.repeat == 1 else f"{name} (round {round_no} of {args.repeat})"
+                report.note(f"== {label}")
+                try:
+                    got, why = run_suite(name, ctx)
+                except Exception:
+                    failed[label] = traceback.format_exc()
+                    report.note(f"== {label} FAILED after {time.monotonic() - started:.0f} s:\n{failed[label]}")
+                    continue
+                if why:
+                    if name not in skipped:
+                        skipped.append(name)
+                    report.note(f"== {label}: {why}, skipped")
+                    continue
+                runs[-1] += got
+                report.note(f"== {label}: {len(got)} figures in {time.monotonic() - started:.0f} s")
+        figures = runs[0] if args.repeat == 1 else report.combine(runs)
     finally:
         services.stop()
         shutil.rmtree(workdir, ignore_errors=True)

@@ -3,7 +3,8 @@ the report (`bench/report.json` and the printed table).
 
 A figure is one number measured beside its baseline in the same run. `ratio` is above 1
 when livepush wins, whichever way the figure runs: for a rate it is value / baseline, for a
-latency or a cost it is baseline / value.
+latency or a cost it is baseline / value. With `bin/bench --repeat N` every figure is the
+median over N runs, and its ratio the median of the N ratios, each paired within its run.
 """
 
 from __future__ import annotations
@@ -30,18 +31,52 @@ class Figure:
     higher_is_better: bool = True
     suite: str = ""
     goal: float | None = None  # the ratio an issue or a guarantee asks for, if any
+    # With `--repeat`: each run's ratio, livepush against its baseline of that same run.
+    ratios: tuple[float, ...] = ()
 
     @property
     def ratio(self) -> float | None:
+        if self.ratios:
+            # The median of paired ratios, not a ratio of medians: a slow minute then weighs on
+            # both sides of the pair it fell on, and on no other.
+            return statistics.median(self.ratios)
         if self.baseline_value is None or not self.value or not self.baseline_value:
             return None
         r = self.value / self.baseline_value if self.higher_is_better else self.baseline_value / self.value
         return r if math.isfinite(r) else None
 
+    @property
+    def met(self) -> int | None:
+        """In how many of the runs the ratio reached the goal (with `ratios` and a goal)."""
+        if self.goal is None or not self.ratios:
+            return None
+        return sum(r >= self.goal for r in self.ratios)
+
     def as_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["ratio"] = None if self.ratio is None else round(self.ratio, 3)
+        out["ratios"] = [round(r, 3) for r in self.ratios]
         return out
+
+
+def combine(runs: list[list[Figure]]) -> list[Figure]:
+    """One figure per suite, name and baseline over repeated runs of the harness: the median
+    value, the median baseline value, and each run's own ratio (the figure's ratio is their
+    median). A figure a run did not produce (its suite failed there) is combined over the runs
+    that did."""
+    by_key: dict[tuple[str, str, str | None], list[Figure]] = {}
+    for run in runs:
+        for f in run:
+            by_key.setdefault((f.suite, f.name, f.baseline), []).append(f)
+    out = []
+    for same in by_key.values():
+        baselines = [f.baseline_value for f in same if f.baseline_value is not None]
+        ratios = tuple(r for r in (f.ratio for f in same) if r is not None)
+        out.append(dataclasses.replace(
+            same[0], value=statistics.median(f.value for f in same),
+            baseline_value=statistics.median(baselines) if baselines else None, ratios=ratios,
+        ))
+    return out
 
 
 @dataclasses.dataclass
@@ -89,12 +124,19 @@ def fmt(value: float | None, unit: str = "") -> str:
 
 def table(figures: Iterable[Figure]) -> str:
     """The figures as one aligned plain-text table, in the order given."""
-    rows = [("suite", "figure", "livepush", "baseline", "baseline value", "ratio", "goal")]
+    figures = list(figures)
+    repeated = any(len(f.ratios) > 1 for f in figures)
+    rows = [("suite", "figure", "livepush", "baseline", "baseline value", "ratio", "goal")
+            + (("runs' ratios", "met") if repeated else ())]
     for f in figures:
-        rows.append((
+        row = (
             f.suite, f.name, fmt(f.value, f.unit), f.baseline or "-", fmt(f.baseline_value, f.unit),
             "-" if f.ratio is None else f"{f.ratio:.2f}x", "-" if f.goal is None else f">= {f.goal:.2f}".rstrip("0").rstrip(".") + "x",
-        ))
+        )
+        if repeated:
+            spread = f"{min(f.ratios):.2f}-{max(f.ratios):.2f}x" if f.ratios else "-"
+            row += (spread, "-" if f.met is None else f"{f.met}/{len(f.ratios)}")
+        rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 

@@ -266,3 +266,31 @@ def test_bench_report_shape(tmp_path: Path) -> None:
     assert len(lines) == 4
     assert lines[0].split()[:3] == ["suite", "figure", "livepush"]
     assert "3.00x" in lines[1] and ">= 2.5x" in lines[1] and "2.00x" in lines[2]
+
+
+def test_bench_repeat_reports_medians_of_paired_ratios() -> None:
+    """With --repeat, a figure is the median of its runs and its ratio the median of each run's own
+    ratio (livepush against that run's baseline), with how many runs reached the goal; a figure
+    one run lacks is combined over the runs that have it, and one name beside two baselines stays
+    two figures."""
+    report = _bench_report()
+    Figure = report.Figure  # type: ignore[attr-defined]
+    runs = [
+        [Figure("process", 3000.0, "jobs/s", "pgqueuer", 1000.0, suite="jobs", goal=2.5),
+         Figure("p99", 2.0, "ms", "bare", 4.0, higher_is_better=False, suite="push")],
+        [Figure("process", 2000.0, "jobs/s", "pgqueuer", 1000.0, suite="jobs", goal=2.5),
+         Figure("process", 2000.0, "jobs/s", "bare loop", 2000.0, suite="jobs")],
+        [Figure("process", 5200.0, "jobs/s", "pgqueuer", 2000.0, suite="jobs", goal=2.5),
+         Figure("p99", 3.0, "ms", "bare", 3.0, higher_is_better=False, suite="push")],
+    ]
+    process, p99, bare = report.combine(runs)  # type: ignore[attr-defined]
+    assert bare.ratios == (1.0,) and bare.baseline == "bare loop"
+    assert (process.value, process.baseline_value) == (3000.0, 1000.0)
+    assert process.ratios == (3.0, 2.0, 2.6)
+    assert process.ratio == 2.6  # the median ratio, where medians' ratio would say 3.0
+    assert process.met == 2
+    assert p99.ratios == (2.0, 1.0) and p99.ratio == 1.5 and p99.met is None
+    assert process.as_json()["ratios"] == [3.0, 2.0, 2.6]
+    header, first, _ = report.table([process, p99]).splitlines()  # type: ignore[attr-defined]
+    assert "runs' ratios" in header and "met" in header
+    assert "2.60x" in first and "2.00-3.00x" in first and "2/3" in first
