@@ -10,8 +10,9 @@ Targets, each a fresh server process per measurement, the same subscribers (benc
 - bare: `websockets.broadcast` on uvloop, compression off, no livepush. Every figure is
   compared with it.
 - livepush on each fan-out: local (`PushServer` in bench/_servers.py's process, published to in
-  that process), Postgres and Redis (the real `python -m livepush serve`, published to with
-  `fanout.apublish()` from this process, as an application would, 8 at a time on several topics).
+  that process), Postgres and Redis (the real `python -m livepush serve`, published to from this
+  process as an application would: `fanout.apublish()` on one topic, and one
+  `fanout.apublish_many()` for a message on each of several topics).
 - python-socketio (`AsyncServer` with `AsyncRedisManager`, an ASGI app under uvicorn with its
   defaults, one room per topic joined with an acknowledged `join` event; the clients speak
   Engine.IO 4 over WebSocket). A publisher process emits through `AsyncRedisManager(write_only=True)`,
@@ -199,8 +200,8 @@ class HarnessTarget(Target):
 
 
 class FanoutTarget(Target):
-    """`python -m livepush serve` on Postgres or Redis; published to with `fanout.apublish()`
-    from this process, as an application would (8 at a time when there are several topics)."""
+    """`python -m livepush serve` on Postgres or Redis; published to from this process as an
+    application would: `fanout.apublish()` on one topic, `fanout.apublish_many()` on several."""
 
     def __init__(self, name: str, start: Callable[[], Awaitable[ServerProcess]],
                  dialect: Callable[[list[str], bool], Dialect], env: dict[str, str]) -> None:
@@ -213,7 +214,6 @@ class FanoutTarget(Target):
         from livepush.fanout import from_env
 
         self.fanout = from_env(Settings.from_env(self.env))
-        self._limit = asyncio.Semaphore(8)
 
     async def closing(self) -> None:
         if self.fanout is not None:
@@ -225,12 +225,9 @@ class FanoutTarget(Target):
         if len(topics) == 1:
             await fanout.apublish(topics[0], {"t": time.time(), "k": k, "p": PAD})
             return
-
-        async def one(topic: str) -> None:
-            async with self._limit:
-                await fanout.apublish(topic, {"t": time.time(), "k": k, "p": PAD})
-
-        await asyncio.gather(*(one(t) for t in topics))
+        # A message on every topic at once: one publish_many, as an application would send it.
+        now = time.time()
+        await fanout.apublish_many([(t, {"t": now, "k": k, "p": PAD}) for t in topics])
 
 
 class SocketioTarget(Target):

@@ -5,6 +5,7 @@ that serves in-process (the local fan-out) has the wiring install the server's o
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 from . import topics
@@ -61,6 +62,32 @@ def publish(topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
 async def apublish(topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
     """Async publish(); `conn=` takes a psycopg AsyncConnection."""
     return await default_fanout().apublish(_publishable(topic), data, conn=conn)
+
+
+def publish_many(messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]:
+    """Publish a batch of (topic, data) pairs in one go; their offsets, in batch order. A topic's
+    messages of one batch are delivered in batch order. Every item is checked before anything
+    is published. Postgres: one transaction (conn's, with `conn=`); Redis: one call per 1,000."""
+    return default_fanout().publish_many(_publishable_many(messages), conn=conn)
+
+
+async def apublish_many(messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]:
+    """Async publish_many(); `conn=` takes a psycopg AsyncConnection."""
+    return await default_fanout().apublish_many(_publishable_many(messages), conn=conn)
+
+
+def _publishable_many(messages: Iterable[tuple[Topic, JSON]]) -> list[tuple[Topic, JSON]]:
+    if isinstance(messages, (str, bytes, dict)):
+        raise TypeError(f"publish_many() takes an iterable of (topic, data) pairs, got {type(messages).__name__}")
+    items = list(messages)
+    for i, item in enumerate(items):
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise TypeError(f"publish_many() takes (topic, data) pairs: item {i} is {item!r:.60}")
+        try:
+            _publishable(item[0])
+        except InvalidTopic as exc:
+            raise InvalidTopic(f"publish_many() item {i}: {exc}", exc.reason) from None
+    return items
 
 
 def latest_offset(topic: Topic) -> Offset:

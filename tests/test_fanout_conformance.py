@@ -327,6 +327,81 @@ async def test_conn_is_refused_without_postgres(kind: str, make_fanout: MakeFanO
     assert await read_history(fanout, "conn:topic", start) == []
 
 
+# ---- publish_many -------------------------------------------------------------------------------
+
+
+async def test_publish_many_delivers_a_batch_in_order_with_each_topics_next_offsets(make_fanout: MakeFanOut) -> None:
+    """publish_many / apublish_many return the offsets in batch order; each topic's messages take its next
+    offsets in batch order, arrive in that order, each once, data intact, and replay from history."""
+    fanout = await make_fanout()
+    got = Collector(fanout)
+    fanout.register(got)
+    before = {t: fanout.publish(t, {"first": True}) for t in ("many:a", "many:b")}
+    batch = [("many:a" if i % 3 else "many:b", {"i": i, "text": f"é€😀 {i}", "nested": [1, {"x": None}]})
+             for i in range(12)]
+    offsets = fanout.publish_many(batch[:6]) + await fanout.apublish_many(batch[6:])
+    assert len(offsets) == len(batch)
+    for topic in before:
+        sent = [(offset, data) for offset, (t, data) in zip(offsets, batch, strict=True) if t == topic]
+        received = await got.wait_count(topic, len(sent) + 1)
+        assert offsets_of(received)[1:] == [offset for offset, _ in sent]
+        assert datas_of(received)[1:] == [data for _, data in sent]
+        assert received[1].prev == before[topic], "the batch continues the topic's chain"
+        for earlier, later in zip(received, received[1:], strict=False):
+            assert later.prev == earlier.offset
+        assert datas_of(await read_history(fanout, topic, before[topic])) == [data for _, data in sent]
+    assert fanout.publish_many([]) == [] and await fanout.apublish_many([]) == []
+
+
+async def test_publish_many_checks_every_item_before_anything_is_published(make_fanout: MakeFanOut) -> None:
+    """An item that is not plain JSON, too large, or not a (topic, data) pair fails the whole batch, naming
+    the item, and nothing of the batch is written or delivered."""
+    fanout = await make_fanout()
+    got = Collector(fanout)
+    fanout.register(got)
+    start = fanout.publish("many:check", {"n": 0})
+    bad_batches: list[tuple[list[Any], type[Exception], str]] = [
+        ([("many:check", {"n": 1}), ("many:check", {"n": 2}), ("many:check", {"bad": float("nan")})], TypeError,
+         "item 2's data must be plain JSON"),
+        ([("many:check", {"n": 1}), ("many:check", {"s": "x" * (2 * MAX_PAYLOAD_BYTES)})], livepush.PayloadTooLarge,
+         "item 1's data is"),
+        ([("many:check", {"n": 1}), ["many:check", {"n": 2}]], TypeError, "item 1 is"),
+        ([("many:check", {"n": 1}), (7, {"n": 2})], TypeError, "item 1: the topic must be a str"),
+    ]
+    for batch, error, words in bad_batches:
+        with pytest.raises(error, match=words) as caught:
+            fanout.publish_many(batch)
+        one_line(caught.value)
+        with pytest.raises(error, match=words):
+            await fanout.apublish_many(batch)
+    assert fanout.latest_offset("many:check") == start
+    marker = fanout.publish("many:check", {"n": "marker"})
+    received = await got.wait_count("many:check", 2)
+    assert offsets_of(received)[1] == marker, "nothing of the refused batches was delivered"
+
+
+async def test_publish_many_of_thousands_on_long_topic_names_arrives_whole(make_fanout: MakeFanOut) -> None:
+    """A batch of 2,500 messages over 300 topics, some named with 200 characters, is published (past one
+    statement or script call, and past a notification's size), delivered in batch order per topic, and
+    replayable."""
+    fanout = await make_fanout()
+    got = Collector(fanout)
+    fanout.register(got)
+    topics = [f"long:{i:03d}:" + "x" * (200 - len("long:000:")) if i % 2 else f"short:{i}" for i in range(300)]
+    assert max(map(len, topics)) == 200
+    batch = [(topics[(i * 7) % 300], {"i": i}) for i in range(2500)]
+    offsets = await fanout.apublish_many(batch)
+    assert len(offsets) == 2500
+    by_topic: dict[str, list[tuple[str, int]]] = {}
+    for offset, (topic, data) in zip(offsets, batch, strict=True):
+        by_topic.setdefault(topic, []).append((offset, data["i"]))
+    for topic, sent in by_topic.items():
+        received = await got.wait_count(topic, len(sent), timeout=30)
+        assert offsets_of(received) == [offset for offset, _ in sent], topic
+        assert [d["i"] for d in datas_of(received)] == [i for _, i in sent], topic
+        assert offsets_of(await read_history(fanout, topic, received[0].prev)) == offsets_of(received), topic
+
+
 # ---- payload size -------------------------------------------------------------------------------
 
 

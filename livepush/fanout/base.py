@@ -7,6 +7,11 @@ Contract (docs/reference.md#4-python-api, #7-guarantees):
 - `publish`/`apublish` assign the message its offset and return it. Offsets increase per
   topic in commit order. Data over 1 MiB of JSON raises PayloadTooLarge before anything is
   written. `conn=` (Postgres only) publishes inside that psycopg transaction.
+- `publish_many`/`apublish_many` publish a batch of (topic, data) pairs in one go and return
+  their offsets in batch order; a topic's messages of one batch take its next offsets in batch
+  order. Every item is checked before anything is written. Postgres: one transaction (the
+  caller's with `conn=`), all or nothing. Redis: atomic per 1,000 messages
+  (one script call each), in order.
 - Nothing subscribes until `await listen()`, called once; it returns when the subscription is
   in effect, or raises ListenError. A publish-only process never listens.
 - `register(receiver)` before `listen()` raises NotListeningError. A receiver gets a
@@ -27,7 +32,7 @@ import abc
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,19 +53,33 @@ HISTORY_PAGE_BYTES = 1024 * 1024
 log = logging.getLogger("livepush.fanout")
 
 
-def encode_payload(data: JSON) -> str:
-    """JSON text of `data`, refusing NaN and anything over 1 MiB."""
+def encode_payload(data: JSON, what: str = "publish() data") -> str:
+    """JSON text of `data`, refusing NaN and anything over 1 MiB. `what` names it in errors."""
     try:
         text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"publish() data must be plain JSON: {exc}") from None
+        raise TypeError(f"{what} must be plain JSON: {exc}") from None
     size = len(text.encode("utf-8"))
     if size > MAX_PAYLOAD_BYTES:
         raise PayloadTooLarge(
-            f"publish() data is {size} bytes of JSON, over the 1 MiB limit: send a reference "
+            f"{what} is {size} bytes of JSON, over the 1 MiB limit: send a reference "
             "(an id or URL) and let the page fetch the rest"
         )
     return text
+
+
+def encode_batch(messages: Iterable[tuple[Topic, JSON]]) -> list[tuple[Topic, str]]:
+    """The (topic, data) pairs of a publish_many with each data as JSON text, every item checked
+    as publish() checks one before anything is written; an error names the item."""
+    out = []
+    for i, item in enumerate(messages):
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise TypeError(f"publish_many() takes (topic, data) pairs: item {i} is {item!r:.60}")
+        topic, data = item
+        if not isinstance(topic, str):
+            raise TypeError(f"publish_many() item {i}: the topic must be a str, got {type(topic).__name__}")
+        out.append((topic, encode_payload(data, f"publish_many() item {i}'s data")))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +134,12 @@ class FanOut(abc.ABC):
 
     @abc.abstractmethod
     async def apublish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset: ...
+
+    @abc.abstractmethod
+    def publish_many(self, messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]: ...
+
+    @abc.abstractmethod
+    async def apublish_many(self, messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]: ...
 
     # -- history ----------------------------------------------------------------------
     @abc.abstractmethod

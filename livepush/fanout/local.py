@@ -11,11 +11,12 @@ import itertools
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..types import JSON, Message, Offset, Topic
-from .base import HISTORY_PAGE, HISTORY_PAGE_BYTES, FanOut, History, encode_payload
+from .base import HISTORY_PAGE, HISTORY_PAGE_BYTES, FanOut, History, encode_batch, encode_payload
 
 # Per topic: bounded memory even with a long TTL.
 MAX_KEPT_PER_TOPIC = 10_000
@@ -53,16 +54,33 @@ class LocalFanOut(FanOut):
             raise ValueError("conn= needs the Postgres fan-out: set LIVEPUSH_FANOUT=postgres")
         text = encode_payload(data)
         with self._lock:
-            log = self._logs.setdefault(topic, _Log())
-            log.last += 1
-            seq = log.last
-            log.entries.append((seq, time.monotonic(), text, len(text.encode("utf-8"))))
-            while len(log.entries) > MAX_KEPT_PER_TOPIC:
-                log.dropped_through = log.entries.popleft()[0]
-            message = Message(topic, str(seq), str(seq - 1), text, time.time())
-            # Dispatch under the lock so the loop sees a topic's messages in offset order.
-            self._deliver(message)
+            offset = self._append(topic, text)
         self._published.inc()
+        return offset
+
+    def publish_many(self, messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]:
+        if conn is not None:
+            raise ValueError("conn= needs the Postgres fan-out: set LIVEPUSH_FANOUT=postgres")
+        encoded = encode_batch(messages)
+        with self._lock:
+            offsets = [self._append(topic, text) for topic, text in encoded]
+        self._published.inc(len(offsets))
+        return offsets
+
+    async def apublish_many(self, messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]:
+        return self.publish_many(messages, conn=conn)
+
+    def _append(self, topic: Topic, text: str) -> Offset:
+        """Logs and dispatches one message; under the lock."""
+        log = self._logs.setdefault(topic, _Log())
+        log.last += 1
+        seq = log.last
+        log.entries.append((seq, time.monotonic(), text, len(text.encode("utf-8"))))
+        while len(log.entries) > MAX_KEPT_PER_TOPIC:
+            log.dropped_through = log.entries.popleft()[0]
+        message = Message(topic, str(seq), str(seq - 1), text, time.time())
+        # Dispatch under the lock so the loop sees a topic's messages in offset order.
+        self._deliver(message)
         return message.offset
 
     def _deliver(self, message: Message) -> None:

@@ -6,7 +6,8 @@ This module and sql/0001_message_log.sql are the only places that name the log's
 
 publish() calls `livepush_publish()`: one round trip that assigns the offset under the
 topic's row lock, logs the message and rings the channel, in the caller's transaction when
-`conn=` is given. Offsets are the per-topic sequence numbers, so they are gap-free and in
+`conn=` is given. publish_many() calls `livepush_publish_many()`, the same for a batch in one
+statement (per 1,000 messages), in one transaction. Offsets are the per-topic sequence numbers, so they are gap-free and in
 commit order. The epoch changes only when a crash emptied the (unlogged) tables, so an offset
 from before a crash can never be mistaken for a newer one.
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import psycopg
@@ -31,7 +32,7 @@ from ..channels import ListenerSlot
 from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
 from ..types import JSON, Message, Offset, Topic
-from .base import HISTORY_PAGE, HISTORY_PAGE_BYTES, FanOut, History, encode_payload
+from .base import HISTORY_PAGE, HISTORY_PAGE_BYTES, FanOut, History, encode_batch, encode_payload
 
 log = logging.getLogger("livepush.fanout.postgres")
 
@@ -44,6 +45,12 @@ MIN_PAGE_BYTES = 4096
 
 # name: publish -- see livepush_publish(): ordered per topic by the topic row's lock.
 PUBLISH = "SELECT livepush_publish(%s, %s)"
+# name: publish_many -- see livepush_publish_many(): the topics' row locks taken in one order.
+PUBLISH_MANY = "SELECT livepush_publish_many(%s::json)"
+# A statement of publish_many takes at most this many messages, or about this many bytes of
+# data: a batch of any size is one transaction, never one huge JSON parameter.
+MANY_CHUNK = 1000
+MANY_CHUNK_BYTES = 8 * 1024 * 1024
 # name: latest_offset -- a committed value; no row for a topic never published ("0").
 LATEST = "SELECT epoch, last_seq FROM livepush_topics WHERE topic = %s"
 # name: histories -- for each (topic, after) pair, the topic's latest offset and the page after
@@ -141,6 +148,31 @@ def _page(topic: Topic, since_epoch: int | None, after: int, found: list[tuple[A
     return History(messages, latest, rows[-1][0] < last)
 
 
+def _many_statements(encoded: list[tuple[Topic, str]]) -> tuple[list[int] | None, list[str]]:
+    """The JSON documents of livepush_publish_many() for a batch, and the order they take its
+    items in (None: the batch's own). One statement takes it unless it is long; a long one is
+    sorted by topic first (stable, so a topic's messages keep their order) and split, so that
+    every statement, and the transaction as a whole, locks topic rows in one order."""
+    order: list[int] | None = None
+    size = sum(len(text) for _, text in encoded)
+    if len(encoded) > MANY_CHUNK or size > MANY_CHUNK_BYTES:
+        order = sorted(range(len(encoded)), key=lambda i: encoded[i][0])
+        encoded = [encoded[i] for i in order]
+    statements: list[str] = []
+    parts: list[str] = []
+    used = 0
+    for topic, text in encoded:
+        if parts and (len(parts) == MANY_CHUNK or used + len(text) > MANY_CHUNK_BYTES):
+            statements.append("[" + ",".join(parts) + "]")
+            parts, used = [], 0
+        # The data is JSON text already: written into the document as it is, never encoded twice.
+        parts.append(f"[{json.dumps(topic)},{text}]")
+        used += len(text)
+    if parts:
+        statements.append("[" + ",".join(parts) + "]")
+    return order, statements
+
+
 class PostgresFanOut(FanOut):
     name = "postgres"
 
@@ -179,6 +211,49 @@ class PostgresFanOut(FanOut):
         assert row is not None
         self._published.inc()
         return str(row[0])
+
+    def publish_many(self, messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]:
+        order, statements = _many_statements(encode_batch(messages))
+        if not statements:
+            return []
+        if conn is not None:
+            if not isinstance(conn, psycopg.Connection):
+                raise TypeError("publish_many(conn=) takes a psycopg.Connection; use apublish_many() for an "
+                                "AsyncConnection")
+            got = [conn.execute(PUBLISH_MANY, (doc,)).fetchone() for doc in statements]
+        else:
+            with translated(self.url), self._pools.sync().connection() as c, c.transaction():
+                got = [c.execute(PUBLISH_MANY, (doc,)).fetchone() for doc in statements]
+        return self._offsets(order, got)
+
+    async def apublish_many(self, messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]:
+        order, statements = _many_statements(encode_batch(messages))
+        if not statements:
+            return []
+        got = []
+        if conn is not None:
+            if not isinstance(conn, psycopg.AsyncConnection):
+                raise TypeError("apublish_many(conn=) takes a psycopg.AsyncConnection; use publish_many() for a "
+                                "sync Connection")
+            for doc in statements:
+                got.append(await (await conn.execute(PUBLISH_MANY, (doc,))).fetchone())
+        else:
+            with translated(self.url):
+                async with (await self._pools.aget()).connection() as c, c.transaction():
+                    for doc in statements:
+                        got.append(await (await c.execute(PUBLISH_MANY, (doc,))).fetchone())
+        return self._offsets(order, got)
+
+    def _offsets(self, order: list[int] | None, rows: list[Any]) -> list[Offset]:
+        """The batch's offsets in its own order, from the statements' rows."""
+        offsets = [offset for row in rows for offset in row[0]]
+        self._published.inc(len(offsets))
+        if order is None:
+            return offsets
+        out: list[Offset] = [""] * len(offsets)
+        for at, i in enumerate(order):
+            out[i] = offsets[at]
+        return out
 
     # -- listening --------------------------------------------------------------------
     async def listen(self) -> None:

@@ -33,6 +33,7 @@ import asyncio
 import logging
 import re
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 import redis
@@ -44,31 +45,40 @@ from ..redis.client import async_client, client_kwargs, default_prefix, failed, 
 from ..redis.subscriber import Subscriber
 from ..topics import TOPIC_RE
 from ..types import JSON, Message, Offset, Topic
-from .base import HISTORY_PAGE, HISTORY_PAGE_BYTES, FanOut, History, encode_payload
+from .base import HISTORY_PAGE, HISTORY_PAGE_BYTES, FanOut, History, encode_batch, encode_payload
 
 logger = logging.getLogger("livepush.fanout.redis")
 
 FIRST_PREV = "0-0"  # the "offset before the first message" of every topic
 _STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
-# KEYS[1] stream; ARGV: topic, json, ttl_ms, max_len, idle_ms, channel.
+# KEYS: the stream of each message; ARGV: ttl_ms, max_len, idle_ms, channel, then the topic and
+# the json of each message. Returns their ids in order. One script for one message or a batch
+# (publish_many, PUBLISH_CHUNK messages per call at most: a script holds Redis until it ends).
 _PUBLISH_LUA = """
-local key = KEYS[1]
-local newest = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
-local prev = '0-0'
-if #newest > 0 then prev = newest[1][1] end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local min_ms = now_ms - tonumber(ARGV[3])
+local min_ms = now_ms - tonumber(ARGV[1])
 if min_ms < 0 then min_ms = 0 end
--- MINID ~ never drops the entry being added (its id is >= now), and drops whole
--- radix nodes only, which keeps the trim O(1) amortized.
-local id = redis.call('XADD', key, 'MINID', '~', string.format('%d', min_ms), '*', 'd', ARGV[2], 'p', prev)
-redis.call('XTRIM', key, 'MAXLEN', '~', ARGV[4])
-redis.call('PEXPIRE', key, ARGV[5])
-redis.call('PUBLISH', ARGV[6], ARGV[1] .. '\\n' .. id .. '\\n' .. prev .. '\\n' .. ARGV[2])
-return id
+local minid = string.format('%d', min_ms)
+local ids = {}
+for i, key in ipairs(KEYS) do
+  local topic, json = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
+  local newest = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
+  local prev = '0-0'
+  if #newest > 0 then prev = newest[1][1] end
+  -- MINID ~ never drops the entry being added (its id is >= now), and drops whole
+  -- radix nodes only, which keeps the trim O(1) amortized.
+  local id = redis.call('XADD', key, 'MINID', '~', minid, '*', 'd', json, 'p', prev)
+  redis.call('XTRIM', key, 'MAXLEN', '~', ARGV[2])
+  redis.call('PEXPIRE', key, ARGV[3])
+  redis.call('PUBLISH', ARGV[4], topic .. '\\n' .. id .. '\\n' .. prev .. '\\n' .. json)
+  ids[i] = id
+end
+return ids
 """
+# Messages per script call of publish_many: each call is atomic and blocks Redis meanwhile.
+PUBLISH_CHUNK = 1000
 
 # KEYS[1] stream; ARGV: ttl_ms. Drops entries older than the TTL but keeps the newest
 # one, which anchors the chain (see the module docstring). Returns entries dropped.
@@ -127,6 +137,18 @@ def parse_frame(raw: bytes) -> Message | None:
             and (message.prev == FIRST_PREV or _STREAM_ID.fullmatch(message.prev)) and message.data_json):
         return None
     return message
+
+
+def _topics_named(encoded: list[tuple[Topic, str]]) -> str:
+    """A batch's topics for an error message: the first few, and how many in all."""
+    topics = list(dict.fromkeys(topic for topic, _ in encoded))
+    return ", ".join(map(repr, topics[:3])) + (f" and {len(topics) - 3} more topics" if len(topics) > 3 else "")
+
+
+def _publishing(what: str, done: list[Offset]) -> str:
+    """What failed, for failed(): a batch cut short says how much of it was published."""
+    return f"publishing on {what}" if not done else \
+        f"publishing on {what} (the first {len(done)} messages of the batch were published)"
 
 
 class RedisFanOut(FanOut):
@@ -203,33 +225,57 @@ class RedisFanOut(FanOut):
         return self._async
 
     # -- publishing -------------------------------------------------------------------
-    def _publish_args(self, topic: Topic, data: JSON, conn: Any) -> tuple[list[str], list[Any]]:
+    def _publish_calls(self, encoded: list[tuple[Topic, str]], conn: Any) -> list[tuple[list[str], list[Any]]]:
+        """The script calls (keys, args) that publish `encoded`, PUBLISH_CHUNK messages each."""
         if conn is not None:
             raise ValueError("conn= needs the Postgres fan-out: set LIVEPUSH_FANOUT=postgres")
-        if "\n" in topic:  # would break the frame header; validated topics never have one
-            raise ValueError(f"invalid topic {topic[:60]!r}")
-        encoded = encode_payload(data)  # PayloadTooLarge before anything is written
-        return [self.key_prefix + topic], [topic, encoded, *self._publish_args_tail]
+        calls = []
+        for at in range(0, len(encoded), PUBLISH_CHUNK):
+            keys: list[str] = []
+            args: list[Any] = [*self._publish_args_tail]
+            for topic, json_text in encoded[at:at + PUBLISH_CHUNK]:
+                if "\n" in topic:  # would break the frame header; validated topics never have one
+                    raise ValueError(f"invalid topic {topic[:60]!r}")
+                keys.append(self.key_prefix + topic)
+                args += (topic, json_text)
+            calls.append((keys, args))
+        return calls
 
     def publish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
-        keys, args = self._publish_args(topic, data, conn)
-        client, script = self._sync_client()
-        try:
-            offset = text(script(keys=keys, args=args, client=client))
-        except (RedisError, OSError) as exc:
-            raise failed(self.url, exc, f"publishing on {topic!r}") from exc
-        self._published.inc()
-        return offset
+        return self._publish_sync(self._publish_calls([(topic, encode_payload(data))], conn), repr(topic))[0]
 
     async def apublish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
-        keys, args = self._publish_args(topic, data, conn)
+        return (await self._publish_async(self._publish_calls([(topic, encode_payload(data))], conn), repr(topic)))[0]
+
+    def publish_many(self, messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]:
+        encoded = encode_batch(messages)
+        return self._publish_sync(self._publish_calls(encoded, conn), _topics_named(encoded))
+
+    async def apublish_many(self, messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]:
+        encoded = encode_batch(messages)
+        return await self._publish_async(self._publish_calls(encoded, conn), _topics_named(encoded))
+
+    def _publish_sync(self, calls: list[tuple[list[str], list[Any]]], what: str) -> list[Offset]:
+        client, script = self._sync_client()
+        offsets: list[Offset] = []
+        for keys, args in calls:
+            try:
+                offsets += [text(i) for i in script(keys=keys, args=args, client=client)]
+            except (RedisError, OSError) as exc:
+                raise failed(self.url, exc, _publishing(what, offsets)) from exc
+            self._published.inc(len(keys))
+        return offsets
+
+    async def _publish_async(self, calls: list[tuple[list[str], list[Any]]], what: str) -> list[Offset]:
         client = self._async_client()
-        try:
-            offset = text(await self._async_publish(keys=keys, args=args, client=client))
-        except (RedisError, OSError) as exc:
-            raise failed(self.url, exc, f"publishing on {topic!r}") from exc
-        self._published.inc()
-        return offset
+        offsets: list[Offset] = []
+        for keys, args in calls:
+            try:
+                offsets += [text(i) for i in await self._async_publish(keys=keys, args=args, client=client)]
+            except (RedisError, OSError) as exc:
+                raise failed(self.url, exc, _publishing(what, offsets)) from exc
+            self._published.inc(len(keys))
+        return offsets
 
     # -- history ----------------------------------------------------------------------
     def latest_offset(self, topic: Topic) -> Offset:

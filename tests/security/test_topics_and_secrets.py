@@ -97,6 +97,25 @@ async def test_state_topics_take_canonical_ids_only(served: Served) -> None:
         livepush.publish("job:1", {"not": "allowed"})  # a state topic shows its row, nothing else
 
 
+async def test_publish_many_refuses_a_batch_with_a_state_or_malformed_topic_naming_the_item(served: Served) -> None:
+    """livepush.publish_many checks every topic as publish() does before anything is published: a state
+    topic or a malformed one fails the whole batch with InvalidTopic naming the item."""
+    client = await WSClient.open(served.url)
+    await client.subscribe(served.sign("mine"))
+    for bad in ("job:1", "workflow:3", "has space", ""):
+        with pytest.raises(InvalidTopic, match="publish_many\\(\\) item 1: "):
+            livepush.publish_many([("mine", {"n": 0}), (bad, {"n": 1})])
+        with pytest.raises(InvalidTopic, match="item 1"):
+            await livepush.apublish_many([("mine", {"n": 0}), (bad, {"n": 1})])
+    with pytest.raises(TypeError, match="pairs"):
+        livepush.publish_many("mine")  # type: ignore[arg-type]
+    offsets = livepush.publish_many([("mine", {"n": "a"}), ("mine", {"n": "b"})])
+    got = await client.messages(2)
+    assert [m["data"]["n"] for m in got] == ["a", "b"], "nothing of the refused batches came first"
+    assert [m["offset"] for m in got] == offsets
+    await client.close()
+
+
 def test_revoke_without_a_shared_store_is_a_config_error(settings: Settings) -> None:
     """In a process with neither a database nor Redis, revoke() and revoke_subject() raise ConfigError saying revocation needs a shared store."""
     sessions.set_default_store(None)
