@@ -43,7 +43,8 @@ async def release_loop() -> None:
         await fanout.release_loop()
 
 
-def _publishable(topic: Topic) -> Topic:
+def publishable(topic: Topic) -> Topic:
+    """`topic`, checked as publish() checks it: a valid topic, and not a state topic."""
     topics.validate_topic(topic)
     if topics.state_topic_id(topic) is not None:
         raise InvalidTopic(
@@ -56,27 +57,28 @@ def _publishable(topic: Topic) -> Topic:
 def publish(topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
     """Publish `data` on `topic`; returns its offset. With `conn=` (a psycopg connection, Postgres
     fan-out only) it is delivered if and only if conn's transaction commits."""
-    return default_fanout().publish(_publishable(topic), data, conn=conn)
+    return default_fanout().publish(publishable(topic), data, conn=conn)
 
 
 async def apublish(topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
     """Async publish(); `conn=` takes a psycopg AsyncConnection."""
-    return await default_fanout().apublish(_publishable(topic), data, conn=conn)
+    return await default_fanout().apublish(publishable(topic), data, conn=conn)
 
 
 def publish_many(messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]:
     """Publish a batch of (topic, data) pairs in one go; their offsets, in batch order. A topic's
     messages of one batch are delivered in batch order. Every item is checked before anything
     is published. Postgres: one transaction (conn's, with `conn=`); Redis: one call per 1,000."""
-    return default_fanout().publish_many(_publishable_many(messages), conn=conn)
+    return default_fanout().publish_many(publishable_many(messages), conn=conn)
 
 
 async def apublish_many(messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]:
     """Async publish_many(); `conn=` takes a psycopg AsyncConnection."""
-    return await default_fanout().apublish_many(_publishable_many(messages), conn=conn)
+    return await default_fanout().apublish_many(publishable_many(messages), conn=conn)
 
 
-def _publishable_many(messages: Iterable[tuple[Topic, JSON]]) -> list[tuple[Topic, JSON]]:
+def publishable_many(messages: Iterable[tuple[Topic, JSON]]) -> list[tuple[Topic, JSON]]:
+    """The pairs of a publish_many, each topic checked as publish() checks one; errors name the item."""
     if isinstance(messages, (str, bytes, dict)):
         raise TypeError(f"publish_many() takes an iterable of (topic, data) pairs, got {type(messages).__name__}")
     items = list(messages)
@@ -84,7 +86,7 @@ def _publishable_many(messages: Iterable[tuple[Topic, JSON]]) -> list[tuple[Topi
         if not isinstance(item, tuple) or len(item) != 2:
             raise TypeError(f"publish_many() takes (topic, data) pairs: item {i} is {item!r:.60}")
         try:
-            _publishable(item[0])
+            publishable(item[0])
         except InvalidTopic as exc:
             raise InvalidTopic(f"publish_many() item {i}: {exc}", exc.reason) from None
     return items

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 import livepush
-from livepush.fanout.redis import PRUNE_SCAN_COUNT, RedisFanOut
+from livepush.fanout.redis import FRAME_BYTES, PRUNE_SCAN_COUNT, RedisFanOut, parse_frames
 from livepush.types import offset_key
 from tests.support.fanouts import WAIT, Collector, offsets_of, read_history
 from tests.support.procs import free_port
@@ -236,6 +236,46 @@ async def test_a_malformed_frame_on_the_channel_is_ignored(make_redis: MakeRedis
     offset = fanout.publish("junk:a", {"ok": True})
     assert [m.offset for m in await got.wait_count("junk:a", 1)] == [offset]
     assert [m.topic for m in got.messages] == ["junk:a"]
+
+
+async def test_a_batch_shares_frames_of_about_256_kib(make_redis: MakeRedis, redis_url: str) -> None:
+    """publish_many sends its messages in few pub/sub frames (four lines a message), each ending at
+    the message that takes it past FRAME_BYTES, so no frame nears Redis' pub/sub output limit; the
+    listening fan-out gets every message in order."""
+    fanout = await make_redis()
+    got = Collector()
+    fanout.register(got)
+    watcher = redis.Redis.from_url(redis_url)
+    pubsub = watcher.pubsub()
+    pubsub.subscribe(fanout.channel)
+    try:
+        assert pubsub.get_message(timeout=WAIT)["type"] == "subscribe"  # type: ignore[index]
+        big = "x" * (200 * 1024)
+        batch = [("frames:a", {"i": i, "s": big if i in (3, 4, 5) else ""}) for i in range(20)]
+        offsets = await fanout.apublish_many(batch)
+        frames = []
+        while sum(len(parse_frames(f) or []) for f in frames) < 20:
+            message = pubsub.get_message(timeout=WAIT)
+            assert message is not None, "a frame of the batch never came"
+            frames.append(message["data"])
+    finally:
+        pubsub.close()
+        watcher.close()
+    assert [len(parse_frames(f) or []) for f in frames] == [5, 15]
+    assert all(len(f) < FRAME_BYTES + 210 * 1024 for f in frames)
+    assert offsets_of(await got.wait_count("frames:a", 20)) == offsets
+
+
+def test_a_frame_with_a_bad_message_or_a_broken_line_count_is_not_ours() -> None:
+    """parse_frames takes a frame of one or several messages, four lines each; a frame whose line
+    count is not a multiple of four, or with one bad message, is refused whole."""
+    one = b"t:a\n5-0\n0-0\n{}"
+    two = one + b"\n" + b"t:b\n6-0\n0-0\n[1]"
+    assert [m.topic for m in parse_frames(two) or []] == ["t:a", "t:b"]
+    assert [m.data_json for m in parse_frames(one) or []] == ["{}"]
+    assert parse_frames(two + b"\nextra") is None
+    assert parse_frames(one + b"\n" + b"t:b\nnot-an-id\n0-0\n[1]") is None
+    assert parse_frames(b"") is None
 
 
 # ---- connections --------------------------------------------------------------------------------

@@ -7,8 +7,9 @@ would otherwise hear each other):
   id of the entry before it on the topic, "0-0" for the first). The entry id is the message's
   offset ("<ms>-<seq>", ordered by `offset_key`).
 - `P:pub`: the one pub/sub channel every listening server subscribes to. A frame is
-  "<topic>\\n<offset>\\n<prev>\\n<json>": a receiver splits three newlines off the front and never
-  parses the payload (topics and compact JSON hold no raw newline). Whoever may write under P
+  "<topic>\\n<offset>\\n<prev>\\n<json>", or several of those joined by newlines (a batch of
+  publish_many): a receiver splits it into lines, four a message, and never parses the payload
+  (topics and compact JSON hold no raw newline). Whoever may write under P
   is trusted (docs/security.md shows the ACL that gives the app only its prefix); a frame
   that does not parse is dropped with a debug line.
 
@@ -53,8 +54,11 @@ FIRST_PREV = "0-0"  # the "offset before the first message" of every topic
 _STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
 # KEYS: the stream of each message; ARGV: ttl_ms, max_len, idle_ms, channel, then the topic and
-# the json of each message. Returns their ids in order. One script for one message or a batch
-# (publish_many, PUBLISH_CHUNK messages per call at most: a script holds Redis until it ends).
+# the json of each message, then FRAME_BYTES. Returns their ids in order. One script for one
+# message or a batch (publish_many, PUBLISH_CHUNK messages per call at most: a script holds Redis
+# until it ends). A batch's messages share pub/sub frames of about FRAME_BYTES: each frame costs a
+# listening server a read and a parse, and a frame far larger could pass the output buffer limit
+# Redis sets for pub/sub clients (32 MB by default).
 _PUBLISH_LUA = """
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -62,6 +66,7 @@ local min_ms = now_ms - tonumber(ARGV[1])
 if min_ms < 0 then min_ms = 0 end
 local minid = string.format('%d', min_ms)
 local ids = {}
+local frames, size = {}, 0
 for i, key in ipairs(KEYS) do
   local topic, json = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
   local newest = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
@@ -72,13 +77,21 @@ for i, key in ipairs(KEYS) do
   local id = redis.call('XADD', key, 'MINID', '~', minid, '*', 'd', json, 'p', prev)
   redis.call('XTRIM', key, 'MAXLEN', '~', ARGV[2])
   redis.call('PEXPIRE', key, ARGV[3])
-  redis.call('PUBLISH', ARGV[4], topic .. '\\n' .. id .. '\\n' .. prev .. '\\n' .. json)
+  local frame = topic .. '\\n' .. id .. '\\n' .. prev .. '\\n' .. json
+  frames[#frames + 1] = frame
+  size = size + #frame
+  if size >= tonumber(ARGV[5 + 2 * #KEYS]) then
+    redis.call('PUBLISH', ARGV[4], table.concat(frames, '\\n'))
+    frames, size = {}, 0
+  end
   ids[i] = id
 end
+if #frames > 0 then redis.call('PUBLISH', ARGV[4], table.concat(frames, '\\n')) end
 return ids
 """
 # Messages per script call of publish_many: each call is atomic and blocks Redis meanwhile.
 PUBLISH_CHUNK = 1000
+FRAME_BYTES = 256 * 1024
 
 # KEYS[1] stream; ARGV: ttl_ms. Drops entries older than the TTL but keeps the newest
 # one, which anchors the chain (see the module docstring). Returns entries dropped.
@@ -125,18 +138,25 @@ def _published_at(offset: bytes) -> float:
     return int(offset.split(b"-", 1)[0]) / 1000.0
 
 
-def parse_frame(raw: bytes) -> Message | None:
-    """The message in a pub/sub frame, or None when it is not one of ours."""
+def parse_frames(raw: bytes) -> list[Message] | None:
+    """The messages in a pub/sub frame (one, or a batch's: four lines each), or None when it is
+    not one of ours; one bad message makes the whole frame not ours."""
     try:
-        topic, offset, prev, data = raw.split(b"\n", 3)
-        message = Message(topic.decode("ascii"), offset.decode("ascii"), prev.decode("ascii"), data.decode("utf-8"),
-                          _published_at(offset))
+        lines = raw.split(b"\n")
+        if not lines or len(lines) % 4:
+            return None
+        messages = []
+        for at in range(0, len(lines), 4):
+            topic, offset, prev, data = lines[at:at + 4]
+            message = Message(topic.decode("ascii"), offset.decode("ascii"), prev.decode("ascii"),
+                              data.decode("utf-8"), _published_at(offset))
+            if not (TOPIC_RE.fullmatch(message.topic) and _STREAM_ID.fullmatch(message.offset)
+                    and (message.prev == FIRST_PREV or _STREAM_ID.fullmatch(message.prev)) and message.data_json):
+                return None
+            messages.append(message)
     except (ValueError, UnicodeDecodeError):
         return None
-    if not (TOPIC_RE.fullmatch(message.topic) and _STREAM_ID.fullmatch(message.offset)
-            and (message.prev == FIRST_PREV or _STREAM_ID.fullmatch(message.prev)) and message.data_json):
-        return None
-    return message
+    return messages
 
 
 def _topics_named(encoded: list[tuple[Topic, str]]) -> str:
@@ -238,6 +258,7 @@ class RedisFanOut(FanOut):
                     raise ValueError(f"invalid topic {topic[:60]!r}")
                 keys.append(self.key_prefix + topic)
                 args += (topic, json_text)
+            args.append(FRAME_BYTES)
             calls.append((keys, args))
         return calls
 
@@ -357,11 +378,12 @@ class RedisFanOut(FanOut):
         self._listen_called = True
 
     def _on_frame(self, raw: bytes) -> None:
-        message = parse_frame(raw)
-        if message is None:
+        messages = parse_frames(raw)
+        if messages is None:
             logger.debug("dropped a malformed frame on Redis channel %s: %r", self.channel, raw[:80])
             return
-        self._heard.deliver(message)
+        for message in messages:
+            self._heard.deliver(message)
 
     # -- opening and closing ------------------------------------------------------------
     async def aopen(self) -> None:

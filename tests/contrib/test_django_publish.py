@@ -13,7 +13,7 @@ from django.db import connection, transaction
 import livepush
 import livepush.fanout
 from livepush.config import get_settings
-from livepush.contrib.django import publish
+from livepush.contrib.django import publish, publish_many
 
 pytestmark = pytest.mark.usefixtures("django_site")
 
@@ -87,6 +87,36 @@ def test_mistakes_raise_at_the_call_not_at_commit() -> None:
             publish("bad topic!", {})
         with pytest.raises(TypeError):
             publish(TOPIC, {"x": object()})
+
+
+def test_a_state_topic_is_refused_at_the_call_inside_a_transaction() -> None:
+    """publish() on a state topic raises InvalidTopic at the call inside atomic(), as outside it, never at commit."""
+    before = livepush.latest_offset(TOPIC)
+    with transaction.atomic():
+        with pytest.raises(livepush.InvalidTopic, match="state topic"):
+            publish("job:1", {})
+        with pytest.raises(livepush.InvalidTopic, match="item 1"):
+            publish_many([(TOPIC, {"n": 0}), ("group:2", {})])
+    assert livepush.latest_offset(TOPIC) == before
+
+
+def test_publish_many_inside_a_transaction_goes_out_whole_on_commit_with_the_data_at_the_call() -> None:
+    """publish_many() inside atomic() sends the whole batch at commit (None returned), the data as it
+    was at the call; outside one it sends at once and returns the offsets; a rollback sends nothing."""
+    before = livepush.latest_offset(TOPIC)
+    data = {"v": "at the call"}
+    with transaction.atomic():
+        assert publish_many([(TOPIC, data), (TOPIC, {"n": 2})]) is None
+        data["v"] = "changed later"
+        assert livepush.latest_offset(TOPIC) == before
+    assert published_since(before) == [{"v": "at the call"}, {"n": 2}]
+    middle = livepush.latest_offset(TOPIC)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        publish_many([(TOPIC, {"n": 3})])
+        raise RuntimeError("roll back")
+    assert livepush.latest_offset(TOPIC) == middle
+    offsets = publish_many([(TOPIC, {"n": 4})])
+    assert offsets == [livepush.latest_offset(TOPIC)]
 
 
 def test_conn_publishes_in_that_connections_transaction() -> None:

@@ -26,6 +26,7 @@ _NAMES = {
     "task_group": ".groups",
     "request": ".groups",
     "publish": ".publishing",
+    "publish_many": ".publishing",
     "LivePushSessionMiddleware": ".sessions",
     "Subscription": ".pages",
     "subscription": ".pages",

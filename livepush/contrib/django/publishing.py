@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
-from ... import api, topics
-from ...fanout.base import encode_payload
+from ... import api
+from ...fanout.base import encode_batch, encode_payload
 from ...types import JSON, Offset, Topic
 
 
@@ -27,7 +28,20 @@ def publish(topic: Topic, data: JSON, *, conn: Any = None, using: str = DEFAULT_
         return api.publish(topic, data, conn=conn)
     # Checked now, where the caller can handle a mistake, and copied: what is sent at commit is the
     # data as it was at this call.
-    topics.validate_topic(topic)
+    api.publishable(topic)
     frozen = json.loads(encode_payload(data))
     transaction.on_commit(functools.partial(api.publish, topic, frozen), using=using)
+    return None
+
+
+def publish_many(messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None,
+                 using: str = DEFAULT_DB_ALIAS) -> list[Offset] | None:
+    """publish_many() as publish() above does it: inside `transaction.atomic(using=using)` the batch
+    goes out once it commits (None is returned), outside one at once (its offsets). Every item is
+    checked now, and the data sent at commit is the data as it was at this call."""
+    if conn is not None or not connections[using].in_atomic_block:
+        return api.publish_many(messages, conn=conn)
+    checked = api.publishable_many(messages)
+    frozen = [(topic, json.loads(text)) for topic, text in encode_batch(checked)]
+    transaction.on_commit(functools.partial(api.publish_many, frozen), using=using)
     return None
