@@ -402,6 +402,24 @@ async def test_publish_many_of_thousands_on_long_topic_names_arrives_whole(make_
         assert offsets_of(await read_history(fanout, topic, received[0].prev)) == offsets_of(received), topic
 
 
+async def test_publish_many_of_large_messages_past_a_statements_bytes_arrives_whole(make_fanout: MakeFanOut) -> None:
+    """Twelve messages of about 900 KB on three topics (past what one statement or pub/sub frame
+    carries) are published in one call, delivered intact in batch order per topic, and replayable."""
+    fanout = await make_fanout()
+    got = Collector(fanout)
+    fanout.register(got)
+    big = "x" * (900 * 1024)
+    batch = [(f"heavy:{i % 3}", {"i": i, "s": big}) for i in range(12)]
+    offsets = fanout.publish_many(batch)
+    for t in range(3):
+        topic = f"heavy:{t}"
+        received = await got.wait_count(topic, 4, timeout=30)
+        assert offsets_of(received) == [o for o, (tt, _) in zip(offsets, batch, strict=True) if tt == topic]
+        assert [d["i"] for d in datas_of(received)] == [i for i in range(12) if i % 3 == t]
+        assert all(d["s"] == big for d in datas_of(received))
+        assert offsets_of(await read_history(fanout, topic, received[0].prev)) == offsets_of(received)
+
+
 # ---- payload size -------------------------------------------------------------------------------
 
 

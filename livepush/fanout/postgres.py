@@ -47,8 +47,8 @@ MIN_PAGE_BYTES = 4096
 PUBLISH = "SELECT livepush_publish(%s, %s)"
 # name: publish_many -- see livepush_publish_many(): the topics' row locks taken in one order.
 PUBLISH_MANY = "SELECT livepush_publish_many(%s::json)"
-# A statement of publish_many takes at most this many messages, or about this many bytes of
-# data: a batch of any size is one transaction, never one huge JSON parameter.
+# A statement of publish_many takes at most this many messages, or about this many characters
+# of data: a batch of any size is one transaction, never one huge JSON parameter.
 MANY_CHUNK = 1000
 MANY_CHUNK_BYTES = 8 * 1024 * 1024
 # name: latest_offset -- a committed value; no row for a topic never published ("0").

@@ -70,6 +70,22 @@ async def test_publish_many_in_a_transaction_is_delivered_whole_only_if_it_commi
     await client.close()
 
 
+def test_a_long_or_heavy_batch_is_split_sorted_by_topic_keeping_each_topics_order() -> None:
+    """A batch past 1,000 messages or about 8 MiB of data goes in several statements, its items
+    sorted by topic (stable: a topic's messages keep their batch order); a short one stays whole."""
+    from livepush.fanout.postgres import MANY_CHUNK, MANY_CHUNK_BYTES, _many_statements
+
+    short = [("b", '{"i":0}'), ("a", '{"i":1}')]
+    assert _many_statements(short) == (None, ['[["b",{"i":0}],["a",{"i":1}]]'])
+    heavy = [(f"t{i % 3}", '"' + "x" * (MANY_CHUNK_BYTES // 4) + '"') for i in range(12)]
+    order, statements = _many_statements(heavy)
+    assert order == [0, 3, 6, 9, 1, 4, 7, 10, 2, 5, 8, 11] and len(statements) >= 3
+    assert all(len(doc) < MANY_CHUNK_BYTES + len(heavy[0][1]) + 100 for doc in statements)
+    long = [(f"t{i % 2}", "{}") for i in range(MANY_CHUNK + 1)]
+    order, statements = _many_statements(long)
+    assert order is not None and len(statements) == 2
+
+
 async def test_concurrent_batches_sharing_topics_in_opposite_orders_both_commit(pg_served: Served,
                                                                                 pg_url: str) -> None:
     """Two long batches (several statements each) over the same topics in opposite orders, in concurrent
