@@ -19,6 +19,7 @@ does not parse is dropped with a debug line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -222,7 +223,9 @@ class PostgresFanOut(FanOut):
                                 "AsyncConnection")
             got = [conn.execute(PUBLISH_MANY, (doc,)).fetchone() for doc in statements]
         else:
-            with translated(self.url), self._pools.sync().connection() as c, c.transaction():
+            # The pool's connections are in autocommit: a batch of one statement is one round trip.
+            with translated(self.url), self._pools.sync().connection() as c, \
+                    (c.transaction() if len(statements) > 1 else contextlib.nullcontext()):
                 got = [c.execute(PUBLISH_MANY, (doc,)).fetchone() for doc in statements]
         return self._offsets(order, got)
 
@@ -239,7 +242,8 @@ class PostgresFanOut(FanOut):
                 got.append(await (await conn.execute(PUBLISH_MANY, (doc,))).fetchone())
         else:
             with translated(self.url):
-                async with (await self._pools.aget()).connection() as c, c.transaction():
+                async with (await self._pools.aget()).connection() as c, \
+                        (c.transaction() if len(statements) > 1 else contextlib.nullcontext()):
                     for doc in statements:
                         got.append(await (await c.execute(PUBLISH_MANY, (doc,))).fetchone())
         return self._offsets(order, got)

@@ -34,7 +34,7 @@ import asyncio
 import logging
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis
@@ -263,38 +263,39 @@ class RedisFanOut(FanOut):
         return calls
 
     def publish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
-        return self._publish_sync(self._publish_calls([(topic, encode_payload(data))], conn), repr(topic))[0]
+        return self._publish_sync(self._publish_calls([(topic, encode_payload(data))], conn), lambda: repr(topic))[0]
 
     async def apublish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
-        return (await self._publish_async(self._publish_calls([(topic, encode_payload(data))], conn), repr(topic)))[0]
+        return (await self._publish_async(self._publish_calls([(topic, encode_payload(data))], conn),
+                                          lambda: repr(topic)))[0]
 
     def publish_many(self, messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]:
         encoded = encode_batch(messages)
-        return self._publish_sync(self._publish_calls(encoded, conn), _topics_named(encoded))
+        return self._publish_sync(self._publish_calls(encoded, conn), lambda: _topics_named(encoded))
 
     async def apublish_many(self, messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]:
         encoded = encode_batch(messages)
-        return await self._publish_async(self._publish_calls(encoded, conn), _topics_named(encoded))
+        return await self._publish_async(self._publish_calls(encoded, conn), lambda: _topics_named(encoded))
 
-    def _publish_sync(self, calls: list[tuple[list[str], list[Any]]], what: str) -> list[Offset]:
+    def _publish_sync(self, calls: list[tuple[list[str], list[Any]]], what: Callable[[], str]) -> list[Offset]:
         client, script = self._sync_client()
         offsets: list[Offset] = []
         for keys, args in calls:
             try:
                 offsets += [text(i) for i in script(keys=keys, args=args, client=client)]
             except (RedisError, OSError) as exc:
-                raise failed(self.url, exc, _publishing(what, offsets)) from exc
+                raise failed(self.url, exc, _publishing(what(), offsets)) from exc
             self._published.inc(len(keys))
         return offsets
 
-    async def _publish_async(self, calls: list[tuple[list[str], list[Any]]], what: str) -> list[Offset]:
+    async def _publish_async(self, calls: list[tuple[list[str], list[Any]]], what: Callable[[], str]) -> list[Offset]:
         client = self._async_client()
         offsets: list[Offset] = []
         for keys, args in calls:
             try:
                 offsets += [text(i) for i in await self._async_publish(keys=keys, args=args, client=client)]
             except (RedisError, OSError) as exc:
-                raise failed(self.url, exc, _publishing(what, offsets)) from exc
+                raise failed(self.url, exc, _publishing(what(), offsets)) from exc
             self._published.inc(len(keys))
         return offsets
 
