@@ -68,7 +68,7 @@ async def apublish(topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
 def publish_many(messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]:
     """Publish a batch of (topic, data) pairs in one go; their offsets, in batch order. A topic's
     messages of one batch are delivered in batch order. Every item is checked before anything
-    is published. Postgres: one transaction (conn's, with `conn=`); Redis: one call per 1,000."""
+    is published. Postgres: one transaction (conn's, with `conn=`); Redis: a script call per 1,000."""
     return default_fanout().publish_many(publishable_many(messages), conn=conn)
 
 

@@ -58,8 +58,8 @@ BEGIN
 END;
 $$;
 
--- Publishes a batch, `[[topic, data], ...]` (json, not jsonb: each data is kept as the exact
--- text given), and returns the offsets in batch order: what livepush_publish() does for each
+-- Publishes a batch, `[[topic, data], ...]` (each data a JSON string holding the message's JSON
+-- text, which ->> gives back exactly), and returns the offsets in batch order: what livepush_publish() does for each
 -- message, in one statement, in the caller's transaction. A topic's messages take its next
 -- offsets in batch order.
 -- Safe under concurrency: the topics' rows are locked in one order (their bytes, as the caller
@@ -75,7 +75,7 @@ DECLARE
     v_offsets text[];
 BEGIN
     WITH items AS MATERIALIZED (
-        SELECT e.ord, e.item ->> 0 AS topic, (e.item -> 1)::text AS data
+        SELECT e.ord, e.item ->> 0 AS topic, e.item ->> 1 AS data
         FROM json_array_elements(p_batch) WITH ORDINALITY AS e(item, ord)
     ), counts AS MATERIALIZED (
         SELECT i.topic, count(*) AS n FROM items i GROUP BY i.topic

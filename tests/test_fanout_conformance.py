@@ -353,6 +353,20 @@ async def test_publish_many_delivers_a_batch_in_order_with_each_topics_next_offs
     assert fanout.publish_many([]) == [] and await fanout.apublish_many([]) == []
 
 
+async def test_publish_many_keeps_any_json_text_exactly(make_fanout: MakeFanOut) -> None:
+    """Data with a NUL character, line and paragraph separators, quotes, backslashes, emoji, huge and
+    negative-zero numbers goes through publish_many as publish() takes it, and comes back as the same
+    JSON text."""
+    fanout = await make_fanout()
+    got = Collector(fanout)
+    fanout.register(got)
+    odd = [{"nul": "a\x00b"}, {"seps": "\u2028\u2029", "q": "\"\\"}, {"e": "😀é"}, [1.5e300, -0.0, 10**30], "plain"]
+    offsets = fanout.publish_many([("exact:many", d) for d in odd])
+    received = await got.wait_count("exact:many", len(odd))
+    assert offsets_of(received) == offsets
+    assert [m.data_json for m in received] == [json.dumps(d, separators=(",", ":"), ensure_ascii=False) for d in odd]
+
+
 async def test_publish_many_checks_every_item_before_anything_is_published(make_fanout: MakeFanOut) -> None:
     """An item that is not plain JSON, too large, or not a (topic, data) pair fails the whole batch, naming
     the item, and nothing of the batch is written or delivered."""

@@ -266,16 +266,34 @@ async def test_a_batch_shares_frames_of_about_256_kib(make_redis: MakeRedis, red
     assert offsets_of(await got.wait_count("frames:a", 20)) == offsets
 
 
+async def test_a_batch_of_40_mb_reaches_a_listening_server_that_stays_subscribed(make_redis: MakeRedis,
+                                                                                raw: redis.Redis) -> None:
+    """A publish_many of 1,000 messages of 40 KB (more than Redis keeps for a pub/sub client before it
+    drops it, if one script call published them all) goes in calls of about 4 MiB: the listener
+    gets every message and keeps its one subscription."""
+    fanout = await make_redis()
+    got = Collector()
+    fanout.register(got)
+    [before] = listeners(raw)
+    offsets = await fanout.apublish_many([("heavy:redis", {"i": i, "s": "x" * 40_000}) for i in range(1000)])
+    received = await got.wait_count("heavy:redis", 1000, timeout=60)
+    assert offsets_of(received) == offsets
+    [after] = listeners(raw)
+    assert after["id"] == before["id"], "the listener was dropped and reconnected"
+
+
 def test_a_frame_with_a_bad_message_or_a_broken_line_count_is_not_ours() -> None:
-    """parse_frames takes a frame of one or several messages, four lines each; a frame whose line
-    count is not a multiple of four, or with one bad message, is refused whole."""
+    """parse_frames takes a frame of one message (four lines) or of several after a `*` line (which
+    a server from before batch frames refuses as a topic); a frame whose lines do not add up, or
+    with one bad message, is refused whole."""
     one = b"t:a\n5-0\n0-0\n{}"
-    two = one + b"\n" + b"t:b\n6-0\n0-0\n[1]"
+    two = b"*\n" + one + b"\n" + b"t:b\n6-0\n0-0\n[1]"
     assert [m.topic for m in parse_frames(two) or []] == ["t:a", "t:b"]
     assert [m.data_json for m in parse_frames(one) or []] == ["{}"]
+    assert parse_frames(two[2:]) is None, "several messages come only after a '*' line"
     assert parse_frames(two + b"\nextra") is None
-    assert parse_frames(one + b"\n" + b"t:b\nnot-an-id\n0-0\n[1]") is None
-    assert parse_frames(b"") is None
+    assert parse_frames(b"*\n" + one + b"\n" + b"t:b\nnot-an-id\n0-0\n[1]") is None
+    assert parse_frames(b"") is None and parse_frames(b"*") is None
 
 
 # ---- connections --------------------------------------------------------------------------------

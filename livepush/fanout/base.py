@@ -10,8 +10,8 @@ Contract (docs/reference.md#4-python-api, #7-guarantees):
 - `publish_many`/`apublish_many` publish a batch of (topic, data) pairs in one go and return
   their offsets in batch order; a topic's messages of one batch take its next offsets in batch
   order. Every item is checked before anything is written. Postgres: one transaction (the
-  caller's with `conn=`), all or nothing. Redis: atomic per 1,000 messages
-  (one script call each), in order.
+  caller's with `conn=`), all or nothing. Redis: in order, one script call per 1,000 messages
+  or 4 MiB.
 - Nothing subscribes until `await listen()`, called once; it returns when the subscription is
   in effect, or raises ListenError. A publish-only process never listens.
 - `register(receiver)` before `listen()` raises NotListeningError. A receiver gets a

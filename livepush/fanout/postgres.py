@@ -159,19 +159,18 @@ def _many_statements(encoded: list[tuple[Topic, str]]) -> tuple[list[int] | None
     if len(encoded) > MANY_CHUNK or size > MANY_CHUNK_BYTES:
         order = sorted(range(len(encoded)), key=lambda i: encoded[i][0])
         encoded = [encoded[i] for i in order]
-    statements: list[str] = []
-    parts: list[str] = []
+    chunks: list[list[tuple[Topic, str]]] = []
     used = 0
-    for topic, text in encoded:
-        if parts and (len(parts) == MANY_CHUNK or used + len(text) > MANY_CHUNK_BYTES):
-            statements.append("[" + ",".join(parts) + "]")
-            parts, used = [], 0
-        # The data is JSON text already: written into the document as it is, never encoded twice.
-        parts.append(f"[{json.dumps(topic)},{text}]")
-        used += len(text)
-    if parts:
-        statements.append("[" + ",".join(parts) + "]")
-    return order, statements
+    for item in encoded:
+        if not chunks or len(chunks[-1]) == MANY_CHUNK or (chunks[-1] and used + len(item[1]) > MANY_CHUNK_BYTES):
+            chunks.append([])
+            used = 0
+        chunks[-1].append(item)
+        used += len(item[1])
+    # Each data goes in as a JSON string holding its text, which the function reads back exactly.
+    # Not as the JSON value itself: Postgres' json operators refuse a \u0000 escape anywhere in
+    # what they read, and data may hold one (a NUL character in a string).
+    return order, [json.dumps(chunk, ensure_ascii=False, separators=(",", ":")) for chunk in chunks]
 
 
 class PostgresFanOut(FanOut):
@@ -221,7 +220,9 @@ class PostgresFanOut(FanOut):
             if not isinstance(conn, psycopg.Connection):
                 raise TypeError("publish_many(conn=) takes a psycopg.Connection; use apublish_many() for an "
                                 "AsyncConnection")
-            got = [conn.execute(PUBLISH_MANY, (doc,)).fetchone() for doc in statements]
+            # In autocommit each statement would commit alone: the batch is one transaction still.
+            with conn.transaction() if conn.autocommit and len(statements) > 1 else contextlib.nullcontext():
+                got = [conn.execute(PUBLISH_MANY, (doc,)).fetchone() for doc in statements]
         else:
             # The pool's connections are in autocommit: a batch of one statement is one round trip.
             with translated(self.url), self._pools.sync().connection() as c, \
@@ -238,8 +239,9 @@ class PostgresFanOut(FanOut):
             if not isinstance(conn, psycopg.AsyncConnection):
                 raise TypeError("apublish_many(conn=) takes a psycopg.AsyncConnection; use publish_many() for a "
                                 "sync Connection")
-            for doc in statements:
-                got.append(await (await conn.execute(PUBLISH_MANY, (doc,))).fetchone())
+            async with conn.transaction() if conn.autocommit and len(statements) > 1 else contextlib.nullcontext():
+                for doc in statements:
+                    got.append(await (await conn.execute(PUBLISH_MANY, (doc,))).fetchone())
         else:
             with translated(self.url):
                 async with (await self._pools.aget()).connection() as c, \

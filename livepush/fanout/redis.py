@@ -7,9 +7,9 @@ would otherwise hear each other):
   id of the entry before it on the topic, "0-0" for the first). The entry id is the message's
   offset ("<ms>-<seq>", ordered by `offset_key`).
 - `P:pub`: the one pub/sub channel every listening server subscribes to. A frame is
-  "<topic>\\n<offset>\\n<prev>\\n<json>", or several of those joined by newlines (a batch of
-  publish_many): a receiver splits it into lines, four a message, and never parses the payload
-  (topics and compact JSON hold no raw newline). Whoever may write under P
+  "<topic>\\n<offset>\\n<prev>\\n<json>", or, for several messages of a publish_many, "*" and
+  then theirs, all joined by newlines: a receiver splits it into lines, four a message, and never
+  parses the payload (topics and compact JSON hold no raw newline). Whoever may write under P
   is trusted (docs/security.md shows the ACL that gives the app only its prefix); a frame
   that does not parse is dropped with a debug line.
 
@@ -55,10 +55,9 @@ _STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
 # KEYS: the stream of each message; ARGV: ttl_ms, max_len, idle_ms, channel, then the topic and
 # the json of each message, then FRAME_BYTES. Returns their ids in order. One script for one
-# message or a batch (publish_many, PUBLISH_CHUNK messages per call at most: a script holds Redis
-# until it ends). A batch's messages share pub/sub frames of about FRAME_BYTES: each frame costs a
-# listening server a read and a parse, and a frame far larger could pass the output buffer limit
-# Redis sets for pub/sub clients (32 MB by default).
+# message or a batch (publish_many: PUBLISH_CHUNK messages or PUBLISH_CHUNK_BYTES per call). A
+# batch's messages share pub/sub frames of about FRAME_BYTES, each costing a listening server one
+# read and one parse.
 _PUBLISH_LUA = """
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -80,17 +79,24 @@ for i, key in ipairs(KEYS) do
   local frame = topic .. '\\n' .. id .. '\\n' .. prev .. '\\n' .. json
   frames[#frames + 1] = frame
   size = size + #frame
-  if size >= tonumber(ARGV[5 + 2 * #KEYS]) then
-    redis.call('PUBLISH', ARGV[4], table.concat(frames, '\\n'))
+  if size >= tonumber(ARGV[5 + 2 * #KEYS]) or i == #KEYS then
+    if #frames == 1 then
+      redis.call('PUBLISH', ARGV[4], frame)
+    else
+      redis.call('PUBLISH', ARGV[4], '*\\n' .. table.concat(frames, '\\n'))
+    end
     frames, size = {}, 0
   end
   ids[i] = id
 end
-if #frames > 0 then redis.call('PUBLISH', ARGV[4], table.concat(frames, '\\n')) end
 return ids
 """
-# Messages per script call of publish_many: each call is atomic and blocks Redis meanwhile.
+# A script call of publish_many takes at most this many messages, or about this many characters
+# of data: a call holds Redis until it ends, and Redis sends a subscriber nothing of what the call
+# published before it ends (all of it waits in the subscriber's output buffer, which Redis caps
+# at 32 MB by default before it drops the subscriber).
 PUBLISH_CHUNK = 1000
+PUBLISH_CHUNK_BYTES = 4 * 1024 * 1024
 FRAME_BYTES = 256 * 1024
 
 # KEYS[1] stream; ARGV: ttl_ms. Drops entries older than the TTL but keeps the newest
@@ -139,10 +145,17 @@ def _published_at(offset: bytes) -> float:
 
 
 def parse_frames(raw: bytes) -> list[Message] | None:
-    """The messages in a pub/sub frame (one, or a batch's: four lines each), or None when it is
-    not one of ours; one bad message makes the whole frame not ours."""
+    """The messages in a pub/sub frame (one, four lines; or a batch's: a `*` line, then four lines
+    a message), or None when it is not one of ours; one bad message makes the whole frame not
+    ours. The `*` line is not a topic: a server from before batch frames drops the frame (and
+    reads the messages from history when the next one's `prev` shows it missed them) rather
+    than take its first message's data to run on to the frame's end."""
     try:
         lines = raw.split(b"\n")
+        if lines[0] == b"*":
+            del lines[0]
+        elif len(lines) != 4:
+            return None
         if not lines or len(lines) % 4:
             return None
         messages = []
@@ -168,7 +181,7 @@ def _topics_named(encoded: list[tuple[Topic, str]]) -> str:
 def _publishing(what: str, done: list[Offset]) -> str:
     """What failed, for failed(): a batch cut short says how much of it was published."""
     return f"publishing on {what}" if not done else \
-        f"publishing on {what} (the first {len(done)} messages of the batch were published)"
+        f"publishing on {what} (at least the first {len(done)} messages of the batch were published)"
 
 
 class RedisFanOut(FanOut):
@@ -249,17 +262,21 @@ class RedisFanOut(FanOut):
         """The script calls (keys, args) that publish `encoded`, PUBLISH_CHUNK messages each."""
         if conn is not None:
             raise ValueError("conn= needs the Postgres fan-out: set LIVEPUSH_FANOUT=postgres")
-        calls = []
-        for at in range(0, len(encoded), PUBLISH_CHUNK):
-            keys: list[str] = []
-            args: list[Any] = [*self._publish_args_tail]
-            for topic, json_text in encoded[at:at + PUBLISH_CHUNK]:
-                if "\n" in topic:  # would break the frame header; validated topics never have one
-                    raise ValueError(f"invalid topic {topic[:60]!r}")
-                keys.append(self.key_prefix + topic)
-                args += (topic, json_text)
+        calls: list[tuple[list[str], list[Any]]] = []
+        used = 0
+        for topic, json_text in encoded:
+            if "\n" in topic:  # would break the frame header; validated topics never have one
+                raise ValueError(f"invalid topic {topic[:60]!r}")
+            if not calls or len(calls[-1][0]) == PUBLISH_CHUNK or \
+                    (calls[-1][0] and used + len(json_text) > PUBLISH_CHUNK_BYTES):
+                calls.append(([], [*self._publish_args_tail]))
+                used = 0
+            keys, args = calls[-1]
+            keys.append(self.key_prefix + topic)
+            args += (topic, json_text)
+            used += len(json_text)
+        for _, args in calls:
             args.append(FRAME_BYTES)
-            calls.append((keys, args))
         return calls
 
     def publish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:

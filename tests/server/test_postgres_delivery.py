@@ -6,6 +6,7 @@ delivers from the message log, so these tests see only what the log holds."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 import psycopg
@@ -76,7 +77,8 @@ def test_a_long_or_heavy_batch_is_split_sorted_by_topic_keeping_each_topics_orde
     from livepush.fanout.postgres import MANY_CHUNK, MANY_CHUNK_BYTES, _many_statements
 
     short = [("b", '{"i":0}'), ("a", '{"i":1}')]
-    assert _many_statements(short) == (None, ['[["b",{"i":0}],["a",{"i":1}]]'])
+    order, [doc] = _many_statements(short)
+    assert order is None and json.loads(doc) == [["b", '{"i":0}'], ["a", '{"i":1}']]
     heavy = [(f"t{i % 3}", '"' + "x" * (MANY_CHUNK_BYTES // 4) + '"') for i in range(12)]
     order, statements = _many_statements(heavy)
     assert order == [0, 3, 6, 9, 1, 4, 7, 10, 2, 5, 8, 11] and len(statements) >= 3
@@ -84,6 +86,25 @@ def test_a_long_or_heavy_batch_is_split_sorted_by_topic_keeping_each_topics_orde
     long = [(f"t{i % 2}", "{}") for i in range(MANY_CHUNK + 1)]
     order, statements = _many_statements(long)
     assert order is not None and len(statements) == 2
+
+
+async def test_publish_many_on_an_autocommit_connection_is_still_all_or_nothing(pg_served: Served,
+                                                                                pg_url: str) -> None:
+    """conn= in autocommit: a batch of several statements is one transaction all the same. When its
+    last statement fails (a lock it cannot get in time), nothing of the earlier ones stays."""
+    holder = psycopg.connect(pg_url)
+    try:
+        pg_served.fanout.publish("ac:z", {"held": True}, conn=holder)  # holds ac:z's row until rollback
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("SET lock_timeout = '200ms'")
+            before = pg_served.fanout.latest_offset("ac:a")
+            batch = [("ac:a", {"i": i}) for i in range(1500)] + [("ac:z", {"i": -1})]
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                pg_served.fanout.publish_many(batch, conn=conn)
+            assert pg_served.fanout.latest_offset("ac:a") == before, "the first statement's messages stayed"
+    finally:
+        holder.rollback()
+        holder.close()
 
 
 async def test_concurrent_batches_sharing_topics_in_opposite_orders_both_commit(pg_served: Served,
