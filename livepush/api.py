@@ -12,6 +12,7 @@ from . import topics
 from .config import get_settings
 from .errors import InvalidTopic
 from .fanout import FanOut, from_env
+from .fanout.base import batch_pairs
 from .types import JSON, Offset, Topic
 
 _lock = threading.Lock()
@@ -79,14 +80,10 @@ async def apublish_many(messages: Iterable[tuple[Topic, JSON]], *, conn: Any = N
 
 def publishable_many(messages: Iterable[tuple[Topic, JSON]]) -> list[tuple[Topic, JSON]]:
     """The pairs of a publish_many, each topic checked as publish() checks one; errors name the item."""
-    if isinstance(messages, (str, bytes, dict)):
-        raise TypeError(f"publish_many() takes an iterable of (topic, data) pairs, got {type(messages).__name__}")
-    items = list(messages)
-    for i, item in enumerate(items):
-        if not isinstance(item, tuple) or len(item) != 2:
-            raise TypeError(f"publish_many() takes (topic, data) pairs: item {i} is {item!r:.60}")
+    items = batch_pairs(messages)
+    for i, (topic, _) in enumerate(items):
         try:
-            publishable(item[0])
+            publishable(topic)
         except InvalidTopic as exc:
             raise InvalidTopic(f"publish_many() item {i}: {exc}", exc.reason) from None
     return items

@@ -68,18 +68,25 @@ def encode_payload(data: JSON, what: str = "publish() data") -> str:
     return text
 
 
+def batch_pairs(messages: Iterable[tuple[Topic, JSON]]) -> list[tuple[Topic, JSON]]:
+    """The items of a publish_many as a list, each checked to be a (str topic, data) pair; an
+    error names the item."""
+    if isinstance(messages, (str, bytes, dict)):
+        raise TypeError(f"publish_many() takes an iterable of (topic, data) pairs, got {type(messages).__name__}")
+    items = list(messages)
+    for i, item in enumerate(items):
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise TypeError(f"publish_many() takes (topic, data) pairs: item {i} is {item!r:.60}")
+        if not isinstance(item[0], str):
+            raise TypeError(f"publish_many() item {i}: the topic must be a str, got {type(item[0]).__name__}")
+    return items
+
+
 def encode_batch(messages: Iterable[tuple[Topic, JSON]]) -> list[tuple[Topic, str]]:
     """The (topic, data) pairs of a publish_many with each data as JSON text, every item checked
     as publish() checks one before anything is written; an error names the item."""
-    out = []
-    for i, item in enumerate(messages):
-        if not isinstance(item, tuple) or len(item) != 2:
-            raise TypeError(f"publish_many() takes (topic, data) pairs: item {i} is {item!r:.60}")
-        topic, data = item
-        if not isinstance(topic, str):
-            raise TypeError(f"publish_many() item {i}: the topic must be a str, got {type(topic).__name__}")
-        out.append((topic, encode_payload(data, f"publish_many() item {i}'s data")))
-    return out
+    return [(topic, encode_payload(data, f"publish_many() item {i}'s data"))
+            for i, (topic, data) in enumerate(batch_pairs(messages))]
 
 
 @dataclass(frozen=True, slots=True)

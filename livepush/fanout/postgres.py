@@ -7,9 +7,9 @@ This module and sql/0001_message_log.sql are the only places that name the log's
 publish() calls `livepush_publish()`: one round trip that assigns the offset under the
 topic's row lock, logs the message and rings the channel, in the caller's transaction when
 `conn=` is given. publish_many() calls `livepush_publish_many()`, the same for a batch in one
-statement (per 1,000 messages), in one transaction. Offsets are the per-topic sequence numbers, so they are gap-free and in
-commit order. The epoch changes only when a crash emptied the (unlogged) tables, so an offset
-from before a crash can never be mistaken for a newer one.
+statement (per 1,000 messages), in one transaction. Offsets are the per-topic sequence numbers,
+so they are gap-free and in commit order. The epoch changes only when a crash emptied the
+(unlogged) tables, so an offset from before a crash can never be mistaken for a newer one.
 
 A notification carries "EPOCH-SEQ TOPIC" and no data: any role that can connect may listen
 and send on any channel, so the server reads what it delivers from the log (the hub does, in
