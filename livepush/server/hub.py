@@ -414,22 +414,23 @@ class Hub:
         return (int(t.cursor),) if t.source is not None else offset_key(t.cursor)
 
     async def _anchor(self, t: _Topic) -> None:
-        """The first joiner of a message topic reads its latest offset: the cursor live reads
-        start from. Every joiner reads its replay after this, so nothing falls between."""
+        """The first joiner of a message topic starts the read of its latest offset: the cursor
+        live reads start from. Every joiner reads its replay after it, so nothing falls between.
+        The read is a task of its own: a joiner that leaves (its connection lost) ends its own
+        wait, never the read the others wait for."""
         if t.anchored is None:
-            t.anchored = asyncio.get_running_loop().create_future()
-            try:
-                t.cursor = await self.fanout.alatest_offset(t.name)
-            except BaseException as exc:
-                t.anchored.set_exception(exc)
-                t.anchored.exception()  # retrieved: a later joiner may not be waiting
-                t.anchored = None
-                raise
-            t.anchored.set_result(None)
-            if t.wanted > self._cursor_key(t):
-                self._start_read(t)
-        else:
-            await asyncio.shield(t.anchored)
+            t.anchored = self._spawn(self._read_anchor(t), "livepush-anchor")
+            t.anchored.add_done_callback(_retrieve)  # its error is its joiners', who may all have left
+        await asyncio.shield(t.anchored)
+
+    async def _read_anchor(self, t: _Topic) -> None:
+        try:
+            t.cursor = await self.fanout.alatest_offset(t.name)
+        except BaseException:
+            t.anchored = None  # the next joiner reads again
+            raise
+        if t.wanted > self._cursor_key(t):
+            self._start_read(t)
 
     async def _catch_up(self, sub: Subscriber, t: _Topic, since: Offset | None, ref: protocol.Ref) -> Key:
         """Send `subscribed` and what precedes the live stream; return the key of the last offset sent."""
@@ -494,11 +495,12 @@ class Hub:
             self._unborn.discard(t.name)
 
     # -- tasks ------------------------------------------------------------------------
-    def _spawn(self, coro: Awaitable[None], name: str) -> None:
+    def _spawn(self, coro: Awaitable[None], name: str) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)
         task.set_name(name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def aclose(self) -> None:
         self._closed = True
@@ -506,3 +508,8 @@ class Hub:
             task.cancel()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=1)
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -116,6 +116,38 @@ async def test_subscribers_that_joined_together_are_caught_up_after_a_listener_g
     assert a.data() == [3, 4] and b.data() == [3, 4]
 
 
+class SlowAnchor(YieldingLocal):
+    """A first read of a topic's latest offset that waits for `gate`, as a slow database does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def alatest_offset(self, topic: str) -> str:
+        await self.gate.wait()
+        return await super().alatest_offset(topic)
+
+
+async def test_a_joiner_that_leaves_during_the_first_read_leaves_the_others_joining() -> None:
+    """The first subscriber of a topic goes away (its connection lost) while the topic's first
+    read is under way: the one that joined behind it still gets `subscribed` and live messages."""
+    fanout = SlowAnchor()
+    fanout, hub = await make(fanout)
+    a, b = Sub(), Sub()
+    first = asyncio.ensure_future(hub.subscribe(a, "t", None, 1))
+    await settle()
+    second = asyncio.ensure_future(hub.subscribe(b, "t", None, 2))
+    await settle()
+    first.cancel()
+    await settle()
+    fanout.gate.set()
+    await asyncio.wait_for(second, 5)
+    assert [f["op"] for f in b.frames] == ["subscribed"]
+    fanout.publish("t", 1)
+    await async_wait_for(lambda: b.data() == [1], timeout=5)
+    assert first.cancelled() and a.frames == []
+
+
 async def test_a_message_that_skips_ahead_is_filled_from_history_in_order() -> None:
     """A live message whose prev is not the cursor makes the hub read the gap first."""
     fanout, hub = await make()
