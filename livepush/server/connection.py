@@ -16,8 +16,9 @@ close frame, a replay page being drained) first writes what is gathered, so fram
 order. Once the transport is past its high-water mark (paused), frames wait in the client's
 backlog (backlog.py: a state replaces the older one of its topic, a message topic's share is
 bounded and replaced by `reset` past the bound), which `resume_writing` empties in order. A
-client whose backlog passes BACKLOG_BYTES, or that has been missing a frame for BEHIND_SECONDS,
-is closed with 1013. A slow client costs the others nothing: a frame for it is one append
+client whose backlog passes BACKLOG_BYTES (counting the pongs that wait in the transport for a
+client that pings and does not read), or that has been missing a frame for BEHIND_SECONDS, is
+closed with 1013. A slow client costs the others nothing: a frame for it is one append
 (docs/reference.md#8-trust-boundaries-and-abuse).
 """
 
@@ -245,6 +246,12 @@ class Connection(asyncio.Protocol):
                 self.transport.close()
         if self.proto.close_expected():
             self.core.expect_close(self)
+        elif self.paused and not self.closing:
+            # Pongs bypass the backlog (they answer the client's own pings): a client that pings
+            # and never reads is bounded by what waits in the transport instead.
+            waiting = self.transport.get_write_buffer_size() + self.backlog_bytes
+            if waiting > BACKLOG_BYTES:
+                too_slow(self, f"{waiting} bytes waiting")
 
     def _stop_writing(self) -> None:
         """Closing: nothing more is written, what still waits is never sent, drain() returns."""

@@ -174,6 +174,25 @@ async def test_a_client_with_too_much_waiting_is_closed_with_1013(served: Served
 
 
 @LOCAL_ONLY
+async def test_a_client_that_pings_and_does_not_read_is_closed_with_1013(served: Served) -> None:
+    """The server answers a client's every ping; one that pings and never reads the pongs is
+    closed with 1013 once more than the backlog's byte bound waits for it, not held for ever."""
+    slow = await open_client(served.url)
+    slow.ws.transport.pause_reading()
+    on_server = server_side(served.server, slow)
+    closed = count("closed")
+    pad = b"p" * 117  # 125-byte pings: the most a control frame carries
+    for i in range(4 * connection.BACKLOG_BYTES // 125):  # pongs of twice the bound, and more
+        if on_server.closing:
+            break
+        await slow.ws.ping(i.to_bytes(8, "big") + pad)
+    await async_wait_for(lambda: on_server.closing, 5, message="the server to close the client")
+    assert count("closed") == closed + 1
+    slow.ws.transport.resume_reading()
+    assert await slow.closed_with(timeout=10) == 1013
+
+
+@LOCAL_ONLY
 async def test_a_replay_to_a_client_that_fell_behind_arrives_whole_once_it_reads(served: Served) -> None:
     """A client that stopped reading (frames waiting for it on a busy topic) subscribes with `since` to a topic of 2,500 messages, more arriving live meanwhile: once it reads again it gets `subscribed`, then every message of that topic exactly once, in order; the replay's pages waited for it."""
     busy, kept = "room:busy", "room:kept"
