@@ -91,6 +91,7 @@ DELETE FROM livepush_messages WHERE ctid = ANY (ARRAY(
 # epoch the topic's first publish starts.
 ORIGIN = "0"
 _OFFSET = re.compile(r"([0-9]{1,19})-([0-9]{1,19})")
+BIGINT_MAX = 2**63 - 1
 _DOORBELL = re.compile(r"([0-9]{1,19})-([0-9]{1,19}) ([A-Za-z0-9_.:/-]{1,200})")
 
 
@@ -110,7 +111,10 @@ def parse_offset(since: str) -> tuple[int | None, int] | None:
     m = _OFFSET.fullmatch(since)
     if m is None:
         return None
-    return int(m.group(1)), int(m.group(2))
+    epoch, seq = int(m.group(1)), int(m.group(2))
+    if epoch > BIGINT_MAX or seq > BIGINT_MAX:
+        return None  # past what a bigint column holds: never given out
+    return epoch, seq
 
 
 def parse_doorbell(payload: str) -> list[Message]:

@@ -52,6 +52,11 @@ logger = logging.getLogger("livepush.fanout.redis")
 
 FIRST_PREV = "0-0"  # the "offset before the first message" of every topic
 _STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+STREAM_ID_PART_MAX = 2**64 - 1  # each half of a stream id is an unsigned 64-bit number
+
+
+def _is_stream_id(text: str) -> bool:
+    return bool(_STREAM_ID.fullmatch(text)) and all(int(part) <= STREAM_ID_PART_MAX for part in text.split("-"))
 
 # KEYS: the stream of each message; ARGV: ttl_ms, max_len, idle_ms, channel, then the topic and
 # the json of each message, then FRAME_BYTES. Returns their ids in order. One script for one
@@ -334,7 +339,7 @@ class RedisFanOut(FanOut):
         return text(newest[0][0]) if newest else FIRST_PREV
 
     async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE) -> History | None:
-        if not isinstance(since, str) or not (since == FIRST_PREV or _STREAM_ID.fullmatch(since)):
+        if not isinstance(since, str) or not (since == FIRST_PREV or _is_stream_id(since)):
             return None  # not an offset this fan-out ever gave out
         key = self.key_prefix + topic
         client = self._async_client()
