@@ -318,7 +318,9 @@ class Connection(asyncio.Protocol):
                         self.transport.resume_reading()
                     work = self.core.server.on_frame(self, raw)
         except asyncio.CancelledError:
-            pass  # the connection was lost: its subscriptions are gone already
+            if not self.closing:  # not this connection's loss (a bug): the client reconnects, not waits
+                log.error("serving a client's frame was cancelled; closing it")
+                self.close(CLOSE_INTERNAL_ERROR, "internal error")
         except Exception:
             log.exception("serving a client's frame failed; closing it")
             self.close(CLOSE_INTERNAL_ERROR, "internal error")
