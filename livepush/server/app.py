@@ -96,7 +96,7 @@ class PushServer:
         self._core: ConnectionCore | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._reverify_now = asyncio.Event()
-        self._quiet = Quiet(log)  # client mistakes: at debug, and rate-limited
+        self._quiet = Quiet(log)  # what clients can cause: rate-limited
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
@@ -273,7 +273,7 @@ class PushServer:
         except ConnectionClosed:
             raise
         except Exception as exc:
-            log.warning("subscribe to %s failed: %s", plain, first_line(exc))
+            self._quiet.warning("subscribe to %s failed: %s", plain, first_line(exc))  # clients retry
             if plain in client.topics:
                 client.topics.discard(plain)
                 metrics.SUBSCRIPTIONS.dec()

@@ -32,8 +32,9 @@ class TokenBucket:
 
 
 class Quiet:
-    """Debug lines about what clients got wrong, at most `per_minute` a minute per message:
-    anyone can send bad requests, and the log must not be theirs to fill."""
+    """Log lines that clients can cause (their mistakes, their retries of what failed), at most
+    `per_minute` a minute per message: anyone can send requests, and the log must not be theirs
+    to fill."""
 
     def __init__(self, logger: logging.Logger, per_minute: int = 10) -> None:
         self.logger = logger
@@ -41,14 +42,20 @@ class Quiet:
         self._counts: dict[str, tuple[float, int]] = {}
 
     def debug(self, message: str, *args: Any) -> None:
-        if not self.logger.isEnabledFor(logging.DEBUG):
+        self._log(logging.DEBUG, message, *args)
+
+    def warning(self, message: str, *args: Any) -> None:
+        self._log(logging.WARNING, message, *args)
+
+    def _log(self, level: int, message: str, *args: Any) -> None:
+        if not self.logger.isEnabledFor(level):
             return
         now = time.monotonic()
         start, count = self._counts.get(message, (now, 0))
         if now - start >= 60.0:
             start, count = now, 0
         if count < self.per_minute:
-            self.logger.debug(message, *args)
+            self.logger.log(level, message, *args)
         self._counts[message] = (start, count + 1)
         if len(self._counts) > 1000:
             self._counts.clear()

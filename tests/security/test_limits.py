@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import math
 import os
 import socket
@@ -20,6 +21,7 @@ import livepush
 from livepush.fanout import HISTORY_PAGE
 from livepush import metrics
 from livepush.server.backlog import TOPIC_BYTES
+from livepush.server.limits import Quiet
 from livepush.sessions import Session
 from tests.server.conftest import Served, make_settings, start_served
 from tests.support.waiting import async_wait_for
@@ -167,3 +169,18 @@ async def test_an_authorize_that_cannot_answer_says_unavailable() -> None:
     assert answers.count("unavailable") == 60 - 40 and answers.count(None) == 40, answers
     for app in (timing_out, busy):
         app.close()
+
+
+def test_what_clients_can_make_the_server_log_is_at_most_ten_lines_a_minute_per_message(caplog: pytest.LogCaptureFixture) -> None:
+    """Bad requests and retries of a failing subscribe are logged, but no client can fill the
+    log: each message is written at most 10 times a minute, at its own level."""
+    logger = logging.getLogger("livepush.test.quiet")
+    quiet = Quiet(logger)
+    with caplog.at_level(logging.DEBUG, logger=logger.name):
+        for n in range(25):
+            quiet.warning("subscribe to %s failed: %s", "room:a", f"attempt {n}")
+            quiet.debug("refused a connection from a disallowed origin")
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    debugs = [r for r in caplog.records if r.levelno == logging.DEBUG]
+    assert len(warnings) == 10 and len(debugs) == 10
+    assert warnings[0].getMessage() == "subscribe to room:a failed: attempt 0"
