@@ -559,8 +559,8 @@ JOB_GROUP = "SELECT group_id FROM livepush_jobs WHERE id = %(id)s"
 # name: retry_failed
 # A failed job gets a fresh set of attempts and runs again now. Only from 'failed'; the row lock
 # makes two concurrent retries re-queue it once. A job with an idempotency key stays failed when
-# another unfinished job holds its key's place (sql/0007_enqueue_options.sql): that job is the
-# key's run now. (An enqueue of the key committing between this statement's snapshot and its
+# another unfinished job holds its key, in any place (sql/0007_enqueue_options.sql: a debounce
+# may have queued one behind it): that job is the key's run now. (An enqueue of the key committing between this statement's snapshot and its
 # write makes it fail on the key's unique index instead: loud, never a duplicate.)
 RETRY_FAILED = f"""
 WITH moved AS (
@@ -569,7 +569,7 @@ WITH moved AS (
     WHERE j.id = %(id)s AND j.state = 'failed'
       AND (j.key IS NULL OR NOT EXISTS (
           SELECT 1 FROM livepush_jobs o
-          WHERE o.key = j.key AND o.key_slot = j.key_slot
+          WHERE o.key = j.key
             AND o.state IN ('available', 'scheduled', 'running', 'waiting')))
     RETURNING j.id, j.version
 ), rung AS ({ring("moved")})

@@ -77,6 +77,14 @@ def hold_sync(ctx: Any, seconds: float) -> None:
     note_sync(ctx, "done")
 
 
+@jobs.job(name="t.debounce_self_then_fail", max_attempts=1)
+async def debounce_self_then_fail(ctx: Any, key: str) -> None:
+    """While it runs, a debounced enqueue of its own key queues a job behind it; then it fails
+    for good."""
+    await debounce_self_then_fail.aenqueue(key, key=key, debounce=60)
+    raise ValueError("boom")
+
+
 @jobs.job(name="t.flaky", max_attempts=3, backoff=lambda attempt: 0.0)
 async def flaky(ctx: Any, fail_times: int) -> None:
     await note(ctx, "start")

@@ -97,6 +97,18 @@ def test_retry_failed_leaves_a_failed_job_alone_while_its_key_is_held_again(jobs
     assert sample_jobs.never.enqueue(key="rf") == failed
 
 
+def test_retry_failed_leaves_a_failed_job_alone_while_a_job_queued_behind_it_holds_the_key(jobs_db: str) -> None:
+    """The key's holder may be in another place of the key: a job that a debounced enqueue
+    queued behind the failed one while it ran. Retrying the failed job does nothing then."""
+    failed = sample_jobs.debounce_self_then_fail.enqueue("k1", key="k1")
+    assert jobs.drain(max_jobs=1) == {"failed": 1}
+    unfinished = "SELECT id FROM livepush_jobs WHERE key = 'k1' AND state IN ('available', 'scheduled', 'running', 'waiting')"
+    [(holder,)] = q(jobs_db, unfinished)
+    assert holder != failed.id
+    assert jobs.retry_failed(failed.id) is False
+    assert q(jobs_db, unfinished) == [(holder,)]
+
+
 def test_a_key_enqueued_inside_a_rolled_back_transaction_stays_free(jobs_db: str) -> None:
     """With conn=, the key is taken only if the caller's transaction commits."""
     with psycopg.connect(jobs_db) as conn:
