@@ -18,6 +18,7 @@ import pytest
 
 from livepush import jobs
 from livepush.errors import ConfigError
+from livepush.jobs import InvalidArgumentsError
 from tests.jobs import limit_jobs
 from tests.jobs.conftest import q, running, runtime_starter
 from tests.support.procs import ChildProcess, Processes
@@ -89,6 +90,19 @@ def test_the_key_is_the_named_argument_at_enqueue(limits_db: str) -> None:
     c, d = jobs.enqueue_many([keyed.request(3, {"org": 7}), limit_jobs.plain.request()])
     keys = {r[0]: r[1:] for r in q(limits_db, "SELECT id, concurrency_key, limited FROM livepush_jobs")}
     assert keys == {a.id: ('"acme"', True), b.id: ('"shared"', True), c.id: ('{"org":7}', True), d.id: (None, False)}
+
+
+def test_a_concurrency_key_too_long_to_index_is_refused_at_enqueue_and_blocks_nothing(limits_db: str) -> None:
+    """The key is an index entry, as key= is: past 500 characters of JSON the enqueue is refused,
+    naming the parameter, and nothing is written; the queue's other jobs run."""
+    with pytest.raises(InvalidArgumentsError, match="concurrency key 'tenant' is 3002 characters"):
+        limit_jobs.per_tenant.enqueue("t" * 3000, 0.0)
+    with pytest.raises(InvalidArgumentsError, match="concurrency key 'tenant'"):
+        jobs.enqueue_many([limit_jobs.plain.request(), limit_jobs.per_tenant.request("t" * 600, 0.0)])
+    assert q(limits_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
+    longest = limit_jobs.per_tenant.enqueue("é" * 498, 0.0)  # 500 characters as JSON, 996 bytes
+    assert jobs.drain() == {"succeeded": 1}
+    assert jobs.get_job(longest.id).state == "succeeded"  # type: ignore[union-attr]
 
 
 def test_keyed_and_debounced_enqueues_of_a_limited_function_keep_its_limits(limits_db: str) -> None:

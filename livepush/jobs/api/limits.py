@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...errors import ConfigError
+from ..errors import InvalidArgumentsError
+from .options import MAX_KEY_LENGTH
 
 _RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*/\s*(s|sec|second|m|min|minute)\s*$")
 _MISSING = object()
@@ -61,7 +63,12 @@ class Limits:
             value = self.key_default
         else:
             raise TypeError(f"the concurrency key {self.key_param!r} is missing from the arguments {list(args)!r:.80}")
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        if len(text) > MAX_KEY_LENGTH:  # stored in an index, as key= is
+            raise InvalidArgumentsError(
+                f"the concurrency key {self.key_param!r} is {len(text)} characters as JSON, more than "
+                f"{MAX_KEY_LENGTH}: pass a shorter value (e.g. an id rather than the whole record)")
+        return text
 
 
 def limits_of(func: Callable[..., Any], concurrency: Any, rate: Any) -> Limits:
