@@ -36,7 +36,7 @@ from ..tasks import stop as stop_task
 from ..tasks import supervise
 from ..types import StateSource
 from . import drain, http
-from .connection import Connection, broadcast
+from .connection import CLOSE_INTERNAL_ERROR, Connection, broadcast
 from .core import ConnectionCore
 from .hub import Hub
 from .limits import Quiet
@@ -265,7 +265,8 @@ class PushServer:
         if plain not in client.topics and len(client.topics) >= self.app.max_subscriptions:
             self._refuse(client, cmd.ref, "limit")
             return
-        if plain not in client.topics:
+        again = plain in client.topics
+        if not again:
             client.topics.add(plain)
             metrics.SUBSCRIPTIONS.inc()
         try:
@@ -278,6 +279,11 @@ class PushServer:
                 client.topics.discard(plain)
                 metrics.SUBSCRIPTIONS.dec()
             self.hub.unsubscribe(client, plain)
+            if again:
+                # The connection's earlier subscription to the topic is gone with this one, and a
+                # retry would start from now: the client reconnects and resumes from its offsets.
+                client.close(CLOSE_INTERNAL_ERROR, "unavailable")
+                return
             self._refuse(client, cmd.ref, "unavailable")
 
     @staticmethod

@@ -381,6 +381,10 @@ class Hub:
             if t.source is not None:
                 self._unborn.add(topic)  # until a read finds its row
         if sub in t.subscribers or sub in t.joining:
+            if since is None and t.source is None and sub in t.subscribers and t.cursor is not None:
+                # Subscribed again (a page's second subscription): it goes on from where this
+                # connection stands. "From now" would drop what is published while it rejoins.
+                since = t.cursor
             self._leave(t, sub)
         buffer: list[tuple[Key | None, str]] = []
         t.joining[sub] = buffer

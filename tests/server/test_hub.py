@@ -116,8 +116,8 @@ async def test_subscribers_that_joined_together_are_caught_up_after_a_listener_g
     assert a.data() == [3, 4] and b.data() == [3, 4]
 
 
-class SlowAnchor(YieldingLocal):
-    """A first read of a topic's latest offset that waits for `gate`, as a slow database does."""
+class GatedReads(YieldingLocal):
+    """Reads (latest offsets and history) that wait for `gate`, as a slow database does."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -127,11 +127,15 @@ class SlowAnchor(YieldingLocal):
         await self.gate.wait()
         return await super().alatest_offset(topic)
 
+    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE) -> History | None:
+        await self.gate.wait()
+        return await super().history(topic, since, limit=limit)
+
 
 async def test_a_joiner_that_leaves_during_the_first_read_leaves_the_others_joining() -> None:
     """The first subscriber of a topic goes away (its connection lost) while the topic's first
     read is under way: the one that joined behind it still gets `subscribed` and live messages."""
-    fanout = SlowAnchor()
+    fanout = GatedReads()
     fanout, hub = await make(fanout)
     a, b = Sub(), Sub()
     first = asyncio.ensure_future(hub.subscribe(a, "t", None, 1))
@@ -146,6 +150,30 @@ async def test_a_joiner_that_leaves_during_the_first_read_leaves_the_others_join
     fanout.publish("t", 1)
     await async_wait_for(lambda: b.data() == [1], timeout=5)
     assert first.cancelled() and a.frames == []
+
+
+async def test_subscribing_again_from_now_to_a_topic_the_connection_follows_loses_nothing() -> None:
+    """A page's second subscription to a topic (no `since`) subscribes the connection again:
+    what is published while that subscribe reads still reaches it, once, in order."""
+    fanout = GatedReads()
+    fanout, hub = await make(fanout)
+    fanout.gate.set()
+    sub = Sub()
+    await hub.subscribe(sub, "t", None, 1)
+    fanout.publish("t", 1)
+    await async_wait_for(lambda: sub.data() == [1], timeout=5)
+    fanout.gate.clear()
+    again = asyncio.ensure_future(hub.subscribe(sub, "t", None, 2))
+    await settle()
+    fanout.publish("t", 2)
+    fanout.publish("t", 3)
+    await settle()
+    fanout.gate.set()
+    await asyncio.wait_for(again, 5)
+    fanout.publish("t", 4)
+    await async_wait_for(lambda: len(sub.data()) >= 4, timeout=5)
+    await settle()
+    assert sub.data() == [1, 2, 3, 4]
 
 
 async def test_a_message_that_skips_ahead_is_filled_from_history_in_order() -> None:

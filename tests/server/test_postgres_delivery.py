@@ -364,3 +364,22 @@ async def test_retention_prunes_a_bounded_batch_per_run(pg_url: str) -> None:
         assert await fanout.prune() == 0
     finally:
         await fanout.aclose()
+
+
+async def test_a_subscribe_again_that_cannot_read_closes_the_connection_so_the_client_resumes(
+        pg_served: Served, pg_url: str) -> None:
+    """A page's second subscription to a topic its connection follows subscribes the connection
+    again. If that cannot read the topic just now, the connection's first subscription is gone
+    too: the server closes with 1011, so the client reconnects and resumes from its offsets,
+    rather than retry the second one from now while the first hears nothing."""
+    client = await WSClient.open(pg_served.url)
+    assert (await client.subscribe(pg_served.sign("again")))["op"] == "subscribed"
+    await pg_served.publish("again", {"n": 1})
+    assert (await client.messages(1))[0]["data"] == {"n": 1}
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as admin:
+        await admin.execute("ALTER TABLE livepush_messages RENAME TO livepush_messages_away")
+        try:
+            await client.send({"op": "subscribe", "topic": pg_served.sign("again"), "since": None, "ref": "again"})
+            assert await client.closed_with() == 1011
+        finally:
+            await admin.execute("ALTER TABLE livepush_messages_away RENAME TO livepush_messages")
