@@ -122,7 +122,8 @@ export declare class Subscription {
   readonly topic: string;
   /** The plain topic the server names in its frames. */
   readonly plainTopic: string;
-  /** The last offset delivered, or the `since` it started from; null when none. */
+  /** The last offset delivered, or the `since` it started from, or (a message topic subscribed
+   * without `since`) the offset `subscribed` named; null when none. */
   readonly offset: string | null;
   readonly state: SubscriptionState;
   /** Stop delivery; the server is told once no other subscription of this client needs the topic. */

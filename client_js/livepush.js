@@ -330,6 +330,14 @@ function plainTopicOf(/** @type {string} */ topic) {
   return i < 0 ? topic : topic.slice(0, i);
 }
 
+/** Topics whose frames are states (snapshots and versions), not a stream of messages. */
+const STATE_PREFIXES = ['job:', 'group:', 'workflow:'];
+
+/** @param {string} plainTopic */
+function isStateTopic(plainTopic) {
+  return STATE_PREFIXES.some((prefix) => plainTopic.startsWith(prefix));
+}
+
 /** One call to `subscribe()`. Its offset and duplicate filter are its own. */
 export class Subscription {
   /**
@@ -348,13 +356,19 @@ export class Subscription {
     this._options = options;
     /** @type {string | null} */
     this._offset = options.since ?? null;
+    if (this._offset !== null && typeof this._offset !== 'string') {
+      // A number (an offset rendered without quotes) would go on the wire as one, which the
+      // server refuses without naming the subscribe: it would stay pending for ever.
+      throw new TypeError(`subscribe() options.since must be an offset string (as latest_offset() gave it) or null, not ${typeof this._offset} ${String(this._offset)}`);
+    }
     /** @type {SubscriptionState} */
     this._state = 'pending';
     /** transient refusals in a row, for the retry backoff */
     this._retries = 0;
   }
 
-  /** The last offset delivered (or the `since` it started from); null when none yet. */
+  /** The last offset delivered (or the `since` it started from, or where `subscribed` said a
+   * subscription from now stands on a message topic); null when none yet. */
   get offset() {
     return this._offset;
   }
@@ -398,6 +412,12 @@ export class Subscription {
     if (this._state !== 'pending') return;
     this._state = 'active';
     this._retries = 0;
+    if (this._offset === null && typeof frame.offset === 'string' && !isStateTopic(this.plainTopic)) {
+      // Subscribed "from now": the server says where that is. A reconnect before the first
+      // message resumes from there, or what was published meanwhile would be lost. (A state
+      // topic's offset is the version of the snapshot that follows: keeping it would drop it.)
+      this._offset = frame.offset;
+    }
     const cb = this._options.onSubscribed;
     if (cb) this._client._call(cb, { topic: frame.topic ?? this.plainTopic, offset: frame.offset ?? null });
   }

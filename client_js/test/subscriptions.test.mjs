@@ -65,6 +65,28 @@ test('after a reconnect every subscription is resent with the last offset it saw
   h.lp.close();
 });
 
+test('a subscription from now that got no message yet resumes from where subscribed said it stood', () => {
+  const h = harness();
+  const quiet = collect(h.lp, 'chat:quiet');
+  const job = collect(h.lp, 'job:7');
+  let ws = h.last();
+  ws.hello();
+  const refs = Object.fromEntries(ws.frames('subscribe').map((f) => [f.topic, f.ref]));
+  ws.receive({ op: 'subscribed', ref: refs['chat:quiet'], topic: 'chat:quiet', offset: '1767225600000000-41' });
+  ws.receive({ op: 'subscribed', ref: refs['job:7'], topic: 'job:7', offset: '3' });
+  assert.equal(quiet.sub.offset, '1767225600000000-41');
+  ws = reconnect(h); // messages published while away follow offset 41: the resubscribe asks for them
+  const since = Object.fromEntries(ws.frames('subscribe').map((f) => [f.topic, f.since]));
+  // A state topic asks afresh: its snapshot (version 3) is what it has not seen yet.
+  assert.deepEqual(since, { 'chat:quiet': '1767225600000000-41', 'job:7': null });
+  ws.acceptSubscribes();
+  ws.receive({ op: 'message', topic: 'chat:quiet', offset: '1767225600000000-42', data: 'q42' });
+  ws.receive({ op: 'message', topic: 'job:7', offset: '3', data: { event: 'snapshot' } });
+  assert.deepEqual(quiet.data(), ['q42']);
+  assert.deepEqual(job.data(), [{ event: 'snapshot' }]);
+  h.lp.close();
+});
+
 test('duplicates and stale messages are dropped by offset', () => {
   const h = harness();
   const s = collect(h.lp, 'chat:a', { since: '1700000000000-5' });
@@ -244,5 +266,7 @@ test('subscribe() rejects a missing topic or handler with a clear error', () => 
   const h = harness();
   assert.throws(() => h.lp.subscribe('', () => {}), /topic/);
   assert.throws(() => h.lp.subscribe('chat:a'), /onMessage/);
+  // An offset rendered without quotes: the server could not answer the subscribe it makes.
+  assert.throws(() => h.lp.subscribe('chat:a', () => {}, { since: 17 }), /since must be an offset string/);
   h.lp.close();
 });

@@ -125,6 +125,54 @@ def web_app(push_server: PushServer) -> Iterator[None]:
         yield
 
 
+async def test_a_page_subscribed_from_now_that_got_nothing_yet_misses_nothing_across_a_restart(
+        client_page: Page, push_server: PushServer) -> None:
+    """A page subscribed without `since` and no message yet when the server restarts: it resumes
+    from the offset `subscribed` named, and gets what was published while it was away."""
+    topic = "room:e2e-quiet-restart"
+    await watch(client_page, push_server.sign(topic))
+
+    async def publish_while_down() -> None:
+        for n in (1, 2, 3):
+            await push_server.publish(topic, {"n": n})
+
+    await push_server.restart(between=publish_while_down)
+    await client_page.wait_for_function("e2e.subscribed >= 2 && e2e.lp.status === 'open'")
+    await push_server.publish(topic, {"n": 4})
+    assert await messages_reach(client_page, 4) == [1, 2, 3, 4]
+
+
+async def test_a_second_subscription_to_a_topic_costs_the_first_one_nothing(
+        client_page: Page, push_server: PushServer) -> None:
+    """A widget mounted and unmounted 60 times subscribes to the topic the page already follows
+    (no `since`), while messages stream: the page's first subscription still gets every one,
+    once, in order."""
+    topic = "room:e2e-second-sub"
+    signed = push_server.sign(topic)
+    await watch(client_page, signed)
+    total = 150
+
+    async def publisher() -> None:
+        for n in range(1, total + 1):
+            await push_server.publish(topic, {"n": n})
+            await asyncio.sleep(0.005)
+
+    stream = asyncio.create_task(publisher(), name="e2e-publisher")
+    await client_page.evaluate(
+        """async (topic) => {
+            for (let i = 0; i < 60; i++) {
+              const b = e2e.lp.subscribe(topic, () => {});
+              await new Promise((resolve) => setTimeout(resolve, 15));
+              b.unsubscribe();
+            }
+        }""",
+        signed,
+    )
+    await asyncio.wait_for(stream, 30)
+    await client_page.wait_for_function("n => e2e.messages.includes(n)", arg=total, timeout=10_000)
+    assert await client_page.evaluate("e2e.messages") == list(range(1, total + 1))
+
+
 async def test_revoked_session_shows_unauthorized_and_stops_retrying(
     client_page: Page, push_server: PushServer, web_app: None
 ) -> None:
