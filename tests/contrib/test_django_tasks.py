@@ -187,6 +187,23 @@ def test_tasks_enqueued_in_a_task_group_are_its_members_and_its_callback_runs_on
     assert t.in_steps.get_result(first.id).return_value["group"] == group.id
 
 
+def test_a_task_group_whose_block_raised_inside_a_transaction_is_undone_where_the_error_is_caught(t: Any) -> None:
+    """Inside atomic(), a task_group() block that raises takes its group and its tasks back even
+    when the caller catches the error and commits the rest of its transaction: nothing is left
+    open that could never finish."""
+    with transaction.atomic():
+        t.record.enqueue("outside the group")
+        try:
+            with task_group(on_failure=request(t.record, "group failed")) as group:
+                t.record.enqueue("member of a failed block")
+                raise RuntimeError("the import failed half way")
+        except RuntimeError:
+            pass
+    assert jobs.drain() == {"succeeded": 1}
+    assert jobs.get_group(group.id) is None
+    assert t.RAN == ["outside the group"]
+
+
 def test_unknown_results_do_not_exist(t: Any) -> None:
     """An id that is not a Django task's job (unknown, malformed, or another job) does not exist."""
     for bad in ("999999", "abc", "-1", "0", ""):

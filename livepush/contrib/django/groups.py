@@ -10,12 +10,15 @@ every member finished.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
+
+from django.db import transaction
 
 from ... import jobs
 from .execution import run_task
@@ -48,18 +51,21 @@ def request(task: Task, *args: Any, **kwargs: Any) -> jobs.JobRequest:
 @contextmanager
 def task_group(on_finish: jobs.JobRequest | None = None, on_success: jobs.JobRequest | None = None,
                on_failure: jobs.JobRequest | None = None, *, backend: str = "default") -> Iterator[jobs.GroupHandle]:
-    """Open a task group that the tasks enqueued in the block join; seal it when the block ends
-    (cancel it when the block raises outside a transaction; inside one the rollback undoes it all).
-    Inside `transaction.atomic()` the group is created in that transaction, like the tasks."""
-    conn = task_backends[backend].transaction_conn()
-    handle = jobs.create_group(on_finish=on_finish, on_success=on_success, on_failure=on_failure, conn=conn)
-    token = _open.set(OpenGroup(handle))
-    try:
-        yield handle
-    except BaseException:
+    """Open a task group that the tasks enqueued in the block join; seal it when the block ends.
+    A block that raises undoes it: outside a transaction the group is cancelled; inside
+    `transaction.atomic()`, where the group is created in that transaction like the tasks, a
+    savepoint around the block takes the group and its tasks back, wherever the error is caught."""
+    tasks = task_backends[backend]
+    conn = tasks.transaction_conn()
+    with transaction.atomic(using=tasks.database) if conn is not None else contextlib.nullcontext():
+        handle = jobs.create_group(on_finish=on_finish, on_success=on_success, on_failure=on_failure, conn=conn)
+        token = _open.set(OpenGroup(handle))
+        try:
+            yield handle
+        except BaseException:
+            _open.reset(token)
+            if conn is None:
+                jobs.cancel_group(handle.id)
+            raise
         _open.reset(token)
-        if conn is None:
-            jobs.cancel_group(handle.id)
-        raise
-    _open.reset(token)
-    jobs.seal_group(handle.id, conn=conn)
+        jobs.seal_group(handle.id, conn=conn)
