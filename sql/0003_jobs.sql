@@ -144,7 +144,7 @@ CREATE TABLE livepush_job_runtimes (
     node          text,
     queues        text[]      NOT NULL,
     concurrency   integer     NOT NULL,
-    heartbeat     double precision NOT NULL CHECK (heartbeat > 0),
+    heartbeat     double precision NOT NULL CHECK (heartbeat > 0 AND heartbeat <= 86400),
     state         text        NOT NULL DEFAULT 'running',
     in_hand       integer     NOT NULL DEFAULT 0,
     started_at    timestamptz NOT NULL DEFAULT now(),

@@ -48,6 +48,13 @@ def test_token_session_prints_a_session_token_for_the_subject(procs, livepush_en
         (["publish", "a", "{not json"], "JSON"),
         (["publish", "a", '{"x": NaN}'], "JSON"),
         (["nope"], "invalid choice"),
+        # NaN or infinity in a heartbeat would break every runtime's rescue of dead ones; a
+        # poll interval of nothing spins.
+        (["jobs", "tests.jobs.sample_jobs", "--heartbeat", "nan"], "--heartbeat nan"),
+        (["jobs", "tests.jobs.sample_jobs", "--heartbeat", "inf"], "--heartbeat inf"),
+        (["jobs", "tests.jobs.sample_jobs", "--poll-interval", "-1"], "--poll-interval -1"),
+        (["jobs", "tests.jobs.sample_jobs", "--shutdown-timeout", "nan"], "--shutdown-timeout nan"),
+        (["jobs", "tests.jobs.sample_jobs", "--retention", "nan"], "--retention nan"),
     ],
 )
 def test_bad_operator_input_exits_2_with_one_line(procs, livepush_env, argv, needle) -> None:

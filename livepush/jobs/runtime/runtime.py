@@ -30,6 +30,7 @@ import asyncio
 import concurrent.futures
 import importlib
 import logging
+import math
 import os
 import re
 import signal
@@ -98,6 +99,19 @@ def parse_cancel_ids(payload: str) -> list[int]:
     return [int(i) for i in payload.split(",")]
 
 
+
+# The longest heartbeat and poll interval: a day (sql/0003_jobs.sql holds the heartbeat to it too).
+MAX_HEARTBEAT = 86400.0
+
+
+def check_seconds(option: str, value: float, *, least: float, most: float | None = None) -> None:
+    """A number of seconds from `least` to `most`: a ConfigError naming the option otherwise."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value < least or (most is not None and value > most)):
+        bound = f"from {least:g} to {most:g}" if most is not None else f"{least:g} or more"
+        raise ConfigError(f"{option} {value!r}: use a number of seconds {bound}")
+
+
 class Runtime:
     def __init__(
         self,
@@ -124,12 +138,13 @@ class Runtime:
             self.registry = REGISTRY
         if concurrency < 1:
             raise ConfigError(f"--concurrency {concurrency}: run at least one job at a time")
-        if heartbeat <= 0:
-            raise ConfigError(f"--heartbeat {heartbeat}: use a positive number of seconds")
-        if shutdown_timeout < 0:
-            raise ConfigError(f"--shutdown-timeout {shutdown_timeout}: use zero or more seconds")
-        if retention is not None and retention <= 0:
-            raise ConfigError(f"--retention {retention}: use a positive number of seconds")
+        # Every runtime reads every runtime's heartbeat (the rescue of dead ones), so a NaN or an
+        # infinity there would break the rescue for all of them; a poll interval of nothing spins.
+        check_seconds("--heartbeat", heartbeat, least=0.01, most=MAX_HEARTBEAT)
+        check_seconds("--poll-interval", poll_interval, least=0.01, most=MAX_HEARTBEAT)
+        check_seconds("--shutdown-timeout", shutdown_timeout, least=0.0)
+        if retention is not None:
+            check_seconds("--retention", retention, least=0.001)
         self.queues = list(queues) if queues else (self.registry.queues() or ["default"])
         self.concurrency = concurrency
         self.shutdown_timeout = shutdown_timeout
