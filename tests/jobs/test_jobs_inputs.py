@@ -7,6 +7,7 @@ import math
 import pytest
 
 from livepush import jobs
+from livepush.errors import ConfigError
 from livepush.jobs.api.enqueue import run_at
 from livepush.jobs.api.handles import NO_SUCH_ID, checked_id
 from tests.jobs import sample_jobs
@@ -54,3 +55,16 @@ def test_calls_with_bad_ids(jobs_db: str) -> None:
     with pytest.raises(ValueError, match="finite"):
         sample_jobs.record.enqueue(wait=math.nan)
     assert jobs.job_state(h.id)["state"] == "available"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("queue", ["", "imports\x00", "imports\udc80", "q" * 201, 7])
+def test_a_queue_name_postgres_cannot_store_is_refused_at_the_call(jobs_db: str, queue: object) -> None:
+    """Empty, with a NUL or a lone surrogate, longer than 200 characters, not a str: a ConfigError
+    naming the queue at the call, never a database error that says Postgres cannot be reached."""
+    with pytest.raises(ConfigError, match="a queue is a non-empty string of at most 200 characters"):
+        jobs.pause_queue(queue)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"request\(queue=\)"):
+        sample_jobs.record.request("a", queue=queue)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"@jobs.job\(queue=\)"):
+        jobs.job(name="t.bad_queue", queue=queue)
+    assert jobs.pause_queue("q" * 200) is True

@@ -9,7 +9,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from ...errors import ConfigError, DependencyError
+from ...errors import DependencyError
 from .. import database, queries
 from ..errors import GroupClosedError
 from ..events.views import job_view
@@ -17,7 +17,7 @@ from ..groups import outcomes, steps
 from ..groups.cancel import acancel_children, cancel_children
 from ..groups.transactions import ain_tx, in_tx
 from .handles import checked_id
-from .options import check_tag
+from .options import check_queue, check_tag
 
 log = logging.getLogger("livepush.jobs")
 
@@ -122,9 +122,7 @@ def job_state(job_id: int) -> dict[str, Any] | None:
 
 
 def _queue_name(queue: Any) -> str:
-    if not isinstance(queue, str) or not queue:
-        raise ConfigError(f"a queue is a non-empty string, got {queue!r}")
-    return queue
+    return check_queue(queue, "the queue to pause or resume")
 
 
 def pause_queue(queue: str) -> bool:

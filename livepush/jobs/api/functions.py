@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, overload
 
-from ...errors import ConfigError
 from . import enqueue as _enqueue
 from .args import check_args
 from .handles import JobHandle
 from .limits import Limits, limits_of
+from .options import check_queue
 from .registry import REGISTRY, JobRequest
 from .schema import compile_schema
 
@@ -78,8 +78,8 @@ class JobFunction:
         """This job with these arguments, to enqueue later (a group callback, a durable job's
         child). `queue=` puts it on that queue instead of the function's own (a child's default
         is its parent's queue)."""
-        if queue is not None and (not isinstance(queue, str) or not queue):
-            raise ConfigError(f"request(queue={queue!r}): a queue is a non-empty string")
+        if queue is not None:
+            check_queue(queue, "request(queue=)")
         check_args(args)
         if self.validate_args is not None:
             self.validate_args(list(args))
@@ -135,8 +135,7 @@ def job(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     if unknown:
         raise TypeError(f"@jobs.job() got unknown options {sorted(unknown)}")
     queue = options.get("queue", "default")
-    if not isinstance(queue, str) or not queue:
-        raise ConfigError(f"@jobs.job(queue={queue!r}): a queue is a non-empty string")
+    check_queue(queue, "@jobs.job(queue=)")
 
     def decorate(f: Callable[..., Any]) -> JobFunction:
         return REGISTRY.add(JobFunction(f, **options))

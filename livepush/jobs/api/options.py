@@ -1,5 +1,5 @@
-"""Checks of the enqueue options key=, debounce= and tags= (docs/jobs.md "Enqueue options"):
-a mistake raises at the enqueue call, before anything is written."""
+"""Checks of the enqueue options key=, debounce= and tags= (docs/jobs.md "Enqueue options"), and
+of queue names: a mistake raises at the call, before anything is written."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ from datetime import datetime
 from typing import Any
 
 from ...postgres.text import unstorable
+from ...errors import ConfigError
 from ..errors import InvalidArgumentsError
 
 MAX_KEY_LENGTH = 500  # characters; a key is an index entry, and Postgres refuses btree entries past ~2,700 bytes
 MAX_TAGS = 20  # tags per job: they are for finding jobs again, not for data
 MAX_TAG_LENGTH = 200  # characters per tag
+MAX_QUEUE_LENGTH = 200  # characters; a queue name is an index entry too
 MAX_DEBOUNCE = 366 * 86400.0  # seconds; a debounce is a short quiet period, and Postgres' intervals end somewhere
 
 
@@ -30,6 +32,14 @@ def check_key(key: Any) -> str | None:
     if bad:
         raise InvalidArgumentsError(f"key= contains {bad}, which Postgres cannot store")
     return key
+
+
+def check_queue(queue: Any, where: str) -> str:
+    """A queue name: a non-empty str of at most MAX_QUEUE_LENGTH characters Postgres can store."""
+    if not isinstance(queue, str) or not queue or len(queue) > MAX_QUEUE_LENGTH or unstorable(queue):
+        raise ConfigError(f"{where}: a queue is a non-empty string of at most {MAX_QUEUE_LENGTH} characters "
+                          f"Postgres can store (no NUL, no lone surrogate), got {queue!r:.80}")
+    return queue
 
 
 def check_tags(tags: Any) -> list[str] | None:
