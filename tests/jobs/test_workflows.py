@@ -73,7 +73,11 @@ def test_a_fan_out_step_with_a_signal_wait_is_refused() -> None:
 
 @pytest.mark.parametrize("options, message", [
     ({"on_timeout": "explode", "wait_for": "x"}, "on_timeout='explode'"),
-    ({"wait_timeout": 5}, "wait_timeout= takes a positive number of seconds, with wait_for="),
+    ({"wait_timeout": 5}, "wait_timeout= takes a positive number of seconds, at most 100 years, with wait_for="),
+    # The step's wait could never start: infinity is no JSON, and Postgres' dates end.
+    ({"wait_for": "go", "wait_timeout": float("inf")}, "at most 100 years, with wait_for=; got inf"),
+    ({"wait_for": "go", "wait_timeout": 1e10}, "at most 100 years, with wait_for=; got 10000000000.0"),
+    ({"wait_for": "go", "wait_timeout": float("nan")}, "got nan"),
     ({"colour": "red"}, "unknown options \\['colour'\\]"),
 ])
 def test_bad_step_options_are_refused(options: dict[str, Any], message: str) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from ..api.functions import JobFunction, default_backoff
 from ..api.registry import REGISTRY
+from ..durable.run import MAX_SECONDS
 from ..errors import WorkflowDefinitionError
 
 ON_TIMEOUT = ("fail", "cancel", "skip")
@@ -111,9 +112,10 @@ class Workflow:
         if wait_for is not None and (not isinstance(wait_for, str) or not wait_for):
             raise WorkflowDefinitionError(f"{where}: step {name!r} wait_for= takes a signal name, got {wait_for!r}")
         if wait_timeout is not None and (wait_for is None or isinstance(wait_timeout, bool)
-                                         or not isinstance(wait_timeout, (int, float)) or not wait_timeout > 0):
+                                         or not isinstance(wait_timeout, (int, float)) or not wait_timeout > 0
+                                         or not wait_timeout <= MAX_SECONDS):
             raise WorkflowDefinitionError(f"{where}: step {name!r} wait_timeout= takes a positive number of seconds, "
-                                          "with wait_for=")
+                                          f"at most 100 years, with wait_for=; got {wait_timeout!r:.40}")
         if on_timeout not in ON_TIMEOUT:
             raise WorkflowDefinitionError(f"{where}: step {name!r} on_timeout={on_timeout!r}: use one of {ON_TIMEOUT}")
         if on_batch_failure not in ON_BATCH_FAILURE:
