@@ -71,8 +71,10 @@ $$;
 -- available jobs of the name whose key has a free slot, from their own index (state 'available'
 -- AND limited), read without row locks (claims of the name are serialized by the claim lock);
 -- `eligible` keeps each key's first (free slots) of them in claim order, so a full key is
--- skipped, not waited behind. The UPDATE re-checks that each row is still available (a cancel
--- meanwhile leaves it out). The bucket is debited in the same statement. With no token left one
+-- skipped, not waited behind. The UPDATE re-checks that each row is still available and
+-- unchanged since this statement read it (its version): a cancel meanwhile leaves it out, and so
+-- does a debounce that gave it new arguments, maybe a new concurrency key (this statement's
+-- count and the arguments it returns are of the old ones); the next claim takes it. The bucket is debited in the same statement. With no token left one
 -- candidate is read, enough to tell whether the bucket holds anything back.
 -- Returns one row with wait_token (seconds until the next token, when the bucket held eligible
 -- jobs back: the runtime sleeps that long rather than spin) and the claimed jobs' columns
@@ -111,8 +113,8 @@ BEGIN
               AND (SELECT max_running FROM lim) IS NOT NULL
             GROUP BY j.concurrency_key) k
     ), candidates AS (
-        SELECT j.id, j.priority, j.run_at, j.concurrency_key, j.busy
-        FROM (SELECT j.id, j.priority, j.run_at, j.concurrency_key,
+        SELECT j.id, j.priority, j.run_at, j.concurrency_key, j.busy, j.version
+        FROM (SELECT j.id, j.priority, j.run_at, j.concurrency_key, j.version,
                      coalesce(((SELECT running FROM busy) ->> j.concurrency_key)::int, 0) AS busy
               FROM livepush_jobs j
               WHERE j.state = 'available' AND j.limited AND j.queue = p_queue AND j.name = p_name) j
@@ -122,18 +124,18 @@ BEGIN
         -- With no token, one candidate is enough to tell whether the bucket holds anything back.
         LIMIT CASE WHEN (SELECT n FROM room) > 0 THEN p_scan ELSE 1 END
     ), eligible AS (
-        SELECT c.id, c.priority, c.run_at FROM (
+        SELECT c.id, c.priority, c.run_at, c.version FROM (
             SELECT c.*, row_number() OVER (PARTITION BY c.concurrency_key ORDER BY c.priority, c.run_at, c.id) AS nth
             FROM candidates c) c
         WHERE c.concurrency_key IS NULL OR (SELECT max_running FROM lim) IS NULL
            OR c.busy + c.nth <= (SELECT max_running FROM lim)
     ), chosen AS (
-        SELECT id FROM eligible ORDER BY priority, run_at, id LIMIT coalesce((SELECT n FROM room), 0)
+        SELECT id, version FROM eligible ORDER BY priority, run_at, id LIMIT coalesce((SELECT n FROM room), 0)
     ), claimed AS (
         UPDATE livepush_jobs j
         SET state = 'running', attempt = j.attempt + 1, runtime_id = p_runtime_id,
             lease = livepush_job_lease(), version = j.version + 1, event = 'started'
-        FROM chosen WHERE j.id = chosen.id AND j.state = 'available'
+        FROM chosen WHERE j.id = chosen.id AND j.state = 'available' AND j.version = chosen.version
         RETURNING j.*
     ), took AS (
         UPDATE livepush_job_limits l SET tokens = lim.tokens - (SELECT count(*) FROM claimed), refilled_at = lim.at

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,7 @@ import psycopg
 import pytest
 
 from livepush import jobs
+from livepush.jobs import queries
 from livepush.errors import ConfigError
 from livepush.jobs import InvalidArgumentsError
 from tests.jobs import limit_jobs
@@ -119,6 +121,36 @@ def test_keyed_and_debounced_enqueues_of_a_limited_function_keep_its_limits(limi
                     debounced.id: ('"d"', True)}
     q(limits_db, "UPDATE livepush_jobs SET run_at = now(), state = 'available' WHERE id = %s", (debounced.id,))
     assert jobs.drain() == {"succeeded": 4}
+
+
+def test_a_debounce_committed_while_a_limited_claim_waits_for_the_job_leaves_it_to_the_next_claim(limits_db: str) -> None:
+    """The limited claim counts each key's running jobs and reads the candidates' arguments in
+    its snapshot. A debounce that moves a candidate to another key (a full one here) and commits
+    while the claim waits for the row must not get the job started: not under the full key, nor
+    with the arguments it replaced. The next claim sees it as it is now."""
+    assert jobs.drain(max_jobs=0) == {}  # a runtime started: the limits are stored
+    holder = limit_jobs.tenant_flag.enqueue("b", "b-go")
+    moved = limit_jobs.tenant_flag.enqueue("a", "m-go", key="m")
+    q(limits_db, "UPDATE livepush_jobs SET state = 'running' WHERE id = %s", (holder.id,))  # b's only slot
+    claim = {"name": "t.tenant_flag", "queue": "default", "limit": 4, "scan": 100, "runtime_id": 1}
+    with psycopg.connect(limits_db) as debounce, psycopg.connect(limits_db, autocommit=True) as claimer:
+        assert limit_jobs.tenant_flag.enqueue("b", "m-go", key="m", debounce=0, conn=debounce) == moved
+        pid = claimer.info.backend_pid
+        result: dict[str, Any] = {}
+
+        def run_claim() -> None:
+            result["rows"] = claimer.execute(queries.CLAIM_LIMITED, claim).fetchall()
+
+        thread = threading.Thread(target=run_claim)
+        thread.start()
+        # The claim read `moved` as tenant a (free) and waits for its row, which the debounce holds.
+        wait_for(lambda: q(limits_db, "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,))
+                 == [("Lock",)], 10.0, message="the claim to wait for the debounced job's row")
+        debounce.commit()
+        thread.join(10.0)
+    assert [r[1] for r in result["rows"] if r[1] is not None] == []
+    assert jobs.get_job(moved.id).state == "available"  # type: ignore[union-attr]
+    assert jobs.get_job(moved.id).args == ["b", "m-go"]  # type: ignore[union-attr]
 
 
 def test_drain_runs_jobs_with_limits(limits_db: str) -> None:
