@@ -245,6 +245,54 @@ async def test_a_signal_timeout_follows_on_timeout(flows_db: str) -> None:
     assert step_states(done) == {"maybe": "skipped", "after_maybe": "succeeded"}
 
 
+async def test_two_steps_waiting_for_one_name_each_get_one_signal_sent_before_either_started(flows_db: str) -> None:
+    """Two signals of a name kept for two steps that wait for it: one each, in the order sent."""
+    run = await wd.two_approvals.astart({})
+    await jobs.workflows.asignal(run.id, "go", {"n": 1})
+    await jobs.workflows.asignal(run.id, "go", {"n": 2})
+    with pytest.raises(ValueError, match="waits for signal 'go' \\(any more\\)"):
+        await jobs.workflows.asignal(run.id, "go", {"n": 3})  # both steps have theirs
+    async with running():
+        done = await run_state(run.id, "succeeded")
+    assert [done["steps"][n]["output"] for n in ("first_approval", "second_approval")] == [{"n": 1}, {"n": 2}]
+
+
+async def test_a_signal_sent_while_a_step_that_got_its_own_runs_is_for_the_next_step(flows_db: str) -> None:
+    """The first step took its signal and is running its body: the next signal of that name is
+    kept for the step after it, not sent to a job that will never read it."""
+    async with running():
+        run = await wd.two_approvals.astart({"flag": "first-may-end"})
+        await jobs.workflows.asignal(run.id, "go", {"n": 1})
+        await async_wait_for(lambda: q(flows_db, "SELECT count(*) FROM livepush_job_steps WHERE kind = 'signal' "
+                                                 "AND result ? 'data'") == [(1,)], 10.0,
+                             message="the first step to take its signal")
+        await jobs.workflows.asignal(run.id, "go", {"n": 2})
+        q(flows_db, "INSERT INTO job_flags VALUES ('first-may-end')")
+        done = await run_state(run.id, "succeeded")
+    assert [done["steps"][n]["output"] for n in ("first_approval", "second_approval")] == [{"n": 1}, {"n": 2}]
+    assert [a["step"] for a in done["audit"]] == ["first_approval", "second_approval"]
+
+
+async def test_a_signal_for_a_step_that_already_got_its_own_is_refused(flows_db: str) -> None:
+    """The only step waiting for the name already took its signal: another one is refused, not
+    accepted and never read."""
+    async with running():
+        run = await wd.approval.astart()
+        await run_state(run.id, "waiting")
+        await jobs.workflows.asignal(run.id, "approve", {"by": "ana"})
+        await run_state(run.id, "succeeded")
+    run = await wd.two_approvals.astart({"flag": "never"})
+    await jobs.workflows.asignal(run.id, "go", {"n": 1})
+    async with running():
+        await async_wait_for(lambda: q(flows_db, "SELECT count(*) FROM livepush_job_steps WHERE kind = 'signal' "
+                                                 "AND result ? 'data'") == [(1,)], 10.0,
+                             message="the first step to take its signal")
+        await jobs.workflows.asignal(run.id, "go", {"n": 2})  # for the second step
+        with pytest.raises(ValueError, match="waits for signal 'go' \\(any more\\)"):
+            await jobs.workflows.asignal(run.id, "go", {"n": 3})
+        await jobs.workflows.acancel(run.id)
+
+
 def test_signals_nobody_waits_for_are_refused(flows_db: str) -> None:
     """A signal no step waits for, or to no run, is refused with a clear error."""
     run = wd.approval.start()

@@ -84,6 +84,21 @@ async def publish(ctx: Any) -> Any:
     return {"approved_by": ctx.signal["by"]}
 
 
+two_approvals = jobs.workflow("t_two_approvals", queue="flows")
+
+
+@two_approvals.step(wait_for="go")
+async def first_approval(ctx: Any) -> Any:
+    if ctx.input.get("flag"):
+        await until_flag(ctx.input["flag"])  # its body runs on after it took its signal
+    return ctx.signal
+
+
+@two_approvals.step(after=["first_approval"], wait_for="go")
+async def second_approval(ctx: Any) -> Any:
+    return ctx.signal
+
+
 quick_timeout = jobs.workflow("t_quick_timeout", queue="flows")
 
 

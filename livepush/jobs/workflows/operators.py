@@ -105,7 +105,8 @@ async def askip(run_id: int, step: str, *, actor: str | None = None, reason: str
 # -- signals ----------------------------------------------------------------------------------------
 
 def _target(run_id: int, name: str, lock: bool) -> steps.Steps[dict[str, Any]]:
-    """The first unfinished step of the run that waits for signal `name` (its row)."""
+    """The first unfinished step of the run that still waits for signal `name` (its row): not one
+    whose job got one already, nor one of the steps not started that the run keeps one for."""
     runs = yield steps.Query(wq.LOCK_RUN_SHARE if lock else wq.RUN_OF, {"id": run_id})
     if not runs:
         raise WorkflowNotFound(f"no workflow run {run_id} (never started, or deleted after its retention time)")
@@ -115,20 +116,33 @@ def _target(run_id: int, name: str, lock: bool) -> steps.Steps[dict[str, Any]]:
     rows = yield steps.Query(wq.STEPS_OF, {"ids": [run_id]})
     by_name = {r["name"]: r for r in rows}
     graph = run["graph"]
-    waiting = [n for n in graph["order"] if graph["steps"][n].get("wait_for") == name
-               and by_name[n]["state"] not in engine.STEP_FINISHED]
-    if not waiting:
-        raise ValueError(f"no step of workflow run {run_id} waits for signal {name!r} (any more)")
-    return by_name[waiting[0]]
+    kept: int | None = None
+    for n in graph["order"]:
+        step = by_name[n]
+        if graph["steps"][n].get("wait_for") != name or step["state"] in engine.STEP_FINISHED:
+            continue
+        if step["state"] in engine.STEP_ACTIVE and step["job_id"] is not None:
+            if (yield steps.Query(dq.AWAITS_SIGNAL, {"id": step["job_id"], "name": name}))[0]["waits"]:
+                return step
+            continue
+        if kept is None:
+            kept = (yield steps.Query(wq.KEPT_SIGNALS, {"id": run_id, "name": name}))[0]["n"]
+        if kept == 0:
+            return step
+        kept -= 1
+    raise ValueError(f"no step of workflow run {run_id} waits for signal {name!r} (any more)")
 
 
 def _to_job(step: dict[str, Any], name: str, data: str) -> steps.Steps[bool]:
-    """Send the signal to the step's job if the step is active and its job has not finished."""
+    """Send the signal to the step's job if the step is active and its job has not finished nor
+    got its signal."""
     if step["state"] not in engine.STEP_ACTIVE or step["job_id"] is None:
         return False
     found = yield steps.Query(dq.SIGNAL_TARGET, {"id": step["job_id"]})
     if not found or found[0]["state"] in engine.STEP_FINISHED:
         return False  # it ended meanwhile
+    if not (yield steps.Query(dq.AWAITS_SIGNAL, {"id": step["job_id"], "name": name}))[0]["waits"]:
+        return False  # it got one meanwhile (or timed out): the next look finds the step after it
     yield steps.Query(dq.SEND_SIGNAL, {"id": step["job_id"], "name": name, "data": data})
     return True
 

@@ -55,8 +55,8 @@ WHERE workflow_id = ANY(%(ids)s::bigint[])
 # one statement (one round trip; a step's end costs its transaction this and the two reads):
 # - the jobs of the steps that became ready (`start`: pending when read after the lock), on the
 #   run's queue, args [run id], and those steps `running` with their job;
-# - the run's signals kept for a step that waits for them, taken over by that step's new job
-#   (the first started step waiting for the name takes them all, oldest first);
+# - the run's signals kept for the steps that wait for them, taken over by those steps' new jobs:
+#   one each, oldest first to the first started; the rest stay for the steps that start later;
 # - the other steps whose state the decision changed (never the started ones: two updates of one
 #   row in a statement are not allowed);
 # - the audit lines, in order;
@@ -75,12 +75,16 @@ WITH input AS MATERIALIZED (
 ), started AS (
     UPDATE livepush_workflow_steps s SET state = 'running', job_id = i.id, error = NULL
     FROM input i WHERE s.workflow_id = %(id)s AND s.name = i.step
-), first_waits AS (
-    SELECT DISTINCT ON (i.wait_for) i.wait_for, i.id FROM input i WHERE i.wait_for IS NOT NULL
-    ORDER BY i.wait_for, i.ord
+), waits AS (
+    SELECT i.wait_for, i.id, row_number() OVER (PARTITION BY i.wait_for ORDER BY i.ord) AS nth
+    FROM input i WHERE i.wait_for IS NOT NULL
+), kept AS (
+    SELECT w.id, w.name, row_number() OVER (PARTITION BY w.name ORDER BY w.id) AS nth
+    FROM livepush_workflow_signals w
+    WHERE w.workflow_id = %(id)s AND w.name IN (SELECT wait_for FROM waits)
 ), handed AS (
-    DELETE FROM livepush_workflow_signals w USING first_waits f
-    WHERE w.workflow_id = %(id)s AND w.name = f.wait_for
+    DELETE FROM livepush_workflow_signals w USING kept k JOIN waits f ON f.wait_for = k.name AND f.nth = k.nth
+    WHERE w.id = k.id
     RETURNING w.id AS seq, f.id AS job_id, w.name, w.data
 ), taken AS (
     INSERT INTO livepush_job_signals (job_id, name, data) SELECT job_id, name, data FROM handed ORDER BY seq
@@ -120,6 +124,11 @@ VALUES (%(id)s, %(verb)s, %(step)s, %(actor)s, %(reason)s)
 # Under the run's lock (FOR SHARE is enough: no decision runs meanwhile): a signal for a step
 # that has no job yet waits here.
 KEEP_SIGNAL = "INSERT INTO livepush_workflow_signals (workflow_id, name, data) VALUES (%(id)s, %(name)s, %(data)s::jsonb)"
+
+# name: kept_signals
+# jobs.workflows.signal: how many signals of a name the run keeps for its steps that have not
+# started (one each, in the order they start: DECIDE).
+KEPT_SIGNALS = "SELECT count(*) AS n FROM livepush_workflow_signals WHERE workflow_id = %(id)s AND name = %(name)s"
 
 # name: run_of
 # jobs.workflows.signal, first look (a plain read: the step's job row, locked next, decides).
