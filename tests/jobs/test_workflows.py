@@ -389,3 +389,22 @@ async def test_a_run_that_fails_cancels_the_batch_of_its_waiting_fan_out_step(fl
 
         batch = await async_wait_for(batch_cancelled, 10.0, message="the batch to be cancelled")
     assert batch["cancelled"] > 0 and batch["succeeded"] < 40
+
+
+@pytest.mark.parametrize(("call", "error", "fragment"), [
+    (lambda run: jobs.workflows.pause(run, actor="ana\x00"), ValueError, "actor contains a NUL"),
+    (lambda run: jobs.workflows.cancel(run, reason="why\x00"), ValueError, "reason contains a NUL"),
+    (lambda run: jobs.workflows.signal(run, "approve", {}, actor="ana\x00"), ValueError, "actor contains a NUL"),
+    (lambda run: jobs.workflows.list(name=123), TypeError, "name must be a str"),
+    (lambda run: jobs.workflows.list(name="a\x00"), ValueError, "name contains a NUL"),
+    (lambda run: jobs.workflows.list(state=5), ValueError, "state= takes one of"),
+    (lambda run: jobs.workflows.list(state="done"), ValueError, "state= takes one of"),
+])
+def test_operator_arguments_postgres_cannot_take_are_refused_naming_them(flows_db: str, call: Any, error: type,
+                                                                       fragment: str) -> None:
+    """An operator's mistake is a TypeError or ValueError naming the argument, never a database
+    error (or a schema error telling them to migrate)."""
+    run = wd.approval.start()
+    with pytest.raises(error, match=fragment):
+        call(run.id)
+    assert jobs.workflows.get(run.id)["state"] == "running"  # type: ignore[index]

@@ -32,13 +32,18 @@ def get_group(group_id: int) -> dict[str, Any] | None:
     return out
 
 
+def _check_limit(limit: Any) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be an int of at least 1, got {limit!r:.60}")
+
+
 def group_members(group_id: int, after: int | None = None, limit: int = 100) -> tuple[list[dict[str, Any]], int | None]:
     """One page of members in id order: (rows, next_cursor). Pass next_cursor as `after` for the
     next page; it is None on the last page (even a full one)."""
     group_id = checked_id(group_id, "group_id")
-    if limit < 1:
-        raise ValueError(f"limit must be at least 1, got {limit}")
-    rows = _read(gq.MEMBERS_PAGE, {"id": group_id, "after": after or 0, "limit": limit})
+    _check_limit(limit)
+    after = checked_id(after, "after") if after is not None else 0
+    rows = _read(gq.MEMBERS_PAGE, {"id": group_id, "after": after, "limit": limit})
     more = len(rows) > limit
     rows = rows[:limit]
     for r in rows:
@@ -50,9 +55,9 @@ def group_members(group_id: int, after: int | None = None, limit: int = 100) -> 
 def group_history(group_id: int, before: int | None = None, limit: int = 50) -> tuple[list[dict[str, Any]], int | None]:
     """The group's events, newest first: (rows of {seq, event, data, at}, next_cursor)."""
     group_id = checked_id(group_id, "group_id")
-    if limit < 1:
-        raise ValueError(f"limit must be at least 1, got {limit}")
-    rows = _read(gq.EVENTS_PAGE, {"id": group_id, "before": before or 2**62, "limit": limit})
+    _check_limit(limit)
+    cursor = checked_id(before, "before") if before is not None else 0
+    rows = _read(gq.EVENTS_PAGE, {"id": group_id, "before": cursor or 2**62, "limit": limit})
     more = len(rows) > limit
     rows = rows[:limit]
     for r in rows:

@@ -16,6 +16,7 @@ from .. import database
 from ..api.args import check_json, dumps
 from ..api.control import acancel, cancel
 from ..api.handles import checked_id
+from ...postgres.text import unstorable
 from ..durable.run import check_name
 from ..durable import queries as dq
 from ..errors import InvalidArgumentsError, WorkflowNotFound
@@ -25,11 +26,18 @@ from ..groups.transactions import ain_tx, in_tx
 from . import engine
 from . import queries as wq
 
+# The states a run's row holds (sql/0006_workflows.sql), what list() filters on.
+RUN_STATES = ("running", "paused", "succeeded", "failed", "cancelled")
+
+
 def _text(value: Any, what: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str or None, got {type(value).__name__}")
+    bad = unstorable(value)
+    if bad:
+        raise ValueError(f"{what} contains {bad}, which Postgres cannot store")
     return value[:1000]
 
 
@@ -208,6 +216,10 @@ def list_runs(name: str | None = None, state: str | None = None, *, before: int 
     """Runs newest first, by name and state if given: (page, cursor for the next page or None)."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
         raise ValueError(f"limit= takes an int from 1 to 1000, got {limit!r}")
+    if name is not None:
+        name = _text(name, "name")
+    if state is not None and state not in RUN_STATES:
+        raise ValueError(f"state= takes one of {RUN_STATES} or None, got {state!r:.60}")
     cursor = checked_id(before, "before") if before is not None else 2**63 - 1
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         cur.execute(wq.LIST_RUNS, {"name": name, "state": state, "before": cursor, "limit": limit})
