@@ -23,6 +23,9 @@ MIN_SECRET_DISTINCT = 8  # fewer distinct characters than this is not a random s
 DEFAULT_SIGNED_TOPIC_TTL = 86400.0
 # A drain's reconnect delays reach 1000 × S ms, and the JS client honours at most 5 minutes.
 MAX_DRAIN_SECONDS = 300.0
+# History is kept at most a year: past that, the stores' time arithmetic overflows (and Redis
+# streams and the Postgres log are no archive).
+MAX_HISTORY_TTL = 366 * 86400.0
 _ORIGIN_SCHEMES = ("http", "https")
 
 
@@ -173,8 +176,9 @@ class Settings:
                 )
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"LIVEPUSH_PORT={self.port} is out of range: use a port from 0 to 65535")
-        if not self.history_ttl > 0:
-            raise ConfigError(f"LIVEPUSH_HISTORY_TTL={self.history_ttl} must be positive: set seconds, e.g. 300")
+        if not 0 < self.history_ttl <= MAX_HISTORY_TTL:
+            raise ConfigError(f"LIVEPUSH_HISTORY_TTL={self.history_ttl} is out of range: set seconds from more than 0 "
+                              f"to {MAX_HISTORY_TTL:g} (a year), e.g. 300")
         if not 0 < self.signed_topic_ttl < float("inf"):
             raise ConfigError(f"LIVEPUSH_SIGNED_TOPIC_TTL={self.signed_topic_ttl} must be a positive number of seconds")
         if not 0 <= self.drain_seconds <= MAX_DRAIN_SECONDS:

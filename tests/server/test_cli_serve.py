@@ -31,6 +31,9 @@ def assert_one_line_no_traceback(stderr: str, *needles: str) -> None:
         ({"authenticate": "maybe"}, "LIVEPUSH_AUTHENTICATE"),
         ({"port": "eighty"}, "LIVEPUSH_PORT"),
         ({"history_ttl": "-3"}, "LIVEPUSH_HISTORY_TTL"),
+        # Past a year the stores' time arithmetic overflows: nothing would be delivered.
+        ({"history_ttl": "inf"}, "LIVEPUSH_HISTORY_TTL"),
+        ({"history_ttl": "1e12"}, "LIVEPUSH_HISTORY_TTL"),
         ({"fanout": "redis"}, "LIVEPUSH_REDIS_URL"),
         ({"secret": "ab" * 24}, "LIVEPUSH_SECRET"),  # long enough, but too few distinct characters
         ({"allowed_origins": "https://ok.example,app.example.com"}, "app.example.com"),
