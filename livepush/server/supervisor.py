@@ -157,6 +157,7 @@ class Supervisor:
                 return
             log.warning("worker %d (pid %d) %s; restarting it in %g s", slot.index, process.pid,
                         describe_exit(status), delay)
+            slot.last_status = None  # told now; a stop meanwhile judges only how workers stop
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._done.wait(), delay)
 

@@ -292,6 +292,18 @@ async def test_a_killed_worker_is_restarted_and_its_clients_come_back(procs, liv
     assert child.stop(15) == 0, child.output()
 
 
+async def test_a_stop_while_a_killed_worker_waits_for_its_restart_is_a_clean_stop(procs, livepush_env) -> None:
+    """SIGTERM while a worker that died waits to be started again: every worker left stops
+    cleanly, so the supervisor exits 0; the earlier death was reported when it happened."""
+    child, port = await start_workers(procs, livepush_env(), "--workers", "2")
+    victim = (await workers_by_index(port, 2))[2]
+    os.kill(victim, signal.SIGKILL)
+    await async_wait_for(lambda: f"worker 2 (pid {victim}) was killed by SIGKILL; restarting" in child.stderr(),
+                         timeout=5, message="the supervisor's restart line")
+    assert child.stop(15) == 0, child.output()
+    assert "while stopping" not in child.stderr()
+
+
 async def metric_is(port: int, name: str, expected: float) -> bool:
     return await metric(port, name) == expected
 
