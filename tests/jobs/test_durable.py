@@ -275,6 +275,9 @@ async def test_signals_to_missing_or_finished_jobs_are_refused(durable_db: str) 
     """jobs.signal to an unknown or finished job raises a clear error and writes nothing."""
     with pytest.raises(jobs.JobNotFound, match="no job 987654"):
         jobs.signal(987654, "approval")
+    for impossible in (2**70, 0, -3):  # ids no job can have: named as given
+        with pytest.raises(jobs.JobNotFound, match=f"no job {impossible}:"):
+            jobs.signal(impossible, "approval")
     h = await dj.steps.aenqueue(0)
     async with running():
         await wait_state(h.id, "succeeded")

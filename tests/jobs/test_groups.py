@@ -185,8 +185,9 @@ def test_paging(groups_db: str) -> None:
     assert [e["event"] for e in evs] == ["created"]
 
 
-def test_paging_cursors_and_limits_that_are_not_ints_are_refused_naming_them(groups_db: str) -> None:
-    """A cursor or limit of the wrong type is a TypeError or ValueError naming it, not a database error."""
+def test_cursors_limits_and_shards_that_are_not_ints_are_refused_naming_them(groups_db: str) -> None:
+    """A cursor, limit or shard count of the wrong type is a TypeError or ValueError naming it,
+    not a database error nor a bare comparison error."""
     handle = jobs.create_group()
     with pytest.raises(TypeError, match="after must be an int"):
         jobs.group_members(handle.id, after="x")  # type: ignore[arg-type]
@@ -194,6 +195,8 @@ def test_paging_cursors_and_limits_that_are_not_ints_are_refused_naming_them(gro
         jobs.group_history(handle.id, before="x")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="limit must be an int of at least 1"):
         jobs.group_members(handle.id, limit="10")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="shards= must be an int from 1 to 1024, got str '4'"):
+        jobs.create_group(shards="4")  # type: ignore[arg-type]
 
 
 def test_members_add_members_sync_and_async(groups_db: str) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..api.args import check_json, dumps
-from ..api.handles import checked_id
+from ..api.handles import NO_SUCH_ID, checked_id
 from ..errors import InvalidArgumentsError, JobFinishedError, JobNotFound
 from ..groups import steps
 from ..groups.transactions import ain_tx, in_tx
@@ -31,10 +31,12 @@ def _send_steps(job_id: int, name: str, data: str) -> steps.Steps[int]:
 
 
 def _checked(job_id: Any, name: Any, data: Any) -> tuple[int, str, str]:
-    job_id = checked_id(job_id, "job_id")
+    checked = checked_id(job_id, "job_id")
     name = check_name(name, "jobs.signal()")
     check_json(data, "data", InvalidArgumentsError, "signal data")
-    return job_id, name, dumps(data)
+    if checked == NO_SUCH_ID:  # an int no job can have: named as given, not as the stand-in
+        raise JobNotFound(f"no job {job_id}: the signal was not sent")
+    return checked, name, dumps(data)
 
 
 def signal(job_id: int, name: str, data: Any = None, *, conn: Any = None) -> int:

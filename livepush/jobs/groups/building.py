@@ -89,6 +89,8 @@ def _callbacks(on_finish: Any, on_success: Any, on_failure: Any) -> dict[str, st
 
 
 def _shards(shards: int) -> int:
+    if isinstance(shards, bool) or not isinstance(shards, int):
+        raise TypeError(f"shards= must be an int from 1 to 1024, got {type(shards).__name__} {shards!r:.40}")
     if not 1 <= shards <= 1024:
         raise ValueError(f"shards= must be between 1 and 1024, got {shards}")
     return shards
