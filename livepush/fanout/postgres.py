@@ -32,6 +32,7 @@ from ..postgres.connect import translated
 from ..channels import ListenerSlot
 from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
+from ..postgres.text import BIGINT_MAX
 from ..types import JSON, Message, Offset, Topic
 from .base import HISTORY_PAGE, HISTORY_PAGE_BYTES, FanOut, History, encode_batch, encode_payload
 
@@ -91,7 +92,6 @@ DELETE FROM livepush_messages WHERE ctid = ANY (ARRAY(
 # epoch the topic's first publish starts.
 ORIGIN = "0"
 _OFFSET = re.compile(r"([0-9]{1,19})-([0-9]{1,19})")
-BIGINT_MAX = 2**63 - 1
 _DOORBELL = re.compile(r"([0-9]{1,19})-([0-9]{1,19}) ([A-Za-z0-9_.:/-]{1,200})")
 
 

@@ -58,6 +58,7 @@ STREAM_ID_PART_MAX = 2**64 - 1  # each half of a stream id is an unsigned 64-bit
 def _is_stream_id(text: str) -> bool:
     return bool(_STREAM_ID.fullmatch(text)) and all(int(part) <= STREAM_ID_PART_MAX for part in text.split("-"))
 
+
 # KEYS: the stream of each message; ARGV: ttl_ms, max_len, idle_ms, channel, then the topic and
 # the json of each message, then FRAME_BYTES. Returns their ids in order. One script for one
 # message or a batch (publish_many: PUBLISH_CHUNK messages or PUBLISH_CHUNK_BYTES per call). A

@@ -120,17 +120,24 @@ RETURNING data
 # whether the job exists and is not finished.
 SIGNAL_TARGET = "SELECT state FROM livepush_jobs WHERE id = %(id)s FOR KEY SHARE"
 
+# Whether job `id` (a workflow step's) still waits for its first signal `name` (the step's
+# wait_for=): no answer stored for that wait (a signal it took, or its timeout), and none sent to
+# it that it has not taken yet. A step that got its signal takes no second one: that one is for
+# the next step waiting for the name.
+_AWAITS = """(NOT EXISTS (SELECT 1 FROM livepush_job_steps s
+                    WHERE s.job_id = %(id)s AND s.kind = 'signal' AND s.name = '0:' || %(name)s
+                      AND (s.result ? 'data' OR s.result ? 'timeout'))
+    AND NOT EXISTS (SELECT 1 FROM livepush_job_signals g WHERE g.job_id = %(id)s AND g.name = %(name)s))"""
+
 # name: awaits_signal
-# jobs.workflows.signal, under SIGNAL_TARGET's lock: whether job `id` (a workflow step's) still
-# waits for its first signal `name` (the step's wait_for=): no answer stored for that wait (a
-# signal it took, or its timeout), and none sent to it that it has not taken yet. A step that got
-# its signal takes no second one: that one is for the next step waiting for the name.
-AWAITS_SIGNAL = """
-SELECT NOT EXISTS (SELECT 1 FROM livepush_job_steps s
-                   WHERE s.job_id = %(id)s AND s.kind = 'signal' AND s.name = '0:' || %(name)s
-                     AND (s.result ? 'data' OR s.result ? 'timeout'))
-   AND NOT EXISTS (SELECT 1 FROM livepush_job_signals g WHERE g.job_id = %(id)s AND g.name = %(name)s) AS waits
-"""
+# jobs.workflows.signal, looking for the step to signal (no lock: the target is checked again
+# under SIGNAL_TARGET_AWAITING's).
+AWAITS_SIGNAL = f"SELECT {_AWAITS} AS waits"
+
+# name: signal_target_awaiting
+# jobs.workflows.signal: SIGNAL_TARGET (the same lock, for the same reason), and whether the job
+# still waits for signal `name`.
+SIGNAL_TARGET_AWAITING = f"SELECT j.state, {_AWAITS} AS waits FROM livepush_jobs j WHERE j.id = %(id)s FOR KEY SHARE"
 
 # name: send_signal
 # jobs.signal, second statement (a new snapshot: a park that held the row before is seen): keeps

@@ -24,6 +24,8 @@ from .. import queries as job_queries
 from ..groups.steps import Query, Steps
 from . import queries as wq
 
+# The states a run's row holds (sql/0006_workflows.sql), and those it ends in.
+RUN_STATES = ("running", "paused", "succeeded", "failed", "cancelled")
 RUN_FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 STEP_DONE = frozenset({"succeeded", "skipped"})
 STEP_ACTIVE = frozenset({"running", "waiting"})

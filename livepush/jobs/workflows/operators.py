@@ -26,10 +26,6 @@ from ..groups.transactions import ain_tx, in_tx
 from . import engine
 from . import queries as wq
 
-# The states a run's row holds (sql/0006_workflows.sql), what list() filters on.
-RUN_STATES = ("running", "paused", "succeeded", "failed", "cancelled")
-
-
 def _text(value: Any, what: str) -> str | None:
     if value is None:
         return None
@@ -146,10 +142,10 @@ def _to_job(step: dict[str, Any], name: str, data: str) -> steps.Steps[bool]:
     got its signal."""
     if step["state"] not in engine.STEP_ACTIVE or step["job_id"] is None:
         return False
-    found = yield steps.Query(dq.SIGNAL_TARGET, {"id": step["job_id"]})
+    found = yield steps.Query(dq.SIGNAL_TARGET_AWAITING, {"id": step["job_id"], "name": name})
     if not found or found[0]["state"] in engine.STEP_FINISHED:
         return False  # it ended meanwhile
-    if not (yield steps.Query(dq.AWAITS_SIGNAL, {"id": step["job_id"], "name": name}))[0]["waits"]:
+    if not found[0]["waits"]:
         return False  # it got one meanwhile (or timed out): the next look finds the step after it
     yield steps.Query(dq.SEND_SIGNAL, {"id": step["job_id"], "name": name, "data": data})
     return True
@@ -218,8 +214,8 @@ def list_runs(name: str | None = None, state: str | None = None, *, before: int 
         raise ValueError(f"limit= takes an int from 1 to 1000, got {limit!r}")
     if name is not None:
         name = _text(name, "name")
-    if state is not None and state not in RUN_STATES:
-        raise ValueError(f"state= takes one of {RUN_STATES} or None, got {state!r:.60}")
+    if state is not None and state not in engine.RUN_STATES:
+        raise ValueError(f"state= takes one of {engine.RUN_STATES} or None, got {state!r:.60}")
     cursor = checked_id(before, "before") if before is not None else 2**63 - 1
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         cur.execute(wq.LIST_RUNS, {"name": name, "state": state, "before": cursor, "limit": limit})
