@@ -57,6 +57,18 @@ class Admitted:
     session: Any
 
 
+def _route(target: str) -> str:
+    """The path a request target routes by: "/" for a target that is not a path (an absolute
+    URL, `*`), "" (no route) for one urlsplit cannot read, e.g. `//[`: anyone can send any
+    target, and it must get an answer, not a traceback."""
+    if not target.startswith("/"):
+        return "/"
+    try:
+        return urlsplit(target).path
+    except ValueError:
+        return ""
+
+
 class PushServer:
     """One server process's push side. `start()` listens; `stop()` closes everything."""
 
@@ -160,7 +172,7 @@ class PushServer:
             self._quiet.debug("refused a request with two %s headers", duplicate)
             metrics.REFUSALS.labels("duplicate_header").inc()
             return http.response(400, f"one {duplicate} header at most\n".encode())
-        path = urlsplit(request.path).path if request.path.startswith("/") else "/"
+        path = _route(request.path)
         if not http.is_websocket(request):
             if path == "/healthz":
                 return http.healthz(self.listening, self.fanout.name)

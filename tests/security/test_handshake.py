@@ -1,6 +1,7 @@
-"""Handshake and HTTP: duplicated headers are refused without a traceback, `*` never reads
-cookies, bad origin entries end the command, the `__Host-` cookie and the subprotocol token are
-accepted, query tokens can be turned off, and client mistakes are logged quietly."""
+"""Handshake and HTTP: duplicated headers are refused and a target that is not a URL answered,
+without a traceback, `*` never reads cookies, bad origin entries end the command, the `__Host-`
+cookie and the subprotocol token are accepted, query tokens can be turned off, and client
+mistakes are logged quietly."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from livepush.cli.main import main as cli
 from livepush.config import Settings
 from livepush.errors import ConfigError
 from tests.server.conftest import Served, make_settings, start_served
-from tests.support.security import raw_request, upgrade
+from tests.support.security import hello, raw_attempt, raw_request, upgrade
 from tests.support.wsclient import WSClient
 
 
@@ -45,6 +46,18 @@ async def test_duplicated_headers_get_400_and_no_traceback(served: Served, caplo
     assert answer.startswith(b"HTTP/1.1 400"), answer[:80]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
     assert "Traceback" not in caplog.text
+
+
+async def test_a_request_target_that_is_not_a_url_is_answered_without_a_traceback(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`//[` as the request target (an unbalanced bracket where a URL would have its host): a plain GET gets 404 and an upgrade is served, and neither leaves an error in the log."""
+    caplog.set_level(logging.DEBUG)
+    port = served.server.port
+    answer = await asyncio.to_thread(raw_request, port, [("Host", "h")], "//[")
+    assert answer.startswith(b"HTTP/1.1 404"), answer[:80]
+    assert await raw_attempt(port, b"//[") == hello(None)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
 
 
 async def test_any_origin_never_reads_cookie_sessions(secret: str) -> None:
