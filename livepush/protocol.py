@@ -51,11 +51,23 @@ class BadFrame:
 Command: TypeAlias = Subscribe | Unsubscribe | Ping | BadFrame
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _ref(frame: dict[str, Any]) -> Ref | BadFrame:
     ref = frame.get("ref")
     if ref is None or isinstance(ref, (str, int, float)) and not isinstance(ref, bool):
         if isinstance(ref, str) and len(ref) > 200:
             return BadFrame("bad_frame", "ref is longer than 200 characters")
+        # json.loads reads "\ud800" as a lone surrogate, which no UTF-8 text frame can carry:
+        # echoed, it would fail the encoding of the answer.
+        if isinstance(ref, str) and not ref.isascii() and not _encodable(ref):
+            return BadFrame("bad_frame", "ref must be valid Unicode text (a lone surrogate is not)")
         # json.loads reads NaN, Infinity and 1e999 as floats that no JSON can carry back: echoed,
         # they would make a frame the client cannot parse.
         if isinstance(ref, float) and not math.isfinite(ref):

@@ -36,6 +36,7 @@ def test_unsubscribe_and_ping_frames_are_parsed() -> None:
         ('{"op":"subscribe","topic":"a","since":5}', "bad_frame"),
         ('{"op":"subscribe","topic":"a","ref":{"x":1}}', "bad_frame"),
         ('{"op":"subscribe","topic":"a","ref":true}', "bad_frame"),
+        ('{"op":"ping","ref":"\\ud800"}', "bad_frame"),
         ('{"op":"unsubscribe"}', "bad_frame"),
         (b"\x00\x01", "bad_frame"),
         ("[" * 100000, "bad_frame"),

@@ -131,6 +131,19 @@ async def test_every_malformed_frame_gets_an_error_and_the_connection_stays_open
     await client.close()
 
 
+async def test_a_ref_no_frame_can_carry_back_gets_an_error_and_the_connection_stays_open(served: Served) -> None:
+    """A ping and a subscribe whose ref is a lone surrogate (`"\\ud800"`: valid JSON, but no UTF-8 text can carry it back in `pong` or `subscribed`) each get `error` bad_frame; the connection still answers."""
+    client = await WSClient.open(served.url)
+    topic = served.sign("room:surrogate")
+    for raw in ('{"op":"ping","ref":"\\ud800"}', '{"op":"subscribe","topic":"%s","ref":"a\\udfff"}' % topic):
+        await client.send(raw)
+        frame = await client.recv()
+        assert (frame["op"], frame["reason"]) == ("error", "bad_frame"), frame
+    await client.send({"op": "ping", "ref": "ok"})
+    assert await client.recv() == {"op": "pong", "ref": "ok"}
+    await client.close()
+
+
 async def test_a_client_that_keeps_sending_garbage_is_closed_with_1008(served: Served) -> None:
     """More than 10 bad frames in a minute close the connection with 1008."""
     client = await WSClient.open(served.url)
