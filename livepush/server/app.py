@@ -192,12 +192,8 @@ class PushServer:
             return http.response(404, b"not found\n")
         if self._draining:
             return drain.refusal(self.settings.drain_seconds)
-        cap = self.settings.max_connections
-        # Open connections: the core attaches an upgrade in the step that ends its handshake.
-        if cap is not None and len(self.clients) >= cap:
-            self._quiet.debug("refused a connection: %d connections is LIVEPUSH_MAX_CONNECTIONS", cap)
-            metrics.REFUSALS.labels("full").inc()
-            return http.response(503, b"this server is full: retry shortly\n", Retry_After="5")
+        if self._full():
+            return self._full_response()
         if not origin_allowed(request.headers, self.settings.allowed_origins):
             self._quiet.debug("refused a connection from a disallowed origin (set LIVEPUSH_ALLOWED_ORIGINS to allow it)")
             metrics.REFUSALS.labels("origin").inc()
@@ -210,9 +206,26 @@ class PushServer:
             return http.response(503, b"session store unavailable, retry shortly\n")
         if reason and reason != "missing":
             self._quiet.debug("a connection without a valid session: %s", reason)
+        # Counted again after the store's answer: handshakes that waited on it together all
+        # passed the check above, and only those that still fit may be attached.
+        if self._full():
+            return self._full_response()
         if reason and self.settings.authenticate == "required":
             metrics.REFUSALS.labels(f"session_{reason}").inc()  # closed with 4401 once upgraded
         return Admitted(session)
+
+    def _full(self) -> bool:
+        """At LIVEPUSH_MAX_CONNECTIONS open connections. The core attaches an upgrade in the step
+        that ends its handshake, with no await after admit(): a check after admit's last await
+        holds."""
+        cap = self.settings.max_connections
+        return cap is not None and len(self.clients) >= cap
+
+    def _full_response(self) -> Response:
+        self._quiet.debug("refused a connection: %d connections is LIVEPUSH_MAX_CONNECTIONS",
+                          self.settings.max_connections)
+        metrics.REFUSALS.labels("full").inc()
+        return http.response(503, b"this server is full: retry shortly\n", Retry_After="5")
 
     # -- connections ------------------------------------------------------------------
     def refuses(self, session: object) -> bool:

@@ -11,7 +11,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import pytest
@@ -19,10 +19,14 @@ from websockets.exceptions import InvalidStatus
 
 import livepush
 from livepush.fanout import HISTORY_PAGE
-from livepush import metrics
+from livepush import metrics, sessions
+from livepush.config import set_settings
+from livepush.fanout.local import LocalFanOut
+from livepush.server.app import PushServer
 from livepush.server.backlog import TOPIC_BYTES
 from livepush.server.limits import Quiet
 from livepush.sessions import Session
+from livepush.sessions.revocations import MemoryRevocations
 from tests.server.conftest import Served, make_settings, start_served
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
@@ -79,6 +83,48 @@ async def test_connections_past_the_cap_get_http_503(served: Served) -> None:
     clients.append(await WSClient.open(served.url))
     for c in clients:
         await c.close()
+
+
+class _OverlappingStore(MemoryRevocations):
+    """Revocations that answer only once `together` handshakes are asking at the same time: the
+    round trip to a database or Redis that a session's handshake awaits, long enough to overlap."""
+
+    def __init__(self, together: int) -> None:
+        super().__init__()
+        self.together = together
+        self.asking = 0
+        self.all_asking = asyncio.Event()
+
+    async def revoked_among(self, sessions: Iterable[Session]) -> set[str]:
+        self.asking += 1
+        if self.asking >= self.together:
+            self.all_asking.set()
+        await asyncio.wait_for(self.all_asking.wait(), 5)
+        return await super().revoked_among(sessions)
+
+
+async def test_the_connection_cap_holds_for_handshakes_that_overlap(secret: str) -> None:
+    """With LIVEPUSH_MAX_CONNECTIONS=2, four handshakes with a session arrive together and wait on the revocation store together: two are served and two get HTTP 503."""
+    settings = make_settings("local", secret, None, None, max_connections=2)
+    set_settings(settings)
+    server = PushServer(settings, LocalFanOut(), store=_OverlappingStore(together=4))
+    await server.start()
+    try:
+        token = sessions.issue("user-7")
+        url = f"ws://127.0.0.1:{server.port}/"
+        attempts = await asyncio.gather(
+            *(WSClient.open(url, subprotocols=["livepush", f"livepush.token.{token}"]) for _ in range(4)),
+            return_exceptions=True)
+        admitted = [a for a in attempts if isinstance(a, WSClient)]
+        refused = [a.response.status_code for a in attempts if isinstance(a, InvalidStatus)]
+        assert (len(admitted), refused) == (2, [503, 503]), attempts
+        assert len(server.clients) == 2
+        for client in admitted:
+            await client.close()
+    finally:
+        await server.stop()
+        await server.fanout.aclose()
+        set_settings(None)
 
 
 def _silent_client(port: int) -> socket.socket:
