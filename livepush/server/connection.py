@@ -96,7 +96,8 @@ class Connection(asyncio.Protocol):
     """One connection's state: what cannot be derived, nothing more."""
 
     __slots__ = ("core", "transport", "proto", "session", "topics", "closing", "paused", "out", "backlog", "seen",
-                 "ping_at", "deadline", "busy", "inbox", "partial", "_bad", "_subscribes", "_waiter")
+                 "ping_at", "deadline", "busy", "inbox", "partial", "head", "early", "_bad", "_subscribes",
+                 "_waiter")
 
     def __init__(self, core: Core) -> None:
         self.core = core
@@ -114,6 +115,8 @@ class Connection(asyncio.Protocol):
         self.busy: asyncio.Task[None] | None = None  # the subscribe being served
         self.inbox: list[str | bytes] | None = None  # frames that wait for it
         self.partial: bytearray | None = None  # a fragmented message so far (opcode in its first byte)
+        self.head = b""  # the last bytes of the request head so far, to find its end across reads
+        self.early: bytearray | None = None  # what came after the request head, until it is answered
         self._bad: protocol.BadFrameWindow | None = None
         self._subscribes: TokenBucket | None = None
         self._waiter: asyncio.Future[None] | None = None  # drain(): more was written
@@ -182,6 +185,11 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.seen = self.core.now
         self.ping_at = 0.0  # any data answers the sweep's ping
+        if self.core.is_opening(self):
+            if self.early is not None:  # the request is in and not answered yet
+                self.early += data
+                return
+            data = self._up_to_request_end(data)
         proto = self.proto
         proto.receive_data(data)
         events = proto.events_received()
@@ -194,6 +202,21 @@ class Connection(asyncio.Protocol):
             self.on_events(events)
         if proto.state is not OPEN and not self.closing:
             self._stop_writing()  # the client closed, or sent what the protocol fails on
+
+    def _up_to_request_end(self, data: bytes) -> bytes:
+        """The part of `data` up to the end of the request head; what follows waits in `early`
+        until the request is answered (core.ConnectionCore._handshake). Parsed at once, bytes the
+        protocol fails on (a stray CRLF, a pipelined request, an unmasked frame) would end the
+        connection before its request had an answer."""
+        scan = self.head + data
+        end = scan.find(b"\r\n\r\n")
+        if end < 0:
+            self.head = scan[-3:]
+            return data
+        cut = end + 4 - len(self.head)
+        self.head = b""
+        self.early = bytearray(data[cut:])
+        return data[:cut]
 
     def eof_received(self) -> None:
         self.proto.receive_eof()

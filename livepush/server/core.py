@@ -127,16 +127,17 @@ class ConnectionCore:
 
     def request_received(self, conn: Connection, events: list[Any]) -> None:
         """The handshake request is in: answer it once the gate has spoken; the client's next
-        bytes wait until then (frames that came with the request are served once it is open)."""
-        request, early = events[0], events[1:]
+        bytes wait until then (what came with the request, in `conn.early`, is read once the
+        connection is open, and never after a plain HTTP answer)."""
+        request = events[0]
         if not isinstance(request, Request) or conn.closing:
             return
         conn.transport.pause_reading()
-        task = asyncio.ensure_future(self._handshake(conn, request, early))
+        task = asyncio.ensure_future(self._handshake(conn, request))
         self._handshakes.add(task)
         task.add_done_callback(self._handshakes.discard)
 
-    async def _handshake(self, conn: Connection, request: Request, early: list[Any]) -> None:
+    async def _handshake(self, conn: Connection, request: Request) -> None:
         proto = conn.proto
         try:
             verdict: Any = await self.server.admit(request)
@@ -153,6 +154,7 @@ class ConnectionCore:
                 response = proto.reject(503, "Server is shutting down.\n")
         self._opening.discard(conn)
         conn.deadline = 0.0
+        early, conn.early = conn.early, None
         proto.send_response(response)
         conn.flush()
         conn.transport.resume_reading()
@@ -165,7 +167,7 @@ class ConnectionCore:
             return
         self.server.attach(conn)
         if early:
-            conn.on_events(early)
+            conn.data_received(bytes(early))
 
     def expect_close(self, conn: Connection) -> None:
         """The close handshake is under way: the peer has CLOSE_TIMEOUT to finish it."""

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from livepush import api, topics
+from livepush import api, protocol, topics
 from livepush.config import Settings, set_settings
 from livepush.fanout.local import LocalFanOut
 from livepush.server import frames
@@ -236,3 +236,36 @@ async def test_frames_sent_while_a_subscribe_is_served_are_answered_after_it_in_
     assert [(a["op"], a["ref"]) for a in answers] == [("subscribed", "s"), ("pong", 1), ("pong", 2), ("pong", 3)]
     await async_wait_for(lambda: not on_server(server, client).topics, 5, message="the unsubscribe")
     await client.close()
+
+
+async def _one_write(port: int, data: bytes) -> bytes:
+    """Send `data` in one write; return everything the server sends until it closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        return await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+
+
+async def test_a_request_is_answered_whatever_follows_it_in_the_same_write(start_server: Callable[..., Any]) -> None:
+    """A request is answered before anything sent after it counts: `GET /healthz` followed by a stray CRLF or a pipelined second request gets its 200 (what follows a plain HTTP request is ignored); an upgrade followed by an unmasked frame (which the protocol refuses) gets its 101 and hello, then close 1002."""
+    server = await start_server()
+    port = server.port
+    healthz = f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    for after in (b"\r\n", healthz):
+        answer = await _one_write(port, healthz + after)
+        assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1") == 1, (after, answer[:80])
+
+    key = base64.b64encode(os.urandom(16)).decode()
+    upgrade = (f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+               f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode()
+    unmasked_ping = b"\x81\x0b" + b'{"op":"x"}\n'
+    answer = await _one_write(port, upgrade + unmasked_ping)
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 101"), answer[:80]
+    hello_frame = frames.text(protocol.hello(None, server.heartbeat).encode())
+    assert rest.startswith(hello_frame), rest[:80]
+    close = rest[len(hello_frame):]
+    assert close[0] == 0x88 and int.from_bytes(close[2:4], "big") == 1002, close
+    await async_wait_for(lambda: not server.clients, 5, message="the refused connection to go")
