@@ -584,7 +584,7 @@ async def test_history_of_unknown_or_garbage_offset_is_none(make_fanout: MakeFan
     fanout = await make_fanout()
     offsets = [fanout.publish("hist:b", {"i": i}) for i in range(3)]
     other = fanout.publish("hist:c", {"i": 0})
-    for since in ["garbage", "", "-1", "1.5", "--", "12x", "0-0-0", beyond(offsets[-1])]:
+    for since in ["garbage", "", "-1", "1.5", "--", "12x", "0-0-0", "0" * 21, beyond(offsets[-1])]:
         assert await fanout.history("hist:b", since) is None, f"since={since!r}"
     assert await fanout.history("hist:never", beyond(other)) is None
 

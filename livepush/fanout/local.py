@@ -103,6 +103,10 @@ class LocalFanOut(FanOut):
         if not (isinstance(since, str) and since.isascii() and since.isdigit()):
             return None
         after = int(since)
+        if str(after) != since:
+            # Zero-padded: never given out, and past 20 digits no offset key the hub can compare
+            # (the empty page's `since` is where the client stands).
+            return None
         with self._lock:
             log = self._logs.get(topic) or _Log()
             if after > log.last or after < log.dropped_through:

@@ -175,6 +175,17 @@ async def test_healthz_and_client_js_are_served_on_the_same_port(served: Served)
     assert status == 404
 
 
+async def test_a_since_no_fan_out_gives_out_gets_subscribed_then_reset_never_refused(served: Served) -> None:
+    """`since` as 21 zeros (digits, but more than any offset has) on a topic with nothing published: `subscribed`, then `reset`, then live messages; never a `refused` after the `subscribed`."""
+    client = await WSClient.open(served.url)
+    topic = served.sign("room:zeros")
+    assert (await client.subscribe(topic, since="0" * 21))["op"] == "subscribed"
+    assert await client.recv() == {"op": "reset", "topic": "room:zeros"}
+    await served.publish("room:zeros", {"n": 1})
+    assert (await client.messages(1))[0]["data"] == {"n": 1}
+    await client.close()
+
+
 async def test_subscribing_twice_restarts_the_subscription_without_duplicates(served: Served) -> None:
     """A second subscribe to the same topic answers again and delivers each later message once."""
     client = await WSClient.open(served.url)
