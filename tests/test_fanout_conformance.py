@@ -394,6 +394,25 @@ async def test_publish_many_checks_every_item_before_anything_is_published(make_
     assert offsets_of(received)[1] == marker, "nothing of the refused batches was delivered"
 
 
+async def test_data_that_is_not_unicode_text_is_refused_naming_the_item(make_fanout: MakeFanOut) -> None:
+    """A string holding a lone surrogate (what Python makes of an undecodable file name) is not
+    plain JSON text: publish() and publish_many() refuse it with TypeError naming the item, and
+    nothing is written."""
+    fanout = await make_fanout()
+    start = fanout.publish("odd:text", {"n": 0})
+    name = b"report-\xff.pdf".decode("utf-8", "surrogateescape")
+    with pytest.raises(TypeError, match="publish\\(\\) data must be plain JSON") as caught:
+        fanout.publish("odd:text", {"file": name})
+    one_line(caught.value)
+    with pytest.raises(TypeError, match="publish\\(\\) data must be plain JSON"):
+        await fanout.apublish("odd:text", {"file": name})
+    with pytest.raises(TypeError, match="item 1's data must be plain JSON"):
+        fanout.publish_many([("odd:text", {"n": 1}), ("odd:text", {"file": name})])
+    with pytest.raises(TypeError, match="item 1's data must be plain JSON"):
+        await fanout.apublish_many([("odd:text", {"n": 1}), ("odd:text", {"file": name})])
+    assert fanout.latest_offset("odd:text") == start
+
+
 async def test_publish_many_of_thousands_on_long_topic_names_arrives_whole(make_fanout: MakeFanOut) -> None:
     """A batch of 2,500 messages over 300 topics, some named with 200 characters, is published (past one
     statement or script call, and past a notification's size), delivered in batch order per topic, and

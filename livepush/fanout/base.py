@@ -59,7 +59,13 @@ def encode_payload(data: JSON, what: str = "publish() data") -> str:
         text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{what} must be plain JSON: {exc}") from None
-    size = len(text.encode("utf-8"))
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        # json.dumps keeps a lone surrogate (what Python makes of undecodable bytes, e.g. a file
+        # name) as it is, and no store or client can take text that is not Unicode.
+        bad = text[exc.start:exc.end]
+        raise TypeError(f"{what} must be plain JSON: it holds a lone surrogate ({bad!r}), not Unicode text") from None
     if size > MAX_PAYLOAD_BYTES:
         raise PayloadTooLarge(
             f"{what} is {size} bytes of JSON, over the 1 MiB limit: send a reference "
