@@ -608,6 +608,23 @@ async def test_history_of_unknown_or_garbage_offset_is_none(make_fanout: MakeFan
     assert await fanout.history("hist:never", beyond(other)) is None
 
 
+async def test_history_at_the_top_of_the_offset_range_is_none(kind: str, make_fanout: MakeFanOut) -> None:
+    """An offset as large as the store's numbers go was never given out: history() answers None
+    (the client gets `reset`), not an error that reads as the store being down (the client would
+    be refused `unavailable` and retry the same offset for ever)."""
+    fanout = await make_fanout()
+    offset = fanout.publish("hist:top", {"i": 0})
+    epoch = offset.split("-")[0]
+    tops = {
+        "local": ["9223372036854775807", "9" * 30],
+        "postgres": [f"{epoch}-9223372036854775807", f"{epoch}-9223372036854775000"],
+        "redis": ["18446744073709551615-18446744073709551615", "18446744073709551615-0"],
+    }[kind]
+    for since in tops:
+        assert await fanout.history("hist:top", since) is None, f"since={since}"
+        assert (await fanout.histories({"hist:top": since}))["hist:top"] is None, f"since={since}"
+
+
 async def test_expired_range_is_none(make_fanout: MakeFanOut) -> None:
     """Once a missed message is past history_ttl and pruned, history() answers None, never a hole."""
     fanout = await make_fanout(history_ttl=0.2)

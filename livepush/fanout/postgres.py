@@ -62,7 +62,9 @@ LATEST = "SELECT epoch, last_seq FROM livepush_topics WHERE topic = %s"
 # parameter an element at a time in Python, a cost on every live read. Per topic: capped at
 # its latest offset in that snapshot, so every row below it has committed; rows missing below
 # it were pruned (the caller resets). A page stops at the row that takes it past the byte
-# bound (a page always has one row), so a page of large messages stays small. No row for a
+# bound (a page always has one row), so a page of large messages stays small. The bound is
+# after + least(last - after, limit), never after + limit: a client's `since` may be as large as
+# a bigint goes, and adding to it would fail the read as if Postgres were down. No row for a
 # pair: a topic never published. Otherwise at least one row; its page columns are NULL when the
 # page is empty. Read-only: concurrent publishers only add rows past what the snapshot shows.
 HISTORIES = """
@@ -75,7 +77,7 @@ LEFT JOIN LATERAL (
            extract(epoch FROM created_at)::float8 AS at,
            sum(octet_length(data)) OVER (ORDER BY seq) - octet_length(data) AS before
     FROM livepush_messages
-    WHERE topic = q.topic AND seq > q.after AND seq <= least(t.last_seq, q.after + %(limit)s)
+    WHERE topic = q.topic AND seq > q.after AND seq <= q.after + least(t.last_seq - q.after, %(limit)s)
 ) m ON m.before < %(bytes)s
 ORDER BY r.i, m.seq
 """

@@ -53,6 +53,7 @@ logger = logging.getLogger("livepush.fanout.redis")
 FIRST_PREV = "0-0"  # the "offset before the first message" of every topic
 _STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 STREAM_ID_PART_MAX = 2**64 - 1  # each half of a stream id is an unsigned 64-bit number
+LAST_ID = f"{STREAM_ID_PART_MAX}-{STREAM_ID_PART_MAX}"  # no stream id comes after it
 
 
 def _is_stream_id(text: str) -> bool:
@@ -340,8 +341,10 @@ class RedisFanOut(FanOut):
         return text(newest[0][0]) if newest else FIRST_PREV
 
     async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE) -> History | None:
-        if not isinstance(since, str) or not (since == FIRST_PREV or _is_stream_id(since)):
-            return None  # not an offset this fan-out ever gave out
+        if not isinstance(since, str) or not (since == FIRST_PREV or _is_stream_id(since)) or since == LAST_ID:
+            # Not an offset this fan-out ever gave out. The last id is one too: XADD * never
+            # reaches it, and Redis refuses a range that starts after it.
+            return None
         key = self.key_prefix + topic
         client = self._async_client()
         try:

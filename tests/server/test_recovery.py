@@ -108,7 +108,9 @@ async def test_one_mib_works_and_two_mib_is_refused_before_anything_is_written(s
 
 @pytest.mark.parametrize("since", ["garbage", "999999999", "-1",
                                    # past a Postgres bigint, and past a Redis stream id's halves
-                                   "1-9999999999999999999", "99999999999999999999-0"])
+                                   "1-9999999999999999999", "99999999999999999999-0",
+                                   # the very top of a Postgres bigint and of a Redis stream id
+                                   "1-9223372036854775807", "18446744073709551615-18446744073709551615"])
 async def test_an_unknown_since_gets_reset_then_live(served: Served, since: str) -> None:
     """A `since` this topic never had is answered with `reset`, then live messages flow: never
     `unavailable`, which a client would retry with the same offset for ever."""
