@@ -345,6 +345,34 @@ async def test_restart_without_persistence_resets_and_keeps_delivering(
     assert (received[-1].offset, received[-1].prev) == (fresh, "0-0")
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "a restored snapshot holds a chain that looks whole: the first message published after the "
+    "restart names the snapshot's newest entry as its predecessor, so nothing in Redis shows the "
+    "lost tail; either the fan-out learns of restarts (an epoch that a restart changes) or the "
+    "guarantees promise recovery across a restart only with appendfsync always"))
+async def test_a_restart_from_a_snapshot_that_lost_the_newest_messages_resets_a_client_from_before_them(
+    make_redis: MakeRedis, private_redis: PrivateRedis
+) -> None:
+    """Redis with RDB persistence restarts from its last snapshot, which lacks the messages
+    published after it. A client that saw a message from before the snapshot and resumes after
+    the restart (and a new publish) must get `reset` (None), not the snapshot's rest and the new
+    message with the lost ones silently left out."""
+    fanout = await make_redis(url=private_redis.url, listen=False)
+    saved = [fanout.publish("tail:a", {"i": i}) for i in range(3)]
+    snapshot = redis.Redis.from_url(private_redis.url)
+    try:
+        snapshot.save()  # what `save 60 1000` does now and then
+    finally:
+        snapshot.close()
+    lost = [fanout.publish("tail:a", {"i": i}) for i in range(3, 5)]
+    private_redis.stop(save=False)  # a crash: what came after the snapshot is gone
+    private_redis.start()
+    fanout = await make_redis(url=private_redis.url, listen=False)
+    after = fanout.publish("tail:a", {"i": 5})
+    replay = await read_history(fanout, "tail:a", saved[0])
+    assert replay is None, f"since={saved[0]} replayed {offsets_of(replay)} (then {after}), hiding the lost {lost}"
+
+
 async def test_a_silent_server_is_detected_by_the_heartbeat(make_redis: MakeRedis, private_redis: PrivateRedis) -> None:
     """A Redis that stops answering without closing the socket is declared lost within a few heartbeats."""
     fanout = await make_redis(url=private_redis.url, heartbeat=0.1)
