@@ -59,6 +59,11 @@ READ_RETRY_SECONDS = 0.5
 # Topics per log read at most, so that a topic rung among thousands waits for one read, not for
 # all of them (the Postgres fan-out reads as many in one statement).
 READ_BATCH = 500
+# A replay waits for the client after about this many bytes of frames, within a page too: a page
+# holds up to a MiB of data before its last message, which may be a MiB itself, and all of it
+# sent at once would wait past the 2 MiB a client may have waiting (server/connection.py), so a
+# client reading as fast as it can would be closed as too slow.
+REPLAY_DRAIN_BYTES = 256 * 1024
 
 
 def _names(topics: Iterable[str], shown: int = 3) -> str:
@@ -454,13 +459,20 @@ class Hub:
         metrics.RECOVERIES.inc()
         sub.send(protocol.subscribed(ref, topic, page.latest))
         last = since
+        unread = 0
         while True:
             for message in page.messages:
-                sub.send(protocol.message(topic, message.offset, message.data_json or "null"))
+                if unread >= REPLAY_DRAIN_BYTES:
+                    await sub.drain()
+                    unread = 0
+                frame = protocol.message(topic, message.offset, message.data_json or "null")
+                sub.send(frame)
                 last = message.offset
+                unread += len(frame)
             if not page.more:
                 return offset_key(last)
             await sub.drain()  # a replay of any length waits for the client, page by page
+            unread = 0
             next_page = await self.fanout.history(topic, last)
             if next_page is None:  # pruned while we read: the client refetches
                 latest = await self.fanout.alatest_offset(topic)

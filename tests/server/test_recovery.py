@@ -106,6 +106,26 @@ async def test_one_mib_works_and_two_mib_is_refused_before_anything_is_written(s
     await client.close()
 
 
+async def test_a_replay_page_of_about_2_mib_reaches_a_client_that_reads_as_fast_as_it_can(served: Served) -> None:
+    """A page of history holds up to a MiB of data before its last message, which may be a MiB
+    itself. A client that resumes over such a page and reads as fast as it can gets every
+    message, in order: it is not closed as too slow (1013) for what the server sent at once."""
+    topic = "t" * 200  # the longest topic: the most bytes of frame around each message
+    client = await WSClient.open(served.url)
+    await client.subscribe(served.sign(topic))
+    await served.publish(topic, {"i": -1})
+    last_seen = (await client.messages(1))[0]["offset"]
+    await client.close()
+    pad = "x" * 1030  # 999 of these stay just under the page's MiB
+    await served.fanout.apublish_many([(topic, {"i": i, "p": pad}) for i in range(999)])
+    await served.publish(topic, {"i": 999, "p": "y" * (1024 * 1024 - 30)})
+    back = await WSClient.open(served.url)
+    assert (await back.subscribe(served.sign(topic), since=last_seen))["op"] == "subscribed"
+    replay = await back.messages(1000, timeout=10)
+    assert [m["data"]["i"] for m in replay] == list(range(1000))
+    await back.close()
+
+
 @pytest.mark.parametrize("since", ["garbage", "999999999", "-1",
                                    # past a Postgres bigint, and past a Redis stream id's halves
                                    "1-9999999999999999999", "99999999999999999999-0",
