@@ -18,6 +18,7 @@ import pytest
 import redis
 
 import livepush
+from livepush.fanout.base import MAX_PAYLOAD_BYTES
 from livepush.fanout.redis import FRAME_BYTES, PRUNE_SCAN_COUNT, RedisFanOut, parse_frames
 from livepush.types import offset_key
 from tests.support.fanouts import WAIT, Collector, offsets_of, read_history
@@ -114,6 +115,29 @@ async def test_a_burst_of_reads_waits_for_connections_instead_of_failing(make_re
     fanout.publish("burst:0", {"i": 0})
     got = await asyncio.wait_for(asyncio.gather(*(fanout.alatest_offset(f"burst:{i}") for i in range(1000))), 30)
     assert got[0] is not None and len(got) == 1000
+
+
+async def test_a_history_read_copies_about_a_page_not_the_next_1000_entries(
+    make_redis: MakeRedis, private_redis: PrivateRedis
+) -> None:
+    """A history read is one script, and Redis serves nobody else while it runs. With 200
+    messages of 1 MiB waiting, a page holds two of them: the read copies about that much, not
+    the 200 MiB of entries that follow, so no read holds Redis for as long as a quarter second,
+    and the replay still comes whole."""
+    fanout = await make_redis(url=private_redis.url, listen=False)
+    since = fanout.latest_offset("big:a")
+    blob = "y" * (MAX_PAYLOAD_BYTES - 30)
+    offsets = [fanout.publish("big:a", {"i": i, "p": blob}) for i in range(200)]
+    admin = redis.Redis.from_url(private_redis.url)
+    try:
+        admin.config_set("slowlog-log-slower-than", 250_000)  # microseconds
+        admin.slowlog_reset()
+        page = await fanout.history("big:a", since)
+        assert page is not None and offsets_of(page.messages) == offsets[:2] and page.more
+        assert [entry["command"][:7] for entry in admin.slowlog_get()] == [], "a history read held Redis"
+        assert offsets_of(await read_history(fanout, "big:a", since)) == offsets
+    finally:
+        admin.close()
 
 
 async def test_concurrent_publishers_agree_on_one_order(make_redis: MakeRedis) -> None:

@@ -124,21 +124,31 @@ return redis.call('XTRIM', key, 'MINID', minid)
 # with the server's time and the newest entry, so "nothing after since" and "since is the newest"
 # are one instant: a publish in between cannot turn a valid since into a reset. The page ends at
 # the entry that takes its data past ARGV[3] bytes (a page always has one entry), so 1,000 large
-# messages never leave Redis in one reply.
+# messages never leave Redis in one reply. Entries are read a few at a time, the count doubling
+# up to 128, never all `count` at once: the script copies what it reads, and Redis
+# serves nobody else while it runs, so reading 1,000 entries of a MiB to keep two would hold
+# every client of Redis for seconds and take a GiB of memory.
 _HISTORY_LUA = """
-local page = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])
+local want = tonumber(ARGV[2])
 local budget = tonumber(ARGV[3])
-local used = 0
-local kept = 0
-for i, entry in ipairs(page) do
-  if used >= budget then break end
-  local fields = entry[2]
-  for j = 1, #fields, 2 do
-    if fields[j] == 'd' then used = used + #fields[j + 1] end
+local page, used = {}, 0
+local start = '(' .. ARGV[1]
+local step = 1
+while #page < want and used < budget do
+  local ask = math.min(step, want - #page)
+  local batch = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', ask)
+  for _, entry in ipairs(batch) do
+    if used >= budget then break end
+    local fields = entry[2]
+    for j = 1, #fields, 2 do
+      if fields[j] == 'd' then used = used + #fields[j + 1] end
+    end
+    page[#page + 1] = entry
   end
-  kept = i
+  if #batch < ask then break end
+  start = '(' .. batch[#batch][1]
+  step = math.min(step * 2, 128)
 end
-for i = #page, kept + 1, -1 do page[i] = nil end
 return {redis.call('TIME'), page, redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)}
 """
 
