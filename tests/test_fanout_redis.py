@@ -174,6 +174,19 @@ async def test_prune_drops_expired_entries_but_keeps_the_newest(make_redis: Make
     assert offsets_of(await read_history(fanout, "prune:a", offsets[-1])) == [fresh]
 
 
+async def test_prune_keeps_to_its_own_prefix_whatever_characters_it_holds(make_redis: MakeRedis) -> None:
+    """LIVEPUSH_REDIS_PREFIX may hold any printable character. prune() trims its own
+    deployment's streams and never another's: a prefix with glob characters (`app[1]`) is not a
+    pattern that matches deployment `app1`, whose history must outlive this one's shorter TTL."""
+    ours = await make_redis(history_ttl=0.2, prefix="app[1]", listen=False)
+    theirs = await make_redis(history_ttl=300, prefix="app1", listen=False)
+    kept = [theirs.publish("shared:a", {"i": i}) for i in range(3)]
+    expired = [ours.publish("shared:a", {"i": i}) for i in range(3)]
+    await asyncio.sleep(0.4)  # wall-clock expiry: no event to await
+    assert await ours.prune() == len(expired) - 1, "its own expired entries, all but the newest"
+    assert offsets_of(await read_history(theirs, "shared:a", "0-0")) == kept, "another deployment's history was trimmed"
+
+
 async def test_prune_does_bounded_work_per_call(make_redis: MakeRedis, raw: redis.Redis) -> None:
     """One prune() call visits about one SCAN batch of topics; repeated calls cover them all."""
     fanout = await make_redis(history_ttl=0.2, listen=False)

@@ -236,6 +236,9 @@ class RedisFanOut(FanOut):
         self.prefix = prefix if prefix is not None else default_prefix(url)
         self.channel = f"{self.prefix}:pub"
         self.key_prefix = f"{self.prefix}:h:"
+        # SCAN's MATCH is a glob: a prefix may hold *, ?, [ or a backslash, which must match only themselves,
+        # or prune() would trim another deployment's streams (`app[1]` matching `app1`).
+        self._key_pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self.key_prefix) + "*"
         self._ttl_ms = int(history_ttl * 1000)
         self._publish_args_tail = [self._ttl_ms, max_len, int(self.idle_expire * 1000), self.channel]
         self._subscriber = ListenerSlot(subscriber, lambda: Subscriber(url, heartbeat=heartbeat, backoff=backoff,
@@ -388,7 +391,7 @@ class RedisFanOut(FanOut):
         """Trim a bounded batch of topics (one SCAN step, cursor kept between calls)."""
         client = self._async_client()
         try:
-            cursor, keys = await client.scan(self._prune_cursor, match=self.key_prefix + "*", count=PRUNE_SCAN_COUNT)
+            cursor, keys = await client.scan(self._prune_cursor, match=self._key_pattern, count=PRUNE_SCAN_COUNT)
             self._prune_cursor = int(cursor)
             if not keys:
                 return 0
