@@ -413,6 +413,30 @@ async def test_data_that_is_not_unicode_text_is_refused_naming_the_item(make_fan
     assert fanout.latest_offset("odd:text") == start
 
 
+async def test_data_nested_past_what_json_encoding_can_follow_is_refused_naming_the_item(
+        make_fanout: MakeFanOut) -> None:
+    """Data nested thousands of levels deep (a few KiB of JSON) cannot be encoded: publish() and
+    publish_many() refuse it with TypeError naming the item, as any data that is not plain JSON,
+    not with the encoder's RecursionError, and nothing is written."""
+    fanout = await make_fanout()
+    start = fanout.publish("odd:deep", {"n": 0})
+    deep: list[Any] = []
+    inner = deep
+    for _ in range(5000):
+        inner.append([])
+        inner = inner[0]
+    with pytest.raises(TypeError, match="publish\\(\\) data must be plain JSON") as caught:
+        fanout.publish("odd:deep", deep)
+    one_line(caught.value)
+    with pytest.raises(TypeError, match="publish\\(\\) data must be plain JSON"):
+        await fanout.apublish("odd:deep", deep)
+    with pytest.raises(TypeError, match="item 1's data must be plain JSON"):
+        fanout.publish_many([("odd:deep", {"n": 1}), ("odd:deep", deep)])
+    with pytest.raises(TypeError, match="item 1's data must be plain JSON"):
+        await fanout.apublish_many([("odd:deep", {"n": 1}), ("odd:deep", deep)])
+    assert fanout.latest_offset("odd:deep") == start
+
+
 async def test_publish_many_of_thousands_on_long_topic_names_arrives_whole(make_fanout: MakeFanOut) -> None:
     """A batch of 2,500 messages over 300 topics, some named with 200 characters, is published (past one
     statement or script call, and past a notification's size), delivered in batch order per topic, and

@@ -59,6 +59,10 @@ def encode_payload(data: JSON, what: str = "publish() data") -> str:
         text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{what} must be plain JSON: {exc}") from None
+    except RecursionError:
+        # The encoder follows nesting on the interpreter's stack: a few KiB of lists in lists
+        # go past it.
+        raise TypeError(f"{what} must be plain JSON: it is nested too deeply to encode; flatten it") from None
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError as exc:
