@@ -20,8 +20,9 @@ Pattern syntax:
 - ``{subject}`` matches exactly the session's subject; a rule with it never matches an
   anonymous connection, nor a subject that holds a topic separator (``:``, ``/`` or ``.``:
   subject ``7:x`` must not enter subject ``7``'s ``team:7:*``). It may not touch a ``*``
-  (``user:{subject}*`` would let subject ``7`` read ``user:70``): put a literal separator
-  between them.
+  (``user:{subject}*`` would let subject ``7`` read ``user:70``), and on a side where a ``*``
+  follows or precedes it, the character next to it must be a separator (under
+  ``user:{subject}-*`` subject ``7-x`` would read ``user:7-x-inbox``): e.g. ``user:{subject}:*``.
 A pattern must match the whole topic.
 """
 
@@ -81,7 +82,8 @@ class Allow:
             raise ValueError(f"Allow({self.pattern!r}): topics starting with {RESERVED_PREFIX!r} are livepush's own")
         parts: list[str] = []
         kinds: list[str] = []
-        for token in _TOKEN_RE.findall(self.pattern):
+        tokens = _TOKEN_RE.findall(self.pattern)
+        for token in tokens:
             if token == "*":
                 if kinds and kinds[-1] == "*":
                     raise ValueError(f"Allow({self.pattern!r}): '**' means nothing more than '*': use one")
@@ -105,6 +107,21 @@ class Allow:
                 raise ValueError(
                     f"Allow({self.pattern!r}): '*' next to {{subject}} would let one subject match another's "
                     "topics (subject 7 reading user:70): put a literal separator between them, e.g. user:{subject}:*"
+                )
+        for i, kind in enumerate(kinds):
+            if kind != "subject":
+                continue
+            # A subject never holds a separator, so a separator ends the slot; any other character
+            # could belong to a longer subject: under user:{subject}-*, subject 7-x would read
+            # user:7-x-inbox, inside subject 7's user:7-*. Only a side a '*' can stretch matters.
+            after = "*" in kinds[i + 1:] and tokens[i + 1][0] not in SEPARATORS
+            before = "*" in kinds[:i] and tokens[i - 1][-1] not in SEPARATORS
+            if after or before:
+                raise ValueError(
+                    f"Allow({self.pattern!r}): a '*' could stretch {{subject}} into another subject's topics "
+                    f"(subject 7-x reading user:7-x-inbox under user:{{subject}}-*): put a separator "
+                    f"({', '.join(sorted(SEPARATORS))}) right {'after' if after else 'before'} {{subject}}, "
+                    "e.g. user:{subject}:*"
                 )
         has_subject = "subject" in kinds
         if has_subject and self.anonymous:
