@@ -111,6 +111,7 @@ class PushServer:
         self._core: ConnectionCore | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._reverify_now = asyncio.Event()
+        self._rings = 0  # revocation rings heard: a handshake whose store read one overlapped checks again
         self._quiet = Quiet(log)  # what clients can cause: rate-limited
 
     # -- lifecycle --------------------------------------------------------------------
@@ -123,7 +124,7 @@ class PushServer:
             source.watch(self.hub.on_state_change, lambda source=source: self.hub.on_state_resync(source),
                          self.hub.on_state_created)
             await source.listen()
-        await self.store.watch(self._reverify_now.set)
+        await self.store.watch(self._revocation_rang)
         self._core = ConnectionCore(self)
         await self._core.listen(self.settings.host, self.settings.port, reuse_port=self.worker is not None)
         self._tasks.append(supervise("livepush-prune", self._prune_loop))
@@ -201,12 +202,17 @@ class PushServer:
             self._quiet.debug("refused a connection from a disallowed origin (set LIVEPUSH_ALLOWED_ORIGINS to allow it)")
             metrics.REFUSALS.labels("origin").inc()
             return http.response(403, b"origin not allowed: set LIVEPUSH_ALLOWED_ORIGINS\n")
+        rings = self._rings
         try:
             session, reason = await authenticate(request.headers, request.path, self.settings, self.store)
         except DependencyError as exc:
             log.warning("cannot check sessions right now: %s", exc)
             metrics.REFUSALS.labels("session_store_unavailable").inc()
             return http.response(503, b"session store unavailable, retry shortly\n")
+        if session is not None and self._rings != rings:
+            # A revocation rang while the store was read, and its re-check did not see this
+            # connection, not attached yet (it is, right after we return): check again.
+            self._reverify_now.set()
         if reason and reason != "missing":
             self._quiet.debug("a connection without a valid session: %s", reason)
         # Counted again after the store's answer: handshakes that waited on it together all
@@ -320,6 +326,10 @@ class PushServer:
         client.send(protocol.refused(ref, reason))
 
     # -- sessions ---------------------------------------------------------------------
+    def _revocation_rang(self) -> None:
+        self._rings += 1
+        self._reverify_now.set()
+
     async def _reverify_loop(self) -> None:
         """Re-check open sessions every reverify_interval, and at once when the store rings
         (a revocation somewhere): the store, not the ring, says who is revoked."""

@@ -18,7 +18,10 @@ import redis
 
 from livepush import api, sessions
 from livepush.config import Settings, get_settings, set_settings
+from livepush.fanout.local import LocalFanOut
+from livepush.server.app import PushServer
 from livepush.sessions import (
+    MemoryRevocations,
     PostgresRevocations,
     RedisRevocations,
     RevocationStore,
@@ -332,3 +335,53 @@ async def test_a_forged_doorbell_alone_closes_nothing(watched: tuple[Served, lis
     await asyncio.to_thread(sessions.revoke, token)  # the server's own store, as the wiring installs it
     code, elapsed = await closed_within(client, asyncio.get_running_loop().time())
     assert code == CLOSE_REVOKED and elapsed < REVOCATION_DEADLINE
+
+
+class _AnswersLate(MemoryRevocations):
+    """A store whose answer reaches the handshake only after its read was made, as a Postgres or
+    Redis read does: a revocation can be stored, and ring, in between."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read = asyncio.Event()
+        self.answer = asyncio.Event()
+        self.answer.set()
+        self.rechecked = asyncio.Event()
+
+    async def revoked_among(self, sessions: Any) -> set[str]:
+        self.rechecked.set()
+        return await super().revoked_among(sessions)
+
+    async def is_revoked(self, session: Session) -> bool:
+        revoked = await super().is_revoked(session)
+        self.read.set()
+        await self.answer.wait()
+        return revoked
+
+
+async def test_a_revocation_that_rings_during_the_handshake_still_closes_it(secret: str) -> None:
+    """A session revoked while its handshake waits for the store's answer (which predates the revocation) is closed with 4403 within a second of the ring, not at the next periodic re-check."""
+    set_settings(Settings(fanout="local", secret=secret, port=0))
+    store = _AnswersLate()
+    server = PushServer(get_settings(), LocalFanOut(), app=App(reverify_interval=3600), store=store)
+    await server.start()
+    try:
+        url = f"ws://127.0.0.1:{server.port}/"
+        other = await WSClient.open(url, additional_headers={"Cookie": f"livepush_session={sessions.issue('user-8')}"})
+        store.read.clear()
+        store.answer.clear()  # from now on the answer waits for the test
+        token = sessions.issue("user-7")
+        opening = asyncio.ensure_future(WSClient.open(url, additional_headers={"Cookie": f"livepush_session={token}"}))
+        await asyncio.wait_for(store.read.wait(), 5)
+        session = sessions.decode(token, get_settings().secrets)
+        store.add_session(session.id, session.expires_at)  # stored and rung
+        await asyncio.wait_for(store.rechecked.wait(), 5)  # the ring's re-check, while the handshake waits
+        store.answer.set()
+        client = await opening
+        assert client.hello["session"] == {"subject": "user-7"}
+        assert await client.closed_with(timeout=REVOCATION_DEADLINE) == CLOSE_REVOKED
+        assert await still_open(other)
+        await other.close()
+    finally:
+        await server.stop()
+        set_settings(None)
