@@ -11,12 +11,28 @@ import psycopg
 from ..errors import ConfigError
 
 
+def _misread(url: str) -> bool:
+    """Whether libpq reads part of a URI's user or password as its host, port or database name.
+    It ends the credentials at the first '@' or '/', so a password holding an unencoded '@' or
+    '/' spills into what redact() shows and psycopg's own messages quote."""
+    scheme, sep, rest = url.strip().partition("://")
+    if not sep or scheme.lower() not in ("postgresql", "postgres"):
+        return False
+    ends = [i for i in (rest.find("@"), rest.find("/")) if i >= 0]
+    if not ends:
+        return False
+    # An '@' left between the credentials' end and the parameters: the written one came later.
+    return "@" in rest[min(ends) + 1:].split("?", 1)[0]
+
+
 def redact(url: str) -> str:
     """`dbname@host:port` of a Postgres URL or conninfo, never its password; safe for any output."""
     try:
         info = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.Error:
         return "(a malformed URL)"
+    if _misread(url):
+        return "(a URL with an unencoded '@' or '/' in its password)"
     host = info.get("host") or "localhost"
     if host.startswith("/"):  # a unix socket directory
         host = "unix socket"
@@ -38,3 +54,8 @@ def check_url(url: str, setting: str = "LIVEPUSH_DATABASE_URL") -> None:
         psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.Error:
         raise malformed(url, setting) from None
+    if _misread(url):
+        raise ConfigError(
+            f"{setting} has an '@' or '/' in its user or password that Postgres would read as part of the host "
+            "or database name: percent-encode them (%40 for '@', %2F for '/')"
+        )

@@ -176,6 +176,19 @@ def test_a_database_url_never_shows_its_password(url: str, livepush_env: Callabl
     assert "Traceback" not in child.output()
 
 
+@pytest.mark.parametrize("url", [
+    "postgresql://u:S3cr/3tPw@127.0.0.1/db",  # libpq would read host u, port S3cr, database 3tPw@127.0.0.1/db
+    "postgresql://u:S3cr@3tPw@127.0.0.1/db",  # libpq would read password S3cr, host 3tPw@127.0.0.1
+])
+def test_a_password_with_an_unencoded_slash_or_at_is_not_shown_in_pieces(
+        url: str, livepush_env: Callable[..., dict[str, str]], procs: Processes) -> None:
+    """A database URL whose password holds an unencoded `/` or `@` ends `livepush serve` with exit 2 and one line saying to percent-encode it, holding no piece of the password."""
+    child = procs.livepush("serve", env=livepush_env(database_url=url), wait_healthy=False)
+    assert child.wait(30) == 2, child.output()
+    assert "S3cr" not in child.output() and "3tPw" not in child.output(), child.output()
+    assert "percent-encode" in child.stderr() and "Traceback" not in child.output()
+
+
 def test_a_redis_url_never_shows_its_password(livepush_env: Callable[..., dict[str, str]], procs: Processes) -> None:
     """`livepush serve` on an unreachable Redis whose URL carries `?password=` ends with exit 1 and a line without it."""
     env = livepush_env(redis_url="redis://127.0.0.1:1/0?password=S3cr3tPw", fanout="redis")
