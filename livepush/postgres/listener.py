@@ -99,6 +99,12 @@ class Listener:
     async def _connect(self) -> psycopg.AsyncConnection:
         conn = await aconnect(self.url, application_name=self.name)
         try:
+            if conn.info.parameter_status("server_encoding") == "SQL_ASCII":
+                # Postgres checks no encoding there: any role may NOTIFY bytes past ASCII, which
+                # psycopg, decoding as ASCII, fails on in the middle of a batch (losing the rest of
+                # it and the connection). Latin-1 decodes every byte; the handlers drop what is
+                # not theirs, and livepush's own payloads are ASCII.
+                await conn.execute("SET client_encoding TO 'LATIN1'")
             for channel in self._channels:
                 await conn.execute(f"LISTEN {channel.name}")
                 channel.live.set()

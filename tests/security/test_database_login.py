@@ -5,7 +5,9 @@ deliver, reset, cancel or close anything; malformed notifications stop nothing."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import logging
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
@@ -15,8 +17,10 @@ from livepush import jobs, sessions
 from livepush.fanout.postgres import PostgresFanOut
 from livepush.jobs import database
 from livepush.jobs.runtime.runtime import Runtime
+from livepush.postgres.listener import Listener
 from tests.security import role_jobs
 from tests.server.conftest import Served, make_settings, start_served
+from tests.support import services
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
@@ -191,3 +195,39 @@ async def test_a_forged_cancel_cancels_nothing_and_stops_no_runtime(pg_url: str,
         database.configure(None)
         config.set_settings(None)
 
+
+
+@pytest.fixture
+def sql_ascii_url(pg_admin_url: str) -> Iterator[str]:
+    """A database in SQL_ASCII: Postgres checks no encoding there, so a NOTIFY may carry any byte."""
+    name = f"t_ascii_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE \"{name}\" ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' "  # type: ignore[arg-type]
+                     "TEMPLATE template0")
+    try:
+        yield services.db_url(pg_admin_url, name)
+    finally:
+        services.drop_database(pg_admin_url, name)
+
+
+async def test_a_notification_with_a_non_ascii_byte_stops_no_listener(
+        sql_ascii_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """On a SQL_ASCII database a payload with a byte past ASCII is handed on like any malformed one: the listener stays connected, logs no error, and the notification committed with it arrives too."""
+    caplog.set_level(logging.DEBUG, logger="livepush")
+    heard: list[str] = []
+    listener = Listener(sql_ascii_url)
+    listener.add("livepush", heard.append)
+    await listener.start()
+    try:
+        def forge() -> None:
+            with psycopg.connect(sql_ascii_url, autocommit=True) as conn, conn.transaction():
+                conn.execute("SELECT pg_notify('livepush', E'1-1 caf\\xe9')")  # one batch with the next
+                conn.execute("SELECT pg_notify('livepush', '1-2 after')")
+
+        await asyncio.to_thread(forge)
+        await async_wait_for(lambda: "1-2 after" in heard, 5, message="the notification after it was lost")
+        assert listener.listening
+        trouble = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert trouble == [], trouble
+    finally:
+        await listener.aclose()
