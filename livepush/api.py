@@ -103,6 +103,10 @@ def sign_topic(topic: Topic, ttl: float | None = None) -> str:
     """A signed topic, safe to embed in a page: it is its own permission to subscribe."""
     settings = get_settings()
     settings.require_secret()
+    # The server refuses a state topic whose id is not canonical (job:0001): say so now, not
+    # with a signature no subscribe can use.
+    topics.validate_topic(topic)
+    topics.check_state_topic(topic)
     return topics.sign(topic, settings.secrets, ttl)
 
 

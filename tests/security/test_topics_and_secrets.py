@@ -107,6 +107,15 @@ async def test_state_topics_take_canonical_ids_only(served: Served) -> None:
         livepush.publish("job:1", {"not": "allowed"})  # a state topic shows its row, nothing else
 
 
+@pytest.mark.parametrize("topic", ["job:0001", "job:0_1", "group:07", "job:-1", "workflow:0"])
+def test_sign_topic_refuses_a_state_topic_the_server_would_refuse(settings: Settings, topic: str) -> None:
+    """sign_topic() of a state topic without a canonical id raises InvalidTopic (invalid_topic), as publish() does, rather than sign what every subscribe refuses."""
+    with pytest.raises(InvalidTopic) as refused:
+        livepush.sign_topic(topic, ttl=60)
+    assert refused.value.reason == "invalid_topic"
+    assert topics.verify(livepush.sign_topic("job:1", ttl=60), settings.secrets) == "job:1"
+
+
 async def test_publish_many_refuses_a_batch_with_a_state_or_malformed_topic_naming_the_item(served: Served) -> None:
     """livepush.publish_many checks every topic as publish() does before anything is published: a state
     topic or a malformed one fails the whole batch with InvalidTopic naming the item."""
