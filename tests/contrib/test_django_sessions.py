@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.test import Client
+from django.test import Client, override_settings
 
 from livepush import sessions
 from livepush.config import get_settings
@@ -57,6 +57,21 @@ def test_anonymous_requests_get_no_session_and_lose_a_stale_one() -> None:
     assert "livepush_session" not in client.get("/").cookies
     client.cookies["livepush_session"] = sessions.issue("someone", ttl=60)
     assert client.get("/").cookies["livepush_session"].value == ""
+
+
+@override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN="testserver.local")
+def test_with_a_cookie_domain_the_host_prefixed_cookie_is_deleted_without_one() -> None:
+    """With LIVEPUSH_SESSION_COOKIE_DOMAIN set, the `__Host-` cookie an earlier host-only setup left is deleted by a Set-Cookie without Domain (a browser ignores a `__Host-` one with a Domain), for a signed-in and an anonymous request alike: two different session cookies would count as none."""
+    client, _ = signed_in()
+    client.cookies["__Host-livepush_session"] = sessions.issue("earlier", ttl=3600)
+    cookies = client.get("/", secure=True).cookies
+    assert cookies["livepush_session"]["domain"] == "testserver.local" and cookies["livepush_session"].value
+    stale = cookies["__Host-livepush_session"]
+    assert stale.value == "" and stale["secure"] and not stale["domain"], stale.output()
+    client.logout()
+    client.cookies["__Host-livepush_session"] = sessions.issue("earlier", ttl=3600)
+    stale = client.get("/", secure=True).cookies["__Host-livepush_session"]
+    assert stale.value == "" and stale["secure"] and not stale["domain"], stale.output()
 
 
 def test_another_users_cookie_is_replaced() -> None:

@@ -23,6 +23,7 @@ from django.http import HttpRequest, HttpResponse
 from ... import sessions
 from ...config import get_settings
 from ...errors import InvalidSession, LivepushError
+from ...sessions.handshake import HOST_COOKIE_NAME
 from .._cookies import COOKIE_NAMES, session_cookie, session_token
 
 log = logging.getLogger("livepush.contrib.django")
@@ -57,14 +58,20 @@ def _set(response: HttpResponse, token: str, ttl: float, secure: bool) -> None:
                             domain=getattr(settings, "LIVEPUSH_SESSION_COOKIE_DOMAIN", None))
     response.set_cookie(cookie.name, cookie.value, max_age=cookie.max_age, path=cookie.path, domain=cookie.domain,
                         secure=cookie.secure, httponly=cookie.httponly, samesite=cookie.samesite)
-    response.delete_cookie(cookie.other_name, path="/", domain=cookie.domain)
+    _delete(response, cookie.other_name, cookie.domain)
+
+
+def _delete(response: HttpResponse, name: str, domain: str | None) -> None:
+    # A browser ignores a __Host- cookie, deleting one included, that names a Domain: that one is
+    # always deleted host-only (Django adds Secure for the prefix).
+    response.delete_cookie(name, path="/", domain=None if name == HOST_COOKIE_NAME else domain)
 
 
 def _drop(request: HttpRequest, response: HttpResponse) -> None:
     domain = getattr(settings, "LIVEPUSH_SESSION_COOKIE_DOMAIN", None)
     for name in COOKIE_NAMES:
         if name in request.COOKIES:
-            response.delete_cookie(name, path="/", domain=domain)
+            _delete(response, name, domain)
 
 
 class LivePushSessionMiddleware:
