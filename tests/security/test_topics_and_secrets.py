@@ -53,6 +53,23 @@ def test_handles_sign_topics_that_expire(settings: Settings) -> None:
     assert int(JobHandle(1).signed_topic.split(topics.SEP)[1]) <= time.time() + 61
 
 
+def test_a_handles_signed_topic_read_later_is_valid_for_the_full_ttl(settings: Settings,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A handle's signed_topic read two days after it was first read expires a day from that read, not with the first one."""
+    for handle in (JobHandle(42), GroupHandle(7)):
+        first = handle.signed_topic
+        later = time.time() + 2 * 86400
+        monkeypatch.setattr(time, "time", lambda: later)
+        try:
+            again = handle.signed_topic
+            assert topics.verify(again, settings.secrets) == handle.topic, "the first read's signature, expired"
+            assert later + 86400 - 5 <= int(again.split(topics.SEP)[1]) <= later + 86400 + 5
+            assert handle.signed_topic == again  # and read again at once, the same value
+        finally:
+            monkeypatch.undo()
+        assert first != again
+
+
 def test_topics_are_signed_with_hmac_sha256(settings: Settings) -> None:
     """A signed topic's signature is HMAC-SHA-256 (32 bytes); one made with SHA-1 is refused."""
     signed = livepush.sign_topic("job:42", ttl=60)

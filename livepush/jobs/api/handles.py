@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from ...api import sign_topic
 from ...config import get_settings
@@ -17,7 +18,7 @@ def signed_for_page(topic: str, ttl: float | None = None) -> str:
 
 class StateTopicHandle:
     """What every handle of a row with a state topic has: `topic` (`<kind>:<id>`) and
-    `signed_topic`, signed on first access (it expires after LIVEPUSH_SIGNED_TOPIC_TTL; use
+    `signed_topic`, signed when read (it expires LIVEPUSH_SIGNED_TOPIC_TTL after that read; use
     `sign(ttl=...)` for another lifetime), so creating a handle works without LIVEPUSH_SECRET;
     reading it without one raises ConfigError.
 
@@ -34,10 +35,14 @@ class StateTopicHandle:
 
     @property
     def signed_topic(self) -> str:
-        signed: str | None = getattr(self, "_signed", None)
-        if signed is None:
-            signed = signed_for_page(self.topic)
-            object.__setattr__(self, "_signed", signed)  # a cache, not a field: the handles are frozen
+        # Cached with its expiry (whole seconds, as signed): a read a second or more later signs
+        # again, so a handle kept for longer than the TTL never hands a page an expired topic.
+        expires = int(time.time() + get_settings().signed_topic_ttl)
+        cached: tuple[int, str] | None = getattr(self, "_signed", None)
+        if cached is not None and cached[0] == expires:
+            return cached[1]
+        signed = signed_for_page(self.topic)
+        object.__setattr__(self, "_signed", (expires, signed))  # a cache, not a field: the handles are frozen
         return signed
 
     def sign(self, ttl: float | None = None) -> str:
