@@ -140,7 +140,10 @@ _ACTIONS: dict[str, tuple[str, Callable[[dict[str, list[str]]], Awaitable[dict[s
 
 
 async def routes(request: Request) -> Response | None:
-    url = urlsplit(request.path)
+    try:
+        url = urlsplit(request.path)
+    except ValueError:  # e.g. an unbalanced "[" in a garbage request target: not the demo's
+        return None
     if url.path == "/favicon.ico":
         return http.response(204, b"")
     if url.path in _FILES:

@@ -145,6 +145,17 @@ async def test_an_unknown_since_gets_reset_then_live(served: Served, since: str)
     await client.close()
 
 
+async def test_a_since_padded_past_any_offset_gets_one_answer_and_reset(served: Served) -> None:
+    """The latest offset behind thirty zeros was never given out: `subscribed`, then `reset`, then live messages; never a second answer (`refused`) to the same subscribe."""
+    offset = await served.publish("padded", {"i": 0})
+    client = await WSClient.open(served.url)
+    assert (await client.subscribe(served.sign("padded"), since="0" * 30 + offset))["op"] == "subscribed"
+    assert (await client.recv())["op"] == "reset"
+    await served.publish("padded", {"i": 1})
+    assert (await client.messages(1))[0]["data"] == {"i": 1}
+    await client.close()
+
+
 async def test_since_older_than_the_history_ttl_gets_reset(fanout_kind: str, secret: str, request) -> None:
     """Past LIVEPUSH_HISTORY_TTL the missed messages are gone: the client gets `reset`, never a hole."""
     pg = request.getfixturevalue("pg_url") if fanout_kind == "postgres" else None
