@@ -20,9 +20,9 @@ Pattern syntax:
 - ``{subject}`` matches exactly the session's subject; a rule with it never matches an
   anonymous connection, nor a subject that holds a topic separator (``:``, ``/`` or ``.``:
   subject ``7:x`` must not enter subject ``7``'s ``team:7:*``). It may not touch a ``*``
-  (``user:{subject}*`` would let subject ``7`` read ``user:70``), and on a side where a ``*``
-  follows or precedes it, the character next to it must be a separator (under
-  ``user:{subject}-*`` subject ``7-x`` would read ``user:7-x-inbox``): e.g. ``user:{subject}:*``.
+  (``user:{subject}*`` would let subject ``7`` read ``user:70``), and a separator must stand
+  between it and any ``*`` (under ``user:{subject}-*`` subject ``7-x`` would read
+  ``user:7-x-inbox``): e.g. ``user:{subject}:*`` or ``user:{subject}-inbox:*``.
 A pattern must match the whole topic.
 """
 
@@ -60,6 +60,17 @@ AUTHORIZE_QUEUE = 32
 _STAR = "[A-Za-z0-9_.:/-]+"
 _LITERAL_RE = re.compile(r"[A-Za-z0-9_.:/-]+")
 _TOKEN_RE = re.compile(r"\{[^{}]*\}|\*|[^{}*]+|[{}]")
+
+
+def _pinned(tokens: list[str], kinds: list[str]) -> bool:
+    """Whether the literals from a {subject} slot up to the next '*' (in the order given) hold a
+    separator: true too when no '*' follows."""
+    for token, kind in zip(tokens, kinds):
+        if kind == "*":
+            return False
+        if kind == "literal" and any(c in SEPARATORS for c in token):
+            return True
+    return True
 
 
 @dataclass(frozen=True)
@@ -111,17 +122,18 @@ class Allow:
         for i, kind in enumerate(kinds):
             if kind != "subject":
                 continue
-            # A subject never holds a separator, so a separator ends the slot; any other character
-            # could belong to a longer subject: under user:{subject}-*, subject 7-x would read
-            # user:7-x-inbox, inside subject 7's user:7-*. Only a side a '*' can stretch matters.
-            after = "*" in kinds[i + 1:] and tokens[i + 1][0] not in SEPARATORS
-            before = "*" in kinds[:i] and tokens[i - 1][-1] not in SEPARATORS
+            # A subject never holds a separator, so the first separator after the slot (or the
+            # last before it) pins where the subject ends; without one between the slot and a '*',
+            # the subject's end floats: under user:{subject}-*, subject 7-x would read
+            # user:7-x-inbox, inside subject 7's user:7-*.
+            after = not _pinned(tokens[i + 1:], kinds[i + 1:])
+            before = not _pinned(tokens[:i][::-1], kinds[:i][::-1])
             if after or before:
                 raise ValueError(
                     f"Allow({self.pattern!r}): a '*' could stretch {{subject}} into another subject's topics "
                     f"(subject 7-x reading user:7-x-inbox under user:{{subject}}-*): put a separator "
-                    f"({', '.join(sorted(SEPARATORS))}) right {'after' if after else 'before'} {{subject}}, "
-                    "e.g. user:{subject}:*"
+                    f"({', '.join(sorted(SEPARATORS))}) between {{subject}} and the '*' "
+                    f"{'after' if after else 'before'} it, e.g. user:{{subject}}:*"
                 )
         has_subject = "subject" in kinds
         if has_subject and self.anonymous:

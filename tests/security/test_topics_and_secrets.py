@@ -93,13 +93,15 @@ async def test_a_subject_slot_never_matches_a_subject_with_a_separator() -> None
         assert await app.check(intruder, f"user:{subject}") == "forbidden", subject
 
 
-@pytest.mark.parametrize("pattern", ["user:{subject}-*", "user:{subject}_*", "user:{subject}x:*", "*-{subject}"])
+@pytest.mark.parametrize("pattern", ["user:{subject}-*", "user:{subject}_*", "user:{subject}-inbox-*", "*-{subject}",
+                                     "*x-{subject}:y"])
 def test_a_star_never_stretches_a_subject_slot_into_another_subjects_topics(pattern: str) -> None:
-    """Allow() refuses a `{subject}` slot that only a non-separator parts from a `*`: under
+    """Allow() refuses a `{subject}` slot that no separator parts from a `*`: under
     `user:{subject}-*`, subject `7-x` would read `user:7-x-inbox`, inside subject 7's `user:7-*`."""
     with pytest.raises(ValueError, match="separator"):
         livepush.Allow(pattern)
-    for fine in ("user:{subject}:*", "*:{subject}", "user:{subject}-inbox", "team-{subject}/*"):
+    for fine in ("user:{subject}:*", "*:{subject}", "user:{subject}-inbox", "team-{subject}/*",
+                 "user:{subject}x:*", "user:{subject}-inbox:*", "*/x-{subject}-y"):
         livepush.Allow(fine)
 
 
