@@ -21,6 +21,35 @@ CREATE UNLOGGED TABLE livepush_topics (
     last_seq bigint NOT NULL
 );
 
+-- The log's own epoch, one row: UNLOGGED like the log, so it is gone exactly when the log is
+-- emptied (a crash or a failover) and the next reader starts a new one. A topic nothing was
+-- published on has no row above, so its offset is "LOGEPOCH-0": resumed while this row is
+-- unchanged, nothing the topic had can have been lost, and it replays from the topic's first
+-- message; resumed after a crash, it gets `reset`, as an offset of a topic's old epoch does.
+CREATE UNLOGGED TABLE livepush_log (
+    only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    epoch    bigint NOT NULL DEFAULT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+);
+
+-- The log's epoch, made by the first reader after the migration or a crash. Safe under
+-- concurrency: readers that find no row insert with ON CONFLICT, which makes the later ones wait
+-- for the first and keep its row; RETURNING or the re-read gives every one of them that row.
+CREATE FUNCTION livepush_log_epoch() RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_epoch bigint;
+BEGIN
+    SELECT epoch INTO v_epoch FROM livepush_log;
+    IF v_epoch IS NULL THEN
+        INSERT INTO livepush_log DEFAULT VALUES ON CONFLICT DO NOTHING RETURNING epoch INTO v_epoch;
+        IF v_epoch IS NULL THEN
+            SELECT epoch INTO v_epoch FROM livepush_log;
+        END IF;
+    END IF;
+    RETURN v_epoch;
+END;
+$$;
+
 -- The log a client resumes from. data is the JSON text exactly as published, so the server
 -- sends it without parsing it again. Rows are deleted past LIVEPUSH_HISTORY_TTL.
 CREATE UNLOGGED TABLE livepush_messages (

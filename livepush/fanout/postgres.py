@@ -1,7 +1,7 @@
 """The Postgres fan-out: a message log, and LISTEN/NOTIFY as its doorbell.
 
 This module and sql/0001_message_log.sql are the only places that name the log's tables
-(`livepush_topics`, `livepush_messages`), its channel (`livepush`) and its offset format
+(`livepush_topics`, `livepush_messages`, `livepush_log`), its channel (`livepush`) and its offset format
 ("EPOCH-SEQ"); everything else publishes through `publish()` / `apublish()`.
 
 publish() calls `livepush_publish()`: one round trip that assigns the offset under the
@@ -9,7 +9,9 @@ topic's row lock, logs the message and rings the channel, in the caller's transa
 `conn=` is given. publish_many() calls `livepush_publish_many()`, the same for a batch in one
 statement (per 1,000 messages), in one transaction. Offsets are the per-topic sequence numbers,
 so they are gap-free and in commit order. The epoch changes only when a crash emptied the
-(unlogged) tables, so an offset from before a crash can never be mistaken for a newer one.
+(unlogged) tables, so an offset from before a crash can never be mistaken for a newer one. A
+topic nothing was published on has the log's epoch and 0 as its offset, which a crash outdates
+in the same way.
 
 A notification carries "EPOCH-SEQ TOPIC" and no data: any role that can connect may listen
 and send on any channel, so the server reads what it delivers from the log (the hub does, in
@@ -53,8 +55,13 @@ PUBLISH_MANY = "SELECT livepush_publish_many(%s::json)"
 # of data: a batch of any size is one transaction, never one huge JSON parameter.
 MANY_CHUNK = 1000
 MANY_CHUNK_BYTES = 8 * 1024 * 1024
-# name: latest_offset -- a committed value; no row for a topic never published ("0").
-LATEST = "SELECT epoch, last_seq FROM livepush_topics WHERE topic = %s"
+# name: latest_offset -- a committed value; for a topic never published (no row), the log's
+# epoch and 0 (livepush_log_epoch() makes the epoch if a crash emptied the log).
+LATEST = """
+SELECT epoch, last_seq FROM livepush_topics WHERE topic = %(topic)s
+UNION ALL
+SELECT livepush_log_epoch(), 0 WHERE NOT EXISTS (SELECT FROM livepush_topics WHERE topic = %(topic)s)
+"""
 # name: histories -- for each (topic, after) pair, the topic's latest offset and the page after
 # `after`, in one statement: one snapshot and one round trip for every topic a batch of
 # doorbells named (the server's live reads), or for one topic (a replay). The pairs come as one
@@ -64,14 +71,16 @@ LATEST = "SELECT epoch, last_seq FROM livepush_topics WHERE topic = %s"
 # it were pruned (the caller resets). A page stops at the row that takes it past the byte
 # bound (a page always has one row), so a page of large messages stays small. The bound is
 # after + least(last - after, limit), never after + limit: a client's `since` may be as large as
-# a bigint goes, and adding to it would fail the read as if Postgres were down. No row for a
-# pair: a topic never published. Otherwise at least one row; its page columns are NULL when the
-# page is empty. Read-only: concurrent publishers only add rows past what the snapshot shows.
+# a bigint goes, and adding to it would fail the read as if Postgres were down. At least one row
+# per pair; its topic columns are NULL for a topic never published, its page columns when the
+# page is empty. Each row has the log's epoch (NULL when a crash emptied the log and nobody has
+# read an origin since), which an origin offset is checked against. Read-only: concurrent
+# publishers only add rows past what the snapshot shows.
 HISTORIES = """
-SELECT r.i, t.epoch, t.last_seq, m.seq, m.data, m.fresh, m.at
+SELECT r.i, t.epoch, t.last_seq, m.seq, m.data, m.fresh, m.at, (SELECT epoch FROM livepush_log) AS log_epoch
 FROM jsonb_array_elements(%(reads)s::jsonb) WITH ORDINALITY AS r(pair, i)
 CROSS JOIN LATERAL (SELECT r.pair ->> 0 AS topic, (r.pair ->> 1)::bigint AS after) q
-JOIN livepush_topics t ON t.topic = q.topic
+LEFT JOIN livepush_topics t ON t.topic = q.topic
 LEFT JOIN LATERAL (
     SELECT seq, data, created_at >= now() - make_interval(secs => %(ttl)s) AS fresh,
            extract(epoch FROM created_at)::float8 AS at,
@@ -90,9 +99,6 @@ DELETE FROM livepush_messages WHERE ctid = ANY (ARRAY(
     LIMIT %s))
 """
 
-# The offset of a topic nothing was published on yet: "before the first message" of whatever
-# epoch the topic's first publish starts.
-ORIGIN = "0"
 _OFFSET = re.compile(r"([0-9]{1,19})-([0-9]{1,19})")
 _DOORBELL = re.compile(r"([0-9]{1,19})-([0-9]{1,19}) ([A-Za-z0-9_.:/-]{1,200})")
 
@@ -102,14 +108,13 @@ def _offset(epoch: int, seq: int) -> Offset:
 
 
 def _latest(row: tuple[int, int] | None) -> Offset:
-    return _offset(row[0], row[1]) if row else ORIGIN
+    assert row is not None  # LATEST has a row for every topic
+    return _offset(row[0], row[1])
 
 
-def parse_offset(since: str) -> tuple[int | None, int] | None:
-    """(epoch, seq) of an offset this fan-out gives out, with epoch None for ORIGIN; None for
-    anything else (ASCII digits only)."""
-    if since == ORIGIN:
-        return None, 0
+def parse_offset(since: str) -> tuple[int, int] | None:
+    """(epoch, seq) of an offset this fan-out gives out; None for anything else (ASCII digits
+    only). The epoch is a topic's, or the log's for the origin of a topic never published."""
     m = _OFFSET.fullmatch(since)
     if m is None:
         return None
@@ -136,18 +141,20 @@ def parse_doorbell(payload: str) -> list[Message]:
     return found
 
 
-def _page(topic: Topic, since_epoch: int | None, after: int, found: list[tuple[Any, ...]]) -> History | None:
-    """One topic's page from its rows of HISTORIES."""
-    if not found:
-        # Nothing published yet (or not since a crash emptied the log).
-        return History([], ORIGIN, False) if after == 0 else None
-    epoch, last = found[0][1], found[0][2]
-    if since_epoch not in (None, epoch) or after > last:
+def _page(topic: Topic, since_epoch: int, after: int, found: list[tuple[Any, ...]]) -> History | None:
+    """One topic's page from its rows of HISTORIES (at least one)."""
+    epoch, last, log_epoch = found[0][1], found[0][2], found[0][7]
+    # An origin ("LOGEPOCH-0", given out while the topic had no row) of the log as it is: the
+    # log was not emptied since, so the topic has lost nothing; it replays from its first message.
+    origin = after == 0 and since_epoch == log_epoch
+    if epoch is None:  # nothing published yet, or not since a crash emptied the log
+        return History([], _offset(log_epoch, 0), False) if origin else None
+    if (since_epoch != epoch and not origin) or after > last:
         return None  # from before a crash emptied the log, or an offset never given out
     latest = _offset(epoch, last)
     if after == last:
         return History([], latest, False)
-    rows = [(seq, data, fresh, at) for _, _, _, seq, data, fresh, at in found if seq is not None]
+    rows = [(seq, data, fresh, at) for _, _, _, seq, data, fresh, at, _ in found if seq is not None]
     # Never a silent hole: the page runs from after+1 without a gap, and its first row is unexpired.
     if not rows or rows[0][0] != after + 1 or rows[-1][0] != after + len(rows) or not rows[0][2]:
         return None
@@ -302,7 +309,7 @@ class PostgresFanOut(FanOut):
 
     async def _read(self, reads: Mapping[Topic, Offset], limit: int) -> dict[Topic, History | None]:
         found: dict[Topic, History | None] = {}
-        asked: list[tuple[Topic, int | None, int]] = []
+        asked: list[tuple[Topic, int, int]] = []
         for topic, since in reads.items():
             parsed = parse_offset(since) if isinstance(since, str) else None
             if parsed is None:
@@ -320,17 +327,17 @@ class PostgresFanOut(FanOut):
         for row in rows:
             by_pair.setdefault(row[0], []).append(row)
         for i, (topic, since_epoch, after) in enumerate(asked, 1):
-            found[topic] = _page(topic, since_epoch, after, by_pair.get(i, []))
+            found[topic] = _page(topic, since_epoch, after, by_pair[i])
         return found
 
     def latest_offset(self, topic: Topic) -> Offset:
         with translated(self.url), self._pools.sync().connection() as c:
-            return _latest(c.execute(LATEST, (topic,)).fetchone())
+            return _latest(c.execute(LATEST, {"topic": topic}).fetchone())
 
     async def alatest_offset(self, topic: Topic) -> Offset:
         with translated(self.url):
             async with (await self._pools.aget()).connection() as c:
-                return _latest(await (await c.execute(LATEST, (topic,))).fetchone())
+                return _latest(await (await c.execute(LATEST, {"topic": topic})).fetchone())
 
     async def prune(self) -> int:
         with translated(self.url):

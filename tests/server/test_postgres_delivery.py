@@ -319,27 +319,31 @@ def test_migrate_twice_at_once_is_safe(procs, livepush_env, pg_admin_url: str) -
 
 
 async def test_a_postgres_crash_starts_a_new_epoch_so_old_offsets_get_reset(pg_url: str, secret: str) -> None:
-    """History tables are unlogged: a crash empties them. Offsets from before the crash are
-    answered with `reset` (never replayed as if the new messages were the old ones), and
-    offsets keep increasing across the crash."""
+    """History tables are unlogged: a crash empties them. Offsets from before the crash, a
+    topic's origin included, are answered with `reset` (never replayed as if the new messages
+    were the old ones), offsets keep increasing across the crash, and an origin read after the
+    crash replays from the topic's first message since."""
     from livepush.fanout.postgres import PostgresFanOut
     from livepush.types import offset_key
 
     before = PostgresFanOut(pg_url)
+    origin = await before.alatest_offset("crashy")  # a page rendered the topic before its first message
     old = [await before.apublish("crashy", {"i": i}) for i in range(3)]
     await before.aclose()
     await asyncio.to_thread(services.pg_stop, "immediate")  # a crash: unlogged tables are reset
     await asyncio.to_thread(services.pg_start)
     served = await start_served(make_settings("postgres", secret, pg_url, None))
     try:
+        rendered = await served.fanout.alatest_offset("crashy")
         new = [await served.publish("crashy", {"i": i}) for i in range(3, 6)]
         assert offset_key(new[0]) > offset_key(old[-1])
-        client = await WSClient.open(served.url)
-        await client.subscribe(served.sign("crashy"), since=old[0])
-        assert (await client.recv())["op"] == "reset"
-        await client.close()
+        for since in (old[0], origin):
+            client = await WSClient.open(served.url)
+            await client.subscribe(served.sign("crashy"), since=since)
+            assert (await client.recv())["op"] == "reset", since
+            await client.close()
         fresh = await WSClient.open(served.url)
-        await fresh.subscribe(served.sign("crashy"), since="0")
+        await fresh.subscribe(served.sign("crashy"), since=rendered)
         assert [m["data"]["i"] for m in await fresh.messages(3)] == [3, 4, 5]
         await fresh.close()
     finally:
