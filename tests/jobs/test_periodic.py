@@ -114,6 +114,26 @@ def test_ticks_with_a_seconds_field_and_in_a_zone() -> None:
         "2030-07-01T09:00:00+02:00"
 
 
+@pytest.mark.parametrize("cron", ["*/30 * * * *", "30 2 * * *", "0 * * * *", "* * * * * */20"])
+def test_the_tick_the_scheduler_sleeps_until_is_due_at_that_instant_across_a_fall_back(cron: str) -> None:
+    """Paris sets its clocks back at 03:00 CEST on 2030-10-27 (01:00 UTC): 02:00-03:00 comes twice.
+    Whatever next_after announces (the runtime sleeps until it) must be what latest_due finds due at
+    that instant, and what is due never moves back in time, so the round that wakes for a tick of
+    the repeated hour enqueues it then."""
+    paris = parse(cron, "Europe/Paris")
+    utc = ZoneInfo("UTC")  # instants compared in UTC: within one zone, Python's comparison ignores fold
+    now = datetime(2030, 10, 26, 23, 50, tzinfo=utc)
+    end = datetime(2030, 10, 27, 2, 10, tzinfo=utc)
+    newest = paris.latest_due(now).astimezone(utc)
+    while now < end:
+        tick = paris.next_after(now).astimezone(utc)
+        assert tick > now
+        due = paris.latest_due(tick).astimezone(utc)
+        assert due == tick, f"woken at {tick} for its tick, the round finds {due} due"
+        assert due > newest
+        newest, now = due, tick
+
+
 # -- rounds on the database --------------------------------------------------------------------------
 
 async def test_a_new_periodic_job_starts_from_its_next_tick(jobs_db: str, pool: AsyncConnectionPool[Any]) -> None:

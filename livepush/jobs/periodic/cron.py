@@ -4,7 +4,7 @@ comes. Parsing and stepping are croniter's; this module checks what we accept.""
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
@@ -39,8 +39,10 @@ class Cron:
     def latest_due(self, now: datetime) -> datetime:
         """The newest tick at or before `now`, in the schedule's zone."""
         # Ticks fall on whole seconds, and croniter's get_prev is strictly before its start: the
-        # newest tick before the next whole second is the newest one at or before `now`.
-        start = now.astimezone(self.zone).replace(microsecond=0) + timedelta(seconds=1)
+        # newest tick before the next whole second is the newest one at or before `now`. The second
+        # is added in UTC: arithmetic on a zoned datetime is on the wall clock and drops `fold`, so
+        # in the hour a fall-back repeats it would start an hour early and miss that hour's ticks.
+        start = (now.astimezone(UTC).replace(microsecond=0) + timedelta(seconds=1)).astimezone(self.zone)
         return croniter(self.expression, start).get_prev(datetime)
 
     def next_after(self, now: datetime) -> datetime:
