@@ -74,6 +74,15 @@ def test_a_bad_cron_expression_fails_at_decoration_naming_it(cron: str, says: st
     assert isinstance(caught.value, ConfigError) and isinstance(caught.value, ValueError)
 
 
+@pytest.mark.parametrize("cron", ["R * * * *", "0 R(0-5) * * *", "r/10 * * * *", "* * * * * R", "0 0 * * R"])
+def test_a_random_field_fails_at_decoration(cron: str) -> None:
+    """croniter draws an `R` field anew for every schedule it builds: each round (and each runtime)
+    would have its own ticks, and the job would be enqueued many times per period, not once."""
+    with pytest.raises(jobs.InvalidScheduleError, match="random") as caught:
+        declare(cron)
+    assert repr(cron) in str(caught.value)
+
+
 def test_an_unknown_timezone_fails_at_decoration_naming_it() -> None:
     with pytest.raises(jobs.InvalidScheduleError, match="unknown timezone 'Mars/Olympus'") as caught:
         declare("*/5 * * * *", timezone="Mars/Olympus")

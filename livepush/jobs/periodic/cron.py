@@ -4,6 +4,7 @@ comes. Parsing and stepping are croniter's; this module checks what we accept.""
 from __future__ import annotations
 
 import dataclasses
+import re
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -15,6 +16,10 @@ from ..errors import InvalidScheduleError
 # order: "* * * * * */10" is every ten seconds). A seventh (year) field is refused: it is not
 # cron, and a schedule that ends makes a periodic job that silently stops.
 FIELDS = (5, 6)
+
+# croniter's random field (`R`, `R(0-30)`, `R/10`) is drawn anew each time a schedule is built,
+# and we build one per round: every round and every runtime would have its own ticks.
+_RANDOM = re.compile(r"r(\(\d+-\d+\))?(/\d+)?", re.IGNORECASE | re.ASCII)
 
 
 def _zone(expression: str, timezone: str) -> ZoneInfo:
@@ -61,6 +66,9 @@ def parse(expression: str, timezone: str = "UTC") -> Cron:
         raise InvalidScheduleError(
             f"periodic {expression!r}: a cron expression has 5 fields (minute hour day month weekday) or 6 "
             f"(a sixth for seconds), got {len(fields)}")
+    if any(_RANDOM.fullmatch(field) for field in fields):
+        raise InvalidScheduleError(f"periodic {expression!r}: a random field (R) is drawn anew by every runtime "
+                                   "and every round, so its ticks would not be the same twice: pick the value")
     try:
         croniter(expression, datetime.now(zone)).get_next(datetime)
     except (CroniterError, ValueError, KeyError) as exc:
