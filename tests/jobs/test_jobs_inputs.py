@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -11,6 +12,7 @@ from livepush.errors import ConfigError
 from livepush.jobs.api.enqueue import run_at
 from livepush.jobs.api.handles import NO_SUCH_ID, checked_id
 from tests.jobs import sample_jobs
+from tests.jobs.conftest import q
 
 
 def test_checked_id() -> None:
@@ -68,3 +70,18 @@ def test_a_queue_name_postgres_cannot_store_is_refused_at_the_call(jobs_db: str,
     with pytest.raises(ConfigError, match=r"@jobs.job\(queue=\)"):
         jobs.job(name="t.bad_queue", queue=queue)
     assert jobs.pause_queue("q" * 200) is True
+
+
+@pytest.mark.parametrize("at", [
+    datetime(1, 1, 1, 1, tzinfo=timezone(timedelta(hours=5))),          # 0001-12-31 20:00 BC in UTC
+    datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5))),   # 10000-01-01 04:00 in UTC
+])
+def test_an_at_whose_instant_python_cannot_read_back_is_refused_at_the_call(jobs_db: str, at: datetime) -> None:
+    """Postgres stores a run time before year 1 or after 9999 in UTC, but no runtime, get_job or
+    status can read it back (psycopg makes datetimes): the claim of every job beside it would fail.
+    A ValueError naming at=, and nothing is written."""
+    with pytest.raises(ValueError, match="at="):
+        sample_jobs.record.enqueue("odd", at=at)
+    with pytest.raises(ValueError, match="at="):
+        jobs.enqueue_many([(sample_jobs.record, ["odd"], {"at": at})])
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs")[0][0] == 0

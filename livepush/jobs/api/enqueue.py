@@ -31,6 +31,12 @@ def run_at(wait: float | None, at: datetime | None) -> datetime | None:
     if at is not None:
         if not isinstance(at, datetime) or at.tzinfo is None or at.utcoffset() is None:
             raise TypeError(f"at= must be an aware datetime (e.g. datetime.now(timezone.utc)), got {at!r}")
+        try:
+            # Postgres would store an instant before year 1 or after 9999 in UTC, but psycopg
+            # could not read it back as a datetime: every claim, get_job or status meeting it would fail.
+            at.astimezone(timezone.utc)
+        except OverflowError:
+            raise ValueError(f"at= {at.isoformat()} is outside the years 1 to 9999 in UTC") from None
         return at
     if wait is not None:
         if isinstance(wait, bool) or not isinstance(wait, (int, float)):
