@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from typing import Any
 
 import psycopg
 import pytest
@@ -224,3 +225,12 @@ def test_a_limited_jobs_concurrency_key_comes_from_its_checked_arguments() -> No
 
     document = json.loads(many([(limit_jobs.per_tenant, iter(["acme", 0.5]))]).params()["batch"])
     assert document["rows"] == [[0, ["acme", 0.5], None, None, '"acme"']]
+
+
+@pytest.mark.parametrize("args", ["acme", b"acme", {"tenant": "acme"}, None, 7])
+def test_an_enqueue_many_items_arguments_that_are_not_a_list_are_refused_not_spread(jobs_db: str, args: Any) -> None:
+    """(job, "acme") would enqueue the job with the arguments "a", "c", "m", "e" (a dict: with its
+    keys): an InvalidArgumentsError naming what was given, and nothing of the batch is written."""
+    with pytest.raises(InvalidArgumentsError, match=f"arguments .*got {type(args).__name__}"):
+        enqueue_many([(sample_jobs.record, ["fine"]), (sample_jobs.record, args)])
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs")[0][0] == 0

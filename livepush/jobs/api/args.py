@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ...postgres.text import unstorable
@@ -101,7 +102,15 @@ def check_args(args: tuple[Any, ...] | list[Any]) -> tuple[Any, ...] | list[Any]
     """Raise InvalidArgumentsError unless `args` is plain JSON; return them, as a list unless
     they are one already or a tuple (no copy: enqueue_many allocates as little per job as it
     can, since the collector's passes over what it allocates cost as much as the rest)."""
-    items = args if type(args) is tuple or type(args) is list else list(args)
+    if type(args) is tuple or type(args) is list:
+        items = args
+    else:
+        # A str, bytes or dict is iterable too: spread, `(job, "acme")` would run the job with the
+        # arguments "a", "c", "m", "e" (a dict with its keys). Other iterables are read once.
+        if isinstance(args, (str, bytes, bytearray, Mapping)) or not isinstance(args, Iterable):
+            raise InvalidArgumentsError(f"the job's arguments are a list or tuple of them (wrap a single one: "
+                                        f"[value]), got {type(args).__name__} {args!r:.60}")
+        items = list(args)
     if not _is_plain(items, 0):
         _check(list(items), "args", 0)
     return items
