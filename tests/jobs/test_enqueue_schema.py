@@ -70,3 +70,18 @@ def test_an_invalid_schema_fails_at_decoration() -> None:
         jobs.job(name="t.old_schema", schema={"$schema": "http://json-schema.org/draft-07/schema#"})(lambda ctx: None)
     with pytest.raises(ConfigError, match="is a dict"):
         jobs.job(name="t.list_schema", schema=[1])(lambda ctx: None)
+
+
+@pytest.mark.parametrize(("schema", "says"), [
+    ({"$schema": 5}, r"\$schema 5"),
+    ({"$schema": None}, r"\$schema None"),
+    ({"prefixItems": [{"$ref": "#/$defs/person"}]}, "'#/\\$defs/person'"),
+    ({"items": {"$ref": "https://example.com/row.json"}}, "'https://example.com/row.json'"),
+    ({"$id": "https://example.com/import", "items": {"$ref": "row"}}, "'row'"),
+])
+def test_a_schema_that_cannot_check_anything_fails_at_decoration_not_at_every_enqueue(schema: Any, says: str) -> None:
+    """A $schema that is not a string, or a $ref to nowhere (a missing $defs entry, a remote
+    schema the validator does not fetch): a ConfigError naming it at import. The $ref otherwise
+    passed, and every enqueue of the job raised the validator's own referencing error."""
+    with pytest.raises(ConfigError, match=f"t.dangling_schema.*{says}"):
+        jobs.job(name="t.dangling_schema", schema=schema)(lambda ctx, *args: None)

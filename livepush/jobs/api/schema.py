@@ -32,6 +32,37 @@ def _path(error: Any) -> str:
     return out
 
 
+def _unresolvable_ref(schema: Any) -> str | None:
+    """The first $ref (or $dynamicRef) of `schema` that resolves to nothing, else None. The
+    validator resolves them only when an instance reaches them, and then raises its own error:
+    at every enqueue of the job instead of once, at import."""
+    from jsonschema_specifications import REGISTRY as SPECIFICATIONS
+    from referencing.exceptions import Unresolvable
+    from referencing.jsonschema import DRAFT202012
+
+    root = DRAFT202012.create_resource(schema)
+    base = root.id() or ""
+    registry = SPECIFICATIONS.with_resource(uri=base, resource=root)
+
+    def first(resolver: Any, resource: Any) -> str | None:
+        contents = resource.contents
+        if isinstance(contents, Mapping):
+            for keyword in ("$ref", "$dynamicRef"):
+                ref = contents.get(keyword)
+                if isinstance(ref, str):
+                    try:
+                        resolver.lookup(ref)
+                    except Unresolvable:
+                        return ref
+        for sub in resource.subresources():
+            found = first(resolver.in_subresource(sub), sub)
+            if found is not None:
+                return found
+        return None
+
+    return first(registry.resolver(base_uri=base), root)
+
+
 def compile_schema(schema: Any, job_name: str) -> Callable[[list[Any]], None]:
     """A check of a job's arguments against `schema`; ConfigError now (at decoration) if the
     schema is not a valid draft 2020-12 schema."""
@@ -43,7 +74,7 @@ def compile_schema(schema: Any, job_name: str) -> Callable[[list[Any]], None]:
         raise ConfigError(f"@jobs.job(schema=...) of {job_name}: a JSON Schema is a dict (or a bool), "
                           f"got {type(schema).__name__}")
     declared = schema.get("$schema", DRAFT) if isinstance(schema, Mapping) else DRAFT
-    if declared.rstrip("#") != DRAFT:
+    if not isinstance(declared, str) or declared.rstrip("#") != DRAFT:
         raise ConfigError(f"@jobs.job(schema=...) of {job_name}: schemas are draft 2020-12 ($schema {DRAFT!r}), "
                           f"got $schema {declared!r}")
     try:
@@ -52,6 +83,10 @@ def compile_schema(schema: Any, job_name: str) -> Callable[[list[Any]], None]:
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         raise ConfigError(f"@jobs.job(schema=...) of {job_name} is not a valid JSON Schema: at {where}: "
                           f"{exc.message}") from None
+    ref = _unresolvable_ref(schema)
+    if ref is not None:
+        raise ConfigError(f"@jobs.job(schema=...) of {job_name}: $ref {ref!r} points nowhere (refs reach the "
+                          "schema's own $defs and ids, or the JSON Schema meta-schemas: nothing is fetched)")
     validator = jsonschema.Draft202012Validator(schema)
 
     def validate(args: list[Any]) -> None:
