@@ -101,6 +101,18 @@ def test_job_options_are_checked_as_jobs_job_checks_them() -> None:
         jobs.periodic("* * * * *", max_attempts=0, name="tests.periodic.bad_attempts")(lambda ctx, tick: None)
 
 
+def test_a_schema_that_refuses_the_tick_fails_at_decoration() -> None:
+    """A periodic job's one argument is its tick, an ISO 8601 string. A schema refusing it would
+    refuse every tick when the round enqueues it: the round raises, the other schedules of the
+    runtime go unscheduled, and after ten such rounds the runtime stops."""
+    with pytest.raises(jobs.InvalidScheduleError, match=r"'\* \* \* \* \*'.*rule 'type'"):
+        jobs.periodic("* * * * *", queue="periodic-in-process", name="tests.periodic.int_tick",
+                      schema={"type": "array", "prefixItems": [{"type": "integer"}]})(lambda ctx, tick: None)
+    fine = jobs.periodic("* * * * *", queue="periodic-in-process", name="tests.periodic.str_tick",
+                         schema={"type": "array", "prefixItems": [{"type": "string"}], "items": False})
+    assert fine(lambda ctx, tick: None).name == "tests.periodic.str_tick"
+
+
 def test_a_periodic_job_is_a_registered_job_with_its_options() -> None:
     schedule = declare("*/5 * * * *")
     assert schedule.function.queue == "periodic-in-process"

@@ -6,11 +6,12 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 from ..api.functions import JobFunction, job
 from ..api.registry import Registry
-from ..errors import InvalidScheduleError
+from ..errors import InvalidArgumentsError, InvalidScheduleError
 from .cron import Cron, parse
 
 
@@ -60,6 +61,19 @@ def _check_signature(cron: str, func: Callable[..., Any]) -> None:
         pass  # no signature to inspect (a builtin): found out when it runs
 
 
+def _check_schema(fn: JobFunction, cron: Cron) -> None:
+    # A schema= that refuses a tick refuses every one, in the round that enqueues it: that round
+    # fails (and the other schedules' with it) until the runtime gives up. Refused now, at import.
+    if fn.validate_args is None:
+        return
+    tick = cron.latest_due(datetime.now(UTC)).isoformat()
+    try:
+        fn.validate_args([tick])
+    except InvalidArgumentsError as exc:
+        raise InvalidScheduleError(f"periodic {cron.expression!r}: {fn.name} is enqueued with its tick as its one "
+                                   f"argument, which its schema refuses: {exc}") from None
+
+
 def periodic(cron: str, *, timezone: str = "UTC", **options: Any) -> Callable[[Callable[..., Any]], JobFunction]:
     """Declare a periodic job: `@jobs.periodic("*/5 * * * *", timezone="UTC", queue=...)` on
     `def f(ctx, tick)`. It is enqueued once per tick across every runtime, with the tick (ISO 8601,
@@ -70,6 +84,7 @@ def periodic(cron: str, *, timezone: str = "UTC", **options: Any) -> Callable[[C
     def decorate(func: Callable[..., Any]) -> JobFunction:
         _check_signature(cron, func)
         fn = declare(func)
+        _check_schema(fn, parsed)
         SCHEDULES.add(Schedule(fn, parsed))
         return fn
 
