@@ -210,9 +210,13 @@ BEGIN
     PERFORM pg_advisory_xact_lock(1819045236, hashtext(v_key));
     -- Each round either returns or saw a plain enqueue of the key commit; a few rounds at most.
     FOR v_round IN 1..100 LOOP
-        -- New arguments: a limited function's concurrency key is taken from them again.
+        -- The pending job becomes the one asked for: keys are shared by every function, so its
+        -- name, queue, priority and attempts are the new job's too, not only its arguments. New
+        -- arguments: a limited function's concurrency key is taken from them again.
         UPDATE livepush_jobs j SET run_at = v_at, state = v_state, version = j.version + 1, event = 'enqueued',
-                                   tags = coalesce(v_tags, j.tags), concurrency_key = v_job.concurrency_key
+                                   tags = coalesce(v_tags, j.tags), concurrency_key = v_job.concurrency_key,
+                                   name = v_job.name, queue = v_job.queue, priority = v_job.priority,
+                                   max_attempts = v_job.max_attempts, limited = v_job.limited
         -- At most one job of a key is pending (only this function makes a second unfinished one).
         WHERE j.id = (SELECT x.id FROM livepush_jobs x
                       WHERE x.key = v_key AND x.state IN ('available', 'scheduled') ORDER BY x.key, x.key_slot LIMIT 1)

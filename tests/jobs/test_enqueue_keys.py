@@ -248,6 +248,20 @@ def test_debounce_replaces_a_pending_job_and_moves_its_run_time(jobs_db: str) ->
     assert len(jobs_with_key(jobs_db, "d")) == 1
 
 
+def test_debounce_replaces_a_pending_job_of_another_function_with_the_job_it_asks_for(jobs_db: str) -> None:
+    """Keys are shared by every job function. A debounced enqueue that replaces the key's pending
+    job makes it the job asked for, whole: its function, queue, priority and attempts with the new
+    arguments. Only the arguments moved, so the other function would have run them (unchecked
+    by its schema, on its own queue)."""
+    first = sample_jobs.record.enqueue("for record", key="shared", wait=60)
+    second = sample_jobs.other_queue.enqueue("for other_queue", key="shared", debounce=30)
+    assert second.id == first.id and second.name == "t.other_queue"
+    info = jobs.get_job(second.id)
+    assert info is not None
+    assert (info.name, info.queue, info.args) == ("t.other_queue", "second", ["for other_queue"])
+    assert len(jobs_with_key(jobs_db, "shared")) == 1
+
+
 def test_concurrent_debounced_enqueues_of_one_key_leave_one_pending_job(jobs_db: str) -> None:
     """12 threads debouncing one key at once: one job, holding one of their arguments, and every
     caller got its handle."""
