@@ -89,6 +89,14 @@ def test_an_unknown_timezone_fails_at_decoration_naming_it() -> None:
     assert "'*/5 * * * *'" in str(caught.value)
 
 
+def test_the_machines_own_zone_is_refused_at_decoration() -> None:
+    """"localtime" opens as a zone on most Linux machines (a link to /etc/localtime) but means each
+    machine's own zone: runtimes on machines set to different zones would each enqueue their own
+    ticks, not one per tick. It is not an IANA name."""
+    with pytest.raises(jobs.InvalidScheduleError, match="'localtime'"):
+        declare("0 9 * * *", timezone="localtime")
+
+
 def test_a_function_that_takes_no_tick_fails_at_decoration() -> None:
     with pytest.raises(jobs.InvalidScheduleError, match=r"must take \(ctx, tick\)"):
         jobs.periodic("* * * * *", queue="periodic-in-process")(lambda ctx: None)

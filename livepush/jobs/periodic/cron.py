@@ -26,6 +26,11 @@ def _zone(expression: str, timezone: str) -> ZoneInfo:
     if not isinstance(timezone, str) or not timezone:
         raise InvalidScheduleError(f"periodic {expression!r}: timezone= takes an IANA zone name such as "
                                    f"'UTC' or 'Europe/Paris', got {timezone!r}")
+    if timezone == "localtime":
+        # Found in the zone folder of most Linux machines (a link to /etc/localtime), but each
+        # machine's own zone: runtimes on machines set differently would not agree on the ticks.
+        raise InvalidScheduleError(f"periodic {expression!r}: timezone 'localtime' is each machine's own zone, so "
+                                   "runtimes could disagree on the ticks: name the zone, such as 'Europe/Paris'")
     try:
         return ZoneInfo(timezone)
     except (ZoneInfoNotFoundError, ValueError):
