@@ -85,3 +85,20 @@ def test_an_at_whose_instant_python_cannot_read_back_is_refused_at_the_call(jobs
     with pytest.raises(ValueError, match="at="):
         jobs.enqueue_many([(sample_jobs.record, ["odd"], {"at": at})])
     assert q(jobs_db, "SELECT count(*) FROM livepush_jobs")[0][0] == 0
+
+
+@pytest.mark.parametrize(("option", "value", "error"), [
+    ("priority", 1.5, TypeError), ("priority", True, TypeError), ("priority", "1", TypeError),
+    ("priority", None, TypeError), ("priority", 2**31, ValueError), ("priority", -(2**31) - 1, ValueError),
+    ("max_attempts", 2.5, TypeError), ("max_attempts", True, TypeError), ("max_attempts", 2**31, ValueError),
+])
+def test_a_priority_or_max_attempts_postgres_cannot_store_fails_at_decoration(
+        jobs_db: str, option: str, value: object, error: type) -> None:
+    """Both are integer columns. Taken as they came, each enqueue of the job failed in Postgres
+    and raised DependencyError, the error of a database that cannot be reached (or, enqueued
+    alone, 1.5 and "1" were stored rounded and parsed). An error naming the option, at import."""
+    with pytest.raises(error, match=f"{option}="):
+        jobs.job(name="t.bad_integer_option", **{option: value})(lambda ctx: None)
+    fine = jobs.job(name="t.edge_integer_options", priority=-(2**31), max_attempts=2**31 - 1)(lambda ctx: None)
+    jobs.enqueue_many([fine.request(), fine.request()])
+    assert q(jobs_db, "SELECT DISTINCT priority, max_attempts FROM livepush_jobs") == [(-(2**31), 2**31 - 1)]

@@ -27,6 +27,16 @@ def default_backoff(attempt: int) -> float:
     return min(base * random.uniform(0.75, 1.25), MAX_BACKOFF)
 
 
+INT4_MAX = 2**31 - 1  # the largest value of Postgres' integer (priority and max_attempts are stored as one)
+
+
+def _check_int4(option: str, value: Any, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"@jobs.job({option}=) takes an int, got {type(value).__name__} {value!r:.60}")
+    if not least <= value <= INT4_MAX:
+        raise ValueError(f"@jobs.job({option}=) must be from {least} to {INT4_MAX}, got {value}")
+
+
 class JobFunction:
     """What `@jobs.job` returns: still callable as the plain function, plus enqueue."""
 
@@ -45,8 +55,10 @@ class JobFunction:
         rate: str | None = None,
         schema: Mapping[str, Any] | bool | None = None,
     ) -> None:
-        if max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        # Both are integer columns: a float, a bool or a str (or a number past int4) failed every
+        # enqueue in Postgres, reported as a database that cannot be reached.
+        _check_int4("priority", priority, -INT4_MAX - 1)
+        _check_int4("max_attempts", max_attempts, 1)
         if timeout is not None and not timeout > 0:  # NaN too
             raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
         self.func = func
