@@ -311,3 +311,22 @@ async def test_a_failure_postgres_refuses_stops_the_runtime_rather_than_swallowi
     assert rt.state == "stopped"
     assert q(jobs_db, "SELECT count(*) FROM livepush_job_runtimes")[0][0] == 0
     assert await state_of(h.id) in ("available", "scheduled")
+
+
+@jobs.job(name="t.backoff_raises", max_attempts=3, backoff=lambda attempt: (0.0,)[attempt])  # attempt 1: IndexError
+async def backoff_raises(ctx: Any) -> None:
+    raise ValueError("the job's own failure")
+
+
+async def test_a_backoff_that_raises_still_retries_the_job(jobs_db: str) -> None:
+    """backoff= is user code, called when an attempt fails. When it raised, the failure was never
+    written: the job stayed `running`, held by a live runtime that had forgotten it, until that
+    runtime stopped. The attempt's failure is written, and the job retried on the default backoff."""
+    async with running() as rt:
+        handle = await backoff_raises.aenqueue()
+        await wait_state(handle.id, "scheduled")
+        s = await asyncio.to_thread(jobs.job_state, handle.id)
+        assert s is not None and s["error"] == "ValueError: the job's own failure" and s["attempt"] == 1, s
+        after = await sample_jobs.record.aenqueue("after")
+        await wait_state(after.id, "succeeded")
+        assert rt.state == "running"

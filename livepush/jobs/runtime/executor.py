@@ -18,6 +18,7 @@ from typing import Any
 
 from ...postgres.text import storable_text
 from ..api.args import check_json, dumps
+from ..api.functions import default_backoff
 from ..errors import (
     CheckpointInputConflict,
     ChildFailed,
@@ -159,7 +160,14 @@ def _failure(fn: Any, ctx: JobContext, exc: BaseException, *, timed_out: bool = 
         log.warning("job %s (%s) failed its last attempt (%s of %s): %s", job.id, fn.name, job.attempt,
                     job.max_attempts, error, exc_info=None if timed_out else exc)
         return Outcome(ctx, "fail", error=error)
-    delay = min(max(0.0, float(fn.backoff(job.attempt))), MAX_RETRY_DELAY)
+    try:
+        delay = min(max(0.0, float(fn.backoff(job.attempt))), MAX_RETRY_DELAY)
+    except Exception as backoff_error:  # noqa: BLE001 - user code: raising here lost the outcome
+        # Raised from here, the failure would never be written: the job would stay `running`,
+        # held by a live runtime that no longer knows it. It retries on the default backoff.
+        log.error("job %s (%s): its backoff= raised for attempt %s; retrying on the default backoff",
+                  job.id, fn.name, job.attempt, exc_info=backoff_error)
+        delay = min(default_backoff(job.attempt), MAX_RETRY_DELAY)
     log.info("job %s (%s) attempt %s failed, retrying in %.1f s: %s", job.id, fn.name, job.attempt, delay, error,
              exc_info=None if timed_out else exc)
     return Outcome(ctx, "retry", error=error, delay=delay)
