@@ -102,3 +102,12 @@ def test_a_priority_or_max_attempts_postgres_cannot_store_fails_at_decoration(
     fine = jobs.job(name="t.edge_integer_options", priority=-(2**31), max_attempts=2**31 - 1)(lambda ctx: None)
     jobs.enqueue_many([fine.request(), fine.request()])
     assert q(jobs_db, "SELECT DISTINCT priority, max_attempts FROM livepush_jobs") == [(-(2**31), 2**31 - 1)]
+
+
+@pytest.mark.parametrize("never_retry", [("ValueError",), (ValueError, 3), (int,), ValueError])
+def test_a_never_retry_that_is_not_exception_classes_fails_at_decoration(never_retry: object) -> None:
+    """never_retry= is read only when an attempt fails: a name, a number or a class that is no
+    exception made that isinstance() check raise, so the failure was never written and the job
+    stayed `running`. A TypeError naming it, at import."""
+    with pytest.raises(TypeError, match="never_retry="):
+        jobs.job(name="t.bad_never_retry", never_retry=never_retry)(lambda ctx: None)

@@ -37,6 +37,18 @@ def _check_int4(option: str, value: Any, least: int) -> None:
         raise ValueError(f"@jobs.job({option}=) must be from {least} to {INT4_MAX}, got {value}")
 
 
+def _check_never_retry(never_retry: Any) -> tuple[type[BaseException], ...]:
+    # Read only when an attempt fails, by isinstance(): anything but exception classes made that
+    # raise, and the failure was never written.
+    if isinstance(never_retry, (str, bytes, type)) or not isinstance(never_retry, Iterable):
+        raise TypeError(f"@jobs.job(never_retry=) takes a tuple of exception classes, got {never_retry!r:.60}")
+    classes = tuple(never_retry)
+    for c in classes:
+        if not (isinstance(c, type) and issubclass(c, BaseException)):
+            raise TypeError(f"@jobs.job(never_retry=) takes exception classes, got {c!r:.60} among them")
+    return classes
+
+
 class JobFunction:
     """What `@jobs.job` returns: still callable as the plain function, plus enqueue."""
 
@@ -67,7 +79,7 @@ class JobFunction:
         self.priority = priority
         self.max_attempts = max_attempts
         self.timeout = timeout
-        self.never_retry = tuple(never_retry)
+        self.never_retry = _check_never_retry(never_retry)
         self.backoff = backoff
         # Claim limits (docs/jobs.md "Limits and paused queues"): runtimes store them at start.
         self.limits: Limits = limits_of(func, concurrency, rate)
