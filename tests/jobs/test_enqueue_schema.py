@@ -85,3 +85,18 @@ def test_a_schema_that_cannot_check_anything_fails_at_decoration_not_at_every_en
     passed, and every enqueue of the job raised the validator's own referencing error."""
     with pytest.raises(ConfigError, match=f"t.dangling_schema.*{says}"):
         jobs.job(name="t.dangling_schema", schema=schema)(lambda ctx, *args: None)
+
+
+@jobs.job(name="t.schema_quoted", schema={"type": "array", "prefixItems": [{"type": "object", "properties": {
+    "it's": {"type": "integer"}, 'say "hi"': {"type": "integer"}}}]})
+async def schema_quoted(ctx: Any, spec: dict[str, Any]) -> None:
+    return None
+
+
+@pytest.mark.parametrize(("key", "path"), [("it's", 'args[0]["it\'s"]'), ('say "hi"', 'args[0]["say \\"hi\\""]')])
+def test_a_refusal_names_a_key_with_quotes_as_the_plain_json_check_does(key: str, path: str) -> None:
+    """Paths write keys as JSON strings (the plain-JSON check's way): a quote in a key is kept or
+    escaped, never turned into one that ends the key early."""
+    with pytest.raises(InvalidArgumentsError) as caught:
+        schema_quoted.request({key: "x"})
+    assert str(caught.value).startswith(f"{path} breaks the schema of t.schema_quoted (rule 'type')"), str(caught.value)

@@ -15,6 +15,7 @@ is paid only by jobs that declare a schema.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,7 +29,9 @@ def _path(error: Any) -> str:
     """The failing place as an `args[...]` path, like the plain-JSON check names it."""
     out = "args"
     for part in error.absolute_path:
-        out += f"[{part}]" if isinstance(part, int) else f"[{part!r}]".replace("'", '"')
+        # Keys as JSON strings, as args.py writes them: a repr with its quotes swapped broke on a
+        # key holding a quote.
+        out += f"[{part}]" if isinstance(part, int) else f"[{json.dumps(part, ensure_ascii=False)}]"
     return out
 
 
