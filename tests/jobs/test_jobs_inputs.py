@@ -111,3 +111,13 @@ def test_a_never_retry_that_is_not_exception_classes_fails_at_decoration(never_r
     stayed `running`. A TypeError naming it, at import."""
     with pytest.raises(TypeError, match="never_retry="):
         jobs.job(name="t.bad_never_retry", never_retry=never_retry)(lambda ctx: None)
+
+
+@pytest.mark.parametrize("name", [5, ("a",), "imports\x00", "imports\udc80", "n" * 501])
+def test_a_job_name_postgres_cannot_store_is_refused_at_decoration(jobs_db: str, name: object) -> None:
+    """The name is what the database stores and runtimes look jobs up by. Not checked, 5 was
+    stored as "5", which no runtime's registry (keyed by the int) finds, so its jobs never ran; a
+    NUL failed every enqueue as a database that cannot be reached. A ConfigError naming it."""
+    with pytest.raises(ConfigError, match=r"@jobs.job\(name=\)"):
+        jobs.job(name=name)(lambda ctx: None)  # type: ignore[arg-type]
+    assert jobs.job(name="n" * 500)(lambda ctx: None).enqueue().name == "n" * 500

@@ -13,7 +13,7 @@ from . import enqueue as _enqueue
 from .args import check_args
 from .handles import JobHandle
 from .limits import Limits, limits_of
-from .options import check_queue
+from .options import check_name, check_queue
 from .registry import REGISTRY, JobRequest
 from .schema import compile_schema
 
@@ -74,7 +74,7 @@ class JobFunction:
         if timeout is not None and not timeout > 0:  # NaN too
             raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
         self.func = func
-        self.name = name or f"{func.__module__}.{func.__qualname__}"
+        self.name = check_name(name or f"{func.__module__}.{func.__qualname__}", "@jobs.job(name=)")
         self.queue = queue
         self.priority = priority
         self.max_attempts = max_attempts

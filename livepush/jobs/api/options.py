@@ -16,6 +16,7 @@ MAX_KEY_LENGTH = 500  # characters; a key is an index entry, and Postgres refuse
 MAX_TAGS = 20  # tags per job: they are for finding jobs again, not for data
 MAX_TAG_LENGTH = 200  # characters per tag
 MAX_QUEUE_LENGTH = 200  # characters; a queue name is an index entry too
+MAX_NAME_LENGTH = 500  # characters of a job name; module.qualname fits with room to spare
 MAX_DEBOUNCE = 366 * 86400.0  # seconds; a debounce is a short quiet period, and Postgres' intervals end somewhere
 
 
@@ -40,6 +41,15 @@ def check_queue(queue: Any, where: str) -> str:
         raise ConfigError(f"{where}: a queue is a non-empty string of at most {MAX_QUEUE_LENGTH} characters "
                           f"Postgres can store (no NUL, no lone surrogate), got {queue!r:.80}")
     return queue
+
+
+def check_name(name: Any, where: str) -> str:
+    """A job name: a non-empty str of at most MAX_NAME_LENGTH characters Postgres can store. Runtimes
+    find a job's function by the name stored, so it must be the very str the registry holds."""
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME_LENGTH or unstorable(name):
+        raise ConfigError(f"{where}: a job name is a non-empty string of at most {MAX_NAME_LENGTH} characters "
+                          f"Postgres can store (no NUL, no lone surrogate), got {name!r:.80}")
+    return name
 
 
 def check_tags(tags: Any) -> list[str] | None:
