@@ -82,6 +82,21 @@ def test_the_options_are_checked_when_the_function_is_declared() -> None:
     assert jobs.job(name="t.ok", rate="30/m")(f).limits.rate == 0.5
 
 
+async def test_a_concurrency_count_postgres_cannot_store_fails_at_declaration(limits_db: str) -> None:
+    """The count is an integer column of livepush_job_limits, written when a runtime starts: 2**31
+    was taken, and every runtime importing the job then failed at start with Postgres' "integer
+    out of range". A ConfigError at import; the largest count Postgres stores starts a runtime."""
+    async def f(ctx: Any, tenant: str) -> None: ...
+
+    with pytest.raises(ConfigError, match="concurrency="):
+        jobs.job(name="t.huge_concurrency", concurrency=("tenant", 2**31))(f)
+    jobs.job(name="t.largest_concurrency", concurrency=("tenant", 2**31 - 1))(f)
+    async with running(queues=["default"]):
+        pass
+    assert q(limits_db, "SELECT max_running FROM livepush_job_limits WHERE name = 't.largest_concurrency'") == \
+        [(2**31 - 1,)]
+
+
 def test_the_key_is_the_named_argument_at_enqueue(limits_db: str) -> None:
     """The key is the argument's value by the parameter's name (or its default), as JSON text."""
     @jobs.job(name="t.keyed", concurrency=("tenant", 3))

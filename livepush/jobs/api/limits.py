@@ -16,6 +16,9 @@ from .options import MAX_KEY_LENGTH
 
 _RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*/\s*(s|sec|second|m|min|minute)\s*$")
 _MISSING = object()
+# livepush_job_limits.max_running is an integer column, written by every runtime that starts: a
+# larger count failed each start with "integer out of range".
+MAX_RUNNING = 2**31 - 1
 
 
 def parse_rate(text: str) -> float:
@@ -77,9 +80,10 @@ def limits_of(func: Callable[..., Any], concurrency: Any, rate: Any) -> Limits:
     key_default: Any = _MISSING
     if concurrency is not None:
         if (not isinstance(concurrency, tuple) or len(concurrency) != 2 or not isinstance(concurrency[0], str)
-                or isinstance(concurrency[1], bool) or not isinstance(concurrency[1], int) or concurrency[1] < 1):
+                or isinstance(concurrency[1], bool) or not isinstance(concurrency[1], int)
+                or not 1 <= concurrency[1] <= MAX_RUNNING):
             raise ConfigError(f"@jobs.job(concurrency={concurrency!r}): give (parameter name, at most N running), "
-                              "e.g. (\"tenant\", 2)")
+                              f"N from 1 to {MAX_RUNNING}, e.g. (\"tenant\", 2)")
         key_param, max_running = concurrency
         params = list(inspect.signature(func).parameters.values())[1:]  # after ctx
         found = [i for i, p in enumerate(params) if p.name == key_param]
