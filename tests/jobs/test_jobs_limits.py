@@ -97,6 +97,18 @@ async def test_a_concurrency_count_postgres_cannot_store_fails_at_declaration(li
         [(2**31 - 1,)]
 
 
+@pytest.mark.parametrize("rate", ["1" + "0" * 400 + "/s", "1" + "0" * 400 + "/m", "100000000000/s"])
+def test_a_rate_too_large_to_count_fails_at_declaration(rate: str) -> None:
+    """Taken, a rate of 10**11 a second (or one of 400 digits, read as infinity) gave a bucket
+    of more whole tokens than the claim's integer count holds: every claim of the function
+    failed with "integer out of range" (infinity: no token at all), and none of its jobs started."""
+    async def f(ctx: Any) -> None: ...
+
+    with pytest.raises(ConfigError, match="rate="):
+        jobs.job(name="t.huge_rate", rate=rate)(f)
+    assert jobs.job(name="t.largest_rate", rate="1000000000/s")(f).limits.rate == 1e9
+
+
 def test_the_key_is_the_named_argument_at_enqueue(limits_db: str) -> None:
     """The key is the argument's value by the parameter's name (or its default), as JSON text."""
     @jobs.job(name="t.keyed", concurrency=("tenant", 3))

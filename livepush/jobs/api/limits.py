@@ -16,6 +16,10 @@ from .options import MAX_KEY_LENGTH
 
 _RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*/\s*(s|sec|second|m|min|minute)\s*$")
 _MISSING = object()
+# The claim counts a bucket's whole tokens as an integer (sql/0008_claim_limits.sql), so its burst
+# (a tenth of the rate) must stay well inside one: a rate past about 2e10 a second failed every
+# claim of the function with "integer out of range".
+MAX_RATE = 1e9
 # livepush_job_limits.max_running is an integer column, written by every runtime that starts: a
 # larger count failed each start with "integer out of range".
 MAX_RUNNING = 2**31 - 1
@@ -28,7 +32,11 @@ def parse_rate(text: str) -> float:
         raise ConfigError(f"@jobs.job(rate={text!r}): write a positive number of starts per second or minute, "
                           "e.g. \"100/s\" or \"30/m\"")
     per = 1.0 if m.group(2).startswith("s") else 60.0
-    return float(m.group(1)) / per
+    rate = float(m.group(1)) / per
+    if rate > MAX_RATE:  # infinity too
+        raise ConfigError(f"@jobs.job(rate={text!r}): at most {MAX_RATE:,.0f} starts a second; a rate that high "
+                          "limits nothing: leave rate= out")
+    return rate
 
 
 def burst_of(rate: float) -> float:
