@@ -100,3 +100,13 @@ def test_a_refusal_names_a_key_with_quotes_as_the_plain_json_check_does(key: str
     with pytest.raises(InvalidArgumentsError) as caught:
         schema_quoted.request({key: "x"})
     assert str(caught.value).startswith(f"{path} breaks the schema of t.schema_quoted (rule 'type')"), str(caught.value)
+
+
+def test_a_tuple_is_an_array_to_the_schema_as_to_the_plain_json_check(jobs_db: str) -> None:
+    """Tuples are plain JSON arguments, stored as lists; jsonschema alone counts only lists as
+    arrays, and refused `(…,)` where the stored job would hold `[…]`."""
+    handle = schema_import.enqueue(7, {"email": "a@b.c", "rows": ({"id": 1}, {"id": 2})})
+    assert q(jobs_db, "SELECT args FROM livepush_job_payloads WHERE id = %s", (handle.id,)) == \
+        [([7, {"email": "a@b.c", "rows": [{"id": 1}, {"id": 2}]}],)]
+    with pytest.raises(InvalidArgumentsError, match=r'args\[1\]\["rows"\]\[1\]\["id"\] breaks'):
+        schema_import.request(7, {"email": "a@b.c", "rows": ({"id": 1}, {"id": "2"})})

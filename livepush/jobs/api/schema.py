@@ -35,6 +35,20 @@ def _path(error: Any) -> str:
     return out
 
 
+def _as_stored(value: Any) -> Any:
+    """`value` with its tuples as lists, as the job's row stores them: jsonschema counts only lists
+    as arrays. Returned as it is when it holds no tuple."""
+    if isinstance(value, tuple):
+        return [_as_stored(v) for v in value]
+    if isinstance(value, list):
+        items = [_as_stored(v) for v in value]
+        return value if all(a is b for a, b in zip(items, value)) else items
+    if isinstance(value, dict):
+        converted = {k: _as_stored(v) for k, v in value.items()}
+        return value if all(converted[k] is v for k, v in value.items()) else converted
+    return value
+
+
 def _unresolvable_ref(schema: Any) -> str | None:
     """The first $ref (or $dynamicRef) of `schema` that resolves to nothing, else None. The
     validator resolves them only when an instance reaches them, and then raises its own error:
@@ -93,7 +107,7 @@ def compile_schema(schema: Any, job_name: str) -> Callable[[list[Any]], None]:
     validator = jsonschema.Draft202012Validator(schema)
 
     def validate(args: list[Any]) -> None:
-        error = best_match(validator.iter_errors(args))
+        error = best_match(validator.iter_errors(_as_stored(args)))
         if error is not None:
             raise InvalidArgumentsError(f"{_path(error)} breaks the schema of {job_name} "
                                         f"(rule {error.validator!r}): {error.message}")
