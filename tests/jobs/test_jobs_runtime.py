@@ -182,7 +182,8 @@ async def test_runtime_publishes_its_state(jobs_db: str) -> None:
     try:
         async with running(publisher=fanout) as rt:
             rid = rt.id
-        messages = await read_history(fanout, f"runtime:{rid}", "0")
+        epoch = (await fanout.alatest_offset(f"runtime:{rid}")).split("-")[0]
+        messages = await read_history(fanout, f"runtime:{rid}", f"{epoch}-0")  # from its first message
         assert messages is not None
     finally:
         await fanout.aclose()
