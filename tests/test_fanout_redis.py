@@ -386,7 +386,8 @@ async def test_restart_without_persistence_resets_and_keeps_delivering(
     "a restored snapshot holds a chain that looks whole: the first message published after the "
     "restart names the snapshot's newest entry as its predecessor, so nothing in Redis shows the "
     "lost tail; either the fan-out learns of restarts (an epoch that a restart changes) or the "
-    "guarantees promise recovery across a restart only with appendfsync always"))
+    "guarantees promise recovery across a restart only with appendfsync always (docs/guarantees.md "
+    "names this hole)"))
 async def test_a_restart_from_a_snapshot_that_lost_the_newest_messages_resets_a_client_from_before_them(
     make_redis: MakeRedis, private_redis: PrivateRedis
 ) -> None:
