@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -39,6 +40,16 @@ def _check(value: Any, path: str, depth: int, error: type[Exception] = InvalidAr
     if value is None or isinstance(value, bool):
         return
     if isinstance(value, int):
+        # Python writes and reads ints as text up to a number of digits (4,300 by default), in
+        # every runtime too: a longer one could be stored by no one and read by no one. Measured
+        # here only, not on the check's fast path, where it would cost every int.
+        limit = sys.get_int_max_str_digits()
+        if limit and value.bit_length() > 3 * limit:
+            try:
+                str(value)
+            except ValueError:
+                raise error(f"{path} is an int of more than {limit} digits, more than JSON text carries "
+                            f"here or in a runtime: pass it as a string") from None
         return
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -124,3 +135,20 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan
 def dumps(value: Any) -> str:
     """Compact JSON text for the database (arguments already checked) and for views."""
     return _ENCODER.encode(value)
+
+
+def encode(value: Any, path: str, error: type[Exception], what: str) -> str:
+    """dumps() of a value check_json() passed, naming the path of what the encoder still refuses
+    (an int too long for JSON text: the check's fast path does not measure ints)."""
+    try:
+        return _ENCODER.encode(value)
+    except ValueError:
+        _check(value, path, 0, error, what)
+        raise
+
+
+def name_refused(arguments: Iterable[Any]) -> None:
+    """After the encoder refused a batch: raise InvalidArgumentsError naming the first job's
+    argument it refuses (an int too long for JSON text), as check_args() names what it refuses."""
+    for args in arguments:
+        _check(list(args), "args", 0)

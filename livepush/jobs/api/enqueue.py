@@ -18,7 +18,7 @@ from typing import Any
 from ...postgres.connect import translated
 from ...postgres.pools import aautocommitted, autocommitted
 from .. import database, queries
-from .args import check_args, dumps
+from .args import check_args, dumps, name_refused
 from .handles import JobHandle
 from .options import check_debounce, check_key, check_tags
 from .registry import REGISTRY, JobRequest, JobSpec
@@ -134,7 +134,12 @@ class Batch:
 
     def params(self, rows: list[Sequence[Any]] | None = None) -> dict[str, Any]:
         """Parameters of ENQUEUE (or ENQUEUE_KEYED) for `rows` (all of the batch's by default)."""
-        return {"batch": dumps({"specs": list(self.specs), "rows": self.rows if rows is None else rows})}
+        rows = self.rows if rows is None else rows
+        try:
+            return {"batch": dumps({"specs": list(self.specs), "rows": rows})}
+        except ValueError:
+            name_refused(row[1] for row in rows)
+            raise
 
     def chunks(self, size: int) -> tuple[list[tuple[str, dict[str, Any]]], list[int]]:
         """Enqueue statements and parameters for slices of about `size` jobs, and for each item
@@ -167,8 +172,13 @@ class Batch:
         row = [*self.rows[0]] + [None] * (8 - len(self.rows[0]))
         _spec, args, key, group_id, ckey, when, tags, _later = row
         name, queue, priority, max_attempts, limited = next(iter(self.specs))
+        try:
+            text = dumps(args)
+        except ValueError:
+            name_refused([args])
+            raise
         return {"name": name, "queue": queue, "priority": priority, "run_at": when, "max_attempts": max_attempts,
-                "args": dumps(args), "group_id": group_id, "tags": tags, "key": key, "concurrency_key": ckey,
+                "args": text, "group_id": group_id, "tags": tags, "key": key, "concurrency_key": ckey,
                 "limited": limited}
 
     def statement(self, debounce: float | None = None) -> tuple[str, dict[str, Any]]:

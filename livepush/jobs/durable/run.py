@@ -29,7 +29,7 @@ from psycopg.rows import dict_row
 from ...postgres.connect import translated
 from ...postgres.pools import aautocommitted
 from ...postgres.text import unstorable
-from ..api.args import check_json, dumps
+from ..api.args import check_json, dumps, encode
 from ..api.enqueue import Batch
 from ..api.registry import REGISTRY, JobRequest
 from ..errors import (
@@ -148,7 +148,7 @@ class DurableRun:
     async def store(self, name: str, value: Any, fingerprint: str | None) -> Any:
         """Store a checkpoint's result (fenced by the run's lease); returns it as a replay will."""
         check_json(value, f"checkpoint {name!r} result", InvalidResultError, "checkpoint results")
-        text = dumps(value)
+        text = encode(value, f"checkpoint {name!r} result", InvalidResultError, "checkpoint results")
         self.ctx.check_cancelled()
         # One statement in autocommit: one round trip (queries.SAVE_CHECKPOINT).
         async with self._connection() as conn, aautocommitted(conn), conn.cursor() as cur:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api.args import check_json, dumps
+from ..api.args import check_json, encode
 from ..api.handles import NO_SUCH_ID, checked_id
 from ..errors import InvalidArgumentsError, JobFinishedError, JobNotFound
 from ..groups import steps
@@ -36,7 +36,7 @@ def _checked(job_id: Any, name: Any, data: Any) -> tuple[int, str, str]:
     check_json(data, "data", InvalidArgumentsError, "signal data")
     if checked == NO_SUCH_ID:  # an int no job can have: named as given, not as the stand-in
         raise JobNotFound(f"no job {job_id}: the signal was not sent")
-    return checked, name, dumps(data)
+    return checked, name, encode(data, "data", InvalidArgumentsError, "signal data")
 
 
 def signal(job_id: int, name: str, data: Any = None, *, conn: Any = None) -> int:

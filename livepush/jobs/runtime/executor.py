@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...postgres.text import storable_text
-from ..api.args import check_json, dumps
+from ..api.args import check_json, dumps, encode
 from ..api.functions import default_backoff
 from ..errors import (
     CheckpointInputConflict,
@@ -136,9 +136,10 @@ async def execute(
         return Outcome(ctx, "succeeded")
     try:
         check_json(value, "result", InvalidResultError, "job results")
+        result = encode(value, "result", InvalidResultError, "job results")
     except InvalidResultError as exc:
         return _failure(fn, ctx, exc)
-    return Outcome(ctx, "succeeded", result=dumps(value))
+    return Outcome(ctx, "succeeded", result=result)
 
 
 def _timeout_failure(fn: Any, ctx: JobContext) -> Outcome:

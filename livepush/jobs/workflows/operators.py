@@ -13,7 +13,7 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from .. import database
-from ..api.args import check_json, dumps
+from ..api.args import check_json, encode
 from ..api.control import acancel, cancel
 from ..api.handles import checked_id
 from ...postgres.text import unstorable
@@ -173,15 +173,15 @@ def signal(run_id: int, name: str, data: Any = None, *, actor: str | None = None
     or when it starts). Raises ValueError when no step waits for it, WorkflowNotFound for no run."""
     run_id, name = checked_id(run_id, "run_id"), check_name(name, "signal()")
     check_json(data, "data", InvalidArgumentsError, "signal data")
-    actor = _text(actor, "actor")
-    in_tx(lambda: _signal_steps(run_id, name, dumps(data), actor), None)
+    text, actor = encode(data, "data", InvalidArgumentsError, "signal data"), _text(actor, "actor")
+    in_tx(lambda: _signal_steps(run_id, name, text, actor), None)
 
 
 async def asignal_run(run_id: int, name: str, data: Any = None, *, actor: str | None = None) -> None:
     run_id, name = checked_id(run_id, "run_id"), check_name(name, "signal()")
     check_json(data, "data", InvalidArgumentsError, "signal data")
-    actor = _text(actor, "actor")
-    await ain_tx(lambda: _signal_steps(run_id, name, dumps(data), actor), None)
+    text, actor = encode(data, "data", InvalidArgumentsError, "signal data"), _text(actor, "actor")
+    await ain_tx(lambda: _signal_steps(run_id, name, text, actor), None)
 
 
 # -- reads ----------------------------------------------------------------------------------------

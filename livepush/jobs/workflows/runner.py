@@ -20,7 +20,7 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from ...postgres.pools import aautocommitted
-from ..api.args import check_json, dumps
+from ..api.args import check_json, encode
 from ..api.handles import StateTopicHandle
 from ..api.registry import JobRequest, JobSpec
 from ..errors import InvalidArgumentsError, JobCancelled, Reattempt, SignalTimeout, WorkflowDefinitionError
@@ -218,7 +218,7 @@ class Runner:
         check_json(input, "input", InvalidArgumentsError, "workflow inputs")
         if not flow.steps:
             raise WorkflowDefinitionError(f"workflow {flow.name!r} has no steps: define them before starting it")
-        return dumps(input)
+        return encode(input, "input", InvalidArgumentsError, "workflow inputs")
 
     def start(self, flow: Workflow, input: Any, conn: Any) -> WorkflowHandle:
         text = self._input(flow, input)
