@@ -84,6 +84,10 @@ async def with_input(ctx: Any, flag: str) -> Any:
 async def bad_result(ctx: Any, where: str) -> Any:
     if where == "checkpoint":
         await ctx.checkpoint("when", lambda: {"at": datetime.datetime.now()})
+    if where == "big checkpoint":
+        await ctx.checkpoint("big", lambda: {"n": 10**4301})
+    if where == "big result":
+        return {"n": -(10**4301)}
     return {"when": datetime.datetime.now()}
 
 

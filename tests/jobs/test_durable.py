@@ -122,9 +122,12 @@ def test_input_fingerprint_refuses_numbers_past_2_53(value: Any) -> None:
 
 
 @pytest.mark.parametrize("where, path", [("result", 'result["when"] is a datetime'),
-                                         ("checkpoint", """checkpoint 'when' result["at"] is a datetime""")])
+                                         ("checkpoint", """checkpoint 'when' result["at"] is a datetime"""),
+                                         ("big result", 'result["n"] is an int of more than 4300 digits'),
+                                         ("big checkpoint", """checkpoint 'big' result["n"] is an int of more""")])
 async def test_a_result_that_is_not_json_fails_naming_the_path(durable_db: str, where: str, path: str) -> None:
-    """A job or checkpoint result that is not JSON fails the job at once, naming where."""
+    """A job or checkpoint result that is not JSON (or holds an int too long for JSON text) fails
+    the job at once, naming where."""
     async with running():
         h = await dj.bad_result.aenqueue(where)
         failed = await wait_state(h.id, "failed")
