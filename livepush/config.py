@@ -205,6 +205,8 @@ def _check_secret(name: str, value: str) -> None:
 
 def _is_origin(entry: str) -> bool:
     text = entry.replace("://*.", "://", 1)
+    if "*" in text:  # only a leading `*.` label is a wildcard: a '*' elsewhere would never match
+        return False
     try:
         parts = urlsplit(text)
         parts.port  # noqa: B018 -- raises ValueError for a bad port

@@ -79,7 +79,9 @@ async def test_any_origin_never_reads_cookie_sessions(secret: str) -> None:
 def test_entries_that_are_not_origins_end_the_command(monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str], secret: str) -> None:
     """`app.example.com` or `null` in LIVEPUSH_ALLOWED_ORIGINS ends `serve` with exit 2 and a line naming the entry."""
-    for entry in ("app.example.com", "null", "https://ok.example,ftp://x.example", "wss://push.example"):
+    for entry in ("app.example.com", "null", "https://ok.example,ftp://x.example", "wss://push.example",
+                  # a '*' matches only as a whole subdomain label up front: anywhere else it would never match
+                  "https://exa*mple.com", "https://app.*.example.com", "https://*example.com", "https://*.*.example.com"):
         with pytest.raises(ConfigError, match="is not an origin"):
             Settings.from_env({"LIVEPUSH_ALLOWED_ORIGINS": entry, "LIVEPUSH_SECRET": secret})
     monkeypatch.setenv("LIVEPUSH_ALLOWED_ORIGINS", "https://app.example.com,null")
