@@ -67,7 +67,7 @@ async def test_an_infinite_time_sets_no_timer_and_a_bucket_goes_once_emptied() -
 def test_a_timeout_that_is_not_a_positive_number_is_refused_at_the_decorator() -> None:
     async def f(ctx: Any) -> None: ...
 
-    for bad in (0, -1, float("nan")):
+    for bad in (0, -1, float("nan"), True, "5"):
         with pytest.raises(ValueError, match="timeout must be a positive number"):
             jobs.job(name="t.bad_timeout", timeout=bad)(f)
     assert jobs.job(name="t.no_timeout", timeout=float("inf"))(f).timeout == float("inf")

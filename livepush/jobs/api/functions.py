@@ -71,7 +71,9 @@ class JobFunction:
         # enqueue in Postgres, reported as a database that cannot be reached.
         _check_int4("priority", priority, -INT4_MAX - 1)
         _check_int4("max_attempts", max_attempts, 1)
-        if timeout is not None and not timeout > 0:  # NaN too
+        # Not a bool (True would be a 1 s timeout) nor a str (whose comparison raised a bare TypeError).
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not timeout > 0):  # NaN too
             raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
         self.func = func
         self.name = check_name(name or f"{func.__module__}.{func.__qualname__}", "@jobs.job(name=)")
