@@ -158,12 +158,17 @@ def test_revoke_without_a_shared_store_is_a_config_error(settings: Settings) -> 
     """In a process with neither a database nor Redis, revoke() and revoke_subject() raise ConfigError saying revocation needs a shared store."""
     sessions.set_default_store(None)
     token = sessions.issue("judy")
-    for call in (lambda: sessions.revoke(token), lambda: sessions.revoke_subject("judy"),
-                 lambda: sessions.revoke(token, store=MemoryRevocations())):
+    try:
+        for call in (lambda: sessions.revoke(token), lambda: sessions.revoke_subject("judy"),
+                     lambda: sessions.revoke(token, store=MemoryRevocations())):
+            with pytest.raises(ConfigError, match="shared store"):
+                call()
         with pytest.raises(ConfigError, match="shared store"):
-            call()
-    with pytest.raises(ConfigError, match="shared store"):
-        asyncio.run(sessions.arevoke(token))
+            asyncio.run(sessions.arevoke(token))
+    finally:
+        # The store made from these settings (memory only) must not outlive them: a later test's
+        # revoke() would find it instead of its own settings' database.
+        sessions.set_default_store(None)
 
 
 def test_a_secret_with_few_distinct_characters_is_refused(capsys: pytest.CaptureFixture[str],
