@@ -65,6 +65,16 @@ def test_bad_operator_input_exits_2_with_one_line(procs, livepush_env, argv, nee
     assert "Traceback" not in err and needle in err, err
 
 
+def test_a_concurrency_no_runtime_can_hold_exits_2_before_registering(procs, livepush_env, pg_url) -> None:
+    """--concurrency past what a runtime's row can record (an integer) is refused by name, not
+    met with the driver's traceback when the runtime registers."""
+    child = procs.livepush("jobs", "tests.jobs.sample_jobs", "--concurrency", "3000000000",
+                           env=livepush_env(database_url=pg_url))
+    assert child.wait(20) == 2, child.output()
+    err = child.stderr()
+    assert "Traceback" not in err and "--concurrency 3000000000" in err, err
+
+
 def test_token_without_a_secret_exits_2(procs, livepush_env) -> None:
     """Signing without LIVEPUSH_SECRET says how to set it."""
     env = livepush_env()

@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="modules that define the job functions, comma-separated")
     parser.add_argument("--queues", default=None,
                         help="queues to run, in the order they are served (default: every queue the modules use)")
-    parser.add_argument("--concurrency", type=int, default=10, help="jobs run at once (default 10)")
+    parser.add_argument("--concurrency", type=int, default=10, help="jobs run at once, from 1 to 100000 (default 10)")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds the jobs in hand get to finish on SIGTERM before they are given back (default 30)")
     parser.add_argument("--heartbeat", type=float, default=10.0,

@@ -102,6 +102,9 @@ def parse_cancel_ids(payload: str) -> list[int]:
 
 # The longest heartbeat and poll interval: a day (sql/0003_jobs.sql holds the heartbeat to it too).
 MAX_HEARTBEAT = 86400.0
+# The most jobs one runtime holds at once: its row in livepush_runtimes keeps it in an integer
+# column, and far more than one process can run anyway.
+MAX_CONCURRENCY = 100_000
 
 
 def check_seconds(option: str, value: float, *, least: float, most: float | None = None) -> None:
@@ -136,8 +139,8 @@ class Runtime:
         else:
             load_modules(modules or ())
             self.registry = REGISTRY
-        if concurrency < 1:
-            raise ConfigError(f"--concurrency {concurrency}: run at least one job at a time")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
+            raise ConfigError(f"--concurrency {concurrency!r}: run from 1 to {MAX_CONCURRENCY} jobs at a time")
         # Every runtime reads every runtime's heartbeat (the rescue of dead ones), so a NaN or an
         # infinity there would break the rescue for all of them; a poll interval of nothing spins.
         check_seconds("--heartbeat", heartbeat, least=0.01, most=MAX_HEARTBEAT)
