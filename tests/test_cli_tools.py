@@ -75,6 +75,16 @@ def test_a_concurrency_no_runtime_can_hold_exits_2_before_registering(procs, liv
     assert "Traceback" not in err and "--concurrency 3000000000" in err, err
 
 
+def test_a_retention_postgres_cannot_subtract_from_now_exits_2(procs, livepush_env, pg_url) -> None:
+    """--retention past what Postgres can take from now() (a few thousand years) is refused by
+    name at start, instead of a runtime that runs and fails every prune, with a warning each time."""
+    child = procs.livepush("jobs", "tests.jobs.sample_jobs", "--retention", "1e12",
+                           env=livepush_env(database_url=pg_url))
+    assert child.wait(20) == 2, child.output()
+    err = child.stderr()
+    assert "Traceback" not in err and "--retention 1000000000000" in err, err
+
+
 def test_token_without_a_secret_exits_2(procs, livepush_env) -> None:
     """Signing without LIVEPUSH_SECRET says how to set it."""
     env = livepush_env()

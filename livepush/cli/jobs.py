@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between polls when no notification arrives (default 1)")
     parser.add_argument("--retention", type=float, default=7 * 24 * 3600.0,
                         help="seconds finished jobs and task groups are kept before they are deleted "
-                             "(default 604800, 7 days; 0 keeps them forever)")
+                             "(default 604800, 7 days; at most 3162240000, 100 years; 0 keeps them forever)")
     parser.add_argument("--metrics-port", type=_port, default=None, metavar="P",
                         help="serve Prometheus metrics on GET /metrics at this port (on LIVEPUSH_HOST)")
 

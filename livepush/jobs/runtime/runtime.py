@@ -105,6 +105,10 @@ MAX_HEARTBEAT = 86400.0
 # The most jobs one runtime holds at once: its row in livepush_runtimes keeps it in an integer
 # column, and far more than one process can run anyway.
 MAX_CONCURRENCY = 100_000
+# The longest retention: a hundred years (0 on the command line, None here, keeps jobs forever).
+# Postgres computes the cut-off as now() minus the retention, which leaves its timestamp range
+# for a few thousand years: every prune would then fail, on every runtime, for good.
+MAX_RETENTION = 100 * 366 * 86400.0
 
 
 def check_seconds(option: str, value: float, *, least: float, most: float | None = None) -> None:
@@ -147,7 +151,7 @@ class Runtime:
         check_seconds("--poll-interval", poll_interval, least=0.01, most=MAX_HEARTBEAT)
         check_seconds("--shutdown-timeout", shutdown_timeout, least=0.0)
         if retention is not None:
-            check_seconds("--retention", retention, least=0.001)
+            check_seconds("--retention", retention, least=0.001, most=MAX_RETENTION)
         self.queues = list(queues) if queues else (self.registry.queues() or ["default"])
         self.concurrency = concurrency
         self.shutdown_timeout = shutdown_timeout
