@@ -47,6 +47,7 @@ def test_token_session_prints_a_session_token_for_the_subject(procs, livepush_en
         (["publish", "job:1", "{}"], "state topic"),
         (["publish", "a", "{not json"], "JSON"),
         (["publish", "a", '{"x": NaN}'], "JSON"),
+        (["publish", "a", "[" * 5000 + "]" * 5000], "nested too deeply"),
         (["nope"], "invalid choice"),
         # NaN or infinity in a heartbeat would break every runtime's rescue of dead ones; a
         # poll interval of nothing spins.

@@ -89,6 +89,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
         data = json.loads(args.json)
     except ValueError as exc:
         raise ConfigError(f"JSON argument is not valid JSON ({exc}): quote it, e.g. '{{\"text\": \"hi\"}}'") from None
+    except RecursionError:
+        # The decoder recurses once per level: a document deeper than the interpreter's stack
+        # allows is the user's input, not a crash.
+        raise ConfigError("JSON argument is nested too deeply to decode: publish a flatter document") from None
     print(api.publish(args.topic, data))
     return EXIT_OK
 
