@@ -174,6 +174,11 @@ class Settings:
                     f"LIVEPUSH_ALLOWED_ORIGINS entry {entry[:100]!r} is not an origin: write scheme://host[:port], "
                     "e.g. https://app.example.com (or https://*.example.com for its subdomains, or * for any)"
                 )
+        if not self.host.strip():
+            # An empty bind address is every interface: a `--host "$UNSET"` must not publish the
+            # server to the network when an empty LIVEPUSH_HOST means the loopback default.
+            raise ConfigError("--host (or LIVEPUSH_HOST) is empty: give the address to listen on, e.g. 127.0.0.1, "
+                              "or 0.0.0.0 for every interface")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"LIVEPUSH_PORT={self.port} is out of range: use a port from 0 to 65535")
         if not 0 < self.history_ttl <= MAX_HISTORY_TTL:

@@ -50,6 +50,14 @@ def test_bad_configuration_exits_2_with_one_line_naming_the_setting(procs, livep
     assert_one_line_no_traceback(child.stderr(), needle)
 
 
+def test_an_empty_host_flag_is_refused_rather_than_listening_everywhere(procs, livepush_env) -> None:
+    """`--host ""` (a shell variable that was not set) means no address, as an empty LIVEPUSH_HOST
+    does: it must not bind every interface of the machine, as an empty bind address would."""
+    child = procs.livepush("serve", "--host", "", env=livepush_env(), wait_healthy=False)
+    assert child.wait(15) == 2, child.output()
+    assert_one_line_no_traceback(child.stderr(), "--host")
+
+
 def test_missing_app_module_exits_2(procs, livepush_env) -> None:
     """--app naming a module that does not exist exits 2 with one line."""
     child = procs.livepush("serve", "--app", "no_such_module_xyz:app", env=livepush_env(), wait_healthy=False)
