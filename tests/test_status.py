@@ -210,6 +210,26 @@ def test_an_empty_database_says_none_in_each_section(pg_url: str, procs: Process
     assert json.loads(out)["queues"] == []
 
 
+def test_tags_and_queue_names_cannot_write_control_characters_to_the_terminal(
+        status_db: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
+    """Tags and queue names are the application's data (a tag may carry a user's file name): the
+    plain report shows their control characters escaped, so that none can forge a line of the
+    report or send an escape sequence to the operator's terminal; --json keeps them as they are."""
+    forged = "x\nRuntimes (0)\n  none"
+    ok.enqueue(1, wait=3600, tags=[forged, "\x1b[2J\x1b[31mred"])
+    jobs.pause_queue("q\x1b]0;title\x07\r")
+    code, out, err = run_status(procs, livepush_env(database_url=status_db))
+    assert code == 0, err
+    assert not any(c in out for c in "\x1b\x07\r"), repr(out)
+    assert [line for line in out.splitlines() if line.startswith("Runtimes (")] == ["Runtimes (0)"], out
+    tag_lines = _section(out.splitlines(), "Tags on unfinished jobs")
+    assert any(line.split()[0] == "x\\nRuntimes" for line in tag_lines), out
+    assert any(line.split()[0] == "\\x1b[2J\\x1b[31mred" for line in tag_lines), out
+    code, out, err = run_status(procs, livepush_env(database_url=status_db), "--json")
+    assert code == 0, err
+    assert json.loads(out)["tags"] == {forged: 1, "\x1b[2J\x1b[31mred": 1}
+
+
 def test_an_unreachable_database_exits_1_with_one_line(procs: Processes, free_port: int,
                                                        livepush_env: Callable[..., dict[str, str]]) -> None:
     url = f"postgresql://postgres:hunter2secret@127.0.0.1:{free_port}/nowhere"

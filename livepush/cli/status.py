@@ -82,8 +82,16 @@ def duration(seconds: float) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
+def printable(text: str) -> str:
+    """`text` with each character a terminal would act on (newlines, escape sequences, bidi
+    overrides) written as its Python escape: tags and queue names are the application's data,
+    and none may forge a line of the report or drive the operator's terminal."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: frozenset[int] = frozenset()) -> list[str]:
     """Aligned columns, indented under their section; columns in `right` (numbers) align right."""
+    rows = [[printable(str(c)) for c in row] for row in rows]
     widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
     lines = []
     for row in (headers, *rows):
