@@ -40,10 +40,22 @@ def _reason(url: str, exc: BaseException) -> str:
     return first
 
 
+def _setting_of(url: str) -> str:
+    """The setting that holds `url`: the listen URL has one of its own, and an operator told to
+    check the other, which works, would look in the wrong place."""
+    try:
+        settings = get_settings()
+    except ConfigError:
+        return "LIVEPUSH_DATABASE_URL"
+    if settings.listen_database_url == url and settings.database_url != url:
+        return "LIVEPUSH_LISTEN_DATABASE_URL"
+    return "LIVEPUSH_DATABASE_URL"
+
+
 def unreachable(url: str, exc: BaseException) -> DependencyError:
     return DependencyError(
         f"cannot reach Postgres at {redact(url)} ({_reason(url, exc)}): "
-        "check LIVEPUSH_DATABASE_URL and that the server is running"
+        f"check {_setting_of(url)} and that the server is running"
     )
 
 

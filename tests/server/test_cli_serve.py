@@ -73,6 +73,17 @@ def test_unreachable_postgres_exits_1(procs, livepush_env) -> None:
     assert_one_line_no_traceback(child.stderr(), "LIVEPUSH_DATABASE_URL")
 
 
+@pytest.mark.parametrize("command", [["serve"], ["jobs", "tests.jobs.sample_jobs"]])
+def test_unreachable_listen_database_exits_1_naming_its_own_setting(procs, livepush_env, pg_url, command) -> None:
+    """When only LIVEPUSH_LISTEN_DATABASE_URL cannot be reached, the line names that setting: the
+    operator is not sent to check a LIVEPUSH_DATABASE_URL that works."""
+    url = f"postgresql://postgres@127.0.0.1:{free_port()}/nope"
+    child = procs.livepush(*command, env=livepush_env(database_url=pg_url, listen_database_url=url),
+                           wait_healthy=False)
+    assert child.wait(20) == 1, child.output()
+    assert_one_line_no_traceback(child.stderr(), "LIVEPUSH_LISTEN_DATABASE_URL")
+
+
 def test_unreachable_redis_exits_1(procs, livepush_env) -> None:
     """A Redis that cannot be reached at boot exits 1 naming LIVEPUSH_REDIS_URL."""
     url = f"redis://127.0.0.1:{free_port()}/0"
