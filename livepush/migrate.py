@@ -90,10 +90,15 @@ def _foreign(url: str, what: str) -> SchemaError:
 
 
 def _check_lineage(url: str, applied: list[tuple[int, str, str]]) -> None:
-    """Refuse a database whose schema is not a prefix of ours, file for file (a 0.1 schema, one made
-    by an earlier build of this version, or a newer livepush's)."""
+    """Refuse a database whose schema differs from ours in a migration we ship, file for file (a
+    0.1 schema, or one made by an earlier build of this version). Migrations past our newest are
+    a newer livepush's: upgrades migrate first, and the code running meanwhile (restarted or
+    rolled back too) keeps working on that schema (docs/operations.md, "Upgrades")."""
     ours = {m.version: m for m in bundled()}
+    newest = max(ours, default=0)
     for version, name, checksum in applied:
+        if version > newest:
+            continue
         mine = ours.get(version)
         if mine is None or mine.name != name or mine.checksum != checksum:
             raise _foreign(url, f"migration {version:04d}_{name} differs from this version's")

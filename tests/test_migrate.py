@@ -8,6 +8,7 @@ import pytest
 
 from livepush import migrate
 from livepush.errors import SchemaError
+from tests.support.waiting import wait_for
 
 
 def test_a_migrated_database_is_accepted_again(pg_url: str) -> None:
@@ -32,3 +33,40 @@ def test_migrations_recorded_without_checksums_are_refused(pg_url: str) -> None:
         conn.execute("ALTER TABLE livepush_schema DROP COLUMN checksum")
     with pytest.raises(SchemaError, match="recorded without checksums.*not migrated in place"):
         migrate.migrate(pg_url)
+
+
+def _as_migrated_by_a_newer_livepush(url: str) -> int:
+    """Record one migration past this version's, as the next release's `livepush migrate` would."""
+    newer = migrate.required_version() + 1
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE livepush_next_release (id bigint)")
+        conn.execute("INSERT INTO livepush_schema (version, name, checksum) VALUES (%s, 'next_release', %s)",
+                     (newer, "0" * 64))
+    return newer
+
+
+def test_code_older_than_the_schema_starts_as_the_upgrade_order_needs(pg_url: str, procs, livepush_env) -> None:
+    """Upgrades migrate first, and the old code keeps running on the newer schema until it is
+    replaced: an old server, runtime or `livepush migrate` that (re)starts meanwhile (a crash, a
+    worker restarted, a rolled-back deploy) works as before, and is never told to drop its tables."""
+    _as_migrated_by_a_newer_livepush(pg_url)
+    migrate.check_schema(pg_url)
+    assert migrate.migrate(pg_url) == []
+    env = livepush_env(database_url=pg_url)
+    server = procs.livepush("serve", env=env)
+    runtime = procs.livepush("jobs", "tests.jobs.sample_jobs", env=env)
+    wait_for(lambda: "running: queues" in runtime.stderr() or not runtime.running, 20,
+             message="the job runtime to start")
+    for child in (server, runtime):
+        child.signal()
+        assert child.wait(20) == 0, child.output()
+        assert "drop livepush's tables" not in child.stderr(), child.output()
+
+
+def test_a_newer_schema_that_differs_in_a_known_migration_is_still_refused(pg_url: str) -> None:
+    """Tolerating a newer release's migrations does not tolerate a rewritten one of ours."""
+    _as_migrated_by_a_newer_livepush(pg_url)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE livepush_schema SET checksum = 'from an earlier build' WHERE version = 3")
+    with pytest.raises(SchemaError, match="0003_jobs differs"):
+        migrate.check_schema(pg_url)
