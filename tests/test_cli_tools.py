@@ -86,6 +86,16 @@ def test_a_retention_postgres_cannot_subtract_from_now_exits_2(procs, livepush_e
     assert "Traceback" not in err and "--retention 1000000000000" in err, err
 
 
+@pytest.mark.parametrize("modules", ["", ",", " , "])
+def test_jobs_naming_no_module_exits_2(procs, livepush_env, pg_url, modules) -> None:
+    """`livepush jobs "$MODULES"` with nothing in it is a usage error naming MODULE, not a runtime
+    that serves the default queue with no job function to run."""
+    child = procs.livepush("jobs", modules, env=livepush_env(database_url=pg_url))
+    assert child.wait(20) == 2, child.output()
+    err = child.stderr()
+    assert "Traceback" not in err and "MODULE" in err, err
+
+
 def test_token_without_a_secret_exits_2(procs, livepush_env) -> None:
     """Signing without LIVEPUSH_SECRET says how to set it."""
     env = livepush_env()

@@ -55,9 +55,15 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         sys.path.insert(0, os.getcwd())
     from . import wiring
 
+    modules = modules_of(args.modules)
+    if not modules:
+        # An empty "$MODULES": without a job function, the runtime would claim the default
+        # queue's jobs only to give each one back.
+        raise ConfigError(f"MODULE[,MODULE...] {args.modules!r} names no module: name the modules that "
+                          "define your job functions, e.g. `livepush jobs myapp.jobs`")
     queues = modules_of(args.queues) if args.queues else None
     runtime, fanout = wiring.jobs_runtime(
-        settings, modules_of(args.modules), queues=queues, concurrency=args.concurrency,
+        settings, modules, queues=queues, concurrency=args.concurrency,
         shutdown_timeout=args.shutdown_timeout, heartbeat=args.heartbeat, poll_interval=args.poll_interval,
         retention=args.retention or None)
     exposer = None
