@@ -95,6 +95,11 @@ class Settings:
 
         def get(name: str) -> str | None:
             value = env.get(name)
+            if value and not _is_utf8(value):
+                # Python hands bytes that are not UTF-8 over as lone surrogates, which fail later
+                # wherever the value is encoded (a driver, a resolver, every signature).
+                raise ConfigError(f"{name} is not valid UTF-8 text: write it in UTF-8 (percent-encode such "
+                                  "characters in a URL)")
             return value.strip() if value and value.strip() else None
 
         def number(name: str, default: str, kind: type[int] | type[float], hint: str) -> Any:
@@ -206,6 +211,14 @@ def _check_secret(name: str, value: str) -> None:
             f"{name} has only {len(set(value))} distinct characters, which is not a random secret: generate one, e.g. "
             "`python -c 'import secrets; print(secrets.token_urlsafe(48))'`"
         )
+
+
+def _is_utf8(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_origin(entry: str) -> bool:

@@ -58,6 +58,20 @@ def test_an_empty_host_flag_is_refused_rather_than_listening_everywhere(procs, l
     assert_one_line_no_traceback(child.stderr(), "--host")
 
 
+@pytest.mark.parametrize("name,value", [
+    ("LIVEPUSH_HOST", "\udcff"),
+    ("LIVEPUSH_SECRET", "abcdefghijklmnopqrstuvwxyz0123456789\udcff"),
+    ("LIVEPUSH_DATABASE_URL", "postgresql://postgres@127.0.0.1:1/caf\udce9"),
+])
+def test_a_setting_that_is_not_utf8_exits_2_naming_it(procs, livepush_env, name, value) -> None:
+    """A variable holding bytes that are not UTF-8 (an environment file saved as Latin-1) is a bad
+    setting like any other: one line naming it and exit 2, not a codec traceback (or a secret that
+    breaks each handshake later)."""
+    child = procs.livepush("serve", env=livepush_env(extra={name: value}), wait_healthy=False)
+    assert child.wait(15) == 2, child.output()
+    assert_one_line_no_traceback(child.stderr(), name)
+
+
 def test_missing_app_module_exits_2(procs, livepush_env) -> None:
     """--app naming a module that does not exist exits 2 with one line."""
     child = procs.livepush("serve", "--app", "no_such_module_xyz:app", env=livepush_env(), wait_healthy=False)
