@@ -96,6 +96,18 @@ def test_jobs_naming_no_module_exits_2(procs, livepush_env, pg_url, modules) -> 
     assert "Traceback" not in err and "MODULE" in err, err
 
 
+@pytest.mark.parametrize("queue,needle", [("\udcff", "--queues"), ("q" * 201, "--queues")])
+def test_a_queue_name_no_job_can_have_exits_2(procs, livepush_env, pg_url, queue, needle) -> None:
+    """--queues takes the names enqueue() accepts: one Postgres cannot store (bytes that are not
+    UTF-8) or longer than any queue is one line naming --queues, not a driver traceback or a
+    runtime serving a queue no job can be in."""
+    child = procs.livepush("jobs", "tests.jobs.sample_jobs", "--queues", f"default,{queue}",
+                           env=livepush_env(database_url=pg_url))
+    assert child.wait(20) == 2, child.output()
+    err = child.stderr()
+    assert "Traceback" not in err and needle in err, err
+
+
 def test_token_without_a_secret_exits_2(procs, livepush_env) -> None:
     """Signing without LIVEPUSH_SECRET says how to set it."""
     env = livepush_env()

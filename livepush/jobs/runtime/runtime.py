@@ -50,6 +50,7 @@ from ...postgres.listener import Listener
 from ...postgres.pools import AsyncPool, LoopPools
 from ...tasks import Backoff, reraise_if_cancelled, supervise
 from .. import database, queries
+from ..api.options import check_queue
 from ..api.registry import REGISTRY, Registry
 from ..groups.progress import ProgressPublisher
 from ..periodic.decorator import SCHEDULES
@@ -152,7 +153,10 @@ class Runtime:
         check_seconds("--shutdown-timeout", shutdown_timeout, least=0.0)
         if retention is not None:
             check_seconds("--retention", retention, least=0.001, most=MAX_RETENTION)
-        self.queues = list(queues) if queues else (self.registry.queues() or ["default"])
+        # The names enqueue() accepts: a runtime serving another could never claim a job, and one
+        # Postgres cannot store fails at registration with the driver's error.
+        self.queues = ([check_queue(q, "--queues") for q in queues] if queues
+                       else (self.registry.queues() or ["default"]))
         self.concurrency = concurrency
         self.shutdown_timeout = shutdown_timeout
         self.heartbeat = heartbeat
