@@ -108,6 +108,21 @@ def test_a_queue_name_no_job_can_have_exits_2(procs, livepush_env, pg_url, queue
     assert "Traceback" not in err and needle in err, err
 
 
+@pytest.mark.parametrize("stored", ["", "short", "\n"])
+def test_the_demo_replaces_a_stored_secret_it_cannot_use(tmp_path, stored) -> None:
+    """A demo stopped between creating .livepush/secret and writing it leaves the file empty (or a
+    person edits it): the next demo makes a new secret and keeps that one, instead of failing on
+    every start with a complaint about a LIVEPUSH_SECRET nobody set."""
+    from livepush.config import Settings
+    from livepush.demo import demo_secret
+
+    (tmp_path / "secret").write_text(stored)
+    value = demo_secret(tmp_path)
+    assert Settings().replace(secret=value).secret == value  # a secret the settings accept
+    assert (tmp_path / "secret").read_text() == value
+    assert demo_secret(tmp_path) == value
+
+
 def test_token_without_a_secret_exits_2(procs, livepush_env) -> None:
     """Signing without LIVEPUSH_SECRET says how to set it."""
     env = livepush_env()

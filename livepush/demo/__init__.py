@@ -11,10 +11,13 @@ drawn as a live graph, with Approve, Pause and Resume buttons and its audit trai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import logging
+import os
 import secrets
+import tempfile
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from pathlib import Path
@@ -26,7 +29,7 @@ from websockets.http11 import Request, Response
 from .. import config, migrate
 from ..cli.runner import run_async
 from ..cli.wiring import server_parts
-from ..errors import DependencyError, SchemaError
+from ..errors import ConfigError, DependencyError, SchemaError
 from ..server import http
 from ..server.run import serve
 from ..sessions.handshake import header_values, origin_allowed
@@ -172,11 +175,27 @@ def demo_secret(folder: Path) -> str:
     """A generated secret, kept in `folder` so signed topics a page holds survive a restart."""
     path = folder / "secret"
     if path.exists():
-        return path.read_text().strip()
+        value = path.read_text().strip()
+        try:
+            config.Settings().replace(secret=value)
+            return value
+        except ConfigError:
+            # Left empty by a demo stopped while it wrote the file, or edited: nobody set it as
+            # LIVEPUSH_SECRET, so a complaint about that setting would help no one. A new one
+            # only costs the signed topics of pages opened before.
+            log.warning("the demo's secret in %s is not usable: making a new one", path)
     folder.mkdir(parents=True, exist_ok=True)
     value = secrets.token_urlsafe(48)
-    path.touch(mode=0o600)
-    path.write_text(value)
+    # Written whole under another name, then renamed: a stop midway leaves no half-written file.
+    fd, temporary = tempfile.mkstemp(dir=folder, prefix=".secret-")  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(value)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
     return value
 
 
