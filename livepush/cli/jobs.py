@@ -15,6 +15,8 @@ from ..errors import ConfigError
 from ..jobs import database
 from ..jobs.api.status import arefresh_metrics
 
+log = logging.getLogger("livepush.jobs")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("modules", metavar="MODULE[,MODULE...]",
@@ -73,6 +75,9 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on {settings.host}:{args.metrics_port} "
                               f"({exc.strerror or exc}): pass a free port to --metrics-port") from None
+        # With --metrics-port 0 the kernel picks the port: without this line no one could scrape it.
+        port = exposer.sockets[0].getsockname()[1] if exposer.sockets else args.metrics_port
+        log.info("metrics on http://%s:%d/metrics", settings.host, port)
     try:
         await runtime.run()
     finally:

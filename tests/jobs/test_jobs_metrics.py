@@ -63,3 +63,18 @@ def test_a_busy_metrics_port_is_a_clear_error(jobs_db: str, procs: Processes,
                                env=livepush_env(database_url=jobs_db), wait_healthy=False)
         assert child.wait(15) == 2
         assert "--metrics-port" in child.output() and "Traceback" not in child.output()
+
+
+def test_metrics_port_0_says_which_port_it_picked(jobs_db: str, procs: Processes,
+                                                  livepush_env: Callable[..., dict[str, str]]) -> None:
+    """--metrics-port takes 0 (any free port): the runtime then logs the port it got, or the
+    metrics could not be found; the address it logs answers GET /metrics."""
+    import re
+
+    child = procs.livepush("jobs", "tests.jobs.sample_jobs", "--metrics-port", "0",
+                           env=livepush_env(database_url=jobs_db), wait_healthy=False)
+    found = wait_for(lambda: re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", child.stderr())
+                     or (not child.running and child.output()), 15.0, message="the metrics address in the log")
+    assert isinstance(found, re.Match), found
+    assert ("livepush_runtimes_alive", ()) in scrape(int(found.group(1)))
+    assert child.stop(timeout=15) == 0, child.output()
