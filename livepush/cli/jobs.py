@@ -51,10 +51,15 @@ def modules_of(text: str) -> list[str]:
     return [m.strip() for m in text.split(",") if m.strip()]
 
 
-async def run(args: argparse.Namespace, settings: Settings) -> int:
-    # Make modules in the current directory importable, as `python -m` would.
+def importable_from_cwd() -> None:
+    """Make modules in the current directory importable, as `python -m` would: the console
+    script's own path is its bin folder, not the project a user runs it from."""
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
+
+
+async def run(args: argparse.Namespace, settings: Settings) -> int:
+    importable_from_cwd()
     from . import wiring
 
     modules = modules_of(args.modules)

@@ -53,7 +53,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from ..server.run import serve
     from . import wiring, workers
-    from .jobs import modules_of
+    from .jobs import importable_from_cwd, modules_of
 
     settings = _settings(args)
     settings.require_secret()
@@ -66,6 +66,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     else:
         role.start()
     index = role.index if role is not None else None
+    importable_from_cwd()  # --with-jobs modules, as `livepush jobs` finds them
     app = None
     if args.app:
         from ..sessions.rules import load_app

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import resource
 import signal
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -70,6 +72,19 @@ def test_a_setting_that_is_not_utf8_exits_2_naming_it(procs, livepush_env, name,
     child = procs.livepush("serve", env=livepush_env(extra={name: value}), wait_healthy=False)
     assert child.wait(15) == 2, child.output()
     assert_one_line_no_traceback(child.stderr(), name)
+
+
+def test_with_jobs_imports_job_modules_from_the_current_directory(procs, livepush_env, pg_url, tmp_path) -> None:
+    """`livepush serve --with-jobs MODULE`, run by its console script from the project's directory,
+    finds MODULE there, as `livepush jobs MODULE` and `--app` do."""
+    (tmp_path / "cwd_only_jobs.py").write_text(
+        "from livepush import jobs\n\n\n@jobs.job(name='cwd_only.hello')\nasync def hello(ctx):\n    return 1\n")
+    env = livepush_env(database_url=pg_url)
+    script = Path(sys.executable).parent / "livepush"  # what a user runs; `python -m` adds the cwd itself
+    child = procs.start([str(script), "serve", "--with-jobs", "cwd_only_jobs"], env=env, cwd=tmp_path,
+                        port=int(env["LIVEPUSH_PORT"]), name="livepush serve --with-jobs (console script)")
+    child.wait_healthy()
+    assert child.stop(15) == 0, child.output()
 
 
 def test_missing_app_module_exits_2(procs, livepush_env) -> None:
