@@ -123,6 +123,17 @@ def test_the_demo_replaces_a_stored_secret_it_cannot_use(tmp_path, stored) -> No
     assert demo_secret(tmp_path) == value
 
 
+def test_publish_without_a_shared_fan_out_exits_2_instead_of_losing_the_message(procs, livepush_env) -> None:
+    """The local fan-out reaches only the process that publishes: from `livepush publish`, a
+    process of its own, no server could ever receive the message. Without a database or Redis the
+    command says so, naming LIVEPUSH_FANOUT, rather than printing an offset for a lost message."""
+    child = procs.livepush("publish", "chat:lobby", '{"text": "hi"}', env=livepush_env())
+    assert child.wait(20) == 2, child.output()
+    err = child.stderr()
+    assert "Traceback" not in err and "LIVEPUSH_FANOUT" in err, err
+    assert child.stdout() == ""
+
+
 def test_token_without_a_secret_exits_2(procs, livepush_env) -> None:
     """Signing without LIVEPUSH_SECRET says how to set it."""
     env = livepush_env()

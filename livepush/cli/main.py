@@ -84,8 +84,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_publish(args: argparse.Namespace) -> int:
     from .. import api
+    from ..fanout.base import encode_payload
 
-    _settings(args)
+    settings = _settings(args)
     try:
         data = json.loads(args.json)
     except ValueError as exc:
@@ -94,6 +95,14 @@ def cmd_publish(args: argparse.Namespace) -> int:
         # The decoder recurses once per level: a document deeper than the interpreter's stack
         # allows is the user's input, not a crash.
         raise ConfigError("JSON argument is nested too deeply to decode: publish a flatter document") from None
+    if settings.fanout == "local":
+        # What the operator typed is checked first; then, since the local fan-out reaches only
+        # this process, which no server is part of, the message would be lost whatever it is.
+        api.publishable(args.topic)
+        encode_payload(data)
+        raise ConfigError("LIVEPUSH_FANOUT=local reaches only the process that publishes, and no server is part "
+                          "of this one: set LIVEPUSH_DATABASE_URL (or LIVEPUSH_REDIS_URL with LIVEPUSH_FANOUT=redis) "
+                          "as your servers have it")
     print(api.publish(args.topic, data))
     return EXIT_OK
 
