@@ -185,7 +185,7 @@ class Settings:
             raise ConfigError("--host (or LIVEPUSH_HOST) is empty: give the address to listen on, e.g. 127.0.0.1, "
                               "or 0.0.0.0 for every interface")
         if not 0 <= self.port <= 65535:
-            raise ConfigError(f"LIVEPUSH_PORT={self.port} is out of range: use a port from 0 to 65535")
+            raise ConfigError(f"LIVEPUSH_PORT={self.port} (or --port) is out of range: use a port from 0 to 65535")
         if not 0 < self.history_ttl <= MAX_HISTORY_TTL:
             raise ConfigError(f"LIVEPUSH_HISTORY_TTL={self.history_ttl} is out of range: set seconds from more than 0 "
                               f"to {MAX_HISTORY_TTL:g} (a year), e.g. 300")

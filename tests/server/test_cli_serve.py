@@ -87,6 +87,13 @@ def test_with_jobs_imports_job_modules_from_the_current_directory(procs, livepus
     assert child.stop(15) == 0, child.output()
 
 
+def test_a_bad_port_flag_is_named_as_the_flag(procs, livepush_env) -> None:
+    """`--port 70000` is named as --port, the flag the operator typed, not only as LIVEPUSH_PORT."""
+    child = procs.livepush("serve", "--port", "70000", env=livepush_env(), wait_healthy=False)
+    assert child.wait(15) == 2, child.output()
+    assert_one_line_no_traceback(child.stderr(), "--port")
+
+
 def test_missing_app_module_exits_2(procs, livepush_env) -> None:
     """--app naming a module that does not exist exits 2 with one line."""
     child = procs.livepush("serve", "--app", "no_such_module_xyz:app", env=livepush_env(), wait_healthy=False)
