@@ -153,6 +153,20 @@ def test_port_in_use_exits_2(procs, livepush_env) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_while_it_exits_still_exits_0(procs, livepush_env, sig) -> None:
+    """Ctrl-C twice, or a process manager that signals twice: the second signal may come after the
+    server has stopped and while Python tears down (a tenth of a second or so). The stop it asks
+    for is done already: the exit status stays 0, not death by that signal."""
+    from tests.support.waiting import wait_for
+
+    child = procs.livepush("serve", env=livepush_env())
+    child.signal(sig)
+    wait_for(lambda: "stopping" in child.stderr() or not child.running, 10.0, message="the stop to begin")
+    child.signal(sig)
+    assert child.wait(15) == 0, child.output()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 async def test_shutdown_closes_1000_connections_with_1001_within_2_seconds(procs, livepush_env, pg_url, secret, sig) -> None:
     """SIGTERM or SIGINT: stop accepting, close all 1,000 connections with 1001, exit 0, within 2 s."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
