@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import threading
 
@@ -86,6 +87,10 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     try:
         await runtime.run()
     finally:
+        # The runtime has stopped and removed its handlers; what is left is closing. A signal now
+        # asks for a stop that is done: it must not kill the process (runner.py ignores it after).
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
         if exposer is not None:
             exposer.close()
         # Pools job code opened on this loop must close before it ends.

@@ -91,6 +91,22 @@ def test_second_signal_gives_back_at_once(jobs_db: str, start_runtime: Callable[
     assert second.stop() == 0, second.output()
 
 
+def test_a_second_signal_while_the_runtime_closes_still_exits_0(jobs_db: str,
+                                                               start_runtime: Callable[..., ChildProcess]) -> None:
+    """Signalled twice in a row (Ctrl-C twice, a process manager that signals twice), a runtime with
+    nothing in hand drains at once and closes: writes its last outcomes, deregisters, closes its
+    pools. A second signal that lands in that close must not kill it by the signal's default
+    action (its row left behind, outcomes unwritten): it exits 0, deregistered. The close lasts
+    milliseconds, so the second signal follows the first after a few delays around it."""
+    for delay in (0.0, 0.005, 0.01, 0.02, 0.04):
+        child = start_runtime()
+        child.signal(signal.SIGTERM)
+        time.sleep(delay)  # the gap between the two signals is what is tested: nothing to wait for
+        child.signal(signal.SIGTERM)
+        assert child.wait(15) == 0, f"second signal {delay} s after the first:\n{child.output()}"
+        assert count(jobs_db, "SELECT count(*) FROM livepush_job_runtimes WHERE pid = %s", (child.pid,)) == 0
+
+
 def test_kill_9_jobs_rescued_within_three_beats(jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
     """kill -9: another runtime releases the jobs within about three heartbeats and runs them, attempt counted."""
     beat = 0.3

@@ -294,9 +294,13 @@ class Runtime:
                 self.stop()
             await self._drain()
         finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
-            await self._close()
+            try:
+                await self._close()
+            finally:
+                # Only once closed: a second signal during the close (the last outcomes being
+                # written, the deregistration) must not end the process with the default action.
+                for sig in installed:
+                    loop.remove_signal_handler(sig)
         if failure is not None:
             raise DependencyError(f"the job runtime stopped because a part of it failed for good ({failure})")
 
