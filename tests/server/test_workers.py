@@ -304,6 +304,17 @@ async def test_a_stop_while_a_killed_worker_waits_for_its_restart_is_a_clean_sto
     assert "while stopping" not in child.stderr()
 
 
+async def test_a_second_signal_after_the_workers_stopped_still_exits_0(procs, livepush_env) -> None:
+    """Ctrl-C twice: the second signal may reach the supervisor once its workers are gone, while
+    it exits. The stop is done: the supervisor still exits 0, not by the signal."""
+    child, port = await start_workers(procs, livepush_env(), "--workers", "2")
+    pids = set((await workers_by_index(port, 2)).values())
+    child.signal(signal.SIGTERM)
+    await async_wait_for(lambda: not any(alive(p) for p in pids), timeout=15, message="the workers to exit")
+    child.signal(signal.SIGTERM)
+    assert await child.await_exit(15) == 0, child.output()
+
+
 async def metric_is(port: int, name: str, expected: float) -> bool:
     return await metric(port, name) == expected
 
