@@ -173,6 +173,10 @@ class Settings:
             _check_secret("LIVEPUSH_SECRET", self.secret)
         for i, fallback in enumerate(self.secret_fallbacks):
             _check_secret(f"LIVEPUSH_SECRET_FALLBACKS entry {i + 1}", fallback)
+        if self.allowed_origins == ():
+            # "," or ", ,": no entry at all, which would refuse every browser, same-origin pages too.
+            raise ConfigError("LIVEPUSH_ALLOWED_ORIGINS names no origin: list scheme://host[:port] entries "
+                              "separated by commas, or unset it for same-origin only")
         for entry in self.allowed_origins or ():
             if entry != "*" and not _is_origin(entry):
                 raise ConfigError(

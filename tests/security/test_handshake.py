@@ -84,6 +84,9 @@ def test_entries_that_are_not_origins_end_the_command(monkeypatch: pytest.Monkey
                   "https://exa*mple.com", "https://app.*.example.com", "https://*example.com", "https://*.*.example.com"):
         with pytest.raises(ConfigError, match="is not an origin"):
             Settings.from_env({"LIVEPUSH_ALLOWED_ORIGINS": entry, "LIVEPUSH_SECRET": secret})
+    for nothing in (",", " , ,"):
+        with pytest.raises(ConfigError, match="names no origin"):
+            Settings.from_env({"LIVEPUSH_ALLOWED_ORIGINS": nothing, "LIVEPUSH_SECRET": secret})
     monkeypatch.setenv("LIVEPUSH_ALLOWED_ORIGINS", "https://app.example.com,null")
     monkeypatch.setenv("LIVEPUSH_SECRET", secret)
     assert cli(["serve"]) == 2
