@@ -61,3 +61,14 @@ def test_values_are_escaped() -> None:
     """What the tags render is escaped for an HTML attribute, whatever the values hold."""
     out = render("<ul {% livepush_subscription sub %}>", sub=Subscription("t", 'a"><script>', "1&2"))
     assert out == '<ul data-livepush-topic="a&quot;&gt;&lt;script&gt;" data-livepush-since="1&amp;2">'
+
+
+@pytest.mark.parametrize("topic", ["job:42", "group:7", "workflow:9"])
+def test_a_state_topic_is_subscribed_without_an_offset(topic: str) -> None:
+    """A state topic's offset is its row's version, never a message offset: subscription(), {% livepush_subscription %} and {% livepush_latest_offset %} give no `since`, so the page gets the current state (a message offset there made the client drop every version below it)."""
+    assert subscription(topic).since is None
+    out = render("<b {% livepush_subscription topic %}></b>", topic=topic)
+    signed, since = re.fullmatch(r'<b data-livepush-topic="([^"]*)" data-livepush-since="([^"]*)"></b>', out).groups()
+    assert livepush.verify_topic(html.unescape(signed)) == topic
+    assert since == ""
+    assert render("{% livepush_latest_offset topic %}", topic=topic) == ""

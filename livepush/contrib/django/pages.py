@@ -10,7 +10,7 @@ import dataclasses
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from ... import api
+from ... import api, topics
 from ...jobs import JobHandle
 from ...jobs.api.handles import signed_for_page
 from .results import job_id_of
@@ -38,8 +38,17 @@ class Subscription:
 def subscription(topic: str, ttl: float | None = None) -> Subscription:
     """`topic`'s latest offset, then the topic signed for `ttl` seconds (default
     LIVEPUSH_SIGNED_TOPIC_TTL). Call it in the view before reading the data the page shows."""
-    since = api.latest_offset(topic)
+    since = page_since(topic)
     return Subscription(topic, signed_for_page(topic, ttl), since)
+
+
+def page_since(topic: str) -> str | None:
+    """The offset a page subscribes to `topic` from: its latest offset, or None for a state topic
+    (job:<id>, group:<id>, workflow:<id>), whose offset is its row's version: the page gets the
+    current state. A message offset there would make the client drop every version below it."""
+    if topics.state_topic_id(topics.validate_topic(topic)) is not None:
+        return None
+    return api.latest_offset(topic)
 
 
 def job_topic(result: object, ttl: float | None = None) -> str:

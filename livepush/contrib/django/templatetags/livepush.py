@@ -13,9 +13,8 @@ from typing import Any
 
 from django import template
 
-from .... import api
 from ....jobs.api.handles import signed_for_page
-from ..pages import Subscription, job_topic, subscription
+from ..pages import Subscription, job_topic, page_since, subscription
 
 register = template.Library()
 
@@ -36,8 +35,9 @@ def livepush_signed_topic(topic: str, ttl: float | None = None) -> str:
 
 @register.simple_tag
 def livepush_latest_offset(topic: str) -> str:
-    """The offset of the newest message on `topic` ("" when none), for the client's `since`."""
-    return api.latest_offset(topic) or ""
+    """The offset of the newest message on `topic` ("" when none, and for a state topic, whose page
+    gets the current state), for the client's `since`."""
+    return page_since(topic) or ""
 
 
 @register.simple_tag
