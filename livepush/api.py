@@ -89,14 +89,26 @@ def publishable_many(messages: Iterable[tuple[Topic, JSON]]) -> list[tuple[Topic
     return items
 
 
+def _message_topic(topic: Topic) -> Topic:
+    """`topic`, checked for latest_offset(): a valid topic, and not a state topic."""
+    topics.validate_topic(topic)
+    if topics.state_topic_id(topic) is not None:
+        # A message offset there would make the client drop every version below it.
+        raise InvalidTopic(
+            f"{topic!r} is a state topic: its offset is its row's version, not a message's; a page "
+            "subscribes to it without since and gets its current state"
+        )
+    return topic
+
+
 def latest_offset(topic: Topic) -> Offset:
     """The offset of the newest message on `topic`, to embed beside what a page rendered; the
     client subscribes with it as `since` and misses nothing published in between."""
-    return default_fanout().latest_offset(topics.validate_topic(topic))
+    return default_fanout().latest_offset(_message_topic(topic))
 
 
 async def alatest_offset(topic: Topic) -> Offset:
-    return await default_fanout().alatest_offset(topics.validate_topic(topic))
+    return await default_fanout().alatest_offset(_message_topic(topic))
 
 
 def sign_topic(topic: Topic, ttl: float | None = None) -> str:

@@ -135,6 +135,18 @@ def test_sign_topic_refuses_a_state_topic_the_server_would_refuse(settings: Sett
     assert topics.verify(livepush.sign_topic("job:1", ttl=60), settings.secrets) == "job:1"
 
 
+async def test_latest_offset_of_a_state_topic_is_refused(served: Served) -> None:
+    """A state topic's offset is its row's version: latest_offset("job:42") raises InvalidTopic
+    (a page subscribes to it without since), rather than give a message offset that would make
+    the client drop every version below it."""
+    for topic in ("job:42", "group:7", "workflow:3"):
+        with pytest.raises(InvalidTopic, match="state topic.*without since"):
+            livepush.latest_offset(topic)
+        with pytest.raises(InvalidTopic, match="state topic"):
+            await livepush.alatest_offset(topic)
+    assert livepush.latest_offset("chat:lobby")
+
+
 async def test_publish_many_refuses_a_batch_with_a_state_or_malformed_topic_naming_the_item(served: Served) -> None:
     """livepush.publish_many checks every topic as publish() does before anything is published: a state
     topic or a malformed one fails the whole batch with InvalidTopic naming the item."""
