@@ -344,6 +344,19 @@ def test_group_members_with_a_key_held_elsewhere_are_not_counted(jobs_db: str) -
     assert group is not None and (group["state"], group["total"], group["succeeded"]) == ("finished", 1, 1)
 
 
+def test_a_group_block_whose_every_key_is_held_elsewhere_finishes_at_its_seal(jobs_db: str) -> None:
+    """A block whose items all get the handles of jobs outside it has no member: it is an empty
+    group, and an empty group finishes at its seal (its on_finish runs), rather than waiting for
+    members that will never come."""
+    outside = sample_jobs.record.enqueue("o", key="held")
+    with jobs.group(on_finish=sample_jobs.record.request("fin")) as g:
+        g.enqueue(sample_jobs.record, "a", key="held")
+    assert g.members == [outside]
+    group = jobs.get_group(g.id)
+    assert group is not None and (group["state"], group["total"], group["pending"]) == ("finished", 0, 0)
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE callback_of = %s", (g.id,)) == [(1,)]
+
+
 def test_a_key_repeated_across_a_large_groups_statements_gets_one_job(jobs_db: str,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A group block too big for one insert statement is split in key order, never inside a run of

@@ -149,7 +149,9 @@ class GroupBuilder:
         rows = yield from add_steps(self.id, self._batch, states=["open"], seal=True)
         views = yield from steps.views([self.id])
         yield from steps.record(views, "created")
-        if not rows:  # empty: nothing will ever finish, so the seal finishes it (ADD_TOTAL holds the lock)
+        # No member (no item, or every item got the handle of a job outside the group that held
+        # its key): nothing will ever finish, so the seal finishes it (ADD_TOTAL holds the lock).
+        if not any(r.get("created", True) for r in rows):
             yield from steps.finish([self.id], locked=True)
         return rows
 
