@@ -128,6 +128,32 @@ def test_block_in_the_callers_transaction(groups_db: str) -> None:
     assert jobs.get_group(g.handle.id)["total"] == 1
 
 
+def test_a_refused_add_in_the_callers_transaction_leaves_nothing_of_it(groups_db: str) -> None:
+    """add_to_group(conn=) refused (the group finished) writes nothing into the caller's
+    transaction: the caller may catch the error and commit the rest of its work, and no member
+    of a finished group runs or is counted after the group ended. With an autocommit connection
+    the add is still one transaction."""
+    h = jobs.create_group(on_finish=gj.callback.request("fin"))
+    jobs.add_to_group(h.id, gj.member, 1)
+    h.seal()
+    jobs.drain()
+    assert jobs.get_group(h.id)["state"] == "finished"
+    with psycopg.connect(groups_db) as conn:
+        with pytest.raises(jobs.GroupClosedError, match="finished"):
+            jobs.add_to_group(h.id, gj.member, 2, conn=conn)
+        with pytest.raises(jobs.GroupClosedError, match="finished"):
+            jobs.add_many_to_group(h.id, [gj.member.request(3)], conn=conn)
+        gj.member.enqueue("mine", conn=conn)  # the caller's own work goes on
+        conn.commit()
+    with psycopg.connect(groups_db, autocommit=True) as conn:
+        with pytest.raises(jobs.GroupClosedError, match="finished"):
+            jobs.add_to_group(h.id, gj.member, 4, conn=conn)
+    assert q(groups_db, "SELECT count(*) FROM livepush_jobs WHERE group_id = %s", (h.id,)) == [(1,)]
+    jobs.drain()
+    view = jobs.get_group(h.id)
+    assert (view["total"], view["pending"], view["succeeded"]) == (1, 0, 1)
+
+
 def test_member_limit(groups_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the member limit (100,000 by default) adds are refused with GroupLimitError."""
     assert jobs.MAX_GROUP_MEMBERS == 100_000

@@ -17,6 +17,29 @@ RETRIES = 5
 
 _CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
+# Around steps run in the caller's transaction (conn=).
+_SAVEPOINT = "SAVEPOINT livepush_group_steps"
+_RELEASE = "RELEASE SAVEPOINT livepush_group_steps"
+_ROLLBACK = "ROLLBACK TO SAVEPOINT livepush_group_steps"
+
+
+def _undo(conn: psycopg.Connection) -> None:
+    """Take back what the steps wrote, leaving the caller's transaction as it was before them.
+    If the connection itself failed, the original error is the one to see."""
+    try:
+        conn.execute(_ROLLBACK)
+        conn.execute(_RELEASE)
+    except psycopg.Error:
+        pass
+
+
+async def _aundo(conn: psycopg.AsyncConnection) -> None:
+    try:
+        await conn.execute(_ROLLBACK)
+        await conn.execute(_RELEASE)
+    except psycopg.Error:
+        pass
+
 
 def in_tx(make: Callable[[], steps.Steps[T]], conn: Any) -> T:
     url = database.database_url()
@@ -24,7 +47,21 @@ def in_tx(make: Callable[[], steps.Steps[T]], conn: Any) -> T:
         if database.conn_kind(conn) != "sync":
             raise TypeError("conn= takes a sync psycopg Connection here; use the a-prefixed function with an AsyncConnection")
         with translated(url):
-            return steps.run(conn, make())
+            if conn.autocommit:  # each statement would commit alone: the steps are one transaction
+                with conn.transaction():
+                    return steps.run(conn, make())
+            # A savepoint: a refusal raised after some statements (a closed group, the member
+            # limit) takes back what they wrote, so a caller that catches it and commits its
+            # own work commits nothing of ours. (The caller's transaction is begun first, so
+            # this never commits it.)
+            conn.execute(_SAVEPOINT)
+            try:
+                result = steps.run(conn, make())
+            except BaseException:
+                _undo(conn)
+                raise
+            conn.execute(_RELEASE)
+            return result
     with translated(url):
         for attempt in range(RETRIES):
             try:
@@ -42,7 +79,17 @@ async def ain_tx(make: Callable[[], steps.Steps[T]], conn: Any) -> T:
         if database.conn_kind(conn) != "async":
             raise TypeError("conn= takes a psycopg AsyncConnection here; use the sync function with a Connection")
         with translated(url):
-            return await steps.arun(conn, make())
+            if conn.autocommit:
+                async with conn.transaction():
+                    return await steps.arun(conn, make())
+            await conn.execute(_SAVEPOINT)
+            try:
+                result = await steps.arun(conn, make())
+            except BaseException:
+                await _aundo(conn)
+                raise
+            await conn.execute(_RELEASE)
+            return result
     with translated(url):
         for attempt in range(RETRIES):
             try:
