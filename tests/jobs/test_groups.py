@@ -225,6 +225,22 @@ def test_cursors_limits_and_shards_that_are_not_ints_are_refused_naming_them(gro
         jobs.create_group(shards="4")  # type: ignore[arg-type]
 
 
+def test_adding_something_that_is_not_a_job_is_refused_naming_it(groups_db: str) -> None:
+    """add_to_group and GroupHandle.add take a @jobs.job function and its arguments, or a
+    job.request(...) as the group block does: anything else is a TypeError naming what was
+    given, not an AttributeError from deep inside, and nothing is added."""
+    h = jobs.create_group()
+    with pytest.raises(TypeError, match="@jobs.job function.*'import_row'"):
+        jobs.add_to_group(h.id, "import_row", 1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="@jobs.job function.*None"):
+        h.add(None, 1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="no further arguments"):
+        jobs.add_to_group(h.id, gj.member.request(1), 2)  # type: ignore[arg-type]
+    assert jobs.get_group(h.id)["total"] == 0
+    member = jobs.add_to_group(h.id, gj.member.request(1))  # type: ignore[arg-type]
+    assert member.name == "g.member" and jobs.get_group(h.id)["total"] == 1
+
+
 def test_members_add_members_sync_and_async(groups_db: str) -> None:
     """ctx.group.enqueue from running members (async and sync), also after the seal: the group
     waits for the added members and counts them."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from ...postgres.connect import translated
 from .. import database
-from ..api.enqueue import Batch, item, run_at
+from ..api.enqueue import Batch, is_spec, item, run_at
 from ..api.handles import JobHandle, StateTopicHandle, checked_id
 from ..api.registry import JobRequest, JobSpec
 from ..errors import GroupClosedError, GroupLimitError, GroupNotFound, LeaseLostError
@@ -38,7 +38,7 @@ class GroupHandle(StateTopicHandle):
     id: int
     kind = "group"
 
-    def add(self, fn: JobSpec, *args: Any, wait: float | None = None, at: datetime | None = None,
+    def add(self, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None, at: datetime | None = None,
             conn: Any = None, key: str | None = None, tags: Sequence[str] | None = None) -> JobHandle:
         return add_to_group(self.id, fn, *args, wait=wait, at=at, conn=conn, key=key, tags=tags)
 
@@ -244,14 +244,30 @@ def _batch_of(group_id: int, items: Iterable[Any]) -> Batch:
     return batch
 
 
-def _one(group_id: int, fn: JobSpec, args: Sequence[Any], wait: float | None, at: datetime | None,
-         key: str | None, tags: Sequence[str] | None) -> Batch:
+def job_and_args(fn: Any, args: Sequence[Any], what: str) -> tuple[JobSpec, Sequence[Any], str | None]:
+    """The function, arguments and queue of one member given as `fn, *args` or as a
+    job.request(...); a TypeError naming what was given otherwise (not an AttributeError from
+    deep inside the batch)."""
+    queue = None
+    if isinstance(fn, JobRequest):
+        if args:
+            raise TypeError(f"{what}(job.request(...)) takes no further arguments")
+        fn, args, queue = fn.function, fn.args, fn.queue
+    if not is_spec(fn):
+        raise TypeError(f"{what}() takes a @jobs.job function and its arguments, or job.request(...), "
+                        f"got {type(fn).__name__} {fn!r:.60}")
+    return fn, args, queue
+
+
+def _one(group_id: int, fn: JobSpec | JobRequest, args: Sequence[Any], wait: float | None,
+         at: datetime | None, key: str | None, tags: Sequence[str] | None) -> Batch:
+    fn, args, queue = job_and_args(fn, args, "add_to_group")
     batch = Batch()
-    batch.add(fn, args, run_at(wait, at), group_id, key=key, tags=tags)
+    batch.add(fn, args, run_at(wait, at), group_id, queue, key=key, tags=tags)
     return batch
 
 
-def add_to_group(group_id: int, fn: JobSpec, *args: Any, wait: float | None = None,
+def add_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None,
                  at: datetime | None = None, conn: Any = None, key: str | None = None,
                  tags: Sequence[str] | None = None) -> JobHandle:
     """Add one member to an open group. Raises GroupClosedError once it is sealed (running members
@@ -269,7 +285,7 @@ def add_many_to_group(group_id: int, items: Iterable[Any], *, conn: Any = None) 
     return in_tx(lambda: _add_many_steps(group_id, batch), conn)
 
 
-async def aadd_to_group(group_id: int, fn: JobSpec, *args: Any, wait: float | None = None,
+async def aadd_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None,
                         at: datetime | None = None, conn: Any = None, key: str | None = None,
                         tags: Sequence[str] | None = None) -> JobHandle:
     group_id = checked_id(group_id, "group_id")

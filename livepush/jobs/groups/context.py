@@ -18,7 +18,7 @@ from ..errors import GroupClosedError
 from ..events.views import GROUP_KEYS
 from . import queries as gq
 from . import steps
-from .building import add_steps
+from .building import add_steps, job_and_args
 
 
 class GroupContext:
@@ -65,9 +65,7 @@ class GroupContext:
         if self.is_callback:
             raise GroupClosedError(f"this callback runs after group {self.id} finished: it takes no more members "
                                    "(enqueue a job of your own, or start a new group)")
-        queue = None
-        if isinstance(fn, JobRequest):
-            fn, args, queue = fn.function, fn.args, fn.queue
+        fn, args, queue = job_and_args(fn, args, "ctx.group.enqueue")
         batch = Batch()
         batch.add(fn, args, run_at(wait, at), self.id, queue, key=key, tags=tags)
         job = self._ctx.job
