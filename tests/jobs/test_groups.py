@@ -241,6 +241,18 @@ def test_adding_something_that_is_not_a_job_is_refused_naming_it(groups_db: str)
     assert member.name == "g.member" and jobs.get_group(h.id)["total"] == 1
 
 
+def test_page_limits_past_what_a_page_can_hold_are_refused_naming_them(groups_db: str) -> None:
+    """A page limit too big for the database is a ValueError naming `limit`, not a database
+    error."""
+    h = jobs.create_group()
+    with pytest.raises(ValueError, match="limit must be an int from 1 to 100000, got 9223372036854775808"):
+        jobs.group_members(h.id, limit=2**63)
+    with pytest.raises(ValueError, match="limit must be an int from 1 to 100000"):
+        jobs.group_history(h.id, limit=2**63)
+    rows, cursor = jobs.group_members(h.id, limit=100_000)
+    assert (rows, cursor) == ([], None)
+
+
 def test_members_add_members_sync_and_async(groups_db: str) -> None:
     """ctx.group.enqueue from running members (async and sync), also after the seal: the group
     waits for the added members and counts them."""

@@ -32,9 +32,16 @@ def get_group(group_id: int) -> dict[str, Any] | None:
     return out
 
 
+# Rows per page at most: a group has at most this many members. A bigger limit would only fail
+# in Postgres (LIMIT is a bigint), as an error that does not name it.
+MAX_PAGE = 100_000
+
+
 def _check_limit(limit: Any) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be an int of at least 1, got {limit!r:.60}")
+    if limit > MAX_PAGE:
+        raise ValueError(f"limit must be an int from 1 to {MAX_PAGE}, got {limit!r:.60}")
 
 
 def group_members(group_id: int, after: int | None = None, limit: int = 100) -> tuple[list[dict[str, Any]], int | None]:
