@@ -114,6 +114,26 @@ def test_block_that_raises_enqueues_nothing(groups_db: str) -> None:
     assert q(groups_db, "SELECT count(*) FROM livepush_jobs")[0][0] == 0
 
 
+def test_a_block_takes_members_only_while_it_runs(groups_db: str) -> None:
+    """A group block writes its members when it ends: g.enqueue after the block is refused with
+    GroupClosedError (it would be silently dropped), and the builder cannot be entered again
+    (a second block would write the first one's members again, into the first group)."""
+    with jobs.group(on_finish=gj.callback.request("fin")) as g:
+        g.enqueue(gj.member, 1)
+    with pytest.raises(jobs.GroupClosedError, match=f"block of task group {g.id} has ended"):
+        g.enqueue(gj.member, 2)
+    with pytest.raises(jobs.GroupClosedError, match="has ended"):
+        g.enqueue_many([gj.member.request(3)])
+    with pytest.raises(RuntimeError, match="once"):
+        with g:
+            g.enqueue(gj.member, 4)
+    assert q(groups_db, "SELECT count(*) FROM livepush_jobs WHERE group_id IS NOT NULL") == [(1,)]
+    jobs.drain()
+    view = jobs.get_group(g.id)
+    assert (view["state"], view["total"], view["succeeded"]) == ("finished", 1, 1)
+    assert q(groups_db, "SELECT count(*) FROM livepush_groups") == [(1,)]
+
+
 def test_block_in_the_callers_transaction(groups_db: str) -> None:
     """With conn= the group exists if and only if the caller's transaction commits."""
     with psycopg.connect(groups_db) as conn:

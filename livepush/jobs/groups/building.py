@@ -111,6 +111,10 @@ class GroupBuilder:
         self._shards = _shards(shards)
         self._batch = Batch()
         self._id: int | None = None
+        # A builder runs one block: its members are written when that block ends, so an add
+        # after it would be dropped, and a second block would write them again.
+        self._entered = False
+        self._ended = False
         self.members: list[JobHandle] = []
 
     @property
@@ -123,10 +127,16 @@ class GroupBuilder:
     def handle(self) -> GroupHandle:
         return GroupHandle(self.id)
 
+    def _check_open(self) -> None:
+        if self._ended:
+            raise GroupClosedError(f"the block of task group {self._id} has ended and wrote its members: "
+                                   "add within the block, or start a new group")
+
     def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None,
                 at: datetime | None = None, key: str | None = None, tags: Sequence[str] | None = None) -> None:
         """Add a member (written when the block ends). Arguments are checked now. With `key=`
         held by an unfinished job, that job's handle stands in and it is not a member."""
+        self._check_open()
         queue = None
         if isinstance(fn, JobRequest):
             if args:
@@ -139,6 +149,7 @@ class GroupBuilder:
 
     def enqueue_many(self, items: Iterable[Any]) -> None:
         """Members as for jobs.enqueue_many: job.request(...) values or (job, args[, options]) tuples."""
+        self._check_open()
         for entry in items:
             fn, args, when, queue, extra = item(entry)
             check_limit(len(self._batch) + 1)
@@ -158,7 +169,13 @@ class GroupBuilder:
     def _done(self, rows: list[dict[str, Any]]) -> None:
         self.members = [JobHandle(r["id"], r["name"]) for r in rows]
 
+    def _enter(self) -> None:
+        if self._entered:
+            raise RuntimeError("a jobs.group() block runs once: make a new jobs.group(...) for another group")
+        self._entered = True
+
     def __enter__(self) -> GroupBuilder:
+        self._enter()
         with translated(database.database_url()):
             if self._conn is not None:
                 self._id = int(self._conn.execute(gq.RESERVE_GROUP_ID).fetchone()[0])
@@ -168,11 +185,13 @@ class GroupBuilder:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._ended = True
         if exc_type is not None:
             return  # nothing was written; the reserved id stays unused
         self._done(in_tx(self._steps, self._conn))
 
     async def __aenter__(self) -> GroupBuilder:
+        self._enter()
         with translated(database.database_url()):
             if self._conn is not None:
                 row = await (await self._conn.execute(gq.RESERVE_GROUP_ID)).fetchone()
@@ -183,6 +202,7 @@ class GroupBuilder:
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._ended = True
         if exc_type is not None:
             return
         self._done(await ain_tx(self._steps, self._conn))
