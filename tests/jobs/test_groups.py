@@ -369,6 +369,37 @@ async def test_progress_is_coalesced_and_never_after_finished(groups_db: str) ->
     assert evs[0]["event"] == "finished" and evs[-1]["event"] == "created"
 
 
+async def test_a_progress_publisher_forgets_groups_that_finished_in_another_runtime(
+        groups_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runtime's progress publisher remembers, per group, when it may ring next and what it
+    recorded last. A group whose last member ends in another runtime is never read here again,
+    so those entries must go once they are idle (here at once), or a long-running runtime
+    among several holds one for every group it ever counted in."""
+    from psycopg_pool import AsyncConnectionPool
+
+    from livepush.jobs.groups import progress
+
+    monkeypatch.setattr(progress, "FORGET_AFTER", 0.0)
+    groups = []
+    for _ in range(20):
+        with jobs.group() as g:
+            g.enqueue(gj.member, "here")
+            g.enqueue(gj.member, "elsewhere")
+        groups.append(g)
+    async with AsyncConnectionPool(groups_db, min_size=1, max_size=2, open=False) as pool:
+        publisher = progress.ProgressPublisher(pool, interval=0.0)
+        for g in groups:
+            here, elsewhere = g.members
+            # This runtime counts one member's outcome and publishes the group's progress ...
+            assert await asyncio.to_thread(jobs.cancel, here.id)
+            publisher.mark([g.id])
+            await publisher.flush()
+            # ... and another one ends the last member, finishing the group without us.
+            assert await asyncio.to_thread(jobs.cancel, elsewhere.id)
+            assert (await asyncio.to_thread(jobs.get_group, g.id))["finished_at"] is not None
+        assert publisher.tracked() <= 1
+
+
 async def test_race_member_adds_while_the_last_other_member_finishes(groups_db: str) -> None:
     """50 times: a member adds a member while the only other member finishes, across 4 slots:
     the group never finishes early, counts every member, and its callback runs once."""

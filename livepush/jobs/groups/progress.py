@@ -30,6 +30,12 @@ from . import steps
 
 log = logging.getLogger("livepush.jobs")
 
+# Seconds after its last event here that the publisher forgets a group it was not marked for
+# again. A group that finishes in another runtime (or is left open) is never read here again,
+# so without this a long-lived runtime would keep two entries for every group it ever counted
+# in. Forgetting costs at most one `progress` event recorded with unchanged counts.
+FORGET_AFTER = 60.0
+
 
 class ProgressPublisher:
     def __init__(self, pool: AsyncConnectionPool, interval: float = PROGRESS_INTERVAL) -> None:
@@ -40,6 +46,7 @@ class ProgressPublisher:
         self._last: dict[int, tuple[Any, ...]] = {}  # group -> counts last recorded
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._forgot_at = time.monotonic()
 
     def start(self) -> None:
         self._task = supervise("livepush-jobs-group-progress", self._run)
@@ -56,6 +63,21 @@ class ProgressPublisher:
             await self.flush(force=True)
         except Exception as exc:  # the group's own rows still tell the truth to a new subscriber
             log.warning("could not publish the last group progress: %s", exc)
+
+    def tracked(self) -> int:
+        """How many groups this publisher keeps a record of (their next due time, last counts)."""
+        return len(self._next_at.keys() | self._last.keys())
+
+    def _forget_idle(self, now: float) -> None:
+        """Drop the records of groups idle here for FORGET_AFTER seconds and not marked since
+        (at most once per FORGET_AFTER: a pass is a walk over every record)."""
+        if now - self._forgot_at < FORGET_AFTER:
+            return
+        self._forgot_at = now
+        horizon = now - FORGET_AFTER
+        for g in [g for g, at in self._next_at.items() if at < horizon and g not in self._marked]:
+            del self._next_at[g]
+            self._last.pop(g, None)
 
     def mark(self, group_ids: Iterable[int]) -> None:
         """These groups' counts changed in a transaction that has committed."""
@@ -109,3 +131,4 @@ class ProgressPublisher:
                 continue
             self._last[g] = tuple(view[k] for k in GROUP_KEYS)
             self._next_at[g] = now + self.interval
+        self._forget_idle(now)
