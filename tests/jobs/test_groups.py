@@ -191,6 +191,27 @@ def test_member_limit(groups_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert jobs.get_group(h.id)["total"] == 5
 
 
+def test_add_many_stops_reading_items_at_the_member_limit(groups_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """add_many_to_group refuses an iterable of items past the member limit as soon as it gets
+    there, as the group block does: an endless (or huge) generator is not read to its end, nor
+    held in memory, before GroupLimitError."""
+    monkeypatch.setattr(building, "MAX_GROUP_MEMBERS", 5)
+    drawn = 0
+
+    def endless() -> Iterator[Any]:
+        nonlocal drawn
+        while True:
+            drawn += 1
+            if drawn > 100:
+                raise AssertionError("read past the limit")
+            yield gj.member.request(drawn)
+
+    h = jobs.create_group()
+    with pytest.raises(jobs.GroupLimitError, match="at most 5"):
+        jobs.add_many_to_group(h.id, endless())
+    assert drawn == 6 and jobs.get_group(h.id)["total"] == 0
+
+
 def test_separate_calls_and_closed_groups(groups_db: str) -> None:
     """create, add, seal as separate transactions; adding from outside after the seal is refused."""
     h = jobs.create_group(on_finish=gj.callback.request("fin"))

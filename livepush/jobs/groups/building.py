@@ -258,9 +258,11 @@ def _add_many_steps(group_id: int, batch: Batch) -> steps.Steps[list[JobHandle]]
 def _batch_of(group_id: int, items: Iterable[Any]) -> Batch:
     batch = Batch()
     for entry in items:
+        # Checked per item, as the block does: an endless or huge iterable is refused at the
+        # limit, not read (and held) to its end first.
+        check_limit(len(batch) + 1)
         fn, args, when, queue, extra = item(entry)
         batch.add(fn, args, when, group_id, queue, **extra)
-    check_limit(len(batch))
     return batch
 
 
