@@ -231,6 +231,21 @@ def test_separate_calls_and_closed_groups(groups_db: str) -> None:
     assert [r[0] for r in gj.callback_runs(groups_db)] == ["fin"]
 
 
+def test_an_id_no_group_can_have_is_named_as_given(groups_db: str) -> None:
+    """add_to_group, add_many_to_group and seal_group with an id past the bigint range raise
+    GroupNotFound naming that id, not the placeholder it is read as."""
+    huge = 2**70
+    with pytest.raises(jobs.GroupNotFound, match=f"no task group {huge}"):
+        jobs.add_to_group(huge, gj.member, 1)
+    with pytest.raises(jobs.GroupNotFound, match=f"no task group {huge}"):
+        jobs.add_many_to_group(huge, [gj.member.request(1)])
+    with pytest.raises(jobs.GroupNotFound, match=f"no task group {huge}"):
+        jobs.seal_group(huge)
+    with pytest.raises(jobs.GroupNotFound, match="no task group -3"):
+        jobs.seal_group(-3)
+    assert q(groups_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
+
+
 def test_paging(groups_db: str) -> None:
     """Members come a page at a time in id order; the last page has no next cursor, even when full."""
     with jobs.group() as g:

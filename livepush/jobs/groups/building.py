@@ -17,9 +17,10 @@ from datetime import datetime
 from typing import Any
 
 from ...postgres.connect import translated
+from ...postgres.text import BIGINT_MAX
 from .. import database
 from ..api.enqueue import Batch, is_spec, item, run_at
-from ..api.handles import JobHandle, StateTopicHandle, checked_id
+from ..api.handles import NO_SUCH_ID, JobHandle, StateTopicHandle, checked_id
 from ..api.registry import JobRequest, JobSpec
 from ..errors import GroupClosedError, GroupLimitError, GroupNotFound, LeaseLostError
 from . import queries as gq
@@ -75,6 +76,15 @@ def add_steps(group_id: int, batch: Batch, *, states: Sequence[str], seal: bool 
         row = yield from steps.group_row(group_id)
         raise refused(group_id, row, len(rows), states)
     return [rows[p] for p in places]
+
+
+def _group_id(value: Any) -> int:
+    """checked_id for a group to add to or seal: an int no group can have is GroupNotFound
+    naming it as given (checked_id reads it as the placeholder NO_SUCH_ID)."""
+    group_id = checked_id(value, "group_id")
+    if group_id == NO_SUCH_ID:
+        raise GroupNotFound(f"no task group {value} (group ids are from 1 to {BIGINT_MAX})")
+    return group_id
 
 
 def check_limit(n: int) -> None:
@@ -295,14 +305,14 @@ def add_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wait: floa
     """Add one member to an open group. Raises GroupClosedError once it is sealed (running members
     can still add through ctx.group.enqueue), GroupLimitError past the member limit. With `key=`
     held by an unfinished job, that job's handle is returned and it is not a member."""
-    group_id = checked_id(group_id, "group_id")
+    group_id = _group_id(group_id)
     batch = _one(group_id, fn, args, wait, at, key, tags)
     return in_tx(lambda: _add_many_steps(group_id, batch), conn)[0]
 
 
 def add_many_to_group(group_id: int, items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
     """Add many members in one transaction (items as for jobs.enqueue_many)."""
-    group_id = checked_id(group_id, "group_id")
+    group_id = _group_id(group_id)
     batch = _batch_of(group_id, items)
     return in_tx(lambda: _add_many_steps(group_id, batch), conn)
 
@@ -310,7 +320,7 @@ def add_many_to_group(group_id: int, items: Iterable[Any], *, conn: Any = None) 
 async def aadd_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None,
                         at: datetime | None = None, conn: Any = None, key: str | None = None,
                         tags: Sequence[str] | None = None) -> JobHandle:
-    group_id = checked_id(group_id, "group_id")
+    group_id = _group_id(group_id)
     batch = _one(group_id, fn, args, wait, at, key, tags)
     return (await ain_tx(lambda: _add_many_steps(group_id, batch), conn))[0]
 
@@ -327,10 +337,10 @@ def _seal_steps(group_id: int) -> steps.Steps[bool]:
 def seal_group(group_id: int, *, conn: Any = None) -> bool:
     """Seal an open group: no more adds from outside; it finishes (callbacks run) once no member is
     pending, at once if none is. False if it was not open (already sealed, cancelled or finished)."""
-    group_id = checked_id(group_id, "group_id")
+    group_id = _group_id(group_id)
     return in_tx(lambda: _seal_steps(group_id), conn)
 
 
 async def aseal_group(group_id: int, *, conn: Any = None) -> bool:
-    group_id = checked_id(group_id, "group_id")
+    group_id = _group_id(group_id)
     return await ain_tx(lambda: _seal_steps(group_id), conn)
