@@ -267,6 +267,22 @@ def test_paging(groups_db: str) -> None:
     assert [e["event"] for e in evs] == ["created"]
 
 
+def test_a_cursor_past_either_end_gives_an_empty_last_page(groups_db: str) -> None:
+    """No member has an id after one past the bigint range, and no event comes before seq 0 (or
+    a negative seq): such cursors give an empty last page, not the first page again (a client
+    paging on would loop)."""
+    with jobs.group() as g:
+        for i in range(3):
+            g.enqueue(gj.member, i)
+    assert jobs.group_members(g.id, after=2**70) == ([], None)
+    assert jobs.group_history(g.id, before=0) == ([], None)
+    assert jobs.group_history(g.id, before=-1) == ([], None)
+    rows, _ = jobs.group_members(g.id, after=-1)
+    assert [r["id"] for r in rows] == [m.id for m in g.members]
+    events, _ = jobs.group_history(g.id, before=2**70)
+    assert [e["event"] for e in events] == ["created"]
+
+
 def test_cursors_limits_and_shards_that_are_not_ints_are_refused_naming_them(groups_db: str) -> None:
     """A cursor, limit or shard count of the wrong type is a TypeError or ValueError naming it,
     not a database error nor a bare comparison error."""
