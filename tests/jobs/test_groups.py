@@ -174,6 +174,25 @@ def test_a_refused_add_in_the_callers_transaction_leaves_nothing_of_it(groups_db
     assert (view["total"], view["pending"], view["succeeded"]) == (1, 0, 1)
 
 
+async def test_a_block_given_the_wrong_kind_of_connection_is_refused_naming_it(groups_db: str) -> None:
+    """`with jobs.group(conn=)` takes a psycopg Connection and `async with jobs.agroup(conn=)` an
+    AsyncConnection: the other kind, or something that is no connection, is a TypeError saying
+    so as the block is entered (not an AttributeError from the id reservation), and nothing is
+    written."""
+    async with await psycopg.AsyncConnection.connect(groups_db) as aconn:
+        with pytest.raises(TypeError, match="a-prefixed"):
+            with jobs.group(conn=aconn) as g:
+                g.enqueue(gj.member, 1)
+    with psycopg.connect(groups_db) as conn:
+        with pytest.raises(TypeError, match="sync function"):
+            async with jobs.agroup(conn=conn) as g:
+                g.enqueue(gj.member, 1)
+    with pytest.raises(TypeError, match="conn= must be a psycopg Connection or AsyncConnection, got str"):
+        with jobs.group(conn="postgresql://") as g:  # type: ignore[arg-type]
+            g.enqueue(gj.member, 1)
+    assert q(groups_db, "SELECT count(*) FROM livepush_groups") == [(0,)]
+
+
 def test_member_limit(groups_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the member limit (100,000 by default) adds are refused with GroupLimitError."""
     assert jobs.MAX_GROUP_MEMBERS == 100_000

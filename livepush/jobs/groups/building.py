@@ -25,7 +25,7 @@ from ..api.registry import JobRequest, JobSpec
 from ..errors import GroupClosedError, GroupLimitError, GroupNotFound, LeaseLostError
 from . import queries as gq
 from . import steps
-from .transactions import ain_tx, in_tx
+from .transactions import ain_tx, check_conn, in_tx
 
 MAX_GROUP_MEMBERS = 100_000  # members per group, whichever way they are added
 DEFAULT_SHARDS = 16  # counter rows per group: outcomes of different shards never wait on each other
@@ -186,6 +186,8 @@ class GroupBuilder:
 
     def __enter__(self) -> GroupBuilder:
         self._enter()
+        if self._conn is not None:
+            check_conn(self._conn, "sync")  # before the id is reserved on it
         with translated(database.database_url()):
             if self._conn is not None:
                 self._id = int(self._conn.execute(gq.RESERVE_GROUP_ID).fetchone()[0])
@@ -202,6 +204,8 @@ class GroupBuilder:
 
     async def __aenter__(self) -> GroupBuilder:
         self._enter()
+        if self._conn is not None:
+            check_conn(self._conn, "async")
         with translated(database.database_url()):
             if self._conn is not None:
                 row = await (await self._conn.execute(gq.RESERVE_GROUP_ID)).fetchone()

@@ -41,11 +41,22 @@ async def _aundo(conn: psycopg.AsyncConnection) -> None:
         pass
 
 
+_WRONG_KIND = {
+    "sync": "conn= takes a sync psycopg Connection here; use the a-prefixed function with an AsyncConnection",
+    "async": "conn= takes a psycopg AsyncConnection here; use the sync function with a Connection",
+}
+
+
+def check_conn(conn: Any, kind: str) -> None:
+    """TypeError unless `conn` is a psycopg connection of `kind` ("sync" or "async")."""
+    if database.conn_kind(conn) != kind:
+        raise TypeError(_WRONG_KIND[kind])
+
+
 def in_tx(make: Callable[[], steps.Steps[T]], conn: Any) -> T:
     url = database.database_url()
     if conn is not None:
-        if database.conn_kind(conn) != "sync":
-            raise TypeError("conn= takes a sync psycopg Connection here; use the a-prefixed function with an AsyncConnection")
+        check_conn(conn, "sync")
         with translated(url):
             if conn.autocommit:  # each statement would commit alone: the steps are one transaction
                 with conn.transaction():
@@ -76,8 +87,7 @@ def in_tx(make: Callable[[], steps.Steps[T]], conn: Any) -> T:
 async def ain_tx(make: Callable[[], steps.Steps[T]], conn: Any) -> T:
     url = database.database_url()
     if conn is not None:
-        if database.conn_kind(conn) != "async":
-            raise TypeError("conn= takes a psycopg AsyncConnection here; use the sync function with a Connection")
+        check_conn(conn, "async")
         with translated(url):
             if conn.autocommit:
                 async with conn.transaction():
