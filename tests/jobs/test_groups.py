@@ -534,6 +534,33 @@ def test_retention(groups_db: str) -> None:
                         "WHERE topic LIKE 'job:%' OR topic LIKE 'group:%'") == [(0,)]
 
 
+def test_retention_goes_past_old_groups_whose_callbacks_are_still_queued(groups_db: str) -> None:
+    """A group is kept while one of its callbacks is queued (here: 150 old groups whose on_finish
+    no runtime has run yet, e.g. its function is not deployed anywhere). Those must not hold up
+    the deletion of the finished groups behind them: retention goes past them."""
+    with psycopg.connect(groups_db) as conn:
+        for _ in range(150):
+            with jobs.group(on_finish=gj.callback.request("queued"), conn=conn):
+                pass  # empty: finished at once, its callback queued
+    q(groups_db, "UPDATE livepush_groups SET finished_at = now() - interval '3 hours'")
+    with jobs.group() as done:
+        done.enqueue(gj.member, "x")
+    assert jobs.cancel(done.members[0].id)  # its last member ended: finished, with no callback
+    q(groups_db, "UPDATE livepush_groups SET finished_at = now() - interval '2 hours' WHERE id = %s", (done.id,))
+    q(groups_db, "UPDATE livepush_jobs SET finished_at = now() - interval '2 hours' WHERE finished_at IS NOT NULL")
+
+    async def prune() -> int:
+        from psycopg_pool import AsyncConnectionPool
+
+        async with AsyncConnectionPool(groups_db, min_size=1, max_size=2, open=False) as pool:
+            return await maintenance.prune(pool, 3600)
+
+    asyncio.run(prune())
+    assert jobs.get_group(done.id) is None
+    assert q(groups_db, "SELECT count(*) FROM livepush_jobs WHERE group_id = %s", (done.id,)) == [(0,)]
+    assert q(groups_db, "SELECT count(*) FROM livepush_groups") == [(150,)]
+
+
 @pytest.mark.parametrize("fanout", ["postgres", "local"])
 def test_every_member_gets_its_enqueued_event(groups_db: str, fanout: str) -> None:
     """Members added by the block, by add_many_to_group and by a running member each start

@@ -455,6 +455,13 @@ LIMIT %(limit)s + 1
 _NO_LIVE_PARENT = """NOT EXISTS (SELECT 1 FROM livepush_jobs p WHERE p.id = g.parent_id
                                   AND p.state NOT IN ('succeeded', 'failed', 'cancelled'))"""
 
+# A group is kept while one of its callbacks is queued or running. Left out of the oldest-first
+# pick (not only of what is deleted): otherwise enough old groups with a callback that waits
+# (its function deployed nowhere, its queue paused) would fill every pick, and retention would
+# never reach the groups behind them.
+_NO_LIVE_CALLBACK = """NOT EXISTS (SELECT 1 FROM livepush_jobs c WHERE c.callback_of = g.id
+                                    AND c.state NOT IN ('succeeded', 'failed', 'cancelled'))"""
+
 # name: prune_group_jobs
 # Retention: finished groups older than the cutoff. Their members and callbacks go first,
 # a bounded batch per statement (SKIP LOCKED: two runtimes pruning split the work); a
@@ -465,6 +472,7 @@ PRUNE_GROUP_JOBS = f"""
 WITH old AS (
     SELECT g.id FROM livepush_groups g
     WHERE g.finished_at < now() - make_interval(secs => %(retention)s) AND {_NO_LIVE_PARENT}
+      AND {_NO_LIVE_CALLBACK}
     ORDER BY g.finished_at LIMIT 100
 ), victims AS (
     SELECT j.id FROM livepush_jobs j JOIN old ON j.group_id = old.id OR j.callback_of = old.id
@@ -482,6 +490,7 @@ WITH gone AS (
     WHERE g.id IN (
         SELECT g.id FROM livepush_groups g
         WHERE g.finished_at < now() - make_interval(secs => %(retention)s) AND {_NO_LIVE_PARENT}
+          AND {_NO_LIVE_CALLBACK}
         ORDER BY g.finished_at LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     )
