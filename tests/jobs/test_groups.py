@@ -231,6 +231,26 @@ def test_add_many_stops_reading_items_at_the_member_limit(groups_db: str, monkey
     assert drawn == 6 and jobs.get_group(h.id)["total"] == 0
 
 
+def test_a_failed_member_is_neither_retried_nor_discarded(groups_db: str) -> None:
+    """A failed member's failure is counted by its group: retry_failed and discard_failed both
+    refuse it (GroupClosedError), so the group's counts always match its members' rows (a
+    discarded member would leave `failed` counting a row that is gone, and a durable parent
+    reading its children in order would read another job in its place)."""
+    with jobs.group() as g:
+        g.enqueue(gj.fail, "x")
+        g.enqueue(gj.member, "y")
+    jobs.drain()
+    failed = g.members[0]
+    with pytest.raises(jobs.GroupClosedError, match=f"member of task group {g.id}"):
+        jobs.retry_failed(failed.id)
+    with pytest.raises(jobs.GroupClosedError, match=f"member of task group {g.id}"):
+        jobs.discard_failed(failed.id)
+    rows, _ = jobs.group_members(g.id)
+    assert [(r["id"], r["state"]) for r in rows] == [(failed.id, "failed"), (g.members[1].id, "succeeded")]
+    view = jobs.get_group(g.id)
+    assert (view["total"], view["failed"], view["succeeded"]) == (2, 1, 1)
+
+
 def test_separate_calls_and_closed_groups(groups_db: str) -> None:
     """create, add, seal as separate transactions; adding from outside after the seal is refused."""
     h = jobs.create_group(on_finish=gj.callback.request("fin"))

@@ -95,18 +95,26 @@ def retry_failed(job_id: int) -> bool:
     group's member is refused (GroupClosedError): its failure is counted in its group."""
     job_id = checked_id(job_id, "job_id")
     with database.connection() as conn:
-        found = conn.execute(queries.JOB_GROUP, {"id": job_id}).fetchone()
-        if found is not None and found[0] is not None:
-            raise GroupClosedError(f"job {job_id} is a member of task group {found[0]}, which counted its failure: "
-                                   "add a new member (or start a new group) instead")
+        _refuse_member(conn, job_id, "add a new member (or start a new group) instead")
         rows = conn.execute(queries.RETRY_FAILED, {"id": job_id}).fetchall()
     return bool(rows)
 
 
+def _refuse_member(conn: Any, job_id: int, instead: str) -> None:
+    """GroupClosedError if the job is a task group's member: its group counted its failure, so
+    its row must stay as it is (a job's group never changes: no race with this read)."""
+    found = conn.execute(queries.JOB_GROUP, {"id": job_id}).fetchone()
+    if found is not None and found[0] is not None:
+        raise GroupClosedError(f"job {job_id} is a member of task group {found[0]}, which counted its failure: "
+                               f"{instead}")
+
+
 def discard_failed(job_id: int) -> bool:
-    """Delete a failed job for good. False unless it was failed."""
+    """Delete a failed job for good. False unless it was failed. A task group's member is refused
+    (GroupClosedError): its group counts it, and retention deletes it with its group."""
     job_id = checked_id(job_id, "job_id")
     with database.connection() as conn:
+        _refuse_member(conn, job_id, "it is deleted with its group, after the retention time")
         rows = conn.execute(queries.DISCARD_FAILED, {"id": job_id}).fetchall()
     return bool(rows)
 
