@@ -442,6 +442,23 @@ async def test_cancel_group(groups_db: str) -> None:
         jobs.add_to_group(g.handle.id, gj.member, 1)
 
 
+@pytest.mark.xfail(strict=True, reason="each add_to_group records and rings a progress event of its own: "
+                   "adds are not coalesced as members' outcomes are (fix: coalesce in SQL, or document it)")
+def test_progress_from_adds_is_coalesced_too(groups_db: str) -> None:
+    """group:<id> shows progress at most ~10 times a second (docs/groups.md), including the
+    progress adds make: 30 add_to_group calls in a fraction of a second record a few progress
+    events, not 30."""
+    import time
+
+    h = jobs.create_group()
+    started = time.monotonic()
+    for i in range(30):
+        jobs.add_to_group(h.id, gj.member, i)
+    elapsed = time.monotonic() - started
+    progress = [m for m in group_messages(h.id) if m["event"] == "progress"]
+    assert len(progress) <= 10 * elapsed + 3, (len(progress), elapsed)
+
+
 async def test_progress_is_coalesced_and_never_after_finished(groups_db: str) -> None:
     """300 members through a runtime: the group topic gets created, a few progress events (at
     most ~10 a second), then finished last."""
