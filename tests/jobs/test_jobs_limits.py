@@ -262,6 +262,23 @@ def test_a_full_key_blocks_neither_other_keys_nor_other_jobs(
     assert most_at_once(limits_db, "t.tenant_flag") == {"a": 1, "b": 1}
 
 
+async def test_a_slot_freed_in_the_runtime_starts_the_keys_next_job_without_waiting_for_a_poll(limits_db: str) -> None:
+    """A runtime with free slots, idle because its key's only slot is taken, starts the key's
+    next job as soon as the one holding the slot ends, not at its next poll (30 s here): nothing
+    else rings for a slot freed in the same runtime."""
+    async with running(queues=["default"], concurrency=4, poll_interval=30.0):
+        first = await limit_jobs.tenant_flag.aenqueue("k", "k1")
+        second = await limit_jobs.tenant_flag.aenqueue("k", "k2")
+        await async_wait_for(lambda: jobs.get_job(first.id).state == "running", 10.0,
+                             message="the key's first job to run")
+        assert jobs.get_job(second.id).state == "available"
+        set_flag(limits_db, "k1")
+        await async_wait_for(lambda: jobs.get_job(second.id).state == "running", 5.0,
+                             message="the key's second job to start once the first ended")
+        set_flag(limits_db, "k2")
+        await async_wait_for(lambda: jobs.get_job(second.id).state == "succeeded", 5.0)
+
+
 def test_a_killed_runtimes_job_frees_its_slot(limits_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
     """kill -9 while a key's only slot is held: no job of that key starts while the dead runtime's
     row still says running; once it is rescued, exactly one of them runs at a time again."""

@@ -24,7 +24,7 @@ import collections
 import json
 import logging
 import time
-from collections.abc import Iterable, Sequence, Sized
+from collections.abc import Callable, Iterable, Sequence, Sized
 from typing import Any
 
 import psycopg
@@ -81,8 +81,12 @@ def _prepare(batch: Sized) -> bool | None:
 
 class Completer:
     def __init__(self, pool: AsyncConnectionPool, *, flush_delay: float = 0.002, max_batch: int = 500,
-                 groups: ProgressPublisher | None = None) -> None:
+                 groups: ProgressPublisher | None = None,
+                 on_ended: Callable[[set[str]], None] | None = None) -> None:
         self._pool = pool
+        # Told the names of the jobs whose outcomes a flush committed: their claim-limit slots are
+        # free in the database only from then on (the runtime claims again for them).
+        self.on_ended = on_ended
         self.flush_delay = flush_delay
         self.max_batch = max_batch
         self.groups = groups
@@ -268,6 +272,8 @@ class Completer:
                 counter.labels(queue).inc(n)
         if touched and self.groups is not None:
             self.groups.mark(touched)
+        if self.on_ended is not None and rows:
+            self.on_ended({o.ctx.name for o in outcomes if o.ctx.job_id in by_id})
 
     async def _write_progress(self, writes: list[JobContext], due: list[JobContext]) -> None:
         written = {c.job_id: c.latest for c in writes}

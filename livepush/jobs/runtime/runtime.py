@@ -313,7 +313,8 @@ class Runtime:
         self._pool = await self._pools.aget()
         self._group_progress = ProgressPublisher(self._pool)
         self._group_progress.start()
-        self._completer = Completer(self._pool, flush_delay=self.flush_delay, groups=self._group_progress)
+        self._completer = Completer(self._pool, flush_delay=self.flush_delay, groups=self._group_progress,
+                                    on_ended=self._on_ended)
         # Not restarted: the completer already retries whatever can succeed later (connection
         # trouble, conflicts, a refused outcome written alone: completer.py), so what it raises
         # would be raised again on the same queued outcome. And while it is down the producer goes
@@ -636,6 +637,17 @@ class Runtime:
         if ctx.cancel_requested and fn.is_async:
             task.cancel()
 
+    def _on_ended(self, names: set[str]) -> None:
+        """The completer committed outcomes of jobs with these names. A limited one's slot is free
+        in the database only now (a claim made as its function returned still saw it running), and
+        nothing else rings for it: claim again, past any note that its name had nothing to start."""
+        ended = names.intersection(self.limited)
+        if not ended:
+            return
+        for key in [k for k in self._limited_empty if k[0] in ended]:
+            del self._limited_empty[key]
+        self._doorbell.set()
+
     def _arm(self, fn: Any, ctx: JobContext) -> None:
         """Start an async job's timeout, just before its function runs (execute() calls this; sync
         jobs keep their own: their threads cannot be cancelled anyway)."""
@@ -665,9 +677,6 @@ class Runtime:
             if entry is not None and entry.ctx is ctx:
                 del self.in_hand[ctx.job_id]
                 self._deadlines.discard(entry.deadline, ctx.job_id)
-            if self._limited_empty:  # its key's slot may be free again
-                for key in [k for k in self._limited_empty if k[0] == ctx.job.name]:
-                    del self._limited_empty[key]
             self._slot_freed.set()
 
     # -- heartbeat, rescue, promotion -------------------------------------------------------------
