@@ -186,6 +186,14 @@ def test_drain_runs_jobs_with_limits(limits_db: str) -> None:
     assert jobs.drain() == {"succeeded": 3}
 
 
+def test_drain_runs_rate_limited_jobs_past_the_buckets_burst(limits_db: str) -> None:
+    """jobs.drain() runs every due job: jobs a start rate holds back are due, and start as the
+    bucket refills (10 a second here, a burst of 2), not left behind when the burst is spent."""
+    handles = jobs.enqueue_many([limit_jobs.rated.request() for _ in range(5)])
+    assert jobs.drain() == {"succeeded": 5}
+    assert {jobs.get_job(h.id).state for h in handles} == {"succeeded"}  # type: ignore[union-attr]
+
+
 def test_jobs_of_a_definition_that_dropped_its_limits_still_run(limits_db: str) -> None:
     """Jobs enqueued while their function had a limit run once a runtime starts with a definition
     without one: it removes the stored limit and hands them to the plain claim."""

@@ -4,7 +4,8 @@
 any runtime (so nobody rescues what it holds), claims, runs and completes through the same
 code paths, and returns counts by outcome: {"succeeded": n, "failed": n, "retrying": n,
 "cancelled": n, "released": n} (zeros left out). Jobs scheduled in the future are not due;
-a retry whose backoff has not passed is not run again.
+a retry whose backoff has not passed is not run again. Jobs a start rate (`rate=`) holds back
+are due: drain() waits for their tokens, so it takes as long as the rate says.
 """
 
 from __future__ import annotations
@@ -42,7 +43,11 @@ async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = RE
                 if not rt.queues:
                     break
             if await rt._claim(1) == 0:
-                break
+                if rt._token_due is None:
+                    break
+                # A start rate's bucket held due jobs back: they start when its next token is.
+                await asyncio.sleep(max(rt._token_due - asyncio.get_running_loop().time(), 0.0))
+                continue
             ran += 1
             await asyncio.gather(*[h.task for h in list(rt.in_hand.values())], return_exceptions=True)
             await rt._completer.wait_idle(timeout=30)
