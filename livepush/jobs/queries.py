@@ -181,11 +181,20 @@ CLAIM_LIMITED = """
 SELECT * FROM livepush_claim_limited(%(name)s, %(queue)s, %(limit)s, %(scan)s, %(runtime_id)s)
 """
 
+# name: lock_limits
+# Taken first by a starting runtime's transaction that writes its limits (SET_LIMITS, then
+# DROP_LIMITS and UNFLAG_LIMITED): each statement locks its rows in name order, but the two
+# together do not (a start that adds a limit to one name and drops another's locks the first,
+# then the second; one with the opposite definitions, during a rolling deploy, the other way
+# round), and two such starts deadlocked, one of them failing. A transaction-level advisory lock
+# in a namespace of its own ('lpls'; the claim locks are 'lpcl'), so those starts take turns.
+LOCK_LIMITS = "SELECT pg_advisory_xact_lock(1819307123, 0)"
+
 # name: set_limits
 # A starting runtime's definitions of the limits of its job functions (the newest start wins).
 # A new row starts with a full bucket; a changed one keeps its tokens (at most the new burst).
-# Rows locked in name order, like every multi-row writer of this table, so two starts never wait
-# for each other in a circle.
+# Rows locked in name order, like every multi-row writer of this table; and starts take turns
+# (LOCK_LIMITS), so two never wait for each other in a circle.
 SET_LIMITS = """
 INSERT INTO livepush_job_limits AS l (name, max_running, rate, burst, tokens)
 SELECT u.name, u.max_running, u.rate, u.burst, coalesce(u.burst, 0)

@@ -18,7 +18,8 @@ import psycopg
 import pytest
 
 from livepush import jobs
-from livepush.jobs import queries
+from livepush.jobs import database, queries
+from livepush.jobs.api.registry import Registry
 from livepush.jobs.runtime import limits as runtime_limits
 from livepush.errors import ConfigError
 from livepush.jobs import InvalidArgumentsError
@@ -193,6 +194,32 @@ def test_drain_runs_rate_limited_jobs_past_the_buckets_burst(limits_db: str) -> 
     handles = jobs.enqueue_many([limit_jobs.rated.request() for _ in range(5)])
     assert jobs.drain() == {"succeeded": 5}
     assert {jobs.get_job(h.id).state for h in handles} == {"succeeded"}  # type: ignore[union-attr]
+
+
+async def test_two_runtimes_starting_with_opposite_limits_both_start(limits_db: str) -> None:
+    """A rolling deploy moves a limit from one function to another: a runtime with the old code
+    (a limited, b not) and one with the new (b limited, a not) start at once. Each writes its
+    limits in one transaction, both rows locked in turn, and they must not deadlock (one runtime
+    failing to start); the later start's limits win. A trigger slows each write of a limit so
+    that the two transactions overlap on every run."""
+    async def f(ctx: Any, tenant: str) -> None: ...
+
+    old, new = Registry(), Registry()
+    old.add(jobs.job(name="t.moved_a", concurrency=("tenant", 1))(f))
+    old.add(jobs.job(name="t.moved_b")(f))
+    new.add(jobs.job(name="t.moved_a")(f))
+    new.add(jobs.job(name="t.moved_b", concurrency=("tenant", 1))(f))
+    q(limits_db, "INSERT INTO livepush_job_limits (name, max_running) VALUES ('t.moved_a', 1), ('t.moved_b', 1)")
+    q(limits_db, """CREATE FUNCTION slow_limit_write() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN IF NEW.max_running IS NOT NULL THEN PERFORM pg_sleep(0.3); END IF; RETURN NEW; END $$""")
+    q(limits_db, "CREATE TRIGGER slow_limit_write BEFORE UPDATE ON livepush_job_limits "
+                 "FOR EACH ROW EXECUTE FUNCTION slow_limit_write()")
+    pool = await database.pools().aget()
+    results = await asyncio.wait_for(asyncio.gather(runtime_limits.store(pool, old), runtime_limits.store(pool, new),
+                                                    return_exceptions=True), 10.0)
+    assert results == [None, None]
+    limits = dict(q(limits_db, "SELECT name, max_running FROM livepush_job_limits WHERE name LIKE 't.moved_%%'"))
+    assert limits in ({"t.moved_a": 1, "t.moved_b": None}, {"t.moved_a": None, "t.moved_b": 1})
 
 
 def test_jobs_of_a_definition_that_dropped_its_limits_still_run(limits_db: str) -> None:

@@ -32,6 +32,7 @@ async def store(pool: AsyncConnectionPool, registry: Registry) -> None:
         limits = getattr(fn, "limits", None)
         (limited if limits is not None and limits.any else plain).append((name, limits))
     async with pool.connection() as conn:
+        await conn.execute(queries.LOCK_LIMITS)
         if limited:
             await conn.execute(queries.SET_LIMITS, {
                 "names": [n for n, _ in limited], "max_running": [lim.max_running for _, lim in limited],
