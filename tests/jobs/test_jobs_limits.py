@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import threading
 import time
@@ -97,6 +98,19 @@ async def test_a_concurrency_count_postgres_cannot_store_fails_at_declaration(li
         pass
     assert q(limits_db, "SELECT max_running FROM livepush_job_limits WHERE name = 't.largest_concurrency'") == \
         [(2**31 - 1,)]
+
+
+def test_a_concurrency_key_default_json_cannot_hold_fails_at_declaration() -> None:
+    """A call that leaves the key's parameter out counts under its default, stored as JSON text.
+    A default JSON cannot hold (a date) was taken, and every such enqueue then failed with a bare
+    TypeError that named neither the key nor the parameter. A ConfigError at the decorator."""
+    async def dated(ctx: Any, tenant: Any = datetime.date(2020, 1, 1)) -> None: ...
+
+    async def shared(ctx: Any, tenant: Any = {"org": None}) -> None: ...  # noqa: B006
+
+    with pytest.raises(ConfigError, match="concurrency=\\('tenant', 1\\).*default"):
+        jobs.job(name="t.dated_key", concurrency=("tenant", 1))(dated)
+    assert jobs.job(name="t.shared_key", concurrency=("tenant", 1))(shared).limits.key_of([]) == '{"org":null}'
 
 
 @pytest.mark.parametrize("rate", ["1" + "0" * 400 + "/s", "1" + "0" * 400 + "/m", "100000000000/s"])

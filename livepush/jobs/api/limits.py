@@ -102,5 +102,14 @@ def limits_of(func: Callable[..., Any], concurrency: Any, rate: Any) -> Limits:
         key_index = found[0]
         if params[key_index].default is not inspect.Parameter.empty:
             key_default = params[key_index].default
+            # Every call that leaves the parameter out stores its default as JSON text: one JSON
+            # cannot hold would fail each of them, with nothing naming the key.
+            try:
+                json.dumps(key_default, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"@jobs.job(concurrency=({key_param!r}, {max_running})): the default of "
+                                  f"{key_param!r} is the concurrency key of calls that leave it out, stored as "
+                                  f"JSON, which cannot hold {key_default!r:.60} ({exc}): give a JSON default "
+                                  "(a str, a number, None)") from None
     return Limits(max_running=max_running, rate=None if rate is None else parse_rate(rate),
                   key_param=key_param, key_index=key_index, key_default=key_default)
