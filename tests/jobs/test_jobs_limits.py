@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import datetime
 import json
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -148,6 +149,27 @@ def test_a_concurrency_key_too_long_to_index_is_refused_at_enqueue_and_blocks_no
     longest = limit_jobs.per_tenant.enqueue("é" * 498, 0.0)  # 500 characters as JSON, 996 bytes
     assert jobs.drain() == {"succeeded": 1}
     assert jobs.get_job(longest.id).state == "succeeded"  # type: ignore[union-attr]
+
+
+def test_a_concurrency_key_too_large_to_index_with_its_name_is_refused_at_enqueue(limits_db: str) -> None:
+    """A running job's name and concurrency key are one entry of an index (at most about 2,700
+    bytes). A key of 500 characters with a name of 500, both in a script of 3 bytes a character,
+    was taken at enqueue, and then every claim of its queue failed on it ("index row size exceeds
+    btree maximum"): no job of the queue started again. Refused at enqueue instead, naming the
+    key; the queue's other jobs run."""
+    script = random.Random(7)
+    name = "".join(chr(script.randrange(0x4E00, 0xA000)) for _ in range(500))
+    key = "".join(chr(script.randrange(0x4E00, 0xA000)) for _ in range(498))  # 500 characters as JSON
+
+    async def f(ctx: Any, tenant: str) -> None: ...
+
+    wide = jobs.job(name=name, concurrency=("tenant", 1))(f)
+    with pytest.raises(InvalidArgumentsError, match="concurrency key 'tenant'.*bytes"):
+        wide.enqueue(key)
+    plain = limit_jobs.plain.enqueue()
+    narrow = wide.enqueue(key[:100])
+    assert jobs.drain() == {"succeeded": 2}
+    assert {jobs.get_job(h.id).state for h in (plain, narrow)} == {"succeeded"}  # type: ignore[union-attr]
 
 
 def test_keyed_and_debounced_enqueues_of_a_limited_function_keep_its_limits(limits_db: str) -> None:

@@ -126,7 +126,7 @@ class Batch:
                     return
         if tags is not None:
             tags = check_tags(tags)
-        ckey = limits.key_of(items) if limits is not None else None
+        ckey = limits.key_of(items, fn.name) if limits is not None else None
         row = [index, items, key, group_id, ckey, when.isoformat() if when else None, tags, later]
         while row[-1] is None:
             row.pop()

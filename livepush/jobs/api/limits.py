@@ -23,6 +23,11 @@ MAX_RATE = 1e9
 # livepush_job_limits.max_running is an integer column, written by every runtime that starts: a
 # larger count failed each start with "integer out of range".
 MAX_RUNNING = 2**31 - 1
+# A running job's name and concurrency key are one entry of livepush_jobs_key_running_idx, which
+# Postgres caps at 2,704 bytes with its headers. 500 characters each fit in ASCII, but not in a
+# script of 3 or 4 bytes a character: such a job was taken at enqueue and then failed every claim
+# of its queue (the claim moves it into the index).
+MAX_NAME_AND_KEY_BYTES = 2600
 
 
 def parse_rate(text: str) -> float:
@@ -64,8 +69,9 @@ class Limits:
     def any(self) -> bool:
         return self.max_running is not None or self.rate is not None
 
-    def key_of(self, args: Sequence[Any]) -> str | None:
-        """The concurrency key of a job with these arguments: the named argument as JSON text."""
+    def key_of(self, args: Sequence[Any], name: str = "") -> str | None:
+        """The concurrency key of a job of `name` with these arguments: the named argument as JSON
+        text."""
         if self.key_index is None:
             return None
         if self.key_index < len(args):
@@ -79,6 +85,12 @@ class Limits:
             raise InvalidArgumentsError(
                 f"the concurrency key {self.key_param!r} is {len(text)} characters as JSON, more than "
                 f"{MAX_KEY_LENGTH}: pass a shorter value (e.g. an id rather than the whole record)")
+        size = len(text.encode()) + len(name.encode())
+        if size > MAX_NAME_AND_KEY_BYTES:
+            raise InvalidArgumentsError(
+                f"the concurrency key {self.key_param!r} and the job's name are {size} bytes of UTF-8 together, "
+                f"more than {MAX_NAME_AND_KEY_BYTES} (an index entry holds them): pass a shorter value "
+                "(e.g. an id) or give the job a shorter name=")
         return text
 
 
