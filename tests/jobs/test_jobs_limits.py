@@ -351,22 +351,21 @@ async def test_a_slot_freed_in_the_runtime_starts_the_keys_next_job_without_wait
         await async_wait_for(lambda: jobs.get_job(second.id).state == "succeeded", 5.0)
 
 
-@pytest.mark.xfail(strict=True, reason="the limited claim reads a fixed number of candidates in claim order "
-                   "(limit * SCAN_FACTOR + SCAN_EXTRA) before it keeps each key's free slots: a key with more "
-                   "waiting jobs than that fills the read, and the keys behind it are not reached until its "
-                   "backlog drains; reaching them needs the claim reworked (a new migration), not a constant")
-def test_a_key_with_a_long_backlog_blocks_no_other_key(limits_db: str) -> None:
-    """Tenant a's 60 jobs are first in line and a has 2 slots: a claim with 6 free slots starts 2
-    of a's and tenant b's job behind them. Only a's fit the candidates the claim read, so it
-    started 2 and left 4 slots idle while b waited, claim after claim, for a's backlog to drain."""
+async def test_a_key_with_a_long_backlog_blocks_no_other_key(limits_db: str) -> None:
+    """Tenant a's 60 jobs are first in line and a has one slot: a runtime with 6 free slots starts
+    a's first and tenant b's job behind them at once. One claim reads a bounded number of
+    candidates in claim order (60 of a's fill it), so b's job waited for the next poll (30 s
+    here) or, with a's jobs short, for a's whole backlog to drain, while 5 slots stayed idle."""
     assert jobs.drain(max_jobs=0) == {}  # a runtime started: the limits are stored
-    jobs.enqueue_many([limit_jobs.per_tenant.request("a", 0.0) for _ in range(60)]
-                      + [limit_jobs.per_tenant.request("b", 0.0)])
-    free = 6
-    claim = {"name": "t.per_tenant", "queue": "default", "limit": free,
-             "scan": free * runtime_limits.SCAN_FACTOR + runtime_limits.SCAN_EXTRA, "runtime_id": 1}
-    rows = q(limits_db, queries.CLAIM_LIMITED, claim)
-    assert sorted(r[-1][0] for r in rows if r[1] is not None) == ["a", "a", "b"]
+    handles = await jobs.aenqueue_many([limit_jobs.tenant_flag.request("a", "a-go") for _ in range(60)]
+                                       + [limit_jobs.tenant_flag.request("b", "b-go")])
+    async with running(queues=["default"], concurrency=6, poll_interval=30.0):
+        await async_wait_for(lambda: jobs.get_job(handles[-1].id).state == "running", 5.0,
+                             message="b's job to start beside a's first")
+        assert count(limits_db, "SELECT count(*) FROM livepush_jobs WHERE state = 'running'") == 2
+        set_flag(limits_db, "b-go")
+        await async_wait_for(lambda: jobs.get_job(handles[-1].id).state == "succeeded", 5.0)
+    assert most_at_once(limits_db, "t.tenant_flag") == {"a": 1, "b": 1}
 
 
 def test_a_killed_runtimes_job_frees_its_slot(limits_db: str, start_runtime: Callable[..., ChildProcess]) -> None:

@@ -605,12 +605,24 @@ class Runtime:
 
     async def _claim_limited(self, conn: psycopg.AsyncConnection, name: str, queue: str, want: int,
                              rows: list[dict[str, Any]]) -> None:
-        """Claim jobs of one name with limits into `rows`, and note when its next token is due."""
-        claimed, wait = await limits.claim(conn, name, queue, want, self.id)
-        if claimed:
-            rows.extend(claimed)
-            metrics.JOBS_CLAIMED.labels(queue).inc(len(claimed))
-        if claimed or wait is not None:
+        """Claim jobs of one name with limits into `rows`, and note when its next token is due.
+
+        One claim reads a bounded number of candidates in claim order, then keeps each key's free
+        slots among them: a key with a longer backlog than that fills the read, and the keys
+        behind it are not reached. So while a claim started some jobs but fewer than wanted (and
+        no bucket held any back), claim again: the next one counts those running, passes a key
+        they filled and reaches the others. Each claim is committed on its own: what one took
+        is ours even if the next fails."""
+        got = 0
+        while True:
+            claimed, wait = await limits.claim(conn, name, queue, want - got, self.id)
+            if claimed:
+                rows.extend(claimed)
+                got += len(claimed)
+                metrics.JOBS_CLAIMED.labels(queue).inc(len(claimed))
+            if not claimed or got >= want or wait is not None:
+                break
+        if got or wait is not None:
             self._limited_empty.pop((name, queue), None)
         else:
             self._limited_empty[(name, queue)] = asyncio.get_running_loop().time()
