@@ -24,7 +24,7 @@ import collections
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from typing import Any
 
 import psycopg
@@ -82,7 +82,7 @@ def _prepare(batch: Sized) -> bool | None:
 class Completer:
     def __init__(self, pool: AsyncConnectionPool, *, flush_delay: float = 0.002, max_batch: int = 500,
                  groups: ProgressPublisher | None = None,
-                 on_ended: Callable[[set[str]], None] | None = None) -> None:
+                 on_ended: Callable[[Iterator[str]], None] | None = None) -> None:
         self._pool = pool
         # Told the names of the jobs whose outcomes a flush committed: their claim-limit slots are
         # free in the database only from then on (the runtime claims again for them).
@@ -273,7 +273,8 @@ class Completer:
         if touched and self.groups is not None:
             self.groups.mark(touched)
         if self.on_ended is not None and rows:
-            self.on_ended({o.ctx.name for o in outcomes if o.ctx.job_id in by_id})
+            # Lazily: a runtime without limited functions reads none of it, per flush.
+            self.on_ended(o.ctx.name for o in outcomes if o.ctx.job_id in by_id)
 
     async def _write_progress(self, writes: list[JobContext], due: list[JobContext]) -> None:
         written = {c.job_id: c.latest for c in writes}

@@ -35,7 +35,7 @@ import os
 import re
 import signal
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -649,11 +649,13 @@ class Runtime:
         if ctx.cancel_requested and fn.is_async:
             task.cancel()
 
-    def _on_ended(self, names: set[str]) -> None:
+    def _on_ended(self, names: Iterator[str]) -> None:
         """The completer committed outcomes of jobs with these names. A limited one's slot is free
         in the database only now (a claim made as its function returned still saw it running), and
         nothing else rings for it: claim again, past any note that its name had nothing to start."""
-        ended = names.intersection(self.limited)
+        if not self.limited:
+            return
+        ended = set(names).intersection(self.limited)
         if not ended:
             return
         for key in [k for k in self._limited_empty if k[0] in ended]:
