@@ -44,15 +44,18 @@ async def release_loop() -> None:
         await fanout.release_loop()
 
 
-def publishable(topic: Topic) -> Topic:
-    """`topic`, checked as publish() checks it: a valid topic, and not a state topic."""
+def _message_topic(topic: Topic, why: str) -> Topic:
+    """`topic`, checked: a valid topic, and not a state topic (InvalidTopic saying `why`)."""
     topics.validate_topic(topic)
     if topics.state_topic_id(topic) is not None:
-        raise InvalidTopic(
-            f"{topic!r} is a state topic: what it shows is its job's, group's or workflow's state, "
-            "which changes with the row; publish on a topic of your own"
-        )
+        raise InvalidTopic(f"{topic!r} is a state topic: {why}")
     return topic
+
+
+def publishable(topic: Topic) -> Topic:
+    """`topic`, checked as publish() checks it: a valid topic, and not a state topic."""
+    return _message_topic(topic, "what it shows is its job's, group's or workflow's state, which changes with "
+                                 "the row; publish on a topic of your own")
 
 
 def publish(topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
@@ -89,26 +92,19 @@ def publishable_many(messages: Iterable[tuple[Topic, JSON]]) -> list[tuple[Topic
     return items
 
 
-def _message_topic(topic: Topic) -> Topic:
-    """`topic`, checked for latest_offset(): a valid topic, and not a state topic."""
-    topics.validate_topic(topic)
-    if topics.state_topic_id(topic) is not None:
-        # A message offset there would make the client drop every version below it.
-        raise InvalidTopic(
-            f"{topic!r} is a state topic: its offset is its row's version, not a message's; a page "
-            "subscribes to it without since and gets its current state"
-        )
-    return topic
+# A message offset there would make the client drop every version below it.
+_NO_OFFSET = ("its offset is its row's version, not a message's; a page subscribes to it without since and "
+              "gets its current state")
 
 
 def latest_offset(topic: Topic) -> Offset:
     """The offset of the newest message on `topic`, to embed beside what a page rendered; the
     client subscribes with it as `since` and misses nothing published in between."""
-    return default_fanout().latest_offset(_message_topic(topic))
+    return default_fanout().latest_offset(_message_topic(topic, _NO_OFFSET))
 
 
 async def alatest_offset(topic: Topic) -> Offset:
-    return await default_fanout().alatest_offset(_message_topic(topic))
+    return await default_fanout().alatest_offset(_message_topic(topic, _NO_OFFSET))
 
 
 def sign_topic(topic: Topic, ttl: float | None = None) -> str:

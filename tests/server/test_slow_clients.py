@@ -72,6 +72,14 @@ def count(action: str) -> float:
 LOCAL_ONLY = pytest.mark.parametrize("fanout_kind", ["local"])
 
 
+async def read_to_the_end(client: WSClient) -> list[dict[str, Any]]:
+    """A job topic's frames up to its final state."""
+    frames: list[dict[str, Any]] = []
+    while not frames or frames[-1]["data"]["event"] != "succeeded":
+        frames.extend(await client.messages(1, timeout=30))
+    return frames
+
+
 async def test_a_client_that_stops_reading_on_a_job_gets_the_newest_states_then_the_final_one(served_jobs: Served) -> None:
     """While a job's state changes 1,000 times, a client that does not read falls behind; when it reads again it gets what its socket held, then only the newest states (at most 3, the older ones replaced where they waited), the last being the job's final state; versions only rise."""
     handle = await checkpoints.aenqueue(1000)
@@ -81,12 +89,6 @@ async def test_a_client_that_stops_reading_on_a_job_gets_the_newest_states_then_
         assert (await client.messages(1))[0]["data"]["event"] == "snapshot"
     slow.ws.transport.pause_reading()
     conflated = count("conflated")
-
-    async def read_to_the_end(client: WSClient) -> list[dict[str, Any]]:
-        frames: list[dict[str, Any]] = []
-        while not frames or frames[-1]["data"]["event"] != "succeeded":
-            frames.extend(await client.messages(1, timeout=30))
-        return frames
 
     reading = asyncio.ensure_future(read_to_the_end(reader))
     outcome = await asyncio.to_thread(jobs.drain, ["slow-clients"])
@@ -122,12 +124,6 @@ async def test_a_client_a_little_behind_gets_the_final_state_of_a_job_with_a_lar
         assert (await client.subscribe(handle.signed_topic))["op"] == "subscribed"
         assert (await client.messages(1))[0]["data"]["event"] == "snapshot"
     slow.ws.transport.pause_reading()
-
-    async def read_to_the_end(client: WSClient) -> list[dict[str, Any]]:
-        frames: list[dict[str, Any]] = []
-        while not frames or frames[-1]["data"]["event"] != "succeeded":
-            frames.extend(await client.messages(1, timeout=30))
-        return frames
 
     reading = asyncio.ensure_future(read_to_the_end(reader))
     outcome = await asyncio.to_thread(jobs.drain, ["slow-clients"])
