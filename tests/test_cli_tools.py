@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -94,6 +96,25 @@ def test_jobs_naming_no_module_exits_2(procs, livepush_env, pg_url, modules) -> 
     assert child.wait(20) == 2, child.output()
     err = child.stderr()
     assert "Traceback" not in err and "MODULE" in err, err
+
+
+@pytest.mark.parametrize("line,says", [
+    ("@jobs.job(name='bad.timeout', timeout=0)", "ValueError: timeout must be a positive number"),
+    ("@jobs.job(name='bad.priority', priority=1.5)", "TypeError: @jobs.job(priority=) takes an int"),
+])
+def test_a_job_module_that_fails_at_import_exits_2_naming_it_and_its_line(procs, livepush_env, pg_url, tmp_path,
+                                                                          line, says) -> None:
+    """A job module whose decorator refuses its options (or that raises anything at import) ends
+    `livepush jobs` with exit 2 and one line naming the module, the line of it that raised, and
+    the error: not a traceback through livepush's import machinery."""
+    (tmp_path / "refused_jobs.py").write_text(f"from livepush import jobs\n\n\n{line}\nasync def f(ctx):\n    pass\n")
+    script = Path(sys.executable).parent / "livepush"
+    child = procs.start([str(script), "jobs", "refused_jobs"], env=livepush_env(database_url=pg_url), cwd=tmp_path,
+                        name="livepush jobs refused_jobs")
+    assert child.wait(20) == 2, child.output()
+    err = child.stderr().strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in child.output(), child.output()
+    assert "'refused_jobs'" in err[0] and "refused_jobs.py:4" in err[0] and says in err[0], err
 
 
 @pytest.mark.parametrize("queue,needle", [("\udcff", "--queues"), ("q" * 201, "--queues")])

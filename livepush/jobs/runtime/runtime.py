@@ -35,6 +35,7 @@ import os
 import re
 import signal
 import socket
+import traceback
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -83,12 +84,30 @@ class _InHand:
 
 
 def load_modules(modules: Iterable[str]) -> None:
-    """Import the modules that define job functions (`livepush jobs MODULE,...`)."""
+    """Import the modules that define job functions (`livepush jobs MODULE,...`). What one raises
+    at import (a decorator refusing its options, a mistake in the module) becomes a ConfigError
+    naming the module and the line of the user's code it came from: one line, not a traceback."""
     for name in modules:
         try:
             importlib.import_module(name)
         except ImportError as exc:
             raise ConfigError(f"cannot import job module {name!r} ({exc}): check the name and PYTHONPATH") from exc
+        except ConfigError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever the module raises, said in one line
+            raise ConfigError(f"job module {name!r} failed at import ({_user_line(exc)}): "
+                              f"{type(exc).__name__}: {exc}") from exc
+
+
+def _user_line(exc: BaseException) -> str:
+    """"file:line" of the innermost frame of `exc` outside livepush and the import machinery."""
+    ours = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    where = "unknown line"
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        path = frame.f_code.co_filename
+        if not path.startswith((ours + os.sep, "<frozen")):
+            where = f"{os.path.relpath(path) if not path.startswith('<') else path}:{line}"
+    return where
 
 
 def parse_cancel_ids(payload: str) -> list[int]:
