@@ -138,8 +138,9 @@ def dumps(value: Any) -> str:
 
 
 def encode(value: Any, path: str, error: type[Exception], what: str) -> str:
-    """dumps() of a value check_json() passed, naming the path of what the encoder still refuses
-    (an int too long for JSON text: the check's fast path does not measure ints)."""
+    """check_json(), then dumps(), naming the path of what the encoder still refuses (an int too
+    long for JSON text: the check's fast path does not measure ints)."""
+    check_json(value, path, error, what)
     try:
         return _ENCODER.encode(value)
     except ValueError:

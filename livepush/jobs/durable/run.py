@@ -29,7 +29,7 @@ from psycopg.rows import dict_row
 from ...postgres.connect import translated
 from ...postgres.pools import aautocommitted
 from ...postgres.text import unstorable
-from ..api.args import check_json, dumps, encode
+from ..api.args import dumps, encode
 from ..api.enqueue import Batch
 from ..api.registry import REGISTRY, JobRequest
 from ..errors import (
@@ -147,7 +147,6 @@ class DurableRun:
 
     async def store(self, name: str, value: Any, fingerprint: str | None) -> Any:
         """Store a checkpoint's result (fenced by the run's lease); returns it as a replay will."""
-        check_json(value, f"checkpoint {name!r} result", InvalidResultError, "checkpoint results")
         text = encode(value, f"checkpoint {name!r} result", InvalidResultError, "checkpoint results")
         self.ctx.check_cancelled()
         # One statement in autocommit: one round trip (queries.SAVE_CHECKPOINT).

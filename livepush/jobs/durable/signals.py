@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api.args import check_json, encode
+from ..api.args import encode
 from ..api.handles import NO_SUCH_ID, checked_id
 from ..errors import InvalidArgumentsError, JobFinishedError, JobNotFound
 from ..groups import steps
@@ -33,10 +33,10 @@ def _send_steps(job_id: int, name: str, data: str) -> steps.Steps[int]:
 def _checked(job_id: Any, name: Any, data: Any) -> tuple[int, str, str]:
     checked = checked_id(job_id, "job_id")
     name = check_name(name, "jobs.signal()")
-    check_json(data, "data", InvalidArgumentsError, "signal data")
+    text = encode(data, "data", InvalidArgumentsError, "signal data")
     if checked == NO_SUCH_ID:  # an int no job can have: named as given, not as the stand-in
         raise JobNotFound(f"no job {job_id}: the signal was not sent")
-    return checked, name, encode(data, "data", InvalidArgumentsError, "signal data")
+    return checked, name, text
 
 
 def signal(job_id: int, name: str, data: Any = None, *, conn: Any = None) -> int:

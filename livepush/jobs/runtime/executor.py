@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...postgres.text import storable_text
-from ..api.args import check_json, dumps, encode
+from ..api.args import encode
 from ..api.functions import default_backoff
 from ..errors import (
     CheckpointInputConflict,
@@ -135,7 +135,6 @@ async def execute(
     if value is None:
         return Outcome(ctx, "succeeded")
     try:
-        check_json(value, "result", InvalidResultError, "job results")
         result = encode(value, "result", InvalidResultError, "job results")
     except InvalidResultError as exc:
         return _failure(fn, ctx, exc)

@@ -13,7 +13,7 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from .. import database
-from ..api.args import check_json, encode
+from ..api.args import encode
 from ..api.control import acancel, cancel
 from ..api.handles import checked_id
 from ...postgres.text import unstorable
@@ -172,14 +172,12 @@ def signal(run_id: int, name: str, data: Any = None, *, actor: str | None = None
     """Send signal `name` to the run: the first unfinished step with `wait_for=name` gets it (now,
     or when it starts). Raises ValueError when no step waits for it, WorkflowNotFound for no run."""
     run_id, name = checked_id(run_id, "run_id"), check_name(name, "signal()")
-    check_json(data, "data", InvalidArgumentsError, "signal data")
     text, actor = encode(data, "data", InvalidArgumentsError, "signal data"), _text(actor, "actor")
     in_tx(lambda: _signal_steps(run_id, name, text, actor), None)
 
 
 async def asignal_run(run_id: int, name: str, data: Any = None, *, actor: str | None = None) -> None:
     run_id, name = checked_id(run_id, "run_id"), check_name(name, "signal()")
-    check_json(data, "data", InvalidArgumentsError, "signal data")
     text, actor = encode(data, "data", InvalidArgumentsError, "signal data"), _text(actor, "actor")
     await ain_tx(lambda: _signal_steps(run_id, name, text, actor), None)
 

@@ -20,7 +20,7 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from ...postgres.pools import aautocommitted
-from ..api.args import check_json, encode
+from ..api.args import encode
 from ..api.handles import StateTopicHandle
 from ..api.registry import JobRequest, JobSpec
 from ..errors import InvalidArgumentsError, JobCancelled, Reattempt, SignalTimeout, WorkflowDefinitionError
@@ -215,10 +215,10 @@ class Runner:
     # -- starting runs --------------------------------------------------------------------------
     @staticmethod
     def _input(flow: Workflow, input: Any) -> str:
-        check_json(input, "input", InvalidArgumentsError, "workflow inputs")
+        text = encode(input, "input", InvalidArgumentsError, "workflow inputs")
         if not flow.steps:
             raise WorkflowDefinitionError(f"workflow {flow.name!r} has no steps: define them before starting it")
-        return encode(input, "input", InvalidArgumentsError, "workflow inputs")
+        return text
 
     def start(self, flow: Workflow, input: Any, conn: Any) -> WorkflowHandle:
         text = self._input(flow, input)
