@@ -5,8 +5,12 @@ neither each other's messages nor each other's revocations."""
 from __future__ import annotations
 
 
+import shlex
 import time
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -18,8 +22,40 @@ from tests.server.conftest import Served, make_settings, start_served
 from tests.support.wsclient import WSClient
 
 
+SECURITY_DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
+DOCUMENTED_PREFIX = "livepush:12"  # the prefix the documented ACL line is written for
+
+
 def on_db(url: str, db: int) -> str:
     return url.rsplit("/", 1)[0] + f"/{db}"
+
+
+def documented_acl_rules(prefix: str, password: str) -> list[str]:
+    """The rules of the `ACL SETUSER` line docs/security.md shows, for `prefix` and `password`."""
+    (line,) = [line for line in SECURITY_DOC.read_text(encoding="utf-8").splitlines()
+               if line.startswith("ACL SETUSER ")]
+    rules = shlex.split(line.replace(DOCUMENTED_PREFIX, prefix))[3:]  # after ACL SETUSER <name>
+    return [f">{password}" if rule.startswith(">") else rule for rule in rules]
+
+
+@pytest.fixture
+def acl_user(redis_url: str) -> Iterator[Callable[[str], str]]:
+    """`make(prefix)`: a Redis user with the ACL docs/security.md gives a deployment with that
+    prefix, and the test Redis's URL (database 12) as that user. Users are deleted at teardown."""
+    admin = redis.Redis.from_url(redis_url)
+    made: list[str] = []
+
+    def make(prefix: str) -> str:
+        name, password = f"app_{uuid.uuid4().hex[:10]}", uuid.uuid4().hex
+        admin.execute_command("ACL", "SETUSER", name, "reset", *documented_acl_rules(prefix, password))
+        made.append(name)
+        parts = urlsplit(on_db(redis_url, 12))
+        return urlunsplit(parts._replace(netloc=f"{name}:{password}@{parts.netloc}"))
+
+    yield make
+    for name in made:
+        admin.execute_command("ACL", "DELUSER", name)
+    admin.close()
 
 
 @pytest.fixture
@@ -83,3 +119,28 @@ def test_every_key_and_channel_is_under_the_prefix(redis_url: str) -> None:
     assert custom.channel == "staging:pub" and custom.key_prefix == "staging:h:"
 
 
+
+
+async def test_a_server_runs_as_the_redis_user_the_docs_show(acl_user: Callable[[str], str], secret: str) -> None:
+    """A deployment whose Redis user has exactly the ACL docs/security.md shows works: a publish
+    reaches a subscriber, history replays it, prune() runs, and a revocation closes a session."""
+    url = acl_user(DOCUMENTED_PREFIX)
+    served = await start_served(make_settings("redis", secret, None, url))
+    token = sessions.issue("frank")
+    client = await WSClient.open(served.url, additional_headers={"Cookie": f"livepush_session={token}"})
+    store = RedisRevocations(url)
+    try:
+        assert served.fanout.prefix == DOCUMENTED_PREFIX  # type: ignore[attr-defined]
+        assert (await client.subscribe(served.sign("room:acl")))["op"] == "subscribed"
+        offset = await served.publish("room:acl", {"as": "the documented user"})
+        (message,) = await client.messages(1)
+        assert message["offset"] == offset and message["data"] == {"as": "the documented user"}
+        page = await served.fanout.history("room:acl", "0-0")
+        assert page is not None and [m.offset for m in page.messages] == [offset]
+        await served.fanout.prune()
+        await store.aadd_subject("frank", time.time())
+        assert await client.closed_with(timeout=2) == 4403
+    finally:
+        await client.close()
+        await store.aclose()
+        await served.stop()
