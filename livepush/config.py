@@ -202,9 +202,10 @@ class Settings:
             )
         if self.max_connections is not None and self.max_connections < 1:
             raise ConfigError(f"LIVEPUSH_MAX_CONNECTIONS={self.max_connections} must be at least 1 (or unset: no cap)")
-        if self.redis_prefix is not None and not (0 < len(self.redis_prefix) <= 100 and self.redis_prefix.isprintable()
-                                                  and " " not in self.redis_prefix):
-            raise ConfigError("LIVEPUSH_REDIS_PREFIX must be 1 to 100 printable characters without spaces")
+        if self.redis_prefix is not None:
+            from .redis.client import check_prefix  # the redis package only where a prefix is set
+
+            check_prefix(self.redis_prefix)
 
 
 def _check_secret(name: str, value: str) -> None:

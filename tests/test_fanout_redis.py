@@ -3,7 +3,7 @@
 The shared contract is tested in test_fanout_conformance.py; these tests look inside Redis
 (keys under the deployment's prefix, CLIENT LIST, PAUSE, restarts without persistence) to check
 how it is kept. Keys and the channel are the fan-out's own: `fanout.key_prefix` + topic and
-`fanout.channel`, both under `fanout.prefix` ("livepush:<db>" by default).
+`fanout.channel`, both under `{fanout.prefix}` ("livepush:<db>" by default).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ async def test_offsets_are_stream_ids_chained_from_0_0(make_redis: MakeRedis, ra
     offsets = [fanout.publish("chain:a", {"i": i}) for i in range(3)]
     received = await got.wait_count("chain:a", 3)
     assert [m.prev for m in received] == ["0-0", *offsets[:2]]
-    assert fanout.prefix == "livepush:0" and fanout.key_prefix == "livepush:0:h:"
+    assert fanout.prefix == "livepush:0" and fanout.key_prefix == "{livepush:0}:h:"
     entries = raw.xrange(fanout.key_prefix + "chain:a")
     assert [e[0] for e in entries] == offsets
     assert [e[1]["p"] for e in entries] == ["0-0", *offsets[:2]]
@@ -175,7 +175,7 @@ async def test_prune_drops_expired_entries_but_keeps_the_newest(make_redis: Make
 
 
 async def test_prune_keeps_to_its_own_prefix_whatever_characters_it_holds(make_redis: MakeRedis) -> None:
-    """LIVEPUSH_REDIS_PREFIX may hold any printable character. prune() trims its own
+    """LIVEPUSH_REDIS_PREFIX may hold any printable character but spaces and braces. prune() trims its own
     deployment's streams and never another's: a prefix with glob characters (`app[1]`) is not a
     pattern that matches deployment `app1`, whose history must outlive this one's shorter TTL."""
     ours = await make_redis(history_ttl=0.2, prefix="app[1]", listen=False)
@@ -185,6 +185,21 @@ async def test_prune_keeps_to_its_own_prefix_whatever_characters_it_holds(make_r
     await asyncio.sleep(0.4)  # wall-clock expiry: no event to await
     assert await ours.prune() == len(expired) - 1, "its own expired entries, all but the newest"
     assert offsets_of(await read_history(theirs, "shared:a", "0-0")) == kept, "another deployment's history was trimmed"
+
+
+async def test_a_prefix_that_extends_another_shares_none_of_its_keys(make_redis: MakeRedis) -> None:
+    """Deployments `prod` and `prod:h` on one Redis (one prefix is the other's, then the separator
+    and a part of the key layout): neither's history shows the other's messages, and prune() of
+    `prod`, with a shorter TTL, trims nothing of `prod:h`'s history."""
+    outer = await make_redis(history_ttl=0.2, prefix="prod", listen=False)
+    inner = await make_redis(history_ttl=300, prefix="prod:h", listen=False)
+    kept = [inner.publish("room", {"i": i}) for i in range(3)]
+    assert outer.latest_offset("h:room") == "0-0" and await read_history(outer, "h:room", "0-0") == [], \
+        "deployment prod reads deployment prod:h's topic as one of its own"
+    expired = [outer.publish("room", {"i": i}) for i in range(3)]
+    await asyncio.sleep(0.4)  # wall-clock expiry: no event to await
+    assert await outer.prune() == len(expired) - 1, "its own expired entries, all but the newest"
+    assert offsets_of(await read_history(inner, "room", "0-0")) == kept, "another deployment's history was trimmed"
 
 
 async def test_prune_does_bounded_work_per_call(make_redis: MakeRedis, raw: redis.Redis) -> None:
@@ -266,7 +281,7 @@ async def test_a_failing_receiver_does_not_stop_delivery(make_redis: MakeRedis) 
 async def test_a_malformed_frame_on_the_channel_is_ignored(make_redis: MakeRedis, raw: redis.Redis) -> None:
     """Garbage published on the fan-out's channel (P:pub) is skipped; the next real message arrives."""
     fanout = await make_redis()
-    assert fanout.channel == fanout.prefix + ":pub"
+    assert fanout.channel == "{" + fanout.prefix + "}:pub"
     got = Collector()
     fanout.register(got)
     raw.publish(fanout.channel, "junk without newlines")

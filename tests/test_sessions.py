@@ -461,8 +461,8 @@ async def test_redis_keys_expire_with_the_session(redis_url: str) -> None:
     """A revoked session's Redis key (under the deployment's prefix) lives as long as the session; an expired one is not stored."""
     store = RedisRevocations(redis_url)
     try:
-        assert store.session_prefix == "livepush:0:revoked:session:"
-        assert store.subject_prefix == "livepush:0:revoked:subject:"
+        assert store.session_prefix == "{livepush:0}:revoked:session:"
+        assert store.subject_prefix == "{livepush:0}:revoked:subject:"
         await store.aadd_session("s1", time.time() + 100)
         store.add_session("s2", time.time() - 1)
         store.add_subject("user-7", time.time())

@@ -1,15 +1,16 @@
 """The Redis fan-out: pub/sub carries live messages, one stream per topic keeps history.
 
-Layout in Redis, all under the deployment's prefix P (LIVEPUSH_REDIS_PREFIX, default
+Layout in Redis, all under `{P}`, the deployment's prefix P (LIVEPUSH_REDIS_PREFIX, default
 `livepush:<db number>`: pub/sub ignores database numbers, so two deployments on one server
-would otherwise hear each other):
-- `P:h:<topic>`: a stream; each entry is one message, fields `d` (the JSON text) and `p` (the
+would otherwise hear each other) in braces, which no prefix holds: `P:h:<topic>` would make
+deployment `prod`'s topic `h:x` deployment `prod:h`'s topic `x` (redis.client.namespace()):
+- `{P}:h:<topic>`: a stream; each entry is one message, fields `d` (the JSON text) and `p` (the
   id of the entry before it on the topic, "0-0" for the first). The entry id is the message's
   offset ("<ms>-<seq>", ordered by `offset_key`).
-- `P:pub`: the one pub/sub channel every listening server subscribes to. A frame is
+- `{P}:pub`: the one pub/sub channel every listening server subscribes to. A frame is
   "<topic>\\n<offset>\\n<prev>\\n<json>", or, for several messages of a publish_many, "*" and
   then theirs, all joined by newlines: a receiver splits it into lines, four a message, and never
-  parses the payload (topics and compact JSON hold no raw newline). Whoever may write under P
+  parses the payload (topics and compact JSON hold no raw newline). Whoever may write under {P}
   is trusted (docs/security.md shows the ACL that gives the app only its prefix); a frame
   that does not parse is dropped with a debug line.
 
@@ -42,7 +43,7 @@ import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
 from ..channels import ListenerSlot
-from ..redis.client import async_client, client_kwargs, default_prefix, failed, text
+from ..redis.client import async_client, client_kwargs, default_prefix, failed, namespace, text
 from ..redis.subscriber import Subscriber
 from ..topics import TOPIC_RE
 from ..types import JSON, Message, Offset, Topic
@@ -207,7 +208,7 @@ class RedisFanOut(FanOut):
     `history_ttl`: seconds a message stays recoverable. `max_len`: about how many entries a
     topic keeps at most (a memory bound; past it old offsets get `reset`). `idle_expire`:
     seconds after its last message a topic's key is dropped. `prefix`: the namespace of every
-    key and channel. `subscriber`: the process's shared Redis listener (else one of its own,
+    key and channel (they start with `{prefix}:`). `subscriber`: the process's shared Redis listener (else one of its own,
     with `heartbeat`, `backoff` and `connect_timeout`).
     """
 
@@ -234,8 +235,8 @@ class RedisFanOut(FanOut):
         self.idle_expire = max(idle_expire, 2 * history_ttl)
         self.connect_timeout = connect_timeout
         self.prefix = prefix if prefix is not None else default_prefix(url)
-        self.channel = f"{self.prefix}:pub"
-        self.key_prefix = f"{self.prefix}:h:"
+        self.channel = f"{namespace(self.prefix)}:pub"
+        self.key_prefix = f"{namespace(self.prefix)}:h:"
         # SCAN's MATCH is a glob: a prefix may hold *, ?, [ or a backslash, which must match only themselves,
         # or prune() would trim another deployment's streams (`app[1]` matching `app1`).
         self._key_pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self.key_prefix) + "*"

@@ -1,5 +1,5 @@
-"""Redis clients as livepush makes them, the namespace every channel and key lives under, and
-URLs shown without their credentials."""
+"""Redis clients as livepush makes them, the namespace every channel and key lives under
+(`{P}:...` for the deployment's prefix P), and URLs shown without their credentials."""
 
 from __future__ import annotations
 
@@ -56,6 +56,28 @@ def default_prefix(url: str) -> str:
     except (ValueError, TypeError):
         db = 0
     return f"livepush:{int(db or 0)}"
+
+
+PREFIX_MAX = 100
+
+
+def check_prefix(prefix: str) -> None:
+    """ConfigError unless `prefix` is 1 to PREFIX_MAX printable characters without spaces or braces
+    (the braces are what end it in every key and channel: see namespace())."""
+    if not (isinstance(prefix, str) and 0 < len(prefix) <= PREFIX_MAX and prefix.isprintable()
+            and not any(c in prefix for c in " {}")):
+        raise ConfigError(f"LIVEPUSH_REDIS_PREFIX {str(prefix)[:PREFIX_MAX]!r} must be 1 to {PREFIX_MAX} printable "
+                          "characters without spaces, { or }")
+
+
+def namespace(prefix: str) -> str:
+    """`{prefix}`: what every key and channel of the deployment with this prefix starts with, then
+    `:`. The braces end the prefix where no prefix can (none holds `}`), so a deployment's keys
+    are never another's, whatever both prefixes are: under a bare `P:` layout, deployment `prod`
+    read deployment `prod:h`'s history as its topic `h:<topic>`, its prune() trimmed it, and the
+    ACL `~prod:*` let prod's user at it. `~{prod}:*` matches prod's keys and nobody else's."""
+    check_prefix(prefix)
+    return "{" + prefix + "}"
 
 
 def client_kwargs(client_name: str, connect_timeout: float = CONNECT_TIMEOUT) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from ..postgres.connect import translated
 from ..channels import ListenerSlot
 from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
-from ..redis.client import async_client, client_kwargs, default_prefix, failed
+from ..redis.client import async_client, client_kwargs, default_prefix, failed, namespace
 from ..redis.subscriber import Subscriber
 from .tokens import MAX_TTL, Session
 
@@ -294,16 +294,16 @@ _REDIS_CHUNK = 1000
 
 class RedisRevocations(RevocationStore):
     """Revocations in Redis, for a deployment with Redis and no database, under the deployment's
-    prefix P: `P:revoked:session:<id>` expires with the session, `P:revoked:subject:<subject>`
-    holds the cut-off time (ms) for MAX_TTL (no covered session outlives it), and `P:revoked`
-    is the doorbell channel."""
+    prefix P, in braces (redis.client.namespace()): `{P}:revoked:session:<id>` expires with the
+    session, `{P}:revoked:subject:<subject>` holds the cut-off time (ms) for MAX_TTL (no covered
+    session outlives it), and `{P}:revoked` is the doorbell channel."""
 
     def __init__(self, url: str, *, prefix: str | None = None, subscriber: Subscriber | None = None) -> None:
         self.url = url
         self.prefix = prefix if prefix is not None else default_prefix(url)
-        self.session_prefix = f"{self.prefix}:revoked:session:"
-        self.subject_prefix = f"{self.prefix}:revoked:subject:"
-        self.channel = f"{self.prefix}:revoked"
+        self.session_prefix = f"{namespace(self.prefix)}:revoked:session:"
+        self.subject_prefix = f"{namespace(self.prefix)}:revoked:subject:"
+        self.channel = f"{namespace(self.prefix)}:revoked"
         self._subscriber = ListenerSlot(subscriber, lambda: Subscriber(url))
         self._client: Any = None
 

@@ -1,6 +1,8 @@
-"""Deployments on one Redis stay apart: every channel and key is under LIVEPUSH_REDIS_PREFIX
-(default `livepush:<db number>`), so two deployments on databases 11 and 12 of one server hear
-neither each other's messages nor each other's revocations."""
+"""Deployments on one Redis stay apart: every channel and key starts with `{P}:`, P being
+LIVEPUSH_REDIS_PREFIX (default `livepush:<db number>`), so two deployments on databases 11 and 12
+of one server hear neither each other's messages nor each other's revocations, and a prefix that
+extends another (`prod`, `prod:h`) shares none of its keys. The ACL docs/security.md shows is
+the one these tests give a deployment's Redis user."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import pytest
 import redis
 
 from livepush import sessions
+from livepush.config import Settings
+from livepush.errors import ConfigError
 from livepush.fanout.redis import RedisFanOut
 from livepush.sessions.revocations import RedisRevocations
 from tests.server.conftest import Served, make_settings, start_served
@@ -113,10 +117,10 @@ def test_every_key_and_channel_is_under_the_prefix(redis_url: str) -> None:
     keys = [k.decode() for k in raw.keys("*")]
     raw.close()
     fanout.close()
-    assert keys and all(k.startswith("livepush:11:") for k in keys), keys
-    assert fanout.channel.startswith("livepush:11:") and store.channel.startswith("livepush:11:")
+    assert keys and all(k.startswith("{livepush:11}:") for k in keys), keys
+    assert fanout.channel.startswith("{livepush:11}:") and store.channel.startswith("{livepush:11}:")
     custom = RedisFanOut(redis_url, prefix="staging")
-    assert custom.channel == "staging:pub" and custom.key_prefix == "staging:h:"
+    assert custom.channel == "{staging}:pub" and custom.key_prefix == "{staging}:h:"
 
 
 
@@ -144,3 +148,43 @@ async def test_a_server_runs_as_the_redis_user_the_docs_show(acl_user: Callable[
         await client.close()
         await store.aclose()
         await served.stop()
+
+
+async def test_a_redis_user_reaches_nothing_of_a_prefix_that_extends_its_own(acl_user: Callable[[str], str],
+                                                                             redis_url: str) -> None:
+    """Deployment `prod`'s user, made as docs/security.md says, publishes and reads history under
+    its own prefix, and can neither touch a key of deployment `prod:h` nor publish on its channels."""
+    url = acl_user("prod")
+    theirs = RedisFanOut(on_db(redis_url, 12), prefix="prod:h")
+    their_store = RedisRevocations(on_db(redis_url, 12), prefix="prod:h")
+    ours = RedisFanOut(url, prefix="prod")
+    as_ours = redis.Redis.from_url(url)
+    raw = redis.Redis.from_url(on_db(redis_url, 12))
+    try:
+        theirs.publish("room", {"n": 1})
+        their_store.add_session("sid", time.time() + 60)
+        their_keys = raw.keys("*")
+        offset = ours.publish("room", {"n": 2})
+        page = await ours.history("room", "0-0")
+        assert page is not None and [m.offset for m in page.messages] == [offset]
+        assert len(their_keys) == 2, their_keys
+        for key in their_keys:
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                as_ours.type(key)
+        for channel in (theirs.channel, their_store.channel):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                as_ours.publish(channel, "*")
+    finally:
+        for client in (as_ours, raw):
+            client.close()
+        theirs.close()
+        await ours.aclose()
+
+
+@pytest.mark.parametrize("prefix", ["prod}", "{prod", "a b"])
+def test_a_prefix_that_could_end_early_is_refused(prefix: str, redis_url: str) -> None:
+    """LIVEPUSH_REDIS_PREFIX with a brace (which ends the prefix in every key) or a space is refused at start, naming the setting."""
+    with pytest.raises(ConfigError, match="LIVEPUSH_REDIS_PREFIX"):
+        Settings.from_env({"LIVEPUSH_REDIS_URL": redis_url, "LIVEPUSH_FANOUT": "redis", "LIVEPUSH_REDIS_PREFIX": prefix})
+    with pytest.raises(ConfigError, match="LIVEPUSH_REDIS_PREFIX"):
+        RedisFanOut(redis_url, prefix=prefix)
