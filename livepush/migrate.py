@@ -145,6 +145,35 @@ def _grant_runtime(conn: psycopg.Connection, role: str) -> None:
     conn.execute(sql.SQL("GRANT USAGE, SELECT ON SEQUENCE {} TO {}").format(sql.SQL(", ").join(sequences), who))
 
 
+# name: runtime_leftovers -- what the role may still create beyond the grants above, through
+# PUBLIC (which every role belongs to, and which no grant of ours can take from one role) or a
+# grant of its own: TEMPORARY on the database, CREATE on the schema. A plain read of the catalog.
+_RUNTIME_LEFTOVERS = """
+SELECT has_database_privilege(%(role)s, current_database(), 'TEMPORARY'),
+       has_schema_privilege(%(role)s, current_schema(), 'CREATE'),
+       current_database(), current_schema()
+"""
+
+
+def runtime_leftovers(url: str, role: str) -> list[str]:
+    """One line for each privilege `role` holds that lets it create objects (none of them granted
+    by `migrate`), naming the statement that takes it away; empty when it can create nothing."""
+    with translated(url), connect(url) as conn:
+        row = conn.execute(_RUNTIME_LEFTOVERS, {"role": role}).fetchone()
+        assert row is not None
+        temporary, create, database, schema = row
+        # Quoted where they need it, so the statement can be pasted as it is.
+        database, schema = (sql.Identifier(name).as_string(conn) for name in (database, schema))
+    found = []
+    if temporary:
+        found.append(f"{role} can create temporary tables and functions (PUBLIC holds TEMPORARY on database "
+                     f"{database} by default): REVOKE TEMPORARY ON DATABASE {database} FROM PUBLIC")
+    if create:
+        found.append(f"{role} can create objects in schema {schema}: REVOKE CREATE ON SCHEMA {schema} FROM PUBLIC "
+                     f"(and from {role})")
+    return found
+
+
 def _applied(conn: psycopg.Connection, url: str) -> list[tuple[int, str, str]]:
     """The migrations recorded in the database, oldest first; none before the first migrate."""
     try:

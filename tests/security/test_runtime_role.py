@@ -3,7 +3,9 @@ publish() and enqueues need, and a server and a runtime run as that role."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -15,17 +17,37 @@ from livepush.jobs import database
 from tests.security import role_jobs
 from tests.security.conftest import role_of
 from tests.support.procs import Processes
+from tests.support.services import dbname_of
 from tests.support.wsclient import WSClient
 
+
+
+SECURITY_DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
+
+
+def documented_lockdown(database: str, owner: str, runtime: str) -> list[str]:
+    """The statements docs/security.md gives to close the database to everyone else, for these names."""
+    text = SECURITY_DOC.read_text(encoding="utf-8")
+    block = text.split("close it to everyone else:", 1)[1].split("```sql\n", 1)[1].split("```", 1)[0]
+    names = {"app": database, "app_owner": owner, "app_runtime": runtime}
+    quoted = re.sub(r"\b(app_owner|app_runtime|app)\b", lambda m: f'"{names[m.group(1)]}"', block)
+    return [statement.strip() for statement in quoted.split(";") if statement.strip()]
 
 
 @pytest.fixture
 def runtime_url(pg_url: str, role_url: Callable[..., str], monkeypatch: pytest.MonkeyPatch,
                 capsys: pytest.CaptureFixture[str]) -> str:
+    """A runtime role set up as docs/security.md says: the database closed to everyone else, then
+    `migrate --runtime-role` as the owner."""
     url = role_url("app")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        owner = conn.execute("SELECT current_user").fetchone()[0]  # type: ignore[index]
+        for statement in documented_lockdown(dbname_of(pg_url), owner, role_of(url)):
+            conn.execute(statement)  # type: ignore[arg-type]
     monkeypatch.setenv("LIVEPUSH_DATABASE_URL", pg_url)
     assert cli(["migrate", "--runtime-role", role_of(url)]) == 0
-    assert f"granted {role_of(url)}" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert f"granted {role_of(url)}" in out and "warning" not in err, err
     return url
 
 
@@ -58,10 +80,13 @@ async def test_a_server_and_a_runtime_run_as_the_runtime_role(
 
 
 def test_the_runtime_role_has_no_ddl_truncate_or_ownership(runtime_url: str) -> None:
-    """The runtime role may read and write livepush's rows, and may not create, truncate, alter or drop anything."""
+    """The runtime role may read and write livepush's rows, and may not create (temporary objects
+    included), truncate, alter or drop anything."""
     with psycopg.connect(runtime_url, autocommit=True) as conn:
         conn.execute("SELECT count(*) FROM livepush_jobs")
-        for statement in ("CREATE TABLE t_role_probe (x int)", "TRUNCATE livepush_jobs",
+        for statement in ("CREATE TABLE t_role_probe (x int)", "CREATE TEMP TABLE t_role_probe (x int)",
+                          "CREATE FUNCTION pg_temp.f_role_probe() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+                          "TRUNCATE livepush_jobs",
                           "ALTER TABLE livepush_jobs ADD COLUMN x int", "DROP TABLE livepush_messages",
                           "INSERT INTO livepush_schema (version, name) VALUES (99, 'x')"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
@@ -75,3 +100,18 @@ def test_migrate_refuses_a_role_that_does_not_exist(pg_url: str, monkeypatch: py
     assert cli(["migrate", "--runtime-role", "no_such_role_xyz"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no such role" in err[0] and "CREATE ROLE" in err[0], err
+
+
+def test_migrate_names_what_the_runtime_role_could_still_create(pg_url: str, role_url: Callable[..., str],
+                                                                monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """On a database whose PUBLIC still holds TEMPORARY (Postgres' default), `migrate --runtime-role`
+    grants as usual and warns that the role can create temporary objects, naming the REVOKE."""
+    role = role_of(role_url("app"))
+    monkeypatch.setenv("LIVEPUSH_DATABASE_URL", pg_url)
+    assert cli(["migrate", "--runtime-role", role]) == 0
+    out, err = capsys.readouterr()
+    assert f"granted {role}" in out
+    (warning,) = err.strip().splitlines()
+    assert warning.startswith(f"warning: {role} can create temporary tables") and \
+        f"REVOKE TEMPORARY ON DATABASE {dbname_of(pg_url)} FROM PUBLIC" in warning.replace('"', ""), warning
