@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -195,6 +195,89 @@ async def test_a_forged_cancel_cancels_nothing_and_stops_no_runtime(pg_url: str,
         database.configure(None)
         config.set_settings(None)
 
+
+
+# The advisory-lock namespaces livepush's SQL functions use (any role reads them in pg_proc):
+# debounced enqueues lock (KEY_LOCKS, hashtext(key)), limited claims (CLAIM_LOCKS, hashtext(name)).
+KEY_LOCKS, CLAIM_LOCKS = 1819045236, 1819304812
+ADVISORY_LOCKS_REASON = (
+    "any role that can connect may take any advisory lock, and livepush serializes debounced enqueues "
+    "and limited claims with advisory locks of fixed, readable keys: held by a stranger, a debounced "
+    "enqueue waits forever, and a runtime's claim loop (limited names first) stops claiming anything. "
+    "A fix locks rows only livepush's roles may write (a lock of the limits row, which costs a WAL "
+    "record per claim), or the threat model stops promising it")
+
+
+@pytest.fixture
+def held_lock(nobody_url: str) -> Iterator[Callable[[int, str], None]]:
+    """`hold(namespace, text)`: the login without privileges takes the session-level advisory lock
+    (namespace, hashtext(text)) and keeps it until `release()` or teardown."""
+    conn = psycopg.connect(nobody_url, autocommit=True)
+
+    def hold(namespace: int, text: str) -> None:
+        conn.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (namespace, text))
+
+    hold.release = conn.close  # type: ignore[attr-defined]
+    yield hold
+    conn.close()
+
+
+@pytest.mark.xfail(strict=True, reason=ADVISORY_LOCKS_REASON)
+async def test_a_login_without_privileges_holds_up_no_debounced_enqueue(
+        pg_url: str, held_lock: Callable[[int, str], None], secret: str) -> None:
+    """A login without privileges holding an advisory lock on a key's hash, in the namespace livepush's debounce uses, holds up no debounced enqueue of that key."""
+    from livepush import config
+
+    config.set_settings(config.Settings(database_url=pg_url, fanout="postgres", env="test", secret=secret))
+    database.configure(pg_url)
+    try:
+        held_lock(KEY_LOCKS, "sync:1")
+        handle = await asyncio.wait_for(role_jobs.work.aenqueue(1, key="sync:1", debounce=5), 5)
+        assert handle.id
+    finally:
+        held_lock.release()  # type: ignore[attr-defined]
+        await database.release_loop()
+        database.configure(None)
+        config.set_settings(None)
+
+
+@pytest.mark.xfail(strict=True, reason=ADVISORY_LOCKS_REASON)
+async def test_a_login_without_privileges_stops_no_runtime_with_an_advisory_lock(
+        pg_url: str, held_lock: Callable[[int, str], None], secret: str) -> None:
+    """A login without privileges holding the claim lock of a rate-limited function stops no runtime: a plain job enqueued after it runs to success."""
+    from livepush import config
+
+    config.set_settings(config.Settings(database_url=pg_url, fanout="postgres", env="test", secret=secret))
+    database.configure(pg_url)
+
+    @jobs.job(name="t.security.limited", queue="held-lock", rate="100/s")
+    async def limited(ctx: Any) -> None:
+        pass
+
+    @jobs.job(name="t.security.plain", queue="held-lock")
+    async def plain(ctx: Any) -> None:
+        pass
+
+    runtime = Runtime(queues=["held-lock"], install_signals=False, heartbeat=0.5, poll_interval=0.1)
+    task = asyncio.create_task(runtime.run())
+    try:
+        await runtime.wait_started()
+        held_lock(CLAIM_LOCKS, "t.security.limited")
+        handle = await plain.aenqueue()
+
+        async def finished() -> Any:
+            state = await asyncio.to_thread(jobs.job_state, handle.id)
+            return state if state and state["state"] in ("succeeded", "failed", "cancelled") else None
+
+        state = await async_wait_for(finished, 10, 0.05, message="the plain job to finish")
+        assert state["state"] == "succeeded", state
+    finally:
+        held_lock.release()  # type: ignore[attr-defined]
+        runtime.stop(now=True)
+        await asyncio.wait_for(task, 15)
+        await database.release_loop()
+        database.configure(None)
+        config.set_settings(None)
 
 
 @pytest.fixture
