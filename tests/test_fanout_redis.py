@@ -58,7 +58,7 @@ def raw(redis_url: str) -> Any:
 
 
 def listeners(client: redis.Redis) -> list[dict[str, Any]]:
-    return [c for c in client.client_list() if c.get("name") == "livepush-listener"]
+    return [c for c in client.client_list() if c.get("name", "").startswith("livepush-listener:")]
 
 
 # ---- offsets and the chain ----------------------------------------------------------------------

@@ -272,3 +272,18 @@ def test_servers_listening_on_the_database_and_on_redis_are_listed(
     assert all(s["address"] == "127.0.0.1" for s in servers), servers
     code, out, err = run_status(procs, env)
     assert code == 0 and "Servers listening (2)" in out, out + err
+
+
+def test_servers_of_another_deployment_on_the_same_redis_are_not_listed(
+        pg_url: str, redis_url: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
+    """A server of another deployment on the same Redis (its own LIVEPUSH_REDIS_PREFIX) is not one of ours: our report lists only ours."""
+    theirs = livepush_env(redis_url=redis_url, fanout="redis") | {"LIVEPUSH_REDIS_PREFIX": "other"}
+    procs.livepush("serve", env=theirs)
+    ours = livepush_env(database_url=pg_url, redis_url=redis_url, fanout="redis")
+    code, out, err = run_status(procs, ours, "--json")
+    assert code == 0, err
+    assert json.loads(out)["servers"] == [], "another deployment's server is listed as ours"
+    procs.livepush("serve", env=ours)
+    code, out, err = run_status(procs, ours, "--json")
+    assert code == 0, err
+    assert sorted(s["via"] for s in json.loads(out)["servers"]) == ["postgres", "redis"], out

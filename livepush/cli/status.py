@@ -21,6 +21,7 @@ from ..jobs import database
 from ..jobs.api.status import DEFAULT_LIMIT, MAX_LIMIT, Status, status
 from ..postgres.connect import redact
 from ..postgres.listener import listening_backends
+from ..redis.client import default_prefix, listener_name
 from ..redis.subscriber import subscribed_clients
 
 SERVERS_NOTE = "each server's own view: GET /readyz on its port (what a load balancer should ask)"
@@ -62,7 +63,9 @@ def listening_servers(settings: Settings) -> list[dict[str, Any]]:
     servers: list[dict[str, Any]] = [{"via": "postgres", **row}
                                      for row in listening_backends(settings.require_database())]
     if settings.redis_url:
-        servers += [{"via": "redis", **row} for row in subscribed_clients(settings.redis_url)]
+        # Only this deployment's: other deployments may share the Redis, under other prefixes.
+        prefix = settings.redis_prefix if settings.redis_prefix is not None else default_prefix(settings.redis_url)
+        servers += [{"via": "redis", **row} for row in subscribed_clients(settings.redis_url, listener_name(prefix))]
     return servers
 
 

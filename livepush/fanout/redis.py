@@ -43,7 +43,7 @@ import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
 from ..channels import ListenerSlot
-from ..redis.client import async_client, client_kwargs, default_prefix, failed, namespace, text
+from ..redis.client import async_client, client_kwargs, default_prefix, failed, listener_name, namespace, text
 from ..redis.subscriber import Subscriber
 from ..topics import TOPIC_RE
 from ..types import JSON, Message, Offset, Topic
@@ -242,7 +242,8 @@ class RedisFanOut(FanOut):
         self._key_pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self.key_prefix) + "*"
         self._ttl_ms = int(history_ttl * 1000)
         self._publish_args_tail = [self._ttl_ms, max_len, int(self.idle_expire * 1000), self.channel]
-        self._subscriber = ListenerSlot(subscriber, lambda: Subscriber(url, heartbeat=heartbeat, backoff=backoff,
+        self._subscriber = ListenerSlot(subscriber, lambda: Subscriber(url, name=listener_name(self.prefix),
+                                                                       heartbeat=heartbeat, backoff=backoff,
                                                                        connect_timeout=connect_timeout))
 
         # Sync side (publish from any thread, latest_offset): created on first use, so

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -78,6 +79,16 @@ def namespace(prefix: str) -> str:
     ACL `~prod:*` let prod's user at it. `~{prod}:*` matches prod's keys and nobody else's."""
     check_prefix(prefix)
     return "{" + prefix + "}"
+
+
+def listener_name(prefix: str) -> str:
+    """The client name of the pub/sub connection of a deployment's process: `livepush status`
+    lists the servers of its own deployment by it, on a Redis that other deployments share. Redis
+    takes only `!` to `~` in a name: a prefix with other characters is named by its hash."""
+    tag = namespace(prefix)
+    if not all("!" <= c <= "~" for c in tag):
+        tag = "#" + hashlib.sha256(prefix.encode("utf-8")).hexdigest()[:16]
+    return f"livepush-listener:{tag}"
 
 
 def client_kwargs(client_name: str, connect_timeout: float = CONNECT_TIMEOUT) -> dict[str, Any]:

@@ -185,9 +185,9 @@ class Subscriber:
                     entry.live.set()
 
 
-def subscribed_clients(url: str, name: str = "livepush-listener") -> list[dict[str, object]]:
-    """The servers subscribed on this Redis now (its pub/sub clients with our client name), for
-    `livepush status`."""
+def subscribed_clients(url: str, name: str) -> list[dict[str, object]]:
+    """The servers subscribed on this Redis now (its pub/sub clients named `name`, a deployment's
+    client.listener_name()), for `livepush status`."""
     client = redis.Redis.from_url(url, **client_kwargs("livepush-status"))
     try:
         found = client.client_list(_type="pubsub")

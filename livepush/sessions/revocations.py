@@ -22,7 +22,7 @@ from ..postgres.connect import translated
 from ..channels import ListenerSlot
 from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
-from ..redis.client import async_client, client_kwargs, default_prefix, failed, namespace
+from ..redis.client import async_client, client_kwargs, default_prefix, failed, listener_name, namespace
 from ..redis.subscriber import Subscriber
 from .tokens import MAX_TTL, Session
 
@@ -304,7 +304,7 @@ class RedisRevocations(RevocationStore):
         self.session_prefix = f"{namespace(self.prefix)}:revoked:session:"
         self.subject_prefix = f"{namespace(self.prefix)}:revoked:subject:"
         self.channel = f"{namespace(self.prefix)}:revoked"
-        self._subscriber = ListenerSlot(subscriber, lambda: Subscriber(url))
+        self._subscriber = ListenerSlot(subscriber, lambda: Subscriber(url, name=listener_name(self.prefix)))
         self._client: Any = None
 
     def _aclient(self) -> Any:

@@ -23,6 +23,7 @@ from livepush.errors import ConfigError
 from livepush.fanout.redis import RedisFanOut
 from livepush.sessions.revocations import RedisRevocations
 from tests.server.conftest import Served, make_settings, start_served
+from tests.support.fanouts import Collector
 from tests.support.wsclient import WSClient
 
 
@@ -188,3 +189,16 @@ def test_a_prefix_that_could_end_early_is_refused(prefix: str, redis_url: str) -
         Settings.from_env({"LIVEPUSH_REDIS_URL": redis_url, "LIVEPUSH_FANOUT": "redis", "LIVEPUSH_REDIS_PREFIX": prefix})
     with pytest.raises(ConfigError, match="LIVEPUSH_REDIS_PREFIX"):
         RedisFanOut(redis_url, prefix=prefix)
+
+
+async def test_a_deployment_whose_prefix_is_not_ascii_listens(redis_url: str) -> None:
+    """A prefix Redis would not take in a client name (`café`) still names its listener: the fan-out listens and hears its own publish."""
+    fanout = RedisFanOut(redis_url, prefix="café")
+    got = Collector()
+    try:
+        await fanout.listen()
+        fanout.register(got)
+        offset = await fanout.apublish("room:cafe", {"n": 1})
+        assert [m.offset for m in await got.wait_count("room:cafe", 1)] == [offset]
+    finally:
+        await fanout.aclose()
