@@ -14,6 +14,7 @@ import pytest
 
 from livepush import jobs
 from tests.support.procs import Processes
+from tests.support.redis_acl import documented_user
 from tests.support.settings import jobs_settings
 
 # The jobs and the workflow the report describes: defined at import, as a user's module would.
@@ -287,3 +288,15 @@ def test_servers_of_another_deployment_on_the_same_redis_are_not_listed(
     code, out, err = run_status(procs, ours, "--json")
     assert code == 0, err
     assert sorted(s["via"] for s in json.loads(out)["servers"]) == ["postgres", "redis"], out
+
+
+def test_the_report_is_printed_as_the_redis_user_the_docs_show(
+        pg_url: str, redis_url: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
+    """As the Redis user docs/security.md shows (which may not list Redis' clients), status exits 0 with the report and the servers on the database, and says on stderr that it could not list those on Redis."""
+    with documented_user(redis_url, "livepush:0") as as_app:
+        env = livepush_env(database_url=pg_url, redis_url=as_app, fanout="redis")
+        procs.livepush("serve", env=env)
+        code, out, err = run_status(procs, env, "--json")
+        assert code == 0, err
+        assert [s["via"] for s in json.loads(out)["servers"]] == ["postgres"], out
+        assert "Traceback" not in err and "CLIENT LIST" in err, err

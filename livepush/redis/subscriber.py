@@ -23,7 +23,7 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import NoPermissionError, RedisError
 from redis.retry import Retry
 
 from ..channels import Channels, Resync
@@ -185,12 +185,15 @@ class Subscriber:
                     entry.live.set()
 
 
-def subscribed_clients(url: str, name: str) -> list[dict[str, object]]:
+def subscribed_clients(url: str, name: str) -> list[dict[str, object]] | None:
     """The servers subscribed on this Redis now (its pub/sub clients named `name`, a deployment's
-    client.listener_name()), for `livepush status`."""
+    client.listener_name()), for `livepush status`; None when the URL's user may not run CLIENT
+    LIST, as the app's user of docs/security.md may not (it would show every tenant's clients)."""
     client = redis.Redis.from_url(url, **client_kwargs("livepush-status"))
     try:
         found = client.client_list(_type="pubsub")
+    except NoPermissionError:
+        return None
     except (RedisError, OSError) as exc:
         raise failed(url, exc, "listing the servers subscribed") from exc
     finally:

@@ -7,12 +7,9 @@ the one these tests give a deployment's Redis user."""
 from __future__ import annotations
 
 
-import shlex
+import contextlib
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -24,43 +21,20 @@ from livepush.fanout.redis import RedisFanOut
 from livepush.sessions.revocations import RedisRevocations
 from tests.server.conftest import Served, make_settings, start_served
 from tests.support.fanouts import Collector
+from tests.support.redis_acl import DOCUMENTED_PREFIX, documented_user
 from tests.support.wsclient import WSClient
-
-
-SECURITY_DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
-DOCUMENTED_PREFIX = "livepush:12"  # the prefix the documented ACL line is written for
 
 
 def on_db(url: str, db: int) -> str:
     return url.rsplit("/", 1)[0] + f"/{db}"
 
 
-def documented_acl_rules(prefix: str, password: str) -> list[str]:
-    """The rules of the `ACL SETUSER` line docs/security.md shows, for `prefix` and `password`."""
-    (line,) = [line for line in SECURITY_DOC.read_text(encoding="utf-8").splitlines()
-               if line.startswith("ACL SETUSER ")]
-    rules = shlex.split(line.replace(DOCUMENTED_PREFIX, prefix))[3:]  # after ACL SETUSER <name>
-    return [f">{password}" if rule.startswith(">") else rule for rule in rules]
-
-
 @pytest.fixture
 def acl_user(redis_url: str) -> Iterator[Callable[[str], str]]:
-    """`make(prefix)`: a Redis user with the ACL docs/security.md gives a deployment with that
-    prefix, and the test Redis's URL (database 12) as that user. Users are deleted at teardown."""
-    admin = redis.Redis.from_url(redis_url)
-    made: list[str] = []
-
-    def make(prefix: str) -> str:
-        name, password = f"app_{uuid.uuid4().hex[:10]}", uuid.uuid4().hex
-        admin.execute_command("ACL", "SETUSER", name, "reset", *documented_acl_rules(prefix, password))
-        made.append(name)
-        parts = urlsplit(on_db(redis_url, 12))
-        return urlunsplit(parts._replace(netloc=f"{name}:{password}@{parts.netloc}"))
-
-    yield make
-    for name in made:
-        admin.execute_command("ACL", "DELUSER", name)
-    admin.close()
+    """`make(prefix)`: the test Redis's URL (database 12) as a user with the ACL docs/security.md
+    gives a deployment with that prefix. Users are deleted at teardown."""
+    with contextlib.ExitStack() as stack:
+        yield lambda prefix: stack.enter_context(documented_user(on_db(redis_url, 12), prefix))
 
 
 @pytest.fixture
