@@ -35,6 +35,19 @@ ORDER BY c.relname
 """
 
 
+# name: runtime_functions -- livepush's functions in the current schema that the runtime calls,
+# as signatures Postgres quotes itself (regprocedure), for GRANT EXECUTE: PUBLIC may execute new
+# functions by default, but a database hardened past that (REVOKE EXECUTE ... FROM PUBLIC, or
+# default privileges without it) left the runtime role unable to publish or enqueue. Trigger
+# functions are left out: a trigger fires whoever may execute its function.
+_RUNTIME_FUNCTIONS = """
+SELECT p.oid::regprocedure::text FROM pg_proc p
+WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'livepush\\_%'
+  AND p.prorettype <> 'trigger'::regtype
+ORDER BY 1
+"""
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -143,6 +156,8 @@ def _grant_runtime(conn: psycopg.Connection, role: str) -> None:
     sequences = [sql.Identifier(name) for name, kind in objects if kind == "S"]
     conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(sql.SQL(", ").join(tables), who))
     conn.execute(sql.SQL("GRANT USAGE, SELECT ON SEQUENCE {} TO {}").format(sql.SQL(", ").join(sequences), who))
+    functions = [sql.SQL(signature) for (signature,) in conn.execute(_RUNTIME_FUNCTIONS).fetchall()]
+    conn.execute(sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(sql.SQL(", ").join(functions), who))
 
 
 # name: runtime_leftovers -- what the role may still create beyond the grants above, through

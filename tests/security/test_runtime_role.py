@@ -115,3 +115,25 @@ def test_migrate_names_what_the_runtime_role_could_still_create(pg_url: str, rol
     (warning,) = err.strip().splitlines()
     assert warning.startswith(f"warning: {role} can create temporary tables") and \
         f"REVOKE TEMPORARY ON DATABASE {dbname_of(pg_url)} FROM PUBLIC" in warning.replace('"', ""), warning
+
+
+async def test_the_runtime_role_needs_nothing_from_public_to_publish_and_enqueue(
+        pg_url: str, role_url: Callable[..., str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a database hardened past the documented setup, where PUBLIC may not execute functions
+    either, `migrate --runtime-role` still grants the role what publish() and enqueues need."""
+    url = role_url("app")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA public FROM PUBLIC")
+    monkeypatch.setenv("LIVEPUSH_DATABASE_URL", pg_url)
+    assert cli(["migrate", "--runtime-role", role_of(url)]) == 0
+    database.configure(url)
+    fanout = PostgresFanOut(url)
+    try:
+        assert await fanout.apublish("room:role", {"n": 1})
+        assert (await role_jobs.work.aenqueue(1)).id
+        assert (await role_jobs.work.aenqueue(1, key="role:1")).id
+        assert (await role_jobs.work.aenqueue(1, key="role:2", debounce=5)).id
+    finally:
+        await fanout.aclose()
+        await database.release_loop()
+        database.configure(None)
