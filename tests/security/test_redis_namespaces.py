@@ -176,3 +176,33 @@ async def test_a_deployment_whose_prefix_is_not_ascii_listens(redis_url: str) ->
         assert [m.offset for m in await got.wait_count("room:cafe", 1)] == [offset]
     finally:
         await fanout.aclose()
+
+
+OTHER_TENANT_LIBRARY = "#!lua name=other_tenant\nredis.register_function('other_tenant_ping', function() return 1 end)"
+
+
+def test_a_redis_user_can_neither_disturb_nor_list_other_tenants(acl_user: Callable[[str], str],
+                                                                  redis_url: str) -> None:
+    """The user docs/security.md shows for one deployment cannot flush, delete, replace or kill
+    what other tenants of the Redis keep server-wide (functions, scripts), switch to another
+    deployment's database, or list other tenants' channels; the other tenant's library survives."""
+    admin = redis.Redis.from_url(redis_url)
+    admin.execute_command("FUNCTION", "LOAD", "REPLACE", OTHER_TENANT_LIBRARY)
+    neighbour = RedisFanOut(on_db(redis_url, 11))
+    as_ours = redis.Redis.from_url(acl_user(DOCUMENTED_PREFIX))
+    try:
+        neighbour.publish("room:neighbour", {"n": 1})
+        as_ours.ping()
+        for command in (("FUNCTION", "FLUSH"), ("FUNCTION", "DELETE", "other_tenant"),
+                        ("FUNCTION", "LOAD", "REPLACE", OTHER_TENANT_LIBRARY), ("FUNCTION", "KILL"),
+                        ("SCRIPT", "FLUSH"), ("SCRIPT", "KILL"), ("SELECT", "11"), ("PUBSUB", "CHANNELS"),
+                        ("FCALL", "other_tenant_ping", "0")):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                as_ours.execute_command(*command)
+        assert admin.fcall("other_tenant_ping", 0) == 1
+    finally:
+        with contextlib.suppress(redis.exceptions.ResponseError):  # gone if a FUNCTION FLUSH got through
+            admin.execute_command("FUNCTION", "DELETE", "other_tenant")
+        for client in (as_ours, admin):
+            client.close()
+        neighbour.close()
