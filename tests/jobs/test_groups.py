@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from livepush import jobs
+from livepush.errors import DependencyError
 from livepush.jobs.groups import building
 from livepush.jobs.groups import queries as group_queries
 from livepush.jobs.runtime import maintenance
@@ -440,6 +441,46 @@ async def test_cancel_group(groups_db: str) -> None:
     assert "cancelled" in [m["event"] for m in msgs]
     with pytest.raises(jobs.GroupClosedError):
         jobs.add_to_group(g.handle.id, gj.member, 1)
+
+
+def test_a_cancel_that_failed_part_way_completes_when_called_again(
+        groups_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cancel_group runs as several transactions (mark, chunks of members, finish). If the
+    connection fails after the mark committed, the group says `cancelled` while members are still
+    queued; calling cancel_group again (what the error tells an operator to do) must cancel them
+    and finish the group, not stop at "already cancelled" and leave them to run."""
+    from livepush.jobs.groups import cancel
+
+    with jobs.group(on_finish=gj.callback.request("fin"), on_failure=gj.callback.request("bad")) as g:
+        for i in range(5):
+            g.enqueue(gj.member, i, wait=60)
+    monkeypatch.setattr(cancel, "CANCEL_CHUNK", 2)
+    real_chunk = cancel._chunk_steps
+    calls = []
+
+    def failing_second_chunk(group_id: int, after: int) -> Any:
+        calls.append(after)
+        if len(calls) == 2:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return real_chunk(group_id, after)
+
+    monkeypatch.setattr(cancel, "_chunk_steps", failing_second_chunk)
+    with pytest.raises(DependencyError):
+        jobs.cancel_group(g.handle.id)
+    partway = jobs.get_group(g.handle.id)
+    assert (partway["state"], partway["cancelled"], partway["pending"]) == ("cancelled", 2, 3)
+
+    jobs.cancel_group(g.handle.id)  # the connection is back: run it again
+
+    members, _ = jobs.group_members(g.handle.id)
+    assert [m["state"] for m in members] == ["cancelled"] * 5
+    view = jobs.get_group(g.handle.id)
+    assert (view["state"], view["pending"], view["cancelled"]) == ("cancelled", 0, 5)
+    assert view["finished_at"] is not None
+    assert sorted(r[0] for r in q(groups_db, "SELECT kind FROM livepush_group_callbacks WHERE group_id = %s",
+                                  (g.handle.id,))) == ["failure", "finish"]
+    assert not jobs.cancel_group(g.handle.id)
+    assert_events_well_formed(g.handle.id)
 
 
 @pytest.mark.xfail(strict=True, reason="each add_to_group records and rings a progress event of its own: "

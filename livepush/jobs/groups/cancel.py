@@ -12,10 +12,17 @@ from .transactions import ain_tx, in_tx
 CANCEL_CHUNK = 1000  # members per cancel transaction
 
 
-def _mark_steps(group_id: int) -> steps.Steps[bool]:
+def _mark_steps(group_id: int) -> steps.Steps[bool | None]:
+    """True when this call cancelled the group; False when it was cancelled already but has not
+    finished (a cancel that failed part-way, e.g. its connection dropped after this mark
+    committed: its members must still be cancelled, and doing that again is harmless); None when
+    there is nothing to do (finished, or no such group)."""
     marked = yield steps.Query(gq.CANCEL_MARK, {"id": group_id})
     if not marked:
-        return False
+        row = yield from steps.group_row(group_id)
+        if row is not None and row["state"] == "cancelled" and row["finished_at"] is None:
+            return False
+        return None
     yield from steps.record((yield from steps.views([group_id])), "cancelled")
     return True
 
@@ -44,14 +51,16 @@ def _parked(rows: list[dict[str, Any]]) -> list[int]:
     return [r["id"] for r in rows if r["state"] == "cancelled" and r["has_steps"]]
 
 
-def _cancel_one(group_id: int) -> list[int] | None:
-    """Cancel one group; None when it was already finished or cancelled, else the members it
-    cancelled that had durable steps.
+def _cancel_one(group_id: int) -> tuple[bool, list[int]]:
+    """Cancel one group: (whether this call cancelled it, the members it cancelled that had
+    durable steps). A group cancelled already but not finished is worked through again, so a
+    cancel that failed part-way completes when called again.
 
     Three kinds of short transaction, so a cancel never holds the group row while it waits for
     members' rows (see queries.py for the lock order)."""
-    if not in_tx(lambda: _mark_steps(group_id), None):
-        return None
+    marked = in_tx(lambda: _mark_steps(group_id), None)
+    if marked is None:
+        return False, []
     parked: list[int] = []
     after = 0
     while True:
@@ -63,12 +72,13 @@ def _cancel_one(group_id: int) -> list[int] | None:
     # Nothing pending now (every member was finished already, or none was running): the group
     # finishes here. Otherwise the last running member's outcome finishes it.
     in_tx(lambda: _finish_steps(group_id), None)
-    return parked
+    return marked, parked
 
 
-async def _acancel_one(group_id: int) -> list[int] | None:
-    if not await ain_tx(lambda: _mark_steps(group_id), None):
-        return None
+async def _acancel_one(group_id: int) -> tuple[bool, list[int]]:
+    marked = await ain_tx(lambda: _mark_steps(group_id), None)
+    if marked is None:
+        return False, []
     parked: list[int] = []
     after = 0
     while True:
@@ -78,7 +88,7 @@ async def _acancel_one(group_id: int) -> list[int] | None:
             break
         after = rows[-1]["id"]
     await ain_tx(lambda: _finish_steps(group_id), None)
-    return parked
+    return marked, parked
 
 
 def cancel_group(group_id: int) -> bool:
@@ -86,20 +96,18 @@ def cancel_group(group_id: int) -> bool:
     running ones are told to stop (they end `cancelled` at their next await or `ctx.progress()`, or
     finish normally if they complete first). Once nothing is pending the group finishes as
     `cancelled`: on_finish and on_failure run. Parked members' own children are cancelled too.
-    Returns False when the group was already finished or cancelled."""
-    parked = _cancel_one(checked_id(group_id, "group_id"))
-    if parked is None:
-        return False
+    Returns False when the group was already finished or cancelled; called again on a cancelled
+    group that has not finished, it still cancels what is queued (completing a cancel that failed
+    part-way)."""
+    marked, parked = _cancel_one(checked_id(group_id, "group_id"))
     cancel_children(parked)
-    return True
+    return marked
 
 
 async def acancel_group(group_id: int) -> bool:
-    parked = await _acancel_one(checked_id(group_id, "group_id"))
-    if parked is None:
-        return False
+    marked, parked = await _acancel_one(checked_id(group_id, "group_id"))
     await acancel_children(parked)
-    return True
+    return marked
 
 
 def cancel_children(job_ids: list[int]) -> None:
@@ -108,11 +116,11 @@ def cancel_children(job_ids: list[int]) -> None:
     todo = list(job_ids)
     while todo:
         groups = in_tx(lambda: _children_steps(todo), None)
-        todo = [j for g in groups for j in (_cancel_one(g) or [])]
+        todo = [j for g in groups for j in _cancel_one(g)[1]]
 
 
 async def acancel_children(job_ids: list[int]) -> None:
     todo = list(job_ids)
     while todo:
         groups = await ain_tx(lambda: _children_steps(todo), None)
-        todo = [j for g in groups for j in (await _acancel_one(g) or [])]
+        todo = [j for g in groups for j in (await _acancel_one(g))[1]]
