@@ -3,8 +3,10 @@ runtimes, and kill -9 of a runtime in the middle of a group."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterator
 
+import psycopg
 import pytest
 
 from livepush import jobs
@@ -83,3 +85,41 @@ def test_kill_9_in_the_middle_of_a_group(groups_db: str, start_runtime: Callable
     assert sorted(r[0] for r in gj.callback_runs(groups_db)) == ["fin", "ok"]
     assert q(groups_db, "SELECT count(*) FROM livepush_jobs WHERE group_id = %s AND attempt = 2", (g.handle.id,))[0][0] > 0
     assert version_gaps(groups_db) == []  # the rescue included: every job's topic went 1, 2, 3...
+
+
+@pytest.mark.parametrize("how", ["kill -9", "stopped"])
+def test_progress_a_dead_runtime_counted_is_shown_once_it_is_found_dead(
+        groups_db: str, start_runtime: Callable[..., ChildProcess], how: str) -> None:
+    """Progress may be coalesced, keeping the latest (docs/guarantees.md), and nothing about a
+    group lives in a process (docs/groups.md): when a runtime dies in the middle of its progress
+    flush, the outcomes it had counted (committed) still reach group:<id> once the runtime is
+    found dead, although the group has nothing else to do for an hour. Killed -9, the next
+    runtime on the machine finds it at its start; stopped (a hung or partitioned machine), the
+    heartbeat finds it three beats later."""
+    from tests.jobs.conftest import group_events
+
+    with jobs.group() as g:
+        for i in range(3):
+            g.enqueue(gj.member, i)
+        g.enqueue(gj.member, "later", wait=3600)  # keeps the group unfinished, and quiet
+    with psycopg.connect(groups_db) as holder:
+        # The publisher's flush locks the group row FOR SHARE first: it waits for this lock.
+        holder.execute("SELECT 1 FROM livepush_groups WHERE id = %s FOR UPDATE", (g.handle.id,))
+        victim = start_runtime("--concurrency", "4")
+        wait_for(lambda: (jobs.get_group(g.handle.id) or {}).get("succeeded") == 3, 30.0,
+                 message="three members to be counted")
+        wait_for(lambda: q(groups_db, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                      "AND wait_event_type = 'Lock'")[0][0] >= 1, 10.0,
+                 message="the runtime's progress flush to wait for the group row")
+        if how == "kill -9":
+            victim.kill()
+        else:
+            victim.signal(signal.SIGSTOP)
+    start_runtime()  # finds the victim dead (it rescues its jobs; there are none)
+
+    def latest() -> dict[str, int] | None:
+        progress = [e["data"]["group"] for e in group_events(g.handle.id) if e["data"]["event"] == "progress"]
+        return progress[-1] if progress else None
+
+    wait_for(lambda: (latest() or {}).get("succeeded") == 3, 10.0,
+             message="the counted outcomes to be rung on group:<id>")

@@ -529,6 +529,32 @@ WITH g AS (SELECT unnest(%(ids)s::bigint[]) AS id
 SELECT rung.n + touched.n AS n FROM rung, touched
 """
 
+# name: unrung_groups
+# After runtimes were found dead (maintenance.rescue, prune_gone_on_node): the unfinished groups
+# whose counts differ from what their last recorded event showed (events are recorded in the
+# transaction that rings them), i.e. changes no ring has shown. A dead runtime's progress
+# publisher may have held them, marked after its outcomes committed and not yet flushed; the
+# caller hands them to its own publisher, which locks FOR SHARE and reads them afresh before it
+# rings, as for any mark. A plain read: a group a live runtime is about to ring is rung twice,
+# which is harmless. Unfinished groups only (the scan `livepush status` makes too), at most `limit`.
+UNRUNG_GROUPS = """
+SELECT g.id FROM livepush_groups g
+CROSS JOIN LATERAL (
+    SELECT sum(s.pending)::int AS pending, sum(s.succeeded)::int AS succeeded, sum(s.failed)::int AS failed,
+           sum(s.cancelled)::int AS cancelled
+    FROM livepush_group_shards s WHERE s.group_id = g.id
+) c
+LEFT JOIN LATERAL (
+    SELECT e.data -> 'group' AS v FROM livepush_group_events e WHERE e.group_id = g.id ORDER BY e.seq DESC LIMIT 1
+) shown ON true
+WHERE g.finished_at IS NULL
+  AND (shown.v IS NULL OR shown.v IS DISTINCT FROM jsonb_build_object(
+        'id', g.id, 'state', g.state, 'total', g.total, 'pending', c.pending, 'succeeded', c.succeeded,
+        'failed', c.failed, 'cancelled', c.cancelled))
+ORDER BY g.id
+LIMIT %(limit)s
+"""
+
 # name: clear (tests only): DELETE rather than TRUNCATE, which a runtime role may not do.
 CLEAR = ("DELETE FROM livepush_group_events; DELETE FROM livepush_group_callbacks; "
          "DELETE FROM livepush_group_shards; DELETE FROM livepush_groups")

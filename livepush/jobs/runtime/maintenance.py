@@ -13,10 +13,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from ... import metrics
+from ...tasks import reraise_if_cancelled
 from .. import queries
 from ..groups import outcomes
 from ..groups import queries as gq
@@ -29,6 +31,7 @@ RESCUE_ERROR = "its runtime stopped beating (killed or stalled) while the job ra
 DEFAULT_RETENTION = 7 * 24 * 3600.0  # seconds a finished job or group is kept
 PRUNE_BATCH = 1000  # rows per delete statement
 PRUNE_MAX_BATCHES = 20  # per maintenance run: a backlog is worked off over several runs
+UNRUNG_LIMIT = 10_000  # groups re-rung after runtimes were found dead (one flush of the publisher)
 
 
 @functools.cache
@@ -116,18 +119,35 @@ async def rescue(pool: AsyncConnectionPool) -> tuple[list[dict[str, Any]], set[i
     attempt counted. Returns the released rows and the groups counted in."""
     async with pool.connection() as conn:
         dead = [r[0] for r in await (await conn.execute(queries.PRUNE_DEAD_RUNTIMES)).fetchall()]
+    unrung: set[int] = set()
     if dead:
         log.warning("runtimes %s stopped beating: releasing their jobs", dead)
+        unrung = await unrung_groups(pool)
     async with pool.connection() as conn:
         async with conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(queries.RESCUE_ORPHANS, {"error": RESCUE_ERROR})
             rows = await cur.fetchall()
             if not rows:
-                return [], set()
+                return [], unrung
             touched = await outcomes.count(conn, outcomes.terminal(rows))
     log.warning("released %d jobs of dead runtimes: %s", len(rows), [r["id"] for r in rows][:20])
     metrics.JOBS_RESCUED.inc(len(rows))
-    return rows, touched
+    return rows, touched | unrung
+
+
+async def unrung_groups(pool: AsyncConnectionPool, limit: int = UNRUNG_LIMIT) -> set[int]:
+    """After runtimes were found dead: the unfinished groups with counts their topic has not shown.
+    A dead runtime's progress publisher may have held them (they live in its memory from its
+    outcomes' commit to its flush); the caller's publisher rings them instead. Best effort: a
+    failure is logged and rings nothing (their rows stay right for a new subscriber), rather than
+    hold up the rescue or the start it is part of."""
+    try:
+        async with pool.connection() as conn:
+            return {r[0] for r in await (await conn.execute(gq.UNRUNG_GROUPS, {"limit": limit})).fetchall()}
+    except psycopg.Error as exc:
+        reraise_if_cancelled()
+        log.warning("could not look for group progress that dead runtimes left unrung: %s", exc)
+        return set()
 
 
 async def promote(pool: AsyncConnectionPool, limit: int = 5000) -> int:

@@ -353,8 +353,10 @@ class Runtime:
         self.id = await maintenance.register(self._pool, self.info)
         await limits.store(self._pool, self.registry)
         self.limited, self.limits_dropped = await limits.names(self._pool, self.registry)
-        # The heartbeat's first round (right after this) rescues what they held.
-        await maintenance.prune_gone_on_node(self._pool, self.id)
+        # The heartbeat's first round (right after this) rescues what they held. Their progress
+        # publishers' unflushed groups are rung by ours.
+        if await maintenance.prune_gone_on_node(self._pool, self.id):
+            self._group_progress.mark(await maintenance.unrung_groups(self._pool))
         await self._publish_state("running")
 
     async def _drain(self) -> None:
