@@ -443,6 +443,18 @@ async def test_cancel_group(groups_db: str) -> None:
         jobs.add_to_group(g.handle.id, gj.member, 1)
 
 
+def test_a_callback_argument_json_cannot_carry_is_refused_as_a_members_is(groups_db: str) -> None:
+    """A callback's arguments are stored with the group, as JSON text: an int too long for it is
+    refused with InvalidArgumentsError naming where it is, as enqueue refuses it for a member,
+    and nothing is written."""
+    huge = 10**5000
+    with pytest.raises(jobs.InvalidArgumentsError, match=r"args\[0\] is an int of more than"):
+        jobs.group(on_finish=gj.callback.request(huge))
+    with pytest.raises(jobs.InvalidArgumentsError, match=r"args\[1\]\[0\] is an int of more than"):
+        jobs.create_group(on_success=gj.callback.request("x", [huge]))
+    assert q(groups_db, "SELECT count(*) FROM livepush_groups")[0][0] == 0
+
+
 def test_a_cancel_that_failed_part_way_completes_when_called_again(
         groups_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """cancel_group runs as several transactions (mark, chunks of members, finish). If the

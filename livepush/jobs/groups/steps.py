@@ -18,7 +18,9 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 
+from ..api.args import encode
 from ..api.registry import JobRequest
+from ..errors import InvalidArgumentsError
 from ..events.views import group_event
 from . import queries as gq
 
@@ -150,8 +152,13 @@ def callback_spec(request: Any) -> str | None:
     if not isinstance(request, JobRequest):
         raise TypeError(f"group callbacks are job requests (some_job.request(*args)), got {request!r}")
     fn = request.function
+    # request() checked the arguments on its fast path, which does not measure ints: encode()
+    # names one too long for JSON text (InvalidArgumentsError, as enqueue does), where
+    # json.dumps would raise Python's own ValueError.
+    args = list(request.args)
+    encode(args, "args", InvalidArgumentsError, "job arguments")
     return json.dumps({"name": fn.name, "queue": request.queue or fn.queue, "priority": fn.priority,
-                       "max_attempts": fn.max_attempts, "args": list(request.args)})
+                       "max_attempts": fn.max_attempts, "args": args})
 
 
 def create(group_id: int, shards: int, callbacks: dict[str, str | None], parent_id: int | None = None) -> Steps[None]:
