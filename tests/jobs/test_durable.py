@@ -223,6 +223,41 @@ async def test_cancelling_a_waiting_parent_cancels_its_unfinished_children(durab
         assert jobs.get_group(group)["state"] == "cancelled"
 
 
+async def test_children_whose_cancel_failed_part_way_are_cancelled_by_the_heartbeat(
+        durable_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cancel() of a parked parent cancels its children's group after the parent's own cancel
+    committed. If that fails part-way (the group marked cancelled, its members not yet), the
+    parent is cancelled and nobody will read the children: the heartbeat's sweep of orphaned
+    child groups must finish the job, as it does when the children's cancel did not run at all,
+    rather than leave them parked (or running) in a group that says cancelled."""
+    from psycopg_pool import AsyncConnectionPool
+
+    from livepush.jobs.groups import cancel
+
+    h = await dj.fan_and_wait.aenqueue(3)
+    async with running():
+        waiting = await wait_state(h.id, "waiting")
+        group = waiting.waiting["group"]  # type: ignore[index]
+        kids = [r[0] for r in q(durable_db, "SELECT id FROM livepush_jobs WHERE group_id = %s ORDER BY id", (group,))]
+        for kid in kids:
+            await wait_state(kid, "waiting")
+
+    def dropped(group_id: int, after: int) -> Any:
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(cancel, "_chunk_steps", dropped)
+        assert await jobs.acancel(h.id)  # the children's cancel fails after the mark; logged
+    assert (await info(h.id)).state == "cancelled"
+    assert jobs.get_group(group)["state"] == "cancelled"
+    async with AsyncConnectionPool(durable_db, min_size=1, max_size=2, open=False) as pool:
+        await maintenance.cancel_orphaned_children(pool)
+    assert [(await info(k)).state for k in kids] == ["cancelled"] * 3
+    view = jobs.get_group(group)
+    assert (view["state"], view["cancelled"], view["pending"]) == ("cancelled", 3, 0)
+    assert view["finished_at"] is not None
+
+
 # -- signals ---------------------------------------------------------------------------------------
 
 async def test_signals_sent_before_the_wait_are_kept_in_order(durable_db: str) -> None:

@@ -164,11 +164,19 @@ ORDER BY id
 # name: orphaned_child_groups
 # Groups of children whose parent job has finished while they had not: the parent will never
 # read them (a workflow run that ended stopped its parked fan-out step, or a cancel whose
-# cancel_children did not get to run). The heartbeat cancels them (runtime/maintenance.py). A
-# plain read: cancel_group re-checks each under its lock.
+# cancel_children did not get to run, or failed part-way: the group marked cancelled, members
+# still queued, parked, or running untold). The heartbeat cancels them (runtime/maintenance.py;
+# cancel_group works a cancelled, unfinished group through again). A cancelled group whose
+# members were all cancelled or told is left alone: it finishes when the running ones end. A
+# plain read (the member check through the group index): cancel_group re-checks each under its
+# lock.
 ORPHANED_CHILD_GROUPS = """
 SELECT g.id FROM livepush_groups g JOIN livepush_jobs p ON p.id = g.parent_id
-WHERE g.parent_id IS NOT NULL AND g.finished_at IS NULL AND g.state IN ('open', 'sealed')
+WHERE g.parent_id IS NOT NULL AND g.finished_at IS NULL
+  AND (g.state IN ('open', 'sealed')
+       OR g.state = 'cancelled' AND EXISTS (
+           SELECT 1 FROM livepush_jobs m WHERE m.group_id = g.id
+             AND (m.state IN ('available', 'scheduled', 'waiting') OR m.state = 'running' AND NOT m.cancel_requested)))
   AND p.state IN ('succeeded', 'failed', 'cancelled')
 ORDER BY g.id
 LIMIT %(limit)s

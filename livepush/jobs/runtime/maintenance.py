@@ -176,10 +176,11 @@ async def cancel_orphaned_children(pool: AsyncConnectionPool, limit: int = 100) 
     nobody will read them, and their members would otherwise run to their end. Returns them."""
     async with pool.connection() as conn:
         ids = [r[0] for r in await (await conn.execute(gq.ORPHANED_CHILD_GROUPS, {"limit": limit})).fetchall()]
-    cancelled = [gid for gid in ids if await acancel_group(gid)]
-    if cancelled:
-        log.info("cancelled groups of children whose parent job had finished: %s", cancelled)
-    return cancelled
+    for gid in ids:
+        await acancel_group(gid)  # False for a cancel that failed part-way, which this completes
+    if ids:
+        log.info("cancelled the groups of children whose parent job had finished: %s", ids)
+    return ids
 
 
 async def prune(pool: AsyncConnectionPool, retention: float, *, batch: int = PRUNE_BATCH,
