@@ -150,6 +150,8 @@ async def routes(request: Request) -> Response | None:
     if url.path == "/favicon.ico":
         return http.response(204, b"")
     if url.path in _FILES:
+        if request.method not in http.READ_METHODS:
+            return http.not_allowed()
         name, kind = _FILES[url.path]
         return http.response(200, _file(name), kind, Content_Security_Policy=_csp(request),
                              X_Content_Type_Options="nosniff")

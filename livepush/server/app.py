@@ -178,22 +178,8 @@ class PushServer:
             return http.response(400, f"one {duplicate} header at most\n".encode())
         path = _route(request.path)
         if not http.is_websocket(request):
-            if path == "/healthz":
-                return http.healthz(self.listening, self.fanout.name)
-            if path == "/readyz":
-                ready, body = self.readiness.report()
-                return http.response(200 if ready else 503, body, "application/json")
-            if path == "/metrics":
-                return http.response(200, await metrics.render(self._refreshers), metrics.CONTENT_TYPE)
-            if path == "/livepush.js":
-                return http.serve_js(request)
-            if self.pages is not None:
-                result = self.pages(request)
-                if asyncio.iscoroutine(result):
-                    result = await result
-                if result is not None:
-                    return result  # type: ignore[return-value]
-            return http.response(404, b"not found\n")
+            answer = await self._plain_http(request, path)
+            return http.for_head(answer) if request.method == "HEAD" else answer
         if self._draining:
             return drain.refusal(self.settings.drain_seconds)
         if self._full():
@@ -222,6 +208,27 @@ class PushServer:
         if reason and self.settings.authenticate == "required":
             metrics.REFUSALS.labels(f"session_{reason}").inc()  # closed with 4401 once upgraded
         return Admitted(session)
+
+    async def _plain_http(self, request: Request, path: str) -> Response:
+        """The answer to a request that is no upgrade: a route of ours, else the pages', else 404."""
+        if path in ("/healthz", "/readyz", "/metrics", "/livepush.js") and request.method not in http.READ_METHODS:
+            return http.not_allowed()
+        if path == "/healthz":
+            return http.healthz(self.listening, self.fanout.name)
+        if path == "/readyz":
+            ready, body = self.readiness.report()
+            return http.response(200 if ready else 503, body, "application/json")
+        if path == "/metrics":
+            return http.response(200, await metrics.render(self._refreshers), metrics.CONTENT_TYPE)
+        if path == "/livepush.js":
+            return http.serve_js(request)
+        if self.pages is not None:
+            result = self.pages(request)
+            if asyncio.iscoroutine(result):
+                result = await result
+            if result is not None:
+                return result  # type: ignore[return-value]
+        return http.response(404, b"not found\n")
 
     def _full(self) -> bool:
         """At LIVEPUSH_MAX_CONNECTIONS open connections. The core attaches an upgrade in the step

@@ -9,6 +9,9 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 CLIENT_JS_CACHE: dict[str, bytes] = {}
+# What the read-only routes answer: anything else would be answered as a GET, and a POST that a
+# proxy or a script thought did something got a 200.
+READ_METHODS = ("GET", "HEAD")
 
 
 def response(status: int, body: bytes, content_type: str = "text/plain; charset=utf-8", **extra: str) -> Response:
@@ -16,6 +19,17 @@ def response(status: int, body: bytes, content_type: str = "text/plain; charset=
     for name, value in extra.items():
         headers[name.replace("_", "-")] = value
     return Response(status, HTTPStatus(status).phrase, headers, body)
+
+
+def not_allowed(allow: tuple[str, ...] = READ_METHODS) -> Response:
+    """405 naming the methods the route takes (RFC 9110 §15.5.6: Allow is required)."""
+    return response(405, f"use {' or '.join(allow)}\n".encode(), Allow=", ".join(allow))
+
+
+def for_head(answer: Response) -> Response:
+    """The answer to a HEAD: the GET's status and headers, Content-Length included, and no body
+    (RFC 9110 §9.3.2); a body there would be read as the start of the next response."""
+    return Response(answer.status_code, answer.reason_phrase, answer.headers, b"")
 
 
 def client_js() -> bytes:

@@ -175,6 +175,36 @@ async def test_healthz_and_client_js_are_served_on_the_same_port(served: Served)
     assert status == 404
 
 
+async def http_exchange(port: int, method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+    """One request with `method`, read until the server ends the answer: (status, headers, body)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\n\r\n".encode())
+        raw = await asyncio.wait_for(reader.read(), timeout=5)  # the server ends an HTTP answer with EOF
+    finally:
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode().split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    return int(status_line.split()[1]), headers, body
+
+
+@pytest.mark.parametrize("fanout_kind", ["local"])
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics", "/livepush.js"])
+async def test_the_http_routes_answer_get_and_head_and_refuse_other_methods_with_405(served: Served, path: str) -> None:
+    """The routes are read-only: GET answers; HEAD gets GET's status and headers without a body
+    (RFC 9110 §9.3.2); POST, PUT and DELETE get 405 with `Allow: GET, HEAD`, never the GET answer."""
+    port = served.server.port
+    status, headers, body = await http_exchange(port, "GET", path)
+    assert status in (200, 503) and body and int(headers["content-length"]) == len(body)
+    status_head, headers_head, body_head = await http_exchange(port, "HEAD", path)
+    assert (status_head, body_head) == (status, b"")
+    assert headers_head["content-type"] == headers["content-type"]
+    for method in ("POST", "PUT", "DELETE"):
+        status, headers, _ = await http_exchange(port, method, path)
+        assert (status, headers.get("allow")) == (405, "GET, HEAD"), method
+
+
 async def test_a_since_no_fan_out_gives_out_gets_subscribed_then_reset_never_refused(served: Served) -> None:
     """`since` as 21 zeros (digits, but more than any offset has) on a topic with nothing published: `subscribed`, then `reset`, then live messages; never a `refused` after the `subscribed`."""
     client = await WSClient.open(served.url)
