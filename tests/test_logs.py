@@ -7,6 +7,8 @@ import json
 import logging
 import sys
 
+import pytest
+
 from livepush import sessions
 from livepush.cli import logs
 from tests.support.wsclient import WSClient
@@ -60,6 +62,43 @@ async def test_serve_logs_json_lines_without_the_tokens_clients_sent(procs, live
         entry = json.loads(line)
         assert {"time", "level", "logger", "message"} <= set(entry), line
     assert bad not in server.stderr() and secret not in server.stderr()
+
+
+@pytest.mark.parametrize("argv,settings,status,needle", [
+    (["serve"], {"fanout": "bogus"}, 2, "LIVEPUSH_FANOUT"),
+    (["serve", "--workers", "many"], {}, 2, "--workers"),
+    (["serve"], {"database_url": "postgresql://livepush@127.0.0.1:1/nothing_listens_here"}, 1, "127.0.0.1:1"),
+    (["jobs", "tests.jobs.sample_jobs", "--heartbeat", "nan"], {}, 2, "--heartbeat"),
+    (["demo"], {"authenticate": "sometimes"}, 2, "LIVEPUSH_AUTHENTICATE"),
+    (["serve", "--port", "eighty"], {}, 2, "--port"),  # refused by the parser, before the format is read
+])
+def test_with_json_logs_the_line_a_command_ends_on_is_json_too(procs, livepush_env, argv, settings, status,
+                                                              needle) -> None:
+    """`--log-format json` holds to the last line: a command that cannot start (bad setting,
+    database down) ends with its one error line as a JSON object, which a log collector reads
+    like every other line, not as plain text."""
+    child = procs.livepush(*argv, "--log-format", "json", env=livepush_env(**settings), wait_healthy=False)
+    assert child.wait(30) == status, child.output()
+    lines = [line for line in child.stderr().splitlines() if line.strip()]
+    assert lines, child.output()
+    for line in lines:
+        assert line.startswith("{"), f"not a JSON line: {line!r}"
+        entry = json.loads(line)
+        assert {"time", "level", "logger", "message"} <= set(entry), line
+    last = json.loads(lines[-1])
+    assert last["level"] == "error" and needle in last["message"] and "Traceback" not in child.stderr()
+
+
+def test_under_workers_a_workers_json_error_line_names_it_like_its_other_lines(procs, livepush_env) -> None:
+    """Under `serve --workers N` every JSON line names its process: the error line a worker that
+    cannot start ends on carries its `worker` and `pid` too, before the supervisor's own line."""
+    env = livepush_env(database_url="postgresql://livepush@127.0.0.1:1/nothing_listens_here")
+    child = procs.livepush("serve", "--workers", "2", "--log-format", "json", env=env, wait_healthy=False)
+    assert child.wait(30) == 1, child.output()
+    entries = [json.loads(line) for line in child.stderr().splitlines() if line.strip()]
+    failed = [e for e in entries if "127.0.0.1:1" in e["message"]]
+    assert failed and failed[0]["worker"] == 1 and isinstance(failed[0]["pid"], int), entries
+    assert all("pid" in e for e in entries), entries
 
 
 def test_a_workers_lines_name_it_and_its_pid_in_both_formats() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 from datetime import datetime, timezone
@@ -66,6 +67,21 @@ class JsonLines(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 
+def error_line(message: str, log_format: str = "text") -> str:
+    """The one line a command that cannot go on ends with: `livepush: MESSAGE`, or under
+    `--log-format json` a JSON object like every other line (a collector reads each line as one),
+    naming its process as the others do under `serve --workers N`."""
+    if log_format != "json":
+        return f"livepush: {message}"
+    entry: dict[str, object] = {"time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+                                "level": "error", "logger": "livepush", "message": scrub(message)}
+    if _named is not None:
+        if _named.worker is not None:
+            entry["worker"] = _named.worker
+        entry["pid"] = os.getpid()
+    return json.dumps(entry, ensure_ascii=False)
+
+
 class _NameProcess(logging.Filter):
     """Stamps every record with the process's role among `serve --workers N`'s processes."""
 
@@ -78,6 +94,10 @@ class _NameProcess(logging.Filter):
         record.livepush_process = self.process_name
         record.livepush_worker = self.worker
         return True
+
+
+# This process's role under `serve --workers N`, once setup() knows it (None: a lone process).
+_named: _NameProcess | None = None
 
 
 def setup(log_format: str = "text", level: int = logging.INFO, *, worker: int | None = None,
@@ -94,6 +114,8 @@ def setup(log_format: str = "text", level: int = logging.INFO, *, worker: int | 
     else:
         handler.setFormatter(Scrubbed(PROCESS_TEXT_FORMAT if named else TEXT_FORMAT))
     if named:
-        handler.addFilter(_NameProcess(worker))
+        global _named
+        _named = _NameProcess(worker)
+        handler.addFilter(_named)
     root.addHandler(handler)
     root.setLevel(level)

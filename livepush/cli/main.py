@@ -17,9 +17,20 @@ EXIT_OK, EXIT_DEPENDENCY, EXIT_USAGE = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):
+    # Set by main() when the command line asks for --log-format json: a usage error is then one
+    # JSON line as well, since the parser fails before the arguments (and the format) are read.
+    json_errors = False
+
     def error(self, message: str) -> None:  # type: ignore[override]
+        if _Parser.json_errors:
+            self.exit(EXIT_USAGE, logs.error_line(message, "json") + "\n")
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"livepush: {message}\n")
+
+
+def _asks_json(argv: Sequence[str]) -> bool:
+    """Whether the command line holds `--log-format json` (or `--log-format=json`)."""
+    return "--log-format=json" in argv or any(a == "--log-format" and b == "json" for a, b in zip(argv, argv[1:]))
 
 
 def _settings(args: argparse.Namespace) -> config.Settings:
@@ -211,24 +222,30 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    _Parser.json_errors = _asks_json(argv)
     args = parser.parse_args(argv)
     args.argv = argv  # what `serve --workers N` runs again in each worker
     func: Callable[[argparse.Namespace], int] = args.func
+    log_format: str = getattr(args, "log_format", "text")
+
+    def fail(exc: BaseException, status: int) -> int:
+        # The last line of a command run with --log-format json is JSON too: it is the one line
+        # a log collector most needs to read.
+        print(logs.error_line(str(exc), log_format), file=sys.stderr)
+        return status
+
     try:
         return func(args)
     except (ConfigError, SchemaError, InvalidTopic) as exc:
-        print(f"livepush: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return fail(exc, EXIT_USAGE)
     except (ValueError, TypeError) as exc:
         # The operator tools pass what the user typed straight to the API: a ValueError there is
         # the user's input, not a bug, and gets one line, not a traceback.
         if isinstance(exc, LivepushError) or args.command in ("publish", "token"):
-            print(f"livepush: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+            return fail(exc, EXIT_USAGE)
         raise
     except DependencyError as exc:
-        print(f"livepush: {exc}", file=sys.stderr)
-        return EXIT_DEPENDENCY
+        return fail(exc, EXIT_DEPENDENCY)
     except KeyboardInterrupt:
         return EXIT_OK
 
