@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from redis.backoff import NoBackoff
 from redis.connection import parse_url
@@ -21,6 +22,8 @@ POOL_CONNECTIONS = 100
 POOL_WAIT_SECONDS = 10.0
 # Query parameters of a Redis URL that are credentials.
 _SECRET_PARAMS = {"password", "username", "user", "pass", "auth", "token"}
+# A database number in a Redis URL's path or `db` parameter.
+_DB_NUMBER = re.compile(r"[0-9]{1,9}")
 
 
 def redact(url: str) -> str:
@@ -40,13 +43,27 @@ def redact(url: str) -> str:
 
 
 def check_url(url: str) -> None:
-    """ConfigError, naming no credential, when `url` is not a Redis URL."""
+    """ConfigError, naming no credential, when `url` is not a Redis URL or names its database
+    by anything but a number."""
     try:
         parse_url(url)
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query)
     except (ValueError, TypeError):
         raise ConfigError(
             f"LIVEPUSH_REDIS_URL {redact(url)} is not a Redis URL: use redis://[:PASSWORD@]HOST:PORT/DB"
         ) from None
+    # redis-py reads a path that is not a number (`/abc`, a typo such as `/1l`) as no database,
+    # that is database 0, and takes `/-1`: the deployment would join database 0's namespace
+    # (livepush:0) and hear its messages, or fail at its first command.
+    named = [unquote(parts.path).lstrip("/")] if parts.scheme in ("redis", "rediss") else []
+    named += [value for name, value in query if name == "db"]
+    for db in named:
+        if db and not _DB_NUMBER.fullmatch(db):
+            raise ConfigError(
+                f"LIVEPUSH_REDIS_URL {redact(url)} names database {db[:40]!r}, which is not a database number: "
+                "use redis://[:PASSWORD@]HOST:PORT/DB with DB a whole number (0 when you have no other)"
+            )
 
 
 def default_prefix(url: str) -> str:

@@ -6,7 +6,6 @@ the one these tests give a deployment's Redis user."""
 
 from __future__ import annotations
 
-
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -206,3 +205,21 @@ def test_a_redis_user_can_neither_disturb_nor_list_other_tenants(acl_user: Calla
         for client in (as_ours, admin):
             client.close()
         neighbour.close()
+
+
+@pytest.mark.parametrize("path", ["/abc", "/1l", "/-1", "/1.5", "/0x1", "/1/2", "/%2D1", "/?db=-3"])
+def test_a_redis_url_whose_database_is_no_number_is_refused_naming_it(path: str) -> None:
+    """A Redis URL names its database by number: `/abc` (or a typo such as `/1l`) was taken as
+    database 0, so a deployment meant to be apart joined database 0's namespace (`livepush:0`)
+    and heard its messages and revocations. It is a ConfigError naming the URL, as a bad port is."""
+    url = "redis://127.0.0.1:6379" + path
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"LIVEPUSH_FANOUT": "redis", "LIVEPUSH_REDIS_URL": url})
+    assert "LIVEPUSH_REDIS_URL" in str(info.value) and "database" in str(info.value)
+
+
+@pytest.mark.parametrize("path,db", [("", 0), ("/", 0), ("/0", 0), ("/12", 12), ("/?db=3", 3)])
+def test_a_redis_url_with_a_database_number_or_none_is_accepted(path: str, db: int) -> None:
+    url = "redis://127.0.0.1:6379" + path
+    settings = Settings.from_env({"LIVEPUSH_FANOUT": "redis", "LIVEPUSH_REDIS_URL": url})
+    assert RedisFanOut(settings.redis_url).prefix == f"livepush:{db}"  # type: ignore[arg-type]
