@@ -294,7 +294,11 @@ class PushServer:
                 plain = topics.verify(cmd.topic, self.settings.secrets)  # its own permission
             else:
                 plain = topics.validate_topic(cmd.topic)
-            topics.check_state_topic(plain)
+            if topics.state_topic_id(plain) is not None and self.hub.source_of(plain) is None:
+                # No state source (a server without a database): nothing could ever show this
+                # job, group or workflow, and publish() refuses its topic. A `subscribed` would
+                # hear nothing for ever; a refusal the client does not retry says so.
+                raise InvalidTopic(f"{plain}: this server has no database to read it from")
             if not topics.is_signed(cmd.topic):
                 reason = await self.app.check(client.session, plain)
                 if reason is not None:

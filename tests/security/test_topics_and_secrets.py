@@ -114,8 +114,20 @@ async def served(secret: str) -> AsyncIterator[Served]:
         await s.stop()
 
 
-async def test_state_topics_take_canonical_ids_only(served: Served) -> None:
+@pytest.fixture
+async def served_pg(secret: str, pg_url: str) -> AsyncIterator[Served]:
+    """A server with a database: the one kind that serves state topics."""
+    s = await start_served(make_settings("postgres", secret, pg_url, None))
+    try:
+        yield s
+    finally:
+        await s.stop()
+        config.set_settings(None)
+
+
+async def test_state_topics_take_canonical_ids_only(served_pg: Served) -> None:
     """Signed `job:0001`, `job:0_1`, `group:07` and `job:-1` are refused with invalid_topic; `job:1` is subscribed."""
+    served = served_pg
     client = await WSClient.open(served.url)
     for topic in ("job:0001", "job:0_1", "group:07", "job:-1", "job:1x", "workflow:0"):
         answer = await client.subscribe(served.sign(topic))

@@ -375,10 +375,10 @@ async def test_subscription_limit(start: Start) -> None:
     """With max_subscriptions=3 the 4th distinct topic is refused with limit; re-subscribing one held is not."""
     served = await start("optional", app=App(rules=RULES, max_subscriptions=3))
     client = await open_client(served)
-    for topic in ("public:a", "public:b", served.sign("job:1")):
+    for topic in ("public:a", "public:b", served.sign("room:c")):
         assert (await client.subscribe(topic))["op"] == "subscribed", topic
     assert (await client.subscribe("public:d"))["reason"] == "limit"
-    assert (await client.subscribe(served.sign("job:2")))["reason"] == "limit"
+    assert (await client.subscribe(served.sign("room:e")))["reason"] == "limit"
     again = await client.subscribe("public:a")
     assert again["op"] == "subscribed" and again["topic"] == "public:a"
     await client.send({"op": "unsubscribe", "topic": "public:b"})

@@ -205,6 +205,20 @@ async def test_the_http_routes_answer_get_and_head_and_refuse_other_methods_with
         assert (status, headers.get("allow")) == (405, "GET, HEAD"), method
 
 
+@pytest.mark.parametrize("fanout_kind", ["local", "redis"])
+async def test_a_state_topic_on_a_server_without_a_database_is_refused_with_invalid_topic(served: Served) -> None:
+    """Jobs, groups and workflows live in Postgres: a server without a database can never show
+    one, and nobody may publish on their topics. A (validly signed) `job:`, `group:` or
+    `workflow:` subscription there is refused with invalid_topic, which the client does not
+    retry, instead of a `subscribed` that hears nothing for ever; the connection goes on."""
+    client = await WSClient.open(served.url)
+    for topic in ("job:42", "group:7", "workflow:3"):
+        answer = await client.subscribe(served.sign(topic))
+        assert (answer["op"], answer.get("reason")) == ("refused", "invalid_topic"), (topic, answer)
+    assert (await client.subscribe(served.sign("room:1")))["op"] == "subscribed"
+    await client.close()
+
+
 async def test_a_since_no_fan_out_gives_out_gets_subscribed_then_reset_never_refused(served: Served) -> None:
     """`since` as 21 zeros (digits, but more than any offset has) on a topic with nothing published: `subscribed`, then `reset`, then live messages; never a `refused` after the `subscribed`."""
     client = await WSClient.open(served.url)
