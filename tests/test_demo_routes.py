@@ -28,3 +28,22 @@ async def test_the_demos_files_answer_get_and_head_and_refuse_other_methods_with
         for method in ("POST", "DELETE"):
             response = await routes(Request(path, Headers({"Host": "h"}), method=method))
             assert response is not None and (response.status_code, response.headers["Allow"]) == (405, "GET, HEAD")
+
+
+async def test_a_demo_action_needs_the_signs_of_its_own_page_not_only_no_sign_of_another_site() -> None:
+    """Work starts only on a POST that shows it comes from the demo's own page
+    (`Sec-Fetch-Site: same-origin`, or an `Origin` equal to its host; docs/security.md): one with
+    neither, or with `Sec-Fetch-Site: same-origin` beside another site's Origin, gets 403 before
+    the action reads its parameters; the page's own POST gets to them (here a 400: no `job`)."""
+    action = "/demo/durable/approve"  # refuses a missing `job` parameter without the database
+
+    async def post(**headers: str) -> int:
+        sent = Headers({"Host": "127.0.0.1:8765", **{k.replace("_", "-"): v for k, v in headers.items()}})
+        response = await routes(Request(action, sent, method="POST"))
+        assert response is not None
+        return response.status_code
+
+    assert await post() == 403
+    assert await post(Sec_Fetch_Site="same-origin", Origin="https://evil.example") == 403
+    assert await post(Sec_Fetch_Site="same-origin") == 400
+    assert await post(Origin="http://127.0.0.1:8765") == 400

@@ -60,10 +60,13 @@ def _csp(request: Request) -> str:
 
 
 def _same_origin(request: Request) -> bool:
-    """A request the demo's own page made: Sec-Fetch-Site says so (browsers send it), and an
-    Origin, when there is one, is the server's own."""
+    """A request the demo's own page made: Sec-Fetch-Site says so or an Origin is the server's
+    own (browsers send both on a POST), and neither says otherwise. A request with neither shows
+    no sign of the page; an older browser's cross-site form sends neither, so it is refused."""
     sites = header_values(request.headers, "sec-fetch-site")
     if sites and sites != ["same-origin"]:
+        return False
+    if not sites and not header_values(request.headers, "origin"):
         return False
     return origin_allowed(request.headers, None)
 
