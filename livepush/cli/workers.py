@@ -100,9 +100,12 @@ def reserve_port(host: str, port: int) -> tuple[list[socket.socket], int]:
     """Bind (never listen) `host:port` with SO_REUSEPORT on each of the host's addresses; with
     port 0, the first address's pick is the port of all. The sockets hold it while workers come
     and go."""
-    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    from ..server.run import listen_error
+
     held: list[socket.socket] = []
     try:
+        # Inside the try: a host that does not resolve is the operator's to fix, not a traceback.
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         for family, kind, proto, _, address in dict.fromkeys(infos):
             sock = socket.socket(family, kind, proto)
             held.append(sock)
@@ -115,8 +118,7 @@ def reserve_port(host: str, port: int) -> tuple[list[socket.socket], int]:
     except OSError as exc:
         for sock in held:
             sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror or exc}): "
-                          "set LIVEPUSH_PORT (or --port) to a free port") from None
+        raise listen_error(host, port, exc) from None
     return held, port
 
 

@@ -5,8 +5,10 @@ parts: livepush/cli/wiring.py)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
+import socket
 from collections.abc import Awaitable, Callable, Sequence
 
 from ..errors import ConfigError
@@ -64,6 +66,20 @@ async def close_connections(server: PushServer, drain_seconds: float, hurry: asy
     await server.close_connections()
 
 
+def listen_error(host: str, port: int, exc: OSError) -> ConfigError:
+    """The one line for a listening socket that cannot be made, naming what to change: the host
+    when it names no address of this machine (it does not resolve, or is another machine's),
+    else the port."""
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        fix = ("set LIVEPUSH_HOST (or --host) to an address of this machine, e.g. 127.0.0.1, "
+               "or 0.0.0.0 for every interface")
+    elif exc.errno == errno.EACCES:
+        fix = "set LIVEPUSH_PORT (or --port) to a port above 1023, or give the process the right to bind lower ones"
+    else:
+        fix = "set LIVEPUSH_PORT (or --port) to a free port"
+    return ConfigError(f"cannot listen on {host}:{port} ({exc.strerror or exc}): {fix}")
+
+
 async def serve(
     server: PushServer,
     *,
@@ -82,10 +98,7 @@ async def serve(
         try:
             await server.start()
         except OSError as exc:
-            raise ConfigError(
-                f"cannot listen on {settings.host}:{settings.port} ({exc.strerror or exc}): "
-                "set LIVEPUSH_PORT (or --port) to a free port"
-            ) from None
+            raise listen_error(settings.host, settings.port, exc) from None
         log.info("livepush serving on ws://%s:%d (fan-out: %s)", settings.host, server.port, server.fanout.name)
         if ready is not None:
             ready(server)
