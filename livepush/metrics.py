@@ -151,14 +151,20 @@ async def serve(host: str, port: int, refreshers: Sequence[Refresher] = ()) -> a
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5.0)
             method, _, rest = head.partition(b" ")
             path = rest.partition(b" ")[0].partition(b"?")[0]
-            if method == b"GET" and path == b"/metrics":
-                status, ctype, body = b"200 OK", CONTENT_TYPE.encode(), await render(refreshers)
-            elif method == b"GET" and path == b"/healthz":
-                status, ctype, body = b"200 OK", b"application/json", b'{"status":"ok"}\n'
-            else:
+            extra = b""
+            if path not in (b"/metrics", b"/healthz"):
                 status, ctype, body = b"404 Not Found", b"text/plain", b"not found: GET /metrics\n"
+            elif method not in (b"GET", b"HEAD"):
+                # Read-only routes, as on the server's port: 405 names what they take.
+                status, ctype, body = b"405 Method Not Allowed", b"text/plain", b"use GET or HEAD\n"
+                extra = b"Allow: GET, HEAD\r\n"
+            elif path == b"/metrics":
+                status, ctype, body = b"200 OK", CONTENT_TYPE.encode(), await render(refreshers)
+            else:
+                status, ctype, body = b"200 OK", b"application/json", b'{"status":"ok"}\n'
             writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + ctype + b"\r\nContent-Length: "
-                         + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+                         + str(len(body)).encode() + b"\r\n" + extra + b"Connection: close\r\n\r\n"
+                         + (b"" if method == b"HEAD" else body))  # a HEAD's answer has no body (RFC 9110)
             await writer.drain()
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             pass  # a scraper that went away or sent no request: nothing to answer
