@@ -71,6 +71,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     settings.require_secret()
+    # Given but naming nothing (`--with-jobs "$MODULES"` with the variable unset): the server would
+    # run without its job runtime, or without its rules, and say nothing.
+    if args.with_jobs is not None and not modules_of(args.with_jobs):
+        raise ConfigError(f"--with-jobs {args.with_jobs!r} names no module: name the modules that define your "
+                          "job functions, e.g. --with-jobs myapp.jobs, or leave the flag out")
+    if args.app is not None and not args.app.strip():
+        raise ConfigError("--app is empty: name your livepush.App as MODULE:ATTR, e.g. --app myapp.push:app, "
+                          "or leave the flag out")
     role = workers.WorkerRole.parse(args.supervised_as) if args.supervised_as else None
     if role is None:
         count = workers.worker_count(args.workers)

@@ -60,6 +60,17 @@ def test_an_empty_host_flag_is_refused_rather_than_listening_everywhere(procs, l
     assert_one_line_no_traceback(child.stderr(), "--host")
 
 
+@pytest.mark.parametrize("flag,value", [("--with-jobs", ""), ("--with-jobs", " , "), ("--app", "")])
+def test_an_empty_with_jobs_or_app_flag_is_refused_rather_than_ignored(procs, livepush_env, flag, value) -> None:
+    """`--with-jobs "$MODULES"` or `--app "$APP"` with the variable unset named nothing: the
+    server ran without its job runtime (jobs queued for ever) or without its rules, and said
+    nothing. As `livepush jobs ""` and `--host ""` are, it is refused: exit 2, one line naming
+    the flag."""
+    child = procs.livepush("serve", flag, value, env=livepush_env(), wait_healthy=False)
+    assert child.wait(15) == 2, child.output()
+    assert_one_line_no_traceback(child.stderr(), flag)
+
+
 @pytest.mark.parametrize("name,value", [
     ("LIVEPUSH_HOST", "\udcff"),
     ("LIVEPUSH_SECRET", "abcdefghijklmnopqrstuvwxyz0123456789\udcff"),
