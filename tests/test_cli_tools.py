@@ -98,6 +98,17 @@ def test_jobs_naming_no_module_exits_2(procs, livepush_env, pg_url, modules) -> 
     assert "Traceback" not in err and "MODULE" in err, err
 
 
+@pytest.mark.parametrize("queues", ["", ",", " , "])
+def test_jobs_with_queues_naming_no_queue_exits_2(procs, livepush_env, pg_url, queues) -> None:
+    """`livepush jobs MODULE --queues "$QUEUES"` with nothing in it is a usage error naming
+    --queues, not a runtime that serves every queue of its modules, those meant for other
+    runtimes too (as `--queues` left out does)."""
+    child = procs.livepush("jobs", "tests.jobs.sample_jobs", "--queues", queues, env=livepush_env(database_url=pg_url))
+    assert child.wait(20) == 2, child.output()
+    err = child.stderr()
+    assert "Traceback" not in err and "--queues" in err, err
+
+
 @pytest.mark.parametrize("line,says", [
     ("@jobs.job(name='bad.timeout', timeout=0)", "ValueError: timeout must be a positive number"),
     ("@jobs.job(name='bad.priority', priority=1.5)", "TypeError: @jobs.job(priority=) takes an int"),

@@ -69,7 +69,12 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         # queue's jobs only to give each one back.
         raise ConfigError(f"MODULE[,MODULE...] {args.modules!r} names no module: name the modules that "
                           "define your job functions, e.g. `livepush jobs myapp.jobs`")
-    queues = modules_of(args.queues) if args.queues else None
+    queues = modules_of(args.queues) if args.queues is not None else None
+    if queues == []:
+        # An empty "$QUEUES": left to the default, the runtime would serve every queue of its
+        # modules, those meant for other runtimes too.
+        raise ConfigError(f"--queues {args.queues!r} names no queue: list the queues to run, e.g. --queues "
+                          "default,imports, or leave the flag out to run every queue the modules use")
     runtime, fanout = wiring.jobs_runtime(
         settings, modules, queues=queues, concurrency=args.concurrency,
         shutdown_timeout=args.shutdown_timeout, heartbeat=args.heartbeat, poll_interval=args.poll_interval,
