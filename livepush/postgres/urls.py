@@ -10,6 +10,9 @@ import psycopg
 
 from ..errors import ConfigError
 
+# The sslmode values libpq knows.
+SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+
 
 def _misread(url: str) -> bool:
     """Whether libpq reads part of a URI's user or password as its host, port or database name.
@@ -49,9 +52,10 @@ def malformed(url: str, setting: str = "LIVEPUSH_DATABASE_URL") -> ConfigError:
 
 
 def check_url(url: str, setting: str = "LIVEPUSH_DATABASE_URL") -> None:
-    """ConfigError, naming `setting` and no part of the URL, when `url` is not a Postgres URL or conninfo."""
+    """ConfigError, naming `setting` and no part of the URL, when `url` is not a Postgres URL or
+    conninfo, or holds a port or sslmode libpq refuses before it connects."""
     try:
-        psycopg.conninfo.conninfo_to_dict(url)
+        info = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.Error:
         raise malformed(url, setting) from None
     if _misread(url):
@@ -59,3 +63,12 @@ def check_url(url: str, setting: str = "LIVEPUSH_DATABASE_URL") -> None:
             f"{setting} has an '@' or '/' in its user or password that Postgres would read as part of the host "
             "or database name: percent-encode them (%40 for '@', %2F for '/')"
         )
+    # libpq parses these only when it connects, and its refusal then read as a database that is
+    # down (exit 1, "cannot reach Postgres"): it is the setting's mistake, to be said as such.
+    # Checked after _misread, and never quoted: a misread password lands in exactly these fields.
+    for port in str(info.get("port") or "").split(","):  # one per host of a multi-host URL
+        if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+            raise ConfigError(f"{setting} has a port that is not a number from 1 to 65535: fix it (5432 by default)")
+    sslmode = info.get("sslmode")
+    if sslmode is not None and sslmode not in SSLMODES:
+        raise ConfigError(f"{setting} has an unknown sslmode: use one of {', '.join(SSLMODES)}")

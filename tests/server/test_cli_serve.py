@@ -40,6 +40,12 @@ def assert_one_line_no_traceback(stderr: str, *needles: str) -> None:
         ({"secret": "ab" * 24}, "LIVEPUSH_SECRET"),  # long enough, but too few distinct characters
         ({"allowed_origins": "https://ok.example,app.example.com"}, "app.example.com"),
         ({"max_connections": "0"}, "LIVEPUSH_MAX_CONNECTIONS"),
+        # What libpq refuses in a URL before it connects is the URL's fault, not a database down.
+        ({"database_url": "postgresql://livepush@127.0.0.1:abc/app"}, "LIVEPUSH_DATABASE_URL"),
+        ({"database_url": "postgresql://livepush@127.0.0.1:99999/app"}, "LIVEPUSH_DATABASE_URL"),
+        ({"database_url": "postgresql://livepush@127.0.0.1/app?sslmode=sometimes"}, "LIVEPUSH_DATABASE_URL"),
+        ({"database_url": "postgresql://livepush@127.0.0.1/app", "listen_database_url":
+          "postgresql://livepush@127.0.0.1:0x10/app"}, "LIVEPUSH_LISTEN_DATABASE_URL"),
     ],
 )
 def test_bad_configuration_exits_2_with_one_line_naming_the_setting(procs, livepush_env, settings, needle) -> None:
