@@ -26,8 +26,21 @@ _SECRET_PARAMS = {"password", "username", "user", "pass", "auth", "token"}
 _DB_NUMBER = re.compile(r"[0-9]{1,9}")
 
 
+def _misread(url: str) -> bool:
+    """Whether a URL parser reads part of the credentials as the path, query or fragment: they
+    end at the first '/', '?' or '#', so a password holding one unencoded spills into what
+    redact() shows (and the rest is taken as the host and port)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return False
+    return "@" in parts.path or ("@" not in parts.netloc and "@" in parts.query + parts.fragment)
+
+
 def redact(url: str) -> str:
     """`url` without a password, username or credential parameter; safe for any output."""
+    if _misread(url):
+        return "(a URL with an unencoded '/', '?' or '#' in its password)"
     try:
         parts = urlsplit(url)
         host = parts.hostname or ""
@@ -45,6 +58,9 @@ def redact(url: str) -> str:
 def check_url(url: str) -> None:
     """ConfigError, naming no credential, when `url` is not a Redis URL or names its database
     by anything but a number."""
+    if _misread(url):
+        raise ConfigError("LIVEPUSH_REDIS_URL has a '/', '?' or '#' in its user or password that would be read as "
+                          "the URL's path: percent-encode them (%2F for '/', %3F for '?', %23 for '#')")
     try:
         parse_url(url)
         parts = urlsplit(url)

@@ -246,6 +246,22 @@ def test_a_password_with_an_unencoded_slash_or_at_is_not_shown_in_pieces(
     assert "percent-encode" in child.stderr() and "Traceback" not in child.output()
 
 
+@pytest.mark.parametrize("url", [
+    "redis://default:12/S3cr3tPw@127.0.0.1:1/0",  # read as host default, port 12, path /S3cr3tPw@...
+    "redis://default:S3cr?3tPw@127.0.0.1:1/0",  # read as a query S3cr3tPw@...
+    "redis://default:12#S3cr3tPw@127.0.0.1:1/0",  # read as a fragment
+])
+def test_a_redis_password_with_an_unencoded_slash_question_mark_or_hash_is_not_shown(
+        url: str, livepush_env: Callable[..., dict[str, str]], procs: Processes) -> None:
+    """A Redis URL whose password holds an unencoded `/`, `?` or `#` ends `livepush serve` with
+    exit 2 and one line saying to percent-encode it, holding no piece of the password (the URL
+    parser ends the credentials there, and the rest was shown as the URL's path)."""
+    child = procs.livepush("serve", env=livepush_env(redis_url=url, fanout="redis"), wait_healthy=False)
+    assert child.wait(30) == 2, child.output()
+    assert "S3cr" not in child.output() and "3tPw" not in child.output(), child.output()
+    assert "percent-encode" in child.stderr() and "Traceback" not in child.output()
+
+
 def test_a_redis_url_never_shows_its_password(livepush_env: Callable[..., dict[str, str]], procs: Processes) -> None:
     """`livepush serve` on an unreachable Redis whose URL carries `?password=` ends with exit 1 and a line without it."""
     env = livepush_env(redis_url="redis://127.0.0.1:1/0?password=S3cr3tPw", fanout="redis")
