@@ -90,9 +90,10 @@ CREATE TABLE livepush_jobs (
 -- The plain claim's index: only rows ready to run, in claim order. Claimed rows leave it (their
 -- state changes), so a claim never scans past jobs others hold (a claim ordered by id over the
 -- whole table slows down as it scans past claimed rows). Jobs with limits have their own
--- (sql/0008_claim_limits.sql).
+-- (sql/0008_claim_limits.sql), and so do workflow steps' (sql/0006_workflows.sql: their claim
+-- gives their run a new version, which a plain job's claim does not pay for).
 CREATE INDEX livepush_jobs_claim_idx ON livepush_jobs (queue, priority, run_at, id)
-    WHERE state = 'available' AND NOT limited;
+    WHERE state = 'available' AND NOT limited AND workflow_id IS NULL;
 
 -- Promotion of due scheduled jobs (delayed enqueues and retries after backoff) and of waiting
 -- jobs whose time came (durable sleeps, signal timeouts; a wait without a time has run_at

@@ -43,10 +43,23 @@ CREATE TABLE livepush_workflow_steps (
     group_id     bigint,
     output       jsonb,
     error        text,
+    -- What `workflow:<id>` shows of the step that lives on other rows (its job's, its batch's), as
+    -- of the run's latest version: written only by the statements that give the run a new
+    -- version, in the same transaction, so one version of the topic is one state, also after the
+    -- run finished (when a stopped batch goes on changing). `attempt`: its job's latest claim's
+    -- (livepush_workflow_steps_claimed()); `batch`: its batch's counts (livepush_workflow_batch()).
+    attempt      integer NOT NULL DEFAULT 0,
+    batch        jsonb,
     PRIMARY KEY (workflow_id, name)
 ) WITH (fillfactor = 70, autovacuum_vacuum_cost_delay = 0);
 
 CREATE INDEX livepush_workflow_steps_job_idx ON livepush_workflow_steps (job_id) WHERE job_id IS NOT NULL;
+
+-- The claim of steps' jobs (workflows/queries.py: CLAIM_STEPS), which the plain claim's index
+-- leaves out (sql/0003_jobs.sql): a step's claim gives its run a new version, and the plain claim
+-- pays nothing for that. Only rows ready to run, in claim order, as the plain claim's.
+CREATE INDEX livepush_jobs_step_claim_idx ON livepush_jobs (queue, priority, run_at, id)
+    WHERE state = 'available' AND workflow_id IS NOT NULL;
 
 -- Who did what to a run, and why: operator verbs (pause, resume, cancel, skip, signal) and the
 -- verbs steps used (ctx.flow.*), for jobs.workflows.get().
@@ -73,12 +86,26 @@ CREATE TABLE livepush_workflow_signals (
 
 CREATE INDEX livepush_workflow_signals_idx ON livepush_workflow_signals (workflow_id, name, id);
 
+-- The counts of a fan-out step's batch, as `workflow:<id>` shows them (NULL once the group was
+-- pruned). Read in the caller's snapshot.
+CREATE FUNCTION livepush_workflow_batch(p_group bigint) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('total', g.total, 'pending', sum(sh.pending), 'succeeded', sum(sh.succeeded),
+                              'failed', sum(sh.failed), 'cancelled', sum(sh.cancelled))
+    FROM livepush_groups g JOIN livepush_group_shards sh ON sh.group_id = g.id
+    WHERE g.id = p_group
+    GROUP BY g.id, g.total
+$$;
+
 -- A step's job changed in a way its run's state topic shows (it parked, or woke: the step is
--- `waiting`, or `running` again): a new version of `workflow:<id>`, rung in the caller's
--- transaction. Called by the statements that park and wake jobs, which hold the job's row (the
--- lock order job rows -> workflow rows holds), and by the ring of a fan-out step's task group
--- (livepush/jobs/groups/queries.py: RING_GROUPS), which holds no job row. Returns -1 when the run has finished (read after
--- waiting for whoever holds its row): a step must not park in a run that ended.
+-- `waiting`, or `running` again), or its batch's counts did: a new version of `workflow:<id>`,
+-- with the counts of the run's batches as of now, rung in the caller's transaction. Called by the
+-- statements that park and wake jobs, which hold the job's row (the lock order job rows ->
+-- workflow rows holds), and by the ring of a fan-out step's task group
+-- (livepush/jobs/groups/queries.py: RING_GROUPS), which holds no job row. The run's row is
+-- updated before its step rows, as in every decision. Returns -1 when the run has finished (read
+-- after waiting for whoever holds its row): a step must not park in a run that ended, and a
+-- finished run keeps the counts its last version showed.
 CREATE FUNCTION livepush_workflow_touched(p_id bigint) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -90,6 +117,35 @@ BEGIN
     IF v IS NULL THEN
         RETURN -1;
     END IF;
+    UPDATE livepush_workflow_steps SET batch = coalesce(livepush_workflow_batch(group_id), batch)
+    WHERE workflow_id = p_id AND group_id IS NOT NULL;
     RETURN livepush_state_changed(ARRAY['workflow:' || p_id], ARRAY[v]);
+END
+$$;
+
+-- Jobs of steps were claimed (workflows/queries.py: CLAIM_STEPS, whose statement holds their
+-- rows): each unfinished run among them gets a new version of `workflow:<id>` showing its step's
+-- new attempt, rung in the caller's transaction. Runs in id order, so two claims never wait for
+-- each other in a circle; each run's row before its step rows, as in every decision. A finished
+-- run is left as its last version showed it. Arrays: the jobs, their runs, their new attempts.
+CREATE FUNCTION livepush_workflow_steps_claimed(p_jobs bigint[], p_runs bigint[], p_attempts integer[])
+RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    r bigint;
+    v bigint;
+    n integer := 0;
+BEGIN
+    FOR r IN SELECT DISTINCT u.run FROM unnest(p_runs) AS u(run) WHERE u.run IS NOT NULL ORDER BY 1 LOOP
+        UPDATE livepush_workflows SET version = version + 1, event = 'step'
+        WHERE id = r AND finished_at IS NULL
+        RETURNING version INTO v;
+        CONTINUE WHEN v IS NULL;
+        UPDATE livepush_workflow_steps s SET attempt = u.attempt
+        FROM unnest(p_jobs, p_runs, p_attempts) AS u(job, run, attempt)
+        WHERE u.run = r AND s.workflow_id = r AND s.job_id = u.job;
+        n := n + livepush_state_changed(ARRAY['workflow:' || r], ARRAY[v]);
+    END LOOP;
+    RETURN n;
 END
 $$;

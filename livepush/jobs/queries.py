@@ -139,7 +139,8 @@ ENQUEUE_DEBOUNCED = "SELECT k.id, k.name, k.created FROM livepush_enqueue_deboun
 # claimer; the others skip it instead of waiting. The partial index covers only available rows
 # in claim order, so the scan never wades through jobs others hold. The LIMIT is the claimer's
 # free slots, never more. `excluded` holds names this runtime does not know. Jobs with limits
-# (`limited`) are CLAIM_LIMITED's, and not in this claim's index. Paused queues are the runtime's
+# (`limited`) are CLAIM_LIMITED's, and workflow steps' jobs (`workflow_id`) are
+# workflows/queries.py's CLAIM_STEPS: neither is in this claim's index. Paused queues are the runtime's
 # to skip (PAUSED_QUEUES): a lookup here in every claim cost the plain path about 4 % of its rate.
 # The claim commits asynchronously (set_config(..., true): this transaction only; the
 # uncorrelated subquery runs once, before the scan): losing it in a crash only makes the job
@@ -150,7 +151,8 @@ ENQUEUE_DEBOUNCED = "SELECT k.id, k.name, k.created FROM livepush_enqueue_deboun
 CLAIM = """
 WITH picked AS (
     SELECT id FROM livepush_jobs
-    WHERE state = 'available' AND NOT limited AND queue = %(queue)s AND name <> ALL(%(excluded)s::text[])
+    WHERE state = 'available' AND NOT limited AND workflow_id IS NULL AND queue = %(queue)s
+      AND name <> ALL(%(excluded)s::text[])
       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
@@ -716,16 +718,20 @@ LIMIT %(limit)s
 
 # name: queue_gauges
 # A plain read for /metrics: per queue, jobs available now and the oldest one's age. Reads only
-# the two claim indexes' rows (state 'available', plain and limited), so a scrape costs what the
-# backlog is, never the table; queues a registered runtime serves show as 0 when empty.
+# the three claim indexes' rows (state 'available': plain, limited, and workflow steps'), so a
+# scrape costs what the backlog is, never the table; queues a registered runtime serves show as 0
+# when empty.
 QUEUE_GAUGES = """
 SELECT queue, coalesce(c.depth, 0)::int AS depth, c.oldest_age
 FROM (SELECT DISTINCT unnest(queues) AS queue FROM livepush_job_runtimes) q
 FULL JOIN (
     SELECT queue, count(*) AS depth, greatest(extract(epoch FROM now() - min(run_at)), 0)::float8 AS oldest_age
-    FROM (SELECT queue, run_at FROM livepush_jobs WHERE state = 'available' AND NOT limited
+    FROM (SELECT queue, run_at FROM livepush_jobs WHERE state = 'available' AND NOT limited AND workflow_id IS NULL
           UNION ALL
-          SELECT queue, run_at FROM livepush_jobs WHERE state = 'available' AND limited) a
+          SELECT queue, run_at FROM livepush_jobs WHERE state = 'available' AND limited
+          UNION ALL
+          SELECT queue, run_at FROM livepush_jobs
+          WHERE state = 'available' AND workflow_id IS NOT NULL AND NOT limited) a
     GROUP BY queue
 ) c USING (queue)
 """

@@ -374,8 +374,6 @@ async def test_a_woken_step_gives_its_run_a_new_version(flows_db: str) -> None:
     assert view["steps"]["publish"]["state"] == "running" and view["state"] == "running"
 
 
-@pytest.mark.xfail(strict=True, reason="a step's attempt is read from its job's row, whose claim neither bumps nor "
-                   "rings the run's version: one version of workflow:<id> shows two states")
 async def test_a_step_that_starts_running_gives_its_run_a_new_version(flows_db: str) -> None:
     """A version of workflow:<id> is one state: when a step's job is claimed (its attempt goes from 0
     to 1), the run's topic shows it at a newer version. Otherwise a page holding the older version
@@ -410,8 +408,6 @@ async def test_a_run_that_fails_cancels_the_batch_of_its_waiting_fan_out_step(fl
     assert batch["cancelled"] > 0 and batch["succeeded"] < 40
 
 
-@pytest.mark.xfail(strict=True, reason="a fan-out step's batch counts are read from the group's rows, and a "
-                   "finished run takes no new version: its final version shows changing counts")
 async def test_a_failed_runs_final_version_is_one_state(flows_db: str) -> None:
     """The final version of workflow:<id> is one state: the batch of its fan-out step, cancelled
     after the run failed, is shown as the version showed it when the run failed, or at a newer

@@ -256,9 +256,16 @@ class Seed:
             (rt,) = await fetch(conn, "INSERT INTO livepush_job_runtimes (host, pid, queues, concurrency, heartbeat) "
                                       "VALUES ('test', 0, %s, 1, 3600) RETURNING id", ([rd.QUEUE],))
             await conn.commit()
-            rows = await fetch(conn, queries.CLAIM, {"queue": rd.QUEUE, "excluded": [], "limit": limit,
-                                                     "runtime_id": rt["id"]})
+            # As a runtime that defines the steps claims: their jobs first (their own claim), then
+            # the members (the plain one).
+            step_names = [spec.job for flow in rd.FLOWS.values() for spec in flow.steps.values()]
+            rows = await fetch(conn, wq.CLAIM_STEPS, {"queue": rd.QUEUE, "names": step_names, "limit": limit,
+                                                      "runtime_id": rt["id"]})
             await conn.commit()
+            if len(rows) < limit:
+                rows += await fetch(conn, queries.CLAIM, {"queue": rd.QUEUE, "excluded": [], "limit": limit - len(rows),
+                                                          "runtime_id": rt["id"]})
+                await conn.commit()
 
             def after() -> None:
                 for r in rows:

@@ -56,6 +56,8 @@ from ..api.registry import REGISTRY, Registry
 from ..groups.progress import ProgressPublisher
 from ..periodic.decorator import SCHEDULES
 from ..periodic.scheduler import Scheduler
+from ..workflows import queries as workflow_queries
+from ..workflows.definition import WORKFLOWS
 from . import limits, maintenance
 from .completer import Completer
 from .context import ClaimedJob, JobContext
@@ -198,6 +200,9 @@ class Runtime:
         self.in_hand: dict[int, _InHand] = {}
         self.peak_in_hand = 0  # most jobs ever in hand at once (never above concurrency)
         self.excluded: set[str] = set()  # job names claimed here but not known: never claimed again
+        # The workflow steps this runtime defines (their job names): their jobs take a claim of
+        # their own (workflows/queries.py: CLAIM_STEPS), which a runtime without steps never runs.
+        self.step_names: list[str] = []
         # Names whose jobs take the limited claim (limits.names(), re-read every beat). And when
         # the next token of a rate-limited name is due, if a bucket held jobs back (loop time): the
         # producer wakes then rather than polling or spinning.
@@ -353,6 +358,8 @@ class Runtime:
         self.id = await maintenance.register(self._pool, self.info)
         await limits.store(self._pool, self.registry)
         self.limited, self.limits_dropped = await limits.names(self._pool, self.registry)
+        self.step_names = sorted({spec.job for flow in WORKFLOWS.values() for spec in flow.steps.values()
+                                  if spec.job in self.registry})
         # The heartbeat's first round (right after this) rescues what they held. Their progress
         # publishers' unflushed groups are rung by ours.
         if await maintenance.prune_gone_on_node(self._pool, self.id):
@@ -603,6 +610,16 @@ class Runtime:
                         if free - len(rows) > 0 and (empty_at is None or now - empty_at >= self.poll_interval):
                             await self._claim_limited(conn, name, queue, free - len(rows), rows)
                     want = free - len(rows)
+                    if want > 0 and self.step_names:
+                        # Before the plain claim, like the limited one: a queue's backlog of plain
+                        # jobs never holds a run's next step back.
+                        await cur.execute(workflow_queries.CLAIM_STEPS, {
+                            "queue": queue, "limit": want, "names": self.step_names, "runtime_id": self.id})
+                        claimed = await cur.fetchall()
+                        if claimed:
+                            rows.extend(claimed)
+                            metrics.JOBS_CLAIMED.labels(queue).inc(len(claimed))
+                        want = free - len(rows)
                     if want <= 0:
                         break
                     params["queue"], params["limit"] = queue, want

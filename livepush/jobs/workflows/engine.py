@@ -205,6 +205,10 @@ def _write(plan: Plan) -> Steps[None]:
         yield Query(job_queries.STOP_JOBS, {"ids": sorted(plan.to_stop)})
     if not ready and not plan.changed and not plan.audit and plan.event is None:
         return  # nothing changed (the end of a job that no longer runs its step)
+    if plan.event is not None and any(s.get("group_id") is not None for s in plan.steps.values()):
+        # The new version shows the batches' counts as they are now (and a finished run keeps
+        # them), not as the last ring of their progress left them.
+        yield Query(wq.RECORD_BATCHES, {"id": plan.id})
     names = sorted(plan.changed)
     audit = plan.audit
     yield Query(wq.DECIDE, {

@@ -11,7 +11,7 @@ a step is started (its job created) by exactly one of them.
 
 Lock order, extending the jobs' and groups' (job rows -> shards -> groups -> parent jobs):
 job rows -> workflow rows. A step's end is recorded in the transaction that ended its job (the
-job row is locked first). Operator verbs lock the run first and never lock a job row after it:
+job row is locked first); a step's claim (CLAIM_STEPS) locks its job's row, then the run's. Operator verbs lock the run first and never lock a job row after it:
 what they do to jobs (cancel a running step) is done in a later transaction. The one exception
 is a signal (operators.py: _signal_steps) to a step that had no job at its first look but has
 one once the run is share-locked: it then locks that job's row. A step parking at that moment
@@ -73,7 +73,7 @@ WITH input AS MATERIALIZED (
 ), payloads AS (
     INSERT INTO livepush_job_payloads (id, args) SELECT id, jsonb_build_array(%(id)s::bigint) FROM input
 ), started AS (
-    UPDATE livepush_workflow_steps s SET state = 'running', job_id = i.id, error = NULL
+    UPDATE livepush_workflow_steps s SET state = 'running', job_id = i.id, error = NULL, attempt = 0
     FROM input i WHERE s.workflow_id = %(id)s AND s.name = i.step
 ), waits AS (
     SELECT i.wait_for, i.id, row_number() OVER (PARTITION BY i.wait_for ORDER BY i.ord) AS nth
@@ -111,6 +111,50 @@ WITH input AS MATERIALIZED (
 SELECT (SELECT livepush_state_changed(array_agg('workflow:' || r.id), array_agg(r.version)) FROM run r)
      + (SELECT livepush_states_created('job', min(i.id), max(i.id))
                + CASE WHEN count(*) > 0 THEN livepush_jobs_ready() ELSE 0 END FROM input i) AS rung
+"""
+
+# name: record_batches
+# Under the run's lock, in a decision that gives the run a new version (DECIDE, next): the counts
+# of its fan-out steps' batches as that version shows them (a finished run's last version keeps
+# them, while a stopped batch goes on changing). Read in this statement's snapshot.
+RECORD_BATCHES = """
+UPDATE livepush_workflow_steps SET batch = coalesce(livepush_workflow_batch(group_id), batch)
+WHERE workflow_id = %(id)s AND group_id IS NOT NULL
+"""
+
+# name: claim_steps
+# The claim of workflow steps' jobs, on `queue`, of the step names this runtime defines; the plain
+# claim (queries.py: CLAIM) leaves them out. A runtime that defines no step never runs it.
+# Safe under concurrency as CLAIM is: SKIP LOCKED hands each available row to exactly one claimer,
+# and the partial index (sql/0006_workflows.sql) holds only available steps' jobs. In the same
+# statement, each unfinished run among them gets a new version showing its step's new attempt
+# (livepush_workflow_steps_claimed(), after the job rows are locked here: the lock order job rows
+# -> workflow rows), so no version of `workflow:<id>` shows two attempts. FOR NO KEY UPDATE, not
+# FOR UPDATE: a signal that holds a run's row FOR SHARE key-share locks its step's job row
+# (operators.py), which FOR UPDATE would hold off while this claim waits for that run's row.
+# Committed synchronously, unlike CLAIM: a run's version rung and then lost in a crash would be
+# given again to a different state.
+CLAIM_STEPS = """
+WITH picked AS (
+    SELECT id FROM livepush_jobs
+    WHERE state = 'available' AND workflow_id IS NOT NULL AND queue = %(queue)s AND name = ANY(%(names)s::text[])
+    ORDER BY priority, run_at, id
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE livepush_jobs j
+    SET state = 'running', attempt = j.attempt + 1, runtime_id = %(runtime_id)s,
+        lease = livepush_job_lease(), version = j.version + 1, event = 'started'
+    FROM picked WHERE j.id = picked.id
+    RETURNING j.*
+), shown AS (
+    SELECT livepush_workflow_steps_claimed(array_agg(c.id), array_agg(c.workflow_id), array_agg(c.attempt)) AS n
+    FROM claimed c
+)
+SELECT j.id, j.name, j.queue, j.priority, j.attempt, j.max_attempts, j.lease, j.cancel_requested,
+       j.run_at, j.group_id, j.callback_of, j.workflow_id, j.version, j.has_steps, p.args
+FROM claimed j JOIN livepush_job_payloads p ON p.id = j.id CROSS JOIN shown
+ORDER BY j.priority, j.run_at, j.id
 """
 
 # name: audit
@@ -166,33 +210,28 @@ ORDER BY j.id
 """
 
 # name: set_step_group
-# In the transaction that creates a fan-out step's batch, after its park (which touched the run's
-# row): the step shows its batch. The step row comes after the run's, as in every decision.
+# In the transaction that creates a fan-out step's batch, after its park (which gave the run a new
+# version): the step shows its batch and its counts at that version. The step row comes after the
+# run's, as in every decision.
 SET_STEP_GROUP = """
-UPDATE livepush_workflow_steps SET group_id = %(group_id)s WHERE workflow_id = %(id)s AND name = %(name)s
+UPDATE livepush_workflow_steps SET group_id = %(group_id)s, batch = livepush_workflow_batch(%(group_id)s)
+WHERE workflow_id = %(id)s AND name = %(name)s
 """
 
 # name: run_views
-# The state topic workflow:<id> and jobs.workflows.get(): the run and each step, with the
-# attempt and state of the job running it (a parked job shows its step as `waiting`) and a
-# fan-out step's batch counts. A plain read: one snapshot.
+# The state topic workflow:<id> and jobs.workflows.get(): the run and each step, with its attempt
+# and its batch's counts as the run's version recorded them (sql/0006_workflows.sql), and whether
+# its job is parked (the step shows `waiting`: every statement that parks or wakes a step's job
+# gives its run a new version in the same transaction). A plain read: one snapshot.
 RUN_VIEWS = """
 SELECT w.id, w.name, w.state, w.version, w.event, w.output, w.error, w.created_at, w.finished_at, w.graph,
        coalesce(jsonb_object_agg(s.name, jsonb_build_object(
            'state', CASE WHEN s.state = 'running' AND j.state = 'waiting' THEN 'waiting' ELSE s.state END,
-           'attempt', coalesce(j.attempt, 0), 'group', s.group_id, 'batch', b.counts, 'output', s.output,
+           'attempt', s.attempt, 'group', s.group_id, 'batch', s.batch, 'output', s.output,
            'error', s.error, 'job', s.job_id)) FILTER (WHERE s.name IS NOT NULL), '{}'::jsonb) AS steps
 FROM livepush_workflows w
 LEFT JOIN livepush_workflow_steps s ON s.workflow_id = w.id
 LEFT JOIN livepush_jobs j ON j.id = s.job_id
-LEFT JOIN LATERAL (
-    -- A fan-out step's batch: its counts, read in the same snapshot as the steps.
-    SELECT jsonb_build_object('total', gr.total, 'pending', sum(sh.pending), 'succeeded', sum(sh.succeeded),
-                              'failed', sum(sh.failed), 'cancelled', sum(sh.cancelled)) AS counts
-    FROM livepush_groups gr JOIN livepush_group_shards sh ON sh.group_id = gr.id
-    WHERE gr.id = s.group_id
-    GROUP BY gr.id, gr.total
-) b ON true
 WHERE w.id = ANY(%(ids)s::bigint[])
 GROUP BY w.id
 """
@@ -250,7 +289,7 @@ FROM page p
 CROSS JOIN LATERAL (
     SELECT coalesce(jsonb_object_agg(s.name, jsonb_build_object(
                'state', CASE WHEN s.state = 'running' AND j.state = 'waiting' THEN 'waiting' ELSE s.state END,
-               'attempt', coalesce(j.attempt, 0), 'group', s.group_id)), '{}'::jsonb) AS steps
+               'attempt', s.attempt, 'group', s.group_id)), '{}'::jsonb) AS steps
     FROM livepush_workflow_steps s LEFT JOIN livepush_jobs j ON j.id = s.job_id
     WHERE s.workflow_id = p.id
 ) st
