@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from livepush import jobs
+from livepush.jobs.api.registry import REGISTRY
+from livepush.jobs.workflows.definition import WORKFLOWS
 from tests.jobs import durable_jobs as dj
 from tests.jobs import workflow_defs as wd
 from tests.jobs.conftest import q, read_states
@@ -123,6 +125,38 @@ async def test_a_failed_step_fails_the_run(flows_db: str) -> None:
         done = await run_state(run.id, "failed")
     assert step_states(done) == {"first": "failed", "second": "cancelled"}
     assert "step 'first' failed: ValueError: first fails" in done["error"]
+
+
+async def test_a_run_that_reaches_a_step_this_deploy_no_longer_defines_fails_that_step(
+        flows_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run follows the graph it started with; when it reaches a step that the deploy running it no
+    longer defines, that step fails with an error naming it (the run does not wait for ever)."""
+    # This test's definitions go when it ends.
+    monkeypatch.setattr(REGISTRY, "_functions", dict(REGISTRY._functions))
+    monkeypatch.setitem(WORKFLOWS, "t_redeployed", None)
+
+    def deploy(with_report: bool) -> Any:
+        flow = jobs.workflow("t_redeployed", queue="flows")
+
+        @flow.step()
+        async def fetch(ctx: Any) -> str:
+            return "fetched"
+
+        if with_report:
+            @flow.step(after=["fetch"])
+            async def report(ctx: Any) -> str:
+                return "reported"
+
+        return flow
+
+    run = await deploy(with_report=True).astart()
+    # The next deploy drops `report`: its processes never define that step's job.
+    del REGISTRY._functions["t_redeployed.report"]
+    deploy(with_report=False)
+    async with running():
+        done = await run_state(run.id, {"failed", "succeeded"})
+    assert step_states(done) == {"fetch": "succeeded", "report": "failed"}
+    assert "workflow 't_redeployed' has no step 'report' in this deploy" in done["error"]
 
 
 @pytest.mark.parametrize("verb, run_state_after, steps_after", [
