@@ -54,6 +54,8 @@ CREATE TABLE livepush_workflow_steps (
 ) WITH (fillfactor = 70, autovacuum_vacuum_cost_delay = 0);
 
 CREATE INDEX livepush_workflow_steps_job_idx ON livepush_workflow_steps (job_id) WHERE job_id IS NOT NULL;
+-- Retention keeps a step's batch while its run has not finished (groups/queries.py: PRUNE_GROUPS).
+CREATE INDEX livepush_workflow_steps_group_idx ON livepush_workflow_steps (group_id) WHERE group_id IS NOT NULL;
 
 -- The claim of steps' jobs (workflows/queries.py: CLAIM_STEPS), which the plain claim's index
 -- leaves out (sql/0003_jobs.sql): a step's claim gives its run a new version, and the plain claim

@@ -367,6 +367,27 @@ async def test_batch_failures_pause_the_run_and_resume_reruns_only_the_failed_me
     assert members == [(8,)]  # 6, then the 2 that failed
 
 
+async def test_a_run_paused_on_its_batch_keeps_the_failed_members_past_the_retention_time(flows_db: str) -> None:
+    """A run paused on its batch's failures waits for an operator however long: the retention of
+    finished jobs and groups does not take the failed members that its resume runs again (the run
+    would otherwise go on as if the batch had succeeded, its failed members never run)."""
+    from livepush.jobs import database
+    from livepush.jobs.runtime import maintenance
+
+    async with running(concurrency=4):
+        run = await wd.fan.astart({"n": 6, "failing": [1, 4]})
+        await run_state(run.id, "paused")
+        # A week later: the batch, its members and the step's job finished long ago.
+        q(flows_db, "UPDATE livepush_groups SET finished_at = now() - interval '8 days'")
+        q(flows_db, "UPDATE livepush_jobs SET finished_at = now() - interval '8 days' WHERE finished_at IS NOT NULL")
+        await maintenance.prune(await database.pools().aget(), 7 * 86400)
+        q(flows_db, "INSERT INTO job_flags VALUES ('members-ok')")
+        assert await jobs.workflows.aresume(run.id, actor="ana", reason="vendor back")
+        done = await run_state(run.id, {"succeeded", "failed", "paused"})
+    assert done["steps"]["rows"]["output"] == {"total": 6, "succeeded": 6, "failed": 0, "cancelled": 0}
+    assert q(flows_db, "SELECT count(*) FROM livepush_jobs WHERE name = 't.member' AND state = 'succeeded'") == [(6,)]
+
+
 async def test_list_runs_by_name_and_state_paged(flows_db: str) -> None:
     """list() pages runs newest first, by name and state."""
     handles = [wd.approval.start() for _ in range(3)]

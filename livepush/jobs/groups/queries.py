@@ -463,6 +463,17 @@ LIMIT %(limit)s + 1
 _NO_LIVE_PARENT = """NOT EXISTS (SELECT 1 FROM livepush_jobs p WHERE p.id = g.parent_id
                                   AND p.state NOT IN ('succeeded', 'failed', 'cancelled'))"""
 
+# A group that is the batch of a workflow step (its `group`) is kept while the run has not
+# finished: a run paused on its batch's failures waits for an operator however long, and its
+# resume runs the failed members of that batch again (its step's job, the group's parent, has
+# finished and may be gone). Looked up by the steps' partial index on group_id. Safe against a
+# run finishing meanwhile: a finished run never runs again, so a batch pruned after that is never
+# needed; and a resumed step points at its old batch until its new one, made from the old one's
+# failed members, is committed.
+_NO_UNFINISHED_RUN = """NOT EXISTS (SELECT 1 FROM livepush_workflow_steps s
+                                     JOIN livepush_workflows w ON w.id = s.workflow_id
+                                     WHERE s.group_id = g.id AND w.finished_at IS NULL)"""
+
 # A group is kept while one of its callbacks is queued or running. Left out of the oldest-first
 # pick (not only of what is deleted): otherwise enough old groups with a callback that waits
 # (its function deployed nowhere, its queue paused) would fill every pick, and retention would
@@ -473,14 +484,15 @@ _NO_LIVE_CALLBACK = """NOT EXISTS (SELECT 1 FROM livepush_jobs c WHERE c.callbac
 # name: prune_group_jobs
 # Retention: finished groups older than the cutoff. Their members and callbacks go first,
 # a bounded batch per statement (SKIP LOCKED: two runtimes pruning split the work); a
-# callback still queued or running keeps its group. Members of unfinished groups are never
+# callback still queued or running keeps its group, and so does an unfinished workflow run
+# whose step's batch it is. Members of unfinished groups are never
 # touched: only groups with finished_at set are considered, and a group finishes only when
 # every member is terminal.
 PRUNE_GROUP_JOBS = f"""
 WITH old AS (
     SELECT g.id FROM livepush_groups g
     WHERE g.finished_at < now() - make_interval(secs => %(retention)s) AND {_NO_LIVE_PARENT}
-      AND {_NO_LIVE_CALLBACK}
+      AND {_NO_LIVE_CALLBACK} AND {_NO_UNFINISHED_RUN}
     ORDER BY g.finished_at LIMIT 100
 ), victims AS (
     SELECT j.id FROM livepush_jobs j JOIN old ON j.group_id = old.id OR j.callback_of = old.id
@@ -498,7 +510,7 @@ WITH gone AS (
     WHERE g.id IN (
         SELECT g.id FROM livepush_groups g
         WHERE g.finished_at < now() - make_interval(secs => %(retention)s) AND {_NO_LIVE_PARENT}
-          AND {_NO_LIVE_CALLBACK}
+          AND {_NO_LIVE_CALLBACK} AND {_NO_UNFINISHED_RUN}
         ORDER BY g.finished_at LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     )
