@@ -429,6 +429,37 @@ async def test_a_woken_step_gives_its_run_a_new_version(flows_db: str) -> None:
     assert view["steps"]["publish"]["state"] == "running" and view["state"] == "running"
 
 
+class ProcessDied(BaseException):
+    """The operator's process ending at that point (killed, or its machine gone)."""
+
+
+@pytest.mark.parametrize("verb", ["cancel", "skip"])
+async def test_a_parked_step_is_stopped_with_the_verb_that_ends_it(flows_db: str, monkeypatch: pytest.MonkeyPatch,
+                                                                  verb: str) -> None:
+    """A cancel of the run (or a skip of the step) stops the job of a step parked on its signal in
+    the transaction that records it: an operator's process that dies right after that commit leaves
+    no job waiting for a signal that the run will never take again."""
+    from livepush.jobs.workflows import operators
+
+    async with running():
+        run = await wd.approval.astart()
+        await run_state(run.id, "waiting")
+
+    async def dies(job_id: int) -> bool:
+        raise ProcessDied
+
+    monkeypatch.setattr(operators, "acancel", dies)
+    with pytest.raises(ProcessDied):
+        if verb == "cancel":
+            await jobs.workflows.acancel(run.id, actor="ana")
+        else:
+            await jobs.workflows.askip(run.id, "publish", actor="ana")
+    got = await asyncio.to_thread(jobs.workflows.get, run.id)
+    assert got["steps"]["publish"]["state"] in {"cancelled", "skipped"}
+    assert q(flows_db, "SELECT state FROM livepush_jobs WHERE id = %s", (got["steps"]["publish"]["job"],)) == [
+        ("cancelled",)]
+
+
 async def test_a_step_that_starts_running_gives_its_run_a_new_version(flows_db: str) -> None:
     """A version of workflow:<id> is one state: when a step's job is claimed (its attempt goes from 0
     to 1), the run's topic shows it at a newer version. Otherwise a page holding the older version

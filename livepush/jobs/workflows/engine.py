@@ -47,6 +47,15 @@ class Plan:
     to_cancel: list[int] = dataclasses.field(default_factory=list)  # jobs to cancel after commit
     to_stop: list[int] = dataclasses.field(default_factory=list)  # jobs to stop now, if not busy
 
+    def _stop(self, job_id: int) -> None:
+        """An operator verb ended the step of this job: the job is stopped in the verb's own
+        transaction (a queued or parked one cancelled, a running one told), so an operator's
+        process that dies right after the commit leaves no job waiting for a run that will never
+        take it again; and cancelled once more after the commit (which also stops what a parked
+        one waits for, and tells a busy one that the transaction skipped)."""
+        self.to_stop.append(job_id)
+        self.to_cancel.append(job_id)
+
     def __post_init__(self) -> None:
         self.state = self.run["state"]
         self.graph = self.run["graph"]
@@ -145,7 +154,7 @@ class Plan:
             for name, s in self.steps.items():
                 if s["state"] in STEP_ACTIVE:
                     self._set(name, "cancelled", error=reason or "cancelled")
-                    self.to_cancel.append(int(s["job_id"]))
+                    self._stop(int(s["job_id"]))
             self._finish("cancelled", "cancelled", error=reason or "cancelled")
         elif verb == "skip":
             assert step is not None
@@ -153,7 +162,7 @@ class Plan:
             if self.state in RUN_FINISHED or s["state"] in STEP_FINISHED:
                 return False
             if s["state"] in STEP_ACTIVE and s["job_id"] is not None:
-                self.to_cancel.append(int(s["job_id"]))
+                self._stop(int(s["job_id"]))
             self._set(step, "skipped", error=reason)
             self.event = "step"
         else:

@@ -1,9 +1,11 @@
 """What an operator calls on workflow runs (`jobs.workflows.*`): pause, resume, cancel, skip,
 signal, each recording actor, reason and time on the run's audit trail; get and list.
 
-A verb is decided under the run's lock (engine.operator) and committed; the jobs it must stop (a
-cancelled run's running steps, a skipped step's job) are cancelled afterwards, each in its own
-transaction, so a verb never locks a job row after the run's (queries.py: the lock order).
+A verb is decided under the run's lock (engine.operator) and committed, with the jobs it must stop
+(a cancelled run's active steps', a skipped step's) stopped in that transaction when their rows
+are free (SKIP LOCKED: a verb never waits for a job row after the run's, queries.py: the lock
+order); they are cancelled again afterwards, each in its own transaction, which reaches a job the
+verb skipped and what a parked one waits for.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from psycopg.rows import dict_row
 from .. import database
 from ..api.args import encode
 from ..api.control import acancel, cancel
+from ..groups.cancel import acancel_children, cancel_children
 from ..api.handles import checked_id
 from ...postgres.text import unstorable
 from ..durable.run import check_name
@@ -53,7 +56,10 @@ def _verb(run_id: Any, verb: str, step: str | None, actor: Any, reason: Any) -> 
     actor, reason = _text(actor, "actor"), _text(reason, "reason")
     applied, to_cancel = in_tx(lambda: _verb_steps(run_id, verb, step, actor, reason), None)
     for job_id in to_cancel:
-        cancel(job_id)
+        if not cancel(job_id):
+            # Stopped by the verb's own transaction (engine.Plan._stop): the batch it waited for,
+            # if any, is cancelled now rather than at a runtime's next heartbeat.
+            cancel_children([job_id])
     return applied
 
 
@@ -62,7 +68,8 @@ async def _averb(run_id: Any, verb: str, step: str | None, actor: Any, reason: A
     actor, reason = _text(actor, "actor"), _text(reason, "reason")
     applied, to_cancel = await ain_tx(lambda: _verb_steps(run_id, verb, step, actor, reason), None)
     for job_id in to_cancel:
-        await acancel(job_id)
+        if not await acancel(job_id):
+            await acancel_children([job_id])
     return applied
 
 

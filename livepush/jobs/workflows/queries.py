@@ -11,10 +11,12 @@ a step is started (its job created) by exactly one of them.
 
 Lock order, extending the jobs' and groups' (job rows -> shards -> groups -> parent jobs):
 job rows -> workflow rows. A step's end is recorded in the transaction that ended its job (the
-job row is locked first); a step's claim (CLAIM_STEPS) locks its job's row, then the run's. Operator verbs lock the run first and never lock a job row after it:
-what they do to jobs (cancel a running step) is done in a later transaction. The one exception
-is a signal (operators.py: _signal_steps) to a step that had no job at its first look but has
-one once the run is share-locked: it then locks that job's row. A step parking at that moment
+job row is locked first); a step's claim (CLAIM_STEPS) locks its job's row, then the run's.
+Decisions and operator verbs lock the run first and never wait for a job row after it: the jobs
+a decision stops (livepush/jobs/queries.py: STOP_JOBS) are locked with SKIP LOCKED, and what a
+verb does to the rest is done in later transactions. The one exception is a signal
+(operators.py: _signal_steps) to a step that had no job at its first look but has one once the
+run is share-locked: it then locks that job's row. A step parking at that moment
 (its job row, then its run) can deadlock with it; Postgres aborts one of the two, and both run
 their transaction again on a deadlock (groups/transactions.py, durable/run.py).
 """
