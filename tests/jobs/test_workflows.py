@@ -159,6 +159,34 @@ async def test_a_run_that_reaches_a_step_this_deploy_no_longer_defines_fails_tha
     assert "workflow 't_redeployed' has no step 'report' in this deploy" in done["error"]
 
 
+@pytest.mark.parametrize("waits_at_start, waits_after_deploy", [(False, True), (True, False)])
+async def test_a_deploy_that_changes_a_steps_options_leaves_the_runs_in_flight_as_they_started(
+        flows_db: str, monkeypatch: pytest.MonkeyPatch, waits_at_start: bool, waits_after_deploy: bool) -> None:
+    """A run follows the graph it started with, the options of its steps included: a deploy that
+    adds a signal wait to a step (or drops it) changes what new runs do, not a run already in
+    flight. (Otherwise its step waits for a signal that signal() refuses, the run's graph having
+    none: for ever; or runs without the signal the run was given for it.)"""
+    monkeypatch.setattr(REGISTRY, "_functions", dict(REGISTRY._functions))
+    monkeypatch.setitem(WORKFLOWS, "t_options", None)
+
+    def deploy(waits: bool) -> Any:
+        flow = jobs.workflow("t_options", queue="flows")
+
+        @flow.step(**({"wait_for": "approval"} if waits else {}))
+        async def publish(ctx: Any) -> Any:
+            return {"signal": ctx.signal}
+
+        return flow
+
+    run = await deploy(waits_at_start).astart()
+    if waits_at_start:
+        await jobs.workflows.asignal(run.id, "approval", {"by": "ana"})
+    deploy(waits_after_deploy)
+    async with running():
+        done = await run_state(run.id, {"succeeded", "failed"})
+    assert done["steps"]["publish"]["output"] == {"signal": {"by": "ana"} if waits_at_start else None}
+
+
 @pytest.mark.parametrize("verb, run_state_after, steps_after", [
     ("skip", "succeeded", {"first": "skipped", "second": "succeeded"}),
     ("cancel", "cancelled", {"first": "cancelled", "second": "cancelled"}),

@@ -191,9 +191,10 @@ LOCK_RUN_SHARE = "SELECT id, state, graph FROM livepush_workflows WHERE id = %(i
 # name: step_inputs
 # What a step's job reads when it starts: the run's input and the outputs of the steps that
 # succeeded (a plain read; outputs never change once written).
-# Also the step's batch so far (a fan-out step): made by whom, and how many of it succeeded.
+# Also the step as the run's graph stores it (its kind and options: the run follows the graph it
+# started with), and its batch so far (a fan-out step): made by whom, and how many of it succeeded.
 STEP_INPUTS = """
-SELECT w.input, w.state,
+SELECT w.input, w.state, w.graph -> 'steps' -> %(step)s AS spec,
        coalesce((SELECT jsonb_object_agg(s.name, s.output) FROM livepush_workflow_steps s
                  WHERE s.workflow_id = w.id AND s.state = 'succeeded'), '{}'::jsonb) AS outputs,
        me.state AS step_state, me.job_id AS step_job, me.output AS step_output, me.group_id,

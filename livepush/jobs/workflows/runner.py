@@ -56,6 +56,17 @@ def _reason(reason: Any) -> str | None:
     return str(reason)[:1000]
 
 
+def _as_started(spec: StepSpec, stored: dict[str, Any] | None) -> StepSpec:
+    """`spec` (this deploy's step) with the kind and options that the run's graph stores for it: a
+    run follows the graph it started with, whatever a later deploy changed (docs/workflows.md)."""
+    if not stored:
+        return spec
+    return dataclasses.replace(
+        spec, kind=stored.get("kind", spec.kind), wait_for=stored.get("wait_for"),
+        wait_timeout=stored.get("wait_timeout"), on_timeout=stored.get("on_timeout", spec.on_timeout),
+        on_batch_failure=stored.get("on_batch_failure", spec.on_batch_failure))
+
+
 class Flow:
     """`ctx.flow` inside a step: each verb ends the step's body at once."""
 
@@ -147,6 +158,8 @@ class Runner:
             # The run ended, or this step was skipped or cancelled, after this job was made: it
             # ends as cancelled without running the step.
             raise JobCancelled(f"workflow run {run_id} no longer runs step {step!r} with job {ctx.job_id}")
+        # The step's function is this deploy's; its kind and options are the run's graph's.
+        spec = _as_started(spec, row["spec"])
         sctx = StepContext(ctx, run_id, step, row["input"], row["outputs"])
         try:
             if spec.wait_for is not None:
