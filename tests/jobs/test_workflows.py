@@ -127,10 +127,11 @@ async def test_a_failed_step_fails_the_run(flows_db: str) -> None:
     assert "step 'first' failed: ValueError: first fails" in done["error"]
 
 
-async def test_a_run_that_reaches_a_step_this_deploy_no_longer_defines_fails_that_step(
+async def test_a_rolling_deploy_that_adds_a_step_runs_it_on_the_newer_runtimes(
         flows_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A run follows the graph it started with; when it reaches a step that the deploy running it no
-    longer defines, that step fails with an error naming it (the run does not wait for ever)."""
+    """A run started by a newer deploy reaches a step the older deploy's runtimes do not define:
+    they leave its job to a runtime that defines it (as any job whose function they lack), rather
+    than fail the step, and the newer runtime runs it."""
     # This test's definitions go when it ends.
     monkeypatch.setattr(REGISTRY, "_functions", dict(REGISTRY._functions))
     monkeypatch.setitem(WORKFLOWS, "t_redeployed", None)
@@ -149,14 +150,25 @@ async def test_a_run_that_reaches_a_step_this_deploy_no_longer_defines_fails_tha
 
         return flow
 
+    @jobs.job(name="t.redeploy_marker", queue="flows")
+    async def marker(ctx: Any) -> None:
+        return None
+
     run = await deploy(with_report=True).astart()
-    # The next deploy drops `report`: its processes never define that step's job.
     del REGISTRY._functions["t_redeployed.report"]
-    deploy(with_report=False)
+    deploy(with_report=False)  # the older deploy, whose runtimes are still up
+    async with running():
+        await async_wait_for(lambda: q(flows_db, "SELECT state FROM livepush_jobs WHERE name = 't_redeployed.report'")
+                             == [("available",)], 15.0, message="the run to reach its new step")
+        # A job enqueued after the step's job ran: the older runtime's claims went past the step.
+        handle = await marker.aenqueue()
+        await async_wait_for(lambda: (jobs.get_job(handle.id) or {}).get("state") == "succeeded", 15.0,
+                             message="a later job to run")
+    assert q(flows_db, "SELECT state, attempt FROM livepush_jobs WHERE name = 't_redeployed.report'") == [("available", 0)]
+    deploy(with_report=True)  # the newer deploy's runtime
     async with running():
         done = await run_state(run.id, {"failed", "succeeded"})
-    assert step_states(done) == {"fetch": "succeeded", "report": "failed"}
-    assert "workflow 't_redeployed' has no step 'report' in this deploy" in done["error"]
+    assert step_states(done) == {"fetch": "succeeded", "report": "succeeded"}
 
 
 @pytest.mark.parametrize("waits_at_start, waits_after_deploy", [(False, True), (True, False)])

@@ -57,7 +57,7 @@ from ..groups.progress import ProgressPublisher
 from ..periodic.decorator import SCHEDULES
 from ..periodic.scheduler import Scheduler
 from ..workflows import queries as workflow_queries
-from ..workflows.definition import WORKFLOWS, missing_step
+from ..workflows.definition import WORKFLOWS
 from . import limits, maintenance
 from .completer import Completer
 from .context import ClaimedJob, JobContext
@@ -200,11 +200,9 @@ class Runtime:
         self.in_hand: dict[int, _InHand] = {}
         self.peak_in_hand = 0  # most jobs ever in hand at once (never above concurrency)
         self.excluded: set[str] = set()  # job names claimed here but not known: never claimed again
-        # The workflow steps this runtime defines (their job names), and its workflows ("<name>."):
-        # steps' jobs take a claim of their own (workflows/queries.py: CLAIM_STEPS), which a
-        # runtime without workflows never runs.
+        # The workflow steps this runtime defines (their job names): their jobs take a claim of
+        # their own (workflows/queries.py: CLAIM_STEPS), which a runtime without steps never runs.
         self.step_names: list[str] = []
-        self.step_prefixes: list[str] = []
         # Names whose jobs take the limited claim (limits.names(), re-read every beat). And when
         # the next token of a rate-limited name is due, if a bucket held jobs back (loop time): the
         # producer wakes then rather than polling or spinning.
@@ -360,9 +358,8 @@ class Runtime:
         self.id = await maintenance.register(self._pool, self.info)
         await limits.store(self._pool, self.registry)
         self.limited, self.limits_dropped = await limits.names(self._pool, self.registry)
-        flows = [f for f in WORKFLOWS.values() if f is not None and any(s.job in self.registry for s in f.steps.values())]
-        self.step_names = sorted({spec.job for flow in flows for spec in flow.steps.values() if spec.job in self.registry})
-        self.step_prefixes = sorted({f"{flow.name}." for flow in flows})
+        self.step_names = sorted({spec.job for flow in WORKFLOWS.values() if flow is not None
+                                  for spec in flow.steps.values() if spec.job in self.registry})
         # The heartbeat's first round (right after this) rescues what they held. Their progress
         # publishers' unflushed groups are rung by ours.
         if await maintenance.prune_gone_on_node(self._pool, self.id):
@@ -617,9 +614,7 @@ class Runtime:
                         # Before the plain claim, like the limited one: a queue's backlog of plain
                         # jobs never holds a run's next step back.
                         await cur.execute(workflow_queries.CLAIM_STEPS, {
-                            "queue": queue, "limit": want, "names": self.step_names,
-                            "prefixes": self.step_prefixes, "excluded": params["excluded"],
-                            "runtime_id": self.id})
+                            "queue": queue, "limit": want, "names": self.step_names, "runtime_id": self.id})
                         claimed = await cur.fetchall()
                         if claimed:
                             rows.extend(claimed)
@@ -677,13 +672,6 @@ class Runtime:
         assert self._completer is not None
         ctx = JobContext(job, self._completer, pool=self._pool, url=self.url, group_progress=self._group_progress)
         fn = self.registry.find(job.name)
-        missing = missing_step(job.name) if fn is None and job.workflow_id is not None else None
-        if missing is not None:
-            # A run reached a step of a workflow this deploy defines without it: no runtime of
-            # this deploy will ever run it, so the step fails, naming it, and so does the run.
-            log.warning("job %s (workflow run %s): %s", job.id, job.workflow_id, missing)
-            self._completer.submit(Outcome(ctx, "fail", error=f"{type(missing).__name__}: {missing}"))
-            return
         if fn is None:
             # A rolling deploy: a newer runtime enqueued a job this one does not know. Give it back
             # for a runtime that does, and never claim that name here again.

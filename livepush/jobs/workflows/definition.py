@@ -61,17 +61,6 @@ class Engine(Protocol):
 WORKFLOWS: dict[str, Workflow] = {}
 
 
-def missing_step(job_name: str) -> WorkflowDefinitionError | None:
-    """The error for the job of a step named `job_name` when this process defines its workflow but
-    not that step (a deploy dropped it while runs could still reach it), else None."""
-    for flow in WORKFLOWS.values():
-        if flow is not None and job_name.startswith(f"{flow.name}."):
-            step = job_name[len(flow.name) + 1:]
-            if step not in flow.steps:
-                return flow.missing(step)
-    return None
-
-
 class Workflow:
     """A named graph of steps run as jobs (docs/workflows.md). Made by `jobs.workflow(name, queue=)`."""
 
@@ -89,11 +78,6 @@ class Workflow:
 
     def __repr__(self) -> str:
         return f"<workflow {self.name} steps={list(self.steps)}>"
-
-    def missing(self, step: str) -> WorkflowDefinitionError:
-        """What fails a run's step that this deploy does not define (docs/workflows.md)."""
-        return WorkflowDefinitionError(f"workflow {self.name!r} has no step {step!r} in this deploy: "
-                                       "keep a step defined while runs may still reach it")
 
     def graph(self) -> dict[str, Any]:
         """The graph as a run stores it: steps in definition order (a topological order)."""

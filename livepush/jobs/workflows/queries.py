@@ -125,10 +125,8 @@ WHERE workflow_id = %(id)s AND group_id IS NOT NULL
 """
 
 # name: claim_steps
-# The claim of workflow steps' jobs, on `queue`: of the steps this runtime defines (`names`), and
-# of any other step of the workflows it defines (`prefixes`, "<workflow>."), which a deploy
-# dropped: the runtime fails those (docs/workflows.md); `excluded` as in CLAIM. The plain claim
-# (queries.py: CLAIM) leaves steps' jobs out; a runtime that defines no workflow never runs this.
+# The claim of workflow steps' jobs, on `queue`, of the step names this runtime defines; the plain
+# claim (queries.py: CLAIM) leaves them out. A runtime that defines no step never runs it.
 # Safe under concurrency as CLAIM is: SKIP LOCKED hands each available row to exactly one claimer,
 # and the partial index (sql/0006_workflows.sql) holds only available steps' jobs. In the same
 # statement, each unfinished run among them gets a new version showing its step's new attempt
@@ -141,8 +139,7 @@ WHERE workflow_id = %(id)s AND group_id IS NOT NULL
 CLAIM_STEPS = """
 WITH picked AS (
     SELECT id FROM livepush_jobs
-    WHERE state = 'available' AND workflow_id IS NOT NULL AND queue = %(queue)s
-      AND (name = ANY(%(names)s::text[]) OR name ^@ ANY(%(prefixes)s::text[])) AND name <> ALL(%(excluded)s::text[])
+    WHERE state = 'available' AND workflow_id IS NOT NULL AND queue = %(queue)s AND name = ANY(%(names)s::text[])
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED

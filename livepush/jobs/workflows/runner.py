@@ -148,7 +148,8 @@ class Runner:
     async def run_step(self, flow: Workflow, step: str, ctx: Any, run_id: int) -> Any:
         spec = flow.steps.get(step)
         if spec is None:
-            raise flow.missing(step)
+            raise WorkflowDefinitionError(f"workflow {flow.name!r} has no step {step!r} in this deploy: "
+                                          "keep a step defined while runs may still reach it")
         # One read in autocommit: no BEGIN and COMMIT round trips on the path between two steps.
         async with ctx.pool.connection() as conn, aautocommitted(conn), conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(wq.STEP_INPUTS, {"id": run_id, "step": step})
