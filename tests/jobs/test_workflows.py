@@ -162,7 +162,7 @@ async def test_a_rolling_deploy_that_adds_a_step_runs_it_on_the_newer_runtimes(
                              == [("available",)], 15.0, message="the run to reach its new step")
         # A job enqueued after the step's job ran: the older runtime's claims went past the step.
         handle = await marker.aenqueue()
-        await async_wait_for(lambda: (jobs.get_job(handle.id) or {}).get("state") == "succeeded", 15.0,
+        await async_wait_for(lambda: q(flows_db, "SELECT state FROM livepush_jobs WHERE id = %s", (handle.id,)) == [("succeeded",)], 15.0,
                              message="a later job to run")
     assert q(flows_db, "SELECT state, attempt FROM livepush_jobs WHERE name = 't_redeployed.report'") == [("available", 0)]
     deploy(with_report=True)  # the newer deploy's runtime
