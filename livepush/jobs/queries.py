@@ -148,7 +148,19 @@ ENQUEUE_DEBOUNCED = "SELECT k.id, k.name, k.created FROM livepush_enqueue_deboun
 # from matching any later claim. It rings nothing: a NOTIFY here would put Postgres' notify
 # queue lock on the path between a slot freeing and the next job starting. The completer rings
 # the new `started` versions with its next statement (COMPLETE's `started`, or RING_STARTED).
-CLAIM = """
+# The claim's update of the rows CTE `picked` chose, and the columns a claimed job is run with:
+# shared with the workflow steps' claim (workflows/queries.py: CLAIM_STEPS).
+CLAIMED = """claimed AS (
+    UPDATE livepush_jobs j
+    SET state = 'running', attempt = j.attempt + 1, runtime_id = %(runtime_id)s,
+        lease = livepush_job_lease(), version = j.version + 1, event = 'started'
+    FROM picked WHERE j.id = picked.id
+    RETURNING j.*
+)"""
+CLAIMED_COLUMNS = """j.id, j.name, j.queue, j.priority, j.attempt, j.max_attempts, j.lease, j.cancel_requested,
+       j.run_at, j.group_id, j.callback_of, j.workflow_id, j.version, j.has_steps, p.args"""
+
+CLAIM = f"""
 WITH picked AS (
     SELECT id FROM livepush_jobs
     WHERE state = 'available' AND NOT limited AND workflow_id IS NULL AND queue = %(queue)s
@@ -157,15 +169,8 @@ WITH picked AS (
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE livepush_jobs j
-    SET state = 'running', attempt = j.attempt + 1, runtime_id = %(runtime_id)s,
-        lease = livepush_job_lease(), version = j.version + 1, event = 'started'
-    FROM picked WHERE j.id = picked.id
-    RETURNING j.*
-)
-SELECT j.id, j.name, j.queue, j.priority, j.attempt, j.max_attempts, j.lease, j.cancel_requested,
-       j.run_at, j.group_id, j.callback_of, j.workflow_id, j.version, j.has_steps, p.args
+), {CLAIMED}
+SELECT {CLAIMED_COLUMNS}
 FROM claimed j JOIN livepush_job_payloads p ON p.id = j.id
 ORDER BY j.priority, j.run_at, j.id
 """

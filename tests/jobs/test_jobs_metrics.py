@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from livepush import jobs
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import q, runtime_starter
+from tests.support.http import http_exchange
 from tests.support.procs import ChildProcess, Processes, free_port
 from tests.support.waiting import wait_for
 
@@ -84,34 +85,19 @@ async def test_the_metrics_port_answers_head_like_get_and_other_methods_with_405
     """The runtime's metrics port holds to the server port's rules: /metrics and /healthz answer
     GET, HEAD gets the same status and headers without the body, any other method 405 with
     `Allow: GET, HEAD`; a HEAD or a POST of /metrics is not a 404 (the route exists)."""
-    import asyncio
-
     from livepush import metrics
 
     server = await metrics.serve("127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-
-    async def ask(method: str, path: str) -> tuple[int, dict[str, str], bytes]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            writer.write(f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
-            raw = await asyncio.wait_for(reader.read(), timeout=5)
-        finally:
-            writer.close()
-        head, _, body = raw.partition(b"\r\n\r\n")
-        status_line, *lines = head.decode().split("\r\n")
-        headers = {n.lower(): v.strip() for n, _, v in (line.partition(":") for line in lines)}
-        return int(status_line.split()[1]), headers, body
-
     try:
         for path in ("/metrics", "/healthz"):
-            status, headers, body = await ask("GET", path)
+            status, headers, body = await http_exchange(port, "GET", path)
             assert status == 200 and body
-            status, head_headers, head_body = await ask("HEAD", path)
+            status, head_headers, head_body = await http_exchange(port, "HEAD", path)
             assert (status, head_body) == (200, b"") and head_headers["content-type"] == headers["content-type"]
             for method in ("POST", "DELETE"):
-                status, headers, _ = await ask(method, path)
+                status, headers, _ = await http_exchange(port, method, path)
                 assert (status, headers.get("allow")) == (405, "GET, HEAD"), (method, path)
-        assert (await ask("GET", "/nope"))[0] == 404
+        assert (await http_exchange(port, "GET", "/nope"))[0] == 404
     finally:
         server.close()

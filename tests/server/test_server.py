@@ -12,6 +12,7 @@ import pytest
 import livepush
 from livepush import topics
 from tests.server.conftest import Served
+from tests.support.http import http_exchange
 from tests.support.wsclient import WSClient
 
 
@@ -173,20 +174,6 @@ async def test_healthz_and_client_js_are_served_on_the_same_port(served: Served)
     assert js == (Path(livepush.__file__).parent / "static" / "livepush.js").read_bytes()
     status, _ = await http_get(served.server.port, "/nope")
     assert status == 404
-
-
-async def http_exchange(port: int, method: str, path: str) -> tuple[int, dict[str, str], bytes]:
-    """One request with `method`, read until the server ends the answer: (status, headers, body)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\n\r\n".encode())
-        raw = await asyncio.wait_for(reader.read(), timeout=5)  # the server ends an HTTP answer with EOF
-    finally:
-        writer.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    status_line, *lines = head.decode().split("\r\n")
-    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
-    return int(status_line.split()[1]), headers, body
 
 
 @pytest.mark.parametrize("fanout_kind", ["local"])

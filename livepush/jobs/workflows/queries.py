@@ -23,6 +23,8 @@ their transaction again on a deadlock (groups/transactions.py, durable/run.py).
 
 from __future__ import annotations
 
+from .. import queries
+
 # name: insert_run
 # A new run and its steps, all pending; invisible to others until commit.
 INSERT_RUN = """
@@ -136,25 +138,18 @@ WHERE workflow_id = %(id)s AND group_id IS NOT NULL
 # (operators.py), which FOR UPDATE would hold off while this claim waits for that run's row.
 # Committed synchronously, unlike CLAIM: a run's version rung and then lost in a crash would be
 # given again to a different state.
-CLAIM_STEPS = """
+CLAIM_STEPS = f"""
 WITH picked AS (
     SELECT id FROM livepush_jobs
     WHERE state = 'available' AND workflow_id IS NOT NULL AND queue = %(queue)s AND name = ANY(%(names)s::text[])
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE livepush_jobs j
-    SET state = 'running', attempt = j.attempt + 1, runtime_id = %(runtime_id)s,
-        lease = livepush_job_lease(), version = j.version + 1, event = 'started'
-    FROM picked WHERE j.id = picked.id
-    RETURNING j.*
-), shown AS (
+), {queries.CLAIMED}, shown AS (
     SELECT livepush_workflow_steps_claimed(array_agg(c.id), array_agg(c.workflow_id), array_agg(c.attempt)) AS n
     FROM claimed c
 )
-SELECT j.id, j.name, j.queue, j.priority, j.attempt, j.max_attempts, j.lease, j.cancel_requested,
-       j.run_at, j.group_id, j.callback_of, j.workflow_id, j.version, j.has_steps, p.args
+SELECT {queries.CLAIMED_COLUMNS}
 FROM claimed j JOIN livepush_job_payloads p ON p.id = j.id CROSS JOIN shown
 ORDER BY j.priority, j.run_at, j.id
 """
