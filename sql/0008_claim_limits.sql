@@ -59,7 +59,8 @@ $$;
 -- 1. Take the name's claim lock (a transaction-level advisory lock of the name's hash, which
 --    writes nothing, where a lock of the limits row wrote one WAL record per claim). Every
 --    limited claim of the name, from every runtime, does this first, so they run one at a time;
---    the lock goes at commit, once the claim's rows are visible to the next one's snapshot.
+--    the lock goes at commit, once the claim's rows are visible to the next one's snapshot. A
+--    claim that finds it held claims nothing and says when to try again (below).
 -- 2. Claim. A volatile PL/pgSQL function's statements each take a fresh snapshot (READ
 --    COMMITTED), so this one starts after the lock is held, and so after every earlier claim of
 --    the name committed: its count of running jobs per key (`busy`) misses no claimed job. (A
@@ -77,7 +78,8 @@ $$;
 -- count and the arguments it returns are of the old ones); the next claim takes it. The bucket is debited in the same statement. With no token left one
 -- candidate is read, enough to tell whether the bucket holds anything back.
 -- Returns one row with wait_token (seconds until the next token, when the bucket held eligible
--- jobs back: the runtime sleeps that long rather than spin) and the claimed jobs' columns
+-- jobs back, or until the next try, when the claim lock was held: the runtime sleeps that long
+-- rather than spin) and the claimed jobs' columns
 -- (NULL when none), then one row per further job: a row of NULLs while the queue is paused or
 -- when the name has no limits row. Commits asynchronously, as the plain claim (sql/0003_jobs.sql:
 -- livepush_job_lease()).
@@ -93,7 +95,16 @@ BEGIN
     -- ids: a constant naming livepush's claim-lock namespace (users' own advisory locks, and
     -- debounced enqueues' key locks, never collide with it), and the name's hash (two names
     -- sharing a hash only wait for each other).
-    PERFORM pg_advisory_xact_lock(1819304812, hashtext(p_name));
+    -- Tried, not waited for: another runtime's claim of the name holds it for a millisecond or
+    -- two, but any session may take an advisory lock (it needs no privilege), and a claim that
+    -- waited would stop the runtime's whole claim loop behind it. Busy, the name is skipped this
+    -- round: one row whose wait_token brings the runtime back to it shortly (the floor of its
+    -- token waits), while its other names and queues are claimed meanwhile.
+    IF NOT pg_try_advisory_xact_lock(1819304812, hashtext(p_name)) THEN
+        wait_token := 0.01;
+        RETURN NEXT;
+        RETURN;
+    END IF;
     RETURN QUERY
     WITH lim AS (
         SELECT l.name, l.max_running, l.rate, c.at,

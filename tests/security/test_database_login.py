@@ -202,10 +202,9 @@ async def test_a_forged_cancel_cancels_nothing_and_stops_no_runtime(pg_url: str,
 KEY_LOCKS, CLAIM_LOCKS = 1819045236, 1819304812
 ADVISORY_LOCKS_REASON = (
     "any role that can connect may take any advisory lock, and livepush serializes debounced enqueues "
-    "and limited claims with advisory locks of fixed, readable keys: held by a stranger, a debounced "
-    "enqueue waits forever, and a runtime's claim loop (limited names first) stops claiming anything. "
-    "A fix locks rows only livepush's roles may write (a lock of the limits row, which costs a WAL "
-    "record per claim), or the threat model stops promising it")
+    "of a key with an advisory lock of a fixed, readable key: held by a stranger, a debounced enqueue "
+    "of that key waits forever. A fix locks rows only livepush's roles may write, or the threat model "
+    "stops promising it")
 
 
 @pytest.fixture
@@ -241,10 +240,11 @@ async def test_a_login_without_privileges_holds_up_no_debounced_enqueue(
         config.set_settings(None)
 
 
-@pytest.mark.xfail(strict=True, reason=ADVISORY_LOCKS_REASON)
 async def test_a_login_without_privileges_stops_no_runtime_with_an_advisory_lock(
         pg_url: str, held_lock: Callable[[int, str], None], secret: str) -> None:
-    """A login without privileges holding the claim lock of a rate-limited function stops no runtime: a plain job enqueued after it runs to success."""
+    """A login without privileges holding the claim lock of a rate-limited function stops no
+    runtime: a plain job enqueued after it runs to success, and the limited function's job runs
+    once the lock is let go."""
     from livepush import config
 
     config.set_settings(config.Settings(database_url=pg_url, fanout="postgres", env="test", secret=secret))
@@ -263,13 +263,19 @@ async def test_a_login_without_privileges_stops_no_runtime_with_an_advisory_lock
     try:
         await runtime.wait_started()
         held_lock(CLAIM_LOCKS, "t.security.limited")
+        held_up = await limited.aenqueue()
         handle = await plain.aenqueue()
 
-        async def finished() -> Any:
-            state = await asyncio.to_thread(jobs.job_state, handle.id)
-            return state if state and state["state"] in ("succeeded", "failed", "cancelled") else None
+        def finished(job_id: int) -> Any:
+            async def check() -> Any:
+                state = await asyncio.to_thread(jobs.job_state, job_id)
+                return state if state and state["state"] in ("succeeded", "failed", "cancelled") else None
+            return check
 
-        state = await async_wait_for(finished, 10, 0.05, message="the plain job to finish")
+        state = await async_wait_for(finished(handle.id), 10, 0.05, message="the plain job to finish")
+        assert state["state"] == "succeeded", state
+        held_lock.release()  # type: ignore[attr-defined]
+        state = await async_wait_for(finished(held_up.id), 10, 0.05, message="the limited job to finish")
         assert state["state"] == "succeeded", state
     finally:
         held_lock.release()  # type: ignore[attr-defined]
