@@ -77,13 +77,12 @@ SELECT livepush_log_epoch(), 0 WHERE NOT EXISTS (SELECT FROM livepush_topics WHE
 # read an origin since), which an origin offset is checked against. Read-only: concurrent
 # publishers only add rows past what the snapshot shows.
 HISTORIES = """
-SELECT r.i, t.epoch, t.last_seq, m.seq, m.data, m.fresh, m.at, (SELECT epoch FROM livepush_log) AS log_epoch
+SELECT r.i, t.epoch, t.last_seq, m.seq, m.data, m.at, (SELECT epoch FROM livepush_log) AS log_epoch
 FROM jsonb_array_elements(%(reads)s::jsonb) WITH ORDINALITY AS r(pair, i)
 CROSS JOIN LATERAL (SELECT r.pair ->> 0 AS topic, (r.pair ->> 1)::bigint AS after) q
 LEFT JOIN livepush_topics t ON t.topic = q.topic
 LEFT JOIN LATERAL (
-    SELECT seq, data, created_at >= now() - make_interval(secs => %(ttl)s) AS fresh,
-           extract(epoch FROM created_at)::float8 AS at,
+    SELECT seq, data, extract(epoch FROM created_at)::float8 AS at,
            sum(octet_length(data)) OVER (ORDER BY seq) - octet_length(data) AS before
     FROM livepush_messages
     WHERE topic = q.topic AND seq > q.after AND seq <= q.after + least(t.last_seq - q.after, %(limit)s)
@@ -143,7 +142,7 @@ def parse_doorbell(payload: str) -> list[Message]:
 
 def _page(topic: Topic, since_epoch: int, after: int, found: list[tuple[Any, ...]]) -> History | None:
     """One topic's page from its rows of HISTORIES (at least one)."""
-    epoch, last, log_epoch = found[0][1], found[0][2], found[0][7]
+    epoch, last, log_epoch = found[0][1], found[0][2], found[0][6]
     # An origin ("LOGEPOCH-0", given out while the topic had no row) of the log as it is: the
     # log was not emptied since, so the topic has lost nothing; it replays from its first message.
     origin = after == 0 and since_epoch == log_epoch
@@ -154,11 +153,14 @@ def _page(topic: Topic, since_epoch: int, after: int, found: list[tuple[Any, ...
     latest = _offset(epoch, last)
     if after == last:
         return History([], latest, False)
-    rows = [(seq, data, fresh, at) for _, _, _, seq, data, fresh, at, _ in found if seq is not None]
-    # Never a silent hole: the page runs from after+1 without a gap, and its first row is unexpired.
-    if not rows or rows[0][0] != after + 1 or rows[-1][0] != after + len(rows) or not rows[0][2]:
+    rows = [(seq, data, at) for _, _, _, seq, data, at, _ in found if seq is not None]
+    # Never a silent hole: the page runs from after+1 without a gap. Rows past the TTL that no
+    # prune has reached yet are served too: present and contiguous, they lose nothing, and a
+    # message's created_at is its transaction's start, so one committed by a transaction longer
+    # than the TTL is past it the moment it can be read.
+    if not rows or rows[0][0] != after + 1 or rows[-1][0] != after + len(rows):
         return None
-    messages = [Message(topic, _offset(epoch, seq), _offset(epoch, seq - 1), data, at) for seq, data, _, at in rows]
+    messages = [Message(topic, _offset(epoch, seq), _offset(epoch, seq - 1), data, at) for seq, data, at in rows]
     return History(messages, latest, rows[-1][0] < last)
 
 
@@ -318,8 +320,8 @@ class PostgresFanOut(FanOut):
                 asked.append((topic, *parsed))
         if not asked:
             return found
-        params = {"reads": json.dumps([[topic, after] for topic, _, after in asked]), "ttl": self.history_ttl,
-                  "limit": limit, "bytes": max(HISTORY_PAGE_BYTES // len(asked), MIN_PAGE_BYTES)}
+        params = {"reads": json.dumps([[topic, after] for topic, _, after in asked]), "limit": limit,
+                  "bytes": max(HISTORY_PAGE_BYTES // len(asked), MIN_PAGE_BYTES)}
         with translated(self.url):
             async with (await self._pools.aget()).connection() as c:
                 rows = await (await c.execute(HISTORIES, params)).fetchall()

@@ -350,11 +350,6 @@ async def test_a_postgres_crash_starts_a_new_epoch_so_old_offsets_get_reset(pg_u
         await served.stop()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a message's created_at is now(), its transaction's start, and a page whose first row is "
-    "older than the TTL is refused, so the live read of a message that just committed after a "
-    "transaction longer than the TTL resets every subscriber; judging age at commit, or not "
-    "refusing rows that are there and contiguous on live reads, is a choice of the maintainers'"))
 async def test_a_message_committed_by_a_transaction_longer_than_the_ttl_is_delivered(pg_url: str, secret: str) -> None:
     """publish(conn=) delivers the message if and only if the transaction commits: a transaction
     that lasts longer than LIVEPUSH_HISTORY_TTL still delivers it to the subscribers connected
