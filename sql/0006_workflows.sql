@@ -76,17 +76,20 @@ CREATE TABLE livepush_workflow_audit (
     PRIMARY KEY (workflow_id, seq)
 );
 
--- Signals sent to a run for a step that has not started yet; the step's job takes them over
--- (as its own signals, sql/0005_durable.sql) in the transaction that creates it.
+-- Signals sent to a run for a step that has not started yet, each kept for the step it was sent
+-- to (`step`, as its audit line says): that step's next job takes it over (as its own signal,
+-- sql/0005_durable.sql) in the transaction that creates it; a step that finishes without
+-- starting (skipped, or its run ended) drops it, so it never reaches another step.
 CREATE TABLE livepush_workflow_signals (
     id           bigserial   PRIMARY KEY,
     workflow_id  bigint      NOT NULL REFERENCES livepush_workflows (id) ON DELETE CASCADE,
+    step         text        NOT NULL,
     name         text        NOT NULL,
     data         jsonb       NOT NULL,
     sent_at      timestamptz NOT NULL DEFAULT now()
 );
 
-CREATE INDEX livepush_workflow_signals_idx ON livepush_workflow_signals (workflow_id, name, id);
+CREATE INDEX livepush_workflow_signals_idx ON livepush_workflow_signals (workflow_id, step, id);
 
 -- The counts of a fan-out step's batch, as `workflow:<id>` shows them (NULL once the group was
 -- pruned). Read in the caller's snapshot.

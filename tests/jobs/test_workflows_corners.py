@@ -82,3 +82,20 @@ async def test_a_run_that_finished_early_stops_its_running_sibling(jobs_db: str)
     done = jobs.workflows.get(run.id)
     assert done["state"] == "succeeded" and done["output"] == {"early": True}
     assert step_states(done) == {"first": "succeeded", "done_early": "succeeded", "slow_sibling": "skipped"}
+
+
+async def test_a_signal_kept_for_a_step_that_is_skipped_goes_with_it(jobs_db: str) -> None:
+    """A signal sent before its step started is kept for that step: skipped before it started,
+    the step takes its signal with it, so the next step waiting for that name still waits for a
+    signal of its own (which is accepted, not refused as if that step had one)."""
+    async with running(queues=[wc.QUEUE]):
+        run = await wc.two_approvals.astart()
+        await jobs.workflows.asignal(run.id, "go", {"by": "ana"}, actor="ana")
+        assert await jobs.workflows.askip(run.id, "legal", actor="ana", reason="not needed")
+        q(jobs_db, "INSERT INTO job_flags VALUES (%s)", (f"gather-{run.id}",))
+        await async_wait_for(lambda: step_is(run.id, "finance", "waiting"), 10.0,
+                             message="finance to wait for a signal of its own")
+        await jobs.workflows.asignal(run.id, "go", {"by": "bo"}, actor="bo")
+        done = await run_state(run.id, "succeeded")
+    assert step_states(done) == {"gather": "succeeded", "legal": "skipped", "finance": "succeeded"}
+    assert done["steps"]["finance"]["output"] == {"by": "bo"}

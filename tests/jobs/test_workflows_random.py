@@ -592,7 +592,7 @@ class Seed:
             for run_id, step, step_state, job_state, unread, kept in q(self.url, """
                     SELECT s.workflow_id, s.name, s.state, j.state,
                            (SELECT count(*) FROM livepush_job_signals g WHERE g.job_id = s.job_id),
-                           (SELECT count(*) FROM livepush_workflow_signals k WHERE k.workflow_id = s.workflow_id)
+                           (SELECT count(*) FROM livepush_workflow_signals k WHERE k.workflow_id = s.workflow_id AND k.step = s.name)
                     FROM livepush_workflow_steps s JOIN livepush_workflows w ON w.id = s.workflow_id
                     LEFT JOIN livepush_jobs j ON j.id = s.job_id
                     WHERE w.state = 'running' AND s.state IN ('pending', 'running')

@@ -58,3 +58,22 @@ async def breaks(ctx: Any) -> Any:
 @fails_while_waiting.step(after="start", wait_for="go")
 async def waits(ctx: Any) -> Any:
     return "approved"
+
+
+two_approvals = jobs.workflow("wfd_two_approvals", queue=QUEUE)
+
+
+@two_approvals.step()
+async def gather(ctx: Any) -> Any:
+    await until_flag(f"gather-{ctx.run_id}")
+    return 1
+
+
+@two_approvals.step(after="gather", wait_for="go")
+async def legal(ctx: Any) -> Any:
+    return ctx.signal
+
+
+@two_approvals.step(after="legal", wait_for="go")
+async def finance(ctx: Any) -> Any:
+    return ctx.signal

@@ -117,7 +117,7 @@ async def askip(run_id: int, step: str, *, actor: str | None = None, reason: str
 
 def _target(run_id: int, name: str, lock: bool) -> steps.Steps[dict[str, Any]]:
     """The first unfinished step of the run that still waits for signal `name` (its row): not one
-    whose job got one already, nor one of the steps not started that the run keeps one for."""
+    whose job got one already, nor a step not started that the run keeps one for."""
     runs = yield steps.Query(wq.LOCK_RUN_SHARE if lock else wq.RUN_OF, {"id": run_id})
     if not runs:
         raise WorkflowNotFound(f"no workflow run {run_id} (never started, or deleted after its retention time)")
@@ -127,7 +127,6 @@ def _target(run_id: int, name: str, lock: bool) -> steps.Steps[dict[str, Any]]:
     rows = yield steps.Query(wq.STEPS_OF, {"ids": [run_id]})
     by_name = {r["name"]: r for r in rows}
     graph = run["graph"]
-    kept: int | None = None
     for n in graph["order"]:
         step = by_name[n]
         if graph["steps"][n].get("wait_for") != name or step["state"] in engine.STEP_FINISHED:
@@ -136,11 +135,8 @@ def _target(run_id: int, name: str, lock: bool) -> steps.Steps[dict[str, Any]]:
             if (yield steps.Query(dq.AWAITS_SIGNAL, {"id": step["job_id"], "name": name}))[0]["waits"]:
                 return step
             continue
-        if kept is None:
-            kept = (yield steps.Query(wq.KEPT_SIGNALS, {"id": run_id, "name": name}))[0]["n"]
-        if kept == 0:
+        if (yield steps.Query(wq.KEPT_SIGNALS, {"id": run_id, "step": n, "name": name}))[0]["n"] == 0:
             return step
-        kept -= 1
     raise ValueError(f"no step of workflow run {run_id} waits for signal {name!r} (any more)")
 
 
@@ -170,7 +166,7 @@ def _signal_steps(run_id: int, name: str, data: str, actor: str | None) -> steps
     if not (yield from _to_job(step, name, data)):
         step = yield from _target(run_id, name, lock=True)
         if not (yield from _to_job(step, name, data)):
-            yield steps.Query(wq.KEEP_SIGNAL, {"id": run_id, "name": name, "data": data})
+            yield steps.Query(wq.KEEP_SIGNAL, {"id": run_id, "step": step["name"], "name": name, "data": data})
     yield steps.Query(wq.AUDIT, {"id": run_id, "verb": "signal", "step": step["name"], "actor": actor,
                                  "reason": name})
 

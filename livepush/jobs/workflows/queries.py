@@ -59,10 +59,11 @@ WHERE workflow_id = ANY(%(ids)s::bigint[])
 # one statement (one round trip; a step's end costs its transaction this and the two reads):
 # - the jobs of the steps that became ready (`start`: pending when read after the lock), on the
 #   run's queue, args [run id], and those steps `running` with their job;
-# - the run's signals kept for the steps that wait for them, taken over by those steps' new jobs:
-#   one each, oldest first to the first started; the rest stay for the steps that start later;
+# - the run's signals kept for the steps started, each taken over by its own step's new job (a
+#   signal is kept for the step it was sent to: jobs.workflows.signal keeps at most one per step);
 # - the other steps whose state the decision changed (never the started ones: two updates of one
-#   row in a statement are not allowed);
+#   row in a statement are not allowed), and the signals kept for those among them that finished
+#   without starting (skipped, or stopped with their run): they go with their step;
 # - the audit lines, in order;
 # - the run's state, and a new version of its topic naming the change (unless `event` is null),
 #   rung with the new jobs' id range and the runtimes' doorbell, all delivered at commit.
@@ -79,17 +80,14 @@ WITH input AS MATERIALIZED (
 ), started AS (
     UPDATE livepush_workflow_steps s SET state = 'running', job_id = i.id, error = NULL, attempt = 0
     FROM input i WHERE s.workflow_id = %(id)s AND s.name = i.step
-), waits AS (
-    SELECT i.wait_for, i.id, row_number() OVER (PARTITION BY i.wait_for ORDER BY i.ord) AS nth
-    FROM input i WHERE i.wait_for IS NOT NULL
-), kept AS (
-    SELECT w.id, w.name, row_number() OVER (PARTITION BY w.name ORDER BY w.id) AS nth
-    FROM livepush_workflow_signals w
-    WHERE w.workflow_id = %(id)s AND w.name IN (SELECT wait_for FROM waits)
 ), handed AS (
-    DELETE FROM livepush_workflow_signals w USING kept k JOIN waits f ON f.wait_for = k.name AND f.nth = k.nth
-    WHERE w.id = k.id
-    RETURNING w.id AS seq, f.id AS job_id, w.name, w.data
+    DELETE FROM livepush_workflow_signals w USING input i
+    WHERE w.workflow_id = %(id)s AND w.step = i.step AND w.name = i.wait_for
+    RETURNING w.id AS seq, i.id AS job_id, w.name, w.data
+), dropped AS (
+    DELETE FROM livepush_workflow_signals w
+    USING unnest(%(names)s::text[], %(states)s::text[]) AS u(name, state)
+    WHERE w.workflow_id = %(id)s AND w.step = u.name AND u.state IN ('succeeded', 'skipped', 'failed', 'cancelled')
 ), taken AS (
     INSERT INTO livepush_job_signals (job_id, name, data) SELECT job_id, name, data FROM handed ORDER BY seq
 ), changed AS (
@@ -163,13 +161,20 @@ VALUES (%(id)s, %(verb)s, %(step)s, %(actor)s, %(reason)s)
 
 # name: keep_signal
 # Under the run's lock (FOR SHARE is enough: no decision runs meanwhile): a signal for a step
-# that has no job yet waits here.
-KEEP_SIGNAL = "INSERT INTO livepush_workflow_signals (workflow_id, name, data) VALUES (%(id)s, %(name)s, %(data)s::jsonb)"
+# that has no job yet waits here, kept for that step (DECIDE hands it to the step's next job).
+KEEP_SIGNAL = """
+INSERT INTO livepush_workflow_signals (workflow_id, step, name, data)
+VALUES (%(id)s, %(step)s, %(name)s, %(data)s::jsonb)
+"""
 
 # name: kept_signals
-# jobs.workflows.signal: how many signals of a name the run keeps for its steps that have not
-# started (one each, in the order they start: DECIDE).
-KEPT_SIGNALS = "SELECT count(*) AS n FROM livepush_workflow_signals WHERE workflow_id = %(id)s AND name = %(name)s"
+# jobs.workflows.signal: whether the run keeps a signal of this name for this step already (a
+# step takes one). Read under the run's share lock, or before it as a first look that the locked
+# look repeats: no decision hands or drops a kept signal meanwhile.
+KEPT_SIGNALS = """
+SELECT count(*) AS n FROM livepush_workflow_signals
+WHERE workflow_id = %(id)s AND step = %(step)s AND name = %(name)s
+"""
 
 # name: run_of
 # jobs.workflows.signal, first look (a plain read: the step's job row, locked next, decides).
