@@ -121,3 +121,20 @@ def test_a_job_name_postgres_cannot_store_is_refused_at_decoration(jobs_db: str,
     with pytest.raises(ConfigError, match=r"@jobs.job\(name=\)"):
         jobs.job(name=name)(lambda ctx: None)  # type: ignore[arg-type]
     assert jobs.job(name="n" * 500)(lambda ctx: None).enqueue().name == "n" * 500
+
+
+def test_two_functions_with_one_job_name_are_refused_at_decoration() -> None:
+    """A job name is what runtimes look a job's function up by: a second function taking a name
+    already taken silently ran the first one's jobs (whichever module was imported last won). A
+    ConfigError naming both; the same function defined again (a re-import) takes its name back."""
+    def first(ctx: object) -> str:
+        return "first"
+
+    def second(ctx: object) -> str:
+        return "second"
+
+    jobs.job(name="t.one_name")(first)
+    jobs.job(name="t.one_name")(first)  # a re-import
+    with pytest.raises(ConfigError, match=r"job name 't\.one_name' of function .*second in .* is taken by function .*first in "):
+        jobs.job(name="t.one_name")(second)
+    assert jobs.REGISTRY.get("t.one_name").func is first

@@ -73,6 +73,33 @@ def test_a_fan_out_step_with_a_signal_wait_is_refused() -> None:
         def spread(ctx: Any, batch: Any) -> None: ...
 
 
+def test_a_workflow_and_step_name_that_make_a_taken_job_name_are_refused() -> None:
+    """Workflow and step names may hold dots, so workflow "a.b" step "c" and workflow "a" step
+    "b.c" make one job name, "a.b.c": the later definition silently ran its steps for the other's
+    runs. Refused at import, naming both; so is a step whose job name a plain job holds."""
+    dotted = jobs.workflow("t_dots.load")
+
+    @dotted.step()
+    async def rows(ctx: Any) -> str:
+        return "t_dots.load / rows"
+
+    plain = jobs.workflow("t_dots")
+    with pytest.raises(jobs.WorkflowDefinitionError,
+                       match=r"job name 't_dots\.load\.rows' of step 'load\.rows' of workflow 't_dots' .* is taken "
+                             r"by step 'rows' of workflow 't_dots\.load'"):
+        @plain.step(name="load.rows")
+        async def other(ctx: Any) -> str:
+            return "t_dots / load.rows"
+
+    @jobs.job(name="t_dots.fetch")
+    async def fetch(ctx: Any) -> None: ...
+
+    with pytest.raises(jobs.WorkflowDefinitionError, match=r"job name 't_dots\.fetch' .* is taken by function"):
+        @plain.step(name="fetch")
+        async def fetch_step(ctx: Any) -> None: ...
+    assert list(plain.steps) == []
+
+
 @pytest.mark.parametrize("options, message", [
     ({"on_timeout": "explode", "wait_for": "x"}, "on_timeout='explode'"),
     ({"wait_timeout": 5}, "wait_timeout= takes a positive number of seconds, at most 100 years, with wait_for="),

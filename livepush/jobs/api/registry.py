@@ -9,8 +9,10 @@ name: keep an alias registered until they are gone).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Protocol, runtime_checkable
 
+from ...errors import ConfigError
 from ..errors import UnknownJobError
 
 
@@ -46,12 +48,30 @@ class Registry:
     def __init__(self) -> None:
         self._functions: dict[str, Any] = {}
 
-    def add(self, fn: Any) -> Any:
-        # Re-importing a module (e.g. under a reloader) defines the same name again: the newest
-        # definition wins. Two different functions with one explicit name do too, which is a
-        # mistake we cannot tell apart from a reload; the docs warn about it.
+    def add(self, fn: Any, origin: str | None = None) -> Any:
+        """Register `fn` under its name. `origin` says what defined it (by default its function's
+        qualname and file): re-importing a module (e.g. under a reloader) defines the same name
+        from the same origin again, and the newest definition wins; a name taken by another
+        origin is a ConfigError, since whichever was imported last would silently run the other's
+        jobs."""
+        origin = origin or _origin_of(fn)
+        clash = self.clash(fn.name, origin)
+        if clash is not None:
+            raise ConfigError(clash)
+        fn.origin = origin
         self._functions[fn.name] = fn
         return fn
+
+    def clash(self, name: str, origin: str) -> str | None:
+        """Why `origin` cannot register `name` (another origin holds it), or None when it can."""
+        held = self._functions.get(name)
+        if held is None:
+            return None
+        held_origin = getattr(held, "origin", None) or _origin_of(held)
+        if held_origin == origin:
+            return None
+        return (f"job name {name!r} of {origin} is taken by {held_origin}: two definitions would run each "
+                "other's jobs; give one of them another name (name=)")
 
     def get(self, name: str) -> Any:
         try:
@@ -73,6 +93,18 @@ class Registry:
 
     def __len__(self) -> int:
         return len(self._functions)
+
+
+def where_defined(func: Any) -> str:
+    """A function's qualname and source file: the same file imported again under another module
+    name (a script run as __main__, a test file beside its package name) is the same definition."""
+    code = getattr(inspect.unwrap(func), "__code__", None)
+    place = code.co_filename if code is not None else getattr(func, "__module__", None)
+    return f"{getattr(func, '__qualname__', None)} in {place}"
+
+
+def _origin_of(fn: Any) -> str:
+    return f"function {where_defined(getattr(fn, 'func', fn))}"
 
 
 REGISTRY = Registry()

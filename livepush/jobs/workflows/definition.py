@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from ..api.functions import JobFunction, default_backoff
-from ..api.registry import REGISTRY
+from ..api.registry import REGISTRY, where_defined
 from ..durable.run import MAX_SECONDS
 from ..errors import WorkflowDefinitionError
 
@@ -125,9 +125,16 @@ class Workflow:
         if unknown:
             raise WorkflowDefinitionError(f"{where}: step {name!r} got unknown options {sorted(unknown)}")
         job_name = f"{self.name}.{name}"
+        # Names may hold dots, so workflow "a.b" step "c" and workflow "a" step "b.c" make one job
+        # name: refused here, else the later definition would silently run the other's steps. The
+        # same step defined again (a re-import) takes its name back.
+        origin = f"step {name!r} of workflow {self.name!r} ({where_defined(fn)})"
+        clash = REGISTRY.clash(job_name, origin)
+        if clash is not None:
+            raise WorkflowDefinitionError(f"{where}: {clash}")
         options.setdefault("timeout", None if kind == "fan_out" or wait_for is not None else 60)
         job = REGISTRY.add(JobFunction(self._runner(name), name=job_name, queue=self.queue,
-                                       backoff=options.pop("backoff", default_backoff), **options))
+                                       backoff=options.pop("backoff", default_backoff), **options), origin)
         spec = StepSpec(name, kind, deps, fn, job_name, wait_for,
                         None if wait_timeout is None else float(wait_timeout), on_timeout, on_batch_failure,
                         job.max_attempts, job.priority)
