@@ -108,6 +108,11 @@ def test_a_workflow_and_step_name_that_make_a_taken_job_name_are_refused() -> No
     ({"wait_for": "go", "wait_timeout": 1e10}, "at most 100 years, with wait_for=; got 10000000000.0"),
     ({"wait_for": "go", "wait_timeout": float("nan")}, "got nan"),
     ({"colour": "red"}, "unknown options \\['colour'\\]"),
+    # A signal name signal() and the step's wait refuse: the step's job failed every attempt and
+    # failed the run, or (a NUL, which the stored graph cannot hold) every flow.start() raised
+    # a DependencyError, as if Postgres had failed.
+    ({"wait_for": "g" * 201}, "wait_for= takes a signal name"),
+    ({"wait_for": "go\x00"}, "wait_for= takes a signal name"),
 ])
 def test_bad_step_options_are_refused(options: dict[str, Any], message: str) -> None:
     """Every bad option names itself."""

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from ..api.functions import JobFunction, default_backoff
 from ..api.registry import REGISTRY, where_defined
-from ..durable.run import MAX_SECONDS
+from ..durable.run import MAX_SECONDS, check_name
 from ..errors import WorkflowDefinitionError
 
 ON_TIMEOUT = ("fail", "cancel", "skip")
@@ -109,8 +109,14 @@ class Workflow:
         if kind == "fan_out" and wait_for is not None:
             raise WorkflowDefinitionError(f"{where}: fan-out step {name!r} cannot wait for a signal (wait_for=): "
                                           "put the wait on a step before or after it")
-        if wait_for is not None and (not isinstance(wait_for, str) or not wait_for):
-            raise WorkflowDefinitionError(f"{where}: step {name!r} wait_for= takes a signal name, got {wait_for!r}")
+        if wait_for is not None:
+            # The name signal() and the step's wait take (durable.run.check_name), checked here:
+            # else the step's job failed every attempt at its wait, or (a NUL) every start failed
+            # on storing the graph.
+            try:
+                check_name(wait_for, "wait_for=")
+            except ValueError as exc:
+                raise WorkflowDefinitionError(f"{where}: step {name!r} wait_for= takes a signal name ({exc})") from None
         if wait_timeout is not None and (wait_for is None or isinstance(wait_timeout, bool)
                                          or not isinstance(wait_timeout, (int, float)) or not wait_timeout > 0
                                          or not wait_timeout <= MAX_SECONDS):
