@@ -99,3 +99,18 @@ async def test_a_signal_kept_for_a_step_that_is_skipped_goes_with_it(jobs_db: st
         done = await run_state(run.id, "succeeded")
     assert step_states(done) == {"gather": "succeeded", "legal": "skipped", "finance": "succeeded"}
     assert done["steps"]["finance"]["output"] == {"by": "bo"}
+
+
+async def test_skipping_a_step_before_what_it_comes_after_finished_keeps_the_order(jobs_db: str) -> None:
+    """Skipped, a step counts as succeeded for what comes after it: so what comes after it still
+    waits for what the skipped step came after (as it would have had the step run), and sees
+    its output."""
+    async with running(queues=[wc.QUEUE]):
+        run = await wc.chain.astart()
+        await async_wait_for(lambda: step_is(run.id, "load", "running"), 10.0, message="load to run")
+        assert await jobs.workflows.askip(run.id, "check", actor="ana", reason="checked by hand")
+        assert step_states(jobs.workflows.get(run.id)) == {"load": "running", "check": "skipped", "publish": "pending"}
+        q(jobs_db, "INSERT INTO job_flags VALUES (%s)", (f"load-{run.id}",))
+        done = await run_state(run.id, "succeeded")
+    assert step_states(done) == {"load": "succeeded", "check": "skipped", "publish": "succeeded"}
+    assert done["steps"]["publish"]["output"] == {"saw": ["load"]}

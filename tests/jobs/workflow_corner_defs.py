@@ -77,3 +77,22 @@ async def legal(ctx: Any) -> Any:
 @two_approvals.step(after="legal", wait_for="go")
 async def finance(ctx: Any) -> Any:
     return ctx.signal
+
+
+chain = jobs.workflow("wfd_chain", queue=QUEUE)
+
+
+@chain.step()
+async def load(ctx: Any) -> Any:
+    await until_flag(f"load-{ctx.run_id}")
+    return {"rows": 3}
+
+
+@chain.step(after="load")
+async def check(ctx: Any) -> Any:
+    return "checked"
+
+
+@chain.step(after="check")
+async def publish(ctx: Any) -> Any:
+    return {"saw": sorted(ctx.outputs)}

@@ -172,12 +172,19 @@ class Plan:
 
     # -- what follows -------------------------------------------------------------------------
     def ready(self) -> list[str]:
-        """Pending steps whose every `after` step succeeded or was skipped, in definition order."""
+        """Pending steps whose every `after` step succeeded or was skipped, in definition order.
+        A step skipped before what it comes after finished counts as done only once that is done
+        too: it stands for a step that succeeded, which it could not have before them (an
+        operator may skip a step that has not started)."""
         if self.state != "running":
             return []
         specs = self.graph["steps"]
+        done: dict[str, bool] = {}
+        for n in self.graph["order"]:  # a topological order: what a step comes after is decided first
+            state = self.steps[n]["state"]
+            done[n] = state == "succeeded" or (state == "skipped" and all(done[d] for d in specs[n]["after"]))
         return [n for n in self.graph["order"] if self.steps[n]["state"] == "pending"
-                and all(self.steps[d]["state"] in STEP_DONE for d in specs[n]["after"])]
+                and all(done[d] for d in specs[n]["after"])]
 
     def settle(self) -> list[str]:
         """The steps to start now; finishes the run when nothing is left to do."""
