@@ -89,7 +89,9 @@ CREATE TABLE livepush_workflow_signals (
     sent_at      timestamptz NOT NULL DEFAULT now()
 );
 
-CREATE INDEX livepush_workflow_signals_idx ON livepush_workflow_signals (workflow_id, step, id);
+-- A step takes one signal: two signals kept at once for one step (jobs.workflows.signal holds the
+-- run FOR SHARE, which two signals share) meet here, and the later looks for the next step.
+CREATE UNIQUE INDEX livepush_workflow_signals_idx ON livepush_workflow_signals (workflow_id, step);
 
 -- The counts of a fan-out step's batch, as `workflow:<id>` shows them (NULL once the group was
 -- pruned). Read in the caller's snapshot.

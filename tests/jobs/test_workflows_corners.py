@@ -4,6 +4,8 @@ ends stops its other steps, so none is left parked and a finished run never show
 
 from __future__ import annotations
 
+import asyncio
+
 from livepush import jobs
 from tests.jobs import workflow_corner_defs as wc
 from tests.jobs import workflow_crash_defs as cd
@@ -114,3 +116,21 @@ async def test_skipping_a_step_before_what_it_comes_after_finished_keeps_the_ord
         done = await run_state(run.id, "succeeded")
     assert step_states(done) == {"load": "succeeded", "check": "skipped", "publish": "succeeded"}
     assert done["steps"]["publish"]["output"] == {"saw": ["load"]}
+
+
+async def test_signals_sent_at_once_before_their_steps_started_are_kept_one_for_each_step(jobs_db: str) -> None:
+    """Each step that waits for a name takes one signal of it, also of signals sent at the same
+    time before either step started: two of them are kept one for each step, never both for the
+    first (the second step would then wait for a third)."""
+    runs = [await wc.two_approvals.astart() for _ in range(5)]
+    for run in runs:
+        await asyncio.gather(jobs.workflows.asignal(run.id, "go", {"by": "ana"}, actor="ana"),
+                             jobs.workflows.asignal(run.id, "go", {"by": "bo"}, actor="bo"))
+        assert sorted(step for (step,) in q(jobs_db, "SELECT step FROM livepush_workflow_signals "
+                                                     "WHERE workflow_id = %s", (run.id,))) == ["finance", "legal"]
+    async with running(queues=[wc.QUEUE]):
+        for run in runs:
+            q(jobs_db, "INSERT INTO job_flags VALUES (%s)", (f"gather-{run.id}",))
+        for run in runs:
+            done = await run_state(run.id, "succeeded")
+            assert {done["steps"]["legal"]["output"]["by"], done["steps"]["finance"]["output"]["by"]} == {"ana", "bo"}

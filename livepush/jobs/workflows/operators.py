@@ -164,9 +164,14 @@ def _signal_steps(run_id: int, name: str, data: str, actor: str | None) -> steps
     parking is possible, and the transaction runs again (workflows/queries.py says so)."""
     step = yield from _target(run_id, name, lock=False)
     if not (yield from _to_job(step, name, data)):
-        step = yield from _target(run_id, name, lock=True)
-        if not (yield from _to_job(step, name, data)):
-            yield steps.Query(wq.KEEP_SIGNAL, {"id": run_id, "step": step["name"], "name": name, "data": data})
+        while True:
+            step = yield from _target(run_id, name, lock=True)
+            if (yield from _to_job(step, name, data)):
+                break
+            if (yield steps.Query(wq.KEEP_SIGNAL, {"id": run_id, "step": step["name"], "name": name, "data": data})):
+                break
+            # A signal sent at the same time was kept for this step first: the next look (which
+            # sees it) finds the step after it, or refuses. Each turn passes a step: bounded.
     yield steps.Query(wq.AUDIT, {"id": run_id, "verb": "signal", "step": step["name"], "actor": actor,
                                  "reason": name})
 

@@ -160,11 +160,16 @@ VALUES (%(id)s, %(verb)s, %(step)s, %(actor)s, %(reason)s)
 """
 
 # name: keep_signal
-# Under the run's lock (FOR SHARE is enough: no decision runs meanwhile): a signal for a step
-# that has no job yet waits here, kept for that step (DECIDE hands it to the step's next job).
+# Under the run's lock (FOR SHARE: no decision runs meanwhile): a signal for a step that has no
+# job yet waits here, kept for that step (DECIDE hands it to the step's next job). Another signal
+# holds the same share lock, and may keep one for the same step at once: the unique index makes
+# the later wait for the earlier's commit and insert nothing (no row returned), and its sender
+# then looks again, in a later statement that sees that commit (operators.py: _signal_steps).
 KEEP_SIGNAL = """
 INSERT INTO livepush_workflow_signals (workflow_id, step, name, data)
 VALUES (%(id)s, %(step)s, %(name)s, %(data)s::jsonb)
+ON CONFLICT (workflow_id, step) DO NOTHING
+RETURNING id
 """
 
 # name: kept_signals
