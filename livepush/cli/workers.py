@@ -126,6 +126,7 @@ def supervise(count: int, argv: Sequence[str], settings: Settings) -> int:
     """Run `count` workers of `livepush serve ARGV` on one port until a signal; the exit status."""
     import asyncio
 
+    from ..server.run import host_port
     from ..server.supervisor import Supervisor
 
     if not sys.platform.startswith("linux"):
@@ -142,7 +143,7 @@ def supervise(count: int, argv: Sequence[str], settings: Settings) -> int:
                 "--workers", "1", "--port", str(port), "--supervised-as", str(role)]
 
     def serving(pids: list[int]) -> None:
-        log.info("livepush serving on ws://%s:%d with %d workers, pids %s (fan-out: %s)", settings.host, port,
+        log.info("livepush serving on ws://%s with %d workers, pids %s (fan-out: %s)", host_port(settings.host, port),
                  count, ", ".join(map(str, pids)), settings.fanout)
 
     supervisor = Supervisor(count, command, env={**os.environ, metrics.MULTIPROCESS_DIR_VARIABLE: metrics_dir},

@@ -31,7 +31,7 @@ from ..cli.runner import run_async
 from ..cli.wiring import server_parts
 from ..errors import ConfigError, DependencyError, SchemaError
 from ..server import http
-from ..server.run import serve
+from ..server.run import host_port, serve
 from ..sessions.handshake import header_values, origin_allowed
 from . import durable, workflow
 
@@ -242,7 +242,7 @@ def run() -> int:
 
     def ready(server: object) -> None:
         port = getattr(server, "port")
-        print(f"\n  livepush demo: open http://{settings.host}:{port}/  (Ctrl-C stops)\n", flush=True)
+        print(f"\n  livepush demo: open http://{host_port(settings.host, port)}/  (Ctrl-C stops)\n", flush=True)
 
     async def main() -> int:
         parts = server_parts(settings, with_jobs=[DEMO_JOBS], pages=routes)

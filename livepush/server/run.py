@@ -66,18 +66,25 @@ async def close_connections(server: PushServer, drain_seconds: float, hurry: asy
     await server.close_connections()
 
 
-def listen_error(host: str, port: int, exc: OSError) -> ConfigError:
+def host_port(host: str, port: int) -> str:
+    """`host:port` as a URL writes it: an IPv6 address in brackets (RFC 3986), else `::1:8765`
+    is no URL a browser or a client takes, and its port cannot be told from the address."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def listen_error(host: str, port: int, exc: OSError, *, what: str = "listen",
+                 port_setting: str = "LIVEPUSH_PORT (or --port)") -> ConfigError:
     """The one line for a listening socket that cannot be made, naming what to change: the host
     when it names no address of this machine (it does not resolve, or is another machine's),
-    else the port."""
+    else the port (`port_setting`: the setting that chose it)."""
     if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
         fix = ("set LIVEPUSH_HOST (or --host) to an address of this machine, e.g. 127.0.0.1, "
                "or 0.0.0.0 for every interface")
     elif exc.errno == errno.EACCES:
-        fix = "set LIVEPUSH_PORT (or --port) to a port above 1023, or give the process the right to bind lower ones"
+        fix = f"set {port_setting} to a port above 1023, or give the process the right to bind lower ones"
     else:
-        fix = "set LIVEPUSH_PORT (or --port) to a free port"
-    return ConfigError(f"cannot listen on {host}:{port} ({exc.strerror or exc}): {fix}")
+        fix = f"set {port_setting} to a free port"
+    return ConfigError(f"cannot {what} on {host_port(host, port)} ({exc.strerror or exc}): {fix}")
 
 
 async def serve(
@@ -99,7 +106,8 @@ async def serve(
             await server.start()
         except OSError as exc:
             raise listen_error(settings.host, settings.port, exc) from None
-        log.info("livepush serving on ws://%s:%d (fan-out: %s)", settings.host, server.port, server.fanout.name)
+        log.info("livepush serving on ws://%s (fan-out: %s)", host_port(settings.host, server.port),
+                 server.fanout.name)
         if ready is not None:
             ready(server)
         side_tasks = [asyncio.create_task(car(stop), name=f"livepush-sidecar-{i}") for i, car in enumerate(sidecars)]

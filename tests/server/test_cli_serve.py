@@ -234,3 +234,33 @@ async def test_serve_with_jobs_closes_connections_before_draining(procs, livepus
     assert time.monotonic() - started < 2.0
     assert await child.await_exit(15) == 0, child.output()
     assert state() == "succeeded"
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+async def test_on_an_ipv6_host_the_serving_line_is_a_url_a_client_connects_to(procs, livepush_env, pg_url,
+                                                                               workers) -> None:
+    """`--host ::1`: the `serving on` line writes the address in brackets (ws://[::1]:PORT), as a
+    URL must for the port to be told from the address, and a client given that URL gets hello."""
+    import re
+    import socket
+    from urllib.parse import urlsplit
+
+    from tests.support.waiting import async_wait_for
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    child = procs.livepush("serve", "--host", "::1", "--workers", workers,
+                           env=livepush_env(database_url=pg_url, port=0), wait_healthy=False)
+    pattern = r"serving on (ws://\S+)" + (" with" if workers != "1" else r" \(")
+    found = await async_wait_for(lambda: re.search(pattern, child.stderr()) or not child.running, timeout=30,
+                                 message="the 'serving on' line")
+    assert isinstance(found, re.Match), child.output()
+    url = found.group(1)
+    assert urlsplit(url).hostname == "::1" and urlsplit(url).port, url
+    client = await WSClient.open(url + "/")
+    assert client.hello["op"] == "hello"
+    await client.close()
+    assert child.stop(15) == 0, child.output()
