@@ -81,14 +81,17 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         retention=args.retention or None)
     exposer = None
     if args.metrics_port is not None:
+        from ..server.run import host_port, listen_error
+
         try:
             exposer = await metrics.serve(settings.host, args.metrics_port, [arefresh_metrics])
         except OSError as exc:
-            raise ConfigError(f"cannot serve metrics on {settings.host}:{args.metrics_port} "
-                              f"({exc.strerror or exc}): pass a free port to --metrics-port") from None
+            # A host that names no address of this machine is LIVEPUSH_HOST's fault, not the port's.
+            raise listen_error(settings.host, args.metrics_port, exc, what="serve metrics",
+                               port_setting="--metrics-port") from None
         # With --metrics-port 0 the kernel picks the port: without this line no one could scrape it.
         port = exposer.sockets[0].getsockname()[1] if exposer.sockets else args.metrics_port
-        log.info("metrics on http://%s:%d/metrics", settings.host, port)
+        log.info("metrics on http://%s/metrics", host_port(settings.host, port))
     try:
         await runtime.run()
     finally:

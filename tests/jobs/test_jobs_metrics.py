@@ -101,3 +101,16 @@ async def test_the_metrics_port_answers_head_like_get_and_other_methods_with_405
         assert (await http_exchange(port, "GET", "/nope"))[0] == 404
     finally:
         server.close()
+
+
+def test_a_metrics_host_it_cannot_listen_on_names_the_host_not_the_port(
+        jobs_db: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
+    """--metrics-port listens on LIVEPUSH_HOST: a host that does not resolve, or is another
+    machine's address, is that setting's fault, and the one line says so; no port would help."""
+    for host in ("no-such-host.invalid", "192.0.2.1"):
+        child = procs.livepush("jobs", "tests.jobs.sample_jobs", "--metrics-port", "0",
+                               env=livepush_env(database_url=jobs_db, host=host), wait_healthy=False)
+        assert child.wait(15) == 2, child.output()
+        lines = [line for line in child.stderr().splitlines() if line.strip()]
+        assert len(lines) == 1 and "Traceback" not in child.stderr(), child.output()
+        assert "LIVEPUSH_HOST" in lines[0] and host in lines[0] and "free port" not in lines[0], lines[0]
