@@ -82,6 +82,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     role = workers.WorkerRole.parse(args.supervised_as) if args.supervised_as else None
     if role is None:
         count = workers.worker_count(args.workers)
+        if count > 1 and settings.fanout == "local":
+            # Each worker is a process of its own: what one publishes (its jobs, the app's hooks)
+            # would reach only the clients the kernel happened to give it, and its history only
+            # them, with nothing to say so.
+            raise ConfigError(f"--workers {count} (or LIVEPUSH_WORKERS) with LIVEPUSH_FANOUT=local: the local "
+                              "fan-out reaches only the process that publishes, so each worker's clients would "
+                              "miss what the others publish. Set LIVEPUSH_DATABASE_URL (or LIVEPUSH_REDIS_URL with "
+                              "LIVEPUSH_FANOUT=redis), or run one worker")
         if count > 1:
             logs.setup(args.log_format, supervisor=True)
             return workers.supervise(count, args.argv, settings)

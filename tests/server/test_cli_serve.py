@@ -171,11 +171,13 @@ def test_port_in_use_exits_2(procs, livepush_env) -> None:
 
 @pytest.mark.parametrize("workers", ["1", "2"])
 @pytest.mark.parametrize("host", ["no-such-host.invalid", "192.0.2.1"])
-def test_a_host_it_cannot_listen_on_exits_2_naming_the_host_not_the_port(procs, livepush_env, host, workers) -> None:
+def test_a_host_it_cannot_listen_on_exits_2_naming_the_host_not_the_port(procs, livepush_env, pg_url, host,
+                                                                         workers) -> None:
     """A name that does not resolve, or an address that is not this machine's, is the host's
     fault: the one line names LIVEPUSH_HOST (or --host), not a port that was never the problem,
     and under --workers (where the supervisor holds the port) it is that line, not a traceback."""
-    child = procs.livepush("serve", "--workers", workers, env=livepush_env(host=host), wait_healthy=False)
+    env = livepush_env(host=host, database_url=pg_url)  # several workers need a shared fan-out
+    child = procs.livepush("serve", "--workers", workers, env=env, wait_healthy=False)
     assert child.wait(30) == 2, child.output()
     assert_one_line_no_traceback(child.stderr(), "LIVEPUSH_HOST", host)
     assert "LIVEPUSH_PORT" not in child.stderr()

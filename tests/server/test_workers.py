@@ -247,9 +247,9 @@ async def test_a_signal_while_the_workers_boot_stops_them_too(procs, livepush_en
     assert "[worker 2 " not in child.stderr(), child.output()
 
 
-async def test_killing_the_supervisor_outright_stops_its_workers(procs, livepush_env) -> None:
+async def test_killing_the_supervisor_outright_stops_its_workers(procs, livepush_env, pg_url) -> None:
     """kill -9 of the supervisor: its workers hear SIGTERM (they die with it) and exit."""
-    child, port = await start_workers(procs, livepush_env(), "--workers", "2")
+    child, port = await start_workers(procs, livepush_env(database_url=pg_url), "--workers", "2")
     pids = set((await workers_by_index(port, 2)).values())
     assert workers_of(child.pid) == pids
     os.kill(child.pid, signal.SIGKILL)
@@ -292,10 +292,11 @@ async def test_a_killed_worker_is_restarted_and_its_clients_come_back(procs, liv
     assert child.stop(15) == 0, child.output()
 
 
-async def test_a_stop_while_a_killed_worker_waits_for_its_restart_is_a_clean_stop(procs, livepush_env) -> None:
+async def test_a_stop_while_a_killed_worker_waits_for_its_restart_is_a_clean_stop(procs, livepush_env,
+                                                                                   pg_url) -> None:
     """SIGTERM while a worker that died waits to be started again: every worker left stops
     cleanly, so the supervisor exits 0; the earlier death was reported when it happened."""
-    child, port = await start_workers(procs, livepush_env(), "--workers", "2")
+    child, port = await start_workers(procs, livepush_env(database_url=pg_url), "--workers", "2")
     victim = (await workers_by_index(port, 2))[2]
     os.kill(victim, signal.SIGKILL)
     await async_wait_for(lambda: f"worker 2 (pid {victim}) was killed by SIGKILL; restarting" in child.stderr(),
@@ -304,10 +305,10 @@ async def test_a_stop_while_a_killed_worker_waits_for_its_restart_is_a_clean_sto
     assert "while stopping" not in child.stderr()
 
 
-async def test_a_second_signal_after_the_workers_stopped_still_exits_0(procs, livepush_env) -> None:
+async def test_a_second_signal_after_the_workers_stopped_still_exits_0(procs, livepush_env, pg_url) -> None:
     """Ctrl-C twice: the second signal may reach the supervisor once its workers are gone, while
     it exits. The stop is done: the supervisor still exits 0, not by the signal."""
-    child, port = await start_workers(procs, livepush_env(), "--workers", "2")
+    child, port = await start_workers(procs, livepush_env(database_url=pg_url), "--workers", "2")
     pids = set((await workers_by_index(port, 2)).values())
     child.signal(signal.SIGTERM)
     await async_wait_for(lambda: not any(alive(p) for p in pids), timeout=15, message="the workers to exit")
@@ -320,18 +321,20 @@ async def metric_is(port: int, name: str, expected: float) -> bool:
 
 
 # -- how many -------------------------------------------------------------------------------------
-async def test_workers_auto_runs_one_per_core(procs, livepush_env) -> None:
+async def test_workers_auto_runs_one_per_core(procs, livepush_env, pg_url) -> None:
     """--workers auto starts one worker per core this process may use."""
     cores = len(os.sched_getaffinity(0))
-    child, port = await start_workers(procs, livepush_env(), "--workers", "auto")
+    if cores == 1:
+        pytest.skip("one core: auto is one worker, a lone server")
+    child, port = await start_workers(procs, livepush_env(database_url=pg_url), "--workers", "auto")
     assert len(await workers_by_index(port, cores)) == cores
     assert len(children_of(child.pid)) == cores
     assert child.stop(15) == 0, child.output()
 
 
-async def test_the_workers_variable_is_the_flags_twin(procs, livepush_env) -> None:
+async def test_the_workers_variable_is_the_flags_twin(procs, livepush_env, pg_url) -> None:
     """LIVEPUSH_WORKERS=2 does what --workers 2 does."""
-    child, port = await start_workers(procs, livepush_env(workers="2"))
+    child, port = await start_workers(procs, livepush_env(database_url=pg_url, workers="2"))
     assert len(await workers_by_index(port, 2)) == 2
     assert child.stop(15) == 0, child.output()
 
@@ -347,10 +350,10 @@ def test_a_bad_workers_value_exits_2_naming_the_flag(procs, livepush_env, flag, 
 
 
 @pytest.mark.parametrize("args", [(), ("--workers", "1")])
-async def test_one_worker_runs_no_supervisor(procs, livepush_env, args) -> None:
+async def test_one_worker_runs_no_supervisor(procs, livepush_env, pg_url, args) -> None:
     """By default, and with --workers 1, `serve` is one process as before: no child, no worker
     in /readyz, and its port is its own (no SO_REUSEPORT)."""
-    env = livepush_env()
+    env = livepush_env(database_url=pg_url)
     child = await procs.alivepush("serve", *args, env=env)
     port = int(env["LIVEPUSH_PORT"])
     assert "worker" not in await readyz(port)
@@ -369,6 +372,24 @@ async def test_a_worker_that_cannot_boot_stops_the_supervisor_with_its_status(pr
     stderr = child.stderr()
     assert "LIVEPUSH_DATABASE_URL" in stderr and "Traceback" not in stderr, child.output()
     assert "[worker 2 " not in stderr and "worker 1 (pid" in stderr, child.output()
+
+
+@pytest.mark.parametrize("how", [("--workers", "2"), ("--workers", "auto"), ("LIVEPUSH_WORKERS", "3")])
+def test_workers_with_the_local_fan_out_exit_2_before_any_worker_starts(procs, livepush_env, pg_url, how) -> None:
+    """The local fan-out reaches only the process that publishes: with several workers, what one
+    publishes (its jobs, the app's hooks) would reach only its own clients, silently. It is
+    refused at start, naming both settings, and no worker is started."""
+    if how == ("--workers", "auto") and len(os.sched_getaffinity(0)) == 1:
+        pytest.skip("one core: auto is one worker, which the local fan-out serves whole")
+    flag = list(how) if how[0] == "--workers" else []
+    # With a database (the jobs' state topics come from it): only the fan-out is at fault.
+    env = livepush_env(database_url=pg_url, fanout="local", workers=how[1] if not flag else None)
+    child = procs.livepush("serve", *flag, "--with-jobs", "tests.jobs.sample_jobs", env=env, wait_healthy=False)
+    assert child.wait(15) == 2, child.output()
+    lines = [line for line in child.stderr().splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in child.stderr(), child.output()
+    assert "LIVEPUSH_FANOUT=local" in lines[0] and "--workers" in lines[0], lines[0]
+    assert "serving on" not in child.stderr() and "[worker" not in child.stderr()
 
 
 # -- the supervisor on its own ----------------------------------------------------------------------
