@@ -30,13 +30,13 @@ import socket
 from collections.abc import Awaitable, Iterable
 from typing import Any, Protocol
 
-from websockets.exceptions import ConnectionClosed, ConnectionClosedError
+from websockets.exceptions import ConnectionClosed, ConnectionClosedError, InvalidMessage
 from websockets.frames import BINARY, CONT, TEXT, CloseCode, Frame
 from websockets.protocol import OPEN
 from websockets.server import ServerProtocol
 
 from .. import metrics, protocol
-from . import frames
+from . import frames, http
 from .backlog import Backlog, Kind
 from .limits import TokenBucket
 
@@ -193,6 +193,8 @@ class Connection(asyncio.Protocol):
         proto = self.proto
         proto.receive_data(data)
         events = proto.events_received()
+        if not events and isinstance(proto.handshake_exc, InvalidMessage) and not self.closing:
+            self._answer_unreadable(proto.handshake_exc.__cause__)
         self.flush()  # a handshake refused by the parser, pongs, a close answered, an error's close
         if self.core.is_opening(self):
             if events:
@@ -217,6 +219,15 @@ class Connection(asyncio.Protocol):
         self.head = b""
         self.early = bytearray(data[cut:])
         return data[:cut]
+
+    def _answer_unreadable(self, cause: BaseException | None) -> None:
+        """websockets could not read the request (a body, a transfer coding, a garbled head) and
+        queued only its EOF: the client would see the connection end with no status. Say why
+        first; the EOF then ends the answer, and nothing more is read or written."""
+        self.closing = True
+        answer = http.unreadable(cause)
+        if answer is not None:
+            self.transport.write(answer.serialize())
 
     def eof_received(self) -> None:
         self.proto.receive_eof()

@@ -59,6 +59,21 @@ def serve_js(request: Request) -> Response:
     )
 
 
+def unreadable(cause: BaseException | None) -> Response | None:
+    """The answer to a request websockets could not read (it would end the connection with no
+    status at all), from why it could not; None when the client left mid-request. No route on
+    this port reads a body: a request that has one (a POST with data, a chunked upload) gets
+    413; anything else that is no HTTP/1.1 request head gets 400."""
+    if cause is None or isinstance(cause, EOFError):
+        return None
+    if isinstance(cause, NotImplementedError) or str(cause) == "unsupported request body":
+        answer = response(413, b"this server reads no request body: send the request without one\n")
+    else:
+        answer = response(400, b"not an HTTP/1.1 request this server can read\n")
+    answer.headers["Connection"] = "close"  # the connection ends with the answer
+    return answer
+
+
 def is_websocket(request: Request) -> bool:
     return "websocket" in request.headers.get("Upgrade", "").lower()
 

@@ -192,6 +192,36 @@ async def test_the_http_routes_answer_get_and_head_and_refuse_other_methods_with
         assert (status, headers.get("allow")) == (405, "GET, HEAD"), method
 
 
+async def raw_exchange(port: int, request: bytes) -> bytes:
+    """`request` as is to 127.0.0.1:`port`; what the server sent until it ended the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        return await asyncio.wait_for(reader.read(), timeout=5)
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("fanout_kind", ["local"])
+@pytest.mark.parametrize("request_bytes,status", [
+    (b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello", 413),
+    (b"POST /nope HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", 413),
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nUpgrade: websocket\r\n\r\nhello", 413),
+    (b"GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", 400),
+    (b"NONSENSE\r\n\r\n", 400),
+], ids=["content-length", "chunked", "upgrade-with-body", "http2", "no-request-line"])
+async def test_a_request_the_server_cannot_read_gets_a_status_not_a_silent_close(
+        served: Served, request_bytes: bytes, status: int) -> None:
+    """No route reads a request body, and only HTTP/1.1 (or 1.0) heads are read at all: such a
+    request gets an HTTP answer saying so (413 for a body, 400 for the rest) before the server
+    closes, not a connection that ends with no status; the server serves on."""
+    raw = await raw_exchange(served.server.port, request_bytes)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d " % status), raw
+    assert body and b"Content-Length: %d" % len(body) in head, raw
+    assert (await http_exchange(served.server.port, "GET", "/healthz"))[0] == 200
+
+
 @pytest.mark.parametrize("fanout_kind", ["local", "redis"])
 async def test_a_state_topic_on_a_server_without_a_database_is_refused_with_invalid_topic(served: Served) -> None:
     """Jobs, groups and workflows live in Postgres: a server without a database can never show
