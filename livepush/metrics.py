@@ -18,9 +18,11 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 log = logging.getLogger("livepush.metrics")
@@ -67,15 +69,34 @@ JOBS_FAILED = Counter("livepush_jobs_failed", "Jobs that failed for good (no att
 JOBS_RETRIED = Counter("livepush_jobs_retried", "Failed attempts scheduled to run again.", ["queue"],
                        registry=REGISTRY)
 JOBS_RESCUED = Counter("livepush_jobs_rescued", "Jobs taken back from runtimes that died.", registry=REGISTRY)
-# The database's gauges: the worker that answers a scrape has just read them, so its value is the
-# freshest ("mostrecent").
-QUEUE_DEPTH = Gauge("livepush_queue_depth", "Jobs available to run now, per queue.", ["queue"],
-                    registry=REGISTRY, multiprocess_mode="mostrecent")
-QUEUE_OLDEST_AGE = Gauge("livepush_queue_oldest_age_seconds",
-                         "Seconds the oldest available job of the queue has been due (0 when none is).",
-                         ["queue"], registry=REGISTRY, multiprocess_mode="mostrecent")
-RUNTIMES_ALIVE = Gauge("livepush_runtimes_alive", "Job runtimes registered and beating.", registry=REGISTRY,
-                       multiprocess_mode="mostrecent")
+
+
+class _DatabaseGauges(Collector):
+    """The gauges that describe the database: what this process read last, kept in memory and
+    never in the multiprocess files. The process that answers a scrape has just read them, so
+    its read is the whole answer; in the files, a queue gone from the database would stay at its
+    last value for ever (prometheus_client cannot remove a series there)."""
+
+    def __init__(self) -> None:
+        self.queues: dict[str, tuple[int, float]] = {}
+        self.runtimes_alive = 0
+
+    def collect(self) -> Iterable[Metric]:
+        depth = GaugeMetricFamily("livepush_queue_depth", "Jobs available to run now, per queue.",
+                                  labels=["queue"])
+        oldest = GaugeMetricFamily("livepush_queue_oldest_age_seconds",
+                                   "Seconds the oldest available job of the queue has been due (0 when none is).",
+                                   labels=["queue"])
+        for queue, (count, age) in self.queues.items():
+            depth.add_metric([queue], count)
+            oldest.add_metric([queue], age)
+        alive = GaugeMetricFamily("livepush_runtimes_alive", "Job runtimes registered and beating.",
+                                  value=self.runtimes_alive)
+        return [depth, oldest, alive]
+
+
+DATABASE_GAUGES = _DatabaseGauges()
+REGISTRY.register(DATABASE_GAUGES)
 
 Refresher = Callable[[], Awaitable[None]]
 REFRESH_EVERY = 1.0
@@ -112,6 +133,7 @@ def _registry() -> CollectorRegistry:
     if directory not in _merged:
         merged = CollectorRegistry()
         multiprocess.MultiProcessCollector(merged, path=directory)
+        merged.register(DATABASE_GAUGES)  # this process's read, the freshest (see _DatabaseGauges)
         _merged[directory] = merged
     return _merged[directory]
 
@@ -134,12 +156,8 @@ def _refresh_done(key: int, future: asyncio.Future[None]) -> None:
 
 def set_queue_gauges(depths: dict[str, tuple[int, float | None]], runtimes_alive: int) -> None:
     """Replace the per-queue gauges: a queue gone from the database disappears from the scrape."""
-    QUEUE_DEPTH.clear()
-    QUEUE_OLDEST_AGE.clear()
-    for queue, (depth, oldest) in depths.items():
-        QUEUE_DEPTH.labels(queue).set(depth)
-        QUEUE_OLDEST_AGE.labels(queue).set(oldest or 0.0)
-    RUNTIMES_ALIVE.set(runtimes_alive)
+    DATABASE_GAUGES.queues = {queue: (depth, oldest or 0.0) for queue, (depth, oldest) in depths.items()}
+    DATABASE_GAUGES.runtimes_alive = runtimes_alive
 
 
 async def serve(host: str, port: int, refreshers: Sequence[Refresher] = ()) -> asyncio.Server:

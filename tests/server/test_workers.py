@@ -320,6 +320,47 @@ async def metric_is(port: int, name: str, expected: float) -> bool:
     return await metric(port, name) == expected
 
 
+async def scrape_text(port: int) -> str:
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 5)
+    try:
+        writer.write(f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
+        return (await asyncio.wait_for(reader.read(), 5)).decode()
+    finally:
+        writer.close()
+
+
+async def test_a_queue_gone_from_the_database_leaves_the_scrape_of_every_worker(procs, livepush_env,
+                                                                              pg_url) -> None:
+    """The queue gauges are the answering worker's fresh read of the database, under --workers
+    as with one process: once a queue no runtime serves has no job left, its series leave
+    /metrics, whichever worker answers, instead of showing its last depth and age for ever (and
+    firing the backlog alert for ever)."""
+    import psycopg
+
+    from livepush import jobs
+    from tests.jobs import sample_jobs
+    from tests.support.settings import jobs_settings
+
+    child, port = await start_workers(procs, livepush_env(database_url=pg_url), "--workers", "2")
+    await workers_by_index(port, 2)
+    with jobs_settings(pg_url):
+        await asyncio.to_thread(jobs.enqueue_many, [sample_jobs.other_queue.request(i) for i in range(3)])
+    series = 'livepush_queue_depth{queue="second"}'
+
+    async def every_worker_shows(expected: str | None) -> bool:
+        for _ in range(6):  # the kernel picks the worker: six answers in a row must agree
+            found = re.search(rf"^{re.escape(series)} (\S+)$", await scrape_text(port), re.M)
+            if (found.group(1) if found else None) != expected:
+                return False
+        return True
+
+    await async_wait_for(lambda: every_worker_shows("3.0"), timeout=10, message="depth 3 on every worker")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM livepush_jobs WHERE queue = 'second'")
+    await async_wait_for(lambda: every_worker_shows(None), timeout=10, message="the queue gone from /metrics")
+    assert child.stop(15) == 0, child.output()
+
+
 # -- how many -------------------------------------------------------------------------------------
 async def test_workers_auto_runs_one_per_core(procs, livepush_env, pg_url) -> None:
     """--workers auto starts one worker per core this process may use."""
