@@ -46,6 +46,11 @@ def cpu_count() -> int:
 def worker_count(flag: str | None, environ: Mapping[str, str] | None = None) -> int:
     """The number of workers `--workers` (else LIVEPUSH_WORKERS, else 1) asks for."""
     env = os.environ if environ is None else environ
+    if flag is not None and not flag.strip():
+        # `--workers "$N"` with N unset: one process where many were meant, and nothing said.
+        # (An empty LIVEPUSH_WORKERS is unset, as every empty setting is.)
+        raise ConfigError(f"--workers {flag!r} is empty: give a whole number from 1 to {MAX_WORKERS}, or auto "
+                          f"(one per core), or leave the flag out ({WORKERS_VARIABLE} then says, else one process)")
     text = (flag if flag is not None else env.get(WORKERS_VARIABLE, "")).strip() or "1"
     if text.lower() == "auto":
         return cpu_count()

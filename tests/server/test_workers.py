@@ -380,9 +380,12 @@ async def test_the_workers_variable_is_the_flags_twin(procs, livepush_env, pg_ur
     assert child.stop(15) == 0, child.output()
 
 
-@pytest.mark.parametrize("flag,variable", [("0", None), ("two", None), ("1.5", None), (None, "-1")])
+@pytest.mark.parametrize("flag,variable", [("0", None), ("two", None), ("1.5", None), ("", None), (" ", None),
+                                           (None, "-1")])
 def test_a_bad_workers_value_exits_2_naming_the_flag(procs, livepush_env, flag, variable) -> None:
-    """--workers (or LIVEPUSH_WORKERS) that is not a whole number from 1, nor auto: exit 2, one line."""
+    """--workers (or LIVEPUSH_WORKERS) that is not a whole number from 1, nor auto: exit 2, one line.
+    An empty flag too (`--workers "$N"` with N unset), which would run one process where many
+    were meant."""
     args = ["serve"] + (["--workers", flag] if flag is not None else [])
     child = procs.livepush(*args, env=livepush_env(workers=variable), wait_healthy=False)
     assert child.wait(15) == 2
