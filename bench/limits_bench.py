@@ -56,7 +56,7 @@ def child_process(url: str, n: int, limited: bool) -> dict[str, float]:
         pass
 
     options: dict[str, Any] = {"concurrency": ("key", 2)} if limited else {}
-    fn = reg.add(job(name="bench.noop", **options)(noop))
+    fn = reg.add(job(name="bench.keyed_noop", **options)(noop))
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("TRUNCATE livepush_job_payloads, livepush_jobs, livepush_job_runtimes")
     for start in range(0, n, 1000):
