@@ -287,9 +287,6 @@ async def test_operator_pause_holds_what_follows_until_resume(flows_db: str) -> 
                                                                              ("resume", "bo", None)]
 
 
-@pytest.mark.xfail(strict=True, reason="a paused run's step whose job is queued, not yet claimed, still starts: "
-                   "the step claim does not look at the run's state, and holding the job back until resume "
-                   "(without losing a reattempted job's checkpoints) needs a design decision")
 async def test_a_step_queued_but_not_started_when_its_run_pauses_starts_on_resume(flows_db: str) -> None:
     """pause: "nothing new starts". A step whose job no runtime had claimed when the run paused has
     not started: it waits for resume, while later jobs on its queue run."""

@@ -126,7 +126,11 @@ WHERE workflow_id = %(id)s AND group_id IS NOT NULL
 
 # name: claim_steps
 # The claim of workflow steps' jobs, on `queue`, of the step names this runtime defines; the plain
-# claim (queries.py: CLAIM) leaves them out. A runtime that defines no step never runs it.
+# claim (queries.py: CLAIM) leaves them out. A runtime that defines no step never runs it. A
+# paused run's steps are passed over (pause: nothing new starts): a job queued, woken or due
+# again while its run is paused stays available, untouched (a durable step keeps its
+# checkpoints), until resume. A claim whose snapshot predates the pause's commit may still start
+# one, as a step already running when the pause came goes on.
 # Safe under concurrency as CLAIM is: SKIP LOCKED hands each available row to exactly one claimer,
 # and the partial index (sql/0006_workflows.sql) holds only available steps' jobs. In the same
 # statement, each unfinished run among them gets a new version showing its step's new attempt
@@ -140,6 +144,7 @@ CLAIM_STEPS = f"""
 WITH picked AS (
     SELECT id FROM livepush_jobs
     WHERE state = 'available' AND workflow_id IS NOT NULL AND queue = %(queue)s AND name = ANY(%(names)s::text[])
+      AND NOT EXISTS (SELECT FROM livepush_workflows w WHERE w.id = livepush_jobs.workflow_id AND w.state = 'paused')
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
