@@ -545,6 +545,12 @@ async def test_demo_workflow_pause_holds_the_next_step_until_resume(page: Page, 
     await open_demo(page, demo)
     run_id = await start_workflow(page, 2)
     await nodes_are(page, {"fetch": "running"})
+
+    async def fetch_started() -> bool:  # its job claimed: a step still queued at the pause waits for resume
+        return await query(demo.database_url, "SELECT state FROM livepush_jobs WHERE workflow_id = %s AND name = %s",
+                           (run_id, "demo_import.fetch")) == [("running",)]
+
+    await async_wait_for(fetch_started, 10, 0.05, message="the fetch step's job to start")
     await page.click("#workflow-pause")
     await page.wait_for_selector("#workflow[data-state=paused]")
     await nodes_are(page, {"fetch": "succeeded"})

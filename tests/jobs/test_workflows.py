@@ -275,7 +275,9 @@ async def test_operator_pause_holds_what_follows_until_resume(flows_db: str) -> 
     """Paused while a step runs: it finishes, but the next step waits for resume; each verb is audited."""
     async with running():
         run = await wd.verbs.astart({"first": "hold", "flag": "let-first-go"})
-        await async_wait_for(lambda: step_states(jobs.workflows.get(run.id))["first"] == "running", 10.0)
+        # Started: its job claimed (a step still queued when its run pauses waits for resume).
+        await async_wait_for(lambda: jobs.workflows.get(run.id)["steps"]["first"]["attempt"] == 1, 10.0,
+                             message="the first step's job to start")
         assert await jobs.workflows.apause(run.id, actor="ana", reason="bad data")
         assert not await jobs.workflows.apause(run.id, actor="ana")  # already paused
         q(flows_db, "INSERT INTO job_flags VALUES ('let-first-go')")
