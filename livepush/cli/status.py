@@ -22,7 +22,7 @@ from ..jobs import database
 from ..jobs.api.status import DEFAULT_LIMIT, MAX_LIMIT, Status, status
 from ..postgres.connect import redact
 from ..postgres.listener import listening_backends
-from ..redis.client import default_prefix, listener_name
+from ..redis.client import deployment_prefix, listener_name
 from ..redis.subscriber import subscribed_clients
 
 SERVERS_NOTE = "each server's own view: GET /readyz on its port (what a load balancer should ask)"
@@ -65,7 +65,7 @@ def listening_servers(settings: Settings) -> list[dict[str, Any]]:
                                      for row in listening_backends(settings.require_database())]
     if settings.redis_url:
         # Only this deployment's: other deployments may share the Redis, under other prefixes.
-        prefix = settings.redis_prefix if settings.redis_prefix is not None else default_prefix(settings.redis_url)
+        prefix = deployment_prefix(settings.redis_url, settings.redis_prefix)
         on_redis = subscribed_clients(settings.redis_url, listener_name(prefix))
         if on_redis is None:
             # The rest of the report stands: say what is missing rather than fail the command.

@@ -20,7 +20,7 @@ from ..jobs.api.status import arefresh_metrics
 from ..jobs.events.source import JobStates
 from ..jobs.runtime.runtime import Runtime
 from ..postgres.listener import Listener
-from ..redis.client import default_prefix, listener_name
+from ..redis.client import deployment_prefix, listener_name
 from ..redis.subscriber import Subscriber
 from ..server.app import PageRoute, PushServer
 from ..server.run import Sidecar
@@ -52,8 +52,8 @@ def _listeners(settings: Settings) -> tuple[Listener | None, Subscriber | None]:
     listener = Listener(settings.listen_url) if settings.listen_url else None
     subscriber = None
     if settings.redis_url:
-        prefix = settings.redis_prefix if settings.redis_prefix is not None else default_prefix(settings.redis_url)
-        subscriber = Subscriber(settings.redis_url, name=listener_name(prefix))
+        subscriber = Subscriber(settings.redis_url,
+                                name=listener_name(deployment_prefix(settings.redis_url, settings.redis_prefix)))
     return listener, subscriber
 
 

@@ -43,7 +43,7 @@ import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
 from ..channels import ListenerSlot
-from ..redis.client import async_client, client_kwargs, default_prefix, failed, listener_name, namespace, text
+from ..redis.client import async_client, client_kwargs, deployment_prefix, failed, listener_name, namespace, text
 from ..redis.subscriber import Subscriber
 from ..topics import TOPIC_RE
 from ..types import JSON, Message, Offset, Topic
@@ -234,7 +234,7 @@ class RedisFanOut(FanOut):
         # A key must outlive its history, or a live topic would lose its chain.
         self.idle_expire = max(idle_expire, 2 * history_ttl)
         self.connect_timeout = connect_timeout
-        self.prefix = prefix if prefix is not None else default_prefix(url)
+        self.prefix = deployment_prefix(url, prefix)
         self.channel = f"{namespace(self.prefix)}:pub"
         self.key_prefix = f"{namespace(self.prefix)}:h:"
         # SCAN's MATCH is a glob: a prefix may hold *, ?, [ or a backslash, which must match only themselves,

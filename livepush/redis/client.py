@@ -82,9 +82,12 @@ def check_url(url: str) -> None:
             )
 
 
-def default_prefix(url: str) -> str:
-    """`livepush:<db number>`: Redis pub/sub ignores database numbers, so deployments on two
+def deployment_prefix(url: str, prefix: str | None = None) -> str:
+    """The deployment's prefix: `prefix` (LIVEPUSH_REDIS_PREFIX) when given, else
+    `livepush:<db number>`: Redis pub/sub ignores database numbers, so deployments on two
     databases of one server would otherwise hear each other's messages and revocations."""
+    if prefix is not None:
+        return prefix
     try:
         db = parse_url(url).get("db", 0)
     except (ValueError, TypeError):

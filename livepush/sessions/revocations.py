@@ -22,7 +22,7 @@ from ..postgres.connect import translated
 from ..channels import ListenerSlot
 from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
-from ..redis.client import async_client, client_kwargs, default_prefix, failed, listener_name, namespace
+from ..redis.client import async_client, client_kwargs, deployment_prefix, failed, listener_name, namespace
 from ..redis.subscriber import Subscriber
 from .tokens import MAX_TTL, Session
 
@@ -300,7 +300,7 @@ class RedisRevocations(RevocationStore):
 
     def __init__(self, url: str, *, prefix: str | None = None, subscriber: Subscriber | None = None) -> None:
         self.url = url
-        self.prefix = prefix if prefix is not None else default_prefix(url)
+        self.prefix = deployment_prefix(url, prefix)
         self.session_prefix = f"{namespace(self.prefix)}:revoked:session:"
         self.subject_prefix = f"{namespace(self.prefix)}:revoked:subject:"
         self.channel = f"{namespace(self.prefix)}:revoked"
