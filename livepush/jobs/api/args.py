@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -134,7 +135,38 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan
 
 def dumps(value: Any) -> str:
     """Compact JSON text for the database (arguments already checked) and for views."""
-    return _ENCODER.encode(value)
+    text = _ENCODER.encode(value)
+    # Python writes a float from 1e16 up with an exponent ("1e+16"), which jsonb stores as the
+    # integer it equals, so it would come back an int. Only such text pays for the second pass.
+    return _with_fractions(value) if "e+" in text else text
+
+
+# A float written with an exponent stands in the second pass as a string holding NUL, which no
+# stored string holds (Postgres refuses it), so its encoded form is found only where it stands.
+_MARK = "\x00float"
+_MARKED = re.compile(r'"\\u0000float(\d+)"')
+
+
+def _with_fractions(value: Any) -> str:
+    written: list[str] = []
+
+    def mark(item: Any) -> Any:
+        if isinstance(item, float):
+            text = float.__repr__(item)
+            if "e+" not in text:
+                return item
+            # Every float this large is integral, and its int is exact: written with a fraction,
+            # jsonb keeps it a non-integer numeric, which reads back as the same float.
+            written.append(f"{int(item)}.0")
+            return f"{_MARK}{len(written) - 1}"
+        if isinstance(item, (list, tuple)):
+            return [mark(x) for x in item]
+        if isinstance(item, dict):
+            return {key: mark(x) for key, x in item.items()}
+        return item
+
+    marked = _ENCODER.encode(mark(value))
+    return _MARKED.sub(lambda m: written[int(m.group(1))], marked) if written else marked
 
 
 def encode(value: Any, path: str, error: type[Exception], what: str) -> str:
@@ -142,7 +174,7 @@ def encode(value: Any, path: str, error: type[Exception], what: str) -> str:
     long for JSON text: the check's fast path does not measure ints)."""
     check_json(value, path, error, what)
     try:
-        return _ENCODER.encode(value)
+        return dumps(value)
     except ValueError:
         _check(value, path, 0, error, what)
         raise
