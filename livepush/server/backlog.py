@@ -65,6 +65,10 @@ class Backlog:
     def __len__(self) -> int:
         return len(self._queue) - self._dropped
 
+    def largest_state(self) -> int:
+        """The bytes of the largest waiting state that a newer one of its topic would replace."""
+        return max((len(s.data) for s in self._states.values() if s.data is not None), default=0)
+
     def passed(self, place: int) -> bool:
         """Whether every frame added up to `place` (a value of `last`) was popped or dropped."""
         self._skip_dropped()

@@ -17,7 +17,7 @@ order. Once the transport is past its high-water mark (paused), frames wait in t
 backlog (backlog.py: a state replaces the older one of its topic, a message topic's share is
 bounded and replaced by `reset` past the bound), which `resume_writing` empties in order. A
 client whose backlog passes BACKLOG_BYTES (counting the pongs that wait in the transport for a
-client that pings and does not read), or that has been missing a frame for BEHIND_SECONDS, is
+client that pings and does not read; not counting its largest waiting state), or that has been missing a frame for BEHIND_SECONDS, is
 closed with 1013. A slow client costs the others nothing: a frame for it is one append
 (docs/reference.md#8-trust-boundaries-and-abuse).
 """
@@ -284,7 +284,7 @@ class Connection(asyncio.Protocol):
             # Pongs bypass the backlog (they answer the client's own pings): a client that pings
             # and never reads is bounded by what waits in the transport instead.
             waiting = self.transport.get_write_buffer_size() + self.backlog_bytes
-            if waiting > BACKLOG_BYTES:
+            if past_bound(waiting, self.backlog):
                 too_slow(self, f"{waiting} bytes waiting")
 
     def _stop_writing(self) -> None:
@@ -402,7 +402,7 @@ def push(conn: Connection, data: bytes, topic: str | None = None, kind: Kind | N
     elif outcome == "reset":
         metrics.SLOW_CLIENT_ACTIONS.labels("reset").inc()
         metrics.RESETS.labels("slow_client").inc()
-    if backlog.bytes > BACKLOG_BYTES:
+    if past_bound(backlog.bytes, backlog):
         too_slow(conn, f"{backlog.bytes} bytes waiting")
 
 
@@ -422,6 +422,13 @@ def bound_send_buffer(transport: Any) -> None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SEND_BUFFER)
         except OSError as exc:
             log.debug("could not bound a connection's socket buffer: %s", exc)
+
+
+def past_bound(waiting: int, backlog: Backlog | None) -> bool:
+    """Whether `waiting` bytes put a client too far behind. The largest waiting state is not
+    counted: a newer state of its topic replaces it rather than adds to it, and it is one the
+    client must get (a job's final state with a large result may pass the bound alone)."""
+    return waiting > BACKLOG_BYTES and (backlog is None or waiting - backlog.largest_state() > BACKLOG_BYTES)
 
 
 def too_slow(conn: Connection, why: str) -> None:

@@ -10,6 +10,7 @@ import random
 
 from livepush import protocol
 from livepush.server.backlog import Backlog
+from livepush.server.connection import BACKLOG_BYTES, past_bound
 
 
 def state(topic: str, version: int) -> bytes:
@@ -87,6 +88,21 @@ def test_a_message_bigger_than_the_bound_waits_alone() -> None:
     assert b.add(big, "a", "message") == "queued"
     assert b.add(message("a", 2), "a", "message") == "reset"
     assert [op for op, _, _ in drained(b)] == ["reset", "message"]
+
+
+def test_one_large_state_may_pass_the_client_bound_alone_but_not_with_other_frames() -> None:
+    """A job's final state bigger than the bound on what a client may have waiting is still
+    delivered (it cannot be replaced or dropped); anything waiting besides it counts as usual."""
+    big = protocol.message("job:1", "9", '"' + "x" * BACKLOG_BYTES + '"').encode()
+    b = Backlog()
+    b.add(state("job:1", 1), "job:1", "state")
+    assert b.add(big, "job:1", "state") == "conflated"
+    assert b.bytes > BACKLOG_BYTES and not past_bound(b.bytes, b)
+    for n in range(8):  # messages of another topic, each within its share
+        b.add(protocol.message(f"room:{n}", "1", '"' + "y" * (BACKLOG_BYTES // 8) + '"').encode(),
+              f"room:{n}", "message")
+    assert past_bound(b.bytes, b)
+    assert past_bound(BACKLOG_BYTES + 1, None)
 
 
 def test_a_reset_from_the_hub_covers_the_waiting_messages_of_its_topic() -> None:
