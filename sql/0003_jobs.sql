@@ -204,17 +204,23 @@ BEGIN
 END
 $$;
 
--- `livepush_jobs_cancel`: the ids of running jobs whose cancel was requested, comma-separated,
--- at most 300 a notification (under Postgres' 8000-byte limit). A runtime confirms each against
--- the row (cancel_requested) before it stops anything.
-CREATE FUNCTION livepush_jobs_cancel_requested(p_ids bigint[]) RETURNS integer
+-- Rings `p_channel` with `p_ids`, comma-separated, at most 300 a notification (under Postgres'
+-- 8000-byte limit). Returns the notifications sent.
+CREATE FUNCTION livepush_notify_ids(p_channel text, p_ids bigint[]) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    RETURN (SELECT count(pg_notify('livepush_jobs_cancel', c.ids))::integer
+    RETURN (SELECT count(pg_notify(p_channel, c.ids))::integer
             FROM (SELECT string_agg(u.id::text, ',' ORDER BY u.ord) AS ids
                   FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord)
                   GROUP BY (u.ord - 1) / 300) c);
 END
+$$;
+
+-- `livepush_jobs_cancel`: the ids of running jobs whose cancel was requested. A runtime confirms
+-- each against the row (cancel_requested) before it stops anything.
+CREATE FUNCTION livepush_jobs_cancel_requested(p_ids bigint[]) RETURNS integer
+LANGUAGE sql VOLATILE AS $$
+    SELECT livepush_notify_ids('livepush_jobs_cancel', p_ids)
 $$;
 
 -- `livepush_states`: state topics that changed, one "TOPIC VERSION" (or "TOPIC" when the version

@@ -90,3 +90,12 @@ CREATE TABLE livepush_group_events (
     at        timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (group_id, seq)
 );
+
+-- `livepush_groups_progress`: the ids of groups whose counts changed without a ring (an add in
+-- the 100 ms after the group's last event: progress is coalesced), delivered at commit. A
+-- runtime's progress publisher reads the group rows and records and rings what changed, as for
+-- its own members' outcomes: a forged ring costs a read of the groups it names.
+CREATE FUNCTION livepush_groups_unrung(p_ids bigint[]) RETURNS integer
+LANGUAGE sql VOLATILE AS $$
+    SELECT livepush_notify_ids('livepush_groups_progress', p_ids)
+$$;

@@ -23,9 +23,10 @@ the same statement: the ring is delivered only if the change commits, and it car
 
 from __future__ import annotations
 
-# The channels of sql/0003_jobs.sql this package listens on.
+# The channels of sql/0003_jobs.sql and sql/0004_groups.sql this package listens on.
 READY_CHANNEL = "livepush_jobs"
 CANCEL_CHANNEL = "livepush_jobs_cancel"
+GROUP_PROGRESS_CHANNEL = "livepush_groups_progress"
 STATE_CHANNEL = "livepush_states"
 
 # "Still running" for the statements that look jobs up by the ids of a batch (outcomes,

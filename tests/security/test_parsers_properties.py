@@ -17,7 +17,7 @@ from livepush.errors import InvalidSession, InvalidTopic
 from livepush.fanout.postgres import parse_doorbell, parse_offset
 from livepush.fanout.redis import parse_frames
 from livepush.jobs.events.source import parse_ring
-from livepush.jobs.runtime.runtime import parse_cancel_ids
+from livepush.jobs.runtime.runtime import parse_ids
 from livepush.sessions import decode
 from livepush.sessions.handshake import duplicated_header, extract_token, origin_allowed
 from livepush.types import offset_key
@@ -58,9 +58,9 @@ def test_the_state_ring_parser_takes_anything(payload: str) -> None:
 
 @SOME
 @given(anything)
-def test_the_cancel_parser_takes_anything(payload: str) -> None:
-    """parse_cancel_ids never raises and gives non-negative ints only."""
-    assert all(isinstance(i, int) and i >= 0 for i in parse_cancel_ids(payload))
+def test_the_cancel_and_group_progress_parser_takes_anything(payload: str) -> None:
+    """parse_ids never raises and gives non-negative ints only."""
+    assert all(isinstance(i, int) and i >= 0 for i in parse_ids(payload, "livepush_jobs_cancel"))
 
 
 @SOME

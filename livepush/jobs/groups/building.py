@@ -61,9 +61,10 @@ def refused(group_id: int, row: dict[str, Any] | None, adding: int, states: Sequ
 
 
 def add_steps(group_id: int, batch: Batch, *, states: Sequence[str], seal: bool = False,
-              fence: tuple[int, int] | None = None) -> steps.Steps[list[dict[str, Any]]]:
-    """Fence (ctx.group.enqueue), insert, count pending, bump total; raise if refused. Returns
-    the member rows (id, name)."""
+              fence: tuple[int, int] | None = None, ring: steps.Ring = "now") -> steps.Steps[list[dict[str, Any]]]:
+    """Fence (ctx.group.enqueue), insert, count pending, bump total and ring as `ring` says; raise
+    if refused. Returns the member rows (id, name); with ring="coalesced", records the `progress`
+    event too when the add rang."""
     if fence is not None:
         ok = yield steps.Query(gq.FENCE_MEMBER, {"id": fence[0], "lease": fence[1]})
         if not ok:
@@ -71,10 +72,14 @@ def add_steps(group_id: int, batch: Batch, *, states: Sequence[str], seal: bool 
                 f"job {fence[0]} no longer holds its claim (rescued after its runtime was presumed dead, timed out "
                 f"or given back): its additions to group {group_id} are refused; another attempt will run")
     statements, places = batch.chunks(CHUNK)
-    rows, got = yield from steps.add(group_id, statements, states=states, limit=MAX_GROUP_MEMBERS, seal=seal)
+    rows, got = yield from steps.add(group_id, statements, states=states, limit=MAX_GROUP_MEMBERS, seal=seal,
+                                     ring=ring)
     if got is None:
         row = yield from steps.group_row(group_id)
         raise refused(group_id, row, len(rows), states)
+    if ring == "coalesced" and got["rung"]:
+        # We hold the group's row lock (ADD_TOTAL): this progress is ordered with its other events.
+        yield from steps.record((yield from steps.views([group_id])), "progress")
     return [rows[p] for p in places]
 
 
@@ -263,9 +268,7 @@ async def acreate_group(on_finish: JobRequest | None = None, on_success: JobRequ
 
 
 def _add_many_steps(group_id: int, batch: Batch) -> steps.Steps[list[JobHandle]]:
-    rows = yield from add_steps(group_id, batch, states=["open"])
-    # We hold the group's row lock (ADD_TOTAL): this progress is ordered with its other events.
-    yield from steps.record((yield from steps.views([group_id])), "progress")
+    rows = yield from add_steps(group_id, batch, states=["open"], ring="coalesced")
     return [JobHandle(r["id"], r["name"]) for r in rows]
 
 

@@ -72,10 +72,10 @@ class GroupContext:
         publisher = getattr(self._ctx, "group_progress", None)
         with translated(self._url):
             async with (await self._pool()).connection() as conn:
+                # With a publisher (a runtime's), it rings the add after the commit, coalesced.
                 rows = await steps.arun(conn, add_steps(self.id, batch, states=["open", "sealed"],
-                                                        fence=(job.id, job.lease)))
-                if publisher is None:
-                    await steps.arun(conn, steps.progress_now([self.id]))
+                                                        fence=(job.id, job.lease),
+                                                        ring="coalesced" if publisher is None else "later"))
         if publisher is not None:
             publisher.mark([self.id])  # after the commit: one read is enough
         return JobHandle(rows[0]["id"], rows[0]["name"])

@@ -136,6 +136,12 @@ WHERE s.group_id = %(group_id)s AND s.shard = i.shard
 # either committed first (then the re-checked WHERE fails and the add is refused, rolling
 # back its pending counts) or waits for this add and then sees its members pending.
 # `seal` seals in the same statement (the `jobs.group()` block).
+# `ring`: 'now' rings the group (the block's `created`); 'later' leaves it to the caller's
+# runtime, whose progress publisher is marked after the commit (ctx.group.enqueue); 'coalesced'
+# (add_to_group) rings now unless the group recorded an event in the last 100 ms, and otherwise
+# rings the runtimes' `livepush_groups_progress` doorbell, whose publishers ring the change (the
+# trailing edge). `rung` says which: the caller records the `progress` event only if rung. Two
+# adds at once may both ring, which is only one ring more.
 ADD_TOTAL = f"""
 WITH added AS (
 UPDATE livepush_groups SET
@@ -148,8 +154,20 @@ UPDATE livepush_groups SET
 WHERE id = %(group_id)s AND state = ANY(%(states)s::text[]) AND finished_at IS NULL
   AND total + %(n)s <= %(limit)s
 RETURNING id, total, state
-), rung AS ({ring_groups("added")})
-SELECT a.total, a.state FROM added a CROSS JOIN rung
+), due AS (
+    SELECT a.id, CASE %(ring)s::text
+        WHEN 'now' THEN true
+        WHEN 'later' THEN false
+        -- The newest event through the primary key, read backwards: one row however many.
+        ELSE coalesce((SELECT e.at FROM livepush_group_events e WHERE e.group_id = a.id
+                       ORDER BY e.seq DESC LIMIT 1) <= statement_timestamp() - interval '100 milliseconds', true)
+    END AS rung
+    FROM added a
+), rung AS ({ring_groups("(SELECT id FROM due WHERE rung)")}
+), doorbell AS (
+    SELECT livepush_groups_unrung(array_agg(d.id)) AS n FROM due d WHERE NOT d.rung AND %(ring)s::text = 'coalesced'
+)
+SELECT a.total, a.state, d.rung FROM added a JOIN due d ON d.id = a.id CROSS JOIN rung CROSS JOIN doorbell
 """
 
 # name: child_groups

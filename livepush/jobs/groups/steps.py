@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Generator, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -26,6 +26,8 @@ from . import queries as gq
 
 T = TypeVar("T")
 Row = dict[str, Any]
+# When an add rings its group's topic (ADD_TOTAL says how each is safe).
+Ring = Literal["now", "later", "coalesced"]
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
 
@@ -167,12 +169,13 @@ def create(group_id: int, shards: int, callbacks: dict[str, str | None], parent_
 
 
 def add(group_id: int, batches: Sequence[tuple[str, dict[str, Any]]], *, states: Sequence[str], limit: int,
-        seal: bool = False) -> Steps[tuple[list[Row], Row | None]]:
+        seal: bool = False, ring: Ring = "now") -> Steps[tuple[list[Row], Row | None]]:
     """Insert members (enqueue statements and their parameters: Batch.chunks), count them pending,
-    then, last, bump the group's total under its row lock (state and limit checked there). Returns
-    the member rows (id, name) and the group's (total, state), or None when the group refused (the
-    caller raises and rolls back). An item whose idempotency key an unfinished job already held
-    (created false) gets that job's row but is not a member: only created jobs are counted."""
+    then, last, bump the group's total under its row lock (state and limit checked there) and ring
+    as `ring` says (ADD_TOTAL). Returns the member rows (id, name) and the group's (total, state,
+    rung), or None when the group refused (the caller raises and rolls back). An item whose
+    idempotency key an unfinished job already held (created false) gets that job's row but is not
+    a member: only created jobs are counted."""
     rows: list[Row] = []
     for sql, params in batches:
         rows.extend((yield Query(sql, params)))
@@ -180,7 +183,7 @@ def add(group_id: int, batches: Sequence[tuple[str, dict[str, Any]]], *, states:
     if created:
         yield Query(gq.ADD_PENDING, {"group_id": group_id, "ids": created})
     got = yield Query(gq.ADD_TOTAL, {"group_id": group_id, "n": len(created), "seal": seal,
-                                     "states": list(states), "limit": limit})
+                                     "states": list(states), "limit": limit, "ring": ring})
     return rows, (got[0] if got else None)
 
 

@@ -66,8 +66,9 @@ from .executor import Outcome, execute
 
 log = logging.getLogger("livepush.jobs")
 
-# A cancel notification names at most this many ids (livepush_jobs_cancel_requested()).
-_CANCEL_IDS = re.compile(r"[0-9]{1,19}(?:,[0-9]{1,19}){0,299}")
+# A cancel or group progress notification names at most this many ids
+# (livepush_jobs_cancel_requested(), livepush_groups_unrung()).
+_IDS = re.compile(r"[0-9]{1,19}(?:,[0-9]{1,19}){0,299}")
 # Errors a loop of the runtime waits out and tries again: the database went away or refused.
 _DB_ERRORS = (psycopg.Error, DependencyError)
 # The longest a runtime goes on claiming from a queue after its pause committed, should the pause's
@@ -112,11 +113,12 @@ def _user_line(exc: BaseException) -> str:
     return where
 
 
-def parse_cancel_ids(payload: str) -> list[int]:
-    """The job ids of a `livepush_jobs_cancel` notification; [] for anything else."""
-    if not _CANCEL_IDS.fullmatch(payload):
+def parse_ids(payload: str, channel: str) -> list[int]:
+    """The ids of a `livepush_jobs_cancel` or `livepush_groups_progress` notification; [] for
+    anything else."""
+    if not _IDS.fullmatch(payload):
         if payload:
-            log.debug("dropped a cancel notification that names no job ids: %r", payload[:80])
+            log.debug("dropped a %s notification that names no ids: %r", channel, payload[:80])
         return []
     return [int(i) for i in payload.split(",")]
 
@@ -353,6 +355,7 @@ class Runtime:
             listener = self._listener.get()
             listener.add(queries.READY_CHANNEL, self._on_ready_ring, on_resync=self._on_ready_resync)
             listener.add(queries.CANCEL_CHANNEL, self._on_cancel_ring)
+            listener.add(queries.GROUP_PROGRESS_CHANNEL, self._on_group_ring, on_resync=self._on_group_resync)
             await listener.start()
         self.state = "running"
         self.id = await maintenance.register(self._pool, self.info)
@@ -486,8 +489,19 @@ class Runtime:
         self._paused_read_at = None
         self._doorbell.set()
 
+    def _on_group_ring(self, payload: str) -> None:
+        # Adds from outside a runtime that came too soon after their group's last event to ring
+        # it: our publisher reads the rows and rings what changed, coalesced like our outcomes.
+        if self._group_progress is not None:
+            self._group_progress.mark(parse_ids(payload, queries.GROUP_PROGRESS_CHANNEL))
+
+    async def _on_group_resync(self) -> None:
+        # Rings missed while the listener was away: the groups whose counts no event has shown.
+        if self._pool is not None and self._group_progress is not None:
+            self._group_progress.mark(await maintenance.unrung_groups(self._pool))
+
     def _on_cancel_ring(self, payload: str) -> None:
-        mine = [i for i in parse_cancel_ids(payload) if i in self.in_hand]
+        mine = [i for i in parse_ids(payload, queries.CANCEL_CHANNEL) if i in self.in_hand]
         if not mine:
             return
         self._cancels_due.update(mine)
