@@ -16,6 +16,13 @@
 CREATE UNIQUE INDEX livepush_jobs_key_idx ON livepush_jobs (key, key_slot)
     WHERE key IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'waiting');
 
+-- Debounced enqueues of one key take turns here (livepush_enqueue_debounced): each inserts its
+-- key and deletes it again before it returns, so a second one waits on the first's uncommitted
+-- row in the primary key until that transaction ends, then finds the key free. A row, not an
+-- advisory lock: any login may take any advisory lock, and only livepush's roles may write this
+-- table. Empty but for debounced enqueues in progress; unlogged, as nothing in it outlives them.
+CREATE UNLOGGED TABLE livepush_key_turns (key text PRIMARY KEY);
+
 -- jobs.list_tagged / cancel_tagged: tag containment (tags @> ARRAY[tag]). Partial, so untagged
 -- jobs (most) never touch the GIN index on insert or on any rewrite.
 CREATE INDEX livepush_jobs_tags_idx ON livepush_jobs USING gin (tags) WHERE tags IS NOT NULL;
@@ -177,9 +184,9 @@ $$;
 -- runs `p_delay` seconds from now: a pending job with the key (available or scheduled: not
 -- started) takes the new arguments (and tags, when given) and that run time; with none pending,
 -- a new job is inserted at the lowest free place of the key, so with a job of the key started
--- (running or waiting) the new one is queued behind it. Debounced enqueues of one key take a
--- transaction-level advisory lock of the key (one lock: a debounce is a single enqueue), so they
--- run one after the other; each statement takes a fresh snapshot. The UPDATE re-checks the state
+-- (running or waiting) the new one is queued behind it. Debounced enqueues of one key take turns
+-- on its row in livepush_key_turns (one key: a debounce is a single enqueue), so they run one
+-- after the other; each statement takes a fresh snapshot. The UPDATE re-checks the state
 -- on the latest row version: a pending job claimed meanwhile is left alone (the claim holds its
 -- row lock, or the UPDATE holds it and the claim, SKIP LOCKED, passes it by), and a new one is
 -- queued behind it. A plain keyed enqueue takes no lock: when it commits a pending job between
@@ -205,9 +212,9 @@ BEGIN
     SELECT * INTO v_job FROM livepush_job_items(p_batch);
     v_key := v_job.key;
     v_tags := nullif(v_job.tags, '{}');
-    -- ids: a constant naming livepush's key namespace, so users' own advisory locks never collide
-    -- with it, and the key's hash (two keys sharing a hash only wait for each other).
-    PERFORM pg_advisory_xact_lock(1819045236, hashtext(v_key));
+    -- Our turn: waits while another transaction's debounced enqueue of the key is uncommitted.
+    INSERT INTO livepush_key_turns (key) VALUES (v_key);
+    DELETE FROM livepush_key_turns t WHERE t.key = v_key;
     -- Each round either returns or saw a plain enqueue of the key commit; a few rounds at most.
     FOR v_round IN 1..100 LOOP
         -- The pending job becomes the one asked for: keys are shared by every function, so its

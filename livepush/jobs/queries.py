@@ -194,9 +194,12 @@ SELECT * FROM livepush_claim_limited(%(name)s, %(queue)s, %(limit)s, %(scan)s, %
 # DROP_LIMITS and UNFLAG_LIMITED): each statement locks its rows in name order, but the two
 # together do not (a start that adds a limit to one name and drops another's locks the first,
 # then the second; one with the opposite definitions, during a rolling deploy, the other way
-# round), and two such starts deadlocked, one of them failing. A transaction-level advisory lock
-# in a namespace of its own ('lpls'; the claim locks are 'lpcl'), so those starts take turns.
-LOCK_LIMITS = "SELECT pg_advisory_xact_lock(1819307123, 0)"
+# round), and two such starts deadlocked, one of them failing. So starts take turns on a table
+# lock: SHARE UPDATE EXCLUSIVE conflicts with itself and not with the claims' row writes, and
+# needs UPDATE on the table, which only livepush's roles have (any login may take an advisory
+# lock, and would have held up every runtime's start). Autovacuum, the other holder of this
+# mode, cancels itself when it blocks a lock request.
+LOCK_LIMITS = "LOCK TABLE livepush_job_limits IN SHARE UPDATE EXCLUSIVE MODE"
 
 # name: set_limits
 # A starting runtime's definitions of the limits of its job functions (the newest start wins).

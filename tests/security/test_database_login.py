@@ -197,14 +197,10 @@ async def test_a_forged_cancel_cancels_nothing_and_stops_no_runtime(pg_url: str,
 
 
 
-# The advisory-lock namespaces livepush's SQL functions use (any role reads them in pg_proc):
-# debounced enqueues lock (KEY_LOCKS, hashtext(key)), limited claims (CLAIM_LOCKS, hashtext(name)).
-KEY_LOCKS, CLAIM_LOCKS = 1819045236, 1819304812
-ADVISORY_LOCKS_REASON = (
-    "any role that can connect may take any advisory lock, and livepush serializes debounced enqueues "
-    "of a key with an advisory lock of a fixed, readable key: held by a stranger, a debounced enqueue "
-    "of that key waits forever. A fix locks rows only livepush's roles may write, or the threat model "
-    "stops promising it")
+# The advisory-lock namespaces livepush's SQL used to take, which any role could read in pg_proc
+# and take itself: debounced enqueues locked (KEY_LOCKS, hashtext(key)), runtimes' starts
+# (START_LOCKS, 0); limited claims still try theirs (CLAIM_LOCKS, hashtext(name)).
+KEY_LOCKS, CLAIM_LOCKS, START_LOCKS = 1819045236, 1819304812, 1819307123
 
 
 @pytest.fixture
@@ -221,7 +217,6 @@ def held_lock(nobody_url: str) -> Iterator[Callable[[int, str], None]]:
     conn.close()
 
 
-@pytest.mark.xfail(strict=True, reason=ADVISORY_LOCKS_REASON)
 async def test_a_login_without_privileges_holds_up_no_debounced_enqueue(
         pg_url: str, held_lock: Callable[[int, str], None], secret: str) -> None:
     """A login without privileges holding an advisory lock on a key's hash, in the namespace livepush's debounce uses, holds up no debounced enqueue of that key."""
@@ -238,6 +233,36 @@ async def test_a_login_without_privileges_holds_up_no_debounced_enqueue(
         await database.release_loop()
         database.configure(None)
         config.set_settings(None)
+
+
+async def test_a_login_without_privileges_holds_up_no_runtime_start(pg_url: str, nobody_url: str, secret: str) -> None:
+    """Starting runtimes take turns writing their functions' limits. A login without privileges
+    can take no lock they wait for: the table lock they take needs UPDATE on the table, and an
+    advisory lock it holds (any, in the namespace starts once used) holds up no start."""
+    from livepush import config
+
+    with psycopg.connect(nobody_url, autocommit=True) as nobody:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            with nobody.transaction():
+                nobody.execute("LOCK TABLE livepush_job_limits IN SHARE UPDATE EXCLUSIVE MODE")
+        nobody.execute("SELECT pg_advisory_lock(%s, 0)", (START_LOCKS,))
+        config.set_settings(config.Settings(database_url=pg_url, fanout="postgres", env="test", secret=secret))
+        database.configure(pg_url)
+
+        @jobs.job(name="t.security.start_limited", queue="start-lock", rate="100/s")
+        async def limited(ctx: Any) -> None:
+            pass
+
+        runtime = Runtime(queues=["start-lock"], install_signals=False, heartbeat=0.5, poll_interval=0.1)
+        task = asyncio.create_task(runtime.run())
+        try:
+            await asyncio.wait_for(runtime.wait_started(), 10)
+        finally:
+            runtime.stop(now=True)
+            await asyncio.wait_for(task, 15)
+            await database.release_loop()
+            database.configure(None)
+            config.set_settings(None)
 
 
 async def test_a_login_without_privileges_stops_no_runtime_with_an_advisory_lock(
