@@ -5,6 +5,7 @@ deliver, reset, cancel or close anything; malformed notifications stop nothing."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -158,13 +159,30 @@ async def test_forged_state_rings_show_only_what_the_rows_hold(served: Served, n
         database.configure(None)
 
 
-async def test_a_forged_cancel_cancels_nothing_and_stops_no_runtime(pg_url: str, nobody_url: str,
-                                                                    secret: str) -> None:
-    """`livepush_jobs_cancel` with a running job's id, or junk, from a login without privileges: the job runs to success and the runtime keeps running."""
+@contextlib.asynccontextmanager
+async def runtime_on(pg_url: str, secret: str, queue: str) -> AsyncIterator[tuple[Runtime, asyncio.Task[None]]]:
+    """livepush configured for `pg_url` and a started runtime on `queue` (define its jobs first),
+    stopped and unconfigured after."""
     from livepush import config
 
     config.set_settings(config.Settings(database_url=pg_url, fanout="postgres", env="test", secret=secret))
     database.configure(pg_url)
+    runtime = Runtime(queues=[queue], install_signals=False, heartbeat=0.5, poll_interval=0.1)
+    task = asyncio.create_task(runtime.run())
+    try:
+        await asyncio.wait_for(runtime.wait_started(), 10)
+        yield runtime, task
+    finally:
+        runtime.stop(now=True)
+        await asyncio.wait_for(task, 15)
+        await database.release_loop()
+        database.configure(None)
+        config.set_settings(None)
+
+
+async def test_a_forged_cancel_cancels_nothing_and_stops_no_runtime(pg_url: str, nobody_url: str,
+                                                                    secret: str) -> None:
+    """`livepush_jobs_cancel` with a running job's id, or junk, from a login without privileges: the job runs to success and the runtime keeps running."""
     gate = asyncio.Event()
 
     @jobs.job(name="t.security.waits", queue="forged-cancel")
@@ -174,10 +192,7 @@ async def test_a_forged_cancel_cancels_nothing_and_stops_no_runtime(pg_url: str,
             await ctx.progress(i, 20)
             await asyncio.sleep(0.05)
 
-    runtime = Runtime(queues=["forged-cancel"], install_signals=False, heartbeat=0.5, poll_interval=0.1)
-    task = asyncio.create_task(runtime.run())
-    try:
-        await runtime.wait_started()
+    async with runtime_on(pg_url, secret, "forged-cancel") as (runtime, task):
         handle = await waits.aenqueue()
         await asyncio.wait_for(gate.wait(), 10)
         await anotify(nobody_url, "livepush_jobs_cancel", str(handle.id), f"{handle.id},{handle.id}", "²", *JUNK)
@@ -188,12 +203,6 @@ async def test_a_forged_cancel_cancels_nothing_and_stops_no_runtime(pg_url: str,
         state = await async_wait_for(finished, 10, 0.05, message="the job to finish")
         assert state["state"] == "succeeded", state
         assert runtime.healthy and not task.done()
-    finally:
-        runtime.stop(now=True)
-        await asyncio.wait_for(task, 15)
-        await database.release_loop()
-        database.configure(None)
-        config.set_settings(None)
 
 
 
@@ -239,30 +248,18 @@ async def test_a_login_without_privileges_holds_up_no_runtime_start(pg_url: str,
     """Starting runtimes take turns writing their functions' limits. A login without privileges
     can take no lock they wait for: the table lock they take needs UPDATE on the table, and an
     advisory lock it holds (any, in the namespace starts once used) holds up no start."""
-    from livepush import config
-
     with psycopg.connect(nobody_url, autocommit=True) as nobody:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             with nobody.transaction():
                 nobody.execute("LOCK TABLE livepush_job_limits IN SHARE UPDATE EXCLUSIVE MODE")
         nobody.execute("SELECT pg_advisory_lock(%s, 0)", (START_LOCKS,))
-        config.set_settings(config.Settings(database_url=pg_url, fanout="postgres", env="test", secret=secret))
-        database.configure(pg_url)
 
         @jobs.job(name="t.security.start_limited", queue="start-lock", rate="100/s")
         async def limited(ctx: Any) -> None:
             pass
 
-        runtime = Runtime(queues=["start-lock"], install_signals=False, heartbeat=0.5, poll_interval=0.1)
-        task = asyncio.create_task(runtime.run())
-        try:
-            await asyncio.wait_for(runtime.wait_started(), 10)
-        finally:
-            runtime.stop(now=True)
-            await asyncio.wait_for(task, 15)
-            await database.release_loop()
-            database.configure(None)
-            config.set_settings(None)
+        async with runtime_on(pg_url, secret, "start-lock"):
+            pass
 
 
 async def test_a_login_without_privileges_stops_no_runtime_with_an_advisory_lock(
@@ -270,11 +267,6 @@ async def test_a_login_without_privileges_stops_no_runtime_with_an_advisory_lock
     """A login without privileges holding the claim lock of a rate-limited function stops no
     runtime: a plain job enqueued after it runs to success, and the limited function's job runs
     once the lock is let go."""
-    from livepush import config
-
-    config.set_settings(config.Settings(database_url=pg_url, fanout="postgres", env="test", secret=secret))
-    database.configure(pg_url)
-
     @jobs.job(name="t.security.limited", queue="held-lock", rate="100/s")
     async def limited(ctx: Any) -> None:
         pass
@@ -283,10 +275,7 @@ async def test_a_login_without_privileges_stops_no_runtime_with_an_advisory_lock
     async def plain(ctx: Any) -> None:
         pass
 
-    runtime = Runtime(queues=["held-lock"], install_signals=False, heartbeat=0.5, poll_interval=0.1)
-    task = asyncio.create_task(runtime.run())
-    try:
-        await runtime.wait_started()
+    async with runtime_on(pg_url, secret, "held-lock"):
         held_lock(CLAIM_LOCKS, "t.security.limited")
         held_up = await limited.aenqueue()
         handle = await plain.aenqueue()
@@ -302,13 +291,6 @@ async def test_a_login_without_privileges_stops_no_runtime_with_an_advisory_lock
         held_lock.release()  # type: ignore[attr-defined]
         state = await async_wait_for(finished(held_up.id), 10, 0.05, message="the limited job to finish")
         assert state["state"] == "succeeded", state
-    finally:
-        held_lock.release()  # type: ignore[attr-defined]
-        runtime.stop(now=True)
-        await asyncio.wait_for(task, 15)
-        await database.release_loop()
-        database.configure(None)
-        config.set_settings(None)
 
 
 @pytest.fixture
