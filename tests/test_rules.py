@@ -14,7 +14,8 @@ import pytest
 import livepush
 from livepush.errors import ConfigError
 from livepush.sessions import Session
-from livepush.sessions.rules import Allow, App, load_app
+from livepush.sessions.rules import AUTHORIZE_QUEUE, AUTHORIZE_THREADS, Allow, App, load_app
+from tests.support.waiting import async_wait_for
 
 ALICE = Session(id="sid-a", subject="7", expires_at=9e9, issued_at=1.0)
 BOB = Session(id="sid-b", subject="70", expires_at=9e9, issued_at=1.0)
@@ -250,6 +251,34 @@ async def test_sync_authorize_timing_out_refuses_and_logs_once(caplog: pytest.Lo
         assert len(records) == 1
     finally:
         release.set()
+        app.close()
+
+
+async def test_a_slow_spell_of_sync_authorize_leaves_its_queue_whole() -> None:
+    """Calls that time out while queued for authorize()'s threads give their place back: once
+    the hook answers again, a burst as large as its threads plus queue is answered, not refused
+    'unavailable' for ever."""
+    gate = threading.Event()
+
+    def authorize(session: Session | None, topic: str) -> bool:
+        gate.wait(5)
+        return True
+
+    app = App(authorize=authorize, authorize_timeout=0.5)
+    burst = AUTHORIZE_THREADS + AUTHORIZE_QUEUE
+    try:
+        # Every thread blocked and the queue full: all time out, the queued ones before they ran.
+        spell = await asyncio.gather(*(app.check(ALICE, f"team:{i}") for i in range(burst)))
+        assert spell == ["unavailable"] * burst
+        gate.set()
+
+        async def burst_answered() -> bool:
+            answers = await asyncio.gather(*(app.check(ALICE, f"team:{i}") for i in range(burst)))
+            return answers == [None] * burst
+
+        await async_wait_for(burst_answered, message="a full burst answered after the hook recovered")
+    finally:
+        gate.set()
         app.close()
 
 

@@ -257,9 +257,17 @@ class App:
                     )
                 with self._waiting_lock:
                     self._waiting += 1
-                call = loop.run_in_executor(self._executor, self._call_sync, session, topic)
-                # A call that times out keeps its thread, and counts, until it returns (_call_sync).
-                result = await asyncio.wait_for(call, self.authorize_timeout)
+                try:
+                    future = self._executor.submit(self.authorize, session, topic)
+                except BaseException:
+                    self._done_waiting(None)
+                    raise
+                # A call counts until it is done: a call that times out in a thread keeps its thread,
+                # and counts, until it returns; one that times out (or whose connection closes)
+                # while still queued is cancelled there and no thread ever runs it, so its end too
+                # must give its place back, or each slow spell would shrink the queue for good.
+                future.add_done_callback(self._done_waiting)
+                result = await asyncio.wait_for(asyncio.wrap_future(future), self.authorize_timeout)
             if inspect.isawaitable(result):  # a sync callable that returned a coroutine
                 result = await asyncio.wait_for(result, max(deadline - loop.time(), 0.001))
         except asyncio.CancelledError:
@@ -269,12 +277,9 @@ class App:
             return None
         return result is True
 
-    def _call_sync(self, session: Session | None, topic: str) -> Any:
-        try:
-            return self.authorize(session, topic)  # type: ignore[misc]
-        finally:
-            with self._waiting_lock:
-                self._waiting -= 1
+    def _done_waiting(self, _future: concurrent.futures.Future[Any] | None) -> None:
+        with self._waiting_lock:
+            self._waiting -= 1
 
     def _log_once(self, exc: BaseException, topic: str) -> None:
         kind = type(exc)
