@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
@@ -362,6 +363,23 @@ async def test_arevoke_subject_cuts_off_at_revocation_time(
     assert before == pytest.approx(t, abs=0.001)
     await heard.next()
     assert await heard.store.revoked_among([old, same_ms, later, stranger]) == {old.id, same_ms.id}
+
+
+@pytest.mark.parametrize("call", ["revoke_subject", "arevoke_subject"])
+async def test_a_session_issued_the_millisecond_after_a_subject_revocation_is_unaffected(
+    shared_store: sessions.RevocationStore, call: str
+) -> None:
+    """Only a session issued in the revocation's own millisecond counts as revoked: one issued in
+    the next millisecond (a user signing in again at once) is not, wherever in its millisecond
+    the revocation fell."""
+    t = math.floor(time.time()) + 0.0006  # late in its millisecond
+    same_ms = decode(sessions.issue("user-7", now=t + 0.0002), SECRET)
+    next_ms = decode(sessions.issue("user-7", now=t + 0.0007), SECRET)
+    if call == "revoke_subject":
+        sessions.revoke_subject("user-7", store=shared_store, now=t)
+    else:
+        await sessions.arevoke_subject("user-7", store=shared_store, now=t)
+    assert await shared_store.revoked_among([same_ms, next_ms]) == {same_ms.id}
 
 
 async def test_sync_and_async_writes_agree(shared_store: sessions.RevocationStore) -> None:

@@ -15,8 +15,6 @@ Tokens are credentials: no message, log line or exception here ever contains one
 
 from __future__ import annotations
 
-import time
-
 from ..config import get_settings
 from ..errors import ConfigError
 from .revocations import (
@@ -25,10 +23,9 @@ from .revocations import (
     PostgresRevocations,
     RedisRevocations,
     RevocationStore,
-    ms,
     store_from_settings,
 )
-from .tokens import MAX_TOKEN_LENGTH, MAX_TTL, Session, check_subject, decode, issue, loads
+from .tokens import MAX_TOKEN_LENGTH, MAX_TTL, Session, check_subject, decode, issue, loads, stamp_ms
 
 _default: RevocationStore | None = None
 
@@ -93,7 +90,7 @@ def revoke_subject(subject: str, *, store: RevocationStore | None = None, now: f
     issued afterwards are unaffected. Returns the cut-off time."""
     chosen = _shared(store)
     check_subject(subject)
-    before = ms(time.time() if now is None else now) / 1000
+    before = stamp_ms(now) / 1000
     chosen.add_subject(subject, before)
     return before
 
@@ -102,7 +99,7 @@ async def arevoke_subject(subject: str, *, store: RevocationStore | None = None,
     """Async revoke_subject()."""
     chosen = _shared(store)
     check_subject(subject)
-    before = ms(time.time() if now is None else now) / 1000
+    before = stamp_ms(now) / 1000
     await chosen.aadd_subject(subject, before)
     return before
 

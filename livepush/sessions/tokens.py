@@ -94,8 +94,16 @@ def issue(subject: str, ttl: float = 86400, *, now: float | None = None) -> str:
     return _encode(subject, ttl, settings.secrets, now=now)
 
 
+def stamp_ms(now: float | None = None) -> int:
+    """`now` (default: the clock) in whole milliseconds, cut down: how a token stamps its issue
+    time. A subject revocation's cut-off is stamped the same way, so that only the sessions
+    issued in its own millisecond or before count as revoked; rounded, a cut-off late in its
+    millisecond would also cover the sessions of the next one."""
+    return int((time.time() if now is None else now) * 1000)
+
+
 def _encode(subject: str, ttl: float, secrets: Sequence[str], *, now: float | None = None) -> str:
-    issued_ms = int((time.time() if now is None else now) * 1000)
+    issued_ms = stamp_ms(now)
     payload = [_FORMAT, _secrets.token_urlsafe(16), subject, issued_ms, issued_ms + int(ttl * 1000)]
     return _serializer(secrets).dumps(payload)
 
