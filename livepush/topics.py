@@ -80,7 +80,9 @@ def sign(topic: str, secrets: Sequence[str], ttl: float | None = None, *, now: f
     if ttl is not None:
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0 or ttl == math.inf:
             raise ValueError(f"ttl must be a positive, finite number of seconds (or None: no expiry), got {ttl!r}")
-        value = f"{topic}{SEP}{int((time.time() if now is None else now) + ttl)}"
+        # Rounded up: cut down to the second before, a topic would lose up to a second of its
+        # ttl, and one with a ttl under a second could be expired as it is made.
+        value = f"{topic}{SEP}{math.ceil((time.time() if now is None else now) + ttl)}"
     return _signer(secrets).sign(value).decode("ascii")
 
 

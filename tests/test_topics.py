@@ -22,6 +22,15 @@ def test_sign_then_verify_gives_the_topic_back() -> None:
         verify(sign("job:1", SECRETS, ttl=60, now=1000.0), SECRETS, now=1061.0)
 
 
+@pytest.mark.parametrize("ttl", [0.5, 1, 60])
+def test_a_signed_topic_lives_its_whole_ttl(ttl: float) -> None:
+    """Signed late in a second, a topic is still valid just before its ttl is over: the expiry
+    is never cut down to the whole second before it (a sub-second ttl would be born expired)."""
+    signed_at = 1000.9
+    signed = sign("job:1", SECRETS, ttl=ttl, now=signed_at)
+    assert verify(signed, SECRETS, now=signed_at + ttl - 0.01) == "job:1"
+
+
 @pytest.mark.parametrize("ttl", [0, -1, math.nan, math.inf, "60", True])
 def test_bad_ttls_are_refused(ttl: object) -> None:
     """ttl= is a positive, finite number of seconds (or None)."""

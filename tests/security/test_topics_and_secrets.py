@@ -48,7 +48,7 @@ def test_handles_sign_topics_that_expire(settings: Settings) -> None:
         assert late.value.reason == "expired"
         short = handle.sign(ttl=5)
         with pytest.raises(InvalidTopic):
-            topics.verify(short, settings.secrets, now=now + 6)
+            topics.verify(short, settings.secrets, now=now + 7)  # whole seconds, rounded up
     config.set_settings(Settings(secret=settings.secret, signed_topic_ttl=60))
     assert int(JobHandle(1).signed_topic.split(topics.SEP)[1]) <= time.time() + 61
 
