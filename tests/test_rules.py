@@ -88,6 +88,27 @@ def test_subject_and_star_combine() -> None:
     assert not rule.allows(ALICE, "user:7:")
 
 
+@pytest.mark.parametrize(
+    ("pattern", "topic"),
+    [("*:{subject}:*", "team:7:x:inbox"), ("org:*:user:{subject}:*", "org:1:user:7:user:x:inbox")],
+)
+def test_a_slot_between_two_stars_cannot_share_a_topic_between_subjects(pattern: str, topic: str) -> None:
+    """With a '*' on each side, a separator does not pin the slot: subject x would read a topic
+    inside subject 7's namespace (the star before the slot swallowing '7'). Such a rule is
+    refused when it is made, rather than letting two subjects match one topic."""
+    seven, x = Session("s7", "7", 9e9), Session("sx", "x", 9e9)
+    with pytest.raises(ValueError, match="both sides"):
+        rule = Allow(pattern)
+        assert not (rule.allows(seven, topic) and rule.allows(x, topic)), f"subjects 7 and x both read {topic}"
+
+
+def test_a_slot_with_a_star_on_one_side_only_is_fine() -> None:
+    """A star on one side and a separator between: the slot is pinned, one subject per topic."""
+    rule = Allow("*:{subject}")
+    assert rule.allows(ALICE, "team:a:7") and not rule.allows(Session("s", "a", 9e9), "team:a:7")
+    assert Allow("*/{subject}:inbox").allows(ALICE, "org/1/7:inbox")
+
+
 def test_rules_without_anonymous_need_a_session() -> None:
     """By default a rule needs a session; anonymous=True lets anyone in."""
     members = Allow("chat:*")

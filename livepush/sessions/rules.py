@@ -22,7 +22,9 @@ Pattern syntax:
   subject ``7:x`` must not enter subject ``7``'s ``team:7:*``). It may not touch a ``*``
   (``user:{subject}*`` would let subject ``7`` read ``user:70``), and a separator must stand
   between it and any ``*`` (under ``user:{subject}-*`` subject ``7-x`` would read
-  ``user:7-x-inbox``): e.g. ``user:{subject}:*`` or ``user:{subject}-inbox:*``.
+  ``user:7-x-inbox``): e.g. ``user:{subject}:*`` or ``user:{subject}-inbox:*``. A ``*`` may
+  stand on one side of it only (under ``*:{subject}:*`` subject ``x`` would read
+  ``team:7:x:inbox``).
 A pattern must match the whole topic.
 """
 
@@ -128,6 +130,15 @@ class Allow:
             # user:7-x-inbox, inside subject 7's user:7-*.
             after = not _pinned(tokens[i + 1:], kinds[i + 1:])
             before = not _pinned(tokens[:i][::-1], kinds[:i][::-1])
+            # A separator pins the slot only when one side of it is anchored: with a '*' on each
+            # side (which crosses separators), the slot may fall on any segment, and under
+            # *:{subject}:* subject x would read team:7:x:inbox, inside subject 7's *:7:*.
+            if "*" in kinds[:i] and "*" in kinds[i + 1:]:
+                raise ValueError(
+                    f"Allow({self.pattern!r}): a '*' on both sides of {{subject}} lets the slot fall on any "
+                    f"segment (subject x reading team:7:x:inbox under *:{{subject}}:*): keep the '*' to one "
+                    f"side, e.g. team:{{subject}}:* or *:{{subject}}"
+                )
             if after or before:
                 raise ValueError(
                     f"Allow({self.pattern!r}): a '*' could stretch {{subject}} into another subject's topics "
