@@ -275,6 +275,42 @@ async def test_sync_authorize_timing_out_refuses_and_logs_once(caplog: pytest.Lo
         app.close()
 
 
+async def test_an_authorize_that_raises_cancelled_error_of_its_own_answers_unavailable(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A hook awaiting something another task cancelled (say a lookup shared between subscribes)
+    raises CancelledError though nobody cancelled the subscribe: no answer, so 'unavailable',
+    logged like any other failure; the subscribe itself is not taken for cancelled."""
+    caplog.set_level(logging.ERROR, logger="livepush.rules")
+    shared_lookup = asyncio.get_running_loop().create_future()
+    shared_lookup.cancel()
+
+    async def authorize(session: Session | None, topic: str) -> bool:
+        return await shared_lookup
+
+    app = App(authorize=authorize)
+    assert await app.check(ALICE, "team:1") == "unavailable"
+    records = [r for r in caplog.records if r.name == "livepush.rules"]
+    assert len(records) == 1 and "CancelledError" in records[0].getMessage()
+
+
+async def test_a_cancelled_subscribe_is_still_cancelled_while_authorize_runs() -> None:
+    """Cancelling the subscribe (its connection closed) while the hook runs cancels the check."""
+    started = asyncio.Event()
+
+    async def authorize(session: Session | None, topic: str) -> bool:
+        started.set()
+        await asyncio.Event().wait()
+        return True
+
+    app = App(authorize=authorize)
+    check = asyncio.ensure_future(app.check(ALICE, "team:1"))
+    await asyncio.wait_for(started.wait(), 5)
+    check.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(check, 5)
+
+
 async def test_a_slow_spell_of_sync_authorize_leaves_its_queue_whole() -> None:
     """Calls that time out while queued for authorize()'s threads give their place back: once
     the hook answers again, a burst as large as its threads plus queue is answered, not refused

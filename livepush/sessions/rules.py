@@ -281,8 +281,14 @@ class App:
                 result = await asyncio.wait_for(asyncio.wrap_future(future), self.authorize_timeout)
             if inspect.isawaitable(result):  # a sync callable that returned a coroutine
                 result = await asyncio.wait_for(result, max(deadline - loop.time(), 0.001))
-        except asyncio.CancelledError:
-            raise
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # the subscribe was cancelled (its connection closed): so is this check
+            # The hook's own: it awaited something another task cancelled (say a lookup shared
+            # between subscribes). That is no answer, not a cancelled subscribe.
+            self._log_once(exc, topic)
+            return None
         except Exception as exc:  # TimeoutError included
             self._log_once(exc, topic)
             return None
