@@ -339,6 +339,20 @@ async def test_a_slow_spell_of_sync_authorize_leaves_its_queue_whole() -> None:
         app.close()
 
 
+@pytest.mark.parametrize("exit_kind", [SystemExit, KeyboardInterrupt])
+async def test_a_sync_authorize_that_exits_answers_unavailable(exit_kind: type[BaseException]) -> None:
+    """A sync hook runs in a thread, where sys.exit() or a stray KeyboardInterrupt ends nothing
+    but the call: it is a failed answer ('unavailable'), not an exit of the server's loop."""
+    def authorize(session: Session | None, topic: str) -> bool:
+        raise exit_kind()
+
+    app = App(authorize=authorize)
+    try:
+        assert await asyncio.wait_for(app.check(ALICE, "team:1"), 5) == "unavailable"
+    finally:
+        app.close()
+
+
 async def test_each_app_logs_its_own_first_failure(caplog: pytest.LogCaptureFixture) -> None:
     """'Once' is per App: a second App logs its first failure too."""
     caplog.set_level(logging.ERROR, logger="livepush.rules")

@@ -269,7 +269,7 @@ class App:
                 with self._waiting_lock:
                     self._waiting += 1
                 try:
-                    future = self._executor.submit(self.authorize, session, topic)
+                    future = self._executor.submit(self._call_sync, session, topic)
                 except BaseException:
                     self._done_waiting(None)
                     raise
@@ -293,6 +293,16 @@ class App:
             self._log_once(exc, topic)
             return None
         return result is True
+
+    def _call_sync(self, session: Session | None, topic: str) -> Any:
+        try:
+            return self.authorize(session, topic)  # type: ignore[misc]
+        except Exception:
+            raise
+        except BaseException as exc:
+            # In a thread, sys.exit() or a stray KeyboardInterrupt ends only this call; passed on
+            # as they are, they would leave the server's event loop.
+            raise RuntimeError(f"authorize() raised {type(exc).__name__}") from exc
 
     def _done_waiting(self, _future: concurrent.futures.Future[Any] | None) -> None:
         with self._waiting_lock:
