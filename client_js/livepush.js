@@ -696,7 +696,7 @@ export class LivePush {
     } catch (err) {
       // A malformed URL throws synchronously; retrying with backoff will not fix it, but
       // surfacing it and backing off beats a tight loop or a silent stop.
-      this._onError({ reason: 'connect_failed', detail: String(err), error: err });
+      this._report({ reason: 'connect_failed', detail: String(err), error: err });
       this._afterClose(CloseCode.ABNORMAL, 'connect failed');
       return;
     }
@@ -740,7 +740,7 @@ export class LivePush {
     try {
       frame = JSON.parse(typeof text === 'string' ? text : String(text));
     } catch {
-      this._onError({ reason: 'invalid_frame', detail: 'the server sent a frame that is not JSON' });
+      this._report({ reason: 'invalid_frame', detail: 'the server sent a frame that is not JSON' });
       return;
     }
     if (!frame || typeof frame !== 'object') return;
@@ -771,7 +771,7 @@ export class LivePush {
       case 'pong':
         return; // its arrival already fed the heartbeat
       case 'error':
-        this._onError({ reason: String(frame.reason ?? 'error'), detail: frame.detail });
+        this._report({ reason: String(frame.reason ?? 'error'), detail: frame.detail });
         return;
       default:
         return; // newer servers may add frames; ignore what we do not know
@@ -969,11 +969,20 @@ export class LivePush {
     try {
       fn(...args);
     } catch (error) {
-      try {
-        this._onError({ reason: 'handler_error', detail: String(error), error });
-      } catch {
-        // an onError that throws has nowhere left to report to
-      }
+      this._report({ reason: 'handler_error', detail: String(error), error });
+    }
+  }
+
+  /**
+   * Hand an error to the user's onError. It is a user callback too: one that throws must not
+   * unwind what reported to it (a reconnect being scheduled, a frame being handled).
+   * @param {LivePushError} err
+   */
+  _report(err) {
+    try {
+      this._onError(err);
+    } catch {
+      // an onError that throws has nowhere left to report to
     }
   }
 }

@@ -260,3 +260,30 @@ test('without a token the client still offers the livepush subprotocol', () => {
   assert.deepEqual(h.last().protocols, ['livepush']);
   h.lp.close();
 });
+
+test('an onError that throws on a failed connect attempt does not stop the reconnects', () => {
+  let asked = 0;
+  const h = harness({
+    random: MID,
+    // The second attempt cannot get a token (storage unavailable, say); later ones can.
+    token: () => {
+      asked += 1;
+      if (asked === 2) throw new Error('no token just now');
+      return `tok-${asked}`;
+    },
+    onError: () => {
+      throw new Error('the logging endpoint is down');
+    },
+  });
+  h.last().hello();
+  h.last().serverClose(1006);
+  assert.doesNotThrow(() => h.clock.advance(500)); // the attempt whose token throws
+  assert.equal(h.lp.status, 'reconnecting');
+  assert.equal(h.clock.pending().length, 1, 'a next attempt is scheduled');
+  h.clock.advance(h.clock.pending()[0]);
+  assert.equal(h.sockets.length, 2);
+  assert.deepEqual(h.last().protocols, ['livepush', 'livepush.token.tok-3']);
+  h.last().hello();
+  assert.equal(h.lp.status, 'open');
+  h.lp.close();
+});
