@@ -811,7 +811,7 @@ export class LivePush {
       if (this._ws === ws && this._status === Status.OPEN && sub.state === 'pending') this._sendSubscribe(sub);
     });
     this._retryTimers.add(timer);
-    timer.schedule(this._reconnectAfterMs(sub._retries));
+    timer.schedule(this._delayFor(sub._retries));
   }
 
   /** @param {Subscription} sub */
@@ -895,7 +895,7 @@ export class LivePush {
     const stable = helloAt !== null && this._clock.now() - helloAt >= STABLE_AFTER_MS;
     if (stable && !PENALTY_CODES.has(code)) this._tries = 0;
     this._tries += 1;
-    let delayMs = this._reconnectAfterMs(this._tries);
+    let delayMs = this._delayFor(this._tries);
     if (code === CloseCode.GOING_AWAY) {
       // A restart or deploy: come back soon, spread out, never at once; when a draining server
       // said when (`retry=MS`), then, since it spread the whole herd's delays. If the server
@@ -984,6 +984,29 @@ export class LivePush {
     } catch {
       // an onError that throws has nowhere left to report to
     }
+  }
+
+  /**
+   * The delay before retry number `tries`, from the user's `reconnectAfterMs`. It is a user
+   * callback: if it throws or gives no usable delay, the default backoff applies, since a
+   * missing delay would leave the client without a next attempt and NaN or a negative delay
+   * would retry at once, hammering the server.
+   * @param {number} tries
+   * @returns {number}
+   */
+  _delayFor(tries) {
+    let ms;
+    try {
+      ms = this._reconnectAfterMs(tries);
+    } catch (error) {
+      this._report({ reason: 'handler_error', detail: `reconnectAfterMs threw: ${String(error)}`, error });
+      return defaultReconnectAfterMs(tries, this._random);
+    }
+    if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 0) {
+      this._report({ reason: 'handler_error', detail: `reconnectAfterMs(${tries}) gave ${String(ms)}, not a delay in milliseconds` });
+      return defaultReconnectAfterMs(tries, this._random);
+    }
+    return ms;
   }
 }
 

@@ -287,3 +287,17 @@ test('an onError that throws on a failed connect attempt does not stop the recon
   assert.equal(h.lp.status, 'open');
   h.lp.close();
 });
+
+test('a reconnectAfterMs that throws or returns no number falls back to the default backoff', () => {
+  for (const broken of [() => { throw new Error('bug in the app'); }, () => undefined, () => NaN, () => -1]) {
+    const h = harness({ random: MID, reconnectAfterMs: broken });
+    h.last().hello();
+    assert.doesNotThrow(() => h.last().serverClose(1006));
+    assert.equal(h.lp.status, 'reconnecting');
+    assert.deepEqual(h.clock.pending(), [500], `${broken}: the default first delay`);
+    assert.deepEqual(h.errors.map((e) => e.reason), ['handler_error']);
+    h.clock.advance(500);
+    assert.equal(h.sockets.length, 2);
+    h.lp.close();
+  }
+});
