@@ -1152,10 +1152,11 @@ export function bindProgress(lp, topic, element, options = {}) {
     const view = describeProgress(data);
     if (view.kind === 'unknown') return;
     render(view);
-    options.onUpdate?.(view, data);
+    // Each callback on its own: an onUpdate that throws must not cost the page its onFinish.
+    if (options.onUpdate) lp._call(options.onUpdate, view, data);
     if (view.finished && !finished) {
       finished = true;
-      options.onFinish?.(view, data);
+      if (options.onFinish) lp._call(options.onFinish, view, data);
     }
     // A retried job leaves its final state again; let onFinish fire for the next ending.
     if (!view.finished) finished = false;

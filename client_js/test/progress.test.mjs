@@ -118,3 +118,17 @@ test('describeProgress ignores data that is neither a job nor a group event', ()
   assert.equal(describeProgress({ text: 'hi' }).kind, 'unknown');
   assert.equal(describeProgress(null).kind, 'unknown');
 });
+
+test('an onUpdate that throws does not keep onFinish from running', () => {
+  const t = setup('job:42', {
+    onUpdate: () => {
+      throw new Error('bug in the page');
+    },
+  });
+  t.send(job('progress', 'running', { done: 9, total: 10, message: null }));
+  t.send(job('succeeded', 'succeeded', { done: 10, total: 10, message: null }));
+  assert.deepEqual(t.finished, ['succeeded']);
+  assert.equal(t.label.textContent, '10/10 · succeeded');
+  assert.deepEqual(t.h.errors.map((e) => e.reason), ['handler_error', 'handler_error']);
+  t.h.lp.close();
+});
