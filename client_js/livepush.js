@@ -785,9 +785,11 @@ export class LivePush {
     this._everOpened = true;
     this._session = frame.session ?? null;
     this._heartbeat.start(Number(frame.heartbeat) || 0);
-    this._setStatus(Status.OPEN, {});
-    // Subscribe only now: sending earlier would race a 4401 close on `required` servers.
+    // Subscribe only now: sending earlier would race a 4401 close on `required` servers. And
+    // before announcing `open`: a listener that subscribes sends its own frame, which this
+    // loop would send a second time (each copy counts against the server's subscribe rate).
     for (const sub of this._registry.all()) this._sendSubscribe(sub);
+    this._setStatus(Status.OPEN, {});
   }
 
   /** @param {Subscription} sub */

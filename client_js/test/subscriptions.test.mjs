@@ -270,3 +270,19 @@ test('subscribe() rejects a missing topic or handler with a clear error', () => 
   assert.throws(() => h.lp.subscribe('chat:a', () => {}, { since: 17 }), /since must be an offset string/);
   h.lp.close();
 });
+
+test('a subscribe made in an open listener goes out once', () => {
+  const h = harness();
+  collect(h.lp, 'chat:early');
+  let late = null;
+  h.lp.on('status', (status) => {
+    if (status === 'open' && !late) late = collect(h.lp, 'chat:late');
+  });
+  const ws = h.last();
+  ws.hello();
+  // Each subscribe frame counts against the server's 100 a second: a copy wastes the budget.
+  assert.deepEqual(ws.frames('subscribe').map((f) => f.topic).sort(), ['chat:early', 'chat:late']);
+  ws.acceptSubscribes();
+  assert.equal(late.sub.state, 'active');
+  h.lp.close();
+});
