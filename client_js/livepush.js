@@ -313,7 +313,8 @@ class Heartbeat {
  * @property {string | null} [since] the last offset the page already reflects, e.g.
  *   `livepush.latest_offset(topic)` embedded by the server when it rendered the page
  * @property {(topic: string) => void} [onReset] `since` was older than the history the server
- *   keeps: refetch the state. The next resubscribe starts from the latest.
+ *   keeps (or the page fell behind): refetch the state. The next resubscribe starts where the
+ *   live messages after the reset began, so none is lost.
  * @property {(info: {topic: string, offset: string | null}) => void} [onSubscribed]
  *   called after every (re)subscribe the server accepted
  * @property {(reason: string, info: {topic: string}) => void} [onRefused] the server refused
@@ -365,6 +366,12 @@ export class Subscription {
     this._state = 'pending';
     /** transient refusals in a row, for the retry backoff */
     this._retries = 0;
+    /**
+     * On a message topic, where the server's last `subscribed` said this subscription stood,
+     * until a message moves it on: what live messages follow a `reset` that came before any.
+     * @type {string | null}
+     */
+    this._standing = null;
   }
 
   /** The last offset delivered (or the `since` it started from, or where `subscribed` said a
@@ -394,15 +401,20 @@ export class Subscription {
       // history and live messages may repeat what this subscription already handed over.
       if (this._offset !== null && compareOffsets(offset, this._offset) <= 0) return;
       this._offset = offset;
+      this._standing = null;
     }
     this._client._call(this._onMessage, frame.data, { topic: frame.topic, offset });
   }
 
   _reset() {
     if (this._state === 'closed' || this._state === 'refused') return;
-    // The kept history no longer reaches our offset: resuming from it would only get `reset`
-    // again, so the next subscribe asks for "from now" and the page refetches.
-    this._offset = null;
+    // The page refetches; the live messages after the reset follow it without a gap, so the
+    // next resubscribe must not ask for "from now", which would lose what is published while
+    // the page is away. A reset before any message (`since` older than the history kept, or
+    // unknown) resumes where `subscribed` said live messages start: the old offset would only
+    // get `reset` again. A reset after messages (the page fell behind) keeps the last offset
+    // delivered: history still holds what was dropped.
+    if (this._standing !== null) this._offset = this._standing;
     const onReset = this._options.onReset;
     if (onReset) this._client._call(onReset, this.plainTopic);
   }
@@ -412,6 +424,7 @@ export class Subscription {
     if (this._state !== 'pending') return;
     this._state = 'active';
     this._retries = 0;
+    if (typeof frame.offset === 'string' && !isStateTopic(this.plainTopic)) this._standing = frame.offset;
     if (this._offset === null && typeof frame.offset === 'string' && !isStateTopic(this.plainTopic)) {
       // Subscribed "from now": the server says where that is. A reconnect before the first
       // message resumes from there, or what was published meanwhile would be lost. (A state
@@ -797,6 +810,7 @@ export class LivePush {
     const ref = this._nextRef();
     this._registry.expect(ref, sub);
     sub._state = 'pending';
+    sub._standing = null; // this connection's `subscribed` will say
     this._send({ op: 'subscribe', topic: sub.topic, since: sub.offset, ref });
   }
 

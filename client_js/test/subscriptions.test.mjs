@@ -102,22 +102,45 @@ test('duplicates and stale messages are dropped by offset', () => {
   h.lp.close();
 });
 
-test('reset calls onReset and the next resubscribe asks for since null', () => {
+test('reset calls onReset; a reconnect before the next message resumes where the live messages began', () => {
   const h = harness();
   const resets = [];
-  const s = collect(h.lp, 'chat:a', { since: '3', onReset: (t) => resets.push(t) });
+  const s = collect(h.lp, 'chat:a', { since: '1767225600000000-3', onReset: (t) => resets.push(t) });
   let ws = h.last();
   ws.hello();
-  ws.acceptSubscribes();
+  // The page was rendered longer ago than the history kept: the server says where it stands
+  // now, then `reset`; the page refetches, and live messages follow from there.
+  ws.receive({ op: 'subscribed', ref: ws.frames('subscribe')[0].ref, topic: 'chat:a', offset: '1767225600000000-20' });
   ws.receive({ op: 'reset', topic: 'chat:a' });
   assert.deepEqual(resets, ['chat:a']);
-  assert.equal(s.sub.offset, null);
-  // After a reset any offset is new again (the history it followed is gone).
-  ws.receive({ op: 'message', topic: 'chat:a', offset: '2', data: 'x' });
-  assert.deepEqual(s.data(), ['x']);
-  ws.receive({ op: 'reset', topic: 'chat:a' });
+  // The connection drops before the next message; what is published meanwhile follows -20,
+  // so "from now" would lose it.
   ws = reconnect(h);
-  assert.deepEqual(ws.frames('subscribe').map((f) => f.since), [null]);
+  assert.deepEqual(ws.frames('subscribe').map((f) => f.since), ['1767225600000000-20']);
+  ws.acceptSubscribes();
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '1767225600000000-21', data: 'published while away' });
+  assert.deepEqual(s.data(), ['published while away']);
+  h.lp.close();
+});
+
+test('a reset after messages (the page fell behind) resumes from the last offset delivered', () => {
+  const h = harness();
+  const resets = [];
+  const s = collect(h.lp, 'chat:a', { onReset: (t) => resets.push(t) });
+  let ws = h.last();
+  ws.hello();
+  ws.receive({ op: 'subscribed', ref: ws.frames('subscribe')[0].ref, topic: 'chat:a', offset: '5' });
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '6', data: 6 });
+  ws.receive({ op: 'reset', topic: 'chat:a' }); // 7 and 8 were dropped for this slow page
+  assert.deepEqual(resets, ['chat:a']);
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '9', data: 9 });
+  ws.receive({ op: 'reset', topic: 'chat:a' }); // 10 dropped, and the connection is lost
+  // History still holds what was dropped: resuming from the last offset had loses nothing.
+  ws = reconnect(h);
+  assert.deepEqual(ws.frames('subscribe').map((f) => f.since), ['9']);
+  ws.acceptSubscribes();
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '10', data: 10 });
+  assert.deepEqual(s.data(), [6, 9, 10]);
   h.lp.close();
 });
 

@@ -318,3 +318,38 @@ async def test_a_drained_page_comes_back_at_the_delay_the_server_gave_and_misses
     assert asked - 20 <= next_socket - close["t"] <= asked + 400, (next_socket - close["t"], close)
     assert await client_page.text_content("#status") == "open"
     assert len(set(await client_page.evaluate("e2e.offsets"))) == total
+
+
+async def test_a_page_reset_on_subscribe_misses_nothing_published_while_the_server_restarts(
+        client_page: Page, push_server: PushServer) -> None:
+    """A page whose `since` the server cannot resume from gets `reset` (and refetches); when
+    the server restarts before the next message, what is published meanwhile still reaches it:
+    the live messages after a reset follow it without a gap, across a reconnect too."""
+    topic = "room:e2e-reset-restart"
+    signed = push_server.sign(topic)
+    await push_server.publish(topic, {"n": 1})
+    await client_page.evaluate(
+        """(topic) => {
+            const lp = new e2e.mod.LivePush(e2e.wsUrl, { onError: (err) => e2e.errors.push(String(err.reason)) });
+            Object.assign(e2e, { after: lp, got: [], resets: 0, answered: 0 });
+            lp.subscribe(topic, (data) => e2e.got.push(data.n), {
+                since: '1-1', // an earlier epoch of the topic: history cannot resume from it
+                onReset: () => { e2e.resets += 1; },
+                onSubscribed: () => { e2e.answered += 1; },
+            });
+        }""",
+        signed,
+    )
+    await client_page.wait_for_function("e2e.resets >= 1")
+
+    async def publish_while_down() -> None:
+        for n in (2, 3):
+            await push_server.publish(topic, {"n": n})
+
+    await push_server.restart(between=publish_while_down)
+    await client_page.wait_for_function("e2e.answered >= 2 && e2e.after.status === 'open'")
+    await push_server.publish(topic, {"n": 4})
+    await client_page.wait_for_function("e2e.got.includes(4)")
+    assert await client_page.evaluate("e2e.got") == [2, 3, 4]
+    assert await client_page.evaluate("e2e.resets") == 1
+    await client_page.evaluate("e2e.after.close()")
