@@ -395,6 +395,10 @@ export class Subscription {
   /** @param {{topic: string, offset?: string | null, data: any}} frame */
   _deliver(frame) {
     if (this._state === 'closed' || this._state === 'refused') return;
+    // A subscription from now starts where its own `subscribed` says. What comes before that
+    // is another subscription's catch-up on the same topic (the server answers in order), or
+    // was sent before the server took this subscribe: not news to it.
+    if (this._state === 'pending' && this._offset === null) return;
     const offset = frame.offset ?? null;
     if (offset !== null) {
       // Replays after a reconnect, a second subscription's catch-up and the seam between

@@ -309,3 +309,23 @@ test('a subscribe made in an open listener goes out once', () => {
   assert.equal(late.sub.state, 'active');
   h.lp.close();
 });
+
+test('a subscription from now does not get the replay another subscription of its topic asked for', () => {
+  const h = harness();
+  const list = collect(h.lp, 'chat:a', { since: '5' }); // the rendered list: catch up after 5
+  const badge = collect(h.lp, 'chat:a'); // counts what arrives from now on
+  const ws = h.last();
+  ws.hello();
+  const [first, second] = ws.frames('subscribe');
+  assert.deepEqual([first.since, second.since], ['5', null]);
+  // The server answers in order: the catch-up of the first, then the second from where the
+  // connection stands.
+  ws.receive({ op: 'subscribed', ref: first.ref, topic: 'chat:a', offset: '7' });
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '6', data: 6 });
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '7', data: 7 });
+  ws.receive({ op: 'subscribed', ref: second.ref, topic: 'chat:a', offset: '7' });
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '8', data: 8 });
+  assert.deepEqual(list.data(), [6, 7, 8]);
+  assert.deepEqual(badge.data(), [8], 'published before it subscribed: not news to it');
+  h.lp.close();
+});

@@ -320,6 +320,34 @@ async def test_a_drained_page_comes_back_at_the_delay_the_server_gave_and_misses
     assert len(set(await client_page.evaluate("e2e.offsets"))) == total
 
 
+async def test_a_subscription_from_now_beside_one_with_since_gets_only_what_follows_it(
+        client_page: Page, push_server: PushServer) -> None:
+    """Two subscriptions of one page on a topic, made before the connection opens: the first,
+    with `since`, gets the messages it missed; the second, without, gets only what is published
+    after it subscribed, never the first one's catch-up."""
+    topic = "room:e2e-since-and-now"
+    signed = push_server.sign(topic)
+    since = await push_server.publish(topic, {"n": 1})
+    for n in (2, 3):
+        await push_server.publish(topic, {"n": n})
+    await client_page.evaluate(
+        """([topic, since]) => {
+            const lp = new e2e.mod.LivePush(e2e.wsUrl, { onError: (err) => e2e.errors.push(String(err.reason)) });
+            Object.assign(e2e, { pair: lp, list: [], badge: [], answered: 0 });
+            const answered = () => { e2e.answered += 1; };
+            lp.subscribe(topic, (data) => e2e.list.push(data.n), { since, onSubscribed: answered });
+            lp.subscribe(topic, (data) => e2e.badge.push(data.n), { onSubscribed: answered });
+        }""",
+        [signed, since],
+    )
+    await client_page.wait_for_function("e2e.answered >= 2 && e2e.list.length >= 2")
+    await push_server.publish(topic, {"n": 4})
+    await client_page.wait_for_function("e2e.list.length >= 3")
+    assert await client_page.evaluate("e2e.list") == [2, 3, 4]
+    assert await client_page.evaluate("e2e.badge") == [4]
+    await client_page.evaluate("e2e.pair.close()")
+
+
 async def test_a_page_reset_on_subscribe_misses_nothing_published_while_the_server_restarts(
         client_page: Page, push_server: PushServer) -> None:
     """A page whose `since` the server cannot resume from gets `reset` (and refetches); when
