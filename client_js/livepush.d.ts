@@ -33,6 +33,9 @@ export declare const WAKE_MIN_MS: number;
 export declare const WAKE_MAX_MS: number;
 export declare const CONNECT_TIMEOUT_MS: number;
 export declare const HEARTBEAT_GRACE_MS: number;
+/** Subscribes sent at once on a new connection; the rest follow at SUBSCRIBES_PER_SECOND. */
+export declare const SUBSCRIBE_BURST: number;
+export declare const SUBSCRIBES_PER_SECOND: number;
 
 /** What accompanies a status change. */
 export interface StatusInfo {

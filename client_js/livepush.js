@@ -56,6 +56,16 @@ export const SUBPROTOCOL = 'livepush';
 const TOKEN_SUBPROTOCOL = 'livepush.token.';
 /** Slack on top of 2 × heartbeat before a silent connection is declared dead. */
 export const HEARTBEAT_GRACE_MS = 2_000;
+/**
+ * The server takes at most 100 subscribes a second per connection, in bursts of 100, and refuses
+ * the rest with `limit`, which drops them for good (docs/reference.md#8-trust-boundaries-and-abuse).
+ * A page may hold more subscriptions than that (two listeners on a topic are two subscribes),
+ * and sends them all at once on every (re)connect, so the client paces its own: a burst of
+ * SUBSCRIBE_BURST, then SUBSCRIBES_PER_SECOND. Both stay below the server's, so frames the
+ * network delivers bunched together still fit.
+ */
+export const SUBSCRIBE_BURST = 90;
+export const SUBSCRIBES_PER_SECOND = 50;
 
 /** Close codes the client treats specially (docs/reference.md#5-wire-protocol). */
 export const CloseCode = Object.freeze({
@@ -625,6 +635,11 @@ export class LivePush {
     this._everOpened = false;
     /** @type {Set<Timer>} subscribe retries after a transient refusal */
     this._retryTimers = new Set();
+    /** @type {Set<Subscription>} subscribes of this connection waiting for the pace, in order */
+    this._subscribeQueue = new Set();
+    this._subscribeTokens = SUBSCRIBE_BURST;
+    this._subscribeTokensAt = 0;
+    this._subscribeTimer = new Timer(this._clock, () => this._sendQueuedSubscribes());
 
     this._reconnectTimer = new Timer(this._clock, () => this._connect());
     this._connectTimer = new Timer(this._clock, () => this._drop('no hello from the server'));
@@ -802,6 +817,9 @@ export class LivePush {
     this._everOpened = true;
     this._session = frame.session ?? null;
     this._heartbeat.start(Number(frame.heartbeat) || 0);
+    // The server counts subscribes per connection: a new one starts with a full burst.
+    this._subscribeTokens = SUBSCRIBE_BURST;
+    this._subscribeTokensAt = this._helloAt;
     // Subscribe only now: sending earlier would race a 4401 close on `required` servers. And
     // before announcing `open`: a listener that subscribes sends its own frame, which this
     // loop would send a second time (each copy counts against the server's subscribe rate).
@@ -809,13 +827,35 @@ export class LivePush {
     this._setStatus(Status.OPEN, {});
   }
 
-  /** @param {Subscription} sub */
+  /**
+   * Send the subscribe at the pace the server takes (SUBSCRIBE_BURST), after those waiting.
+   * @param {Subscription} sub
+   */
   _sendSubscribe(sub) {
-    const ref = this._nextRef();
-    this._registry.expect(ref, sub);
     sub._state = 'pending';
     sub._standing = null; // this connection's `subscribed` will say
-    this._send({ op: 'subscribe', topic: sub.topic, since: sub.offset, ref });
+    this._subscribeQueue.add(sub);
+    this._sendQueuedSubscribes();
+  }
+
+  _sendQueuedSubscribes() {
+    const now = this._clock.now();
+    const earned = ((now - this._subscribeTokensAt) * SUBSCRIBES_PER_SECOND) / 1000;
+    this._subscribeTokens = Math.min(SUBSCRIBE_BURST, this._subscribeTokens + earned);
+    this._subscribeTokensAt = now;
+    for (const sub of this._subscribeQueue) {
+      if (this._subscribeTokens < 1) break;
+      this._subscribeQueue.delete(sub);
+      if (sub.state !== 'pending') continue; // unsubscribed while it waited
+      this._subscribeTokens -= 1;
+      const ref = this._nextRef();
+      this._registry.expect(ref, sub);
+      // The offset as it is now: messages may have moved it on while the subscribe waited.
+      this._send({ op: 'subscribe', topic: sub.topic, since: sub.offset, ref });
+    }
+    if (this._subscribeQueue.size > 0 && !this._subscribeTimer.pending) {
+      this._subscribeTimer.schedule(Math.ceil(((1 - this._subscribeTokens) * 1000) / SUBSCRIBES_PER_SECOND));
+    }
   }
 
   /**
@@ -836,6 +876,7 @@ export class LivePush {
 
   /** @param {Subscription} sub */
   _unsubscribe(sub) {
+    this._subscribeQueue.delete(sub); // a page that churns its subscriptions must not grow it
     const last = this._registry.remove(sub);
     // Other subscriptions of this page may still need the topic; one server subscription
     // serves them all.
@@ -941,9 +982,12 @@ export class LivePush {
     }
   }
 
+  /** The connection is gone: its waiting subscribes go out again after the next hello. */
   _cancelRetries() {
     for (const timer of this._retryTimers) timer.cancel();
     this._retryTimers.clear();
+    this._subscribeQueue.clear();
+    this._subscribeTimer.cancel();
   }
 
   _shutdown() {

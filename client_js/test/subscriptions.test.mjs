@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import test from 'node:test';
 
+import { SUBSCRIBE_BURST, SUBSCRIBES_PER_SECOND } from '../livepush.js';
 import { harness } from '../testing/fakes.mjs';
 
 /** Subscribe, collecting what is delivered as [data, offset] pairs. */
@@ -328,4 +329,36 @@ test('a subscription from now does not get the replay another subscription of it
   assert.deepEqual(list.data(), [6, 7, 8]);
   assert.deepEqual(badge.data(), [8], 'published before it subscribed: not news to it');
   h.lp.close();
+});
+
+test('subscribes go out at the pace the server takes, not all at once', () => {
+  const h = harness();
+  const subs = [];
+  for (let i = 0; i < 60; i++) {
+    for (let j = 0; j < 2; j++) subs.push(collect(h.lp, `dash:${i}`).sub); // 120 subscribes on 60 topics
+  }
+  let ws = h.last();
+  ws.hello();
+  assert.equal(ws.frames('subscribe').length, SUBSCRIBE_BURST);
+  subs[SUBSCRIBE_BURST].unsubscribe(); // still waiting: never sent
+  h.clock.advance(1000 / SUBSCRIBES_PER_SECOND);
+  assert.equal(ws.frames('subscribe').length, SUBSCRIBE_BURST + 1);
+  h.clock.advance(1000);
+  const sent = ws.frames('subscribe');
+  assert.equal(sent.length, 119);
+  assert.ok(!sent.some((f) => f.ref === undefined));
+  assert.equal(new Set(sent.map((f) => f.ref)).size, 119);
+  ws.acceptSubscribes();
+  assert.equal(subs.filter((s) => s.state === 'active').length, 119);
+
+  // A new connection starts with a full burst again, and what waited on the old one is not
+  // sent twice.
+  for (let i = 0; i < 60; i++) collect(h.lp, `more:${i}`);
+  ws = reconnect(h);
+  assert.equal(ws.frames('subscribe').length, SUBSCRIBE_BURST);
+  h.clock.advance(10_000);
+  assert.equal(ws.frames('subscribe').length, 179);
+  assert.equal(new Set(ws.frames('subscribe').map((f) => f.ref)).size, 179);
+  h.lp.close();
+  assert.deepEqual(h.clock.pending(), []);
 });

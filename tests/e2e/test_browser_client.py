@@ -381,3 +381,33 @@ async def test_a_page_reset_on_subscribe_misses_nothing_published_while_the_serv
     assert await client_page.evaluate("e2e.got") == [2, 3, 4]
     assert await client_page.evaluate("e2e.resets") == 1
     await client_page.evaluate("e2e.after.close()")
+
+
+async def test_a_page_with_more_subscriptions_than_the_subscribe_burst_gets_them_all(
+        client_page: Page, push_server: PushServer) -> None:
+    """A dashboard with two listeners on each of 60 topics (120 subscriptions, within the 100
+    topics a connection may hold): the server takes 100 subscribes a second, in bursts of 100,
+    and the client keeps to that pace instead of having the rest refused `limit` for good."""
+    names = [f"dash:e2e-{i}" for i in range(60)]
+    signed = [push_server.sign(name) for name in names]
+    await client_page.evaluate(
+        """(topics) => {
+            const lp = new e2e.mod.LivePush(e2e.wsUrl, { onError: (err) => e2e.errors.push(String(err.reason)) });
+            Object.assign(e2e, { dash: lp, delivered: 0, accepted: 0, refusals: [] });
+            for (const topic of topics) {
+                for (let i = 0; i < 2; i++) {
+                    lp.subscribe(topic, () => { e2e.delivered += 1; }, {
+                        onSubscribed: () => { e2e.accepted += 1; },
+                        onRefused: (reason) => { e2e.refusals.push(reason); },
+                    });
+                }
+            }
+        }""",
+        signed,
+    )
+    await client_page.wait_for_function("e2e.accepted + e2e.refusals.length >= 120", timeout=10_000)
+    assert await client_page.evaluate("e2e.refusals") == []
+    for name in names:
+        await push_server.publish(name, {"n": 1})
+    await client_page.wait_for_function("e2e.delivered >= 120", timeout=10_000)
+    await client_page.evaluate("e2e.dash.close()")
