@@ -110,6 +110,9 @@ export const Status = Object.freeze({
  */
 const TRANSIENT_REFUSALS = new Set(['unavailable']);
 
+/** The longest `since` the server reads (docs/protocol.md); offsets are far shorter. */
+const MAX_OFFSET_LENGTH = 100;
+
 /** WebSocket.OPEN; spelled out so a fake WebSocket class need not define it. */
 const WS_OPEN = 1;
 
@@ -371,6 +374,11 @@ export class Subscription {
       // A number (an offset rendered without quotes) would go on the wire as one, which the
       // server refuses without naming the subscribe: it would stay pending for ever.
       throw new TypeError(`subscribe() options.since must be an offset string (as latest_offset() gave it) or null, not ${typeof this._offset} ${String(this._offset)}`);
+    }
+    if (this._offset !== null && this._offset.length > MAX_OFFSET_LENGTH) {
+      // The server refuses such a frame the same way (no offset is that long): pending for
+      // ever, and resent as a bad frame on every reconnect.
+      throw new TypeError(`subscribe() options.since is ${this._offset.length} characters long, not an offset (at most ${MAX_OFFSET_LENGTH}): ${this._offset.slice(0, 40)}…`);
     }
     /** @type {SubscriptionState} */
     this._state = 'pending';

@@ -292,6 +292,9 @@ test('subscribe() rejects a missing topic or handler with a clear error', () => 
   assert.throws(() => h.lp.subscribe('chat:a'), /onMessage/);
   // An offset rendered without quotes: the server could not answer the subscribe it makes.
   assert.throws(() => h.lp.subscribe('chat:a', () => {}, { since: 17 }), /since must be an offset string/);
+  // Nor can it answer a since longer than any offset (a page that embedded the wrong value).
+  assert.throws(() => h.lp.subscribe('chat:a', () => {}, { since: '1'.repeat(101) }), /since is 101 characters long, not an offset/);
+  h.lp.subscribe('chat:a', () => {}, { since: '1'.repeat(100) });
   h.lp.close();
 });
 
