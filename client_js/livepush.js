@@ -430,6 +430,10 @@ export class Subscription {
 
   _reset() {
     if (this._state === 'closed' || this._state === 'refused') return;
+    // Not answered yet on this connection: the reset is about another subscription of the
+    // topic (the server answers each subscribe before anything else about it), and this one's
+    // own catch-up, from its own offset, is still to come.
+    if (this._state === 'pending') return;
     // The page refetches; the live messages after the reset follow it without a gap, so the
     // next resubscribe must not ask for "from now", which would lose what is published while
     // the page is away. A reset before any message (`since` older than the history kept, or

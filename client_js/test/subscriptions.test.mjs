@@ -365,3 +365,24 @@ test('subscribes go out at the pace the server takes, not all at once', () => {
   h.lp.close();
   assert.deepEqual(h.clock.pending(), []);
 });
+
+test('a reset that comes before a subscription has its own answer is not about it', () => {
+  const h = harness();
+  const resets = [];
+  const stale = collect(h.lp, 'chat:a', { since: '1', onReset: () => resets.push('stale') });
+  const fresh = collect(h.lp, 'chat:a', { since: '40', onReset: () => resets.push('fresh') });
+  const ws = h.last();
+  ws.hello();
+  const [first, second] = ws.frames('subscribe');
+  // The first since is older than the history kept; the second subscribe is not answered yet.
+  ws.receive({ op: 'subscribed', ref: first.ref, topic: 'chat:a', offset: '42' });
+  ws.receive({ op: 'reset', topic: 'chat:a' });
+  assert.deepEqual(resets, ['stale']);
+  // Its own answer and catch-up follow: it missed nothing and keeps its place.
+  ws.receive({ op: 'subscribed', ref: second.ref, topic: 'chat:a', offset: '42' });
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '41', data: 41 });
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '42', data: 42 });
+  assert.deepEqual(fresh.data(), [41, 42]);
+  assert.deepEqual(stale.data(), []);
+  h.lp.close();
+});
