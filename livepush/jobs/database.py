@@ -31,6 +31,11 @@ def configure(url: str | None) -> None:
     close_pools()
 
 
+def configured_url() -> str | None:
+    """The URL configure() set, or None (LIVEPUSH_DATABASE_URL is used)."""
+    return _url
+
+
 def database_url() -> str:
     return _url or get_settings().require_database()
 

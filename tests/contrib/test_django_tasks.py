@@ -4,6 +4,7 @@ with it, run_after, priorities, queues, context, progress, task groups, and what
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from datetime import timedelta
 from typing import Any
@@ -15,6 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from livepush import jobs
+from livepush.jobs import database
 from livepush.contrib.django import (
     RUN_TASK,
     LivePushBackend,
@@ -277,3 +279,26 @@ def procs_pythonpath() -> str:
     from tests.contrib.conftest import ROOT
 
     return str(ROOT)
+
+
+def test_a_backend_made_per_request_leaves_the_jobs_pools_alone(t: Any, django_site: str, pg_admin_url: str) -> None:
+    """Django makes a task backend per thread, and under ASGI per request: making one whose OPTIONS
+    name DATABASE_URL must not close the pools the process already uses, nor drop a loop's pool
+    with its connections still open. Five requests that each read a result leave the connections
+    as the first left them."""
+    from tests.contrib.conftest import connections
+
+    result = t.add.enqueue(1)
+    params = {"QUEUES": ["default"], "OPTIONS": {"DATABASE_URL": django_site}}
+
+    async def requests() -> list[int]:
+        seen = []
+        for _ in range(5):
+            backend = LivePushBackend("default", params)  # what Django does in each request's context
+            assert (await backend.aget_result(result.id)).status == TaskResultStatus.READY
+            seen.append(connections(pg_admin_url, django_site))
+        await database.release_loop()
+        return seen
+
+    seen = asyncio.run(requests())
+    assert seen == [seen[0]] * 5, f"connections open after each request: {seen}"

@@ -24,6 +24,7 @@ from django.db import connections
 from django.utils import timezone
 
 from ... import jobs
+from ...jobs import database as jobs_database
 from .errors import TaskNotSupported, TransactionNotSupported
 from .execution import RUN_TASK
 from .groups import current_group
@@ -71,8 +72,11 @@ class LivePushBackend(BaseTaskBackend):
             raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS'] has unknown keys {sorted(unknown)}; "
                                        f"{type(self).__name__} takes {sorted(OPTIONS)}")
         url = self.options.get("DATABASE_URL")
-        if url:
-            jobs.configure(url)  # the jobs' database of this process (else LIVEPUSH_DATABASE_URL)
+        # The jobs' database of this process (else LIVEPUSH_DATABASE_URL). Django makes a backend
+        # per thread, and under ASGI per request: configuring the same URL again would close the
+        # pools the process is using and leave each loop's pool open, a connection per request.
+        if url and url != jobs_database.configured_url():
+            jobs.configure(url)
         self.database = self.options.get("DATABASE", "default")
         self.enqueue_on_commit = bool(self.options.get("ENQUEUE_ON_COMMIT", True))
         attempts = self.options.get("MAX_ATTEMPTS", 1)
