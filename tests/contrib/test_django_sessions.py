@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ImproperlyConfigured
 from django.test import Client, override_settings
 
 from livepush import sessions
@@ -101,3 +102,30 @@ def test_signing_out_revokes_the_session_and_its_socket_closes_4403(
     code, response = asyncio.run(scenario())
     assert code == CLOSE_REVOKED
     assert response.cookies["livepush_session"].value == ""
+
+
+@pytest.mark.parametrize("name, value", [
+    ("LIVEPUSH_SESSION_TTL", "1 day"),
+    ("LIVEPUSH_SESSION_TTL", None),
+    ("LIVEPUSH_SESSION_TTL", 0),
+    ("LIVEPUSH_SESSION_TTL", 400 * 86400),
+    ("LIVEPUSH_SESSION_SUBJECT", "myapp.auth.subject_of"),
+    ("LIVEPUSH_SESSION_SUBJECT", lambda user: None),
+    ("LIVEPUSH_SESSION_SUBJECT", lambda user: ""),
+], ids=["ttl-text", "ttl-none", "ttl-zero", "ttl-over-366-days", "subject-a-dotted-path", "subject-none",
+        "subject-empty"])
+def test_a_bad_session_setting_is_an_error_naming_it(name: str, value: Any) -> None:
+    """A session setting Django cannot use is ImproperlyConfigured naming the setting, never a bare
+    ValueError or TypeError; and a subject function that returns None is refused, not turned
+    into the subject "None" that every such user would share."""
+    client, _ = signed_in()
+    client.raise_request_exception = True
+    with override_settings(**{name: value}), pytest.raises(ImproperlyConfigured, match=name):
+        client.get("/")
+
+
+def test_a_numeric_ttl_setting_given_as_text_is_read() -> None:
+    """LIVEPUSH_SESSION_TTL read from the environment as text ("3600") is a number of seconds."""
+    client, _ = signed_in()
+    with override_settings(LIVEPUSH_SESSION_TTL="3600"):
+        assert int(client.get("/").cookies["livepush_session"]["max-age"]) == 3600

@@ -12,18 +12,22 @@ Settings (all optional):
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.signals import user_logged_out
+from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 
 from ... import sessions
 from ...config import get_settings
 from ...errors import InvalidSession, LivepushError
+from ...sessions import MAX_TTL
 from ...sessions.handshake import HOST_COOKIE_NAME
+from ...sessions.tokens import check_subject
 from .._cookies import COOKIE_NAMES, session_cookie, session_token
 
 log = logging.getLogger("livepush.contrib.django")
@@ -33,13 +37,37 @@ _REVOKED = "_livepush_session_revoked"  # set on a request whose session was rev
 
 
 def subject_of(user: Any) -> str:
-    """The livepush subject of a Django user (what `Allow("user:{subject}")` rules compare)."""
-    custom: Callable[[Any], str] | None = getattr(settings, "LIVEPUSH_SESSION_SUBJECT", None)
-    return str(custom(user)) if custom is not None else str(user.pk)
+    """The livepush subject of a Django user (what `Allow("user:{subject}")` rules compare);
+    ImproperlyConfigured naming LIVEPUSH_SESSION_SUBJECT when that setting gives none."""
+    custom: Callable[[Any], object] | None = getattr(settings, "LIVEPUSH_SESSION_SUBJECT", None)
+    if custom is None:
+        return str(user.pk)
+    if not callable(custom):
+        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT must be a function of the user that returns its "
+                                   f"subject (the function itself, not its name), got {custom!r:.60}")
+    subject = custom(user)
+    # Only a string or a whole number: str() of None would give every user it is returned for the
+    # one subject "None", and so each other's sessions and topics.
+    if isinstance(subject, bool) or not isinstance(subject, (str, int)):
+        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT returned {subject!r:.60} for user {user.pk!r}: it must "
+                                   "return the user's subject, a string (or an int) that no other user has")
+    try:
+        return check_subject(str(subject))
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT returned a subject livepush refuses: {exc}") from None
 
 
 def _ttl() -> float:
-    return float(getattr(settings, "LIVEPUSH_SESSION_TTL", DEFAULT_TTL))
+    """LIVEPUSH_SESSION_TTL in seconds (a number, or its text as an environment variable gives it)."""
+    value = getattr(settings, "LIVEPUSH_SESSION_TTL", DEFAULT_TTL)
+    try:
+        ttl = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        ttl = math.nan
+    if not 0 < ttl <= MAX_TTL:  # NaN and infinities too
+        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_TTL must be a number of seconds, more than 0 and at most "
+                                   f"{int(MAX_TTL)} (366 days), got {value!r:.60}")
+    return ttl
 
 
 def _current(token: str | None, subject: str, ttl: float) -> bool:
