@@ -129,3 +129,17 @@ def test_a_numeric_ttl_setting_given_as_text_is_read() -> None:
     client, _ = signed_in()
     with override_settings(LIVEPUSH_SESSION_TTL="3600"):
         assert int(client.get("/").cookies["livepush_session"]["max-age"]) == 3600
+
+
+def test_signing_out_revokes_every_session_cookie_the_request_carries() -> None:
+    """A page opened over HTTPS holds a socket with its __Host- cookie; a page of the same site opened
+    over plain HTTP got a livepush_session beside it. Two different cookies count as none, but the
+    socket the first one opened is still open: signing out revokes both, so it closes too."""
+    client, user = signed_in()
+    secure = client.get("/", secure=True).cookies["__Host-livepush_session"].value
+    plain = sessions.issue(str(user.pk))
+    client.cookies["livepush_session"] = plain
+    client.post("/logout/", secure=True)
+    secrets = get_settings().secrets
+    for token in (secure, plain):
+        assert asyncio.run(sessions.default_store().is_revoked(sessions.decode(token, secrets)))

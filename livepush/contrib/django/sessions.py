@@ -28,7 +28,7 @@ from ...errors import InvalidSession, LivepushError
 from ...sessions import MAX_TTL
 from ...sessions.handshake import HOST_COOKIE_NAME
 from ...sessions.tokens import check_subject
-from .._cookies import COOKIE_NAMES, session_cookie, session_token
+from .._cookies import COOKIE_NAMES, session_cookie, session_cookies, session_token
 
 log = logging.getLogger("livepush.contrib.django")
 
@@ -122,21 +122,23 @@ class LivePushSessionMiddleware:
 
 def revoke_on_logout(sender: Any, request: HttpRequest | None = None, user: Any = None, **kwargs: Any) -> None:
     """`user_logged_out` receiver: revoke the session in the request's cookie, so the sockets it
-    opened close with 4403; the middleware then deletes the cookie."""
+    opened close with 4403; the middleware then deletes the cookie. Every session cookie the
+    request carries is revoked: two different ones count as none for a new socket, but each may
+    have opened sockets before the other came (an HTTPS page's `__Host-` cookie, then a plain HTTP
+    page's), and those must close too. Read from the header: request.COOKIES keeps one value a name."""
     if request is None:
         return
     setattr(request, _REVOKED, True)
-    token = session_token(request.COOKIES)
-    if token is None:
-        return
-    try:
-        sessions.revoke(token)
-    except InvalidSession:
-        pass  # not a token of ours (forged, or from a rotated-out secret): nothing it opens is accepted
-    except LivepushError:
-        # Revocation needs the shared store: a sign-out must not fail because of it, but the
-        # sockets stay open until their token expires, so say so.
-        log.exception("could not revoke the livepush session of a user who signed out")
+    for token in sorted(session_cookies([request.META.get("HTTP_COOKIE", "")])):
+        try:
+            sessions.revoke(token)
+        except InvalidSession:
+            pass  # not a token of ours (forged, or from a rotated-out secret): nothing it opens is accepted
+        except LivepushError:
+            # Revocation needs the shared store: a sign-out must not fail because of it, but the
+            # sockets stay open until their token expires, so say so.
+            log.exception("could not revoke the livepush session of a user who signed out")
+            return
 
 
 user_logged_out.connect(revoke_on_logout, dispatch_uid="livepush.contrib.django.sessions.revoke_on_logout")
