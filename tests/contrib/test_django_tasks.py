@@ -206,6 +206,25 @@ def test_a_task_group_whose_block_raised_inside_a_transaction_is_undone_where_th
     assert t.RAN == ["outside the group"]
 
 
+def test_a_task_cancelled_before_it_ran_reads_failed_with_job_cancelled(t: Any) -> None:
+    """A cancelled job reads as FAILED with livepush's JobCancelled as its error, also when it was
+    cancelled before any attempt ran (its row then holds no error at all), and when an attempt
+    had failed before the cancel: the cancel is what ended it."""
+    queued = t.record.enqueue("never runs")
+    later = t.record.using(run_after=timezone.now() + timedelta(hours=1)).enqueue("not yet")
+    assert jobs.cancel(int(queued.id)) and jobs.cancel(int(later.id))
+    backend = LivePushBackend("default", {"QUEUES": ["default"], "OPTIONS": {"MAX_ATTEMPTS": 2}})
+    retrying = backend.enqueue(t.decline, ["first attempt"], {})
+    assert jobs.drain() == {"retrying": 1}
+    assert jobs.cancel(int(retrying.id))
+    for result in (queued, later, retrying):
+        read = backend.get_result(result.id)
+        assert read.status == TaskResultStatus.FAILED
+        (error,) = read.errors
+        assert error.exception_class is jobs.JobCancelled, error
+    assert t.RAN == []
+
+
 def test_unknown_results_do_not_exist(t: Any) -> None:
     """An id that is not a Django task's job (unknown, malformed, or another job) does not exist."""
     for bad in ("999999", "abc", "-1", "0", ""):

@@ -41,10 +41,15 @@ STATUS = {
 CANCELLED_CLASS = "livepush.jobs.errors.JobCancelled"
 
 
-def error_of(text: str, state: str) -> TaskError:
-    """The TaskError of a job's stored error, `"<class path>: <message>"` (errors.failure_of)."""
-    if state == "cancelled" and text == "cancelled":
-        return TaskError(exception_class_path=CANCELLED_CLASS, traceback=text)
+def error_of(text: str | None, state: str) -> TaskError:
+    """The TaskError of a job's stored error, `"<class path>: <message>"` (errors.failure_of); for
+    a cancelled job, JobCancelled."""
+    if state == "cancelled":
+        # The cancel ended the job, whatever its row's error says: a job cancelled before it ran
+        # has none, one cancelled between attempts keeps the error of the attempt before.
+        line = "cancelled" if not text or text == "cancelled" else f"cancelled (the attempt before: {text})"
+        return TaskError(exception_class_path=CANCELLED_CLASS, traceback=line)
+    text = text or ""
     head = text.partition(":")[0].strip()
     if head.isidentifier() and hasattr(builtins, head):
         head = f"builtins.{head}"  # a built-in, stored by its bare name
@@ -70,7 +75,8 @@ def result_of(info: JobInfo | None, result_id: Any, backend: str) -> TaskResult:
     result = TaskResult(
         task=task, id=str(info.id), status=STATUS[info.state], enqueued_at=None, started_at=None,
         finished_at=None, last_attempted_at=None, args=args, kwargs=kwargs, backend=backend,
-        errors=[error_of(info.error, info.state)] if info.error and (finished or info.attempt) else [],
+        errors=[error_of(info.error, info.state)]
+        if info.state == "cancelled" or (info.error and (finished or info.attempt)) else [],
         worker_ids=["livepush"] * info.attempt)
     if info.state == "succeeded":
         set_attr(result, "_return_value", info.result)
