@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from livepush import jobs
@@ -105,6 +105,21 @@ def test_enqueue_inside_a_transaction_that_commits_runs_once(t: Any) -> None:
     assert t.record.get_result(result.id).status == TaskResultStatus.READY
     assert jobs.drain() == {"succeeded": 1}
     assert t.RAN == ["committed"]
+
+
+def test_enqueue_inside_a_transaction_on_another_database_than_the_jobs_is_refused(
+        t: Any, django_site: str, pg_url: str) -> None:
+    """A Django database that holds livepush's tables but is not the jobs' database (a second
+    database someone also migrated) would take the job where no runtime looks for it: it would
+    never run, and its result would not exist. The enqueue is refused instead, nothing written."""
+    backend = LivePushBackend("default", {"QUEUES": ["default"], "OPTIONS": {"DATABASE_URL": pg_url}})
+    try:
+        with transaction.atomic():
+            with pytest.raises(TaskNotSupported, match="not the jobs' database"):
+                backend.enqueue(t.record, ["lost"], {})
+            assert connection.connection.execute("SELECT count(*) FROM livepush_jobs").fetchone() == (0,)
+    finally:
+        database.configure(django_site)
 
 
 def test_enqueue_on_commit_off_writes_at_once_outside_the_transaction(t: Any) -> None:

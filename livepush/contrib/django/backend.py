@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from ... import jobs
 from ...jobs import database as jobs_database
+from . import queries
 from .errors import TaskNotSupported, TransactionNotSupported
 from .execution import RUN_TASK
 from .groups import current_group
@@ -142,12 +143,23 @@ class LivePushBackend(BaseTaskBackend):
         return raw
 
     def _check_tables(self, raw: Any) -> None:
-        found = raw.execute("SELECT to_regclass('livepush_jobs') IS NOT NULL").fetchone()[0]
+        found, started, name = raw.execute(queries.JOINABLE).fetchone()
         if not found:
             raise TransactionNotSupported(
                 f"Django database {self.database!r} has no livepush tables, so a task enqueued inside its "
                 "transaction cannot be written there: run `livepush migrate` on it (it must be the database "
                 "of LIVEPUSH_DATABASE_URL), set OPTIONS['DATABASE'] to the one that has them, or "
+                "OPTIONS['ENQUEUE_ON_COMMIT'] = False")
+        # Tables are not enough: a job written in another database that has them too is where no
+        # runtime looks for it, and would never run.
+        with jobs_database.connection() as own:
+            jobs_started, jobs_name = own.execute(queries.IDENTITY).fetchone()
+        if (started, name) != (jobs_started, jobs_name):
+            raise TransactionNotSupported(
+                f"Django database {self.database!r} (database {name!r}) holds livepush tables but is not the "
+                f"jobs' database (database {jobs_name!r}{'' if started == jobs_started else ' on another server'}), "
+                "where the runtimes look for jobs: point it and LIVEPUSH_DATABASE_URL (or OPTIONS['DATABASE_URL']) "
+                "at the same database, set OPTIONS['DATABASE'] to the Django database that is it, or "
                 "OPTIONS['ENQUEUE_ON_COMMIT'] = False")
         with self._lock:
             self._joinable.add(self.database)
