@@ -309,6 +309,23 @@ def test_a_runtime_process_runs_django_tasks(t: Any, django_db_url: str, livepus
     assert child.stop() == 0
 
 
+def test_serve_with_jobs_runs_the_tasks_of_every_queue_of_the_backend(t: Any, django_db_url: str, livepush_env,  # type: ignore[no-untyped-def]
+                                                                       procs) -> None:
+    """`livepush serve --with-jobs livepush.contrib.django.runner`, which has no --queues, runs the
+    tasks of every queue in the backends' QUEUES (here default and second), not the default
+    queue only: a task on another queue would wait for ever."""
+    from tests.contrib.conftest import EXAMPLE
+
+    env = livepush_env(database_url=django_db_url, extra={
+        "DJANGO_SETTINGS_MODULE": "demo_site.settings", "PYTHONPATH": f"{EXAMPLE}:{procs_pythonpath()}"})
+    server = procs.livepush("serve", "--with-jobs", "livepush.contrib.django.runner", env=env)
+    first, second = t.record.enqueue("on default"), t.on_second.enqueue("on second")
+    wait_for(lambda: t.record.get_result(first.id).status == TaskResultStatus.SUCCESSFUL, timeout=20, interval=0.05,
+             message=f"the default queue's task to succeed; server output: {server.output()}")
+    wait_for(lambda: t.on_second.get_result(second.id).status == TaskResultStatus.SUCCESSFUL, timeout=10,
+             interval=0.05, message=f"the second queue's task to succeed; server output: {server.output()}")
+
+
 def procs_pythonpath() -> str:
     from tests.contrib.conftest import ROOT
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from ...errors import ConfigError
@@ -47,6 +48,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._functions: dict[str, Any] = {}
+        self._queues: set[str] = set()
 
     def add(self, fn: Any, origin: str | None = None) -> Any:
         """Register `fn` under its name. `origin` says what defined it (by default its function's
@@ -85,8 +87,17 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._functions)
 
+    def add_queues(self, queues: Iterable[str]) -> None:
+        """Queues the registered jobs also run on, beside their functions' own: a job whose every
+        enqueue names its queue (livepush.contrib.django's one job runs the tasks of every queue of
+        the Django backend), so that a runtime started without --queues serves them too."""
+        from .options import check_queue
+
+        self._queues.update(check_queue(q, "queue") for q in queues)
+
     def queues(self) -> list[str]:
-        return sorted({fn.queue for fn in self._functions.values()})
+        """What a runtime started without --queues serves: its functions' queues and add_queues()'."""
+        return sorted({fn.queue for fn in self._functions.values()} | self._queues)
 
     def __contains__(self, name: object) -> bool:
         return name in self._functions
