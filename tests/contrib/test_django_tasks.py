@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
+from django.test import override_settings
 from django.utils import timezone
 
 from livepush import jobs
@@ -24,6 +25,7 @@ from livepush.contrib.django import (
     request,
     task_group,
 )
+from livepush.contrib.django.tasks_api import MODULE as tasks_module
 from livepush.contrib.django.tasks_api import (
     InvalidTask,
     Task,
@@ -353,3 +355,13 @@ def test_a_backend_made_per_request_leaves_the_jobs_pools_alone(t: Any, django_s
 
     seen = asyncio.run(requests())
     assert seen == [seen[0]] * 5, f"connections open after each request: {seen}"
+
+
+def test_a_task_group_on_a_backend_that_is_not_livepush_is_refused_naming_it(t: Any) -> None:
+    """task_group() needs livepush's backend: on another (the immediate backend tests often
+    swap in) it raises TaskNotSupported naming the backend, not an AttributeError."""
+    other = {"BACKEND": f"{tasks_module}.backends.immediate.ImmediateBackend"}
+    with override_settings(TASKS={"default": {"BACKEND": "livepush.contrib.django.LivePushBackend"}, "other": other}):
+        with pytest.raises(TaskNotSupported, match="ImmediateBackend"):
+            with task_group(backend="other"):
+                raise AssertionError("the block ran")

@@ -21,6 +21,7 @@ from typing import Any
 from django.db import transaction
 
 from ... import jobs
+from .errors import TaskNotSupported
 from .execution import run_task
 from .tasks_api import Task, normalize_json, task_backends
 
@@ -56,6 +57,11 @@ def task_group(on_finish: jobs.JobRequest | None = None, on_success: jobs.JobReq
     `transaction.atomic()`, where the group is created in that transaction like the tasks, a
     savepoint around the block takes the group and its tasks back, wherever the error is caught."""
     tasks = task_backends[backend]
+    if not callable(getattr(tasks, "transaction_conn", None)):  # the backend module imports this one
+        raise TaskNotSupported(
+            f"task_group() makes a livepush task group, which needs TASKS[{backend!r}] to be "
+            f"livepush.contrib.django.LivePushBackend; it is {type(tasks).__module__}.{type(tasks).__qualname__}: "
+            "pass backend= the alias of a LivePushBackend")
     conn = tasks.transaction_conn()
     with transaction.atomic(using=tasks.database) if conn is not None else contextlib.nullcontext():
         handle = jobs.create_group(on_finish=on_finish, on_success=on_success, on_failure=on_failure, conn=conn)
