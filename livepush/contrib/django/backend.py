@@ -41,6 +41,11 @@ from .tasks_api import (
 
 OPTIONS = frozenset({"DATABASE_URL", "DATABASE", "ENQUEUE_ON_COMMIT", "MAX_ATTEMPTS"})
 
+# (Django database alias, jobs' database URL) found to be one database holding livepush's tables.
+# For the process, not a backend: Django makes a backend per thread, and under ASGI per request,
+# which would otherwise pay the check's two reads on every request that enqueues.
+_JOINABLE: set[tuple[str, str]] = set()
+
 
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
@@ -86,7 +91,6 @@ class LivePushBackend(BaseTaskBackend):
                                        f"of attempts, 1 or more, got {attempts!r}")
         self.max_attempts = attempts
         self._specs: dict[tuple[str, int], TaskSpec] = {}
-        self._joinable: set[str] = set()  # Django databases checked to hold livepush's tables
         self._valid: set[tuple[Any, ...]] = set()  # tasks (as validate_task reads them) that passed
         self._lock = threading.Lock()
 
@@ -138,7 +142,7 @@ class LivePushBackend(BaseTaskBackend):
                 "OPTIONS['DATABASE'] to such a database, or OPTIONS['ENQUEUE_ON_COMMIT'] = False to enqueue at "
                 "once, outside the transaction")
         raw = connection.connection
-        if self.database not in self._joinable:
+        if (self.database, jobs_database.database_url()) not in _JOINABLE:
             self._check_tables(raw)
         return raw
 
@@ -161,8 +165,7 @@ class LivePushBackend(BaseTaskBackend):
                 "where the runtimes look for jobs: point it and LIVEPUSH_DATABASE_URL (or OPTIONS['DATABASE_URL']) "
                 "at the same database, set OPTIONS['DATABASE'] to the Django database that is it, or "
                 "OPTIONS['ENQUEUE_ON_COMMIT'] = False")
-        with self._lock:
-            self._joinable.add(self.database)
+        _JOINABLE.add((self.database, jobs_database.database_url()))  # a set's add is atomic
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Enqueue `task` as a livepush job (in a task group when inside `task_group()`)."""
