@@ -171,6 +171,11 @@ class Settings:
             raise ConfigError(f"LIVEPUSH_AUTHENTICATE={self.authenticate!r} is unknown: use one of {', '.join(AUTH_MODES)}")
         if self.secret is not None:
             _check_secret("LIVEPUSH_SECRET", self.secret)
+            if "," in self.secret:
+                # A rotation moves it into the fallbacks, which are split at commas.
+                raise ConfigError("LIVEPUSH_SECRET has a comma, so it could not be moved into "
+                                  "LIVEPUSH_SECRET_FALLBACKS (comma-separated) when you rotate it: generate one "
+                                  "without, e.g. `python -c 'import secrets; print(secrets.token_urlsafe(48))'`")
         for i, fallback in enumerate(self.secret_fallbacks):
             _check_secret(f"LIVEPUSH_SECRET_FALLBACKS entry {i + 1}", fallback)
         if self.allowed_origins == ():

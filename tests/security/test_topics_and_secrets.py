@@ -195,6 +195,16 @@ def test_revoke_without_a_shared_store_is_a_config_error(settings: Settings) -> 
         sessions.set_default_store(None)
 
 
+def test_a_secret_that_could_not_become_a_fallback_is_refused() -> None:
+    """Rotating moves LIVEPUSH_SECRET into LIVEPUSH_SECRET_FALLBACKS, which is split at commas: a
+    secret with a comma would verify nothing there, signing everyone out. It is refused when set,
+    naming the reason, never showing the secret."""
+    secret = "0123456789,abcdefghijklmnopqrstuvwxyz"
+    with pytest.raises(ConfigError, match="LIVEPUSH_SECRET_FALLBACKS") as info:
+        Settings.from_env({"LIVEPUSH_SECRET": secret})
+    assert secret.strip() not in str(info.value)
+
+
 def test_a_secret_with_few_distinct_characters_is_refused(capsys: pytest.CaptureFixture[str],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A 32-character secret of fewer than 8 distinct characters is refused like a short one: exit 2, one line, no secret in it."""
