@@ -518,3 +518,31 @@ def test_store_from_settings_prefers_postgres_then_redis_then_memory() -> None:
     assert isinstance(rd, RedisRevocations)
     assert sessions.store_from_settings(Settings()) is sessions.MEMORY
     assert sessions.default_store() is sessions.MEMORY
+
+
+async def test_a_postgres_revocation_that_raises_revoked_nothing(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each write to the Postgres store also prunes dead rows. A revocation whose connection dies
+    before it commits raises DependencyError, and nothing was revoked (as the docs say), async as
+    sync: the caller may simply try again."""
+    from livepush.sessions import revocations
+
+    store = PostgresRevocations(pg_url)
+    s = Session("dies-before-commit", "user-7", time.time() + 60, time.time())
+    try:
+        monkeypatch.setattr(revocations, "_PG_PRUNE", "SELECT pg_terminate_backend(pg_backend_pid())")
+        with pytest.raises(DependencyError):
+            store.add_session(s.id, s.expires_at)
+        monkeypatch.undo()
+        assert not await store.is_revoked(s), "sync"
+        monkeypatch.setattr(revocations, "_PG_PRUNE", "SELECT pg_terminate_backend(pg_backend_pid())")
+        with pytest.raises(DependencyError):
+            await store.aadd_session(s.id, s.expires_at)
+        monkeypatch.undo()
+        assert not await store.is_revoked(s), "async"
+        monkeypatch.setattr(revocations, "_PG_PRUNE", "SELECT pg_terminate_backend(pg_backend_pid())")
+        with pytest.raises(DependencyError):
+            await store.aadd_subject(s.subject, time.time())
+        monkeypatch.undo()
+        assert not await store.is_revoked(s), "async subject"
+    finally:
+        await close_store(store)

@@ -215,15 +215,18 @@ class PostgresRevocations(RevocationStore):
                 return await cur.fetchall() if fetch else []
 
     def _write(self, statement: str, params: Any) -> None:
-        with translated(self.url), self._pools.sync().connection() as conn:
+        with translated(self.url), self._pools.sync().connection() as conn, conn.transaction():
             conn.execute(statement, params)
             # Every write also drops a bounded batch of dead rows, so the tables stay small
-            # without a separate maintenance job.
+            # without a separate maintenance job. In the write's transaction: a write that raises
+            # has revoked nothing, and may simply be tried again.
             conn.execute(_PG_PRUNE, {"limit": _PRUNE_BATCH})
 
     async def _awrite(self, statement: str, params: Any) -> None:
-        await self._execute(statement, params)
-        await self.prune()
+        with translated(self.url):
+            async with (await self._pools.aget()).connection() as conn, conn.transaction():
+                await conn.execute(statement, params)
+                await conn.execute(_PG_PRUNE, {"limit": _PRUNE_BATCH})
 
     async def revoked_among(self, sessions: Iterable[Session]) -> set[str]:
         batch = list(sessions)
