@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import livepush
 from livepush.errors import ConfigError
@@ -440,3 +444,33 @@ def test_load_app_errors_are_config_errors(project: Path, spec: str, message: st
     """Every way --app can be wrong is a ConfigError whose message says which."""
     with pytest.raises(ConfigError, match=message):
         load_app(spec)
+
+
+# Patterns and topics over a small alphabet, so that stars, separators and literals collide often.
+_PIECES = st.sampled_from(["a", "b", ":", "ab", "a:", ":b"])
+_PATTERNS = st.lists(st.one_of(_PIECES, st.just("*")), min_size=1, max_size=7).map("".join).filter(
+    lambda p: "**" not in p)
+_TOPICS = st.lists(st.sampled_from(["a", "b", ":"]), min_size=1, max_size=14).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_PATTERNS, _TOPICS)
+def test_a_rule_matches_as_its_pattern_reads(pattern: str, topic: str) -> None:
+    """A rule allows exactly the topics its pattern describes, '*' standing for one or more
+    characters: the same answers as a regular expression of the pattern, found without one."""
+    reference = re.compile("".join("[A-Za-z0-9_.:/-]+" if part == "*" else re.escape(part)
+                                   for part in re.split(r"(\*)", pattern) if part))
+    assert Allow(pattern, anonymous=True).allows(None, topic) == (reference.fullmatch(topic) is not None)
+
+
+def test_a_rule_of_many_stars_answers_a_crafted_topic_at_once() -> None:
+    """A regular expression of `*:*:*:*:x` backtracks for seconds on a topic of 199 separators:
+    a client could stall the server with one subscribe. The rule answers a thousand of them
+    while that regular expression would still be on its first."""
+    rule = Allow("*:*:*:*:x", anonymous=True)
+    crafted = ":" * 199 + "y"
+    bound = time.monotonic() + 10  # a thousand times what the answers take
+    for _ in range(1000):
+        assert not rule.allows(None, crafted)
+        assert time.monotonic() < bound, "a crafted topic still costs the rule a backtracking search"
+    assert rule.allows(None, "a:b:c:d:x") and not rule.allows(None, "a:b:c:x")
