@@ -80,6 +80,18 @@ async def with_input(ctx: Any, flag: str) -> Any:
     return value
 
 
+@jobs.job(name="d.through_json", max_attempts=2, backoff=lambda attempt: 0.0)
+async def through_json(ctx: Any) -> dict[str, Any]:
+    """A checkpoint whose result JSON may spell differently: key order, a float past 2**53. What the
+    first run saw is stored by a second checkpoint; the retry replays both."""
+    got = await ctx.checkpoint("made", lambda: {"total": 1e16, "id": 7})
+    seen = {"keys": list(got), "types": [type(v).__name__ for v in got.values()], "text": repr(got)}
+    first = await ctx.checkpoint("first run saw", lambda: seen)
+    if ctx.attempt == 1:
+        raise RuntimeError("fails once, so that the retry replays")
+    return {"first": first, "replay": seen}
+
+
 @jobs.job(name="d.bad_result", max_attempts=3)
 async def bad_result(ctx: Any, where: str) -> Any:
     if where == "checkpoint":

@@ -121,6 +121,18 @@ def test_input_fingerprint_refuses_numbers_past_2_53(value: Any) -> None:
     assert jobs.input_fingerprint(2**53 - 1)
 
 
+async def test_a_checkpoint_returns_on_its_first_run_what_a_replay_returns(durable_db: str) -> None:
+    """The first run gets a checkpoint's result through JSON exactly as a replay gets it back from
+    the database: the same keys in the same order, the same types (a float past 2**53 that jsonb
+    writes as an integer). Else code after it, which the docs say replays deterministically from a
+    checkpoint's result, could start its children or waits in another order on replay."""
+    async with running():
+        h = await dj.through_json.aenqueue()
+        done = await wait_state(h.id, "succeeded")
+    assert done.attempt == 2
+    assert done.result["first"] == done.result["replay"]
+
+
 @pytest.mark.parametrize("where, path", [("result", 'result["when"] is a datetime'),
                                          ("checkpoint", """checkpoint 'when' result["at"] is a datetime"""),
                                          ("big result", 'result["n"] is an int of more than 4300 digits'),

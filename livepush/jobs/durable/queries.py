@@ -26,18 +26,21 @@ LOAD_STEPS = "SELECT kind, name, result, fingerprint FROM livepush_job_steps WHE
 # One statement, in autocommit: the fenced update of the job's row (a new version, the
 # `checkpoint` event; it locks the row, so a rescue of this job waits for it or goes first and
 # makes it match nothing) and the step, inserted only if the fence held. ON CONFLICT: a name is
-# stored once, whatever happens.
+# stored once, whatever happens. Returns the value as jsonb spells it (its keys reordered, a float
+# such as 1e16 written as an integer): the first run returns exactly what every replay will.
 SAVE_CHECKPOINT = f"""
-WITH fenced AS (
+WITH given AS (
+    SELECT %(result)s::jsonb AS result
+), fenced AS (
     UPDATE livepush_jobs j SET version = j.version + 1, event = 'checkpoint', has_steps = true
     WHERE j.id = %(id)s AND j.lease = %(lease)s AND j.state = 'running'
     RETURNING j.id, j.version
 ), saved AS (
     INSERT INTO livepush_job_steps (job_id, kind, name, result, fingerprint)
-    SELECT f.id, 'checkpoint', %(name)s, %(result)s::jsonb, %(fingerprint)s FROM fenced f
+    SELECT f.id, 'checkpoint', %(name)s, g.result, %(fingerprint)s FROM fenced f CROSS JOIN given g
     ON CONFLICT (job_id, kind, name) DO NOTHING
 ), rung AS ({ring("fenced")})
-SELECT f.id FROM fenced f CROSS JOIN rung
+SELECT f.id, g.result -> 'value' AS value FROM fenced f CROSS JOIN given g CROSS JOIN rung
 """
 
 # name: fence
