@@ -184,15 +184,17 @@ $$;
 -- runs `p_delay` seconds from now: a pending job with the key (available or scheduled: not
 -- started) takes the new arguments (and tags, when given) and that run time; with none pending,
 -- a new job is inserted at the lowest free place of the key, so with a job of the key started
--- (running or waiting) the new one is queued behind it. Debounced enqueues of one key take turns
--- on its row in livepush_key_turns (one key: a debounce is a single enqueue), so they run one
--- after the other; each statement takes a fresh snapshot. The UPDATE re-checks the state
--- on the latest row version: a pending job claimed meanwhile is left alone (the claim holds its
--- row lock, or the UPDATE holds it and the claim, SKIP LOCKED, passes it by), and a new one is
--- queued behind it. A plain keyed enqueue takes no lock: when it commits a pending job between
--- the UPDATE and the choice of a place, the choice sees it and the next round replaces it; when
--- both insert at place 0, they meet on the unique index (the second waits for the first, inserts
--- nothing, and its next round finds the first's job).
+-- (running or waiting) the new one is queued behind it. A durable job with stored steps has
+-- started too, even when it is available or scheduled again (woken from a park, or waiting for
+-- a retry): its next run replays those steps, which belong to its arguments and its function.
+-- Debounced enqueues of one key take turns on its row in livepush_key_turns (one key: a debounce
+-- is a single enqueue), so they run one after the other; each statement takes a fresh snapshot.
+-- The UPDATE re-checks the state on the latest row version: a pending job claimed meanwhile is
+-- left alone (the claim holds its row lock, or the UPDATE holds it and the claim, SKIP LOCKED,
+-- passes it by), and a new one is queued behind it. A plain keyed enqueue takes no lock: when it
+-- commits a pending job between the UPDATE and the choice of a place, the choice sees it and the
+-- next round replaces it; when both insert at place 0, they meet on the unique index (the second
+-- waits for the first, inserts nothing, and its next round finds the first's job).
 -- SET enable_seqscan = off: as for livepush_enqueue_one_keyed.
 CREATE FUNCTION livepush_enqueue_debounced(p_batch jsonb, p_delay float8) RETURNS TABLE (id bigint, name text, created boolean)
 LANGUAGE plpgsql VOLATILE SET enable_seqscan = off AS $$
@@ -226,8 +228,9 @@ BEGIN
                                    max_attempts = v_job.max_attempts, limited = v_job.limited
         -- At most one job of a key is pending (only this function makes a second unfinished one).
         WHERE j.id = (SELECT x.id FROM livepush_jobs x
-                      WHERE x.key = v_key AND x.state IN ('available', 'scheduled') ORDER BY x.key, x.key_slot LIMIT 1)
-          AND j.state IN ('available', 'scheduled')
+                      WHERE x.key = v_key AND x.state IN ('available', 'scheduled') AND NOT x.has_steps
+                      ORDER BY x.key, x.key_slot LIMIT 1)
+          AND j.state IN ('available', 'scheduled') AND NOT j.has_steps
         RETURNING j.id, j.name, j.version INTO v_id, v_name, v_version;
         IF FOUND THEN
             UPDATE livepush_job_payloads p SET args = v_job.args WHERE p.id = v_id;
@@ -240,7 +243,8 @@ BEGIN
         END IF;
         -- The lowest free place (generate_series yields in order; LIMIT stops at the first free
         -- one), in the same snapshot as a second look for a pending job.
-        SELECT EXISTS (SELECT 1 FROM livepush_jobs x WHERE x.key = v_key AND x.state IN ('available', 'scheduled')),
+        SELECT EXISTS (SELECT 1 FROM livepush_jobs x
+                       WHERE x.key = v_key AND x.state IN ('available', 'scheduled') AND NOT x.has_steps),
                (SELECT s::smallint FROM generate_series(0, 32767) s
                 WHERE NOT EXISTS (SELECT 1 FROM livepush_jobs x
                                   WHERE x.key = v_key AND x.key_slot = s

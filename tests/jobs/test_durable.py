@@ -458,3 +458,21 @@ async def test_an_open_signal_transaction_does_not_hold_up_a_running_job(durable
             q(durable_db, "INSERT INTO job_flags VALUES ('release')")
             await wait_state(h.id, "succeeded")  # its checkpoint and outcome went through meanwhile
             conn.commit()
+
+
+async def test_a_debounce_queues_behind_a_woken_durable_job_instead_of_replacing_it(durable_db: str) -> None:
+    """A durable job woken from its park (available again, its steps stored) has started: a
+    debounced enqueue of its key queues a new job behind it, as behind a running or waiting one.
+    Replacing its arguments would replay steps stored for the old ones under the new ones."""
+    async with running():
+        h = await dj.waiter.aenqueue("approval", key="approval-key")
+        await wait_state(h.id, "waiting")
+    await jobs.asignal(h.id, "approval", {"by": "ana"})
+    assert (await info(h.id)).state == "available"
+    behind = await dj.waiter.aenqueue("other", key="approval-key", debounce=0)
+    assert behind.id != h.id
+    assert (await info(h.id)).args == ["approval"]
+    async with running():
+        done = await wait_state(h.id, "succeeded")
+        await wait_state(behind.id, "waiting")
+    assert done.result == [{"by": "ana"}]
