@@ -134,6 +134,15 @@ async def parent(ctx: Any, values: list[Any], failing: list[Any] | None = None) 
     return {"one": one, "rest": rest}
 
 
+@jobs.job(name="d.child_then_step", max_attempts=1)
+async def child_then_step(ctx: Any, flag: str) -> Any:
+    """One child, then a step that fails until durable_inputs has `flag` (a retry_failed goes on)."""
+    got = await ctx.run_child(child.request("kept"))
+    if await flag_value(flag) is None:
+        raise RuntimeError("the step after the child fails")
+    return got
+
+
 @jobs.job(name="d.parent_queues", max_attempts=1)
 async def parent_queues(ctx: Any) -> Any:
     return await ctx.run_children([child.request("mine"), child_elsewhere.request("theirs"),

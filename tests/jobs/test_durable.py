@@ -448,6 +448,26 @@ async def test_retention_keeps_the_children_of_a_job_that_has_not_finished(durab
     assert q(durable_db, "SELECT count(*) FROM livepush_groups WHERE parent_id = %s", (h.id,)) == [(0,)]
 
 
+async def test_retention_keeps_the_children_of_a_failed_job_that_retry_failed_replays(durable_db: str) -> None:
+    """A failed durable job can be run again (retry_failed) as long as it exists: its children's
+    group is kept as long as it, however long ago the children finished, so the retry replays their
+    results instead of failing on a group that retention deleted."""
+    h = await dj.child_then_step.aenqueue("go-on")
+    async with running():
+        failed = await wait_state(h.id, "failed", timeout=15.0)
+    assert "the step after the child fails" in (failed.error or "")
+    q(durable_db, "UPDATE livepush_groups SET finished_at = now() - interval '2 days' WHERE parent_id = %s", (h.id,))
+    from livepush.jobs import database
+
+    pool = await database.pools().aget()
+    await maintenance.prune(pool, 3600)  # the job failed just now: it is kept, and what it replays
+    q(durable_db, "INSERT INTO durable_inputs VALUES ('go-on', 'true')")
+    assert await asyncio.to_thread(jobs.retry_failed, h.id)
+    async with running():
+        done = await wait_state(h.id, "succeeded", timeout=15.0)
+    assert done.result == {"child": "kept", "queue": "default"}
+
+
 async def test_an_open_signal_transaction_does_not_hold_up_a_running_job(durable_db: str) -> None:
     """jobs.signal(conn=) in a transaction left open does not block the job's own writes."""
     async with running():

@@ -477,9 +477,10 @@ LIMIT %(limit)s + 1
 """
 
 # A group of children is kept while the durable job that made it has not finished: it replays
-# their results, however long it waits for something else.
+# their results, however long it waits for something else. A failed one too, for as long as it is
+# kept itself: jobs.retry_failed() runs it again, and its replay reads them.
 _NO_LIVE_PARENT = """NOT EXISTS (SELECT 1 FROM livepush_jobs p WHERE p.id = g.parent_id
-                                  AND p.state NOT IN ('succeeded', 'failed', 'cancelled'))"""
+                                  AND p.state NOT IN ('succeeded', 'cancelled'))"""
 
 # A group that is the batch of a workflow step (its `group`) is kept while the run has not
 # finished: a run paused on its batch's failures waits for an operator however long, and its
