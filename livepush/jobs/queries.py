@@ -136,8 +136,10 @@ SELECT k.id, k.name, k.created FROM livepush_enqueue_one_keyed(
 ENQUEUE_DEBOUNCED = "SELECT k.id, k.name, k.created FROM livepush_enqueue_debounced(%(batch)s::jsonb, %(delay)s) k"
 
 # name: claim
-# Safe under concurrency: FOR UPDATE SKIP LOCKED hands each available row to exactly one
-# claimer; the others skip it instead of waiting. The partial index covers only available rows
+# Safe under concurrency: FOR NO KEY UPDATE SKIP LOCKED hands each available row to exactly one
+# claimer; the others skip it instead of waiting. NO KEY UPDATE, the lock the claim's UPDATE takes
+# anyway: FOR UPDATE would also pass over a job whose row someone holds KEY SHARE, as
+# jobs.signal(conn=) does until its caller commits (only a park waits for that: FENCE). The partial index covers only available rows
 # in claim order, so the scan never wades through jobs others hold. The LIMIT is the claimer's
 # free slots, never more. `excluded` holds names this runtime does not know. Jobs with limits
 # (`limited`) are CLAIM_LIMITED's, and workflow steps' jobs (`workflow_id`) are
@@ -169,7 +171,7 @@ WITH picked AS (
       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ), {CLAIMED}
 SELECT {CLAIMED_COLUMNS}
 FROM claimed j JOIN livepush_job_payloads p ON p.id = j.id
@@ -384,7 +386,8 @@ SELECT live.id FROM live CROSS JOIN rung
 # Makes due scheduled jobs available, and waiting jobs whose time came (a durable sleep that ended,
 # a signal wait that timed out: they run again and find out which). SKIP LOCKED: two runtimes
 # promoting at once split the rows instead of queueing on each other's locks; a row being parked
-# or signalled right now is skipped and seen by the next round. The UPDATE re-checks the state,
+# right now is skipped and seen by the next round (NO KEY UPDATE, as CLAIM: a signal's open
+# transaction does not hold it up). The UPDATE re-checks the state,
 # so a row another statement moved meanwhile is left alone. Rings the runtimes' doorbell
 # (delivered at commit) when anything moved.
 PROMOTE_SCHEDULED = f"""
@@ -393,7 +396,7 @@ WITH due AS (
     WHERE state IN ('scheduled', 'waiting') AND run_at <= now()
     ORDER BY run_at
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ), moved AS (
     UPDATE livepush_jobs j SET state = 'available', version = j.version + 1,
         event = CASE WHEN j.state = 'waiting' THEN 'enqueued' ELSE j.event END
@@ -523,11 +526,12 @@ SELECT m.id, m.state, m.group_id, m.workflow_id FROM moved m CROSS JOIN rung ORD
 # A queued or waiting job is cancelled on the spot; a running one is flagged and its runtime told
 # (livepush_jobs_cancel_requested(), delivered at commit). The row lock orders this against a
 # claim (SKIP LOCKED claimers skip a row being cancelled), against completion, and against a park
-# or a wake (both lock the row). The children a waiting job waits for are cancelled after
+# or a wake (both lock the row); NO KEY UPDATE, as CLAIM, so a signal's open transaction (KEY
+# SHARE) does not hold it up. The children a waiting job waits for are cancelled after
 # commit (api/control.py).
 CANCEL = f"""
 WITH target AS (
-    SELECT id, state FROM livepush_jobs WHERE id = %(id)s FOR UPDATE
+    SELECT id, state FROM livepush_jobs WHERE id = %(id)s FOR NO KEY UPDATE
 ), moved AS (
     UPDATE livepush_jobs j SET
         state = CASE WHEN t.state <> 'running' THEN 'cancelled' ELSE j.state END,

@@ -496,3 +496,40 @@ async def test_a_debounce_queues_behind_a_woken_durable_job_instead_of_replacing
         done = await wait_state(h.id, "succeeded")
         await wait_state(behind.id, "waiting")
     assert done.result == [{"by": "ana"}]
+
+
+async def test_an_open_signal_transaction_holds_up_nothing_but_a_park(durable_db: str) -> None:
+    """jobs.signal(conn=) in a transaction left open holds up a park of that job and nothing else:
+    a queued job is claimed and runs, and jobs.cancel() of another such job returns at once."""
+    h = await dj.steps.aenqueue(1)
+    other = await dj.waiter.aenqueue("approval")
+    with psycopg.connect(durable_db) as conn:
+        jobs.signal(h.id, "later", {"x": 1}, conn=conn)
+        jobs.signal(other.id, "later", {"x": 2}, conn=conn)
+        assert await asyncio.wait_for(jobs.acancel(other.id), 5.0)
+        assert (await info(other.id)).state == "cancelled"
+        async with running():
+            await wait_state(h.id, "succeeded")
+        conn.commit()
+
+
+async def test_a_signal_from_a_repeatable_read_transaction_is_never_missed(durable_db: str) -> None:
+    """jobs.signal(conn=) in a REPEATABLE READ transaction whose snapshot predates the job's park
+    cannot see the park, so it cannot wake the job: it must fail loudly (a serialization error,
+    the caller's to retry), never keep a signal that the parked job will not wake up for."""
+    from livepush.errors import DependencyError
+
+    h = await dj.waiter.aenqueue("approval")
+    with psycopg.connect(durable_db) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.execute("SELECT 1")  # the transaction's snapshot: the job is queued, not parked
+        async with running():
+            await wait_state(h.id, "waiting")
+            try:
+                jobs.signal(h.id, "approval", {"by": "ana"}, conn=conn)
+                conn.commit()
+            except DependencyError:
+                conn.rollback()
+                await jobs.asignal(h.id, "approval", {"by": "ana"})  # the caller's retry
+            done = await wait_state(h.id, "succeeded")
+    assert done.result == [{"by": "ana"}]
