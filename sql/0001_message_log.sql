@@ -23,9 +23,11 @@ CREATE UNLOGGED TABLE livepush_topics (
 
 -- The log's own epoch, one row: UNLOGGED like the log, so it is gone exactly when the log is
 -- emptied (a crash or a failover) and the next reader starts a new one. A topic nothing was
--- published on has no row above, so its offset is "LOGEPOCH-0": resumed while this row is
+-- published on has no row above, so its offset is "0-LOGEPOCH": resumed while this row is
 -- unchanged, nothing the topic had can have been lost, and it replays from the topic's first
 -- message; resumed after a crash, it gets `reset`, as an offset of a topic's old epoch does.
+-- Epoch 0, not this one, leads it: a topic's first message may take its epoch from the clock
+-- before this row is made and commit after, and its offsets must still come after its origin.
 CREATE UNLOGGED TABLE livepush_log (
     only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
     epoch    bigint NOT NULL DEFAULT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint

@@ -10,8 +10,11 @@ topic's row lock, logs the message and rings the channel, in the caller's transa
 statement (per 1,000 messages), in one transaction. Offsets are the per-topic sequence numbers,
 so they are gap-free and in commit order. The epoch changes only when a crash emptied the
 (unlogged) tables, so an offset from before a crash can never be mistaken for a newer one. A
-topic nothing was published on has the log's epoch and 0 as its offset, which a crash outdates
-in the same way.
+topic nothing was published on has "0-LOGEPOCH" as its offset (its origin), which a crash
+outdates in the same way. Epoch 0 puts it below every offset the topic will have: the log's
+epoch may be read from the clock after the epoch of a topic whose first message is being
+committed meanwhile, so "LOGEPOCH-0" would come after that topic's first offsets, and a server
+or a page holding it would take them for messages it had already seen.
 
 A notification carries "EPOCH-SEQ TOPIC" and no data: any role that can connect may listen
 and send on any channel, so the server reads what it delivers from the log (the hub does, in
@@ -55,12 +58,12 @@ PUBLISH_MANY = "SELECT livepush_publish_many(%s::json)"
 # of data: a batch of any size is one transaction, never one huge JSON parameter.
 MANY_CHUNK = 1000
 MANY_CHUNK_BYTES = 8 * 1024 * 1024
-# name: latest_offset -- a committed value; for a topic never published (no row), the log's
-# epoch and 0 (livepush_log_epoch() makes the epoch if a crash emptied the log).
+# name: latest_offset -- a committed value; for a topic never published (no row), its origin:
+# 0 and the log's epoch (livepush_log_epoch() makes the epoch if a crash emptied the log).
 LATEST = """
 SELECT epoch, last_seq FROM livepush_topics WHERE topic = %(topic)s
 UNION ALL
-SELECT livepush_log_epoch(), 0 WHERE NOT EXISTS (SELECT FROM livepush_topics WHERE topic = %(topic)s)
+SELECT 0, livepush_log_epoch() WHERE NOT EXISTS (SELECT FROM livepush_topics WHERE topic = %(topic)s)
 """
 # name: histories -- for each (topic, after) pair, the topic's latest offset and the page after
 # `after`, in one statement: one snapshot and one round trip for every topic a batch of
@@ -113,7 +116,7 @@ def _latest(row: tuple[int, int] | None) -> Offset:
 
 def parse_offset(since: str) -> tuple[int, int] | None:
     """(epoch, seq) of an offset this fan-out gives out; None for anything else (ASCII digits
-    only). The epoch is a topic's, or the log's for the origin of a topic never published."""
+    only). An origin, given out for a topic never published, is (0, the log's epoch)."""
     m = _OFFSET.fullmatch(since)
     if m is None:
         return None
@@ -141,13 +144,16 @@ def parse_doorbell(payload: str) -> list[Message]:
 
 
 def _page(topic: Topic, since_epoch: int, after: int, found: list[tuple[Any, ...]]) -> History | None:
-    """One topic's page from its rows of HISTORIES (at least one)."""
+    """One topic's page from its rows of HISTORIES (at least one), read after `after` (0 for an
+    origin)."""
     epoch, last, log_epoch = found[0][1], found[0][2], found[0][6]
-    # An origin ("LOGEPOCH-0", given out while the topic had no row) of the log as it is: the
+    # An origin ("0-LOGEPOCH", given out while the topic had no row) of the log as it is: the
     # log was not emptied since, so the topic has lost nothing; it replays from its first message.
-    origin = after == 0 and since_epoch == log_epoch
+    origin = since_epoch == 0 and after == log_epoch
+    if origin:
+        after = 0
     if epoch is None:  # nothing published yet, or not since a crash emptied the log
-        return History([], _offset(log_epoch, 0), False) if origin else None
+        return History([], _offset(0, log_epoch), False) if origin else None
     if (since_epoch != epoch and not origin) or after > last:
         return None  # from before a crash emptied the log, or an offset never given out
     latest = _offset(epoch, last)
@@ -320,7 +326,9 @@ class PostgresFanOut(FanOut):
                 asked.append((topic, *parsed))
         if not asked:
             return found
-        params = {"reads": json.dumps([[topic, after] for topic, _, after in asked]), "limit": limit,
+        # An origin's page starts at the topic's first message; _page checks its log epoch.
+        params = {"reads": json.dumps([[topic, 0 if epoch == 0 else after] for topic, epoch, after in asked]),
+                  "limit": limit,
                   "bytes": max(HISTORY_PAGE_BYTES // len(asked), MIN_PAGE_BYTES)}
         with translated(self.url):
             async with (await self._pools.aget()).connection() as c:

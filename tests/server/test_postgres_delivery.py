@@ -436,3 +436,24 @@ async def test_a_subscribe_again_that_cannot_read_closes_the_connection_so_the_c
             assert await client.closed_with() == 1011
         finally:
             await admin.execute("ALTER TABLE livepush_messages_away RENAME TO livepush_messages")
+
+
+async def test_a_topics_first_message_in_flight_when_the_log_epoch_is_made_comes_after_its_origin(
+        pg_served: Served, pg_url: str) -> None:
+    """The first read of an origin after the migration (or a crash) makes the log's epoch. A topic
+    whose first message is being committed in that instant still has offsets above the origin the
+    server anchored it at: the server delivers them, never takes them for messages it already sent."""
+    from livepush.types import offset_key
+
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as admin:
+        await admin.execute("DELETE FROM livepush_log")  # as after `livepush migrate`: no origin read yet
+    client = await WSClient.open(pg_served.url)
+    async with await psycopg.AsyncConnection.connect(pg_url) as publisher:
+        first = await pg_served.fanout.apublish("fresh:topic", {"i": 1}, conn=publisher)
+        # The server anchors the topic (and makes the log's epoch) while that message is uncommitted.
+        subscribed = await client.subscribe(pg_served.sign("fresh:topic"))
+        await publisher.commit()
+    assert offset_key(first) > offset_key(subscribed["offset"])
+    second = await pg_served.publish("fresh:topic", {"i": 2})
+    assert [(f["offset"], f["data"]) for f in await client.messages(2)] == [(first, {"i": 1}), (second, {"i": 2})]
+    await client.close()
