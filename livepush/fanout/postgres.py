@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from ..postgres.connect import translated
 from ..channels import ListenerSlot
@@ -194,6 +195,17 @@ def _many_statements(encoded: list[tuple[Topic, str]]) -> tuple[list[int] | None
     return order, [json.dumps(chunk, ensure_ascii=False, separators=(",", ":")) for chunk in chunks]
 
 
+def _callers(conn: psycopg.Connection[Any]) -> psycopg.Cursor[tuple[Any, ...]]:
+    """A cursor on the caller's connection (conn=) that makes tuples and binds server-side, as our
+    statements expect, whatever row or cursor factory the caller gave the connection."""
+    return psycopg.Cursor(conn, row_factory=tuple_row)
+
+
+def _acallers(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[tuple[Any, ...]]:
+    """_callers() for an AsyncConnection."""
+    return psycopg.AsyncCursor(conn, row_factory=tuple_row)
+
+
 class PostgresFanOut(FanOut):
     name = "postgres"
 
@@ -211,7 +223,8 @@ class PostgresFanOut(FanOut):
         if conn is not None:
             if not isinstance(conn, psycopg.Connection):
                 raise TypeError("publish(conn=) takes a psycopg.Connection; use apublish() for an AsyncConnection")
-            row = conn.execute(PUBLISH, (topic, text)).fetchone()
+            with _callers(conn) as cur:
+                row = cur.execute(PUBLISH, (topic, text)).fetchone()
         else:
             with translated(self.url), self._pools.sync().connection() as c:
                 row = c.execute(PUBLISH, (topic, text)).fetchone()
@@ -224,7 +237,8 @@ class PostgresFanOut(FanOut):
         if conn is not None:
             if not isinstance(conn, psycopg.AsyncConnection):
                 raise TypeError("apublish(conn=) takes a psycopg.AsyncConnection; use publish() for a sync Connection")
-            row = await (await conn.execute(PUBLISH, (topic, text))).fetchone()
+            async with _acallers(conn) as acur:
+                row = await (await acur.execute(PUBLISH, (topic, text))).fetchone()
         else:
             with translated(self.url):
                 async with (await self._pools.aget()).connection() as c:
@@ -242,8 +256,9 @@ class PostgresFanOut(FanOut):
                 raise TypeError("publish_many(conn=) takes a psycopg.Connection; use apublish_many() for an "
                                 "AsyncConnection")
             # In autocommit each statement would commit alone: the batch is one transaction still.
-            with conn.transaction() if conn.autocommit and len(statements) > 1 else contextlib.nullcontext():
-                got = [conn.execute(PUBLISH_MANY, (doc,)).fetchone() for doc in statements]
+            with conn.transaction() if conn.autocommit and len(statements) > 1 else contextlib.nullcontext(), \
+                    _callers(conn) as cur:
+                got = [cur.execute(PUBLISH_MANY, (doc,)).fetchone() for doc in statements]
         else:
             # The pool's connections are in autocommit: a batch of one statement is one round trip.
             with translated(self.url), self._pools.sync().connection() as c, \
@@ -260,9 +275,10 @@ class PostgresFanOut(FanOut):
             if not isinstance(conn, psycopg.AsyncConnection):
                 raise TypeError("apublish_many(conn=) takes a psycopg.AsyncConnection; use publish_many() for a "
                                 "sync Connection")
-            async with conn.transaction() if conn.autocommit and len(statements) > 1 else contextlib.nullcontext():
+            async with conn.transaction() if conn.autocommit and len(statements) > 1 else contextlib.nullcontext(), \
+                    _acallers(conn) as acur:
                 for doc in statements:
-                    got.append(await (await conn.execute(PUBLISH_MANY, (doc,))).fetchone())
+                    got.append(await (await acur.execute(PUBLISH_MANY, (doc,))).fetchone())
         else:
             with translated(self.url):
                 async with (await self._pools.aget()).connection() as c, \

@@ -457,3 +457,25 @@ async def test_a_topics_first_message_in_flight_when_the_log_epoch_is_made_comes
     second = await pg_served.publish("fresh:topic", {"i": 2})
     assert [(f["offset"], f["data"]) for f in await client.messages(2)] == [(first, {"i": 1}), (second, {"i": 2})]
     await client.close()
+
+
+async def test_publish_in_a_transaction_works_whatever_rows_the_callers_connection_makes(pg_served: Served,
+                                                                                          pg_url: str) -> None:
+    """conn= takes the caller's connection as it is: one made with another row factory (dicts, as
+    many apps configure theirs) or cursor factory publishes, and returns the offsets, as any other does."""
+    from psycopg.rows import dict_row
+
+    with psycopg.connect(pg_url, row_factory=dict_row) as conn:
+        one = pg_served.fanout.publish("rows:sync", {"i": 1}, conn=conn)
+        many = pg_served.fanout.publish_many([("rows:sync", {"i": 2}), ("rows:other", {"i": 3})], conn=conn)
+        conn.commit()
+    async with await psycopg.AsyncConnection.connect(pg_url, row_factory=dict_row) as aconn:
+        aone = await pg_served.fanout.apublish("rows:async", {"i": 1}, conn=aconn)
+        amany = await pg_served.fanout.apublish_many([("rows:async", {"i": 2})], conn=aconn)
+        await aconn.commit()
+    assert [one, *many] == [pg_served.fanout.latest_offset("rows:sync")[:-1] + "1",
+                            pg_served.fanout.latest_offset("rows:sync"), pg_served.fanout.latest_offset("rows:other")]
+    assert [aone, *amany] == [pg_served.fanout.latest_offset("rows:async")[:-1] + "1",
+                              pg_served.fanout.latest_offset("rows:async")]
+    with psycopg.connect(pg_url, cursor_factory=psycopg.RawCursor) as raw:  # $1 placeholders
+        assert pg_served.fanout.publish("rows:raw", {"i": 1}, conn=raw).endswith("-1")
