@@ -58,7 +58,9 @@ CREATE UNLOGGED TABLE livepush_messages (
     topic      text NOT NULL,
     seq        bigint NOT NULL,
     data       text NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT now(),
+    -- When publish() wrote it, not its transaction's start (now()): the TTL counts from the
+    -- publish, however long the transaction ran before it.
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (topic, seq)
 );
 CREATE INDEX livepush_messages_created_at ON livepush_messages (created_at);

@@ -163,8 +163,8 @@ def _page(topic: Topic, since_epoch: int, after: int, found: list[tuple[Any, ...
     rows = [(seq, data, at) for _, _, _, seq, data, at, _ in found if seq is not None]
     # Never a silent hole: the page runs from after+1 without a gap. Rows past the TTL that no
     # prune has reached yet are served too: present and contiguous, they lose nothing, and a
-    # message's created_at is its transaction's start, so one committed by a transaction longer
-    # than the TTL is past it the moment it can be read.
+    # message's created_at is when it was published, so one committed by a transaction that ran
+    # longer than the TTL after it is past it the moment it can be read.
     if not rows or rows[0][0] != after + 1 or rows[-1][0] != after + len(rows):
         return None
     messages = [Message(topic, _offset(epoch, seq), _offset(epoch, seq - 1), data, at) for seq, data, at in rows]

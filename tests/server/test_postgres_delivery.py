@@ -479,3 +479,25 @@ async def test_publish_in_a_transaction_works_whatever_rows_the_callers_connecti
                               pg_served.fanout.latest_offset("rows:async")]
     with psycopg.connect(pg_url, cursor_factory=psycopg.RawCursor) as raw:  # $1 placeholders
         assert pg_served.fanout.publish("rows:raw", {"i": 1}, conn=raw).endswith("-1")
+
+
+async def test_a_message_published_late_in_a_long_transaction_stays_recoverable_for_the_ttl(pg_url: str,
+                                                                                            secret: str) -> None:
+    """A message stays recoverable for LIVEPUSH_HISTORY_TTL seconds after it was published, also
+    when the transaction that publishes it began longer ago than that: the prune that follows its
+    commit keeps it, and a client resuming from the offset before it gets it, not `reset`."""
+    served = await start_served(make_settings("postgres", secret, pg_url, None, history_ttl=2.0))
+    try:
+        before = await served.publish("late:tx", {"i": 0})
+        async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+            await conn.execute("SELECT 1")  # the transaction begins
+            await asyncio.sleep(2.5)  # the TTL is wall-clock time: there is no event to await
+            offset = await served.fanout.apublish("late:tx", {"i": 1}, conn=conn)
+            await conn.commit()
+        await served.fanout.prune()  # what every server does every 30 s
+        client = await WSClient.open(served.url)
+        await client.subscribe(served.sign("late:tx"), since=before)
+        assert await client.recv() == {"op": "message", "topic": "late:tx", "offset": offset, "data": {"i": 1}}
+        await client.close()
+    finally:
+        await served.stop()
