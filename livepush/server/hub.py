@@ -20,7 +20,10 @@ current state as a snapshot, unless its `since` is that version already.
 
 A new subscriber is "joining" while its replay or snapshot is read: live frames for it are
 buffered, then sent after the replay without a duplicate at the seam (its `floor` is the last
-offset it was sent). Everything here runs on the event loop; nothing awaits per subscriber.
+offset it was sent). A replay waits for its client, so on a message topic the buffer is bounded as
+a live client's share of the topic is (server/backlog.py): past it the frames waiting are dropped,
+and the replay reads on from the log until it reaches past them.
+Everything here runs on the event loop; nothing awaits per subscriber.
 
 Live frames go out through `broadcast` with their topic and kind ("state", "message", "reset"):
 what a subscriber that cannot keep up may replace or drop (server/backlog.py). The frames of a
@@ -42,7 +45,7 @@ from ..errors import DependencyError
 from ..fanout import FanOut
 from ..fanout.base import History
 from ..types import Message, Offset, StateSource, offset_key
-from .backlog import Kind
+from .backlog import TOPIC_BYTES, TOPIC_FRAMES, Kind
 
 log = logging.getLogger("livepush.hub")
 
@@ -84,13 +87,42 @@ class Subscriber(Protocol):
 Broadcast = Callable[[Iterable[Subscriber], str, str, Kind], None]
 
 
+class _Waiting:
+    """The live frames a joining subscriber gets once its replay or snapshot is sent (key None:
+    a reset). A replay waits for its client, which may read slower than the topic is published:
+    on a message topic at most a live client's share waits (TOPIC_FRAMES or TOPIC_BYTES, one
+    larger frame alone); past it every frame waiting is dropped, and `dropped` remembers the
+    newest key dropped, which the replay then reads on to from the log."""
+
+    __slots__ = ("frames", "bytes", "dropped", "bounded")
+
+    def __init__(self, bounded: bool) -> None:
+        self.frames: list[tuple[Key | None, str]] = []
+        self.bytes = 0
+        self.dropped: Key = NO_KEY
+        self.bounded = bounded  # a message topic's; a state topic's waits for one read only
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+    def add(self, key: Key | None, frame: str) -> None:
+        if self.bounded and self.frames and (len(self.frames) >= TOPIC_FRAMES
+                                             or self.bytes + len(frame) > TOPIC_BYTES):
+            # Keys only grow, so the last keyed frame is the newest dropped. A reset dropped
+            # with them was for a gap the replay checks for itself in what it reads.
+            self.dropped = max(self.dropped, *(k for k, _ in self.frames if k is not None), NO_KEY)
+            self.frames, self.bytes = [], 0
+        self.frames.append((key, frame))
+        self.bytes += len(frame)
+
+
 @dataclass(eq=False)
 class _Topic:
     name: str
     source: StateSource | None  # None: a message topic of the fan-out
     subscribers: set[Subscriber] = field(default_factory=set)
     # Subscribers reading their replay; live frames wait in their buffer (key None = reset).
-    joining: dict[Subscriber, list[tuple[Key | None, str]]] = field(default_factory=dict)
+    joining: dict[Subscriber, _Waiting] = field(default_factory=dict)
     # Subscribers whose replay went past the cursor: skip live frames up to their floor.
     floors: dict[Subscriber, Key] = field(default_factory=dict)
     # The last offset (message topics) or version (state topics) delivered live.
@@ -175,7 +207,7 @@ class Hub:
         self._broadcast(recipients, frame, t.name, "message" if t.source is None else "state")
         metrics.DELIVERED.inc(len(recipients))  # type: ignore[arg-type]
         for buffer in t.joining.values():
-            buffer.append((key, frame))
+            buffer.add(key, frame)
 
     def _start_read(self, t: _Topic) -> None:
         if not t.reading:
@@ -302,7 +334,7 @@ class Hub:
         self._broadcast(t.subscribers, frame, t.name, "reset")
         metrics.RESETS.labels("history").inc(len(t.subscribers) + len(t.joining))
         for buffer in t.joining.values():
-            buffer.append((None, frame))
+            buffer.add(None, frame)
         t.floors.clear()
         if latest is not None:
             t.cursor = latest  # messages pending from the read are kept: those past it go out next
@@ -391,7 +423,7 @@ class Hub:
                 # connection stands. "From now" would drop what is published while it rejoins.
                 since = t.cursor
             self._leave(t, sub)
-        buffer: list[tuple[Key | None, str]] = []
+        buffer = _Waiting(bounded=t.source is None)
         t.joining[sub] = buffer
         try:
             if t.source is None:
@@ -406,7 +438,12 @@ class Hub:
             raise
         if t.joining.get(sub) is not buffer:
             return  # unsubscribed while catching up
-        for key, frame in buffer:
+        if buffer.dropped > floor:
+            # Live messages past a `subscribed` or a reset were dropped while a read went on (a
+            # replay reads on past them): the client refetches.
+            sub.send(protocol.reset(topic))
+            metrics.RESETS.labels("slow_client").inc()
+        for key, frame in buffer.frames:
             if key is None or key > floor:
                 sub.send(frame)
                 floor = key if key is not None else floor
@@ -460,6 +497,7 @@ class Hub:
         sub.send(protocol.subscribed(ref, topic, page.latest))
         last = since
         unread = 0
+        waiting = t.joining.get(sub)
         while True:
             for message in page.messages:
                 if unread >= REPLAY_DRAIN_BYTES:
@@ -469,8 +507,10 @@ class Hub:
                 sub.send(frame)
                 last = message.offset
                 unread += len(frame)
-            if not page.more:
+            if not page.more and (waiting is None or waiting.dropped <= offset_key(last)):
                 return offset_key(last)
+            # More to read, or live messages past the replay were dropped while the client read
+            # it (_Waiting): the log holds them, so the replay reads on.
             await sub.drain()  # a replay of any length waits for the client, page by page
             unread = 0
             next_page = await self.fanout.history(topic, last)

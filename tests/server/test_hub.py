@@ -310,3 +310,69 @@ async def test_doorbells_that_ring_during_a_read_cost_one_more_read_not_one_each
     await settle()
     assert sub.data() == list(range(51))
     assert fanout.reads == reads, f"{fanout.reads} reads for 51 doorbells"
+
+
+class SlowReader(Sub):
+    """A client that reads what was sent to it only when let: drain() waits for `reading`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading = asyncio.Event()
+
+    async def drain(self) -> None:
+        await self.reading.wait()
+
+
+def waiting_for(hub: Hub, topic: str, sub: Sub) -> int:
+    """Live frames the hub holds for `sub` until its replay ends."""
+    return len(hub._topics[topic].joining[sub])
+
+
+async def test_a_replay_waiting_for_a_slow_client_holds_a_bounded_number_of_live_frames_for_it() -> None:
+    """A client replaying a busy topic slower than it is published: the live messages meanwhile
+    wait for it within a live client's share of the topic, not all of them; the replay, read on
+    from history, still gives it every one, in order, once it reads."""
+    from livepush.server.backlog import TOPIC_FRAMES
+
+    fanout, hub = await make()
+    for i in range(HISTORY_PAGE + 1):  # two pages: the replay waits for the client between them
+        fanout.publish("busy", i)
+    sub = SlowReader()
+    joining = asyncio.create_task(hub.subscribe(sub, "busy", "0", 1))
+    await async_wait_for(lambda: len(sub.data()) == HISTORY_PAGE, message="the first page to be sent")
+    total = 5 * TOPIC_FRAMES
+    for i in range(HISTORY_PAGE + 1, total):
+        fanout.publish("busy", i)
+    await settle()
+    assert waiting_for(hub, "busy", sub) <= TOPIC_FRAMES
+    sub.reading.set()
+    await asyncio.wait_for(joining, 5)
+    fanout.publish("busy", total)
+    await settle()
+    assert [f["op"] for f in sub.frames if f["op"] != "message"] == ["subscribed"]
+    assert sub.data() == list(range(total + 1))
+
+
+async def test_live_messages_dropped_while_the_last_replay_page_waits_for_a_slow_client_are_read_from_history() -> None:
+    """The live messages that wait for a slow client past its share, while the last page of its
+    replay goes out, are dropped and read from history after it: the client gets every message
+    once, in order, and no `reset`."""
+    from livepush.server.backlog import TOPIC_FRAMES
+
+    fanout, hub = await make()
+    for i in range(300):  # one page of 300 KiB: the replay waits for the client within it
+        fanout.publish("heavy", {"i": i, "pad": "x" * 1024})
+    sub = SlowReader()
+    joining = asyncio.create_task(hub.subscribe(sub, "heavy", "0", 1))
+    await async_wait_for(lambda: sub.data(), message="the replay to start")
+    total = 300 + 2 * TOPIC_FRAMES
+    for i in range(300, total):
+        fanout.publish("heavy", {"i": i})
+    await settle()
+    assert waiting_for(hub, "heavy", sub) <= TOPIC_FRAMES
+    sub.reading.set()
+    await asyncio.wait_for(joining, 5)
+    fanout.publish("heavy", {"i": total})
+    await settle()
+    assert [f["op"] for f in sub.frames if f["op"] != "message"] == ["subscribed"]
+    assert [d["i"] for d in sub.data()] == list(range(total + 1))
