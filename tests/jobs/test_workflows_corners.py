@@ -134,3 +134,16 @@ async def test_signals_sent_at_once_before_their_steps_started_are_kept_one_for_
         for run in runs:
             done = await run_state(run.id, "succeeded")
             assert {done["steps"]["legal"]["output"]["by"], done["steps"]["finance"]["output"]["by"]} == {"ana", "bo"}
+
+
+async def test_float_outputs_reach_the_next_step_and_the_run_as_floats(jobs_db: str) -> None:
+    """A step's output is JSON kept as it returned it, as a job's result is: a float that JSON
+    text writes with an exponent (1e16) reaches the steps after it, get() and the run's output
+    as a float, not as the int it equals."""
+    async with running(queues=[wc.QUEUE]):
+        run = await wc.floats.astart()
+        done = await run_state(run.id, "succeeded")
+    floats = {k: "float" for k in wc.FLOATS}
+    assert done["output"]["types"] == floats, "what the next step saw in ctx.outputs"
+    assert {k: type(v).__name__ for k, v in done["output"]["seen"].items()} == floats, "the run's output"
+    assert {k: type(v).__name__ for k, v in done["steps"]["measure"]["output"].items()} == floats, "the step's"

@@ -96,3 +96,19 @@ async def check(ctx: Any) -> Any:
 @chain.step(after="check")
 async def publish(ctx: Any) -> Any:
     return {"saw": sorted(ctx.outputs)}
+
+
+# Outputs with floats JSON text writes with an exponent (from 1e16 up), passed along and finished with.
+FLOATS = {"big": 1e16, "huge": 1.5e300, "plain": 2.5}
+floats = jobs.workflow("wfd_floats", queue=QUEUE)
+
+
+@floats.step()
+async def measure(ctx: Any) -> Any:
+    return FLOATS
+
+
+@floats.step(after="measure")
+async def total(ctx: Any) -> Any:
+    seen = ctx.outputs["measure"]
+    ctx.flow.finish({"seen": seen, "types": {k: type(v).__name__ for k, v in seen.items()}})

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import queries as job_queries
+from ..api.args import dumps
 from ..groups.steps import Query, Steps
 from . import queries as wq
 
@@ -227,6 +228,8 @@ def _write(plan: Plan) -> Steps[None]:
         yield Query(wq.RECORD_BATCHES, {"id": plan.id})
     names = sorted(plan.changed)
     audit = plan.audit
+    # Outputs come back from jsonb as the step returned them; written again with json.dumps, a
+    # float from 1e16 up ("1e+16") would be stored as the int it equals (api/args.py: dumps).
     yield Query(wq.DECIDE, {
         "id": plan.id, "queue": plan.run["queue"],
         "start": ready, "jobs": [specs[n]["job"] for n in ready],
@@ -234,13 +237,13 @@ def _write(plan: Plan) -> Steps[None]:
         "max_attempts": [specs[n].get("max_attempts", 5) for n in ready],
         "wait_for": [specs[n].get("wait_for") for n in ready],
         "names": names, "states": [plan.steps[n]["state"] for n in names],
-        "outputs": [None if plan.steps[n].get("output") is None else json.dumps(plan.steps[n]["output"])
+        "outputs": [None if plan.steps[n].get("output") is None else dumps(plan.steps[n]["output"])
                     for n in names],
         "errors": [plan.steps[n].get("error") for n in names],
         "verbs": [a["verb"] for a in audit], "verb_steps": [a["step"] for a in audit],
         "actors": [a["actor"] for a in audit], "reasons": [a["reason"] for a in audit],
         "state": plan.state, "event": plan.event, "error": plan.error,
-        "output": None if plan.output is None else json.dumps(plan.output)})
+        "output": None if plan.output is None else dumps(plan.output)})
     for name in ready:
         plan.steps[name]["state"] = "running"
 
