@@ -122,6 +122,16 @@ def test_bad_step_options_are_refused(options: dict[str, Any], message: str) -> 
         async def s(ctx: Any) -> None: ...
 
 
+@pytest.mark.parametrize("queue", ["", 7, "imports\x00", "q" * 201])
+def test_a_queue_jobs_cannot_take_is_refused_at_import(queue: Any) -> None:
+    """A workflow's queue is a queue as @jobs.job takes it: else every start raised the driver's
+    error on storing its steps' jobs (a NUL), or the steps sat on a queue that no runtime's
+    --queues can name (too long)."""
+    with pytest.raises(jobs.WorkflowDefinitionError, match=r"jobs\.workflow\('t_bad_queue', queue=.*a queue is"):
+        jobs.workflow("t_bad_queue", queue=queue)
+    assert "t_bad_queue" not in WORKFLOWS
+
+
 # -- runs ------------------------------------------------------------------------------------------
 
 async def test_a_diamond_runs_each_step_once_and_passes_outputs(flows_db: str) -> None:

@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from ..api.functions import JobFunction, default_backoff
+from ..api.options import check_queue
 from ..api.registry import REGISTRY, where_defined
 from ..durable.run import MAX_SECONDS, check_name
-from ..errors import WorkflowDefinitionError
+from ..errors import ConfigError, WorkflowDefinitionError
 
 ON_TIMEOUT = ("fail", "cancel", "skip")
 ON_BATCH_FAILURE = ("pause", "cancel", "skip")
@@ -68,8 +69,12 @@ class Workflow:
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise WorkflowDefinitionError(f"jobs.workflow({name!r}): a workflow name is a letter or _ and then up to "
                                           "99 letters, digits, _ . or -")
-        if not isinstance(queue, str) or not queue:
-            raise WorkflowDefinitionError(f"jobs.workflow({name!r}, queue={queue!r}): a queue is a non-empty string")
+        # The queue @jobs.job takes: one Postgres cannot store failed every start with the driver's
+        # error, and one too long for --queues left the steps where no runtime could claim them.
+        try:
+            check_queue(queue, f"jobs.workflow({name!r}, queue=)")
+        except ConfigError as exc:
+            raise WorkflowDefinitionError(str(exc)) from None
         self.name = name
         self.queue = queue
         self.engine = engine
