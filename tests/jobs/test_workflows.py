@@ -213,6 +213,32 @@ async def test_a_rolling_deploy_that_adds_a_step_runs_it_on_the_newer_runtimes(
     assert step_states(done) == {"fetch": "succeeded", "report": "succeeded"}
 
 
+async def test_two_workflows_of_one_name_each_run_their_steps(flows_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runtime runs every step whose function it has, whichever definition of a workflow name
+    came last: two modules that each define a workflow "t_twice" (with steps of their own names)
+    both start runs that complete. (Each run's steps were left `available` for ever, claimed by
+    no runtime, when only the last definition's steps were claimed.)"""
+    monkeypatch.setattr(REGISTRY, "_functions", dict(REGISTRY._functions))
+    monkeypatch.setitem(WORKFLOWS, "t_twice", None)
+
+    orders = jobs.workflow("t_twice", queue="flows")
+
+    @orders.step()
+    async def charge(ctx: Any) -> str:
+        return "charged"
+
+    refunds = jobs.workflow("t_twice", queue="flows")
+
+    @refunds.step()
+    async def refund(ctx: Any) -> str:
+        return "refunded"
+
+    async with running():
+        first, second = await orders.astart(), await refunds.astart()
+        assert step_states(await run_state(second.id, "succeeded")) == {"refund": "succeeded"}
+        assert step_states(await run_state(first.id, "succeeded", timeout=10.0)) == {"charge": "succeeded"}
+
+
 @pytest.mark.parametrize("waits_at_start, waits_after_deploy", [(False, True), (True, False)])
 async def test_a_deploy_that_changes_a_steps_options_leaves_the_runs_in_flight_as_they_started(
         flows_db: str, monkeypatch: pytest.MonkeyPatch, waits_at_start: bool, waits_after_deploy: bool) -> None:

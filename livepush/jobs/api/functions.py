@@ -52,6 +52,10 @@ def _check_never_retry(never_retry: Any) -> tuple[type[BaseException], ...]:
 class JobFunction:
     """What `@jobs.job` returns: still callable as the plain function, plus enqueue."""
 
+    # The workflow whose step this job runs (workflows/definition.py), else None: its jobs take
+    # the steps' claim (workflows/queries.py: CLAIM_STEPS).
+    step_of: str | None = None
+
     def __init__(
         self,
         func: Callable[..., Any],

@@ -57,7 +57,6 @@ from ..groups.progress import ProgressPublisher
 from ..periodic.decorator import SCHEDULES
 from ..periodic.scheduler import Scheduler
 from ..workflows import queries as workflow_queries
-from ..workflows.definition import WORKFLOWS
 from . import limits, maintenance
 from .completer import Completer
 from .context import ClaimedJob, JobContext
@@ -361,8 +360,10 @@ class Runtime:
         self.id = await maintenance.register(self._pool, self.info)
         await limits.store(self._pool, self.registry)
         self.limited, self.limits_dropped = await limits.names(self._pool, self.registry)
-        self.step_names = sorted({spec.job for flow in WORKFLOWS.values() if flow is not None
-                                  for spec in flow.steps.values() if spec.job in self.registry})
+        # Every step whose function is registered here, read from the registry: a workflow name
+        # defined twice (two modules) keeps the steps of both, and each one's runs go on.
+        self.step_names = [name for name in self.registry.names()
+                           if getattr(self.registry.find(name), "step_of", None) is not None]
         # The heartbeat's first round (right after this) rescues what they held. Their progress
         # publishers' unflushed groups are rung by ours.
         if await maintenance.prune_gone_on_node(self._pool, self.id):

@@ -146,6 +146,7 @@ class Workflow:
         options.setdefault("timeout", None if kind == "fan_out" or wait_for is not None else 60)
         job = REGISTRY.add(JobFunction(self._runner(name), name=job_name, queue=self.queue,
                                        backoff=options.pop("backoff", default_backoff), **options), origin)
+        job.step_of = self.name
         spec = StepSpec(name, kind, deps, fn, job_name, wait_for,
                         None if wait_timeout is None else float(wait_timeout), on_timeout, on_batch_failure,
                         job.max_attempts, job.priority)
