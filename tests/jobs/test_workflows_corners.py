@@ -147,3 +147,13 @@ async def test_float_outputs_reach_the_next_step_and_the_run_as_floats(jobs_db: 
     assert done["output"]["types"] == floats, "what the next step saw in ctx.outputs"
     assert {k: type(v).__name__ for k, v in done["output"]["seen"].items()} == floats, "the run's output"
     assert {k: type(v).__name__ for k, v in done["steps"]["measure"]["output"].items()} == floats, "the step's"
+
+
+async def test_sync_steps_run_side_by_side_up_to_the_runtimes_concurrency(jobs_db: str) -> None:
+    """A sync step runs in a thread of the runtime's, as a sync job does: as many run at once as
+    the runtime has slots. (They ran in the event loop's default pool, a few threads: the others
+    waited there, their slots held and their timeouts running.)"""
+    async with running(queues=[wc.QUEUE], concurrency=wc.SIDE_BY_SIDE):
+        run = await wc.side_by_side.astart()
+        done = await run_state(run.id, {"succeeded", "failed"}, timeout=30.0)
+    assert done["state"] == "succeeded", done["error"]

@@ -4,6 +4,7 @@ step that fails the run beside a step waiting for a signal."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from livepush import jobs
@@ -112,3 +113,22 @@ async def measure(ctx: Any) -> Any:
 async def total(ctx: Any) -> Any:
     seen = ctx.outputs["measure"]
     ctx.flow.finish({"seen": seen, "types": {k: type(v).__name__ for k, v in seen.items()}})
+
+
+# Sync steps side by side, more of them than the event loop's default thread pool has threads
+# (at most 32): each runs only once all of them run at once.
+SIDE_BY_SIDE = 40
+side_by_side = jobs.workflow("wfd_side_by_side", queue=QUEUE)
+_barriers: dict[int, threading.Barrier] = {}
+_barriers_lock = threading.Lock()
+
+
+def _together(ctx: Any) -> Any:
+    with _barriers_lock:
+        barrier = _barriers.setdefault(ctx.run_id, threading.Barrier(SIDE_BY_SIDE))
+    barrier.wait(timeout=15)
+    return ctx.step
+
+
+for _n in range(SIDE_BY_SIDE):
+    side_by_side.step(name=f"s{_n}", max_attempts=1)(_together)

@@ -10,6 +10,7 @@ may report progress in a tight loop without touching the database each time.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import inspect
 import math
@@ -93,17 +94,19 @@ class ProgressSink(Protocol):
 class JobContext:
     """The `ctx` of an async job (sync jobs get a SyncJobContext around one of these).
 
-    `pool`, `url` and `group_progress` are the runtime's (its connection pool, its database, its
-    group progress publisher), so what a job does through ctx (ctx.group.enqueue) uses them."""
+    `pool`, `url`, `group_progress` and `threads` are the runtime's (its connection pool, its
+    database, its group progress publisher, the threads its sync jobs run in), so what a job does
+    through ctx (ctx.group.enqueue, a workflow's sync step) uses them."""
 
     _group: Any = None  # GroupContext, made on first use (or loaded first, for a callback)
     _durable: Any = None  # durable.run.DurableRun, made on first use
 
     def __init__(self, job: ClaimedJob, completer: ProgressSink | None, *, pool: Any = None, url: str | None = None,
-                 group_progress: Any = None) -> None:
+                 group_progress: Any = None, threads: concurrent.futures.Executor | None = None) -> None:
         self.job = job
         self._completer = completer
         self.pool = pool
+        self.threads = threads
         self.url = url
         self.group_progress = group_progress
         self.cancel_requested = job.cancel_requested

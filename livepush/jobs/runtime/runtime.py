@@ -685,7 +685,8 @@ class Runtime:
 
     def _start(self, job: ClaimedJob) -> None:
         assert self._completer is not None
-        ctx = JobContext(job, self._completer, pool=self._pool, url=self.url, group_progress=self._group_progress)
+        ctx = JobContext(job, self._completer, pool=self._pool, url=self.url, group_progress=self._group_progress,
+                         threads=self._threads)
         fn = self.registry.find(job.name)
         if fn is None:
             # A rolling deploy: a newer runtime enqueued a job this one does not know. Give it back

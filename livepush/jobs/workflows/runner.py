@@ -180,11 +180,13 @@ class Runner:
     async def _call(self, spec: StepSpec, sctx: StepContext, ctx: Any, *extra: Any) -> Any:
         if inspect.iscoroutinefunction(spec.fn):
             return await spec.fn(sctx, *extra)
-        # A sync step runs in a thread with the blocking ctx, like a sync job.
+        # A sync step runs with the blocking ctx in one of the runtime's threads, like a sync job:
+        # the loop's default pool has a few threads, and the steps beyond them waited there with
+        # their slots held and their timeouts running.
         loop = asyncio.get_running_loop()
         sync_ctx = StepContext(SyncJobContext(ctx, loop), sctx.run_id, sctx.step, sctx.input, sctx.outputs)
         sync_ctx.signal = sctx.signal
-        return await loop.run_in_executor(None, functools.partial(spec.fn, sync_ctx, *extra))
+        return await loop.run_in_executor(ctx.threads, functools.partial(spec.fn, sync_ctx, *extra))
 
     async def _fan_out(self, spec: StepSpec, sctx: StepContext, row: dict[str, Any]) -> dict[str, Any]:
         ctx = sctx._job_ctx
