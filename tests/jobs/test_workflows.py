@@ -113,6 +113,12 @@ def test_a_workflow_and_step_name_that_make_a_taken_job_name_are_refused() -> No
     # a DependencyError, as if Postgres had failed.
     ({"wait_for": "g" * 201}, "wait_for= takes a signal name"),
     ({"wait_for": "go\x00"}, "wait_for= takes a signal name"),
+    # The job options, refused as @jobs.job refuses them, and named as the step's.
+    ({"max_attempts": 0}, "step 's': .*max_attempts=\\) must be from 1"),
+    ({"priority": "high"}, "step 's': .*priority=\\) takes an int"),
+    ({"timeout": -1}, "step 's': timeout must be a positive number"),
+    ({"never_retry": "ValueError"}, "step 's': .*never_retry=\\) takes a tuple of exception classes"),
+    ({"after": 5}, "step 's' after= takes the names of steps, got 5"),
 ])
 def test_bad_step_options_are_refused(options: dict[str, Any], message: str) -> None:
     """Every bad option names itself."""

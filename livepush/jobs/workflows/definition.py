@@ -99,7 +99,11 @@ class Workflow:
             raise WorkflowDefinitionError(f"{where}: step {name!r} is defined twice")
         if isinstance(after, str):
             after = [after]
-        deps = tuple(after or ())
+        try:
+            deps = tuple(after or ())
+        except TypeError:
+            raise WorkflowDefinitionError(f"{where}: step {name!r} after= takes the names of steps, got {after!r:.60}"
+                                          ) from None
         for dep in deps:
             if dep not in self.steps:
                 raise WorkflowDefinitionError(
@@ -144,8 +148,14 @@ class Workflow:
         if clash is not None:
             raise WorkflowDefinitionError(f"{where}: {clash}")
         options.setdefault("timeout", None if kind == "fan_out" or wait_for is not None else 60)
-        job = REGISTRY.add(JobFunction(self._runner(name), name=job_name, queue=self.queue,
-                                       backoff=options.pop("backoff", default_backoff), **options), origin)
+        try:
+            function = JobFunction(self._runner(name), name=job_name, queue=self.queue,
+                                   backoff=options.pop("backoff", default_backoff), **options)
+        except (ValueError, TypeError, ConfigError) as exc:
+            # A bad job option (max_attempts=0, ...), as @jobs.job refuses it: a bad option of
+            # the graph's, raised at import like the others, naming the step.
+            raise WorkflowDefinitionError(f"{where}: step {name!r}: {exc}") from None
+        job = REGISTRY.add(function, origin)
         job.step_of = self.name
         spec = StepSpec(name, kind, deps, fn, job_name, wait_for,
                         None if wait_timeout is None else float(wait_timeout), on_timeout, on_batch_failure,
