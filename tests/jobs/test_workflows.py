@@ -551,6 +551,22 @@ async def test_retention_removes_finished_runs_with_their_steps_and_audit(flows_
     assert q(flows_db, "SELECT count(*) FROM livepush_workflow_audit") == [(0,)]
 
 
+async def test_retention_works_off_a_backlog_of_finished_runs_as_it_does_jobs(flows_db: str) -> None:
+    """One prune deletes up to max_batches batches of expired runs, as it does jobs: runs that
+    finish faster than one batch per prune (a runtime prunes at most once a minute) are still
+    deleted, rather than piling up for ever behind a single batch a minute."""
+    q(flows_db, """INSERT INTO livepush_workflows (name, queue, graph, input, state, finished_at)
+                   SELECT 't_old', 'flows', '{"steps": {}, "order": []}', 'null', 'succeeded',
+                          now() - interval '2 days'
+                   FROM generate_series(1, 250)""")
+    from livepush.jobs import database
+    from livepush.jobs.runtime import maintenance
+
+    pool = await database.pools().aget()
+    assert await maintenance.prune(pool, 3600, batch=100, max_batches=5) == 250
+    assert q(flows_db, "SELECT count(*) FROM livepush_workflows") == [(0,)]
+
+
 async def test_a_woken_step_gives_its_run_a_new_version(flows_db: str) -> None:
     """When a parked step is woken (here by its signal), workflow:<id> gets a newer version showing
     it running: a page that saw it waiting hears that it runs again."""

@@ -187,7 +187,7 @@ async def prune(pool: AsyncConnectionPool, retention: float, *, batch: int = PRU
                 max_batches: int = PRUNE_MAX_BATCHES) -> int:
     """Retention: delete lone jobs finished more than `retention` seconds ago, finished groups as
     old with their members and callbacks, and finished workflow runs, in bounded batches (one
-    short transaction each). A
+    short transaction each; at most `max_batches` of jobs, and of runs, a call). A
     member is kept while its group is unfinished. Returns the rows deleted."""
     params = {"retention": retention, "limit": batch}
     deleted = 0
@@ -200,7 +200,14 @@ async def prune(pool: AsyncConnectionPool, retention: float, *, batch: int = PRU
                 break
     async with pool.connection() as conn:
         deleted += (await conn.execute(gq.PRUNE_GROUPS, params)).rowcount
-        deleted += (await conn.execute(wq.PRUNE_RUNS, params)).rowcount
+    # Runs as many batches as jobs: one batch a prune (at most once a minute) fell behind for
+    # good once runs finished faster than that, and the finished ones piled up.
+    for _ in range(max_batches):
+        async with pool.connection() as conn:
+            n = (await conn.execute(wq.PRUNE_RUNS, params)).rowcount
+        deleted += n
+        if n < batch:
+            break
     if deleted:
         log.info("retention: deleted %d finished jobs and groups older than %g s", deleted, retention)
     return deleted
