@@ -577,8 +577,10 @@ WITH target AS (
 SELECT m.id, m.state FROM moved m CROSS JOIN rung CROSS JOIN told
 """
 
-# name: job_group (retry_failed refuses a group member: its failure is counted in its group)
-JOB_GROUP = "SELECT group_id FROM livepush_jobs WHERE id = %(id)s"
+# name: job_group (retry_failed refuses a group member: its failure is counted in its group; and
+# a workflow step's job: its failure ended its run). Neither column of a job ever changes: no
+# race with the statement that follows.
+JOB_GROUP = "SELECT group_id, workflow_id FROM livepush_jobs WHERE id = %(id)s"
 
 # name: retry_failed
 # A failed job gets a fresh set of attempts and runs again now. Only from 'failed'; the row lock

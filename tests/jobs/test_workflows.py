@@ -175,6 +175,22 @@ async def test_a_failed_step_fails_the_run(flows_db: str) -> None:
     assert "step 'first' failed: ValueError: first fails" in done["error"]
 
 
+async def test_retrying_the_failed_job_of_a_step_is_refused(flows_db: str) -> None:
+    """The job of a step that failed for good ended its run, which does not go on: jobs.retry_failed()
+    of it is refused naming the run, and the job keeps its failure. (It returned True, and the
+    job, run again, ended cancelled at once without running the step: the run stayed failed and
+    the job's error was lost.)"""
+    async with running():
+        run = await wd.verbs.astart({"first": "fail"})
+        done = await run_state(run.id, "failed")
+        job_id = done["steps"]["first"]["job"]
+        with pytest.raises(ValueError, match=f"job {job_id} ran a step of workflow run {run.id}, which ended"):
+            await asyncio.to_thread(jobs.retry_failed, job_id)
+    assert q(flows_db, "SELECT j.state, p.error FROM livepush_jobs j JOIN livepush_job_payloads p USING (id) "
+                       "WHERE j.id = %s", (job_id,)) == [("failed", "ValueError: first fails")]
+    assert jobs.workflows.get(run.id)["state"] == "failed"
+
+
 async def test_a_rolling_deploy_that_adds_a_step_runs_it_on_the_newer_runtimes(
         flows_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run started by a newer deploy reaches a step the older deploy's runtimes do not define:

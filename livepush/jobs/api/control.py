@@ -92,21 +92,28 @@ async def _atagged_unfinished(tag: str) -> list[int]:
 
 def retry_failed(job_id: int) -> bool:
     """Run a failed job again now, with a fresh set of attempts. False unless it was failed. A task
-    group's member is refused (GroupClosedError): its failure is counted in its group."""
+    group's member is refused (GroupClosedError): its failure is counted in its group. So is a
+    workflow step's job (ValueError): its failure ended its run, which does not go on (run again,
+    the job would end cancelled at once, its error lost)."""
     job_id = checked_id(job_id, "job_id")
     with database.connection() as conn:
-        _refuse_member(conn, job_id, "add a new member (or start a new group) instead")
+        found = _refuse_member(conn, job_id, "add a new member (or start a new group) instead")
+        if found is not None and found[1] is not None:
+            raise ValueError(f"job {job_id} ran a step of workflow run {found[1]}, which ended when it failed: a "
+                             "run does not go on once it ended; start a new run")
         rows = conn.execute(queries.RETRY_FAILED, {"id": job_id}).fetchall()
     return bool(rows)
 
 
-def _refuse_member(conn: Any, job_id: int, instead: str) -> None:
+def _refuse_member(conn: Any, job_id: int, instead: str) -> tuple[Any, ...] | None:
     """GroupClosedError if the job is a task group's member: its group counted its failure, so
-    its row must stay as it is (a job's group never changes: no race with this read)."""
+    its row must stay as it is (a job's group never changes: no race with this read). Returns
+    the job's (group_id, workflow_id), None for no such job."""
     found = conn.execute(queries.JOB_GROUP, {"id": job_id}).fetchone()
     if found is not None and found[0] is not None:
         raise GroupClosedError(f"job {job_id} is a member of task group {found[0]}, which counted its failure: "
                                f"{instead}")
+    return found
 
 
 def discard_failed(job_id: int) -> bool:
