@@ -32,9 +32,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import psycopg
-from psycopg.rows import tuple_row
 
-from ..postgres.connect import translated
+from ..postgres.connect import cursor_on, translated
 from ..channels import ListenerSlot
 from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
@@ -195,17 +194,6 @@ def _many_statements(encoded: list[tuple[Topic, str]]) -> tuple[list[int] | None
     return order, [json.dumps(chunk, ensure_ascii=False, separators=(",", ":")) for chunk in chunks]
 
 
-def _callers(conn: psycopg.Connection[Any]) -> psycopg.Cursor[tuple[Any, ...]]:
-    """A cursor on the caller's connection (conn=) that makes tuples and binds server-side, as our
-    statements expect, whatever row or cursor factory the caller gave the connection."""
-    return psycopg.Cursor(conn, row_factory=tuple_row)
-
-
-def _acallers(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[tuple[Any, ...]]:
-    """_callers() for an AsyncConnection."""
-    return psycopg.AsyncCursor(conn, row_factory=tuple_row)
-
-
 class PostgresFanOut(FanOut):
     name = "postgres"
 
@@ -223,7 +211,7 @@ class PostgresFanOut(FanOut):
         if conn is not None:
             if not isinstance(conn, psycopg.Connection):
                 raise TypeError("publish(conn=) takes a psycopg.Connection; use apublish() for an AsyncConnection")
-            with _callers(conn) as cur:
+            with cursor_on(conn) as cur:
                 row = cur.execute(PUBLISH, (topic, text)).fetchone()
         else:
             with translated(self.url), self._pools.sync().connection() as c:
@@ -237,7 +225,7 @@ class PostgresFanOut(FanOut):
         if conn is not None:
             if not isinstance(conn, psycopg.AsyncConnection):
                 raise TypeError("apublish(conn=) takes a psycopg.AsyncConnection; use publish() for a sync Connection")
-            async with _acallers(conn) as acur:
+            async with cursor_on(conn) as acur:
                 row = await (await acur.execute(PUBLISH, (topic, text))).fetchone()
         else:
             with translated(self.url):
@@ -257,7 +245,7 @@ class PostgresFanOut(FanOut):
                                 "AsyncConnection")
             # In autocommit each statement would commit alone: the batch is one transaction still.
             with conn.transaction() if conn.autocommit and len(statements) > 1 else contextlib.nullcontext(), \
-                    _callers(conn) as cur:
+                    cursor_on(conn) as cur:
                 got = [cur.execute(PUBLISH_MANY, (doc,)).fetchone() for doc in statements]
         else:
             # The pool's connections are in autocommit: a batch of one statement is one round trip.
@@ -276,7 +264,7 @@ class PostgresFanOut(FanOut):
                 raise TypeError("apublish_many(conn=) takes a psycopg.AsyncConnection; use publish_many() for a "
                                 "sync Connection")
             async with conn.transaction() if conn.autocommit and len(statements) > 1 else contextlib.nullcontext(), \
-                    _acallers(conn) as acur:
+                    cursor_on(conn) as acur:
                 for doc in statements:
                     got.append(await (await acur.execute(PUBLISH_MANY, (doc,))).fetchone())
         else:

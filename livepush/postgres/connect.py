@@ -13,11 +13,22 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+import psycopg.rows
 from psycopg_pool import PoolTimeout
 
 from ..config import get_settings
 from ..errors import ConfigError, DependencyError, SchemaError, first_line
 from .urls import check_url, redact
+
+def cursor_on(conn: Any, row_factory: Any = None) -> Any:
+    """A cursor on a caller's connection (`conn=`) that binds as livepush's statements are written
+    (`%(name)s`, on the server) and makes tuples (or `row_factory`'s rows), whatever row or cursor
+    factory the caller gave the connection: dict rows or a RawCursor's `$1` would break them."""
+    factory = row_factory or psycopg.rows.tuple_row
+    if isinstance(conn, psycopg.AsyncConnection):
+        return psycopg.AsyncCursor(conn, row_factory=factory)
+    return psycopg.Cursor(conn, row_factory=factory)
+
 
 CONNECT_TIMEOUT = 5  # seconds; a server that does not answer fails the command rather than hanging it
 

@@ -6,6 +6,7 @@ import datetime
 from typing import Any
 
 import psycopg
+import psycopg.rows
 import pytest
 from psycopg import sql
 
@@ -79,6 +80,30 @@ def test_conn_enqueue_rings_the_doorbell_at_commit(jobs_db: str) -> None:
             conn.commit()
         notes = list(listener.notifies(timeout=5, stop_after=1))
     assert [n.channel for n in notes] == ["livepush_jobs"]
+
+
+@pytest.mark.parametrize("factories", [{"row_factory": psycopg.rows.dict_row}, {"cursor_factory": psycopg.RawCursor}],
+                         ids=["dict_rows", "raw_cursor"])
+async def test_conn_takes_the_callers_connection_whatever_its_factories(
+        jobs_db: str, factories: dict[str, Any]) -> None:
+    """conn= takes the caller's connection as it is, one made with dict rows (as many apps
+    configure theirs) or a raw cursor ($1 placeholders) too: enqueues, a group block and a signal
+    run in its transaction and give the same handles as on any connection."""
+    from livepush import jobs
+
+    with psycopg.connect(jobs_db, **factories) as conn:
+        one = sample_jobs.record.enqueue("x", conn=conn)
+        many = enqueue_many([sample_jobs.record.request(1), sample_jobs.record.request(2)], conn=conn)
+        with jobs.group(conn=conn) as g:
+            g.enqueue(sample_jobs.record, 3)
+        signal(one.id, "go", {"n": 1}, conn=conn)
+        conn.commit()
+    async with await psycopg.AsyncConnection.connect(jobs_db, **factories) as aconn:
+        aone = await sample_jobs.record.aenqueue("y", conn=aconn)
+        await aconn.commit()
+    ids = [one.id, *(h.id for h in many), *(m.id for m in g.members), aone.id]
+    assert sorted(ids) == [r[0] for r in q(jobs_db, "SELECT id FROM livepush_jobs WHERE group_id IS NULL "
+                                                    "OR group_id = %s ORDER BY id", (g.id,))]
 
 
 async def test_aenqueue_with_async_connection(jobs_db: str) -> None:

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
 from typing import Any
 
-from ...postgres.connect import translated
+from ...postgres.connect import cursor_on, translated
 from ...postgres.pools import aautocommitted, autocommitted
 from .. import database, queries
 from .args import check_args, dumps, name_refused
@@ -254,8 +254,8 @@ def run_batch(batch: Batch, conn: Any = None, debounce: float | None = None) -> 
     else:
         if database.conn_kind(conn) != "sync":
             raise TypeError("enqueue(conn=) takes a sync psycopg Connection; use aenqueue() with an AsyncConnection")
-        with translated(url):
-            rows = conn.execute(sql, params).fetchall()
+        with translated(url), cursor_on(conn) as cur:
+            rows = cur.execute(sql, params).fetchall()
     return [JobHandle(row[0], row[1]) for row in rows]
 
 
@@ -272,7 +272,8 @@ async def arun_batch(batch: Batch, conn: Any = None, debounce: float | None = No
         if database.conn_kind(conn) != "async":
             raise TypeError("aenqueue(conn=) takes a psycopg AsyncConnection; use enqueue() with a sync Connection")
         with translated(url):
-            rows = await (await conn.execute(sql, params)).fetchall()
+            async with cursor_on(conn) as cur:
+                rows = await (await cur.execute(sql, params)).fetchall()
     return [JobHandle(row[0], row[1]) for row in rows]
 
 

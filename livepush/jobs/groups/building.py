@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from ...postgres.connect import translated
+from ...postgres.connect import cursor_on, translated
 from ...postgres.text import BIGINT_MAX
 from .. import database
 from ..api.enqueue import Batch, is_spec, item, run_at
@@ -195,7 +195,8 @@ class GroupBuilder:
             check_conn(self._conn, "sync")  # before the id is reserved on it
         with translated(database.database_url()):
             if self._conn is not None:
-                self._id = int(self._conn.execute(gq.RESERVE_GROUP_ID).fetchone()[0])
+                with cursor_on(self._conn) as cur:
+                    self._id = int(cur.execute(gq.RESERVE_GROUP_ID).fetchone()[0])
             else:
                 with database.pools().sync().connection() as own:
                     self._id = int(own.execute(gq.RESERVE_GROUP_ID).fetchone()[0])  # type: ignore[index]
@@ -213,7 +214,8 @@ class GroupBuilder:
             check_conn(self._conn, "async")
         with translated(database.database_url()):
             if self._conn is not None:
-                row = await (await self._conn.execute(gq.RESERVE_GROUP_ID)).fetchone()
+                async with cursor_on(self._conn) as cur:
+                    row = await (await cur.execute(gq.RESERVE_GROUP_ID)).fetchone()
             else:
                 async with (await database.pools().aget()).connection() as own:
                     row = await (await own.execute(gq.RESERVE_GROUP_ID)).fetchone()

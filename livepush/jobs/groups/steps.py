@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 
+from ...postgres.connect import cursor_on
 from ..api.args import encode
 from ..api.registry import JobRequest
 from ..errors import InvalidArgumentsError
@@ -44,7 +45,7 @@ def run(conn: psycopg.Connection, steps: Steps[T]) -> T:
     try:
         query = next(steps)
         while True:
-            with conn.cursor(row_factory=dict_row) as cur:
+            with cursor_on(conn, dict_row) as cur:
                 cur.execute(query.sql, query.params)  # type: ignore[arg-type]
                 rows = cur.fetchall() if cur.description else []
             query = steps.send(rows)
@@ -56,7 +57,7 @@ async def arun(aconn: psycopg.AsyncConnection, steps: Steps[T]) -> T:
     try:
         query = next(steps)
         while True:
-            async with aconn.cursor(row_factory=dict_row) as cur:
+            async with cursor_on(aconn, dict_row) as cur:
                 await cur.execute(query.sql, query.params)  # type: ignore[arg-type]
                 rows = await cur.fetchall() if cur.description else []
             query = steps.send(rows)
