@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import os
+import threading
 from typing import Any
 
 import psycopg
@@ -193,3 +194,18 @@ async def slow_step(ctx: Any, seconds: float) -> str:
 async def checkpoint_then_hold(ctx: Any, flag: str) -> None:
     await ctx.checkpoint("fetched", body, ctx, "fetched")
     await until_flag(flag)
+
+
+# Checkpoints whose sync functions must all run at once (a barrier of TOGETHER): they can only
+# if each gets a thread of its own.
+TOGETHER = 40
+_together = threading.Barrier(TOGETHER)
+
+
+def _meet() -> int:
+    return _together.wait(timeout=15)
+
+
+@jobs.job(name="d.checkpoint_together", max_attempts=1)
+async def checkpoint_together(ctx: Any) -> Any:
+    return await ctx.checkpoint("meet", _meet)

@@ -533,3 +533,13 @@ async def test_a_signal_from_a_repeatable_read_transaction_is_never_missed(durab
                 await jobs.asignal(h.id, "approval", {"by": "ana"})  # the caller's retry
             done = await wait_state(h.id, "succeeded")
     assert done.result == [{"by": "ana"}]
+
+
+async def test_sync_checkpoint_functions_run_side_by_side_up_to_the_runtimes_concurrency(durable_db: str) -> None:
+    """A checkpoint's sync function runs in a thread of the runtime's, as a sync job does: as many
+    run at once as the runtime has slots (the loop's default pool has a few threads, and the others
+    waited there with their slots held)."""
+    handles = [await dj.checkpoint_together.aenqueue() for _ in range(dj.TOGETHER)]
+    async with running(concurrency=dj.TOGETHER):
+        for h in handles:
+            assert (await wait_state(h.id, "succeeded", timeout=30)).state == "succeeded"

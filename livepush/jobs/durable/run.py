@@ -171,8 +171,10 @@ class DurableRun:
         if inspect.iscoroutinefunction(fn):
             result = await fn(*args)
         else:
-            # A sync function may block (a request, a file): not on the loop the runtime's jobs share.
-            result = await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
+            # A sync function may block (a request, a file): not on the loop the runtime's jobs share,
+            # and in the runtime's threads, as sync jobs run (the loop's default pool has only a few).
+            threads = getattr(self.ctx, "threads", None)
+            result = await asyncio.get_running_loop().run_in_executor(threads, functools.partial(fn, *args))
             if inspect.isawaitable(result):
                 result = await result
         return await self.store(name, result, fingerprint)
