@@ -690,3 +690,21 @@ def test_every_member_gets_its_enqueued_event(groups_db: str, fanout: str) -> No
         evs = events_of(groups_db, job_id)
         assert [e["event"] for e in evs] == ["enqueued", "started", "succeeded"], job_id
         assert evs[0]["job"]["state"] == "available"
+
+
+def test_retention_works_off_a_backlog_of_finished_groups_as_it_does_jobs(groups_db: str) -> None:
+    """One prune deletes up to max_batches batches of expired groups, as it does jobs: groups that
+    finish faster than one batch per prune (a runtime prunes at most once a minute) are still
+    deleted, rather than piling up behind a single batch a minute."""
+    q(groups_db, """INSERT INTO livepush_groups (id, shards, state, finished_at)
+                    SELECT nextval('livepush_groups_id_seq'), 1, 'finished', now() - interval '2 days'
+                    FROM generate_series(1, 250)""")
+
+    async def prune() -> int:
+        from psycopg_pool import AsyncConnectionPool
+
+        async with AsyncConnectionPool(groups_db, min_size=1, max_size=2, open=False) as pool:
+            return await maintenance.prune(pool, 3600, batch=100, max_batches=5)
+
+    assert asyncio.run(prune()) == 250
+    assert q(groups_db, "SELECT count(*) FROM livepush_groups") == [(0,)]

@@ -187,27 +187,19 @@ async def prune(pool: AsyncConnectionPool, retention: float, *, batch: int = PRU
                 max_batches: int = PRUNE_MAX_BATCHES) -> int:
     """Retention: delete lone jobs finished more than `retention` seconds ago, finished groups as
     old with their members and callbacks, and finished workflow runs, in bounded batches (one
-    short transaction each; at most `max_batches` of jobs, and of runs, a call). A
+    short transaction each; at most `max_batches` of each kind a call). A
     member is kept while its group is unfinished. Returns the rows deleted."""
     params = {"retention": retention, "limit": batch}
     deleted = 0
-    for sql in (gq.PRUNE_JOBS, gq.PRUNE_GROUP_JOBS):
+    # As many batches of each (groups' and runs' rows once their jobs are gone): one batch a prune
+    # (at most once a minute) falls behind for good once they finish faster than that.
+    for sql in (gq.PRUNE_JOBS, gq.PRUNE_GROUP_JOBS, gq.PRUNE_GROUPS, wq.PRUNE_RUNS):
         for _ in range(max_batches):
             async with pool.connection() as conn:
                 n = (await conn.execute(sql, params)).rowcount
             deleted += n
             if n < batch:
                 break
-    async with pool.connection() as conn:
-        deleted += (await conn.execute(gq.PRUNE_GROUPS, params)).rowcount
-    # Runs as many batches as jobs: one batch a prune (at most once a minute) fell behind for
-    # good once runs finished faster than that, and the finished ones piled up.
-    for _ in range(max_batches):
-        async with pool.connection() as conn:
-            n = (await conn.execute(wq.PRUNE_RUNS, params)).rowcount
-        deleted += n
-        if n < batch:
-            break
     if deleted:
         log.info("retention: deleted %d finished jobs and groups older than %g s", deleted, retention)
     return deleted
