@@ -153,6 +153,13 @@ async def test_a_diamond_runs_each_step_once_and_passes_outputs(flows_db: str) -
     assert run.topic == f"workflow:{run.id}"
 
 
+async def test_get_lists_the_steps_in_their_definitions_order(flows_db: str) -> None:
+    """jobs.workflows.get() lists a run's steps as the workflow defines them, as its topic does
+    (the stored object keeps them in another order: jsonb sorts keys by length)."""
+    run = await wd.diamond.astart({"n": 1})
+    assert list(jobs.workflows.get(run.id)["steps"]) == ["fetch", "left", "right", "join"]
+
+
 async def test_the_workflow_topic_shows_every_step(flows_db: str) -> None:
     """workflow:<id> reads the run with each step's state, attempt and group, steps in order."""
     async with running():

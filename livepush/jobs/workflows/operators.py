@@ -194,8 +194,10 @@ async def asignal_run(run_id: int, name: str, data: Any = None, *, actor: str | 
 
 def _run(row: dict[str, Any], audit: list[dict[str, Any]]) -> dict[str, Any]:
     view = workflow_view(row)
-    view["steps"] = {name: {k: s.get(k) for k in ("state", "attempt", "group", "batch", "output", "error", "job")}
-                     for name, s in row["steps"].items()}
+    # In the view's order (the definition's), not the stored object's: jsonb orders keys by length.
+    view["steps"] = {name: {k: row["steps"][name].get(k) for k in ("state", "attempt", "group", "batch", "output",
+                                                                   "error", "job")}
+                     for name in view["steps"]}
     return {**view, "output": row["output"], "error": row["error"], "created_at": row["created_at"],
             "finished_at": row["finished_at"], "audit": audit}
 
