@@ -101,7 +101,11 @@ def test_a_workflow_and_step_name_that_make_a_taken_job_name_are_refused() -> No
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"on_timeout": "explode", "wait_for": "x"}, "on_timeout='explode'"),
+    ({"on_timeout": "explode", "wait_for": "x", "wait_timeout": 5}, "on_timeout='explode'"),
+    # Options that mean nothing without another are refused, not silently ignored.
+    ({"on_timeout": "skip", "wait_for": "x"}, "on_timeout= says what a timed-out signal wait does"),
+    ({"on_timeout": "skip"}, "on_timeout= says what a timed-out signal wait does"),
+    ({"on_batch_failure": "fail"}, "on_batch_failure= is for a fan-out step"),
     ({"wait_timeout": 5}, "wait_timeout= takes a positive number of seconds, at most 100 years, with wait_for="),
     # The step's wait could never start: infinity is no JSON, and Postgres' dates end.
     ({"wait_for": "go", "wait_timeout": float("inf")}, "at most 100 years, with wait_for=; got inf"),

@@ -113,6 +113,13 @@ class Workflow:
             raise WorkflowDefinitionError(f"{where}: step {name!r} names a step twice in after={list(deps)}")
         wait_for = options.pop("wait_for", None)
         wait_timeout = options.pop("wait_timeout", None)
+        # Options that only mean something with another, refused without it rather than ignored.
+        if "on_timeout" in options and wait_timeout is None:
+            raise WorkflowDefinitionError(f"{where}: step {name!r} on_timeout= says what a timed-out signal wait "
+                                          "does: give it with wait_for= and wait_timeout=, or drop it")
+        if "on_batch_failure" in options and kind != "fan_out":
+            raise WorkflowDefinitionError(f"{where}: step {name!r} on_batch_failure= is for a fan-out step's "
+                                          "batch: use @flow.fan_out(...), or drop it")
         on_timeout = options.pop("on_timeout", "fail")
         on_batch_failure = options.pop("on_batch_failure", "pause")
         if kind == "fan_out" and wait_for is not None:
