@@ -180,3 +180,20 @@ async def until_flag(flag: str, interval: float = 0.05) -> None:
         if row:
             return
         await asyncio.sleep(interval)
+
+
+# What a job may raise that is not an Exception (SystemExit: sys.exit() in a library it calls).
+# A runtime installs its own signal handlers, so a KeyboardInterrupt inside a job is the job's own.
+EXITS = {"exit": lambda: SystemExit(3), "interrupt": KeyboardInterrupt}
+
+
+@jobs.job(name="t.exits", max_attempts=2, backoff=lambda attempt: 0.0)
+async def exits(ctx: Any, how: str) -> None:
+    await note(ctx, "start")
+    raise EXITS[how]()
+
+
+@jobs.job(name="t.exits_sync", max_attempts=2, backoff=lambda attempt: 0.0)
+def exits_sync(ctx: Any, how: str) -> None:
+    note_sync(ctx, "start")
+    raise EXITS[how]()

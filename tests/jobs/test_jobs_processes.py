@@ -193,3 +193,29 @@ def test_a_killed_runtime_process_its_parent_has_not_reaped_counts_as_gone() -> 
         child.kill()
         child.wait(5)
     assert _process_exists(os.getpid())
+
+
+
+@pytest.mark.parametrize("how", ["exit", "interrupt"])
+@pytest.mark.parametrize("job", ["exits", "exits_sync"])
+def test_a_job_raising_systemexit_or_keyboardinterrupt_fails_its_attempt_not_the_runtime(
+        jobs_db: str, start_runtime: Callable[..., ChildProcess], job: str, how: str) -> None:
+    """A job that raises SystemExit (sys.exit() in a library it calls) or KeyboardInterrupt fails
+    that attempt like any other exception and is retried: the runtime runs on, and the other job
+    it holds meanwhile finishes with its first attempt."""
+    child = start_runtime()
+    other = sample_jobs.wait_flag.enqueue("go")
+    wait_for(lambda: count(jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s", (other.id,)) == 1, 15.0,
+             message="the other job to start")
+    h = getattr(sample_jobs, job).enqueue(how)
+    wait_for(lambda: q(jobs_db, "SELECT state FROM livepush_jobs WHERE id = %s", (h.id,)) == [("failed",)]
+             or not child.running, 15.0, message="the job to fail its two attempts")
+    assert child.running, child.output()
+    error = {"exit": "SystemExit: 3", "interrupt": "KeyboardInterrupt"}[how]
+    assert jobs.get_job(h.id).error == error  # type: ignore[union-attr]
+    assert q(jobs_db, "SELECT attempt, pid FROM job_runs WHERE job_id = %s ORDER BY attempt", (h.id,)) == [
+        (1, child.pid), (2, child.pid)]
+    q(jobs_db, "INSERT INTO job_flags VALUES ('go')")
+    wait_for(lambda: q(jobs_db, "SELECT state, attempt FROM livepush_jobs WHERE id = %s", (other.id,))
+             == [("succeeded", 1)], 15.0, message="the other job to succeed on its first attempt")
+    assert child.stop() == 0, child.output()

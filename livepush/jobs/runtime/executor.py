@@ -118,9 +118,11 @@ async def execute(
         if ctx.released:
             return None
         return Outcome(ctx, "cancelled", error="cancelled")
-    except (KeyboardInterrupt, SystemExit):
-        raise
     except BaseException as exc:  # noqa: BLE001 - any failure of user code fails the attempt
+        # SystemExit and KeyboardInterrupt too: raised here they are the job's own (sys.exit() in
+        # code it calls; the runtime handles SIGINT itself, and a sync job's come from its
+        # thread). Re-raised, they ended the whole process at once: every job in hand lost its
+        # attempt to the rescue, and the runtime's row stayed until then.
         if ctx.released:
             return None
         if ctx.timed_out:
