@@ -182,9 +182,11 @@ async def until_flag(flag: str, interval: float = 0.05) -> None:
         await asyncio.sleep(interval)
 
 
-# What a job may raise that is not an Exception (SystemExit: sys.exit() in a library it calls).
-# A runtime installs its own signal handlers, so a KeyboardInterrupt inside a job is the job's own.
-EXITS = {"exit": lambda: SystemExit(3), "interrupt": KeyboardInterrupt}
+# What a job may raise that is not an Exception (SystemExit: sys.exit() in a library it calls;
+# CancelledError: awaiting a future something else cancelled). A runtime installs its own signal
+# handlers, so a KeyboardInterrupt inside a job is the job's own.
+EXITS = {"exit": lambda: SystemExit(3), "interrupt": KeyboardInterrupt, "generator": GeneratorExit,
+         "cancelled": asyncio.CancelledError}
 
 
 @jobs.job(name="t.exits", max_attempts=2, backoff=lambda attempt: 0.0)

@@ -331,3 +331,18 @@ async def test_a_backoff_that_raises_still_retries_the_job(jobs_db: str) -> None
         after = await sample_jobs.record.aenqueue("after")
         await wait_state(after.id, "succeeded")
         assert rt.state == "running"
+
+
+@pytest.mark.parametrize("how", ["cancelled", "generator"])
+@pytest.mark.parametrize("job", ["exits", "exits_sync"])
+async def test_a_job_raising_cancellederror_itself_fails_its_attempt(jobs_db: str, job: str, how: str) -> None:
+    """A CancelledError (or GeneratorExit) the job raises itself, with no cancel of it asked for
+    (it awaited a future something else cancelled), fails that attempt and is retried as usual:
+    it is not taken for the runtime's own cancel and given back, attempt unspent, for ever."""
+    async with running() as rt:
+        h = await getattr(sample_jobs, job).aenqueue(how)
+        await wait_state(h.id, "failed")
+        error = {"cancelled": "CancelledError", "generator": "GeneratorExit"}[how]
+        assert (await asyncio.to_thread(jobs.get_job, h.id)).error == error  # type: ignore[union-attr]
+        assert q(jobs_db, "SELECT attempt FROM job_runs WHERE job_id = %s ORDER BY attempt", (h.id,)) == [(1,), (2,)]
+        assert rt.counts == {"retrying": 1, "failed": 1}

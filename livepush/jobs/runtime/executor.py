@@ -100,7 +100,7 @@ async def execute(
         return None
     except Reattempt as again:
         return Outcome(ctx, "released", delay=min(again.seconds, MAX_RETRY_DELAY))
-    except asyncio.CancelledError:
+    except asyncio.CancelledError as exc:
         if ctx.released:
             if task is not None:
                 task.uncancel()
@@ -113,6 +113,12 @@ async def execute(
             if task is not None:
                 task.uncancel()
             return _timeout_failure(fn, ctx)
+        if task is not None and task.cancelling() == 0:
+            # Nobody cancelled this task: the job raised it (it awaited a future something else
+            # cancelled, or raised it itself). Let through, the runtime took it for its own
+            # cancel and gave the job back with its attempt unspent, to run and do it again for
+            # ever: it fails the attempt like any other exception.
+            return _failure(fn, ctx, exc)
         raise
     except JobCancelled:
         if ctx.released:
