@@ -346,3 +346,40 @@ async def test_a_job_raising_cancellederror_itself_fails_its_attempt(jobs_db: st
         assert (await asyncio.to_thread(jobs.get_job, h.id)).error == error  # type: ignore[union-attr]
         assert q(jobs_db, "SELECT attempt FROM job_runs WHERE job_id = %s ORDER BY attempt", (h.id,)) == [(1,), (2,)]
         assert rt.counts == {"retrying": 1, "failed": 1}
+
+
+async def test_jobs_a_claim_returns_after_the_stop_are_given_back_unstarted(jobs_db: str) -> None:
+    """A stop stops claiming: jobs that a claim already on its way returns after the stop are
+    given back untouched (attempt not spent), not started and then cut off when the drain ends.
+    The claim is held at a table lock until the runtime is draining."""
+    import psycopg
+
+    await jobs.apause_queue("second")
+    late = jobs.enqueue_many([sample_jobs.wait_flag.request("late", queue="second")])[0]
+    async with running() as rt:
+        first = await sample_jobs.wait_flag.aenqueue("first")
+        await async_wait_for(lambda: first.id in rt.in_hand, 5.0, message="the first job to be in hand")
+        async with await psycopg.AsyncConnection.connect(jobs_db) as locker:
+            # SHARE: the claim's UPDATE waits for it; reads (the first job's flag) do not.
+            await locker.execute("LOCK TABLE livepush_jobs IN SHARE MODE")
+            await jobs.aresume_queue("second")
+
+            def claim_waits() -> bool:
+                # The plain claim, or the limited one of a name with limits that other test modules
+                # registered (it comes first).
+                return q(jobs_db, """SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+                                     AND wait_event_type = 'Lock' AND (query LIKE '%%picked%%'
+                                     OR query LIKE '%%livepush_claim_limited%%')""")[0][0] == 1
+
+            await async_wait_for(lambda: asyncio.to_thread(claim_waits), 5.0, message="the claim to wait at the lock")
+            rt.stop()  # as SIGTERM: the drain waits for the first job
+            await async_wait_for(lambda: rt.state == "draining", 5.0, message="the runtime to drain")
+        # The lock is gone: the claim returns the late job, while the drain still waits.
+        await async_wait_for(lambda: asyncio.to_thread(
+            lambda: q(jobs_db, "SELECT state, attempt, version = 3 FROM livepush_jobs WHERE id = %s", (late.id,))
+            == [("available", 0, True)] or q(jobs_db, "SELECT 1 FROM job_runs WHERE job_id = %s", (late.id,))),
+            5.0, message="the late job to be given back or started")
+        q(jobs_db, "INSERT INTO job_flags VALUES ('first')")
+        await wait_state(first.id, "succeeded")
+    assert q(jobs_db, "SELECT job_id FROM job_runs WHERE phase = 'start' ORDER BY job_id") == [(first.id,)]
+    assert q(jobs_db, "SELECT state, attempt FROM livepush_jobs WHERE id = %s", (late.id,)) == [("available", 0)]

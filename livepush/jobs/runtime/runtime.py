@@ -653,6 +653,14 @@ class Runtime:
         for row in rows:
             job = ClaimedJob.from_row(row)
             self._completer.started(job)
+            if self._stop.is_set():
+                # A claim on its way when the stop came: the drain no longer waits for these, so
+                # started they would be cut off when it ends. Give them back untouched (attempt
+                # not spent); should the completer have closed already, deregistration does.
+                ctx = JobContext(job, self._completer, pool=self._pool, url=self.url)
+                ctx.released = True
+                self._completer.submit(Outcome(ctx, "released"))
+                continue
             self._start(job)
         return len(rows)
 
