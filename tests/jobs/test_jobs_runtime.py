@@ -383,3 +383,41 @@ async def test_jobs_a_claim_returns_after_the_stop_are_given_back_unstarted(jobs
         await wait_state(first.id, "succeeded")
     assert q(jobs_db, "SELECT job_id FROM job_runs WHERE phase = 'start' ORDER BY job_id") == [(first.id,)]
     assert q(jobs_db, "SELECT state, attempt FROM livepush_jobs WHERE id = %s", (late.id,)) == [("available", 0)]
+
+
+async def test_a_slow_retention_prune_never_holds_up_the_heartbeat(jobs_db: str) -> None:
+    """The heartbeat is what keeps a live runtime's jobs from being rescued: retention's deletes,
+    however long they take (a backlog, a slow disk, a lock: here a lock the test holds), must not
+    delay it past three beats, or another runtime presumes the live one dead and runs its jobs
+    again."""
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(jobs_db) as locker:
+        # Retention's statements delete a job's unread signals too: they wait at this lock.
+        await locker.execute("LOCK TABLE livepush_job_signals IN ACCESS EXCLUSIVE MODE")
+        async with running(queues=["default"], heartbeat=0.3, retention=3600.0) as holder:
+            h = await sample_jobs.wait_flag.aenqueue("go")
+            await async_wait_for(lambda: h.id in holder.in_hand, 5.0, message="the job to be in hand")
+
+            def prune_waits() -> bool:
+                return q(jobs_db, """SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+                                     AND wait_event_type = 'Lock' AND query LIKE '%%livepush_job_signals%%'""")[0][0] > 0
+
+            await async_wait_for(lambda: asyncio.to_thread(prune_waits), 5.0, message="retention to wait at the lock")
+            since = q(jobs_db, "SELECT now()")[0][0]
+            async with running(queues=["second"], heartbeat=0.3, retention=None):  # it rescues what it finds dead
+
+                def beats_on() -> bool:
+                    rows = q(jobs_db, "SELECT heartbeat_at > %s + interval '1.5 s' FROM livepush_job_runtimes "
+                                      "WHERE id = %s", (since, holder.id))
+                    return not rows or rows[0][0]
+
+                await async_wait_for(lambda: asyncio.to_thread(beats_on), 10.0,
+                                     message="five beats while retention waits (or the runtime presumed dead)")
+                assert q(jobs_db, "SELECT count(*) FROM livepush_job_runtimes WHERE id = %s", (holder.id,)) == [(1,)]
+                assert q(jobs_db, "SELECT state, attempt, runtime_id FROM livepush_jobs WHERE id = %s",
+                         (h.id,)) == [("running", 1, holder.id)]
+            q(jobs_db, "INSERT INTO job_flags VALUES ('go')")
+            await wait_state(h.id, "succeeded")
+        await locker.rollback()
+    assert q(jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s AND phase = 'start'", (h.id,)) == [(1,)]

@@ -13,8 +13,9 @@ runtime with an error, so its process exits non-zero):
   when a pause or resume rings, and at least every PAUSED_REFRESH_SECONDS.
 - executor (one task per job): runs the function, hands the outcome to the completer.
 - completer: writes outcomes and progress in batches (see completer.py).
-- heartbeat: beats every `heartbeat` s, prunes dead runtimes and rescues their jobs, cancels
-  groups of children whose parent finished first.
+- heartbeat: beats every `heartbeat` s, prunes dead runtimes and rescues their jobs.
+- housekeeping: every `heartbeat` s, cancels groups of children whose parent finished first and
+  deletes what retention lets go; apart from the heartbeat, which nothing slow may hold up.
 - promoter: makes due scheduled jobs available.
 - periodic (only with periodic jobs on its queues): enqueues each cron tick, once across every
   runtime (livepush/jobs/periodic/scheduler.py), sleeping until the next tick.
@@ -186,7 +187,7 @@ class Runtime:
         self.url = url
         self.install_signals = install_signals
         self.flush_delay = flush_delay
-        # Seconds finished jobs and groups are kept (None: forever); pruned by the heartbeat task.
+        # Seconds finished jobs and groups are kept (None: forever); pruned by the housekeeping task.
         self.retention = retention
         self.publisher = publisher  # where the runtime's own state goes (runtime:<id>, runtimes)
         # Its own listener (when none is given) may connect elsewhere than its pools: past a pooler
@@ -297,6 +298,7 @@ class Runtime:
             self._tasks = [
                 supervise("livepush-jobs-producer", self._produce),
                 supervise("livepush-jobs-heartbeat", self._beat_loop),
+                supervise("livepush-jobs-housekeeping", self._housekeep),
                 supervise("livepush-jobs-promoter", self._promote),
             ]
             schedules = SCHEDULES.served_by(self.registry, self.queues)
@@ -768,14 +770,26 @@ class Runtime:
                     self._group_progress.mark(touched)
                 for job_id in await maintenance.cancel_requests(self._pool, self.id):
                     self._cancel_local(job_id)
-                await maintenance.cancel_orphaned_children(self._pool)
                 if len(self.in_hand) != last_in_hand:
                     last_in_hand = len(self.in_hand)
                     await self._publish_state(self.state)
-                await self._prune()
             except _DB_ERRORS as exc:
                 reraise_if_cancelled()
                 log.warning("heartbeat failed (%s); trying again next beat", exc)
+            await self._pause(self.heartbeat)
+
+    async def _housekeep(self) -> None:
+        """Work that may take long (many deletes, locks held by others), kept off the heartbeat's
+        loop: there, a retention prune or a group cancel slower than two beats got this live
+        runtime presumed dead by the others, and its jobs run again."""
+        assert self._pool is not None
+        while not self._closing.is_set():
+            try:
+                await maintenance.cancel_orphaned_children(self._pool)
+                await self._prune()
+            except _DB_ERRORS as exc:
+                reraise_if_cancelled()
+                log.warning("housekeeping failed (%s); trying again in a beat", exc)
             await self._pause(self.heartbeat)
 
     async def _prune(self) -> None:
