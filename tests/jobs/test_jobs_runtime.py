@@ -421,3 +421,22 @@ async def test_a_slow_retention_prune_never_holds_up_the_heartbeat(jobs_db: str)
             await wait_state(h.id, "succeeded")
         await locker.rollback()
     assert q(jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s AND phase = 'start'", (h.id,)) == [(1,)]
+
+
+async def test_a_cancel_confirmed_in_the_loop_turn_its_job_started_still_stops_it(
+        jobs_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cancel the heartbeat confirms in the very loop turn that started the job (the claim's
+    reply and the heartbeat's read both waiting when the loop wakes), before the job's task ran
+    a step: the job still ends cancelled and its slot frees. Forced here by confirming the cancel
+    right as the job starts."""
+    started = Runtime._start
+
+    def start_then_cancel(self: Runtime, job: ClaimedJob) -> None:
+        started(self, job)
+        self._cancel_local(job.id)
+
+    monkeypatch.setattr(Runtime, "_start", start_then_cancel)
+    async with running() as rt:
+        h = await sample_jobs.wait_flag.aenqueue("never-set")
+        await wait_state(h.id, "cancelled")
+        await async_wait_for(lambda: not rt.in_hand, 5.0, message="the slot to free")

@@ -76,6 +76,15 @@ _DB_ERRORS = (psycopg.Error, DependencyError)
 PAUSED_REFRESH_SECONDS = 0.5
 
 
+def _cancel_once_started(task: asyncio.Task[None]) -> None:
+    """Cancel a job's task, but not before it ran its first step. A task cancelled before that
+    never enters its coroutine: _run_job's handlers and its `finally` never run, so the job was
+    neither ended nor let go of (its slot taken and its row `running` until the runtime stopped).
+    Its first step is already in the loop's queue (create_task put it there), so this, queued
+    after it, comes once the job awaits."""
+    asyncio.get_running_loop().call_soon(task.cancel)
+
+
 class _InHand:
     __slots__ = ("ctx", "task", "is_async", "deadline")
 
@@ -532,7 +541,7 @@ class Runtime:
         entry.ctx.cancel_requested = True
         log.info("job %s: cancel requested; stopping it at its next await or progress call", job_id)
         if entry.is_async:
-            entry.task.cancel()
+            _cancel_once_started(entry.task)
 
     # -- producer -----------------------------------------------------------------------------
     async def _produce(self) -> None:
@@ -711,7 +720,7 @@ class Runtime:
         self.in_hand[job.id] = _InHand(ctx, task, fn.is_async)
         self.peak_in_hand = max(self.peak_in_hand, len(self.in_hand))
         if ctx.cancel_requested and fn.is_async:
-            task.cancel()
+            _cancel_once_started(task)
 
     def _on_ended(self, names: Iterator[str]) -> None:
         """The completer committed outcomes of jobs with these names. A limited one's slot is free
