@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import sys
 import time
 from typing import Any
 
@@ -199,3 +200,19 @@ async def exits(ctx: Any, how: str) -> None:
 def exits_sync(ctx: Any, how: str) -> None:
     note_sync(ctx, "start")
     raise EXITS[how]()
+
+
+# Timeouts too long to ever pass: as good as none.
+@jobs.job(name="t.endless_timeout", timeout=sys.float_info.max, max_attempts=1)
+async def endless_timeout(ctx: Any) -> None:
+    await note(ctx, "done")
+
+
+@jobs.job(name="t.endless_timeout_int", timeout=10**400, max_attempts=1)
+async def endless_timeout_int(ctx: Any) -> None:
+    await note(ctx, "done")
+
+
+@jobs.job(name="t.endless_timeout_sync", timeout=10**400, max_attempts=1)
+def endless_timeout_sync(ctx: Any) -> None:
+    note_sync(ctx, "done")

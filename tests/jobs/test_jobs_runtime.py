@@ -440,3 +440,12 @@ async def test_a_cancel_confirmed_in_the_loop_turn_its_job_started_still_stops_i
         h = await sample_jobs.wait_flag.aenqueue("never-set")
         await wait_state(h.id, "cancelled")
         await async_wait_for(lambda: not rt.in_hand, 5.0, message="the slot to free")
+
+
+@pytest.mark.parametrize("job", ["endless_timeout", "endless_timeout_int", "endless_timeout_sync"])
+async def test_a_timeout_too_long_to_ever_pass_is_as_good_as_none(jobs_db: str, job: str) -> None:
+    """The decorator takes any positive timeout: one longer than any clock can count to
+    (sys.float_info.max, 10**400) never passes, like float("inf"), and the job runs to its end."""
+    async with running():
+        h = await getattr(sample_jobs, job).aenqueue()
+        await wait_state(h.id, "succeeded")

@@ -20,6 +20,15 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 GRAIN = 0.05  # seconds: how late a timeout may fire
+# Seconds (a hundred years) past which a timeout never passes in any process's life: as good as
+# none. Further out, the loop's clock plus it may not even be a number (sys.float_info.max
+# overflows to infinity, 10**400 to an OverflowError), which failed every run of the job.
+FOREVER = 100 * 366 * 86400.0
+
+
+def effective(seconds: float | None) -> float | None:
+    """A job's timeout as the runtime keeps it: None for none, infinite or past FOREVER."""
+    return seconds if seconds is not None and seconds < FOREVER else None
 
 
 class Deadlines(Generic[T]):
@@ -32,8 +41,8 @@ class Deadlines(Generic[T]):
 
     def add(self, item_id: int, seconds: float, item: T) -> int | None:
         """Expire `item` `seconds` from now (at most GRAIN later) unless discarded first; returns
-        the bucket to pass to discard(), or None for an infinite time (nothing to expire)."""
-        if not math.isfinite(seconds):
+        the bucket to pass to discard(), or None for a time that never comes (nothing to expire)."""
+        if effective(seconds) is None:
             return None
         loop = asyncio.get_running_loop()
         key = math.ceil((loop.time() + seconds) / GRAIN)

@@ -31,6 +31,7 @@ from ..errors import (
     SignalTimeout,
 )
 from .context import JobContext, SyncJobContext
+from .deadlines import effective
 
 log = logging.getLogger("livepush.jobs")
 
@@ -85,7 +86,7 @@ async def execute(
         else:
             sync_ctx = SyncJobContext(ctx, loop)
             future = loop.run_in_executor(pool, functools.partial(fn.func, sync_ctx, *job.args))
-            done, _ = await asyncio.wait({future}, timeout=fn.timeout)
+            done, _ = await asyncio.wait({future}, timeout=effective(fn.timeout))
             if not done:
                 # The thread keeps running; its result is dropped and its lease is gone by then.
                 future.cancel()
