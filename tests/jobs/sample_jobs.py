@@ -18,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from livepush import jobs
 from livepush.jobs import database
+from livepush.jobs.api.functions import INT4_MAX
 
 RUNS_TABLE = """
 CREATE TABLE IF NOT EXISTS job_runs (
@@ -216,3 +217,10 @@ async def endless_timeout_int(ctx: Any) -> None:
 @jobs.job(name="t.endless_timeout_sync", timeout=10**400, max_attempts=1)
 def endless_timeout_sync(ctx: Any) -> None:
     note_sync(ctx, "done")
+
+
+@jobs.job(name="t.retries_for_ever", max_attempts=INT4_MAX)
+async def retries_for_ever(ctx: Any) -> None:
+    """Fails every attempt, on the default backoff: retried for as long as anyone waits."""
+    await note(ctx, "start")
+    raise RuntimeError(f"attempt {ctx.attempt}")

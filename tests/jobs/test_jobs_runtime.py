@@ -449,3 +449,15 @@ async def test_a_timeout_too_long_to_ever_pass_is_as_good_as_none(jobs_db: str, 
     async with running():
         h = await getattr(sample_jobs, job).aenqueue()
         await wait_state(h.id, "succeeded")
+
+
+async def test_the_default_backoff_retries_a_job_on_its_thousandth_attempt_and_later(jobs_db: str) -> None:
+    """max_attempts takes any int Postgres stores: a job that has failed a thousand times and more
+    (hourly, on the default backoff's cap) is still retried an hour later, never left running."""
+    h = await sample_jobs.retries_for_ever.aenqueue()
+    q(jobs_db, "UPDATE livepush_jobs SET attempt = 1500 WHERE id = %s", (h.id,))  # as after 1500 failures
+    async with running():
+        await wait_state(h.id, "scheduled")
+    (attempt, due_in), = q(jobs_db, "SELECT attempt, extract(epoch FROM run_at - now()) FROM livepush_jobs "
+                                    "WHERE id = %s", (h.id,))
+    assert attempt == 1501 and 2600 < due_in <= 3600  # an hour, less up to 25 % of jitter

@@ -23,7 +23,9 @@ MAX_BACKOFF = 3600.0
 def default_backoff(attempt: int) -> float:
     """Seconds before retry number `attempt` (1 after the first failure): about 2^attempt,
     jittered by ±25 % so a burst of failures does not come back as a burst, capped at an hour."""
-    base = min(2.0 ** attempt, MAX_BACKOFF)
+    # The exponent is capped (2^12 s is past the cap already): 2.0 ** 1024 overflows, and raised
+    # in the executor's failure path it left the job `running` for good.
+    base = min(2.0 ** min(attempt, 12), MAX_BACKOFF)
     return min(base * random.uniform(0.75, 1.25), MAX_BACKOFF)
 
 
