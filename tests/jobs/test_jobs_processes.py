@@ -14,6 +14,7 @@ import pytest
 from livepush import jobs
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import events_of, names_of, q, runtime_starter
+from tests.support import services
 from tests.support.procs import ChildProcess, Processes
 from tests.support.waiting import wait_for
 
@@ -219,3 +220,24 @@ def test_a_job_raising_systemexit_or_keyboardinterrupt_fails_its_attempt_not_the
     wait_for(lambda: q(jobs_db, "SELECT state, attempt FROM livepush_jobs WHERE id = %s", (other.id,))
              == [("succeeded", 1)], 15.0, message="the other job to succeed on its first attempt")
     assert child.stop() == 0, child.output()
+
+
+def test_a_second_signal_ends_a_runtime_whose_postgres_is_down(jobs_db: str,
+                                                             start_runtime: Callable[..., ChildProcess]) -> None:
+    """With Postgres down, a stopping runtime can write nothing: not its state, not its jobs'
+    outcomes, not its deregistration, and it waits for Postgres to come back. A second signal
+    still ends it at once, as it promises; what it could not write is left as after a crash (the
+    rescue releases its jobs once Postgres is back)."""
+    child = start_runtime("--shutdown-timeout", "60")
+    h = sample_jobs.progress.enqueue(100, 0.1)  # touches no database while it runs: 10 s of progress
+    wait_for(lambda: q(jobs_db, "SELECT state FROM livepush_jobs WHERE id = %s", (h.id,)) == [("running",)], 10.0,
+             message="the job to run")
+    with services.pg_down("fast"):
+        child.signal(signal.SIGTERM)
+        wait_for(lambda: "draining" in child.stderr(), 10.0, message="the runtime to drain")
+        child.signal(signal.SIGTERM)
+        assert child.wait(10) == 0, child.output()
+    other = start_runtime()
+    wait_for(lambda: q(jobs_db, "SELECT state FROM livepush_jobs WHERE id = %s", (h.id,)) == [("succeeded",)], 60.0,
+             message="the job, rescued, to succeed on the other runtime")
+    assert other.stop() == 0, other.output()

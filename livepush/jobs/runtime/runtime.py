@@ -36,9 +36,10 @@ import os
 import re
 import signal
 import socket
+import time
 import traceback
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Awaitable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -65,6 +66,7 @@ from .deadlines import Deadlines
 from .executor import Outcome, execute
 
 log = logging.getLogger("livepush.jobs")
+T = TypeVar("T")
 
 # A cancel or group progress notification names at most this many ids
 # (livepush_jobs_cancel_requested(), livepush_groups_unrung()).
@@ -74,6 +76,9 @@ _DB_ERRORS = (psycopg.Error, DependencyError)
 # The longest a runtime goes on claiming from a queue after its pause committed, should the pause's
 # ring be lost: the paused set is read again before a claim once it is this old.
 PAUSED_REFRESH_SECONDS = 0.5
+# Seconds the stop's last writes (outcomes, deregistration, state) still get after a second
+# signal, all together: enough for a healthy Postgres, short for one that is down.
+STOP_NOW_GRACE = 2.0
 
 
 def _cancel_once_started(task: asyncio.Task[None]) -> None:
@@ -242,6 +247,7 @@ class Runtime:
         self._slot_freed = asyncio.Event()
         self._stop = asyncio.Event()
         self._stop_now = asyncio.Event()
+        self._stopped_now_at: float | None = None  # time.monotonic() of the second signal
         self._started = asyncio.Event()
         self._closing = asyncio.Event()  # side tasks end their loops when set
         self._tasks: list[asyncio.Task[Any]] = []
@@ -273,7 +279,8 @@ class Runtime:
 
     def stop(self, now: bool = False) -> None:
         """Begin the drain; with now=True (or on a second call) give back the jobs at once."""
-        if now or self._stop.is_set():
+        if (now or self._stop.is_set()) and not self._stop_now.is_set():
+            self._stopped_now_at = time.monotonic()
             self._stop_now.set()
         self._stop.set()
         self._slot_freed.set()
@@ -383,7 +390,7 @@ class Runtime:
 
     async def _drain(self) -> None:
         self.state = "draining"
-        await self._publish_state("draining")
+        await self._unless_stopped_now(self._publish_state("draining"), "publishing the runtime's state")
         if self.in_hand:
             log.info("draining: waiting up to %g s for %d jobs in hand", self.shutdown_timeout, len(self.in_hand))
             tasks = [h.task for h in self.in_hand.values()]
@@ -404,7 +411,7 @@ class Runtime:
         self._completer.closing()
         task, self._completer_task = self._completer_task, None
         try:
-            await task
+            await self._unless_stopped_now(task, "writing the last outcomes")
         except Exception as exc:  # gave up: what it could not write is given back at deregistration
             log.error("the completer stopped (%s); outcomes not written are given back at deregistration", exc)
 
@@ -420,6 +427,31 @@ class Runtime:
             entry.task.cancel()
             self._deadlines.discard(entry.deadline, ctx.job_id)
         self.in_hand.clear()
+
+    async def _unless_stopped_now(self, aw: Awaitable[T], what: str) -> T | None:
+        """Await `aw` during the stop, but once a second signal came (stop(now=True)) for no longer
+        than STOP_NOW_GRACE seconds after it: then cancel it and return None. Every write of the stop waits for Postgres
+        (pool timeouts, the completer's retries): while it is down they would hold the process
+        for as long as the outage, and the second signal is the operator's way out."""
+        task = asyncio.ensure_future(aw)
+        if not self._stop_now.is_set():
+            now_waiter = asyncio.create_task(self._stop_now.wait())
+            try:
+                await asyncio.wait([task, now_waiter], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                now_waiter.cancel()
+        if not task.done():
+            # A healthy Postgres takes them in milliseconds: the jobs given back then keep their
+            # attempt, where the rescue would count it.
+            assert self._stopped_now_at is not None
+            await asyncio.wait([task], timeout=max(self._stopped_now_at + STOP_NOW_GRACE - time.monotonic(), 0.0))
+        if task.done():
+            return task.result()
+        task.cancel()
+        log.error("second signal: gave up on %s (Postgres unreachable?); the rescue releases what this "
+                  "runtime still holds once the others find it dead", what)
+        await asyncio.wait([task], timeout=1.0)
+        return None
 
     async def _pause(self, seconds: float) -> None:
         """Sleep, but wake at once when the runtime closes."""
@@ -447,17 +479,20 @@ class Runtime:
         self.state = "stopped"
         if self._pool is not None and self.id is not None:
             try:
-                given_back, touched = await maintenance.deregister(self._pool, self.id)
-                if given_back:
-                    log.warning("gave back %d jobs still marked as ours at deregistration", given_back)
-                if self._group_progress is not None:
-                    self._group_progress.mark(touched)
-                await self._publish_state("stopped")
+                deregistered = await self._unless_stopped_now(maintenance.deregister(self._pool, self.id),
+                                                              "deregistering")
+                if deregistered is not None:
+                    given_back, touched = deregistered
+                    if given_back:
+                        log.warning("gave back %d jobs still marked as ours at deregistration", given_back)
+                    if self._group_progress is not None:
+                        self._group_progress.mark(touched)
+                    await self._unless_stopped_now(self._publish_state("stopped"), "publishing the runtime's state")
             except _DB_ERRORS as exc:
                 log.error("could not deregister runtime %s (%s): its jobs are released once it is found dead",
                           self.id, exc)
         if self._group_progress is not None:
-            await self._group_progress.close()
+            await self._unless_stopped_now(self._group_progress.close(), "publishing the last group progress")
             self._group_progress = None
         await self._listener.aclose()
         if self._pools is not None:
