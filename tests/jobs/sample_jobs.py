@@ -224,3 +224,14 @@ async def retries_for_ever(ctx: Any) -> None:
     """Fails every attempt, on the default backoff: retried for as long as anyone waits."""
     await note(ctx, "start")
     raise RuntimeError(f"attempt {ctx.attempt}")
+
+
+@jobs.job(name="t.swallows_timeout", timeout=0.2, max_attempts=1)
+async def swallows_timeout(ctx: Any) -> str:
+    """Swallows the cancel its timeout brings (as code that catches BaseException does) and
+    returns as if nothing happened."""
+    try:
+        await asyncio.sleep(10)
+    except asyncio.CancelledError:
+        pass
+    return "finished anyway"

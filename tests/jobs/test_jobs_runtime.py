@@ -461,3 +461,13 @@ async def test_the_default_backoff_retries_a_job_on_its_thousandth_attempt_and_l
     (attempt, due_in), = q(jobs_db, "SELECT attempt, extract(epoch FROM run_at - now()) FROM livepush_jobs "
                                     "WHERE id = %s", (h.id,))
     assert attempt == 1501 and 2600 < due_in <= 3600  # an hour, less up to 25 % of jitter
+
+
+async def test_a_job_that_swallows_its_timeouts_cancel_still_fails_the_attempt(jobs_db: str) -> None:
+    """An async job past its timeout fails the attempt, also when it swallows the cancel and
+    returns a value as if nothing happened: it ran past its timeout all the same."""
+    async with running():
+        h = await sample_jobs.swallows_timeout.aenqueue()
+        await wait_state(h.id, "failed")
+    info = jobs.get_job(h.id)
+    assert info is not None and info.error == "TimeoutError: timed out after 0.2 s" and info.result is None

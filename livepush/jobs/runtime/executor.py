@@ -141,6 +141,12 @@ async def execute(
         return _failure(fn, ctx, exc)
     if ctx.released:
         return None
+    if ctx.timed_out:
+        # It swallowed the timeout's cancel and returned: it still ran past its timeout, and
+        # whatever it returned came too late.
+        if task is not None:
+            task.uncancel()
+        return _timeout_failure(fn, ctx)
     if value is None:
         return Outcome(ctx, "succeeded")
     try:
