@@ -72,6 +72,17 @@ def test_a_queue_name_postgres_cannot_store_is_refused_at_the_call(jobs_db: str,
     assert jobs.pause_queue("q" * 200) is True
 
 
+@pytest.mark.parametrize("queue", ["reports,daily", " imports", "imports\n"])
+def test_a_queue_name_livepush_jobs_queues_cannot_name_is_refused_at_the_call(jobs_db: str, queue: str) -> None:
+    """`livepush jobs --queues a,b` splits at commas and strips spaces: a queue whose name has a
+    comma, or a space at either end, could be enqueued to but never served by a runtime given
+    --queues (it would serve "reports" and "daily"). Refused at the call, naming why."""
+    with pytest.raises(ConfigError, match="with no comma and no space at either end"):
+        jobs.job(name="t.bad_queue", queue=queue)
+    with pytest.raises(ConfigError, match="with no comma and no space at either end"):
+        sample_jobs.record.request("a", queue=queue)
+
+
 @pytest.mark.parametrize("at", [
     datetime(1, 1, 1, 1, tzinfo=timezone(timedelta(hours=5))),          # 0001-12-31 20:00 BC in UTC
     datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5))),   # 10000-01-01 04:00 in UTC

@@ -36,10 +36,14 @@ def check_key(key: Any) -> str | None:
 
 
 def check_queue(queue: Any, where: str) -> str:
-    """A queue name: a non-empty str of at most MAX_QUEUE_LENGTH characters Postgres can store."""
-    if not isinstance(queue, str) or not queue or len(queue) > MAX_QUEUE_LENGTH or unstorable(queue):
+    """A queue name: a non-empty str of at most MAX_QUEUE_LENGTH characters Postgres can store,
+    which `livepush jobs --queues` can name: that list is split at commas and each name stripped,
+    so a name with a comma or a space at either end would be served by no runtime given it."""
+    if (not isinstance(queue, str) or not queue or len(queue) > MAX_QUEUE_LENGTH or unstorable(queue)
+            or "," in queue or queue != queue.strip()):
         raise ConfigError(f"{where}: a queue is a non-empty string of at most {MAX_QUEUE_LENGTH} characters "
-                          f"Postgres can store (no NUL, no lone surrogate), got {queue!r:.80}")
+                          f"Postgres can store (no NUL, no lone surrogate), with no comma and no space at "
+                          f"either end (`livepush jobs --queues` could not name it), got {queue!r:.80}")
     return queue
 
 
