@@ -471,3 +471,14 @@ async def test_a_job_that_swallows_its_timeouts_cancel_still_fails_the_attempt(j
         await wait_state(h.id, "failed")
     info = jobs.get_job(h.id)
     assert info is not None and info.error == "TimeoutError: timed out after 0.2 s" and info.result is None
+
+
+@pytest.mark.parametrize("option", ["heartbeat", "poll_interval", "shutdown_timeout", "retention"])
+def test_a_runtime_refuses_an_int_too_large_for_a_float_naming_the_option(option: str) -> None:
+    """An embedder's Runtime(...) option of seconds that no float holds (10**400) is refused with
+    the ConfigError naming the option, as any other number out of range, not an OverflowError."""
+    from livepush.errors import ConfigError
+
+    flag = "--" + option.replace("_", "-")
+    with pytest.raises(ConfigError, match=f"{flag} 1000"):
+        Runtime(REGISTRY, install_signals=False, **{option: 10**400})

@@ -151,10 +151,13 @@ MAX_RETENTION = 100 * 366 * 86400.0
 
 def check_seconds(option: str, value: float, *, least: float, most: float | None = None) -> None:
     """A number of seconds from `least` to `most`: a ConfigError naming the option otherwise."""
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            or value < least or (most is not None and value > most)):
+    try:
+        finite = isinstance(value, (int, float)) and math.isfinite(value)
+    except OverflowError:  # an int no float holds (10**400): out of range like any other
+        finite = False
+    if isinstance(value, bool) or not finite or value < least or (most is not None and value > most):
         bound = f"from {least:g} to {most:g}" if most is not None else f"{least:g} or more"
-        raise ConfigError(f"{option} {value!r}: use a number of seconds {bound}")
+        raise ConfigError(f"{option} {value!r:.40}: use a number of seconds {bound}")
 
 
 class Runtime:
