@@ -10,6 +10,7 @@ import asyncio
 import math
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -235,3 +236,18 @@ async def swallows_timeout(ctx: Any) -> str:
     except asyncio.CancelledError:
         pass
     return "finished anyway"
+
+
+# Set by a test to let the threads of `stuck_sync` jobs end.
+UNSTICK = threading.Event()
+
+
+@jobs.job(name="t.stuck_sync", timeout=0.2, max_attempts=1)
+def stuck_sync(ctx: Any) -> None:
+    """Hangs (as a call to a service without a timeout does) until the test lets it go."""
+    UNSTICK.wait(60)
+
+
+@jobs.job(name="t.record_sync_soon", timeout=2.0, max_attempts=1)
+def record_sync_soon(ctx: Any, key: Any = None) -> None:
+    note_sync(ctx, "done", key)

@@ -482,3 +482,19 @@ def test_a_runtime_refuses_an_int_too_large_for_a_float_naming_the_option(option
     flag = "--" + option.replace("_", "-")
     with pytest.raises(ConfigError, match=f"{flag} 1000"):
         Runtime(REGISTRY, install_signals=False, **{option: 10**400})
+
+
+async def test_sync_jobs_still_run_after_more_timed_out_threads_than_slots(jobs_db: str) -> None:
+    """A sync job past its timeout fails its attempt and frees its slot while its thread runs on.
+    However many such threads hang (here three, with one slot), the freed slot runs the next sync
+    job: it does not queue behind them until its own timeout fails it without running."""
+    sample_jobs.UNSTICK.clear()
+    try:
+        async with running(concurrency=1):
+            for _ in range(3):
+                h = await sample_jobs.stuck_sync.aenqueue()
+                await wait_state(h.id, "failed")
+            after = await sample_jobs.record_sync_soon.aenqueue("after")
+            await wait_state(after.id, "succeeded")
+    finally:
+        sample_jobs.UNSTICK.set()

@@ -67,11 +67,12 @@ def _error_text(exc: BaseException) -> str:
 async def execute(
     fn: Any, ctx: JobContext, pool: concurrent.futures.Executor | None,
     arm: Callable[[Any, JobContext], None] | None = None,
+    stuck: Callable[[], None] | None = None,
 ) -> Outcome | None:
     """Run `fn` for `ctx.job` and return its outcome, or None when there is nothing to write: the
     runtime released the job meanwhile (it recorded that), or the job parked (its parking
     transaction wrote that). `arm(fn, ctx)` starts an async job's timeout, just before its
-    function runs."""
+    function runs; `stuck()` is told when a sync job's thread runs on past its timeout."""
     job = ctx.job
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
@@ -90,6 +91,8 @@ async def execute(
             if not done:
                 # The thread keeps running; its result is dropped and its lease is gone by then.
                 future.cancel()
+                if stuck is not None:
+                    stuck()
                 log.warning("sync job %s (%s) passed its %g s timeout; its thread runs on, its outcome will be ignored",
                             job.id, fn.name, fn.timeout)
                 return _timeout_failure(fn, ctx)

@@ -245,6 +245,7 @@ class Runtime:
         self._completer: Completer | None = None
         self._group_progress: ProgressPublisher | None = None
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
+        self._stuck_threads = 0  # sync jobs' threads run on past their timeouts, in _threads
         self._deadlines: Deadlines[_InHand] = Deadlines(self._time_out)
         self._doorbell = asyncio.Event()
         self._slot_freed = asyncio.Event()
@@ -368,9 +369,8 @@ class Runtime:
         # deregistration and runs again. So the first failure stops the runtime.
         self._completer_task = supervise("livepush-jobs-completer", self._completer.run, give_up=1)
         # Threads for sync jobs. A timed-out sync job keeps its thread until it returns, so leave
-        # headroom beyond the concurrency.
-        self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency * 2,
-                                                              thread_name_prefix="livepush-job")
+        # headroom beyond the concurrency (and see _thread_stuck).
+        self._threads = self._thread_pool()
         if self._listen:
             listener = self._listener.get()
             listener.add(queries.READY_CHANNEL, self._on_ready_ring, on_resync=self._on_ready_resync)
@@ -780,6 +780,25 @@ class Runtime:
         if entry is not None and entry.ctx is ctx:
             entry.deadline = self._deadlines.add(ctx.job_id, fn.timeout, entry)
 
+    def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        self._stuck_threads = 0
+        return concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency * 2,
+                                                     thread_name_prefix="livepush-job")
+
+    def _thread_stuck(self) -> None:
+        """A sync job's thread runs on past its timeout. With as many of them hung in the pool as
+        there are slots, the pool has no thread left for a slot's next sync job: it would wait in
+        the pool's queue until its own timeout failed it, never run, and so would every sync job
+        after it. A fresh pool then takes the new jobs; the old one's threads end with their
+        functions (they hold nothing: their leases are gone)."""
+        assert self._threads is not None
+        self._stuck_threads += 1
+        if self._stuck_threads >= self.concurrency:
+            log.warning("%d sync jobs' threads run on past their timeouts: new sync jobs get a fresh thread pool",
+                        self._stuck_threads)
+            old, self._threads = self._threads, self._thread_pool()
+            old.shutdown(wait=False)
+
     def _time_out(self, entry: _InHand) -> None:
         """An async job ran past its timeout: cancel it; execute() makes that a TimeoutError failure."""
         if self.in_hand.get(entry.ctx.job_id) is entry and not entry.task.done():
@@ -789,7 +808,7 @@ class Runtime:
     async def _run_job(self, fn: Any, ctx: JobContext) -> None:
         assert self._completer is not None
         try:
-            outcome = await execute(fn, ctx, self._threads, self._arm)
+            outcome = await execute(fn, ctx, self._threads, self._arm, self._thread_stuck)
             if outcome is not None and not ctx.released:
                 self._completer.submit(outcome)
         except asyncio.CancelledError:
