@@ -11,6 +11,7 @@ import math
 import os
 import sys
 import threading
+import threading
 import time
 from typing import Any
 
@@ -251,3 +252,25 @@ def stuck_sync(ctx: Any) -> None:
 @jobs.job(name="t.record_sync_soon", timeout=2.0, max_attempts=1)
 def record_sync_soon(ctx: Any, key: Any = None) -> None:
     note_sync(ctx, "done", key)
+
+
+# Steps of `reports_past_timeout_sync`, for a test to interleave its two attempts.
+ZOMBIE_GO = threading.Event()
+ZOMBIE_DONE = threading.Event()
+
+
+@jobs.job(name="t.reports_past_timeout_sync", timeout=2.0, max_attempts=2, backoff=lambda attempt: 0.0)
+def reports_past_timeout_sync(ctx: Any) -> None:
+    """Attempt 1 runs past its timeout and reports progress once attempt 2 has started; attempt 2
+    reports its own right after that, then runs until the flag `second` is set."""
+    if ctx.attempt == 1:
+        ZOMBIE_GO.wait(30)
+        ctx.progress(1, None, "attempt 1")
+        ZOMBIE_DONE.set()
+        return
+    ZOMBIE_GO.set()
+    ZOMBIE_DONE.wait(30)
+    ctx.progress(1, 2, "attempt 2")
+    with psycopg.connect(database.database_url(), autocommit=True) as conn:
+        while not conn.execute("SELECT 1 FROM job_flags WHERE name = 'second'").fetchone():
+            time.sleep(0.02)

@@ -498,3 +498,23 @@ async def test_sync_jobs_still_run_after_more_timed_out_threads_than_slots(jobs_
             await wait_state(after.id, "succeeded")
     finally:
         sample_jobs.UNSTICK.set()
+
+
+async def test_the_progress_of_a_sync_jobs_timed_out_thread_never_hides_its_next_attempts(jobs_db: str) -> None:
+    """A sync job's thread that runs on past its timeout may go on reporting progress: it is
+    ignored (the attempt's lease is gone), and it must not keep the job's next attempt, run by the
+    same runtime meanwhile, from having its own progress shown. Here the old thread reports just
+    before the new attempt does."""
+    sample_jobs.ZOMBIE_GO.clear()
+    sample_jobs.ZOMBIE_DONE.clear()
+    async with running(concurrency=2):
+        h = await sample_jobs.reports_past_timeout_sync.aenqueue()
+
+        def shown() -> bool:
+            state = jobs.job_state(h.id)
+            return state is not None and state["state"] == "running" and state["attempt"] == 2 \
+                and (state["progress"] or {}).get("message") == "attempt 2"
+
+        await async_wait_for(lambda: asyncio.to_thread(shown), 8.0, message="attempt 2's progress to show while it runs")
+        q(jobs_db, "INSERT INTO job_flags VALUES ('second')")
+        await wait_state(h.id, "succeeded")

@@ -111,7 +111,7 @@ class JobContext:
         self.group_progress = group_progress
         self.cancel_requested = job.cancel_requested
         self.released = False  # set by the runtime when it hands the job back (drain)
-        self.timed_out = False  # set by the runtime when it cancels an async job past its timeout
+        self.timed_out = False  # set by the runtime when a job passed its timeout (an async one is cancelled)
         self.latest: dict[str, Any] | None = None  # newest progress, written or not
         self.dirty = False  # latest not yet written
         self.published = 0  # progress writes so far
@@ -205,7 +205,8 @@ class JobContext:
 
     def record_progress_quiet(self, value: dict[str, Any]) -> None:
         """record_progress() for a value a sync job's thread checked (progress_value)."""
-        if not self.cancel_requested:  # else the thread raises JobCancelled on its next call
+        # Cancelled: the thread raises JobCancelled on its next call. Timed out: its lease is gone.
+        if not self.cancel_requested and not self.timed_out:
             self._record(value)
 
     async def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
@@ -282,8 +283,8 @@ class SyncJobContext:
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
         """Report progress (see JobContext.progress). Raises JobCancelled once cancelled."""
         self._inner.check_cancelled()
-        if self._inner.released:
-            return  # the runtime gave this job back; nothing of ours is written any more
+        if self._inner.released or self._inner.timed_out:
+            return  # given back, or failed by its timeout: this attempt's lease is gone
         value = progress_value(done, total, message)  # raises here, in the job's thread
         # The loop owns the context's state; hand the value over instead of touching it here.
         self._loop.call_soon_threadsafe(self._inner.record_progress_quiet, value)

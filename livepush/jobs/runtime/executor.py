@@ -90,6 +90,11 @@ async def execute(
             done, _ = await asyncio.wait({future}, timeout=effective(fn.timeout))
             if not done:
                 # The thread keeps running; its result is dropped and its lease is gone by then.
+                # Its progress too (SyncJobContext.progress): written it would be fenced off, but
+                # queued it took the job's place in the completer's progress queue (one per job
+                # id), keeping out the progress of the job's next attempt, should this runtime
+                # run that meanwhile.
+                ctx.timed_out = True
                 future.cancel()
                 if stuck is not None:
                     stuck()
