@@ -252,6 +252,7 @@ class Runtime:
         self._stop = asyncio.Event()
         self._stop_now = asyncio.Event()
         self._stopped_now_at: float | None = None  # time.monotonic() of the second signal
+        self._signalled = False  # a signal (SIGTERM, SIGINT) stopped it
         self._started = asyncio.Event()
         self._closing = asyncio.Event()  # side tasks end their loops when set
         self._tasks: list[asyncio.Task[Any]] = []
@@ -310,8 +311,7 @@ class Runtime:
         try:
             await self._open()
         except BaseException:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
+            self._uninstall_signals(loop, installed)
             raise
         failure: str | None = None
         try:
@@ -346,8 +346,7 @@ class Runtime:
             finally:
                 # Only once closed: a second signal during the close (the last outcomes being
                 # written, the deregistration) must not end the process with the default action.
-                for sig in installed:
-                    loop.remove_signal_handler(sig)
+                self._uninstall_signals(loop, installed)
         if failure is not None:
             raise DependencyError(f"the job runtime stopped because a part of it failed for good ({failure})")
 
@@ -508,7 +507,24 @@ class Runtime:
             self._threads.shutdown(wait=False, cancel_futures=True)
         log.info("job runtime %s stopped", self.id)
 
+    def _uninstall_signals(self, loop: asyncio.AbstractEventLoop, installed: list[int]) -> None:
+        """Take our handlers off. Once a signal stopped this runtime, later ones are ignored: its
+        process is on its way out, and the loop would otherwise put back the default action, under
+        which a second Ctrl-C or SIGTERM in the moments before the process exits killed it.
+        Signals are held back meanwhile, so none lands between the two handlers."""
+        if not installed:
+            return
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, installed)
+        try:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+                if self._signalled:
+                    signal.signal(sig, signal.SIG_IGN)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
     def _on_signal(self, sig: int) -> None:
+        self._signalled = True
         if self._stop.is_set():
             log.warning("second %s: giving back the jobs in hand now", signal.Signals(sig).name)
             self.stop(now=True)
