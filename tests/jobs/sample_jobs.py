@@ -274,3 +274,15 @@ def reports_past_timeout_sync(ctx: Any) -> None:
     with psycopg.connect(database.database_url(), autocommit=True) as conn:
         while not conn.execute("SELECT 1 FROM job_flags WHERE name = 'second'").fetchone():
             time.sleep(0.02)
+
+
+# Set by a test to let `checkpoint_later` go on to its checkpoint.
+CHECKPOINT_GO = threading.Event()
+
+
+@jobs.job(name="t.checkpoint_later", timeout=30.0, max_attempts=1)
+async def checkpoint_later(ctx: Any) -> Any:
+    """Waits for the test, then runs a sync function as a checkpoint (in the runtime's threads)."""
+    while not CHECKPOINT_GO.is_set():
+        await asyncio.sleep(0.02)
+    return await ctx.checkpoint("sync", lambda: "ran")

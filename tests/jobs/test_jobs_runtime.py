@@ -500,6 +500,28 @@ async def test_sync_jobs_still_run_after_more_timed_out_threads_than_slots(jobs_
         sample_jobs.UNSTICK.set()
 
 
+async def test_a_job_started_before_its_runtime_took_fresh_threads_still_runs_sync_work(jobs_db: str) -> None:
+    """After as many hung sync threads as slots, new sync work goes to a fresh thread pool. A job
+    that started before that holds the old pool as ctx.threads, and its sync checkpoint still
+    runs there: the old pool is left to end with its threads, not shut down under it."""
+    sample_jobs.UNSTICK.clear()
+    sample_jobs.CHECKPOINT_GO.clear()
+    try:
+        async with running(concurrency=2):
+            early = await sample_jobs.checkpoint_later.aenqueue()
+            await wait_state(early.id, "running")
+            for _ in range(2):  # one slot left: each hangs past its timeout in turn
+                h = await sample_jobs.stuck_sync.aenqueue()
+                await wait_state(h.id, "failed")
+            sample_jobs.CHECKPOINT_GO.set()
+            await wait_state(early.id, "succeeded")
+        info = await jobs.aget_job(early.id)
+        assert info is not None and info.result == "ran"
+    finally:
+        sample_jobs.UNSTICK.set()
+        sample_jobs.CHECKPOINT_GO.set()
+
+
 async def test_the_progress_of_a_sync_jobs_timed_out_thread_never_hides_its_next_attempts(jobs_db: str) -> None:
     """A sync job's thread that runs on past its timeout may go on reporting progress: it is
     ignored (the attempt's lease is gone), and it must not keep the job's next attempt, run by the

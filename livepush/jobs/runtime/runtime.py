@@ -806,14 +806,15 @@ class Runtime:
         there are slots, the pool has no thread left for a slot's next sync job: it would wait in
         the pool's queue until its own timeout failed it, never run, and so would every sync job
         after it. A fresh pool then takes the new jobs; the old one's threads end with their
-        functions (they hold nothing: their leases are gone)."""
+        functions (they hold nothing: their leases are gone). It is not shut down: jobs started
+        before hold it as `ctx.threads` (a checkpoint's or a workflow step's sync function runs
+        there), and a shut-down pool refuses work; once nothing holds it, its idle threads end."""
         assert self._threads is not None
         self._stuck_threads += 1
         if self._stuck_threads >= self.concurrency:
             log.warning("%d sync jobs' threads run on past their timeouts: new sync jobs get a fresh thread pool",
                         self._stuck_threads)
-            old, self._threads = self._threads, self._thread_pool()
-            old.shutdown(wait=False)
+            self._threads = self._thread_pool()
 
     def _time_out(self, entry: _InHand) -> None:
         """An async job ran past its timeout: cancel it; execute() makes that a TimeoutError failure."""
