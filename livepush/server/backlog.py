@@ -33,6 +33,13 @@ TOPIC_FRAMES = 1000  # live messages one message topic may have waiting
 TOPIC_BYTES = 256 * 1024  # and their bytes (one larger message may wait alone)
 
 
+def past_share(frames: int, size: int, adding: int, max_frames: int = TOPIC_FRAMES,
+               max_bytes: int = TOPIC_BYTES) -> bool:
+    """Whether a frame of `adding` bytes would take a topic's waiting messages (`frames` of them,
+    `size` bytes) past its share; a frame larger than the share may wait alone."""
+    return frames > 0 and (frames >= max_frames or size + adding > max_bytes)
+
+
 class _Slot:
     __slots__ = ("data", "topic", "kind", "at", "seq")
 
@@ -94,8 +101,8 @@ class Backlog:
         if kind == "message" and topic is not None:
             outcome: Outcome = "queued"
             waiting = self._messages.get(topic)
-            if waiting and (len(waiting) >= self.topic_frames
-                            or self._message_bytes[topic] + len(data) > self.topic_bytes):
+            if waiting and past_share(len(waiting), self._message_bytes[topic], len(data),
+                                      self.topic_frames, self.topic_bytes):
                 self._drop_messages(topic, add_reset=True)
                 outcome = "reset"
             self._messages.setdefault(topic, deque()).append(self._append(data, topic, kind))

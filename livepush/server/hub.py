@@ -45,7 +45,7 @@ from ..errors import DependencyError
 from ..fanout import FanOut
 from ..fanout.base import History
 from ..types import Message, Offset, StateSource, offset_key
-from .backlog import TOPIC_BYTES, TOPIC_FRAMES, Kind
+from .backlog import Kind, past_share
 
 log = logging.getLogger("livepush.hub")
 
@@ -90,8 +90,8 @@ Broadcast = Callable[[Iterable[Subscriber], str, str, Kind], None]
 class _Waiting:
     """The live frames a joining subscriber gets once its replay or snapshot is sent (key None:
     a reset). A replay waits for its client, which may read slower than the topic is published:
-    on a message topic at most a live client's share waits (TOPIC_FRAMES or TOPIC_BYTES, one
-    larger frame alone); past it every frame waiting is dropped, and `dropped` remembers the
+    on a message topic at most a live client's share waits (backlog.past_share, one larger
+    frame alone); past it every frame waiting is dropped, and `dropped` remembers the
     newest key dropped, which the replay then reads on to from the log."""
 
     __slots__ = ("frames", "bytes", "dropped", "bounded")
@@ -106,8 +106,7 @@ class _Waiting:
         return len(self.frames)
 
     def add(self, key: Key | None, frame: str) -> None:
-        if self.bounded and self.frames and (len(self.frames) >= TOPIC_FRAMES
-                                             or self.bytes + len(frame) > TOPIC_BYTES):
+        if self.bounded and past_share(len(self.frames), self.bytes, len(frame)):
             # Keys only grow, so the last keyed frame is the newest dropped. A reset dropped
             # with them was for a gap the replay checks for itself in what it reads.
             self.dropped = max(self.dropped, *(k for k, _ in self.frames if k is not None), NO_KEY)

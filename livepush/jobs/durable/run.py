@@ -54,6 +54,7 @@ class RunContext(Protocol):
 
     job: Any  # its ClaimedJob: id, lease, queue, has_steps
     pool: Any  # the runtime's connection pool
+    threads: Any  # the runtime's threads for sync work (None: the loop's default pool)
     url: str | None
     latest: dict[str, Any] | None  # the newest progress, written with the park
     dirty: bool
@@ -173,8 +174,7 @@ class DurableRun:
         else:
             # A sync function may block (a request, a file): not on the loop the runtime's jobs share,
             # and in the runtime's threads, as sync jobs run (the loop's default pool has only a few).
-            threads = getattr(self.ctx, "threads", None)
-            result = await asyncio.get_running_loop().run_in_executor(threads, functools.partial(fn, *args))
+            result = await asyncio.get_running_loop().run_in_executor(self.ctx.threads, functools.partial(fn, *args))
             if inspect.isawaitable(result):
                 result = await result
         return await self.store(name, result, fingerprint)
