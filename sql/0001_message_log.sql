@@ -15,10 +15,14 @@
 -- commit order: the second waits for the first to commit or roll back. That makes
 -- "seq > since" a gap-free cursor (a rolled-back publish gives its number back).
 CREATE UNLOGGED TABLE livepush_topics (
-    topic    text PRIMARY KEY,
+    topic      text PRIMARY KEY,
     -- Microseconds since 1970 when the row was created: a larger value after any crash.
-    epoch    bigint NOT NULL DEFAULT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint,
-    last_seq bigint NOT NULL
+    epoch      bigint NOT NULL DEFAULT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint,
+    last_seq   bigint NOT NULL,
+    -- The start of the last publish's transaction. A row idle for a day goes (the fan-out's
+    -- IDLE_EXPIRE: see prune in livepush/fanout/postgres.py), so topics that are never published
+    -- again do not pile up; not indexed, so a publish's update of this row stays a HOT update.
+    touched_at timestamptz NOT NULL DEFAULT now()
 );
 
 -- The log's own epoch, one row: UNLOGGED like the log, so it is gone exactly when the log is
@@ -82,7 +86,7 @@ DECLARE
 BEGIN
     -- Safe under concurrency: the row lock taken here orders the publishers of one topic.
     INSERT INTO livepush_topics AS t (topic, last_seq) VALUES (p_topic, 1)
-    ON CONFLICT (topic) DO UPDATE SET last_seq = t.last_seq + 1
+    ON CONFLICT (topic) DO UPDATE SET last_seq = t.last_seq + 1, touched_at = now()
     RETURNING t.epoch, t.last_seq INTO v_epoch, v_seq;
     INSERT INTO livepush_messages (topic, seq, data) VALUES (p_topic, v_seq, p_data);
     v_offset := v_epoch::text || '-' || v_seq::text;
@@ -115,7 +119,7 @@ BEGIN
     ), bumped AS (
         INSERT INTO livepush_topics AS t (topic, last_seq)
         SELECT c.topic, c.n FROM counts c ORDER BY c.topic COLLATE "C"
-        ON CONFLICT (topic) DO UPDATE SET last_seq = t.last_seq + excluded.last_seq
+        ON CONFLICT (topic) DO UPDATE SET last_seq = t.last_seq + excluded.last_seq, touched_at = now()
         RETURNING t.topic, t.epoch, t.last_seq
     ), numbered AS MATERIALIZED (
         SELECT i.ord, i.topic, i.data, b.epoch,

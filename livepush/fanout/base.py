@@ -49,6 +49,11 @@ HISTORY_PAGE = 1000
 # Every fan-out also ends a page at the message that takes its data past this many bytes (a page
 # always has one message), so a page of large messages stays about a MiB, not 1,000 of them.
 HISTORY_PAGE_BYTES = 1024 * 1024
+# Seconds without a publish after which a topic's offsets are forgotten (at least twice the
+# history's TTL, so a live topic keeps its chain): its next message starts a new chain, and a
+# client still holding an older offset gets `reset`. Topics that are never published again
+# (a user's, a document's) would otherwise be kept for ever.
+IDLE_EXPIRE = 86_400.0
 
 log = logging.getLogger("livepush.fanout")
 

@@ -39,7 +39,7 @@ from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
 from ..postgres.text import BIGINT_MAX
 from ..types import JSON, Message, Offset, Topic
-from .base import HISTORY_PAGE, HISTORY_PAGE_BYTES, FanOut, History, encode_batch, encode_payload
+from .base import HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, FanOut, History, encode_batch, encode_payload
 
 log = logging.getLogger("livepush.fanout.postgres")
 
@@ -99,6 +99,30 @@ DELETE FROM livepush_messages WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM livepush_messages
     WHERE created_at < now() - make_interval(secs => %s)
     LIMIT %s))
+"""
+# name: forget_idle -- the next `batch` topics after `after` in key order (the sweep's cursor:
+# each call looks at a bounded stretch, never at every topic), and of those, the ones idle for
+# `idle` seconds whose messages are all pruned lose their row: their next publish starts a new
+# epoch, so an older offset gets `reset`, and no message of the old epoch is left to be read
+# under the new one's numbers. Safe under concurrency: a publish takes the row's lock before it
+# writes a message, so a row locked now is being published to and is skipped; one published to
+# and committed since this statement's snapshot has a greater last_seq, which FOR UPDATE's
+# re-check of the newest version sees against the snapshot's `scanned` value, so it is kept.
+# Servers sweeping at once only skip each other's rows. Returns the stretch's last topic, how
+# many topics it held and how many rows went.
+FORGET_IDLE = """
+WITH scanned AS MATERIALIZED (
+    SELECT topic, last_seq, touched_at FROM livepush_topics
+    WHERE topic > %(after)s ORDER BY topic LIMIT %(batch)s
+), idle AS (
+    SELECT t.topic FROM livepush_topics t JOIN scanned s ON s.topic = t.topic AND s.last_seq = t.last_seq
+    WHERE s.touched_at < now() - make_interval(secs => %(idle)s)
+      AND NOT EXISTS (SELECT FROM livepush_messages m WHERE m.topic = t.topic)
+    FOR UPDATE OF t SKIP LOCKED
+), gone AS (
+    DELETE FROM livepush_topics t USING idle i WHERE t.topic = i.topic RETURNING t.topic
+)
+SELECT (SELECT max(topic) FROM scanned), (SELECT count(*) FROM scanned)::int, (SELECT count(*) FROM gone)::int
 """
 
 _OFFSET = re.compile(r"([0-9]{1,19})-([0-9]{1,19})")
@@ -197,10 +221,16 @@ def _many_statements(encoded: list[tuple[Topic, str]]) -> tuple[list[int] | None
 class PostgresFanOut(FanOut):
     name = "postgres"
 
-    def __init__(self, url: str, *, history_ttl: float = 300.0, listener: Listener | None = None) -> None:
+    def __init__(self, url: str, *, history_ttl: float = 300.0, idle_expire: float = IDLE_EXPIRE,
+                 listener: Listener | None = None) -> None:
         super().__init__()
         self.url = url
         self.history_ttl = history_ttl
+        # A topic row must outlive its history, or a live topic would lose its chain.
+        self.idle_expire = max(idle_expire, 2 * history_ttl)
+        # Where the idle sweep goes on (a topic name; "" from the start): each prune() looks at
+        # the next stretch of topics, so every topic is looked at within a few thousand calls.
+        self._sweep_after = ""
         self._pools = LoopPools(url, name="livepush-fanout")
         # Shared with the process's other listening parts when the wiring passes one in.
         self._listener = ListenerSlot(listener, lambda: Listener(url))
@@ -354,9 +384,18 @@ class PostgresFanOut(FanOut):
                 return _latest(await (await c.execute(LATEST, {"topic": topic})).fetchone())
 
     async def prune(self) -> int:
+        """Drops a bounded batch of expired messages, then the rows of idle topics among the next
+        stretch of topics; returns the rows dropped."""
         with translated(self.url):
             async with (await self._pools.aget()).connection() as c:
-                return (await c.execute(PRUNE, (self.history_ttl, PRUNE_BATCH))).rowcount
+                pruned = (await c.execute(PRUNE, (self.history_ttl, PRUNE_BATCH))).rowcount
+                row = await (await c.execute(FORGET_IDLE, {"after": self._sweep_after, "batch": PRUNE_BATCH,
+                                                           "idle": self.idle_expire})).fetchone()
+        assert row is not None  # one row, whatever the stretch held
+        last, scanned, forgotten = row
+        # A short stretch reached the end: the next call starts again from the first topic.
+        self._sweep_after = last if scanned == PRUNE_BATCH else ""
+        return pruned + forgotten
 
     # -- opening and closing ------------------------------------------------------------
     async def aopen(self) -> None:

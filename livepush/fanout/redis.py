@@ -47,7 +47,7 @@ from ..redis.client import async_client, client_kwargs, deployment_prefix, faile
 from ..redis.subscriber import Subscriber
 from ..topics import TOPIC_RE
 from ..types import JSON, Message, Offset, Topic
-from .base import HISTORY_PAGE, HISTORY_PAGE_BYTES, FanOut, History, encode_batch, encode_payload
+from .base import HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, FanOut, History, encode_batch, encode_payload
 
 logger = logging.getLogger("livepush.fanout.redis")
 
@@ -220,7 +220,7 @@ class RedisFanOut(FanOut):
         *,
         history_ttl: float = 300.0,
         max_len: int = 10_000,
-        idle_expire: float = 86_400.0,
+        idle_expire: float = IDLE_EXPIRE,
         prefix: str | None = None,
         subscriber: Subscriber | None = None,
         heartbeat: float = 5.0,

@@ -1,0 +1,109 @@
+"""The Postgres fan-out's own retention of topics (what every fan-out shares is in
+test_fanout_conformance.py): a topic nothing is published on for a day loses its row, as an idle
+Redis topic loses its key, so topics that are never published again do not pile up; its next
+message starts a new chain, and an offset from before gets `reset`, never another message under
+the same number. A day is simulated by moving the rows' times back."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+
+from livepush.fanout import postgres as pg_fanout
+from livepush.fanout.postgres import PostgresFanOut
+from tests.support.fanouts import offsets_of, read_history
+
+DAY = 86_400
+
+
+@pytest.fixture
+async def fanout(pg_url: str) -> AsyncIterator[PostgresFanOut]:
+    made = PostgresFanOut(pg_url)
+    yield made
+    await made.aclose()
+
+
+def age(pg_url: str, topic: str, *, seconds: float, messages_too: bool = True) -> None:
+    """Moves `topic`'s last publish (and its messages' times) `seconds` into the past."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE livepush_topics SET touched_at = touched_at - make_interval(secs => %s) WHERE topic = %s",
+                     (seconds, topic))
+        if messages_too:
+            conn.execute("UPDATE livepush_messages SET created_at = created_at - make_interval(secs => %s) "
+                         "WHERE topic = %s", (seconds, topic))
+
+
+def has_row(pg_url: str, topic: str) -> bool:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        return conn.execute("SELECT 1 FROM livepush_topics WHERE topic = %s", (topic,)).fetchone() is not None
+
+
+async def prune_all(fanout: PostgresFanOut) -> None:
+    """prune() until a call drops nothing, as the server's prune cycle does."""
+    while await fanout.prune():
+        pass
+
+
+async def test_a_topic_idle_for_a_day_is_forgotten_and_its_old_offsets_get_reset(
+        fanout: PostgresFanOut, pg_url: str) -> None:
+    """After a day without a publish, prune() drops the topic's row once its messages are pruned:
+    the topic reads as never published (its origin offset), an offset from before gets `reset`,
+    and the next message starts a new chain that the origin replays."""
+    offsets = [fanout.publish("idle:a", {"i": i}) for i in range(3)]
+    kept = fanout.publish("busy:a", {"i": 0})
+    age(pg_url, "idle:a", seconds=DAY + 60)
+    await prune_all(fanout)
+    assert not has_row(pg_url, "idle:a")
+    assert has_row(pg_url, "busy:a"), "a topic published to within the day keeps its chain"
+    assert fanout.latest_offset("busy:a") == kept
+
+    origin = fanout.latest_offset("idle:a")
+    assert origin.startswith("0-"), "read as a topic never published"
+    for since in offsets:
+        assert await fanout.history("idle:a", since) is None, f"since={since}"
+    fresh = fanout.publish("idle:a", {"i": 3})
+    assert fresh.endswith("-1") and fresh.split("-")[0] != offsets[0].split("-")[0], "a new epoch, from 1"
+    assert offsets_of(await read_history(fanout, "idle:a", origin)) == [fresh]
+    assert await fanout.history("idle:a", offsets[-1]) is None
+
+
+async def test_an_idle_topic_keeps_its_row_while_any_of_its_messages_is_left(
+        fanout: PostgresFanOut, pg_url: str) -> None:
+    """A topic idle for a day whose messages the bounded prune has not reached yet keeps its row,
+    so no message of the old chain can be read under the new chain's numbers."""
+    offsets = [fanout.publish("lag:a", {"i": i}) for i in range(2)]
+    age(pg_url, "lag:a", seconds=DAY + 60, messages_too=False)
+    assert await fanout.prune() == 0
+    assert has_row(pg_url, "lag:a")
+    assert fanout.latest_offset("lag:a") == offsets[-1]
+    assert offsets_of(await read_history(fanout, "lag:a", offsets[0])) == offsets[1:]
+
+
+async def test_a_topic_being_published_to_is_not_forgotten(fanout: PostgresFanOut, pg_url: str) -> None:
+    """A transaction publishing on an idle topic holds its row: prune() leaves it, and once the
+    transaction commits its message follows the old ones on the same chain."""
+    offsets = [fanout.publish("open:a", {"i": i}) for i in range(2)]
+    age(pg_url, "open:a", seconds=DAY + 60)
+    with psycopg.connect(pg_url) as conn:
+        late = fanout.publish("open:a", {"i": 2}, conn=conn)
+        await prune_all(fanout)
+        conn.commit()
+    assert has_row(pg_url, "open:a")
+    assert late.split("-")[0] == offsets[0].split("-")[0]
+    assert offsets_of(await read_history(fanout, "open:a", offsets[-1])) == [late]
+
+
+async def test_the_idle_sweep_reaches_every_topic_a_stretch_at_a_time(
+        fanout: PostgresFanOut, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each prune() looks at a bounded stretch of topics after the last one it looked at, and
+    starts again from the first after the last: every idle topic goes within a few calls."""
+    monkeypatch.setattr(pg_fanout, "PRUNE_BATCH", 2)
+    topics = [f"many:{i}" for i in range(5)]
+    for topic in topics:
+        fanout.publish(topic, {"i": 0})
+        age(pg_url, topic, seconds=DAY + 60)
+    for _ in range(8):  # 5 topics, 2 a stretch, messages first: well within 8 calls
+        await fanout.prune()
+    assert [t for t in topics if has_row(pg_url, t)] == []
