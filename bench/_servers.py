@@ -15,7 +15,7 @@ A control line is the data JSON (published on the default topic) or `TOPIC<TAB>D
 `bare`, the frame sent has the same shape as livepush's `message` frame (built by concatenation,
 as livepush does), so clients cannot tell them apart.
 
-Run as `python bench/_servers.py KIND PORT CONTROL_SOCKET [TOPIC]`; prints `READY <port>`.
+Run as `python bench/_servers.py KIND PORT CONTROL_SOCKET [TOPIC]`; prints `READY <port>` (the local one: `READY <port> <epoch>`, its offsets being "EPOCH-SEQ").
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ async def run_local(port: int, control: str, topic: str) -> None:
         fanout.publish(name, json.loads(data_json))  # what livepush.publish() costs in-process
 
     ctl = await _control(control, publish)
-    print(f"READY {server.port}", flush=True)
+    print(f"READY {server.port} {fanout.epoch}", flush=True)  # offsets are "EPOCH-SEQ"
     await _until_signal()
     ctl.close()
     await server.stop()
@@ -124,8 +124,11 @@ def main() -> None:
 class ServerProcess:
     """A server child process; `publish_line()` feeds the harness's control socket."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, control: str | None, log: str) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, control: str | None, log: str,
+                 epoch: str | None = None) -> None:
         self.proc = proc
+        # The local harness's offsets start with this ("EPOCH-SEQ"); None for the others.
+        self.epoch = epoch
         self.log = log
         self.port = port
         self.control = control
@@ -179,7 +182,8 @@ def start_harness(kind: str, port: int, control: str, env: dict[str, str], topic
     if not line.startswith("READY"):
         proc.kill()
         raise RuntimeError(f"{kind} server did not start (exit {proc.wait()}): {open(log).read()[-500:]}")
-    return ServerProcess(proc, int(line.split()[1]), control, log)
+    words = line.split()
+    return ServerProcess(proc, int(words[1]), control, log, words[2] if len(words) > 2 else None)
 
 
 def start_livepush_cli(port: int, env: dict[str, str], log: str, args: tuple[str, ...] = ()) -> ServerProcess:

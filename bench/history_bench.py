@@ -349,7 +349,7 @@ async def measure_replay(kind: str, n: int, env: dict[str, str], port: int, tmp:
             if k % 200 == 0:
                 await server.drain()
         await server.drain()
-        marker = "1"  # a fresh topic's offsets count from 1
+        marker = f"{server.epoch}-1"  # a fresh topic's offsets count from 1
     else:
         server = await asyncio.to_thread(start_livepush_cli, port, dict(env, LIVEPUSH_FANOUT=kind), os.path.join(tmp, f"{kind}.log"))
         fanout = from_env(Settings(fanout=kind, database_url=env.get("LIVEPUSH_DATABASE_URL"),

@@ -18,7 +18,7 @@ class Message:
 
     `data_json` is the JSON text exactly as published, so the server encodes a frame once
     without parsing and re-serialising the payload. `prev` is the offset of the message before
-    it on the same topic ("EPOCH-0" on Postgres, "0" on local, "0-0" on Redis for the first, the same
+    it on the same topic ("EPOCH-0" on Postgres and local, "0-0" on Redis for the first, the same
     value latest_offset() gives for a topic never published), which lets the hub spot a gap.
     `data_json` is None for a doorbell, which only names the offset: the receiver reads the
     message from history (the Postgres fan-out's notifications are all doorbells).
@@ -34,7 +34,7 @@ class Message:
 
 
 def offset_key(offset: Offset) -> tuple[int, ...]:
-    """Order offsets of one topic: "17" or "1700000000000-3". Raises ValueError for anything
+    """Order offsets of one topic: "17" (a state's version) or "1700000000000-3". Raises ValueError for anything
     that is not ASCII digits separated by "-"."""
     parts = offset.split("-")
     if not all(p.isascii() and p.isdigit() and len(p) <= 20 for p in parts):

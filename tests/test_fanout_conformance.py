@@ -640,7 +640,7 @@ async def test_history_at_the_top_of_the_offset_range_is_none(kind: str, make_fa
     offset = fanout.publish("hist:top", {"i": 0})
     epoch = offset.split("-")[0]
     tops = {
-        "local": ["9223372036854775807", "9" * 30],
+        "local": [f"{epoch}-9223372036854775807", f"{epoch}-" + "9" * 30],
         "postgres": [f"{epoch}-9223372036854775807", f"{epoch}-9223372036854775000"],
         "redis": ["18446744073709551615-18446744073709551615", "18446744073709551615-0"],
     }[kind]
@@ -812,3 +812,17 @@ async def test_lost_listener_reconnects_resyncs_and_history_covers_the_outage(
         assert [d["phase"] for d in datas_of(replay)] == ["during"] * 3 + ["after"]
     finally:
         sampler.cancel()
+
+
+async def test_a_restarted_local_fan_out_resets_an_offset_of_the_process_before() -> None:
+    """The local fan-out numbers a topic from 1 again in a new process: an offset of the process
+    before gets `reset`, even once the new one has passed its number, never the new process's
+    messages as if they followed it."""
+    from livepush.fanout.local import LocalFanOut
+
+    before, after = LocalFanOut(), LocalFanOut()
+    old = [before.publish("restart:a", {"i": i}) for i in range(3)]
+    new = [after.publish("restart:a", {"i": i}) for i in range(6)]
+    assert await after.history("restart:a", old[1]) is None
+    assert await after.history("restart:a", before.latest_offset("never:a")) is None
+    assert offsets_of(await read_history(after, "restart:a", new[1])) == new[2:]

@@ -2,6 +2,10 @@
 
 For development, the demo without Postgres, and tests of pure logic. Publishing from
 another process is impossible by construction: use Postgres or Redis for that.
+
+Offsets are "EPOCH-SEQ", EPOCH the microsecond this fan-out was made: a restarted server
+numbers its topics from 1 again, and a client resuming with an offset of the process before
+must get `reset`, not that many of the new process's messages as if they followed its own.
 """
 
 from __future__ import annotations
@@ -21,6 +25,18 @@ from .base import HISTORY_PAGE, HISTORY_PAGE_BYTES, FanOut, History, encode_batc
 # Per topic: bounded memory even with a long TTL.
 MAX_KEPT_PER_TOPIC = 10_000
 
+_epochs_lock = threading.Lock()
+_last_epoch = 0
+
+
+def _new_epoch() -> int:
+    """Microseconds since 1970, and never the same twice in a process (fan-outs made in one
+    microsecond keep their histories apart too)."""
+    global _last_epoch
+    with _epochs_lock:
+        _last_epoch = max(time.time_ns() // 1000, _last_epoch + 1)
+        return _last_epoch
+
 
 @dataclass
 class _Log:
@@ -36,6 +52,8 @@ class LocalFanOut(FanOut):
     def __init__(self, *, history_ttl: float = 300.0) -> None:
         super().__init__()
         self.history_ttl = history_ttl
+        self.epoch = _new_epoch()
+        self._prefix = f"{self.epoch}-"
         self._logs: dict[Topic, _Log] = {}
         # publish() may come from worker threads (sync jobs): one lock orders a topic's offsets.
         self._lock = threading.Lock()
@@ -78,7 +96,8 @@ class LocalFanOut(FanOut):
         log.entries.append((seq, time.monotonic(), text, len(text.encode("utf-8"))))
         while len(log.entries) > MAX_KEPT_PER_TOPIC:
             log.dropped_through = log.entries.popleft()[0]
-        message = Message(topic, str(seq), str(seq - 1), text, time.time())
+        prefix = self._prefix
+        message = Message(topic, f"{prefix}{seq}", f"{prefix}{seq - 1}", text, time.time())
         # Dispatch under the lock so the loop sees a topic's messages in offset order.
         self._deliver(message)
         return message.offset
@@ -100,12 +119,8 @@ class LocalFanOut(FanOut):
         return self.publish(topic, data, conn=conn)
 
     async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE) -> History | None:
-        if not (isinstance(since, str) and since.isascii() and since.isdigit()):
-            return None
-        after = int(since)
-        if str(after) != since:
-            # Zero-padded: never given out, and past 20 digits no offset key the hub can compare
-            # (the empty page's `since` is where the client stands).
+        after = self._seq_of(since)
+        if after is None:
             return None
         with self._lock:
             log = self._logs.get(topic) or _Log()
@@ -114,6 +129,7 @@ class LocalFanOut(FanOut):
             cutoff = time.monotonic() - self.history_ttl
             out = []
             used = 0
+            last = after
             # Entries hold consecutive seqs (appended in order, dropped from the front), so the page
             # starts at a known index: islice skips what came before it without a Python loop.
             start = max(0, after + 1 - log.entries[0][0]) if log.entries else 0
@@ -122,15 +138,27 @@ class LocalFanOut(FanOut):
                     return None  # a missed message has expired: never a silent hole
                 if len(out) == limit or used >= HISTORY_PAGE_BYTES:
                     break
-                out.append(Message(topic, str(seq), str(seq - 1), text))
+                out.append(Message(topic, f"{self._prefix}{seq}", f"{self._prefix}{seq - 1}", text))
                 used += size
-            last = out[-1].offset if out else since
-            return History(out, str(log.last), int(last) < log.last)
+                last = seq
+            return History(out, f"{self._prefix}{log.last}", last < log.last)
+
+    def _seq_of(self, since: Offset) -> int | None:
+        """The sequence number of an offset of this fan-out; None for one of another process (or
+        a fan-out before a restart) and for anything it never gave out."""
+        if not (isinstance(since, str) and since.startswith(self._prefix)):
+            return None
+        tail = since[len(self._prefix):]
+        if not (tail.isascii() and tail.isdigit()) or str(int(tail)) != tail:
+            # Zero-padded: never given out, and past 20 digits no offset key the hub can compare
+            # (the empty page's `since` is where the client stands).
+            return None
+        return int(tail)
 
     def latest_offset(self, topic: Topic) -> Offset:
         with self._lock:
             log = self._logs.get(topic)
-            return str(log.last if log else 0)
+            return f"{self._prefix}{log.last if log else 0}"
 
     async def alatest_offset(self, topic: Topic) -> Offset:
         return self.latest_offset(topic)

@@ -127,8 +127,9 @@ async def test_a_burst_of_messages_in_one_turn_of_the_loop_is_one_write_per_subs
     """Ten messages published in one turn of the event loop reach each of two subscribers as one write (one system call, not ten), their frames in order."""
     server = await start_server()
     clients, writes = await subscribers_recorded(server, "room:burst", 2, monkeypatch)
+    epoch = server.fanout.epoch  # the local fan-out's offsets: "EPOCH-SEQ"
     for n in range(10):
-        server.hub.on_message(Message("room:burst", str(n + 1), str(n), json.dumps({"n": n}), None))
+        server.hub.on_message(Message("room:burst", f"{epoch}-{n + 1}", f"{epoch}-{n}", json.dumps({"n": n}), None))
     for client, written in zip(clients, writes):
         assert [m["data"]["n"] for m in await client.messages(10)] == list(range(10))
         assert len(written) == 1, f"{len(written)} writes for a burst of 10"

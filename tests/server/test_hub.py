@@ -196,11 +196,11 @@ async def test_duplicates_are_dropped_and_replay_meets_live_without_a_seam() -> 
         fanout.publish("t", i)
     await settle()
     sub = Sub()
-    task = asyncio.ensure_future(hub.subscribe(sub, "t", "2", 1))
+    task = asyncio.ensure_future(hub.subscribe(sub, "t", f"{fanout.epoch}-2", 1))
     fanout.publish("t", 5)  # arrives while the replay is read
     await task
     await settle()
-    # Offset N carries data N-1: after "2" come offsets 3, 4, 5 (replayed) and 6 (live).
+    # Offset N carries data N-1: after N=2 come offsets 3, 4, 5 (replayed) and 6 (live).
     assert sub.data() == [2, 3, 4, 5]
 
 
@@ -288,7 +288,7 @@ async def test_doorbells_are_read_from_history_in_order_and_once() -> None:
         fanout.publish("t", i)
     await settle()
     assert sub.data() == [0, 1, 2, 3, 4]
-    assert [f["offset"] for f in sub.frames if f["op"] == "message"] == ["1", "2", "3", "4", "5"]
+    assert [f["offset"] for f in sub.frames if f["op"] == "message"] == [f"{fanout.epoch}-{n}" for n in range(1, 6)]
 
 
 @pytest.mark.parametrize(("snapshot_first", "reads"), [(True, 2), (False, 1)])
@@ -338,7 +338,7 @@ async def test_a_replay_waiting_for_a_slow_client_holds_a_bounded_number_of_live
     for i in range(HISTORY_PAGE + 1):  # two pages: the replay waits for the client between them
         fanout.publish("busy", i)
     sub = SlowReader()
-    joining = asyncio.create_task(hub.subscribe(sub, "busy", "0", 1))
+    joining = asyncio.create_task(hub.subscribe(sub, "busy", f"{fanout.epoch}-0", 1))
     await async_wait_for(lambda: len(sub.data()) == HISTORY_PAGE, message="the first page to be sent")
     total = 5 * TOPIC_FRAMES
     for i in range(HISTORY_PAGE + 1, total):
@@ -363,7 +363,7 @@ async def test_live_messages_dropped_while_the_last_replay_page_waits_for_a_slow
     for i in range(300):  # one page of 300 KiB: the replay waits for the client within it
         fanout.publish("heavy", {"i": i, "pad": "x" * 1024})
     sub = SlowReader()
-    joining = asyncio.create_task(hub.subscribe(sub, "heavy", "0", 1))
+    joining = asyncio.create_task(hub.subscribe(sub, "heavy", f"{fanout.epoch}-0", 1))
     await async_wait_for(lambda: sub.data(), message="the replay to start")
     total = 300 + 2 * TOPIC_FRAMES
     for i in range(300, total):
