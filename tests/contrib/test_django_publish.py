@@ -126,3 +126,26 @@ def test_conn_publishes_in_that_connections_transaction() -> None:
         assert publish(TOPIC, {"n": 4}, conn=connection.connection) is not None
         raise RuntimeError("roll back")
     assert livepush.latest_offset(TOPIC) == before
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["publish", "publish_many"])
+def test_a_send_at_commit_that_fails_is_logged_and_the_apps_own_callbacks_still_run(
+        many: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """The fan-out's service is down when the transaction commits: the commit stands, the block
+    exits without an exception, the app's on-commit callbacks after it run, and an error names
+    the topic whose message was not sent."""
+    from livepush import api
+    from livepush.fanout.postgres import PostgresFanOut
+    from tests.support.procs import free_port
+
+    api.set_default_fanout(PostgresFanOut(f"postgresql://nobody@127.0.0.1:{free_port()}/none?connect_timeout=2"))
+    ran: list[str] = []
+    with caplog.at_level("ERROR", logger="livepush.contrib"), transaction.atomic():
+        if many:
+            publish_many([(TOPIC, {"n": 1}), ("notices:other", {"n": 2})])
+        else:
+            publish(TOPIC, {"n": 1})
+        transaction.on_commit(lambda: ran.append("the app's own"))
+    assert ran == ["the app's own"]
+    lost = [r.getMessage() for r in caplog.records if r.name == "livepush.contrib"]
+    assert len(lost) == 1 and TOPIC in lost[0] and "not sent" in lost[0], lost

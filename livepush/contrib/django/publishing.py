@@ -3,12 +3,18 @@ transaction commits (`transaction.on_commit`), and never when it rolls back.
 
 livepush's own `publish()` is unchanged: it sends at once, or in the transaction of the psycopg
 connection given as `conn=`, which this one passes through.
+
+A send at commit that fails (the fan-out's service down) is logged as an error naming the topics,
+and the app's own on-commit callbacks after it still run: the transaction has committed, so an
+exception there would only turn a saved change into an error page.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
+from collections.abc import Callable
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,7 +22,23 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from ... import api
 from ...fanout.base import encode_batch, encode_payload
+from ...errors import LivepushError
 from ...types import JSON, Offset, Topic
+
+log = logging.getLogger("livepush.contrib")
+
+
+def _at_commit(send: Callable[[], object], topics: list[Topic], using: str) -> None:
+    def sent() -> None:
+        try:
+            send()
+        except LivepushError as exc:
+            shown = ", ".join(topics[:5]) + (f" and {len(topics) - 5} more" if len(topics) > 5 else "")
+            log.error("livepush: a message published in a committed transaction was not sent (topics: %s): %s",
+                      shown, exc)
+
+    # robust: anything else that goes wrong is logged by Django, and later callbacks still run.
+    transaction.on_commit(sent, using=using, robust=True)
 
 
 def publish(topic: Topic, data: JSON, *, conn: Any = None, using: str = DEFAULT_DB_ALIAS) -> Offset | None:
@@ -30,7 +52,7 @@ def publish(topic: Topic, data: JSON, *, conn: Any = None, using: str = DEFAULT_
     # data as it was at this call.
     api.publishable(topic)
     frozen = json.loads(encode_payload(data))
-    transaction.on_commit(functools.partial(api.publish, topic, frozen), using=using)
+    _at_commit(functools.partial(api.publish, topic, frozen), [topic], using)
     return None
 
 
@@ -43,5 +65,5 @@ def publish_many(messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None,
         return api.publish_many(messages, conn=conn)
     checked = api.publishable_many(messages)
     frozen = [(topic, json.loads(text)) for topic, text in encode_batch(checked)]
-    transaction.on_commit(functools.partial(api.publish_many, frozen), using=using)
+    _at_commit(functools.partial(api.publish_many, frozen), sorted({topic for topic, _ in frozen}), using)
     return None
