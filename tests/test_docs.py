@@ -1,0 +1,336 @@
+"""The docs are a contract (docs/reference.md): every Python example in them is Python and the
+ones a reader would copy run as written against a real Postgres; every setting, command, flag,
+metric, error and name they give exists in the code, and the code has none they leave out; every
+test they cite exists; and they point at nothing outside the repository."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import re
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import livepush
+from livepush import jobs, metrics
+from livepush.cli.main import build_parser
+from tests.support.settings import jobs_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "client_js" / "README.md"]
+# Hosts an example may name: they stand for the reader's own.
+EXAMPLE_HOSTS = re.compile(r"^(localhost|127\.0\.0\.1|10\.\d+\.\d+\.\d+|([\w-]+\.)*example\.com|livepush)$")
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+
+
+def blocks(page: Path, language: str = "python") -> Iterator[tuple[int, str]]:
+    """(line, code) of each fenced block of `language` in `page`."""
+    text = page.read_text()
+    for match in FENCE.finditer(text):
+        if match.group(1) == language:
+            yield text.count("\n", 0, match.start()) + 2, match.group(2)
+
+
+def example(page: str, containing: str) -> tuple[str, str]:
+    """The one Python block of `page` (a path from the root) holding `containing`, and its place."""
+    found = [(line, code) for line, code in blocks(ROOT / page) if containing in code]
+    assert len(found) == 1, f"{page}: {len(found)} Python blocks hold {containing!r}"
+    line, code = found[0]
+    return code, f"{page}:{line}"
+
+
+async def run(code: str, where: str, namespace: dict[str, Any]) -> dict[str, Any]:
+    """Run a docs example as a reader would paste it (top-level `await` included) in `namespace`.
+    A block's line numbers map onto its page, so a failure points at the docs."""
+    path, _, line = where.partition(":")
+    tree = ast.parse(code, path)
+    ast.increment_lineno(tree, int(line) - 1)
+    compiled = compile(tree, path, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    namespace.setdefault("__name__", "docs_examples." + Path(path).stem)
+    result = eval(compiled, namespace)  # noqa: S307 -- the repository's own docs
+    if asyncio.iscoroutine(result):
+        await result
+    return namespace
+
+
+def section(page: str, heading: str) -> str:
+    """The text of `page` under the heading that starts with `heading`, to the next of its level."""
+    text = (ROOT / page).read_text()
+    start = re.search(rf"^(#+) {re.escape(heading)}.*$", text, re.M)
+    assert start, f"{page}: no heading {heading!r}"
+    level = len(start.group(1))
+    end = re.compile(rf"^#{{1,{level}}} ", re.M).search(text, start.end())
+    return text[start.end():end.start() if end else len(text)]
+
+
+# ---- What the docs show is Python, and what they name exists -----------------------------------
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_python_example_is_python(page: Path) -> None:
+    """Each ```python block of the page compiles (top-level `await` allowed): a reader can paste it."""
+    for line, code in blocks(page):
+        try:
+            compile(code, str(page), "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        except SyntaxError as exc:
+            pytest.fail(f"{page.relative_to(ROOT)}:{line + (exc.lineno or 1) - 1}: {exc.msg}")
+
+
+def _table_settings(text: str) -> set[str]:
+    return {name for row in re.findall(r"^\| (`LIVEPUSH_[^|]*)\|", text, re.M)
+            for name in re.findall(r"`(LIVEPUSH_[A-Z_]+)`", row)}
+
+
+def test_the_settings_tables_name_every_setting_livepush_reads_and_no_other() -> None:
+    """README's table and reference §2 list the same variables, exactly those the package reads
+    (the Django integration's own settings, documented in frameworks.md, aside)."""
+    readme = _table_settings((ROOT / "README.md").read_text())
+    reference = _table_settings(section("docs/reference.md", "2. Configuration"))
+    read = set()
+    for source in (ROOT / "livepush").rglob("*.py"):
+        if "contrib/django" not in source.as_posix():
+            read |= set(re.findall(r"[\"'](LIVEPUSH_[A-Z_]+)[\"']", source.read_text()))
+    assert readme == reference, (readme ^ reference)
+    assert reference == read, (f"documented, never read: {sorted(reference - read)}; "
+                               f"read, not documented: {sorted(read - reference)}")
+
+
+def _parsers() -> dict[str, Any]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    return dict(sub.choices)
+
+
+def _flags(parser: Any) -> set[str]:
+    return {s for a in parser._actions if a.help != "==SUPPRESS==" for s in a.option_strings} - {"-h", "--help"}
+
+
+def test_each_command_the_reference_describes_has_the_flags_it_gives_and_no_other() -> None:
+    """Every `livepush CMD [--flag ...]` synopsis in reference §3 names the command's own flags,
+    all of them; and every command `livepush --help` lists is described there."""
+    commands = section("docs/reference.md", "3. Commands")
+    parsers = _parsers()
+    described = set()
+    for synopsis in re.findall(r"^- `livepush (.*?)`(?=[\s,:])", commands, re.M):
+        name = synopsis.split()[0]
+        described.add(name)
+        assert name in parsers, f"reference §3 describes `livepush {name}`, which is no command"
+        assert set(re.findall(r"--[a-z-]+", synopsis)) == _flags(parsers[name]), synopsis
+    # publish and token share one line: `livepush publish TOPIC JSON`, `livepush token session ...`.
+    described |= set(re.findall(r"`livepush (publish|token) ", commands))
+    assert described == set(parsers), set(parsers) ^ described
+
+
+def test_every_metric_the_reference_lists_is_served() -> None:
+    """The metrics table of reference §9 names exactly the families /metrics serves."""
+    table = section("docs/reference.md", "9. Operations")
+    listed = {re.sub(r"_total$", "", m) for m in re.findall(r"^\s*\| `(livepush_[a-z_]+)", table, re.M)}
+    served = {family.name for family in metrics.REGISTRY.collect()}
+    assert listed == served, listed ^ served
+
+
+def _resolve(dotted: str) -> bool:
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for part in parts[cut:]:
+            if not hasattr(obj, part):
+                return False
+            obj = getattr(obj, part)
+        return True
+    return False
+
+
+def test_every_livepush_name_the_docs_use_exists() -> None:
+    """`livepush.X`, `livepush.jobs.X` and `jobs.X` in the docs (errors, functions, constants)
+    are attributes the package has (the Django integration, which needs Django's settings to
+    import, aside)."""
+    missing = set()
+    for page in PAGES:
+        text = page.read_text()
+        names = set(re.findall(r"\b(livepush(?:\.[A-Za-z_]\w*)+)", text))
+        names |= {"livepush.jobs" + m for m in re.findall(r"(?<![\w.])jobs((?:\.[A-Za-z_]\w*)+)", text)}
+        for name in names:
+            if name.startswith(("livepush.contrib.django", "livepush.token.")) or name.endswith((".md", ".py", ".js", ".ts")):
+                continue
+            if name in ("livepush.session", "livepush.token", "livepush.websockets"):  # a salt, a subprotocol, a logger
+                continue
+            if not _resolve(name):
+                missing.add(f"{page.relative_to(ROOT)}: {name}")
+    assert not missing, sorted(missing)
+
+
+def test_every_test_the_docs_cite_exists() -> None:
+    """A test function or file the docs name as the proof of a claim is in tests/."""
+    sources = "\n".join(p.read_text() for p in (ROOT / "tests").rglob("*.py"))
+    files = {p.stem for p in (ROOT / "tests").rglob("test_*.py")}
+    missing = []
+    for page in PAGES:
+        text = page.read_text()
+        for path in re.findall(r"\btests/[\w/*.]+\.py", text):
+            if not list(ROOT.glob(path)):
+                missing.append(f"{page.relative_to(ROOT)}: {path}")
+        for name in set(re.findall(r"\b(test_\w+)", text)):
+            if name not in files and not re.search(rf"def {name}\b", sources) and not name.endswith("_"):
+                missing.append(f"{page.relative_to(ROOT)}: {name}")
+    # jobs.md's example of a user's own test is not one of ours.
+    assert missing == ["docs/jobs.md: test_signup_sends_mail"], missing
+
+
+def test_the_docs_point_at_nothing_outside_the_repository() -> None:
+    """Links are to files (and headings) of the repository; a URL names only a host that stands
+    for the reader's own (example.com, localhost)."""
+    wrong = []
+    for page in PAGES:
+        text = page.read_text()
+        headings = {}
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            path, _, anchor = target.partition("#")
+            if re.match(r"\w+:", path):
+                wrong.append(f"{page.relative_to(ROOT)}: links to {target}")
+                continue
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                wrong.append(f"{page.relative_to(ROOT)}: {target} is no file")
+            elif anchor:
+                if file not in headings:
+                    prose = FENCE.sub("", file.read_text())
+                    headings[file] = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                                      for h in re.findall(r"^#+ (.*)$", prose, re.M)}
+                if anchor not in headings[file]:
+                    wrong.append(f"{page.relative_to(ROOT)}: {target} names no heading")
+        for host in re.findall(r"\b(?:https?|wss?)://(?:[^@/\s]*@)?([\w.-]+)", text):
+            if not EXAMPLE_HOSTS.match(host) and host not in ("host", "HOST"):
+                wrong.append(f"{page.relative_to(ROOT)}: {host}")
+    assert not wrong, wrong
+
+
+# ---- The examples a reader copies run as written ------------------------------------------------
+
+
+@pytest.fixture
+def docs_db(pg_url: str) -> Iterator[str]:
+    """This process's settings on a fresh database, as a reader's would be."""
+    with jobs_settings(pg_url):
+        yield pg_url
+
+
+async def test_the_readme_and_reference_publish_examples_run(docs_db: str) -> None:
+    """README's "Using it" and reference §4's first block publish, sign, read offsets and issue and
+    revoke a session, with every offset where the docs say it is."""
+    sync_conn = psycopg.connect(docs_db)
+    async_conn = await psycopg.AsyncConnection.connect(docs_db)
+    try:
+        for page, marker in (("README.md", "livepush.publish_many"), ("docs/reference.md", "livepush.publish_many")):
+            code, where = example(page, marker)
+            ns = await run(code, where, {"data": {"n": 1}, "a": {"n": 2}, "b": {"n": 3},
+                                         "pairs": [("user:9", {"n": 4})],
+                                         "psycopg_conn": sync_conn, "async_conn": async_conn})
+            sync_conn.commit()
+            await async_conn.commit()
+            assert livepush.verify_topic(ns["signed"]) == "job:42"
+            assert ns["since"] == livepush.latest_offset("chat:lobby")
+    finally:
+        sync_conn.close()
+        await async_conn.close()
+
+
+async def test_the_quickstart_publishes_in_the_callers_transaction_and_renders_an_offset(docs_db: str) -> None:
+    """quickstart.md's post_comment() publishes only as its transaction commits, and render_doc()
+    reads the offset the page then subscribes with."""
+    with psycopg.connect(docs_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE comments (doc_id int, text text)")
+        ns = await run(*(example("docs/quickstart.md", "def post_comment")), {"livepush": livepush})
+        ns = await run(*(example("docs/quickstart.md", "def render_doc")), ns)
+        before = livepush.latest_offset("doc:5")
+        ns["post_comment"](conn, 5, "first")
+        rendered: dict[str, Any] = {}
+        ns.update(load_comments=lambda doc_id: ["first"], template=type("T", (), {"render": staticmethod(
+            lambda **kw: rendered.update(kw))}))
+        ns["render_doc"](5)
+    assert rendered["since"] == livepush.latest_offset("doc:5") != before
+    assert livepush.verify_topic(rendered["topic"]) == "doc:5"
+
+
+async def _stub(ctx: Any, *args: Any) -> Any:
+    return list(args)
+
+
+@jobs.job(name="docs_examples.import_row")
+async def import_row(ctx: Any, *args: Any) -> Any:
+    return list(args)
+
+
+@jobs.job(name="docs_examples.report")
+async def report(ctx: Any, *args: Any) -> None:
+    return None
+
+
+@jobs.job(name="docs_examples.build_report")
+async def build_report(ctx: Any, import_id: int) -> dict[str, int]:
+    return {"report": import_id}
+
+
+@jobs.job(name="docs_examples.resize")
+def resize(ctx: Any, row: int) -> int:
+    return row * 10
+
+
+async def test_the_jobs_page_enqueue_examples_run(docs_db: str) -> None:
+    """jobs.md's "Enqueueing" and "Enqueue options" blocks enqueue what they say, and the jobs run."""
+    rows = [{"n": 1}, {"n": 2}]
+    ns: dict[str, Any] = {"jobs": jobs, "import_row": import_row, "sync_search": import_row, "rows": rows,
+                          "row": rows[0], "user_id": 7, "datetime": datetime, "timezone": timezone}
+    await run(*(example("docs/jobs.md", "handle = await import_row.aenqueue")), ns)
+    await run(*(example("docs/jobs.md", "key=\"import:7:row:3\"")), ns)
+    assert jobs.get_job(ns["tagged"].id).tags == ("import:7", "tenant:3")
+    assert jobs.get_job(ns["tagged"].id).state == "cancelled"  # by cancel_tagged
+    assert await jobs.adrain() == {"succeeded": 6}  # what is due: not the waits, the debounce or the tagged one
+    with pytest.raises(jobs.InvalidArgumentsError, match="rule 'required'"):
+        ns["invite"].enqueue(3, {"name": "no e-mail"})
+
+
+async def test_the_groups_page_example_runs_its_callbacks(docs_db: str) -> None:
+    """groups.md's first block builds, fills and seals a group whose callbacks run when it finishes."""
+    ns = await run(*(example("docs/groups.md", "with jobs.group(on_finish")),
+                   {"jobs": jobs, "report": report, "notify": report, "alert": report, "import_row": import_row,
+                    "import_id": 7, "rows": [1, 2, 3]})
+    assert await jobs.adrain() == {"succeeded": 5}  # three members, on_finish and on_success
+    assert jobs.get_group(ns["g"].handle.id)["state"] == "finished"
+
+
+async def test_the_durable_example_runs_to_its_durable_sleep(docs_db: str) -> None:
+    """durable.md's import_file runs its checkpoints, parks on its child and its children, takes the
+    approval sent before its wait, and parks again on its hour of durable sleep."""
+    ns = await run(*(example("docs/durable.md", "async def import_file")),
+                   {"fetch_rows": lambda import_id: [1, 2], "charge": lambda cents: {"cents": cents},
+                    "build_report": build_report, "resize": resize})
+    await jobs.adrain()
+    info = jobs.get_job(ns["handle"].id)
+    assert (info.state, info.waiting) == ("waiting", {"for": "sleep", "name": "cool-down"}), info
+    assert jobs.cancel(ns["handle"].id)
+
+
+async def test_the_workflow_example_runs_to_its_report(docs_db: str) -> None:
+    """workflows.md's nightly_import fetches, fans out its rows, waits for the approval it was
+    sent and reports, as the page describes."""
+
+    async def load(source: str) -> list[int]:
+        return [1, 2, 3]
+
+    ns = await run(*(example("docs/workflows.md", "flow = jobs.workflow(")),
+                   {"load": load, "import_row": import_row})
+    await jobs.adrain()
+    run_ = jobs.workflows.get(ns["run"].id)
+    assert run_["state"] == "succeeded", run_
+    assert run_["steps"]["report"]["output"] == {"by": "ana", "imported": 3}
