@@ -149,3 +149,21 @@ def test_clear_refuses_outside_tests(jobs_db: str) -> None:
     config.set_settings(config.Settings(database_url=jobs_db, fanout="postgres"))
     with pytest.raises(ConfigError, match="LIVEPUSH_ENV=test"):
         jobs.clear()
+
+
+def test_a_job_that_fails_under_drain_logs_its_own_traceback_only(jobs_db: str,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """drain() from sync code runs jobs "through the normal code paths": the traceback a failed job
+    logs is the job's, not chained to drain()'s own check for a running event loop (which read
+    "RuntimeError: no running event loop" above every error a test's job raised)."""
+    import traceback
+
+    h = sample_jobs.flaky.enqueue(99)
+    with caplog.at_level("WARNING", logger="livepush.jobs"):
+        assert jobs.drain() == {"retrying": 2, "failed": 1}
+    failed = [r for r in caplog.records if r.exc_info and f"job {h.id} " in r.getMessage()]
+    assert failed, [r.getMessage() for r in caplog.records]
+    for record in failed:
+        text = "".join(traceback.format_exception(*record.exc_info))  # type: ignore[misc]
+        assert "boom on attempt" in text
+        assert "no running event loop" not in text, text

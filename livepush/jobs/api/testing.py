@@ -66,6 +66,12 @@ def drain(queues: Sequence[str] | None = None, *, registry: Registry = REGISTRY,
     try:
         asyncio.get_running_loop()
     except RuntimeError:
+        in_loop = False
+    else:
+        in_loop = True
+    if not in_loop:
+        # Outside the except block: run there, every error the jobs raise would be chained to
+        # that RuntimeError, and each failed job's logged traceback would start with it.
         return asyncio.run(adrain(queues, registry=registry, max_jobs=max_jobs))
     result: dict[str, Any] = {}
 
