@@ -334,3 +334,34 @@ async def test_the_workflow_example_runs_to_its_report(docs_db: str) -> None:
     run_ = jobs.workflows.get(ns["run"].id)
     assert run_["state"] == "succeeded", run_
     assert run_["steps"]["report"]["output"] == {"by": "ana", "imported": 3}
+
+
+# Each default reference §3 states: how --help says it, and how the reference does.
+DEFAULTS = [
+    ("jobs", "--concurrency", "default 10", "default 10"),
+    ("jobs", "--shutdown-timeout", "default 30", "default 30"),
+    ("jobs", "--heartbeat", "default 10", "default 10"),
+    ("jobs", "--poll-interval", "default 1", "default 1"),
+    ("jobs", "--retention", "default 604800", "default 604800"),
+    ("serve", "--drain-seconds", "default 0", "`0` (the default)"),
+    ("serve", "--workers", "default 1", "`1` (the default)"),
+    ("status", "--limit", "default 20", "default 20"),
+    ("token", "--ttl", "86400 for a session", "a day (86400 s)"),
+    ("token", "--ttl", "LIVEPUSH_SIGNED_TOPIC_TTL for a topic", "a signed topic `LIVEPUSH_SIGNED_TOPIC_TTL`"),
+]
+
+
+@pytest.mark.parametrize("command,flag,in_help,in_reference", DEFAULTS)
+def test_each_commands_help_gives_the_defaults_the_reference_gives(command: str, flag: str, in_help: str,
+                                                                   in_reference: str) -> None:
+    """`livepush CMD --help` and reference §3 say the same default for each flag."""
+    commands = " ".join(section("docs/reference.md", "3. Commands").split())
+    assert in_reference in commands, f"reference §3 does not say {flag}'s default: {in_reference}"
+    action = next(a for a in _parsers()[command]._actions if flag in a.option_strings)
+    assert in_help in " ".join((action.help or "").split()), f"livepush {command} --help: {flag}: {action.help!r}"
+
+
+def test_each_command_has_help_for_each_of_its_arguments() -> None:
+    """Every argument of every command says what it is in `livepush CMD --help`."""
+    bare = [f"{name} {a.dest}" for name, parser in _parsers().items() for a in parser._actions if not a.help]
+    assert not bare, bare

@@ -195,10 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_migrate)
 
     p = sub.add_parser("serve", help="run the WebSocket server")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
-    p.add_argument("--fanout", choices=config.FANOUTS)
-    p.add_argument("--authenticate", choices=config.AUTH_MODES)
+    p.add_argument("--host", help="address to listen on (LIVEPUSH_HOST; default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to listen on (LIVEPUSH_PORT; default 8765; 0: any free one)")
+    p.add_argument("--fanout", choices=config.FANOUTS,
+                   help="LIVEPUSH_FANOUT (default postgres with a database URL, else local)")
+    p.add_argument("--authenticate", choices=config.AUTH_MODES, help="LIVEPUSH_AUTHENTICATE (default optional)")
     p.add_argument("--app", metavar="MODULE:ATTR", help="your livepush.App (topic rules, hooks)")
     p.add_argument("--with-jobs", metavar="MODULE", help="also run the job runtime for these job modules")
     _log_format(p)
@@ -223,14 +224,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("publish", help="publish a message")
-    p.add_argument("topic")
-    p.add_argument("json")
+    p.add_argument("topic", help="the topic, e.g. chat:lobby (not a job:, group: or workflow: state topic)")
+    p.add_argument("json", help="the message's data as JSON, e.g. '{\"text\": \"hi\"}'")
     p.set_defaults(func=cmd_publish)
 
     p = sub.add_parser("token", help="make a session token or a signed topic")
-    p.add_argument("kind", choices=("session", "topic"))
-    p.add_argument("value", metavar="SUBJECT|TOPIC")
-    p.add_argument("--ttl", type=float, help="seconds until it expires")
+    p.add_argument("kind", choices=("session", "topic"),
+                   help="session: a session token for SUBJECT; topic: TOPIC signed, its own permission")
+    p.add_argument("value", metavar="SUBJECT|TOPIC", help="the session's subject, or the topic to sign")
+    p.add_argument("--ttl", type=float, help="seconds until it expires (default: 86400 for a session, "
+                   "LIVEPUSH_SIGNED_TOPIC_TTL for a topic)")
     p.set_defaults(func=cmd_token)
     return parser
 

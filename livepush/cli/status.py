@@ -41,7 +41,8 @@ def _limit(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the report")
     parser.add_argument("--limit", type=_limit, default=DEFAULT_LIMIT, metavar="N",
-                        help=f"groups and workflow runs in progress shown, newest first (default {DEFAULT_LIMIT})")
+                        help=f"task groups and workflow runs in progress shown, newest first, and tags most carried, "
+                             f"from 1 to {MAX_LIMIT} (default {DEFAULT_LIMIT})")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
