@@ -169,7 +169,7 @@ export interface ProgressView {
   done: number | null;
   total: number | null;
   message: string | null;
-  /** The job (succeeded, failed, cancelled) or group (finished, cancelled) reached a final state. */
+  /** The job (succeeded, failed, cancelled) or group (finished; cancelled once none of its members is pending) reached a final state. */
   finished: boolean;
 }
 

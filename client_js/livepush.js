@@ -1102,6 +1102,8 @@ export class LivePush {
  */
 
 const JOB_FINAL = new Set(['succeeded', 'failed', 'cancelled']);
+// A cancelled group is not finished yet while members it told to stop still run (they may even
+// succeed): it finishes, and runs its callbacks, once none is pending.
 const GROUP_FINAL = new Set(['finished', 'cancelled']);
 
 /**
@@ -1144,7 +1146,7 @@ export function describeProgress(data) {
       done: succeeded + failed + cancelled,
       total: num(g.total),
       message: notes.length ? notes.join(', ') : null,
-      finished: GROUP_FINAL.has(g.state),
+      finished: GROUP_FINAL.has(g.state) && (g.state === 'finished' || num(g.pending) === 0),
     };
   }
   return { kind: 'unknown', event, state: null, done: null, total: null, message: null, finished: false };
@@ -1175,7 +1177,8 @@ export function progressText(view) {
 /**
  * @typedef {object} BindProgressOptions
  * @property {(view: ProgressView, data: any) => void} [onFinish] called once, when the job or
- *   group reaches a final state (job: succeeded, failed, cancelled; group: finished, cancelled)
+ *   group reaches a final state (job: succeeded, failed, cancelled; group: finished, or
+ *   cancelled once none of its members is pending)
  * @property {(view: ProgressView, data: any) => void} [onUpdate] called after every render
  * @property {string | null} [since]
  */

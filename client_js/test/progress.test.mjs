@@ -84,6 +84,24 @@ test('bindProgress renders a group: done counts succeeded, failed and cancelled 
   t.h.lp.close();
 });
 
+test('a cancelled group finishes once nothing is pending: onFinish waits for its last members', () => {
+  // cancel_group() shows state "cancelled" at once, while running members go on (they may even
+  // succeed); the group finishes, and runs its callbacks, only once none is pending.
+  const t = setup('group:9');
+  const group = (event, counts) => ({ event, group: { id: 9, state: 'cancelled', total: 2, pending: 0, succeeded: 0, failed: 0, cancelled: 0, ...counts } });
+  t.send({ event: 'snapshot', group: { id: 9, state: 'sealed', total: 2, pending: 2, succeeded: 0, failed: 0, cancelled: 0 } });
+  t.send(group('cancelled', { pending: 2 }));
+  assert.equal(t.label.textContent, '0/2 · cancelled');
+  assert.deepEqual(t.finished, [], 'two members still run');
+  t.send(group('progress', { pending: 1, succeeded: 1 }));
+  assert.deepEqual(t.finished, []);
+  t.send(group('finished', { succeeded: 2 }));
+  assert.equal(t.label.textContent, '2/2 · cancelled');
+  assert.deepEqual(t.finished, ['cancelled']);
+  assert.equal(describeProgress(group('snapshot', { cancelled: 2 })).finished, true, 'a finished cancelled group');
+  t.h.lp.close();
+});
+
 test('bindProgress re-subscribes after a reset to get a fresh snapshot, and unsubscribe ends it', () => {
   const t = setup('group:9');
   t.send({ event: 'snapshot', group: { id: 9, state: 'sealed', total: 10, pending: 10, succeeded: 0, failed: 0, cancelled: 0 } });
