@@ -500,6 +500,21 @@ def test_signals_nobody_waits_for_are_refused(flows_db: str) -> None:
         jobs.workflows.signal(987654, "approve")
 
 
+async def test_verbs_on_an_id_no_run_can_have_name_that_id(flows_db: str) -> None:
+    """An int past what a run's id can be (bigint) is a run that does not exist, as for any unknown
+    id; WorkflowNotFound names the id the caller gave, not the stand-in the lookup used (0)."""
+    huge = 2**70
+    for call in (lambda: jobs.workflows.pause(huge), lambda: jobs.workflows.resume(huge),
+                 lambda: jobs.workflows.cancel(huge), lambda: jobs.workflows.skip(huge, "report"),
+                 lambda: jobs.workflows.signal(huge, "approve")):
+        with pytest.raises(jobs.WorkflowNotFound, match=f"no workflow run {huge} "):
+            call()
+    for acall in (jobs.workflows.apause(huge), jobs.workflows.askip(huge, "report"),
+                  jobs.workflows.asignal(huge, "approve")):
+        with pytest.raises(jobs.WorkflowNotFound, match=f"no workflow run {huge} "):
+            await acall
+
+
 # -- fan-out ---------------------------------------------------------------------------------------
 
 async def test_a_fan_out_step_parks_on_its_batch_and_outputs_the_counts(flows_db: str) -> None:

@@ -18,7 +18,7 @@ from .. import database
 from ..api.args import encode
 from ..api.control import acancel, cancel
 from ..groups.cancel import acancel_children, cancel_children
-from ..api.handles import checked_id
+from ..api.handles import NO_SUCH_ID, checked_id
 from ...postgres.text import unstorable
 from ..durable.run import check_name
 from ..durable import queries as dq
@@ -28,6 +28,15 @@ from ..groups import steps
 from ..groups.transactions import ain_tx, in_tx
 from . import engine
 from . import queries as wq
+
+def _run_id(value: Any) -> int:
+    """`value` as a run id; an int no run can have is WorkflowNotFound named as given (checked_id
+    reads it as the stand-in NO_SUCH_ID, which the message must not show instead)."""
+    run_id = checked_id(value, "run_id")
+    if run_id == NO_SUCH_ID:
+        raise WorkflowNotFound(f"no workflow run {value} (never started, or deleted after its retention time)")
+    return run_id
+
 
 def _text(value: Any, what: str) -> str | None:
     if value is None:
@@ -52,7 +61,7 @@ def _verb_steps(run_id: int, verb: str, step: str | None, actor: str | None, rea
 
 
 def _verb(run_id: Any, verb: str, step: str | None, actor: Any, reason: Any) -> bool:
-    run_id = checked_id(run_id, "run_id")
+    run_id = _run_id(run_id)
     actor, reason = _text(actor, "actor"), _text(reason, "reason")
     applied, to_cancel = in_tx(lambda: _verb_steps(run_id, verb, step, actor, reason), None)
     for job_id in to_cancel:
@@ -64,7 +73,7 @@ def _verb(run_id: Any, verb: str, step: str | None, actor: Any, reason: Any) -> 
 
 
 async def _averb(run_id: Any, verb: str, step: str | None, actor: Any, reason: Any) -> bool:
-    run_id = checked_id(run_id, "run_id")
+    run_id = _run_id(run_id)
     actor, reason = _text(actor, "actor"), _text(reason, "reason")
     applied, to_cancel = await ain_tx(lambda: _verb_steps(run_id, verb, step, actor, reason), None)
     for job_id in to_cancel:
@@ -179,13 +188,13 @@ def _signal_steps(run_id: int, name: str, data: str, actor: str | None) -> steps
 def signal(run_id: int, name: str, data: Any = None, *, actor: str | None = None) -> None:
     """Send signal `name` to the run: the first unfinished step with `wait_for=name` gets it (now,
     or when it starts). Raises ValueError when no step waits for it, WorkflowNotFound for no run."""
-    run_id, name = checked_id(run_id, "run_id"), check_name(name, "signal()")
+    run_id, name = _run_id(run_id), check_name(name, "signal()")
     text, actor = encode(data, "data", InvalidArgumentsError, "signal data"), _text(actor, "actor")
     in_tx(lambda: _signal_steps(run_id, name, text, actor), None)
 
 
 async def asignal_run(run_id: int, name: str, data: Any = None, *, actor: str | None = None) -> None:
-    run_id, name = checked_id(run_id, "run_id"), check_name(name, "signal()")
+    run_id, name = _run_id(run_id), check_name(name, "signal()")
     text, actor = encode(data, "data", InvalidArgumentsError, "signal data"), _text(actor, "actor")
     await ain_tx(lambda: _signal_steps(run_id, name, text, actor), None)
 
