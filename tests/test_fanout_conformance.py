@@ -664,6 +664,20 @@ async def test_expired_range_is_none(make_fanout: MakeFanOut) -> None:
     assert await read_history(fanout, "ttl:a", fresh) == []
 
 
+async def test_the_local_history_keeps_the_newest_10000_messages_of_a_topic() -> None:
+    """The local fan-out keeps at most 10,000 messages per topic (docs/guarantees.md): a `since`
+    whose next message is still kept replays the rest; one older than that gets None (`reset`),
+    never a replay with a hole."""
+    from livepush.fanout.local import MAX_KEPT_PER_TOPIC, LocalFanOut
+
+    fanout = LocalFanOut()
+    origin = fanout.latest_offset("kept:a")
+    offsets = fanout.publish_many([("kept:a", {"i": i}) for i in range(MAX_KEPT_PER_TOPIC + 1)])
+    assert MAX_KEPT_PER_TOPIC == 10_000
+    assert await fanout.history("kept:a", origin) is None, "the first message is gone"
+    assert offsets_of(await read_history(fanout, "kept:a", offsets[0])) == offsets[1:]
+
+
 async def test_latest_offset_closes_the_render_to_subscribe_gap(make_fanout: MakeFanOut) -> None:
     """latest_offset() is the last published offset; replaying from it yields what came after, or nothing."""
     fanout = await make_fanout()
