@@ -365,3 +365,14 @@ def test_each_command_has_help_for_each_of_its_arguments() -> None:
     """Every argument of every command says what it is in `livepush CMD --help`."""
     bare = [f"{name} {a.dest}" for name, parser in _parsers().items() for a in parser._actions if not a.help]
     assert not bare, bare
+
+
+def test_the_reference_lists_exactly_the_runtime_dependencies() -> None:
+    """Reference §1's table of runtime dependencies names what pyproject.toml requires, no more."""
+    import tomllib
+
+    table = section("docs/reference.md", "1. Layout")
+    listed = {name.lower() for row in re.findall(r"^\| (`[^|]*)\|", table, re.M) for name in re.findall(r"`([\w-]+)`", row)}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    required = {re.match(r"[\w-]+", spec).group(0).lower() for spec in project}  # type: ignore[union-attr]
+    assert listed == required, listed ^ required
