@@ -172,3 +172,15 @@ def test_token_without_a_secret_exits_2(procs, livepush_env) -> None:
     env.pop("LIVEPUSH_SECRET")
     child = procs.livepush("token", "topic", "a", env=env)
     assert child.wait(20) == 2 and "LIVEPUSH_SECRET" in child.stderr()
+
+
+@pytest.mark.parametrize("command", ["serve", "demo"])
+def test_a_command_started_with_its_standard_input_closed_stops_cleanly(procs, livepush_env, pg_url, command) -> None:
+    """Started with descriptor 0 closed (`<&-`, as some supervisors and scripts leave it), `serve`
+    and `demo` serve and stop on SIGTERM with exit 0, instead of aborting (SIGABRT) when the event
+    loop closes the socket that took that descriptor."""
+    env = livepush_env(database_url=pg_url)
+    child = procs.start(["sh", "-c", 'exec "$@" <&-', "sh", sys.executable, "-m", "livepush", command], env=env,
+                        port=int(env["LIVEPUSH_PORT"]), name=f"livepush {command} <&-")
+    child.wait_healthy()
+    assert child.stop(15) == 0, child.output()

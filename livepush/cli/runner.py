@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from collections.abc import Coroutine
 from typing import Any
 
 
 def run_async(coro: Coroutine[Any, Any, int]) -> int:
+    _open_standard_descriptors()
     try:
         return _run(coro)
     finally:
@@ -26,3 +28,18 @@ def _run(coro: Coroutine[Any, Any, int]) -> int:
     except ImportError:
         return asyncio.run(coro)
     return uvloop.run(coro)
+
+
+def _open_standard_descriptors() -> None:
+    """Point any of descriptors 0, 1 and 2 that is closed (`livepush serve <&-`) at /dev/null.
+
+    Otherwise the next socket opened takes it, and uvloop aborts the whole process (SIGABRT) when
+    it closes a descriptor that low, which is at the stop at the latest."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            opened = os.open(os.devnull, os.O_RDWR)  # the lowest free number: `fd` itself
+            if opened != fd:
+                os.dup2(opened, fd)
+                os.close(opened)
