@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError, DependencyError
 
 
-def start(folder: Path) -> tuple[str, object]:
+def start(folder: Path) -> tuple[str, Any]:
     """Start (or reattach to) a PostgreSQL whose data lives in `folder`; return (url, handle).
 
     The data stays inside the project's folder on purpose: run as root, pgserver opens the
@@ -29,8 +31,44 @@ def start(folder: Path) -> tuple[str, object]:
             "run bin/demo (it installs it) or `pip install 'livepush[demo]'`, or set LIVEPUSH_DATABASE_URL"
         ) from None
     folder.mkdir(parents=True, exist_ok=True)
+    pgdata = _pgdata(folder)
     try:
-        server = pgserver.get_server(folder / "pg", cleanup_mode="stop")
+        with _pgserver_lock():
+            _live_handles(pgdata)
+        server = pgserver.get_server(pgdata, cleanup_mode="stop")
     except Exception as exc:  # pgserver raises plain exceptions for a failed start
         raise DependencyError(f"the embedded Postgres in {folder / 'pg'} did not start ({exc}): delete that folder and retry") from exc
     return server.get_uri(), server
+
+
+def _pgdata(folder: Path) -> Path:
+    return (folder / "pg").resolve()  # as pgserver names it, and as its postmaster's command line does
+
+
+def _pgserver_lock() -> Any:
+    """The lock pgserver takes to start and stop a server (pgserver 0.1's)."""
+    from pgserver.postgres_server import PostgresServer
+
+    return PostgresServer._lock
+
+
+def _live_handles(pgdata: Path) -> list[int]:
+    """The processes pgserver counts as using the server in `pgdata`, once the dead are forgotten.
+
+    pgserver lists them in `.handle_pids.json` and stops the server when the last one exits: a
+    pid left there by a demo killed outright (kill -9) never exits again, so every later demo
+    would leave its Postgres running. Call it under `_pgserver_lock()`.
+    """
+    import psutil
+
+    handles = pgdata / ".handle_pids.json"
+    try:
+        listed = json.loads(handles.read_text())
+    except FileNotFoundError:
+        return []
+    except ValueError:  # cut short while pgserver rewrote it
+        listed = None
+    live = [pid for pid in listed or [] if psutil.pid_exists(pid)]
+    if live != listed:
+        handles.write_text(json.dumps(live))
+    return live

@@ -1,0 +1,90 @@
+"""`livepush demo` on its embedded Postgres (pgserver), run as a user runs it: in a folder of its
+own (where it keeps `.livepush/`), with no database configured. A crash, or a stop while it starts,
+must leave nothing running once the next demo in the folder has stopped, and nothing that makes
+that next demo fail or harm another program.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support.procs import ChildProcess, Processes
+from tests.support.waiting import wait_for
+
+# A first start runs initdb; a stop drains a runtime with nothing to do and stops Postgres.
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 30.0
+
+StartDemo = Callable[[], ChildProcess]
+
+
+@pytest.fixture
+def folder() -> Iterator[Path]:
+    """The folder the demo runs in, short enough for Postgres' socket path (at most 107 bytes).
+
+    Whatever Postgres a failed test left running in it is killed at teardown."""
+    path = Path(tempfile.mkdtemp(prefix="demo-", dir=os.environ.get("LIVEPUSH_TEST_TMP")))
+    try:
+        yield path
+    finally:
+        left = postmaster(path)
+        if left is not None:
+            left.kill()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def start_demo(procs: Processes, livepush_env: Callable[..., dict[str, str]], folder: Path) -> StartDemo:
+    """Starts `livepush demo` in `folder` with no database configured (so on its embedded Postgres)."""
+
+    def start() -> ChildProcess:
+        env = livepush_env()
+        return procs.start([sys.executable, "-m", "livepush", "demo"], env=env, cwd=folder,
+                           port=int(env["LIVEPUSH_PORT"]), name="livepush demo")
+
+    return start
+
+
+def postmaster(folder: Path) -> psutil.Process | None:
+    """The embedded Postgres of the demo in `folder`, while it runs."""
+    pgdata = (folder / ".livepush" / "pg").resolve()
+    try:
+        process = psutil.Process(int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0]))
+        return process if str(pgdata) in process.cmdline() else None
+    except (OSError, ValueError, psutil.NoSuchProcess):  # a zombie too: it has stopped
+        return None
+
+
+def running(process: psutil.Process) -> bool:
+    """Whether `process` runs: neither gone nor a zombie nobody reaped yet (it has stopped)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_demo_killed_outright_leaves_its_postgres_to_the_next_demo_which_stops_it(
+    start_demo: StartDemo, folder: Path
+) -> None:
+    """A demo killed with SIGKILL cannot stop its Postgres; the next demo in the folder uses that
+    Postgres and stops it when it stops itself (SIGTERM, exit 0)."""
+    first = start_demo()
+    first.wait_healthy(START_TIMEOUT)
+    first.popen.kill()
+    first.wait()
+    left = postmaster(folder)
+    assert left is not None, "the Postgres of the killed demo is gone: nothing left to take over"
+
+    second = start_demo()
+    second.wait_healthy(START_TIMEOUT)
+    assert postmaster(folder) == left, "the next demo started a Postgres of its own"
+    assert second.stop(STOP_TIMEOUT) == 0, second.output()
+    assert not running(left), f"the demo exited 0 but its Postgres (pid {left.pid}) still runs"
