@@ -88,3 +88,31 @@ def test_a_demo_killed_outright_leaves_its_postgres_to_the_next_demo_which_stops
     assert postmaster(folder) == left, "the next demo started a Postgres of its own"
     assert second.stop(STOP_TIMEOUT) == 0, second.output()
     assert not running(left), f"the demo exited 0 but its Postgres (pid {left.pid}) still runs"
+
+
+def test_a_stale_postmaster_pid_that_names_another_program_neither_fails_the_demo_nor_kills_that_program(
+    start_demo: StartDemo, folder: Path, procs: Processes
+) -> None:
+    """The demo and its Postgres killed outright (a power cut) leave postmaster.pid behind; once
+    its pid belongs to another program, the next demo starts its own Postgres, serves, and stops
+    (exit 0) without signalling that program."""
+    first = start_demo()
+    first.wait_healthy(START_TIMEOUT)
+    first.popen.kill()
+    first.wait()
+    server = postmaster(folder)
+    assert server is not None
+    backends = server.children()
+    server.kill()
+    wait_for(lambda: not any(map(running, [server, *backends])), 10, message="the killed Postgres to end")
+
+    other = procs.start(["sleep", "600"], name="another program")
+    pid_file = folder / ".livepush" / "pg" / "postmaster.pid"
+    lines = pid_file.read_text().split("\n")
+    pid_file.write_text("\n".join([str(other.pid), *lines[1:]]))
+
+    second = start_demo()
+    second.wait_healthy(START_TIMEOUT)
+    assert second.stop(STOP_TIMEOUT) == 0, second.output()
+    assert other.running, f"the demo killed pid {other.pid}, which was never its Postgres"
+    assert postmaster(folder) is None

@@ -35,6 +35,7 @@ def start(folder: Path) -> tuple[str, Any]:
     try:
         with _pgserver_lock():
             _live_handles(pgdata)
+            _postmaster(pgdata)
         server = pgserver.get_server(pgdata, cleanup_mode="stop")
     except Exception as exc:  # pgserver raises plain exceptions for a failed start
         raise DependencyError(f"the embedded Postgres in {folder / 'pg'} did not start ({exc}): delete that folder and retry") from exc
@@ -72,3 +73,30 @@ def _live_handles(pgdata: Path) -> list[int]:
     if live != listed:
         handles.write_text(json.dumps(live))
     return live
+
+
+def _postmaster(pgdata: Path) -> Any:
+    """The running Postgres of `pgdata` (a psutil.Process), or None. Call it under `_pgserver_lock()`.
+
+    pgserver takes a `postmaster.pid` whose pid some process has for a running server: once a
+    crash left one and that number went to another program, it would hand out the URL of no
+    server and, on exit, kill that program; the same when that number is a zombie. So such a
+    file is removed here. (Postgres itself forgets a postmaster.pid whose process is gone.)
+    """
+    import psutil
+
+    postmaster = pgdata / "postmaster.pid"
+    try:
+        process = psutil.Process(int(postmaster.read_text().split("\n", 1)[0]))
+        # A zombie is a dead Postgres that no one reaped (as under an init that does not).
+        alive = process.status() != psutil.STATUS_ZOMBIE
+        if alive and process.name() == "postgres" and str(pgdata) in process.cmdline():
+            return process
+    except psutil.ZombieProcess:
+        pass
+    except (OSError, ValueError, psutil.NoSuchProcess):
+        return None  # no file, or its process is gone: pgserver and Postgres start afresh
+    except psutil.AccessDenied:
+        pass  # another user's process: this user's own Postgres would be readable
+    postmaster.unlink(missing_ok=True)
+    return None
