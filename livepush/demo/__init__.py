@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import tempfile
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -216,22 +217,47 @@ def _loopback(host: str) -> bool:
 def run() -> int:
     from . import embedded
 
+    # Until the server's loop takes them over (server/run.py), SIGTERM stops the demo as SIGINT
+    # does: KeyboardInterrupt, which goes through the `finally` below (and `livepush` exits 0),
+    # instead of ending the process where it stands with its Postgres left running.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     settings = config.Settings.from_env()
     logging.getLogger("pgserver").setLevel(logging.WARNING)  # it narrates every command at INFO
     pg = None
-    if not settings.database_url:
-        url, pg = embedded.start(Path.cwd() / ".livepush")
-        settings = settings.replace(database_url=url, fanout="postgres")
-    if not settings.secret:
-        settings = settings.replace(secret=demo_secret(Path.cwd() / ".livepush"))
-    config.set_settings(settings)
-    if not _loopback(settings.host):
-        log.warning("the demo listens on %s, not only on this machine: anyone who can reach it can start "
-                    "imports; bind it to 127.0.0.1 (LIVEPUSH_HOST) unless you mean to share it", settings.host)
+    try:
+        if not settings.database_url:
+            url, pg = embedded.start(Path.cwd() / ".livepush")
+            settings = settings.replace(database_url=url, fanout="postgres")
+        if not settings.secret:
+            settings = settings.replace(secret=demo_secret(Path.cwd() / ".livepush"))
+        config.set_settings(settings)
+        if not _loopback(settings.host):
+            log.warning("the demo listens on %s, not only on this machine: anyone who can reach it can start "
+                        "imports; bind it to 127.0.0.1 (LIVEPUSH_HOST) unless you mean to share it", settings.host)
+        _migrate(settings, embedded=pg is not None)
+
+        def ready(server: object) -> None:
+            port = getattr(server, "port")
+            print(f"\n  livepush demo: open http://{host_port(settings.host, port)}/  (Ctrl-C stops)\n", flush=True)
+
+        async def main() -> int:
+            parts = server_parts(settings, with_jobs=[DEMO_JOBS], pages=routes)
+            return await serve(parts.server, sidecars=parts.sidecars, closers=[parts.close], ready=ready)
+
+        return run_async(main())
+    finally:
+        if pg is not None:
+            # Stopping Postgres is what a signal asks for by now: another one must not cut it short.
+            for sig in embedded.STOP_SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)
+            pg.cleanup()
+
+
+def _migrate(settings: config.Settings, *, embedded: bool) -> None:
     try:
         migrate.migrate(settings.require_database())
     except SchemaError:
-        if pg is None:
+        if not embedded:
             raise  # the user's own database: never reset it
         # The embedded database holds nothing but earlier demo runs: start it afresh.
         log.warning("the demo's database in .livepush/ was made by another livepush version: resetting it")
@@ -239,17 +265,3 @@ def run() -> int:
             conn.execute("DROP SCHEMA public CASCADE")
             conn.execute("CREATE SCHEMA public")
         migrate.migrate(settings.require_database())
-
-    def ready(server: object) -> None:
-        port = getattr(server, "port")
-        print(f"\n  livepush demo: open http://{host_port(settings.host, port)}/  (Ctrl-C stops)\n", flush=True)
-
-    async def main() -> int:
-        parts = server_parts(settings, with_jobs=[DEMO_JOBS], pages=routes)
-        return await serve(parts.server, sidecars=parts.sidecars, closers=[parts.close], ready=ready)
-
-    try:
-        return run_async(main())
-    finally:
-        if pg is not None:
-            pg.cleanup()  # type: ignore[attr-defined]

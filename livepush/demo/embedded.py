@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, DependencyError
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def start(folder: Path) -> tuple[str, Any]:
@@ -15,6 +19,10 @@ def start(folder: Path) -> tuple[str, Any]:
 
     The data stays inside the project's folder on purpose: run as root, pgserver opens the
     rights of every parent folder of its data directory to its own system user.
+
+    A SIGTERM or SIGINT that arrives meanwhile is held until the start is over (pgserver cut
+    short midway would leave a Postgres starting that nobody stops); then the Postgres is
+    stopped again and KeyboardInterrupt raised, the stop the signal asked for.
     """
     # platformdirs (imported by pgserver) warns on stderr when this is unset (as under root)
     # or not private.
@@ -23,6 +31,28 @@ def start(folder: Path) -> tuple[str, Any]:
         run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         run_dir.chmod(0o700)
         os.environ["XDG_RUNTIME_DIR"] = str(run_dir)
+    stops: list[int] = []
+    held = {sig: signal.signal(sig, lambda signum, frame: stops.append(signum)) for sig in STOP_SIGNALS}
+    try:
+        try:
+            url, server = _start(folder)
+        except DependencyError:
+            if not stops:
+                raise
+            # Ctrl-C reaches the terminal's whole process group: it stopped pg_ctl or initdb too,
+            # but not a Postgres that pg_ctl had started (it runs in a session of its own).
+            _stop_unclaimed(folder)
+        else:
+            if not stops:
+                return url, server
+            server.cleanup()
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+    raise KeyboardInterrupt
+
+
+def _start(folder: Path) -> tuple[str, Any]:
     try:
         import pgserver
     except ImportError:
@@ -100,3 +130,18 @@ def _postmaster(pgdata: Path) -> Any:
         pass  # another user's process: this user's own Postgres would be readable
     postmaster.unlink(missing_ok=True)
     return None
+
+
+def _stop_unclaimed(folder: Path) -> None:
+    """Stop the Postgres of `folder` if it runs and no demo uses it."""
+    from pgserver._commands import pg_ctl
+
+    pgdata = _pgdata(folder)
+    with _pgserver_lock():
+        if _live_handles(pgdata) or _postmaster(pgdata) is None:
+            return
+        try:
+            # As root, pgserver runs Postgres as its own system user, which pg_ctl must be too.
+            pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user="pgserver" if os.geteuid() == 0 else None)
+        except subprocess.CalledProcessError:
+            pass  # it stopped meanwhile, or the next demo in the folder takes it over and stops it
