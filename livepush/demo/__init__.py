@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import logging
@@ -214,6 +215,22 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def for_its_page(settings: config.Settings) -> config.Settings:
+    """`settings` with what the demo's page needs: it connects from the demo's own origin and signs
+    no one in. LIVEPUSH_ALLOWED_ORIGINS, or LIVEPUSH_AUTHENTICATE=required, exported for the user's
+    own app would keep it from ever connecting, showing "reconnecting" with no reason given (the
+    server logs refused handshakes at debug level only)."""
+    ignored = [name for name, set_ in (("LIVEPUSH_ALLOWED_ORIGINS", settings.allowed_origins is not None),
+                                       ("LIVEPUSH_AUTHENTICATE=required", settings.authenticate == "required"))
+               if set_]
+    if not ignored:
+        return settings
+    log.warning("the demo ignores %s: its page connects from the demo's own origin, signed in as no one",
+                " and ".join(ignored))
+    authenticate = "optional" if settings.authenticate == "required" else settings.authenticate
+    return dataclasses.replace(settings, allowed_origins=None, authenticate=authenticate)
+
+
 def run() -> int:
     from . import embedded
 
@@ -221,7 +238,7 @@ def run() -> int:
     # does: KeyboardInterrupt, which goes through the `finally` below (and `livepush` exits 0),
     # instead of ending the process where it stands with its Postgres left running.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    settings = config.Settings.from_env()
+    settings = for_its_page(config.Settings.from_env())
     logging.getLogger("pgserver").setLevel(logging.WARNING)  # it narrates every command at INFO
     pg = None
     try:

@@ -307,6 +307,24 @@ async def test_the_demo_warns_when_it_listens_beyond_this_machine(
     assert "not only on this machine" in child.stderr(), child.output()
 
 
+
+@pytest.mark.parametrize("setting", [{"allowed_origins": "http://localhost:8000"}, {"authenticate": "required"}],
+                         ids=["allowed-origins", "authenticate-required"])
+async def test_the_demo_page_connects_whatever_the_environment_says_about_origins_and_sessions(
+    page: Page, pg_url: str, livepush_env: Callable[..., dict[str, str]], procs: Processes, setting: dict[str, str]
+) -> None:
+    """LIVEPUSH_ALLOWED_ORIGINS or LIVEPUSH_AUTHENTICATE=required exported for the user's own app
+    does not keep the demo's page (anonymous, on the demo's own origin) from connecting: the demo
+    says on stderr that it ignores the setting, and the page's import runs to the end."""
+    demo = Demo(procs, livepush_env(database_url=pg_url, **setting))
+    await demo.start()
+    await open_demo(page, demo)
+    await start_import(page, 3)
+    await page.wait_for_function("() => window.livepushDemo.finished === true", timeout=IMPORT_TIMEOUT_MS)
+    await assert_page_shows_finished(page, 3)
+    assert demo.child is not None
+    assert f"ignores LIVEPUSH_{next(iter(setting)).upper()}" in demo.child.stderr(), demo.child.output()
+
 # ---- the durable import -------------------------------------------------------------------------
 
 DURABLE_ROWS = 8
