@@ -6,7 +6,6 @@ that next demo fail or harm another program.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import sys
@@ -24,31 +23,32 @@ from tests.support.waiting import wait_for
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
 
-StartDemo = Callable[[], ChildProcess]
+StartDemo = Callable[..., ChildProcess]
 
 
 @pytest.fixture
 def folder() -> Iterator[Path]:
-    """The folder the demo runs in, short enough for Postgres' socket path (at most 107 bytes).
-
-    Whatever Postgres a failed test left running in it is killed at teardown."""
-    path = Path(tempfile.mkdtemp(prefix="demo-", dir=os.environ.get("LIVEPUSH_TEST_TMP")))
+    """The folder the demo runs in: a new one in the temporary folder, this user's as a project
+    folder is. Whatever Postgres a failed test left running in it is killed at teardown."""
+    path = Path(tempfile.mkdtemp(prefix="livepush-demo-test-"))
     try:
         yield path
     finally:
-        left = postmaster(path)
-        if left is not None:
-            left.kill()
+        for pid_file in path.glob("**/.livepush/pg/postmaster.pid"):
+            left = postmaster(pid_file.parents[2])
+            if left is not None:
+                left.kill()
         shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
 def start_demo(procs: Processes, livepush_env: Callable[..., dict[str, str]], folder: Path) -> StartDemo:
-    """Starts `livepush demo` in `folder` with no database configured (so on its embedded Postgres)."""
+    """Starts `livepush demo` in `folder` (or `cwd`) with no database configured, so on its
+    embedded Postgres."""
 
-    def start() -> ChildProcess:
+    def start(cwd: Path | None = None) -> ChildProcess:
         env = livepush_env()
-        return procs.start([sys.executable, "-m", "livepush", "demo"], env=env, cwd=folder,
+        return procs.start([sys.executable, "-m", "livepush", "demo"], env=env, cwd=cwd or folder,
                            port=int(env["LIVEPUSH_PORT"]), name="livepush demo")
 
     return start
@@ -143,3 +143,16 @@ def test_a_stop_while_the_embedded_postgres_starts_exits_0_and_leaves_nothing_ru
     again = start_demo()
     again.wait_healthy(START_TIMEOUT)
     assert again.stop(STOP_TIMEOUT) == 0, again.output()
+
+
+def test_a_demo_in_a_folder_too_deep_for_a_socket_path_in_it_still_starts(start_demo: StartDemo, folder: Path) -> None:
+    """A Unix socket's path holds at most 107 bytes: in a project folder deeper than about 80
+    characters, Postgres' socket cannot be in .livepush/pg/, and the demo still starts, serves
+    and stops (exit 0) with its Postgres."""
+    deep = folder / ("a-project-folder-deep-enough-" * 3)
+    deep.mkdir()
+    assert len(str(deep / ".livepush" / "pg" / ".s.PGSQL.5432")) > 107
+    demo = start_demo(deep)
+    demo.wait_healthy(START_TIMEOUT)
+    assert demo.stop(STOP_TIMEOUT) == 0, demo.output()
+    assert postmaster(deep) is None

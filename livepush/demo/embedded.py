@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +28,9 @@ def start(folder: Path) -> tuple[str, Any]:
     """
     # platformdirs (imported by pgserver) warns on stderr when this is unset (as under root)
     # or not private.
+    run_dir = None
     if "XDG_RUNTIME_DIR" not in os.environ:
-        run_dir = folder / "run"
-        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        run_dir.chmod(0o700)
+        run_dir = _runtime_dir(folder)
         os.environ["XDG_RUNTIME_DIR"] = str(run_dir)
     stops: list[int] = []
     held = {sig: signal.signal(sig, lambda signum, frame: stops.append(signum)) for sig in STOP_SIGNALS}
@@ -43,6 +44,10 @@ def start(folder: Path) -> tuple[str, Any]:
             # but not a Postgres that pg_ctl had started (it runs in a session of its own).
             _stop_unclaimed(folder)
         else:
+            if run_dir is not None:
+                # As root, pgserver opened it to its own system user to make the socket in it; once
+                # made, only this user connects (and pgserver opens it again for the next start).
+                run_dir.chmod(0o700)
             if not stops:
                 return url, server
             server.cleanup()
@@ -50,6 +55,26 @@ def start(folder: Path) -> tuple[str, Any]:
         for sig, handler in held.items():
             signal.signal(sig, handler)
     raise KeyboardInterrupt
+
+
+def _runtime_dir(folder: Path) -> Path:
+    """A private folder for pgserver's lock and, when it cannot be in the data directory,
+    Postgres' socket: `folder`/run, or in a project folder too deep for that, one in /tmp.
+
+    A Unix socket's path holds at most 107 bytes. pgserver puts the socket in the data directory
+    when it fits, else in <runtime dir>/python_PostgresServer/<10 hex digits>/, which below
+    `folder` would be longer still: the demo could not start at all."""
+    run_dir = folder / "run"
+    if len(os.fsencode(_pgdata(folder) / ".s.PGSQL.5432")) > 107:
+        run_dir = Path(tempfile.gettempdir()) / f"livepush-demo-{os.geteuid()}"
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # In a folder everyone may write to, another user may have made it first, or made it a link.
+    info = os.lstat(run_dir)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise DependencyError(f"{run_dir} is not a folder of this user's: remove it, or set XDG_RUNTIME_DIR to a "
+                              "private folder of yours")
+    run_dir.chmod(0o700)
+    return run_dir
 
 
 def _start(folder: Path) -> tuple[str, Any]:
