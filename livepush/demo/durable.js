@@ -15,9 +15,15 @@ const stepOfWaiting = (waiting) => {
 };
 
 // POST to the demo server (same origin only: it refuses a GET and other sites); the JSON
-// answer, or an Error carrying the server's one-line reason. The workflow's section uses it too.
+// answer, or an Error carrying the server's one-line reason, or saying that no answer came (the
+// demo stopped or restarting). Every section's buttons use it.
 export async function post(path) {
-  const response = await fetch(path, { method: "POST", cache: "no-store" });
+  let response;
+  try {
+    response = await fetch(path, { method: "POST", cache: "no-store" });
+  } catch (error) {
+    throw new Error("the demo did not answer: is it running? Press again once it is.");
+  }
   if (!response.ok) throw new Error((await response.text()).trim() || `${response.status}`);
   return response.json();
 }

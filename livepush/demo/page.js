@@ -1,6 +1,6 @@
 // The demo page's script (served as a file: the page's Content-Security-Policy allows no inline script).
 import { LivePush, bindProgress } from "/livepush.js";
-import { setUpDurable } from "/demo/durable.js";
+import { post, setUpDurable } from "/demo/durable.js";
 import { setUpWorkflow } from "/demo/workflow.js";
 
 const lp = new LivePush(location.origin.replace(/^http/, "ws") + "/");
@@ -18,10 +18,13 @@ let jobBindings = [];
 
 document.getElementById("start").addEventListener("click", async () => {
   const n = Math.max(1, Math.min(5000, parseInt(document.getElementById("n").value, 10) || 200));
-  // A POST from this page only: the server refuses a GET and any other site's request.
-  const response = await fetch(`/demo/start?n=${n}`, { method: "POST", cache: "no-store" });
-  if (!response.ok) { document.getElementById("started").textContent = await response.text(); return; }
-  const started = await response.json();
+  let started;
+  try {
+    started = await post(`/demo/start?n=${n}`);
+  } catch (error) {
+    document.getElementById("started").textContent = error.message;
+    return;
+  }
   window.livepushDemo.finished = false;
   window.livepushDemo.group = started.group_id;
   document.getElementById("started").textContent = `import ${started.group_id}: ${n} jobs`;

@@ -325,6 +325,24 @@ async def test_the_demo_page_connects_whatever_the_environment_says_about_origin
     assert demo.child is not None
     assert f"ignores LIVEPUSH_{next(iter(setting)).upper()}" in demo.child.stderr(), demo.child.output()
 
+
+async def test_a_start_pressed_while_the_demo_is_down_says_so_and_works_once_it_is_back(page: Page, demo: Demo) -> None:
+    """Each Start button pressed while the demo process is stopped says on the page that the
+    demo did not answer, instead of doing nothing; pressed again once the demo is back, the
+    import starts and finishes."""
+    await open_demo(page, demo)
+    await demo.stop()
+    for button, note in [("#start", "#started"), ("#durable-start", "#durable-started"),
+                         ("#workflow-start", "#workflow-started")]:
+        await page.click(button)
+        await page.wait_for_function("(note) => document.querySelector(note).textContent.includes('did not answer')",
+                                     arg=note)
+    await demo.start()
+    await page.wait_for_function("() => window.livepushDemo.lp.status === 'open'", timeout=IMPORT_TIMEOUT_MS)
+    await start_import(page, 3)
+    await page.wait_for_function("() => window.livepushDemo.finished === true", timeout=IMPORT_TIMEOUT_MS)
+    await assert_page_shows_finished(page, 3)
+
 # ---- the durable import -------------------------------------------------------------------------
 
 DURABLE_ROWS = 8
