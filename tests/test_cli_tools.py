@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from livepush import InvalidTopic, sessions, topics
+from livepush.demo import demo_secret
 
 
 def test_token_topic_prints_a_signed_topic_that_verifies(procs, livepush_env, secret) -> None:
@@ -146,7 +149,6 @@ def test_the_demo_replaces_a_stored_secret_it_cannot_use(tmp_path, stored) -> No
     person edits it): the next demo makes a new secret and keeps that one, instead of failing on
     every start with a complaint about a LIVEPUSH_SECRET nobody set."""
     from livepush.config import Settings
-    from livepush.demo import demo_secret
 
     (tmp_path / "secret").write_text(stored)
     value = demo_secret(tmp_path)
@@ -154,6 +156,29 @@ def test_the_demo_replaces_a_stored_secret_it_cannot_use(tmp_path, stored) -> No
     assert (tmp_path / "secret").read_text() == value
     assert demo_secret(tmp_path) == value
 
+
+def _secret_when_told(folder: Path, go: Any, out: Any) -> None:
+    go.wait(10)
+    out.put(demo_secret(folder))
+
+
+def test_demos_starting_at_once_in_a_new_folder_all_use_the_secret_it_keeps(tmp_path) -> None:
+    """Demos that make their secret at the same moment (started together in a new folder) all
+    end up with the one .livepush/secret keeps, so a page's signed topics still verify after any
+    of them restarts, instead of each keeping its own while only the last one written is kept."""
+    context = multiprocessing.get_context("fork")
+    for round_ in range(10):
+        folder = tmp_path / str(round_)
+        go, out = context.Event(), context.Queue()
+        children = [context.Process(target=_secret_when_told, args=(folder, go, out)) for _ in range(8)]
+        for child in children:
+            child.start()
+        go.set()
+        used = [out.get(timeout=20) for _ in children]
+        for child in children:
+            child.join(10)
+        kept = (folder / "secret").read_text()
+        assert set(used) == {kept}, f"round {round_}: {len(set(used))} secrets in use, the folder keeps one"
 
 def test_publish_without_a_shared_fan_out_exits_2_instead_of_losing_the_message(procs, livepush_env) -> None:
     """The local fan-out reaches only the process that publishes: from `livepush publish`, a

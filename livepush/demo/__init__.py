@@ -179,8 +179,13 @@ async def routes(request: Request) -> Response | None:
 
 
 def demo_secret(folder: Path) -> str:
-    """A generated secret, kept in `folder` so signed topics a page holds survive a restart."""
+    """A generated secret, kept in `folder` so signed topics a page holds survive a restart.
+
+    Demos starting at once in a new folder all end up with the first one kept: each would
+    otherwise use its own while only the last written is kept, and the pages of every other one
+    would hold signed topics that no longer verify once it restarts."""
     path = folder / "secret"
+    unusable = False
     if path.exists():
         value = path.read_text().strip()
         try:
@@ -191,18 +196,27 @@ def demo_secret(folder: Path) -> str:
             # LIVEPUSH_SECRET, so a complaint about that setting would help no one. A new one
             # only costs the signed topics of pages opened before.
             log.warning("the demo's secret in %s is not usable: making a new one", path)
+            unusable = True
     folder.mkdir(parents=True, exist_ok=True)
     value = secrets.token_urlsafe(48)
-    # Written whole under another name, then renamed: a stop midway leaves no half-written file.
+    # Written whole under another name, then put in place: a stop midway leaves no half-written
+    # file. A new one is linked, which fails if another demo's came first; that one is used then.
     fd, temporary = tempfile.mkstemp(dir=folder, prefix=".secret-")  # mode 0600
     try:
         with os.fdopen(fd, "w") as out:
             out.write(value)
-        os.replace(temporary, path)
-    except BaseException:
+        if unusable:
+            os.replace(temporary, path)
+        else:
+            try:
+                os.link(temporary, path)
+            except FileExistsError:
+                return demo_secret(folder)
+            except OSError:  # a file system without hard links: the race stays possible there
+                os.replace(temporary, path)
+    finally:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
-        raise
     return value
 
 
