@@ -126,7 +126,8 @@ export declare class Subscription {
   /** The plain topic the server names in its frames. */
   readonly plainTopic: string;
   /** The last offset delivered, or the `since` it started from, or (a message topic subscribed
-   * without `since`) the offset `subscribed` named; null when none. */
+   * without `since`) the offset `subscribed` named; null when none (on a state topic, also once
+   * `subscribed` named a version below the offset held, or no version). */
   readonly offset: string | null;
   readonly state: SubscriptionState;
   /** Stop delivery; the server is told once no other subscription of this client needs the topic. */

@@ -451,6 +451,15 @@ export class Subscription {
     this._state = 'active';
     this._retries = 0;
     if (typeof frame.offset === 'string' && !isStateTopic(this.plainTopic)) this._standing = frame.offset;
+    if (isStateTopic(this.plainTopic) && this._offset !== null &&
+        (typeof frame.offset !== 'string' || compareOffsets(frame.offset, this._offset) < 0)) {
+      // The state is older than the offset held, or there is no such row: that offset is no
+      // version of this state (a `since` kept from a database since restored or recreated, or
+      // not a version at all). Kept, it would drop the snapshot that follows (the server sends
+      // one whenever `since` is not the current version) and every version up to it. Nothing
+      // this server sent on the topic can be newer than the version it answers with here.
+      this._offset = null;
+    }
     if (this._offset === null && typeof frame.offset === 'string' && !isStateTopic(this.plainTopic)) {
       // Subscribed "from now": the server says where that is. A reconnect before the first
       // message resumes from there, or what was published meanwhile would be lost. (A state

@@ -386,3 +386,54 @@ test('a reset that comes before a subscription has its own answer is not about i
   assert.deepEqual(stale.data(), []);
   h.lp.close();
 });
+
+/** What a subscription of a state topic delivered, as [event, offset] pairs. */
+const versions = (c) => c.got.map(([data, offset]) => [data.event, offset]);
+
+test('a state topic whose current version is below the offset held shows its snapshot and every version after it', () => {
+  // The server sends the current state whenever `since` is not its version (docs/protocol.md). A
+  // `since` above that version (kept from a database since restored or recreated, or an offset
+  // that is no version of this state at all) says nothing about this state: the snapshot and
+  // the versions that follow are news to the page, not duplicates.
+  const h = harness();
+  const restored = collect(h.lp, 'job:7', { since: '9' });
+  const foreign = collect(h.lp, 'group:3', { since: '1767225600000000-17' });
+  const gone = collect(h.lp, 'workflow:5', { since: '4' });
+  const ws = h.last();
+  ws.hello();
+  const refs = Object.fromEntries(ws.frames('subscribe').map((f) => [f.topic, f.ref]));
+  ws.receive({ op: 'subscribed', ref: refs['job:7'], topic: 'job:7', offset: '2' });
+  ws.receive({ op: 'message', topic: 'job:7', offset: '2', data: { event: 'snapshot' } });
+  ws.receive({ op: 'subscribed', ref: refs['group:3'], topic: 'group:3', offset: '6' });
+  ws.receive({ op: 'message', topic: 'group:3', offset: '6', data: { event: 'snapshot' } });
+  // No such run in this database (yet): the one created under that id starts at version 1.
+  ws.receive({ op: 'subscribed', ref: refs['workflow:5'], topic: 'workflow:5', offset: null });
+  for (const [topic, offset, event] of [['job:7', '3', 'started'], ['job:7', '3', 'started'], ['job:7', '4', 'succeeded'],
+    ['group:3', '7', 'finished'], ['workflow:5', '1', 'started']]) {
+    ws.receive({ op: 'message', topic, offset, data: { event } });
+  }
+  assert.deepEqual(versions(restored), [['snapshot', '2'], ['started', '3'], ['succeeded', '4']]);
+  assert.deepEqual(versions(foreign), [['snapshot', '6'], ['finished', '7']]);
+  assert.deepEqual(versions(gone), [['started', '1']]);
+  assert.equal(restored.sub.offset, '4', 'a reconnect resumes from the version delivered');
+  h.lp.close();
+});
+
+test('a state topic resumed at or below its current version still drops what it has seen', () => {
+  const h = harness();
+  const first = collect(h.lp, 'job:7', { since: '3' });
+  h.last().hello();
+  const ws = h.last();
+  ws.receive({ op: 'subscribed', ref: ws.frames('subscribe')[0].ref, topic: 'job:7', offset: '5' });
+  ws.receive({ op: 'message', topic: 'job:7', offset: '5', data: { event: 'snapshot' } });
+  // A second subscription of the topic: its snapshot is the version the first one has.
+  const second = collect(h.lp, 'job:7');
+  const again = ws.frames('subscribe').at(-1).ref;
+  ws.receive({ op: 'subscribed', ref: again, topic: 'job:7', offset: '5' });
+  ws.receive({ op: 'message', topic: 'job:7', offset: '5', data: { event: 'snapshot' } });
+  ws.receive({ op: 'message', topic: 'job:7', offset: '4', data: { event: 'stale' } });
+  ws.receive({ op: 'message', topic: 'job:7', offset: '6', data: { event: 'succeeded' } });
+  assert.deepEqual(versions(first), [['snapshot', '5'], ['succeeded', '6']]);
+  assert.deepEqual(versions(second), [['snapshot', '5'], ['succeeded', '6']]);
+  h.lp.close();
+});
