@@ -72,11 +72,18 @@ class StateSource(Protocol):
     prefixes: tuple[str, ...]
 
     def watch(self, on_change: Callable[[Topic, int | None], None], on_resync: Callable[[], None],
-              on_created: Callable[[str, int, int], None]) -> None:
+              on_created: Callable[[str, int, int], None],
+              on_canary: Callable[[str], None] | None = None) -> None:
         """Call `on_change(topic, version or None)` when a state topic may have changed,
         `on_created(prefix, first, last)` when the rows with ids first..last may have been
-        created (only topics without a state yet need a read), and `on_resync()` when changes
-        may have been missed (every watched topic must be read again)."""
+        created (only topics without a state yet need a read), `on_resync()` when changes
+        may have been missed (every watched topic must be read again), and `on_canary(token)`
+        when a ring of `ring_canary(token)` is heard."""
+
+    async def ring_canary(self, token: str) -> None:
+        """Ring the source's changes' channel with `token` (ASCII letters, digits and `-`), from
+        a connection other than the one it listens on: heard back, it shows that changes are
+        heard, which a listener that looks connected may not (readiness)."""
 
     async def listen(self) -> None:
         """Start watching; returns once changes are heard (raises ListenError otherwise)."""

@@ -252,3 +252,15 @@ BEGIN
     RETURN 1;
 END
 $$;
+
+-- `livepush_states`, one line "canary TOKEN": a server's readiness check rings its own state
+-- topics' channel and waits to hear it back (livepush/jobs/events/source.py: ring_canary), since
+-- on the Redis fan-out nothing else shows that this channel is heard. Every server hears it;
+-- only the one whose token it names counts it, and no hub reads anything for it. Writes nothing.
+CREATE FUNCTION livepush_states_canary(p_token text) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM pg_notify('livepush_states', 'canary ' || p_token);
+    RETURN 1;
+END
+$$;

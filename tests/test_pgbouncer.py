@@ -290,6 +290,24 @@ async def test_serve_listening_through_transaction_mode_is_never_ready(
     assert http_json(child.port, "/healthz")[0] == 200
 
 
+async def test_serve_on_redis_whose_state_listener_goes_through_transaction_mode_is_never_ready(
+        pg_url: str, redis_url: str, transaction_pool: PgBouncer, procs: Processes,
+        livepush_env: Callable[..., dict[str, str]]) -> None:
+    """On the Redis fan-out the canary goes round Redis, but `job:`, `group:` and `workflow:`
+    topics are rung on Postgres: their LISTEN through transaction mode hears nothing, and /readyz
+    answers 503 for it (canary), while /healthz answers 200."""
+    url = through(transaction_pool, pg_url)
+    env = livepush_env(database_url=url, redis_url=redis_url, fanout="redis", prepared_statements="off")
+    child = await procs.alivepush("serve", env=env)
+
+    def states_late() -> bool:
+        status, body = http_json(child.port, "/readyz")
+        return status == 503 and "no state ring came back" in json.dumps(body)
+
+    await async_wait_for(states_late, 20.0, interval=0.25, message="/readyz to report the state rings missing")
+    assert http_json(child.port, "/healthz")[0] == 200
+
+
 # ---- settings --------------------------------------------------------------------------------------
 
 

@@ -29,6 +29,12 @@ CANCEL_CHANNEL = "livepush_jobs_cancel"
 GROUP_PROGRESS_CHANNEL = "livepush_groups_progress"
 STATE_CHANNEL = "livepush_states"
 
+# name: ring_states_canary
+# A server's readiness check (events/source.py: JobStates.ring_canary): "canary TOKEN" on the
+# state topics' channel (livepush_states_canary(), sql/0003_jobs.sql), which every server hears
+# and only the one that rang it counts. Writes nothing; delivered at commit, like every ring.
+RING_STATES_CANARY = "SELECT livepush_states_canary(%(token)s)"
+
 # "Still running" for the statements that look jobs up by the ids of a batch (outcomes,
 # progress). Spelled so that it cannot match the partial index on running jobs: the planner
 # sizes that index (and an unnested array parameter) at a few rows, and picked a nested loop

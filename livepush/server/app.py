@@ -105,7 +105,7 @@ class PushServer:
         # the kernel spreads connections) and names itself in /readyz.
         self.worker = worker
         self.readiness = Readiness(fanout, listening=lambda: self.listening, draining=lambda: self.draining,
-                                   schema=schema, worker=worker)
+                                   schema=schema, states=self.states, worker=worker)
         self._readiness_task: asyncio.Task[None] | None = None
         self.clients: set[Connection] = set()  # the open connections
         self._core: ConnectionCore | None = None
@@ -122,7 +122,7 @@ class PushServer:
         self.fanout.on_resync(self.hub.resync)
         for source in self.states:
             source.watch(self.hub.on_state_change, lambda source=source: self.hub.on_state_resync(source),
-                         self.hub.on_state_created)
+                         self.hub.on_state_created, self.readiness.state_canary_heard(source))
             await source.listen()
         await self.store.watch(self._revocation_rang)
         self._core = ConnectionCore(self)

@@ -3,9 +3,11 @@
 Four checks, each named in the JSON body (docs/reference.md#9-operations):
 - listening: what /healthz says (the fan-out and every state source hear their changes);
 - canary: a message this server publishes to itself through the fan-out every CANARY_EVERY
-  seconds came back within CANARY_BOUND. A listener can look connected and hear nothing (a
-  wedged subscription, a proxy that dropped it); only a message that went all the way round
-  proves it hears;
+  seconds came back within CANARY_BOUND, and so did a ring of each state source's channel
+  (`StateSource.ring_canary`), which may be heard elsewhere (on the Redis fan-out, `job:` topics
+  are rung on Postgres). A listener can look connected and hear nothing (a wedged
+  subscription, a proxy that dropped it); only a message that went all the way round proves it
+  hears;
 - schema: the database's schema is not older than this code needs (checked every SCHEMA_EVERY
   seconds, when the server has a database);
 - draining: the server is not stopping.
@@ -22,7 +24,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from .. import metrics
@@ -30,7 +32,7 @@ from ..errors import first_line
 from ..fanout import FanOut
 from ..tasks import reraise_if_cancelled
 from ..topics import RESERVED_PREFIX
-from ..types import Message, Offset
+from ..types import Message, Offset, StateSource
 
 log = logging.getLogger("livepush.server")
 
@@ -49,6 +51,11 @@ class Canary:
     came was lost, and what matters is that the path works now."""
 
     bound: float = CANARY_BOUND
+    # What the check says while none came back in time, and before the first one did.
+    missing: str = "no canary came back through the fan-out"
+    first: str = "waiting for the first canary to come back"
+    # Whether its trips are the fan-out's (livepush_canary_round_trip_seconds); a state ring's are not.
+    gauged: bool = True
     # [sent_at, offset]; offset None while its publish is under way or after it failed.
     unanswered: list[list[object]] = field(default_factory=list)
     heard: dict[Offset, float] = field(default_factory=dict)  # heard before its publish returned
@@ -82,7 +89,8 @@ class Canary:
         self.round_trip = max(at - float(entry[0]), 0.0)  # type: ignore[arg-type]
         self.answered_once = True
         del self.unanswered[: index + 1]
-        metrics.CANARY_SECONDS.set(self.round_trip)
+        if self.gauged:
+            metrics.CANARY_SECONDS.set(self.round_trip)
 
     def check(self, now: float) -> tuple[bool, dict[str, object]]:
         oldest = float(self.unanswered[0][0]) if self.unanswered else None  # type: ignore[arg-type]
@@ -92,9 +100,9 @@ class Canary:
         if self.round_trip is not None:
             body["round_trip_ms"] = round(self.round_trip * 1000, 2)
         if late:
-            body["detail"] = f"no canary came back through the fan-out for {now - oldest:.1f} s"  # type: ignore[operator]
+            body["detail"] = f"{self.missing} for {now - oldest:.1f} s"  # type: ignore[operator]
         elif not self.answered_once:
-            body["detail"] = "waiting for the first canary to come back"
+            body["detail"] = self.first
         return ok, body
 
 
@@ -108,6 +116,7 @@ class Readiness:
         listening: Callable[[], bool],
         draining: Callable[[], bool],
         schema: SchemaCheck | None = None,
+        states: Sequence[StateSource] = (),
         worker: int | None = None,
         every: float = CANARY_EVERY,
         bound: float = CANARY_BOUND,
@@ -122,6 +131,13 @@ class Readiness:
         self.schema_every = SCHEMA_EVERY
         self.clock = clock
         self.canary = Canary(bound)
+        # Each state source's rings may come another way than the fan-out's messages (on the
+        # Redis fan-out, through a Postgres listener): each has a canary of its own.
+        self.state_canaries: dict[StateSource, Canary] = {
+            source: Canary(bound, missing=f"no state ring came back from the database ({', '.join(source.prefixes)} "
+                                          "topics hear no change)",
+                           first="waiting for the first state ring to come back", gauged=False)
+            for source in states}
         self.server_id = uuid.uuid4().hex[:12]
         self._schema_problem: str | None = None
         self._schema_checked_at: float | None = None
@@ -131,12 +147,27 @@ class Readiness:
         if message.topic == CANARY_TOPIC:
             self.canary.on_heard(message.offset, self.clock())
 
+    def state_canary_heard(self, source: StateSource) -> Callable[[str], None]:
+        """What `source` calls with each canary token it hears (StateSource.watch)."""
+        canary = self.state_canaries[source]
+        return lambda token: canary.on_heard(token, self.clock())
+
     async def run(self) -> None:
         """Publish a canary every `every` seconds, and check the schema every SCHEMA_EVERY."""
         n = 0
         next_schema = self.clock()
         while True:
             n += 1
+            # The state rings go first: where they share the fan-out's listener (Postgres), they
+            # are heard before the canary that follows them, so one round answers both.
+            for source, canary in self.state_canaries.items():
+                token = f"{self.server_id}-{n}"
+                canary.published(canary.sent(self.clock()), token)
+                try:
+                    await source.ring_canary(token)
+                except Exception as exc:  # the database is down: the ring stays unanswered
+                    reraise_if_cancelled()
+                    log.debug("state canary ring failed: %s", first_line(exc))
             entry = self.canary.sent(self.clock())
             try:
                 offset = await self.fanout.apublish(CANARY_TOPIC, {"server": self.server_id, "n": n})
@@ -168,6 +199,10 @@ class Readiness:
         now = self.clock()
         listening = self._listening()
         canary_ok, canary = self.canary.check(now)
+        for state_canary in self.state_canaries.values():
+            state_ok, state = state_canary.check(now)
+            if not state_ok and canary_ok:
+                canary_ok, canary["ok"], canary["detail"] = False, False, state["detail"]
         schema: dict[str, object] = {"ok": self._schema_problem is None}
         if self._schema is None:
             schema["detail"] = "no database"

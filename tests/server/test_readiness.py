@@ -4,6 +4,7 @@ and the server is not draining; every check is named in the body (docs/reference
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -110,6 +111,18 @@ def listener_backend(pg_url: str) -> Iterator[list[int]]:
         os.kill(pid, signal.SIGCONT)
 
 
+def freeze_listen_backend(pg_url: str, stopped: list[int]) -> int:
+    """Stop the database's LISTEN backend with SIGSTOP (`listener_backend` continues it at
+    teardown); its pid."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        row = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND query ILIKE 'LISTEN%%'").fetchone()
+    assert row is not None, "no LISTEN backend found"
+    os.kill(row[0], signal.SIGSTOP)
+    stopped.append(row[0])
+    return int(row[0])
+
+
 async def test_a_wedged_listener_turns_readyz_503_while_healthz_stays_200_and_heals_by_itself(
         pg_url: str, secret: str, listener_backend: list[int]) -> None:
     """The listener's backend frozen (SIGSTOP): its connection looks fine, nothing arrives. Only
@@ -119,21 +132,42 @@ async def test_a_wedged_listener_turns_readyz_503_while_healthz_stays_200_and_he
     readiness.every, readiness.canary.bound = 0.1, 1.0
     try:
         await async_wait_for(lambda: readiness.canary.answered_once, 10.0, message="a first canary")
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            pid = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                               "AND query ILIKE 'LISTEN%%'").fetchone()
-        assert pid is not None, "no LISTEN backend found"
-        os.kill(pid[0], signal.SIGSTOP)
-        listener_backend.append(pid[0])
+        pid = freeze_listen_backend(pg_url, listener_backend)
         await async_wait_for(lambda: not readiness.report()[0], 10.0, message="/readyz to turn 503")
         status, body = await readyz(served)
         assert status == 503 and body["checks"]["canary"]["ok"] is False, body  # type: ignore[index]
         assert body["checks"]["listening"]["ok"] is True  # type: ignore[index]
         assert (await http_get(served.server.port, "/healthz"))[0] == 200
-        os.kill(pid[0], signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
         listener_backend.clear()
         await async_wait_for(lambda: readiness.report()[0], 10.0, message="/readyz to heal")
         assert (await readyz(served))[0] == 200
+    finally:
+        await served.stop()
+
+
+async def test_a_wedged_state_listener_on_the_redis_fan_out_turns_readyz_503_and_heals_by_itself(
+        pg_url: str, redis_url: str, secret: str, listener_backend: list[int]) -> None:
+    """On the Redis fan-out the canary goes round Redis, while `job:`, `group:` and `workflow:`
+    topics are rung on Postgres: a frozen LISTEN backend there leaves the fan-out's canary fine
+    and every state topic deaf. The server rings its own state channel too, so /readyz says so."""
+    settings = make_settings("redis", secret, None, redis_url)
+    served = await start_served(dataclasses.replace(settings, database_url=pg_url))
+    readiness = served.server.readiness
+    readiness.every = 0.1
+    for canary in (readiness.canary, *readiness.state_canaries.values()):
+        canary.bound = 1.0
+    try:
+        await async_wait_for(lambda: readiness.report()[0], 10.0, message="ready at first")
+        pid = freeze_listen_backend(pg_url, listener_backend)
+        await async_wait_for(lambda: not readiness.report()[0], 10.0, message="/readyz to turn 503")
+        status, body = await readyz(served)
+        canary = body["checks"]["canary"]  # type: ignore[index]
+        assert status == 503 and canary["ok"] is False and "no state ring came back" in canary["detail"], body
+        assert (await http_get(served.server.port, "/healthz"))[0] == 200
+        os.kill(pid, signal.SIGCONT)
+        listener_backend.clear()
+        await async_wait_for(lambda: readiness.report()[0], 10.0, message="/readyz to heal")
     finally:
         await served.stop()
 

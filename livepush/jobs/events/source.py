@@ -4,7 +4,8 @@ the StateSource (livepush.types) the wiring registers for `job:`, `group:` and `
 Changes ring `livepush_states` ("TOPIC [VERSION]" a line; an enqueue "job:FIRST-LAST" for the
 id range it created) in the transaction that made them; `JobStates` hands each named topic or
 range to the server, which reads the current state here, from the rows. A line that does not
-parse is dropped with a debug line: the ring is only a hint.
+parse is dropped with a debug line: the ring is only a hint. A server also rings the channel
+itself ("canary TOKEN", `ring_canary`), to show its readiness check that rings are heard.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ log = logging.getLogger("livepush.jobs.events")
 
 _LINE = re.compile(rf"(job|group|workflow):({STATE_ID_PATTERN})(?: ([0-9]{{1,19}})|-({STATE_ID_PATTERN}))?")
 MAX_LINES = 150  # what livepush_state_changed() puts in one notification
+_CANARY = re.compile(r"canary ([0-9A-Za-z-]{1,64})")
 
 
 @dataclass
@@ -73,11 +75,14 @@ class JobStates:
         self._listener = ListenerSlot(listener, lambda: Listener(url))
         self._on_change: Callable[[Topic, int | None], None] | None = None
         self._on_created: Callable[[str, int, int], None] | None = None
+        self._on_canary: Callable[[str], None] | None = None
 
     def watch(self, on_change: Callable[[Topic, int | None], None], on_resync: Callable[[], None],
-              on_created: Callable[[str, int, int], None]) -> None:
+              on_created: Callable[[str, int, int], None],
+              on_canary: Callable[[str], None] | None = None) -> None:
         self._on_change = on_change
         self._on_created = on_created
+        self._on_canary = on_canary
         self._listener.get().add(queries.STATE_CHANNEL, self._on_ring, on_resync=on_resync)
 
     async def listen(self) -> None:
@@ -89,6 +94,11 @@ class JobStates:
 
     def _on_ring(self, payload: str) -> None:
         if self._on_change is None or self._on_created is None:
+            return
+        canary = _CANARY.fullmatch(payload)
+        if canary is not None:
+            if self._on_canary is not None:
+                self._on_canary(canary.group(1))
             return
         ring = parse_ring(payload)
         for topic, version in ring.changed:
@@ -122,6 +132,14 @@ class JobStates:
                         for row in await cur.fetchall():
                             out[f"workflow:{row['id']}"] = workflow_state(row)
         return out
+
+    async def ring_canary(self, token: str) -> None:
+        """Ring "canary TOKEN" from the pool, not from the listening connection: a listener that
+        hears nothing from other sessions (a frozen backend, a pooler in transaction mode) may
+        still hear its own session's rings."""
+        with translated(self.url):
+            async with (await self._pools.aget()).connection() as conn:
+                await conn.execute(queries.RING_STATES_CANARY, {"token": token})
 
     async def aclose(self) -> None:
         await self._listener.aclose()
