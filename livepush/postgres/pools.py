@@ -7,18 +7,61 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import select
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool.base import AttemptWithBackoff
 
 from .connect import CONNECT_TIMEOUT, aconnect, connect, statement_options, translate
 
 OPEN_TIMEOUT = 5.0  # seconds a first use waits for the pool's first connection
+# The longest a pool waits between two attempts to connect again, as the listeners (listener.py):
+# psycopg_pool doubles its delay up to minutes, so after an outage of N seconds its next attempt
+# came up to N seconds after Postgres was back, and every call waited for it meanwhile.
+RECONNECT_CAP = 1.0
+
+
+def _capped(attempt: AttemptWithBackoff | None) -> AttemptWithBackoff | None:
+    """`attempt` with its delay held where psycopg_pool's doubling (AttemptWithBackoff.update_delay,
+    which runs after a failed attempt) makes the next one RECONNECT_CAP at most. It still gives up
+    after the pool's reconnect_timeout; the next caller then starts a new attempt at once."""
+    if attempt is not None:
+        attempt.delay = min(attempt.delay, RECONNECT_CAP / AttemptWithBackoff.DELAY_BACKOFF)
+    return attempt
+
+
+class _QuietReconnects(logging.Filter):
+    """psycopg_pool logs every failed attempt to connect at WARNING, two lines each: with an
+    attempt a second per pool, a process logged several a second for as long as Postgres was down.
+    Of livepush's pools (named "livepush-..."), each pool's failures are logged at most once a
+    minute; the rest of psycopg_pool's lines, and other pools', pass untouched."""
+
+    EVERY = 60.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._logged: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if not (record.msg == "error connecting in %r: %s" and isinstance(args, tuple) and args
+                and str(args[0]).startswith("livepush-")):
+            return True
+        now = time.monotonic()
+        if now - self._logged.get(str(args[0]), -self.EVERY) < self.EVERY:
+            return False
+        self._logged[str(args[0])] = now
+        return True
+
+
+logging.getLogger("psycopg.pool").addFilter(_QuietReconnects())
 
 
 # A statement that is atomic on its own runs in one round trip in autocommit, where BEGIN, the
@@ -62,7 +105,12 @@ class Pool(ConnectionPool):
     the first caller of each idle connection got an error (AdminShutdown). A connection with
     unexpected input is checked with a round trip (an empty query) and, if dead, replaced
     before anyone sees it. Nothing is retried: the caller's statement has not been sent yet.
-    (The pool's own `check=` hook would do the same, but waits a second between attempts.)"""
+    (The pool's own `check=` hook would do the same, but waits a second between attempts.)
+    It tries to connect again at least every RECONNECT_CAP seconds while it is short of
+    connections."""
+
+    def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
+        super()._add_connection(_capped(attempt), growing)
 
     def getconn(self, timeout: float | None = None) -> Any:
         for _ in range(self.max_size):
@@ -88,6 +136,9 @@ class AsyncPool(AsyncConnectionPool):
     guard with every other task, the guard closes the pool, which stops its workers."""
 
     _guard: asyncio.Task[None] | None = None
+
+    async def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
+        await super()._add_connection(_capped(attempt), growing)
 
     async def open(self, wait: bool = False, timeout: float = 30.0) -> None:
         # The guard first: an open cancelled while it waits for its first connections has

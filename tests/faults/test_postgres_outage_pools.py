@@ -1,0 +1,48 @@
+"""livepush's connection pools through a Postgres outage (docs/operations.md, Deploys and
+restarts): calls made while it is down wait for it or fail with livepush's error, and the pools
+connect again within about a second of its return, as the listeners do."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from livepush.fanout.postgres import PostgresFanOut
+from tests.faults.fleet import postgres_down
+
+# Seconds Postgres stays down while calls wait: psycopg_pool alone tries again after 1, 2, 4, 8 s,
+# so its next attempt after this outage would come about 7 s after Postgres is back.
+OUTAGE = 8.0
+# Seconds after Postgres accepts connections again within which a waiting call goes through.
+BACK_WITHIN = 3.0
+
+
+async def test_publishes_waiting_when_postgres_returns_go_through_within_seconds(
+        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """publish() and apublish() made while Postgres is down, still waiting for their pools when
+    it comes back, return their offsets within a few seconds of its return (the pools retry at
+    least every second), not when a doubling backoff next happens to try; and the attempts that
+    fail meanwhile are logged once per pool, not once each."""
+    caplog.set_level(logging.INFO)
+    fanout = PostgresFanOut(pg_url)
+    try:
+        await fanout.apublish("outage:t", {"n": 0})
+        await asyncio.to_thread(fanout.publish, "outage:t", {"n": 0})
+        loop = asyncio.get_running_loop()
+        async with postgres_down("fast"):
+            waiting = [asyncio.create_task(fanout.apublish("outage:t", {"n": 1})),
+                       asyncio.ensure_future(asyncio.to_thread(fanout.publish, "outage:t", {"n": 2}))]
+            await asyncio.sleep(OUTAGE)
+            assert not any(w.done() for w in waiting), [w.result() for w in waiting if w.done()]
+        back = loop.time()
+        done, _ = await asyncio.wait(waiting, timeout=BACK_WITHIN + 30)
+        took = round(loop.time() - back, 2)
+        assert len(done) == 2 and all(w.exception() is None for w in waiting), [
+            w.exception() for w in done]
+        assert took <= BACK_WITHIN, f"the waiting publishes went through only {took} s after Postgres was back"
+        failed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("error connecting in")]
+        assert 1 <= len(failed) <= 2, f"{len(failed)} lines for the pools' failed attempts: {failed[:4]}"
+    finally:
+        await fanout.aclose()
