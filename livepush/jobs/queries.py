@@ -446,23 +446,32 @@ REREGISTER_RUNTIME = """
 INSERT INTO livepush_job_runtimes (id, host, pid, node, queues, concurrency, heartbeat, state, in_hand)
 VALUES (%(id)s, %(host)s, %(pid)s, %(node)s, %(queues)s, %(concurrency)s, %(heartbeat)s, %(state)s, %(in_hand)s)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+RETURNING heartbeat_at
 """
 
 # name: beat
+# Returns the beat's time on the database's clock, which the runtime's rescue compares with.
 BEAT = """
 UPDATE livepush_job_runtimes SET heartbeat_at = now(), state = %(state)s, in_hand = %(in_hand)s
 WHERE id = %(id)s
+RETURNING heartbeat_at
 """
 
 # name: deregister_runtime
 DEREGISTER_RUNTIME = "DELETE FROM livepush_job_runtimes WHERE id = %(id)s"
 
 # name: prune_dead_runtimes
-# A runtime is dead when silent for three of its own beats. DELETE locks each row, so two
-# runtimes pruning at once delete each dead row once; the loser finds nothing.
+# A runtime is dead when silent for three of its own beats while it could have beaten: silence
+# before this server started (a restart, a crash, a failover to another server) or before the
+# pruning runtime's own contact came back (%(since)s: the beat that ended its last spell of
+# failed beats; NULL when it had none) was an outage every runtime shared, and a live runtime's
+# jobs taken then would run twice at once, their attempt spent. greatest() skips the NULL.
+# DELETE locks each row, so two runtimes pruning at once delete each dead row once; the loser
+# finds nothing.
 PRUNE_DEAD_RUNTIMES = """
 DELETE FROM livepush_job_runtimes
-WHERE heartbeat_at < now() - make_interval(secs => heartbeat * 3)
+WHERE greatest(heartbeat_at, pg_postmaster_start_time(), %(since)s::timestamptz)
+      < now() - make_interval(secs => heartbeat * 3)
 RETURNING id
 """
 

@@ -11,6 +11,7 @@ import functools
 import logging
 import os
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -90,16 +91,20 @@ async def prune_gone_on_node(pool: AsyncConnectionPool, runtime_id: int) -> list
     return gone
 
 
-async def beat(pool: AsyncConnectionPool, info: Mapping[str, Any]) -> bool:
-    """Beat; returns False when this runtime had been pruned as dead (it is back now)."""
+async def beat(pool: AsyncConnectionPool, info: Mapping[str, Any]) -> tuple[datetime, bool]:
+    """Beat; returns its time on the database's clock, and False when this runtime had been
+    pruned as dead (it is back now)."""
     async with pool.connection() as conn:
         cur = await conn.execute(queries.BEAT, {"id": info["id"], "state": info["state"], "in_hand": info["in_hand"]})
-        if cur.rowcount:
-            return True
-        await conn.execute(queries.REREGISTER_RUNTIME, {**info, "node": local_node()})
+        row = await cur.fetchone()
+        if row is not None:
+            return row[0], True
+        cur = await conn.execute(queries.REREGISTER_RUNTIME, {**info, "node": local_node()})
+        row = await cur.fetchone()
+    assert row is not None
     log.warning("runtime %s was presumed dead (no heartbeat for three beats) and its jobs were released; "
                 "it registered again, and outcomes of jobs it still holds will be ignored", info["id"])
-    return False
+    return row[0], False
 
 
 async def deregister(pool: AsyncConnectionPool, runtime_id: int) -> tuple[int, set[int]]:
@@ -114,11 +119,14 @@ async def deregister(pool: AsyncConnectionPool, runtime_id: int) -> tuple[int, s
     return len(rows), touched
 
 
-async def rescue(pool: AsyncConnectionPool) -> tuple[list[dict[str, Any]], set[int]]:
+async def rescue(pool: AsyncConnectionPool, since: datetime | None = None) -> tuple[list[dict[str, Any]], set[int]]:
     """Prune runtimes silent for three beats, then release running jobs without a live runtime,
-    attempt counted. Returns the released rows and the groups counted in."""
+    attempt counted. `since`: when the caller's own contact with the database came back after
+    it lost it (None: never lost); silence before it is not counted. Returns the released rows
+    and the groups counted in."""
     async with pool.connection() as conn:
-        dead = [r[0] for r in await (await conn.execute(queries.PRUNE_DEAD_RUNTIMES)).fetchall()]
+        cur = await conn.execute(queries.PRUNE_DEAD_RUNTIMES, {"since": since})
+        dead = [r[0] for r in await cur.fetchall()]
     unrung: set[int] = set()
     if dead:
         log.warning("runtimes %s stopped beating: releasing their jobs", dead)

@@ -39,6 +39,7 @@ import socket
 import time
 import traceback
 from collections.abc import Awaitable, Iterable, Iterator, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
@@ -844,11 +845,23 @@ class Runtime:
     async def _beat_loop(self) -> None:
         assert self._pool is not None and self.id is not None
         last_in_hand = -1
+        # While this runtime could not beat, the others may not have been able to either (Postgres
+        # down, a network between): their silence then says nothing. `since` is when its own
+        # beats came back (database time), and the rescue counts only silence after it. A beat
+        # that failed, one that waited out the outage for a connection (more than two beats after
+        # the last), and one that found this runtime pruned each show a spell without contact.
+        since: datetime | None = None
+        last_at: datetime | None = None
+        lost = False
         while not self._closing.is_set():
             try:
-                await maintenance.beat(self._pool, self.info)
+                beat_at, kept = await maintenance.beat(self._pool, self.info)
+                if lost or not kept or (last_at is not None and
+                                        (beat_at - last_at).total_seconds() > 2 * self.heartbeat):
+                    since = beat_at
+                last_at, lost = beat_at, False
                 self.limited, self.limits_dropped = await limits.names(self._pool, self.registry)
-                _, touched = await maintenance.rescue(self._pool)
+                _, touched = await maintenance.rescue(self._pool, since)
                 if touched and self._group_progress is not None:
                     self._group_progress.mark(touched)
                 for job_id in await maintenance.cancel_requests(self._pool, self.id):
@@ -858,6 +871,7 @@ class Runtime:
                     await self._publish_state(self.state)
             except _DB_ERRORS as exc:
                 reraise_if_cancelled()
+                lost = True
                 log.warning("heartbeat failed (%s); trying again next beat", exc)
             await self._pause(self.heartbeat)
 

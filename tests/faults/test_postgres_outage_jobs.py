@@ -1,0 +1,63 @@
+"""Job runtimes that stay alive through a Postgres outage (docs/jobs.md, Deploys, shutdown and
+crashes): the outage is no runtime's silence, so nothing they hold is taken from them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.faults.fleet import Fleet, postgres_down
+from tests.jobs import sample_jobs
+from tests.jobs.conftest import q
+from tests.support import services
+from tests.support.waiting import async_wait_for
+
+# The runtimes' heartbeat (s), and how long Postgres stays down: many more than three beats.
+HEARTBEAT = 0.3
+OUTAGE = 3.0
+# How long each job runs: it is running when Postgres stops, and ends well after it is back.
+HOLD = OUTAGE + 8.0
+
+
+@contextlib.asynccontextmanager
+async def database_away(url: str, mode: str) -> AsyncIterator[None]:
+    """The database is out of reach inside the block: PostgreSQL stopped ("fast", "immediate"),
+    or ("refused") every connection to the database closed and new ones refused, PostgreSQL
+    itself running on (as a network cut between the runtimes and it would look)."""
+    if mode != "refused":
+        async with postgres_down(mode):
+            yield
+        return
+    admin_url = services.db_url(url, "postgres")
+    with services.pg_refusing_connections(admin_url, services.dbname_of(url)):
+        await asyncio.to_thread(services.pg_terminate, admin_url, services.dbname_of(url))
+        yield
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate", "refused"])
+async def test_runtimes_alive_through_an_outage_keep_their_jobs(fleet: Fleet, mode: str) -> None:
+    """Two runtimes, each running one job, while the database is out of their reach for ten
+    heartbeats (PostgreSQL stopped, crashed, or refusing them while it runs on): once it is
+    back, neither runtime is presumed dead by the other, so each job runs once, on its first
+    attempt, and succeeds; the silence was the outage's, not theirs."""
+    await fleet.runtimes(2, "--concurrency", "1", heartbeat=HEARTBEAT)
+    ids = [(await sample_jobs.hold.aenqueue(HOLD)).id for _ in range(2)]
+
+    def started() -> bool:
+        return len(q(fleet.url, "SELECT DISTINCT pid FROM job_runs WHERE phase = 'start'")) == 2
+
+    await async_wait_for(lambda: asyncio.to_thread(started), 15.0, message="each runtime to start its job")
+    await asyncio.sleep(0.5)  # the claims' asynchronous commits reach the WAL (docs/jobs.md)
+    async with database_away(fleet.url, mode):
+        await asyncio.sleep(OUTAGE)
+
+    await fleet.wait_jobs_done(ids, timeout=HOLD + 30)
+    starts = q(fleet.url, "SELECT job_id, attempt FROM job_runs WHERE phase = 'start' ORDER BY job_id, attempt")
+    assert starts == [(i, 1) for i in ids], (
+        f"a job ran again although its runtime was alive: {starts}\n{fleet.runtime_log('dead', 'released')}")
+    assert q(fleet.url, "SELECT id, attempt FROM livepush_jobs ORDER BY id") == [(i, 1) for i in ids]
+    assert fleet.runtime_log("presumed dead", "stopped beating") == ""
+    assert fleet.still_running() == []
