@@ -33,7 +33,7 @@ from typing import Any
 
 import psycopg
 
-from ..postgres.connect import cursor_on, translated
+from ..postgres.connect import cursor_on, translated, translated_if_lost
 from ..channels import ListenerSlot
 from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
@@ -241,7 +241,7 @@ class PostgresFanOut(FanOut):
         if conn is not None:
             if not isinstance(conn, psycopg.Connection):
                 raise TypeError("publish(conn=) takes a psycopg.Connection; use apublish() for an AsyncConnection")
-            with cursor_on(conn) as cur:
+            with translated_if_lost(self.url, conn), cursor_on(conn) as cur:
                 row = cur.execute(PUBLISH, (topic, text)).fetchone()
         else:
             with translated(self.url), self._pools.sync().connection() as c:
@@ -255,8 +255,9 @@ class PostgresFanOut(FanOut):
         if conn is not None:
             if not isinstance(conn, psycopg.AsyncConnection):
                 raise TypeError("apublish(conn=) takes a psycopg.AsyncConnection; use publish() for a sync Connection")
-            async with cursor_on(conn) as acur:
-                row = await (await acur.execute(PUBLISH, (topic, text))).fetchone()
+            with translated_if_lost(self.url, conn):
+                async with cursor_on(conn) as acur:
+                    row = await (await acur.execute(PUBLISH, (topic, text))).fetchone()
         else:
             with translated(self.url):
                 async with (await self._pools.aget()).connection() as c:
@@ -274,7 +275,8 @@ class PostgresFanOut(FanOut):
                 raise TypeError("publish_many(conn=) takes a psycopg.Connection; use apublish_many() for an "
                                 "AsyncConnection")
             # In autocommit each statement would commit alone: the batch is one transaction still.
-            with conn.transaction() if conn.autocommit and len(statements) > 1 else contextlib.nullcontext(), \
+            with translated_if_lost(self.url, conn), \
+                    conn.transaction() if conn.autocommit and len(statements) > 1 else contextlib.nullcontext(), \
                     cursor_on(conn) as cur:
                 got = [cur.execute(PUBLISH_MANY, (doc,)).fetchone() for doc in statements]
         else:
@@ -293,10 +295,11 @@ class PostgresFanOut(FanOut):
             if not isinstance(conn, psycopg.AsyncConnection):
                 raise TypeError("apublish_many(conn=) takes a psycopg.AsyncConnection; use publish_many() for a "
                                 "sync Connection")
-            async with conn.transaction() if conn.autocommit and len(statements) > 1 else contextlib.nullcontext(), \
-                    cursor_on(conn) as acur:
-                for doc in statements:
-                    got.append(await (await acur.execute(PUBLISH_MANY, (doc,))).fetchone())
+            with translated_if_lost(self.url, conn):
+                async with conn.transaction() if conn.autocommit and len(statements) > 1 \
+                        else contextlib.nullcontext(), cursor_on(conn) as acur:
+                    for doc in statements:
+                        got.append(await (await acur.execute(PUBLISH_MANY, (doc,))).fetchone())
         else:
             with translated(self.url):
                 async with (await self._pools.aget()).connection() as c, \

@@ -109,6 +109,20 @@ def translated(url: str) -> Iterator[None]:
         raise translate(url, exc) from exc
 
 
+@contextlib.contextmanager
+def translated_if_lost(url: str, conn: Any) -> Iterator[None]:
+    """Around work on a caller's connection (`conn=`): when the connection is lost (a restart, a
+    failover, a killed backend), psycopg's error becomes ours, as on livepush's own connections.
+    Any other error is the caller's transaction's own (a lock timeout it set, a statement of its
+    that failed) and passes through as the driver raised it."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        if not (conn.closed or conn.broken):
+            raise
+        raise translate(url, exc) from exc
+
+
 def statement_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     """psycopg connection options with preparing turned off when LIVEPUSH_PREPARED_STATEMENTS=off.
     A pooler in transaction mode without prepared-statement support hands each transaction to any

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
+import psycopg
 import pytest
 
+import livepush
 from livepush.fanout.postgres import PostgresFanOut
 from tests.faults.fleet import postgres_down
+from tests.support import services
 
 # Seconds Postgres stays down while calls wait: psycopg_pool alone tries again after 1, 2, 4, 8 s,
 # so its next attempt after this outage would come about 7 s after Postgres is back.
@@ -44,5 +48,33 @@ async def test_publishes_waiting_when_postgres_returns_go_through_within_seconds
         assert took <= BACK_WITHIN, f"the waiting publishes went through only {took} s after Postgres was back"
         failed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("error connecting in")]
         assert 1 <= len(failed) <= 2, f"{len(failed)} lines for the pools' failed attempts: {failed[:4]}"
+    finally:
+        await fanout.aclose()
+
+
+async def test_a_publish_on_a_callers_connection_the_server_closed_raises_dependency_error(
+        pg_url: str, pg_admin_url: str) -> None:
+    """publish(), publish_many(), apublish() and apublish_many() with conn= on a connection whose
+    server side went away (a restart, a failover, a killed backend) raise livepush's
+    DependencyError naming the database, as they do without conn=, not the driver's own error
+    (which they raise for the caller's own transaction's errors, docs/reference.md §4)."""
+    fanout = PostgresFanOut(pg_url)
+    dbname = services.dbname_of(pg_url)
+    try:
+        for call in ("publish", "publish_many", "apublish", "apublish_many"):
+            if call.startswith("a"):
+                conn: Any = await psycopg.AsyncConnection.connect(pg_url)
+            else:
+                conn = await asyncio.to_thread(psycopg.connect, pg_url)
+            try:
+                assert await asyncio.to_thread(services.pg_terminate, pg_admin_url, dbname) >= 1
+                args = [[("outage:t", {"n": 1})]] if call.endswith("many") else ["outage:t", {"n": 1}]
+                with pytest.raises(livepush.DependencyError, match=f"cannot reach Postgres at {dbname}@"):
+                    if call.startswith("a"):
+                        await getattr(fanout, call)(*args, conn=conn)
+                    else:
+                        await asyncio.to_thread(lambda: getattr(fanout, call)(*args, conn=conn))
+            finally:
+                await conn.close() if call.startswith("a") else conn.close()
     finally:
         await fanout.aclose()
