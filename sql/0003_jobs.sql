@@ -132,11 +132,25 @@ CREATE TABLE livepush_job_payloads (
     autovacuum_vacuum_cost_delay = 0
 );
 
+-- A fresh lease per claim: 62 random bits. Claims commit asynchronously (a claim lost in a crash
+-- only makes its job run again, which at-least-once allows), and a crash can rewind a sequence
+-- past values handed out in unflushed transactions, so a lease from a sequence could match a
+-- later claim of the same job. A random one matches it with probability 2^-62.
+CREATE FUNCTION livepush_job_lease() RETURNS bigint
+LANGUAGE sql VOLATILE AS $$
+    SELECT (floor(random() * 2147483648)::bigint << 31) | floor(random() * 2147483648)::bigint
+$$;
+
 -- One row per live runtime process. A runtime beats every `heartbeat` seconds; one silent for
 -- three of its own beats is dead, and any other runtime deletes its row and releases its jobs
 -- (attempt counted). A runtime starting on the same node also finds one whose process is gone.
 CREATE TABLE livepush_job_runtimes (
-    id            bigserial PRIMARY KEY,
+    -- 62 random bits, as a lease, not a sequence: a failover to a copy that lacks the last
+    -- registrations (a restored backup, a standby that was behind) rewinds a sequence, and a
+    -- runtime starting there took the id of one still running, which then beat, claimed under
+    -- and at its stop gave back the other's jobs as its own (or, re-registered first, made the
+    -- new one's registration fail).
+    id            bigint      PRIMARY KEY DEFAULT livepush_job_lease(),
     host          text        NOT NULL,
     pid           integer     NOT NULL,
     -- The machine and process namespace the pid belongs to (boot id and pid namespace), when
@@ -178,15 +192,6 @@ LANGUAGE sql STABLE AS $$
     FROM jsonb_array_elements(p_batch -> 'rows') WITH ORDINALITY AS u(j, ord)
     -- A lookup per row, not a join: no plan can read the rows more than once.
     CROSS JOIN LATERAL (SELECT p_batch -> 'specs' -> (u.j ->> 0)::integer AS spec) f
-$$;
-
--- A fresh lease per claim: 62 random bits. Claims commit asynchronously (a claim lost in a crash
--- only makes its job run again, which at-least-once allows), and a crash can rewind a sequence
--- past values handed out in unflushed transactions, so a lease from a sequence could match a
--- later claim of the same job. A random one matches it with probability 2^-62.
-CREATE FUNCTION livepush_job_lease() RETURNS bigint
-LANGUAGE sql VOLATILE AS $$
-    SELECT (floor(random() * 2147483648)::bigint << 31) | floor(random() * 2147483648)::bigint
 $$;
 
 -- The ring functions below are PL/pgSQL, not SQL: Postgres 15 plans the body of a SQL function

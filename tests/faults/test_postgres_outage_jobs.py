@@ -61,3 +61,27 @@ async def test_runtimes_alive_through_an_outage_keep_their_jobs(fleet: Fleet, mo
     assert q(fleet.url, "SELECT id, attempt FROM livepush_jobs ORDER BY id") == [(i, 1) for i in ids]
     assert fleet.runtime_log("presumed dead", "stopped beating") == ""
     assert fleet.still_running() == []
+
+
+async def test_runtimes_after_a_failover_to_a_copy_that_lacks_a_registration_keep_ids_of_their_own(
+        fleet: Fleet) -> None:
+    """A failover to a copy of the database that lacks the last registrations (a restored backup,
+    a standby that was behind): a runtime that still runs there and one that starts there each
+    register and beat a row of their own, never one id for both (which made one beat, claim and,
+    at its stop, give back the other's jobs as its own)."""
+    (old,) = await fleet.runtimes(1, heartbeat=HEARTBEAT)
+    ((old_id,),) = q(fleet.url, "SELECT id FROM livepush_job_runtimes WHERE pid = %s", (old.pid,))
+    # The copy: the old runtime's row is not there, nor are the values any sequence gave since.
+    q(fleet.url, """
+        WITH gone AS (DELETE FROM livepush_job_runtimes WHERE id = %(id)s)
+        SELECT setval(pg_get_serial_sequence('livepush_job_runtimes', 'id'), %(id)s, false)""", {"id": old_id})
+    (new,) = await fleet.runtimes(1, heartbeat=HEARTBEAT)
+
+    def both_registered() -> bool:
+        return {pid for (pid,) in q(fleet.url, "SELECT pid FROM livepush_job_runtimes")} == {old.pid, new.pid}
+
+    await async_wait_for(lambda: asyncio.to_thread(both_registered), 10.0,
+                         message="each runtime to beat a row of its own")
+    ids = q(fleet.url, "SELECT id, pid FROM livepush_job_runtimes ORDER BY pid")
+    assert len({i for i, _ in ids}) == 2, ids
+    assert fleet.still_running() == []
