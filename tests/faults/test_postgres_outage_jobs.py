@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+import psycopg
+import psycopg.sql
 import pytest
 
 from tests.faults.fleet import Fleet, postgres_down
@@ -84,4 +86,45 @@ async def test_runtimes_after_a_failover_to_a_copy_that_lacks_a_registration_kee
                          message="each runtime to beat a row of its own")
     ids = q(fleet.url, "SELECT id, pid FROM livepush_job_runtimes ORDER BY pid")
     assert len({i for i, _ in ids}) == 2, ids
+    assert fleet.still_running() == []
+
+
+def _read_only(admin_url: str, url: str, on: bool) -> None:
+    """Every new session of the database is read-only (on) or not, as a standby not yet promoted
+    or a primary demoted during a failover refuses writes; open sessions are closed so that the
+    runtime's next ones are new."""
+    dbname = services.dbname_of(url)
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = {}").format(
+            psycopg.sql.Identifier(dbname), psycopg.sql.SQL("on" if on else "off")))
+    services.pg_terminate(admin_url, dbname)
+
+
+async def test_a_runtime_whose_outcomes_meet_a_read_only_database_waits_for_it_to_take_writes(
+        fleet: Fleet, pg_admin_url: str) -> None:
+    """Jobs that end while the database refuses writes (a failover's standby, not yet promoted):
+    the runtime keeps their outcomes and writes them once it takes writes again, so each job
+    succeeds once, on its first attempt, and the runtime runs on; it neither gives up its
+    outcomes nor stops, which left the jobs running until a rescue ran them again."""
+    q(fleet.url, sample_jobs.FLAGS_TABLE)
+    (runtime,) = await fleet.runtimes(1, "--concurrency", "2", heartbeat=HEARTBEAT)
+    ids = [(await sample_jobs.progress_then_wait.aenqueue("waiting", "go")).id for _ in range(2)]
+
+    def running() -> bool:
+        return q(fleet.url, "SELECT count(*) FROM livepush_jobs j JOIN livepush_job_payloads p USING (id) "
+                            "WHERE j.state = 'running' AND p.progress IS NOT NULL") == [(2,)]
+
+    await async_wait_for(lambda: asyncio.to_thread(running), 15.0, message="both jobs to run and report progress")
+    await asyncio.to_thread(_read_only, pg_admin_url, fleet.url, True)
+    try:
+        with psycopg.connect(fleet.url, autocommit=True) as conn:
+            conn.execute("SET default_transaction_read_only = off")
+            conn.execute("INSERT INTO job_flags (name) VALUES ('go')")  # the jobs end now
+        await asyncio.sleep(OUTAGE)
+        assert runtime.running, runtime.output()
+    finally:
+        await asyncio.to_thread(_read_only, pg_admin_url, fleet.url, False)
+
+    await fleet.wait_jobs_done([], timeout=30)
+    assert q(fleet.url, "SELECT id, state, attempt FROM livepush_jobs ORDER BY id") == [(i, "succeeded", 1) for i in ids]
     assert fleet.still_running() == []

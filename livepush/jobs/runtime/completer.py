@@ -46,8 +46,12 @@ log = logging.getLogger("livepush.jobs")
 
 MAX_ERROR = 4000  # characters of an error kept with the job and shown on its topic
 
-# Connection trouble, or a conflict with another transaction: the same batch succeeds later.
-_TRANSIENT = (psycopg.OperationalError, psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+# Connection trouble, a conflict with another transaction, or a database that takes no writes for
+# now (a failover's standby not yet promoted, a primary being demoted): the same batch succeeds
+# later. Refused as if for good, a read-only moment stopped the runtime and dropped the outcomes
+# of jobs that had run, which then ran again.
+_TRANSIENT = (psycopg.OperationalError, psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure,
+              psycopg.errors.ReadOnlySqlTransaction)
 # Anything else Postgres (or the encoding of a parameter) refuses would be refused again on every
 # retry. Catch _TRANSIENT first.
 _REFUSED = (psycopg.Error, ValueError)
