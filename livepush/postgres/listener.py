@@ -10,7 +10,8 @@ notification is delivered as usual: nothing a notification holds can stop the li
 When the connection is lost (a restart, a failover, a killed backend, a silent network) the
 listener reconnects with capped, jittered backoff, LISTENs every channel again, and only then
 runs each channel's resync handler: listen first, then catch up from the tables, so nothing
-committed meanwhile is missed. An unexpected error in the loop itself is logged with its
+committed meanwhile is missed. The handlers run in a task of their own while notifications
+go on being handed out, so a part slow to catch up holds up no other. An unexpected error in the loop itself is logged with its
 traceback and handled the same way. `listening` is False while it is away (drives /healthz).
 """
 
@@ -53,6 +54,7 @@ class Listener:
         self.backoff = backoff
         self._channels: Channels[str] = Channels(log)
         self._task: asyncio.Task[None] | None = None
+        self._resync: asyncio.Task[None] | None = None
         self._listening = False
         self._closing = False
 
@@ -94,6 +96,8 @@ class Listener:
         self._listening = False
         task, self._task = self._task, None
         await stop(task)
+        resync, self._resync = self._resync, None
+        await stop(resync)
 
     # -- the loop ------------------------------------------------------------------------
     async def _connect(self) -> psycopg.AsyncConnection:
@@ -138,7 +142,15 @@ class Listener:
             self._listening = True
             log.warning("the Postgres listener is back after %.1f s; reading what was missed",
                         time.monotonic() - lost_at)
-            await self._channels.resync()
+            self._resync = asyncio.create_task(self._read_missed(self._resync), name=f"{self.name}-resync")
+
+    async def _read_missed(self, previous: asyncio.Task[None] | None) -> None:
+        """Every channel's resync handlers, in a task beside the loop: one that reads slowly (a
+        lock, a database short of connections) held up every other part's notifications while it
+        waited. After the resync of an earlier reconnect, which it then repeats."""
+        if previous is not None:
+            await asyncio.wait([previous])
+        await self._channels.resync()
 
     async def _serve(self, conn: psycopg.AsyncConnection) -> None:
         last_ping = time.monotonic()

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 
+import psycopg
+
 from livepush.fanout.postgres import PostgresFanOut
-from tests.faults.fleet import Fleet
+from tests.faults.clients import ResumingClient
+from tests.faults.fleet import JOB_MODULE, Fleet, Server
 from tests.faults.traffic import Traffic
+from tests.jobs.conftest import q
 from tests.support import services
 from tests.support.waiting import async_wait_for
 
@@ -20,6 +24,8 @@ KILLS = 10
 LOAD_BETWEEN = 20
 # Seconds within which a server notices the loss and listens again (first reconnect delay: 0.05-0.15 s).
 RECOVERY_BOUND = 10.0
+# Seconds within which a message published once the listener is back reaches a client.
+DELIVER_BOUND = 3.0
 
 
 async def test_killing_the_listener_backend_again_and_again_turns_healthz_503_then_200_and_loses_no_message(
@@ -53,3 +59,45 @@ async def test_killing_the_listener_backend_again_and_again_turns_healthz_503_th
         f"the log held every message: no reset is due\n{report}\n{fleet.server_log('reset', 'history')}")
     await traffic.ends_cleanly(fleet)
     print(f"\n{KILLS} listener kills: every server back to 200 after {recoveries} s; {traffic.summary()}")
+
+
+async def test_a_part_slow_to_read_what_it_missed_after_a_listener_loss_holds_up_no_other(
+    fleet: Fleet, pg_admin_url: str
+) -> None:
+    """`serve --with-jobs`: the server and the runtime beside it share one listener. After it is
+    lost and back, each part reads what it missed; while one part's read waits (here the groups
+    table is locked, as a migration or a slow database would hold it), the other parts hear
+    their notifications all the same: a message published after the loss reaches a subscribed
+    client within seconds, not once that read is done."""
+    env = fleet.env()
+    child = fleet.procs.livepush("serve", "--with-jobs", JOB_MODULE, env=env, wait_healthy=False)
+    await child.await_healthy()
+    fleet.servers.append(Server(child, int(env["LIVEPUSH_PORT"])))
+    client = await ResumingClient.open(fleet.servers[0].url, {"room:a": fleet.sign("room:a")})
+    fanout = PostgresFanOut(fleet.url)
+    loop = asyncio.get_running_loop()
+    try:
+        with psycopg.connect(fleet.url) as holder:  # the lock is held until this transaction ends
+            holder.execute("LOCK TABLE livepush_groups IN ACCESS EXCLUSIVE MODE")
+            killed = await asyncio.to_thread(services.pg_terminate, pg_admin_url, services.dbname_of(fleet.url),
+                                             LISTENER_APP_NAME)
+            assert killed == 1, f"{killed} LISTEN backends, not the one the server and its runtime share"
+            listening = ("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                         "AND datname = current_database()")
+            await async_wait_for(lambda: asyncio.to_thread(lambda: q(fleet.url, listening, (LISTENER_APP_NAME,))
+                                                           == [(1,)]), RECOVERY_BOUND,
+                                 message="the shared listener to connect again")
+            await asyncio.sleep(1.0)  # it listens, and what was missed is read
+            back_at = loop.time()
+            sent: list[str] = []
+            while not set(sent) & {o for kind, o in client.events["room:a"] if kind == "message"}:
+                assert loop.time() - back_at < DELIVER_BOUND, (
+                    f"no message published since the listener was back arrived within {DELIVER_BOUND:g} s "
+                    f"({len(sent)} published)\n{fleet.server_log()}")
+                sent.append(await fanout.apublish("room:a", {"n": len(sent)}))
+                await asyncio.sleep(0.1)
+            holder.rollback()
+    finally:
+        await client.close()
+        await fanout.aclose()
+    assert fleet.still_running() == []
