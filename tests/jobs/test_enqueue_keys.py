@@ -357,6 +357,22 @@ def test_a_group_block_whose_every_key_is_held_elsewhere_finishes_at_its_seal(jo
     assert q(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE callback_of = %s", (g.id,)) == [(1,)]
 
 
+def test_a_refused_item_leaves_its_key_to_the_next_item_of_a_group_block(jobs_db: str) -> None:
+    """A g.enqueue() refused for a bad option (here its tags) adds nothing, its key included: a
+    block that catches the error and enqueues the key again gets one member with that key."""
+    with jobs.group() as g:
+        with pytest.raises(InvalidArgumentsError, match="tags"):
+            g.enqueue(sample_jobs.record, "refused", key="kept", tags=[""])
+        g.enqueue(sample_jobs.record, "taken", key="kept")
+        g.enqueue(sample_jobs.record, "again", key="kept")
+    first, again = g.members
+    assert first == again
+    assert q(jobs_db, "SELECT p.args->>0 FROM livepush_jobs j JOIN livepush_job_payloads p USING (id) "
+                      "WHERE j.key = 'kept'") == [("taken",)]
+    group = jobs.get_group(g.id)
+    assert group is not None and group["total"] == 1
+
+
 def test_a_key_repeated_across_a_large_groups_statements_gets_one_job(jobs_db: str,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A group block too big for one insert statement is split in key order, never inside a run of

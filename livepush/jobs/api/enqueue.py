@@ -98,8 +98,9 @@ class Batch:
     def add(self, fn: JobSpec, args: Sequence[Any], when: datetime | None = None,
             group_id: int | None = None, queue: str | None = None, *,
             key: str | None = None, tags: Sequence[str] | None = None) -> None:
-        """Check one job (plain JSON, then its function's schema, if any) and add it; a refusal
-        raises before anything of the batch is written."""
+        """Check one job (plain JSON, then its function's schema, if any, then its options) and add
+        it; a refusal raises before anything of the batch is written, and leaves the batch as it
+        was: a group block goes on after a refused g.enqueue() the caller caught."""
         items = check_args(args)
         try:
             found = self._fns.get((fn, queue))
@@ -108,6 +109,13 @@ class Batch:
         index, validate, limits = found or self._fn(fn, queue)
         if validate is not None:
             validate(list(items))
+        # Every check before the batch records the key: a key recorded for an item that was then
+        # refused marked the key's next item `later`, which has no first item to take its job from.
+        if key is not None:
+            key = check_key(key)
+        if tags is not None:
+            tags = check_tags(tags)
+        ckey = limits.key_of(items, fn.name) if limits is not None else None
         # No option but perhaps a key: the row ends with the args, or with the key.
         bare = when is None and group_id is None and tags is None and limits is None
         if bare and key is None:
@@ -115,18 +123,14 @@ class Batch:
             return
         later = None
         if key is not None:
-            key = check_key(key)
             self.keyed = True
             if key in self._keys:
                 later = 1
             else:
-                self._keys.add(key)  # type: ignore[arg-type]
+                self._keys.add(key)
                 if bare:
                     self.rows.append((index, items, key))
                     return
-        if tags is not None:
-            tags = check_tags(tags)
-        ckey = limits.key_of(items, fn.name) if limits is not None else None
         row = [index, items, key, group_id, ckey, when.isoformat() if when else None, tags, later]
         while row[-1] is None:
             row.pop()
