@@ -55,10 +55,11 @@ CREATE TABLE livepush_jobs (
     key              text COLLATE "C",
     -- Which place of its key a job holds: 0 for the first job with a key, 1 (or the lowest free
     -- place) for a job a debounced enqueue queued behind one that had already started. Chosen
-    -- once, at insert, and never changed, so no state change of the runtime (claim, retry,
+    -- at insert and never changed by the runtime, so no state change of the runtime (claim, retry,
     -- release, rescue, promote) can make two unfinished rows collide on the key's unique index:
     -- its predicate is over the unfinished states as a whole, which those changes never leave
-    -- except by finishing.
+    -- except by finishing. jobs.retry_failed() of a finished job puts it back in place 0, as a new
+    -- enqueue would (jobs/queries.py: RETRY_FAILED).
     key_slot         smallint    NOT NULL DEFAULT 0,
     -- Labels to list and cancel jobs by (jobs.list_tagged, jobs.cancel_tagged); NULL when none.
     tags             text[],

@@ -601,12 +601,17 @@ JOB_GROUP = "SELECT group_id, workflow_id FROM livepush_jobs WHERE id = %(id)s"
 # A failed job gets a fresh set of attempts and runs again now. Only from 'failed'; the row lock
 # makes two concurrent retries re-queue it once. A job with an idempotency key stays failed when
 # another unfinished job holds its key, in any place (sql/0007_enqueue_options.sql: a debounce
-# may have queued one behind it): that job is the key's run now. (An enqueue of the key committing between this statement's snapshot and its
-# write makes it fail on the key's unique index instead: loud, never a duplicate.)
+# may have queued one behind it): that job is the key's run now. The retried job takes the key's
+# first place, as a new enqueue's job would: an enqueue of the key that this statement's snapshot
+# does not show (uncommitted, or committed since) then meets it on the key's unique index, where
+# this update waits for that transaction and fails with a unique violation if it committed; the
+# caller answers False for it (control.retry_failed). Left in a later place (a job a debounce had
+# queued behind another), the retried job met no one there, and the key got two unfinished jobs.
 RETRY_FAILED = f"""
 WITH moved AS (
     UPDATE livepush_jobs j SET state = 'available', attempt = 0, run_at = now(), finished_at = NULL,
-                               cancel_requested = false, version = j.version + 1, event = 'enqueued'
+                               cancel_requested = false, version = j.version + 1, event = 'enqueued',
+                               key_slot = 0
     WHERE j.id = %(id)s AND j.state = 'failed'
       AND (j.key IS NULL OR NOT EXISTS (
           SELECT 1 FROM livepush_jobs o

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -17,7 +18,7 @@ from livepush.jobs.groups import building
 from tests.jobs import group_jobs, sample_jobs
 from tests.jobs.conftest import q, running
 from tests.support.procs import ChildProcess, Processes
-from tests.support.waiting import async_wait_for
+from tests.support.waiting import async_wait_for, wait_for
 
 
 def jobs_with_key(url: str, key: str) -> list[tuple[Any, ...]]:
@@ -107,6 +108,52 @@ def test_retry_failed_leaves_a_failed_job_alone_while_a_job_queued_behind_it_hol
     assert holder != failed.id
     assert jobs.retry_failed(failed.id) is False
     assert q(jobs_db, unfinished) == [(holder,)]
+
+
+def retry_while_an_enqueue_of_the_key_commits(url: str, job_id: int, key: str) -> bool:
+    """jobs.retry_failed(job_id) called while another transaction has enqueued `key` and not yet
+    committed; that transaction commits once the retry waits for it (or returned). Returns what
+    the retry answered."""
+    with psycopg.connect(url) as conn, ThreadPoolExecutor(1) as pool:
+        sample_jobs.record.enqueue("holder", key=key, conn=conn)
+        retried = pool.submit(jobs.retry_failed, job_id)
+        wait_for(lambda: retried.done() or q(url, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                                                  "current_database() AND wait_event_type = 'Lock'")[0][0] > 0,
+                 10.0, message="retry_failed to wait for the enqueue's transaction")
+        conn.commit()
+        return retried.result(10)
+
+
+def unfinished_with_key(url: str, key: str) -> list[tuple[Any, ...]]:
+    return q(url, "SELECT id FROM livepush_jobs WHERE key = %s "
+                  "AND state IN ('available', 'scheduled', 'running', 'waiting')", (key,))
+
+
+def test_retry_failed_returns_false_when_an_enqueue_of_the_key_commits_meanwhile(jobs_db: str) -> None:
+    """An enqueue of the key that commits while retry_failed() runs holds the key: the retry
+    answers False and leaves the job failed, as when the key was held before it started."""
+    failed = sample_jobs.never.enqueue(key="rf-race")
+    jobs.drain()
+    assert retry_while_an_enqueue_of_the_key_commits(jobs_db, failed.id, "rf-race") is False
+    assert jobs.get_job(failed.id).state == "failed"  # type: ignore[union-attr]
+    assert len(unfinished_with_key(jobs_db, "rf-race")) == 1
+
+
+async def test_retry_failed_of_a_job_once_queued_behind_another_meets_a_concurrent_enqueue(jobs_db: str) -> None:
+    """A job that a debounce queued behind a started one (the key's second place) and that then
+    failed: retried while an enqueue of the key commits, it stays failed, and the key has one
+    unfinished job, not two."""
+    async with running():
+        front = await sample_jobs.wait_flag.aenqueue("rf-front", key="rf-behind")
+        await async_wait_for(lambda: jobs.get_job(front.id).state == "running", 10.0)  # type: ignore[union-attr]
+        behind = await sample_jobs.never.aenqueue(key="rf-behind", debounce=0)
+        await async_wait_for(lambda: jobs.get_job(behind.id).state == "failed", 10.0)  # type: ignore[union-attr]
+        q(jobs_db, "INSERT INTO job_flags VALUES ('rf-front')")
+        await async_wait_for(lambda: jobs.get_job(front.id).state == "succeeded", 10.0)  # type: ignore[union-attr]
+    assert [r[2] for r in jobs_with_key(jobs_db, "rf-behind")] == [0, 1]
+    assert retry_while_an_enqueue_of_the_key_commits(jobs_db, behind.id, "rf-behind") is False
+    assert jobs.get_job(behind.id).state == "failed"  # type: ignore[union-attr]
+    assert len(unfinished_with_key(jobs_db, "rf-behind")) == 1
 
 
 def test_a_key_enqueued_inside_a_rolled_back_transaction_stays_free(jobs_db: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import psycopg
 from psycopg.rows import dict_row
 
 from ...errors import DependencyError
@@ -101,7 +102,14 @@ def retry_failed(job_id: int) -> bool:
         if found is not None and found[1] is not None:
             raise ValueError(f"job {job_id} ran a step of workflow run {found[1]}, which ended when it failed: a "
                              "run does not go on once it ended; start a new run")
-        rows = conn.execute(queries.RETRY_FAILED, {"id": job_id}).fetchall()
+        try:
+            # A savepoint: the unique violation below undoes only this statement.
+            with conn.transaction():
+                rows = conn.execute(queries.RETRY_FAILED, {"id": job_id}).fetchall()
+        except psycopg.errors.UniqueViolation:
+            # An enqueue of the job's key committed while this ran (queries.RETRY_FAILED): that
+            # job holds the key now, so this one stays failed, as when the key was held before.
+            return False
     return bool(rows)
 
 
