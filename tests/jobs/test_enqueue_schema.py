@@ -78,11 +78,16 @@ def test_an_invalid_schema_fails_at_decoration() -> None:
     ({"prefixItems": [{"$ref": "#/$defs/person"}]}, "'#/\\$defs/person'"),
     ({"items": {"$ref": "https://example.com/row.json"}}, "'https://example.com/row.json'"),
     ({"$id": "https://example.com/import", "items": {"$ref": "row"}}, "'row'"),
+    ({"prefixItems": [{"$ref": "#/x-common/row"}], "x-common": {"row": {"$ref": "#/$defs/gone"}}},
+     "'#/\\$defs/gone'"),
+    ({"$ref": "#/components/a", "components": {"a": {"$ref": "#/components/b"}}}, "'#/components/b'"),
 ])
 def test_a_schema_that_cannot_check_anything_fails_at_decoration_not_at_every_enqueue(schema: Any, says: str) -> None:
     """A $schema that is not a string, or a $ref to nowhere (a missing $defs entry, a remote
-    schema the validator does not fetch): a ConfigError naming it at import. The $ref otherwise
-    passed, and every enqueue of the job raised the validator's own referencing error."""
+    schema the validator does not fetch), also one inside what another $ref reaches where no
+    keyword leads (an "x-common" or "components" member): a ConfigError naming it at import. The
+    $ref otherwise passed, and every enqueue of the job raised the validator's own referencing
+    error."""
     with pytest.raises(ConfigError, match=f"t.dangling_schema.*{says}"):
         jobs.job(name="t.dangling_schema", schema=schema)(lambda ctx, *args: None)
 

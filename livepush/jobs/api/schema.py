@@ -60,17 +60,27 @@ def _unresolvable_ref(schema: Any) -> str | None:
     root = DRAFT202012.create_resource(schema)
     base = root.id() or ""
     registry = SPECIFICATIONS.with_resource(uri=base, resource=root)
+    walked: set[int] = set()  # the contents walked already, by identity: refs may form cycles
 
     def first(resolver: Any, resource: Any) -> str | None:
         contents = resource.contents
+        if id(contents) in walked:
+            return None
+        walked.add(id(contents))
         if isinstance(contents, Mapping):
             for keyword in ("$ref", "$dynamicRef"):
                 ref = contents.get(keyword)
                 if isinstance(ref, str):
                     try:
-                        resolver.lookup(ref)
+                        target = resolver.lookup(ref)
                     except Unresolvable:
                         return ref
+                    # What a ref reaches is checked too: it may lie where no keyword leads (a
+                    # pointer into "x-common" or "components"), so the walk over the keywords
+                    # never met the refs it holds, and validation follows them at every enqueue.
+                    found = first(target.resolver, DRAFT202012.create_resource(target.contents))
+                    if found is not None:
+                        return found
         for sub in resource.subresources():
             found = first(resolver.in_subresource(sub), sub)
             if found is not None:
