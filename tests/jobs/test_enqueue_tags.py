@@ -60,6 +60,16 @@ def test_tags_are_checked_at_enqueue_and_nothing_is_written(jobs_db: str) -> Non
     assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
 
 
+def test_the_limit_counts_distinct_tags(jobs_db: str) -> None:
+    """Up to 20 distinct tags: a tag repeated counts once (and is stored once), so a list naming
+    20 tags with repeats is taken, and the 21st distinct tag is named in the refusal."""
+    tags = [f"t{i % 20}" for i in range(45)]
+    handle = sample_jobs.record.enqueue("a", tags=tags)
+    assert jobs.get_job(handle.id).tags == tuple(f"t{i}" for i in range(20))  # type: ignore[union-attr]
+    with pytest.raises(InvalidArgumentsError, match=r"more than 20 distinct tags: tags\[45\] 'extra'"):
+        sample_jobs.record.enqueue("b", tags=[*tags, "extra"])
+
+
 def test_cancel_tagged_cancels_queued_and_running_jobs_in_a_runtime_process(
         jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
     """cancel_tagged() cancels every unfinished job with the tag: queued ones at once, the one a

@@ -63,8 +63,6 @@ def check_tags(tags: Any) -> list[str] | None:
     if isinstance(tags, (str, bytes)) or not isinstance(tags, Sequence):
         raise InvalidArgumentsError(f"tags= takes a list of str, got {type(tags).__name__} {tags!r:.60}"
                                     + (" (wrap a single tag in a list)" if isinstance(tags, str) else ""))
-    if len(tags) > MAX_TAGS:
-        raise InvalidArgumentsError(f"tags= has {len(tags)} tags, more than {MAX_TAGS}")
     out: list[str] = []
     for i, tag in enumerate(tags):
         if not isinstance(tag, str) or not tag:
@@ -75,6 +73,10 @@ def check_tags(tags: Any) -> list[str] | None:
         if bad:
             raise InvalidArgumentsError(f"tags[{i}] contains {bad}, which Postgres cannot store")
         if tag not in out:
+            # The limit is on distinct tags, what is stored: a tag repeated is stored once.
+            if len(out) == MAX_TAGS:
+                raise InvalidArgumentsError(f"tags= has more than {MAX_TAGS} distinct tags: tags[{i}] {tag!r:.60} "
+                                            f"is number {MAX_TAGS + 1}")
             out.append(tag)
     return out or None
 
