@@ -420,6 +420,21 @@ def test_a_refused_item_leaves_its_key_to_the_next_item_of_a_group_block(jobs_db
     assert group is not None and group["total"] == 1
 
 
+def test_a_refused_g_enqueue_many_adds_none_of_its_items(jobs_db: str) -> None:
+    """g.enqueue_many() refused for one of its items adds none of them, keys included: a block
+    that catches the error goes on with only what it adds afterwards."""
+    with jobs.group() as g:
+        with pytest.raises(InvalidArgumentsError, match="tags"):
+            g.enqueue_many([(sample_jobs.record, ["before"]), (sample_jobs.record, ["keyed"], {"key": "many"}),
+                            (sample_jobs.record, ["refused"], {"tags": [""]})])
+        g.enqueue(sample_jobs.record, "after", key="many")
+    assert q(jobs_db, "SELECT p.args->>0, j.key FROM livepush_jobs j JOIN livepush_job_payloads p USING (id)") \
+        == [("after", "many")]
+    assert len(g.members) == 1
+    group = jobs.get_group(g.id)
+    assert group is not None and group["total"] == 1
+
+
 def test_a_key_repeated_across_a_large_groups_statements_gets_one_job(jobs_db: str,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A group block too big for one insert statement is split in key order, never inside a run of

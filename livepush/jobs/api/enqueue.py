@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
 from typing import Any
@@ -135,6 +135,20 @@ class Batch:
         while row[-1] is None:
             row.pop()
         self.rows.append(row)
+
+    @contextlib.contextmanager
+    def all_or_nothing(self) -> Iterator[None]:
+        """The adds made in the block stay only if none of them raised: a group block's
+        g.enqueue_many() whose refusal the caller catches leaves the block's batch as it was, not
+        holding the items before the refused one. (A spec recorded meanwhile stays: unused, it
+        only names a function in the document.)"""
+        rows, keys, keyed = len(self.rows), set(self._keys), self.keyed
+        try:
+            yield
+        except BaseException:
+            del self.rows[rows:]
+            self._keys, self.keyed = keys, keyed
+            raise
 
     def params(self, rows: list[Sequence[Any]] | None = None) -> dict[str, Any]:
         """Parameters of ENQUEUE (or ENQUEUE_KEYED) for `rows` (all of the batch's by default)."""

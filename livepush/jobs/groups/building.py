@@ -163,12 +163,14 @@ class GroupBuilder:
         self._batch.add(fn, args, run_at(wait, at), self.id, queue, key=key, tags=tags)
 
     def enqueue_many(self, items: Iterable[Any]) -> None:
-        """Members as for jobs.enqueue_many: job.request(...) values or (job, args[, options]) tuples."""
+        """Members as for jobs.enqueue_many: job.request(...) values or (job, args[, options]) tuples.
+        All or nothing: an item refused adds none of the call's items."""
         self._check_open()
-        for entry in items:
-            fn, args, when, queue, extra = item(entry)
-            check_limit(len(self._batch) + 1)
-            self._batch.add(fn, args, when, self.id, queue, **extra)
+        with self._batch.all_or_nothing():
+            for entry in items:
+                fn, args, when, queue, extra = item(entry)
+                check_limit(len(self._batch) + 1)
+                self._batch.add(fn, args, when, self.id, queue, **extra)
 
     def _steps(self) -> steps.Steps[list[dict[str, Any]]]:
         yield from steps.create(self.id, self._shards, self._callbacks)
