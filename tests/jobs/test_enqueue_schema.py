@@ -92,6 +92,37 @@ def test_a_schema_that_cannot_check_anything_fails_at_decoration_not_at_every_en
         jobs.job(name="t.dangling_schema", schema=schema)(lambda ctx, *args: None)
 
 
+@pytest.mark.parametrize("schema", [
+    {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}},
+    {"type": "array", "prefixItems": [{"$ref": "#/$defs/n"}],
+     "$defs": {"n": {"anyOf": [{"type": "integer"}, {"allOf": [{"$ref": "#/$defs/n"}]}]}}},
+    {"type": "array", "items": {"$ref": "#/$defs/b"}, "$defs": {"a": {"not": {"$ref": "#/$defs/b"}},
+                                                              "b": {"if": {"$ref": "#/$defs/a"}}}},
+])
+def test_a_schema_whose_refs_loop_on_one_value_fails_at_decoration(schema: Any) -> None:
+    """A $ref that comes back to a schema it is applied from, through keywords that apply to the
+    same value (allOf, anyOf, not, if, $ref, ...), would never end: a ConfigError at import. It
+    passed, and every enqueue whose arguments reached the loop raised RecursionError."""
+    with pytest.raises(ConfigError, match=r"t.looping_schema: \$ref '#/\$defs/\w' leads back"):
+        jobs.job(name="t.looping_schema", schema=schema)(lambda ctx, *args: None)
+
+
+@jobs.job(name="t.schema_tree", schema={
+    "type": "array", "prefixItems": [{"$ref": "#/$defs/node"}],
+    "$defs": {"node": {"type": "object", "required": ["id"], "properties": {
+        "id": {"type": "integer"}, "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}}})
+async def schema_tree(ctx: Any, node: dict[str, Any]) -> None:
+    return None
+
+
+def test_a_recursive_schema_through_a_part_of_the_value_is_fine(jobs_db: str) -> None:
+    """A $ref back to an enclosing schema through properties or items checks a smaller part of the
+    value each time (a tree): it is taken, and checks every level."""
+    schema_tree.enqueue({"id": 1, "children": [{"id": 2, "children": [{"id": 3}]}]})
+    with pytest.raises(InvalidArgumentsError, match=r'args\[0\]\["children"\]\[0\]\["children"\]\[0\]\["id"\] breaks'):
+        schema_tree.enqueue({"id": 1, "children": [{"id": 2, "children": [{"id": "3"}]}]})
+
+
 @jobs.job(name="t.schema_quoted", schema={"type": "array", "prefixItems": [{"type": "object", "properties": {
     "it's": {"type": "integer"}, 'say "hi"': {"type": "integer"}}}]})
 async def schema_quoted(ctx: Any, spec: dict[str, Any]) -> None:

@@ -49,17 +49,25 @@ def _as_stored(value: Any) -> Any:
     return value
 
 
-def _unresolvable_ref(schema: Any) -> str | None:
-    """The first $ref (or $dynamicRef) of `schema` that resolves to nothing, else None. The
-    validator resolves them only when an instance reaches them, and then raises its own error:
-    at every enqueue of the job instead of once, at import."""
+def _resolver_of(schema: Any) -> tuple[Any, Any]:
+    """A resolver of refs from `schema`'s root (its own $id and ids, and the JSON Schema
+    meta-schemas: nothing is fetched), and the root as a draft 2020-12 resource."""
     from jsonschema_specifications import REGISTRY as SPECIFICATIONS
-    from referencing.exceptions import Unresolvable
     from referencing.jsonschema import DRAFT202012
 
     root = DRAFT202012.create_resource(schema)
     base = root.id() or ""
-    registry = SPECIFICATIONS.with_resource(uri=base, resource=root)
+    return SPECIFICATIONS.with_resource(uri=base, resource=root).resolver(base_uri=base), root
+
+
+def _unresolvable_ref(schema: Any) -> str | None:
+    """The first $ref (or $dynamicRef) of `schema` that resolves to nothing, else None. The
+    validator resolves them only when an instance reaches them, and then raises its own error:
+    at every enqueue of the job instead of once, at import."""
+    from referencing.exceptions import Unresolvable
+    from referencing.jsonschema import DRAFT202012
+
+    resolver, root = _resolver_of(schema)
     walked: set[int] = set()  # the contents walked already, by identity: refs may form cycles
 
     def first(resolver: Any, resource: Any) -> str | None:
@@ -87,7 +95,64 @@ def _unresolvable_ref(schema: Any) -> str | None:
                 return found
         return None
 
-    return first(registry.resolver(base_uri=base), root)
+    return first(resolver, root)
+
+
+# Keywords that apply their subschemas to the very value their schema applies to, not to a part of
+# it: a chain of them that comes back to where it started never ends.
+_IN_PLACE_ONE = ("not", "if", "then", "else")
+_IN_PLACE_MANY = ("allOf", "anyOf", "oneOf")
+
+
+def _endless_ref(schema: Any) -> str | None:
+    """A $ref (or $dynamicRef) of `schema` that leads back to a schema it is applied from, with
+    only keywords in between that apply to the same value ($ref, allOf, anyOf, oneOf, not, if,
+    then, else, dependentSchemas), else None. Draft 2020-12 leaves such a schema's behaviour
+    undefined; jsonschema recurses until Python's limit and raises RecursionError, at every
+    enqueue whose arguments reach the loop. Call it once every ref resolves (_unresolvable_ref)."""
+    from referencing.jsonschema import DRAFT202012
+
+    resolver, root = _resolver_of(schema)
+    on_path: set[int] = set()  # the schemas being applied, by identity
+    done: set[int] = set()  # the schemas whose in-place keywords lead to no loop
+
+    def loop_from(resolver: Any, contents: Any) -> str | None:
+        if not isinstance(contents, Mapping) or id(contents) in done:
+            return None
+        on_path.add(id(contents))
+        steps: list[tuple[str | None, Any, Any]] = []
+        for keyword in ("$ref", "$dynamicRef"):
+            ref = contents.get(keyword)
+            if isinstance(ref, str):
+                target = resolver.lookup(ref)
+                steps.append((ref, target.resolver, target.contents))
+        subs = [contents.get(k) for k in _IN_PLACE_ONE]
+        for keyword in _IN_PLACE_MANY:
+            subs.extend(contents.get(keyword) or ())
+        dependent = contents.get("dependentSchemas")
+        subs.extend(dependent.values() if isinstance(dependent, Mapping) else ())
+        for sub in subs:
+            if isinstance(sub, Mapping):
+                steps.append((None, resolver.in_subresource(DRAFT202012.create_resource(sub)), sub))
+        for ref, next_resolver, target in steps:
+            if id(target) in on_path:
+                return ref or "(a subschema applied to itself)"
+            found = loop_from(next_resolver, target)
+            if found is not None:
+                return ref or found
+        on_path.discard(id(contents))
+        done.add(id(contents))
+        return None
+
+    # From every subschema: a loop may sit under any keyword, below properties or items too.
+    pending = [(resolver, root)]
+    while pending:
+        at, resource = pending.pop()
+        found = loop_from(at, resource.contents)
+        if found is not None:
+            return found
+        pending.extend((at.in_subresource(sub), sub) for sub in resource.subresources())
+    return None
 
 
 def compile_schema(schema: Any, job_name: str) -> Callable[[list[Any]], None]:
@@ -114,6 +179,12 @@ def compile_schema(schema: Any, job_name: str) -> Callable[[list[Any]], None]:
     if ref is not None:
         raise ConfigError(f"@jobs.job(schema=...) of {job_name}: $ref {ref!r} points nowhere (refs reach the "
                           "schema's own $defs and ids, or the JSON Schema meta-schemas: nothing is fetched)")
+    ref = _endless_ref(schema)
+    if ref is not None:
+        raise ConfigError(f"@jobs.job(schema=...) of {job_name}: $ref {ref!r} leads back to a schema it is "
+                          "applied from, through keywords that apply to the same value (allOf, anyOf, $ref, "
+                          "...): checking the arguments would never end; make the loop go through a part of "
+                          "the value (properties, items)")
     validator = jsonschema.Draft202012Validator(schema)
 
     def validate(args: list[Any]) -> None:
