@@ -123,6 +123,29 @@ def test_a_recursive_schema_through_a_part_of_the_value_is_fine(jobs_db: str) ->
         schema_tree.enqueue({"id": 1, "children": [{"id": 2, "children": [{"id": "3"}]}]})
 
 
+@jobs.job(name="t.schema_forbids", schema={
+    "type": "array", "prefixItems": [{"type": "object", "properties": {"internal": False},
+                                      "patternProperties": {"^_": False}}, {"$ref": "#/$defs/never"}],
+    "$defs": {"never": False}})
+async def schema_forbids(ctx: Any, spec: dict[str, Any], *extra: Any) -> None:
+    return None
+
+
+@pytest.mark.parametrize(("args", "path"), [
+    (({"internal": 1},), 'args[0]["internal"]'),
+    (({"ok": 1, "_private": 2},), 'args[0]["_private"]'),
+    (({}, "second"), "args[1]"),
+])
+def test_a_refusal_by_a_false_subschema_names_its_place_and_the_rule(args: tuple[Any, ...], path: str) -> None:
+    """A false subschema (a property, pattern or place that must not be there) refuses with the
+    path of what it refused and the rule `false`, as any rule does. jsonschema's own error for it
+    names the enclosing value and no rule: `args[0] ... (rule None)`."""
+    with pytest.raises(InvalidArgumentsError) as caught:
+        schema_forbids.request(*args)
+    assert str(caught.value).startswith(f"{path} breaks the schema of t.schema_forbids (rule false): "
+                                        "False schema does not allow"), str(caught.value)
+
+
 @jobs.job(name="t.schema_quoted", schema={"type": "array", "prefixItems": [{"type": "object", "properties": {
     "it's": {"type": "integer"}, 'say "hi"': {"type": "integer"}}}]})
 async def schema_quoted(ctx: Any, spec: dict[str, Any]) -> None:

@@ -155,6 +155,40 @@ def _endless_ref(schema: Any) -> str | None:
     return None
 
 
+# Where draft 2020-12 takes subschemas: one, a list, or a map of them. A false one under the
+# keywords of _OWN_REFUSAL is reported by that keyword, with the place and a message of its own.
+_ONE = ("not", "if", "then", "else", "propertyNames", "contentSchema", "items", "contains",
+        "additionalProperties", "unevaluatedItems", "unevaluatedProperties")
+_LIST = ("prefixItems", "allOf", "anyOf", "oneOf")
+_MAP = ("properties", "patternProperties", "dependentSchemas", "$defs")
+_OWN_REFUSAL = frozenset({"items", "contains", "additionalProperties", "unevaluatedItems", "unevaluatedProperties"})
+# Refuses every value, as false does, but through a keyword: jsonschema reports a false subschema's
+# refusal without the place in the value where it refused (its error skips the step that adds
+# the property or index), and with no rule.
+_REFUSE_ALL: Mapping[str, Any] = {"not": {}}
+
+
+def _false_as_not(schema: Any, own_refusal: bool = False) -> Any:
+    """`schema` with its false subschemas written {"not": {}}, which refuses the same values,
+    except where a keyword reports a false one itself (_OWN_REFUSAL); `schema` itself when it holds
+    none."""
+    if schema is False:
+        return schema if own_refusal else dict(_REFUSE_ALL)
+    if not isinstance(schema, Mapping):
+        return schema
+    out = dict(schema)
+    for keyword in _ONE:
+        if keyword in out:
+            out[keyword] = _false_as_not(out[keyword], keyword in _OWN_REFUSAL)
+    for keyword in _LIST:
+        if isinstance(out.get(keyword), list):
+            out[keyword] = [_false_as_not(sub) for sub in out[keyword]]
+    for keyword in _MAP:
+        if isinstance(out.get(keyword), Mapping):
+            out[keyword] = {name: _false_as_not(sub) for name, sub in out[keyword].items()}
+    return out
+
+
 def compile_schema(schema: Any, job_name: str) -> Callable[[list[Any]], None]:
     """A check of a job's arguments against `schema`; ConfigError now (at decoration) if the
     schema is not a valid draft 2020-12 schema."""
@@ -185,12 +219,15 @@ def compile_schema(schema: Any, job_name: str) -> Callable[[list[Any]], None]:
                           "applied from, through keywords that apply to the same value (allOf, anyOf, $ref, "
                           "...): checking the arguments would never end; make the loop go through a part of "
                           "the value (properties, items)")
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = jsonschema.Draft202012Validator(_false_as_not(schema))
 
     def validate(args: list[Any]) -> None:
         error = best_match(validator.iter_errors(_as_stored(args)))
         if error is not None:
-            raise InvalidArgumentsError(f"{_path(error)} breaks the schema of {job_name} "
-                                        f"(rule {error.validator!r}): {error.message}")
+            if error.validator == "not" and error.validator_value == {}:
+                rule, message = "false", f"False schema does not allow {error.instance!r}"
+            else:
+                rule, message = repr(error.validator), error.message
+            raise InvalidArgumentsError(f"{_path(error)} breaks the schema of {job_name} (rule {rule}): {message}")
 
     return validate
