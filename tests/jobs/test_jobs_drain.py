@@ -167,3 +167,21 @@ def test_a_job_that_fails_under_drain_logs_its_own_traceback_only(jobs_db: str,
         text = "".join(traceback.format_exception(*record.exc_info))  # type: ignore[misc]
         assert "boom on attempt" in text
         assert "no running event loop" not in text, text
+
+
+async def test_drain_of_one_queue_given_as_a_str_is_refused_not_a_drain_of_its_letters(jobs_db: str) -> None:
+    """drain("second") raises TypeError saying to wrap the queue in a list, and runs nothing, rather than
+    draining the queues "s", "e", "c", ... and reporting that nothing was due; the list drains it."""
+    h = sample_jobs.other_queue.enqueue("c")
+    with pytest.raises(TypeError, match=r"wrap a single queue in a list: \['second'\]"):
+        jobs.drain("second")
+    with pytest.raises(TypeError, match=r"wrap a single queue in a list"):
+        await jobs.adrain("second")
+    assert jobs.job_state(h.id)["state"] == "available"  # type: ignore[index]
+    assert jobs.drain(["second"]) == {"succeeded": 1}
+
+
+def test_drain_names_itself_for_a_bad_queue_name(jobs_db: str) -> None:
+    """A queue name drain() cannot serve raises ConfigError naming drain(queues=)."""
+    with pytest.raises(ConfigError, match=r"drain\(queues=\)"):
+        jobs.drain([""])

@@ -23,13 +23,25 @@ from ..groups import queries as group_queries
 from ..workflows import queries as workflow_queries
 from ..runtime import maintenance
 from ..runtime.runtime import Runtime
+from .options import check_queue
 from .registry import REGISTRY, Registry
+
+
+def _drained_queues(queues: Sequence[str] | None) -> list[str] | None:
+    """drain()'s `queues`, checked: a list of queue names, or None for every queue with due jobs."""
+    # A str is a sequence too: drain("imports") would drain the queues "i", "m", "p", ... and
+    # report that nothing was due.
+    if isinstance(queues, (str, bytes)) or (queues is not None and not isinstance(queues, Sequence)):
+        raise TypeError(f"drain(queues=) takes a list of queue names, got {type(queues).__name__} {queues!r:.60}"
+                        + (f" (wrap a single queue in a list: [{queues!r:.60}])" if isinstance(queues, str) else ""))
+    return [check_queue(q, "drain(queues=)") for q in queues] if queues else None
 
 
 async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = REGISTRY,
                  max_jobs: int | None = None) -> dict[str, int]:
     """drain() for async code."""
-    rt = Runtime(registry, queues=list(queues) if queues else ["default"], concurrency=1,
+    queues = _drained_queues(queues)
+    rt = Runtime(registry, queues=queues or ["default"], concurrency=1,
                  install_signals=False, heartbeat=60.0, flush_delay=0.0, listen=False)
     await rt._open()
     ran = 0
