@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import select
 import threading
 import time
@@ -175,6 +176,23 @@ class AsyncPool(AsyncConnectionPool):
         return await super().getconn(timeout)
 
 
+# Every LoopPools of the process, so that a forked child can drop what it inherited.
+_EVERY: weakref.WeakSet[LoopPools] = weakref.WeakSet()
+# What a forked child inherited: kept, never used, closed nor collected. Its connections are the
+# parent's sockets: a query on one mixes the two processes' messages on one session (both fail or
+# hang), closing one sends the server a Terminate that ends the parent's session, and collecting a
+# pool takes locks a parent thread may have held at the fork.
+_INHERITED: list[Any] = []
+
+
+def _forget_after_fork() -> None:
+    for pools in list(_EVERY):
+        pools.forget_inherited()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 class LoopPools:
     """The pools of one database for one owner (the fan-out, the jobs, the revocation store,
     state topics): `sync()` for threads, `await aget()` for the running event loop.
@@ -185,7 +203,8 @@ class LoopPools:
     a pool would retry in the background until its timeout. Connections are in autocommit
     unless `autocommit=False`; `prepare_threshold=0` prepares a repeated statement from its
     first run (set by owners whose few statements run again and again). With
-    LIVEPUSH_PREPARED_STATEMENTS=off no pool prepares anything (connect.statement_options)."""
+    LIVEPUSH_PREPARED_STATEMENTS=off no pool prepares anything (connect.statement_options). A
+    forked child never uses the pools it inherited: its first use opens its own."""
 
     def __init__(self, url: str, *, name: str, max_size: int = 4, autocommit: bool = True,
                  prepare_threshold: int | None = None, min_size: int = 1) -> None:
@@ -200,6 +219,15 @@ class LoopPools:
         self._sync: Pool | None = None
         self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncPool] = weakref.WeakKeyDictionary()
         self._opening: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+        _EVERY.add(self)
+
+    def forget_inherited(self) -> None:
+        """In a forked child: start afresh, the next use opening pools of the child's own."""
+        _INHERITED.append((self._sync, dict(self._async), self._lock))
+        self._lock = threading.Lock()  # a thread of the parent may have held it at the fork
+        self._sync = None
+        self._async = weakref.WeakKeyDictionary()
+        self._opening = weakref.WeakKeyDictionary()
 
     def sync(self) -> Pool:
         with self._lock:

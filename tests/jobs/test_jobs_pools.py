@@ -104,3 +104,47 @@ def test_a_deadlock_is_reported_as_a_conflict_to_retry_not_as_unreachable() -> N
         err = translate(url, exc)
         assert "rolled back the transaction" in str(err) and "run the whole transaction again" in str(err)
         assert "cannot reach" not in str(err) and "secret" not in str(err)
+
+
+def test_a_forked_child_publishes_and_enqueues_on_connections_of_its_own(jobs_db: str) -> None:
+    """A process that forks after it published and enqueued (a server's master that loads the app and
+    then forks its workers): the child publishes and enqueues on connections of its own, never on the
+    ones it inherited, so parent and child both go on working at the same time and lose nothing."""
+    import os
+    import signal
+
+    from livepush import jobs
+
+    livepush.publish("fork:t", {"from": "parent", "i": 0})
+    sample_jobs.record.enqueue("parent", tags=["fork"])
+    pid = os.fork()
+    if pid == 0:  # the child: its exit status is its verdict, and it never returns into pytest
+        status = 1
+        try:
+            for i in range(50):
+                livepush.publish("fork:t", {"from": "child", "i": i})
+            sample_jobs.record.enqueue("child", tags=["fork"])
+            status = 0
+        finally:
+            os._exit(status)
+    exited: list[int] = []
+
+    def child_exited() -> bool:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            exited.append(os.waitstatus_to_exitcode(status))
+        return bool(done)
+
+    try:
+        for i in range(50):
+            livepush.publish("fork:t", {"from": "parent", "i": i + 1})
+        sample_jobs.record.enqueue("parent", tags=["fork"])
+        wait_for(child_exited, 20.0, message="the forked child to publish, enqueue and exit")
+    finally:
+        if not exited:  # still running (hung on an inherited connection): it must not outlive the test
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    assert exited == [0], "the child failed to publish or enqueue"
+    seqs = [r[0] for r in q(jobs_db, "SELECT seq FROM livepush_messages WHERE topic = 'fork:t' ORDER BY seq")]
+    assert seqs == list(range(1, 102))
+    assert sorted(j.args[0] for j in jobs.list_tagged("fork")) == ["child", "parent", "parent"]
