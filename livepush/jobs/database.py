@@ -15,8 +15,10 @@ from contextlib import asynccontextmanager, contextmanager
 import psycopg
 
 from ..config import get_settings
+from ..errors import ConfigError
 from ..postgres.connect import translated
 from ..postgres.pools import LoopPools
+from ..postgres.urls import check_url
 
 _lock = threading.Lock()
 _url: str | None = None
@@ -26,6 +28,15 @@ _pools: LoopPools | None = None
 def configure(url: str | None) -> None:
     """Use `url` for jobs in this process (None: back to LIVEPUSH_DATABASE_URL)."""
     global _url
+    # Checked here, as the settings check theirs: a mistake found at the first enqueue came out
+    # as an AttributeError, or named LIVEPUSH_DATABASE_URL, which was not what was wrong.
+    if url is not None:
+        if not isinstance(url, str):
+            raise TypeError(f"jobs.configure() takes a Postgres URL (a str) or None, got {type(url).__name__}")
+        if not url.strip():
+            raise ConfigError("jobs.configure() was given an empty URL: pass a Postgres URL such as "
+                              "postgresql://user@localhost/jobs, or None for LIVEPUSH_DATABASE_URL's database")
+        check_url(url, "the URL given to jobs.configure()")
     with _lock:
         _url = url
     close_pools()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import re
 from typing import Any
 
 import psycopg
@@ -10,7 +11,7 @@ import psycopg.rows
 import pytest
 from psycopg import sql
 
-from livepush import ConfigError, config
+from livepush import ConfigError, config, jobs
 from livepush.jobs import InvalidArgumentsError, enqueue_many, get_job, job_state, signal
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import events_of, q
@@ -289,3 +290,20 @@ def test_an_int_too_long_for_json_text_is_refused_naming_its_path(jobs_db: str, 
     with pytest.raises(InvalidArgumentsError, match=r'data\["n"\]'):
         signal(1, "go", {"n": big})
     assert q(jobs_db, "SELECT count(*) FROM livepush_jobs")[0][0] == 0
+
+
+@pytest.mark.parametrize("url,error,needle", [
+    (5, TypeError, "jobs.configure() takes a Postgres URL"),
+    ("", ConfigError, "jobs.configure() was given an empty URL"),
+    ("  ", ConfigError, "jobs.configure() was given an empty URL"),
+    ("http://pw@example.com/jobs", ConfigError, "the URL given to jobs.configure() cannot be parsed"),
+    ("postgresql://u@h:99999/jobs", ConfigError, "the URL given to jobs.configure() has a port"),
+])
+def test_configure_refuses_a_bad_url_at_the_call_naming_itself(jobs_db: str, url: object, error: type,
+                                                               needle: str) -> None:
+    """jobs.configure(url) checks the URL when it is called, raising an error that names configure()
+    (not LIVEPUSH_DATABASE_URL, and not an AttributeError at the next enqueue), and keeps the database
+    it had: the next enqueue still works."""
+    with pytest.raises(error, match=re.escape(needle)):
+        jobs.configure(url)  # type: ignore[arg-type]
+    assert sample_jobs.record.enqueue("after").id > 0
