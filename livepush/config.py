@@ -109,7 +109,14 @@ class Settings:
             except ValueError:
                 raise ConfigError(f"{name}={text!r} is not a number: set {hint}") from None
 
-        database_url = get("LIVEPUSH_DATABASE_URL") or get("DATABASE_URL")
+        database_url = get("LIVEPUSH_DATABASE_URL")
+        if database_url is None and get("DATABASE_URL"):
+            database_url = get("DATABASE_URL")
+            from .postgres.urls import check_url
+
+            # Checked under its own name here: _validate() would name LIVEPUSH_DATABASE_URL, which
+            # is not set, and send the operator looking in the wrong place.
+            check_url(database_url, "DATABASE_URL (read as LIVEPUSH_DATABASE_URL is not set)")
         fanout = (get("LIVEPUSH_FANOUT") or ("postgres" if database_url else "local")).lower()
         origins = get("LIVEPUSH_ALLOWED_ORIGINS")
         max_connections = get("LIVEPUSH_MAX_CONNECTIONS")

@@ -1,0 +1,32 @@
+"""Settings.from_env(): every LIVEPUSH_* variable, and the one line a bad value gets."""
+
+from __future__ import annotations
+
+import pytest
+
+from livepush import ConfigError
+from livepush.config import Settings
+
+
+@pytest.mark.parametrize("url,needle", [
+    ("mysql://app@db.example/app", "cannot be parsed"),
+    ("postgresql://app@db.example:99999/app", "port"),
+    ("postgresql://app@db.example/app?sslmode=sometimes", "sslmode"),
+])
+def test_a_bad_database_url_fallback_is_named_as_database_url(url: str, needle: str) -> None:
+    """A bad DATABASE_URL, read because LIVEPUSH_DATABASE_URL is not set, gets an error that names
+    DATABASE_URL: naming LIVEPUSH_DATABASE_URL, which is not set, sent the operator to the wrong place."""
+    with pytest.raises(ConfigError, match=needle) as raised:
+        Settings.from_env({"DATABASE_URL": url})
+    assert str(raised.value).startswith("DATABASE_URL "), raised.value
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({"LIVEPUSH_DATABASE_URL": url, "DATABASE_URL": "postgresql://app@db.example/app"})
+    assert str(raised.value).startswith("LIVEPUSH_DATABASE_URL "), raised.value
+
+
+def test_database_url_is_read_when_livepush_database_url_is_unset_or_empty() -> None:
+    """DATABASE_URL stands in for an unset or empty LIVEPUSH_DATABASE_URL, and the fan-out defaults to postgres."""
+    for env in ({"DATABASE_URL": "postgresql://app@db.example/app"},
+                {"LIVEPUSH_DATABASE_URL": " ", "DATABASE_URL": "postgresql://app@db.example/app"}):
+        settings = Settings.from_env(env)
+        assert (settings.database_url, settings.fanout) == ("postgresql://app@db.example/app", "postgres")
