@@ -124,6 +124,14 @@ def test_a_never_retry_that_is_not_exception_classes_fails_at_decoration(never_r
         jobs.job(name="t.bad_never_retry", never_retry=never_retry)(lambda ctx: None)
 
 
+@pytest.mark.parametrize("argument", ["imports", 5, ("imports",)])
+def test_a_job_decorator_given_an_option_positionally_says_to_use_keywords(argument: object) -> None:
+    """@jobs.job("imports") (a queue where the function goes) raises TypeError saying options are
+    keywords, instead of an AttributeError about `__module__` from inside the decorator."""
+    with pytest.raises(TypeError, match=r"@jobs.job takes its options as keywords"):
+        jobs.job(argument)  # type: ignore[call-overload]
+
+
 @pytest.mark.parametrize("name", [5, ("a",), "imports\x00", "imports\udc80", "n" * 501])
 def test_a_job_name_postgres_cannot_store_is_refused_at_decoration(jobs_db: str, name: object) -> None:
     """The name is what the database stores and runtimes look jobs up by. Not checked, 5 was

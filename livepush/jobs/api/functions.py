@@ -161,6 +161,11 @@ def job(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     the runtime's event loop; sync ones in its thread pool.
     """
     if func is not None:
+        if not callable(func):
+            # `@jobs.job("imports")` (a queue given positionally) failed with an AttributeError
+            # about `__module__` from deep inside.
+            raise TypeError(f"@jobs.job takes its options as keywords, e.g. @jobs.job(queue={func!r:.60}), and "
+                            f"decorates a function; got {type(func).__name__} {func!r:.60}")
         return REGISTRY.add(JobFunction(func))
     unknown = set(options) - {"name", "queue", "priority", "max_attempts", "timeout", "never_retry", "backoff",
                               "schema", "concurrency", "rate"}
