@@ -124,6 +124,14 @@ def test_a_never_retry_that_is_not_exception_classes_fails_at_decoration(never_r
         jobs.job(name="t.bad_never_retry", never_retry=never_retry)(lambda ctx: None)
 
 
+@pytest.mark.parametrize("backoff", [5, None, "exponential"])
+def test_a_backoff_that_is_not_a_function_fails_at_decoration(backoff: object) -> None:
+    """backoff= is called only when an attempt fails: a number or None was taken, and each retry
+    logged its TypeError and fell back to the default delay. A TypeError naming backoff=, at import."""
+    with pytest.raises(TypeError, match=r"@jobs.job\(backoff=\) takes a function"):
+        jobs.job(name="t.bad_backoff", backoff=backoff)(lambda ctx: None)  # type: ignore[call-overload]
+
+
 @pytest.mark.parametrize("argument", ["imports", 5, ("imports",)])
 def test_a_job_decorator_given_an_option_positionally_says_to_use_keywords(argument: object) -> None:
     """@jobs.job("imports") (a queue where the function goes) raises TypeError saying options are

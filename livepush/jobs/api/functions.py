@@ -88,6 +88,11 @@ class JobFunction:
         self.max_attempts = max_attempts
         self.timeout = timeout
         self.never_retry = _check_never_retry(never_retry)
+        if not callable(backoff):
+            # Called only when an attempt fails: every retry would log its error and fall back
+            # to the default, the mistake found in a runtime's log rather than at import.
+            raise TypeError(f"@jobs.job(backoff=) takes a function of the attempt number (1 after the first "
+                            f"failure) returning seconds, e.g. lambda n: 10 * n; got {backoff!r:.60}")
         self.backoff = backoff
         # Claim limits (docs/jobs.md "Limits and paused queues"): runtimes store them at start.
         self.limits: Limits = limits_of(func, concurrency, rate)
