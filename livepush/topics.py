@@ -28,6 +28,10 @@ _SALT = "livepush.topic"
 STATE_PREFIXES = ("job:", "group:", "workflow:")
 STATE_ID_PATTERN = "[1-9][0-9]{0,18}"  # a state topic's id: canonical decimal, within bigint
 _STATE_ID = re.compile(STATE_ID_PATTERN)
+# The latest expiry a signed topic carries (the end of the year 9999, UTC): a longer ttl signs
+# until then. Its digits keep the longest topic's signed form within what verify() reads.
+MAX_EXPIRES = 253402300799
+MAX_SIGNED_LENGTH = 400
 
 
 def validate_topic(topic: object) -> str:
@@ -82,13 +86,17 @@ def sign(topic: str, secrets: Sequence[str], ttl: float | None = None, *, now: f
             raise ValueError(f"ttl must be a positive, finite number of seconds (or None: no expiry), got {ttl!r}")
         # Rounded up: cut down to the second before, a topic would lose up to a second of its
         # ttl, and one with a ttl under a second could be expired as it is made.
-        value = f"{topic}{SEP}{math.ceil((time.time() if now is None else now) + ttl)}"
+        # A huge ttl (10**100 for "never") wrote an expiry of as many digits, past what verify()
+        # reads, or overflowed the float sum: either way no subscribe could use it.
+        start = time.time() if now is None else now
+        expires = MAX_EXPIRES if ttl >= MAX_EXPIRES else min(math.ceil(start + ttl), MAX_EXPIRES)
+        value = f"{topic}{SEP}{expires}"
     return _signer(secrets).sign(value).decode("ascii")
 
 
 def verify(signed: object, secrets: Sequence[str], *, now: float | None = None) -> str:
     """The plain topic inside `signed`, or InvalidTopic with reason invalid_signature/expired."""
-    if not isinstance(signed, str) or len(signed) > 400 or SEP not in signed:
+    if not isinstance(signed, str) or len(signed) > MAX_SIGNED_LENGTH or SEP not in signed:
         raise InvalidTopic("not a signed topic: expected TOPIC~SIGNATURE from livepush.sign_topic()", "invalid_signature")
     if not secrets:
         raise InvalidTopic("cannot verify signed topics without LIVEPUSH_SECRET", "invalid_signature")

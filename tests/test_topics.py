@@ -38,6 +38,18 @@ def test_bad_ttls_are_refused(ttl: object) -> None:
         sign("job:1", SECRETS, ttl=ttl)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("ttl", [1e150, 1e300, 10**400, float(2**1023)], ids=["1e150", "1e300", "10**400", "2**1023"])
+def test_a_ttl_too_long_to_write_signs_a_topic_that_verifies(ttl: float) -> None:
+    """A ttl of any size (10**100 meaning "never") signs the longest topic into one that verifies
+    and lasts until the year 9999, instead of an expiry too long for verify() (or an OverflowError)."""
+    topic = "t" * 200
+    signed = sign(topic, SECRETS, ttl=ttl)
+    assert verify(signed, SECRETS) == topic
+    assert verify(signed, SECRETS, now=253402300798.0) == topic
+    with pytest.raises(InvalidTopic, match="expired"):
+        verify(signed, SECRETS, now=253402300799.0)
+
+
 def test_topics_are_signed_with_hmac_sha256() -> None:
     """The signature is an HMAC-SHA-256 (32 bytes); one made with itsdangerous' SHA-1 default is refused."""
     signed = sign("job:1", SECRETS)
