@@ -394,6 +394,19 @@ async def test_publish_many_checks_every_item_before_anything_is_published(make_
     assert offsets_of(received)[1] == marker, "nothing of the refused batches was delivered"
 
 
+async def test_publish_many_of_no_iterable_says_what_it_takes(make_fanout: MakeFanOut) -> None:
+    """publish_many(None) (a variable never set, or a number) raises TypeError saying it takes an iterable
+    of (topic, data) pairs, not Python's bare "'NoneType' object is not iterable"."""
+    fanout = await make_fanout()
+    for bad in (None, 5):
+        with pytest.raises(TypeError, match=r"publish_many\(\) takes an iterable of \(topic, data\) pairs"):
+            fanout.publish_many(bad)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"publish_many\(\) takes an iterable of \(topic, data\) pairs"):
+            await fanout.apublish_many(bad)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"publish_many\(\) takes an iterable of \(topic, data\) pairs"):
+            livepush.publish_many(bad)  # type: ignore[arg-type]
+
+
 async def test_data_that_is_not_unicode_text_is_refused_naming_the_item(make_fanout: MakeFanOut) -> None:
     """A string holding a lone surrogate (what Python makes of an undecodable file name) is not
     plain JSON text: publish() and publish_many() refuse it with TypeError naming the item, and

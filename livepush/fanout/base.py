@@ -86,7 +86,7 @@ def encode_payload(data: JSON, what: str = "publish() data") -> str:
 def batch_pairs(messages: Iterable[tuple[Topic, JSON]]) -> list[tuple[Topic, JSON]]:
     """The items of a publish_many as a list, each checked to be a (str topic, data) pair; an
     error names the item."""
-    if isinstance(messages, (str, bytes, dict)):
+    if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, Iterable):
         raise TypeError(f"publish_many() takes an iterable of (topic, data) pairs, got {type(messages).__name__}")
     items = list(messages)
     for i, item in enumerate(items):

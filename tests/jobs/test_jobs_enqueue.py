@@ -307,3 +307,13 @@ def test_configure_refuses_a_bad_url_at_the_call_naming_itself(jobs_db: str, url
     with pytest.raises(error, match=re.escape(needle)):
         jobs.configure(url)  # type: ignore[arg-type]
     assert sample_jobs.record.enqueue("after").id > 0
+
+
+@pytest.mark.parametrize("items", [None, 5])
+async def test_enqueue_many_of_no_iterable_says_what_it_takes(jobs_db: str, items: object) -> None:
+    """enqueue_many(None) raises TypeError saying what it takes (requests or (job, args) tuples), sync
+    and async alike, not Python's bare "'NoneType' object is not iterable"."""
+    with pytest.raises(TypeError, match=r"enqueue_many\(\) takes an iterable of job.request"):
+        enqueue_many(items)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"enqueue_many\(\) takes an iterable of job.request"):
+        await jobs.aenqueue_many(items)  # type: ignore[arg-type]

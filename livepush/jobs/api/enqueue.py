@@ -328,6 +328,9 @@ def enqueue_many(items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
 
 def many(items: Iterable[Any]) -> Batch:
     """The batch of an enqueue_many, every item checked before anything is written."""
+    if not isinstance(items, Iterable):
+        raise TypeError(f"enqueue_many() takes an iterable of job.request(*args) values or (job_function, args) "
+                        f"tuples, got {type(items).__name__} {items!r:.60}")
     batch = Batch()
     for entry in items:
         fn, args, when, queue, extra = item(entry)
