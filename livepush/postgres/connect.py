@@ -93,6 +93,13 @@ def translate(url: str, exc: BaseException) -> Exception:
         # server is there and undid the transaction because another one conflicted with it.
         return DependencyError(f"Postgres at {redact(url)} rolled back the transaction ({_reason(url, exc)}): "
                                "another transaction conflicted with it; run the whole transaction again")
+    if state in ("57014", "55P03"):
+        # A statement or lock timeout (or a cancel) of the role's, the database's or the caller's
+        # settings: the server is there and answered; told to check that it runs, nobody looks
+        # at the timeout.
+        return DependencyError(f"Postgres at {redact(url)} cancelled the statement ({_reason(url, exc)}): a "
+                               "statement_timeout or lock_timeout of the role, the database or the session ended "
+                               "it (or another session cancelled it); the server is up")
     if isinstance(exc, (psycopg.OperationalError, PoolTimeout, OSError)):
         return unreachable(url, exc)
     return DependencyError(f"Postgres at {redact(url)} failed: {_reason(url, exc)}")

@@ -3,6 +3,8 @@ next call through a client pool works: no caller is handed a connection the serv
 
 from __future__ import annotations
 
+import pytest
+
 import livepush
 from livepush.jobs import job_state
 from tests.jobs import sample_jobs
@@ -104,6 +106,29 @@ def test_a_deadlock_is_reported_as_a_conflict_to_retry_not_as_unreachable() -> N
         err = translate(url, exc)
         assert "rolled back the transaction" in str(err) and "run the whole transaction again" in str(err)
         assert "cannot reach" not in str(err) and "secret" not in str(err)
+
+
+def test_a_lock_timeout_is_reported_as_a_timeout_not_as_unreachable(jobs_db: str) -> None:
+    """A lock_timeout set on the database (or role) that ends a publish is a DependencyError naming the
+    timeout and saying the server is up, not "cannot reach Postgres ... check that the server is
+    running"; a statement_timeout, or a cancel, likewise."""
+    import psycopg
+
+    from livepush import DependencyError
+    from livepush.postgres.connect import translate
+
+    livepush.publish("timeout:t", {"n": 0})
+    dbname = psycopg.conninfo.conninfo_to_dict(jobs_db)["dbname"]
+    q(jobs_db, f"ALTER DATABASE {dbname} SET lock_timeout = '100ms'")
+    close_every_connection(jobs_db)  # the pools' next connections take the database's setting
+    with psycopg.connect(jobs_db) as holder:
+        holder.execute("SELECT FROM livepush_topics WHERE topic = 'timeout:t' FOR UPDATE")
+        with pytest.raises(DependencyError, match="lock timeout") as raised:
+            livepush.publish("timeout:t", {"n": 1})
+    assert "lock_timeout" in str(raised.value) and "server is up" in str(raised.value)
+    assert "cannot reach" not in str(raised.value)
+    err = translate(jobs_db, psycopg.errors.QueryCanceled("canceling statement due to statement timeout"))
+    assert "statement timeout" in str(err) and "server is up" in str(err) and "cannot reach" not in str(err)
 
 
 def test_a_forked_child_publishes_and_enqueues_on_connections_of_its_own(jobs_db: str) -> None:
