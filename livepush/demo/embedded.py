@@ -154,6 +154,10 @@ def _postmaster(pgdata: Path) -> Any:
     except psutil.AccessDenied:
         pass  # another user's process: this user's own Postgres would be readable
     postmaster.unlink(missing_ok=True)
+    # Its socket's lock file names the same pid, and Postgres refuses a lock whose pid lives
+    # ("is another postmaster using socket file"): it goes too, wherever the socket was.
+    for lock in pgdata.glob(".s.PGSQL.*.lock"):
+        lock.unlink(missing_ok=True)
     return None
 
 
