@@ -22,6 +22,9 @@ from tests.support.waiting import async_wait_for
 # that lives through an outage: it must beat again within three beats of the outage's end.
 HEARTBEAT = 0.6
 OUTAGE = 6.0
+# The read-only test's: a read-only spell of ten short beats.
+READ_ONLY_HEARTBEAT = 0.3
+READ_ONLY_SPELL = 3.0
 # How long each job runs: it is running when Postgres stops, and ends well after it is back.
 HOLD = OUTAGE + 8.0
 
@@ -109,7 +112,7 @@ async def test_a_runtime_whose_outcomes_meet_a_read_only_database_waits_for_it_t
     succeeds once, on its first attempt, and the runtime runs on; it neither gives up its
     outcomes nor stops, which left the jobs running until a rescue ran them again."""
     q(fleet.url, sample_jobs.FLAGS_TABLE)
-    (runtime,) = await fleet.runtimes(1, "--concurrency", "2", heartbeat=HEARTBEAT)
+    (runtime,) = await fleet.runtimes(1, "--concurrency", "2", heartbeat=READ_ONLY_HEARTBEAT)
     ids = [(await sample_jobs.progress_then_wait.aenqueue("waiting", "go")).id for _ in range(2)]
 
     def running() -> bool:
@@ -122,7 +125,7 @@ async def test_a_runtime_whose_outcomes_meet_a_read_only_database_waits_for_it_t
         with psycopg.connect(fleet.url, autocommit=True) as conn:
             conn.execute("SET default_transaction_read_only = off")
             conn.execute("INSERT INTO job_flags (name) VALUES ('go')")  # the jobs end now
-        await asyncio.sleep(OUTAGE)
+        await asyncio.sleep(READ_ONLY_SPELL)
         assert runtime.running, runtime.output()
     finally:
         await asyncio.to_thread(_read_only, pg_admin_url, fleet.url, False)
