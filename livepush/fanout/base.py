@@ -55,6 +55,12 @@ HISTORY_PAGE_BYTES = 1024 * 1024
 # (a user's, a document's) would otherwise be kept for ever.
 IDLE_EXPIRE = 86_400.0
 
+
+def idle_expiry(idle_expire: float, history_ttl: float) -> float:
+    """The seconds an idle topic is kept: at least twice its history's TTL, or a live topic would
+    lose its chain."""
+    return max(idle_expire, 2 * history_ttl)
+
 log = logging.getLogger("livepush.fanout")
 
 

@@ -39,7 +39,8 @@ from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
 from ..postgres.text import BIGINT_MAX
 from ..types import JSON, Message, Offset, Topic
-from .base import HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, FanOut, History, encode_batch, encode_payload
+from .base import (HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, FanOut, History, encode_batch, encode_payload,
+                   idle_expiry)
 
 log = logging.getLogger("livepush.fanout.postgres")
 
@@ -226,8 +227,7 @@ class PostgresFanOut(FanOut):
         super().__init__()
         self.url = url
         self.history_ttl = history_ttl
-        # A topic row must outlive its history, or a live topic would lose its chain.
-        self.idle_expire = max(idle_expire, 2 * history_ttl)
+        self.idle_expire = idle_expiry(idle_expire, history_ttl)
         # Where the idle sweep goes on (a topic name; "" from the start): each prune() looks at
         # the next stretch of topics, so every topic is looked at within a few thousand calls.
         self._sweep_after = ""

@@ -47,7 +47,8 @@ from ..redis.client import async_client, client_kwargs, deployment_prefix, faile
 from ..redis.subscriber import Subscriber
 from ..topics import TOPIC_RE
 from ..types import JSON, Message, Offset, Topic
-from .base import HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, FanOut, History, encode_batch, encode_payload
+from .base import (HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, FanOut, History, encode_batch, encode_payload,
+                   idle_expiry)
 
 logger = logging.getLogger("livepush.fanout.redis")
 
@@ -231,8 +232,7 @@ class RedisFanOut(FanOut):
         self.url = url
         self.history_ttl = history_ttl
         self.max_len = max_len
-        # A key must outlive its history, or a live topic would lose its chain.
-        self.idle_expire = max(idle_expire, 2 * history_ttl)
+        self.idle_expire = idle_expiry(idle_expire, history_ttl)
         self.connect_timeout = connect_timeout
         self.prefix = deployment_prefix(url, prefix)
         self.channel = f"{namespace(self.prefix)}:pub"
