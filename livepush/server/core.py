@@ -9,7 +9,9 @@ the server's gate (`PushServer.admit`) in a task that ends with the handshake, a
   `connection.BEHIND_SECONDS` is closed with 1013 (only connections with a backlog are looked at);
 - keepalive, every quarter heartbeat: a connection silent for three quarters of a heartbeat gets
   a ping (any data from it answers), and one that leaves a ping unanswered for a heartbeat is
-  dropped: a dead peer goes within 2.25 heartbeats of its last byte.
+  dropped: a dead peer goes within 2.25 heartbeats of its last byte;
+- the delivery metrics, counted as plain numbers on the delivery path, added to their
+  Prometheus metrics at each tick (`metrics.DeliveryTally`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from websockets.http11 import Request, Response
 from websockets.protocol import OPEN
 from websockets.server import ServerProtocol
 
-from .. import protocol
+from .. import metrics, protocol
 from ..sessions.handshake import SUBPROTOCOL
 from ..tasks import stop as stop_task
 from ..tasks import supervise
@@ -196,6 +198,7 @@ class ConnectionCore:
         while True:
             await asyncio.sleep(tick)
             now = self.now = loop.time()
+            metrics.TALLY.flush()
             self._timeouts(now)
             if self.behind:
                 self._too_far_behind()

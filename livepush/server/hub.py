@@ -124,8 +124,10 @@ class _Topic:
     joining: dict[Subscriber, _Waiting] = field(default_factory=dict)
     # Subscribers whose replay went past the cursor: skip live frames up to their floor.
     floors: dict[Subscriber, Key] = field(default_factory=dict)
-    # The last offset (message topics) or version (state topics) delivered live.
+    # The last offset (message topics) or version (state topics) delivered live, and its key
+    # (set together by Hub._move: every live message is compared with it).
     cursor: Offset | None = None
+    cursor_key: Key = NO_KEY
     # Message topics: set once the cursor is anchored; joiners read their replay after it.
     anchored: asyncio.Future[None] | None = None
     reading: bool = False
@@ -159,6 +161,7 @@ class Hub:
         self._read_due: dict[str, _Topic] = {}
         self._log_reading = False
         self._closed = False
+        self._tally = metrics.TALLY
 
     def source_of(self, topic: str) -> StateSource | None:
         prefix, sep, _ = topic.partition(":")
@@ -181,20 +184,31 @@ class Hub:
             # not reach this offset), or by the first read once the cursor is anchored.
             if message.data_json is not None and t.reading:
                 t.pending.append(message)
-            elif key > self._cursor_key(t):
+            elif key > t.cursor_key:
                 t.wanted = max(t.wanted, key)
             return
-        if key <= offset_key(t.cursor):
+        if key <= t.cursor_key:
             return  # already delivered (a replayed range, or a notification twice)
         if message.data_json is not None and message.prev == t.cursor:
             self._emit(t, message.offset, message.data_json, key, message.at)
             return
         self._start_read(t)
 
+    @staticmethod
+    def _move(t: _Topic, cursor: Offset | None, key: Key | None = None) -> None:
+        """Set the topic's cursor (key: its key, when the caller has it)."""
+        t.cursor = cursor
+        if key is not None:
+            t.cursor_key = key
+        elif cursor is None:
+            t.cursor_key = NO_KEY
+        else:
+            t.cursor_key = (int(cursor),) if t.source is not None else offset_key(cursor)
+
     def _emit(self, t: _Topic, offset: Offset, data_json: str, key: Key, at: float | None) -> None:
-        t.cursor = offset
+        self._move(t, offset, key)
         if at is not None:
-            metrics.LAG.observe(max(time.time() - at, 0.0))
+            self._tally.lag(time.time() - at)
         self._deliver(t, key, protocol.message(t.name, offset, data_json))
 
     def _deliver(self, t: _Topic, key: Key, frame: str) -> None:
@@ -204,7 +218,7 @@ class Hub:
             for sub in [s for s, floor in t.floors.items() if floor <= key]:
                 del t.floors[sub]
         self._broadcast(recipients, frame, t.name, "message" if t.source is None else "state")
-        metrics.DELIVERED.inc(len(recipients))  # type: ignore[arg-type]
+        self._tally.frames += len(recipients)  # type: ignore[arg-type]
         for buffer in t.joining.values():
             buffer.add(key, frame)
 
@@ -280,7 +294,7 @@ class Hub:
             await self._reset_all(t)
             t.found = True
         else:
-            cursor_key = offset_key(t.cursor)
+            cursor_key = t.cursor_key
             for m in page.messages:
                 if m.data_json is None:
                     continue
@@ -296,13 +310,13 @@ class Hub:
         pending, t.pending = t.pending, []
         for m in pending:
             key = offset_key(m.offset)
-            if t.cursor is not None and key <= offset_key(t.cursor):
+            if t.cursor is not None and key <= t.cursor_key:
                 continue
             if t.cursor is not None and m.prev == t.cursor and m.data_json is not None:
                 self._emit(t, m.offset, m.data_json, key, m.at)
             else:
                 t.wanted = max(t.wanted, key)
-        if t.idle or t.wanted <= self._cursor_key(t):
+        if t.idle or t.wanted <= t.cursor_key:
             self._stop_reading(t)  # what every doorbell named is delivered
         elif t.found:
             self._queue_read(t, new_round=True)
@@ -336,7 +350,7 @@ class Hub:
             buffer.add(None, frame)
         t.floors.clear()
         if latest is not None:
-            t.cursor = latest  # messages pending from the read are kept: those past it go out next
+            self._move(t, latest)  # messages pending from the read are kept: those past it go out next
 
     async def resync(self) -> None:
         """After a listener gap: read what every active message topic missed."""
@@ -402,8 +416,8 @@ class Hub:
                         continue
                     self._unborn.discard(name)
                     if t.cursor is None or state.version > int(t.cursor):
-                        t.cursor = str(state.version)
-                        frame = protocol.message(name, t.cursor, state.data_json())
+                        self._move(t, str(state.version), (state.version,))
+                        frame = protocol.message(name, str(state.version), state.data_json())
                         self._deliver(t, (state.version,), frame)
         finally:
             self._state_reading.discard(id(source))
@@ -448,15 +462,9 @@ class Hub:
                 floor = key if key is not None else floor
         del t.joining[sub]
         t.subscribers.add(sub)
-        cursor_key = self._cursor_key(t)
+        cursor_key = t.cursor_key
         if floor > cursor_key:
             t.floors[sub] = floor
-
-    @staticmethod
-    def _cursor_key(t: _Topic) -> Key:
-        if t.cursor is None:
-            return NO_KEY
-        return (int(t.cursor),) if t.source is not None else offset_key(t.cursor)
 
     async def _anchor(self, t: _Topic) -> None:
         """The first joiner of a message topic starts the read of its latest offset: the cursor
@@ -470,11 +478,11 @@ class Hub:
 
     async def _read_anchor(self, t: _Topic) -> None:
         try:
-            t.cursor = await self.fanout.alatest_offset(t.name)
+            self._move(t, await self.fanout.alatest_offset(t.name))
         except BaseException:
             t.anchored = None  # the next joiner reads again
             raise
-        if t.wanted > self._cursor_key(t):
+        if t.wanted > t.cursor_key:
             self._start_read(t)
 
     async def _catch_up(self, sub: Subscriber, t: _Topic, since: Offset | None, ref: protocol.Ref) -> Key:

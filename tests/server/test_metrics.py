@@ -66,3 +66,32 @@ async def test_a_resubscribe_with_since_counts_as_a_recovery(served: Served) -> 
     assert [m["data"] for m in await client.messages(1)] == [{"n": 2}]
     await client.close()
     assert value(await scrape(port), "livepush_recoveries_total") == value(before, "livepush_recoveries_total") + 1
+
+
+def test_the_delivery_tally_adds_to_the_lag_histogram_what_observing_each_lag_would() -> None:
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from livepush import metrics
+
+    lags = [-0.5, 0.0, 0.001, 0.0011, 0.02, 0.7, 29.0, 30.0, 31.0, 1e6]
+    reference = Histogram("reference_lag_seconds", "observed one by one", buckets=metrics.LAG_BUCKETS,
+                          registry=CollectorRegistry())
+    for lag in lags:
+        reference.observe(max(lag, 0.0))
+
+    def lag_samples(histogram: Histogram) -> list[tuple[str, str, float]]:
+        return [(s.name.rpartition("_")[2], s.labels.get("le", ""), s.value)
+                for family in histogram.collect() for s in family.samples if not s.name.endswith("_created")]
+
+    metrics.TALLY.flush()  # whatever the other tests left
+    before = lag_samples(metrics.LAG)
+    delivered = metrics.DELIVERED._value.get()
+    for lag in lags:
+        metrics.TALLY.lag(lag)
+    metrics.TALLY.frames += 7
+    metrics.TALLY.flush()
+    after = lag_samples(metrics.LAG)
+
+    added = [(name, le, round(v - v0, 9)) for (name, le, v), (_, _, v0) in zip(after, before)]
+    assert added == [(name, le, round(v, 9)) for name, le, v in lag_samples(reference)]
+    assert metrics.DELIVERED._value.get() == delivered + 7
