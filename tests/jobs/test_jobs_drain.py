@@ -181,6 +181,22 @@ async def test_drain_of_one_queue_given_as_a_str_is_refused_not_a_drain_of_its_l
     assert jobs.drain(["second"]) == {"succeeded": 1}
 
 
+@pytest.mark.parametrize("bound", ["1", 1.5, -1, True])
+async def test_drain_refuses_a_max_jobs_that_is_not_a_whole_number_from_zero_and_runs_nothing(
+        jobs_db: str, bound: object) -> None:
+    """drain(max_jobs=) takes None or a whole number from 0 up: anything else is a TypeError
+    naming max_jobs= before any job runs (a str used to fail inside the drain's loop with
+    Python's own comparison error, a negative or fractional bound was taken as given)."""
+    h = sample_jobs.other_queue.enqueue("c")
+    with pytest.raises(TypeError, match=r"drain\(max_jobs=\) takes a whole number from 0 up"):
+        jobs.drain(["second"], max_jobs=bound)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"drain\(max_jobs=\)"):
+        await jobs.adrain(["second"], max_jobs=bound)  # type: ignore[arg-type]
+    assert jobs.job_state(h.id)["state"] == "available"  # type: ignore[index]
+    assert jobs.drain(["second"], max_jobs=0) == {}
+    assert jobs.drain(["second"], max_jobs=1) == {"succeeded": 1}
+
+
 def test_drain_names_itself_for_a_bad_queue_name(jobs_db: str) -> None:
     """A queue name drain() cannot serve raises ConfigError naming drain(queues=)."""
     with pytest.raises(ConfigError, match=r"drain\(queues=\)"):

@@ -37,10 +37,21 @@ def _drained_queues(queues: Sequence[str] | None) -> list[str] | None:
     return [check_queue(q, "drain(queues=)") for q in queues] if queues else None
 
 
+def _max_jobs(max_jobs: int | None) -> int | None:
+    """drain()'s `max_jobs`, checked: None (no bound) or a whole number from 0 up."""
+    # Compared with the count of jobs run, a str raised a bare TypeError from inside the loop
+    # (after the runtime opened), and a negative or float bound was taken as given.
+    if max_jobs is not None and (isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs < 0):
+        raise TypeError(f"drain(max_jobs=) takes a whole number from 0 up, or None for no bound; got "
+                        f"{type(max_jobs).__name__} {max_jobs!r:.60}")
+    return max_jobs
+
+
 async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = REGISTRY,
                  max_jobs: int | None = None) -> dict[str, int]:
     """drain() for async code."""
     queues = _drained_queues(queues)
+    max_jobs = _max_jobs(max_jobs)
     rt = Runtime(registry, queues=queues or ["default"], concurrency=1,
                  install_signals=False, heartbeat=60.0, flush_delay=0.0, listen=False)
     await rt._open()
@@ -81,6 +92,8 @@ def drain(queues: Sequence[str] | None = None, *, registry: Registry = REGISTRY,
         in_loop = False
     else:
         in_loop = True
+    _drained_queues(queues)  # refused here, in the caller's thread, not from the drain's
+    _max_jobs(max_jobs)
     if not in_loop:
         # Outside the except block: run there, every error the jobs raise would be chained to
         # that RuntimeError, and each failed job's logged traceback would start with it.
