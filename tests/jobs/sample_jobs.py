@@ -167,6 +167,18 @@ async def wait_flag(ctx: Any, flag: str) -> None:
     await note(ctx, "done", flag)
 
 
+@jobs.job(name="t.deaf_to_cancel", timeout=120)
+async def deaf_to_cancel(ctx: Any) -> None:
+    """Notes its start, then runs on however often it is cancelled: job code that swallows
+    asyncio.CancelledError in a retry loop."""
+    await note(ctx, "start")
+    while True:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass
+
+
 @jobs.job(name="t.progress_then_wait", timeout=120)
 async def progress_then_wait(ctx: Any, message: str, flag: str) -> None:
     """Reports progress with `message`, then runs until the row `flag` appears in job_flags."""

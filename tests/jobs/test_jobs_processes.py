@@ -110,6 +110,20 @@ def test_a_second_signal_while_the_runtime_closes_still_exits_0(jobs_db: str,
         assert count(jobs_db, "SELECT count(*) FROM livepush_job_runtimes WHERE pid = %s", (child.pid,)) == 0
 
 
+def test_a_job_that_swallows_its_cancellation_does_not_hold_the_stopping_runtime(
+        jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
+    """SIGTERM with an async job in hand that ignores every cancel: past --shutdown-timeout the job
+    is given back (attempt not spent), the runtime deregisters and the process exits 0, rather
+    than waiting forever for a job whose lease is gone (and ignoring every later signal)."""
+    handle = sample_jobs.deaf_to_cancel.enqueue()
+    child = start_runtime("--shutdown-timeout", "0.5")
+    wait_for(lambda: count(jobs_db, "SELECT count(*) FROM job_runs WHERE phase = 'start'") == 1, 15.0)
+    child.signal(signal.SIGTERM)
+    assert child.wait(15) == 0, child.output()
+    assert q(jobs_db, "SELECT state, attempt FROM livepush_jobs WHERE id = %s", (handle.id,)) == [("available", 0)]
+    assert count(jobs_db, "SELECT count(*) FROM livepush_job_runtimes") == 0
+
+
 def test_kill_9_jobs_rescued_within_three_beats(jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
     """kill -9: another runtime releases the jobs within about three heartbeats and runs them, attempt counted."""
     beat = 0.3
