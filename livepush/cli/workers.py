@@ -20,6 +20,7 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .. import metrics
 from ..config import Settings
@@ -112,19 +113,33 @@ def reserve_port(host: str, port: int) -> tuple[list[socket.socket], int]:
         # Inside the try: a host that does not resolve is the operator's to fix, not a traceback.
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         for family, kind, proto, _, address in dict.fromkeys(infos):
-            sock = socket.socket(family, kind, proto)
-            held.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            if family == socket.AF_INET6:  # as asyncio binds: one family per socket
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind((address[0], port, *address[2:]))
-            port = sock.getsockname()[1]
+            # First without SO_REUSEPORT, which would let this supervisor join the port of another
+            # `serve --workers` (any process of this user that set it): the kernel would split the
+            # connections between the two without a word. A port in use is an error, as for one
+            # process. (SO_REUSEADDR as asyncio sets it: a stopped server's TIME_WAIT is no user.)
+            with _bound_socket(family, kind, proto, (address[0], port, *address[2:]), reuse_port=False) as probe:
+                port = probe.getsockname()[1]
+            held.append(_bound_socket(family, kind, proto, (address[0], port, *address[2:]), reuse_port=True))
     except OSError as exc:
         for sock in held:
             sock.close()
         raise listen_error(host, port, exc) from None
     return held, port
+
+
+def _bound_socket(family: int, kind: int, proto: int, address: tuple[Any, ...], *, reuse_port: bool) -> socket.socket:
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:  # as asyncio binds: one family per socket
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def supervise(count: int, argv: Sequence[str], settings: Settings) -> int:

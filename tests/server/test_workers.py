@@ -407,6 +407,20 @@ async def test_one_worker_runs_no_supervisor(procs, livepush_env, pg_url, args) 
     assert child.stop(15) == 0
 
 
+async def test_a_second_supervisor_on_a_port_a_first_one_serves_exits_2(procs, livepush_env, pg_url) -> None:
+    """A port in use exits 2 with --workers too. Both supervisors bind with SO_REUSEPORT, which
+    would let the second join the first's port: the kernel would then split new connections
+    between two deployments (an old one not yet stopped, two configurations) without a word."""
+    first, port = await start_workers(procs, livepush_env(database_url=pg_url, port=0), "--workers", "2")
+    second = procs.livepush("serve", "--workers", "2", env=livepush_env(database_url=pg_url, port=port),
+                            wait_healthy=False)
+    assert second.wait(BOOT) == 2, second.output()
+    lines = second.stderr().strip().splitlines()
+    assert len(lines) == 1 and f":{port}" in lines[0] and "LIVEPUSH_PORT" in lines[0], second.output()
+    assert len(workers_of(first.pid)) == 2
+    assert first.stop(15) == 0, first.output()
+
+
 async def test_a_worker_that_cannot_boot_stops_the_supervisor_with_its_status(procs, livepush_env) -> None:
     """A boot failure (here, a database that cannot be reached) is said by the first worker
     alone, and the supervisor exits with its status (1) without starting the others."""
