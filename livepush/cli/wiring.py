@@ -100,17 +100,25 @@ def jobs_runtime(settings: Settings, modules: Sequence[str], **options: object) 
 
 def runtime_sidecar(runtime: Runtime) -> Sidecar:
     """For `serve --with-jobs`: the runtime as a task beside the server; it drains when the server's
-    stop event is set, and its failure (for good) ends the server with it."""
+    stop event is set, gives its jobs back at once on the second signal (`hurry`), as `livepush
+    jobs` does, and its failure (for good) ends the server with it."""
 
-    async def run(stop: asyncio.Event) -> None:
+    async def run(stop: asyncio.Event, hurry: asyncio.Event) -> None:
         task = asyncio.create_task(runtime.run(), name="livepush-jobs-runtime")
         stopper = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait([task, stopper], return_when=asyncio.FIRST_COMPLETED)
-        if task not in done:
-            runtime.stop()
-            await task
-        else:
+        if task in done:
             stopper.cancel()
             task.result()
+            return
+        runtime.stop()
+        hurried = asyncio.create_task(hurry.wait())
+        try:
+            await asyncio.wait([task, hurried], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hurried.cancel()
+        if not task.done():
+            runtime.stop(now=True)
+        await task
 
     return run

@@ -17,8 +17,9 @@ from .app import PushServer
 log = logging.getLogger("livepush.server")
 
 # Work run beside the server (the job runtime with --with-jobs), stopped with it: it gets the
-# stop event and returns once it has stopped; if it ends first, the server stops too.
-Sidecar = Callable[[asyncio.Event], Awaitable[None]]
+# stop event and the hurry event (a second signal: cut the stop short) and returns once it has
+# stopped; if it ends first, the server stops too.
+Sidecar = Callable[[asyncio.Event, asyncio.Event], Awaitable[None]]
 
 
 def raise_fd_limit() -> None:
@@ -110,7 +111,7 @@ async def serve(
                  server.fanout.name)
         if ready is not None:
             ready(server)
-        side_tasks = [asyncio.create_task(car(stop), name=f"livepush-sidecar-{i}") for i, car in enumerate(sidecars)]
+        side_tasks = [asyncio.create_task(car(stop, hurry), name=f"livepush-sidecar-{i}") for i, car in enumerate(sidecars)]
         stop_wait = asyncio.create_task(stop.wait(), name="livepush-stop-wait")
         await asyncio.wait([stop_wait, *side_tasks], return_when=asyncio.FIRST_COMPLETED)
         stop.set()

@@ -13,6 +13,7 @@ import pytest
 
 from livepush import topics
 from tests.support.procs import free_port
+from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
 
@@ -236,6 +237,24 @@ async def test_serve_with_jobs_closes_connections_before_draining(procs, livepus
     assert time.monotonic() - started < 2.0
     assert await child.await_exit(15) == 0, child.output()
     assert state() == "succeeded"
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT])
+async def test_serve_with_jobs_a_second_signal_gives_the_jobs_back_at_once(procs, livepush_env, pg_url,
+                                                                         second) -> None:
+    """With --with-jobs the runtime stops as `livepush jobs` does: a second signal while it
+    drains gives the jobs in hand back at once (attempt not spent) and the process exits 0,
+    rather than waiting out the runtime's 30 s shutdown timeout."""
+    from tests.support.slow_jobs import started_slow_job
+
+    env = livepush_env(database_url=pg_url)
+    child = await procs.alivepush("serve", "--with-jobs", "tests.support.slow_jobs", env=env)
+    state = await started_slow_job(pg_url, 120.0)
+    child.signal(signal.SIGTERM)
+    await async_wait_for(lambda: "draining: waiting up to" in child.stderr(), 10, message="the runtime to drain")
+    child.signal(second)
+    assert await child.await_exit(10) == 0, child.output()
+    assert state() == "available"
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
