@@ -5,8 +5,9 @@ one signal.
 It knows nothing of what a worker serves: it gets a command per worker and hears, on a pipe the
 worker inherits, when that worker serves. The first worker boots alone, so that a boot failure
 (a bad setting, a database down) is said once, by one process, and ends the supervisor with that
-worker's exit status; the others then boot together. Once all have served, a worker that exits
-is restarted; only a signal to the supervisor stops them.
+worker's exit status; the others then boot together. A worker that exits before it ever served
+ends the boot so; one that exits after it served (even while others still boot) is restarted;
+only a signal to the supervisor stops them.
 
 Workers run in a process group of their own: a terminal's Ctrl-C reaches the supervisor alone,
 which forwards it, so each worker hears one signal (a second one would cut its drain short).
@@ -53,6 +54,7 @@ class _Slot:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     exits: collections.deque[float] = field(default_factory=collections.deque)
     last_status: int | None = None
+    served: bool = False  # a process of this slot said it serves, once at least
 
 
 def describe_exit(status: int) -> str:
@@ -143,7 +145,10 @@ class Supervisor:
                 self.on_exit(process.pid)
             if self._stopping:
                 return
-            if not self._booted:
+            # A boot failure is a worker that never served (a bad setting, a dependency down: the
+            # next would fail alike). One that served and died while others still boot is a crash
+            # like any later one, and is restarted.
+            if not self._booted and not slot.served:
                 log.error("worker %d (pid %d) %s before it served: stopping", slot.index, process.pid,
                           describe_exit(status))
                 self._give_up(status if status > 0 else 1)
@@ -191,8 +196,9 @@ class Supervisor:
         finally:
             transport.close()
         if line == READY_LINE and process.returncode is None:
-            if self._booted:
+            if slot.served:
                 log.info("worker %d (pid %d) serving again", slot.index, process.pid)
+            slot.served = True
             slot.ready.set()
 
     def _note_exit(self, slot: _Slot) -> float | None:

@@ -482,3 +482,41 @@ async def test_a_restart_storm_makes_the_supervisor_give_up() -> None:
     assert await asyncio.wait_for(run, 10) == 1
     assert not any(alive(p) for p in first_pids | set(exited))
     assert len(exited) == 5  # four kills of worker 1, then worker 2 stopped
+
+
+# Says it serves only once it gets SIGUSR1: a worker still booting for as long as a test wants.
+_GATED_WORKER = (
+    "import os, signal, sys\n"
+    "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+    "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1, signal.SIGTERM])\n"
+    "if signal.sigwait([signal.SIGUSR1, signal.SIGTERM]) == signal.SIGTERM: sys.exit(0)\n"
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])\n"
+    "os.write(int(sys.argv[1]), {ready!r}); os.close(int(sys.argv[1]))\n"
+    "while True: signal.pause()\n"
+).format(ready=READY_LINE)
+
+
+async def test_a_worker_that_served_and_dies_while_the_others_boot_is_restarted() -> None:
+    """Only a worker that exits before it serves is a boot failure that stops the supervisor.
+    Worker 1, which served, dying while worker 2 still boots is started again as any worker
+    that served, and the supervisor goes on to serve with both."""
+    def command(index: int, fd: int) -> list[str]:
+        return [sys.executable, "-c", _FAKE_WORKER if index == 1 else _GATED_WORKER, str(fd)]
+
+    supervisor = Supervisor(2, command, policy=RestartPolicy(first_delay=0.01, max_delay=0.05))
+    served: list[list[int]] = []
+    run = asyncio.create_task(supervisor.run(ready=served.append))
+    first, second = supervisor.slots
+    await async_wait_for(lambda: first.ready.is_set() and second.process is not None, timeout=BOOT,
+                         message="worker 1 serving, worker 2 booting")
+    assert first.process is not None and second.process is not None
+    killed = first.process.pid
+    os.kill(killed, signal.SIGKILL)
+    await async_wait_for(lambda: run.done() or (first.ready.is_set() and first.process.pid != killed), timeout=10,
+                         message="worker 1 started again and serving")
+    assert not run.done(), f"the supervisor stopped with {run.result()}"
+    os.kill(second.process.pid, signal.SIGUSR1)  # worker 2 serves now
+    await async_wait_for(lambda: served, timeout=10, message="both workers serving")
+    assert len(served[0]) == 2 and killed not in served[0]
+    os.kill(os.getpid(), signal.SIGTERM)  # heard by the supervisor's handler while it runs
+    assert await asyncio.wait_for(run, 10) == 0
