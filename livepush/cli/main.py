@@ -156,12 +156,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     logs.setup(args.log_format)
-    status = EXIT_OK
-    try:
-        status = run_async(jobs_cli.run(args, settings))
-        return status
-    finally:
-        jobs_cli.leave_if_threads_run(status)
+    return run_async(jobs_cli.run(args, settings))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -254,19 +249,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return status
 
     try:
-        return func(args)
+        status = func(args)
     except (ConfigError, SchemaError, InvalidTopic) as exc:
-        return fail(exc, EXIT_USAGE)
+        status = fail(exc, EXIT_USAGE)
     except (ValueError, TypeError) as exc:
         # The operator tools pass what the user typed straight to the API: a ValueError there is
         # the user's input, not a bug, and gets one line, not a traceback.
         if isinstance(exc, LivepushError) or args.command in ("publish", "token"):
-            return fail(exc, EXIT_USAGE)
-        raise
+            status = fail(exc, EXIT_USAGE)
+        else:
+            raise
     except DependencyError as exc:
-        return fail(exc, EXIT_DEPENDENCY)
+        status = fail(exc, EXIT_DEPENDENCY)
     except KeyboardInterrupt:
-        return EXIT_OK
+        status = EXIT_OK
+    # Here, once the status and its error line are settled, for every command that runs jobs
+    # (jobs, serve --with-jobs, demo): a sync job given back may still run in its thread.
+    from .jobs import leave_if_threads_run
+
+    leave_if_threads_run(status)
+    return status
 
 
 if __name__ == "__main__":

@@ -257,6 +257,23 @@ async def test_serve_with_jobs_a_second_signal_gives_the_jobs_back_at_once(procs
     assert state() == "available"
 
 
+async def test_serve_with_jobs_exits_without_waiting_for_a_sync_job_it_gave_back(procs, livepush_env,
+                                                                                 pg_url) -> None:
+    """A sync job's thread cannot be stopped: once the runtime beside the server has given the
+    job back (here on a second signal), the process exits 0 without waiting for the thread, as
+    `livepush jobs` does, rather than for as long as the job's function runs."""
+    from tests.support.slow_jobs import slow_sync, started_slow_job
+
+    env = livepush_env(database_url=pg_url)
+    child = await procs.alivepush("serve", "--with-jobs", "tests.support.slow_jobs", env=env)
+    state = await started_slow_job(pg_url, 120.0, slow_sync)
+    child.signal(signal.SIGTERM)
+    await async_wait_for(lambda: "draining: waiting up to" in child.stderr(), 10, message="the runtime to drain")
+    child.signal(signal.SIGTERM)
+    assert await child.await_exit(10) == 0, child.output()
+    assert state() == "available"
+
+
 @pytest.mark.parametrize("workers", ["1", "2"])
 async def test_on_an_ipv6_host_the_serving_line_is_a_url_a_client_connects_to(procs, livepush_env, pg_url,
                                                                                workers) -> None:

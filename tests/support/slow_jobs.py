@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,12 +19,18 @@ async def slow(ctx: Any, seconds: float) -> None:
     await asyncio.sleep(seconds)
 
 
-async def started_slow_job(pg_url: str, seconds: float) -> Callable[[], str]:
-    """Enqueue `slow(seconds)` on `pg_url` and return once a runtime runs it; the result reads
-    the job's state now."""
+@jobs.job(name="t.slow_sync", queue="slow")
+def slow_sync(ctx: Any, seconds: float) -> None:
+    """A sync job: its thread cannot be stopped before it returns."""
+    time.sleep(seconds)
+
+
+async def started_slow_job(pg_url: str, seconds: float, job: Any = slow) -> Callable[[], str]:
+    """Enqueue `job(seconds)` (`slow` unless told) on `pg_url` and return once a runtime runs it;
+    the result reads the job's state now."""
     database.configure(pg_url)
     try:
-        handle = await asyncio.to_thread(slow.enqueue, seconds)
+        handle = await asyncio.to_thread(job.enqueue, seconds)
     finally:
         database.configure(None)
 
