@@ -60,6 +60,8 @@ def test_token_session_prints_a_session_token_for_the_subject(procs, livepush_en
         (["jobs", "tests.jobs.sample_jobs", "--heartbeat", "inf"], "--heartbeat inf"),
         (["jobs", "tests.jobs.sample_jobs", "--poll-interval", "-1"], "--poll-interval -1"),
         (["jobs", "tests.jobs.sample_jobs", "--shutdown-timeout", "nan"], "--shutdown-timeout nan"),
+        # Infinity is "0 or more": the line must say what is wrong with it.
+        (["jobs", "tests.jobs.sample_jobs", "--shutdown-timeout", "inf"], "--shutdown-timeout inf: use a finite"),
         (["jobs", "tests.jobs.sample_jobs", "--retention", "nan"], "--retention nan"),
     ],
 )

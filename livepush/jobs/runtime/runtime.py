@@ -158,7 +158,9 @@ def check_seconds(option: str, value: float, *, least: float, most: float | None
         finite = False
     if isinstance(value, bool) or not finite or value < least or (most is not None and value > most):
         bound = f"from {least:g} to {most:g}" if most is not None else f"{least:g} or more"
-        raise ConfigError(f"{option} {value!r:.40}: use a number of seconds {bound}")
+        # "finite" only where no upper bound says it: infinity is "0 or more", and NaN is no number.
+        kind = "a finite number" if most is None else "a number"
+        raise ConfigError(f"{option} {value!r:.40}: use {kind} of seconds {bound}")
 
 
 class Runtime:
