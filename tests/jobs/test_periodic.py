@@ -163,6 +163,41 @@ def test_the_tick_the_scheduler_sleeps_until_is_due_at_that_instant_across_a_fal
         newest, now = due, tick
 
 
+@pytest.mark.parametrize(("cron", "zone", "start", "expected"), [
+    # New York sets its clocks back at 02:00 EDT on 2030-11-03 (06:00 UTC): 01:45 comes twice.
+    ("45 * * * *", "America/New_York", datetime(2030, 11, 3, 4), [
+        "2030-11-03T00:45:00-04:00", "2030-11-03T01:45:00-04:00", "2030-11-03T01:45:00-05:00",
+        "2030-11-03T02:45:00-05:00"]),
+    # And forward at 02:00 EST on 2030-03-10 (07:00 UTC): the skipped 02:45 comes at 03:00.
+    ("45 * * * *", "America/New_York", datetime(2030, 3, 10, 5), [
+        "2030-03-10T00:45:00-05:00", "2030-03-10T01:45:00-05:00", "2030-03-10T03:00:00-04:00",
+        "2030-03-10T03:45:00-04:00"]),
+    # Chatham goes back an hour at 03:45 (14:00 UTC) on 2030-04-07: 03:00 and 03:30 come twice.
+    ("*/30 * * * *", "Pacific/Chatham", datetime(2030, 4, 6, 13), [
+        "2030-04-07T03:00:00+13:45", "2030-04-07T03:30:00+13:45", "2030-04-07T03:00:00+12:45",
+        "2030-04-07T03:30:00+12:45"]),
+    # Lord Howe Island goes forward half an hour at 02:00 (15:30 UTC) on 2030-10-06.
+    ("0 * * * *", "Australia/Lord_Howe", datetime(2030, 10, 5, 14), [
+        "2030-10-06T01:00:00+10:30", "2030-10-06T02:30:00+11:00", "2030-10-06T03:00:00+11:00"]),
+])
+def test_every_tick_next_to_a_clock_change_is_announced_and_then_found_due(
+        cron: str, zone: str, start: datetime, expected: list[str]) -> None:
+    """A time the clocks repeat is a tick at each UTC offset, and one they skip comes at the end of
+    the gap: the runtime sleeps until each (next_after) and its round finds that very tick due
+    (latest_due), so none is lost."""
+    schedule = parse(cron, zone)
+    utc = ZoneInfo("UTC")
+    now = start.replace(tzinfo=utc)
+    seen = []
+    for _ in expected:
+        tick = schedule.next_after(now)
+        assert schedule.latest_due(tick).astimezone(utc) == tick.astimezone(utc)
+        assert schedule.latest_due(tick.astimezone(utc) + timedelta(seconds=30)).astimezone(utc) == tick.astimezone(utc)
+        seen.append(tick.isoformat())
+        now = tick
+    assert seen == expected
+
+
 # -- rounds on the database --------------------------------------------------------------------------
 
 async def test_a_new_periodic_job_starts_from_its_next_tick(jobs_db: str, pool: AsyncConnectionPool[Any]) -> None:

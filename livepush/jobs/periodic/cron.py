@@ -17,6 +17,10 @@ from ..errors import InvalidScheduleError
 # cron, and a schedule that ends makes a periodic job that silently stops.
 FIELDS = (5, 6)
 
+# How far from an instant a clock change is looked for: beyond every zone's change of offset (an
+# hour in most, 30 minutes on Lord Howe Island), so every tick a change moves is in reach.
+CHANGE_WINDOW = timedelta(hours=3)
+
 # croniter's random field (`R`, `R(0-30)`, `R/10`) is drawn anew each time a schedule is built,
 # and we build one per round: every round and every runtime would have its own ticks.
 _RANDOM = re.compile(r"r(\(\d+-\d+\))?(/\d+)?", re.IGNORECASE | re.ASCII)
@@ -50,14 +54,85 @@ class Cron:
         """The newest tick at or before `now`, in the schedule's zone."""
         # Ticks fall on whole seconds, and croniter's get_prev is strictly before its start: the
         # newest tick before the next whole second is the newest one at or before `now`. The second
-        # is added in UTC: arithmetic on a zoned datetime is on the wall clock and drops `fold`, so
-        # in the hour a fall-back repeats it would start an hour early and miss that hour's ticks.
+        # is added in UTC: arithmetic on a zoned datetime is on the wall clock and drops `fold`.
         start = (now.astimezone(UTC).replace(microsecond=0) + timedelta(seconds=1)).astimezone(self.zone)
-        return croniter(self.expression, start).get_prev(datetime)
+        found = croniter(self.expression, start).get_prev(datetime).astimezone(UTC)
+        # croniter steps zoned times on the wall clock, and across a change of the clocks it can
+        # step over a tick: for "45 * * * *" the 02:45 a spring-forward skips never came (it
+        # comes at the end of the gap, docs/jobs.md), while "30 2 * * *"'s did. Each side of a
+        # change has one UTC offset, so there the ticks are plain wall-clock ticks shifted by it
+        # (_around). croniter never answers a time that is not a tick, so the newest of both is.
+        return max([found, *self._around(now.astimezone(UTC), newest=True)]).astimezone(self.zone)
 
     def next_after(self, now: datetime) -> datetime:
         """The first tick strictly after `now`, in the schedule's zone."""
-        return croniter(self.expression, now.astimezone(self.zone)).get_next(datetime)
+        found = croniter(self.expression, now.astimezone(self.zone)).get_next(datetime).astimezone(UTC)
+        return min([found, *self._around(now.astimezone(UTC), newest=False)]).astimezone(self.zone)
+
+    def _offset(self, at: datetime) -> timedelta:
+        offset = at.astimezone(self.zone).utcoffset()
+        assert offset is not None
+        return offset
+
+    def _prev_wall(self, wall: datetime) -> datetime:
+        """The newest wall-clock tick strictly before `wall` (naive: no zone, no clock change)."""
+        return croniter(self.expression, wall).get_prev(datetime)
+
+    def _next_wall(self, wall: datetime) -> datetime:
+        return croniter(self.expression, wall).get_next(datetime)
+
+    def _around(self, now: datetime, *, newest: bool) -> list[datetime]:
+        """The ticks next to a clock change within CHANGE_WINDOW of `now` (UTC), found one UTC
+        offset at a time: with `newest`, those at or before `now` (the newest on each side of the
+        change, and the change itself when a skipped wall time was a tick); else those after it.
+        Empty when the offset does not change in that window (croniter is right there)."""
+        sign = -1 if newest else 1
+        far = now + sign * CHANGE_WINDOW
+        if self._offset(far) == self._offset(now):
+            return []
+        # The instant of the change (to the second; zones change on whole seconds): the offset is
+        # `before` up to it and `after` from it on.
+        lo, hi = (far, now) if newest else (now, far)
+        before, after = self._offset(lo), self._offset(hi)
+        lo = lo.replace(microsecond=0)
+        while hi - lo > timedelta(seconds=1):
+            mid = lo + timedelta(seconds=(hi - lo).total_seconds() // 2)
+            if self._offset(mid) == before:
+                lo = mid
+            else:
+                hi = mid
+        change = hi.replace(microsecond=0)
+
+        def wall(at: datetime, offset: timedelta) -> datetime:
+            return (at + offset).replace(tzinfo=None)
+
+        found: list[datetime] = []
+        # A clock that goes forward skips the wall times [change+before, change+after): a tick
+        # among them comes at the change (docs/jobs.md).
+        gap_tick = after > before and self._prev_wall(wall(change, after)) >= wall(change, before)
+        if newest:
+            # After the change (offset `after`): the newest tick at or before now, if it is past
+            # the change.
+            t = (self._prev_wall(wall(now.replace(microsecond=0) + timedelta(seconds=1), after))
+                 .replace(tzinfo=UTC) - after)
+            if change <= t <= now:
+                found.append(t)
+            if gap_tick and change <= now:
+                found.append(change)
+            # Before the change (offset `before`).
+            t = self._prev_wall(wall(change, before)).replace(tzinfo=UTC) - before
+            if t <= now:
+                found.append(t)
+        else:
+            t = self._next_wall(wall(now, before)).replace(tzinfo=UTC) - before
+            if now < t < change:
+                found.append(t)
+            if gap_tick and change > now:
+                found.append(change)
+            t = self._next_wall(wall(change, after) - timedelta(seconds=1)).replace(tzinfo=UTC) - after
+            if t > now:
+                found.append(t)
+        return found
 
 
 def parse(expression: str, timezone: str = "UTC") -> Cron:
