@@ -105,6 +105,10 @@ class Settings:
         def number(name: str, default: str, kind: type[int] | type[float], hint: str) -> Any:
             text = get(name) or default
             try:
+                # Python's own parsers also take "1_000" and digits of other scripts ("٨٠"): not
+                # what an operator writes, and a typo would be read as a different number.
+                if not text.isascii() or "_" in text:
+                    raise ValueError(text)
                 return kind(text)
             except ValueError:
                 raise ConfigError(f"{name}={text!r} is not a number: set {hint}") from None

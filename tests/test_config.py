@@ -30,3 +30,14 @@ def test_database_url_is_read_when_livepush_database_url_is_unset_or_empty() -> 
                 {"LIVEPUSH_DATABASE_URL": " ", "DATABASE_URL": "postgresql://app@db.example/app"}):
         settings = Settings.from_env(env)
         assert (settings.database_url, settings.fanout) == ("postgresql://app@db.example/app", "postgres")
+
+
+@pytest.mark.parametrize("text", ["1_000", "٨٠٨٠", "８０"])
+def test_a_number_setting_takes_plain_ascii_digits_only(text: str) -> None:
+    """LIVEPUSH_PORT=1_000 or digits of another script are refused with the one line naming the
+    variable: Python's int() takes them, an operator does not mean them."""
+    with pytest.raises(ConfigError, match=rf"LIVEPUSH_PORT={text!r} is not a number"):
+        Settings.from_env({"LIVEPUSH_PORT": text})
+    with pytest.raises(ConfigError, match="LIVEPUSH_HISTORY_TTL"):
+        Settings.from_env({"LIVEPUSH_HISTORY_TTL": text})
+    assert Settings.from_env({"LIVEPUSH_PORT": "8080"}).port == 8080

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -165,3 +168,16 @@ def test_two_functions_with_one_job_name_are_refused_at_decoration() -> None:
     with pytest.raises(ConfigError, match=r"job name 't\.one_name' of function .*second in .* is taken by function .*first in "):
         jobs.job(name="t.one_name")(second)
     assert jobs.REGISTRY.get("t.one_name").func is first
+
+
+def test_a_bad_queue_name_is_named_before_the_database_is_looked_for() -> None:
+    """pause_queue("a,b") in a process with no database configured names the queue, the caller's
+    mistake, rather than saying that LIVEPUSH_DATABASE_URL is not set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIVEPUSH_") and k != "DATABASE_URL"}
+    for call in ("jobs.pause_queue('a,b')", "jobs.resume_queue('a,b')",
+                 "asyncio.run(jobs.apause_queue('a,b'))", "asyncio.run(jobs.aresume_queue('a,b'))"):
+        done = subprocess.run([sys.executable, "-c", f"import asyncio\nfrom livepush import jobs\n{call}"],
+                              env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0
+        assert "ConfigError" in done.stderr and "'a,b'" in done.stderr, done.stderr[-500:]
+        assert "LIVEPUSH_DATABASE_URL" not in done.stderr, done.stderr[-500:]

@@ -151,24 +151,28 @@ def _queue_name(queue: Any) -> str:
 def pause_queue(queue: str) -> bool:
     """Stop every runtime claiming from `queue` within a second (at once where its ring is heard);
     enqueues are still accepted and jobs already running finish. False when it was already paused."""
+    name = _queue_name(queue)  # a bad name is the caller's to fix, whatever the database's state
     with database.connection() as conn:
-        return bool(conn.execute(queries.PAUSE_QUEUE, {"queue": _queue_name(queue)}).fetchall())
+        return bool(conn.execute(queries.PAUSE_QUEUE, {"queue": name}).fetchall())
 
 
 async def apause_queue(queue: str) -> bool:
     """pause_queue() for async code."""
+    name = _queue_name(queue)
     async with database.aconnection() as conn:
-        return bool(await (await conn.execute(queries.PAUSE_QUEUE, {"queue": _queue_name(queue)})).fetchall())
+        return bool(await (await conn.execute(queries.PAUSE_QUEUE, {"queue": name})).fetchall())
 
 
 def resume_queue(queue: str) -> bool:
     """Let runtimes claim from `queue` again; idle ones are rung and claim at once. False when it
     was not paused."""
+    name = _queue_name(queue)  # a bad name is the caller's to fix, whatever the database's state
     with database.connection() as conn:
-        return bool(conn.execute(queries.RESUME_QUEUE, {"queue": _queue_name(queue)}).fetchall())
+        return bool(conn.execute(queries.RESUME_QUEUE, {"queue": name}).fetchall())
 
 
 async def aresume_queue(queue: str) -> bool:
     """resume_queue() for async code."""
+    name = _queue_name(queue)
     async with database.aconnection() as conn:
-        return bool(await (await conn.execute(queries.RESUME_QUEUE, {"queue": _queue_name(queue)})).fetchall())
+        return bool(await (await conn.execute(queries.RESUME_QUEUE, {"queue": name})).fetchall())
