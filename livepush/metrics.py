@@ -95,7 +95,7 @@ class DeliveryTally:
         frames, self.frames = self.frames, 0
         if frames:
             DELIVERED.inc(frames)
-        if self._lag_sum or any(self._lags):
+        if any(self._lags):  # every lag counts in a bucket
             lags, total = self._lags, self._lag_sum
             self._lags, self._lag_sum = [0] * len(lags), 0.0
             # LAG's own bucket counters (prometheus_client keeps one per bound, not cumulative):

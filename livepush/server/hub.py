@@ -125,7 +125,7 @@ class _Topic:
     # Subscribers whose replay went past the cursor: skip live frames up to their floor.
     floors: dict[Subscriber, Key] = field(default_factory=dict)
     # The last offset (message topics) or version (state topics) delivered live, and its key
-    # (set together by Hub._move: every live message is compared with it).
+    # (set together by move(): every live message is compared with the key).
     cursor: Offset | None = None
     cursor_key: Key = NO_KEY
     # Message topics: set once the cursor is anchored; joiners read their replay after it.
@@ -140,6 +140,16 @@ class _Topic:
     @property
     def idle(self) -> bool:
         return not self.subscribers and not self.joining
+
+    def move(self, cursor: Offset | None, key: Key | None = None) -> None:
+        """Set the cursor and its key (`key`: when the caller has it already)."""
+        self.cursor = cursor
+        if key is not None:
+            self.cursor_key = key
+        elif cursor is None:
+            self.cursor_key = NO_KEY
+        else:
+            self.cursor_key = (int(cursor),) if self.source is not None else offset_key(cursor)
 
 
 class Hub:
@@ -194,19 +204,8 @@ class Hub:
             return
         self._start_read(t)
 
-    @staticmethod
-    def _move(t: _Topic, cursor: Offset | None, key: Key | None = None) -> None:
-        """Set the topic's cursor (key: its key, when the caller has it)."""
-        t.cursor = cursor
-        if key is not None:
-            t.cursor_key = key
-        elif cursor is None:
-            t.cursor_key = NO_KEY
-        else:
-            t.cursor_key = (int(cursor),) if t.source is not None else offset_key(cursor)
-
     def _emit(self, t: _Topic, offset: Offset, data_json: str, key: Key, at: float | None) -> None:
-        self._move(t, offset, key)
+        t.move(offset, key)
         if at is not None:
             self._tally.lag(time.time() - at)
         self._deliver(t, key, protocol.message(t.name, offset, data_json))
@@ -350,7 +349,7 @@ class Hub:
             buffer.add(None, frame)
         t.floors.clear()
         if latest is not None:
-            self._move(t, latest)  # messages pending from the read are kept: those past it go out next
+            t.move(latest)  # messages pending from the read are kept: those past it go out next
 
     async def resync(self) -> None:
         """After a listener gap: read what every active message topic missed."""
@@ -416,8 +415,9 @@ class Hub:
                         continue
                     self._unborn.discard(name)
                     if t.cursor is None or state.version > int(t.cursor):
-                        self._move(t, str(state.version), (state.version,))
-                        frame = protocol.message(name, str(state.version), state.data_json())
+                        version = str(state.version)
+                        t.move(version, (state.version,))
+                        frame = protocol.message(name, version, state.data_json())
                         self._deliver(t, (state.version,), frame)
         finally:
             self._state_reading.discard(id(source))
@@ -478,7 +478,7 @@ class Hub:
 
     async def _read_anchor(self, t: _Topic) -> None:
         try:
-            self._move(t, await self.fanout.alatest_offset(t.name))
+            t.move(await self.fanout.alatest_offset(t.name))
         except BaseException:
             t.anchored = None  # the next joiner reads again
             raise
