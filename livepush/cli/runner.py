@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 from collections.abc import Callable, Coroutine
 from typing import Any
+
+from .. import stopsignals
 
 log = logging.getLogger("livepush")
 
@@ -20,14 +21,7 @@ SETTLE_SECONDS = 2.0
 
 def run_async(coro: Coroutine[Any, Any, int]) -> int:
     _open_standard_descriptors()
-    try:
-        return _run(coro)
-    finally:
-        # The loop's handlers are gone with it, and the signals' default is to kill: a second
-        # SIGTERM or SIGINT (Ctrl-C twice) that lands while Python tears down would turn a clean
-        # stop into death by that signal. What it asks for is done already.
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_IGN)
+    return _run(coro)
 
 
 def _run(coro: Coroutine[Any, Any, int]) -> int:
@@ -43,10 +37,13 @@ def _run(coro: Coroutine[Any, Any, int]) -> int:
         try:
             stuck = runner.run(_cancel_the_rest(SETTLE_SECONDS))
         finally:
-            if stuck:
-                _close_leaving(runner.get_loop(), stuck)
-            else:
-                runner.close()
+            # Closing the loop takes its signal handlers off. After it the process only exits,
+            # so a stop signal then (Ctrl-C twice) is ignored, not left to kill by default.
+            with stopsignals.held_then_ignored():
+                if stuck:
+                    _close_leaving(runner.get_loop(), stuck)
+                else:
+                    runner.close()
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -171,10 +171,6 @@ def supervise(count: int, argv: Sequence[str], settings: Settings) -> int:
     try:
         return asyncio.run(supervisor.run(ready=serving))
     finally:
-        # The workers are gone and so are the loop's handlers: a second signal now (Ctrl-C twice)
-        # asks for a stop that is done, and must not kill the supervisor by its default action.
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_IGN)
         for sock in held:
             sock.close()
         shutil.rmtree(metrics_dir, ignore_errors=True)

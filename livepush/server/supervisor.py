@@ -25,6 +25,8 @@ import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from .. import stopsignals
+
 log = logging.getLogger("livepush.workers")
 
 # (worker index, fd of the pipe's write end the worker inherits) -> the worker's argv.
@@ -86,6 +88,7 @@ class Supervisor:
         self.slots = [_Slot(i) for i in range(1, count + 1)]
         self._done = asyncio.Event()  # a signal came, a worker failed to boot, or restarts gave up
         self._stopping = False
+        self._signalled = False
         self._status: int | None = None  # set by a boot failure or by giving up
         self._booted = False
         self._exits: collections.deque[float] = collections.deque()
@@ -100,7 +103,7 @@ class Supervisor:
         """Boot the workers (calling `ready` with their pids once all serve), keep them running,
         stop them all."""
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in stopsignals.STOP_SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
         try:
             if await self._boot(self.slots[:1]) and await self._boot(self.slots[1:]):
@@ -110,8 +113,8 @@ class Supervisor:
                 await self._done.wait()
             return await self._stop_all()
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
+            # Once a signal stopped the workers a second one (Ctrl-C twice) asks for what is done.
+            stopsignals.remove_handlers(loop, stopsignals.STOP_SIGNALS, ignore=self._signalled)
 
     # -- booting and keeping ----------------------------------------------------------
     async def _boot(self, slots: list[_Slot]) -> bool:
@@ -217,7 +220,7 @@ class Supervisor:
         """Forward the signal to every worker: the first one stops them, a second one hurries them."""
         if not self._stopping:
             log.info("stopping: %s to every worker", signal.Signals(sig).name)
-        self._stopping = True
+        self._stopping = self._signalled = True
         self._forward(sig)
         self._done.set()
 

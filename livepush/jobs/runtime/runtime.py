@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 
-from ... import metrics, migrate
+from ... import metrics, migrate, stopsignals
 from ...errors import ConfigError, DependencyError
 from ...fanout import FanOut
 from ...postgres.connect import aconnect
@@ -305,7 +305,7 @@ class Runtime:
         # Before _open(), which registers: a signal that comes while the runtime starts must drain
         # and deregister it too, not end the process with the default action.
         if self.install_signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in stopsignals.STOP_SIGNALS:
                 try:
                     loop.add_signal_handler(sig, self._on_signal, sig)
                     installed.append(sig)
@@ -511,20 +511,8 @@ class Runtime:
         log.info("job runtime %s stopped", self.id)
 
     def _uninstall_signals(self, loop: asyncio.AbstractEventLoop, installed: list[int]) -> None:
-        """Take our handlers off. Once a signal stopped this runtime, later ones are ignored: its
-        process is on its way out, and the loop would otherwise put back the default action, under
-        which a second Ctrl-C or SIGTERM in the moments before the process exits killed it.
-        Signals are held back meanwhile, so none lands between the two handlers."""
-        if not installed:
-            return
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, installed)
-        try:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
-                if self._signalled:
-                    signal.signal(sig, signal.SIG_IGN)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        """Take our handlers off; once a signal stopped this runtime, later ones are ignored."""
+        stopsignals.remove_handlers(loop, installed, ignore=self._signalled)
 
     def _on_signal(self, sig: int) -> None:
         self._signalled = True

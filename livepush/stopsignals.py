@@ -1,0 +1,47 @@
+"""How the handlers of the stop signals (SIGTERM, SIGINT) leave an event loop.
+
+When a loop's handler is removed the signal's default action comes back, and for these two it
+kills the process. A process whose stop a signal already asked for is on its way out: a second
+Ctrl-C or SIGTERM in its last moments asks for what is done, and must not turn a clean exit into
+death by that signal. So the signals are held back while the handlers change hands, and ignored
+from then on once a stop was asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def held_then_ignored(signals: Iterable[int] = STOP_SIGNALS, *, ignore: bool = True) -> Iterator[None]:
+    """Hold `signals` back for the block; ignore them after it when `ignore`. One that came
+    meanwhile is dropped (setting SIG_IGN discards a pending signal) or, if not ignored,
+    delivered to whatever handler the block left. Main thread only, as signal.signal()."""
+    signals = list(signals)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        try:
+            if ignore:
+                for sig in signals:
+                    signal.signal(sig, signal.SIG_IGN)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def remove_handlers(loop: asyncio.AbstractEventLoop, signals: Iterable[int], *, ignore: bool) -> None:
+    """Take the loop's handlers of `signals` off; the signals are ignored after when `ignore`
+    (a stop was asked for), else they get their default action back."""
+    signals = list(signals)
+    if not signals:
+        return
+    with held_then_ignored(signals, ignore=ignore):
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+
