@@ -113,3 +113,16 @@ __all__ = ["callback", "callback_runs", "database", "fail", "flaky", "member", "
 async def slow(ctx: Any, seconds: float, key: Any = None) -> None:
     await asyncio.sleep(seconds)
     await note(ctx, "done", key)
+
+
+@jobs.job(name="g.spawner_sync_held")
+def spawner_sync_held(ctx: Any, key: str) -> None:
+    """Adds a member while another transaction holds its group's counts: the add waits past its
+    timeout. The lock is let go only after the TimeoutError, when an add left running would commit."""
+    with psycopg.connect(database.database_url(), autocommit=False) as held:
+        held.execute("SELECT 1 FROM livepush_group_shards WHERE group_id = %s FOR UPDATE", (ctx.group.id,))
+        try:
+            ctx.group.enqueue(member_sync, f"{key}.late", timeout=0.3)
+        except TimeoutError as exc:
+            note_sync(ctx, "timeout", str(exc))
+    note_sync(ctx, "done", key)

@@ -365,6 +365,20 @@ def test_page_limits_past_what_a_page_can_hold_are_refused_naming_them(groups_db
     assert (rows, cursor) == ([], None)
 
 
+def test_a_sync_add_past_its_timeout_is_called_off_not_committed_later(groups_db: str) -> None:
+    """A sync member's ctx.group.enqueue(timeout=) that gives up raises TimeoutError telling it
+    to pass key=, and the add it gave up on rolls back: once the lock it waited for is free, no
+    member appears behind the caller's back."""
+    with jobs.group() as g:
+        g.enqueue(gj.spawner_sync_held, "held")
+    jobs.drain()
+    view = jobs.get_group(g.handle.id)
+    assert (view["state"], view["total"], view["succeeded"]) == ("finished", 1, 1)
+    notes = dict(q(groups_db, "SELECT phase, key FROM job_runs"))
+    assert notes["done"] == "held"
+    assert "did not commit within 0.3 s" in notes["timeout"] and "pass key=" in notes["timeout"]
+
+
 def test_members_add_members_sync_and_async(groups_db: str) -> None:
     """ctx.group.enqueue from running members (async and sync), also after the seal: the group
     waits for the added members and counts them."""

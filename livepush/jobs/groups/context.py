@@ -95,9 +95,20 @@ class SyncGroupContext:
 
     def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None, at: datetime | None = None,
                 key: str | None = None, tags: Sequence[str] | None = None, timeout: float = 30.0) -> JobHandle:
-        future = asyncio.run_coroutine_threadsafe(
-            self._inner.enqueue(fn, *args, wait=wait, at=at, key=key, tags=tags), self._loop)
-        return future.result(timeout)
+        """GroupContext.enqueue, blocking for up to `timeout` seconds. Past it the add is called
+        off on the loop (its transaction rolls back) before TimeoutError is raised, so an add the
+        caller gave up on does not commit later behind its back."""
+        async def bounded() -> JobHandle:
+            try:
+                async with asyncio.timeout(timeout):
+                    return await self._inner.enqueue(fn, *args, wait=wait, at=at, key=key, tags=tags)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"ctx.group.enqueue did not commit within {timeout:g} s and was called off; had it reached "
+                    "its commit, the member may exist: pass key= so that a retry returns that member instead "
+                    "of adding another") from None
+
+        return asyncio.run_coroutine_threadsafe(bounded(), self._loop).result()
 
 
 async def load_callback_context(ctx: Any) -> GroupContext:
