@@ -127,7 +127,10 @@ def listener_name(prefix: str) -> str:
     return f"livepush-listener:{tag}"
 
 
-def client_kwargs(client_name: str, connect_timeout: float = CONNECT_TIMEOUT) -> dict[str, Any]:
+def client_kwargs(client_name: str, connect_timeout: float = CONNECT_TIMEOUT, *,
+                  for_asyncio: bool = False) -> dict[str, Any]:
+    """What every connection livepush opens to Redis is given; `for_asyncio` for an asyncio
+    client, whose retry policy is redis-py's asyncio one (a sync one is converted with a warning)."""
     return {
         "socket_connect_timeout": connect_timeout,
         "client_name": client_name,
@@ -135,11 +138,19 @@ def client_kwargs(client_name: str, connect_timeout: float = CONNECT_TIMEOUT) ->
         # No retries: a retried script whose first reply was lost would run twice, and
         # redis-py's default backoff makes a call to a down Redis hang for seconds. A pooled
         # connection whose server restarted is reconnected before use (its socket reads EOF).
-        "retry": Retry(NoBackoff(), 0),
+        "retry": no_retries(for_asyncio),
         # RESP2 on every connection: the replies parsed here (stream entries, script results,
         # pub/sub frames) are the RESP2 shapes; redis-py 8 defaults to RESP3.
         "protocol": 2,
     }
+
+
+def no_retries(for_asyncio: bool) -> Any:
+    if for_asyncio:
+        from redis.asyncio.retry import Retry as AsyncRetry
+
+        return AsyncRetry(NoBackoff(), 0)
+    return Retry(NoBackoff(), 0)
 
 
 def text(value: Any, errors: str = "strict") -> str:
@@ -165,5 +176,5 @@ def async_client(url: str, client_name: str, connect_timeout: float = CONNECT_TI
     from redis import asyncio as aredis
 
     pool = aredis.BlockingConnectionPool.from_url(url, max_connections=POOL_CONNECTIONS, timeout=POOL_WAIT_SECONDS,
-                                                  **client_kwargs(client_name, connect_timeout), **extra)
+                                                  **client_kwargs(client_name, connect_timeout, for_asyncio=True), **extra)
     return aredis.Redis.from_pool(pool)

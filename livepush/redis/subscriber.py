@@ -22,14 +22,12 @@ from typing import Any
 
 import redis
 import redis.asyncio as aredis
-from redis.backoff import NoBackoff
 from redis.exceptions import NoPermissionError, RedisError
-from redis.retry import Retry
 
 from ..channels import Channels, Resync
 from ..errors import ListenError
 from ..tasks import Backoff, stop
-from .client import client_kwargs, failed, one_line, redact, text
+from .client import client_kwargs, failed, no_retries, one_line, redact, text
 
 log = logging.getLogger("livepush.redis.subscriber")
 
@@ -101,7 +99,7 @@ class Subscriber:
                 # RESP2: pub/sub frames as plain replies (RESP3 delivers them as pushes).
                 protocol=2,
                 # No silent reconnects inside redis-py: a lost subscription must be seen here.
-                retry=Retry(NoBackoff(), 0),
+                retry=no_retries(for_asyncio=True),
             )
         conn = self._pool.make_connection()
         self._conn = conn

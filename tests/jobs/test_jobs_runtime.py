@@ -378,7 +378,7 @@ async def test_jobs_a_claim_returns_after_the_stop_are_given_back_unstarted(jobs
         await async_wait_for(lambda: asyncio.to_thread(
             lambda: q(jobs_db, "SELECT state, attempt, version = 3 FROM livepush_jobs WHERE id = %s", (late.id,))
             == [("available", 0, True)] or q(jobs_db, "SELECT 1 FROM job_runs WHERE job_id = %s", (late.id,))),
-            5.0, message="the late job to be given back or started")
+            15.0, message="the late job to be given back or started")
         q(jobs_db, "INSERT INTO job_flags VALUES ('first')")
         await wait_state(first.id, "succeeded")
     assert q(jobs_db, "SELECT job_id FROM job_runs WHERE phase = 'start' ORDER BY job_id") == [(first.id,)]
