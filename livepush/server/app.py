@@ -49,6 +49,11 @@ PRUNE_EVERY_SECONDS = 30.0
 # prune() calls per cycle at most: on Postgres 100 batches of 5,000 rows, about 17,000 rows a
 # second, well past the ~4,000 messages a second a database takes.
 PRUNE_MAX_CALLS = 100
+# After a re-check of the open sessions, the next one waits this long: rings that come meanwhile
+# are served by one re-check after it. Anyone who can connect to the database can ring, so a flood
+# of forged rings costs a bounded number of re-checks (each one query over every open session),
+# not one after another for as long as it lasts; a real revocation still closes within a second.
+RECHECK_PAUSE = 0.1
 
 PageRoute = Callable[[Request], Awaitable[Response | None] | Response | None]
 
@@ -349,6 +354,7 @@ class PushServer:
                 await asyncio.wait_for(self._reverify_now.wait(), self.app.reverify_interval)
             self._reverify_now.clear()
             await self.reverify()
+            await asyncio.sleep(RECHECK_PAUSE)
 
     async def reverify(self) -> None:
         """Close connections whose session expired or was revoked (a missed revocation too)."""

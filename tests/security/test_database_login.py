@@ -19,6 +19,7 @@ from livepush.fanout.postgres import PostgresFanOut
 from livepush.jobs import database
 from livepush.jobs.runtime.runtime import Runtime
 from livepush.postgres.listener import Listener
+from livepush.server.app import RECHECK_PAUSE
 from tests.security import role_jobs
 from tests.server.conftest import Served, make_settings, start_served
 from tests.support import services
@@ -327,3 +328,32 @@ async def test_a_notification_with_a_non_ascii_byte_stops_no_listener(
         assert trouble == [], trouble
     finally:
         await listener.aclose()
+
+
+async def test_a_flood_of_forged_revocation_rings_costs_a_bounded_number_of_checks(served: Served,
+                                                                                  nobody_url: str) -> None:
+    """A flood of rings on `livepush_revocations` from a login without privileges makes the server re-check its sessions a bounded number of times, never back to back for as long as the flood lasts; a real revoke() still closes within a second."""
+    store = served.server.store
+    checks = 0
+    real_revoked_among = store.revoked_among
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:  # the server's re-checks of its sessions
+        nonlocal checks
+        checks += 1
+        return await real_revoked_among(*args, **kwargs)
+
+    store.revoked_among = counted  # type: ignore[method-assign]
+    token = sessions.issue("carol")
+    client = await WSClient.open(served.url, additional_headers={"Cookie": f"livepush_session={token}"})
+    loop = asyncio.get_running_loop()
+    flood_started = loop.time()
+    await anotify(nobody_url, "livepush_revocations", *[str(i) for i in range(1000)])
+    flooded = loop.time() - flood_started
+    await nothing_within(client)
+    # One re-check per pause while the flood lasts, one for the rings of the last pause, and the
+    # one that follows it: never one after another.
+    assert checks <= 3 + flooded / RECHECK_PAUSE, (checks, flooded)
+    started = asyncio.get_running_loop().time()
+    await asyncio.to_thread(sessions.revoke, token)
+    assert await client.closed_with(timeout=2) == 4403
+    assert asyncio.get_running_loop().time() - started < 1.0
