@@ -291,6 +291,12 @@ class PushServer:
         return None
 
     async def _subscribe(self, client: Connection, cmd: protocol.Subscribe) -> None:
+        session = client.session
+        if session is not None and session.expired():
+            # The periodic re-check would close it within reverify_interval; until then its rules
+            # and authorize() must not grant a credential that has run out anything more.
+            client.close(protocol.CLOSE_REVOKED, "session expired")
+            return
         if not client.subscribes.take(time.monotonic()):
             self._refuse(client, cmd.ref, "limit")
             return

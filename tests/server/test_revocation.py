@@ -28,7 +28,7 @@ from livepush.sessions import (
     Session,
 )
 from livepush.sessions.revocations import ms
-from livepush.sessions.rules import App
+from livepush.sessions.rules import Allow, App
 from tests.server.conftest import Served, make_settings, start_served
 from tests.support.procs import ChildProcess, Processes
 from tests.support.waiting import async_wait_for
@@ -272,6 +272,26 @@ async def test_expiry_recheck_in_process(secret: str) -> None:
         assert await client.closed_with(timeout=5) == CLOSE_REVOKED
         assert await still_open(long_lived)
         await long_lived.close()
+    finally:
+        await served.stop()
+        api.set_default_fanout(None)
+        set_settings(None)
+
+
+async def test_a_session_that_has_expired_subscribes_to_nothing_more(secret: str) -> None:
+    """A connection whose session has expired gets no new topic from its rules (or authorize) while it waits for the periodic re-check: its next subscribe closes it with 4403."""
+    set_settings(Settings(fanout="local", secret=secret, port=0))
+    app = App(rules=[Allow("user:{subject}"), Allow("user:{subject}:*")], reverify_interval=3600)
+    served = await start_served(get_settings(), app=app)
+    try:
+        token = sessions.issue("user-7", ttl=1)
+        expires_at = sessions.decode(token, get_settings().secrets).expires_at
+        client = await WSClient.open(served.url, additional_headers={"Cookie": f"livepush_session={token}"})
+        assert (await client.subscribe("user:user-7"))["op"] == "subscribed"
+        await asyncio.sleep(max(0.0, expires_at - time.time()) + 0.05)  # the token's own clock: no event to await
+        await client.send({"op": "subscribe", "topic": "user:user-7:inbox", "since": None, "ref": "late"})
+        frame = await client.close_frame(timeout=REVOCATION_DEADLINE)
+        assert frame is not None and frame.code == CLOSE_REVOKED, frame
     finally:
         await served.stop()
         api.set_default_fanout(None)
