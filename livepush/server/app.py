@@ -197,7 +197,8 @@ class PushServer:
         try:
             session, reason = await authenticate(request.headers, request.path, self.settings, self.store)
         except DependencyError as exc:
-            log.warning("cannot check sessions right now: %s", exc)
+            # Each client retries its handshake through the outage: quiet, or they would fill the log.
+            self._quiet.warning("cannot check sessions right now: %s", first_line(exc))
             metrics.REFUSALS.labels("session_store_unavailable").inc()
             return http.response(503, b"session store unavailable, retry shortly\n")
         if session is not None and self._rings != rings:

@@ -8,15 +8,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from livepush import sessions
 from livepush.cli.main import main as cli
-from livepush.config import Settings
-from livepush.errors import ConfigError
+from livepush.config import Settings, set_settings
+from livepush.errors import ConfigError, DependencyError
+from livepush.fanout.local import LocalFanOut
+from livepush.server.app import PushServer
+from livepush.sessions import MemoryRevocations
 from tests.server.conftest import Served, make_settings, start_served
-from tests.support.security import hello, raw_attempt, raw_request, upgrade
+from tests.support.security import attempt, hello, http, raw_attempt, raw_request, upgrade
 from tests.support.wsclient import WSClient
 
 
@@ -153,3 +157,30 @@ async def test_client_mistakes_are_logged_at_debug_and_rate_limited(served: Serv
     origins = [r for r in mine if "origin" in r.getMessage()]
     tokens = [r for r in mine if "session" in r.getMessage()]
     assert 1 <= len(origins) <= 10 and 1 <= len(tokens) <= 10, (len(origins), len(tokens))
+
+
+class _StoreDown(MemoryRevocations):
+    """A revocation store that cannot be reached, as Postgres or Redis during an outage."""
+
+    async def revoked_among(self, sessions: Any) -> set[str]:
+        raise DependencyError("cannot reach the revocation store (connection refused)")
+
+
+async def test_handshakes_during_a_store_outage_log_at_most_ten_lines_a_minute(
+        secret: str, caplog: pytest.LogCaptureFixture) -> None:
+    """While the revocation store cannot be reached, every handshake with a session gets 503 and reconnects; fifty of them (any signed-in user can make more) log at most ten lines, so clients retrying cannot fill the log."""
+    caplog.set_level(logging.DEBUG, logger="livepush")
+    settings = make_settings("local", secret, None, None)
+    set_settings(settings)
+    server = PushServer(settings, LocalFanOut(), store=_StoreDown())
+    await server.start()
+    try:
+        token = sessions.issue("user-7")
+        for _ in range(50):
+            outcome = await attempt(server.port, token)
+            assert outcome == http(503), outcome
+    finally:
+        await server.stop()
+        set_settings(None)
+    lines = [r for r in caplog.records if r.name.startswith("livepush") and "sessions" in r.getMessage()]
+    assert 1 <= len(lines) <= 10, len(lines)
