@@ -54,6 +54,9 @@ PRUNE_MAX_CALLS = 100
 # of forged rings costs a bounded number of re-checks (each one query over every open session),
 # not one after another for as long as it lasts; a real revocation still closes within a second.
 RECHECK_PAUSE = 0.1
+# A re-check that could not read the store is tried again after this long, while it cannot: a
+# revocation whose ring came just then must not wait for the next reverify_interval.
+RECHECK_RETRY = 0.5
 
 PageRoute = Callable[[Request], Awaitable[Response | None] | Response | None]
 
@@ -117,6 +120,7 @@ class PushServer:
         self._tasks: list[asyncio.Task[None]] = []
         self._reverify_now = asyncio.Event()
         self._rings = 0  # revocation rings heard: a handshake whose store read one overlapped checks again
+        self._recheck_failures = 0  # re-checks in a row that could not read the store
         self._quiet = Quiet(log)  # what clients can cause: rate-limited
 
     # -- lifecycle --------------------------------------------------------------------
@@ -357,17 +361,20 @@ class PushServer:
         """Re-check open sessions every reverify_interval, and at once when the store rings
         (a revocation somewhere): the store, not the ring, says who is revoked."""
         while True:
+            wait = RECHECK_RETRY if self._recheck_failures else self.app.reverify_interval
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._reverify_now.wait(), self.app.reverify_interval)
+                await asyncio.wait_for(self._reverify_now.wait(), wait)
             self._reverify_now.clear()
             await self.reverify()
             await asyncio.sleep(RECHECK_PAUSE)
 
     async def reverify(self) -> None:
-        """Close connections whose session expired or was revoked (a missed revocation too)."""
+        """Close connections whose session expired or was revoked (a missed revocation too). When
+        the store cannot be read, the re-check loop reads again after RECHECK_RETRY."""
         now = time.time()
         with_sessions = [c for c in self.clients if c.session is not None and not c.closing]
         if not with_sessions:
+            self._recheck_failures = 0
             return
         for client in with_sessions:
             if client.session.expires_at <= now:  # type: ignore[union-attr]
@@ -375,8 +382,11 @@ class PushServer:
         try:
             revoked = await self.store.revoked_among([c.session for c in with_sessions])  # type: ignore[misc]
         except Exception as exc:
-            log.warning("could not re-check sessions: %s", exc)
+            self._recheck_failures += 1
+            (log.warning if self._recheck_failures == 1 else log.debug)(
+                "could not re-check sessions (%s); trying again every %g s", first_line(exc), RECHECK_RETRY)
             return
+        self._recheck_failures = 0
         for client in with_sessions:
             if client.session.id in revoked:  # type: ignore[union-attr]
                 client.close(protocol.CLOSE_REVOKED, "session revoked")

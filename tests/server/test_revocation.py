@@ -8,6 +8,7 @@ while connected, or whose ring it missed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -18,6 +19,7 @@ import redis
 
 from livepush import api, sessions
 from livepush.config import Settings, get_settings, set_settings
+from livepush.errors import DependencyError
 from livepush.fanout.local import LocalFanOut
 from livepush.server.app import PushServer
 from livepush.sessions import (
@@ -379,14 +381,24 @@ class _AnswersLate(MemoryRevocations):
         return revoked
 
 
-async def test_a_revocation_that_rings_during_the_handshake_still_closes_it(secret: str) -> None:
-    """A session revoked while its handshake waits for the store's answer (which predates the revocation) is closed with 4403 within a second of the ring, not at the next periodic re-check."""
+@contextlib.asynccontextmanager
+async def serving_with(store: RevocationStore, secret: str) -> AsyncIterator[str]:
+    """A server in this process (local fan-out) that checks sessions against `store`, its periodic
+    re-check an hour away, so that what closes a session in a test is a ring; yields its URL."""
     set_settings(Settings(fanout="local", secret=secret, port=0))
-    store = _AnswersLate()
     server = PushServer(get_settings(), LocalFanOut(), app=App(reverify_interval=3600), store=store)
     await server.start()
     try:
-        url = f"ws://127.0.0.1:{server.port}/"
+        yield f"ws://127.0.0.1:{server.port}/"
+    finally:
+        await server.stop()
+        set_settings(None)
+
+
+async def test_a_revocation_that_rings_during_the_handshake_still_closes_it(secret: str) -> None:
+    """A session revoked while its handshake waits for the store's answer (which predates the revocation) is closed with 4403 within a second of the ring, not at the next periodic re-check."""
+    store = _AnswersLate()
+    async with serving_with(store, secret) as url:
         other = await WSClient.open(url, additional_headers={"Cookie": f"livepush_session={sessions.issue('user-8')}"})
         store.read.clear()
         store.answer.clear()  # from now on the answer waits for the test
@@ -402,6 +414,34 @@ async def test_a_revocation_that_rings_during_the_handshake_still_closes_it(secr
         assert await client.closed_with(timeout=REVOCATION_DEADLINE) == CLOSE_REVOKED
         assert await still_open(other)
         await other.close()
-    finally:
-        await server.stop()
-        set_settings(None)
+
+
+class _ReadFailsOnce(MemoryRevocations):
+    """A store whose next read fails once when armed, as a Postgres or Redis read does on a
+    connection lost, a pool that timed out or a Redis busy past its socket timeout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.failed = asyncio.Event()
+
+    async def revoked_among(self, sessions: Any) -> set[str]:
+        if self.armed:
+            self.armed = False
+            self.failed.set()
+            raise DependencyError("cannot reach the revocation store (connection lost)")
+        return await super().revoked_among(sessions)
+
+
+async def test_a_recheck_that_fails_is_tried_again_and_still_closes_within_a_second_or_two(secret: str) -> None:
+    """A revocation whose re-check fails (the store could not be read just then) is not left to the next periodic re-check: the server reads again shortly and closes the session with 4403."""
+    store = _ReadFailsOnce()
+    async with serving_with(store, secret) as url:
+        token = sessions.issue("user-7")
+        client = await WSClient.open(url, additional_headers={"Cookie": f"livepush_session={token}"})
+        assert client.hello["session"] == {"subject": "user-7"}
+        session = sessions.decode(token, get_settings().secrets)
+        store.armed = True
+        store.add_session(session.id, session.expires_at)  # stored and rung; the ring's re-check fails
+        await asyncio.wait_for(store.failed.wait(), 5)
+        assert await client.closed_with(timeout=2 * REVOCATION_DEADLINE) == CLOSE_REVOKED
