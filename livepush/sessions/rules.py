@@ -115,6 +115,10 @@ class Allow:
             raise ValueError(f"Allow() needs a non-empty pattern string, got {self.pattern!r}")
         if self.pattern.startswith(RESERVED_PREFIX):
             raise ValueError(f"Allow({self.pattern!r}): topics starting with {RESERVED_PREFIX!r} are livepush's own")
+        if not isinstance(self.anonymous, bool):
+            # Any truthy value would open the topics to everyone: "no" or "false" read from a
+            # setting as text among them.
+            raise TypeError(f"Allow({self.pattern!r}, anonymous=...) must be True or False, got {self.anonymous!r}")
         parts: list[str] = []
         kinds: list[str] = []
         tokens = _TOKEN_RE.findall(self.pattern)

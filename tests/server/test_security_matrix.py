@@ -433,6 +433,18 @@ async def test_serve_with_a_bad_app_exits_2_with_one_line(
 
 
 
+async def test_serve_with_a_rule_whose_anonymous_is_not_a_bool_exits_2_naming_it(
+    procs: Any, livepush_env: Callable[..., dict[str, str]]
+) -> None:
+    """`Allow("team:*", anonymous="no")` (text where True or False belongs) ends `serve --app` with status 2 and one line naming `anonymous`, rather than serving team:* to anonymous clients."""
+    child = await procs.alivepush("serve", "--app", "tests.support.security_app_anonymous_text:app",
+                                  env=livepush_env(), wait_healthy=False)
+    assert await child.await_exit(15) == 2, child.output()
+    lines = [line for line in child.stderr().splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in child.stderr(), child.output()
+    assert "anonymous=" in lines[0] and "'no'" in lines[0], lines[0]
+
+
 # -- handshakes that fail after the session check --------------------------------------------
 
 
