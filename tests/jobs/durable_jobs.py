@@ -180,6 +180,18 @@ async def fan_and_wait(ctx: Any, n: int) -> Any:
     return await ctx.run_children([waiter.request(f"go-{i}") for i in range(n)])
 
 
+@jobs.job(name="d.tagging_child", max_attempts=1, timeout=None)
+async def tagging_child(ctx: Any, tag: str) -> Any:
+    """A child that adds a tagged member to its own group (its siblings), then waits to be told."""
+    await ctx.group.enqueue(waiter, "never", tags=[tag])
+    return await ctx.wait_for_signal("go")
+
+
+@jobs.job(name="d.parent_of_tagged", max_attempts=1, timeout=None)
+async def parent_of_tagged(ctx: Any, tag: str) -> Any:
+    return await ctx.run_children([tagging_child.request(tag)])
+
+
 @jobs.job(name="d.slow_step", max_attempts=5, timeout=None, backoff=lambda attempt: 0.0)
 async def slow_step(ctx: Any, seconds: float) -> str:
     async def work() -> str:

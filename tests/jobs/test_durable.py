@@ -235,6 +235,20 @@ async def test_cancelling_a_waiting_parent_cancels_its_unfinished_children(durab
         assert jobs.get_group(group)["state"] == "cancelled"
 
 
+async def test_cancel_tagged_counts_tagged_jobs_cancelled_with_their_waiting_parent(durable_db: str) -> None:
+    """cancel_tagged() counts every job with the tag that it cancelled or told, also one that
+    went with a tagged parent's children (cancelled by the parent's cancel, not its own)."""
+    async with running():
+        parent = await dj.parent_of_tagged.aenqueue("imp:3", tags=["imp:3"])
+        await wait_state(parent.id, "waiting")
+        await async_wait_for(lambda: len(jobs.list_tagged("imp:3", unfinished=True)) == 2, 10,
+                             message="the child to add its tagged sibling")
+        tagged = [j.id for j in jobs.list_tagged("imp:3")]
+        assert await jobs.acancel_tagged("imp:3") == 2
+        assert {(await info(j)).state for j in tagged} == {"cancelled"}
+        assert jobs.cancel_tagged("imp:3") == 0
+
+
 async def test_children_whose_cancel_failed_part_way_are_cancelled_by_the_heartbeat(
         durable_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """cancel() of a parked parent cancels its children's group after the parent's own cancel

@@ -38,27 +38,39 @@ def cancel(job_id: int) -> bool:
     stops at its next await or `ctx.progress()` call, ending as `cancelled`. Returns False when
     the job is already finished or unknown. Retried when Postgres broke a deadlock (a cancel
     meets a completer finishing the same group)."""
-    job_id = checked_id(job_id, "job_id")
-    rows = in_tx(lambda: _cancel_steps(job_id), None)
-    if outcomes.terminal(rows):
-        try:
-            cancel_children([job_id])
-        except DependencyError as exc:
-            log.error("job %s was cancelled, but cancelling the children it waited for failed (%s): "
-                      "cancel their groups with jobs.cancel_group()", job_id, exc)
-    return bool(rows)
+    return bool(_cancel(checked_id(job_id, "job_id")))
 
 
 async def acancel(job_id: int) -> bool:
-    job_id = checked_id(job_id, "job_id")
-    rows = await ain_tx(lambda: _cancel_steps(job_id), None)
+    return bool(await _acancel(checked_id(job_id, "job_id")))
+
+
+def _cancel(job_id: int) -> set[int]:
+    """cancel(): the jobs it cancelled or told, the children of a waiting job among them."""
+    rows = in_tx(lambda: _cancel_steps(job_id), None)
+    ended = {job_id} if rows else set()
     if outcomes.terminal(rows):
         try:
-            await acancel_children([job_id])
+            ended.update(cancel_children([job_id]))
         except DependencyError as exc:
-            log.error("job %s was cancelled, but cancelling the children it waited for failed (%s): "
-                      "cancel their groups with jobs.cancel_group()", job_id, exc)
-    return bool(rows)
+            _children_failed(job_id, exc)
+    return ended
+
+
+async def _acancel(job_id: int) -> set[int]:
+    rows = await ain_tx(lambda: _cancel_steps(job_id), None)
+    ended = {job_id} if rows else set()
+    if outcomes.terminal(rows):
+        try:
+            ended.update(await acancel_children([job_id]))
+        except DependencyError as exc:
+            _children_failed(job_id, exc)
+    return ended
+
+
+def _children_failed(job_id: int, exc: DependencyError) -> None:
+    log.error("job %s was cancelled, but cancelling the children it waited for failed (%s): "
+              "cancel their groups with jobs.cancel_group()", job_id, exc)
 
 
 def tagged_unfinished(tag: str) -> list[int]:
@@ -71,17 +83,24 @@ def tagged_unfinished(tag: str) -> list[int]:
 def cancel_tagged(tag: str) -> int:
     """Cancel every unfinished job with `tag` (enqueue(tags=...)), each exactly as cancel() does
     (a running one is told and ends `cancelled` at its next await or progress call). Returns how
-    many were cancelled or told; a job that finished meanwhile is not counted. A job enqueued with
-    the tag while this runs may be left out."""
-    return sum(cancel(job_id) for job_id in tagged_unfinished(tag))
+    many of them were cancelled or told, by their own cancel or their waiting parent's; a job
+    that finished meanwhile is not counted. A job enqueued with the tag while this runs may be
+    left out."""
+    ids = tagged_unfinished(tag)
+    ended: set[int] = set()
+    for job_id in ids:
+        if job_id not in ended:  # a tagged parent's cancel already took it
+            ended |= _cancel(job_id)
+    return len(ended.intersection(ids))
 
 
 async def acancel_tagged(tag: str) -> int:
     ids = await _atagged_unfinished(tag)
-    count = 0
+    ended: set[int] = set()
     for job_id in ids:
-        count += await acancel(job_id)
-    return count
+        if job_id not in ended:
+            ended |= await _acancel(job_id)
+    return len(ended.intersection(ids))
 
 
 async def _atagged_unfinished(tag: str) -> list[int]:

@@ -51,44 +51,48 @@ def _parked(rows: list[dict[str, Any]]) -> list[int]:
     return [r["id"] for r in rows if r["state"] == "cancelled" and r["has_steps"]]
 
 
-def _cancel_one(group_id: int) -> tuple[bool, list[int]]:
+def _cancel_one(group_id: int) -> tuple[bool, list[int], list[int]]:
     """Cancel one group: (whether this call cancelled it, the members it cancelled that had
-    durable steps). A group cancelled already but not finished is worked through again, so a
+    durable steps, every member it cancelled or told). A group cancelled already but not finished is worked through again, so a
     cancel that failed part-way completes when called again.
 
     Three kinds of short transaction, so a cancel never holds the group row while it waits for
     members' rows (see queries.py for the lock order)."""
     marked = in_tx(lambda: _mark_steps(group_id), None)
     if marked is None:
-        return False, []
+        return False, [], []
     parked: list[int] = []
+    ended: list[int] = []
     after = 0
     while True:
         rows = in_tx(lambda: _chunk_steps(group_id, after), None)
         parked += _parked(rows)
+        ended += [r["id"] for r in rows]
         if len(rows) < CANCEL_CHUNK:
             break
         after = rows[-1]["id"]
     # Nothing pending now (every member was finished already, or none was running): the group
     # finishes here. Otherwise the last running member's outcome finishes it.
     in_tx(lambda: _finish_steps(group_id), None)
-    return marked, parked
+    return marked, parked, ended
 
 
-async def _acancel_one(group_id: int) -> tuple[bool, list[int]]:
+async def _acancel_one(group_id: int) -> tuple[bool, list[int], list[int]]:
     marked = await ain_tx(lambda: _mark_steps(group_id), None)
     if marked is None:
-        return False, []
+        return False, [], []
     parked: list[int] = []
+    ended: list[int] = []
     after = 0
     while True:
         rows = await ain_tx(lambda: _chunk_steps(group_id, after), None)
         parked += _parked(rows)
+        ended += [r["id"] for r in rows]
         if len(rows) < CANCEL_CHUNK:
             break
         after = rows[-1]["id"]
     await ain_tx(lambda: _finish_steps(group_id), None)
-    return marked, parked
+    return marked, parked, ended
 
 
 def cancel_group(group_id: int) -> bool:
@@ -99,28 +103,36 @@ def cancel_group(group_id: int) -> bool:
     Returns False when the group was already finished or cancelled; called again on a cancelled
     group that has not finished, it still cancels what is queued (completing a cancel that failed
     part-way)."""
-    marked, parked = _cancel_one(checked_id(group_id, "group_id"))
+    marked, parked, _ = _cancel_one(checked_id(group_id, "group_id"))
     cancel_children(parked)
     return marked
 
 
 async def acancel_group(group_id: int) -> bool:
-    marked, parked = await _acancel_one(checked_id(group_id, "group_id"))
+    marked, parked, _ = await _acancel_one(checked_id(group_id, "group_id"))
     await acancel_children(parked)
     return marked
 
 
-def cancel_children(job_ids: list[int]) -> None:
+def cancel_children(job_ids: list[int]) -> list[int]:
     """Cancel the unfinished groups of children that these jobs (just cancelled) were parked on,
-    and their parked members' children in turn."""
+    and their parked members' children in turn. Returns every child it cancelled or told."""
     todo = list(job_ids)
+    ended: list[int] = []
     while todo:
         groups = in_tx(lambda: _children_steps(todo), None)
-        todo = [j for g in groups for j in _cancel_one(g)[1]]
+        done = [_cancel_one(g) for g in groups]
+        todo = [j for _, parked, _ in done for j in parked]
+        ended += [j for _, _, members in done for j in members]
+    return ended
 
 
-async def acancel_children(job_ids: list[int]) -> None:
+async def acancel_children(job_ids: list[int]) -> list[int]:
     todo = list(job_ids)
+    ended: list[int] = []
     while todo:
         groups = await ain_tx(lambda: _children_steps(todo), None)
-        todo = [j for g in groups for j in (await _acancel_one(g))[1]]
+        done = [await _acancel_one(g) for g in groups]
+        todo = [j for _, parked, _ in done for j in parked]
+        ended += [j for _, _, members in done for j in members]
+    return ended
