@@ -430,6 +430,8 @@ async def test_a_worker_that_cannot_boot_stops_the_supervisor_with_its_status(pr
     stderr = child.stderr()
     assert "LIVEPUSH_DATABASE_URL" in stderr and "Traceback" not in stderr, child.output()
     assert "[worker 2 " not in stderr and "worker 1 (pid" in stderr, child.output()
+    # The worker's own last line says which process gave up, as its log lines do.
+    assert re.search(r"^livepush: \[worker 1 pid \d+\] .*LIVEPUSH_DATABASE_URL", stderr, re.M), child.output()
 
 
 @pytest.mark.parametrize("how", [("--workers", "2"), ("--workers", "auto"), ("LIVEPUSH_WORKERS", "3")])
