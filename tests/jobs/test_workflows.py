@@ -100,6 +100,31 @@ def test_a_workflow_and_step_name_that_make_a_taken_job_name_are_refused() -> No
     assert list(plain.steps) == []
 
 
+def test_a_step_decorator_without_parentheses_defines_the_step() -> None:
+    """`@flow.step` and `@flow.fan_out` without parentheses define the step, as `@jobs.job` does
+    without them: the decorator got the function as `after=` and defined nothing, so a run skipped
+    the step without a word and the module's name for the function was the decorator's."""
+    flow = jobs.workflow("t_bare")
+
+    @flow.step
+    async def fetch(ctx: Any) -> str:
+        return "fetched"
+
+    @flow.fan_out
+    def spread(ctx: Any, batch: Any) -> None: ...
+
+    @flow.step(after=["fetch", "spread"])
+    async def report(ctx: Any) -> None: ...
+
+    assert list(flow.steps) == ["fetch", "spread", "report"]
+    assert [flow.steps[n].kind for n in flow.steps] == ["step", "fan_out", "step"]
+    assert fetch.__name__ == "fetch" and flow.steps["fetch"].fn is fetch and flow.steps["spread"].fn is spread
+    assert REGISTRY.get("t_bare.fetch").queue == "default"
+    with pytest.raises(jobs.WorkflowDefinitionError, match="step 'late' after= takes the names of steps, got <function"):
+        @flow.step(after=fetch)  # a step's function, not its name
+        async def late(ctx: Any) -> None: ...
+
+
 @pytest.mark.parametrize("options, message", [
     ({"on_timeout": "explode", "wait_for": "x", "wait_timeout": 5}, "on_timeout='explode'"),
     # Options that mean nothing without another are refused, not silently ignored.

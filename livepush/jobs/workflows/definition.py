@@ -62,6 +62,14 @@ class Engine(Protocol):
 WORKFLOWS: dict[str, Workflow] = {}
 
 
+def _bare(flow: Workflow, after: Any) -> bool:
+    """Whether a step decorator was used without parentheses (`@flow.step`): it was handed the
+    function as `after=`, and returning a decorator then defined no step at all, so runs went on
+    without it and the module's name for the function held that decorator. A step's own function
+    given as `after=` is a mistaken dependency instead, which _add names."""
+    return callable(after) and not isinstance(after, str) and all(s.fn is not after for s in flow.steps.values())
+
+
 class Workflow:
     """A named graph of steps run as jobs (docs/workflows.md). Made by `jobs.workflow(name, queue=)`."""
 
@@ -182,7 +190,11 @@ class Workflow:
         that must have succeeded or been skipped first), `wait_for=` a signal name (the step
         starts once it came; `ctx.signal` holds its data), `wait_timeout=` seconds and
         `on_timeout=` ("fail", "cancel" the run, or "skip" the step), and the job options
-        `max_attempts=`, `timeout=`, `priority=`, `never_retry=`, `backoff=`, `name=`."""
+        `max_attempts=`, `timeout=`, `priority=`, `never_retry=`, `backoff=`, `name=`.
+        `@flow.step` without parentheses is `@flow.step()`, as `@jobs.job` takes it."""
+        if _bare(self, after):
+            self._add(after, "step", None, dict(options))
+            return after
 
         def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
             self._add(fn, "step", after, dict(options))
@@ -194,7 +206,11 @@ class Workflow:
         """A fan-out step: `fn(ctx, batch)` adds jobs with `batch.enqueue(job, *args)`; the step
         waits (parked, no slot held) until they all finished; its output is their counts.
         `on_batch_failure=`: "pause" (the default: an operator resumes, which runs the failed
-        ones again, or skips), "cancel" the run, or "skip" (count the step as skipped, go on)."""
+        ones again, or skips), "cancel" the run, or "skip" (count the step as skipped, go on).
+        `@flow.fan_out` without parentheses is `@flow.fan_out()`."""
+        if _bare(self, after):
+            self._add(after, "fan_out", None, dict(options))
+            return after
 
         def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
             self._add(fn, "fan_out", after, dict(options))
