@@ -5,8 +5,14 @@ ends stops its other steps, so none is left parked and a finished run never show
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
+
+import psycopg
 
 from livepush import jobs
+from livepush.jobs.groups.transactions import in_tx
+from livepush.jobs.workflows import operators
 from tests.jobs import workflow_corner_defs as wc
 from tests.jobs import workflow_crash_defs as cd
 from tests.jobs.conftest import q, running
@@ -134,6 +140,32 @@ async def test_signals_sent_at_once_before_their_steps_started_are_kept_one_for_
         for run in runs:
             done = await run_state(run.id, "succeeded")
             assert {done["steps"]["legal"]["output"]["by"], done["steps"]["finance"]["output"]["by"]} == {"ana", "bo"}
+
+
+async def test_signals_sent_at_once_to_started_steps_go_one_to_each_step(jobs_db: str) -> None:
+    """Each step that waits for a name takes one signal of it, also of signals sent at the same time
+    while both steps' jobs exist: the second goes to the other step. (Both went to the first step's
+    job, whose wait took one: the other lay there unread, audited as delivered, and the second step
+    waited for a signal that had come.) The first signal's transaction is held open here, so that
+    the second is sent while it has not committed."""
+    run = await wc.side_approvals.astart()
+    data = json.dumps({"by": "ana"})
+    with psycopg.connect(jobs_db) as first:
+        in_tx(lambda: operators._signal_steps(run.id, "go", data, "ana"), first)
+        second = threading.Thread(target=jobs.workflows.signal, args=(run.id, "go", {"by": "bo"}),
+                                  kwargs={"actor": "bo"})
+        second.start()
+        # Either it is done already, or it waits for the first (a lock).
+        await async_wait_for(lambda: not second.is_alive() or q(
+            jobs_db, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                     "AND wait_event_type = 'Lock'")[0][0] > 0, 10.0, message="the second signal to end or wait")
+        first.commit()
+    await asyncio.to_thread(second.join, 10.0)
+    assert not second.is_alive()
+    assert [(a["actor"], a["step"]) for a in jobs.workflows.get(run.id)["audit"]] == [("ana", "north"), ("bo", "south")]
+    async with running(queues=[wc.QUEUE]):
+        done = await run_state(run.id, "succeeded")
+    assert [done["steps"][n]["output"] for n in ("north", "south")] == [{"by": "ana"}, {"by": "bo"}]
 
 
 async def test_float_outputs_reach_the_next_step_and_the_run_as_floats(jobs_db: str) -> None:

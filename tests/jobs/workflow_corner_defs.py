@@ -132,3 +132,17 @@ def _together(ctx: Any) -> Any:
 
 for _n in range(SIDE_BY_SIDE):
     side_by_side.step(name=f"s{_n}", max_attempts=1)(_together)
+
+
+# Two steps side by side that wait for one signal name: both started (their jobs queued) at once.
+side_approvals = jobs.workflow("wfd_side_approvals", queue=QUEUE)
+
+
+@side_approvals.step(wait_for="go")
+async def north(ctx: Any) -> Any:
+    return ctx.signal
+
+
+@side_approvals.step(wait_for="go")
+async def south(ctx: Any) -> Any:
+    return ctx.signal

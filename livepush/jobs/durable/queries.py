@@ -137,6 +137,19 @@ _AWAITS = """(NOT EXISTS (SELECT 1 FROM livepush_job_steps s
 # under SIGNAL_TARGET_AWAITING's).
 AWAITS_SIGNAL = f"SELECT {_AWAITS} AS waits"
 
+# name: awaits_only_signal
+# jobs.workflows.signal, after it sent signal `signal_id` to job `id` and then took the run's row
+# (workflows/queries.py: LOCK_RUN_FOR_SIGNAL), in a later statement that sees what a signal sent
+# before it committed: whether the job still waits for its first signal `name` with this one as
+# the only one sent to it. False: another reached it first, and the caller takes this one back.
+AWAITS_ONLY_SIGNAL = """
+SELECT NOT EXISTS (SELECT 1 FROM livepush_job_steps s
+                   WHERE s.job_id = %(id)s AND s.kind = 'signal' AND s.name = '0:' || %(name)s
+                     AND (s.result ? 'data' OR s.result ? 'timeout'))
+   AND NOT EXISTS (SELECT 1 FROM livepush_job_signals g
+                   WHERE g.job_id = %(id)s AND g.name = %(name)s AND g.id <> %(signal_id)s) AS waits
+"""
+
 # name: signal_target_awaiting
 # jobs.workflows.signal: SIGNAL_TARGET (the same lock, for the same reason), and whether the job
 # still waits for signal `name`.

@@ -127,7 +127,7 @@ async def askip(run_id: int, step: str, *, actor: str | None = None, reason: str
 def _target(run_id: int, name: str, lock: bool) -> steps.Steps[dict[str, Any]]:
     """The first unfinished step of the run that still waits for signal `name` (its row): not one
     whose job got one already, nor a step not started that the run keeps one for."""
-    runs = yield steps.Query(wq.LOCK_RUN_SHARE if lock else wq.RUN_OF, {"id": run_id})
+    runs = yield steps.Query(wq.LOCK_RUN_FOR_SIGNAL if lock else wq.RUN_OF, {"id": run_id})
     if not runs:
         raise WorkflowNotFound(f"no workflow run {run_id} (never started, or deleted after its retention time)")
     run = runs[0]
@@ -149,33 +149,46 @@ def _target(run_id: int, name: str, lock: bool) -> steps.Steps[dict[str, Any]]:
     raise ValueError(f"no step of workflow run {run_id} waits for signal {name!r} (any more)")
 
 
-def _to_job(step: dict[str, Any], name: str, data: str) -> steps.Steps[bool]:
+def _to_job(run_id: int, step: dict[str, Any], name: str, data: str) -> steps.Steps[bool]:
     """Send the signal to the step's job if the step is active and its job has not finished nor
     got its signal."""
     if step["state"] not in engine.STEP_ACTIVE or step["job_id"] is None:
         return False
-    found = yield steps.Query(dq.SIGNAL_TARGET_AWAITING, {"id": step["job_id"], "name": name})
+    target = {"id": step["job_id"], "name": name}
+    found = yield steps.Query(dq.SIGNAL_TARGET_AWAITING, target)
     if not found or found[0]["state"] in engine.STEP_FINISHED:
         return False  # it ended meanwhile
     if not found[0]["waits"]:
         return False  # it got one meanwhile (or timed out): the next look finds the step after it
-    yield steps.Query(dq.SEND_SIGNAL, {"id": step["job_id"], "name": name, "data": data})
-    return True
+    # The job's key-share lock lets another signal to it through, whose send the look above could
+    # not see: both went to this job, which takes one, and the other lay unread. So signals to a
+    # run take its row one at a time, after sending (the lock order: the job's row, woken by the
+    # send, before the run's), and look again in a later statement, which sees a signal that the
+    # one before committed: if there is one, this send is taken back.
+    yield steps.Query(wq.SIGNAL_SAVEPOINT, {})
+    (sent,) = yield steps.Query(dq.SEND_SIGNAL, {**target, "data": data})
+    yield steps.Query(wq.LOCK_RUN_FOR_SIGNAL, {"id": run_id})
+    (alone,) = yield steps.Query(dq.AWAITS_ONLY_SIGNAL, {**target, "signal_id": sent["signal_id"]})
+    if not alone["waits"]:
+        yield steps.Query(wq.SIGNAL_UNDO, {})
+    yield steps.Query(wq.SIGNAL_RELEASE, {})
+    return bool(alone["waits"])
 
 
 def _signal_steps(run_id: int, name: str, data: str, actor: str | None) -> steps.Steps[None]:
     """One transaction: the signal reaches the first unfinished step that waits for it, and the
     audit trail says so (both, or neither). To the step's job when it is active (its row locked
-    first, as jobs.signal does: the lock order is job rows before the run's); otherwise, under a
-    share lock on the run (no decision meanwhile, so no job of that step starts meanwhile), the run
-    keeps it for the step's next job, which takes it over when it is created. A job created
-    between the two looks is locked after the run, against the order: a deadlock with that job
-    parking is possible, and the transaction runs again (workflows/queries.py says so)."""
+    first, as jobs.signal does: the lock order is job rows before the run's; then the run's row,
+    which signals to a run take one at a time: _to_job); otherwise, under that lock on the run (no
+    decision meanwhile, so no job of that step starts meanwhile), the run keeps it for the step's
+    next job, which takes it over when it is created. A job created between the two looks is
+    locked after the run, against the order: a deadlock with that job parking is possible, and the
+    transaction runs again (workflows/queries.py says so)."""
     step = yield from _target(run_id, name, lock=False)
-    if not (yield from _to_job(step, name, data)):
+    if not (yield from _to_job(run_id, step, name, data)):
         while True:
             step = yield from _target(run_id, name, lock=True)
-            if (yield from _to_job(step, name, data)):
+            if (yield from _to_job(run_id, step, name, data)):
                 break
             if (yield steps.Query(wq.KEEP_SIGNAL, {"id": run_id, "step": step["name"], "name": name, "data": data})):
                 break

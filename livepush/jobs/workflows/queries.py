@@ -16,7 +16,7 @@ Decisions and operator verbs lock the run first and never wait for a job row aft
 a decision stops (livepush/jobs/queries.py: STOP_JOBS) are locked with SKIP LOCKED, and what a
 verb does to the rest is done in later transactions. The one exception is a signal
 (operators.py: _signal_steps) to a step that had no job at its first look but has one once the
-run is share-locked: it then locks that job's row. A step parking at that moment
+run is locked (LOCK_RUN_FOR_SIGNAL): it then locks that job's row. A step parking at that moment
 (its job row, then its run) can deadlock with it; Postgres aborts one of the two, and both run
 their transaction again on a deadlock (groups/transactions.py, durable/run.py).
 """
@@ -136,7 +136,7 @@ WHERE workflow_id = %(id)s AND group_id IS NOT NULL
 # statement, each unfinished run among them gets a new version showing its step's new attempt
 # (livepush_workflow_steps_claimed(), after the job rows are locked here: the lock order job rows
 # -> workflow rows), so no version of `workflow:<id>` shows two attempts. FOR NO KEY UPDATE, not
-# FOR UPDATE: a signal that holds a run's row FOR SHARE key-share locks its step's job row
+# FOR UPDATE: a signal that holds a run's row (LOCK_RUN_FOR_SIGNAL) key-share locks its step's job row
 # (operators.py), which FOR UPDATE would hold off while this claim waits for that run's row.
 # Committed synchronously, unlike CLAIM: a run's version rung and then lost in a crash would be
 # given again to a different state.
@@ -165,11 +165,11 @@ VALUES (%(id)s, %(verb)s, %(step)s, %(actor)s, %(reason)s)
 """
 
 # name: keep_signal
-# Under the run's lock (FOR SHARE: no decision runs meanwhile): a signal for a step that has no
-# job yet waits here, kept for that step (DECIDE hands it to the step's next job). Another signal
-# holds the same share lock, and may keep one for the same step at once: the unique index makes
-# the later wait for the earlier's commit and insert nothing (no row returned), and its sender
-# then looks again, in a later statement that sees that commit (operators.py: _signal_steps).
+# Under the run's lock (LOCK_RUN_FOR_SIGNAL: no decision, nor another signal, runs meanwhile): a
+# signal for a step that has no job yet waits here, kept for that step (DECIDE hands it to the
+# step's next job). The unique index keeps one per step whatever happens: a second insert for the
+# step inserts nothing (no row returned), and its sender then looks again, in a later statement
+# that sees the first (operators.py: _signal_steps).
 KEEP_SIGNAL = """
 INSERT INTO livepush_workflow_signals (workflow_id, step, name, data)
 VALUES (%(id)s, %(step)s, %(name)s, %(data)s::jsonb)
@@ -179,8 +179,8 @@ RETURNING id
 
 # name: kept_signals
 # jobs.workflows.signal: whether the run keeps a signal of this name for this step already (a
-# step takes one). Read under the run's share lock, or before it as a first look that the locked
-# look repeats: no decision hands or drops a kept signal meanwhile.
+# step takes one). Read under the run's lock (LOCK_RUN_FOR_SIGNAL), or before it as a first look
+# that the locked look repeats: no decision hands or drops a kept signal meanwhile.
 KEPT_SIGNALS = """
 SELECT count(*) AS n FROM livepush_workflow_signals
 WHERE workflow_id = %(id)s AND step = %(step)s AND name = %(name)s
@@ -190,10 +190,24 @@ WHERE workflow_id = %(id)s AND step = %(step)s AND name = %(name)s
 # jobs.workflows.signal, first look (a plain read: the step's job row, locked next, decides).
 RUN_OF = "SELECT id, state, graph FROM livepush_workflows WHERE id = %(id)s"
 
-# name: lock_run_share
-# jobs.workflows.signal, when the step has no active job: holds off decisions (they lock FOR
-# UPDATE) while it keeps the signal for the run, so no job of that step starts meanwhile.
-LOCK_RUN_SHARE = "SELECT id, state, graph FROM livepush_workflows WHERE id = %(id)s FOR SHARE"
+# name: lock_run_for_signal
+# jobs.workflows.signal: signals to one run take its row one at a time (FOR NO KEY UPDATE conflicts
+# with itself), so each sees, in a later statement, where the one before it went: two sent at once
+# never both reach one step's job, nor are both kept for one step. A signal sent to a step's job
+# takes it after the send (which locked the job's row if it woke it: the lock order) and then
+# checks that it is the job's only one, else takes the send back (SIGNAL_SAVEPOINT). When the step
+# has no active job, it takes it before keeping the signal for the run: that holds off decisions
+# too (they lock FOR UPDATE), so no job of that step starts meanwhile. It conflicts with nothing
+# else that FOR SHARE, which this lock was, did not (foreign keys to the run take FOR KEY SHARE).
+LOCK_RUN_FOR_SIGNAL = "SELECT id, state, graph FROM livepush_workflows WHERE id = %(id)s FOR NO KEY UPDATE"
+
+# name: signal_savepoint, signal_undo, signal_release
+# Around a signal's send to a step's job (operators.py: _to_job): taken back when a signal sent
+# at the same time reached the job first. Whatever the send locked, wrote or rang (NOTIFY) in the
+# savepoint goes with it.
+SIGNAL_SAVEPOINT = "SAVEPOINT livepush_workflow_signal"
+SIGNAL_UNDO = "ROLLBACK TO SAVEPOINT livepush_workflow_signal"
+SIGNAL_RELEASE = "RELEASE SAVEPOINT livepush_workflow_signal"
 
 # name: step_inputs
 # What a step's job reads when it starts: the run's input and the outputs of the steps that
