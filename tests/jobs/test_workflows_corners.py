@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from typing import Any
 
 import psycopg
 
@@ -142,6 +143,17 @@ async def test_signals_sent_at_once_before_their_steps_started_are_kept_one_for_
             assert {done["steps"]["legal"]["output"]["by"], done["steps"]["finance"]["output"]["by"]} == {"ana", "bo"}
 
 
+async def signal_meanwhile(url: str, run_id: int, data: Any, actor: str) -> threading.Thread:
+    """jobs.workflows.signal(run_id, "go", ...) in a thread of its own, returned once it has ended
+    or waits for a lock (another transaction holds what it needs)."""
+    thread = threading.Thread(target=jobs.workflows.signal, args=(run_id, "go", data), kwargs={"actor": actor})
+    thread.start()
+    await async_wait_for(lambda: not thread.is_alive() or q(
+        url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+             "AND wait_event_type = 'Lock'")[0][0] > 0, 10.0, message="the signal to end or wait for a lock")
+    return thread
+
+
 async def test_signals_sent_at_once_to_started_steps_go_one_to_each_step(jobs_db: str) -> None:
     """Each step that waits for a name takes one signal of it, also of signals sent at the same time
     while both steps' jobs exist: the second goes to the other step. (Both went to the first step's
@@ -152,13 +164,7 @@ async def test_signals_sent_at_once_to_started_steps_go_one_to_each_step(jobs_db
     data = json.dumps({"by": "ana"})
     with psycopg.connect(jobs_db) as first:
         in_tx(lambda: operators._signal_steps(run.id, "go", data, "ana"), first)
-        second = threading.Thread(target=jobs.workflows.signal, args=(run.id, "go", {"by": "bo"}),
-                                  kwargs={"actor": "bo"})
-        second.start()
-        # Either it is done already, or it waits for the first (a lock).
-        await async_wait_for(lambda: not second.is_alive() or q(
-            jobs_db, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                     "AND wait_event_type = 'Lock'")[0][0] > 0, 10.0, message="the second signal to end or wait")
+        second = await signal_meanwhile(jobs_db, run.id, {"by": "bo"}, "bo")
         first.commit()
     await asyncio.to_thread(second.join, 10.0)
     assert not second.is_alive()
@@ -166,6 +172,27 @@ async def test_signals_sent_at_once_to_started_steps_go_one_to_each_step(jobs_db
     async with running(queues=[wc.QUEUE]):
         done = await run_state(run.id, "succeeded")
     assert [done["steps"][n]["output"] for n in ("north", "south")] == [{"by": "ana"}, {"by": "bo"}]
+
+
+async def test_a_signal_whose_step_is_skipped_while_it_is_sent_goes_to_the_next_step(jobs_db: str) -> None:
+    """A signal goes to the first unfinished step that waits for its name: one whose step is skipped
+    while the signal is on its way to the step's job goes to the next step instead, not to the job
+    of a step that no longer runs (where it lay unread, audited as delivered, while the next step
+    waited). The skip takes the run's row first here, and commits while the signal waits for it."""
+    run = await wc.side_approvals.astart()
+    with psycopg.connect(jobs_db) as operator:
+        operator.execute("SELECT 1 FROM livepush_workflows WHERE id = %s FOR UPDATE", (run.id,))
+        signal = await signal_meanwhile(jobs_db, run.id, {"by": "bo"}, "bo")
+        in_tx(lambda: operators._verb_steps(run.id, "skip", "north", "ana", "not needed"), operator)
+        operator.commit()
+    await asyncio.to_thread(signal.join, 10.0)
+    assert not signal.is_alive()
+    assert [(a["verb"], a["step"]) for a in jobs.workflows.get(run.id)["audit"]] == [("skip", "north"),
+                                                                                    ("signal", "south")]
+    async with running(queues=[wc.QUEUE]):
+        done = await run_state(run.id, "succeeded")
+    assert step_states(done) == {"north": "skipped", "south": "succeeded"}
+    assert done["steps"]["south"]["output"] == {"by": "bo"}
 
 
 async def test_float_outputs_reach_the_next_step_and_the_run_as_floats(jobs_db: str) -> None:

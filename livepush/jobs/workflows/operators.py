@@ -164,15 +164,19 @@ def _to_job(run_id: int, step: dict[str, Any], name: str, data: str) -> steps.St
     # not see: both went to this job, which takes one, and the other lay unread. So signals to a
     # run take its row one at a time, after sending (the lock order: the job's row, woken by the
     # send, before the run's), and look again in a later statement, which sees a signal that the
-    # one before committed: if there is one, this send is taken back.
+    # one before committed, or a verb that ended the step: then this send is taken back.
     yield steps.Query(wq.SIGNAL_SAVEPOINT, {})
     (sent,) = yield steps.Query(dq.SEND_SIGNAL, {**target, "data": data})
     yield steps.Query(wq.LOCK_RUN_FOR_SIGNAL, {"id": run_id})
+    # Under the run's lock no decision runs: a step skipped or stopped meanwhile is seen here, and
+    # the signal goes to the next step instead of to a job that no longer runs its step.
+    runs = yield steps.Query(wq.STEP_RUNS_JOB, {"id": run_id, "name": step["name"], "job_id": step["job_id"]})
     (alone,) = yield steps.Query(dq.AWAITS_ONLY_SIGNAL, {**target, "signal_id": sent["signal_id"]})
-    if not alone["waits"]:
+    delivered = bool(runs) and bool(alone["waits"])
+    if not delivered:
         yield steps.Query(wq.SIGNAL_UNDO, {})
     yield steps.Query(wq.SIGNAL_RELEASE, {})
-    return bool(alone["waits"])
+    return delivered
 
 
 def _signal_steps(run_id: int, name: str, data: str, actor: str | None) -> steps.Steps[None]:

@@ -201,6 +201,14 @@ RUN_OF = "SELECT id, state, graph FROM livepush_workflows WHERE id = %(id)s"
 # else that FOR SHARE, which this lock was, did not (foreign keys to the run take FOR KEY SHARE).
 LOCK_RUN_FOR_SIGNAL = "SELECT id, state, graph FROM livepush_workflows WHERE id = %(id)s FOR NO KEY UPDATE"
 
+# name: step_runs_job
+# jobs.workflows.signal, under the run's lock (LOCK_RUN_FOR_SIGNAL, which holds off decisions): whether
+# the step is still active with this job, as it was at the signal's look before that lock.
+STEP_RUNS_JOB = """
+SELECT 1 FROM livepush_workflow_steps
+WHERE workflow_id = %(id)s AND name = %(name)s AND job_id = %(job_id)s AND state IN ('running', 'waiting')
+"""
+
 # name: signal_savepoint, signal_undo, signal_release
 # Around a signal's send to a step's job (operators.py: _to_job): taken back when a signal sent
 # at the same time reached the job first. Whatever the send locked, wrote or rang (NOTIFY) in the
