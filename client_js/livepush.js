@@ -413,10 +413,13 @@ export class Subscription {
   /** @param {{topic: string, offset?: string | null, data: any}} frame */
   _deliver(frame) {
     if (this._state === 'closed' || this._state === 'refused') return;
-    // A subscription from now starts where its own `subscribed` says. What comes before that
-    // is another subscription's catch-up on the same topic (the server answers in order), or
-    // was sent before the server took this subscribe: not news to it.
-    if (this._state === 'pending' && this._offset === null) return;
+    // Nothing before this subscription's own `subscribed` is about it: it is another
+    // subscription's catch-up or live stream on the same topic (the server answers in order), or
+    // was sent before the server took this subscribe. A subscription from now starts where its
+    // `subscribed` says; one with an offset gets everything after it in the replay that follows
+    // `subscribed`, which a live message taken now, past that offset, would make it drop as
+    // duplicates it never had.
+    if (this._state === 'pending') return;
     const offset = frame.offset ?? null;
     if (offset !== null) {
       // Replays after a reconnect, a second subscription's catch-up and the seam between
@@ -871,7 +874,8 @@ export class LivePush {
       this._subscribeTokens -= 1;
       const ref = this._nextRef();
       this._registry.expect(ref, sub);
-      // The offset as it is now: messages may have moved it on while the subscribe waited.
+      // Its offset is where the subscription stood when it was queued: a pending one takes no
+      // message, so the replay this asks for is all it gets of what came after.
       this._send({ op: 'subscribe', topic: sub.topic, since: sub.offset, ref });
     }
     if (this._subscribeQueue.size > 0 && !this._subscribeTimer.pending) {

@@ -437,3 +437,27 @@ test('a state topic resumed at or below its current version still drops what it 
   assert.deepEqual(versions(second), [['snapshot', '5'], ['succeeded', '6']]);
   h.lp.close();
 });
+
+test('a subscription with since gets every message after it, even when live ones reach the topic before its answer', () => {
+  // The page follows chat:a already (up to 10) and mounts a view rendered at offset 5. Until the
+  // server takes the new subscribe, the topic's live messages keep coming for the first one;
+  // then the server answers the new one and replays 6 onwards. Taken as news while pending,
+  // live message 11 would move the new subscription past the replay: 6 to 10 would be dropped
+  // as duplicates it never had.
+  const h = harness();
+  const live = collect(h.lp, 'chat:a', { since: '9' });
+  const ws = h.last();
+  ws.hello();
+  const [first] = ws.frames('subscribe');
+  ws.receive({ op: 'subscribed', ref: first.ref, topic: 'chat:a', offset: '10' });
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '10', data: 10 });
+  const view = collect(h.lp, 'chat:a', { since: '5' });
+  const second = ws.frames('subscribe').at(-1);
+  assert.equal(second.since, '5');
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '11', data: 11 }); // live, for the first
+  ws.receive({ op: 'subscribed', ref: second.ref, topic: 'chat:a', offset: '11' });
+  for (let n = 6; n <= 12; n++) ws.receive({ op: 'message', topic: 'chat:a', offset: String(n), data: n });
+  assert.deepEqual(view.data(), [6, 7, 8, 9, 10, 11, 12]);
+  assert.deepEqual(live.data(), [10, 11, 12]);
+  h.lp.close();
+});
