@@ -6,14 +6,20 @@ the same number. A day is simulated by moving the rows' times back."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from livepush.fanout import postgres as pg_fanout
 from livepush.fanout.postgres import PostgresFanOut
-from tests.support.fanouts import offsets_of, read_history
+from livepush.postgres.listener import Listener
+from tests.support.fanouts import Collector, offsets_of, read_history
+from tests.support.waiting import async_wait_for
 
 DAY = 86_400
 
@@ -107,3 +113,44 @@ async def test_the_idle_sweep_reaches_every_topic_a_stretch_at_a_time(
     for _ in range(8):  # 5 topics, 2 a stretch, messages first: well within 8 calls
         await fanout.prune()
     assert [t for t in topics if has_row(pg_url, t)] == []
+
+
+def _unread_by_backend(pg_port: int, client_port: int) -> int:
+    """Bytes the backend serving the client at `client_port` has not read yet (from /proc)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, remote = int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16)
+            if (local, remote) == (pg_port, client_port):
+                return int(fields[4].split(":")[1], 16)
+    return 0
+
+
+async def test_a_doorbell_that_reaches_the_listener_during_its_ping_is_delivered(pg_url: str) -> None:
+    """A notification that reaches the LISTEN connection while it runs a statement of its own
+    (its keepalive ping) is delivered as one that comes while it waits: none is lost between two
+    waits. Its backend is frozen while a message is published and the ping is sent, so that the
+    doorbell comes ahead of the ping's answer."""
+    # A ping a second, which waits as long for its answer: the backend is continued well before.
+    listener = Listener(pg_url, ping=1.0)
+    fanout = PostgresFanOut(pg_url, listener=listener)
+    await fanout.listen()
+    got = Collector(fanout)
+    fanout.register(got)
+    try:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            row = conn.execute("SELECT pid, client_port FROM pg_stat_activity WHERE datname = current_database() "
+                               "AND application_name = %s", (listener.name,)).fetchone()
+        assert row is not None and row[1] > 0, "the listener's backend, over TCP"
+        pid, client_port = row
+        pg_port = conninfo_to_dict(pg_url).get("port") or 5432
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            offset = await fanout.apublish("pinged:a", {"n": 1})  # its doorbell waits for the frozen backend
+            await async_wait_for(lambda: _unread_by_backend(int(pg_port), client_port) > 0, 5,
+                                 message="the listener's ping to wait for its frozen backend")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert offsets_of(await got.wait_count("pinged:a", 1)) == [offset]
+    finally:
+        await fanout.aclose()
