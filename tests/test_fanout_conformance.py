@@ -853,3 +853,30 @@ async def test_a_restarted_local_fan_out_resets_an_offset_of_the_process_before(
     assert await after.history("restart:a", old[1]) is None
     assert await after.history("restart:a", before.latest_offset("never:a")) is None
     assert offsets_of(await read_history(after, "restart:a", new[1])) == new[2:]
+
+
+async def test_a_topic_the_local_fan_out_holds_idle_is_forgotten_and_its_old_offsets_get_reset() -> None:
+    """The local fan-out forgets a topic nothing was published on for its idle time once its
+    messages are pruned, as Postgres and Redis do (docs/guarantees.md): a process serving many
+    short-lived topics keeps none of them for ever. An offset from before gets `reset`, never a
+    message of the topic's next chain under the same number; offsets never go backwards; the
+    origin still replays the topic from its first message."""
+    from livepush.fanout.local import LocalFanOut
+
+    fanout = LocalFanOut(history_ttl=0.01, idle_expire=0.05)
+    origin = fanout.latest_offset("idle:a")
+    old = [fanout.publish(f"idle:{t}", {"i": 1}) for t in ("a", "b", "c")]
+
+    async def forgotten() -> bool:
+        await fanout.prune()
+        return fanout.latest_offset("idle:a") == origin
+
+    await async_wait_for(forgotten, 5, message="the idle topics to be forgotten")
+    assert [fanout.latest_offset(f"idle:{t}") for t in ("b", "c")] == [origin, origin]
+    assert not fanout._logs, "a forgotten topic holds no memory"  # what the forgetting is for
+    assert await fanout.history("idle:a", old[0]) is None
+    again = [fanout.publish("idle:a", {"i": 2}) for _ in range(2)]
+    assert offset_key(again[0]) > offset_key(old[0])
+    assert await fanout.history("idle:a", old[0]) is None, "the old offset is no place in the new chain"
+    assert offsets_of(await read_history(fanout, "idle:a", origin)) == again
+    assert offsets_of(await read_history(fanout, "idle:a", again[0])) == again[1:]

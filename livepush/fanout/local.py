@@ -6,6 +6,13 @@ another process is impossible by construction: use Postgres or Redis for that.
 Offsets are "EPOCH-SEQ", EPOCH the microsecond this fan-out was made: a restarted server
 numbers its topics from 1 again, and a client resuming with an offset of the process before
 must get `reset`, not that many of the new process's messages as if they followed its own.
+
+A topic nothing is published on for a day (or twice the TTL), whose messages are all pruned, is
+forgotten, as on Postgres and Redis: a process that serves many short-lived topics (a user's, a
+document's) would otherwise keep each one for ever. A topic made after this fan-out forgot one
+takes a new EPOCH of its own, so a forgotten topic's numbers are never given out again; its
+origin ("EPOCH-0" of this fan-out, what latest_offset() gives for a topic it does not know)
+still replays it from its first message.
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..types import JSON, Message, Offset, Topic
-from .base import HISTORY_PAGE, HISTORY_PAGE_BYTES, FanOut, History, encode_batch, encode_payload
+from .base import (HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, FanOut, History, encode_batch, encode_payload,
+                   idle_expiry)
 
 # Per topic: bounded memory even with a long TTL.
 MAX_KEPT_PER_TOPIC = 10_000
@@ -40,7 +48,9 @@ def _new_epoch() -> int:
 
 @dataclass
 class _Log:
+    prefix: str  # "EPOCH-" of this topic's offsets
     last: int = 0
+    touched: float = 0.0  # time.monotonic() of the last publish
     # seq, time, json, its size in bytes (counted once, at publish, for the page limit)
     entries: deque[tuple[int, float, str, int]] = field(default_factory=deque)
     dropped_through: int = 0  # every seq <= this one is gone
@@ -49,12 +59,17 @@ class _Log:
 class LocalFanOut(FanOut):
     name = "local"
 
-    def __init__(self, *, history_ttl: float = 300.0) -> None:
+    def __init__(self, *, history_ttl: float = 300.0, idle_expire: float = IDLE_EXPIRE) -> None:
         super().__init__()
         self.history_ttl = history_ttl
+        self.idle_expire = idle_expiry(idle_expire, history_ttl)
         self.epoch = _new_epoch()
         self._prefix = f"{self.epoch}-"
+        self._origin = f"{self._prefix}0"
         self._logs: dict[Topic, _Log] = {}
+        # Set once a topic was forgotten: from then on a new topic takes an epoch of its own, since
+        # it may be one forgotten, whose numbers under this fan-out's epoch are given out already.
+        self._forgot = False
         # publish() may come from worker threads (sync jobs): one lock orders a topic's offsets.
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -90,13 +105,16 @@ class LocalFanOut(FanOut):
 
     def _append(self, topic: Topic, text: str) -> Offset:
         """Logs and dispatches one message; under the lock."""
-        log = self._logs.setdefault(topic, _Log())
+        log = self._logs.get(topic)
+        if log is None:
+            log = self._logs[topic] = _Log(f"{_new_epoch()}-" if self._forgot else self._prefix)
         log.last += 1
         seq = log.last
-        log.entries.append((seq, time.monotonic(), text, len(text.encode("utf-8"))))
+        log.touched = time.monotonic()
+        log.entries.append((seq, log.touched, text, len(text.encode("utf-8"))))
         while len(log.entries) > MAX_KEPT_PER_TOPIC:
             log.dropped_through = log.entries.popleft()[0]
-        prefix = self._prefix
+        prefix = log.prefix
         message = Message(topic, f"{prefix}{seq}", f"{prefix}{seq - 1}", text, time.time())
         # Dispatch under the lock so the loop sees a topic's messages in offset order.
         self._deliver(message)
@@ -119,11 +137,12 @@ class LocalFanOut(FanOut):
         return self.publish(topic, data, conn=conn)
 
     async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE) -> History | None:
-        after = self._seq_of(since)
-        if after is None:
-            return None
         with self._lock:
-            log = self._logs.get(topic) or _Log()
+            log = self._logs.get(topic) or _Log(self._prefix)
+            # This fan-out's origin replays a topic from its first message, whatever its epoch.
+            after = 0 if since == self._origin else self._seq_of(since, log.prefix)
+            if after is None:
+                return None
             if after > log.last or after < log.dropped_through:
                 return None  # an offset this topic never had, or one whose successors are gone
             cutoff = time.monotonic() - self.history_ttl
@@ -138,17 +157,20 @@ class LocalFanOut(FanOut):
                     return None  # a missed message has expired: never a silent hole
                 if len(out) == limit or used >= HISTORY_PAGE_BYTES:
                     break
-                out.append(Message(topic, f"{self._prefix}{seq}", f"{self._prefix}{seq - 1}", text))
+                out.append(Message(topic, f"{log.prefix}{seq}", f"{log.prefix}{seq - 1}", text))
                 used += size
                 last = seq
-            return History(out, f"{self._prefix}{log.last}", last < log.last)
+            latest = f"{log.prefix}{log.last}" if log.last else self._origin
+            return History(out, latest, last < log.last)
 
-    def _seq_of(self, since: Offset) -> int | None:
-        """The sequence number of an offset of this fan-out; None for one of another process (or
-        a fan-out before a restart) and for anything it never gave out."""
-        if not (isinstance(since, str) and since.startswith(self._prefix)):
+    @staticmethod
+    def _seq_of(since: Offset, prefix: str) -> int | None:
+        """The sequence number of an offset under `prefix` (a topic's epoch); None for one of
+        another process (or a fan-out before a restart), of a topic since forgotten, and for
+        anything never given out."""
+        if not (isinstance(since, str) and since.startswith(prefix)):
             return None
-        tail = since[len(self._prefix):]
+        tail = since[len(prefix):]
         if not (tail.isascii() and tail.isdigit()) or str(int(tail)) != tail:
             # Zero-padded: never given out, and past 20 digits no offset key the hub can compare
             # (the empty page's `since` is where the client stands).
@@ -158,20 +180,28 @@ class LocalFanOut(FanOut):
     def latest_offset(self, topic: Topic) -> Offset:
         with self._lock:
             log = self._logs.get(topic)
-            return f"{self._prefix}{log.last if log else 0}"
+            return f"{log.prefix}{log.last}" if log else self._origin
 
     async def alatest_offset(self, topic: Topic) -> Offset:
         return self.latest_offset(topic)
 
     async def prune(self) -> int:
-        cutoff = time.monotonic() - self.history_ttl
+        now = time.monotonic()
+        cutoff = now - self.history_ttl
+        idle_since = now - self.idle_expire
         dropped = 0
         with self._lock:
-            for log in self._logs.values():
+            idle = []
+            for topic, log in self._logs.items():
                 while log.entries and log.entries[0][1] < cutoff:
                     log.dropped_through = log.entries.popleft()[0]
                     dropped += 1
-        return dropped
+                if not log.entries and log.touched < idle_since:
+                    idle.append(topic)
+            for topic in idle:
+                del self._logs[topic]
+            self._forgot = self._forgot or bool(idle)
+        return dropped + len(idle)
 
     async def aclose(self) -> None:
         self._loop = None
