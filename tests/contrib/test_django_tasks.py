@@ -109,6 +109,29 @@ def test_enqueue_inside_a_transaction_that_commits_runs_once(t: Any) -> None:
     assert t.RAN == ["committed"]
 
 
+def test_enqueue_inside_a_transaction_with_use_tz_off_joins_it(t: Any) -> None:
+    """With USE_TZ = False (Django's connection then reads timestamps naive) an enqueue inside
+    transaction.atomic() is still written in that transaction, task groups too: the check that
+    Django's database is the jobs' one does not depend on how a connection reads timestamps."""
+    from livepush.contrib.django import backend as backend_module
+
+    backend_module._JOINABLE.clear()  # the check runs again, on a connection made with USE_TZ off
+    connection.close()
+    try:
+        with override_settings(USE_TZ=False):
+            with pytest.raises(RuntimeError), transaction.atomic():
+                t.record.enqueue("rolled back")
+                raise RuntimeError("roll back")
+            with transaction.atomic():
+                t.record.enqueue("committed")
+                with task_group(on_success=request(t.record, "callback")):
+                    t.record.enqueue("member")
+    finally:
+        connection.close()  # the next test's connection reads timestamps as USE_TZ says again
+    jobs.drain()
+    assert sorted(t.RAN) == ["callback", "committed", "member"]
+
+
 def test_enqueue_inside_a_transaction_on_another_database_than_the_jobs_is_refused(
         t: Any, django_site: str, pg_url: str) -> None:
     """A Django database that holds livepush's tables but is not the jobs' database (a second
