@@ -3,7 +3,7 @@ transaction, so neither exists unless both do."""
 
 from django.conf import settings
 from django.db import transaction
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_GET, require_POST
@@ -11,6 +11,11 @@ from django.views.decorators.http import require_GET, require_POST
 from livepush.contrib.django import job_topic, publish, subscription
 
 from .tasks import import_rows
+
+try:
+    from django.tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
+except ImportError:  # Django 5.2 on Python 3.11: the backport
+    from django_tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
 
 NOTICES = "notices:imports"
 
@@ -33,6 +38,9 @@ def start(request: HttpRequest) -> JsonResponse:
 
 @require_GET
 def result(request: HttpRequest, result_id: str) -> JsonResponse:
-    found = import_rows.get_result(result_id)
+    try:
+        found = import_rows.get_result(result_id)
+    except (TaskResultDoesNotExist, TaskResultMismatch):  # a mistyped or stale id, or another task's
+        raise Http404("no such import") from None
     return JsonResponse({"status": str(found.status),
                          "return_value": found.return_value if found.status == "SUCCESSFUL" else None})
