@@ -5,6 +5,7 @@ with it, run_after, priorities, queues, context, progress, task groups, and what
 from __future__ import annotations
 
 import asyncio
+import copy
 import importlib
 from datetime import timedelta
 from typing import Any
@@ -278,6 +279,21 @@ def test_backend_options_are_checked(t: Any) -> None:
         LivePushBackend("x", {"OPTIONS": {"ENQUEUE_ON_COMIT": True}})
     with pytest.raises(ImproperlyConfigured, match="MAX_ATTEMPTS"):
         LivePushBackend("x", {"OPTIONS": {"MAX_ATTEMPTS": 0}})
+
+
+@pytest.mark.parametrize("queue", ["emails,sms", " emails", "emails ", ""])
+def test_queue_names_no_runtime_can_serve_are_refused(t: Any, queue: str) -> None:
+    """A queue name `livepush jobs --queues` cannot name (a comma, a space at either end, empty)
+    would take jobs no runtime ever runs: in QUEUES it is an ImproperlyConfigured naming the
+    setting; with an empty QUEUES (any name) a task on it is refused at the enqueue, nothing written."""
+    with pytest.raises(ImproperlyConfigured, match=r"TASKS\['x'\]\['QUEUES'\]"):
+        LivePushBackend("x", {"QUEUES": ["default", queue]})
+    backend = LivePushBackend("x", {"QUEUES": []})
+    task = copy.copy(t.record)
+    object.__setattr__(task, "queue_name", queue)  # as Task(...) made for such a backend would have it
+    with pytest.raises(InvalidTask, match="queue"):
+        backend.enqueue(task, ["lost"], {})
+    assert jobs.drain() == {}
 
 
 def test_max_attempts_option_retries_a_failing_task(t: Any) -> None:

@@ -24,7 +24,9 @@ from django.db import connections
 from django.utils import timezone
 
 from ... import jobs
+from ...errors import ConfigError
 from ...jobs import database as jobs_database
+from ...jobs.api.options import check_queue
 from . import queries
 from .errors import TaskNotSupported, TransactionNotSupported
 from .execution import RUN_TASK
@@ -77,6 +79,11 @@ class LivePushBackend(BaseTaskBackend):
         if unknown:
             raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS'] has unknown keys {sorted(unknown)}; "
                                        f"{type(self).__name__} takes {sorted(OPTIONS)}")
+        for queue in self.queues:
+            try:
+                check_queue(queue, f"TASKS[{alias!r}]['QUEUES']")
+            except ConfigError as exc:
+                raise ImproperlyConfigured(str(exc)) from None
         url = self.options.get("DATABASE_URL")
         # The jobs' database of this process (else LIVEPUSH_DATABASE_URL). Django makes a backend
         # per thread, and under ASGI per request: configuring the same URL again would close the
@@ -103,6 +110,13 @@ class LivePushBackend(BaseTaskBackend):
         if task.run_after is None and key in self._valid:
             return
         super().validate_task(task)
+        if not self.queues:
+            # An empty QUEUES lets Django accept any name: livepush writes the job on the queue as
+            # named, where a runtime's --queues could never name one it refuses.
+            try:
+                check_queue(task.queue_name, f"task {task.name}'s queue_name")
+            except ConfigError as exc:
+                raise TaskNotSupported(str(exc)) from None
         if task.func.__module__ == "__main__":
             raise TaskNotSupported(
                 f"task {task.name} is defined in __main__, which the job runtime cannot import by its path: "
