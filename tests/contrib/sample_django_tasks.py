@@ -19,6 +19,17 @@ class Declined(Exception):
     """A task's own exception, to find by its class path in the result's error."""
 
 
+class OutOfStock(Exception):
+    """An exception whose message is its own __str__, not its args."""
+
+    def __init__(self, sku: str, left: int) -> None:
+        super().__init__(sku, left)
+        self.sku, self.left = sku, left
+
+    def __str__(self) -> str:
+        return f"{self.sku} is out of stock ({self.left} left)"
+
+
 @task
 def add(a: int, b: int = 0) -> int:
     RAN.append(f"add:{a}+{b}")
@@ -34,6 +45,16 @@ def on_second(tag: str) -> str:
 @task
 def decline(reason: str) -> None:
     raise Declined(reason)
+
+
+@task
+def reserve(sku: str) -> None:
+    raise OutOfStock(sku, 0)
+
+
+@task
+def look_up(key: str) -> None:
+    {}[key]
 
 
 @task(takes_context=True)

@@ -80,6 +80,19 @@ def test_a_task_that_raises_fails_with_its_exception_class_and_message(t: Any) -
     assert jobs.get_job(int(result.id)).error == "tests.contrib.sample_django_tasks.Declined: card declined"
 
 
+def test_a_failed_tasks_error_is_the_message_python_shows(t: Any) -> None:
+    """The message in a failed task's error is str() of the exception, as Python shows it under a
+    traceback: an exception with a __str__ of its own reads as that, not as its args, and a
+    KeyError keeps the quotes around its key."""
+    own = t.reserve.enqueue("ab-1")
+    key = t.look_up.enqueue("missing")
+    assert jobs.drain() == {"failed": 2}
+    assert jobs.get_job(int(own.id)).error == "tests.contrib.sample_django_tasks.OutOfStock: ab-1 is out of stock (0 left)"
+    assert t.reserve.get_result(own.id).errors[0].exception_class is t.OutOfStock
+    assert jobs.get_job(int(key.id)).error == "KeyError: 'missing'"
+    assert t.look_up.get_result(key.id).errors[0].exception_class is KeyError
+
+
 def test_a_builtin_exception_is_read_back_as_its_builtin_class(t: Any) -> None:
     """A task that raises a built-in (TypeError for a bad argument) fails with that class."""
     result = t.add.enqueue("x", b=1)

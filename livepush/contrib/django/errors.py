@@ -47,4 +47,10 @@ def failure_of(exc: BaseException) -> TaskFailed:
     kind = _failures.get(path)
     if kind is None:
         kind = _failures[path] = type(path, (TaskFailed,), {"__module__": __name__})
-    return kind(*exc.args) if exc.args else kind(str(exc))
+    # str(exc), not its args: an exception with a __str__ of its own (Django's ValidationError, an
+    # app's) shows its message, and a KeyError its quoted key, as under a traceback.
+    try:
+        message = str(exc)
+    except Exception:
+        message = "(its message could not be read: str() raised)"
+    return kind(message) if message else kind()
