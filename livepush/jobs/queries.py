@@ -652,10 +652,10 @@ WHERE j.id = ANY(%(ids)s::bigint[])
 """
 
 # name: job_infos
-# JOB_STATES plus what only jobs.get_job() shows: the job's tags and arguments, which state topics
+# JOB_STATES plus what only jobs.get_job() shows: the job's tags, priority and arguments, which state topics
 # never show (a server reading states for pages does not read them). A plain read.
 JOB_INFOS = f"""
-SELECT {VIEW_COLUMNS}, j.tags, p.args FROM livepush_jobs j JOIN livepush_job_payloads p ON p.id = j.id
+SELECT {VIEW_COLUMNS}, j.tags, j.priority, p.args FROM livepush_jobs j JOIN livepush_job_payloads p ON p.id = j.id
 WHERE j.id = ANY(%(ids)s::bigint[])
 """
 

@@ -191,6 +191,16 @@ def test_higher_django_priority_runs_first(t: Any) -> None:
     assert t.RAN == ["high", "normal", "low"]
 
 
+def test_a_result_read_back_has_the_priority_its_task_was_enqueued_with(t: Any) -> None:
+    """get_result() gives the task with the priority it was enqueued with, as Django's own
+    backends do, not the task's default; jobs.get_job() shows livepush's (negated) priority."""
+    high = t.record.using(priority=50).enqueue("high")
+    plain = t.record.enqueue("plain")
+    assert t.record.get_result(high.id).task.priority == 50
+    assert t.record.get_result(plain.id).task.priority == t.record.priority
+    assert jobs.get_job(int(high.id)).priority == -50
+
+
 def test_queue_name_is_the_livepush_queue(t: Any) -> None:
     """A task's queue_name is its job's queue, and results read it back."""
     result = t.on_second.enqueue("q")

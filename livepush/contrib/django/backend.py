@@ -29,7 +29,7 @@ from ...jobs import database as jobs_database
 from ...jobs.api.options import check_queue
 from . import queries
 from .errors import TaskNotSupported, TransactionNotSupported
-from .execution import RUN_TASK
+from .execution import RUN_TASK, livepush_priority
 from .groups import current_group
 from .results import job_id_of, result_of
 from .tasks_api import (
@@ -58,11 +58,6 @@ class TaskSpec:
     queue: str
     priority: int
     max_attempts: int
-
-
-def livepush_priority(priority: int) -> int:
-    """Django's priority (-100..100, higher first) as livepush's (lower first)."""
-    return -int(priority)
 
 
 class LivePushBackend(BaseTaskBackend):

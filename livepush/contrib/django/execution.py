@@ -31,6 +31,16 @@ from .tasks_api import (
 
 RUN_TASK = "livepush.contrib.django.run_task"
 
+
+def livepush_priority(priority: int) -> int:
+    """Django's priority (-100..100, higher first) as livepush's (lower first)."""
+    return -int(priority)
+
+
+def django_priority(priority: int) -> int:
+    """livepush's priority of a task's job as Django's."""
+    return -int(priority)
+
 # The ctx of the livepush job running the current Django task, for progress() and current_job().
 _current: contextvars.ContextVar[Any] = contextvars.ContextVar("livepush_django_job", default=None)
 

@@ -20,7 +20,7 @@ from typing import Any
 from ...jobs import JobInfo
 from ...jobs import errors as job_errors
 from .errors import TaskFailed
-from .execution import RUN_TASK, load_task
+from .execution import RUN_TASK, django_priority, livepush_priority, load_task
 from .tasks_api import (
     TaskError,
     TaskResult,
@@ -71,6 +71,8 @@ def result_of(info: JobInfo | None, result_id: Any, backend: str) -> TaskResult:
         raise TaskResultDoesNotExist(f"task result {result_id!r} is of {path}, which this process cannot import: {exc}") from exc
     if task.queue_name != info.queue:
         task = task.using(queue_name=info.queue)
+    if livepush_priority(task.priority) != info.priority:  # enqueued with .using(priority=...)
+        task = task.using(priority=django_priority(info.priority))
     finished = info.state in ("succeeded", "failed", "cancelled")
     result = TaskResult(
         task=task, id=str(info.id), status=STATUS[info.state], enqueued_at=None, started_at=None,

@@ -20,7 +20,7 @@ class JobInfo:
     """A job as its row says now. `result`: what the function returned, once succeeded (None
     before, and for a function that returned None). `waiting`: what a `waiting` job waits for
     ({"for": "children"|"signal"|"sleep", "name": ...}), else None. `args`: the arguments it was
-    enqueued with (a periodic job's: its tick)."""
+    enqueued with (a periodic job's: its tick). `priority`: its priority (lower runs first)."""
 
     id: int
     name: str
@@ -35,6 +35,7 @@ class JobInfo:
     waiting: dict[str, Any] | None
     tags: tuple[str, ...] = ()  # enqueue(tags=...), in the order given
     args: list[Any] | None = None
+    priority: int = 0
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> JobInfo:
@@ -42,7 +43,8 @@ class JobInfo:
         return cls(id=view["id"], name=view["name"], queue=view["queue"], state=view["state"],
                    attempt=view["attempt"], max_attempts=view["max_attempts"], result=view.get("result"),
                    error=view["error"], progress=view["progress"], run_at=view["run_at"],
-                   waiting=view.get("waiting"), tags=tuple(row.get("tags") or ()), args=row.get("args"))
+                   waiting=view.get("waiting"), tags=tuple(row.get("tags") or ()), args=row.get("args"),
+                   priority=row.get("priority") or 0)
 
 
 def get_job(job_id: int) -> JobInfo | None:
