@@ -195,6 +195,36 @@ async def test_a_signal_whose_step_is_skipped_while_it_is_sent_goes_to_the_next_
     assert done["steps"]["south"]["output"] == {"by": "bo"}
 
 
+async def test_a_signal_whose_steps_job_stops_waiting_before_the_send_goes_to_the_next_step(
+        jobs_db: str, monkeypatch: Any) -> None:
+    """A step's job that stops waiting between the signal's look and its send (here it gets a
+    signal of its own, sent to the job directly, at that moment) is passed: the signal goes to the
+    next step that waits for its name, not kept for a step whose job will never read it."""
+    run = await wc.side_approvals.astart()
+    original = operators._to_job
+    calls: list[str] = []
+
+    def racing(run_id: int, step: dict[str, Any], name: str, data: str) -> Any:
+        calls.append(step["name"])
+        if len(calls) == 1:
+            return False  # as if the first, unlocked look lost a race: the locked loop runs
+        if len(calls) == 2:
+            with psycopg.connect(jobs_db, autocommit=True) as other:
+                other.execute("INSERT INTO livepush_job_signals (job_id, name, data) VALUES (%s, 'go', %s)",
+                              (step["job_id"], json.dumps({"by": "eve"})))
+        return (yield from original(run_id, step, name, data))
+
+    monkeypatch.setattr(operators, "_to_job", racing)
+    await asyncio.to_thread(jobs.workflows.signal, run.id, "go", {"by": "bo"}, actor="bo")
+    assert calls[:2] == ["north", "north"]
+    assert [(a["verb"], a["step"]) for a in jobs.workflows.get(run.id)["audit"]] == [("signal", "south")]
+    monkeypatch.setattr(operators, "_to_job", original)
+    async with running(queues=[wc.QUEUE]):
+        done = await run_state(run.id, "succeeded")
+    assert done["steps"]["north"]["output"] == {"by": "eve"}
+    assert done["steps"]["south"]["output"] == {"by": "bo"}
+
+
 async def test_float_outputs_reach_the_next_step_and_the_run_as_floats(jobs_db: str) -> None:
     """A step's output is JSON kept as it returned it, as a job's result is: a float that JSON
     text writes with an exponent (1e16) reaches the steps after it, get() and the run's output

@@ -194,6 +194,11 @@ def _signal_steps(run_id: int, name: str, data: str, actor: str | None) -> steps
             step = yield from _target(run_id, name, lock=True)
             if (yield from _to_job(run_id, step, name, data)):
                 break
+            if step["state"] in engine.STEP_ACTIVE and step["job_id"] is not None:
+                # Its job stopped waiting between the look and the send (a signal of its own, a
+                # timeout): kept for the step, this signal would lie unread, since only a step's
+                # next job takes a kept one. The next look passes it.
+                continue
             if (yield steps.Query(wq.KEEP_SIGNAL, {"id": run_id, "step": step["name"], "name": name, "data": data})):
                 break
             # A signal sent at the same time was kept for this step first: the next look (which
