@@ -373,6 +373,24 @@ def test_a_runtime_process_runs_django_tasks(t: Any, django_db_url: str, livepus
     assert child.stop() == 0
 
 
+def test_a_runtime_process_serves_the_database_the_backends_options_name(  # type: ignore[no-untyped-def]
+        t: Any, django_db_url: str, pg_url: str, livepush_env, procs) -> None:
+    """OPTIONS['DATABASE_URL'] sets the jobs' database of every process the backend is made in:
+    the runner's too, so its runtime claims the tasks the web process enqueued there, though
+    LIVEPUSH_DATABASE_URL names another database (where it found nothing, and said nothing)."""
+    from tests.contrib.conftest import EXAMPLE
+
+    env = livepush_env(database_url=pg_url, extra={
+        "DJANGO_SETTINGS_MODULE": "tests.contrib.django_settings_jobs_url", "DJANGO_JOBS_DATABASE_URL": django_db_url,
+        "PYTHONPATH": f"{EXAMPLE}:{procs_pythonpath()}"})
+    child = procs.livepush("jobs", "livepush.contrib.django.runner", "--queues", "default", env=env)
+    result = t.in_steps.enqueue(2)
+    wait_for(lambda: t.in_steps.get_result(result.id).is_finished or None, timeout=20, interval=0.05,
+             message=f"the task to finish; runtime output: {child.output()}")
+    assert t.in_steps.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
+    assert child.stop() == 0
+
+
 def test_serve_with_jobs_runs_the_tasks_of_every_queue_of_the_backend(t: Any, django_db_url: str, livepush_env,  # type: ignore[no-untyped-def]
                                                                        procs) -> None:
     """`livepush serve --with-jobs livepush.contrib.django.runner`, which has no --queues, runs the

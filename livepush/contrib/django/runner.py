@@ -6,6 +6,8 @@ registers the job that runs them.
 
 from __future__ import annotations
 
+from typing import Any
+
 import django
 from django.apps import apps
 
@@ -16,27 +18,51 @@ if not apps.ready:
 from django.conf import settings
 from django.utils.module_loading import import_string
 
+from ...errors import ConfigError
 from ...jobs.api.registry import REGISTRY
 from .backend import LivePushBackend
+from .tasks_api import task_backends
 from .execution import RUN_TASK, run_task
 
 
-def backend_queues() -> list[str]:
-    """The QUEUES of every LivePushBackend in TASKS (Django's default queue when it names none)."""
-    found: set[str] = set()
-    for params in (getattr(settings, "TASKS", None) or {}).values():
+def livepush_backends() -> dict[str, dict[str, Any]]:
+    """The entries of TASKS whose backend is a LivePushBackend, by alias."""
+    found: dict[str, dict[str, Any]] = {}
+    for alias, params in (getattr(settings, "TASKS", None) or {}).items():
         backend = params.get("BACKEND")
         try:
             kind = import_string(backend) if isinstance(backend, str) else backend
         except ImportError:
             continue  # another backend, not installed where the runtime runs: none of its tasks come here
         if isinstance(kind, type) and issubclass(kind, LivePushBackend):
-            found.update(params.get("QUEUES") or ["default"])
+            found[alias] = params
+    return found
+
+
+def backend_queues() -> list[str]:
+    """The QUEUES of every LivePushBackend in TASKS (Django's default queue when it names none)."""
+    found: set[str] = set()
+    for params in livepush_backends().values():
+        found.update(params.get("QUEUES") or ["default"])
     return sorted(found)
 
 
+def use_backends_database() -> None:
+    """Take the jobs' database from the backends' OPTIONS['DATABASE_URL'], as the web processes do
+    (the backend configures its process): a runtime on LIVEPUSH_DATABASE_URL's database would
+    claim nothing of what they enqueue, and say nothing. One process has one jobs' database."""
+    urls = {(params.get("OPTIONS") or {}).get("DATABASE_URL") for params in livepush_backends().values()}
+    urls.discard(None)
+    if len(urls) > 1:
+        raise ConfigError(f"TASKS names {len(urls)} different OPTIONS['DATABASE_URL'] for its LivePushBackends; "
+                          "a job runtime serves one database: run one per database, each with its own settings")
+    for alias in livepush_backends():
+        task_backends[alias]  # noqa: B018 - made as in the web process: its checks, and its configure()
+
+
+use_backends_database()
 # One job runs the tasks of every queue: a runtime started without --queues (and `livepush serve
 # --with-jobs`, which has none) serves every queue the backends name, not only the job's own.
 REGISTRY.add_queues(backend_queues())
 
-__all__ = ["RUN_TASK", "backend_queues", "run_task"]
+__all__ = ["RUN_TASK", "backend_queues", "livepush_backends", "run_task", "use_backends_database"]
