@@ -571,6 +571,22 @@ async def test_batch_failures_pause_the_run_and_resume_reruns_only_the_failed_me
     assert members == [(8,)]  # 6, then the 2 that failed
 
 
+async def test_a_fan_out_skipped_on_its_failures_still_gives_its_counts_to_the_steps_after_it(flows_db: str) -> None:
+    """A skipped step stands for one that succeeded: a fan-out step the operator skips after its
+    batch failed keeps its counts, and the step after it reads them in ctx.outputs, as the docs'
+    `ctx.outputs["rows"]["succeeded"]` does, rather than failing on a missing key."""
+    async with running(concurrency=4):
+        run = await wd.fan.astart({"n": 6, "failing": [1, 4]})
+        await run_state(run.id, "paused")
+        assert await jobs.workflows.askip(run.id, "rows", actor="ana", reason="two rows are bad upstream")
+        assert await jobs.workflows.aresume(run.id, actor="ana", reason="go on without them")
+        done = await run_state(run.id, {"succeeded", "failed"})
+    assert done["state"] == "succeeded", done["error"]
+    counts = {"total": 6, "succeeded": 4, "failed": 2, "cancelled": 0}
+    assert step_states(done)["rows"] == "skipped" and done["steps"]["rows"]["output"] == counts
+    assert done["steps"]["report"]["output"] == {"rows": counts}
+
+
 async def test_a_run_paused_on_its_batch_keeps_the_failed_members_past_the_retention_time(flows_db: str) -> None:
     """A run paused on its batch's failures waits for an operator however long: the retention of
     finished jobs and groups does not take the failed members that its resume runs again (the run
