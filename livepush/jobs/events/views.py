@@ -79,8 +79,11 @@ def group_state(row: Mapping[str, Any]) -> State:
 
 
 def group_event(row: Mapping[str, Any], event: str | None = None) -> dict[str, Any]:
-    """The message a group row shows, as recorded for jobs.group_history()."""
-    return {"event": event or row["event"], "group": group_view(row)}
+    """The message a group row shows, as recorded for jobs.group_history(): `event`, unless the
+    group is cancelled or finished, whose topic shows that label for every change from then on
+    (the history holds what the topic showed)."""
+    label = row["event"] if row["event"] in ("cancelled", "finished") else event or row["event"]
+    return {"event": label, "group": group_view(row)}
 
 
 def workflow_view(row: Mapping[str, Any]) -> dict[str, Any]:
