@@ -255,6 +255,21 @@ async def swallows_timeout(ctx: Any) -> str:
     return "finished anyway"
 
 
+@jobs.job(name="t.deaf_to_timeout", timeout=0.2, max_attempts=1)
+async def deaf_to_timeout(ctx: Any, flag: str) -> str:
+    """Swallows every cancellation (as code retrying on BaseException does) until the row `flag`
+    appears in job_flags, then notes its end and returns."""
+    await note(ctx, "start")
+    while True:
+        try:
+            await until_flag(flag)
+            break
+        except asyncio.CancelledError:
+            pass
+    await note(ctx, "done")
+    return "finished anyway"
+
+
 # Set by a test to let the threads of `stuck_sync` jobs end.
 UNSTICK = threading.Event()
 

@@ -13,6 +13,7 @@ from livepush.jobs.api.functions import JobFunction
 from livepush.jobs.api.registry import REGISTRY
 from livepush.jobs.runtime.context import ClaimedJob, JobContext
 from livepush.jobs.runtime.executor import Outcome
+from livepush.jobs.runtime import runtime
 from livepush.jobs.runtime.runtime import Runtime
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import events_of, names_of, q, running
@@ -471,6 +472,36 @@ async def test_a_job_that_swallows_its_timeouts_cancel_still_fails_the_attempt(j
         await wait_state(h.id, "failed")
     info = jobs.get_job(h.id)
     assert info is not None and info.error == "TimeoutError: timed out after 0.2 s" and info.result is None
+
+
+async def test_an_async_job_deaf_to_its_timeouts_cancel_still_fails_and_frees_its_slot(jobs_db: str) -> None:
+    """An async job past its timeout that swallows every cancellation and runs on fails its
+    attempt within the grace after the cancel (runtime.TIMEOUT_GRACE), once, and frees its slot
+    for the next job, as a sync job past its timeout does. It held the slot for good, its job
+    `running` and its attempt never failed. What its task does when it ends at last is ignored."""
+    async with running(concurrency=1, poll_interval=0.1) as rt:
+        deaf = await sample_jobs.deaf_to_timeout.aenqueue("deaf-go")
+        after = await sample_jobs.record.aenqueue("after")
+        try:
+            await wait_state(deaf.id, "failed", timeout=0.2 + runtime.TIMEOUT_GRACE + 3.0)
+            await wait_state(after.id, "succeeded")
+            assert deaf.id not in rt.in_hand
+        finally:
+            q(jobs_db, "INSERT INTO job_flags (name) VALUES ('deaf-go')")  # its task ends, whatever happened
+
+        async def ended() -> bool:
+            rows = await asyncio.to_thread(q, jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s "
+                                                       "AND phase = 'done'", (deaf.id,))
+            return rows[0][0] == 1
+
+        await async_wait_for(ended, 5.0, message="the deaf job's task to end")
+        assert rt._completer is not None
+        await rt._completer.wait_idle(5)
+    info = jobs.get_job(deaf.id)
+    assert info is not None
+    assert (info.state, info.attempt, info.error, info.result) == ("failed", 1, "TimeoutError: timed out after 0.2 s",
+                                                                   None)
+    assert names_of(jobs_db, deaf.id) == ["enqueued/available", "started/running", "failed/failed"]
 
 
 @pytest.mark.parametrize("option", ["heartbeat", "poll_interval", "shutdown_timeout", "retention"])

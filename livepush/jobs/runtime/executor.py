@@ -100,7 +100,7 @@ async def execute(
                     stuck()
                 log.warning("sync job %s (%s) passed its %g s timeout; its thread runs on, its outcome will be ignored",
                             job.id, fn.name, fn.timeout)
-                return _timeout_failure(fn, ctx)
+                return timeout_failure(fn, ctx)
             value = future.result()  # raises the job's exception
     except Parked:
         return None
@@ -121,7 +121,7 @@ async def execute(
         if ctx.timed_out:
             if task is not None:
                 task.uncancel()
-            return _timeout_failure(fn, ctx)
+            return timeout_failure(fn, ctx)
         if task is not None and task.cancelling() == 0:
             # Nobody cancelled this task: the job raised it (it awaited a future something else
             # cancelled, or raised it itself). Let through, the runtime took it for its own
@@ -145,7 +145,7 @@ async def execute(
             # by its timeout.
             if task is not None:
                 task.uncancel()
-            return _timeout_failure(fn, ctx)
+            return timeout_failure(fn, ctx)
         return _failure(fn, ctx, exc)
     if ctx.released:
         return None
@@ -154,7 +154,7 @@ async def execute(
         # whatever it returned came too late.
         if task is not None:
             task.uncancel()
-        return _timeout_failure(fn, ctx)
+        return timeout_failure(fn, ctx)
     if value is None:
         return Outcome(ctx, "succeeded")
     try:
@@ -164,7 +164,7 @@ async def execute(
     return Outcome(ctx, "succeeded", result=result)
 
 
-def _timeout_failure(fn: Any, ctx: JobContext) -> Outcome:
+def timeout_failure(fn: Any, ctx: JobContext) -> Outcome:
     """The attempt failed by passing its function's timeout."""
     return _failure(fn, ctx, TimeoutError(f"timed out after {fn.timeout:g} s"), timed_out=True)
 

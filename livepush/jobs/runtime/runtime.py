@@ -64,7 +64,7 @@ from . import limits, maintenance
 from .completer import Completer
 from .context import ClaimedJob, JobContext
 from .deadlines import Deadlines
-from .executor import Outcome, execute
+from .executor import Outcome, execute, timeout_failure
 
 log = logging.getLogger("livepush.jobs")
 T = TypeVar("T")
@@ -77,6 +77,10 @@ _DB_ERRORS = (psycopg.Error, DependencyError)
 # The longest a runtime goes on claiming from a queue after its pause committed, should the pause's
 # ring be lost: the paused set is read again before a claim once it is this old.
 PAUSED_REFRESH_SECONDS = 0.5
+# Seconds an async job past its timeout gets to end once cancelled (its `finally` blocks, its
+# cleanup) before its attempt is failed without it: a job that swallows every cancellation would
+# otherwise hold its slot, and its concurrency key's, for good.
+TIMEOUT_GRACE = 2.0
 # Seconds the stop's last writes (outcomes, deregistration, state) still get after a second
 # signal, all together: enough for a healthy Postgres, short for one that is down.
 STOP_NOW_GRACE = 2.0
@@ -808,10 +812,29 @@ class Runtime:
             self._threads = self._thread_pool()
 
     def _time_out(self, entry: _InHand) -> None:
-        """An async job ran past its timeout: cancel it; execute() makes that a TimeoutError failure."""
-        if self.in_hand.get(entry.ctx.job_id) is entry and not entry.task.done():
-            entry.ctx.timed_out = True
+        """An async job ran past its timeout: cancel it; execute() makes that a TimeoutError failure.
+        One still running TIMEOUT_GRACE seconds later swallows its cancellation: its attempt fails
+        here and its slot is freed, as a sync job's past its timeout is; its task runs on unheeded."""
+        if self.in_hand.get(entry.ctx.job_id) is not entry or entry.task.done():
+            return
+        ctx = entry.ctx
+        if not ctx.timed_out:
+            ctx.timed_out = True
             entry.task.cancel()
+            entry.deadline = self._deadlines.add(ctx.job_id, TIMEOUT_GRACE, entry)
+            return
+        assert self._completer is not None
+        fn = self.registry.find(ctx.job.name)
+        log.warning("async job %s (%s) did not end within %g s of its timeout's cancel (it swallows "
+                    "cancellations): its attempt fails now and its slot is freed; its task runs on, "
+                    "its outcome ignored", ctx.job_id, ctx.job.name, TIMEOUT_GRACE)
+        # Released: whatever the task still does (its outcome, its progress) is dropped, and
+        # _run_job's end finds its slot already given up.
+        ctx.released = True
+        self._completer.submit(timeout_failure(fn, ctx))
+        del self.in_hand[ctx.job_id]
+        entry.task.cancel()
+        self._slot_freed.set()
 
     async def _run_job(self, fn: Any, ctx: JobContext) -> None:
         assert self._completer is not None
