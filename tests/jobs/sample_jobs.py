@@ -255,8 +255,7 @@ async def swallows_timeout(ctx: Any) -> str:
     return "finished anyway"
 
 
-@jobs.job(name="t.deaf_to_timeout", timeout=0.2, max_attempts=1)
-async def deaf_to_timeout(ctx: Any, flag: str) -> str:
+async def deaf_until_flag(ctx: Any, flag: str) -> str:
     """Swallows every cancellation (as code retrying on BaseException does) until the row `flag`
     appears in job_flags, then notes its end and returns."""
     await note(ctx, "start")
@@ -268,6 +267,16 @@ async def deaf_to_timeout(ctx: Any, flag: str) -> str:
             pass
     await note(ctx, "done")
     return "finished anyway"
+
+
+@jobs.job(name="t.deaf_to_timeout", timeout=0.2, max_attempts=1)
+async def deaf_to_timeout(ctx: Any, flag: str) -> str:
+    return await deaf_until_flag(ctx, flag)
+
+
+@jobs.job(name="t.deaf_until_flag", timeout=120)
+async def deaf_to_cancel_until_flag(ctx: Any, flag: str) -> str:
+    return await deaf_until_flag(ctx, flag)
 
 
 # Set by a test to let the threads of `stuck_sync` jobs end.

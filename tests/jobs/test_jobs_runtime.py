@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -474,6 +476,25 @@ async def test_a_job_that_swallows_its_timeouts_cancel_still_fails_the_attempt(j
     assert info is not None and info.error == "TimeoutError: timed out after 0.2 s" and info.result is None
 
 
+@contextlib.asynccontextmanager
+async def let_end_after(jobs_db: str, rt: Runtime, job_id: int, flag: str) -> AsyncIterator[None]:
+    """Runs the block, then lets the job `job_id` of deaf_until_flag end (sets `flag`, whatever
+    happened in the block) and returns once its task ended and the completer wrote what it had."""
+    try:
+        yield
+    finally:
+        q(jobs_db, "INSERT INTO job_flags (name) VALUES (%s)", (flag,))
+
+    async def ended() -> bool:
+        rows = await asyncio.to_thread(q, jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s "
+                                                   "AND phase = 'done'", (job_id,))
+        return rows[0][0] == 1
+
+    await async_wait_for(ended, 5.0, message="the deaf job's task to end")
+    assert rt._completer is not None
+    await rt._completer.wait_idle(5)
+
+
 async def test_an_async_job_deaf_to_its_timeouts_cancel_still_fails_and_frees_its_slot(jobs_db: str) -> None:
     """An async job past its timeout that swallows every cancellation and runs on fails its
     attempt within the grace after the cancel (runtime.TIMEOUT_GRACE), once, and frees its slot
@@ -482,26 +503,34 @@ async def test_an_async_job_deaf_to_its_timeouts_cancel_still_fails_and_frees_it
     async with running(concurrency=1, poll_interval=0.1) as rt:
         deaf = await sample_jobs.deaf_to_timeout.aenqueue("deaf-go")
         after = await sample_jobs.record.aenqueue("after")
-        try:
+        async with let_end_after(jobs_db, rt, deaf.id, "deaf-go"):
             await wait_state(deaf.id, "failed", timeout=0.2 + runtime.TIMEOUT_GRACE + 3.0)
             await wait_state(after.id, "succeeded")
             assert deaf.id not in rt.in_hand
-        finally:
-            q(jobs_db, "INSERT INTO job_flags (name) VALUES ('deaf-go')")  # its task ends, whatever happened
-
-        async def ended() -> bool:
-            rows = await asyncio.to_thread(q, jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s "
-                                                       "AND phase = 'done'", (deaf.id,))
-            return rows[0][0] == 1
-
-        await async_wait_for(ended, 5.0, message="the deaf job's task to end")
-        assert rt._completer is not None
-        await rt._completer.wait_idle(5)
     info = jobs.get_job(deaf.id)
     assert info is not None
     assert (info.state, info.attempt, info.error, info.result) == ("failed", 1, "TimeoutError: timed out after 0.2 s",
                                                                    None)
     assert names_of(jobs_db, deaf.id) == ["enqueued/available", "started/running", "failed/failed"]
+
+
+async def test_an_async_job_deaf_to_its_cancel_still_ends_cancelled_and_frees_its_slot(jobs_db: str) -> None:
+    """jobs.cancel() of a running async job that swallows every cancellation and runs on ends it
+    `cancelled` within the grace after the cancel (runtime.TIMEOUT_GRACE) and frees its slot for
+    the next job. It stayed `running`, holding its slot, until the runtime stopped. What its task
+    does when it ends at last is ignored."""
+    async with running(concurrency=1, poll_interval=0.1) as rt:
+        deaf = await sample_jobs.deaf_to_cancel_until_flag.aenqueue("deaf-go")
+        await wait_state(deaf.id, "running")
+        after = await sample_jobs.record.aenqueue("after")
+        async with let_end_after(jobs_db, rt, deaf.id, "deaf-go"):
+            assert await asyncio.to_thread(jobs.cancel, deaf.id)
+            await wait_state(deaf.id, "cancelled", timeout=runtime.TIMEOUT_GRACE + 3.0)
+            await wait_state(after.id, "succeeded")
+            assert deaf.id not in rt.in_hand
+    info = jobs.get_job(deaf.id)
+    assert info is not None and (info.state, info.attempt, info.result) == ("cancelled", 1, None)
+    assert names_of(jobs_db, deaf.id) == ["enqueued/available", "started/running", "cancelled/cancelled"]
 
 
 @pytest.mark.parametrize("option", ["heartbeat", "poll_interval", "shutdown_timeout", "retention"])

@@ -77,22 +77,13 @@ _DB_ERRORS = (psycopg.Error, DependencyError)
 # The longest a runtime goes on claiming from a queue after its pause committed, should the pause's
 # ring be lost: the paused set is read again before a claim once it is this old.
 PAUSED_REFRESH_SECONDS = 0.5
-# Seconds an async job past its timeout gets to end once cancelled (its `finally` blocks, its
-# cleanup) before its attempt is failed without it: a job that swallows every cancellation would
-# otherwise hold its slot, and its concurrency key's, for good.
+# Seconds an async job gets to end once cancelled (past its timeout, or by jobs.cancel()) before
+# it is ended without it (its `finally` blocks, its cleanup, run meanwhile): a job that swallows
+# every cancellation would otherwise hold its slot, and its concurrency key's, for good.
 TIMEOUT_GRACE = 2.0
 # Seconds the stop's last writes (outcomes, deregistration, state) still get after a second
 # signal, all together: enough for a healthy Postgres, short for one that is down.
 STOP_NOW_GRACE = 2.0
-
-
-def _cancel_once_started(task: asyncio.Task[None]) -> None:
-    """Cancel a job's task, but not before it ran its first step. A task cancelled before that
-    never enters its coroutine: _run_job's handlers and its `finally` never run, so the job was
-    neither ended nor let go of (its slot taken and its row `running` until the runtime stopped).
-    Its first step is already in the loop's queue (create_task put it there), so this, queued
-    after it, comes once the job awaits."""
-    asyncio.get_running_loop().call_soon(task.cancel)
 
 
 class _InHand:
@@ -590,7 +581,7 @@ class Runtime:
         entry.ctx.cancel_requested = True
         log.info("job %s: cancel requested; stopping it at its next await or progress call", job_id)
         if entry.is_async:
-            _cancel_once_started(entry.task)
+            self._stop_async(entry)
 
     # -- producer -----------------------------------------------------------------------------
     async def _produce(self) -> None:
@@ -766,10 +757,27 @@ class Runtime:
             self._completer.submit(Outcome(ctx, "released"))
             return
         task = asyncio.create_task(self._run_job(fn, ctx), name=f"livepush-job-{job.id}")
-        self.in_hand[job.id] = _InHand(ctx, task, fn.is_async)
+        entry = self.in_hand[job.id] = _InHand(ctx, task, fn.is_async)
         self.peak_in_hand = max(self.peak_in_hand, len(self.in_hand))
         if ctx.cancel_requested and fn.is_async:
-            _cancel_once_started(task)
+            self._stop_async(entry)
+
+    def _stop_async(self, entry: _InHand) -> None:
+        """Cancel a cancelled async job's task, and give it TIMEOUT_GRACE seconds to end (_time_out).
+
+        Not before the task ran its first step: a task cancelled before that never enters its
+        coroutine, so _run_job's handlers and its `finally` never run, and the job was neither
+        ended nor let go of (its slot taken and its row `running` until the runtime stopped). Its
+        first step is already in the loop's queue (create_task put it there), so this, queued
+        after it, comes once the job awaits (and once its timeout is armed, which it replaces)."""
+        def stop() -> None:
+            if self.in_hand.get(entry.ctx.job_id) is not entry or entry.task.done():
+                return
+            entry.task.cancel()
+            self._deadlines.discard(entry.deadline, entry.ctx.job_id)
+            entry.deadline = self._deadlines.add(entry.ctx.job_id, TIMEOUT_GRACE, entry)
+
+        asyncio.get_running_loop().call_soon(stop)
 
     def _on_ended(self, names: Iterator[str]) -> None:
         """The completer committed outcomes of jobs with these names. A limited one's slot is free
@@ -813,25 +821,29 @@ class Runtime:
 
     def _time_out(self, entry: _InHand) -> None:
         """An async job ran past its timeout: cancel it; execute() makes that a TimeoutError failure.
-        One still running TIMEOUT_GRACE seconds later swallows its cancellation: its attempt fails
-        here and its slot is freed, as a sync job's past its timeout is; its task runs on unheeded."""
+        One still running TIMEOUT_GRACE seconds after it was cancelled (by its timeout, or by
+        jobs.cancel(): _stop_async) swallows its cancellation: it ends here, failed by its timeout
+        or cancelled, and its slot is freed, as a sync job's past its timeout is; its task runs on
+        unheeded."""
         if self.in_hand.get(entry.ctx.job_id) is not entry or entry.task.done():
             return
         ctx = entry.ctx
-        if not ctx.timed_out:
+        if not ctx.timed_out and not ctx.cancel_requested:
             ctx.timed_out = True
             entry.task.cancel()
             entry.deadline = self._deadlines.add(ctx.job_id, TIMEOUT_GRACE, entry)
             return
         assert self._completer is not None
-        fn = self.registry.find(ctx.job.name)
-        log.warning("async job %s (%s) did not end within %g s of its timeout's cancel (it swallows "
-                    "cancellations): its attempt fails now and its slot is freed; its task runs on, "
-                    "its outcome ignored", ctx.job_id, ctx.job.name, TIMEOUT_GRACE)
+        log.warning("async job %s (%s) did not end within %g s of being cancelled (it swallows "
+                    "cancellations): it ends now, %s, and its slot is freed; its task runs on, its outcome "
+                    "ignored", ctx.job_id, ctx.job.name, TIMEOUT_GRACE,
+                    "cancelled" if ctx.cancel_requested else "its attempt failed by its timeout")
+        outcome = (Outcome(ctx, "cancelled", error="cancelled") if ctx.cancel_requested
+                   else timeout_failure(self.registry.find(ctx.job.name), ctx))
         # Released: whatever the task still does (its outcome, its progress) is dropped, and
         # _run_job's end finds its slot already given up.
         ctx.released = True
-        self._completer.submit(timeout_failure(fn, ctx))
+        self._completer.submit(outcome)
         del self.in_hand[ctx.job_id]
         entry.task.cancel()
         self._slot_freed.set()
