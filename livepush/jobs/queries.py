@@ -592,10 +592,13 @@ WITH target AS (
 SELECT m.id, m.state FROM moved m CROSS JOIN rung CROSS JOIN told
 """
 
-# name: job_group (retry_failed refuses a group member: its failure is counted in its group; and
-# a workflow step's job: its failure ended its run). Neither column of a job ever changes: no
-# race with the statement that follows.
-JOB_GROUP = "SELECT group_id, workflow_id FROM livepush_jobs WHERE id = %(id)s"
+# name: job_group (retry_failed refuses a failed group member: its failure is counted in its
+# group; and a failed workflow step's job: its failure ended its run). A plain read. Neither
+# group_id nor workflow_id of a job ever changes; its state may, after this read: a job read as
+# not failed answers False (it was not failed then) and is never written, so a member that fails
+# meanwhile is not retried; one read as failed stays failed (nothing retries a member or a
+# step's job).
+JOB_GROUP = "SELECT group_id, workflow_id, state FROM livepush_jobs WHERE id = %(id)s"
 
 # name: retry_failed
 # A failed job gets a fresh set of attempts and runs again now. Only from 'failed'; the row lock

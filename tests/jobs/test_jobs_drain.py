@@ -113,6 +113,22 @@ def test_retry_failed_and_discard_failed(jobs_db: str) -> None:
     assert set(read_states(jobs_db, [h.topic, ok.topic])) == {ok.topic}
 
 
+def test_retry_failed_and_discard_failed_of_a_group_member_that_did_not_fail_answer_false(jobs_db: str) -> None:
+    """retry_failed and discard_failed answer False for a job that is not failed, a task group's
+    member too: only a failed member is refused (GroupClosedError: its group counted its
+    failure). A succeeded or queued member raised that error, saying its group had counted a
+    failure it never had; the member is left as it was."""
+    with jobs.group() as g:
+        g.enqueue(sample_jobs.record, "done")
+    assert jobs.drain() == {"succeeded": 1}
+    with jobs.group() as queued:
+        queued.enqueue(sample_jobs.record, "queued")
+    for member, state in ((g.members[0], "succeeded"), (queued.members[0], "available")):
+        assert jobs.retry_failed(member.id) is False
+        assert jobs.discard_failed(member.id) is False
+        assert jobs.job_state(member.id)["state"] == state  # type: ignore[index]
+
+
 def test_cancel_queued_and_scheduled(jobs_db: str) -> None:
     """cancel() of a queued or scheduled job cancels it at once; it never runs; a finished job is left alone."""
     a = sample_jobs.record.enqueue()

@@ -118,7 +118,9 @@ def retry_failed(job_id: int) -> bool:
     job_id = checked_id(job_id, "job_id")
     with database.connection() as conn:
         found = _refuse_member(conn, job_id, "add a new member (or start a new group) instead")
-        if found is not None and found[1] is not None:
+        if found is None:
+            return False
+        if found[1] is not None:
             raise ValueError(f"job {job_id} ran a step of workflow run {found[1]}, which ended when it failed: a "
                              "run does not go on once it ended; start a new run")
         try:
@@ -133,11 +135,15 @@ def retry_failed(job_id: int) -> bool:
 
 
 def _refuse_member(conn: Any, job_id: int, instead: str) -> tuple[Any, ...] | None:
-    """GroupClosedError if the job is a task group's member: its group counted its failure, so
-    its row must stay as it is (a job's group never changes: no race with this read). Returns
-    the job's (group_id, workflow_id), None for no such job."""
+    """GroupClosedError if the job is a failed task group's member: its group counted its
+    failure, so its row must stay as it is (queries.JOB_GROUP says why the read is safe). Returns
+    the failed job's (group_id, workflow_id, state); None for no such job or one that is not
+    failed, which retry_failed and discard_failed answer with False, a member's too: a member
+    that has not failed is no mistake to refuse, and its group has counted no failure."""
     found = conn.execute(queries.JOB_GROUP, {"id": job_id}).fetchone()
-    if found is not None and found[0] is not None:
+    if found is None or found[2] != "failed":
+        return None
+    if found[0] is not None:
         raise GroupClosedError(f"job {job_id} is a member of task group {found[0]}, which counted its failure: "
                                f"{instead}")
     return found
@@ -148,7 +154,8 @@ def discard_failed(job_id: int) -> bool:
     (GroupClosedError): its group counts it, and retention deletes it with its group."""
     job_id = checked_id(job_id, "job_id")
     with database.connection() as conn:
-        _refuse_member(conn, job_id, "it is deleted with its group, after the retention time")
+        if _refuse_member(conn, job_id, "it is deleted with its group, after the retention time") is None:
+            return False
         rows = conn.execute(queries.DISCARD_FAILED, {"id": job_id}).fetchall()
     return bool(rows)
 
