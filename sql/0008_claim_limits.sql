@@ -56,11 +56,14 @@ $$;
 
 -- The limited claim (livepush/jobs/queries.py: CLAIM_LIMITED calls it): up to p_limit available
 -- jobs of p_name on p_queue, within the name's limits. Two statements, on purpose:
--- 1. Take the name's claim lock (a transaction-level advisory lock of the name's hash, which
---    writes nothing, where a lock of the limits row wrote one WAL record per claim). Every
---    limited claim of the name, from every runtime, does this first, so they run one at a time;
---    the lock goes at commit, once the claim's rows are visible to the next one's snapshot. A
---    claim that finds it held claims nothing and says when to try again (below).
+-- 1. Take the name's claim lock: its limits row, FOR NO KEY UPDATE. Every limited claim of the
+--    name, from every runtime, does this first, so they run one at a time; the lock goes at
+--    commit, once the claim's rows are visible to the next one's snapshot. A claim that finds it
+--    held claims nothing and says when to try again (below). A row lock, not an advisory lock of
+--    the name's hash (which wrote nothing): any login may take any advisory lock, and one holding
+--    that key stopped the name's jobs in every runtime for as long as it liked, while locking a
+--    row of this table takes UPDATE on it, which only livepush's roles have. The price is one
+--    small WAL record per claim (the row's lock), next to the claimed rows' own.
 -- 2. Claim. A volatile PL/pgSQL function's statements each take a fresh snapshot (READ
 --    COMMITTED), so this one starts after the lock is held, and so after every earlier claim of
 --    the name committed: its count of running jobs per key (`busy`) misses no claimed job. (A
@@ -92,15 +95,14 @@ LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
-    -- ids: a constant naming livepush's claim-lock namespace (users' own advisory locks, and
-    -- debounced enqueues' key locks, never collide with it), and the name's hash (two names
-    -- sharing a hash only wait for each other).
     -- Tried, not waited for: another runtime's claim of the name holds it for a millisecond or
-    -- two, but any session may take an advisory lock (it needs no privilege), and a claim that
-    -- waited would stop the runtime's whole claim loop behind it. Busy, the name is skipped this
-    -- round: one row whose wait_token brings the runtime back to it shortly (the floor of its
-    -- token waits), while its other names and queues are claimed meanwhile.
-    IF NOT pg_try_advisory_xact_lock(1819304812, hashtext(p_name)) THEN
+    -- two, and a runtime starting (set_limits) for a moment, and a claim that waited would stop
+    -- the runtime's whole claim loop behind it. Busy, the name is skipped this round: one row
+    -- whose wait_token brings the runtime back to it shortly (the floor of its token waits),
+    -- while its other names and queues are claimed meanwhile. A name without a limits row has
+    -- nothing to lock: the claim below then returns its row of NULLs.
+    PERFORM 1 FROM livepush_job_limits WHERE name = p_name FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND AND EXISTS (SELECT 1 FROM livepush_job_limits WHERE name = p_name) THEN
         wait_token := 0.01;
         RETURN NEXT;
         RETURN;

@@ -224,6 +224,20 @@ def test_drain_runs_jobs_with_limits(limits_db: str) -> None:
     assert jobs.drain() == {"succeeded": 3}
 
 
+def test_a_strangers_advisory_lock_does_not_stop_a_limited_functions_jobs(
+        limits_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
+    """Any login may take any advisory lock, so the limited claims take turns on their function's
+    row of livepush_job_limits instead: a session holding the advisory key those claims once
+    tried (the name's hash in livepush's namespace) stops none of its jobs in any runtime."""
+    with psycopg.connect(limits_db, autocommit=True) as stranger:
+        stranger.execute("SELECT pg_advisory_lock(1819304812, hashtext('t.per_tenant'))")
+        child = start_runtime("--concurrency", "4")
+        handles = jobs.enqueue_many([limit_jobs.per_tenant.request(t, 0.0) for t in ("a", "a", "b")])
+        wait_for(lambda: {jobs.get_job(h.id).state for h in handles} == {"succeeded"}, 20.0,  # type: ignore[union-attr]
+                 message=f"the limited jobs to run; runtime output: {child.output()}")
+    assert child.stop(timeout=15) == 0, child.output()
+
+
 def test_drain_runs_rate_limited_jobs_past_the_buckets_burst(limits_db: str) -> None:
     """jobs.drain() runs every due job: jobs a start rate holds back are due, and start as the
     bucket refills (10 a second here, a burst of 2), not left behind when the burst is spent."""
