@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+from dataclasses import dataclass
 from http import HTTPStatus
 from importlib import resources
 
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-CLIENT_JS_CACHE: dict[str, bytes] = {}
 # What the read-only routes answer: anything else would be answered as a GET, and a POST that a
 # proxy or a script thought did something got a 200.
 READ_METHODS = ("GET", "HEAD")
@@ -32,11 +34,45 @@ def for_head(answer: Response) -> Response:
     return Response(answer.status_code, answer.reason_phrase, answer.headers, b"")
 
 
-def client_js() -> bytes:
-    """The JS client, read once from the installed package (livepush/static/livepush.js)."""
+@dataclass(frozen=True)
+class ClientJS:
+    """The JS client as served: its bytes, the same gzipped, and an entity tag of them."""
+
+    body: bytes
+    gzipped: bytes
+    etag: str
+
+
+CLIENT_JS_CACHE: dict[str, ClientJS] = {}
+
+
+def client_js() -> ClientJS:
+    """The JS client, read and compressed once from the installed package (livepush/static/livepush.js)."""
     if "js" not in CLIENT_JS_CACHE:
-        CLIENT_JS_CACHE["js"] = resources.files("livepush").joinpath("static/livepush.js").read_bytes()
+        body = resources.files("livepush").joinpath("static/livepush.js").read_bytes()
+        CLIENT_JS_CACHE["js"] = ClientJS(body, gzip.compress(body, mtime=0),
+                                         '"' + hashlib.sha256(body).hexdigest()[:32] + '"')
     return CLIENT_JS_CACHE["js"]
+
+
+def _accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an Accept-Encoding header takes gzip (RFC 9110 §12.5.3: `gzip` or `*`, q not 0)."""
+    for item in accept_encoding.split(","):
+        name, *params = (part.strip() for part in item.split(";"))
+        if name.lower() not in ("gzip", "x-gzip", "*"):
+            continue
+        q = next((p.partition("=")[2].strip() for p in params if p.lower().startswith("q=")), "1")
+        try:
+            return float(q) > 0
+        except ValueError:
+            return False
+    return False
+
+
+def _matches(if_none_match: str, etag: str) -> bool:
+    """Whether If-None-Match names `etag` (weakly, as RFC 9110 §13.1.2 asks) or is `*`."""
+    tags = [tag.strip() for tag in if_none_match.split(",")]
+    return "*" in tags or etag in (tag.removeprefix("W/") for tag in tags)
 
 
 def healthz(listening: bool, fanout_name: str) -> Response:
@@ -46,17 +82,26 @@ def healthz(listening: bool, fanout_name: str) -> Response:
 
 
 def serve_js(request: Request) -> Response:
+    """The JS client. Every page load revalidates it (`no-cache`: a new livepush takes effect at
+    the next load) and gets 304 while it is unchanged; a browser that takes gzip gets ~a quarter
+    of the bytes."""
     try:
-        body = client_js()
+        js = client_js()
     except (FileNotFoundError, OSError):
         return response(404, b"livepush.js is not installed\n")
     # A module script on the app's own origin loads this from ours: it needs CORS.
-    return response(
-        200,
-        body,
-        "text/javascript; charset=utf-8",
-        Access_Control_Allow_Origin="*",
-    )
+    headers = Headers({"Cache-Control": "no-cache", "ETag": js.etag, "Vary": "Accept-Encoding",
+                       "Access-Control-Allow-Origin": "*"})
+    if _matches(request.headers.get("If-None-Match", ""), js.etag):
+        # No Content-Length: a 304's would have to be the 200's (RFC 9110 §8.6), and it has no body.
+        return Response(304, "Not Modified", headers, b"")
+    body = js.body
+    if _accepts_gzip(request.headers.get("Accept-Encoding", "")):
+        body = js.gzipped
+        headers["Content-Encoding"] = "gzip"
+    headers["Content-Type"] = "text/javascript; charset=utf-8"
+    headers["Content-Length"] = str(len(body))
+    return Response(200, "OK", headers, body)
 
 
 def unreadable(cause: BaseException | None) -> Response | None:

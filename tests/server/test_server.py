@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import urllib.request
 from pathlib import Path
@@ -174,6 +175,25 @@ async def test_healthz_and_client_js_are_served_on_the_same_port(served: Served)
     assert js == (Path(livepush.__file__).parent / "static" / "livepush.js").read_bytes()
     status, _ = await http_get(served.server.port, "/nope")
     assert status == 404
+
+
+@pytest.mark.parametrize("fanout_kind", ["local"])
+async def test_client_js_is_revalidated_with_its_etag_and_gzipped_for_browsers_that_take_it(served: Served) -> None:
+    """Every page load revalidates /livepush.js (no-cache), and while it is unchanged gets 304
+    without a body; a browser that takes gzip gets it gzipped, one that does not gets it as is."""
+    port, js = served.server.port, (Path(livepush.__file__).parent / "static" / "livepush.js").read_bytes()
+    status, headers, body = await http_exchange(port, "GET", "/livepush.js", {"Accept-Encoding": "gzip, deflate, br"})
+    assert (status, headers["content-encoding"], headers["cache-control"]) == (200, "gzip", "no-cache")
+    assert gzip.decompress(body) == js and int(headers["content-length"]) == len(body) < len(js) / 2
+    assert headers["vary"] == "Accept-Encoding" and headers["access-control-allow-origin"] == "*"
+    etag = headers["etag"]
+    for if_none_match in (etag, f'"other", W/{etag}', "*"):
+        status, unchanged, body = await http_exchange(port, "GET", "/livepush.js", {"If-None-Match": if_none_match})
+        assert (status, body, unchanged["etag"]) == (304, b"", etag), if_none_match
+        assert "content-length" not in unchanged
+    status, headers, body = await http_exchange(port, "GET", "/livepush.js", {"If-None-Match": '"other"',
+                                                                             "Accept-Encoding": "gzip;q=0"})
+    assert (status, body, headers.get("content-encoding")) == (200, js, None)
 
 
 @pytest.mark.parametrize("fanout_kind", ["local"])
