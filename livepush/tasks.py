@@ -33,9 +33,17 @@ class Backoff:
     def reset(self) -> None:
         self.delay = self.low
 
-    async def wait(self) -> None:
-        await asyncio.sleep(self.delay * random.uniform(0.5, 1.5))
+    async def wait(self, wake: asyncio.Event | None = None) -> None:
+        """The next delay; over at once when `wake` is set (a sign that retrying now may work)."""
+        delay = self.delay * random.uniform(0.5, 1.5)
         self.delay = min(self.delay * 2, self.high)
+        if wake is None:
+            await asyncio.sleep(delay)
+            return
+        try:
+            await asyncio.wait_for(wake.wait(), delay)
+        except TimeoutError:
+            pass
 
 
 async def stop(task: asyncio.Task[object] | None) -> None:

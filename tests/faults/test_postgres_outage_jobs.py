@@ -25,6 +25,10 @@ OUTAGE = 6.0
 # The read-only test's: a read-only spell of ten short beats.
 READ_ONLY_HEARTBEAT = 0.3
 READ_ONLY_SPELL = 3.0
+# Long enough for failing claims to back off to their cap (5 s, jittered to 2.5-7.5 s), and how
+# soon after Postgres is back a job enqueued then must have run all the same.
+LONG_OUTAGE = 10.0
+PROMPT = 2.0
 # How long each job runs: it is running when Postgres stops, and ends well after it is back.
 HOLD = OUTAGE + 8.0
 
@@ -91,6 +95,21 @@ async def test_runtimes_after_a_failover_to_a_copy_that_lacks_a_registration_kee
                          message="each runtime to beat a row of its own")
     ids = q(fleet.url, "SELECT id, pid FROM livepush_job_runtimes ORDER BY pid")
     assert len({i for i, _ in ids}) == 2, ids
+    assert fleet.still_running() == []
+
+
+async def test_claims_backed_off_through_a_long_outage_resume_as_soon_as_postgres_is_back(fleet: Fleet) -> None:
+    """Claims that fail through a long outage wait longer and longer between tries (up to 7.5 s);
+    a job enqueued once Postgres is back starts at once all the same: the enqueue's ring (and the
+    listener's return) wakes the claims, which do not sit out the rest of their backoff."""
+    (runtime,) = await fleet.runtimes(1, heartbeat=HEARTBEAT)
+    async with database_away(fleet.url, "refused"):
+        await asyncio.sleep(LONG_OUTAGE)
+    handle = await sample_jobs.record.aenqueue("after the outage")
+    enqueued = asyncio.get_running_loop().time()
+    await fleet.wait_jobs_done([handle.id], timeout=30)
+    took = asyncio.get_running_loop().time() - enqueued
+    assert took < PROMPT, f"the job started {took:.1f} s after its enqueue\n{runtime.output(3000)}"
     assert fleet.still_running() == []
 
 

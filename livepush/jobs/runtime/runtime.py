@@ -618,7 +618,10 @@ class Runtime:
             except _DB_ERRORS as exc:
                 reraise_if_cancelled()
                 log.warning("claim failed (%s); retrying in about %.2f s", exc, retry.delay)
-                await retry.wait()
+                # Or sooner, at a doorbell: the listener's resync rings it once Postgres is back,
+                # so claims resume within about a second of its return, not at the backoff's
+                # next turn (up to 7.5 s after a long outage or read-only spell).
+                await retry.wait(self._doorbell)
                 continue
             more = claimed >= free
 
