@@ -142,7 +142,9 @@ class Settings:
             host=get("LIVEPUSH_HOST") or "127.0.0.1",
             port=number("LIVEPUSH_PORT", "8765", int, "a port from 0 to 65535"),
             history_ttl=number("LIVEPUSH_HISTORY_TTL", "300", float, "seconds, e.g. 300"),
-            env=get("LIVEPUSH_ENV"),
+            # Any case, as every other word-valued setting: LIVEPUSH_ENV=TEST left jobs.clear()
+            # refusing with a message that asks for the very setting the operator made.
+            env=(get("LIVEPUSH_ENV") or "").lower() or None,
             redis_prefix=get("LIVEPUSH_REDIS_PREFIX"),
             max_connections=(number("LIVEPUSH_MAX_CONNECTIONS", max_connections, int, "a number of connections")
                              if max_connections else None),

@@ -41,3 +41,12 @@ def test_a_number_setting_takes_plain_ascii_digits_only(text: str) -> None:
     with pytest.raises(ConfigError, match="LIVEPUSH_HISTORY_TTL"):
         Settings.from_env({"LIVEPUSH_HISTORY_TTL": text})
     assert Settings.from_env({"LIVEPUSH_PORT": "8080"}).port == 8080
+
+
+@pytest.mark.parametrize("value", ["test", "TEST", "Test", " test "])
+def test_livepush_env_test_is_read_in_any_case(value: str) -> None:
+    """LIVEPUSH_ENV=TEST unlocks the test-only helpers as test does, like every word-valued setting
+    (LIVEPUSH_FANOUT=Redis, LIVEPUSH_QUERY_TOKENS=OFF) is read in any case."""
+    assert Settings.from_env({"LIVEPUSH_ENV": value}).is_test
+    assert not Settings.from_env({"LIVEPUSH_ENV": "production"}).is_test
+    assert not Settings.from_env({}).is_test
