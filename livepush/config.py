@@ -26,6 +26,11 @@ MAX_DRAIN_SECONDS = 300.0
 # History is kept at most a year: past that, the stores' time arithmetic overflows (and Redis
 # streams and the Postgres log are no archive).
 MAX_HISTORY_TTL = 366 * 86400.0
+# The shortest TTLs a setting takes. Below a second a history is gone before a reconnecting
+# client asks for it (Redis trims in whole milliseconds: 1e-300 s trimmed every message at once),
+# and a signed topic expires before the page that embeds it has loaded.
+MIN_HISTORY_TTL = 1.0
+MIN_SIGNED_TOPIC_TTL = 1.0
 _ORIGIN_SCHEMES = ("http", "https")
 
 
@@ -105,11 +110,7 @@ class Settings:
         def number(name: str, default: str, kind: type[int] | type[float], hint: str) -> Any:
             text = get(name) or default
             try:
-                # Python's own parsers also take "1_000" and digits of other scripts ("٨٠"): not
-                # what an operator writes, and a typo would be read as a different number.
-                if not text.isascii() or "_" in text:
-                    raise ValueError(text)
-                return kind(text)
+                return read_number(text, kind)
             except ValueError:
                 raise ConfigError(f"{name}={text!r} is not a number: set {hint}") from None
 
@@ -208,11 +209,12 @@ class Settings:
                               "or 0.0.0.0 for every interface")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"LIVEPUSH_PORT={self.port} (or --port) is out of range: use a port from 0 to 65535")
-        if not 0 < self.history_ttl <= MAX_HISTORY_TTL:
-            raise ConfigError(f"LIVEPUSH_HISTORY_TTL={self.history_ttl} is out of range: set seconds from more than 0 "
-                              f"to {MAX_HISTORY_TTL:g} (a year), e.g. 300")
-        if not 0 < self.signed_topic_ttl < float("inf"):
-            raise ConfigError(f"LIVEPUSH_SIGNED_TOPIC_TTL={self.signed_topic_ttl} must be a positive number of seconds")
+        if not MIN_HISTORY_TTL <= self.history_ttl <= MAX_HISTORY_TTL:
+            raise ConfigError(f"LIVEPUSH_HISTORY_TTL={self.history_ttl:g} is out of range: set seconds from "
+                              f"{MIN_HISTORY_TTL:g} to {MAX_HISTORY_TTL:g} (a year), e.g. 300")
+        if not MIN_SIGNED_TOPIC_TTL <= self.signed_topic_ttl < float("inf"):
+            raise ConfigError(f"LIVEPUSH_SIGNED_TOPIC_TTL={self.signed_topic_ttl:g} is out of range: set seconds, "
+                              f"{MIN_SIGNED_TOPIC_TTL:g} or more and finite, e.g. 86400")
         if not 0 <= self.drain_seconds <= MAX_DRAIN_SECONDS:
             raise ConfigError(
                 f"LIVEPUSH_DRAIN_SECONDS={self.drain_seconds:g} (or --drain-seconds) is out of range: use 0 to "
@@ -224,6 +226,16 @@ class Settings:
             from .redis.client import check_prefix  # the redis package only where a prefix is set
 
             check_prefix(self.redis_prefix)
+
+
+def read_number(text: str, kind: type[int] | type[float]) -> Any:
+    """`text` as an int or a float, written in plain ASCII; ValueError otherwise. Python's own
+    parsers also take "1_000" and digits of other scripts ("٨٠", "１０"): not what an operator
+    writes, and a typo would be read as a different number. Every numeric setting and flag is
+    read through here; each caller checks its own range."""
+    if not isinstance(text, str) or not text.isascii() or "_" in text:
+        raise ValueError(f"not a plain number: {text!r:.40}")
+    return kind(text)
 
 
 def _check_secret(name: str, value: str) -> None:

@@ -211,3 +211,28 @@ def test_a_command_started_with_its_standard_input_closed_stops_cleanly(procs, l
                         port=int(env["LIVEPUSH_PORT"]), name=f"livepush {command} <&-")
     child.wait_healthy()
     assert child.stop(15) == 0, child.output()
+
+
+@pytest.mark.parametrize("argv", [
+    ["serve", "--port", "1_000"],
+    ["serve", "--port", "１０００"],
+    ["serve", "--drain-seconds", "1_0"],
+    ["jobs", "m", "--concurrency", "١٠"],
+    ["jobs", "m", "--heartbeat", "1_0"],
+    ["jobs", "m", "--shutdown-timeout", "３０"],
+    ["jobs", "m", "--poll-interval", "1_0"],
+    ["jobs", "m", "--retention", "1_000"],
+    ["jobs", "m", "--metrics-port", "9_090"],
+    ["status", "--limit", "1_0"],
+    ["token", "topic", "a", "--ttl", "6_0"],
+])
+def test_a_number_flag_takes_plain_ascii_digits_only(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A numeric flag reads what was typed as its variable would: `--port 1_000` or digits of another
+    script exit 2 naming the flag, where Python's int() and float() took them as another number."""
+    from livepush.cli.main import build_parser
+
+    with pytest.raises(SystemExit) as raised:
+        build_parser().parse_args(argv)
+    assert raised.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {argv[-2]}" in err and repr(argv[-1]) in err, err

@@ -50,3 +50,43 @@ def test_livepush_env_test_is_read_in_any_case(value: str) -> None:
     assert Settings.from_env({"LIVEPUSH_ENV": value}).is_test
     assert not Settings.from_env({"LIVEPUSH_ENV": "production"}).is_test
     assert not Settings.from_env({}).is_test
+
+
+NUMBER_VARIABLES = ["LIVEPUSH_PORT", "LIVEPUSH_HISTORY_TTL", "LIVEPUSH_MAX_CONNECTIONS", "LIVEPUSH_SIGNED_TOPIC_TTL",
+                    "LIVEPUSH_DRAIN_SECONDS"]
+
+
+@pytest.mark.parametrize("name", NUMBER_VARIABLES)
+@pytest.mark.parametrize("text", ["1_0", "１０", "٨"])
+def test_every_number_variable_takes_plain_ascii_digits_only(name: str, text: str) -> None:
+    """Each numeric LIVEPUSH_* setting refuses separators and other scripts' digits with the one line
+    naming it and its value, not only LIVEPUSH_PORT."""
+    with pytest.raises(ConfigError, match=rf"^{name}={text!r} is not a number: set "):
+        Settings.from_env({name: text})
+
+
+def test_workers_takes_plain_ascii_digits_only() -> None:
+    """LIVEPUSH_WORKERS=1_0 (or --workers ١٠) is refused, not read as ten processes."""
+    from livepush.cli.workers import worker_count
+
+    for text in ("1_0", "１０", "٨"):
+        with pytest.raises(ConfigError, match="LIVEPUSH_WORKERS"):
+            worker_count(None, {"LIVEPUSH_WORKERS": text})
+        with pytest.raises(ConfigError, match="--workers"):
+            worker_count(text, {})
+    assert worker_count(None, {"LIVEPUSH_WORKERS": "3"}) == 3
+
+
+@pytest.mark.parametrize("name,text", [
+    ("LIVEPUSH_HISTORY_TTL", "1e-300"),
+    ("LIVEPUSH_HISTORY_TTL", "0.5"),
+    ("LIVEPUSH_SIGNED_TOPIC_TTL", "1e-300"),
+    ("LIVEPUSH_SIGNED_TOPIC_TTL", "0.2"),
+])
+def test_a_ttl_under_a_second_is_refused(name: str, text: str) -> None:
+    """A TTL under a second is refused with its allowed range: a history of 1e-300 s was trimmed as it
+    was written (Redis counts whole milliseconds) and a signed topic expired before its page loaded."""
+    with pytest.raises(ConfigError, match=rf"^{name}=.* is out of range: set seconds.* 1 ") as raised:
+        Settings.from_env({name: text})
+    assert "e.g." in str(raised.value)
+    assert Settings.from_env({name: "1"}) is not None

@@ -11,10 +11,11 @@ import sys
 import threading
 
 from .. import api, metrics
-from ..config import Settings
+from ..config import Settings, read_number
 from ..errors import ConfigError
 from ..jobs import database
 from ..jobs.api.status import arefresh_metrics
+from . import flags
 
 log = logging.getLogger("livepush.jobs")
 
@@ -24,14 +25,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="modules that define the job functions, comma-separated")
     parser.add_argument("--queues", default=None,
                         help="queues to run, in the order they are served (default: every queue the modules use)")
-    parser.add_argument("--concurrency", type=int, default=10, help="jobs run at once, from 1 to 100000 (default 10)")
-    parser.add_argument("--shutdown-timeout", type=float, default=30.0,
+    parser.add_argument("--concurrency", type=flags.whole_number, default=10,
+                        help="jobs run at once, from 1 to 100000 (default 10)")
+    parser.add_argument("--shutdown-timeout", type=flags.seconds, default=30.0,
                         help="seconds the jobs in hand get to finish on SIGTERM before they are given back (default 30)")
-    parser.add_argument("--heartbeat", type=float, default=10.0,
+    parser.add_argument("--heartbeat", type=flags.seconds, default=10.0,
                         help="seconds between heartbeats; three missed beats and the runtime is dead (default 10)")
-    parser.add_argument("--poll-interval", type=float, default=1.0,
+    parser.add_argument("--poll-interval", type=flags.seconds, default=1.0,
                         help="seconds between polls when no notification arrives (default 1)")
-    parser.add_argument("--retention", type=float, default=7 * 24 * 3600.0,
+    parser.add_argument("--retention", type=flags.seconds, default=7 * 24 * 3600.0,
                         help="seconds finished jobs and task groups are kept before they are deleted "
                              "(default 604800, 7 days; at most 3162240000, 100 years; 0 keeps them forever)")
     parser.add_argument("--metrics-port", type=_port, default=None, metavar="P",
@@ -40,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _port(text: str) -> int:
     try:
-        port = int(text)
+        port = int(read_number(text, int))
     except ValueError:
         port = -1
     if not 0 <= port <= 65535:

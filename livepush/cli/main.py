@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from .. import config
 from ..errors import ConfigError, DependencyError, InvalidTopic, LivepushError, SchemaError
-from . import logs
+from . import flags, logs
 from .runner import run_async
 
 EXIT_OK, EXIT_DEPENDENCY, EXIT_USAGE = 0, 1, 2
@@ -191,14 +191,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="run the WebSocket server")
     p.add_argument("--host", help="address to listen on (LIVEPUSH_HOST; default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port to listen on (LIVEPUSH_PORT; default 8765; 0: any free one)")
+    p.add_argument("--port", type=flags.whole_number,
+                   help="port to listen on (LIVEPUSH_PORT; default 8765; 0: any free one)")
     p.add_argument("--fanout", choices=config.FANOUTS,
                    help="LIVEPUSH_FANOUT (default postgres with a database URL, else local)")
     p.add_argument("--authenticate", choices=config.AUTH_MODES, help="LIVEPUSH_AUTHENTICATE (default optional)")
     p.add_argument("--app", metavar="MODULE:ATTR", help="your livepush.App (topic rules, hooks)")
     p.add_argument("--with-jobs", metavar="MODULE", help="also run the job runtime for these job modules")
     _log_format(p)
-    p.add_argument("--drain-seconds", type=float, metavar="S",
+    p.add_argument("--drain-seconds", type=flags.seconds, metavar="S",
                    help="on SIGTERM, close connections in batches over S seconds (default 0: all at once)")
     p.add_argument("--workers", metavar="N",
                    help="N server processes on one port (default 1; auto: one per core)")
@@ -227,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kind", choices=("session", "topic"),
                    help="session: a session token for SUBJECT; topic: TOPIC signed, its own permission")
     p.add_argument("value", metavar="SUBJECT|TOPIC", help="the session's subject, or the topic to sign")
-    p.add_argument("--ttl", type=float, help="seconds until it expires (default: 86400 for a session, "
+    p.add_argument("--ttl", type=flags.seconds, help="seconds until it expires (default: 86400 for a session, "
                    "LIVEPUSH_SIGNED_TOPIC_TTL for a topic)")
     p.set_defaults(func=cmd_token)
     return parser

@@ -17,7 +17,7 @@ from datetime import datetime
 
 from typing import Any
 
-from ..config import Settings
+from ..config import Settings, read_number
 from ..jobs import database
 from ..jobs.api.status import DEFAULT_LIMIT, MAX_LIMIT, Status, status
 from ..postgres.connect import redact
@@ -30,7 +30,7 @@ SERVERS_NOTE = "each server's own view: GET /readyz on its port (what a load bal
 
 def _limit(text: str) -> int:
     try:
-        value = int(text)
+        value = int(read_number(text, int))
     except ValueError:
         value = 0
     if not 1 <= value <= MAX_LIMIT:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import metrics
-from ..config import Settings
+from ..config import Settings, read_number
 from ..errors import ConfigError
 
 log = logging.getLogger("livepush.workers")
@@ -56,7 +56,7 @@ def worker_count(flag: str | None, environ: Mapping[str, str] | None = None) -> 
     if text.lower() == "auto":
         return cpu_count()
     try:
-        count = int(text)
+        count = int(read_number(text, int))
     except ValueError:
         count = 0
     if not 1 <= count <= MAX_WORKERS:
