@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -294,3 +295,21 @@ def test_bench_repeat_reports_medians_of_paired_ratios() -> None:
     header, first, _ = report.table([process, p99]).splitlines()  # type: ignore[attr-defined]
     assert "runs' ratios" in header and "met" in header
     assert "2.60x" in first and "2.00-3.00x" in first and "2/3" in first
+
+
+def test_every_ensurepip_call_in_bin_uses_options_ensurepip_takes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scripts in bin/ call `python -m ensurepip` only with options it has (it has no -q, which
+    exits 2 and, under `set -e`, stops the script on a venv without pip)."""
+    import ensurepip
+
+    monkeypatch.setattr(ensurepip, "_bootstrap", lambda **_: 0)  # parse the options, install nothing
+    root = Path(__file__).resolve().parent.parent / "bin"
+    calls = [(script.name, match.group(1).split())
+             for script in sorted(root.iterdir()) if script.is_file()
+             for match in re.finditer(r"-m ensurepip((?:[ \t]+-[-\w]+)*)", script.read_text())]
+    assert calls, "no script in bin/ calls ensurepip: this test looks in the wrong place"
+    for name, options in calls:
+        try:
+            ensurepip._main(options)
+        except SystemExit as exc:
+            raise AssertionError(f"bin/{name}: `python -m ensurepip {' '.join(options)}` exits {exc.code}") from None
