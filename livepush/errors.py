@@ -6,6 +6,9 @@
     │   └── ListenError        listen() could not subscribe
     ├── SchemaError            the database schema is older than this code needs
     ├── NotListeningError      a receiver registered before listen()
+    ├── ArgumentValueError (ValueError)  a call's argument has a value livepush refuses
+    ├── ArgumentTypeError (TypeError)    a call's argument has a type livepush refuses
+    │   └── jobs.InvalidArgumentsError   a job's arguments are not plain JSON
     ├── InvalidTopic (ValueError)    a topic or signed topic is malformed, forged or expired
     ├── InvalidSession (ValueError)  a session token is malformed, forged or expired
     └── PayloadTooLarge (ValueError) publish() data over 1 MiB of JSON
@@ -39,6 +42,19 @@ class SchemaError(LivepushError):
 
 class NotListeningError(LivepushError):
     """A receiver was registered on a fan-out before `await fanout.listen()`."""
+
+
+class ArgumentValueError(LivepushError, ValueError):
+    """A livepush call got an argument whose value it refuses (a negative delay, a limit out of
+    range, an empty name). Raised at the call, before anything is written; the message names the
+    call and the argument and says what it takes. A ValueError, so `except ValueError` holds."""
+
+
+class ArgumentTypeError(LivepushError, TypeError):
+    """A livepush call got an argument of a type it does not take (a str where seconds go, data
+    that is not JSON, a sync connection to an async call). Raised at the call, before anything is
+    written; the message names the argument and what it takes. A TypeError, so `except TypeError`
+    holds."""
 
 
 class InvalidTopic(LivepushError, ValueError):
@@ -76,6 +92,8 @@ def first_line(exc: BaseException) -> str:
 
 
 __all__ = [
+    "ArgumentTypeError",
+    "ArgumentValueError",
     "ConfigError",
     "DependencyError",
     "InvalidSession",

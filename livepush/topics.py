@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from itsdangerous import BadSignature, Signer
 
-from .errors import InvalidTopic
+from .errors import ArgumentValueError, InvalidTopic
 
 TOPIC_RE = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
 RESERVED_PREFIX = "_livepush."
@@ -83,7 +83,7 @@ def sign(topic: str, secrets: Sequence[str], ttl: float | None = None, *, now: f
     value = topic
     if ttl is not None:
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0 or ttl == math.inf:
-            raise ValueError(f"ttl must be a positive, finite number of seconds (or None: no expiry), got {ttl!r}")
+            raise ArgumentValueError(f"ttl must be a positive, finite number of seconds (or None: no expiry), got {ttl!r}")
         # Rounded up: cut down to the second before, a topic would lose up to a second of its
         # ttl, and one with a ttl under a second could be expired as it is made.
         # A huge ttl (10**100 for "never") wrote an expiry of as many digits, past what verify()

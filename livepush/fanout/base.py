@@ -38,7 +38,7 @@ from typing import Any
 
 from .. import metrics
 from ..channels import Handlers
-from ..errors import DependencyError, NotListeningError, PayloadTooLarge
+from ..errors import ArgumentTypeError, DependencyError, NotListeningError, PayloadTooLarge
 from ..types import JSON, Message, Offset, Receiver, ResyncHandler, Topic
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
@@ -69,18 +69,19 @@ def encode_payload(data: JSON, what: str = "publish() data") -> str:
     try:
         text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"{what} must be plain JSON: {exc}") from None
+        raise ArgumentTypeError(f"{what} must be plain JSON: {exc}") from None
     except RecursionError:
         # The encoder follows nesting on the interpreter's stack: a few KiB of lists in lists
         # go past it.
-        raise TypeError(f"{what} must be plain JSON: it is nested too deeply to encode; flatten it") from None
+        raise ArgumentTypeError(f"{what} must be plain JSON: it is nested too deeply to encode; flatten it") from None
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError as exc:
         # json.dumps keeps a lone surrogate (what Python makes of undecodable bytes, e.g. a file
         # name) as it is, and no store or client can take text that is not Unicode.
         bad = text[exc.start:exc.end]
-        raise TypeError(f"{what} must be plain JSON: it holds a lone surrogate ({bad!r}), not Unicode text") from None
+        raise ArgumentTypeError(f"{what} must be plain JSON: it holds a lone surrogate ({bad!r}), "
+                                "not Unicode text") from None
     if size > MAX_PAYLOAD_BYTES:
         raise PayloadTooLarge(
             f"{what} is {size} bytes of JSON, over the 1 MiB limit: send a reference "
@@ -93,13 +94,13 @@ def batch_pairs(messages: Iterable[tuple[Topic, JSON]]) -> list[tuple[Topic, JSO
     """The items of a publish_many as a list, each checked to be a (str topic, data) pair; an
     error names the item."""
     if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, Iterable):
-        raise TypeError(f"publish_many() takes an iterable of (topic, data) pairs, got {type(messages).__name__}")
+        raise ArgumentTypeError(f"publish_many() takes an iterable of (topic, data) pairs, got {type(messages).__name__}")
     items = list(messages)
     for i, item in enumerate(items):
         if not isinstance(item, tuple) or len(item) != 2:
-            raise TypeError(f"publish_many() takes (topic, data) pairs: item {i} is {item!r:.60}")
+            raise ArgumentTypeError(f"publish_many() takes (topic, data) pairs: item {i} is {item!r:.60}")
         if not isinstance(item[0], str):
-            raise TypeError(f"publish_many() item {i}: the topic must be a str, got {type(item[0]).__name__}")
+            raise ArgumentTypeError(f"publish_many() item {i}: the topic must be a str, got {type(item[0]).__name__}")
     return items
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..types import JSON, Message, Offset, Topic
+from ..errors import ArgumentValueError
 from .base import (HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, FanOut, History, encode_batch, encode_payload,
                    idle_expiry)
 
@@ -84,7 +85,7 @@ class LocalFanOut(FanOut):
 
     def publish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
         if conn is not None:
-            raise ValueError("conn= needs the Postgres fan-out: set LIVEPUSH_FANOUT=postgres")
+            raise ArgumentValueError("conn= needs the Postgres fan-out: set LIVEPUSH_FANOUT=postgres")
         text = encode_payload(data)
         with self._lock:
             offset = self._append(topic, text)
@@ -93,7 +94,7 @@ class LocalFanOut(FanOut):
 
     def publish_many(self, messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]:
         if conn is not None:
-            raise ValueError("conn= needs the Postgres fan-out: set LIVEPUSH_FANOUT=postgres")
+            raise ArgumentValueError("conn= needs the Postgres fan-out: set LIVEPUSH_FANOUT=postgres")
         encoded = encode_batch(messages)
         with self._lock:
             offsets = [self._append(topic, text) for topic, text in encoded]

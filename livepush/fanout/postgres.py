@@ -39,6 +39,7 @@ from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
 from ..postgres.text import BIGINT_MAX
 from ..types import JSON, Message, Offset, Topic
+from ..errors import ArgumentTypeError
 from .base import (HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, FanOut, History, encode_batch, encode_payload,
                    idle_expiry)
 
@@ -240,7 +241,7 @@ class PostgresFanOut(FanOut):
         text = encode_payload(data)
         if conn is not None:
             if not isinstance(conn, psycopg.Connection):
-                raise TypeError("publish(conn=) takes a psycopg.Connection; use apublish() for an AsyncConnection")
+                raise ArgumentTypeError("publish(conn=) takes a psycopg.Connection; use apublish() for an AsyncConnection")
             with translated_if_lost(self.url, conn), cursor_on(conn) as cur:
                 row = cur.execute(PUBLISH, (topic, text)).fetchone()
         else:
@@ -254,7 +255,8 @@ class PostgresFanOut(FanOut):
         text = encode_payload(data)
         if conn is not None:
             if not isinstance(conn, psycopg.AsyncConnection):
-                raise TypeError("apublish(conn=) takes a psycopg.AsyncConnection; use publish() for a sync Connection")
+                raise ArgumentTypeError("apublish(conn=) takes a psycopg.AsyncConnection; use publish() for a sync "
+                                        "Connection")
             with translated_if_lost(self.url, conn):
                 async with cursor_on(conn) as acur:
                     row = await (await acur.execute(PUBLISH, (topic, text))).fetchone()
@@ -272,8 +274,8 @@ class PostgresFanOut(FanOut):
             return []
         if conn is not None:
             if not isinstance(conn, psycopg.Connection):
-                raise TypeError("publish_many(conn=) takes a psycopg.Connection; use apublish_many() for an "
-                                "AsyncConnection")
+                raise ArgumentTypeError("publish_many(conn=) takes a psycopg.Connection; use apublish_many() for an "
+                                        "AsyncConnection")
             # In autocommit each statement would commit alone: the batch is one transaction still.
             with translated_if_lost(self.url, conn), \
                     conn.transaction() if conn.autocommit and len(statements) > 1 else contextlib.nullcontext(), \
@@ -293,8 +295,8 @@ class PostgresFanOut(FanOut):
         got = []
         if conn is not None:
             if not isinstance(conn, psycopg.AsyncConnection):
-                raise TypeError("apublish_many(conn=) takes a psycopg.AsyncConnection; use publish_many() for a "
-                                "sync Connection")
+                raise ArgumentTypeError("apublish_many(conn=) takes a psycopg.AsyncConnection; use publish_many() for a "
+                                        "sync Connection")
             with translated_if_lost(self.url, conn):
                 async with conn.transaction() if conn.autocommit and len(statements) > 1 \
                         else contextlib.nullcontext(), cursor_on(conn) as acur:

@@ -47,6 +47,7 @@ from ..redis.client import async_client, client_kwargs, deployment_prefix, faile
 from ..redis.subscriber import Subscriber
 from ..topics import TOPIC_RE
 from ..types import JSON, Message, Offset, Topic
+from ..errors import ArgumentValueError
 from .base import (HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, FanOut, History, encode_batch, encode_payload,
                    idle_expiry)
 
@@ -283,7 +284,7 @@ class RedisFanOut(FanOut):
     def _publish_calls(self, encoded: list[tuple[Topic, str]], conn: Any) -> list[tuple[list[str], list[Any]]]:
         """The script calls (keys, args) that publish `encoded`, PUBLISH_CHUNK messages each."""
         if conn is not None:
-            raise ValueError("conn= needs the Postgres fan-out: set LIVEPUSH_FANOUT=postgres")
+            raise ArgumentValueError("conn= needs the Postgres fan-out: set LIVEPUSH_FANOUT=postgres")
         calls: list[tuple[list[str], list[Any]]] = []
         used = 0
         for topic, json_text in encoded:

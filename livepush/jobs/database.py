@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager, contextmanager
 import psycopg
 
 from ..config import get_settings
-from ..errors import ConfigError
+from ..errors import ArgumentTypeError, ConfigError
 from ..postgres.connect import translated
 from ..postgres.pools import LoopPools
 from ..postgres.urls import check_url
@@ -32,7 +32,7 @@ def configure(url: str | None) -> None:
     # as an AttributeError, or named LIVEPUSH_DATABASE_URL, which was not what was wrong.
     if url is not None:
         if not isinstance(url, str):
-            raise TypeError(f"jobs.configure() takes a Postgres URL (a str) or None, got {type(url).__name__}")
+            raise ArgumentTypeError(f"jobs.configure() takes a Postgres URL (a str) or None, got {type(url).__name__}")
         if not url.strip():
             raise ConfigError("jobs.configure() was given an empty URL: pass a Postgres URL such as "
                               "postgresql://user@localhost/jobs, or None for LIVEPUSH_DATABASE_URL's database")
@@ -108,4 +108,4 @@ def conn_kind(conn: object) -> str:
         return "async"
     if isinstance(conn, psycopg.Connection):
         return "sync"
-    raise TypeError(f"conn= must be a psycopg Connection or AsyncConnection, got {type(conn).__name__}")
+    raise ArgumentTypeError(f"conn= must be a psycopg Connection or AsyncConnection, got {type(conn).__name__}")

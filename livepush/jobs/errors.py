@@ -1,7 +1,8 @@
 """Errors of the job runtime.
 
     LivepushError
-    ├── InvalidArgumentsError (TypeError)  job arguments are not plain JSON; names the path
+    ├── ArgumentTypeError (TypeError) > InvalidArgumentsError  job arguments are not plain JSON;
+    │                                      names the path
     ├── InvalidProgressError (ValueError)  ctx.progress() got something other than numbers
     ├── InvalidResultError (TypeError)     a job's or a checkpoint's result is not plain JSON
     ├── JobNotFound (LookupError)          no job with that id (jobs.signal)
@@ -22,10 +23,10 @@
 
 from __future__ import annotations
 
-from ..errors import ConfigError, LivepushError
+from ..errors import ArgumentTypeError, ConfigError, LivepushError
 
 
-class InvalidArgumentsError(LivepushError, TypeError):
+class InvalidArgumentsError(ArgumentTypeError):
     """Job arguments are not plain JSON. The message names the first offending path,
     e.g. ``args[1]["when"] is a datetime``."""
 

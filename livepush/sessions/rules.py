@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
-from ..errors import ConfigError
+from ..errors import ArgumentTypeError, ArgumentValueError, ConfigError
 from .tokens import Session
 from ..topics import RESERVED_PREFIX, TOPIC_RE
 
@@ -112,29 +112,31 @@ class Allow:
 
     def __post_init__(self) -> None:
         if not isinstance(self.pattern, str) or not self.pattern:
-            raise ValueError(f"Allow() needs a non-empty pattern string, got {self.pattern!r}")
+            raise ArgumentValueError(f"Allow() needs a non-empty pattern string, got {self.pattern!r}")
         if self.pattern.startswith(RESERVED_PREFIX):
-            raise ValueError(f"Allow({self.pattern!r}): topics starting with {RESERVED_PREFIX!r} are livepush's own")
+            raise ArgumentValueError(f"Allow({self.pattern!r}): topics starting with {RESERVED_PREFIX!r} are "
+                                     "livepush's own")
         if not isinstance(self.anonymous, bool):
             # Any truthy value would open the topics to everyone: "no" or "false" read from a
             # setting as text among them.
-            raise TypeError(f"Allow({self.pattern!r}, anonymous=...) must be True or False, got {self.anonymous!r}")
+            raise ArgumentTypeError(f"Allow({self.pattern!r}, anonymous=...) must be True or False, "
+                                    f"got {self.anonymous!r}")
         parts: list[str] = []
         kinds: list[str] = []
         tokens = _TOKEN_RE.findall(self.pattern)
         for token in tokens:
             if token == "*":
                 if kinds and kinds[-1] == "*":
-                    raise ValueError(f"Allow({self.pattern!r}): '**' means nothing more than '*': use one")
+                    raise ArgumentValueError(f"Allow({self.pattern!r}): '**' means nothing more than '*': use one")
                 parts.append("*")
                 kinds.append("*")
             elif token == SUBJECT_SLOT:
                 parts.append("\0")  # filled with the escaped subject at match time
                 kinds.append("subject")
             elif token.startswith("{") or token in ("{", "}"):
-                raise ValueError(f"Allow({self.pattern!r}): unknown slot {token!r}; the only slot is {{subject}}")
+                raise ArgumentValueError(f"Allow({self.pattern!r}): unknown slot {token!r}; the only slot is {{subject}}")
             elif not _LITERAL_RE.fullmatch(token):
-                raise ValueError(
+                raise ArgumentValueError(
                     f"Allow({self.pattern!r}): {token!r} has characters a topic never has; "
                     "use A-Z a-z 0-9 _ . : / - plus * and {subject}"
                 )
@@ -143,7 +145,7 @@ class Allow:
                 kinds.append("literal")
         for a, b in zip(kinds, kinds[1:]):
             if {a, b} == {"*", "subject"}:
-                raise ValueError(
+                raise ArgumentValueError(
                     f"Allow({self.pattern!r}): '*' next to {{subject}} would let one subject match another's "
                     "topics (subject 7 reading user:70): put a literal separator between them, e.g. user:{subject}:*"
                 )
@@ -160,13 +162,13 @@ class Allow:
             # side (which crosses separators), the slot may fall on any segment, and under
             # *:{subject}:* subject x would read team:7:x:inbox, inside subject 7's *:7:*.
             if "*" in kinds[:i] and "*" in kinds[i + 1:]:
-                raise ValueError(
+                raise ArgumentValueError(
                     f"Allow({self.pattern!r}): a '*' on both sides of {{subject}} lets the slot fall on any "
                     f"segment (subject x reading team:7:x:inbox under *:{{subject}}:*): keep the '*' to one "
                     f"side, e.g. team:{{subject}}:* or *:{{subject}}"
                 )
             if after or before:
-                raise ValueError(
+                raise ArgumentValueError(
                     f"Allow({self.pattern!r}): a '*' could stretch {{subject}} into another subject's topics "
                     f"(subject 7-x reading user:7-x-inbox under user:{{subject}}-*): put a separator "
                     f"({', '.join(sorted(SEPARATORS))}) between {{subject}} and the '*' "
@@ -174,7 +176,7 @@ class Allow:
                 )
         has_subject = "subject" in kinds
         if has_subject and self.anonymous:
-            raise ValueError(
+            raise ArgumentValueError(
                 f"Allow({self.pattern!r}, anonymous=True): a {{subject}} rule needs a session, so it can never "
                 "match an anonymous connection; drop anonymous=True"
             )
@@ -200,7 +202,7 @@ class Allow:
 
 def _positive(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"App({name}=...) must be a positive number of seconds, got {value!r}")
+        raise ArgumentValueError(f"App({name}=...) must be a positive number of seconds, got {value!r}")
     return float(value)
 
 
@@ -240,13 +242,13 @@ class App:
         self.rules: tuple[Allow, ...] = tuple(rules)
         for i, rule in enumerate(self.rules):
             if not isinstance(rule, Allow):
-                raise TypeError(f"App(rules=...): item {i} is a {type(rule).__name__}, not livepush.Allow")
+                raise ArgumentTypeError(f"App(rules=...): item {i} is a {type(rule).__name__}, not livepush.Allow")
         if authorize is not None and not callable(authorize):
-            raise TypeError(f"App(authorize=...) must be callable(session, topic), got {type(authorize).__name__}")
+            raise ArgumentTypeError(f"App(authorize=...) must be callable(session, topic), got {type(authorize).__name__}")
         self.authorize = authorize
         self.authorize_timeout = _positive("authorize_timeout", authorize_timeout)
         if isinstance(max_subscriptions, bool) or not isinstance(max_subscriptions, int) or max_subscriptions < 1:
-            raise ValueError(f"App(max_subscriptions=...) must be a positive int, got {max_subscriptions!r}")
+            raise ArgumentValueError(f"App(max_subscriptions=...) must be a positive int, got {max_subscriptions!r}")
         self.max_subscriptions = max_subscriptions
         self.reverify_interval = _positive("reverify_interval", reverify_interval)
         self._authorize_is_async = authorize is not None and _is_async(authorize)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from itsdangerous import BadData, BadSignature, URLSafeSerializer
 
 from ..config import get_settings
-from ..errors import InvalidSession
+from ..errors import ArgumentValueError, InvalidSession
 from ..postgres.text import unstorable
 
 MAX_TOKEN_LENGTH = 4096
@@ -59,14 +59,14 @@ def _serializer(secrets: Sequence[str]) -> URLSafeSerializer:
 
 def check_subject(subject: object) -> str:
     if not isinstance(subject, str):
-        raise ValueError(f"a session subject must be a string (e.g. a user id), got {type(subject).__name__}")
+        raise ArgumentValueError(f"a session subject must be a string (e.g. a user id), got {type(subject).__name__}")
     if not subject:
-        raise ValueError("a session subject must not be empty: use the user's id")
+        raise ArgumentValueError("a session subject must not be empty: use the user's id")
     bad = unstorable(subject)
     if bad:  # a revocation stores the subject in Postgres
-        raise ValueError(f"a session subject must not contain {bad}: use the user's id")
+        raise ArgumentValueError(f"a session subject must not contain {bad}: use the user's id")
     if len(subject) > MAX_SUBJECT_LENGTH:
-        raise ValueError(
+        raise ArgumentValueError(
             f"a session subject is at most {MAX_SUBJECT_LENGTH} characters, got {len(subject)}: use an id, not a document"
         )
     return subject
@@ -74,9 +74,10 @@ def check_subject(subject: object) -> str:
 
 def _check_ttl(ttl: object) -> float:
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl) or ttl <= 0:
-        raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
+        raise ArgumentValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
     if ttl > MAX_TTL:
-        raise ValueError(f"ttl is at most {int(MAX_TTL)} seconds (366 days), got {ttl!r}: issue a new token instead")
+        raise ArgumentValueError(f"ttl is at most {int(MAX_TTL)} seconds (366 days), got {ttl!r}: "
+                                 "issue a new token instead")
     return float(ttl)
 
 

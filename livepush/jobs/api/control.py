@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from ...errors import DependencyError
+from ...errors import ArgumentValueError, DependencyError
 from .. import database, queries
 from ..errors import GroupClosedError
 from ..events.views import job_view
@@ -121,8 +121,8 @@ def retry_failed(job_id: int) -> bool:
         if found is None:
             return False
         if found[1] is not None:
-            raise ValueError(f"job {job_id} ran a step of workflow run {found[1]}, which ended when it failed: a "
-                             "run does not go on once it ended; start a new run")
+            raise ArgumentValueError(f"job {job_id} ran a step of workflow run {found[1]}, which ended when it failed: a "
+                                     "run does not go on once it ended; start a new run")
         try:
             # A savepoint: the unique violation below undoes only this statement.
             with conn.transaction():

@@ -22,33 +22,34 @@ from .args import check_args, dumps, name_refused
 from .handles import JobHandle
 from .options import check_debounce, check_key, check_tags
 from .registry import REGISTRY, JobRequest, JobSpec
+from ...errors import ArgumentTypeError, ArgumentValueError
 
 
 def run_at(wait: float | None, at: datetime | None) -> datetime | None:
     """When to run, from `wait=` (seconds) or `at=` (an aware datetime); None for now."""
     if wait is not None and at is not None:
-        raise TypeError("give wait= (seconds) or at= (an aware datetime), not both")
+        raise ArgumentTypeError("give wait= (seconds) or at= (an aware datetime), not both")
     if at is not None:
         if not isinstance(at, datetime) or at.tzinfo is None or at.utcoffset() is None:
-            raise TypeError(f"at= must be an aware datetime (e.g. datetime.now(timezone.utc)), got {at!r}")
+            raise ArgumentTypeError(f"at= must be an aware datetime (e.g. datetime.now(timezone.utc)), got {at!r}")
         try:
             # Postgres would store an instant before year 1 or after 9999 in UTC, but psycopg
             # could not read it back as a datetime: every claim, get_job or status meeting it would fail.
             at.astimezone(timezone.utc)
         except OverflowError:
-            raise ValueError(f"at= {at.isoformat()} is outside the years 1 to 9999 in UTC") from None
+            raise ArgumentValueError(f"at= {at.isoformat()} is outside the years 1 to 9999 in UTC") from None
         return at
     if wait is not None:
         if isinstance(wait, bool) or not isinstance(wait, (int, float)):
-            raise TypeError(f"wait= takes a number of seconds, got {type(wait).__name__} {wait!r:.60}")
+            raise ArgumentTypeError(f"wait= takes a number of seconds, got {type(wait).__name__} {wait!r:.60}")
         if not wait >= 0 or wait == math.inf:  # `not >=` also catches NaN
-            raise ValueError(f"wait= must be zero or more seconds, a finite number, got {wait!r}")
+            raise ArgumentValueError(f"wait= must be zero or more seconds, a finite number, got {wait!r}")
         if wait == 0:
             return None
         try:
             return datetime.now(timezone.utc) + timedelta(seconds=wait)
         except OverflowError:
-            raise ValueError(f"wait= of {wait!r} seconds ends after the year 9999: pass a shorter delay") from None
+            raise ArgumentValueError(f"wait= of {wait!r} seconds ends after the year 9999: pass a shorter delay") from None
     return None
 
 
@@ -243,18 +244,18 @@ def item(entry: Any) -> tuple[JobSpec, Sequence[Any], datetime | None, str | Non
             return entry[0], entry[1], None, None, NO_OPTIONS
         options = entry[2]
         if type(options) is not dict and not isinstance(options, Mapping):
-            raise TypeError(f"enqueue_many() item options are a dict of {sorted(ITEM_OPTIONS)}, "
-                            f"got {type(options).__name__} {options!r:.60}")
+            raise ArgumentTypeError(f"enqueue_many() item options are a dict of {sorted(ITEM_OPTIONS)}, "
+                                    f"got {type(options).__name__} {options!r:.60}")
         if not ITEM_OPTIONS.issuperset(options):  # no set built per item: most are fine
             unknown = set(options) - ITEM_OPTIONS
-            raise TypeError(f"enqueue_many() item options take {sorted(ITEM_OPTIONS)}, got {sorted(unknown)}"
-                            + (" (debounce= is for a single enqueue)" if "debounce" in unknown else ""))
+            raise ArgumentTypeError(f"enqueue_many() item options take {sorted(ITEM_OPTIONS)}, got {sorted(unknown)}"
+                                    + (" (debounce= is for a single enqueue)" if "debounce" in unknown else ""))
         if "wait" not in options and "at" not in options:
             return entry[0], entry[1], None, None, options  # key= and tags= only: Batch.add's own names
         key, tags = options.get("key"), options.get("tags")
         extra = NO_OPTIONS if key is None and tags is None else {"key": key, "tags": tags}
         return entry[0], entry[1], run_at(options.get("wait"), options.get("at")), None, extra
-    raise TypeError(
+    raise ArgumentTypeError(
         "enqueue_many() takes JobRequest values (some_job.request(*args)) or (job_function, args) tuples, "
         f"got {entry!r}"
     )
@@ -264,14 +265,15 @@ def run_batch(batch: Batch, conn: Any = None, debounce: float | None = None) -> 
     """Insert a batch with a sync connection (the caller's, or ours and committed here)."""
     if not len(batch):
         return []
+    # The caller's conn= is checked before the settings are: its mistake is the one to name.
+    if conn is not None and database.conn_kind(conn) != "sync":
+        raise ArgumentTypeError("enqueue(conn=) takes a sync psycopg Connection; use aenqueue() with an AsyncConnection")
     sql, params = batch.statement(debounce)
     url = database.database_url()
     if conn is None:
         with translated(url), database.pools().sync().connection() as own, autocommitted(own):
             rows = own.execute(sql, params).fetchall()
     else:
-        if database.conn_kind(conn) != "sync":
-            raise TypeError("enqueue(conn=) takes a sync psycopg Connection; use aenqueue() with an AsyncConnection")
         with translated(url), cursor_on(conn) as cur:
             rows = cur.execute(sql, params).fetchall()
     return [JobHandle(row[0], row[1]) for row in rows]
@@ -280,6 +282,8 @@ def run_batch(batch: Batch, conn: Any = None, debounce: float | None = None) -> 
 async def arun_batch(batch: Batch, conn: Any = None, debounce: float | None = None) -> list[JobHandle]:
     if not len(batch):
         return []
+    if conn is not None and database.conn_kind(conn) != "async":
+        raise ArgumentTypeError("aenqueue(conn=) takes a psycopg AsyncConnection; use enqueue() with a sync Connection")
     sql, params = batch.statement(debounce)
     url = database.database_url()
     if conn is None:
@@ -287,8 +291,6 @@ async def arun_batch(batch: Batch, conn: Any = None, debounce: float | None = No
             async with (await database.pools().aget()).connection() as own, aautocommitted(own):
                 rows = await (await own.execute(sql, params)).fetchall()
     else:
-        if database.conn_kind(conn) != "async":
-            raise TypeError("aenqueue(conn=) takes a psycopg AsyncConnection; use enqueue() with a sync Connection")
         with translated(url):
             async with cursor_on(conn) as cur:
                 rows = await (await cur.execute(sql, params)).fetchall()
@@ -329,8 +331,8 @@ def enqueue_many(items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
 def many(items: Iterable[Any]) -> Batch:
     """The batch of an enqueue_many, every item checked before anything is written."""
     if not isinstance(items, Iterable):
-        raise TypeError(f"enqueue_many() takes an iterable of job.request(*args) values or (job_function, args) "
-                        f"tuples, got {type(items).__name__} {items!r:.60}")
+        raise ArgumentTypeError(f"enqueue_many() takes an iterable of job.request(*args) values or (job_function, args) "
+                                f"tuples, got {type(items).__name__} {items!r:.60}")
     batch = Batch()
     for entry in items:
         fn, args, when, queue, extra = item(entry)

@@ -16,6 +16,7 @@ from .limits import Limits, limits_of
 from .options import check_name, check_queue
 from .registry import REGISTRY, JobRequest
 from .schema import compile_schema
+from ...errors import ArgumentTypeError, ArgumentValueError
 
 MAX_BACKOFF = 3600.0
 
@@ -23,6 +24,12 @@ MAX_BACKOFF = 3600.0
 def default_backoff(attempt: int) -> float:
     """Seconds before retry number `attempt` (1 after the first failure): about 2^attempt,
     jittered by ±25 % so a burst of failures does not come back as a burst, capped at an hour."""
+    # Called from a user's own backoff= too: a str met `min()` with a bare TypeError.
+    if isinstance(attempt, bool) or not isinstance(attempt, int):
+        raise ArgumentTypeError(f"default_backoff() takes the attempt number, an int from 1 up, "
+                                f"got {type(attempt).__name__} {attempt!r:.40}")
+    if attempt < 1:
+        raise ArgumentValueError(f"default_backoff() takes the attempt number, 1 after the first failure, got {attempt}")
     # The exponent is capped (2^12 s is past the cap already): 2.0 ** 1024 overflows, and raised
     # in the executor's failure path it left the job `running` for good.
     base = min(2.0 ** min(attempt, 12), MAX_BACKOFF)
@@ -34,20 +41,20 @@ INT4_MAX = 2**31 - 1  # the largest value of Postgres' integer (priority and max
 
 def _check_int4(option: str, value: Any, least: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"@jobs.job({option}=) takes an int, got {type(value).__name__} {value!r:.60}")
+        raise ArgumentTypeError(f"@jobs.job({option}=) takes an int, got {type(value).__name__} {value!r:.60}")
     if not least <= value <= INT4_MAX:
-        raise ValueError(f"@jobs.job({option}=) must be from {least} to {INT4_MAX}, got {value}")
+        raise ArgumentValueError(f"@jobs.job({option}=) must be from {least} to {INT4_MAX}, got {value}")
 
 
 def _check_never_retry(never_retry: Any) -> tuple[type[BaseException], ...]:
     # Read only when an attempt fails, by isinstance(): anything but exception classes made that
     # raise, and the failure was never written.
     if isinstance(never_retry, (str, bytes, type)) or not isinstance(never_retry, Iterable):
-        raise TypeError(f"@jobs.job(never_retry=) takes a tuple of exception classes, got {never_retry!r:.60}")
+        raise ArgumentTypeError(f"@jobs.job(never_retry=) takes a tuple of exception classes, got {never_retry!r:.60}")
     classes = tuple(never_retry)
     for c in classes:
         if not (isinstance(c, type) and issubclass(c, BaseException)):
-            raise TypeError(f"@jobs.job(never_retry=) takes exception classes, got {c!r:.60} among them")
+            raise ArgumentTypeError(f"@jobs.job(never_retry=) takes exception classes, got {c!r:.60} among them")
     return classes
 
 
@@ -80,7 +87,7 @@ class JobFunction:
         # Not a bool (True would be a 1 s timeout) nor a str (whose comparison raised a bare TypeError).
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                     or not timeout > 0):  # NaN too
-            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+            raise ArgumentValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
         self.func = func
         self.name = check_name(name or f"{func.__module__}.{func.__qualname__}", "@jobs.job(name=)")
         self.queue = queue
@@ -91,8 +98,8 @@ class JobFunction:
         if not callable(backoff):
             # Called only when an attempt fails: every retry would log its error and fall back
             # to the default, the mistake found in a runtime's log rather than at import.
-            raise TypeError(f"@jobs.job(backoff=) takes a function of the attempt number (1 after the first "
-                            f"failure) returning seconds, e.g. lambda n: 10 * n; got {backoff!r:.60}")
+            raise ArgumentTypeError(f"@jobs.job(backoff=) takes a function of the attempt number (1 after the first "
+                                    f"failure) returning seconds, e.g. lambda n: 10 * n; got {backoff!r:.60}")
         self.backoff = backoff
         # Claim limits (docs/jobs.md "Limits and paused queues"): runtimes store them at start.
         self.limits: Limits = limits_of(func, concurrency, rate)
@@ -169,13 +176,13 @@ def job(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
         if not callable(func):
             # `@jobs.job("imports")` (a queue given positionally) failed with an AttributeError
             # about `__module__` from deep inside.
-            raise TypeError(f"@jobs.job takes its options as keywords, e.g. @jobs.job(queue={func!r:.60}), and "
-                            f"decorates a function; got {type(func).__name__} {func!r:.60}")
+            raise ArgumentTypeError(f"@jobs.job takes its options as keywords, e.g. @jobs.job(queue={func!r:.60}), and "
+                                    f"decorates a function; got {type(func).__name__} {func!r:.60}")
         return REGISTRY.add(JobFunction(func))
     unknown = set(options) - {"name", "queue", "priority", "max_attempts", "timeout", "never_retry", "backoff",
                               "schema", "concurrency", "rate"}
     if unknown:
-        raise TypeError(f"@jobs.job() got unknown options {sorted(unknown)}")
+        raise ArgumentTypeError(f"@jobs.job() got unknown options {sorted(unknown)}")
     queue = options.get("queue", "default")
     check_queue(queue, "@jobs.job(queue=)")
 

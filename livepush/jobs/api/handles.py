@@ -8,6 +8,7 @@ import time
 from ...api import sign_topic
 from ...config import get_settings
 from ...postgres.text import BIGINT_MAX
+from ...errors import ArgumentTypeError
 
 
 def signed_for_page(topic: str, ttl: float | None = None) -> str:
@@ -69,5 +70,5 @@ def checked_id(value: object, what: str) -> int:
     """`value` as a job or group id; TypeError naming `what` unless it is an int."""
     if isinstance(value, bool) or not isinstance(value, int):
         hint = " (pass its .id)" if hasattr(value, "id") else ""
-        raise TypeError(f"{what} must be an int{hint}, got {type(value).__name__} {value!r:.60}")
+        raise ArgumentTypeError(f"{what} must be an int{hint}, got {type(value).__name__} {value!r:.60}")
     return value if 0 < value <= BIGINT_MAX else NO_SUCH_ID

@@ -79,7 +79,8 @@ class Limits:
         elif self.key_default is not _MISSING:
             value = self.key_default
         else:
-            raise TypeError(f"the concurrency key {self.key_param!r} is missing from the arguments {list(args)!r:.80}")
+            raise InvalidArgumentsError(f"the concurrency key {self.key_param!r} is missing from the arguments "
+                                        f"{list(args)!r:.80}: pass it, by position, to every enqueue of {name}")
         text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         if len(text) > MAX_KEY_LENGTH:  # stored in an index, as key= is
             raise InvalidArgumentsError(

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from ...postgres.text import unstorable
-from ...errors import ConfigError
+from ...errors import ArgumentTypeError, ArgumentValueError, ConfigError
 from ..errors import InvalidArgumentsError
 
 MAX_KEY_LENGTH = 500  # characters; a key is an index entry, and Postgres refuses btree entries past ~2,700 bytes
@@ -92,13 +92,13 @@ def check_debounce(debounce: Any, key: str | None, wait: float | None, at: datet
     if debounce is None:
         return None
     if key is None:
-        raise ValueError("debounce= needs key=: the key names the pending job a later enqueue replaces")
+        raise ArgumentValueError("debounce= needs key=: the key names the pending job a later enqueue replaces")
     if wait is not None or at is not None:
-        raise ValueError("debounce= sets the run time (now + debounce): give it without wait= or at=")
+        raise ArgumentValueError("debounce= sets the run time (now + debounce): give it without wait= or at=")
     if isinstance(debounce, bool) or not isinstance(debounce, (int, float)):
-        raise TypeError(f"debounce= takes a number of seconds, got {type(debounce).__name__} {debounce!r:.60}")
+        raise ArgumentTypeError(f"debounce= takes a number of seconds, got {type(debounce).__name__} {debounce!r:.60}")
     if not debounce >= 0 or debounce == math.inf:  # `not >=` also catches NaN
-        raise ValueError(f"debounce= must be zero or more seconds, a finite number, got {debounce!r}")
+        raise ArgumentValueError(f"debounce= must be zero or more seconds, a finite number, got {debounce!r}")
     if debounce > MAX_DEBOUNCE:
-        raise ValueError(f"debounce= of {debounce!r} seconds is more than a year: pass a shorter delay")
+        raise ArgumentValueError(f"debounce= of {debounce!r} seconds is more than a year: pass a shorter delay")
     return float(debounce)

@@ -11,6 +11,7 @@ from .. import database, queries
 from ..events.views import job_view
 from .handles import checked_id
 from .options import check_tag
+from ...errors import ArgumentValueError
 
 MAX_LISTED = 1000  # jobs per list_tagged() call
 
@@ -67,7 +68,7 @@ async def aget_job(job_id: int) -> JobInfo | None:
 def tagged_params(tag: str, limit: int, unfinished: bool) -> dict[str, Any]:
     """TAGGED_IDS parameters, checked."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LISTED:
-        raise ValueError(f"limit= must be an int from 1 to {MAX_LISTED}, got {limit!r}")
+        raise ArgumentValueError(f"limit= must be an int from 1 to {MAX_LISTED}, got {limit!r}")
     return {"tag": check_tag(tag), "limit": limit, "unfinished": bool(unfinished)}
 
 

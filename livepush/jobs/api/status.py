@@ -24,6 +24,7 @@ from ..groups import queries as group_queries
 from ..groups import steps
 from ..groups.transactions import ain_tx, in_tx
 from ..workflows import queries as workflow_queries
+from ...errors import ArgumentValueError
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 1000
@@ -120,7 +121,7 @@ class Status:
 
 def checked_limit(limit: Any) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
-        raise ValueError(f"limit takes an int from 1 to {MAX_LIMIT}, got {limit!r}")
+        raise ArgumentValueError(f"limit takes an int from 1 to {MAX_LIMIT}, got {limit!r}")
     return limit
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from ... import api
 from ...config import get_settings
-from ...errors import ConfigError
+from ...errors import ArgumentTypeError, ConfigError
 from .. import database, queries
 from ..groups import queries as group_queries
 from ..workflows import queries as workflow_queries
@@ -32,9 +32,19 @@ def _drained_queues(queues: Sequence[str] | None) -> list[str] | None:
     # A str is a sequence too: drain("imports") would drain the queues "i", "m", "p", ... and
     # report that nothing was due.
     if isinstance(queues, (str, bytes)) or (queues is not None and not isinstance(queues, Sequence)):
-        raise TypeError(f"drain(queues=) takes a list of queue names, got {type(queues).__name__} {queues!r:.60}"
-                        + (f" (wrap a single queue in a list: [{queues!r:.60}])" if isinstance(queues, str) else ""))
+        raise ArgumentTypeError(f"drain(queues=) takes a list of queue names, got {type(queues).__name__} "
+                                f"{queues!r:.60}"
+                                + (f" (wrap a single queue in a list: [{queues!r:.60}])" if isinstance(queues, str)
+                                   else ""))
     return [check_queue(q, "drain(queues=)") for q in queues] if queues else None
+
+
+def _registry(registry: Registry) -> Registry:
+    """drain()'s `registry`, checked: the runtime would otherwise take it for module names."""
+    if not isinstance(registry, Registry):
+        raise ArgumentTypeError(f"drain(registry=) takes a livepush.jobs Registry (jobs.REGISTRY by default), got "
+                                f"{type(registry).__name__} {registry!r:.60}")
+    return registry
 
 
 def _max_jobs(max_jobs: int | None) -> int | None:
@@ -42,8 +52,8 @@ def _max_jobs(max_jobs: int | None) -> int | None:
     # Compared with the count of jobs run, a str raised a bare TypeError from inside the loop
     # (after the runtime opened), and a negative or float bound was taken as given.
     if max_jobs is not None and (isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs < 0):
-        raise TypeError(f"drain(max_jobs=) takes a whole number from 0 up, or None for no bound; got "
-                        f"{type(max_jobs).__name__} {max_jobs!r:.60}")
+        raise ArgumentTypeError(f"drain(max_jobs=) takes a whole number from 0 up, or None for no bound; got "
+                                f"{type(max_jobs).__name__} {max_jobs!r:.60}")
     return max_jobs
 
 
@@ -52,6 +62,7 @@ async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = RE
     """drain() for async code."""
     queues = _drained_queues(queues)
     max_jobs = _max_jobs(max_jobs)
+    registry = _registry(registry)
     rt = Runtime(registry, queues=queues or ["default"], concurrency=1,
                  install_signals=False, heartbeat=60.0, flush_delay=0.0, listen=False)
     await rt._open()
@@ -94,6 +105,7 @@ def drain(queues: Sequence[str] | None = None, *, registry: Registry = REGISTRY,
         in_loop = True
     _drained_queues(queues)  # refused here, in the caller's thread, not from the drain's
     _max_jobs(max_jobs)
+    _registry(registry)
     if not in_loop:
         # Outside the except block: run there, every error the jobs raise would be chained to
         # that RuntimeError, and each failed job's logged traceback would start with it.

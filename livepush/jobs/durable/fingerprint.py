@@ -9,6 +9,7 @@ from typing import Any
 import rfc8785
 
 from ..api.args import check_json
+from ...errors import ArgumentValueError
 
 # The default of ctx.checkpoint(input=): no input given (None is an input, and has a fingerprint).
 NO_INPUT: Any = object()
@@ -25,8 +26,8 @@ def _check_numbers(value: Any, path: str) -> None:
         if isinstance(value, float) and not math.isfinite(value):
             return  # check_json names it
         if abs(value) > MAX_SAFE_INTEGER:
-            raise ValueError(f"{path} is {value!r}, beyond ±(2**53-1): RFC 8785 writes numbers as IEEE doubles, "
-                             "so it cannot fingerprint it exactly; pass it as a string")
+            raise ArgumentValueError(f"{path} is {value!r}, beyond ±(2**53-1): RFC 8785 writes numbers as IEEE doubles, "
+                                     "so it cannot fingerprint it exactly; pass it as a string")
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
             _check_numbers(item, f"{path}[{i}]")
@@ -38,6 +39,6 @@ def _check_numbers(value: Any, path: str) -> None:
 def input_fingerprint(value: Any) -> str:
     """64 lowercase hex characters: SHA-256 of the RFC 8785 canonical JSON of `value`. Raises
     ValueError for a number whose magnitude is over 2**53-1, and for anything not plain JSON."""
-    check_json(value, "input", ValueError, "checkpoint inputs")
+    check_json(value, "input", ArgumentValueError, "checkpoint inputs")
     _check_numbers(value, "input")
     return hashlib.sha256(rfc8785.dumps(value)).hexdigest()

@@ -46,6 +46,7 @@ from ..groups import queries as gq
 from ..groups import steps
 from . import queries as dq
 from .fingerprint import NO_INPUT, input_fingerprint
+from ...errors import ArgumentTypeError, ArgumentValueError
 
 
 
@@ -72,8 +73,8 @@ _CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailu
 
 def check_name(name: Any, what: str) -> str:
     if not isinstance(name, str) or not name or len(name) > MAX_NAME or unstorable(name):
-        raise ValueError(f"{what} takes a name: a non-empty str of at most {MAX_NAME} characters Postgres can "
-                         f"store, got {name!r:.80}")
+        raise ArgumentValueError(f"{what} takes a name: a non-empty str of at most {MAX_NAME} characters Postgres can "
+                                 f"store, got {name!r:.80}")
     return name
 
 
@@ -84,7 +85,7 @@ MAX_SECONDS = 100 * 366 * 24 * 3600.0
 def _seconds(value: Any, what: str) -> float:
     if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0
             or not value <= MAX_SECONDS):
-        raise ValueError(f"{what} takes a number of seconds from 0 to 100 years, got {value!r:.60}")
+        raise ArgumentValueError(f"{what} takes a number of seconds from 0 to 100 years, got {value!r:.60}")
     return float(value)
 
 
@@ -240,7 +241,7 @@ class DurableRun:
         requests = list(requests)
         for r in requests:
             if not isinstance(r, JobRequest):
-                raise TypeError(f"ctx.run_children() takes job requests (some_job.request(*args)), got {r!r:.80}")
+                raise ArgumentTypeError(f"ctx.run_children() takes job requests (some_job.request(*args)), got {r!r:.80}")
         if requests:
             building.check_limit(len(requests))
 

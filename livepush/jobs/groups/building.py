@@ -26,6 +26,7 @@ from ..errors import GroupClosedError, GroupLimitError, GroupNotFound, LeaseLost
 from . import queries as gq
 from . import steps
 from .transactions import ain_tx, check_conn, in_tx
+from ...errors import ArgumentTypeError, ArgumentValueError
 
 MAX_GROUP_MEMBERS = 100_000  # members per group, whichever way they are added
 DEFAULT_SHARDS = 16  # counter rows per group: outcomes of different shards never wait on each other
@@ -105,9 +106,9 @@ def _callbacks(on_finish: Any, on_success: Any, on_failure: Any) -> dict[str, st
 
 def _shards(shards: int) -> int:
     if isinstance(shards, bool) or not isinstance(shards, int):
-        raise TypeError(f"shards= must be an int from 1 to 1024, got {type(shards).__name__} {shards!r:.40}")
+        raise ArgumentTypeError(f"shards= must be an int from 1 to 1024, got {type(shards).__name__} {shards!r:.40}")
     if not 1 <= shards <= 1024:
-        raise ValueError(f"shards= must be between 1 and 1024, got {shards}")
+        raise ArgumentValueError(f"shards= must be between 1 and 1024, got {shards}")
     return shards
 
 
@@ -155,10 +156,10 @@ class GroupBuilder:
         queue = None
         if isinstance(fn, JobRequest):
             if args:
-                raise TypeError("g.enqueue(job.request(...)) takes no further arguments")
+                raise ArgumentTypeError("g.enqueue(job.request(...)) takes no further arguments")
             fn, args, queue = fn.function, fn.args, fn.queue
         if not isinstance(fn, JobSpec) or isinstance(fn, type):
-            raise TypeError(f"g.enqueue() takes a @jobs.job function and its arguments, got {fn!r}")
+            raise ArgumentTypeError(f"g.enqueue() takes a @jobs.job function and its arguments, got {fn!r}")
         check_limit(len(self._batch) + 1)
         self._batch.add(fn, args, run_at(wait, at), self.id, queue, key=key, tags=tags)
 
@@ -277,6 +278,10 @@ def _add_many_steps(group_id: int, batch: Batch) -> steps.Steps[list[JobHandle]]
 
 
 def _batch_of(group_id: int, items: Iterable[Any]) -> Batch:
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+        # Iterated below, a number raised Python's bare "'int' object is not iterable".
+        raise ArgumentTypeError(f"add_many_to_group() takes an iterable of job.request(*args) values or "
+                                f"(job_function, args) tuples, got {type(items).__name__} {items!r:.60}")
     batch = Batch()
     for entry in items:
         # Checked per item, as the block does: an endless or huge iterable is refused at the
@@ -294,11 +299,11 @@ def job_and_args(fn: Any, args: Sequence[Any], what: str) -> tuple[JobSpec, Sequ
     queue = None
     if isinstance(fn, JobRequest):
         if args:
-            raise TypeError(f"{what}(job.request(...)) takes no further arguments")
+            raise ArgumentTypeError(f"{what}(job.request(...)) takes no further arguments")
         fn, args, queue = fn.function, fn.args, fn.queue
     if not is_spec(fn):
-        raise TypeError(f"{what}() takes a @jobs.job function and its arguments, or job.request(...), "
-                        f"got {type(fn).__name__} {fn!r:.60}")
+        raise ArgumentTypeError(f"{what}() takes a @jobs.job function and its arguments, or job.request(...), "
+                                f"got {type(fn).__name__} {fn!r:.60}")
     return fn, args, queue
 
 

@@ -11,6 +11,7 @@ from .. import database
 from ..api.handles import checked_id
 from ..events.views import group_view, iso
 from . import queries as gq
+from ...errors import ArgumentValueError
 
 
 def _read(sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -48,9 +49,9 @@ def _cursor(value: Any, what: str) -> int:
 
 def _check_limit(limit: Any) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"limit must be an int of at least 1, got {limit!r:.60}")
+        raise ArgumentValueError(f"limit must be an int of at least 1, got {limit!r:.60}")
     if limit > MAX_PAGE:
-        raise ValueError(f"limit must be an int from 1 to {MAX_PAGE}, got {limit!r:.60}")
+        raise ArgumentValueError(f"limit must be an int from 1 to {MAX_PAGE}, got {limit!r:.60}")
 
 
 def group_members(group_id: int, after: int | None = None, limit: int = 100) -> tuple[list[dict[str, Any]], int | None]:

@@ -24,6 +24,7 @@ from ..api.registry import JobRequest
 from ..errors import InvalidArgumentsError
 from ..events.views import group_event
 from . import queries as gq
+from ...errors import ArgumentTypeError
 
 T = TypeVar("T")
 Row = dict[str, Any]
@@ -153,7 +154,7 @@ def callback_spec(request: Any) -> str | None:
     if request is None:
         return None
     if not isinstance(request, JobRequest):
-        raise TypeError(f"group callbacks are job requests (some_job.request(*args)), got {request!r}")
+        raise ArgumentTypeError(f"group callbacks are job requests (some_job.request(*args)), got {request!r}")
     fn = request.function
     # request() checked the arguments on its fast path, which does not measure ints: encode()
     # names one too long for JSON text (InvalidArgumentsError, as enqueue does), where

@@ -11,6 +11,7 @@ import psycopg
 from ...postgres.connect import translated
 from .. import database
 from . import steps
+from ...errors import ArgumentTypeError
 
 T = TypeVar("T")
 RETRIES = 5
@@ -50,7 +51,7 @@ _WRONG_KIND = {
 def check_conn(conn: Any, kind: str) -> None:
     """TypeError unless `conn` is a psycopg connection of `kind` ("sync" or "async")."""
     if database.conn_kind(conn) != kind:
-        raise TypeError(_WRONG_KIND[kind])
+        raise ArgumentTypeError(_WRONG_KIND[kind])
 
 
 def in_tx(make: Callable[[], steps.Steps[T]], conn: Any) -> T:

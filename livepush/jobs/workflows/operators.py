@@ -28,6 +28,7 @@ from ..groups import steps
 from ..groups.transactions import ain_tx, in_tx
 from . import engine
 from . import queries as wq
+from ...errors import ArgumentTypeError, ArgumentValueError
 
 def _run_id(value: Any) -> int:
     """`value` as a run id; an int no run can have is WorkflowNotFound named as given (checked_id
@@ -42,10 +43,10 @@ def _text(value: Any, what: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str or None, got {type(value).__name__}")
+        raise ArgumentTypeError(f"{what} must be a str or None, got {type(value).__name__}")
     bad = unstorable(value)
     if bad:
-        raise ValueError(f"{what} contains {bad}, which Postgres cannot store")
+        raise ArgumentValueError(f"{what} contains {bad}, which Postgres cannot store")
     return value[:1000]
 
 
@@ -54,7 +55,7 @@ def _verb_steps(run_id: int, verb: str, step: str | None, actor: str | None, rea
     try:
         applied, to_cancel, run = yield from engine.operator(run_id, verb, step, actor, reason)
     except KeyError:
-        raise ValueError(f"workflow run {run_id} has no step {step!r}") from None
+        raise ArgumentValueError(f"workflow run {run_id} has no step {step!r}") from None
     if run is None:
         raise WorkflowNotFound(f"no workflow run {run_id} (never started, or deleted after its retention time)")
     return applied, to_cancel
@@ -132,7 +133,7 @@ def _target(run_id: int, name: str, lock: bool) -> steps.Steps[dict[str, Any]]:
         raise WorkflowNotFound(f"no workflow run {run_id} (never started, or deleted after its retention time)")
     run = runs[0]
     if run["state"] in engine.RUN_FINISHED:
-        raise ValueError(f"workflow run {run_id} has {run['state']}: it takes no more signals")
+        raise ArgumentValueError(f"workflow run {run_id} has {run['state']}: it takes no more signals")
     rows = yield steps.Query(wq.STEPS_OF, {"ids": [run_id]})
     by_name = {r["name"]: r for r in rows}
     graph = run["graph"]
@@ -146,7 +147,7 @@ def _target(run_id: int, name: str, lock: bool) -> steps.Steps[dict[str, Any]]:
             continue
         if (yield steps.Query(wq.KEPT_SIGNALS, {"id": run_id, "step": n, "name": name}))[0]["n"] == 0:
             return step
-    raise ValueError(f"no step of workflow run {run_id} waits for signal {name!r} (any more)")
+    raise ArgumentValueError(f"no step of workflow run {run_id} waits for signal {name!r} (any more)")
 
 
 def _to_job(run_id: int, step: dict[str, Any], name: str, data: str) -> steps.Steps[bool]:
@@ -250,11 +251,11 @@ def list_runs(name: str | None = None, state: str | None = None, *, before: int 
               limit: int = 100) -> tuple[list[dict[str, Any]], int | None]:
     """Runs newest first, by name and state if given: (page, cursor for the next page or None)."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
-        raise ValueError(f"limit= takes an int from 1 to 1000, got {limit!r}")
+        raise ArgumentValueError(f"limit= takes an int from 1 to 1000, got {limit!r}")
     if name is not None:
         name = _text(name, "name")
     if state is not None and state not in engine.RUN_STATES:
-        raise ValueError(f"state= takes one of {engine.RUN_STATES} or None, got {state!r:.60}")
+        raise ArgumentValueError(f"state= takes one of {engine.RUN_STATES} or None, got {state!r:.60}")
     cursor = checked_id(before, "before") if before is not None else 2**63 - 1
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         cur.execute(wq.LIST_RUNS, {"name": name, "state": state, "before": cursor, "limit": limit})

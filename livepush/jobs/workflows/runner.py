@@ -30,6 +30,7 @@ from ..runtime.context import SyncJobContext
 from . import engine
 from . import queries as wq
 from .definition import StepSpec, Workflow
+from ...errors import ArgumentTypeError, ArgumentValueError
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -93,7 +94,7 @@ class Flow:
     def reattempt(self, wait: float = 0.0) -> None:
         """Run this step again in `wait` seconds, its attempt not spent."""
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < math.inf:
-            raise ValueError(f"ctx.flow.reattempt(wait=) takes a finite number of seconds, got {wait!r:.60}")
+            raise ArgumentValueError(f"ctx.flow.reattempt(wait=) takes a finite number of seconds, got {wait!r:.60}")
         raise Reattempt(float(wait))
 
 
@@ -107,12 +108,12 @@ class Batch:
     def enqueue(self, fn: JobSpec | JobRequest, *args: Any) -> None:
         if isinstance(fn, JobRequest):
             if args:
-                raise TypeError("batch.enqueue(job.request(...)) takes no further arguments")
+                raise ArgumentTypeError("batch.enqueue(job.request(...)) takes no further arguments")
             request = fn
         elif isinstance(fn, JobSpec) and not isinstance(fn, type) and hasattr(fn, "request"):
             request = fn.request(*args)
         else:
-            raise TypeError(f"batch.enqueue() takes a @jobs.job function and its arguments, got {fn!r:.80}")
+            raise ArgumentTypeError(f"batch.enqueue() takes a @jobs.job function and its arguments, got {fn!r:.80}")
         fn_queue = request.function.queue
         self.requests.append(dataclasses.replace(request, queue=request.queue or fn_queue))
 
