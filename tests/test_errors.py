@@ -39,6 +39,8 @@ CASES: dict[str, tuple[Callable[[], Any], type[Exception], str]] = {
     "publish_many item": (lambda: livepush.publish_many([("a",)]), TypeError, "item 0"),
     "sign_topic ttl": (lambda: livepush.sign_topic("a", ttl="1"), ValueError, "ttl"),
     "sessions.issue ttl": (lambda: livepush.sessions.issue("a", ttl=-1), ValueError, "ttl"),
+    # An int past a float's range raised a bare OverflowError from math.isfinite().
+    "sessions.issue huge ttl": (lambda: livepush.sessions.issue("a", ttl=10**400), ValueError, "ttl"),
     "sessions.issue subject": (lambda: livepush.sessions.issue(5), ValueError, "subject"),
     "enqueue wait type": (lambda: noop.enqueue(wait="1"), TypeError, "wait="),
     "enqueue wait value": (lambda: noop.enqueue(wait=-1), ValueError, "wait="),
@@ -69,6 +71,7 @@ CASES: dict[str, tuple[Callable[[], Any], type[Exception], str]] = {
     "workflows.pause id": (lambda: jobs.workflows.pause("x"), TypeError, "run_id"),
     "Allow pattern": (lambda: livepush.Allow(""), ValueError, "pattern"),
     "App rules": (lambda: livepush.App(rules=[5]), TypeError, "rules"),
+    "App huge timeout": (lambda: livepush.App(authorize_timeout=10**400), ValueError, "authorize_timeout"),
 }
 
 

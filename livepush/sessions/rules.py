@@ -201,9 +201,15 @@ class Allow:
 
 
 def _positive(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ArgumentValueError(f"App({name}=...) must be a positive number of seconds, got {value!r}")
-    return float(value)
+    seconds = math.nan
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int past a float's range (10**400): no timeout a loop can arm
+            pass
+    if not 0 < seconds < math.inf:
+        raise ArgumentValueError(f"App({name}=...) must be a positive, finite number of seconds, got {value!r:.60}")
+    return seconds
 
 
 def _is_async(fn: Any) -> bool:

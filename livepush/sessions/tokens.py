@@ -8,7 +8,6 @@ message, log line or exception here ever contains one.
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 import secrets as _secrets
 import time
@@ -73,10 +72,12 @@ def check_subject(subject: object) -> str:
 
 
 def _check_ttl(ttl: object) -> float:
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl) or ttl <= 0:
-        raise ArgumentValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
+    # Compared, not passed to math.isfinite(): an int past a float's range (10**400) raised a bare
+    # OverflowError there.
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:  # NaN too
+        raise ArgumentValueError(f"ttl must be a positive number of seconds, got {ttl!r:.60}")
     if ttl > MAX_TTL:
-        raise ArgumentValueError(f"ttl is at most {int(MAX_TTL)} seconds (366 days), got {ttl!r}: "
+        raise ArgumentValueError(f"ttl is at most {int(MAX_TTL)} seconds (366 days), got {ttl!r:.60}: "
                                  "issue a new token instead")
     return float(ttl)
 
