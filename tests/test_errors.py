@@ -89,3 +89,14 @@ def test_a_bad_argument_raises_a_typed_livepush_error_at_the_call(name: str) -> 
     assert word in str(error), str(error)
     assert "is not iterable" not in str(error) and "not supported between" not in str(error), str(error)
     assert traceback.extract_tb(error.__traceback__)[-1].filename.endswith(".py")
+
+
+def test_a_group_builder_used_outside_its_block_raises_a_typed_group_error() -> None:
+    """Reading a jobs.group() builder's id, or adding a member, before its `with` block raises
+    jobs.GroupBlockError (a GroupError, and the RuntimeError it always was) saying to do it inside."""
+    g = jobs.group()
+    with pytest.raises(jobs.GroupBlockError, match="inside `with jobs.group") as raised:
+        g.enqueue(noop, 1)
+    assert isinstance(raised.value, jobs.GroupError) and isinstance(raised.value, RuntimeError)
+    with pytest.raises(jobs.GroupBlockError):
+        g.handle  # noqa: B018 -- the read is what raises

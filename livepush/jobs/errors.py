@@ -12,7 +12,8 @@
     │                                      DuplicateStepError (ValueError), ChildFailed,
     │                                      SignalTimeout (TimeoutError)
     └── GroupError                         task groups: GroupNotFound (LookupError),
-                                           GroupClosedError, GroupLimitError (ValueError),
+                                           GroupClosedError, GroupBlockError (RuntimeError),
+                                           GroupLimitError (ValueError),
                                            LeaseLostError
     ConfigError > WorkflowDefinitionError  a workflow's graph is wrong (raised at import)
     ConfigError > InvalidScheduleError (ValueError)  a periodic job's cron or zone is wrong (at import)
@@ -147,6 +148,11 @@ class GroupNotFound(GroupError, LookupError):
 class GroupClosedError(GroupError):
     """A member was added to a group that no longer takes members that way: sealed (only its
     running members may add, through ctx.group.enqueue), cancelled or finished."""
+
+
+class GroupBlockError(GroupError, RuntimeError):
+    """A jobs.group() builder used outside its one `with` block: its id read or a member added
+    before the block, or the block entered a second time."""
 
 
 class GroupLimitError(GroupError, ValueError):

@@ -125,7 +125,7 @@ def test_a_block_takes_members_only_while_it_runs(groups_db: str) -> None:
         g.enqueue(gj.member, 2)
     with pytest.raises(jobs.GroupClosedError, match="has ended"):
         g.enqueue_many([gj.member.request(3)])
-    with pytest.raises(RuntimeError, match="once"):
+    with pytest.raises(jobs.GroupBlockError, match="once"):  # a RuntimeError, as it always was
         with g:
             g.enqueue(gj.member, 4)
     assert q(groups_db, "SELECT count(*) FROM livepush_jobs WHERE group_id IS NOT NULL") == [(1,)]

@@ -22,7 +22,7 @@ from .. import database
 from ..api.enqueue import Batch, is_spec, item, run_at
 from ..api.handles import NO_SUCH_ID, JobHandle, StateTopicHandle, checked_id
 from ..api.registry import JobRequest, JobSpec
-from ..errors import GroupClosedError, GroupLimitError, GroupNotFound, LeaseLostError
+from ..errors import GroupBlockError, GroupClosedError, GroupLimitError, GroupNotFound, LeaseLostError
 from . import queries as gq
 from . import steps
 from .transactions import ain_tx, check_conn, in_tx
@@ -136,7 +136,8 @@ class GroupBuilder:
     @property
     def id(self) -> int:
         if self._id is None:
-            raise RuntimeError("the group's id is known once its `with` block is entered")
+            raise GroupBlockError("the group's id is known once its `with` block is entered: read it, and add "
+                                  "members, inside `with jobs.group(...) as g:`")
         return self._id
 
     @property
@@ -189,7 +190,7 @@ class GroupBuilder:
 
     def _enter(self) -> None:
         if self._entered:
-            raise RuntimeError("a jobs.group() block runs once: make a new jobs.group(...) for another group")
+            raise GroupBlockError("a jobs.group() block runs once: make a new jobs.group(...) for another group")
         self._entered = True
 
     def __enter__(self) -> GroupBuilder:
