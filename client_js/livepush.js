@@ -54,7 +54,10 @@ export const CONNECT_TIMEOUT_MS = 10_000;
 /** The subprotocol the server selects; a token travels beside it as `livepush.token.<token>`. */
 export const SUBPROTOCOL = 'livepush';
 const TOKEN_SUBPROTOCOL = 'livepush.token.';
-/** Slack on top of 2 × heartbeat before a silent connection is declared dead. */
+/**
+ * How long a ping may go unanswered on top of the heartbeat before the connection is declared
+ * dead; also all a waking page gives the server to answer the ping it sends at once.
+ */
 export const HEARTBEAT_GRACE_MS = 2_000;
 /**
  * The server takes at most 100 subscribes a second per connection, in bursts of 100, and refuses
@@ -251,12 +254,14 @@ class Timer {
 
 /**
  * Keeps a connection honest once `hello` told the heartbeat: sends a ping every `heartbeat`
- * seconds and declares the connection dead when nothing at all arrived for
- * 2 × heartbeat + HEARTBEAT_GRACE_MS. A TCP connection cut by a sleeping laptop or a NAT
+ * seconds and declares the connection dead when nothing at all arrived for heartbeat +
+ * HEARTBEAT_GRACE_MS after a ping went out. A TCP connection cut by a sleeping laptop or a NAT
  * timeout never fires `close`, so this is the only way such a connection gets replaced.
  *
- * The dead-check timer is not re-armed on every frame: it fires at the earliest possible
- * deadline and, if something arrived meanwhile, re-arms for the remaining time.
+ * Silence is measured from the ping the client actually sent, not from the last frame: a browser
+ * holds a hidden tab's timers back and runs them late, all together, so its ping goes out long
+ * after the last answer, and a check of the time since the last frame, running beside it,
+ * would find a silence the page caused itself and drop a live connection again and again.
  */
 class Heartbeat {
   /**
@@ -267,47 +272,58 @@ class Heartbeat {
     this._clock = clock;
     this._hooks = hooks;
     this._intervalMs = 0;
-    this._deadAfterMs = 0;
-    this._lastSeen = 0;
+    /** when the pending ping is due, on clock.now() */
+    this._pingDueAt = 0;
     this._pingTimer = new Timer(clock, () => {
-      this._hooks.ping();
-      this._pingTimer.schedule(this._intervalMs);
+      // A ping more than a heartbeat behind its time: the page slept or was frozen, and the
+      // socket may have died meanwhile, so the answer gets only the grace. (A hidden tab's late
+      // ping is answered long before its held-back timers run again.)
+      const late = this._clock.now() - this._pingDueAt > this._intervalMs;
+      this.probe(late ? HEARTBEAT_GRACE_MS : this._intervalMs + HEARTBEAT_GRACE_MS);
+      this._schedulePing();
     });
-    this._deadTimer = new Timer(clock, () => this.check());
+    // Armed while a ping is unanswered; anything arriving disarms it.
+    this._deadTimer = new Timer(clock, () => {
+      this.stop();
+      this._hooks.onDead();
+    });
   }
 
   /** @param {number} seconds the server's `hello.heartbeat`; 0 or less turns checks off */
   start(seconds) {
     this.stop();
-    this._lastSeen = this._clock.now();
     if (!(seconds > 0)) return;
     this._intervalMs = seconds * 1000;
-    this._deadAfterMs = 2 * this._intervalMs + HEARTBEAT_GRACE_MS;
+    this._schedulePing();
+  }
+
+  _schedulePing() {
+    this._pingDueAt = this._clock.now() + this._intervalMs;
     this._pingTimer.schedule(this._intervalMs);
-    this._deadTimer.schedule(this._deadAfterMs);
   }
 
-  /** Something arrived from the server. */
+  /** Something arrived from the server: every ping sent so far is answered. */
   touch() {
-    this._lastSeen = this._clock.now();
+    this._deadTimer.cancel();
   }
 
-  /** Check now (also used when the page wakes up); calls onDead at most once per start(). */
-  check() {
-    if (!this._deadAfterMs) return;
-    const idle = this._clock.now() - this._lastSeen;
-    if (idle >= this._deadAfterMs) {
-      this.stop();
-      this._hooks.onDead();
-    } else {
-      this._deadTimer.schedule(this._deadAfterMs - idle);
-    }
+  /**
+   * Ping now; the connection is dead unless something arrives within `answerMs` (or the
+   * earlier bound of a ping still unanswered). Also used when the page wakes up, as a laptop
+   * that slept has a dead socket that never reported `close`.
+   * @param {number} answerMs
+   */
+  probe(answerMs) {
+    if (!this._intervalMs) return;
+    this._hooks.ping();
+    const due = this._clock.now() + answerMs;
+    if (this._deadTimer.dueAt === null || due < this._deadTimer.dueAt) this._deadTimer.schedule(answerMs);
   }
 
   stop() {
     this._pingTimer.cancel();
     this._deadTimer.cancel();
-    this._deadAfterMs = 0;
+    this._intervalMs = 0;
   }
 }
 
@@ -1002,8 +1018,9 @@ export class LivePush {
       const due = this._reconnectTimer.dueAt ?? Infinity;
       if (this._clock.now() + delayMs < due) this._reconnectTimer.schedule(delayMs);
     } else if (this._status === Status.OPEN) {
-      // After a sleep the socket may be long dead without a close event; check at once.
-      this._heartbeat.check();
+      // After a sleep, or when the network changed, the socket may be dead without a close
+      // event: ask the server at once, and give it only the grace to answer.
+      this._heartbeat.probe(HEARTBEAT_GRACE_MS);
     }
   }
 

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import test from 'node:test';
 
-import { GOING_AWAY_MAX_MS, GOING_AWAY_MIN_MS, STABLE_AFTER_MS } from '../livepush.js';
+import { GOING_AWAY_MAX_MS, GOING_AWAY_MIN_MS, HEARTBEAT_GRACE_MS, STABLE_AFTER_MS } from '../livepush.js';
 import { harness, seededRandom } from '../testing/fakes.mjs';
 
 const MID = () => 0.5; // jitter factor 1.0: delays equal the backoff, so they are exact
@@ -221,13 +221,66 @@ test('the page becoming visible or the network coming back cuts a long wait shor
   h.lp.close();
 });
 
-test('waking up while open checks the heartbeat at once', () => {
+test('waking up while open checks the heartbeat at once: a ping unanswered within the grace replaces the socket', () => {
   const h = harness();
-  h.last().hello({ heartbeat: 10 });
-  // A laptop sleep: timers did not run, but the clock moved on.
-  h.clock.t += 60_000;
+  const ws = h.last();
+  ws.hello({ heartbeat: 10 });
+  // A laptop sleep: timers did not run, but the clock moved on; they run late on waking up.
+  h.clock.late(60_000);
   h.document.dispatch('visibilitychange');
+  assert.equal(ws.frames('ping').length, 2, 'waking up pings at once');
+  h.clock.advance(HEARTBEAT_GRACE_MS - 1);
+  assert.equal(h.lp.status, 'open');
+  h.clock.advance(1);
   assert.equal(h.lp.status, 'reconnecting');
+  assert.ok(ws.closedByClient, 'the dead socket was not closed');
+  h.lp.close();
+});
+
+test('waking up keeps a connection that answers the ping', () => {
+  const h = harness();
+  const ws = h.last();
+  ws.hello({ heartbeat: 10 });
+  h.clock.late(60_000);
+  h.window.dispatch('online');
+  assert.equal(ws.frames('ping').length, 2, 'the network coming back pings at once');
+  ws.receive({ op: 'pong', ref: ws.frames('ping').at(-1).ref });
+  h.clock.advance(HEARTBEAT_GRACE_MS);
+  assert.equal(h.lp.status, 'open');
+  assert.equal(h.sockets.length, 1);
+  assert.equal(ws.closedByClient, null);
+  h.lp.close();
+});
+
+test('a page that slept without any wake-up event gets only the grace for its late ping', () => {
+  const h = harness();
+  const ws = h.last();
+  ws.hello({ heartbeat: 25 });
+  // A laptop that slept ten minutes, no visibilitychange or online on waking: the overdue ping
+  // goes out late, and a socket that died meanwhile must not take another heartbeat to notice.
+  h.clock.late(600_000);
+  assert.equal(ws.frames('ping').length, 1);
+  h.clock.advance(HEARTBEAT_GRACE_MS - 1);
+  assert.equal(h.lp.status, 'open');
+  h.clock.advance(1);
+  assert.equal(h.lp.status, 'reconnecting');
+  h.lp.close();
+});
+
+test('a hidden page whose timers run a minute late keeps a connection that answers its pings', () => {
+  const h = harness();
+  const ws = h.last();
+  ws.hello({ heartbeat: 25 });
+  // A hidden tab: the browser runs its timers about once a minute, all late together. Each ping
+  // goes out late and the server answers it at once; the silence is the page's own.
+  for (let i = 1; i <= 10; i++) {
+    h.clock.late(60_000);
+    assert.equal(h.lp.status, 'open', `minute ${i}: a live connection was declared dead`);
+    for (const ping of ws.frames('ping').slice(i - 1)) ws.receive({ op: 'pong', ref: ping.ref });
+  }
+  assert.equal(ws.frames('ping').length, 10);
+  assert.equal(h.sockets.length, 1);
+  assert.equal(ws.closedByClient, null);
   h.lp.close();
 });
 

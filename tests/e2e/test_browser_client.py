@@ -198,6 +198,24 @@ async def test_revoked_session_shows_unauthorized_and_stops_retrying(
     assert await client_page.evaluate("e2e.statusNames()") == ["open", "unauthorized"]
 
 
+async def test_waking_up_pings_the_server_and_keeps_a_live_connection(client_page: Page, push_server: PushServer) -> None:
+    """The page becoming visible again, or the network coming back, makes the client ping at once;
+    the server answers within the client's grace, so a live connection is kept: no new socket, no
+    status change."""
+    sockets: list[WebSocket] = []
+    client_page.on("websocket", lambda ws: sockets.append(ws))
+    await watch(client_page, push_server.sign("room:e2e-wake"))
+    assert len(sockets) == 1
+    async with sockets[0].expect_event("framereceived", predicate=lambda payload: '"pong"' in str(payload), timeout=5_000):
+        await client_page.evaluate(
+            "document.dispatchEvent(new Event('visibilitychange')); window.dispatchEvent(new Event('online'))")
+    # The client gives the answer HEARTBEAT_GRACE_MS (2 s): watch past it for a drop.
+    await asyncio.sleep(3)
+    assert len(sockets) == 1, [ws.url for ws in sockets]
+    assert await client_page.evaluate("e2e.statusNames()") == ["open"]
+    assert await client_page.evaluate("e2e.errors") == []
+
+
 def _percentile(sorted_values: list[float], q: float) -> float:
     index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
     return sorted_values[index]
