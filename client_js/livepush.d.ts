@@ -129,6 +129,7 @@ export declare class Subscription {
    * without `since`) the offset `subscribed` named; null when none (on a state topic, also once
    * `subscribed` named a version below the offset held, or no version). */
   readonly offset: string | null;
+  /** `closed` after unsubscribe(), close() or `unauthorized`: nothing is delivered from then on. */
   readonly state: SubscriptionState;
   /** Stop delivery; the server is told once no other subscription of this client needs the topic. */
   unsubscribe(): void;

@@ -1039,6 +1039,12 @@ export class LivePush {
     this._heartbeat.stop();
     this._cancelRetries();
     this._registry.forgetRefs();
+    // Nothing is delivered after this, not even the rest of the frame whose callback called
+    // close(); and the page's callbacks are let go with the subscriptions that held them.
+    for (const sub of this._registry.all()) {
+      sub._state = 'closed';
+      this._registry.remove(sub);
+    }
     const ws = this._ws;
     if (ws) {
       this._detach(ws);

@@ -461,3 +461,18 @@ test('a subscription with since gets every message after it, even when live ones
   assert.deepEqual(live.data(), [10, 11, 12]);
   h.lp.close();
 });
+
+test('close() inside a callback ends delivery at once, for every subscription', () => {
+  const h = harness();
+  const closer = h.lp.subscribe('chat:a', () => h.lp.close());
+  const sibling = collect(h.lp, 'chat:a');
+  const elsewhere = collect(h.lp, 'chat:b');
+  const ws = h.last();
+  ws.hello();
+  ws.acceptSubscribes();
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '1', data: 'after close' });
+  assert.equal(h.lp.status, 'closed');
+  assert.deepEqual(sibling.data(), [], 'a callback ran after close()');
+  for (const sub of [closer, sibling.sub, elsewhere.sub]) assert.equal(sub.state, 'closed');
+  assert.deepEqual(h.clock.pending(), []);
+});
