@@ -787,7 +787,9 @@ export class LivePush {
 
   /** @returns {string} */
   _socketUrl() {
-    const base = this._window?.location?.href ?? this._document?.baseURI;
+    // A worker has no window or document, and a page may pass `window: null` only to turn the
+    // wake-up listeners off: the global `location` still knows where the script runs.
+    const base = this._window?.location?.href ?? this._document?.baseURI ?? /** @type {any} */ (globalThis).location?.href;
     const url = new URL(this._url, base);
     if (url.protocol === 'http:') url.protocol = 'ws:';
     else if (url.protocol === 'https:') url.protocol = 'wss:';

@@ -429,3 +429,29 @@ async def test_a_page_with_more_subscriptions_than_the_subscribe_burst_gets_them
         await push_server.publish(name, {"n": 1})
     await client_page.wait_for_function("e2e.delivered >= 120", timeout=10_000)
     await client_page.evaluate("e2e.dash.close()")
+
+
+async def test_a_relative_url_connects_without_window_or_document(
+        client_page: Page, push_server: PushServer) -> None:
+    """A URL relative to the page (here `//host:port/`) connects in a module worker, which has no
+    window or document, and in a page that turned off the wake-up listeners with `window: null`
+    and `document: null`: it is resolved against the global `location`."""
+    relative = f"//127.0.0.1:{push_server.port}/"
+    await client_page.evaluate(
+        """([url, ws]) => {
+            Object.assign(e2e, { workerEvents: [], bare: null, bareErrors: [] });
+            const query = new URLSearchParams({ ws, url });
+            const worker = new Worker(`worker.js?${query}`, { type: 'module' });
+            worker.onmessage = (ev) => e2e.workerEvents.push(ev.data);
+            e2e.worker = worker;
+            e2e.bare = new e2e.mod.LivePush(url, {
+                window: null, document: null, onError: (err) => e2e.bareErrors.push(String(err.reason)),
+            });
+        }""",
+        [relative, push_server.http_base],
+    )
+    await client_page.wait_for_function("e2e.bare.status === 'open'")
+    await client_page.wait_for_function("e2e.workerEvents.some((e) => e.status === 'open')")
+    assert await client_page.evaluate("e2e.bareErrors") == []
+    assert await client_page.evaluate("e2e.workerEvents.filter((e) => e.error)") == []
+    await client_page.evaluate("e2e.bare.close(); e2e.worker.terminate()")
