@@ -400,6 +400,8 @@ export class Subscription {
     this._state = 'pending';
     /** transient refusals in a row, for the retry backoff */
     this._retries = 0;
+    /** @type {Timer | null} the retry after a transient refusal, while it waits */
+    this._retryTimer = null;
     /**
      * On a message topic, where the server's last `subscribed` said this subscription stood,
      * until a message moves it on: what live messages follow a `reset` that came before any.
@@ -673,8 +675,6 @@ export class LivePush {
     this._session = null;
     this._stopped = false;
     this._everOpened = false;
-    /** @type {Set<Timer>} subscribe retries after a transient refusal */
-    this._retryTimers = new Set();
     /** @type {Set<Subscription>} subscribes of this connection waiting for the pace, in order */
     this._subscribeQueue = new Set();
     this._subscribeTokens = SUBSCRIBE_BURST;
@@ -909,17 +909,20 @@ export class LivePush {
   _retrySubscribe(sub) {
     sub._retries += 1;
     const ws = this._ws;
-    const timer = new Timer(this._clock, () => {
-      this._retryTimers.delete(timer);
+    sub._retryTimer = new Timer(this._clock, () => {
+      sub._retryTimer = null;
       if (this._ws === ws && this._status === Status.OPEN && sub.state === 'pending') this._sendSubscribe(sub);
     });
-    this._retryTimers.add(timer);
-    timer.schedule(this._delayFor(sub._retries));
+    sub._retryTimer.schedule(this._delayFor(sub._retries));
   }
 
   /** @param {Subscription} sub */
   _unsubscribe(sub) {
-    this._subscribeQueue.delete(sub); // a page that churns its subscriptions must not grow it
+    // A page that churns its subscriptions must not grow the queue, nor keep a timer (and the
+    // subscription it holds) per subscription it dropped while the server was unavailable.
+    this._subscribeQueue.delete(sub);
+    sub._retryTimer?.cancel();
+    sub._retryTimer = null;
     const last = this._registry.remove(sub);
     // Other subscriptions of this page may still need the topic; one server subscription
     // serves them all.
@@ -1028,8 +1031,10 @@ export class LivePush {
 
   /** The connection is gone: its waiting subscribes go out again after the next hello. */
   _cancelRetries() {
-    for (const timer of this._retryTimers) timer.cancel();
-    this._retryTimers.clear();
+    for (const sub of this._registry.all()) {
+      sub._retryTimer?.cancel();
+      sub._retryTimer = null;
+    }
     this._subscribeQueue.clear();
     this._subscribeTimer.cancel();
   }

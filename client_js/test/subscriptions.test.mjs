@@ -476,3 +476,20 @@ test('close() inside a callback ends delivery at once, for every subscription', 
   for (const sub of [closer, sibling.sub, elsewhere.sub]) assert.equal(sub.state, 'closed');
   assert.deepEqual(h.clock.pending(), []);
 });
+
+test('unsubscribing while a transient refusal waits for its retry leaves no timer behind', () => {
+  const h = harness();
+  const subs = [];
+  const ws = h.last();
+  ws.hello();
+  const timersWhenIdle = h.clock.pending().length; // the heartbeat's own
+  // A page that churns its subscriptions while the server's storage is down.
+  for (let i = 0; i < 50; i++) {
+    const s = collect(h.lp, `chat:${i}`);
+    ws.receive({ op: 'refused', ref: ws.frames('subscribe').at(-1).ref, reason: 'unavailable' });
+    s.sub.unsubscribe();
+    subs.push(s);
+  }
+  assert.equal(h.clock.pending().length, timersWhenIdle);
+  h.lp.close();
+});
