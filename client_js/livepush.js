@@ -1021,7 +1021,11 @@ export class LivePush {
     if (this._reconnectTimer.pending) {
       const delayMs = uniform(WAKE_MIN_MS, WAKE_MAX_MS, this._random);
       const due = this._reconnectTimer.dueAt ?? Infinity;
-      if (this._clock.now() + delayMs < due) this._reconnectTimer.schedule(delayMs);
+      if (this._clock.now() + delayMs < due) {
+        this._reconnectTimer.schedule(delayMs);
+        // A newly scheduled attempt: a page showing "retrying in 30 s" shows the new wait.
+        this._setStatus(Status.RECONNECTING, { delayMs, tries: this._tries });
+      }
     } else if (this._status === Status.OPEN) {
       // After a sleep, or when the network changed, the socket may be dead without a close
       // event: ask the server at once, and give it only the grace to answer.

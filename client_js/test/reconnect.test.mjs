@@ -221,6 +221,24 @@ test('the page becoming visible or the network coming back cuts a long wait shor
   h.lp.close();
 });
 
+test('waking up announces the new, shorter wait with reconnecting', () => {
+  const h = harness({ random: MID });
+  for (let i = 0; i < 6; i++) {
+    h.last().serverClose(1006);
+    h.clock.advance(h.clock.pending()[0]);
+  }
+  h.last().serverClose(1006);
+  assert.equal(h.statuses.at(-1).delayMs, 30000);
+  const tries = h.statuses.at(-1).tries;
+  h.window.dispatch('online');
+  const wait = h.clock.pending()[0];
+  // A page showing "retrying in 30 s" must not keep showing it while the retry is under a second away.
+  assert.equal(h.statuses.at(-1).status, 'reconnecting');
+  assert.equal(h.statuses.at(-1).delayMs, wait);
+  assert.equal(h.statuses.at(-1).tries, tries);
+  h.lp.close();
+});
+
 test('waking up while open checks the heartbeat at once: a ping unanswered within the grace replaces the socket', () => {
   const h = harness();
   const ws = h.last();
