@@ -115,6 +115,8 @@ const TRANSIENT_REFUSALS = new Set(['unavailable']);
 
 /** The longest `since` the server reads (docs/protocol.md); offsets are far shorter. */
 const MAX_OFFSET_LENGTH = 100;
+/** The longest topic the server takes: a signed one (a plain topic is at most 200 characters). */
+const MAX_TOPIC_LENGTH = 400;
 
 /** WebSocket.OPEN; spelled out so a fake WebSocket class need not define it. */
 const WS_OPEN = 1;
@@ -744,6 +746,12 @@ export class LivePush {
     if (this._stopped) throw new Error('this LivePush is closed: create a new one to subscribe again');
     if (typeof topic !== 'string' || topic === '') throw new TypeError('subscribe() needs a topic string');
     if (typeof onMessage !== 'function') throw new TypeError('subscribe() needs an onMessage function');
+    if (topic.length > MAX_TOPIC_LENGTH) {
+      // The server refuses it anyway, or, past its frame limit, closes the connection (1009)
+      // instead of answering: resent after every reconnect, it would take every other
+      // subscription of the page down with it.
+      throw new TypeError(`subscribe() topic is ${topic.length} characters long, not a topic (at most ${MAX_TOPIC_LENGTH}, signed): ${topic.slice(0, 40)}…`);
+    }
     const sub = new Subscription(this, topic, onMessage, options);
     this._registry.add(sub);
     if (this._status === Status.OPEN) this._sendSubscribe(sub);

@@ -493,3 +493,16 @@ test('unsubscribing while a transient refusal waits for its retry leaves no time
   assert.equal(h.clock.pending().length, timersWhenIdle);
   h.lp.close();
 });
+
+test('subscribe() refuses a topic longer than any the server takes, which would break every connection', () => {
+  const h = harness();
+  // Past 64 KiB the server closes the connection with 1009 instead of answering; resent after
+  // every reconnect, such a frame would take the page's other subscriptions down with it.
+  assert.throws(() => h.lp.subscribe('x'.repeat(70_000), () => {}), /topic is 70000 characters long/);
+  assert.throws(() => h.lp.subscribe(`job:1~${'s'.repeat(400)}`, () => {}), TypeError);
+  const fine = h.lp.subscribe(`job:1~${'s'.repeat(394)}`, () => {}); // 400: the longest signed topic
+  h.last().hello();
+  assert.equal(h.last().frames('subscribe').length, 1);
+  assert.equal(fine.state, 'pending');
+  h.lp.close();
+});
