@@ -33,6 +33,8 @@ export declare const WAKE_MIN_MS: number;
 export declare const WAKE_MAX_MS: number;
 export declare const CONNECT_TIMEOUT_MS: number;
 export declare const HEARTBEAT_GRACE_MS: number;
+/** The subprotocol the server selects; a token travels beside it as `livepush.token.<token>`. */
+export declare const SUBPROTOCOL: 'livepush';
 /** Subscribes sent at once on a new connection; the rest follow at SUBSCRIBES_PER_SECOND. */
 export declare const SUBSCRIBE_BURST: number;
 export declare const SUBSCRIBES_PER_SECOND: number;
@@ -68,7 +70,7 @@ export interface LivePushOptions {
    * 30 s, times a uniform factor in [0.5, 1.5). */
   reconnectAfterMs?: (tries: number) => number;
   // Injectable for tests; the defaults use the globals.
-  WebSocket?: new (url: string) => WebSocketLike;
+  WebSocket?: new (url: string, protocols?: string | string[]) => WebSocketLike;
   random?: () => number;
   now?: () => number;
   setTimeout?: (fn: () => void, ms: number) => unknown;
