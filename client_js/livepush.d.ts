@@ -16,6 +16,7 @@ export declare const CloseCode: Readonly<{
   ABNORMAL: 1006;
   POLICY: 1008;
   TOO_BIG: 1009;
+  SERVICE_RESTART: 1012;
   TRY_AGAIN_LATER: 1013;
   UNAUTHORIZED: 4401;
   REVOKED: 4403;

@@ -30,9 +30,10 @@ export const JITTER_MAX = 1.5;
  */
 export const STABLE_AFTER_MS = 5_000;
 /**
- * After close 1001 (server going away, i.e. a restart or deploy) the client waits a delay drawn
- * uniformly from this range. Never zero: thousands of pages lose their socket in the same
- * instant, and a 2.5 s spread keeps them from hammering the new server in one burst.
+ * After close 1001 (server going away, i.e. a restart or deploy) or 1012 (service restart, which
+ * proxies send when they restart) the client waits a delay drawn uniformly from this range.
+ * Never zero: thousands of pages lose their socket in the same instant, and a 2.5 s spread
+ * keeps them from hammering the new server in one burst.
  */
 export const GOING_AWAY_MIN_MS = 500;
 export const GOING_AWAY_MAX_MS = 3_000;
@@ -77,6 +78,7 @@ export const CloseCode = Object.freeze({
   ABNORMAL: 1006,
   POLICY: 1008,
   TOO_BIG: 1009,
+  SERVICE_RESTART: 1012,
   TRY_AGAIN_LATER: 1013,
   UNAUTHORIZED: 4401,
   REVOKED: 4403,
@@ -1011,11 +1013,12 @@ export class LivePush {
     if (stable && !PENALTY_CODES.has(code)) this._tries = 0;
     this._tries += 1;
     let delayMs = this._delayFor(this._tries);
-    if (code === CloseCode.GOING_AWAY) {
+    if (code === CloseCode.GOING_AWAY || code === CloseCode.SERVICE_RESTART) {
       // A restart or deploy: come back soon, spread out, never at once; when a draining server
-      // said when (`retry=MS`), then, since it spread the whole herd's delays. If the server
-      // keeps going away (tries grows), the normal backoff takes over.
-      const asked = retryDelayFromReason(reason);
+      // said when (`retry=MS`, a livepush server's word, so after 1001 only), then, since it
+      // spread the whole herd's delays. If the server keeps going away (tries grows), the normal
+      // backoff takes over.
+      const asked = code === CloseCode.GOING_AWAY ? retryDelayFromReason(reason) : null;
       const short = asked ?? uniform(GOING_AWAY_MIN_MS, GOING_AWAY_MAX_MS, this._random);
       delayMs = this._tries > 1 ? Math.max(short, delayMs) : short;
     }

@@ -124,6 +124,23 @@ test('close 1001 (server going away) waits a short, jittered, non-zero delay', (
   h.lp.close();
 });
 
+test('close 1012 (service restart, as a restarting proxy sends) spreads the pages like 1001', () => {
+  const seen = [];
+  for (let i = 0; i < 200; i++) {
+    const h = harness({ random: seededRandom(900 + i) });
+    h.last().hello();
+    h.clock.advance(60_000);
+    h.last().serverClose(1012, 'retry=60000'); // retry=MS is the drain's word, with 1001 only
+    seen.push(delays(h).at(-1));
+    h.lp.close();
+  }
+  const min = Math.min(...seen);
+  const max = Math.max(...seen);
+  // The plain backoff would bring every page back within 0.25-0.75 s of the restart.
+  assert.ok(min >= GOING_AWAY_MIN_MS && max < GOING_AWAY_MAX_MS, `delays ${min}..${max}`);
+  assert.ok(max - min > 2000, `1012 delays spread over only ${max - min} ms`);
+});
+
 test('a server that keeps going away falls back to the growing backoff', () => {
   const h = harness({ random: MID });
   for (let i = 0; i < 6; i++) {
