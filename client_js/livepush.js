@@ -662,7 +662,9 @@ export class LivePush {
       options.reconnectAfterMs ?? ((/** @type {number} */ tries) => defaultReconnectAfterMs(tries, this._random));
     this._onError = options.onError ?? ((/** @type {LivePushError} */ err) => console.warn('livepush:', err));
     this._document = options.document === undefined ? g.document : options.document;
-    this._window = options.window === undefined ? g.window : options.window;
+    // A worker has no window: its global scope hears `online` (and knows its location) itself.
+    const inWorker = typeof g.WorkerGlobalScope === 'function' && g instanceof g.WorkerGlobalScope;
+    this._window = options.window === undefined ? (g.window ?? (inWorker ? g : undefined)) : options.window;
 
     /** @type {LivePushStatus} */
     this._status = Status.CONNECTING;

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -455,3 +456,30 @@ async def test_a_relative_url_connects_without_window_or_document(
     assert await client_page.evaluate("e2e.bareErrors") == []
     assert await client_page.evaluate("e2e.workerEvents.filter((e) => e.error)") == []
     await client_page.evaluate("e2e.bare.close(); e2e.worker.terminate()")
+
+
+async def test_the_network_coming_back_cuts_a_workers_long_wait_short(
+        client_page: Page, push_server: PushServer) -> None:
+    """A client in a module worker (no window) hears `online` on the worker's global scope: the
+    network coming back brings a long reconnect wait down to under a second, as in a page."""
+    with socket.socket() as probe:  # a port nothing listens on: every attempt fails
+        probe.bind(("127.0.0.1", 0))
+        dead_port = probe.getsockname()[1]
+    await client_page.evaluate(
+        """([url, ws]) => {
+            e2e.workerEvents = [];
+            const worker = new Worker(`worker.js?${new URLSearchParams({ ws, url })}`, { type: 'module' });
+            worker.onmessage = (ev) => e2e.workerEvents.push(ev.data);
+            e2e.worker = worker;
+        }""",
+        [f"ws://127.0.0.1:{dead_port}/", push_server.http_base],
+    )
+    # Failed attempts grow the backoff: wait for a wait longer than any wake-up delay.
+    await client_page.wait_for_function("e2e.workerEvents.some((e) => e.delayMs > 1500)", timeout=10_000)
+    seen = await client_page.evaluate("e2e.workerEvents.length")
+    await client_page.evaluate("e2e.worker.postMessage('online')")
+    # Left alone, every later wait is longer still; the wake-up announces one under a second.
+    await client_page.wait_for_function(
+        "n => e2e.workerEvents.slice(n).some((e) => e.status === 'reconnecting' && e.delayMs <= 1000)",
+        arg=seen, timeout=5_000)
+    await client_page.evaluate("e2e.worker.terminate()")
