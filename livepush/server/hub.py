@@ -69,6 +69,14 @@ READ_BATCH = 500
 REPLAY_DRAIN_BYTES = 256 * 1024
 
 
+def _ahead(offset: Offset, key: Key) -> bool:
+    """Whether `offset` is past `key` (False for one that is no offset: the read refuses it)."""
+    try:
+        return offset_key(offset) > key
+    except ValueError:
+        return False
+
+
 def _names(topics: Iterable[str], shown: int = 3) -> str:
     """Topics for a log line: 'a', 'a, b' or 'a, b, c and 7 more'."""
     names = list(topics)
@@ -431,10 +439,15 @@ class Hub:
             if t.source is not None:
                 self._unborn.add(topic)  # until a read finds its row
         if sub in t.subscribers or sub in t.joining:
-            if since is None and t.source is None and sub in t.subscribers and t.cursor is not None:
-                # Subscribed again (a page's second subscription): it goes on from where this
-                # connection stands. "From now" would drop what is published while it rejoins.
-                since = t.cursor
+            if t.source is None and sub in t.subscribers and t.cursor is not None:
+                # Subscribed again (a page's second subscription): the connection has one stream
+                # of the topic, which goes on from where it stands, or from `since` when that is
+                # older. "From now", or a `since` ahead of what it was sent (read from a database
+                # this server's listener lags behind), would drop what lies between for the
+                # page's other subscription.
+                stands = max(t.cursor_key, t.floors.get(sub, NO_KEY))
+                if since is None or _ahead(since, stands):
+                    since = "-".join(map(str, stands))
             self._leave(t, sub)
         buffer = _Waiting(bounded=t.source is None)
         t.joining[sub] = buffer

@@ -176,6 +176,25 @@ async def test_subscribing_again_from_now_to_a_topic_the_connection_follows_lose
     assert sub.data() == [1, 2, 3, 4]
 
 
+async def test_subscribing_again_from_an_offset_ahead_of_the_connection_loses_nothing_for_the_first() -> None:
+    """A page's second subscription to a topic the connection follows, with a `since` ahead of
+    what the connection was sent (read from the database while this server's listener lags
+    behind it): the connection has one stream of the topic, so it goes on from where it stands,
+    and the messages in between still reach the page's first subscription."""
+    fanout, hub = await make()
+    sub = Sub()
+    await hub.subscribe(sub, "t", None, 1)
+    fanout.publish("t", 1)
+    await async_wait_for(lambda: sub.data() == [1], timeout=5)
+    publish_unheard(fanout, "t", 2)
+    publish_unheard(fanout, "t", 3)
+    ahead = await fanout.alatest_offset("t")  # what the page read: the listener has not heard 2, 3
+    await hub.subscribe(sub, "t", ahead, 2)
+    fanout.publish("t", 4)
+    await async_wait_for(lambda: 4 in sub.data(), timeout=5)
+    assert sub.data() == [1, 2, 3, 4]
+
+
 async def test_a_message_that_skips_ahead_is_filled_from_history_in_order() -> None:
     """A live message whose prev is not the cursor makes the hub read the gap first."""
     fanout, hub = await make()
