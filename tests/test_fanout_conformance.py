@@ -220,6 +220,21 @@ async def test_listen_returns_listening(make_fanout: MakeFanOut) -> None:
     assert fanout.listening
 
 
+async def test_listen_called_again_changes_nothing(make_fanout: MakeFanOut) -> None:
+    """listen() is called once at boot; a second call (two parts of an app each making sure)
+    returns at once, and each message still reaches a receiver once."""
+    fanout = await make_fanout(listen=False)
+    await fanout.listen()
+    await fanout.listen()
+    assert fanout.listening
+    got = Collector(fanout)
+    fanout.register(got)
+    offsets = [await fanout.apublish("twice:a", {"i": i}) for i in range(3)]
+    await got.wait_count("twice:a", 3)
+    # In order: a second copy of a message would have come before the next message.
+    assert offsets_of(got.raw[:3]) == offsets and len(got.raw) == 3
+
+
 async def test_register_before_listen_raises(make_fanout: MakeFanOut) -> None:
     """Registering a receiver or a resync handler before listen() raises NotListeningError."""
     fanout = await make_fanout(listen=False)

@@ -324,7 +324,7 @@ class PostgresFanOut(FanOut):
     # -- listening --------------------------------------------------------------------
     async def listen(self) -> None:
         if self._listen_called:
-            raise RuntimeError("listen() was already called on this fan-out: call it once, at boot")
+            return  # listen() is called once at boot; a second call changes nothing
         listener = self._listener.get()
         listener.add(CHANNEL, self._on_notification, on_resync=self._heard.resync)
         await listener.start()
