@@ -73,8 +73,11 @@ class Channels(Generic[P]):
         channel = self._channels.get(name)
         if channel is None:
             channel = self._channels[name] = Channel(name, Handlers(f"channel {name}", self._log))
-        channel.heard.handlers.append(handler)
-        if on_resync is not None:
+        # Once each: an owner whose first start failed (its service away at boot) adds its
+        # handler again when it retries, and two copies would deliver every notification twice.
+        if handler not in channel.heard.handlers:
+            channel.heard.handlers.append(handler)
+        if on_resync is not None and on_resync not in channel.heard.resyncs:
             channel.heard.resyncs.append(on_resync)
 
     def __iter__(self) -> Iterator[Channel[P]]:

@@ -426,6 +426,25 @@ async def test_a_restart_from_a_snapshot_that_lost_the_newest_messages_resets_a_
     assert replay is None, f"since={saved[0]} replayed {offsets_of(replay)} (then {after}), hiding the lost {lost}"
 
 
+async def test_a_listen_that_failed_and_is_tried_again_delivers_each_message_once(
+    make_redis: MakeRedis, private_redis: PrivateRedis
+) -> None:
+    """Redis is away at boot: listen() raises ListenError; called again once Redis is back, it
+    listens, and each message reaches a receiver once (the first try's handler is not kept twice)."""
+    fanout = await make_redis(url=private_redis.url, listen=False)
+    private_redis.stop(save=False)
+    with pytest.raises(livepush.ListenError):
+        await asyncio.wait_for(fanout.listen(), 15)
+    private_redis.start()
+    await asyncio.wait_for(fanout.listen(), 15)
+    got = Collector()
+    fanout.register(got)
+    offsets = [await fanout.apublish("retry:a", {"i": i}) for i in range(3)]
+    await got.wait_count("retry:a", 3)
+    # In order: a second copy of a message would have come before the next message.
+    assert offsets_of(got.raw[:3]) == offsets and len(got.raw) == 3
+
+
 async def test_a_silent_server_is_detected_by_the_heartbeat(make_redis: MakeRedis, private_redis: PrivateRedis) -> None:
     """A Redis that stops answering without closing the socket is declared lost within a few heartbeats."""
     fanout = await make_redis(url=private_redis.url, heartbeat=0.1)
