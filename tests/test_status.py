@@ -144,8 +144,8 @@ def test_json_has_the_figures(busy_db: dict[str, Any], procs: Processes,
     assert code == 0, err
     doc = json.loads(out)
     assert set(doc) == {"at", "queues", "runtimes", "groups", "groups_in_progress", "workflows",
-                        "workflows_in_progress", "limit", "servers", "tags"}
-    assert doc["tags"] == {"import:7": 3, "vip": 1}
+                        "workflows_in_progress", "limit", "servers", "tags", "tags_carried"}
+    assert doc["tags"] == {"import:7": 3, "vip": 1} and doc["tags_carried"] == 2
     assert doc["servers"] == []
     queues = {qu["queue"]: qu for qu in doc["queues"]}
     assert {k: v for k, v in queues["status_a"].items() if k != "oldest_age"} == {
@@ -185,6 +185,22 @@ def test_limit_shows_the_newest_and_counts_all(busy_db: dict[str, Any], procs: P
     assert "Groups in progress (2, newest 1 shown)" in out
     group_lines = _section(out.splitlines(), "Groups in progress")
     assert [line.split()[0] for line in group_lines[1:]] == [str(busy_db["sealed_group"])]
+
+
+def test_tags_past_the_limit_are_counted_in_the_title(status_db: str, procs: Processes,
+                                                     livepush_env: Callable[..., dict[str, str]]) -> None:
+    """With more distinct tags than --limit shows, the section's title counts them all and says how
+    many of the most carried it shows, as the groups' title does: never the shown rows as the total."""
+    jobs.enqueue_many([(ok, [n], {"tags": [f"batch:{n}"] + ["common"] * (n % 2), "wait": 3600})
+                       for n in range(25)])
+    code, out, err = run_status(procs, livepush_env(database_url=status_db), "--limit", "5")
+    assert code == 0, err
+    assert "Tags on unfinished jobs (26, most carried 5 shown)" in out, out
+    tag_lines = _section(out.splitlines(), "Tags on unfinished jobs")
+    assert len(tag_lines) == 1 + 5 and tag_lines[1].split() == ["common", "12"], out
+    got = jobs.status(limit=5)
+    assert (len(got.tags), got.tags_carried) == (5, 26)
+    assert jobs.status().tags_carried == 26
 
 
 def test_the_python_api_returns_the_same_data(busy_db: dict[str, Any]) -> None:

@@ -147,7 +147,7 @@ def render(report: Status, database_name: str, servers: Sequence[dict[str, Any]]
         [[str(w.id), w.name, w.state, f"{duration(w.age)} ago", w.summary] for w in report.workflows],
         right=frozenset({0})) if report.workflows else [])
 
-    out += _section(f"Tags on unfinished jobs ({len(report.tags)})", table(
+    out += _section(_shown("Tags on unfinished jobs", len(report.tags), report.tags_carried, "most carried"), table(
         ["TAG", "JOBS"], [[tag, str(n)] for tag, n in report.tags.items()], right=frozenset({1}))
         if report.tags else [])
 
@@ -166,5 +166,5 @@ def _since(server: dict[str, Any], at: datetime) -> str:
     return "-"
 
 
-def _shown(title: str, shown: int, total: int) -> str:
-    return f"{title} ({total}, newest {shown} shown)" if shown < total else f"{title} ({total})"
+def _shown(title: str, shown: int, total: int, which: str = "newest") -> str:
+    return f"{title} ({total}, {which} {shown} shown)" if shown < total else f"{title} ({total})"

@@ -743,10 +743,11 @@ ORDER BY r.id
 
 # name: tag_status
 # A plain read for `livepush status`: the tags of unfinished jobs, with how many carry each, most
-# carried first. Scans the unfinished jobs that have tags (as queue_status scans the unfinished
-# ones): an operator's occasional read, never on a job's path.
+# carried first, and on each row how many distinct tags there are in all (`carried`: the window
+# counts the grouped rows before LIMIT cuts them). Scans the unfinished jobs that have tags (as
+# queue_status scans the unfinished ones): an operator's occasional read, never on a job's path.
 TAG_STATUS = """
-SELECT tag, count(*)::int AS unfinished
+SELECT tag, count(*)::int AS unfinished, (count(*) OVER ())::int AS carried
 FROM livepush_jobs, unnest(tags) AS tag
 WHERE tags IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'waiting')
 GROUP BY tag

@@ -111,8 +111,10 @@ class Status:
     workflows: list[WorkflowStatus]
     workflows_in_progress: int
     limit: int
-    # The `limit` tags most carried by unfinished jobs, with how many carry each, most first.
+    # The `limit` tags most carried by unfinished jobs, with how many carry each, most first;
+    # `tags_carried` counts all the distinct tags they carry.
     tags: dict[str, int] = dataclasses.field(default_factory=dict)
+    tags_carried: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON types only (what `livepush status --json` prints)."""
@@ -163,6 +165,7 @@ def _reads(limit: int) -> steps.Steps[Status]:
         workflows=workflows,
         workflows_in_progress=run_rows[0]["in_progress"] if run_rows else 0,
         tags={r["tag"]: r["unfinished"] for r in tag_rows},
+        tags_carried=tag_rows[0]["carried"] if tag_rows else 0,
         limit=limit,
     )
 
