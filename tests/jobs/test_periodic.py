@@ -254,3 +254,16 @@ async def test_the_tick_is_iso_8601_in_the_jobs_zone(jobs_db: str, pool: AsyncCo
     assert db_now(jobs_db) - timedelta(days=1) < tick <= db_now(jobs_db)
     info = jobs.get_job(entry.job_id)
     assert info is not None and info.args == [entry.tick]
+
+
+async def test_jobs_clear_forgets_the_ticks_so_a_periodic_job_starts_afresh(jobs_db: str,
+                                                                            pool: AsyncConnectionPool[Any]) -> None:
+    """After jobs.clear() (between tests) a periodic job starts from its next tick, as in a fresh
+    database: a tick recorded before the clear is not taken as missed and run at once."""
+    schedule = declare("*/5 * * * *")
+    q(jobs_db, "INSERT INTO livepush_periodic (name, last_tick) VALUES (%s, now() - interval '1 day')",
+      (schedule.name,))
+    await asyncio.to_thread(jobs.clear)
+    assert last_tick(jobs_db, schedule.name) is None
+    assert (await Scheduler([schedule]).round(pool)).enqueued == []
+    assert jobs_of(jobs_db, schedule.name) == []

@@ -20,6 +20,7 @@ from ...config import get_settings
 from ...errors import ArgumentTypeError, ConfigError
 from .. import database, queries
 from ..groups import queries as group_queries
+from ..periodic import queries as periodic_queries
 from ..workflows import queries as workflow_queries
 from ..runtime import maintenance
 from ..runtime.runtime import Runtime
@@ -127,9 +128,11 @@ def drain(queues: Sequence[str] | None = None, *, registry: Registry = REGISTRY,
 
 
 def clear() -> None:
-    """Delete every job, group, workflow run and runtime row. Refuses unless LIVEPUSH_ENV=test."""
+    """Delete every job, group, workflow run and runtime row, paused queue and periodic job's
+    newest tick. Refuses unless LIVEPUSH_ENV=test."""
     if not get_settings().is_test:
         raise ConfigError("jobs.clear() deletes every job: it only runs with LIVEPUSH_ENV=test")
     with database.connection() as conn:
-        for statement in (workflow_queries.CLEAR + "; " + queries.CLEAR + "; " + group_queries.CLEAR).split("; "):
+        for statement in (workflow_queries.CLEAR + "; " + queries.CLEAR + "; " + group_queries.CLEAR + "; "
+                          + periodic_queries.CLEAR).split("; "):
             conn.execute(statement)  # type: ignore[arg-type]

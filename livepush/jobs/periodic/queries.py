@@ -35,3 +35,9 @@ ADVANCE = """
 UPDATE livepush_periodic SET last_tick = %(tick)s, updated_at = now()
 WHERE name = %(name)s AND last_tick < %(tick)s
 """
+
+# name: periodic_clear (tests only: jobs.clear())
+# Forgets every periodic job's newest tick, so that after jobs.clear() a periodic job starts from
+# its next tick, as in a fresh database, instead of running at once for a tick missed since an
+# earlier test. DELETE rather than TRUNCATE, which a runtime role may not do.
+CLEAR = "DELETE FROM livepush_periodic"
