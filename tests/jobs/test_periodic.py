@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+import sys
+import zoneinfo
+from collections.abc import AsyncIterator, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -87,6 +89,31 @@ def test_an_unknown_timezone_fails_at_decoration_naming_it() -> None:
     with pytest.raises(jobs.InvalidScheduleError, match="unknown timezone 'Mars/Olympus'") as caught:
         declare("*/5 * * * *", timezone="Mars/Olympus")
     assert "'*/5 * * * *'" in str(caught.value)
+
+
+@pytest.fixture
+def no_zone_database(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process as on a machine without a time zone database: no system zone folder and no
+    tzdata package (Windows, Alpine and other slim images)."""
+    # An import of it fails, of its zone folder too (imported already once a zone was read from it).
+    for module in ["tzdata", *(m for m in sys.modules if m.startswith("tzdata."))]:
+        monkeypatch.setitem(sys.modules, module, None)
+    zoneinfo.reset_tzpath(to=[])
+    zoneinfo.ZoneInfo.clear_cache()  # a zone opened earlier would be answered from the cache
+    try:
+        yield
+    finally:
+        zoneinfo.reset_tzpath()
+        zoneinfo.ZoneInfo.clear_cache()
+
+
+def test_without_a_zone_database_the_error_says_to_install_one(no_zone_database: None) -> None:
+    """Even 'UTC' cannot be read there: the error says what is missing and how to get it, rather
+    than calling a correct zone name unknown."""
+    for zone in ("UTC", "Europe/Paris"):
+        with pytest.raises(jobs.InvalidScheduleError, match="no time zone database.*tzdata") as caught:
+            declare("*/5 * * * *", timezone=zone)
+        assert "unknown" not in str(caught.value)
 
 
 def test_the_machines_own_zone_is_refused_at_decoration() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from datetime import UTC, datetime, timedelta
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from croniter import CroniterError, croniter
 
@@ -38,8 +38,15 @@ def _zone(expression: str, timezone: str) -> ZoneInfo:
     try:
         return ZoneInfo(timezone)
     except (ZoneInfoNotFoundError, ValueError):
-        raise InvalidScheduleError(f"periodic {expression!r}: unknown timezone {timezone!r}: use an IANA zone "
-                                   "name such as 'UTC' or 'Europe/Paris'") from None
+        pass
+    if not available_timezones():
+        # No zone at all, 'UTC' included: the machine has no time zone database (Windows, Alpine and
+        # other slim images), and calling every name unknown would send the user after a typo.
+        raise InvalidScheduleError(f"periodic {expression!r}: timezone {timezone!r} cannot be read: this machine "
+                                   "has no time zone database; install the tzdata package (pip install tzdata) "
+                                   "or the system's tzdata") from None
+    raise InvalidScheduleError(f"periodic {expression!r}: unknown timezone {timezone!r}: use an IANA zone "
+                               "name such as 'UTC' or 'Europe/Paris'") from None
 
 
 @dataclasses.dataclass(frozen=True)
