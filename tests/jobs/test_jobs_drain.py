@@ -30,6 +30,20 @@ def test_drain_runs_every_due_job_and_counts(jobs_db: str) -> None:
     assert names_of(jobs_db, later.id) == ["enqueued/scheduled"]
 
 
+def test_drain_leaves_a_paused_queue_alone_as_runtimes_do(jobs_db: str) -> None:
+    """drain() claims as a runtime does: a paused queue's jobs wait, named or not, until it is resumed."""
+    jobs.pause_queue("second")
+    a = sample_jobs.record.enqueue("a")
+    held = sample_jobs.other_queue.enqueue("held")
+    assert jobs.drain() == {"succeeded": 1}
+    assert jobs.drain(["second"]) == {}
+    assert runs(jobs_db, a.id) == [1] and runs(jobs_db, held.id) == []
+    assert jobs.job_state(held.id)["state"] == "available"  # type: ignore[index]
+    jobs.resume_queue("second")
+    assert jobs.drain(["second"]) == {"succeeded": 1}
+    assert runs(jobs_db, held.id) == [1]
+
+
 async def test_drain_from_async_code(jobs_db: str) -> None:
     """adrain() works inside a running loop (and drain() too, through a thread)."""
     sample_jobs.record.enqueue()
