@@ -91,6 +91,13 @@ def test_an_unknown_timezone_fails_at_decoration_naming_it() -> None:
     assert "'*/5 * * * *'" in str(caught.value)
 
 
+@pytest.mark.parametrize("region", ["Europe", "America", "America/Argentina"])
+def test_a_region_without_its_city_fails_at_decoration_as_an_unknown_timezone(region: str) -> None:
+    """A region is a folder of zones, not a zone: the error names it, it is no OS error."""
+    with pytest.raises(jobs.InvalidScheduleError, match=f"unknown timezone '{region}'"):
+        declare("0 9 * * *", timezone=region)
+
+
 @pytest.fixture
 def no_zone_database(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """This process as on a machine without a time zone database: no system zone folder and no

@@ -39,6 +39,9 @@ def _zone(expression: str, timezone: str) -> ZoneInfo:
         return ZoneInfo(timezone)
     except (ZoneInfoNotFoundError, ValueError):
         pass
+    except OSError:
+        # A region such as 'Europe' is a folder of zones: opening it raises IsADirectoryError.
+        pass
     if not available_timezones():
         # No zone at all, 'UTC' included: the machine has no time zone database (Windows, Alpine and
         # other slim images), and calling every name unknown would send the user after a typo.
