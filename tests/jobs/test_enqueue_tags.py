@@ -3,6 +3,7 @@ and cancelled by tag as jobs.cancel does (a running job in a runtime process too
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import pytest
@@ -58,6 +59,20 @@ def test_tags_are_checked_at_enqueue_and_nothing_is_written(jobs_db: str) -> Non
     with pytest.raises(InvalidArgumentsError, match=r"tags\[0\]"):
         jobs.enqueue_many([(sample_jobs.record, ["a"]), (sample_jobs.record, ["b"], {"tags": [""]})])
     assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
+
+
+@pytest.mark.parametrize("tag, says", [
+    ("", "tag is str '': a tag is a non-empty str"),
+    ("t" * 201, "tag is 201 characters long, more than 200"),
+    (7, "tag is int 7"),
+    ("a\x00b", "tag contains a NUL character"),
+])
+def test_a_bad_tag_to_look_up_is_named_as_the_one_tag_given(jobs_db: str, tag: object, says: str) -> None:
+    """list_tagged and cancel_tagged take one tag: their errors name it as such, not as an item
+    of a list the caller never passed."""
+    for call in (jobs.list_tagged, jobs.cancel_tagged):
+        with pytest.raises(InvalidArgumentsError, match="^" + re.escape(says)):
+            call(tag)  # type: ignore[arg-type]
 
 
 def test_the_limit_counts_distinct_tags(jobs_db: str) -> None:

@@ -65,13 +65,7 @@ def check_tags(tags: Any) -> list[str] | None:
                                     + (" (wrap a single tag in a list)" if isinstance(tags, str) else ""))
     out: list[str] = []
     for i, tag in enumerate(tags):
-        if not isinstance(tag, str) or not tag:
-            raise InvalidArgumentsError(f"tags[{i}] is {type(tag).__name__} {tag!r:.60}: a tag is a non-empty str")
-        if len(tag) > MAX_TAG_LENGTH:
-            raise InvalidArgumentsError(f"tags[{i}] is {len(tag)} characters long, more than {MAX_TAG_LENGTH}")
-        bad = unstorable(tag)
-        if bad:
-            raise InvalidArgumentsError(f"tags[{i}] contains {bad}, which Postgres cannot store")
+        _check_one_tag(tag, f"tags[{i}]")
         if tag not in out:
             # The limit is on distinct tags, what is stored: a tag repeated is stored once.
             if len(out) == MAX_TAGS:
@@ -81,9 +75,22 @@ def check_tags(tags: Any) -> list[str] | None:
     return out or None
 
 
+def _check_one_tag(tag: Any, label: str) -> str:
+    """`tag` if it is a tag; else InvalidArgumentsError naming it as `label`."""
+    if not isinstance(tag, str) or not tag:
+        raise InvalidArgumentsError(f"{label} is {type(tag).__name__} {tag!r:.60}: a tag is a non-empty str")
+    if len(tag) > MAX_TAG_LENGTH:
+        raise InvalidArgumentsError(f"{label} is {len(tag)} characters long, more than {MAX_TAG_LENGTH}")
+    bad = unstorable(tag)
+    if bad:
+        raise InvalidArgumentsError(f"{label} contains {bad}, which Postgres cannot store")
+    return tag
+
+
 def check_tag(tag: Any) -> str:
-    """One tag to look jobs up by (list_tagged, cancel_tagged)."""
-    return check_tags([tag])[0]  # type: ignore[index]
+    """One tag to look jobs up by (list_tagged, cancel_tagged): named `tag` in errors, since the
+    caller gave one, not a list."""
+    return _check_one_tag(tag, "tag")
 
 
 def check_debounce(debounce: Any, key: str | None, wait: float | None, at: datetime | None) -> float | None:
