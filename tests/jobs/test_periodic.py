@@ -13,12 +13,14 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from livepush import jobs
 from livepush.errors import ConfigError
 from livepush.jobs import database
+from livepush.jobs.periodic import queries
 from livepush.jobs.periodic.cron import parse
 from livepush.jobs.periodic.decorator import SCHEDULES, Schedule
 from livepush.jobs.periodic.scheduler import Scheduler
@@ -301,3 +303,27 @@ async def test_jobs_clear_forgets_the_ticks_so_a_periodic_job_starts_afresh(jobs
     assert last_tick(jobs_db, schedule.name) is None
     assert (await Scheduler([schedule]).round(pool)).enqueued == []
     assert jobs_of(jobs_db, schedule.name) == []
+
+
+async def test_a_runtime_that_stops_mid_advance_holds_the_others_up_for_seconds_only(
+        jobs_db: str, pool: AsyncConnectionPool[Any]) -> None:
+    """A runtime whose machine pauses or vanishes between moving a tick forward and committing keeps
+    that row locked, and every other runtime's round waits on it (a vanished machine's connection
+    lingers until TCP keepalive gives up: hours without periodic jobs). Postgres ends such an idle
+    transaction after a few seconds, so another runtime's round enqueues the tick."""
+    schedule = declare("*/5 * * * *")
+    q(jobs_db, "INSERT INTO livepush_periodic (name, last_tick) VALUES (%s, now() - interval '1 day')",
+      (schedule.name,))
+    due = schedule.cron.latest_due(db_now(jobs_db))
+    stopped = await psycopg.AsyncConnection.connect(jobs_db)
+    try:
+        # The stopped runtime's statement, in its open transaction; then it never speaks again.
+        advanced = await stopped.execute(queries.ADVANCE, {"name": schedule.name, "tick": due})
+        assert advanced.rowcount == 1
+        done = await asyncio.wait_for(Scheduler([schedule]).round(pool), 30.0)
+        with pytest.raises(psycopg.Error):  # when it comes back, its transaction is gone
+            await stopped.execute("COMMIT")
+    finally:
+        await stopped.close()
+    assert [e.name for e in done.enqueued] == [schedule.name]
+    assert [a for _, a in jobs_of(jobs_db, schedule.name)] == [[done.enqueued[0].tick]]

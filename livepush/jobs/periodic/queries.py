@@ -31,9 +31,18 @@ ON CONFLICT (name) DO NOTHING
 # which the scheduler logs and retries next round. If the winner rolls back (its enqueue failed),
 # the row is unchanged and the waiter advances it and enqueues. `<` never moves it backwards: a
 # runtime that read the clock before another advanced cannot enqueue an older tick again.
-ADVANCE = """
+# The waiters wait on the winner's row lock for as long as its transaction stays open, so the
+# statement also sets idle_in_transaction_session_timeout for this transaction (set_config(...,
+# true), once: an uncorrelated subquery): a winner whose machine pauses or vanishes before it
+# commits (its connection would linger until TCP keepalive gives up, hours) is ended by Postgres
+# after IDLE_TIMEOUT, its transaction rolled back, and a waiter advances and enqueues instead. A
+# live winner is idle only between two short statements; one whose event loop a job held up past
+# the timeout loses its round, which the scheduler logs and tries again.
+IDLE_TIMEOUT = "5s"
+ADVANCE = f"""
 UPDATE livepush_periodic SET last_tick = %(tick)s, updated_at = now()
 WHERE name = %(name)s AND last_tick < %(tick)s
+  AND (SELECT set_config('idle_in_transaction_session_timeout', '{IDLE_TIMEOUT}', true)) IS NOT NULL
 """
 
 # name: periodic_clear (tests only: jobs.clear())
