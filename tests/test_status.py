@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -144,7 +145,8 @@ def test_json_has_the_figures(busy_db: dict[str, Any], procs: Processes,
     assert code == 0, err
     doc = json.loads(out)
     assert set(doc) == {"at", "queues", "runtimes", "groups", "groups_in_progress", "workflows",
-                        "workflows_in_progress", "limit", "servers", "tags", "tags_carried"}
+                        "workflows_in_progress", "limit", "servers", "tags", "tags_carried", "periodic"}
+    assert doc["periodic"] == []
     assert doc["tags"] == {"import:7": 3, "vip": 1} and doc["tags_carried"] == 2
     assert doc["servers"] == []
     queues = {qu["queue"]: qu for qu in doc["queues"]}
@@ -203,6 +205,30 @@ def test_tags_past_the_limit_are_counted_in_the_title(status_db: str, procs: Pro
     assert jobs.status().tags_carried == 26
 
 
+def test_each_periodic_job_is_shown_with_its_last_tick_and_its_age(
+        status_db: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
+    """A periodic job whose last tick keeps ageing past its period is one no runtime schedules: the
+    report lists every periodic job with its newest tick and how long ago that was."""
+    q(status_db, """INSERT INTO livepush_periodic (name, last_tick) VALUES
+                    ('reports.nightly', date_trunc('second', now()) - interval '3 hours'),
+                    ('cleanup.sweep', date_trunc('second', now()) - interval '5 minutes')""")
+    code, out, err = run_status(procs, livepush_env(database_url=status_db))
+    assert code == 0, err
+    lines = _section(out.splitlines(), "Periodic jobs (2)")
+    assert lines[0].split() == ["NAME", "LAST", "TICK", "AGE"]
+    rows = [line.split() for line in lines[1:]]
+    assert [r[0] for r in rows] == ["cleanup.sweep", "reports.nightly"]
+    assert rows[0][2].startswith("5m") and rows[1][2].startswith("3h0"), out
+    assert rows[1][1].endswith("+00:00")
+    code, out, err = run_status(procs, livepush_env(database_url=status_db), "--json")
+    assert code == 0, err
+    (sweep, nightly) = json.loads(out)["periodic"]
+    assert (sweep["name"], nightly["name"]) == ("cleanup.sweep", "reports.nightly")
+    assert 300 <= sweep["since_last_tick"] < 400 and 3 * 3600 <= nightly["since_last_tick"] < 3 * 3600 + 100
+    assert datetime.fromisoformat(nightly["last_tick"]).utcoffset() == timedelta(0)
+    assert [p.name for p in jobs.status().periodic] == ["cleanup.sweep", "reports.nightly"]
+
+
 def test_the_python_api_returns_the_same_data(busy_db: dict[str, Any]) -> None:
     """jobs.status() and jobs.astatus() return the report's data; a bad limit is refused."""
     got = jobs.status(limit=1)
@@ -220,7 +246,8 @@ def test_an_empty_database_says_none_in_each_section(pg_url: str, procs: Process
                                                       livepush_env: Callable[..., dict[str, str]]) -> None:
     code, out, err = run_status(procs, livepush_env(database_url=pg_url))
     assert code == 0, err
-    for title in ("Queues (0)", "Runtimes (0)", "Groups in progress (0)", "Workflows in progress (0)"):
+    for title in ("Queues (0)", "Runtimes (0)", "Groups in progress (0)", "Workflows in progress (0)",
+                  "Periodic jobs (0)"):
         assert _section(out.splitlines(), title) == ["  none"], out
     code, out, err = run_status(procs, livepush_env(database_url=pg_url), "--json")
     assert code == 0, err

@@ -2,7 +2,7 @@
 servers listening.
 
 Plain output is a report for people (one section each: queues, runtimes, groups, workflows,
-servers); `--json` prints the same data as one JSON document for scripts. Servers register
+tags, periodic jobs, servers); `--json` prints the same data as one JSON document for scripts. Servers register
 nowhere: the report lists the listening connections their database (and Redis, when one is
 configured) shows, each server holding one on each.
 """
@@ -150,6 +150,11 @@ def render(report: Status, database_name: str, servers: Sequence[dict[str, Any]]
     out += _section(_shown("Tags on unfinished jobs", len(report.tags), report.tags_carried, "most carried"), table(
         ["TAG", "JOBS"], [[tag, str(n)] for tag, n in report.tags.items()], right=frozenset({1}))
         if report.tags else [])
+
+    out += _section(f"Periodic jobs ({len(report.periodic)})", table(
+        ["NAME", "LAST TICK", "AGE"],
+        [[p.name, p.last_tick, duration(p.since_last_tick)] for p in report.periodic],
+        right=frozenset({2})) if report.periodic else [])
 
     now = datetime.fromisoformat(report.at)
     rows = [[s["via"], s.get("address") or "-", _since(s, now)] for s in servers]

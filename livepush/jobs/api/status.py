@@ -2,7 +2,7 @@
 
 Queues (paused or not, depth, the oldest available job's age, scheduled, running, waiting, failed), registered
 runtimes (state, jobs in hand, last beat, overdue), the newest task groups and workflow runs in
-progress. Every figure comes from one read-only snapshot (queries.STATUS_SNAPSHOT), so the
+progress, the tags most carried, and each periodic job's newest tick. Every figure comes from one read-only snapshot (queries.STATUS_SNAPSHOT), so the
 report is consistent with itself: a job counted running in its queue is in hand of a runtime
 in the same report. The statements are their owners' (queries.py, groups/queries.py,
 workflows/queries.py); this module only gathers them.
@@ -23,6 +23,7 @@ from ..events.views import iso, workflow_view
 from ..groups import queries as group_queries
 from ..groups import steps
 from ..groups.transactions import ain_tx, in_tx
+from ..periodic import queries as periodic_queries
 from ..workflows import queries as workflow_queries
 from ...errors import ArgumentValueError
 
@@ -98,6 +99,17 @@ class WorkflowStatus:
 
 
 @dataclasses.dataclass(frozen=True)
+class PeriodicStatus:
+    """A periodic job (@jobs.periodic) some runtime has scheduled: its newest enqueued tick and
+    `since_last_tick`, seconds since that tick. Growing past the job's period: no runtime
+    schedules it now."""
+
+    name: str
+    last_tick: str
+    since_last_tick: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Status:
     """The report. `groups` and `workflows` are the newest `limit` in progress;
     `groups_in_progress` and `workflows_in_progress` count all of them. `at`: the instant the
@@ -115,6 +127,8 @@ class Status:
     # `tags_carried` counts all the distinct tags they carry.
     tags: dict[str, int] = dataclasses.field(default_factory=dict)
     tags_carried: int = 0
+    # Every periodic job a runtime has scheduled, by name.
+    periodic: list[PeriodicStatus] = dataclasses.field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON types only (what `livepush status --json` prints)."""
@@ -139,6 +153,7 @@ def _reads(limit: int) -> steps.Steps[Status]:
     group_rows = yield steps.Query(group_queries.GROUPS_IN_PROGRESS, {"limit": limit})
     run_rows = yield steps.Query(workflow_queries.RUNS_IN_PROGRESS, {"limit": limit})
     tag_rows = yield steps.Query(queries.TAG_STATUS, {"limit": limit})
+    periodic_rows = yield steps.Query(periodic_queries.PERIODIC_STATUS, {})
 
     runtimes = [RuntimeStatus(
         id=r["id"], host=r["host"], pid=r["pid"], queues=list(r["queues"]), concurrency=r["concurrency"],
@@ -166,6 +181,8 @@ def _reads(limit: int) -> steps.Steps[Status]:
         workflows_in_progress=run_rows[0]["in_progress"] if run_rows else 0,
         tags={r["tag"]: r["unfinished"] for r in tag_rows},
         tags_carried=tag_rows[0]["carried"] if tag_rows else 0,
+        periodic=[PeriodicStatus(name=p["name"], last_tick=iso(p["last_tick"]), since_last_tick=p["since_last_tick"])
+                  for p in periodic_rows],
         limit=limit,
     )
 

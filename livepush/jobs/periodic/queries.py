@@ -45,6 +45,17 @@ WHERE name = %(name)s AND last_tick < %(tick)s
   AND (SELECT set_config('idle_in_transaction_session_timeout', '{IDLE_TIMEOUT}', true)) IS NOT NULL
 """
 
+# name: periodic_status
+# A plain read for `livepush status`: each periodic job's newest enqueued tick (the one recorded
+# as done, for a job that has enqueued none yet) and how long ago it was, on the clock of the
+# report's snapshot. A tick that keeps ageing past the job's period means no runtime schedules it:
+# none runs that imports its module and serves its queue.
+PERIODIC_STATUS = """
+SELECT name, last_tick, greatest(extract(epoch FROM now() - last_tick), 0)::float8 AS since_last_tick
+FROM livepush_periodic
+ORDER BY name
+"""
+
 # name: periodic_clear (tests only: jobs.clear())
 # Forgets every periodic job's newest tick, so that after jobs.clear() a periodic job starts from
 # its next tick, as in a fresh database, instead of running at once for a tick missed since an
