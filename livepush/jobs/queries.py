@@ -564,6 +564,32 @@ WITH target AS (
 SELECT m.id, m.state, m.group_id, m.workflow_id FROM moved m CROSS JOIN rung CROSS JOIN told
 """
 
+# name: cancel_lone_queued
+# jobs.cancel_tagged()'s first pass: of these ids, the queued jobs (available or scheduled) that
+# CANCEL would end with nothing more to do (no group to count them in, no workflow run to record
+# them on, no stored durable steps, hence no children, to cancel after it), cancelled in one
+# statement, as CANCEL cancels each. Every other job, and any row this skips, is left to CANCEL,
+# one at a time. SKIP LOCKED: a row busy now (being claimed, or cancelled by another call) is
+# skipped rather than waited for, so this never waits on a lock and cannot deadlock with a claim,
+# a completer or another cancel whatever order they lock rows in. The lock re-checks the state on
+# the row's latest version (READ COMMITTED): a job claimed and committed meanwhile is running
+# and no longer matches.
+CANCEL_LONE_QUEUED = f"""
+WITH target AS (
+    SELECT id FROM livepush_jobs
+    WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('available', 'scheduled')
+      AND group_id IS NULL AND callback_of IS NULL AND workflow_id IS NULL AND NOT has_steps
+    ORDER BY id
+    FOR NO KEY UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE livepush_jobs j SET state = 'cancelled', event = 'cancelled', version = j.version + 1,
+                               finished_at = now(), cancel_requested = false
+    FROM target t WHERE j.id = t.id
+    RETURNING j.id, j.version
+), rung AS ({ring("moved")})
+SELECT m.id FROM moved m CROSS JOIN rung
+"""
+
 # name: stop_jobs
 # The jobs of workflow steps still active when their run ended (workflows/engine.py), in the
 # transaction that ended it, which holds the run's row: a queued or parked one is cancelled, a
