@@ -277,6 +277,27 @@ async def test_many_rounds_at_once_enqueue_a_tick_once(jobs_db: str, pool: Async
         assert [a for _, a in jobs_of(jobs_db, s.name)] == [[e.tick] for e in sorted(mine, key=lambda e: e.job_id)]
 
 
+async def test_a_tick_its_schema_refuses_is_logged_and_the_other_schedules_go_on(
+        jobs_db: str, pool: AsyncConnectionPool[Any], caplog: pytest.LogCaptureFixture) -> None:
+    """A schema that took the tick checked at import but refuses a later one (a pattern tied to
+    one UTC offset, across a clock change): that tick is not enqueued and is logged once, naming
+    the job; the round goes on to the other schedules, and the runtime with it."""
+    refusing = Schedule(jobs.job(name=f"tests.periodic.job_{next(_names)}", queue="periodic-in-process",
+                                 schema={"type": "array", "prefixItems": [{"pattern": "^never"}]})(
+        lambda ctx, tick: None), parse("*/5 * * * *", "UTC"))
+    fine = declare("*/5 * * * *")
+    for s in (refusing, fine):
+        q(jobs_db, "INSERT INTO livepush_periodic (name, last_tick) VALUES (%s, now() - interval '1 day')", (s.name,))
+    before = last_tick(jobs_db, refusing.name)
+    scheduler = Scheduler([refusing, fine])
+    with caplog.at_level("ERROR", logger="livepush.jobs"):
+        rounds = [await scheduler.round(pool) for _ in range(2)]
+    assert [e.name for e in rounds[0].enqueued] == [fine.name] and rounds[1].enqueued == []
+    assert jobs_of(jobs_db, refusing.name) == [] and last_tick(jobs_db, refusing.name) == before
+    refusals = [r.getMessage() for r in caplog.records if refusing.name in r.getMessage()]
+    assert len(refusals) == 1 and "was not enqueued for tick" in refusals[0], refusals
+
+
 async def test_the_tick_is_iso_8601_in_the_jobs_zone(jobs_db: str, pool: AsyncConnectionPool[Any]) -> None:
     schedule = declare("0 9 * * *", timezone="America/New_York")
     q(jobs_db, "INSERT INTO livepush_periodic (name, last_tick) VALUES (%s, now() - interval '3 days')",

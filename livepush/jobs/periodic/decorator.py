@@ -62,8 +62,8 @@ def _check_signature(cron: str, func: Callable[..., Any]) -> None:
 
 
 def _check_schema(fn: JobFunction, cron: Cron) -> None:
-    # A schema= that refuses a tick refuses every one, in the round that enqueues it: that round
-    # fails (and the other schedules' with it) until the runtime gives up. Refused now, at import.
+    # A schema= that refuses the tick it is given mostly refuses every one, and each would only be
+    # logged as not enqueued (periodic/scheduler.py): refused now, at import, where it is seen.
     if fn.validate_args is None:
         return
     tick = cron.latest_due(datetime.now(UTC)).isoformat()

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 from psycopg_pool import AsyncConnectionPool
 
+from ...errors import ArgumentTypeError, ArgumentValueError
 from ..api.enqueue import Batch
 from . import queries
 from .decorator import Schedule
@@ -35,6 +36,7 @@ class Scheduler:
         if not schedules:
             raise ValueError("a periodic scheduler needs at least one schedule")
         self.schedules = list(schedules)
+        self._refused: dict[str, datetime] = {}  # name -> the newest tick its checks refused, logged
 
     async def round(self, pool: AsyncConnectionPool[Any]) -> Round:
         """One pass over every schedule, on the database's clock."""
@@ -49,7 +51,17 @@ class Scheduler:
             if previous is None:
                 await self._start(pool, schedule, due)
             elif due > previous:
-                job_id = await self._advance(pool, schedule, due)
+                try:
+                    job_id = await self._advance(pool, schedule, due)
+                except (ArgumentTypeError, ArgumentValueError) as exc:
+                    # Its schema (or a concurrency key) refuses this tick though it took the one
+                    # checked at import: the user's to fix, and no reason to stop the runtime or
+                    # the other schedules. Its tick stays where it was; a later one may pass.
+                    if self._refused.get(schedule.name) != due:
+                        self._refused[schedule.name] = due
+                        log.error("periodic job %s was not enqueued for tick %s: %s", schedule.name,
+                                  due.isoformat(), exc)
+                    continue
                 if job_id is not None:
                     enqueued.append(Enqueued(schedule.name, due.isoformat(), job_id))
         wait = min((s.cron.next_after(now) - now).total_seconds() for s in self.schedules)
