@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import pytest
 
 from livepush import ConfigError, config
 from livepush import jobs
+from livepush.jobs.runtime import runtime
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import events_of, names_of, q, read_states
 
@@ -231,3 +235,39 @@ def test_drain_names_itself_for_a_bad_queue_name(jobs_db: str) -> None:
     """A queue name drain() cannot serve raises ConfigError naming drain(queues=)."""
     with pytest.raises(ConfigError, match=r"drain\(queues=\)"):
         jobs.drain([""])
+
+
+def drain_in_thread(**options: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    """drain(**options) in a thread of its own, so that a test can bound how long it takes."""
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["counts"] = jobs.drain(**options)
+        except BaseException as exc:  # handed to the test
+            result["error"] = exc
+
+    thread = threading.Thread(target=target, name="test-drain", daemon=True)
+    thread.start()
+    return thread, result
+
+
+def test_drain_fails_a_job_deaf_to_its_timeouts_cancel_and_returns(jobs_db: str) -> None:
+    """An async job that swallows every cancellation and runs on past its timeout fails its
+    attempt under drain() as under a runtime, within the grace after the timeout's cancel
+    (runtime.TIMEOUT_GRACE); drain() runs the next job and returns, leaving the deaf task
+    behind. It waited for that task to end, for ever."""
+    deaf = sample_jobs.deaf_to_timeout.enqueue("deaf-drained")
+    after = sample_jobs.record.enqueue("after")
+    thread, result = drain_in_thread()
+    try:
+        thread.join(0.2 + runtime.TIMEOUT_GRACE + 10.0)
+        assert not thread.is_alive(), "drain() did not return"
+    finally:
+        q(jobs_db, "INSERT INTO job_flags (name) VALUES ('deaf-drained')")  # lets a hung drain end
+        thread.join(10.0)
+    assert result == {"counts": {"failed": 1, "succeeded": 1}}
+    info = jobs.get_job(deaf.id)
+    assert info is not None and (info.state, info.error) == ("failed", "TimeoutError: timed out after 0.2 s")
+    assert runs(jobs_db, deaf.id) == [] and runs(jobs_db, after.id) == [1]
+

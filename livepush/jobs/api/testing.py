@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ... import api
+from ... import api, loops
 from ...config import get_settings
 from ...errors import ArgumentTypeError, ConfigError
 from .. import database, queries
@@ -84,7 +84,12 @@ async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = RE
                 await asyncio.sleep(max(rt._token_due - asyncio.get_running_loop().time(), 0.0))
                 continue
             ran += 1
-            await asyncio.gather(*[h.task for h in list(rt.in_hand.values())], return_exceptions=True)
+            # Until the job's slot is free, not until its task ends: a job that swallows its
+            # timeout's or its cancel's cancellation is ended by the runtime without it.
+            while rt.in_hand:
+                rt._slot_freed.clear()
+                if rt.in_hand:
+                    await rt._slot_freed.wait()
             await rt._completer.wait_idle(timeout=30)
     finally:
         await rt._close()
@@ -110,12 +115,12 @@ def drain(queues: Sequence[str] | None = None, *, registry: Registry = REGISTRY,
     if not in_loop:
         # Outside the except block: run there, every error the jobs raise would be chained to
         # that RuntimeError, and each failed job's logged traceback would start with it.
-        return asyncio.run(adrain(queues, registry=registry, max_jobs=max_jobs))
+        return loops.run(adrain(queues, registry=registry, max_jobs=max_jobs))
     result: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            result["value"] = asyncio.run(adrain(queues, registry=registry, max_jobs=max_jobs))
+            result["value"] = loops.run(adrain(queues, registry=registry, max_jobs=max_jobs))
         except BaseException as exc:  # handed to the caller's thread below
             result["error"] = exc
 

@@ -1,0 +1,76 @@
+"""loops.run(): asyncio.run() whose end is bounded, whatever the tasks left on its loop do."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from livepush import loops
+
+
+async def _deaf() -> None:
+    """Swallows every cancellation, as job code retrying on BaseException does."""
+    while True:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass
+
+
+async def _deaf_spawning() -> None:
+    """Swallows every cancellation and starts a new task on each turn of its loop."""
+    while True:
+        try:
+            await asyncio.create_task(asyncio.sleep(0))
+        except asyncio.CancelledError:
+            pass
+
+
+@pytest.fixture(autouse=True)
+def short_settle(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loops, "SETTLE_SECONDS", 0.2)
+
+
+@pytest.mark.parametrize("deaf", [_deaf, _deaf_spawning])
+def test_a_task_that_swallows_its_cancellation_is_left_behind_after_the_settle(
+        deaf: object, caplog: pytest.LogCaptureFixture) -> None:
+    """run() returns the coroutine's value about SETTLE_SECONDS after it returned, though a task
+    it left swallows every cancellation (and, in one case, starts another task on every turn):
+    asyncio.run() waited for such a task for ever. A warning names what was left behind."""
+
+    async def main() -> str:
+        asyncio.create_task(deaf(), name="deaf-task")  # type: ignore[operator]
+        await asyncio.sleep(0)
+        return "value"
+
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="livepush"):
+        assert loops.run(main()) == "value"
+    assert time.monotonic() - started < 0.2 + 5.0
+    assert any("deaf-task" in r.getMessage() and "leaving them behind" in r.getMessage() for r in caplog.records)
+
+
+def test_tasks_that_end_when_cancelled_are_waited_for_and_no_warning_is_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Tasks left on the loop that end once cancelled (their cleanup awaited) end before run()
+    returns, and nothing is logged."""
+    cleaned: list[str] = []
+
+    async def polite() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            await asyncio.sleep(0.01)
+            cleaned.append("done")
+
+    async def main() -> None:
+        asyncio.create_task(polite())
+        await asyncio.sleep(0)
+
+    with caplog.at_level(logging.WARNING, logger="livepush"):
+        loops.run(main())
+    assert cleaned == ["done"]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
