@@ -12,6 +12,7 @@ from livepush import jobs
 from livepush.jobs.runtime import runtime
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import events_of, names_of, q, read_states
+from tests.support.waiting import wait_for
 
 
 def runs(url: str, job_id: int, phase: str = "done") -> list[int]:
@@ -271,3 +272,27 @@ def test_drain_fails_a_job_deaf_to_its_timeouts_cancel_and_returns(jobs_db: str)
     assert info is not None and (info.state, info.error) == ("failed", "TimeoutError: timed out after 0.2 s")
     assert runs(jobs_db, deaf.id) == [] and runs(jobs_db, after.id) == [1]
 
+
+def started(url: str, job_id: int) -> bool:
+    return bool(runs(url, job_id, "start"))
+
+
+@pytest.mark.parametrize("job", ["wait_flag", "deaf_to_cancel_until_flag"])
+def test_a_job_cancelled_while_drain_runs_it_ends_cancelled_and_drain_returns(jobs_db: str, job: str) -> None:
+    """jobs.cancel() of a job drain() is running reaches it as it reaches one a runtime runs: it
+    ends `cancelled`, one that swallows the cancel too (within runtime.TIMEOUT_GRACE), and drain()
+    returns. drain() heard no cancel: the job ran on until its flag was set."""
+    handle = getattr(sample_jobs, job).enqueue("cancel-drained")
+    thread, result = drain_in_thread()
+    try:
+        wait_for(lambda: started(jobs_db, handle.id), 10.0, message="the job to start")
+        assert jobs.cancel(handle.id)
+        thread.join(runtime.TIMEOUT_GRACE + 10.0)
+        assert not thread.is_alive(), "drain() did not return"
+    finally:
+        q(jobs_db, "INSERT INTO job_flags (name) VALUES ('cancel-drained')")  # lets a hung drain end
+        thread.join(10.0)
+    assert result == {"counts": {"cancelled": 1}}
+    info = jobs.get_job(handle.id)
+    assert info is not None and (info.state, info.attempt) == ("cancelled", 1)
+    assert runs(jobs_db, handle.id) == []

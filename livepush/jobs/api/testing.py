@@ -2,10 +2,11 @@
 
 `drain()` is a one-job-at-a-time runtime that stops when nothing is due: it registers like
 any runtime (so nobody rescues what it holds), claims, runs and completes through the same
-code paths, and returns counts by outcome: {"succeeded": n, "failed": n, "retrying": n,
-"cancelled": n, "released": n} (zeros left out). Jobs scheduled in the future are not due;
-a retry whose backoff has not passed is not run again. Jobs a start rate (`rate=`) holds back
-are due: drain() waits for their tokens, so it takes as long as the rate says.
+code paths (it hears cancels as a runtime does), and returns counts by outcome: {"succeeded":
+n, "failed": n, "retrying": n, "cancelled": n, "released": n} (zeros left out). Jobs scheduled
+in the future are not due; a retry whose backoff has not passed is not run again. Jobs a start
+rate (`rate=`) holds back are due: drain() waits for their tokens, so it takes as long as the
+rate says.
 """
 
 from __future__ import annotations
@@ -64,8 +65,13 @@ async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = RE
     queues = _drained_queues(queues)
     max_jobs = _max_jobs(max_jobs)
     registry = _registry(registry)
+    # Listening, as a runtime does: jobs.cancel() of the job it runs reaches it by notification
+    # (drain() beats no heartbeat, the other way a runtime learns of a cancel). Where
+    # LIVEPUSH_LISTEN_DATABASE_URL names the way around a pooler that cannot keep a LISTEN, it
+    # listens there, unless jobs.configure() chose another database.
+    listen_url = None if database.configured_url() else get_settings().listen_database_url
     rt = Runtime(registry, queues=queues or ["default"], concurrency=1,
-                 install_signals=False, heartbeat=60.0, flush_delay=0.0, listen=False)
+                 install_signals=False, heartbeat=60.0, flush_delay=0.0, listen_url=listen_url)
     await rt._open()
     ran = 0
     try:
@@ -88,8 +94,7 @@ async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = RE
             # timeout's or its cancel's cancellation is ended by the runtime without it.
             while rt.in_hand:
                 rt._slot_freed.clear()
-                if rt.in_hand:
-                    await rt._slot_freed.wait()
+                await rt._slot_freed.wait()
             await rt._completer.wait_idle(timeout=30)
     finally:
         await rt._close()
