@@ -8,15 +8,18 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import psycopg
 import pytest
 
 from livepush import jobs
+from livepush.jobs import queries
 from livepush.jobs.api.functions import JobFunction
 from livepush.jobs.api.registry import REGISTRY
 from livepush.jobs.runtime.context import ClaimedJob, JobContext
 from livepush.jobs.runtime.executor import Outcome
 from livepush.jobs.runtime import runtime
 from livepush.jobs.runtime.runtime import Runtime
+from livepush.postgres.listener import Listener
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import events_of, names_of, q, running
 from tests.support.fanouts import read_history
@@ -600,3 +603,47 @@ async def test_the_progress_of_a_sync_jobs_timed_out_thread_never_hides_its_next
         await async_wait_for(lambda: asyncio.to_thread(shown), 8.0, message="attempt 2's progress to show while it runs")
         q(jobs_db, "INSERT INTO job_flags VALUES ('second')")
         await wait_state(h.id, "succeeded")
+
+
+# Makes a claim of a job on the queue "second" wait while a test holds the advisory lock 727: a
+# claim of several queues then has committed its first queue's jobs and waits on the next.
+HOLD_SECOND_QUEUE_CLAIMS = """
+CREATE FUNCTION test_hold_claims() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(727);
+    RETURN NEW;
+END $$;
+CREATE TRIGGER test_hold_claims BEFORE UPDATE ON livepush_jobs FOR EACH ROW
+    WHEN (OLD.state = 'available' AND NEW.state = 'running' AND NEW.queue = 'second')
+    EXECUTE FUNCTION test_hold_claims();
+"""
+
+
+async def test_a_cancel_heard_before_the_claim_that_took_its_job_returned_still_stops_it(jobs_db: str) -> None:
+    """A running job's cancel can commit, and its notification reach the runtime, after the claim
+    that took the job committed but before the runtime has the claim's reply (here: the claim of
+    a second queue still waits). The job still stops at once, as any other cancelled job does.
+    The notification named a job the runtime did not hold yet and was dropped: the job ran on
+    until the next heartbeat found the cancel."""
+    q(jobs_db, HOLD_SECOND_QUEUE_CLAIMS)
+    cancel_heard = asyncio.Event()
+    # Added before the runtime's own handler, so it runs first: once this is set, the runtime's
+    # handler has run too, in the same delivery.
+    listener = Listener(jobs_db, name="test-jobs-listener")
+    listener.add(queries.CANCEL_CHANNEL, lambda payload: cancel_heard.set())
+    locker = await psycopg.AsyncConnection.connect(jobs_db, autocommit=True)
+    try:
+        await locker.execute("SELECT pg_advisory_lock(727)")
+        h = await sample_jobs.wait_flag.aenqueue("never-set")
+        await sample_jobs.other_queue.aenqueue("held")
+        async with running(heartbeat=60.0, listener=listener) as rt:
+            await wait_state(h.id, "running")  # claimed and committed; the claim itself still waits
+            assert h.id not in rt.in_hand
+            assert await asyncio.to_thread(jobs.cancel, h.id)
+            await asyncio.wait_for(cancel_heard.wait(), 5.0)
+            await locker.execute("SELECT pg_advisory_unlock(727)")
+            await wait_state(h.id, "cancelled", timeout=5.0)
+    finally:
+        await locker.close()
+        await listener.aclose()
+    assert q(jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s AND phase = 'done'", (h.id,)) == [(0,)]

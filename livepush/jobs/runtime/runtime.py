@@ -257,6 +257,11 @@ class Runtime:
         self._completer_task: asyncio.Task[None] | None = None
         self._cancels_due: set[int] = set()
         self._cancel_check: asyncio.Task[None] | None = None
+        # Whether a claim is under way, and the ids cancel requests named meanwhile that were not
+        # in hand: a job the claim took can be cancelled, and its notification heard, before the
+        # claim's reply comes back. Checked again once the claim's jobs have started.
+        self._claiming = False
+        self._heard_while_claiming: set[int] = set()
         self._host = socket.gethostname()
 
     # -- public ------------------------------------------------------------------------
@@ -553,10 +558,17 @@ class Runtime:
             self._group_progress.mark(await maintenance.unrung_groups(self._pool))
 
     def _on_cancel_ring(self, payload: str) -> None:
-        mine = [i for i in parse_ids(payload, queries.CANCEL_CHANNEL) if i in self.in_hand]
-        if not mine:
+        ids = parse_ids(payload, queries.CANCEL_CHANNEL)
+        if self._claiming:
+            self._heard_while_claiming.update(i for i in ids if i not in self.in_hand)
+        self._check_cancels([i for i in ids if i in self.in_hand])
+
+    def _check_cancels(self, ids: Iterable[int]) -> None:
+        """Confirm against the rows, then stop, the jobs in hand among `ids` whose cancel was
+        requested (one check at a time, taking every id named meanwhile)."""
+        self._cancels_due.update(ids)
+        if not self._cancels_due:
             return
-        self._cancels_due.update(mine)
         if self._cancel_check is None or self._cancel_check.done():
             self._cancel_check = asyncio.create_task(self._confirm_cancels(), name="livepush-jobs-cancel-check")
 
@@ -576,7 +588,11 @@ class Runtime:
 
     def _cancel_local(self, job_id: int) -> None:
         entry = self.in_hand.get(job_id)
-        if entry is None or entry.ctx.cancel_requested:
+        if entry is None:
+            if self._claiming:  # confirmed before the claim that took it returned: see _claim
+                self._heard_while_claiming.add(job_id)
+            return
+        if entry.ctx.cancel_requested:
             return
         entry.ctx.cancel_requested = True
         log.info("job %s: cancel requested; stopping it at its next await or progress call", job_id)
@@ -658,6 +674,18 @@ class Runtime:
         return conn
 
     async def _claim(self, free: int) -> int:
+        """Claim up to `free` jobs and start them; how many were claimed. The cancels heard while
+        it ran, of jobs not then in hand, are checked once its jobs have started."""
+        self._claiming = True
+        try:
+            return await self._claim_starting(free)
+        finally:
+            self._claiming = False
+            heard, self._heard_while_claiming = self._heard_while_claiming, set()
+            if not self._closing.is_set():  # no new side task once _close() is stopping them
+                self._check_cancels([i for i in heard if i in self.in_hand])
+
+    async def _claim_starting(self, free: int) -> int:
         rows: list[dict[str, Any]] = []
         params: dict[str, Any] = {"excluded": sorted(self.excluded), "runtime_id": self.id}
         limited = [n for n in self.limited if n not in self.excluded]
