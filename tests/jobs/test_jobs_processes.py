@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from livepush import jobs
+from livepush import jobs, loops
+from livepush.jobs.runtime import runtime
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import events_of, names_of, q, runtime_starter
 from tests.support import services
@@ -121,6 +122,24 @@ def test_a_job_that_swallows_its_cancellation_does_not_hold_the_stopping_runtime
     child.signal(signal.SIGTERM)
     assert child.wait(15) == 0, child.output()
     assert q(jobs_db, "SELECT state, attempt FROM livepush_jobs WHERE id = %s", (handle.id,)) == [("available", 0)]
+    assert count(jobs_db, "SELECT count(*) FROM livepush_job_runtimes") == 0
+
+
+def test_a_stopping_runtime_whose_deaf_job_timed_out_exits_without_waiting_out_the_shutdown_timeout(
+        jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
+    """SIGTERM while an async job that swallows every cancel runs past its timeout: the job fails
+    its attempt 2 s after its timeout's cancel (runtime.TIMEOUT_GRACE), as when no stop is under
+    way, and with nothing left in hand the runtime stops then, not at the end of a long
+    --shutdown-timeout: it waited for the job's task, which never ends."""
+    handle = sample_jobs.deaf_to_timeout.enqueue("never-set")
+    child = start_runtime("--shutdown-timeout", "60")
+    wait_for(lambda: count(jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s AND phase = 'start'",
+                           (handle.id,)) == 1, 15.0)
+    child.signal(signal.SIGTERM)
+    assert child.wait(0.2 + runtime.TIMEOUT_GRACE + loops.SETTLE_SECONDS + 10.0) == 0, child.output()
+    info = jobs.get_job(handle.id)
+    assert info is not None
+    assert (info.state, info.attempt, info.error) == ("failed", 1, "TimeoutError: timed out after 0.2 s")
     assert count(jobs_db, "SELECT count(*) FROM livepush_job_runtimes") == 0
 
 

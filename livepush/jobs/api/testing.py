@@ -90,11 +90,7 @@ async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = RE
                 await asyncio.sleep(max(rt._token_due - asyncio.get_running_loop().time(), 0.0))
                 continue
             ran += 1
-            # Until the job's slot is free, not until its task ends: a job that swallows its
-            # timeout's or its cancel's cancellation is ended by the runtime without it.
-            while rt.in_hand:
-                rt._slot_freed.clear()
-                await rt._slot_freed.wait()
+            await rt.in_hand_ended()
             await rt._completer.wait_idle(timeout=30)
     finally:
         await rt._close()

@@ -398,17 +398,26 @@ class Runtime:
         await self._unless_stopped_now(self._publish_state("draining"), "publishing the runtime's state")
         if self.in_hand:
             log.info("draining: waiting up to %g s for %d jobs in hand", self.shutdown_timeout, len(self.in_hand))
-            tasks = [h.task for h in self.in_hand.values()]
+            ended = asyncio.create_task(self.in_hand_ended())
             now_waiter = asyncio.create_task(self._stop_now.wait())
             try:
-                await asyncio.wait([asyncio.gather(*tasks, return_exceptions=True), now_waiter],
-                                   timeout=self.shutdown_timeout, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait([ended, now_waiter], timeout=self.shutdown_timeout,
+                                   return_when=asyncio.FIRST_COMPLETED)
             finally:
+                ended.cancel()
                 now_waiter.cancel()
         if self.in_hand:
             log.warning("giving back %d jobs in hand (attempt not spent)", len(self.in_hand))
             self.release_all()
         await self._close_completer()
+
+    async def in_hand_ended(self) -> None:
+        """Return once no job is in hand. Not once their tasks have ended: a job that swallows
+        its timeout's or its cancel's cancellation is ended without its task (_time_out), which
+        runs on."""
+        while self.in_hand:
+            self._slot_freed.clear()
+            await self._slot_freed.wait()
 
     async def _close_completer(self) -> None:
         if self._completer is None or self._completer_task is None:
