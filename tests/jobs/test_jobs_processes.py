@@ -125,6 +125,35 @@ def test_a_job_that_swallows_its_cancellation_does_not_hold_the_stopping_runtime
     assert count(jobs_db, "SELECT count(*) FROM livepush_job_runtimes") == 0
 
 
+def test_a_job_deaf_to_its_cancel_is_given_back_and_the_process_exits_within_the_timeout_and_grace(
+        jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
+    """SIGTERM with an async job in hand that ignores every cancel: the process exits 0 within
+    --shutdown-timeout plus the 2 s it gives the job once given back (loops.SETTLE_SECONDS),
+    with a warning naming the job's task; the job is `available` again, its attempt unspent,
+    and no runtime row is left. A second SIGTERM in those 2 s changes none of it: the process
+    still exits 0, deregistered, not killed by the signal."""
+    for second_signal in (False, True):
+        handle = sample_jobs.deaf_to_cancel.enqueue()
+        child = start_runtime("--shutdown-timeout", "0.5")
+        wait_for(lambda: count(jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s AND phase = 'start'",
+                               (handle.id,)) == 1, 15.0)
+        signalled = time.monotonic()
+        child.signal(signal.SIGTERM)
+        if second_signal:
+            # Given back at the drain's end: the grace has begun.
+            wait_for(lambda: q(jobs_db, "SELECT state FROM livepush_jobs WHERE id = %s", (handle.id,)) ==
+                     [("available",)], 10.0, interval=0.02, message="the job to be given back")
+            child.signal(signal.SIGTERM)
+        assert child.wait(15) == 0, child.output()
+        took = time.monotonic() - signalled
+        # Generous: the process also closes its pools and exits, on a machine shared with others.
+        assert took <= 0.5 + loops.SETTLE_SECONDS + 8.0, (took, child.output())
+        assert f"livepush-job-{handle.id}" in child.output(), child.output()
+        assert q(jobs_db, "SELECT state, attempt FROM livepush_jobs WHERE id = %s", (handle.id,)) == [("available", 0)]
+        assert count(jobs_db, "SELECT count(*) FROM livepush_job_runtimes") == 0
+        q(jobs_db, "DELETE FROM livepush_jobs WHERE id = %s", (handle.id,))
+
+
 def test_a_stopping_runtime_whose_deaf_job_timed_out_exits_without_waiting_out_the_shutdown_timeout(
         jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
     """SIGTERM while an async job that swallows every cancel runs past its timeout: the job fails
