@@ -80,6 +80,14 @@ def hold_sync(ctx: Any, seconds: float) -> None:
     note_sync(ctx, "done")
 
 
+@jobs.job(name="t.sleep_sync", timeout=120)
+def sleep_sync(ctx: Any, seconds: float) -> None:
+    """Notes its start, then sleeps without a progress call: a sync job nothing can stop."""
+    note_sync(ctx, "start")
+    time.sleep(seconds)
+    note_sync(ctx, "done")
+
+
 @jobs.job(name="t.debounce_self_then_fail", max_attempts=1)
 async def debounce_self_then_fail(ctx: Any, key: str) -> None:
     """While it runs, a debounced enqueue of its own key queues a job behind it; then it fails

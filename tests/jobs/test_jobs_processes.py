@@ -172,6 +172,27 @@ def test_a_stopping_runtime_whose_deaf_job_timed_out_exits_without_waiting_out_t
     assert count(jobs_db, "SELECT count(*) FROM livepush_job_runtimes") == 0
 
 
+@pytest.mark.parametrize("second_signal", [False, True])
+def test_a_sync_job_past_the_shutdown_timeout_is_given_back_and_its_thread_not_waited_for(
+        jobs_db: str, start_runtime: Callable[..., ChildProcess], second_signal: bool) -> None:
+    """SIGTERM (and a second one while it drains) with a sync job in hand that runs far longer
+    than --shutdown-timeout and never calls ctx.progress(): the job is given back, its attempt
+    unspent, and the process exits 0 without waiting for the thread, which cannot be stopped."""
+    handle = sample_jobs.sleep_sync.enqueue(60)
+    child = start_runtime("--shutdown-timeout", "1" if not second_signal else "60")
+    wait_for(lambda: count(jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s AND phase = 'start'",
+                           (handle.id,)) == 1, 15.0)
+    child.signal(signal.SIGTERM)
+    if second_signal:
+        wait_for(lambda: q(jobs_db, "SELECT state FROM livepush_job_runtimes WHERE pid = %s", (child.pid,)) ==
+                 [("draining",)], 10.0, message="the runtime to drain")
+        child.signal(signal.SIGTERM)
+    assert child.wait(1 + loops.SETTLE_SECONDS + 10.0) == 0, child.output()
+    assert q(jobs_db, "SELECT state, attempt FROM livepush_jobs WHERE id = %s", (handle.id,)) == [("available", 0)]
+    assert count(jobs_db, "SELECT count(*) FROM livepush_job_runtimes") == 0
+    assert count(jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s AND phase = 'done'", (handle.id,)) == 0
+
+
 def test_kill_9_jobs_rescued_within_three_beats(jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
     """kill -9: another runtime releases the jobs within about three heartbeats and runs them, attempt counted."""
     beat = 0.3
