@@ -277,6 +277,18 @@ async def deaf_until_flag(ctx: Any, flag: str) -> str:
     return "finished anyway"
 
 
+@jobs.job(name="t.swallows_cancel", timeout=120)
+async def swallows_cancel(ctx: Any, flag: str) -> str:
+    """Swallows the cancel a jobs.cancel() brings (as code that catches BaseException does) and
+    returns as if nothing happened."""
+    await note(ctx, "start")
+    try:
+        await until_flag(flag)
+    except asyncio.CancelledError:
+        return "finished anyway"
+    return "flagged"
+
+
 @jobs.job(name="t.deaf_to_timeout", timeout=0.2, max_attempts=1)
 async def deaf_to_timeout(ctx: Any, flag: str) -> str:
     return await deaf_until_flag(ctx, flag)
