@@ -665,3 +665,22 @@ async def test_a_cancel_heard_before_the_claim_that_took_its_job_returned_still_
         await locker.close()
         await listener.aclose()
     assert q(jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s AND phase = 'done'", (h.id,)) == [(0,)]
+
+
+async def test_a_job_past_its_timeout_when_the_runtime_gives_its_jobs_back_still_fails_by_it(jobs_db: str) -> None:
+    """A stop that gives back the jobs in hand (a second signal, or the shutdown timeout's end)
+    while an async job that passed its timeout has not ended yet (it swallows the cancel, or its
+    cleanup is slow): the attempt fails by its timeout, as it would have a moment later. It was
+    given back with its attempt unspent, to run again as if it had never passed its timeout."""
+    h = await sample_jobs.deaf_to_timeout.aenqueue("deaf-stopped")
+    try:
+        async with running(concurrency=1) as rt:
+            await async_wait_for(lambda: h.id in rt.in_hand and rt.in_hand[h.id].ctx.timed_out, 5.0,
+                                 message="the job to pass its timeout")
+            rt.stop(now=True)  # within its grace (runtime.TIMEOUT_GRACE)
+    finally:
+        q(jobs_db, "INSERT INTO job_flags (name) VALUES ('deaf-stopped')")  # its task ends
+    info = jobs.get_job(h.id)
+    assert info is not None
+    assert (info.state, info.attempt, info.error) == ("failed", 1, "TimeoutError: timed out after 0.2 s")
+    assert names_of(jobs_db, h.id) == ["enqueued/available", "started/running", "failed/failed"]

@@ -430,14 +430,17 @@ class Runtime:
             log.error("the completer stopped (%s); outcomes not written are given back at deregistration", exc)
 
     def release_all(self) -> None:
-        """Give back every job in hand, attempt not spent."""
+        """Give back every job in hand, attempt not spent; but for one past its timeout that has
+        not ended yet (in its grace: _time_out): its attempt failed by the timeout already, and
+        given back it would run again as if it had not."""
         assert self._completer is not None
         for entry in list(self.in_hand.values()):
             ctx = entry.ctx
             if ctx.released:
                 continue
             ctx.released = True
-            self._completer.submit(Outcome(ctx, "released"))
+            self._completer.submit(timeout_failure(self.registry.find(ctx.job.name), ctx) if ctx.timed_out
+                                   else Outcome(ctx, "released"))
             entry.task.cancel()
             self._deadlines.discard(entry.deadline, ctx.job_id)
         self.in_hand.clear()
