@@ -23,6 +23,12 @@ T = TypeVar("T")
 # turns; what is still there after this swallows its cancellation and would never end.
 SETTLE_SECONDS = 2.0
 
+# The tasks left behind, held for the life of the process. Collected, each would be closed at
+# whatever moment the collector ran, in whatever code ran then: its `finally` blocks meet a
+# closed loop, and CPython 3.11 can fail the code being compiled at that moment (an import, a
+# test's assertion rewriting) with "AST constructor recursion depth mismatch".
+_LEFT_BEHIND: list[asyncio.Task[Any]] = []
+
 
 def run(coro: Coroutine[Any, Any, T], *, loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
         closing: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext) -> T:
@@ -39,6 +45,7 @@ def run(coro: Coroutine[Any, Any, T], *, loop_factory: Callable[[], asyncio.Abst
         finally:
             with closing():
                 if stuck:
+                    _LEFT_BEHIND.extend(asyncio.all_tasks(runner.get_loop()))
                     _close_leaving(runner.get_loop())
                 else:
                     runner.close()

@@ -673,13 +673,18 @@ async def test_a_job_past_its_timeout_when_the_runtime_gives_its_jobs_back_still
     cleanup is slow): the attempt fails by its timeout, as it would have a moment later. It was
     given back with its attempt unspent, to run again as if it had never passed its timeout."""
     h = await sample_jobs.deaf_to_timeout.aenqueue("deaf-stopped")
+    deaf: list[asyncio.Task[Any]] = []
     try:
         async with running(concurrency=1) as rt:
             await async_wait_for(lambda: h.id in rt.in_hand and rt.in_hand[h.id].ctx.timed_out, 5.0,
                                  message="the job to pass its timeout")
+            deaf.append(rt.in_hand[h.id].task)
             rt.stop(now=True)  # within its grace (runtime.TIMEOUT_GRACE)
     finally:
         q(jobs_db, "INSERT INTO job_flags (name) VALUES ('deaf-stopped')")  # its task ends
+        # Before this test's loop closes: a task left running there (and the pool it reads its
+        # flag through) would be finalized at some later garbage collection, in another test.
+        await asyncio.wait(deaf, timeout=10)
     info = jobs.get_job(h.id)
     assert info is not None
     assert (info.state, info.attempt, info.error) == ("failed", 1, "TimeoutError: timed out after 0.2 s")
