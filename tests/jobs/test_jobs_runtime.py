@@ -22,6 +22,7 @@ from livepush.jobs.runtime.runtime import Runtime
 from livepush.postgres.listener import Listener
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import events_of, names_of, q, running
+from tests.support import services
 from tests.support.fanouts import read_history
 from tests.support.waiting import async_wait_for
 
@@ -689,3 +690,23 @@ async def test_a_job_past_its_timeout_when_the_runtime_gives_its_jobs_back_still
     assert info is not None
     assert (info.state, info.attempt, info.error) == ("failed", 1, "TimeoutError: timed out after 0.2 s")
     assert names_of(jobs_db, h.id) == ["enqueued/available", "started/running", "failed/failed"]
+
+
+async def test_a_cancel_sent_while_the_runtimes_listener_was_away_stops_its_job_once_it_is_back(
+        jobs_db: str, pg_admin_url: str) -> None:
+    """A cancel whose notification came while the runtime's listener was away (its connection
+    lost, the database refusing a new one) stops the job once the listener is back, as its
+    resync checks the jobs in hand: not at the next heartbeat (a minute here)."""
+    h = await sample_jobs.wait_flag.aenqueue("never-set")
+    name = "test-jobs-listener-away"
+    listener = Listener(jobs_db, name=name)
+    try:
+        async with running(heartbeat=60.0, listener=listener):
+            await wait_state(h.id, "running")
+            dbname = services.dbname_of(jobs_db)
+            with services.pg_refusing_connections(pg_admin_url, dbname):
+                assert await asyncio.to_thread(services.pg_terminate, pg_admin_url, dbname, name) == 1
+                assert await jobs.acancel(h.id)  # on a connection the pool already holds
+            await wait_state(h.id, "cancelled", timeout=15.0)
+    finally:
+        await listener.aclose()

@@ -376,7 +376,7 @@ class Runtime:
         if self._listen:
             listener = self._listener.get()
             listener.add(queries.READY_CHANNEL, self._on_ready_ring, on_resync=self._on_ready_resync)
-            listener.add(queries.CANCEL_CHANNEL, self._on_cancel_ring)
+            listener.add(queries.CANCEL_CHANNEL, self._on_cancel_ring, on_resync=self._on_cancel_resync)
             listener.add(queries.GROUP_PROGRESS_CHANNEL, self._on_group_ring, on_resync=self._on_group_resync)
             await listener.start()
         self.state = "running"
@@ -574,6 +574,12 @@ class Runtime:
         if self._claiming:
             self._heard_while_claiming.update(i for i in ids if i not in self.in_hand)
         self._check_cancels([i for i in ids if i in self.in_hand])
+
+    def _on_cancel_resync(self) -> None:
+        """The listener was away, and cancels sent meanwhile were not heard: check every job in
+        hand against its row now, rather than at the next heartbeat."""
+        if not self._closing.is_set():
+            self._check_cancels(list(self.in_hand))
 
     def _check_cancels(self, ids: Iterable[int]) -> None:
         """Confirm against the rows, then stop, the jobs in hand among `ids` whose cancel was
