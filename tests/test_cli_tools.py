@@ -114,6 +114,12 @@ def test_jobs_with_queues_naming_no_queue_exits_2(procs, livepush_env, pg_url, q
     assert "Traceback" not in err and "--queues" in err, err
 
 
+def _jobs_from(procs, folder: Path, module: str, env: dict[str, str]) -> Any:
+    """`livepush jobs MODULE` run by its console script from `folder`, as a user runs it from a project."""
+    script = Path(sys.executable).parent / "livepush"
+    return procs.start([str(script), "jobs", module], env=env, cwd=folder, name=f"livepush jobs {module}")
+
+
 @pytest.mark.parametrize("line,says", [
     ("@jobs.job(name='bad.timeout', timeout=0)", "ValueError: timeout must be a positive number"),
     ("@jobs.job(name='bad.priority', priority=1.5)", "TypeError: @jobs.job(priority=) takes an int"),
@@ -124,13 +130,46 @@ def test_a_job_module_that_fails_at_import_exits_2_naming_it_and_its_line(procs,
     `livepush jobs` with exit 2 and one line naming the module, the line of it that raised, and
     the error: not a traceback through livepush's import machinery."""
     (tmp_path / "refused_jobs.py").write_text(f"from livepush import jobs\n\n\n{line}\nasync def f(ctx):\n    pass\n")
-    script = Path(sys.executable).parent / "livepush"
-    child = procs.start([str(script), "jobs", "refused_jobs"], env=livepush_env(database_url=pg_url), cwd=tmp_path,
-                        name="livepush jobs refused_jobs")
+    child = _jobs_from(procs, tmp_path, "refused_jobs", livepush_env(database_url=pg_url))
     assert child.wait(20) == 2, child.output()
     err = child.stderr().strip().splitlines()
     assert len(err) == 1 and "Traceback" not in child.output(), child.output()
     assert "'refused_jobs'" in err[0] and "refused_jobs.py:4" in err[0] and says in err[0], err
+
+
+@pytest.mark.parametrize("source,says", [
+    # The module is there; what it imports is not: the module's line, not "check the name".
+    ("import a_dependency_not_installed\n", "broken_jobs.py:1"),
+    ("from livepush import jobs\n\n\ndef f(:\n    pass\n", "broken_jobs.py:4"),
+])
+def test_a_job_module_that_is_found_but_breaks_at_import_names_its_own_line(procs, livepush_env, pg_url, tmp_path,
+                                                                             source, says) -> None:
+    """A job module that exists but cannot be imported (a dependency missing, a syntax error) exits 2
+    naming the line of that module: not "check the name", nor a line of Python's import machinery."""
+    (tmp_path / "broken_jobs.py").write_text(source)
+    child = _jobs_from(procs, tmp_path, "broken_jobs", livepush_env(database_url=pg_url))
+    assert child.wait(20) == 2, child.output()
+    err = child.stderr().strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in child.output(), child.output()
+    assert "'broken_jobs'" in err[0] and says in err[0] and "check the name" not in err[0], err
+
+
+def test_a_typo_in_a_job_module_path_says_to_check_the_name(procs, livepush_env, pg_url) -> None:
+    """A module path with a typo in its last part exits 2 with one line naming it and what to check."""
+    child = procs.livepush("jobs", "tests.jobs.sample_jbos", env=livepush_env(database_url=pg_url))
+    assert child.wait(20) == 2, child.output()
+    err = child.stderr().strip().splitlines()
+    assert len(err) == 1 and "'tests.jobs.sample_jbos'" in err[0] and "check the name" in err[0], err
+
+
+def test_job_modules_that_define_no_job_exit_2(procs, livepush_env, pg_url, tmp_path) -> None:
+    """`livepush jobs` given modules that define no job function (the wrong module of the app) exits
+    2 naming them, instead of a runtime that claims the default queue's jobs only to give them back."""
+    (tmp_path / "settings_only.py").write_text("DEBUG = True\n")
+    child = _jobs_from(procs, tmp_path, "settings_only", livepush_env(database_url=pg_url))
+    assert child.wait(20) == 2, child.output()
+    err = child.stderr()
+    assert "Traceback" not in err and "settings_only" in err and "no job" in err, err
 
 
 @pytest.mark.parametrize("queue,needle", [("\udcff", "--queues"), ("q" * 201, "--queues")])

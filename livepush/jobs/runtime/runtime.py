@@ -104,12 +104,28 @@ def load_modules(modules: Iterable[str]) -> None:
         try:
             importlib.import_module(name)
         except ImportError as exc:
+            if not _names_the_module(exc, name):
+                # Found, but a dependency it imports is missing: its name is right, its line is the news.
+                raise ConfigError(f"job module {name!r} failed at import ({_user_line(exc)}): "
+                                  f"{type(exc).__name__}: {exc}") from exc
             raise ConfigError(f"cannot import job module {name!r} ({exc}): check the name and PYTHONPATH") from exc
         except ConfigError:
             raise
+        except SyntaxError as exc:
+            # Raised by the compiler, so no frame of the module is in its traceback: it names the line.
+            where = f"{os.path.relpath(exc.filename)}:{exc.lineno}" if exc.filename else _user_line(exc)
+            raise ConfigError(f"job module {name!r} failed at import ({where}): "
+                              f"{type(exc).__name__}: {exc.msg}") from exc
         except Exception as exc:  # noqa: BLE001 - whatever the module raises, said in one line
             raise ConfigError(f"job module {name!r} failed at import ({_user_line(exc)}): "
                               f"{type(exc).__name__}: {exc}") from exc
+
+
+def _names_the_module(exc: ImportError, name: str) -> bool:
+    """Whether `exc` says `name` itself (or a package on its path) is not found, rather than
+    something the module imports."""
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    return missing is not None and (name == missing or name.startswith(missing + "."))
 
 
 def _user_line(exc: BaseException) -> str:
@@ -180,8 +196,14 @@ class Runtime:
         if isinstance(modules, Registry):
             self.registry = modules
         else:
-            load_modules(modules or ())
+            names = list(modules or ())
+            load_modules(names)
             self.registry = REGISTRY
+            if names and not REGISTRY.names():
+                # The wrong module of the app: serving the default queue, the runtime would claim
+                # its jobs only to give each one back.
+                raise ConfigError(f"the modules {', '.join(names)} define no job: name the modules that "
+                                  "define your job functions (@jobs.job), e.g. `livepush jobs myapp.jobs`")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
             raise ConfigError(f"--concurrency {concurrency!r}: run from 1 to {MAX_CONCURRENCY} jobs at a time")
         # Every runtime reads every runtime's heartbeat (the rescue of dead ones), so a NaN or an
