@@ -208,6 +208,13 @@ def check_schema(url: str, who: str = "this livepush") -> None:
     _judge(url, applied, who)
 
 
+def schema_version(url: str) -> int:
+    """The newest migration the database records (0 before the first migrate): after `livepush
+    migrate`, what the database is at, which is past required_version() once a newer livepush migrated it."""
+    with translated(url), connect(url) as conn:
+        return max((v for v, _, _ in _applied(conn, url)), default=0)
+
+
 async def aschema_version(url: str) -> int:
     """The newest migration the database records (0 before the first migrate), on a short
     connection of its own: what a running server's readiness check compares with

@@ -70,3 +70,14 @@ def test_a_newer_schema_that_differs_in_a_known_migration_is_still_refused(pg_ur
         conn.execute("UPDATE livepush_schema SET checksum = 'from an earlier build' WHERE version = 3")
     with pytest.raises(SchemaError, match="0003_jobs differs"):
         migrate.check_schema(pg_url)
+
+
+def test_migrate_on_a_schema_a_newer_livepush_made_reports_the_database_version(pg_url: str, procs,
+                                                                                livepush_env) -> None:
+    """`livepush migrate` run by older code after an upgrade migrated says the database is at the
+    newer version, not at the version this code ships, and exits 0 having done nothing."""
+    newer = _as_migrated_by_a_newer_livepush(pg_url)
+    child = procs.livepush("migrate", env=livepush_env(database_url=pg_url))
+    assert child.wait(30) == 0, child.output()
+    assert child.stdout().strip() == (f"schema at version {newer}, newer than this livepush's "
+                                      f"{migrate.required_version()} (nothing to do)"), child.output()

@@ -55,7 +55,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     applied = migrate.migrate(settings.require_database(), runtime_role=args.runtime_role)
     for m in applied:
         print(f"applied {m.version:04d}_{m.name}")
-    print(f"schema at version {migrate.required_version()}" + ("" if applied else " (nothing to do)"))
+    have, ours = migrate.schema_version(settings.require_database()), migrate.required_version()
+    # A newer livepush migrated first (upgrades do): say so rather than report our own version.
+    newer = f", newer than this livepush's {ours}" if have > ours else ""
+    print(f"schema at version {have}{newer}" + ("" if applied else " (nothing to do)"))
     if args.runtime_role:
         print(f"granted {args.runtime_role} what the runtime needs")
         # Not an error: the grants are in, and the fix is a statement for the database's owner.
