@@ -275,3 +275,17 @@ def test_a_number_flag_takes_plain_ascii_digits_only(argv: list[str], capsys: py
     assert raised.value.code == 2
     err = capsys.readouterr().err
     assert f"argument {argv[-2]}" in err and repr(argv[-1]) in err, err
+
+
+@pytest.mark.parametrize("argv", [["migrate", "--bogus"], ["status", "--jsno"], ["token", "topic", "a", "b"]])
+def test_an_unknown_argument_to_a_command_shows_that_commands_usage(argv: list[str],
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A flag or argument a command does not take exits 2 with that command's usage (what it does
+    take) and the argument named, not the usage of `livepush` itself."""
+    from livepush.cli.main import main
+
+    with pytest.raises(SystemExit) as raised:
+        main(argv)
+    assert raised.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: livepush {argv[0]} ") and f"unrecognized arguments: {argv[-1]}" in err, err

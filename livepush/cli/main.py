@@ -21,6 +21,19 @@ class _Parser(argparse.ArgumentParser):
     # JSON line as well, since the parser fails before the arguments (and the format) are read.
     json_errors = False
 
+    # The subcommands' parsers by name, on the top-level parser (build_parser() sets it).
+    commands: dict[str, argparse.ArgumentParser] = {}
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            # argparse leaves a subcommand's unknown arguments to the top-level parser, whose usage
+            # lists the commands: the command's own usage says what it does take.
+            self.commands.get(getattr(parsed, "command", None) or "", self).error(
+                f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
     def error(self, message: str) -> None:  # type: ignore[override]
         if _Parser.json_errors:
             self.exit(EXIT_USAGE, logs.error_line(message, "json") + "\n")
@@ -186,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="livepush", description="Real-time push for Python applications.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.commands = sub.choices
 
     p = sub.add_parser("migrate", help="apply the database migrations (safe to repeat)")
     p.add_argument("--runtime-role", metavar="ROLE",
