@@ -361,6 +361,34 @@ def test_each_commands_help_gives_the_defaults_the_reference_gives(command: str,
     assert in_help in " ".join((action.help or "").split()), f"livepush {command} --help: {flag}: {action.help!r}"
 
 
+def test_each_commands_usage_names_its_values_as_the_reference_does() -> None:
+    """Where reference §3 writes a flag's value (`--concurrency N`, `--ttl S`) or a command's
+    arguments (`livepush publish TOPIC JSON`), `livepush CMD --help` writes the same words."""
+    commands = section("docs/reference.md", "3. Commands")
+    parsers = _parsers()
+    for synopsis in re.findall(r"`livepush ((?:jobs|serve|status|migrate|publish|token) [^`]*)`", commands):
+        name, *words = synopsis.split()
+        usage = " ".join(parsers[name].format_usage().split())
+        for flag, value in re.findall(r"\[(--[a-z-]+) ([A-Z][A-Z:]*)\]", synopsis):
+            assert f"{flag} {value}" in usage, f"reference: `{flag} {value}`; livepush {name} --help: {usage}"
+        for word in words:
+            if word.isupper() and word.isalpha():  # a positional argument: TOPIC, JSON, SUBJECT
+                assert re.search(rf"(?<![-\w]){word}\b", usage), f"reference: `{synopsis}`; --help: {usage}"
+
+
+# The flags reference §3 gives a variable for: their --help names it too.
+VARIABLES = [("serve", "--drain-seconds", "LIVEPUSH_DRAIN_SECONDS"), ("serve", "--workers", "LIVEPUSH_WORKERS"),
+             ("serve", "--host", "LIVEPUSH_HOST"), ("serve", "--port", "LIVEPUSH_PORT")]
+
+
+@pytest.mark.parametrize("command,flag,variable", VARIABLES)
+def test_a_flag_with_a_variable_names_it_in_help(command: str, flag: str, variable: str) -> None:
+    """`livepush CMD --help` says which variable a flag stands in for, as the reference does."""
+    assert variable in section("docs/reference.md", "3. Commands") + section("README.md", "Configuration")
+    action = next(a for a in _parsers()[command]._actions if flag in a.option_strings)
+    assert variable in (action.help or ""), f"livepush {command} --help: {flag}: {action.help!r}"
+
+
 def test_each_command_has_help_for_each_of_its_arguments() -> None:
     """Every argument of every command says what it is in `livepush CMD --help`."""
     bare = [f"{name} {a.dest}" for name, parser in _parsers().items() for a in parser._actions if not a.help]

@@ -1,4 +1,4 @@
-"""`livepush jobs MODULE[,MODULE...] [--queues a,b] [--concurrency N] [--shutdown-timeout S] [--heartbeat S]
+"""`livepush jobs MODULE[,MODULE...] [--queues QUEUE[,QUEUE...]] [--concurrency N] [--shutdown-timeout S] [--heartbeat S]
 [--poll-interval S] [--retention S] [--metrics-port P]`."""
 
 from __future__ import annotations
@@ -23,17 +23,17 @@ log = logging.getLogger("livepush.jobs")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("modules", metavar="MODULE[,MODULE...]",
                         help="modules that define the job functions, comma-separated")
-    parser.add_argument("--queues", default=None,
+    parser.add_argument("--queues", default=None, metavar="QUEUE[,QUEUE...]",
                         help="queues to run, in the order they are served (default: every queue the modules use)")
-    parser.add_argument("--concurrency", type=flags.whole_number, default=10,
+    parser.add_argument("--concurrency", type=flags.whole_number, metavar="N", default=10,
                         help="jobs run at once, from 1 to 100000 (default 10)")
-    parser.add_argument("--shutdown-timeout", type=flags.seconds, default=30.0,
+    parser.add_argument("--shutdown-timeout", type=flags.seconds, metavar="S", default=30.0,
                         help="seconds the jobs in hand get to finish on SIGTERM before they are given back (default 30)")
-    parser.add_argument("--heartbeat", type=flags.seconds, default=10.0,
+    parser.add_argument("--heartbeat", type=flags.seconds, metavar="S", default=10.0,
                         help="seconds between heartbeats; three missed beats and the runtime is dead (default 10)")
-    parser.add_argument("--poll-interval", type=flags.seconds, default=1.0,
+    parser.add_argument("--poll-interval", type=flags.seconds, metavar="S", default=1.0,
                         help="seconds between polls when no notification arrives (default 1)")
-    parser.add_argument("--retention", type=flags.seconds, default=7 * 24 * 3600.0,
+    parser.add_argument("--retention", type=flags.seconds, metavar="S", default=7 * 24 * 3600.0,
                         help="seconds finished jobs and task groups are kept before they are deleted "
                              "(default 604800, 7 days; at most 3162240000, 100 years; 0 keeps them forever)")
     parser.add_argument("--metrics-port", type=_port, default=None, metavar="P",

@@ -217,9 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--with-jobs", metavar="MODULE", help="also run the job runtime for these job modules")
     _log_format(p)
     p.add_argument("--drain-seconds", type=flags.seconds, metavar="S",
-                   help="on SIGTERM, close connections in batches over S seconds (default 0: all at once)")
+                   help="on SIGTERM, close connections in batches over S seconds "
+                        "(LIVEPUSH_DRAIN_SECONDS; default 0: all at once)")
     p.add_argument("--workers", metavar="N",
-                   help="N server processes on one port (default 1; auto: one per core)")
+                   help="N server processes on one port (LIVEPUSH_WORKERS; default 1; auto: one per core)")
     p.add_argument("--supervised-as", help=argparse.SUPPRESS)  # set by the supervisor of --workers
     p.set_defaults(func=cmd_serve)
 
@@ -237,15 +238,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("publish", help="publish a message")
-    p.add_argument("topic", help="the topic, e.g. chat:lobby (not a job:, group: or workflow: state topic)")
-    p.add_argument("json", help="the message's data as JSON, e.g. '{\"text\": \"hi\"}'")
+    p.add_argument("topic", metavar="TOPIC", help="the topic, e.g. chat:lobby (not a job:, group: or workflow: state topic)")
+    p.add_argument("json", metavar="JSON", help="the message's data as JSON, e.g. '{\"text\": \"hi\"}'")
     p.set_defaults(func=cmd_publish)
 
     p = sub.add_parser("token", help="make a session token or a signed topic")
-    p.add_argument("kind", choices=("session", "topic"),
+    p.add_argument("kind", choices=("session", "topic"), metavar="session|topic",
                    help="session: a session token for SUBJECT; topic: TOPIC signed, its own permission")
     p.add_argument("value", metavar="SUBJECT|TOPIC", help="the session's subject, or the topic to sign")
-    p.add_argument("--ttl", type=flags.seconds, help="seconds until it expires (default: 86400 for a session, "
+    p.add_argument("--ttl", type=flags.seconds, metavar="S", help="seconds until it expires (default: 86400 for a session, "
                    "LIVEPUSH_SIGNED_TOPIC_TTL for a topic)")
     p.set_defaults(func=cmd_token)
     return parser
