@@ -24,6 +24,15 @@ def test_a_bad_database_url_fallback_is_named_as_database_url(url: str, needle: 
     assert str(raised.value).startswith("LIVEPUSH_DATABASE_URL "), raised.value
 
 
+def test_a_database_url_that_cannot_be_parsed_gets_one_plain_line() -> None:
+    """A URL libpq cannot parse is named by its variable, with the form to use and no part of it."""
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({"LIVEPUSH_DATABASE_URL": "notaurl s3cret"})
+    assert str(raised.value).startswith("LIVEPUSH_DATABASE_URL cannot be parsed as a Postgres URL: use "
+                                        "postgresql://USER:PASSWORD@HOST:PORT/DBNAME"), raised.value
+    assert "s3cret" not in str(raised.value) and "((" not in str(raised.value)
+
+
 def test_database_url_is_read_when_livepush_database_url_is_unset_or_empty() -> None:
     """DATABASE_URL stands in for an unset or empty LIVEPUSH_DATABASE_URL, and the fan-out defaults to postgres."""
     for env in ({"DATABASE_URL": "postgresql://app@db.example/app"},

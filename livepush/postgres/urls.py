@@ -44,9 +44,10 @@ def redact(url: str) -> str:
 
 
 def malformed(url: str, setting: str = "LIVEPUSH_DATABASE_URL") -> ConfigError:
-    # psycopg's message for a URL it cannot parse quotes the offending part, password included.
+    # psycopg's message for a URL it cannot parse quotes the offending part, password included:
+    # nothing of the URL is said, not even its redacted form (which is only "a malformed URL" here).
     return ConfigError(
-        f"{setting} cannot be parsed ({redact(url)}): use postgresql://USER:PASSWORD@HOST:PORT/DBNAME, "
+        f"{setting} cannot be parsed as a Postgres URL: use postgresql://USER:PASSWORD@HOST:PORT/DBNAME, "
         "with special characters in the password percent-encoded"
     )
 
