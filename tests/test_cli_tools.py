@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
 import time
 from pathlib import Path
@@ -289,3 +290,19 @@ def test_an_unknown_argument_to_a_command_shows_that_commands_usage(argv: list[s
     assert raised.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith(f"usage: livepush {argv[0]} ") and f"unrecognized arguments: {argv[-1]}" in err, err
+
+
+@pytest.mark.parametrize("argv", [["token", "session", "user-7"], ["status"]])
+def test_output_to_a_reader_that_went_away_ends_quietly(livepush_env, pg_url, argv: list[str]) -> None:
+    """A command whose reader has gone (`livepush status | head -1` once head has its line) exits 1
+    with nothing on stderr, not a BrokenPipeError traceback."""
+    import subprocess
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run([sys.executable, "-m", "livepush", *argv], stdout=write, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, env=livepush_env(database_url=pg_url), timeout=30)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr.decode()) == (1, "")

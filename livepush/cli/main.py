@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -14,6 +15,8 @@ from . import flags, logs
 from .runner import run_async
 
 EXIT_OK, EXIT_DEPENDENCY, EXIT_USAGE = 0, 1, 2
+# The commands that print their result and end: a broken pipe on stdout is their reader gone.
+_PRINTING = ("migrate", "status", "publish", "token")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -269,6 +272,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         status = func(args)
+        sys.stdout.flush()  # here, not at exit: a reader that went away is then caught below
+    except BrokenPipeError:
+        if args.command not in _PRINTING:
+            raise
+        # `livepush status | head -1`: the reader has what it wanted, and no one reads the rest.
+        # Python would report the pipe again when it flushes stdout at exit: point it at nothing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = EXIT_DEPENDENCY
     except (ConfigError, SchemaError, InvalidTopic) as exc:
         status = fail(exc, EXIT_USAGE)
     except (ValueError, TypeError) as exc:
