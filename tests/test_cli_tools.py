@@ -306,3 +306,14 @@ def test_output_to_a_reader_that_went_away_ends_quietly(livepush_env, pg_url, ar
     finally:
         os.close(write)
     assert (done.returncode, done.stderr.decode()) == (1, "")
+
+
+def test_a_printing_command_started_with_stdout_closed_exits_2(livepush_env) -> None:
+    """`livepush token ... >&-` exits 2 saying stdout is closed, instead of exit 0 with the token
+    printed nowhere."""
+    import subprocess
+
+    done = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", sys.executable, "-m", "livepush", "token", "session",
+                           "user-7"], stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=livepush_env(), timeout=30)
+    err = done.stderr.decode()
+    assert done.returncode == 2 and "standard output is closed" in err and "Traceback" not in err, err

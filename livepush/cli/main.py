@@ -271,8 +271,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return status
 
     try:
+        if sys.stdout is None and args.command in _PRINTING:
+            # Started with descriptor 1 closed (`>&-`): Python drops what is printed, and a token
+            # made, or a migration's report, would be lost with exit 0.
+            raise ConfigError(f"standard output is closed: `livepush {args.command}` prints its result there; "
+                              "run it with stdout open (redirect it to a file to keep the result)")
         status = func(args)
-        sys.stdout.flush()  # here, not at exit: a reader that went away is then caught below
+        if sys.stdout is not None:
+            sys.stdout.flush()  # here, not at exit: a reader that went away is then caught below
     except BrokenPipeError:
         if args.command not in _PRINTING:
             raise
