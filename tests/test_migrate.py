@@ -81,3 +81,14 @@ def test_migrate_on_a_schema_a_newer_livepush_made_reports_the_database_version(
     assert child.wait(30) == 0, child.output()
     assert child.stdout().strip() == (f"schema at version {newer}, newer than this livepush's "
                                       f"{migrate.required_version()} (nothing to do)"), child.output()
+
+
+@pytest.mark.parametrize("role", ["", " "])
+def test_migrate_with_an_empty_runtime_role_exits_2_naming_the_flag(pg_url: str, procs, livepush_env,
+                                                                    role: str) -> None:
+    """`livepush migrate --runtime-role "$ROLE"` with the variable unset exits 2 saying the flag is
+    empty, not that a role named '' does not exist."""
+    child = procs.livepush("migrate", "--runtime-role", role, env=livepush_env(database_url=pg_url))
+    assert child.wait(30) == 2, child.output()
+    err = child.stderr()
+    assert "--runtime-role is empty" in err and "Traceback" not in err, err

@@ -68,6 +68,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from .. import migrate
 
     settings = _settings(args)
+    if args.runtime_role is not None and not args.runtime_role.strip():
+        # `--runtime-role "$ROLE"` with the variable unset: "no such role ''" would send the
+        # operator to create a role, when what is missing is the variable.
+        raise ConfigError("--runtime-role is empty: name the role serve and jobs log in as, e.g. --runtime-role "
+                          "app_runtime, or leave the flag out to grant nothing")
     applied = migrate.migrate(settings.require_database(), runtime_role=args.runtime_role)
     for m in applied:
         print(f"applied {m.version:04d}_{m.name}")
