@@ -163,6 +163,18 @@ def test_a_typo_in_a_job_module_path_says_to_check_the_name(procs, livepush_env,
     assert len(err) == 1 and "'tests.jobs.sample_jbos'" in err[0] and "check the name" in err[0], err
 
 
+@pytest.mark.parametrize("modules", ["tests/jobs/sample_jobs.py", "./tests/jobs/sample_jobs.py",
+                                     "tests.jobs.sample_jobs.py"])
+def test_a_job_module_given_as_a_file_path_exits_2_naming_the_module_to_write(procs, livepush_env, pg_url,
+                                                                              modules: str) -> None:
+    """`livepush jobs myapp/jobs.py` (a path where a module is meant) exits 2 with one line giving
+    the module's name to write instead, not "no module named" or a TypeError from importlib."""
+    child = procs.livepush("jobs", modules, env=livepush_env(database_url=pg_url))
+    assert child.wait(20) == 2, child.output()
+    err = child.stderr().strip().splitlines()
+    assert len(err) == 1 and "file path" in err[0] and err[0].endswith("e.g. tests.jobs.sample_jobs"), err
+
+
 def test_job_modules_that_define_no_job_exit_2(procs, livepush_env, pg_url, tmp_path) -> None:
     """`livepush jobs` given modules that define no job function (the wrong module of the app) exits
     2 naming them, instead of a runtime that claims the default queue's jobs only to give them back."""

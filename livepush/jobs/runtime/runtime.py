@@ -101,9 +101,15 @@ def load_modules(modules: Iterable[str]) -> None:
     at import (a decorator refusing its options, a mistake in the module) becomes a ConfigError
     naming the module and the line of the user's code it came from: one line, not a traceback."""
     for name in modules:
+        if name.startswith(".") or "/" in name or os.sep in name:
+            # A path, or a relative name: importlib would say "No module named 'myapp/jobs'", or
+            # raise a TypeError about packages, where the fix is to write the module's name.
+            raise _a_path(name)
         try:
             importlib.import_module(name)
         except ImportError as exc:
+            if name.endswith(".py") and _names_the_module(exc, name):
+                raise _a_path(name) from None  # only when failed: `pkg.py` may be a module named py
             if not _names_the_module(exc, name):
                 # Found, but a dependency it imports is missing: its name is right, its line is the news.
                 raise ConfigError(f"job module {name!r} failed at import ({_user_line(exc)}): "
@@ -119,6 +125,12 @@ def load_modules(modules: Iterable[str]) -> None:
         except Exception as exc:  # noqa: BLE001 - whatever the module raises, said in one line
             raise ConfigError(f"job module {name!r} failed at import ({_user_line(exc)}): "
                               f"{type(exc).__name__}: {exc}") from exc
+
+
+def _a_path(name: str) -> ConfigError:
+    dotted = name.removeprefix("./").removesuffix(".py").replace(os.sep, ".").replace("/", ".").strip(".")
+    return ConfigError(f"job module {name!r} is a file path, not a module: name the module as Python imports it, "
+                       f"e.g. {dotted or 'myapp.jobs'}")
 
 
 def _names_the_module(exc: ImportError, name: str) -> bool:
