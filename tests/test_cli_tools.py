@@ -329,3 +329,19 @@ def test_a_printing_command_started_with_stdout_closed_exits_2(livepush_env) -> 
                            "user-7"], stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=livepush_env(), timeout=30)
     err = done.stderr.decode()
     assert done.returncode == 2 and "standard output is closed" in err and "Traceback" not in err, err
+
+
+def test_a_flag_overrides_its_variable_even_when_the_variable_is_bad(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flag of `serve` replaces its variable, which is then not read: a stale, bad LIVEPUSH_PORT
+    (or host, fan-out, authenticate, drain seconds) does not refuse `--port 9000`."""
+    from livepush.cli.main import _settings, build_parser
+
+    monkeypatch.setattr("livepush.config._current", None)  # _settings() sets the process's: undone after
+    for variable in ("LIVEPUSH_HOST", "LIVEPUSH_PORT", "LIVEPUSH_FANOUT", "LIVEPUSH_AUTHENTICATE",
+                     "LIVEPUSH_DRAIN_SECONDS"):
+        monkeypatch.setenv(variable, " \u00a0bad")
+    args = build_parser().parse_args(["serve", "--host", "127.0.0.2", "--port", "9000", "--fanout", "local",
+                                      "--authenticate", "off", "--drain-seconds", "1.5"])
+    settings = _settings(args)
+    assert (settings.host, settings.port, settings.fanout, settings.authenticate, settings.drain_seconds) == (
+        "127.0.0.2", 9000, "local", "off", 1.5)

@@ -49,16 +49,18 @@ def _asks_json(argv: Sequence[str]) -> bool:
     return "--log-format=json" in argv or any(a == "--log-format" and b == "json" for a, b in zip(argv, argv[1:]))
 
 
+# The settings a flag of `serve` stands in for, and their variables.
+_FLAG_VARIABLES = {"host": "LIVEPUSH_HOST", "port": "LIVEPUSH_PORT", "fanout": "LIVEPUSH_FANOUT",
+                   "authenticate": "LIVEPUSH_AUTHENTICATE", "drain_seconds": "LIVEPUSH_DRAIN_SECONDS"}
+
+
 def _settings(args: argparse.Namespace) -> config.Settings:
-    settings = config.Settings.from_env()
-    overrides = {
-        "host": getattr(args, "host", None),
-        "port": getattr(args, "port", None),
-        "fanout": getattr(args, "fanout", None),
-        "authenticate": getattr(args, "authenticate", None),
-        "drain_seconds": getattr(args, "drain_seconds", None),
-    }
-    settings = settings.replace(**overrides)
+    overrides = {name: getattr(args, name, None) for name in _FLAG_VARIABLES}
+    # A flag overrides its variable (docs/reference.md#2-configuration): a variable the flag
+    # replaces is not read at all, so a stale bad value there does not refuse `--port 9000`.
+    environ = {k: v for k, v in os.environ.items()
+               if k not in {_FLAG_VARIABLES[name] for name, value in overrides.items() if value is not None}}
+    settings = config.Settings.from_env(environ).replace(**overrides)
     config.set_settings(settings)
     return settings
 
