@@ -344,3 +344,18 @@ def test_the_report_is_printed_as_the_redis_user_the_docs_show(
         assert code == 0, err
         assert [s["via"] for s in json.loads(out)["servers"]] == ["postgres"], out
         assert "Traceback" not in err and "CLIENT LIST" in err, err
+
+
+def test_the_report_is_printed_when_redis_is_down(pg_url: str, procs: Processes,
+                                                   livepush_env: Callable[..., dict[str, str]]) -> None:
+    """With Redis down, status still prints the jobs' report and the servers on the database, says
+    on stderr that those on Redis are missing, and exits 1 (a dependency failed)."""
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    env = livepush_env(database_url=pg_url, redis_url=f"redis://127.0.0.1:{closed}/0", fanout="postgres")
+    code, out, err = run_status(procs, env, "--json")
+    assert code == 1, err
+    assert json.loads(out)["queues"] == [] and "Traceback" not in err and "Redis" in err, err

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from ..config import Settings, read_number
+from ..errors import DependencyError
 from ..jobs import database
 from ..jobs.api.status import DEFAULT_LIMIT, MAX_LIMIT, Status, status
 from ..postgres.connect import redact
@@ -52,28 +53,35 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         # A one-shot command: close the pool now rather than leave it to interpreter exit.
         database.close_pools()
-    servers = listening_servers(settings)
+    servers, complete = listening_servers(settings)
     if args.json:
         print(json.dumps(report.as_dict() | {"servers": servers}, indent=2, default=str))
     else:
         print(render(report, redact(url), servers))
-    return 0
+    return 0 if complete else 1
 
 
-def listening_servers(settings: Settings) -> list[dict[str, Any]]:
-    """The listening connections of servers: on the database, and on Redis when one is set."""
+def listening_servers(settings: Settings) -> tuple[list[dict[str, Any]], bool]:
+    """The listening connections of servers: on the database, and on Redis when one is set; and
+    whether Redis could be asked (False when it is down)."""
     servers: list[dict[str, Any]] = [{"via": "postgres", **row}
                                      for row in listening_backends(settings.require_database())]
     if settings.redis_url:
         # Only this deployment's: other deployments may share the Redis, under other prefixes.
         prefix = deployment_prefix(settings.redis_url, settings.redis_prefix)
-        on_redis = subscribed_clients(settings.redis_url, listener_name(prefix))
+        try:
+            on_redis = subscribed_clients(settings.redis_url, listener_name(prefix))
+        except DependencyError as exc:
+            # Redis down is when an operator most needs the jobs' report: print it with the
+            # database's servers, say what is missing, and exit 1 as for any dependency that failed.
+            print(f"livepush status: the servers listening on Redis are not listed: {exc}", file=sys.stderr)
+            return servers, False
         if on_redis is None:
             # The rest of the report stands: say what is missing rather than fail the command.
             print("livepush status: the servers listening on Redis are not listed: its user may not run CLIENT LIST "
                   "(a user limited to the deployment's prefix, as docs/security.md shows, may not)", file=sys.stderr)
         servers += [{"via": "redis", **row} for row in on_redis or ()]
-    return servers
+    return servers, True
 
 
 # -- the plain report ---------------------------------------------------------------------------
