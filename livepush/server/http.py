@@ -106,10 +106,12 @@ def serve_js(request: Request) -> Response:
 
 def unreadable(cause: BaseException | None) -> Response | None:
     """The answer to a request websockets could not read (it would end the connection with no
-    status at all), from why it could not; None when the client left mid-request. No route on
-    this port reads a body: a request that has one (a POST with data, a chunked upload) gets
-    413; anything else that is no HTTP/1.1 request head gets 400."""
-    if cause is None or isinstance(cause, EOFError):
+    status at all), from why it could not, while the client is still there (its EOF is answered
+    by nothing). No route on this port reads a body: a request that has one (a POST with data, a
+    chunked upload) gets 413; anything else that is no HTTP/1.1 request head gets 400, lines
+    that end in a bare LF included (websockets reports those as an EOFError, "line without
+    CRLF", before any EOF came)."""
+    if cause is None:
         return None
     if isinstance(cause, NotImplementedError) or str(cause) == "unsupported request body":
         answer = response(413, b"this server reads no request body: send the request without one\n")

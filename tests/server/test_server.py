@@ -229,7 +229,8 @@ async def raw_exchange(port: int, request: bytes) -> bytes:
     (b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nUpgrade: websocket\r\n\r\nhello", 413),
     (b"GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", 400),
     (b"NONSENSE\r\n\r\n", 400),
-], ids=["content-length", "chunked", "upgrade-with-body", "http2", "no-request-line"])
+    (b"GET /healthz HTTP/1.1\nHost: x\n\n", 400),
+], ids=["content-length", "chunked", "upgrade-with-body", "http2", "no-request-line", "lines-without-cr"])
 async def test_a_request_the_server_cannot_read_gets_a_status_not_a_silent_close(
         served: Served, request_bytes: bytes, status: int) -> None:
     """No route reads a request body, and only HTTP/1.1 (or 1.0) heads are read at all: such a
