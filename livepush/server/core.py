@@ -154,6 +154,12 @@ class ConnectionCore:
             response = proto.accept(request)
             if response.status_code == 101 and self._stopping:
                 response = proto.reject(503, "Server is shutting down.\n")
+        if response.status_code != 101:
+            # One request per connection: the answer says so (RFC 9112 §9.6), or an HTTP/1.1
+            # client would send its next request on it and never see that answered.
+            if "Connection" in response.headers:
+                del response.headers["Connection"]
+            response.headers["Connection"] = "close"
         self._opening.discard(conn)
         conn.deadline = 0.0
         early, conn.early = conn.early, None

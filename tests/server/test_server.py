@@ -305,3 +305,22 @@ async def test_a_slow_subscriber_gets_reset_and_never_slows_the_others(served: S
     assert any(c.remote_address[1] == port and not c.closing for c in served.server.clients), "closed"
     await slow.close()
     await fast.close()
+
+
+@pytest.mark.parametrize("fanout_kind", ["local"])
+async def test_every_plain_http_answer_says_the_connection_closes(served: Served) -> None:
+    """The server answers one request per connection and then ends it: every plain HTTP answer,
+    whichever part made it (a route, a 404, a 405, an upgrade refused for its two
+    Origin headers), says `Connection: close`
+    (RFC 9112 §9.6), so that an HTTP/1.1 client does not send a second request it will never
+    see answered."""
+    port = served.server.port
+    requests = [b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n",
+                b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n", b"GET /livepush.js HTTP/1.1\r\nHost: x\r\n\r\n",
+                b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n", b"DELETE /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+                b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nOrigin: http://a\r\n"
+                b"Origin: http://b\r\n"
+                b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"]
+    for request in requests:
+        head = (await raw_exchange(port, request)).partition(b"\r\n\r\n")[0].lower()
+        assert b"\r\nconnection: close" in head, (request, head)
