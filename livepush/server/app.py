@@ -112,7 +112,7 @@ class PushServer:
         # One of `serve --workers N`'s processes: it shares its port with the others (SO_REUSEPORT,
         # the kernel spreads connections) and names itself in /readyz.
         self.worker = worker
-        self.readiness = Readiness(fanout, listening=lambda: self.listening, draining=lambda: self.draining,
+        self.readiness = Readiness(fanout, away=self.away, draining=lambda: self.draining,
                                    schema=schema, states=self.states, worker=worker)
         self._readiness_task: asyncio.Task[None] | None = None
         self.clients: set[Connection] = set()  # the open connections
@@ -149,8 +149,20 @@ class PushServer:
     def listening(self) -> bool:
         """The fan-out, the revocation store and every state source hear changes, and every
         extra check (a runtime beside the server) passes: what /healthz answers."""
-        return (self.fanout.listening and self.store.listening and all(s.listening for s in self.states)
-                and all(check() for check in self._health))
+        return self.away() is None
+
+    def away(self) -> str | None:
+        """Which part of the server does not hear its changes (the `detail` of /readyz's
+        `listening` check), None while every part does."""
+        if not self.fanout.listening:
+            return f"the {self.fanout.name} fan-out's listener is away"
+        if not self.store.listening:
+            return "the revocation store's listener is away"
+        if not all(s.listening for s in self.states):
+            return "the listener of job, group and workflow topics is away"
+        if not all(check() for check in self._health):
+            return "the job runtime beside the server is unhealthy: see its log"
+        return None
 
     @property
     def draining(self) -> bool:

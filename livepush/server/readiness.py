@@ -1,7 +1,8 @@
 """What `/readyz` answers: whether a load balancer should send this server new connections.
 
 Four checks, each named in the JSON body (docs/reference.md#9-operations):
-- listening: what /healthz says (the fan-out and every state source hear their changes);
+- listening: what /healthz says (the fan-out and every state source hear their changes), and
+  when not, which part does not;
 - canary: a message this server publishes to itself through the fan-out every CANARY_EVERY
   seconds came back within CANARY_BOUND, and so did a ring of each state source's channel
   (`StateSource.ring_canary`), which may be heard elsewhere (on the Redis fan-out, `job:` topics
@@ -113,7 +114,7 @@ class Readiness:
         self,
         fanout: FanOut,
         *,
-        listening: Callable[[], bool],
+        away: Callable[[], str | None],
         draining: Callable[[], bool],
         schema: SchemaCheck | None = None,
         states: Sequence[StateSource] = (),
@@ -123,7 +124,7 @@ class Readiness:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.fanout = fanout
-        self._listening = listening
+        self._away = away  # which part does not hear its changes, None while all do
         self._draining = draining
         self._schema = schema
         self.worker = worker  # this process's index under `serve --workers N`, named in the body
@@ -197,7 +198,7 @@ class Readiness:
     def report(self) -> tuple[bool, bytes]:
         """(ready, the JSON body naming each check)."""
         now = self.clock()
-        listening = self._listening()
+        away = self._away()
         canary_ok, canary = self.canary.check(now)
         for state_canary in self.state_canaries.values():
             state_ok, state = state_canary.check(now)
@@ -210,7 +211,7 @@ class Readiness:
             schema["detail"] = self._schema_problem
         draining = self._draining()
         checks = {
-            "listening": {"ok": listening},
+            "listening": {"ok": away is None} | ({"detail": away} if away is not None else {}),
             "canary": canary,
             "schema": schema,
             "draining": {"ok": not draining} | ({"detail": "stopping: connect elsewhere"} if draining else {}),

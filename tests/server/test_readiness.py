@@ -13,6 +13,9 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from livepush.config import set_settings
+from livepush.fanout.local import LocalFanOut
+from livepush.server.app import PushServer
 from livepush.server.readiness import Canary
 from tests.server.conftest import Served, make_settings, start_served
 from tests.server.test_server import http_get
@@ -84,6 +87,28 @@ async def test_a_started_server_is_ready_and_names_each_check(served: Served) ->
     assert isinstance(checks, dict) and set(checks) == {"listening", "canary", "schema", "draining"}
     assert all(c["ok"] for c in checks.values())
     assert checks["canary"]["round_trip_ms"] >= 0
+
+
+async def test_a_runtime_beside_the_server_gone_unhealthy_is_named_in_the_listening_check(secret: str) -> None:
+    """A server that does not hear every change it serves is not ready, and its /readyz body
+    says which part is away in the `listening` check's `detail`, as every failing check does:
+    here the job runtime beside it, whose health check fails."""
+    settings = make_settings("local", secret, None, None)
+    set_settings(settings)
+    healthy = True
+    server = PushServer(settings, LocalFanOut(), health=[lambda: healthy])
+    await server.start()
+    try:
+        assert json.loads((await http_get(server.port, "/readyz"))[1])["checks"]["listening"] == {"ok": True}
+        healthy = False
+        status, body = await http_get(server.port, "/readyz")
+        listening = json.loads(body)["checks"]["listening"]
+        assert status == 503 and listening["ok"] is False, body
+        assert "runtime" in listening["detail"], body
+    finally:
+        await server.stop()
+        await server.fanout.aclose()
+        set_settings(None)
 
 
 async def test_a_draining_server_is_not_ready_while_healthz_still_answers(served: Served) -> None:
