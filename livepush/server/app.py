@@ -69,13 +69,14 @@ class Admitted:
 
 
 def _route(target: str) -> str:
-    """The path a request target routes by: "/" for a target that is not a path (an absolute
-    URL, `*`), "" (no route) for one urlsplit cannot read, e.g. `//[`: anyone can send any
-    target, and it must get an answer, not a traceback."""
-    if not target.startswith("/"):
+    """The path a request target routes by: an absolute URL's path (RFC 9112 §3.2.2: a server
+    must accept one; a proxy may send it), "/" for `*` or a URL with no path, "" (no route) for
+    a target urlsplit cannot read, e.g. `//[`: anyone can send any target, and it must get an
+    answer, not a traceback."""
+    if not target.startswith("/") and "://" not in target:
         return "/"
     try:
-        return urlsplit(target).path
+        return urlsplit(target).path or "/"
     except ValueError:
         return ""
 

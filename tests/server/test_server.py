@@ -324,3 +324,18 @@ async def test_every_plain_http_answer_says_the_connection_closes(served: Served
     for request in requests:
         head = (await raw_exchange(port, request)).partition(b"\r\n\r\n")[0].lower()
         assert b"\r\nconnection: close" in head, (request, head)
+
+
+@pytest.mark.parametrize("fanout_kind", ["local"])
+async def test_a_request_in_absolute_form_is_routed_by_its_path(served: Served) -> None:
+    """A server must accept a target in absolute form (RFC 9112 §3.2.2; a proxy may send one):
+    `GET http://host/healthz` is the /healthz route, not a 404, and a target no URL can be read
+    from still gets an answer."""
+    port = served.server.port
+    for target, status in ((b"http://127.0.0.1/healthz", 200), (b"HTTP://h:1/readyz?x=1", None),
+                           (b"http://h/nope", 404), (b"http://[/healthz", 404)):
+        raw = await raw_exchange(port, b"GET " + target + b" HTTP/1.1\r\nHost: h\r\n\r\n")
+        if status is None:  # /readyz: 200 or 503 with its JSON body, depending on the canary
+            assert raw.startswith((b"HTTP/1.1 200 ", b"HTTP/1.1 503 ")) and b'"checks"' in raw, (target, raw)
+        else:
+            assert raw.startswith(b"HTTP/1.1 %d " % status), (target, raw)
