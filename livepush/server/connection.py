@@ -189,6 +189,10 @@ class Connection(asyncio.Protocol):
             if self.early is not None:  # the request is in and not answered yet
                 self.early += data
                 return
+            if not self.head:  # nothing of the request yet: empty lines before it are ignored
+                data = data.lstrip(b"\r\n")  # (RFC 9112 §2.2)
+                if not data:
+                    return
             data = self._up_to_request_end(data)
         proto = self.proto
         proto.receive_data(data)

@@ -339,3 +339,21 @@ async def test_a_request_in_absolute_form_is_routed_by_its_path(served: Served) 
             assert raw.startswith((b"HTTP/1.1 200 ", b"HTTP/1.1 503 ")) and b'"checks"' in raw, (target, raw)
         else:
             assert raw.startswith(b"HTTP/1.1 %d " % status), (target, raw)
+
+
+@pytest.mark.parametrize("fanout_kind", ["local"])
+async def test_empty_lines_before_the_request_line_are_ignored(served: Served) -> None:
+    """A server should ignore empty lines before a request line (RFC 9112 §2.2: some clients
+    send a CRLF after a previous request): `\\r\\n\\r\\nGET /healthz` is answered 200, whether the
+    empty lines come with the request or alone before it."""
+    port = served.server.port
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    assert (await raw_exchange(port, b"\r\n\r\n" + request)).startswith(b"HTTP/1.1 200 ")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for part in (b"\r\n", b"\r", b"\n" + request):
+            writer.write(part)
+            await writer.drain()
+        assert (await asyncio.wait_for(reader.read(), timeout=5)).startswith(b"HTTP/1.1 200 ")
+    finally:
+        writer.close()
