@@ -331,6 +331,17 @@ def test_a_printing_command_started_with_stdout_closed_exits_2(livepush_env) -> 
     assert done.returncode == 2 and "standard output is closed" in err and "Traceback" not in err, err
 
 
+def test_a_migration_with_stdout_closed_runs_all_the_same(livepush_env, pg_url: str) -> None:
+    """`livepush migrate >&-` (a deploy script that throws the report away) runs and exits 0: the
+    migration, not its report, is what it gives, and its exit status says how it went."""
+    import subprocess
+
+    done = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", sys.executable, "-m", "livepush", "migrate"],
+                          stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=livepush_env(database_url=pg_url),
+                          timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+
+
 def test_a_flag_overrides_its_variable_even_when_the_variable_is_bad(monkeypatch: pytest.MonkeyPatch) -> None:
     """A flag of `serve` replaces its variable, which is then not read: a stale, bad LIVEPUSH_PORT
     (or host, fan-out, authenticate, drain seconds) does not refuse `--port 9000`."""

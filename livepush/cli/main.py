@@ -17,6 +17,9 @@ from .runner import run_async
 EXIT_OK, EXIT_DEPENDENCY, EXIT_USAGE = 0, 1, 2
 # The commands that print their result and end: a broken pipe on stdout is their reader gone.
 _PRINTING = ("migrate", "status", "publish", "token")
+# Of those, the ones whose printout is all they give (a token, a report): run with stdout closed,
+# they refuse. A migration or a publish is done all the same, and its exit status says so.
+_ONLY_PRINTING = ("status", "token")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -278,9 +281,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return status
 
     try:
-        if sys.stdout is None and args.command in _PRINTING:
+        if sys.stdout is None and args.command in _ONLY_PRINTING:
             # Started with descriptor 1 closed (`>&-`): Python drops what is printed, and a token
-            # made, or a migration's report, would be lost with exit 0.
+            # made, or the report asked for, would be lost with exit 0.
             raise ConfigError(f"standard output is closed: `livepush {args.command}` prints its result there; "
                               "run it with stdout open (redirect it to a file to keep the result)")
         status = func(args)
