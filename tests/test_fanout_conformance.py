@@ -732,11 +732,6 @@ async def test_an_origin_offset_from_before_the_history_was_lost_is_none(
     rendered offset must get `reset`: replaying only what came after the loss would hide the
     messages it lost."""
     server_only(kind)
-    if kind == "redis":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "a Redis topic's origin offset ('0-0') names no epoch, so history() cannot tell a range "
-            "that starts before a restart without persistence from one that starts after it "
-            "(docs/guarantees.md: the Redis history's limits)")))
     fanout = await make_fanout(listen=False)
     rendered = fanout.latest_offset("lost:a")
     lost = [fanout.publish("lost:a", {"i": i}) for i in range(2)]

@@ -64,19 +64,24 @@ def listeners(client: redis.Redis) -> list[dict[str, Any]]:
 # ---- offsets and the chain ----------------------------------------------------------------------
 
 
-async def test_offsets_are_stream_ids_chained_from_0_0(make_redis: MakeRedis, raw: redis.Redis) -> None:
-    """Offsets are the stream's ids; each entry names its predecessor, "0-0" before the first."""
+async def test_offsets_are_stream_ids_chained_from_the_deployments_origin(make_redis: MakeRedis, raw: redis.Redis) -> None:
+    """Offsets are the stream's ids; each entry names its predecessor, and the first names the
+    deployment's origin "0-EPOCH", which is also the offset of every topic never published."""
     fanout = await make_redis()
     got = Collector()
     fanout.register(got)
-    assert fanout.latest_offset("chain:a") == "0-0"
+    origin = fanout.latest_offset("chain:a")
+    assert origin == f"0-{raw.get(fanout.origin_key)}" and origin != "0-0"
+    assert fanout.latest_offset("chain:never") == origin and await fanout.alatest_offset("chain:never") == origin
     offsets = [fanout.publish("chain:a", {"i": i}) for i in range(3)]
+    assert offset_key(origin) < offset_key(offsets[0])
     received = await got.wait_count("chain:a", 3)
-    assert [m.prev for m in received] == ["0-0", *offsets[:2]]
+    assert [m.prev for m in received] == [origin, *offsets[:2]]
     assert fanout.prefix == "livepush:0" and fanout.key_prefix == "{livepush:0}:h:"
+    assert fanout.origin_key == "{livepush:0}:origin"
     entries = raw.xrange(fanout.key_prefix + "chain:a")
     assert [e[0] for e in entries] == offsets
-    assert [e[1]["p"] for e in entries] == ["0-0", *offsets[:2]]
+    assert [e[1]["p"] for e in entries] == [origin, *offsets[:2]]
     assert [json.loads(e[1]["d"]) for e in entries] == [{"i": i} for i in range(3)]
 
 
@@ -104,8 +109,9 @@ async def test_history_is_none_when_the_chain_is_broken(make_redis: MakeRedis, r
 async def test_history_pages_through_long_replays(make_redis: MakeRedis) -> None:
     """A replay longer than one XRANGE page comes back whole and in order, page after page, the chain checked across pages."""
     fanout = await make_redis()
+    origin = fanout.latest_offset("page:a")
     offsets = [fanout.publish("page:a", {"i": i}) for i in range(450)]
-    assert offsets_of(await read_history(fanout, "page:a", "0-0")) == offsets
+    assert offsets_of(await read_history(fanout, "page:a", origin)) == offsets
 
 
 async def test_a_burst_of_reads_waits_for_connections_instead_of_failing(make_redis: MakeRedis) -> None:
@@ -145,6 +151,7 @@ async def test_concurrent_publishers_agree_on_one_order(make_redis: MakeRedis) -
     fanout = await make_redis()
     got = Collector()
     fanout.register(got)
+    origin = fanout.latest_offset("race:a")
     a, b = await asyncio.gather(
         publish_from_child("redis", fanout.url, "race:a", 200),
         publish_from_child("redis", fanout.url, "race:a", 200),
@@ -153,8 +160,8 @@ async def test_concurrent_publishers_agree_on_one_order(make_redis: MakeRedis) -
     offsets = [m.offset for m in received]
     assert sorted(offsets, key=offset_key) == offsets
     assert set(offsets) == set(a) | set(b) and len(set(offsets)) == 400
-    assert [m.prev for m in received] == ["0-0", *offsets[:-1]]
-    assert offsets_of(await read_history(fanout, "race:a", "0-0")) == offsets
+    assert [m.prev for m in received] == [origin, *offsets[:-1]]
+    assert offsets_of(await read_history(fanout, "race:a", origin)) == offsets
 
 
 # ---- retention ----------------------------------------------------------------------------------
@@ -180,11 +187,12 @@ async def test_prune_keeps_to_its_own_prefix_whatever_characters_it_holds(make_r
     pattern that matches deployment `app1`, whose history must outlive this one's shorter TTL."""
     ours = await make_redis(history_ttl=0.2, prefix="app[1]", listen=False)
     theirs = await make_redis(history_ttl=300, prefix="app1", listen=False)
+    origin = theirs.latest_offset("shared:a")
     kept = [theirs.publish("shared:a", {"i": i}) for i in range(3)]
     expired = [ours.publish("shared:a", {"i": i}) for i in range(3)]
     await asyncio.sleep(0.4)  # wall-clock expiry: no event to await
     assert await ours.prune() == len(expired) - 1, "its own expired entries, all but the newest"
-    assert offsets_of(await read_history(theirs, "shared:a", "0-0")) == kept, "another deployment's history was trimmed"
+    assert offsets_of(await read_history(theirs, "shared:a", origin)) == kept, "another deployment's history was trimmed"
 
 
 async def test_a_prefix_that_extends_another_shares_none_of_its_keys(make_redis: MakeRedis) -> None:
@@ -193,13 +201,15 @@ async def test_a_prefix_that_extends_another_shares_none_of_its_keys(make_redis:
     `prod`, with a shorter TTL, trims nothing of `prod:h`'s history."""
     outer = await make_redis(history_ttl=0.2, prefix="prod", listen=False)
     inner = await make_redis(history_ttl=300, prefix="prod:h", listen=False)
+    origin = inner.latest_offset("room")
     kept = [inner.publish("room", {"i": i}) for i in range(3)]
-    assert outer.latest_offset("h:room") == "0-0" and await read_history(outer, "h:room", "0-0") == [], \
+    outer_origin = outer.latest_offset("h:room")
+    assert outer_origin.startswith("0-") and await read_history(outer, "h:room", outer_origin) == [], \
         "deployment prod reads deployment prod:h's topic as one of its own"
     expired = [outer.publish("room", {"i": i}) for i in range(3)]
     await asyncio.sleep(0.4)  # wall-clock expiry: no event to await
     assert await outer.prune() == len(expired) - 1, "its own expired entries, all but the newest"
-    assert offsets_of(await read_history(inner, "room", "0-0")) == kept, "another deployment's history was trimmed"
+    assert offsets_of(await read_history(inner, "room", origin)) == kept, "another deployment's history was trimmed"
 
 
 async def test_prune_does_bounded_work_per_call(make_redis: MakeRedis, raw: redis.Redis) -> None:
@@ -391,10 +401,11 @@ async def test_restart_without_persistence_resets_and_keeps_delivering(
     assert len(lost) == 1
 
     assert await fanout.history("empty:a", offsets[-1]) is None, "the chain is gone: the client must reset"
-    assert fanout.latest_offset("empty:a") == "0-0"
+    origin = fanout.latest_offset("empty:a")
+    assert origin.startswith("0-") and offset_key(origin) < offset_key(offsets[0])
     fresh = fanout.publish("empty:a", {"i": 3})
     received = await got.wait_count("empty:a", 4)
-    assert (received[-1].offset, received[-1].prev) == (fresh, "0-0")
+    assert (received[-1].offset, received[-1].prev) == (fresh, origin)
 
 
 @pytest.mark.xfail(strict=True, reason=(

@@ -5,8 +5,11 @@ Layout in Redis, all under `{P}`, the deployment's prefix P (LIVEPUSH_REDIS_PREF
 would otherwise hear each other) in braces, which no prefix holds: `P:h:<topic>` would make
 deployment `prod`'s topic `h:x` deployment `prod:h`'s topic `x` (redis.client.namespace()):
 - `{P}:h:<topic>`: a stream; each entry is one message, fields `d` (the JSON text) and `p` (the
-  id of the entry before it on the topic, "0-0" for the first). The entry id is the message's
-  offset ("<ms>-<seq>", ordered by `offset_key`).
+  id of the entry before it on the topic; for the first, the deployment's origin). The entry id
+  is the message's offset ("<ms>-<seq>", ordered by `offset_key`).
+- `{P}:origin`: the deployment's epoch E, made (from Redis' clock in microseconds) by whichever
+  script first finds it missing. "0-E" is the offset of every topic nothing was published on
+  yet, and the `p` of each topic's first entry, so it sorts below every offset a topic will have.
 - `{P}:pub`: the one pub/sub channel every listening server subscribes to. A frame is
   "<topic>\\n<offset>\\n<prev>\\n<json>", or, for several messages of a publish_many, "*" and
   then theirs, all joined by newlines: a receiver splits it into lines, four a message, and never
@@ -17,7 +20,11 @@ deployment `prod`'s topic `h:x` deployment `prod:h`'s topic `x` (redis.client.na
 Why a chain of `p` fields: a stream id alone cannot tell "nothing happened after X" from "what
 came after X was trimmed or lost in a restart without persistence". Each entry names its
 predecessor, so `history()` checks every link and answers None (the client gets `reset`) at
-the first break: recovery is complete or refused, never partial.
+the first break: recovery is complete or refused, never partial. The origin carries an epoch for
+the same reason: a restart without persistence (or a flush) loses the origin key with the
+streams, so a page that rendered a topic's origin before it and resumes after it finds a first
+entry, or an origin, that is not the one it holds, and is reset rather than replayed only what
+came after the loss.
 
 One Lua script appends, trims and PUBLISHes, so the stream order, the offsets and the pub/sub
 order are the same order, whatever number of processes publish at once.
@@ -53,7 +60,6 @@ from .base import (HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, FanOut, Histor
 
 logger = logging.getLogger("livepush.fanout.redis")
 
-FIRST_PREV = "0-0"  # the "offset before the first message" of every topic
 _STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 STREAM_ID_PART_MAX = 2**64 - 1  # each half of a stream id is an unsigned 64-bit number
 LAST_ID = f"{STREAM_ID_PART_MAX}-{STREAM_ID_PART_MAX}"  # no stream id comes after it
@@ -63,12 +69,26 @@ def _is_stream_id(text: str) -> bool:
     return bool(_STREAM_ID.fullmatch(text)) and all(int(part) <= STREAM_ID_PART_MAX for part in text.split("-"))
 
 
-# KEYS: the stream of each message; ARGV: ttl_ms, max_len, idle_ms, channel, then the topic and
-# the json of each message, then FRAME_BYTES. Returns their ids in order. One script for one
+# The deployment's origin offset ("0-E"), its epoch E made on first use. A script only: made and
+# read in one step, two processes that find it missing at once cannot make two.
+_ORIGIN_LUA = """
+local function origin(key)
+  local epoch = redis.call('GET', key)
+  if not epoch then
+    local t = redis.call('TIME')
+    epoch = t[1] .. string.format('%06d', tonumber(t[2]))
+    redis.call('SET', key, epoch)
+  end
+  return '0-' .. epoch
+end
+"""
+
+# KEYS: the origin key, then the stream of each message; ARGV: ttl_ms, max_len, idle_ms, channel,
+# then the topic and the json of each message, then FRAME_BYTES. Returns their ids in order. One script for one
 # message or a batch (publish_many: PUBLISH_CHUNK messages or PUBLISH_CHUNK_BYTES per call). A
 # batch's messages share pub/sub frames of about FRAME_BYTES, each costing a listening server one
 # read and one parse.
-_PUBLISH_LUA = """
+_PUBLISH_LUA = _ORIGIN_LUA + """
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local min_ms = now_ms - tonumber(ARGV[1])
@@ -76,11 +96,13 @@ if min_ms < 0 then min_ms = 0 end
 local minid = string.format('%d', min_ms)
 local ids = {}
 local frames, size = {}, 0
-for i, key in ipairs(KEYS) do
+local streams = #KEYS - 1
+for i = 1, streams do
+  local key = KEYS[i + 1]
   local topic, json = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
   local newest = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
-  local prev = '0-0'
-  if #newest > 0 then prev = newest[1][1] end
+  local prev
+  if #newest > 0 then prev = newest[1][1] else prev = origin(KEYS[1]) end
   -- MINID ~ never drops the entry being added (its id is >= now), and drops whole
   -- radix nodes only, which keeps the trim O(1) amortized.
   local id = redis.call('XADD', key, 'MINID', '~', minid, '*', 'd', json, 'p', prev)
@@ -89,7 +111,7 @@ for i, key in ipairs(KEYS) do
   local frame = topic .. '\\n' .. id .. '\\n' .. prev .. '\\n' .. json
   frames[#frames + 1] = frame
   size = size + #frame
-  if size >= tonumber(ARGV[5 + 2 * #KEYS]) or i == #KEYS then
+  if size >= tonumber(ARGV[5 + 2 * streams]) or i == streams then
     if #frames == 1 then
       redis.call('PUBLISH', ARGV[4], frame)
     else
@@ -123,15 +145,22 @@ if newest_ms < cutoff then minid = newest[1][1] end
 return redis.call('XTRIM', key, 'MINID', minid)
 """
 
-# KEYS[1] stream; ARGV: since (exclusive), count, bytes. One page of history, read atomically
-# with the server's time and the newest entry, so "nothing after since" and "since is the newest"
-# are one instant: a publish in between cannot turn a valid since into a reset. The page ends at
+# KEYS: stream, origin key. The topic's latest offset: its newest entry's id, or the origin.
+_LATEST_LUA = _ORIGIN_LUA + """
+local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if #newest > 0 then return newest[1][1] end
+return origin(KEYS[2])
+"""
+
+# KEYS: stream, origin key; ARGV: since (exclusive), count, bytes. One page of history, read
+# atomically with the server's time and the topic's latest offset, so "nothing after since" and
+# "since is the newest" are one instant: a publish in between cannot turn a valid since into a reset. The page ends at
 # the entry that takes its data past ARGV[3] bytes (a page always has one entry), so 1,000 large
 # messages never leave Redis in one reply. Entries are read a few at a time, the count doubling
 # up to 128, never all `count` at once: the script copies what it reads, and Redis
 # serves nobody else while it runs, so reading 1,000 entries of a MiB to keep two would hold
 # every client of Redis for seconds and take a GiB of memory.
-_HISTORY_LUA = """
+_HISTORY_LUA = _ORIGIN_LUA + """
 local want = tonumber(ARGV[2])
 local budget = tonumber(ARGV[3])
 local page, used = {}, 0
@@ -152,7 +181,10 @@ while #page < want and used < budget do
   start = '(' .. batch[#batch][1]
   step = math.min(step * 2, 128)
 end
-return {redis.call('TIME'), page, redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)}
+local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local latest
+if #newest > 0 then latest = newest[1][1] else latest = origin(KEYS[2]) end
+return {redis.call('TIME'), page, latest}
 """
 
 # Keys visited per prune() call: bounded work however many topics exist.
@@ -184,7 +216,7 @@ def parse_frames(raw: bytes) -> list[Message] | None:
             message = Message(topic.decode("ascii"), offset.decode("ascii"), prev.decode("ascii"),
                               data.decode("utf-8"), _published_at(offset))
             if not (TOPIC_RE.fullmatch(message.topic) and _STREAM_ID.fullmatch(message.offset)
-                    and (message.prev == FIRST_PREV or _STREAM_ID.fullmatch(message.prev)) and message.data_json):
+                    and _STREAM_ID.fullmatch(message.prev) and message.data_json):
                 return None
             messages.append(message)
     except (ValueError, UnicodeDecodeError):
@@ -238,6 +270,7 @@ class RedisFanOut(FanOut):
         self.prefix = deployment_prefix(url, prefix)
         self.channel = f"{namespace(self.prefix)}:pub"
         self.key_prefix = f"{namespace(self.prefix)}:h:"
+        self.origin_key = f"{namespace(self.prefix)}:origin"
         # SCAN's MATCH is a glob: a prefix may hold *, ?, [ or a backslash, which must match only themselves,
         # or prune() would trim another deployment's streams (`app[1]` matching `app1`).
         self._key_pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self.key_prefix) + "*"
@@ -252,12 +285,14 @@ class RedisFanOut(FanOut):
         self._sync_lock = threading.Lock()
         self._sync: redis.Redis | None = None
         self._sync_publish: Any = None
+        self._sync_latest: Any = None
         # Async side: redis.asyncio connections belong to the loop that made them.
         self._async: aredis.Redis | None = None
         self._async_loop: asyncio.AbstractEventLoop | None = None
         self._async_publish: Any = None
         self._async_prune: Any = None
         self._async_history: Any = None
+        self._async_latest: Any = None
         self._prune_cursor = 0
 
     # -- clients ----------------------------------------------------------------------
@@ -266,6 +301,7 @@ class RedisFanOut(FanOut):
             if self._sync is None:
                 self._sync = redis.Redis.from_url(self.url, **client_kwargs("livepush-publisher", self.connect_timeout))
                 self._sync_publish = self._sync.register_script(_PUBLISH_LUA)
+                self._sync_latest = self._sync.register_script(_LATEST_LUA)
             return self._sync, self._sync_publish
 
     def _async_client(self) -> aredis.Redis:
@@ -278,6 +314,7 @@ class RedisFanOut(FanOut):
             self._async_publish = self._async.register_script(_PUBLISH_LUA)
             self._async_prune = self._async.register_script(_PRUNE_LUA)
             self._async_history = self._async.register_script(_HISTORY_LUA)
+            self._async_latest = self._async.register_script(_LATEST_LUA)
         return self._async
 
     # -- publishing -------------------------------------------------------------------
@@ -298,7 +335,8 @@ class RedisFanOut(FanOut):
             keys.append(self.key_prefix + topic)
             args += (topic, json_text)
             used += len(json_text)
-        for _, args in calls:
+        for keys, args in calls:
+            keys.insert(0, self.origin_key)  # the script's KEYS[1]: a topic's first message links to it
             args.append(FRAME_BYTES)
         return calls
 
@@ -325,7 +363,7 @@ class RedisFanOut(FanOut):
                 offsets += [text(i) for i in script(keys=keys, args=args, client=client)]
             except (RedisError, OSError) as exc:
                 raise failed(self.url, exc, _publishing(what(), offsets)) from exc
-            self._published.inc(len(keys))
+            self._published.inc(len(keys) - 1)
         return offsets
 
     async def _publish_async(self, calls: list[tuple[list[str], list[Any]]], what: Callable[[], str]) -> list[Offset]:
@@ -336,37 +374,35 @@ class RedisFanOut(FanOut):
                 offsets += [text(i) for i in await self._async_publish(keys=keys, args=args, client=client)]
             except (RedisError, OSError) as exc:
                 raise failed(self.url, exc, _publishing(what(), offsets)) from exc
-            self._published.inc(len(keys))
+            self._published.inc(len(keys) - 1)
         return offsets
 
     # -- history ----------------------------------------------------------------------
     def latest_offset(self, topic: Topic) -> Offset:
         client, _ = self._sync_client()
         try:
-            newest = client.xrevrange(self.key_prefix + topic, "+", "-", count=1)
+            return text(self._sync_latest(keys=[self.key_prefix + topic, self.origin_key], client=client))
         except (RedisError, OSError) as exc:
             raise failed(self.url, exc, f"reading the latest offset of {topic!r}") from exc
-        return text(newest[0][0]) if newest else FIRST_PREV
 
     async def alatest_offset(self, topic: Topic) -> Offset:
         client = self._async_client()
         try:
-            newest = await client.xrevrange(self.key_prefix + topic, "+", "-", count=1)
+            return text(await self._async_latest(keys=[self.key_prefix + topic, self.origin_key], client=client))
         except (RedisError, OSError) as exc:
             raise failed(self.url, exc, f"reading the latest offset of {topic!r}") from exc
-        return text(newest[0][0]) if newest else FIRST_PREV
 
     async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE) -> History | None:
-        if not isinstance(since, str) or not (since == FIRST_PREV or _is_stream_id(since)) or since == LAST_ID:
+        if not isinstance(since, str) or not _is_stream_id(since) or since == LAST_ID:
             # Not an offset this fan-out ever gave out. The last id is one too: XADD * never
             # reaches it, and Redis refuses a range that starts after it.
             return None
         key = self.key_prefix + topic
         client = self._async_client()
         try:
-            (now_s, now_us), page, newest = await self._async_history(
-                keys=[key], args=[since, limit, HISTORY_PAGE_BYTES], client=client)
-            latest = text(newest[0][0]) if newest else FIRST_PREV
+            (now_s, now_us), page, latest_id = await self._async_history(
+                keys=[key, self.origin_key], args=[since, limit, HISTORY_PAGE_BYTES], client=client)
+            latest = text(latest_id)
             if not page:
                 return History([], latest, False) if latest == since else None
             first_ms = int(text(page[0][0]).split("-")[0])
