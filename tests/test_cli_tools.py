@@ -47,7 +47,8 @@ def test_token_session_prints_a_session_token_for_the_subject(procs, livepush_en
     "argv,needle",
     [
         (["token", "topic", "bad topic"], "invalid topic"),
-        (["token", "topic", "a", "--ttl", "-5"], "ttl"),
+        (["token", "topic", "a", "--ttl", "-5"], "argument --ttl: takes a positive number"),
+        (["token", "session", "u", "--ttl", "0"], "argument --ttl: takes a positive number"),
         (["token", "session", ""], "subject"),
         (["publish", "_livepush.x", "{}"], "reserved"),
         (["publish", "job:1", "{}"], "state topic"),
@@ -318,6 +319,21 @@ def test_output_to_a_reader_that_went_away_ends_quietly(livepush_env, pg_url, ar
     finally:
         os.close(write)
     assert (done.returncode, done.stderr.decode()) == (1, "")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, a device every write to fails")
+@pytest.mark.parametrize("argv", [["token", "session", "user-7"], ["status"]])
+def test_output_that_cannot_be_written_is_one_line_and_exit_1(livepush_env, pg_url, argv: list[str]) -> None:
+    """`livepush status > file` on a full disk (here /dev/full) exits 1 with one line that says the
+    output could not be written and why, not an OSError traceback."""
+    import subprocess
+
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "livepush", *argv], stdout=full, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, env=livepush_env(database_url=pg_url), timeout=30)
+    err = done.stderr.decode()
+    assert done.returncode == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "could not write" in err and "No space left on device" in err, err
 
 
 def test_a_printing_command_started_with_stdout_closed_exits_2(livepush_env) -> None:

@@ -24,3 +24,12 @@ def _reader(kind: type[int] | type[float], wanted: str) -> Callable[[str], Any]:
 
 whole_number = _reader(int, "a whole number written with the digits 0-9")
 seconds = _reader(float, "a number of seconds written with the digits 0-9 (e.g. 30 or 0.5)")
+
+
+def positive_seconds(text: str) -> float:
+    """A lifetime such as `token --ttl`: refused here, naming the flag, rather than by the API
+    under its parameter's name."""
+    value: float = seconds(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"takes a positive number of seconds (e.g. 3600), got {text!r:.40}")
+    return value

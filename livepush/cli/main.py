@@ -4,6 +4,7 @@ failed, 2 bad usage or configuration; errors are one line on stderr, never a tra
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -20,6 +21,8 @@ _PRINTING = ("migrate", "status", "publish", "token")
 # Of those, the ones whose printout is all they give (a token, a report): run with stdout closed,
 # they refuse. A migration or a publish is done all the same, and its exit status says so.
 _ONLY_PRINTING = ("status", "token")
+# What a write to standard output fails with when the file behind it cannot take it.
+_OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -259,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kind", choices=("session", "topic"), metavar="session|topic",
                    help="session: a session token for SUBJECT; topic: TOPIC signed, its own permission")
     p.add_argument("value", metavar="SUBJECT|TOPIC", help="the session's subject, or the topic to sign")
-    p.add_argument("--ttl", type=flags.seconds, metavar="S", help="seconds until it expires (default: 86400 for a session, "
+    p.add_argument("--ttl", type=flags.positive_seconds, metavar="S", help="seconds until it expires (default: 86400 for a session, "
                    "LIVEPUSH_SIGNED_TOPIC_TTL for a topic)")
     p.set_defaults(func=cmd_token)
     return parser
@@ -296,6 +299,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Python would report the pipe again when it flushes stdout at exit: point it at nothing.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         status = EXIT_DEPENDENCY
+    except OSError as exc:
+        if args.command not in _PRINTING or exc.errno not in _OUTPUT_ERRNOS:
+            raise
+        # `livepush status > file` on a full disk: what was printed is lost, and saying so is
+        # the whole answer. The unwritten rest would fail again at exit: it goes nowhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = fail(OSError(f"could not write the output of `livepush {args.command}` to standard output "
+                              f"({exc.strerror or exc}); free space or write it elsewhere"), EXIT_DEPENDENCY)
     except (ConfigError, SchemaError, InvalidTopic) as exc:
         status = fail(exc, EXIT_USAGE)
     except (ValueError, TypeError) as exc:
