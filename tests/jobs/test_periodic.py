@@ -67,6 +67,8 @@ def jobs_of(url: str, name: str) -> list[tuple[int, Any]]:
 @pytest.mark.parametrize("cron, says", [
     ("*/5 * * *", "5 fields"),
     ("61 * * * *", "not a valid cron expression"),
+    ("0 0 30 2 *", "matches no date"),
+    ("0 0 31 4,6 *", "matches no date"),
     ("every five minutes", "5 fields"),
     ("* * * * * * 2030", "5 fields"),
     ("", "non-empty string"),

@@ -8,7 +8,7 @@ import re
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
-from croniter import CroniterError, croniter
+from croniter import CroniterBadDateError, CroniterError, croniter
 
 from ..errors import InvalidScheduleError
 
@@ -161,6 +161,11 @@ def parse(expression: str, timezone: str = "UTC") -> Cron:
                                    "and every round, so its ticks would not be the same twice: pick the value")
     try:
         croniter(expression, datetime.now(zone)).get_next(datetime)
+    except CroniterBadDateError:
+        # croniter looks some fifty years ahead before it gives up: the fields are valid, but
+        # their days never meet (30 February, 31 April).
+        raise InvalidScheduleError(f"periodic {expression!r}: matches no date (a day of the month that none of the "
+                                   "months it names has, such as 30 February): the job would never run") from None
     except (CroniterError, ValueError, KeyError) as exc:
         raise InvalidScheduleError(f"periodic {expression!r}: not a valid cron expression ({exc})") from None
     return Cron(expression, timezone, zone)
