@@ -85,5 +85,6 @@ class Scheduler:
                 return None  # another runtime enqueued this tick (or a newer one)
             row = await (await conn.execute(sql, params)).fetchone()
         assert row is not None
-        log.info("periodic job %s enqueued for tick %s (job %s)", schedule.name, tick, row[0])
+        # Debug, as each job's run is: an every-second job would write 86,400 INFO lines a day.
+        log.debug("periodic job %s enqueued for tick %s (job %s)", schedule.name, tick, row[0])
         return int(row[0])
