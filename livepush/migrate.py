@@ -80,6 +80,9 @@ def required_version() -> int:
     return migrations[-1].version if migrations else 0
 
 
+# name: schema_table_exists -- read under the advisory lock, so no other migrator creates it
+# between this read and the CREATE below.
+_SCHEMA_TABLE_EXISTS = "SELECT to_regclass('livepush_schema') IS NOT NULL"
 # name: schema_table -- idempotent; runs under the advisory lock.
 _CREATE_SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS livepush_schema (
@@ -124,7 +127,11 @@ def migrate(url: str, runtime_role: str | None = None) -> list[Migration]:
     with translated(url), connect(url, autocommit=False) as conn:
         # Transaction-scoped lock: released at commit or rollback, never leaked by a crash.
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
-        conn.execute(_CREATE_SCHEMA_TABLE)
+        exists = conn.execute(_SCHEMA_TABLE_EXISTS).fetchone()
+        if not (exists and exists[0]):
+            # Only when missing: the runtime role, which may not create, can then run `migrate`
+            # on a current schema and be told there is nothing to do.
+            conn.execute(_CREATE_SCHEMA_TABLE)
         applied = _applied(conn, url)
         _check_lineage(url, applied)
         done = {v for v, _, _ in applied}

@@ -93,6 +93,29 @@ def test_the_runtime_role_has_no_ddl_truncate_or_ownership(runtime_url: str) -> 
                 conn.execute(statement)  # type: ignore[arg-type]
 
 
+def test_migrate_run_as_the_runtime_role_on_a_current_schema_has_nothing_to_do(
+        runtime_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A deploy script that runs `livepush migrate` with the app's own (runtime) credentials, after
+    the owner migrated: nothing is to be applied, so it exits 0 and says the schema is current,
+    rather than failing on a CREATE it has no right to and would not need."""
+    monkeypatch.setenv("LIVEPUSH_DATABASE_URL", runtime_url)
+    assert cli(["migrate"]) == 0
+    out, err = capsys.readouterr()
+    assert "(nothing to do)" in out and not err, (out, err)
+
+
+def test_migrate_run_as_the_runtime_role_with_work_to_do_says_to_run_it_as_the_owner(
+        runtime_url: str, pg_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """With a migration still to apply, the runtime role cannot apply it: one line says so and
+    names the way out (the owner's credentials), exit 2, no traceback."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # as if the newest migration were new
+        conn.execute("DELETE FROM livepush_schema WHERE version = (SELECT max(version) FROM livepush_schema)")
+    monkeypatch.setenv("LIVEPUSH_DATABASE_URL", runtime_url)
+    assert cli(["migrate"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "owner" in err[0], err
+
+
 def test_migrate_refuses_a_role_that_does_not_exist(pg_url: str, monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """`migrate --runtime-role` naming no role ends with exit 2 and one line saying to create it."""
