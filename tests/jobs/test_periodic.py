@@ -95,6 +95,14 @@ def test_an_unknown_timezone_fails_at_decoration_naming_it() -> None:
     assert "'*/5 * * * *'" in str(caught.value)
 
 
+@pytest.mark.parametrize("variant, zone", [("right/UTC", "UTC"), ("posix/Europe/Paris", "Europe/Paris")])
+def test_a_system_only_zone_variant_fails_at_decoration_naming_the_zone_to_use(variant: str, zone: str) -> None:
+    """`right/` and `posix/` zones exist in some machines' zone folders only (not in the tzdata
+    package): a module using one would import on one machine and fail on another."""
+    with pytest.raises(jobs.InvalidScheduleError, match=f"use '{zone}'"):
+        declare("0 9 * * *", timezone=variant)
+
+
 @pytest.mark.parametrize("region", ["Europe", "America", "America/Argentina"])
 def test_a_region_without_its_city_fails_at_decoration_as_an_unknown_timezone(region: str) -> None:
     """A region is a folder of zones, not a zone: the error names it, it is no OS error."""

@@ -35,6 +35,13 @@ def _zone(expression: str, timezone: str) -> ZoneInfo:
         # machine's own zone: runtimes on machines set differently would not agree on the ticks.
         raise InvalidScheduleError(f"periodic {expression!r}: timezone 'localtime' is each machine's own zone, so "
                                    "runtimes could disagree on the ticks: name the zone, such as 'Europe/Paris'")
+    variant = timezone.split("/", 1)
+    if len(variant) == 2 and variant[0] in ("posix", "right"):
+        # Copies of every zone that only some machines' zone folders hold (not the tzdata
+        # package), 'right/' ones counting leap seconds: a module would import on one machine
+        # and fail on the next, or tick some 27 s off.
+        raise InvalidScheduleError(f"periodic {expression!r}: timezone {timezone!r} is a variant that only some "
+                                   f"machines have: use {variant[1]!r}")
     try:
         return ZoneInfo(timezone)
     except (ZoneInfoNotFoundError, ValueError):
