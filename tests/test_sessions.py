@@ -392,6 +392,24 @@ async def test_sync_and_async_writes_agree(shared_store: sessions.RevocationStor
     assert await shared_store.revoked_among([a, b]) == {a.id, b.id}
 
 
+@pytest.mark.parametrize("kind", SHARED_KINDS)
+def test_arevoke_works_from_one_event_loop_after_another(kind: str, request: pytest.FixtureRequest) -> None:
+    """Web code that is sync at heart runs each async call on a loop of its own (asyncio.run,
+    async_to_sync): the process's one store revokes on every one of them, not only the first."""
+    store = make_store(kind, request)
+    a, b = decode(sessions.issue("a"), SECRET), decode(sessions.issue("b"), SECRET)
+    asyncio.run(sessions.arevoke(a, store=store))
+    asyncio.run(sessions.arevoke(b, store=store))  # the first loop is closed by now
+
+    async def revoked_then_close() -> set[str]:
+        try:
+            return await store.revoked_among([a, b])
+        finally:
+            await close_store(store)
+
+    assert asyncio.run(revoked_then_close()) == {a.id, b.id}
+
+
 async def test_later_subject_revocation_wins(store: sessions.RevocationStore) -> None:
     """Two subject revocations arriving out of order keep the later cut-off."""
     t = time.time()

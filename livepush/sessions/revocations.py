@@ -13,6 +13,7 @@ Writes come in a sync and an async flavour because `revoke()` is called from syn
 from __future__ import annotations
 
 import abc
+import asyncio
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -309,10 +310,16 @@ class RedisRevocations(RevocationStore):
         self.channel = f"{namespace(self.prefix)}:revoked"
         self._subscriber = ListenerSlot(subscriber, lambda: Subscriber(url, name=listener_name(self.prefix)))
         self._client: Any = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
 
     def _aclient(self) -> Any:
-        if self._client is None:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
+            # redis.asyncio connections belong to the loop that made them: a call on a new loop
+            # (asyncio.run or async_to_sync in sync web code) gets a client of its own, since
+            # the old one's sockets died with its loop.
             self._client = async_client(self.url, "livepush-revocations", socket_timeout=5)
+            self._client_loop = loop
         return self._client
 
     def _sync_client(self) -> Any:
@@ -416,7 +423,7 @@ class RedisRevocations(RevocationStore):
     async def aclose(self) -> None:
         await self._subscriber.aclose()
         client, self._client = self._client, None
-        if client is not None:
+        if client is not None and self._client_loop is asyncio.get_running_loop():
             await client.aclose()
 
 
