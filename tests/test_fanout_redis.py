@@ -246,6 +246,42 @@ async def test_idle_topic_key_expires(make_redis: MakeRedis, raw: redis.Redis) -
     assert 0 < raw.pttl(fanout.key_prefix + "idle:a") <= 60_000
 
 
+async def test_an_origin_held_while_its_topic_was_published_and_forgotten_gets_reset(
+        make_redis: MakeRedis, raw: redis.Redis) -> None:
+    """A page renders a topic's origin and is away while messages are published and the idle
+    topic is forgotten: the topic reads as never published again, but the page missed those
+    messages, so its origin gets None (reset), never an empty replay."""
+    fanout = await make_redis(listen=False, history_ttl=0.1, idle_expire=0.5)
+    rendered = fanout.latest_offset("forgot:a")
+    missed = [fanout.publish("forgot:a", {"i": i}) for i in range(3)]
+    await async_wait_for(lambda: not raw.exists(fanout.key_prefix + "forgot:a"), WAIT,
+                         message="the idle topic to be forgotten")
+    assert await fanout.history("forgot:a", rendered) is None, f"the origin replayed nothing of {missed}"
+
+
+async def test_an_origin_from_before_the_origin_moved_on_still_replays_everything(
+        make_redis: MakeRedis, raw: redis.Redis) -> None:
+    """The origin moves on every half idle time (so that one held past the idle time is known
+    stale): an origin given out just before, on a topic whose first message comes after, still
+    replays that message, and on a topic still never published, replays nothing, without a reset."""
+    fanout = await make_redis(history_ttl=0.1, idle_expire=4)
+    got = Collector()
+    fanout.register(got)
+    rendered = fanout.latest_offset("moved:a")
+
+    async def moved_on() -> bool:
+        return await fanout.alatest_offset("moved:never") != rendered
+
+    await async_wait_for(moved_on, WAIT, message="the origin to move on")
+    current = fanout.latest_offset("moved:never")
+    assert offset_key(rendered) < offset_key(current) and raw.exists(fanout.key_prefix + "moved:a") == 0
+    first = fanout.publish("moved:a", {"i": 0})
+    [message] = await got.wait_count("moved:a", 1)
+    assert message.prev == current, "a topic's first message links to the origin of its time"
+    assert offsets_of(await read_history(fanout, "moved:a", rendered)) == [first]
+    assert await read_history(fanout, "moved:never", rendered) == []
+
+
 # ---- errors -------------------------------------------------------------------------------------
 
 

@@ -8,8 +8,10 @@ deployment `prod`'s topic `h:x` deployment `prod:h`'s topic `x` (redis.client.na
   id of the entry before it on the topic; for the first, the deployment's origin). The entry id
   is the message's offset ("<ms>-<seq>", ordered by `offset_key`).
 - `{P}:origin`: the deployment's epoch E, made (from Redis' clock in microseconds) by whichever
-  script first finds it missing. "0-E" is the offset of every topic nothing was published on
-  yet, and the `p` of each topic's first entry, so it sorts below every offset a topic will have.
+  script first finds it missing, and made anew by the first script past half the idle time
+  after it. "0-E" is the offset of every topic nothing was published on yet, and the `p` of each
+  topic's first entry, so it sorts below every offset a topic will have.
+- `{P}:origin:prev`: the epoch before E (E itself when E was made because none was found).
 - `{P}:pub`: the one pub/sub channel every listening server subscribes to. A frame is
   "<topic>\\n<offset>\\n<prev>\\n<json>", or, for several messages of a publish_many, "*" and
   then theirs, all joined by newlines: a receiver splits it into lines, four a message, and never
@@ -24,7 +26,11 @@ the first break: recovery is complete or refused, never partial. The origin carr
 the same reason: a restart without persistence (or a flush) loses the origin key with the
 streams, so a page that rendered a topic's origin before it and resumes after it finds a first
 entry, or an origin, that is not the one it holds, and is reset rather than replayed only what
-came after the loss.
+came after the loss. It moves on every half idle time because a forgotten topic (below) reads
+as never published again: an origin given out more than the idle time ago may have seen the
+topic published and forgotten since, so `history()` takes an origin only while it is one of the
+two newest and younger than the idle time (else `reset`), and takes a chain that starts at the
+newer one from a client holding the older.
 
 One Lua script appends, trims and PUBLISHes, so the stream order, the offsets and the pub/sub
 order are the same order, whatever number of processes publish at once.
@@ -33,7 +39,9 @@ Retention: trimmed by age (MINID, history_ttl) and by length (MAXLEN, `max_len`)
 publish and by `prune()`; the newest entry of a topic is kept past the TTL so the chain stays
 anchored (`since` == the latest offset replays nothing rather than `reset`). A topic idle for
 `idle_expire` seconds loses its key: its next message starts a new chain and a client still
-holding an older offset gets `reset`.
+holding an older offset, or an origin given out more than `idle_expire` seconds ago, gets
+`reset` (every process of a deployment must use the same `idle_expire`, which moves the origin
+on and forgets topics alike).
 """
 
 from __future__ import annotations
@@ -69,23 +77,29 @@ def _is_stream_id(text: str) -> bool:
     return bool(_STREAM_ID.fullmatch(text)) and all(int(part) <= STREAM_ID_PART_MAX for part in text.split("-"))
 
 
-# The deployment's origin offset ("0-E"), its epoch E made on first use. A script only: made and
-# read in one step, two processes that find it missing at once cannot make two.
+# The deployment's origin offset ("0-E"), its epoch E made on first use and anew once it is half
+# the idle time (idle_ms) old, the one before kept in prev_key. A script only: made and read in
+# one step, two processes that find it missing or old at once cannot make two. A new epoch that
+# found none before is its own prev: a lost origin's prev must not pair with a new one.
 _ORIGIN_LUA = """
-local function origin(key)
+local function origin(key, prev_key, idle_ms)
   local epoch = redis.call('GET', key)
-  if not epoch then
-    local t = redis.call('TIME')
-    epoch = t[1] .. string.format('%06d', tonumber(t[2]))
-    redis.call('SET', key, epoch)
+  local t = redis.call('TIME')
+  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if not tonumber(epoch) or now_us - tonumber(epoch) >= tonumber(idle_ms) * 500 then
+    local made = t[1] .. string.format('%06d', tonumber(t[2]))
+    if not tonumber(epoch) then epoch = made end
+    redis.call('SET', prev_key, epoch)
+    redis.call('SET', key, made)
+    epoch = made
   end
   return '0-' .. epoch
 end
 """
 
-# KEYS: the origin key, then the stream of each message; ARGV: ttl_ms, max_len, idle_ms, channel,
-# then the topic and the json of each message, then FRAME_BYTES. Returns their ids in order. One script for one
-# message or a batch (publish_many: PUBLISH_CHUNK messages or PUBLISH_CHUNK_BYTES per call). A
+# KEYS: the origin keys (origin, prev), then the stream of each message; ARGV: ttl_ms, max_len,
+# idle_ms, channel, then the topic and the json of each message, then FRAME_BYTES. Returns their
+# ids in order. One script for one message or a batch (publish_many: PUBLISH_CHUNK messages or PUBLISH_CHUNK_BYTES per call). A
 # batch's messages share pub/sub frames of about FRAME_BYTES, each costing a listening server one
 # read and one parse.
 _PUBLISH_LUA = _ORIGIN_LUA + """
@@ -96,13 +110,13 @@ if min_ms < 0 then min_ms = 0 end
 local minid = string.format('%d', min_ms)
 local ids = {}
 local frames, size = {}, 0
-local streams = #KEYS - 1
+local streams = #KEYS - 2
 for i = 1, streams do
-  local key = KEYS[i + 1]
+  local key = KEYS[i + 2]
   local topic, json = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
   local newest = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
   local prev
-  if #newest > 0 then prev = newest[1][1] else prev = origin(KEYS[1]) end
+  if #newest > 0 then prev = newest[1][1] else prev = origin(KEYS[1], KEYS[2], ARGV[3]) end
   -- MINID ~ never drops the entry being added (its id is >= now), and drops whole
   -- radix nodes only, which keeps the trim O(1) amortized.
   local id = redis.call('XADD', key, 'MINID', '~', minid, '*', 'd', json, 'p', prev)
@@ -145,16 +159,17 @@ if newest_ms < cutoff then minid = newest[1][1] end
 return redis.call('XTRIM', key, 'MINID', minid)
 """
 
-# KEYS: stream, origin key. The topic's latest offset: its newest entry's id, or the origin.
+# KEYS: stream, origin keys; ARGV: idle_ms. The topic's latest offset: its newest entry's id, or the origin.
 _LATEST_LUA = _ORIGIN_LUA + """
 local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 if #newest > 0 then return newest[1][1] end
-return origin(KEYS[2])
+return origin(KEYS[2], KEYS[3], ARGV[1])
 """
 
-# KEYS: stream, origin key; ARGV: since (exclusive), count, bytes. One page of history, read
-# atomically with the server's time and the topic's latest offset, so "nothing after since" and
-# "since is the newest" are one instant: a publish in between cannot turn a valid since into a reset. The page ends at
+# KEYS: stream, origin keys; ARGV: since (exclusive), count, bytes, idle_ms. One page of history,
+# read atomically with the server's time, the topic's latest offset and the two newest origins,
+# so "nothing after since" and "since is the newest" are one instant: a publish in between
+# cannot turn a valid since into a reset. The page ends at
 # the entry that takes its data past ARGV[3] bytes (a page always has one entry), so 1,000 large
 # messages never leave Redis in one reply. Entries are read a few at a time, the count doubling
 # up to 128, never all `count` at once: the script copies what it reads, and Redis
@@ -181,10 +196,13 @@ while #page < want and used < budget do
   start = '(' .. batch[#batch][1]
   step = math.min(step * 2, 128)
 end
+local current = origin(KEYS[2], KEYS[3], ARGV[4])
 local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-local latest
-if #newest > 0 then latest = newest[1][1] else latest = origin(KEYS[2]) end
-return {redis.call('TIME'), page, latest}
+local latest = current
+if #newest > 0 then latest = newest[1][1] end
+local previous = redis.call('GET', KEYS[3])
+if previous then previous = '0-' .. previous else previous = current end
+return {redis.call('TIME'), page, latest, current, previous}
 """
 
 # Keys visited per prune() call: bounded work however many topics exist.
@@ -271,11 +289,13 @@ class RedisFanOut(FanOut):
         self.channel = f"{namespace(self.prefix)}:pub"
         self.key_prefix = f"{namespace(self.prefix)}:h:"
         self.origin_key = f"{namespace(self.prefix)}:origin"
+        self._origin_keys = [self.origin_key, f"{self.origin_key}:prev"]
         # SCAN's MATCH is a glob: a prefix may hold *, ?, [ or a backslash, which must match only themselves,
         # or prune() would trim another deployment's streams (`app[1]` matching `app1`).
         self._key_pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self.key_prefix) + "*"
         self._ttl_ms = int(history_ttl * 1000)
-        self._publish_args_tail = [self._ttl_ms, max_len, int(self.idle_expire * 1000), self.channel]
+        self._idle_ms = int(self.idle_expire * 1000)
+        self._publish_args_tail = [self._ttl_ms, max_len, self._idle_ms, self.channel]
         self._subscriber = ListenerSlot(subscriber, lambda: Subscriber(url, name=listener_name(self.prefix),
                                                                        heartbeat=heartbeat, backoff=backoff,
                                                                        connect_timeout=connect_timeout))
@@ -336,7 +356,7 @@ class RedisFanOut(FanOut):
             args += (topic, json_text)
             used += len(json_text)
         for keys, args in calls:
-            keys.insert(0, self.origin_key)  # the script's KEYS[1]: a topic's first message links to it
+            keys[:0] = self._origin_keys  # the script's KEYS[1..2]: a topic's first message links to the origin
             args.append(FRAME_BYTES)
         return calls
 
@@ -363,7 +383,7 @@ class RedisFanOut(FanOut):
                 offsets += [text(i) for i in script(keys=keys, args=args, client=client)]
             except (RedisError, OSError) as exc:
                 raise failed(self.url, exc, _publishing(what(), offsets)) from exc
-            self._published.inc(len(keys) - 1)
+            self._published.inc(len(keys) - len(self._origin_keys))
         return offsets
 
     async def _publish_async(self, calls: list[tuple[list[str], list[Any]]], what: Callable[[], str]) -> list[Offset]:
@@ -374,21 +394,23 @@ class RedisFanOut(FanOut):
                 offsets += [text(i) for i in await self._async_publish(keys=keys, args=args, client=client)]
             except (RedisError, OSError) as exc:
                 raise failed(self.url, exc, _publishing(what(), offsets)) from exc
-            self._published.inc(len(keys) - 1)
+            self._published.inc(len(keys) - len(self._origin_keys))
         return offsets
 
     # -- history ----------------------------------------------------------------------
     def latest_offset(self, topic: Topic) -> Offset:
         client, _ = self._sync_client()
         try:
-            return text(self._sync_latest(keys=[self.key_prefix + topic, self.origin_key], client=client))
+            return text(self._sync_latest(keys=[self.key_prefix + topic, *self._origin_keys], args=[self._idle_ms],
+                                          client=client))
         except (RedisError, OSError) as exc:
             raise failed(self.url, exc, f"reading the latest offset of {topic!r}") from exc
 
     async def alatest_offset(self, topic: Topic) -> Offset:
         client = self._async_client()
         try:
-            return text(await self._async_latest(keys=[self.key_prefix + topic, self.origin_key], client=client))
+            return text(await self._async_latest(keys=[self.key_prefix + topic, *self._origin_keys],
+                                                 args=[self._idle_ms], client=client))
         except (RedisError, OSError) as exc:
             raise failed(self.url, exc, f"reading the latest offset of {topic!r}") from exc
 
@@ -400,11 +422,16 @@ class RedisFanOut(FanOut):
         key = self.key_prefix + topic
         client = self._async_client()
         try:
-            (now_s, now_us), page, latest_id = await self._async_history(
-                keys=[key, self.origin_key], args=[since, limit, HISTORY_PAGE_BYTES], client=client)
+            (now_s, now_us), page, latest_id, current, previous = await self._async_history(
+                keys=[key, *self._origin_keys], args=[since, limit, HISTORY_PAGE_BYTES, self._idle_ms], client=client)
             latest = text(latest_id)
+            # An origin held past the idle time may have seen the topic published and forgotten
+            # since: only the two newest origins, while younger than that, are still good.
+            origins = [text(current), text(previous)]
+            good_origin = since in origins and \
+                int(now_s) * 1_000_000 + int(now_us) - int(since.split("-")[1]) < self._idle_ms * 1000
             if not page:
-                return History([], latest, False) if latest == since else None
+                return History([], latest, False) if latest == since or good_origin else None
             first_ms = int(text(page[0][0]).split("-")[0])
             if first_ms < int(now_s) * 1000 + int(now_us) // 1000 - self._ttl_ms:
                 return None  # the first missed message has expired: never a silent hole
@@ -413,7 +440,9 @@ class RedisFanOut(FanOut):
             for entry_id, flat in page:
                 fields = dict(zip(flat[::2], flat[1::2], strict=True))  # a script returns fields flat
                 offset, prev = text(entry_id), text(fields[b"p"])
-                if prev != expected:
+                # The topic's first message came after the origin moved on from the client's.
+                moved_on = expected == since == origins[1] and prev == origins[0] and good_origin
+                if prev != expected and not moved_on:
                     # A trimmed range or a restart without persistence broke the chain.
                     return None
                 out.append(Message(topic, offset, prev, text(fields[b"d"])))

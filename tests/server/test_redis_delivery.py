@@ -6,10 +6,13 @@ import asyncio
 
 import pytest
 
+from livepush.fanout.redis import RedisFanOut
+from livepush.server.hub import Hub
 from tests.server.conftest import make_settings, start_served
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 from tests.test_fanout_conformance import PrivateRedis, private_redis  # noqa: F401  (a fixture)
+from tests.server.test_hub import Sub, fan
 from tests.server.test_server import http_get
 
 
@@ -52,3 +55,29 @@ async def test_redis_restart_while_clients_stay_subscribed(private_redis: Privat
         await client.close()
     finally:
         await served.stop()
+
+
+async def test_a_topic_anchored_on_an_origin_that_moved_on_gets_its_first_message_without_a_reset(
+        redis_url: str) -> None:
+    """A subscriber joins a topic nothing was published on, so the hub's cursor is the origin;
+    the origin moves on (every half idle time) before the topic's first message, which links to
+    the new one: the subscriber gets that message live, not a reset."""
+    fanout = RedisFanOut(redis_url, history_ttl=0.1, idle_expire=4)
+    hub = Hub(fanout, fan)
+    try:
+        await fanout.listen()
+        fanout.register(hub.on_message)
+        sub = Sub()
+        await hub.subscribe(sub, "anchored:a", None, 1)
+        [subscribed] = sub.frames
+
+        async def moved_on() -> bool:
+            return await fanout.alatest_offset("anchored:never") != subscribed["offset"]
+
+        await async_wait_for(moved_on, 10, message="the origin to move on")
+        offset = await fanout.apublish("anchored:a", {"i": 0})
+        await async_wait_for(lambda: len(sub.frames) > 1, 10, message="the first message")
+        assert [(f["op"], f.get("offset")) for f in sub.frames[1:]] == [("message", offset)]
+    finally:
+        await hub.aclose()
+        await fanout.aclose()
