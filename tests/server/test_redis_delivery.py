@@ -57,6 +57,33 @@ async def test_redis_restart_while_clients_stay_subscribed(private_redis: Privat
         await served.stop()
 
 
+@pytest.mark.parametrize("published_after", [False, True], ids=["quiet-after", "published-after"])
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "no-persistence"])
+async def test_a_page_that_rendered_an_origin_resumes_through_a_redis_restart_whole_or_reset(
+        private_redis: PrivateRedis, secret: str, persistent: bool, published_after: bool) -> None:
+    """A page renders a topic's origin; messages are published while it is away, then Redis
+    restarts (and perhaps a message follows). Through the server the page gets every message
+    it missed when Redis kept them, and `reset` when it lost them: never only what came after."""
+    served = await start_served(make_settings("redis", secret, None, private_redis.url))
+    try:
+        rendered = await served.fanout.alatest_offset("rendered")
+        missed = [await served.publish("rendered", {"i": i}) for i in range(2)]
+        await asyncio.to_thread(private_redis.stop, save=persistent)
+        await async_wait_for(lambda: not served.fanout.listening, 20, message="the listener to notice Redis is gone")
+        await asyncio.to_thread(private_redis.start)
+        await async_wait_for(lambda: served.fanout.listening, 20, message="the listener to come back")
+        after = [await served.publish("rendered", {"i": 2})] if published_after else []
+        client = await WSClient.open(served.url)
+        await client.subscribe(served.sign("rendered"), since=rendered)
+        if persistent:
+            frames = await client.messages(len(missed + after))
+            assert [(f["op"], f["offset"]) for f in frames] == [("message", o) for o in missed + after]
+        else:
+            assert (await client.recv(timeout=10))["op"] == "reset", f"replayed without the lost {missed}"
+        await client.close()
+    finally:
+        await served.stop()
+
 async def test_a_topic_anchored_on_an_origin_that_moved_on_gets_its_first_message_without_a_reset(
         redis_url: str) -> None:
     """A subscriber joins a topic nothing was published on, so the hub's cursor is the origin;
