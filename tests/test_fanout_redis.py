@@ -18,7 +18,7 @@ import pytest
 import redis
 
 import livepush
-from livepush.fanout.base import MAX_PAYLOAD_BYTES
+from livepush.fanout.base import MAX_PAYLOAD_BYTES, History
 from livepush.fanout.redis import FRAME_BYTES, PRUNE_SCAN_COUNT, RedisFanOut, parse_frames
 from livepush.types import offset_key
 from tests.support.fanouts import WAIT, Collector, offsets_of, read_history
@@ -54,6 +54,15 @@ async def make_redis(redis_url: str) -> AsyncIterator[MakeRedis]:
 def raw(redis_url: str) -> Any:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     yield client
+    client.close()
+
+
+@pytest.fixture
+def raw_private(private_redis: PrivateRedis) -> Any:
+    """A client of the test's private Redis, whose memory limit is put back before it stops."""
+    client = redis.Redis.from_url(private_redis.url, decode_responses=True)
+    yield client
+    client.config_set("maxmemory", 0)
     client.close()
 
 
@@ -280,6 +289,45 @@ async def test_an_origin_from_before_the_origin_moved_on_still_replays_everythin
     assert message.prev == current, "a topic's first message links to the origin of its time"
     assert offsets_of(await read_history(fanout, "moved:a", rendered)) == [first]
     assert await read_history(fanout, "moved:never", rendered) == []
+
+
+async def test_a_redis_out_of_memory_still_answers_reads_when_the_origin_is_due_to_move_on(
+        make_redis: MakeRedis, private_redis: PrivateRedis) -> None:
+    """A Redis at its maxmemory (policy noeviction) refuses writes: a publish fails, but pages go
+    on rendering and clients on resuming. The origin due to move on then stays as it is, rather
+    than fail the read that would move it."""
+    fanout = await make_redis(url=private_redis.url, listen=False, history_ttl=0.1, idle_expire=1)
+    rendered = fanout.latest_offset("full:never")
+    offset = fanout.publish("full:a", {"i": 0})
+    admin = redis.Redis.from_url(private_redis.url)
+    try:
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", 1)
+        with pytest.raises(livepush.DependencyError):
+            fanout.publish("full:a", {"i": 1})
+        await asyncio.sleep(0.6)  # past half the idle time, on the wall clock: no event to await
+        assert fanout.latest_offset("full:never") == rendered
+        assert await fanout.history("full:a", offset) == History([], offset, False)
+        assert await read_history(fanout, "full:never", rendered) == []
+    finally:
+        admin.config_set("maxmemory", 0)
+        admin.close()
+
+
+async def test_an_origin_that_could_not_move_on_still_gets_reset_past_the_idle_time(
+        make_redis: MakeRedis, private_redis: PrivateRedis, raw_private: redis.Redis) -> None:
+    """While Redis is out of memory the origin cannot move on, but a topic still expires: a page
+    holding the origin while the topic was published and forgotten gets None (reset), even
+    though that origin is still the newest."""
+    fanout = await make_redis(url=private_redis.url, listen=False, history_ttl=0.1, idle_expire=1)
+    rendered = fanout.latest_offset("full:a")
+    missed = fanout.publish("full:a", {"i": 0})
+    raw_private.config_set("maxmemory-policy", "noeviction")
+    raw_private.config_set("maxmemory", 1)
+    await async_wait_for(lambda: not raw_private.exists(fanout.key_prefix + "full:a"), WAIT,
+                         message="the idle topic to be forgotten")
+    assert fanout.latest_offset("full:a") == rendered, "the origin stayed: Redis is out of memory"
+    assert await fanout.history("full:a", rendered) is None, f"the origin replayed nothing of [{missed!r}]"
 
 
 # ---- errors -------------------------------------------------------------------------------------

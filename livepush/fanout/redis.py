@@ -80,17 +80,23 @@ def _is_stream_id(text: str) -> bool:
 # The deployment's origin offset ("0-E"), its epoch E made on first use and anew once it is half
 # the idle time (idle_ms) old, the one before kept in prev_key. A script only: made and read in
 # one step, two processes that find it missing or old at once cannot make two. A new epoch that
-# found none before is its own prev: a lost origin's prev must not pair with a new one.
+# found none before is its own prev: a lost origin's prev must not pair with a new one. Moving
+# on is best effort: a Redis out of memory (noeviction) refuses the write, and the origin stays
+# as it is rather than fail every read that finds it due.
 _ORIGIN_LUA = """
 local function origin(key, prev_key, idle_ms)
   local epoch = redis.call('GET', key)
   local t = redis.call('TIME')
-  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  if not tonumber(epoch) or now_us - tonumber(epoch) >= tonumber(idle_ms) * 500 then
-    local made = t[1] .. string.format('%06d', tonumber(t[2]))
-    if not tonumber(epoch) then epoch = made end
-    redis.call('SET', prev_key, epoch)
+  local made = t[1] .. string.format('%06d', tonumber(t[2]))
+  if not tonumber(epoch) then
     redis.call('SET', key, made)
+    redis.call('SET', prev_key, made)
+    return '0-' .. made
+  end
+  if tonumber(made) - tonumber(epoch) >= tonumber(idle_ms) * 500 then
+    local moved = redis.pcall('SET', key, made)
+    if type(moved) == 'table' and moved.err then return '0-' .. epoch end
+    redis.pcall('SET', prev_key, epoch)
     epoch = made
   end
   return '0-' .. epoch
@@ -431,7 +437,10 @@ class RedisFanOut(FanOut):
             good_origin = since in origins and \
                 int(now_s) * 1_000_000 + int(now_us) - int(since.split("-")[1]) < self._idle_ms * 1000
             if not page:
-                return History([], latest, False) if latest == since or good_origin else None
+                # An origin is good only while young, even the newest: one that could not move on
+                # (Redis out of memory) ages all the same.
+                known = good_origin if since in origins else latest == since
+                return History([], latest, False) if known else None
             first_ms = int(text(page[0][0]).split("-")[0])
             if first_ms < int(now_s) * 1000 + int(now_us) // 1000 - self._ttl_ms:
                 return None  # the first missed message has expired: never a silent hole
