@@ -36,6 +36,15 @@ def test_token_topic_expires_after_the_signed_topic_ttl_by_default(procs, livepu
     assert info.value.reason == "expired"
 
 
+def test_token_topic_ttl_replaces_the_signed_topic_ttl_variable_which_is_then_not_read(procs, livepush_env,
+                                                                                        secret) -> None:
+    """`livepush token topic TOPIC --ttl S` stands in for LIVEPUSH_SIGNED_TOPIC_TTL, as a flag does for
+    its variable: a stale, bad value left in the variable does not refuse the command."""
+    child = procs.livepush("token", "topic", "job:42", "--ttl", "60", env=livepush_env(signed_topic_ttl="bad"))
+    assert child.wait(20) == 0, child.output()
+    assert topics.verify(child.stdout().strip(), [secret]) == "job:42"
+
+
 def test_token_session_prints_a_session_token_for_the_subject(procs, livepush_env, secret) -> None:
     """`livepush token session SUBJECT` prints a token whose subject is SUBJECT."""
     child = procs.livepush("token", "session", "user-7", "--ttl", "100", env=livepush_env())

@@ -8,7 +8,7 @@ import errno
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from .. import config
 from ..errors import ConfigError, DependencyError, InvalidTopic, LivepushError, SchemaError
@@ -60,12 +60,14 @@ _FLAG_VARIABLES = {"host": "LIVEPUSH_HOST", "port": "LIVEPUSH_PORT", "fanout": "
                    "authenticate": "LIVEPUSH_AUTHENTICATE", "drain_seconds": "LIVEPUSH_DRAIN_SECONDS"}
 
 
-def _settings(args: argparse.Namespace) -> config.Settings:
+def _settings(args: argparse.Namespace, *, replaced: Collection[str] = ()) -> config.Settings:
+    """The settings, with the flags of `serve` applied; `replaced` names further variables a flag
+    given on this command line stands in for."""
     overrides = {name: getattr(args, name, None) for name in _FLAG_VARIABLES}
     # A flag overrides its variable (docs/reference.md#2-configuration): a variable the flag
     # replaces is not read at all, so a stale bad value there does not refuse `--port 9000`.
-    environ = {k: v for k, v in os.environ.items()
-               if k not in {_FLAG_VARIABLES[name] for name, value in overrides.items() if value is not None}}
+    unread = {_FLAG_VARIABLES[name] for name, value in overrides.items() if value is not None} | set(replaced)
+    environ = {k: v for k, v in os.environ.items() if k not in unread}
     settings = config.Settings.from_env(environ).replace(**overrides)
     config.set_settings(settings)
     return settings
@@ -170,7 +172,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    # A topic's --ttl is the LIVEPUSH_SIGNED_TOPIC_TTL it would otherwise sign for.
+    signs_for = args.kind == "topic" and args.ttl is not None
+    settings = _settings(args, replaced=("LIVEPUSH_SIGNED_TOPIC_TTL",) if signs_for else ())
     settings.require_secret()
     if args.kind == "session":
         from .. import sessions
