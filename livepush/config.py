@@ -32,6 +32,8 @@ MAX_HISTORY_TTL = 366 * 86400.0
 MIN_HISTORY_TTL = 1.0
 MIN_SIGNED_TOPIC_TTL = 1.0
 _ORIGIN_SCHEMES = ("http", "https")
+# How the secret errors say to make one: `python3`, which Debian and Ubuntu have, not `python`.
+MAKE_SECRET = "python3 -c 'import secrets; print(secrets.token_urlsafe(48))'"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +72,7 @@ class Settings:
         if not self.secret:
             raise ConfigError(
                 "LIVEPUSH_SECRET is not set: set it to a random string of at least "
-                f"{MIN_SECRET_LENGTH} characters (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(48))'`)"
+                f"{MIN_SECRET_LENGTH} characters (e.g. `{MAKE_SECRET}`)"
             )
         return self.secret
 
@@ -189,7 +191,7 @@ class Settings:
                 # A rotation moves it into the fallbacks, which are split at commas.
                 raise ConfigError("LIVEPUSH_SECRET has a comma, so it could not be moved into "
                                   "LIVEPUSH_SECRET_FALLBACKS (comma-separated) when you rotate it: generate one "
-                                  "without, e.g. `python -c 'import secrets; print(secrets.token_urlsafe(48))'`")
+                                  f"without, e.g. `{MAKE_SECRET}`")
         for i, fallback in enumerate(self.secret_fallbacks):
             _check_secret(f"LIVEPUSH_SECRET_FALLBACKS entry {i + 1}", fallback)
         if self.allowed_origins == ():
@@ -240,11 +242,12 @@ def read_number(text: str, kind: type[int] | type[float]) -> Any:
 
 def _check_secret(name: str, value: str) -> None:
     if len(value) < MIN_SECRET_LENGTH:
-        raise ConfigError(f"{name} is {len(value)} characters long: use at least {MIN_SECRET_LENGTH} random characters")
+        raise ConfigError(f"{name} is {len(value)} characters long: use at least {MIN_SECRET_LENGTH} random "
+                          f"characters, e.g. `{MAKE_SECRET}`")
     if len(set(value)) < MIN_SECRET_DISTINCT:
         raise ConfigError(
             f"{name} has only {len(set(value))} distinct characters, which is not a random secret: generate one, e.g. "
-            "`python -c 'import secrets; print(secrets.token_urlsafe(48))'`"
+            f"`{MAKE_SECRET}`"
         )
 
 

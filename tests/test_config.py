@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from livepush import ConfigError
@@ -99,3 +104,24 @@ def test_a_ttl_under_a_second_is_refused(name: str, text: str) -> None:
         Settings.from_env({name: text})
     assert "e.g." in str(raised.value)
     assert Settings.from_env({name: "1"}) is not None
+
+
+@pytest.mark.parametrize("environ", [
+    {},  # serve or token with no secret at all
+    {"LIVEPUSH_SECRET": "short"},
+    {"LIVEPUSH_SECRET": "a" * 40},  # long, but not random
+    {"LIVEPUSH_SECRET": "abcdefghijklmnopqrstuvwxyz,0123456789"},  # a comma
+])
+def test_the_command_a_secret_error_gives_makes_a_secret_on_a_machine_whose_python_is_python3(
+        environ: dict[str, str], tmp_path: Path) -> None:
+    """The command a secret's error line gives runs as written where the only Python is `python3`
+    (Debian and Ubuntu name no `python`), and prints a secret the settings take."""
+    (tmp_path / "python3").symlink_to(sys.executable)
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env(environ).require_secret()
+    command = re.search(r"`([^`]*secrets[^`]*)`", str(raised.value))
+    assert command, raised.value
+    made = subprocess.run(["/bin/sh", "-c", command.group(1)], capture_output=True, text=True, timeout=30,
+                          env={"PATH": str(tmp_path)})
+    assert made.returncode == 0, (command.group(1), made.stderr)
+    assert Settings.from_env({"LIVEPUSH_SECRET": made.stdout.strip()}).secret == made.stdout.strip()
