@@ -74,6 +74,9 @@ def test_token_session_prints_a_session_token_for_the_subject(procs, livepush_en
         # Infinity is "0 or more": the line must say what is wrong with it.
         (["jobs", "tests.jobs.sample_jobs", "--shutdown-timeout", "inf"], "--shutdown-timeout inf: use a finite"),
         (["jobs", "tests.jobs.sample_jobs", "--retention", "nan"], "--retention nan"),
+        # 0 keeps finished jobs: the range the line gives must not leave it out, and writes the
+        # upper bound as --help does.
+        (["jobs", "tests.jobs.sample_jobs", "--retention", "-1"], "from 0.001 to 3162240000 (100 years), or 0"),
     ],
 )
 def test_bad_operator_input_exits_2_with_one_line(procs, livepush_env, argv, needle) -> None:

@@ -173,17 +173,23 @@ MAX_CONCURRENCY = 100_000
 MAX_RETENTION = 100 * 366 * 86400.0
 
 
-def check_seconds(option: str, value: float, *, least: float, most: float | None = None) -> None:
-    """A number of seconds from `least` to `most`: a ConfigError naming the option otherwise."""
+def check_seconds(option: str, value: float, *, least: float, most: float | None = None, also: str = "") -> None:
+    """A number of seconds from `least` to `most`: a ConfigError naming the option otherwise, with
+    `also` (another value the option takes) after the range."""
     try:
         finite = isinstance(value, (int, float)) and math.isfinite(value)
     except OverflowError:  # an int no float holds (10**400): out of range like any other
         finite = False
     if isinstance(value, bool) or not finite or value < least or (most is not None and value > most):
-        bound = f"from {least:g} to {most:g}" if most is not None else f"{least:g} or more"
+        bound = f"from {least:g} to {_whole(most)}" if most is not None else f"{least:g} or more"
         # "finite" only where no upper bound says it: infinity is "0 or more", and NaN is no number.
         kind = "a finite number" if most is None else "a number"
-        raise ConfigError(f"{option} {value!r:.40}: use {kind} of seconds {bound}")
+        raise ConfigError(f"{option} {value!r:.40}: use {kind} of seconds {bound}{also}")
+
+
+def _whole(seconds: float) -> str:
+    """`seconds` as --help writes a bound: 3162240000, not 3.16224e+09."""
+    return f"{seconds:.0f}" if seconds == int(seconds) else f"{seconds:g}"
 
 
 class Runtime:
@@ -224,7 +230,9 @@ class Runtime:
         check_seconds("--poll-interval", poll_interval, least=0.01, most=MAX_HEARTBEAT)
         check_seconds("--shutdown-timeout", shutdown_timeout, least=0.0)
         if retention is not None:
-            check_seconds("--retention", retention, least=0.001, most=MAX_RETENTION)
+            # 0 on the command line (None here) keeps them: the line names it beside the range.
+            check_seconds("--retention", retention, least=0.001, most=MAX_RETENTION,
+                          also=" (100 years), or 0 to keep finished jobs and groups")
         # The names enqueue() accepts: a runtime serving another could never claim a job, and one
         # Postgres cannot store fails at registration with the driver's error.
         self.queues = ([check_queue(q, "--queues") for q in queues] if queues
