@@ -100,6 +100,93 @@ def test_the_settings_tables_name_every_setting_livepush_reads_and_no_other() ->
                                f"read, not documented: {sorted(read - reference)}")
 
 
+def _table_rows(text: str) -> dict[str, list[str]]:
+    """The cells of each settings-table row of `text`, by each variable the row's first cell names."""
+    rows = {}
+    for row in re.findall(r"^\| (`LIVEPUSH_.*)\|\s*$", text, re.M):
+        cells = [cell.strip() for cell in row.split("|")]
+        for name in re.findall(r"`(LIVEPUSH_[A-Z_]+)`", cells[0]):
+            rows[name] = cells
+    return rows
+
+
+def _code_defaults() -> dict[str, list[str]]:
+    """What the code does for each variable left unset, as the tables' default column words it: a
+    backticked value, `none` (nothing set), or the phrase that says what happens instead."""
+    from livepush.cli.workers import worker_count
+    from livepush.config import Settings
+    from livepush.redis.client import deployment_prefix
+
+    unset = Settings.from_env({})
+    with_database = Settings.from_env({"LIVEPUSH_DATABASE_URL": "postgresql://app@db.example/app"})
+
+    def word(value: Any) -> str:
+        if value is None or value == ():
+            return "none"
+        if isinstance(value, bool):
+            return "`on`" if value else "`off`"
+        return f"`{value:g}`" if isinstance(value, float) else f"`{value}`"
+
+    db = 3  # the default prefix follows the URL's database number
+    return {
+        "LIVEPUSH_DATABASE_URL": [word(unset.database_url)],
+        "LIVEPUSH_REDIS_URL": [word(unset.redis_url)],
+        "LIVEPUSH_FANOUT": [word(unset.fanout), word(with_database.fanout)],
+        "LIVEPUSH_SECRET": [word(unset.secret)],
+        "LIVEPUSH_SECRET_FALLBACKS": [word(unset.secret_fallbacks)],
+        "LIVEPUSH_AUTHENTICATE": [word(unset.authenticate)],
+        "LIVEPUSH_ALLOWED_ORIGINS": ["same-origin only" if unset.allowed_origins is None else word(unset.allowed_origins)],
+        "LIVEPUSH_HOST": [word(unset.host)],
+        "LIVEPUSH_PORT": [word(unset.port)],
+        "LIVEPUSH_HISTORY_TTL": [word(unset.history_ttl)],
+        "LIVEPUSH_ENV": [word(unset.env)],
+        "LIVEPUSH_REDIS_PREFIX": [word(deployment_prefix(f"redis://h/{db}", unset.redis_prefix)
+                                       .replace(str(db), "<db number>"))],
+        "LIVEPUSH_MAX_CONNECTIONS": [word(unset.max_connections)],
+        "LIVEPUSH_SIGNED_TOPIC_TTL": [word(unset.signed_topic_ttl)],
+        "LIVEPUSH_QUERY_TOKENS": [word(unset.query_tokens)],
+        "LIVEPUSH_WORKERS": [word(worker_count(None, {}))],
+        "LIVEPUSH_DRAIN_SECONDS": [word(unset.drain_seconds)],
+        "LIVEPUSH_LISTEN_DATABASE_URL": ["`LIVEPUSH_DATABASE_URL`" if with_database.listen_url == with_database.database_url
+                                         else "a URL of its own"],
+        "LIVEPUSH_PREPARED_STATEMENTS": [word(unset.prepared_statements)],
+    }
+
+
+@pytest.mark.parametrize("page,heading", [("README.md", "Configuration"), ("docs/reference.md", "2. Configuration")])
+def test_the_settings_tables_give_the_defaults_the_code_has(page: str, heading: str) -> None:
+    """Each variable's default in the table is what the code does when it is unset."""
+    rows = _table_rows(section(page, heading))
+    defaults = _code_defaults()
+    assert set(rows) == set(defaults), set(rows) ^ set(defaults)
+    wrong = []
+    for name, words in defaults.items():
+        cell = rows[name][-1]
+        for w in words:
+            if not (cell.startswith(w) if w == "none" else w in cell):
+                wrong.append(f"{name}: the code's default is {w}, the table says {cell!r}")
+    assert not wrong, wrong
+
+
+def test_the_reference_gives_each_settings_bounds_as_the_code_checks_them() -> None:
+    """Where the code refuses a value outside a range, reference §2 states that range."""
+    from livepush import config
+    from livepush.cli.workers import MAX_WORKERS
+    from livepush.redis.client import PREFIX_MAX
+
+    bounds = {
+        "LIVEPUSH_SECRET": f"at least {config.MIN_SECRET_LENGTH} characters",
+        "LIVEPUSH_HISTORY_TTL": f"from {config.MIN_HISTORY_TTL:g} to a year: {config.MAX_HISTORY_TTL:.0f}",
+        "LIVEPUSH_SIGNED_TOPIC_TTL": f"({config.MIN_SIGNED_TOPIC_TTL:g} or more)",
+        "LIVEPUSH_WORKERS": f"from 1 to {MAX_WORKERS}",
+        "LIVEPUSH_DRAIN_SECONDS": f"from 0 to {config.MAX_DRAIN_SECONDS:g}",
+        "LIVEPUSH_REDIS_PREFIX": f"1 to {PREFIX_MAX} printable characters",
+    }
+    rows = _table_rows(section("docs/reference.md", "2. Configuration"))
+    missing = [f"{name}: {bound!r}" for name, bound in bounds.items() if bound not in " ".join(rows[name])]
+    assert not missing, missing
+
+
 def _parsers() -> dict[str, Any]:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
