@@ -257,6 +257,36 @@ def test_every_livepush_name_the_docs_use_exists() -> None:
     assert not missing, sorted(missing)
 
 
+def test_each_error_the_docs_give_a_base_class_is_one() -> None:
+    """Where the docs write "`SomeError` (a `ValueError`...)", SomeError is a subclass of it: code
+    that catches the base, as the docs say it may, catches the error."""
+    import builtins
+
+    import livepush.contrib.starlette
+    from livepush.jobs import errors as job_errors
+    from starlette.exceptions import HTTPException
+
+    homes = (livepush, livepush.errors, jobs, job_errors, livepush.contrib.starlette, builtins)
+
+    def resolve(name: str) -> Any:
+        short = name.rsplit(".", 1)[-1]
+        if short == "HTTPException":
+            return HTTPException
+        return next((getattr(home, short) for home in homes if hasattr(home, short)), None)
+
+    said = re.compile(r"`((?:livepush\.)?(?:jobs\.)?[A-Z]\w+)`\s+\((?:an?\s+)?`([A-Z]\w+)`(?:,\s+`([A-Z]\w+)`)?")
+    wrong, checked = [], 0
+    for page in PAGES:
+        for claim in said.finditer(page.read_text()):
+            error, *bases = claim.groups()
+            for base in filter(None, bases):
+                checked += 1
+                cls, base_cls = resolve(error), resolve(base)
+                if not (isinstance(cls, type) and isinstance(base_cls, type) and issubclass(cls, base_cls)):
+                    wrong.append(f"{page.relative_to(ROOT)}: {error} is said to be a {base}")
+    assert checked > 10 and not wrong, wrong
+
+
 def test_every_test_the_docs_cite_exists() -> None:
     """A test function or file the docs name as the proof of a claim is in tests/."""
     sources = "\n".join(p.read_text() for p in (ROOT / "tests").rglob("*.py"))
