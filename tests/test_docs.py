@@ -257,6 +257,15 @@ def test_every_livepush_name_the_docs_use_exists() -> None:
     assert not missing, sorted(missing)
 
 
+def test_the_reference_names_everything_livepush_and_livepush_jobs_export() -> None:
+    """Each name in `livepush.__all__` and `livepush.jobs.__all__` is in reference.md: the public API
+    has nothing the reference leaves out."""
+    reference = (ROOT / "docs" / "reference.md").read_text()
+    missing = [f"{module.__name__}.{name}" for module in (livepush, jobs) for name in module.__all__
+               if not re.search(rf"\b{name}\b", reference)]
+    assert not missing, missing
+
+
 def test_each_error_the_docs_give_a_base_class_is_one() -> None:
     """Where the docs write "`SomeError` (a `ValueError`...)", SomeError is a subclass of it: code
     that catches the base, as the docs say it may, catches the error."""
