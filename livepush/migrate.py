@@ -101,8 +101,8 @@ _APPLIED = "SELECT version, name, checksum FROM livepush_schema ORDER BY version
 def _foreign(url: str, what: str) -> SchemaError:
     return SchemaError(
         f"the database at {redact(url)} has a livepush schema this version cannot use ({what}): a schema from "
-        "before 1.0 is not migrated in place; use a new database (or drop livepush's tables) and run "
-        "`livepush migrate`")
+        "before 1.0 is not migrated in place; use a new database, or drop livepush's tables and functions "
+        "(livepush_*), and run `livepush migrate`")
 
 
 def _check_lineage(url: str, applied: list[tuple[int, str, str]]) -> None:

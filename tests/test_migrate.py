@@ -3,6 +3,8 @@ rewritten in place, so a database made by an earlier build is refused, not half-
 
 from __future__ import annotations
 
+import re
+
 import psycopg
 import pytest
 
@@ -25,6 +27,35 @@ def test_a_migration_recorded_from_another_file_is_refused(pg_url: str) -> None:
     for call in (migrate.migrate, migrate.check_schema):
         with pytest.raises(SchemaError, match="0003_jobs differs .* not migrated in place; use a new database"):
             call(pg_url)
+
+
+# What "drop livepush's ..." may name, and how a reader drops each kind of object named livepush_*.
+_DROPS = {
+    "tables": "SELECT format('DROP TABLE IF EXISTS %I CASCADE', tablename) FROM pg_tables "
+              "WHERE schemaname = current_schema() AND tablename LIKE 'livepush\\_%'",
+    "functions": "SELECT format('DROP FUNCTION IF EXISTS %s CASCADE', p.oid::regprocedure) FROM pg_proc p "
+                 "JOIN pg_namespace n ON n.oid = p.pronamespace "
+                 "WHERE n.nspname = current_schema() AND p.proname LIKE 'livepush\\_%'",
+}
+
+
+def test_dropping_what_the_refusal_names_lets_migrate_start_afresh(pg_url: str) -> None:
+    """Doing what the refusal of an earlier build's schema says (drop the kinds of livepush_* objects
+    it names) leaves a database `livepush migrate` migrates from scratch."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE livepush_schema SET checksum = 'from an earlier build' WHERE version = 3")
+    with pytest.raises(SchemaError) as refused:
+        migrate.migrate(pg_url)
+    said = re.search(r"drop livepush's (.+?) \(livepush_\*\)", str(refused.value))
+    assert said, refused.value
+    kinds = re.split(r", | and ", said.group(1))
+    assert set(kinds) <= set(_DROPS), kinds
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for kind in kinds:
+            for (statement,) in conn.execute(_DROPS[kind]).fetchall():
+                conn.execute(statement)
+    assert [m.version for m in migrate.migrate(pg_url)] == [m.version for m in migrate.bundled()]
+    migrate.check_schema(pg_url)
 
 
 def test_migrations_recorded_without_checksums_are_refused(pg_url: str) -> None:
