@@ -384,3 +384,31 @@ def test_a_flag_overrides_its_variable_even_when_the_variable_is_bad(monkeypatch
     settings = _settings(args)
     assert (settings.host, settings.port, settings.fanout, settings.authenticate, settings.drain_seconds) == (
         "127.0.0.2", 9000, "local", "off", 1.5)
+
+
+@pytest.mark.parametrize("argv,variable", [
+    (["serve"], "LIVEPUSH_PORT"),
+    (["demo"], "LIVEPUSH_PORT"),
+    (["demo"], "LIVEPUSH_HOST"),
+    (["jobs", "tests.jobs.sample_jobs", "--metrics-port", "0"], "LIVEPUSH_HOST"),
+], ids=["serve-port", "demo-port", "demo-host", "jobs-metrics-host"])
+def test_a_socket_that_cannot_listen_names_only_settings_its_command_takes(procs, livepush_env, pg_url: str,
+                                                                           argv: list[str], variable: str) -> None:
+    """A port in use, or a host that is no address of this machine, exits 2 with a line naming the
+    variable to change and no flag the command lacks: `livepush demo` has no --port, `jobs` no --host."""
+    import re
+    import socket
+
+    from livepush.cli.main import build_parser
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        setting = {"port": busy.getsockname()[1]} if variable == "LIVEPUSH_PORT" else {"host": "no-such-host.invalid"}
+        child = procs.livepush(*argv, env=livepush_env(database_url=pg_url, **setting), wait_healthy=False)
+        assert child.wait(60) == 2, child.output()
+    err = child.stderr()
+    assert "Traceback" not in err and variable in err, err
+    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    takes = {flag for action in sub.choices[argv[0]]._actions for flag in action.option_strings}
+    assert set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", err)) <= takes, err

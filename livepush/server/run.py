@@ -73,13 +73,18 @@ def host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+# The settings that choose where `serve` listens. A command without these flags (`demo`, and
+# `jobs` for its metrics) names the variables alone: a flag it lacks would be refused as usage.
+LISTEN_SETTINGS = ("LIVEPUSH_HOST (or --host)", "LIVEPUSH_PORT (or --port)")
+
+
 def listen_error(host: str, port: int, exc: OSError, *, what: str = "listen",
-                 port_setting: str = "LIVEPUSH_PORT (or --port)") -> ConfigError:
+                 port_setting: str = LISTEN_SETTINGS[1], host_setting: str = LISTEN_SETTINGS[0]) -> ConfigError:
     """The one line for a listening socket that cannot be made, naming what to change: the host
-    when it names no address of this machine (it does not resolve, or is another machine's),
-    else the port (`port_setting`: the setting that chose it)."""
+    (`host_setting`) when it names no address of this machine (it does not resolve, or is another
+    machine's), else the port (`port_setting`: the setting that chose it)."""
     if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
-        fix = ("set LIVEPUSH_HOST (or --host) to an address of this machine, e.g. 127.0.0.1, "
+        fix = (f"set {host_setting} to an address of this machine, e.g. 127.0.0.1, "
                "or 0.0.0.0 for every interface")
     elif exc.errno == errno.EACCES:
         fix = f"set {port_setting} to a port above 1023, or give the process the right to bind lower ones"
@@ -94,9 +99,11 @@ async def serve(
     sidecars: Sequence[Sidecar] = (),
     closers: Sequence[Callable[[], Awaitable[None]]] = (),
     ready: Callable[[PushServer], None] | None = None,
+    listen_settings: tuple[str, str] = LISTEN_SETTINGS,
 ) -> int:
     """Run until SIGTERM or SIGINT (or a sidecar ending); return the exit status. A sidecar that
-    failed re-raises its error once everything is closed."""
+    failed re-raises its error once everything is closed. `listen_settings` (host, port) are what
+    an error to listen names."""
     raise_fd_limit()
     stop, hurry = asyncio.Event(), asyncio.Event()
     install_stop_signals(stop, hurry)
@@ -106,7 +113,8 @@ async def serve(
         try:
             await server.start()
         except OSError as exc:
-            raise listen_error(settings.host, settings.port, exc) from None
+            raise listen_error(settings.host, settings.port, exc, host_setting=listen_settings[0],
+                               port_setting=listen_settings[1]) from None
         log.info("livepush serving on ws://%s (fan-out: %s)", host_port(settings.host, server.port),
                  server.fanout.name)
         if ready is not None:
