@@ -168,13 +168,15 @@ def test_the_settings_tables_give_the_defaults_the_code_has(page: str, heading: 
     assert not wrong, wrong
 
 
-def test_the_reference_gives_each_settings_bounds_as_the_code_checks_them() -> None:
-    """Where the code refuses a value outside a range, reference §2 states that range."""
+def test_the_reference_and_help_give_each_range_the_code_checks() -> None:
+    """Where the code refuses a setting outside a range, reference §2 states that range; where
+    `livepush jobs` refuses a flag outside one, reference §3 and --help state it."""
     from livepush import config
     from livepush.cli.workers import MAX_WORKERS
+    from livepush.jobs.runtime import runtime
     from livepush.redis.client import PREFIX_MAX
 
-    bounds = {
+    settings = {
         "LIVEPUSH_SECRET": f"at least {config.MIN_SECRET_LENGTH} characters",
         "LIVEPUSH_HISTORY_TTL": f"from {config.MIN_HISTORY_TTL:g} to a year: {config.MAX_HISTORY_TTL:.0f}",
         "LIVEPUSH_SIGNED_TOPIC_TTL": f"({config.MIN_SIGNED_TOPIC_TTL:g} or more)",
@@ -182,9 +184,24 @@ def test_the_reference_gives_each_settings_bounds_as_the_code_checks_them() -> N
         "LIVEPUSH_DRAIN_SECONDS": f"from 0 to {config.MAX_DRAIN_SECONDS:g}",
         "LIVEPUSH_REDIS_PREFIX": f"1 to {PREFIX_MAX} printable characters",
     }
+    flags = {
+        "--concurrency": f"from 1 to {runtime.MAX_CONCURRENCY}",
+        "--heartbeat": f"from {runtime.MIN_BEAT:g} to {runtime.MAX_HEARTBEAT:g}",
+        "--poll-interval": f"from {runtime.MIN_BEAT:g} to {runtime.MAX_HEARTBEAT:g}",
+        "--retention": f"at most {runtime.MAX_RETENTION:.0f}",
+    }
     rows = _table_rows(section("docs/reference.md", "2. Configuration"))
-    missing = [f"{name}: {bound!r}" for name, bound in bounds.items() if bound not in " ".join(rows[name])]
-    assert not missing, missing
+    wrong = [f"reference §2, {name}: not {said!r}" for name, said in settings.items() if said not in " ".join(rows[name])]
+    commands = " ".join(section("docs/reference.md", "3. Commands").split())
+    actions = {flag: a for a in _parsers()["jobs"]._actions for flag in a.option_strings}
+    for flag, said in flags.items():
+        # The flag's parenthesis: "`--heartbeat` seconds (default 10; from 0.01 to 86400)".
+        stated = re.search(rf"`{flag}`[^`(]*\([^)]*\)", commands)
+        if not stated or said not in stated.group(0):
+            wrong.append(f"reference §3, {flag}: not {said!r}")
+        if said not in " ".join((actions[flag].help or "").split()):
+            wrong.append(f"livepush jobs --help, {flag}: not {said!r}")
+    assert not wrong, wrong
 
 
 def _parsers() -> dict[str, Any]:

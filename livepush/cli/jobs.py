@@ -30,9 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shutdown-timeout", type=flags.seconds, metavar="S", default=30.0,
                         help="seconds the jobs in hand get to finish on SIGTERM before they are given back (default 30)")
     parser.add_argument("--heartbeat", type=flags.seconds, metavar="S", default=10.0,
-                        help="seconds between heartbeats; three missed beats and the runtime is dead (default 10)")
+                        help="seconds between heartbeats; three missed beats and the runtime is dead "
+                             "(default 10; from 0.01 to 86400)")
     parser.add_argument("--poll-interval", type=flags.seconds, metavar="S", default=1.0,
-                        help="seconds between polls when no notification arrives (default 1)")
+                        help="seconds between polls when no notification arrives (default 1; from 0.01 to 86400)")
     parser.add_argument("--retention", type=flags.seconds, metavar="S", default=7 * 24 * 3600.0,
                         help="seconds finished jobs and task groups are kept before they are deleted "
                              "(default 604800, 7 days; at most 3162240000, 100 years; 0 keeps them forever)")

@@ -162,7 +162,9 @@ def parse_ids(payload: str, channel: str) -> list[int]:
 
 
 
-# The longest heartbeat and poll interval: a day (sql/0003_jobs.sql holds the heartbeat to it too).
+# The shortest heartbeat and poll interval (less would spin), and the longest: a day
+# (sql/0003_jobs.sql holds the heartbeat to it too).
+MIN_BEAT = 0.01
 MAX_HEARTBEAT = 86400.0
 # The most jobs one runtime holds at once: its row in livepush_runtimes keeps it in an integer
 # column, and far more than one process can run anyway.
@@ -226,8 +228,8 @@ class Runtime:
             raise ConfigError(f"--concurrency {concurrency!r}: run from 1 to {MAX_CONCURRENCY} jobs at a time")
         # Every runtime reads every runtime's heartbeat (the rescue of dead ones), so a NaN or an
         # infinity there would break the rescue for all of them; a poll interval of nothing spins.
-        check_seconds("--heartbeat", heartbeat, least=0.01, most=MAX_HEARTBEAT)
-        check_seconds("--poll-interval", poll_interval, least=0.01, most=MAX_HEARTBEAT)
+        check_seconds("--heartbeat", heartbeat, least=MIN_BEAT, most=MAX_HEARTBEAT)
+        check_seconds("--poll-interval", poll_interval, least=MIN_BEAT, most=MAX_HEARTBEAT)
         check_seconds("--shutdown-timeout", shutdown_timeout, least=0.0)
         if retention is not None:
             # 0 on the command line (None here) keeps them: the line names it beside the range.
