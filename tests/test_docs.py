@@ -283,6 +283,26 @@ def test_the_reference_names_everything_livepush_and_livepush_jobs_export() -> N
     assert not missing, missing
 
 
+def test_every_keyword_of_the_public_functions_is_in_the_docs() -> None:
+    """Each optional argument of a function `livepush` or `livepush.jobs` exports is written
+    `name=` somewhere in the docs: a caller can learn of every argument the code takes."""
+    import inspect
+
+    text = "".join(page.read_text() for page in PAGES)
+    missing = []
+    for module in (livepush, jobs):
+        for name in module.__all__:
+            function = getattr(module, name)
+            if not inspect.isfunction(function):
+                continue
+            for parameter in inspect.signature(function).parameters.values():
+                if (parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+                        and parameter.default is not parameter.empty
+                        and not re.search(rf"\b{parameter.name}=", text)):
+                    missing.append(f"{module.__name__}.{name}({parameter.name}=)")
+    assert not missing, missing
+
+
 def test_each_error_the_docs_give_a_base_class_is_one() -> None:
     """Where the docs write "`SomeError` (a `ValueError`...)", SomeError is a subclass of it: code
     that catches the base, as the docs say it may, catches the error."""
