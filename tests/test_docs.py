@@ -230,6 +230,16 @@ def test_each_command_the_reference_describes_has_the_flags_it_gives_and_no_othe
     assert described == set(parsers), set(parsers) ^ described
 
 
+def test_the_protocol_page_gives_every_close_code_the_reference_does() -> None:
+    """protocol.md's "Limits and close codes" names each close code of reference §5's table, and no
+    other: a client author reading either page learns of the same closes."""
+    table = section("docs/reference.md", "Close codes")
+    reference = set(re.findall(r"^\| (\d{4}) \|", table, re.M))
+    protocol = set(re.findall(r"\*\*(\d{4})\*\*", section("docs/protocol.md", "Limits and close codes")))
+    assert reference and protocol == reference, f"protocol.md lacks {sorted(reference - protocol)}, " \
+                                                f"reference lacks {sorted(protocol - reference)}"
+
+
 def test_every_metric_the_reference_lists_is_served() -> None:
     """The metrics table of reference §9 names exactly the families /metrics serves."""
     table = section("docs/reference.md", "9. Operations")
