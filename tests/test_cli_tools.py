@@ -388,6 +388,14 @@ def test_a_flag_overrides_its_variable_even_when_the_variable_is_bad(monkeypatch
         "127.0.0.2", 9000, "local", "off", 1.5)
 
 
+def test_the_choice_flags_take_any_case_as_their_variables_do() -> None:
+    """LIVEPUSH_FANOUT=Redis is read as redis; `--fanout Redis` is too, not refused."""
+    from livepush.cli.main import build_parser
+
+    args = build_parser().parse_args(["serve", "--fanout", "Redis", "--authenticate", "OFF"])
+    assert (args.fanout, args.authenticate) == ("redis", "off")
+
+
 @pytest.mark.parametrize("argv,variable", [
     (["serve"], "LIVEPUSH_PORT"),
     (["demo"], "LIVEPUSH_PORT"),

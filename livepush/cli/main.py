@@ -234,9 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="address to listen on (LIVEPUSH_HOST; default 127.0.0.1)")
     p.add_argument("--port", type=flags.whole_number,
                    help="port to listen on (LIVEPUSH_PORT; default 8765; 0: any free one)")
-    p.add_argument("--fanout", choices=config.FANOUTS,
+    p.add_argument("--fanout", choices=config.FANOUTS, type=str.lower,
                    help="LIVEPUSH_FANOUT (default postgres with a database URL, else local)")
-    p.add_argument("--authenticate", choices=config.AUTH_MODES, help="LIVEPUSH_AUTHENTICATE (default optional)")
+    p.add_argument("--authenticate", choices=config.AUTH_MODES, type=str.lower, help="LIVEPUSH_AUTHENTICATE (default optional)")
     p.add_argument("--app", metavar="MODULE:ATTR", help="your livepush.App (topic rules, hooks)")
     p.add_argument("--with-jobs", metavar="MODULE", help="also run the job runtime for these job modules")
     _log_format(p)
