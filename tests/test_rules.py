@@ -412,6 +412,8 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     )
     (pkg / "broken.py").write_text("raise RuntimeError('boom at import')\n")
     (pkg / "needs_missing.py").write_text("import definitely_not_installed_xyz\n")
+    (pkg / "typo.py").write_text("import livepush\n\napp = livepush.App(rules=[livepush.Alow('a:*')])\n")
+    (pkg / "unparsable.py").write_text("import livepush\n\napp = livepush.App(rules=[\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield tmp_path
     for name in [m for m in sys.modules if m == "pushcfg" or m.startswith("pushcfg.")]:
@@ -436,12 +438,18 @@ def test_load_app_finds_the_object(project: Path) -> None:
         ("nopkg_xyz.push:app", "no module named 'nopkg_xyz'"),
         ("pushcfg.good:missing", "has no attribute 'missing'"),
         ("pushcfg.good:not_an_app", "is a dict, not a livepush.App"),
-        ("pushcfg.broken:app", "RuntimeError: boom at import"),
-        ("pushcfg.needs_missing:app", "importing 'pushcfg.needs_missing' failed"),
+        ("pushcfg.broken:app", r"\(pushcfg/broken.py:1\): RuntimeError: boom at import"),
+        ("pushcfg.needs_missing:app", r"importing 'pushcfg.needs_missing' failed \(pushcfg/needs_missing.py:1\)"),
+        # The user's own line, not livepush's or the import machinery's, as `livepush jobs` says it.
+        ("pushcfg.typo:app", r"\(pushcfg/typo.py:3\): AttributeError: .*'Alow'"),
+        ("pushcfg.unparsable:app", r"\(pushcfg/unparsable.py:3\): SyntaxError: "),
     ],
 )
-def test_load_app_errors_are_config_errors(project: Path, spec: str, message: str) -> None:
-    """Every way --app can be wrong is a ConfigError whose message says which."""
+def test_load_app_errors_are_config_errors(project: Path, spec: str, message: str,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every way --app can be wrong is a ConfigError whose message says which, and where in the
+    user's module an import failed."""
+    monkeypatch.chdir(project)  # where a user runs `serve --app` from: paths are named from here
     with pytest.raises(ConfigError, match=message):
         load_app(spec)
 

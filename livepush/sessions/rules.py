@@ -47,6 +47,7 @@ from typing import Any, TypeAlias
 from ..errors import ArgumentTypeError, ArgumentValueError, ConfigError
 from .tokens import Session
 from ..topics import RESERVED_PREFIX, TOPIC_RE
+from ..usercode import what_raised, where_raised
 
 log = logging.getLogger("livepush.rules")
 
@@ -399,9 +400,11 @@ def load_app(spec: str) -> App:
                 f"--app {spec!r}: no module named {exc.name!r} (searched from {cwd}): check the name "
                 "and run livepush from your project's directory"
             ) from None
-        raise ConfigError(f"--app {spec!r}: importing {module_name!r} failed: {exc}") from exc
+        raise ConfigError(f"--app {spec!r}: importing {module_name!r} failed ({where_raised(exc)}): "
+                          f"{what_raised(exc)}") from exc
     except Exception as exc:
-        raise ConfigError(f"--app {spec!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+        raise ConfigError(f"--app {spec!r}: importing {module_name!r} failed ({where_raised(exc)}): "
+                          f"{what_raised(exc)}") from exc
     obj: Any = module
     for name in attr_path.split("."):
         if not hasattr(obj, name):

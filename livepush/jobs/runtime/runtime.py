@@ -37,7 +37,6 @@ import re
 import signal
 import socket
 import time
-import traceback
 from collections.abc import Awaitable, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -53,6 +52,7 @@ from ...channels import ListenerSlot
 from ...postgres.listener import Listener
 from ...postgres.pools import AsyncPool, LoopPools
 from ...tasks import Backoff, reraise_if_cancelled, supervise
+from ...usercode import what_raised, where_raised
 from .. import database, queries
 from ..api.options import check_queue
 from ..api.registry import REGISTRY, Registry
@@ -112,19 +112,14 @@ def load_modules(modules: Iterable[str]) -> None:
                 raise _a_path(name) from None  # only when failed: `pkg.py` may be a module named py
             if not _names_the_module(exc, name):
                 # Found, but a dependency it imports is missing: its name is right, its line is the news.
-                raise ConfigError(f"job module {name!r} failed at import ({_user_line(exc)}): "
-                                  f"{type(exc).__name__}: {exc}") from exc
+                raise ConfigError(f"job module {name!r} failed at import ({where_raised(exc)}): "
+                                  f"{what_raised(exc)}") from exc
             raise ConfigError(f"cannot import job module {name!r} ({exc}): check the name and PYTHONPATH") from exc
         except ConfigError:
             raise
-        except SyntaxError as exc:
-            # Raised by the compiler, so no frame of the module is in its traceback: it names the line.
-            where = f"{os.path.relpath(exc.filename)}:{exc.lineno}" if exc.filename else _user_line(exc)
-            raise ConfigError(f"job module {name!r} failed at import ({where}): "
-                              f"{type(exc).__name__}: {exc.msg}") from exc
         except Exception as exc:  # noqa: BLE001 - whatever the module raises, said in one line
-            raise ConfigError(f"job module {name!r} failed at import ({_user_line(exc)}): "
-                              f"{type(exc).__name__}: {exc}") from exc
+            raise ConfigError(f"job module {name!r} failed at import ({where_raised(exc)}): "
+                              f"{what_raised(exc)}") from exc
 
 
 def _a_path(name: str) -> ConfigError:
@@ -138,17 +133,6 @@ def _names_the_module(exc: ImportError, name: str) -> bool:
     something the module imports."""
     missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
     return missing is not None and (name == missing or name.startswith(missing + "."))
-
-
-def _user_line(exc: BaseException) -> str:
-    """"file:line" of the innermost frame of `exc` outside livepush and the import machinery."""
-    ours = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    where = "unknown line"
-    for frame, line in traceback.walk_tb(exc.__traceback__):
-        path = frame.f_code.co_filename
-        if not path.startswith((ours + os.sep, "<frozen")):
-            where = f"{os.path.relpath(path) if not path.startswith('<') else path}:{line}"
-    return where
 
 
 def parse_ids(payload: str, channel: str) -> list[int]:

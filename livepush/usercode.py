@@ -1,0 +1,28 @@
+"""Where a user's own module failed at import, for the one line `serve --app` and `livepush jobs`
+print instead of a traceback."""
+
+from __future__ import annotations
+
+import os
+import traceback
+
+_OURS = os.path.dirname(os.path.abspath(__file__))
+
+
+def where_raised(exc: BaseException) -> str:
+    """"file:line" of the innermost frame of `exc` outside livepush and the import machinery; for
+    a SyntaxError, the line the compiler names (no frame of the module is in its traceback)."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{os.path.relpath(exc.filename)}:{exc.lineno}"
+    where = "unknown line"
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        path = frame.f_code.co_filename
+        if not path.startswith((_OURS + os.sep, "<frozen")):
+            where = f"{os.path.relpath(path) if not path.startswith('<') else path}:{line}"
+    return where
+
+
+def what_raised(exc: BaseException) -> str:
+    """The exception as one line: its type and message (a SyntaxError's message without the
+    location, which where_raised() gives)."""
+    return f"{type(exc).__name__}: {exc.msg if isinstance(exc, SyntaxError) else exc}"
