@@ -104,6 +104,25 @@ async def bad_result(ctx: Any, where: str) -> Any:
     return {"when": datetime.datetime.now()}
 
 
+@jobs.job(name="d.misused", max_attempts=1)
+async def misused(ctx: Any, how: str) -> Any:
+    """A durable call given what it does not take (the test chooses which)."""
+    if how == "children of an int":
+        return await ctx.run_children(5)
+    if how == "children of one request":
+        return await ctx.run_children(child.request(1))
+    if how == "a child that is a function":
+        return await ctx.run_child(child)
+    return await ctx.checkpoint("not callable", 5)
+
+
+@jobs.job(name="d.misused_sync", max_attempts=1)
+def misused_sync(ctx: Any, how: str) -> Any:
+    if how == "children of an int":
+        return ctx.run_children(5)
+    return ctx.checkpoint("not callable", 5)
+
+
 @jobs.job(name="d.twice", max_attempts=3)
 async def twice(ctx: Any) -> None:
     await ctx.checkpoint("same", body, ctx, "same")

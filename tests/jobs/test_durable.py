@@ -156,6 +156,26 @@ async def test_a_duplicate_checkpoint_name_fails_the_job(durable_db: str) -> Non
     assert failed.attempt == 1
 
 
+@pytest.mark.parametrize("job, how, says", [
+    (dj.misused, "children of an int", "ctx.run_children() takes a list of job requests (some_job.request(*args)), got int 5"),
+    (dj.misused, "children of one request", "for one child use ctx.run_child(request)"),
+    (dj.misused, "a child that is a function", "ctx.run_child() takes a job request (some_job.request(*args)), got"),
+    (dj.misused, "checkpoint", "ctx.checkpoint('not callable', fn, *args) takes a function to call, got int 5"),
+    (dj.misused_sync, "children of an int", "ctx.run_children() takes a list of job requests"),
+    (dj.misused_sync, "checkpoint", "ctx.checkpoint('not callable', fn, *args) takes a function to call, got int 5"),
+])
+async def test_a_durable_call_given_what_it_does_not_take_fails_naming_it(
+        durable_db: str, job: Any, how: str, says: str) -> None:
+    """run_children() of something that is not a list of requests, run_child() of a function, a
+    checkpoint of something that cannot be called: the job fails with ArgumentTypeError saying
+    what the call takes, not with Python's "'int' object is not iterable"."""
+    async with running():
+        h = await job.aenqueue(how)
+        failed = await wait_state(h.id, "failed")
+    assert (failed.error or "").startswith("ArgumentTypeError: "), failed.error
+    assert says in (failed.error or ""), failed.error
+
+
 # -- children --------------------------------------------------------------------------------------
 
 async def test_children_run_once_and_the_parent_gets_their_results(durable_db: str) -> None:

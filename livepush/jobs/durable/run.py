@@ -78,6 +78,38 @@ def check_name(name: Any, what: str) -> str:
     return name
 
 
+def check_callable(name: Any, fn: Any) -> None:
+    """Checked before the lookup, on every run: a replay would hide the mistake until the first run
+    that stores, where Python's own TypeError names neither the call nor the checkpoint."""
+    if not callable(fn):
+        raise ArgumentTypeError(f"ctx.checkpoint({name!r:.80}, fn, *args) takes a function to call, got "
+                                f"{type(fn).__name__} {fn!r:.60}")
+
+
+def children_asked(requests: Any) -> list[JobRequest]:
+    """The requests of a run_children() call as a list; ArgumentTypeError naming what was given
+    otherwise (iterated as it is, a number or a single request raised Python's bare "... is not
+    iterable")."""
+    if isinstance(requests, JobRequest):
+        raise ArgumentTypeError("ctx.run_children() takes a list of job requests: for one child use "
+                                "ctx.run_child(request), or pass [request]")
+    if isinstance(requests, (str, bytes)) or not isinstance(requests, Iterable):
+        raise ArgumentTypeError(f"ctx.run_children() takes a list of job requests (some_job.request(*args)), got "
+                                f"{type(requests).__name__} {requests!r:.60}")
+    asked = list(requests)
+    for r in asked:
+        if not isinstance(r, JobRequest):
+            raise ArgumentTypeError(f"ctx.run_children() takes job requests (some_job.request(*args)), got {r!r:.80}")
+    return asked
+
+
+def child_asked(request: Any) -> JobRequest:
+    if not isinstance(request, JobRequest):
+        raise ArgumentTypeError(f"ctx.run_child() takes a job request (some_job.request(*args)), got "
+                                f"{type(request).__name__} {request!r:.60}")
+    return request
+
+
 # A wait longer than this ends after any date Postgres and Python share.
 MAX_SECONDS = 100 * 366 * 24 * 3600.0
 
@@ -167,6 +199,7 @@ class DurableRun:
         return saved
 
     async def checkpoint(self, name: Any, fn: Callable[..., Any], *args: Any, input: Any = NO_INPUT) -> Any:
+        check_callable(name, fn)
         found, value, fingerprint = await self.lookup(name, input)
         if found:
             return value
@@ -238,10 +271,7 @@ class DurableRun:
 
     # -- children -------------------------------------------------------------------------------
     async def run_children(self, requests: Iterable[JobRequest]) -> list[Any]:
-        requests = list(requests)
-        for r in requests:
-            if not isinstance(r, JobRequest):
-                raise ArgumentTypeError(f"ctx.run_children() takes job requests (some_job.request(*args)), got {r!r:.80}")
+        requests = children_asked(requests)
         if requests:
             building.check_limit(len(requests))
 

@@ -145,7 +145,9 @@ class JobContext:
         """Run a child job (`some_job.request(*args)`, on this job's queue unless the request names
         one) and return its result. Parks this job until the child has finished; raises ChildFailed
         if it did not succeed."""
-        return (await self.durable.run_children([request]))[0]
+        from ..durable.run import child_asked
+
+        return (await self.durable.run_children([child_asked(request)]))[0]
 
     async def run_children(self, requests: Iterable[JobRequest]) -> list[Any]:
         """Run child jobs as a task group and return their results, in order. Parks this job until
@@ -259,6 +261,9 @@ class SyncJobContext:
 
     def checkpoint(self, name: str, fn: Callable[..., Any], *args: Any, input: Any = NO_INPUT) -> Any:
         """JobContext.checkpoint, blocking; `fn` runs in this thread (an async `fn` on the loop)."""
+        from ..durable.run import check_callable
+
+        check_callable(name, fn)
         durable = self._inner.durable
         found, value, fingerprint = self._call(durable.lookup(name, input))
         if found:
@@ -272,7 +277,9 @@ class SyncJobContext:
         return self._call(self._inner.run_child(request))
 
     def run_children(self, requests: Iterable[JobRequest]) -> list[Any]:
-        return self._call(self._inner.run_children(list(requests)))
+        from ..durable.run import children_asked
+
+        return self._call(self._inner.run_children(children_asked(requests)))
 
     def wait_for_signal(self, name: str, timeout: float | None = None) -> Any:
         return self._call(self._inner.wait_for_signal(name, timeout))
