@@ -618,6 +618,17 @@ async def test_list_runs_by_name_and_state_paged(flows_db: str) -> None:
     assert jobs.workflows.list("t_diamond")[0] == []
 
 
+async def test_a_list_cursor_past_either_end_of_the_ids(flows_db: str) -> None:
+    """Every run's id comes before a cursor past the largest id a run can have, so the page starts
+    at the newest run (it was empty); none comes before a cursor of 1 or less."""
+    handles = [wd.approval.start() for _ in range(2)]
+    for past in (2**63 - 1, 2**63, 2**80):
+        page, cursor = jobs.workflows.list("t_approval", before=past)
+        assert [r["id"] for r in page] == [handles[1].id, handles[0].id] and cursor is None, past
+    for before in (1, 0, -5, -(2**80)):
+        assert jobs.workflows.list("t_approval", before=before) == ([], None), before
+
+
 async def test_retention_removes_finished_runs_with_their_steps_and_audit(flows_db: str) -> None:
     """Pruning deletes a run finished longer ago than the retention time, with its steps and audit."""
     async with running():

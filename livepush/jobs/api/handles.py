@@ -72,3 +72,11 @@ def checked_id(value: object, what: str) -> int:
         hint = " (pass its .id)" if hasattr(value, "id") else ""
         raise ArgumentTypeError(f"{what} must be an int{hint}, got {type(value).__name__} {value!r:.60}")
     return value if 0 < value <= BIGINT_MAX else NO_SUCH_ID
+
+
+def checked_cursor(value: object, what: str) -> int:
+    """A page cursor (an id to page after or before): an int (TypeError naming `what` otherwise),
+    clamped to the bigint range. Not checked_id, which reads an out-of-range int as NO_SUCH_ID: a
+    cursor past the last id would then page from the first, or before it find nothing."""
+    checked_id(value, what)
+    return min(max(value, 0), BIGINT_MAX)  # type: ignore[call-overload]

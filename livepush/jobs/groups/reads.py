@@ -8,7 +8,7 @@ from psycopg.rows import dict_row
 
 from ...postgres.text import BIGINT_MAX
 from .. import database
-from ..api.handles import checked_id
+from ..api.handles import checked_cursor, checked_id
 from ..events.views import group_view, iso
 from . import queries as gq
 from ...errors import ArgumentValueError
@@ -39,14 +39,6 @@ def get_group(group_id: int) -> dict[str, Any] | None:
 MAX_PAGE = 100_000
 
 
-def _cursor(value: Any, what: str) -> int:
-    """A page cursor: an int (TypeError naming `what` otherwise), clamped to the bigint range.
-    Not checked_id, which reads an out-of-range int as 0: a cursor past the end would then
-    start over from the beginning."""
-    checked_id(value, what)
-    return min(max(value, 0), BIGINT_MAX)  # type: ignore[call-overload]
-
-
 def _check_limit(limit: Any) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ArgumentValueError(f"limit must be an int of at least 1, got {limit!r:.60}")
@@ -59,7 +51,7 @@ def group_members(group_id: int, after: int | None = None, limit: int = 100) -> 
     next page; it is None on the last page (even a full one)."""
     group_id = checked_id(group_id, "group_id")
     _check_limit(limit)
-    after = _cursor(after, "after") if after is not None else 0
+    after = checked_cursor(after, "after") if after is not None else 0
     if after >= BIGINT_MAX:
         return [], None  # no id comes after it
     rows = _read(gq.MEMBERS_PAGE, {"id": group_id, "after": after, "limit": limit})
@@ -75,7 +67,7 @@ def group_history(group_id: int, before: int | None = None, limit: int = 50) -> 
     """The group's events, newest first: (rows of {seq, event, data, at}, next_cursor)."""
     group_id = checked_id(group_id, "group_id")
     _check_limit(limit)
-    cursor = _cursor(before, "before") if before is not None else BIGINT_MAX
+    cursor = checked_cursor(before, "before") if before is not None else BIGINT_MAX
     if cursor <= 1:
         return [], None  # seqs start at 1: none comes before it
     rows = _read(gq.EVENTS_PAGE, {"id": group_id, "before": cursor, "limit": limit})

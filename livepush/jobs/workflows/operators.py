@@ -18,8 +18,8 @@ from .. import database
 from ..api.args import encode
 from ..api.control import acancel, cancel
 from ..groups.cancel import acancel_children, cancel_children
-from ..api.handles import NO_SUCH_ID, checked_id
-from ...postgres.text import unstorable
+from ..api.handles import NO_SUCH_ID, checked_cursor, checked_id
+from ...postgres.text import BIGINT_MAX, unstorable
 from ..durable.run import check_name
 from ..durable import queries as dq
 from ..errors import InvalidArgumentsError, WorkflowNotFound
@@ -256,7 +256,7 @@ def list_runs(name: str | None = None, state: str | None = None, *, before: int 
         name = _text(name, "name")
     if state is not None and state not in engine.RUN_STATES:
         raise ArgumentValueError(f"state= takes one of {engine.RUN_STATES} or None, got {state!r:.60}")
-    cursor = checked_id(before, "before") if before is not None else 2**63 - 1
+    cursor = checked_cursor(before, "before") if before is not None else BIGINT_MAX
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         cur.execute(wq.LIST_RUNS, {"name": name, "state": state, "before": cursor, "limit": limit})
         rows = cur.fetchall()
