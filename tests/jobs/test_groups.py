@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 from livepush import jobs
 from livepush.errors import DependencyError
-from livepush.jobs.groups import building
+from livepush.jobs.groups import building, steps
 from livepush.jobs.groups import queries as group_queries
 from livepush.jobs.runtime import maintenance
 from livepush.jobs.runtime.context import ClaimedJob, JobContext
@@ -20,7 +22,7 @@ from livepush.jobs.runtime.runtime import Runtime
 from tests.jobs import group_jobs as gj
 from tests.jobs.test_jobs_runtime import running as runtime_running
 from tests.jobs.conftest import events_of, group_events, q, read_states
-from tests.support.waiting import async_wait_for
+from tests.support.waiting import async_wait_for, wait_for
 
 
 @pytest.fixture
@@ -555,6 +557,44 @@ async def test_progress_is_coalesced_and_never_after_finished(groups_db: str) ->
     assert msgs[-1]["group"]["succeeded"] == 300
     evs, _ = jobs.group_history(g.handle.id, limit=1000)
     assert evs[0]["event"] == "finished" and evs[-1]["event"] == "created"
+
+
+def test_two_progress_recorders_at_once_record_the_counts_in_the_order_they_changed(groups_db: str) -> None:
+    """Two transactions record progress for one group at once (two runtimes' progress publishers,
+    or a publisher and jobs.cancel): one read the counts, then a member ended and the other went to
+    record it. The newer counts are never recorded before the older ones: group_history() shows the
+    counts in the order they changed."""
+    with jobs.group() as g:
+        for i in range(3):
+            g.enqueue(gj.member, i)
+    member = g.members[0].id
+    publisher = steps.progress_now([g.id])
+    with psycopg.connect(groups_db, autocommit=False) as conn, conn.cursor(row_factory=dict_row) as cur:
+        query = next(publisher)
+        while query.sql != group_queries.GROUP_VIEWS:  # the publisher's statements up to its read
+            cur.execute(query.sql, query.params)
+            query = publisher.send(cur.fetchall() if cur.description else [])
+        cur.execute(query.sql, query.params)
+        read = cur.fetchall()
+        assert read[0]["pending"] == 3
+        # A member ends now and its progress is recorded, in a transaction of its own.
+        cancel = threading.Thread(target=jobs.cancel, args=(member,), daemon=True)
+        cancel.start()
+        blocked = ("SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                   (conn.info.backend_pid,))
+        wait_for(lambda: not cancel.is_alive() or q(groups_db, *blocked)[0][0] > 0, 10,
+                 message="the cancel to end, or to wait for the publisher")
+        try:
+            query = publisher.send(read)
+            while True:  # the publisher records what it read, and commits
+                cur.execute(query.sql, query.params)
+                query = publisher.send(cur.fetchall() if cur.description else [])
+        except StopIteration:
+            conn.commit()
+        cancel.join(10)
+        assert not cancel.is_alive()
+    pending = [m["group"]["pending"] for m in group_messages(g.id)]
+    assert pending == [3, 3, 2], pending  # created, the publisher's progress, the cancel's
 
 
 async def test_a_progress_publisher_forgets_groups_that_finished_in_another_runtime(

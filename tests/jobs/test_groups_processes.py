@@ -103,7 +103,7 @@ def test_progress_a_dead_runtime_counted_is_shown_once_it_is_found_dead(
             g.enqueue(gj.member, i)
         g.enqueue(gj.member, "later", wait=3600)  # keeps the group unfinished, and quiet
     with psycopg.connect(groups_db) as holder:
-        # The publisher's flush locks the group row FOR SHARE first: it waits for this lock.
+        # The publisher's flush locks the group row first: it waits for this lock.
         holder.execute("SELECT 1 FROM livepush_groups WHERE id = %s FOR UPDATE", (g.handle.id,))
         victim = start_runtime("--concurrency", "4")
         wait_for(lambda: (jobs.get_group(g.handle.id) or {}).get("succeeded") == 3, 30.0,

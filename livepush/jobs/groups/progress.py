@@ -5,8 +5,8 @@ A member's outcome must not ring its group in the hot completion transaction for
 groups a committed transaction counted in (`mark()`), and this publisher, at most once per
 PROGRESS_INTERVAL per group, reads their counts, records a `progress` event for those that
 changed (for jobs.group_history()), and rings them. It reads after the marking commit, so it
-never misses the counts it was marked for. It locks the group rows FOR SHARE first (a finisher
-needs FOR UPDATE), so no `progress` is recorded after the group's `finished`.
+never misses the counts it was marked for. It locks the group rows first, so no `progress` is
+recorded after the group's `finished`, nor older counts after newer ones (queries.py says why).
 
 Owned by a Runtime: started in its open, closed in its close, which publishes what is still
 marked.
@@ -105,7 +105,7 @@ class ProgressPublisher:
                 await retry.wait()
 
     async def flush(self, force: bool = False) -> None:
-        """One transaction: lock the due marked groups FOR SHARE, read, record and ring what changed."""
+        """One transaction: lock the due marked groups, read, record and ring what changed."""
         now = time.monotonic()
         ids = sorted(g for g in self._marked if force or self._next_at.get(g, 0.0) <= now)
         if not ids:

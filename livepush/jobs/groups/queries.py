@@ -20,7 +20,8 @@ can wait on each other in a cycle):
   for ctx.group.enqueue), new job rows (invisible to others), ADD_PENDING (shards), then
   ADD_TOTAL (the group row, where the state and the member limit are checked);
 - seal and cancel lock the group row only (then read, never lock, the shards);
-- the progress publisher locks group rows FOR SHARE only.
+- a progress recorder (the progress publisher, an operator's cancel) locks group rows
+  FOR NO KEY UPDATE, sorted, and nothing after them but the runs RING_GROUPS touches.
 Nobody who holds a group row lock goes on to lock a shard, or a job row other than the parked
 parent a finishing group wakes (FINISH_GROUPS: woken, which says why that is safe).
 
@@ -433,12 +434,29 @@ WHERE g.id = ANY(%(ids)s::bigint[])
 ORDER BY g.id
 """
 
-# name: lock_groups_share
-# The progress publisher: FOR SHARE on the groups it is about to report, then (next
-# statement) their counts. A finisher needs FOR UPDATE, so it either commits before this
-# (and the publisher then sees finished_at and publishes nothing) or waits until the
-# publisher's progress event is committed: a `progress` never follows `finished`.
-LOCK_GROUPS_SHARE = "SELECT id FROM livepush_groups WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR SHARE"
+# name: lock_groups_for_progress
+# A progress recorder (progress_now): locks the groups it is about to report, then (next
+# statement) reads their counts. A finisher needs FOR UPDATE, so it either commits before this
+# (and the recorder then sees finished_at and records nothing) or waits until the recorder's
+# progress event is committed: a `progress` never follows `finished`. Two recorders of one group
+# take turns (FOR SHARE would let them overlap): the later one reads after the earlier one
+# committed, so events are recorded in the order of the counts they show, never older counts
+# after newer ones. NO KEY UPDATE, not UPDATE: inserts of members and events (foreign keys to the
+# group take FOR KEY SHARE) do not wait for it. A recorder whose process hangs (a paused
+# machine) while it holds the lock would hold up every other recorder and finisher of the group
+# until TCP keepalive gave up, hours later; so this statement also sets
+# idle_in_transaction_session_timeout for the transaction (set_config(..., true), once: an
+# uncorrelated subquery), and Postgres ends such a transaction after IDLE_TIMEOUT. Recorders run
+# only in livepush's own short transactions, never in a caller's. A live recorder is idle only
+# between two short statements; one held up past the timeout fails: the publisher tries again,
+# an operator's call (jobs.cancel, cancel_group) raises DependencyError.
+IDLE_TIMEOUT = "5s"
+LOCK_GROUPS_FOR_PROGRESS = f"""
+SELECT id FROM livepush_groups
+WHERE id = ANY(%(ids)s::bigint[])
+  AND (SELECT set_config('idle_in_transaction_session_timeout', '{IDLE_TIMEOUT}', true)) IS NOT NULL
+ORDER BY id FOR NO KEY UPDATE
+"""
 
 # name: record_events
 # Keeps each change rung on group:<id>, for group_history(); in the transaction that rings it.
@@ -573,7 +591,7 @@ SELECT rung.n + touched.n AS n FROM rung, touched
 # whose counts differ from what their last recorded event showed (events are recorded in the
 # transaction that rings them), i.e. changes no ring has shown. A dead runtime's progress
 # publisher may have held them, marked after its outcomes committed and not yet flushed; the
-# caller hands them to its own publisher, which locks FOR SHARE and reads them afresh before it
+# caller hands them to its own publisher, which locks them and reads them afresh before it
 # rings, as for any mark. A plain read: a group a live runtime is about to ring is rung twice,
 # which is harmless. Unfinished groups only (the scan `livepush status` makes too), at most `limit`.
 UNRUNG_GROUPS = """

@@ -105,13 +105,14 @@ def finish(ids: Sequence[int], *, locked: bool) -> Steps[list[Row]]:
 def progress_now(ids: Sequence[int], changed: Callable[[Row], bool] | None = None) -> Steps[list[Row]]:
     """Record and ring progress for `ids` now, for the unfinished groups that `changed` accepts
     (all of them without it: an operator call such as jobs.cancel, or the progress publisher's
-    flush); returns every group's view. Locks FOR SHARE, so no progress is recorded after
+    flush); returns every group's view. Locks the group rows (LOCK_GROUPS_FOR_PROGRESS says why),
+    so two recorders take turns and no progress is recorded after
     `finished`; the views are read in a new statement, whose snapshot sees every finisher that
     held the lock before."""
     ids = sorted(set(ids))
     if not ids:
         return []
-    yield Query(gq.LOCK_GROUPS_SHARE, {"ids": ids})
+    yield Query(gq.LOCK_GROUPS_FOR_PROGRESS, {"ids": ids})
     views = yield Query(gq.GROUP_VIEWS, {"ids": ids})
     live = [v for v in views if v["finished_at"] is None and (changed is None or changed(v))]
     yield from record(live, "progress")
