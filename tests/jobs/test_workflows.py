@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 
 from livepush import jobs
 from livepush.jobs.api.registry import REGISTRY
+from livepush.jobs.groups import building
 from livepush.jobs.workflows.definition import WORKFLOWS
 from tests.jobs import durable_jobs as dj
 from tests.jobs import workflow_defs as wd
@@ -569,6 +571,28 @@ async def test_batch_failures_pause_the_run_and_resume_reruns_only_the_failed_me
     assert done["steps"]["rows"]["output"] == {"total": 6, "succeeded": 6, "failed": 0, "cancelled": 0}
     members = q(flows_db, "SELECT count(*) FROM livepush_jobs WHERE name = 't.member'")
     assert members == [(8,)]  # 6, then the 2 that failed
+
+
+async def test_a_fan_out_batch_past_the_member_limit_fails_naming_its_step(
+        flows_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch takes at most jobs.MAX_GROUP_MEMBERS jobs: the job past it is refused as it is
+    enqueued (not after all of them were built and written), with GroupLimitError naming the step,
+    not a task group that was never created; nothing of the batch is written."""
+    monkeypatch.setattr(building, "MAX_GROUP_MEMBERS", 5)
+    async with running():
+        run = await wd.fan.astart({"n": 7})
+
+        async def refused() -> str | None:
+            got = await asyncio.to_thread(jobs.workflows.get, run.id)
+            job = got["steps"]["rows"]["job"] if got else None
+            info = await jobs.aget_job(job) if job is not None else None
+            return info.error if info is not None and info.error else None
+
+        error = await async_wait_for(refused, 15, message="the fan-out step's first attempt to fail")
+    assert error.startswith("GroupLimitError: the batch of fan-out step 'rows' takes at most 5 jobs"), error
+    assert not re.search(r"task group \d", error), error
+    assert q(flows_db, "SELECT count(*) FROM livepush_jobs WHERE name = 't.member'") == [(0,)]
+    assert q(flows_db, "SELECT count(*) FROM livepush_groups") == [(0,)]
 
 
 async def test_a_fan_out_skipped_on_its_failures_still_gives_its_counts_to_the_steps_after_it(flows_db: str) -> None:

@@ -23,8 +23,9 @@ from ...postgres.pools import aautocommitted
 from ..api.args import encode
 from ..api.handles import StateTopicHandle
 from ..api.registry import JobRequest, JobSpec
-from ..errors import InvalidArgumentsError, JobCancelled, Reattempt, SignalTimeout, WorkflowDefinitionError
-from ..groups import steps
+from ..errors import (GroupLimitError, InvalidArgumentsError, JobCancelled, Reattempt, SignalTimeout,
+                      WorkflowDefinitionError)
+from ..groups import building, steps
 from ..groups.transactions import ain_tx, in_tx
 from ..runtime.context import SyncJobContext
 from . import engine
@@ -102,10 +103,16 @@ class Batch:
     """What a fan-out step's function fills: `batch.enqueue(job, *args)`; each job runs on its own
     queue unless `job.request(..., queue=)` names another."""
 
-    def __init__(self) -> None:
+    def __init__(self, step: str) -> None:
+        self.step = step
         self.requests: list[JobRequest] = []
 
     def enqueue(self, fn: JobSpec | JobRequest, *args: Any) -> None:
+        # Refused as it comes (as add_many_to_group stops reading at the limit): past it the task
+        # group would refuse the whole batch, and only after it was built and written.
+        if len(self.requests) >= building.MAX_GROUP_MEMBERS:
+            raise GroupLimitError(f"the batch of fan-out step {self.step!r} takes at most {building.MAX_GROUP_MEMBERS} "
+                                  "jobs (a task group's limit): split the work over several steps or runs")
         if isinstance(fn, JobRequest):
             if args:
                 raise ArgumentTypeError("batch.enqueue(job.request(...)) takes no further arguments")
@@ -211,7 +218,7 @@ class Runner:
         async def make() -> list[JobRequest]:
             if earlier:
                 return [JobRequest(r["name"], tuple(r["args"]), r["queue"]) for r in earlier["failed"]]
-            batch = Batch()
+            batch = Batch(spec.name)
             await self._call(spec, sctx, ctx, batch)
             return batch.requests
 
