@@ -126,3 +126,18 @@ def spawner_sync_held(ctx: Any, key: str) -> None:
         except TimeoutError as exc:
             note_sync(ctx, "timeout", str(exc))
     note_sync(ctx, "done", key)
+
+
+TIMEOUTS: dict[str, Any] = {"a str": "soon", "negative": -1, "zero": 0, "nan": float("nan"), "inf": float("inf"),
+                            "a bool": True}
+
+
+@jobs.job(name="g.spawner_sync_timeout")
+def spawner_sync_timeout(ctx: Any, timeout: str) -> None:
+    """Adds a member with the timeout= the test names; notes the error it raised, if any."""
+    try:
+        ctx.group.enqueue(member_sync, "added", timeout=TIMEOUTS[timeout])
+    except Exception as exc:
+        note_sync(ctx, "refused", f"{type(exc).__name__}: {exc}")
+        return
+    note_sync(ctx, "done", "added")

@@ -381,6 +381,22 @@ def test_a_sync_add_past_its_timeout_is_called_off_not_committed_later(groups_db
     assert "did not commit within 0.3 s" in notes["timeout"] and "pass key=" in notes["timeout"]
 
 
+@pytest.mark.parametrize("timeout", sorted(gj.TIMEOUTS))
+def test_a_sync_add_with_a_timeout_that_is_not_a_number_of_seconds_is_refused_naming_it(
+        groups_db: str, timeout: str) -> None:
+    """ctx.group.enqueue(timeout=) takes a positive, finite number of seconds: anything else is
+    refused with ArgumentValueError naming timeout=, and adds nothing (it raised Python's own
+    TypeError from inside asyncio for a str, and a TimeoutError "did not commit within -1 s" for
+    a negative number)."""
+    with jobs.group() as g:
+        g.enqueue(gj.spawner_sync_timeout, timeout)
+    jobs.drain()
+    notes = dict(q(groups_db, "SELECT phase, key FROM job_runs"))
+    assert "done" not in notes, notes
+    assert notes["refused"].startswith("ArgumentValueError: ctx.group.enqueue(timeout=) takes"), notes
+    assert jobs.get_group(g.handle.id)["total"] == 1
+
+
 def test_members_add_members_sync_and_async(groups_db: str) -> None:
     """ctx.group.enqueue from running members (async and sync), also after the seal: the group
     waits for the added members and counts them."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -19,6 +20,7 @@ from ..events.views import GROUP_KEYS
 from . import queries as gq
 from . import steps
 from .building import add_steps, job_and_args
+from ...errors import ArgumentValueError
 
 
 class GroupContext:
@@ -98,6 +100,11 @@ class SyncGroupContext:
         """GroupContext.enqueue, blocking for up to `timeout` seconds. Past it the add is called
         off on the loop (its transaction rolls back) before TimeoutError is raised, so an add the
         caller gave up on does not commit later behind its back."""
+        if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                or not 0 < timeout < math.inf):  # NaN fails both comparisons
+            raise ArgumentValueError(f"ctx.group.enqueue(timeout=) takes a positive, finite number of seconds, "
+                                     f"got {timeout!r:.60}")
+
         async def bounded() -> JobHandle:
             try:
                 async with asyncio.timeout(timeout):
