@@ -1,9 +1,12 @@
 """Task groups across runtimes in child processes (`livepush jobs`): 2,000 members on 2
-runtimes, and kill -9 of a runtime in the middle of a group."""
+runtimes, kill -9 of a runtime in the middle of a group, and groups cancelled while runtimes
+finish, fail, retry and add their members and one of them is killed."""
 
 from __future__ import annotations
 
+import random
 import signal
+import threading
 from collections.abc import Callable, Iterator
 
 import psycopg
@@ -11,7 +14,7 @@ import pytest
 
 from livepush import jobs
 from tests.jobs import group_jobs as gj
-from tests.jobs.conftest import q, runtime_starter, version_gaps
+from tests.jobs.conftest import group_events, q, runtime_starter, version_gaps
 from tests.support.procs import ChildProcess, Processes
 from tests.support.waiting import wait_for
 
@@ -123,3 +126,86 @@ def test_progress_a_dead_runtime_counted_is_shown_once_it_is_found_dead(
 
     wait_for(lambda: (latest() or {}).get("succeeded") == 3, 10.0,
              message="the counted outcomes to be rung on group:<id>")
+
+
+def test_groups_cancelled_while_two_runtimes_work_and_one_is_killed_finish_once_in_order(
+        groups_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
+    """Forty groups of members that succeed, fail, retry and add members, on two runtimes; from
+    another thread, cancel_group and cancels of single members at random, and kill -9 of one
+    runtime midway. Every group finishes once, with counts that are its members' states, its
+    callbacks run exactly once each as its outcome says, and group:<id>'s history starts with
+    `created`, ends with the one `finished`, shows `cancelled` for every change after a cancel,
+    and never shows fewer members ended than an earlier event did."""
+    rnd = random.Random(7)
+    groups: list[int] = []
+    for n in range(40):
+        with jobs.group(on_finish=gj.callback.request(f"fin{n}"), on_success=gj.callback.request(f"ok{n}"),
+                        on_failure=gj.callback.request(f"bad{n}")) as g:
+            for i in range(rnd.randint(0, 150)):
+                r = rnd.random()
+                if r < 0.1:
+                    g.enqueue(gj.fail, f"{n}.{i}")
+                elif r < 0.2:
+                    g.enqueue(gj.flaky, 1, f"{n}.{i}")
+                elif r < 0.3:
+                    g.enqueue(gj.spawner, 2, f"{n}.{i}")
+                else:
+                    g.enqueue(gj.slow, rnd.random() * 0.1, f"{n}.{i}")
+        groups.append(g.id)
+    victim = start_runtime("--concurrency", "8")
+    start_runtime("--concurrency", "8")
+    stop = threading.Event()
+    errors: list[Exception] = []
+
+    def cancels() -> None:
+        r = random.Random(3)
+        while not stop.wait(r.random() * 0.3):
+            group_id = r.choice(groups)
+            try:
+                if r.random() < 0.5:
+                    jobs.cancel_group(group_id)
+                else:
+                    members, _ = jobs.group_members(group_id)
+                    if members:
+                        jobs.cancel(r.choice(members)["id"])
+            except Exception as exc:  # reported below, after the runtimes are done
+                errors.append(exc)
+
+    def runs() -> int:
+        return int(q(groups_db, "SELECT count(*) FROM job_runs")[0][0])
+
+    canceller = threading.Thread(target=cancels, daemon=True)
+    canceller.start()
+    try:
+        wait_for(lambda: runs() >= 400, 60.0, message="members to run on both runtimes")
+        victim.kill()
+        start_runtime("--concurrency", "8")
+        done = runs()
+        wait_for(lambda: runs() >= done + 400, 60.0, message="members to run after the kill")
+    finally:
+        stop.set()
+        canceller.join(30)
+    assert errors == []
+    wait_for(lambda: all((jobs.get_group(g) or {}).get("finished_at") for g in groups), 90.0, interval=0.3,
+             message="every group to finish")
+    wait_for(lambda: q(groups_db, "SELECT count(*) FROM livepush_jobs WHERE callback_of IS NOT NULL "
+                                  "AND state NOT IN ('succeeded', 'failed', 'cancelled')")[0][0] == 0, 30.0,
+             message="every callback to run")
+    ran = sorted(r[0] for r in gj.callback_runs(groups_db))
+    for n, group_id in enumerate(groups):
+        view = jobs.get_group(group_id)
+        assert view is not None
+        states = member_outcomes(groups_db, group_id)
+        assert (view["pending"], view["succeeded"], view["failed"], view["cancelled"], view["total"]) == (
+            0, states.get("succeeded", 0), states.get("failed", 0), states.get("cancelled", 0),
+            sum(states.values())), (view, states)
+        good = view["state"] == "finished" and view["failed"] == view["cancelled"] == 0
+        assert [t for t in ran if t in (f"fin{n}", f"ok{n}", f"bad{n}")] == sorted(
+            [f"fin{n}", f"ok{n}" if good else f"bad{n}"]), (view, ran)
+        messages = [e["data"] for e in group_events(group_id)]
+        names = [m["event"] for m in messages]
+        assert names[0] == "created" and names[-1] == "finished" and names.count("finished") == 1, names
+        if "cancelled" in names:
+            assert set(names[names.index("cancelled"):]) <= {"cancelled", "finished"}, names
+        ended = [m["group"]["succeeded"] + m["group"]["failed"] + m["group"]["cancelled"] for m in messages]
+        assert ended == sorted(ended), messages
