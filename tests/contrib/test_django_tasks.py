@@ -304,6 +304,22 @@ def test_backend_options_are_checked(t: Any) -> None:
         LivePushBackend("x", {"OPTIONS": {"MAX_ATTEMPTS": 0}})
 
 
+@pytest.mark.parametrize(("option", "value"), [
+    ("DATABASE", "nope"),                        # no such alias in DATABASES
+    ("DATABASE_URL", "mysql://app@db/app"),      # not a Postgres URL
+    ("DATABASE_URL", 5),                         # not a URL at all
+    ("ENQUEUE_ON_COMMIT", "no"),                 # a string is not a bool (and "no" would read as True)
+])
+def test_an_option_the_backend_cannot_use_is_refused_when_it_is_made_naming_it(t: Any, django_site: str,
+                                                                              option: str, value: Any) -> None:
+    """A DATABASE that is no Django database, a DATABASE_URL that is no Postgres URL or an
+    ENQUEUE_ON_COMMIT that is no bool: ImproperlyConfigured naming the option, when the backend is
+    made (Django's checks make it at start), never another error at each enqueue."""
+    with pytest.raises(ImproperlyConfigured, match=rf"TASKS\['x'\]\['OPTIONS'\]\['{option}'\]"):
+        LivePushBackend("x", {"QUEUES": ["default"], "OPTIONS": {option: value}})
+    assert database.configured_url() == django_site  # a refused URL changed nothing
+
+
 @pytest.mark.parametrize("queue", ["emails,sms", " emails", "emails ", ""])
 def test_queue_names_no_runtime_can_serve_are_refused(t: Any, queue: str) -> None:
     """A queue name `livepush jobs --queues` cannot name (a comma, a space at either end, empty)

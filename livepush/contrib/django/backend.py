@@ -27,6 +27,7 @@ from ... import jobs
 from ...errors import ConfigError
 from ...jobs import database as jobs_database
 from ...jobs.api.options import check_queue
+from ...postgres.urls import check_url
 from . import queries
 from .errors import TaskNotSupported, TransactionNotSupported
 from .execution import RUN_TASK, livepush_priority
@@ -79,14 +80,25 @@ class LivePushBackend(BaseTaskBackend):
                 check_queue(queue, f"TASKS[{alias!r}]['QUEUES']")
             except ConfigError as exc:
                 raise ImproperlyConfigured(str(exc)) from None
+        option = f"TASKS[{alias!r}]['OPTIONS']"
         url = self.options.get("DATABASE_URL")
+        _check_url(url, f"{option}['DATABASE_URL']")
         # The jobs' database of this process (else LIVEPUSH_DATABASE_URL). Django makes a backend
         # per thread, and under ASGI per request: configuring the same URL again would close the
         # pools the process is using and leave each loop's pool open, a connection per request.
         if url and url != jobs_database.configured_url():
             jobs.configure(url)
+        # Checked here, where Django's checks make the backend at start: an alias that is not in
+        # DATABASES otherwise failed every enqueue with Django's ConnectionDoesNotExist.
         self.database = self.options.get("DATABASE", "default")
-        self.enqueue_on_commit = bool(self.options.get("ENQUEUE_ON_COMMIT", True))
+        if not isinstance(self.database, str) or self.database not in connections.settings:
+            raise ImproperlyConfigured(f"{option}['DATABASE'] must name a database of DATABASES (the one whose "
+                                       f"transactions an enqueue joins), got {self.database!r:.60}; it has "
+                                       f"{sorted(connections.settings)}")
+        on_commit = self.options.get("ENQUEUE_ON_COMMIT", True)
+        if not isinstance(on_commit, bool):  # "no" would read as True
+            raise ImproperlyConfigured(f"{option}['ENQUEUE_ON_COMMIT'] must be True or False, got {on_commit!r:.60}")
+        self.enqueue_on_commit = on_commit
         attempts = self.options.get("MAX_ATTEMPTS", 1)
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
             raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS']['MAX_ATTEMPTS'] must be a whole number "
@@ -202,6 +214,20 @@ class LivePushBackend(BaseTaskBackend):
     async def aget_result(self, result_id: str) -> TaskResult:
         job_id = job_id_of(result_id)
         return result_of(await jobs.aget_job(job_id), result_id, self.alias)
+
+
+def _check_url(url: object, option: str) -> None:
+    """ImproperlyConfigured naming `option` (and no part of the URL: it may hold a password) unless
+    `url` is None or a Postgres URL."""
+    if url is None:
+        return
+    if not isinstance(url, str) or not url.strip():
+        raise ImproperlyConfigured(f"{option} must be a Postgres URL such as postgresql://user@localhost/app, "
+                                   f"or None for LIVEPUSH_DATABASE_URL's database; got a {type(url).__name__}")
+    try:
+        check_url(url, option)
+    except ConfigError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
 
 
 def _is_psycopg3() -> bool:
