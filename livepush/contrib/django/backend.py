@@ -19,9 +19,11 @@ import threading
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.utils import timezone
+from django.utils.module_loading import import_string
 
 from ... import jobs
 from ...errors import ConfigError
@@ -214,6 +216,20 @@ class LivePushBackend(BaseTaskBackend):
     async def aget_result(self, result_id: str) -> TaskResult:
         job_id = job_id_of(result_id)
         return result_of(await jobs.aget_job(job_id), result_id, self.alias)
+
+
+def livepush_backends() -> dict[str, dict[str, Any]]:
+    """The entries of TASKS whose backend is a LivePushBackend, by alias."""
+    found: dict[str, dict[str, Any]] = {}
+    for alias, params in (getattr(settings, "TASKS", None) or {}).items():
+        backend = params.get("BACKEND")
+        try:
+            kind = import_string(backend) if isinstance(backend, str) else backend
+        except ImportError:
+            continue  # another backend, not installed where the runtime runs: none of its tasks come here
+        if isinstance(kind, type) and issubclass(kind, LivePushBackend):
+            found[alias] = params
+    return found
 
 
 def _check_url(url: object, option: str) -> None:

@@ -6,8 +6,6 @@ registers the job that runs them.
 
 from __future__ import annotations
 
-from typing import Any
-
 import django
 from django.apps import apps
 
@@ -15,28 +13,11 @@ if not apps.ready:
     django.setup()
 
 # Only now: the job's module imports Django's models and signals, which need the apps loaded.
-from django.conf import settings
-from django.utils.module_loading import import_string
-
 from ...errors import ConfigError
 from ...jobs.api.registry import REGISTRY
-from .backend import LivePushBackend
+from .backend import livepush_backends
 from .tasks_api import task_backends
 from .execution import RUN_TASK, run_task
-
-
-def livepush_backends() -> dict[str, dict[str, Any]]:
-    """The entries of TASKS whose backend is a LivePushBackend, by alias."""
-    found: dict[str, dict[str, Any]] = {}
-    for alias, params in (getattr(settings, "TASKS", None) or {}).items():
-        backend = params.get("BACKEND")
-        try:
-            kind = import_string(backend) if isinstance(backend, str) else backend
-        except ImportError:
-            continue  # another backend, not installed where the runtime runs: none of its tasks come here
-        if isinstance(kind, type) and issubclass(kind, LivePushBackend):
-            found[alias] = params
-    return found
 
 
 def backend_queues() -> list[str]:

@@ -39,12 +39,9 @@ _REVOKED = "_livepush_session_revoked"  # set on a request whose session was rev
 def subject_of(user: Any) -> str:
     """The livepush subject of a Django user (what `Allow("user:{subject}")` rules compare);
     ImproperlyConfigured naming LIVEPUSH_SESSION_SUBJECT when that setting gives none."""
-    custom: Callable[[Any], object] | None = getattr(settings, "LIVEPUSH_SESSION_SUBJECT", None)
+    custom = _subject_setting()
     if custom is None:
         return str(user.pk)
-    if not callable(custom):
-        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT must be a function of the user that returns its "
-                                   f"subject (the function itself, not its name), got {custom!r:.60}")
     subject = custom(user)
     # Only a string or a whole number: str() of None would give every user it is returned for the
     # one subject "None", and so each other's sessions and topics.
@@ -55,6 +52,24 @@ def subject_of(user: Any) -> str:
         return check_subject(str(subject))
     except ValueError as exc:
         raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT returned a subject livepush refuses: {exc}") from None
+
+
+def _subject_setting() -> Callable[[Any], object] | None:
+    """LIVEPUSH_SESSION_SUBJECT: a function of the user, or None for str(user.pk)."""
+    custom = getattr(settings, "LIVEPUSH_SESSION_SUBJECT", None)
+    if custom is not None and not callable(custom):
+        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT must be a function of the user that returns its "
+                                   f"subject (the function itself, not its name), got {custom!r:.60}")
+    return custom
+
+
+def check_settings() -> None:
+    """What every signed-in request needs, checked when the middleware is made (a web server's
+    start): LIVEPUSH_SECRET (ConfigError), LIVEPUSH_SESSION_TTL and LIVEPUSH_SESSION_SUBJECT
+    (ImproperlyConfigured), each naming the setting."""
+    _ttl()
+    _subject_setting()
+    get_settings().require_secret()
 
 
 def _ttl() -> float:
@@ -106,6 +121,9 @@ class LivePushSessionMiddleware:
     """Keeps the `livepush_session` cookie in step with `request.user` (see the module docstring)."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        # Django makes its middleware when a server starts: a setting no signed-in request could
+        # use stops the start there, rather than failing every such request with a 500.
+        check_settings()
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:

@@ -1,0 +1,66 @@
+"""livepush's Django system checks: `manage.py check`, and so the start of runserver and migrate,
+report a setting livepush cannot use, naming it, instead of leaving it to fail requests.
+
+    livepush.E001   livepush's own settings (LIVEPUSH_SECRET, LIVEPUSH_FANOUT, URLs, ...)
+    livepush.E002   a LivePushBackend in TASKS that cannot be made (its QUEUES or OPTIONS)
+    livepush.E003   LIVEPUSH_SESSION_TTL or LIVEPUSH_SESSION_SUBJECT, when the session middleware is installed
+
+Nothing here connects to a database or Redis: checks run in every management command that asks
+for them, also where those are not reachable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.apps import AppConfig
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+
+from ...config import get_settings
+from ...errors import ConfigError
+
+MIDDLEWARE = ("livepush.contrib.django.LivePushSessionMiddleware",
+              "livepush.contrib.django.sessions.LivePushSessionMiddleware")
+
+
+def _livepush_settings() -> list[checks.CheckMessage]:
+    try:
+        get_settings().require_secret()  # signed topics and session tokens, in every web process
+    except ConfigError as exc:
+        return [checks.Error(str(exc), id="livepush.E001")]
+    return []
+
+
+def _backends() -> list[checks.CheckMessage]:
+    from .backend import livepush_backends
+    from .tasks_api import task_backends
+
+    found: list[checks.CheckMessage] = []
+    for alias in livepush_backends():
+        try:
+            task_backends[alias]  # noqa: B018 - made as Django makes it at the first enqueue
+        except (ImproperlyConfigured, ConfigError) as exc:
+            found.append(checks.Error(str(exc), id="livepush.E002"))
+    return found
+
+
+def _sessions() -> list[checks.CheckMessage]:
+    if not any(name in MIDDLEWARE for name in getattr(settings, "MIDDLEWARE", None) or ()):
+        return []
+    from .sessions import _subject_setting, _ttl
+
+    found: list[checks.CheckMessage] = []
+    for check in (_ttl, _subject_setting):
+        try:
+            check()
+        except ImproperlyConfigured as exc:
+            found.append(checks.Error(str(exc), id="livepush.E003"))
+    return found
+
+
+def check_livepush(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Every livepush check (registered by the app's ready())."""
+    return _livepush_settings() + _backends() + _sessions()

@@ -1,0 +1,105 @@
+"""livepush's Django system checks (docs/frameworks.md, Django): a setting livepush cannot use is
+reported by `manage.py check` (and so when runserver and migrate start) naming the setting, and a
+web server whose session middleware has no usable settings does not start; none of them is left
+to fail requests later."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.core.handlers.wsgi import WSGIHandler
+from django.test import override_settings
+
+from livepush import config
+from livepush.errors import ConfigError
+from tests.contrib.conftest import EXAMPLE
+
+pytestmark = pytest.mark.usefixtures("django_site")
+
+BACKEND = "livepush.contrib.django.LivePushBackend"
+
+
+@contextlib.contextmanager
+def without_secret() -> Iterator[None]:
+    """The test's settings, less LIVEPUSH_SECRET."""
+    before = config.get_settings()
+    config.set_settings(dataclasses.replace(before, secret=None))
+    try:
+        yield
+    finally:
+        config.set_settings(before)
+
+
+def livepush_messages() -> list[checks.CheckMessage]:
+    """What Django's checks say about livepush, as `manage.py check` runs them."""
+    return [m for m in checks.run_checks() if str(m.id).startswith("livepush.")]
+
+
+def test_a_working_configuration_has_nothing_to_report() -> None:
+    """The example site with a secret, a database and valid options: no livepush message."""
+    assert livepush_messages() == []
+
+
+def test_a_missing_secret_is_an_error_naming_it() -> None:
+    """No LIVEPUSH_SECRET in the web process (signed topics and session cookies need it): an
+    error that names it and says how to make one."""
+    with without_secret():
+        found = livepush_messages()
+    assert [m.id for m in found] == ["livepush.E001"]
+    assert found[0].level == checks.ERROR and "LIVEPUSH_SECRET" in found[0].msg
+
+
+@pytest.mark.parametrize(("options", "named"), [
+    ({"DATABASE": "nope"}, "['DATABASE']"),
+    ({"MAX_ATTEMPTS": 0}, "['MAX_ATTEMPTS']"),
+    ({"ENQUEUE_ON_COMIT": True}, "unknown keys"),
+])
+def test_a_backend_option_it_cannot_use_is_an_error_naming_it(options: dict[str, Any], named: str) -> None:
+    """A LivePushBackend in TASKS that cannot be made is reported as an error naming the option,
+    where Django would otherwise make it (and raise) at the first enqueue."""
+    with override_settings(TASKS={"default": {"BACKEND": BACKEND, "OPTIONS": options}}):
+        found = livepush_messages()
+    assert [m.id for m in found] == ["livepush.E002"]
+    assert "TASKS['default']['OPTIONS']" in found[0].msg and named in found[0].msg
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("LIVEPUSH_SESSION_TTL", "1 day"),
+    ("LIVEPUSH_SESSION_TTL", 0),
+    ("LIVEPUSH_SESSION_SUBJECT", "myapp.auth.subject_of"),
+])
+def test_a_session_setting_it_cannot_use_is_an_error_naming_it(name: str, value: Any) -> None:
+    """With LivePushSessionMiddleware installed, a session TTL or subject setting it cannot use is
+    reported naming the setting, and a web server does not start with it: Django makes the
+    middleware when the server starts (WSGIHandler()), which raises ImproperlyConfigured."""
+    with override_settings(**{name: value}):
+        found = livepush_messages()
+        with pytest.raises(ImproperlyConfigured, match=name):
+            WSGIHandler()
+    assert [m.id for m in found] == ["livepush.E003"] and name in found[0].msg
+
+
+def test_a_web_server_with_the_session_middleware_does_not_start_without_the_secret() -> None:
+    """Every signed-in request needs the secret: the server's start (WSGIHandler(), as gunicorn,
+    uwsgi and runserver make it) fails with ConfigError naming LIVEPUSH_SECRET, not each request."""
+    with without_secret(), pytest.raises(ConfigError, match="LIVEPUSH_SECRET"):
+        WSGIHandler()
+
+
+def test_manage_py_check_reports_a_missing_secret(django_site: str) -> None:
+    """The example site's `manage.py check` without LIVEPUSH_SECRET exits 1 naming it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIVEPUSH_")}
+    env.update(LIVEPUSH_DATABASE_URL=django_site, DJANGO_SETTINGS_MODULE="demo_site.settings")
+    out = subprocess.run([sys.executable, "manage.py", "check"], cwd=EXAMPLE, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "livepush.E001" in out.stderr and "LIVEPUSH_SECRET" in out.stderr, out.stderr
