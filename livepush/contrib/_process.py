@@ -36,8 +36,10 @@ async def aopen() -> None:
     """Check the settings and the schema, then open the running loop's pools and clients."""
     settings = get_settings()
     settings.require_secret()  # every session cookie and signed topic needs it
-    if settings.database_url:
-        await asyncio.to_thread(migrate.check_schema, settings.database_url, "this app's livepush")
+    # The jobs may be kept in another database (jobs.configure()): its schema is checked too.
+    urls = dict.fromkeys([settings.database_url, database.database_url() if _jobs_database() else None])
+    for url in filter(None, urls):
+        await asyncio.to_thread(migrate.check_schema, url, "this app's livepush")
     try:
         await api.default_fanout().aopen()
         store = sessions.default_store()

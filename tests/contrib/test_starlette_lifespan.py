@@ -24,6 +24,7 @@ import livepush
 from livepush import config
 from livepush.contrib.starlette import current_session, lifespan, with_livepush
 from livepush.errors import ConfigError, DependencyError, SchemaError
+from livepush.jobs import database
 from livepush.sessions import issue
 from examples.fastapi_app import tasks
 from tests.contrib.conftest import connections, cookie_header, forget_defaults, serving
@@ -137,6 +138,20 @@ async def test_bad_settings_stop_the_start_with_one_clear_error(app_env: dict[st
         conn.execute("DROP TABLE livepush_schema")
     with pytest.raises(SchemaError, match="livepush migrate"):
         await start_with(settings.replace(database_url=bare))
+    assert connections(pg_admin_url, bare) == 0
+
+
+async def test_a_jobs_database_that_was_never_migrated_stops_the_start(app_env: dict[str, str], pg_admin_url: str,
+                                                                       make_pg_url: Callable[[], str]) -> None:
+    """Jobs kept in another database (jobs.configure(url)) that was never migrated: the start
+    fails with SchemaError saying `livepush migrate`, as for LIVEPUSH_DATABASE_URL's, rather
+    than the app's first enqueue, and leaves nothing open there."""
+    bare = make_pg_url()
+    with psycopg.connect(bare, autocommit=True) as conn:
+        conn.execute("DROP TABLE livepush_schema")
+    database.configure(bare)
+    with pytest.raises(SchemaError, match="livepush migrate"):
+        await start_with(config.Settings.from_env(app_env))
     assert connections(pg_admin_url, bare) == 0
 
 
