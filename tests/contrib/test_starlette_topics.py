@@ -6,6 +6,7 @@ only what its template names: a path parameter never reaches into another namesp
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncIterator
 
@@ -17,7 +18,7 @@ from starlette.requests import Request
 import livepush
 from livepush import config, topics
 from livepush.contrib.starlette import PageTopic, SignedTopic, lifespan, page_topic
-from livepush.errors import InvalidTopic
+from livepush.errors import ArgumentValueError, InvalidTopic
 from tests.contrib.conftest import serving
 from tests.support.procs import Processes
 from tests.support.wsclient import WSClient
@@ -104,3 +105,27 @@ async def test_a_path_parameter_never_reaches_another_namespace(client: httpx.As
         answer = await client.get(f"/rooms/{room}")
         assert answer.status_code == 404, (room, answer.text)
         assert answer.json() == {"detail": "no such topic"}
+
+
+@pytest.mark.parametrize("template", ["chat:{room", "chat:{}", "chat:{0}", "chat:{room.upper}", "chat:{room[0]}",
+                                      "chat:{room!r}", "chat:{room:>9}", "chat {room}"])
+def test_a_template_no_request_could_fill_is_refused_where_the_route_is_written(template: str) -> None:
+    """A malformed template, a slot that is not a plain path parameter name, or text no topic has:
+    ValueError naming the template at SignedTopic(...), when the app is defined, not a 404 that
+    every request to the route would get."""
+    with pytest.raises(ValueError, match=re.escape(repr(template))):
+        SignedTopic(template)
+
+
+async def test_a_slot_the_route_has_no_parameter_for_is_an_error_naming_it(app_env: dict[str, str]) -> None:
+    """SignedTopic("chat:{room_id}") on /rooms/{room}: the request fails with ArgumentValueError
+    naming the slot and the route's parameters, not a 404 that reads as a room that does not exist."""
+    app = FastAPI(lifespan=lifespan)
+
+    @app.get("/rooms/{room}")
+    async def room(page: PageTopic = Depends(SignedTopic("chat:{room_id}"))) -> dict[str, str | None]:
+        return page.as_dict()
+
+    async with serving(app) as client:
+        with pytest.raises(ArgumentValueError, match=r"room_id.*\broom\b"):
+            await client.get("/rooms/lobby")

@@ -8,6 +8,7 @@ checks), as you would render the data itself."""
 from __future__ import annotations
 
 import inspect
+import string
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ from starlette.requests import Request
 
 from ... import api, topics
 from ...config import get_settings
-from ...errors import InvalidTopic
+from ...errors import ArgumentTypeError, ArgumentValueError, InvalidTopic
 from ...sessions.rules import SEPARATORS
 
 
@@ -48,6 +49,29 @@ async def page_topic(topic: str, *, ttl: float | None = None) -> PageTopic:
 TopicOf = Callable[[Request], str | Awaitable[str]]  # names a route's topic, sync or async
 
 
+def _slots(template: str) -> tuple[str, ...]:
+    """The path parameters `template` names; ValueError when no request could fill it: malformed,
+    a slot that is not a plain name (positional, `.attr`, `[i]`, a conversion or format spec), or
+    text no topic has. Checked where the route is written, not at each request."""
+    def refused(why: str) -> ArgumentValueError:
+        return ArgumentValueError(f"SignedTopic({template!r}) {why}: write a topic with plain path parameter "
+                                  "names in braces, such as 'chat:{room}'")
+
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise refused(f"is not a template ({exc})") from None
+    slots = tuple(dict.fromkeys(name for _, name, _, _ in parts if name is not None))
+    for _, name, spec, conversion in parts:
+        if name is not None and (not name.isidentifier() or spec or conversion):
+            raise refused(f"has the slot {{{name}{'!' + conversion if conversion else ''}{':' + spec if spec else ''}}}")
+    try:
+        topics.validate_topic(template.format_map(dict.fromkeys(slots, "1")))
+    except InvalidTopic as exc:
+        raise refused(f"cannot make a topic ({exc})") from None
+    return slots
+
+
 class SignedTopic:
     """A dependency that gives a route its PageTopic: `Depends(SignedTopic("chat:{room}"))` fills
     the template from the path parameters, or `SignedTopic(fn)` asks `fn(request)` (sync or
@@ -56,6 +80,11 @@ class SignedTopic:
     `chat:admin:x`)."""
 
     def __init__(self, topic: str | TopicOf, *, ttl: float | None = None) -> None:
+        if isinstance(topic, str):
+            self.slots = _slots(topic)
+        elif not callable(topic):
+            raise ArgumentTypeError(f"SignedTopic() takes a template such as 'chat:{{room}}' or a function of the "
+                                    f"request, got {type(topic).__name__}")
         self.topic = topic
         self.ttl = ttl
 
@@ -64,12 +93,14 @@ class SignedTopic:
             name = self.topic(request)
             return await name if inspect.isawaitable(name) else name
         values = {k: str(v) for k, v in request.path_params.items()}
+        missing = [slot for slot in self.slots if slot not in values]
+        if missing:  # the route's mistake, not the request's: a 404 would read as a missing topic
+            raise ArgumentValueError(f"SignedTopic({self.topic!r}) fills {missing[0]!r} from the route's path "
+                                     f"parameters, and this route has {sorted(values) or 'none'}: name the slot "
+                                     "as the route's path names it")
         if any(not SEPARATORS.isdisjoint(v) for v in values.values()):
             raise HTTPException(404, "no such topic")
-        try:
-            return self.topic.format_map(values)
-        except (KeyError, IndexError, ValueError):
-            raise HTTPException(404, "no such topic") from None
+        return self.topic.format_map(values)
 
     async def __call__(self, request: Request) -> PageTopic:
         name = await self._name(request)
