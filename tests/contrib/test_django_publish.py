@@ -149,3 +149,19 @@ def test_a_send_at_commit_that_fails_is_logged_and_the_apps_own_callbacks_still_
     assert ran == ["the app's own"]
     lost = [r.getMessage() for r in caplog.records if r.name == "livepush.contrib"]
     assert len(lost) == 1 and TOPIC in lost[0] and "not sent" in lost[0], lost
+
+
+def test_inside_a_django_testcase_it_is_sent_only_when_the_on_commit_callbacks_run() -> None:
+    """Django's TestCase runs each test inside an atomic() that never commits, so publish() there
+    sends nothing, unless TestCase.captureOnCommitCallbacks(execute=True) runs the callbacks
+    registered in its block."""
+    from django.test import TestCase
+
+    before = livepush.latest_offset(TOPIC)
+    with transaction.atomic():  # what TestCase wraps each test in
+        publish(TOPIC, {"n": 1})
+        with TestCase.captureOnCommitCallbacks(execute=True):
+            publish(TOPIC, {"n": 2})
+        assert published_since(before) == [{"n": 2}]
+        transaction.set_rollback(True)  # as TestCase ends a test
+    assert published_since(before) == [{"n": 2}]
