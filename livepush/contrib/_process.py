@@ -49,6 +49,11 @@ async def aopen() -> None:
     except BaseException:
         await aclose()
         raise
+    # Warned, not refused: an app's own tests may run it alone on purpose.
+    if settings.fanout == "local":
+        log.warning("livepush: LIVEPUSH_FANOUT is local, so what this app publishes reaches no `livepush serve` (the "
+                    "local fan-out delivers inside this process only): give the app the servers' fan-out, "
+                    "LIVEPUSH_FANOUT and LIVEPUSH_DATABASE_URL or LIVEPUSH_REDIS_URL as they have them")
     if not store.shared:
         log.warning("livepush: this app has neither a database nor Redis, so logging out cannot revoke a "
                     "session: set LIVEPUSH_DATABASE_URL (or LIVEPUSH_REDIS_URL) to the one the servers use")

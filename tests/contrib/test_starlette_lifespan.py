@@ -176,6 +176,26 @@ async def test_a_user_lifespan_runs_inside_and_keeps_its_state(app_env: dict[str
                          message="every connection closed")
 
 
+@pytest.mark.parametrize("database", [False, True], ids=["nothing-shared", "fanout-local-beside-a-database"])
+async def test_a_local_fan_out_is_a_warning_naming_the_setting(database: bool, pg_url: str,
+                                                                livepush_env: Callable[..., dict[str, str]],
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """The local fan-out delivers only inside the app's own process, where no `livepush serve`
+    runs: the start warns, naming LIVEPUSH_FANOUT, that the app's messages reach no server (the
+    app still starts: a test of the app may want exactly that)."""
+    env = livepush_env(database_url=pg_url if database else None, fanout="local")
+    forget_defaults()
+    config.set_settings(config.Settings.from_env(env))
+    try:
+        with caplog.at_level("WARNING", logger="livepush.contrib"):
+            async with lifespan(None):
+                pass
+    finally:
+        forget_defaults()
+    said = [r.getMessage() for r in caplog.records if r.name == "livepush.contrib"]
+    assert any("LIVEPUSH_FANOUT" in line and "reaches no" in line for line in said), said
+
+
 def test_livepush_imports_without_starlette() -> None:
     """Neither Starlette nor FastAPI is a dependency: livepush, its jobs and contrib import without
     them, and only livepush.contrib.starlette asks for the extra."""
