@@ -58,6 +58,19 @@ def test_a_missing_secret_is_an_error_naming_it() -> None:
     assert found[0].level == checks.ERROR and "LIVEPUSH_SECRET" in found[0].msg
 
 
+def test_a_local_fan_out_is_a_warning_naming_it() -> None:
+    """LIVEPUSH_FANOUT local: what the site publishes stays in its own process, where no
+    `livepush serve` runs; a warning names the setting (the site still runs)."""
+    before = config.get_settings()
+    config.set_settings(dataclasses.replace(before, fanout="local"))
+    try:
+        found = livepush_messages()
+    finally:
+        config.set_settings(before)
+    assert [m.id for m in found] == ["livepush.W001"]
+    assert found[0].level == checks.WARNING and "LIVEPUSH_FANOUT" in found[0].msg
+
+
 @pytest.mark.parametrize(("options", "named"), [
     ({"DATABASE": "nope"}, "['DATABASE']"),
     ({"MAX_ATTEMPTS": 0}, "['MAX_ATTEMPTS']"),

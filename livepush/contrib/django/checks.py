@@ -4,6 +4,7 @@ report a setting livepush cannot use, naming it, instead of leaving it to fail r
     livepush.E001   livepush's own settings (LIVEPUSH_SECRET, LIVEPUSH_FANOUT, URLs, ...)
     livepush.E002   a LivePushBackend in TASKS that cannot be made (its QUEUES or OPTIONS)
     livepush.E003   LIVEPUSH_SESSION_TTL or LIVEPUSH_SESSION_SUBJECT, when the session middleware is installed
+    livepush.W001   the local fan-out, whose messages reach no `livepush serve`
 
 Nothing here connects to a database or Redis: checks run in every management command that asks
 for them, also where those are not reachable.
@@ -28,9 +29,16 @@ MIDDLEWARE = ("livepush.contrib.django.LivePushSessionMiddleware",
 
 def _livepush_settings() -> list[checks.CheckMessage]:
     try:
-        get_settings().require_secret()  # signed topics and session tokens, in every web process
+        settings_ = get_settings()
+        settings_.require_secret()  # signed topics and session tokens, in every web process
     except ConfigError as exc:
         return [checks.Error(str(exc), id="livepush.E001")]
+    if settings_.fanout == "local":  # a warning: a site's own tests may run it alone on purpose
+        return [checks.Warning(
+            "LIVEPUSH_FANOUT is local, so what this site publishes reaches no `livepush serve` (the local fan-out "
+            "delivers inside this process only)", id="livepush.W001",
+            hint="give the site the servers' fan-out: LIVEPUSH_FANOUT and LIVEPUSH_DATABASE_URL or "
+                 "LIVEPUSH_REDIS_URL as they have them")]
     return []
 
 
