@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 
 import pytest
 from django.db import connection, transaction
+from django.test import Client, override_settings
 
 import livepush
 import livepush.fanout
@@ -165,3 +167,31 @@ def test_inside_a_django_testcase_it_is_sent_only_when_the_on_commit_callbacks_r
         assert published_since(before) == [{"n": 2}]
         transaction.set_rollback(True)  # as TestCase ends a test
     assert published_since(before) == [{"n": 2}]
+
+
+@pytest.fixture
+def atomic_requests() -> Iterator[Client]:
+    """A client of a site with ATOMIC_REQUESTS: each view runs in one transaction."""
+    settings_dict = connection.settings_dict
+    before = settings_dict["ATOMIC_REQUESTS"]
+    settings_dict["ATOMIC_REQUESTS"] = True  # read at each request (BaseHandler.make_view_atomic)
+    try:
+        with override_settings(ROOT_URLCONF="tests.contrib.django_atomic_urls"):
+            yield Client(raise_request_exception=False)
+    finally:
+        settings_dict["ATOMIC_REQUESTS"] = before
+
+
+def test_a_request_that_fails_under_atomic_requests_enqueues_and_publishes_nothing(atomic_requests: Client) -> None:
+    """With ATOMIC_REQUESTS a view that raises after enqueueing and publishing rolls back: no job
+    exists and no message is sent; the same view that succeeds commits both."""
+    from livepush import jobs
+    from tests.contrib.django_atomic_urls import TOPIC as REQUESTS
+
+    before = livepush.latest_offset(REQUESTS)
+    assert atomic_requests.get("/orders/", {"fail": "1"}).status_code == 500
+    assert jobs.drain() == {} and livepush.latest_offset(REQUESTS) == before
+    answer = atomic_requests.get("/orders/")
+    assert answer.status_code == 200
+    assert livepush.latest_offset(REQUESTS) != before
+    assert jobs.drain() == {"succeeded": 1}
