@@ -49,6 +49,13 @@ def test_a_working_configuration_has_nothing_to_report() -> None:
     assert livepush_messages() == []
 
 
+def test_a_cookie_domain_that_is_a_host_name_is_fine() -> None:
+    """A host name, with or without the leading dot browsers ignore, is a usable cookie domain."""
+    for domain in ("example.com", ".example.com", "push-1.example.co.uk", "localhost"):
+        with override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN=domain):
+            assert livepush_messages() == [], domain
+
+
 def test_a_missing_secret_is_an_error_naming_it() -> None:
     """No LIVEPUSH_SECRET in the web process (signed topics and session cookies need it): an
     error that names it and says how to make one."""
@@ -89,9 +96,15 @@ def test_a_backend_option_it_cannot_use_is_an_error_naming_it(options: dict[str,
     ("LIVEPUSH_SESSION_TTL", "1 day"),
     ("LIVEPUSH_SESSION_TTL", 0),
     ("LIVEPUSH_SESSION_SUBJECT", "myapp.auth.subject_of"),
+    # A browser drops a cookie whose Domain is not a host name: the session would never reach the server.
+    ("LIVEPUSH_SESSION_COOKIE_DOMAIN", "https://example.com"),
+    ("LIVEPUSH_SESSION_COOKIE_DOMAIN", "example.com:8000"),
+    ("LIVEPUSH_SESSION_COOKIE_DOMAIN", "example.com/"),
+    ("LIVEPUSH_SESSION_COOKIE_DOMAIN", ""),
+    ("LIVEPUSH_SESSION_COOKIE_DOMAIN", ["example.com"]),
 ])
 def test_a_session_setting_it_cannot_use_is_an_error_naming_it(name: str, value: Any) -> None:
-    """With LivePushSessionMiddleware installed, a session TTL or subject setting it cannot use is
+    """With LivePushSessionMiddleware installed, a session TTL, subject or cookie domain it cannot use is
     reported naming the setting, and a web server does not start with it: Django makes the
     middleware when the server starts (WSGIHandler()), which raises ImproperlyConfigured."""
     with override_settings(**{name: value}):

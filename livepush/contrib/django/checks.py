@@ -3,7 +3,7 @@ report a setting livepush cannot use, naming it, instead of leaving it to fail r
 
     livepush.E001   livepush's own settings (LIVEPUSH_SECRET, LIVEPUSH_FANOUT, URLs, ...)
     livepush.E002   a LivePushBackend in TASKS that cannot be made (its QUEUES or OPTIONS)
-    livepush.E003   LIVEPUSH_SESSION_TTL or LIVEPUSH_SESSION_SUBJECT, when the session middleware is installed
+    livepush.E003   LIVEPUSH_SESSION_TTL, _SUBJECT or _COOKIE_DOMAIN, when the session middleware is installed
     livepush.W001   the local fan-out, whose messages reach no `livepush serve`
 
 Nothing here connects to a database or Redis: checks run in every management command that asks
@@ -58,10 +58,10 @@ def _backends() -> list[checks.CheckMessage]:
 def _sessions() -> list[checks.CheckMessage]:
     if not any(name in MIDDLEWARE for name in getattr(settings, "MIDDLEWARE", None) or ()):
         return []
-    from .sessions import _subject_setting, _ttl
+    from .sessions import _domain, _subject_setting, _ttl
 
     found: list[checks.CheckMessage] = []
-    for check in (_ttl, _subject_setting):
+    for check in (_ttl, _subject_setting, _domain):
         try:
             check()
         except ImproperlyConfigured as exc:

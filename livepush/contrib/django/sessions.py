@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -63,12 +64,28 @@ def _subject_setting() -> Callable[[Any], object] | None:
     return custom
 
 
+# A host name, as a cookie's Domain takes it (a leading dot is allowed and ignored by browsers).
+_HOST_NAME = re.compile(r"\.?[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+
+
+def _domain() -> str | None:
+    """LIVEPUSH_SESSION_COOKIE_DOMAIN: None (host-only) or a host name. A browser drops a cookie
+    whose Domain is a URL, has a port or a path: the session would never reach the server, and
+    every socket would come in anonymous with nothing saying why."""
+    domain = getattr(settings, "LIVEPUSH_SESSION_COOKIE_DOMAIN", None)
+    if domain is not None and not (isinstance(domain, str) and _HOST_NAME.fullmatch(domain)):
+        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_COOKIE_DOMAIN must be a host name such as 'example.com' (no "
+                                   f"scheme, port or path), or None for a host-only cookie; got {domain!r:.60}")
+    return domain
+
+
 def check_settings() -> None:
     """What every signed-in request needs, checked when the middleware is made (a web server's
-    start): LIVEPUSH_SECRET (ConfigError), LIVEPUSH_SESSION_TTL and LIVEPUSH_SESSION_SUBJECT
-    (ImproperlyConfigured), each naming the setting."""
+    start): LIVEPUSH_SECRET (ConfigError), LIVEPUSH_SESSION_TTL, LIVEPUSH_SESSION_SUBJECT and
+    LIVEPUSH_SESSION_COOKIE_DOMAIN (ImproperlyConfigured), each naming the setting."""
     _ttl()
     _subject_setting()
+    _domain()
     get_settings().require_secret()
 
 
@@ -97,8 +114,7 @@ def _current(token: str | None, subject: str, ttl: float) -> bool:
 
 
 def _set(response: HttpResponse, token: str, ttl: float, secure: bool) -> None:
-    cookie = session_cookie(token, secure=secure, max_age=ttl,
-                            domain=getattr(settings, "LIVEPUSH_SESSION_COOKIE_DOMAIN", None))
+    cookie = session_cookie(token, secure=secure, max_age=ttl, domain=_domain())
     response.set_cookie(cookie.name, cookie.value, max_age=cookie.max_age, path=cookie.path, domain=cookie.domain,
                         secure=cookie.secure, httponly=cookie.httponly, samesite=cookie.samesite)
     _delete(response, cookie.other_name, cookie.domain)
@@ -111,7 +127,7 @@ def _delete(response: HttpResponse, name: str, domain: str | None) -> None:
 
 
 def _drop(request: HttpRequest, response: HttpResponse) -> None:
-    domain = getattr(settings, "LIVEPUSH_SESSION_COOKIE_DOMAIN", None)
+    domain = _domain()
     for name in COOKIE_NAMES:
         if name in request.COOKIES:
             _delete(response, name, domain)
