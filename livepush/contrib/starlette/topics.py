@@ -80,11 +80,10 @@ class SignedTopic:
     `chat:admin:x`)."""
 
     def __init__(self, topic: str | TopicOf, *, ttl: float | None = None) -> None:
-        if isinstance(topic, str):
-            self.slots = _slots(topic)
-        elif not callable(topic):
+        if not isinstance(topic, str) and not callable(topic):
             raise ArgumentTypeError(f"SignedTopic() takes a template such as 'chat:{{room}}' or a function of the "
                                     f"request, got {type(topic).__name__}")
+        self.slots = _slots(topic) if isinstance(topic, str) else ()  # the path parameters it fills
         self.topic = topic
         self.ttl = ttl
 
