@@ -129,3 +129,19 @@ async def test_a_slot_the_route_has_no_parameter_for_is_an_error_naming_it(app_e
     async with serving(app) as client:
         with pytest.raises(ArgumentValueError, match=r"room_id.*\broom\b"):
             await client.get("/rooms/lobby")
+
+
+async def test_a_path_parameter_the_template_does_not_name_is_not_checked(app_env: dict[str, str]) -> None:
+    """Only the slots the template fills must be free of separators: another path parameter of
+    the route (a file name with a dot) does not make the request a 404."""
+    app = FastAPI(lifespan=lifespan)
+
+    @app.get("/rooms/{room}/files/{name}")
+    async def room_file(page: PageTopic = Depends(SignedTopic("chat:{room}"))) -> dict[str, str | None]:
+        return page.as_dict()
+
+    async with serving(app) as client:
+        answer = await client.get("/rooms/lobby/files/report.pdf")
+        assert answer.status_code == 200, answer.text
+        assert topics.verify(answer.json()["topic"], config.get_settings().secrets) == "chat:lobby"
+        assert (await client.get("/rooms/a.b/files/report.pdf")).status_code == 404

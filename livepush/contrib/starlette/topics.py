@@ -75,9 +75,9 @@ def _slots(template: str) -> tuple[str, ...]:
 class SignedTopic:
     """A dependency that gives a route its PageTopic: `Depends(SignedTopic("chat:{room}"))` fills
     the template from the path parameters, or `SignedTopic(fn)` asks `fn(request)` (sync or
-    async). A path parameter with a topic separator (`:`, `/`, `.`) or a name that is not a
-    topic gets 404: a slot never reaches into another namespace (`chat:{room}` never signs
-    `chat:admin:x`)."""
+    async). A path parameter that fills a slot with a topic separator (`:`, `/`, `.`), or a name
+    that is not a topic, gets 404: a slot never reaches into another namespace (`chat:{room}`
+    never signs `chat:admin:x`)."""
 
     def __init__(self, topic: str | TopicOf, *, ttl: float | None = None) -> None:
         if not isinstance(topic, str) and not callable(topic):
@@ -97,7 +97,8 @@ class SignedTopic:
             raise ArgumentValueError(f"SignedTopic({self.topic!r}) fills {missing[0]!r} from the route's path "
                                      f"parameters, and this route has {sorted(values) or 'none'}: name the slot "
                                      "as the route's path names it")
-        if any(not SEPARATORS.isdisjoint(v) for v in values.values()):
+        # Only what fills a slot: another parameter of the route (a file name with a dot) is not the topic's.
+        if any(not SEPARATORS.isdisjoint(values[slot]) for slot in self.slots):
             raise HTTPException(404, "no such topic")
         return self.topic.format_map(values)
 
