@@ -65,7 +65,8 @@ def _subject_setting() -> Callable[[Any], object] | None:
 
 
 # A host name, as a cookie's Domain takes it (a leading dot is allowed and ignored by browsers).
-_HOST_NAME = re.compile(r"\.?[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST_NAME = re.compile(rf"\.?{_LABEL}(?:\.{_LABEL})*")
 
 
 def _domain() -> str | None:

@@ -64,7 +64,8 @@ def _slots(template: str) -> tuple[str, ...]:
     slots = tuple(dict.fromkeys(name for _, name, _, _ in parts if name is not None))
     for _, name, spec, conversion in parts:
         if name is not None and (not name.isidentifier() or spec or conversion):
-            raise refused(f"has the slot {{{name}{'!' + conversion if conversion else ''}{':' + spec if spec else ''}}}")
+            written = name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+            raise refused(f"has the slot {{{written}}}")
     try:
         topics.validate_topic(template.format_map(dict.fromkeys(slots, "1")))
     except InvalidTopic as exc:
