@@ -38,3 +38,20 @@ def test_another_tasks_result_id_is_not_found() -> None:
     """The id of another task's result is no import: 404."""
     other = importlib.import_module("tests.contrib.sample_django_tasks").record.enqueue("not an import")
     assert client().get(f"/result/{other.id}/").status_code == 404
+
+
+def test_the_site_without_a_database_url_says_which_to_set() -> None:
+    """The example's settings need LIVEPUSH_DATABASE_URL (or DATABASE_URL): without either,
+    `manage.py check` stops with ImproperlyConfigured naming it, not a KeyError."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.contrib.conftest import EXAMPLE
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIVEPUSH_") and k != "DATABASE_URL"}
+    env["DJANGO_SETTINGS_MODULE"] = "demo_site.settings"
+    out = subprocess.run([sys.executable, "manage.py", "check"], cwd=EXAMPLE, env=env, capture_output=True,
+                         text=True, timeout=60)
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode != 0 and "ImproperlyConfigured" in last and "LIVEPUSH_DATABASE_URL" in last, out.stderr

@@ -9,6 +9,8 @@ livepush's, so a task enqueued inside `transaction.atomic()` commits with it.
 import os
 from urllib.parse import unquote, urlsplit
 
+from django.core.exceptions import ImproperlyConfigured
+
 DEBUG = os.environ.get("DJANGO_DEBUG", "") == "1"
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-only-not-secret-" + "x" * 40)
 ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
@@ -49,7 +51,11 @@ def _database(url: str) -> dict:
     }
 
 
-DATABASES = {"default": _database(os.environ.get("LIVEPUSH_DATABASE_URL") or os.environ["DATABASE_URL"])}
+_URL = os.environ.get("LIVEPUSH_DATABASE_URL") or os.environ.get("DATABASE_URL")
+if not _URL:
+    raise ImproperlyConfigured("set LIVEPUSH_DATABASE_URL to the Postgres database livepush migrated (Django's "
+                               "tables go there too), e.g. postgresql://user@localhost/app")
+DATABASES = {"default": _database(_URL)}
 
 TASKS = {
     "default": {
