@@ -92,6 +92,36 @@ def test_a_backend_option_it_cannot_use_is_an_error_naming_it(options: dict[str,
     assert "TASKS['default']['OPTIONS']" in found[0].msg and named in found[0].msg
 
 
+@pytest.fixture
+def sqlite_alias() -> Iterator[str]:
+    """A second Django database, SQLite in memory, under the alias "lite"."""
+    from django.db import connections
+
+    configured = connections.configure_settings({**connections.settings,
+                                                 "lite": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}})
+    connections.settings["lite"] = configured["lite"]
+    try:
+        yield "lite"
+    finally:
+        connections["lite"].close()
+        del connections["lite"]
+        del connections.settings["lite"]
+
+
+def test_a_backend_whose_database_cannot_hold_its_jobs_is_a_warning(sqlite_alias: str) -> None:
+    """OPTIONS['DATABASE'] naming a database that is not PostgreSQL: every enqueue inside its
+    atomic() would raise TransactionNotSupported, so a warning says so and names the way out
+    (ENQUEUE_ON_COMMIT = False), which silences it."""
+    backend = {"BACKEND": BACKEND, "OPTIONS": {"DATABASE": sqlite_alias}}
+    with override_settings(TASKS={"default": backend}):
+        found = livepush_messages()
+    assert [m.id for m in found] == ["livepush.W002"] and found[0].level == checks.WARNING
+    assert "'lite'" in found[0].msg and "ENQUEUE_ON_COMMIT" in str(found[0].hint)
+    backend["OPTIONS"]["ENQUEUE_ON_COMMIT"] = False
+    with override_settings(TASKS={"default": backend}):
+        assert livepush_messages() == []
+
+
 @pytest.mark.parametrize(("name", "value"), [
     ("LIVEPUSH_SESSION_TTL", "1 day"),
     ("LIVEPUSH_SESSION_TTL", 0),

@@ -158,7 +158,7 @@ class LivePushBackend(BaseTaskBackend):
         connection = connections[self.database]
         if not connection.in_atomic_block:
             return None
-        if connection.vendor != "postgresql" or not _is_psycopg3():
+        if not self.can_join():
             raise TransactionNotSupported(
                 f"a task enqueued inside transaction.atomic() on database {self.database!r} is written in that "
                 "transaction, which needs PostgreSQL through psycopg 3 holding livepush's tables; set "
@@ -168,6 +168,11 @@ class LivePushBackend(BaseTaskBackend):
         if (self.database, jobs_database.database_url()) not in _JOINABLE:
             self._check_tables(raw)
         return raw
+
+    def can_join(self) -> bool:
+        """Whether the Django database's engine can hold an enqueue in its transaction: PostgreSQL
+        through psycopg 3 (that it holds livepush's tables is known only once connected)."""
+        return connections[self.database].vendor == "postgresql" and _is_psycopg3()
 
     def _check_tables(self, raw: Any) -> None:
         found, started, name = raw.execute(queries.JOINABLE).fetchone()

@@ -5,6 +5,7 @@ report a setting livepush cannot use, naming it, instead of leaving it to fail r
     livepush.E002   a LivePushBackend in TASKS that cannot be made (its QUEUES or OPTIONS)
     livepush.E003   LIVEPUSH_SESSION_TTL, _SUBJECT or _COOKIE_DOMAIN, when the session middleware is installed
     livepush.W001   the local fan-out, whose messages reach no `livepush serve`
+    livepush.W002   a LivePushBackend whose DATABASE cannot hold an enqueue in its transactions
 
 Nothing here connects to a database or Redis: checks run in every management command that asks
 for them, also where those are not reachable.
@@ -49,9 +50,18 @@ def _backends() -> list[checks.CheckMessage]:
     found: list[checks.CheckMessage] = []
     for alias in livepush_backends():
         try:
-            task_backends[alias]  # noqa: B018 - made as Django makes it at the first enqueue
+            backend = task_backends[alias]  # made as Django makes it at the first enqueue
         except (ImproperlyConfigured, ConfigError) as exc:
             found.append(checks.Error(str(exc), id="livepush.E002"))
+            continue
+        if backend.enqueue_on_commit and not backend.can_join():
+            # A warning: a site that never enqueues inside atomic() is fine as it is.
+            found.append(checks.Warning(
+                f"TASKS[{alias!r}]: Django database {backend.database!r} is not PostgreSQL through psycopg 3, so "
+                "every enqueue inside its transaction.atomic() raises TransactionNotSupported",
+                id="livepush.W002",
+                hint="set OPTIONS['DATABASE'] to the PostgreSQL database that holds livepush's tables, or "
+                     "OPTIONS['ENQUEUE_ON_COMMIT'] = False to enqueue at once, outside the transaction"))
     return found
 
 
