@@ -7,7 +7,7 @@ example app uses both through FastAPI's Depends, and plain Starlette awaits them
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
@@ -113,3 +113,24 @@ async def test_plain_starlette_awaits_the_dependency(app_env: dict[str, str]) ->
         answer = await c.get("/me", headers=cookie_header(sessions.issue("ana")))
         assert answer.json() == {"subject": "ana"}
 
+
+def test_without_the_lifespan_each_event_loop_checks_sessions_against_redis(
+        redis_url: str, livepush_env: Callable[..., dict[str, str]]) -> None:
+    """An app used without its lifespan by FastAPI's TestClient outside `with` runs each request
+    on an event loop of its own. With Redis as the revocation store, every request still checks
+    its session (a client made on a finished loop is not reused), and a revoked one gets 403."""
+    from fastapi.testclient import TestClient
+
+    from tests.contrib.conftest import forget_defaults
+
+    forget_defaults()
+    config.set_settings(config.Settings.from_env(livepush_env(redis_url=redis_url, fanout="redis")))
+    try:
+        app = Starlette(routes=[Route("/me", whoami)])
+        token = sessions.issue("ana")
+        client = TestClient(app, headers=cookie_header(token))
+        assert [client.get("/me").status_code for _ in range(3)] == [200, 200, 200]
+        sessions.revoke(token)
+        assert client.get("/me").status_code == 403
+    finally:
+        forget_defaults()
