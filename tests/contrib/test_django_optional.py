@@ -3,6 +3,7 @@ process where Django cannot be imported; only the Django integration's own names
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 import sys
 
@@ -33,3 +34,38 @@ def test_the_integrations_names_say_django_is_missing() -> None:
     done = run("import livepush.contrib.django as d\ntry:\n    d.publish\nexcept ImportError as e:\n    print(e)")
     assert done.returncode == 0, done.stderr
     assert "django" in done.stdout
+
+
+BLOCK_TASKS = """
+import sys
+class NoTasks:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "django_tasks" or name.startswith("django.tasks"):
+            raise ImportError(f"{name} is not installed here")
+sys.meta_path.insert(0, NoTasks())
+"""
+
+SITE_WITHOUT_TASKS = """
+import django
+from django.conf import settings
+from django.core.management import call_command
+settings.configure(
+    INSTALLED_APPS=["django.contrib.auth", "django.contrib.contenttypes", "livepush.contrib.django"],
+    MIDDLEWARE=["livepush.contrib.django.LivePushSessionMiddleware"],
+    DATABASES={}, USE_TZ=True)
+django.setup()
+call_command("check")
+print("checked")
+"""
+
+
+def test_a_site_without_the_tasks_framework_passes_its_checks() -> None:
+    """A site that uses publish on commit, the session middleware and the template tags without
+    the Tasks framework installed (no django-tasks on Django 5.2): `manage.py check` runs
+    livepush's checks and finds nothing, with no ImportError."""
+    env = {"LIVEPUSH_SECRET": secrets.token_urlsafe(36), "PATH": "/usr/bin:/bin",
+           "LIVEPUSH_DATABASE_URL": "postgresql://app@127.0.0.1:5432/app"}  # checks connect to nothing
+    done = subprocess.run([sys.executable, "-c", BLOCK_TASKS + SITE_WITHOUT_TASKS], capture_output=True, text=True,
+                          timeout=60, check=False, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "checked" in done.stdout and "livepush." not in done.stderr, done.stderr

@@ -44,8 +44,11 @@ def _livepush_settings() -> list[checks.CheckMessage]:
 
 
 def _backends() -> list[checks.CheckMessage]:
-    from .backend import livepush_backends
-    from .tasks_api import task_backends
+    try:
+        from .backend import livepush_backends
+        from .tasks_api import task_backends
+    except ImportError:
+        return []  # no Tasks framework here (Django 5.2 without django-tasks): no backend to make
 
     found: list[checks.CheckMessage] = []
     for alias in livepush_backends():
