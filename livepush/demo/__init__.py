@@ -220,6 +220,9 @@ def demo_secret(folder: Path) -> str:
     return value
 
 
+_WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+
+
 def _loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -269,7 +272,10 @@ def run() -> int:
 
         def ready(server: object) -> None:
             port = getattr(server, "port")
-            print(f"\n  livepush demo: open http://{host_port(settings.host, port)}/  (Ctrl-C stops)\n", flush=True)
+            # A wildcard address is where it listens, not a page a browser opens (some refuse
+            # http://0.0.0.0/): show this machine's own, which the wildcard covers.
+            shown = _WILDCARDS.get(settings.host, settings.host)
+            print(f"\n  livepush demo: open http://{host_port(shown, port)}/  (Ctrl-C stops)\n", flush=True)
 
         async def main() -> int:
             parts = server_parts(settings, with_jobs=[DEMO_JOBS], pages=routes)

@@ -302,9 +302,13 @@ async def test_the_demo_page_has_a_strict_content_security_policy(demo: Demo) ->
 async def test_the_demo_warns_when_it_listens_beyond_this_machine(
     pg_url: str, livepush_env: Callable[..., dict[str, str]], procs: Processes
 ) -> None:
-    """`livepush demo` bound to 0.0.0.0 says on stderr that anyone who can reach it can start imports."""
+    """`livepush demo` bound to 0.0.0.0 says on stderr that anyone who can reach it can start imports,
+    and prints a URL a browser opens (this machine's own address, not 0.0.0.0)."""
     child = await procs.alivepush("demo", env=livepush_env(database_url=pg_url, host="0.0.0.0"), wait_healthy=True)
     assert "not only on this machine" in child.stderr(), child.output()
+    await async_wait_for(lambda: "livepush demo: open" in child.output(), 30, message="the demo's URL")
+    [line] = [line for line in child.output().splitlines() if "livepush demo: open" in line]
+    assert "open http://127.0.0.1:" in line, line
 
 
 
