@@ -145,3 +145,21 @@ async def test_a_path_parameter_the_template_does_not_name_is_not_checked(app_en
         assert answer.status_code == 200, answer.text
         assert topics.verify(answer.json()["topic"], config.get_settings().secrets) == "chat:lobby"
         assert (await client.get("/rooms/a.b/files/report.pdf")).status_code == 404
+
+
+@pytest.mark.parametrize("template", ["room:{org}-{repo}", "room:{org}{repo}", "room:{org}_x-{repo}:log"])
+def test_two_slots_without_a_separator_between_them_are_refused_where_the_route_is_written(template: str) -> None:
+    """Under room:{org}-{repo}, org `a-b` with repo `c` and org `a` with repo `b-c` both fill
+    room:a-b-c: whoever may see the first pair would get the second's topic signed. Two slots
+    need a separator (`:`, `/`, `.`) between them, which no slot's value holds: ValueError naming
+    the template at SignedTopic(...)."""
+    with pytest.raises(ValueError, match=re.escape(repr(template)) + r".*separator"):
+        SignedTopic(template)
+
+
+@pytest.mark.parametrize("template", ["room:{org}:{repo}", "room:{org}/{repo}-log", "room:{org}-x.{repo}",
+                                      "room:{org}-{org}", "room:{org}-inbox"])
+def test_slots_a_separator_keeps_apart_are_accepted(template: str) -> None:
+    """A separator between two slots pins where the first ends (its value never holds one); a slot
+    beside fixed text, or the same slot twice, fills one topic for each value."""
+    assert SignedTopic(template).topic == template

@@ -51,8 +51,8 @@ TopicOf = Callable[[Request], str | Awaitable[str]]  # names a route's topic, sy
 
 def _slots(template: str) -> tuple[str, ...]:
     """The path parameters `template` names; ValueError when no request could fill it: malformed,
-    a slot that is not a plain name (positional, `.attr`, `[i]`, a conversion or format spec), or
-    text no topic has. Checked where the route is written, not at each request."""
+    a slot that is not a plain name (positional, `.attr`, `[i]`, a conversion or format spec),
+    two slots with no separator between them, or text no topic has. Checked where the route is written, not at each request."""
     def refused(why: str) -> ArgumentValueError:
         return ArgumentValueError(f"SignedTopic({template!r}) {why}: write a topic with plain path parameter "
                                   "names in braces, such as 'chat:{room}'")
@@ -66,6 +66,19 @@ def _slots(template: str) -> tuple[str, ...]:
         if name is not None and (not name.isidentifier() or spec or conversion):
             written = name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
             raise refused(f"has the slot {{{written}}}")
+    # A slot's value never holds a separator, so one between two slots pins where the first ends;
+    # without one, room:{org}-{repo} fills room:a-b-c for org a-b and for org a alike, and whoever
+    # may see one pair would get the other's topic signed.
+    previous = None
+    for literal, name, _, _ in parts:
+        if name is None:
+            break  # the text after the last slot
+        if previous is not None and name != previous and SEPARATORS.isdisjoint(literal):
+            raise ArgumentValueError(
+                f"SignedTopic({template!r}) has {{{previous}}} and {{{name}}} with no separator "
+                f"({', '.join(sorted(SEPARATORS))}) between them, so two pairs of values could fill one topic: "
+                f"put one there, e.g. {{{previous}}}:{{{name}}}")
+        previous = name
     try:
         topics.validate_topic(template.format_map(dict.fromkeys(slots, "1")))
     except InvalidTopic as exc:
@@ -78,7 +91,8 @@ class SignedTopic:
     the template from the path parameters, or `SignedTopic(fn)` asks `fn(request)` (sync or
     async). A path parameter that fills a slot with a topic separator (`:`, `/`, `.`), or a name
     that is not a topic, gets 404: a slot never reaches into another namespace (`chat:{room}`
-    never signs `chat:admin:x`)."""
+    never signs `chat:admin:x`). Two slots need a separator between them (`room:{org}:{repo}`,
+    not `room:{org}-{repo}`, where orgs `a-b` and `a` could both fill `room:a-b-c`)."""
 
     def __init__(self, topic: str | TopicOf, *, ttl: float | None = None) -> None:
         if not isinstance(topic, str) and not callable(topic):
