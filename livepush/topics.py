@@ -6,7 +6,7 @@ time: `job:42~SIG` or `job:42~1767225600~SIG`. `~` never appears in a plain topi
 tells the two apart by that character alone.
 
 State topics (`job:<id>`, `group:<id>`, `workflow:<id>`) name a row by its canonical decimal
-id: `job:0001` or `job:0_1` are not job 1's topic, they are invalid.
+id: `job:0001` or `job:0_1` are not job 1's topic, they are invalid, and so is an id past a bigint.
 """
 
 from __future__ import annotations
@@ -20,13 +20,16 @@ from collections.abc import Sequence
 from itsdangerous import BadSignature, Signer
 
 from .errors import ArgumentValueError, InvalidTopic
+from .postgres.text import BIGINT_MAX
 
 TOPIC_RE = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
 RESERVED_PREFIX = "_livepush."
 SEP = "~"
 _SALT = "livepush.topic"
 STATE_PREFIXES = ("job:", "group:", "workflow:")
-STATE_ID_PATTERN = "[1-9][0-9]{0,18}"  # a state topic's id: canonical decimal, within bigint
+# A state topic's id: canonical decimal of at most 19 digits; state_topic_id() also holds it within a
+# bigint, which no pattern of this length can say.
+STATE_ID_PATTERN = "[1-9][0-9]{0,18}"
 _STATE_ID = re.compile(STATE_ID_PATTERN)
 # The latest expiry a signed topic carries (the end of the year 9999, UTC): a longer ttl signs
 # until then. Its digits keep the longest topic's signed form within what verify() reads.
@@ -59,6 +62,10 @@ def state_topic_id(topic: str) -> int | None:
             "(no sign, leading zero or separator)",
             "invalid_topic",
         )
+    # Past a bigint no row has the id: a subscribe would be answered `subscribed` and hear nothing, ever.
+    if int(ident) > BIGINT_MAX:
+        raise InvalidTopic(f"invalid topic {topic[:60]!r}: a {prefix} topic's id is at most {BIGINT_MAX}",
+                           "invalid_topic")
     return int(ident)
 
 

@@ -126,19 +126,22 @@ async def served_pg(secret: str, pg_url: str) -> AsyncIterator[Served]:
 
 
 async def test_state_topics_take_canonical_ids_only(served_pg: Served) -> None:
-    """Signed `job:0001`, `job:0_1`, `group:07` and `job:-1` are refused with invalid_topic; `job:1` is subscribed."""
+    """Signed `job:0001`, `job:0_1`, `group:07`, `job:-1` and an id past a bigint (no row can have it)
+    are refused with invalid_topic; `job:1` and the largest bigint are subscribed."""
     served = served_pg
     client = await WSClient.open(served.url)
-    for topic in ("job:0001", "job:0_1", "group:07", "job:-1", "job:1x", "workflow:0"):
+    for topic in ("job:0001", "job:0_1", "group:07", "job:-1", "job:1x", "workflow:0", "job:9223372036854775808",
+                  "group:9999999999999999999"):
         answer = await client.subscribe(served.sign(topic))
         assert (answer["op"], answer.get("reason")) == ("refused", "invalid_topic"), (topic, answer)
     assert (await client.subscribe(served.sign("job:1")))["op"] == "subscribed"
+    assert (await client.subscribe(served.sign("job:9223372036854775807")))["op"] == "subscribed"
     await client.close()
     with pytest.raises(InvalidTopic):
         livepush.publish("job:1", {"not": "allowed"})  # a state topic shows its row, nothing else
 
 
-@pytest.mark.parametrize("topic", ["job:0001", "job:0_1", "group:07", "job:-1", "workflow:0"])
+@pytest.mark.parametrize("topic", ["job:0001", "job:0_1", "group:07", "job:-1", "workflow:0", "job:9223372036854775808"])
 def test_sign_topic_refuses_a_state_topic_the_server_would_refuse(settings: Settings, topic: str) -> None:
     """sign_topic() of a state topic without a canonical id raises InvalidTopic (invalid_topic), as publish() does, rather than sign what every subscribe refuses."""
     with pytest.raises(InvalidTopic) as refused:
