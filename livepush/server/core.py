@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Awaitable
 from typing import Any, Protocol
@@ -41,6 +42,12 @@ _WS_LOGGER = logging.getLogger("livepush.websockets")
 _WS_LOGGER.setLevel(logging.WARNING)
 
 OPEN_TIMEOUT = 10.0  # websockets' default
+# File descriptors kept from client connections, of the process's open-file limit: its database
+# and Redis connections, listeners and files need them. A client may open connections faster than
+# the open timeout ends those that send nothing, and LIVEPUSH_MAX_CONNECTIONS counts only those
+# that finished their handshake; without a reserve such a flood took every descriptor, and the
+# server could not reconnect to its database. An eighth of the limit, at least this many.
+DESCRIPTOR_RESERVE = 128
 CLOSE_TIMEOUT = 1.0  # for the peer to answer a close
 TICK = 0.25
 STOP_SECONDS = 3.0  # how long close() waits for the close handshakes before aborting the rest
@@ -61,6 +68,20 @@ class Server(Protocol):
     def detach(self, client: Connection) -> None: ...
 
     def on_frame(self, client: Connection, raw: str | bytes) -> Awaitable[None] | None: ...
+
+
+def descriptor_budget() -> int:
+    """How many client connections this process may hold: its open-file limit (as `serve` raised
+    it) less DESCRIPTOR_RESERVE or an eighth of it, whichever is more; no bound without a limit."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, ValueError, OSError):
+        return sys.maxsize
+    if soft == resource.RLIM_INFINITY:
+        return sys.maxsize
+    return max(soft - max(DESCRIPTOR_RESERVE, soft // 8), 1)
 
 
 class _Protocol(ServerProtocol):
@@ -88,6 +109,7 @@ class ConnectionCore:
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._corked: list[Connection] = []  # connections with frames gathered in this turn
+        self._budget = descriptor_budget()  # connections made and not lost, at most
 
     @property
     def port(self) -> int:
@@ -108,6 +130,11 @@ class ConnectionCore:
     # -- connections ------------------------------------------------------------------------------
     def opened_tcp(self, conn: Connection) -> None:
         self._live += 1
+        if self._live > self._budget:
+            # Closed before a byte is read: answering would cost what the budget keeps.
+            conn.closing = True
+            conn.transport.abort()
+            return
         conn.deadline = self.now + OPEN_TIMEOUT
         self._opening.add(conn)
 

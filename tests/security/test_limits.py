@@ -10,8 +10,9 @@ import logging
 import math
 import os
 import socket
+import sys
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from websockets.exceptions import InvalidStatus
 
 import livepush
 from livepush.fanout import HISTORY_PAGE
-from livepush import metrics, sessions
+from livepush import metrics, sessions, topics
 from livepush.config import set_settings
 from livepush.fanout.local import LocalFanOut
 from livepush.server.app import PushServer
@@ -28,6 +29,7 @@ from livepush.server.limits import Quiet
 from livepush.sessions import Session
 from livepush.sessions.revocations import MemoryRevocations
 from tests.server.conftest import Served, make_settings, start_served
+from tests.support.procs import Processes
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
@@ -230,3 +232,50 @@ def test_what_clients_can_make_the_server_log_is_at_most_ten_lines_a_minute_per_
     debugs = [r for r in caplog.records if r.levelno == logging.DEBUG]
     assert len(warnings) == 10 and len(debugs) == 10
     assert warnings[0].getMessage() == "subscribe to room:a failed: attempt 0"
+
+
+# The open-file limit the server below runs under: small, so that a flood from this test reaches it.
+SMALL_FILE_LIMIT = 256
+
+
+def open_files(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def test_a_flood_of_silent_connections_leaves_the_server_descriptors_of_its_own(
+    procs: Processes, livepush_env: Callable[..., dict[str, str]], secret: str
+) -> None:
+    """A client that opens connection after connection and sends nothing on them (each may wait
+    for its request until the open timeout) never takes every file descriptor of the server, which
+    it needs for its own database and Redis connections: past its budget, a new connection is
+    closed as it comes. A connection already open is served throughout."""
+    env = livepush_env()
+    port = int(env["LIVEPUSH_PORT"])
+    limited = ("import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, ({0}, {0})); "
+               "from livepush.cli.main import main; sys.argv[0] = 'livepush'; sys.exit(main())").format(SMALL_FILE_LIMIT)
+    server = procs.start([sys.executable, "-c", limited, "serve"], env=env, port=port, name="livepush serve")
+    await server.await_healthy()
+    client = await WSClient.open(f"ws://127.0.0.1:{port}/")
+    topic = "room:flood"
+    assert (await client.subscribe(topics.sign(topic, (secret,))))["op"] == "subscribed"
+    flood: list[socket.socket] = []
+    try:
+        for _ in range(SMALL_FILE_LIMIT + 100):
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", port))
+            flood.append(sock)
+        # The server accepts what the kernel queued for it within a few turns of its loop; each
+        # silent connection is held until the open timeout (10 s), far past this wait.
+        deadline = time.monotonic() + 3
+        most = 0
+        while time.monotonic() < deadline:
+            most = max(most, open_files(server.pid))
+            await asyncio.sleep(0.05)
+        assert most <= SMALL_FILE_LIMIT - 64, f"the server held {most} of its {SMALL_FILE_LIMIT} descriptors"
+    finally:
+        for sock in flood:
+            sock.close()
+    await client.send({"op": "ping", "ref": "still here"})
+    assert await client.recv() == {"op": "pong", "ref": "still here"}
+    await client.close()
