@@ -279,3 +279,34 @@ async def test_a_flood_of_silent_connections_leaves_the_server_descriptors_of_it
     await client.send({"op": "ping", "ref": "still here"})
     assert await client.recv() == {"op": "pong", "ref": "still here"}
     await client.close()
+
+
+async def test_the_connection_budget_counts_the_file_limit_that_serve_raised(
+    procs: Processes, livepush_env: Callable[..., dict[str, str]], secret: str
+) -> None:
+    """`serve` lifts its soft open-file limit to the hard one as it starts: the budget of client
+    connections follows the raised limit, not the soft one the process started with (else a
+    server started under the common soft limit of 1024 would turn clients away at a few hundred
+    connections however high its hard limit)."""
+    env = livepush_env()
+    port = int(env["LIVEPUSH_PORT"])
+    limited = ("import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, ({0}, {1})); "
+               "from livepush.cli.main import main; sys.argv[0] = 'livepush'; sys.exit(main())"
+               ).format(SMALL_FILE_LIMIT, 4 * SMALL_FILE_LIMIT)
+    server = procs.start([sys.executable, "-c", limited, "serve"], env=env, port=port, name="livepush serve")
+    await server.await_healthy()
+    flood: list[socket.socket] = []
+    try:
+        for _ in range(SMALL_FILE_LIMIT):  # past a budget of the soft limit, well inside the raised one's
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", port))
+            flood.append(sock)
+        await async_wait_for(lambda: open_files(server.pid) > SMALL_FILE_LIMIT, 10,
+                             message="the server to accept the silent connections")
+        client = await WSClient.open(f"ws://127.0.0.1:{port}/")
+        assert (await client.subscribe(topics.sign("room:budget", (secret,))))["op"] == "subscribed"
+        await client.close()
+    finally:
+        for sock in flood:
+            sock.close()
