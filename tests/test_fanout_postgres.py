@@ -9,17 +9,20 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+import livepush
+
 from livepush.fanout import postgres as pg_fanout
 from livepush.fanout.postgres import PostgresFanOut
 from livepush.postgres.listener import Listener
 from tests.support.fanouts import Collector, offsets_of, read_history
-from tests.support.waiting import async_wait_for
+from tests.support.waiting import async_wait_for, wait_for
 
 DAY = 86_400
 
@@ -154,3 +157,25 @@ async def test_a_doorbell_that_reaches_the_listener_during_its_ping_is_delivered
         assert offsets_of(await got.wait_count("pinged:a", 1)) == [offset]
     finally:
         await fanout.aclose()
+
+
+def test_a_publish_that_finds_every_pooled_connection_busy_says_so_not_that_postgres_is_down(
+        fanout: PostgresFanOut, pg_url: str) -> None:
+    """Publishers of one topic wait for a transaction that published on it and has not ended: once
+    they hold every connection of the pool, the next publish waits for one, then fails with an
+    error that says the server is up and what holds the connections, never "cannot reach
+    Postgres ... check that the server is running", which sends an operator to the wrong place."""
+    pool = fanout._pools.sync()
+    pool.timeout = 0.5  # the wait for a free connection, short for the test
+    with psycopg.connect(pg_url) as holder, ThreadPoolExecutor(pool.max_size) as threads:
+        fanout.publish("held:a", {"i": 0}, conn=holder)  # the topic's row lock, held until the end
+        waiting = [threads.submit(fanout.publish, "held:a", {"i": i}) for i in range(1, pool.max_size + 1)]
+        wait_for(lambda: pool.get_stats().get("pool_available", 0) == 0 and pool.get_stats()["pool_size"]
+                 == pool.max_size, 5, message="every pooled connection to wait for the topic's lock")
+        with pytest.raises(livepush.DependencyError) as raised:
+            fanout.publish("other:a", {"i": 0})
+        holder.rollback()
+        assert sorted(int(w.result(timeout=10).split("-")[1]) for w in waiting) == list(range(1, pool.max_size + 1))
+    said = str(raised.value)
+    assert "cannot reach" not in said and "server is running" not in said, said
+    assert "busy" in said and "is up" in said and "lock" in said and "pg_stat_activity" in said, said

@@ -30,6 +30,14 @@ def cursor_on(conn: Any, row_factory: Any = None) -> Any:
     return psycopg.Cursor(conn, row_factory=factory)
 
 
+class PoolBusy(PoolTimeout):
+    """A pool's wait for a connection ran out while it held every connection it may open, each
+    busy: the server is up, and statements on them wait (pools.py raises it, translate() says so)."""
+
+    def __init__(self, name: str, size: int, timeout: float) -> None:
+        super().__init__(f"every connection of the pool {name} ({size}) stayed busy for {timeout:g} s")
+
+
 CONNECT_TIMEOUT = 5  # seconds; a server that does not answer fails the command rather than hanging it
 
 
@@ -100,6 +108,14 @@ def translate(url: str, exc: BaseException) -> Exception:
         return DependencyError(f"Postgres at {redact(url)} cancelled the statement ({_reason(url, exc)}): a "
                                "statement_timeout or lock_timeout of the role, the database or the session ended "
                                "it (or another session cancelled it); the server is up")
+    if isinstance(exc, PoolBusy):
+        # Told "cannot reach Postgres", an operator checks a server that is up; what holds the
+        # connections is a lock (publishers of one topic wait for a transaction that published on
+        # it) or a slow statement.
+        return DependencyError(f"Postgres at {redact(url)} is up, but {exc}: their statements were waiting, most "
+                               "likely for a lock that a long transaction holds (one that published on the same "
+                               "topic, or wrote the same rows); find it in pg_stat_activity and keep such "
+                               "transactions short")
     if isinstance(exc, (psycopg.OperationalError, PoolTimeout, OSError)):
         return unreachable(url, exc)
     return DependencyError(f"Postgres at {redact(url)} failed: {_reason(url, exc)}")

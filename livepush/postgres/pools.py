@@ -17,10 +17,10 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
 
-from .connect import CONNECT_TIMEOUT, aconnect, connect, statement_options, translate
+from .connect import CONNECT_TIMEOUT, PoolBusy, aconnect, connect, statement_options, translate
 
 OPEN_TIMEOUT = 5.0  # seconds a first use waits for the pool's first connection
 # The longest a pool waits between two attempts to connect again, as the listeners (listener.py):
@@ -99,6 +99,16 @@ def _has_input(conn: Any) -> bool:
         return True
 
 
+def _busy(pool: ConnectionPool | AsyncConnectionPool, timeout: float | None) -> PoolBusy | None:
+    """PoolBusy when a wait for a connection that ran out found the pool holding every connection
+    it may open, none free (busy, not short of connections: a server that cannot be reached leaves
+    the pool short); None otherwise."""
+    stats = pool.get_stats()
+    if stats.get("pool_size", 0) >= pool.max_size and stats.get("pool_available", 0) == 0:
+        return PoolBusy(pool.name, pool.max_size, pool.timeout if timeout is None else timeout)
+    return None
+
+
 class Pool(ConnectionPool):
     """A psycopg pool that never hands out a connection the server has closed.
 
@@ -114,6 +124,15 @@ class Pool(ConnectionPool):
         super()._add_connection(_capped(attempt), growing)
 
     def getconn(self, timeout: float | None = None) -> Any:
+        try:
+            return self._checked_conn(timeout)
+        except PoolTimeout:
+            busy = _busy(self, timeout)
+            if busy is None:
+                raise
+            raise busy from None
+
+    def _checked_conn(self, timeout: float | None) -> Any:
         for _ in range(self.max_size):
             conn = super().getconn(timeout)
             if not _has_input(conn):
@@ -164,6 +183,15 @@ class AsyncPool(AsyncConnectionPool):
         await super().close(timeout)
 
     async def getconn(self, timeout: float | None = None) -> Any:
+        try:
+            return await self._checked_conn(timeout)
+        except PoolTimeout:
+            busy = _busy(self, timeout)
+            if busy is None:
+                raise
+            raise busy from None
+
+    async def _checked_conn(self, timeout: float | None) -> Any:
         for _ in range(self.max_size):
             conn = await super().getconn(timeout)
             if not _has_input(conn):
