@@ -27,9 +27,12 @@ CREATE UNLOGGED TABLE livepush_topics (
 
 -- The log's own epoch, one row: UNLOGGED like the log, so it is gone exactly when the log is
 -- emptied (a crash or a failover) and the next reader starts a new one. A topic nothing was
--- published on has no row above, so its offset is "0-LOGEPOCH": resumed while this row is
--- unchanged, nothing the topic had can have been lost, and it replays from the topic's first
--- message; resumed after a crash, it gets `reset`, as an offset of a topic's old epoch does.
+-- published on has no row above, so its offset is "0-ORIGIN", ORIGIN being this epoch moved on
+-- by whole steps of half the idle time (livepush/fanout/postgres.py): resumed while this row is
+-- unchanged and within the idle time, nothing the topic had can have been lost, and it replays
+-- from the topic's first message; resumed after a crash, it gets `reset`, as an offset of a
+-- topic's old epoch does, and so does one older than the idle time, whose topic may have been
+-- published and forgotten since.
 -- Epoch 0, not this one, leads it: a topic's first message may take its epoch from the clock
 -- before this row is made and commit after, and its offsets must still come after its origin.
 CREATE UNLOGGED TABLE livepush_log (

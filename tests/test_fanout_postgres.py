@@ -2,7 +2,9 @@
 test_fanout_conformance.py): a topic nothing is published on for a day loses its row, as an idle
 Redis topic loses its key, so topics that are never published again do not pile up; its next
 message starts a new chain, and an offset from before gets `reset`, never another message under
-the same number. A day is simulated by moving the rows' times back."""
+the same number (an origin held that long too); a day is simulated by moving the rows' times back,
+or shortened. Also what a publish says when every connection of its pool is busy, and a
+doorbell that reaches the listener during its ping."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import livepush
 from livepush.fanout import postgres as pg_fanout
 from livepush.fanout.postgres import PostgresFanOut
 from livepush.postgres.listener import Listener
+from livepush.types import offset_key
 from tests.support.fanouts import Collector, offsets_of, read_history
 from tests.support.waiting import async_wait_for, wait_for
 
@@ -102,6 +105,53 @@ async def test_a_topic_being_published_to_is_not_forgotten(fanout: PostgresFanOu
     assert has_row(pg_url, "open:a")
     assert late.split("-")[0] == offsets[0].split("-")[0]
     assert offsets_of(await read_history(fanout, "open:a", offsets[-1])) == [late]
+
+
+async def test_an_origin_held_while_its_topic_was_published_and_forgotten_gets_reset(pg_url: str) -> None:
+    """A page renders a topic's origin and is away while messages are published, pruned and the
+    idle topic forgotten, then another is published: the topic reads as having one message, but
+    the page missed the others, so its origin gets None (reset), never a replay of only the new
+    chain. An origin younger than the idle time still replays a topic's first messages."""
+    fanout = PostgresFanOut(pg_url, history_ttl=0.1, idle_expire=0.5)
+    try:
+        rendered = fanout.latest_offset("forgot:a")
+        missed = [fanout.publish("forgot:a", {"i": i}) for i in range(3)]
+
+        async def forgotten() -> bool:
+            await prune_all(fanout)
+            return not has_row(pg_url, "forgot:a")
+
+        await async_wait_for(forgotten, 10, message="the idle topic to be forgotten")
+        again = fanout.publish("forgot:a", {"i": 3})
+        assert await fanout.history("forgot:a", rendered) is None, f"the origin replayed {again} without {missed}"
+
+        young = fanout.latest_offset("forgot:b")
+        first = fanout.publish("forgot:b", {"i": 0})
+        assert offsets_of(await read_history(fanout, "forgot:b", young)) == [first]
+    finally:
+        await fanout.aclose()
+
+
+async def test_an_origin_from_before_the_origin_moved_on_still_replays_everything(pg_url: str) -> None:
+    """The origin moves on every half idle time (so that one held past the idle time is known
+    stale): an origin given out just before, on a topic whose first message comes after, still
+    replays that message, and on a topic still never published, replays nothing, without a reset."""
+    fanout = PostgresFanOut(pg_url, history_ttl=0.1, idle_expire=4)
+    try:
+        rendered = fanout.latest_offset("moved:a")
+
+        async def moved_on() -> bool:
+            return await fanout.alatest_offset("moved:never") != rendered
+
+        await async_wait_for(moved_on, 10, message="the origin to move on")
+        current = fanout.latest_offset("moved:never")
+        assert offset_key(rendered) < offset_key(current)
+        first = fanout.publish("moved:a", {"i": 0})
+        assert offset_key(current) < offset_key(first)
+        assert offsets_of(await read_history(fanout, "moved:a", rendered)) == [first]
+        assert await read_history(fanout, "moved:never", rendered) == []
+    finally:
+        await fanout.aclose()
 
 
 async def test_the_idle_sweep_reaches_every_topic_a_stretch_at_a_time(

@@ -10,11 +10,15 @@ topic's row lock, logs the message and rings the channel, in the caller's transa
 statement (per 1,000 messages), in one transaction. Offsets are the per-topic sequence numbers,
 so they are gap-free and in commit order. The epoch changes only when a crash emptied the
 (unlogged) tables, so an offset from before a crash can never be mistaken for a newer one. A
-topic nothing was published on has "0-LOGEPOCH" as its offset (its origin), which a crash
-outdates in the same way. Epoch 0 puts it below every offset the topic will have: the log's
-epoch may be read from the clock after the epoch of a topic whose first message is being
-committed meanwhile, so "LOGEPOCH-0" would come after that topic's first offsets, and a server
-or a page holding it would take them for messages it had already seen.
+topic nothing was published on has "0-ORIGIN" as its offset (its origin): the log's epoch,
+moved on by whole steps of half the idle time, which a crash outdates in the same way (the
+steps of a new epoch are other numbers). An idle topic that is forgotten reads as never
+published, so an origin given out more than the idle time ago may have seen the topic published
+and forgotten since: such an origin gets `reset`, as on Redis. Epoch 0 puts an origin below
+every offset the topic will have: the log's epoch may be read from the clock after the epoch of
+a topic whose first message is being committed meanwhile, so "LOGEPOCH-0" would come after that
+topic's first offsets, and a server or a page holding it would take them for messages it had
+already seen.
 
 A notification carries "EPOCH-SEQ TOPIC" and no data: any role that can connect may listen
 and send on any channel, so the server reads what it delivers from the log (the hub does, in
@@ -60,12 +64,14 @@ PUBLISH_MANY = "SELECT livepush_publish_many(%s::json)"
 # of data: a batch of any size is one transaction, never one huge JSON parameter.
 MANY_CHUNK = 1000
 MANY_CHUNK_BYTES = 8 * 1024 * 1024
-# name: latest_offset -- a committed value; for a topic never published (no row), its origin:
-# 0 and the log's epoch (livepush_log_epoch() makes the epoch if a crash emptied the log).
+# name: latest_offset -- a committed value: the topic's epoch and last sequence number; for a
+# topic never published (no row), 0, the log's epoch and the database's clock, from which
+# _origin() makes its origin (livepush_log_epoch() makes the epoch if a crash emptied the log).
 LATEST = """
-SELECT epoch, last_seq FROM livepush_topics WHERE topic = %(topic)s
+SELECT epoch, last_seq, NULL::bigint FROM livepush_topics WHERE topic = %(topic)s
 UNION ALL
-SELECT 0, livepush_log_epoch() WHERE NOT EXISTS (SELECT FROM livepush_topics WHERE topic = %(topic)s)
+SELECT 0, livepush_log_epoch(), (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+WHERE NOT EXISTS (SELECT FROM livepush_topics WHERE topic = %(topic)s)
 """
 # name: histories -- for each (topic, after) pair, the topic's latest offset and the page after
 # `after`, in one statement: one snapshot and one round trip for every topic a batch of
@@ -79,10 +85,11 @@ SELECT 0, livepush_log_epoch() WHERE NOT EXISTS (SELECT FROM livepush_topics WHE
 # a bigint goes, and adding to it would fail the read as if Postgres were down. At least one row
 # per pair; its topic columns are NULL for a topic never published, its page columns when the
 # page is empty. Each row has the log's epoch (NULL when a crash emptied the log and nobody has
-# read an origin since), which an origin offset is checked against. Read-only: concurrent
-# publishers only add rows past what the snapshot shows.
+# read an origin since) and the database's clock, which an origin offset is checked against.
+# Read-only: concurrent publishers only add rows past what the snapshot shows.
 HISTORIES = """
-SELECT r.i, t.epoch, t.last_seq, m.seq, m.data, m.at, (SELECT epoch FROM livepush_log) AS log_epoch
+SELECT r.i, t.epoch, t.last_seq, m.seq, m.data, m.at, (SELECT epoch FROM livepush_log) AS log_epoch,
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now
 FROM jsonb_array_elements(%(reads)s::jsonb) WITH ORDINALITY AS r(pair, i)
 CROSS JOIN LATERAL (SELECT r.pair ->> 0 AS topic, (r.pair ->> 1)::bigint AS after) q
 LEFT JOIN livepush_topics t ON t.topic = q.topic
@@ -135,14 +142,23 @@ def _offset(epoch: int, seq: int) -> Offset:
     return f"{epoch}-{seq}"
 
 
-def _latest(row: tuple[int, int] | None) -> Offset:
-    assert row is not None  # LATEST has a row for every topic
-    return _offset(row[0], row[1])
+def _origin(log_epoch: int, now: int, step: int) -> int:
+    """The number of the origin given out at `now` (microseconds): the log's epoch, moved on by
+    whole steps (half the idle time), so that its age tells whether it may be too old."""
+    return log_epoch + max(now - log_epoch, 0) // step * step
+
+
+def _good_origin(after: int, log_epoch: int | None, now: int, step: int) -> bool:
+    """Whether "0-after" is an origin of the log as it is (not emptied since: it lies on the
+    current epoch's steps) given out less than the idle time (two steps) ago. An older one may
+    have seen its topic published and forgotten since, which left nothing to tell it by."""
+    return (log_epoch is not None and log_epoch <= after <= now and (after - log_epoch) % step == 0
+            and now - after < 2 * step)
 
 
 def parse_offset(since: str) -> tuple[int, int] | None:
     """(epoch, seq) of an offset this fan-out gives out; None for anything else (ASCII digits
-    only). An origin, given out for a topic never published, is (0, the log's epoch)."""
+    only). An origin, given out for a topic never published, is (0, a step of the log's epoch)."""
     m = _OFFSET.fullmatch(since)
     if m is None:
         return None
@@ -169,23 +185,24 @@ def parse_doorbell(payload: str) -> list[Message]:
     return found
 
 
-def _page(topic: Topic, since_epoch: int, after: int, found: list[tuple[Any, ...]]) -> History | None:
+def _page(topic: Topic, since_epoch: int, after: int, found: list[tuple[Any, ...]], step: int) -> History | None:
     """One topic's page from its rows of HISTORIES (at least one), read after `after` (0 for an
-    origin)."""
-    epoch, last, log_epoch = found[0][1], found[0][2], found[0][6]
-    # An origin ("0-LOGEPOCH", given out while the topic had no row) of the log as it is: the
-    # log was not emptied since, so the topic has lost nothing; it replays from its first message.
-    origin = since_epoch == 0 and after == log_epoch
+    origin); `step`: the origin's step in microseconds."""
+    epoch, last, log_epoch, now = found[0][1], found[0][2], found[0][6], found[0][7]
+    # A good origin (given out while the topic had no row): the log was not emptied since, and
+    # the topic cannot have been forgotten since, so it has lost nothing; it replays from its
+    # first message.
+    origin = since_epoch == 0 and _good_origin(after, log_epoch, now, step)
     if origin:
         after = 0
-    if epoch is None:  # nothing published yet, or not since a crash emptied the log
-        return History([], _offset(0, log_epoch), False) if origin else None
+    if epoch is None:  # nothing published yet, or not since a crash emptied the log or it was forgotten
+        return History([], _offset(0, _origin(log_epoch, now, step)), False) if origin else None
     if (since_epoch != epoch and not origin) or after > last:
         return None  # from before a crash emptied the log, or an offset never given out
     latest = _offset(epoch, last)
     if after == last:
         return History([], latest, False)
-    rows = [(seq, data, at) for _, _, _, seq, data, at, _ in found if seq is not None]
+    rows = [(seq, data, at) for _, _, _, seq, data, at, _, _ in found if seq is not None]
     # Never a silent hole: the page runs from after+1 without a gap. Rows past the TTL that no
     # prune has reached yet are served too: present and contiguous, they lose nothing, and a
     # message's created_at is when it was published, so one committed by a transaction that ran
@@ -229,6 +246,9 @@ class PostgresFanOut(FanOut):
         self.url = url
         self.history_ttl = history_ttl
         self.idle_expire = idle_expiry(idle_expire, history_ttl)
+        # The origin moves on every half idle time, in microseconds (every process of a
+        # deployment must use the same idle time, which forgets topics and ages origins alike).
+        self._origin_step = max(int(self.idle_expire * 1_000_000) // 2, 1)
         # Where the idle sweep goes on (a topic name; "" from the start): each prune() looks at
         # the next stretch of topics, so every topic is looked at within a few thousand calls.
         self._sweep_after = ""
@@ -376,17 +396,22 @@ class PostgresFanOut(FanOut):
         for row in rows:
             by_pair.setdefault(row[0], []).append(row)
         for i, (topic, since_epoch, after) in enumerate(asked, 1):
-            found[topic] = _page(topic, since_epoch, after, by_pair[i])
+            found[topic] = _page(topic, since_epoch, after, by_pair[i], self._origin_step)
         return found
+
+    def _latest(self, row: tuple[int, int, int | None] | None) -> Offset:
+        assert row is not None  # LATEST has a row for every topic
+        epoch, number, now = row
+        return _offset(epoch, number if now is None else _origin(number, now, self._origin_step))
 
     def latest_offset(self, topic: Topic) -> Offset:
         with translated(self.url), self._pools.sync().connection() as c:
-            return _latest(c.execute(LATEST, {"topic": topic}).fetchone())
+            return self._latest(c.execute(LATEST, {"topic": topic}).fetchone())
 
     async def alatest_offset(self, topic: Topic) -> Offset:
         with translated(self.url):
             async with (await self._pools.aget()).connection() as c:
-                return _latest(await (await c.execute(LATEST, {"topic": topic})).fetchone())
+                return self._latest(await (await c.execute(LATEST, {"topic": topic})).fetchone())
 
     async def prune(self) -> int:
         """Drops a bounded batch of expired messages, then the rows of idle topics among the next
