@@ -154,6 +154,31 @@ async def test_an_origin_from_before_the_origin_moved_on_still_replays_everythin
         await fanout.aclose()
 
 
+async def test_prune_drops_a_topics_oldest_messages_first_so_a_replay_is_refused_before_any_of_it_is_sent(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """prune() deletes a bounded batch of expired messages; which ones must not depend on where
+    they are stored (a busy log reuses freed space, so storage order is not publish order). The
+    oldest go first: what is left of a topic is always its newest messages, so a replay from a
+    pruned offset is refused at its first page, never after part of it was sent."""
+    monkeypatch.setattr(pg_fanout, "PRUNE_BATCH", 2)
+    fanout = PostgresFanOut(pg_url, history_ttl=60)
+    try:
+        offsets = [fanout.publish("aged:a", {"i": i}) for i in range(4)]
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            # The first three past the TTL, each older than the next; the second rewritten, so
+            # that it is stored after the others, as in reused space.
+            conn.execute("UPDATE livepush_messages SET created_at = now() - make_interval(secs => 200 - seq) "
+                         "WHERE topic = 'aged:a' AND seq <= 3")
+            conn.execute("UPDATE livepush_messages SET data = data WHERE topic = 'aged:a' AND seq = 2")
+        assert await fanout.prune() == 2
+        assert offsets_of(await read_history(fanout, "aged:a", offsets[1])) == offsets[2:], "the newest are kept"
+        # A page has one message: a client away since the first one is refused at once.
+        first_page = await fanout.history("aged:a", offsets[0], limit=1)
+        assert first_page is None, f"sent {offsets_of(first_page.messages)} of a range with a hole"
+    finally:
+        await fanout.aclose()
+
+
 async def test_the_idle_sweep_reaches_every_topic_a_stretch_at_a_time(
         fanout: PostgresFanOut, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each prune() looks at a bounded stretch of topics after the last one it looked at, and

@@ -101,12 +101,17 @@ LEFT JOIN LATERAL (
 ) m ON m.before < %(bytes)s
 ORDER BY r.i, m.seq
 """
-# name: prune -- bounded per call; servers pruning at once race for the same rows, which
+# name: prune -- bounded per call, oldest first (along the created_at index): a topic's messages
+# are created in sequence order (its row lock orders its publishers), so what is left of a topic is
+# always its newest messages, and a replay from a pruned offset is refused at its first page, never
+# after sending part of the range (which rows a bare LIMIT takes depends on where they are stored,
+# and a busy log reuses freed space). Servers pruning at once race for the same rows, which
 # DELETE tolerates (a row is deleted once).
 PRUNE = """
 DELETE FROM livepush_messages WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM livepush_messages
     WHERE created_at < now() - make_interval(secs => %s)
+    ORDER BY created_at
     LIMIT %s))
 """
 # name: forget_idle -- the next `batch` topics after `after` in key order (the sweep's cursor:
