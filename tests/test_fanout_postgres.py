@@ -154,6 +154,26 @@ async def test_an_origin_from_before_the_origin_moved_on_still_replays_everythin
         await fanout.aclose()
 
 
+async def test_an_origin_from_a_process_with_another_history_ttl_replays_the_topic(pg_url: str) -> None:
+    """A web process renders origins with its own LIVEPUSH_HISTORY_TTL, perhaps not the server's (a
+    long TTL lengthens the idle time): the server still takes them, and replays the topic's first
+    message, or nothing, without a reset."""
+    web = PostgresFanOut(pg_url)
+    server = PostgresFanOut(pg_url, history_ttl=100_000)
+    try:
+        web.latest_offset("ttl:made")  # makes the log's epoch, then moved back: a log made days ago,
+        with psycopg.connect(pg_url, autocommit=True) as conn:  # whose origins have moved on since
+            conn.execute("UPDATE livepush_log SET epoch = epoch - %s", (150_000 * 1_000_000,))
+        for renders, reads in ((web, server), (server, web)):
+            never, published = renders.latest_offset("ttl:never"), renders.latest_offset(f"ttl:{id(renders)}")
+            first = renders.publish(f"ttl:{id(renders)}", {"i": 0})
+            assert await read_history(reads, "ttl:never", never) == []
+            assert offsets_of(await read_history(reads, f"ttl:{id(renders)}", published)) == [first]
+    finally:
+        await web.aclose()
+        await server.aclose()
+
+
 async def test_prune_drops_a_topics_oldest_messages_first_so_a_replay_is_refused_before_any_of_it_is_sent(
         pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """prune() deletes a bounded batch of expired messages; which ones must not depend on where

@@ -153,12 +153,12 @@ def _origin(log_epoch: int, now: int, step: int) -> int:
     return log_epoch + max(now - log_epoch, 0) // step * step
 
 
-def _good_origin(after: int, log_epoch: int | None, now: int, step: int) -> bool:
+def _good_origin(after: int, log_epoch: int | None, now: int, step: int, idle: int) -> bool:
     """Whether "0-after" is an origin of the log as it is (not emptied since: it lies on the
-    current epoch's steps) given out less than the idle time (two steps) ago. An older one may
-    have seen its topic published and forgotten since, which left nothing to tell it by."""
+    current epoch's steps) given out less than the idle time ago (`idle`, microseconds). An older
+    one may have seen its topic published and forgotten since, which left nothing to tell it by."""
     return (log_epoch is not None and log_epoch <= after <= now and (after - log_epoch) % step == 0
-            and now - after < 2 * step)
+            and now - after < idle)
 
 
 def parse_offset(since: str) -> tuple[int, int] | None:
@@ -190,14 +190,15 @@ def parse_doorbell(payload: str) -> list[Message]:
     return found
 
 
-def _page(topic: Topic, since_epoch: int, after: int, found: list[tuple[Any, ...]], step: int) -> History | None:
+def _page(topic: Topic, since_epoch: int, after: int, found: list[tuple[Any, ...]], step: int,
+          idle: int) -> History | None:
     """One topic's page from its rows of HISTORIES (at least one), read after `after` (0 for an
-    origin); `step`: the origin's step in microseconds."""
+    origin); `step` and `idle`: the origin's step and the idle time, in microseconds."""
     epoch, last, log_epoch, now = found[0][1], found[0][2], found[0][6], found[0][7]
     # A good origin (given out while the topic had no row): the log was not emptied since, and
     # the topic cannot have been forgotten since, so it has lost nothing; it replays from its
     # first message.
-    origin = since_epoch == 0 and _good_origin(after, log_epoch, now, step)
+    origin = since_epoch == 0 and _good_origin(after, log_epoch, now, step, idle)
     if origin:
         after = 0
     if epoch is None:  # nothing published yet, or not since a crash emptied the log or it was forgotten
@@ -251,9 +252,12 @@ class PostgresFanOut(FanOut):
         self.url = url
         self.history_ttl = history_ttl
         self.idle_expire = idle_expiry(idle_expire, history_ttl)
-        # The origin moves on every half idle time, in microseconds (every process of a
-        # deployment must use the same idle time, which forgets topics and ages origins alike).
-        self._origin_step = max(int(self.idle_expire * 1_000_000) // 2, 1)
+        # The origin moves on every half idle time, in microseconds: half of `idle_expire` as
+        # given, not as the history's TTL lengthens it, so that a web process rendering origins
+        # with another LIVEPUSH_HISTORY_TTL than the servers' puts them on the same steps. An
+        # origin is taken while younger than this process's idle time (two steps or more).
+        self._origin_step = max(int(idle_expire * 1_000_000) // 2, 1)
+        self._idle_us = int(self.idle_expire * 1_000_000)
         # Where the idle sweep goes on (a topic name; "" from the start): each prune() looks at
         # the next stretch of topics, so every topic is looked at within a few thousand calls.
         self._sweep_after = ""
@@ -401,7 +405,7 @@ class PostgresFanOut(FanOut):
         for row in rows:
             by_pair.setdefault(row[0], []).append(row)
         for i, (topic, since_epoch, after) in enumerate(asked, 1):
-            found[topic] = _page(topic, since_epoch, after, by_pair[i], self._origin_step)
+            found[topic] = _page(topic, since_epoch, after, by_pair[i], self._origin_step, self._idle_us)
         return found
 
     def _latest(self, row: tuple[int, int, int | None] | None) -> Offset:
