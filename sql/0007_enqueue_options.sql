@@ -191,7 +191,9 @@ $$;
 -- is a single enqueue), so they run one after the other; each statement takes a fresh snapshot.
 -- The UPDATE re-checks the state on the latest row version: a pending job claimed meanwhile is
 -- left alone (the claim holds its row lock, or the UPDATE holds it and the claim, SKIP LOCKED,
--- passes it by), and a new one is queued behind it. A plain keyed enqueue takes no lock: when it
+-- passes it by), and a new one is queued behind it; a claim whose snapshot is older than this
+-- replacement does not start the job with the arguments it replaced (livepush/jobs/queries.py:
+-- CLAIMED). A plain keyed enqueue takes no lock: when it
 -- commits a pending job between the UPDATE and the choice of a place, the choice sees it and the
 -- next round replaces it; when both insert at place 0, they meet on the unique index (the second
 -- waits for the first, inserts nothing, and its next round finds the first's job).

@@ -158,12 +158,17 @@ ENQUEUE_DEBOUNCED = "SELECT k.id, k.name, k.created FROM livepush_enqueue_deboun
 # queue lock on the path between a slot freeing and the next job starting. The completer rings
 # the new `started` versions with its next statement (COMPLETE's `started`, or RING_STARTED).
 # The claim's update of the rows CTE `picked` chose, and the columns a claimed job is run with:
-# shared with the workflow steps' claim (workflows/queries.py: CLAIM_STEPS).
+# shared with the workflow steps' claim (workflows/queries.py: CLAIM_STEPS). `picked` returns
+# each row as locked, which is its newest version, but the arguments (payloads) are read in the
+# statement's snapshot: a job changed after that snapshot and before the lock (a debounce that
+# replaced its arguments and committed meanwhile) is left available, untouched, to the next
+# claim, which reads it as it is now. The version comparison is that check: the update's own scan
+# reads the row as the snapshot saw it, older than the locked version exactly when it changed.
 CLAIMED = """claimed AS (
     UPDATE livepush_jobs j
     SET state = 'running', attempt = j.attempt + 1, runtime_id = %(runtime_id)s,
         lease = livepush_job_lease(), version = j.version + 1, event = 'started'
-    FROM picked WHERE j.id = picked.id
+    FROM picked WHERE j.id = picked.id AND j.version = picked.version
     RETURNING j.*
 )"""
 CLAIMED_COLUMNS = """j.id, j.name, j.queue, j.priority, j.attempt, j.max_attempts, j.lease, j.cancel_requested,
@@ -171,7 +176,7 @@ CLAIMED_COLUMNS = """j.id, j.name, j.queue, j.priority, j.attempt, j.max_attempt
 
 CLAIM = f"""
 WITH picked AS (
-    SELECT id FROM livepush_jobs
+    SELECT id, version FROM livepush_jobs
     WHERE state = 'available' AND NOT limited AND workflow_id IS NULL AND queue = %(queue)s
       AND name <> ALL(%(excluded)s::text[])
       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'

@@ -142,7 +142,7 @@ WHERE workflow_id = %(id)s AND group_id IS NOT NULL
 # given again to a different state.
 CLAIM_STEPS = f"""
 WITH picked AS (
-    SELECT id FROM livepush_jobs
+    SELECT id, version FROM livepush_jobs
     WHERE state = 'available' AND workflow_id IS NOT NULL AND queue = %(queue)s AND name = ANY(%(names)s::text[])
       AND NOT EXISTS (SELECT FROM livepush_workflows w WHERE w.id = livepush_jobs.workflow_id AND w.state = 'paused')
     ORDER BY priority, run_at, id
