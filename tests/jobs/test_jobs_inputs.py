@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import subprocess
@@ -12,7 +13,9 @@ import pytest
 
 from livepush import jobs
 from livepush.errors import ConfigError
+from livepush.jobs import InvalidArgumentsError
 from livepush.jobs.api.enqueue import run_at
+from livepush.jobs.api.functions import JobFunction
 from livepush.jobs.api.handles import NO_SUCH_ID, checked_id
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import q
@@ -181,3 +184,46 @@ def test_a_bad_queue_name_is_named_before_the_database_is_looked_for() -> None:
         assert done.returncode != 0
         assert "ConfigError" in done.stderr and "'a,b'" in done.stderr, done.stderr[-500:]
         assert "LIVEPUSH_DATABASE_URL" not in done.stderr, done.stderr[-500:]
+
+
+def test_arguments_the_function_cannot_take_are_refused_at_the_call(jobs_db: str) -> None:
+    """A job runs as its function called with ctx and the arguments: more or fewer than its
+    signature takes is an InvalidArgumentsError (a TypeError) at enqueue, enqueue_many and
+    request(), naming the function and what it takes, and nothing of the call is written; rather
+    than a job that fails every attempt in a runtime. Defaults may be left out; *args takes any
+    number."""
+
+    def some(ctx: object, first: int, second: int = 2) -> None: ...
+
+    def any_number(ctx: object, first: int, *rest: int) -> None: ...
+
+    with pytest.raises(InvalidArgumentsError, match=r"t\.hold takes 1 argument after ctx, got 2"):
+        sample_jobs.hold.enqueue(1, 2)
+    with pytest.raises(InvalidArgumentsError, match=r"t\.hold takes 1 argument after ctx, got 0"):
+        sample_jobs.hold.enqueue()
+    with pytest.raises(InvalidArgumentsError, match=r"t\.hold takes 1 argument after ctx, got 2"):
+        jobs.enqueue_many([sample_jobs.hold.request(1), (sample_jobs.hold, [1, 2], {"key": "k"})])
+    with pytest.raises(InvalidArgumentsError, match=r"t\.hold takes 1 argument after ctx, got 3"):
+        sample_jobs.hold.request(1, 2, 3)
+    with pytest.raises(InvalidArgumentsError, match=r"t\.some takes at most 2 arguments after ctx, got 3"):
+        JobFunction(some, name="t.some").enqueue(1, 2, 3)
+    with pytest.raises(InvalidArgumentsError, match=r"t\.some takes at least 1 argument after ctx, got 0"):
+        JobFunction(some, name="t.some").enqueue()
+    with pytest.raises(InvalidArgumentsError, match=r"t\.no_ctx cannot be run: .* takes no ctx"):
+        JobFunction(lambda: None, name="t.no_ctx").enqueue()
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
+
+    many = JobFunction(any_number, name="t.any_number")
+    with pytest.raises(InvalidArgumentsError, match=r"t\.any_number takes at least 1 argument after ctx, got 0"):
+        many.enqueue()
+    assert many.enqueue(1, 2, 3, 4).id and JobFunction(some, name="t.some").enqueue(1).id
+
+    # What the runtime calls is the wrapper, which supplies the wrapped function's `first` itself.
+    @functools.wraps(some)
+    def supplied(ctx: object, second: int) -> None:
+        some(ctx, 1, second)
+
+    with pytest.raises(InvalidArgumentsError, match=r"t\.supplied takes 1 argument after ctx, got 2"):
+        JobFunction(supplied, name="t.supplied").enqueue(1, 2)
+    assert JobFunction(supplied, name="t.supplied").enqueue(2).id
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(3,)]

@@ -3,16 +3,18 @@ enqueue; so are job results and durable checkpoints' results, checked when they 
 
 Plain JSON: str, int, finite float, bool, None, lists (tuples too, stored as lists) and
 str-keyed dicts. Anything else raises InvalidArgumentsError naming the path, so the
-mistake shows at the enqueue call and not later in a runtime's log.
+mistake shows at the enqueue call and not later in a runtime's log. So does a count of
+arguments the job's function cannot take (arity, refuse_arity).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ...postgres.text import unstorable
@@ -185,3 +187,32 @@ def name_refused(arguments: Iterable[Any]) -> None:
     argument it refuses (an int too long for JSON text), as check_args() names what it refuses."""
     for args in arguments:
         _check(list(args), "args", 0)
+
+
+def arity(func: Callable[..., Any]) -> tuple[int, int]:
+    """How many arguments a job function takes after ctx (it is called `func(ctx, *args)`): the
+    fewest and the most (sys.maxsize with *args; -1 when it cannot even take ctx). (0, sys.maxsize)
+    when Python cannot read its signature (some builtins): the runtime finds out. The signature of
+    what the runtime calls, not of what it wraps: a decorator (functools.wraps) may supply some of
+    the wrapped function's arguments itself."""
+    try:
+        params = inspect.signature(func, follow_wrapped=False).parameters.values()
+    except (TypeError, ValueError):
+        return 0, sys.maxsize
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = sum(1 for p in positional if p.default is p.empty)
+    most = sys.maxsize if any(p.kind is p.VAR_POSITIONAL for p in params) else len(positional) - 1
+    return max(required - 1, 0), most
+
+
+def refuse_arity(name: str, takes: tuple[int, int], given: int) -> None:
+    """Raise InvalidArgumentsError: the job function `name`, taking `takes` arguments (arity()),
+    cannot be called with `given`."""
+    fewest, most = takes
+    if most < 0:
+        raise InvalidArgumentsError(f"{name} cannot be run: its function takes no ctx (a job function's first "
+                                    "parameter is ctx, then the job's arguments)")
+    bound = "" if fewest == most else "at most " if given > most else "at least "
+    count = most if fewest == most or given > most else fewest
+    raise InvalidArgumentsError(f"{name} takes {bound}{count} argument{'' if count == 1 else 's'} after ctx, "
+                                f"got {given}: enqueue it with the arguments its function takes after ctx")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
@@ -18,7 +19,7 @@ from typing import Any
 from ...postgres.connect import cursor_on, translated
 from ...postgres.pools import aautocommitted, autocommitted
 from .. import database, queries
-from .args import check_args, dumps, name_refused
+from .args import check_args, dumps, name_refused, refuse_arity
 from .handles import JobHandle
 from .options import check_debounce, check_key, check_tags
 from .registry import REGISTRY, JobRequest, JobSpec
@@ -53,6 +54,8 @@ def run_at(wait: float | None, at: datetime | None) -> datetime | None:
     return None
 
 
+ANY_NUMBER = (0, sys.maxsize)  # the arity of a spec that does not say (not a JobFunction)
+
 Spec = tuple[str, str, int, int, bool]  # name, queue, priority, max_attempts, limited
 
 
@@ -81,17 +84,19 @@ class Batch:
         self.keyed = False
         self._keys: set[str] = set()
         # What a (function, queue) fixes for every job of it, looked up once per batch: its
-        # spec's index, its schema check (or None) and its claim limits (or None without any).
-        self._fns: dict[tuple[JobSpec, str | None], tuple[int, Any, Any]] = {}
+        # spec's index, its schema check (or None), its claim limits (or None without any) and
+        # how many arguments it takes (the fewest and the most).
+        self._fns: dict[tuple[JobSpec, str | None], tuple[int, Any, Any, tuple[int, int]]] = {}
 
-    def _fn(self, fn: JobSpec, queue: str | None) -> tuple[int, Any, Any]:
+    def _fn(self, fn: JobSpec, queue: str | None) -> tuple[int, Any, Any, tuple[int, int]]:
         limits = getattr(fn, "limits", None)  # JobFunction's claim limits; None for other specs
         limited = limits is not None and limits.any
         spec: Spec = (fn.name, queue or fn.queue, fn.priority, fn.max_attempts, limited)
         index = self.specs.get(spec)
         if index is None:
             index = self.specs[spec] = len(self.specs)
-        found = (index, getattr(fn, "validate_args", None), limits if limited else None)
+        found = (index, getattr(fn, "validate_args", None), limits if limited else None,
+                 getattr(fn, "arity", ANY_NUMBER))
         with contextlib.suppress(TypeError):  # an unhashable spec (a plain dataclass) is looked up each time
             self._fns[fn, queue] = found
         return found
@@ -107,9 +112,11 @@ class Batch:
             found = self._fns.get((fn, queue))
         except TypeError:
             found = None
-        index, validate, limits = found or self._fn(fn, queue)
+        index, validate, limits, takes = found or self._fn(fn, queue)
         if validate is not None:
             validate(list(items))
+        if not takes[0] <= len(items) <= takes[1]:
+            refuse_arity(fn.name, takes, len(items))
         # Every check before the batch records the key: a key recorded for an item that was then
         # refused marked the key's next item `later`, which has no first item to take its job from.
         if key is not None:

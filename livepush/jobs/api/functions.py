@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any, overload
 
 from . import enqueue as _enqueue
-from .args import check_args
+from .args import arity, check_args, refuse_arity
 from .handles import JobHandle
 from .limits import Limits, limits_of
 from .options import check_name, check_queue
@@ -106,6 +106,9 @@ class JobFunction:
         self.schema = schema
         # Checks the arguments (a JSON array) against `schema` at enqueue; None without one.
         self.validate_args = None if schema is None else compile_schema(schema, self.name)
+        # How many arguments it takes after ctx, checked at enqueue: a call it cannot take would
+        # fail every attempt in a runtime, found in its log rather than at the call.
+        self.arity = arity(func)
         self.is_async = inspect.iscoroutinefunction(func)
         self.__name__ = getattr(func, "__name__", self.name)
         self.__qualname__ = getattr(func, "__qualname__", self.name)
@@ -127,6 +130,8 @@ class JobFunction:
         check_args(args)
         if self.validate_args is not None:
             self.validate_args(list(args))
+        if not self.arity[0] <= len(args) <= self.arity[1]:
+            refuse_arity(self.name, self.arity, len(args))
         return JobRequest(self.name, args, queue)
 
     def enqueue(self, *args: Any, wait: float | None = None, at: datetime | None = None, conn: Any = None,
