@@ -527,8 +527,15 @@ class Hub:
                 sub.send(frame)
                 last = message.offset
                 unread += len(frame)
-            if not page.more and (waiting is None or waiting.dropped <= offset_key(last)):
-                return offset_key(last)
+            if not page.more:
+                if unread:
+                    # The replay ends once the client has read it: the replays of subscribes sent
+                    # together (a client resuming many topics) would otherwise each leave a little
+                    # unread, and together pass what a client may have waiting.
+                    await sub.drain()
+                    unread = 0
+                if waiting is None or waiting.dropped <= offset_key(last):
+                    return offset_key(last)
             # More to read, or live messages past the replay were dropped while the client read
             # it (_Waiting): the log holds them, so the replay reads on.
             await sub.drain()  # a replay of any length waits for the client, page by page

@@ -30,6 +30,9 @@ class Sub:
     def data(self) -> list:
         return [f["data"] for f in self.frames if f["op"] == "message"]
 
+    async def drain(self) -> None:
+        """A client that has read everything sent to it as soon as it was sent."""
+
 
 def fan(subs, frame: str, *_topic_and_kind: object) -> None:
     for sub in subs:

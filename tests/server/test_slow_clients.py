@@ -256,3 +256,22 @@ async def test_a_replay_to_a_client_that_fell_behind_arrives_whole_once_it_reads
     assert got == sent
     assert not on_server.closing
     await slow.close()
+
+
+async def test_a_client_resuming_many_topics_at_once_gets_every_replay_and_is_not_closed(served: Served) -> None:
+    """A client that comes back with `since` on 12 topics, each with ~200 KiB missed (together more than a client may have waiting), sends its subscribes at once and reads as fast as it can: it gets every missed message of every topic, in order, and is never closed as too slow; each replay waited for it to read what came before."""
+    names = [f"room:resume{k}" for k in range(12)]
+    since = {name: await served.fanout.alatest_offset(name) for name in names}
+    sent = {name: [await served.publish(name, {"n": n, "pad": "x" * 20_000}) for n in range(10)] for name in names}
+    client = await open_client(served.url)
+    for name in names:
+        await client.send({"op": "subscribe", "topic": served.sign(name), "since": since[name], "ref": name})
+    got: dict[str, list[str]] = {name: [] for name in names}
+    while any(len(got[name]) < len(sent[name]) for name in names):
+        frame = await client.recv(timeout=10)
+        assert frame["op"] in ("subscribed", "message"), frame
+        if frame["op"] == "message":
+            got[frame["topic"]].append(frame["offset"])
+    assert got == sent
+    assert not server_side(served.server, client).closing
+    await client.close()
