@@ -251,6 +251,11 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.paused = False
+        # The peer took what waited for it: it is alive, which answers the sweep's ping as its
+        # data would. While its subscribes are served its frames may go unread (INBOX_FRAMES),
+        # and a client reading a long replay would otherwise look silent and be dropped.
+        self.seen = self.core.now
+        self.ping_at = 0.0
         backlog = self.backlog
         if backlog is not None:
             write = self.transport.write

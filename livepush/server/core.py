@@ -8,7 +8,7 @@ the server's gate (`PushServer.admit`) in a task that ends with the handshake, a
 - the slow-client time bound: a connection whose backlog has been missing a frame for
   `connection.BEHIND_SECONDS` is closed with 1013 (only connections with a backlog are looked at);
 - keepalive, every quarter heartbeat: a connection silent for three quarters of a heartbeat gets
-  a ping (any data from it answers), and one that leaves a ping unanswered for a heartbeat is
+  a ping (any data from it answers, and so does its taking frames that waited for it), and one that leaves a ping unanswered for a heartbeat is
   dropped: a dead peer goes within 2.25 heartbeats of its last byte;
 - the delivery metrics, counted as plain numbers on the delivery path, added to their
   Prometheus metrics at each tick (`metrics.DeliveryTally`).

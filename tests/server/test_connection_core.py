@@ -207,6 +207,36 @@ async def test_the_keepalive_sweep_drops_a_dead_peer_within_its_bound_and_keeps_
     await live.close()
 
 
+async def test_a_client_reading_long_replays_while_its_own_frames_wait_is_not_dropped_by_keepalive(
+    start_server: Callable[..., Any],
+) -> None:
+    """Heartbeat 0.4 s: a client that sends 30 subscribes with `since` at once (the server stops reading its frames while it serves them) and reads the 6 MB of replays through a 4 KiB receive buffer for several heartbeats gets all of them: taking what the server sends shows it alive, though its pongs wait unread."""
+    server = await start_server(heartbeat=0.4)
+    names = [f"room:resume{k}" for k in range(30)]
+    since = {name: await server.fanout.alatest_offset(name) for name in names}
+    for name in names:
+        for i in range(10):
+            await server.fanout.apublish(name, {"i": i, "pad": "x" * 20_000})
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", server.port))
+    client = await WSClient.open(url(server), sock=sock)
+    for name in names:
+        signed = topics.sign(name, server.settings.secrets)
+        await client.send({"op": "subscribe", "topic": signed, "since": since[name], "ref": name})
+    got = 0
+    started = time.monotonic()
+    while got < 10 * len(names):
+        frame = await client.recv(timeout=10)
+        if frame["op"] == "message":
+            got += 1
+            await asyncio.sleep(0.01)  # a client slower than the server: the replays wait for it
+    assert time.monotonic() - started > 5 * 0.4, "the replays took several heartbeats"
+    assert not on_server(server, client).closing
+    await client.close()
+
+
 async def test_500_idle_connections_run_no_task(start_server: Callable[..., Any]) -> None:
     """500 connections open and idle: the server runs no asyncio task for any of them."""
     server = await start_server()
