@@ -12,7 +12,9 @@ pops them, in order, as it drains.
   without a gap.
 - Any other frame (`subscribed`, a replay, a snapshot, `pong`) waits in order, never dropped.
   It also ends the conflation of every state waiting before it, so a state that comes later
-  never overtakes it.
+  never overtakes it. A subscribe's state frames (kind "snapshot": its snapshot, and the changes
+  that came while it was read) are such frames, and count as states for the slow-client bound
+  (largest_state): a job's final state reaches a client as a snapshot too.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from typing import Literal
 
 from .. import protocol
 
-# What the hub says a frame is; None: any other frame (it only goes out in order).
-Kind = Literal["state", "message", "reset"]
+# What the hub says a frame is; None: any other frame (it only goes out in order), as does a
+# "snapshot", which is a state all the same.
+Kind = Literal["state", "message", "reset", "snapshot"]
 # What add() did: queued, replaced an older state, or replaced a topic's messages by `reset`.
 Outcome = Literal["queued", "conflated", "reset"]
 
@@ -65,6 +68,7 @@ class Backlog:
         self._messages: dict[str, deque[_Slot]] = {}  # each message topic's waiting messages
         self._message_bytes: dict[str, int] = {}
         self._resets: dict[str, _Slot] = {}  # each message topic's waiting reset
+        self._snapshots: set[_Slot] = set()  # waiting states of subscribes, never replaced
         self.last = 0  # the place of the last frame added (see passed())
         # What turns a frame's text into what is queued: a connection queues whole wire frames.
         self._framing = framing
@@ -73,8 +77,10 @@ class Backlog:
         return len(self._queue) - self._dropped
 
     def largest_state(self) -> int:
-        """The bytes of the largest waiting state that a newer one of its topic would replace."""
-        return max((len(s.data) for s in self._states.values() if s.data is not None), default=0)
+        """The bytes of the largest waiting state: one that a newer one of its topic would replace,
+        or a subscribe's."""
+        states = [len(s.data) for s in self._states.values() if s.data is not None]
+        return max(states + [len(s.data) for s in self._snapshots if s.data is not None], default=0)
 
     def passed(self, place: int) -> bool:
         """Whether every frame added up to `place` (a value of `last`) was popped or dropped."""
@@ -114,7 +120,9 @@ class Backlog:
             self._resets[topic] = self._append(data, topic, kind)
             return "queued"
         self._states.clear()  # states after this frame queue behind it
-        self._append(data, topic, None)
+        slot = self._append(data, topic, "snapshot" if kind == "snapshot" else None)
+        if kind == "snapshot":
+            self._snapshots.add(slot)
         return "queued"
 
     def pop(self) -> bytes | None:
@@ -139,6 +147,8 @@ class Backlog:
                     del self._messages[topic], self._message_bytes[topic]
             elif slot.kind == "reset" and self._resets.get(topic) is slot:
                 del self._resets[topic]
+            elif slot.kind == "snapshot":
+                self._snapshots.discard(slot)
         return data
 
     # -- inside ---------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ class Connection(asyncio.Protocol):
     """One connection's state: what cannot be derived, nothing more."""
 
     __slots__ = ("core", "transport", "proto", "session", "topics", "closing", "paused", "out", "backlog", "seen",
-                 "ping_at", "deadline", "busy", "inbox", "partial", "head", "early", "_bad", "_subscribes",
+                 "ping_at", "deadline", "busy", "inbox", "partial", "head", "early", "pongs", "_bad", "_subscribes",
                  "_waiter")
 
     def __init__(self, core: Core) -> None:
@@ -117,6 +117,7 @@ class Connection(asyncio.Protocol):
         self.partial: bytearray | None = None  # a fragmented message so far (opcode in its first byte)
         self.head = b""  # the last bytes of the request head so far, to find its end across reads
         self.early: bytearray | None = None  # what came after the request head, until it is answered
+        self.pongs = 0  # bytes flush() wrote while the transport was paused, since it last resumed
         self._bad: protocol.BadFrameWindow | None = None
         self._subscribes: TokenBucket | None = None
         self._waiter: asyncio.Future[None] | None = None  # drain(): more was written
@@ -251,6 +252,7 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.paused = False
+        self.pongs = 0  # below the low-water mark: the pongs written while paused were taken
         # The peer took what waited for it: it is alive, which answers the sweep's ping as its
         # data would. While its subscribes are served its frames may go unread (INBOX_FRAMES),
         # and a client reading a long replay would otherwise look silent and be dropped.
@@ -283,6 +285,8 @@ class Connection(asyncio.Protocol):
         for data in self.proto.data_to_send():
             if data:
                 self.transport.write(data)
+                if self.paused:
+                    self.pongs += len(data)
             elif self.transport.can_write_eof():
                 self.transport.write_eof()
             else:
@@ -291,8 +295,9 @@ class Connection(asyncio.Protocol):
             self.core.expect_close(self)
         elif self.paused and not self.closing:
             # Pongs bypass the backlog (they answer the client's own pings): a client that pings
-            # and never reads is bounded by what waits in the transport instead.
-            waiting = self.transport.get_write_buffer_size() + self.backlog_bytes
+            # and never reads is bounded by the pongs waiting in the transport too. Only those:
+            # the rest of what the transport holds may be one large state, which must arrive.
+            waiting = self.pongs + self.backlog_bytes
             if past_bound(waiting, self.backlog):
                 too_slow(self, f"{waiting} bytes waiting")
 

@@ -27,8 +27,9 @@ Everything here runs on the event loop; nothing awaits per subscriber.
 
 Live frames go out through `broadcast` with their topic and kind ("state", "message", "reset"):
 what a subscriber that cannot keep up may replace or drop (server/backlog.py). The frames of a
-subscribe (`subscribed`, the replay or snapshot, the join buffer) go through `send`, which only
-keeps them in order.
+subscribe (`subscribed`, the replay or snapshot, the join buffer) only keep their order: they go
+through `send`, but for a state topic's states, which go through `broadcast` as "snapshot" (in
+order all the same, and counted as states by the slow-client bound).
 """
 
 from __future__ import annotations
@@ -471,7 +472,10 @@ class Hub:
             metrics.RESETS.labels("slow_client").inc()
         for key, frame in buffer.frames:
             if key is None or key > floor:
-                sub.send(frame)
+                if t.source is None or key is None:
+                    sub.send(frame)
+                else:
+                    self._send_state(sub, t.name, frame)
                 floor = key if key is not None else floor
         del t.joining[sub]
         t.subscribers.add(sub)
@@ -558,8 +562,14 @@ class Hub:
         version = str(state.version)
         sub.send(protocol.subscribed(ref, t.name, version))
         if since != version:
-            sub.send(protocol.message(t.name, version, state.data_json(snapshot=True)))
+            self._send_state(sub, t.name, protocol.message(t.name, version, state.data_json(snapshot=True)))
         return (state.version,)
+
+    def _send_state(self, sub: Subscriber, topic: str, frame: str) -> None:
+        """A state frame of a subscribe: in order after its `subscribed`, never replaced, and
+        counted as a state by the slow-client bound (a final state larger than the bound arrives
+        as a snapshot too)."""
+        self._broadcast((sub,), frame, topic, "snapshot")
 
     def unsubscribe(self, sub: Subscriber, topic: str) -> None:
         t = self._topics.get(topic)

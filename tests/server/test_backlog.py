@@ -210,3 +210,16 @@ def _pop_some(b: Backlog, n: int) -> list[tuple[str, str, str | None]]:
         frame = json.loads(data)
         out.append((frame["op"], frame.get("topic", frame.get("ref")), frame.get("offset")))
     return out
+
+
+def test_a_subscribes_snapshot_keeps_its_place_and_counts_as_a_state_for_the_bound() -> None:
+    """A 3 MiB snapshot waits in order after its `subscribed`, a later state of its topic queues behind it rather than replacing it, and the bound does not count it: the client is not too slow for a state it must get; once it is sent, the bound counts everything again."""
+    b = Backlog()
+    big = protocol.message("job:1", "7", '{"event":"snapshot","pad":"' + "x" * (3 * 1024 * 1024) + '"}').encode()
+    b.add(protocol.subscribed(1, "job:1", "7").encode())
+    b.add(big, "job:1", "snapshot")
+    b.add(state("job:1", 8), "job:1", "state")
+    assert b.largest_state() == len(big)
+    assert not past_bound(b.bytes, b)
+    assert drained(b) == [("subscribed", "job:1", "7"), ("message", "job:1", "7"), ("message", "job:1", "8")]
+    assert b.largest_state() == 0

@@ -275,3 +275,21 @@ async def test_a_client_resuming_many_topics_at_once_gets_every_replay_and_is_no
     assert got == sent
     assert not server_side(served.server, client).closing
     await client.close()
+
+
+async def test_a_client_subscribing_to_finished_jobs_with_large_results_gets_their_snapshots(served_jobs: Served) -> None:
+    """A client that subscribes at once to two finished jobs that each returned 3 MiB, and pings meanwhile, gets both final states as snapshots and its pong, and is not closed as too slow: a state a client must get does not count towards the 2 MiB, whether it waits in the server's queue or in the socket's buffer."""
+    handles = [await large_result.aenqueue(0, 3 * 1024 * 1024) for _ in range(2)]
+    outcome = await asyncio.to_thread(jobs.drain, ["slow-clients"])
+    assert outcome.get("succeeded") == 2, outcome
+    client = await open_client(served_jobs.url)
+    for handle in handles:
+        await client.send({"op": "subscribe", "topic": handle.signed_topic, "since": None, "ref": handle.id})
+        await client.send({"op": "ping", "ref": handle.id})
+    frames = [await client.recv(timeout=20) for _ in range(6)]
+    assert [f["op"] for f in frames] == ["subscribed", "message", "pong"] * 2, [f["op"] for f in frames]
+    snapshots = [f["data"] for f in frames if f["op"] == "message"]
+    assert [s["event"] for s in snapshots] == ["snapshot", "snapshot"]
+    assert [len(s["job"]["result"]) for s in snapshots] == [3 * 1024 * 1024] * 2
+    assert not server_side(served_jobs.server, client).closing
+    await client.close()
