@@ -32,6 +32,7 @@ import livepush
 from livepush.fanout.base import (
     HISTORY_PAGE,
     HISTORY_PAGE_BYTES,
+    IDLE_EXPIRE,
     MAX_PAYLOAD_BYTES,
     FanOut,
 )
@@ -155,20 +156,23 @@ async def make_fanout(kind: str, request: pytest.FixtureRequest) -> AsyncIterato
         default_url = request.getfixturevalue("redis_url")
     made: list[FanOut] = []
 
-    async def make(*, history_ttl: float = 300.0, listen: bool = True, url: str | None = None) -> FanOut:
+    async def make(*, history_ttl: float = 300.0, listen: bool = True, url: str | None = None,
+                   idle_expire: float = IDLE_EXPIRE) -> FanOut:
         fanout: FanOut
         if kind == "local":
             from livepush.fanout.local import LocalFanOut
 
-            fanout = LocalFanOut(history_ttl=history_ttl)
+            fanout = LocalFanOut(history_ttl=history_ttl, idle_expire=idle_expire)
         elif kind == "postgres":
             from livepush.fanout.postgres import PostgresFanOut
 
-            fanout = PostgresFanOut(url or default_url, history_ttl=history_ttl)  # type: ignore[arg-type]
+            fanout = PostgresFanOut(url or default_url, history_ttl=history_ttl,  # type: ignore[arg-type]
+                                    idle_expire=idle_expire)
         else:
             from livepush.fanout.redis import RedisFanOut
 
-            fanout = RedisFanOut(url or default_url, history_ttl=history_ttl)  # type: ignore[arg-type]
+            fanout = RedisFanOut(url or default_url, history_ttl=history_ttl,  # type: ignore[arg-type]
+                                 idle_expire=idle_expire)
         made.append(fanout)
         if listen:
             await fanout.listen()
@@ -752,6 +756,46 @@ async def test_an_origin_offset_from_before_the_history_was_lost_is_none(
     assert replay is None, f"since={rendered} replayed {offsets_of(replay)}, hiding the lost {lost}"
 
 
+async def test_an_origin_held_while_its_topic_was_published_and_forgotten_gets_reset(
+        make_fanout: MakeFanOut) -> None:
+    """A page renders a topic's origin and is away while messages are published, pruned and the
+    idle topic forgotten, then another is published: the topic reads as having only that one,
+    but the page missed the others, so its origin gets None (reset), never a replay of only the
+    new chain. Forgetting leaves nothing to tell the lost chain by: the origin's age does."""
+    fanout = await make_fanout(listen=False, history_ttl=0.1, idle_expire=0.5)
+    rendered = fanout.latest_offset("forgot:a")
+    missed = [fanout.publish("forgot:a", {"i": i}) for i in range(3)]
+
+    async def forgotten() -> bool:
+        await fanout.prune()
+        # A forgotten topic reads as one never published: its latest offset is an origin.
+        return fanout.latest_offset("forgot:a") == fanout.latest_offset("forgot:never")
+
+    await async_wait_for(forgotten, WAIT, message="the idle topic to be forgotten")
+    again = fanout.publish("forgot:a", {"i": 3})
+    replay = await read_history(fanout, "forgot:a", rendered)
+    assert replay is None, f"the origin replayed {offsets_of(replay)} without {missed}, before {again}"
+
+
+async def test_an_origin_from_before_the_origin_moved_on_still_replays_everything(make_fanout: MakeFanOut) -> None:
+    """The origin moves on every half idle time (so that one held past the idle time is known
+    stale): an origin given out just before, on a topic whose first message comes after, still
+    replays that message, and on a topic still never published, replays nothing, without a reset."""
+    fanout = await make_fanout(listen=False, history_ttl=0.1, idle_expire=4)
+    rendered = fanout.latest_offset("moved:a")
+
+    async def moved_on() -> bool:
+        return await fanout.alatest_offset("moved:never") != rendered
+
+    await async_wait_for(moved_on, WAIT, message="the origin to move on")
+    current = fanout.latest_offset("moved:never")
+    assert offset_key(rendered) < offset_key(current)
+    first = fanout.publish("moved:a", {"i": 0})
+    assert offset_key(current) < offset_key(first)
+    assert offsets_of(await read_history(fanout, "moved:a", rendered)) == [first]
+    assert await read_history(fanout, "moved:never", rendered) == []
+
+
 # ---- connections: publish-only processes and lost listeners --------------------------------------
 
 
@@ -869,24 +913,27 @@ async def test_a_topic_the_local_fan_out_holds_idle_is_forgotten_and_its_old_off
     """The local fan-out forgets a topic nothing was published on for its idle time once its
     messages are pruned, as Postgres and Redis do (docs/guarantees.md): a process serving many
     short-lived topics keeps none of them for ever. An offset from before gets `reset`, never a
-    message of the topic's next chain under the same number; offsets never go backwards; the
-    origin still replays the topic from its first message."""
+    message of the topic's next chain under the same number; offsets never go backwards; an
+    origin given out since the topic was forgotten replays it from its first message, and one
+    held from before it was published gets `reset`, since it missed the forgotten chain."""
     from livepush.fanout.local import LocalFanOut
 
-    fanout = LocalFanOut(history_ttl=0.01, idle_expire=0.05)
-    origin = fanout.latest_offset("idle:a")
+    # An idle time long enough for a fresh origin to stay good across a few statements.
+    fanout = LocalFanOut(history_ttl=0.1, idle_expire=2)
+    held = fanout.latest_offset("idle:a")
     old = [fanout.publish(f"idle:{t}", {"i": 1}) for t in ("a", "b", "c")]
 
     async def forgotten() -> bool:
         await fanout.prune()
-        return fanout.latest_offset("idle:a") == origin
+        return not fanout._logs  # a forgotten topic holds no memory: what the forgetting is for
 
-    await async_wait_for(forgotten, 5, message="the idle topics to be forgotten")
-    assert [fanout.latest_offset(f"idle:{t}") for t in ("b", "c")] == [origin, origin]
-    assert not fanout._logs, "a forgotten topic holds no memory"  # what the forgetting is for
+    await async_wait_for(forgotten, WAIT, message="the idle topics to be forgotten")
+    origin = fanout.latest_offset("idle:never")
+    assert [fanout.latest_offset(f"idle:{t}") for t in ("a", "b", "c")] == [origin] * 3
     assert await fanout.history("idle:a", old[0]) is None
     again = [fanout.publish("idle:a", {"i": 2}) for _ in range(2)]
     assert offset_key(again[0]) > offset_key(old[0])
     assert await fanout.history("idle:a", old[0]) is None, "the old offset is no place in the new chain"
+    assert await fanout.history("idle:a", held) is None, f"the held origin replayed {again} without {old[0]}"
     assert offsets_of(await read_history(fanout, "idle:a", origin)) == again
     assert offsets_of(await read_history(fanout, "idle:a", again[0])) == again[1:]

@@ -10,9 +10,14 @@ must get `reset`, not that many of the new process's messages as if they followe
 A topic nothing is published on for a day (or twice the TTL), whose messages are all pruned, is
 forgotten, as on Postgres and Redis: a process that serves many short-lived topics (a user's, a
 document's) would otherwise keep each one for ever. A topic made after this fan-out forgot one
-takes a new EPOCH of its own, so a forgotten topic's numbers are never given out again; its
-origin ("EPOCH-0" of this fan-out, what latest_offset() gives for a topic it does not know)
-still replays it from its first message.
+takes a new EPOCH of its own, so a forgotten topic's numbers are never given out again.
+
+A topic this fan-out does not know has an origin as its offset, "0-ORIGIN": EPOCH moved on by
+whole steps of half the idle time, as on Postgres and Redis. A forgotten topic reads as never
+published, so an origin given out more than the idle time ago may have seen the topic published
+and forgotten since, and gets `reset`; a younger one replays the topic from its first message
+(which links to the origin of its time). Epoch 0 puts an origin below every offset a topic will
+have, and an origin below EPOCH is one of a process before.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ def _new_epoch() -> int:
 @dataclass
 class _Log:
     prefix: str  # "EPOCH-" of this topic's offsets
+    origin: Offset  # the `prev` of its first message: the origin when it was made
     last: int = 0
     touched: float = 0.0  # time.monotonic() of the last publish
     # seq, time, json, its size in bytes (counted once, at publish, for the page limit)
@@ -66,7 +72,10 @@ class LocalFanOut(FanOut):
         self.idle_expire = idle_expiry(idle_expire, history_ttl)
         self.epoch = _new_epoch()
         self._prefix = f"{self.epoch}-"
-        self._origin = f"{self._prefix}0"
+        # Origins are counted from here on the monotonic clock, which prune() forgets topics by:
+        # a step of the wall clock could make an old origin look young.
+        self._made = time.monotonic()
+        self._origin_step = max(int(self.idle_expire * 1_000_000) // 2, 1)  # microseconds
         self._logs: dict[Topic, _Log] = {}
         # Set once a topic was forgotten: from then on a new topic takes an epoch of its own, since
         # it may be one forgotten, whose numbers under this fan-out's epoch are given out already.
@@ -108,15 +117,14 @@ class LocalFanOut(FanOut):
         """Logs and dispatches one message; under the lock."""
         log = self._logs.get(topic)
         if log is None:
-            log = self._logs[topic] = _Log(f"{_new_epoch()}-" if self._forgot else self._prefix)
+            log = self._logs[topic] = _Log(f"{_new_epoch()}-" if self._forgot else self._prefix, self._origin())
         log.last += 1
         seq = log.last
         log.touched = time.monotonic()
         log.entries.append((seq, log.touched, text, len(text.encode("utf-8"))))
         while len(log.entries) > MAX_KEPT_PER_TOPIC:
             log.dropped_through = log.entries.popleft()[0]
-        prefix = log.prefix
-        message = Message(topic, f"{prefix}{seq}", f"{prefix}{seq - 1}", text, time.time())
+        message = Message(topic, f"{log.prefix}{seq}", self._prev(log, seq), text, time.time())
         # Dispatch under the lock so the loop sees a topic's messages in offset order.
         self._deliver(message)
         return message.offset
@@ -139,9 +147,10 @@ class LocalFanOut(FanOut):
 
     async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE) -> History | None:
         with self._lock:
-            log = self._logs.get(topic) or _Log(self._prefix)
-            # This fan-out's origin replays a topic from its first message, whatever its epoch.
-            after = 0 if since == self._origin else self._seq_of(since, log.prefix)
+            origin = self._origin()
+            log = self._logs.get(topic) or _Log(self._prefix, origin)
+            # A good origin replays a topic from its first message, whatever its epoch.
+            after = 0 if self._good_origin(since) else self._seq_of(since, log.prefix)
             if after is None:
                 return None
             if after > log.last or after < log.dropped_through:
@@ -158,11 +167,35 @@ class LocalFanOut(FanOut):
                     return None  # a missed message has expired: never a silent hole
                 if len(out) == limit or used >= HISTORY_PAGE_BYTES:
                     break
-                out.append(Message(topic, f"{log.prefix}{seq}", f"{log.prefix}{seq - 1}", text))
+                out.append(Message(topic, f"{log.prefix}{seq}", self._prev(log, seq), text))
                 used += size
                 last = seq
-            latest = f"{log.prefix}{log.last}" if log.last else self._origin
+            latest = f"{log.prefix}{log.last}" if log.last else origin
             return History(out, latest, last < log.last)
+
+    @staticmethod
+    def _prev(log: _Log, seq: int) -> Offset:
+        return f"{log.prefix}{seq - 1}" if seq > 1 else log.origin
+
+    def _elapsed(self) -> int:
+        """Microseconds since this fan-out was made, on the monotonic clock."""
+        return int((time.monotonic() - self._made) * 1_000_000)
+
+    def _origin(self) -> Offset:
+        """The origin given out now: the epoch moved on by whole steps, so that its age shows."""
+        step = self._origin_step
+        return f"0-{self.epoch + self._elapsed() // step * step}"
+
+    def _good_origin(self, since: Offset) -> bool:
+        """Whether `since` is an origin of this fan-out given out less than the idle time (two
+        steps) ago. An older one may have seen its topic published and forgotten since (a topic
+        is forgotten once idle that long, and it was published after the origin was given out),
+        which left nothing to tell it by."""
+        moved = self._seq_of(since, "0-")
+        if moved is None or moved < self.epoch:
+            return False  # not an origin, or one of a process before
+        age = self._elapsed() - (moved - self.epoch)
+        return (moved - self.epoch) % self._origin_step == 0 and 0 <= age < 2 * self._origin_step
 
     @staticmethod
     def _seq_of(since: Offset, prefix: str) -> int | None:
@@ -181,7 +214,7 @@ class LocalFanOut(FanOut):
     def latest_offset(self, topic: Topic) -> Offset:
         with self._lock:
             log = self._logs.get(topic)
-            return f"{log.prefix}{log.last}" if log else self._origin
+            return f"{log.prefix}{log.last}" if log else self._origin()
 
     async def alatest_offset(self, topic: Topic) -> Offset:
         return self.latest_offset(topic)

@@ -128,8 +128,10 @@ async def test_a_burst_of_messages_in_one_turn_of_the_loop_is_one_write_per_subs
     server = await start_server()
     clients, writes = await subscribers_recorded(server, "room:burst", 2, monkeypatch)
     epoch = server.fanout.epoch  # the local fan-out's offsets: "EPOCH-SEQ"
+    prev = server.fanout.latest_offset("room:burst")  # the origin: the topic's first message links to it
     for n in range(10):
-        server.hub.on_message(Message("room:burst", f"{epoch}-{n + 1}", f"{epoch}-{n}", json.dumps({"n": n}), None))
+        server.hub.on_message(Message("room:burst", f"{epoch}-{n + 1}", prev, json.dumps({"n": n}), None))
+        prev = f"{epoch}-{n + 1}"
     for client, written in zip(clients, writes):
         assert [m["data"]["n"] for m in await client.messages(10)] == list(range(10))
         assert len(written) == 1, f"{len(written)} writes for a burst of 10"

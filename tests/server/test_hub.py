@@ -211,6 +211,27 @@ async def test_a_message_that_skips_ahead_is_filled_from_history_in_order() -> N
     assert sub.data() == ["first", "missed", "after"]
 
 
+@pytest.mark.parametrize("moved_on", [False, True], ids=["same-origin", "origin-moved-on"])
+async def test_a_topic_anchored_on_an_origin_gets_its_first_message_without_a_reset(moved_on: bool) -> None:
+    """A subscriber joins a topic nothing was published on, so the hub's cursor is the origin;
+    the topic's first message goes out to it, also when the origin moved on (every half idle
+    time) before it: never a reset."""
+    fanout, hub = await make(YieldingLocal(history_ttl=0.1, idle_expire=4))
+    sub = Sub()
+    await hub.subscribe(sub, "anchored:a", None, 1)
+    [subscribed] = sub.frames
+    if moved_on:
+
+        async def origin_moved_on() -> bool:
+            return await fanout.alatest_offset("anchored:never") != subscribed["offset"]
+
+        await async_wait_for(origin_moved_on, 10, message="the origin to move on")
+    offset = fanout.publish("anchored:a", "first")
+    await async_wait_for(lambda: len(sub.frames) > 1, 10, message="the first message")
+    await settle()
+    assert [(f["op"], f.get("offset")) for f in sub.frames[1:]] == [("message", offset)]
+
+
 async def test_duplicates_are_dropped_and_replay_meets_live_without_a_seam() -> None:
     """A replayed message that also arrives live is delivered once."""
     fanout, hub = await make()
