@@ -18,9 +18,9 @@ class Message:
 
     `data_json` is the JSON text exactly as published, so the server encodes a frame once
     without parsing and re-serialising the payload. `prev` is the offset of the message before
-    it on the same topic (for the first, "EPOCH-0" on Postgres and local and the deployment's
-    origin "0-EPOCH" on Redis, the same value latest_offset() gives for a topic never
-    published), which lets the hub spot a gap.
+    it on the same topic (for the first, "EPOCH-0" on Postgres, and on local and Redis the origin
+    "0-…" that latest_offset() gave for the topic, never published, when it was published), which
+    lets the hub spot a gap.
     `data_json` is None for a doorbell, which only names the offset: the receiver reads the
     message from history (the Postgres fan-out's notifications are all doorbells).
     """
