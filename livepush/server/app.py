@@ -153,17 +153,20 @@ class PushServer:
         return self.away() is None
 
     def away(self) -> str | None:
-        """Which part of the server does not hear its changes (the `detail` of /readyz's
-        `listening` check), None while every part does."""
+        """Which parts of the server do not hear their changes (the `detail` of /readyz's
+        `listening` check), None while every part does. Every one is named: on the Redis fan-out
+        a Postgres outage deafens the revocation store and the state topics at once, and naming
+        the first alone would hide that `job:` topics are silent too."""
+        parts: list[str] = []
         if not self.fanout.listening:
-            return f"the {self.fanout.name} fan-out's listener is away"
+            parts.append(f"the {self.fanout.name} fan-out's listener is away")
         if not self.store.listening:
-            return "the revocation store's listener is away"
+            parts.append("the revocation store's listener is away")
         if not all(s.listening for s in self.states):
-            return "the listener of job, group and workflow topics is away"
+            parts.append("the listener of job, group and workflow topics is away")
         if not all(check() for check in self._health):
-            return "the job runtime beside the server is unhealthy: see its log"
-        return None
+            parts.append("the job runtime beside the server is unhealthy: see its log")
+        return "; ".join(parts) or None
 
     @property
     def draining(self) -> bool:

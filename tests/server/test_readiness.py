@@ -19,6 +19,7 @@ from livepush.server.app import PushServer
 from livepush.server.readiness import Canary
 from tests.server.conftest import Served, make_settings, start_served
 from tests.server.test_server import http_get
+from tests.support import services
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
@@ -209,5 +210,30 @@ async def test_a_schema_older_than_the_code_makes_the_server_unready(pg_url: str
         status, body = await readyz(served)
         schema = body["checks"]["schema"]  # type: ignore[index]
         assert status == 503 and schema["ok"] is False and "livepush migrate" in schema["detail"], body
+    finally:
+        await served.stop()
+
+
+async def test_a_postgres_outage_on_the_redis_fan_out_names_every_part_that_hears_nothing(
+        pg_url: str, pg_admin_url: str, redis_url: str, secret: str) -> None:
+    """On the Redis fan-out a Postgres outage leaves the fan-out hearing and two parts deaf: the
+    revocation store and the `job:`, `group:` and `workflow:` topics. /readyz names both, so an
+    operator does not read one as the whole of it; once Postgres is back both heal by themselves."""
+    settings = make_settings("redis", secret, None, redis_url)
+    served = await start_served(dataclasses.replace(settings, database_url=pg_url))
+    readiness = served.server.readiness
+    readiness.every = 0.1
+    try:
+        await async_wait_for(lambda: readiness.report()[0], 10.0, message="ready at first")
+        with services.pg_refusing_connections(pg_admin_url, services.dbname_of(pg_url)):
+            services.pg_terminate(pg_admin_url, services.dbname_of(pg_url), "livepush-listener")
+            await async_wait_for(lambda: not served.server.listening, 10.0, message="the listener to be away")
+            status, body = await readyz(served)
+            listening = body["checks"]["listening"]  # type: ignore[index]
+            assert status == 503 and listening["ok"] is False, body
+            assert "revocation store" in listening["detail"], body
+            assert "job, group and workflow topics" in listening["detail"], body
+            assert "redis fan-out" not in listening["detail"], body
+        await async_wait_for(lambda: readiness.report()[0], 15.0, message="/readyz to heal")
     finally:
         await served.stop()
