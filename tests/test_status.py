@@ -319,6 +319,21 @@ def test_servers_listening_on_the_database_and_on_redis_are_listed(
     assert code == 0 and "Servers listening (2)" in out, out + err
 
 
+def test_a_servers_since_is_an_iso_instant_like_every_other_time_in_the_json(
+        pg_url: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
+    """A script reads every time of `--json` one way: the server's `since` is ISO 8601 in UTC,
+    as the report's `at` and a runtime's `started_at` are, not Python's str() of a datetime."""
+    env = livepush_env(database_url=pg_url, fanout="postgres")
+    procs.livepush("serve", env=env)
+    code, out, err = run_status(procs, env, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    [server] = report["servers"]
+    since = datetime.fromisoformat(server["since"])
+    assert server["since"] == since.isoformat() and since.utcoffset() == timedelta(0), server
+    assert since <= datetime.fromisoformat(report["at"]), report
+
+
 def test_servers_of_another_deployment_on_the_same_redis_are_not_listed(
         pg_url: str, redis_url: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
     """A server of another deployment on the same Redis (its own LIVEPUSH_REDIS_PREFIX) is not one of ours: our report lists only ours."""

@@ -21,6 +21,7 @@ from ..config import Settings, read_number
 from ..errors import DependencyError
 from ..jobs import database
 from ..jobs.api.status import DEFAULT_LIMIT, MAX_LIMIT, Status, status
+from ..jobs.events.views import iso
 from ..postgres.connect import redact
 from ..postgres.listener import listening_backends
 from ..redis.client import deployment_prefix, listener_name
@@ -55,7 +56,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         database.close_pools()
     servers, complete = listening_servers(settings)
     if args.json:
-        print(json.dumps(report.as_dict() | {"servers": servers}, indent=2, default=str))
+        # A listener's start time as the report's other times are (ISO 8601, UTC), not str()'s form.
+        print(json.dumps(report.as_dict() | {"servers": [{k: iso(v) for k, v in s.items()} for s in servers]},
+                         indent=2, default=str))
     else:
         print(render(report, redact(url), servers))
     return 0 if complete else 1
