@@ -61,6 +61,24 @@ def idle_expiry(idle_expire: float, history_ttl: float) -> float:
     lose its chain."""
     return max(idle_expire, 2 * history_ttl)
 
+
+# The origin of a topic never published ("0-NUMBER") moves on in whole steps of half the idle
+# time, from an epoch that a loss of the history changes: a forgotten topic reads as never
+# published, so only an origin younger than the idle time can vouch that nothing was forgotten
+# since it was given out. The local and Postgres fan-outs share this arithmetic (Redis keeps its
+# two newest origins in Redis instead). All in microseconds.
+def origin_number(epoch: int, now: int, step: int) -> int:
+    """The origin given out at `now`: `epoch` moved on by whole steps, so that its age shows."""
+    return epoch + max(now - epoch, 0) // step * step
+
+
+def good_origin(number: int, epoch: int | None, now: int, step: int, idle: int) -> bool:
+    """Whether origin `number` lies on `epoch`'s steps (the history was not lost since) and was
+    given out less than `idle` ago; an older one may have seen its topic published and forgotten
+    since, which left nothing to tell it by."""
+    return epoch is not None and epoch <= number <= now and (number - epoch) % step == 0 and now - number < idle
+
+
 log = logging.getLogger("livepush.fanout")
 
 

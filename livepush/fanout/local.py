@@ -34,7 +34,7 @@ from typing import Any
 from ..types import JSON, Message, Offset, Topic
 from ..errors import ArgumentValueError
 from .base import (HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, FanOut, History, encode_batch, encode_payload,
-                   idle_expiry)
+                   good_origin, idle_expiry, origin_number)
 
 # Per topic: bounded memory even with a long TTL.
 MAX_KEPT_PER_TOPIC = 10_000
@@ -182,9 +182,8 @@ class LocalFanOut(FanOut):
         return int((time.monotonic() - self._made) * 1_000_000)
 
     def _origin(self) -> Offset:
-        """The origin given out now: the epoch moved on by whole steps, so that its age shows."""
-        step = self._origin_step
-        return f"0-{self.epoch + self._elapsed() // step * step}"
+        """The origin given out now (base.origin_number)."""
+        return f"0-{origin_number(self.epoch, self.epoch + self._elapsed(), self._origin_step)}"
 
     def _good_origin(self, since: Offset) -> bool:
         """Whether `since` is an origin of this fan-out given out less than the idle time (two
@@ -192,10 +191,9 @@ class LocalFanOut(FanOut):
         is forgotten once idle that long, and it was published after the origin was given out),
         which left nothing to tell it by."""
         moved = self._seq_of(since, "0-")
-        if moved is None or moved < self.epoch:
-            return False  # not an origin, or one of a process before
-        age = self._elapsed() - (moved - self.epoch)
-        return (moved - self.epoch) % self._origin_step == 0 and 0 <= age < 2 * self._origin_step
+        # Not an origin, or one of a process before (below its epoch), or off its steps or old.
+        return moved is not None and good_origin(moved, self.epoch, self.epoch + self._elapsed(),
+                                                 self._origin_step, 2 * self._origin_step)
 
     @staticmethod
     def _seq_of(since: Offset, prefix: str) -> int | None:

@@ -45,7 +45,7 @@ from ..postgres.text import BIGINT_MAX
 from ..types import JSON, Message, Offset, Topic
 from ..errors import ArgumentTypeError
 from .base import (HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, FanOut, History, encode_batch, encode_payload,
-                   idle_expiry)
+                   good_origin, idle_expiry, origin_number)
 
 log = logging.getLogger("livepush.fanout.postgres")
 
@@ -66,7 +66,7 @@ MANY_CHUNK = 1000
 MANY_CHUNK_BYTES = 8 * 1024 * 1024
 # name: latest_offset -- a committed value: the topic's epoch and last sequence number; for a
 # topic never published (no row), 0, the log's epoch and the database's clock, from which
-# _origin() makes its origin (livepush_log_epoch() makes the epoch if a crash emptied the log).
+# origin_number() makes its origin (livepush_log_epoch() makes the epoch if a crash emptied the log).
 LATEST = """
 SELECT epoch, last_seq, NULL::bigint FROM livepush_topics WHERE topic = %(topic)s
 UNION ALL
@@ -147,20 +147,6 @@ def _offset(epoch: int, seq: int) -> Offset:
     return f"{epoch}-{seq}"
 
 
-def _origin(log_epoch: int, now: int, step: int) -> int:
-    """The number of the origin given out at `now` (microseconds): the log's epoch, moved on by
-    whole steps (half the idle time), so that its age tells whether it may be too old."""
-    return log_epoch + max(now - log_epoch, 0) // step * step
-
-
-def _good_origin(after: int, log_epoch: int | None, now: int, step: int, idle: int) -> bool:
-    """Whether "0-after" is an origin of the log as it is (not emptied since: it lies on the
-    current epoch's steps) given out less than the idle time ago (`idle`, microseconds). An older
-    one may have seen its topic published and forgotten since, which left nothing to tell it by."""
-    return (log_epoch is not None and log_epoch <= after <= now and (after - log_epoch) % step == 0
-            and now - after < idle)
-
-
 def parse_offset(since: str) -> tuple[int, int] | None:
     """(epoch, seq) of an offset this fan-out gives out; None for anything else (ASCII digits
     only). An origin, given out for a topic never published, is (0, a step of the log's epoch)."""
@@ -198,11 +184,11 @@ def _page(topic: Topic, since_epoch: int, after: int, found: list[tuple[Any, ...
     # A good origin (given out while the topic had no row): the log was not emptied since, and
     # the topic cannot have been forgotten since, so it has lost nothing; it replays from its
     # first message.
-    origin = since_epoch == 0 and _good_origin(after, log_epoch, now, step, idle)
+    origin = since_epoch == 0 and good_origin(after, log_epoch, now, step, idle)
     if origin:
         after = 0
     if epoch is None:  # nothing published yet, or not since a crash emptied the log or it was forgotten
-        return History([], _offset(0, _origin(log_epoch, now, step)), False) if origin else None
+        return History([], _offset(0, origin_number(log_epoch, now, step)), False) if origin else None
     if (since_epoch != epoch and not origin) or after > last:
         return None  # from before a crash emptied the log, or an offset never given out
     latest = _offset(epoch, last)
@@ -411,7 +397,7 @@ class PostgresFanOut(FanOut):
     def _latest(self, row: tuple[int, int, int | None] | None) -> Offset:
         assert row is not None  # LATEST has a row for every topic
         epoch, number, now = row
-        return _offset(epoch, number if now is None else _origin(number, now, self._origin_step))
+        return _offset(epoch, number if now is None else origin_number(number, now, self._origin_step))
 
     def latest_offset(self, topic: Topic) -> Offset:
         with translated(self.url), self._pools.sync().connection() as c:
