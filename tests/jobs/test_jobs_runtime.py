@@ -363,7 +363,9 @@ async def test_jobs_a_claim_returns_after_the_stop_are_given_back_unstarted(jobs
 
     await jobs.apause_queue("second")
     late = jobs.enqueue_many([sample_jobs.wait_flag.request("late", queue="second")])[0]
-    async with running() as rt:
+    # No poll of its own: a claim that began between the lock and the resume's ring would still
+    # take "second" for paused and return nothing. Only the resume's ring starts the claim.
+    async with running(poll_interval=60.0) as rt:
         first = await sample_jobs.wait_flag.aenqueue("first")
         await async_wait_for(lambda: first.id in rt.in_hand, 5.0, message="the first job to be in hand")
         async with await psycopg.AsyncConnection.connect(jobs_db) as locker:
@@ -378,6 +380,8 @@ async def test_jobs_a_claim_returns_after_the_stop_are_given_back_unstarted(jobs
                                      AND wait_event_type = 'Lock' AND (query LIKE '%%picked%%'
                                      OR query LIKE '%%livepush_claim_limited%%')""")[0][0] == 1
 
+            # The waiting claim read the paused set after the resume: it goes on to "second".
+            await async_wait_for(lambda: "second" not in rt.paused, 5.0, message="the runtime to see the resume")
             await async_wait_for(lambda: asyncio.to_thread(claim_waits), 5.0, message="the claim to wait at the lock")
             rt.stop()  # as SIGTERM: the drain waits for the first job
             await async_wait_for(lambda: rt.state == "draining", 5.0, message="the runtime to drain")
