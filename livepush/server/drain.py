@@ -73,16 +73,19 @@ async def close_paced(
     return how many closes were started. `clients` is asked again at the end, for a handshake
     that was already past the door when the drain began."""
     loop = asyncio.get_running_loop()
-    started = loop.time()
+    end = loop.time() + seconds
     pending = [c for c in clients() if not c.closing]
     closed = 0
-    for batch in schedule(len(pending), seconds):
-        wait = started + batch.at - loop.time()
-        if wait > 0:
-            await asyncio.sleep(wait)
-        for client in pending[closed:closed + batch.size]:
+    while closed < len(pending):
+        # Planned again each round from what is left and the time that is left: a round that
+        # comes late (a loop busy for a while) spreads the rest over the remaining time, rather
+        # than closing every batch it missed at once, the herd the drain is there to prevent.
+        plan = schedule(len(pending) - closed, max(end - loop.time(), 0.0))
+        for client in pending[closed:closed + plan[0].size]:
             client.close(CloseCode.GOING_AWAY, reason(retry_ms(seconds, draw)))
-        closed += batch.size
+        closed += plan[0].size
+        if len(plan) > 1:
+            await asyncio.sleep(plan[1].at)
     late = [c for c in clients() if not c.closing]
     for client in late:
         client.close(CloseCode.GOING_AWAY, reason(retry_ms(seconds, draw)))
