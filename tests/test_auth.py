@@ -86,12 +86,13 @@ def test_garbage_cookies_survive(cookie: str) -> None:
 
 
 def test_huge_cookie_is_handled_quickly() -> None:
-    """A 100 KB Cookie header is scanned in linear time."""
+    """A 100 KB Cookie header is scanned in linear time. Timed in this thread's CPU time, which
+    a loaded machine that preempts the test does not add to."""
     cookie = "; ".join(f"c{i}={'v' * 90}" for i in range(1100)) + "; livepush_session=ok"
     assert len(cookie) > 100_000
-    started = time.perf_counter()
+    started = time.thread_time()
     assert extract_token({"Cookie": cookie}, "/") == "ok"
-    assert time.perf_counter() - started < 0.1
+    assert time.thread_time() - started < 0.1
 
 
 @pytest.mark.parametrize("path", ["/?token=%ZZ", "/?token=%C3%28", "/[?token=a", "/?&&&=&token", "?" * 1000])
