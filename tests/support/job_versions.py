@@ -30,7 +30,9 @@ CREATE TABLE test_job_versions (
     run_at       timestamptz,
     progress     jsonb,
     error        text,
-    xid          bigint NOT NULL DEFAULT txid_current()
+    xid          bigint NOT NULL DEFAULT txid_current(),
+    -- The writing transaction's now(): what a retry's run_at was computed from.
+    at           timestamptz NOT NULL DEFAULT now()
 );
 CREATE FUNCTION test_record_job_version() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
