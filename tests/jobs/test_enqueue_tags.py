@@ -76,6 +76,16 @@ def test_a_bad_tag_to_look_up_is_named_as_the_one_tag_given(jobs_db: str, tag: o
             call(tag)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("unfinished", ["no", 0, None])
+async def test_unfinished_takes_only_true_or_false(jobs_db: str, unfinished: object) -> None:
+    """unfinished="no" read as true would list the opposite of what was asked: anything but a
+    bool is a TypeError naming unfinished=, from list_tagged and alist_tagged alike."""
+    with pytest.raises(TypeError, match=r"^unfinished= must be True or False, got "):
+        jobs.list_tagged("batch:1", unfinished=unfinished)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^unfinished= must be True or False, got "):
+        await jobs.alist_tagged("batch:1", unfinished=unfinished)  # type: ignore[arg-type]
+
+
 def test_the_limit_counts_distinct_tags(jobs_db: str) -> None:
     """Up to 20 distinct tags: a tag repeated counts once (and is stored once), so a list naming
     20 tags with repeats is taken, and the 21st distinct tag is named in the refusal."""

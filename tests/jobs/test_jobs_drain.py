@@ -243,6 +243,17 @@ def test_drain_names_itself_for_a_bad_queue_name(jobs_db: str) -> None:
         jobs.drain([""])
 
 
+async def test_drain_of_an_empty_list_of_queues_is_refused_and_runs_nothing(jobs_db: str) -> None:
+    """queues=[] names no queue, as a `--queues` naming none: a ValueError saying to pass None for
+    every queue, not a drain of every queue."""
+    h = sample_jobs.other_queue.enqueue("c")
+    with pytest.raises(ValueError, match=r"drain\(queues=\[\]\) names no queue: .* pass None"):
+        jobs.drain([])
+    with pytest.raises(ValueError, match=r"drain\(queues=\[\]\) names no queue"):
+        await jobs.adrain(())
+    assert jobs.job_state(h.id)["state"] == "available"  # type: ignore[index]
+
+
 def drain_in_thread(**options: Any) -> tuple[threading.Thread, dict[str, Any]]:
     """drain(**options) in a thread of its own, so that a test can bound how long it takes."""
     result: dict[str, Any] = {}

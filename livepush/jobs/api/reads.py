@@ -11,7 +11,7 @@ from .. import database, queries
 from ..events.views import job_view
 from .handles import checked_id
 from .options import check_tag
-from ...errors import ArgumentValueError
+from ...errors import ArgumentTypeError, ArgumentValueError
 
 MAX_LISTED = 1000  # jobs per list_tagged() call
 
@@ -69,7 +69,11 @@ def tagged_params(tag: str, limit: int, unfinished: bool) -> dict[str, Any]:
     """TAGGED_IDS parameters, checked."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LISTED:
         raise ArgumentValueError(f"limit= must be an int from 1 to {MAX_LISTED}, got {limit!r}")
-    return {"tag": check_tag(tag), "limit": limit, "unfinished": bool(unfinished)}
+    if not isinstance(unfinished, bool):
+        # bool("no") is True: a string or a number here would list the opposite of what was meant.
+        raise ArgumentTypeError(f"unfinished= must be True or False, got {type(unfinished).__name__} "
+                                f"{unfinished!r:.60}")
+    return {"tag": check_tag(tag), "limit": limit, "unfinished": unfinished}
 
 
 def list_tagged(tag: str, *, limit: int = 100, unfinished: bool = False) -> list[JobInfo]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from ... import api, loops
 from ...config import get_settings
-from ...errors import ArgumentTypeError, ConfigError
+from ...errors import ArgumentTypeError, ArgumentValueError, ConfigError
 from .. import database, queries
 from ..groups import queries as group_queries
 from ..periodic import queries as periodic_queries
@@ -38,7 +38,12 @@ def _drained_queues(queues: Sequence[str] | None) -> list[str] | None:
                                 f"{queues!r:.60}"
                                 + (f" (wrap a single queue in a list: [{queues!r:.60}])" if isinstance(queues, str)
                                    else ""))
-    return [check_queue(q, "drain(queues=)") for q in queues] if queues else None
+    if queues is not None and not queues:
+        # As `livepush jobs --queues` naming none: an empty list built by the caller is more
+        # likely a mistake than a wish for every queue, and running them all is not undone.
+        raise ArgumentValueError("drain(queues=[]) names no queue: list the queues to drain, or pass None "
+                                 "(the default) to drain every queue")
+    return [check_queue(q, "drain(queues=)") for q in queues] if queues is not None else None
 
 
 def _registry(registry: Registry) -> Registry:
