@@ -385,6 +385,14 @@ async def test_operator_pause_holds_what_follows_until_resume(flows_db: str) -> 
                                                                              ("resume", "bo", None)]
 
 
+async def test_an_operators_actor_and_reason_are_kept_to_their_first_1000_characters(flows_db: str) -> None:
+    """The audit trail keeps the first 1,000 characters of `actor` and `reason`, as documented."""
+    run = await wd.diamond.astart({"n": 1})
+    assert await jobs.workflows.apause(run.id, actor="a" * 1500, reason="r" * 1001)
+    audit = jobs.workflows.get(run.id)["audit"]
+    assert [(a["verb"], a["actor"], a["reason"]) for a in audit] == [("pause", "a" * 1000, "r" * 1000)]
+
+
 async def test_a_step_queued_but_not_started_when_its_run_pauses_starts_on_resume(flows_db: str) -> None:
     """pause: "nothing new starts". A step whose job no runtime had claimed when the run paused has
     not started: it waits for resume, while later jobs on its queue run."""
