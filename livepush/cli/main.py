@@ -73,6 +73,16 @@ def _settings(args: argparse.Namespace, *, replaced: Collection[str] = ()) -> co
     return settings
 
 
+def _flags_of_this_command(message: str, args: argparse.Namespace) -> str:
+    """A setting's error names `serve`'s flag beside its variable; on a command without that flag
+    (`demo`, `jobs`, ...) it names the variable alone, the one way that command can set it."""
+    for name, variable in _FLAG_VARIABLES.items():
+        if not hasattr(args, name):
+            flag = "--" + name.replace("_", "-")
+            message = message.replace(f" (or {flag})", "").replace(f"{flag} (or {variable})", variable)
+    return message
+
+
 # -- commands ------------------------------------------------------------------------
 def cmd_migrate(args: argparse.Namespace) -> int:
     from .. import migrate
@@ -315,7 +325,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         status = fail(OSError(f"could not write the output of `livepush {args.command}` to standard output "
                               f"({exc.strerror or exc}); free space or write it elsewhere"), EXIT_DEPENDENCY)
-    except (ConfigError, SchemaError, InvalidTopic) as exc:
+    except ConfigError as exc:
+        status = fail(ConfigError(_flags_of_this_command(str(exc), args)), EXIT_USAGE)
+    except (SchemaError, InvalidTopic) as exc:
         status = fail(exc, EXIT_USAGE)
     except (ValueError, TypeError) as exc:
         # The operator tools pass what the user typed straight to the API: a ValueError there is

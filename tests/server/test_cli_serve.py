@@ -112,6 +112,23 @@ def test_a_bad_port_flag_is_named_as_the_flag(procs, livepush_env) -> None:
     assert_one_line_no_traceback(child.stderr(), "--port")
 
 
+@pytest.mark.parametrize("command, variable, value, flag", [
+    (["demo"], "LIVEPUSH_PORT", "70000", "--port"),
+    (["jobs", "tests.jobs.sample_jobs"], "LIVEPUSH_PORT", "70000", "--port"),
+    (["demo"], "LIVEPUSH_DRAIN_SECONDS", "-1", "--drain-seconds"),
+])
+def test_a_bad_setting_on_a_command_without_its_flag_names_the_variable_alone(
+        procs, livepush_env, command: list[str], variable: str, value: str, flag: str) -> None:
+    """A command that has no `--port` (demo, jobs) names only LIVEPUSH_PORT, the one way to set it
+    there: a hint at a flag it would refuse as usage sends the operator the wrong way."""
+    env = livepush_env()
+    env[variable] = value
+    child = procs.livepush(*command, env=env, wait_healthy=False)
+    assert child.wait(15) == 2, child.output()
+    assert_one_line_no_traceback(child.stderr(), f"{variable}={value} is out of range")
+    assert flag not in child.stderr(), child.stderr()
+
+
 def test_missing_app_module_exits_2(procs, livepush_env) -> None:
     """--app naming a module that does not exist exits 2 with one line."""
     child = procs.livepush("serve", "--app", "no_such_module_xyz:app", env=livepush_env(), wait_healthy=False)
