@@ -37,17 +37,23 @@ class Batch:
     size: int
 
 
+def batch_count(count: int, seconds: float, every: float = BATCH_EVERY_SECONDS) -> int:
+    """How many batches close `count` (> 0) connections over `seconds`: one every `every` s, or
+    one per connection when there are fewer; a single one when there is no time."""
+    if seconds <= 0:
+        return 1
+    # The epsilon keeps 0.3 / 0.1 (2.9999…) at 3 batches, not 4.
+    return max(1, min(count, math.ceil(seconds / every - 1e-9)))
+
+
 def schedule(count: int, seconds: float, every: float = BATCH_EVERY_SECONDS) -> list[Batch]:
     """Batches closing `count` connections over `seconds`: one every `every` s (or one per
     connection when there are fewer), the first at once, sizes differing by at most one."""
     if count <= 0:
         return []
-    if seconds <= 0:
-        return [Batch(0.0, count)]
-    # The epsilon keeps 0.3 / 0.1 (2.9999…) at 3 batches, not 4.
-    batches = max(1, min(count, math.ceil(seconds / every - 1e-9)))
+    batches = batch_count(count, seconds, every)
     base, extra = divmod(count, batches)
-    return [Batch(i * seconds / batches, base + (1 if i < extra else 0)) for i in range(batches)]
+    return [Batch(i * max(seconds, 0.0) / batches, base + (1 if i < extra else 0)) for i in range(batches)]
 
 
 def retry_ms(seconds: float, draw: Callable[[], float] = random.random) -> int:
@@ -77,15 +83,18 @@ async def close_paced(
     pending = [c for c in clients() if not c.closing]
     closed = 0
     while closed < len(pending):
-        # Planned again each round from what is left and the time that is left: a round that
-        # comes late (a loop busy for a while) spreads the rest over the remaining time, rather
-        # than closing every batch it missed at once, the herd the drain is there to prevent.
-        plan = schedule(len(pending) - closed, max(end - loop.time(), 0.0))
-        for client in pending[closed:closed + plan[0].size]:
+        # schedule() drawn again each round (its first batch, and when the second is due) from
+        # what is left and the time left: a round that comes late (a loop busy for a while)
+        # spreads the rest over the remaining time, rather than closing every batch it missed at
+        # once, the herd the drain is there to prevent.
+        left, remaining = len(pending) - closed, max(end - loop.time(), 0.0)
+        batches = batch_count(left, remaining)
+        size = -(-left // batches)  # schedule()'s first batch: it takes one of the remainder
+        for client in pending[closed:closed + size]:
             client.close(CloseCode.GOING_AWAY, reason(retry_ms(seconds, draw)))
-        closed += plan[0].size
-        if len(plan) > 1:
-            await asyncio.sleep(plan[1].at)
+        closed += size
+        if batches > 1:
+            await asyncio.sleep(remaining / batches)
     late = [c for c in clients() if not c.closing]
     for client in late:
         client.close(CloseCode.GOING_AWAY, reason(retry_ms(seconds, draw)))
