@@ -3,8 +3,8 @@
 Closing every connection at once sends every page back at once: the next server gets the
 whole herd in one burst. A drain closes them in batches spread over S seconds instead, each
 with 1001 and a reason `retry=MS` that tells the client how long to wait before it comes back,
-drawn so that the reconnects are spread too. `schedule()` and `retry_ms()` are the whole policy,
-as pure functions; `close_paced()` only follows them.
+drawn so that the reconnects are spread too. `batch_count()`, `schedule()` and `retry_ms()` are
+the whole policy, as pure functions; `close_paced()` only follows them, round by round.
 """
 
 from __future__ import annotations
