@@ -358,20 +358,19 @@ async def test_a_job_raising_cancellederror_itself_fails_its_attempt(jobs_db: st
 async def test_jobs_a_claim_returns_after_the_stop_are_given_back_unstarted(jobs_db: str) -> None:
     """A stop stops claiming: jobs that a claim already on its way returns after the stop are
     given back untouched (attempt not spent), not started and then cut off when the drain ends.
-    The claim is held at a table lock until the runtime is draining."""
+    The claim is held at a table lock until the runtime is draining. The late job is enqueued in
+    the transaction that holds the lock: whatever claim waits there (a poll's, a ring's), it
+    reads the table once the lock is gone, and finds the late job."""
     import psycopg
 
-    await jobs.apause_queue("second")
-    late = jobs.enqueue_many([sample_jobs.wait_flag.request("late", queue="second")])[0]
-    # No poll of its own: a claim that began between the lock and the resume's ring would still
-    # take "second" for paused and return nothing. Only the resume's ring starts the claim.
-    async with running(poll_interval=60.0) as rt:
+    async with running() as rt:
         first = await sample_jobs.wait_flag.aenqueue("first")
         await async_wait_for(lambda: first.id in rt.in_hand, 5.0, message="the first job to be in hand")
         async with await psycopg.AsyncConnection.connect(jobs_db) as locker:
-            # SHARE: the claim's UPDATE waits for it; reads (the first job's flag) do not.
+            # SHARE: the claim's UPDATE waits for it; reads (the first job's flag) do not. The
+            # lock's own transaction may still write the table.
             await locker.execute("LOCK TABLE livepush_jobs IN SHARE MODE")
-            await jobs.aresume_queue("second")
+            (late,) = await jobs.aenqueue_many([sample_jobs.wait_flag.request("late", queue="second")], conn=locker)
 
             def claim_waits() -> bool:
                 # The plain claim, or the limited one of a name with limits that other test modules
@@ -380,12 +379,10 @@ async def test_jobs_a_claim_returns_after_the_stop_are_given_back_unstarted(jobs
                                      AND wait_event_type = 'Lock' AND (query LIKE '%%picked%%'
                                      OR query LIKE '%%livepush_claim_limited%%')""")[0][0] == 1
 
-            # The waiting claim read the paused set after the resume: it goes on to "second".
-            await async_wait_for(lambda: "second" not in rt.paused, 5.0, message="the runtime to see the resume")
             await async_wait_for(lambda: asyncio.to_thread(claim_waits), 5.0, message="the claim to wait at the lock")
             rt.stop()  # as SIGTERM: the drain waits for the first job
             await async_wait_for(lambda: rt.state == "draining", 5.0, message="the runtime to drain")
-        # The lock is gone: the claim returns the late job, while the drain still waits.
+        # The lock is gone with the late job committed: the claim returns it, while the drain still waits.
         await async_wait_for(lambda: asyncio.to_thread(
             lambda: q(jobs_db, "SELECT state, attempt, version = 3 FROM livepush_jobs WHERE id = %s", (late.id,))
             == [("available", 0, True)] or q(jobs_db, "SELECT 1 FROM job_runs WHERE job_id = %s", (late.id,))),
