@@ -5,7 +5,6 @@ and an `authorize` hook that cannot answer says `unavailable`, never `forbidden`
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import math
 import os
@@ -29,6 +28,7 @@ from livepush.server.limits import Quiet
 from livepush.sessions import Session
 from livepush.sessions.revocations import MemoryRevocations
 from tests.server.conftest import Served, make_settings, start_served
+from tests.support.http import upgrade_request
 from tests.support.procs import Processes
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
@@ -133,9 +133,7 @@ def _silent_client(port: int) -> socket.socket:
     """A WebSocket client that completes the handshake and then never reads."""
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    key = base64.b64encode(os.urandom(16)).decode()
-    sock.sendall((f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                  f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+    sock.sendall(upgrade_request(port))
     assert sock.recv(4096).startswith(b"HTTP/1.1 101")
     return sock
 

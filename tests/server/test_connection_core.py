@@ -5,9 +5,7 @@ one sweep, and no asyncio task per connection."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
-import os
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -22,6 +20,7 @@ from livepush.server import frames
 from livepush.server.app import PushServer
 from livepush.server.connection import Connection
 from livepush.types import Message
+from tests.support.http import upgrade_request
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
@@ -83,9 +82,7 @@ async def raw_upgrade(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWr
     """A bare TCP client that completes the opening handshake and then does nothing by itself:
     it answers no ping (a dead peer, as far as WebSocket can tell), and runs no task."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    key = base64.b64encode(os.urandom(16)).decode()
-    writer.write(f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                 f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+    writer.write(upgrade_request(port))
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
     assert head.startswith(b"HTTP/1.1 101"), head
     return reader, writer
@@ -290,9 +287,7 @@ async def test_a_request_is_answered_whatever_follows_it_in_the_same_write(start
         answer = await _one_write(port, healthz + after)
         assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1") == 1, (after, answer[:80])
 
-    key = base64.b64encode(os.urandom(16)).decode()
-    upgrade = (f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-               f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode()
+    upgrade = upgrade_request(port)
     unmasked_ping = b"\x81\x0b" + b'{"op":"x"}\n'
     answer = await _one_write(port, upgrade + unmasked_ping)
     head, _, rest = answer.partition(b"\r\n\r\n")

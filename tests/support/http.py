@@ -1,9 +1,27 @@
-"""A raw HTTP/1.1 exchange with a test server, for what an HTTP client library hides: the exact
-status and headers of a HEAD, a POST or a 405."""
+"""Raw HTTP/1.1 with a test server, for what a client library hides: the exact status and headers
+of a HEAD, a POST or a 405, and the opening handshake of a WebSocket client written by hand."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import os
+from collections.abc import Sequence
+
+
+def websocket_key() -> str:
+    """A fresh Sec-WebSocket-Key: 16 random bytes in base64, as RFC 6455 asks of a client."""
+    return base64.b64encode(os.urandom(16)).decode()
+
+
+def upgrade_request(port: int, *, host: str = "127.0.0.1", target: bytes = b"/",
+                    headers: Sequence[tuple[bytes, bytes]] = ()) -> bytes:
+    """A well-formed opening handshake for `target` on `host`:`port`, with a fresh key and then
+    `headers` (raw bytes, so a test may send what a client library refuses to)."""
+    lines = [b"GET " + target + b" HTTP/1.1", f"Host: {host}:{port}".encode(), b"Upgrade: websocket",
+             b"Connection: Upgrade", f"Sec-WebSocket-Key: {websocket_key()}".encode(),
+             b"Sec-WebSocket-Version: 13", *(name + b": " + value for name, value in headers)]
+    return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
 async def http_exchange(port: int, method: str, path: str,

@@ -4,11 +4,9 @@ reduced to its outcome, and log checks (no traceback, no token text)."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import logging
-import os
 import secrets as _secrets
 import socket
 import time
@@ -21,6 +19,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from livepush import config, sessions
 from livepush.config import Settings
+from tests.support.http import upgrade_request, websocket_key
 
 SUBJECT = "user-7"
 ALLOWED_ORIGIN = "http://app.example"
@@ -188,7 +187,7 @@ def raw_request(port: int, headers: list[tuple[str, str]], path: str = "/") -> b
 
 def upgrade(port: int) -> list[tuple[str, str]]:
     return [("Host", f"127.0.0.1:{port}"), ("Upgrade", "websocket"), ("Connection", "Upgrade"),
-            ("Sec-WebSocket-Key", base64.b64encode(os.urandom(16)).decode()), ("Sec-WebSocket-Version", "13")]
+            ("Sec-WebSocket-Key", websocket_key()), ("Sec-WebSocket-Version", "13")]
 
 
 async def raw_attempt(port: int, target: bytes = b"/", headers: Sequence[tuple[bytes, bytes]] = ()) -> Outcome:
@@ -196,16 +195,7 @@ async def raw_attempt(port: int, target: bytes = b"/", headers: Sequence[tuple[b
     to send (raw non-ASCII or invalid UTF-8 in the request target or a header)."""
     reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), HANDSHAKE_TIMEOUT)
     try:
-        lines = [
-            b"GET " + target + b" HTTP/1.1",
-            f"Host: 127.0.0.1:{port}".encode(),
-            b"Upgrade: websocket",
-            b"Connection: Upgrade",
-            b"Sec-WebSocket-Key: " + base64.b64encode(os.urandom(16)),
-            b"Sec-WebSocket-Version: 13",
-            *(name + b": " + value for name, value in headers),
-        ]
-        writer.write(b"\r\n".join(lines) + b"\r\n\r\n")
+        writer.write(upgrade_request(port, target=target, headers=headers))
         await writer.drain()
         async with asyncio.timeout(HANDSHAKE_TIMEOUT):
             try:

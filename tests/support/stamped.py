@@ -10,11 +10,12 @@ client answers the close so that the server's close handshake ends at once.
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
 import socket
 import struct
 from dataclasses import dataclass
+
+from tests.support.http import upgrade_request
 
 # Linux's value; Python's socket module does not name it. For TCP the kernel reports the receive
 # time of the last segment read, which here is the close frame's alone (nothing else is unread).
@@ -71,9 +72,7 @@ class StampedWS:
     @staticmethod
     def _handshake(host: str, port: int) -> tuple[socket.socket, bytes]:
         sock = socket.create_connection((host, port), timeout=5)
-        key = base64.b64encode(os.urandom(16)).decode()
-        sock.sendall((f"GET / HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                      f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+        sock.sendall(upgrade_request(port, host=host))
         buf = b""
         while b"\r\n\r\n" not in buf or _frame(buf.split(b"\r\n\r\n", 1)[1]) is None:
             chunk = sock.recv(65536)
