@@ -10,7 +10,7 @@ the servers, as in production; the peers ring nothing):
 - enqueue one at a time (1,000 jobs, one transaction each; 250 with --quick) and in bulk (calls
   of 1,000);
 - N no-op async jobs drained by one process at concurrency 10 (jobs/s, until the last outcome
-  is written), and by two processes at concurrency 10 each (livepush: two `livepush jobs`
+  is written; livepush also at concurrency 40, against its own figure at 10), and by two processes at concurrency 10 each (livepush: two `livepush jobs`
   processes, started on a paused queue that is then resumed; the peers: two workers told to go
   at once; from the go to the last outcome);
 - pickup latency p50/p99: jobs enqueued at 50 a second into an idle worker, from just before
@@ -129,9 +129,9 @@ def lp_enqueue(url: str, n: int) -> dict[str, float]:
     return {"enqueue_one": rate_one, "enqueue_bulk": n / (time.perf_counter() - t)}
 
 
-async def drain_rate(registry: Registry, n: int) -> float:
-    """Run one runtime of `registry` (queue default, concurrency 10) until n jobs succeeded; jobs/s."""
-    rt = Runtime(registry, queues=["default"], concurrency=10, install_signals=False, heartbeat=5)
+async def drain_rate(registry: Registry, n: int, concurrency: int = 10) -> float:
+    """Run one runtime of `registry` (queue default) until n jobs succeeded; jobs/s."""
+    rt = Runtime(registry, queues=["default"], concurrency=concurrency, install_signals=False, heartbeat=5)
     t = time.perf_counter()
     task = asyncio.create_task(rt.run())
     while rt.counts.get("succeeded", 0) < n:  # counted once its outcome committed
@@ -148,6 +148,13 @@ async def drain_rate(registry: Registry, n: int) -> float:
 def lp_process(url: str, n: int) -> dict[str, float]:
     lp_fill(url, n)
     return {"process": run(drain_rate(REG, n))}
+
+
+def lp_process_wide(url: str, n: int) -> dict[str, float]:
+    """The same drain at concurrency 40: a claim takes as many jobs as there are free slots, so this
+    shows what larger claims alone are worth beside the figure at 10."""
+    lp_fill(url, n)
+    return {"process_40": run(drain_rate(REG, n, concurrency=40))}
 
 
 def lp_pickup(url: str, n: int) -> dict[str, float]:
@@ -293,6 +300,7 @@ def figures(ctx: report.Context) -> list[report.Figure]:
     with livepush_db(ctx.pg_admin_url, "bench_livepush") as lp_url:
         systems: dict[str, dict[str, Callable[[], dict[str, float]]]] = {"livepush": {
             "enqueue": lambda: lp_enqueue(lp_url, n), "process": lambda: lp_process(lp_url, n),
+            "process_40": lambda: lp_process_wide(lp_url, n),
             "process_two": lambda: lp_process_two(lp_url, n), "pickup": lambda: lp_pickup(lp_url, pickups)}}
         for name in peers:
             url = make_db(ctx.pg_admin_url, f"bench_{name}")
@@ -306,7 +314,7 @@ def figures(ctx: report.Context) -> list[report.Figure]:
         systems["bare loop"] = {"process": lambda: bare_process(lp_url, n)}
         try:
             for r in range(rounds_n):
-                for what in ("enqueue", "process", "process_two", "pickup"):
+                for what in ("enqueue", "process", "process_40", "process_two", "pickup"):
                     for system, fns in systems.items():
                         if what in fns:
                             t = time.perf_counter()
@@ -325,4 +333,9 @@ def figures(ctx: report.Context) -> list[report.Figure]:
             if other is not None:
                 out.append(report.Figure(label, rounds.median("livepush", key) or 0.0, unit, base, other,
                                          higher_is_better=higher, goal=goals.get(base)))
+        if key == "process":
+            # What a claim's size is worth: livepush against itself, whatever the peers' hour.
+            out.append(report.Figure("process no-op jobs, 1 process at concurrency 40",
+                                     rounds.median("livepush", "process_40") or 0.0, unit,
+                                     "livepush at concurrency 10", rounds.median("livepush", "process")))
     return out
