@@ -10,9 +10,10 @@ the servers, as in production; the peers ring nothing):
 - enqueue one at a time (1,000 jobs, one transaction each; 250 with --quick) and in bulk (calls
   of 1,000);
 - N no-op async jobs drained by one process at concurrency 10 (jobs/s, until the last outcome
-  is written; livepush also at concurrency 40, against its own figure at 10), and by two processes at concurrency 10 each (livepush: two `livepush jobs`
-  processes, started on a paused queue that is then resumed; the peers: two workers told to go
-  at once; from the go to the last outcome);
+  is written; livepush also at concurrency 40, against its own figure at 10), and by two
+  processes at concurrency 10 each (livepush: two `livepush jobs` processes, started on a paused
+  queue that is then resumed; the peers: two workers told to go at once; from the go to the last
+  outcome);
 - pickup latency p50/p99: jobs enqueued at 50 a second into an idle worker, from just before
   the enqueue call to the start of the job function. Every system's client enqueues one other
   job first (then the worker idles for a second), so no system's first sample pays for opening
