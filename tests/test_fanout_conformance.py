@@ -743,6 +743,14 @@ async def test_an_origin_offset_from_before_the_history_was_lost_is_none(
         client = redis.Redis.from_url(fanout.url)  # type: ignore[attr-defined]
         try:
             client.flushall()  # what a restart without persistence leaves
+            # A restart takes seconds; a flush, less than the millisecond a stream id counts in.
+            # Until Redis' clock passes the last lost id's, the next id would repeat it.
+            def redis_ms() -> int:
+                seconds, micros = client.time()
+                return seconds * 1000 + micros // 1000
+
+            lost_ms = offset_key(lost[-1])[0]
+            wait_for(lambda: redis_ms() > lost_ms, WAIT, message="Redis' clock to pass the last lost message's millisecond")
         finally:
             client.close()
     else:
