@@ -3,8 +3,9 @@
 Closing every connection at once sends every page back at once: the next server gets the
 whole herd in one burst. A drain closes them in batches spread over S seconds instead, each
 with 1001 and a reason `retry=MS` that tells the client how long to wait before it comes back,
-drawn so that the reconnects are spread too. `batch_count()`, `schedule()` and `retry_ms()` are
-the whole policy, as pure functions; `close_paced()` only follows them, round by round.
+drawn so that the reconnects are spread too. `batch_count()`, `batch_size()`, `schedule()` and
+`retry_ms()` are the whole policy, as pure functions; `close_paced()` only follows them, round
+by round.
 """
 
 from __future__ import annotations
@@ -46,14 +47,20 @@ def batch_count(count: int, seconds: float, every: float = BATCH_EVERY_SECONDS) 
     return max(1, min(count, math.ceil(seconds / every - 1e-9)))
 
 
+def batch_size(count: int, batches: int, i: int = 0) -> int:
+    """The size of batch `i` of `batches` closing `count` connections: sizes differ by at most
+    one, the larger first."""
+    base, extra = divmod(count, batches)
+    return base + (1 if i < extra else 0)
+
+
 def schedule(count: int, seconds: float, every: float = BATCH_EVERY_SECONDS) -> list[Batch]:
     """Batches closing `count` connections over `seconds`: one every `every` s (or one per
     connection when there are fewer), the first at once, sizes differing by at most one."""
     if count <= 0:
         return []
     batches = batch_count(count, seconds, every)
-    base, extra = divmod(count, batches)
-    return [Batch(i * max(seconds, 0.0) / batches, base + (1 if i < extra else 0)) for i in range(batches)]
+    return [Batch(i * max(seconds, 0.0) / batches, batch_size(count, batches, i)) for i in range(batches)]
 
 
 def retry_ms(seconds: float, draw: Callable[[], float] = random.random) -> int:
@@ -89,7 +96,7 @@ async def close_paced(
         # once, the herd the drain is there to prevent.
         left, remaining = len(pending) - closed, max(end - loop.time(), 0.0)
         batches = batch_count(left, remaining)
-        size = -(-left // batches)  # schedule()'s first batch: it takes one of the remainder
+        size = batch_size(left, batches)
         for client in pending[closed:closed + size]:
             client.close(CloseCode.GOING_AWAY, reason(retry_ms(seconds, draw)))
         closed += size
