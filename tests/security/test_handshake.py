@@ -20,7 +20,8 @@ from livepush.fanout.local import LocalFanOut
 from livepush.server.app import PushServer
 from livepush.sessions import MemoryRevocations
 from tests.server.conftest import Served, make_settings, start_served
-from tests.support.security import attempt, hello, http, raw_attempt, raw_request, upgrade
+from tests.support.http import upgrade_headers
+from tests.support.security import attempt, hello, http, raw_attempt, raw_request
 from tests.support.wsclient import WSClient
 
 
@@ -41,7 +42,7 @@ async def test_duplicated_headers_get_400_and_no_traceback(served: Served, caplo
     """A handshake or an HTTP request with two Origin, Upgrade, Host or Cookie headers gets 400 and leaves no error in the log."""
     caplog.set_level(logging.DEBUG)
     port = served.server.port
-    base = upgrade(port)
+    base = upgrade_headers(port)
     for name, value in (("Origin", "http://127.0.0.1"), ("Upgrade", "websocket"), ("Host", "other"),
                         ("Cookie", "a=b")):
         answer = await asyncio.to_thread(raw_request, port, base + [(name, value), (name, value + "x")])
@@ -150,8 +151,8 @@ async def test_client_mistakes_are_logged_at_debug_and_rate_limited(served: Serv
     caplog.set_level(logging.DEBUG, logger="livepush")
     port = served.server.port
     for _ in range(50):
-        await asyncio.to_thread(raw_request, port, upgrade(port) + [("Origin", "https://evil.example")])
-        await asyncio.to_thread(raw_request, port, upgrade(port) + [("Cookie", "livepush_session=forged.token")])
+        await asyncio.to_thread(raw_request, port, upgrade_headers(port) + [("Origin", "https://evil.example")])
+        await asyncio.to_thread(raw_request, port, upgrade_headers(port) + [("Cookie", "livepush_session=forged.token")])
     mine = [r for r in caplog.records if r.name.startswith("livepush")]
     assert all(r.levelno <= logging.DEBUG for r in mine), [(r.levelname, r.getMessage()) for r in mine]
     origins = [r for r in mine if "origin" in r.getMessage()]

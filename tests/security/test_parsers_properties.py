@@ -22,7 +22,8 @@ from livepush.sessions import decode
 from livepush.sessions.handshake import duplicated_header, extract_token, origin_allowed
 from livepush.types import offset_key
 from tests.server.conftest import make_settings, start_served
-from tests.support.security import raw_request, upgrade
+from tests.support.http import upgrade_headers
+from tests.support.security import raw_request
 from tests.support.wsclient import WSClient
 
 TOPIC = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
@@ -192,7 +193,7 @@ def test_arbitrary_http_requests_never_get_a_500(secret: str, hs: list[tuple[str
         try:
             port = served.server.port
 
-            answer = await asyncio.to_thread(raw_request, port, upgrade(port) + list(hs))
+            answer = await asyncio.to_thread(raw_request, port, upgrade_headers(port) + list(hs))
             assert not answer.startswith(b"HTTP/1.1 5"), answer
             client = await WSClient.open(served.url)
             await client.close()

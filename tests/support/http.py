@@ -9,18 +9,20 @@ import os
 from collections.abc import Sequence
 
 
-def websocket_key() -> str:
-    """A fresh Sec-WebSocket-Key: 16 random bytes in base64, as RFC 6455 asks of a client."""
-    return base64.b64encode(os.urandom(16)).decode()
+def upgrade_headers(port: int, *, host: str = "127.0.0.1") -> list[tuple[str, str]]:
+    """The headers of a well-formed opening handshake to `host`:`port`, with a fresh
+    Sec-WebSocket-Key (16 random bytes in base64, as RFC 6455 asks of a client)."""
+    return [("Host", f"{host}:{port}"), ("Upgrade", "websocket"), ("Connection", "Upgrade"),
+            ("Sec-WebSocket-Key", base64.b64encode(os.urandom(16)).decode()), ("Sec-WebSocket-Version", "13")]
 
 
 def upgrade_request(port: int, *, host: str = "127.0.0.1", target: bytes = b"/",
                     headers: Sequence[tuple[bytes, bytes]] = ()) -> bytes:
-    """A well-formed opening handshake for `target` on `host`:`port`, with a fresh key and then
-    `headers` (raw bytes, so a test may send what a client library refuses to)."""
-    lines = [b"GET " + target + b" HTTP/1.1", f"Host: {host}:{port}".encode(), b"Upgrade: websocket",
-             b"Connection: Upgrade", f"Sec-WebSocket-Key: {websocket_key()}".encode(),
-             b"Sec-WebSocket-Version: 13", *(name + b": " + value for name, value in headers)]
+    """The opening handshake's request for `target`, then `headers` (raw bytes, so a test may
+    send what a client library refuses to)."""
+    lines = [b"GET " + target + b" HTTP/1.1",
+             *(f"{name}: {value}".encode() for name, value in upgrade_headers(port, host=host)),
+             *(name + b": " + value for name, value in headers)]
     return b"\r\n".join(lines) + b"\r\n\r\n"
 
 

@@ -19,7 +19,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from livepush import config, sessions
 from livepush.config import Settings
-from tests.support.http import upgrade_request, websocket_key
+from tests.support.http import upgrade_request
 
 SUBJECT = "user-7"
 ALLOWED_ORIGIN = "http://app.example"
@@ -183,11 +183,6 @@ def raw_request(port: int, headers: list[tuple[str, str]], path: str = "/") -> b
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
         return sock.recv(65536)
-
-
-def upgrade(port: int) -> list[tuple[str, str]]:
-    return [("Host", f"127.0.0.1:{port}"), ("Upgrade", "websocket"), ("Connection", "Upgrade"),
-            ("Sec-WebSocket-Key", websocket_key()), ("Sec-WebSocket-Version", "13")]
 
 
 async def raw_attempt(port: int, target: bytes = b"/", headers: Sequence[tuple[bytes, bytes]] = ()) -> Outcome:
