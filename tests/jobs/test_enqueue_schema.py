@@ -169,3 +169,27 @@ def test_a_tuple_is_an_array_to_the_schema_as_to_the_plain_json_check(jobs_db: s
         [([7, {"email": "a@b.c", "rows": [{"id": 1}, {"id": 2}]}],)]
     with pytest.raises(InvalidArgumentsError, match=r'args\[1\]\["rows"\]\[1\]\["id"\] breaks'):
         schema_import.request(7, {"email": "a@b.c", "rows": ({"id": 1}, {"id": "2"})})
+
+
+@jobs.job(name="t.schema_short", schema={"type": "array", "prefixItems": [
+    {"type": "string", "maxLength": 10}, {"type": "object", "additionalProperties": False}, {"enum": ["a", "b"]}]})
+async def schema_short(ctx: Any, name: str, spec: dict[str, Any], choice: Any) -> None:
+    return None
+
+
+@pytest.mark.parametrize(("args", "path", "rule", "ends"), [
+    (("x" * 100_000, {}, "a"), "args[0]", "maxLength", "is too long"),
+    (("ok", {f"k{i}": i for i in range(5_000)}, "a"), "args[1]", "additionalProperties", "were unexpected)"),
+    (("ok", {}, list(range(5_000))), "args[2]", "enum", "is not one of ['a', 'b']"),
+])
+def test_a_refusal_of_a_large_value_stays_a_line_long_and_keeps_the_rule_s_words(
+        args: tuple[Any, ...], path: str, rule: str, ends: str) -> None:
+    """The message goes into logs and error pages: it names the path, the rule and what the rule
+    says, not the whole refused value."""
+    with pytest.raises(InvalidArgumentsError) as caught:
+        schema_short.request(*args)
+    message = str(caught.value)
+    assert message.startswith(f"{path} breaks the schema of t.schema_short (rule '{rule}'): "), message[:300]
+    assert message.endswith(ends), message[-300:]
+    assert "characters left out" in message
+    assert len(message) < 600, len(message)

@@ -35,6 +35,20 @@ def _path(error: Any) -> str:
     return out
 
 
+# jsonschema's messages quote the refused value whole: a long string or a big dict would make a
+# refusal kilobytes long, in every log line and error page that shows it. Its head names what was
+# refused and its tail the rule's words ("is too long", "is not one of [...]"): both are kept.
+_MESSAGE_HEAD, _MESSAGE_TAIL = 240, 120
+
+
+def _bounded(message: str) -> str:
+    """`message` with its middle left out when it is longer than a log line should be."""
+    cut = len(message) - _MESSAGE_HEAD - _MESSAGE_TAIL
+    if cut <= 40:
+        return message
+    return f"{message[:_MESSAGE_HEAD]} ... ({cut} characters left out) ... {message[-_MESSAGE_TAIL:]}"
+
+
 def _as_stored(value: Any) -> Any:
     """`value` with its tuples as lists, as the job's row stores them: jsonschema counts only lists
     as arrays. Returned as it is when it holds no tuple."""
@@ -228,6 +242,7 @@ def compile_schema(schema: Any, job_name: str) -> Callable[[list[Any]], None]:
                 rule, message = "false", f"False schema does not allow {error.instance!r}"
             else:
                 rule, message = repr(error.validator), error.message
-            raise InvalidArgumentsError(f"{_path(error)} breaks the schema of {job_name} (rule {rule}): {message}")
+            raise InvalidArgumentsError(f"{_path(error)} breaks the schema of {job_name} (rule {rule}): "
+                                        f"{_bounded(message)}")
 
     return validate
