@@ -113,8 +113,8 @@ def parse(raw: str | bytes) -> Command:
 
 
 # -- server frames ---------------------------------------------------------------------
-def _dump(obj: dict[str, Any]) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+# Built once: json.dumps() with options builds an encoder at every call.
+_dump = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def hello(subject: str | None, heartbeat: float) -> str:
