@@ -10,11 +10,12 @@ import sys
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from psycopg import sql
 
 from livepush import jobs
 from livepush.errors import ConfigError
 from livepush.jobs import InvalidArgumentsError
-from livepush.jobs.api.enqueue import run_at
+from livepush.jobs.api.enqueue import EARLIEST_RUN_AT, LATEST_RUN_AT, run_at
 from livepush.jobs.api.functions import JobFunction
 from livepush.jobs.api.handles import NO_SUCH_ID, checked_id
 from tests.jobs import sample_jobs
@@ -37,7 +38,7 @@ def test_checked_id() -> None:
     (-1, ValueError, "zero or more seconds"),
     (math.nan, ValueError, "finite"),
     (math.inf, ValueError, "finite"),
-    (1e30, ValueError, "after the year 9999"),
+    (1e30, ValueError, "ends after 9999-12-30 in UTC"),
     ("5", TypeError, "a number of seconds, got str"),
     (True, TypeError, "a number of seconds, got bool"),
 ])
@@ -102,6 +103,39 @@ def test_an_at_whose_instant_python_cannot_read_back_is_refused_at_the_call(jobs
     with pytest.raises(ValueError, match="at="):
         jobs.enqueue_many([(sample_jobs.record, ["odd"], {"at": at})])
     assert q(jobs_db, "SELECT count(*) FROM livepush_jobs")[0][0] == 0
+
+
+def _session_zone(url: str, zone: str) -> None:
+    """Every new session of the test's database shows times in `zone`, as a server whose TimeZone
+    is not UTC does (initdb takes the machine's zone)."""
+    (name,) = q(url, "SELECT current_database()")[0]
+    q(url, sql.SQL("ALTER DATABASE {} SET timezone = {}").format(sql.Identifier(name), sql.Literal(zone)))
+
+
+@pytest.mark.parametrize(("zone", "near_the_end"), [
+    ("America/Adak", datetime(1, 1, 1, 12, tzinfo=timezone.utc)),            # year 0 as Adak shows it
+    ("Pacific/Kiritimati", datetime(9999, 12, 31, 12, tzinfo=timezone.utc)),  # year 10000 in Kiritimati
+])
+def test_a_run_time_every_session_time_zone_can_read_back_is_all_enqueue_takes(
+        jobs_db: str, zone: str, near_the_end: datetime) -> None:
+    """psycopg reads a run time as the session's time zone shows it: an instant within a day of
+    year 1 or 9999 in UTC is outside Python's datetimes there, and every read of its job (claim,
+    get_job, state topic) would fail. at= and wait= that near are refused, naming themselves and
+    writing nothing; the earliest and latest run times taken read back in that zone, and so does
+    an offset with a fraction of a second (which Postgres cannot parse), as its instant."""
+    _session_zone(jobs_db, zone)
+    with pytest.raises(ValueError, match="at= .* outside the run times livepush stores"):
+        sample_jobs.record.enqueue("odd", at=near_the_end)
+    with pytest.raises(ValueError, match="at="):
+        jobs.enqueue_many([(sample_jobs.record, ["odd"], {"at": near_the_end})])
+    if near_the_end.year == 9999:
+        with pytest.raises(ValueError, match="wait="):
+            sample_jobs.record.enqueue("odd", wait=(near_the_end - datetime.now(timezone.utc)).total_seconds())
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs")[0][0] == 0
+    odd_offset = datetime(2030, 1, 1, tzinfo=timezone(timedelta(microseconds=1)))
+    for at in (EARLIEST_RUN_AT, LATEST_RUN_AT, odd_offset):
+        info = jobs.get_job(sample_jobs.record.enqueue("edge", at=at).id)
+        assert info is not None and info.run_at == at.astimezone(timezone.utc).isoformat()
 
 
 @pytest.mark.parametrize(("option", "value", "error"), [

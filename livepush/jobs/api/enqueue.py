@@ -26,31 +26,49 @@ from .registry import REGISTRY, JobRequest, JobSpec
 from ...errors import ArgumentTypeError, ArgumentValueError
 
 
+# The run times every livepush reader can load: psycopg makes a datetime of a timestamptz as the
+# session's TimeZone shows it, up to about 16 hours off UTC (an old local mean time), and a
+# datetime ends at years 1 and 9999. An instant a day inside those years reads back in any zone;
+# one nearer their ends failed every claim, get_job and state read that met it, in such a zone.
+EARLIEST_RUN_AT = datetime(1, 1, 2, tzinfo=timezone.utc)
+LATEST_RUN_AT = datetime(9999, 12, 30, tzinfo=timezone.utc)
+_RUN_AT_RANGE = f"from {EARLIEST_RUN_AT.date().isoformat()} to {LATEST_RUN_AT.date().isoformat()} in UTC"
+
+
 def run_at(wait: float | None, at: datetime | None) -> datetime | None:
-    """When to run, from `wait=` (seconds) or `at=` (an aware datetime); None for now."""
+    """When to run, from `wait=` (seconds) or `at=` (an aware datetime), in UTC; None for now."""
     if wait is not None and at is not None:
         raise ArgumentTypeError("give wait= (seconds) or at= (an aware datetime), not both")
     if at is not None:
         if not isinstance(at, datetime) or at.tzinfo is None or at.utcoffset() is None:
             raise ArgumentTypeError(f"at= must be an aware datetime (e.g. datetime.now(timezone.utc)), got {at!r}")
         try:
-            # Postgres would store an instant before year 1 or after 9999 in UTC, but psycopg
-            # could not read it back as a datetime: every claim, get_job or status meeting it would fail.
-            at.astimezone(timezone.utc)
+            # The same instant in UTC: an offset with a fraction of a second, which Python allows,
+            # is one Postgres cannot parse.
+            utc = at.astimezone(timezone.utc)
         except OverflowError:
-            raise ArgumentValueError(f"at= {at.isoformat()} is outside the years 1 to 9999 in UTC") from None
-        return at
+            utc = None
+        if utc is None or not EARLIEST_RUN_AT <= utc <= LATEST_RUN_AT:
+            raise ArgumentValueError(f"at= {at.isoformat()} is outside the run times livepush stores, "
+                                     f"{_RUN_AT_RANGE}: to run as soon as possible, leave at= out "
+                                     "(a job of a lower @jobs.job(priority=) runs before others)")
+        return utc
     if wait is not None:
         if isinstance(wait, bool) or not isinstance(wait, (int, float)):
-            raise ArgumentTypeError(f"wait= takes a number of seconds, got {type(wait).__name__} {wait!r:.60}")
+            raise ArgumentTypeError(f"wait= takes a number of seconds, got {type(wait).__name__} {wait!r:.60}"
+                                    + (" (pass its .total_seconds())" if isinstance(wait, timedelta) else ""))
         if not wait >= 0 or wait == math.inf:  # `not >=` also catches NaN
-            raise ArgumentValueError(f"wait= must be zero or more seconds, a finite number, got {wait!r}")
+            raise ArgumentValueError(f"wait= must be zero or more seconds, a finite number, got {wait!r:.60}")
         if wait == 0:
             return None
         try:
-            return datetime.now(timezone.utc) + timedelta(seconds=wait)
+            when = datetime.now(timezone.utc) + timedelta(seconds=wait)
         except OverflowError:
-            raise ArgumentValueError(f"wait= of {wait!r} seconds ends after the year 9999: pass a shorter delay") from None
+            when = None
+        if when is None or when > LATEST_RUN_AT:
+            raise ArgumentValueError(f"wait= of {wait!r:.60} seconds ends after {LATEST_RUN_AT.date().isoformat()} "
+                                     "in UTC, the latest run time livepush stores: pass a shorter delay")
+        return when
     return None
 
 
