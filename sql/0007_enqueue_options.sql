@@ -181,12 +181,17 @@ END
 $$;
 
 -- A debounced enqueue of one job (a batch of one, as for ENQUEUE, whose key is not NULL) that
--- runs `p_delay` seconds from now: a pending job with the key (available or scheduled: not
+-- runs `p_delay` seconds from now: a pending job with the key (available or scheduled, and not
 -- started) takes the new arguments (and tags, when given) and that run time; with none pending,
 -- a new job is inserted at the lowest free place of the key, so with a job of the key started
--- (running or waiting) the new one is queued behind it. A durable job with stored steps has
--- started too, even when it is available or scheduled again (woken from a park, or waiting for
--- a retry): its next run replays those steps, which belong to its arguments and its function.
+-- (running or waiting) the new one is queued behind it. A job that has spent an attempt has
+-- started too, even when it is scheduled or available again (waiting for its retry, or rescued):
+-- its next attempt finishes what the first began with its arguments, and replaced it would run
+-- the new ones with the old ones' spent attempts; and so has a durable job with stored steps
+-- (woken from a park, which spends no attempt): its next run replays those steps, which belong
+-- to its arguments and its function. A job goes back to pending as a started one, but for one a
+-- draining runtime gave back with its attempt: it and a job queued behind it are then both
+-- pending, and the newest is replaced (the one given back runs what it began).
 -- Debounced enqueues of one key take turns on its row in livepush_key_turns (one key: a debounce
 -- is a single enqueue), so they run one after the other; each statement takes a fresh snapshot.
 -- The UPDATE re-checks the state on the latest row version: a pending job claimed meanwhile is
@@ -228,11 +233,12 @@ BEGIN
                                    tags = coalesce(v_tags, j.tags), concurrency_key = v_job.concurrency_key,
                                    name = v_job.name, queue = v_job.queue, priority = v_job.priority,
                                    max_attempts = v_job.max_attempts, limited = v_job.limited
-        -- At most one job of a key is pending (only this function makes a second unfinished one).
+        -- One job of a key is pending and not started, or rarely two (see above): the newest.
         WHERE j.id = (SELECT x.id FROM livepush_jobs x
-                      WHERE x.key = v_key AND x.state IN ('available', 'scheduled') AND NOT x.has_steps
-                      ORDER BY x.key, x.key_slot LIMIT 1)
-          AND j.state IN ('available', 'scheduled') AND NOT j.has_steps
+                      WHERE x.key = v_key AND x.state IN ('available', 'scheduled') AND x.attempt = 0
+                        AND NOT x.has_steps
+                      ORDER BY x.key DESC, x.key_slot DESC LIMIT 1)
+          AND j.state IN ('available', 'scheduled') AND j.attempt = 0 AND NOT j.has_steps
         RETURNING j.id, j.name, j.version INTO v_id, v_name, v_version;
         IF FOUND THEN
             UPDATE livepush_job_payloads p SET args = v_job.args WHERE p.id = v_id;
@@ -246,7 +252,8 @@ BEGIN
         -- The lowest free place (generate_series yields in order; LIMIT stops at the first free
         -- one), in the same snapshot as a second look for a pending job.
         SELECT EXISTS (SELECT 1 FROM livepush_jobs x
-                       WHERE x.key = v_key AND x.state IN ('available', 'scheduled') AND NOT x.has_steps),
+                       WHERE x.key = v_key AND x.state IN ('available', 'scheduled') AND x.attempt = 0
+                         AND NOT x.has_steps),
                (SELECT s::smallint FROM generate_series(0, 32767) s
                 WHERE NOT EXISTS (SELECT 1 FROM livepush_jobs x
                                   WHERE x.key = v_key AND x.key_slot = s

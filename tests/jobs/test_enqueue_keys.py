@@ -295,6 +295,23 @@ def test_debounce_replaces_a_pending_job_and_moves_its_run_time(jobs_db: str) ->
     assert len(jobs_with_key(jobs_db, "d")) == 1
 
 
+def test_debounce_leaves_a_job_waiting_for_its_retry_and_replaces_the_one_queued_behind_it(jobs_db: str) -> None:
+    """A job waiting for its next attempt has started: its retry finishes what it began with its
+    arguments. A debounce leaves it as it is (arguments, attempts spent, error) and queues the new
+    arguments behind it; the next debounce replaces that job, the key's one pending job that has
+    not started."""
+    first = sample_jobs.flaky.enqueue(99, key="retrying")  # 3 attempts, each failing
+    assert jobs.drain(max_jobs=1) == {"retrying": 1}
+    behind = sample_jobs.flaky.enqueue(0, key="retrying", debounce=30)
+    assert behind != first
+    assert sample_jobs.flaky.enqueue(1, key="retrying", debounce=30) == behind
+    waiting = jobs.get_job(first.id)
+    assert waiting is not None and waiting.error
+    assert (waiting.state, waiting.attempt, waiting.args) == ("scheduled", 1, [99])
+    assert q(jobs_db, "SELECT args FROM livepush_job_payloads WHERE id = %s", (behind.id,)) == [([1],)]
+    assert [(row[0], row[2]) for row in jobs_with_key(jobs_db, "retrying")] == [(first.id, 0), (behind.id, 1)]
+
+
 def test_debounce_replaces_a_pending_job_of_another_function_with_the_job_it_asks_for(jobs_db: str) -> None:
     """Keys are shared by every job function. A debounced enqueue that replaces the key's pending
     job makes it the job asked for, whole: its function, queue, priority and attempts with the new
