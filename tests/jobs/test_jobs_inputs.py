@@ -261,3 +261,20 @@ def test_arguments_the_function_cannot_take_are_refused_at_the_call(jobs_db: str
         JobFunction(supplied, name="t.supplied").enqueue(1, 2)
     assert JobFunction(supplied, name="t.supplied").enqueue(2).id
     assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(3,)]
+
+
+def test_a_job_function_with_a_keyword_only_parameter_it_cannot_be_given_fails_at_decoration(jobs_db: str) -> None:
+    """A runtime calls a job function with ctx and the job's arguments by position: a keyword-only
+    parameter without a default could be given by no enqueue, and every attempt of every job
+    would fail. A ConfigError at the decorator naming the parameter, and nothing registered; with
+    a default it is fine (the job runs with it)."""
+
+    async def send(ctx: object, user_id: int, *, template: str) -> None: ...
+
+    async def send_default(ctx: object, user_id: int, *, template: str = "welcome") -> None: ...
+
+    with pytest.raises(ConfigError, match=r"t\.send has keyword-only parameters without a default \(template\)"):
+        jobs.job(name="t.send")(send)
+    assert "t.send" not in jobs.REGISTRY
+    fine = jobs.job(name="t.send_default")(send_default)
+    assert fine.enqueue(1).id and jobs.drain(registry=jobs.REGISTRY) == {"succeeded": 1}

@@ -205,6 +205,16 @@ def arity(func: Callable[..., Any]) -> tuple[int, int]:
     return max(required - 1, 0), most
 
 
+def required_keywords(func: Callable[..., Any]) -> list[str]:
+    """The keyword-only parameters of a job function that have no default: the runtime calls it
+    with ctx and the arguments by position, so with any of these it can never run."""
+    try:
+        params = inspect.signature(func, follow_wrapped=False).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+
+
 def refuse_arity(name: str, takes: tuple[int, int], given: int) -> None:
     """Raise InvalidArgumentsError: the job function `name`, taking `takes` arguments (arity()),
     cannot be called with `given`."""

@@ -10,13 +10,13 @@ from datetime import datetime
 from typing import Any, overload
 
 from . import enqueue as _enqueue
-from .args import arity, check_args, refuse_arity
+from .args import arity, check_args, refuse_arity, required_keywords
 from .handles import JobHandle
 from .limits import Limits, limits_of
 from .options import check_name, check_queue
 from .registry import REGISTRY, JobRequest
 from .schema import compile_schema
-from ...errors import ArgumentTypeError, ArgumentValueError
+from ...errors import ArgumentTypeError, ArgumentValueError, ConfigError
 
 MAX_BACKOFF = 3600.0
 
@@ -109,6 +109,13 @@ class JobFunction:
         # How many arguments it takes after ctx, checked at enqueue: a call it cannot take would
         # fail every attempt in a runtime, found in its log rather than at the call.
         self.arity = arity(func)
+        # Which no enqueue can pass: every attempt of every job would fail with a TypeError in a
+        # runtime, found in its log after the retries rather than at import.
+        keywords = required_keywords(func)
+        if keywords:
+            raise ConfigError(f"@jobs.job: {self.name} has keyword-only parameters without a default "
+                              f"({', '.join(keywords)}), but a job's arguments are passed by position after ctx: "
+                              "make them positional, or give them a default")
         self.is_async = inspect.iscoroutinefunction(func)
         self.__name__ = getattr(func, "__name__", self.name)
         self.__qualname__ = getattr(func, "__qualname__", self.name)
