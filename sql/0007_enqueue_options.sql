@@ -209,7 +209,10 @@ LANGUAGE plpgsql VOLATILE SET enable_seqscan = off AS $$
 DECLARE
     v_job record;
     v_key text;
-    v_at timestamptz := now() + make_interval(secs => p_delay);
+    -- From the call, not from now(), the start of the transaction: in a caller's transaction
+    -- (conn=) open for longer than the delay, the job was due at its commit and the next call
+    -- found it started, instead of replacing it.
+    v_at timestamptz := clock_timestamp() + make_interval(secs => p_delay);
     v_state text := CASE WHEN p_delay > 0 THEN 'scheduled' ELSE 'available' END;
     v_tags text[];
     v_id bigint;

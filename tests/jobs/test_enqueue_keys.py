@@ -326,6 +326,18 @@ def test_debounce_replaces_a_pending_job_of_another_function_with_the_job_it_ask
     assert len(jobs_with_key(jobs_db, "shared")) == 1
 
 
+def test_debounce_in_a_long_transaction_counts_from_the_call_not_the_transactions_start(jobs_db: str) -> None:
+    """debounce= runs the job that many seconds after the call. In a caller's transaction that
+    has been open for longer than that, counting from its start made the job due at once, so the
+    next debounced call found it started and queued a second job instead of replacing it."""
+    with psycopg.connect(jobs_db) as conn:
+        conn.execute("SELECT pg_sleep(0.5)")  # the transaction is half a second old
+        (called,) = conn.execute("SELECT clock_timestamp()").fetchone()  # type: ignore[misc]
+        handle = sample_jobs.record.enqueue("a", key="long-tx", debounce=0.2, conn=conn)
+        (run_at,) = conn.execute("SELECT run_at FROM livepush_jobs WHERE id = %s", (handle.id,)).fetchone()  # type: ignore[misc]
+    assert run_at - called >= datetime.timedelta(seconds=0.2)
+
+
 def test_concurrent_debounced_enqueues_of_one_key_leave_one_pending_job(jobs_db: str) -> None:
     """12 threads debouncing one key at once: one job, holding one of their arguments, and every
     caller got its handle."""
