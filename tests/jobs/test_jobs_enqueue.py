@@ -117,6 +117,24 @@ async def test_aenqueue_with_async_connection(jobs_db: str) -> None:
     assert job_state(handle2.id)["state"] == "available"  # type: ignore[index]
 
 
+async def test_a_connection_of_the_wrong_kind_is_refused_naming_the_call_and_its_twin(jobs_db: str) -> None:
+    """conn= of the other kind raises TypeError naming the call that was made and the one that
+    takes that connection, and writes nothing."""
+    from livepush import jobs
+
+    async with await psycopg.AsyncConnection.connect(jobs_db) as aconn:
+        with pytest.raises(TypeError, match=r"^enqueue_many\(conn=\) .* use aenqueue_many\(\) with an AsyncConnection"):
+            enqueue_many([sample_jobs.record.request(1)], conn=aconn)
+        with pytest.raises(TypeError, match=r"^enqueue\(conn=\) .* use aenqueue\(\) with an AsyncConnection"):
+            sample_jobs.record.enqueue(1, conn=aconn)
+    with psycopg.connect(jobs_db) as conn:
+        with pytest.raises(TypeError, match=r"^aenqueue_many\(conn=\) .* use enqueue_many\(\) with a sync Connection"):
+            await jobs.aenqueue_many([sample_jobs.record.request(1)], conn=conn)
+        with pytest.raises(TypeError, match=r"^aenqueue\(conn=\) .* use enqueue\(\) with a sync Connection"):
+            await sample_jobs.record.aenqueue(1, conn=conn)
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
+
+
 def test_enqueue_many_is_one_statement(jobs_db: str) -> None:
     """enqueue_many stores a whole batch with one INSERT statement and returns handles in order."""
     items = [sample_jobs.record.request(i) for i in range(500)] + [(sample_jobs.other_queue, [1], {"wait": 60})]

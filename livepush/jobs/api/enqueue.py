@@ -286,13 +286,15 @@ def item(entry: Any) -> tuple[JobSpec, Sequence[Any], datetime | None, str | Non
     )
 
 
-def run_batch(batch: Batch, conn: Any = None, debounce: float | None = None) -> list[JobHandle]:
-    """Insert a batch with a sync connection (the caller's, or ours and committed here)."""
+def run_batch(batch: Batch, conn: Any = None, debounce: float | None = None,
+              call: str = "enqueue") -> list[JobHandle]:
+    """Insert a batch with a sync connection (the caller's, or ours and committed here). `call`
+    is the public call, which a refused conn= names with its async twin."""
     if not len(batch):
         return []
     # The caller's conn= is checked before the settings are: its mistake is the one to name.
     if conn is not None and database.conn_kind(conn) != "sync":
-        raise ArgumentTypeError("enqueue(conn=) takes a sync psycopg Connection; use aenqueue() with an AsyncConnection")
+        raise ArgumentTypeError(f"{call}(conn=) takes a sync psycopg Connection; use a{call}() with an AsyncConnection")
     sql, params = batch.statement(debounce)
     url = database.database_url()
     if conn is None:
@@ -304,11 +306,12 @@ def run_batch(batch: Batch, conn: Any = None, debounce: float | None = None) -> 
     return [JobHandle(row[0], row[1]) for row in rows]
 
 
-async def arun_batch(batch: Batch, conn: Any = None, debounce: float | None = None) -> list[JobHandle]:
+async def arun_batch(batch: Batch, conn: Any = None, debounce: float | None = None,
+                     call: str = "aenqueue") -> list[JobHandle]:
     if not len(batch):
         return []
     if conn is not None and database.conn_kind(conn) != "async":
-        raise ArgumentTypeError("aenqueue(conn=) takes a psycopg AsyncConnection; use enqueue() with a sync Connection")
+        raise ArgumentTypeError(f"{call}(conn=) takes a psycopg AsyncConnection; use {call[1:]}() with a sync Connection")
     sql, params = batch.statement(debounce)
     url = database.database_url()
     if conn is None:
@@ -350,7 +353,7 @@ def enqueue_many(items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
     """Enqueue many jobs in one statement: items are `job.request(*args)` values or `(job, args)`
     / `(job, args, options)` tuples, options a dict of wait=, at=, key=, tags=. Handles in item
     order; an item whose key an unfinished job (or an earlier item) holds gets that job's handle."""
-    return run_batch(many(items), conn)
+    return run_batch(many(items), conn, call="enqueue_many")
 
 
 def many(items: Iterable[Any]) -> Batch:
@@ -366,4 +369,4 @@ def many(items: Iterable[Any]) -> Batch:
 
 
 async def aenqueue_many(items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
-    return await arun_batch(many(items), conn)
+    return await arun_batch(many(items), conn, call="aenqueue_many")
