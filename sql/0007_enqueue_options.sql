@@ -244,7 +244,9 @@ BEGIN
           AND j.state IN ('available', 'scheduled') AND j.attempt = 0 AND NOT j.has_steps
         RETURNING j.id, j.name, j.version INTO v_id, v_name, v_version;
         IF FOUND THEN
-            UPDATE livepush_job_payloads p SET args = v_job.args WHERE p.id = v_id;
+            -- What a run of the replaced arguments left (a failure's error, after retry_failed;
+            -- progress, from a run a draining runtime gave back) is not the new arguments'.
+            UPDATE livepush_job_payloads p SET args = v_job.args, error = NULL, progress = NULL WHERE p.id = v_id;
             PERFORM livepush_state_changed(ARRAY['job:' || v_id], ARRAY[v_version]);
             IF v_state = 'available' THEN
                 PERFORM livepush_jobs_ready();

@@ -312,6 +312,16 @@ def test_debounce_leaves_a_job_waiting_for_its_retry_and_replaces_the_one_queued
     assert [(row[0], row[2]) for row in jobs_with_key(jobs_db, "retrying")] == [(first.id, 0), (behind.id, 1)]
 
 
+def test_debounce_replacing_a_retried_failed_job_drops_the_error_of_the_arguments_it_replaced(jobs_db: str) -> None:
+    """jobs.retry_failed() queues a failed job again, its last error kept. A debounce that then
+    replaces it shows the new arguments as enqueued without that error, which they never met."""
+    failed = sample_jobs.never.enqueue(key="retried")
+    assert jobs.drain() == {"failed": 1} and jobs.retry_failed(failed.id)
+    assert sample_jobs.record.enqueue("new", key="retried", debounce=30).id == failed.id
+    replaced = jobs.get_job(failed.id)
+    assert replaced is not None and (replaced.name, replaced.args, replaced.error) == ("t.record", ["new"], None)
+
+
 def test_debounce_replaces_a_pending_job_of_another_function_with_the_job_it_asks_for(jobs_db: str) -> None:
     """Keys are shared by every job function. A debounced enqueue that replaces the key's pending
     job makes it the job asked for, whole: its function, queue, priority and attempts with the new
