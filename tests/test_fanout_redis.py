@@ -23,6 +23,7 @@ from livepush.fanout.redis import FRAME_BYTES, PRUNE_SCAN_COUNT, RedisFanOut, pa
 from livepush.types import offset_key
 from tests.support.fanouts import WAIT, Collector, offsets_of, read_history
 from tests.support.procs import free_port
+from tests.support.redis_acl import documented_user
 from tests.support.waiting import async_wait_for
 from tests.test_fanout_conformance import (  # noqa: F401  (private_redis is a fixture)
     PrivateRedis,
@@ -355,6 +356,32 @@ async def test_unreachable_redis_raises_dependency_error_without_the_password() 
         assert "s3cret-pw" not in str(caught.value)
     finally:
         await fanout.aclose()
+
+
+async def test_a_redis_that_refuses_says_why_rather_than_to_check_that_it_runs(
+        make_redis: MakeRedis, redis_url: str, private_redis: PrivateRedis, raw_private: redis.Redis) -> None:
+    """A Redis that is up but refuses (out of memory, wrong password, an ACL without the
+    deployment's keys) raises DependencyError naming what to change, not 'check that Redis is
+    running'; the listener's ListenError too."""
+    full = await make_redis(url=private_redis.url, listen=False)
+    full.publish("refused:a", {"i": 0})
+    raw_private.config_set("maxmemory-policy", "noeviction")
+    raw_private.config_set("maxmemory", 1)
+    with pytest.raises(livepush.DependencyError, match="raise its maxmemory") as caught:
+        full.publish("refused:a", {"i": 1})
+    assert "Redis is running" not in str(caught.value)
+    raw_private.config_set("maxmemory", 0)
+
+    wrong_password = redis_url.replace("redis://", "redis://nobody:wrong-pw@", 1)
+    with documented_user(redis_url, "refused:other") as other_deployments_user:
+        for url, expected in ((wrong_password, "correct them in LIVEPUSH_REDIS_URL"),
+                              (other_deployments_user, "the ACL that docs/security.md shows")):
+            fanout = await make_redis(url=url, listen=False, prefix="refused:mine")
+            with pytest.raises(livepush.DependencyError, match=expected) as caught:
+                fanout.publish("refused:a", {"i": 0})
+            assert "Redis is running" not in str(caught.value) and "wrong-pw" not in str(caught.value)
+            with pytest.raises(livepush.ListenError, match=expected):
+                await asyncio.wait_for(fanout.listen(), WAIT)
 
 
 async def test_a_failing_receiver_does_not_stop_delivery(make_redis: MakeRedis) -> None:

@@ -10,6 +10,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from redis.backoff import NoBackoff
 from redis.connection import parse_url
+from redis.exceptions import AuthenticationError, NoPermissionError, OutOfMemoryError, ResponseError
 from redis.retry import Retry
 
 from ..errors import ConfigError, DependencyError
@@ -164,10 +165,30 @@ def one_line(exc: BaseException) -> str:
 
 
 def failed(url: str, exc: BaseException, doing: str, cls: type[DependencyError] = DependencyError) -> DependencyError:
-    """Our error for a Redis failure: the URL redacted, and the driver's words, which never
-    hold the password (redis-py does not quote URLs or AUTH arguments in its errors)."""
-    return cls(f"Redis at {redact(url)} failed while {doing} ({one_line(exc)}): "
-               "check LIVEPUSH_REDIS_URL and that Redis is running")
+    """Our error for a Redis failure: the URL redacted, the driver's words, which never hold the
+    password (redis-py does not quote URLs or AUTH arguments in its errors), and what to do."""
+    return cls(f"Redis at {redact(url)} failed while {doing} ({one_line(exc)}): {_remedy(exc)}")
+
+
+# Words of Redis' refusal of a command that the ACL denies inside a script (EVAL): a plain
+# command's comes as NOPERM, a script's as an error of its own (Redis 7.0 "The user executing
+# the script can't ...", later ones "... no permissions ...").
+_SCRIPT_ACL_DENIALS = ("user executing the script can't", "no permissions")
+
+
+def _remedy(exc: BaseException) -> str:
+    """What to do about `exc`. A Redis that answers with a refusal is up and reachable: told to
+    check the URL and that Redis runs, an operator looks everywhere but at its memory or ACL."""
+    if isinstance(exc, OutOfMemoryError):
+        return ("Redis is up but at its maxmemory and refuses writes: raise its maxmemory, or keep less history "
+                "(LIVEPUSH_HISTORY_TTL); see Redis in docs/operations.md")
+    if isinstance(exc, AuthenticationError):
+        return "Redis is up but refused the user or password: correct them in LIVEPUSH_REDIS_URL"
+    if isinstance(exc, NoPermissionError) or (
+            isinstance(exc, ResponseError) and any(words in str(exc) for words in _SCRIPT_ACL_DENIALS)):
+        return ("Redis is up but the ACL of LIVEPUSH_REDIS_URL's user denies a command or key livepush needs: give "
+                "it the ACL that docs/security.md shows for the deployment's prefix")
+    return "check LIVEPUSH_REDIS_URL and that Redis is running"
 
 
 def async_client(url: str, client_name: str, connect_timeout: float = CONNECT_TIMEOUT, **extra: Any) -> Any:
