@@ -455,6 +455,24 @@ async def test_a_batch_of_40_mb_reaches_a_listening_server_that_stays_subscribed
     assert after["id"] == before["id"], "the listener was dropped and reconnected"
 
 
+async def test_a_batch_of_text_beyond_ascii_goes_in_calls_of_at_most_4_mib_of_bytes(
+        make_redis: MakeRedis, private_redis: PrivateRedis, raw_private: redis.Redis) -> None:
+    """The 4 MiB a publish_many script call carries at most are bytes, as Redis holds them: a batch
+    of 16 MiB of three-byte characters (5.3 million of them) goes in four calls, not two, and
+    arrives whole."""
+    fanout = await make_redis(url=private_redis.url)
+    got = Collector()
+    fanout.register(got)
+    fanout.publish("wide:warm", {})  # loads the script, so that the batch's calls are all that count below
+    raw_private.config_resetstat()
+    chars = (256 * 1024 - 20) // 3
+    offsets = await fanout.apublish_many([("wide:a", {"i": i, "s": "語" * chars}) for i in range(64)])
+    calls = int(raw_private.info("commandstats")["cmdstat_evalsha"]["calls"])
+    assert calls == 4, f"the batch went in {calls} script calls of {64 // calls * 256} KiB each"
+    received = await got.wait_count("wide:a", 64, timeout=60)
+    assert offsets_of(received) == offsets and all(json.loads(m.data_json)["s"] == "語" * chars for m in received)
+
+
 def test_a_frame_with_a_bad_message_or_a_broken_line_count_is_not_ours() -> None:
     """parse_frames takes a frame of one message (four lines) or of several after a `*` line (which
     a server from before batch frames refuses as a topic); a frame whose lines do not add up, or

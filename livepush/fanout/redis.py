@@ -143,10 +143,10 @@ for i = 1, streams do
 end
 return ids
 """
-# A script call of publish_many takes at most this many messages, or about this many characters
-# of data: a call holds Redis until it ends, and Redis sends a subscriber nothing of what the call
-# published before it ends (all of it waits in the subscriber's output buffer, which Redis caps
-# at 32 MB by default before it drops the subscriber).
+# A script call of publish_many takes at most this many messages, or about this many bytes of
+# data (UTF-8, as Redis holds it): a call holds Redis until it ends, and Redis sends a subscriber
+# nothing of what the call published before it ends (all of it waits in the subscriber's output
+# buffer, which Redis caps at 32 MB by default before it drops the subscriber).
 PUBLISH_CHUNK = 1000
 PUBLISH_CHUNK_BYTES = 4 * 1024 * 1024
 FRAME_BYTES = 256 * 1024
@@ -353,14 +353,16 @@ class RedisFanOut(FanOut):
         for topic, json_text in encoded:
             if "\n" in topic:  # would break the frame header; validated topics never have one
                 raise ValueError(f"invalid topic {topic[:60]!r}")
+            # Bytes, not characters: text beyond ASCII takes up to four bytes a character in Redis.
+            size = len(json_text) if json_text.isascii() else len(json_text.encode("utf-8"))
             if not calls or len(calls[-1][0]) == PUBLISH_CHUNK or \
-                    (calls[-1][0] and used + len(json_text) > PUBLISH_CHUNK_BYTES):
+                    (calls[-1][0] and used + size > PUBLISH_CHUNK_BYTES):
                 calls.append(([], [*self._publish_args_tail]))
                 used = 0
             keys, args = calls[-1]
             keys.append(self.key_prefix + topic)
             args += (topic, json_text)
-            used += len(json_text)
+            used += size
         for keys, args in calls:
             keys[:0] = self._origin_keys  # the script's KEYS[1..2]: a topic's first message links to the origin
             args.append(FRAME_BYTES)
