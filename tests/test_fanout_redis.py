@@ -490,6 +490,30 @@ def test_a_frame_with_a_bad_message_or_a_broken_line_count_is_not_ours() -> None
 # ---- connections --------------------------------------------------------------------------------
 
 
+def test_calls_on_two_live_event_loops_keep_one_connection_each(private_redis: PrivateRedis,
+                                                                raw_private: redis.Redis) -> None:
+    """apublish() and history() from two event loops that both stay alive (a web app's and a worker
+    thread's) keep a connection per loop: taking turns opens no new one each time, and
+    release_loop() on each closes its own. (One thread runs both loops, so the turns are certain.)"""
+    fanout = RedisFanOut(private_redis.url)
+    loops = [asyncio.new_event_loop() for _ in range(2)]
+    try:
+        before = int(raw_private.info("stats")["total_connections_received"])
+        for i in range(20):
+            loop = loops[i % 2]
+            offset = loop.run_until_complete(fanout.apublish("turns:a", {"i": i}))
+            assert loop.run_until_complete(fanout.history("turns:a", offset)) == History([], offset, False)
+        opened = int(raw_private.info("stats")["total_connections_received"]) - before
+        assert opened == 2, f"40 calls taking turns on two loops opened {opened} connections"
+        for loop in loops:
+            loop.run_until_complete(fanout.release_loop())
+        assert [c for c in raw_private.client_list() if c.get("name") == "livepush-publisher"] == []
+    finally:
+        for loop in loops:
+            loop.close()
+        fanout.close()
+
+
 async def test_listen_holds_one_subscription_and_aclose_releases_it(make_redis: MakeRedis, raw: redis.Redis) -> None:
     """listen() opens one pub/sub connection; constructing and publishing open none; aclose() releases it."""
     fanout = await make_redis(listen=False)

@@ -26,6 +26,7 @@ from livepush.sessions import (
     decode,
     tokens,
 )
+from tests.test_fanout_conformance import PrivateRedis, private_redis  # noqa: F401  (a fixture)
 
 SECRET = "s" * 32 + "-current"
 OLD = "o" * 32 + "-previous"
@@ -509,6 +510,29 @@ async def test_redis_keys_expire_with_the_session(redis_url: str) -> None:
             assert client.pttl(store.subject_prefix + "user-7") > (sessions.MAX_TTL - 10) * 1000
     finally:
         await store.aclose()
+
+
+def test_redis_revocations_on_two_live_event_loops_keep_one_connection_each(private_redis: PrivateRedis) -> None:
+    """Revoking and checking from two event loops that both stay alive (a web app's and a worker
+    thread's) keep a Redis connection per loop: taking turns opens no new one each time. (One
+    thread runs both loops, so the turns are certain.)"""
+    store = RedisRevocations(private_redis.url)
+    loops = [asyncio.new_event_loop() for _ in range(2)]
+    admin = redis.Redis.from_url(private_redis.url)
+    try:
+        before = int(admin.info("stats")["total_connections_received"])
+        for i in range(20):
+            loop = loops[i % 2]
+            loop.run_until_complete(store.aadd_session(f"turn-{i}", time.time() + 60))
+            session = Session(f"turn-{i}", "user-7", time.time() + 60, time.time())
+            assert loop.run_until_complete(store.is_revoked(session))
+        opened = int(admin.info("stats")["total_connections_received"]) - before
+        assert opened == 2, f"40 calls taking turns on two loops opened {opened} connections"
+    finally:
+        for loop in loops:
+            loop.run_until_complete(store.aclose())
+            loop.close()
+        admin.close()
 
 
 async def test_unreachable_stores_raise_dependency_error() -> None:

@@ -46,7 +46,6 @@ on and forgets topics alike).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import threading
@@ -58,7 +57,8 @@ import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
 from ..channels import ListenerSlot
-from ..redis.client import async_client, client_kwargs, deployment_prefix, failed, listener_name, namespace, text
+from ..redis.client import (LoopClients, async_client, client_kwargs, deployment_prefix, failed, listener_name,
+                            namespace, text)
 from ..redis.subscriber import Subscriber
 from ..topics import TOPIC_RE
 from ..types import JSON, Message, Offset, Topic
@@ -260,6 +260,20 @@ def _publishing(what: str, done: list[Offset]) -> str:
         f"publishing on {what} (at least the first {len(done)} messages of the batch were published)"
 
 
+class _LoopSide:
+    """An event loop's client and the fan-out's scripts on it."""
+
+    def __init__(self, client: aredis.Redis) -> None:
+        self.client = client
+        self.publish = client.register_script(_PUBLISH_LUA)
+        self.prune = client.register_script(_PRUNE_LUA)
+        self.history = client.register_script(_HISTORY_LUA)
+        self.latest = client.register_script(_LATEST_LUA)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
 class RedisFanOut(FanOut):
     """Fan-out over Redis pub/sub with per-topic streams as history.
 
@@ -312,13 +326,9 @@ class RedisFanOut(FanOut):
         self._sync: redis.Redis | None = None
         self._sync_publish: Any = None
         self._sync_latest: Any = None
-        # Async side: redis.asyncio connections belong to the loop that made them.
-        self._async: aredis.Redis | None = None
-        self._async_loop: asyncio.AbstractEventLoop | None = None
-        self._async_publish: Any = None
-        self._async_prune: Any = None
-        self._async_history: Any = None
-        self._async_latest: Any = None
+        # Async side: a client and its scripts per event loop (their connections are the loop's).
+        self._loops: LoopClients[_LoopSide] = LoopClients(
+            lambda: _LoopSide(async_client(self.url, "livepush-publisher", self.connect_timeout)))
         self._prune_cursor = 0
 
     # -- clients ----------------------------------------------------------------------
@@ -329,19 +339,6 @@ class RedisFanOut(FanOut):
                 self._sync_publish = self._sync.register_script(_PUBLISH_LUA)
                 self._sync_latest = self._sync.register_script(_LATEST_LUA)
             return self._sync, self._sync_publish
-
-    def _async_client(self) -> aredis.Redis:
-        loop = asyncio.get_running_loop()
-        if self._async is None or self._async_loop is not loop:
-            # A client made on another (finished) loop cannot be reused here; its sockets
-            # die with that loop.
-            self._async = async_client(self.url, "livepush-publisher", self.connect_timeout)
-            self._async_loop = loop
-            self._async_publish = self._async.register_script(_PUBLISH_LUA)
-            self._async_prune = self._async.register_script(_PRUNE_LUA)
-            self._async_history = self._async.register_script(_HISTORY_LUA)
-            self._async_latest = self._async.register_script(_LATEST_LUA)
-        return self._async
 
     # -- publishing -------------------------------------------------------------------
     def _publish_calls(self, encoded: list[tuple[Topic, str]], conn: Any) -> list[tuple[list[str], list[Any]]]:
@@ -395,11 +392,11 @@ class RedisFanOut(FanOut):
         return offsets
 
     async def _publish_async(self, calls: list[tuple[list[str], list[Any]]], what: Callable[[], str]) -> list[Offset]:
-        client = self._async_client()
+        side = self._loops.get()
         offsets: list[Offset] = []
         for keys, args in calls:
             try:
-                offsets += [text(i) for i in await self._async_publish(keys=keys, args=args, client=client)]
+                offsets += [text(i) for i in await side.publish(keys=keys, args=args)]
             except (RedisError, OSError) as exc:
                 raise failed(self.url, exc, _publishing(what(), offsets)) from exc
             self._published.inc(len(keys) - len(self._origin_keys))
@@ -415,10 +412,10 @@ class RedisFanOut(FanOut):
             raise failed(self.url, exc, f"reading the latest offset of {topic!r}") from exc
 
     async def alatest_offset(self, topic: Topic) -> Offset:
-        client = self._async_client()
+        side = self._loops.get()
         try:
-            return text(await self._async_latest(keys=[self.key_prefix + topic, *self._origin_keys],
-                                                 args=[self._idle_ms], client=client))
+            return text(await side.latest(keys=[self.key_prefix + topic, *self._origin_keys],
+                                          args=[self._idle_ms]))
         except (RedisError, OSError) as exc:
             raise failed(self.url, exc, f"reading the latest offset of {topic!r}") from exc
 
@@ -428,10 +425,10 @@ class RedisFanOut(FanOut):
             # reaches it, and Redis refuses a range that starts after it.
             return None
         key = self.key_prefix + topic
-        client = self._async_client()
+        side = self._loops.get()
         try:
-            (now_s, now_us), page, latest_id, current, previous = await self._async_history(
-                keys=[key, *self._origin_keys], args=[since, limit, HISTORY_PAGE_BYTES, self._idle_ms], client=client)
+            (now_s, now_us), page, latest_id, current, previous = await side.history(
+                keys=[key, *self._origin_keys], args=[since, limit, HISTORY_PAGE_BYTES, self._idle_ms])
             latest = text(latest_id)
             # An origin held past the idle time may have seen the topic published and forgotten
             # since: only the two newest origins, while younger than that, are still good.
@@ -468,7 +465,8 @@ class RedisFanOut(FanOut):
 
     async def prune(self) -> int:
         """Trim a bounded batch of topics (one SCAN step, cursor kept between calls)."""
-        client = self._async_client()
+        side = self._loops.get()
+        client = side.client
         try:
             cursor, keys = await client.scan(self._prune_cursor, match=self._key_pattern, count=PRUNE_SCAN_COUNT)
             self._prune_cursor = int(cursor)
@@ -477,7 +475,7 @@ class RedisFanOut(FanOut):
             # One round trip for the batch; each script trims one key atomically.
             async with client.pipeline(transaction=False) as pipe:
                 for key in keys:
-                    await self._async_prune(keys=[key], args=[self._ttl_ms], client=pipe)
+                    await side.prune(keys=[key], args=[self._ttl_ms], client=pipe)
                 results = await pipe.execute()
             return sum(int(n) for n in results)
         except (RedisError, OSError) as exc:
@@ -507,21 +505,17 @@ class RedisFanOut(FanOut):
     # -- opening and closing ------------------------------------------------------------
     async def aopen(self) -> None:
         try:
-            await self._async_client().ping()
+            await self._loops.get().client.ping()
         except (RedisError, OSError) as exc:
             raise failed(self.url, exc, "connecting") from exc
 
     async def release_loop(self) -> None:
-        if self._async is not None and self._async_loop is asyncio.get_running_loop():
-            client, self._async = self._async, None
-            await client.aclose()
+        await self._loops.release_loop()
 
     async def aclose(self) -> None:
         await self._subscriber.aclose()
-        if self._async is not None:
-            client, self._async = self._async, None
-            if self._async_loop is asyncio.get_running_loop():
-                await client.aclose()
+        await self._loops.release_loop()
+        self._loops.forget()
         self.close()
 
     def close(self) -> None:

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
-from typing import Any
+import weakref
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from redis.backoff import NoBackoff
@@ -199,3 +202,42 @@ def async_client(url: str, client_name: str, connect_timeout: float = CONNECT_TI
     pool = aredis.BlockingConnectionPool.from_url(url, max_connections=POOL_CONNECTIONS, timeout=POOL_WAIT_SECONDS,
                                                   **client_kwargs(client_name, connect_timeout, for_asyncio=True), **extra)
     return aredis.Redis.from_pool(pool)
+
+
+class Closable(Protocol):
+    """What LoopClients keeps: a client closed on its own loop."""
+
+    async def aclose(self) -> None: ...
+
+
+C = TypeVar("C", bound=Closable)
+
+
+class LoopClients(Generic[C]):
+    """One asyncio client (made by `make`) per event loop, for an owner called from any of them.
+
+    A redis.asyncio connection belongs to the loop that made it. Keeping only the last loop's
+    client made loops that take turns (a web app's and a worker thread's) open a connection at
+    each call and leave the one before unclosed; each loop keeps its own here, forgotten with the
+    loop, and `release_loop()` closes the running loop's (one that is about to end)."""
+
+    def __init__(self, make: Callable[[], C]) -> None:
+        self._make = make
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, C] = weakref.WeakKeyDictionary()
+
+    def get(self) -> C:
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = self._clients[loop] = self._make()
+        return client
+
+    async def release_loop(self) -> None:
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+
+    def forget(self) -> None:
+        """Drop every loop's client without closing it: only its own loop can, and a loop that
+        ended took its sockets with it."""
+        self._clients.clear()

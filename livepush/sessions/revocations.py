@@ -13,7 +13,6 @@ Writes come in a sync and an async flavour because `revoke()` is called from syn
 from __future__ import annotations
 
 import abc
-import asyncio
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -23,7 +22,8 @@ from ..postgres.connect import translated
 from ..channels import ListenerSlot
 from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
-from ..redis.client import async_client, client_kwargs, deployment_prefix, failed, listener_name, namespace
+from ..redis.client import (LoopClients, async_client, client_kwargs, deployment_prefix, failed, listener_name,
+                            namespace)
 from ..redis.subscriber import Subscriber
 from .tokens import MAX_TTL, Session
 
@@ -309,18 +309,12 @@ class RedisRevocations(RevocationStore):
         self.subject_prefix = f"{namespace(self.prefix)}:revoked:subject:"
         self.channel = f"{namespace(self.prefix)}:revoked"
         self._subscriber = ListenerSlot(subscriber, lambda: Subscriber(url, name=listener_name(self.prefix)))
-        self._client: Any = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
+        # A client per event loop (asyncio.run or async_to_sync in sync web code run their own).
+        self._clients: LoopClients[Any] = LoopClients(
+            lambda: async_client(self.url, "livepush-revocations", socket_timeout=5))
 
     def _aclient(self) -> Any:
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            # redis.asyncio connections belong to the loop that made them: a call on a new loop
-            # (asyncio.run or async_to_sync in sync web code) gets a client of its own, since
-            # the old one's sockets died with its loop.
-            self._client = async_client(self.url, "livepush-revocations", socket_timeout=5)
-            self._client_loop = loop
-        return self._client
+        return self._clients.get()
 
     def _sync_client(self) -> Any:
         import redis
@@ -422,9 +416,8 @@ class RedisRevocations(RevocationStore):
 
     async def aclose(self) -> None:
         await self._subscriber.aclose()
-        client, self._client = self._client, None
-        if client is not None and self._client_loop is asyncio.get_running_loop():
-            await client.aclose()
+        await self._clients.release_loop()
+        self._clients.forget()
 
 
 # The store of a process without a database or Redis: a server there can revoke nothing.
