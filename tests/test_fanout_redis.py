@@ -360,17 +360,24 @@ async def test_unreachable_redis_raises_dependency_error_without_the_password() 
 
 async def test_a_redis_that_refuses_says_why_rather_than_to_check_that_it_runs(
         make_redis: MakeRedis, redis_url: str, private_redis: PrivateRedis, raw_private: redis.Redis) -> None:
-    """A Redis that is up but refuses (out of memory, wrong password, an ACL without the
-    deployment's keys) raises DependencyError naming what to change, not 'check that Redis is
-    running'; the listener's ListenError too."""
-    full = await make_redis(url=private_redis.url, listen=False)
-    full.publish("refused:a", {"i": 0})
+    """A Redis that is up but refuses (out of memory, a read-only replica, wrong password, an ACL
+    without the deployment's keys) raises DependencyError naming what to change, not 'check that
+    Redis is running'; the listener's ListenError too."""
+    refusing = await make_redis(url=private_redis.url, listen=False)
+    refusing.publish("refused:a", {"i": 0})
     raw_private.config_set("maxmemory-policy", "noeviction")
     raw_private.config_set("maxmemory", 1)
     with pytest.raises(livepush.DependencyError, match="raise its maxmemory") as caught:
-        full.publish("refused:a", {"i": 1})
+        refusing.publish("refused:a", {"i": 1})
     assert "Redis is running" not in str(caught.value)
     raw_private.config_set("maxmemory", 0)
+    raw_private.execute_command("REPLICAOF", "127.0.0.1", free_port())  # a primary it never reaches
+    try:
+        with pytest.raises(livepush.DependencyError, match="point LIVEPUSH_REDIS_URL at the primary") as caught:
+            refusing.publish("refused:a", {"i": 1})
+        assert "Redis is running" not in str(caught.value)
+    finally:
+        raw_private.execute_command("REPLICAOF", "NO", "ONE")
 
     wrong_password = redis_url.replace("redis://", "redis://nobody:wrong-pw@", 1)
     with documented_user(redis_url, "refused:other") as other_deployments_user:

@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from redis.backoff import NoBackoff
 from redis.connection import parse_url
-from redis.exceptions import AuthenticationError, NoPermissionError, OutOfMemoryError, ResponseError
+from redis.exceptions import AuthenticationError, NoPermissionError, OutOfMemoryError, ReadOnlyError, ResponseError
 from redis.retry import Retry
 
 from ..errors import ConfigError, DependencyError
@@ -185,6 +185,9 @@ def _remedy(exc: BaseException) -> str:
     if isinstance(exc, OutOfMemoryError):
         return ("Redis is up but at its maxmemory and refuses writes: raise its maxmemory, or keep less history "
                 "(LIVEPUSH_HISTORY_TTL); see Redis in docs/operations.md")
+    if isinstance(exc, ReadOnlyError):
+        return ("Redis is up but a read-only replica: point LIVEPUSH_REDIS_URL at the primary (after a failover, the "
+                "promoted one)")
     if isinstance(exc, AuthenticationError):
         return "Redis is up but refused the user or password: correct them in LIVEPUSH_REDIS_URL"
     if isinstance(exc, NoPermissionError) or (
