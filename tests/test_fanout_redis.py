@@ -536,6 +536,29 @@ async def test_listen_holds_one_subscription_and_aclose_releases_it(make_redis: 
     assert not fanout.listening
 
 
+async def test_a_listener_that_redis_refuses_to_take_back_says_why_at_once(
+    make_redis: MakeRedis, private_redis: PrivateRedis, raw_private: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A listener whose connection was dropped and whom Redis then refuses (its password changed)
+    warns with the reason and the fix at its first failed attempt, not only in debug lines, and
+    is back once Redis takes it again."""
+    fanout = await make_redis(url=private_redis.url)
+    resynced = asyncio.Event()
+    fanout.on_resync(resynced.set)
+    with caplog.at_level(logging.WARNING, logger="livepush.redis.subscriber"):
+        raw_private.config_set("requirepass", "rotated-pw")  # this connection stays authenticated
+        try:
+            raw_private.client_kill_filter(_type="pubsub")
+            await async_wait_for(
+                lambda: any("correct them in LIVEPUSH_REDIS_URL" in r.getMessage() for r in caplog.records), WAIT,
+                message="a warning saying the password was refused")
+        finally:
+            raw_private.config_set("requirepass", "")
+        await asyncio.wait_for(resynced.wait(), WAIT)
+    assert fanout.listening
+    assert "rotated-pw" not in caplog.text
+
+
 async def test_restart_without_persistence_resets_and_keeps_delivering(
     make_redis: MakeRedis, private_redis: PrivateRedis, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 import redis.asyncio as aredis
-from redis.exceptions import NoPermissionError, RedisError
+from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
 
 from ..channels import Channels, Resync
 from ..errors import ListenError
@@ -32,6 +32,9 @@ from .client import client_kwargs, failed, no_retries, one_line, redact, text
 log = logging.getLogger("livepush.redis.subscriber")
 
 Handler = Callable[[bytes], None]
+
+# Seconds between warnings of a listener that keeps failing to come back.
+RETRY_LOG_SECONDS = 60.0
 
 
 class Subscriber:
@@ -151,6 +154,8 @@ class Subscriber:
 
     async def _reconnect(self) -> None:
         retry = Backoff(*self.backoff)
+        began = time.monotonic()
+        said_at: float | None = None
         while True:
             await retry.wait()
             try:
@@ -158,6 +163,15 @@ class Subscriber:
                 return
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
                 log.debug("Redis listener reconnect failed: %s", one_line(exc))
+                # A Redis that answers with a refusal (a password or an ACL changed, out of
+                # memory) stays away until someone acts: say why at once, and again each
+                # RETRY_LOG_SECONDS; one that is away (a restart) only once the outage is long.
+                now = time.monotonic()
+                refused_first = said_at is None and isinstance(exc, (ResponseError, AuthenticationError))
+                if refused_first or now - (began if said_at is None else said_at) >= RETRY_LOG_SECONDS:
+                    said_at = now
+                    log.warning("the Redis listener still cannot subscribe again (said at most once a minute): %s",
+                                failed(self.url, exc, "subscribing again"))
                 await self._drop_connection()
 
     async def _read_until_lost(self) -> None:
