@@ -480,6 +480,25 @@ async def test_a_batch_of_text_beyond_ascii_goes_in_calls_of_at_most_4_mib_of_by
     assert offsets_of(received) == offsets and all(json.loads(m.data_json)["s"] == "語" * chars for m in received)
 
 
+async def test_a_topic_that_listeners_would_drop_is_refused_before_anything_is_published(
+        make_redis: MakeRedis) -> None:
+    """The fan-out object refuses a topic its listeners could not parse (non-ASCII, a newline, too
+    long) with InvalidTopic, and nothing of the batch is written: published, it would take the
+    batch's other messages in its frame down with it."""
+    fanout = await make_redis()
+    got = Collector()
+    fanout.register(got)
+    before = fanout.latest_offset("plain:a")
+    for bad in ("café:b", "line\nbreak", "x" * 201):
+        with pytest.raises(livepush.InvalidTopic):
+            fanout.publish(bad, {"i": 0})
+        with pytest.raises(livepush.InvalidTopic):
+            await fanout.apublish_many([("plain:a", {"i": 0}), (bad, {"i": 1})])
+    assert fanout.latest_offset("plain:a") == before
+    offset = fanout.publish("plain:a", {"i": 2})
+    assert offsets_of(await got.wait_count("plain:a", 1)) == [offset]
+
+
 def test_a_frame_with_a_bad_message_or_a_broken_line_count_is_not_ours() -> None:
     """parse_frames takes a frame of one message (four lines) or of several after a `*` line (which
     a server from before batch frames refuses as a topic); a frame whose lines do not add up, or

@@ -62,7 +62,7 @@ from ..redis.client import (LoopClients, async_client, client_kwargs, deployment
 from ..redis.subscriber import Subscriber
 from ..topics import TOPIC_RE
 from ..types import JSON, Message, Offset, Topic
-from ..errors import ArgumentValueError
+from ..errors import ArgumentValueError, InvalidTopic
 from .base import (HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, FanOut, History, encode_batch, encode_payload,
                    idle_expiry)
 
@@ -348,8 +348,10 @@ class RedisFanOut(FanOut):
         calls: list[tuple[list[str], list[Any]]] = []
         used = 0
         for topic, json_text in encoded:
-            if "\n" in topic:  # would break the frame header; validated topics never have one
-                raise ValueError(f"invalid topic {topic[:60]!r}")
+            if not TOPIC_RE.fullmatch(topic):
+                # Every listener drops a frame holding such a topic (parse_frames), with the other
+                # messages of the batch that share it: refused here, before anything is written.
+                raise InvalidTopic(f"invalid topic {topic[:60]!r}: use 1 to 200 characters from A-Z a-z 0-9 _ . : / -")
             # Bytes, not characters: text beyond ASCII takes up to four bytes a character in Redis.
             size = len(json_text) if json_text.isascii() else len(json_text.encode("utf-8"))
             if not calls or len(calls[-1][0]) == PUBLISH_CHUNK or \
