@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -22,7 +23,7 @@ from livepush.fanout.base import MAX_PAYLOAD_BYTES, History
 from livepush.fanout.redis import FRAME_BYTES, PRUNE_SCAN_COUNT, RedisFanOut, parse_frames
 from livepush.types import offset_key
 from tests.support.fanouts import WAIT, Collector, offsets_of, read_history
-from tests.support.procs import free_port
+from tests.support.procs import forked_exit_status, free_port
 from tests.support.redis_acl import documented_user
 from tests.support.waiting import async_wait_for
 from tests.test_fanout_conformance import (  # noqa: F401  (private_redis is a fixture)
@@ -537,6 +538,30 @@ def test_calls_on_two_live_event_loops_keep_one_connection_each(private_redis: P
     finally:
         for loop in loops:
             loop.close()
+        fanout.close()
+
+
+def test_a_child_forked_while_a_parent_thread_was_inside_publish_publishes(redis_url: str, raw: redis.Redis) -> None:
+    """A process forked while another of its threads was inside publish() (holding the fan-out's
+    lock for its client: a server's master that publishes from threads, then forks its workers)
+    publishes in the child all the same, and the parent goes on."""
+    fanout = RedisFanOut(redis_url)
+    try:
+        first = fanout.publish("forked:a", {"from": "parent"})
+        with fanout._sync_lock:  # as a parent thread inside publish() holds it at the fork
+            pid = os.fork()
+            if pid == 0:  # the child: its exit status is its verdict, and it never returns into pytest
+                status = 1
+                try:
+                    fanout.publish("forked:a", {"from": "child"})
+                    status = 0
+                finally:
+                    os._exit(status)
+        assert forked_exit_status(pid, WAIT) == 0, "the child failed to publish"
+        fanout.publish("forked:a", {"from": "parent"})
+        entries = raw.xrange(fanout.key_prefix + "forked:a", first, "+")
+        assert [json.loads(fields["d"])["from"] for _, fields in entries] == ["parent", "child", "parent"]
+    finally:
         fanout.close()
 
 

@@ -61,6 +61,20 @@ def free_port() -> int:
     raise RuntimeError(f"no free TCP port on 127.0.0.1 in {low}-{high - 1} after 200 tries")
 
 
+def forked_exit_status(pid: int, timeout: float) -> int:
+    """The exit status of forked child `pid` once it exits within `timeout` seconds; else it is
+    killed (it must not outlive the test) and AssertionError says it hung."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(POLL_INTERVAL)
+    os.kill(pid, SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError(f"the forked child {pid} did not exit within {timeout} s: killed")
+
+
 class ChildProcess:
     """One child process whose stdout and stderr are captured to files."""
 
