@@ -392,6 +392,45 @@ async def test_a_redis_that_refuses_says_why_rather_than_to_check_that_it_runs(
                 await asyncio.wait_for(fanout.listen(), WAIT)
 
 
+# A script that holds Redis for 9 s, well past the client's 5 s timeout (Redis' clock, read in the loop).
+_BUSY_LUA = "local s = redis.call('TIME')[1]; while tonumber(redis.call('TIME')[1]) - s < 9 do end; return 1"
+
+
+def held(url: str) -> bool:
+    """Whether Redis leaves a PING unanswered for 200 ms (a script holds it)."""
+    probe = redis.Redis.from_url(url, socket_timeout=0.2, retry=None)
+    try:
+        probe.ping()
+        return False
+    except redis.TimeoutError:
+        return True
+    finally:
+        probe.close()
+
+
+async def test_a_publish_that_redis_answers_too_late_says_it_may_have_been_made(
+        make_redis: MakeRedis, private_redis: PrivateRedis, raw_private: redis.Redis) -> None:
+    """A publish whose answer does not come within the client's timeout (Redis busy with a long
+    script) raises DependencyError saying the message may have been published all the same, as
+    it is once Redis goes on; not 'check that Redis is running'."""
+    fanout = await make_redis(url=private_redis.url, listen=False)
+    fanout.publish("late:warm", {})  # loads the script: the late call is the publish itself
+    before = fanout.latest_offset("late:a")
+    raw_private.config_set("busy-reply-threshold", 20_000)  # others wait for the script, not get BUSY
+    busy = redis.Redis.from_url(private_redis.url, socket_timeout=30)
+    holding = asyncio.create_task(asyncio.to_thread(busy.eval, _BUSY_LUA, 0))
+    try:
+        await async_wait_for(lambda: asyncio.to_thread(held, private_redis.url), WAIT,
+                             message="the long script to hold Redis")
+        with pytest.raises(livepush.DependencyError, match="may have been done all the same") as caught:
+            await asyncio.to_thread(fanout.publish, "late:a", {"i": 0})
+        assert "Redis is running" not in str(caught.value)
+    finally:
+        await asyncio.wait_for(holding, 30)
+        busy.close()
+    assert fanout.latest_offset("late:a") != before, "the publish that timed out was made once Redis went on"
+
+
 async def test_a_failing_receiver_does_not_stop_delivery(make_redis: MakeRedis) -> None:
     """A receiver that raises is logged, costs the receivers after it nothing, and the listener stays up: every message still arrives."""
     fanout = await make_redis()

@@ -13,7 +13,8 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from redis.backoff import NoBackoff
 from redis.connection import parse_url
-from redis.exceptions import AuthenticationError, NoPermissionError, OutOfMemoryError, ReadOnlyError, ResponseError
+from redis.exceptions import (AuthenticationError, NoPermissionError, OutOfMemoryError, ReadOnlyError, ResponseError,
+                              TimeoutError as RedisTimeout)
 from redis.retry import Retry
 
 from ..errors import ConfigError, DependencyError
@@ -194,6 +195,10 @@ def _remedy(exc: BaseException) -> str:
             isinstance(exc, ResponseError) and any(words in str(exc) for words in _SCRIPT_ACL_DENIALS)):
         return ("Redis is up but the ACL of LIVEPUSH_REDIS_URL's user denies a command or key livepush needs: give "
                 "it the ACL that docs/security.md shows for the deployment's prefix")
+    if isinstance(exc, RedisTimeout) and "reading" in str(exc):
+        # The command was sent: Redis may run it after the wait ended (a pause, a slow script).
+        return ("Redis did not answer in time (slow, paused or cut off): what the call sent may have been done all "
+                "the same (a publish: look at the topic's latest offset before publishing again)")
     return "check LIVEPUSH_REDIS_URL and that Redis is running"
 
 
