@@ -286,6 +286,25 @@ def test_every_livepush_name_the_docs_use_exists() -> None:
     assert not missing, sorted(missing)
 
 
+def test_every_redis_key_and_channel_the_docs_name_is_one_livepush_uses() -> None:
+    """A Redis key or channel in the docs (`{P}:...`, P the deployment's prefix) starts as the
+    code's do, prefix in braces (an ACL written from `P:...` would match another deployment's),
+    and names a key or channel of the fan-out or the revocation store."""
+    from livepush.fanout.redis import RedisFanOut
+    from livepush.sessions.revocations import RedisRevocations
+
+    fanout, store = RedisFanOut("redis://localhost/0", prefix="P"), RedisRevocations("redis://localhost/0", prefix="P")
+    used = [fanout.key_prefix, fanout.origin_key, f"{fanout.origin_key}:prev", fanout.channel, store.channel,
+            store.session_prefix, store.subject_prefix]
+    wrong = []
+    for page in PAGES:
+        for name in re.findall(r"`(\{?P\}?:[^`]*)`", page.read_text()):
+            stem = name.rstrip("*")
+            if not (name.startswith("{P}:") and (stem == "{P}:" or any(u.startswith(stem) for u in used))):
+                wrong.append(f"{page.relative_to(ROOT)}: {name}")
+    assert not wrong, wrong
+
+
 def test_the_reference_names_everything_livepush_and_livepush_jobs_export() -> None:
     """Each name in `livepush.__all__` and `livepush.jobs.__all__` is in reference.md: the public API
     has nothing the reference leaves out."""
