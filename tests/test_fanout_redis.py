@@ -604,6 +604,22 @@ def test_a_child_forked_while_a_parent_thread_was_inside_publish_publishes(redis
         fanout.close()
 
 
+async def test_a_url_written_for_another_client_still_listens_replays_and_names_the_listener(
+        redis_url: str, make_redis: MakeRedis, raw: redis.Redis) -> None:
+    """A LIVEPUSH_REDIS_URL written for another client (`?protocol=3&decode_responses=true&
+    client_name=app`) changes nothing of livepush's connections: the fan-out listens, delivers
+    and replays history (RESP3 left the SUBSCRIBE unconfirmed, text replies made every replay a
+    reset), and its listener keeps the name `livepush status` finds it by."""
+    fanout = await make_redis(url=f"{redis_url}?protocol=3&decode_responses=true&client_name=app")
+    assert len(listeners(raw)) == 1
+    got = Collector()
+    fanout.register(got)
+    rendered = await fanout.alatest_offset("shapes:a")
+    offsets = [fanout.publish("shapes:a", {"i": i}) for i in range(3)]
+    assert offsets_of(await got.wait_count("shapes:a", 3)) == offsets
+    assert offsets_of(await read_history(fanout, "shapes:a", rendered)) == offsets
+
+
 async def test_listen_holds_one_subscription_and_aclose_releases_it(make_redis: MakeRedis, raw: redis.Redis) -> None:
     """listen() opens one pub/sub connection; constructing and publishing open none; aclose() releases it."""
     fanout = await make_redis(listen=False)

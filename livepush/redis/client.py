@@ -132,6 +132,27 @@ def listener_name(prefix: str) -> str:
     return f"livepush-listener:{tag}"
 
 
+# Query parameters of a Redis URL that redis-py lets override what a client is given, where
+# livepush needs its own: RESP3 delivers pub/sub frames as pushes (a SUBSCRIBE never confirmed),
+# decoded replies are text where the parsers read bytes (every history read taken for a
+# malformed stream), and `livepush status` finds the servers by their client name. A URL
+# written for another client may hold them.
+_OWN_PARAMS = {"protocol", "decode_responses", "encoding", "encoding_errors", "client_name"}
+
+
+def own_url(url: str) -> str:
+    """`url` as livepush's own connections use it: without the parameters livepush sets itself
+    (client_kwargs())."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url  # redis-py refuses it as it would have
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if not any(name in _OWN_PARAMS for name, _ in query):
+        return url
+    return urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in query if k not in _OWN_PARAMS])))
+
+
 def client_kwargs(client_name: str, connect_timeout: float = CONNECT_TIMEOUT, *,
                   for_asyncio: bool = False) -> dict[str, Any]:
     """What every connection livepush opens to Redis is given; `for_asyncio` for an asyncio
@@ -207,7 +228,8 @@ def async_client(url: str, client_name: str, connect_timeout: float = CONNECT_TI
     POOL_CONNECTIONS connections rather than fail when a burst has them all in use."""
     from redis import asyncio as aredis
 
-    pool = aredis.BlockingConnectionPool.from_url(url, max_connections=POOL_CONNECTIONS, timeout=POOL_WAIT_SECONDS,
+    pool = aredis.BlockingConnectionPool.from_url(own_url(url), max_connections=POOL_CONNECTIONS,
+                                                  timeout=POOL_WAIT_SECONDS,
                                                   **client_kwargs(client_name, connect_timeout, for_asyncio=True), **extra)
     return aredis.Redis.from_pool(pool)
 

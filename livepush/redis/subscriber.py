@@ -27,7 +27,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError, RedisError,
 from ..channels import Channels, Resync
 from ..errors import ListenError
 from ..tasks import Backoff, stop
-from .client import client_kwargs, failed, no_retries, one_line, redact, text
+from .client import client_kwargs, failed, no_retries, one_line, own_url, redact, text
 
 log = logging.getLogger("livepush.redis.subscriber")
 
@@ -98,7 +98,8 @@ class Subscriber:
         """A connection SUBSCRIBEd to every channel, returned once Redis confirmed them all."""
         if self._pool is None:
             self._pool = aredis.ConnectionPool.from_url(
-                self.url, max_connections=1, socket_connect_timeout=self.connect_timeout, client_name=self.name,
+                own_url(self.url), max_connections=1, socket_connect_timeout=self.connect_timeout,
+                client_name=self.name,
                 # RESP2: pub/sub frames as plain replies (RESP3 delivers them as pushes).
                 protocol=2,
                 # No silent reconnects inside redis-py: a lost subscription must be seen here.
@@ -201,7 +202,7 @@ def subscribed_clients(url: str, name: str) -> list[dict[str, object]] | None:
     """The servers subscribed on this Redis now (its pub/sub clients named `name`, a deployment's
     client.listener_name()), for `livepush status`; None when the URL's user may not run CLIENT
     LIST, as the app's user of docs/security.md may not (it would show every tenant's clients)."""
-    client = redis.Redis.from_url(url, **client_kwargs("livepush-status"))
+    client = redis.Redis.from_url(own_url(url), **client_kwargs("livepush-status"))
     try:
         found = client.client_list(_type="pubsub")
     except NoPermissionError:

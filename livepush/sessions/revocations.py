@@ -23,7 +23,7 @@ from ..channels import ListenerSlot
 from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
 from ..redis.client import (LoopClients, async_client, client_kwargs, deployment_prefix, failed, listener_name,
-                            namespace)
+                            namespace, own_url)
 from ..redis.subscriber import Subscriber
 from .tokens import MAX_TTL, Session
 
@@ -319,7 +319,7 @@ class RedisRevocations(RevocationStore):
     def _sync_client(self) -> Any:
         import redis
 
-        return redis.Redis.from_url(self.url, socket_timeout=5, **client_kwargs("livepush-revocations"))
+        return redis.Redis.from_url(own_url(self.url), socket_timeout=5, **client_kwargs("livepush-revocations"))
 
     async def revoked_among(self, sessions: Iterable[Session]) -> set[str]:
         import redis
