@@ -9,6 +9,7 @@ how it is kept. Keys and the channel are the fan-out's own: `fanout.key_prefix` 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -577,6 +578,22 @@ def test_calls_on_two_live_event_loops_keep_one_connection_each(private_redis: P
     finally:
         for loop in loops:
             loop.close()
+        fanout.close()
+
+
+def test_sync_code_running_each_call_on_a_new_event_loop_keeps_no_connection_per_call(
+        private_redis: PrivateRedis, raw_private: redis.Redis) -> None:
+    """Sync web code that runs each async call with asyncio.run() (a new loop each time) leaves no
+    client behind per call: a loop that ended is dropped, and its connection closes."""
+    fanout = RedisFanOut(private_redis.url)
+    try:
+        for i in range(30):
+            asyncio.run(fanout.apublish("runs:a", {"i": i}))
+        gc.collect()
+        assert len(fanout._loops._clients) == 1
+        open_now = [c for c in raw_private.client_list() if c.get("name") == "livepush-publisher"]
+        assert len(open_now) <= 1, f"30 calls, each on its own loop, left {len(open_now)} connections open"
+    finally:
         fanout.close()
 
 

@@ -293,6 +293,12 @@ class LoopPools:
                 if isinstance(exc, Exception):
                     raise translate(self.url, exc) from None
                 raise
+            # A pool holds its loop (its tasks and connections do), so the weak mapping never
+            # drops an ended loop by itself: sync code running asyncio.run() per call would keep
+            # a pool for every call.
+            for ended in [old for old in self._async if old.is_closed()]:
+                del self._async[ended]
+                self._opening.pop(ended, None)
             self._async[loop] = pool
             return pool
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-import weakref
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
@@ -248,17 +247,23 @@ class LoopClients(Generic[C]):
 
     A redis.asyncio connection belongs to the loop that made it. Keeping only the last loop's
     client made loops that take turns (a web app's and a worker thread's) open a connection at
-    each call and leave the one before unclosed; each loop keeps its own here, forgotten with the
-    loop, and `release_loop()` closes the running loop's (one that is about to end)."""
+    each call and leave the one before unclosed; each loop keeps its own here, dropped once the
+    loop has ended, and `release_loop()` closes the running loop's (one that is about to end)."""
 
     def __init__(self, make: Callable[[], C]) -> None:
         self._make = make
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, C] = weakref.WeakKeyDictionary()
+        self._clients: dict[asyncio.AbstractEventLoop, C] = {}
 
     def get(self) -> C:
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
+            # A client's connections hold their loop, so a weak mapping would never let an ended
+            # loop go: sync code that runs asyncio.run() per call would keep a client, and its
+            # socket, for every call. Ended loops are dropped here (their sockets close as
+            # they are collected: only their own loop could close them properly).
+            for ended in [old for old in self._clients if old.is_closed()]:
+                del self._clients[ended]
             client = self._clients[loop] = self._make()
         return client
 

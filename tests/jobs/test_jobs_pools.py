@@ -45,6 +45,30 @@ async def test_aenqueue_survives_closed_connections(jobs_db: str) -> None:
     assert job_state(after.id)["state"] == "available"  # type: ignore[index]
 
 
+def test_sync_code_running_each_call_on_a_new_event_loop_keeps_no_pool_per_call(jobs_db: str) -> None:
+    """Sync web code that runs each async call with asyncio.run() (a new loop each time) leaves no
+    pool behind per call: a pool holds its loop, so an ended loop's is dropped when the next loop
+    opens one."""
+    import asyncio
+    import gc
+
+    from livepush.postgres.pools import LoopPools
+
+    pools = LoopPools(jobs_db, name="t-runs")
+
+    async def one() -> None:
+        async with (await pools.aget()).connection() as conn:
+            await conn.execute("SELECT 1")
+
+    try:
+        for _ in range(20):
+            asyncio.run(one())
+        gc.collect()
+        assert len(pools._async) == 1
+    finally:
+        pools.close()
+
+
 def test_a_loop_that_ends_while_its_pool_connects_does_not_hang() -> None:
     """A pool left open on its loop (as aenqueue()'s and apublish()'s are) with a connection
     attempt in flight when the loop ends: asyncio.run() returns and the pool is closed.
