@@ -8,7 +8,9 @@ doorbell that reaches the listener during its ping."""
 
 from __future__ import annotations
 
+import logging
 import os
+import secrets
 import signal
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +18,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import livepush
 
@@ -251,3 +254,36 @@ def test_a_publish_that_finds_every_pooled_connection_busy_says_so_not_that_post
     said = str(raised.value)
     assert "cannot reach" not in said and "server is running" not in said, said
     assert "busy" in said and "is up" in said and "lock" in said and "pg_stat_activity" in said, said
+
+
+async def test_a_listener_that_postgres_keeps_refusing_says_why(
+        pg_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listener whose login Postgres refuses after it was lost (a role or pg_hba.conf changed
+    under a running server) stays away until someone acts: it says why at warning level once the
+    outage outlasts a restart's, and not again within that time; back once the login is allowed."""
+    from livepush.postgres import listener as listener_module
+
+    monkeypatch.setattr(listener_module, "RETRY_LOG_SECONDS", 0.5)
+    role = f"lp_listen_{secrets.token_hex(3)}"
+    admin = psycopg.connect(pg_url, autocommit=True)
+    admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    listener = Listener(make_conninfo(pg_url, user=role), name="lp-refused-listener")
+    listener.add("livepush_refusal_test", lambda payload: None)
+    try:
+        await listener.start()
+        admin.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(role)))
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
+        caplog.set_level(logging.WARNING, logger="livepush.postgres.listener")
+
+        def said() -> list[str]:
+            return [r.getMessage() for r in caplog.records if "still cannot reconnect" in r.getMessage()]
+
+        await async_wait_for(said, 10, message="a warning that the listener cannot reconnect")
+        assert "not permitted to log in" in said()[0], said()[0]
+        admin.execute(sql.SQL("ALTER ROLE {} LOGIN").format(sql.Identifier(role)))
+        await async_wait_for(lambda: listener.listening, 10, message="the listener back once the login is allowed")
+    finally:
+        await listener.aclose()
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
+        admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+        admin.close()

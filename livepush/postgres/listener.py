@@ -40,6 +40,10 @@ _CHANNEL = re.compile(r"livepush[a-z_]{0,40}")
 # How long one wait for notifications lasts before the loop looks at its own work (channels
 # added since, the ping): short, since an idle wait costs nothing but a timer.
 _CYCLE = 0.25
+# Seconds a listener keeps failing to come back before it says why, and then between two sayings:
+# a restart is over well within it, while a password or pg_hba.conf changed under a running
+# server keeps it away until someone acts, and only a debug line said so.
+RETRY_LOG_SECONDS = 60.0
 
 
 class Listener:
@@ -167,12 +171,17 @@ class Listener:
 
     async def _reconnect(self) -> psycopg.AsyncConnection:
         retry = Backoff(*self.backoff)
+        said_at = time.monotonic()
         while True:
             await retry.wait()
             try:
                 return await self._connect()
             except (DependencyError, psycopg.Error, OSError) as exc:
                 log.debug("Postgres listener reconnect failed: %s", exc)
+                if time.monotonic() - said_at >= RETRY_LOG_SECONDS:
+                    said_at = time.monotonic()
+                    log.warning("the Postgres listener at %s still cannot reconnect (said at most once a minute): %s",
+                                redact(self.url), first_line(exc))
 
     def _dispatch(self, channel: str, payload: str) -> None:
         self._channels.dispatch(channel, payload)
