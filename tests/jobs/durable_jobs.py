@@ -193,6 +193,13 @@ async def sleeper(ctx: Any, seconds: float) -> str:
     return "rested"
 
 
+@jobs.job(name="d.progress_then_sleep", max_attempts=1)
+async def progress_then_sleep(ctx: Any, seconds: float) -> str:
+    await ctx.progress(1, 2, "half way")
+    await ctx.sleep("nap", seconds)
+    return "rested"
+
+
 @jobs.job(name="d.fan_and_wait", max_attempts=1, timeout=None)
 async def fan_and_wait(ctx: Any, n: int) -> Any:
     """Children that wait for a signal each (so they stay unfinished until told)."""

@@ -189,6 +189,16 @@ async def deaf_to_cancel(ctx: Any) -> None:
             pass
 
 
+@jobs.job(name="t.progress_then_fail", max_attempts=2, backoff=lambda attempt: 0.0)
+async def progress_then_fail(ctx: Any, report_on_retry: bool) -> None:
+    """Attempt 1 reports 9 of 10 and fails; attempt 2 reports 1 of 10 (if `report_on_retry`) and succeeds."""
+    if ctx.attempt == 1:
+        await ctx.progress(9, 10, "almost there")
+        raise RuntimeError("boom on attempt 1")
+    if report_on_retry:
+        await ctx.progress(1, 10, "again")
+
+
 @jobs.job(name="t.progress_then_wait", timeout=120)
 async def progress_then_wait(ctx: Any, message: str, flag: str) -> None:
     """Reports progress with `message`, then runs until the row `flag` appears in job_flags."""

@@ -407,6 +407,21 @@ async def test_checkpoint_and_waiting_events_and_the_result_on_the_job_topic(dur
     assert state.version == len(events)
 
 
+async def test_a_parked_job_keeps_showing_its_progress_until_it_ends(durable_db: str) -> None:
+    """Parking gives the attempt back, but it is the same run: `waiting` and the replay that follows
+    show the progress it reported before it parked."""
+    async with running():
+        h = await dj.progress_then_sleep.aenqueue(0.2)
+        await wait_state(h.id, "succeeded")
+    from tests.support.job_versions import events_of
+
+    events = events_of(durable_db, h.id)
+    half = {"done": 1, "total": 2, "message": "half way"}
+    after = events[[e["event"] for e in events].index("waiting"):]
+    assert [e["event"] for e in after][:3] == ["waiting", "enqueued", "started"], [e["event"] for e in events]
+    assert all(e["job"]["progress"] == half for e in after), after
+
+
 async def test_the_checkpoint_event_names_the_checkpoint(durable_db: str) -> None:
     """A page reading job:<id> right after a checkpoint sees the `checkpoint` event and its name."""
     async with running():

@@ -181,6 +181,25 @@ def test_progress_events_before_the_final_one(jobs_db: str) -> None:
     assert evs[-1]["job"]["progress"] == {"done": 500, "total": 500, "message": "step 500"}
 
 
+@pytest.mark.parametrize("report_on_retry", [False, True])
+def test_a_new_attempt_never_shows_the_progress_of_the_one_before(jobs_db: str, report_on_retry: bool) -> None:
+    """The failed attempt's `retrying` shows the progress it reached; the next attempt starts with
+    none and shows only what it reports itself, up to its final state."""
+    h = sample_jobs.progress_then_fail.enqueue(report_on_retry)
+    assert jobs.drain() == {"retrying": 1, "succeeded": 1}
+    evs = events_of(jobs_db, h.id)
+    none = {"done": 0, "total": None, "message": None}
+    almost = {"done": 9, "total": 10, "message": "almost there"}
+    again = {"done": 1, "total": 10, "message": "again"}
+    retrying = [e for e in evs if e["event"] == "retrying"]
+    assert retrying and all(e["job"]["progress"] == almost for e in retrying), retrying
+    second = [e for e in evs if e["job"]["attempt"] == 2]
+    assert [e["event"] for e in second][0] == "started" and second[-1]["event"] == "succeeded"
+    assert second[0]["job"]["progress"] == none, "a new attempt starts with no progress"
+    assert second[-1]["job"]["progress"] == (again if report_on_retry else none), second[-1]
+    assert all(e["job"]["progress"] != almost for e in second), second
+
+
 def test_clear_refuses_outside_tests(jobs_db: str) -> None:
     """clear() empties the job tables with LIVEPUSH_ENV=test and refuses otherwise."""
     sample_jobs.record.enqueue()

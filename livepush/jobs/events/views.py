@@ -40,9 +40,21 @@ def iso(value: Any) -> Any:
     return value
 
 
+def progress_view(stored: Mapping[str, Any] | None, attempt: int) -> dict[str, Any] | None:
+    """The `progress` object of a job at `attempt` from what its payload stores (the attempt that
+    reported it beside done, total and message); None when this attempt reported none."""
+    if stored is None or stored.get("attempt", attempt) < attempt:
+        # None yet, or reported by an earlier attempt: a retried job starts again from nothing,
+        # and showing how far the failed attempt got as the new one's (up to its final state,
+        # when it reports none) would be stale state shown as current. A later attempt's is the
+        # same run's: parking gives the attempt back until the run wakes and replays. (The
+        # statements that give an attempt back for a run that starts over clear its progress.)
+        return None
+    return {"done": stored.get("done"), "total": stored.get("total"), "message": stored.get("message")}
+
+
 def job_view(row: Mapping[str, Any]) -> dict[str, Any]:
     """The `job` object from a row of queries.VIEW_COLUMNS."""
-    progress = row.get("progress") or EMPTY_PROGRESS
     view = {
         "id": row["id"],
         "name": row["name"],
@@ -50,7 +62,7 @@ def job_view(row: Mapping[str, Any]) -> dict[str, Any]:
         "state": row["state"],
         "attempt": row["attempt"],
         "max_attempts": row["max_attempts"],
-        "progress": {"done": progress.get("done"), "total": progress.get("total"), "message": progress.get("message")},
+        "progress": progress_view(row.get("progress"), row["attempt"]) or dict(EMPTY_PROGRESS),
         "error": row.get("error"),
         "run_at": iso(row["run_at"]),
     }

@@ -9,7 +9,7 @@ from psycopg.rows import dict_row
 from ...postgres.text import BIGINT_MAX
 from .. import database
 from ..api.handles import checked_cursor, checked_id
-from ..events.views import group_view, iso
+from ..events.views import group_view, iso, progress_view
 from . import queries as gq
 from ...errors import ArgumentValueError
 
@@ -60,6 +60,7 @@ def group_members(group_id: int, after: int | None = None, limit: int = 100) -> 
     for r in rows:
         r["run_at"] = iso(r["run_at"])
         r["finished_at"] = iso(r["finished_at"])
+        r["progress"] = progress_view(r["progress"], r["attempt"])
     return rows, (rows[-1]["id"] if more else None)
 
 

@@ -200,7 +200,9 @@ class JobContext:
         self._record(progress_value(done, total, message))
 
     def _record(self, value: dict[str, Any]) -> None:
-        self.latest = value
+        # Stored with its attempt: the row keeps it after the attempt ends (`retrying` shows how
+        # far it got), and the view hides it from the next attempt (events.views.job_view).
+        self.latest = {**value, "attempt": self.job.attempt}
         self.dirty = True
         if self._completer is not None:
             self._completer.progress(self)
