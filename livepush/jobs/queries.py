@@ -652,6 +652,11 @@ WITH moved AS (
           WHERE o.key = j.key
             AND o.state IN ('available', 'scheduled', 'running', 'waiting')))
     RETURNING j.id, j.version
+), cleared AS (
+    -- The failed run's progress is not the new run's: its attempts count from 1 again, so the
+    -- attempt stored with that progress (events/views.py) would match the new run's and show it
+    -- as current. The job's row, locked above, orders this against every other payload writer.
+    UPDATE livepush_job_payloads p SET progress = NULL FROM moved m WHERE p.id = m.id AND p.progress IS NOT NULL
 ), rung AS ({ring("moved")})
 SELECT m.id, livepush_jobs_ready() AS _rang FROM moved m CROSS JOIN rung
 """

@@ -199,6 +199,17 @@ async def progress_then_fail(ctx: Any, report_on_retry: bool) -> None:
         await ctx.progress(1, 10, "again")
 
 
+@jobs.job(name="t.progress_unless_flag", max_attempts=1)
+async def progress_unless_flag(ctx: Any, flag: str) -> None:
+    """Reports 9 of 10 and fails while the row `flag` is not in job_flags; succeeds without a report once it is."""
+    pool = await _pool()
+    async with pool.connection() as conn:
+        row = await (await conn.execute("SELECT 1 FROM job_flags WHERE name = %s", (flag,))).fetchone()
+    if row is None:
+        await ctx.progress(9, 10, "almost there")
+        raise RuntimeError(f"no flag {flag} yet")
+
+
 @jobs.job(name="t.progress_then_wait", timeout=120)
 async def progress_then_wait(ctx: Any, message: str, flag: str) -> None:
     """Reports progress with `message`, then runs until the row `flag` appears in job_flags."""

@@ -200,6 +200,21 @@ def test_a_new_attempt_never_shows_the_progress_of_the_one_before(jobs_db: str, 
     assert all(e["job"]["progress"] != almost for e in second), second
 
 
+def test_a_failed_job_run_again_starts_without_the_old_runs_progress(jobs_db: str) -> None:
+    """retry_failed() runs a job again from attempt 1: the new run shows no progress until it
+    reports some, though the failed run reported its own at attempt 1 too."""
+    h = sample_jobs.progress_unless_flag.enqueue("second run")
+    assert jobs.drain() == {"failed": 1}
+    assert events_of(jobs_db, h.id)[-1]["job"]["progress"] == {"done": 9, "total": 10, "message": "almost there"}
+    seen = len(events_of(jobs_db, h.id))
+    q(jobs_db, "INSERT INTO job_flags VALUES ('second run')")
+    assert jobs.retry_failed(h.id)
+    assert jobs.drain() == {"succeeded": 1}
+    again = events_of(jobs_db, h.id)[seen:]
+    assert [e["event"] for e in again] == ["enqueued", "started", "succeeded"], again
+    assert all(e["job"]["progress"] == {"done": 0, "total": None, "message": None} for e in again), again
+
+
 def test_clear_refuses_outside_tests(jobs_db: str) -> None:
     """clear() empties the job tables with LIVEPUSH_ENV=test and refuses otherwise."""
     sample_jobs.record.enqueue()
