@@ -351,13 +351,16 @@ WITH outcome AS (
     -- orders this against every other payload writer (they lock it first too). (In RETURNING,
     -- j is the new version of the row.)
     RETURNING j.id, j.state, j.group_id, j.workflow_id, j.version, o.kind AS kind,
-              coalesce(o.progress, p.progress) AS progress,
+              -- A job given back starts over at the attempt it gave back: the progress of the
+              -- run it gave back, stored with that attempt, would show as the next run's.
+              CASE WHEN o.kind = 'released' THEN NULL ELSE coalesce(o.progress, p.progress) END AS progress,
               CASE WHEN j.state = 'succeeded' THEN NULL ELSE coalesce(o.error, p.error) END AS error,
               CASE WHEN j.state = 'succeeded' THEN o.result END AS result,
               -- Write the payload only when it changes (a final progress, an error to keep or to
               -- clear, a result): most jobs succeed with none, and rewriting their row (arguments
               -- and all) would cost a row version and its WAL for nothing.
               (o.progress IS NOT NULL AND o.progress IS DISTINCT FROM p.progress
+               OR o.kind = 'released' AND p.progress IS NOT NULL
                OR CASE WHEN j.state = 'succeeded' THEN p.error IS NOT NULL OR o.result IS NOT NULL
                        ELSE o.error IS NOT NULL AND o.error IS DISTINCT FROM p.error END) AS _write
 ), written AS (

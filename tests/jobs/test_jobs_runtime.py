@@ -711,3 +711,27 @@ async def test_a_cancel_sent_while_the_runtimes_listener_was_away_stops_its_job_
             await wait_state(h.id, "cancelled", timeout=15.0)
     finally:
         await listener.aclose()
+
+
+async def test_a_job_given_back_runs_again_without_the_old_runs_progress(jobs_db: str) -> None:
+    """A job a stopping runtime gave back (attempt not spent) shows no progress when it starts
+    again: the progress its given-back run reported is not the new run's."""
+    async with running():
+        h = await sample_jobs.progress_then_wait.aenqueue("before the give-back", "given back")
+
+        async def reported() -> bool:
+            s = await asyncio.to_thread(jobs.job_state, h.id)
+            return s is not None and s["progress"]["message"] == "before the give-back"
+
+        await async_wait_for(reported, 10.0, message="the first run's progress to be written")
+    assert await state_of(h.id) == "available", "given back when its runtime stopped at once"
+    await asyncio.to_thread(q, jobs_db, "INSERT INTO job_flags VALUES ('given back')")
+    async with running():
+        await wait_state(h.id, "succeeded", timeout=10.0)
+    evs = await asyncio.to_thread(events_of, jobs_db, h.id)
+    starts = [i for i, e in enumerate(evs) if e["event"] == "started"]
+    assert len(starts) == 2, [e["event"] for e in evs]
+    assert [e["job"]["attempt"] for e in evs[starts[0]:]].count(1) >= 2, "the same attempt ran twice"
+    for e in evs[starts[0] + 1:starts[1] + 1]:
+        if e["event"] != "progress":
+            assert e["job"]["progress"] == {"done": 0, "total": None, "message": None}, e
