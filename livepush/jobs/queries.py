@@ -541,6 +541,13 @@ WITH moved AS (
         attempt = j.attempt - 1, run_at = now(), lease = NULL, runtime_id = NULL, version = j.version + 1
     WHERE j.state = 'running' AND j.runtime_id = %(runtime_id)s
     RETURNING j.id, j.state, j.group_id, j.workflow_id, j.version
+), cleared AS (
+    -- A job given back runs its attempt again: the given-back run's progress, stored with that
+    -- attempt (events/views.py), would show as the next run's. The job's row, locked above,
+    -- orders this against every other payload writer.
+    -- A cancelled one keeps how far it got, as a final state.
+    UPDATE livepush_job_payloads p SET progress = NULL
+    FROM moved m WHERE p.id = m.id AND m.state = 'available' AND p.progress IS NOT NULL
 ), rung AS ({ring("moved")})
 SELECT m.id, m.state, m.group_id, m.workflow_id FROM moved m CROSS JOIN rung ORDER BY m.id
 """

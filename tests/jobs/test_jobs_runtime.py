@@ -735,3 +735,30 @@ async def test_a_job_given_back_runs_again_without_the_old_runs_progress(jobs_db
     for e in evs[starts[0] + 1:starts[1] + 1]:
         if e["event"] != "progress":
             assert e["job"]["progress"] == {"done": 0, "total": None, "message": None}, e
+
+
+async def test_a_job_released_at_deregistration_runs_again_without_the_old_runs_progress(jobs_db: str) -> None:
+    """Deregistering gives back what still runs under the runtime (attempt not spent); the run
+    that follows shows no progress until it reports its own."""
+    from psycopg_pool import AsyncConnectionPool
+
+    from livepush.jobs.runtime import maintenance
+
+    async with running() as rt:
+        h = await sample_jobs.progress_then_wait.aenqueue("before the release", "released")
+
+        async def reported() -> bool:
+            s = await asyncio.to_thread(jobs.job_state, h.id)
+            return s is not None and s["progress"]["message"] == "before the release"
+
+        await async_wait_for(reported, 10.0, message="the first run's progress to be written")
+        async with AsyncConnectionPool(jobs_db, min_size=1, max_size=1, open=False) as pool:
+            assert (await maintenance.deregister(pool, rt.id))[0] == 1
+        await asyncio.to_thread(q, jobs_db, "INSERT INTO job_flags VALUES ('released')")
+        await wait_state(h.id, "succeeded", timeout=10.0)
+    evs = await asyncio.to_thread(events_of, jobs_db, h.id)
+    starts = [i for i, e in enumerate(evs) if e["event"] == "started"]
+    assert len(starts) == 2, [e["event"] for e in evs]
+    for e in evs[starts[0] + 1:starts[1] + 1]:
+        if e["event"] != "progress":
+            assert e["job"]["progress"] == {"done": 0, "total": None, "message": None}, e
