@@ -357,6 +357,24 @@ async def test_a_sync_authorize_that_exits_answers_unavailable(exit_kind: type[B
         app.close()
 
 
+@pytest.mark.parametrize("exit_kind", [SystemExit, KeyboardInterrupt])
+@pytest.mark.parametrize("shape", ["async def", "sync returning a coroutine"])
+async def test_an_async_authorize_that_exits_answers_unavailable(exit_kind: type[BaseException], shape: str) -> None:
+    """An async hook runs as a task on the server's loop, where sys.exit() or a stray
+    KeyboardInterrupt would stop the loop, and the server with it: it is a failed answer
+    ('unavailable') like any other exception, and the loop goes on."""
+    async def exits(session: Session | None, topic: str) -> bool:
+        await asyncio.sleep(0)
+        raise exit_kind()
+
+    app = App(authorize=exits if shape == "async def" else (lambda s, t: exits(s, t)))
+    try:
+        assert await asyncio.wait_for(app.check(ALICE, "team:1"), 5) == "unavailable"
+        assert await asyncio.wait_for(app.check(ALICE, "team:1"), 5) == "unavailable"
+    finally:
+        app.close()
+
+
 async def test_each_app_logs_its_own_first_failure(caplog: pytest.LogCaptureFixture) -> None:
     """'Once' is per App: a second App logs its first failure too."""
     caplog.set_level(logging.ERROR, logger="livepush.rules")

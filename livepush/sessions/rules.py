@@ -213,6 +213,16 @@ def _positive(name: str, value: object) -> float:
     return seconds
 
 
+async def _contained(answer: Awaitable[Any]) -> Any:
+    """Await an async authorize()'s answer. wait_for() runs it as a task, and a SystemExit or
+    KeyboardInterrupt raised in a task leaves the event loop: the whole server would stop. Here
+    they end only this call, a failed answer, as they do for a sync hook in its thread."""
+    try:
+        return await answer
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise RuntimeError(f"authorize() raised {type(exc).__name__}") from exc
+
+
 def _is_async(fn: Any) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
 
@@ -295,7 +305,8 @@ class App:
         deadline = loop.time() + self.authorize_timeout
         try:
             if self._authorize_is_async:
-                result: Any = await asyncio.wait_for(self.authorize(session, topic), self.authorize_timeout)  # type: ignore[arg-type]
+                result: Any = await asyncio.wait_for(_contained(self.authorize(session, topic)),  # type: ignore[arg-type]
+                                                     self.authorize_timeout)
             else:
                 if self._waiting >= AUTHORIZE_THREADS + AUTHORIZE_QUEUE:
                     self._log_once(OverflowError("every authorize() thread is busy"), topic)
@@ -318,7 +329,7 @@ class App:
                 future.add_done_callback(self._done_waiting)
                 result = await asyncio.wait_for(asyncio.wrap_future(future), self.authorize_timeout)
             if inspect.isawaitable(result):  # a sync callable that returned a coroutine
-                result = await asyncio.wait_for(result, max(deadline - loop.time(), 0.001))
+                result = await asyncio.wait_for(_contained(result), max(deadline - loop.time(), 0.001))
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is None or task.cancelling():
