@@ -14,12 +14,18 @@ def where_raised(exc: BaseException) -> str:
     a SyntaxError, the line the compiler names (no frame of the module is in its traceback)."""
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"{os.path.relpath(exc.filename)}:{exc.lineno}"
-    where = "unknown line"
+    where = generated = "unknown line"
     for frame, line in traceback.walk_tb(exc.__traceback__):
         path = frame.f_code.co_filename
-        if not path.startswith((_OURS + os.sep, "<frozen")):
-            where = f"{os.path.relpath(path) if not path.startswith('<') else path}:{line}"
-    return where
+        if path.startswith((_OURS + os.sep, "<frozen")):
+            continue
+        if path.startswith("<"):
+            # Code made at run time (a dataclass's __init__, "<string>:5", calling livepush.Allow's
+            # checks) is no line the user can open: the file line that called it is.
+            generated = f"{path}:{line}"
+        else:
+            where = f"{os.path.relpath(path)}:{line}"
+    return where if where != "unknown line" else generated
 
 
 def what_raised(exc: BaseException) -> str:

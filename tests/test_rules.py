@@ -432,6 +432,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     (pkg / "needs_missing.py").write_text("import definitely_not_installed_xyz\n")
     (pkg / "typo.py").write_text("import livepush\n\napp = livepush.App(rules=[livepush.Alow('a:*')])\n")
     (pkg / "unparsable.py").write_text("import livepush\n\napp = livepush.App(rules=[\n")
+    (pkg / "bad_rule.py").write_text("import livepush\n\napp = livepush.App(rules=[livepush.Allow('user:{subject}*')])\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield tmp_path
     for name in [m for m in sys.modules if m == "pushcfg" or m.startswith("pushcfg.")]:
@@ -461,6 +462,8 @@ def test_load_app_finds_the_object(project: Path) -> None:
         # The user's own line, not livepush's or the import machinery's, as `livepush jobs` says it.
         ("pushcfg.typo:app", r"\(pushcfg/typo.py:3\): AttributeError: .*'Alow'"),
         ("pushcfg.unparsable:app", r"\(pushcfg/unparsable.py:3\): SyntaxError: "),
+        # A rule's own refusal names the rule and the line that made it, not the dataclass code between.
+        ("pushcfg.bad_rule:app", r"\(pushcfg/bad_rule.py:3\): ArgumentValueError: Allow\('user:\{subject\}\*'\)"),
     ],
 )
 def test_load_app_errors_are_config_errors(project: Path, spec: str, message: str,
