@@ -16,6 +16,7 @@ import math
 import re
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 
 from itsdangerous import BadSignature, Signer
 
@@ -90,7 +91,8 @@ def sign(topic: str, secrets: Sequence[str], ttl: float | None = None, *, now: f
     value = topic
     if ttl is not None:
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0 or ttl == math.inf:
-            raise ArgumentValueError(f"ttl must be a positive, finite number of seconds (or None: no expiry), got {ttl!r}")
+            raise ArgumentValueError(f"ttl must be a positive, finite number of seconds (or None: no expiry), got {ttl!r}"
+                                     + (" (pass its .total_seconds())" if isinstance(ttl, timedelta) else ""))
         # Rounded up: cut down to the second before, a topic would lose up to a second of its
         # ttl, and one with a ttl under a second could be expired as it is made.
         # A huge ttl (10**100 for "never") wrote an expiry of as many digits, past what verify()

@@ -7,6 +7,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 import livepush
 from livepush import sessions
 from livepush.config import Settings, set_settings
-from livepush.errors import ConfigError, DependencyError, InvalidSession
+from livepush.errors import ArgumentValueError, ConfigError, DependencyError, InvalidSession
 from livepush.sessions import (
     MemoryRevocations,
     PostgresRevocations,
@@ -214,15 +215,33 @@ def test_any_text_decodes_or_raises_invalid_session(text: str) -> None:
 def test_bad_subjects_are_refused(subject: object) -> None:
     """issue() wants a non-empty str of at most 200 characters, without NUL (a revocation
     stores it in Postgres)."""
-    with pytest.raises(ValueError, match="subject"):
+    with pytest.raises(ArgumentValueError, match=r"issue\(\).*session subject"):
         sessions.issue(subject)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("subject", [None, 7, ""])
+def test_revoke_subject_names_itself_and_refuses_a_bad_subject_before_looking_for_a_store(subject: object) -> None:
+    """A bad subject is the caller's mistake whatever the store: revoke_subject() names itself and
+    the subject, even in a process with no shared store (which would otherwise be all it said)."""
+    set_settings(Settings())
+    with pytest.raises(ArgumentValueError, match=r"revoke_subject\(\).*session subject"):
+        sessions.revoke_subject(subject)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("ttl", [0, -1, float("nan"), float("inf"), 367 * 86400, "60", True])
 def test_bad_ttls_are_refused(ttl: object) -> None:
     """issue() wants a positive, finite ttl of at most 366 days."""
-    with pytest.raises(ValueError, match="ttl"):
+    with pytest.raises(ArgumentValueError, match=r"issue\(ttl=\)"):
         sessions.issue("user-7", ttl=ttl)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ttl", ["60", True, None, timedelta(hours=1)])
+def test_a_ttl_that_is_no_number_says_what_it_takes(ttl: object) -> None:
+    """A ttl that is not a number of seconds (text, a bool, a timedelta) is refused naming
+    issue(ttl=) and what it takes; for a timedelta it says how to pass one."""
+    with pytest.raises(ArgumentValueError, match=r"issue\(ttl=\) takes a number of seconds") as info:
+        sessions.issue("user-7", ttl=ttl)  # type: ignore[arg-type]
+    assert ("total_seconds()" in str(info.value)) == isinstance(ttl, timedelta)
 
 
 def test_issue_without_secret_is_a_config_error() -> None:

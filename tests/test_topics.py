@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import math
+from datetime import timedelta
 
 import pytest
 from itsdangerous import Signer
@@ -36,6 +37,12 @@ def test_bad_ttls_are_refused(ttl: object) -> None:
     """ttl= is a positive, finite number of seconds (or None)."""
     with pytest.raises(ValueError, match="ttl must be a positive, finite number"):
         sign("job:1", SECRETS, ttl=ttl)  # type: ignore[arg-type]
+
+
+def test_a_timedelta_ttl_is_refused_saying_how_to_pass_it() -> None:
+    """ttl= takes seconds: a timedelta is refused with the way to pass it, .total_seconds()."""
+    with pytest.raises(ValueError, match=r"ttl must be a positive, finite number.*\(pass its \.total_seconds\(\)\)"):
+        sign("job:1", SECRETS, ttl=timedelta(hours=1))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("ttl", [1e150, 1e300, 10**400, float(2**1023)], ids=["1e150", "1e300", "10**400", "2**1023"])

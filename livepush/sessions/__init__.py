@@ -88,8 +88,8 @@ async def arevoke(token: str | Session, *, store: RevocationStore | None = None)
 def revoke_subject(subject: str, *, store: RevocationStore | None = None, now: float | None = None) -> float:
     """Revoke every session of `subject` issued up to now ("sign out everywhere"); sessions
     issued afterwards are unaffected. Returns the cut-off time."""
+    check_subject(subject, "revoke_subject()")  # the caller's mistake first, whatever the store
     chosen = _shared(store)
-    check_subject(subject)
     before = stamp_ms(now) / 1000
     chosen.add_subject(subject, before)
     return before
@@ -97,8 +97,8 @@ def revoke_subject(subject: str, *, store: RevocationStore | None = None, now: f
 
 async def arevoke_subject(subject: str, *, store: RevocationStore | None = None, now: float | None = None) -> float:
     """Async revoke_subject()."""
+    check_subject(subject, "arevoke_subject()")
     chosen = _shared(store)
-    check_subject(subject)
     before = stamp_ms(now) / 1000
     await chosen.aadd_subject(subject, before)
     return before

@@ -13,6 +13,7 @@ import secrets as _secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 from itsdangerous import BadData, BadSignature, URLSafeSerializer
 
@@ -56,28 +57,35 @@ def _serializer(secrets: Sequence[str]) -> URLSafeSerializer:
     )
 
 
-def check_subject(subject: object) -> str:
+def check_subject(subject: object, call: str = "issue()") -> str:
+    """`subject` if `call` may take it as a session subject, else ArgumentValueError naming `call`
+    (a ValueError for a subject of another type too, as it has always been)."""
     if not isinstance(subject, str):
-        raise ArgumentValueError(f"a session subject must be a string (e.g. a user id), got {type(subject).__name__}")
+        raise ArgumentValueError(f"{call} takes the session subject as a str (e.g. str(user.id)), "
+                                 f"got {type(subject).__name__}")
     if not subject:
-        raise ArgumentValueError("a session subject must not be empty: use the user's id")
+        raise ArgumentValueError(f"{call}: a session subject must not be empty: use the user's id")
     bad = unstorable(subject)
     if bad:  # a revocation stores the subject in Postgres
-        raise ArgumentValueError(f"a session subject must not contain {bad}: use the user's id")
+        raise ArgumentValueError(f"{call}: a session subject must not contain {bad}: use the user's id")
     if len(subject) > MAX_SUBJECT_LENGTH:
         raise ArgumentValueError(
-            f"a session subject is at most {MAX_SUBJECT_LENGTH} characters, got {len(subject)}: use an id, not a document"
+            f"{call}: a session subject is at most {MAX_SUBJECT_LENGTH} characters, got {len(subject)}: "
+            "use an id, not a document"
         )
     return subject
 
 
 def _check_ttl(ttl: object) -> float:
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+        raise ArgumentValueError(f"issue(ttl=) takes a number of seconds, got {type(ttl).__name__} {ttl!r:.60}"
+                                 + (" (pass its .total_seconds())" if isinstance(ttl, timedelta) else ""))
     # Compared, not passed to math.isfinite(): an int past a float's range (10**400) raised a bare
     # OverflowError there.
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:  # NaN too
-        raise ArgumentValueError(f"ttl must be a positive number of seconds, got {ttl!r:.60}")
+    if not ttl > 0:  # NaN too
+        raise ArgumentValueError(f"issue(ttl=) must be a positive number of seconds, got {ttl!r:.60}")
     if ttl > MAX_TTL:
-        raise ArgumentValueError(f"ttl is at most {int(MAX_TTL)} seconds (366 days), got {ttl!r:.60}: "
+        raise ArgumentValueError(f"issue(ttl=) is at most {int(MAX_TTL)} seconds (366 days), got {ttl!r:.60}: "
                                  "issue a new token instead")
     return float(ttl)
 
