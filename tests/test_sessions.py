@@ -92,6 +92,18 @@ def test_expired_token_is_refused_with_reason_expired(no_token_in_logs: list[str
     assert decode(token, (SECRET,), now=1_000_009.9).subject == "user-7"
 
 
+@pytest.mark.parametrize("ttl", [0.0004, 0.5, 1, 86400])
+def test_a_token_lives_its_whole_ttl(ttl: float) -> None:
+    """Issued late in a millisecond, a token is still valid just before its ttl is over, and
+    expired just after: its expiry is never cut down (a ttl under a millisecond would be born
+    expired)."""
+    issued_at = 1_000_000.9995
+    token = sessions.issue("user-7", ttl=ttl, now=issued_at)
+    assert decode(token, (SECRET,), now=issued_at + ttl - 0.00005).subject == "user-7"
+    with pytest.raises(InvalidSession, match="expired"):
+        decode(token, (SECRET,), now=issued_at + ttl + 0.002)
+
+
 @pytest.mark.parametrize("where", ["payload", "signature"])
 def test_tampered_token_is_refused(where: str) -> None:
     """Changing one character of the payload or the signature gives bad_signature."""

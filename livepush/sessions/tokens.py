@@ -8,6 +8,7 @@ message, log line or exception here ever contains one.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import secrets as _secrets
 import time
@@ -113,8 +114,13 @@ def stamp_ms(now: float | None = None) -> int:
 
 
 def _encode(subject: str, ttl: float, secrets: Sequence[str], *, now: float | None = None) -> str:
-    issued_ms = stamp_ms(now)
-    payload = [_FORMAT, _secrets.token_urlsafe(16), subject, issued_ms, issued_ms + int(ttl * 1000)]
+    start = time.time() if now is None else now
+    issued_ms = stamp_ms(start)
+    # Rounded up, as a signed topic's expiry: the issue time cut down to its millisecond plus the
+    # ttl cut down too lost up to two milliseconds of the ttl, and a ttl under a millisecond made
+    # a token that had expired before issue() returned it.
+    expires_ms = max(math.ceil((start + ttl) * 1000), issued_ms + 1)
+    payload = [_FORMAT, _secrets.token_urlsafe(16), subject, issued_ms, expires_ms]
     return _serializer(secrets).dumps(payload)
 
 
