@@ -406,6 +406,25 @@ def test_app_validates_its_arguments(kwargs: dict, error: type[Exception]) -> No
         App(**kwargs)
 
 
+@pytest.mark.parametrize(("rules", "message"), [
+    (Allow("public:*", anonymous=True), r"takes a list of livepush.Allow rules, got a bare Allow: write rules=\[Allow\(pattern='public:\*'"),
+    ("public:*", r"takes a list of livepush.Allow rules, got a bare str: write rules=\[livepush.Allow\('public:\*'\)\]"),
+    (None, r"takes a list of livepush.Allow rules, got NoneType"),
+])
+def test_rules_given_bare_are_refused_saying_how_to_write_them(rules: object, message: str) -> None:
+    """One rule (or one pattern) where the list goes is a TypeError naming App(rules=) and showing
+    the list to write, not "'Allow' object is not iterable"."""
+    with pytest.raises(livepush.ArgumentTypeError, match=r"App\(rules=\.\.\.\) " + message):
+        App(rules=rules)  # type: ignore[arg-type]
+
+
+def test_a_rule_refused_inside_a_generator_of_rules_keeps_its_own_error() -> None:
+    """A rule that a generator of rules fails to make is named by its own error, not hidden as rules
+    of the wrong type."""
+    with pytest.raises(livepush.ArgumentTypeError, match=r"Allow\('team:\*', anonymous=\.\.\.\) must be True or False"):
+        App(rules=(Allow(p, anonymous="no") for p in ["team:*"]))  # type: ignore[arg-type]
+
+
 def test_app_defaults() -> None:
     """Defaults: 100 subscriptions, 2 s authorize timeout, 60 s re-verification."""
     app = App()

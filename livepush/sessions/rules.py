@@ -213,6 +213,20 @@ def _positive(name: str, value: object) -> float:
     return seconds
 
 
+def _rules(rules: object) -> tuple[Allow, ...]:
+    """`rules` as a tuple. One rule or one pattern given bare is the likely slip: tuple() read a
+    str as its characters and refused a bare Allow with "'Allow' object is not iterable"."""
+    if isinstance(rules, (Allow, str)):
+        hint = repr(rules) if isinstance(rules, Allow) else f"livepush.Allow({rules!r})"
+        raise ArgumentTypeError(f"App(rules=...) takes a list of livepush.Allow rules, got a bare "
+                                f"{type(rules).__name__}: write rules=[{hint:.100}]")
+    try:
+        items = iter(rules)  # type: ignore[call-overload]
+    except TypeError:
+        raise ArgumentTypeError(f"App(rules=...) takes a list of livepush.Allow rules, got {type(rules).__name__}") from None
+    return tuple(items)
+
+
 async def _contained(answer: Awaitable[Any]) -> Any:
     """Await an async authorize()'s answer. wait_for() runs it as a task, and a SystemExit or
     KeyboardInterrupt raised in a task leaves the event loop: the whole server would stop. Here
@@ -256,7 +270,7 @@ class App:
         max_subscriptions: int = 100,
         reverify_interval: float = 60.0,
     ) -> None:
-        self.rules: tuple[Allow, ...] = tuple(rules)
+        self.rules: tuple[Allow, ...] = _rules(rules)
         for i, rule in enumerate(self.rules):
             if not isinstance(rule, Allow):
                 raise ArgumentTypeError(f"App(rules=...): item {i} is a {type(rule).__name__}, not livepush.Allow")
