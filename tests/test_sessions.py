@@ -5,6 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
+import select
+import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import timedelta
@@ -582,6 +586,60 @@ async def test_unreachable_stores_raise_dependency_error() -> None:
         rd.add_subject("user-7", time.time())
     await pg.aclose()
     await rd.aclose()
+
+
+def test_threads_revoking_first_at_once_share_one_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """revoke() may be called from any thread: threads that make the first call together get
+    one store between them, never one each (an overwritten one would keep its connections open)."""
+    threads = 8
+    made: list[sessions.RevocationStore] = []
+    all_in = threading.Event()
+
+    def make_store(settings: Settings) -> sessions.RevocationStore:
+        made.append(MemoryRevocations())
+        if len(made) == threads:
+            all_in.set()
+        all_in.wait(1.0)  # holds the door open for every thread that can come in at once
+        return made[-1]
+
+    monkeypatch.setattr(sessions, "store_from_settings", make_store)
+    start = threading.Barrier(threads)
+    got: list[sessions.RevocationStore] = []
+
+    def first_call() -> None:
+        start.wait(5)
+        got.append(sessions.default_store())
+
+    workers = [threading.Thread(target=first_call) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(10)
+    assert len(got) == threads
+    assert len(made) == 1 and {id(s) for s in got} == {id(made[0])}
+
+
+def test_a_child_forked_while_the_store_was_being_made_can_still_revoke() -> None:
+    """A process forked while one of its threads made the default store (held its lock) gets a
+    store of its own at its first call: it does not wait for a thread it does not have."""
+    child_made_one = 3
+    with sessions._default_lock:
+        pid = os.fork()
+        if pid == 0:  # the child: one thread, and the lock as the parent held it
+            try:
+                os._exit(child_made_one if sessions.default_store() is not None else 1)
+            finally:
+                os._exit(1)
+    exited = os.pidfd_open(pid)
+    try:
+        if not select.select([exited], [], [], 10)[0]:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError("the forked child waited for the parent's lock")
+    finally:
+        os.close(exited)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == child_made_one
 
 
 def test_store_from_settings_prefers_postgres_then_redis_then_memory() -> None:

@@ -15,6 +15,9 @@ Tokens are credentials: no message, log line or exception here ever contains one
 
 from __future__ import annotations
 
+import os
+import threading
+
 from ..config import get_settings
 from ..errors import ConfigError
 from .revocations import (
@@ -28,20 +31,38 @@ from .revocations import (
 from .tokens import MAX_TOKEN_LENGTH, MAX_TTL, Session, check_subject, decode, issue, loads, stamp_ms
 
 _default: RevocationStore | None = None
+# revoke() may be called from any thread: two first calls at once made a store each, and the one
+# overwritten kept its pool's connections open, unclosed, for the life of the process.
+_default_lock = threading.Lock()
+
+
+def _new_lock_after_fork() -> None:
+    # A thread of the parent may have held the lock at the fork: the child's first revoke() would
+    # wait for it for ever.
+    global _default_lock
+    _default_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 def default_store() -> RevocationStore:
     """The store `revoke*` write to, created from this process's settings on first use."""
     global _default
-    if _default is None:
-        _default = store_from_settings(get_settings())
-    return _default
+    store = _default
+    if store is None:
+        with _default_lock:
+            if _default is None:
+                _default = store_from_settings(get_settings())
+            store = _default
+    return store
 
 
 def set_default_store(store: RevocationStore | None) -> None:
     """Install the store `revoke*` use (tests; a web process with its own). None: from the settings."""
     global _default
-    old, _default = _default, store
+    with _default_lock:
+        old, _default = _default, store
     if old is not None and old is not store:
         old.close()
 
