@@ -181,6 +181,16 @@ async def test_publish_many_refuses_a_batch_with_a_state_or_malformed_topic_nami
     await client.close()
 
 
+def test_verify_topic_without_a_secret_is_a_config_error(settings: Settings) -> None:
+    """A process without LIVEPUSH_SECRET cannot tell a signed topic from a forged one: verify_topic()
+    says so with ConfigError naming the setting, as sign_topic() does, not InvalidTopic (which reads
+    as "forged", and which code that refuses bad topics would swallow)."""
+    signed = livepush.sign_topic("doc:5", ttl=60)
+    config.set_settings(Settings())
+    with pytest.raises(ConfigError, match="LIVEPUSH_SECRET is not set"):
+        livepush.verify_topic(signed)
+
+
 def test_revoke_without_a_shared_store_is_a_config_error(settings: Settings) -> None:
     """In a process with neither a database nor Redis, revoke() and revoke_subject() raise ConfigError saying revocation needs a shared store."""
     sessions.set_default_store(None)
