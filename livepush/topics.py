@@ -40,6 +40,15 @@ MAX_SIGNED_LENGTH = 400
 
 def validate_topic(topic: object) -> str:
     """Return `topic` if it is a valid plain topic, else raise InvalidTopic."""
+    if isinstance(topic, str) and SEP in topic:
+        # A signed topic where a plain one goes (publish(handle.signed_topic, ...)): say which topic
+        # is meant, and show no signature, a capability whoever reads the error could then use.
+        plain = topic.split(SEP, 1)[0]
+        raise InvalidTopic(
+            f"invalid topic {plain[:60]!r}~...: that is a signed topic, which a page subscribes with; "
+            f"give the plain topic here, {plain[:60]!r}",
+            "invalid_topic",
+        )
     if not isinstance(topic, str) or not TOPIC_RE.fullmatch(topic):
         shown = repr(topic)[:60]
         raise InvalidTopic(

@@ -10,7 +10,7 @@ import pytest
 from itsdangerous import Signer
 
 from livepush import InvalidTopic
-from livepush.topics import sign, state_topic_id, verify
+from livepush.topics import sign, state_topic_id, validate_topic, verify
 
 SECRETS = ["s" * 40]
 
@@ -43,6 +43,19 @@ def test_a_timedelta_ttl_is_refused_saying_how_to_pass_it() -> None:
     """ttl= takes seconds: a timedelta is refused with the way to pass it, .total_seconds()."""
     with pytest.raises(ValueError, match=r"ttl must be a positive, finite number.*\(pass its \.total_seconds\(\)\)"):
         sign("job:1", SECRETS, ttl=timedelta(hours=1))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ttl", [None, 60])
+def test_a_signed_topic_where_a_plain_one_goes_names_the_plain_one_and_hides_the_signature(ttl: float | None) -> None:
+    """publish(), latest_offset() and sign_topic() take a plain topic: given a signed one, the error
+    names the plain topic to give instead, and shows none of the signature (a capability)."""
+    signed = sign("chat:room-7", SECRETS, ttl=ttl)
+    signature = signed.rsplit("~", 1)[1]
+    with pytest.raises(InvalidTopic, match=r"signed topic.*give the plain topic here, 'chat:room-7'") as info:
+        validate_topic(signed)
+    assert signature[:6] not in str(info.value) and info.value.reason == "invalid_topic"
+    with pytest.raises(InvalidTopic, match="signed topic"):
+        sign(signed, SECRETS)
 
 
 @pytest.mark.parametrize("ttl", [1e150, 1e300, 10**400, float(2**1023)], ids=["1e150", "1e300", "10**400", "2**1023"])
