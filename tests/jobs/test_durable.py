@@ -133,6 +133,18 @@ async def test_a_checkpoint_returns_on_its_first_run_what_a_replay_returns(durab
     assert done.result["first"] == done.result["replay"]
 
 
+async def test_a_checkpoint_result_keeps_its_number_types_and_takes_jsonbs_key_order(durable_db: str) -> None:
+    """A checkpoint's result comes back with jsonb's key order (shorter keys first), an int as an
+    int and a float as a float, 1e16 included (Python writes it with an exponent, livepush stores
+    it with a fraction), on the first run as on the replay."""
+    async with running():
+        h = await dj.through_json.aenqueue()
+        done = await wait_state(h.id, "succeeded")
+    assert done.result["first"]["keys"] == ["id", "total"]
+    assert done.result["first"]["types"] == ["int", "float"]
+    assert done.result["first"] == done.result["replay"]
+
+
 @pytest.mark.parametrize("where, path", [("result", 'result["when"] is a datetime'),
                                          ("checkpoint", """checkpoint 'when' result["at"] is a datetime"""),
                                          ("big result", 'result["n"] is an int of more than 4300 digits'),

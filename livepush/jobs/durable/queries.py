@@ -26,8 +26,8 @@ LOAD_STEPS = "SELECT kind, name, result, fingerprint FROM livepush_job_steps WHE
 # One statement, in autocommit: the fenced update of the job's row (a new version, the
 # `checkpoint` event; it locks the row, so a rescue of this job waits for it or goes first and
 # makes it match nothing) and the step, inserted only if the fence held. ON CONFLICT: a name is
-# stored once, whatever happens. Returns the value as jsonb spells it (its keys reordered, a float
-# such as 1e16 written as an integer): the first run returns exactly what every replay will.
+# stored once, whatever happens. Returns the value as jsonb spells it (its keys reordered, -0.0
+# written as 0.0): the first run returns exactly what every replay will.
 SAVE_CHECKPOINT = f"""
 WITH given AS (
     SELECT %(result)s::jsonb AS result

@@ -190,9 +190,9 @@ class DurableRun:
             stored = await cur.fetchone()
         if stored is None:
             raise self._lost(f"its checkpoint {name!r} was not stored")
-        # What the database stored, not json.loads(text): jsonb reorders keys and writes 1e16 as
-        # 10000000000000000, and a replay returns its spelling; code after the checkpoint must
-        # see the same value on every run.
+        # What the database stored, not json.loads(text): jsonb reorders keys and writes -0.0 as
+        # 0.0, and a replay returns its spelling; code after the checkpoint must see the same
+        # value on every run.
         saved = stored[1]
         assert self._stored is not None
         self._stored[("checkpoint", name)] = {"result": {"value": saved}, "fingerprint": fingerprint}
