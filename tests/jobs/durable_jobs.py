@@ -228,6 +228,24 @@ async def slow_step(ctx: Any, seconds: float) -> str:
     return str(await ctx.checkpoint("slow", work))
 
 
+@jobs.job(name="d.checkpoint_beside_park", max_attempts=1)
+async def checkpoint_beside_park(ctx: Any, seconds: float) -> str:
+    """A checkpoint whose body is still running when a sleep beside it (asyncio.gather) parks."""
+    async def work() -> str:
+        await body(ctx, "slow")
+        await asyncio.sleep(seconds)
+        return "slow"
+
+    got, _ = await asyncio.gather(ctx.checkpoint("slow", work), ctx.sleep("nap", 0.1))
+    return str(got)
+
+
+@jobs.job(name="d.parks_side_by_side", max_attempts=1)
+async def parks_side_by_side(ctx: Any) -> list[Any]:
+    """Two sleeps in asyncio.gather: both must be slept, each parked for in turn."""
+    return await asyncio.gather(ctx.sleep("a", 0.1), ctx.sleep("b", 0.1))
+
+
 @jobs.job(name="d.checkpoint_then_hold", max_attempts=1, timeout=None)
 async def checkpoint_then_hold(ctx: Any, flag: str) -> None:
     await ctx.checkpoint("fetched", body, ctx, "fetched")

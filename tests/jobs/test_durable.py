@@ -145,6 +145,28 @@ async def test_a_checkpoint_result_keeps_its_number_types_and_takes_jsonbs_key_o
     assert done.result["first"] == done.result["replay"]
 
 
+async def test_a_checkpoint_beside_a_park_in_gather_runs_its_body_once(durable_db: str) -> None:
+    """A park waits for the checkpoints running beside it (asyncio.gather) to store their results:
+    a body still running when its run parked was stored by no one, so the replay ran it again,
+    perhaps while the first was still going."""
+    async with running():
+        h = await dj.checkpoint_beside_park.aenqueue(0.5)
+        done = await wait_state(h.id, "succeeded")
+    assert done.result == "slow"
+    assert bodies(durable_db, h.id) == ["slow"]
+    assert names_of(durable_db, h.id).count("waiting/waiting") == 1
+
+
+async def test_parks_side_by_side_in_gather_park_in_turn(durable_db: str) -> None:
+    """Two parking calls in asyncio.gather: the first parks the run, the second ends with it
+    quietly (no lost claim in the log) and parks on the replay."""
+    async with running():
+        h = await dj.parks_side_by_side.aenqueue()
+        done = await wait_state(h.id, "succeeded")
+    assert done.result == [None, None]
+    assert names_of(durable_db, h.id).count("waiting/waiting") == 2
+
+
 @pytest.mark.parametrize("where, path", [("result", 'result["when"] is a datetime'),
                                          ("checkpoint", """checkpoint 'when' result["at"] is a datetime"""),
                                          ("big result", 'result["n"] is an int of more than 4300 digits'),

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import contextvars
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
@@ -129,6 +131,11 @@ class _Lost(Exception):
     """FENCE found the job no longer ours."""
 
 
+# Set while a checkpoint's body runs: a durable call made from inside one must not wait for the
+# bodies running in its run to end (its own caller is one of them).
+_IN_BODY: contextvars.ContextVar[bool] = contextvars.ContextVar("livepush_durable_in_body", default=False)
+
+
 class DurableRun:
     """The durable calls of one run of one job. Made by the job's context on first use."""
 
@@ -138,6 +145,14 @@ class DurableRun:
         self._used: set[tuple[str, str]] = set()  # checkpoint and sleep names this run
         self._children_calls = 0
         self._signal_waits: collections.Counter[str] = collections.Counter()
+        # Checkpoints run side by side with a parking call (asyncio.gather): a park holds `_gate`
+        # until it committed, and first waits for the bodies running (`_bodies`) to store their
+        # results; a body that had not stored when the run parked would run again on the replay.
+        self._gate = asyncio.Lock()
+        self._bodies = 0
+        self._no_bodies = asyncio.Event()
+        self._no_bodies.set()
+        self._parked = False
 
     # -- what earlier runs stored ---------------------------------------------------------------
     async def _steps(self) -> dict[tuple[str, str], dict[str, Any]]:
@@ -203,15 +218,56 @@ class DurableRun:
         found, value, fingerprint = await self.lookup(name, input)
         if found:
             return value
-        if inspect.iscoroutinefunction(fn):
-            result = await fn(*args)
-        else:
-            # A sync function may block (a request, a file): not on the loop the runtime's jobs share,
-            # and in the runtime's threads, as sync jobs run (the loop's default pool has only a few).
-            result = await asyncio.get_running_loop().run_in_executor(self.ctx.threads, functools.partial(fn, *args))
-            if inspect.isawaitable(result):
-                result = await result
-        return await self.store(name, result, fingerprint)
+        async with self._body():
+            if inspect.iscoroutinefunction(fn):
+                result = await fn(*args)
+            else:
+                # A sync function may block (a request, a file): not on the loop the runtime's jobs
+                # share, and in the runtime's threads, as sync jobs run (the loop's default pool has
+                # only a few).
+                result = await asyncio.get_running_loop().run_in_executor(self.ctx.threads,
+                                                                          functools.partial(fn, *args))
+                if inspect.isawaitable(result):
+                    result = await result
+            return await self.store(name, result, fingerprint)
+
+    @contextlib.asynccontextmanager
+    async def _body(self) -> AsyncIterator[None]:
+        """A checkpoint's body and the store of its result, counted as running. One begun once the
+        run parked does not run: the run has ended, and nobody could store its result."""
+        if not _IN_BODY.get():
+            async with self._gate:  # a park under way decides first whether the run goes on
+                pass
+        if self._parked:
+            raise Parked()
+        self._bodies += 1
+        self._no_bodies.clear()
+        token = _IN_BODY.set(True)
+        try:
+            yield
+        finally:
+            _IN_BODY.reset(token)
+            self._bodies -= 1
+            if not self._bodies:
+                self._no_bodies.set()
+
+    @contextlib.asynccontextmanager
+    async def _parking(self) -> AsyncIterator[None]:
+        """Around a parking transaction: no new checkpoint body starts, and the running ones have
+        stored their results, before it parks; a second parking call (asyncio.gather) ends with
+        the run once the first parked, instead of finding the claim gone."""
+        async with contextlib.AsyncExitStack() as stack:
+            # From inside a checkpoint's body, waiting for the bodies would wait for itself.
+            if not _IN_BODY.get():
+                await stack.enter_async_context(self._gate)
+                if self._parked:
+                    raise Parked()
+                await self._no_bodies.wait()
+            try:
+                yield
+            except Parked:
+                self._parked = True
+                raise
 
     # -- parking --------------------------------------------------------------------------------
     def _lost(self, what: str) -> RunAbandoned:
@@ -221,6 +277,10 @@ class DurableRun:
     async def _park_tx(self, body: Callable[[datetime], steps.Steps[Any]]) -> Any:
         """Run `body(db_now)` after FENCE in one transaction, retried when Postgres broke a
         deadlock. `body` returns what the call returns, or raises Parked after its PARK."""
+        async with self._parking():
+            return await self._park_tx_now(body)
+
+    async def _park_tx_now(self, body: Callable[[datetime], steps.Steps[Any]]) -> Any:
         ctx = self.ctx
 
         def tx() -> steps.Steps[Any]:
