@@ -246,6 +246,17 @@ async def parks_side_by_side(ctx: Any) -> list[Any]:
     return await asyncio.gather(ctx.sleep("a", 0.1), ctx.sleep("b", 0.1))
 
 
+@jobs.job(name="d.hold_in_checkpoint", max_attempts=1, timeout=None)
+async def hold_in_checkpoint(ctx: Any, flag: str) -> None:
+    """A checkpoint whose body waits until told (a test meanwhile arranges how its store goes)."""
+    async def work() -> str:
+        await body(ctx, "held")
+        await until_flag(flag)
+        return "held"
+
+    await ctx.checkpoint("held", work)
+
+
 @jobs.job(name="d.checkpoint_then_hold", max_attempts=1, timeout=None)
 async def checkpoint_then_hold(ctx: Any, flag: str) -> None:
     await ctx.checkpoint("fetched", body, ctx, "fetched")

@@ -167,6 +167,22 @@ async def test_parks_side_by_side_in_gather_park_in_turn(durable_db: str) -> Non
     assert names_of(durable_db, h.id).count("waiting/waiting") == 2
 
 
+async def test_a_checkpoint_that_loses_its_connection_fails_with_dependency_error(durable_db: str) -> None:
+    """A checkpoint whose store loses its database connection fails the attempt with livepush's
+    DependencyError (what a job may catch around ctx.checkpoint), not with psycopg's own error."""
+    async with running():
+        h = await dj.hold_in_checkpoint.aenqueue("store")
+        await async_wait_for(lambda: bodies(durable_db, h.id) == ["held"], 10.0, message="the body to start")
+        with psycopg.connect(durable_db) as holder:
+            holder.execute("SELECT 1 FROM livepush_jobs WHERE id = %s FOR UPDATE", (h.id,))
+            q(durable_db, "INSERT INTO job_flags VALUES ('store')")
+            storing = "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%%job_steps%%'"
+            (pid,) = await async_wait_for(lambda: q(durable_db, storing), 10.0, message="the store to wait for the row")
+            q(durable_db, "SELECT pg_terminate_backend(%s)", pid)
+        failed = await wait_state(h.id, "failed")
+    assert (failed.error or "").startswith("DependencyError: "), failed.error
+
+
 @pytest.mark.parametrize("where, path", [("result", 'result["when"] is a datetime'),
                                          ("checkpoint", """checkpoint 'when' result["at"] is a datetime"""),
                                          ("big result", 'result["n"] is an int of more than 4300 digits'),

@@ -159,15 +159,21 @@ class DurableRun:
         if self._stored is None:
             stored: dict[tuple[str, str], dict[str, Any]] = {}
             if self.ctx.job.has_steps:
-                async with self._connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-                    await cur.execute(dq.LOAD_STEPS, {"id": self.ctx.job_id})
-                    for row in await cur.fetchall():
-                        stored[(row["kind"], row["name"])] = row
+                for row in await self._read(dq.LOAD_STEPS, {"id": self.ctx.job_id}):
+                    stored[(row["kind"], row["name"])] = row
             self._stored = stored
         return self._stored
 
     def _connection(self) -> Any:
         return self.ctx.pool.connection()
+
+    async def _read(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """One read of the durable calls; psycopg's errors become livepush's (DependencyError), as
+        around every other call a job makes through ctx, so that a job catches the one it knows."""
+        with translated(self.ctx.url or ""):
+            async with self._connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(sql, params)
+                return await cur.fetchall()
 
     def _unique(self, kind: str, name: str) -> tuple[str, str]:
         key = (kind, name)
@@ -198,11 +204,12 @@ class DurableRun:
         text = encode(value, f"checkpoint {name!r} result", InvalidResultError, "checkpoint results")
         self.ctx.check_cancelled()
         # One statement in autocommit: one round trip (queries.SAVE_CHECKPOINT).
-        async with self._connection() as conn, aautocommitted(conn), conn.cursor() as cur:
-            await cur.execute(dq.SAVE_CHECKPOINT, {"id": self.ctx.job_id, "lease": self.ctx.job.lease,
-                                                   "name": name, "result": f'{{"value":{text}}}',
-                                                   "fingerprint": fingerprint})
-            stored = await cur.fetchone()
+        with translated(self.ctx.url or ""):
+            async with self._connection() as conn, aautocommitted(conn), conn.cursor() as cur:
+                await cur.execute(dq.SAVE_CHECKPOINT, {"id": self.ctx.job_id, "lease": self.ctx.job.lease,
+                                                       "name": name, "result": f'{{"value":{text}}}',
+                                                       "fingerprint": fingerprint})
+                stored = await cur.fetchone()
         if stored is None:
             raise self._lost(f"its checkpoint {name!r} was not stored")
         # What the database stored, not json.loads(text): jsonb reorders keys and writes -0.0 as
@@ -351,9 +358,8 @@ class DurableRun:
         found = await self._children(make, on_group)
         if found is None:
             return {"total": 0, "succeeded": 0, "failed": 0, "cancelled": 0}
-        async with self._connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(gq.GROUP_VIEWS, {"ids": [found[0]]})
-            view = await cur.fetchone()
+        views = await self._read(gq.GROUP_VIEWS, {"ids": [found[0]]})
+        view = views[0] if views else None
         if view is None:
             raise ChildFailed(f"the task group {found[0]} of job {self.ctx.job_id}'s children is gone (deleted after "
                               "its retention time): their counts cannot be read", [])
@@ -406,18 +412,15 @@ class DurableRun:
                               then=on_group(group_id) if on_group is not None else None)
 
     async def _finished(self, group_id: int) -> bool:
-        async with self._connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(dq.GROUP_FINISHED, {"group_id": group_id})
-            row = await cur.fetchone()
+        rows = await self._read(dq.GROUP_FINISHED, {"group_id": group_id})
+        row = rows[0] if rows else None
         if row is None:
             raise ChildFailed(f"the task group {group_id} of job {self.ctx.job_id}'s children is gone (deleted after "
                               "its retention time): its children's results cannot be read", [])
         return bool(row["finished"])
 
     async def _results(self, group_id: int, count: int) -> list[Any]:
-        async with self._connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(dq.CHILDREN, {"group_id": group_id, "count": count})
-            rows = await cur.fetchall()
+        rows = await self._read(dq.CHILDREN, {"group_id": group_id, "count": count})
         if len(rows) < count:
             raise ChildFailed(f"{count - len(rows)} of {count} children of job {self.ctx.job_id} are gone (deleted "
                               "after their retention time): their results cannot be read", [])
