@@ -257,6 +257,15 @@ async def hold_in_checkpoint(ctx: Any, flag: str) -> None:
     await ctx.checkpoint("held", work)
 
 
+@jobs.job(name="d.park_in_task_group", max_attempts=2)
+async def park_in_task_group(ctx: Any) -> int:
+    """A checkpoint and a sleep in an asyncio.TaskGroup, which raises the park as an exception group."""
+    async with asyncio.TaskGroup() as group:
+        made = group.create_task(ctx.checkpoint("made", lambda: 3))
+        group.create_task(ctx.sleep("nap", 0.1))
+    return made.result()
+
+
 @jobs.job(name="d.checkpoint_then_hold", max_attempts=1, timeout=None)
 async def checkpoint_then_hold(ctx: Any, flag: str) -> None:
     await ctx.checkpoint("fetched", body, ctx, "fetched")

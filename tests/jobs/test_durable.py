@@ -167,6 +167,19 @@ async def test_parks_side_by_side_in_gather_park_in_turn(durable_db: str) -> Non
     assert names_of(durable_db, h.id).count("waiting/waiting") == 2
 
 
+async def test_a_park_inside_a_task_group_is_a_park_not_a_failure(
+        durable_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """asyncio.TaskGroup raises a park of one of its tasks wrapped in an exception group: the run
+    parked all the same, so no failed attempt is logged and no outcome is written for it."""
+    caplog.set_level("INFO", logger="livepush.jobs")
+    async with running():
+        h = await dj.park_in_task_group.aenqueue()
+        done = await wait_state(h.id, "succeeded")
+    assert done.result == 3 and done.attempt == 1
+    assert names_of(durable_db, h.id).count("waiting/waiting") == 1
+    assert not [r.getMessage() for r in caplog.records if "failed" in r.getMessage() or "ignored" in r.getMessage()]
+
+
 async def test_a_checkpoint_that_loses_its_connection_fails_with_dependency_error(durable_db: str) -> None:
     """A checkpoint whose store loses its database connection fails the attempt with livepush's
     DependencyError (what a job may catch around ctx.checkpoint), not with psycopg's own error."""

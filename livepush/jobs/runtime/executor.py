@@ -138,7 +138,7 @@ async def execute(
         # code it calls; the runtime handles SIGINT itself, and a sync job's come from its
         # thread). Re-raised, they ended the whole process at once: every job in hand lost its
         # attempt to the rescue, and the runtime's row stayed until then.
-        if ctx.released:
+        if ctx.released or _run_ended(exc, job.id, fn.name):
             return None
         if ctx.timed_out:
             # It turned the timeout's cancel into an error of its own: the attempt still failed
@@ -167,6 +167,20 @@ async def execute(
     except InvalidResultError as exc:
         return _failure(fn, ctx, exc)
     return Outcome(ctx, "succeeded", result=result)
+
+
+def _run_ended(exc: BaseException, job_id: int, name: str) -> bool:
+    """Whether `exc` is a group (asyncio.TaskGroup wraps what its tasks raised) of nothing but
+    parks and lost claims: the run ended as by one of them unwrapped, with nothing to write."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return False
+    ended, rest = exc.split((Parked, RunAbandoned))
+    if ended is None or rest is not None:
+        return False
+    abandoned, _ = ended.split(RunAbandoned)
+    if abandoned is not None:
+        log.warning("job %s (%s): %s", job_id, name, abandoned.exceptions[0])
+    return True
 
 
 def timeout_failure(fn: Any, ctx: JobContext) -> Outcome:
