@@ -228,15 +228,31 @@ async def slow_step(ctx: Any, seconds: float) -> str:
     return str(await ctx.checkpoint("slow", work))
 
 
+async def slow_body(ctx: Any, seconds: float) -> str:
+    """A checkpoint body that records its run, then takes `seconds`."""
+    await body(ctx, "slow")
+    await asyncio.sleep(seconds)
+    return "slow"
+
+
 @jobs.job(name="d.checkpoint_beside_park", max_attempts=1)
 async def checkpoint_beside_park(ctx: Any, seconds: float) -> str:
     """A checkpoint whose body is still running when a sleep beside it (asyncio.gather) parks."""
-    async def work() -> str:
-        await body(ctx, "slow")
-        await asyncio.sleep(seconds)
-        return "slow"
+    got, _ = await asyncio.gather(ctx.checkpoint("slow", slow_body, ctx, seconds), ctx.sleep("nap", 0.1))
+    return str(got)
 
-    got, _ = await asyncio.gather(ctx.checkpoint("slow", work), ctx.sleep("nap", 0.1))
+
+@jobs.job(name="d.checkpoint_beside_a_failure", max_attempts=2, backoff=lambda attempt: 0.0)
+async def checkpoint_beside_a_failure(ctx: Any, seconds: float) -> str:
+    """A checkpoint whose body is still running when a checkpoint beside it (asyncio.gather) fails
+    the first attempt."""
+    async def fail_once() -> str:
+        if ctx.attempt == 1:
+            raise RuntimeError("the first attempt fails while the slow body runs")
+        return "ok"
+
+    got, _ = await asyncio.gather(ctx.checkpoint("slow", slow_body, ctx, seconds),
+                                  ctx.checkpoint("fails once", fail_once))
     return str(got)
 
 

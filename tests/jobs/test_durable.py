@@ -157,6 +157,17 @@ async def test_a_checkpoint_beside_a_park_in_gather_runs_its_body_once(durable_d
     assert names_of(durable_db, h.id).count("waiting/waiting") == 1
 
 
+async def test_a_checkpoint_beside_a_failure_in_gather_runs_its_body_once(durable_db: str) -> None:
+    """A run that fails while a checkpoint beside it (asyncio.gather) is still running waits for
+    that checkpoint to store its result before its outcome is written: the retry replays it
+    instead of running its body a second time, perhaps while the first was still going."""
+    async with running():
+        h = await dj.checkpoint_beside_a_failure.aenqueue(0.5)
+        done = await wait_state(h.id, "succeeded")
+    assert done.result == "slow" and done.attempt == 2
+    assert bodies(durable_db, h.id) == ["slow"]
+
+
 async def test_parks_side_by_side_in_gather_park_in_turn(durable_db: str) -> None:
     """Two parking calls in asyncio.gather: the first parks the run, the second ends with it
     quietly (no lost claim in the log) and parks on the replay."""

@@ -153,6 +153,7 @@ class DurableRun:
         self._no_bodies = asyncio.Event()
         self._no_bodies.set()
         self._parked = False
+        self._ended = False  # settle(): the run's function returned or raised
 
     # -- what earlier runs stored ---------------------------------------------------------------
     async def _steps(self) -> dict[tuple[str, str], dict[str, Any]]:
@@ -241,12 +242,15 @@ class DurableRun:
     @contextlib.asynccontextmanager
     async def _body(self) -> AsyncIterator[None]:
         """A checkpoint's body and the store of its result, counted as running. One begun once the
-        run parked does not run: the run has ended, and nobody could store its result."""
+        run parked or ended does not run: nobody could store its result."""
         if not _IN_BODY.get():
             async with self._gate:  # a park under way decides first whether the run goes on
                 pass
         if self._parked:
             raise Parked()
+        if self._ended:
+            raise RunAbandoned(f"job {self.ctx.job_id}: a checkpoint started after its run had ended; the next run "
+                               "will replay it")
         self._bodies += 1
         self._no_bodies.clear()
         token = _IN_BODY.set(True)
@@ -257,6 +261,14 @@ class DurableRun:
             self._bodies -= 1
             if not self._bodies:
                 self._no_bodies.set()
+
+    async def settle(self) -> None:
+        """At the end of the run's function (it returned, raised or parked): no checkpoint body
+        starts any more, and those still running beside it (asyncio.gather does not stop them when
+        one raises) store their results before the run's outcome ends its claim, so that the next
+        run replays them instead of running them again."""
+        self._ended = True
+        await self._no_bodies.wait()
 
     @contextlib.asynccontextmanager
     async def _parking(self) -> AsyncIterator[None]:

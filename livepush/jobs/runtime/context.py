@@ -163,6 +163,11 @@ class JobContext:
         """A durable sleep: park for `seconds` (no slot held), then go on. `name` is unique in a job."""
         await self.durable.sleep(name, seconds)
 
+    @property
+    def durable_run(self) -> Any:
+        """The durable calls of this run (durable.run.DurableRun), or None if it made none."""
+        return self._durable
+
     async def load_group(self) -> None:
         """Before a group callback runs: load its group's final state into ctx.group."""
         if self.job.callback_of is not None:

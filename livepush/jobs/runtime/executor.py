@@ -83,7 +83,13 @@ async def execute(
             # Its timeout is the runtime's: it cancels the task and sets ctx.timed_out, handled below.
             if arm is not None and fn.timeout is not None:
                 arm(fn, ctx)
-            value = await fn.func(ctx, *job.args)
+            try:
+                value = await fn.func(ctx, *job.args)
+            finally:
+                # Checkpoints it left running (beside one that raised) store before its outcome.
+                durable = ctx.durable_run
+                if durable is not None:
+                    await durable.settle()
         else:
             sync_ctx = SyncJobContext(ctx, loop)
             future = loop.run_in_executor(pool, functools.partial(fn.func, sync_ctx, *job.args))
