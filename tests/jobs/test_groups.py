@@ -20,6 +20,7 @@ from livepush.jobs.runtime import maintenance
 from livepush.jobs.runtime.context import ClaimedJob, JobContext
 from livepush.jobs.runtime.runtime import Runtime
 from tests.jobs import group_jobs as gj
+from tests.jobs import limit_jobs
 from tests.jobs.test_jobs_runtime import running as runtime_running
 from tests.jobs.conftest import events_of, group_events, q, read_states
 from tests.support.waiting import async_wait_for, wait_for
@@ -487,6 +488,28 @@ def test_a_callback_argument_json_cannot_carry_is_refused_as_a_members_is(groups
     with pytest.raises(jobs.InvalidArgumentsError, match=r"args\[1\]\[0\] is an int of more than"):
         jobs.create_group(on_success=gj.callback.request("x", [huge]))
     assert q(groups_db, "SELECT count(*) FROM livepush_groups")[0][0] == 0
+
+
+async def test_a_callback_keeps_the_claim_limits_of_its_function(groups_db: str) -> None:
+    """A callback is a job of its function like any other: two groups' callbacks of a function
+    with concurrency=("tenant", 1), for one tenant, run one at a time, as two enqueues would."""
+    q(groups_db, limit_jobs.LIMIT_RUNS_TABLE)
+    handles = [jobs.create_group(on_finish=limit_jobs.tenant_flag.request("acme", f"cb{i}")) for i in range(2)]
+    for h in handles:
+        jobs.seal_group(h.id)  # empty: finishes at its seal, its callback enqueued
+
+    def callbacks() -> list[Any]:
+        return [r[0] for r in q(groups_db, "SELECT state FROM livepush_jobs WHERE callback_of IS NOT NULL "
+                                           "ORDER BY id")]
+
+    async with runtime_running(queues=["default"], concurrency=4, poll_interval=30.0):
+        await async_wait_for(lambda: "running" in callbacks(), 10.0, message="a callback to start")
+        assert callbacks() == ["running", "available"]
+        q(groups_db, "INSERT INTO job_flags (name) VALUES ('cb0')")
+        await async_wait_for(lambda: callbacks() == ["succeeded", "running"], 10.0,
+                             message="the second callback to start once the first freed the slot")
+        q(groups_db, "INSERT INTO job_flags (name) VALUES ('cb1')")
+        await async_wait_for(lambda: callbacks() == ["succeeded", "succeeded"], 10.0)
 
 
 def test_a_cancel_that_failed_part_way_completes_when_called_again(

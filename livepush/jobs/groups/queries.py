@@ -338,9 +338,12 @@ WITH counts AS ({_COUNTS}
     ON CONFLICT (group_id, kind) DO NOTHING
     RETURNING job_id
 ), jobs AS (
-    INSERT INTO livepush_jobs (id, queue, name, priority, state, max_attempts, callback_of)
+    INSERT INTO livepush_jobs (id, queue, name, priority, state, max_attempts, callback_of, limited,
+                               concurrency_key)
     SELECT due.job_id, due.spec->>'queue', due.spec->>'name', (due.spec->>'priority')::int, 'available',
-           (due.spec->>'max_attempts')::int, due.group_id
+           (due.spec->>'max_attempts')::int, due.group_id,
+           -- A group made by an older livepush stored no limits with its callbacks: unlimited.
+           coalesce((due.spec->>'limited')::boolean, false), due.spec->>'concurrency_key'
     FROM due JOIN keyed USING (job_id)
     RETURNING id, version
 ), payloads AS (

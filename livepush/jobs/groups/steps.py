@@ -162,8 +162,14 @@ def callback_spec(request: Any) -> str | None:
     # json.dumps would raise Python's own ValueError.
     args = list(request.args)
     encode(args, "args", InvalidArgumentsError, "job arguments")
+    # The function's claim limits hold for its callbacks as for its other jobs: without `limited`
+    # the plain claim would take them, past its concurrency= and rate=. The key is taken now, as
+    # enqueue takes it (a missing or oversized one is refused here, not when the group finishes).
+    limits = getattr(fn, "limits", None)
+    limited = limits is not None and limits.any
     return json.dumps({"name": fn.name, "queue": request.queue or fn.queue, "priority": fn.priority,
-                       "max_attempts": fn.max_attempts, "args": args})
+                       "max_attempts": fn.max_attempts, "args": args, "limited": limited,
+                       "concurrency_key": limits.key_of(args, fn.name) if limited else None})
 
 
 def create(group_id: int, shards: int, callbacks: dict[str, str | None], parent_id: int | None = None) -> Steps[None]:
