@@ -127,6 +127,20 @@ def test_a_step_decorator_without_parentheses_defines_the_step() -> None:
         async def late(ctx: Any) -> None: ...
 
 
+@pytest.mark.parametrize("after", [[["fetch"]], [{"fetch"}], ["fetch", None]])
+def test_after_takes_only_names_of_steps(after: Any) -> None:
+    """An after= entry that is not a step's name (a list nested in the list, a set, None) is a
+    WorkflowDefinitionError naming the step, not a TypeError from the lookup."""
+    flow = jobs.workflow("t_after_types")
+
+    @flow.step
+    async def fetch(ctx: Any) -> None: ...
+
+    with pytest.raises(jobs.WorkflowDefinitionError, match=r"step 'late' after= takes the names of steps \(strs\)"):
+        @flow.step(after=after)
+        async def late(ctx: Any) -> None: ...
+
+
 @pytest.mark.parametrize("options, message", [
     ({"on_timeout": "explode", "wait_for": "x", "wait_timeout": 5}, "on_timeout='explode'"),
     # Options that mean nothing without another are refused, not silently ignored.

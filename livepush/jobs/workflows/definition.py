@@ -113,6 +113,11 @@ class Workflow:
             raise WorkflowDefinitionError(f"{where}: step {name!r} after= takes the names of steps, got {after!r:.60}"
                                           ) from None
         for dep in deps:
+            # A name is a str: anything else (a list nested in the list, the step's function) is
+            # named as a mistake here, where an unhashable one failed the lookup with a TypeError.
+            if not isinstance(dep, str):
+                raise WorkflowDefinitionError(f"{where}: step {name!r} after= takes the names of steps (strs), "
+                                              f"got {dep!r:.60} in it")
             if dep not in self.steps:
                 raise WorkflowDefinitionError(
                     f"{where}: step {name!r} comes after {dep!r}, which is not a step defined above it "
