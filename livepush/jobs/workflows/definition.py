@@ -211,7 +211,7 @@ class Workflow:
         """A fan-out step: `fn(ctx, batch)` adds jobs with `batch.enqueue(job, *args)`; the step
         waits (parked, no slot held) until they all finished; its output is their counts.
         `on_batch_failure=`: "pause" (the default: an operator resumes, which runs the failed
-        ones again, or skips), "cancel" the run, or "skip" (count the step as skipped, go on).
+        ones again, or skips and resumes), "cancel" the run, or "skip" (count the step as skipped, go on).
         `@flow.fan_out` without parentheses is `@flow.fan_out()`."""
         if _bare(self, after):
             self._add(after, "fan_out", None, dict(options))
