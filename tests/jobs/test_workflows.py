@@ -10,11 +10,14 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 
 from livepush import jobs
 from livepush.jobs.api.registry import REGISTRY
 from livepush.jobs.groups import building
+from livepush.jobs.groups.transactions import in_tx
+from livepush.jobs.workflows import engine
 from livepush.jobs.workflows.definition import WORKFLOWS
 from tests.jobs import durable_jobs as dj
 from tests.jobs import workflow_defs as wd
@@ -196,6 +199,27 @@ async def test_a_diamond_runs_each_step_once_and_passes_outputs(flows_db: str) -
     assert q(flows_db, "SELECT count(*) FROM livepush_jobs WHERE workflow_id = %s", (run.id,)) == [(4,)]
     assert q(flows_db, "SELECT count(*) FROM durable_bodies WHERE name = 'fetch'") == [(1,)]
     assert run.topic == f"workflow:{run.id}"
+
+
+async def test_get_shows_a_run_and_its_audit_trail_as_of_one_moment(flows_db: str) -> None:
+    """jobs.workflows.get() reads the run and its audit trail in one snapshot: a pause committed
+    between its reads is not on the audit trail of a run it shows running."""
+    run = await wd.verbs.astart({})  # no runtime: the run stays running, its first step queued
+
+    def get_waits() -> bool:
+        return q(flows_db, "SELECT count(*) FROM pg_locks WHERE NOT granted "
+                           "AND relation = 'livepush_workflow_audit'::regclass")[0][0] > 0
+
+    with psycopg.connect(flows_db) as conn:
+        # Held until the pause below commits: get() reads the run, then waits at the audit trail.
+        conn.execute("LOCK TABLE livepush_workflow_audit IN ACCESS EXCLUSIVE MODE")
+        reading = asyncio.ensure_future(asyncio.to_thread(jobs.workflows.get, run.id))
+        await async_wait_for(get_waits, 10.0, message="get() to wait for the audit trail")
+        assert in_tx(lambda: engine.operator(run.id, "pause", None, "ana", None), conn)[0]
+        conn.commit()
+    got = await asyncio.wait_for(reading, 10.0)
+    assert (got["state"], [a["verb"] for a in got["audit"]]) == ("running", [])
+    assert jobs.workflows.get(run.id)["audit"][0]["verb"] == "pause"
 
 
 async def test_get_lists_the_steps_in_their_definitions_order(flows_db: str) -> None:

@@ -239,6 +239,7 @@ def get(run_id: int) -> dict[str, Any] | None:
     its audit trail (verb, step, actor, reason, at), oldest first; None for no such run."""
     run_id = checked_id(run_id, "run_id")
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(wq.RUN_SNAPSHOT)
         cur.execute(wq.RUN_VIEWS, {"ids": [run_id]})
         row = cur.fetchone()
         if row is None:

@@ -274,6 +274,12 @@ WHERE w.id = ANY(%(ids)s::bigint[])
 GROUP BY w.id
 """
 
+# name: run_snapshot
+# jobs.workflows.get(): the transaction's first statement, so RUN_VIEWS and AUDIT_OF read one
+# snapshot (read committed gave each its own: a verb committed between them showed on the audit
+# trail of a run still shown as before it). The statement `livepush status` starts with.
+RUN_SNAPSHOT = queries.STATUS_SNAPSHOT
+
 # name: audit_of
 AUDIT_OF = """
 SELECT seq, verb, step, actor, reason, at FROM livepush_workflow_audit WHERE workflow_id = %(id)s ORDER BY seq
