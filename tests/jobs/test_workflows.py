@@ -130,6 +130,17 @@ def test_a_step_decorator_without_parentheses_defines_the_step() -> None:
         async def late(ctx: Any) -> None: ...
 
 
+@pytest.mark.parametrize("name", ["", 5, "two words"])
+def test_a_bad_name_option_is_refused_not_replaced_by_the_functions_name(name: Any) -> None:
+    """name= given is the step's name, checked as such: an empty or non-str one is a
+    WorkflowDefinitionError, not a step silently named after its function."""
+    flow = jobs.workflow("t_bad_name_option")
+    with pytest.raises(jobs.WorkflowDefinitionError, match=f"a step name is .*got {re.escape(repr(name))}"):
+        @flow.step(name=name)
+        async def fetch(ctx: Any) -> None: ...
+    assert "fetch" not in flow.steps
+
+
 @pytest.mark.parametrize("after", [[["fetch"]], [{"fetch"}], ["fetch", None]])
 def test_after_takes_only_names_of_steps(after: Any) -> None:
     """An after= entry that is not a step's name (a list nested in the list, a set, None) is a

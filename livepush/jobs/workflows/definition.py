@@ -98,7 +98,11 @@ class Workflow:
 
     def _add(self, fn: Callable[..., Any], kind: str, after: Iterable[str] | str | None,
              options: dict[str, Any]) -> StepSpec:
-        name = options.pop("name", None) or getattr(fn, "__name__", None)
+        # name= given (even "" or a non-str) is the name checked: falling back to the function's
+        # name would run the step under a name the user did not write.
+        name = options.pop("name", None)
+        if name is None:
+            name = getattr(fn, "__name__", None)
         where = f"workflow {self.name!r}"
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise WorkflowDefinitionError(f"{where}: a step name is a letter or _ and then letters, digits, _ . or -;"
