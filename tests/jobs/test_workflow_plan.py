@@ -50,6 +50,15 @@ def test_a_failed_step_fails_the_run_and_cancels_what_has_not_started() -> None:
     assert "step 'a' failed: ValueError: no" in (p.error or "")
 
 
+def test_a_step_ended_with_an_unknown_verb_fails_the_run() -> None:
+    """A step whose result names a verb this code does not know failed, and fails its run as any
+    failed step does: the run never stays running with a failed step."""
+    p = plan({"a": "running", "b": "pending"}, {"b": ["a"]}, jobs={"a": 5})
+    ended(p, 5, "succeeded", {"verb": "teleport"})
+    assert p.steps["a"]["state"] == "failed" and "unknown flow verb 'teleport'" in p.steps["a"]["error"]
+    assert p.state == "failed" and p.steps["b"]["state"] == "cancelled" and p.settle() == []
+
+
 def test_an_older_job_of_a_step_changes_nothing() -> None:
     """The end of a job that no longer runs its step (rerun, skipped) is ignored."""
     p = plan({"a": "running"}, {}, jobs={"a": 9})

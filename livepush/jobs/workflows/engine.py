@@ -136,7 +136,12 @@ class Plan:
             if self.state == "running":
                 self.state, self.event = "paused", "paused"
         else:
-            self._set(name, "failed", error=f"unknown flow verb {verb!r}")
+            # A result this code does not know (written by another deploy): the step failed, and
+            # so the run, as any failed step ends it; left running, the run would wait for ever.
+            error = f"unknown flow verb {verb!r}: run every runtime on one release of livepush"
+            self._set(name, "failed", error=error)
+            if self.state not in RUN_FINISHED:
+                self._finish("failed", "finished", error=f"step {name!r} failed: {error}")
 
     # -- operators ----------------------------------------------------------------------------
     def operator(self, verb: str, step: str | None, actor: str | None, reason: str | None) -> bool:
