@@ -130,6 +130,23 @@ def test_a_step_decorator_without_parentheses_defines_the_step() -> None:
         async def late(ctx: Any) -> None: ...
 
 
+def test_a_step_that_is_not_a_plain_function_is_refused_at_import() -> None:
+    """A step is a plain function of ctx: a @jobs.job function (whose call gives back a coroutine,
+    not an output) or a value that is no function is a WorkflowDefinitionError at import, not a
+    step that fails every attempt once it runs."""
+    flow = jobs.workflow("t_not_a_function")
+
+    @jobs.job(name="t_not_a_function_job")
+    async def fetch(ctx: Any) -> int:
+        return 1
+
+    with pytest.raises(jobs.WorkflowDefinitionError, match="step 'fetch' is a @jobs.job function"):
+        flow.step()(fetch)
+    with pytest.raises(jobs.WorkflowDefinitionError, match="a step is a function of ctx, got int 5"):
+        flow.step(name="five")(5)
+    assert flow.steps == {}
+
+
 @pytest.mark.parametrize("name", ["", 5, "two words"])
 def test_a_bad_name_option_is_refused_not_replaced_by_the_functions_name(name: Any) -> None:
     """name= given is the step's name, checked as such: an empty or non-str one is a

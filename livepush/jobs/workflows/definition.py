@@ -98,12 +98,21 @@ class Workflow:
 
     def _add(self, fn: Callable[..., Any], kind: str, after: Iterable[str] | str | None,
              options: dict[str, Any]) -> StepSpec:
+        where = f"workflow {self.name!r}"
+        # Refused here, else every attempt of the step failed when it ran: a value that is no
+        # function with a TypeError, a @jobs.job function (called, it gives its body's coroutine
+        # back to a thread, not its output) with an output that is not JSON.
+        if isinstance(fn, JobFunction):
+            step = options.get("name") or getattr(fn.func, "__name__", fn.name)
+            raise WorkflowDefinitionError(f"{where}: step {step!r} is a @jobs.job function ({fn.name!r}); a step is "
+                                          "a job of its own: decorate the plain function with the step only")
+        if not callable(fn):
+            raise WorkflowDefinitionError(f"{where}: a step is a function of ctx, got {type(fn).__name__} {fn!r:.60}")
         # name= given (even "" or a non-str) is the name checked: falling back to the function's
         # name would run the step under a name the user did not write.
         name = options.pop("name", None)
         if name is None:
             name = getattr(fn, "__name__", None)
-        where = f"workflow {self.name!r}"
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise WorkflowDefinitionError(f"{where}: a step name is a letter or _ and then letters, digits, _ . or -;"
                                           f" got {name!r} (pass name=)")
