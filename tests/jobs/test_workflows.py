@@ -147,6 +147,28 @@ def test_a_step_that_is_not_a_plain_function_is_refused_at_import() -> None:
     assert flow.steps == {}
 
 
+def test_a_step_whose_function_cannot_take_its_call_is_refused_at_import() -> None:
+    """A step is called as (ctx), a fan-out step as (ctx, batch): a function that cannot take that
+    call (a fan-out's function under @flow.step, or the reverse) is refused at import, naming the
+    step, rather than failing every attempt when it runs."""
+    flow = jobs.workflow("t_step_arity")
+    with pytest.raises(jobs.WorkflowDefinitionError, match=r"step 'rows' is called as \(ctx\),.*@flow.fan_out"):
+        @flow.step
+        def rows(ctx: Any, batch: Any) -> None: ...
+    with pytest.raises(jobs.WorkflowDefinitionError, match=r"step 'fetch' is called as \(ctx, batch\),.*@flow.step"):
+        @flow.fan_out
+        async def fetch(ctx: Any) -> None: ...
+    assert flow.steps == {}
+
+    @flow.step
+    def flexible(*args: Any) -> None: ...
+
+    @flow.fan_out(after="flexible")
+    def spread(ctx: Any, batch: Any, extra: Any = None) -> None: ...
+
+    assert list(flow.steps) == ["flexible", "spread"]
+
+
 @pytest.mark.parametrize("name", ["", 5, "two words"])
 def test_a_bad_name_option_is_refused_not_replaced_by_the_functions_name(name: Any) -> None:
     """name= given is the step's name, checked as such: an empty or non-str one is a

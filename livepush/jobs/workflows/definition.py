@@ -12,6 +12,7 @@ gives the real one): this module only describes graphs.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -118,6 +119,17 @@ class Workflow:
                                           f" got {name!r} (pass name=)")
         if name in self.steps:
             raise WorkflowDefinitionError(f"{where}: step {name!r} is defined twice")
+        # The call the step's job makes, (ctx) or (ctx, batch), checked against the function:
+        # else @flow.step on a fan-out's function (or the reverse) failed every attempt at run time.
+        takes = "(ctx, batch)" if kind == "fan_out" else "(ctx)"
+        try:
+            inspect.signature(fn).bind(*([None] * (2 if kind == "fan_out" else 1)))
+        except TypeError:
+            other = "@flow.step" if kind == "fan_out" else "@flow.fan_out"
+            raise WorkflowDefinitionError(f"{where}: step {name!r} is called as {takes}, which its function does not "
+                                          f"take: change its parameters, or use {other} if it is one") from None
+        except ValueError:
+            pass  # no signature to read (some builtins): the call decides
         if isinstance(after, str):
             after = [after]
         try:
