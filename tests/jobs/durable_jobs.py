@@ -185,6 +185,22 @@ async def waiter(ctx: Any, name: str, times: int = 1, timeout: float | None = No
     return got
 
 
+# Jobs of keyed_waiter wait here (the test's loop runs the runtime) until the test lets them go on.
+KEYED_HOLD: dict[str, asyncio.Event] = {}
+
+
+@jobs.job(name="d.keyed_waiter", max_attempts=1, timeout=None, concurrency=("account", 1))
+async def keyed_waiter(ctx: Any, account: str, signal: str | None) -> str:
+    """One at a time per account; held while KEYED_HOLD has the account unset, then, with a
+    `signal`, parks until it comes."""
+    hold = KEYED_HOLD.get(account)
+    if hold is not None:
+        await hold.wait()
+    if signal is not None:
+        await ctx.wait_for_signal(signal)
+    return account
+
+
 @jobs.job(name="d.sleeper", max_attempts=1)
 async def sleeper(ctx: Any, seconds: float) -> str:
     await ctx.checkpoint("before", body, ctx, "before")

@@ -406,6 +406,25 @@ async def test_a_signal_wakes_a_parked_job(durable_db: str) -> None:
     assert done.result == [{"by": "ana"}] and done.attempt == 1
 
 
+async def test_a_limited_job_that_parks_frees_its_key_for_the_next_at_once(durable_db: str) -> None:
+    """A job of a concurrency-limited function holds its key's slot while it runs, not while it
+    waits parked: a job of the same key, which found the slot taken, starts as soon as the first
+    parks, not a poll interval later (the poll here is longer than the wait allows)."""
+    dj.KEYED_HOLD["acme"] = hold = asyncio.Event()
+    try:
+        async with running(poll_interval=30.0) as rt:
+            first = await dj.keyed_waiter.aenqueue("acme", "approval")
+            await wait_state(first.id, "running")
+            second = await dj.keyed_waiter.aenqueue("acme", None)
+            await async_wait_for(lambda: ("d.keyed_waiter", "default") in rt._limited_empty, 10,
+                                 message="the second job's claim to find the key's one slot taken")
+            hold.set()
+            await wait_state(first.id, "waiting")
+            await wait_state(second.id, "succeeded", timeout=10.0)
+    finally:
+        del dj.KEYED_HOLD["acme"]
+
+
 async def test_a_signal_in_a_rolled_back_transaction_is_never_sent(durable_db: str) -> None:
     """signal(conn=) takes part in the caller's transaction."""
     h = await dj.waiter.aenqueue("approval")

@@ -931,6 +931,10 @@ class Runtime:
             outcome = await execute(fn, ctx, self._threads, self._arm, self._thread_stuck)
             if outcome is not None and not ctx.released:
                 self._completer.submit(outcome)
+            elif outcome is None and not ctx.released:
+                # Parked (or its claim lost): the completer writes nothing, and a limited job's
+                # slot is already free in the database, which nothing else rings for.
+                self._on_ended(iter((ctx.job.name,)))
         except asyncio.CancelledError:
             if not ctx.released:
                 ctx.released = True
