@@ -6,8 +6,6 @@ import asyncio
 import logging
 import math
 import os
-import select
-import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -31,6 +29,7 @@ from livepush.sessions import (
     decode,
     tokens,
 )
+from tests.support.procs import forked_exit_status
 from tests.test_fanout_conformance import PrivateRedis, private_redis  # noqa: F401  (a fixture)
 
 SECRET = "s" * 32 + "-current"
@@ -630,16 +629,7 @@ def test_a_child_forked_while_the_store_was_being_made_can_still_revoke() -> Non
                 os._exit(child_made_one if sessions.default_store() is not None else 1)
             finally:
                 os._exit(1)
-    exited = os.pidfd_open(pid)
-    try:
-        if not select.select([exited], [], [], 10)[0]:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            raise AssertionError("the forked child waited for the parent's lock")
-    finally:
-        os.close(exited)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == child_made_one
+    assert forked_exit_status(pid, 10) == child_made_one  # a child that waits for the parent's lock is killed
 
 
 def test_store_from_settings_prefers_postgres_then_redis_then_memory() -> None:

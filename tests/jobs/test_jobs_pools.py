@@ -9,6 +9,7 @@ import livepush
 from livepush.jobs import job_state
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import q
+from tests.support.procs import forked_exit_status
 from tests.support.waiting import wait_for
 
 _OTHERS = ("FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
@@ -160,7 +161,6 @@ def test_a_forked_child_publishes_and_enqueues_on_connections_of_its_own(jobs_db
     then forks its workers): the child publishes and enqueues on connections of its own, never on the
     ones it inherited, so parent and child both go on working at the same time and lose nothing."""
     import os
-    import signal
 
     from livepush import jobs
 
@@ -176,24 +176,14 @@ def test_a_forked_child_publishes_and_enqueues_on_connections_of_its_own(jobs_db
             status = 0
         finally:
             os._exit(status)
-    exited: list[int] = []
-
-    def child_exited() -> bool:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            exited.append(os.waitstatus_to_exitcode(status))
-        return bool(done)
-
     try:
         for i in range(50):
             livepush.publish("fork:t", {"from": "parent", "i": i + 1})
         sample_jobs.record.enqueue("parent", tags=["fork"])
-        wait_for(child_exited, 20.0, message="the forked child to publish, enqueue and exit")
     finally:
-        if not exited:  # still running (hung on an inherited connection): it must not outlive the test
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-    assert exited == [0], "the child failed to publish or enqueue"
+        # A child hung on an inherited connection is killed: it must not outlive the test.
+        status = forked_exit_status(pid, 20.0)
+    assert status == 0, "the child failed to publish or enqueue"
     seqs = [r[0] for r in q(jobs_db, "SELECT seq FROM livepush_messages WHERE topic = 'fork:t' ORDER BY seq")]
     assert seqs == list(range(1, 102))
     assert sorted(j.args[0] for j in jobs.list_tagged("fork")) == ["child", "parent", "parent"]

@@ -12,6 +12,7 @@ import asyncio
 import http.client
 import os
 import random
+import select
 import shutil
 from signal import SIGINT, SIGKILL, SIGTERM
 import socket
@@ -62,17 +63,19 @@ def free_port() -> int:
 
 
 def forked_exit_status(pid: int, timeout: float) -> int:
-    """The exit status of forked child `pid` once it exits within `timeout` seconds; else it is
-    killed (it must not outlive the test) and AssertionError says it hung."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(POLL_INTERVAL)
-    os.kill(pid, SIGKILL)
-    os.waitpid(pid, 0)
-    raise AssertionError(f"the forked child {pid} did not exit within {timeout} s: killed")
+    """The exit status of forked child `pid` once it exits within `timeout` seconds (its pidfd
+    becomes readable when it does); else it is killed (it must not outlive the test) and
+    AssertionError says it hung."""
+    exited = os.pidfd_open(pid)
+    try:
+        if not select.select([exited], [], [], timeout)[0]:
+            os.kill(pid, SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError(f"the forked child {pid} did not exit within {timeout} s: killed")
+    finally:
+        os.close(exited)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
 
 
 class ChildProcess:
