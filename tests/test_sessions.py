@@ -569,6 +569,35 @@ def test_redis_revocations_on_two_live_event_loops_keep_one_connection_each(priv
         admin.close()
 
 
+def test_a_forked_child_dropping_its_redis_store_leaves_the_parents_connection_working(
+        private_redis: PrivateRedis) -> None:
+    """A child forked while the parent's event loop held a Redis client of the store (a server's
+    master that forks its workers) drops the store and collects it. The client it inherited is
+    never closed there: closing it in the child would take the parent's socket out of the epoll
+    the two processes share, and the parent's next call would never hear its answer."""
+    import gc
+
+    store = RedisRevocations(private_redis.url)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(store.aadd_session("before-fork", time.time() + 60))
+        pid = os.fork()
+        if pid == 0:  # the child: its exit status is its verdict, and it never returns into pytest
+            status = 1
+            try:
+                store._clients.forget()  # as aclose() leaves it
+                gc.collect()
+                status = 0
+            finally:
+                os._exit(status)
+        assert forked_exit_status(pid, 10) == 0
+        session = Session("before-fork", "user-7", time.time() + 60, time.time())
+        assert loop.run_until_complete(asyncio.wait_for(store.is_revoked(session), 5))
+    finally:
+        loop.run_until_complete(store.aclose())
+        loop.close()
+
+
 async def test_unreachable_stores_raise_dependency_error() -> None:
     """A store whose server is down raises DependencyError naming the setting, not a driver error."""
     pg = PostgresRevocations("postgresql://postgres@127.0.0.1:55469/nothing")

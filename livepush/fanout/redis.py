@@ -262,12 +262,9 @@ def _publishing(what: str, done: list[Offset]) -> str:
         f"publishing on {what} (at least the first {len(done)} messages of the batch were published)"
 
 
-# Every Redis fan-out of the process, so that a forked child can start afresh (_after_fork).
+# Every Redis fan-out of the process, so that a forked child can start afresh (_after_fork). The
+# loops' clients set themselves aside (client.LoopClients).
 _EVERY: weakref.WeakSet[RedisFanOut] = weakref.WeakSet()
-# What a forked child inherited of the loops' clients: kept, never used nor collected. Their
-# sockets and their loop's epoll are the parent's: a connection collected inside a running loop
-# is closed, which takes its socket out of that epoll, the parent's too.
-_INHERITED: list[Any] = []
 
 
 def _after_fork() -> None:
@@ -345,20 +342,16 @@ class RedisFanOut(FanOut):
         self._sync_publish: Any = None
         self._sync_latest: Any = None
         # Async side: a client and its scripts per event loop (their connections are the loop's).
-        self._loops = self._loop_clients()
+        self._loops: LoopClients[_LoopSide] = LoopClients(
+            lambda: _LoopSide(async_client(self.url, "livepush-publisher", self.connect_timeout)))
         self._prune_cursor = 0
         _EVERY.add(self)
 
-    def _loop_clients(self) -> LoopClients[_LoopSide]:
-        return LoopClients(lambda: _LoopSide(async_client(self.url, "livepush-publisher", self.connect_timeout)))
-
     def forget_inherited(self) -> None:
-        """In a forked child: start afresh. A thread of the parent may have held the sync lock at
-        the fork, and the loops' clients are the parent's sockets. The sync client's pool starts
-        afresh by itself (redis-py checks the process id)."""
+        """In a forked child: a thread of the parent may have held the sync lock at the fork. (The
+        sync client's pool starts afresh by itself, as redis-py checks the process id, and the
+        loops' clients set themselves aside.)"""
         self._sync_lock = threading.Lock()
-        _INHERITED.append(self._loops)
-        self._loops = self._loop_clients()
 
     # -- clients ----------------------------------------------------------------------
     def _sync_client(self) -> tuple[redis.Redis, Any]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import re
+import weakref
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
@@ -242,6 +244,22 @@ class Closable(Protocol):
 C = TypeVar("C", bound=Closable)
 
 
+# Every LoopClients of the process, so that a forked child starts afresh (_after_fork).
+_EVERY: weakref.WeakSet[LoopClients[Any]] = weakref.WeakSet()
+# What forked children inherited: kept, never used nor collected. Those clients' sockets and
+# their loops' epoll are the parent's: a connection collected while its loop is open is closed,
+# which takes its socket out of that epoll, the parent's too, and the parent never hears it again.
+_INHERITED: list[Any] = []
+
+
+def _after_fork() -> None:
+    for clients in list(_EVERY):
+        clients.forget_inherited()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 class LoopClients(Generic[C]):
     """One asyncio client (made by `make`) per event loop, for an owner called from any of them.
 
@@ -253,6 +271,12 @@ class LoopClients(Generic[C]):
     def __init__(self, make: Callable[[], C]) -> None:
         self._make = make
         self._clients: dict[asyncio.AbstractEventLoop, C] = {}
+        _EVERY.add(self)
+
+    def forget_inherited(self) -> None:
+        """In a forked child: set aside (never close) the parent's clients; the next use makes one."""
+        _INHERITED.append(self._clients)
+        self._clients = {}
 
     def get(self) -> C:
         loop = asyncio.get_running_loop()
