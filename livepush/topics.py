@@ -16,11 +16,10 @@ import math
 import re
 import time
 from collections.abc import Sequence
-from datetime import timedelta
 
 from itsdangerous import BadSignature, Signer
 
-from .errors import ArgumentValueError, InvalidTopic
+from .errors import ArgumentValueError, InvalidTopic, seconds_hint
 from .postgres.text import BIGINT_MAX
 
 TOPIC_RE = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
@@ -40,16 +39,16 @@ MAX_SIGNED_LENGTH = 400
 
 def validate_topic(topic: object) -> str:
     """Return `topic` if it is a valid plain topic, else raise InvalidTopic."""
-    if isinstance(topic, str) and SEP in topic:
-        # A signed topic where a plain one goes (publish(handle.signed_topic, ...)): say which topic
-        # is meant, and show no signature, a capability whoever reads the error could then use.
-        plain = topic.split(SEP, 1)[0]
-        raise InvalidTopic(
-            f"invalid topic {plain[:60]!r}~...: that is a signed topic, which a page subscribes with; "
-            f"give the plain topic here, {plain[:60]!r}",
-            "invalid_topic",
-        )
     if not isinstance(topic, str) or not TOPIC_RE.fullmatch(topic):
+        if isinstance(topic, str) and SEP in topic:
+            # A signed topic where a plain one goes (publish(handle.signed_topic, ...)): say which
+            # topic is meant, and show no signature, a capability whoever reads the error could use.
+            plain = topic.split(SEP, 1)[0]
+            raise InvalidTopic(
+                f"invalid topic {plain[:60]!r}~...: that is a signed topic, which a page subscribes with; "
+                f"give the plain topic here, {plain[:60]!r}",
+                "invalid_topic",
+            )
         shown = repr(topic)[:60]
         raise InvalidTopic(
             f"invalid topic {shown}: use 1 to 200 characters from A-Z a-z 0-9 _ . : / -",
@@ -101,7 +100,7 @@ def sign(topic: str, secrets: Sequence[str], ttl: float | None = None, *, now: f
     if ttl is not None:
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0 or ttl == math.inf:
             raise ArgumentValueError(f"ttl must be a positive, finite number of seconds (or None: no expiry), got {ttl!r}"
-                                     + (" (pass its .total_seconds())" if isinstance(ttl, timedelta) else ""))
+                                     + seconds_hint(ttl))
         # Rounded up: cut down to the second before, a topic would lose up to a second of its
         # ttl, and one with a ttl under a second could be expired as it is made.
         # A huge ttl (10**100 for "never") wrote an expiry of as many digits, past what verify()

@@ -14,12 +14,11 @@ import secrets as _secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 
 from itsdangerous import BadData, BadSignature, URLSafeSerializer
 
 from ..config import get_settings
-from ..errors import ArgumentValueError, InvalidSession
+from ..errors import ArgumentValueError, InvalidSession, seconds_hint
 from ..postgres.text import unstorable
 
 MAX_TOKEN_LENGTH = 4096
@@ -80,7 +79,7 @@ def check_subject(subject: object, call: str = "issue()") -> str:
 def _check_ttl(ttl: object) -> float:
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
         raise ArgumentValueError(f"issue(ttl=) takes a number of seconds, got {type(ttl).__name__} {ttl!r:.60}"
-                                 + (" (pass its .total_seconds())" if isinstance(ttl, timedelta) else ""))
+                                 + seconds_hint(ttl))
     # Compared, not passed to math.isfinite(): an int past a float's range (10**400) raised a bare
     # OverflowError there.
     if not ttl > 0:  # NaN too

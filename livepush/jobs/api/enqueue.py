@@ -23,7 +23,7 @@ from .args import check_args, dumps, name_refused, refuse_arity
 from .handles import JobHandle
 from .options import check_debounce, check_key, check_tags
 from .registry import REGISTRY, JobRequest, JobSpec
-from ...errors import ArgumentTypeError, ArgumentValueError
+from ...errors import ArgumentTypeError, ArgumentValueError, seconds_hint
 
 
 # The run times every livepush reader can load: psycopg makes a datetime of a timestamptz as the
@@ -56,7 +56,7 @@ def run_at(wait: float | None, at: datetime | None) -> datetime | None:
     if wait is not None:
         if isinstance(wait, bool) or not isinstance(wait, (int, float)):
             raise ArgumentTypeError(f"wait= takes a number of seconds, got {type(wait).__name__} {wait!r:.60}"
-                                    + (" (pass its .total_seconds())" if isinstance(wait, timedelta) else ""))
+                                    + seconds_hint(wait))
         if not wait >= 0 or wait == math.inf:  # `not >=` also catches NaN
             raise ArgumentValueError(f"wait= must be zero or more seconds, a finite number, got {wait!r:.60}")
         if wait == 0:
