@@ -29,6 +29,18 @@ class Backoff:
     def __init__(self, low: float, high: float) -> None:
         self.low, self.high = low, high
         self.delay = low
+        self._quiet_since = time.monotonic()  # when the loop began retrying, or last said why
+        self._said = False
+
+    def time_to_say(self, every: float, at_once: bool = False) -> bool:
+        """Whether a loop that keeps failing should say why now: once it has retried for `every`
+        seconds (a restart is over well within it), then every `every` seconds; `at_once` for a
+        failure that lasts until someone acts (a refused password), the first time."""
+        now = time.monotonic()
+        if (at_once and not self._said) or now - self._quiet_since >= every:
+            self._quiet_since, self._said = now, True
+            return True
+        return False
 
     def reset(self) -> None:
         self.delay = self.low

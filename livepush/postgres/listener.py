@@ -171,15 +171,13 @@ class Listener:
 
     async def _reconnect(self) -> psycopg.AsyncConnection:
         retry = Backoff(*self.backoff)
-        said_at = time.monotonic()
         while True:
             await retry.wait()
             try:
                 return await self._connect()
             except (DependencyError, psycopg.Error, OSError) as exc:
                 log.debug("Postgres listener reconnect failed: %s", exc)
-                if time.monotonic() - said_at >= RETRY_LOG_SECONDS:
-                    said_at = time.monotonic()
+                if retry.time_to_say(RETRY_LOG_SECONDS):
                     log.warning("the Postgres listener at %s still cannot reconnect (said at most once a minute): %s",
                                 redact(self.url), first_line(exc))
 

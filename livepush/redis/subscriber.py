@@ -155,8 +155,6 @@ class Subscriber:
 
     async def _reconnect(self) -> None:
         retry = Backoff(*self.backoff)
-        began = time.monotonic()
-        said_at: float | None = None
         while True:
             await retry.wait()
             try:
@@ -165,12 +163,10 @@ class Subscriber:
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
                 log.debug("Redis listener reconnect failed: %s", one_line(exc))
                 # A Redis that answers with a refusal (a password or an ACL changed, out of
-                # memory) stays away until someone acts: say why at once, and again each
-                # RETRY_LOG_SECONDS; one that is away (a restart) only once the outage is long.
-                now = time.monotonic()
-                refused_first = said_at is None and isinstance(exc, (ResponseError, AuthenticationError))
-                if refused_first or now - (began if said_at is None else said_at) >= RETRY_LOG_SECONDS:
-                    said_at = now
+                # memory) stays away until someone acts: say why at once; one that is away (a
+                # restart) only once the outage is long.
+                refused = isinstance(exc, (ResponseError, AuthenticationError))
+                if retry.time_to_say(RETRY_LOG_SECONDS, at_once=refused):
                     log.warning("the Redis listener still cannot subscribe again (said at most once a minute): %s",
                                 failed(self.url, exc, "subscribing again"))
                 await self._drop_connection()
