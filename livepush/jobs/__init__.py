@@ -25,8 +25,11 @@ from typing import Any
 from .api.control import (
     acancel,
     acancel_tagged,
+    adiscard_failed,
+    ajob_state,
     apause_queue,
     aresume_queue,
+    aretry_failed,
     cancel,
     cancel_tagged,
     discard_failed,
@@ -71,6 +74,7 @@ from .errors import (
 from .groups.building import (
     MAX_GROUP_MEMBERS,
     GroupHandle,
+    aadd_many_to_group,
     aadd_to_group,
     acreate_group,
     add_many_to_group,
@@ -83,7 +87,7 @@ from .groups.building import (
 )
 from .groups.cancel import acancel_group, cancel_group
 from .groups.context import GroupContext
-from .groups.reads import get_group, group_history, group_members
+from .groups.reads import aget_group, agroup_history, agroup_members, get_group, group_history, group_members
 from .periodic.decorator import periodic
 from .runtime.context import JobContext, SyncJobContext
 from .workflows.definition import Workflow
@@ -122,6 +126,7 @@ __all__ = [
     "GroupLimitError",
     "GroupNotFound",
     "LeaseLostError",
+    "aadd_many_to_group",
     "aadd_to_group",
     "acancel_group",
     "acreate_group",
@@ -129,6 +134,9 @@ __all__ = [
     "add_to_group",
     "agroup",
     "aseal_group",
+    "aget_group",
+    "agroup_history",
+    "agroup_members",
     "cancel_group",
     "create_group",
     "get_group",
@@ -148,7 +156,10 @@ __all__ = [
     "UnknownJobError",
     "acancel",
     "acancel_tagged",
+    "adiscard_failed",
     "adrain",
+    "ajob_state",
+    "aretry_failed",
     "apause_queue",
     "aresume_queue",
     "pause_queue",

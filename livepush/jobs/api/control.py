@@ -1,6 +1,6 @@
 """Operator calls on single jobs: cancel, retry_failed, discard_failed, job_state; cancel_tagged,
 which cancels each unfinished job with a tag as cancel() does; and on queues: pause_queue,
-resume_queue."""
+resume_queue. Each has an async twin (`a` + its name)."""
 
 from __future__ import annotations
 
@@ -128,6 +128,11 @@ async def _atagged_unfinished(tag: str) -> list[int]:
     return sorted(r[0] for r in rows)
 
 
+# What a failed member's refusal tells the caller to do instead.
+_RETRY_INSTEAD = "add a new member (or start a new group) instead"
+_DISCARD_INSTEAD = "it is deleted with its group, after the retention time"
+
+
 def retry_failed(job_id: int) -> bool:
     """Run a failed job again now, with a fresh set of attempts. False unless it was failed. A task
     group's member is refused (GroupClosedError): its failure is counted in its group. So is a
@@ -135,12 +140,9 @@ def retry_failed(job_id: int) -> bool:
     the job would end cancelled at once, its error lost)."""
     job_id = checked_id(job_id, "job_id")
     with database.connection() as conn:
-        found = _refuse_member(conn, job_id, "add a new member (or start a new group) instead")
-        if found is None:
+        found = _refused_member(conn.execute(queries.JOB_GROUP, {"id": job_id}).fetchone(), job_id, _RETRY_INSTEAD)
+        if not _retryable(found, job_id):
             return False
-        if found[1] is not None:
-            raise ArgumentValueError(f"job {job_id} ran a step of workflow run {found[1]}, which ended when it failed: a "
-                                     "run does not go on once it ended; start a new run")
         try:
             # A savepoint: the unique violation below undoes only this statement.
             with conn.transaction():
@@ -152,13 +154,38 @@ def retry_failed(job_id: int) -> bool:
     return bool(rows)
 
 
-def _refuse_member(conn: Any, job_id: int, instead: str) -> tuple[Any, ...] | None:
-    """GroupClosedError if the job is a failed task group's member: its group counted its
-    failure, so its row must stay as it is (queries.JOB_GROUP says why the read is safe). Returns
-    the failed job's (group_id, workflow_id, state); None for no such job or one that is not
-    failed, which retry_failed and discard_failed answer with False, a member's too: a member
-    that has not failed is no mistake to refuse, and its group has counted no failure."""
-    found = conn.execute(queries.JOB_GROUP, {"id": job_id}).fetchone()
+async def aretry_failed(job_id: int) -> bool:
+    """retry_failed() for async code."""
+    job_id = checked_id(job_id, "job_id")
+    async with database.aconnection() as conn:
+        row = await (await conn.execute(queries.JOB_GROUP, {"id": job_id})).fetchone()
+        if not _retryable(_refused_member(row, job_id, _RETRY_INSTEAD), job_id):
+            return False
+        try:
+            async with conn.transaction():  # a savepoint, as in retry_failed()
+                rows = await (await conn.execute(queries.RETRY_FAILED, {"id": job_id})).fetchall()
+        except psycopg.errors.UniqueViolation:
+            return False
+    return bool(rows)
+
+
+def _retryable(found: tuple[Any, ...] | None, job_id: int) -> bool:
+    """Whether retry_failed() goes on to run the failed job again; a workflow step's is refused."""
+    if found is None:
+        return False
+    if found[1] is not None:
+        raise ArgumentValueError(f"job {job_id} ran a step of workflow run {found[1]}, which ended when it failed: a "
+                                 "run does not go on once it ended; start a new run")
+    return True
+
+
+def _refused_member(found: tuple[Any, ...] | None, job_id: int, instead: str) -> tuple[Any, ...] | None:
+    """From the job's queries.JOB_GROUP row: GroupClosedError if the job is a failed task group's
+    member: its group counted its failure, so its row must stay as it is (queries.JOB_GROUP says
+    why the read is safe). Returns the failed job's (group_id, workflow_id, state); None for no
+    such job or one that is not failed, which retry_failed and discard_failed answer with False,
+    a member's too: a member that has not failed is no mistake to refuse, and its group has
+    counted no failure."""
     if found is None or found[2] != "failed":
         return None
     if found[0] is not None:
@@ -172,9 +199,21 @@ def discard_failed(job_id: int) -> bool:
     (GroupClosedError): its group counts it, and retention deletes it with its group."""
     job_id = checked_id(job_id, "job_id")
     with database.connection() as conn:
-        if _refuse_member(conn, job_id, "it is deleted with its group, after the retention time") is None:
+        if _refused_member(conn.execute(queries.JOB_GROUP, {"id": job_id}).fetchone(), job_id,
+                           _DISCARD_INSTEAD) is None:
             return False
         rows = conn.execute(queries.DISCARD_FAILED, {"id": job_id}).fetchall()
+    return bool(rows)
+
+
+async def adiscard_failed(job_id: int) -> bool:
+    """discard_failed() for async code."""
+    job_id = checked_id(job_id, "job_id")
+    async with database.aconnection() as conn:
+        row = await (await conn.execute(queries.JOB_GROUP, {"id": job_id})).fetchone()
+        if _refused_member(row, job_id, _DISCARD_INSTEAD) is None:
+            return False
+        rows = await (await conn.execute(queries.DISCARD_FAILED, {"id": job_id})).fetchall()
     return bool(rows)
 
 
@@ -185,6 +224,16 @@ def job_state(job_id: int) -> dict[str, Any] | None:
         with conn.cursor(row_factory=dict_row) as cur:
             cur.execute(queries.JOB_STATES, {"ids": [job_id]})
             row = cur.fetchone()
+    return None if row is None else job_view(row)
+
+
+async def ajob_state(job_id: int) -> dict[str, Any] | None:
+    """job_state() for async code."""
+    job_id = checked_id(job_id, "job_id")
+    async with database.aconnection() as conn:
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(queries.JOB_STATES, {"ids": [job_id]})
+            row = await cur.fetchone()
     return None if row is None else job_view(row)
 
 

@@ -47,6 +47,13 @@ class GroupHandle(StateTopicHandle):
     def seal(self, conn: Any = None) -> bool:
         return seal_group(self.id, conn=conn)
 
+    async def aadd(self, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None, at: datetime | None = None,
+                   conn: Any = None, key: str | None = None, tags: Sequence[str] | None = None) -> JobHandle:
+        return await aadd_to_group(self.id, fn, *args, wait=wait, at=at, conn=conn, key=key, tags=tags)
+
+    async def aseal(self, conn: Any = None) -> bool:
+        return await aseal_group(self.id, conn=conn)
+
 
 def refused(group_id: int, row: dict[str, Any] | None, adding: int, states: Sequence[str]) -> Exception:
     """The typed error for an add that ADD_TOTAL refused, from the group's row."""
@@ -332,6 +339,13 @@ def add_many_to_group(group_id: int, items: Iterable[Any], *, conn: Any = None) 
     group_id = _group_id(group_id)
     batch = _batch_of(group_id, items)
     return in_tx(lambda: _add_many_steps(group_id, batch), conn)
+
+
+async def aadd_many_to_group(group_id: int, items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
+    """add_many_to_group() for async code."""
+    group_id = _group_id(group_id)
+    batch = _batch_of(group_id, items)
+    return await ain_tx(lambda: _add_many_steps(group_id, batch), conn)
 
 
 async def aadd_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None,

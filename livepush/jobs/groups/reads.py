@@ -1,4 +1,5 @@
-"""Reading task groups: `get_group()`, `group_members()`, `group_history()`."""
+"""Reading task groups: `get_group()`, `group_members()`, `group_history()`, and their async
+twins. Each checks its arguments, reads with a named statement, then shapes the rows."""
 
 from __future__ import annotations
 
@@ -21,11 +22,25 @@ def _read(sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
             return cur.fetchall()
 
 
+async def _aread(sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    async with database.aconnection() as conn:
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(sql, params)  # type: ignore[arg-type]
+            return await cur.fetchall()
+
+
 def get_group(group_id: int) -> dict[str, Any] | None:
     """The group as its state topic shows it ({id, state, total, pending, succeeded, failed,
     cancelled}) plus created_at, sealed_at, cancelled_at, finished_at (UTC); None if unknown."""
-    group_id = checked_id(group_id, "group_id")
-    rows = _read(gq.GROUP_VIEWS, {"ids": [group_id]})
+    return _group(_read(gq.GROUP_VIEWS, {"ids": [checked_id(group_id, "group_id")]}))
+
+
+async def aget_group(group_id: int) -> dict[str, Any] | None:
+    """get_group() for async code."""
+    return _group(await _aread(gq.GROUP_VIEWS, {"ids": [checked_id(group_id, "group_id")]}))
+
+
+def _group(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     if not rows:
         return None
     out = group_view(rows[0])
@@ -38,6 +53,8 @@ def get_group(group_id: int) -> dict[str, Any] | None:
 # in Postgres (LIMIT is a bigint), as an error that does not name it.
 MAX_PAGE = 100_000
 
+Page = tuple[list[dict[str, Any]], int | None]  # (rows, the cursor of the next page or None)
+
 
 def _check_limit(limit: Any) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -46,15 +63,30 @@ def _check_limit(limit: Any) -> None:
         raise ArgumentValueError(f"limit must be an int from 1 to {MAX_PAGE}, got {limit!r:.60}")
 
 
-def group_members(group_id: int, after: int | None = None, limit: int = 100) -> tuple[list[dict[str, Any]], int | None]:
+def group_members(group_id: int, after: int | None = None, limit: int = 100) -> Page:
     """One page of members in id order: (rows, next_cursor). Pass next_cursor as `after` for the
     next page; it is None on the last page (even a full one)."""
+    params = _members_params(group_id, after, limit)
+    return _members_page(_read(gq.MEMBERS_PAGE, params) if params else [], limit)
+
+
+async def agroup_members(group_id: int, after: int | None = None, limit: int = 100) -> Page:
+    """group_members() for async code."""
+    params = _members_params(group_id, after, limit)
+    return _members_page(await _aread(gq.MEMBERS_PAGE, params) if params else [], limit)
+
+
+def _members_params(group_id: Any, after: Any, limit: Any) -> dict[str, Any] | None:
+    """The page's statement parameters; None when no row can be on it."""
     group_id = checked_id(group_id, "group_id")
     _check_limit(limit)
     after = checked_cursor(after, "after") if after is not None else 0
     if after >= BIGINT_MAX:
-        return [], None  # no id comes after it
-    rows = _read(gq.MEMBERS_PAGE, {"id": group_id, "after": after, "limit": limit})
+        return None  # no id comes after it
+    return {"id": group_id, "after": after, "limit": limit}
+
+
+def _members_page(rows: list[dict[str, Any]], limit: int) -> Page:
     more = len(rows) > limit
     rows = rows[:limit]
     for r in rows:
@@ -64,14 +96,28 @@ def group_members(group_id: int, after: int | None = None, limit: int = 100) -> 
     return rows, (rows[-1]["id"] if more else None)
 
 
-def group_history(group_id: int, before: int | None = None, limit: int = 50) -> tuple[list[dict[str, Any]], int | None]:
+def group_history(group_id: int, before: int | None = None, limit: int = 50) -> Page:
     """The group's events, newest first: (rows of {seq, event, data, at}, next_cursor)."""
+    params = _history_params(group_id, before, limit)
+    return _history_page(_read(gq.EVENTS_PAGE, params) if params else [], limit)
+
+
+async def agroup_history(group_id: int, before: int | None = None, limit: int = 50) -> Page:
+    """group_history() for async code."""
+    params = _history_params(group_id, before, limit)
+    return _history_page(await _aread(gq.EVENTS_PAGE, params) if params else [], limit)
+
+
+def _history_params(group_id: Any, before: Any, limit: Any) -> dict[str, Any] | None:
     group_id = checked_id(group_id, "group_id")
     _check_limit(limit)
     cursor = checked_cursor(before, "before") if before is not None else BIGINT_MAX
     if cursor <= 1:
-        return [], None  # seqs start at 1: none comes before it
-    rows = _read(gq.EVENTS_PAGE, {"id": group_id, "before": cursor, "limit": limit})
+        return None  # seqs start at 1: none comes before it
+    return {"id": group_id, "before": cursor, "limit": limit}
+
+
+def _history_page(rows: list[dict[str, Any]], limit: int) -> Page:
     more = len(rows) > limit
     rows = rows[:limit]
     for r in rows:

@@ -25,7 +25,7 @@ from typing import Any
 _OPERATORS = {
     "pause": "pause", "resume": "resume", "cancel": "cancel_run", "skip": "skip", "signal": "signal",
     "get": "get", "list": "list_runs", "apause": "apause", "aresume": "aresume", "acancel": "acancel_run",
-    "askip": "askip", "asignal": "asignal_run",
+    "askip": "askip", "asignal": "asignal_run", "aget": "aget", "alist": "alist_runs",
 }
 
 

@@ -248,9 +248,38 @@ def get(run_id: int) -> dict[str, Any] | None:
         return _run(row, cur.fetchall())
 
 
+async def aget(run_id: int) -> dict[str, Any] | None:
+    """get() for async code."""
+    run_id = checked_id(run_id, "run_id")
+    async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(wq.RUN_SNAPSHOT)
+        await cur.execute(wq.RUN_VIEWS, {"ids": [run_id]})
+        row = await cur.fetchone()
+        if row is None:
+            return None
+        await cur.execute(wq.AUDIT_OF, {"id": run_id})
+        return _run(row, await cur.fetchall())
+
+
 def list_runs(name: str | None = None, state: str | None = None, *, before: int | None = None,
               limit: int = 100) -> tuple[list[dict[str, Any]], int | None]:
     """Runs newest first, by name and state if given: (page, cursor for the next page or None)."""
+    params = _list_params(name, state, before, limit)
+    with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(wq.LIST_RUNS, params)
+        return _page(cur.fetchall(), limit)
+
+
+async def alist_runs(name: str | None = None, state: str | None = None, *, before: int | None = None,
+                     limit: int = 100) -> tuple[list[dict[str, Any]], int | None]:
+    """list() for async code."""
+    params = _list_params(name, state, before, limit)
+    async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(wq.LIST_RUNS, params)
+        return _page(await cur.fetchall(), limit)
+
+
+def _list_params(name: Any, state: Any, before: Any, limit: Any) -> dict[str, Any]:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
         raise ArgumentValueError(f"limit= takes an int from 1 to 1000, got {limit!r}")
     if name is not None:
@@ -258,9 +287,10 @@ def list_runs(name: str | None = None, state: str | None = None, *, before: int 
     if state is not None and state not in engine.RUN_STATES:
         raise ArgumentValueError(f"state= takes one of {engine.RUN_STATES} or None, got {state!r:.60}")
     cursor = checked_cursor(before, "before") if before is not None else BIGINT_MAX
-    with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(wq.LIST_RUNS, {"name": name, "state": state, "before": cursor, "limit": limit})
-        rows = cur.fetchall()
+    return {"name": name, "state": state, "before": cursor, "limit": limit}
+
+
+def _page(rows: list[dict[str, Any]], limit: int) -> tuple[list[dict[str, Any]], int | None]:
     more = len(rows) > limit
     rows = rows[:limit]
     return rows, (rows[-1]["id"] if more else None)
