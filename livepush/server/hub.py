@@ -174,8 +174,10 @@ class Hub:
         # State topics to read, per source, and whether a read of that source is under way.
         self._state_due: dict[int, set[str]] = {}
         self._state_reading: set[int] = set()
-        # Watched state topics whose row was not found (yet): what a creation ring may concern.
-        self._unborn: set[str] = set()
+        # Watched state topics whose row was not found (yet): what a creation ring may concern,
+        # by prefix and id, so that a ring of a few new rows costs a few lookups however many
+        # such topics are watched.
+        self._unborn: dict[str, dict[int, str]] = {}
         # Message topics whose log read is due, in the order asked, and whether a reader runs.
         self._read_due: dict[str, _Topic] = {}
         self._log_reading = False
@@ -379,15 +381,32 @@ class Hub:
     def on_state_created(self, prefix: str, first: int, last: int) -> None:
         """A source's doorbell for rows `first`..`last` that may have been created: read the
         watched topics among them that had no state (the rest already show a newer one)."""
-        born = []
-        for name in self._unborn:
-            ident = name[len(prefix):]
-            if name.startswith(prefix) and ident.isascii() and ident.isdigit() and first <= int(ident) <= last:
-                born.append(name)
+        ids = self._unborn.get(prefix)
+        if not ids:
+            return
+        if last - first < len(ids):
+            born = [ids[i] for i in range(first, last + 1) if i in ids]
+        else:
+            born = [name for i, name in ids.items() if first <= i <= last]
         for name in born:
             t = self._topics.get(name)
             if t is not None and t.source is not None:
                 self._due(t.source, [name])
+
+    def _await_birth(self, topic: str) -> None:
+        """Watch for the row of `topic` until a read finds it. Only a canonical id (digits, no
+        leading zero) can be created: a source names the topics it reads so."""
+        prefix, _, ident = topic.partition(":")
+        if ident.isascii() and ident.isdigit() and str(int(ident)) == ident:
+            self._unborn.setdefault(prefix + ":", {})[int(ident)] = topic
+
+    def _born(self, topic: str) -> None:
+        prefix, _, ident = topic.partition(":")
+        ids = self._unborn.get(prefix + ":")
+        if ids is not None and ident.isascii() and ident.isdigit() and ids.get(int(ident)) == topic:
+            del ids[int(ident)]
+            if not ids:
+                del self._unborn[prefix + ":"]
 
     def on_state_resync(self, source: StateSource) -> None:
         """A source missed changes: read every topic of it that someone watches."""
@@ -422,7 +441,7 @@ class Hub:
                     state = states.get(name)
                     if t is None or state is None:
                         continue
-                    self._unborn.discard(name)
+                    self._born(name)
                     if t.cursor is None or state.version > int(t.cursor):
                         version = str(state.version)
                         t.move(version, (state.version,))
@@ -438,7 +457,7 @@ class Hub:
         if t is None:
             t = self._topics[topic] = _Topic(topic, self.source_of(topic))
             if t.source is not None:
-                self._unborn.add(topic)  # until a read finds its row
+                self._await_birth(topic)
         if sub in t.subscribers or sub in t.joining:
             if t.source is None and sub in t.subscribers and t.cursor is not None:
                 # Subscribed again (a page's second subscription): the connection has one stream
@@ -558,7 +577,7 @@ class Hub:
         if state is None:
             sub.send(protocol.subscribed(ref, t.name, None))  # no such job or group (yet): nothing to show
             return NO_KEY
-        self._unborn.discard(t.name)
+        self._born(t.name)
         version = str(state.version)
         sub.send(protocol.subscribed(ref, t.name, version))
         if since != version:
@@ -585,7 +604,7 @@ class Hub:
     def _forget_if_idle(self, t: _Topic) -> None:
         if t.idle and not t.reading and self._topics.get(t.name) is t:
             del self._topics[t.name]
-            self._unborn.discard(t.name)
+            self._born(t.name)
 
     # -- tasks ------------------------------------------------------------------------
     def _spawn(self, coro: Awaitable[None], name: str) -> asyncio.Task[None]:

@@ -419,3 +419,54 @@ async def test_live_messages_dropped_while_the_last_replay_page_waits_for_a_slow
     await settle()
     assert [f["op"] for f in sub.frames if f["op"] != "message"] == ["subscribed"]
     assert [d["i"] for d in sub.data()] == list(range(total + 1))
+
+
+class Rows:
+    """A state source over a dict of rows: `job:<id>` has a state once its row is created."""
+
+    prefixes = ("job:",)
+
+    def __init__(self) -> None:
+        self.rows: dict[int, int] = {}  # id -> version
+        self.asked: list[list[str]] = []
+
+    async def read(self, topics):  # type: ignore[no-untyped-def]
+        from livepush.types import State
+
+        self.asked.append(list(topics))
+        out = {}
+        for topic in topics:
+            ident = int(topic.partition(":")[2])
+            if ident in self.rows and topic == f"job:{ident}":
+                out[topic] = State(self.rows[ident], "enqueued", "job", f'{{"id":{ident}}}')
+        return out
+
+
+async def test_a_ring_of_created_rows_reads_only_the_watched_topics_among_them_that_had_no_state() -> None:
+    """A page may watch a job before its transaction commits; the creation ring of a range of ids
+    reads those of its topics, not every watched topic without a state (nor one whose id is not
+    written the way the source names topics, which can never have one)."""
+    rows = Rows()
+    hub = Hub(LocalFanOut(), fan, states=[rows])
+    subs = {}
+    for topic in ["job:5", "job:6", "job:900", "job:05"] + [f"job:{10_000 + i}" for i in range(2000)]:
+        subs[topic] = Sub()
+        await hub.subscribe(subs[topic], topic, None, topic)  # type: ignore[arg-type]
+    rows.asked.clear()
+
+    rows.rows.update({5: 1, 6: 1})
+    hub.on_state_created("job:", 1, 8)
+    await async_wait_for(lambda: subs["job:6"].data(), 5.0)
+    assert rows.asked == [["job:5", "job:6"]]
+    assert subs["job:5"].data() == [{"event": "enqueued", "job": {"id": 5}}]
+
+    rows.asked.clear()
+    rows.rows[900] = 1
+    hub.on_state_created("job:", 100, 9_999)  # a range wider than the count of watched topics
+    await async_wait_for(lambda: subs["job:900"].data(), 5.0)
+    assert rows.asked == [["job:900"]]
+    hub.on_state_created("job:", 900, 900)  # born: not read again
+    hub.on_state_created("group:", 1, 10)  # no watched topic of that prefix
+    await settle()
+    assert rows.asked == [["job:900"]]
+    await hub.aclose()
