@@ -7,6 +7,10 @@ from __future__ import annotations
 import asyncio
 import copy
 import importlib
+import os
+import subprocess
+import sys
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -405,6 +409,33 @@ def test_a_runtime_process_serves_the_database_the_backends_options_name(  # typ
              message=f"the task to finish; runtime output: {child.output()}")
     assert t.in_steps.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
     assert child.stop() == 0
+
+
+def test_a_web_process_uses_the_database_the_backends_options_name_from_its_start(  # type: ignore[no-untyped-def]
+        django_db_url: str, pg_url: str, livepush_env) -> None:
+    """A web process whose backend's OPTIONS name DATABASE_URL enqueues its own livepush jobs
+    there from its first request, before any task made the backend: in LIVEPUSH_DATABASE_URL's
+    database no runtime of the runner would ever claim them."""
+    from tests.contrib.conftest import EXAMPLE
+
+    key = f"web-start:{uuid.uuid4().hex}"
+    env = {**os.environ, **livepush_env(database_url=pg_url, extra={
+        "DJANGO_SETTINGS_MODULE": "tests.contrib.django_settings_jobs_url", "DJANGO_JOBS_DATABASE_URL": django_db_url,
+        "PYTHONPATH": f"{EXAMPLE}:{procs_pythonpath()}"})}
+    web = ("from django.core.wsgi import get_wsgi_application\n"
+           "get_wsgi_application()\n"  # what a WSGI server does at its start
+           "from examples.fastapi_app.tasks import build_report\n"
+           f"build_report.enqueue('ana', 1, key={key!r})\n")
+    ran = subprocess.run([sys.executable, "-c", web], env=env, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+
+    def jobs_with_key(url: str) -> int:
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SELECT count(*) FROM livepush_jobs WHERE key = %s", (key,)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    assert (jobs_with_key(django_db_url), jobs_with_key(pg_url)) == (1, 0)
 
 
 def test_serve_with_jobs_runs_the_tasks_of_every_queue_of_the_backend(t: Any, django_db_url: str, livepush_env,  # type: ignore[no-untyped-def]

@@ -1,5 +1,6 @@
 """The Django app `livepush.contrib.django`: its template tags (`{% load livepush %}`), the
-sign-out receiver that revokes a user's livepush session, and its system checks."""
+sign-out receiver that revokes a user's livepush session, its system checks, and the jobs'
+database its LivePushBackends' OPTIONS name, set when Django starts."""
 
 from __future__ import annotations
 
@@ -18,3 +19,8 @@ class LivePushConfig(AppConfig):
         from .checks import check_livepush
 
         checks.register(check_livepush, "livepush")
+        try:
+            from .backend import use_options_database
+        except ImportError:
+            return  # no Tasks framework here (Django 5.2 without django-tasks): no backend
+        use_options_database()  # the jobs' database from the start, as the runner has it

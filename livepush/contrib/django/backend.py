@@ -237,6 +237,37 @@ def livepush_backends() -> dict[str, dict[str, Any]]:
     return found
 
 
+def options_database_urls() -> set[str]:
+    """The jobs' database URLs the LivePushBackends in TASKS name in OPTIONS['DATABASE_URL'] (a
+    value that is not a URL's text is left to the backend's own check, which names it)."""
+    urls: set[str] = set()
+    for params in livepush_backends().values():
+        options = params.get("OPTIONS")
+        url = options.get("DATABASE_URL") if isinstance(options, dict) else None
+        if isinstance(url, str):
+            urls.add(url)
+    return urls
+
+
+def use_options_database() -> None:
+    """Make the URL the backends' OPTIONS name the jobs' database of this process now, at Django's
+    start (the app's ready()), rather than when the first backend is made: Django makes one when a
+    module defining a @task is imported or a task is enqueued, and until then the process's own
+    jobs (`@jobs.job`, `jobs.get_job()`) went to LIVEPUSH_DATABASE_URL's database, where no runtime
+    of the runner looks. A URL the backend cannot use, or backends naming two, are left to the
+    checks and to the backend when it is made, which name the option."""
+    urls = options_database_urls()
+    if len(urls) != 1:
+        return
+    url = urls.pop()
+    try:
+        _check_url(url, "OPTIONS['DATABASE_URL']")
+    except ImproperlyConfigured:
+        return
+    if url != jobs_database.configured_url():
+        jobs.configure(url)
+
+
 def _check_url(url: object, option: str) -> None:
     """ImproperlyConfigured naming `option` (and no part of the URL: it may hold a password) unless
     `url` is None or a Postgres URL."""

@@ -15,7 +15,7 @@ if not apps.ready:
 # Only now: the job's module imports Django's models and signals, which need the apps loaded.
 from ...errors import ConfigError
 from ...jobs.api.registry import REGISTRY
-from .backend import livepush_backends
+from .backend import livepush_backends, options_database_urls
 from .tasks_api import task_backends
 from .execution import RUN_TASK, run_task
 
@@ -32,8 +32,7 @@ def use_backends_database() -> None:
     """Take the jobs' database from the backends' OPTIONS['DATABASE_URL'], as the web processes do
     (the backend configures its process): a runtime on LIVEPUSH_DATABASE_URL's database would
     claim nothing of what they enqueue, and say nothing. One process has one jobs' database."""
-    urls = {(params.get("OPTIONS") or {}).get("DATABASE_URL") for params in livepush_backends().values()}
-    urls.discard(None)
+    urls = options_database_urls()
     if len(urls) > 1:
         raise ConfigError(f"TASKS names {len(urls)} different OPTIONS['DATABASE_URL'] for its LivePushBackends; "
                           "a job runtime serves one database: run one per database, each with its own settings")
