@@ -92,6 +92,24 @@ def test_a_backend_option_it_cannot_use_is_an_error_naming_it(options: dict[str,
     assert "TASKS['default']['OPTIONS']" in found[0].msg and named in found[0].msg
 
 
+def test_backends_naming_two_jobs_databases_are_an_error_naming_the_option(django_site: str, pg_url: str) -> None:
+    """Two LivePushBackends whose OPTIONS name different DATABASE_URLs: a process has one jobs'
+    database, so each backend made would switch it to its own and every enqueue would go to the
+    database of the one made last. Each is reported naming DATABASE_URL, and none switches it."""
+    from livepush.contrib.django.checks import check_livepush
+    from livepush.jobs import database
+
+    tasks = {"default": {"BACKEND": BACKEND, "OPTIONS": {"DATABASE_URL": django_site}},
+             "reports": {"BACKEND": BACKEND, "OPTIONS": {"DATABASE_URL": pg_url}}}
+    with override_settings(TASKS=tasks):
+        # livepush's own check: Django's URL check would import the site's task modules, whose
+        # @task makes the backend, and raise there.
+        found = check_livepush()
+    assert [m.id for m in found] == ["livepush.E002", "livepush.E002"]
+    assert all("['OPTIONS']['DATABASE_URL']" in m.msg and "same" in m.msg for m in found), found
+    assert database.configured_url() == django_site
+
+
 @pytest.fixture
 def sqlite_alias() -> Iterator[str]:
     """A second Django database, SQLite in memory, under the alias "lite"."""

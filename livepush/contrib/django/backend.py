@@ -85,6 +85,13 @@ class LivePushBackend(BaseTaskBackend):
         option = f"TASKS[{alias!r}]['OPTIONS']"
         url = self.options.get("DATABASE_URL")
         _check_url(url, f"{option}['DATABASE_URL']")
+        if len(options_database_urls()) > 1:
+            # Each backend made would configure its own: the process's enqueues, every backend's,
+            # would go to the database of the one made last.
+            raise ImproperlyConfigured(
+                f"{option}['DATABASE_URL']: the LivePushBackends in TASKS name different DATABASE_URLs, and a "
+                "process has one jobs' database (as one runtime serves one): give every LivePushBackend the same "
+                "DATABASE_URL, or none for LIVEPUSH_DATABASE_URL's database")
         # The jobs' database of this process (else LIVEPUSH_DATABASE_URL). Django makes a backend
         # per thread, and under ASGI per request: configuring the same URL again would close the
         # pools the process is using and leave each loop's pool open, a connection per request.
