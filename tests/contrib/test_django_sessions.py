@@ -75,6 +75,22 @@ def test_with_a_cookie_domain_the_host_prefixed_cookie_is_deleted_without_one() 
     assert stale.value == "" and stale["secure"] and not stale["domain"], stale.output()
 
 
+@override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN="testserver.local")
+def test_a_cookie_domain_set_later_moves_a_current_host_only_session_to_it() -> None:
+    """A signed-in user's `__Host-` cookie from before LIVEPUSH_SESSION_COOKIE_DOMAIN was set, its
+    session still current, never reaches the push server on the domain's other host: the next
+    response sets the user's session in `livepush_session` with that Domain and deletes the
+    `__Host-` one, rather than leaving every socket anonymous until the old token ages."""
+    client, user = signed_in()
+    client.cookies["__Host-livepush_session"] = sessions.issue(str(user.pk), ttl=86400)
+    cookies = client.get("/", secure=True).cookies
+    moved = cookies["livepush_session"]
+    assert moved["domain"] == "testserver.local" and moved["secure"], moved.output()
+    assert sessions.decode(moved.value, get_settings().secrets).subject == str(user.pk)
+    assert cookies["__Host-livepush_session"].value == ""
+    assert "livepush_session" not in client.get("/", secure=True).cookies  # moved once, then current
+
+
 def test_another_users_cookie_is_replaced() -> None:
     """A cookie issued to another subject is replaced by one of the signed-in user."""
     client, user = signed_in()

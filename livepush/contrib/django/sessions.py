@@ -1,7 +1,7 @@
 """A livepush session for `request.user`, in the `livepush_session` cookie, so the browser needs no
 token code: `LivePushSessionMiddleware` (after Django's AuthenticationMiddleware) issues one for a
-signed-in user whose cookie is missing, expiring or another user's, and drops it for anonymous
-requests; signing out (Django's `user_logged_out`) revokes it, so the sockets it opened close with 4403.
+signed-in user whose cookie is missing, expiring, another user's or host-only while a cookie
+domain is set, and drops it for anonymous requests; signing out (Django's `user_logged_out`) revokes it, so the sockets it opened close with 4403.
 
 Settings (all optional):
     LIVEPUSH_SESSION_TTL = 86400              seconds a token lives; renewed once half of it has passed
@@ -150,7 +150,10 @@ class LivePushSessionMiddleware:
             _drop(request, response)
             return response
         subject, ttl = subject_of(user), _ttl()
-        if not _current(session_token(request.COOKIES), subject, ttl):
+        # With a cookie domain, the push server is on another host, where a `__Host-` cookie (set
+        # before the domain was) never goes: its session is moved to the domain's cookie.
+        host_only = _domain() is not None and bool(request.COOKIES.get(HOST_COOKIE_NAME))
+        if host_only or not _current(session_token(request.COOKIES), subject, ttl):
             _set(response, sessions.issue(subject, ttl=ttl), ttl, request.is_secure())
         return response
 
