@@ -287,3 +287,29 @@ async def test_a_listener_that_postgres_keeps_refusing_says_why(
         admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
         admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
         admin.close()
+
+
+async def test_publish_on_a_connection_the_caller_closed_says_so_not_that_postgres_is_down(
+        fanout: PostgresFanOut, pg_url: str) -> None:
+    """A connection closed before the call (a publish after its `with` block ended) is the caller's
+    mistake: every publish call refuses it with an ArgumentValueError naming conn=, never "cannot
+    reach Postgres ... check that the server is running", which sends an operator to a server that
+    is up."""
+    with psycopg.connect(pg_url) as conn:
+        pass
+    async with await psycopg.AsyncConnection.connect(pg_url) as aconn:
+        pass
+    calls = {
+        "publish": lambda: fanout.publish("closed:a", {"i": 0}, conn=conn),
+        "publish_many": lambda: fanout.publish_many([("closed:a", {"i": 0})], conn=conn),
+        "apublish": lambda: fanout.apublish("closed:a", {"i": 0}, conn=aconn),
+        "apublish_many": lambda: fanout.apublish_many([("closed:a", {"i": 0})], conn=aconn),
+    }
+    for name, call in calls.items():
+        with pytest.raises(livepush.ArgumentValueError) as raised:
+            result = call()
+            if name.startswith("a"):
+                await result
+        said = str(raised.value)
+        assert f"{name}(conn=)" in said and "closed" in said and "cannot reach" not in said, said
+    assert not has_row(pg_url, "closed:a")

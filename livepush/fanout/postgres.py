@@ -43,7 +43,7 @@ from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
 from ..postgres.text import BIGINT_MAX
 from ..types import JSON, Message, Offset, Topic
-from ..errors import ArgumentTypeError
+from ..errors import ArgumentTypeError, ArgumentValueError
 from .base import (HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, FanOut, History, encode_batch, encode_payload,
                    good_origin, idle_expiry, origin_number)
 
@@ -229,6 +229,22 @@ def _many_statements(encoded: list[tuple[Topic, str]]) -> tuple[list[int] | None
     return order, [json.dumps(chunk, ensure_ascii=False, separators=(",", ":")) for chunk in chunks]
 
 
+def callers_connection(conn: Any, call: str) -> None:
+    """Refuses a `conn=` that `call` cannot publish in: one of the other kind (sync or async), or one
+    its caller closed before the call. A closed one that is not broken was closed on purpose (a
+    publish after its `with` block): told "cannot reach Postgres", as a lost one is, an operator
+    would check a server that is up."""
+    if call.startswith("a"):
+        kind, other, other_kind = psycopg.AsyncConnection, call[1:], "a sync Connection"
+    else:
+        kind, other, other_kind = psycopg.Connection, f"a{call}", "an AsyncConnection"
+    if not isinstance(conn, kind):
+        raise ArgumentTypeError(f"{call}(conn=) takes a psycopg.{kind.__name__}; use {other}() for {other_kind}")
+    if conn.closed and not conn.broken:
+        raise ArgumentValueError(f"{call}(conn=) got a closed connection: pass the open connection whose "
+                                 "transaction the message belongs to, before its `with` block ends")
+
+
 class PostgresFanOut(FanOut):
     name = "postgres"
 
@@ -255,8 +271,7 @@ class PostgresFanOut(FanOut):
     def publish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
         text = encode_payload(data)
         if conn is not None:
-            if not isinstance(conn, psycopg.Connection):
-                raise ArgumentTypeError("publish(conn=) takes a psycopg.Connection; use apublish() for an AsyncConnection")
+            callers_connection(conn, "publish")
             with translated_if_lost(self.url, conn), cursor_on(conn) as cur:
                 row = cur.execute(PUBLISH, (topic, text)).fetchone()
         else:
@@ -269,9 +284,7 @@ class PostgresFanOut(FanOut):
     async def apublish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
         text = encode_payload(data)
         if conn is not None:
-            if not isinstance(conn, psycopg.AsyncConnection):
-                raise ArgumentTypeError("apublish(conn=) takes a psycopg.AsyncConnection; use publish() for a sync "
-                                        "Connection")
+            callers_connection(conn, "apublish")
             with translated_if_lost(self.url, conn):
                 async with cursor_on(conn) as acur:
                     row = await (await acur.execute(PUBLISH, (topic, text))).fetchone()
@@ -288,9 +301,7 @@ class PostgresFanOut(FanOut):
         if not statements:
             return []
         if conn is not None:
-            if not isinstance(conn, psycopg.Connection):
-                raise ArgumentTypeError("publish_many(conn=) takes a psycopg.Connection; use apublish_many() for an "
-                                        "AsyncConnection")
+            callers_connection(conn, "publish_many")
             # In autocommit each statement would commit alone: the batch is one transaction still.
             with translated_if_lost(self.url, conn), \
                     conn.transaction() if conn.autocommit and len(statements) > 1 else contextlib.nullcontext(), \
@@ -309,9 +320,7 @@ class PostgresFanOut(FanOut):
             return []
         got = []
         if conn is not None:
-            if not isinstance(conn, psycopg.AsyncConnection):
-                raise ArgumentTypeError("apublish_many(conn=) takes a psycopg.AsyncConnection; use publish_many() for a "
-                                        "sync Connection")
+            callers_connection(conn, "apublish_many")
             with translated_if_lost(self.url, conn):
                 async with conn.transaction() if conn.autocommit and len(statements) > 1 \
                         else contextlib.nullcontext(), cursor_on(conn) as acur:
