@@ -26,6 +26,7 @@ import livepush
 from livepush.fanout import postgres as pg_fanout
 from livepush.fanout.postgres import PostgresFanOut
 from livepush.postgres.listener import Listener
+from tests.support import services
 from tests.support.fanouts import Collector, offsets_of, read_history
 from tests.support.waiting import async_wait_for, wait_for
 
@@ -313,3 +314,33 @@ async def test_publish_on_a_connection_the_caller_closed_says_so_not_that_postgr
         said = str(raised.value)
         assert f"{name}(conn=)" in said and "closed" in said and "cannot reach" not in said, said
     assert not has_row(pg_url, "closed:a")
+
+
+def test_publish_on_a_connection_to_a_database_without_livepush_says_what_to_run(
+        fanout: PostgresFanOut, pg_url: str, pg_admin_url: str) -> None:
+    """conn= on a database that was never migrated, or as a role never granted livepush's
+    privileges, is a set-up mistake, not the caller's transaction's own: it raises SchemaError
+    saying to run `livepush migrate`, or ConfigError saying to grant the role, as a publish
+    without conn= does, never psycopg's bare "function livepush_publish(unknown, unknown) does
+    not exist"."""
+    bare = f"t_{secrets.token_hex(8)}"
+    role = f"r_{secrets.token_hex(8)}"
+    url = services.create_database(pg_admin_url, bare)
+    try:
+        with psycopg.connect(url) as conn:
+            with pytest.raises(livepush.SchemaError, match="livepush migrate"):
+                fanout.publish("setup:a", {"i": 0}, conn=conn)
+            conn.rollback()
+            with pytest.raises(livepush.SchemaError, match="livepush migrate"):
+                fanout.publish_many([("setup:a", {"i": 0})], conn=conn)
+        with psycopg.connect(pg_admin_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        info = conninfo_to_dict(pg_url)
+        with psycopg.connect(make_conninfo(pg_url, user=role, password=info.get("password"))) as conn:
+            with pytest.raises(livepush.ConfigError, match="--runtime-role"):
+                fanout.publish("setup:a", {"i": 0}, conn=conn)
+    finally:
+        services.drop_database(pg_admin_url, bare)
+        with psycopg.connect(pg_admin_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+    assert not has_row(pg_url, "setup:a")

@@ -132,18 +132,27 @@ def translated(url: str) -> Iterator[None]:
         raise translate(url, exc) from exc
 
 
+# Errors on a caller's connection that are livepush's set-up, not the caller's transaction: its
+# database lacks the schema, or its role the grants (translate() says what to run for each).
+_SET_UP_ERRORS = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction, psycopg.errors.UndefinedColumn,
+                  psycopg.errors.InsufficientPrivilege)
+
+
 @contextlib.contextmanager
 def translated_if_lost(url: str, conn: Any) -> Iterator[None]:
     """Around work on a caller's connection (`conn=`): when the connection is lost (a restart, a
-    failover, a killed backend), psycopg's error becomes ours, as on livepush's own connections.
-    Any other error is the caller's transaction's own (a lock timeout it set, a statement of its
-    that failed) and passes through as the driver raised it."""
+    failover, a killed backend), psycopg's error becomes ours, as on livepush's own connections,
+    and so does a missing schema or grant, named with the database the connection is on. Any
+    other error is the caller's transaction's own (a lock timeout it set, a statement of its that
+    failed) and passes through as the driver raised it."""
     try:
         yield
     except psycopg.Error as exc:
-        if not (conn.closed or conn.broken):
-            raise
-        raise translate(url, exc) from exc
+        if conn.closed or conn.broken:
+            raise translate(url, exc) from exc
+        if isinstance(exc, _SET_UP_ERRORS):
+            raise translate(conn.info.dsn, exc) from exc
+        raise
 
 
 def statement_options(kwargs: dict[str, Any]) -> dict[str, Any]:
