@@ -8,6 +8,8 @@ doorbell that reaches the listener during its ping."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import logging
 import os
 import secrets
@@ -344,3 +346,21 @@ def test_publish_on_a_connection_to_a_database_without_livepush_says_what_to_run
         with psycopg.connect(pg_admin_url, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
     assert not has_row(pg_url, "setup:a")
+
+
+def test_apublish_on_a_new_event_loop_per_call_leaves_no_connection_open(fanout: PostgresFanOut, pg_url: str) -> None:
+    """Sync code that runs each apublish() with asyncio.run() (a new loop each time) leaves no
+    connection open on the server once its loop has ended: the loop's shutdown closes the loop's
+    pool and its connections, not only the pool, whose idle connections were otherwise held open
+    until a garbage collection happened to reach them (the collector is off here to show it)."""
+    others = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+              "AND pid <> pg_backend_pid() AND backend_type = 'client backend'")
+    gc.disable()
+    try:
+        for i in range(5):
+            asyncio.run(fanout.apublish("loops:a", {"i": i}))
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            wait_for(lambda: conn.execute(others).fetchone() == (0,), 10,
+                     message="the ended loops' connections to be closed")
+    finally:
+        gc.enable()

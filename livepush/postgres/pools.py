@@ -173,7 +173,15 @@ class AsyncPool(AsyncConnectionPool):
             await asyncio.get_running_loop().create_future()  # done only by cancellation
         except asyncio.CancelledError:
             self._guard = None
-            await self.close()
+            # The shutdown has cancelled the pool's workers too, and close() waits for them with
+            # asyncio.gather(), which raises their CancelledError before close() reaches the idle
+            # connections: those stayed open on the server until a garbage collection found them.
+            idle = list(self._pool)
+            try:
+                await self.close()
+            finally:
+                for conn in idle:
+                    await conn.close()
             raise
 
     async def close(self, timeout: float = 5.0) -> None:
