@@ -30,5 +30,8 @@ def where_raised(exc: BaseException) -> str:
 
 def what_raised(exc: BaseException) -> str:
     """The exception as one line: its type and message (a SyntaxError's message without the
-    location, which where_raised() gives)."""
-    return f"{type(exc).__name__}: {exc.msg if isinstance(exc, SyntaxError) else exc}"
+    location, which where_raised() gives). A message of several lines (a validation library's)
+    is joined with " / ": printed as it was, it broke the one line the commands promise."""
+    message = (exc.msg or "") if isinstance(exc, SyntaxError) else str(exc)  # a bare `raise SyntaxError` has none
+    text = " / ".join(line.strip() for line in message.splitlines() if line.strip())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -494,6 +494,29 @@ def test_load_app_errors_are_config_errors(project: Path, spec: str, message: st
         load_app(spec)
 
 
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [
+        # A validation library's error (pydantic's, say) spreads over lines: each part is kept, on one line.
+        ("raise RuntimeError('1 validation error for Settings\\ndsn\\n  Field required')\n",
+         "RuntimeError: 1 validation error for Settings / dsn / Field required"),
+        ("raise RuntimeError()\n", "RuntimeError"),
+        ("raise RuntimeError('  ')\n", "RuntimeError"),
+        ("raise SyntaxError\n", "SyntaxError"),  # raised, not compiled: no message at all
+    ],
+)
+def test_an_app_module_failing_at_import_is_said_in_one_line(project: Path, source: str, said: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """What an --app module raised at import is said on the one line `serve` prints: a message of
+    several lines is joined, and an empty one leaves the type alone, with no dangling colon."""
+    (project / "pushcfg" / "raises.py").write_text(source)
+    monkeypatch.chdir(project)
+    with pytest.raises(ConfigError) as raised:
+        load_app("pushcfg.raises:app")
+    message = str(raised.value)
+    assert "\n" not in message and message.endswith(f"(pushcfg/raises.py:1): {said}"), message
+
+
 # Patterns and topics over a small alphabet, so that stars, separators and literals collide often.
 _PIECES = st.sampled_from(["a", "b", ":", "ab", "a:", ":b"])
 _PATTERNS = st.lists(st.one_of(_PIECES, st.just("*")), min_size=1, max_size=7).map("".join).filter(
