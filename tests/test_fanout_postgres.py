@@ -14,6 +14,8 @@ import logging
 import os
 import secrets
 import signal
+import socket
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,6 +29,7 @@ import livepush
 
 from livepush.fanout import postgres as pg_fanout
 from livepush.fanout.postgres import PostgresFanOut
+from livepush.postgres import connect as pg_connect
 from livepush.postgres.listener import Listener
 from tests.support import services
 from tests.support.fanouts import Collector, offsets_of, read_history
@@ -364,3 +367,37 @@ def test_apublish_on_a_new_event_loop_per_call_leaves_no_connection_open(fanout:
                      message="the ended loops' connections to be closed")
     finally:
         gc.enable()
+
+
+def test_publishers_waiting_on_a_database_that_never_answers_fail_together_not_in_turn(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads (or tasks) that publish at once while the database does not answer (a host that drops
+    packets, a failover in progress) share the one connection attempt under way: each fails when
+    it does, rather than each waiting in line for an attempt of its own, which made the Nth
+    caller wait N connect timeouts, far past the 30 s a publish waits at most."""
+    monkeypatch.setattr(pg_connect, "CONNECT_TIMEOUT", 2)  # libpq's shortest
+    callers = 6
+    with socket.create_server(("127.0.0.1", 0), backlog=64) as silent:  # accepts, never answers
+        fanout = PostgresFanOut(f"postgresql://app@127.0.0.1:{silent.getsockname()[1]}/app")
+
+        def publish(i: int) -> float:
+            started = time.monotonic()
+            with pytest.raises(livepush.DependencyError, match="cannot reach Postgres"):
+                fanout.publish("silent:a", {"i": i})
+            return time.monotonic() - started
+
+        async def apublish(i: int) -> float:
+            started = time.monotonic()
+            with pytest.raises(livepush.DependencyError, match="cannot reach Postgres"):
+                await fanout.apublish("silent:a", {"i": i})
+            return time.monotonic() - started
+
+        async def apublish_all() -> list[float]:
+            return list(await asyncio.gather(*(apublish(i) for i in range(callers))))
+
+        with ThreadPoolExecutor(callers) as threads:
+            waited = list(threads.map(publish, range(callers)))
+        awaited = asyncio.run(apublish_all())
+    # In turn, the last would wait 6 x 2 s; together, each about one attempt (a generous bound).
+    assert max(waited) < 7, waited
+    assert max(awaited) < 7, awaited

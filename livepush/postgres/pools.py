@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import os
 import select
@@ -255,7 +256,20 @@ class LoopPools:
         self._sync: Pool | None = None
         self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncPool] = weakref.WeakKeyDictionary()
         self._opening: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+        # The last failed first use (when, monotonic, and its error): see _failed_since().
+        self._failed: tuple[float, Exception] | None = None
         _EVERY.add(self)
+
+    def _failed_since(self, asked: float) -> None:
+        """Raise the error of a first use that failed after `asked` (while this caller waited for
+        the lock it held). Each caller in line made an attempt of its own, so while the database
+        did not answer the Nth caller waited N connect timeouts, far past what a call promises."""
+        failed = self._failed
+        if failed is not None and failed[0] >= asked:
+            raise copy.copy(failed[1]) from None
+
+    def _fail(self, exc: Exception) -> None:
+        self._failed = (time.monotonic(), exc)
 
     def forget_inherited(self) -> None:
         """In a forked child: start afresh, the next use opening pools of the child's own."""
@@ -266,18 +280,27 @@ class LoopPools:
         self._opening = weakref.WeakKeyDictionary()
 
     def sync(self) -> Pool:
+        asked = time.monotonic()
         with self._lock:
             if self._sync is None:
-                connect(self.url).close()  # fails fast, translated
-                pool = Pool(self.url, min_size=self.min_size, max_size=self.max_size, open=False,
-                            kwargs=statement_options(dict(self._kwargs)), name=f"{self.name}-sync")
+                self._failed_since(asked)
                 try:
-                    pool.open(wait=True, timeout=OPEN_TIMEOUT)
+                    self._sync = self._open_sync()
                 except Exception as exc:
-                    pool.close()
-                    raise translate(self.url, exc) from None
-                self._sync = pool
+                    self._fail(exc)
+                    raise
             return self._sync
+
+    def _open_sync(self) -> Pool:
+        connect(self.url).close()  # fails fast, translated
+        pool = Pool(self.url, min_size=self.min_size, max_size=self.max_size, open=False,
+                    kwargs=statement_options(dict(self._kwargs)), name=f"{self.name}-sync")
+        try:
+            pool.open(wait=True, timeout=OPEN_TIMEOUT)
+        except Exception as exc:
+            pool.close()
+            raise translate(self.url, exc) from None
+        return pool
 
     async def aget(self) -> AsyncPool:
         loop = asyncio.get_running_loop()
@@ -287,19 +310,16 @@ class LoopPools:
         lock = self._opening.get(loop)
         if lock is None:
             lock = self._opening[loop] = asyncio.Lock()
+        asked = time.monotonic()
         async with lock:  # several first uses at once share one pool rather than each opening one
             pool = self._async.get(loop)
             if pool is not None and not pool.closed:
                 return pool
-            await (await aconnect(self.url)).close()
-            pool = AsyncPool(self.url, min_size=self.min_size, max_size=self.max_size, open=False,
-                             kwargs=statement_options(dict(self._kwargs)), name=f"{self.name}-async")
+            self._failed_since(asked)
             try:
-                await pool.open(wait=True, timeout=OPEN_TIMEOUT)
-            except BaseException as exc:  # a cancelled open too: its workers would retry for ever
-                await pool.close()
-                if isinstance(exc, Exception):
-                    raise translate(self.url, exc) from None
+                pool = await self._open_async()
+            except Exception as exc:
+                self._fail(exc)
                 raise
             # A pool holds its loop (its tasks and connections do), so the weak mapping never
             # drops an ended loop by itself: sync code running asyncio.run() per call would keep
@@ -309,6 +329,19 @@ class LoopPools:
                 self._opening.pop(ended, None)
             self._async[loop] = pool
             return pool
+
+    async def _open_async(self) -> AsyncPool:
+        await (await aconnect(self.url)).close()
+        pool = AsyncPool(self.url, min_size=self.min_size, max_size=self.max_size, open=False,
+                         kwargs=statement_options(dict(self._kwargs)), name=f"{self.name}-async")
+        try:
+            await pool.open(wait=True, timeout=OPEN_TIMEOUT)
+        except BaseException as exc:  # a cancelled open too: its workers would retry for ever
+            await pool.close()
+            if isinstance(exc, Exception):
+                raise translate(self.url, exc) from None
+            raise
+        return pool
 
     async def release_loop(self) -> None:
         """Close the running loop's pool (a loop about to end); the next use opens a new one."""
