@@ -217,6 +217,41 @@ def test_prepared_statements_off_keeps_every_connection_from_preparing(pg_url: s
             assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone() == (0,)
 
 
+def test_publish_in_callers_transactions_through_transaction_mode_prepares_nothing(
+        pg_url: str, transaction_pool: PgBouncer) -> None:
+    """publish(conn=) on the app's own connections through transaction mode with
+    LIVEPUSH_PREPARED_STATEMENTS=off prepares nothing, whatever the connections' prepare_threshold
+    (psycopg's default, as Django leaves it: its client-side cursors never prepare, but livepush's
+    statement on them did from its fifth run, and the next connection to do so on the same server
+    connection failed the caller's transaction with "prepared statement _pg3_0 already exists")."""
+    url = through(transaction_pool, pg_url)
+    with settings_through(url):
+        conns = [psycopg.connect(url, cursor_factory=psycopg.ClientCursor) for _ in range(2)]
+        try:
+            for i in range(12):
+                for n, conn in enumerate(conns):
+                    api.publish(f"app:{n}", {"i": i}, conn=conn)
+                    conn.commit()
+        finally:
+            for conn in conns:
+                conn.close()
+
+        async def apublish_in_transactions() -> None:
+            aconns = [await psycopg.AsyncConnection.connect(url, cursor_factory=psycopg.AsyncClientCursor)
+                      for _ in range(2)]
+            try:
+                for i in range(12):
+                    for n, aconn in enumerate(aconns):
+                        await api.apublish(f"app:{n}", {"i": 12 + i}, conn=aconn)
+                        await aconn.commit()
+            finally:
+                for aconn in aconns:
+                    await aconn.close()
+
+        asyncio.run(apublish_in_transactions())
+        assert [api.latest_offset(f"app:{n}").split("-")[1] for n in range(2)] == ["24", "24"]
+
+
 def test_migrate_through_transaction_mode(pg_admin_url: str, transaction_pool: PgBouncer) -> None:
     """`migrate()` runs in one transaction under a transaction-level advisory lock, so it holds
     through transaction mode too (preparing off): the schema is complete and a second run finds

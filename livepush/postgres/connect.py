@@ -20,14 +20,34 @@ from ..config import get_settings
 from ..errors import ConfigError, DependencyError, SchemaError, first_line
 from .urls import check_url, redact
 
+class _Unprepared(psycopg.Cursor[Any]):
+    """A cursor that prepares none of its statements, whatever its connection's prepare_threshold."""
+
+    def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
+                binary: bool | None = None) -> Any:
+        return super().execute(query, params, prepare=False, binary=binary)
+
+
+class _AsyncUnprepared(psycopg.AsyncCursor[Any]):
+    """_Unprepared, for an AsyncConnection."""
+
+    async def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
+                      binary: bool | None = None) -> Any:
+        return await super().execute(query, params, prepare=False, binary=binary)
+
+
 def cursor_on(conn: Any, row_factory: Any = None) -> Any:
     """A cursor on a caller's connection (`conn=`) that binds as livepush's statements are written
     (`%(name)s`, on the server) and makes tuples (or `row_factory`'s rows), whatever row or cursor
-    factory the caller gave the connection: dict rows or a RawCursor's `$1` would break them."""
+    factory the caller gave the connection: dict rows or a RawCursor's `$1` would break them. With
+    LIVEPUSH_PREPARED_STATEMENTS=off it prepares nothing: the connection's prepare_threshold is the
+    caller's (psycopg's default, 5, under Django, whose own cursors never prepare), and behind a
+    pooler in transaction mode a statement of ours prepared on it failed a later transaction."""
     factory = row_factory or psycopg.rows.tuple_row
+    prepared = get_settings().prepared_statements
     if isinstance(conn, psycopg.AsyncConnection):
-        return psycopg.AsyncCursor(conn, row_factory=factory)
-    return psycopg.Cursor(conn, row_factory=factory)
+        return (psycopg.AsyncCursor if prepared else _AsyncUnprepared)(conn, row_factory=factory)
+    return (psycopg.Cursor if prepared else _Unprepared)(conn, row_factory=factory)
 
 
 class PoolBusy(PoolTimeout):
