@@ -4,6 +4,7 @@ that serves in-process (the local fan-out) has the wiring install the server's o
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -17,6 +18,16 @@ from .types import JSON, Offset, Topic
 
 _lock = threading.Lock()
 _default: FanOut | None = None
+
+
+def _after_fork() -> None:
+    """In a forked child: a thread of the parent may have held the lock at the fork, and no
+    thread of the child would ever release it. (The fan-out sets its own connections aside.)"""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def default_fanout() -> FanOut:

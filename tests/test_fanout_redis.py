@@ -12,7 +12,6 @@ import asyncio
 import gc
 import json
 import logging
-import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -24,7 +23,7 @@ from livepush.fanout.base import MAX_PAYLOAD_BYTES, History
 from livepush.fanout.redis import FRAME_BYTES, PRUNE_SCAN_COUNT, RedisFanOut, parse_frames
 from livepush.types import offset_key
 from tests.support.fanouts import WAIT, Collector, offsets_of, read_history
-from tests.support.procs import forked_exit_status, free_port
+from tests.support.procs import fork_running, forked_exit_status, free_port
 from tests.support.redis_acl import documented_user
 from tests.support.waiting import async_wait_for
 from tests.test_fanout_conformance import (  # noqa: F401  (private_redis is a fixture)
@@ -605,14 +604,7 @@ def test_a_child_forked_while_a_parent_thread_was_inside_publish_publishes(redis
     try:
         first = fanout.publish("forked:a", {"from": "parent"})
         with fanout._sync_lock:  # as a parent thread inside publish() holds it at the fork
-            pid = os.fork()
-            if pid == 0:  # the child: its exit status is its verdict, and it never returns into pytest
-                status = 1
-                try:
-                    fanout.publish("forked:a", {"from": "child"})
-                    status = 0
-                finally:
-                    os._exit(status)
+            pid = fork_running(lambda: fanout.publish("forked:a", {"from": "child"}))
         assert forked_exit_status(pid, WAIT) == 0, "the child failed to publish"
         fanout.publish("forked:a", {"from": "parent"})
         entries = raw.xrange(fanout.key_prefix + "forked:a", first, "+")

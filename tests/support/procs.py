@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -60,6 +60,20 @@ def free_port() -> int:
         _handed_out.add(port)
         return port
     raise RuntimeError(f"no free TCP port on 127.0.0.1 in {low}-{high - 1} after 200 tries")
+
+
+def fork_running(body: Callable[[], object]) -> int:
+    """Fork: the child runs `body` and exits 0 when it returns, 1 when it raises, never returning
+    into pytest; the parent gets the child's pid (for forked_exit_status())."""
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            body()
+            status = 0
+        finally:
+            os._exit(status)
+    return pid
 
 
 def forked_exit_status(pid: int, timeout: float) -> int:
