@@ -20,6 +20,7 @@ from ..config import get_settings
 from ..errors import ConfigError, DependencyError, SchemaError, first_line
 from .urls import check_url, redact
 
+
 class _Unprepared(psycopg.Cursor[Any]):
     """A cursor that prepares none of its statements, whatever its connection's prepare_threshold."""
 
