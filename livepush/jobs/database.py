@@ -11,11 +11,12 @@ from __future__ import annotations
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
 import psycopg
 
 from ..config import get_settings
-from ..errors import ArgumentTypeError, ConfigError
+from ..errors import ArgumentTypeError, ArgumentValueError, ConfigError
 from ..postgres.connect import translated
 from ..postgres.pools import LoopPools
 from ..postgres.urls import check_url
@@ -100,12 +101,19 @@ def close_pools() -> None:
         pools.close()
 
 
-def conn_kind(conn: object) -> str:
-    """'async' for a psycopg AsyncConnection, 'sync' for a Connection."""
+def conn_kind(conn: Any, call: str | None = None) -> str:
+    """'async' for a psycopg AsyncConnection, 'sync' for a Connection, open or lost. One its caller
+    closed is refused: told "cannot reach Postgres", as a lost one is, an operator would check a
+    server that is up, for a job enqueued after its connection's `with` block."""
     import psycopg
 
     if isinstance(conn, psycopg.AsyncConnection):
-        return "async"
-    if isinstance(conn, psycopg.Connection):
-        return "sync"
-    raise ArgumentTypeError(f"conn= must be a psycopg Connection or AsyncConnection, got {type(conn).__name__}")
+        kind = "async"
+    elif isinstance(conn, psycopg.Connection):
+        kind = "sync"
+    else:
+        raise ArgumentTypeError(f"conn= must be a psycopg Connection or AsyncConnection, got {type(conn).__name__}")
+    if conn.closed and not conn.broken:
+        raise ArgumentValueError(f"{call + '(conn=)' if call else 'conn='} got a closed connection: pass the open "
+                                 "connection whose transaction the jobs belong to, before its `with` block ends")
+    return kind

@@ -135,6 +135,28 @@ async def test_a_connection_of_the_wrong_kind_is_refused_naming_the_call_and_its
     assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
 
 
+async def test_a_connection_its_caller_closed_is_refused_not_taken_for_postgres_being_down(jobs_db: str) -> None:
+    """An enqueue after the connection's `with` block ended names conn= as the mistake (a
+    ValueError), where it said Postgres could not be reached and sent an operator to a server
+    that is up; nothing is written."""
+    from livepush import jobs
+
+    with psycopg.connect(jobs_db) as conn:
+        pass
+    with pytest.raises(ValueError, match=r"^enqueue\(conn=\) got a closed connection: pass the open connection"):
+        sample_jobs.record.enqueue(1, conn=conn)
+    with pytest.raises(ValueError, match="got a closed connection"):
+        with jobs.group(conn=conn) as g:
+            g.enqueue(sample_jobs.record, 1)
+    async with await psycopg.AsyncConnection.connect(jobs_db) as aconn:
+        pass
+    with pytest.raises(ValueError, match=r"^aenqueue_many\(conn=\) got a closed connection"):
+        await jobs.aenqueue_many([sample_jobs.record.request(1)], conn=aconn)
+    with pytest.raises(ValueError, match="got a closed connection"):
+        await jobs.acreate_group(conn=aconn)
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
+
+
 def test_enqueue_many_is_one_statement(jobs_db: str) -> None:
     """enqueue_many stores a whole batch with one INSERT statement and returns handles in order."""
     items = [sample_jobs.record.request(i) for i in range(500)] + [(sample_jobs.other_queue, [1], {"wait": 60})]

@@ -293,7 +293,7 @@ def run_batch(batch: Batch, conn: Any = None, debounce: float | None = None,
     if not len(batch):
         return []
     # The caller's conn= is checked before the settings are: its mistake is the one to name.
-    if conn is not None and database.conn_kind(conn) != "sync":
+    if conn is not None and database.conn_kind(conn, call) != "sync":
         raise ArgumentTypeError(f"{call}(conn=) takes a sync psycopg Connection; use a{call}() with an AsyncConnection")
     sql, params = batch.statement(debounce)
     url = database.database_url()
@@ -310,7 +310,7 @@ async def arun_batch(batch: Batch, conn: Any = None, debounce: float | None = No
                      call: str = "aenqueue") -> list[JobHandle]:
     if not len(batch):
         return []
-    if conn is not None and database.conn_kind(conn) != "async":
+    if conn is not None and database.conn_kind(conn, call) != "async":
         raise ArgumentTypeError(f"{call}(conn=) takes a psycopg AsyncConnection; use {call[1:]}() with a sync Connection")
     sql, params = batch.statement(debounce)
     url = database.database_url()
