@@ -145,6 +145,9 @@ class _Topic:
     wanted: Key = ()
     pending: list[Message] = field(default_factory=list)  # messages with data that came during a read
     found: bool = False  # whether the read round under way delivered anything
+    # The listener came back during the read round under way, whose reads may have answered from
+    # before the gap: what was published while nobody listened rang nothing, so read once more.
+    resynced: bool = False
 
     @property
     def idle(self) -> bool:
@@ -241,7 +244,7 @@ class Hub:
         """Read `t` in the next batch: a new round (after which pending messages and doorbells
         are looked at again) or the next page of the round under way."""
         if new_round:
-            t.wanted, t.found = NO_KEY, False
+            t.wanted, t.found, t.resynced = NO_KEY, False, False
         self._read_due[t.name] = t
         if not self._log_reading:
             self._log_reading = True
@@ -326,9 +329,9 @@ class Hub:
                 self._emit(t, m.offset, m.data_json, key, m.at)
             else:
                 t.wanted = max(t.wanted, key)
-        if t.idle or t.wanted <= t.cursor_key:
+        if t.idle or (t.wanted <= t.cursor_key and not t.resynced):
             self._stop_reading(t)  # what every doorbell named is delivered
-        elif t.found:
+        elif t.found or t.resynced:
             self._queue_read(t, new_round=True)
         else:
             asyncio.get_running_loop().call_later(EMPTY_READ_PAUSE, self._read_again, t)
@@ -363,9 +366,12 @@ class Hub:
             t.move(latest)  # messages pending from the read are kept: those past it go out next
 
     async def resync(self) -> None:
-        """After a listener gap: read what every active message topic missed."""
+        """After a listener gap: read what every active message topic missed (a topic being read
+        now reads once more when that read ends)."""
         for t in list(self._topics.values()):
             if t.source is None and t.cursor is not None:
+                if t.reading:
+                    t.resynced = True
                 self._start_read(t)
 
     # -- state topics: the live path ------------------------------------------------------

@@ -104,6 +104,24 @@ def publish_unheard(fanout: LocalFanOut, topic: str, data: object) -> None:
         fanout._loop = loop
 
 
+async def test_a_listener_gap_during_a_read_is_caught_up_once_that_read_ends() -> None:
+    """A listener that comes back while a read of a topic is under way (that read answering from
+    a snapshot taken before the gap): what was published while nobody listened is read and sent
+    once that read ends, not left for the topic's next message, which may never come."""
+    fanout, hub = await make(DoorbellLocal(snapshot_first=True))
+    assert isinstance(fanout, DoorbellLocal)
+    sub = Sub()
+    await hub.subscribe(sub, "t", None, 1)
+    fanout.gate.clear()
+    fanout.publish("t", "rung")
+    await async_wait_for(lambda: fanout.reads == 1, timeout=5, message="a read under way, its snapshot taken")
+    publish_unheard(fanout, "t", "while nobody listened")
+    await hub.resync()  # the listener is back
+    fanout.gate.set()
+    await async_wait_for(lambda: len(sub.data()) == 2, timeout=5, message="the message the listener gap missed")
+    assert sub.data() == ["rung", "while nobody listened"]
+
+
 async def test_subscribers_that_joined_together_are_caught_up_after_a_listener_gap() -> None:
     """Two subscribers joining at once on a quiet topic still get what a listener gap missed."""
     fanout, hub = await make()
