@@ -199,6 +199,35 @@ async def test_the_idle_sweep_reaches_every_topic_a_stretch_at_a_time(
     assert [t for t in topics if has_row(pg_url, t)] == []
 
 
+async def test_a_read_of_many_topics_rung_with_large_messages_holds_a_bounded_amount_and_defers_the_rest(
+        fanout: PostgresFanOut) -> None:
+    """One read of many topics that each got a message near 1 MiB (what the server does after a
+    batch of doorbells) holds a bounded amount of data, not every topic's first message at once,
+    which was a MiB per topic for up to 500 topics; the topics past that bound come back as empty
+    pages that say `more`, and reading on delivers every message once, in order."""
+    big = "x" * 900_000
+    topics = [f"big:{i}" for i in range(12)]
+    cursors = {topic: fanout.publish(topic, "small") for topic in topics}
+    sent = {topic: [fanout.publish(topic, {"n": n, "pad": big}) for n in range(2)] for topic in topics}
+    got: dict[str, list[str]] = {topic: [] for topic in topics}
+    reads = 0
+    while cursors:
+        reads += 1
+        assert reads <= 100, "reading on keeps making progress"
+        pages = await fanout.histories(cursors)
+        held = sum(len(m.data_json or "") for page in pages.values() if page is not None for m in page.messages)
+        assert held <= pg_fanout.READ_BYTES + 1024 * 1024, f"one read held {held} bytes of data"
+        for topic, page in pages.items():
+            assert page is not None, f"{topic} was read as a gap"
+            got[topic] += offsets_of(page.messages)
+            if page.messages:
+                cursors[topic] = page.messages[-1].offset
+            if not page.more:
+                del cursors[topic]
+    assert got == sent
+    assert reads > 1, "the topics did not all fit in one read"
+
+
 def _unread_by_backend(pg_port: int, client_port: int) -> int:
     """Bytes the backend serving the client at `client_port` has not read yet (from /proc)."""
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):

@@ -21,9 +21,10 @@ Contract (docs/reference.md#4-python-api, #7-guarantees):
   after it is back, every `on_resync` handler runs so missed messages are read from history.
 - `history(topic, since)` returns a page of the messages after `since`, in order, or None when
   `since` is older than what is kept or unknown (the client must get `reset`). `histories()`
-  reads a page of each of many topics at once (the server's live reads after doorbells); it
-  raises DependencyError when the store cannot be reached, and answers None for a topic whose
-  read failed otherwise.
+  reads a page of each of many topics at once (the server's live reads after doorbells); a page
+  may hold no message and say `more` when the read's byte bound was reached before its topic (read
+  it again); it raises DependencyError when the store cannot be reached, and answers None for a
+  topic whose read failed otherwise.
 """
 
 from __future__ import annotations

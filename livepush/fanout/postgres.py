@@ -55,6 +55,10 @@ PRUNE_BATCH = 5_000
 # least MIN_PAGE_BYTES (and its first row whatever its size).
 READ_BATCH = 500
 MIN_PAGE_BYTES = 4096
+# Bytes of data one statement of histories() holds at most, past the message that crosses it: each
+# topic's page has its first message whatever its size, so 500 topics each rung with a message of a
+# MiB were read as 500 MiB at once. A topic past the bound gets an empty page that says `more`.
+READ_BYTES = 4 * HISTORY_PAGE_BYTES
 
 # name: publish -- see livepush_publish(): ordered per topic by the topic row's lock.
 PUBLISH = "SELECT livepush_publish(%s, %s)"
@@ -86,20 +90,29 @@ WHERE NOT EXISTS (SELECT FROM livepush_topics WHERE topic = %(topic)s)
 # per pair; its topic columns are NULL for a topic never published, its page columns when the
 # page is empty. Each row has the log's epoch (NULL when a crash emptied the log and nobody has
 # read an origin since) and the database's clock, which an origin offset is checked against.
+# Across pairs, in their order, a row's data is left out (NULL, its seq kept so that the page is
+# still checked for gaps) once the rows before it hold %(read_bytes)s: the first row is always
+# sent, so every statement makes progress, and the caller reads the rest with the next one.
+# octet_length() reads a stored value's size without fetching it, and a row left out is not fetched.
 # Read-only: concurrent publishers only add rows past what the snapshot shows.
 HISTORIES = """
-SELECT r.i, t.epoch, t.last_seq, m.seq, m.data, m.at, (SELECT epoch FROM livepush_log) AS log_epoch,
-       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now
-FROM jsonb_array_elements(%(reads)s::jsonb) WITH ORDINALITY AS r(pair, i)
-CROSS JOIN LATERAL (SELECT r.pair ->> 0 AS topic, (r.pair ->> 1)::bigint AS after) q
-LEFT JOIN livepush_topics t ON t.topic = q.topic
-LEFT JOIN LATERAL (
-    SELECT seq, data, extract(epoch FROM created_at)::float8 AS at,
-           sum(octet_length(data)) OVER (ORDER BY seq) - octet_length(data) AS before
-    FROM livepush_messages
-    WHERE topic = q.topic AND seq > q.after AND seq <= q.after + least(t.last_seq - q.after, %(limit)s)
-) m ON m.before < %(bytes)s
-ORDER BY r.i, m.seq
+SELECT p.i, p.epoch, p.last_seq, p.seq, CASE WHEN p.read_before < %(read_bytes)s THEN p.data END, p.at,
+       (SELECT epoch FROM livepush_log) AS log_epoch, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now
+FROM (
+    SELECT r.i, t.epoch, t.last_seq, m.seq, m.data, m.at,
+           coalesce(sum(octet_length(m.data)) OVER (ORDER BY r.i, m.seq ROWS UNBOUNDED PRECEDING), 0)
+               - coalesce(octet_length(m.data), 0) AS read_before
+    FROM jsonb_array_elements(%(reads)s::jsonb) WITH ORDINALITY AS r(pair, i)
+    CROSS JOIN LATERAL (SELECT r.pair ->> 0 AS topic, (r.pair ->> 1)::bigint AS after) q
+    LEFT JOIN livepush_topics t ON t.topic = q.topic
+    LEFT JOIN LATERAL (
+        SELECT seq, data, extract(epoch FROM created_at)::float8 AS at,
+               sum(octet_length(data)) OVER (ORDER BY seq) - octet_length(data) AS before
+        FROM livepush_messages
+        WHERE topic = q.topic AND seq > q.after AND seq <= q.after + least(t.last_seq - q.after, %(limit)s)
+    ) m ON m.before < %(bytes)s
+) p
+ORDER BY p.i, p.seq
 """
 # name: prune -- bounded per call, oldest first (along the created_at index): a topic's messages
 # are created in sequence order (its row lock orders its publishers), so what is left of a topic is
@@ -201,8 +214,11 @@ def _page(topic: Topic, since_epoch: int, after: int, found: list[tuple[Any, ...
     # longer than the TTL after it is past it the moment it can be read.
     if not rows or rows[0][0] != after + 1 or rows[-1][0] != after + len(rows):
         return None
-    messages = [Message(topic, _offset(epoch, seq), _offset(epoch, seq - 1), data, at) for seq, data, at in rows]
-    return History(messages, latest, rows[-1][0] < last)
+    # Rows without data are past the statement's READ_BYTES: always the page's tail (the bound
+    # counts along each page in order), which the next read starts from.
+    sent = [(seq, data, at) for seq, data, at in rows if data is not None]
+    messages = [Message(topic, _offset(epoch, seq), _offset(epoch, seq - 1), data, at) for seq, data, at in sent]
+    return History(messages, latest, (sent[-1][0] if sent else after) < last)
 
 
 def _many_statements(encoded: list[tuple[Topic, str]]) -> tuple[list[int] | None, list[str]]:
@@ -392,7 +408,7 @@ class PostgresFanOut(FanOut):
         # An origin's page starts at the topic's first message; _page checks its log epoch.
         params = {"reads": json.dumps([[topic, 0 if epoch == 0 else after] for topic, epoch, after in asked]),
                   "limit": limit,
-                  "bytes": max(HISTORY_PAGE_BYTES // len(asked), MIN_PAGE_BYTES)}
+                  "bytes": max(HISTORY_PAGE_BYTES // len(asked), MIN_PAGE_BYTES), "read_bytes": READ_BYTES}
         with translated(self.url):
             async with (await self._pools.aget()).connection() as c:
                 rows = await (await c.execute(HISTORIES, params)).fetchall()

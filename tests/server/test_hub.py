@@ -340,6 +340,33 @@ async def test_doorbells_on_many_topics_cost_one_read_per_batch_not_one_each() -
     assert fanout.batches[2:] == [199], fanout.batches
 
 
+class ByteBoundReads(DoorbellLocal):
+    """Live reads that, as the Postgres fan-out's past its bytes per statement, give only the first
+    topic of each read its page and every other an empty one that says `more`."""
+
+    async def histories(self, reads: Mapping[str, str]) -> dict[str, History | None]:
+        pages = await super().histories(reads)
+        first = next(iter(reads))
+        return {t: p if t == first or p is None else History([], p.latest, True) for t, p in pages.items()}
+
+
+async def test_topics_a_read_defers_past_its_byte_bound_are_read_on_and_arrive_whole() -> None:
+    """Pages a live read leaves empty with `more` (the read's byte bound was reached before them)
+    are read again: every topic's messages arrive, in order, once."""
+    fanout, hub = await make(ByteBoundReads())
+    assert isinstance(fanout, ByteBoundReads)
+    subs = {f"t{i}": Sub() for i in range(5)}
+    for i, (topic, sub) in enumerate(subs.items()):
+        await hub.subscribe(sub, topic, None, i)
+    for n in range(3):
+        for topic in subs:
+            fanout.publish(topic, n)
+    await async_wait_for(lambda: all(len(s.data()) >= 3 for s in subs.values()), timeout=5,
+                         message="every topic's messages")
+    await settle()
+    assert all(s.data() == [0, 1, 2] for s in subs.values())
+
+
 async def test_doorbells_are_read_from_history_in_order_and_once() -> None:
     """Messages that arrive as doorbells go out with their data from history, in order, each once."""
     fanout, hub = await make(DoorbellLocal())
