@@ -291,6 +291,24 @@ def test_a_publish_that_finds_every_pooled_connection_busy_says_so_not_that_post
     assert "busy" in said and "is up" in said and "lock" in said and "pg_stat_activity" in said, said
 
 
+def test_a_publish_in_a_repeatable_read_transaction_behind_another_publish_fails_whole_and_succeeds_again(
+        fanout: PostgresFanOut, pg_url: str) -> None:
+    """A REPEATABLE READ transaction whose snapshot predates another publish on the topic cannot
+    take the topic's next offset: its publish raises psycopg's SerializationFailure and nothing of
+    it is published (no offset is skipped); the same transaction run again commits with the next."""
+    first = fanout.publish("rr:a", {"i": 1})
+    with psycopg.connect(pg_url) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.execute("SELECT 1")  # the snapshot is taken here
+        second = fanout.publish("rr:a", {"i": 2})
+        with pytest.raises(psycopg.errors.SerializationFailure):
+            fanout.publish("rr:a", {"i": 3}, conn=conn)
+        conn.rollback()
+        third = fanout.publish("rr:a", {"i": 3}, conn=conn)
+        conn.commit()
+    assert [int(o.split("-")[1]) for o in (first, second, third)] == [1, 2, 3]
+
+
 async def test_a_listener_that_postgres_keeps_refusing_says_why(
         pg_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """A listener whose login Postgres refuses after it was lost (a role or pg_hba.conf changed
