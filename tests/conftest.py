@@ -154,6 +154,20 @@ def pg_url(make_pg_url: Callable[[], str]) -> str:
     return make_pg_url()
 
 
+@pytest.fixture
+def sql_ascii_url(pg_admin_url: str) -> Iterator[str]:
+    """An empty database in SQL_ASCII (what initdb makes under the C locale): Postgres checks no
+    encoding there, so a NOTIFY may carry any byte, and text comes back as whatever bytes were sent."""
+    name = f"t_ascii_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE \"{name}\" ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' "  # type: ignore[arg-type]
+                     "TEMPLATE template0")
+    try:
+        yield services.db_url(pg_admin_url, name)
+    finally:
+        services.drop_database(pg_admin_url, name)
+
+
 # ---- Redis --------------------------------------------------------------------------------------
 
 

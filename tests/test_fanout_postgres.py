@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
@@ -30,6 +32,7 @@ import livepush
 from livepush.fanout import postgres as pg_fanout
 from livepush.fanout.postgres import PostgresFanOut
 from livepush.postgres import connect as pg_connect
+from livepush.migrate import migrate
 from livepush.postgres.listener import Listener
 from tests.support import services
 from tests.support.fanouts import Collector, offsets_of, read_history
@@ -307,6 +310,35 @@ def test_a_publish_in_a_repeatable_read_transaction_behind_another_publish_fails
         third = fanout.publish("rr:a", {"i": 3}, conn=conn)
         conn.commit()
     assert [int(o.split("-")[1]) for o in (first, second, third)] == [1, 2, 3]
+
+
+async def test_a_database_in_sql_ascii_migrates_and_publishes_text_with_offsets_as_text(sql_ascii_url: str) -> None:
+    """On a database in SQL_ASCII (initdb's choice under the C locale) `livepush migrate` applies
+    every migration, and publish(), its async and batch twins, with conn= or not, return offsets
+    "EPOCH-SEQ" and history gives back the very text published, non-ASCII characters included; psycopg
+    hands such a database's text over as bytes, so offsets came back as "b'...'" and data as bytes."""
+    migrate(sql_ascii_url)
+    fanout = PostgresFanOut(sql_ascii_url)
+    offset_form = re.compile(r"[0-9]+-[0-9]+")
+    try:
+        offsets = [fanout.publish("ascii:a", {"text": "café"}), await fanout.apublish("ascii:a", {"text": "日本"})]
+        offsets += fanout.publish_many([("ascii:a", {"text": "ñ"})])
+        with psycopg.connect(sql_ascii_url) as conn:
+            offsets.append(fanout.publish("ascii:a", {"text": "ü"}, conn=conn))
+            offsets += fanout.publish_many([("ascii:a", {"text": "ø"})], conn=conn)
+        async with await psycopg.AsyncConnection.connect(sql_ascii_url) as aconn:
+            offsets.append(await fanout.apublish("ascii:a", {"text": "ß"}, conn=aconn))
+            offsets += await fanout.apublish_many([("ascii:a", {"text": "å"})], conn=aconn)
+        assert all(isinstance(o, str) and offset_form.fullmatch(o) for o in offsets), offsets
+        epoch = offsets[0].split("-")[0]
+        replay = await read_history(fanout, "ascii:a", f"{epoch}-0")
+        assert replay is not None
+        assert [m.offset for m in replay] == offsets
+        assert [m.data_json for m in replay] == [json.dumps({"text": t}, ensure_ascii=False, separators=(",", ":"))
+                                                 for t in ("café", "日本", "ñ", "ü", "ø", "ß", "å")]
+        assert fanout.latest_offset("ascii:a") == offsets[-1]
+    finally:
+        await fanout.aclose()
 
 
 async def test_a_listener_that_postgres_keeps_refusing_says_why(

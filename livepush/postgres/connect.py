@@ -185,11 +185,21 @@ def statement_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {**kwargs, "prepare_threshold": None}
 
 
+def connection_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The psycopg options of every livepush connection (connect(), aconnect(), pools.py): text in
+    UTF-8 whatever the database's encoding, and statement_options(). On a SQL_ASCII database (what
+    initdb makes under the C locale) psycopg otherwise handed text back as bytes, so offsets read
+    "b'...'", and sent text as ASCII, so the migrations failed in Python; on another encoding it
+    encoded in Python and failed there on a character the encoding lacks, where the server now
+    converts and names it."""
+    return statement_options({"client_encoding": "UTF8", **kwargs})
+
+
 def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection:
     check_url(url)
     try:
         return psycopg.connect(url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT,
-                               **statement_options(kwargs))
+                               **connection_options(kwargs))
     except psycopg.Error as exc:
         raise translate(url, exc) from None
 
@@ -198,6 +208,6 @@ async def aconnect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psyco
     check_url(url)
     try:
         return await psycopg.AsyncConnection.connect(url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT,
-                                                     **statement_options(kwargs))
+                                                     **connection_options(kwargs))
     except psycopg.Error as exc:
         raise translate(url, exc) from None

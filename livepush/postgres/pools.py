@@ -21,7 +21,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
 
-from .connect import CONNECT_TIMEOUT, PoolBusy, aconnect, connect, statement_options, translate
+from .connect import CONNECT_TIMEOUT, PoolBusy, aconnect, connect, connection_options, translate
 
 OPEN_TIMEOUT = 5.0  # seconds a first use waits for the pool's first connection
 # The longest a pool waits between two attempts to connect again, as the listeners (listener.py):
@@ -240,7 +240,7 @@ class LoopPools:
     a pool would retry in the background until its timeout. Connections are in autocommit
     unless `autocommit=False`; `prepare_threshold=0` prepares a repeated statement from its
     first run (set by owners whose few statements run again and again). With
-    LIVEPUSH_PREPARED_STATEMENTS=off no pool prepares anything (connect.statement_options). A
+    LIVEPUSH_PREPARED_STATEMENTS=off no pool prepares anything (connect.connection_options). A
     forked child never uses the pools it inherited: its first use opens its own."""
 
     def __init__(self, url: str, *, name: str, max_size: int = 4, autocommit: bool = True,
@@ -294,7 +294,7 @@ class LoopPools:
     def _open_sync(self) -> Pool:
         connect(self.url).close()  # fails fast, translated
         pool = Pool(self.url, min_size=self.min_size, max_size=self.max_size, open=False,
-                    kwargs=statement_options(dict(self._kwargs)), name=f"{self.name}-sync")
+                    kwargs=connection_options(dict(self._kwargs)), name=f"{self.name}-sync")
         try:
             pool.open(wait=True, timeout=OPEN_TIMEOUT)
         except Exception as exc:
@@ -333,7 +333,7 @@ class LoopPools:
     async def _open_async(self) -> AsyncPool:
         await (await aconnect(self.url)).close()
         pool = AsyncPool(self.url, min_size=self.min_size, max_size=self.max_size, open=False,
-                         kwargs=statement_options(dict(self._kwargs)), name=f"{self.name}-async")
+                         kwargs=connection_options(dict(self._kwargs)), name=f"{self.name}-async")
         try:
             await pool.open(wait=True, timeout=OPEN_TIMEOUT)
         except BaseException as exc:  # a cancelled open too: its workers would retry for ever

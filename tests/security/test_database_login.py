@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -22,7 +21,6 @@ from livepush.postgres.listener import Listener
 from livepush.server.app import RECHECK_PAUSE
 from tests.security import role_jobs
 from tests.server.conftest import Served, make_settings, start_served
-from tests.support import services
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
@@ -292,19 +290,6 @@ async def test_a_login_without_privileges_stops_no_runtime_with_an_advisory_lock
         held_lock.release()  # type: ignore[attr-defined]
         state = await async_wait_for(finished(held_up.id), 10, 0.05, message="the limited job to finish")
         assert state["state"] == "succeeded", state
-
-
-@pytest.fixture
-def sql_ascii_url(pg_admin_url: str) -> Iterator[str]:
-    """A database in SQL_ASCII: Postgres checks no encoding there, so a NOTIFY may carry any byte."""
-    name = f"t_ascii_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE \"{name}\" ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' "  # type: ignore[arg-type]
-                     "TEMPLATE template0")
-    try:
-        yield services.db_url(pg_admin_url, name)
-    finally:
-        services.drop_database(pg_admin_url, name)
 
 
 async def test_a_notification_with_a_non_ascii_byte_stops_no_listener(
