@@ -341,6 +341,24 @@ async def test_a_database_in_sql_ascii_migrates_and_publishes_text_with_offsets_
         await fanout.aclose()
 
 
+def test_a_publish_refused_by_a_full_notify_queue_says_the_server_is_up_and_what_holds_it(pg_url: str) -> None:
+    """A full NOTIFY queue fails every publish at commit with a program-limit error (class 54),
+    which psycopg calls operational: the error says that Postgres is up and gives its detail and
+    hint (the session holding the queue back), never "cannot reach Postgres ... check that the
+    server is running". The refusal is raised by the server itself, as Postgres raises it."""
+    from livepush.postgres.connect import translate
+
+    refusal = ("DO $$ BEGIN RAISE EXCEPTION 'too many notifications in the NOTIFY queue' USING ERRCODE = '54000', "
+               "DETAIL = 'The server process with PID 4242 is among those with the oldest transactions.', "
+               "HINT = 'The NOTIFY queue cannot be emptied until that process ends its current transaction.'; END $$")
+    with psycopg.connect(pg_url, autocommit=True) as conn, pytest.raises(psycopg.OperationalError) as raised:
+        conn.execute(refusal)
+    said = str(translate(pg_url, raised.value))
+    assert "cannot reach" not in said and "server is running" not in said, said
+    assert "is up" in said and "too many notifications in the NOTIFY queue" in said, said
+    assert "PID 4242" in said and "ends its current transaction" in said, said
+
+
 async def test_a_listener_that_postgres_keeps_refusing_says_why(
         pg_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """A listener whose login Postgres refuses after it was lost (a role or pg_hba.conf changed

@@ -69,15 +69,26 @@ def _password(url: str) -> str | None:
         return None
 
 
+def _scrubbed(url: str, text: str) -> str:
+    """`text` with the URL and its password taken out."""
+    password = _password(url)
+    if password and password in text:
+        text = text.replace(password, "***")
+    if url in text:
+        text = text.replace(url, redact(url))
+    return text
+
+
 def _reason(url: str, exc: BaseException) -> str:
     """The first line of the driver's message, with the URL and its password taken out."""
-    first = first_line(exc)
-    password = _password(url)
-    if password and password in first:
-        first = first.replace(password, "***")
-    if url in first:
-        first = first.replace(url, redact(url))
-    return first
+    return _scrubbed(url, first_line(exc))
+
+
+def _detail_and_hint(url: str, exc: BaseException) -> str:
+    """Postgres' detail and hint on `exc`, scrubbed as _reason() is, as the end of a message."""
+    diag = getattr(exc, "diag", None)
+    said = [text for text in (getattr(diag, "message_detail", None), getattr(diag, "message_hint", None)) if text]
+    return ": " + _scrubbed(url, " ".join(said)) if said else ": see its log"
 
 
 def _setting_of(url: str) -> str:
@@ -129,6 +140,13 @@ def translate(url: str, exc: BaseException) -> Exception:
         return DependencyError(f"Postgres at {redact(url)} cancelled the statement ({_reason(url, exc)}): a "
                                "statement_timeout or lock_timeout of the role, the database or the session ended "
                                "it (or another session cancelled it); the server is up")
+    if state[:2] in ("54", "55", "58"):
+        # A limit of the server's, an object in the wrong state, an I/O failure: psycopg calls them
+        # operational errors, but the server is there and said why, with a detail and a hint that
+        # name what to do (a full NOTIFY queue, which fails every publish, names the session that
+        # holds it back).
+        return DependencyError(f"Postgres at {redact(url)} is up but could not run the statement "
+                               f"({_reason(url, exc)}){_detail_and_hint(url, exc)}")
     if isinstance(exc, PoolBusy):
         # Told "cannot reach Postgres", an operator checks a server that is up; what holds the
         # connections is a lock (publishers of one topic wait for a transaction that published on
