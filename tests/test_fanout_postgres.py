@@ -359,6 +359,28 @@ def test_a_publish_refused_by_a_full_notify_queue_says_the_server_is_up_and_what
     assert "PID 4242" in said and "ends its current transaction" in said, said
 
 
+async def test_starts_of_a_shared_listener_at_the_same_time_open_one_connection_and_deliver_once(
+        pg_url: str) -> None:
+    """Parts of a process that start their shared listener at the same time (each awaiting
+    start() before the first connection is made) share one LISTEN connection: each notification
+    reaches a handler once, not once per start, and no connection is left behind."""
+    heard: list[str] = []
+    listener = Listener(pg_url, name="lp-started-together")
+    listener.add("livepush_started_together", heard.append)
+    try:
+        await asyncio.gather(*(listener.start() for _ in range(3)))
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            backends = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                                    ("lp-started-together",)).fetchone()
+            conn.execute("SELECT pg_notify('livepush_started_together', 'once')")
+        assert backends == (1,)
+        await async_wait_for(lambda: heard, 5, message="the notification")
+        await asyncio.sleep(0.3)  # a second connection would hand it over again within its cycle
+        assert heard == ["once"]
+    finally:
+        await listener.aclose()
+
+
 async def test_a_listener_that_postgres_keeps_refusing_says_why(
         pg_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """A listener whose login Postgres refuses after it was lost (a role or pg_hba.conf changed

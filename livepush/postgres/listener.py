@@ -61,6 +61,9 @@ class Listener:
         self._resync: asyncio.Task[None] | None = None
         self._listening = False
         self._closing = False
+        # Parts that start the shared listener at the same time wait for the first one's connection:
+        # each would otherwise open its own, and every notification came once per connection.
+        self._starting = asyncio.Lock()
 
     # -- registering --------------------------------------------------------------------
     def add(self, channel: str, handler: Handler, *, on_resync: Resync | None = None) -> None:
@@ -79,14 +82,15 @@ class Listener:
         """Return once every channel added so far is LISTENed; raise ListenError if Postgres
         cannot be reached (at the first start) or the channels are not in effect within
         `timeout` seconds (a reconnect in progress)."""
-        if self._task is None:
-            try:
-                conn = await self._connect()
-            except (DependencyError, psycopg.Error, OSError) as exc:
-                raise ListenError(first_line(exc)) from None
-            self._listening = True
-            self._task = asyncio.create_task(self._run(conn), name=self.name)
-            return
+        async with self._starting:
+            if self._task is None:
+                try:
+                    conn = await self._connect()
+                except (DependencyError, psycopg.Error, OSError) as exc:
+                    raise ListenError(first_line(exc)) from None
+                self._listening = True
+                self._task = asyncio.create_task(self._run(conn), name=self.name)
+                return
         waiting = [c.live.wait() for c in self._channels.not_live()]
         if waiting:
             try:
