@@ -38,7 +38,7 @@ from ..types import StateSource
 from . import drain, http
 from .connection import CLOSE_INTERNAL_ERROR, Connection, broadcast
 from .core import ConnectionCore
-from .hub import Hub
+from .hub import Hub, Interrupted
 from .limits import Quiet
 from .readiness import Readiness, SchemaCheck
 
@@ -356,9 +356,10 @@ class PushServer:
                 client.topics.discard(plain)
                 metrics.SUBSCRIPTIONS.dec()
             self.hub.unsubscribe(client, plain)
-            if again:
+            if again or isinstance(exc, Interrupted):
                 # The connection's earlier subscription to the topic is gone with this one, and a
-                # retry would start from now: the client reconnects and resumes from its offsets.
+                # retry would start from now; or the client holds `subscribed` already and would
+                # not hear a refusal: it reconnects and resumes from its offsets.
                 client.close(CLOSE_INTERNAL_ERROR, "unavailable")
                 return
             self._refuse(client, cmd.ref, "unavailable")

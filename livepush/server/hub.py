@@ -41,6 +41,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from websockets.exceptions import ConnectionClosed
+
 from .. import metrics, protocol
 from ..errors import DependencyError
 from ..fanout import FanOut
@@ -83,6 +85,12 @@ def _names(topics: Iterable[str], shown: int = 3) -> str:
     names = list(topics)
     head = ", ".join(names[:shown])
     return head if len(names) <= shown else f"{head} and {len(names) - shown} more"
+
+
+class Interrupted(Exception):
+    """A subscribe failed after its `subscribed` went out. A subscribe has one answer, and a
+    client takes the first for it: a `refused` now would go unheard, and the client would keep a
+    subscription the server no longer serves. Its cause is the failure."""
 
 
 class Subscriber(Protocol):
@@ -544,6 +552,17 @@ class Hub:
             return offset_key(latest)
         metrics.RECOVERIES.inc()
         sub.send(protocol.subscribed(ref, topic, page.latest))
+        try:
+            return await self._replay(sub, t, since, page)
+        except ConnectionClosed:
+            raise
+        except Exception as exc:
+            raise Interrupted(f"the replay of {topic} failed after its subscribed: {exc}") from exc
+
+    async def _replay(self, sub: Subscriber, t: _Topic, since: Offset, page: History) -> Key:
+        """Send the messages of `page` and the pages after it, waiting for the client between
+        them; return the key of the last offset sent."""
+        topic = t.name
         last = since
         unread = 0
         waiting = t.joining.get(sub)

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 
 import psycopg
 import pytest
+from websockets.exceptions import ConnectionClosed
 
 from tests.server.conftest import Served, make_settings, start_served
 from tests.server.test_server import http_get
@@ -501,3 +503,40 @@ async def test_a_message_published_late_in_a_long_transaction_stays_recoverable_
         await client.close()
     finally:
         await served.stop()
+
+
+async def test_a_replay_that_cannot_read_its_next_page_closes_the_connection_never_refuses_after_subscribed(
+        pg_served: Served, pg_url: str) -> None:
+    """A subscribe's first answer is final: once `subscribed` went out, a replay whose next page
+    cannot be read closes the connection with 1011 (the client reconnects and resumes from the
+    last offset it got), never `refused`, which a client takes for no answer at all and so keeps
+    a subscription the server dropped."""
+    first = await pg_served.publish("replayed", {"n": 0})
+    blob = "x" * 8000
+    for n in range(1, 300):  # past a page: a page holds at most a MiB
+        await pg_served.publish("replayed", {"n": n, "blob": blob})
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the first page cannot fit in buffers
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", pg_served.server.port))
+    client = await WSClient.open(pg_served.url, sock=sock)
+    await client.send({"op": "subscribe", "topic": pg_served.sign("replayed"), "since": first, "ref": "r"})
+    assert (await client.recv())["op"] == "subscribed"
+    # The client reads nothing more: the server waits for it inside the first page.
+    await async_wait_for(lambda: any(c.paused for c in pg_served.server.clients), 10,
+                         message="the server to wait for the client inside the replay's first page")
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as admin:
+        await admin.execute("ALTER TABLE livepush_messages RENAME TO livepush_messages_away")
+        try:
+            frames, code = [], None
+            try:
+                async with asyncio.timeout(10):
+                    while not frames or frames[-1]["op"] == "message":
+                        frames.append(json.loads(await client.ws.recv()))
+            except ConnectionClosed as exc:
+                code = exc.rcvd.code if exc.rcvd is not None else None
+            assert [f["op"] for f in frames if f["op"] != "message"] == []
+            assert 0 < len(frames) < 299, "the replay stopped at the page it could not read"
+            assert code == 1011
+        finally:
+            await admin.execute("ALTER TABLE livepush_messages_away RENAME TO livepush_messages")
