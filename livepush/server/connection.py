@@ -140,6 +140,12 @@ class Connection(asyncio.Protocol):
         return self._subscribes
 
     @property
+    def unread(self) -> bool:
+        """Whether the server has stopped reading this peer (INBOX_FRAMES wait for its subscribe):
+        its pongs then wait unread, and only its taking what is sent shows it alive."""
+        return self.inbox is not None and len(self.inbox) >= INBOX_FRAMES
+
+    @property
     def backlog_bytes(self) -> int:
         """Bytes of the frames waiting for this client (0 while it keeps up)."""
         return self.backlog.bytes if self.backlog is not None else 0
@@ -364,6 +370,10 @@ class Connection(asyncio.Protocol):
                     raw = self.inbox.pop(0)
                     if len(self.inbox) == INBOX_FRAMES - 1:
                         self.transport.resume_reading()
+                        # What the peer sent while it was not read (a pong among it) is read now:
+                        # its keepalive clock starts again from here.
+                        self.seen = self.core.now
+                        self.ping_at = 0.0
                     work = self.core.server.on_frame(self, raw)
         except asyncio.CancelledError:
             if not self.closing:  # not this connection's loss (a bug): the client reconnects, not waits

@@ -9,7 +9,8 @@ the server's gate (`PushServer.admit`) in a task that ends with the handshake, a
   `connection.BEHIND_SECONDS` is closed with 1013 (only connections with a backlog are looked at);
 - keepalive, every quarter heartbeat: a connection silent for three quarters of a heartbeat gets
   a ping (any data from it answers, and so does its taking frames that waited for it), and one that leaves a ping unanswered for a heartbeat is
-  dropped: a dead peer goes within 2.25 heartbeats of its last byte;
+  dropped: a dead peer goes within 2.25 heartbeats of its last byte (while the server holds a
+  connection's frames unread and waits on itself, not on the peer, it neither pings nor drops it);
 - the delivery metrics, counted as plain numbers on the delivery path, added to their
   Prometheus metrics at each tick (`metrics.DeliveryTally`).
 """
@@ -259,6 +260,12 @@ class ConnectionCore:
         dead = []
         for conn in self.server.clients:
             if conn.closing:
+                continue
+            if conn.unread and not conn.paused:
+                # Not read while the server serves its subscribes (a slow `authorize` may take
+                # several heartbeats): its pongs wait unread, and the wait is the server's own. A
+                # replay waiting for the peer (paused) is not: taking its frames shows it alive.
+                conn.seen, conn.ping_at = now, 0.0
                 continue
             if conn.ping_at:
                 if now - conn.ping_at >= answer:

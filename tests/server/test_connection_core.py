@@ -12,7 +12,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from websockets.frames import Frame, Opcode
 
+import livepush
 from livepush import api, protocol, topics
 from livepush.config import Settings, set_settings
 from livepush.fanout.local import LocalFanOut
@@ -27,13 +29,13 @@ from tests.support.wsclient import WSClient
 
 @pytest.fixture
 async def start_server(secret: str) -> AsyncIterator[Callable[..., Any]]:
-    """`await start_server(heartbeat=25.0)`: a started server on the local fan-out."""
+    """`await start_server(heartbeat=25.0, app=None)`: a started server on the local fan-out."""
     servers: list[PushServer] = []
 
-    async def start(heartbeat: float = 25.0) -> PushServer:
+    async def start(heartbeat: float = 25.0, app: livepush.App | None = None) -> PushServer:
         settings = Settings(fanout="local", secret=secret, port=0)
         set_settings(settings)
-        server = PushServer(settings, LocalFanOut(), heartbeat=heartbeat)
+        server = PushServer(settings, LocalFanOut(), heartbeat=heartbeat, app=app)
         await server.start()
         servers.append(server)
         return server
@@ -234,6 +236,51 @@ async def test_a_client_reading_long_replays_while_its_own_frames_wait_is_not_dr
     assert time.monotonic() - started > 5 * 0.4, "the replays took several heartbeats"
     assert not on_server(server, client).closing
     await client.close()
+
+
+async def test_a_client_whose_subscribes_wait_on_a_slow_authorize_is_not_dropped_by_keepalive(
+    start_server: Callable[..., Any],
+) -> None:
+    """Heartbeat 0.4 s: a client that sends 30 subscribes at once to topics an `authorize` taking 0.1 s
+    allows (the server stops reading its frames while it serves them, for several heartbeats) gets
+    every answer: its pongs wait unread because the server chose not to read them, not because it
+    is dead."""
+    async def authorize(session: object, topic: str) -> bool:
+        await asyncio.sleep(0.1)  # an application's permission check, e.g. a query
+        return True
+
+    server = await start_server(heartbeat=0.4, app=livepush.App(authorize=authorize))
+    client = await WSClient.open(url(server))
+    for k in range(30):
+        await client.send({"op": "subscribe", "topic": f"room:slow{k}", "since": None, "ref": k})
+    answers = [await client.recv(timeout=10) for _ in range(30)]
+    assert [a["op"] for a in answers] == ["subscribed"] * 30
+    assert not on_server(server, client).closing
+    await client.close()
+
+
+async def test_a_dead_peer_whose_frames_wait_behind_a_replay_it_does_not_read_is_dropped_by_keepalive(
+    start_server: Callable[..., Any],
+) -> None:
+    """Heartbeat 0.4 s: a peer that sends 20 subscribes with `since` and then reads nothing (the
+    server holds its frames unread while the first replay waits for it) is still dropped within
+    the keepalive bound, long before the 20 s slow-client bound: the replay waits on the peer, and
+    a peer that takes nothing shows no life."""
+    beat = 0.4
+    server = await start_server(heartbeat=beat)
+    name = "room:dead-replay"
+    since = await server.fanout.alatest_offset(name)
+    for i in range(40):
+        await server.fanout.apublish(name, {"i": i, "pad": "x" * 50_000})
+    signed = topics.sign(name, server.settings.secrets)
+    reader, writer = await raw_upgrade(server.port)
+    subscribes = [json.dumps({"op": "subscribe", "topic": signed, "since": since, "ref": k}).encode() for k in range(20)]
+    writer.write(b"".join(Frame(Opcode.TEXT, frame).serialize(mask=True) for frame in subscribes))
+    await async_wait_for(lambda: len(server.clients) == 1 and next(iter(server.clients)).unread, 5,
+                         message="the server to hold the peer's frames unread")
+    await async_wait_for(lambda: not server.clients, 2.25 * beat + 2.0,
+                         message="keepalive to drop the dead peer")
+    writer.close()
 
 
 async def test_500_idle_connections_run_no_task(start_server: Callable[..., Any]) -> None:
