@@ -333,6 +333,11 @@ class PushServer:
                 raise InvalidTopic(f"{plain}: this server has no database to read it from")
             if not topics.is_signed(cmd.topic):
                 reason = await self.app.check(client.session, plain)
+                if client.closing:
+                    # Lost while authorize() answered: asyncio.wait_for may hand back an answer
+                    # that came with its cancellation, and the connection, detached already,
+                    # would stay subscribed in the hub for ever.
+                    return
                 if reason is not None:
                     self._refuse(client, cmd.ref, reason)
                     return

@@ -20,6 +20,7 @@ from livepush import api, sessions
 from livepush.config import Settings, set_settings
 from livepush.sessions.rules import Allow, App
 from tests.server.conftest import Served, start_served
+from tests.server.test_metrics import scrape, value
 from tests.support.security import (
     ALLOWED_ORIGIN,
     ORIGINS,
@@ -368,6 +369,28 @@ async def test_authorize_allows_what_rules_do_not_cover(start: Start) -> None:
     assert (await client.subscribe("orders:mine"))["op"] == "subscribed"
     assert (await client.subscribe("orders:theirs"))["reason"] == "forbidden"
     await client.close()
+
+
+async def test_a_connection_lost_while_authorize_answers_leaves_no_subscription_behind(start: Start) -> None:
+    """A connection that ends just as authorize() allows its subscribe leaves nothing on the server:
+    no subscriber in the hub, and the subscriptions gauge back where it was."""
+    served: Served | None = None
+
+    async def authorize(session: object, topic: str) -> bool:
+        assert served is not None
+        for conn in list(served.server.clients):
+            conn.transport.abort()  # the connection ends while the answer is on its way
+        return True
+
+    served = await start("optional", app=App(rules=RULES, authorize=authorize))
+    before = value(await scrape(served.server.port), "livepush_subscriptions")
+    client = await open_client(served, "7")
+    await client.send({"op": "subscribe", "topic": "orders:lost", "since": None, "ref": 1})
+    assert await client.closed_with() is None, "aborted: no close frame"
+    await async_wait_for(lambda: not served.server.clients, 5, message="the server to see the connection lost")
+    await async_wait_for(lambda: "orders:lost" not in served.server.hub._topics, 5,
+                         message="the hub to forget the lost connection's subscription")
+    assert value(await scrape(served.server.port), "livepush_subscriptions") == before
 
 
 async def test_subscription_limit(start: Start) -> None:
