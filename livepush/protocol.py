@@ -119,7 +119,10 @@ _dump = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 def hello(subject: str | None, heartbeat: float) -> str:
     session = {"subject": subject} if subject is not None else None
-    return _dump({"op": "hello", "session": session, "heartbeat": heartbeat})
+    # A whole number of seconds goes out as one (`25`, as documented, not `25.0`): a client that
+    # reads it into an integer type would fail on the float.
+    beat = int(heartbeat) if float(heartbeat).is_integer() else heartbeat
+    return _dump({"op": "hello", "session": session, "heartbeat": beat})
 
 
 def subscribed(ref: Ref, topic: str, offset: Offset | None) -> str:

@@ -54,6 +54,13 @@ def test_message_frame_embeds_the_payload_text_unchanged() -> None:
     assert json.loads(frame) == {"op": "message", "topic": "chat:x", "offset": "12", "data": {"text": 'hé "q"'}}
 
 
+def test_hello_says_a_whole_heartbeat_as_an_integer() -> None:
+    """hello carries the server's heartbeat of 25.0 s as `25`, as documented: a client that reads it
+    into an integer type fails on `25.0`; a fraction of a second stays a fraction."""
+    assert protocol.hello(None, 25.0) == '{"op":"hello","session":null,"heartbeat":25}'
+    assert json.loads(protocol.hello(None, 0.4))["heartbeat"] == 0.4
+
+
 def test_server_frames_have_the_spec_shapes() -> None:
     """hello, subscribed, refused, reset, pong and error frames match docs/reference.md §5."""
     assert json.loads(protocol.hello("u1", 25)) == {"op": "hello", "session": {"subject": "u1"}, "heartbeat": 25}
