@@ -16,7 +16,7 @@ from importlib import resources
 import psycopg
 from psycopg import sql
 
-from .errors import ConfigError, SchemaError
+from .errors import ConfigError, SchemaError, first_line
 from .postgres.connect import aconnect, connect, redact, translated
 
 # An arbitrary constant: any process migrating livepush's schema takes this lock.
@@ -98,6 +98,10 @@ _SCHEMA_VERSION = "SELECT max(version) FROM livepush_schema"
 _APPLIED = "SELECT version, name, checksum FROM livepush_schema ORDER BY version"
 
 
+# What applying a migration raises when an object it creates is already there.
+_LEFT_OVER = (psycopg.errors.DuplicateTable, psycopg.errors.DuplicateFunction, psycopg.errors.DuplicateObject)
+
+
 def _foreign(url: str, what: str) -> SchemaError:
     return SchemaError(
         f"the database at {redact(url)} has a livepush schema this version cannot use ({what}): a schema from "
@@ -138,7 +142,13 @@ def migrate(url: str, runtime_role: str | None = None) -> list[Migration]:
         for migration in bundled():
             if migration.version in done:
                 continue
-            conn.execute(migration.sql)  # type: ignore[arg-type]  # trusted files shipped with the package
+            try:
+                conn.execute(migration.sql)  # type: ignore[arg-type]  # trusted files shipped with the package
+            except _LEFT_OVER as exc:
+                # The object is livepush's own, made by an earlier run whose record is gone (its tables
+                # dropped but not its functions, or the other way round): not Postgres failing.
+                raise _foreign(url, f"{first_line(exc)}, but livepush_schema does not record "
+                                    f"{migration.version:04d}_{migration.name}") from None
             conn.execute("INSERT INTO livepush_schema (version, name, checksum) VALUES (%s, %s, %s)",
                          (migration.version, migration.name, migration.checksum))
             applied_now.append(migration)

@@ -58,6 +58,29 @@ def test_dropping_what_the_refusal_names_lets_migrate_start_afresh(pg_url: str) 
     migrate.check_schema(pg_url)
 
 
+@pytest.mark.parametrize("left", ["functions", "tables"])
+def test_livepush_objects_left_without_their_record_are_refused_with_what_to_drop(pg_url: str, procs, livepush_env,
+                                                                                 left: str) -> None:
+    """A database that still holds some of livepush's objects but no record of them (only the
+    tables were dropped, or only the functions) exits 2 naming what is left and what to drop,
+    not 1 as if Postgres were down; doing what it says lets migrate start afresh."""
+    dropped = {"functions": "tables", "tables": "functions"}[left]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for (statement,) in conn.execute(_DROPS[dropped]).fetchall():
+            conn.execute(statement)
+        conn.execute("DROP TABLE IF EXISTS livepush_schema")
+    child = procs.livepush("migrate", env=livepush_env(database_url=pg_url))
+    assert child.wait(30) == 2, child.output()
+    err = child.stderr()
+    assert "already exists" in err and "drop livepush's tables and functions (livepush_*)" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for kind in ("tables", "functions"):
+            for (statement,) in conn.execute(_DROPS[kind]).fetchall():
+                conn.execute(statement)
+    assert [m.version for m in migrate.migrate(pg_url)] == [m.version for m in migrate.bundled()]
+
+
 def test_migrations_recorded_without_checksums_are_refused(pg_url: str) -> None:
     """A schema recorded by a livepush that kept no checksums is refused, not migrated further."""
     with psycopg.connect(pg_url, autocommit=True) as conn:
