@@ -101,6 +101,23 @@ def test_under_workers_a_workers_json_error_line_names_it_like_its_other_lines(p
     assert all("pid" in e for e in entries), entries
 
 
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_under_workers_an_app_that_cannot_be_loaded_is_said_by_the_worker_named(procs, livepush_env, pg_url,
+                                                                               log_format: str) -> None:
+    """A worker whose `--app` cannot be loaded ends on a line that names it, in either format,
+    as its other lines do: the operator sees which process gave up, not an unnamed line."""
+    child = procs.livepush("serve", "--workers", "2", "--app", "no_such_module_here:app", "--log-format",
+                           log_format, env=livepush_env(database_url=pg_url), wait_healthy=False)
+    assert child.wait(30) == 2, child.output()
+    lines = [line for line in child.stderr().splitlines() if "no_such_module_here" in line]
+    assert len(lines) == 1, child.output()
+    if log_format == "json":
+        entry = json.loads(lines[0])
+        assert entry["worker"] == 1 and isinstance(entry["pid"], int), entry
+    else:
+        assert lines[0].startswith("livepush: [worker 1 pid "), lines[0]
+
+
 def test_a_workers_lines_name_it_and_its_pid_in_both_formats() -> None:
     """Under `serve --workers N`, text lines say `[worker I pid P]` (`[supervisor pid P]` for the
     parent) and JSON lines carry `worker` and `pid`; a lone server's lines are as before."""

@@ -98,8 +98,17 @@ class _NameProcess(logging.Filter):
         return True
 
 
-# This process's role under `serve --workers N`, once setup() knows it (None: a lone process).
+# This process's role under `serve --workers N`, once name_process() or setup() knows it (None: a
+# lone process).
 _named: _NameProcess | None = None
+
+
+def name_process(*, worker: int | None = None, supervisor: bool = False) -> None:
+    """Name this process among `serve --workers N`'s from now on, before logging is set up: what
+    it does first (loading `--app`) may end it, and its error line must say which process gave up."""
+    global _named
+    if worker is not None or supervisor:
+        _named = _NameProcess(worker)
 
 
 def setup(log_format: str = "text", level: int = logging.INFO, *, worker: int | None = None,
@@ -110,14 +119,13 @@ def setup(log_format: str = "text", level: int = logging.INFO, *, worker: int | 
     if root.handlers:
         return
     handler = logging.StreamHandler(sys.stderr)
+    name_process(worker=worker, supervisor=supervisor)
     named = worker is not None or supervisor
     if log_format == "json":
         handler.setFormatter(JsonLines())
     else:
         handler.setFormatter(Scrubbed(PROCESS_TEXT_FORMAT if named else TEXT_FORMAT))
-    if named:
-        global _named
-        _named = _NameProcess(worker)
+    if named and _named is not None:
         handler.addFilter(_named)
     root.addHandler(handler)
     root.setLevel(level)

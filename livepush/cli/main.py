@@ -139,6 +139,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return workers.supervise(count, args.argv, settings)
     else:
         role.start()
+        logs.name_process(worker=role.index)  # before --app loads: its failure is this worker's line
     index = role.index if role is not None else None
     importable_from_cwd()  # --with-jobs modules, as `livepush jobs` finds them
     app = None
