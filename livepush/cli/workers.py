@@ -20,6 +20,7 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .. import metrics
@@ -142,6 +143,16 @@ def _bound_socket(family: int, kind: int, proto: int, address: tuple[Any, ...], 
     return sock
 
 
+def _interpreter_options() -> list[str]:
+    """`-P`: a worker's imports do not start in the current folder, as the console script's do not
+    (`python -m` would put it first, and a project's own redis.py or websockets.py would be
+    imported in place of the library); its --app and --with-jobs modules are found there all the
+    same (importable_from_cwd). Without it only when livepush itself is found there: run from its
+    own checkout, where that folder holds livepush and nothing else to mistake."""
+    package_root = Path(__file__).resolve().parents[2]
+    return [] if package_root == Path.cwd().resolve() else ["-P"]
+
+
 def supervise(count: int, argv: Sequence[str], settings: Settings) -> int:
     """Run `count` workers of `livepush serve ARGV` on one port until a signal; the exit status."""
     import asyncio
@@ -159,7 +170,7 @@ def supervise(count: int, argv: Sequence[str], settings: Settings) -> int:
 
     def command(index: int, ready_fd: int) -> list[str]:
         role = WorkerRole(index, ready_fd, parent)
-        return [sys.executable, "-m", "livepush", *argv,
+        return [sys.executable, *_interpreter_options(), "-m", "livepush", *argv,
                 "--workers", "1", "--port", str(port), "--supervised-as", str(role)]
 
     def serving(pids: list[int]) -> None:

@@ -209,6 +209,25 @@ async def test_a_publish_reaches_clients_on_every_worker(procs, livepush_env, pg
     assert child.stop(15) == 0, child.output()
 
 
+async def test_workers_import_what_livepush_needs_not_the_projects_modules_of_the_same_name(
+        procs, livepush_env, pg_url, tmp_path: Path) -> None:
+    """Run from a project whose folder holds a `redis.py` and a `websockets.py` of its own, the
+    workers start as one `livepush serve` does: the project's modules are found for `--app`, and
+    never in place of the libraries livepush imports."""
+    for name in ("redis", "websockets"):
+        (tmp_path / f"{name}.py").write_text(f"raise ImportError('the project own {name}.py was imported')\n")
+    (tmp_path / "project_push.py").write_text("import livepush\napp = livepush.App(rules=[])\n")
+    console_script = Path(sys.executable).with_name("livepush")  # as a user runs it: not `python -m`
+    env = livepush_env(database_url=pg_url, port=0)
+    child = procs.start([str(console_script), "serve", "--workers", "2", "--app", "project_push:app"],
+                        env=env, cwd=tmp_path)
+    await async_wait_for(lambda: serving_port(child) or not child.running, timeout=BOOT,
+                         message="the supervisor's 'serving on' line")
+    assert child.running and "the project own" not in child.stderr(), child.output()
+    assert set(await workers_by_index(serving_port(child), 2)) == {1, 2}
+    assert child.stop(15) == 0, child.output()
+
+
 # -- stopping -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("sig,drain", [(signal.SIGTERM, "0"), (signal.SIGINT, "0"), (signal.SIGTERM, "1")])
 async def test_one_signal_stops_every_worker(procs, livepush_env, pg_url, secret, sig, drain) -> None:
