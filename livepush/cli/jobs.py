@@ -63,8 +63,9 @@ def importable_from_cwd() -> None:
 
 
 async def run(args: argparse.Namespace, settings: Settings) -> int:
+    from . import wiring  # first: a project's own redis.py must not stand in for the library
+
     importable_from_cwd()
-    from . import wiring
 
     modules = modules_of(args.modules)
     if not modules:

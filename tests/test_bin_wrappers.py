@@ -1,0 +1,43 @@
+"""`bin/websocket_server` and `bin/jobs` are `livepush serve` and `livepush jobs`, run from the
+project's folder as the console script is (docs/reference.md#3-commands)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.support.procs import Processes
+from tests.support.waiting import wait_for
+
+BIN = Path(__file__).resolve().parents[1] / "bin"
+
+
+def _project(folder: Path) -> Path:
+    """A project whose own modules share names with libraries livepush imports."""
+    for name in ("redis", "websockets"):
+        (folder / f"{name}.py").write_text(f"raise ImportError('the project own {name}.py was imported')\n")
+    (folder / "project_push.py").write_text("import livepush\napp = livepush.App(rules=[])\n")
+    (folder / "project_jobs.py").write_text("from livepush import jobs\n\n@jobs.job()\ndef noop(ctx) -> None:\n"
+                                            "    pass\n")
+    return folder
+
+
+def test_websocket_server_from_a_project_loads_its_app_and_not_its_namesakes(procs: Processes, livepush_env,
+                                                                           pg_url: str, tmp_path: Path) -> None:
+    """bin/websocket_server run in a project holding a redis.py serves, with the project's --app."""
+    env = livepush_env(database_url=pg_url)
+    child = procs.start([str(BIN / "websocket_server"), "--app", "project_push:app"], env=env,
+                        cwd=_project(tmp_path), port=int(env["LIVEPUSH_PORT"]))
+    child.wait_healthy()
+    assert child.stop(15) == 0, child.output()
+    assert "the project own" not in child.stderr(), child.output()
+
+
+def test_jobs_from_a_project_loads_its_jobs_and_not_its_namesakes(procs: Processes, livepush_env, pg_url: str,
+                                                                tmp_path: Path) -> None:
+    """bin/jobs run in a project holding a redis.py runs the project's job modules."""
+    child = procs.start([str(BIN / "jobs"), "project_jobs"], env=livepush_env(database_url=pg_url),
+                        cwd=_project(tmp_path))
+    wait_for(lambda: "running: queues" in child.stderr() or not child.running, 30.0,
+             message="the runtime's 'running' line")
+    assert child.running, child.output()
+    assert child.stop(15) == 0, child.output()
