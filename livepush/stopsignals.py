@@ -45,3 +45,10 @@ def remove_handlers(loop: asyncio.AbstractEventLoop, signals: Iterable[int], *, 
         for sig in signals:
             loop.remove_signal_handler(sig)
 
+
+def term_as_interrupt() -> None:
+    """Until an event loop takes the stop signals over, SIGTERM stops the command as Ctrl-C does
+    (KeyboardInterrupt, which the command line ends with exit 0) instead of killing it where it
+    stands: a stop asked for while it starts (waiting for a database, importing the app) is a
+    clean stop too. Main thread only, as signal.signal()."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)

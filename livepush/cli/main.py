@@ -109,7 +109,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from .. import stopsignals
     from ..server.run import serve
+
+    stopsignals.term_as_interrupt()  # a SIGTERM while it starts stops it cleanly (exit 0) too
     from . import wiring, workers
     from .jobs import importable_from_cwd, modules_of
 

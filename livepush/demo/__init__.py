@@ -28,7 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 import psycopg
 from websockets.http11 import Request, Response
 
-from .. import config, migrate
+from .. import config, migrate, stopsignals
 from ..cli.runner import run_async
 from ..cli.wiring import server_parts
 from ..errors import ConfigError, DependencyError, SchemaError
@@ -254,7 +254,7 @@ def run() -> int:
     # Until the server's loop takes them over (server/run.py), SIGTERM stops the demo as SIGINT
     # does: KeyboardInterrupt, which goes through the `finally` below (and `livepush` exits 0),
     # instead of ending the process where it stands with its Postgres left running.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    stopsignals.term_as_interrupt()
     settings = for_its_page(config.Settings.from_env())
     logging.getLogger("pgserver").setLevel(logging.WARNING)  # it narrates every command at INFO
     pg = None
