@@ -31,8 +31,11 @@ log = logging.getLogger("livepush.metrics")
 REGISTRY = CollectorRegistry(auto_describe=True)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-# Read only in a process whose values go to files (see the module's docstring).
+# Where prometheus_client writes each process's values (it reads the variable itself).
 MULTIPROCESS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
+# The folder whose files /metrics adds up: set in a worker of `serve --workers N` only
+# (add_up_workers()), to the one its supervisor made.
+_workers_directory: str | None = None
 
 # -- the push side ----------------------------------------------------------------------------
 # Workers' connections add up; a dead worker's are gone with it ("live").
@@ -166,15 +169,25 @@ async def render(refreshers: Sequence[Refresher] = ()) -> bytes:
 
 def _registry() -> CollectorRegistry:
     """This process's registry, or, in multiprocess mode, one that reads every process's files."""
-    directory = os.environ.get(MULTIPROCESS_DIR_VARIABLE)
+    directory = _workers_directory
     if not directory:
-        return REGISTRY
+        return REGISTRY  # this process's values, wherever prometheus_client keeps them
     if directory not in _merged:
         merged = CollectorRegistry()
         multiprocess.MultiProcessCollector(merged, path=directory)
         merged.register(DATABASE_GAUGES)  # this process's read, the freshest (see _DatabaseGauges)
         _merged[directory] = merged
     return _merged[directory]
+
+
+def add_up_workers() -> None:
+    """In a worker of `serve --workers N`: /metrics adds up the files of every worker, in the folder
+    its supervisor set as PROMETHEUS_MULTIPROC_DIR. Anywhere else that variable is not livepush's
+    (a web app's multiprocess mode, set for a whole container): its files hold that app's metrics,
+    which the app's own scrape counts already; added to livepush's /metrics, every sum over both
+    scrapes would count them twice."""
+    global _workers_directory
+    _workers_directory = os.environ.get(MULTIPROCESS_DIR_VARIABLE) or None
 
 
 def forget_process(pid: int, directory: str) -> None:

@@ -141,8 +141,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             logs.setup(args.log_format, supervisor=True)
             return workers.supervise(count, args.argv, settings)
     else:
+        from .. import metrics
+
         role.start()
         logs.name_process(worker=role.index)  # before --app loads: its failure is this worker's line
+        metrics.add_up_workers()
     index = role.index if role is not None else None
     importable_from_cwd()  # --with-jobs modules, as `livepush jobs` finds them
     app = None

@@ -380,6 +380,33 @@ async def test_a_queue_gone_from_the_database_leaves_the_scrape_of_every_worker(
     assert child.stop(15) == 0, child.output()
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+async def test_metrics_of_another_app_in_an_inherited_multiprocess_folder_stay_out_of_the_scrape(
+        procs, livepush_env, pg_url, tmp_path: Path, workers: str) -> None:
+    """A PROMETHEUS_MULTIPROC_DIR livepush inherited (a web app's multiprocess mode, set for the
+    whole container) is not its own: /metrics answers with livepush's figures, never that app's,
+    which its own scrape already counts (both scraped, every sum would count them twice)."""
+    import subprocess
+
+    shared = tmp_path / "web-app-metrics"
+    shared.mkdir()
+    subprocess.run([sys.executable, "-c", "from prometheus_client import Counter\n"
+                    "Counter('web_app_requests', 'Requests the web app served.').inc(5)"],
+                   env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(shared)}, check=True, timeout=60)
+    env = livepush_env(database_url=pg_url, port=0, extra={"PROMETHEUS_MULTIPROC_DIR": str(shared)})
+    child = procs.livepush("serve", "--workers", workers, env=env, wait_healthy=False)
+    # The lone server's line, or the supervisor's once every worker serves.
+    serving = re.compile(r"livepush serving on ws://\S+:(\d+) " + (r"\(fan-out" if workers == "1" else "with"))
+    await async_wait_for(lambda: serving.search(child.stderr()) or not child.running, timeout=BOOT,
+                         message="the 'serving on' line")
+    assert child.running, child.output()
+    port = int(serving.search(child.stderr()).group(1))
+    for _ in range(4):  # whichever worker answers
+        text = await scrape_text(port)
+        assert "livepush_connections" in text and "web_app_requests" not in text, text[:2000]
+    assert child.stop(15) == 0, child.output()
+
+
 # -- how many -------------------------------------------------------------------------------------
 async def test_workers_auto_runs_one_per_core(procs, livepush_env, pg_url) -> None:
     """--workers auto starts one worker per core this process may use."""
