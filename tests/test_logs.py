@@ -89,6 +89,21 @@ def test_with_json_logs_the_line_a_command_ends_on_is_json_too(procs, livepush_e
     assert last["level"] == "error" and needle in last["message"] and "Traceback" not in child.stderr()
 
 
+@pytest.mark.parametrize("log_format", ["text", "json"])
+@pytest.mark.parametrize("argv", [["serve", "--app", "leaky_module:app"], ["jobs", "leaky_module"]])
+def test_the_line_a_command_ends_on_is_scrubbed_in_either_format(procs, livepush_env, tmp_path, argv,
+                                                                 log_format: str) -> None:
+    """A module whose import fails with a URL and its password in the message: the one line the
+    command ends on names the failure, with the password replaced, in text as in JSON."""
+    (tmp_path / "leaky_module.py").write_text(
+        'raise RuntimeError("cannot reach postgresql://app:hunter2pw@db.internal/app")\n')
+    child = procs.start([sys.executable, "-m", "livepush", *argv, "--log-format", log_format],
+                        env=livepush_env(), cwd=tmp_path)
+    assert child.wait(30) == 2, child.output()
+    err = child.stderr()
+    assert "postgresql://app:***@db.internal/app" in err and "hunter2pw" not in err, err
+
+
 def test_under_workers_a_workers_json_error_line_names_it_like_its_other_lines(procs, livepush_env) -> None:
     """Under `serve --workers N` every JSON line names its process: the error line a worker that
     cannot start ends on carries its `worker` and `pid` too, before the supervisor's own line."""
