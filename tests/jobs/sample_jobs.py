@@ -234,10 +234,11 @@ async def until_flag(flag: str, interval: float = 0.05) -> None:
 
 
 # What a job may raise that is not an Exception (SystemExit: sys.exit() in a library it calls;
-# CancelledError: awaiting a future something else cancelled). A runtime installs its own signal
-# handlers, so a KeyboardInterrupt inside a job is the job's own.
+# CancelledError: awaiting a future something else cancelled), or that asyncio handles apart
+# (StopIteration: next() on an exhausted iterator). A runtime installs its own signal handlers, so
+# a KeyboardInterrupt inside a job is the job's own.
 EXITS = {"exit": lambda: SystemExit(3), "interrupt": KeyboardInterrupt, "generator": GeneratorExit,
-         "cancelled": asyncio.CancelledError}
+         "cancelled": asyncio.CancelledError, "stop": lambda: StopIteration()}
 
 
 @jobs.job(name="t.exits", max_attempts=2, backoff=lambda attempt: 0.0)

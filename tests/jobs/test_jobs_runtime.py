@@ -355,6 +355,20 @@ async def test_a_job_raising_cancellederror_itself_fails_its_attempt(jobs_db: st
         assert rt.counts == {"retrying": 1, "failed": 1}
 
 
+@pytest.mark.parametrize("job", ["exits", "exits_sync"])
+async def test_a_job_raising_stopiteration_fails_its_attempt_at_once(jobs_db: str, job: str) -> None:
+    """A job that raises StopIteration (next() on an exhausted iterator) fails that attempt at once,
+    like any other exception. From a sync job's thread, asyncio refused to carry it to the
+    runtime's loop: the job stayed `running`, its slot held, until its timeout failed it."""
+    async with running() as rt:
+        h = await getattr(sample_jobs, job).aenqueue("stop")
+        await wait_state(h.id, "failed", timeout=10.0)  # far below the job's 60 s timeout
+        error = "RuntimeError: coroutine raised StopIteration" if job == "exits" else "StopIteration"
+        assert (await asyncio.to_thread(jobs.get_job, h.id)).error == error  # type: ignore[union-attr]
+        assert q(jobs_db, "SELECT attempt FROM job_runs WHERE job_id = %s ORDER BY attempt", (h.id,)) == [(1,), (2,)]
+        assert rt.counts == {"retrying": 1, "failed": 1}
+
+
 async def test_jobs_a_claim_returns_after_the_stop_are_given_back_unstarted(jobs_db: str) -> None:
     """A stop stops claiming: jobs that a claim already on its way returns after the stop are
     given back untouched (attempt not spent), not started and then cut off when the drain ends.

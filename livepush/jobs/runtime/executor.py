@@ -56,6 +56,26 @@ NEVER_RETRIED = (CheckpointInputConflict, ChildFailed, DuplicateStepError, Inval
 MAX_RETRY_DELAY = 366 * 24 * 3600.0
 
 
+class _Raised:
+    """What a sync job raised that asyncio cannot carry from its thread to the loop."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+def _call_sync(func: Callable[..., Any], ctx: SyncJobContext, args: list[Any]) -> Any:
+    """Call a sync job's function in its thread. A StopIteration it raises (next() on an exhausted
+    iterator) comes back as a value: an asyncio future refuses it (in a callback, where nobody sees
+    the TypeError), so the job's future never completed and the job stayed `running` until its
+    timeout, or for ever without one."""
+    try:
+        return func(ctx, *args)
+    except StopIteration as exc:
+        return _Raised(exc)
+
+
 def _error_text(exc: BaseException) -> str:
     try:
         text = str(exc)
@@ -92,7 +112,7 @@ async def execute(
                     await durable.settle()
         else:
             sync_ctx = SyncJobContext(ctx, loop)
-            future = loop.run_in_executor(pool, functools.partial(fn.func, sync_ctx, *job.args))
+            future = loop.run_in_executor(pool, functools.partial(_call_sync, fn.func, sync_ctx, job.args))
             done, _ = await asyncio.wait({future}, timeout=effective(fn.timeout))
             if not done:
                 # The thread keeps running; its result is dropped and its lease is gone by then.
@@ -108,6 +128,8 @@ async def execute(
                             job.id, fn.name, fn.timeout)
                 return timeout_failure(fn, ctx)
             value = future.result()  # raises the job's exception
+            if isinstance(value, _Raised):
+                raise value.exc  # caught below, in this frame (leaving it, it would become a RuntimeError)
     except Parked:
         return None
     except RunAbandoned as exc:
