@@ -253,6 +253,25 @@ def exits_sync(ctx: Any, how: str) -> None:
     raise EXITS[how]()
 
 
+class Unprintable(Exception):
+    """An exception whose message cannot be read: str() of it raises what it was given."""
+
+    def __init__(self, raises: BaseException) -> None:
+        super().__init__()
+        self.raises = raises
+
+    def __str__(self) -> str:
+        raise self.raises
+
+
+UNPRINTABLE = {"error": lambda: RuntimeError("no message"), "exit": lambda: SystemExit(4)}
+
+
+@jobs.job(name="t.unprintable", max_attempts=1)
+async def unprintable(ctx: Any, how: str) -> None:
+    raise Unprintable(UNPRINTABLE[how]())
+
+
 # Timeouts too long to ever pass: as good as none.
 @jobs.job(name="t.endless_timeout", timeout=sys.float_info.max, max_attempts=1)
 async def endless_timeout(ctx: Any) -> None:

@@ -369,6 +369,21 @@ async def test_a_job_raising_stopiteration_fails_its_attempt_at_once(jobs_db: st
         assert rt.counts == {"retrying": 1, "failed": 1}
 
 
+@pytest.mark.parametrize("how", ["error", "exit"])
+async def test_a_job_raising_an_exception_whose_str_raises_fails_with_its_type_name(jobs_db: str, how: str) -> None:
+    """An exception whose str() raises (an Exception, or a SystemExit) fails the job with its type
+    name and a note that its message could not be read; the runtime runs on. A SystemExit from
+    str() ended the runtime's process, and every job it held waited for the rescue."""
+    async with running() as rt:
+        h = await sample_jobs.unprintable.aenqueue(how)
+        await wait_state(h.id, "failed")
+        error = (await asyncio.to_thread(jobs.get_job, h.id)).error  # type: ignore[union-attr]
+        assert error == "Unprintable: (its message could not be read: str() raised)"
+        after = await sample_jobs.record.aenqueue("after")
+        await wait_state(after.id, "succeeded")
+        assert rt.state == "running" and rt.counts == {"failed": 1, "succeeded": 1}
+
+
 async def test_jobs_a_claim_returns_after_the_stop_are_given_back_unstarted(jobs_db: str) -> None:
     """A stop stops claiming: jobs that a claim already on its way returns after the stop are
     given back untouched (attempt not spent), not started and then cut off when the drain ends.

@@ -79,7 +79,7 @@ def _call_sync(func: Callable[..., Any], ctx: SyncJobContext, args: list[Any]) -
 def _error_text(exc: BaseException) -> str:
     try:
         text = str(exc)
-    except Exception:
+    except BaseException:  # noqa: BLE001 - user code: a SystemExit from a __str__ ended the process
         text = "(its message could not be read: str() raised)"
     return storable_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
