@@ -7,6 +7,7 @@ can count how many times each job ran, in which process and attempt.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import os
 import sys
@@ -270,6 +271,23 @@ UNPRINTABLE = {"error": lambda: RuntimeError("no message"), "exit": lambda: Syst
 @jobs.job(name="t.unprintable", max_attempts=1)
 async def unprintable(ctx: Any, how: str) -> None:
     raise Unprintable(UNPRINTABLE[how]())
+
+
+def sync_wrapper(func: Any) -> Any:
+    """A decorator that forgets to be async: its wrapper returns the coroutine the job makes."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any) -> Any:
+        return func(*args)
+
+    return wrapper
+
+
+@jobs.job(name="t.wrapped_async", max_attempts=3)
+@sync_wrapper
+async def wrapped_async(ctx: Any) -> int:
+    await note(ctx, "ran")
+    return 1
 
 
 # Timeouts too long to ever pass: as good as none.

@@ -384,6 +384,22 @@ async def test_a_job_raising_an_exception_whose_str_raises_fails_with_its_type_n
         assert rt.state == "running" and rt.counts == {"failed": 1, "succeeded": 1}
 
 
+async def test_a_sync_function_returning_a_coroutine_fails_at_once_saying_how_to_fix_it(jobs_db: str) -> None:
+    """A job function whose decorator's wrapper is sync returns its coroutine unrun: the job fails
+    at once, without retries, with an error that says the function ran as a sync one and what to
+    change, not one about JSON results."""
+    async with running() as rt:
+        h = await sample_jobs.wrapped_async.aenqueue()
+        await wait_state(h.id, "failed")
+        info = await asyncio.to_thread(jobs.get_job, h.id)
+        assert info is not None and info.attempt == 1, info
+        assert info.error is not None and info.error.startswith(
+            "InvalidResultError: t.wrapped_async returned a coroutine without running it"), info.error
+        assert "async def" in info.error and "JSON" not in info.error, info.error
+        assert q(jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s", (h.id,)) == [(0,)]
+        assert rt.counts == {"failed": 1}
+
+
 async def test_jobs_a_claim_returns_after_the_stop_are_given_back_unstarted(jobs_db: str) -> None:
     """A stop stops claiming: jobs that a claim already on its way returns after the stop are
     given back untouched (attempt not spent), not started and then cut off when the drain ends.

@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import functools
+import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -130,6 +131,14 @@ async def execute(
             value = future.result()  # raises the job's exception
             if isinstance(value, _Raised):
                 raise value.exc  # caught below, in this frame (leaving it, it would become a RuntimeError)
+            if inspect.iscoroutine(value):
+                # Not run, and it cannot be: it was given the sync ctx. Said as what it is, not as a
+                # result that is not JSON, whose fix ("pass an id") is no fix.
+                value.close()
+                raise InvalidResultError(
+                    f"{fn.name} returned a coroutine without running it: its function is not `async def` (a "
+                    "decorator's sync wrapper around an async function?), so it ran in a thread as a sync job: "
+                    "make the wrapper `async def` and await the function it wraps")
     except Parked:
         return None
     except RunAbandoned as exc:
