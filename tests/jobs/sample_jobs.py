@@ -290,6 +290,11 @@ async def wrapped_async(ctx: Any) -> int:
     return 1
 
 
+@jobs.job(name="t.forgets_await", max_attempts=3)
+async def forgets_await(ctx: Any) -> Any:
+    return note(ctx, "ran")  # `return await note(...)` meant
+
+
 # Timeouts too long to ever pass: as good as none.
 @jobs.job(name="t.endless_timeout", timeout=sys.float_info.max, max_attempts=1)
 async def endless_timeout(ctx: Any) -> None:

@@ -384,18 +384,21 @@ async def test_a_job_raising_an_exception_whose_str_raises_fails_with_its_type_n
         assert rt.state == "running" and rt.counts == {"failed": 1, "succeeded": 1}
 
 
-async def test_a_sync_function_returning_a_coroutine_fails_at_once_saying_how_to_fix_it(jobs_db: str) -> None:
-    """A job function whose decorator's wrapper is sync returns its coroutine unrun: the job fails
-    at once, without retries, with an error that says the function ran as a sync one and what to
-    change, not one about JSON results."""
+@pytest.mark.parametrize(("job", "error"), [
+    ("wrapped_async", "t.wrapped_async returned a coroutine without running it: its function is not `async def`"),
+    ("forgets_await", "t.forgets_await returned a coroutine it did not await: write `return await ...`"),
+])
+async def test_a_job_returning_a_coroutine_fails_at_once_saying_how_to_fix_it(jobs_db: str, job: str,
+                                                                              error: str) -> None:
+    """A job that returns a coroutine unrun (its decorator's wrapper is sync, or it forgot an
+    await) fails at once, without retries, with an error that says what happened and what to
+    change, not one about JSON results ("pass an id or an ISO string instead")."""
     async with running() as rt:
-        h = await sample_jobs.wrapped_async.aenqueue()
+        h = await getattr(sample_jobs, job).aenqueue()
         await wait_state(h.id, "failed")
         info = await asyncio.to_thread(jobs.get_job, h.id)
         assert info is not None and info.attempt == 1, info
-        assert info.error is not None and info.error.startswith(
-            "InvalidResultError: t.wrapped_async returned a coroutine without running it"), info.error
-        assert "async def" in info.error and "JSON" not in info.error, info.error
+        assert info.error is not None and info.error.startswith(f"InvalidResultError: {error}"), info.error
         assert q(jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s", (h.id,)) == [(0,)]
         assert rt.counts == {"failed": 1}
 

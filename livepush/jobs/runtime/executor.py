@@ -131,14 +131,8 @@ async def execute(
             value = future.result()  # raises the job's exception
             if isinstance(value, _Raised):
                 raise value.exc  # caught below, in this frame (leaving it, it would become a RuntimeError)
-            if inspect.iscoroutine(value):
-                # Not run, and it cannot be: it was given the sync ctx. Said as what it is, not as a
-                # result that is not JSON, whose fix ("pass an id") is no fix.
-                value.close()
-                raise InvalidResultError(
-                    f"{fn.name} returned a coroutine without running it: its function is not `async def` (a "
-                    "decorator's sync wrapper around an async function?), so it ran in a thread as a sync job: "
-                    "make the wrapper `async def` and await the function it wraps")
+        if inspect.iscoroutine(value):
+            _refuse_coroutine(fn, value)
     except Parked:
         return None
     except RunAbandoned as exc:
@@ -204,6 +198,20 @@ async def execute(
     except InvalidResultError as exc:
         return _failure(fn, ctx, exc)
     return Outcome(ctx, "succeeded", result=result)
+
+
+def _refuse_coroutine(fn: Any, value: Any) -> None:
+    """Raise InvalidResultError for a coroutine a job function returned unrun, saying why it was
+    not run, rather than as a result that is not JSON (whose fix, "pass an id", is no fix); close
+    it, so that it does not warn later that it was never awaited."""
+    value.close()
+    if fn.is_async:
+        raise InvalidResultError(f"{fn.name} returned a coroutine it did not await: write `return await ...`")
+    # Not run, and it cannot be: it was made with the sync ctx.
+    raise InvalidResultError(
+        f"{fn.name} returned a coroutine without running it: its function is not `async def` (a decorator's "
+        "sync wrapper around an async function?), so it ran in a thread as a sync job: make the wrapper "
+        "`async def` and await the function it wraps")
 
 
 def _run_ended(exc: BaseException, job_id: int, name: str) -> bool:
