@@ -441,6 +441,19 @@ async def test_jobs_a_claim_returns_after_the_stop_are_given_back_unstarted(jobs
     assert q(jobs_db, "SELECT state, attempt FROM livepush_jobs WHERE id = %s", (late.id,)) == [("available", 0)]
 
 
+async def beats_on_since(url: str, rt: Runtime, since: Any, what: str) -> None:
+    """Returns once `rt` (beating every 0.3 s) beat 1.5 s after `since` (database time), or was
+    pruned as dead meanwhile: the caller checks its row is still there."""
+
+    def beats_on() -> bool:
+        rows = q(url, "SELECT heartbeat_at > %s + interval '1.5 s' FROM livepush_job_runtimes WHERE id = %s",
+                 (since, rt.id))
+        return not rows or rows[0][0]
+
+    await async_wait_for(lambda: asyncio.to_thread(beats_on), 10.0,
+                         message=f"five beats {what} (or the runtime presumed dead)")
+
+
 async def test_a_slow_retention_prune_never_holds_up_the_heartbeat(jobs_db: str) -> None:
     """The heartbeat is what keeps a live runtime's jobs from being rescued: retention's deletes,
     however long they take (a backlog, a slow disk, a lock: here a lock the test holds), must not
@@ -462,14 +475,7 @@ async def test_a_slow_retention_prune_never_holds_up_the_heartbeat(jobs_db: str)
             await async_wait_for(lambda: asyncio.to_thread(prune_waits), 5.0, message="retention to wait at the lock")
             since = q(jobs_db, "SELECT now()")[0][0]
             async with running(queues=["second"], heartbeat=0.3, retention=None):  # it rescues what it finds dead
-
-                def beats_on() -> bool:
-                    rows = q(jobs_db, "SELECT heartbeat_at > %s + interval '1.5 s' FROM livepush_job_runtimes "
-                                      "WHERE id = %s", (since, holder.id))
-                    return not rows or rows[0][0]
-
-                await async_wait_for(lambda: asyncio.to_thread(beats_on), 10.0,
-                                     message="five beats while retention waits (or the runtime presumed dead)")
+                await beats_on_since(jobs_db, holder, since, "while retention waits")
                 assert q(jobs_db, "SELECT count(*) FROM livepush_job_runtimes WHERE id = %s", (holder.id,)) == [(1,)]
                 assert q(jobs_db, "SELECT state, attempt, runtime_id FROM livepush_jobs WHERE id = %s",
                          (h.id,)) == [("running", 1, holder.id)]
@@ -477,6 +483,38 @@ async def test_a_slow_retention_prune_never_holds_up_the_heartbeat(jobs_db: str)
             await wait_state(h.id, "succeeded")
         await locker.rollback()
     assert q(jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s AND phase = 'start'", (h.id,)) == [(1,)]
+
+
+async def test_a_frozen_redis_never_holds_up_the_heartbeat(jobs_db: str, redis_url: str) -> None:
+    """A runtime publishes its own state (runtime:<id>) through its fan-out when its jobs in hand
+    change. With Redis frozen (its connections open, nothing answered) that publication waits, but
+    the heartbeat must not wait for it: silent for three beats, the runtime was presumed dead, and
+    the job it was running ran again elsewhere."""
+    from livepush.fanout.redis import RedisFanOut
+
+    fanout = RedisFanOut(redis_url)
+    try:
+        async with running(queues=["default"], heartbeat=0.3, publisher=fanout) as holder:
+            h = await sample_jobs.wait_flag.aenqueue("go")
+            await async_wait_for(lambda: h.id in holder.in_hand, 5.0, message="the job to be in hand")
+            with services.redis_frozen(redis_url):
+                # One more job in hand: the next beat publishes the runtime's state, into the frozen Redis.
+                other = await sample_jobs.wait_flag.aenqueue("go")
+                await async_wait_for(lambda: other.id in holder.in_hand, 5.0, message="the second job in hand")
+                since = q(jobs_db, "SELECT now()")[0][0]
+                async with running(queues=["second"], heartbeat=0.3, retention=None):  # it rescues what it finds dead
+                    await beats_on_since(jobs_db, holder, since, "while Redis is frozen")
+                    assert q(jobs_db, "SELECT count(*) FROM livepush_job_runtimes WHERE id = %s",
+                             (holder.id,)) == [(1,)]
+                    assert q(jobs_db, "SELECT state, attempt, runtime_id FROM livepush_jobs WHERE id IN (%s, %s)",
+                             (h.id, other.id)) == [("running", 1, holder.id)] * 2
+            q(jobs_db, "INSERT INTO job_flags VALUES ('go')")
+            await wait_state(h.id, "succeeded")
+            await wait_state(other.id, "succeeded")
+    finally:
+        await fanout.aclose()
+    assert q(jobs_db, "SELECT count(*) FROM job_runs WHERE job_id IN (%s, %s) AND phase = 'start'",
+             (h.id, other.id)) == [(2,)]
 
 
 async def test_a_cancel_confirmed_in_the_loop_turn_its_job_started_still_stops_it(

@@ -221,6 +221,19 @@ def redis_down(redis_url: str | None = None, *, hard: bool = False) -> Iterator[
         redis_start(redis_url)
 
 
+@contextlib.contextmanager
+def redis_frozen(redis_url: str | None = None) -> Iterator[None]:
+    """The test Redis stopped with SIGSTOP inside the block: its connections stay open and nothing
+    is answered (a hung server, or a network that drops packets); continued after the block."""
+    _check_test_redis(redis_url)
+    pid = int(Path(env_or_skip("LIVEPUSH_TEST_REDIS_PIDFILE")).read_text().strip())
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 __all__ = [
     "create_database",
     "db_url",
@@ -233,6 +246,7 @@ __all__ = [
     "pg_stop",
     "pg_terminate",
     "redis_down",
+    "redis_frozen",
     "redis_restart",
     "redis_start",
     "redis_stop",

@@ -285,6 +285,7 @@ class Runtime:
         self._completer_task: asyncio.Task[None] | None = None
         self._cancels_due: set[int] = set()
         self._cancel_check: asyncio.Task[None] | None = None
+        self._state_publish: asyncio.Task[None] | None = None  # the heartbeat's publication of our state
         # Whether a claim is under way, and the ids cancel requests named meanwhile that were not
         # in hand: a job the claim took can be cancelled, and its notification heard, before the
         # claim's reply comes back. Checked again once the claim's jobs have started.
@@ -509,7 +510,7 @@ class Runtime:
         # Side tasks end at their next loop turn even if a cancellation is lost inside a database
         # call (psycopg may turn it into QueryCanceled); re-cancel until they are gone.
         self._closing.set()
-        pending = {t for t in [*self._tasks, self._cancel_check] if t is not None}
+        pending = {t for t in [*self._tasks, self._cancel_check, self._state_publish] if t is not None}
         while pending:
             for task in pending:
                 task.cancel()
@@ -972,9 +973,14 @@ class Runtime:
                     self._group_progress.mark(touched)
                 for job_id in await maintenance.cancel_requests(self._pool, self.id):
                     self._cancel_local(job_id)
-                if len(self.in_hand) != last_in_hand:
+                if len(self.in_hand) != last_in_hand and (self._state_publish is None or self._state_publish.done()):
                     last_in_hand = len(self.in_hand)
-                    await self._publish_state(self.state)
+                    # Not awaited: a fan-out that does not answer (Redis frozen, or cut off with its
+                    # connections open) held up the beat, and a live runtime silent for three beats
+                    # was presumed dead, its jobs run again elsewhere. One at a time; what changes
+                    # meanwhile goes out with a later beat.
+                    self._state_publish = asyncio.create_task(self._publish_state(self.state),
+                                                              name="livepush-jobs-state")
             except _DB_ERRORS as exc:
                 reraise_if_cancelled()
                 lost = True
