@@ -517,6 +517,33 @@ async def test_a_frozen_redis_never_holds_up_the_heartbeat(jobs_db: str, redis_u
              (h.id, other.id)) == [(2,)]
 
 
+async def test_a_stop_with_redis_frozen_still_gives_the_jobs_back_and_deregisters(jobs_db: str, redis_url: str) -> None:
+    """A stop publishes the runtime's `draining` and `stopped` through its fan-out. With Redis
+    frozen those publications wait, but the stop must not wait for them for ever: it gives back
+    the job in hand (attempt not spent), deregisters and returns, as with Redis up. It hung until
+    a second signal, and a process killed then left its job to the rescue, attempt spent."""
+    from livepush.fanout.redis import RedisFanOut
+
+    fanout = RedisFanOut(redis_url)
+    rt = Runtime(REGISTRY, queues=["default"], heartbeat=0.3, shutdown_timeout=0.2, publisher=fanout,
+                 install_signals=False)
+    task = asyncio.create_task(rt.run())
+    try:
+        await rt.wait_started()
+        h = await sample_jobs.wait_flag.aenqueue("never")
+        await async_wait_for(lambda: h.id in rt.in_hand, 5.0, message="the job to be in hand")
+        with services.redis_frozen(redis_url):
+            rt.stop()
+            await asyncio.wait_for(asyncio.shield(task), 20.0)
+        assert q(jobs_db, "SELECT count(*) FROM livepush_job_runtimes WHERE id = %s", (rt.id,)) == [(0,)]
+        assert q(jobs_db, "SELECT state, attempt FROM livepush_jobs WHERE id = %s", (h.id,)) == [("available", 0)]
+    finally:
+        if not task.done():
+            rt.stop(now=True)
+            await asyncio.wait_for(task, 10.0)
+        await fanout.aclose()
+
+
 async def test_a_cancel_confirmed_in_the_loop_turn_its_job_started_still_stops_it(
         jobs_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cancel the heartbeat confirms in the very loop turn that started the job (the claim's

@@ -84,6 +84,9 @@ TIMEOUT_GRACE = 2.0
 # Seconds the stop's last writes (outcomes, deregistration, state) still get after a second
 # signal, all together: enough for a healthy Postgres, short for one that is down.
 STOP_NOW_GRACE = 2.0
+# Seconds a publication of the runtime's own state (runtime:<id>, runtimes) gets on each topic:
+# informative only, it must never hold up a start or a stop.
+STATE_PUBLISH_TIMEOUT = 2.0
 
 
 class _InHand:
@@ -571,7 +574,13 @@ class Runtime:
         data = {"event": event, "runtime": self.info}
         for topic in (f"runtime:{self.id}", "runtimes"):
             try:
-                await self.publisher.apublish(topic, data)
+                # Bounded: a fan-out that answers nothing (Redis frozen, or cut off with its
+                # connections open) held a start, or a stop's drain and deregistration, for as long.
+                await asyncio.wait_for(self.publisher.apublish(topic, data), STATE_PUBLISH_TIMEOUT)
+            except TimeoutError:
+                log.warning("could not publish runtime state %s on %s: no answer within %g s; going on without it",
+                            event, topic, STATE_PUBLISH_TIMEOUT)
+                return  # the other topic goes the same way
             except Exception as exc:  # informative only: the runtime goes on
                 reraise_if_cancelled()
                 log.warning("could not publish runtime state %s on %s: %s", event, topic, exc)
