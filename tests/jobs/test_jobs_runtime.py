@@ -11,8 +11,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from livepush import jobs
-from livepush.jobs import queries
+from livepush import config, jobs
+from livepush.jobs import database, queries
 from livepush.jobs.api.functions import JobFunction
 from livepush.jobs.api.registry import REGISTRY
 from livepush.jobs.runtime.context import ClaimedJob, JobContext
@@ -542,6 +542,31 @@ async def test_a_stop_with_redis_frozen_still_gives_the_jobs_back_and_deregister
             rt.stop(now=True)
             await asyncio.wait_for(task, 10.0)
         await fanout.aclose()
+
+
+@pytest.mark.parametrize("how", ["run", "drain"])
+async def test_a_runtime_that_fails_to_start_leaves_nothing_running(jobs_db: str, how: str) -> None:
+    """A runtime whose start fails part-way (here its listener cannot reach its database: a wrong
+    LIVEPUSH_LISTEN_DATABASE_URL) raises, and leaves none of what it had started behind on the
+    loop: not its completer, its group progress publisher nor its connection pools' tasks, as an
+    app that starts it again, or a test's jobs.adrain(), would pile them up."""
+    from livepush.errors import ListenError
+
+    before = asyncio.all_tasks()
+    bad = "postgresql://nobody@127.0.0.1:1/nothing"
+    with pytest.raises(ListenError):
+        if how == "run":
+            rt = Runtime(REGISTRY, queues=["default"], install_signals=False, listen_url=bad)
+            await asyncio.wait_for(rt.run(), 30.0)
+        else:
+            # drain() listens at LIVEPUSH_LISTEN_DATABASE_URL when jobs.configure() chose no database
+            # (the fixture puts both back).
+            config.set_settings(config.Settings(database_url=jobs_db, fanout="postgres", env="test",
+                                                listen_database_url=bad))
+            database.configure(None)
+            await asyncio.wait_for(jobs.adrain(), 30.0)
+    left = sorted(t.get_name() for t in asyncio.all_tasks() - before if not t.done())
+    assert [name for name in left if name.startswith("livepush-jobs")] == [], left
 
 
 async def test_a_cancel_confirmed_in_the_loop_turn_its_job_started_still_stops_it(

@@ -77,9 +77,9 @@ async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = RE
     listen_url = None if database.configured_url() else get_settings().listen_database_url
     rt = Runtime(registry, queues=queues or ["default"], concurrency=1,
                  install_signals=False, heartbeat=60.0, flush_delay=0.0, listen_url=listen_url)
-    await rt._open()
     ran = 0
     try:
+        await rt._open()  # in the try: a start that fails part-way is closed too
         assert rt._pool is not None and rt._completer is not None
         while max_jobs is None or ran < max_jobs:
             await maintenance.promote(rt._pool)

@@ -344,7 +344,13 @@ class Runtime:
                 except (NotImplementedError, RuntimeError):
                     pass  # not the main thread: the embedder calls stop()
         try:
-            await self._open()
+            try:
+                await self._open()
+            except BaseException:
+                # What it started before the failure (its completer, its pools, perhaps its row)
+                # goes with it: an app that starts it again would pile them up on its loop.
+                await self._close()
+                raise
         except BaseException:
             self._uninstall_signals(loop, installed)
             raise
@@ -552,7 +558,8 @@ class Runtime:
         if self._threads is not None:
             # Threads still running (timed-out or given-back sync jobs) are not waited for.
             self._threads.shutdown(wait=False, cancel_futures=True)
-        log.info("job runtime %s stopped", self.id)
+        if self.id is not None:  # else it failed to start, and said why
+            log.info("job runtime %s stopped", self.id)
 
     def _uninstall_signals(self, loop: asyncio.AbstractEventLoop, installed: list[int]) -> None:
         """Take our handlers off; once a signal stopped this runtime, later ones are ignored."""
