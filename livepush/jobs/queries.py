@@ -530,7 +530,10 @@ WHERE state = 'running' AND runtime_id = %(runtime_id)s AND cancel_requested
 
 # name: release_all_of_runtime
 # At deregistration: anything still running under this runtime's id goes back with its attempt
-# given back (a drain did not spend it). Fenced by runtime_id and state.
+# given back (a drain did not spend it). Fenced by runtime_id and state. After a claim failed, the
+# same but for the jobs the runtime knows (`keep`): only its own producer claims for it, and it
+# runs this between claims, so a job running under its id is in `keep` or was claimed by a
+# statement whose reply never came; a job of `keep` that ends meanwhile is no longer `running`.
 RELEASE_ALL_OF_RUNTIME = f"""
 WITH moved AS (
     UPDATE livepush_jobs j SET
@@ -539,7 +542,7 @@ WITH moved AS (
                      ELSE 'enqueued' END,
         finished_at = CASE WHEN j.cancel_requested THEN now() END,
         attempt = j.attempt - 1, run_at = now(), lease = NULL, runtime_id = NULL, version = j.version + 1
-    WHERE j.state = 'running' AND j.runtime_id = %(runtime_id)s
+    WHERE j.state = 'running' AND j.runtime_id = %(runtime_id)s AND j.id <> ALL(%(keep)s::bigint[])
     RETURNING j.id, j.state, j.group_id, j.workflow_id, j.version
 ), cleared AS (
     -- A job given back runs its attempt again: the given-back run's progress, stored with that

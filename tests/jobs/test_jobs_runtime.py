@@ -569,6 +569,31 @@ async def test_a_runtime_that_fails_to_start_leaves_nothing_running(jobs_db: str
     assert [name for name in left if name.startswith("livepush-jobs")] == [], left
 
 
+async def test_a_claim_whose_reply_was_lost_is_given_back_once_the_runtime_claims_again(jobs_db: str) -> None:
+    """A claim that commits in Postgres but whose reply never reaches the runtime (its connection
+    breaks on the way back) leaves jobs `running` under a live runtime that does not know them:
+    nothing ended them while it lived, however long. Once a claim has failed, the runtime gives
+    back, before its next claim, the jobs the database says it holds and it does not know (their
+    attempt not spent); they run. The row is set here as such a claim leaves it."""
+    async with running(queues=["default"], poll_interval=0.2) as rt:
+        known = await sample_jobs.wait_flag.aenqueue("go")
+        await async_wait_for(lambda: known.id in rt.in_hand, 5.0, message="a job in hand")
+        h = await sample_jobs.record.aenqueue("unheard", wait=3600)
+        q(jobs_db, """UPDATE livepush_jobs SET state = 'running', attempt = attempt + 1, runtime_id = %s,
+                      lease = livepush_job_lease(), version = version + 1, event = 'started' WHERE id = %s""",
+          (rt.id, h.id))
+        assert rt._claim_conn is not None
+        q(jobs_db, "SELECT pg_terminate_backend(%s)", (rt._claim_conn.info.backend_pid,))  # the next claim fails
+        await wait_state(h.id, "succeeded", timeout=15.0)
+        assert q(jobs_db, "SELECT attempt FROM job_runs WHERE job_id = %s", (h.id,)) == [(1,)]
+        # The job it knew, in hand all along, is still its own.
+        assert q(jobs_db, "SELECT state, attempt, runtime_id FROM livepush_jobs WHERE id = %s",
+                 (known.id,)) == [("running", 1, rt.id)]
+        q(jobs_db, "INSERT INTO job_flags VALUES ('go')")
+        await wait_state(known.id, "succeeded")
+    assert q(jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s AND phase = 'start'", (known.id,)) == [(1,)]
+
+
 async def test_a_cancel_confirmed_in_the_loop_turn_its_job_started_still_stops_it(
         jobs_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cancel the heartbeat confirms in the very loop turn that started the job (the claim's

@@ -120,6 +120,10 @@ class Completer:
         self._idle.clear()
         self._wake.set()
 
+    def pending(self) -> list[int]:
+        """The ids of the jobs whose outcomes are not written yet."""
+        return [o.ctx.job_id for o in self._outcomes]
+
     def progress(self, ctx: JobContext) -> None:
         if ctx.job_id not in self._dirty:
             self._dirty[ctx.job_id] = ctx

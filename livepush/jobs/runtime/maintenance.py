@@ -111,12 +111,24 @@ async def deregister(pool: AsyncConnectionPool, runtime_id: int) -> tuple[int, s
     """Give back anything still running under this runtime (attempt not spent), then remove its
     row. Returns the number of jobs given back and the groups counted in."""
     async with pool.connection() as conn:
-        async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(queries.RELEASE_ALL_OF_RUNTIME, {"runtime_id": runtime_id})
-            rows = await cur.fetchall()
-            touched = await outcomes.count(conn, outcomes.terminal(rows))
-            await cur.execute(queries.DEREGISTER_RUNTIME, {"id": runtime_id})
-    return len(rows), touched
+        given_back, touched = await _release_all(conn, runtime_id, [])
+        await conn.execute(queries.DEREGISTER_RUNTIME, {"id": runtime_id})
+    return given_back, touched
+
+
+async def release_unknown(pool: AsyncConnectionPool, runtime_id: int, keep: list[int]) -> tuple[int, set[int]]:
+    """Give back what runs under this runtime in the database but for the jobs in `keep` (attempt
+    not spent): the runtime's producer calls it between claims, after one failed (queries.py:
+    RELEASE_ALL_OF_RUNTIME says why that is safe). The number given back and the groups counted in."""
+    async with pool.connection() as conn:
+        return await _release_all(conn, runtime_id, keep)
+
+
+async def _release_all(conn: psycopg.AsyncConnection, runtime_id: int, keep: list[int]) -> tuple[int, set[int]]:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(queries.RELEASE_ALL_OF_RUNTIME, {"runtime_id": runtime_id, "keep": keep})
+        rows = await cur.fetchall()
+    return len(rows), await outcomes.count(conn, outcomes.terminal(rows))
 
 
 async def rescue(pool: AsyncConnectionPool, since: datetime | None = None) -> tuple[list[dict[str, Any]], set[int]]:

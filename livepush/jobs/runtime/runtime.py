@@ -294,6 +294,9 @@ class Runtime:
         # claim's reply comes back. Checked again once the claim's jobs have started.
         self._claiming = False
         self._heard_while_claiming: set[int] = set()
+        # A claim statement failed: it may have committed jobs to this runtime whose reply never
+        # came (the connection broke on the way back). Looked for before the next claim.
+        self._claims_unheard = False
         self._host = socket.gethostname()
 
     # -- public ------------------------------------------------------------------------
@@ -753,6 +756,9 @@ class Runtime:
         params: dict[str, Any] = {"excluded": sorted(self.excluded), "runtime_id": self.id}
         limited = [n for n in self.limited if n not in self.excluded]
         self._token_due = None
+        if self._claims_unheard:
+            await self._release_unheard()
+            self._claims_unheard = False
         # Each queue's plain claim is one statement in autocommit: one round trip, no BEGIN/COMMIT.
         conn = await self._claim_connection()
         try:
@@ -789,6 +795,7 @@ class Runtime:
                         rows.extend(claimed)
                         metrics.JOBS_CLAIMED.labels(queue).inc(len(claimed))
         except psycopg.Error as exc:
+            self._claims_unheard = True
             # Earlier queues' claims are committed: those jobs are ours and must run.
             if not rows:
                 raise
@@ -808,6 +815,20 @@ class Runtime:
                 continue
             self._start(job)
         return len(rows)
+
+    async def _release_unheard(self) -> None:
+        """Give back (attempt not spent) the jobs a failed claim committed to this runtime without
+        its reply reaching it: `running` under its id, unknown here, nothing would ever end them
+        while it lives. Every other job running under its id is in hand, or has its outcome
+        waiting in the completer: only this producer claims, and it is here, between claims."""
+        assert self._pool is not None and self._completer is not None and self.id is not None
+        given_back, touched = await maintenance.release_unknown(self._pool, self.id,
+                                                                [*self.in_hand, *self._completer.pending()])
+        if given_back:
+            log.warning("gave back %d jobs a failed claim had taken without its reply reaching this runtime",
+                        given_back)
+        if touched and self._group_progress is not None:
+            self._group_progress.mark(touched)
 
     async def _claim_limited(self, conn: psycopg.AsyncConnection, name: str, queue: str, want: int,
                              rows: list[dict[str, Any]]) -> None:
