@@ -7,6 +7,7 @@ can count how many times each job ran, in which process and attempt.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import math
 import os
@@ -400,6 +401,43 @@ def reports_past_timeout_sync(ctx: Any) -> None:
     with psycopg.connect(database.database_url(), autocommit=True) as conn:
         while not conn.execute("SELECT 1 FROM job_flags WHERE name = 'second'").fetchone():
             time.sleep(0.02)
+
+
+async def _deaf_until(event: threading.Event) -> None:
+    """Wait for `event`, swallowing every cancellation meanwhile."""
+    while not event.is_set():
+        try:
+            await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            pass
+
+
+# Set by a test to let the second attempt of `reports_past_timeout` end; and made by the test on
+# its loop: set by the first attempt once it reported its progress.
+ZOMBIE_END = threading.Event()
+ZOMBIE_REPORTED: asyncio.Event | None = None
+
+
+@jobs.job(name="t.reports_past_timeout", timeout=0.5, max_attempts=2, backoff=lambda attempt: 0.0)
+async def reports_past_timeout(ctx: Any) -> None:
+    """`reports_past_timeout_sync` as an async job deaf to its timeout's cancels: attempt 1 runs on
+    once ended without it, and reports progress once attempt 2 has started; attempt 2 reports its
+    own in the loop turn after that, then runs until ZOMBIE_END is set (or is ended 2 s after its
+    timeout)."""
+    assert ZOMBIE_REPORTED is not None
+    if ctx.attempt == 1:
+        await _deaf_until(ZOMBIE_GO)
+        with contextlib.suppress(asyncio.CancelledError):
+            await ctx.progress(1, None, "attempt 1")
+        ZOMBIE_REPORTED.set()
+        return
+    ZOMBIE_GO.set()
+    while not ZOMBIE_REPORTED.is_set():
+        with contextlib.suppress(asyncio.CancelledError):
+            await ZOMBIE_REPORTED.wait()
+    with contextlib.suppress(asyncio.CancelledError):
+        await ctx.progress(1, 2, "attempt 2")
+    await _deaf_until(ZOMBIE_END)
 
 
 # Set by a test to let `checkpoint_later` go on to its checkpoint.

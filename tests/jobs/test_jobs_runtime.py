@@ -768,6 +768,17 @@ async def test_a_job_started_before_its_runtime_took_fresh_threads_still_runs_sy
         sample_jobs.CHECKPOINT_GO.set()
 
 
+async def attempt_2_progress_shown(job_id: int, timeout: float) -> None:
+    """Returns once the job's state shows its second attempt running, with its progress "attempt 2"."""
+
+    def shown() -> bool:
+        state = jobs.job_state(job_id)
+        return state is not None and state["state"] == "running" and state["attempt"] == 2 \
+            and (state["progress"] or {}).get("message") == "attempt 2"
+
+    await async_wait_for(lambda: asyncio.to_thread(shown), timeout, message="attempt 2's progress to show while it runs")
+
+
 async def test_the_progress_of_a_sync_jobs_timed_out_thread_never_hides_its_next_attempts(jobs_db: str) -> None:
     """A sync job's thread that runs on past its timeout may go on reporting progress: it is
     ignored (the attempt's lease is gone), and it must not keep the job's next attempt, run by the
@@ -777,15 +788,33 @@ async def test_the_progress_of_a_sync_jobs_timed_out_thread_never_hides_its_next
     sample_jobs.ZOMBIE_DONE.clear()
     async with running(concurrency=2):
         h = await sample_jobs.reports_past_timeout_sync.aenqueue()
-
-        def shown() -> bool:
-            state = jobs.job_state(h.id)
-            return state is not None and state["state"] == "running" and state["attempt"] == 2 \
-                and (state["progress"] or {}).get("message") == "attempt 2"
-
-        await async_wait_for(lambda: asyncio.to_thread(shown), 8.0, message="attempt 2's progress to show while it runs")
+        await attempt_2_progress_shown(h.id, 8.0)
         q(jobs_db, "INSERT INTO job_flags VALUES ('second')")
         await wait_state(h.id, "succeeded")
+
+
+async def test_the_progress_of_an_async_job_ended_without_its_task_never_hides_its_next_attempts(
+        jobs_db: str) -> None:
+    """An async job deaf to its timeout's cancels is ended without its task, which runs on and may
+    go on reporting progress: it is ignored, as a sync job's thread's is, and must not keep the
+    job's next attempt, run by the same runtime meanwhile, from having its own progress shown
+    while it runs (here, within the 2.5 s its own timeout and grace leave it)."""
+    sample_jobs.ZOMBIE_GO.clear()
+    sample_jobs.ZOMBIE_REPORTED = asyncio.Event()
+    sample_jobs.ZOMBIE_END.clear()
+    try:
+        async with running(concurrency=2):
+            h = await sample_jobs.reports_past_timeout.aenqueue()
+            await attempt_2_progress_shown(h.id, 10.0)
+            sample_jobs.ZOMBIE_END.set()
+
+            def ended() -> bool:  # succeeded, or failed by its timeout if it ran for more than 0.5 s
+                state = jobs.job_state(h.id)
+                return state is not None and state["state"] in ("succeeded", "failed")
+
+            await async_wait_for(lambda: asyncio.to_thread(ended), 10.0, message="attempt 2 to end")
+    finally:
+        sample_jobs.ZOMBIE_END.set()
 
 
 # Makes a claim of a job on the queue "second" wait while a test holds the advisory lock 727: a

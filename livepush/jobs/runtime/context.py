@@ -205,6 +205,12 @@ class JobContext:
         self._record(progress_value(done, total, message))
 
     def _record(self, value: dict[str, Any]) -> None:
+        if self.released:
+            # Given back, or ended without its task (an async job deaf to its cancels, which runs
+            # on): its lease is gone. Queued, it took the job's place in the completer's progress
+            # queue (one per job id), keeping out the progress of the job's next attempt, should
+            # this runtime run that meanwhile.
+            return
         # Stored with its attempt: the row keeps it after the attempt ends (`retrying` shows how
         # far it got), and the view hides it from the next attempt (events.views.job_view).
         self.latest = {**value, "attempt": self.job.attempt}
