@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 import os
@@ -278,3 +279,38 @@ def test_a_job_function_with_a_keyword_only_parameter_it_cannot_be_given_fails_a
     assert "t.send" not in jobs.REGISTRY
     fine = jobs.job(name="t.send_default")(send_default)
     assert fine.enqueue(1).id and jobs.drain(registry=jobs.REGISTRY) == {"succeeded": 1}
+
+
+async def _send(ctx: object, to: str, template: str = "plain") -> str:
+    return f"{template} to {to}"
+
+
+class _AsyncCallable:
+    """A job function as an object whose __call__ is async."""
+
+    async def __call__(self, ctx: object, to: str) -> str:
+        await asyncio.sleep(0)
+        return f"called for {to}"
+
+
+@pytest.mark.parametrize("func", [functools.partial(_send, template="welcome"), _AsyncCallable()],
+                         ids=["partial", "object"])
+def test_a_job_function_with_no_qualname_needs_a_name_and_says_so(func: object) -> None:
+    """A job's name defaults to its function's module and qualname. A functools.partial or a
+    callable object has no qualname: the decorator raised a bare AttributeError about
+    `__qualname__`. A ConfigError saying to pass name=, and with a name the job runs."""
+    with pytest.raises(ConfigError, match=r"@jobs\.job\(name=\) .*no __qualname__"):
+        jobs.job(func)  # type: ignore[arg-type]
+
+
+def test_an_object_whose_call_is_async_runs_as_an_async_job(jobs_db: str) -> None:
+    """A callable object whose __call__ is `async def` is an async job: it runs on the loop and
+    its result is what its coroutine returns. Taken for a sync function, it ran in a thread and
+    returned its coroutine unrun, and the job failed."""
+    job = jobs.job(name="t.async_object")(_AsyncCallable())  # type: ignore[arg-type]
+    partial = jobs.job(name="t.async_partial")(functools.partial(_send, template="welcome"))
+    assert job.is_async and partial.is_async
+    first, second = job.enqueue("a@example.com"), partial.enqueue("b@example.com")
+    assert jobs.drain(registry=jobs.REGISTRY) == {"succeeded": 2}
+    assert jobs.get_job(first.id).result == "called for a@example.com"  # type: ignore[union-attr]
+    assert jobs.get_job(second.id).result == "welcome to b@example.com"  # type: ignore[union-attr]

@@ -58,6 +58,17 @@ def _check_never_retry(never_retry: Any) -> tuple[type[BaseException], ...]:
     return classes
 
 
+def _default_name(func: Callable[..., Any]) -> str:
+    """A job's name when the decorator is given none: its function's module and qualname."""
+    qualname = getattr(func, "__qualname__", None)
+    if not isinstance(qualname, str):
+        # A functools.partial or a callable object: its type's names would be every such job's.
+        raise ConfigError(f"@jobs.job(name=) is needed for {func!r:.80}: it has no __qualname__ to name the job by "
+                          "(a functools.partial or a callable object); give the job a name, e.g. "
+                          "@jobs.job(name=\"myapp.send_welcome\")")
+    return f"{func.__module__}.{qualname}"
+
+
 class JobFunction:
     """What `@jobs.job` returns: still callable as the plain function, plus enqueue."""
 
@@ -89,7 +100,7 @@ class JobFunction:
                                     or not timeout > 0):  # NaN too
             raise ArgumentValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
         self.func = func
-        self.name = check_name(name or f"{func.__module__}.{func.__qualname__}", "@jobs.job(name=)")
+        self.name = check_name(name or _default_name(func), "@jobs.job(name=)")
         self.queue = queue
         self.priority = priority
         self.max_attempts = max_attempts
@@ -116,7 +127,11 @@ class JobFunction:
             raise ConfigError(f"@jobs.job: {self.name} has keyword-only parameters without a default "
                               f"({', '.join(keywords)}), but a job's arguments are passed by position after ctx: "
                               "make them positional, or give them a default")
-        self.is_async = inspect.iscoroutinefunction(func)
+        # An object whose __call__ is `async def` too: taken for a sync function, it ran in a
+        # thread and returned its coroutine unrun.
+        self.is_async = inspect.iscoroutinefunction(func) or (
+            not inspect.isroutine(func) and not isinstance(func, type)
+            and inspect.iscoroutinefunction(getattr(func, "__call__", None)))
         self.__name__ = getattr(func, "__name__", self.name)
         self.__qualname__ = getattr(func, "__qualname__", self.name)
         self.__doc__ = func.__doc__
