@@ -9,15 +9,17 @@ import traceback
 _OURS = os.path.dirname(os.path.abspath(__file__))
 
 
-def where_raised(exc: BaseException) -> str:
+def where_raised(exc: BaseException, *, top_level: bool = False) -> str:
     """"file:line" of the innermost frame of `exc` outside livepush and the import machinery; for
-    a SyntaxError, the line the compiler names (no frame of the module is in its traceback)."""
+    a SyntaxError, the line the compiler names (no frame of the module is in its traceback).
+    `top_level`: of the frames running a module's top level only (the line of the module that
+    called, say, argparse, rather than argparse's own)."""
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"{os.path.relpath(exc.filename)}:{exc.lineno}"
     where = generated = "unknown line"
     for frame, line in traceback.walk_tb(exc.__traceback__):
         path = frame.f_code.co_filename
-        if path.startswith((_OURS + os.sep, "<frozen")):
+        if path.startswith((_OURS + os.sep, "<frozen")) or (top_level and frame.f_code.co_name != "<module>"):
             continue
         if path.startswith("<"):
             # Code made at run time (a dataclass's __init__, "<string>:5", calling livepush.Allow's

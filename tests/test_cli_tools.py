@@ -170,6 +170,22 @@ def test_a_job_module_that_is_found_but_breaks_at_import_names_its_own_line(proc
     assert "'broken_jobs'" in err[0] and says in err[0] and "check the name" not in err[0], err
 
 
+@pytest.mark.parametrize("exits", ["sys.exit(0)", "sys.exit('FOO is not set')",
+                                   "argparse.ArgumentParser().parse_args(['--not-an-option'])"])
+def test_a_job_module_that_exits_at_import_exits_2_naming_its_line(procs, livepush_env, pg_url, tmp_path,
+                                                                 exits: str) -> None:
+    """A job module that exits when imported (a script's code left at module level: sys.exit(),
+    argparse) ended the runtime as it said: with sys.exit(0), status 0 and not a word, as after a
+    clean stop. It exits 2 with a line naming the module and its own line (not argparse's), and
+    saying what to change."""
+    (tmp_path / "exiting_jobs.py").write_text(f"import argparse\nimport sys\n\n{exits}\n")
+    child = _jobs_from(procs, tmp_path, "exiting_jobs", livepush_env(database_url=pg_url))
+    assert child.wait(20) == 2, child.output()
+    err = child.stderr().strip().splitlines()
+    assert "Traceback" not in child.output(), child.output()
+    assert "'exiting_jobs'" in err[-1] and "(exiting_jobs.py:4)" in err[-1] and "__main__" in err[-1], err
+
+
 def test_a_typo_in_a_job_module_path_says_to_check_the_name(procs, livepush_env, pg_url) -> None:
     """A module path with a typo in its last part exits 2 with one line naming it and what to check."""
     child = procs.livepush("jobs", "tests.jobs.sample_jbos", env=livepush_env(database_url=pg_url))

@@ -123,6 +123,13 @@ def load_modules(modules: Iterable[str]) -> None:
         except Exception as exc:  # noqa: BLE001 - whatever the module raises, said in one line
             raise ConfigError(f"job module {name!r} failed at import ({where_raised(exc)}): "
                               f"{what_raised(exc)}") from exc
+        except SystemExit as exc:
+            # A script's code left at module level (sys.exit(), argparse): it ended the runtime as
+            # it said, with sys.exit(0) silently and with status 0, as if it had stopped cleanly.
+            raise ConfigError(f"job module {name!r} exited at import ({where_raised(exc, top_level=True)}): "
+                              f"sys.exit({exc.code!r}); "
+                              "a job module is imported by the runtime, so it must not exit: move that code "
+                              "under `if __name__ == \"__main__\":`") from exc
 
 
 def _a_path(name: str) -> ConfigError:
