@@ -369,9 +369,12 @@ WITH outcome AS (
     WHERE p.id = m.id AND m._write
 ), rung AS (
     -- The outcomes' versions, and the `started` versions of jobs claimed since the last batch that
-    -- are not among them (a job's final ring makes its `started` one pointless).
+    -- are not among them (a job's final ring makes its `started` one pointless). And the runtimes'
+    -- doorbell when a job is available again (given back, at once): as an enqueue rings it, or
+    -- idle runtimes would find it only at their next poll.
     SELECT livepush_state_changed(array_agg('job:' || r.id ORDER BY r.id), array_agg(r.version ORDER BY r.id))
-           + {_STARTED_RING} AS n
+           + {_STARTED_RING}
+           + CASE WHEN bool_or(r.state = 'available') THEN livepush_jobs_ready() ELSE 0 END AS n
     FROM moved r
 )
 """
@@ -551,8 +554,12 @@ WITH moved AS (
     -- A cancelled one keeps how far it got, as a final state.
     UPDATE livepush_job_payloads p SET progress = NULL
     FROM moved m WHERE p.id = m.id AND m.state = 'available' AND p.progress IS NOT NULL
-), rung AS ({ring("moved")})
-SELECT m.id, m.state, m.group_id, m.workflow_id FROM moved m CROSS JOIN rung ORDER BY m.id
+), rung AS ({ring("moved")}
+), ready AS (
+    -- The runtimes' doorbell, for the jobs available again (as COMPLETE rings it).
+    SELECT CASE WHEN bool_or(m.state = 'available') THEN livepush_jobs_ready() END AS _rang FROM moved m
+)
+SELECT m.id, m.state, m.group_id, m.workflow_id FROM moved m CROSS JOIN rung CROSS JOIN ready ORDER BY m.id
 """
 
 # name: cancel

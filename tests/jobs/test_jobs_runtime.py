@@ -594,6 +594,29 @@ async def test_a_claim_whose_reply_was_lost_is_given_back_once_the_runtime_claim
     assert q(jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s AND phase = 'start'", (known.id,)) == [(1,)]
 
 
+async def test_a_job_given_back_by_a_draining_runtime_wakes_an_idle_one_at_once(jobs_db: str) -> None:
+    """A job a draining runtime gives back at the end of its shutdown timeout is available again at
+    once, and an idle runtime is rung for it, as for an enqueue: it waited for that runtime's next
+    poll (here 60 s)."""
+    holder = Runtime(REGISTRY, queues=["default"], heartbeat=0.3, shutdown_timeout=0.1, install_signals=False)
+    task = asyncio.create_task(holder.run())
+    try:
+        await holder.wait_started()
+        h = await sample_jobs.wait_flag.aenqueue("go")
+        await async_wait_for(lambda: h.id in holder.in_hand, 5.0, message="the job in hand")
+        async with running(queues=["default"], poll_interval=60.0) as idle:
+            await async_wait_for(lambda: idle._claim_conn is not None, 5.0, message="the idle runtime's first claim")
+            holder.stop()
+            await asyncio.wait_for(task, 10.0)
+            await async_wait_for(lambda: h.id in idle.in_hand, 10.0, message="the idle runtime to take the job")
+            q(jobs_db, "INSERT INTO job_flags VALUES ('go')")
+            await wait_state(h.id, "succeeded")
+    finally:
+        if not task.done():
+            holder.stop(now=True)
+            await asyncio.wait_for(task, 10.0)
+
+
 async def test_a_cancel_confirmed_in_the_loop_turn_its_job_started_still_stops_it(
         jobs_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cancel the heartbeat confirms in the very loop turn that started the job (the claim's
