@@ -48,6 +48,29 @@ def test_json_lines_are_one_object_each_with_the_error_and_its_traceback() -> No
     assert entry["time"].endswith("+00:00")
 
 
+FORGED = "2026-01-01 00:00:00,000 ERROR livepush.server: forged"
+
+
+def test_in_text_a_record_is_one_line_whatever_the_data_it_quotes() -> None:
+    """A job's error quoting its arguments (a newline, a terminal escape) forges no log line and
+    drives no terminal, and a traceback's lines stay indented under their record."""
+    formatter = logs.Scrubbed(logs.TEXT_FORMAT)
+    error = ValueError(f"bad row\n{FORGED}\x1b[2J")
+    record = logging.LogRecord("livepush.jobs", logging.WARNING, __file__, 1, "job %s (%s): %s",
+                               (7, "import_row", error), None)
+    line = formatter.format(record)
+    assert "\n" not in line and "\x1b" not in line
+    assert line.endswith("bad row\\n" + FORGED + "\\x1b[2J")
+    try:
+        raise error
+    except ValueError:
+        record = logging.LogRecord("livepush.jobs", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    head, *traceback = formatter.format(record).split("\n")
+    assert head.endswith("livepush.jobs: failed") and traceback
+    assert all(line.startswith(logs.CONTINUED) for line in traceback), traceback
+    assert "\x1b" not in "".join(traceback)
+
+
 async def test_serve_logs_json_lines_without_the_tokens_clients_sent(procs, livepush_env, pg_url, secret) -> None:
     env = livepush_env(database_url=pg_url, authenticate="required")
     server = procs.livepush("serve", "--log-format", "json", env=env)

@@ -37,11 +37,35 @@ def scrub(text: str) -> str:
     return text
 
 
+def printable(text: str) -> str:
+    """`text` with each character a terminal would act on (newlines, escape sequences, bidi
+    overrides) written as its Python escape: what it quotes may be the application's data (a job's
+    error naming its arguments, a tag), and none may forge a line or drive the operator's terminal."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+# What starts each line of a traceback under its record's line: only a record's own line starts at
+# the margin, so an exception whose message holds a newline cannot pass its next line off as a record.
+CONTINUED = "  "
+
+
+def _continued(text: str) -> str:
+    return "\n".join(CONTINUED + printable(line) for line in text.split("\n"))
+
+
 class Scrubbed(logging.Formatter):
-    """Formats as its parent does, then removes credentials from the whole line."""
+    """Formats as its parent does, then removes credentials from the whole record. A record is one
+    line (its message quotes data: a job's error holding its arguments), and the lines of a
+    traceback under it are indented."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return scrub(super().format(record))
+        # The record's line holds no newline (formatMessage): what follows the first one is the
+        # traceback or stack, however it was formatted (another handler may have cached it).
+        line, newline, rest = super().format(record).partition("\n")
+        return scrub(line + (newline + _continued(rest) if newline else ""))
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
 
 
 class JsonLines(logging.Formatter):

@@ -26,6 +26,7 @@ from ..postgres.connect import redact
 from ..postgres.listener import listening_backends
 from ..redis.client import deployment_prefix, listener_name
 from ..redis.subscriber import subscribed_clients
+from .logs import printable
 
 SERVERS_NOTE = "each server's own view: GET /readyz on its port (what a load balancer should ask)"
 
@@ -101,13 +102,6 @@ def duration(seconds: float) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
-def printable(text: str) -> str:
-    """`text` with each character a terminal would act on (newlines, escape sequences, bidi
-    overrides) written as its Python escape: tags and queue names are the application's data,
-    and none may forge a line of the report or drive the operator's terminal."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: frozenset[int] = frozenset()) -> list[str]:
