@@ -212,11 +212,24 @@ def set_queue_gauges(depths: dict[str, tuple[int, float | None]], runtimes_alive
     DATABASE_GAUGES.runtimes_alive = runtimes_alive
 
 
+# Connections serve() holds at once, at most; past it a new one is closed as it comes. A scraper
+# asks one request at a time, and a connection that sends nothing is held until its request times
+# out: without a cap, a flood of silent connections took every file descriptor of the runtime, which
+# could then open no database connection.
+SCRAPES_AT_ONCE = 16
+
+
 async def serve(host: str, port: int, refreshers: Sequence[Refresher] = ()) -> asyncio.Server:
     """A minimal HTTP server answering GET /metrics (and /healthz with 200), for a process that
     has no HTTP port of its own (the job runtime's `--metrics-port`)."""
+    held = 0
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal held
+        if held >= SCRAPES_AT_ONCE:
+            writer.transport.abort()
+            return
+        held += 1
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5.0)
             method, _, rest = head.partition(b" ")
@@ -239,6 +252,7 @@ async def serve(host: str, port: int, refreshers: Sequence[Refresher] = ()) -> a
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             pass  # a scraper that went away or sent no request: nothing to answer
         finally:
+            held -= 1
             writer.close()
 
     return await asyncio.start_server(handle, host, port, limit=16 * 1024)

@@ -240,6 +240,28 @@ def open_files(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+async def most_files_held_in_a_flood(pid: int, port: int) -> int:
+    """The most descriptors process `pid` held while SMALL_FILE_LIMIT + 100 connections to `port`
+    sent nothing. It accepts what the kernel queued for it within a few turns of its loop; each
+    silent connection may be held until its request times out (5 s or more), past this wait."""
+    flood: list[socket.socket] = []
+    try:
+        for _ in range(SMALL_FILE_LIMIT + 100):
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", port))
+            flood.append(sock)
+        deadline = time.monotonic() + 3
+        most = 0
+        while time.monotonic() < deadline:
+            most = max(most, open_files(pid))
+            await asyncio.sleep(0.05)
+        return most
+    finally:
+        for sock in flood:
+            sock.close()
+
+
 async def test_a_flood_of_silent_connections_leaves_the_server_descriptors_of_its_own(
     procs: Processes, livepush_env: Callable[..., dict[str, str]], secret: str
 ) -> None:
@@ -256,27 +278,30 @@ async def test_a_flood_of_silent_connections_leaves_the_server_descriptors_of_it
     client = await WSClient.open(f"ws://127.0.0.1:{port}/")
     topic = "room:flood"
     assert (await client.subscribe(topics.sign(topic, (secret,))))["op"] == "subscribed"
-    flood: list[socket.socket] = []
-    try:
-        for _ in range(SMALL_FILE_LIMIT + 100):
-            sock = socket.socket()
-            sock.setblocking(False)
-            sock.connect_ex(("127.0.0.1", port))
-            flood.append(sock)
-        # The server accepts what the kernel queued for it within a few turns of its loop; each
-        # silent connection is held until the open timeout (10 s), far past this wait.
-        deadline = time.monotonic() + 3
-        most = 0
-        while time.monotonic() < deadline:
-            most = max(most, open_files(server.pid))
-            await asyncio.sleep(0.05)
-        assert most <= SMALL_FILE_LIMIT - 64, f"the server held {most} of its {SMALL_FILE_LIMIT} descriptors"
-    finally:
-        for sock in flood:
-            sock.close()
+    most = await most_files_held_in_a_flood(server.pid, port)
+    assert most <= SMALL_FILE_LIMIT - 64, f"the server held {most} of its {SMALL_FILE_LIMIT} descriptors"
     await client.send({"op": "ping", "ref": "still here"})
     assert await client.recv() == {"op": "pong", "ref": "still here"}
     await client.close()
+
+
+async def test_a_flood_of_silent_connections_to_the_runtimes_metrics_port_leaves_it_descriptors(
+    procs: Processes, livepush_env: Callable[..., dict[str, str]], pg_url: str
+) -> None:
+    """The job runtime's `--metrics-port` is exposed to whoever can scrape it: a client that opens
+    connection after connection there and sends nothing never takes the descriptors the runtime
+    needs for its database connections, and a scrape once the flood ends is answered."""
+    env = livepush_env(database_url=pg_url)
+    port = int(env["LIVEPUSH_PORT"])
+    limited = ("import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, ({0}, {0})); "
+               "from livepush.cli.main import main; sys.argv[0] = 'livepush'; sys.exit(main())").format(SMALL_FILE_LIMIT)
+    runtime = procs.start([sys.executable, "-c", limited, "jobs", "tests.jobs.sample_jobs", "--metrics-port", str(port)],
+                          env=env, port=port, name="livepush jobs")
+    await runtime.await_healthy()
+    most = await most_files_held_in_a_flood(runtime.pid, port)
+    assert most <= SMALL_FILE_LIMIT - 64, f"the runtime held {most} of its {SMALL_FILE_LIMIT} descriptors"
+    await runtime.await_healthy(path="/metrics")
+    assert runtime.stop(timeout=15) == 0, runtime.output()
 
 
 async def test_the_connection_budget_counts_the_file_limit_that_serve_raised(
