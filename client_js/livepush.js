@@ -1093,7 +1093,12 @@ export class LivePush {
     const rescheduled = status === Status.RECONNECTING && info.delayMs !== undefined;
     if (!changed && !rescheduled) return;
     this._status = status;
-    for (const fn of [...(this._listeners.get('status') ?? [])]) this._call(fn, status, info);
+    for (const fn of [...(this._listeners.get('status') ?? [])]) {
+      // A listener that changed the status (close() on `reconnecting`) has had every listener
+      // told the new one: the old one, handed on, would leave the later ones showing it.
+      if (this._status !== status) break;
+      this._call(fn, status, info);
+    }
   }
 
   /**

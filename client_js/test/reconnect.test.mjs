@@ -332,6 +332,23 @@ test('close() stops everything: no timers, no reconnect, listeners removed', () 
   assert.equal(h.sockets.length, 1);
 });
 
+test('close() in a status listener leaves every listener on closed, none on the status it replaced', () => {
+  const h = harness();
+  // A page that gives up after a few failed attempts, and an indicator registered after it.
+  h.lp.on('status', (status, info) => {
+    if (status === 'reconnecting' && info.tries >= 2) h.lp.close();
+  });
+  let shown = null;
+  h.lp.on('status', (status) => (shown = status));
+  h.last().serverClose(1006);
+  h.clock.advance(h.clock.pending()[0]);
+  h.last().serverClose(1006);
+  assert.equal(h.lp.status, 'closed');
+  assert.equal(shown, 'closed');
+  assert.equal(h.statuses.at(-1).status, 'closed');
+  assert.deepEqual(h.clock.pending(), []);
+});
+
 test('the token goes in Sec-WebSocket-Protocol, never the URL, and a token function is asked on every connect', () => {
   let n = 0;
   const h = harness({ token: () => `tok-${++n}` });
