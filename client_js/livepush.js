@@ -120,6 +120,12 @@ const MAX_OFFSET_LENGTH = 100;
 /** The longest topic the server takes: a signed one (a plain topic is at most 200 characters). */
 const MAX_TOPIC_LENGTH = 400;
 
+/**
+ * The longest delay a timer holds: browsers and Node run one set any longer at once, so a
+ * `reconnectAfterMs` meaning "wait for ever" would retry in a tight loop.
+ */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
 /** WebSocket.OPEN; spelled out so a fake WebSocket class need not define it. */
 const WS_OPEN = 1;
 
@@ -1131,7 +1137,8 @@ export class LivePush {
    * The delay before retry number `tries`, from the user's `reconnectAfterMs`. It is a user
    * callback: if it throws or gives no usable delay, the default backoff applies, since a
    * missing delay would leave the client without a next attempt and NaN or a negative delay
-   * would retry at once, hammering the server.
+   * would retry at once, hammering the server. A delay past what a timer holds waits that long
+   * instead, for the same reason.
    * @param {number} tries
    * @returns {number}
    */
@@ -1147,7 +1154,7 @@ export class LivePush {
       this._report({ reason: 'handler_error', detail: `reconnectAfterMs(${tries}) gave ${String(ms)}, not a delay in milliseconds` });
       return defaultReconnectAfterMs(tries, this._random);
     }
-    return ms;
+    return Math.min(ms, MAX_TIMER_MS);
   }
 }
 

@@ -393,6 +393,18 @@ test('an onError that throws on a failed connect attempt does not stop the recon
   h.lp.close();
 });
 
+test('a reconnectAfterMs longer than a timer holds waits the longest one, never retrying at once', () => {
+  // Browsers and Node run a timer set past 2^31 - 1 ms at once: "wait for ever" would hammer.
+  const h = harness({ reconnectAfterMs: () => Number.MAX_SAFE_INTEGER });
+  h.last().hello();
+  h.last().serverClose(1006);
+  assert.equal(h.lp.status, 'reconnecting');
+  assert.deepEqual(h.clock.pending(), [2 ** 31 - 1]);
+  assert.equal(h.statuses.at(-1).delayMs, 2 ** 31 - 1);
+  assert.deepEqual(h.errors, []);
+  h.lp.close();
+});
+
 test('a reconnectAfterMs that throws or returns no number falls back to the default backoff', () => {
   for (const broken of [() => { throw new Error('bug in the app'); }, () => undefined, () => NaN, () => -1]) {
     const h = harness({ random: MID, reconnectAfterMs: broken });
