@@ -821,7 +821,18 @@ export class LivePush {
    * @returns {string[]}
    */
   _protocols() {
-    const token = typeof this._token === 'function' ? this._token() : this._token;
+    const source = this._token;
+    const asked = typeof source === 'function';
+    /** @type {unknown} */
+    const token = typeof source === 'function' ? source() : source;
+    if (token !== null && token !== undefined && typeof token !== 'string') {
+      // An async token function is the usual slip: its Promise would go out as the token
+      // "[object Promise]", which the browser refuses in a message that does not say why.
+      const what = asked ? 'the token function returned' : 'options.token is';
+      throw new TypeError(typeof (/** @type {any} */ (token)).then === 'function'
+        ? `${what} a Promise: return the token itself, a string (fetch it before connecting, and keep the renewed one at hand for the reconnects)`
+        : `${what} ${typeof token}: a token is a string (or null for none)`);
+    }
     return token ? [SUBPROTOCOL, TOKEN_SUBPROTOCOL + token] : [SUBPROTOCOL];
   }
 

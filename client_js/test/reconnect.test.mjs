@@ -360,6 +360,16 @@ test('the token goes in Sec-WebSocket-Protocol, never the URL, and a token funct
   h.lp.close();
 });
 
+test('a token function that returns a Promise is reported as such, and no socket goes out with it', () => {
+  const h = harness({ token: async () => 'tok' });
+  assert.equal(h.sockets.length, 0, 'no handshake offers "livepush.token.[object Promise]"');
+  assert.equal(h.lp.status, 'reconnecting');
+  assert.equal(h.errors.length, 1);
+  assert.equal(h.errors[0].reason, 'connect_failed');
+  assert.match(h.errors[0].detail, /token function returned a Promise: return the token itself/);
+  h.lp.close();
+});
+
 test('without a token the client still offers the livepush subprotocol', () => {
   const h = harness({});
   assert.deepEqual(h.last().protocols, ['livepush']);
