@@ -54,7 +54,8 @@ export interface StatusInfo {
 
 export interface LivePushError {
   /** A server `error` frame's reason ("bad_frame", "unknown_op", ...), "handler_error" when a
-   * callback of yours threw, "invalid_frame" for a non-JSON frame, "connect_failed". */
+   * callback of yours threw, "invalid_frame" for a non-JSON frame, "connect_failed", "refused"
+   * for a refused subscription that has no onRefused. */
   reason: string;
   detail?: string;
   error?: unknown;

@@ -115,6 +115,20 @@ export const Status = Object.freeze({
  */
 const TRANSIENT_REFUSALS = new Set(['unavailable']);
 
+/**
+ * What a page can do about a refusal: said to onError when the subscription has no onRefused,
+ * since the server logs client mistakes at debug level only, and a refusal nobody hears leaves
+ * a page that shows nothing with no clue why.
+ * @type {Readonly<Record<string, string>>}
+ */
+const REFUSAL_HINTS = Object.freeze({
+  forbidden: 'no rule on the server allows it for this session: add one, or subscribe to a signed topic (sign_topic)',
+  invalid_signature: "the signature does not match: pass the signed topic as sign_topic() made it, with the server's LIVEPUSH_SECRET",
+  expired: 'the signed topic ran out of time: render a fresh one (the page reloads with one)',
+  invalid_topic: 'not a topic: 1 to 200 of [A-Za-z0-9_.:/-]; job:, group: and workflow: take a plain decimal id and a server with a database',
+  limit: 'the connection holds as many subscriptions as the server takes: unsubscribe from what the page no longer shows',
+});
+
 /** The longest `since` the server reads (docs/protocol.md); offsets are far shorter. */
 const MAX_OFFSET_LENGTH = 100;
 /** The longest topic the server takes: a signed one (a plain topic is at most 200 characters). */
@@ -507,6 +521,11 @@ export class Subscription {
     this._state = 'refused';
     const cb = this._options.onRefused;
     if (cb) this._client._call(cb, reason, { topic: this.topic });
+    else {
+      // The plain topic: a signed one's signature is the permission, and this may reach a log.
+      const hint = REFUSAL_HINTS[reason] ?? 'pass onRefused to handle it';
+      this._client._report({ reason: 'refused', detail: `subscribe to ${this.plainTopic} refused: ${reason}: ${hint}` });
+    }
   }
 }
 
@@ -609,7 +628,8 @@ class Registry {
  * @typedef {object} LivePushError
  * @property {string} reason "bad_frame", "unknown_op", ... from a server `error` frame, or
  *   "handler_error" when one of your callbacks threw, or "invalid_frame" for an unparsable
- *   frame from the server
+ *   frame from the server, or "connect_failed" when a connection could not even be attempted,
+ *   or "refused" for a refused subscription that has no onRefused
  * @property {string} [detail]
  * @property {unknown} [error] the exception, for "handler_error"
  */

@@ -182,6 +182,25 @@ test('a refused subscription calls onRefused and is never resent', () => {
   h.lp.close();
 });
 
+test('a refusal the page has no onRefused for reaches onError, saying what to do; one it handles does not', () => {
+  const h = harness();
+  collect(h.lp, 'team:7');
+  collect(h.lp, 'job:42~expired-signature');
+  collect(h.lp, 'secret:x', { onRefused: () => {} });
+  const ws = h.last();
+  ws.hello();
+  const [team, job, secret] = ws.frames('subscribe');
+  ws.receive({ op: 'refused', ref: team.ref, reason: 'forbidden' });
+  ws.receive({ op: 'refused', ref: job.ref, reason: 'expired' });
+  ws.receive({ op: 'refused', ref: secret.ref, reason: 'forbidden' });
+  assert.deepEqual(h.errors.map((e) => e.reason), ['refused', 'refused']);
+  assert.match(h.errors[0].detail, /^subscribe to team:7 refused: forbidden: no rule on the server allows it/);
+  // The signature is the permission: it stays out of what may reach a log.
+  assert.match(h.errors[1].detail, /^subscribe to job:42 refused: expired: .*render a fresh one/);
+  assert.doesNotMatch(h.errors[1].detail, /expired-signature/);
+  h.lp.close();
+});
+
 test('a transient refusal (unavailable) is retried with backoff, not dropped', () => {
   const h = harness({ random: () => 0.5 });
   const refused = [];
