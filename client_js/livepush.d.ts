@@ -87,9 +87,12 @@ export interface WebSocketLike {
   readyState: number;
   send(data: string): void;
   close(code?: number, reason?: string): void;
-  onmessage: ((ev: { data: any }) => void) | null;
-  onclose: ((ev: { code?: number; reason?: string }) => void) | null;
-  onerror: ((ev: unknown) => void) | null;
+  // The client sets these and reads `data` of a message event and `code` and `reason` of a close
+  // event. Typed `any`: a handler property typed with the narrower event would refuse the
+  // browser's own WebSocket (and Node's `ws`), whose handlers take their full event classes.
+  onmessage: ((ev: any) => void) | null;
+  onclose: ((ev: any) => void) | null;
+  onerror: ((ev: any) => void) | null;
 }
 
 export interface EventTargetLike {

@@ -1,0 +1,24 @@
+// What a TypeScript page writes against livepush.d.ts; types.test.mjs type-checks it.
+import { LivePush, bindProgress, CloseCode, Status, type Subscription } from '../../livepush.js';
+
+const lp = new LivePush('wss://push.example.com/', {
+  token: () => sessionStorage.getItem('push-token'),
+  onError: (err) => console.warn(err.reason, err.detail),
+  // The injectable parts take what the platform has: the browser's own WebSocket class.
+  WebSocket,
+  document,
+  window,
+});
+
+lp.on('status', (status, info) => {
+  if (status === Status.UNAUTHORIZED && info.code === CloseCode.REVOKED) location.href = '/login';
+});
+
+const sub: Subscription = lp.subscribe<{ text: string }>('chat:lobby', (data, { offset }) => {
+  console.log(data.text, offset);
+}, { since: null, onReset: () => location.reload(), onRefused: (reason, { topic }) => console.warn(topic, reason) });
+sub.unsubscribe();
+
+const element = document.getElementById('import');
+if (element) bindProgress(lp, 'job:42~signature', element, { onFinish: (view) => console.log(view.state) }).unsubscribe();
+lp.close();
