@@ -55,6 +55,8 @@ export const CONNECT_TIMEOUT_MS = 10_000;
 /** The subprotocol the server selects; a token travels beside it as `livepush.token.<token>`. */
 export const SUBPROTOCOL = 'livepush';
 const TOKEN_SUBPROTOCOL = 'livepush.token.';
+/** What a subprotocol can carry: an HTTP token (RFC 7230, section 3.2.6). */
+const SUBPROTOCOL_CHARS = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
 /**
  * How long a ping may go unanswered on top of the heartbeat before the connection is declared
  * dead; also all a waking page gives the server to answer the ping it sends at once.
@@ -852,6 +854,12 @@ export class LivePush {
       throw new TypeError(typeof (/** @type {any} */ (token)).then === 'function'
         ? `${what} a Promise: return the token itself, a string (fetch it before connecting, and keep the renewed one at hand for the reconnects)`
         : `${what} ${typeof token}: a token is a string (or null for none)`);
+    }
+    if (token && !SUBPROTOCOL_CHARS.test(token)) {
+      // The browser would refuse it with a SyntaxError that quotes the token into the console,
+      // on every retry; this says what is wrong without it.
+      throw new TypeError('the token has characters a WebSocket subprotocol cannot carry (whitespace, such as the newline '
+        + 'ending a response body, quotes or commas): pass it exactly as livepush.sessions.issue() made it');
     }
     return token ? [SUBPROTOCOL, TOKEN_SUBPROTOCOL + token] : [SUBPROTOCOL];
   }

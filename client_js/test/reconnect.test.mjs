@@ -370,6 +370,18 @@ test('a token function that returns a Promise is reported as such, and no socket
   h.lp.close();
 });
 
+test('a token a subprotocol cannot carry is reported without the token, and no socket goes out with it', () => {
+  // A token read from a response body often ends in a newline; the browser would refuse it with
+  // a SyntaxError quoting the whole token, on every retry.
+  const h = harness({ token: 'secret-session-token\n' });
+  assert.equal(h.sockets.length, 0);
+  assert.equal(h.errors.length, 1);
+  assert.equal(h.errors[0].reason, 'connect_failed');
+  assert.match(h.errors[0].detail, /the token has characters a WebSocket subprotocol cannot carry/);
+  assert.doesNotMatch(h.errors[0].detail, /secret-session-token/);
+  h.lp.close();
+});
+
 test('without a token the client still offers the livepush subprotocol', () => {
   const h = harness({});
   assert.deepEqual(h.last().protocols, ['livepush']);
