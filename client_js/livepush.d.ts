@@ -55,7 +55,7 @@ export interface StatusInfo {
 export interface LivePushError {
   /** A server `error` frame's reason ("bad_frame", "unknown_op", ...), "handler_error" when a
    * callback of yours threw, "invalid_frame" for a non-JSON frame, "connect_failed", "refused"
-   * for a refused subscription that has no onRefused. */
+   * for a refused subscription that has no onRefused, "reset" for a reset one has no onReset for. */
   reason: string;
   detail?: string;
   error?: unknown;

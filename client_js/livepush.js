@@ -490,6 +490,13 @@ export class Subscription {
     if (this._standing !== null) this._offset = this._standing;
     const onReset = this._options.onReset;
     if (onReset) this._client._call(onReset, this.plainTopic);
+    else {
+      // Unheard, a reset leaves the page showing a view with a hole in it and no clue why.
+      this._client._report({
+        reason: 'reset',
+        detail: `${this.plainTopic}: messages were missed (the page was away longer than the server keeps history, or fell behind): pass onReset to refetch what the page shows`,
+      });
+    }
   }
 
   /** @param {{topic?: string, offset?: string | null}} frame */
@@ -631,7 +638,8 @@ class Registry {
  * @property {string} reason "bad_frame", "unknown_op", ... from a server `error` frame, or
  *   "handler_error" when one of your callbacks threw, or "invalid_frame" for an unparsable
  *   frame from the server, or "connect_failed" when a connection could not even be attempted,
- *   or "refused" for a refused subscription that has no onRefused
+ *   or "refused" for a refused subscription that has no onRefused, or "reset" for a `reset`
+ *   that a subscription has no onReset for
  * @property {string} [detail]
  * @property {unknown} [error] the exception, for "handler_error"
  */

@@ -124,6 +124,20 @@ test('reset calls onReset; a reconnect before the next message resumes where the
   h.lp.close();
 });
 
+test('a reset the page has no onReset for reaches onError, saying messages were missed; one it handles does not', () => {
+  const h = harness();
+  collect(h.lp, 'chat:a', { since: '1767225600000000-3' });
+  collect(h.lp, 'chat:b', { since: '1767225600000000-3', onReset: () => {} });
+  const ws = h.last();
+  ws.hello();
+  ws.acceptSubscribes();
+  ws.receive({ op: 'reset', topic: 'chat:a' });
+  ws.receive({ op: 'reset', topic: 'chat:b' });
+  assert.deepEqual(h.errors.map((e) => e.reason), ['reset']);
+  assert.match(h.errors[0].detail, /^chat:a: messages were missed .*pass onReset to refetch/);
+  h.lp.close();
+});
+
 test('a reset after messages (the page fell behind) resumes from the last offset delivered', () => {
   const h = harness();
   const resets = [];
