@@ -3,8 +3,8 @@ import { createRequire } from 'node:module';
 import test from 'node:test';
 import { fileURLToPath } from 'node:url';
 
-// TypeScript is no dependency of the client: this test runs where it can be resolved (e.g. after
-// `npm install --no-save typescript` in client_js/) and is skipped elsewhere.
+// TypeScript is no dependency of the client: bin/setup installs Debian's node-typescript and bin/test
+// puts it on NODE_PATH; run without them, where it cannot be resolved, this test is skipped.
 let ts = null;
 try {
   ts = createRequire(import.meta.url)('typescript');
