@@ -286,6 +286,39 @@ def test_every_livepush_name_the_docs_use_exists() -> None:
     assert not missing, sorted(missing)
 
 
+def test_every_file_of_the_repository_the_docs_name_exists() -> None:
+    """A path the docs give in their text (`livepush/jobs/periodic/queries.py`, `sql/0009_periodic.sql`,
+    `bin/demo`, `examples/fastapi_app/tasks.py`) is a file or folder of the repository: a reader sent
+    there to see why something holds finds it, also after a module moved."""
+    # What a command writes, named as its output: not in the repository until it runs.
+    written = {"bench/report.json"}
+    missing = []
+    for page in [*PAGES, *sorted((ROOT / "examples").glob("*/README.md"))]:
+        text = page.read_text()
+        for path in re.findall(r"(?<![\w./-])((?:livepush|sql|bench|bin|client_js|examples)/[\w./*-]*\w)", text):
+            if path not in written and not list(ROOT.glob(path)):
+                missing.append(f"{page.relative_to(ROOT)}: {path}")
+    assert not missing, missing
+
+
+def test_every_table_function_and_channel_the_docs_name_is_livepushs() -> None:
+    """A `livepush_*` name in the docs (a table, an SQL function, a notification channel, a metric)
+    is one the migrations or the code define, or a metric family /metrics serves: an operator who
+    queries, grants or listens by the docs' name finds it."""
+    defined = "\n".join(p.read_text() for p in [*(ROOT / "sql").glob("*.sql"), *(ROOT / "livepush").rglob("*.py")])
+    served = {family.name for family in metrics.REGISTRY.collect()}
+    missing = []
+    for page in PAGES:
+        text = page.read_text()
+        aliases = set(re.findall(r"\bas (livepush_\w+)", text))  # a reader's own name in an import
+        for name in set(re.findall(r"\b(livepush_\w+)", text)) - aliases:
+            if re.sub(r"_(total|bucket|sum|count|created)$", "", name) in served:
+                continue
+            if not re.search(rf"\b{name}\b", defined):
+                missing.append(f"{page.relative_to(ROOT)}: {name}")
+    assert not missing, missing
+
+
 def test_every_redis_key_and_channel_the_docs_name_is_one_livepush_uses() -> None:
     """A Redis key or channel in the docs (`{P}:...`, P the deployment's prefix) starts as the
     code's do, prefix in braces (an ACL written from `P:...` would match another deployment's),
