@@ -246,6 +246,7 @@ async def test_a_diamond_runs_each_step_once_and_passes_outputs(flows_db: str) -
         done = await run_state(run.id, "succeeded")
     assert step_states(done) == {"fetch": "succeeded", "left": "succeeded", "right": "succeeded", "join": "succeeded"}
     assert done["steps"]["join"]["output"] == {"sum": 45, "input": {"n": 4}}
+    assert done["output"] is None  # only ctx.flow.finish() gives the run an output of its own
     assert q(flows_db, "SELECT count(*) FROM livepush_jobs WHERE workflow_id = %s", (run.id,)) == [(4,)]
     assert q(flows_db, "SELECT count(*) FROM durable_bodies WHERE name = 'fetch'") == [(1,)]
     assert run.topic == f"workflow:{run.id}"
