@@ -301,6 +301,28 @@ def test_every_file_of_the_repository_the_docs_name_exists() -> None:
     assert not missing, missing
 
 
+def test_every_livepush_command_line_the_docs_show_parses() -> None:
+    """Each `livepush ...` line of a ```sh block (a reader pastes these) is a command `livepush`
+    takes, with flags it knows and values it accepts: a renamed flag or command is caught here,
+    not by a reader's exit 2. Synopses with `[...]` are reference §3's, checked above."""
+    import shlex
+
+    wrong, checked = [], 0
+    for page in [*PAGES, *sorted((ROOT / "examples").glob("*/README.md"))]:
+        for line_no, code in blocks(page, "sh"):
+            for offset, line in enumerate(code.splitlines()):
+                for command in re.split(r"&&|;", line.split(" #")[0]):
+                    found = re.match(r"^\s*(?:[A-Z_]+=\S*\s+)*livepush\s+(.*?)\s*&?\s*$", command)
+                    if not found or re.search(r"\[|\.\.\.", found.group(1)):
+                        continue
+                    checked += 1
+                    try:
+                        build_parser().parse_args(shlex.split(found.group(1)))
+                    except SystemExit:
+                        wrong.append(f"{page.relative_to(ROOT)}:{line_no + offset}: livepush {found.group(1)}")
+    assert checked > 15 and not wrong, wrong
+
+
 def test_every_table_function_and_channel_the_docs_name_is_livepushs() -> None:
     """A `livepush_*` name in the docs (a table, an SQL function, a notification channel, a metric)
     is one the migrations or the code define, or a metric family /metrics serves: an operator who
