@@ -4,6 +4,7 @@ that serves in-process (the local fan-out) has the wiring install the server's o
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Iterable
@@ -16,8 +17,13 @@ from .fanout import FanOut, from_env
 from .fanout.base import batch_pairs
 from .types import JSON, Offset, Topic
 
+log = logging.getLogger("livepush")
+
 _lock = threading.Lock()
 _default: FanOut | None = None
+# Whether this process still has to be told that its local fan-out reaches no server: said once,
+# by default_fanout() or by an integration that says it in its own words at its start.
+_local_warning_due = True
 
 
 def _after_fork() -> None:
@@ -35,8 +41,30 @@ def default_fanout() -> FanOut:
     global _default
     with _lock:
         if _default is None:
-            _default = from_env(get_settings())
+            settings = get_settings()
+            _default = from_env(settings)
+            if settings.fanout == "local":
+                # A web or job process left without the servers' URL publishes into itself, and
+                # every publish() returns an offset: without a word, its messages just vanish.
+                _warn_local_fanout()
         return _default
+
+
+def _warn_local_fanout() -> None:
+    global _local_warning_due
+    if _local_warning_due:
+        _local_warning_due = False
+        log.warning("livepush: this process publishes on the local fan-out (LIVEPUSH_FANOUT=local, or no "
+                    "LIVEPUSH_DATABASE_URL and no LIVEPUSH_REDIS_URL), so what it publishes reaches no "
+                    "`livepush serve`, which is another process: give it the servers' LIVEPUSH_DATABASE_URL "
+                    "(or LIVEPUSH_FANOUT=redis and LIVEPUSH_REDIS_URL)")
+
+
+def local_fanout_explained() -> None:
+    """An integration told the user, in its own words, that the local fan-out reaches no server:
+    default_fanout() need not say it again."""
+    global _local_warning_due
+    _local_warning_due = False
 
 
 def set_default_fanout(fanout: FanOut | None) -> None:

@@ -34,3 +34,32 @@ def test_a_child_forked_while_a_parent_thread_was_making_the_fan_out_publishes()
         pid = fork_running(lambda: livepush.publish("forked:a", {"from": "child"}))
     assert forked_exit_status(pid, WAIT) == 0, "the child failed to publish"
     livepush.publish("forked:a", {"from": "parent"})
+
+
+def test_publishing_on_the_local_fan_out_says_once_that_no_server_hears_it(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A process left without the servers' URL (the local fan-out) is told, once, at its first
+    publish, that what it publishes reaches no `livepush serve` and which setting to give it:
+    every publish returns an offset, so without a word its messages vanished unnoticed."""
+    monkeypatch.setattr(api, "_local_warning_due", True)
+    with caplog.at_level("WARNING", logger="livepush"):
+        livepush.publish("lonely:a", {"i": 1})
+        livepush.publish("lonely:a", {"i": 2})
+        api.set_default_fanout(None)  # a new fan-out in the same process: said already
+        livepush.publish("lonely:a", {"i": 3})
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(said) == 1, said
+    assert "reaches no `livepush serve`" in said[0] and "LIVEPUSH_DATABASE_URL" in said[0], said
+
+
+def test_a_fan_out_the_process_was_given_is_not_warned_about(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A server's process installs its own local fan-out, which its connections hear: its
+    publishes (hooks, jobs beside it) reach them, and nothing is said."""
+    from livepush.fanout.local import LocalFanOut
+
+    monkeypatch.setattr(api, "_local_warning_due", True)
+    api.set_default_fanout(LocalFanOut())
+    with caplog.at_level("WARNING", logger="livepush"):
+        livepush.publish("served:a", {"i": 1})
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

@@ -40,6 +40,8 @@ async def aopen() -> None:
     urls = dict.fromkeys([settings.database_url, database.database_url() if _jobs_database() else None])
     for url in filter(None, urls):
         await asyncio.to_thread(migrate.check_schema, url, "this app's livepush")
+    if settings.fanout == "local":
+        api.local_fanout_explained()  # below, in the app's words
     try:
         await api.default_fanout().aopen()
         store = sessions.default_store()
