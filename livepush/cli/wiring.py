@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from .. import api, migrate, sessions
 from ..config import Settings
 from ..fanout import FanOut, from_env
+from ..jobs import database
 from ..jobs.api.status import arefresh_metrics
 from ..jobs.events.source import JobStates
 from ..jobs.runtime.runtime import Runtime
@@ -75,6 +76,9 @@ def server_parts(settings: Settings, *, app: App | None = None, with_jobs: Seque
     runtime = None
     if with_jobs:
         runtime = Runtime(list(with_jobs), install_signals=False, listener=listener, publisher=fanout)
+        # Jobs live in Postgres (LIVEPUSH_DATABASE_URL, or the modules' jobs.configure()): without
+        # one, refused now, before the server takes its port and says it serves, not once it is up.
+        database.database_url()
     health = [lambda: runtime.healthy] if runtime is not None else []
     url = settings.database_url
     server = PushServer(settings, fanout, app=app, store=store, states=states, pages=pages, health=health,

@@ -78,6 +78,16 @@ def test_an_empty_with_jobs_or_app_flag_is_refused_rather_than_ignored(procs, li
     assert_one_line_no_traceback(child.stderr(), flag)
 
 
+def test_with_jobs_and_no_database_exits_2_before_it_serves(procs, livepush_env) -> None:
+    """`--with-jobs` runs jobs, which live in Postgres: without a database URL it is a bad setting,
+    refused with one line naming LIVEPUSH_DATABASE_URL before the server takes its port and logs that
+    it is serving (a process manager or a load balancer saw it up, then gone)."""
+    child = procs.livepush("serve", "--with-jobs", "tests.jobs.sample_jobs", env=livepush_env(), wait_healthy=False)
+    assert child.wait(15) == 2, child.output()
+    assert_one_line_no_traceback(child.stderr(), "LIVEPUSH_DATABASE_URL")
+    assert "serving" not in child.output(), child.output()
+
+
 @pytest.mark.parametrize("name,value", [
     ("LIVEPUSH_HOST", "\udcff"),
     ("LIVEPUSH_SECRET", "abcdefghijklmnopqrstuvwxyz0123456789\udcff"),
