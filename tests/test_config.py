@@ -38,6 +38,25 @@ def test_a_database_url_that_cannot_be_parsed_gets_one_plain_line() -> None:
     assert "s3cret" not in str(raised.value) and "((" not in str(raised.value)
 
 
+@pytest.mark.parametrize("query,named", [
+    ("schema=public", "schema"),
+    ("sslmode=require&pgbouncer=true&connection_limit=1", "pgbouncer, connection_limit"),
+])
+def test_a_database_url_with_another_clients_parameter_names_the_parameter(query: str, named: str) -> None:
+    """A DATABASE_URL shared with another client (Prisma's `?schema=public`) is refused naming the
+    parameter libpq does not know, not as a URL that cannot be parsed, whose fix (percent-encode
+    the password) sent the operator after a password that was fine; the password is never said."""
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({"DATABASE_URL": f"postgresql://app:s3cret@db.example/app?{query}"})
+    said = str(raised.value)
+    assert said.startswith("DATABASE_URL ") and f"has the parameter {named}, which Postgres does not know" in said, said
+    assert "s3cret" not in said and "percent-encoded" not in said, said
+    # A '?' left unencoded in a password: what follows it is the password's, never named.
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({"DATABASE_URL": f"postgresql://app:s3?cret=x@db.example/app?{query}"})
+    assert "cret" not in str(raised.value), raised.value
+
+
 def test_database_url_is_read_when_livepush_database_url_is_unset_or_empty() -> None:
     """DATABASE_URL stands in for an unset or empty LIVEPUSH_DATABASE_URL, and the fan-out defaults to postgres."""
     for env in ({"DATABASE_URL": "postgresql://app@db.example/app"},

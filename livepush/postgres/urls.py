@@ -6,6 +6,9 @@ Apart from connect.py so that the settings can check a URL without importing the
 
 from __future__ import annotations
 
+import functools
+import re
+
 import psycopg
 
 from ..errors import ConfigError
@@ -52,12 +55,46 @@ def malformed(url: str, setting: str = "LIVEPUSH_DATABASE_URL") -> ConfigError:
     )
 
 
+@functools.lru_cache(maxsize=1)
+def _libpq_keywords() -> frozenset[str]:
+    # `ssl` too: libpq's URI parser takes `ssl=true` (JDBC's spelling) for sslmode=require.
+    return frozenset(option.keyword.decode() for option in psycopg.pq.Conninfo.get_defaults()) | {"ssl"}
+
+
+def _unknown_parameters(url: str) -> list[str]:
+    """The names of the query parameters of a postgresql:// URL that libpq does not know: another
+    client's options (Prisma's `schema=`, `pgbouncer=`, `connection_limit=`), which a shared
+    DATABASE_URL often carries. Only names shaped like parameter names: nothing else is quoted."""
+    scheme, sep, rest = url.strip().partition("://")
+    at = rest.rfind("@")
+    # A '?' in the credentials (an unencoded one in a password) would make a piece of the password
+    # look like a parameter's name: then nothing is named.
+    if not sep or scheme.lower() not in ("postgresql", "postgres") or "?" in rest[:max(at, 0)]:
+        return []
+    query_at = rest.find("?", at + 1)
+    if query_at < 0:
+        return []
+    names = (part.partition("=")[0] for part in rest[query_at + 1:].split("&"))
+    return [name for name in dict.fromkeys(names)
+            if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,59}", name) and name not in _libpq_keywords()]
+
+
 def check_url(url: str, setting: str = "LIVEPUSH_DATABASE_URL") -> None:
-    """ConfigError, naming `setting` and no part of the URL, when `url` is not a Postgres URL or
-    conninfo, or holds a port or sslmode libpq refuses before it connects."""
+    """ConfigError, naming `setting` and no part of the URL but an unknown parameter's name, when
+    `url` is not a Postgres URL or conninfo, or holds a port or sslmode libpq refuses before it
+    connects."""
     try:
         info = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.Error:
+        unknown = _unknown_parameters(url)
+        if unknown:
+            # Said as "cannot be parsed ... percent-encode the password", it sent the operator
+            # after a password that was fine.
+            raise ConfigError(
+                f"{setting} has the parameter {', '.join(unknown)}, which Postgres does not know (an option "
+                "of another client, such as Prisma's schema= or pgbouncer=, or a misspelling): remove it, "
+                "or give livepush a URL of its own in LIVEPUSH_DATABASE_URL"
+            ) from None
         raise malformed(url, setting) from None
     if _misread(url):
         raise ConfigError(
