@@ -86,6 +86,28 @@ def check_url(url: str) -> None:
                 f"LIVEPUSH_REDIS_URL {redact(url)} names database {db[:40]!r}, which is not a database number: "
                 "use redis://[:PASSWORD@]HOST:PORT/DB with DB a whole number (0 when you have no other)"
             )
+    _check_parameters(url)
+
+
+_UNEXPECTED = re.compile(r"unexpected keyword argument '(\w{1,60})'")
+
+
+def _check_parameters(url: str) -> None:
+    """ConfigError naming a query parameter of `url` that redis-py hands to its connections and they
+    do not take (`?ssl_cert_reqs=none` on a redis:// URL, which only rediss:// connections know, a
+    misspelling): made, not connected, as livepush's connections are, so that the mistake is this
+    line at start and not a TypeError traceback at the first connect."""
+    from redis import asyncio as aredis
+
+    try:
+        aredis.ConnectionPool.from_url(own_url(url), **client_kwargs("livepush", for_asyncio=True)).make_connection()
+    except TypeError as exc:
+        found = _UNEXPECTED.search(str(exc))
+        parameter = f" {found.group(1)!r}" if found else ""
+        raise ConfigError(
+            f"LIVEPUSH_REDIS_URL {redact(url)} has a parameter{parameter} that Redis connections do not take "
+            "(TLS options need a rediss:// URL): remove it, or fix its spelling"
+        ) from None
 
 
 def deployment_prefix(url: str, prefix: str | None = None) -> str:

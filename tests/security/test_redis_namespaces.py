@@ -225,3 +225,21 @@ def test_a_redis_url_with_a_database_number_or_none_is_accepted(path: str, db: i
     url = "redis://127.0.0.1:6379" + path
     settings = Settings.from_env({"LIVEPUSH_FANOUT": "redis", "LIVEPUSH_REDIS_URL": url})
     assert RedisFanOut(settings.redis_url).prefix == f"livepush:{db}"  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("query,named", [("ssl_cert_reqs=none", "ssl_cert_reqs"), ("sockettimeout=5", "sockettimeout")])
+def test_a_redis_url_parameter_connections_do_not_take_is_refused_naming_it(query: str, named: str) -> None:
+    """A query parameter redis-py passes to its connections and they do not take (a TLS option on
+    a redis:// URL, a misspelling) is a ConfigError at start naming it and never the password, not
+    a TypeError traceback at the first connect."""
+    url = f"redis://:s3cret@127.0.0.1:6379/0?{query}"
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"LIVEPUSH_FANOUT": "redis", "LIVEPUSH_REDIS_URL": url})
+    said = str(info.value)
+    assert said.startswith("LIVEPUSH_REDIS_URL") and f"parameter {named!r}" in said and "s3cret" not in said, said
+
+
+def test_a_rediss_url_with_tls_options_is_accepted() -> None:
+    """The same TLS option on a rediss:// URL, whose connections take it, is a setting like any other."""
+    url = "rediss://127.0.0.1:6379/0?ssl_cert_reqs=none"
+    assert Settings.from_env({"LIVEPUSH_FANOUT": "redis", "LIVEPUSH_REDIS_URL": url}).redis_url == url
