@@ -54,8 +54,8 @@ def _warn_local_fanout() -> None:
     global _local_warning_due
     if _local_warning_due:
         _local_warning_due = False
-        log.warning("livepush: this process publishes on the local fan-out (LIVEPUSH_FANOUT=local, or no "
-                    "LIVEPUSH_DATABASE_URL and no LIVEPUSH_REDIS_URL), so what it publishes reaches no "
+        log.warning("livepush: this process publishes on the local fan-out (LIVEPUSH_FANOUT=local, or neither "
+                    "LIVEPUSH_DATABASE_URL nor LIVEPUSH_FANOUT set), so what it publishes reaches no "
                     "`livepush serve`, which is another process: give it the servers' LIVEPUSH_DATABASE_URL "
                     "(or LIVEPUSH_FANOUT=redis and LIVEPUSH_REDIS_URL)")
 
