@@ -252,6 +252,43 @@ def test_publish_in_callers_transactions_through_transaction_mode_prepares_nothi
         assert [api.latest_offset(f"app:{n}").split("-")[1] for n in range(2)] == ["24", "24"]
 
 
+def test_group_building_in_callers_transactions_through_transaction_mode_prepares_nothing(
+        pg_url: str, transaction_pool: PgBouncer) -> None:
+    """A task group built on the app's own connections (`jobs.group(conn=)`, as signals and
+    workflow starts are) through transaction mode with LIVEPUSH_PREPARED_STATEMENTS=off prepares
+    nothing, whatever the connections' prepare_threshold: the savepoint around its statements,
+    run on every call, was prepared from its fifth run, and the next connection to do so on the
+    same server connection failed the caller's transaction."""
+    url = through(transaction_pool, pg_url)
+    with settings_through(url):
+        conns = [psycopg.connect(url) for _ in range(2)]
+        try:
+            for i in range(12):
+                for conn in conns:
+                    with jobs.group(conn=conn) as g:
+                        g.enqueue(sample_jobs.record, i)
+                    conn.commit()
+        finally:
+            for conn in conns:
+                conn.close()
+
+        async def agroups_in_transactions() -> None:
+            aconns = [await psycopg.AsyncConnection.connect(url) for _ in range(2)]
+            try:
+                for i in range(12):
+                    for aconn in aconns:
+                        async with jobs.agroup(conn=aconn) as g:
+                            g.enqueue(sample_jobs.record, 12 + i)
+                        await aconn.commit()
+            finally:
+                for aconn in aconns:
+                    await aconn.close()
+            await database.release_loop()
+
+        asyncio.run(agroups_in_transactions())
+    assert count(pg_url, "SELECT count(*) FROM livepush_groups") == 48
+
+
 def test_migrate_through_transaction_mode(pg_admin_url: str, transaction_pool: PgBouncer) -> None:
     """`migrate()` runs in one transaction under a transaction-level advisory lock, so it holds
     through transaction mode too (preparing off): the schema is complete and a second run finds

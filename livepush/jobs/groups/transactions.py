@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from ...postgres.connect import translated
+from ...postgres.connect import cursor_on, translated
 from .. import database
 from . import steps
 from ...errors import ArgumentTypeError
@@ -24,20 +24,34 @@ _RELEASE = "RELEASE SAVEPOINT livepush_group_steps"
 _ROLLBACK = "ROLLBACK TO SAVEPOINT livepush_group_steps"
 
 
+def _execute(conn: psycopg.Connection, statement: str) -> None:
+    """Run a savepoint statement on the caller's connection through cursor_on(), as the steps run:
+    with LIVEPUSH_PREPARED_STATEMENTS=off a statement run on every call would otherwise be
+    prepared under the connection's own prepare_threshold, which a pooler in transaction mode
+    cannot keep."""
+    with cursor_on(conn) as cur:
+        cur.execute(statement)
+
+
+async def _aexecute(conn: psycopg.AsyncConnection, statement: str) -> None:
+    async with cursor_on(conn) as cur:
+        await cur.execute(statement)
+
+
 def _undo(conn: psycopg.Connection) -> None:
     """Take back what the steps wrote, leaving the caller's transaction as it was before them.
     If the connection itself failed, the original error is the one to see."""
     try:
-        conn.execute(_ROLLBACK)
-        conn.execute(_RELEASE)
+        _execute(conn, _ROLLBACK)
+        _execute(conn, _RELEASE)
     except psycopg.Error:
         pass
 
 
 async def _aundo(conn: psycopg.AsyncConnection) -> None:
     try:
-        await conn.execute(_ROLLBACK)
-        await conn.execute(_RELEASE)
+        await _aexecute(conn, _ROLLBACK)
+        await _aexecute(conn, _RELEASE)
     except psycopg.Error:
         pass
 
@@ -66,13 +80,13 @@ def in_tx(make: Callable[[], steps.Steps[T]], conn: Any) -> T:
             # limit) takes back what they wrote, so a caller that catches it and commits its
             # own work commits nothing of ours. (The caller's transaction is begun first, so
             # this never commits it.)
-            conn.execute(_SAVEPOINT)
+            _execute(conn, _SAVEPOINT)
             try:
                 result = steps.run(conn, make())
             except BaseException:
                 _undo(conn)
                 raise
-            conn.execute(_RELEASE)
+            _execute(conn, _RELEASE)
             return result
     with translated(url):
         for attempt in range(RETRIES):
@@ -93,13 +107,13 @@ async def ain_tx(make: Callable[[], steps.Steps[T]], conn: Any) -> T:
             if conn.autocommit:
                 async with conn.transaction():
                     return await steps.arun(conn, make())
-            await conn.execute(_SAVEPOINT)
+            await _aexecute(conn, _SAVEPOINT)
             try:
                 result = await steps.arun(conn, make())
             except BaseException:
                 await _aundo(conn)
                 raise
-            await conn.execute(_RELEASE)
+            await _aexecute(conn, _RELEASE)
             return result
     with translated(url):
         for attempt in range(RETRIES):
