@@ -8,6 +8,7 @@ runtime has pools of its own (runtime.Runtime).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -24,6 +25,17 @@ from ..postgres.urls import check_url
 _lock = threading.Lock()
 _url: str | None = None
 _pools: LoopPools | None = None
+
+
+def _after_fork() -> None:
+    """In a forked child: a thread of the parent may have held the lock at the fork, and no thread
+    of the child would ever release it (its first enqueue would wait for ever). The pools set
+    their inherited connections aside themselves."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def configure(url: str | None) -> None:

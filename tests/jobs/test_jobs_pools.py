@@ -9,7 +9,7 @@ import livepush
 from livepush.jobs import job_state
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import q
-from tests.support.procs import forked_exit_status
+from tests.support.procs import fork_running, forked_exit_status
 from tests.support.waiting import wait_for
 
 _OTHERS = ("FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
@@ -187,3 +187,19 @@ def test_a_forked_child_publishes_and_enqueues_on_connections_of_its_own(jobs_db
     seqs = [r[0] for r in q(jobs_db, "SELECT seq FROM livepush_messages WHERE topic = 'fork:t' ORDER BY seq")]
     assert seqs == list(range(1, 102))
     assert sorted(j.args[0] for j in jobs.list_tagged("fork")) == ["child", "parent", "parent"]
+
+
+def test_a_child_forked_while_a_parent_thread_was_making_the_jobs_pools_enqueues(jobs_db: str) -> None:
+    """A process forked while another of its threads held the lock under which an enqueue finds
+    the jobs' pools (a master that enqueues from a thread, then forks its workers) enqueues in the
+    child all the same: the lock the child inherited, held by a thread it does not have, was never
+    released, and the child's first enqueue waited for ever."""
+    from livepush import jobs
+    from livepush.jobs import database
+
+    sample_jobs.record.enqueue("parent", tags=["fork-lock"])
+    with database._lock:  # as a parent thread inside database.pools() holds it at the fork
+        pid = fork_running(lambda: sample_jobs.record.enqueue("child", tags=["fork-lock"]))
+    assert forked_exit_status(pid, 20.0) == 0, "the child failed to enqueue"
+    sample_jobs.record.enqueue("parent", tags=["fork-lock"])
+    assert sorted(j.args[0] for j in jobs.list_tagged("fork-lock")) == ["child", "parent", "parent"]
