@@ -324,3 +324,29 @@ def test_a_second_signal_ends_a_runtime_whose_postgres_is_down(jobs_db: str,
     wait_for(lambda: q(jobs_db, "SELECT state FROM livepush_jobs WHERE id = %s", (h.id,)) == [("succeeded",)], 60.0,
              message="the job, rescued, to succeed on the other runtime")
     assert other.stop() == 0, other.output()
+
+
+# A job module whose import takes long (a project set up on import): it says when it started.
+SLOW_IMPORT = """
+import os
+import time
+
+open(os.environ["IMPORT_STARTED"], "w").close()
+time.sleep(60)
+"""
+
+
+def test_sigterm_while_the_modules_import_is_a_clean_stop(jobs_db: str, procs: Processes, tmp_path: Any,
+                                                          livepush_env: Callable[..., dict[str, str]]) -> None:
+    """SIGTERM while `livepush jobs` is still importing its modules, before the runtime has taken
+    the signals over, stops it at once with exit 0, as a stop once it runs does (it was killed
+    where it stood)."""
+    (tmp_path / "slow_import_jobs.py").write_text(SLOW_IMPORT)
+    started = tmp_path / "import-started"
+    env = livepush_env(database_url=jobs_db, extra={"IMPORT_STARTED": str(started)})
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    child = procs.livepush("jobs", "slow_import_jobs", env=env)
+    wait_for(started.exists, 20.0, message="the job module's import to start")
+    child.signal(signal.SIGTERM)
+    assert child.wait(10) == 0, child.output()
+    assert "Traceback" not in child.stderr(), child.output()
