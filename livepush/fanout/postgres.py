@@ -160,12 +160,6 @@ def _offset(epoch: int, seq: int) -> Offset:
     return f"{epoch}-{seq}"
 
 
-def _offset_text(value: Any) -> Offset:
-    """An offset as a publish statement gave it back: bytes from a caller's connection (`conn=`) to
-    a SQL_ASCII database, whose text psycopg hands over undecoded; a str otherwise."""
-    return value.decode("ascii") if isinstance(value, bytes) else str(value)
-
-
 def parse_offset(since: str) -> tuple[int, int] | None:
     """(epoch, seq) of an offset this fan-out gives out; None for anything else (ASCII digits
     only). An origin, given out for a topic never published, is (0, a step of the log's epoch)."""
@@ -301,7 +295,7 @@ class PostgresFanOut(FanOut):
                 row = c.execute(PUBLISH, (topic, text)).fetchone()
         assert row is not None
         self._published.inc()
-        return _offset_text(row[0])
+        return str(row[0])
 
     async def apublish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
         text = encode_payload(data)
@@ -316,7 +310,7 @@ class PostgresFanOut(FanOut):
                     row = await (await c.execute(PUBLISH, (topic, text))).fetchone()
         assert row is not None
         self._published.inc()
-        return _offset_text(row[0])
+        return str(row[0])
 
     def publish_many(self, messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]:
         order, statements = _many_statements(encode_batch(messages))
@@ -358,7 +352,7 @@ class PostgresFanOut(FanOut):
 
     def _offsets(self, order: list[int] | None, rows: list[Any]) -> list[Offset]:
         """The batch's offsets in its own order, from the statements' rows."""
-        offsets = [_offset_text(offset) for row in rows for offset in row[0]]
+        offsets = [offset for row in rows for offset in row[0]]
         self._published.inc(len(offsets))
         if order is None:
             return offsets

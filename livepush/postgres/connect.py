@@ -14,6 +14,8 @@ from typing import Any
 
 import psycopg
 import psycopg.rows
+from psycopg.pq import Format
+from psycopg.types.string import TextLoader
 from psycopg_pool import PoolTimeout
 
 from ..config import get_settings
@@ -37,18 +39,48 @@ class _AsyncUnprepared(psycopg.AsyncCursor[Any]):
         return await super().execute(query, params, prepare=False, binary=binary)
 
 
+class _Utf8Text(TextLoader):
+    """Text read as UTF-8 on a caller's connection to a SQL_ASCII database, where psycopg hands it
+    back as bytes: livepush writes its text there in UTF-8 (connection_options())."""
+
+    def __init__(self, oid: int, context: Any = None) -> None:
+        super().__init__(oid, context)
+        self._encoding = "utf-8"
+
+
+class _Utf8BinaryText(_Utf8Text):
+    format = Format.BINARY
+
+
+def _reads_text_as_bytes(conn: Any) -> bool:
+    """Whether psycopg hands `conn`'s text back as bytes: its client encoding is SQL_ASCII, which
+    a caller's connection to such a database has unless the caller set another."""
+    try:
+        return conn.info.encoding == "ascii"
+    except psycopg.Error:
+        return False  # a connection lost: the statement fails, as on any other
+
+
 def cursor_on(conn: Any, row_factory: Any = None) -> Any:
     """A cursor on a caller's connection (`conn=`) that binds as livepush's statements are written
     (`%(name)s`, on the server) and makes tuples (or `row_factory`'s rows), whatever row or cursor
     factory the caller gave the connection: dict rows or a RawCursor's `$1` would break them. With
     LIVEPUSH_PREPARED_STATEMENTS=off it prepares nothing: the connection's prepare_threshold is the
     caller's (psycopg's default, 5, under Django, whose own cursors never prepare), and behind a
-    pooler in transaction mode a statement of ours prepared on it failed a later transaction."""
+    pooler in transaction mode a statement of ours prepared on it failed a later transaction. On a
+    SQL_ASCII database it reads text as str, as livepush's own connections do: a job's name or a
+    group's state read as bytes broke the handles and the group steps."""
     factory = row_factory or psycopg.rows.tuple_row
     prepared = get_settings().prepared_statements
     if isinstance(conn, psycopg.AsyncConnection):
-        return (psycopg.AsyncCursor if prepared else _AsyncUnprepared)(conn, row_factory=factory)
-    return (psycopg.Cursor if prepared else _Unprepared)(conn, row_factory=factory)
+        cur = (psycopg.AsyncCursor if prepared else _AsyncUnprepared)(conn, row_factory=factory)
+    else:
+        cur = (psycopg.Cursor if prepared else _Unprepared)(conn, row_factory=factory)
+    if _reads_text_as_bytes(conn):
+        for name in ("text", "varchar", "bpchar", "name"):
+            cur.adapters.register_loader(name, _Utf8Text)
+            cur.adapters.register_loader(name, _Utf8BinaryText)
+    return cur
 
 
 class PoolBusy(PoolTimeout):

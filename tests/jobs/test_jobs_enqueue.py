@@ -107,6 +107,34 @@ async def test_conn_takes_the_callers_connection_whatever_its_factories(
                                                     "OR group_id = %s ORDER BY id", (g.id,))]
 
 
+async def test_conn_on_a_sql_ascii_database_gives_handles_as_on_any_other(sql_ascii_url: str) -> None:
+    """On a database in SQL_ASCII (initdb's choice under the C locale) an enqueue, a group block
+    and a signal in the caller's transaction work and give handles of text, as livepush's own
+    connections do: psycopg hands such a connection's text over as bytes, so a handle's name was
+    b'...' and a group block failed on the bytes of what it read back."""
+    from livepush import jobs
+    from livepush.migrate import migrate
+    from tests.support.settings import jobs_settings
+
+    migrate(sql_ascii_url)
+    with jobs_settings(sql_ascii_url):
+        own = sample_jobs.record.enqueue("own")
+        with psycopg.connect(sql_ascii_url) as conn:
+            one = sample_jobs.record.enqueue("x", conn=conn)
+            with jobs.group(conn=conn) as g:
+                g.enqueue(sample_jobs.record, "ü")
+            signal(one.id, "go", {"n": 1}, conn=conn)
+            conn.commit()
+        async with await psycopg.AsyncConnection.connect(sql_ascii_url) as aconn:
+            aone = await sample_jobs.record.aenqueue("y", conn=aconn)
+            async with jobs.agroup(conn=aconn) as ag:
+                ag.enqueue(sample_jobs.record, "ø")
+            await aconn.commit()
+        await jobs.database.release_loop()
+        assert [h.name for h in (one, *g.members, aone, *ag.members)] == [own.name] * 4
+        assert get_job(g.members[0].id).args == ["ü"]  # type: ignore[union-attr]
+
+
 async def test_aenqueue_with_async_connection(jobs_db: str) -> None:
     """aenqueue(conn=AsyncConnection) enqueues inside that transaction."""
     async with await psycopg.AsyncConnection.connect(jobs_db) as conn:
