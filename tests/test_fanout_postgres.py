@@ -35,7 +35,7 @@ from livepush.postgres import connect as pg_connect
 from livepush.migrate import migrate
 from livepush.postgres.listener import Listener
 from tests.support import services
-from tests.support.fanouts import Collector, offsets_of, read_history
+from tests.support.fanouts import Collector, offsets_of, read_history, read_on_bounded
 from tests.support.waiting import async_wait_for, wait_for
 
 DAY = 86_400
@@ -212,21 +212,7 @@ async def test_a_read_of_many_topics_rung_with_large_messages_holds_a_bounded_am
     topics = [f"big:{i}" for i in range(12)]
     cursors = {topic: fanout.publish(topic, "small") for topic in topics}
     sent = {topic: [fanout.publish(topic, {"n": n, "pad": big}) for n in range(2)] for topic in topics}
-    got: dict[str, list[str]] = {topic: [] for topic in topics}
-    reads = 0
-    while cursors:
-        reads += 1
-        assert reads <= 100, "reading on keeps making progress"
-        pages = await fanout.histories(cursors)
-        held = sum(len(m.data_json or "") for page in pages.values() if page is not None for m in page.messages)
-        assert held <= pg_fanout.READ_BYTES + 1024 * 1024, f"one read held {held} bytes of data"
-        for topic, page in pages.items():
-            assert page is not None, f"{topic} was read as a gap"
-            got[topic] += offsets_of(page.messages)
-            if page.messages:
-                cursors[topic] = page.messages[-1].offset
-            if not page.more:
-                del cursors[topic]
+    got, reads = await read_on_bounded(fanout, cursors, pg_fanout.READ_BYTES + 1024 * 1024)
     assert got == sent
     assert reads > 1, "the topics did not all fit in one read"
 

@@ -19,10 +19,10 @@ import pytest
 import redis
 
 import livepush
-from livepush.fanout.base import MAX_PAYLOAD_BYTES, History
+from livepush.fanout.base import MAX_PAYLOAD_BYTES, READ_AT_ONCE, READ_BYTES, History
 from livepush.fanout.redis import FRAME_BYTES, PRUNE_SCAN_COUNT, RedisFanOut, parse_frames
 from livepush.types import offset_key
-from tests.support.fanouts import WAIT, Collector, offsets_of, read_history
+from tests.support.fanouts import WAIT, Collector, offsets_of, read_history, read_on_bounded
 from tests.support.procs import fork_running, forked_exit_status, free_port
 from tests.support.redis_acl import documented_user
 from tests.support.waiting import async_wait_for
@@ -155,6 +155,23 @@ async def test_a_history_read_copies_about_a_page_not_the_next_1000_entries(
         assert offsets_of(await read_history(fanout, "big:a", since)) == offsets
     finally:
         admin.close()
+
+
+async def test_a_read_of_many_topics_behind_by_large_messages_holds_a_bounded_amount_and_defers_the_rest(
+        make_redis: MakeRedis) -> None:
+    """One read of many topics that each missed messages near 1 MiB (what the server reads after a
+    resync) holds a bounded amount of data, not a page of each topic at once, which was up to
+    2 MiB per topic for the 500 topics of a batch; the topics past that bound come back as empty
+    pages that say `more`, and reading on delivers every message once, in order."""
+    fanout = await make_redis(listen=False)
+    big = "x" * 900_000
+    topics = [f"big:{i}" for i in range(3 * READ_AT_ONCE)]
+    cursors = {topic: fanout.publish(topic, "small") for topic in topics}
+    sent = {topic: [fanout.publish(topic, {"n": n, "pad": big}) for n in range(2)] for topic in topics}
+    # Past the bound only the pages read with the one that crossed it: two messages each.
+    got, reads = await read_on_bounded(fanout, cursors, READ_BYTES + READ_AT_ONCE * 2 * MAX_PAYLOAD_BYTES)
+    assert got == sent
+    assert reads > 1, "the topics did not all fit in one read"
 
 
 async def test_concurrent_publishers_agree_on_one_order(make_redis: MakeRedis) -> None:

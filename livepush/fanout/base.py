@@ -50,6 +50,13 @@ HISTORY_PAGE = 1000
 # Every fan-out also ends a page at the message that takes its data past this many bytes (a page
 # always has one message), so a page of large messages stays about a MiB, not 1,000 of them.
 HISTORY_PAGE_BYTES = 1024 * 1024
+# Bytes of data one histories() call holds at most, past the page that crosses it: each topic's
+# page has its first message whatever its size, so a read of the 500 topics a batch of doorbells
+# or a resync names, each a MiB behind, held 500 MiB at once. A topic past the bound gets an empty
+# page that says `more`, which the server reads again.
+READ_BYTES = 4 * HISTORY_PAGE_BYTES
+# Topics the default histories() reads at once; it counts what they hold before it reads more.
+READ_AT_ONCE = 8
 # Seconds without a publish after which a topic's offsets are forgotten (at least twice the
 # history's TTL, so a live topic keeps its chain): its next message starts a new chain, and a
 # client still holding an older offset gets `reset`. Topics that are never published again
@@ -199,20 +206,30 @@ class FanOut(abc.ABC):
     async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE) -> History | None: ...
 
     async def histories(self, reads: Mapping[Topic, Offset]) -> dict[Topic, History | None]:
-        """A page after each topic's offset, as `history()` reads it; fan-outs whose store can
-        answer many topics in one round trip do so."""
+        """A page after each topic's offset, as `history()` reads it, READ_AT_ONCE topics at a
+        time until the pages hold READ_BYTES of data; fan-outs whose store can answer many topics
+        in one round trip do so."""
         topics = list(reads)
-        pages = await asyncio.gather(*(self.history(t, reads[t]) for t in topics), return_exceptions=True)
         found: dict[Topic, History | None] = {}
-        for topic, page in zip(topics, pages):
-            if isinstance(page, DependencyError):
-                raise page
-            if isinstance(page, BaseException):
-                if not isinstance(page, Exception):
+        held = 0
+        for start in range(0, len(topics), READ_AT_ONCE):
+            chunk = topics[start:start + READ_AT_ONCE]
+            if held >= READ_BYTES:
+                # Not read: the page says only that there may be more (its `latest` is not read).
+                found.update((topic, History([], reads[topic], True)) for topic in chunk)
+                continue
+            pages = await asyncio.gather(*(self.history(t, reads[t]) for t in chunk), return_exceptions=True)
+            for topic, page in zip(chunk, pages):
+                if isinstance(page, DependencyError):
                     raise page
-                log.warning("could not read the history of %s (%s)", topic, page)
-                page = None
-            found[topic] = page
+                if isinstance(page, BaseException):
+                    if not isinstance(page, Exception):
+                        raise page
+                    log.warning("could not read the history of %s (%s)", topic, page)
+                    page = None
+                found[topic] = page
+                if page is not None:
+                    held += sum(len(m.data_json or "") for m in page.messages)
         return found
 
     @abc.abstractmethod

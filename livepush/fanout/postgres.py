@@ -44,8 +44,8 @@ from ..postgres.pools import LoopPools
 from ..postgres.text import BIGINT_MAX
 from ..types import JSON, Message, Offset, Topic
 from ..errors import ArgumentTypeError, ArgumentValueError
-from .base import (HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, FanOut, History, encode_batch, encode_payload,
-                   good_origin, idle_expiry, origin_number)
+from .base import (HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, READ_BYTES, FanOut, History, encode_batch,
+                   encode_payload, good_origin, idle_expiry, origin_number)
 
 log = logging.getLogger("livepush.fanout.postgres")
 
@@ -55,10 +55,6 @@ PRUNE_BATCH = 5_000
 # least MIN_PAGE_BYTES (and its first row whatever its size).
 READ_BATCH = 500
 MIN_PAGE_BYTES = 4096
-# Bytes of data one statement of histories() holds at most, past the message that crosses it: each
-# topic's page has its first message whatever its size, so 500 topics each rung with a message of a
-# MiB were read as 500 MiB at once. A topic past the bound gets an empty page that says `more`.
-READ_BYTES = 4 * HISTORY_PAGE_BYTES
 
 # name: publish -- see livepush_publish(): ordered per topic by the topic row's lock.
 PUBLISH = "SELECT livepush_publish(%s, %s)"

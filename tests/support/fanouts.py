@@ -106,3 +106,26 @@ class Collector:
     async def wait_count(self, topic: str, n: int, timeout: float = WAIT) -> list[Message]:
         await self.wait(lambda _: len(self.on(topic)) >= n, timeout)
         return self.on(topic)
+
+
+async def read_on_bounded(fanout: FanOut, cursors: dict[str, str], bound: int) -> tuple[dict[str, list[str]], int]:
+    """Read every topic of `cursors` on with histories() until none says `more`, as the server's
+    live reads do, each read holding at most `bound` bytes of data and no page being a gap: the
+    offsets read per topic, and how many reads it took."""
+    got: dict[str, list[str]] = {topic: [] for topic in cursors}
+    cursors = dict(cursors)
+    reads = 0
+    while cursors:
+        reads += 1
+        assert reads <= 100, "reading on keeps making progress"
+        pages = await fanout.histories(cursors)
+        held = sum(len(m.data_json or "") for page in pages.values() if page is not None for m in page.messages)
+        assert held <= bound, f"one read held {held} bytes of data"
+        for topic, page in pages.items():
+            assert page is not None, f"{topic} was read as a gap"
+            got[topic] += offsets_of(page.messages)
+            if page.messages:
+                cursors[topic] = page.messages[-1].offset
+            if not page.more:
+                del cursors[topic]
+    return got, reads
