@@ -226,6 +226,19 @@ def translated_if_lost(url: str, conn: Any) -> Iterator[None]:
         raise
 
 
+@contextlib.contextmanager
+def translated_on(url: str, conn: Any) -> Iterator[None]:
+    """translated(url), around the jobs' work on a caller's connection (`conn=`): a missing schema
+    or grant is named with the database the connection is on, which need not be `url`'s (the
+    jobs' database), so that the operator migrates or grants the right one."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        if isinstance(exc, _SET_UP_ERRORS) and not (conn.closed or conn.broken):
+            raise translate(conn.info.dsn, exc) from exc
+        raise translate(url, exc) from exc
+
+
 def statement_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     """psycopg connection options with preparing turned off when LIVEPUSH_PREPARED_STATEMENTS=off.
     A pooler in transaction mode without prepared-statement support hands each transaction to any

@@ -135,6 +135,36 @@ async def test_conn_on_a_sql_ascii_database_gives_handles_as_on_any_other(sql_as
         assert get_job(g.members[0].id).args == ["ü"]  # type: ignore[union-attr]
 
 
+async def test_conn_on_a_database_without_livepush_names_that_database(jobs_db: str, pg_admin_url: str) -> None:
+    """An enqueue, a group block or a signal on a connection to a database that was never migrated
+    raises SchemaError naming that database, where `livepush migrate` must run: it named the jobs'
+    database, which has the schema, and sent the operator to migrate what was up to date."""
+    import secrets
+
+    from livepush import SchemaError, jobs
+    from livepush.postgres.urls import redact
+    from tests.support import services
+
+    bare = f"t_{secrets.token_hex(8)}"
+    url = services.create_database(pg_admin_url, bare)
+    try:
+        calls = [lambda conn: sample_jobs.record.enqueue("x", conn=conn),
+                 lambda conn: jobs.create_group(conn=conn),
+                 lambda conn: jobs.group(conn=conn).__enter__(),
+                 lambda conn: signal(1, "go", conn=conn)]
+        for call in calls:
+            with psycopg.connect(url) as conn:
+                with pytest.raises(SchemaError, match="livepush migrate") as raised:
+                    call(conn)
+            assert redact(url) in str(raised.value) and redact(jobs_db) not in str(raised.value), raised.value
+        async with await psycopg.AsyncConnection.connect(url) as aconn:
+            with pytest.raises(SchemaError, match="livepush migrate") as raised:
+                await sample_jobs.record.aenqueue("y", conn=aconn)
+        assert redact(url) in str(raised.value) and redact(jobs_db) not in str(raised.value), raised.value
+    finally:
+        services.drop_database(pg_admin_url, bare)
+
+
 async def test_aenqueue_with_async_connection(jobs_db: str) -> None:
     """aenqueue(conn=AsyncConnection) enqueues inside that transaction."""
     async with await psycopg.AsyncConnection.connect(jobs_db) as conn:

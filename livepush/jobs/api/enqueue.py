@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
 from typing import Any
 
-from ...postgres.connect import cursor_on, translated
+from ...postgres.connect import cursor_on, translated, translated_on
 from ...postgres.pools import aautocommitted, autocommitted
 from .. import database, queries
 from .args import check_args, dumps, name_refused, refuse_arity
@@ -301,7 +301,7 @@ def run_batch(batch: Batch, conn: Any = None, debounce: float | None = None,
         with translated(url), database.pools().sync().connection() as own, autocommitted(own):
             rows = own.execute(sql, params).fetchall()
     else:
-        with translated(url), cursor_on(conn) as cur:
+        with translated_on(url, conn), cursor_on(conn) as cur:
             rows = cur.execute(sql, params).fetchall()
     return [JobHandle(row[0], row[1]) for row in rows]
 
@@ -319,7 +319,7 @@ async def arun_batch(batch: Batch, conn: Any = None, debounce: float | None = No
             async with (await database.pools().aget()).connection() as own, aautocommitted(own):
                 rows = await (await own.execute(sql, params)).fetchall()
     else:
-        with translated(url):
+        with translated_on(url, conn):
             async with cursor_on(conn) as cur:
                 rows = await (await cur.execute(sql, params)).fetchall()
     return [JobHandle(row[0], row[1]) for row in rows]

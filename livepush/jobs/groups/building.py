@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from ...postgres.connect import cursor_on, translated
+from ...postgres.connect import cursor_on, translated, translated_on
 from ...postgres.text import BIGINT_MAX
 from .. import database
 from ..api.enqueue import Batch, is_spec, item, run_at
@@ -204,13 +204,13 @@ class GroupBuilder:
         self._enter()
         if self._conn is not None:
             check_conn(self._conn, "sync")  # before the id is reserved on it
-        with translated(database.database_url()):
-            if self._conn is not None:
-                with cursor_on(self._conn) as cur:
-                    self._id = int(cur.execute(gq.RESERVE_GROUP_ID).fetchone()[0])
-            else:
-                with database.pools().sync().connection() as own:
-                    self._id = int(own.execute(gq.RESERVE_GROUP_ID).fetchone()[0])  # type: ignore[index]
+        url = database.database_url()
+        if self._conn is not None:
+            with translated_on(url, self._conn), cursor_on(self._conn) as cur:
+                self._id = int(cur.execute(gq.RESERVE_GROUP_ID).fetchone()[0])
+        else:
+            with translated(url), database.pools().sync().connection() as own:
+                self._id = int(own.execute(gq.RESERVE_GROUP_ID).fetchone()[0])  # type: ignore[index]
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -223,11 +223,13 @@ class GroupBuilder:
         self._enter()
         if self._conn is not None:
             check_conn(self._conn, "async")
-        with translated(database.database_url()):
-            if self._conn is not None:
+        url = database.database_url()
+        if self._conn is not None:
+            with translated_on(url, self._conn):
                 async with cursor_on(self._conn) as cur:
                     row = await (await cur.execute(gq.RESERVE_GROUP_ID)).fetchone()
-            else:
+        else:
+            with translated(url):
                 async with (await database.pools().aget()).connection() as own:
                     row = await (await own.execute(gq.RESERVE_GROUP_ID)).fetchone()
         self._id = int(row[0])

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from ...postgres.connect import cursor_on, translated
+from ...postgres.connect import cursor_on, translated, translated_on
 from .. import database
 from . import steps
 from ...errors import ArgumentTypeError
@@ -72,7 +72,7 @@ def in_tx(make: Callable[[], steps.Steps[T]], conn: Any) -> T:
     url = database.database_url()
     if conn is not None:
         check_conn(conn, "sync")
-        with translated(url):
+        with translated_on(url, conn):
             if conn.autocommit:  # each statement would commit alone: the steps are one transaction
                 with conn.transaction():
                     return steps.run(conn, make())
@@ -103,7 +103,7 @@ async def ain_tx(make: Callable[[], steps.Steps[T]], conn: Any) -> T:
     url = database.database_url()
     if conn is not None:
         check_conn(conn, "async")
-        with translated(url):
+        with translated_on(url, conn):
             if conn.autocommit:
                 async with conn.transaction():
                     return await steps.arun(conn, make())
