@@ -37,13 +37,13 @@ from typing import Any
 
 import psycopg
 
-from ..postgres.connect import cursor_on, translated, translated_if_lost
+from ..postgres.connect import cursor_on, refuse_closed, translated, translated_if_lost
 from ..channels import ListenerSlot
 from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
 from ..postgres.text import BIGINT_MAX
 from ..types import JSON, Message, Offset, Topic
-from ..errors import ArgumentTypeError, ArgumentValueError
+from ..errors import ArgumentTypeError
 from .base import (HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, READ_BYTES, FanOut, History, encode_batch,
                    encode_payload, good_origin, idle_expiry, origin_number)
 
@@ -252,9 +252,7 @@ def callers_connection(conn: Any, call: str) -> None:
         kind, other, other_kind = psycopg.Connection, f"a{call}", "an AsyncConnection"
     if not isinstance(conn, kind):
         raise ArgumentTypeError(f"{call}(conn=) takes a psycopg.{kind.__name__}; use {other}() for {other_kind}")
-    if conn.closed and not conn.broken:
-        raise ArgumentValueError(f"{call}(conn=) got a closed connection: pass the open connection whose "
-                                 "transaction the message belongs to, before its `with` block ends")
+    refuse_closed(conn, f"{call}(conn=)", "the messages")
 
 
 class PostgresFanOut(FanOut):

@@ -17,8 +17,8 @@ from typing import Any
 import psycopg
 
 from ..config import get_settings
-from ..errors import ArgumentTypeError, ArgumentValueError, ConfigError
-from ..postgres.connect import translated
+from ..errors import ArgumentTypeError, ConfigError
+from ..postgres.connect import refuse_closed, translated
 from ..postgres.pools import LoopPools
 from ..postgres.urls import check_url
 
@@ -114,9 +114,8 @@ def close_pools() -> None:
 
 
 def conn_kind(conn: Any, call: str | None = None) -> str:
-    """'async' for a psycopg AsyncConnection, 'sync' for a Connection, open or lost. One its caller
-    closed is refused: told "cannot reach Postgres", as a lost one is, an operator would check a
-    server that is up, for a job enqueued after its connection's `with` block."""
+    """'async' for a psycopg AsyncConnection, 'sync' for a Connection, open or lost; one its caller
+    closed is refused (connect.refuse_closed)."""
     import psycopg
 
     if isinstance(conn, psycopg.AsyncConnection):
@@ -125,7 +124,5 @@ def conn_kind(conn: Any, call: str | None = None) -> str:
         kind = "sync"
     else:
         raise ArgumentTypeError(f"conn= must be a psycopg Connection or AsyncConnection, got {type(conn).__name__}")
-    if conn.closed and not conn.broken:
-        raise ArgumentValueError(f"{call + '(conn=)' if call else 'conn='} got a closed connection: pass the open "
-                                 "connection whose transaction the jobs belong to, before its `with` block ends")
+    refuse_closed(conn, f"{call}(conn=)" if call else "conn=", "the jobs")
     return kind

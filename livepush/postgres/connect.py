@@ -19,7 +19,7 @@ from psycopg.types.string import TextLoader
 from psycopg_pool import PoolTimeout
 
 from ..config import get_settings
-from ..errors import ConfigError, DependencyError, SchemaError, first_line
+from ..errors import ArgumentValueError, ConfigError, DependencyError, SchemaError, first_line
 from .urls import check_url, redact
 
 
@@ -59,6 +59,16 @@ def _reads_text_as_bytes(conn: Any) -> bool:
         return conn.info.encoding == "ascii"
     except psycopg.Error:
         return False  # a connection lost: the statement fails, as on any other
+
+
+def refuse_closed(conn: Any, name: str, what: str) -> None:
+    """ArgumentValueError when the caller closed `conn` before the call `name` (`publish(conn=)`):
+    told "cannot reach Postgres", as a lost (broken) connection is, an operator would check a
+    server that is up, for a call made after the connection's `with` block. `what` is what the
+    call writes in the caller's transaction ("the message", "the jobs")."""
+    if conn.closed and not conn.broken:
+        raise ArgumentValueError(f"{name} got a closed connection: pass the open connection whose transaction {what} "
+                                 "belong to, before its `with` block ends")
 
 
 def cursor_on(conn: Any, row_factory: Any = None) -> Any:
