@@ -46,9 +46,9 @@ Figures (messages carry ~200 bytes of JSON data, `"t"` first: the time just befo
    the clients' and databases' share of the 2 cores is taken out), 2 and auto against 1 (goal
    1.7x); reported as not measured when `livepush serve --help` does not list `--workers`.
 
-The deliveries, CPU and latency figures are medians over rounds, the targets interleaved in each
-(python-socketio's at 5,000 subscribers: one round); the memory, low-rate and `--workers` figures
-one round. A target that fails is reported as not measured, with the reason, and the rest goes on.
+The deliveries, CPU and latency figures, `--workers` ones included, are medians over rounds, the
+targets interleaved in each (python-socketio's at 5,000 subscribers: one round); the memory and
+low-rate figures one round. A target that fails is reported as not measured, with the reason, and the rest goes on.
 """
 
 from __future__ import annotations
@@ -527,7 +527,7 @@ async def suite(ctx: report.Context, env: dict[str, str], plan: Plan) -> list[re
 
         await idle_figures(figs, targets, pool, plan, names)
         if plan.big:
-            await workers_figures(figs, flow, r1000["bare"])
+            await workers_figures(figs, flow, r1000["bare"], plan.rounds)
     finally:
         await pool.close()
     return figs.out
@@ -569,8 +569,10 @@ def deflate_answer(run: Run) -> str:
     return "declines" if run.deflated == 0 else "accepts"
 
 
-async def workers_figures(figs: Figures, flow: Callable[..., Awaitable[Run]], bare: Run) -> None:
-    """Deliveries with `serve --workers N`, against the same run's bare server."""
+async def workers_figures(figs: Figures, flow: Callable[..., Awaitable[Run]], bare: Run, rounds: int) -> None:
+    """Deliveries with `serve --workers N`, against the same run's bare server: medians over
+    `rounds` rounds, the worker counts interleaved in each (a single round's ratio of 2 workers
+    to 1 moved by 0.1 from run to run)."""
     why = await asyncio.to_thread(workers_available)
     if why:  # one line in the report, not one per figure
         figs.add("deliveries/s, 1 topic x 1,000 subscribers, --workers 1, 2, auto", Run(error=why), bare,
@@ -578,9 +580,12 @@ async def workers_figures(figs: Figures, flow: Callable[..., Awaitable[Run]], ba
         return
     for fanout in ("postgres", "redis"):
         label = FANOUTS[fanout]
-        runs = {}
-        for workers in ("1", "2", "auto"):
-            run = runs[workers] = await flow(fanout, 1000, [TOPIC], 0, workers)
+        counts = ("1", "2", "auto")
+        per_round = [{workers: await flow(fanout, 1000, [TOPIC], 0, workers) for workers in counts}
+                     for _ in range(rounds)]
+        runs = {workers: median_run([r[workers] for r in per_round]) for workers in counts}
+        for workers in counts:
+            run = runs[workers]
             shape = f"1 topic x 1,000 subscribers, --workers {workers}, {label} fan-out"
             figs.add(f"deliveries/s, {shape}", run, bare, "deliveries_per_s", "deliveries/s", BARE,
                      higher_is_better=True, goal=GOAL_VS_BARE)
