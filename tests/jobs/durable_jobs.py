@@ -298,6 +298,15 @@ async def park_in_task_group(ctx: Any) -> int:
     return made.result()
 
 
+@jobs.job(name="d.bad_result_in_task_group", max_attempts=3, backoff=lambda attempt: 0.0)
+async def bad_result_in_task_group(ctx: Any) -> None:
+    """A checkpoint whose result is not JSON, beside another in an asyncio.TaskGroup, which raises
+    the InvalidResultError inside an exception group."""
+    async with asyncio.TaskGroup() as group:
+        group.create_task(ctx.checkpoint("beside", body, ctx, "beside"))
+        group.create_task(ctx.checkpoint("when", lambda: {"at": datetime.datetime.now()}))
+
+
 @jobs.job(name="d.checkpoint_then_hold", max_attempts=1, timeout=None)
 async def checkpoint_then_hold(ctx: Any, flag: str) -> None:
     await ctx.checkpoint("fetched", body, ctx, "fetched")

@@ -221,6 +221,16 @@ async def test_a_result_that_is_not_json_fails_naming_the_path(durable_db: str, 
     assert failed.attempt == 1
 
 
+async def test_a_step_error_inside_a_task_group_fails_the_job_at_once(durable_db: str) -> None:
+    """An error a retry would meet again (here InvalidResultError) fails the job at once also when
+    an asyncio.TaskGroup raises it inside an exception group."""
+    async with running():
+        h = await dj.bad_result_in_task_group.aenqueue()
+        failed = await wait_state(h.id, "failed")
+    assert "InvalidResultError" in (failed.error or "") and "'when'" in (failed.error or ""), failed.error
+    assert failed.attempt == 1
+
+
 async def test_a_duplicate_checkpoint_name_fails_the_job(durable_db: str) -> None:
     """Two checkpoints with one name in a run: DuplicateStepError, no retry."""
     async with running():

@@ -233,8 +233,21 @@ def timeout_failure(fn: Any, ctx: JobContext) -> Outcome:
     return _failure(fn, ctx, TimeoutError(f"timed out after {fn.timeout:g} s"), timed_out=True)
 
 
+def _never_retried_in_group(exc: BaseException) -> BaseException | None:
+    """The first NEVER_RETRIED error inside an exception group (asyncio.TaskGroup wraps what its
+    tasks raised), else None: the retry replays the same tasks and meets it again."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return None
+    found: BaseException | None = exc.subgroup(NEVER_RETRIED)
+    while isinstance(found, BaseExceptionGroup):
+        found = found.exceptions[0]
+    return found
+
+
 def _failure(fn: Any, ctx: JobContext, exc: BaseException, *, timed_out: bool = False) -> Outcome:
     job = ctx.job
+    # Recorded as itself, not as the group's "unhandled errors in a TaskGroup", which names nothing.
+    exc = _never_retried_in_group(exc) or exc
     error = _error_text(exc)
     if ctx.cancel_requested:
         return Outcome(ctx, "cancelled", error="cancelled")
