@@ -293,6 +293,23 @@ async def test_the_workflow_topic_shows_every_step(flows_db: str) -> None:
     assert data["workflow"]["steps"]["join"] == {"state": "succeeded", "attempt": 1, "group": None}
 
 
+async def test_the_workflow_topic_shows_a_run_whose_outputs_are_huge(flows_db: str) -> None:
+    """workflow:<id> shows each step's state, not its output: a run whose steps returned outputs
+    that together pass what one jsonb value holds (255 MiB) is shown all the same, and a page's
+    every version does not read them."""
+    async with running():
+        run = await wd.diamond.astart({"n": 1})
+        await run_state(run.id, "succeeded")
+    # Outputs of 100 MB each, as steps may return (written in place here: built by Postgres, they
+    # cost the test no Python memory).
+    q(flows_db, "UPDATE livepush_workflow_steps SET output = to_jsonb(repeat('x', 100000000)) "
+                "WHERE workflow_id = %s AND name IN ('left', 'right', 'join')", (run.id,))
+    state = (await asyncio.to_thread(read_states, flows_db, [run.topic]))[run.topic]
+    data = json.loads(state.data_json(snapshot=True))
+    assert data["workflow"]["state"] == "succeeded"
+    assert data["workflow"]["steps"]["join"] == {"state": "succeeded", "attempt": 1, "group": None}
+
+
 async def test_a_failed_step_fails_the_run(flows_db: str) -> None:
     """A step that fails for good fails the run, and what comes after it never starts."""
     async with running():

@@ -128,7 +128,7 @@ class JobStates:
                         for row in await cur.fetchall():
                             out[f"group:{row['id']}"] = group_state(row)
                     if workflows:
-                        await cur.execute(workflow_queries.RUN_VIEWS, {"ids": workflows})
+                        await cur.execute(workflow_queries.TOPIC_VIEWS, {"ids": workflows})
                         for row in await cur.fetchall():
                             out[f"workflow:{row['id']}"] = workflow_state(row)
         return out

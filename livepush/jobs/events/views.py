@@ -99,9 +99,9 @@ def group_event(row: Mapping[str, Any], event: str | None = None) -> dict[str, A
 
 
 def workflow_view(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The `workflow` object from a row of workflows.queries.RUN_VIEWS. A running run whose active
-    steps all wait (for their batch, a signal, a sleep) shows as `waiting`; a fan-out step shows
-    its batch's counts."""
+    """The `workflow` object from a row of workflows.queries.TOPIC_VIEWS (or RUN_VIEWS). A running
+    run whose active steps all wait (for their batch, a signal, a sleep) shows as `waiting`; a
+    fan-out step shows its batch's counts."""
     steps = {name: {"state": s["state"], "attempt": s["attempt"], "group": s["group"],
                     **({"batch": s["batch"]} if s.get("batch") else {})}
              for name, s in row["steps"].items()}

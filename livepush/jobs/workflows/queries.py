@@ -257,7 +257,7 @@ WHERE workflow_id = %(id)s AND name = %(name)s
 """
 
 # name: run_views
-# The state topic workflow:<id> and jobs.workflows.get(): the run and each step, with its attempt
+# jobs.workflows.get(): the run and each step, with its attempt
 # and its batch's counts as the run's version recorded them (sql/0006_workflows.sql), and whether
 # its job is parked (the step shows `waiting`: every statement that parks or wakes a step's job
 # gives its run a new version in the same transaction). A plain read: one snapshot.
@@ -267,6 +267,25 @@ SELECT w.id, w.name, w.state, w.version, w.event, w.output, w.error, w.created_a
            'state', CASE WHEN s.state = 'running' AND j.state = 'waiting' THEN 'waiting' ELSE s.state END,
            'attempt', s.attempt, 'group', s.group_id, 'batch', s.batch, 'output', s.output,
            'error', s.error, 'job', s.job_id)) FILTER (WHERE s.name IS NOT NULL), '{}'::jsonb) AS steps
+FROM livepush_workflows w
+LEFT JOIN livepush_workflow_steps s ON s.workflow_id = w.id
+LEFT JOIN livepush_jobs j ON j.id = s.job_id
+WHERE w.id = ANY(%(ids)s::bigint[])
+GROUP BY w.id
+"""
+
+# name: topic_views
+# The state topic workflow:<id> (events/source.py), read at each of its versions (a claim, a park,
+# a batch's progress ring): the run and what the topic shows of each step, as RUN_VIEWS has them,
+# and not the steps' outputs and errors. An output is whatever JSON the step returned, megabytes
+# maybe: read at every version they cost a page's every update, and several together pass what
+# one jsonb value holds, which made the run unreadable on its topic. A plain read: one snapshot.
+TOPIC_VIEWS = """
+SELECT w.id, w.name, w.state, w.version, w.event, jsonb_build_object('order', w.graph -> 'order') AS graph,
+       coalesce(jsonb_object_agg(s.name, jsonb_build_object(
+           'state', CASE WHEN s.state = 'running' AND j.state = 'waiting' THEN 'waiting' ELSE s.state END,
+           'attempt', s.attempt, 'group', s.group_id, 'batch', s.batch)) FILTER (WHERE s.name IS NOT NULL),
+                '{}'::jsonb) AS steps
 FROM livepush_workflows w
 LEFT JOIN livepush_workflow_steps s ON s.workflow_id = w.id
 LEFT JOIN livepush_jobs j ON j.id = s.job_id
