@@ -310,6 +310,20 @@ async def test_the_workflow_topic_shows_a_run_whose_outputs_are_huge(flows_db: s
     assert data["workflow"]["steps"]["join"] == {"state": "succeeded", "attempt": 1, "group": None}
 
 
+async def test_get_shows_a_run_whose_outputs_are_huge(flows_db: str) -> None:
+    """get() gives each step's output whole, also when they together pass what one jsonb value
+    holds (255 MiB)."""
+    async with running():
+        run = await wd.diamond.astart({"n": 1})
+        await run_state(run.id, "succeeded")
+    q(flows_db, "UPDATE livepush_workflow_steps SET output = to_jsonb(repeat('x', 100000000)) "
+                "WHERE workflow_id = %s AND name IN ('left', 'right', 'join')", (run.id,))
+    got = await jobs.workflows.aget(run.id)
+    assert got is not None and got["state"] == "succeeded"
+    assert {name: len(s["output"]) for name, s in got["steps"].items()} == {
+        "fetch": 1, "left": 100_000_000, "right": 100_000_000, "join": 100_000_000}
+
+
 async def test_a_failed_step_fails_the_run(flows_db: str) -> None:
     """A step that fails for good fails the run, and what comes after it never starts."""
     async with running():

@@ -224,11 +224,12 @@ async def asignal_run(run_id: int, name: str, data: Any = None, *, actor: str | 
 
 # -- reads ----------------------------------------------------------------------------------------
 
-def _run(row: dict[str, Any], audit: list[dict[str, Any]]) -> dict[str, Any]:
+def _run(row: dict[str, Any], outputs: list[dict[str, Any]], audit: list[dict[str, Any]]) -> dict[str, Any]:
     view = workflow_view(row)
+    output_of = {r["name"]: r["output"] for r in outputs}
     # In the view's order (the definition's), not the stored object's: jsonb orders keys by length.
-    view["steps"] = {name: {k: row["steps"][name].get(k) for k in ("state", "attempt", "group", "batch", "output",
-                                                                   "error", "job")}
+    view["steps"] = {name: {k: output_of.get(name) if k == "output" else row["steps"][name].get(k)
+                            for k in ("state", "attempt", "group", "batch", "output", "error", "job")}
                      for name in view["steps"]}
     return {**view, "output": row["output"], "error": row["error"], "created_at": row["created_at"],
             "finished_at": row["finished_at"], "audit": audit}
@@ -244,8 +245,10 @@ def get(run_id: int) -> dict[str, Any] | None:
         row = cur.fetchone()
         if row is None:
             return None
+        cur.execute(wq.STEP_OUTPUTS, {"id": run_id})
+        outputs = cur.fetchall()
         cur.execute(wq.AUDIT_OF, {"id": run_id})
-        return _run(row, cur.fetchall())
+        return _run(row, outputs, cur.fetchall())
 
 
 async def aget(run_id: int) -> dict[str, Any] | None:
@@ -257,8 +260,10 @@ async def aget(run_id: int) -> dict[str, Any] | None:
         row = await cur.fetchone()
         if row is None:
             return None
+        await cur.execute(wq.STEP_OUTPUTS, {"id": run_id})
+        outputs = await cur.fetchall()
         await cur.execute(wq.AUDIT_OF, {"id": run_id})
-        return _run(row, await cur.fetchall())
+        return _run(row, outputs, await cur.fetchall())
 
 
 def list_runs(name: str | None = None, state: str | None = None, *, before: int | None = None,

@@ -260,12 +260,14 @@ WHERE workflow_id = %(id)s AND name = %(name)s
 # jobs.workflows.get(): the run and each step, with its attempt
 # and its batch's counts as the run's version recorded them (sql/0006_workflows.sql), and whether
 # its job is parked (the step shows `waiting`: every statement that parks or wakes a step's job
-# gives its run a new version in the same transaction). A plain read: one snapshot.
+# gives its run a new version in the same transaction). A plain read: one snapshot. The steps'
+# outputs come apart (STEP_OUTPUTS): built into this one object, outputs that together passed
+# what one jsonb value holds (255 MiB) made the run unreadable.
 RUN_VIEWS = """
 SELECT w.id, w.name, w.state, w.version, w.event, w.output, w.error, w.created_at, w.finished_at, w.graph,
        coalesce(jsonb_object_agg(s.name, jsonb_build_object(
            'state', CASE WHEN s.state = 'running' AND j.state = 'waiting' THEN 'waiting' ELSE s.state END,
-           'attempt', s.attempt, 'group', s.group_id, 'batch', s.batch, 'output', s.output,
+           'attempt', s.attempt, 'group', s.group_id, 'batch', s.batch,
            'error', s.error, 'job', s.job_id)) FILTER (WHERE s.name IS NOT NULL), '{}'::jsonb) AS steps
 FROM livepush_workflows w
 LEFT JOIN livepush_workflow_steps s ON s.workflow_id = w.id
@@ -293,8 +295,15 @@ WHERE w.id = ANY(%(ids)s::bigint[])
 GROUP BY w.id
 """
 
+# name: step_outputs
+# jobs.workflows.get(), in RUN_VIEWS's snapshot: each step's output, a row apiece (each may be as
+# large as one jsonb value, whatever the others hold).
+STEP_OUTPUTS = """
+SELECT name, output FROM livepush_workflow_steps WHERE workflow_id = %(id)s AND output IS NOT NULL
+"""
+
 # name: run_snapshot
-# jobs.workflows.get(): the transaction's first statement, so RUN_VIEWS and AUDIT_OF read one
+# jobs.workflows.get(): the transaction's first statement, so RUN_VIEWS, STEP_OUTPUTS and AUDIT_OF read one
 # snapshot (read committed gave each its own: a verb committed between them showed on the audit
 # trail of a run still shown as before it). The statement `livepush status` starts with.
 RUN_SNAPSHOT = queries.STATUS_SNAPSHOT
