@@ -324,6 +324,19 @@ async def test_get_shows_a_run_whose_outputs_are_huge(flows_db: str) -> None:
         "fetch": 1, "left": 100_000_000, "right": 100_000_000, "join": 100_000_000}
 
 
+async def test_a_step_reads_outputs_that_together_are_huge(flows_db: str) -> None:
+    """ctx.outputs holds each earlier step's output whole, also when they together pass what one
+    jsonb value holds (255 MiB): the step after them runs."""
+    async with running():
+        run = await wd.two_outputs.astart()
+        await run_state(run.id, "waiting")
+        q(flows_db, "UPDATE livepush_workflow_steps SET output = to_jsonb(repeat('x', 140000000)) "
+                    "WHERE workflow_id = %s AND name IN ('one', 'two')", (run.id,))
+        await jobs.workflows.asignal(run.id, "go")
+        done = await run_state(run.id, {"succeeded", "failed"}, timeout=60.0)
+    assert done["steps"]["sizes"]["output"] == {"one": 140_000_000, "two": 140_000_000}, done["error"]
+
+
 async def test_a_failed_step_fails_the_run(flows_db: str) -> None:
     """A step that fails for good fails the run, and what comes after it never starts."""
     async with running():

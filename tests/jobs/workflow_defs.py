@@ -172,3 +172,22 @@ async def breaks(ctx: Any) -> Any:
 
     await asyncio.sleep(0.3)
     raise ValueError("breaks")
+
+
+# Two steps whose outputs the next step reads, once it has its signal.
+two_outputs = jobs.workflow("t_two_outputs", queue="flows")
+
+
+@two_outputs.step()
+async def one(ctx: Any) -> Any:
+    return "one"
+
+
+@two_outputs.step()
+async def two(ctx: Any) -> Any:
+    return "two"
+
+
+@two_outputs.step(after=["one", "two"], wait_for="go")
+async def sizes(ctx: Any) -> Any:
+    return {name: len(ctx.outputs[name]) for name in ("one", "two")}

@@ -222,13 +222,18 @@ SIGNAL_RELEASE = "RELEASE SAVEPOINT livepush_workflow_signal"
 # succeeded, and of skipped ones that have one (a fan-out keeps its batch's counts: a skipped step
 # stands for one that succeeded, and what follows reads it as such). A plain read; outputs never
 # change once their step finished.
+# The outputs come as two arrays, names and values, not as one jsonb object: outputs that
+# together passed what one jsonb value holds (255 MiB) made every attempt of the step fail.
 # Also the step as the run's graph stores it (its kind and options: the run follows the graph it
 # started with), and its batch so far (a fan-out step): made by whom, and how many of it succeeded.
 STEP_INPUTS = """
+WITH done_steps AS MATERIALIZED (
+    SELECT s.name, s.output FROM livepush_workflow_steps s
+    WHERE s.workflow_id = %(id)s AND (s.state = 'succeeded' OR s.state = 'skipped' AND s.output IS NOT NULL)
+)
 SELECT w.input, w.state, w.graph -> 'steps' -> %(step)s AS spec,
-       coalesce((SELECT jsonb_object_agg(s.name, s.output) FROM livepush_workflow_steps s
-                 WHERE s.workflow_id = w.id AND (s.state = 'succeeded'
-                                                 OR s.state = 'skipped' AND s.output IS NOT NULL)), '{}'::jsonb) AS outputs,
+       (SELECT array_agg(s.name ORDER BY s.name) FROM done_steps s) AS output_names,
+       (SELECT array_agg(s.output ORDER BY s.name) FROM done_steps s) AS outputs,
        me.state AS step_state, me.job_id AS step_job, me.output AS step_output, me.group_id,
        g.parent_id AS group_parent,
        (SELECT coalesce(sum(sh.succeeded), 0)::int FROM livepush_group_shards sh

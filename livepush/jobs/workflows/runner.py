@@ -169,7 +169,8 @@ class Runner:
             raise JobCancelled(f"workflow run {run_id} no longer runs step {step!r} with job {ctx.job_id}")
         # The step's function is this deploy's; its kind and options are the run's graph's.
         spec = _as_started(spec, row["spec"])
-        sctx = StepContext(ctx, run_id, step, row["input"], row["outputs"])
+        outputs = dict(zip(row["output_names"] or (), row["outputs"] or ()))
+        sctx = StepContext(ctx, run_id, step, row["input"], outputs)
         try:
             if spec.wait_for is not None:
                 try:
