@@ -89,6 +89,29 @@ def test_a_random_field_fails_at_decoration(cron: str) -> None:
     assert repr(cron) in str(caught.value)
 
 
+@pytest.mark.parametrize("cron", ["H * * * *", "0 H(0-5) * * *", "h/15 * * * *", "* * * * * H"])
+def test_a_hashed_field_fails_at_decoration_saying_to_write_the_value(cron: str) -> None:
+    """croniter's `H` needs an id livepush never passes: the user is told what to write instead,
+    not about croniter's missing argument."""
+    with pytest.raises(jobs.InvalidScheduleError, match=r"hashed field \(H\).*write the value") as caught:
+        declare(cron)
+    assert repr(cron) in str(caught.value) and "hash_id" not in str(caught.value)
+
+
+@pytest.mark.parametrize("cron", ["@reboot", "@every 5m", "@fortnightly"])
+def test_an_unknown_nickname_fails_at_decoration_naming_the_known_ones(cron: str) -> None:
+    """A nickname croniter does not read is named as one, with those it does, not as a count of
+    columns that includes a seventh livepush refuses."""
+    with pytest.raises(jobs.InvalidScheduleError, match="unknown nickname: use one of @yearly") as caught:
+        declare(cron)
+    assert repr(cron) in str(caught.value) and "7 columns" not in str(caught.value)
+
+
+@pytest.mark.parametrize("cron", ["@hourly", "@DAILY", "@midnight", "@annually"])
+def test_a_known_nickname_is_accepted(cron: str) -> None:
+    declare(cron)
+
+
 def test_an_unknown_timezone_fails_at_decoration_naming_it() -> None:
     with pytest.raises(jobs.InvalidScheduleError, match="unknown timezone 'Mars/Olympus'") as caught:
         declare("*/5 * * * *", timezone="Mars/Olympus")

@@ -25,6 +25,13 @@ CHANGE_WINDOW = timedelta(hours=3)
 # and we build one per round: every round and every runtime would have its own ticks.
 _RANDOM = re.compile(r"r(\(\d+-\d+\))?(/\d+)?", re.IGNORECASE | re.ASCII)
 
+# croniter's hashed field (`H`, `H(0-29)`, `H/15`) needs an id to hash that we do not pass: croniter
+# refuses it with an error about an argument the user never sees, so it is named here instead.
+_HASHED = re.compile(r"h(\(\d+-\d+\))?(/\d+)?", re.IGNORECASE | re.ASCII)
+
+# The nicknames croniter reads (its `@reboot` and others are not: they name no tick).
+NICKNAMES = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
+
 
 def _zone(expression: str, timezone: str) -> ZoneInfo:
     if not isinstance(timezone, str) or not timezone:
@@ -159,13 +166,20 @@ def parse(expression: str, timezone: str = "UTC") -> Cron:
                                    f"got {expression!r}")
     zone = _zone(expression, timezone)
     fields = expression.split()
-    if not expression.strip().startswith("@") and len(fields) not in FIELDS:
+    if expression.strip().startswith("@"):
+        if expression.strip().lower() not in NICKNAMES:
+            raise InvalidScheduleError(f"periodic {expression!r}: unknown nickname: use one of {', '.join(NICKNAMES)}, "
+                                       "or cron fields such as '*/5 * * * *'")
+    elif len(fields) not in FIELDS:
         raise InvalidScheduleError(
             f"periodic {expression!r}: a cron expression has 5 fields (minute hour day month weekday) or 6 "
             f"(a sixth for seconds), got {len(fields)}")
     if any(_RANDOM.fullmatch(field) for field in fields):
         raise InvalidScheduleError(f"periodic {expression!r}: a random field (R) is drawn anew by every runtime "
                                    "and every round, so its ticks would not be the same twice: pick the value")
+    if any(_HASHED.fullmatch(field) for field in fields):
+        raise InvalidScheduleError(f"periodic {expression!r}: a hashed field (H) is not supported: write the value "
+                                   "it stands for (such as '7' for a minute)")
     try:
         croniter(expression, datetime.now(zone)).get_next(datetime)
     except CroniterBadDateError:
