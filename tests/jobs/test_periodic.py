@@ -112,6 +112,22 @@ def test_a_known_nickname_is_accepted(cron: str) -> None:
     declare(cron)
 
 
+def test_periodic_stacked_on_job_says_to_use_periodic_alone() -> None:
+    """@jobs.periodic over @jobs.job is refused as one job decorated twice, not as a clash between
+    two definitions the user would go looking for."""
+    with pytest.raises(jobs.InvalidScheduleError, match=r"already a job .*use it alone") as caught:
+        jobs.periodic("*/5 * * * *")(jobs.job(name=f"tests.periodic.job_{next(_names)}")(lambda ctx, tick: None))
+    assert "two definitions" not in str(caught.value)
+
+
+def test_job_stacked_on_periodic_says_to_use_one_decorator() -> None:
+    """@jobs.job over @jobs.periodic (or over @jobs.job) names the mistake and the way out."""
+    fn = jobs.periodic("*/5 * * * *", name=f"tests.periodic.job_{next(_names)}")(lambda ctx, tick: None)
+    with pytest.raises(ConfigError, match=r"already a job .*use one decorator") as caught:
+        jobs.job(queue="elsewhere")(fn)
+    assert "two definitions" not in str(caught.value)
+
+
 def test_an_unknown_timezone_fails_at_decoration_naming_it() -> None:
     with pytest.raises(jobs.InvalidScheduleError, match="unknown timezone 'Mars/Olympus'") as caught:
         declare("*/5 * * * *", timezone="Mars/Olympus")

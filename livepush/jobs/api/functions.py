@@ -214,6 +214,11 @@ def job(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     check_queue(queue, "@jobs.job(queue=)")
 
     def decorate(f: Callable[..., Any]) -> JobFunction:
+        if isinstance(f, JobFunction):
+            # Stacked on @jobs.job or @jobs.periodic: registering it again would fail as a name
+            # clash between "two definitions", which sends the user looking for a second one.
+            raise ConfigError(f"@jobs.job on {f.name}, which is already a job (@jobs.job or @jobs.periodic): use one "
+                              "decorator; @jobs.periodic takes @jobs.job's options")
         return REGISTRY.add(JobFunction(f, **options))
 
     return decorate

@@ -82,6 +82,12 @@ def periodic(cron: str, *, timezone: str = "UTC", **options: Any) -> Callable[[C
     declare = job(**options)  # checks the job options now, at import, as @jobs.job does
 
     def decorate(func: Callable[..., Any]) -> JobFunction:
+        if isinstance(func, JobFunction):
+            # Stacked on @jobs.job: registering the same function again would fail as a name
+            # clash between "two definitions", which sends the user looking for a second one.
+            raise InvalidScheduleError(f"periodic {cron!r}: {func.name} is already a job (@jobs.job): @jobs.periodic "
+                                       "registers the job itself, so use it alone, with @jobs.job's options "
+                                       f"(@jobs.periodic({cron!r}, queue=...))")
         _check_signature(cron, func)
         fn = declare(func)
         _check_schema(fn, parsed)
