@@ -128,6 +128,15 @@ def test_job_stacked_on_periodic_says_to_use_one_decorator() -> None:
     assert "two definitions" not in str(caught.value)
 
 
+@pytest.mark.parametrize("option", ["tags", "key", "wait"])
+def test_an_unknown_option_is_named_by_periodic_with_the_ones_it_takes(option: str) -> None:
+    """An enqueue option given to @jobs.periodic is refused by @jobs.periodic, naming the options it
+    takes, not by the @jobs.job the user never wrote."""
+    with pytest.raises(TypeError, match=rf"unknown options \['{option}'\]: @jobs.periodic takes") as caught:
+        jobs.periodic("*/5 * * * *", **{option: ["x"]})
+    assert "queue" in str(caught.value) and "@jobs.job()" not in str(caught.value)
+
+
 def test_an_unknown_timezone_fails_at_decoration_naming_it() -> None:
     with pytest.raises(jobs.InvalidScheduleError, match="unknown timezone 'Mars/Olympus'") as caught:
         declare("*/5 * * * *", timezone="Mars/Olympus")

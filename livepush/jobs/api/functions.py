@@ -191,6 +191,11 @@ def job(
 ) -> Callable[[Callable[..., Any]], JobFunction]: ...
 
 
+# The options of @jobs.job (and of @jobs.periodic, which takes them too).
+OPTIONS = frozenset({"name", "queue", "priority", "max_attempts", "timeout", "never_retry", "backoff", "schema",
+                     "concurrency", "rate"})
+
+
 def job(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     """Declare a job function: `@jobs.job` or `@jobs.job(queue=..., priority=..., ...)`.
     `concurrency=("tenant", 2)` runs at most 2 at once per value of that argument, `rate="100/s"`
@@ -206,8 +211,7 @@ def job(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
             raise ArgumentTypeError(f"@jobs.job takes its options as keywords, e.g. @jobs.job(queue={func!r:.60}), and "
                                     f"decorates a function; got {type(func).__name__} {func!r:.60}")
         return REGISTRY.add(JobFunction(func))
-    unknown = set(options) - {"name", "queue", "priority", "max_attempts", "timeout", "never_retry", "backoff",
-                              "schema", "concurrency", "rate"}
+    unknown = set(options) - OPTIONS
     if unknown:
         raise ArgumentTypeError(f"@jobs.job() got unknown options {sorted(unknown)}")
     queue = options.get("queue", "default")

@@ -9,8 +9,9 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from ..api.functions import JobFunction, job
+from ..api.functions import OPTIONS, JobFunction, job
 from ..api.registry import Registry
+from ...errors import ArgumentTypeError
 from ..errors import InvalidArgumentsError, InvalidScheduleError
 from .cron import Cron, parse
 
@@ -79,6 +80,13 @@ def periodic(cron: str, *, timezone: str = "UTC", **options: Any) -> Callable[[C
     `def f(ctx, tick)`. It is enqueued once per tick across every runtime, with the tick (ISO 8601,
     in `timezone`) as its argument; `options` are those of `@jobs.job`."""
     parsed = parse(cron, timezone)
+    unknown = set(options) - OPTIONS
+    if unknown:
+        # Named here, not by @jobs.job (which the user did not call); enqueue options such as
+        # tags= and key= are the likely ones, and a periodic job is enqueued by no call of theirs.
+        raise ArgumentTypeError(f"periodic {cron!r}: unknown options {sorted(unknown)}: @jobs.periodic takes "
+                                f"timezone= and @jobs.job's options ({', '.join(sorted(OPTIONS))}); enqueue "
+                                "options such as tags= and key= do not apply to a periodic job")
     declare = job(**options)  # checks the job options now, at import, as @jobs.job does
 
     def decorate(func: Callable[..., Any]) -> JobFunction:
