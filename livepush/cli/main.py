@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Sequence
 from .. import config
 from ..errors import ConfigError, DependencyError, InvalidTopic, LivepushError, SchemaError
 from . import flags, logs
-from .runner import run_async
+from .runner import open_standard_descriptors, run_async
 
 EXIT_OK, EXIT_DEPENDENCY, EXIT_USAGE = 0, 1, 2
 # The commands that print their result and end: a broken pipe on stdout is their reader gone.
@@ -298,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # First, before any command opens a file or a socket that would take a closed descriptor's
+    # number (sys.stdout stays None, so the commands that only print still see stdout closed).
+    open_standard_descriptors()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     _Parser.json_errors = _asks_json(argv)

@@ -228,6 +228,22 @@ async def test_workers_import_what_livepush_needs_not_the_projects_modules_of_th
     assert child.stop(15) == 0, child.output()
 
 
+
+async def test_started_with_stdout_closed_every_process_holds_dev_null_on_it(procs, livepush_env, pg_url) -> None:
+    """`serve --workers 2 >&-`: the supervisor and its workers hold /dev/null on descriptor 1, not
+    the first file one of them opened (a worker's metrics file), which a subprocess started by
+    the worker's code would write its output into; and they stop with exit 0."""
+    env = livepush_env(database_url=pg_url, port=0)
+    child = procs.start(["sh", "-c", 'exec "$@" >&-', "sh", sys.executable, "-m", "livepush", "serve", "--workers",
+                         "2"], env=env, name="livepush serve --workers 2 >&-")
+    await async_wait_for(lambda: serving_port(child) or not child.running, timeout=BOOT,
+                         message="the supervisor's 'serving on' line")
+    assert child.running, child.output()
+    pids = set((await workers_by_index(serving_port(child), 2)).values())
+    assert {pid: os.readlink(f"/proc/{pid}/fd/1") for pid in {child.pid, *pids}} == dict.fromkeys(
+        {child.pid, *pids}, os.devnull)
+    assert child.stop(15) == 0, child.output()
+
 # -- stopping -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("sig,drain", [(signal.SIGTERM, "0"), (signal.SIGINT, "0"), (signal.SIGTERM, "1")])
 async def test_one_signal_stops_every_worker(procs, livepush_env, pg_url, secret, sig, drain) -> None:
