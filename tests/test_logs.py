@@ -112,6 +112,22 @@ def test_with_json_logs_the_line_a_command_ends_on_is_json_too(procs, livepush_e
     assert last["level"] == "error" and needle in last["message"] and "Traceback" not in child.stderr()
 
 
+@pytest.mark.parametrize("spelling", [["--log-format=json"], ["--log-form", "json"], ["--log=json"]])
+def test_a_usage_error_is_one_json_line_however_the_parser_took_log_format_json(
+        spelling: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """`--log-format json` in any spelling the parser accepts (`=json`, or the flag shortened)
+    makes a usage error one JSON line too, not the usage text."""
+    from livepush.cli.main import main
+
+    with pytest.raises(SystemExit) as raised:
+        main(["jobs", "some.module", *spelling, "--concurrency", "x"])
+    assert raised.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    entry = json.loads(err)
+    assert entry["level"] == "error" and "--concurrency" in entry["message"], entry
+
+
 @pytest.mark.parametrize("log_format", ["text", "json"])
 @pytest.mark.parametrize("argv", [["serve", "--app", "leaky_module:app"], ["jobs", "leaky_module"]])
 def test_the_line_a_command_ends_on_is_scrubbed_in_either_format(procs, livepush_env, tmp_path, argv,

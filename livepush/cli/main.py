@@ -51,8 +51,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _asks_json(argv: Sequence[str]) -> bool:
-    """Whether the command line holds `--log-format json` (or `--log-format=json`)."""
-    return "--log-format=json" in argv or any(a == "--log-format" and b == "json" for a, b in zip(argv, argv[1:]))
+    """Whether the command line holds `--log-format json`, spelled as the parser takes it:
+    `--log-format=json`, or the flag shortened (`--log json`), which argparse accepts."""
+    for flag, following in zip(argv, [*argv[1:], None]):
+        name, equals, value = flag.partition("=")
+        # From `--lo` on: `--l` may be `status --limit`'s shortening.
+        if len(name) >= 4 and "--log-format".startswith(name):
+            if (value if equals else following) == "json":
+                return True
+    return False
 
 
 # The settings a flag of `serve` stands in for, and their variables.
