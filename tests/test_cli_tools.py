@@ -13,6 +13,7 @@ import pytest
 
 from livepush import InvalidTopic, sessions, topics
 from livepush.demo import demo_secret
+from tests.support.waiting import wait_for
 
 
 def test_token_topic_prints_a_signed_topic_that_verifies(procs, livepush_env, secret) -> None:
@@ -294,6 +295,20 @@ def test_a_command_started_with_its_standard_input_closed_stops_cleanly(procs, l
                         port=int(env["LIVEPUSH_PORT"]), name=f"livepush {command} <&-")
     child.wait_healthy()
     assert child.stop(15) == 0, child.output()
+
+
+def test_the_demo_serves_when_its_standard_output_cannot_take_the_url(procs, livepush_env, pg_url) -> None:
+    """`livepush demo > /dev/full` (or a reader that went away): the demo serves all the same, says
+    where on stderr, and stops on SIGTERM with exit 0, instead of ending with a traceback."""
+    env = livepush_env(database_url=pg_url)
+    child = procs.start(["sh", "-c", 'exec "$@" >/dev/full', "sh", sys.executable, "-m", "livepush", "demo"], env=env,
+                        port=int(env["LIVEPUSH_PORT"]), name="livepush demo >/dev/full")
+    child.wait_healthy()
+    wait_for(lambda: "the demo is at http://" in child.stderr() or not child.running, timeout=15,
+             message="the demo's URL on stderr")
+    assert child.running, child.output()
+    assert child.stop(15) == 0, child.output()
+    assert "Traceback" not in child.stderr(), child.output()
 
 
 @pytest.mark.parametrize("argv", [

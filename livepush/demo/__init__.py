@@ -275,7 +275,14 @@ def run() -> int:
             # A wildcard address is where it listens, not a page a browser opens (some refuse
             # http://0.0.0.0/): show this machine's own, which the wildcard covers.
             shown = _WILDCARDS.get(settings.host, settings.host)
-            print(f"\n  livepush demo: open http://{host_port(shown, port)}/  (Ctrl-C stops)\n", flush=True)
+            url = f"http://{host_port(shown, port)}/"
+            try:
+                print(f"\n  livepush demo: open {url}  (Ctrl-C stops)\n", flush=True)
+            except OSError as exc:
+                # Its reader gone (`livepush demo | head -0`) or a full disk: the demo serves all
+                # the same, and says where on stderr; what is left unprinted goes nowhere at exit.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+                log.warning("could not print to standard output (%s): the demo is at %s", exc.strerror or exc, url)
 
         async def main() -> int:
             parts = server_parts(settings, with_jobs=[DEMO_JOBS], pages=routes)
