@@ -261,19 +261,15 @@ UPDATE livepush_workflow_steps SET group_id = %(group_id)s, batch = livepush_wor
 WHERE workflow_id = %(id)s AND name = %(name)s
 """
 
-# name: run_views
-# jobs.workflows.get(): the run and each step, with its attempt
-# and its batch's counts as the run's version recorded them (sql/0006_workflows.sql), and whether
-# its job is parked (the step shows `waiting`: every statement that parks or wakes a step's job
-# gives its run a new version in the same transaction). A plain read: one snapshot. The steps'
-# outputs come apart (STEP_OUTPUTS): built into this one object, outputs that together passed
-# what one jsonb value holds (255 MiB) made the run unreadable.
-RUN_VIEWS = """
-SELECT w.id, w.name, w.state, w.version, w.event, w.output, w.error, w.created_at, w.finished_at, w.graph,
+# RUN_VIEWS and TOPIC_VIEWS: each run asked for, and each of its steps as the topic shows it
+# (`extra` adds to a step what only jobs.workflows.get() shows).
+def _run_views(run_columns: str, extra: str = "") -> str:
+    return f"""
+SELECT w.id, w.name, w.state, w.version, w.event, {run_columns},
        coalesce(jsonb_object_agg(s.name, jsonb_build_object(
            'state', CASE WHEN s.state = 'running' AND j.state = 'waiting' THEN 'waiting' ELSE s.state END,
-           'attempt', s.attempt, 'group', s.group_id, 'batch', s.batch,
-           'error', s.error, 'job', s.job_id)) FILTER (WHERE s.name IS NOT NULL), '{}'::jsonb) AS steps
+           'attempt', s.attempt, 'group', s.group_id, 'batch', s.batch{extra})) FILTER (WHERE s.name IS NOT NULL),
+                '{{}}'::jsonb) AS steps
 FROM livepush_workflows w
 LEFT JOIN livepush_workflow_steps s ON s.workflow_id = w.id
 LEFT JOIN livepush_jobs j ON j.id = s.job_id
@@ -281,24 +277,23 @@ WHERE w.id = ANY(%(ids)s::bigint[])
 GROUP BY w.id
 """
 
+
+# name: run_views
+# jobs.workflows.get(): the run and each step, with its attempt
+# and its batch's counts as the run's version recorded them (sql/0006_workflows.sql), and whether
+# its job is parked (the step shows `waiting`: every statement that parks or wakes a step's job
+# gives its run a new version in the same transaction). A plain read: one snapshot. The steps'
+# outputs come apart (STEP_OUTPUTS): built into this one object, outputs that together passed
+# what one jsonb value holds (255 MiB) made the run unreadable.
+RUN_VIEWS = _run_views("w.output, w.error, w.created_at, w.finished_at, w.graph", ", 'error', s.error, 'job', s.job_id")
+
 # name: topic_views
 # The state topic workflow:<id> (events/source.py), read at each of its versions (a claim, a park,
 # a batch's progress ring): the run and what the topic shows of each step, as RUN_VIEWS has them,
 # and not the steps' outputs and errors. An output is whatever JSON the step returned, megabytes
 # maybe: read at every version they cost a page's every update, and several together pass what
 # one jsonb value holds, which made the run unreadable on its topic. A plain read: one snapshot.
-TOPIC_VIEWS = """
-SELECT w.id, w.name, w.state, w.version, w.event, jsonb_build_object('order', w.graph -> 'order') AS graph,
-       coalesce(jsonb_object_agg(s.name, jsonb_build_object(
-           'state', CASE WHEN s.state = 'running' AND j.state = 'waiting' THEN 'waiting' ELSE s.state END,
-           'attempt', s.attempt, 'group', s.group_id, 'batch', s.batch)) FILTER (WHERE s.name IS NOT NULL),
-                '{}'::jsonb) AS steps
-FROM livepush_workflows w
-LEFT JOIN livepush_workflow_steps s ON s.workflow_id = w.id
-LEFT JOIN livepush_jobs j ON j.id = s.job_id
-WHERE w.id = ANY(%(ids)s::bigint[])
-GROUP BY w.id
-"""
+TOPIC_VIEWS = _run_views("jsonb_build_object('order', w.graph -> 'order') AS graph")
 
 # name: step_outputs
 # jobs.workflows.get(), in RUN_VIEWS's snapshot: each step's output, a row apiece (each may be as
