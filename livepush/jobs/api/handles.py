@@ -1,9 +1,11 @@
-"""What enqueue returns (JobHandle), and the checks of ids a user passes in."""
+"""What enqueue returns (JobHandle), the checks of ids and cursors a user passes in, and how a read
+with a cursor cuts its page."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 from ...api import sign_topic
 from ...config import get_settings
@@ -80,3 +82,11 @@ def checked_cursor(value: object, what: str) -> int:
     cursor past the last id would then page from the first, or before it find nothing."""
     checked_id(value, what)
     return min(max(value, 0), BIGINT_MAX)  # type: ignore[call-overload]
+
+
+def page_of(rows: list[dict[str, Any]], limit: int, key: str) -> tuple[list[dict[str, Any]], int | None]:
+    """A page from rows read with LIMIT limit + 1: the first `limit` rows, and the cursor of the
+    next page (the last row's `key`), None when the extra row shows there is no next page."""
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (rows[-1][key] if more else None)

@@ -3,26 +3,32 @@ twins. Each checks its arguments, reads with a named statement, then shapes the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from psycopg.rows import dict_row
 
 from ...postgres.text import BIGINT_MAX
 from .. import database
-from ..api.handles import checked_cursor, checked_id
+from ..api.handles import checked_cursor, checked_id, page_of
 from ..events.views import group_view, iso, progress_view
 from . import queries as gq
 from ...errors import ArgumentValueError
 
 
-def _read(sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+def _read(sql: str, params: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The rows of `sql` (none when `params` is None: no row can match)."""
+    if params is None:
+        return []
     with database.connection() as conn:
         with conn.cursor(row_factory=dict_row) as cur:
             cur.execute(sql, params)  # type: ignore[arg-type]
             return cur.fetchall()
 
 
-async def _aread(sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+async def _aread(sql: str, params: dict[str, Any] | None) -> list[dict[str, Any]]:
+    if params is None:
+        return []
     async with database.aconnection() as conn:
         async with conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(sql, params)  # type: ignore[arg-type]
@@ -66,60 +72,55 @@ def _check_limit(limit: Any) -> None:
 def group_members(group_id: int, after: int | None = None, limit: int = 100) -> Page:
     """One page of members in id order: (rows, next_cursor). Pass next_cursor as `after` for the
     next page; it is None on the last page (even a full one)."""
-    params = _members_params(group_id, after, limit)
-    return _members_page(_read(gq.MEMBERS_PAGE, params) if params else [], limit)
+    return _page(_read(*_members(group_id, after, limit)), limit, "id", _member_row)
 
 
 async def agroup_members(group_id: int, after: int | None = None, limit: int = 100) -> Page:
     """group_members() for async code."""
-    params = _members_params(group_id, after, limit)
-    return _members_page(await _aread(gq.MEMBERS_PAGE, params) if params else [], limit)
-
-
-def _members_params(group_id: Any, after: Any, limit: Any) -> dict[str, Any] | None:
-    """The page's statement parameters; None when no row can be on it."""
-    group_id = checked_id(group_id, "group_id")
-    _check_limit(limit)
-    after = checked_cursor(after, "after") if after is not None else 0
-    if after >= BIGINT_MAX:
-        return None  # no id comes after it
-    return {"id": group_id, "after": after, "limit": limit}
-
-
-def _members_page(rows: list[dict[str, Any]], limit: int) -> Page:
-    more = len(rows) > limit
-    rows = rows[:limit]
-    for r in rows:
-        r["run_at"] = iso(r["run_at"])
-        r["finished_at"] = iso(r["finished_at"])
-        r["progress"] = progress_view(r["progress"], r["attempt"])
-    return rows, (rows[-1]["id"] if more else None)
+    return _page(await _aread(*_members(group_id, after, limit)), limit, "id", _member_row)
 
 
 def group_history(group_id: int, before: int | None = None, limit: int = 50) -> Page:
     """The group's events, newest first: (rows of {seq, event, data, at}, next_cursor)."""
-    params = _history_params(group_id, before, limit)
-    return _history_page(_read(gq.EVENTS_PAGE, params) if params else [], limit)
+    return _page(_read(*_history(group_id, before, limit)), limit, "seq", _event_row)
 
 
 async def agroup_history(group_id: int, before: int | None = None, limit: int = 50) -> Page:
     """group_history() for async code."""
-    params = _history_params(group_id, before, limit)
-    return _history_page(await _aread(gq.EVENTS_PAGE, params) if params else [], limit)
+    return _page(await _aread(*_history(group_id, before, limit)), limit, "seq", _event_row)
 
 
-def _history_params(group_id: Any, before: Any, limit: Any) -> dict[str, Any] | None:
+def _members(group_id: Any, after: Any, limit: Any) -> tuple[str, dict[str, Any] | None]:
+    """The statement of a page of members and its parameters; None when no row can be on it."""
+    group_id = checked_id(group_id, "group_id")
+    _check_limit(limit)
+    after = checked_cursor(after, "after") if after is not None else 0
+    if after >= BIGINT_MAX:
+        return gq.MEMBERS_PAGE, None  # no id comes after it
+    return gq.MEMBERS_PAGE, {"id": group_id, "after": after, "limit": limit}
+
+
+def _history(group_id: Any, before: Any, limit: Any) -> tuple[str, dict[str, Any] | None]:
     group_id = checked_id(group_id, "group_id")
     _check_limit(limit)
     cursor = checked_cursor(before, "before") if before is not None else BIGINT_MAX
     if cursor <= 1:
-        return None  # seqs start at 1: none comes before it
-    return {"id": group_id, "before": cursor, "limit": limit}
+        return gq.EVENTS_PAGE, None  # seqs start at 1: none comes before it
+    return gq.EVENTS_PAGE, {"id": group_id, "before": cursor, "limit": limit}
 
 
-def _history_page(rows: list[dict[str, Any]], limit: int) -> Page:
-    more = len(rows) > limit
-    rows = rows[:limit]
+def _member_row(r: dict[str, Any]) -> None:
+    r["run_at"] = iso(r["run_at"])
+    r["finished_at"] = iso(r["finished_at"])
+    r["progress"] = progress_view(r["progress"], r["attempt"])
+
+
+def _event_row(r: dict[str, Any]) -> None:
+    r["at"] = iso(r["at"])
+
+
+def _page(rows: list[dict[str, Any]], limit: int, key: str, shape: Callable[[dict[str, Any]], None]) -> Page:
+    rows, cursor = page_of(rows, limit, key)
     for r in rows:
-        r["at"] = iso(r["at"])
-    return rows, (rows[-1]["seq"] if more else None)
+        shape(r)
+    return rows, cursor

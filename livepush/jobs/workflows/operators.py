@@ -18,7 +18,7 @@ from .. import database
 from ..api.args import encode
 from ..api.control import acancel, cancel
 from ..groups.cancel import acancel_children, cancel_children
-from ..api.handles import NO_SUCH_ID, checked_cursor, checked_id
+from ..api.handles import NO_SUCH_ID, checked_cursor, checked_id, page_of
 from ...postgres.text import BIGINT_MAX, unstorable
 from ..durable.run import check_name
 from ..durable import queries as dq
@@ -272,7 +272,7 @@ def list_runs(name: str | None = None, state: str | None = None, *, before: int 
     params = _list_params(name, state, before, limit)
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         cur.execute(wq.LIST_RUNS, params)
-        return _page(cur.fetchall(), limit)
+        return page_of(cur.fetchall(), limit, "id")
 
 
 async def alist_runs(name: str | None = None, state: str | None = None, *, before: int | None = None,
@@ -281,7 +281,7 @@ async def alist_runs(name: str | None = None, state: str | None = None, *, befor
     params = _list_params(name, state, before, limit)
     async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(wq.LIST_RUNS, params)
-        return _page(await cur.fetchall(), limit)
+        return page_of(await cur.fetchall(), limit, "id")
 
 
 def _list_params(name: Any, state: Any, before: Any, limit: Any) -> dict[str, Any]:
@@ -293,9 +293,3 @@ def _list_params(name: Any, state: Any, before: Any, limit: Any) -> dict[str, An
         raise ArgumentValueError(f"state= takes one of {engine.RUN_STATES} or None, got {state!r:.60}")
     cursor = checked_cursor(before, "before") if before is not None else BIGINT_MAX
     return {"name": name, "state": state, "before": cursor, "limit": limit}
-
-
-def _page(rows: list[dict[str, Any]], limit: int) -> tuple[list[dict[str, Any]], int | None]:
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return rows, (rows[-1]["id"] if more else None)
