@@ -130,6 +130,18 @@ BEGIN
 END
 $$;
 
+-- Whether `p_job`, the job of a workflow step, no longer runs its step: the step ended without it
+-- (a sibling ended the run, an operator skipped it). The decision that ended the step stopped the
+-- job in its own transaction, unless the job's row was busy then (a progress write, a checkpoint,
+-- a claim: the lock order lets a decision only skip it); the runtimes read this with the cancel
+-- requests of their running jobs (livepush/jobs/queries.py: CANCEL_REQUESTS_FOR), so such a job is
+-- stopped after all, not left to run to its end. Read in the caller's snapshot.
+CREATE FUNCTION livepush_workflow_job_stopped(p_job bigint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT NOT EXISTS (SELECT 1 FROM livepush_workflow_steps
+                       WHERE job_id = p_job AND state IN ('running', 'waiting'))
+$$;
+
 -- Jobs of steps were claimed (workflows/queries.py: CLAIM_STEPS, whose statement holds their
 -- rows): each unfinished run among them gets a new version of `workflow:<id>` showing its step's
 -- new attempt, rung in the caller's transaction. Runs in id order, so two claims never wait for

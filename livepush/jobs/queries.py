@@ -522,12 +522,14 @@ ORDER BY m.id
 """
 
 # name: cancel_requests_for
-# Running jobs of this runtime whose cancel was requested, among `ids` (the ones a notification
-# named) or all of them (the heartbeat's fallback for a missed notification). Read from the row:
-# a notification alone never cancels anything.
+# Running jobs of this runtime whose cancel was requested, or whose workflow step ended without
+# them (livepush_workflow_job_stopped(), sql/0006_workflows.sql: STOP_JOBS skipped their busy
+# row), among `ids` (the ones a notification named) or all of them (the heartbeat's fallback for
+# a missed notification). Read from the rows: a notification alone never cancels anything.
 CANCEL_REQUESTS_FOR = """
 SELECT id FROM livepush_jobs
-WHERE state = 'running' AND runtime_id = %(runtime_id)s AND cancel_requested
+WHERE state = 'running' AND runtime_id = %(runtime_id)s
+  AND (cancel_requested OR (workflow_id IS NOT NULL AND livepush_workflow_job_stopped(id)))
   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
 """
 
@@ -619,8 +621,10 @@ SELECT m.id FROM moved m CROSS JOIN rung
 # The jobs of workflow steps still active when their run ended (workflows/engine.py), in the
 # transaction that ended it, which holds the run's row: a queued or parked one is cancelled, a
 # running one flagged and told (as CANCEL does). SKIP LOCKED, because the lock order is job rows
-# before workflow rows: a job whose row is busy right now (its own outcome being written) is
-# left alone, and its end, recorded on the run after this commits, changes nothing there.
+# before workflow rows: a job whose row is busy right now (its outcome or progress being written,
+# a checkpoint, a claim) is left alone here. Its runtimes are told too: they read it after this
+# commits (CANCEL_REQUESTS_FOR), see that its step no longer runs it, and stop it if it runs; its
+# end, recorded on the run afterwards, changes nothing there.
 STOP_JOBS = f"""
 WITH target AS (
     SELECT id, state FROM livepush_jobs
@@ -638,9 +642,12 @@ WITH target AS (
     RETURNING j.id, j.state, j.version
 ), rung AS ({ring("(SELECT * FROM moved WHERE state = 'cancelled')")}
 ), told AS (
-    SELECT livepush_jobs_cancel_requested(array_agg(id ORDER BY id)) AS n FROM moved WHERE state = 'running'
+    SELECT livepush_jobs_cancel_requested(array_agg(u.id ORDER BY u.id)) AS n
+    FROM unnest(%(ids)s::bigint[]) AS u(id)
+    WHERE NOT EXISTS (SELECT 1 FROM moved m WHERE m.id = u.id AND m.state = 'cancelled')
 )
-SELECT m.id, m.state FROM moved m CROSS JOIN rung CROSS JOIN told
+-- Not joined with `moved`: when every row was busy it is empty, and a join would never read `told`.
+SELECT rung.n AS rung, told.n AS told FROM rung CROSS JOIN told
 """
 
 # name: job_group (retry_failed refuses a failed group member: its failure is counted in its

@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from livepush import jobs
+from livepush.jobs import queries as job_queries
 from livepush.jobs.api.registry import REGISTRY
 from livepush.jobs.groups import building
 from livepush.jobs.groups.transactions import in_tx
@@ -904,6 +905,44 @@ async def test_a_run_that_fails_cancels_the_batch_of_its_waiting_fan_out_step(fl
 
         batch = await async_wait_for(batch_cancelled, 10.0, message="the batch to be cancelled")
     assert batch["cancelled"] > 0 and batch["succeeded"] < 40
+
+
+@pytest.mark.parametrize(("end", "after"), [
+    ("fail", {"run": "failed", "ender": "failed", "bystander": "cancelled"}),
+    ("finish", {"run": "succeeded", "ender": "succeeded", "bystander": "skipped"}),
+    ("cancel", {"run": "cancelled", "ender": "cancelled", "bystander": "cancelled"})])
+async def test_a_step_whose_job_row_was_busy_when_a_sibling_ended_the_run_is_stopped_all_the_same(
+        flows_db: str, end: str, after: dict[str, str]) -> None:
+    """A step that ends its run (it fails, or calls ctx.flow.finish or cancel) stops the jobs of the
+    steps running beside it. One whose row another transaction holds at that moment (its progress
+    being written, a checkpoint) is passed over by that stop, which cannot wait for it; its runtime
+    is told when the run's end commits and stops it then: not at a heartbeat (a minute here), and
+    not never, as it would run on to its own end."""
+    flag = f"siblings-{end}"
+    async with running(concurrency=2, heartbeat=60.0):
+        run = await wd.siblings.astart({"end": end, "flag": flag})
+
+        def both_running() -> dict[str, int] | None:
+            jobs_running = dict(q(flows_db, "SELECT name, id FROM livepush_jobs WHERE workflow_id = %s "
+                                            "AND state = 'running'", (run.id,)))
+            return jobs_running if len(jobs_running) == 2 else None
+
+        both = await async_wait_for(both_running, 10.0, message="both steps' jobs to run")
+        job = both["t_siblings.bystander"]
+        with psycopg.connect(flows_db) as holder:
+            holder.execute("SELECT 1 FROM livepush_jobs WHERE id = %s FOR UPDATE", (job,))
+            q(flows_db, "INSERT INTO job_flags VALUES (%s)", (flag,))
+            done = await run_state(run.id, after["run"])
+            assert q(flows_db, "SELECT state, cancel_requested FROM livepush_jobs WHERE id = %s", (job,)) == [
+                ("running", False)], "the stop did not pass over the busy row: this test shows nothing"
+            # A runtime that missed the notification finds it at its heartbeat's read all the same.
+            (runtime_id,) = q(flows_db, "SELECT runtime_id FROM livepush_jobs WHERE id = %s", (job,))[0]
+            assert (job,) in q(flows_db, job_queries.CANCEL_REQUESTS_FOR, {"runtime_id": runtime_id, "ids": None})
+            holder.commit()
+        await async_wait_for(lambda: q(flows_db, "SELECT state FROM livepush_jobs WHERE id = %s", (job,))
+                             == [("cancelled",)], 10.0, message="the bystander's job to be stopped")
+    assert step_states(done) == {"ender": after["ender"], "bystander": after["bystander"]}
+    assert step_states(jobs.workflows.get(run.id)) == step_states(done), "the stopped job's end changed its run"
 
 
 async def test_a_failed_runs_final_version_is_one_state(flows_db: str) -> None:

@@ -191,3 +191,23 @@ async def two(ctx: Any) -> Any:
 @two_outputs.step(after=["one", "two"], wait_for="go")
 async def sizes(ctx: Any) -> Any:
     return {name: len(ctx.outputs[name]) for name in ("one", "two")}
+
+
+# Two steps side by side: `ender` ends the run as the input says once its flag is set, while
+# `bystander` runs on until it is stopped.
+siblings = jobs.workflow("t_siblings", queue="flows")
+
+
+@siblings.step(max_attempts=1)
+async def ender(ctx: Any) -> Any:
+    await until_flag(ctx.input["flag"])
+    if ctx.input["end"] == "fail":
+        raise ValueError("ender fails")
+    getattr(ctx.flow, ctx.input["end"])({"ended": True} if ctx.input["end"] == "finish" else "asked to")
+    return None
+
+
+@siblings.step(max_attempts=1)
+async def bystander(ctx: Any) -> Any:
+    await until_flag("never")
+    return "ran to its end"
