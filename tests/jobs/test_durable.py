@@ -113,6 +113,18 @@ def test_input_fingerprint_is_sha256_of_canonical_json() -> None:
     assert len(want) == 64 and want == want.lower()
 
 
+def test_an_input_holding_a_nul_is_fingerprinted_as_only_its_fingerprint_is_stored() -> None:
+    """A checkpoint's input is compared by its fingerprint, never stored: text Postgres cannot store
+    (a NUL character) is an input like any other, told apart from the same text without it. A lone
+    surrogate, which is no Unicode text, is refused naming where it is."""
+    import hashlib
+
+    assert jobs.input_fingerprint({"k\x00": "a\x00b"}) == hashlib.sha256(b'{"k\\u0000":"a\\u0000b"}').hexdigest()
+    assert jobs.input_fingerprint("a\x00b") != jobs.input_fingerprint("ab")
+    with pytest.raises(ValueError, match=r"input\[1\] contains a lone surrogate"):
+        jobs.input_fingerprint(["\x00", "\ud800"])
+
+
 @pytest.mark.parametrize("value", [2**53, -(2**53), {"n": [float(2**60)]}])
 def test_input_fingerprint_refuses_numbers_past_2_53(value: Any) -> None:
     """Numbers beyond ±(2**53-1) are refused with ValueError naming the path."""

@@ -31,11 +31,11 @@ def _describe(value: Any) -> str:
 
 
 def _check(value: Any, path: str, depth: int, error: type[Exception] = InvalidArgumentsError,
-           what: str = "job arguments") -> None:
+           what: str = "job arguments", stored: bool = True) -> None:
     if depth > _MAX_DEPTH:
         raise error(f"{path} is nested more than {_MAX_DEPTH} levels deep: flatten the {what}")
     if isinstance(value, str):
-        bad = unstorable(value)
+        bad = _unwritable(value, stored)
         if bad:
             raise error(f"{path} contains {bad}, which Postgres cannot store: "
                         "drop it, or pass binary data encoded (e.g. base64)")
@@ -60,7 +60,7 @@ def _check(value: Any, path: str, depth: int, error: type[Exception] = InvalidAr
         return
     if isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            _check(item, f"{path}[{i}]", depth + 1, error, what)
+            _check(item, f"{path}[{i}]", depth + 1, error, what, stored)
         return
     if isinstance(value, dict):
         for key, item in value.items():
@@ -68,10 +68,10 @@ def _check(value: Any, path: str, depth: int, error: type[Exception] = InvalidAr
                 raise error(
                     f"{path} has the key {key!r}, {_describe(key)}: {what} are plain JSON, whose keys are strings"
                 )
-            bad = unstorable(key)
+            bad = _unwritable(key, stored)
             if bad:
                 raise error(f"{path} has a key with {bad}, which Postgres cannot store")
-            _check(item, f"{path}[{json.dumps(key, ensure_ascii=False)}]", depth + 1, error, what)
+            _check(item, f"{path}[{json.dumps(key, ensure_ascii=False)}]", depth + 1, error, what, stored)
         return
     raise error(
         f"{path} is {_describe(value)}: {what} are plain JSON (str, int, float, bool, None, "
@@ -106,10 +106,17 @@ def _is_plain(value: Any, depth: int) -> bool:
     return False
 
 
-def check_json(value: Any, path: str, error: type[Exception], what: str) -> None:
-    """Raise `error` naming the first path (from `path`) where `value` is not plain JSON."""
+def _unwritable(text: str, stored: bool) -> str | None:
+    """What in `text` cannot be written: for Postgres (`stored`), or else as UTF-8 JSON text, which
+    takes a NUL character (escaped) but no lone surrogate."""
+    return unstorable(text if stored else text.replace("\x00", ""))
+
+
+def check_json(value: Any, path: str, error: type[Exception], what: str, *, stored: bool = True) -> None:
+    """Raise `error` naming the first path (from `path`) where `value` is not plain JSON, or holds
+    text Postgres cannot store when it is to be `stored`."""
     if not _is_plain(value, 0):
-        _check(value, path, 0, error, what)
+        _check(value, path, 0, error, what, stored)
 
 
 def check_args(args: tuple[Any, ...] | list[Any]) -> tuple[Any, ...] | list[Any]:
