@@ -206,6 +206,9 @@ def runtime_leftovers(url: str, role: str) -> list[str]:
     return found
 
 
+_NO_CHECKSUMS = "its migrations were recorded without checksums"  # by a livepush that kept none
+
+
 def _applied(conn: psycopg.Connection, url: str) -> list[tuple[int, str, str]]:
     """The migrations recorded in the database, oldest first; none before the first migrate."""
     try:
@@ -214,14 +217,31 @@ def _applied(conn: psycopg.Connection, url: str) -> list[tuple[int, str, str]]:
         if not conn.autocommit:
             conn.rollback()
         return []
-    except psycopg.errors.UndefinedColumn:  # recorded by a livepush that kept no checksums
-        raise _foreign(url, "its migrations were recorded without checksums") from None
+    except psycopg.errors.UndefinedColumn:
+        raise _foreign(url, _NO_CHECKSUMS) from None
 
 
 def check_schema(url: str, who: str = "this livepush") -> None:
     """Refuse to run on a schema older than this code needs, or not ours at all."""
     with translated(url), connect(url) as conn:
         applied = _applied(conn, url)
+    _judge(url, applied, who)
+
+
+async def acheck_schema(url: str, who: str = "this livepush") -> None:
+    """check_schema() for async code. A stop asked for while it waits on a database that does not
+    answer cancels it at once, where a thread's connect would hold the process for its timeout."""
+    with translated(url):
+        conn = await aconnect(url)
+        try:
+            try:
+                applied = [(int(v), str(n), str(c)) for v, n, c in await (await conn.execute(_APPLIED)).fetchall()]
+            except psycopg.errors.UndefinedTable:
+                applied = []
+            except psycopg.errors.UndefinedColumn:
+                raise _foreign(url, _NO_CHECKSUMS) from None
+        finally:
+            await conn.close()
     _judge(url, applied, who)
 
 

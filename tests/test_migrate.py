@@ -3,6 +3,7 @@ rewritten in place, so a database made by an earlier build is refused, not half-
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import psycopg
@@ -13,10 +14,16 @@ from livepush.errors import SchemaError
 from tests.support.waiting import wait_for
 
 
+def acheck_schema(url: str) -> None:
+    """The schema check of async starts (a job runtime's, an app's), called as the sync one is."""
+    asyncio.run(migrate.acheck_schema(url))
+
+
 def test_a_migrated_database_is_accepted_again(pg_url: str) -> None:
     """Migrating twice applies nothing the second time, and the schema check passes."""
     assert migrate.migrate(pg_url) == []
     migrate.check_schema(pg_url)
+    acheck_schema(pg_url)
 
 
 def test_a_migration_recorded_from_another_file_is_refused(pg_url: str) -> None:
@@ -24,7 +31,7 @@ def test_a_migration_recorded_from_another_file_is_refused(pg_url: str) -> None:
     migrate and by the check every command runs, with what to do."""
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("UPDATE livepush_schema SET checksum = 'from an earlier build' WHERE version = 3")
-    for call in (migrate.migrate, migrate.check_schema):
+    for call in (migrate.migrate, migrate.check_schema, acheck_schema):
         with pytest.raises(SchemaError, match="0003_jobs differs .* not migrated in place; use a new database"):
             call(pg_url)
 
@@ -85,8 +92,9 @@ def test_migrations_recorded_without_checksums_are_refused(pg_url: str) -> None:
     """A schema recorded by a livepush that kept no checksums is refused, not migrated further."""
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("ALTER TABLE livepush_schema DROP COLUMN checksum")
-    with pytest.raises(SchemaError, match="recorded without checksums.*not migrated in place"):
-        migrate.migrate(pg_url)
+    for call in (migrate.migrate, migrate.check_schema, acheck_schema):
+        with pytest.raises(SchemaError, match="recorded without checksums.*not migrated in place"):
+            call(pg_url)
 
 
 def _as_migrated_by_a_newer_livepush(url: str) -> int:

@@ -39,7 +39,7 @@ async def aopen() -> None:
     # The jobs may be kept in another database (jobs.configure()): its schema is checked too.
     urls = dict.fromkeys([settings.database_url, database.database_url() if _jobs_database() else None])
     for url in filter(None, urls):
-        await asyncio.to_thread(migrate.check_schema, url, "this app's livepush")
+        await migrate.acheck_schema(url, "this app's livepush")
     if settings.fanout == "local":
         api.local_fanout_explained()  # below, in the app's words
     try:

@@ -16,7 +16,7 @@ from livepush.jobs.runtime import runtime
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import events_of, names_of, q, runtime_starter
 from tests.support import services
-from tests.support.procs import ChildProcess, Processes
+from tests.support.procs import ChildProcess, Processes, stop_while_connecting
 from tests.support.waiting import wait_for
 
 MODULE = "tests.jobs.sample_jobs"
@@ -349,4 +349,14 @@ def test_sigterm_while_the_modules_import_is_a_clean_stop(jobs_db: str, procs: P
     wait_for(started.exists, 20.0, message="the job module's import to start")
     child.signal(signal.SIGTERM)
     assert child.wait(10) == 0, child.output()
+    assert "Traceback" not in child.stderr(), child.output()
+
+
+def test_sigterm_while_the_runtime_opens_on_a_silent_database_is_a_clean_stop(
+        procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
+    """SIGTERM while `livepush jobs` is opening its runtime (here, waiting on a database that
+    accepted the connection and says nothing) stops it at once with exit 0, as `serve` does: it has
+    nothing in hand yet, and waiting out the connect timeout would only end in a failure."""
+    child = stop_while_connecting(lambda url: procs.livepush("jobs", MODULE, env=livepush_env(database_url=url)))
+    assert child.returncode == 0, child.output()
     assert "Traceback" not in child.stderr(), child.output()

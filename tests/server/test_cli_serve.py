@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from livepush import topics
-from tests.support.procs import free_port
+from tests.support.procs import free_port, stop_while_connecting
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
@@ -334,19 +334,7 @@ async def test_on_an_ipv6_host_the_serving_line_is_a_url_a_client_connects_to(pr
 def test_sigterm_while_it_starts_is_a_clean_stop(procs, livepush_env) -> None:
     """SIGTERM while `serve` is still starting (here, waiting on a database that accepted the
     connection and says nothing) stops it at once with exit 0, as a stop once it serves does."""
-    import socket
-
-    silent = socket.create_server(("127.0.0.1", 0))
-    try:
-        url = f"postgresql://postgres@127.0.0.1:{silent.getsockname()[1]}/app?connect_timeout=60"
-        child = procs.livepush("serve", env=livepush_env(database_url=url), wait_healthy=False)
-        silent.settimeout(20)
-        peer, _ = silent.accept()  # it is connecting: its start-up is under way
-        try:
-            child.signal(signal.SIGTERM)
-            assert child.wait(10) == 0, child.output()
-        finally:
-            peer.close()
-        assert "Traceback" not in child.stderr(), child.output()
-    finally:
-        silent.close()
+    child = stop_while_connecting(lambda url: procs.livepush("serve", env=livepush_env(database_url=url),
+                                                             wait_healthy=False))
+    assert child.returncode == 0, child.output()
+    assert "Traceback" not in child.stderr(), child.output()

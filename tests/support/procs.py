@@ -92,6 +92,22 @@ def forked_exit_status(pid: int, timeout: float) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
+def stop_while_connecting(start: Callable[[str], ChildProcess], timeout: float = 10.0) -> ChildProcess:
+    """Start a command on a database URL whose server accepts the connection and says nothing,
+    send it SIGTERM once it is connecting (its start-up under way), and wait for it to exit within
+    `timeout`: the process, for its exit code and output."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        child = start(f"postgresql://postgres@127.0.0.1:{silent.getsockname()[1]}/app?connect_timeout=60")
+        silent.settimeout(20)
+        peer, _ = silent.accept()
+        try:
+            child.signal(SIGTERM)
+            child.wait(timeout)
+        finally:
+            peer.close()
+    return child
+
+
 class ChildProcess:
     """One child process whose stdout and stderr are captured to files."""
 

@@ -188,6 +188,17 @@ def _whole(seconds: float) -> str:
     return f"{seconds:.0f}" if seconds == int(seconds) else f"{seconds:g}"
 
 
+async def _done_or_set(task: asyncio.Future[Any], event: asyncio.Event) -> None:
+    """Wait until `task` is done or `event` is set, whichever comes first (neither is cancelled)."""
+    if event.is_set():
+        return
+    waiter = asyncio.create_task(event.wait())
+    try:
+        await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+
+
 class Runtime:
     def __init__(
         self,
@@ -355,15 +366,21 @@ class Runtime:
                     pass  # not the main thread: the embedder calls stop()
         try:
             try:
-                await self._open()
+                opened = await self._open_unless_stopped()
             except BaseException:
                 # What it started before the failure (its completer, its pools, perhaps its row)
                 # goes with it: an app that starts it again would pile them up on its loop.
                 await self._close()
                 raise
+            if not opened:
+                await self._close()
         except BaseException:
             self._uninstall_signals(loop, installed)
             raise
+        if not opened:
+            self._uninstall_signals(loop, installed)
+            log.info("job runtime stopped before it started")
+            return
         failure: str | None = None
         try:
             self._tasks = [
@@ -402,10 +419,26 @@ class Runtime:
             raise DependencyError(f"the job runtime stopped because a part of it failed for good ({failure})")
 
     # -- startup and shutdown --------------------------------------------------------------
+    async def _open_unless_stopped(self) -> bool:
+        """_open(), given up (False) when a stop is asked for first: the runtime holds no job yet,
+        so there is nothing to drain, and a database that does not answer would otherwise hold
+        the stop for its connect timeout and end it as a failure."""
+        opening = asyncio.create_task(self._open(), name="livepush-jobs-open")
+        try:
+            await _done_or_set(opening, self._stop)
+        finally:
+            if not opening.done():
+                opening.cancel()
+                await asyncio.gather(opening, return_exceptions=True)  # unwound before _close()
+        if opening.cancelled():
+            return False
+        opening.result()  # its failure, raised here
+        return True
+
     async def _open(self) -> None:
         url = self.url or database.database_url()
         self.url = url
-        await asyncio.to_thread(migrate.check_schema, url, "the job runtime")
+        await migrate.acheck_schema(url, "the job runtime")
         self._pools = LoopPools(url, name="livepush-jobs-runtime", min_size=2, max_size=6, autocommit=False)
         self._pool = await self._pools.aget()
         self._group_progress = ProgressPublisher(self._pool)
@@ -499,12 +532,7 @@ class Runtime:
         (pool timeouts, the completer's retries): while it is down they would hold the process
         for as long as the outage, and the second signal is the operator's way out."""
         task = asyncio.ensure_future(aw)
-        if not self._stop_now.is_set():
-            now_waiter = asyncio.create_task(self._stop_now.wait())
-            try:
-                await asyncio.wait([task, now_waiter], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                now_waiter.cancel()
+        await _done_or_set(task, self._stop_now)
         if not task.done():
             # A healthy Postgres takes them in milliseconds: the jobs given back then keep their
             # attempt, where the rescue would count it.
