@@ -36,6 +36,23 @@ def test_a_child_forked_while_a_parent_thread_was_making_the_fan_out_publishes()
     livepush.publish("forked:a", {"from": "parent"})
 
 
+@pytest.mark.parametrize("held", ["the fan-out's lock", "the epochs' lock"])
+def test_a_child_forked_while_a_parent_thread_was_publishing_on_the_local_fan_out_publishes(held: str) -> None:
+    """The same for the local fan-out's own locks: a child forked while a parent thread was inside
+    a publish (or making a fan-out, which takes a new epoch) publishes all the same, on a fan-out
+    of its own process."""
+    from livepush.fanout import local
+
+    livepush.publish("forked:a", {"from": "parent"})
+    fanout = api.default_fanout()
+    assert isinstance(fanout, local.LocalFanOut)
+    with fanout._lock if held == "the fan-out's lock" else local._epochs_lock:
+        pid = fork_running(lambda: livepush.publish("forked:a", {"from": "child"})
+                           and local.LocalFanOut().publish("forked:b", {"from": "child"}))
+    assert forked_exit_status(pid, WAIT) == 0, "the child failed to publish"
+    livepush.publish("forked:a", {"from": "parent"})
+
+
 def test_publishing_on_the_local_fan_out_says_once_that_no_server_hears_it(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A process left without the servers' URL (the local fan-out) is told, once, at its first

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -41,6 +43,20 @@ MAX_KEPT_PER_TOPIC = 10_000
 
 _epochs_lock = threading.Lock()
 _last_epoch = 0
+# Every local fan-out of the process, for _after_fork.
+_EVERY: weakref.WeakSet[LocalFanOut] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    """In a forked child: a thread of the parent may have held a lock at the fork (inside a
+    publish), and no thread of the child would ever release it."""
+    global _epochs_lock
+    _epochs_lock = threading.Lock()
+    for fanout in list(_EVERY):
+        fanout._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _new_epoch() -> int:
@@ -83,6 +99,7 @@ class LocalFanOut(FanOut):
         # publish() may come from worker threads (sync jobs): one lock orders a topic's offsets.
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
+        _EVERY.add(self)
 
     async def listen(self) -> None:
         self._loop = asyncio.get_running_loop()
