@@ -17,6 +17,9 @@ from livepush.config import Settings
     ("mysql://app@db.example/app", "cannot be parsed"),
     ("postgresql://app@db.example:99999/app", "port"),
     ("postgresql://app@db.example/app?sslmode=sometimes", "sslmode"),
+    ("postgresql://app@db.example/app?keepalives=yes", "keepalives that is not a whole number"),
+    ("postgresql://app@db.example/app?keepalives_idle=30s", "keepalives_idle that is not a whole number"),
+    ("postgresql://app@db.example/app?tcp_user_timeout=", "tcp_user_timeout that is not a whole number"),
 ])
 def test_a_bad_database_url_fallback_is_named_as_database_url(url: str, needle: str) -> None:
     """A bad DATABASE_URL, read because LIVEPUSH_DATABASE_URL is not set, gets an error that names
@@ -27,6 +30,12 @@ def test_a_bad_database_url_fallback_is_named_as_database_url(url: str, needle: 
     with pytest.raises(ConfigError) as raised:
         Settings.from_env({"LIVEPUSH_DATABASE_URL": url, "DATABASE_URL": "postgresql://app@db.example/app"})
     assert str(raised.value).startswith("LIVEPUSH_DATABASE_URL "), raised.value
+
+
+def test_integer_options_libpq_takes_are_accepted() -> None:
+    """libpq's integer options as it reads them (a sign, spaces around) pass the check."""
+    url = "postgresql://app@db.example/app?keepalives=1&keepalives_idle=%2030%20&keepalives_count=+3&connect_timeout=7"
+    assert Settings.from_env({"LIVEPUSH_DATABASE_URL": url}).database_url == url
 
 
 def test_a_database_url_that_cannot_be_parsed_gets_one_plain_line() -> None:

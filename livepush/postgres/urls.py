@@ -15,6 +15,9 @@ from ..errors import ConfigError
 
 # The sslmode values libpq knows.
 SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+# The options libpq reads as integers, and refuses only when it connects.
+INTEGER_OPTIONS = ("connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+                   "tcp_user_timeout")
 
 
 def _misread(url: str) -> bool:
@@ -110,3 +113,7 @@ def check_url(url: str, setting: str = "LIVEPUSH_DATABASE_URL") -> None:
     sslmode = info.get("sslmode")
     if sslmode is not None and sslmode not in SSLMODES:
         raise ConfigError(f"{setting} has an unknown sslmode: use one of {', '.join(SSLMODES)}")
+    for option in INTEGER_OPTIONS:
+        value = info.get(option)
+        if value is not None and not re.fullmatch(r"\s*[+-]?[0-9]+\s*", value):
+            raise ConfigError(f"{setting} has a {option} that is not a whole number: fix it, or leave it out")
