@@ -62,10 +62,18 @@ def importable_from_cwd() -> None:
         sys.path.insert(0, os.getcwd())
 
 
-async def run(args: argparse.Namespace, settings: Settings) -> int:
-    from . import wiring  # first: a project's own redis.py must not stand in for the library
+def load(args: argparse.Namespace) -> None:
+    """Import the job modules before any event loop runs, as `python -c "import mod"` would: a
+    project's set-up may run asyncio.run() at import, or code that refuses to run inside a loop."""
+    from ..jobs.runtime.runtime import load_modules
+    from . import wiring  # noqa: F401 - first: a project's own redis.py must not stand in for the library
 
     importable_from_cwd()
+    load_modules(modules_of(args.modules))
+
+
+async def run(args: argparse.Namespace, settings: Settings) -> int:
+    from . import wiring
 
     modules = modules_of(args.modules)
     if not modules:

@@ -160,6 +160,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from ..sessions.rules import load_app
 
         app = load_app(args.app)
+    if args.with_jobs:
+        from ..jobs.runtime.runtime import load_modules
+
+        load_modules(modules_of(args.with_jobs))  # outside the loop, as `livepush jobs` imports them
     logs.setup(args.log_format, worker=index)
 
     async def main() -> int:
@@ -224,6 +228,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     stopsignals.term_as_interrupt()
     settings = _settings(args)
     logs.setup(args.log_format)
+    jobs_cli.load(args)
     return run_async(jobs_cli.run(args, settings))
 
 

@@ -360,3 +360,13 @@ def test_sigterm_while_the_runtime_opens_on_a_silent_database_is_a_clean_stop(
     child = stop_while_connecting(lambda url: procs.livepush("jobs", MODULE, env=livepush_env(database_url=url)))
     assert child.returncode == 0, child.output()
     assert "Traceback" not in child.stderr(), child.output()
+
+
+def test_a_job_module_that_runs_asyncio_at_import_is_loaded(jobs_db: str, procs: Processes,
+                                                           livepush_env: Callable[..., dict[str, str]]) -> None:
+    """`livepush jobs` imports its modules as `python -c "import mod"` would, outside any event loop:
+    a module that calls asyncio.run() at import (or a project's set-up that may not run in one)
+    is loaded, not refused with "cannot be called from a running event loop"."""
+    child = procs.livepush("jobs", "tests.jobs.asyncio_at_import_jobs", env=livepush_env(database_url=jobs_db))
+    wait_for(lambda: "running: queues" in child.stderr() or not child.running, 20.0, message="the runtime to start")
+    assert child.stop() == 0, child.output()

@@ -13,7 +13,7 @@ import pytest
 
 from livepush import topics
 from tests.support.procs import free_port, stop_while_connecting
-from tests.support.waiting import async_wait_for
+from tests.support.waiting import async_wait_for, wait_for
 from tests.support.wsclient import WSClient
 
 
@@ -338,3 +338,13 @@ def test_sigterm_while_it_starts_is_a_clean_stop(procs, livepush_env) -> None:
                                                              wait_healthy=False))
     assert child.returncode == 0, child.output()
     assert "Traceback" not in child.stderr(), child.output()
+
+
+
+def test_with_jobs_imports_a_module_that_runs_asyncio_at_import(procs, livepush_env, pg_url: str) -> None:
+    """`serve --with-jobs` imports its job modules outside the event loop, as `livepush jobs` does:
+    a module that calls asyncio.run() at import is loaded and its runtime starts."""
+    child = procs.livepush("serve", "--with-jobs", "tests.jobs.asyncio_at_import_jobs",
+                           env=livepush_env(database_url=pg_url))
+    wait_for(lambda: "running: queues" in child.stderr() or not child.running, 20.0, message="the runtime to start")
+    assert child.stop(15) == 0, child.output()
