@@ -119,6 +119,16 @@ async def never(ctx: Any) -> None:
     raise ValueError("bad input")
 
 
+@jobs.job(name="t.never_in_group", never_retry=(ValueError,))
+async def never_in_group(ctx: Any) -> None:
+    """Its ValueError raised by a task of an asyncio.TaskGroup, which wraps it in an exception group."""
+    async def bad() -> None:
+        raise ValueError("bad input")
+
+    async with asyncio.TaskGroup() as group:
+        group.create_task(bad())
+
+
 @jobs.job(name="t.progress")
 async def progress(ctx: Any, steps: int, pause: float = 0.0) -> None:
     for i in range(steps):

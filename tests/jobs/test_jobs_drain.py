@@ -115,6 +115,16 @@ def test_never_retry_fails_at_once(jobs_db: str) -> None:
     assert state is not None and (state["state"], state["attempt"], state["error"]) == ("failed", 1, "ValueError: bad input")
 
 
+def test_never_retry_fails_at_once_when_an_asyncio_task_group_raised_it(jobs_db: str) -> None:
+    """The same when the exception comes wrapped in the exception group of an asyncio.TaskGroup
+    (one of its tasks raised it): a retry would run the same tasks and meet it again. The job's
+    error names it, not the group."""
+    h = sample_jobs.never_in_group.enqueue()
+    assert jobs.drain() == {"failed": 1}
+    state = jobs.job_state(h.id)
+    assert state is not None and (state["state"], state["attempt"], state["error"]) == ("failed", 1, "ValueError: bad input")
+
+
 def test_retry_failed_and_discard_failed(jobs_db: str) -> None:
     """retry_failed runs a failed job again with fresh attempts; discard_failed deletes it; both refuse other states."""
     h = sample_jobs.never.enqueue()

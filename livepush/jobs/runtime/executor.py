@@ -233,12 +233,13 @@ def timeout_failure(fn: Any, ctx: JobContext) -> Outcome:
     return _failure(fn, ctx, TimeoutError(f"timed out after {fn.timeout:g} s"), timed_out=True)
 
 
-def _never_retried_in_group(exc: BaseException) -> BaseException | None:
-    """The first NEVER_RETRIED error inside an exception group (asyncio.TaskGroup wraps what its
-    tasks raised), else None: the retry replays the same tasks and meets it again."""
+def _never_retried_in_group(exc: BaseException, never: tuple[type[BaseException], ...]) -> BaseException | None:
+    """The first error of the `never` retried kinds (ours, and the function's never_retry) inside
+    an exception group (asyncio.TaskGroup wraps what its tasks raised), else None: the retry
+    replays the same tasks and meets it again."""
     if not isinstance(exc, BaseExceptionGroup):
         return None
-    found: BaseException | None = exc.subgroup(NEVER_RETRIED)
+    found: BaseException | None = exc.subgroup(never)
     while isinstance(found, BaseExceptionGroup):
         found = found.exceptions[0]
     return found
@@ -247,11 +248,12 @@ def _never_retried_in_group(exc: BaseException) -> BaseException | None:
 def _failure(fn: Any, ctx: JobContext, exc: BaseException, *, timed_out: bool = False) -> Outcome:
     job = ctx.job
     # Recorded as itself, not as the group's "unhandled errors in a TaskGroup", which names nothing.
-    exc = _never_retried_in_group(exc) or exc
+    never = NEVER_RETRIED + fn.never_retry
+    exc = _never_retried_in_group(exc, never) or exc
     error = _error_text(exc)
     if ctx.cancel_requested:
         return Outcome(ctx, "cancelled", error="cancelled")
-    if not timed_out and isinstance(exc, NEVER_RETRIED + fn.never_retry):
+    if not timed_out and isinstance(exc, never):
         log.warning("job %s (%s) failed for good (%s): %s", job.id, fn.name,
                     "never_retry" if isinstance(exc, fn.never_retry) else "a retry would fail the same way", error,
                     exc_info=exc)
