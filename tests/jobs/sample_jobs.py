@@ -366,6 +366,24 @@ async def swallows_cancel(ctx: Any, flag: str) -> str:
     return "flagged"
 
 
+@jobs.job(name="t.sync_swallows_cancel", timeout=120)
+def sync_swallows_cancel(ctx: Any) -> str:
+    """A sync job that reports progress until its cancel reaches it (JobCancelled), catches that
+    and returns as if nothing happened."""
+    import time
+
+    from livepush.jobs import JobCancelled
+
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            ctx.progress(1, 2)
+            time.sleep(0.02)
+    except JobCancelled:
+        return "finished anyway"
+    return "never told"
+
+
 @jobs.job(name="t.deaf_to_timeout", timeout=0.2, max_attempts=1)
 async def deaf_to_timeout(ctx: Any, flag: str) -> str:
     return await deaf_until_flag(ctx, flag)

@@ -704,6 +704,22 @@ async def test_a_cancelled_async_job_that_swallows_the_cancel_and_returns_ends_c
     assert names_of(jobs_db, h.id) == ["enqueued/available", "started/running", "cancelled/cancelled"]
 
 
+async def test_a_cancelled_sync_job_that_swallows_jobcancelled_and_returns_ends_cancelled(jobs_db: str) -> None:
+    """The same for a sync job: told of its cancel (JobCancelled at its ctx.progress()), it catches
+    it and returns. It ends `cancelled`, what it returned dropped, as an async job does. It
+    ended `succeeded` with its result, as if the cancel had come too late."""
+    async with running() as rt:
+        h = await sample_jobs.sync_swallows_cancel.aenqueue()
+        await async_wait_for(lambda: h.id in rt.in_hand, 5.0, message="the job to start")
+        await wait_state(h.id, "running")
+        assert await asyncio.to_thread(jobs.cancel, h.id)
+        await async_wait_for(lambda: h.id not in rt.in_hand, 10.0, message="the job to end")
+        assert rt._completer is not None
+        await rt._completer.wait_idle(5)
+    info = jobs.get_job(h.id)
+    assert info is not None and (info.state, info.result) == ("cancelled", None)
+
+
 async def test_an_async_job_deaf_to_its_timeouts_cancel_still_fails_and_frees_its_slot(jobs_db: str) -> None:
     """An async job past its timeout that swallows every cancellation and runs on fails its
     attempt within the grace after the cancel (runtime.TIMEOUT_GRACE), once, and frees its slot

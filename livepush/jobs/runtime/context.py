@@ -112,6 +112,8 @@ class JobContext:
         self.cancel_requested = job.cancel_requested
         self.released = False  # set by the runtime when it hands the job back (drain)
         self.timed_out = False  # set by the runtime when a job passed its timeout (an async one is cancelled)
+        # Set when JobCancelled was raised to the job: one that returns after that swallowed it.
+        self.told_cancelled = False
         self.latest: dict[str, Any] | None = None  # newest progress, written or not
         self.dirty = False  # latest not yet written
         self.published = 0  # progress writes so far
@@ -197,6 +199,7 @@ class JobContext:
 
     def check_cancelled(self) -> None:
         if self.cancel_requested:
+            self.told_cancelled = True
             raise JobCancelled(f"job {self.job.id} was cancelled")
 
     def record_progress(self, done: float, total: float | None = None, message: str | None = None) -> None:

@@ -180,10 +180,12 @@ async def execute(
         return _failure(fn, ctx, exc)
     if ctx.released:
         return None
-    if ctx.cancel_requested and task is not None and task.cancelling():
-        # It swallowed its cancel's cancellation and returned: it was cancelled all the same, and
-        # what it returned came too late (as a job that swallows it and runs on: _time_out).
-        task.uncancel()
+    if ctx.cancel_requested and (ctx.told_cancelled or (task is not None and task.cancelling())):
+        # It swallowed its cancel (the task's cancellation, or JobCancelled, which a sync job
+        # meets at ctx.progress()) and returned: it was cancelled all the same, and what it
+        # returned came too late (as a job that swallows it and runs on: _time_out).
+        if task is not None and task.cancelling():
+            task.uncancel()
         return Outcome(ctx, "cancelled", error="cancelled")
     if ctx.timed_out:
         # It swallowed the timeout's cancel and returned: it still ran past its timeout, and
