@@ -686,6 +686,16 @@ async def let_end_after(jobs_db: str, rt: Runtime, job_id: int, flag: str) -> As
     await rt._completer.wait_idle(5)
 
 
+async def cancelled_while_running(rt: Any, job_id: int) -> None:
+    """jobs.cancel() of the job once it runs on `rt`; returns once its outcome is written."""
+    await async_wait_for(lambda: job_id in rt.in_hand, 5.0, message="the job to start")
+    await wait_state(job_id, "running")
+    assert await asyncio.to_thread(jobs.cancel, job_id)
+    await async_wait_for(lambda: job_id not in rt.in_hand, 10.0, message="the job to end")
+    assert rt._completer is not None
+    await rt._completer.wait_idle(5)
+
+
 async def test_a_cancelled_async_job_that_swallows_the_cancel_and_returns_ends_cancelled(jobs_db: str) -> None:
     """jobs.cancel() of a running async job that catches the cancellation and returns: the job
     ends `cancelled`, what it returned dropped, as when it swallows the cancel and runs on (and
@@ -693,12 +703,7 @@ async def test_a_cancelled_async_job_that_swallows_the_cancel_and_returns_ends_c
     `succeeded`, its result stored, cancelled or not depending on how soon it returned."""
     async with running() as rt:
         h = await sample_jobs.swallows_cancel.aenqueue("never-set")
-        await async_wait_for(lambda: h.id in rt.in_hand, 5.0, message="the job to start")
-        await wait_state(h.id, "running")
-        assert await asyncio.to_thread(jobs.cancel, h.id)
-        await async_wait_for(lambda: h.id not in rt.in_hand, 5.0, message="the job to end")
-        assert rt._completer is not None
-        await rt._completer.wait_idle(5)
+        await cancelled_while_running(rt, h.id)
     info = jobs.get_job(h.id)
     assert info is not None and (info.state, info.result) == ("cancelled", None)
     assert names_of(jobs_db, h.id) == ["enqueued/available", "started/running", "cancelled/cancelled"]
@@ -710,12 +715,7 @@ async def test_a_cancelled_sync_job_that_swallows_jobcancelled_and_returns_ends_
     ended `succeeded` with its result, as if the cancel had come too late."""
     async with running() as rt:
         h = await sample_jobs.sync_swallows_cancel.aenqueue()
-        await async_wait_for(lambda: h.id in rt.in_hand, 5.0, message="the job to start")
-        await wait_state(h.id, "running")
-        assert await asyncio.to_thread(jobs.cancel, h.id)
-        await async_wait_for(lambda: h.id not in rt.in_hand, 10.0, message="the job to end")
-        assert rt._completer is not None
-        await rt._completer.wait_idle(5)
+        await cancelled_while_running(rt, h.id)
     info = jobs.get_job(h.id)
     assert info is not None and (info.state, info.result) == ("cancelled", None)
 
