@@ -372,13 +372,14 @@ class Runtime:
                 # goes with it: an app that starts it again would pile them up on its loop.
                 await self._close()
                 raise
-            if not opened:
-                await self._close()
         except BaseException:
             self._uninstall_signals(loop, installed)
             raise
-        if not opened:
-            self._uninstall_signals(loop, installed)
+        if not opened:  # stopped while it opened: what it had opened goes, as after a failure
+            try:
+                await self._close()
+            finally:
+                self._uninstall_signals(loop, installed)
             log.info("job runtime stopped before it started")
             return
         failure: str | None = None
