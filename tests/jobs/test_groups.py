@@ -356,6 +356,18 @@ def test_adding_something_that_is_not_a_job_is_refused_naming_it(groups_db: str)
     assert member.name == "g.member" and jobs.get_group(h.id)["total"] == 1
 
 
+def test_a_block_given_members_that_are_no_list_is_refused_naming_it(groups_db: str) -> None:
+    """g.enqueue_many() given a number or None is a TypeError naming the call and what it takes,
+    as add_many_to_group() says it, not Python's bare "'int' object is not iterable"; a block that
+    catches it goes on, and the group gets only what was added otherwise."""
+    with jobs.group() as g:
+        for wrong in (5, None):
+            with pytest.raises(TypeError, match=r"g\.enqueue_many\(\) takes an iterable of job\.request"):
+                g.enqueue_many(wrong)  # type: ignore[arg-type]
+        g.enqueue_many([gj.member.request(1)])
+    assert jobs.get_group(g.id)["total"] == 1
+
+
 def test_page_limits_past_what_a_page_can_hold_are_refused_naming_them(groups_db: str) -> None:
     """A page limit too big for the database is a ValueError naming `limit`, not a database
     error."""

@@ -106,6 +106,14 @@ def check_limit(n: int) -> None:
                               "split the work over several groups")
 
 
+def _check_items(items: Any, what: str) -> None:
+    """TypeError naming `what` unless `items` can be a list of members: iterated as they are, a
+    number or None would raise Python's bare "'int' object is not iterable"."""
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+        raise ArgumentTypeError(f"{what}() takes an iterable of job.request(*args) values or "
+                                f"(job_function, args) tuples, got {type(items).__name__} {items!r:.60}")
+
+
 def _callbacks(on_finish: Any, on_success: Any, on_failure: Any) -> dict[str, str | None]:
     return {"on_finish": steps.callback_spec(on_finish), "on_success": steps.callback_spec(on_success),
             "on_failure": steps.callback_spec(on_failure)}
@@ -175,6 +183,7 @@ class GroupBuilder:
         """Members as for jobs.enqueue_many: job.request(...) values or (job, args[, options]) tuples.
         All or nothing: an item refused adds none of the call's items."""
         self._check_open()
+        _check_items(items, "g.enqueue_many")
         with self._batch.all_or_nothing():
             for entry in items:
                 fn, args, when, queue, extra = item(entry)
@@ -288,10 +297,7 @@ def _add_many_steps(group_id: int, batch: Batch) -> steps.Steps[list[JobHandle]]
 
 
 def _batch_of(group_id: int, items: Iterable[Any]) -> Batch:
-    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
-        # Iterated below, a number raised Python's bare "'int' object is not iterable".
-        raise ArgumentTypeError(f"add_many_to_group() takes an iterable of job.request(*args) values or "
-                                f"(job_function, args) tuples, got {type(items).__name__} {items!r:.60}")
+    _check_items(items, "add_many_to_group")
     batch = Batch()
     for entry in items:
         # Checked per item, as the block does: an endless or huge iterable is refused at the
