@@ -592,6 +592,20 @@ async def test_the_last_adds_of_a_burst_are_shown_by_a_runtime(groups_db: str) -
     assert [m["event"] for m in group_messages(h.id)][0] == "created"
 
 
+async def test_a_forged_progress_ring_naming_no_possible_group_stops_no_progress(groups_db: str) -> None:
+    """Any database login can ring `livepush_groups_progress`: a ring naming ids no group can have
+    (past the bigint range) is dropped, and the runtime goes on showing the adds that ring it
+    after, rather than failing on that id at every try from then on."""
+    h = jobs.create_group()
+    async with running(concurrency=2):
+        q(groups_db, "SELECT pg_notify('livepush_groups_progress', '9999999999999999999'), "
+                     "pg_notify('livepush_groups_progress', '9223372036854775808,0')")
+        for i in range(30):
+            await asyncio.to_thread(jobs.add_to_group, h.id, gj.member, i, wait=3600)
+        await async_wait_for(lambda: group_messages(h.id)[-1]["group"]["total"] == 30, 10,
+                             message="the last progress event to show all 30 members")
+
+
 async def test_progress_is_coalesced_and_never_after_finished(groups_db: str) -> None:
     """300 members through a runtime: the group topic gets created, a few progress events (at
     most ~10 a second), then finished last."""

@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from ...postgres.text import BIGINT_MAX
 from ...tasks import reraise_if_cancelled
 from ...tasks import Backoff, stop, supervise
 from ..events.views import GROUP_KEYS, PROGRESS_INTERVAL
@@ -82,7 +83,10 @@ class ProgressPublisher:
     def mark(self, group_ids: Iterable[int]) -> None:
         """These groups' counts changed in a transaction that has committed."""
         before = len(self._marked)
-        self._marked.update(group_ids)
+        # Ids also come from `livepush_groups_progress` notifications, which any database login can
+        # send: one no group can have would fail every later flush (it stays marked), so no group's
+        # progress would be rung again by this runtime.
+        self._marked.update(g for g in group_ids if 0 < g <= BIGINT_MAX)
         if len(self._marked) != before:
             self._wake.set()
 
