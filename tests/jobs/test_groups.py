@@ -178,6 +178,31 @@ def test_a_refused_add_in_the_callers_transaction_leaves_nothing_of_it(groups_db
     assert (view["total"], view["pending"], view["succeeded"]) == (1, 0, 1)
 
 
+def test_a_seal_in_a_repeatable_read_transaction_never_leaves_the_group_unfinished(groups_db: str) -> None:
+    """seal_group(conn=) in a REPEATABLE READ transaction that began before the last member
+    finished is refused as a conflict (run the transaction again), not committed as a sealed
+    group that looks pending forever; run again, the seal finishes the group and its callback
+    runs once. A group created, filled and sealed in one such transaction is sealed as usual."""
+    h = jobs.create_group(on_finish=gj.callback.request("fin"))
+    h.add(gj.member, 1)
+    with psycopg.connect(groups_db) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.execute("SELECT 1")  # the transaction's snapshot is taken here
+        assert jobs.drain() == {"succeeded": 1}
+        with pytest.raises(DependencyError, match="run the whole transaction again"):
+            jobs.seal_group(h.id, conn=conn)
+        conn.rollback()
+        assert jobs.seal_group(h.id, conn=conn) is True
+        conn.commit()
+        with conn.transaction():
+            other = jobs.create_group(on_finish=gj.callback.request("other"), conn=conn)
+            jobs.add_to_group(other.id, gj.member, 2, conn=conn)
+            assert jobs.seal_group(other.id, conn=conn) is True
+    assert jobs.get_group(h.id)["state"] == "finished"
+    jobs.drain()
+    assert sorted(r[0] for r in gj.callback_runs(groups_db)) == ["fin", "other"]
+
+
 async def test_a_block_given_the_wrong_kind_of_connection_is_refused_naming_it(groups_db: str) -> None:
     """`with jobs.group(conn=)` takes a psycopg Connection and `async with jobs.agroup(conn=)` an
     AsyncConnection: the other kind, or something that is no connection, is a TypeError saying

@@ -19,7 +19,8 @@ can wait on each other in a cycle):
 - an add (block, add_to_group, ctx.group.enqueue): the adding member's row (FENCE_MEMBER,
   for ctx.group.enqueue), new job rows (invisible to others), ADD_PENDING (shards), then
   ADD_TOTAL (the group row, where the state and the member limit are checked);
-- seal and cancel lock the group row only (then read, never lock, the shards);
+- seal and cancel lock the group row only (then read, never lock, the shards); but a seal in
+  a caller's transaction that is not READ COMMITTED first share-locks the shards (SEAL_SHARDS);
 - a progress recorder (the progress publisher, an operator's cancel) locks group rows
   FOR NO KEY UPDATE, sorted, and nothing after them but the runs RING_GROUPS touches.
 Nobody who holds a group row lock goes on to lock a shard, or a job row other than the parked
@@ -203,6 +204,22 @@ LIMIT %(limit)s
 
 # name: group_row (why an add or seal was refused; plain read)
 GROUP_ROW = "SELECT id, state, total, finished_at FROM livepush_groups WHERE id = %(id)s"
+
+# name: seal_shards
+# Before SEAL, in a caller's transaction (seal_group(conn=)) under REPEATABLE READ or SERIALIZABLE
+# only (the condition is on the session, so under READ COMMITTED no row is read or locked).
+# There every statement reads the transaction's first snapshot, so FINISH_GROUPS would read the
+# shards as they were then: a member that finished since would still look pending, and the group
+# would stay sealed with nothing pending, its callbacks never run. Share-locking the shards makes
+# Postgres refuse the transaction (a serialization failure: the caller runs it again) if one of
+# them changed since that snapshot, and keeps them unchanged until it commits, so the counts it
+# reads are the latest. Shards before the group row: the lock order above.
+SEAL_SHARDS = """
+SELECT shard FROM livepush_group_shards
+WHERE group_id = %(id)s AND current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted')
+ORDER BY shard
+FOR SHARE
+"""
 
 # name: seal
 # Locks the group row and seals it; the caller then runs FINISH_GROUPS in a later statement

@@ -207,6 +207,7 @@ def views(ids: Sequence[int]) -> Steps[list[Row]]:
 
 
 def seal(group_id: int) -> Steps[bool]:
+    yield Query(gq.SEAL_SHARDS, {"id": group_id})  # locks nothing under READ COMMITTED
     sealed = yield Query(gq.SEAL, {"id": group_id})
     if not sealed:
         return False
