@@ -178,6 +178,23 @@ def test_a_refused_add_in_the_callers_transaction_leaves_nothing_of_it(groups_db
     assert (view["total"], view["pending"], view["succeeded"]) == (1, 0, 1)
 
 
+def test_adding_to_a_group_whose_transaction_has_not_committed_says_to_pass_its_conn(groups_db: str) -> None:
+    """A group created with conn= is not there for other connections until that transaction
+    commits: an add or seal without conn= meanwhile raises GroupNotFound saying so and what to do,
+    and with conn= both work."""
+    with psycopg.connect(groups_db) as conn:
+        h = jobs.create_group(on_finish=gj.callback.request("fin"), conn=conn)
+        with pytest.raises(jobs.GroupNotFound, match="has not committed.*pass that transaction's conn="):
+            jobs.add_to_group(h.id, gj.member, 1)
+        with pytest.raises(jobs.GroupNotFound, match="has not committed.*pass that transaction's conn="):
+            jobs.seal_group(h.id)
+        h.add(gj.member, 1, conn=conn)
+        assert h.seal(conn=conn) is True
+        conn.commit()
+    jobs.drain()
+    assert jobs.get_group(h.id)["state"] == "finished"
+
+
 def test_a_seal_in_a_repeatable_read_transaction_never_leaves_the_group_unfinished(groups_db: str) -> None:
     """seal_group(conn=) in a REPEATABLE READ transaction that began before the last member
     finished is refused as a conflict (run the transaction again), not committed as a sealed

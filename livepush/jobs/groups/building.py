@@ -55,10 +55,18 @@ class GroupHandle(StateTopicHandle):
         return await aseal_group(self.id, conn=conn)
 
 
+def not_found(group_id: int) -> GroupNotFound:
+    """The error for a group id with no row visible to this transaction. Creating a group with conn=
+    and then adding to it without conn= is the likely mistake: say so."""
+    return GroupNotFound(f"no task group {group_id}: never created, deleted after its retention time, or created in "
+                         "a transaction that has not committed (pass that transaction's conn= to add to it or seal it "
+                         "before it commits)")
+
+
 def refused(group_id: int, row: dict[str, Any] | None, adding: int, states: Sequence[str]) -> Exception:
     """The typed error for an add that ADD_TOTAL refused, from the group's row."""
     if row is None:
-        return GroupNotFound(f"no task group {group_id} (never created, or deleted after its retention time)")
+        return not_found(group_id)
     if row["finished_at"] is not None or row["state"] not in states:
         how = ("only its running members can add to it (ctx.group.enqueue)" if row["state"] == "sealed"
                else "it takes no more members")
@@ -369,7 +377,7 @@ def _seal_steps(group_id: int) -> steps.Steps[bool]:
     if not sealed:
         row = yield from steps.group_row(group_id)
         if row is None:
-            raise GroupNotFound(f"no task group {group_id}")
+            raise not_found(group_id)
     return sealed
 
 
