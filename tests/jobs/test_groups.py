@@ -621,6 +621,25 @@ def test_progress_from_adds_is_coalesced_too(groups_db: str) -> None:
     assert len(progress) <= 10 * elapsed + 3, (len(progress), elapsed)
 
 
+def test_adds_in_one_long_transaction_are_coalesced_too(groups_db: str) -> None:
+    """Adds with conn= (one per item, as a web request adds what it makes) in a transaction open
+    for longer than 100 ms are coalesced as adds in transactions of their own: a few progress
+    events, not one per add."""
+    import time
+
+    with psycopg.connect(groups_db) as conn:
+        started = time.monotonic()
+        h = jobs.create_group(conn=conn)
+        conn.execute("SELECT pg_sleep(0.2)")  # the request's other work: its transaction is now old
+        for i in range(30):
+            jobs.add_to_group(h.id, gj.member, i, conn=conn)
+        conn.commit()
+        elapsed = time.monotonic() - started
+    progress = [m for m in group_messages(h.id) if m["event"] == "progress"]
+    assert len(progress) <= 10 * elapsed + 3, (len(progress), elapsed)
+    assert jobs.get_group(h.id)["total"] == 30
+
+
 async def test_the_last_adds_of_a_burst_are_shown_by_a_runtime(groups_db: str) -> None:
     """Adds that come too soon after the group's last event to ring it ring the runtimes instead:
     a running runtime shows the group's final count (its members not yet due, so nothing else

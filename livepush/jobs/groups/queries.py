@@ -480,9 +480,13 @@ ORDER BY id FOR NO KEY UPDATE
 
 # name: record_events
 # Keeps each change rung on group:<id>, for group_history(); in the transaction that rings it.
+# `at` is the statement's time, not now() (the transaction's start): ADD_TOTAL coalesces adds by
+# the newest event's `at`, and in a caller's transaction open for longer than 100 ms (adds with
+# conn=, one per item) now() would make every later add ring and record an event of its own.
 RECORD_EVENTS = """
-INSERT INTO livepush_group_events (group_id, event, data)
-SELECT * FROM unnest(%(group_ids)s::bigint[], %(events)s::text[], %(datas)s::jsonb[])
+INSERT INTO livepush_group_events (group_id, event, data, at)
+SELECT u.group_id, u.event, u.data, statement_timestamp()
+FROM unnest(%(group_ids)s::bigint[], %(events)s::text[], %(datas)s::jsonb[]) AS u(group_id, event, data)
 """
 
 # name: callback_context (ctx.group of a callback job)
