@@ -890,3 +890,25 @@ def test_retention_works_off_a_backlog_of_finished_groups_as_it_does_jobs(groups
 
     assert asyncio.run(prune()) == 250
     assert q(groups_db, "SELECT count(*) FROM livepush_groups") == [(0,)]
+
+
+def test_retention_works_off_a_backlog_of_finished_groups_with_members(groups_db: str) -> None:
+    """Groups with members too: one prune deletes up to max_batches batches of their jobs and of
+    their rows, not one batch of groups a prune (which a runtime makes at most once a minute, so
+    groups finishing faster than that would pile up for good)."""
+    for i in range(250):
+        with jobs.group() as g:
+            g.enqueue(gj.member, i)
+    assert jobs.drain() == {"succeeded": 250}
+    q(groups_db, "UPDATE livepush_groups SET finished_at = now() - interval '2 days'")
+    q(groups_db, "UPDATE livepush_jobs SET finished_at = now() - interval '2 days'")
+
+    async def prune() -> int:
+        from psycopg_pool import AsyncConnectionPool
+
+        async with AsyncConnectionPool(groups_db, min_size=1, max_size=2, open=False) as pool:
+            return await maintenance.prune(pool, 3600, batch=100, max_batches=5)
+
+    assert asyncio.run(prune()) == 500
+    assert q(groups_db, "SELECT count(*) FROM livepush_groups") == [(0,)]
+    assert q(groups_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]

@@ -542,6 +542,10 @@ _NO_UNFINISHED_RUN = """NOT EXISTS (SELECT 1 FROM livepush_workflow_steps s
 _NO_LIVE_CALLBACK = """NOT EXISTS (SELECT 1 FROM livepush_jobs c WHERE c.callback_of = g.id
                                     AND c.state NOT IN ('succeeded', 'failed', 'cancelled'))"""
 
+# Whether a group has no member or callback left, through the two partial indexes on the jobs.
+_NO_JOB_LEFT = """(NOT EXISTS (SELECT 1 FROM livepush_jobs j WHERE j.group_id = g.id)
+                 AND NOT EXISTS (SELECT 1 FROM livepush_jobs j WHERE j.callback_of = g.id))"""
+
 # name: prune_group_jobs
 # Retention: finished groups older than the cutoff. Their members and callbacks go first,
 # a bounded batch per statement (SKIP LOCKED: two runtimes pruning split the work); a
@@ -549,11 +553,14 @@ _NO_LIVE_CALLBACK = """NOT EXISTS (SELECT 1 FROM livepush_jobs c WHERE c.callbac
 # whose step's batch it is. Members of unfinished groups are never
 # touched: only groups with finished_at set are considered, and a group finishes only when
 # every member is terminal.
+# Only groups that still have a job are picked: a group whose jobs are gone waits for
+# PRUNE_GROUPS, and picked again it would fill the pick, so that the next batch found nothing
+# to delete and a prune ended after one batch of groups, however many were due.
 PRUNE_GROUP_JOBS = f"""
 WITH old AS (
     SELECT g.id FROM livepush_groups g
     WHERE g.finished_at < now() - make_interval(secs => %(retention)s) AND {_NO_LIVE_PARENT}
-      AND {_NO_LIVE_CALLBACK} AND {_NO_UNFINISHED_RUN}
+      AND {_NO_LIVE_CALLBACK} AND {_NO_UNFINISHED_RUN} AND NOT {_NO_JOB_LEFT}
     ORDER BY g.finished_at LIMIT 100
 ), victims AS (
     SELECT j.id FROM livepush_jobs j JOIN old ON j.group_id = old.id OR j.callback_of = old.id
@@ -565,17 +572,19 @@ WITH old AS (
 )""" + DELETE_PAYLOADS_OF_GONE
 
 # name: prune_groups (the rows, once no job of theirs is left; cascades to shards, keys, events)
+# Groups with a job left are not picked (rather than picked and then kept), for the same reason:
+# they would fill the pick and end the prune early. No job joins a finished group (adds are
+# refused, its callbacks were inserted as it finished), so none appears after this check.
 PRUNE_GROUPS = f"""
 WITH gone AS (
     DELETE FROM livepush_groups g
     WHERE g.id IN (
         SELECT g.id FROM livepush_groups g
         WHERE g.finished_at < now() - make_interval(secs => %(retention)s) AND {_NO_LIVE_PARENT}
-          AND {_NO_LIVE_CALLBACK} AND {_NO_UNFINISHED_RUN}
+          AND {_NO_LIVE_CALLBACK} AND {_NO_UNFINISHED_RUN} AND {_NO_JOB_LEFT}
         ORDER BY g.finished_at LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     )
-    AND NOT EXISTS (SELECT 1 FROM livepush_jobs j WHERE j.group_id = g.id OR j.callback_of = g.id)
     RETURNING g.id
 )
 SELECT id FROM gone
