@@ -51,6 +51,7 @@ from ...postgres.connect import aconnect
 from ...channels import ListenerSlot
 from ...postgres.listener import Listener
 from ...postgres.pools import AsyncPool, LoopPools
+from ...postgres.text import BIGINT_MAX
 from ...tasks import Backoff, reraise_if_cancelled, supervise
 from ...usercode import what_raised, where_raised
 from .. import database, queries
@@ -152,7 +153,9 @@ def parse_ids(payload: str, channel: str) -> list[int]:
         if payload:
             log.debug("dropped a %s notification that names no ids: %r", channel, payload[:80])
         return []
-    return [int(i) for i in payload.split(",")]
+    # Any database login may send these: an id past the bigint range would fail the statement
+    # that reads the rows, for the real ids named beside it too.
+    return [n for n in map(int, payload.split(",")) if n <= BIGINT_MAX]
 
 
 
