@@ -661,6 +661,21 @@ async def test_listen_holds_one_subscription_and_aclose_releases_it(make_redis: 
     assert not fanout.listening
 
 
+async def test_listen_after_aclose_subscribes_again_and_delivers(make_redis: MakeRedis, raw: redis.Redis) -> None:
+    """A fan-out closed and then listened on again (an app's lifespan run twice) holds a
+    subscription again and delivers to its receivers, rather than return as if it listened."""
+    fanout = await make_redis()
+    got = Collector()
+    fanout.register(got)
+    await fanout.aclose()
+    await async_wait_for(lambda: listeners(raw) == [], WAIT, message="the listener connection to close")
+    await fanout.listen()
+    assert fanout.listening
+    assert len(listeners(raw)) == 1
+    offset = await fanout.apublish("relisten:a", {"i": 0})
+    assert offsets_of(await got.wait_count("relisten:a", 1)) == [offset]
+
+
 async def test_a_listener_that_redis_refuses_to_take_back_says_why_at_once(
     make_redis: MakeRedis, private_redis: PrivateRedis, raw_private: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -345,6 +345,9 @@ class RedisFanOut(FanOut):
         self._loops: LoopClients[_LoopSide] = LoopClients(
             lambda: _LoopSide(async_client(self.url, "livepush-publisher", self.connect_timeout)))
         self._prune_cursor = 0
+        # listen() succeeded and aclose() has not ended it since: aclose() closes the subscriber,
+        # so a listen() after it must subscribe again rather than return as if still listening.
+        self._subscribed = False
         _EVERY.add(self)
 
     def forget_inherited(self) -> None:
@@ -509,15 +512,15 @@ class RedisFanOut(FanOut):
     # -- listening --------------------------------------------------------------------
     @property
     def listening(self) -> bool:
-        return self._listen_called and self._subscriber.listening
+        return self._subscribed and self._subscriber.listening
 
     async def listen(self) -> None:
-        if self._listen_called:
+        if self._subscribed:
             return  # listen() is called once at boot; a second call changes nothing
         subscriber = self._subscriber.get()
         subscriber.add(self.channel, self._on_frame, on_resync=self._heard.resync)
         await subscriber.start()
-        self._listen_called = True
+        self._listen_called = self._subscribed = True
 
     def _on_frame(self, raw: bytes) -> None:
         messages = parse_frames(raw)
@@ -538,6 +541,7 @@ class RedisFanOut(FanOut):
         await self._loops.release_loop()
 
     async def aclose(self) -> None:
+        self._subscribed = False
         await self._subscriber.aclose()
         await self._loops.release_loop()
         self._loops.forget()
