@@ -676,6 +676,23 @@ async def test_listen_after_aclose_subscribes_again_and_delivers(make_redis: Mak
     assert offsets_of(await got.wait_count("relisten:a", 1)) == [offset]
 
 
+async def test_two_listen_calls_at_once_hold_one_subscription_and_deliver_each_message_once(
+    make_redis: MakeRedis, raw: redis.Redis
+) -> None:
+    """listen() called twice concurrently (two tasks of an app's startup) opens one pub/sub
+    connection and one reader: each message arrives once, and aclose() leaves none subscribed."""
+    fanout = await make_redis(listen=False)
+    await asyncio.wait_for(asyncio.gather(fanout.listen(), fanout.listen()), WAIT)
+    got = Collector()
+    fanout.register(got)
+    offsets = [await fanout.apublish("twice:a", {"i": i}) for i in range(3)]
+    await got.wait_count("twice:a", 3)
+    assert offsets_of(got.raw) == offsets
+    assert len(listeners(raw)) == 1
+    await fanout.aclose()
+    await async_wait_for(lambda: listeners(raw) == [], WAIT, message="every listener connection to close")
+
+
 async def test_a_listener_that_redis_refuses_to_take_back_says_why_at_once(
     make_redis: MakeRedis, private_redis: PrivateRedis, raw_private: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -53,6 +53,10 @@ class Subscriber:
         self._conn: Any = None
         self._task: asyncio.Task[None] | None = None
         self._listening = False
+        # start() one call at a time: two at once (two owners, or one listen() called twice
+        # concurrently) each found no task and opened a connection and a reader of their own,
+        # the two readers failing on one socket and the first connection left subscribed.
+        self._starting: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
     def add(self, channel: str, handler: Handler, *, on_resync: Resync | None = None) -> None:
         self._channels.add(channel, handler, on_resync)
@@ -62,6 +66,13 @@ class Subscriber:
         return self._listening
 
     async def start(self, timeout: float = 10.0) -> None:
+        loop = asyncio.get_running_loop()
+        if self._starting is None or self._starting[0] is not loop:
+            self._starting = (loop, asyncio.Lock())  # a lock belongs to the loop that waits on it
+        async with self._starting[1]:
+            await self._start(timeout)
+
+    async def _start(self, timeout: float) -> None:
         if self._task is None:
             try:
                 self._conn = await self._subscribe_all()
