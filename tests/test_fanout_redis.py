@@ -21,6 +21,7 @@ import redis
 import livepush
 from livepush.fanout.base import MAX_PAYLOAD_BYTES, READ_AT_ONCE, READ_BYTES, History
 from livepush.fanout.redis import FRAME_BYTES, PRUNE_SCAN_COUNT, RedisFanOut, parse_frames
+from livepush.redis.client import failed
 from livepush.types import offset_key
 from tests.support.fanouts import WAIT, Collector, offsets_of, read_history, read_on_bounded
 from tests.support.procs import fork_running, forked_exit_status, free_port
@@ -407,6 +408,27 @@ async def test_a_redis_that_refuses_says_why_rather_than_to_check_that_it_runs(
             assert "Redis is running" not in str(caught.value) and "wrong-pw" not in str(caught.value)
             with pytest.raises(livepush.ListenError, match=expected):
                 await asyncio.wait_for(fanout.listen(), WAIT)
+
+
+async def test_a_url_naming_a_database_redis_does_not_have_says_so(make_redis: MakeRedis, redis_url: str,
+                                                                   raw: redis.Redis) -> None:
+    """A URL whose database number is past what Redis has raises DependencyError (ListenError for
+    listen()) saying to name a database it has, not to check that Redis is running."""
+    databases = int(raw.config_get("databases")["databases"])
+    fanout = await make_redis(url=redis_url.rsplit("/", 1)[0] + f"/{databases}", listen=False)
+    with pytest.raises(livepush.DependencyError, match="name one below its `databases` setting") as caught:
+        fanout.publish("nodb:a", {"i": 0})
+    assert "Redis is running" not in str(caught.value)
+    with pytest.raises(livepush.ListenError, match="name one below its `databases` setting"):
+        await asyncio.wait_for(fanout.listen(), WAIT)
+
+
+def test_a_redis_still_loading_after_a_restart_says_to_try_again_not_to_check_that_it_runs() -> None:
+    """What Redis answers while it loads its data after a restart (LOADING, redis-py's
+    BusyLoadingError) reads as a Redis that is up and will answer soon."""
+    error = failed("redis://127.0.0.1:6379/0", redis.BusyLoadingError("Redis is loading the dataset in memory"),
+                   "publishing on 'load:a'")
+    assert "try again once it has loaded" in str(error) and "Redis is running" not in str(error)
 
 
 # A script that holds Redis for 9 s, well past the client's 5 s timeout (Redis' clock, read in the loop).

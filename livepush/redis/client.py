@@ -14,8 +14,8 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from redis.backoff import NoBackoff
 from redis.connection import parse_url
-from redis.exceptions import (AuthenticationError, NoPermissionError, OutOfMemoryError, ReadOnlyError, ResponseError,
-                              TimeoutError as RedisTimeout)
+from redis.exceptions import (AuthenticationError, BusyLoadingError, NoPermissionError, OutOfMemoryError, ReadOnlyError,
+                              ResponseError, TimeoutError as RedisTimeout)
 from redis.retry import Retry
 
 from ..errors import ConfigError, DependencyError
@@ -235,6 +235,12 @@ def _remedy(exc: BaseException) -> str:
                 "promoted one)")
     if isinstance(exc, AuthenticationError):
         return "Redis is up but refused the user or password: correct them in LIVEPUSH_REDIS_URL"
+    if isinstance(exc, ResponseError) and "DB index is out of range" in str(exc):
+        return ("Redis is up but has no database of the number LIVEPUSH_REDIS_URL names: name one below its "
+                "`databases` setting (16 unless configured)")
+    if isinstance(exc, BusyLoadingError):
+        # Redis answers while it reads its data back after a restart, and refuses every command.
+        return "Redis is up but still loading its data after a restart: try again once it has loaded"
     if isinstance(exc, NoPermissionError) or (
             isinstance(exc, ResponseError) and any(words in str(exc) for words in _SCRIPT_ACL_DENIALS)):
         return ("Redis is up but the ACL of LIVEPUSH_REDIS_URL's user denies a command or key livepush needs: give "
