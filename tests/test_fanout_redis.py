@@ -578,6 +578,17 @@ async def test_a_topic_that_listeners_would_drop_is_refused_before_anything_is_p
     assert offsets_of(await got.wait_count("plain:a", 1)) == [offset]
 
 
+async def test_a_topic_that_is_not_a_str_is_refused_as_an_invalid_topic(make_redis: MakeRedis) -> None:
+    """publish() on the fan-out object with a topic that is not text (an id passed as it is)
+    raises InvalidTopic naming it, as livepush.publish() does, not a TypeError from a regex."""
+    fanout = await make_redis(listen=False)
+    for bad in (123, None):
+        with pytest.raises(livepush.InvalidTopic, match=f"invalid topic {bad!r}"):
+            fanout.publish(bad, {"i": 0})  # type: ignore[arg-type]
+        with pytest.raises(livepush.InvalidTopic, match=f"invalid topic {bad!r}"):
+            await fanout.apublish(bad, {"i": 0})  # type: ignore[arg-type]
+
+
 def test_a_frame_with_a_bad_message_or_a_broken_line_count_is_not_ours() -> None:
     """parse_frames takes a frame of one message (four lines) or of several after a `*` line (which
     a server from before batch frames refuses as a topic); a frame whose lines do not add up, or

@@ -374,10 +374,12 @@ class RedisFanOut(FanOut):
         calls: list[tuple[list[str], list[Any]]] = []
         used = 0
         for topic, json_text in encoded:
-            if not TOPIC_RE.fullmatch(topic):
+            if not (isinstance(topic, str) and TOPIC_RE.fullmatch(topic)):
                 # Every listener drops a frame holding such a topic (parse_frames), with the other
                 # messages of the batch that share it: refused here, before anything is written.
-                raise InvalidTopic(f"invalid topic {topic[:60]!r}: use 1 to 200 characters from A-Z a-z 0-9 _ . : / -")
+                # (A topic that is not a str at all would fail in the regex with a bare TypeError.)
+                shown = topic[:60] if isinstance(topic, str) else topic
+                raise InvalidTopic(f"invalid topic {shown!r:.80}: use 1 to 200 characters from A-Z a-z 0-9 _ . : / -")
             # Bytes, not characters: text beyond ASCII takes up to four bytes a character in Redis.
             size = len(json_text) if json_text.isascii() else len(json_text.encode("utf-8"))
             if not calls or len(calls[-1][0]) == PUBLISH_CHUNK or \
