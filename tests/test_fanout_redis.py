@@ -9,10 +9,14 @@ how it is kept. Keys and the channel are the fan-out's own: `fanout.key_prefix` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +30,7 @@ from livepush.types import offset_key
 from tests.support.fanouts import WAIT, Collector, offsets_of, read_history, read_on_bounded
 from tests.support.procs import fork_running, forked_exit_status, free_port
 from tests.support.redis_acl import documented_user
-from tests.support.waiting import async_wait_for
+from tests.support.waiting import async_wait_for, wait_for
 from tests.test_fanout_conformance import (  # noqa: F401  (private_redis is a fixture)
     PrivateRedis,
     private_redis,
@@ -429,6 +433,54 @@ def test_a_redis_still_loading_after_a_restart_says_to_try_again_not_to_check_th
     error = failed("redis://127.0.0.1:6379/0", redis.BusyLoadingError("Redis is loading the dataset in memory"),
                    "publishing on 'load:a'")
     assert "try again once it has loaded" in str(error) and "Redis is running" not in str(error)
+
+
+@pytest.fixture
+def tls_redis(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A Redis that takes only TLS, with a self-signed certificate for 127.0.0.1: its rediss://
+    URL, and the certificate (its own CA)."""
+    server, openssl = shutil.which("redis-server"), shutil.which("openssl")
+    if server is None or openssl is None:
+        pytest.skip("redis-server and openssl are needed: run the tests with bin/test")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=30)
+    port, pidfile = free_port(), tmp_path / "redis.pid"
+    subprocess.run([server, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--tls-cert-file", str(cert),
+                    "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no",
+                    "--daemonize", "yes", "--pidfile", str(pidfile), "--dir", str(tmp_path), "--save", "",
+                    "--appendonly", "no", "--logfile", str(tmp_path / "redis.log")],
+                   check=True, capture_output=True, timeout=10)
+    url = f"rediss://127.0.0.1:{port}/0"
+    admin = redis.Redis.from_url(url, ssl_ca_certs=str(cert), socket_timeout=2, retry=None)
+    try:
+        wait_for(admin.ping, 10, message="the TLS Redis to answer", ignore=(redis.RedisError,))
+        yield url, cert
+    finally:
+        with contextlib.suppress(redis.ConnectionError):
+            admin.shutdown(nosave=True)
+        admin.close()
+
+
+async def test_rediss_works_with_its_ca_and_says_what_to_do_without_it(
+        make_redis: MakeRedis, tls_redis: tuple[str, Path]) -> None:
+    """Over rediss:// with the URL naming Redis' CA, a server listens and a publish reaches it; a
+    URL without it raises DependencyError (ListenError for listen()) saying to give that CA,
+    not to check that Redis is running."""
+    url, ca = tls_redis
+    fanout = await make_redis(url=f"{url}?ssl_ca_certs={ca}")
+    got = Collector()
+    fanout.register(got)
+    offset = await fanout.apublish("tls:a", {"i": 0})
+    assert offsets_of(await got.wait_count("tls:a", 1)) == [offset]
+
+    untrusted = await make_redis(url=url, listen=False, connect_timeout=2)
+    with pytest.raises(livepush.DependencyError, match="give its CA in LIVEPUSH_REDIS_URL") as caught:
+        untrusted.publish("tls:a", {"i": 1})
+    assert "Redis is running" not in str(caught.value)
+    with pytest.raises(livepush.ListenError, match="give its CA in LIVEPUSH_REDIS_URL"):
+        await asyncio.wait_for(untrusted.listen(), WAIT)
 
 
 # A script that holds Redis for 9 s, well past the client's 5 s timeout (Redis' clock, read in the loop).

@@ -238,6 +238,11 @@ def _remedy(exc: BaseException) -> str:
     if isinstance(exc, ResponseError) and "DB index is out of range" in str(exc):
         return ("Redis is up but has no database of the number LIVEPUSH_REDIS_URL names: name one below its "
                 "`databases` setting (16 unless configured)")
+    if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+        # rediss:// checks Redis' certificate against this machine's CAs and the URL's host name.
+        return ("Redis answered but its TLS certificate was refused (signed by a CA this machine does not trust, or "
+                "for another host name): give its CA in LIVEPUSH_REDIS_URL (rediss://HOST:PORT/DB?ssl_ca_certs="
+                "/path/to/ca.pem), or use the host name the certificate names")
     if isinstance(exc, BusyLoadingError):
         # Redis answers while it reads its data back after a restart, and refuses every command.
         return "Redis is up but still loading its data after a restart: try again once it has loaded"
