@@ -483,6 +483,24 @@ async def test_rediss_works_with_its_ca_and_says_what_to_do_without_it(
         await asyncio.wait_for(untrusted.listen(), WAIT)
 
 
+async def test_a_redis_at_its_maxclients_says_so_rather_than_to_check_that_it_runs(
+        make_redis: MakeRedis, private_redis: PrivateRedis, raw_private: redis.Redis) -> None:
+    """A Redis that refuses new connections because it serves its maxclients already raises
+    DependencyError (ListenError for listen()) saying to raise maxclients, not to check the URL."""
+    fanout = await make_redis(url=private_redis.url, listen=False)
+    raw_private.config_set("maxclients", 1)  # this connection is the one
+    try:
+        with pytest.raises(livepush.DependencyError, match="raise maxclients") as caught:
+            fanout.publish("full:a", {"i": 0})
+        assert "Redis is running" not in str(caught.value)
+        with pytest.raises(livepush.ListenError, match="raise maxclients"):
+            await asyncio.wait_for(fanout.listen(), WAIT)
+    finally:
+        raw_private.config_set("maxclients", 10000)
+    offset = fanout.publish("full:a", {"i": 1})
+    assert fanout.latest_offset("full:a") == offset
+
+
 # A script that holds Redis for 9 s, well past the client's 5 s timeout (Redis' clock, read in the loop).
 _BUSY_LUA = "local s = redis.call('TIME')[1]; while tonumber(redis.call('TIME')[1]) - s < 9 do end; return 1"
 

@@ -238,6 +238,11 @@ def _remedy(exc: BaseException) -> str:
     if isinstance(exc, ResponseError) and "DB index is out of range" in str(exc):
         return ("Redis is up but has no database of the number LIVEPUSH_REDIS_URL names: name one below its "
                 "`databases` setting (16 unless configured)")
+    if "max number of clients reached" in str(exc):
+        # Words, not a class: older redis-py versions raise a plain ConnectionError for it.
+        return ("Redis is up but serves as many clients as its maxclients allows: raise maxclients (each livepush "
+                "process holds up to 100 connections per event loop that publishes or reads history, and one that "
+                "listens), or find what holds the others (CLIENT LIST)")
     if "CERTIFICATE_VERIFY_FAILED" in str(exc):
         # rediss:// checks Redis' certificate against this machine's CAs and the URL's host name.
         return ("Redis answered but its TLS certificate was refused (signed by a CA this machine does not trust, or "
