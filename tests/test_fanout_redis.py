@@ -15,6 +15,7 @@ import json
 import logging
 import shutil
 import subprocess
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -261,6 +262,34 @@ async def test_prune_does_bounded_work_per_call(make_redis: MakeRedis, raw: redi
         calls += 1
         assert calls < 50, f"pruning never finished: {total} of {topics}"
     assert all(raw.xlen(fanout.key_prefix + f"many:{t}") == 1 for t in range(topics))
+
+
+async def test_a_prune_cycle_reaches_topics_past_a_batch_with_nothing_to_drop(make_redis: MakeRedis,
+                                                                                raw: redis.Redis) -> None:
+    """A server calls prune() until a call drops nothing, every cycle: expired entries of topics
+    that SCAN reaches only after batches of topics with nothing to drop are trimmed in that cycle
+    all the same, not one batch of topics a cycle."""
+    fanout = await make_redis(history_ttl=0.2, listen=False, prefix=f"prunecycle:{uuid.uuid4().hex[:8]}")
+    topics = 5 * PRUNE_SCAN_COUNT
+    for t in range(topics):
+        fanout.publish(f"many:{t}", {"i": 0})  # a topic's newest entry is kept: nothing to drop
+    batches, cursor = [], 0
+    while True:  # the batches prune() sees, in its order
+        cursor, keys = raw.scan(cursor, match=fanout.key_prefix + "*", count=PRUNE_SCAN_COUNT)
+        if keys:
+            batches.append(keys)
+        if cursor == 0:
+            break
+    assert len(batches) > 1
+    late = batches[-1]
+    for key in late:
+        fanout.publish(key.removeprefix(fanout.key_prefix), {"i": 1})
+    await asyncio.sleep(0.4)  # past the TTL: each late topic has one entry to drop
+    calls = 0
+    while await fanout.prune():  # one cycle, as a server runs it
+        calls += 1
+        assert calls < 100
+    assert all(raw.xlen(key) == 1 for key in late), "the late topics' expired entries are still there"
 
 
 async def test_max_len_bounds_a_busy_topic_and_resets_beyond_it(make_redis: MakeRedis, raw: redis.Redis) -> None:

@@ -213,8 +213,13 @@ if previous then previous = '0-' .. previous else previous = current end
 return {redis.call('TIME'), page, latest, current, previous}
 """
 
-# Keys visited per prune() call: bounded work however many topics exist.
+# Keys visited per SCAN step of prune(), and SCAN steps per call at most: bounded work however
+# many topics exist. A call goes on to the next step while it has dropped nothing, since a server
+# stops calling for the cycle at a call that drops nothing: with one step a call, a run of topics
+# with nothing to drop (idle ones, already trimmed) ended every cycle at its first 200 keys, and
+# a pass over many topics took hours of cycles, their expired entries kept meanwhile.
 PRUNE_SCAN_COUNT = 200
+PRUNE_SCAN_STEPS = 25
 
 
 def _published_at(offset: bytes) -> float:
@@ -494,20 +499,25 @@ class RedisFanOut(FanOut):
             return None
 
     async def prune(self) -> int:
-        """Trim a bounded batch of topics (one SCAN step, cursor kept between calls)."""
+        """Trim bounded batches of topics (SCAN steps, cursor kept between calls) until one drops
+        something, the pass over every topic ends, or PRUNE_SCAN_STEPS steps were taken."""
         side = self._loops.get()
         client = side.client
+        dropped = 0
         try:
-            cursor, keys = await client.scan(self._prune_cursor, match=self._key_pattern, count=PRUNE_SCAN_COUNT)
-            self._prune_cursor = int(cursor)
-            if not keys:
-                return 0
-            # One round trip for the batch; each script trims one key atomically.
-            async with client.pipeline(transaction=False) as pipe:
-                for key in keys:
-                    await side.prune(keys=[key], args=[self._ttl_ms], client=pipe)
-                results = await pipe.execute()
-            return sum(int(n) for n in results)
+            for _ in range(PRUNE_SCAN_STEPS):
+                cursor, keys = await client.scan(self._prune_cursor, match=self._key_pattern, count=PRUNE_SCAN_COUNT)
+                self._prune_cursor = int(cursor)
+                if keys:
+                    # One round trip for the batch; each script trims one key atomically.
+                    async with client.pipeline(transaction=False) as pipe:
+                        for key in keys:
+                            await side.prune(keys=[key], args=[self._ttl_ms], client=pipe)
+                        results = await pipe.execute()
+                    dropped += sum(int(n) for n in results)
+                if dropped or self._prune_cursor == 0:
+                    break
+            return dropped
         except (RedisError, OSError) as exc:
             raise failed(self.url, exc, "pruning history") from exc
 
