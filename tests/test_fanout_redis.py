@@ -25,7 +25,7 @@ import redis
 
 import livepush
 from livepush.fanout.base import MAX_PAYLOAD_BYTES, READ_AT_ONCE, READ_BYTES, History
-from livepush.fanout.redis import FRAME_BYTES, PRUNE_SCAN_COUNT, RedisFanOut, parse_frames
+from livepush.fanout.redis import CALL_TIMEOUT, FRAME_BYTES, PRUNE_SCAN_COUNT, RedisFanOut, parse_frames
 from livepush.redis.client import failed
 from livepush.types import offset_key
 from tests.support.fanouts import WAIT, Collector, offsets_of, read_history, read_on_bounded
@@ -528,6 +528,34 @@ async def test_a_redis_at_its_maxclients_says_so_rather_than_to_check_that_it_ru
         raw_private.config_set("maxclients", 10000)
     offset = fanout.publish("full:a", {"i": 1})
     assert fanout.latest_offset("full:a") == offset
+
+
+async def test_a_publish_to_a_redis_that_never_answers_fails_within_the_call_timeout(make_redis: MakeRedis) -> None:
+    """A Redis that takes the connection and never answers (cut off without a reset) makes
+    publish(), apublish() and history() raise DependencyError within livepush's own call
+    timeout, whatever redis-py's default is (none before redis-py 8)."""
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # never answers; ends when the client gives up
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        fanout = await make_redis(url=f"redis://127.0.0.1:{port}/0", listen=False)
+        sync, _ = fanout._sync_client()
+        assert sync.connection_pool.connection_kwargs["socket_timeout"] == CALL_TIMEOUT
+        side = fanout._loops.get()
+        assert side.client.connection_pool.connection_kwargs["socket_timeout"] == CALL_TIMEOUT
+        bound = CALL_TIMEOUT + 10
+        with pytest.raises(livepush.DependencyError, match="did not answer in time"):
+            await asyncio.wait_for(asyncio.to_thread(fanout.publish, "silent:a", {"i": 0}), bound)
+        with pytest.raises(livepush.DependencyError, match="did not answer in time"):
+            await asyncio.wait_for(fanout.apublish("silent:a", {"i": 0}), bound)
+        with pytest.raises(livepush.DependencyError):
+            await asyncio.wait_for(fanout.history("silent:a", "0-1"), bound)
+        await fanout.release_loop()
+    finally:
+        server.close()
 
 
 # A script that holds Redis for 9 s, well past the client's 5 s timeout (Redis' clock, read in the loop).

@@ -213,6 +213,11 @@ if previous then previous = '0-' .. previous else previous = current end
 return {redis.call('TIME'), page, latest, current, previous}
 """
 
+# Seconds a call waits for Redis' answer before it raises DependencyError. Set here, not left to
+# redis-py: before redis-py 8 its default is no limit, and a publish or a history read to a Redis
+# cut off without a reset (a network partition, a paused VM) waited for ever.
+CALL_TIMEOUT = 5.0
+
 # Keys visited per SCAN step of prune(), and SCAN steps per call at most: bounded work however
 # many topics exist. A call goes on to the next step while it has dropped nothing, since a server
 # stops calling for the cycle at a call that drops nothing: with one step a call, a run of topics
@@ -348,7 +353,8 @@ class RedisFanOut(FanOut):
         self._sync_latest: Any = None
         # Async side: a client and its scripts per event loop (their connections are the loop's).
         self._loops: LoopClients[_LoopSide] = LoopClients(
-            lambda: _LoopSide(async_client(self.url, "livepush-publisher", self.connect_timeout)))
+            lambda: _LoopSide(async_client(self.url, "livepush-publisher", self.connect_timeout,
+                                           socket_timeout=CALL_TIMEOUT)))
         self._prune_cursor = 0
         # listen() succeeded and aclose() has not ended it since: aclose() closes the subscriber,
         # so a listen() after it must subscribe again rather than return as if still listening.
@@ -365,7 +371,7 @@ class RedisFanOut(FanOut):
     def _sync_client(self) -> tuple[redis.Redis, Any]:
         with self._sync_lock:
             if self._sync is None:
-                self._sync = redis.Redis.from_url(own_url(self.url),
+                self._sync = redis.Redis.from_url(own_url(self.url), socket_timeout=CALL_TIMEOUT,
                                                   **client_kwargs("livepush-publisher", self.connect_timeout))
                 self._sync_publish = self._sync.register_script(_PUBLISH_LUA)
                 self._sync_latest = self._sync.register_script(_LATEST_LUA)
