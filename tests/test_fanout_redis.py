@@ -15,6 +15,7 @@ import json
 import logging
 import shutil
 import subprocess
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ import redis
 import livepush
 from livepush.fanout.base import MAX_PAYLOAD_BYTES, READ_AT_ONCE, READ_BYTES, History
 from livepush.fanout.redis import CALL_TIMEOUT, FRAME_BYTES, PRUNE_SCAN_COUNT, RedisFanOut, parse_frames
-from livepush.redis.client import failed
+from livepush.redis.client import LoopClients, failed
 from livepush.types import offset_key
 from tests.support.fanouts import WAIT, Collector, offsets_of, read_history, read_on_bounded
 from tests.support.procs import fork_running, forked_exit_status, free_port
@@ -771,6 +772,45 @@ def test_sync_code_running_each_call_on_a_new_event_loop_keeps_no_connection_per
         assert len(open_now) <= 1, f"30 calls, each on its own loop, left {len(open_now)} connections open"
     finally:
         fanout.close()
+
+
+def test_loops_in_two_threads_making_their_clients_at_once_both_get_one() -> None:
+    """Two threads each running an event loop (sync code calling asyncio.run() in worker threads)
+    take their first client at the same moment: both get one, rather than the first failing with
+    'dictionary changed size during iteration' while it drops the loops that ended."""
+    checking, made = threading.Event(), threading.Event()
+
+    class EndedLoop:
+        """A loop that ended, whose check holds the first thread inside its walk for a moment."""
+
+        def is_closed(self) -> bool:
+            checking.set()
+            made.wait(2)  # the other thread's client lands now, unless it has to wait its turn
+            return True
+
+    class Client:
+        async def aclose(self) -> None: ...
+
+    clients: LoopClients[Client] = LoopClients(Client)
+    clients._clients[EndedLoop()] = Client()  # type: ignore[index]
+    failures: list[BaseException] = []
+
+    async def take() -> None:
+        clients.get()
+
+    def first() -> None:
+        try:
+            asyncio.run(take())
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert checking.wait(WAIT)
+    asyncio.run(take())
+    made.set()
+    thread.join(WAIT)
+    assert not thread.is_alive() and failures == []
 
 
 def test_a_child_forked_while_a_parent_thread_was_inside_publish_publishes(redis_url: str, raw: redis.Redis) -> None:

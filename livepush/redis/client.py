@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import os
 import re
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
@@ -309,24 +310,30 @@ class LoopClients(Generic[C]):
     def __init__(self, make: Callable[[], C]) -> None:
         self._make = make
         self._clients: dict[asyncio.AbstractEventLoop, C] = {}
+        # Loops run in threads of their own (sync code calling asyncio.run() in worker threads):
+        # one thread's new client must not land while another walks the dict for ended loops,
+        # which raised "dictionary changed size during iteration" out of that thread's call.
+        self._making = threading.Lock()
         _EVERY.add(self)
 
     def forget_inherited(self) -> None:
         """In a forked child: set aside (never close) the parent's clients; the next use makes one."""
         _INHERITED.append(self._clients)
         self._clients = {}
+        self._making = threading.Lock()  # a parent thread may have held it at the fork
 
     def get(self) -> C:
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
-            # A client's connections hold their loop, so a weak mapping would never let an ended
-            # loop go: sync code that runs asyncio.run() per call would keep a client, and its
-            # socket, for every call. Ended loops are dropped here (their sockets close as
-            # they are collected: only their own loop could close them properly).
-            for ended in [old for old in self._clients if old.is_closed()]:
-                del self._clients[ended]
-            client = self._clients[loop] = self._make()
+            with self._making:
+                # A client's connections hold their loop, so a weak mapping would never let an ended
+                # loop go: sync code that runs asyncio.run() per call would keep a client, and its
+                # socket, for every call. Ended loops are dropped here (their sockets close as
+                # they are collected: only their own loop could close them properly).
+                for ended in [old for old in self._clients if old.is_closed()]:
+                    del self._clients[ended]
+                client = self._clients[loop] = self._make()
         return client
 
     async def release_loop(self) -> None:
