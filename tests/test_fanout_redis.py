@@ -774,25 +774,26 @@ def test_sync_code_running_each_call_on_a_new_event_loop_keeps_no_connection_per
         fanout.close()
 
 
-def test_loops_in_two_threads_making_their_clients_at_once_both_get_one() -> None:
-    """Two threads each running an event loop (sync code calling asyncio.run() in worker threads)
-    take their first client at the same moment: both get one, rather than the first failing with
-    'dictionary changed size during iteration' while it drops the loops that ended."""
-    checking, made = threading.Event(), threading.Event()
+@pytest.mark.parametrize("other", ["takes its first client", "releases its client"])
+def test_a_loop_taking_its_client_while_another_threads_loop_changes_its_own_gets_one(other: str) -> None:
+    """An event loop takes its first client while a loop in another thread (sync code calling
+    asyncio.run() in worker threads) takes or releases its own at the same moment: the call
+    returns a client, rather than fail with 'dictionary changed size during iteration' while it
+    drops the loops that ended."""
+    checking, changed = threading.Event(), threading.Event()
 
     class EndedLoop:
         """A loop that ended, whose check holds the first thread inside its walk for a moment."""
 
         def is_closed(self) -> bool:
             checking.set()
-            made.wait(2)  # the other thread's client lands now, unless it has to wait its turn
+            changed.wait(2)  # the other loop's change lands now, unless it has to wait its turn
             return True
 
     class Client:
         async def aclose(self) -> None: ...
 
     clients: LoopClients[Client] = LoopClients(Client)
-    clients._clients[EndedLoop()] = Client()  # type: ignore[index]
     failures: list[BaseException] = []
 
     async def take() -> None:
@@ -805,10 +806,20 @@ def test_loops_in_two_threads_making_their_clients_at_once_both_get_one() -> Non
             failures.append(exc)
 
     thread = threading.Thread(target=first)
-    thread.start()
-    assert checking.wait(WAIT)
-    asyncio.run(take())
-    made.set()
+
+    async def meanwhile() -> None:
+        if other == "releases its client":
+            clients.get()
+        clients._clients[EndedLoop()] = Client()  # type: ignore[index]
+        thread.start()
+        assert await asyncio.to_thread(checking.wait, WAIT)
+        if other == "releases its client":
+            await clients.release_loop()
+        else:
+            clients.get()
+        changed.set()
+
+    asyncio.run(meanwhile())
     thread.join(WAIT)
     assert not thread.is_alive() and failures == []
 

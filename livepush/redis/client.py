@@ -311,7 +311,7 @@ class LoopClients(Generic[C]):
         self._make = make
         self._clients: dict[asyncio.AbstractEventLoop, C] = {}
         # Loops run in threads of their own (sync code calling asyncio.run() in worker threads):
-        # one thread's new client must not land while another walks the dict for ended loops,
+        # one thread's client must not land or go while another walks the dict for ended loops,
         # which raised "dictionary changed size during iteration" out of that thread's call.
         self._making = threading.Lock()
         _EVERY.add(self)
@@ -337,11 +337,13 @@ class LoopClients(Generic[C]):
         return client
 
     async def release_loop(self) -> None:
-        client = self._clients.pop(asyncio.get_running_loop(), None)
+        with self._making:
+            client = self._clients.pop(asyncio.get_running_loop(), None)
         if client is not None:
             await client.aclose()
 
     def forget(self) -> None:
         """Drop every loop's client without closing it: only its own loop can, and a loop that
         ended took its sockets with it."""
-        self._clients.clear()
+        with self._making:
+            self._clients.clear()
