@@ -239,6 +239,19 @@ async def test_listen_called_again_changes_nothing(make_fanout: MakeFanOut) -> N
     assert offsets_of(got.raw[:3]) == offsets and len(got.raw) == 3
 
 
+async def test_listen_after_aclose_listens_again_and_delivers(make_fanout: MakeFanOut) -> None:
+    """A fan-out closed and then listened on again (an app's lifespan run twice) holds a
+    subscription again and delivers to its receivers, rather than return as if it listened."""
+    fanout = await make_fanout()
+    got = Collector(fanout)
+    fanout.register(got)
+    await fanout.aclose()
+    await fanout.listen()
+    assert fanout.listening
+    offset = await fanout.apublish("relisten:a", {"i": 0})
+    assert offsets_of(await got.wait_count("relisten:a", 1)) == [offset]
+
+
 async def test_register_before_listen_raises(make_fanout: MakeFanOut) -> None:
     """Registering a receiver or a resync handler before listen() raises NotListeningError."""
     fanout = await make_fanout(listen=False)

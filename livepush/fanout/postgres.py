@@ -276,6 +276,7 @@ class PostgresFanOut(FanOut):
         self._pools = LoopPools(url, name="livepush-fanout")
         # Shared with the process's other listening parts when the wiring passes one in.
         self._listener = ListenerSlot(listener, lambda: Listener(url))
+        self._subscribed = False  # listen() succeeded and aclose() has not ended it since
 
     # -- publishing -------------------------------------------------------------------
     def publish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
@@ -357,16 +358,16 @@ class PostgresFanOut(FanOut):
 
     # -- listening --------------------------------------------------------------------
     async def listen(self) -> None:
-        if self._listen_called:
+        if self._subscribed:
             return  # listen() is called once at boot; a second call changes nothing
         listener = self._listener.get()
         listener.add(CHANNEL, self._on_notification, on_resync=self._heard.resync)
         await listener.start()
-        self._listen_called = True
+        self._listen_called = self._subscribed = True
 
     @property
     def listening(self) -> bool:
-        return self._listen_called and self._listener.listening
+        return self._subscribed and self._listener.listening
 
     def _on_notification(self, payload: str) -> None:
         for message in parse_doorbell(payload):
@@ -449,6 +450,7 @@ class PostgresFanOut(FanOut):
         await self._pools.release_loop()
 
     async def aclose(self) -> None:
+        self._subscribed = False  # a listen() after this must subscribe again
         await self._listener.aclose()
         await self._pools.aclose()
 
