@@ -29,6 +29,7 @@ import pytest
 import redis
 
 import livepush
+from livepush.errors import ArgumentTypeError
 from livepush.fanout.base import (
     HISTORY_PAGE,
     HISTORY_PAGE_BYTES,
@@ -250,6 +251,23 @@ async def test_listen_after_aclose_listens_again_and_delivers(make_fanout: MakeF
     assert fanout.listening
     offset = await fanout.apublish("relisten:a", {"i": 0})
     assert offsets_of(await got.wait_count("relisten:a", 1)) == [offset]
+
+
+@pytest.mark.parametrize("topic", [123, None, "", "bad topic!", "a" * 201])
+async def test_a_topic_no_subscriber_could_name_is_refused_by_every_publish(make_fanout: MakeFanOut,
+                                                                           topic: Any) -> None:
+    """A topic that is not 1 to 200 characters of A-Z a-z 0-9 _ . : / - (or not a str at all) is
+    refused with InvalidTopic naming it, by publish() and publish_many(), sync and async, on every
+    fan-out, before anything is written: no subscriber could ever receive it. (publish_many() says of
+    a topic that is no str that it must be one, with the item, as the module API does.)"""
+    fanout = await make_fanout(listen=False)
+    refused = livepush.InvalidTopic if isinstance(topic, str) else (livepush.InvalidTopic, ArgumentTypeError)
+    for call in (lambda: fanout.publish(topic, {"i": 0}), lambda: fanout.publish_many([(topic, {"i": 0})])):
+        with pytest.raises(refused, match="topic"):
+            call()
+    for acall in (lambda: fanout.apublish(topic, {"i": 0}), lambda: fanout.apublish_many([(topic, {"i": 0})])):
+        with pytest.raises(refused, match="topic"):
+            await acall()
 
 
 async def test_register_before_listen_raises(make_fanout: MakeFanOut) -> None:

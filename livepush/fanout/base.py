@@ -39,7 +39,8 @@ from typing import Any
 
 from .. import metrics
 from ..channels import Handlers
-from ..errors import ArgumentTypeError, DependencyError, NotListeningError, PayloadTooLarge
+from ..errors import ArgumentTypeError, DependencyError, InvalidTopic, NotListeningError, PayloadTooLarge
+from ..topics import TOPIC_RE
 from ..types import JSON, Message, Offset, Receiver, ResyncHandler, Topic
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
@@ -135,10 +136,21 @@ def batch_pairs(messages: Iterable[tuple[Topic, JSON]]) -> list[tuple[Topic, JSO
     return items
 
 
+def plain_topic(topic: Any) -> Topic:
+    """`topic` when a subscriber could name it, else InvalidTopic naming it. Every fan-out checks
+    this before it writes anything (the module API checks more first: reserved prefixes, state
+    topics' ids): a message on any other topic would reach no one, or be dropped by every listener
+    with the others of its frame."""
+    if isinstance(topic, str) and TOPIC_RE.fullmatch(topic):
+        return topic
+    shown = topic[:60] if isinstance(topic, str) else topic
+    raise InvalidTopic(f"invalid topic {shown!r:.80}: use 1 to 200 characters from A-Z a-z 0-9 _ . : / -")
+
+
 def encode_batch(messages: Iterable[tuple[Topic, JSON]]) -> list[tuple[Topic, str]]:
     """The (topic, data) pairs of a publish_many with each data as JSON text, every item checked
     as publish() checks one before anything is written; an error names the item."""
-    return [(topic, encode_payload(data, f"publish_many() item {i}'s data"))
+    return [(plain_topic(topic), encode_payload(data, f"publish_many() item {i}'s data"))
             for i, (topic, data) in enumerate(batch_pairs(messages))]
 
 

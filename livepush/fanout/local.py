@@ -36,7 +36,7 @@ from typing import Any
 from ..types import JSON, Message, Offset, Topic
 from ..errors import ArgumentValueError
 from .base import (HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, FanOut, History, encode_batch, encode_payload,
-                   good_origin, idle_expiry, origin_number)
+                   good_origin, idle_expiry, origin_number, plain_topic)
 
 # Per topic: bounded memory even with a long TTL.
 MAX_KEPT_PER_TOPIC = 10_000
@@ -112,7 +112,7 @@ class LocalFanOut(FanOut):
     def publish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
         if conn is not None:
             raise ArgumentValueError("conn= needs the Postgres fan-out: set LIVEPUSH_FANOUT=postgres")
-        text = encode_payload(data)
+        topic, text = plain_topic(topic), encode_payload(data)
         with self._lock:
             offset = self._append(topic, text)
         self._published.inc()

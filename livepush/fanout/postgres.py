@@ -45,7 +45,7 @@ from ..postgres.text import BIGINT_MAX
 from ..types import JSON, Message, Offset, Topic
 from ..errors import ArgumentTypeError
 from .base import (HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, READ_BYTES, FanOut, History, encode_batch,
-                   encode_payload, good_origin, idle_expiry, origin_number)
+                   encode_payload, good_origin, idle_expiry, origin_number, plain_topic)
 
 log = logging.getLogger("livepush.fanout.postgres")
 
@@ -280,7 +280,7 @@ class PostgresFanOut(FanOut):
 
     # -- publishing -------------------------------------------------------------------
     def publish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
-        text = encode_payload(data)
+        topic, text = plain_topic(topic), encode_payload(data)
         if conn is not None:
             callers_connection(conn, "publish")
             with translated_if_lost(self.url, conn), cursor_on(conn) as cur:
@@ -293,7 +293,7 @@ class PostgresFanOut(FanOut):
         return str(row[0])
 
     async def apublish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
-        text = encode_payload(data)
+        topic, text = plain_topic(topic), encode_payload(data)
         if conn is not None:
             callers_connection(conn, "apublish")
             with translated_if_lost(self.url, conn):
