@@ -357,11 +357,16 @@ async def test_a_sync_authorize_that_exits_answers_unavailable(exit_kind: type[B
         app.close()
 
 
-@pytest.mark.parametrize("exit_kind", [SystemExit, KeyboardInterrupt])
+class _LibraryTimeout(BaseException):
+    """What some libraries raise for their own timeouts: a BaseException, not an Exception."""
+
+
+@pytest.mark.parametrize("exit_kind", [SystemExit, KeyboardInterrupt, GeneratorExit, _LibraryTimeout])
 @pytest.mark.parametrize("shape", ["async def", "sync returning a coroutine"])
 async def test_an_async_authorize_that_exits_answers_unavailable(exit_kind: type[BaseException], shape: str) -> None:
     """An async hook runs as a task on the server's loop, where sys.exit() or a stray
-    KeyboardInterrupt would stop the loop, and the server with it: it is a failed answer
+    KeyboardInterrupt would stop the loop, and the server with it, and any other BaseException
+    (but a cancellation) would go past the subscribe, left unanswered: each is a failed answer
     ('unavailable') like any other exception, and the loop goes on."""
     async def exits(session: Session | None, topic: str) -> bool:
         await asyncio.sleep(0)

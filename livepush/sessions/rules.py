@@ -230,10 +230,14 @@ def _rules(rules: object) -> tuple[Allow, ...]:
 async def _contained(answer: Awaitable[Any]) -> Any:
     """Await an async authorize()'s answer. wait_for() runs it as a task, and a SystemExit or
     KeyboardInterrupt raised in a task leaves the event loop: the whole server would stop. Here
-    they end only this call, a failed answer, as they do for a sync hook in its thread."""
+    they end only this call, a failed answer, as they do for a sync hook in its thread. So does
+    any other BaseException but a cancellation (GeneratorExit, a library's own timeout class):
+    passed on, it went past every handler of the subscribe, which was then never answered."""
     try:
         return await answer
-    except (SystemExit, KeyboardInterrupt) as exc:
+    except (Exception, asyncio.CancelledError):
+        raise
+    except BaseException as exc:
         raise RuntimeError(f"authorize() raised {type(exc).__name__}") from exc
 
 
