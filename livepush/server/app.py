@@ -312,11 +312,7 @@ class PushServer:
         return None
 
     async def _subscribe(self, client: Connection, cmd: protocol.Subscribe) -> None:
-        session = client.session
-        if session is not None and session.expired():
-            # The periodic re-check would close it within reverify_interval; until then its rules
-            # and authorize() must not grant a credential that has run out anything more.
-            client.close(protocol.CLOSE_REVOKED, "session expired")
+        if self._expired(client):
             return
         if not client.subscribes.take(time.monotonic()):
             self._refuse(client, cmd.ref, "limit")
@@ -338,6 +334,8 @@ class PushServer:
                     # that came with its cancellation, and the connection, detached already,
                     # would stay subscribed in the hub for ever.
                     return
+                if self._expired(client):
+                    return  # it ran out while authorize() decided (which may take seconds)
                 if reason is not None:
                     self._refuse(client, cmd.ref, reason)
                     return
@@ -368,6 +366,17 @@ class PushServer:
                 client.close(CLOSE_INTERNAL_ERROR, "unavailable")
                 return
             self._refuse(client, cmd.ref, "unavailable")
+
+    @staticmethod
+    def _expired(client: Connection) -> bool:
+        """Close `client` with 4403 if its session has expired, and say so. The periodic re-check
+        would close it within reverify_interval; until then its rules and authorize() must not
+        grant a credential that has run out anything more."""
+        session = client.session
+        if session is None or not session.expired():
+            return False
+        client.close(protocol.CLOSE_REVOKED, "session expired")
+        return True
 
     @staticmethod
     def _refuse(client: Connection, ref: protocol.Ref, reason: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 import redis
+from websockets.exceptions import ConnectionClosed
 
 from livepush import api, sessions
 from livepush.config import Settings, get_settings, set_settings
@@ -294,6 +295,33 @@ async def test_a_session_that_has_expired_subscribes_to_nothing_more(secret: str
         await client.send({"op": "subscribe", "topic": "user:user-7:inbox", "since": None, "ref": "late"})
         frame = await client.close_frame(timeout=REVOCATION_DEADLINE)
         assert frame is not None and frame.code == CLOSE_REVOKED, frame
+    finally:
+        await served.stop()
+        api.set_default_fanout(None)
+        set_settings(None)
+
+
+async def test_a_session_that_expires_while_authorize_decides_is_granted_nothing(secret: str) -> None:
+    """A session that expires while authorize() decides gets no topic from its answer: the subscribe closes the connection with 4403, never answers `subscribed`."""
+    set_settings(Settings(fanout="local", secret=secret, port=0))
+
+    async def authorize(session: Session | None, topic: str) -> bool:
+        assert session is not None
+        await asyncio.sleep(max(0.0, session.expires_at - time.time()) + 0.05)  # the token's own clock
+        return True
+
+    served = await start_served(get_settings(), app=App(authorize=authorize, authorize_timeout=10,
+                                                        reverify_interval=3600))
+    try:
+        token = sessions.issue("user-7", ttl=2)
+        client = await WSClient.open(served.url, additional_headers={"Cookie": f"livepush_session={token}"})
+        await client.send({"op": "subscribe", "topic": "team:1", "since": None, "ref": "late"})
+        try:
+            answer = await client.recv(timeout=10)
+        except ConnectionClosed as exc:
+            assert exc.rcvd is not None and exc.rcvd.code == CLOSE_REVOKED, exc
+        else:
+            raise AssertionError(f"a session expired while authorize() decided was answered {answer}")
     finally:
         await served.stop()
         api.set_default_fanout(None)
