@@ -484,6 +484,24 @@ async def test_revoking_a_bad_token_raises_and_stores_nothing(
     assert not await shared_store.is_revoked(tokens.loads(forged, OTHER))
 
 
+async def test_revoking_without_a_secret_is_a_config_error_not_a_bad_token(
+    shared_store: sessions.RevocationStore, monkeypatch: pytest.MonkeyPatch, no_token_in_logs: list[str]
+) -> None:
+    """revoke() in a process without LIVEPUSH_SECRET raises ConfigError naming the setting, not
+    InvalidSession, which sign-out code skips as a stale cookie; and it stores nothing."""
+    token = sessions.issue("user-7")
+    no_token_in_logs.append(token)
+    set_settings(Settings())
+    writes: list[str] = []
+    for name in ("add_session", "aadd_session"):
+        monkeypatch.setattr(shared_store, name, lambda *args, _name=name, **kw: writes.append(_name))
+    with pytest.raises(ConfigError, match="LIVEPUSH_SECRET"):
+        sessions.revoke(token, store=shared_store)
+    with pytest.raises(ConfigError, match="LIVEPUSH_SECRET"):
+        await sessions.arevoke(token, store=shared_store)
+    assert writes == []
+
+
 async def test_expired_token_can_still_be_revoked(
     shared_store: sessions.RevocationStore, rings: Callable[[sessions.RevocationStore], Awaitable[Rings]]
 ) -> None:

@@ -82,7 +82,11 @@ def _session_of(token: str | Session) -> Session:
         return token
     # Expired tokens are still revoked (their connections may be open until the next re-check),
     # but a bad signature is the caller's mistake: InvalidSession.
-    return loads(token, get_settings().secrets)
+    settings = get_settings()
+    # Without a secret no token verifies. Said as InvalidSession, it read as "not a token of ours",
+    # which sign-out code skips as a stale cookie: the session stayed open, and nothing said why.
+    settings.require_secret()
+    return loads(token, settings.secrets)
 
 
 def revoke(token: str | Session, *, store: RevocationStore | None = None) -> Session:
@@ -90,8 +94,8 @@ def revoke(token: str | Session, *, store: RevocationStore | None = None) -> Ses
     server closes its open connections with 4403. Returns the session.
 
     Raises InvalidSession when `token` is not a token signed with our secrets, ConfigError when
-    this process has no shared store, and DependencyError when the store cannot be reached
-    (nothing was revoked then)."""
+    this process has no shared store or no LIVEPUSH_SECRET, and DependencyError when the store
+    cannot be reached (nothing was revoked then)."""
     chosen = _shared(store)
     session = _session_of(token)
     chosen.add_session(session.id, session.expires_at)
