@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import pytest
 from websockets.datastructures import Headers
@@ -278,6 +279,23 @@ async def test_store_outage_is_not_a_missing_session() -> None:
     token = sessions.issue("user-7")
     with pytest.raises(DependencyError):
         await authenticate({"Cookie": f"livepush_session={token}"}, "/", Settings(secret=SECRET), Down())
+
+
+async def test_a_session_that_expires_while_the_store_is_read_is_no_session() -> None:
+    """A token that expires while the handshake reads the revocation store is an expired one
+    (anonymous under `optional`, 4401 under `required`), not a session whose first subscribe
+    would close the connection with 4403, which the client never retries."""
+
+    class Slow(MemoryRevocations):
+        async def revoked_among(self, sessions_: Iterable[Session]) -> set[str]:
+            batch = list(sessions_)
+            last = max(s.expires_at for s in batch)
+            await asyncio.sleep(max(0.0, last - time.time()) + 0.01)  # the token's own clock: no event to await
+            return await super().revoked_among(batch)
+
+    token = sessions.issue("user-7", ttl=0.2)
+    session, reason = await authenticate({"Cookie": f"livepush_session={token}"}, "/", Settings(secret=SECRET), Slow())
+    assert (session, reason) == (None, "expired")
 
 
 def test_session_type_is_frozen() -> None:

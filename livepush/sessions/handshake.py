@@ -240,8 +240,13 @@ async def authenticate(
         session = decode(token, settings.secrets)
     except InvalidSession as exc:
         return None, exc.reason
-    if store is not None and await store.is_revoked(session):
-        return None, "revoked"
+    if store is not None:
+        if await store.is_revoked(session):
+            return None, "revoked"
+        if session.expired():
+            # It ran out while the store was read. Let in, its first subscribe would close the
+            # connection with 4403, which a client never retries: `optional` lets it in anonymous.
+            return None, "expired"
     return session, None
 
 
