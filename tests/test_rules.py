@@ -298,6 +298,30 @@ async def test_an_authorize_that_raises_cancelled_error_of_its_own_answers_unava
     assert len(records) == 1 and "CancelledError" in records[0].getMessage()
 
 
+@pytest.mark.parametrize("shape", ["async def", "sync returning a coroutine"])
+async def test_an_async_authorize_slow_to_stop_still_answers_within_its_timeout(shape: str) -> None:
+    """A hook that takes its time to stop once cancelled (a database driver cancelling its query on
+    the server, a clean-up that awaits) gives no answer past authorize_timeout: 'unavailable' then,
+    not whenever it ends."""
+    release = asyncio.Event()
+
+    async def slow_to_stop(session: Session | None, topic: str) -> bool:
+        try:
+            await asyncio.Event().wait()  # never answers
+        except asyncio.CancelledError:
+            await release.wait()  # and stops only when let go
+            raise
+        return True
+
+    app = App(authorize=slow_to_stop if shape == "async def" else (lambda s, t: slow_to_stop(s, t)),
+              authorize_timeout=0.2)
+    try:
+        assert await asyncio.wait_for(app.check(ALICE, "team:1"), 5) == "unavailable"
+    finally:
+        release.set()
+        app.close()
+
+
 async def test_a_cancelled_subscribe_is_still_cancelled_while_authorize_runs() -> None:
     """Cancelling the subscribe (its connection closed) while the hook runs cancels the check."""
     started = asyncio.Event()

@@ -228,7 +228,7 @@ def _rules(rules: object) -> tuple[Allow, ...]:
 
 
 async def _contained(answer: Awaitable[Any]) -> Any:
-    """Await an async authorize()'s answer. wait_for() runs it as a task, and a SystemExit or
+    """Await an async authorize()'s answer. It runs as a task, and a SystemExit or
     KeyboardInterrupt raised in a task leaves the event loop: the whole server would stop. Here
     they end only this call, a failed answer, as they do for a sync hook in its thread. So does
     any other BaseException but a cancellation (GeneratorExit, a library's own timeout class):
@@ -255,7 +255,8 @@ class App:
     ``unavailable`` (the client retries later), is
     logged once per exception type, and never reaches the client. A sync `authorize`
     runs in a small thread pool of its own, so it may block (e.g. on a database query);
-    a call that times out keeps its thread until it returns.
+    a call that times out keeps its thread until it returns. An async one that times out is
+    cancelled and left to stop on its own: the answer does not wait for it.
     `max_subscriptions`: per connection; beyond it the server refuses with ``limit``.
     `reverify_interval`: seconds between the server's re-checks of open sessions for
     expiry and revocation.
@@ -291,6 +292,7 @@ class App:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._waiting = 0  # sync calls submitted and not yet returned
         self._waiting_lock = threading.Lock()
+        self._stopping: set[asyncio.Future[Any]] = set()  # async calls given up on, not yet stopped
 
     def __repr__(self) -> str:
         return f"App(rules={list(self.rules)!r}, authorize={self.authorize!r}, max_subscriptions={self.max_subscriptions})"
@@ -323,8 +325,7 @@ class App:
         deadline = loop.time() + self.authorize_timeout
         try:
             if self._authorize_is_async:
-                result: Any = await asyncio.wait_for(_contained(self.authorize(session, topic)),  # type: ignore[arg-type]
-                                                     self.authorize_timeout)
+                result: Any = await self._bounded(self.authorize(session, topic), deadline)  # type: ignore[arg-type]
             else:
                 if self._waiting >= AUTHORIZE_THREADS + AUTHORIZE_QUEUE:
                     self._log_once(OverflowError("every authorize() thread is busy"), topic)
@@ -347,7 +348,7 @@ class App:
                 future.add_done_callback(self._done_waiting)
                 result = await asyncio.wait_for(asyncio.wrap_future(future), self.authorize_timeout)
             if inspect.isawaitable(result):  # a sync callable that returned a coroutine
-                result = await asyncio.wait_for(_contained(result), max(deadline - loop.time(), 0.001))
+                result = await self._bounded(result, deadline)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is None or task.cancelling():
@@ -360,6 +361,34 @@ class App:
             self._log_once(exc, topic)
             return None
         return result is True
+
+    async def _bounded(self, answer: Awaitable[Any], deadline: float) -> Any:
+        """An async hook's answer, or TimeoutError at `deadline` (the loop's clock). Not through
+        wait_for(), which after cancelling the hook waits for it to stop: a hook slow to stop (a
+        database driver cancelling its query on the server, a clean-up that awaits) held the
+        subscribe, and the connection's next frames, past authorize_timeout."""
+        task = asyncio.ensure_future(_contained(answer))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=max(deadline - asyncio.get_running_loop().time(), 0.001))
+        except asyncio.CancelledError:
+            self._let_go(task)
+            raise
+        if not done:
+            self._let_go(task)
+            raise TimeoutError
+        return task.result()
+
+    def _let_go(self, task: asyncio.Future[Any]) -> None:
+        """Cancel a hook's task without waiting for it to stop; it is kept (the loop holds tasks
+        weakly) until it does, and its late error, which no one asked for, is read and dropped."""
+        task.cancel()
+        self._stopping.add(task)
+        task.add_done_callback(self._stopped)
+
+    def _stopped(self, task: asyncio.Future[Any]) -> None:
+        self._stopping.discard(task)
+        if not task.cancelled():
+            task.exception()
 
     def _call_sync(self, session: Session | None, topic: str) -> Any:
         try:
