@@ -22,7 +22,8 @@ from itsdangerous import BadSignature, Signer
 from .errors import ArgumentValueError, InvalidTopic, seconds_hint
 from .postgres.text import BIGINT_MAX
 
-TOPIC_RE = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
+MAX_TOPIC_LENGTH = 200
+TOPIC_RE = re.compile(rf"[A-Za-z0-9_.:/-]{{1,{MAX_TOPIC_LENGTH}}}")
 RESERVED_PREFIX = "_livepush."
 SEP = "~"
 _SALT = "livepush.topic"

@@ -42,6 +42,13 @@ def test_star_matches_one_or_more_topic_characters() -> None:
     assert not middle.allows(ALICE, "org:acme:board:x")
 
 
+def test_a_pattern_as_long_as_the_longest_topic_still_matches_it() -> None:
+    """The length check refuses only patterns no topic can fill: one whose shortest match is a
+    topic of 200 characters is a rule like any other."""
+    assert Allow("x" * 200, anonymous=True).allows(None, "x" * 200)
+    assert Allow("team:" + "x" * 193 + ":*", anonymous=True).allows(None, "team:" + "x" * 193 + ":y")
+
+
 def test_literal_rule_matches_exactly() -> None:
     """A pattern without wildcards matches only itself (dots are literal)."""
     rule = Allow("news.today", anonymous=True)
@@ -134,6 +141,9 @@ def test_rules_without_anonymous_need_a_session() -> None:
         ("chat~x", False, "characters"),
         ("_livepush.revocations", True, "livepush's own"),
         ("user:{subject}", True, "anonymous"),
+        ("x" * 201, False, "needs 201 characters and a topic has at most 200"),
+        ("team:" + "x" * 195 + ":*", False, "needs 202 characters"),
+        ("user:" + "x" * 195 + ":{subject}", False, "needs 202 characters"),
     ],
 )
 def test_bad_patterns_are_refused_at_construction(pattern: str, anonymous: bool, message: str) -> None:

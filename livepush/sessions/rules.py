@@ -25,7 +25,8 @@ Pattern syntax:
   ``user:7-x-inbox``): e.g. ``user:{subject}:*`` or ``user:{subject}-inbox:*``. A ``*`` may
   stand on one side of it only (under ``*:{subject}:*`` subject ``x`` would read
   ``team:7:x:inbox``).
-A pattern must match the whole topic.
+A pattern must match the whole topic, so one whose shortest match is longer than a topic can be
+is refused when the rule is made.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from typing import Any, TypeAlias
 
 from ..errors import ArgumentTypeError, ArgumentValueError, ConfigError
 from .tokens import Session
-from ..topics import RESERVED_PREFIX, TOPIC_RE
+from ..topics import MAX_TOPIC_LENGTH, RESERVED_PREFIX, TOPIC_RE
 from ..usercode import what_raised, where_raised
 
 log = logging.getLogger("livepush.rules")
@@ -180,6 +181,14 @@ class Allow:
             raise ArgumentValueError(
                 f"Allow({self.pattern!r}, anonymous=True): a {{subject}} rule needs a session, so it can never "
                 "match an anonymous connection; drop anonymous=True"
+            )
+        # The shortest topic it matches: each literal, a character per '*' and per slot. Longer
+        # than any topic, the rule would refuse everything, silently, at every subscribe.
+        shortest = sum(len(t) if k == "literal" else 1 for t, k in zip(tokens, kinds))
+        if shortest > MAX_TOPIC_LENGTH:
+            raise ArgumentValueError(
+                f"Allow({self.pattern[:60]!r}...): it matches no topic, since it needs {shortest} characters and "
+                f"a topic has at most {MAX_TOPIC_LENGTH}: shorten the pattern"
             )
         # A literal never holds '*' (checked above), so the joined parts split back into the runs.
         object.__setattr__(self, "_chunks", tuple("".join(parts).split("*")))
