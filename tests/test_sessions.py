@@ -418,6 +418,23 @@ async def test_a_session_issued_the_millisecond_after_a_subject_revocation_is_un
     assert await shared_store.revoked_among([same_ms, next_ms]) == {same_ms.id}
 
 
+@pytest.mark.parametrize("call", ["revoke_subject", "arevoke_subject"])
+async def test_a_session_issued_once_revoke_subject_has_returned_is_unaffected(
+    shared_store: sessions.RevocationStore, call: str
+) -> None:
+    """Sessions issued afterwards are unaffected: a token issued once revoke_subject() has
+    returned (sign out everywhere, then sign this device in again, in one request) is never
+    revoked, however soon after the revocation's own millisecond it comes."""
+    for i in range(50):  # a store answers well within a millisecond: some rounds share one
+        subject = f"user-again-{i}"
+        if call == "revoke_subject":
+            sessions.revoke_subject(subject, store=shared_store)
+        else:
+            await sessions.arevoke_subject(subject, store=shared_store)
+        again = decode(sessions.issue(subject), SECRET)
+        assert not await shared_store.is_revoked(again), f"round {i}: the new session counts as revoked"
+
+
 async def test_sync_and_async_writes_agree(shared_store: sessions.RevocationStore) -> None:
     """revoke/arevoke and revoke_subject/arevoke_subject store the same thing, idempotently."""
     a, b = decode(sessions.issue("a"), SECRET), decode(sessions.issue("b"), SECRET)

@@ -15,8 +15,10 @@ Tokens are credentials: no message, log line or exception here ever contains one
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
+import time
 
 from ..config import get_settings
 from ..errors import ConfigError
@@ -110,23 +112,39 @@ async def arevoke(token: str | Session, *, store: RevocationStore | None = None)
     return session
 
 
+# A subject revocation covers the sessions issued in its own millisecond too: returning within
+# it, revoke_subject() let a session issued at once afterwards ("sign out everywhere", then this
+# device back in, in one request) count as revoked. It returns once the clock has left it.
+_TICK = 0.0002
+
+
+def _within(cutoff_ms: int) -> bool:
+    """Whether a session issued now would fall in the cut-off's millisecond. False too for a
+    cut-off further ahead (a `now=` given ahead, a clock stepped back): no wait is unbounded."""
+    return 0 <= cutoff_ms - stamp_ms() < 2
+
+
 def revoke_subject(subject: str, *, store: RevocationStore | None = None, now: float | None = None) -> float:
     """Revoke every session of `subject` issued up to now ("sign out everywhere"); sessions
-    issued afterwards are unaffected. Returns the cut-off time."""
+    issued afterwards (once this returns) are unaffected. Returns the cut-off time."""
     check_subject(subject, "revoke_subject()")  # the caller's mistake first, whatever the store
     chosen = _shared(store)
-    before = stamp_ms(now) / 1000
-    chosen.add_subject(subject, before)
-    return before
+    cutoff_ms = stamp_ms(now)
+    chosen.add_subject(subject, cutoff_ms / 1000)
+    while _within(cutoff_ms):
+        time.sleep(_TICK)
+    return cutoff_ms / 1000
 
 
 async def arevoke_subject(subject: str, *, store: RevocationStore | None = None, now: float | None = None) -> float:
     """Async revoke_subject()."""
     check_subject(subject, "arevoke_subject()")
     chosen = _shared(store)
-    before = stamp_ms(now) / 1000
-    await chosen.aadd_subject(subject, before)
-    return before
+    cutoff_ms = stamp_ms(now)
+    await chosen.aadd_subject(subject, cutoff_ms / 1000)
+    while _within(cutoff_ms):
+        await asyncio.sleep(_TICK)
+    return cutoff_ms / 1000
 
 
 __all__ = [
