@@ -57,6 +57,10 @@ RECHECK_PAUSE = 0.1
 # A re-check that could not read the store is tried again after this long, while it cannot: a
 # revocation whose ring came just then must not wait for the next reverify_interval.
 RECHECK_RETRY = 0.5
+# A re-check's read of the store fails after this long (and is tried again): a read that blocks (a
+# migration holding a revocation table's lock, a frozen connection) held every later re-check, and
+# sessions that expired meanwhile stayed open. One read covers every open session in one statement.
+RECHECK_TIMEOUT = 5.0
 
 PageRoute = Callable[[Request], Awaitable[Response | None] | Response | None]
 
@@ -411,11 +415,14 @@ class PushServer:
             if client.session.expires_at <= now:  # type: ignore[union-attr]
                 client.close(protocol.CLOSE_REVOKED, "session expired")
         try:
-            revoked = await self.store.revoked_among([c.session for c in with_sessions])  # type: ignore[misc]
+            async with asyncio.timeout(RECHECK_TIMEOUT):
+                revoked = await self.store.revoked_among([c.session for c in with_sessions])  # type: ignore[misc]
         except Exception as exc:
+            why = (f"the revocation store did not answer within {RECHECK_TIMEOUT:g} s"
+                   if isinstance(exc, TimeoutError) else first_line(exc))
             self._recheck_failures += 1
             (log.warning if self._recheck_failures == 1 else log.debug)(
-                "could not re-check sessions (%s); trying again every %g s", first_line(exc), RECHECK_RETRY)
+                "could not re-check sessions (%s); trying again every %g s", why, RECHECK_RETRY)
             return
         self._recheck_failures = 0
         for client in with_sessions:

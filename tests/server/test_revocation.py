@@ -328,6 +328,28 @@ async def test_a_session_that_expires_while_authorize_decides_is_granted_nothing
         set_settings(None)
 
 
+async def test_a_session_expires_on_time_while_the_store_is_locked(secret: str, pg_url: str) -> None:
+    """A store read that blocks (a migration holding a revocation table's lock) fails after a bound
+    rather than holding the re-checks: a session that expires meanwhile is still closed with 4403."""
+    served = await start_served(make_settings("postgres", secret, pg_url, None), app=App(reverify_interval=0.2))
+    locker = await psycopg.AsyncConnection.connect(pg_url)
+    try:
+        token = sessions.issue("user-7", ttl=3)
+        expires_at = sessions.decode(token, get_settings().secrets).expires_at
+        client = await WSClient.open(served.url, additional_headers={"Cookie": f"livepush_session={token}"})
+        assert client.hello["session"] == {"subject": "user-7"}
+        # Held past the bound below: the re-checks that start now wait on it.
+        await locker.execute("LOCK TABLE livepush_revoked_sessions IN ACCESS EXCLUSIVE MODE")
+        code = await client.closed_with(timeout=max(0.0, expires_at - time.time()) + 9)
+        assert code == CLOSE_REVOKED
+    finally:
+        await locker.rollback()
+        await locker.close()
+        await served.stop()
+        api.set_default_fanout(None)
+        set_settings(None)
+
+
 # -- a ring is only a doorbell -----------------------------------------------------------------
 
 
