@@ -57,10 +57,12 @@ RECHECK_PAUSE = 0.1
 # A re-check that could not read the store is tried again after this long, while it cannot: a
 # revocation whose ring came just then must not wait for the next reverify_interval.
 RECHECK_RETRY = 0.5
-# A re-check's read of the store fails after this long (and is tried again): a read that blocks (a
-# migration holding a revocation table's lock, a frozen connection) held every later re-check, and
-# sessions that expired meanwhile stayed open. One read covers every open session in one statement.
-RECHECK_TIMEOUT = 5.0
+# A read of the revocation store fails after this long. A read that blocks (a migration holding a
+# revocation table's lock, a frozen connection) held every later re-check, so that sessions that
+# expired meanwhile stayed open, and each handshake with a session until the opening timed out and
+# its connection was dropped. A re-check (one statement for every open session) is then tried
+# again; a handshake is answered 503, which the client retries.
+STORE_READ_TIMEOUT = 5.0
 
 PageRoute = Callable[[Request], Awaitable[Response | None] | Response | None]
 
@@ -70,6 +72,13 @@ class Admitted:
     """The gate's verdict for an upgrade it lets through: the session (None: anonymous)."""
 
     session: Any
+
+
+def _store_failure(exc: Exception) -> str:
+    """Why a read of the revocation store failed, for a log line."""
+    if isinstance(exc, TimeoutError):
+        return f"the revocation store did not answer within {STORE_READ_TIMEOUT:g} s"
+    return first_line(exc)
 
 
 def _route(target: str) -> str:
@@ -219,10 +228,11 @@ class PushServer:
             return http.response(403, b"origin not allowed: set LIVEPUSH_ALLOWED_ORIGINS\n")
         rings = self._rings
         try:
-            session, reason = await authenticate(request.headers, request.path, self.settings, self.store)
-        except DependencyError as exc:
+            async with asyncio.timeout(STORE_READ_TIMEOUT):
+                session, reason = await authenticate(request.headers, request.path, self.settings, self.store)
+        except (DependencyError, TimeoutError) as exc:
             # Each client retries its handshake through the outage: quiet, or they would fill the log.
-            self._quiet.warning("cannot check sessions right now: %s", first_line(exc))
+            self._quiet.warning("cannot check sessions right now: %s", _store_failure(exc))
             metrics.REFUSALS.labels("session_store_unavailable").inc()
             return http.response(503, b"session store unavailable, retry shortly\n")
         if session is not None and self._rings != rings:
@@ -415,14 +425,12 @@ class PushServer:
             if client.session.expires_at <= now:  # type: ignore[union-attr]
                 client.close(protocol.CLOSE_REVOKED, "session expired")
         try:
-            async with asyncio.timeout(RECHECK_TIMEOUT):
+            async with asyncio.timeout(STORE_READ_TIMEOUT):
                 revoked = await self.store.revoked_among([c.session for c in with_sessions])  # type: ignore[misc]
         except Exception as exc:
-            why = (f"the revocation store did not answer within {RECHECK_TIMEOUT:g} s"
-                   if isinstance(exc, TimeoutError) else first_line(exc))
             self._recheck_failures += 1
             (log.warning if self._recheck_failures == 1 else log.debug)(
-                "could not re-check sessions (%s); trying again every %g s", why, RECHECK_RETRY)
+                "could not re-check sessions (%s); trying again every %g s", _store_failure(exc), RECHECK_RETRY)
             return
         self._recheck_failures = 0
         for client in with_sessions:

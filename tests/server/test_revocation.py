@@ -16,7 +16,8 @@ from typing import Any
 import psycopg
 import pytest
 import redis
-from websockets.exceptions import ConnectionClosed
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from livepush import api, sessions
 from livepush.config import Settings, get_settings, set_settings
@@ -328,26 +329,50 @@ async def test_a_session_that_expires_while_authorize_decides_is_granted_nothing
         set_settings(None)
 
 
-async def test_a_session_expires_on_time_while_the_store_is_locked(secret: str, pg_url: str) -> None:
-    """A store read that blocks (a migration holding a revocation table's lock) fails after a bound
-    rather than holding the re-checks: a session that expires meanwhile is still closed with 4403."""
-    served = await start_served(make_settings("postgres", secret, pg_url, None), app=App(reverify_interval=0.2))
+@contextlib.asynccontextmanager
+async def served_beside_a_locker(secret: str, pg_url: str, app: App | None = None,
+                                 ) -> AsyncIterator[tuple[Served, psycopg.AsyncConnection[Any]]]:
+    """A server on Postgres in this process, and a connection of the test's own to lock its tables
+    with, as a migration does (rolled back, so released, at the end)."""
+    served = await start_served(make_settings("postgres", secret, pg_url, None), app=app)
     locker = await psycopg.AsyncConnection.connect(pg_url)
     try:
-        token = sessions.issue("user-7", ttl=3)
-        expires_at = sessions.decode(token, get_settings().secrets).expires_at
-        client = await WSClient.open(served.url, additional_headers={"Cookie": f"livepush_session={token}"})
-        assert client.hello["session"] == {"subject": "user-7"}
-        # Held past the bound below: the re-checks that start now wait on it.
-        await locker.execute("LOCK TABLE livepush_revoked_sessions IN ACCESS EXCLUSIVE MODE")
-        code = await client.closed_with(timeout=max(0.0, expires_at - time.time()) + 9)
-        assert code == CLOSE_REVOKED
+        yield served, locker
     finally:
         await locker.rollback()
         await locker.close()
         await served.stop()
         api.set_default_fanout(None)
         set_settings(None)
+
+
+LOCK_REVOCATIONS = "LOCK TABLE livepush_revoked_sessions IN ACCESS EXCLUSIVE MODE"
+
+
+async def test_a_session_expires_on_time_while_the_store_is_locked(secret: str, pg_url: str) -> None:
+    """A store read that blocks (a migration holding a revocation table's lock) fails after a bound
+    rather than holding the re-checks: a session that expires meanwhile is still closed with 4403."""
+    async with served_beside_a_locker(secret, pg_url, App(reverify_interval=0.2)) as (served, locker):
+        token = sessions.issue("user-7", ttl=3)
+        expires_at = sessions.decode(token, get_settings().secrets).expires_at
+        client = await WSClient.open(served.url, additional_headers={"Cookie": f"livepush_session={token}"})
+        assert client.hello["session"] == {"subject": "user-7"}
+        await locker.execute(LOCK_REVOCATIONS)  # held past the bound below: the re-checks wait on it
+        code = await client.closed_with(timeout=max(0.0, expires_at - time.time()) + 9)
+        assert code == CLOSE_REVOKED
+
+
+async def test_a_handshake_whose_store_read_blocks_is_answered_503(secret: str, pg_url: str) -> None:
+    """A handshake whose session check blocks (a migration holding a revocation table's lock) is
+    answered HTTP 503, a temporary refusal the client retries, within a bound, rather than held
+    until the server drops the opening connection."""
+    async with served_beside_a_locker(secret, pg_url) as (served, locker):
+        await locker.execute(LOCK_REVOCATIONS)
+        token = sessions.issue("user-7")
+        with pytest.raises(InvalidStatus) as refused:
+            await asyncio.wait_for(connect(served.url, open_timeout=20,
+                                           additional_headers={"Cookie": f"livepush_session={token}"}), 25)
+        assert refused.value.response.status_code == 503
 
 
 # -- a ring is only a doorbell -----------------------------------------------------------------
