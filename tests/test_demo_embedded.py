@@ -156,3 +156,21 @@ def test_a_demo_in_a_folder_too_deep_for_a_socket_path_in_it_still_starts(start_
     demo.wait_healthy(START_TIMEOUT)
     assert demo.stop(STOP_TIMEOUT) == 0, demo.output()
     assert postmaster(deep) is None
+
+
+@pytest.mark.parametrize("configured", [False, True], ids=["embedded-postgres", "own-database-no-secret"])
+def test_a_demo_that_cannot_write_its_data_folder_says_so_and_what_to_do_instead_of_a_traceback(
+    procs: Processes, livepush_env: Callable[..., dict[str, str]], folder: Path, pg_url: str, configured: bool
+) -> None:
+    """Run from a folder where it cannot make `.livepush/` (here a file of that name is in the way;
+    a folder the user may not write or a read-only mount fail alike), the demo, which would keep
+    its Postgres or its generated secret there, exits 2 with one line naming the folder and what to
+    do, instead of a traceback."""
+    (folder / ".livepush").write_text("")
+    env = livepush_env(database_url=pg_url if configured else None)
+    del env["LIVEPUSH_SECRET"]
+    demo = procs.start([sys.executable, "-m", "livepush", "demo"], env=env, cwd=folder, name="livepush demo")
+    assert demo.wait(START_TIMEOUT) == 2, demo.output()
+    err = demo.stderr()
+    assert "Traceback" not in err, err
+    assert str(folder / ".livepush") in err and "LIVEPUSH_DATABASE_URL" in err, err

@@ -259,11 +259,13 @@ def run() -> int:
     logging.getLogger("pgserver").setLevel(logging.WARNING)  # it narrates every command at INFO
     pg = None
     try:
+        if not settings.database_url or not settings.secret:
+            folder = _data_folder()
         if not settings.database_url:
-            url, pg = embedded.start(Path.cwd() / ".livepush")
+            url, pg = embedded.start(folder)
             settings = settings.replace(database_url=url, fanout="postgres")
         if not settings.secret:
-            settings = settings.replace(secret=demo_secret(Path.cwd() / ".livepush"))
+            settings = settings.replace(secret=demo_secret(folder))
         config.set_settings(settings)
         if not _loopback(settings.host):
             log.warning("the demo listens on %s, not only on this machine: anyone who can reach it can start "
@@ -297,6 +299,23 @@ def run() -> int:
             for sig in embedded.STOP_SIGNALS:
                 signal.signal(sig, signal.SIG_IGN)
             pg.cleanup()
+
+
+def _data_folder() -> Path:
+    """`.livepush/` in the current directory, made if need be, once it is known that this user may
+    write in it: the embedded Postgres' data and the generated secret go there. A folder the user
+    cannot write (a checkout of someone else's, a read-only mount) would otherwise end the demo
+    with a traceback from deep inside its start."""
+    folder = Path(os.path.abspath(".livepush"))
+    try:
+        folder.mkdir(exist_ok=True)
+        # mkdir accepts a folder that exists: only writing in it shows that this user may.
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        reason = "a file of that name is in the way" if folder.is_file() else exc.strerror or str(exc)
+        raise ConfigError(f"the demo keeps its data in {folder} and cannot write there ({reason}): run it from a "
+                          "folder you can write to, or set LIVEPUSH_DATABASE_URL and LIVEPUSH_SECRET") from None
+    return folder
 
 
 def _migrate(settings: config.Settings, *, embedded: bool) -> None:
