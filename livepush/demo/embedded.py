@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import stat
@@ -34,6 +35,15 @@ def start(folder: Path) -> tuple[str, Any]:
         os.environ["XDG_RUNTIME_DIR"] = str(run_dir)
     stops: list[int] = []
     held = {sig: signal.signal(sig, lambda signum, frame: stops.append(signum)) for sig in STOP_SIGNALS}
+    # Ctrl-C reaches initdb and pg_ctl too, and pgserver reports their end as an error, with
+    # initdb's whole output: a screenful for a stop that was asked for and that the demo makes.
+    # Without a stop, its report says why the start failed and stays.
+    pgserver_log = logging.getLogger("pgserver")
+
+    def quiet(record: logging.LogRecord) -> bool:
+        return not stops
+
+    pgserver_log.addFilter(quiet)
     try:
         try:
             url, server = _start(folder)
@@ -54,6 +64,7 @@ def start(folder: Path) -> tuple[str, Any]:
     finally:
         for sig, handler in held.items():
             signal.signal(sig, handler)
+        pgserver_log.removeFilter(quiet)
     raise KeyboardInterrupt
 
 
