@@ -10,6 +10,8 @@ import shutil
 import signal
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -177,3 +179,28 @@ def test_a_demo_that_cannot_write_its_data_folder_says_so_and_what_to_do_instead
     err = demo.stderr()
     assert "Traceback" not in err, err
     assert str(folder / ".livepush") in err and "LIVEPUSH_DATABASE_URL" in err, err
+
+
+def test_a_start_pressed_while_the_demos_database_is_down_is_answered_503_saying_so(
+    start_demo: StartDemo, folder: Path
+) -> None:
+    """With its Postgres gone (killed here) after a first import, Start import still gets an answer the page shows: a
+    503 that names the database, given before the server drops the request as unanswered (the
+    page would then say the demo itself is not running)."""
+    demo = start_demo()
+    demo.wait_healthy(START_TIMEOUT)
+    origin = f"http://127.0.0.1:{demo.port}"
+    request = urllib.request.Request(f"{origin}/demo/start?n=3", method="POST",
+                                     headers={"Origin": origin, "Sec-Fetch-Site": "same-origin"})
+    with urllib.request.urlopen(request, timeout=30) as started:  # the demo's connections are open now
+        assert started.status == 200
+    server = postmaster(folder)
+    assert server is not None
+    backends = server.children()
+    server.kill()
+    wait_for(lambda: not any(map(running, [server, *backends])), 10, message="the killed Postgres to end")
+
+    with pytest.raises(urllib.error.HTTPError) as answer:
+        urllib.request.urlopen(request, timeout=30)
+    assert answer.value.code == 503
+    assert "database" in answer.value.read().decode()

@@ -33,6 +33,7 @@ from ..cli.runner import run_async
 from ..cli.wiring import server_parts
 from ..errors import ConfigError, DependencyError, SchemaError
 from ..server import http
+from ..server.core import OPEN_TIMEOUT
 from ..server.run import host_port, serve
 from ..sessions.handshake import header_values, origin_allowed
 from . import durable, workflow
@@ -41,6 +42,12 @@ log = logging.getLogger("livepush.demo")
 
 DEMO_JOBS = "livepush.demo.jobs"
 MAX_ROWS = 5000
+# The server drops a request it has not answered within OPEN_TIMEOUT, and the page then says the
+# demo is not running. A database that does not answer keeps an action waiting for a connection
+# longer than that: the action is given up sooner, so the page hears what is wrong. (A group
+# import runs in a thread, which cannot be cut short: it may still commit once the database
+# answers, unfollowed by the page.)
+ACTION_SECONDS = OPEN_TIMEOUT - 3
 _FILES = {"/": ("page.html", "text/html; charset=utf-8"), "/index.html": ("page.html", "text/html; charset=utf-8"),
           "/demo/page.js": ("page.js", "text/javascript; charset=utf-8"),
           "/demo/durable.js": ("durable.js", "text/javascript; charset=utf-8"),
@@ -168,13 +175,17 @@ async def routes(request: Request) -> Response | None:
     if not _same_origin(request):
         return http.response(403, f"only the demo's own page may {what}\n".encode())
     try:
-        body = json.dumps(await action(parse_qs(url.query)))
+        body = json.dumps(await asyncio.wait_for(action(parse_qs(url.query)), ACTION_SECONDS))
     except durable.Refused as refused:
         return http.response(refused.status, f"{refused.reason}\n".encode())
     except (DependencyError, SchemaError) as exc:
         # The page gets a line it can show; the details (which database, what to run) go to the log.
         log.warning("could not %s: %s", what, exc)
         return http.response(503, b"the demo's database is unavailable or not migrated: see the demo's log\n")
+    except TimeoutError:
+        log.warning("could not %s: the database did not answer within %g s; is it running?", what, ACTION_SECONDS)
+        return http.response(503, f"the demo's database did not answer within {ACTION_SECONDS:g} s: see the demo's "
+                                  "log\n".encode())
     return http.response(200, body.encode(), "application/json")
 
 
