@@ -515,3 +515,27 @@ async def test_a_ring_of_created_rows_reads_only_the_watched_topics_among_them_t
     await settle()
     assert rows.asked == [["job:900"]]
     await hub.aclose()
+
+
+async def test_a_replay_whose_rest_is_trimmed_while_the_client_reads_its_first_page_ends_with_reset() -> None:
+    """Each page of a replay is checked whole before it goes out, but a long replay is read page by
+    page while the client reads: when the rest of its range is trimmed meanwhile (here the local
+    history's 10,000-message bound; on every fan-out, its TTL), the client has the pages already
+    sent, then `reset`, then every live message, never a hole."""
+    from livepush.fanout.local import MAX_KEPT_PER_TOPIC
+
+    fanout, hub = await make()
+    since = fanout.latest_offset("long")
+    for i in range(2 * HISTORY_PAGE):
+        fanout.publish("long", i)
+    sub = SlowReader()
+    joining = asyncio.create_task(hub.subscribe(sub, "long", since, 1))
+    await async_wait_for(lambda: len(sub.data()) == HISTORY_PAGE, message="the first page to be sent")
+    fanout.publish_many([("long", n) for n in range(2 * HISTORY_PAGE, MAX_KEPT_PER_TOPIC + 2 * HISTORY_PAGE)])
+    sub.reading.set()
+    await asyncio.wait_for(joining, 5)
+    fanout.publish("long", "live")
+    await async_wait_for(lambda: "live" in sub.data(), message="the live message")
+    ops = [f["op"] for f in sub.frames]
+    assert ops == ["subscribed", *["message"] * HISTORY_PAGE, "reset", "message"]
+    assert sub.data() == [*range(HISTORY_PAGE), "live"]
