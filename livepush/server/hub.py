@@ -532,7 +532,10 @@ class Hub:
         except BaseException:
             t.anchored = None  # the next joiner reads again
             raise
-        if t.wanted > t.cursor_key:
+        # Its joiners may all have left during the read, and the hub forgot the topic: a read
+        # queued for it now would take the place of the one due for the topic of that name that
+        # newer subscribers follow, whose messages would then wait for ever.
+        if t.wanted > t.cursor_key and self._topics.get(t.name) is t:
             self._start_read(t)
 
     async def _catch_up(self, sub: Subscriber, t: _Topic, since: Offset | None, ref: protocol.Ref) -> Key:

@@ -539,3 +539,48 @@ async def test_a_replay_whose_rest_is_trimmed_while_the_client_reads_its_first_p
     ops = [f["op"] for f in sub.frames]
     assert ops == ["subscribed", *["message"] * HISTORY_PAGE, "reset", "message"]
     assert sub.data() == [*range(HISTORY_PAGE), "live"]
+
+
+class SlowFirstAnchor(DoorbellLocal):
+    """Doorbells only; the first latest-offset read (a topic's first anchor) answers only once
+    `anchor_gate` opens, from before it waited, as a database read that is slow just then answers
+    from its snapshot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.anchor_gate = asyncio.Event()
+        self.anchors = 0
+
+    async def alatest_offset(self, topic: str) -> str:
+        self.anchors += 1
+        latest = await super().alatest_offset(topic)
+        if self.anchors == 1:
+            await self.anchor_gate.wait()
+        return latest
+
+
+async def test_a_topic_left_while_its_first_read_was_slow_never_stalls_its_next_subscribers() -> None:
+    """The only subscriber of a topic goes away while the topic's first read is slow, after a
+    message rang; a new subscriber comes and the topic is read for it. When the old read ends at
+    last, it is of a topic nobody follows any more: the new subscriber still gets every message."""
+    fanout, hub = await make(SlowFirstAnchor())
+    a, b, c = Sub(), Sub(), Sub()
+    first = asyncio.ensure_future(hub.subscribe(a, "t", None, 1))
+    await settle()
+    fanout.publish("t", 0)  # rings while the first read is under way
+    first.cancel()  # its connection is lost
+    await settle()
+    await hub.subscribe(b, "t", None, 2)
+    await hub.subscribe(c, "busy", None, 3)
+    fanout.gate.clear()  # the log reader is busy with another topic...
+    fanout.publish("busy", "x")
+    await async_wait_for(lambda: fanout.reads >= 1, message="the read of the other topic to start")
+    fanout.publish("t", 1)  # ...when this one's read is asked for
+    await settle()
+    fanout.anchor_gate.set()  # the old first read ends now
+    await settle()
+    fanout.gate.set()
+    await async_wait_for(lambda: b.data() == [1], message="the message to reach the new subscriber")
+    fanout.publish("t", 2)
+    await async_wait_for(lambda: b.data() == [1, 2], message="the next message to reach it")
+    assert first.cancelled() and a.frames == []
