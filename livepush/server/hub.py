@@ -358,18 +358,30 @@ class Hub:
     async def _reset_all(self, t: _Topic) -> None:
         """A gap history cannot fill: every subscriber refetches, then goes on live from the
         topic's latest offset. That offset is read before the reset goes out: a refetch (which
-        follows the reset) covers everything up to it, and everything after it is live."""
+        follows the reset) covers everything up to it, and everything after it is live.
+
+        A subscriber that subscribed while that offset was read stands where its own read said (its
+        floor): at or past that offset it missed nothing, so it gets no reset. Floors are kept: each
+        skips what its subscriber was sent already, and goes once live messages pass it; a reset
+        subscriber's goes with the reset, which covers what it skipped (and a floor from before a
+        loss of the history would hold back the next chain)."""
+        before = set(t.subscribers)
         latest: Offset | None = None
         try:
             latest = await self.fanout.alatest_offset(t.name)
         except Exception as exc:
             log.warning("could not read the latest offset of %s (%s); reading again at the next message", t.name, exc)
+        recipients = list(t.subscribers)
+        if latest is not None:
+            resumes = offset_key(latest)
+            recipients = [s for s in recipients if s in before or t.floors.get(s, NO_KEY) < resumes]
         frame = protocol.reset(t.name)
-        self._broadcast(t.subscribers, frame, t.name, "reset")
-        metrics.RESETS.labels("history").inc(len(t.subscribers) + len(t.joining))
+        self._broadcast(recipients, frame, t.name, "reset")
+        for sub in recipients:
+            t.floors.pop(sub, None)
+        metrics.RESETS.labels("history").inc(len(recipients) + len(t.joining))
         for buffer in t.joining.values():
             buffer.add(None, frame)
-        t.floors.clear()
         if latest is not None:
             t.move(latest)  # messages pending from the read are kept: those past it go out next
 

@@ -584,3 +584,51 @@ async def test_a_topic_left_while_its_first_read_was_slow_never_stalls_its_next_
     fanout.publish("t", 2)
     await async_wait_for(lambda: b.data() == [1, 2], message="the next message to reach it")
     assert first.cancelled() and a.frames == []
+
+
+class SlowLatestWhenAsked(YieldingLocal):
+    """The next latest-offset read, once `slow_next` is set, answers only when `gate` opens, from
+    before it waited (a database read answers from its snapshot)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.slow_next = False
+        self.waiting = False
+
+    async def alatest_offset(self, topic: str) -> str:
+        latest = await super().alatest_offset(topic)
+        if self.slow_next:
+            self.slow_next, self.waiting = False, True
+            await self.gate.wait()
+        return latest
+
+
+async def test_a_subscriber_that_joined_during_a_reset_gets_neither_the_reset_nor_what_it_stood_past() -> None:
+    """A gap history cannot fill resets the topic's subscribers from the latest offset read then.
+    One that subscribed while that read was under way stands past it already (its `subscribed`
+    said so): it missed nothing, so it gets no `reset`, and never a message at or below where it
+    stands, only what comes after."""
+    fanout, hub = await make(SlowLatestWhenAsked())
+    old, new = Sub(), Sub()
+    await hub.subscribe(old, "t", None, 1)
+    fanout.publish("t", "a")
+    await async_wait_for(lambda: old.data() == ["a"], message="the first message")
+    publish_unheard(fanout, "t", "lost")
+    fanout._logs["t"].entries.clear()  # the history lost it: the next message reveals a gap
+    fanout._logs["t"].dropped_through = 2
+    fanout.slow_next = True
+    fanout.publish("t", "b")
+    await async_wait_for(lambda: fanout.waiting, message="the reset's read of the latest offset")
+    fanout.publish("t", "c")
+    answer = asyncio.ensure_future(hub.subscribe(new, "t", None, 2))
+    await asyncio.wait_for(answer, 5)
+    assert new.frames[0]["offset"] == fanout.latest_offset("t")  # it stands past "c"
+    fanout.gate.set()
+    await settle()
+    fanout.publish("t", "d")
+    await async_wait_for(lambda: "d" in old.data() and "d" in new.data(), message="the next message")
+    await settle()
+    assert [f["op"] for f in old.frames] == ["subscribed", "message", "reset", "message", "message"]
+    assert old.data() == ["a", "c", "d"]
+    assert [f["op"] for f in new.frames] == ["subscribed", "message"] and new.data() == ["d"]
