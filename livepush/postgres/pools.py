@@ -110,6 +110,19 @@ def _busy(pool: ConnectionPool | AsyncConnectionPool, timeout: float | None) -> 
     return None
 
 
+# Every transaction of livepush's own begins READ COMMITTED, whatever the database's or role's
+# default_transaction_isolation: its decisions (a group's finish, a workflow's next steps) read in
+# a later statement what the holder of a lock committed, which a REPEATABLE READ transaction's
+# first snapshot would not show. Said in each BEGIN (psycopg writes it there), not SET for the
+# session: a transaction-mode PgBouncer would hand that setting on to other clients.
+def _read_committed(conn: psycopg.Connection) -> None:
+    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+
+
+async def _aread_committed(conn: psycopg.AsyncConnection) -> None:
+    await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
+
+
 class Pool(ConnectionPool):
     """A psycopg pool that never hands out a connection the server has closed.
 
@@ -294,7 +307,8 @@ class LoopPools:
     def _open_sync(self) -> Pool:
         connect(self.url).close()  # fails fast, translated
         pool = Pool(self.url, min_size=self.min_size, max_size=self.max_size, open=False,
-                    kwargs=connection_options(dict(self._kwargs)), name=f"{self.name}-sync")
+                    kwargs=connection_options(dict(self._kwargs)), name=f"{self.name}-sync",
+                    configure=_read_committed)
         try:
             pool.open(wait=True, timeout=OPEN_TIMEOUT)
         except Exception as exc:
@@ -333,7 +347,8 @@ class LoopPools:
     async def _open_async(self) -> AsyncPool:
         await (await aconnect(self.url)).close()
         pool = AsyncPool(self.url, min_size=self.min_size, max_size=self.max_size, open=False,
-                         kwargs=connection_options(dict(self._kwargs)), name=f"{self.name}-async")
+                         kwargs=connection_options(dict(self._kwargs)), name=f"{self.name}-async",
+                         configure=_aread_committed)
         try:
             await pool.open(wait=True, timeout=OPEN_TIMEOUT)
         except BaseException as exc:  # a cancelled open too: its workers would retry for ever

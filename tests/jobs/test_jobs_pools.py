@@ -3,10 +3,14 @@ next call through a client pool works: no caller is handed a connection the serv
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import livepush
-from livepush.jobs import job_state
+from livepush.jobs import database, job_state
+from livepush.jobs.groups import steps
+from livepush.jobs.groups.transactions import ain_tx, in_tx
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import q
 from tests.support.procs import fork_running, forked_exit_status
@@ -203,3 +207,25 @@ def test_a_child_forked_while_a_parent_thread_was_making_the_jobs_pools_enqueues
     assert forked_exit_status(pid, 20.0) == 0, "the child failed to enqueue"
     sample_jobs.record.enqueue("parent", tags=["fork-lock"])
     assert sorted(j.args[0] for j in jobs.list_tagged("fork-lock")) == ["child", "parent", "parent"]
+
+
+def _isolation() -> Any:
+    """A transaction's steps that read its isolation level."""
+    rows = yield steps.Query("SELECT current_setting('transaction_isolation') AS level", {})
+    return rows[0]["level"]
+
+
+async def test_livepushs_own_transactions_read_committed_whatever_the_databases_default(jobs_db: str) -> None:
+    """livepush's decisions (a group's finish, a workflow's next steps, a claim) read, in a later
+    statement, what the holder of a lock committed: READ COMMITTED's snapshot per statement. Under
+    a database or role whose default is REPEATABLE READ (`ALTER DATABASE ... SET
+    default_transaction_isolation`) every statement would read the transaction's first snapshot,
+    and a group could stay unfinished for ever. livepush's pools begin their own transactions
+    READ COMMITTED, sync and async, whatever the default. (A statement run on its own, in
+    autocommit, still takes the default: see docs/operations.md.)"""
+    q(jobs_db, "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_isolation = %L', "
+               "current_database(), 'repeatable read'); END $$")
+    database.close_pools()  # new connections, which take the new default
+    assert q(jobs_db, "SHOW default_transaction_isolation") == [("repeatable read",)]
+    assert in_tx(_isolation, None) == "read committed"
+    assert await ain_tx(_isolation, None) == "read committed"
