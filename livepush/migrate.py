@@ -8,8 +8,10 @@ in the same transaction as the row that records it, so a failed file leaves no t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 
@@ -124,6 +126,19 @@ def _check_lineage(url: str, applied: list[tuple[int, str, str]]) -> None:
             raise _foreign(url, f"migration {version:04d}_{name} differs from this version's")
 
 
+@contextlib.contextmanager
+def _may_create(url: str) -> Iterator[None]:
+    """A role that may not create in the schema, said for `migrate`: the advice given for the
+    runtime's statements ("run livepush migrate as the schema's owner") would send the operator
+    round in a circle."""
+    try:
+        yield
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise ConfigError(f"the role of {redact(url)} may not create livepush's tables and functions "
+                          f"({first_line(exc)}): run `livepush migrate` with the credentials of the schema's "
+                          "owner (or of a role that may create in it)") from None
+
+
 def migrate(url: str, runtime_role: str | None = None) -> list[Migration]:
     """Apply every bundled migration not yet applied; then, with `runtime_role`, grant that role
     what the runtime needs. Returns the migrations applied now."""
@@ -135,7 +150,8 @@ def migrate(url: str, runtime_role: str | None = None) -> list[Migration]:
         if not (exists and exists[0]):
             # Only when missing: the runtime role, which may not create, can then run `migrate`
             # on a current schema and be told there is nothing to do.
-            conn.execute(_CREATE_SCHEMA_TABLE)
+            with _may_create(url):
+                conn.execute(_CREATE_SCHEMA_TABLE)
         applied = _applied(conn, url)
         _check_lineage(url, applied)
         done = {v for v, _, _ in applied}
@@ -143,7 +159,8 @@ def migrate(url: str, runtime_role: str | None = None) -> list[Migration]:
             if migration.version in done:
                 continue
             try:
-                conn.execute(migration.sql)  # type: ignore[arg-type]  # trusted files shipped with the package
+                with _may_create(url):
+                    conn.execute(migration.sql)  # type: ignore[arg-type]  # trusted files shipped with the package
             except _LEFT_OVER as exc:
                 # The object is livepush's own, made by an earlier run whose record is gone (its tables
                 # dropped but not its functions, or the other way round): not Postgres failing.

@@ -4,6 +4,7 @@ publish() and enqueues need, and a server and a runtime run as that role."""
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from livepush.jobs import database
 from tests.security import role_jobs
 from tests.security.conftest import role_of
 from tests.support.procs import Processes
+from tests.support import services
 from tests.support.services import dbname_of
 from tests.support.wsclient import WSClient
 
@@ -114,6 +116,27 @@ def test_migrate_run_as_the_runtime_role_with_work_to_do_says_to_run_it_as_the_o
     assert cli(["migrate"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "owner" in err[0], err
+    # Told to run migrate (what failed) as the owner, not to run `migrate --runtime-role`.
+    assert "may not create livepush's tables" in err[0] and "--runtime-role" not in err[0], err
+
+
+def test_migrate_as_a_role_that_may_not_create_on_a_new_database_says_to_run_it_as_the_owner(
+        pg_admin_url: str, role_url: Callable[..., str], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """On a database never migrated, a role that may not create in its schema (Postgres 15 gives
+    PUBLIC no CREATE on `public`) fails at the first table: one line naming what to do, exit 2."""
+    name = f"t_new_{uuid.uuid4().hex[:12]}"
+    services.create_database(pg_admin_url, name)
+    try:
+        nobody = psycopg.conninfo.make_conninfo(role_url("nobody"), dbname=name)
+        monkeypatch.setenv("LIVEPUSH_DATABASE_URL", nobody)
+        assert cli(["migrate"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "may not create livepush's tables" in err[0], err
+        assert "owner" in err[0] and "--runtime-role" not in err[0], err
+    finally:
+        database.close_pools()
+        services.drop_database(pg_admin_url, name)
 
 
 def test_migrate_refuses_a_role_that_does_not_exist(pg_url: str, monkeypatch: pytest.MonkeyPatch,
