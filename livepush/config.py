@@ -58,6 +58,8 @@ class Settings:
     listen_database_url: str | None = dataclasses.field(default=None, repr=False)
     # False behind a pooler that cannot keep prepared statements (PgBouncer in transaction mode before 1.22).
     prepared_statements: bool = True
+    # The variable database_url was read from, for messages that tell the operator what to check.
+    database_url_setting: str = "LIVEPUSH_DATABASE_URL"
 
     @property
     def is_test(self) -> bool:
@@ -117,8 +119,9 @@ class Settings:
                 raise ConfigError(f"{name}={text!r} is not a number: set {hint}") from None
 
         database_url = get("LIVEPUSH_DATABASE_URL")
+        database_url_setting = "LIVEPUSH_DATABASE_URL"
         if database_url is None and get("DATABASE_URL"):
-            database_url = get("DATABASE_URL")
+            database_url, database_url_setting = get("DATABASE_URL"), "DATABASE_URL"
             from .postgres.urls import check_url
 
             # Checked under its own name here: _validate() would name LIVEPUSH_DATABASE_URL, which
@@ -136,6 +139,7 @@ class Settings:
                               "pooler in transaction mode that cannot keep prepared statements")
         settings = cls(
             database_url=database_url,
+            database_url_setting=database_url_setting,
             redis_url=get("LIVEPUSH_REDIS_URL"),
             fanout=fanout,
             secret=get("LIVEPUSH_SECRET"),

@@ -286,6 +286,18 @@ def test_an_unreachable_database_exits_1_with_one_line(procs: Processes, free_po
     assert "Traceback" not in err and "hunter2secret" not in err
 
 
+def test_an_unreachable_database_read_from_database_url_is_named_so(
+        procs: Processes, free_port: int, livepush_env: Callable[..., dict[str, str]]) -> None:
+    """Read from DATABASE_URL (LIVEPUSH_DATABASE_URL unset), the URL is named by that variable:
+    told to check LIVEPUSH_DATABASE_URL, which is not set, the operator looks in the wrong place."""
+    env = livepush_env()
+    env.pop("LIVEPUSH_DATABASE_URL", None)
+    env["DATABASE_URL"] = f"postgresql://postgres@127.0.0.1:{free_port}/nowhere"
+    code, out, err = run_status(procs, env)
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "cannot reach Postgres" in err and "check DATABASE_URL" in err, err
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["--limit", "0"], "--limit"),
     (["--limit", "many"], "--limit"),

@@ -142,7 +142,7 @@ def _setting_of(url: str) -> str:
         return "LIVEPUSH_DATABASE_URL"
     if settings.listen_database_url == url and settings.database_url != url:
         return "LIVEPUSH_LISTEN_DATABASE_URL"
-    return "LIVEPUSH_DATABASE_URL"
+    return settings.database_url_setting if settings.database_url == url else "LIVEPUSH_DATABASE_URL"
 
 
 def unreachable(url: str, exc: BaseException) -> DependencyError:
