@@ -1294,6 +1294,15 @@ export function progressText(view) {
 }
 
 /**
+ * An argument's kind for an error message, never its contents (a string may be a signed topic).
+ * @param {unknown} value
+ * @returns {string}
+ */
+function describeArg(value) {
+  return value === null || value === undefined ? String(value) : typeof value;
+}
+
+/**
  * @typedef {object} BindProgressOptions
  * @property {(view: ProgressView, data: any) => void} [onFinish] called once, when the job or
  *   group reaches a final state (job: succeeded, failed, cancelled; group: finished, or
@@ -1316,6 +1325,16 @@ export function progressText(view) {
  *   a handle like a Subscription that stays valid across the re-subscribe after a reset
  */
 export function bindProgress(lp, topic, element, options = {}) {
+  // The usual slip is an id the page does not have (getElementById gives null), or the arguments
+  // in another order: said here, before anything is subscribed, rather than as a property of
+  // null read deep inside.
+  if (typeof lp?.subscribe !== 'function') {
+    throw new TypeError(`bindProgress() needs the LivePush to subscribe with, got ${describeArg(lp)}: bindProgress(lp, topic, element)`);
+  }
+  if (element === null || typeof element !== 'object' ||
+      (typeof element.replaceChildren !== 'function' && typeof element.appendChild !== 'function')) {
+    throw new TypeError(`bindProgress() needs the element to render into, got ${describeArg(element)}: check the id or selector that looked it up`);
+  }
   const doc = element.ownerDocument ?? /** @type {any} */ (globalThis).document;
   const bar = doc.createElement('progress');
   bar.className = 'livepush-progress-bar';

@@ -150,3 +150,19 @@ test('an onUpdate that throws does not keep onFinish from running', () => {
   assert.deepEqual(t.h.errors.map((e) => e.reason), ['handler_error', 'handler_error']);
   t.h.lp.close();
 });
+
+test('bindProgress without an element to render into says so, and subscribes to nothing', () => {
+  const h = harness();
+  // What document.getElementById() gives for an id the page does not have.
+  assert.throws(() => bindProgress(h.lp, 'job:42', null), {
+    name: 'TypeError',
+    message: /bindProgress\(\) needs the element to render into, got null/,
+  });
+  assert.throws(() => bindProgress(undefined, 'job:42', new FakeElement('div')), {
+    name: 'TypeError',
+    message: /bindProgress\(\) needs the LivePush to subscribe with, got undefined/,
+  });
+  h.last().hello();
+  assert.deepEqual(h.last().frames('subscribe'), []);
+  h.lp.close();
+});
