@@ -204,7 +204,8 @@ export interface ProgressBinding {
 
 /**
  * Render a `<progress>` bar and a text line into `element` for a `job:<id>` or `group:<id>`
- * topic (plain or signed). Re-subscribes by itself after a `reset`.
+ * topic (plain or signed). Re-subscribes by itself after a `reset`. Binding an element again ends its
+ * earlier binding. Throws a TypeError when `element` is not an element (null from getElementById).
  */
 export declare function bindProgress(
   lp: LivePush,

@@ -1303,6 +1303,18 @@ function describeArg(value) {
 }
 
 /**
+ * @typedef {{readonly topic: string, readonly offset: string | null, unsubscribe(): void}} ProgressBinding
+ */
+
+/**
+ * The binding that renders into each element. One element shows one progress: a page that binds
+ * it to the next job would otherwise keep the earlier binding's subscription until it closes, and
+ * that job's states would go on overwriting the element's `data-state` and running its onFinish.
+ * @type {WeakMap<object, ProgressBinding>}
+ */
+const progressBindings = new WeakMap();
+
+/**
  * @typedef {object} BindProgressOptions
  * @property {(view: ProgressView, data: any) => void} [onFinish] called once, when the job or
  *   group reaches a final state (job: succeeded, failed, cancelled; group: finished, or
@@ -1315,14 +1327,14 @@ function describeArg(value) {
  * Show a job's or a group's progress in `element`: a `<progress>` bar and a text line
  * (done/total, state, last message). The element's children are replaced; its
  * `data-state` attribute follows the state, for CSS. On `reset` it subscribes afresh, so
- * the server sends a new snapshot.
+ * the server sends a new snapshot. Binding an element again ends its earlier binding.
  *
  * @param {LivePush} lp
  * @param {string} topic `job:<id>` or `group:<id>`, plain or signed (e.g. `handle.signed_topic`)
  * @param {any} element a DOM element
  * @param {BindProgressOptions} [options]
- * @returns {{readonly topic: string, readonly offset: string | null, unsubscribe(): void}}
- *   a handle like a Subscription that stays valid across the re-subscribe after a reset
+ * @returns {ProgressBinding} a handle like a Subscription that stays valid across the
+ *   re-subscribe after a reset
  */
 export function bindProgress(lp, topic, element, options = {}) {
   // The usual slip is an id the page does not have (getElementById gives null), or the arguments
@@ -1335,6 +1347,7 @@ export function bindProgress(lp, topic, element, options = {}) {
       (typeof element.replaceChildren !== 'function' && typeof element.appendChild !== 'function')) {
     throw new TypeError(`bindProgress() needs the element to render into, got ${describeArg(element)}: check the id or selector that looked it up`);
   }
+  progressBindings.get(element)?.unsubscribe();
   const doc = element.ownerDocument ?? /** @type {any} */ (globalThis).document;
   const bar = doc.createElement('progress');
   bar.className = 'livepush-progress-bar';
@@ -1393,13 +1406,17 @@ export function bindProgress(lp, topic, element, options = {}) {
     },
   };
   let current = lp.subscribe(topic, onMessage, subscribeOptions);
-  return {
+  /** @type {ProgressBinding} */
+  const binding = {
     topic,
     get offset() {
       return current.offset;
     },
     unsubscribe() {
       current.unsubscribe();
+      if (progressBindings.get(element) === binding) progressBindings.delete(element);
     },
   };
+  progressBindings.set(element, binding);
+  return binding;
 }

@@ -166,3 +166,30 @@ test('bindProgress without an element to render into says so, and subscribes to 
   assert.deepEqual(h.last().frames('subscribe'), []);
   h.lp.close();
 });
+
+test('binding an element again ends its earlier binding: one element shows one progress', () => {
+  const h = harness();
+  const el = new FakeElement('div');
+  const finished = [];
+  const first = bindProgress(h.lp, 'job:1', el, { onFinish: (view) => finished.push(['job:1', view.state]) });
+  const ws = h.last();
+  ws.hello();
+  ws.acceptSubscribes();
+  ws.receive({ op: 'message', topic: 'job:1', offset: '1', data: job('snapshot', 'running', null, { id: 1 }) });
+  assert.equal(el.getAttribute('data-state'), 'running');
+
+  // A page that starts another job shows it in the same place.
+  bindProgress(h.lp, 'job:2', el, { onFinish: (view) => finished.push(['job:2', view.state]) });
+  assert.deepEqual(ws.frames('unsubscribe'), [{ op: 'unsubscribe', topic: 'job:1' }]);
+  ws.acceptSubscribes();
+  ws.receive({ op: 'message', topic: 'job:2', offset: '1', data: job('snapshot', 'available', null, { id: 2 }) });
+  ws.receive({ op: 'message', topic: 'job:1', offset: '2', data: job('failed', 'failed', null, { id: 1 }) });
+  assert.equal(el.getAttribute('data-state'), 'available', 'the earlier job no longer writes into the element');
+  assert.equal(el.children[1].textContent, 'available');
+  assert.deepEqual(finished, []);
+  first.unsubscribe(); // ended already: nothing more to do, and the new binding stays
+  ws.receive({ op: 'message', topic: 'job:2', offset: '2', data: job('succeeded', 'succeeded', null, { id: 2 }) });
+  assert.deepEqual(finished, [['job:2', 'succeeded']]);
+  assert.equal(ws.frames('unsubscribe').length, 1);
+  h.lp.close();
+});
