@@ -716,6 +716,8 @@ export class LivePush {
     /** @type {{subject: string} | null} */
     this._session = null;
     this._stopped = false;
+    /** @type {number | null} the close code (4401, 4403) that refused the session for good */
+    this._refusedCode = null;
     this._everOpened = false;
     /** @type {Set<Subscription>} subscribes of this connection waiting for the pace, in order */
     this._subscribeQueue = new Set();
@@ -783,7 +785,15 @@ export class LivePush {
    * @returns {Subscription}
    */
   subscribe(topic, onMessage, options = {}) {
-    if (this._stopped) throw new Error('this LivePush is closed: create a new one to subscribe again');
+    if (this._stopped) {
+      // A page that never called close() must not be sent looking for who did: after 4401 or
+      // 4403 the session is what ended it, and only a new one brings the client back.
+      throw new Error(this._refusedCode === null
+        ? 'this LivePush is closed: create a new one to subscribe again'
+        : `this LivePush is closed for good: the server refused its session (${this._refusedCode}: `
+          + `${this._refusedCode === CloseCode.REVOKED ? 'revoked or expired' : 'none valid where one is required'}): `
+          + 'sign the user in again and create a new LivePush with the new session');
+    }
     if (typeof topic !== 'string' || topic === '') throw new TypeError('subscribe() needs a topic string');
     if (typeof onMessage !== 'function') throw new TypeError('subscribe() needs an onMessage function');
     if (topic.length > MAX_TOPIC_LENGTH) {
@@ -1050,6 +1060,7 @@ export class LivePush {
     if (FATAL_CODES.has(code)) {
       // 4401/4403: the session is missing or revoked; retrying would only hammer the server
       // and never succeed. The page must log in again and create a new LivePush.
+      this._refusedCode = code;
       this._shutdown();
       this._setStatus(Status.UNAUTHORIZED, { code, reason });
       return;

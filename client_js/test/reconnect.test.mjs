@@ -89,6 +89,20 @@ for (const code of [4401, 4403]) {
   });
 }
 
+test('a subscribe after the session was refused says so, not that the page closed the client', () => {
+  const h = harness();
+  h.last().hello();
+  h.last().serverClose(4403, 'session revoked');
+  assert.throws(() => h.lp.subscribe('public:x', () => {}), {
+    message: /closed for good: the server refused its session \(4403: revoked or expired\): sign the user in again and create a new LivePush/,
+  });
+  const closed = harness();
+  closed.lp.close();
+  assert.throws(() => closed.lp.subscribe('public:x', () => {}), {
+    message: 'this LivePush is closed: create a new one to subscribe again',
+  });
+});
+
 test('close 4401 right after the handshake (no hello) also stops', () => {
   const h = harness();
   h.last().serverClose(4401);
