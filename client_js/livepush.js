@@ -380,6 +380,18 @@ class Heartbeat {
 
 /** @typedef {'pending' | 'active' | 'refused' | 'closed'} SubscriptionState */
 
+/**
+ * Throw a TypeError naming `what` unless `value` is a function or absent (undefined or null).
+ * @param {string} what
+ * @param {unknown} value
+ * @param {string} hint what to pass instead
+ */
+function checkCallback(what, value, hint) {
+  if (value !== undefined && value !== null && typeof value !== 'function') {
+    throw new TypeError(`${what} must be a function, not ${typeof value}: ${hint}`);
+  }
+}
+
 /** The plain topic of a possibly signed one: `~` never appears in a plain topic. */
 function plainTopicOf(/** @type {string} */ topic) {
   const i = topic.indexOf('~');
@@ -410,6 +422,11 @@ export class Subscription {
     this.plainTopic = plainTopicOf(topic);
     this._onMessage = onMessage;
     this._options = options;
+    for (const name of /** @type {const} */ (['onReset', 'onSubscribed', 'onRefused'])) {
+      // Called only when the server answers, and then reported as a bare "is not a function":
+      // said here, at the line that passed the callback's result in its place.
+      checkCallback(`subscribe() options.${name}`, options[name], 'pass the function itself, not what calling it returns');
+    }
     /** @type {string | null} */
     this._offset = options.since ?? null;
     if (this._offset !== null && typeof this._offset !== 'string') {
@@ -680,6 +697,11 @@ export class LivePush {
     if (typeof url !== 'string' || url === '') {
       throw new TypeError('LivePush needs the server URL, e.g. new LivePush("wss://push.example.com/")');
     }
+    // Asked only once something goes wrong: an onError that is no function would swallow every
+    // error, and a delay given as a number would fail each retry with a bare "is not a function".
+    checkCallback('LivePush options.onError', options.onError, 'pass the function itself, not what calling it returns');
+    checkCallback('LivePush options.reconnectAfterMs', options.reconnectAfterMs,
+      'it is asked for the delay before each retry, e.g. reconnectAfterMs: (tries) => 1000');
     const g = /** @type {any} */ (globalThis);
     this._url = url;
     this._token = options.token ?? null;

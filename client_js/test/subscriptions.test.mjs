@@ -539,3 +539,26 @@ test('subscribe() refuses a topic longer than any the server takes, which would 
   assert.equal(fine.state, 'pending');
   h.lp.close();
 });
+
+test('a callback option that is not a function is refused when it is passed, not when it would run', () => {
+  const h = harness();
+  // The usual slip: the callback's result passed in its place (a Promise from an async call).
+  const refetch = async () => {};
+  for (const name of ['onReset', 'onSubscribed', 'onRefused']) {
+    assert.throws(() => h.lp.subscribe('chat:a', () => {}, { [name]: refetch() }), {
+      name: 'TypeError',
+      message: `subscribe() options.${name} must be a function, not object: pass the function itself, not what calling it returns`,
+    });
+  }
+  h.last().hello();
+  assert.deepEqual(h.last().frames('subscribe'), [], 'nothing was subscribed');
+  h.lp.close();
+  assert.throws(() => harness({ reconnectAfterMs: 1000 }), {
+    name: 'TypeError',
+    message: /^LivePush options\.reconnectAfterMs must be a function, not number: .*\(tries\) => 1000/,
+  });
+  assert.throws(() => harness({ onError: 'console' }), {
+    name: 'TypeError',
+    message: /^LivePush options\.onError must be a function, not string/,
+  });
+});
