@@ -842,6 +842,7 @@ export class LivePush {
     this._reconnectTimer.cancel();
     if (this._stopped) return;
     this._setStatus(this._tries > 0 || this._everOpened ? Status.RECONNECTING : Status.CONNECTING, {});
+    /** @type {any} an instance of the browser's WebSocket or of the one injected */
     let ws;
     try {
       ws = new this._WebSocket(this._socketUrl(), this._protocols());
