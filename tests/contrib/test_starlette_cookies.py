@@ -5,7 +5,7 @@ open WebSocket connections close with 4403, and deletes the cookie."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from http.cookies import SimpleCookie
 
 import httpx
@@ -19,7 +19,7 @@ from examples.fastapi_app.app import SESSION_TTL
 from examples.fastapi_app.app import app as example
 from livepush import config, sessions
 from livepush.contrib.starlette import lifespan, logout, set_session_cookie
-from tests.contrib.conftest import cookie_header, serving
+from tests.contrib.conftest import cookie_header, forget_defaults, serving
 from tests.support.procs import Processes
 from tests.support.wsclient import WSClient
 
@@ -140,6 +140,26 @@ async def test_logout_without_a_session_only_deletes(http_client: httpx.AsyncCli
         answer = await http_client.post("/logout", headers=headers)
         assert answer.status_code == 200 and answer.json() == {"signed_out": False}
         assert set_cookies(answer)["livepush_session"]["max-age"] == "0"
+
+
+async def test_logout_without_a_shared_store_still_signs_out(livepush_env: Callable[..., dict[str, str]],
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """An app with neither a database nor Redis (a start it only warns about) has no store to
+    revoke in: signing out still answers 200 and deletes the cookie, and the log says which
+    setting would have made the revocation, never a 500 that leaves the user signed in."""
+    forget_defaults()
+    config.set_settings(config.Settings.from_env(livepush_env(fanout="local")))
+    try:
+        async with serving(example) as client:
+            token = set_cookies(await client.post("/login", json={"name": "ana"}))["livepush_session"]["value"]
+            with caplog.at_level("WARNING", logger="livepush.contrib"):
+                answer = await client.post("/logout", headers=cookie_header(token))
+    finally:
+        forget_defaults()
+    assert answer.status_code == 200 and answer.json() == {"signed_out": False}
+    assert set_cookies(answer)["livepush_session"]["max-age"] == "0"
+    said = [r.getMessage() for r in caplog.records if r.name == "livepush.contrib"]
+    assert any("LIVEPUSH_DATABASE_URL" in line and "not revoked" in line for line in said), said
 
 
 async def test_logout_closes_the_sessions_open_socket_with_4403(

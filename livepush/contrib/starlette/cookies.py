@@ -47,10 +47,20 @@ async def logout(response: Response, request: Request, *, everywhere: bool = Fal
     that its open WebSocket connections close with 4403, and delete the cookie on `response`.
     Returns the session revoked, or None when the request had none of ours. Every session cookie
     the request carries is revoked, a second one beside it too. When the store cannot be reached
-    nothing is deleted and the request gets 503: the user can try again."""
+    nothing is deleted and the request gets 503: the user can try again. An app with neither a
+    database nor Redis has no store: the cookie is deleted, nothing revoked (None), and a warning
+    logged."""
     revoked: Session | None = None
+    tokens = session_cookies(request.headers.getlist("cookie"))
+    if tokens and not sessions.default_store().shared:
+        # An app started without a database or Redis (the lifespan warns of it) has nowhere to
+        # revoke: the user still signs out here, as a 500 would leave them signed in for good.
+        log.warning("livepush: a session was not revoked at logout (its open sockets stay open until it expires): "
+                    "this app has neither a database nor Redis; set LIVEPUSH_DATABASE_URL (or LIVEPUSH_REDIS_URL) "
+                    "to the one the servers use")
+        tokens = set()
     try:
-        for token in session_cookies(request.headers.getlist("cookie")):
+        for token in tokens:
             try:
                 session = await sessions.arevoke(token)
             except InvalidSession:
