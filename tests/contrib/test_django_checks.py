@@ -96,6 +96,24 @@ def test_a_backend_option_it_cannot_use_is_an_error_naming_it(options: dict[str,
     assert "TASKS['default']['OPTIONS']" in found[0].msg and named in found[0].msg
 
 
+@pytest.mark.parametrize(("params", "named"), [
+    ({"QUEUES": "emails"}, "TASKS['default']['QUEUES']"),
+    ({"QUEUES": None}, "TASKS['default']['QUEUES']"),
+    ({"OPTIONS": None}, "TASKS['default']['OPTIONS']"),
+    ({"OPTIONS": ["DATABASE_URL"]}, "TASKS['default']['OPTIONS']"),
+], ids=["queues-a-string", "queues-none", "options-none", "options-a-list"])
+def test_queues_or_options_of_the_wrong_shape_are_an_error_naming_them(params: dict[str, Any], named: str) -> None:
+    """QUEUES that is not a list of names (a string would be read as one queue per letter, which
+    no task is on and no runtime serves) or OPTIONS that is not a dict: an error naming the
+    setting, not a traceback from `manage.py check`."""
+    from livepush.contrib.django.checks import check_livepush
+
+    with override_settings(TASKS={"default": {"BACKEND": BACKEND, **params}}):
+        found = check_livepush()
+    assert [m.id for m in found] == ["livepush.E002"]
+    assert named in found[0].msg
+
+
 def test_backends_naming_two_jobs_databases_are_an_error_naming_the_option(django_site: str, pg_url: str) -> None:
     """Two LivePushBackends whose OPTIONS name different DATABASE_URLs: a process has one jobs'
     database, so each backend made would switch it to its own and every enqueue would go to the

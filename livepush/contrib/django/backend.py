@@ -72,6 +72,7 @@ class LivePushBackend(BaseTaskBackend):
     supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        _check_shape(alias, params)
         super().__init__(alias, params)
         unknown = set(self.options) - OPTIONS
         if unknown:
@@ -273,6 +274,21 @@ def use_options_database() -> None:
         return
     if url != jobs_database.configured_url():
         jobs.configure(url)
+
+
+def _check_shape(alias: str, params: dict[str, Any]) -> None:
+    """ImproperlyConfigured naming QUEUES or OPTIONS when they are not a list of names and a dict.
+    Checked before the framework reads them: it takes set() of QUEUES, so "emails" became a queue
+    per letter, which no task is on and which the runner would serve, and a None or a list of
+    OPTIONS failed with a TypeError or AttributeError that named no setting."""
+    queues = params.get("QUEUES", [])
+    if isinstance(queues, str) or not isinstance(queues, (list, tuple, set, frozenset)):
+        raise ImproperlyConfigured(f"TASKS[{alias!r}]['QUEUES'] must be a list of queue names such as "
+                                   f"['default', 'emails'], got {queues!r:.60}")
+    options = params.get("OPTIONS", {})
+    if not isinstance(options, dict):
+        raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS'] must be a dict such as {{'MAX_ATTEMPTS': 3}} "
+                                   f"(or left out), got {type(options).__name__}")
 
 
 def _check_url(url: object, option: str) -> None:
