@@ -114,6 +114,23 @@ def test_queues_or_options_of_the_wrong_shape_are_an_error_naming_them(params: d
     assert named in found[0].msg
 
 
+@pytest.mark.parametrize("tasks", [{"default": BACKEND}, [{"BACKEND": BACKEND}]],
+                         ids=["an-entry-that-is-the-backend-path", "a-list"])
+def test_tasks_of_the_wrong_shape_is_an_error_naming_it(tasks: Any) -> None:
+    """TASKS that is not a dict of dicts (the backend's path as an alias's value, a list of
+    backends): Django's start (the app's ready()) and the runner raise ImproperlyConfigured
+    naming TASKS, and the check reports it, instead of an AttributeError from livepush's code."""
+    from livepush.contrib.django.backend import use_options_database
+    from livepush.contrib.django.checks import check_livepush
+
+    with override_settings(TASKS=tasks):
+        with pytest.raises(ImproperlyConfigured, match=r"TASKS"):
+            use_options_database()
+        found = check_livepush()
+    assert [m.id for m in found] == ["livepush.E002"]
+    assert "TASKS" in found[0].msg and "BACKEND" in found[0].msg
+
+
 def test_backends_naming_two_jobs_databases_are_an_error_naming_the_option(django_site: str, pg_url: str) -> None:
     """Two LivePushBackends whose OPTIONS name different DATABASE_URLs: a process has one jobs'
     database, so each backend made would switch it to its own and every enqueue would go to the

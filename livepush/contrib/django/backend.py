@@ -234,7 +234,14 @@ class LivePushBackend(BaseTaskBackend):
 def livepush_backends() -> dict[str, dict[str, Any]]:
     """The entries of TASKS whose backend is a LivePushBackend, by alias."""
     found: dict[str, dict[str, Any]] = {}
-    for alias, params in (getattr(settings, "TASKS", None) or {}).items():
+    tasks = getattr(settings, "TASKS", None) or {}
+    # Read at Django's start (the app's ready()), before the framework reads it: a shape it cannot
+    # be failed there with an AttributeError from here, which named no setting.
+    if not isinstance(tasks, dict) or not all(isinstance(params, dict) for params in tasks.values()):
+        got = f"{tasks!r:.80}" if isinstance(tasks, dict) else f"a {type(tasks).__name__}"
+        raise ImproperlyConfigured("TASKS must be a dict of aliases to dicts, such as {'default': {'BACKEND': "
+                                   f"'livepush.contrib.django.LivePushBackend'}}}}, got {got}")
+    for alias, params in tasks.items():
         backend = params.get("BACKEND")
         try:
             kind = import_string(backend) if isinstance(backend, str) else backend

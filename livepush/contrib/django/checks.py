@@ -50,8 +50,12 @@ def _backends() -> list[checks.CheckMessage]:
     except ImportError:
         return []  # no Tasks framework here (Django 5.2 without django-tasks): no backend to make
 
+    try:
+        aliases = list(livepush_backends())
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), id="livepush.E002")]
     found: list[checks.CheckMessage] = []
-    for alias in livepush_backends():
+    for alias in aliases:
         try:
             backend = task_backends[alias]  # made as Django makes it at the first enqueue
         except (ImproperlyConfigured, ConfigError) as exc:
