@@ -159,3 +159,23 @@ def test_signing_out_revokes_every_session_cookie_the_request_carries() -> None:
     secrets = get_settings().secrets
     for token in (secure, plain):
         assert asyncio.run(sessions.default_store().is_revoked(sessions.decode(token, secrets)))
+
+
+def test_a_signed_in_user_without_a_pk_is_an_error_naming_the_subject_setting() -> None:
+    """A user an authentication backend builds without saving it (pk None) would get the subject
+    "None", shared by every such user with each other's topics: ImproperlyConfigured naming
+    LIVEPUSH_SESSION_SUBJECT instead, and no session issued."""
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+
+    from livepush.contrib.django import LivePushSessionMiddleware
+
+    class UnsavedUser:  # what a backend that keeps no user rows hands to request.user
+        pk = None
+        is_authenticated = True
+
+    request = RequestFactory().get("/")
+    request.user = UnsavedUser()
+    middleware = LivePushSessionMiddleware(lambda request: HttpResponse())
+    with pytest.raises(ImproperlyConfigured, match="LIVEPUSH_SESSION_SUBJECT"):
+        middleware(request)

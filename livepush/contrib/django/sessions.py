@@ -42,6 +42,12 @@ def subject_of(user: Any) -> str:
     ImproperlyConfigured naming LIVEPUSH_SESSION_SUBJECT when that setting gives none."""
     custom = _subject_setting()
     if custom is None:
+        # A user an authentication backend built without saving it has no pk: str() would give
+        # every such user the one subject "None", as below for a subject function's None.
+        if user.pk is None:
+            raise ImproperlyConfigured(f"a signed-in user ({type(user).__name__}) has no pk, so it has no livepush "
+                                       "subject: set LIVEPUSH_SESSION_SUBJECT to a function that returns the "
+                                       "user's own subject, a string no other user has")
         return str(user.pk)
     subject = custom(user)
     # Only a string or a whole number: str() of None would give every user it is returned for the
