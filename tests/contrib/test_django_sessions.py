@@ -179,3 +179,24 @@ def test_a_signed_in_user_without_a_pk_is_an_error_naming_the_subject_setting() 
     middleware = LivePushSessionMiddleware(lambda request: HttpResponse())
     with pytest.raises(ImproperlyConfigured, match="LIVEPUSH_SESSION_SUBJECT"):
         middleware(request)
+
+
+def test_signing_out_without_a_shared_store_is_one_warning_naming_the_setting(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A site with neither a database nor Redis for livepush has nowhere to revoke: the sign-out
+    still succeeds and deletes the cookie, and the log says once which setting is missing, with
+    no traceback (it is the site's setup, not a failure of this request)."""
+    from livepush.sessions.revocations import MemoryRevocations
+
+    client, _ = signed_in()
+    client.get("/")
+    sessions.set_default_store(MemoryRevocations())
+    try:
+        with caplog.at_level("WARNING", logger="livepush.contrib.django"):
+            response = client.post("/logout/")
+    finally:
+        sessions.set_default_store(None)
+    assert response.cookies["livepush_session"].value == ""
+    said = [r for r in caplog.records if r.name == "livepush.contrib.django"]
+    assert len(said) == 1 and said[0].exc_info is None, [r.getMessage() for r in said]
+    assert "LIVEPUSH_DATABASE_URL" in said[0].getMessage() and "not revoked" in said[0].getMessage()

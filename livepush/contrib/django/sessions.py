@@ -173,7 +173,14 @@ def revoke_on_logout(sender: Any, request: HttpRequest | None = None, user: Any 
     if request is None:
         return
     setattr(request, _REVOKED, True)
-    for token in sorted(session_cookies([request.META.get("HTTP_COOKIE", "")])):
+    tokens = sorted(session_cookies([request.META.get("HTTP_COOKIE", "")]))
+    if tokens and not sessions.default_store().shared:
+        # The site's setup, not this request's failure: said plainly, without a traceback.
+        log.warning("a livepush session was not revoked at sign-out (its open sockets stay open until it "
+                    "expires): this process has neither a database nor Redis for livepush; set "
+                    "LIVEPUSH_DATABASE_URL (or LIVEPUSH_REDIS_URL) to the one the servers use")
+        return
+    for token in tokens:
         try:
             sessions.revoke(token)
         except InvalidSession:
