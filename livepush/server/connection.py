@@ -308,11 +308,17 @@ class Connection(asyncio.Protocol):
                 too_slow(self, f"{waiting} bytes waiting")
 
     def _stop_writing(self) -> None:
-        """Closing: nothing more is written, what still waits is never sent, drain() returns."""
+        """Closing: nothing more is written, what still waits is never sent, drain() returns, and
+        the frames waiting for a subscribe are never served."""
         self.closing = True
         self.out = None
         self.backlog = None
         self.core.behind.discard(self)
+        if self.unread and self.transport is not None:
+            # Reading was paused for those frames: the peer's answer to our close (or its EOF)
+            # would go unheard, and the close end in an abort at the close timeout.
+            self.transport.resume_reading()
+        self.inbox = None
         self._wake()
 
     def on_events(self, events: list[Any]) -> None:

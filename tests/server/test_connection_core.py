@@ -344,3 +344,30 @@ async def test_a_request_is_answered_whatever_follows_it_in_the_same_write(start
     close = rest[len(hello_frame):]
     assert close[0] == 0x88 and int.from_bytes(close[2:4], "big") == 1002, close
     await async_wait_for(lambda: not server.clients, 5, message="the refused connection to go")
+
+
+async def test_a_client_whose_frames_wait_unread_behind_a_subscribe_still_finishes_a_close_the_server_starts(
+    start_server: Callable[..., Any],
+) -> None:
+    """A client whose 20 subscribes wait on an `authorize` that has not answered (the server has
+    stopped reading it) and that the server closes (a drain, a revocation, too slow) gets its close
+    answer read: the handshake ends cleanly, not by an abort at the close timeout."""
+    answer = asyncio.Event()
+
+    async def authorize(session: object, topic: str) -> bool:
+        await answer.wait()  # an application's permission check that takes its time
+        return True
+
+    server = await start_server(app=livepush.App(authorize=authorize))
+    client = await WSClient.open(url(server))
+    for k in range(20):
+        await client.send({"op": "subscribe", "topic": f"room:held{k}", "since": None, "ref": k})
+    conn = on_server(server, client)
+    await async_wait_for(lambda: conn.unread, 5, message="the server to hold the client's frames unread")
+    try:
+        conn.close(1001)
+        assert await client.closed_with() == 1001
+        await async_wait_for(lambda: conn not in server.clients, 5, message="the connection to end")
+        assert conn.proto.close_rcvd is not None, "the client's answer to the close was never read"
+    finally:
+        answer.set()
