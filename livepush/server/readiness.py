@@ -10,7 +10,8 @@ Four checks, each named in the JSON body (docs/reference.md#9-operations):
   subscription, a proxy that dropped it); only a message that went all the way round proves it
   hears;
 - schema: the database's schema is not older than this code needs (checked every SCHEMA_EVERY
-  seconds, when the server has a database);
+  seconds, when the server has a database; a check given no answer within SCHEMA_TIMEOUT keeps
+  the last verdict, so that the canaries go on);
 - draining: the server is not stopping.
 
 The canary's bookkeeping (`Canary`) is pure and clocked from outside; `Readiness.run()` is the
@@ -41,6 +42,10 @@ CANARY_TOPIC = RESERVED_PREFIX + "canary"
 CANARY_EVERY = 2.0
 CANARY_BOUND = 5.0
 SCHEMA_EVERY = 30.0
+# A schema check that takes longer is given up, keeping the last verdict: the loop that makes it
+# sends the canaries too, and a database that answers nothing (frozen, cut off without a reset)
+# is what they must go on telling.
+SCHEMA_TIMEOUT = 5.0
 
 SchemaCheck = Callable[[], Awaitable[str | None]]  # None when current, else what is wrong
 
@@ -130,6 +135,7 @@ class Readiness:
         self.worker = worker  # this process's index under `serve --workers N`, named in the body
         self.every = every
         self.schema_every = SCHEMA_EVERY
+        self.schema_timeout = SCHEMA_TIMEOUT
         self.clock = clock
         self.canary = Canary(bound)
         # Each state source's rings may come another way than the fan-out's messages (on the
@@ -189,8 +195,13 @@ class Readiness:
     async def _check_schema(self) -> None:
         assert self._schema is not None
         try:
-            self._schema_problem = await self._schema()
+            async with asyncio.timeout(self.schema_timeout):
+                problem = await self._schema()
+            self._schema_problem = problem
             self._schema_checked_at = self.clock()
+        except TimeoutError:  # the database is silent: keep the last verdict; the canary tells
+            reraise_if_cancelled()
+            log.debug("schema check had no answer within %g s", self.schema_timeout)
         except Exception as exc:  # the database is away: keep the last verdict; the canary tells
             reraise_if_cancelled()
             log.debug("schema check failed: %s", first_line(exc))

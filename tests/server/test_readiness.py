@@ -198,6 +198,38 @@ async def test_a_wedged_state_listener_on_the_redis_fan_out_turns_readyz_503_and
         await served.stop()
 
 
+def schema_reads_waiting(pg_url: str) -> bool:
+    """Whether a read of the schema's version waits for a lock."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                           "AND query ILIKE '%%FROM livepush_schema%%'").fetchone()
+    return bool(row and row[0])
+
+
+async def test_a_schema_check_the_database_never_answers_does_not_stop_the_canary(
+        pg_url: str, secret: str, listener_backend: list[int]) -> None:
+    """The schema check waits on the database for ever (its table locked) and then the listener's
+    backend freezes: the canary goes round all the same, and /readyz turns 503 as it would
+    without the stuck check."""
+    served = await start_served(make_settings("postgres", secret, pg_url, None))
+    readiness = served.server.readiness
+    readiness.every, readiness.schema_every, readiness.schema_timeout = 0.1, 0.1, 0.5
+    readiness.canary.bound = 1.0
+    try:
+        await async_wait_for(lambda: readiness.report()[0], 10.0, message="ready at first")
+        with psycopg.connect(pg_url) as locker:  # a transaction: the lock holds until it ends
+            locker.execute("LOCK TABLE livepush_schema IN ACCESS EXCLUSIVE MODE")
+            await async_wait_for(lambda: schema_reads_waiting(pg_url), 10.0, message="a schema check to wait")
+            await async_wait_for(lambda: not readiness.canary.unanswered, 10.0, message="the last canary back")
+            freeze_listen_backend(pg_url, listener_backend)
+            await async_wait_for(lambda: not readiness.report()[0], 10.0, message="/readyz to turn 503")
+            status, body = await readyz(served)
+            assert status == 503 and body["checks"]["canary"]["ok"] is False, body  # type: ignore[index]
+            locker.rollback()
+    finally:
+        await served.stop()
+
+
 async def test_a_schema_older_than_the_code_makes_the_server_unready(pg_url: str, secret: str) -> None:
     served = await start_served(make_settings("postgres", secret, pg_url, None))
     readiness = served.server.readiness
