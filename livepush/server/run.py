@@ -81,16 +81,21 @@ LISTEN_SETTINGS = ("LIVEPUSH_HOST (or --host)", "LIVEPUSH_PORT (or --port)")
 def listen_error(host: str, port: int, exc: OSError, *, what: str = "listen",
                  port_setting: str = LISTEN_SETTINGS[1], host_setting: str = LISTEN_SETTINGS[0]) -> ConfigError:
     """The one line for a listening socket that cannot be made, naming what to change: the host
-    (`host_setting`) when it names no address of this machine (it does not resolve, or is another
-    machine's), else the port (`port_setting`: the setting that chose it)."""
-    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+    (`host_setting`) when it names no address of this machine (it does not resolve, is another
+    machine's, or is an IPv6 address in a URL's brackets), else the port (`port_setting`: the setting that chose it)."""
+    where = host_port(host, port)
+    if host.startswith("[") and host.endswith("]"):
+        # An IPv6 address as a URL writes it: the resolver takes the brackets for part of a name.
+        where = f"{host}:{port}"
+        fix = f"write {host_setting} without the brackets: {host[1:-1]}"
+    elif isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
         fix = (f"set {host_setting} to an address of this machine, e.g. 127.0.0.1, "
                "or 0.0.0.0 for every interface")
     elif exc.errno == errno.EACCES:
         fix = f"set {port_setting} to a port above 1023, or give the process the right to bind lower ones"
     else:
         fix = f"set {port_setting} to a free port"
-    return ConfigError(f"cannot {what} on {host_port(host, port)} ({exc.strerror or exc}): {fix}")
+    return ConfigError(f"cannot {what} on {where} ({exc.strerror or exc}): {fix}")
 
 
 async def serve(

@@ -211,6 +211,15 @@ def test_a_host_it_cannot_listen_on_exits_2_naming_the_host_not_the_port(procs, 
     assert "LIVEPUSH_PORT" not in child.stderr()
 
 
+def test_an_ipv6_host_written_in_brackets_is_told_to_drop_them(procs, livepush_env) -> None:
+    """`--host [::1]`, as a URL writes it: the one line says to write the address without the
+    brackets, rather than call `[::1]` a name that does not resolve."""
+    child = procs.livepush("serve", env=livepush_env(host="[::1]"), wait_healthy=False)
+    assert child.wait(15) == 2, child.output()
+    assert_one_line_no_traceback(child.stderr(), "LIVEPUSH_HOST", "without the brackets", "::1")
+    assert "[[" not in child.stderr()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_second_signal_while_it_exits_still_exits_0(procs, livepush_env, sig) -> None:
     """Ctrl-C twice, or a process manager that signals twice: the second signal may come after the
