@@ -52,8 +52,9 @@ class UnknownJobError(LivepushError, LookupError):
 
 class InvalidResultError(LivepushError, TypeError):
     """A job function returned, or a checkpoint's function returned, something that is not plain
-    JSON. The message names the checkpoint (or "result") and the first offending path; the job
-    fails without a retry (the same code would return the same thing)."""
+    JSON, or a checkpoint's result too large for Postgres to store. The message names the
+    checkpoint (or "result") and the first offending path; the job fails without a retry (the
+    same code would return the same thing)."""
 
 
 class JobNotFound(LivepushError, LookupError):

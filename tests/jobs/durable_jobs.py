@@ -101,6 +101,9 @@ async def bad_result(ctx: Any, where: str) -> Any:
         await ctx.checkpoint("big", lambda: {"n": 10**4301})
     if where == "big result":
         return {"n": -(10**4301)}
+    if where == "huge checkpoint":
+        # Longer than any jsonb string may be (2**28 - 1 bytes).
+        await ctx.checkpoint("huge", body, ctx, "huge", "x" * 2**28)
     return {"when": datetime.datetime.now()}
 
 

@@ -233,6 +233,21 @@ async def test_a_result_that_is_not_json_fails_naming_the_path(durable_db: str, 
     assert failed.attempt == 1
 
 
+async def test_a_checkpoint_result_too_large_to_store_fails_the_job_at_once(durable_db: str) -> None:
+    """A checkpoint result larger than Postgres stores in a jsonb value fails the job at once with
+    InvalidResultError naming the checkpoint: every retry would run its body again (its side effects
+    too) and meet the same refusal."""
+    # A slow heartbeat: encoding a quarter gigabyte holds the loop up long enough that a 0.2 s one
+    # would have the runtime presumed dead and the job rescued, which is not what this checks.
+    async with running(heartbeat=10.0):
+        h = await dj.bad_result.aenqueue("huge checkpoint")
+        failed = await wait_state(h.id, "failed", timeout=60.0)
+    assert (failed.error or "").startswith("InvalidResultError: checkpoint 'huge' result is too large"), failed.error
+    assert "your tables" in (failed.error or ""), failed.error
+    assert failed.attempt == 1
+    assert bodies(durable_db, h.id) == ["huge"]
+
+
 async def test_a_step_error_inside_a_task_group_fails_the_job_at_once(durable_db: str) -> None:
     """An error a retry would meet again (here InvalidResultError) fails the job at once also when
     an asyncio.TaskGroup raises it inside an exception group."""

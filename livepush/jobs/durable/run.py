@@ -127,6 +127,15 @@ def _when(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text)
 
 
+def _too_large(name: str, exc: psycopg.Error) -> InvalidResultError:
+    """A result larger than a jsonb value may be (a string or the whole value past 256 MB): every
+    retry would run the checkpoint's body again and meet the same refusal, so the job fails at
+    once, as for a result that is not JSON."""
+    return InvalidResultError(f"checkpoint {name!r} result is too large for Postgres to store "
+                              f"({exc.diag.message_primary or exc}): keep checkpoint results small (ids, counts, "
+                              "short texts); write large data to your tables inside the checkpoint and return its id")
+
+
 class _Lost(Exception):
     """FENCE found the job no longer ours."""
 
@@ -207,9 +216,12 @@ class DurableRun:
         # One statement in autocommit: one round trip (queries.SAVE_CHECKPOINT).
         with translated(self.ctx.url or ""):
             async with self._connection() as conn, aautocommitted(conn), conn.cursor() as cur:
-                await cur.execute(dq.SAVE_CHECKPOINT, {"id": self.ctx.job_id, "lease": self.ctx.job.lease,
-                                                       "name": name, "result": f'{{"value":{text}}}',
-                                                       "fingerprint": fingerprint})
+                try:
+                    await cur.execute(dq.SAVE_CHECKPOINT, {"id": self.ctx.job_id, "lease": self.ctx.job.lease,
+                                                           "name": name, "result": f'{{"value":{text}}}',
+                                                           "fingerprint": fingerprint})
+                except psycopg.errors.ProgramLimitExceeded as exc:
+                    raise _too_large(name, exc) from exc
                 stored = await cur.fetchone()
         if stored is None:
             raise self._lost(f"its checkpoint {name!r} was not stored")
