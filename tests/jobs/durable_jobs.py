@@ -64,6 +64,16 @@ async def steps(ctx: Any, n: int, fail_first: bool = False) -> dict[str, Any]:
     return {"got": got, "attempt": ctx.attempt}
 
 
+@jobs.job(name="d.steps_together", max_attempts=2, backoff=lambda attempt: 0.0)
+async def steps_together(ctx: Any, n: int) -> list[Any]:
+    """n checkpoints side by side (asyncio.gather); the first attempt fails after them, so the
+    retry replays all n at once."""
+    got = await asyncio.gather(*(ctx.checkpoint(f"s{i}", body, ctx, f"s{i}", i) for i in range(n)))
+    if ctx.attempt == 1:
+        raise RuntimeError("first attempt fails after its checkpoints")
+    return list(got)
+
+
 @jobs.job(name="d.steps_sync", max_attempts=3, backoff=lambda attempt: 0.0)
 def steps_sync(ctx: Any, n: int) -> list[str]:
     got = [ctx.checkpoint(f"s{i}", body_sync, ctx.job_id, ctx.attempt, f"s{i}") for i in range(n)]

@@ -65,6 +65,31 @@ async def test_checkpoints_are_replayed_not_rerun(durable_db: str) -> None:
     assert done.result == {"got": [{"i": i} for i in range(5)], "attempt": 2}
 
 
+async def test_checkpoints_replayed_side_by_side_read_the_stored_steps_once(
+        durable_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run reads its job's stored steps in one query, also when many checkpoints side by side
+    (asyncio.gather) need them at the same moment: not one query each, which also asked the
+    runtime's small pool for as many connections at once."""
+    from livepush.jobs.durable import queries as dq
+    from livepush.jobs.durable.run import DurableRun
+
+    loads: list[int] = []
+    real_read = DurableRun._read
+
+    async def counted(self: DurableRun, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        if sql == dq.LOAD_STEPS:
+            loads.append(self.ctx.job.attempt)
+        return await real_read(self, sql, params)
+
+    monkeypatch.setattr(DurableRun, "_read", counted)
+    async with running():
+        h = await dj.steps_together.aenqueue(20)
+        done = await wait_state(h.id, "succeeded")
+    assert done.result == list(range(20)) and done.attempt == 2
+    assert sorted(bodies(durable_db, h.id)) == sorted(f"s{i}" for i in range(20))
+    assert loads == [2], loads  # the first run had nothing stored; the replay read it all once
+
+
 async def test_sync_job_checkpoints_are_replayed(durable_db: str) -> None:
     """A sync job's ctx.checkpoint works the same, its body running in the job's thread."""
     async with running():

@@ -151,6 +151,9 @@ class DurableRun:
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
         self._stored: dict[tuple[str, str], dict[str, Any]] | None = None
+        # Held while the stored steps are read: durable calls side by side (asyncio.gather) that
+        # need them at once wait for the one read instead of each making its own.
+        self._loading = asyncio.Lock()
         self._used: set[tuple[str, str]] = set()  # checkpoint and sleep names this run
         self._children_calls = 0
         self._signal_waits: collections.Counter[str] = collections.Counter()
@@ -167,11 +170,13 @@ class DurableRun:
     # -- what earlier runs stored ---------------------------------------------------------------
     async def _steps(self) -> dict[tuple[str, str], dict[str, Any]]:
         if self._stored is None:
-            stored: dict[tuple[str, str], dict[str, Any]] = {}
-            if self.ctx.job.has_steps:
-                for row in await self._read(dq.LOAD_STEPS, {"id": self.ctx.job_id}):
-                    stored[(row["kind"], row["name"])] = row
-            self._stored = stored
+            async with self._loading:
+                if self._stored is None:
+                    stored: dict[tuple[str, str], dict[str, Any]] = {}
+                    if self.ctx.job.has_steps:
+                        for row in await self._read(dq.LOAD_STEPS, {"id": self.ctx.job_id}):
+                            stored[(row["kind"], row["name"])] = row
+                    self._stored = stored
         return self._stored
 
     def _connection(self) -> Any:
