@@ -260,25 +260,51 @@ async def test_text_postgres_cannot_store_never_stops_the_runtime(jobs_db: str) 
         assert rt.state == "running"
 
 
+async def only_the_bad_input_fails_unstored() -> None:
+    """Run 20 jobs and one that fails with "ValueError: bad input", whose outcome Postgres refuses:
+    the 20 succeed, and that one fails with the fixed error of an outcome that could not be stored."""
+    from livepush.jobs.runtime.completer import UNSTORABLE_OUTCOME
+
+    handles = await jobs.aenqueue_many([sample_jobs.record.request(i) for i in range(20)]
+                                       + [sample_jobs.never.request()])
+    refused = handles[-1]
+    await wait_state(refused.id, "failed")
+    for h in handles[:-1]:
+        await wait_state(h.id, "succeeded")
+    s = await asyncio.to_thread(jobs.job_state, refused.id)
+    assert s is not None and s["error"] == UNSTORABLE_OUTCOME
+
+
 async def test_an_outcome_postgres_refuses_fails_alone(jobs_db: str) -> None:
     """If Postgres refuses one outcome of a batch for a reason no check foresaw (here a CHECK
     constraint this test adds against one job's error), the others of the batch are written
     as they are, the refused job fails with a fixed error, and the runtime goes on."""
-    from livepush.jobs.runtime.completer import UNSTORABLE_OUTCOME
-
     q(jobs_db, "ALTER TABLE livepush_job_payloads ADD CONSTRAINT test_refused "
                "CHECK (error IS NULL OR error NOT LIKE '%bad input%')")
     async with running(concurrency=10) as rt:
-        handles = await jobs.aenqueue_many([sample_jobs.record.request(i) for i in range(20)]
-                                           + [sample_jobs.never.request()])  # fails: "ValueError: bad input"
-        refused = handles[-1]
-        await wait_state(refused.id, "failed")
-        for h in handles[:-1]:
-            await wait_state(h.id, "succeeded")
-        s = await asyncio.to_thread(jobs.job_state, refused.id)
-        assert s is not None and s["error"] == UNSTORABLE_OUTCOME
+        await only_the_bad_input_fails_unstored()
         after = await sample_jobs.record.aenqueue("after")
         await wait_state(after.id, "succeeded")
+        assert rt.state == "running"
+
+
+async def test_an_outcome_over_a_postgres_limit_fails_alone_rather_than_hold_up_the_batch(jobs_db: str) -> None:
+    """A limit of Postgres' (a result over jsonb's 256 MB: here a trigger raises that error,
+    program_limit_exceeded, against one job's error) refuses that outcome on every try: it is a
+    refusal like any other. The others of the batch are written, the refused job fails with a
+    fixed error, and the runtime goes on. psycopg calls such an error an OperationalError, and it
+    was retried for ever as connection trouble, every job of the batch left `running`."""
+    q(jobs_db, """CREATE FUNCTION test_over_limit() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.error LIKE '%bad input%' THEN
+                RAISE EXCEPTION 'string too long to represent as jsonb string' USING ERRCODE = 'program_limit_exceeded';
+            END IF;
+            RETURN NEW;
+        END $$""")
+    q(jobs_db, "CREATE TRIGGER test_over_limit BEFORE INSERT OR UPDATE ON livepush_job_payloads "
+               "FOR EACH ROW EXECUTE FUNCTION test_over_limit()")
+    async with running(concurrency=10) as rt:
+        await only_the_bad_input_fails_unstored()
         assert rt.state == "running"
 
 

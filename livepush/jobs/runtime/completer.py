@@ -53,8 +53,15 @@ MAX_ERROR = 4000  # characters of an error kept with the job and shown on its to
 _TRANSIENT = (psycopg.OperationalError, psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure,
               psycopg.errors.ReadOnlySqlTransaction)
 # Anything else Postgres (or the encoding of a parameter) refuses would be refused again on every
-# retry. Catch _TRANSIENT first.
+# retry. Ask _transient() first.
 _REFUSED = (psycopg.Error, ValueError)
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether the same batch may succeed later. A limit of Postgres' (class 54: a result too large
+    for jsonb) is an OperationalError to psycopg, but would be refused again on every retry, holding
+    up every job of this runtime: it is salvaged as a refusal."""
+    return isinstance(exc, _TRANSIENT) and not isinstance(exc, psycopg.errors.ProgramLimitExceeded)
 # The error a job gets when Postgres refused to store its real outcome (see _salvage).
 UNSTORABLE_OUTCOME = "livepush could not store this job's outcome; the runtime's log says why"
 
@@ -168,12 +175,14 @@ class Completer:
             try:
                 try:
                     await self.flush()
-                except _TRANSIENT:
-                    raise
                 except _REFUSED as exc:
+                    if _transient(exc):
+                        raise
                     await self._salvage(exc)
                 retry.reset()
-            except _TRANSIENT as exc:
+            except _REFUSED as exc:
+                if not _transient(exc):
+                    raise
                 reraise_if_cancelled()
                 # Outcomes stay queued and go out with the next try: the leases still fence them.
                 log.warning("job completion failed, retrying in about %.2f s: %s", retry.delay, exc)
@@ -199,11 +208,9 @@ class Completer:
                     try:
                         await self.flush(limit=1)  # o alone; on success it leaves the queue
                         break
-                    except _TRANSIENT:
-                        raise  # o and the rest are still queued, first
                     except _REFUSED as again:
-                        if attempt == "as a failure":
-                            raise
+                        if _transient(again) or attempt == "as a failure":
+                            raise  # transient: o and the rest are still queued, first
                         log.error("job %s (%s): Postgres refused its outcome %r (%s); trying it %s",
                                   o.ctx.job_id, o.ctx.name, o.kind, again,
                                   "without its progress" if attempt == "as is" else "as a failure")
@@ -217,9 +224,9 @@ class Completer:
             ctx.next_publish_at = 0.0  # due now, written alone
             try:
                 await self.flush(limit=0)
-            except _TRANSIENT:
-                raise
             except _REFUSED as again:
+                if _transient(again):
+                    raise
                 log.error("job %s (%s): Postgres refused its progress %r (%s); dropped", job_id, ctx.name,
                           ctx.latest, again)
                 ctx.dirty, ctx.latest = False, None  # nor tried again with its outcome
