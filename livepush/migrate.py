@@ -11,9 +11,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -226,10 +227,15 @@ def runtime_leftovers(url: str, role: str) -> list[str]:
 _NO_CHECKSUMS = "its migrations were recorded without checksums"  # by a livepush that kept none
 
 
+def _recorded(rows: Iterable[Any]) -> list[tuple[int, str, str]]:
+    """_APPLIED's rows as (version, name, checksum)."""
+    return [(int(v), str(n), str(c)) for v, n, c in rows]
+
+
 def _applied(conn: psycopg.Connection, url: str) -> list[tuple[int, str, str]]:
     """The migrations recorded in the database, oldest first; none before the first migrate."""
     try:
-        return [(int(v), str(n), str(c)) for v, n, c in conn.execute(_APPLIED)]
+        return _recorded(conn.execute(_APPLIED))
     except psycopg.errors.UndefinedTable:
         if not conn.autocommit:
             conn.rollback()
@@ -252,7 +258,7 @@ async def acheck_schema(url: str, who: str = "this livepush") -> None:
         conn = await aconnect(url)
         try:
             try:
-                applied = [(int(v), str(n), str(c)) for v, n, c in await (await conn.execute(_APPLIED)).fetchall()]
+                applied = _recorded(await (await conn.execute(_APPLIED)).fetchall())
             except psycopg.errors.UndefinedTable:
                 applied = []
             except psycopg.errors.UndefinedColumn:

@@ -9,8 +9,10 @@ session cookies count as none, so whoever sets one name must delete the other.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import logging
+from collections.abc import Collection, Mapping
 
+from .. import sessions
 from ..sessions.handshake import COOKIE_NAME, HOST_COOKIE_NAME, cookie_token, session_cookies
 
 COOKIE_NAMES = (HOST_COOKIE_NAME, COOKIE_NAME)
@@ -64,6 +66,18 @@ def stale_cookies(*, secure: bool, domain: str | None = None) -> list[SessionCoo
     (two different session cookies count as none)."""
     fresh = cookie_name(secure, domain)
     return [c for c in deleting_cookies(secure=secure, domain=domain) if c.name != fresh]
+
+
+def nowhere_to_revoke(tokens: Collection[str], log: logging.Logger) -> bool:
+    """True (said once on `log`) when a sign-out has session tokens to revoke but this process has
+    no shared store (neither a database nor Redis): the site's setup, not the request's failure,
+    so the user is signed out all the same, said plainly, without a traceback or a 500."""
+    if not tokens or sessions.default_store().shared:
+        return False
+    log.warning("a livepush session was not revoked at sign-out (its open sockets stay open until it expires): "
+                "this process has neither a database nor Redis for livepush; set LIVEPUSH_DATABASE_URL (or "
+                "LIVEPUSH_REDIS_URL) to the one the servers use")
+    return True
 
 
 def session_token(cookies: Mapping[str, str]) -> str | None:

@@ -175,6 +175,10 @@ class FanOut(abc.ABC):
     def __init__(self) -> None:
         self._heard: Handlers[Message] = Handlers(f"the {self.name} fan-out", log)
         self._listen_called = False
+        # A subscription of the server's is in effect: listen() succeeded and aclose() has not
+        # ended it since. aclose() closes the subscription, so a listen() after it subscribes
+        # again rather than return as if still listening (receivers stay: _listen_called).
+        self._subscribed = False
         self._published = metrics.PUBLISHED.labels(self.name)  # counted once a publish returns its offset
 
     # -- listening --------------------------------------------------------------------

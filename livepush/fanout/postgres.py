@@ -276,7 +276,6 @@ class PostgresFanOut(FanOut):
         self._pools = LoopPools(url, name="livepush-fanout")
         # Shared with the process's other listening parts when the wiring passes one in.
         self._listener = ListenerSlot(listener, lambda: Listener(url))
-        self._subscribed = False  # listen() succeeded and aclose() has not ended it since
 
     # -- publishing -------------------------------------------------------------------
     def publish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:

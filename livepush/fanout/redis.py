@@ -356,9 +356,6 @@ class RedisFanOut(FanOut):
             lambda: _LoopSide(async_client(self.url, "livepush-publisher", self.connect_timeout,
                                            socket_timeout=CALL_TIMEOUT)))
         self._prune_cursor = 0
-        # listen() succeeded and aclose() has not ended it since: aclose() closes the subscriber,
-        # so a listen() after it must subscribe again rather than return as if still listening.
-        self._subscribed = False
         _EVERY.add(self)
 
     def forget_inherited(self) -> None:

@@ -29,7 +29,7 @@ from ...errors import InvalidSession, LivepushError
 from ...sessions import MAX_TTL
 from ...sessions.handshake import HOST_COOKIE_NAME
 from ...sessions.tokens import check_subject
-from .._cookies import COOKIE_NAMES, session_cookie, session_cookies, session_token
+from .._cookies import COOKIE_NAMES, nowhere_to_revoke, session_cookie, session_cookies, session_token
 
 log = logging.getLogger("livepush.contrib.django")
 
@@ -174,11 +174,7 @@ def revoke_on_logout(sender: Any, request: HttpRequest | None = None, user: Any 
         return
     setattr(request, _REVOKED, True)
     tokens = sorted(session_cookies([request.META.get("HTTP_COOKIE", "")]))
-    if tokens and not sessions.default_store().shared:
-        # The site's setup, not this request's failure: said plainly, without a traceback.
-        log.warning("a livepush session was not revoked at sign-out (its open sockets stay open until it "
-                    "expires): this process has neither a database nor Redis for livepush; set "
-                    "LIVEPUSH_DATABASE_URL (or LIVEPUSH_REDIS_URL) to the one the servers use")
+    if nowhere_to_revoke(tokens, log):
         return
     for token in tokens:
         try:

@@ -12,7 +12,8 @@ from starlette.responses import Response
 from ... import sessions
 from ...errors import DependencyError, InvalidSession
 from ...sessions import Session
-from .._cookies import SessionCookie, deleting_cookies, session_cookie, session_cookies, stale_cookies
+from .._cookies import (SessionCookie, deleting_cookies, nowhere_to_revoke, session_cookie, session_cookies,
+                       stale_cookies)
 
 log = logging.getLogger("livepush.contrib")
 
@@ -52,12 +53,7 @@ async def logout(response: Response, request: Request, *, everywhere: bool = Fal
     logged."""
     revoked: Session | None = None
     tokens = session_cookies(request.headers.getlist("cookie"))
-    if tokens and not sessions.default_store().shared:
-        # An app started without a database or Redis (the lifespan warns of it) has nowhere to
-        # revoke: the user still signs out here, as a 500 would leave them signed in for good.
-        log.warning("livepush: a session was not revoked at logout (its open sockets stay open until it expires): "
-                    "this app has neither a database nor Redis; set LIVEPUSH_DATABASE_URL (or LIVEPUSH_REDIS_URL) "
-                    "to the one the servers use")
+    if nowhere_to_revoke(tokens, log):  # an app the lifespan let start without one: a 500 kept users in
         tokens = set()
     try:
         for token in tokens:
