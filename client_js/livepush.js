@@ -872,6 +872,9 @@ export class LivePush {
     // wake-up listeners off: the global `location` still knows where the script runs.
     const base = this._window?.location?.href ?? this._document?.baseURI ?? /** @type {any} */ (globalThis).location?.href;
     const url = new URL(this._url, base);
+    // A fragment never reaches a server, and browsers that follow the older WebSocket standard
+    // refuse a URL that has one, on every retry: `/push#` from a template would never connect.
+    url.hash = '';
     if (url.protocol === 'http:') url.protocol = 'ws:';
     else if (url.protocol === 'https:') url.protocol = 'wss:';
     return url.toString();

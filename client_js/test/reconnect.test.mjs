@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import test from 'node:test';
 
 import { GOING_AWAY_MAX_MS, GOING_AWAY_MIN_MS, HEARTBEAT_GRACE_MS, STABLE_AFTER_MS } from '../livepush.js';
-import { harness, seededRandom } from '../testing/fakes.mjs';
+import { fakeWebSocketClass, harness, seededRandom } from '../testing/fakes.mjs';
 
 const MID = () => 0.5; // jitter factor 1.0: delays equal the backoff, so they are exact
 
@@ -361,6 +361,25 @@ test('close() in a status listener leaves every listener on closed, none on the 
   assert.equal(shown, 'closed');
   assert.equal(h.statuses.at(-1).status, 'closed');
   assert.deepEqual(h.clock.pending(), []);
+});
+
+test('a URL with a #fragment connects without it, where browsers refuse one that has it', () => {
+  const { WebSocket, sockets } = fakeWebSocketClass();
+  class BrowserLike extends WebSocket {
+    constructor(url, protocols) {
+      if (url.includes('#')) throw new SyntaxError(`The URL '${url}' contains a fragment identifier`);
+      super(url, protocols);
+    }
+  }
+  for (const [given, sent] of [['https://push.test/live?x=1#top', 'wss://push.test/live?x=1'],
+    ['http://push.test/push#', 'ws://push.test/push']]) {
+    const h = harness({ url: given, WebSocket: BrowserLike });
+    assert.equal(sockets.at(-1).url, sent);
+    assert.deepEqual(h.errors, [], 'no connect_failed');
+    sockets.at(-1).hello();
+    assert.equal(h.lp.status, 'open');
+    h.lp.close();
+  }
 });
 
 test('the token goes in Sec-WebSocket-Protocol, never the URL, and a token function is asked on every connect', () => {

@@ -155,13 +155,13 @@ export class FakeTarget {
 }
 
 /** A LivePush wired to fakes, plus handles on them. */
-export function harness(options = {}) {
+export function harness({ url = 'ws://push.test/', ...options } = {}) {
   const clock = new FakeClock();
   const { WebSocket, sockets } = fakeWebSocketClass();
   const document = new FakeTarget({ visibilityState: 'visible' });
   const window = new FakeTarget();
   const errors = [];
-  const lp = new LivePush('ws://push.test/', {
+  const lp = new LivePush(url, {
     WebSocket,
     now: clock.now,
     setTimeout: clock.setTimeout,
