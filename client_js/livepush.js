@@ -133,6 +133,8 @@ const REFUSAL_HINTS = Object.freeze({
 
 /** The longest `since` the server reads (docs/protocol.md); offsets are far shorter. */
 const MAX_OFFSET_LENGTH = 100;
+/** What a template prints for a value it did not have: no server gives these as offsets. */
+const NOT_OFFSETS = new Set(['', 'None', 'null', 'undefined', 'NaN']);
 /** The longest topic the server takes: a signed one (a plain topic is at most 200 characters). */
 const MAX_TOPIC_LENGTH = 400;
 
@@ -433,6 +435,11 @@ export class Subscription {
       // A number (an offset rendered without quotes) would go on the wire as one, which the
       // server refuses without naming the subscribe: it would stay pending for ever.
       throw new TypeError(`subscribe() options.since must be an offset string (as latest_offset() gave it) or null, not ${typeof this._offset} ${String(this._offset)}`);
+    }
+    if (this._offset !== null && NOT_OFFSETS.has(this._offset)) {
+      // `since: '{{ offset }}'` with no offset at hand: the server would take it for one it no
+      // longer holds and answer `reset`, and the page would refetch on every load.
+      throw new TypeError(`subscribe() options.since is ${JSON.stringify(this._offset)}, which is no offset (a template's empty or None value?): pass the offset latest_offset() gave, or null (or leave since out) to start from the next message`);
     }
     if (this._offset !== null && this._offset.length > MAX_OFFSET_LENGTH) {
       // The server refuses such a frame the same way (no offset is that long): pending for

@@ -331,6 +331,16 @@ test('subscribe() rejects a missing topic or handler with a clear error', () => 
   h.lp.close();
 });
 
+test("a since a template printed for a missing offset ('', 'None', 'null') is refused, not sent as one", () => {
+  const h = harness();
+  for (const since of ['', 'None', 'null', 'undefined', 'NaN']) {
+    assert.throws(() => h.lp.subscribe('chat:a', () => {}, { since }), /since is ".*", which is no offset .*or null/);
+  }
+  h.last().hello();
+  assert.deepEqual(h.last().frames('subscribe'), [], 'nothing went out');
+  h.lp.close();
+});
+
 test('a subscribe made in an open listener goes out once', () => {
   const h = harness();
   collect(h.lp, 'chat:early');
