@@ -51,6 +51,29 @@ ORDER BY 1
 """
 
 
+# name: runtime_missing -- what the runtime role still lacks after the grants, by name: a plain
+# read of the catalog, in the migration's transaction (its own grants are visible to it).
+_RUNTIME_MISSING = """
+SELECT c.relname::text FROM pg_class c
+WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'u', 'S')
+  AND c.relname LIKE 'livepush\\_%%' AND NOT CASE
+      WHEN c.relkind = 'S' THEN has_sequence_privilege(%(role)s, c.oid, 'USAGE')
+      WHEN c.relname = 'livepush_schema' THEN has_table_privilege(%(role)s, c.oid, 'SELECT')
+      ELSE has_table_privilege(%(role)s, c.oid, 'SELECT') AND has_table_privilege(%(role)s, c.oid, 'INSERT')
+           AND has_table_privilege(%(role)s, c.oid, 'UPDATE') AND has_table_privilege(%(role)s, c.oid, 'DELETE')
+  END
+UNION ALL
+SELECT p.oid::regprocedure::text FROM pg_proc p
+WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'livepush\\_%%'
+  AND p.prorettype <> 'trigger'::regtype AND NOT has_function_privilege(%(role)s, p.oid, 'EXECUTE')
+UNION ALL
+SELECT 'schema ' || current_schema() WHERE NOT has_schema_privilege(%(role)s, current_schema(), 'USAGE')
+UNION ALL
+SELECT 'database ' || current_database() WHERE NOT has_database_privilege(%(role)s, current_database(), 'CONNECT')
+ORDER BY 1
+"""
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -193,6 +216,15 @@ def _grant_runtime(conn: psycopg.Connection, role: str) -> None:
     conn.execute(sql.SQL("GRANT USAGE, SELECT ON SEQUENCE {} TO {}").format(sql.SQL(", ").join(sequences), who))
     functions = [sql.SQL(signature) for (signature,) in conn.execute(_RUNTIME_FUNCTIONS).fetchall()]
     conn.execute(sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(sql.SQL(", ").join(functions), who))
+    # A GRANT by a role that neither owns the object nor holds the grant option only warns
+    # ("no privileges were granted"): without this check, `migrate` would say "granted" and
+    # the runtime would fail at its first statement.
+    missing = [name for (name,) in conn.execute(_RUNTIME_MISSING, {"role": role}).fetchall()]
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise ConfigError(f"--runtime-role {role!r}: could not grant {role} what the runtime needs on {shown}, "
+                          "as this role does not own them: run `livepush migrate --runtime-role` with the "
+                          "credentials of the schema's owner")
 
 
 # name: runtime_leftovers -- what the role may still create beyond the grants above, through

@@ -148,6 +148,24 @@ def test_migrate_refuses_a_role_that_does_not_exist(pg_url: str, monkeypatch: py
     assert len(err) == 1 and "no such role" in err[0] and "CREATE ROLE" in err[0], err
 
 
+def test_migrate_run_by_a_role_that_may_not_grant_says_so_instead_of_granted(
+        runtime_url: str, role_url: Callable[..., str], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`migrate --runtime-role` run with credentials that own none of livepush's objects (the
+    runtime role's own, in a deploy script) grants nothing: Postgres only warns. It exits 2 naming
+    the owner's credentials, never "granted" with the role left without its rights."""
+    other = role_of(role_url("other"))
+    monkeypatch.setenv("LIVEPUSH_DATABASE_URL", runtime_url)
+    assert cli(["migrate", "--runtime-role", other]) == 2
+    out, err = capsys.readouterr()
+    assert f"granted {other}" not in out, out
+    (line,) = err.strip().splitlines()
+    assert f"could not grant {other}" in line and "owner" in line and "livepush_" in line, line
+    with psycopg.connect(runtime_url) as conn:
+        assert conn.execute("SELECT has_table_privilege(%s, 'livepush_jobs', 'SELECT')",
+                            (other,)).fetchone() == (False,)
+
+
 def test_migrate_names_what_the_runtime_role_could_still_create(pg_url: str, role_url: Callable[..., str],
                                                                 monkeypatch: pytest.MonkeyPatch,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
