@@ -511,11 +511,11 @@ WITH orphans AS (
         finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN now() END,
         run_at = now(), lease = NULL, runtime_id = NULL, version = j.version + 1
     FROM orphans WHERE j.id = orphans.id
-    RETURNING j.id, j.state, j.group_id, j.workflow_id, j.version
+    RETURNING j.id, j.state, j.queue, j.group_id, j.workflow_id, j.version
 ), payload AS (
     UPDATE livepush_job_payloads p SET error = %(error)s FROM moved j WHERE p.id = j.id
 ), rung AS ({ring("moved")})
-SELECT m.id, m.state, m.group_id, m.workflow_id, %(error)s AS error,
+SELECT m.id, m.state, m.queue, m.group_id, m.workflow_id, %(error)s AS error,
        CASE WHEN count(*) OVER () > 0 THEN livepush_jobs_ready() END AS _rang
 FROM moved m CROSS JOIN rung
 ORDER BY m.id

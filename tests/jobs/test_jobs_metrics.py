@@ -52,6 +52,34 @@ def test_the_runtime_serves_its_job_counts_and_the_queues_backlog(
     assert child.stop(timeout=15) == 0, child.output()
 
 
+def test_jobs_a_rescue_ends_count_as_failed_for_good_or_retried(
+        jobs_db: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
+    """A runtime killed with its jobs in hand: the runtime that rescues them counts the one that
+    had no attempt left in livepush_jobs_failed_total, which the failures alert reads, and the
+    one released to run again in livepush_jobs_retried_total, as their events say."""
+    start: Callable[..., ChildProcess] = runtime_starter(jobs_db, "tests.jobs.sample_jobs", procs,
+                                                         livepush_env(database_url=jobs_db))
+    last, again = (h.id for h in jobs.enqueue_many([sample_jobs.wait_flag.request("never") for _ in range(2)]))
+    q(jobs_db, "UPDATE livepush_jobs SET max_attempts = 1 WHERE id = %s", (last,))
+    victim = start("--concurrency", "2")
+    wait_for(lambda: q(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE state = 'running'")[0][0] == 2, 15.0,
+             message="both jobs to start")
+    port = free_port()
+    rescuer = start("--queues", "other", "--metrics-port", str(port))  # rescues, but claims nothing back
+    victim.kill()
+    wait_for(lambda: q(jobs_db, "SELECT id, state FROM livepush_jobs ORDER BY id")
+             == sorted([(last, "failed"), (again, "available")]), 15.0, message="the rescue")
+
+    def counted() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+        m = scrape(port)
+        return m if m.get(("livepush_jobs_rescued_total", ())) == 2 else None
+
+    m = wait_for(counted, 5.0, message="the rescue to be counted")
+    assert m.get(("livepush_jobs_failed_total", (("queue", "default"),))) == 1, m
+    assert m.get(("livepush_jobs_retried_total", (("queue", "default"),))) == 1, m
+    assert rescuer.stop(timeout=15) == 0, rescuer.output()
+
+
 def test_a_busy_metrics_port_is_a_clear_error(jobs_db: str, procs: Processes,
                                               livepush_env: Callable[..., dict[str, str]]) -> None:
     import socket

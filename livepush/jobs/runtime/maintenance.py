@@ -7,6 +7,7 @@ return the groups whose counts they changed, for the runtime's progress publishe
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import os
@@ -33,6 +34,8 @@ DEFAULT_RETENTION = 7 * 24 * 3600.0  # seconds a finished job or group is kept
 PRUNE_BATCH = 1000  # rows per delete statement
 PRUNE_MAX_BATCHES = 20  # per maintenance run: a backlog is worked off over several runs
 UNRUNG_LIMIT = 10_000  # groups re-rung after runtimes were found dead (one flush of the publisher)
+# What /metrics counts of a rescued job, by the state RESCUE_ORPHANS left it in.
+_RESCUE_COUNTERS = {"failed": metrics.JOBS_FAILED, "available": metrics.JOBS_RETRIED}
 
 
 @functools.cache
@@ -152,6 +155,12 @@ async def rescue(pool: AsyncConnectionPool, since: datetime | None = None) -> tu
             touched = await outcomes.count(conn, outcomes.terminal(rows))
     log.warning("released %d jobs of dead runtimes: %s", len(rows), [r["id"] for r in rows][:20])
     metrics.JOBS_RESCUED.inc(len(rows))
+    # The attempt a rescue counts ends as the completer's would: failed for good on the last one
+    # (a job that kills its runtime every time), else retried; the failures alert reads these.
+    for (state, queue), n in collections.Counter((r["state"], r["queue"]) for r in rows).items():
+        counter = _RESCUE_COUNTERS.get(state)
+        if counter is not None:
+            counter.labels(queue).inc(n)
     return rows, touched | unrung
 
 
