@@ -153,3 +153,37 @@ def test_the_command_a_secret_error_gives_makes_a_secret_on_a_machine_whose_pyth
                           env={"PATH": str(tmp_path)})
     assert made.returncode == 0, (command.group(1), made.stderr)
     assert Settings.from_env({"LIVEPUSH_SECRET": made.stdout.strip()}).secret == made.stdout.strip()
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_a_connect_timeout_in_the_database_url_is_the_one_livepush_waits(pooled: bool) -> None:
+    """`?connect_timeout=2` in the URL bounds how long livepush waits for a server that takes the
+    connection but never answers, as libpq's own option says; livepush's 5 s is only the default.
+    A serverless Postgres that wakes slowly needs a longer one, a fail-fast check a shorter one."""
+    import asyncio
+    import socket
+    import time
+
+    from livepush.errors import DependencyError
+    from livepush.postgres.connect import connect
+    from livepush.postgres.pools import LoopPools
+
+    with socket.socket() as mute:  # the kernel completes the handshake; nothing ever answers
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(8)
+        url = f"postgresql://app@127.0.0.1:{mute.getsockname()[1]}/app?connect_timeout=2"
+        started = time.monotonic()
+        with pytest.raises(DependencyError):
+            if pooled:
+                async def use_pool() -> None:
+                    pools = LoopPools(url, name="timeout-test")
+                    try:
+                        await pools.aget()
+                    finally:
+                        await pools.aclose()
+
+                asyncio.run(asyncio.wait_for(use_pool(), 30))
+            else:
+                connect(url).close()
+        took = time.monotonic() - started
+    assert took < 4.5, f"waited {took:.1f} s, not the URL's 2 s"

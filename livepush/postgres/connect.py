@@ -9,6 +9,7 @@ left out when it may quote the URL (a malformed one).
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -102,6 +103,17 @@ class PoolBusy(PoolTimeout):
 
 
 CONNECT_TIMEOUT = 5  # seconds; a server that does not answer fails the command rather than hanging it
+
+
+def connect_timeout(url: str) -> dict[str, Any]:
+    """The connect_timeout option for `url`: CONNECT_TIMEOUT unless the URL (or libpq's
+    PGCONNECT_TIMEOUT) names one. Given as a keyword it overrides the URL's, which the operator
+    set for a reason: a serverless Postgres that takes longer to wake, or a check that must fail fast."""
+    try:
+        named = "connect_timeout" in psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.Error:
+        named = False  # check_url() says what is wrong with it
+    return {} if named or os.environ.get("PGCONNECT_TIMEOUT") else {"connect_timeout": CONNECT_TIMEOUT}
 
 
 def _password(url: str) -> str | None:
@@ -271,8 +283,7 @@ def connection_options(kwargs: dict[str, Any]) -> dict[str, Any]:
 def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection:
     check_url(url)
     try:
-        return psycopg.connect(url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT,
-                               **connection_options(kwargs))
+        return psycopg.connect(url, autocommit=autocommit, **connection_options({**connect_timeout(url), **kwargs}))
     except psycopg.Error as exc:
         raise translate(url, exc) from None
 
@@ -280,7 +291,7 @@ def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Conn
 async def aconnect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.AsyncConnection:
     check_url(url)
     try:
-        return await psycopg.AsyncConnection.connect(url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT,
-                                                     **connection_options(kwargs))
+        return await psycopg.AsyncConnection.connect(url, autocommit=autocommit,
+                                                     **connection_options({**connect_timeout(url), **kwargs}))
     except psycopg.Error as exc:
         raise translate(url, exc) from None
