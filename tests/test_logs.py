@@ -11,6 +11,7 @@ import pytest
 
 from livepush import sessions
 from livepush.cli import logs
+from tests.support.waiting import wait_for
 from tests.support.wsclient import WSClient
 
 
@@ -141,6 +142,28 @@ def test_the_line_a_command_ends_on_is_scrubbed_in_either_format(procs, livepush
     assert child.wait(30) == 2, child.output()
     err = child.stderr()
     assert "postgresql://app:***@db.internal/app" in err and "hunter2pw" not in err, err
+
+
+@pytest.mark.parametrize("flag", ["--app", "--with-jobs"])
+def test_serve_logs_json_even_when_the_apps_module_configures_logging_at_import(procs, livepush_env, pg_url,
+                                                                               tmp_path, flag: str) -> None:
+    """A module `serve` imports (`--app`, `--with-jobs`) that calls logging.basicConfig() at its top,
+    as scripts do: `--log-format json` still makes every line of the server a scrubbed JSON object,
+    as `livepush jobs` does, rather than the module's plain handler writing livepush's lines."""
+    (tmp_path / "configures_logging.py").write_text(
+        "import logging\nimport livepush\nfrom livepush import jobs\n"
+        "logging.basicConfig(level=logging.INFO)\napp = livepush.App(rules=[])\n"
+        "@jobs.job(name='t.configures_logging')\nasync def noop(ctx):\n    pass\n")
+    env = livepush_env(database_url=pg_url)
+    target = "configures_logging:app" if flag == "--app" else "configures_logging"
+    child = procs.start([sys.executable, "-m", "livepush", "serve", flag, target, "--log-format", "json"],
+                        env=env, cwd=tmp_path)
+    wait_for(lambda: "serving on" in child.stderr() or not child.running, 30, message="the server to serve")
+    assert child.stop(timeout=15) == 0, child.output()
+    lines = [line for line in child.stderr().splitlines() if line.strip()]
+    assert any("serving on" in line for line in lines), child.output()
+    for line in lines:
+        assert line.startswith("{"), f"not a JSON line: {line!r}"
 
 
 def test_under_workers_a_workers_json_error_line_names_it_like_its_other_lines(procs, livepush_env) -> None:

@@ -154,6 +154,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         logs.name_process(worker=role.index)  # before --app loads: its failure is this worker's line
         metrics.add_up_workers()
     index = role.index if role is not None else None
+    # Before the modules load, as `livepush jobs` does: one that calls logging.basicConfig() at its
+    # top would otherwise own the root logger, and --log-format and the scrubbing would be lost.
+    logs.setup(args.log_format, worker=index)
     importable_from_cwd()  # --with-jobs modules, as `livepush jobs` finds them
     app = None
     if args.app:
@@ -164,7 +167,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from ..jobs.runtime.runtime import load_modules
 
         load_modules(modules_of(args.with_jobs))  # outside the loop, as `livepush jobs` imports them
-    logs.setup(args.log_format, worker=index)
 
     async def main() -> int:
         parts = wiring.server_parts(settings, app=app, with_jobs=modules_of(args.with_jobs or ""), worker=index)
