@@ -346,6 +346,23 @@ def test_a_servers_since_is_an_iso_instant_like_every_other_time_in_the_json(
     assert since <= datetime.fromisoformat(report["at"]), report
 
 
+def test_a_server_listening_on_redis_has_its_since_as_an_iso_instant_too(
+        pg_url: str, redis_url: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
+    """Every server of `--json` says since when it listens the same way, on the database as on
+    Redis: a script that reads each one's `since` does not fail on the Redis fan-out's listeners."""
+    env = livepush_env(database_url=pg_url, redis_url=redis_url, fanout="redis")
+    procs.livepush("serve", env=env)
+    code, out, err = run_status(procs, env, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert sorted(s["via"] for s in report["servers"]) == ["postgres", "redis"], report["servers"]
+    at = datetime.fromisoformat(report["at"])
+    for server in report["servers"]:
+        since = datetime.fromisoformat(server["since"])
+        assert server["since"] == since.isoformat() and since.utcoffset() == timedelta(0), server
+        assert at - timedelta(minutes=5) <= since <= at + timedelta(seconds=1), (server, report["at"])
+
+
 def test_servers_of_another_deployment_on_the_same_redis_are_not_listed(
         pg_url: str, redis_url: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
     """A server of another deployment on the same Redis (its own LIVEPUSH_REDIS_PREFIX) is not one of ours: our report lists only ours."""

@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from typing import Any
 
@@ -56,6 +56,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         # A one-shot command: close the pool now rather than leave it to interpreter exit.
         database.close_pools()
     servers, complete = listening_servers(settings)
+    at = datetime.fromisoformat(report.at)
+    servers = [_dated(s, at) for s in servers]
     if args.json:
         # A listener's start time as the report's other times are (ISO 8601, UTC), not str()'s form.
         print(json.dumps(report.as_dict() | {"servers": [{k: iso(v) for k, v in s.items()} for s in servers]},
@@ -86,6 +88,15 @@ def listening_servers(settings: Settings) -> tuple[list[dict[str, Any]], bool]:
                   "(a user limited to the deployment's prefix, as docs/security.md shows, may not)", file=sys.stderr)
         servers += [{"via": "redis", **row} for row in on_redis or ()]
     return servers, True
+
+
+def _dated(server: dict[str, Any], at: datetime) -> dict[str, Any]:
+    """A Redis listener, which Redis gives an age (whole seconds), with its `since` as well: the
+    instant the report describes less that age, so that every server of `--json` says since when
+    it listens as a Postgres one does."""
+    if server.get("since") is None and server.get("since_seconds") is not None:
+        return {**server, "since": at - timedelta(seconds=float(server["since_seconds"]))}
+    return server
 
 
 # -- the plain report ---------------------------------------------------------------------------
