@@ -37,10 +37,19 @@ from . import connection, frames
 from .connection import Connection
 
 log = logging.getLogger("livepush.server")
-# websockets logs request paths and headers at DEBUG: with `?token=` or a session cookie in
-# them. Its records go to a logger capped at WARNING, so no log level setting can leak a token.
-_WS_LOGGER = logging.getLogger("livepush.websockets")
-_WS_LOGGER.setLevel(logging.WARNING)
+
+
+class _WarningsOnly(logging.LoggerAdapter[logging.Logger]):
+    """What websockets logs through: its warnings and errors, never less. websockets logs request
+    paths and headers at DEBUG, `?token=` and session cookies among them. A level set on the
+    logger did not hold: dictConfig (a Django project's LOGGING) resets it under a configured
+    `livepush` logger, and the app's DEBUG then let every token into the log."""
+
+    def isEnabledFor(self, level: int) -> bool:
+        return level >= logging.WARNING and self.logger.isEnabledFor(level)
+
+
+_WS_LOGGER = _WarningsOnly(logging.getLogger("livepush.websockets"))
 
 OPEN_TIMEOUT = 10.0  # websockets' default
 # File descriptors kept from client connections, of the process's open-file limit: its database

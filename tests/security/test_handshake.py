@@ -185,3 +185,31 @@ async def test_handshakes_during_a_store_outage_log_at_most_ten_lines_a_minute(
         set_settings(None)
     lines = [r for r in caplog.records if r.name.startswith("livepush") and "sessions" in r.getMessage()]
     assert 1 <= len(lines) <= 10, len(lines)
+
+
+async def test_an_app_that_configures_livepush_logging_at_debug_never_logs_a_token(
+        procs: Any, livepush_env: Any, secret: str) -> None:
+    """An --app module whose dictConfig (a Django project's LOGGING) sets the `livepush` loggers to DEBUG, after livepush is loaded, still never gets a token into the log: not from the query, the cookie or the subprotocol."""
+    child = await procs.alivepush("serve", "--app", "tests.support.security_app_debug_logging:app",
+                                  env=livepush_env())
+    url = f"ws://127.0.0.1:{child.port}/"
+    set_settings(Settings(secret=secret))
+    try:
+        by_query, by_cookie, by_protocol = (sessions.issue(subject) for subject in ("q", "c", "p"))
+    finally:
+        set_settings(None)
+    tampered = by_query[:-4] + ("AAAA" if not by_query.endswith("AAAA") else "BBBB")
+    clients = [
+        await WSClient.open(url + "?token=" + by_query),
+        await WSClient.open(url, additional_headers={"Cookie": f"livepush_session={by_cookie}"}),
+        await WSClient.open(url, subprotocols=["livepush", f"livepush.token.{by_protocol}"]),
+        await WSClient.open(url + "?token=" + tampered),
+    ]
+    assert [c.hello["session"] for c in clients] == [{"subject": "q"}, {"subject": "c"}, {"subject": "p"}, None]
+    for c in clients:
+        await c.close()
+    assert child.stop(timeout=15) == 0, child.output()
+    log = child.stderr() + child.stdout()
+    assert "a connection without a valid session: bad_signature" in log, "the app's DEBUG logging took no effect"
+    for token in (by_query, by_cookie, by_protocol, tampered):
+        assert token not in log
