@@ -55,6 +55,13 @@ def client_js() -> ClientJS:
     return CLIENT_JS_CACHE["js"]
 
 
+def list_field(request: Request, name: str) -> str:
+    """Every line of header `name`, joined by commas: one list, as RFC 9110 §5.3 reads a list field
+    sent in several lines (which a proxy may do). `headers.get()` raised on a second line, and any
+    client could answer itself a 500 and put a traceback in the log."""
+    return ", ".join(request.headers.get_all(name))
+
+
 def _accepts_gzip(accept_encoding: str) -> bool:
     """Whether an Accept-Encoding header takes gzip (RFC 9110 §12.5.3: `gzip` or `*`, q not 0)."""
     for item in accept_encoding.split(","):
@@ -92,11 +99,11 @@ def serve_js(request: Request) -> Response:
     # A module script on the app's own origin loads this from ours: it needs CORS.
     headers = Headers({"Cache-Control": "no-cache", "ETag": js.etag, "Vary": "Accept-Encoding",
                        "Access-Control-Allow-Origin": "*"})
-    if _matches(request.headers.get("If-None-Match", ""), js.etag):
+    if _matches(list_field(request, "If-None-Match"), js.etag):
         # No Content-Length: a 304's would have to be the 200's (RFC 9110 §8.6), and it has no body.
         return Response(304, "Not Modified", headers, b"")
     body = js.body
-    if _accepts_gzip(request.headers.get("Accept-Encoding", "")):
+    if _accepts_gzip(list_field(request, "Accept-Encoding")):
         body = js.gzipped
         headers["Content-Encoding"] = "gzip"
     headers["Content-Type"] = "text/javascript; charset=utf-8"
@@ -122,5 +129,5 @@ def unreadable(cause: BaseException | None) -> Response | None:
 
 
 def is_websocket(request: Request) -> bool:
-    return "websocket" in request.headers.get("Upgrade", "").lower()
+    return "websocket" in list_field(request, "Upgrade").lower()
 

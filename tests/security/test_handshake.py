@@ -213,3 +213,18 @@ async def test_an_app_that_configures_livepush_logging_at_debug_never_logs_a_tok
     assert "a connection without a valid session: bad_signature" in log, "the app's DEBUG logging took no effect"
     for token in (by_query, by_cookie, by_protocol, tampered):
         assert token not in log
+
+
+async def test_a_list_header_sent_twice_is_read_as_one_list_without_a_traceback(
+        served: Served, caplog: pytest.LogCaptureFixture) -> None:
+    """`Accept-Encoding` or `If-None-Match` in two header lines (a list field, RFC 9110 §5.3: proxies may split one so) on GET /livepush.js is read as the two joined, not answered 500 with a traceback in the log."""
+    caplog.set_level(logging.DEBUG)
+    port = served.server.port
+    split = await asyncio.to_thread(raw_request, port, [("Host", "h"), ("Accept-Encoding", "br"),
+                                                        ("Accept-Encoding", "gzip")], "/livepush.js")
+    assert split.startswith(b"HTTP/1.1 200") and b"Content-Encoding: gzip" in split, split[:200]
+    etag = next(line.split(b": ", 1)[1] for line in split.split(b"\r\n") if line.lower().startswith(b"etag:"))
+    unchanged = await asyncio.to_thread(raw_request, port, [("Host", "h"), ("If-None-Match", '"other"'),
+                                                            ("If-None-Match", etag.decode())], "/livepush.js")
+    assert unchanged.startswith(b"HTTP/1.1 304"), unchanged[:80]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
