@@ -294,7 +294,13 @@ class Connection(asyncio.Protocol):
                 if self.paused:
                     self.pongs += len(data)
             elif self.transport.can_write_eof():
-                self.transport.write_eof()
+                try:
+                    self.transport.write_eof()
+                except OSError:
+                    # The peer reset the connection right after the last write (a client that sends
+                    # its request and leaves, as a browser does with a refused handshake): nothing
+                    # more can go. Raised on, it left a traceback in the log for any client to cause.
+                    self.transport.abort()
             else:
                 self.transport.close()
         if self.proto.close_expected():

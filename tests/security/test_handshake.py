@@ -6,7 +6,9 @@ mistakes are logged quietly."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,6 +24,7 @@ from livepush.sessions import MemoryRevocations
 from tests.server.conftest import Served, make_settings, start_served
 from tests.support.http import upgrade_headers
 from tests.support.security import attempt, hello, http, raw_attempt, raw_request
+from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
 
@@ -227,4 +230,31 @@ async def test_a_list_header_sent_twice_is_read_as_one_list_without_a_traceback(
     unchanged = await asyncio.to_thread(raw_request, port, [("Host", "h"), ("If-None-Match", '"other"'),
                                                             ("If-None-Match", etag.decode())], "/livepush.js")
     assert unchanged.startswith(b"HTTP/1.1 304"), unchanged[:80]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
+
+
+def _send_and_leave(port: int, headers: list[tuple[str, str]], path: str = "/") -> None:
+    """Send one request and close at once, reading nothing: as a browser leaves a page, or drops
+    a refused handshake without reading its answer. The answer then finds the socket reset."""
+    lines = [f"GET {path} HTTP/1.1"] + [f"{k}: {v}" for k, v in headers]
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+
+
+async def test_a_client_that_leaves_before_its_answer_leaves_no_error_in_the_log(
+        served: Served, caplog: pytest.LogCaptureFixture) -> None:
+    """A client that sends its request and closes at once (a refused Origin, a plain GET, an upgrade) gets no error and no traceback into the log, however often it does."""
+    caplog.set_level(logging.DEBUG)
+    port = served.server.port
+    for _ in range(10):
+        _send_and_leave(port, upgrade_headers(port) + [("Origin", "https://evil.example")])
+        _send_and_leave(port, [("Host", "h")], "/healthz")
+        _send_and_leave(port, upgrade_headers(port))
+    # Served in the order they came: once this one is, every request above has been read.
+    assert await attempt(port, None) == hello(None)
+    core = served.server._core
+    assert core is not None
+    await async_wait_for(lambda: not core._handshakes and core._live == 0, timeout=5,
+                         message="every handshake answered and every connection gone")
+    gc.collect()  # a task's unretrieved exception is logged when the task goes
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
