@@ -204,15 +204,20 @@ class Connection(asyncio.Protocol):
         proto = self.proto
         proto.receive_data(data)
         events = proto.events_received()
-        if not events and isinstance(proto.handshake_exc, InvalidMessage) and not self.closing:
-            self._answer_unreadable(proto.handshake_exc.__cause__)
-        self.flush()  # a handshake refused by the parser, pongs, a close answered, an error's close
         if self.core.is_opening(self):
+            if not events and isinstance(proto.handshake_exc, InvalidMessage) and not self.closing:
+                self._answer_unreadable(proto.handshake_exc.__cause__)
+            self.flush()  # a handshake refused by the parser
             if events:
                 self.core.request_received(self, events)
             return
+        # The messages first, then what the protocol answers (pongs, a close answered, an error's
+        # close, the EOF after it): a close that came in the same read as messages ends the
+        # connection after their answers. Flushed first, the EOF went before them, and the next
+        # write raised: a traceback in the log for any client, and the answers lost.
         if events and not self.closing:
             self.on_events(events)
+        self.flush()
         if proto.state is not OPEN and not self.closing:
             self._stop_writing()  # the client closed, or sent what the protocol fails on
 

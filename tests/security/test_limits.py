@@ -172,6 +172,35 @@ def _masked_text(text: str) -> bytes:
     return header + payload
 
 
+def _masked_frame(opcode: int, payload: bytes) -> bytes:
+    """A short client frame of any opcode (FIN set), with a zero mask."""
+    assert len(payload) < 126
+    return bytes([0x80 | opcode, 0x80 | len(payload)]) + b"\x00\x00\x00\x00" + payload
+
+
+async def test_frames_before_a_close_in_one_write_are_answered_first_and_leave_no_error_in_the_log(
+        served: Served, caplog: pytest.LogCaptureFixture) -> None:
+    """A ping, a text frame that is not UTF-8 and a close, sent in one write: the pong goes out before the close frame, nothing is written after the connection's end, and the log holds no error and no traceback."""
+    caplog.set_level(logging.DEBUG)
+    port = served.server.port
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(upgrade_request(port))
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        hello = await asyncio.wait_for(reader.readuntil(b"}"), 5)
+        assert b'"op":"hello"' in hello, hello
+        writer.write(_masked_text('{"op":"ping","ref":"before the close"}') + _masked_frame(0x1, b"\xff\xfe")
+                     + _masked_frame(0x8, (1000).to_bytes(2, "big")))
+        rest = await asyncio.wait_for(reader.read(), 5)  # to the server's end of the connection
+    finally:
+        writer.close()
+    pong, close = rest.find(b'"op":"pong","ref":"before the close"'), rest.find(b"\x88")
+    assert 0 <= pong < close, rest
+    await async_wait_for(lambda: not served.server.clients, 5, message="the closed connection to go")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
+
+
 async def test_a_replay_is_read_and_sent_in_pages(served: Served) -> None:
     """A subscribe with `since` before more messages than a page holds gets every one of them in order, read a page at a time from history."""
     pages: list[int] = []
