@@ -272,7 +272,7 @@ class Connection(asyncio.Protocol):
         backlog = self.backlog
         if backlog is not None:
             write = self.transport.write
-            while not self.paused:
+            while not self.paused and not self.transport.is_closing():  # the peer gone: see flush()
                 data = backlog.pop()
                 if data is None:
                     self.backlog = None  # caught up: writes go straight to the transport again
@@ -293,21 +293,27 @@ class Connection(asyncio.Protocol):
     def flush(self) -> None:
         """Write what the protocol has to send (handshake answer, pongs, close frames, EOF)."""
         self.uncork()
+        transport = self.transport
         for data in self.proto.data_to_send():
+            if transport.is_closing():
+                # A write found the peer gone (it reset the connection): connection_lost follows.
+                # Each later write would only count against the transport, which logs a warning
+                # from the fifth on, and a client sending pings then a reset could fill the log.
+                break
             if data:
-                self.transport.write(data)
+                transport.write(data)
                 if self.paused:
                     self.pongs += len(data)
-            elif self.transport.can_write_eof():
+            elif transport.can_write_eof():
                 try:
-                    self.transport.write_eof()
+                    transport.write_eof()
                 except OSError:
                     # The peer reset the connection right after the last write (a client that sends
                     # its request and leaves, as a browser does with a refused handshake): nothing
                     # more can go. Raised on, it left a traceback in the log for any client to cause.
-                    self.transport.abort()
+                    transport.abort()
             else:
-                self.transport.close()
+                transport.close()
         if self.proto.close_expected():
             self.core.expect_close(self)
         elif self.paused and not self.closing:

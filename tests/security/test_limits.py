@@ -201,6 +201,24 @@ async def test_frames_before_a_close_in_one_write_are_answered_first_and_leave_n
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
 
 
+async def test_a_client_that_resets_after_many_pings_leaves_no_warning_in_the_log(
+        served: Served, caplog: pytest.LogCaptureFixture) -> None:
+    """Twenty WebSocket pings in one write, then a reset of the connection: the server stops writing at the first pong that finds the connection gone, and the log holds no warning, however often a client does it."""
+    caplog.set_level(logging.DEBUG)
+    port = served.server.port
+    for _ in range(5):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(upgrade_request(port))
+        await asyncio.wait_for(reader.readuntil(b'"op":"hello"'), 5)
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                                   (1).to_bytes(4, sys.byteorder) + bytes(4))  # close: reset
+        writer.write(_masked_frame(0x9, b"are you there") * 20)
+        await writer.drain()
+        writer.transport.abort()
+        await async_wait_for(lambda: not served.server.clients, 5, message="the reset connection to go")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
+
+
 async def test_a_replay_is_read_and_sent_in_pages(served: Served) -> None:
     """A subscribe with `since` before more messages than a page holds gets every one of them in order, read a page at a time from history."""
     pages: list[int] = []
