@@ -206,6 +206,12 @@ class ConnectionCore:
         if proto.state is not OPEN:
             conn.closing = True  # an HTTP answer: the client closes, or the close timeout does
             return
+        if conn.transport.is_closing():
+            # The answer found the client gone (it reset the connection while the gate decided):
+            # its connection_lost comes next. Served, the subscribe sent with its request started
+            # a task that the loss cancelled before it ran, and Python reported it on stderr.
+            conn.closing = True
+            return
         conn.session = verdict.session
         if self.server.refuses(conn.session):
             conn.close(protocol.CLOSE_UNAUTHORIZED, "a valid session is required")

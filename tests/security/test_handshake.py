@@ -9,6 +9,8 @@ import asyncio
 import gc
 import logging
 import socket
+import sys
+import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,7 +24,7 @@ from livepush.fanout.local import LocalFanOut
 from livepush.server.app import PushServer
 from livepush.sessions import MemoryRevocations
 from tests.server.conftest import Served, make_settings, start_served
-from tests.support.http import upgrade_headers
+from tests.support.http import upgrade_headers, upgrade_request
 from tests.support.security import attempt, hello, http, raw_attempt, raw_request
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
@@ -258,3 +260,49 @@ async def test_a_client_that_leaves_before_its_answer_leaves_no_error_in_the_log
                          message="every handshake answered and every connection gone")
     gc.collect()  # a task's unretrieved exception is logged when the task goes
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
+
+
+class _StoreHeld(MemoryRevocations):
+    """A revocation store whose reads wait until the test lets them go, saying when one began."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading = asyncio.Event()
+        self.answer = asyncio.Event()
+
+    async def revoked_among(self, sessions: Any) -> set[str]:
+        self.reading.set()
+        await self.answer.wait()
+        return await super().revoked_among(sessions)
+
+
+async def test_a_client_that_resets_while_its_handshake_is_checked_leaves_nothing_unserved_behind(secret: str) -> None:
+    """A client that sends its upgrade and a subscribe in one write, then resets the connection while its session is checked, is not served when the check ends: no subscribe is started for it, so none is left never run (which Python reports on stderr), and the server keeps nothing of it."""
+    settings = make_settings("local", secret, None, None)
+    set_settings(settings)
+    store = _StoreHeld()
+    server = PushServer(settings, LocalFanOut(), store=store)
+    await server.start()
+    try:
+        port = server.port
+        token = sessions.issue("user-7")
+        subscribe = b'{"op":"subscribe","topic":"public:news","since":null,"ref":1}'
+        frame = bytes([0x81, 0x80 | len(subscribe)]) + bytes(4) + subscribe  # masked with zeros
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(upgrade_request(port, target=f"/?token={token}".encode()) + frame)
+            await asyncio.wait_for(store.reading.wait(), 5)
+            writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                                       (1).to_bytes(4, sys.byteorder) + bytes(4))
+            writer.transport.abort()  # a reset, while the server is not reading it
+            store.answer.set()
+            core = server._core
+            assert core is not None
+            await async_wait_for(lambda: not core._handshakes and core._live == 0 and not server.clients, timeout=5,
+                                 message="the reset connection to go")
+            gc.collect()
+        assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
+    finally:
+        await server.stop()
+        set_settings(None)
