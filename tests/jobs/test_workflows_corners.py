@@ -246,3 +246,15 @@ async def test_sync_steps_run_side_by_side_up_to_the_runtimes_concurrency(jobs_d
         run = await wc.side_by_side.astart()
         done = await run_state(run.id, {"succeeded", "failed"}, timeout=30.0)
     assert done["state"] == "succeeded", done["error"]
+
+
+async def test_a_sync_step_that_raises_stop_iteration_fails_as_a_sync_job_does(jobs_db: str) -> None:
+    """A sync step (or a fan-out step's sync function) that raises StopIteration fails its attempt,
+    as an async step's does (Python turns it into a RuntimeError on its way out of the step's
+    coroutine). Carried from its thread as it was, asyncio refused it: the step's job never ended,
+    and a step without a timeout kept its run going for ever."""
+    async with running(queues=[wc.QUEUE]):
+        runs = [await wc.stops.astart(), await wc.stops_fanning.astart()]
+        done = [await run_state(run.id, "failed") for run in runs]
+    assert [d["error"] for d in done] == [f"step {name!r} failed: RuntimeError: coroutine raised StopIteration"
+                                          for name in ("exhausted", "exhausted_batch")]

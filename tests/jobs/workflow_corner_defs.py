@@ -146,3 +146,21 @@ async def north(ctx: Any) -> Any:
 @side_approvals.step(wait_for="go")
 async def south(ctx: Any) -> Any:
     return ctx.signal
+
+
+# Sync steps that stop with StopIteration (next() on an exhausted iterator), in the ways a step
+# runs without a timeout: a step given timeout=None, and a fan-out step's function.
+stops = jobs.workflow("wfd_stops", queue=QUEUE)
+
+
+@stops.step(timeout=None, max_attempts=1)
+def exhausted(ctx: Any) -> Any:
+    return next(iter(()))
+
+
+stops_fanning = jobs.workflow("wfd_stops_fanning", queue=QUEUE)
+
+
+@stops_fanning.fan_out(max_attempts=1)
+def exhausted_batch(ctx: Any, batch: Any) -> None:
+    next(iter(()))

@@ -77,6 +77,16 @@ def _call_sync(func: Callable[..., Any], ctx: SyncJobContext, args: list[Any]) -
         return _Raised(exc)
 
 
+async def call_in_thread(pool: concurrent.futures.Executor | None, func: Callable[..., Any], ctx: Any,
+                         *args: Any) -> Any:
+    """`func(ctx, *args)` in a thread of `pool`, as a sync job is called (_call_sync): what it
+    raises, a StopIteration too, is raised here (a workflow's sync step)."""
+    value = await asyncio.get_running_loop().run_in_executor(pool, functools.partial(_call_sync, func, ctx, list(args)))
+    if isinstance(value, _Raised):
+        raise value.exc
+    return value
+
+
 def _error_text(exc: BaseException) -> str:
     try:
         text = str(exc)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import inspect
 import math
 from typing import Any
@@ -28,6 +27,7 @@ from ..errors import (GroupLimitError, InvalidArgumentsError, JobCancelled, Reat
 from ..groups import building, steps
 from ..groups.transactions import ain_tx, in_tx
 from ..runtime.context import SyncJobContext
+from ..runtime.executor import call_in_thread
 from . import engine
 from . import queries as wq
 from .definition import StepSpec, Workflow
@@ -191,11 +191,12 @@ class Runner:
             return await spec.fn(sctx, *extra)
         # A sync step runs with the blocking ctx in one of the runtime's threads, like a sync job:
         # the loop's default pool has a few threads, and the steps beyond them waited there with
-        # their slots held and their timeouts running.
+        # their slots held and their timeouts running. Called as a sync job is: a StopIteration
+        # carried from the thread as it was never reached the step's job, which never ended.
         loop = asyncio.get_running_loop()
         sync_ctx = StepContext(SyncJobContext(ctx, loop), sctx.run_id, sctx.step, sctx.input, sctx.outputs)
         sync_ctx.signal = sctx.signal
-        return await loop.run_in_executor(ctx.threads, functools.partial(spec.fn, sync_ctx, *extra))
+        return await call_in_thread(ctx.threads, spec.fn, sync_ctx, *extra)
 
     async def _fan_out(self, spec: StepSpec, sctx: StepContext, row: dict[str, Any]) -> dict[str, Any]:
         ctx = sctx._job_ctx
