@@ -258,3 +258,13 @@ async def test_a_sync_step_that_raises_stop_iteration_fails_as_a_sync_job_does(j
         done = [await run_state(run.id, "failed") for run in runs]
     assert [d["error"] for d in done] == [f"step {name!r} failed: RuntimeError: coroutine raised StopIteration"
                                           for name in ("exhausted", "exhausted_batch")]
+
+
+async def test_a_step_that_is_an_object_with_an_async_call_is_awaited(jobs_db: str) -> None:
+    """An object whose __call__ is async is an async step, as it is an async job: its call is
+    awaited and what it returns is the step's output. (Taken for a sync step, it was called in a
+    thread and its coroutine, never run, failed the step as an output that is not JSON.)"""
+    async with running(queues=[wc.QUEUE]):
+        run = await wc.greets.astart("ana")
+        done = await run_state(run.id, {"succeeded", "failed"})
+    assert (done["state"], done["steps"]["greet"]["output"]) == ("succeeded", {"hello": "ana"}), done["error"]

@@ -4,6 +4,7 @@ step that fails the run beside a step waiting for a signal."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
@@ -164,3 +165,14 @@ stops_fanning = jobs.workflow("wfd_stops_fanning", queue=QUEUE)
 @stops_fanning.fan_out(max_attempts=1)
 def exhausted_batch(ctx: Any, batch: Any) -> None:
     next(iter(()))
+
+
+# A step that is an object with an async __call__ (a callable class instance), as @jobs.job takes one.
+class _Greeter:
+    async def __call__(self, ctx: Any) -> Any:
+        await asyncio.sleep(0)
+        return {"hello": ctx.input}
+
+
+greets = jobs.workflow("wfd_greets", queue=QUEUE)
+greets.step(name="greet", max_attempts=1)(_Greeter())

@@ -58,6 +58,15 @@ def _check_never_retry(never_retry: Any) -> tuple[type[BaseException], ...]:
     return classes
 
 
+def is_async_callable(func: Any) -> bool:
+    """Whether calling `func` gives a coroutine to await: an async function, or an object whose
+    __call__ is `async def` (taken for a sync function, it ran in a thread and returned its
+    coroutine unrun)."""
+    return inspect.iscoroutinefunction(func) or (
+        not inspect.isroutine(func) and not isinstance(func, type)
+        and inspect.iscoroutinefunction(getattr(func, "__call__", None)))
+
+
 def _default_name(func: Callable[..., Any]) -> str:
     """A job's name when the decorator is given none: its function's module and qualname."""
     qualname = getattr(func, "__qualname__", None)
@@ -127,11 +136,7 @@ class JobFunction:
             raise ConfigError(f"@jobs.job: {self.name} has keyword-only parameters without a default "
                               f"({', '.join(keywords)}), but a job's arguments are passed by position after ctx: "
                               "make them positional, or give them a default")
-        # An object whose __call__ is `async def` too: taken for a sync function, it ran in a
-        # thread and returned its coroutine unrun.
-        self.is_async = inspect.iscoroutinefunction(func) or (
-            not inspect.isroutine(func) and not isinstance(func, type)
-            and inspect.iscoroutinefunction(getattr(func, "__call__", None)))
+        self.is_async = is_async_callable(func)
         self.__name__ = getattr(func, "__name__", self.name)
         self.__qualname__ = getattr(func, "__qualname__", self.name)
         self.__doc__ = func.__doc__

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import inspect
 import math
 from typing import Any
 
@@ -20,6 +19,7 @@ from psycopg.rows import dict_row
 
 from ...postgres.pools import aautocommitted
 from ..api.args import encode
+from ..api.functions import is_async_callable
 from ..api.handles import StateTopicHandle
 from ..api.registry import JobRequest, JobSpec
 from ..errors import (GroupLimitError, InvalidArgumentsError, JobCancelled, Reattempt, SignalTimeout,
@@ -187,7 +187,7 @@ class Runner:
             return {"verb": verb.verb, "output": verb.output, "reason": verb.reason}
 
     async def _call(self, spec: StepSpec, sctx: StepContext, ctx: Any, *extra: Any) -> Any:
-        if inspect.iscoroutinefunction(spec.fn):
+        if is_async_callable(spec.fn):  # as @jobs.job tells an async function from a sync one
             return await spec.fn(sctx, *extra)
         # A sync step runs with the blocking ctx in one of the runtime's threads, like a sync job:
         # the loop's default pool has a few threads, and the steps beyond them waited there with
