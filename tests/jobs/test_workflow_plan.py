@@ -87,3 +87,16 @@ def test_a_pause_verb_from_a_step_makes_it_run_again_on_resume() -> None:
     ended(p, 4, "succeeded", {"verb": "pause", "reason": "check"})
     assert p.steps["a"]["state"] == "pending" and p.state == "paused" and p.ready() == []
     assert p.operator("resume", None, "ana", None) and p.ready() == ["a"]
+
+
+def test_a_run_cancelled_by_a_step_without_a_reason_says_which_step_cancelled_it() -> None:
+    """ctx.flow.cancel() with no reason still gives the cancelled run an error saying why it ended
+    (the step that cancelled it), as an operator's cancel without one does; a reason given is the
+    error as it was given."""
+    p = plan({"a": "running", "b": "pending"}, {"b": ["a"]}, jobs={"a": 5})
+    ended(p, 5, "succeeded", {"verb": "cancel", "reason": None})
+    assert (p.state, p.error) == ("cancelled", "step 'a' cancelled the run")
+    assert p.audit[-1]["reason"] is None, "the audit trail keeps the reason as the step gave it"
+    p = plan({"a": "running"}, {}, jobs={"a": 5})
+    ended(p, 5, "succeeded", {"verb": "cancel", "reason": "wrong file"})
+    assert (p.state, p.error) == ("cancelled", "wrong file")

@@ -128,7 +128,8 @@ class Plan:
             self._set(name, "cancelled", output=output, error=reason)
             self._note("cancel", name, actor, reason)
             if self.state not in RUN_FINISHED:
-                self._finish("cancelled", "cancelled", error=reason)
+                # The run's error says why it ended (docs/workflows.md), reason given or not.
+                self._finish("cancelled", "cancelled", error=reason or f"step {name!r} cancelled the run")
         elif verb == "pause":
             # The step runs again (a new job) when the run is resumed.
             self._set(name, "pending", output=output, error=reason)
