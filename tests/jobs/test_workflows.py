@@ -148,6 +148,33 @@ def test_a_step_that_is_not_a_plain_function_is_refused_at_import() -> None:
     assert flow.steps == {}
 
 
+def test_a_generator_function_is_refused_as_a_step_at_import() -> None:
+    """A step returns its output: a generator function (sync or async, or an object whose
+    __call__ is one) gives back a generator that is no output, so it is a WorkflowDefinitionError
+    at import naming the step, not a step whose every run fails with a result that is not JSON."""
+    flow = jobs.workflow("t_generator_steps")
+    with pytest.raises(jobs.WorkflowDefinitionError, match="step 'rows' is a generator function"):
+        @flow.step
+        def rows(ctx: Any) -> Any:
+            yield 1
+    with pytest.raises(jobs.WorkflowDefinitionError, match="step 'stream' is a generator function"):
+        @flow.step()
+        async def stream(ctx: Any) -> Any:
+            yield 1
+    with pytest.raises(jobs.WorkflowDefinitionError, match="step 'spread' is a generator function"):
+        @flow.fan_out
+        def spread(ctx: Any, batch: Any) -> Any:
+            yield batch
+
+    class Yields:
+        def __call__(self, ctx: Any) -> Any:
+            yield 1
+
+    with pytest.raises(jobs.WorkflowDefinitionError, match="step 'obj' is a generator function"):
+        flow.step(name="obj")(Yields())
+    assert flow.steps == {}
+
+
 def test_a_step_whose_function_cannot_take_its_call_is_refused_at_import() -> None:
     """A step is called as (ctx), a fan-out step as (ctx, batch): a function that cannot take that
     call (a fan-out's function under @flow.step, or the reverse) is refused at import, naming the

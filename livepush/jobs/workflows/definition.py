@@ -119,6 +119,12 @@ class Workflow:
                                           f" got {name!r} (pass name=)")
         if name in self.steps:
             raise WorkflowDefinitionError(f"{where}: step {name!r} is defined twice")
+        # Its call gives a generator, no output: every run of the step failed on a result that
+        # is not JSON, where the mistake (a `yield`) is plain at import.
+        called = fn if inspect.isroutine(fn) or isinstance(fn, type) else getattr(fn, "__call__", fn)
+        if inspect.isgeneratorfunction(called) or inspect.isasyncgenfunction(called):
+            raise WorkflowDefinitionError(f"{where}: step {name!r} is a generator function: a step returns its "
+                                          "output (JSON); use return, not yield (ctx.progress() reports on the way)")
         # The call the step's job makes, (ctx) or (ctx, batch), checked against the function:
         # else @flow.step on a fan-out's function (or the reverse) failed every attempt at run time.
         takes = "(ctx, batch)" if kind == "fan_out" else "(ctx)"
