@@ -505,6 +505,22 @@ async def test_flow_verbs_end_the_step_at_once(flows_db: str, verb: str, run_sta
         assert done["output"] == {"early": True}
 
 
+@pytest.mark.parametrize("verb, steps_after", [
+    ("skip", {"first": "skipped", "second": "succeeded"}),
+    ("finish", {"first": "succeeded", "second": "skipped"}),
+])
+async def test_a_flow_verb_in_a_task_group_of_the_step_ends_the_step_as_in_its_body(
+        flows_db: str, verb: str, steps_after: dict[str, str]) -> None:
+    """A flow verb raised in a task of an asyncio.TaskGroup inside the step ends the step as it does
+    in the step's body. (The group wraps it in a BaseExceptionGroup, which failed the attempt
+    instead, and the step ran again.)"""
+    async with running():
+        run = await wd.verbs.astart({"first": f"{verb} in a task"})
+        done = await run_state(run.id, {"succeeded", "failed", "cancelled"})
+    assert (done["state"], step_states(done)) == ("succeeded", steps_after), done["error"]
+    assert [(a["verb"], a["actor"]) for a in done["audit"]] == [(verb, "step:first")]
+
+
 async def test_a_step_that_pauses_runs_again_on_resume(flows_db: str) -> None:
     """ctx.flow.pause pauses the run; an operator's resume runs the step again from the top."""
     async with running():

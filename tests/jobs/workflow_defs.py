@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from livepush import jobs
@@ -48,6 +49,14 @@ async def first(ctx: Any) -> Any:
         getattr(ctx.flow, what)(f"asked to {what}")
     if what == "finish":
         ctx.flow.finish({"early": True})
+    if what in ("skip in a task", "finish in a task"):
+        # The verb in one of the step's own tasks, beside another that it cuts short.
+        async def verb() -> None:
+            getattr(ctx.flow, what.split()[0])({"early": True} if what.startswith("finish") else "in a task")
+
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(asyncio.sleep(30))
+            tasks.create_task(verb())
     if what == "reattempt" and ctx.attempt == 1 and not await _seen(ctx):
         ctx.flow.reattempt(0.2)
     return "first done"

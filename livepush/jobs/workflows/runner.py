@@ -58,6 +58,12 @@ def _reason(reason: Any) -> str | None:
     return str(reason)[:1000]
 
 
+def _first_leaf(group: BaseExceptionGroup[FlowVerb]) -> FlowVerb:
+    """The first verb of a group of verbs, however deeply nested (task groups inside task groups)."""
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
 def _as_started(spec: StepSpec, stored: dict[str, Any] | None) -> StepSpec:
     """`spec` (this deploy's step) with the kind and options that the run's graph stores for it: a
     run follows the graph it started with, whatever a later deploy changed (docs/workflows.md)."""
@@ -185,6 +191,15 @@ class Runner:
             return {"verb": "complete", "output": output}
         except FlowVerb as verb:
             return {"verb": verb.verb, "output": verb.output, "reason": verb.reason}
+        except BaseExceptionGroup as group:
+            # A verb raised in a task of an asyncio.TaskGroup inside the step comes wrapped: it
+            # ends the step as in its body, when verbs are all the group holds (the first one
+            # counts). A group holding anything else fails the attempt, as an error would.
+            verbs, rest = group.split(FlowVerb)
+            if verbs is None or rest is not None:
+                raise
+            first = _first_leaf(verbs)
+            return {"verb": first.verb, "output": first.output, "reason": first.reason}
 
     async def _call(self, spec: StepSpec, sctx: StepContext, ctx: Any, *extra: Any) -> Any:
         if is_async_callable(spec.fn):  # as @jobs.job tells an async function from a sync one
