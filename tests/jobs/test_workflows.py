@@ -536,12 +536,14 @@ async def test_a_step_that_pauses_runs_again_on_resume(flows_db: str) -> None:
                                                                 ("cancel", "ana")]
 
 
-async def test_reattempt_runs_the_step_again_later_without_spending_an_attempt(flows_db: str) -> None:
-    """ctx.flow.reattempt(wait=) runs the step again after the wait, on the same attempt."""
+@pytest.mark.parametrize("where", ["reattempt", "reattempt in a task"])
+async def test_reattempt_runs_the_step_again_later_without_spending_an_attempt(flows_db: str, where: str) -> None:
+    """ctx.flow.reattempt(wait=) runs the step again after the wait, on the same attempt: also
+    raised in a task of an asyncio.TaskGroup inside the step (which wraps it in a group)."""
     async with running():
-        run = await wd.verbs.astart({"first": "reattempt"})
-        done = await run_state(run.id, "succeeded")
-    assert done["steps"]["first"]["attempt"] == 1 and done["steps"]["first"]["output"] == "first done"
+        run = await wd.verbs.astart({"first": where})
+        done = await run_state(run.id, {"succeeded", "failed"})
+    assert done["steps"]["first"]["attempt"] == 1 and done["steps"]["first"]["output"] == "first done", done["error"]
 
 
 async def test_operator_pause_holds_what_follows_until_resume(flows_db: str) -> None:

@@ -59,6 +59,12 @@ async def first(ctx: Any) -> Any:
             tasks.create_task(verb())
     if what == "reattempt" and ctx.attempt == 1 and not await _seen(ctx):
         ctx.flow.reattempt(0.2)
+    if what == "reattempt in a task" and ctx.attempt == 1 and not await _seen(ctx):
+        async def again() -> None:
+            ctx.flow.reattempt(0.2)
+
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(again())
     return "first done"
 
 

@@ -58,7 +58,7 @@ def _reason(reason: Any) -> str | None:
     return str(reason)[:1000]
 
 
-def _first_leaf(group: BaseExceptionGroup[FlowVerb]) -> FlowVerb:
+def _first_leaf(group: BaseExceptionGroup[FlowVerb | Reattempt]) -> FlowVerb | Reattempt:
     """The first verb of a group of verbs, however deeply nested (task groups inside task groups)."""
     first = group.exceptions[0]
     return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
@@ -194,11 +194,14 @@ class Runner:
         except BaseExceptionGroup as group:
             # A verb raised in a task of an asyncio.TaskGroup inside the step comes wrapped: it
             # ends the step as in its body, when verbs are all the group holds (the first one
-            # counts). A group holding anything else fails the attempt, as an error would.
-            verbs, rest = group.split(FlowVerb)
+            # counts; a reattempt goes on to the runtime bare). A group holding anything else
+            # fails the attempt, as an error would.
+            verbs, rest = group.split((FlowVerb, Reattempt))
             if verbs is None or rest is not None:
                 raise
             first = _first_leaf(verbs)
+            if isinstance(first, Reattempt):
+                raise first from None
             return {"verb": first.verb, "output": first.output, "reason": first.reason}
 
     async def _call(self, spec: StepSpec, sctx: StepContext, ctx: Any, *extra: Any) -> Any:
