@@ -256,6 +256,23 @@ def test_member_limit(groups_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert jobs.get_group(h.id)["total"] == 5
 
 
+def test_a_member_that_adds_past_the_member_limit_fails_at_once_rather_than_retried(
+        groups_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group never loses members, so an add past its limit fails again on every attempt: the
+    job that made it fails at its first attempt, as for never_retry, rather than waiting out its
+    backoff max_attempts times before the same GroupLimitError."""
+    monkeypatch.setattr(building, "MAX_GROUP_MEMBERS", 2)
+    with jobs.group() as g:
+        g.enqueue(gj.spawner, 3, "a")
+    jobs.drain()
+    (spawner,) = g.members
+    info = jobs.get_job(spawner.id)
+    assert info is not None
+    assert (info.state, info.attempt) == ("failed", 1), (info.state, info.attempt, info.max_attempts)
+    assert info.max_attempts > 1
+    assert info.error.startswith("GroupLimitError: "), info.error
+
+
 def test_add_many_stops_reading_items_at_the_member_limit(groups_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """add_many_to_group refuses an iterable of items past the member limit as soon as it gets
     there, as the group block does: an endless (or huge) generator is not read to its end, nor

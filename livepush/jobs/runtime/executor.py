@@ -24,6 +24,7 @@ from ..errors import (
     CheckpointInputConflict,
     ChildFailed,
     DuplicateStepError,
+    GroupLimitError,
     InvalidResultError,
     JobCancelled,
     Parked,
@@ -49,8 +50,10 @@ class Outcome:
 
 
 # Failures that a retry would meet again, unchanged: the same code returns the same thing, and a
-# replay finds the same stored facts (a child's failure, a signal's timeout, a stored input).
-NEVER_RETRIED = (CheckpointInputConflict, ChildFailed, DuplicateStepError, InvalidResultError, SignalTimeout)
+# replay finds the same stored facts (a child's failure, a signal's timeout, a stored input); a
+# task group never loses members, so an add past its limit is refused again.
+NEVER_RETRIED = (CheckpointInputConflict, ChildFailed, DuplicateStepError, GroupLimitError, InvalidResultError,
+                 SignalTimeout)
 
 # A retry is never put off longer than this, whatever a job's own backoff= says (a huge or
 # infinite delay would not fit Postgres' interval and fail the completer's whole batch).
