@@ -314,3 +314,29 @@ def test_an_object_whose_call_is_async_runs_as_an_async_job(jobs_db: str) -> Non
     assert jobs.drain(registry=jobs.REGISTRY) == {"succeeded": 2}
     assert jobs.get_job(first.id).result == "called for a@example.com"  # type: ignore[union-attr]
     assert jobs.get_job(second.id).result == "welcome to b@example.com"  # type: ignore[union-attr]
+
+
+def _rows(ctx: object, n: int) -> object:
+    yield from range(n)
+
+
+async def _arows(ctx: object, n: int) -> object:
+    for i in range(n):
+        yield i
+
+
+class _GeneratorCallable:
+    """A job function as an object whose __call__ has a yield."""
+
+    def __call__(self, ctx: object, n: int) -> object:
+        yield n
+
+
+@pytest.mark.parametrize("func", [_rows, _arows, _GeneratorCallable()], ids=["sync", "async", "object"])
+def test_a_generator_function_is_refused_as_a_job_at_decoration(func: object) -> None:
+    """A job returns its result; a function with a yield returns a generator, which failed every
+    attempt of every job with a result that is not JSON, found in a runtime's log. A ConfigError
+    at the decorator naming the job and saying to return instead, and nothing registered."""
+    with pytest.raises(ConfigError, match=r"@jobs\.job: t\.rows is a generator function: .*use return, not yield"):
+        jobs.job(name="t.rows")(func)  # type: ignore[arg-type]
+    assert "t.rows" not in jobs.REGISTRY

@@ -67,6 +67,13 @@ def is_async_callable(func: Any) -> bool:
         and inspect.iscoroutinefunction(getattr(func, "__call__", None)))
 
 
+def is_generator_callable(func: Any) -> bool:
+    """Whether calling `func` gives a generator (sync or async), an object's __call__ included:
+    no job or step returns its result that way."""
+    called = func if inspect.isroutine(func) or isinstance(func, type) else getattr(func, "__call__", func)
+    return inspect.isgeneratorfunction(called) or inspect.isasyncgenfunction(called)
+
+
 def _default_name(func: Callable[..., Any]) -> str:
     """A job's name when the decorator is given none: its function's module and qualname."""
     qualname = getattr(func, "__qualname__", None)
@@ -136,6 +143,11 @@ class JobFunction:
             raise ConfigError(f"@jobs.job: {self.name} has keyword-only parameters without a default "
                               f"({', '.join(keywords)}), but a job's arguments are passed by position after ctx: "
                               "make them positional, or give them a default")
+        if is_generator_callable(func):
+            # Its call gives a generator, no result: every attempt of every job failed on a result
+            # that is not JSON, where the mistake (a `yield`) is plain at import.
+            raise ConfigError(f"@jobs.job: {self.name} is a generator function: a job returns its result (JSON); "
+                              "use return, not yield (ctx.progress() reports on the way)")
         self.is_async = is_async_callable(func)
         self.__name__ = getattr(func, "__name__", self.name)
         self.__qualname__ = getattr(func, "__qualname__", self.name)

@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from ..api.functions import JobFunction, default_backoff
+from ..api.functions import JobFunction, default_backoff, is_generator_callable
 from ..api.options import check_queue
 from ..api.registry import REGISTRY, where_defined
 from ..durable.run import MAX_SECONDS, check_name
@@ -121,8 +121,7 @@ class Workflow:
             raise WorkflowDefinitionError(f"{where}: step {name!r} is defined twice")
         # Its call gives a generator, no output: every run of the step failed on a result that
         # is not JSON, where the mistake (a `yield`) is plain at import.
-        called = fn if inspect.isroutine(fn) or isinstance(fn, type) else getattr(fn, "__call__", fn)
-        if inspect.isgeneratorfunction(called) or inspect.isasyncgenfunction(called):
+        if is_generator_callable(fn):
             raise WorkflowDefinitionError(f"{where}: step {name!r} is a generator function: a step returns its "
                                           "output (JSON); use return, not yield (ctx.progress() reports on the way)")
         # The call the step's job makes, (ctx) or (ctx, batch), checked against the function:
