@@ -89,8 +89,9 @@ CREATE TABLE livepush_workflow_signals (
     sent_at      timestamptz NOT NULL DEFAULT now()
 );
 
--- A step takes one signal: two signals kept at once for one step (jobs.workflows.signal holds the
--- run FOR SHARE, which two signals share) meet here, and the later looks for the next step.
+-- A step takes one signal. Signals to one run take turns on its row (jobs.workflows.signal locks
+-- it FOR NO KEY UPDATE), so each sees where the one before it went; this index holds the rule
+-- whatever writes the table.
 CREATE UNIQUE INDEX livepush_workflow_signals_idx ON livepush_workflow_signals (workflow_id, step);
 
 -- The counts of a fan-out step's batch, as `workflow:<id>` shows them (NULL once the group was
