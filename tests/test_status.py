@@ -403,3 +403,25 @@ def test_the_report_is_printed_when_redis_is_down(pg_url: str, procs: Processes,
     code, out, err = run_status(procs, env, "--json")
     assert code == 1, err
     assert json.loads(out)["queues"] == [] and "Traceback" not in err and "Redis" in err, err
+
+
+def test_a_runtime_silent_only_while_the_database_was_down_is_neither_overdue_nor_dead(status_db: str) -> None:
+    """A beat cannot land while Postgres is down: a runtime whose last beat came before the
+    server (re)started is no more overdue than the pruning of dead runtimes takes it to be, until
+    three of its beats have passed since the start. status() and the runtimes-alive gauge used to
+    call every runtime overdue (and none alive) after any outage longer than three beats, which
+    fired the "no runtime" alert for runtimes that were fine."""
+    from livepush import metrics
+    from livepush.jobs.api.status import arefresh_metrics, status
+
+    waited = q(status_db, """INSERT INTO livepush_job_runtimes (host, pid, queues, concurrency, heartbeat, heartbeat_at)
+                             VALUES ('outage-host', 4444, '{status_a}', 2, 3600,
+                                     pg_postmaster_start_time() - interval '4 hours') RETURNING id""")[0][0]
+    stalled = q(status_db, """INSERT INTO livepush_job_runtimes (host, pid, queues, concurrency, heartbeat, heartbeat_at)
+                              VALUES ('stalled-host', 4545, '{status_a}', 2, 1, now() - interval '30 seconds')
+                              RETURNING id""")[0][0]
+    runtimes = {r.id: r for r in status().runtimes}
+    assert runtimes[waited].overdue is False
+    assert runtimes[stalled].overdue is True
+    asyncio.run(arefresh_metrics())
+    assert metrics.DATABASE_GAUGES.runtimes_alive == 1

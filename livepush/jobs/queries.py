@@ -792,14 +792,16 @@ ORDER BY q.queue
 # name: runtime_status
 # A plain read. Every registered runtime, with the jobs it holds now (its running rows: exact,
 # where the row's in_hand is as of its last beat), the seconds since its last beat, and whether
-# it is overdue: silent for more than three of its own beats, the point at which any other
-# runtime deletes it and releases its jobs (PRUNE_DEAD_RUNTIMES), so an overdue runtime is dead
-# or stalled and about to be treated as dead.
+# it is overdue: silent for more than three of its own beats while it could have beaten (not
+# before this server started: PRUNE_DEAD_RUNTIMES's rule), the point at which any other runtime
+# deletes it and releases its jobs, so an overdue runtime is dead or stalled and about to be
+# treated as dead.
 RUNTIME_STATUS = """
 SELECT r.id, r.host, r.pid, r.queues, r.concurrency, r.heartbeat, r.state, r.started_at,
        (SELECT count(*) FROM livepush_jobs j WHERE j.state = 'running' AND j.runtime_id = r.id)::int AS in_hand,
        greatest(extract(epoch FROM now() - r.heartbeat_at), 0)::float8 AS since_heartbeat,
-       r.heartbeat_at < now() - make_interval(secs => r.heartbeat * 3) AS overdue
+       greatest(r.heartbeat_at, pg_postmaster_start_time()) < now() - make_interval(secs => r.heartbeat * 3)
+           AS overdue
 FROM livepush_job_runtimes r
 ORDER BY r.id
 """
@@ -839,10 +841,11 @@ FULL JOIN (
 """
 
 # name: runtimes_alive
-# A plain read for /metrics: registered runtimes that beat within three of their heartbeats.
+# A plain read for /metrics: registered runtimes that beat within three of their heartbeats, or
+# whose three beats since this server started have not passed yet (no beat lands while it is down).
 RUNTIMES_ALIVE = """
 SELECT count(*)::int AS alive FROM livepush_job_runtimes
-WHERE heartbeat_at >= now() - make_interval(secs => heartbeat * 3)
+WHERE greatest(heartbeat_at, pg_postmaster_start_time()) >= now() - make_interval(secs => heartbeat * 3)
 """
 
 # name: status_now
