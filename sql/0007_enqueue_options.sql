@@ -131,8 +131,11 @@ BEGIN
                    n.max_attempts, n.group_id, n.key, n.tags, n.concurrency_key, n.limited
             FROM input n
             -- In key order, whatever the items' order: two batches sharing keys wait for each
-            -- other's inserts in one order, so they cannot deadlock.
-            ORDER BY n.key
+            -- other's inserts in one order, so they cannot deadlock. Code point order (COLLATE
+            -- "C"), the order Python slices a batch in (Batch.chunks): under the database's
+            -- collation ('a' before 'B' in most locales) a batch of many statements went in
+            -- another order than a batch of one, and the two deadlocked.
+            ORDER BY n.key COLLATE "C"
         ), payloads AS (
             INSERT INTO livepush_job_payloads (id, args) SELECT n.id, n.args FROM input n
         ), rung AS (
@@ -164,7 +167,7 @@ BEGIN
         NULL;  -- settled below, item by item
     END;
     -- Item by item in key order (the caller orders the rows by `ord`), for the same reason.
-    FOR v_item IN SELECT * FROM livepush_job_items(p_batch) i ORDER BY i.key, i.ord LOOP
+    FOR v_item IN SELECT * FROM livepush_job_items(p_batch) i ORDER BY i.key COLLATE "C", i.ord LOOP
         IF v_item.key IS NOT NULL AND v_owner ? v_item.key THEN
             RETURN QUERY SELECT v_item.ord, (v_owner -> v_item.key ->> 0)::bigint, v_owner -> v_item.key ->> 1, false;
             CONTINUE;

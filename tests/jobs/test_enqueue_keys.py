@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import datetime
 import threading
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -17,7 +18,9 @@ from livepush.jobs import InvalidArgumentsError
 from livepush.jobs.groups import building
 from tests.jobs import group_jobs, sample_jobs
 from tests.jobs.conftest import q, running
+from tests.support import services
 from tests.support.procs import ChildProcess, Processes
+from tests.support.settings import jobs_settings
 from tests.support.waiting import async_wait_for, wait_for
 
 
@@ -246,6 +249,74 @@ def test_concurrent_group_batches_of_many_statements_sharing_keys_do_not_deadloc
     assert all(g == got[0] for g in got)
     assert q(jobs_db, "SELECT count(*), count(DISTINCT key) FROM livepush_jobs") == [(1000, 1000)]
     assert all(q(jobs_db, "SELECT key FROM livepush_jobs WHERE id = %s", (h.id,)) == [(k,)] for k, h in got[0].items())
+
+
+@pytest.fixture
+def icu_jobs_db(pg_admin_url: str) -> Iterator[str]:
+    """A migrated database whose collation is ICU English, as the jobs' database: 'a' sorts
+    before 'B' there, where code points put 'B' first (the test cluster's C.UTF-8 does that)."""
+    from livepush.migrate import migrate
+
+    name = f"t_icu_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE \"{name}\" ENCODING 'UTF8' LOCALE_PROVIDER icu ICU_LOCALE 'en' "  # type: ignore[arg-type]
+                     "LOCALE 'C.UTF-8' TEMPLATE template0")
+    url = services.db_url(pg_admin_url, name)
+    try:
+        migrate(url)
+        with jobs_settings(url):
+            yield url
+    finally:
+        services.drop_database(pg_admin_url, name)
+
+
+def blocked(url: str, conn: psycopg.Connection) -> bool:
+    """Whether `conn`'s backend waits for a lock."""
+    return q(url, "SELECT count(*) FROM pg_locks WHERE pid = %s AND NOT granted", (conn.info.backend_pid,)) != [(0,)]
+
+
+def test_a_sliced_group_batch_and_a_one_statement_batch_do_not_deadlock_whatever_the_collation(
+        icu_jobs_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group's batch goes in slices in key order and a smaller batch in one statement: both insert
+    in code point order, whatever the database's collation. Under its collation the one statement
+    inserted 'a' and then waited for the group's 'B', while the group, which sliced 'B' before 'a',
+    waited for it: Postgres broke the deadlock by failing one of them."""
+    url = icu_jobs_db
+    assert q(url, "SELECT 'a' < 'B'") == [(True,)]
+    monkeypatch.setattr(building, "CHUNK", 1)  # one statement per key: B, then C, then a
+    errors: list[BaseException] = []
+    got: dict[str, list[Any]] = {}
+
+    def in_a_group(conn: psycopg.Connection) -> None:
+        try:
+            with jobs.group(conn=conn) as g:
+                g.enqueue_many([(sample_jobs.record, [k], {"key": k}) for k in ("B", "C", "a")])
+            conn.commit()
+            got["group"] = g.members
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    def in_one_statement(conn: psycopg.Connection) -> None:
+        try:
+            got["batch"] = jobs.enqueue_many([(sample_jobs.record, [k], {"key": k}) for k in ("a", "B")], conn=conn)
+            conn.commit()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    with psycopg.connect(url) as gate, psycopg.connect(url) as first, psycopg.connect(url) as second:
+        held = sample_jobs.record.enqueue("gate", key="C", conn=gate)  # holds the group at its second slice
+        group = threading.Thread(target=in_a_group, args=(first,))
+        group.start()
+        wait_for(lambda: blocked(url, first), 10.0, message="the group's add waiting at key C")
+        batch = threading.Thread(target=in_one_statement, args=(second,))
+        batch.start()
+        wait_for(lambda: blocked(url, second), 10.0, message="the batch waiting for the group's key")
+        gate.commit()
+        group.join(30)
+        batch.join(30)
+    assert errors == []
+    by_key = {k: h for k, h in zip(("B", "C", "a"), got["group"])}
+    assert by_key["C"] == held and got["batch"] == [by_key["a"], by_key["B"]]
 
 
 def test_a_batch_of_twenty_thousand_keys_takes_no_lock_per_key(jobs_db: str) -> None:

@@ -189,7 +189,8 @@ class Batch:
         """Enqueue statements and parameters for slices of about `size` jobs, and for each item
         the place of its row among the statements' results. A keyed batch is sliced in key order:
         each statement inserts in key order, and so does the transaction as a whole, so two of
-        them sharing keys cannot wait for each other in a circle. The sort is stable: an item's
+        them sharing keys cannot wait for each other in a circle. Python's order of str, code
+        points, is the one the statements insert in (COLLATE "C"), not the database's collation. The sort is stable: an item's
         earlier items with its key stay earlier. A slice never ends inside a run of one key: an
         item marked `later` is settled by the first item of its key in the same statement."""
         order = list(range(len(self.rows)))
