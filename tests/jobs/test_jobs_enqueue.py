@@ -415,3 +415,44 @@ async def test_enqueue_many_of_no_iterable_says_what_it_takes(jobs_db: str, item
         enqueue_many(items)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"enqueue_many\(\) takes an iterable of job.request"):
         await jobs.aenqueue_many(items)  # type: ignore[arg-type]
+
+
+REFUSED_ITEMS: list[tuple[Any, str]] = [
+    ((sample_jobs.record, [datetime.datetime.now()]), 'item 2: args[0] is a datetime'),
+    ((sample_jobs.record, ["x"], {"key": 7}), "item 2: key= takes a non-empty str"),
+    ((sample_jobs.record, ["x"], {"tags": ["ok", ""]}), "item 2: tags[1] is str ''"),
+    ((sample_jobs.record, ["x"], {"wait": "5"}), "item 2: wait= takes a number of seconds"),
+    ((sample_jobs.record, ["x"], ["key"]), "item 2: item options are a dict of"),
+    ([sample_jobs.record, ["x"]], "item 2: an item is a JobRequest"),
+    ((sample_jobs.hold, [1, 2, 3]), "item 2: t.hold takes 1 argument after ctx, got 3"),
+]
+
+
+@pytest.mark.parametrize(("bad", "says"), REFUSED_ITEMS)
+async def test_a_refused_item_of_a_batch_is_named_by_its_place_in_the_batch(jobs_db: str, bad: Any,
+                                                                            says: str) -> None:
+    """In a batch of thousands, `args[0] is a datetime` alone does not say which item to fix: every
+    call that takes a batch of items puts the refused item's place (and the call) in front of what
+    was wrong with it, with the error's type unchanged, and writes nothing."""
+    items = [(sample_jobs.record, ["a"], {"key": "first"}), sample_jobs.record.request("b"), bad]
+    group = jobs.create_group()
+    calls: list[tuple[str, Any]] = [
+        ("enqueue_many()", lambda: jobs.enqueue_many(items)),
+        ("aenqueue_many()", None),
+        ("add_many_to_group()", lambda: jobs.add_many_to_group(group.id, items)),
+        ("aadd_many_to_group()", None),
+    ]
+    for call, run in calls:
+        with pytest.raises((TypeError, ValueError)) as refused:
+            if call == "aenqueue_many()":
+                await jobs.aenqueue_many(items)
+            elif call == "aadd_many_to_group()":
+                await jobs.aadd_many_to_group(group.id, items)
+            else:
+                run()
+        assert str(refused.value).startswith(f"{call} {says}"), (call, str(refused.value))
+    with pytest.raises((TypeError, ValueError)) as refused:
+        with jobs.group() as g:
+            g.enqueue_many(items)
+    assert str(refused.value).startswith(f"g.enqueue_many() {says}"), str(refused.value)
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]

@@ -23,7 +23,7 @@ from .args import check_args, dumps, name_refused, refuse_arity
 from .handles import JobHandle
 from .options import check_debounce, check_key, check_tags
 from .registry import REGISTRY, JobRequest, JobSpec
-from ...errors import ArgumentTypeError, ArgumentValueError, seconds_hint
+from ...errors import ArgumentTypeError, ArgumentValueError, LivepushError, seconds_hint
 
 
 # The run times every livepush reader can load: psycopg makes a datetime of a timestamptz as the
@@ -270,11 +270,11 @@ def item(entry: Any) -> tuple[JobSpec, Sequence[Any], datetime | None, str | Non
             return entry[0], entry[1], None, None, NO_OPTIONS
         options = entry[2]
         if type(options) is not dict and not isinstance(options, Mapping):
-            raise ArgumentTypeError(f"enqueue_many() item options are a dict of {sorted(ITEM_OPTIONS)}, "
+            raise ArgumentTypeError(f"item options are a dict of {sorted(ITEM_OPTIONS)}, "
                                     f"got {type(options).__name__} {options!r:.60}")
         if not ITEM_OPTIONS.issuperset(options):  # no set built per item: most are fine
             unknown = set(options) - ITEM_OPTIONS
-            raise ArgumentTypeError(f"enqueue_many() item options take {sorted(ITEM_OPTIONS)}, got {sorted(unknown)}"
+            raise ArgumentTypeError(f"item options take {sorted(ITEM_OPTIONS)}, got {sorted(unknown)}"
                                     + (" (debounce= is for a single enqueue)" if "debounce" in unknown else ""))
         if "wait" not in options and "at" not in options:
             return entry[0], entry[1], None, None, options  # key= and tags= only: Batch.add's own names
@@ -282,9 +282,18 @@ def item(entry: Any) -> tuple[JobSpec, Sequence[Any], datetime | None, str | Non
         extra = NO_OPTIONS if key is None and tags is None else {"key": key, "tags": tags}
         return entry[0], entry[1], run_at(options.get("wait"), options.get("at")), None, extra
     raise ArgumentTypeError(
-        "enqueue_many() takes JobRequest values (some_job.request(*args)) or (job_function, args) tuples, "
-        f"got {entry!r}"
+        "an item is a JobRequest (some_job.request(*args)) or a (job_function, args) or (job_function, args, "
+        f"options) tuple, got {type(entry).__name__} {entry!r:.80}"
     )
+
+
+def name_item(exc: LivepushError, call: str, index: int) -> None:
+    """Put the call and the place of the item it refused in front of `exc`'s message (its type and
+    everything else unchanged): in a batch of thousands, `args[0] is a datetime` alone does not
+    say which item to fix. Item refusals say what was wrong, not which call they come from: the
+    same checks serve enqueue_many and every batch of a group."""
+    if exc.args and isinstance(exc.args[0], str):
+        exc.args = (f"{call} item {index}: {exc.args[0]}", *exc.args[1:])
 
 
 def run_batch(batch: Batch, conn: Any = None, debounce: float | None = None,
@@ -354,20 +363,24 @@ def enqueue_many(items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
     """Enqueue many jobs in one statement: items are `job.request(*args)` values or `(job, args)`
     / `(job, args, options)` tuples, options a dict of wait=, at=, key=, tags=. Handles in item
     order; an item whose key an unfinished job (or an earlier item) holds gets that job's handle."""
-    return run_batch(many(items), conn, call="enqueue_many")
+    return run_batch(many(items, "enqueue_many"), conn, call="enqueue_many")
 
 
-def many(items: Iterable[Any]) -> Batch:
-    """The batch of an enqueue_many, every item checked before anything is written."""
+def many(items: Iterable[Any], call: str = "enqueue_many") -> Batch:
+    """The batch of an enqueue_many (`call`), every item checked before anything is written."""
     if not isinstance(items, Iterable):
-        raise ArgumentTypeError(f"enqueue_many() takes an iterable of job.request(*args) values or (job_function, args) "
+        raise ArgumentTypeError(f"{call}() takes an iterable of job.request(*args) values or (job_function, args) "
                                 f"tuples, got {type(items).__name__} {items!r:.60}")
     batch = Batch()
-    for entry in items:
-        fn, args, when, queue, extra = item(entry)
-        batch.add(fn, args, when, queue=queue, **extra)
+    for index, entry in enumerate(items):
+        try:
+            fn, args, when, queue, extra = item(entry)
+            batch.add(fn, args, when, queue=queue, **extra)
+        except LivepushError as exc:
+            name_item(exc, f"{call}()", index)
+            raise
     return batch
 
 
 async def aenqueue_many(items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
-    return await arun_batch(many(items), conn, call="aenqueue_many")
+    return await arun_batch(many(items, "aenqueue_many"), conn, call="aenqueue_many")

@@ -19,14 +19,14 @@ from typing import Any
 from ...postgres.connect import cursor_on, translated, translated_on
 from ...postgres.text import BIGINT_MAX
 from .. import database
-from ..api.enqueue import Batch, is_spec, item, run_at
+from ..api.enqueue import Batch, is_spec, item, name_item, run_at
 from ..api.handles import NO_SUCH_ID, JobHandle, StateTopicHandle, checked_id
 from ..api.registry import JobRequest, JobSpec
 from ..errors import GroupBlockError, GroupClosedError, GroupLimitError, GroupNotFound, LeaseLostError
 from . import queries as gq
 from . import steps
 from .transactions import ain_tx, check_conn, in_tx
-from ...errors import ArgumentTypeError, ArgumentValueError
+from ...errors import ArgumentTypeError, ArgumentValueError, LivepushError
 
 MAX_GROUP_MEMBERS = 100_000  # members per group, whichever way they are added
 DEFAULT_SHARDS = 16  # counter rows per group: outcomes of different shards never wait on each other
@@ -193,10 +193,14 @@ class GroupBuilder:
         self._check_open()
         _check_items(items, "g.enqueue_many")
         with self._batch.all_or_nothing():
-            for entry in items:
-                fn, args, when, queue, extra = item(entry)
+            for index, entry in enumerate(items):
                 check_limit(len(self._batch) + 1)
-                self._batch.add(fn, args, when, self.id, queue, **extra)
+                try:
+                    fn, args, when, queue, extra = item(entry)
+                    self._batch.add(fn, args, when, self.id, queue, **extra)
+                except LivepushError as exc:
+                    name_item(exc, "g.enqueue_many()", index)
+                    raise
 
     def _steps(self) -> steps.Steps[list[dict[str, Any]]]:
         yield from steps.create(self.id, self._shards, self._callbacks)
@@ -304,15 +308,19 @@ def _add_many_steps(group_id: int, batch: Batch) -> steps.Steps[list[JobHandle]]
     return [JobHandle(r["id"], r["name"]) for r in rows]
 
 
-def _batch_of(group_id: int, items: Iterable[Any]) -> Batch:
-    _check_items(items, "add_many_to_group")
+def _batch_of(group_id: int, items: Iterable[Any], call: str) -> Batch:
+    _check_items(items, call)
     batch = Batch()
-    for entry in items:
+    for index, entry in enumerate(items):
         # Checked per item, as the block does: an endless or huge iterable is refused at the
         # limit, not read (and held) to its end first.
         check_limit(len(batch) + 1)
-        fn, args, when, queue, extra = item(entry)
-        batch.add(fn, args, when, group_id, queue, **extra)
+        try:
+            fn, args, when, queue, extra = item(entry)
+            batch.add(fn, args, when, group_id, queue, **extra)
+        except LivepushError as exc:
+            name_item(exc, f"{call}()", index)
+            raise
     return batch
 
 
@@ -353,14 +361,14 @@ def add_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wait: floa
 def add_many_to_group(group_id: int, items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
     """Add many members in one transaction (items as for jobs.enqueue_many)."""
     group_id = _group_id(group_id)
-    batch = _batch_of(group_id, items)
+    batch = _batch_of(group_id, items, "add_many_to_group")
     return in_tx(lambda: _add_many_steps(group_id, batch), conn)
 
 
 async def aadd_many_to_group(group_id: int, items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
     """add_many_to_group() for async code."""
     group_id = _group_id(group_id)
-    batch = _batch_of(group_id, items)
+    batch = _batch_of(group_id, items, "aadd_many_to_group")
     return await ain_tx(lambda: _add_many_steps(group_id, batch), conn)
 
 
