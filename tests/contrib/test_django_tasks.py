@@ -11,7 +11,8 @@ import os
 import subprocess
 import sys
 import uuid
-from datetime import timedelta
+from datetime import date, timedelta
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -374,6 +375,16 @@ def test_arguments_that_are_not_plain_json_are_refused_at_enqueue(t: Any) -> Non
         t.record.enqueue(object())
     with pytest.raises(jobs.InvalidArgumentsError):
         t.record.enqueue(float("nan"))
+    assert jobs.drain() == {}
+
+
+def test_an_argument_django_cannot_normalize_is_refused_naming_where_it_is(t: Any) -> None:
+    """A date or a Decimal among a task's arguments is livepush's InvalidArgumentsError naming the
+    argument, not a bare TypeError that says only which type; nothing is written."""
+    with pytest.raises(jobs.InvalidArgumentsError, match=r"args\[1\] is a date"):
+        t.add.enqueue(1, date(2026, 1, 2))
+    with pytest.raises(jobs.InvalidArgumentsError, match=r'kwargs\["b"\] is a Decimal'):
+        t.add.enqueue(1, b=Decimal("1.5"))
     assert jobs.drain() == {}
 
 
