@@ -309,6 +309,14 @@ def test_backend_options_are_checked(t: Any) -> None:
         LivePushBackend("x", {"OPTIONS": {"MAX_ATTEMPTS": 0}})
 
 
+def test_a_max_attempts_postgres_cannot_store_is_refused_when_the_backend_is_made(t: Any) -> None:
+    """MAX_ATTEMPTS past Postgres' integer (a "no limit" 10**10) is ImproperlyConfigured naming it
+    when the backend is made, not a DependencyError from Postgres at every enqueue."""
+    with pytest.raises(ImproperlyConfigured, match=r"\['MAX_ATTEMPTS'\] must be .* at most 2147483647"):
+        LivePushBackend("x", {"OPTIONS": {"MAX_ATTEMPTS": 10**10}})
+    assert LivePushBackend("x", {"OPTIONS": {"MAX_ATTEMPTS": 2**31 - 1}}).max_attempts == 2**31 - 1
+
+
 @pytest.mark.parametrize(("option", "value"), [
     ("DATABASE", "nope"),                        # no such alias in DATABASES
     ("DATABASE_URL", "mysql://app@db/app"),      # not a Postgres URL

@@ -29,6 +29,7 @@ from ... import jobs
 from ...errors import ConfigError
 from ...jobs import database as jobs_database
 from ...jobs.api.args import check_json
+from ...jobs.api.functions import INT4_MAX
 from ...jobs.api.options import check_queue
 from ...jobs.errors import InvalidArgumentsError
 from ...postgres.urls import check_url
@@ -112,9 +113,10 @@ class LivePushBackend(BaseTaskBackend):
             raise ImproperlyConfigured(f"{option}['ENQUEUE_ON_COMMIT'] must be True or False, got {on_commit!r:.60}")
         self.enqueue_on_commit = on_commit
         attempts = self.options.get("MAX_ATTEMPTS", 1)
-        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        # Stored in a Postgres integer: a larger "no limit" failed every enqueue with a DependencyError.
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= INT4_MAX:
             raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS']['MAX_ATTEMPTS'] must be a whole number "
-                                       f"of attempts, 1 or more, got {attempts!r}")
+                                       f"of attempts, 1 or more and at most {INT4_MAX}, got {attempts!r:.60}")
         self.max_attempts = attempts
         self._specs: dict[tuple[str, int], TaskSpec] = {}
         self._valid: set[tuple[Any, ...]] = set()  # tasks (as validate_task reads them) that passed
