@@ -17,6 +17,14 @@ from urllib.parse import urlsplit
 from .errors import ConfigError
 
 FANOUTS = ("postgres", "redis", "local")
+# Every variable Settings.from_env() reads: a framework integration names one written where
+# livepush never looks (a Django settings module) rather than let it be silently ignored.
+ENVIRONMENT = frozenset({
+    "LIVEPUSH_DATABASE_URL", "DATABASE_URL", "LIVEPUSH_FANOUT", "LIVEPUSH_ALLOWED_ORIGINS", "LIVEPUSH_MAX_CONNECTIONS",
+    "LIVEPUSH_QUERY_TOKENS", "LIVEPUSH_PREPARED_STATEMENTS", "LIVEPUSH_REDIS_URL", "LIVEPUSH_SECRET",
+    "LIVEPUSH_SECRET_FALLBACKS", "LIVEPUSH_AUTHENTICATE", "LIVEPUSH_HOST", "LIVEPUSH_PORT", "LIVEPUSH_HISTORY_TTL",
+    "LIVEPUSH_ENV", "LIVEPUSH_REDIS_PREFIX", "LIVEPUSH_SIGNED_TOPIC_TTL", "LIVEPUSH_DRAIN_SECONDS",
+    "LIVEPUSH_LISTEN_DATABASE_URL"})
 AUTH_MODES = ("required", "optional", "off")
 MIN_SECRET_LENGTH = 32
 MIN_SECRET_DISTINCT = 8  # fewer distinct characters than this is not a random secret (e.g. 32 times "a")

@@ -49,6 +49,23 @@ def test_a_working_configuration_has_nothing_to_report() -> None:
     assert livepush_messages() == []
 
 
+def test_a_livepush_environment_setting_written_in_django_settings_is_a_warning_naming_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """LIVEPUSH_DATABASE_URL or LIVEPUSH_SECRET written in settings.py, where livepush never reads
+    them (it reads the environment): a warning naming each and the environment, instead of a
+    publish that silently stays local or a secret reported missing though it was set."""
+    monkeypatch.delenv("LIVEPUSH_FANOUT", raising=False)
+    with override_settings(LIVEPUSH_FANOUT="redis", LIVEPUSH_SESSION_TTL=3600):
+        found = livepush_messages()
+    assert [m.id for m in found] == ["livepush.W003"]
+    assert found[0].level == checks.WARNING
+    assert "LIVEPUSH_FANOUT" in found[0].msg and "environment" in found[0].msg
+    # The same value in both (settings.py reading os.environ) is no mistake.
+    monkeypatch.setenv("LIVEPUSH_FANOUT", "redis")
+    with override_settings(LIVEPUSH_FANOUT="redis"):
+        assert livepush_messages() == []
+
+
 def test_a_cookie_domain_that_is_a_host_name_is_fine() -> None:
     """A host name, with or without the leading dot browsers ignore, is a usable cookie domain."""
     for domain in ("example.com", ".example.com", "push-1.example.co.uk", "localhost"):

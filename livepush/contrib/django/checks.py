@@ -6,6 +6,7 @@ report a setting livepush cannot use, naming it, instead of leaving it to fail r
     livepush.E003   LIVEPUSH_SESSION_TTL, _SUBJECT or _COOKIE_DOMAIN, when the session middleware is installed
     livepush.W001   the local fan-out, whose messages reach no `livepush serve`
     livepush.W002   a LivePushBackend whose DATABASE cannot hold an enqueue in its transactions
+    livepush.W003   a setting livepush reads from the environment, written in Django's settings
 
 Nothing here connects to a database or Redis: checks run in every management command that asks
 for them, also where those are not reachable.
@@ -13,6 +14,7 @@ for them, also where those are not reachable.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +23,7 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
-from ...config import get_settings
+from ...config import ENVIRONMENT, get_settings
 from ...errors import ConfigError
 
 MIDDLEWARE = ("livepush.contrib.django.LivePushSessionMiddleware",
@@ -41,6 +43,26 @@ def _livepush_settings() -> list[checks.CheckMessage]:
             hint="give the site the servers' fan-out: LIVEPUSH_FANOUT and LIVEPUSH_DATABASE_URL or "
                  "LIVEPUSH_REDIS_URL as they have them")]
     return []
+
+
+def _environment_in_settings() -> list[checks.CheckMessage]:
+    """livepush's own settings (LIVEPUSH_SECRET, LIVEPUSH_DATABASE_URL, ...) come from the
+    environment, while its session settings are Django's: one of the former written in
+    settings.py was ignored, and the site published locally or reported a secret missing though
+    it was set. A value equal to the environment's (settings.py reading os.environ) is fine."""
+    found: list[checks.CheckMessage] = []
+    for name in sorted(ENVIRONMENT - {"DATABASE_URL"}):  # DATABASE_URL is a common Django setting of its own
+        if not hasattr(settings, name):
+            continue
+        value, environ = getattr(settings, name), os.environ.get(name)
+        if environ is not None and str(value).strip() == environ.strip():
+            continue
+        found.append(checks.Warning(
+            f"{name} is set in Django's settings, where livepush does not read it: livepush reads {name} from the "
+            f"environment, where it is {'not set' if environ is None else 'another value'}", id="livepush.W003",
+            hint=f"set {name} in the environment of the web processes (as for `livepush serve` and the job "
+                 "runtime), and remove it from the settings module"))
+    return found
 
 
 def _backends() -> list[checks.CheckMessage]:
@@ -88,4 +110,4 @@ def _sessions() -> list[checks.CheckMessage]:
 
 def check_livepush(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Every livepush check (registered by the app's ready())."""
-    return _livepush_settings() + _backends() + _sessions()
+    return _livepush_settings() + _environment_in_settings() + _backends() + _sessions()
