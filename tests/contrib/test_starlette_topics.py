@@ -18,7 +18,7 @@ from starlette.requests import Request
 import livepush
 from livepush import config, topics
 from livepush.contrib.starlette import PageTopic, SignedTopic, lifespan, page_topic
-from livepush.errors import ArgumentValueError, InvalidTopic
+from livepush.errors import ArgumentTypeError, ArgumentValueError, InvalidTopic
 from tests.contrib.conftest import serving
 from tests.support.procs import Processes
 from tests.support.wsclient import WSClient
@@ -129,6 +129,34 @@ async def test_a_slot_the_route_has_no_parameter_for_is_an_error_naming_it(app_e
     async with serving(app) as client:
         with pytest.raises(ArgumentValueError, match=r"room_id.*\broom\b"):
             await client.get("/rooms/lobby")
+
+
+async def test_a_topic_function_that_returns_no_str_is_an_error_naming_it(app_env: dict[str, str]) -> None:
+    """SignedTopic(fn) whose fn returns an int (a path parameter converted by the route) or None
+    (a forgotten return): the request fails with ArgumentTypeError naming the function, a mistake
+    in the app, not a 404 that reads as a topic that does not exist."""
+    app = FastAPI(lifespan=lifespan)
+
+    def room_number(request: Request) -> str:
+        return request.path_params["n"]  # type: ignore[no-any-return]  # an int under {n:int}
+
+    async def forgot(request: Request) -> str:
+        f"chat:{request.path_params['n']}"  # noqa: B018
+        return None  # type: ignore[return-value]
+
+    @app.get("/numbered/{n:int}")
+    async def numbered(page: PageTopic = Depends(SignedTopic(room_number))) -> dict[str, str | None]:
+        return page.as_dict()
+
+    @app.get("/forgot/{n}")
+    async def forgotten(page: PageTopic = Depends(SignedTopic(forgot))) -> dict[str, str | None]:
+        return page.as_dict()
+
+    async with serving(app) as client:
+        with pytest.raises(ArgumentTypeError, match=r"room_number.* returned an int"):
+            await client.get("/numbered/7")
+        with pytest.raises(ArgumentTypeError, match=r"forgot.* returned None"):
+            await client.get("/forgot/7")
 
 
 async def test_a_path_parameter_the_template_does_not_name_is_not_checked(app_env: dict[str, str]) -> None:

@@ -86,6 +86,11 @@ def _slots(template: str) -> tuple[str, ...]:
     return slots
 
 
+def _a(value: object) -> str:
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 class SignedTopic:
     """A dependency that gives a route its PageTopic: `Depends(SignedTopic("chat:{room}"))` fills
     the template from the path parameters, or `SignedTopic(fn)` asks `fn(request)` (sync or
@@ -105,7 +110,15 @@ class SignedTopic:
     async def _name(self, request: Request) -> str:
         if callable(self.topic):
             name = self.topic(request)
-            return await name if inspect.isawaitable(name) else name
+            name = await name if inspect.isawaitable(name) else name
+            if not isinstance(name, str):
+                # The app's mistake (an int path parameter, a forgotten return): a 404 would read
+                # as a topic that does not exist, and send the developer looking at the URL.
+                fn = getattr(self.topic, "__qualname__", type(self.topic).__qualname__)
+                raise ArgumentTypeError(f"SignedTopic({fn}) returned {'None' if name is None else _a(name)}: the "
+                                        "function must return the topic as a str, such as f'chat:{room}' (raise "
+                                        "HTTPException to refuse a request)")
+            return name
         values = {k: str(v) for k, v in request.path_params.items()}
         missing = [slot for slot in self.slots if slot not in values]
         if missing:  # the route's mistake, not the request's: a 404 would read as a missing topic
