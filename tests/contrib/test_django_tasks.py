@@ -396,6 +396,15 @@ def test_an_argument_django_cannot_normalize_is_refused_naming_where_it_is(t: An
     assert jobs.drain() == {}
 
 
+def test_a_callback_argument_django_cannot_normalize_is_refused_naming_where_it_is(t: Any) -> None:
+    """request(task, ...) for a group's callback names the argument that is not plain JSON, as an
+    enqueue does, instead of the framework's bare TypeError."""
+    with pytest.raises(jobs.InvalidArgumentsError, match=r"args\[0\] is a date"):
+        request(t.record, date(2026, 1, 2))
+    with pytest.raises(jobs.InvalidArgumentsError, match=r'kwargs\["tag"\] is a Decimal'):
+        request(t.record, tag=Decimal("1"))
+
+
 def test_a_runtime_process_runs_django_tasks(t: Any, django_db_url: str, livepush_env, procs) -> None:  # type: ignore[no-untyped-def]
     """`livepush jobs livepush.contrib.django.runner` with DJANGO_SETTINGS_MODULE runs enqueued tasks."""
     from tests.contrib.conftest import EXAMPLE

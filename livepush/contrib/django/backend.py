@@ -28,13 +28,11 @@ from django.utils.module_loading import import_string
 from ... import jobs
 from ...errors import ConfigError
 from ...jobs import database as jobs_database
-from ...jobs.api.args import check_json
 from ...jobs.api.functions import INT4_MAX
 from ...jobs.api.options import check_queue
-from ...jobs.errors import InvalidArgumentsError
 from ...postgres.urls import check_url
 from . import queries
-from .errors import TaskNotSupported, TransactionNotSupported
+from .errors import TaskNotSupported, TransactionNotSupported, arguments_error
 from .execution import RUN_TASK, livepush_priority
 from .groups import current_group
 from .results import job_id_of, result_of
@@ -215,7 +213,7 @@ class LivePushBackend(BaseTaskBackend):
                                 finished_at=None, last_attempted_at=None, args=args, kwargs=kwargs,
                                 backend=self.alias, errors=[], worker_ids=[])
         except (TypeError, ValueError) as exc:
-            raise _arguments_error(args, kwargs) or exc from None
+            raise arguments_error(args, kwargs) or exc from None
         job_args = [task.module_path, result.args, result.kwargs]
         conn = self.transaction_conn()
         group = current_group()
@@ -303,18 +301,6 @@ def _check_shape(alias: str, params: dict[str, Any]) -> None:
     if not isinstance(options, dict):
         raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS'] must be a dict such as {{'MAX_ATTEMPTS': 3}} "
                                    f"(or left out), got {type(options).__name__}")
-
-
-def _arguments_error(args: Any, kwargs: Any) -> InvalidArgumentsError | None:
-    """The InvalidArgumentsError naming the first argument that is not plain JSON, or None. The
-    framework's TaskResult refuses one (a date, a Decimal) with a TypeError that names only its
-    type, which left the user to guess which argument of which call it was."""
-    try:
-        check_json(list(args), "args", InvalidArgumentsError, "task arguments")
-        check_json(dict(kwargs), "kwargs", InvalidArgumentsError, "task arguments")
-    except InvalidArgumentsError as exc:
-        return exc
-    return None
 
 
 def _check_url(url: object, option: str) -> None:

@@ -12,7 +12,11 @@ task backend catches it where it catches a refused task.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ...errors import LivepushError
+from ...jobs.api.args import check_json
+from ...jobs.errors import InvalidArgumentsError
 from .tasks_api import InvalidTask
 
 
@@ -54,3 +58,15 @@ def failure_of(exc: BaseException) -> TaskFailed:
     except Exception:
         message = "(its message could not be read: str() raised)"
     return kind(message) if message else kind()
+
+
+def arguments_error(args: Any, kwargs: Any) -> InvalidArgumentsError | None:
+    """The InvalidArgumentsError naming the first of a task's arguments that is not plain JSON, or
+    None. The framework's normalize_json() refuses one (a date, a Decimal) with a TypeError that
+    names only its type, which left the user to guess which argument of which call it was."""
+    try:
+        check_json(list(args), "args", InvalidArgumentsError, "task arguments")
+        check_json(dict(kwargs), "kwargs", InvalidArgumentsError, "task arguments")
+    except InvalidArgumentsError as exc:
+        return exc
+    return None

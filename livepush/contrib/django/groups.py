@@ -21,7 +21,7 @@ from typing import Any
 from django.db import transaction
 
 from ... import jobs
-from .errors import TaskNotSupported
+from .errors import TaskNotSupported, arguments_error
 from .execution import run_task
 from .tasks_api import Task, normalize_json, task_backends
 
@@ -45,8 +45,11 @@ def current_group() -> OpenGroup | None:
 
 def request(task: Task, *args: Any, **kwargs: Any) -> jobs.JobRequest:
     """`task` with these arguments as a job request: a group's callback (on_success=...)."""
-    return run_task.request(task.module_path, normalize_json(list(args)), normalize_json(kwargs),
-                            queue=task.queue_name)
+    try:
+        job_args = normalize_json(list(args)), normalize_json(kwargs)
+    except (TypeError, ValueError) as exc:
+        raise arguments_error(args, kwargs) or exc from None
+    return run_task.request(task.module_path, *job_args, queue=task.queue_name)
 
 
 @contextmanager
