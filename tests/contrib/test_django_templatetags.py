@@ -11,7 +11,8 @@ import pytest
 from django.template import Context, Template
 
 import livepush
-from livepush.contrib.django import Subscription, subscription
+from livepush.contrib.django import Subscription, job_topic, subscription
+from livepush.contrib.django.tasks_api import TaskResultDoesNotExist
 
 pytestmark = pytest.mark.usefixtures("django_site")
 
@@ -72,3 +73,13 @@ def test_a_state_topic_is_subscribed_without_an_offset(topic: str) -> None:
     assert livepush.verify_topic(html.unescape(signed)) == topic
     assert since == ""
     assert render("{% livepush_latest_offset topic %}", topic=topic) == ""
+
+
+def test_job_topic_of_an_id_no_job_can_have_does_not_exist() -> None:
+    """job_topic() of a result id past the largest job id (a forged URL parameter) raises
+    TaskResultDoesNotExist, as get_result() does, so a view handles both alike, not InvalidTopic."""
+    for forged in ("9223372036854775808", "9999999999999999999"):
+        with pytest.raises(TaskResultDoesNotExist):
+            job_topic(forged)
+    assert job_topic("9223372036854775807")  # the largest id is a topic
+

@@ -18,6 +18,7 @@ import builtins
 from typing import Any
 
 from ...jobs import JobInfo
+from ...postgres.text import BIGINT_MAX
 from ...jobs import errors as job_errors
 from .errors import TaskFailed
 from .execution import RUN_TASK, django_priority, livepush_priority, load_task
@@ -88,6 +89,7 @@ def result_of(info: JobInfo | None, result_id: Any, backend: str) -> TaskResult:
 def job_id_of(result_id: Any) -> int:
     """The job id inside a result id (its decimal text); TaskResultDoesNotExist for anything else."""
     text = str(result_id)
-    if not text.isascii() or not text.isdigit() or text.startswith("0") or len(text) > 19:
+    # Past BIGINT_MAX no job has the id, and its job:<id> topic is refused as InvalidTopic.
+    if not text.isascii() or not text.isdigit() or text.startswith("0") or len(text) > 19 or int(text) > BIGINT_MAX:
         raise TaskResultDoesNotExist(f"no task result {result_id!r}")
     return int(text)
