@@ -196,6 +196,22 @@ def test_a_backend_whose_database_cannot_hold_its_jobs_is_a_warning(sqlite_alias
         assert livepush_messages() == []
 
 
+def test_the_session_middleware_without_authentication_middleware_is_a_warning_naming_it() -> None:
+    """LivePushSessionMiddleware with no AuthenticationMiddleware in MIDDLEWARE sees no
+    request.user, so it never gives anyone a session and every socket comes in anonymous: a
+    warning names the missing middleware. A subclass of it counts as it."""
+    from django.conf import settings
+
+    without = [m for m in settings.MIDDLEWARE if not m.endswith(".AuthenticationMiddleware")]
+    with override_settings(MIDDLEWARE=without):
+        found = livepush_messages()
+    assert [m.id for m in found] == ["livepush.W004"]
+    assert found[0].level == checks.WARNING and "AuthenticationMiddleware" in found[0].msg
+    subclass = [*without, "tests.contrib.django_site_middleware.SiteAuthenticationMiddleware"]
+    with override_settings(MIDDLEWARE=subclass):
+        assert livepush_messages() == []
+
+
 @pytest.mark.parametrize(("name", "value"), [
     ("LIVEPUSH_SESSION_TTL", "1 day"),
     ("LIVEPUSH_SESSION_TTL", 0),

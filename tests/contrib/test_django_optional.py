@@ -50,8 +50,11 @@ import django
 from django.conf import settings
 from django.core.management import call_command
 settings.configure(
-    INSTALLED_APPS=["django.contrib.auth", "django.contrib.contenttypes", "livepush.contrib.django"],
-    MIDDLEWARE=["livepush.contrib.django.LivePushSessionMiddleware"],
+    INSTALLED_APPS=["django.contrib.auth", "django.contrib.contenttypes", "django.contrib.sessions",
+                    "livepush.contrib.django"],
+    MIDDLEWARE=["django.contrib.sessions.middleware.SessionMiddleware",
+                "django.contrib.auth.middleware.AuthenticationMiddleware",
+                "livepush.contrib.django.LivePushSessionMiddleware"],
     DATABASES={}, USE_TZ=True)
 django.setup()
 call_command("check")

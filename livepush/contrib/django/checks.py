@@ -7,6 +7,7 @@ report a setting livepush cannot use, naming it, instead of leaving it to fail r
     livepush.W001   the local fan-out, whose messages reach no `livepush serve`
     livepush.W002   a LivePushBackend whose DATABASE cannot hold an enqueue in its transactions
     livepush.W003   a setting livepush reads from the environment, written in Django's settings
+    livepush.W004   the session middleware without AuthenticationMiddleware, so with no request.user
 
 Nothing here connects to a database or Redis: checks run in every management command that asks
 for them, also where those are not reachable.
@@ -22,6 +23,7 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 from ...config import ENVIRONMENT, get_settings
 from ...errors import ConfigError
@@ -94,12 +96,36 @@ def _backends() -> list[checks.CheckMessage]:
     return found
 
 
+def _authenticates(middleware: Sequence[str]) -> bool:
+    """Whether `middleware` has Django's AuthenticationMiddleware (or a subclass), which sets the
+    request.user the session middleware gives a session to; a path that does not import is
+    left to Django's own errors."""
+    from django.contrib.auth.middleware import AuthenticationMiddleware
+
+    for path in middleware:
+        try:
+            found = import_string(path)
+        except ImportError:
+            continue
+        if isinstance(found, type) and issubclass(found, AuthenticationMiddleware):
+            return True
+    return False
+
+
 def _sessions() -> list[checks.CheckMessage]:
-    if not any(name in MIDDLEWARE for name in getattr(settings, "MIDDLEWARE", None) or ()):
+    middleware = getattr(settings, "MIDDLEWARE", None) or ()
+    if not any(name in MIDDLEWARE for name in middleware):
         return []
     from .sessions import _domain, _subject_setting, _ttl
 
     found: list[checks.CheckMessage] = []
+    if not _authenticates(middleware):
+        # A warning: an app may set request.user its own way (Django REST framework's views do).
+        found.append(checks.Warning(
+            "LivePushSessionMiddleware is in MIDDLEWARE without django.contrib.auth.middleware."
+            "AuthenticationMiddleware, so no request has a request.user: no one gets a livepush session, and every "
+            "socket connects anonymous", id="livepush.W004",
+            hint="add 'django.contrib.auth.middleware.AuthenticationMiddleware' to MIDDLEWARE before it"))
     for check in (_ttl, _subject_setting, _domain):
         try:
             check()
