@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from livepush import ConfigError
-from livepush.config import Settings
+from livepush.config import ENVIRONMENT, Settings
 
 
 @pytest.mark.parametrize("url,needle", [
@@ -187,3 +187,26 @@ def test_a_connect_timeout_in_the_database_url_is_the_one_livepush_waits(pooled:
                 connect(url).close()
         took = time.monotonic() - started
     assert took < 4.5, f"waited {took:.1f} s, not the URL's 2 s"
+
+
+class _Reads(dict):  # type: ignore[type-arg]
+    """An environment that records every variable asked for."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        self.asked: set[str] = set()
+
+    def get(self, name: str, default: object = None) -> object:  # type: ignore[override]
+        self.asked.add(name)
+        return super().get(name, default)
+
+
+def test_the_list_of_environment_settings_is_every_variable_settings_read() -> None:
+    """config.ENVIRONMENT (which the Django checks use to name a livepush setting written in
+    settings.py) holds exactly what Settings.from_env() reads: a variable added to one and not the
+    other would be silently ignored when written in the wrong place, or warned of wrongly."""
+    bare, full = _Reads(), _Reads({"LIVEPUSH_DATABASE_URL": "postgresql://db.example/app",
+                                   "LIVEPUSH_MAX_CONNECTIONS": "10"})
+    Settings.from_env(bare)
+    Settings.from_env(full)
+    assert bare.asked | full.asked == ENVIRONMENT
