@@ -423,6 +423,9 @@ REFUSED_ITEMS: list[tuple[Any, str]] = [
     ((sample_jobs.record, ["x"], {"tags": ["ok", ""]}), "item 2: tags[1] is str ''"),
     ((sample_jobs.record, ["x"], {"wait": "5"}), "item 2: wait= takes a number of seconds"),
     ((sample_jobs.record, ["x"], ["key"]), "item 2: item options are a dict of"),
+    # A falsy value that is no dict (an options expression that came out False or 0) is no options either.
+    ((sample_jobs.record, ["x"], False), "item 2: item options are a dict of"),
+    ((sample_jobs.record, ["x"], 0), "item 2: item options are a dict of"),
     ([sample_jobs.record, ["x"]], "item 2: an item is a JobRequest"),
     ((sample_jobs.hold, [1, 2, 3]), "item 2: t.hold takes 1 argument after ctx, got 3"),
 ]

@@ -266,7 +266,8 @@ def item(entry: Any) -> tuple[JobSpec, Sequence[Any], datetime | None, str | Non
     if isinstance(entry, JobRequest):
         return REGISTRY.get(entry.name), entry.args, None, entry.queue, NO_OPTIONS
     if isinstance(entry, tuple) and len(entry) in (2, 3) and is_spec(entry[0]):
-        if len(entry) == 2 or not entry[2]:
+        # None or an empty dict is no options; another falsy value (False, 0) is refused below.
+        if len(entry) == 2 or entry[2] is None or (not entry[2] and isinstance(entry[2], Mapping)):
             return entry[0], entry[1], None, None, NO_OPTIONS
         options = entry[2]
         if type(options) is not dict and not isinstance(options, Mapping):
