@@ -339,3 +339,21 @@ def _meet() -> int:
 @jobs.job(name="d.checkpoint_together", max_attempts=1)
 async def checkpoint_together(ctx: Any) -> Any:
     return await ctx.checkpoint("meet", _meet)
+
+
+@jobs.job(name="d.checkpoint_in_finally", max_attempts=1, timeout=None)
+async def checkpoint_in_finally(ctx: Any) -> Any:
+    """A checkpoint in the `finally` of a wait: reached also when the wait parks the run."""
+    try:
+        return await ctx.wait_for_signal("go")
+    finally:
+        await ctx.checkpoint("after", body, ctx, "after")
+
+
+@jobs.job(name="d.checkpoint_in_finally_sync", max_attempts=1, timeout=None)
+def checkpoint_in_finally_sync(ctx: Any) -> Any:
+    """checkpoint_in_finally, as a sync job."""
+    try:
+        return ctx.wait_for_signal("go")
+    finally:
+        ctx.checkpoint("after", body_sync, ctx.job_id, ctx.attempt, "after")

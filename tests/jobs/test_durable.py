@@ -194,6 +194,20 @@ async def test_a_checkpoint_beside_a_park_in_gather_runs_its_body_once(durable_d
     assert names_of(durable_db, h.id).count("waiting/waiting") == 1
 
 
+@pytest.mark.parametrize("job", ["checkpoint_in_finally", "checkpoint_in_finally_sync"])
+async def test_a_checkpoint_reached_after_its_run_parked_does_not_run_its_body(durable_db: str, job: str) -> None:
+    """A checkpoint reached once the run parked (in a `finally` around the parking call) does not
+    start its body, in a sync job as in an async one: nobody could store its result, so the body
+    would run again on the replay."""
+    async with running():
+        h = await getattr(dj, job).aenqueue()
+        await wait_state(h.id, "waiting")
+        await jobs.asignal(h.id, "go", "went")
+        done = await wait_state(h.id, "succeeded")
+    assert done.result == "went"
+    assert bodies(durable_db, h.id) == ["after"]
+
+
 async def test_a_checkpoint_beside_a_failure_in_gather_runs_its_body_once(durable_db: str) -> None:
     """A run that fails while a checkpoint beside it (asyncio.gather) is still running waits for
     that checkpoint to store its result before its outcome is written: the retry replays it

@@ -62,6 +62,8 @@ class RunContext(Protocol):
     latest: dict[str, Any] | None  # the newest progress, written with the park
     dirty: bool
     cancel_requested: bool
+    released: bool  # handed back by the runtime: its lease is gone
+    timed_out: bool  # the attempt failed by its timeout (a sync job's thread runs on)
 
     @property
     def job_id(self) -> int: ...
@@ -263,11 +265,7 @@ class DurableRun:
         if not _IN_BODY.get():
             async with self._gate:  # a park under way decides first whether the run goes on
                 pass
-        if self._parked:
-            raise Parked()
-        if self._ended:
-            raise RunAbandoned(f"job {self.ctx.job_id}: a checkpoint started after its run had ended; the next run "
-                               "will replay it")
+        self._refuse_late_body()
         self._bodies += 1
         self._no_bodies.clear()
         token = _IN_BODY.set(True)
@@ -278,6 +276,23 @@ class DurableRun:
             self._bodies -= 1
             if not self._bodies:
                 self._no_bodies.set()
+
+    def _refuse_late_body(self) -> None:
+        if self._parked:
+            raise Parked()
+        if self._ended:
+            raise RunAbandoned(f"job {self.ctx.job_id}: a checkpoint started after its run had ended; the next run "
+                               "will replay it")
+
+    async def sync_body_may_start(self) -> None:
+        """Before a sync job's checkpoint body runs in its thread: not once the run parked or ended
+        (a `finally` around a parking call), nor once its attempt ended by its timeout or was handed
+        back (the thread runs on): its result could not be stored, and the body would run again on
+        the replay."""
+        self._refuse_late_body()
+        if self.ctx.released or self.ctx.timed_out:
+            raise RunAbandoned(f"job {self.ctx.job_id}: a checkpoint started after its attempt had ended; the next "
+                               "run will replay it")
 
     async def settle(self) -> None:
         """At the end of the run's function (it returned, raised or parked): no checkpoint body

@@ -284,6 +284,7 @@ class SyncJobContext:
         found, value, fingerprint = self._call(durable.lookup(name, input))
         if found:
             return value
+        self._call(durable.sync_body_may_start())
         result = fn(*args)
         if inspect.iscoroutine(result):  # an async fn, or a sync one that returned a coroutine
             result = self._call(result)
