@@ -357,3 +357,9 @@ def checkpoint_in_finally_sync(ctx: Any) -> Any:
         return ctx.wait_for_signal("go")
     finally:
         ctx.checkpoint("after", body_sync, ctx.job_id, ctx.attempt, "after")
+
+
+@jobs.job(name="d.checkpoint_raising_stop_iteration", max_attempts=1, timeout=None)
+async def checkpoint_raising_stop_iteration(ctx: Any) -> Any:
+    """A sync checkpoint function that raises StopIteration (next() on an empty iterator)."""
+    return await ctx.checkpoint("first", lambda: next(iter([])))

@@ -242,6 +242,16 @@ async def test_a_park_inside_a_task_group_is_a_park_not_a_failure(
     assert not [r.getMessage() for r in caplog.records if "failed" in r.getMessage() or "ignored" in r.getMessage()]
 
 
+async def test_a_sync_checkpoint_function_raising_stop_iteration_fails_the_attempt(durable_db: str) -> None:
+    """A sync checkpoint function of an async job that raises StopIteration (next() on an empty
+    iterator) fails the attempt, as it would raised in the job's own code (Python makes it a
+    RuntimeError on its way out of a coroutine): the job does not hang `running` for ever."""
+    async with running():
+        h = await dj.checkpoint_raising_stop_iteration.aenqueue()
+        failed = await wait_state(h.id, "failed")
+    assert "StopIteration" in (failed.error or ""), failed.error
+
+
 async def test_a_checkpoint_that_loses_its_connection_fails_with_dependency_error(durable_db: str) -> None:
     """A checkpoint whose store loses its database connection fails the attempt with livepush's
     DependencyError (what a job may catch around ctx.checkpoint), not with psycopg's own error."""

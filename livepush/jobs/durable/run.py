@@ -18,7 +18,6 @@ import asyncio
 import collections
 import contextlib
 import contextvars
-import functools
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import datetime, timedelta, timezone
@@ -46,6 +45,7 @@ from ..errors import (
 from ..groups import building
 from ..groups import queries as gq
 from ..groups import steps
+from ..runtime.threads import call_in_thread
 from . import queries as dq
 from .fingerprint import NO_INPUT, input_fingerprint
 from ...errors import ArgumentTypeError, ArgumentValueError
@@ -251,9 +251,9 @@ class DurableRun:
             else:
                 # A sync function may block (a request, a file): not on the loop the runtime's jobs
                 # share, and in the runtime's threads, as sync jobs run (the loop's default pool has
-                # only a few).
-                result = await asyncio.get_running_loop().run_in_executor(self.ctx.threads,
-                                                                          functools.partial(fn, *args))
+                # only a few). call_in_thread: a StopIteration it raises would never reach us through
+                # a bare run_in_executor (an asyncio future refuses it), and the job would hang.
+                result = await call_in_thread(self.ctx.threads, fn, *args)
                 if inspect.isawaitable(result):
                     result = await result
             return await self.store(name, result, fingerprint)

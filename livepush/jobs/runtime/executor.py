@@ -34,6 +34,7 @@ from ..errors import (
 )
 from .context import JobContext, SyncJobContext
 from .deadlines import effective
+from .threads import Raised, stop_caught
 
 log = logging.getLogger("livepush.jobs")
 
@@ -60,34 +61,11 @@ NEVER_RETRIED = (CheckpointInputConflict, ChildFailed, DuplicateStepError, Group
 MAX_RETRY_DELAY = 366 * 24 * 3600.0
 
 
-class _Raised:
-    """What a sync job raised that asyncio cannot carry from its thread to the loop."""
-
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
 def _call_sync(func: Callable[..., Any], ctx: SyncJobContext, args: list[Any]) -> Any:
-    """Call a sync job's function in its thread. A StopIteration it raises (next() on an exhausted
-    iterator) comes back as a value: an asyncio future refuses it (in a callback, where nobody sees
-    the TypeError), so the job's future never completed and the job stayed `running` until its
-    timeout, or for ever without one."""
-    try:
-        return func(ctx, *args)
-    except StopIteration as exc:
-        return _Raised(exc)
-
-
-async def call_in_thread(pool: concurrent.futures.Executor | None, func: Callable[..., Any], ctx: Any,
-                         *args: Any) -> Any:
-    """`func(ctx, *args)` in a thread of `pool`, as a sync job is called (_call_sync): what it
-    raises, a StopIteration too, is raised here (a workflow's sync step)."""
-    value = await asyncio.get_running_loop().run_in_executor(pool, functools.partial(_call_sync, func, ctx, list(args)))
-    if isinstance(value, _Raised):
-        raise value.exc
-    return value
+    """Call a sync job's function in its thread; a StopIteration it raises comes back as a Raised
+    (threads.stop_caught): otherwise the job's future never completed and the job stayed `running`
+    until its timeout, or for ever without one."""
+    return stop_caught(func, ctx, *args)
 
 
 def _error_text(exc: BaseException) -> str:
@@ -142,7 +120,7 @@ async def execute(
                             job.id, fn.name, fn.timeout)
                 return timeout_failure(fn, ctx)
             value = future.result()  # raises the job's exception
-            if isinstance(value, _Raised):
+            if isinstance(value, Raised):
                 raise value.exc  # caught below, in this frame (leaving it, it would become a RuntimeError)
         if inspect.iscoroutine(value):
             _refuse_coroutine(fn, value)

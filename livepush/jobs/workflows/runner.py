@@ -27,7 +27,7 @@ from ..errors import (GroupLimitError, InvalidArgumentsError, JobCancelled, Reat
 from ..groups import building, steps
 from ..groups.transactions import ain_tx, in_tx
 from ..runtime.context import SyncJobContext
-from ..runtime.executor import call_in_thread
+from ..runtime.threads import call_in_thread
 from . import engine
 from . import queries as wq
 from .definition import StepSpec, Workflow
