@@ -158,6 +158,19 @@ def test_input_fingerprint_refuses_numbers_past_2_53(value: Any) -> None:
     assert jobs.input_fingerprint(2**53 - 1)
 
 
+def test_input_fingerprint_refuses_an_int_too_long_to_print_naming_the_path() -> None:
+    """An int with more digits than Python converts to text (4300) is refused as any number past
+    2**53 is, with ArgumentValueError naming its path and its size, in a message of readable
+    length: not Python's bare ValueError about integer string conversion."""
+    from livepush.errors import ArgumentValueError
+
+    with pytest.raises(ArgumentValueError, match=r'input\["a"\]\[0\] is an int of 16610 bits') as raised:
+        jobs.input_fingerprint({"a": [-(10**5000)]})
+    assert len(str(raised.value)) < 300
+    with pytest.raises(ArgumentValueError, match=r"input is an int of 1329 bits"):
+        jobs.input_fingerprint(10**400)
+
+
 async def test_a_checkpoint_returns_on_its_first_run_what_a_replay_returns(durable_db: str) -> None:
     """The first run gets a checkpoint's result through JSON exactly as a replay gets it back from
     the database: the same keys in the same order, the same types (a float past 2**53 that jsonb

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from typing import Any
 
@@ -19,6 +20,14 @@ NO_INPUT: Any = object()
 MAX_SAFE_INTEGER = 2**53 - 1
 
 
+def _shown(number: int | float) -> str:
+    """The number as written, or for a long int its size: Python refuses to write one of over 4300
+    digits (a bare ValueError naming nothing), and shorter ones would still flood the message."""
+    if isinstance(number, int) and number.bit_length() > 64:
+        return f"an int of {number.bit_length()} bits"
+    return repr(number)
+
+
 def _check_numbers(value: Any, path: str) -> None:
     if isinstance(value, bool):
         return
@@ -26,14 +35,14 @@ def _check_numbers(value: Any, path: str) -> None:
         if isinstance(value, float) and not math.isfinite(value):
             return  # check_json names it
         if abs(value) > MAX_SAFE_INTEGER:
-            raise ArgumentValueError(f"{path} is {value!r}, beyond ±(2**53-1): RFC 8785 writes numbers as IEEE doubles, "
-                                     "so it cannot fingerprint it exactly; pass it as a string")
+            raise ArgumentValueError(f"{path} is {_shown(value)}, beyond ±(2**53-1): RFC 8785 writes numbers as IEEE "
+                                     "doubles, so it cannot fingerprint it exactly; pass it as a string")
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
             _check_numbers(item, f"{path}[{i}]")
     elif isinstance(value, dict):
         for key, item in value.items():
-            _check_numbers(item, f"{path}[{key!r}]")
+            _check_numbers(item, f"{path}[{json.dumps(key, ensure_ascii=False)}]")
 
 
 def input_fingerprint(value: Any) -> str:
