@@ -363,3 +363,31 @@ def checkpoint_in_finally_sync(ctx: Any) -> Any:
 async def checkpoint_raising_stop_iteration(ctx: Any) -> Any:
     """A sync checkpoint function that raises StopIteration (next() on an empty iterator)."""
     return await ctx.checkpoint("first", lambda: next(iter([])))
+
+
+@jobs.job(name="d.sync_checkpoint_beside_a_failure_in_task_group", max_attempts=2, backoff=lambda attempt: 0.0)
+async def sync_checkpoint_beside_a_failure_in_task_group(ctx: Any) -> int:
+    """A sync checkpoint function still running in its thread when a sibling in an
+    asyncio.TaskGroup fails (first attempt only) and the group cancels the checkpoint's task."""
+    started, cancelled = threading.Event(), threading.Event()
+    if ctx.attempt > 1:
+        cancelled.set()
+
+    def slow() -> str:
+        started.set()
+        cancelled.wait(10)  # returns once the task group has cancelled the task awaiting it
+        return body_sync(ctx.job_id, ctx.attempt, "slow")
+
+    async def fail_once() -> None:
+        if ctx.attempt == 1:
+            await asyncio.to_thread(started.wait, 10)
+            raise ValueError("the sibling fails")
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(ctx.checkpoint("slow", slow))
+            group.create_task(fail_once())
+    except* ValueError:
+        cancelled.set()
+        raise
+    return ctx.attempt

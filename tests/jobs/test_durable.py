@@ -232,6 +232,18 @@ async def test_a_checkpoint_beside_a_failure_in_gather_runs_its_body_once(durabl
     assert bodies(durable_db, h.id) == ["slow"]
 
 
+async def test_a_sync_checkpoint_cancelled_by_a_failing_task_group_sibling_runs_its_body_once(
+        durable_db: str) -> None:
+    """A TaskGroup cancels the checkpoint beside a failing task, but a sync function runs on in its
+    thread: its result is stored all the same before the attempt ends, so the retry replays it
+    instead of running the body (its side effect) a second time."""
+    async with running():
+        h = await dj.sync_checkpoint_beside_a_failure_in_task_group.aenqueue()
+        done = await wait_state(h.id, "succeeded", timeout=15.0)
+    assert done.result == 2
+    assert bodies(durable_db, h.id) == ["slow"]
+
+
 async def test_parks_side_by_side_in_gather_park_in_turn(durable_db: str) -> None:
     """Two parking calls in asyncio.gather: the first parks the run, the second ends with it
     quietly (no lost claim in the log) and parks on the replay."""

@@ -245,17 +245,24 @@ class DurableRun:
         found, value, fingerprint = await self.lookup(name, input)
         if found:
             return value
+        if inspect.iscoroutinefunction(fn):
+            async with self._body():
+                return await self.store(name, await fn(*args), fingerprint)
+        # A sync function runs on in its thread when the task awaiting it is cancelled (a sibling
+        # in an asyncio.TaskGroup failed): its own task still stores its result, counted as a body
+        # running (settle() waits for it), so that the replay does not run it a second time.
+        return await asyncio.shield(asyncio.ensure_future(self._sync_body(name, fn, args, fingerprint)))
+
+    async def _sync_body(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...],
+                         fingerprint: str | None) -> Any:
         async with self._body():
-            if inspect.iscoroutinefunction(fn):
-                result = await fn(*args)
-            else:
-                # A sync function may block (a request, a file): not on the loop the runtime's jobs
-                # share, and in the runtime's threads, as sync jobs run (the loop's default pool has
-                # only a few). call_in_thread: a StopIteration it raises would never reach us through
-                # a bare run_in_executor (an asyncio future refuses it), and the job would hang.
-                result = await call_in_thread(self.ctx.threads, fn, *args)
-                if inspect.isawaitable(result):
-                    result = await result
+            # A sync function may block (a request, a file): not on the loop the runtime's jobs
+            # share, and in the runtime's threads, as sync jobs run (the loop's default pool has
+            # only a few). call_in_thread: a StopIteration it raises would never reach us through
+            # a bare run_in_executor (an asyncio future refuses it), and the job would hang.
+            result = await call_in_thread(self.ctx.threads, fn, *args)
+            if inspect.isawaitable(result):
+                result = await result
             return await self.store(name, result, fingerprint)
 
     @contextlib.asynccontextmanager
@@ -298,8 +305,11 @@ class DurableRun:
         """At the end of the run's function (it returned, raised or parked): no checkpoint body
         starts any more, and those still running beside it (asyncio.gather does not stop them when
         one raises) store their results before the run's outcome ends its claim, so that the next
-        run replays them instead of running them again."""
+        run replays them instead of running them again. Not for a run cancelled or past its
+        timeout: it ends now (a sync function that runs on in its thread stores what it can)."""
         self._ended = True
+        if self.ctx.cancel_requested or self.ctx.timed_out:
+            return
         await self._no_bodies.wait()
 
     @contextlib.asynccontextmanager
