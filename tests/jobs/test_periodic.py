@@ -406,3 +406,30 @@ async def test_a_runtime_that_stops_mid_advance_holds_the_others_up_for_seconds_
         await stopped.close()
     assert [e.name for e in done.enqueued] == [schedule.name]
     assert [a for _, a in jobs_of(jobs_db, schedule.name)] == [[done.enqueued[0].tick]]
+
+
+@pytest.mark.parametrize(("cron", "zone", "start", "expected"), [
+    # Paris goes forward at 02:00 CET on 2030-03-31 (01:00 UTC): 02:00:30 and 02:30:30 never come.
+    ("0 2 * * * 30", "Europe/Paris", datetime(2030, 3, 30, 23, 30), ["2030-03-31T03:00:00+02:00"]),
+    ("30 2 * * * 30", "Europe/Paris", datetime(2030, 3, 30, 23, 30), ["2030-03-31T03:00:00+02:00"]),
+    ("0 2 * * * 30", "America/New_York", datetime(2030, 3, 10, 5, 30), ["2030-03-10T03:00:00-04:00"]),
+])
+def test_a_tick_with_seconds_the_clocks_skip_comes_once_at_the_end_of_the_gap(
+        cron: str, zone: str, start: datetime, expected: list[str]) -> None:
+    """A round every second across a spring-forward, as a runtime's scheduler would make them: the
+    skipped tick is enqueued once, at the end of the gap, not again at the wall time past it that
+    has the tick's seconds (a daily job ran twice that day)."""
+    schedule = parse(cron, zone)
+    utc = ZoneInfo("UTC")
+    now = start.replace(tzinfo=utc)
+    last = schedule.latest_due(now).astimezone(utc)
+    enqueued = []
+    for _ in range(3 * 3600):
+        now += timedelta(seconds=1)
+        due = schedule.latest_due(now).astimezone(utc)
+        if due > last:
+            enqueued.append(schedule.latest_due(now).isoformat())
+            last = due
+    assert enqueued == expected
+    # Announced as such from the day before too, when the runtime sleeps until it.
+    assert schedule.next_after(start.replace(tzinfo=utc) - timedelta(hours=12)).isoformat() == expected[0]

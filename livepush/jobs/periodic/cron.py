@@ -85,13 +85,34 @@ class Cron:
         # step over a tick: for "45 * * * *" the 02:45 a spring-forward skips never came (it
         # comes at the end of the gap, docs/jobs.md), while "30 2 * * *"'s did. Each side of a
         # change has one UTC offset, so there the ticks are plain wall-clock ticks shifted by it
-        # (_around). croniter never answers a time that is not a tick, so the newest of both is.
-        return max([found, *self._around(now.astimezone(UTC), newest=True)]).astimezone(self.zone)
+        # (_around), and the newest of both is the tick.
+        around = self._around(now.astimezone(UTC), newest=True)
+        if self._pushed_past_a_gap(found):
+            # Its own tick comes at the gap's end, next to the change just before that answer:
+            # _around from there has it, and croniter is right about what follows.
+            return max([*around, *self._around(found, newest=True)]).astimezone(self.zone)
+        return max([found, *around]).astimezone(self.zone)
 
     def next_after(self, now: datetime) -> datetime:
         """The first tick strictly after `now`, in the schedule's zone."""
         found = croniter(self.expression, now.astimezone(self.zone)).get_next(datetime).astimezone(UTC)
-        return min([found, *self._around(now.astimezone(UTC), newest=False)]).astimezone(self.zone)
+        around = self._around(now.astimezone(UTC), newest=False)
+        if self._pushed_past_a_gap(found):
+            # As in latest_due: the ticks next to the change just before that answer, those still
+            # to come; none when that change is past (the gap's tick with it): then the next.
+            later = [t for t in self._around(found - CHANGE_WINDOW, newest=False) if t > now]
+            if not [*around, *later]:
+                return self.next_after(found)
+            return min([*around, *later]).astimezone(self.zone)
+        return min([found, *around]).astimezone(self.zone)
+
+    def _pushed_past_a_gap(self, found: datetime) -> bool:
+        """Whether croniter's answer is a tick the clocks skipped, moved on by their jump ("0 2 *
+        * * 30" answered as 03:00:30 on a spring-forward day): its wall time matches nothing, and
+        a change of the clocks lies just before it. Taken as a tick, it would run a second time
+        after the gap's own tick at its end (docs/jobs.md)."""
+        return (self._offset(found - CHANGE_WINDOW) != self._offset(found)
+                and not croniter.match(self.expression, found.astimezone(self.zone).replace(tzinfo=None)))
 
     def _offset(self, at: datetime) -> timedelta:
         offset = at.astimezone(self.zone).utcoffset()
