@@ -61,13 +61,6 @@ NEVER_RETRIED = (CheckpointInputConflict, ChildFailed, DuplicateStepError, Group
 MAX_RETRY_DELAY = 366 * 24 * 3600.0
 
 
-def _call_sync(func: Callable[..., Any], ctx: SyncJobContext, args: list[Any]) -> Any:
-    """Call a sync job's function in its thread; a StopIteration it raises comes back as a Raised
-    (threads.stop_caught): otherwise the job's future never completed and the job stayed `running`
-    until its timeout, or for ever without one."""
-    return stop_caught(func, ctx, *args)
-
-
 def _error_text(exc: BaseException) -> str:
     try:
         text = str(exc)
@@ -104,7 +97,9 @@ async def execute(
                     await durable.settle()
         else:
             sync_ctx = SyncJobContext(ctx, loop)
-            future = loop.run_in_executor(pool, functools.partial(_call_sync, fn.func, sync_ctx, job.args))
+            # stop_caught: a StopIteration would never complete the future (asyncio refuses it),
+            # and the job would stay `running` until its timeout, or for ever without one.
+            future = loop.run_in_executor(pool, functools.partial(stop_caught, fn.func, sync_ctx, *job.args))
             done, _ = await asyncio.wait({future}, timeout=effective(fn.timeout))
             if not done:
                 # The thread keeps running; its result is dropped and its lease is gone by then.
