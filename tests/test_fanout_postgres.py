@@ -426,6 +426,25 @@ async def test_publish_on_a_connection_the_caller_closed_says_so_not_that_postgr
     assert not has_row(pg_url, "closed:a")
 
 
+async def test_an_empty_batch_checks_its_conn_as_a_full_one_does(fanout: PostgresFanOut, pg_url: str) -> None:
+    """publish_many(conn=) with no items refuses a conn= it could never publish in (not a psycopg
+    connection, one of the other kind, or one closed), as every other fan-out and every non-empty
+    batch does: the mistake shows on the first call, not when a batch first has items."""
+    with psycopg.connect(pg_url) as conn:
+        pass
+    async with await psycopg.AsyncConnection.connect(pg_url) as aconn:
+        with pytest.raises(livepush.ArgumentTypeError, match=r"publish_many\(conn=\) takes a psycopg.Connection"):
+            fanout.publish_many([], conn=object())
+        with pytest.raises(livepush.ArgumentTypeError, match="apublish_many"):
+            fanout.publish_many([], conn=aconn)
+        with pytest.raises(livepush.ArgumentTypeError, match=r"use publish_many\(\)"):
+            await fanout.apublish_many([], conn=conn)
+    with pytest.raises(livepush.ArgumentValueError, match=r"publish_many\(conn=\) got a closed connection"):
+        fanout.publish_many([], conn=conn)
+    with pytest.raises(livepush.ArgumentValueError, match=r"apublish_many\(conn=\) got a closed connection"):
+        await fanout.apublish_many([], conn=aconn)
+
+
 def test_publish_on_a_connection_to_a_database_without_livepush_says_what_to_run(
         fanout: PostgresFanOut, pg_url: str, pg_admin_url: str) -> None:
     """conn= on a database that was never migrated, or as a role never granted livepush's

@@ -308,10 +308,13 @@ class PostgresFanOut(FanOut):
 
     def publish_many(self, messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]:
         order, statements = _many_statements(encode_batch(messages))
+        if conn is not None:
+            # Before the empty batch's early return: a wrong conn= shows on the first call, not
+            # when a batch first has items.
+            callers_connection(conn, "publish_many")
         if not statements:
             return []
         if conn is not None:
-            callers_connection(conn, "publish_many")
             # In autocommit each statement would commit alone: the batch is one transaction still.
             with translated_if_lost(self.url, conn), \
                     conn.transaction() if conn.autocommit and len(statements) > 1 else contextlib.nullcontext(), \
@@ -326,11 +329,12 @@ class PostgresFanOut(FanOut):
 
     async def apublish_many(self, messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]:
         order, statements = _many_statements(encode_batch(messages))
+        if conn is not None:
+            callers_connection(conn, "apublish_many")  # as publish_many(): before the early return
         if not statements:
             return []
         got = []
         if conn is not None:
-            callers_connection(conn, "apublish_many")
             with translated_if_lost(self.url, conn):
                 async with conn.transaction() if conn.autocommit and len(statements) > 1 \
                         else contextlib.nullcontext(), cursor_on(conn) as acur:
