@@ -400,6 +400,25 @@ async def test_a_listener_that_postgres_keeps_refusing_says_why(
         admin.close()
 
 
+async def conn_refusals(fanout: PostgresFanOut, topic: str, conn: object, aconn: object,
+                        error: type[Exception]) -> dict[str, str]:
+    """What each publish call says refusing `conn` (`aconn` for the async ones) with `error`."""
+    calls = {
+        "publish": lambda: fanout.publish(topic, {"i": 0}, conn=conn),
+        "publish_many": lambda: fanout.publish_many([(topic, {"i": 0})], conn=conn),
+        "apublish": lambda: fanout.apublish(topic, {"i": 0}, conn=aconn),
+        "apublish_many": lambda: fanout.apublish_many([(topic, {"i": 0})], conn=aconn),
+    }
+    said = {}
+    for name, call in calls.items():
+        with pytest.raises(error) as raised:
+            result = call()
+            if name.startswith("a"):
+                await result
+        said[name] = str(raised.value)
+    return said
+
+
 async def test_publish_on_a_connection_the_caller_closed_says_so_not_that_postgres_is_down(
         fanout: PostgresFanOut, pg_url: str) -> None:
     """A connection closed before the call (a publish after its `with` block ended) is the caller's
@@ -410,18 +429,7 @@ async def test_publish_on_a_connection_the_caller_closed_says_so_not_that_postgr
         pass
     async with await psycopg.AsyncConnection.connect(pg_url) as aconn:
         pass
-    calls = {
-        "publish": lambda: fanout.publish("closed:a", {"i": 0}, conn=conn),
-        "publish_many": lambda: fanout.publish_many([("closed:a", {"i": 0})], conn=conn),
-        "apublish": lambda: fanout.apublish("closed:a", {"i": 0}, conn=aconn),
-        "apublish_many": lambda: fanout.apublish_many([("closed:a", {"i": 0})], conn=aconn),
-    }
-    for name, call in calls.items():
-        with pytest.raises(livepush.ArgumentValueError) as raised:
-            result = call()
-            if name.startswith("a"):
-                await result
-        said = str(raised.value)
+    for name, said in (await conn_refusals(fanout, "closed:a", conn, aconn, livepush.ArgumentValueError)).items():
         assert f"{name}(conn=)" in said and "closed" in said and "cannot reach" not in said, said
     assert not has_row(pg_url, "closed:a")
 
@@ -443,6 +451,22 @@ async def test_an_empty_batch_checks_its_conn_as_a_full_one_does(fanout: Postgre
         fanout.publish_many([], conn=conn)
     with pytest.raises(livepush.ArgumentValueError, match=r"apublish_many\(conn=\) got a closed connection"):
         await fanout.apublish_many([], conn=aconn)
+
+
+async def test_a_conn_that_is_no_psycopg_connection_is_named_with_where_to_find_the_right_one(
+        fanout: PostgresFanOut) -> None:
+    """A conn= that is not a psycopg 3 connection at all (Django's `django.db.connection`, a wrapper
+    around it, or a psycopg2 connection) raises ArgumentTypeError naming the type given and where
+    the psycopg connection is, never the advice meant for a connection of the other kind (use the
+    async call), which sends the caller the wrong way."""
+    class DatabaseWrapper:  # the type of django.db.connection, which wraps the psycopg connection
+        connection = None
+
+    refusals = await conn_refusals(fanout, "wrapped:a", DatabaseWrapper(), DatabaseWrapper(), livepush.ArgumentTypeError)
+    for name, said in refusals.items():
+        assert f"{name}(conn=)" in said and "DatabaseWrapper" in said, said
+        assert "django.db.connection.connection" in said and "psycopg 3" in said, said
+        assert "AsyncConnection;" not in said and "sync Connection" not in said, said
 
 
 def test_publish_on_a_connection_to_a_database_without_livepush_says_what_to_run(

@@ -250,6 +250,13 @@ def callers_connection(conn: Any, call: str) -> None:
         kind, other, other_kind = psycopg.AsyncConnection, call[1:], "a sync Connection"
     else:
         kind, other, other_kind = psycopg.Connection, f"a{call}", "an AsyncConnection"
+    if not isinstance(conn, psycopg.BaseConnection):
+        # A framework's wrapper (django.db.connection) or a psycopg2 connection: "use the other
+        # call" would send the caller the wrong way, so name what was given and where the right one is.
+        given = f"{type(conn).__module__}.{type(conn).__qualname__}"
+        raise ArgumentTypeError(f"{call}(conn=) takes a psycopg.{kind.__name__} (psycopg 3), got {given}: pass the "
+                                "psycopg connection itself (under Django, django.db.connection.connection; under "
+                                "SQLAlchemy, a Connection's .connection.driver_connection)")
     if not isinstance(conn, kind):
         raise ArgumentTypeError(f"{call}(conn=) takes a psycopg.{kind.__name__}; use {other}() for {other_kind}")
     refuse_closed(conn, f"{call}(conn=)", "the messages")
