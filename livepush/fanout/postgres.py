@@ -37,7 +37,7 @@ from typing import Any
 
 import psycopg
 
-from ..postgres.connect import cursor_on, refuse_closed, translated, translated_if_lost
+from ..postgres.connect import PSYCOPG_CONNECTION_HINT, cursor_on, refuse_closed, translated, translated_if_lost
 from ..channels import ListenerSlot
 from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
@@ -254,9 +254,8 @@ def callers_connection(conn: Any, call: str) -> None:
         # A framework's wrapper (django.db.connection) or a psycopg2 connection: "use the other
         # call" would send the caller the wrong way, so name what was given and where the right one is.
         given = f"{type(conn).__module__}.{type(conn).__qualname__}"
-        raise ArgumentTypeError(f"{call}(conn=) takes a psycopg.{kind.__name__} (psycopg 3), got {given}: pass the "
-                                "psycopg connection itself (under Django, django.db.connection.connection; under "
-                                "SQLAlchemy, a Connection's .connection.driver_connection)")
+        raise ArgumentTypeError(f"{call}(conn=) takes a psycopg.{kind.__name__} (psycopg 3), got {given}: "
+                                + PSYCOPG_CONNECTION_HINT)
     if not isinstance(conn, kind):
         raise ArgumentTypeError(f"{call}(conn=) takes a psycopg.{kind.__name__}; use {other}() for {other_kind}")
     refuse_closed(conn, f"{call}(conn=)", "the messages")

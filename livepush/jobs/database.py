@@ -18,7 +18,7 @@ import psycopg
 
 from ..config import get_settings
 from ..errors import ArgumentTypeError, ConfigError
-from ..postgres.connect import refuse_closed, translated
+from ..postgres.connect import PSYCOPG_CONNECTION_HINT, refuse_closed, translated
 from ..postgres.pools import LoopPools
 from ..postgres.urls import check_url
 
@@ -123,6 +123,7 @@ def conn_kind(conn: Any, call: str | None = None) -> str:
     elif isinstance(conn, psycopg.Connection):
         kind = "sync"
     else:
-        raise ArgumentTypeError(f"conn= must be a psycopg Connection or AsyncConnection, got {type(conn).__name__}")
+        raise ArgumentTypeError(f"conn= must be a psycopg Connection or AsyncConnection, got {type(conn).__name__} "
+                                f"({type(conn).__module__}): {PSYCOPG_CONNECTION_HINT}")
     refuse_closed(conn, f"{call}(conn=)" if call else "conn=", "the jobs")
     return kind

@@ -62,6 +62,12 @@ def _reads_text_as_bytes(conn: Any) -> bool:
         return False  # a connection lost: the statement fails, as on any other
 
 
+# What a conn= error says when it got no psycopg 3 connection at all: a framework's wrapper
+# (django.db.connection) or a psycopg2 connection, whose psycopg connection is one step away.
+PSYCOPG_CONNECTION_HINT = ("pass the psycopg connection itself (under Django, django.db.connection.connection; "
+                           "under SQLAlchemy, a Connection's .connection.driver_connection)")
+
+
 def refuse_closed(conn: Any, name: str, what: str) -> None:
     """ArgumentValueError when the caller closed `conn` before the call `name` (`publish(conn=)`):
     told "cannot reach Postgres", as a lost (broken) connection is, an operator would check a

@@ -193,6 +193,27 @@ async def test_a_connection_of_the_wrong_kind_is_refused_naming_the_call_and_its
     assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
 
 
+class DatabaseWrapper:
+    """Stands for a framework's connection wrapper (django.db.connection), which holds the psycopg
+    connection rather than being one."""
+
+
+async def test_a_conn_that_is_no_psycopg_connection_says_where_the_psycopg_one_is(jobs_db: str) -> None:
+    """conn=django.db.connection (the wrapper) or a psycopg2 connection is the usual slip: the
+    refusal names what it got and says where the psycopg connection is, for every jobs call that
+    takes conn=, and nothing is written."""
+    from livepush import jobs
+
+    where = r"got DatabaseWrapper \([\w.]+\): pass the psycopg connection itself \(under Django, django\.db\.connection\.connection"
+    with pytest.raises(TypeError, match=where):
+        sample_jobs.record.enqueue(1, conn=DatabaseWrapper())
+    with pytest.raises(TypeError, match=where):
+        await jobs.aenqueue_many([sample_jobs.record.request(1)], conn=DatabaseWrapper())
+    with pytest.raises(TypeError, match=where):
+        jobs.create_group(conn=DatabaseWrapper())
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
+
+
 async def test_a_connection_its_caller_closed_is_refused_not_taken_for_postgres_being_down(jobs_db: str) -> None:
     """An enqueue after the connection's `with` block ended names conn= as the mistake (a
     ValueError), where it said Postgres could not be reached and sent an operator to a server
