@@ -63,17 +63,27 @@ def list_field(request: Request, name: str) -> str:
 
 
 def _accepts_gzip(accept_encoding: str) -> bool:
-    """Whether an Accept-Encoding header takes gzip (RFC 9110 §12.5.3: `gzip` or `*`, q not 0)."""
+    """Whether an Accept-Encoding header takes gzip (RFC 9110 §12.5.3: `gzip` or `*`, q not 0).
+    gzip named (or x-gzip) decides wherever it stands: `*` only speaks for codings the list does
+    not name, so `*, gzip;q=0` refuses gzip, and a client given it anyway could not read the JS."""
+    named: bool | None = None
+    wildcard: bool | None = None
     for item in accept_encoding.split(","):
         name, *params = (part.strip() for part in item.split(";"))
-        if name.lower() not in ("gzip", "x-gzip", "*"):
+        name = name.lower()
+        if name not in ("gzip", "x-gzip", "*"):
             continue
         q = next((p.partition("=")[2].strip() for p in params if p.lower().startswith("q=")), "1")
         try:
-            return float(q) > 0
+            takes = float(q) > 0
         except ValueError:
-            return False
-    return False
+            takes = False
+        if name == "*":
+            wildcard = takes if wildcard is None else wildcard
+        else:
+            # A refusal under either name stands: they are one coding (RFC 9110 §8.4.1.3).
+            named = takes if named is None else named and takes
+    return named if named is not None else bool(wildcard)
 
 
 def _matches(if_none_match: str, etag: str) -> bool:

@@ -197,6 +197,17 @@ async def test_client_js_is_revalidated_with_its_etag_and_gzipped_for_browsers_t
 
 
 @pytest.mark.parametrize("fanout_kind", ["local"])
+@pytest.mark.parametrize("accept", ["*, gzip;q=0", "identity, *;q=0.5, gzip;q=0", "*;q=1, x-gzip;q=0"])
+async def test_client_js_is_never_gzipped_for_a_client_that_refuses_gzip_beside_a_wildcard(
+        served: Served, accept: str) -> None:
+    """An Accept-Encoding that takes `*` but refuses gzip by name gets /livepush.js as it is: the
+    named coding overrides the wildcard wherever it stands in the list (RFC 9110 §12.5.3)."""
+    js = (Path(livepush.__file__).parent / "static" / "livepush.js").read_bytes()
+    status, headers, body = await http_exchange(served.server.port, "GET", "/livepush.js", {"Accept-Encoding": accept})
+    assert (status, headers.get("content-encoding"), body) == (200, None, js)
+
+
+@pytest.mark.parametrize("fanout_kind", ["local"])
 @pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics", "/livepush.js"])
 async def test_the_http_routes_answer_get_and_head_and_refuse_other_methods_with_405(served: Served, path: str) -> None:
     """The routes are read-only: GET answers; HEAD gets GET's status and headers without a body
