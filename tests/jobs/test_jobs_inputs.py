@@ -173,6 +173,20 @@ def test_a_backoff_that_is_not_a_function_fails_at_decoration(backoff: object) -
         jobs.job(name="t.bad_backoff", backoff=backoff)(lambda ctx: None)  # type: ignore[call-overload]
 
 
+async def _async_backoff(attempt: int) -> float:
+    return 1.0
+
+
+@pytest.mark.parametrize("backoff", [_async_backoff, lambda: 5.0, lambda attempt, base: base * attempt])
+def test_a_backoff_that_cannot_give_seconds_for_an_attempt_fails_at_decoration(backoff: object) -> None:
+    """backoff(attempt) is called only when an attempt fails: an `async def` one returned a
+    coroutine (never awaited), and one that cannot take the attempt number raised TypeError; each
+    retry logged the error and fell back to the default delay. A TypeError naming backoff=, at import."""
+    with pytest.raises(TypeError, match=r"@jobs.job\(backoff=\)"):
+        jobs.job(name="t.bad_backoff", backoff=backoff)(lambda ctx: None)  # type: ignore[arg-type]
+    assert jobs.job(name="t.bad_backoff", backoff=lambda attempt, base=2.0: base)(lambda ctx: None).backoff(1) == 2.0
+
+
 @pytest.mark.parametrize("argument", ["imports", 5, ("imports",)])
 def test_a_job_decorator_given_an_option_positionally_says_to_use_keywords(argument: object) -> None:
     """@jobs.job("imports") (a queue where the function goes) raises TypeError saying options are

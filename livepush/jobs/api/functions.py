@@ -46,6 +46,25 @@ def _check_int4(option: str, value: Any, least: int) -> None:
         raise ArgumentValueError(f"@jobs.job({option}=) must be from {least} to {INT4_MAX}, got {value}")
 
 
+def _check_backoff(backoff: Callable[..., Any]) -> None:
+    """A TypeError unless `backoff(attempt)` can give seconds: it is called only when an attempt
+    fails, so an `async def` one (its coroutine is no number) or one that cannot take the attempt
+    number would log its error on every retry and fall back to the default delay."""
+    if inspect.iscoroutinefunction(backoff):
+        raise ArgumentTypeError(f"@jobs.job(backoff=) is called with the attempt number and must return seconds "
+                                f"at once: {backoff!r:.60} is `async def`; make it a plain function")
+    try:
+        signature = inspect.signature(backoff)
+    except (TypeError, ValueError):  # no signature Python can read (some builtins): the runtime finds out
+        return
+    try:
+        signature.bind(1)
+    except TypeError as exc:
+        raise ArgumentTypeError(f"@jobs.job(backoff=) is called with one argument, the attempt number (1 after "
+                                f"the first failure), but {backoff!r:.60} cannot take it ({exc}); "
+                                f"e.g. lambda n: 10 * n") from None
+
+
 def _check_never_retry(never_retry: Any) -> tuple[type[BaseException], ...]:
     # Read only when an attempt fails, by isinstance(): anything but exception classes made that
     # raise, and the failure was never written.
@@ -127,6 +146,7 @@ class JobFunction:
             # to the default, the mistake found in a runtime's log rather than at import.
             raise ArgumentTypeError(f"@jobs.job(backoff=) takes a function of the attempt number (1 after the first "
                                     f"failure) returning seconds, e.g. lambda n: 10 * n; got {backoff!r:.60}")
+        _check_backoff(backoff)
         self.backoff = backoff
         # Claim limits (docs/jobs.md "Limits and paused queues"): runtimes store them at start.
         self.limits: Limits = limits_of(func, concurrency, rate)
