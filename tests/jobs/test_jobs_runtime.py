@@ -804,6 +804,28 @@ def test_a_runtime_refuses_an_int_too_large_for_a_float_naming_the_option(option
         Runtime(REGISTRY, install_signals=False, **{option: 10**400})
 
 
+@pytest.mark.parametrize("queues", ["imports", b"imports", []])
+def test_a_runtime_given_queues_that_are_not_a_list_of_names_refuses_them(queues: object) -> None:
+    """An embedder's Runtime(queues="imports") served the queues "i", "m", "p", ... (a str is a
+    sequence of one-letter names), so the imports jobs never ran and nothing said why; queues=[]
+    served every queue of the modules, those meant for other runtimes too. A ConfigError naming
+    --queues, as `livepush jobs --queues ""` gets."""
+    from livepush.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--queues"):
+        Runtime(REGISTRY, install_signals=False, queues=queues)  # type: ignore[arg-type]
+    assert Runtime(REGISTRY, install_signals=False, queues=("imports",)).queues == ["imports"]
+
+
+def test_a_runtime_given_its_modules_as_one_string_refuses_it_naming_the_fix() -> None:
+    """Runtime("myapp.jobs") tried to import the modules "m", "y", "a", ...: the error named a
+    module "m" nobody wrote. A ConfigError saying to pass a list of module names."""
+    from livepush.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"\['tests.jobs.sample_jobs'\]"):
+        Runtime("tests.jobs.sample_jobs", install_signals=False)  # type: ignore[arg-type]
+
+
 async def test_sync_jobs_still_run_after_more_timed_out_threads_than_slots(jobs_db: str) -> None:
     """A sync job past its timeout fails its attempt and frees its slot while its thread runs on.
     However many such threads hang (here three, with one slot), the freed slot runs the next sync

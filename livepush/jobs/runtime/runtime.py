@@ -186,6 +186,18 @@ def check_seconds(option: str, value: float, *, least: float, most: float | None
         raise ConfigError(f"{option} {value!r:.40}: use {kind} of seconds {bound}{also}")
 
 
+def _queue_list(queues: Sequence[str]) -> Sequence[str]:
+    """A runtime's `queues`: a non-empty list of names (None, for every queue of its modules, is
+    the caller's). A str would be served as its one-letter queues, and an empty list, taken for
+    None, served every queue, those meant for other runtimes too."""
+    if isinstance(queues, (str, bytes)):
+        raise ConfigError(f"--queues {queues!r:.80} is one string: pass a list of queue names, e.g. [{queues!r:.80}]")
+    if not queues:
+        raise ConfigError("--queues names no queue: list the queues to run, or pass None to run every queue "
+                          "the modules use")
+    return queues
+
+
 def _whole(seconds: float) -> str:
     """`seconds` as --help writes a bound: 3162240000, not 3.16224e+09."""
     return f"{seconds:.0f}" if seconds == int(seconds) else f"{seconds:g}"
@@ -224,6 +236,10 @@ class Runtime:
         if isinstance(modules, Registry):
             self.registry = modules
         else:
+            if isinstance(modules, (str, bytes)):
+                # A str is a sequence of one-letter names: the error would name a module "m".
+                raise ConfigError(f"the job modules {modules!r:.80} are one string: pass a list of module names, "
+                                  f"e.g. [{modules!r:.80}]")
             names = list(modules or ())
             load_modules(names)
             self.registry = REGISTRY
@@ -245,7 +261,7 @@ class Runtime:
                           also=" (100 years), or 0 to keep finished jobs and groups")
         # The names enqueue() accepts: a runtime serving another could never claim a job, and one
         # Postgres cannot store fails at registration with the driver's error.
-        self.queues = ([check_queue(q, "--queues") for q in queues] if queues
+        self.queues = ([check_queue(q, "--queues") for q in _queue_list(queues)] if queues is not None
                        else (self.registry.queues() or ["default"]))
         self.concurrency = concurrency
         self.shutdown_timeout = shutdown_timeout
