@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -356,3 +360,17 @@ def test_a_job_cancelled_while_drain_runs_it_ends_cancelled_and_drain_returns(jo
     info = jobs.get_job(handle.id)
     assert info is not None and (info.state, info.attempt) == ("cancelled", 1)
     assert runs(jobs_db, handle.id) == []
+
+
+def test_a_process_that_drained_a_sync_job_past_its_timeout_exits_without_waiting_for_its_thread(
+        jobs_db: str, livepush_env: Callable[..., dict[str, str]]) -> None:
+    """drain() fails a sync job past its timeout and returns while the job's thread runs on; the
+    process then waited for that thread at exit (here up to a minute; for ever, for a call that
+    never returns), a test session that drained it hanging after its last test. It exits now."""
+    code = ("from livepush import jobs; from tests.jobs import sample_jobs; sample_jobs.stuck_sync.enqueue(); "
+            "print(jobs.drain(), flush=True)")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], env=livepush_env(database_url=jobs_db, env="test"),
+                          capture_output=True, text=True, timeout=30)
+    assert done.stdout.strip() == "{'failed': 1}", done.stderr[-2000:]
+    assert time.monotonic() - started < 20  # stuck_sync's thread waits 60 s

@@ -826,6 +826,26 @@ def test_a_runtime_given_its_modules_as_one_string_refuses_it_naming_the_fix() -
         Runtime("tests.jobs.sample_jobs", install_signals=False)  # type: ignore[arg-type]
 
 
+def test_a_thread_pool_let_go_of_ends_its_idle_threads() -> None:
+    """A runtime whose sync jobs' threads hung replaces its pool without shutting it down (jobs
+    started before still hold it): once nothing holds it, its idle threads end rather than wait
+    for work for the life of the process."""
+    import gc
+    import threading
+
+    from livepush.jobs.runtime.threads import JobThreads
+
+    pool = JobThreads(3, "livepush-job-let-go")
+    assert [pool.submit(lambda n=n: n * 2).result(timeout=5) for n in range(3)] == [0, 2, 4]
+    threads = [t for t in threading.enumerate() if t.name.startswith("livepush-job-let-go")]
+    assert threads and all(t.daemon for t in threads)  # nor does the process wait for them at exit
+    del pool
+    gc.collect()
+    for thread in threads:
+        thread.join(timeout=5)
+    assert not any(t.is_alive() for t in threads), "the idle threads of a pool nothing holds did not end"
+
+
 async def test_sync_jobs_still_run_after_more_timed_out_threads_than_slots(jobs_db: str) -> None:
     """A sync job past its timeout fails its attempt and frees its slot while its thread runs on.
     However many such threads hang (here three, with one slot), the freed slot runs the next sync

@@ -28,7 +28,6 @@ Stop (SIGTERM/SIGINT or `stop()`): stop claiming; let the jobs in hand finish fo
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import importlib
 import logging
 import math
@@ -65,6 +64,7 @@ from . import limits, maintenance
 from .completer import Completer
 from .context import ClaimedJob, JobContext
 from .deadlines import Deadlines
+from .threads import JobThreads
 from .executor import Outcome, execute, timeout_failure
 
 log = logging.getLogger("livepush.jobs")
@@ -310,7 +310,7 @@ class Runtime:
         self._claim_conn: psycopg.AsyncConnection | None = None
         self._completer: Completer | None = None
         self._group_progress: ProgressPublisher | None = None
-        self._threads: concurrent.futures.ThreadPoolExecutor | None = None
+        self._threads: JobThreads | None = None
         self._stuck_threads = 0  # sync jobs' threads run on past their timeouts, in _threads
         self._deadlines: Deadlines[_InHand] = Deadlines(self._time_out)
         self._doorbell = asyncio.Event()
@@ -969,10 +969,9 @@ class Runtime:
         if entry is not None and entry.ctx is ctx:
             entry.deadline = self._deadlines.add(ctx.job_id, fn.timeout, entry)
 
-    def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+    def _thread_pool(self) -> JobThreads:
         self._stuck_threads = 0
-        return concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency * 2,
-                                                     thread_name_prefix="livepush-job")
+        return JobThreads(self.concurrency * 2, "livepush-job")
 
     def _thread_stuck(self) -> None:
         """A sync job's thread runs on past its timeout. With as many of them hung in the pool as

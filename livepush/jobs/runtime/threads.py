@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import queue
+import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -36,3 +39,74 @@ async def call_in_thread(pool: concurrent.futures.Executor | None, func: Callabl
     if isinstance(value, Raised):
         raise value.exc
     return value
+
+
+class JobThreads(concurrent.futures.Executor):
+    """The threads a runtime runs user code in: up to `max_workers`, reused, started on demand.
+    Daemon threads, unlike ThreadPoolExecutor's: a sync job past its timeout, or given back at a
+    stop, runs on in its thread with its lease gone, and a process (a drain() in a test session,
+    an embedded runtime's program) waited for it at exit, for ever for a call that never returns."""
+
+    def __init__(self, max_workers: int, name: str) -> None:
+        self._max_workers = max_workers
+        self._name = name
+        self._work: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[[], Any]] | None] = \
+            queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)  # released by each thread that waits for work
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._shut = False
+        # A pool let go of without a shutdown (a runtime's, replaced once its threads hung: see
+        # Runtime._thread_stuck) ends its idle threads; its threads hold no reference to it.
+        weakref.finalize(self, self._work.put, None)
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            if self._shut:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._work.put((future, functools.partial(fn, *args, **kwargs)))
+            # A thread waiting for work takes it; else a new one, up to the bound (as
+            # ThreadPoolExecutor does: beyond it, work waits for a thread to free).
+            if not self._idle.acquire(blocking=False) and len(self._threads) < self._max_workers:
+                thread = threading.Thread(target=_serve, args=(self._work, self._idle),
+                                          name=f"{self._name}_{len(self._threads)}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._shut = True
+            if cancel_futures:
+                while True:
+                    try:
+                        item = self._work.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is not None:
+                        item[0].cancel()
+            self._work.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
+
+
+def _serve(work: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[[], Any]] | None],
+           idle: threading.Semaphore) -> None:
+    """A JobThreads thread: run calls until the pool is shut down or let go of (None)."""
+    while True:
+        item = work.get()
+        if item is None:
+            work.put(None)  # wakes the next thread: every one ends
+            return
+        future, call = item
+        if future.set_running_or_notify_cancel():
+            try:
+                result = call()
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever awaits the future
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+        del item, future, call  # not held while idle
+        idle.release()
