@@ -384,6 +384,21 @@ def sync_swallows_cancel(ctx: Any) -> str:
     return "never told"
 
 
+@jobs.job(name="t.sync_polls_cancelled", timeout=120)
+def sync_polls_cancelled(ctx: Any) -> str:
+    """A sync job that checks `ctx.cancelled` between pieces of work and stops early once it is
+    set, returning what it got done."""
+    import time
+
+    note_sync(ctx, "start")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if ctx.cancelled:
+            return "stopped early"
+        time.sleep(0.02)
+    return "ran to its end"
+
+
 @jobs.job(name="t.deaf_to_timeout", timeout=0.2, max_attempts=1)
 async def deaf_to_timeout(ctx: Any, flag: str) -> str:
     return await deaf_until_flag(ctx, flag)

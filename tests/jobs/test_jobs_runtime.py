@@ -90,6 +90,21 @@ async def test_cancel_running_sync_job_at_progress(jobs_db: str) -> None:
         await wait_state(h.id, "cancelled", timeout=3.0)
 
 
+async def test_a_sync_job_that_sees_ctx_cancelled_and_returns_ends_cancelled(jobs_db: str) -> None:
+    """A sync job that checks ctx.cancelled and stops early, as cooperative code does, was told of
+    its cancel as one that meets JobCancelled at ctx.progress() is. It ended `succeeded`, its early
+    return stored as its result, so its page, its group and get_job() showed a cancelled job as
+    one that had done its work."""
+    async with running():
+        h = await sample_jobs.sync_polls_cancelled.aenqueue()
+        await wait_state(h.id, "running")
+        assert await asyncio.to_thread(jobs.cancel, h.id)
+        await wait_state(h.id, "cancelled", timeout=3.0)
+    info = jobs.get_job(h.id)
+    assert info is not None and (info.state, info.result) == ("cancelled", None)
+    assert names_of(jobs_db, h.id) == ["enqueued/available", "started/running", "cancelled/cancelled"]
+
+
 async def test_async_timeout_fails_the_attempt(jobs_db: str) -> None:
     """An async job past its timeout is cancelled and the attempt fails."""
     async with running():

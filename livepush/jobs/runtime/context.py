@@ -195,6 +195,11 @@ class JobContext:
 
     @property
     def cancelled(self) -> bool:
+        """Whether the job's cancel was requested. Read as True, the job was told, as by the
+        JobCancelled of ctx.progress(): one that stops early and returns ends `cancelled`, not
+        `succeeded` with what it got done as its result."""
+        if self.cancel_requested:
+            self.told_cancelled = True
         return self.cancel_requested
 
     def check_cancelled(self) -> None:
@@ -269,7 +274,7 @@ class SyncJobContext:
 
     @property
     def cancelled(self) -> bool:
-        return self._inner.cancel_requested
+        return self._inner.cancelled
 
     def _call(self, coro: Any) -> Any:
         """Run one of the job context's coroutines on the runtime's loop and wait for it here."""
