@@ -121,8 +121,9 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def leave_if_threads_run(status: int) -> None:
-    """A sync job past its timeout, or given back on shutdown, may still run in its thread; Python
-    would wait for it at exit. Its lease is gone, so nothing it does counts: leave now."""
+    """A sync job past its timeout, or given back on shutdown, may still run in its thread. Its
+    lease is gone, so nothing it does counts: leave now, rather than run the interpreter's
+    shutdown (atexit hooks, module teardown) beside user code that is still running."""
     if any(t.name.startswith("livepush-job") and t.is_alive() for t in threading.enumerate()):
         sys.stdout.flush()
         sys.stderr.flush()
