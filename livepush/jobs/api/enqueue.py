@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
 from typing import Any
@@ -190,9 +190,10 @@ class Batch:
         the place of its row among the statements' results. A keyed batch is sliced in key order:
         each statement inserts in key order, and so does the transaction as a whole, so two of
         them sharing keys cannot wait for each other in a circle. Python's order of str, code
-        points, is the one the statements insert in (COLLATE "C"), not the database's collation. The sort is stable: an item's
-        earlier items with its key stay earlier. A slice never ends inside a run of one key: an
-        item marked `later` is settled by the first item of its key in the same statement."""
+        points, is the one the statements insert in (COLLATE "C"), not the database's collation.
+        The sort is stable: an item's earlier items with its key stay earlier. A slice never ends
+        inside a run of one key: an item marked `later` is settled by the first item of its key in
+        the same statement."""
         order = list(range(len(self.rows)))
         if self.keyed and len(self.rows) > size:
             order.sort(key=lambda i: _key(self.rows[i]) or "")
@@ -288,13 +289,23 @@ def item(entry: Any) -> tuple[JobSpec, Sequence[Any], datetime | None, str | Non
     )
 
 
-def name_item(exc: LivepushError, call: str, index: int) -> None:
-    """Put the call and the place of the item it refused in front of `exc`'s message (its type and
-    everything else unchanged): in a batch of thousands, `args[0] is a datetime` alone does not
-    say which item to fix. Item refusals say what was wrong, not which call they come from: the
-    same checks serve enqueue_many and every batch of a group."""
-    if exc.args and isinstance(exc.args[0], str):
-        exc.args = (f"{call} item {index}: {exc.args[0]}", *exc.args[1:])
+def add_items(batch: Batch, items: Iterable[Any], call: str, group_id: int | None = None,
+              before_each: Callable[[], None] | None = None) -> None:
+    """Check each of `items` (as enqueue_many takes them) and add it to `batch`, `before_each()`
+    first (a group's member limit). A refused item's error gets the call and the item's place in
+    front of its message, its type and everything else unchanged: in a batch of thousands,
+    `args[0] is a datetime` alone does not say which item to fix. Item refusals say what was wrong,
+    not which call they come from: the same checks serve enqueue_many and every batch of a group."""
+    for index, entry in enumerate(items):
+        if before_each is not None:
+            before_each()
+        try:
+            fn, args, when, queue, extra = item(entry)
+            batch.add(fn, args, when, group_id, queue, **extra)
+        except LivepushError as exc:
+            if exc.args and isinstance(exc.args[0], str):
+                exc.args = (f"{call}() item {index}: {exc.args[0]}", *exc.args[1:])
+            raise
 
 
 def run_batch(batch: Batch, conn: Any = None, debounce: float | None = None,
@@ -373,13 +384,7 @@ def many(items: Iterable[Any], call: str = "enqueue_many") -> Batch:
         raise ArgumentTypeError(f"{call}() takes an iterable of job.request(*args) values or (job_function, args) "
                                 f"tuples, got {type(items).__name__} {items!r:.60}")
     batch = Batch()
-    for index, entry in enumerate(items):
-        try:
-            fn, args, when, queue, extra = item(entry)
-            batch.add(fn, args, when, queue=queue, **extra)
-        except LivepushError as exc:
-            name_item(exc, f"{call}()", index)
-            raise
+    add_items(batch, items, call)
     return batch
 
 

@@ -19,14 +19,14 @@ from typing import Any
 from ...postgres.connect import cursor_on, translated, translated_on
 from ...postgres.text import BIGINT_MAX
 from .. import database
-from ..api.enqueue import Batch, is_spec, item, name_item, run_at
+from ..api.enqueue import Batch, add_items, is_spec, run_at
 from ..api.handles import NO_SUCH_ID, JobHandle, StateTopicHandle, checked_id
 from ..api.registry import JobRequest, JobSpec
 from ..errors import GroupBlockError, GroupClosedError, GroupLimitError, GroupNotFound, LeaseLostError
 from . import queries as gq
 from . import steps
 from .transactions import ain_tx, check_conn, in_tx
-from ...errors import ArgumentTypeError, ArgumentValueError, LivepushError
+from ...errors import ArgumentTypeError, ArgumentValueError
 
 MAX_GROUP_MEMBERS = 100_000  # members per group, whichever way they are added
 DEFAULT_SHARDS = 16  # counter rows per group: outcomes of different shards never wait on each other
@@ -193,14 +193,7 @@ class GroupBuilder:
         self._check_open()
         _check_items(items, "g.enqueue_many")
         with self._batch.all_or_nothing():
-            for index, entry in enumerate(items):
-                check_limit(len(self._batch) + 1)
-                try:
-                    fn, args, when, queue, extra = item(entry)
-                    self._batch.add(fn, args, when, self.id, queue, **extra)
-                except LivepushError as exc:
-                    name_item(exc, "g.enqueue_many()", index)
-                    raise
+            add_items(self._batch, items, "g.enqueue_many", self.id, lambda: check_limit(len(self._batch) + 1))
 
     def _steps(self) -> steps.Steps[list[dict[str, Any]]]:
         yield from steps.create(self.id, self._shards, self._callbacks)
@@ -311,16 +304,9 @@ def _add_many_steps(group_id: int, batch: Batch) -> steps.Steps[list[JobHandle]]
 def _batch_of(group_id: int, items: Iterable[Any], call: str) -> Batch:
     _check_items(items, call)
     batch = Batch()
-    for index, entry in enumerate(items):
-        # Checked per item, as the block does: an endless or huge iterable is refused at the
-        # limit, not read (and held) to its end first.
-        check_limit(len(batch) + 1)
-        try:
-            fn, args, when, queue, extra = item(entry)
-            batch.add(fn, args, when, group_id, queue, **extra)
-        except LivepushError as exc:
-            name_item(exc, f"{call}()", index)
-            raise
+    # The limit checked per item, as the block does: an endless or huge iterable is refused at
+    # the limit, not read (and held) to its end first.
+    add_items(batch, items, call, group_id, lambda: check_limit(len(batch) + 1))
     return batch
 
 
