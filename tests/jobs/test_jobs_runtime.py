@@ -1053,9 +1053,14 @@ async def test_a_job_given_back_runs_again_without_the_old_runs_progress(jobs_db
         await wait_state(h.id, "succeeded", timeout=10.0)
     evs = await asyncio.to_thread(events_of, jobs_db, h.id)
     starts = [i for i, e in enumerate(evs) if e["event"] == "started"]
-    assert len(starts) == 2, [e["event"] for e in evs]
+    events = [e["event"] for e in evs]
+    # Two runs: the one given back and the one that succeeded. A claim already on its way when the
+    # first runtime stopped may take the job it had just given back: that claim's `started`
+    # version is followed at once by its give-back, unrun (docs/jobs.md), and shows no progress.
+    assert len(starts) >= 2, events
+    assert all(events[i + 1] == "enqueued" for i in starts[1:-1]), events
     assert [e["job"]["attempt"] for e in evs[starts[0]:]].count(1) >= 2, "the same attempt ran twice"
-    for e in evs[starts[0] + 1:starts[1] + 1]:
+    for e in evs[starts[0] + 1:starts[-1] + 1]:
         if e["event"] != "progress":
             assert e["job"]["progress"] == {"done": 0, "total": None, "message": None}, e
 
