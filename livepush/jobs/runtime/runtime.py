@@ -85,6 +85,9 @@ TIMEOUT_GRACE = 2.0
 # Seconds the stop's last writes (outcomes, deregistration, state) still get after a second
 # signal, all together: enough for a healthy Postgres, short for one that is down.
 STOP_NOW_GRACE = 2.0
+# Seconds the stop waits for a claim on its way to return before giving back the jobs in hand: a
+# healthy Postgres answers in milliseconds; one that does not answer must not hold the jobs on.
+CLAIM_RETURN_WAIT = 5.0
 # Seconds a publication of the runtime's own state (runtime:<id>, runtimes) gets on each topic:
 # informative only, it must never hold up a start or a stop.
 STATE_PUBLISH_TIMEOUT = 2.0
@@ -330,6 +333,8 @@ class Runtime:
         # in hand: a job the claim took can be cancelled, and its notification heard, before the
         # claim's reply comes back. Checked again once the claim's jobs have started.
         self._claiming = False
+        self._claim_returned = asyncio.Event()  # set while no claim is under way
+        self._claim_returned.set()
         self._heard_while_claiming: set[int] = set()
         # A claim statement failed: it may have committed jobs to this runtime whose reply never
         # came (the connection broke on the way back). Looked for before the next claim.
@@ -509,8 +514,21 @@ class Runtime:
                 now_waiter.cancel()
         if self.in_hand:
             log.warning("giving back %d jobs in hand (attempt not spent)", len(self.in_hand))
+            await self._claim_on_its_way()
             self.release_all()
         await self._close_completer()
+
+    async def _claim_on_its_way(self) -> None:
+        """Wait for a claim under way to return. Executed after the give-back committed, it would
+        take those jobs again: given back at once unrun, yet each would show a start it never had."""
+        if self._claim_returned.is_set():
+            return
+        try:
+            await self._unless_stopped_now(asyncio.wait_for(self._claim_returned.wait(), CLAIM_RETURN_WAIT),
+                                           "waiting for the claim on its way")
+        except TimeoutError:
+            log.warning("a claim still had not returned after %g s; giving back the jobs in hand anyway",
+                        CLAIM_RETURN_WAIT)
 
     async def in_hand_ended(self) -> None:
         """Return once no job is in hand. Not once their tasks have ended: a job that swallows
@@ -798,10 +816,12 @@ class Runtime:
         """Claim up to `free` jobs and start them; how many were claimed. The cancels heard while
         it ran, of jobs not then in hand, are checked once its jobs have started."""
         self._claiming = True
+        self._claim_returned.clear()
         try:
             return await self._claim_starting(free)
         finally:
             self._claiming = False
+            self._claim_returned.set()
             heard, self._heard_while_claiming = self._heard_while_claiming, set()
             if not self._closing.is_set():  # no new side task once _close() is stopping them
                 self._check_cancels([i for i in heard if i in self.in_hand])
