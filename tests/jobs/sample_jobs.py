@@ -409,14 +409,18 @@ async def deaf_to_cancel_until_flag(ctx: Any, flag: str) -> str:
     return await deaf_until_flag(ctx, flag)
 
 
-# Set by a test to let the threads of `stuck_sync` jobs end.
+# Set by a test to let the threads of `stuck_sync` jobs end; released once by each as it ends.
 UNSTICK = threading.Event()
+UNSTUCK = threading.Semaphore(0)
 
 
 @jobs.job(name="t.stuck_sync", timeout=0.2, max_attempts=1)
 def stuck_sync(ctx: Any) -> None:
     """Hangs (as a call to a service without a timeout does) until the test lets it go."""
-    UNSTICK.wait(60)
+    try:
+        UNSTICK.wait(60)
+    finally:
+        UNSTUCK.release()
 
 
 @jobs.job(name="t.record_sync_soon", timeout=2.0, max_attempts=1)

@@ -877,6 +877,23 @@ async def test_sync_jobs_still_run_after_more_timed_out_threads_than_slots(jobs_
         sample_jobs.UNSTICK.set()
 
 
+async def test_a_timed_out_sync_thread_that_ended_no_longer_counts_as_hung(
+        jobs_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The runtime takes a fresh thread pool once as many sync threads hang past their timeouts
+    as it has slots, not once that many timeouts have ever happened: a thread that ended since
+    its timeout holds no thread of the pool."""
+    async with running(concurrency=2):
+        for _ in range(3):
+            sample_jobs.UNSTICK.clear()
+            h = await sample_jobs.stuck_sync.aenqueue()
+            await wait_state(h.id, "failed")
+            sample_jobs.UNSTICK.set()
+            assert await asyncio.to_thread(sample_jobs.UNSTUCK.acquire, timeout=5.0), "the thread to end"
+        after = await sample_jobs.record_sync_soon.aenqueue("after")
+        await wait_state(after.id, "succeeded")
+    assert "fresh thread pool" not in caplog.text
+
+
 async def test_a_job_started_before_its_runtime_took_fresh_threads_still_runs_sync_work(jobs_db: str) -> None:
     """After as many hung sync threads as slots, new sync work goes to a fresh thread pool. A job
     that started before that holds the old pool as ctx.threads, and its sync checkpoint still

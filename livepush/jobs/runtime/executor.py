@@ -34,7 +34,7 @@ from ..errors import (
 )
 from .context import JobContext, SyncJobContext
 from .deadlines import effective
-from .threads import Raised, stop_caught
+from .threads import Raised, ThreadEnd
 
 log = logging.getLogger("livepush.jobs")
 
@@ -72,12 +72,13 @@ def _error_text(exc: BaseException) -> str:
 async def execute(
     fn: Any, ctx: JobContext, pool: concurrent.futures.Executor | None,
     arm: Callable[[Any, JobContext], None] | None = None,
-    stuck: Callable[[], None] | None = None,
+    stuck: Callable[[concurrent.futures.Executor | None], Callable[[], None]] | None = None,
 ) -> Outcome | None:
     """Run `fn` for `ctx.job` and return its outcome, or None when there is nothing to write: the
     runtime released the job meanwhile (it recorded that), or the job parked (its parking
     transaction wrote that). `arm(fn, ctx)` starts an async job's timeout, just before its
-    function runs; `stuck()` is told when a sync job's thread runs on past its timeout."""
+    function runs; `stuck(pool)` is told when a sync job's thread runs on past its timeout, and
+    what it returns is called once that thread has ended."""
     job = ctx.job
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
@@ -97,9 +98,10 @@ async def execute(
                     await durable.settle()
         else:
             sync_ctx = SyncJobContext(ctx, loop)
-            # stop_caught: a StopIteration would never complete the future (asyncio refuses it),
-            # and the job would stay `running` until its timeout, or for ever without one.
-            future = loop.run_in_executor(pool, functools.partial(stop_caught, fn.func, sync_ctx, *job.args))
+            # run() catches a StopIteration (stop_caught): it would never complete the future
+            # (asyncio refuses it), and the job would stay `running` until its timeout, or for ever.
+            thread = ThreadEnd()
+            future = loop.run_in_executor(pool, functools.partial(thread.run, fn.func, sync_ctx, *job.args))
             done, _ = await asyncio.wait({future}, timeout=effective(fn.timeout))
             if not done:
                 # The thread keeps running; its result is dropped and its lease is gone by then.
@@ -110,7 +112,7 @@ async def execute(
                 ctx.timed_out = True
                 future.cancel()
                 if stuck is not None:
-                    stuck()
+                    thread.tell(loop, stuck(pool))
                 log.warning("sync job %s (%s) passed its %g s timeout; its thread runs on, its outcome will be ignored",
                             job.id, fn.name, fn.timeout)
                 return timeout_failure(fn, ctx)

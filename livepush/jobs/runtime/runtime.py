@@ -28,6 +28,7 @@ Stop (SIGTERM/SIGINT or `stop()`): stop claiming; let the jobs in hand finish fo
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib
 import logging
 import math
@@ -36,7 +37,7 @@ import re
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -199,6 +200,10 @@ def _queue_list(queues: Sequence[str]) -> Sequence[str]:
         raise ConfigError("--queues names no queue: list the queues to run, or pass None to run every queue "
                           "the modules use")
     return queues
+
+
+def _nothing() -> None:
+    pass
 
 
 def _whole(seconds: float) -> str:
@@ -993,20 +998,29 @@ class Runtime:
         self._stuck_threads = 0
         return JobThreads(self.concurrency * 2, "livepush-job")
 
-    def _thread_stuck(self) -> None:
+    def _thread_stuck(self, pool: concurrent.futures.Executor | None) -> Callable[[], None]:
         """A sync job's thread runs on past its timeout. With as many of them hung in the pool as
         there are slots, the pool has no thread left for a slot's next sync job: it would wait in
         the pool's queue until its own timeout failed it, never run, and so would every sync job
         after it. A fresh pool then takes the new jobs; the old one's threads end with their
         functions (they hold nothing: their leases are gone). It is not shut down: jobs started
         before hold it as `ctx.threads` (a checkpoint's or a workflow step's sync function runs
-        there), and a shut-down pool refuses work; once nothing holds it, its idle threads end."""
+        there), and a shut-down pool refuses work; once nothing holds it, its idle threads end.
+        Returns what to call once the thread has ended: it no longer holds a thread of the pool."""
         assert self._threads is not None
+        if pool is not self._threads:  # a thread of a pool already replaced: it holds none of ours
+            return _nothing
         self._stuck_threads += 1
         if self._stuck_threads >= self.concurrency:
             log.warning("%d sync jobs' threads run on past their timeouts: new sync jobs get a fresh thread pool",
                         self._stuck_threads)
             self._threads = self._thread_pool()
+
+        def ended() -> None:
+            if self._threads is pool:
+                self._stuck_threads -= 1
+
+        return ended
 
     def _time_out(self, entry: _InHand) -> None:
         """An async job ran past its timeout: cancel it; execute() makes that a TimeoutError failure.

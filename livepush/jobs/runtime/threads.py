@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import queue
 import threading
@@ -30,6 +31,40 @@ def stop_caught(func: Callable[..., Any], *args: Any) -> Any:
         return func(*args)
     except StopIteration as exc:
         return Raised(exc)
+
+
+class ThreadEnd:
+    """Runs a call in its thread and tells the loop when it ends, should the loop have stopped
+    waiting for it first (a sync job past its timeout): then its thread no longer counts as hung."""
+
+    __slots__ = ("_lock", "_ended", "_tell")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ended = False
+        self._tell: Callable[[], None] | None = None
+
+    def run(self, func: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return stop_caught(func, *args)
+        finally:
+            with self._lock:
+                self._ended = True
+                tell = self._tell
+            if tell is not None:
+                tell()
+
+    def tell(self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+        """Call `callback` on `loop` once the call has ended (at once if it has)."""
+        def from_the_thread() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody to tell
+                loop.call_soon_threadsafe(callback)
+
+        with self._lock:
+            if not self._ended:
+                self._tell = from_the_thread
+                return
+        callback()
 
 
 async def call_in_thread(pool: concurrent.futures.Executor | None, func: Callable[..., Any], *args: Any) -> Any:
