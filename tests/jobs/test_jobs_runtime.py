@@ -390,6 +390,35 @@ async def test_a_backoff_that_raises_still_retries_the_job(jobs_db: str) -> None
         assert rt.state == "running"
 
 
+@jobs.job(name="t.backoff_nan", max_attempts=3, backoff=lambda attempt: float("nan"))
+async def backoff_nan(ctx: Any) -> None:
+    raise ValueError("the job's own failure")
+
+
+@jobs.job(name="t.backoff_text", max_attempts=3, backoff=lambda attempt: "0")
+async def backoff_text(ctx: Any) -> None:
+    raise ValueError("the job's own failure")
+
+
+@pytest.mark.parametrize("job", [backoff_nan, backoff_text], ids=["nan", "text"])
+async def test_a_backoff_that_returns_no_number_of_seconds_retries_on_the_default_backoff(
+        jobs_db: str, job: JobFunction, caplog: pytest.LogCaptureFixture) -> None:
+    """backoff= must return a number of seconds. A NaN, or a str, is logged as the mistake it is
+    and the retry waits the default backoff (about 2 s after a first failure), not no time at all."""
+    async with running():
+        handle = await job.aenqueue()
+
+        async def failed_once() -> dict[str, Any] | None:
+            s = await asyncio.to_thread(jobs.job_state, handle.id)
+            return s if s is not None and s["error"] is not None and s["state"] != "running" else None
+
+        state = await async_wait_for(failed_once, 10.0, message="the first attempt's failure")
+    assert state["state"] == "scheduled", state
+    wait = q(jobs_db, "SELECT extract(epoch FROM run_at - now()) FROM livepush_jobs WHERE id = %s", (handle.id,))
+    assert float(wait[0][0]) > 0.5, wait
+    assert "returned" in caplog.text and "not a number of seconds" in caplog.text
+
+
 @pytest.mark.parametrize("how", ["cancelled", "generator"])
 @pytest.mark.parametrize("job", ["exits", "exits_sync"])
 async def test_a_job_raising_cancellederror_itself_fails_its_attempt(jobs_db: str, job: str, how: str) -> None:

@@ -14,9 +14,12 @@ import dataclasses
 import functools
 import inspect
 import logging
+import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
+from ...errors import ArgumentTypeError
 from ...postgres.text import storable_text
 from ..api.args import encode
 from ..api.functions import default_backoff
@@ -253,12 +256,17 @@ def _failure(fn: Any, ctx: JobContext, exc: BaseException, *, timed_out: bool = 
                     job.max_attempts, error, exc_info=None if timed_out else exc)
         return Outcome(ctx, "fail", error=error)
     try:
-        delay = min(max(0.0, float(fn.backoff(job.attempt))), MAX_RETRY_DELAY)
+        seconds = fn.backoff(job.attempt)
+        # A str or a bool would pass float(), and a NaN would pass max() as no wait at all.
+        if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or math.isnan(seconds):
+            raise ArgumentTypeError(f"backoff= returned {type(seconds).__name__} {seconds!r:.40}, "
+                                    f"not a number of seconds: return an int or a float")
+        delay = min(max(0.0, float(seconds)), MAX_RETRY_DELAY)
     except Exception as backoff_error:  # noqa: BLE001 - user code: raising here lost the outcome
         # Raised from here, the failure would never be written: the job would stay `running`,
         # held by a live runtime that no longer knows it. It retries on the default backoff.
-        log.error("job %s (%s): its backoff= raised for attempt %s; retrying on the default backoff",
-                  job.id, fn.name, job.attempt, exc_info=backoff_error)
+        log.error("job %s (%s): its backoff= failed for attempt %s (%s); retrying on the default backoff",
+                  job.id, fn.name, job.attempt, backoff_error, exc_info=backoff_error)
         delay = min(default_backoff(job.attempt), MAX_RETRY_DELAY)
     log.info("job %s (%s) attempt %s failed, retrying in %.1f s: %s", job.id, fn.name, job.attempt, delay, error,
              exc_info=None if timed_out else exc)
