@@ -216,6 +216,11 @@ class Settings:
                     f"LIVEPUSH_ALLOWED_ORIGINS entry {entry[:100]!r} is not an origin: write scheme://host[:port], "
                     "e.g. https://app.example.com (or https://*.example.com for its subdomains, or * for any)"
                 )
+            if _wildcard_over_a_top_level_domain(entry):
+                raise ConfigError(
+                    f"LIVEPUSH_ALLOWED_ORIGINS entry {entry[:100]!r} admits every site under a top-level domain: "
+                    "name your own domain, e.g. https://*.example.com (or * for any origin, said as such)"
+                )
         if not self.host.strip():
             # An empty bind address is every interface: a `--host "$UNSET"` must not publish the
             # server to the network when an empty LIVEPUSH_HOST means the loopback default.
@@ -282,6 +287,15 @@ def _is_origin(entry: str) -> bool:
         return False
     return (parts.scheme.lower() in _ORIGIN_SCHEMES and bool(parts.hostname) and not parts.path
             and not parts.query and not parts.fragment and parts.username is None and parts.password is None)
+
+
+def _wildcard_over_a_top_level_domain(entry: str) -> bool:
+    """`https://*.com`: a wildcard over a single label. localhost's subdomains are a development
+    setup's, not other people's sites."""
+    if "://*." not in entry:
+        return False
+    host = urlsplit(entry.replace("://*.", "://", 1)).hostname or ""
+    return "." not in host and host != "localhost"
 
 
 _current: Settings | None = None

@@ -210,3 +210,12 @@ def test_the_list_of_environment_settings_is_every_variable_settings_read() -> N
     Settings.from_env(bare)
     Settings.from_env(full)
     assert bare.asked | full.asked == ENVIRONMENT
+
+
+@pytest.mark.parametrize("entry", ["https://*.com", "https://*.COM", "http://*.dev:8000", "https://*.internal"])
+def test_a_wildcard_over_a_whole_top_level_domain_is_refused(entry: str) -> None:
+    """`https://*.com` would admit every site under .com, which no deployment means: it ends the
+    command at start, naming the entry. One's own domain, or localhost's subdomains, still pass."""
+    with pytest.raises(ConfigError, match=re.escape(repr(entry)) + ".*every site"):
+        Settings.from_env({"LIVEPUSH_ALLOWED_ORIGINS": f"https://app.example.com,{entry}"})
+    Settings.from_env({"LIVEPUSH_ALLOWED_ORIGINS": "https://*.example.com,http://*.localhost:3000,https://*.co.example"})
