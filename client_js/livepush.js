@@ -1016,12 +1016,15 @@ export class LivePush {
    */
   _retrySubscribe(sub) {
     sub._retries += 1;
+    const delayMs = this._delayFor(sub._retries);
+    // _delayFor may have run the page's onError, and one that closed the client ended it.
+    if (this._stopped) return;
     const ws = this._ws;
     sub._retryTimer = new Timer(this._clock, () => {
       sub._retryTimer = null;
       if (this._ws === ws && this._status === Status.OPEN && sub.state === 'pending') this._sendSubscribe(sub);
     });
-    sub._retryTimer.schedule(this._delayFor(sub._retries));
+    sub._retryTimer.schedule(delayMs);
   }
 
   /** @param {Subscription} sub */
@@ -1112,6 +1115,9 @@ export class LivePush {
     if (stable && !PENALTY_CODES.has(code)) this._tries = 0;
     this._tries += 1;
     let delayMs = this._delayFor(this._tries);
+    // What reported the failed attempt, and _delayFor, ran the page's callbacks: an onError that
+    // gave up and closed the client has ended it, and nothing may be scheduled after `closed`.
+    if (this._stopped) return;
     if (code === CloseCode.GOING_AWAY || code === CloseCode.SERVICE_RESTART) {
       // A restart or deploy: come back soon, spread out, never at once; when a draining server
       // said when (`retry=MS`, a livepush server's word, so after 1001 only), then, since it

@@ -473,3 +473,39 @@ test('a reconnectAfterMs that throws or returns no number falls back to the defa
     h.lp.close();
   }
 });
+
+test('a client closed from onError while it reports a failed attempt stays closed, with nothing scheduled', () => {
+  // A page that gives up when no connection can be attempted (its token function is async, say),
+  // and one that closes when its own reconnectAfterMs gave no delay.
+  const box = {};
+  const giveUp = (err) => {
+    if (err.reason === 'connect_failed' || err.reason === 'handler_error') box.lp.close();
+  };
+  for (const options of [
+    { token: (() => { let n = 0; return () => (++n === 1 ? 'tok' : Promise.resolve('tok')); })() },
+    { reconnectAfterMs: () => NaN },
+  ]) {
+    const h = harness({ ...options, onError: giveUp });
+    box.lp = h.lp;
+    h.last().hello();
+    h.last().serverClose(1006);
+    h.clock.advance(1_000);
+    assert.equal(h.lp.status, 'closed');
+    assert.deepEqual(h.statuses.map((s) => s.status).slice(-1), ['closed'], 'nothing announced after closed');
+    assert.deepEqual(h.clock.pending(), []);
+    h.clock.advance(3_600_000);
+    assert.equal(h.sockets.length, 1);
+  }
+});
+
+test('a client closed from onError while a transient refusal is reported leaves no retry timer', () => {
+  const box = {};
+  const h = harness({ reconnectAfterMs: () => NaN, onError: () => box.lp.close() });
+  box.lp = h.lp;
+  h.lp.subscribe('chat:a', () => {}, { onRefused: () => {} });
+  h.last().hello();
+  const [frame] = h.last().frames('subscribe');
+  h.last().receive({ op: 'refused', ref: frame.ref, reason: 'unavailable' });
+  assert.equal(h.lp.status, 'closed');
+  assert.deepEqual(h.clock.pending(), []);
+});
