@@ -941,7 +941,9 @@ export class LivePush {
         if (!sub || sub.state !== 'pending') return;
         const reason = String(frame.reason ?? 'refused');
         if (TRANSIENT_REFUSALS.has(reason)) return this._retrySubscribe(sub);
-        this._registry.remove(sub);
+        // A subscription of the topic unsubscribed while this one waited (it was not the last
+        // then) left the server streaming the topic: with this one gone, nobody hears it.
+        if (this._registry.remove(sub)) this._release(sub.plainTopic);
         return sub._refused(reason);
       }
       case 'message':
@@ -1034,10 +1036,18 @@ export class LivePush {
     this._subscribeQueue.delete(sub);
     sub._retryTimer?.cancel();
     sub._retryTimer = null;
-    const last = this._registry.remove(sub);
     // Other subscriptions of this page may still need the topic; one server subscription
     // serves them all.
-    if (last && this._status === Status.OPEN) this._send({ op: 'unsubscribe', topic: sub.plainTopic });
+    if (this._registry.remove(sub)) this._release(sub.plainTopic);
+  }
+
+  /**
+   * No subscription of this page needs the topic any more: the server stops streaming it. (One
+   * it never streamed ignores the frame.) A connection not open holds no topic.
+   * @param {string} plainTopic
+   */
+  _release(plainTopic) {
+    if (this._status === Status.OPEN) this._send({ op: 'unsubscribe', topic: plainTopic });
   }
 
   /** @param {object} frame */

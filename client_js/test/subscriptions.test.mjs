@@ -280,6 +280,31 @@ test('two subscriptions on one topic each get their own history; the topic is re
   h.lp.close();
 });
 
+test('a refused subscription releases its topic once no other subscription of the page needs it', () => {
+  const h = harness();
+  const ws = h.last();
+  ws.hello();
+  const old = collect(h.lp, 'job:42~1700000000~sig');
+  ws.acceptSubscribes();
+  const refuse = (reason) => ws.receive({ op: 'refused', ref: ws.frames('subscribe').at(-1).ref, reason });
+  // Refused beside a subscription the server streams the topic for: that one keeps it.
+  collect(h.lp, 'job:42~bad-signature', { onRefused: () => {} });
+  refuse('invalid_signature');
+  assert.equal(ws.frames('unsubscribe').length, 0);
+  ws.receive({ op: 'message', topic: 'job:42', offset: '3', data: 'still heard' });
+  assert.deepEqual(old.data(), ['still heard']);
+  // A component that remounts with the signed topic the page rendered: the new subscription goes
+  // out, the old one unsubscribes (not the last then), and the signature has expired meanwhile.
+  const remounted = collect(h.lp, 'job:42~1700000000~sig', { onRefused: () => {} });
+  old.sub.unsubscribe();
+  assert.equal(ws.frames('unsubscribe').length, 0, 'the new subscription may still need the topic');
+  refuse('expired');
+  assert.equal(remounted.sub.state, 'refused');
+  // Without it the server would stream job:42 to this connection, for nobody, until it closes.
+  assert.deepEqual(ws.frames('unsubscribe'), [{ op: 'unsubscribe', topic: 'job:42' }]);
+  h.lp.close();
+});
+
 test('an answer arriving after unsubscribe does not revive the subscription', () => {
   const h = harness();
   const s = collect(h.lp, 'chat:a');
