@@ -394,6 +394,15 @@ function checkCallback(what, value, hint) {
   }
 }
 
+/**
+ * An argument's kind for an error message, never its contents (a string may be a signed topic).
+ * @param {unknown} value
+ * @returns {string}
+ */
+function describeArg(value) {
+  return value === null || value === undefined ? String(value) : typeof value;
+}
+
 /** The plain topic of a possibly signed one: `~` never appears in a plain topic. */
 function plainTopicOf(/** @type {string} */ topic) {
   const i = topic.indexOf('~');
@@ -789,6 +798,10 @@ export class LivePush {
    */
   on(event, fn) {
     if (event !== 'status') throw new TypeError(`LivePush has no "${event}" event; listen to "status"`);
+    if (typeof fn !== 'function') {
+      // Kept, it would fail at every status change, reported as a bare "is not a function".
+      throw new TypeError(`lp.on('status', fn): fn must be a function, not ${describeArg(fn)}: pass the function itself, not what calling it returns`);
+    }
     let set = this._listeners.get(event);
     if (!set) this._listeners.set(event, (set = new Set()));
     set.add(fn);
@@ -1354,15 +1367,6 @@ export function progressText(view) {
 }
 
 /**
- * An argument's kind for an error message, never its contents (a string may be a signed topic).
- * @param {unknown} value
- * @returns {string}
- */
-function describeArg(value) {
-  return value === null || value === undefined ? String(value) : typeof value;
-}
-
-/**
  * @typedef {{readonly topic: string, readonly offset: string | null, unsubscribe(): void}} ProgressBinding
  */
 
@@ -1406,6 +1410,10 @@ export function bindProgress(lp, topic, element, options = {}) {
   if (element === null || typeof element !== 'object' ||
       (typeof element.replaceChildren !== 'function' && typeof element.appendChild !== 'function')) {
     throw new TypeError(`bindProgress() needs the element to render into, got ${describeArg(element)}: check the id or selector that looked it up`);
+  }
+  for (const name of /** @type {const} */ (['onFinish', 'onUpdate'])) {
+    // Run only when the job reports: said here, before the element is cleared, instead.
+    checkCallback(`bindProgress() options.${name}`, options[name], 'pass the function itself, not what calling it returns');
   }
   progressBindings.get(element)?.unsubscribe();
   const doc = element.ownerDocument ?? /** @type {any} */ (globalThis).document;

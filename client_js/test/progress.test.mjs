@@ -167,6 +167,22 @@ test('bindProgress without an element to render into says so, and subscribes to 
   h.lp.close();
 });
 
+test('bindProgress refuses an onFinish or onUpdate that is not a function, before it renders or subscribes', () => {
+  const h = harness();
+  const element = new FakeElement('div');
+  const refresh = async () => {};
+  for (const name of ['onFinish', 'onUpdate']) {
+    assert.throws(() => bindProgress(h.lp, 'job:42', element, { [name]: refresh() }), {
+      name: 'TypeError',
+      message: `bindProgress() options.${name} must be a function, not object: pass the function itself, not what calling it returns`,
+    });
+  }
+  assert.deepEqual(element.children, [], 'the element is left as it was');
+  h.last().hello();
+  assert.deepEqual(h.last().frames('subscribe'), []);
+  h.lp.close();
+});
+
 test('binding an element again ends its earlier binding: one element shows one progress', () => {
   const h = harness();
   const el = new FakeElement('div');

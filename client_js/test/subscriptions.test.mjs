@@ -597,3 +597,16 @@ test('a callback option that is not a function is refused when it is passed, not
     message: /^LivePush options\.onError must be a function, not string/,
   });
 });
+
+test('a status listener that is not a function is refused when it is added, not at every status change', () => {
+  const h = harness();
+  const showStatus = () => {};
+  assert.throws(() => h.lp.on('status', showStatus()), {
+    name: 'TypeError',
+    message: /^lp\.on\('status', fn\): fn must be a function, not undefined: pass the function itself/,
+  });
+  h.last().hello();
+  h.last().serverClose(1006);
+  assert.deepEqual(h.errors, [], 'no handler_error at each change');
+  h.lp.close();
+});
