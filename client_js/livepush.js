@@ -565,7 +565,7 @@ export class Subscription {
     if (cb) this._client._call(cb, reason, { topic: this.topic });
     else {
       // The plain topic: a signed one's signature is the permission, and this may reach a log.
-      const hint = REFUSAL_HINTS[reason] ?? 'pass onRefused to handle it';
+      const hint = this._client._refusalHint(reason);
       this._client._report({ reason: 'refused', detail: `subscribe to ${this.plainTopic} refused: ${reason}: ${hint}` });
     }
   }
@@ -754,6 +754,8 @@ export class LivePush {
     /** @type {{subject: string} | null} */
     this._session = null;
     this._stopped = false;
+    /** whether the current connection offered a token (its hello may still say anonymous) */
+    this._tokenSent = false;
     /** @type {number | null} the close code (4401, 4403) that refused the session for good */
     this._refusedCode = null;
     this._everOpened = false;
@@ -865,7 +867,9 @@ export class LivePush {
     /** @type {any} an instance of the browser's WebSocket or of the one injected */
     let ws;
     try {
-      ws = new this._WebSocket(this._socketUrl(), this._protocols());
+      const protocols = this._protocols();
+      ws = new this._WebSocket(this._socketUrl(), protocols);
+      this._tokenSent = protocols.length > 1;
     } catch (err) {
       // A malformed URL throws synchronously; retrying with backoff will not fix it, but
       // surfacing it and backing off beats a tight loop or a silent stop.
@@ -1225,6 +1229,21 @@ export class LivePush {
       if (this._status !== status) break;
       this._call(fn, status, info);
     }
+  }
+
+  /**
+   * What a page can do about a refusal, for onError. A token the server did not take (expired
+   * while the page was away, or revoked) makes the connection anonymous under the `optional`
+   * mode, and the user's topics are then forbidden: the session is missing, not a rule.
+   * @param {string} reason
+   * @returns {string}
+   */
+  _refusalHint(reason) {
+    if (reason === 'forbidden' && this._tokenSent && this._session === null) {
+      return 'the server took this connection as anonymous although a token was sent (expired or revoked, '
+        + 'or the server runs with LIVEPUSH_AUTHENTICATE=off): sign the user in again and create a new LivePush with a fresh token';
+    }
+    return REFUSAL_HINTS[reason] ?? 'pass onRefused to handle it';
   }
 
   /**

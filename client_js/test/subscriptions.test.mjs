@@ -215,6 +215,26 @@ test('a refusal the page has no onRefused for reaches onError, saying what to do
   h.lp.close();
 });
 
+test('a forbidden topic on a connection the server took as anonymous, though a token was sent, says the token was not taken', () => {
+  // The page slept past its token's expiry: under LIVEPUSH_AUTHENTICATE=optional it comes back
+  // anonymous, and its user's topics are refused. No rule is missing: the session is.
+  const h = harness({ token: 'expired-token' });
+  h.last().hello({ session: null });
+  collect(h.lp, 'user:7');
+  h.last().receive({ op: 'refused', ref: h.last().frames('subscribe')[0].ref, reason: 'forbidden' });
+  assert.match(h.errors[0].detail, /^subscribe to user:7 refused: forbidden: the server took this connection as anonymous although a token was sent/);
+  assert.doesNotMatch(h.errors[0].detail, /expired-token/);
+  // With the session in place, a forbidden topic is a missing rule.
+  h.last().serverClose(1006);
+  h.clock.advance(h.clock.pending()[0]);
+  h.last().hello({ session: { subject: '7' } });
+  collect(h.lp, 'admin:all');
+  const frame = h.last().frames('subscribe').find((f) => f.topic === 'admin:all');
+  h.last().receive({ op: 'refused', ref: frame.ref, reason: 'forbidden' });
+  assert.match(h.errors.at(-1).detail, /^subscribe to admin:all refused: forbidden: no rule on the server allows it/);
+  h.lp.close();
+});
+
 test('a transient refusal (unavailable) is retried with backoff, not dropped', () => {
   const h = harness({ random: () => 0.5 });
   const refused = [];
