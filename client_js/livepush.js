@@ -1009,7 +1009,9 @@ export class LivePush {
 
   _sendQueuedSubscribes() {
     const now = this._clock.now();
-    const earned = ((now - this._subscribeTokensAt) * SUBSCRIBES_PER_SECOND) / 1000;
+    // Never below zero: `now` is the wall clock by default, and one set back an hour would
+    // otherwise cost an hour's worth of subscribes, holding every next one back that long.
+    const earned = (Math.max(0, now - this._subscribeTokensAt) * SUBSCRIBES_PER_SECOND) / 1000;
     this._subscribeTokens = Math.min(SUBSCRIBE_BURST, this._subscribeTokens + earned);
     this._subscribeTokensAt = now;
     for (const sub of this._subscribeQueue) {

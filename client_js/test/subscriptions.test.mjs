@@ -454,6 +454,22 @@ test('subscribes go out at the pace the server takes, not all at once', () => {
   assert.deepEqual(h.clock.pending(), []);
 });
 
+test('a wall clock set back while connected does not hold the next subscribes back', () => {
+  const h = harness();
+  const ws = h.last();
+  ws.hello();
+  collect(h.lp, 'chat:a');
+  // The system clock is corrected an hour back (a VM resumed, a user fixing the time): Date.now()
+  // goes backwards, the timers do not.
+  h.clock.t -= 3_600_000;
+  collect(h.lp, 'chat:b');
+  assert.deepEqual(ws.frames('subscribe').map((f) => f.topic), ['chat:a', 'chat:b']);
+  for (let i = 0; i < 100; i++) collect(h.lp, `dash:${i}`);
+  h.clock.advance(2_000);
+  assert.equal(ws.frames('subscribe').length, 102, 'the rest follow at the usual pace');
+  h.lp.close();
+});
+
 test('a reset that comes before a subscription has its own answer is not about it', () => {
   const h = harness();
   const resets = [];
