@@ -1166,7 +1166,10 @@ export class LivePush {
     if (this._reconnectTimer.pending) {
       const delayMs = uniform(WAKE_MIN_MS, WAKE_MAX_MS, this._random);
       const due = this._reconnectTimer.dueAt ?? Infinity;
-      if (this._clock.now() + delayMs < due) {
+      const now = this._clock.now();
+      // Past due and not run: the machine slept, and browsers' timers resume after a sleep with
+      // the time they had left, up to the whole backoff, while the wall clock moved on.
+      if (now + delayMs < due || due <= now) {
         this._reconnectTimer.schedule(delayMs);
         // A newly scheduled attempt: a page showing "retrying in 30 s" shows the new wait.
         this._setStatus(Status.RECONNECTING, { delayMs, tries: this._tries });

@@ -252,6 +252,25 @@ test('the page becoming visible or the network coming back cuts a long wait shor
   h.lp.close();
 });
 
+test('a machine that slept through a long wait reconnects soon after the network comes back', () => {
+  const h = harness({ random: MID });
+  for (let i = 0; i < 7; i++) {
+    h.last().serverClose(1006);
+    h.clock.advance(h.clock.pending()[0]);
+  }
+  h.last().serverClose(1006); // the Wi-Fi dropped, then the lid was closed
+  h.clock.advance(1_000);
+  assert.equal(h.clock.pending()[0], 29_000);
+  // An hour later by the wall clock; the retry timer still has its 29 s to go.
+  h.clock.sleep(3_600_000);
+  const before = h.sockets.length;
+  h.window.dispatch('online');
+  h.clock.advance(1_000);
+  assert.equal(h.sockets.length, before + 1, 'not the rest of the backoff');
+  assert.ok(h.statuses.at(-1).delayMs <= 1_000);
+  h.lp.close();
+});
+
 test('waking up announces the new, shorter wait with reconnecting', () => {
   const h = harness({ random: MID });
   for (let i = 0; i < 6; i++) {

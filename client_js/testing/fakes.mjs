@@ -55,6 +55,15 @@ export class FakeClock {
     }
   }
 
+  /**
+   * The machine slept for ms: the wall clock (now) moves on, but pending timers resume where they
+   * were, with the time they had left, as browsers' timers do after a sleep.
+   */
+  sleep(ms) {
+    this.t += ms;
+    for (const tm of this.timers.values()) tm.at += ms;
+  }
+
   /** Milliseconds until each pending timer, sorted. */
   pending() {
     return [...this.timers.values()].map((tm) => tm.at - this.t).sort((a, b) => a - b);
