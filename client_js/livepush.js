@@ -344,8 +344,11 @@ class Heartbeat {
   probe(answerMs) {
     if (!this._intervalMs) return;
     this._hooks.ping();
-    const due = this._clock.now() + answerMs;
-    if (this._deadTimer.dueAt === null || due < this._deadTimer.dueAt) this._deadTimer.schedule(answerMs);
+    const now = this._clock.now();
+    const dueAt = this._deadTimer.dueAt;
+    // A bound past due that has not run: the machine slept, and its timer resumes with what it
+    // had left, while this ping's answer is all that matters now.
+    if (dueAt === null || now + answerMs < dueAt || dueAt <= now) this._deadTimer.schedule(answerMs);
   }
 
   stop() {

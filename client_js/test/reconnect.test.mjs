@@ -305,6 +305,20 @@ test('waking up while open checks the heartbeat at once: a ping unanswered withi
   h.lp.close();
 });
 
+test('a machine that slept with a ping unanswered replaces the dead socket within the grace of waking up', () => {
+  const h = harness();
+  const ws = h.last();
+  ws.hello({ heartbeat: 25 });
+  h.clock.advance(25_000); // a ping goes out: the Wi-Fi is gone, no answer comes
+  h.clock.advance(10_000); // then the lid is closed, its answer still awaited for 17 s
+  h.clock.sleep(3_600_000); // timers resume with what they had left
+  h.window.dispatch('online');
+  h.clock.advance(HEARTBEAT_GRACE_MS);
+  assert.equal(h.lp.status, 'reconnecting', 'not the 17 s the earlier ping had left');
+  assert.ok(ws.closedByClient);
+  h.lp.close();
+});
+
 test('waking up keeps a connection that answers the ping', () => {
   const h = harness();
   const ws = h.last();
