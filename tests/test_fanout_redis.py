@@ -293,6 +293,37 @@ async def test_a_prune_cycle_reaches_topics_past_a_batch_with_nothing_to_drop(ma
     assert all(raw.xlen(key) == 1 for key in late), "the late topics' expired entries are still there"
 
 
+async def test_a_message_stays_recoverable_for_the_servers_history_ttl_whatever_the_publishers_is(
+        make_redis: MakeRedis) -> None:
+    """The history is kept for the servers' LIVEPUSH_HISTORY_TTL, as on Postgres: a web process
+    left at the default 300 s publishing after more than its own TTL trims nothing that a server
+    keeping an hour still promises (it trimmed whole radix nodes of older entries, and every
+    client away longer than the publisher's TTL got `reset`)."""
+    server = await make_redis(history_ttl=3600, listen=False)
+    app = await make_redis(history_ttl=0.1, listen=False)
+    origin = server.latest_offset("ttlgov:a")
+    early = app.publish_many([("ttlgov:a", {"i": i}) for i in range(300)])  # three radix nodes
+    await asyncio.sleep(0.3)  # past the publisher's TTL by the clock: no event to await
+    later = app.publish("ttlgov:a", {"i": 300})
+    assert await server.prune() == 0, "nothing is past the server's TTL"
+    assert offsets_of(await read_history(server, "ttlgov:a", origin)) == [*early, later]
+
+
+async def test_an_idle_topic_is_kept_for_the_servers_idle_time_whatever_the_publishers_is(
+        make_redis: MakeRedis, raw: redis.Redis) -> None:
+    """A topic is forgotten once idle for the servers' idle time (twice their TTL when that is
+    longer than a day), not for the shorter one of a process that only publishes: its messages
+    stay recoverable for the servers' TTL after it goes quiet."""
+    server = await make_redis(history_ttl=10, idle_expire=30, listen=False)
+    app = await make_redis(history_ttl=0.1, idle_expire=0.5, listen=False)
+    sent = [app.publish("idlegov:a", {"i": i}) for i in range(3)]
+    assert raw.pttl(app.key_prefix + "idlegov:a") <= 500
+    assert await server.prune() == 0
+    assert raw.pttl(app.key_prefix + "idlegov:a") > 20_000, "the server's prune keeps it for its own idle time"
+    await asyncio.sleep(0.7)  # past the publisher's idle time by the clock: no event to await
+    assert offsets_of(await read_history(server, "idlegov:a", sent[0])) == sent[1:]
+
+
 async def test_max_len_bounds_a_busy_topic_and_resets_beyond_it(make_redis: MakeRedis, raw: redis.Redis) -> None:
     """A topic past max_len keeps about max_len entries; older offsets get None, recent ones replay."""
     fanout = await make_redis(max_len=100, listen=False)

@@ -35,13 +35,17 @@ newer one from a client holding the older.
 One Lua script appends, trims and PUBLISHes, so the stream order, the offsets and the pub/sub
 order are the same order, whatever number of processes publish at once.
 
-Retention: trimmed by age (MINID, history_ttl) and by length (MAXLEN, `max_len`) at each
-publish and by `prune()`; the newest entry of a topic is kept past the TTL so the chain stays
-anchored (`since` == the latest offset replays nothing rather than `reset`). A topic idle for
-`idle_expire` seconds loses its key: its next message starts a new chain and a client still
+Retention: trimmed by length (MAXLEN, `max_len`) at each publish, and by age (history_ttl) by
+`prune()`, which every server runs: the TTL is the servers' (as on Postgres), never that of a
+process that only publishes, which may run with another LIVEPUSH_HISTORY_TTL (the default). The
+newest entry of a topic is kept past the TTL so the chain stays anchored (`since` == the latest
+offset replays nothing rather than `reset`). A topic idle for
+`idle_expire` seconds loses its key (each publish sets its expiry, and prune() lengthens one that a
+publisher with a shorter idle time set): its next message starts a new chain and a client still
 holding an older offset, or an origin given out more than `idle_expire` seconds ago, gets
-`reset` (every process of a deployment must use the same `idle_expire`, which moves the origin
-on and forgets topics alike).
+`reset`. The origin moves on by the idle time of whichever process reads it: a shorter one only
+resets origins sooner, and prune() keeps a topic for the servers' idle time, which
+their reads of origins count on.
 """
 
 from __future__ import annotations
@@ -105,39 +109,33 @@ local function origin(key, prev_key, idle_ms)
 end
 """
 
-# KEYS: the origin keys (origin, prev), then the stream of each message; ARGV: ttl_ms, max_len,
-# idle_ms, channel, then the topic and the json of each message, then FRAME_BYTES. Returns their
+# KEYS: the origin keys (origin, prev), then the stream of each message; ARGV: max_len, idle_ms,
+# channel, then the topic and the json of each message, then FRAME_BYTES. Returns their
 # ids in order. One script for one message or a batch (publish_many: PUBLISH_CHUNK messages or PUBLISH_CHUNK_BYTES per call). A
 # batch's messages share pub/sub frames of about FRAME_BYTES, each costing a listening server one
 # read and one parse.
 _PUBLISH_LUA = _ORIGIN_LUA + """
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local min_ms = now_ms - tonumber(ARGV[1])
-if min_ms < 0 then min_ms = 0 end
-local minid = string.format('%d', min_ms)
 local ids = {}
 local frames, size = {}, 0
 local streams = #KEYS - 2
 for i = 1, streams do
   local key = KEYS[i + 2]
-  local topic, json = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
+  local topic, json = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
   local newest = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
   local prev
-  if #newest > 0 then prev = newest[1][1] else prev = origin(KEYS[1], KEYS[2], ARGV[3]) end
-  -- MINID ~ never drops the entry being added (its id is >= now), and drops whole
-  -- radix nodes only, which keeps the trim O(1) amortized.
-  local id = redis.call('XADD', key, 'MINID', '~', minid, '*', 'd', json, 'p', prev)
-  redis.call('XTRIM', key, 'MAXLEN', '~', ARGV[2])
-  redis.call('PEXPIRE', key, ARGV[3])
+  if #newest > 0 then prev = newest[1][1] else prev = origin(KEYS[1], KEYS[2], ARGV[2]) end
+  -- MAXLEN ~ drops whole radix nodes only, which keeps the trim O(1) amortized. No trim by
+  -- age here: the TTL is the servers' (prune), not this publisher's.
+  local id = redis.call('XADD', key, 'MAXLEN', '~', ARGV[1], '*', 'd', json, 'p', prev)
+  redis.call('PEXPIRE', key, ARGV[2])
   local frame = topic .. '\\n' .. id .. '\\n' .. prev .. '\\n' .. json
   frames[#frames + 1] = frame
   size = size + #frame
-  if size >= tonumber(ARGV[5 + 2 * streams]) or i == streams then
+  if size >= tonumber(ARGV[4 + 2 * streams]) or i == streams then
     if #frames == 1 then
-      redis.call('PUBLISH', ARGV[4], frame)
+      redis.call('PUBLISH', ARGV[3], frame)
     else
-      redis.call('PUBLISH', ARGV[4], '*\\n' .. table.concat(frames, '\\n'))
+      redis.call('PUBLISH', ARGV[3], '*\\n' .. table.concat(frames, '\\n'))
     end
     frames, size = {}, 0
   end
@@ -153,15 +151,22 @@ PUBLISH_CHUNK = 1000
 PUBLISH_CHUNK_BYTES = 4 * 1024 * 1024
 FRAME_BYTES = 256 * 1024
 
-# KEYS[1] stream; ARGV: ttl_ms. Drops entries older than the TTL but keeps the newest
-# one, which anchors the chain (see the module docstring). Returns entries dropped.
+# KEYS[1] stream; ARGV: ttl_ms, idle_ms. Drops entries older than the TTL but keeps the newest
+# one, which anchors the chain (see the module docstring). Returns entries dropped. A key set to
+# expire sooner than the idle time after its newest entry (by a publisher whose TTL, and so idle
+# time, is shorter) is kept that long: the servers' idle time is the one their reads of origins
+# count on. GT (Redis 7) writes nothing when the publisher's expiry is as long, so a pass costs no
+# write per key; a Redis before 7 refuses GT, and keeps the publisher's expiry (pcall).
 _PRUNE_LUA = """
 local key = KEYS[1]
 local newest = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
 if #newest == 0 then return 0 end
 local t = redis.call('TIME')
-local cutoff = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[1])
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cutoff = now - tonumber(ARGV[1])
 local newest_ms = tonumber(string.match(newest[1][1], '^(%d+)'))
+local keep = newest_ms + tonumber(ARGV[2]) - now
+if keep > 0 then redis.pcall('PEXPIRE', key, keep, 'GT') end
 local minid = string.format('%d', cutoff)
 if newest_ms < cutoff then minid = newest[1][1] end
 return redis.call('XTRIM', key, 'MINID', minid)
@@ -340,7 +345,7 @@ class RedisFanOut(FanOut):
         self._key_pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self.key_prefix) + "*"
         self._ttl_ms = int(history_ttl * 1000)
         self._idle_ms = int(self.idle_expire * 1000)
-        self._publish_args_tail = [self._ttl_ms, max_len, self._idle_ms, self.channel]
+        self._publish_args_tail = [max_len, self._idle_ms, self.channel]
         self._subscriber = ListenerSlot(subscriber, lambda: Subscriber(url, name=listener_name(self.prefix),
                                                                        heartbeat=heartbeat, backoff=backoff,
                                                                        connect_timeout=connect_timeout))
@@ -510,7 +515,7 @@ class RedisFanOut(FanOut):
                     # One round trip for the batch; each script trims one key atomically.
                     async with client.pipeline(transaction=False) as pipe:
                         for key in keys:
-                            await side.prune(keys=[key], args=[self._ttl_ms], client=pipe)
+                            await side.prune(keys=[key], args=[self._ttl_ms, self._idle_ms], client=pipe)
                         results = await pipe.execute()
                     dropped += sum(int(n) for n in results)
                 if dropped or self._prune_cursor == 0:
