@@ -496,6 +496,19 @@ def test_a_redis_still_loading_after_a_restart_says_to_try_again_not_to_check_th
     assert "try again once it has loaded" in str(error) and "Redis is running" not in str(error)
 
 
+@pytest.mark.parametrize("said", [
+    # A history read: XRANGE with an exclusive start, "(ID", came with Redis 6.2.
+    "Error running script (call to f_0123): @user_script:13: ERR Invalid stream ID specified as stream command argument",
+    # prune(): XTRIM MINID came with Redis 6.2.
+    "Error running script (call to f_4567): @user_script:12: ERR syntax error",
+])
+def test_a_redis_older_than_6_2_says_to_upgrade_it_not_to_check_that_it_runs(said: str) -> None:
+    """What a Redis before 6.2 answers the stream commands livepush's scripts run (it takes them for
+    a malformed id or option) reads as a Redis that is up and too old, naming the version needed."""
+    error = failed("redis://127.0.0.1:6379/0", redis.ResponseError(said), "reading the history of 'old:a'")
+    assert "Redis 6.2 or newer" in str(error) and "Redis is running" not in str(error)
+
+
 @pytest.fixture
 def tls_redis(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A Redis that takes only TLS, with a self-signed certificate for 127.0.0.1: its rediss://

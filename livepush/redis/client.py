@@ -223,6 +223,17 @@ def failed(url: str, exc: BaseException, doing: str, cls: type[DependencyError] 
 # command's comes as NOPERM, a script's as an error of its own (Redis 7.0 "The user executing
 # the script can't ...", later ones "... no permissions ...").
 _SCRIPT_ACL_DENIALS = ("user executing the script can't", "no permissions")
+# What a Redis before 6.2 answers the stream commands of livepush's scripts: it takes an exclusive
+# range's start ("(ID", history reads) for a malformed id, and XTRIM's MINID (prune) for a syntax
+# error. A Redis that livepush supports never says either to them: the scripts send ids they made.
+_OLD_REDIS_WORDS = "Invalid stream ID specified as stream command argument"
+_REDIS_NEEDED = "6.2"
+
+
+def _older_than_needed(exc: BaseException) -> bool:
+    said = str(exc)
+    return isinstance(exc, ResponseError) and (
+        _OLD_REDIS_WORDS in said or ("ERR syntax error" in said and "script" in said))
 
 
 def _remedy(exc: BaseException) -> str:
@@ -256,6 +267,9 @@ def _remedy(exc: BaseException) -> str:
             isinstance(exc, ResponseError) and any(words in str(exc) for words in _SCRIPT_ACL_DENIALS)):
         return ("Redis is up but the ACL of LIVEPUSH_REDIS_URL's user denies a command or key livepush needs: give "
                 "it the ACL that docs/security.md shows for the deployment's prefix")
+    if _older_than_needed(exc):
+        return (f"Redis is up but older than livepush needs (Redis {_REDIS_NEEDED} or newer, for its stream "
+                "commands): upgrade it; `redis-cli INFO server` shows its redis_version")
     if isinstance(exc, RedisTimeout) and "reading" in str(exc):
         # The command was sent: Redis may run it after the wait ended (a pause, a slow script).
         return ("Redis did not answer in time (slow, paused or cut off): what the call sent may have been done all "
