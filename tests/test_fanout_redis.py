@@ -27,6 +27,7 @@ import redis
 import livepush
 from livepush.fanout.base import MAX_PAYLOAD_BYTES, READ_AT_ONCE, READ_BYTES, History
 from livepush.fanout.redis import CALL_TIMEOUT, FRAME_BYTES, PRUNE_SCAN_COUNT, RedisFanOut, parse_frames
+from livepush.redis import client as redis_client
 from livepush.redis.client import LoopClients, failed
 from livepush.types import offset_key
 from tests.support.fanouts import WAIT, Collector, offsets_of, read_history, read_on_bounded
@@ -600,6 +601,38 @@ async def test_a_publish_to_a_redis_that_never_answers_fails_within_the_call_tim
             await asyncio.wait_for(fanout.history("silent:a", "0-1"), bound)
         await fanout.release_loop()
     finally:
+        server.close()
+
+
+async def test_a_call_that_finds_every_connection_of_its_pool_busy_says_so_not_that_redis_is_down(
+        make_redis: MakeRedis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More calls at once than an event loop's pool has connections, while Redis answers none of
+    them, leave a call waiting for a connection: past the pool's wait it raises DependencyError
+    saying the connections stayed busy and the call was never sent, not to check the URL and
+    that Redis is running."""
+    monkeypatch.setattr(redis_client, "POOL_CONNECTIONS", 2)  # read as each loop's client is made
+    monkeypatch.setattr(redis_client, "POOL_WAIT_SECONDS", 0.5)
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        await reader.read()  # never answers; ends when the client gives up
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    holding: list[asyncio.Task[str]] = []
+    try:
+        fanout = await make_redis(url=f"redis://127.0.0.1:{port}/0", listen=False)
+        holding += [asyncio.create_task(fanout.apublish("pool:a", {"i": i})) for i in range(2)]
+        await async_wait_for(lambda: len(accepted) == 2, WAIT, message="both connections of the pool in use")
+        with pytest.raises(livepush.DependencyError, match="stayed in use for 0.5 s") as caught:
+            await asyncio.wait_for(fanout.apublish("pool:a", {"i": 2}), WAIT)
+        assert "never sent" in str(caught.value) and "Redis is running" not in str(caught.value)
+    finally:
+        for task in holding:
+            task.cancel()
+        await asyncio.gather(*holding, return_exceptions=True)
         server.close()
 
 

@@ -15,8 +15,9 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from redis.backoff import NoBackoff
 from redis.connection import parse_url
-from redis.exceptions import (AuthenticationError, BusyLoadingError, NoPermissionError, OutOfMemoryError, ReadOnlyError,
-                              ResponseError, TimeoutError as RedisTimeout)
+from redis.exceptions import (AuthenticationError, BusyLoadingError, ConnectionError as RedisConnectionError,
+                              NoPermissionError, OutOfMemoryError, ReadOnlyError, ResponseError,
+                              TimeoutError as RedisTimeout)
 from redis.retry import Retry
 
 from ..errors import ConfigError, DependencyError
@@ -27,6 +28,7 @@ CONNECT_TIMEOUT = 5.0
 # burst of subscribes to new topics into refusals; a call now waits its turn instead.
 POOL_CONNECTIONS = 100
 POOL_WAIT_SECONDS = 10.0
+_POOL_WAIT_ENDED = "No connection available"
 # Query parameters of a Redis URL that are credentials.
 _SECRET_PARAMS = {"password", "username", "user", "pass", "auth", "token"}
 # A database number in a Redis URL's path or `db` parameter.
@@ -267,6 +269,12 @@ def _remedy(exc: BaseException) -> str:
             isinstance(exc, ResponseError) and any(words in str(exc) for words in _SCRIPT_ACL_DENIALS)):
         return ("Redis is up but the ACL of LIVEPUSH_REDIS_URL's user denies a command or key livepush needs: give "
                 "it the ACL that docs/security.md shows for the deployment's prefix")
+    if isinstance(exc, RedisConnectionError) and _POOL_WAIT_ENDED in str(exc):
+        # redis-py's words when async_client()'s pool had no connection free within its wait.
+        return (f"every one of the {POOL_CONNECTIONS} connections this event loop holds to Redis stayed in use for "
+                f"{POOL_WAIT_SECONDS:g} s, so the call was never sent: the calls holding them wait for a Redis that "
+                f"answers slowly or not at all (their own errors say which), or the process makes more than "
+                f"{POOL_CONNECTIONS} calls at once")
     if _older_than_needed(exc):
         return (f"Redis is up but older than livepush needs (Redis {_REDIS_NEEDED} or newer, for its stream "
                 "commands): upgrade it; `redis-cli INFO server` shows its redis_version")
