@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import livepush
 from livepush import sessions
 from livepush.config import Settings, set_settings
-from livepush.errors import ArgumentValueError, ConfigError, DependencyError, InvalidSession
+from livepush.errors import ArgumentTypeError, ArgumentValueError, ConfigError, DependencyError, InvalidSession
 from livepush.sessions import (
     MemoryRevocations,
     PostgresRevocations,
@@ -516,6 +516,29 @@ async def test_revoking_without_a_secret_is_a_config_error_not_a_bad_token(
         sessions.revoke(token, store=shared_store)
     with pytest.raises(ConfigError, match="LIVEPUSH_SECRET"):
         await sessions.arevoke(token, store=shared_store)
+    assert writes == []
+
+
+async def test_revoking_a_token_given_as_bytes_or_another_type_is_a_type_error_not_a_bad_token(
+    shared_store: sessions.RevocationStore, monkeypatch: pytest.MonkeyPatch, no_token_in_logs: list[str]
+) -> None:
+    """revoke() of a token as bytes (read back from Redis, a raw header) or of a value that is no
+    token at all (a user id meant for revoke_subject()) raises ArgumentTypeError naming the type,
+    not InvalidSession, which sign-out code skips as a stale cookie while the session stays open;
+    and it stores nothing. None (no cookie) is still nothing to revoke: InvalidSession."""
+    token = sessions.issue("user-7")
+    no_token_in_logs.append(token)
+    writes: list[str] = []
+    for name in ("add_session", "aadd_session"):
+        monkeypatch.setattr(shared_store, name, lambda *args, _name=name, **kw: writes.append(_name))
+    for wrong, hint in ((token.encode(), "decode"), (bytearray(token.encode()), "decode"), (7, "revoke_subject")):
+        with pytest.raises(ArgumentTypeError, match=hint) as info:
+            sessions.revoke(wrong, store=shared_store)  # type: ignore[arg-type]
+        assert token not in str(info.value)
+        with pytest.raises(ArgumentTypeError, match=hint):
+            await sessions.arevoke(wrong, store=shared_store)  # type: ignore[arg-type]
+    with pytest.raises(InvalidSession):
+        sessions.revoke(None, store=shared_store)  # type: ignore[arg-type]
     assert writes == []
 
 

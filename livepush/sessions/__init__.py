@@ -21,7 +21,7 @@ import threading
 import time
 
 from ..config import get_settings
-from ..errors import ConfigError
+from ..errors import ArgumentTypeError, ConfigError
 from .revocations import (
     MEMORY,
     MemoryRevocations,
@@ -79,9 +79,13 @@ def _shared(store: RevocationStore | None) -> RevocationStore:
     return chosen
 
 
-def _session_of(token: str | Session) -> Session:
+def _session_of(token: str | Session, call: str) -> Session:
     if isinstance(token, Session):
         return token
+    if token is not None and not isinstance(token, str):
+        # Said as InvalidSession ("not a token of ours"), sign-out code skipped it as a stale
+        # cookie, though the same token as text is one every server accepts: the session stayed open.
+        raise ArgumentTypeError(_not_a_token(token, call))
     # Expired tokens are still revoked (their connections may be open until the next re-check),
     # but a bad signature is the caller's mistake: InvalidSession.
     settings = get_settings()
@@ -91,15 +95,25 @@ def _session_of(token: str | Session) -> Session:
     return loads(token, settings.secrets)
 
 
+def _not_a_token(value: object, call: str) -> str:
+    kind = type(value).__name__
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"{call} takes the session token as a str, got {kind}: decode it first (token.decode('ascii'))"
+    return (f"{call} takes a session token (a str) or a Session, got {kind}: to revoke every session of a "
+            "subject (a user id), call revoke_subject(str(user_id))")
+
+
 def revoke(token: str | Session, *, store: RevocationStore | None = None) -> Session:
     """Revoke one session (a token or a Session): new handshakes with it are refused and every
     server closes its open connections with 4403. Returns the session.
 
-    Raises InvalidSession when `token` is not a token signed with our secrets, ConfigError when
+    Raises InvalidSession when `token` is not a token signed with our secrets (None too: no
+    cookie, nothing to revoke), ArgumentTypeError when it is neither a str nor a Session (bytes
+    among them: decode them first), ConfigError when
     this process has no shared store or no LIVEPUSH_SECRET, and DependencyError when the store
     cannot be reached (nothing was revoked then)."""
     chosen = _shared(store)
-    session = _session_of(token)
+    session = _session_of(token, "revoke()")
     chosen.add_session(session.id, session.expires_at)
     return session
 
@@ -107,7 +121,7 @@ def revoke(token: str | Session, *, store: RevocationStore | None = None) -> Ses
 async def arevoke(token: str | Session, *, store: RevocationStore | None = None) -> Session:
     """Async revoke()."""
     chosen = _shared(store)
-    session = _session_of(token)
+    session = _session_of(token, "arevoke()")
     await chosen.aadd_session(session.id, session.expires_at)
     return session
 
