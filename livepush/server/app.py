@@ -30,7 +30,7 @@ from ..config import Settings
 from ..errors import DependencyError, InvalidTopic, first_line
 from ..fanout import FanOut
 from ..sessions.handshake import authenticate, duplicated_header, origin_allowed
-from ..sessions.revocations import MEMORY, RevocationStore
+from ..sessions.revocations import MEMORY, READ_TIMEOUT, RevocationStore
 from ..sessions.rules import App
 from ..tasks import stop as stop_task
 from ..tasks import supervise
@@ -62,7 +62,7 @@ RECHECK_RETRY = 0.5
 # expired meanwhile stayed open, and each handshake with a session until the opening timed out and
 # its connection was dropped. A re-check (one statement for every open session) is then tried
 # again; a handshake is answered 503, which the client retries.
-STORE_READ_TIMEOUT = 5.0
+STORE_READ_TIMEOUT = READ_TIMEOUT
 
 PageRoute = Callable[[Request], Awaitable[Response | None] | Response | None]
 

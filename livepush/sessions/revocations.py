@@ -29,6 +29,12 @@ from .tokens import MAX_TTL, Session
 
 OnRevoked = Callable[[], None]
 
+# How long a read of the store may take where a request waits on it (a server's handshake and
+# re-checks, a web app's session check) before it counts as failed: a read that blocks (a
+# migration holding a revocation table's lock, a frozen connection) held each of them until the
+# lock went, where a failure is answered as temporary (HTTP 503) and tried again.
+READ_TIMEOUT = 5.0
+
 
 def ms(seconds: float) -> int:
     return int(round(seconds * 1000))
@@ -435,6 +441,6 @@ def store_from_settings(settings: Settings, *, listener: Listener | None = None,
     return MEMORY
 
 
-__all__ = ["MEMORY", "MemoryRevocations", "PostgresRevocations", "RedisRevocations", "RevocationStore",
-           "store_from_settings"]
+__all__ = ["MEMORY", "READ_TIMEOUT", "MemoryRevocations", "PostgresRevocations", "RedisRevocations",
+           "RevocationStore", "store_from_settings"]
 

@@ -6,10 +6,12 @@ example app uses both through FastAPI's Depends, and plain Starlette awaits them
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 
 import httpx
+import psycopg
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -20,6 +22,7 @@ from examples.fastapi_app.app import app as example
 from livepush import config, sessions
 from livepush.contrib.starlette import current_session
 from livepush.sessions import PostgresRevocations
+from livepush.sessions.revocations import READ_TIMEOUT
 from tests.contrib.conftest import cookie_header, serving
 
 REPORT = {"steps": 1}
@@ -85,6 +88,21 @@ async def test_an_unreachable_store_answers_503(client: httpx.AsyncClient) -> No
     sessions.set_default_store(PostgresRevocations("postgresql://livepush@127.0.0.1:1/nothing"))
     status, detail = await refused(client, cookie_header(sessions.issue("ana")))
     assert status == 503 and "try again" in detail
+
+
+async def test_a_store_read_that_blocks_answers_503_within_a_bound(client: httpx.AsyncClient, pg_url: str) -> None:
+    """A revocation check that blocks (a migration holding a revocation table's lock, a frozen
+    connection) answers 503 after the server's own bound on a store read, as the push server's
+    handshake does, instead of holding every signed-in request until the lock is gone."""
+    token = sessions.issue("ana")
+    locker = await psycopg.AsyncConnection.connect(pg_url)
+    try:
+        await locker.execute("LOCK TABLE livepush_revoked_sessions IN ACCESS EXCLUSIVE MODE")
+        status, detail = await asyncio.wait_for(refused(client, cookie_header(token)), READ_TIMEOUT + 10)
+        assert status == 503 and "try again" in detail
+    finally:
+        await locker.rollback()
+        await locker.close()
 
 
 async def test_optional_session_renders_the_page_for_anyone(client: httpx.AsyncClient) -> None:

@@ -3,10 +3,12 @@
 
 A request without a usable session gets 401 (no cookie, two different ones, a malformed, forged
 or expired token) or 403 (a revoked session), through Starlette's HTTPException: the app answers
-it like any other, never with a traceback. A store that cannot be reached answers 503."""
+it like any other, never with a traceback. A store that cannot be reached, or has not answered
+within READ_TIMEOUT, answers 503."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from starlette.exceptions import HTTPException
@@ -16,6 +18,7 @@ from ... import sessions
 from ...config import get_settings
 from ...errors import DependencyError, InvalidSession
 from ...sessions import Session
+from ...sessions.revocations import READ_TIMEOUT
 from .._cookies import cookie_token
 
 log = logging.getLogger("livepush.contrib")
@@ -40,9 +43,12 @@ async def _session(request: Request) -> Session:
     except InvalidSession as exc:
         raise SessionRefused(401, exc.reason, f"your session is not valid ({exc.reason}): sign in again") from None
     try:
-        revoked = await sessions.default_store().is_revoked(session)
-    except DependencyError as exc:
-        log.warning("livepush: cannot check a session against the revocation store: %s", exc)
+        # Bounded as the push server bounds its own reads: a read that blocks held the request.
+        async with asyncio.timeout(READ_TIMEOUT):
+            revoked = await sessions.default_store().is_revoked(session)
+    except (DependencyError, TimeoutError) as exc:
+        why = f"no answer within {READ_TIMEOUT:g} s" if isinstance(exc, TimeoutError) else exc
+        log.warning("livepush: cannot check a session against the revocation store: %s", why)
         raise HTTPException(503, "sessions cannot be checked just now: try again shortly") from None
     if revoked:
         raise SessionRefused(403, "revoked", "this session was revoked (signed out): sign in again")
