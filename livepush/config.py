@@ -257,7 +257,21 @@ def read_number(text: str, kind: type[int] | type[float]) -> Any:
     return kind(text)
 
 
+# What a shell replaces with a command's output or a variable's value. In a secret it means the
+# line was copied where nothing runs a shell (a .env file, a systemd unit, a container spec): the
+# secret is then the command's text, which anyone who has read these docs knows. A random secret
+# (token_urlsafe, openssl rand) never holds one.
+_UNEXPANDED = ("$(", "${", "`")
+
+
 def _check_secret(name: str, value: str) -> None:
+    mark = next((m for m in _UNEXPANDED if m in value), None)
+    if mark is not None:
+        raise ConfigError(
+            f"{name} holds {mark!r}: it is the text of a shell command or variable that was never run or expanded "
+            "(a .env file, a systemd unit or a container spec runs no shell), a secret anyone could read. Put the "
+            f"generated value itself there: run {MAKE_SECRET} and paste its output"
+        )
     if len(value) < MIN_SECRET_LENGTH:
         raise ConfigError(f"{name} is {len(value)} characters long: use at least {MIN_SECRET_LENGTH} random "
                           f"characters, e.g. `{MAKE_SECRET}`")

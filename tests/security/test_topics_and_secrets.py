@@ -232,6 +232,29 @@ def test_a_secret_with_few_distinct_characters_is_refused(capsys: pytest.Capture
     assert len(err.strip().splitlines()) == 1 and weak not in err
 
 
+@pytest.mark.parametrize("secret", [
+    "$(python3 -c 'import secrets; print(secrets.token_urlsafe(48))')",  # the docs' own command, copied into a .env
+    "`python3 -c 'import secrets; print(secrets.token_urlsafe(48))'`",
+    "${LIVEPUSH_SECRET_FROM_THE_VAULT_FOR_PRODUCTION}",  # a variable no one expanded
+])
+def test_a_secret_that_is_an_unexpanded_shell_command_or_variable_is_refused(
+        secret: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A secret that is the text of a command or variable a shell would have replaced (a line of
+    the docs copied into a .env file, a systemd unit or a container spec, which run no shell) is
+    text anyone can read, so anyone could mint sessions with it. It is refused, as secret and as
+    fallback: exit 2, one line saying what to put there, no secret in it."""
+    with pytest.raises(ConfigError, match="never run") as info:
+        Settings.from_env({"LIVEPUSH_SECRET": secret})
+    assert secret not in str(info.value)
+    with pytest.raises(ConfigError, match="LIVEPUSH_SECRET_FALLBACKS entry 1"):
+        Settings.from_env({"LIVEPUSH_SECRET": "k" * 4 + "0123456789abcdefghijklmnopqrstuv",
+                           "LIVEPUSH_SECRET_FALLBACKS": secret})
+    monkeypatch.setenv("LIVEPUSH_SECRET", secret)
+    assert cli(["token", "session", "u1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and secret not in err
+
+
 def test_settings_repr_holds_no_secret_or_password(secret: str) -> None:
     """The settings' repr names neither the secret, the fallbacks nor the passwords in the URLs."""
     s = Settings(secret=secret, secret_fallbacks=(secret[::-1],), database_url="postgresql://u:pg-pass-1@h/db",
