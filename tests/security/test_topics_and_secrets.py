@@ -18,7 +18,7 @@ import livepush
 from livepush import config, sessions, topics
 from livepush.cli.main import main as cli
 from livepush.config import Settings
-from livepush.errors import ConfigError, InvalidTopic
+from livepush.errors import ConfigError, InvalidSession, InvalidTopic
 from livepush.jobs import JobHandle
 from livepush.jobs.groups.building import GroupHandle
 from livepush.sessions import MemoryRevocations, Session
@@ -216,6 +216,34 @@ def test_a_secret_that_could_not_become_a_fallback_is_refused() -> None:
     with pytest.raises(ConfigError, match="LIVEPUSH_SECRET_FALLBACKS") as info:
         Settings.from_env({"LIVEPUSH_SECRET": secret})
     assert secret.strip() not in str(info.value)
+
+
+def _verifies(signer: Settings, verifier: Settings) -> bool:
+    """Whether a session token and a signed topic that `signer` makes both verify at `verifier`."""
+    config.set_settings(signer)
+    token, signed = sessions.issue("user-7"), livepush.sign_topic("user:7", ttl=60)
+    try:
+        sessions.decode(token, verifier.secrets)
+        topics.verify(signed, verifier.secrets)
+    except (InvalidSession, InvalidTopic):
+        return False
+    finally:
+        config.set_settings(None)
+    return True
+
+
+def test_during_each_rolling_restart_of_a_rotation_every_process_verifies_what_any_other_signs() -> None:
+    """A restart is rolling: for a while some processes run the step before and some the step
+    after. Through the documented rotation (new as a fallback everywhere, then new signing with old
+    as the fallback, then old dropped), whatever a process of either step signs, a process of the
+    other verifies. Setting new and old at once, as one step, does not: a server not yet restarted
+    refuses the tokens a restarted web process signs, and the JS client stops for good on 4401."""
+    old, new = "old-" + "0123456789abcdefghijklmnopqrstuv", "new-" + "ABCDEFGHIJKLMNOPQRSTUVWXYZ987654"
+    steps = [Settings(secret=old), Settings(secret=old, secret_fallbacks=(new,)),
+             Settings(secret=new, secret_fallbacks=(old,)), Settings(secret=new)]
+    for before, after in zip(steps, steps[1:]):
+        assert _verifies(before, after) and _verifies(after, before)
+    assert not _verifies(steps[2], steps[0]), "new and old set at once: a server not yet restarted refuses"
 
 
 def test_a_secret_with_few_distinct_characters_is_refused(capsys: pytest.CaptureFixture[str],
