@@ -91,6 +91,30 @@ def test_a_subject_with_a_topic_separator_never_fills_a_slot(subject: str) -> No
     assert not Allow("team:{subject}:*").allows(seven_x, "team:7:x:board"), "7:x must not reach into team:7:*"
 
 
+async def test_a_refusal_caused_by_a_subject_no_slot_can_hold_is_logged_once_naming_why(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Subjects that can fill no {subject} slot (an email, a dotted user name, a trailing newline)
+    make every subscribe a {subject} rule was written for end `forbidden`, which the JS client
+    treats as final. The first such refusal is logged once per App as a warning naming the rule and
+    what the subject holds, never the subject itself; a refusal any subject would get logs nothing."""
+    caplog.set_level(logging.WARNING, logger="livepush.rules")
+    app = App(rules=[Allow("user:{subject}")])
+    assert await app.check(ALICE, "admin:1") == "forbidden"  # subject 7 fits: no warning
+    assert not [r for r in caplog.records if r.name == "livepush.rules"]
+    for subject in ("ana.smith", "ana@example.com", "7\n"):
+        dotted = Session("s", subject, 9e9)
+        assert await app.check(dotted, "user:ana") == "forbidden"
+    records = [r for r in caplog.records if r.name == "livepush.rules"]
+    assert len(records) == 1 and records[0].levelno == logging.WARNING
+    text = records[0].getMessage()
+    assert "user:{subject}" in text and "separator" in text and "ana" not in text, text
+    other = App(rules=[Allow("user:{subject}")], authorize=lambda session, topic: False)
+    assert await other.check(Session("s", "ana@example", 9e9), "user:ana") == "forbidden"
+    records = [r for r in caplog.records if r.name == "livepush.rules"]
+    assert len(records) == 2 and "a character no topic has" in records[1].getMessage()
+    other.close()
+
+
 def test_subject_and_star_combine() -> None:
     """`user:{subject}:*` covers a subject's own sub-topics only."""
     rule = Allow("user:{subject}:*")

@@ -210,6 +210,15 @@ class Allow:
         return _glob(chunks, topic)
 
 
+def _unfit(subject: str) -> str | None:
+    """What keeps `subject` out of every {subject} slot, or None when it can fill one."""
+    if not SEPARATORS.isdisjoint(subject):
+        return f"a topic separator ({', '.join(sorted(SEPARATORS))})"
+    if not _LITERAL_RE.fullmatch(subject):
+        return "a character no topic has"
+    return None
+
+
 def _positive(name: str, value: object) -> float:
     seconds = math.nan
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -302,6 +311,8 @@ class App:
         self._waiting = 0  # sync calls submitted and not yet returned
         self._waiting_lock = threading.Lock()
         self._stopping: set[asyncio.Future[Any]] = set()  # async calls given up on, not yet stopped
+        self._slot_rules = tuple(rule.pattern for rule in self.rules if rule._has_subject)
+        self._told_unfit = False  # whether a subject no slot can hold was logged
 
     def __repr__(self) -> str:
         return f"App(rules={list(self.rules)!r}, authorize={self.authorize!r}, max_subscriptions={self.max_subscriptions})"
@@ -321,11 +332,25 @@ class App:
         if self.allowed_by_rules(session, topic):
             return None
         if self.authorize is None:
-            return "forbidden"
+            return self._forbidden(session)
         answer = await self._ask(session, topic)
         if answer is None:
             return "unavailable"
-        return None if answer else "forbidden"
+        return None if answer else self._forbidden(session)
+
+    def _forbidden(self, session: Session | None) -> str:
+        """`forbidden`, said once per App in the log when the session's subject can fill no
+        {subject} slot: an email or a dotted user name as subject made every subscribe its rules
+        were written for a final refusal, and nothing anywhere said why."""
+        if not self._told_unfit and session is not None and self._slot_rules:
+            why = _unfit(session.subject)
+            if why is not None:
+                self._told_unfit = True
+                log.warning("a session whose subject holds %s was refused a topic: such a subject never fills "
+                            "{subject} in %s, so those rules allow it nothing. Issue sessions with subjects "
+                            "of A-Z a-z 0-9 _ - only (the user's id). Logged once per App.",
+                            why, ", ".join(f"Allow({p!r})" for p in self._slot_rules[:3]))
+        return "forbidden"
 
     async def _ask(self, session: Session | None, topic: str) -> bool | None:
         """authorize()'s answer (True: exactly True was returned), or None when it gave none."""
