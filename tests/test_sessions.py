@@ -217,6 +217,25 @@ def test_no_secrets_means_bad_signature() -> None:
     assert info.value.reason == "bad_signature"
 
 
+def test_an_empty_secret_verifies_nothing_and_a_secret_of_another_type_is_a_type_error() -> None:
+    """decode() given an empty secret (os.environ.get("LIVEPUSH_SECRET", "") where the variable is
+    missing) refuses every token as it does without secrets: an empty key is public, and a token
+    anyone signed with it was accepted as any subject. An empty one beside a real secret is
+    skipped; a secret that is not a str (bytes) raises ArgumentTypeError instead of a bare TypeError."""
+    forged = tokens._encode("admin", 3600, [""])
+    for secrets in ("", [""], ("", "")):
+        with pytest.raises(InvalidSession) as info:
+            decode(forged, secrets)
+        assert info.value.reason == "bad_signature"
+    with pytest.raises(InvalidSession):
+        decode(forged, (SECRET, ""))
+    assert decode(sessions.issue("user-7"), ("", SECRET)).subject == "user-7"
+    for secrets in (SECRET.encode(), [SECRET.encode()]):
+        with pytest.raises(ArgumentTypeError, match="bytes") as wrong:
+            decode(forged, secrets)  # type: ignore[arg-type]
+        assert SECRET not in str(wrong.value)
+
+
 @given(st.text(max_size=300))
 def test_any_text_decodes_or_raises_invalid_session(text: str) -> None:
     """decode() of arbitrary text raises only InvalidSession."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from itsdangerous import BadData, BadSignature, URLSafeSerializer
 
 from ..config import get_settings
-from ..errors import ArgumentValueError, InvalidSession, seconds_hint
+from ..errors import ArgumentTypeError, ArgumentValueError, InvalidSession, seconds_hint
 from ..postgres.text import unstorable
 
 MAX_TOKEN_LENGTH = 4096
@@ -123,8 +123,28 @@ def _encode(subject: str, ttl: float, secrets: Sequence[str], *, now: float | No
     return _serializer(secrets).dumps(payload)
 
 
+def _usable(secrets: Sequence[str] | str | None) -> tuple[str, ...]:
+    """The secrets a token may be verified with. An empty one is dropped: an empty key is public,
+    and a caller's os.environ.get("LIVEPUSH_SECRET", "") where the variable was missing accepted
+    a token anyone had signed with it, as any subject. One that is not a str is the caller's
+    mistake: itsdangerous failed on bytes with a bare TypeError about ints."""
+    if secrets is None:
+        return ()
+    if isinstance(secrets, str):
+        return (secrets,) if secrets else ()
+    if isinstance(secrets, (bytes, bytearray)):
+        wrong = type(secrets).__name__
+    else:
+        wrong = next((type(s).__name__ for s in secrets if not isinstance(s, str)), "")
+    if wrong:
+        raise ArgumentTypeError(f"decode() takes the secrets as str (LIVEPUSH_SECRET's text, e.g. "
+                                f"get_settings().secrets), got {wrong}: decode bytes first")
+    return tuple(s for s in secrets if s)
+
+
 def loads(token: object, secrets: Sequence[str] | str) -> Session:
     """The session inside `token`, signature and shape checked, expiry NOT checked."""
+    secrets = _usable(secrets)
     # Cheap refusals first, before any parsing: a 100 KB cookie or a non-ASCII value is
     # not ours and must cost nothing.
     if not isinstance(token, str) or not token:
@@ -133,8 +153,6 @@ def loads(token: object, secrets: Sequence[str] | str) -> Session:
         raise InvalidSession(f"the session token is over {MAX_TOKEN_LENGTH} characters", "malformed")
     if not token.isascii() or not _TOKEN_RE.fullmatch(token):
         raise InvalidSession("the session token has characters a livepush token never has", "malformed")
-    if isinstance(secrets, str):
-        secrets = (secrets,)
     if not secrets:
         raise InvalidSession("cannot verify session tokens without LIVEPUSH_SECRET: set it", "bad_signature")
     try:
