@@ -657,6 +657,35 @@ def test_adds_in_one_long_transaction_are_coalesced_too(groups_db: str) -> None:
     assert jobs.get_group(h.id)["total"] == 30
 
 
+async def test_an_add_in_a_repeatable_read_transaction_never_records_older_counts_than_the_history_shows(
+        groups_db: str) -> None:
+    """add_to_group(conn=) in a REPEATABLE READ transaction reads the group as it was when that
+    transaction began: members that finished since on other shards look pending to it. It never
+    records those counts after newer ones: group_history's counts never go backwards, and the add
+    is still shown, by a runtime, as a coalesced add is."""
+    h = jobs.create_group(shards=2)
+    for i in range(3):
+        h.add(gj.member, i)  # ids in the first block of 32: shard 0
+    q(groups_db, "SELECT setval('livepush_jobs_id_seq', 40)")  # the next member is on shard 1
+    with psycopg.connect(groups_db) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.execute("SELECT 1")  # the transaction's snapshot: no member has finished yet
+        assert jobs.drain() == {"succeeded": 3}
+        assert group_messages(h.id)[-1]["group"]["succeeded"] == 3
+        # The last event is old enough that the add is not coalesced with it.
+        q(groups_db, "UPDATE livepush_group_events SET at = at - interval '1 minute' WHERE group_id = %s", (h.id,))
+        async with running(concurrency=1):
+            jobs.add_to_group(h.id, gj.member, 9, wait=3600, conn=conn)
+            conn.commit()
+            await async_wait_for(lambda: group_messages(h.id)[-1]["group"]["total"] == 4, 10,
+                                 message="a progress event showing the added member")
+    shown = [m["group"] for m in group_messages(h.id)]
+    for before, after in zip(shown, shown[1:]):
+        assert all(after[k] >= before[k] for k in ("total", "succeeded", "failed", "cancelled")), shown
+    assert shown[-1] == {"id": h.id, "state": "open", "total": 4, "pending": 1, "succeeded": 3, "failed": 0,
+                         "cancelled": 0}
+
+
 async def test_the_last_adds_of_a_burst_are_shown_by_a_runtime(groups_db: str) -> None:
     """Adds that come too soon after the group's last event to ring it ring the runtimes instead:
     a running runtime shows the group's final count (its members not yet due, so nothing else

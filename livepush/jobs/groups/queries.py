@@ -143,7 +143,10 @@ WHERE s.group_id = %(group_id)s AND s.shard = i.shard
 # (add_to_group) rings now unless the group recorded an event in the last 100 ms, and otherwise
 # rings the runtimes' `livepush_groups_progress` doorbell, whose publishers ring the change (the
 # trailing edge). `rung` says which: the caller records the `progress` event only if rung. Two
-# adds at once may both ring, which is only one ring more.
+# adds at once may both ring, which is only one ring more. In a caller's REPEATABLE READ or
+# SERIALIZABLE transaction a coalesced add never rings itself: its reads see the shards as they were
+# when that transaction began, so the event it recorded could show members that finished since as
+# pending, older counts after the newer ones recorded meanwhile; the publishers read afresh.
 ADD_TOTAL = f"""
 WITH added AS (
 UPDATE livepush_groups SET
@@ -157,9 +160,10 @@ WHERE id = %(group_id)s AND state = ANY(%(states)s::text[]) AND finished_at IS N
   AND total + %(n)s <= %(limit)s
 RETURNING id, total, state
 ), due AS (
-    SELECT a.id, CASE %(ring)s::text
-        WHEN 'now' THEN true
-        WHEN 'later' THEN false
+    SELECT a.id, CASE
+        WHEN %(ring)s::text = 'now' THEN true
+        WHEN %(ring)s::text = 'later' THEN false
+        WHEN current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN false
         -- The newest event through the primary key, read backwards: one row however many.
         ELSE coalesce((SELECT e.at FROM livepush_group_events e WHERE e.group_id = a.id
                        ORDER BY e.seq DESC LIMIT 1) <= statement_timestamp() - interval '100 milliseconds', true)
