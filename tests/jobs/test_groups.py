@@ -699,6 +699,26 @@ async def test_the_last_adds_of_a_burst_are_shown_by_a_runtime(groups_db: str) -
     assert [m["event"] for m in group_messages(h.id)][0] == "created"
 
 
+async def test_cancelling_members_one_by_one_shows_progress_coalesced_and_the_last_count(groups_db: str) -> None:
+    """jobs.cancel() of a group's members one after another (cancel_tagged over a tag its members
+    share does just that) records and rings the group's progress at most about ten times a second,
+    as outcomes and adds do, not once per member; a running runtime shows the final count."""
+    import time
+
+    h = jobs.create_group()
+    jobs.add_many_to_group(h.id, [(gj.member, [i], {"wait": 3600, "tags": ["batch"]}) for i in range(300)])
+    async with running(concurrency=1):
+        started = time.monotonic()
+        assert await asyncio.to_thread(jobs.cancel_tagged, "batch") == 300
+        elapsed = time.monotonic() - started
+        await async_wait_for(lambda: group_messages(h.id)[-1]["group"]["cancelled"] == 300, 10,
+                             message="a progress event showing all 300 members cancelled")
+    # Two recorders, each at most about ten a second: the cancels, and the runtime they rang.
+    progress = [m for m in group_messages(h.id) if m["event"] == "progress"]
+    assert len(progress) <= 20 * elapsed + 3, (len(progress), elapsed)
+    assert jobs.get_group(h.id)["cancelled"] == 300
+
+
 async def test_a_forged_progress_ring_naming_no_possible_group_stops_no_progress(groups_db: str) -> None:
     """Any database login can ring `livepush_groups_progress`: a ring naming ids no group can have
     (past the bigint range) is dropped, and the runtime goes on showing the adds that ring it
@@ -740,6 +760,8 @@ def test_two_progress_recorders_at_once_record_the_counts_in_the_order_they_chan
         for i in range(3):
             g.enqueue(gj.member, i)
     member = g.members[0].id
+    # jobs.cancel records at once only when the group's last event is 100 ms old or more.
+    q(groups_db, "UPDATE livepush_group_events SET at = at - interval '1 minute' WHERE group_id = %s", (g.id,))
     publisher = steps.progress_now([g.id])
     with psycopg.connect(groups_db, autocommit=False) as conn, conn.cursor(row_factory=dict_row) as cur:
         query = next(publisher)

@@ -24,11 +24,11 @@ log = logging.getLogger("livepush.jobs")
 
 
 def _cancel_steps(job_id: int) -> steps.Steps[list[dict[str, Any]]]:
-    """Cancel (or flag) the job; if that ended it, count it in its group (ringing its progress) and
-    record it on its workflow run."""
+    """Cancel (or flag) the job; if that ended it, count it in its group (ringing its progress,
+    coalesced: cancel_tagged cancels a group's members one by one) and record it on its workflow run."""
     rows = yield steps.Query(queries.CANCEL, {"id": job_id})
     touched = yield from outcomes.ended(rows)
-    yield from steps.progress_now(sorted(touched))
+    yield from steps.progress_coalesced(sorted(touched))
     return rows
 
 

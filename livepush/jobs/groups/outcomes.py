@@ -8,7 +8,8 @@ counted on its shards in the same transaction, so its callbacks are enqueued exa
 queries.py for why); a workflow step's end is recorded on its run and what follows is started,
 in the same transaction too (workflows/engine.py). Progress is not rung here: the caller tells its progress publisher which
 groups moved once the transaction committed, or, without one (an operator call), rings it in
-the same transaction with `progress_now`.
+the same transaction with `progress_now` (`progress_coalesced` for jobs.cancel, which may be
+called for a group's members one after another).
 """
 
 from __future__ import annotations

@@ -610,6 +610,24 @@ WITH victims AS (
     DELETE FROM livepush_jobs j USING victims v WHERE j.id = v.id RETURNING j.id
 )""" + DELETE_PAYLOADS_OF_GONE
 
+# name: recently_shown
+# Of `ids`, the groups that recorded an event in the last 100 ms (their newest event through the
+# primary key, read backwards: one row however many). An operator call that counted outcomes
+# (jobs.cancel, many a second under cancel_tagged) leaves these to the runtimes (UNRUNG below)
+# rather than ringing them again at once. A plain read: an event recorded meanwhile only costs one
+# ring more or one left to the runtimes, never a change that no ring shows.
+RECENTLY_SHOWN = """
+SELECT u.id FROM unnest(%(ids)s::bigint[]) AS u(id)
+WHERE (SELECT e.at FROM livepush_group_events e WHERE e.group_id = u.id ORDER BY e.seq DESC LIMIT 1)
+      > statement_timestamp() - interval '100 milliseconds'
+ORDER BY u.id
+"""
+
+# name: unrung
+# The runtimes' doorbell for groups whose counts changed without a ring (`livepush_groups_progress`,
+# delivered at commit): their progress publishers read the rows afresh and ring what changed.
+UNRUNG = "SELECT livepush_groups_unrung(%(ids)s::bigint[])"
+
 # name: ring_groups (the progress publisher: the groups whose counts it saw change)
 # A group that is a workflow fan-out step's batch also makes a new version of its run's topic,
 # which shows the batch's counts (the lock order: group rows, then workflow rows).

@@ -104,8 +104,8 @@ def finish(ids: Sequence[int], *, locked: bool) -> Steps[list[Row]]:
 
 def progress_now(ids: Sequence[int], changed: Callable[[Row], bool] | None = None) -> Steps[list[Row]]:
     """Record and ring progress for `ids` now, for the unfinished groups that `changed` accepts
-    (all of them without it: an operator call such as jobs.cancel, or the progress publisher's
-    flush); returns every group's view. Locks the group rows (LOCK_GROUPS_FOR_PROGRESS says why),
+    (all of them without it: an operator call such as cancel_group's chunks, or the progress
+    publisher's flush); returns every group's view. Locks the group rows (LOCK_GROUPS_FOR_PROGRESS says why),
     so two recorders take turns and no progress is recorded after
     `finished`; the views are read in a new statement, whose snapshot sees every finisher that
     held the lock before."""
@@ -119,6 +119,20 @@ def progress_now(ids: Sequence[int], changed: Callable[[Row], bool] | None = Non
     if live:
         yield Query(gq.RING_GROUPS, {"ids": [v["id"] for v in live]})
     return views
+
+
+def progress_coalesced(ids: Sequence[int]) -> Steps[None]:
+    """progress_now for an operator call that may come many times a second (jobs.cancel of a
+    group's members one after another): a group that showed an event in the last 100 ms is left
+    to the runtimes, whose progress publishers ring it within about as long, as a coalesced add
+    is; the others are recorded and rung now."""
+    ids = sorted(set(ids))
+    if not ids:
+        return
+    recent = [r["id"] for r in (yield Query(gq.RECENTLY_SHOWN, {"ids": ids}))]
+    yield from progress_now([g for g in ids if g not in recent])
+    if recent:
+        yield Query(gq.UNRUNG, {"ids": recent})
 
 
 # -- a member's outcome ----------------------------------------------------------------------
