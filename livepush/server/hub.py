@@ -278,8 +278,13 @@ class Hub:
                 for t in batch:
                     if t.name in pages:
                         await self._take_page(t, pages[t.name])
-                    else:
+                    elif t.idle or t.cursor is None:
                         self._stop_reading(t)  # nobody listened by the time of the read
+                    else:
+                        # Left out as idle (its subscribers left while a failed read waited to be
+                        # tried again), and subscribed again while the others were read: what rang
+                        # meanwhile waits in its round, which stopped here would never deliver it.
+                        self._queue_read(t, new_round=False)
                 batch = []
         finally:
             self._log_reading = False

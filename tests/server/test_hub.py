@@ -315,6 +315,32 @@ async def test_a_history_read_that_fails_for_a_moment_is_read_again_not_reset() 
     assert fanout.reads >= 3, "two failed reads, then one that delivered"
 
 
+async def test_a_topic_subscribed_again_while_the_read_it_was_left_out_of_runs_still_gets_its_messages() -> None:
+    """A topic's last subscriber leaves while the read of its doorbell waits to be tried again (the
+    database failed it), so the next try reads only the other topics of its batch; a new
+    subscriber comes during that try, and a message rings. The message reaches the new
+    subscriber once the try ends, without waiting for another message on the topic."""
+    fanout, hub = await make(FlakyHistory())
+    assert isinstance(fanout, FlakyHistory)
+    left, other, new = Sub(), Sub(), Sub()
+    await hub.subscribe(left, "t", None, 1)
+    await hub.subscribe(other, "busy", None, 2)
+    fanout.failures = 2  # the first read of both topics fails
+    fanout.publish("t", 0)
+    fanout.publish("busy", "x")
+    await async_wait_for(lambda: fanout.reads >= 2 and not fanout.failures, message="the failed read")
+    hub.unsubscribe(left, "t")  # while the read waits to be tried again
+    fanout.gate.clear()
+    await async_wait_for(lambda: fanout.reads >= 3, timeout=5, message="the next try, of the other topic only")
+    await hub.subscribe(new, "t", None, 3)
+    fanout.publish("t", 1)
+    await settle()
+    fanout.gate.set()
+    await async_wait_for(lambda: new.data() == [1], timeout=5, message="the message to reach the new subscriber")
+    await async_wait_for(lambda: other.data() == ["x"], timeout=5, message="the other topic's message")
+    assert left.data() == []
+
+
 async def test_doorbells_on_many_topics_cost_one_read_per_batch_not_one_each() -> None:
     """Doorbells on 200 topics that ring while a read is under way are served by one more read of
     all the topics it does not cover, each topic's messages in order."""
