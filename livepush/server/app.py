@@ -191,13 +191,19 @@ class PushServer:
         `drain_seconds` with a `retry=MS` reason (livepush/server/drain.py). Each close waits at
         most close_timeout for the client's answer. The fan-out stays usable for publishers."""
         self._draining = True
-        await stop_task(self._readiness_task)  # its canary publishes through the fan-out, closed after us
+        # No canary from now on, but its end is awaited only after the closes: a canary cancelled
+        # while its database answers nothing takes seconds to give up (the driver asks the server
+        # to cancel, then waits for it), and every client waited for that before its 1001.
+        readiness = self._readiness_task
+        if readiness is not None:
+            readiness.cancel()
         if drain_seconds > 0:
             await drain.close_paced(lambda: self.clients, drain_seconds)
         for task in self._tasks:
             task.cancel()
         if self._core is not None:
             await self._core.close()
+        await stop_task(readiness)  # its canary publishes through the fan-out, closed after us
 
     async def stop(self) -> None:
         """close_connections(), then release the hub; the parts it was given are their owner's."""

@@ -16,7 +16,7 @@ import pytest
 from livepush.config import set_settings
 from livepush.fanout.local import LocalFanOut
 from livepush.server.app import PushServer
-from livepush.server.readiness import Canary
+from livepush.server.readiness import CANARY_TOPIC, Canary
 from tests.server.conftest import Served, make_settings, start_served
 from tests.server.test_server import http_get
 from tests.support import services
@@ -126,6 +126,45 @@ async def test_a_draining_server_is_not_ready_while_healthz_still_answers(served
         await closing
         for client in clients:
             await client.close()
+
+
+async def test_a_stop_closes_connections_at_once_while_the_canary_waits_on_a_database_that_answers_nothing(
+        pg_url: str, secret: str, listener_backend: list[int]) -> None:
+    """A stop closes every connection with 1001 at once, even while the canary's publish waits on
+    a database backend that answers nothing (frozen with SIGSTOP, as a database cut off the
+    network looks): the canary is given up on, not waited for, before the closes."""
+    served = await start_served(make_settings("postgres", secret, pg_url, None))
+    readiness = served.server.readiness
+    closing: asyncio.Task[None] | None = None
+    try:
+        await async_wait_for(lambda: readiness.canary.answered_once, 10.0, message="a first canary")
+        client = await WSClient.open(served.url)
+        with psycopg.connect(pg_url) as holder:
+            # A transaction that published on the canary's topic holds its row: the next canary
+            # waits for it, in a backend that the test then freezes.
+            served.fanout.publish(CANARY_TOPIC, {"held": True}, conn=holder)
+            blocked: list[int] = []
+
+            def canary_waiting() -> bool:
+                with psycopg.connect(pg_url, autocommit=True) as conn:
+                    row = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                                       "AND wait_event_type = 'Lock' AND query ILIKE '%%livepush_publish%%'").fetchone()
+                blocked[:] = [row[0]] if row else []
+                return bool(blocked)
+
+            await async_wait_for(canary_waiting, 10.0, message="the next canary to wait on the held row")
+            os.kill(blocked[0], signal.SIGSTOP)
+            listener_backend.append(blocked[0])
+            closing = asyncio.create_task(served.server.close_connections())
+            assert await client.closed_with(timeout=2.0) == 1001
+            os.kill(blocked[0], signal.SIGCONT)
+            listener_backend.clear()
+            holder.rollback()
+        await asyncio.wait_for(closing, 15.0)
+    finally:
+        if closing is not None and not closing.done():
+            closing.cancel()
+        await served.stop()
 
 
 @pytest.fixture
