@@ -247,32 +247,6 @@ def lock_waiters(url: str, holder_pid: int) -> int:
     return int(row[0]) if row else 0
 
 
-async def test_a_server_that_was_not_running_answers_since_from_history(procs, livepush_env, pg_url: str, secret: str) -> None:
-    """Messages published while no server ran are replayed by a server started afterwards."""
-    from livepush import topics
-    from livepush.fanout.postgres import PostgresFanOut
-
-    env = livepush_env(database_url=pg_url)
-    server = await procs.alivepush("serve", env=env)
-    url = f"ws://127.0.0.1:{env['LIVEPUSH_PORT']}/"
-    signed = topics.sign("restart", [secret])
-    client = await WSClient.open(url)
-    await client.subscribe(signed)
-    publisher = PostgresFanOut(pg_url)
-    await publisher.apublish("restart", {"i": 0})
-    seen = (await client.messages(1))[0]["offset"]
-    server.stop()
-    for i in range(1, 1001):
-        await publisher.apublish("restart", {"i": i})
-    await procs.alivepush("serve", env=env)
-    back = await WSClient.open(url)
-    await back.subscribe(signed, since=seen)
-    got = await back.messages(1000, timeout=15)
-    assert [m["data"]["i"] for m in got] == list(range(1, 1001))
-    await back.close()
-    await publisher.aclose()
-
-
 async def test_publish_only_process_holds_no_listen_backend(pg_url: str, pg_admin_url: str) -> None:
     """publish() from a process that never called listen() opens no LISTEN connection."""
     from livepush.fanout.postgres import PostgresFanOut

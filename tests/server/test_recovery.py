@@ -7,6 +7,8 @@ import asyncio
 import pytest
 
 from livepush import PayloadTooLarge
+from livepush.fanout.postgres import PostgresFanOut
+from livepush.fanout.redis import RedisFanOut
 from livepush.types import offset_key
 from tests.server.conftest import Served, make_settings, start_served
 from tests.support.wsclient import WSClient
@@ -155,6 +157,41 @@ async def test_a_since_padded_past_any_offset_gets_one_answer_and_reset(served: 
     await served.publish("padded", {"i": 1})
     assert (await client.messages(1))[0]["data"] == {"i": 1}
     await client.close()
+
+
+@pytest.mark.parametrize("kind", ["postgres", "redis"])
+async def test_a_server_that_was_not_running_answers_since_from_history(procs, livepush_env, secret: str, kind: str,
+                                                                       request) -> None:  # type: ignore[no-untyped-def]
+    """A `livepush serve` process is stopped; messages published meanwhile from another process
+    are replayed, in order, by the server started again to a client resuming from the last
+    offset it saw, and the live stream follows. On Postgres and on Redis: the history, not the
+    server, holds them."""
+    from livepush import topics
+
+    url = request.getfixturevalue("pg_url" if kind == "postgres" else "redis_url")
+    env = livepush_env(database_url=url) if kind == "postgres" else livepush_env(redis_url=url, fanout="redis")
+    server = await procs.alivepush("serve", env=env)
+    ws_url = f"ws://127.0.0.1:{env['LIVEPUSH_PORT']}/"
+    signed = topics.sign("restart", [secret])
+    client = await WSClient.open(ws_url)
+    await client.subscribe(signed)
+    publisher = PostgresFanOut(url) if kind == "postgres" else RedisFanOut(url)
+    try:
+        await publisher.apublish("restart", {"i": 0})
+        seen = (await client.messages(1))[0]["offset"]
+        server.stop()
+        for i in range(1, 1001):
+            await publisher.apublish("restart", {"i": i})
+        await procs.alivepush("serve", env=env)
+        back = await WSClient.open(ws_url)
+        await back.subscribe(signed, since=seen)
+        got = await back.messages(1000, timeout=15)
+        assert [m["data"]["i"] for m in got] == list(range(1, 1001))
+        await publisher.apublish("restart", {"i": 1001})
+        assert [m["data"]["i"] for m in await back.messages(1)] == [1001], "the live stream follows the replay"
+        await back.close()
+    finally:
+        await publisher.aclose()
 
 
 async def test_since_older_than_the_history_ttl_gets_reset(fanout_kind: str, secret: str, request) -> None:
