@@ -21,7 +21,9 @@ import pytest
 from livepush import jobs
 from livepush.jobs import database
 from tests.server.conftest import Served
+from tests.support import services
 from tests.support.job_versions import events_of
+from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
 
@@ -135,5 +137,33 @@ async def test_a_page_waiting_for_a_job_gets_its_enqueued_event(served_jobs: Ser
     got = sorted((m["topic"], m["offset"], m["data"]["event"], m["data"]["job"]["id"], m["data"]["job"]["state"])
                  for m in await client.messages(3))
     assert got == [(f"job:{i}", "1", "enqueued", i, "available") for i in (first, first + 1, first + 2)]
+    await nothing_else(client)
+    await client.close()
+
+
+async def test_state_changes_made_while_the_servers_listener_is_away_reach_a_client_that_stayed(
+        served_jobs: Served, pg_admin_url: str) -> None:
+    """The server's LISTEN backend is killed and kept from coming back while one job watched is
+    cancelled and another watched before it existed is enqueued: nobody hears their rings. Once
+    the listener is back, the client that stayed connected gets the cancelled state and the new
+    job's `enqueued`, since every watched state topic is read again after a reconnect."""
+    cancelled = await asyncio.to_thread(steps.enqueue, 1)
+    with database.pools().sync().connection() as conn:
+        (unborn,) = conn.execute("SELECT last_value + 1 FROM livepush_jobs_id_seq").fetchone()  # type: ignore[misc]
+    client = await WSClient.open(served_jobs.url)
+    assert (await client.subscribe(cancelled.signed_topic))["offset"] == "1"
+    assert (await client.messages(1))[0]["data"]["event"] == "snapshot"
+    assert (await client.subscribe(served_jobs.sign(f"job:{unborn}")))["offset"] is None
+    dbname = services.dbname_of(served_jobs.settings.database_url)
+    with services.pg_refusing_connections(pg_admin_url, dbname):
+        assert await asyncio.to_thread(services.pg_terminate, pg_admin_url, dbname, "livepush-listener") == 1
+        await async_wait_for(lambda: not served_jobs.fanout.listening, 10, message="the listener to notice its loss")
+        # The jobs' pool keeps the connection it opened above: these go through while no new one may.
+        assert await asyncio.to_thread(jobs.cancel, cancelled.id)
+        born = await asyncio.to_thread(steps.enqueue, 1)
+        assert born.id == unborn
+    await async_wait_for(lambda: served_jobs.fanout.listening, 15, message="the listener to come back")
+    got = {m["topic"]: (m["data"]["event"], m["data"]["job"]["state"]) for m in await client.messages(2, timeout=10)}
+    assert got == {cancelled.topic: ("cancelled", "cancelled"), born.topic: ("enqueued", "available")}, got
     await nothing_else(client)
     await client.close()
