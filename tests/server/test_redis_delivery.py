@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import redis
 
 from livepush.fanout.redis import RedisFanOut
 from livepush.server.hub import Hub
@@ -108,3 +109,36 @@ async def test_a_topic_anchored_on_an_origin_that_moved_on_gets_its_first_messag
     finally:
         await hub.aclose()
         await fanout.aclose()
+
+
+async def test_messages_published_while_the_servers_redis_listener_is_away_reach_a_client_that_stayed(
+        private_redis: PrivateRedis, secret: str) -> None:
+    """Redis drops the server's pub/sub connection and refuses it for a while (its password
+    changed), while publishes go on through connections it already holds: nobody hears them
+    live. Once the listener is back, the client that stayed connected gets every one of them
+    from the history, in order, once, with no reset (Redis lost nothing), then the live stream."""
+    served = await start_served(make_settings("redis", secret, None, private_redis.url))
+    admin = redis.Redis.from_url(private_redis.url)
+    try:
+        client = await WSClient.open(served.url)
+        await client.subscribe(served.sign("away"))
+        await served.publish("away", {"i": 0})
+        assert [m["data"]["i"] for m in await client.messages(1)] == [0]
+        admin.config_set("requirepass", "rotated-pw")  # connections already open stay authenticated
+        try:
+            admin.client_kill_filter(_type="pubsub")
+            await async_wait_for(lambda: not served.fanout.listening, 10, message="the listener to notice its loss")
+            for i in range(1, 6):
+                await served.publish("away", {"i": i})
+        finally:
+            admin.config_set("requirepass", "")
+        await async_wait_for(lambda: served.fanout.listening, 20, message="the listener to come back")
+        await served.publish("away", {"i": 6})
+        frames = [await client.recv(timeout=10) for _ in range(6)]
+        assert [(f["op"], f["data"]["i"]) for f in frames] == [("message", i) for i in range(1, 7)], frames
+        with pytest.raises(asyncio.TimeoutError):
+            await client.recv(timeout=0.3)
+        await client.close()
+    finally:
+        admin.close()
+        await served.stop()
