@@ -250,6 +250,31 @@ async def test_a_topic_anchored_on_an_origin_gets_its_first_message_without_a_re
     assert [(f["op"], f.get("offset")) for f in sub.frames[1:]] == [("message", offset)]
 
 
+async def test_subscribers_of_a_topic_whose_first_message_comes_past_the_idle_time_get_reset() -> None:
+    """A subscriber joins a topic nothing was published on, so the hub's cursor is the origin.
+    The topic's first message comes more than the idle time later: the origin can no longer
+    vouch that nothing was published and forgotten meanwhile, so the subscriber gets `reset`
+    rather than that message, and the live stream goes on after it."""
+    fanout, hub = await make(YieldingLocal(history_ttl=0.1, idle_expire=1))
+    sub = Sub()
+    await hub.subscribe(sub, "late:a", None, 1)
+    [subscribed] = sub.frames
+    seen = {subscribed["offset"]}
+
+    async def past_the_idle_time() -> bool:
+        # The origin moves on every half idle time: a third one is past the idle time of the first.
+        seen.add(await fanout.alatest_offset("late:never"))
+        return len(seen) >= 3
+
+    await async_wait_for(past_the_idle_time, 10, interval=0.05, message="the idle time to pass")
+    fanout.publish("late:a", "first")
+    await async_wait_for(lambda: len(sub.frames) > 1, 10, message="an answer to the first message")
+    second = fanout.publish("late:a", "second")
+    await async_wait_for(lambda: len(sub.frames) > 2, 10, message="the next message")
+    await settle()
+    assert [(f["op"], f.get("offset")) for f in sub.frames[1:]] == [("reset", None), ("message", second)]
+
+
 async def test_duplicates_are_dropped_and_replay_meets_live_without_a_seam() -> None:
     """A replayed message that also arrives live is delivered once."""
     fanout, hub = await make()
