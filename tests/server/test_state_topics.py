@@ -20,7 +20,8 @@ import pytest
 
 from livepush import jobs
 from livepush.jobs import database
-from tests.server.conftest import Served
+from livepush.config import Settings, set_settings
+from tests.server.conftest import Served, start_served
 from tests.support import services
 from tests.support.job_versions import events_of
 from tests.support.waiting import async_wait_for
@@ -167,3 +168,31 @@ async def test_state_changes_made_while_the_servers_listener_is_away_reach_a_cli
     assert got == {cancelled.topic: ("cancelled", "cancelled"), born.topic: ("enqueued", "available")}, got
     await nothing_else(client)
     await client.close()
+
+
+async def test_a_job_topic_shows_the_jobs_states_through_a_server_on_the_redis_fan_out(
+        pg_url: str, redis_url: str, secret: str) -> None:
+    """Messages go through Redis, but a job's state lives in the jobs' database: a server on the
+    Redis fan-out with that database gives a job topic's snapshot, then its later versions up to
+    the final one, as a server on the Postgres fan-out does."""
+    settings = Settings(fanout="redis", redis_url=redis_url, database_url=pg_url, secret=secret, port=0, env="test")
+    served = await start_served(settings)
+    database.configure(pg_url)
+    try:
+        handle = await asyncio.to_thread(steps.enqueue, 2)
+        client = await WSClient.open(served.url)
+        assert (await client.subscribe(handle.signed_topic))["offset"] == "1"
+        assert (await client.messages(1))[0]["data"]["event"] == "snapshot"
+        assert (await asyncio.to_thread(jobs.drain, ["state-topics"])).get("succeeded") == 1
+        events = []
+        while not events or events[-1]["data"]["event"] != "succeeded":
+            events.append((await client.messages(1))[0])
+        versions = [int(e["offset"]) for e in events]
+        assert versions == sorted(set(versions)) and versions[0] > 1, versions
+        assert events[-1]["data"]["job"]["progress"] == {"done": 2, "total": 2, "message": "step 2"}
+        await nothing_else(client)
+        await client.close()
+    finally:
+        database.configure(None)
+        await served.stop()
+        set_settings(None)
