@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
+import sys
 import threading
 
 import psycopg
 import pytest
 from websockets.exceptions import ConnectionClosed
 
+from tests.conftest import ROOT
 from tests.server.conftest import Served, make_settings, start_served
 from tests.server.test_server import http_get
 from tests.support import services
@@ -514,3 +517,55 @@ async def test_a_replay_that_cannot_read_its_next_page_closes_the_connection_nev
             assert code == 1011
         finally:
             await admin.execute("ALTER TABLE livepush_messages_away RENAME TO livepush_messages")
+
+
+# A publisher process: `rounds` transactions on one topic, each publishing one to three messages
+# with conn= and holding its transaction a moment, then committing, or rolling back one in four.
+# Prints the offset and data of each message that committed.
+TRANSACTIONAL_CHILD = """
+import json, random, sys, time
+import psycopg
+from livepush.fanout.postgres import PostgresFanOut
+url, topic, name, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+rnd = random.Random(name)
+fanout = PostgresFanOut(url)
+with psycopg.connect(url) as conn:
+    for r in range(rounds):
+        done = [(fanout.publish(topic, {"who": name, "r": r, "k": k}, conn=conn), (name, r, k))
+                for k in range(rnd.randint(1, 3))]
+        time.sleep(rnd.random() / 200)
+        if rnd.random() < 0.25:
+            conn.rollback()
+        else:
+            conn.commit()
+            for offset, data in done:
+                print(json.dumps([offset, data]), flush=True)
+fanout.close()
+"""
+
+
+async def test_publishers_in_several_processes_deliver_exactly_what_committed_in_gap_free_offset_order(
+        pg_served: Served, pg_url: str) -> None:
+    """Three processes publish on one topic in transactions of varying length, a quarter of them
+    rolled back: a subscriber gets exactly the committed messages, each once, in offset order,
+    with offsets 1, 2, 3... (a rolled-back publish gives its number back) and each transaction's
+    messages together and in their order (a topic's publishers serialize on its row)."""
+    client = await WSClient.open(pg_served.url)
+    await client.subscribe(pg_served.sign("many:procs"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    children = [await asyncio.create_subprocess_exec(
+        sys.executable, "-c", TRANSACTIONAL_CHILD, pg_url, "many:procs", name, "25",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env) for name in ("a", "b", "c")]
+    outputs = await asyncio.wait_for(asyncio.gather(*(child.communicate() for child in children)), 60)
+    for child, (_, err) in zip(children, outputs, strict=True):
+        assert child.returncode == 0, err.decode()
+    committed = {offset: tuple(data) for out, _ in outputs for offset, data in map(json.loads, out.decode().split("\n")[:-1])}
+    got = await client.messages(len(committed), timeout=20)
+    assert [int(m["offset"].split("-")[1]) for m in got] == list(range(1, len(committed) + 1))
+    assert {m["offset"]: (m["data"]["who"], m["data"]["r"], m["data"]["k"]) for m in got} == committed
+    runs = [(m["data"]["who"], m["data"]["r"]) for m in got]
+    assert all(runs[i] == runs[i - 1] or runs[i] not in runs[:i] for i in range(1, len(runs))), \
+        "a transaction's messages were split by another's"
+    with pytest.raises(asyncio.TimeoutError):
+        await client.recv(timeout=0.3)
+    await client.close()
