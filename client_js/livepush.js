@@ -1448,16 +1448,26 @@ export function bindProgress(lp, topic, element, options = {}) {
   bar.className = 'livepush-progress-bar';
   const label = doc.createElement('span');
   label.className = 'livepush-progress-text';
-  if (typeof element.replaceChildren === 'function') element.replaceChildren(bar, label);
-  else {
-    element.textContent = '';
-    element.appendChild(bar);
-    element.appendChild(label);
-  }
+  let shown = false;
+  const show = () => {
+    if (shown) return;
+    shown = true;
+    if (typeof element.replaceChildren === 'function') element.replaceChildren(bar, label);
+    else {
+      element.textContent = '';
+      element.appendChild(bar);
+      element.appendChild(label);
+    }
+  };
+  // With `since`, the page already shows that version (rendered by the server): it stays until a
+  // newer one comes. Cleared at once, a job that had finished at that version left an empty bar
+  // for good, since the server sends nothing newer.
+  if ((options.since ?? null) === null) show();
   let finished = false;
 
   /** @param {ProgressView} view */
   const render = (view) => {
+    show();
     if (view.total !== null && view.total > 0) {
       bar.setAttribute('max', String(view.total));
       bar.setAttribute('value', String(Math.min(view.done ?? 0, view.total)));
@@ -1496,6 +1506,7 @@ export function bindProgress(lp, topic, element, options = {}) {
       current = lp.subscribe(topic, onMessage, { ...subscribeOptions, since: null });
     },
     onRefused: (/** @type {string} */ reason) => {
+      show();
       label.textContent = `not allowed: ${reason}`;
       element.setAttribute?.('data-state', 'refused');
     },

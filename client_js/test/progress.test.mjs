@@ -209,3 +209,22 @@ test('binding an element again ends its earlier binding: one element shows one p
   assert.equal(ws.frames('unsubscribe').length, 1);
   h.lp.close();
 });
+
+test('bindProgress with since keeps what the page shows until a newer version comes', () => {
+  const h = harness();
+  const el = new FakeElement('div');
+  const rendered = new FakeElement('span');
+  el.appendChild(rendered); // the server rendered the finished job at version 7
+  const finished = [];
+  bindProgress(h.lp, 'job:42', el, { since: '7', onFinish: (view) => finished.push(view.state) });
+  const ws = h.last();
+  ws.hello();
+  ws.acceptSubscribes();
+  assert.equal(ws.frames('subscribe')[0].since, '7');
+  assert.deepEqual(el.children, [rendered], 'nothing newer yet: the rendered version stays');
+  ws.receive({ op: 'message', topic: 'job:42', offset: '8', data: job('retrying', 'scheduled', null, { error: 'x' }) });
+  const [bar, label] = el.children;
+  assert.equal(bar.tagName, 'PROGRESS');
+  assert.equal(label.textContent, 'scheduled · x');
+  h.lp.close();
+});
