@@ -406,6 +406,22 @@ function describeArg(value) {
   return value === null || value === undefined ? String(value) : typeof value;
 }
 
+/**
+ * A call's options: an object, or null or nothing for none. Anything else (a callback passed
+ * where the options go) is said at the call, not as a property of null read later.
+ * @template T
+ * @param {T | null | undefined} options
+ * @param {string} call
+ * @returns {T}
+ */
+function optionsOf(options, call) {
+  if (options === null || options === undefined) return /** @type {T} */ ({});
+  if (typeof options !== 'object') {
+    throw new TypeError(`${call} takes its options as an object, got ${describeArg(options)}: e.g. {since: offset}`);
+  }
+  return options;
+}
+
 /** The plain topic of a possibly signed one: `~` never appears in a plain topic. */
 function plainTopicOf(/** @type {string} */ topic) {
   const i = topic.indexOf('~');
@@ -713,6 +729,7 @@ export class LivePush {
    * @param {LivePushOptions} [options]
    */
   constructor(url, options = {}) {
+    options = optionsOf(options, 'new LivePush(url, options)');
     if (typeof url !== 'string' || url === '') {
       throw new TypeError('LivePush needs the server URL, e.g. new LivePush("wss://push.example.com/")');
     }
@@ -832,6 +849,7 @@ export class LivePush {
    * @returns {Subscription}
    */
   subscribe(topic, onMessage, options = {}) {
+    options = optionsOf(options, 'subscribe(topic, onMessage, options)');
     if (this._stopped) {
       // A page that never called close() must not be sent looking for who did: after 4401 or
       // 4403 the session is what ended it, and only a new one brings the client back.
@@ -1428,6 +1446,7 @@ const progressBindings = new WeakMap();
  *   re-subscribe after a reset
  */
 export function bindProgress(lp, topic, element, options = {}) {
+  options = optionsOf(options, 'bindProgress(lp, topic, element, options)');
   // The usual slip is an id the page does not have (getElementById gives null), or the arguments
   // in another order: said here, before anything is subscribed, rather than as a property of
   // null read deep inside.

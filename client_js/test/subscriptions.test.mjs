@@ -646,3 +646,23 @@ test('a status listener that is not a function is refused when it is added, not 
   assert.deepEqual(h.errors, [], 'no handler_error at each change');
   h.lp.close();
 });
+
+test('null options mean none, and options that are no object are refused at the call', async () => {
+  const { LivePush, bindProgress } = await import('../livepush.js');
+  const { FakeElement } = await import('../testing/fakes.mjs');
+  const h = harness();
+  const ws = h.last();
+  ws.hello();
+  const got = [];
+  h.lp.subscribe('news', (data) => got.push(data), null);
+  ws.acceptSubscribes();
+  ws.receive({ op: 'message', topic: 'news', offset: '1', data: 'hi' });
+  assert.deepEqual(got, ['hi']);
+  bindProgress(h.lp, 'job:1', new FakeElement('div'), null);
+  assert.throws(() => h.lp.subscribe('other', () => {}, () => {}),
+    /subscribe\(topic, onMessage, options\) takes its options as an object, got function/);
+  assert.throws(() => bindProgress(h.lp, 'job:2', new FakeElement('div'), 'x'),
+    /bindProgress\(lp, topic, element, options\) takes its options as an object, got string/);
+  assert.throws(() => new LivePush('ws://push.test/', 5), /new LivePush\(url, options\) takes its options as an object, got number/);
+  h.lp.close();
+});
