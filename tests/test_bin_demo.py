@@ -49,3 +49,33 @@ def test_bin_demo_mends_a_venv_left_without_pip_and_runs_the_demo(
                        name="bin/demo")
     demo.wait_healthy(INSTALL_TIMEOUT)
     assert demo.stop(15) == 0, demo.output()
+
+
+def test_bin_demo_on_a_machine_whose_python3_is_too_old_runs_the_demo_on_a_newer_python_beside_it(
+    tmp_path: Path, procs: Processes, livepush_env: Callable[..., dict[str, str]], pg_url: str
+) -> None:
+    """Ubuntu 22.04's python3 is 3.10, with a Python 3.11 installed beside it as python3.11.
+    bin/demo makes .venv with the newer one, making again a .venv that an earlier run made with
+    the older python3, and serves the demo (exit 0 on SIGTERM), instead of failing on every run
+    in pip with "No matching distribution found" for a dependency."""
+    (tmp_path / "project").mkdir()
+    project = project_copy(tmp_path / "project")
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    # It stands in for a Python older than 3.11: whatever it is asked to run fails, as livepush
+    # would on one.
+    old = shims / "python3"
+    old.write_text("#!/bin/sh\necho 'Python 3.10.12: livepush needs 3.11 or newer' >&2\nexit 1\n")
+    old.chmod(0o755)
+    newer = f"python3.{sys.version_info.minor}"
+    (shims / newer).symlink_to(getattr(sys, "_base_executable", sys.executable))
+    (project / ".venv" / "bin").mkdir(parents=True)
+    (project / ".venv" / "bin" / "python").symlink_to(old)
+
+    env = livepush_env(database_url=pg_url)
+    env["PATH"] = f"{shims}:{env['PATH']}"
+    demo = procs.start([str(project / "bin" / "demo")], env=env, cwd=project, port=int(env["LIVEPUSH_PORT"]),
+                       name="bin/demo")
+    demo.wait_healthy(INSTALL_TIMEOUT)
+    assert demo.stop(15) == 0, demo.output()
+    assert (project / ".venv" / "bin" / "python").resolve() != old, "bin/demo kept the older python's .venv"
