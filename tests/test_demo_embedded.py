@@ -150,6 +150,36 @@ def test_a_stop_while_the_embedded_postgres_starts_exits_0_and_leaves_nothing_ru
     assert again.stop(STOP_TIMEOUT) == 0, again.output()
 
 
+def test_a_demo_whose_terminal_closes_stops_as_on_ctrl_c_and_stops_its_postgres(
+    start_demo: StartDemo, folder: Path
+) -> None:
+    """Closing the terminal the demo runs in sends SIGHUP to it (and to whatever it started in
+    that terminal): the demo stops as on SIGTERM, exit 0, and stops its embedded Postgres,
+    instead of dying at once with that Postgres left running."""
+    demo = start_demo()
+    demo.wait_healthy(START_TIMEOUT)
+    server = postmaster(folder)
+    assert server is not None
+    demo.signal(signal.SIGHUP, group=True)
+    assert demo.wait(STOP_TIMEOUT) == 0, demo.output()
+    assert not running(server), f"the demo exited but its Postgres (pid {server.pid}) still runs"
+
+
+def test_a_demo_started_with_nohup_keeps_running_when_its_terminal_closes(
+    procs: Processes, livepush_env: Callable[..., dict[str, str]], folder: Path
+) -> None:
+    """A demo started under `nohup` asked for SIGHUP to be ignored: it goes on serving after one,
+    and stops on SIGTERM as always (exit 0)."""
+    env = livepush_env()
+    demo = procs.start(["nohup", sys.executable, "-m", "livepush", "demo"], env=env, cwd=folder,
+                       port=int(env["LIVEPUSH_PORT"]), name="nohup livepush demo")
+    demo.wait_healthy(START_TIMEOUT)
+    demo.signal(signal.SIGHUP, group=True)
+    demo.wait_healthy(5.0)  # a round trip through the process, which a handled signal would stop
+    assert demo.running and "stopping" not in demo.stderr(), demo.output()
+    assert demo.stop(STOP_TIMEOUT) == 0, demo.output()
+
+
 def test_a_demo_in_a_folder_too_deep_for_a_socket_path_in_it_still_starts(start_demo: StartDemo, folder: Path) -> None:
     """A Unix socket's path holds at most 107 bytes: in a project folder deeper than about 80
     characters, Postgres' socket cannot be in .livepush/pg/, and the demo still starts, serves
