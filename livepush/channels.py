@@ -92,6 +92,15 @@ class Channels(Generic[P]):
     def not_live(self) -> list[Channel[P]]:
         return [c for c in self if not c.live.is_set()]
 
+    @staticmethod
+    async def wait_live(channels: list[Channel[P]], timeout: float) -> None:
+        """Return once each of `channels` is live; TimeoutError past `timeout` seconds. Each is
+        awaited in turn under one deadline: asyncio.gather()'s future, when a stop cancels the
+        wait, ends with an error nobody retrieves, which asyncio logs with a traceback."""
+        async with asyncio.timeout(timeout):
+            for channel in channels:
+                await channel.live.wait()
+
     def lost(self) -> None:
         for channel in self:
             channel.live.clear()

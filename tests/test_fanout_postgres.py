@@ -367,6 +367,33 @@ async def test_starts_of_a_shared_listener_at_the_same_time_open_one_connection_
         await listener.aclose()
 
 
+async def test_a_start_of_a_running_listener_cancelled_while_it_waits_for_new_channels_logs_no_error(
+        pg_url: str) -> None:
+    """A part that adds its channels to a listener already running waits for them to be listened
+    to; a stop that cancels that wait (Ctrl-C just as a server with its job runtime starts) ends
+    it quietly, not with asyncio's "exception was never retrieved" and a traceback."""
+    unretrieved: list[dict[str, object]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+    listener = Listener(pg_url, name="lp-start-cancelled")
+    listener.add("livepush_start_cancelled_a", lambda payload: None)
+    try:
+        await listener.start()
+        listener.add("livepush_start_cancelled_b", lambda payload: None)
+        waiting = asyncio.create_task(listener.start())
+        await asyncio.sleep(0)  # it waits now: the running listener takes a new channel within its cycle
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        del waiting
+        gc.collect()
+        await asyncio.sleep(0)  # what collection found is reported through the loop's next callbacks
+        assert unretrieved == []
+    finally:
+        loop.set_exception_handler(None)
+        await listener.aclose()
+
+
 async def test_a_listener_that_postgres_keeps_refusing_says_why(
         pg_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """A listener whose login Postgres refuses after it was lost (a role or pg_hba.conf changed

@@ -91,10 +91,10 @@ class Listener:
                 self._listening = True
                 self._task = asyncio.create_task(self._run(conn), name=self.name)
                 return
-        waiting = [c.live.wait() for c in self._channels.not_live()]
+        waiting = self._channels.not_live()
         if waiting:
             try:
-                await asyncio.wait_for(asyncio.gather(*waiting), timeout)
+                await self._channels.wait_live(waiting, timeout)
             except TimeoutError:
                 raise ListenError(f"the Postgres listener at {redact(self.url)} is reconnecting: "
                                   "its new channels were not in effect in time") from None

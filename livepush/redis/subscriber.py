@@ -91,7 +91,7 @@ class Subscriber:
             except (RedisError, OSError):
                 pass  # the loop sees the loss and subscribes everything again
         try:
-            await asyncio.wait_for(asyncio.gather(*(c.live.wait() for c in late)), timeout)
+            await self._channels.wait_live(late, timeout)
         except TimeoutError:
             raise ListenError(f"the Redis listener at {redact(self.url)} did not confirm its new channels in time") from None
 
