@@ -193,6 +193,23 @@ def test_a_demo_in_a_folder_too_deep_for_a_socket_path_in_it_still_starts(start_
     assert postmaster(deep) is None
 
 
+@pytest.mark.parametrize("name", ["My Projects/live push ø", "clients,2024", "50%4150"],
+                         ids=["spaces", "comma", "percent"])
+def test_a_demo_in_a_folder_whose_path_has_spaces_or_punctuation_starts_its_postgres(
+    start_demo: StartDemo, folder: Path, name: str
+) -> None:
+    """A project in "My Projects/" is common: the demo still starts, serves and stops (exit 0)
+    with its Postgres, instead of pgserver's error reports and a hint to delete the folder, which
+    would not help. Alike for a comma (Postgres reads a list of socket folders) and a percent sign
+    (the URL of the socket decodes it)."""
+    project = folder / name
+    project.mkdir(parents=True)
+    demo = start_demo(project)
+    demo.wait_healthy(START_TIMEOUT)
+    assert demo.stop(STOP_TIMEOUT) == 0, demo.output()
+    assert postmaster(project) is None
+
+
 @pytest.mark.parametrize("configured", [False, True], ids=["embedded-postgres", "own-database-no-secret"])
 def test_a_demo_that_cannot_write_its_data_folder_says_so_and_what_to_do_instead_of_a_traceback(
     procs: Processes, livepush_env: Callable[..., dict[str, str]], folder: Path, pg_url: str, configured: bool

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -9,12 +11,17 @@ import signal
 import stat
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, DependencyError
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# The characters, besides letters and digits, that a socket folder's path may have: pgserver
+# hands it to pg_ctl as `-o "-k DIR"`, which pg_ctl puts unquoted in a shell command line (a space
+# splits it), Postgres reads as a list (a comma), and puts in a URL unencoded (a percent sign).
+_PLAIN = frozenset("/._-")
 
 
 def start(folder: Path) -> tuple[str, Any]:
@@ -70,13 +77,14 @@ def start(folder: Path) -> tuple[str, Any]:
 
 def _runtime_dir(folder: Path) -> Path:
     """A private folder for pgserver's lock and, when it cannot be in the data directory,
-    Postgres' socket: `folder`/run, or in a project folder too deep for that, one in /tmp.
+    Postgres' socket: `folder`/run, or for a project folder too deep for that or whose path has
+    spaces or punctuation (see _socket_folder), one in /tmp.
 
     A Unix socket's path holds at most 107 bytes. pgserver puts the socket in the data directory
     when it fits, else in <runtime dir>/python_PostgresServer/<10 hex digits>/, which below
     `folder` would be longer still: the demo could not start at all."""
     run_dir = folder / "run"
-    if len(os.fsencode(_pgdata(folder) / ".s.PGSQL.5432")) > 107:
+    if len(os.fsencode(_pgdata(folder) / ".s.PGSQL.5432")) > 107 or not _plain(_pgdata(folder)):
         run_dir = Path(tempfile.gettempdir()) / f"livepush-demo-{os.geteuid()}"
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     # In a folder everyone may write to, another user may have made it first, or made it a link.
@@ -102,10 +110,40 @@ def _start(folder: Path) -> tuple[str, Any]:
         with _pgserver_lock():
             _live_handles(pgdata)
             _postmaster(pgdata)
-        server = pgserver.get_server(pgdata, cleanup_mode="stop")
+        with _socket_folder():
+            server = pgserver.get_server(pgdata, cleanup_mode="stop")
     except Exception as exc:  # pgserver raises plain exceptions for a failed start
         raise DependencyError(f"the embedded Postgres in {folder / 'pg'} did not start ({exc}): delete that folder and retry") from exc
     return server.get_uri(), server
+
+
+def _plain(path: Path) -> bool:
+    return all(c.isalnum() or c in _PLAIN for c in str(path))
+
+
+@contextlib.contextmanager
+def _socket_folder() -> Iterator[None]:
+    """pgserver's choice of the folder of Postgres' socket, except that a data directory whose
+    path has other characters than _PLAIN (a project in "My Projects/") gets it in pgserver's
+    runtime folder, as a path too long for a socket does: in the data directory, Postgres did not
+    start at all, or its URL named another folder (pgserver 0.1's function, swapped for the
+    call)."""
+    from pgserver import postgres_server
+
+    find = postgres_server.find_suitable_socket_dir
+
+    def choose(pgdata: Path, runtime_path: Path) -> Path:
+        if _plain(pgdata):
+            return find(pgdata, runtime_path)
+        socket_dir = Path(runtime_path) / hashlib.sha256(os.fsencode(pgdata)).hexdigest()[:10]
+        socket_dir.mkdir(parents=True, exist_ok=True)
+        return socket_dir
+
+    postgres_server.find_suitable_socket_dir = choose
+    try:
+        yield
+    finally:
+        postgres_server.find_suitable_socket_dir = find
 
 
 def _pgdata(folder: Path) -> Path:
