@@ -251,3 +251,19 @@ def test_a_start_pressed_while_the_demos_database_is_down_is_answered_503_saying
         urllib.request.urlopen(request, timeout=30)
     assert answer.value.code == 503
     assert "database" in answer.value.read().decode()
+
+
+def test_a_demo_that_finds_only_database_url_says_it_uses_that_database_not_an_embedded_one(
+    procs: Processes, livepush_env: Callable[..., dict[str, str]], folder: Path, pg_url: str
+) -> None:
+    """DATABASE_URL is often exported for another application. Without LIVEPUSH_DATABASE_URL the
+    demo uses it, as every livepush command does, adding livepush's tables there: it says so,
+    naming the variable and how to run on its embedded Postgres instead, before it migrates."""
+    env = livepush_env(fanout="postgres", extra={"DATABASE_URL": pg_url})
+    demo = procs.start([sys.executable, "-m", "livepush", "demo"], env=env, cwd=folder,
+                       port=int(env["LIVEPUSH_PORT"]), name="livepush demo")
+    demo.wait_healthy(START_TIMEOUT)
+    assert demo.stop(STOP_TIMEOUT) == 0, demo.output()
+    assert postmaster(folder) is None, "the demo started an embedded Postgres beside DATABASE_URL's"
+    said = [line for line in demo.stderr().splitlines() if "DATABASE_URL" in line]
+    assert said and "WARNING" in said[0] and "unset DATABASE_URL" in said[0], demo.output()

@@ -32,6 +32,7 @@ from .. import config, migrate, stopsignals
 from ..cli.runner import run_async
 from ..cli.wiring import server_parts
 from ..errors import ConfigError, DependencyError, SchemaError
+from ..postgres.urls import redact
 from ..server import http
 from ..server.core import OPEN_TIMEOUT
 from ..server.run import host_port, serve
@@ -276,6 +277,11 @@ def run() -> int:
         if not settings.database_url:
             url, pg = embedded.start(folder)
             settings = settings.replace(database_url=url, fanout="postgres")
+        elif settings.database_url_setting == "DATABASE_URL":
+            # Often another application's: the demo is about to add livepush's tables there.
+            log.warning("the demo uses the database of DATABASE_URL (%s), as LIVEPUSH_DATABASE_URL is not set: it "
+                        "adds livepush's tables and its jobs there; unset DATABASE_URL to run it on its own embedded "
+                        "Postgres instead", redact(settings.database_url))
         if not settings.secret:
             settings = settings.replace(secret=demo_secret(folder))
         config.set_settings(settings)
