@@ -6,6 +6,7 @@ that next demo fail or harm another program.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import sys
@@ -93,33 +94,43 @@ def test_a_demo_killed_outright_leaves_its_postgres_to_the_next_demo_which_stops
     assert not running(left), f"the demo exited 0 but its Postgres (pid {left.pid}) still runs"
 
 
+@pytest.mark.parametrize("name", ["", "My Projects/live push"], ids=["socket-in-its-data", "socket-in-tmp"])
 def test_a_stale_postmaster_pid_that_names_another_program_neither_fails_the_demo_nor_kills_that_program(
-    start_demo: StartDemo, folder: Path, procs: Processes
+    start_demo: StartDemo, folder: Path, procs: Processes, name: str
 ) -> None:
-    """The demo and its Postgres killed outright (a power cut) leave postmaster.pid behind; once
-    its pid belongs to another program, the next demo starts its own Postgres, serves, and stops
-    (exit 0) without signalling that program."""
-    first = start_demo()
+    """The demo and its Postgres killed outright (a power cut) leave postmaster.pid and the lock of
+    its socket behind; once their pid belongs to another program, the next demo starts its own
+    Postgres, serves, and stops (exit 0) without signalling that program, whether the socket was
+    in the data directory or (for a project folder whose path has spaces) in /tmp."""
+    project = folder / name
+    project.mkdir(parents=True, exist_ok=True)
+    first = start_demo(project)
     first.wait_healthy(START_TIMEOUT)
     first.popen.kill()
     first.wait()
-    server = postmaster(folder)
+    server = postmaster(project)
     assert server is not None
     backends = server.children()
     server.kill()
     wait_for(lambda: not any(map(running, [server, *backends])), 10, message="the killed Postgres to end")
 
-    other = procs.start(["sleep", "600"], name="another program")
-    pid_file = folder / ".livepush" / "pg" / "postmaster.pid"
+    # Run as root, pgserver runs Postgres as its own user, which sees a program of that user alive
+    # (another user's it takes for gone).
+    as_postgres = ["setpriv", "--reuid=pgserver", "--regid=pgserver", "--clear-groups"] if os.geteuid() == 0 else []
+    other = procs.start([*as_postgres, "sleep", "600"], name="another program")
+    pid_file = project / ".livepush" / "pg" / "postmaster.pid"
     lines = pid_file.read_text().split("\n")
     pid_file.write_text("\n".join([str(other.pid), *lines[1:]]))
+    socket_locks = list(Path(lines[4]).glob(".s.PGSQL.*.lock"))  # line 5: the socket's folder
+    assert socket_locks, f"no socket lock in {lines[4]}"
+    for lock in socket_locks:
+        lock.write_text("\n".join([str(other.pid), *lock.read_text().split("\n")[1:]]))
 
-    second = start_demo()
+    second = start_demo(project)
     second.wait_healthy(START_TIMEOUT)
     assert second.stop(STOP_TIMEOUT) == 0, second.output()
     assert other.running, f"the demo killed pid {other.pid}, which was never its Postgres"
-    assert postmaster(folder) is None
-
+    assert postmaster(project) is None
 
 @pytest.mark.parametrize("stage", ["pg/PG_VERSION", "pg/global/pg_filenode.map", "pg/postmaster.pid"],
                          ids=["initdb", "initdb-after-bootstrap", "postgres-start"])

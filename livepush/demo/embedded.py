@@ -190,8 +190,10 @@ def _postmaster(pgdata: Path) -> Any:
     import psutil
 
     postmaster = pgdata / "postmaster.pid"
+    lines: list[str] = []
     try:
-        process = psutil.Process(int(postmaster.read_text().split("\n", 1)[0]))
+        lines = postmaster.read_text().split("\n")
+        process = psutil.Process(int(lines[0]))
         # A zombie is a dead Postgres that no one reaped (as under an init that does not).
         alive = process.status() != psutil.STATUS_ZOMBIE
         if alive and process.name() == "postgres" and str(pgdata) in process.cmdline():
@@ -204,9 +206,16 @@ def _postmaster(pgdata: Path) -> Any:
         pass  # another user's process: this user's own Postgres would be readable
     postmaster.unlink(missing_ok=True)
     # Its socket's lock file names the same pid, and Postgres refuses a lock whose pid lives
-    # ("is another postmaster using socket file"): it goes too, wherever the socket was.
+    # ("is another postmaster using socket file"): it goes too, wherever the socket was. That is
+    # the data directory, or the folder the file's fifth line names (in /tmp for a project folder
+    # too deep or with spaces), where only a lock naming that same pid is taken for this one's.
     for lock in pgdata.glob(".s.PGSQL.*.lock"):
         lock.unlink(missing_ok=True)
+    if len(lines) > 4 and lines[4].strip():
+        for lock in Path(lines[4].strip()).glob(".s.PGSQL.*.lock"):
+            with contextlib.suppress(OSError):
+                if lock.read_text().split("\n", 1)[0].strip() == lines[0].strip():
+                    lock.unlink()
     return None
 
 
