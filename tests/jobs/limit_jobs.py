@@ -48,6 +48,12 @@ async def per_tenant(ctx: Any, tenant: str, seconds: float = 0.2) -> None:
     await note(ctx, "t.per_tenant", "done", tenant)
 
 
+@jobs.job(name="t.enqueues_per_tenant")
+async def enqueues_per_tenant(ctx: Any, tenant: str) -> None:
+    """A plain job whose follow-up has limits: enqueues one t.per_tenant job of `tenant`."""
+    await per_tenant.aenqueue(tenant, 0.0)
+
+
 @jobs.job(name="t.tenant_flag", concurrency=("tenant", 1), timeout=120)
 async def tenant_flag(ctx: Any, tenant: str, flag: str) -> None:
     """Holds its tenant's only slot until the row `flag` appears in job_flags."""

@@ -14,7 +14,7 @@ import pytest
 from livepush import ConfigError, config
 from livepush import jobs
 from livepush.jobs.runtime import runtime
-from tests.jobs import sample_jobs
+from tests.jobs import limit_jobs, sample_jobs
 from tests.jobs.conftest import events_of, names_of, q, read_states
 from tests.support.waiting import wait_for
 
@@ -59,6 +59,17 @@ async def test_drain_from_async_code(jobs_db: str) -> None:
     assert await jobs.adrain() == {"succeeded": 1}
     sample_jobs.record.enqueue()
     assert jobs.drain() == {"succeeded": 1}
+
+
+def test_drain_runs_a_job_with_limits_that_a_job_it_ran_enqueued(jobs_db: str) -> None:
+    """drain() runs every due job, also a job with limits enqueued by a job it ran: it ended with
+    that job left available, because the first claim had noted that the function had no job to
+    start, and a runtime trusts that note for a poll interval unless its doorbell rings."""
+    q(jobs_db, limit_jobs.LIMIT_RUNS_TABLE)
+    parent = limit_jobs.enqueues_per_tenant.enqueue("acme")
+    assert jobs.drain() == {"succeeded": 2}
+    assert q(jobs_db, "SELECT name, state FROM livepush_jobs WHERE id <> %s", (parent.id,)) == [
+        ("t.per_tenant", "succeeded")]
 
 
 def test_retries_until_success(jobs_db: str) -> None:

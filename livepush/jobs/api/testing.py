@@ -88,6 +88,10 @@ async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = RE
                     rt.queues = [r[0] for r in await (await conn.execute(queries.QUEUES_WITH_DUE_JOBS)).fetchall()]
                 if not rt.queues:
                     break
+            # A runtime skips a function with limits whose last claim found nothing until its
+            # doorbell rings or a poll interval passes; drain() hears no doorbell, and the job it
+            # just ran may have enqueued one: every claim here looks again.
+            rt._limited_empty.clear()
             if await rt._claim(1) == 0:
                 if rt._token_due is None:
                     break
