@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -9,14 +10,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
 
 from livepush import ConfigError, config
 from livepush import jobs
+from livepush.jobs import database
 from livepush.jobs.runtime import runtime
 from tests.jobs import limit_jobs, sample_jobs
 from tests.jobs.conftest import events_of, names_of, q, read_states
-from tests.support.waiting import wait_for
+from tests.support.waiting import async_wait_for, wait_for
 
 
 def runs(url: str, job_id: int, phase: str = "done") -> list[int]:
@@ -59,6 +62,27 @@ async def test_drain_from_async_code(jobs_db: str) -> None:
     assert await jobs.adrain() == {"succeeded": 1}
     sample_jobs.record.enqueue()
     assert jobs.drain() == {"succeeded": 1}
+
+
+async def test_adrain_leaves_the_pools_of_the_callers_loop_to_its_other_tasks(jobs_db: str) -> None:
+    """adrain() runs in the caller's loop, which goes on after it: an aenqueue() of another task
+    of that loop, waiting for a connection of the loop's pool as adrain() returned, failed with
+    "cannot reach Postgres (the pool is closed)", adrain() having closed the pool on its way out
+    as if the loop ended with it (drain() does close what it opened on its own loop)."""
+    pool_size = database.pools().max_size
+    with psycopg.connect(jobs_db) as holder:
+        # A keyed enqueue waits for this uncommitted job of the key, holding its pool connection.
+        sample_jobs.record.enqueue("held", key="held", conn=holder)
+        blocked = [asyncio.create_task(sample_jobs.record.aenqueue(i, key="held")) for i in range(pool_size)]
+        await async_wait_for(lambda: q(jobs_db, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                                                "'Lock' AND query LIKE '%livepush_enqueue%'")[0][0] == pool_size,
+                             10.0, message="every connection of the loop's pool to wait for the held key")
+        waiting = asyncio.create_task(sample_jobs.record.aenqueue("waiting for a connection"))
+        assert await jobs.adrain() == {}
+        holder.commit()
+    handles = await asyncio.wait_for(asyncio.gather(*blocked, waiting, return_exceptions=True), 10)
+    assert [h for h in handles if isinstance(h, BaseException)] == []
+    assert await jobs.adrain() == {"succeeded": 2}
 
 
 def test_drain_runs_a_job_with_limits_that_a_job_it_ran_enqueued(jobs_db: str) -> None:

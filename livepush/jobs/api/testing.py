@@ -103,10 +103,19 @@ async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = RE
             await rt._completer.wait_idle(timeout=30)
     finally:
         await rt._close()
-        # drain()'s loop ends right after this: close what is bound to it.
+    return {k: v for k, v in rt.counts.items() if v}
+
+
+async def _drain_on_its_own_loop(queues: Sequence[str] | None, registry: Registry,
+                                 max_jobs: int | None) -> dict[str, int]:
+    """adrain() on the loop drain() made for it, then what its jobs opened on that loop (the
+    pools of aenqueue() and apublish()) closed, as that loop ends right after. Not in adrain():
+    the caller's loop goes on, and its other tasks may be using those pools."""
+    try:
+        return await adrain(queues, registry=registry, max_jobs=max_jobs)
+    finally:
         await database.release_loop()
         await api.release_loop()
-    return {k: v for k, v in rt.counts.items() if v}
 
 
 def drain(queues: Sequence[str] | None = None, *, registry: Registry = REGISTRY,
@@ -125,12 +134,12 @@ def drain(queues: Sequence[str] | None = None, *, registry: Registry = REGISTRY,
     if not in_loop:
         # Outside the except block: run there, every error the jobs raise would be chained to
         # that RuntimeError, and each failed job's logged traceback would start with it.
-        return loops.run(adrain(queues, registry=registry, max_jobs=max_jobs))
+        return loops.run(_drain_on_its_own_loop(queues, registry, max_jobs))
     result: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            result["value"] = loops.run(adrain(queues, registry=registry, max_jobs=max_jobs))
+            result["value"] = loops.run(_drain_on_its_own_loop(queues, registry, max_jobs))
         except BaseException as exc:  # handed to the caller's thread below
             result["error"] = exc
 
