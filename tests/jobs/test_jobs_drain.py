@@ -16,9 +16,10 @@ import pytest
 from livepush import ConfigError, config
 from livepush import jobs
 from livepush.jobs import database
+from livepush.jobs.api import testing
 from livepush.jobs.runtime import runtime
 from tests.jobs import limit_jobs, sample_jobs
-from tests.jobs.conftest import events_of, names_of, q, read_states
+from tests.jobs.conftest import events_of, names_of, q, read_states, running
 from tests.support.waiting import async_wait_for, wait_for
 
 
@@ -409,3 +410,35 @@ def test_a_process_that_drained_a_sync_job_past_its_timeout_exits_without_waitin
                           capture_output=True, text=True, timeout=30)
     assert done.stdout.strip() == "{'failed': 1}", done.stderr[-2000:]
     assert time.monotonic() - started < 20  # stuck_sync's thread waits 60 s
+
+
+def test_a_drain_longer_than_three_beats_keeps_its_job_from_the_rescue_of_other_runtimes(
+        jobs_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """drain() registers as a runtime, so that no other runtime rescues what it holds; but it never
+    beat, and a drain longer than three of its beats (three minutes: a long job, or a start rate
+    that spreads its jobs out) was taken for dead by any runtime serving the same database, which
+    released its job to run again, its attempt spent. Here a beat is 0.2 s."""
+    monkeypatch.setattr(testing, "DRAIN_HEARTBEAT", 0.2)
+    handle = sample_jobs.wait_flag.enqueue("long-drain")
+    thread, result = drain_in_thread()
+    try:
+        wait_for(lambda: started(jobs_db, handle.id), 10.0, message="the job to start")
+        (drainer,) = q(jobs_db, "SELECT id FROM livepush_job_runtimes")[0]
+
+        async def beside_another_runtime() -> None:
+            # It rescues the jobs of runtimes silent for three of their beats, each of its own beats.
+            async with running(queues=["nothing"], heartbeat=0.1) as other:
+                (since,) = q(jobs_db, "SELECT now()")[0]
+                await async_wait_for(lambda: q(jobs_db, "SELECT heartbeat_at > %s + interval '1 s' FROM "
+                                                        "livepush_job_runtimes WHERE id = %s", (since, other.id))[0][0],
+                                     10.0, message="the other runtime to beat for a second, 5 of drain()'s beats")
+
+        asyncio.run(beside_another_runtime())
+        assert q(jobs_db, "SELECT state, runtime_id FROM livepush_jobs WHERE id = %s", (handle.id,)) == [
+            ("running", drainer)]
+    finally:
+        q(jobs_db, "INSERT INTO job_flags (name) VALUES ('long-drain')")
+        thread.join(10.0)
+    assert result == {"counts": {"succeeded": 1}}
+    assert runs(jobs_db, handle.id, "start") == [1]
+    assert names_of(jobs_db, handle.id) == ["enqueued/available", "started/running", "succeeded/succeeded"]

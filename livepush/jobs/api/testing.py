@@ -1,7 +1,7 @@
 """Test helpers: `drain()` runs every due job in this process; `clear()` empties the job tables.
 
-`drain()` is a one-job-at-a-time runtime that stops when nothing is due: it registers like
-any runtime (so nobody rescues what it holds), claims, runs and completes through the same
+`drain()` is a one-job-at-a-time runtime that stops when nothing is due: it registers and beats
+like any runtime (so nobody rescues what it holds), claims, runs and completes through the same
 code paths (it hears cancels as a runtime does), and returns counts by outcome: {"succeeded":
 n, "failed": n, "retrying": n, "cancelled": n, "released": n} (zeros left out). Jobs scheduled
 in the future are not due; a retry whose backoff has not passed is not run again. Jobs a start
@@ -12,13 +12,17 @@ rate says.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg
+
 from ... import api, loops
 from ...config import get_settings
-from ...errors import ArgumentTypeError, ArgumentValueError, ConfigError
+from ...errors import ArgumentTypeError, ArgumentValueError, ConfigError, DependencyError
+from ...tasks import reraise_if_cancelled
 from .. import database, queries
 from ..groups import queries as group_queries
 from ..periodic import queries as periodic_queries
@@ -27,6 +31,12 @@ from ..runtime import maintenance
 from ..runtime.runtime import Runtime
 from .options import check_queue
 from .registry import REGISTRY, Registry
+
+log = logging.getLogger("livepush.jobs")
+
+# Seconds between drain()'s beats. A drain takes as long as its jobs (or a start rate) say, and a
+# runtime silent for three of its beats is taken for dead by the others, its jobs run again.
+DRAIN_HEARTBEAT = 60.0
 
 
 def _drained_queues(queues: Sequence[str] | None) -> list[str] | None:
@@ -71,16 +81,17 @@ async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = RE
     max_jobs = _max_jobs(max_jobs)
     registry = _registry(registry)
     # Listening, as a runtime does: jobs.cancel() of the job it runs reaches it by notification
-    # (drain() beats no heartbeat, the other way a runtime learns of a cancel). Where
+    # (drain()'s beats only keep it registered: a runtime's also look for cancels). Where
     # LIVEPUSH_LISTEN_DATABASE_URL names the way around a pooler that cannot keep a LISTEN, it
     # listens there, unless jobs.configure() chose another database.
     listen_url = None if database.configured_url() else get_settings().listen_database_url
     rt = Runtime(registry, queues=queues or ["default"], concurrency=1,
-                 install_signals=False, heartbeat=60.0, flush_delay=0.0, listen_url=listen_url)
+                 install_signals=False, heartbeat=DRAIN_HEARTBEAT, flush_delay=0.0, listen_url=listen_url)
     ran = 0
     try:
         await rt._open()  # in the try: a start that fails part-way is closed too
         assert rt._pool is not None and rt._completer is not None
+        rt._tasks.append(asyncio.create_task(_beat(rt), name="livepush-jobs-drain-heartbeat"))  # _close() ends it
         while max_jobs is None or ran < max_jobs:
             await maintenance.promote(rt._pool)
             if not queues:
@@ -104,6 +115,19 @@ async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = RE
     finally:
         await rt._close()
     return {k: v for k, v in rt.counts.items() if v}
+
+
+async def _beat(rt: Runtime) -> None:
+    """drain()'s heartbeat: its runtime row's beat, and nothing else a runtime's beat does (it
+    rescues no other runtime's jobs: a test's drain() changes only what it runs)."""
+    assert rt._pool is not None
+    while True:
+        await asyncio.sleep(rt.heartbeat)
+        try:
+            await maintenance.beat(rt._pool, rt.info)
+        except (psycopg.Error, DependencyError) as exc:
+            reraise_if_cancelled()
+            log.warning("drain(): heartbeat failed (%s); trying again next beat", exc)
 
 
 async def _drain_on_its_own_loop(queues: Sequence[str] | None, registry: Registry,
