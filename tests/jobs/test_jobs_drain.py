@@ -442,3 +442,23 @@ def test_a_drain_longer_than_three_beats_keeps_its_job_from_the_rescue_of_other_
     assert result == {"counts": {"succeeded": 1}}
     assert runs(jobs_db, handle.id, "start") == [1]
     assert names_of(jobs_db, handle.id) == ["enqueued/available", "started/running", "succeeded/succeeded"]
+
+
+def test_a_cancel_whose_notification_drain_missed_is_found_at_its_next_beat(
+        jobs_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runtime finds a cancel whose notification it never heard (a pooler in transaction mode
+    delivers none) at its next heartbeat; drain() relied on the notification alone, and ran the
+    cancelled job to its end. The cancel is written here as the row holds it, with no ring."""
+    monkeypatch.setattr(testing, "DRAIN_HEARTBEAT", 0.2)
+    handle = sample_jobs.wait_flag.enqueue("unheard-cancel")
+    thread, result = drain_in_thread()
+    try:
+        wait_for(lambda: started(jobs_db, handle.id), 10.0, message="the job to start")
+        q(jobs_db, "UPDATE livepush_jobs SET cancel_requested = true WHERE id = %s", (handle.id,))
+        thread.join(10.0)
+        assert not thread.is_alive(), "drain() did not hear the cancel"
+    finally:
+        q(jobs_db, "INSERT INTO job_flags (name) VALUES ('unheard-cancel')")  # lets a deaf drain end
+        thread.join(10.0)
+    assert result == {"counts": {"cancelled": 1}}
+    assert runs(jobs_db, handle.id) == []

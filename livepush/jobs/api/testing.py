@@ -81,7 +81,7 @@ async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = RE
     max_jobs = _max_jobs(max_jobs)
     registry = _registry(registry)
     # Listening, as a runtime does: jobs.cancel() of the job it runs reaches it by notification
-    # (drain()'s beats only keep it registered: a runtime's also look for cancels). Where
+    # (and at its next beat, should the notification not come). Where
     # LIVEPUSH_LISTEN_DATABASE_URL names the way around a pooler that cannot keep a LISTEN, it
     # listens there, unless jobs.configure() chose another database.
     listen_url = None if database.configured_url() else get_settings().listen_database_url
@@ -118,13 +118,16 @@ async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = RE
 
 
 async def _beat(rt: Runtime) -> None:
-    """drain()'s heartbeat: its runtime row's beat, and nothing else a runtime's beat does (it
-    rescues no other runtime's jobs: a test's drain() changes only what it runs)."""
-    assert rt._pool is not None
+    """drain()'s heartbeat: its runtime row's beat, and the look for a cancel of its job whose
+    notification it missed, as a runtime's beat does. Not the rescue of other runtimes' jobs: a
+    test's drain() changes only what it runs."""
+    assert rt._pool is not None and rt.id is not None
     while True:
         await asyncio.sleep(rt.heartbeat)
         try:
             await maintenance.beat(rt._pool, rt.info)
+            for job_id in await maintenance.cancel_requests(rt._pool, rt.id):
+                rt._cancel_local(job_id)
         except (psycopg.Error, DependencyError) as exc:
             reraise_if_cancelled()
             log.warning("drain(): heartbeat failed (%s); trying again next beat", exc)
