@@ -44,7 +44,7 @@ from .api.functions import JobFunction, default_backoff, job
 from .api.handles import JobHandle
 from .api.registry import REGISTRY, JobRequest
 from .api.status import Status, astatus, status
-from .api.testing import adrain, clear, drain
+from .api.testing import aclear, adrain, clear, drain
 from .database import configure
 from .durable.fingerprint import input_fingerprint
 from .durable.signals import asignal, signal
@@ -157,6 +157,7 @@ __all__ = [
     "acancel",
     "acancel_tagged",
     "adiscard_failed",
+    "aclear",
     "adrain",
     "ajob_state",
     "aretry_failed",

@@ -16,7 +16,7 @@ from tests.jobs.conftest import q
 from tests.support.waiting import async_wait_for
 
 # Calls that define or configure rather than talk to the database: nothing to await.
-NOT_DATABASE_CALLS = {"job", "periodic", "workflow", "configure", "default_backoff", "input_fingerprint", "clear"}
+NOT_DATABASE_CALLS = {"job", "periodic", "workflow", "configure", "default_backoff", "input_fingerprint"}
 
 
 def test_every_database_call_of_the_jobs_api_has_an_async_twin() -> None:

@@ -275,6 +275,16 @@ def test_clear_refuses_outside_tests(jobs_db: str) -> None:
         jobs.clear()
 
 
+async def test_aclear_empties_the_job_tables_from_async_tests_and_refuses_outside_them(jobs_db: str) -> None:
+    """aclear() is clear() for async tests, on their loop's pool: same tables, same refusal."""
+    await sample_jobs.record.aenqueue()
+    await jobs.aclear()
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs")[0][0] == 0
+    config.set_settings(config.Settings(database_url=jobs_db, fanout="postgres"))
+    with pytest.raises(ConfigError, match=r"jobs\.aclear\(\).*LIVEPUSH_ENV=test"):
+        await jobs.aclear()
+
+
 def test_a_job_that_fails_under_drain_logs_its_own_traceback_only(jobs_db: str,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     """drain() from sync code runs jobs "through the normal code paths": the traceback a failed job

@@ -178,12 +178,25 @@ def drain(queues: Sequence[str] | None = None, *, registry: Registry = REGISTRY,
     return result["value"]  # type: ignore[no-any-return]
 
 
+def _clear_statements(call: str) -> list[str]:
+    if not get_settings().is_test:
+        raise ConfigError(f"jobs.{call}() deletes every job: it only runs with LIVEPUSH_ENV=test")
+    return (workflow_queries.CLEAR + "; " + queries.CLEAR + "; " + group_queries.CLEAR + "; "
+            + periodic_queries.CLEAR).split("; ")
+
+
 def clear() -> None:
     """Delete every job, group, workflow run and runtime row, paused queue and periodic job's
     newest tick. Refuses unless LIVEPUSH_ENV=test."""
-    if not get_settings().is_test:
-        raise ConfigError("jobs.clear() deletes every job: it only runs with LIVEPUSH_ENV=test")
+    statements = _clear_statements("clear")
     with database.connection() as conn:
-        for statement in (workflow_queries.CLEAR + "; " + queries.CLEAR + "; " + group_queries.CLEAR + "; "
-                          + periodic_queries.CLEAR).split("; "):
+        for statement in statements:
             conn.execute(statement)  # type: ignore[arg-type]
+
+
+async def aclear() -> None:
+    """clear(), for async tests: the sync one would hold their loop while it waits."""
+    statements = _clear_statements("aclear")
+    async with database.aconnection() as conn:
+        for statement in statements:
+            await conn.execute(statement)  # type: ignore[arg-type]
