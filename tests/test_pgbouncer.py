@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from livepush import api, config, jobs
-from livepush.errors import ConfigError
+from livepush.errors import ConfigError, DependencyError
 from livepush.jobs import database
 from livepush.migrate import migrate
 from tests.jobs import sample_jobs
@@ -287,6 +287,27 @@ def test_group_building_in_callers_transactions_through_transaction_mode_prepare
 
         asyncio.run(agroups_in_transactions())
     assert count(pg_url, "SELECT count(*) FROM livepush_groups") == 48
+
+
+def test_prepared_statements_left_on_behind_transaction_mode_fail_naming_the_setting_to_turn_off(
+        pg_url: str, transaction_pool: PgBouncer) -> None:
+    """Behind a transaction-mode PgBouncer that cannot keep prepared statements, with
+    LIVEPUSH_PREPARED_STATEMENTS left on, a publish whose statement was prepared on a server
+    connection the pooler has since replaced fails with DependencyError saying to set
+    LIVEPUSH_PREPARED_STATEMENTS=off, not only psycopg's "prepared statement _pg3_0 does not exist"."""
+    with settings_through(through(transaction_pool, pg_url), prepared_statements=True):
+        for i in range(10):  # psycopg prepares a statement from its sixth run
+            api.publish("news:prepared", {"i": i})
+        dbname = services.dbname_of(pg_url)
+        with psycopg.connect(pg_url, autocommit=True) as admin:  # the pooler's server connections end
+            for pid in transaction_pool.servers(dbname):
+                admin.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+        wait_for(lambda: not transaction_pool.servers(dbname), message="the pooler to drop its ended server connections")
+        with pytest.raises(DependencyError) as caught:
+            api.publish("news:prepared", {"i": 10})
+    message = str(caught.value)
+    assert "LIVEPUSH_PREPARED_STATEMENTS=off" in message, message
+    assert "_pg3_" in message, message  # the driver's own words are kept
 
 
 def test_migrate_through_transaction_mode(pg_admin_url: str, transaction_pool: PgBouncer) -> None:

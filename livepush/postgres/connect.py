@@ -200,6 +200,15 @@ def translate(url: str, exc: BaseException) -> Exception:
         return DependencyError(f"Postgres at {redact(url)} cancelled the statement ({_reason(url, exc)}): a "
                                "statement_timeout or lock_timeout of the role, the database or the session ended "
                                "it (or another session cancelled it); the server is up")
+    if state in ("26000", "42P05"):
+        # A statement psycopg prepared (_pg3_N) missing or taken on the server connection this one
+        # ran on: a pooler in transaction mode handed it another one. psycopg goes on believing it
+        # prepared, so every later run of that statement fails alike until the setting changes.
+        return DependencyError(f"Postgres at {redact(url)} does not hold the statements this connection prepared "
+                               f"({_reason(url, exc)}): a pooler in transaction mode that cannot keep prepared "
+                               "statements (PgBouncer before 1.22, or max_prepared_statements = 0) is in between; "
+                               "set LIVEPUSH_PREPARED_STATEMENTS=off in every process that uses "
+                               f"{_setting_of(url)}")
     if state[:2] in ("54", "55", "58"):
         # A limit of the server's, an object in the wrong state, an I/O failure: psycopg calls them
         # operational errors, but the server is there and said why, with a detail and a hint that

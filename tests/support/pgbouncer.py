@@ -60,6 +60,14 @@ class PgBouncer:
         except FileNotFoundError:
             return ""
 
+    def servers(self, dbname: str) -> list[int]:
+        """The backend pids of the server connections the pooler holds to `dbname`, from its admin
+        console (which takes only the simple query protocol)."""
+        with psycopg.connect(self.url("pgbouncer"), autocommit=True, cursor_factory=psycopg.ClientCursor) as admin:
+            cur = admin.execute("SHOW SERVERS")
+            names = [column.name for column in cur.description or ()]
+            return [row[names.index("remote_pid")] for row in cur.fetchall() if row[names.index("database")] == dbname]
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.terminate()
