@@ -200,6 +200,14 @@ def translate(url: str, exc: BaseException) -> Exception:
         return DependencyError(f"Postgres at {redact(url)} cancelled the statement ({_reason(url, exc)}): a "
                                "statement_timeout or lock_timeout of the role, the database or the session ended "
                                "it (or another session cancelled it); the server is up")
+    if state == "25006":
+        # A hot standby (a failover not yet over, a read replica's address) or a database or role
+        # set to default_transaction_read_only: said as "failed", it sent nobody to check where the
+        # URL points, and a standby refuses LISTEN with only "cannot execute LISTEN during recovery".
+        return DependencyError(f"Postgres at {redact(url)} is read-only ({_reason(url, exc)}): it is a standby "
+                               "in recovery, or sets default_transaction_read_only; point "
+                               f"{_setting_of(url)} at the primary (with several hosts, add "
+                               "target_session_attrs=read-write)")
     if state in ("26000", "42P05"):
         # A statement psycopg prepared (_pg3_N) missing or taken on the server connection this one
         # ran on: a pooler in transaction mode handed it another one. psycopg goes on believing it

@@ -29,7 +29,7 @@ from psycopg.rows import dict_row
 from ..channels import Channels, Resync
 from ..errors import DependencyError, ListenError, first_line
 from ..tasks import Backoff, stop
-from .connect import aconnect, connect, redact, translated
+from .connect import aconnect, connect, redact, translate, translated
 
 log = logging.getLogger("livepush.postgres.listener")
 
@@ -87,7 +87,7 @@ class Listener:
                 try:
                     conn = await self._connect()
                 except (DependencyError, psycopg.Error, OSError) as exc:
-                    raise ListenError(first_line(exc)) from None
+                    raise ListenError(first_line(self._said(exc))) from None
                 self._listening = True
                 self._task = asyncio.create_task(self._run(conn), name=self.name)
                 return
@@ -183,7 +183,12 @@ class Listener:
                 log.debug("Postgres listener reconnect failed: %s", exc)
                 if retry.time_to_say(RETRY_LOG_SECONDS):
                     log.warning("the Postgres listener at %s still cannot reconnect (said at most once a minute): %s",
-                                redact(self.url), first_line(exc))
+                                redact(self.url), first_line(self._said(exc)))
+
+    def _said(self, exc: BaseException) -> BaseException:
+        """`exc` as said to an operator: a LISTEN the server refused (a standby in recovery) in
+        translate()'s words, which name the database and what to do, as a failed connect's are."""
+        return translate(self.url, exc) if isinstance(exc, psycopg.Error) else exc
 
     def _dispatch(self, channel: str, payload: str) -> None:
         self._channels.dispatch(channel, payload)

@@ -22,6 +22,7 @@ import psycopg
 import pytest
 import redis
 
+from .procs import free_port
 from .waiting import wait_for
 
 RUN_BIN_TEST = "run the tests with bin/test, which starts a private PostgreSQL and Redis and sets it"
@@ -150,6 +151,37 @@ def pg_down(mode: str = "fast") -> Iterator[None]:
         yield
     finally:
         pg_start()
+
+
+@contextlib.contextmanager
+def pg_standby(admin_url: str) -> Iterator[str]:
+    """A hot standby of the test PostgreSQL (pg_basebackup -R: streaming from it, in recovery, read
+    only), on a port of its own; yields its admin URL, and removes it after the block."""
+    pg_bin = Path(env_or_skip("LIVEPUSH_TEST_PG_BIN"))
+    data = Path(env_or_skip("LIVEPUSH_TEST_PG_DATA"))
+    folder = data.parent / f"standby-{os.getpid()}"
+    info = psycopg.conninfo.conninfo_to_dict(admin_url)
+    owner = pwd.getpwuid(os.stat(data).st_uid).pw_name
+    as_owner = ["runuser", "-u", owner, "--"] if os.geteuid() == 0 and owner != "root" else []
+    port = free_port()
+
+    def run(*cmd: str) -> None:
+        done = subprocess.run([*as_owner, *cmd], cwd=data.parent, capture_output=True, text=True, timeout=60,
+                              check=False)
+        if done.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+
+    run(str(pg_bin / "pg_basebackup"), "-h", str(info.get("host") or "127.0.0.1"), "-p", str(info.get("port")),
+        "-U", str(info.get("user") or "postgres"), "-D", str(folder), "-R", "-X", "stream", "-c", "fast")
+    try:
+        run(str(pg_bin / "pg_ctl"), "-D", str(folder), "-o", f"-p {port}", "-l", str(folder / "standby.log"),
+            "-w", "-t", "30", "start")
+        try:
+            yield psycopg.conninfo.make_conninfo(admin_url, port=str(port))
+        finally:
+            run(str(pg_bin / "pg_ctl"), "-D", str(folder), "-m", "immediate", "-w", "-t", "30", "stop")
+    finally:
+        subprocess.run(["rm", "-rf", str(folder)], check=False, timeout=60)
 
 
 # ---- Redis: stop and start the server -----------------------------------------------------------
