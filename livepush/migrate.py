@@ -2,7 +2,8 @@
 runtime role that needs no more than `serve`, `jobs`, `publish()` and enqueues do.
 
 `migrate()` holds a transaction-level advisory lock for the whole run, so two `livepush
-migrate` at once serialize: the second waits, then finds nothing left to do. Each file runs
+migrate` at once serialize: the second waits, whatever lock_timeout or statement_timeout the
+role has, then finds nothing left to do. Each file runs
 in the same transaction as the row that records it, so a failed file leaves no trace.
 """
 
@@ -106,6 +107,17 @@ def required_version() -> int:
     return migrations[-1].version if migrations else 0
 
 
+# name: wait_untimed -- for this transaction only, until timeouts_back: no lock_timeout nor
+# statement_timeout, so that the wait for another migrate's advisory lock (for as long as it
+# migrates) is not cut short by the timeouts a migrating role often has.
+_WAIT_UNTIMED = "SELECT set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true)"
+# name: migration_lock -- the advisory lock every migrate takes, held to the transaction's end.
+_MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(%s)"
+# name: timeouts_back -- the session's own lock_timeout and statement_timeout again (the role's,
+# the database's or the URL's), for the migrations' statements: a DDL waiting for a table's lock
+# behind a long transaction holds up every query on that table.
+_TIMEOUTS_BACK = ("SELECT set_config(name, reset_val, true) FROM pg_settings "
+                  "WHERE name IN ('lock_timeout', 'statement_timeout')")
 # name: schema_table_exists -- read under the advisory lock, so no other migrator creates it
 # between this read and the CREATE below.
 _SCHEMA_TABLE_EXISTS = "SELECT to_regclass('livepush_schema') IS NOT NULL"
@@ -169,7 +181,9 @@ def migrate(url: str, runtime_role: str | None = None) -> list[Migration]:
     applied_now: list[Migration] = []
     with translated(url), connect(url, autocommit=False) as conn:
         # Transaction-scoped lock: released at commit or rollback, never leaked by a crash.
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+        conn.execute(_WAIT_UNTIMED)
+        conn.execute(_MIGRATION_LOCK, (MIGRATION_LOCK_KEY,))
+        conn.execute(_TIMEOUTS_BACK)
         exists = conn.execute(_SCHEMA_TABLE_EXISTS).fetchone()
         if not (exists and exists[0]):
             # Only when missing: the runtime role, which may not create, can then run `migrate`

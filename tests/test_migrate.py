@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
+import uuid
+from collections.abc import Callable
 
 import psycopg
 import pytest
 
 from livepush import migrate
 from livepush.errors import SchemaError
+from tests.jobs.conftest import q
+from tests.support import services
 from tests.support.waiting import wait_for
 
 
@@ -154,3 +159,40 @@ def test_migrate_with_an_empty_runtime_role_exits_2_naming_the_flag(pg_url: str,
     assert child.wait(30) == 2, child.output()
     err = child.stderr()
     assert "--runtime-role is empty" in err and "Traceback" not in err, err
+
+
+def test_a_second_migrate_waits_for_the_first_whatever_lock_timeout_and_statement_timeout_say(
+        pg_admin_url: str) -> None:
+    """With a lock_timeout and a statement_timeout on the database (a role's or a database's
+    settings, common for migrating roles), a migrate that meets another one under way waits for it
+    rather than failing with "canceling statement due to lock timeout", and then migrates."""
+    name = f"t_migrate_wait_{uuid.uuid4().hex[:12]}"
+    url = services.create_database(pg_admin_url, name)
+    try:
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute(f"ALTER DATABASE {name} SET lock_timeout = '50ms'")  # type: ignore[arg-type]
+            admin.execute(f"ALTER DATABASE {name} SET statement_timeout = '100ms'")  # type: ignore[arg-type]
+        done: list[object] = []
+        with psycopg.connect(url) as holder:  # another migrate, under way
+            holder.execute("SELECT pg_advisory_xact_lock(%s)", (migrate.MIGRATION_LOCK_KEY,))
+            second = threading.Thread(target=lambda: done.append(_outcome(lambda: migrate.migrate(url))))
+            second.start()
+            # It has waited for the lock past both timeouts, and waits on.
+            wait_for(lambda: q(url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                    "AND wait_event_type = 'Lock' AND now() - query_start > interval '500 ms'")[0][0],
+                     10, message="the second migrate to wait for the lock past the timeouts")
+            assert not done, done
+        second.join(30)
+        assert not second.is_alive()
+        applied = done[0]
+        assert isinstance(applied, list) and [m.version for m in applied] == [m.version for m in migrate.bundled()], applied
+    finally:
+        services.drop_database(pg_admin_url, name)
+
+
+def _outcome(call: Callable[[], object]) -> object:
+    """What `call` returned, or the exception it raised."""
+    try:
+        return call()
+    except Exception as exc:  # noqa: BLE001 -- handed to the test thread
+        return exc
