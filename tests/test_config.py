@@ -20,6 +20,9 @@ from livepush.config import ENVIRONMENT, Settings
     ("postgresql://app@db.example/app?keepalives=yes", "keepalives that is not a whole number"),
     ("postgresql://app@db.example/app?keepalives_idle=30s", "keepalives_idle that is not a whole number"),
     ("postgresql://app@db.example/app?tcp_user_timeout=", "tcp_user_timeout that is not a whole number"),
+    ("postgresql://app@db.example/app?tcp_user_timeout=99999999999", "tcp_user_timeout that is not a whole number"),
+    ("postgresql://app@db.example/app?keepalives_count=-2147483649", "keepalives_count that is not a whole number"),
+    ("postgresql://app@db.example/app?keepalives_idle=" + "9" * 5000, "keepalives_idle that is not a whole number"),
 ])
 def test_a_bad_database_url_fallback_is_named_as_database_url(url: str, needle: str) -> None:
     """A bad DATABASE_URL, read because LIVEPUSH_DATABASE_URL is not set, gets an error that names
@@ -34,7 +37,8 @@ def test_a_bad_database_url_fallback_is_named_as_database_url(url: str, needle: 
 
 def test_integer_options_libpq_takes_are_accepted() -> None:
     """libpq's integer options as it reads them (a sign, spaces around) pass the check."""
-    url = "postgresql://app@db.example/app?keepalives=1&keepalives_idle=%2030%20&keepalives_count=+3&connect_timeout=7"
+    url = ("postgresql://app@db.example/app?keepalives=1&keepalives_idle=%2030%20&keepalives_count=+3&connect_timeout=7"
+           "&tcp_user_timeout=2147483647&connect_timeout=99999999999")
     assert Settings.from_env({"LIVEPUSH_DATABASE_URL": url}).database_url == url
 
 

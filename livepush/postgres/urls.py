@@ -18,6 +18,8 @@ SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 # The options libpq reads as integers, and refuses only when it connects.
 INTEGER_OPTIONS = ("connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
                    "tcp_user_timeout")
+# The range libpq takes them in (a C int); connect_timeout is psycopg's to read, in any size.
+_INT_RANGE = range(-2**31, 2**31)
 
 
 def _misread(url: str) -> bool:
@@ -82,6 +84,12 @@ def _unknown_parameters(url: str) -> list[str]:
             if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,59}", name) and name not in _libpq_keywords()]
 
 
+def _a_c_int(digits: str) -> bool:
+    """Whether a whole number (as the check above matched it) fits the C int libpq reads it into;
+    its length first, since int() refuses a string of thousands of digits."""
+    return len(digits.strip().lstrip("+-")) <= 10 and int(digits) in _INT_RANGE
+
+
 def check_url(url: str, setting: str = "LIVEPUSH_DATABASE_URL") -> None:
     """ConfigError, naming `setting` and no part of the URL but an unknown parameter's name, when
     `url` is not a Postgres URL or conninfo, or holds a port or sslmode libpq refuses before it
@@ -115,5 +123,9 @@ def check_url(url: str, setting: str = "LIVEPUSH_DATABASE_URL") -> None:
         raise ConfigError(f"{setting} has an unknown sslmode: use one of {', '.join(SSLMODES)}")
     for option in INTEGER_OPTIONS:
         value = info.get(option)
-        if value is not None and not re.fullmatch(r"\s*[+-]?[0-9]+\s*", value):
-            raise ConfigError(f"{setting} has a {option} that is not a whole number: fix it, or leave it out")
+        if value is None:
+            continue
+        bounded = option != "connect_timeout"
+        if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", value) or (bounded and not _a_c_int(value)):
+            within = " from -2147483648 to 2147483647" if bounded else ""
+            raise ConfigError(f"{setting} has a {option} that is not a whole number{within}: fix it, or leave it out")
