@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 
 import pytest
 
 from livepush import loops
+from tests.support.waiting import wait_for
 
 
 async def _deaf() -> None:
@@ -74,3 +76,28 @@ def test_tasks_that_end_when_cancelled_are_waited_for_and_no_warning_is_logged(
         loops.run(main())
     assert cleaned == ["done"]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_call_still_running_in_the_default_executor_is_left_behind_after_the_settle(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """run() returns about SETTLE_SECONDS after its coroutine, though a task it left waits on a
+    call that runs on in the loop's default executor (an async job's `asyncio.to_thread()` of a
+    blocking library): closing the loop waited for that thread, for as long as the call ran, with
+    the command line's stop signals held back. The call is named as left behind."""
+    release = threading.Event()
+
+    async def main() -> str:
+        asyncio.create_task(asyncio.to_thread(release.wait, 60), name="blocking-call")
+        await asyncio.sleep(0.05)
+        return "value"
+
+    started = time.monotonic()
+    try:
+        with caplog.at_level(logging.WARNING, logger="livepush"):
+            assert loops.run(main()) == "value"
+        assert time.monotonic() - started < 0.2 + 5.0
+        assert loops.threads_left_running() == 1
+        assert any("left running" in r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        release.set()
+    wait_for(lambda: loops.threads_left_running() == 0, 5, message="the released call's thread to end")

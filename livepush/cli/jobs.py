@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 
-from .. import api, metrics
+from .. import api, loops, metrics
 from ..config import Settings, read_number
 from ..errors import ConfigError
 from ..jobs import database
@@ -121,10 +121,12 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def leave_if_threads_run(status: int) -> None:
-    """A sync job past its timeout, or given back on shutdown, may still run in its thread. Its
-    lease is gone, so nothing it does counts: leave now, rather than run the interpreter's
-    shutdown (atexit hooks, module teardown) beside user code that is still running."""
-    if any(t.name.startswith("livepush-job") and t.is_alive() for t in threading.enumerate()):
+    """A sync job past its timeout, or given back on shutdown, may still run in its thread, and so
+    may an async job's asyncio.to_thread() call (loops.run() left it running). Its lease is gone,
+    so nothing it does counts: leave now, rather than run the interpreter's shutdown (atexit hooks,
+    module teardown, which joins the latter's thread) beside user code that is still running."""
+    if loops.threads_left_running() or any(t.name.startswith("livepush-job") and t.is_alive()
+                                           for t in threading.enumerate()):
         sys.stdout.flush()
         sys.stderr.flush()
         logging.shutdown()

@@ -201,6 +201,14 @@ async def deaf_to_cancel(ctx: Any) -> None:
             pass
 
 
+@jobs.job(name="t.blocked_in_a_thread", timeout=120)
+async def blocked_in_a_thread(ctx: Any) -> None:
+    """Notes its start, then waits on a blocking call handed to asyncio.to_thread() (a library
+    without an async API): cancelling the job ends its wait, never the call in its thread."""
+    await note(ctx, "start")
+    await asyncio.to_thread(time.sleep, 120)
+
+
 @jobs.job(name="t.progress_then_fail", max_attempts=2, backoff=lambda attempt: 0.0)
 async def progress_then_fail(ctx: Any, report_on_retry: bool) -> None:
     """Attempt 1 reports 9 of 10 and fails; attempt 2 reports 1 of 10 (if `report_on_retry`) and succeeds."""

@@ -125,6 +125,26 @@ def test_a_job_that_swallows_its_cancellation_does_not_hold_the_stopping_runtime
     assert count(jobs_db, "SELECT count(*) FROM livepush_job_runtimes") == 0
 
 
+def test_a_job_blocked_in_asyncio_to_thread_does_not_hold_the_stopping_runtime(
+        jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
+    """SIGTERM with an async job in hand that waits on asyncio.to_thread(): past --shutdown-timeout
+    the job is given back (attempt not spent) and the process exits 0 within the 2 s grace
+    (loops.SETTLE_SECONDS), leaving the call running in its thread, rather than waiting for the
+    call to return while ignoring every later signal."""
+    handle = sample_jobs.blocked_in_a_thread.enqueue()
+    child = start_runtime("--shutdown-timeout", "0.5")
+    wait_for(lambda: count(jobs_db, "SELECT count(*) FROM job_runs WHERE phase = 'start'") == 1, 15.0)
+    signalled = time.monotonic()
+    child.signal(signal.SIGTERM)
+    assert child.wait(15) == 0, child.output()
+    took = time.monotonic() - signalled
+    # Generous: the process also closes its pools and exits, on a machine shared with others.
+    assert took <= 0.5 + loops.SETTLE_SECONDS + 8.0, (took, child.output())
+    assert "left running" in child.output(), child.output()
+    assert q(jobs_db, "SELECT state, attempt FROM livepush_jobs WHERE id = %s", (handle.id,)) == [("available", 0)]
+    assert count(jobs_db, "SELECT count(*) FROM livepush_job_runtimes") == 0
+
+
 def test_a_job_deaf_to_its_cancel_is_given_back_and_the_process_exits_within_the_timeout_and_grace(
         jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
     """SIGTERM with an async job in hand that ignores every cancel: the process exits 0 within
