@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -223,3 +224,28 @@ def test_a_wildcard_over_a_whole_top_level_domain_is_refused(entry: str) -> None
     with pytest.raises(ConfigError, match=re.escape(repr(entry)) + ".*every site"):
         Settings.from_env({"LIVEPUSH_ALLOWED_ORIGINS": f"https://app.example.com,{entry}"})
     Settings.from_env({"LIVEPUSH_ALLOWED_ORIGINS": "https://*.example.com,http://*.localhost:3000,https://*.co.example"})
+
+
+def test_every_database_connection_probes_a_silent_server_within_a_minute_unless_the_url_says_otherwise(
+        pg_url: str) -> None:
+    """A server gone without closing its connections (a failover whose old primary vanished) is
+    found by TCP keepalives after about a minute of silence, not the kernel's two hours: livepush
+    sets them on every connection, pooled or not, and a URL's own keepalives_* win."""
+    from livepush.postgres.connect import connect
+    from livepush.postgres.pools import LoopPools
+
+    def keepalives(conn: Any) -> tuple[str | None, ...]:
+        given = conn.info.get_parameters()
+        return tuple(given.get(k) for k in ("keepalives_idle", "keepalives_interval", "keepalives_count"))
+
+    with connect(pg_url) as conn:
+        assert keepalives(conn) == ("30", "10", "3")
+    sep = "&" if "?" in pg_url else "?"
+    with connect(f"{pg_url}{sep}keepalives_idle=7") as conn:
+        assert keepalives(conn) == ("7", "10", "3")
+    pools = LoopPools(pg_url, name="keepalive-test")
+    try:
+        with pools.sync().connection() as conn:
+            assert keepalives(conn) == ("30", "10", "3")
+    finally:
+        pools.close()

@@ -109,17 +109,26 @@ class PoolBusy(PoolTimeout):
 
 
 CONNECT_TIMEOUT = 5  # seconds; a server that does not answer fails the command rather than hanging it
+# TCP keepalives of every connection, unless the URL sets its own: a server gone without closing
+# its connections (a failover whose old primary vanished, a NAT that forgot the flow) is found
+# after about a minute of silence, not the kernel's two hours and more, during which a statement
+# that awaited its answer (a server's history read, a runtime's claim) waited as long.
+KEEPALIVES = {"keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
 
 
-def connect_timeout(url: str) -> dict[str, Any]:
-    """The connect_timeout option for `url`: CONNECT_TIMEOUT unless the URL (or libpq's
-    PGCONNECT_TIMEOUT) names one. Given as a keyword it overrides the URL's, which the operator
-    set for a reason: a serverless Postgres that takes longer to wake, or a check that must fail fast."""
+def connect_defaults(url: str) -> dict[str, Any]:
+    """The connect_timeout and keepalive options for `url`: CONNECT_TIMEOUT and KEEPALIVES, but
+    for those the URL (or libpq's PGCONNECT_TIMEOUT) names. Given as keywords they override the
+    URL's, which the operator set for a reason: a serverless Postgres that takes longer to wake,
+    or a check that must fail fast."""
     try:
-        named = "connect_timeout" in psycopg.conninfo.conninfo_to_dict(url)
+        named = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.Error:
-        named = False  # check_url() says what is wrong with it
-    return {} if named or os.environ.get("PGCONNECT_TIMEOUT") else {"connect_timeout": CONNECT_TIMEOUT}
+        named = {}  # check_url() says what is wrong with it
+    defaults: dict[str, Any] = {k: v for k, v in KEEPALIVES.items() if k not in named}
+    if "connect_timeout" not in named and not os.environ.get("PGCONNECT_TIMEOUT"):
+        defaults["connect_timeout"] = CONNECT_TIMEOUT
+    return defaults
 
 
 def _password(url: str) -> str | None:
@@ -306,7 +315,7 @@ def connection_options(kwargs: dict[str, Any]) -> dict[str, Any]:
 def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection:
     check_url(url)
     try:
-        return psycopg.connect(url, autocommit=autocommit, **connection_options({**connect_timeout(url), **kwargs}))
+        return psycopg.connect(url, autocommit=autocommit, **connection_options({**connect_defaults(url), **kwargs}))
     except psycopg.Error as exc:
         raise translate(url, exc) from None
 
@@ -315,6 +324,6 @@ async def aconnect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psyco
     check_url(url)
     try:
         return await psycopg.AsyncConnection.connect(url, autocommit=autocommit,
-                                                     **connection_options({**connect_timeout(url), **kwargs}))
+                                                     **connection_options({**connect_defaults(url), **kwargs}))
     except psycopg.Error as exc:
         raise translate(url, exc) from None

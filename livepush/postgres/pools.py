@@ -21,7 +21,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
 
-from .connect import PoolBusy, aconnect, connect, connect_timeout, connection_options, translate
+from .connect import PoolBusy, aconnect, connect, connect_defaults, connection_options, translate
 
 OPEN_TIMEOUT = 5.0  # seconds a first use waits for the pool's first connection
 # The longest a pool waits between two attempts to connect again, as the listeners (listener.py):
@@ -262,7 +262,7 @@ class LoopPools:
         self.name = name
         self.max_size = max_size
         self.min_size = min_size
-        self._kwargs: dict[str, Any] = {"autocommit": autocommit, **connect_timeout(url)}
+        self._kwargs: dict[str, Any] = {"autocommit": autocommit, **connect_defaults(url)}
         if prepare_threshold is not None:
             self._kwargs["prepare_threshold"] = prepare_threshold
         self._lock = threading.Lock()
