@@ -268,3 +268,45 @@ async def test_a_step_that_is_an_object_with_an_async_call_is_awaited(jobs_db: s
         run = await wc.greets.astart("ana")
         done = await run_state(run.id, {"succeeded", "failed"})
     assert (done["state"], done["steps"]["greet"]["output"]) == ("succeeded", {"hello": "ana"}), done["error"]
+
+
+def lock_waiters(url: str) -> int:
+    """How many sessions of the test's database wait for a lock that another holds."""
+    return q(url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                  "AND wait_event_type = 'Lock'")[0][0]
+
+
+async def test_a_step_parked_on_a_signal_is_stopped_when_its_run_ends_while_that_signal_is_sent(
+        jobs_db: str) -> None:
+    """A run that a step fails stops the job of a step parked on its signal, also when a signal to
+    that job is on its way at that moment (its transaction holds the job's row, which the run's end
+    cannot wait for): the signal, refused since the run has ended, stops the job itself, rather
+    than leave it parked for a signal that can no longer come. The run's row is held here so that
+    the run's end and the signal meet."""
+    async with running(queues=[wc.QUEUE]):
+        run = await wc.fails_while_waiting.astart()
+        await async_wait_for(lambda: step_is(run.id, "waits", "waiting"), 10.0, message="the step to park")
+        refused: list[BaseException] = []
+
+        def send() -> None:
+            try:
+                jobs.workflows.signal(run.id, "go", {"by": "ana"}, actor="ana")
+            except ValueError as exc:
+                refused.append(exc)
+
+        with psycopg.connect(jobs_db) as holder:
+            holder.execute("SELECT 1 FROM livepush_workflows WHERE id = %s FOR UPDATE", (run.id,))
+            q(jobs_db, "INSERT INTO job_flags VALUES ('break-now')")
+            await async_wait_for(lambda: lock_waiters(jobs_db) == 1, 10.0, message="the run's end to wait for its row")
+            signal = threading.Thread(target=send)
+            signal.start()
+            await async_wait_for(lambda: lock_waiters(jobs_db) == 2, 10.0, message="the signal to wait for the run")
+            holder.commit()
+        await asyncio.to_thread(signal.join, 10.0)
+        assert not signal.is_alive()
+        done = await run_state(run.id, "failed")
+        assert await async_wait_for(lambda: job_ended(jobs_db, "wfd_fails_while_waiting.waits"), 10.0,
+                                    message="the parked step's job to end") == "cancelled"
+    assert [str(exc) for exc in refused] == [f"workflow run {run.id} has failed: it takes no more signals"]
+    assert step_states(done) == {"start": "succeeded", "breaks": "failed", "waits": "cancelled"}
+    assert [a["verb"] for a in done["audit"]] == []

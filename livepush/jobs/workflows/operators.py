@@ -15,6 +15,7 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from .. import database
+from .. import queries as job_queries
 from ..api.args import encode
 from ..api.control import acancel, cancel
 from ..groups.cancel import acancel_children, cancel_children
@@ -28,7 +29,7 @@ from ..groups import steps
 from ..groups.transactions import ain_tx, in_tx
 from . import engine
 from . import queries as wq
-from ...errors import ArgumentTypeError, ArgumentValueError
+from ...errors import ArgumentTypeError, ArgumentValueError, LivepushError
 
 def _run_id(value: Any) -> int:
     """`value` as a run id; an int no run can have is WorkflowNotFound named as given (checked_id
@@ -176,11 +177,16 @@ def _to_job(run_id: int, step: dict[str, Any], name: str, data: str) -> steps.St
     delivered = bool(runs) and bool(alone["waits"])
     if not delivered:
         yield steps.Query(wq.SIGNAL_UNDO, {})
+    if not runs:
+        # Its step ended without it while this send held the job's row, which that decision's stop
+        # passes over (it cannot wait for a job row after the run's): nothing else stops a parked
+        # job, which would wait for ever. This transaction holds the row, so it stops the job.
+        yield steps.Query(job_queries.STOP_JOBS, {"ids": [step["job_id"]]})
     yield steps.Query(wq.SIGNAL_RELEASE, {})
     return delivered
 
 
-def _signal_steps(run_id: int, name: str, data: str, actor: str | None) -> steps.Steps[None]:
+def _signal_steps(run_id: int, name: str, data: str, actor: str | None) -> steps.Steps[LivepushError | None]:
     """One transaction: the signal reaches the first unfinished step that waits for it, and the
     audit trail says so (both, or neither). To the step's job when it is active (its row locked
     first, as jobs.signal does: the lock order is job rows before the run's; then the run's row,
@@ -188,24 +194,36 @@ def _signal_steps(run_id: int, name: str, data: str, actor: str | None) -> steps
     decision meanwhile, so no job of that step starts meanwhile), the run keeps it for the step's
     next job, which takes it over when it is created. A job created between the two looks is
     locked after the run, against the order: a deadlock with that job parking is possible, and the
-    transaction runs again (workflows/queries.py says so)."""
-    step = yield from _target(run_id, name, lock=False)
-    if not (yield from _to_job(run_id, step, name, data)):
-        while True:
-            step = yield from _target(run_id, name, lock=True)
-            if (yield from _to_job(run_id, step, name, data)):
-                break
-            if step["state"] in engine.STEP_ACTIVE and step["job_id"] is not None:
-                # Its job stopped waiting between the look and the send (a signal of its own, a
-                # timeout): kept for the step, this signal would lie unread, since only a step's
-                # next job takes a kept one. The next look passes it.
-                continue
-            if (yield steps.Query(wq.KEEP_SIGNAL, {"id": run_id, "step": step["name"], "name": name, "data": data})):
-                break
-            # A signal sent at the same time was kept for this step first: the next look (which
-            # sees it) finds the step after it, or refuses. Each turn passes a step: bounded.
+    transaction runs again (workflows/queries.py says so).
+    A refusal is returned, for the caller to raise once the transaction committed: a job that the
+    signal found parked in a step that ended without it was stopped in it (_to_job), and stays so."""
+    try:
+        step = yield from _target(run_id, name, lock=False)
+        if not (yield from _to_job(run_id, step, name, data)):
+            step = yield from _kept_or_sent(run_id, name, data)
+    except (ArgumentValueError, WorkflowNotFound) as refusal:
+        return refusal
     yield steps.Query(wq.AUDIT, {"id": run_id, "verb": "signal", "step": step["name"], "actor": actor,
                                  "reason": name})
+    return None
+
+
+def _kept_or_sent(run_id: int, name: str, data: str) -> steps.Steps[dict[str, Any]]:
+    """Under the run's lock: the signal sent to the job of the first step that waits for it, or
+    kept for that step; returns that step."""
+    while True:
+        step = yield from _target(run_id, name, lock=True)
+        if (yield from _to_job(run_id, step, name, data)):
+            return step
+        if step["state"] in engine.STEP_ACTIVE and step["job_id"] is not None:
+            # Its job stopped waiting between the look and the send (a signal of its own, a
+            # timeout): kept for the step, this signal would lie unread, since only a step's
+            # next job takes a kept one. The next look passes it.
+            continue
+        if (yield steps.Query(wq.KEEP_SIGNAL, {"id": run_id, "step": step["name"], "name": name, "data": data})):
+            return step
+        # A signal sent at the same time was kept for this step first: the next look (which
+        # sees it) finds the step after it, or refuses. Each turn passes a step: bounded.
 
 
 def signal(run_id: int, name: str, data: Any = None, *, actor: str | None = None) -> None:
@@ -213,13 +231,17 @@ def signal(run_id: int, name: str, data: Any = None, *, actor: str | None = None
     or when it starts). Raises ValueError when no step waits for it, WorkflowNotFound for no run."""
     run_id, name = _run_id(run_id), check_name(name, "signal()")
     text, actor = encode(data, "data", InvalidArgumentsError, "signal data"), _text(actor, "actor")
-    in_tx(lambda: _signal_steps(run_id, name, text, actor), None)
+    refusal = in_tx(lambda: _signal_steps(run_id, name, text, actor), None)
+    if refusal is not None:
+        raise refusal
 
 
 async def asignal_run(run_id: int, name: str, data: Any = None, *, actor: str | None = None) -> None:
     run_id, name = _run_id(run_id), check_name(name, "signal()")
     text, actor = encode(data, "data", InvalidArgumentsError, "signal data"), _text(actor, "actor")
-    await ain_tx(lambda: _signal_steps(run_id, name, text, actor), None)
+    refusal = await ain_tx(lambda: _signal_steps(run_id, name, text, actor), None)
+    if refusal is not None:
+        raise refusal
 
 
 # -- reads ----------------------------------------------------------------------------------------
