@@ -488,6 +488,44 @@ async def test_a_deploy_that_changes_a_steps_options_leaves_the_runs_in_flight_a
     assert done["steps"]["publish"]["output"] == {"signal": {"by": "ana"} if waits_at_start else None}
 
 
+@pytest.mark.parametrize("fan_out_at_start", [False, True])
+async def test_a_deploy_that_changes_a_steps_kind_fails_the_runs_in_flight_naming_the_step(
+        flows_db: str, monkeypatch: pytest.MonkeyPatch, fan_out_at_start: bool) -> None:
+    """A run calls a step as the graph it started with says: a deploy that turns a plain step into
+    a fan-out step under the same name (or back) fails that step in the runs in flight with a
+    WorkflowDefinitionError naming the step and both kinds, and what to do, not with a TypeError
+    from the call (or, for a function that takes either call, a step that silently ran the other
+    way)."""
+    monkeypatch.setattr(REGISTRY, "_functions", dict(REGISTRY._functions))
+    monkeypatch.setitem(WORKFLOWS, "t_kinds", None)
+
+    def deploy(fan_out: bool) -> Any:
+        flow = jobs.workflow("t_kinds", queue="flows")
+        if fan_out:
+            @flow.fan_out(max_attempts=1)
+            def spread(ctx: Any, batch: Any = None) -> None:
+                return None
+        else:
+            @flow.step(max_attempts=1)
+            def spread(ctx: Any, batch: Any = None) -> str:  # noqa: F811 - the other deploy's
+                return "plain"
+
+        return flow
+
+    run = await deploy(fan_out_at_start).astart()
+    del REGISTRY._functions["t_kinds.spread"]
+    deploy(not fan_out_at_start)
+    async with running():
+        done = await run_state(run.id, {"succeeded", "failed"})
+    kinds = ["a plain step", "a fan-out step"]
+    started, now = (kinds[1], kinds[0]) if fan_out_at_start else (kinds[0], kinds[1])
+    assert done["state"] == "failed"
+    assert done["steps"]["spread"]["error"] == (
+        f"WorkflowDefinitionError: step 'spread' of workflow run {run.id} is {started} in the graph the run "
+        f"started with, and this deploy defines it as {now}: keep the step as it was under its name while "
+        "runs may still reach it, and give the changed step a new name")
+
+
 @pytest.mark.parametrize("verb, run_state_after, steps_after", [
     ("skip", "succeeded", {"first": "skipped", "second": "succeeded"}),
     ("cancel", "cancelled", {"first": "cancelled", "second": "cancelled"}),

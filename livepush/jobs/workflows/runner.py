@@ -64,6 +64,11 @@ def _first_leaf(group: BaseExceptionGroup[FlowVerb | Reattempt]) -> FlowVerb | R
     return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
+def _kind(kind: str) -> str:
+    """A step's kind as an error names it."""
+    return {"step": "a plain step", "fan_out": "a fan-out step"}.get(kind, f"a step of kind {kind!r}")
+
+
 def _as_started(spec: StepSpec, stored: dict[str, Any] | None) -> StepSpec:
     """`spec` (this deploy's step) with the kind and options that the run's graph stores for it: a
     run follows the graph it started with, whatever a later deploy changed (docs/workflows.md)."""
@@ -174,7 +179,14 @@ class Runner:
             # ends as cancelled without running the step.
             raise JobCancelled(f"workflow run {run_id} no longer runs step {step!r} with job {ctx.job_id}")
         # The step's function is this deploy's; its kind and options are the run's graph's.
-        spec = _as_started(spec, row["spec"])
+        deployed, spec = spec, _as_started(spec, row["spec"])
+        if spec.kind != deployed.kind:
+            # Called the other way, the function failed every attempt with a TypeError, or (one
+            # that takes either call) silently ran as the kind the run did not start with.
+            raise WorkflowDefinitionError(
+                f"step {step!r} of workflow run {run_id} is {_kind(spec.kind)} in the graph the run started "
+                f"with, and this deploy defines it as {_kind(deployed.kind)}: keep the step as it was under its "
+                "name while runs may still reach it, and give the changed step a new name")
         outputs = dict(zip(row["output_names"] or (), row["outputs"] or ()))
         sctx = StepContext(ctx, run_id, step, row["input"], outputs)
         try:
