@@ -365,6 +365,30 @@ async def test_a_step_reads_outputs_that_together_are_huge(flows_db: str) -> Non
     assert done["steps"]["sizes"]["output"] == {"one": 140_000_000, "two": 140_000_000}, done["error"]
 
 
+async def test_a_decision_about_a_run_does_not_read_its_input_nor_its_steps_outputs(flows_db: str) -> None:
+    """An operator verb (as every decision about a run: a step's end, in its runtime's completer)
+    reads the run's state and its steps' states, not the run's input nor the steps' outputs: on a
+    run whose input and outputs are 100 MB each, a pause, a resume and a cancel each take well
+    under two seconds. (Each read them all, under the run's lock: seconds and a gigabyte of memory
+    per decision, a step's end holding up every outcome its runtime was writing.)"""
+    async with running():
+        run = await wd.two_outputs.astart()
+        await run_state(run.id, "waiting")
+    q(flows_db, "UPDATE livepush_workflow_steps SET output = to_jsonb(repeat('x', 100000000)) "
+                "WHERE workflow_id = %s AND name IN ('one', 'two')", (run.id,))
+    q(flows_db, "UPDATE livepush_workflows SET input = to_jsonb(repeat('x', 100000000)) WHERE id = %s", (run.id,))
+    took = {}
+    for verb in ("pause", "resume", "cancel"):
+        started = asyncio.get_running_loop().time()
+        assert await getattr(jobs.workflows, f"a{verb}")(run.id, actor="ana")
+        took[verb] = asyncio.get_running_loop().time() - started
+    assert all(seconds < 2.0 for seconds in took.values()), took
+    done = await jobs.workflows.aget(run.id)
+    assert done["state"] == "cancelled"
+    assert {name: len(s["output"]) for name, s in done["steps"].items() if s["output"]} == {
+        "one": 100_000_000, "two": 100_000_000}
+
+
 async def test_a_failed_step_fails_the_run(flows_db: str) -> None:
     """A step that fails for good fails the run, and what comes after it never starts."""
     async with running():

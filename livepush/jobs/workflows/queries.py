@@ -41,16 +41,20 @@ SELECT id FROM run
 
 # name: lock_runs
 # The decision lock: run rows FOR UPDATE in id order (two decisions over several runs never
-# deadlock). Returns what the decision needs of each run.
+# deadlock). Returns what the decision needs of each run: not its input, which may be megabytes
+# and which no decision reads (every step end, in its runtime's completer, would fetch it again).
 LOCK_RUNS = """
-SELECT id, name, queue, state, graph, input FROM livepush_workflows
+SELECT id, name, queue, state, graph FROM livepush_workflows
 WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR UPDATE
 """
 
 # name: steps_of
-# After LOCK_RUNS, in a later statement: the runs' steps as the last lock holder left them.
+# After LOCK_RUNS, in a later statement: the runs' steps as the last lock holder left them. Not
+# their outputs: no decision reads an earlier output (DECIDE keeps a step's output unless it
+# writes a new one), and fetched under the run's lock at every decision they cost seconds and
+# their size in memory each time, for a run whose steps returned megabytes.
 STEPS_OF = """
-SELECT workflow_id, name, state, job_id, group_id, output, error FROM livepush_workflow_steps
+SELECT workflow_id, name, state, job_id, group_id, error FROM livepush_workflow_steps
 WHERE workflow_id = ANY(%(ids)s::bigint[])
 """
 
