@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
 
 from livepush import jobs, loops
@@ -390,3 +391,44 @@ def test_a_job_module_that_runs_asyncio_at_import_is_loaded(jobs_db: str, procs:
     child = procs.livepush("jobs", "tests.jobs.asyncio_at_import_jobs", env=livepush_env(database_url=jobs_db))
     wait_for(lambda: "running: queues" in child.stderr() or not child.running, 20.0, message="the runtime to start")
     assert child.stop() == 0, child.output()
+
+
+def test_a_rescue_that_waits_at_a_lock_never_holds_up_the_rescuers_heartbeat(
+        jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
+    """The rescue of a dead runtime's jobs counts the ones it ends (here a group member whose
+    cancel was asked for) in their group, which waits while an open transaction holds the group
+    (an add with conn=). The rescuer must keep beating meanwhile: silent for three beats, it was
+    presumed dead in turn, and the job it was running ran again elsewhere."""
+    group = jobs.create_group()
+    member = jobs.add_to_group(group.id, sample_jobs.wait_flag, "never")
+    victim = start_runtime()
+    wait_for(lambda: q(jobs_db, "SELECT state FROM livepush_jobs WHERE id = %s", (member.id,)) == [("running",)],
+             15.0, message="the member to run")
+    victim.kill()
+    assert jobs.cancel(member.id)  # running, as far as the database knows: flagged for its runtime
+    with psycopg.connect(jobs_db) as locker:
+        jobs.add_to_group(group.id, sample_jobs.record, conn=locker)  # holds the group until it ends
+        held = sample_jobs.wait_flag.enqueue("go")
+        rescuer = start_runtime()  # finds the victim gone at its start, and rescues its member
+        wait_for(lambda: count(jobs_db, """SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+                                          AND wait_event_type = 'Lock'""") > 0, 10.0,
+                 message="the rescue to wait at the group's lock")
+        wait_for(lambda: count(jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s AND phase = 'start'",
+                               (held.id,)) == 1, 10.0, message="the rescuer to run its own job")
+        since = q(jobs_db, "SELECT now()")[0][0]
+        watcher = start_runtime("--queues", "second")  # it rescues what it finds dead
+        wait_for(lambda: q(jobs_db, """SELECT coalesce(bool_and(heartbeat_at > %s + interval '1.5 s'), true)
+                                      FROM livepush_job_runtimes WHERE pid = %s""", (since, rescuer.pid))[0][0],
+                 10.0, message="five beats of the rescuer's while its rescue waits (or it presumed dead)")
+        assert count(jobs_db, "SELECT count(*) FROM livepush_job_runtimes WHERE pid = %s", (rescuer.pid,)) == 1, (
+            rescuer.output() + watcher.output())
+        assert q(jobs_db, "SELECT state, attempt FROM livepush_jobs WHERE id = %s", (held.id,)) == [("running", 1)]
+        locker.rollback()
+    wait_for(lambda: q(jobs_db, "SELECT state FROM livepush_jobs WHERE id = %s", (member.id,)) == [("cancelled",)],
+             10.0, message="the rescue to end the member cancelled")
+    q(jobs_db, "INSERT INTO job_flags VALUES ('go')")
+    wait_for(lambda: q(jobs_db, "SELECT state FROM livepush_jobs WHERE id = %s", (held.id,)) == [("succeeded",)],
+             10.0, message="the rescuer's job to succeed")
+    assert count(jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s AND phase = 'start'", (held.id,)) == 1
+    assert rescuer.stop() == 0, rescuer.output()
+    assert watcher.stop() == 0, watcher.output()

@@ -13,7 +13,8 @@ runtime with an error, so its process exits non-zero):
   when a pause or resume rings, and at least every PAUSED_REFRESH_SECONDS.
 - executor (one task per job): runs the function, hands the outcome to the completer.
 - completer: writes outcomes and progress in batches (see completer.py).
-- heartbeat: beats every `heartbeat` s, prunes dead runtimes and rescues their jobs.
+- heartbeat: beats every `heartbeat` s; after each beat, prunes dead runtimes and rescues their
+  jobs in a task of its own, which nothing it waits for may hold the beats up with.
 - housekeeping: every `heartbeat` s, cancels groups of children whose parent finished first and
   deletes what retention lets go; apart from the heartbeat, which nothing slow may hold up.
 - promoter: makes due scheduled jobs available.
@@ -334,6 +335,7 @@ class Runtime:
         self._cancels_due: set[int] = set()
         self._cancel_check: asyncio.Task[None] | None = None
         self._state_publish: asyncio.Task[None] | None = None  # the heartbeat's publication of our state
+        self._rescuing: asyncio.Task[None] | None = None  # the heartbeat's rescue of dead runtimes' jobs
         # Whether a claim is under way, and the ids cancel requests named meanwhile that were not
         # in hand: a job the claim took can be cancelled, and its notification heard, before the
         # claim's reply comes back. Checked again once the claim's jobs have started.
@@ -600,7 +602,7 @@ class Runtime:
         # Side tasks end at their next loop turn even if a cancellation is lost inside a database
         # call (psycopg may turn it into QueryCanceled); re-cancel until they are gone.
         self._closing.set()
-        pending = {t for t in [*self._tasks, self._cancel_check, self._state_publish] if t is not None}
+        pending = {t for t in [*self._tasks, self._cancel_check, self._state_publish, self._rescuing] if t is not None}
         while pending:
             for task in pending:
                 task.cancel()
@@ -1093,9 +1095,13 @@ class Runtime:
                     since = beat_at
                 last_at, lost = beat_at, False
                 self.limited, self.limits_dropped = await limits.names(self._pool, self.registry)
-                _, touched = await maintenance.rescue(self._pool, since)
-                if touched and self._group_progress is not None:
-                    self._group_progress.mark(touched)
+                if self._rescuing is None or self._rescuing.done():
+                    # Not awaited: a rescue ends the jobs it finds (counts them in their groups,
+                    # ends workflow steps), which waits at any lock an open transaction holds
+                    # there; awaited, it silenced this live runtime for as long, and the others
+                    # presumed it dead and ran its jobs again. One at a time, each after a beat
+                    # that set `since`.
+                    self._rescuing = asyncio.create_task(self._rescue(since), name="livepush-jobs-rescue")
                 for job_id in await maintenance.cancel_requests(self._pool, self.id):
                     self._cancel_local(job_id)
                 if len(self.in_hand) != last_in_hand and (self._state_publish is None or self._state_publish.done()):
@@ -1111,6 +1117,22 @@ class Runtime:
                 lost = True
                 log.warning("heartbeat failed (%s); trying again next beat", exc)
             await self._pause(self.heartbeat)
+
+    async def _rescue(self, since: datetime | None) -> None:
+        """Release the jobs of runtimes silent for three beats since `since` (maintenance.rescue),
+        and have the groups it counted in rung."""
+        assert self._pool is not None
+        try:
+            _, touched = await maintenance.rescue(self._pool, since)
+        except _DB_ERRORS as exc:
+            reraise_if_cancelled()
+            log.warning("rescuing dead runtimes' jobs failed (%s); trying again next beat", exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - not awaited by anyone: said here, and tried again next beat
+            log.error("rescuing dead runtimes' jobs failed: %s", exc, exc_info=exc)
+            return
+        if touched and self._group_progress is not None:
+            self._group_progress.mark(touched)
 
     async def _housekeep(self) -> None:
         """Work that may take long (many deletes, locks held by others), kept off the heartbeat's
