@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
+import psycopg.sql
 import pytest
 
 from livepush import config, jobs
@@ -1163,3 +1164,61 @@ async def test_a_job_released_at_deregistration_runs_again_without_the_old_runs_
     for e in evs[starts[0] + 1:starts[1] + 1]:
         if e["event"] != "progress":
             assert e["job"]["progress"] == {"done": 0, "total": None, "message": None}, e
+
+
+# The database's clock, made to step: `now()` is the real one plus `test_clock.skew`, for every
+# session the runtimes open from then on (public is searched before pg_catalog).
+SKEWED_CLOCK = """
+CREATE TABLE test_clock (skew interval NOT NULL);
+INSERT INTO test_clock VALUES ('0');
+CREATE FUNCTION public.now() RETURNS timestamptz LANGUAGE sql STABLE
+AS $$ SELECT pg_catalog.now() + (SELECT skew FROM public.test_clock) $$;
+"""
+
+
+async def test_a_step_of_the_databases_clock_never_gets_a_live_runtime_presumed_dead(jobs_db: str) -> None:
+    """The database's clock steps forward (a correction, a host resumed) by more than three of one
+    runtime's beats but less than another's beat: to the latter, whose own beats show no gap, the
+    former looks silent until it beats again. It must count silence only from the step, as after
+    an outage, or the live runtime's jobs are taken from it and run again."""
+    q(jobs_db, SKEWED_CLOCK)
+    q(jobs_db, psycopg.sql.SQL("ALTER DATABASE {} SET search_path = public, pg_catalog").format(
+        psycopg.sql.Identifier(services.dbname_of(jobs_db))).as_string(None))
+    async with running(queues=["default"], heartbeat=1.0) as holder:
+        h = await sample_jobs.wait_flag.aenqueue("go")
+        await async_wait_for(lambda: h.id in holder.in_hand, 5.0, message="the job to be in hand")
+
+        def holder_beat() -> Any:
+            return q(jobs_db, "SELECT heartbeat_at FROM livepush_job_runtimes WHERE id = %s", (holder.id,))
+
+        # The watcher beats half a beat of the holder's after it, so that the step comes between them.
+        last = await asyncio.to_thread(holder_beat)
+        await async_wait_for(lambda: asyncio.to_thread(lambda: holder_beat() != last), 10.0,
+                             message="the holder to beat")
+        await asyncio.sleep(0.5)
+        async with running(queues=["second"], heartbeat=5.0, retention=None) as watcher:
+
+            def watcher_beat() -> Any:
+                return q(jobs_db, "SELECT heartbeat_at FROM livepush_job_runtimes WHERE id = %s", (watcher.id,))
+
+            first = await asyncio.to_thread(watcher_beat)
+            await async_wait_for(lambda: asyncio.to_thread(lambda: watcher_beat() != first), 10.0,
+                                 message="the watcher to beat")
+            beat = await asyncio.to_thread(watcher_beat)
+            # Not an event to await: the step must come just before the watcher's next beat (every
+            # 5 s) and the rescue that follows it, while the holder's last beat is half a beat old.
+            await asyncio.sleep(4.85)
+            await asyncio.to_thread(q, jobs_db, "UPDATE test_clock SET skew = '4.5 s'")
+            await async_wait_for(lambda: asyncio.to_thread(lambda: watcher_beat() != beat), 10.0,
+                                 message="the watcher to beat after the step")
+            # Its rescue follows that beat at once; the holder's next beat comes half a second later.
+            stepped = await asyncio.to_thread(watcher_beat)
+            await async_wait_for(lambda: asyncio.to_thread(lambda: holder_beat() > stepped), 10.0,
+                                 message="the holder to beat after the watcher's rescue")
+            # Its job was never taken from it (a rescue clears runtime_id): still its own, on its first attempt.
+            assert q(jobs_db, """SELECT j.state, j.attempt, j.runtime_id, r.id IS NOT NULL
+                                 FROM livepush_jobs j LEFT JOIN livepush_job_runtimes r ON r.id = j.runtime_id
+                                 WHERE j.id = %s""", (h.id,)) == [("running", 1, holder.id, True)]
+        q(jobs_db, "INSERT INTO job_flags VALUES ('go')")
+        await wait_state(h.id, "succeeded")
+    assert q(jobs_db, "SELECT attempt FROM job_runs WHERE job_id = %s AND phase = 'start'", (h.id,)) == [(1,)]

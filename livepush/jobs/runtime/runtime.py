@@ -29,6 +29,7 @@ Stop (SIGTERM/SIGINT or `stop()`): stop claiming; let the jobs in hand finish fo
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import importlib
 import logging
@@ -90,6 +91,10 @@ STOP_NOW_GRACE = 2.0
 # Seconds the stop waits for a claim on its way to return before giving back the jobs in hand: a
 # healthy Postgres answers in milliseconds; one that does not answer must not hold the jobs on.
 CLAIM_RETURN_WAIT = 5.0
+# Seconds by which the database's clock may run ahead of this process's, from one beat to the
+# next, before it counts as a step of that clock; compared with the offsets of this many beats.
+CLOCK_STEP = 0.5
+CLOCK_SAMPLES = 3
 # Seconds a publication of the runtime's own state (runtime:<id>, runtimes) gets on each topic:
 # informative only, it must never hold up a start or a stop.
 STATE_PUBLISH_TIMEOUT = 2.0
@@ -1084,14 +1089,26 @@ class Runtime:
         # beats came back (database time), and the rescue counts only silence after it. A beat
         # that failed, one that waited out the outage for a connection (more than two beats after
         # the last), and one that found this runtime pruned each show a spell without contact.
+        # A forward step of the database's clock (a correction, a host resumed) shows the same:
+        # another runtime's last beat looks older than it is. Seen here as the database's time
+        # running ahead of this process's own (monotonic) by more than CLOCK_STEP. Each beat's
+        # offset between the two is read as the beat returns: a late return (a wait, a loop held
+        # up by a job) only lowers it, so it is compared with the highest of the last few.
         since: datetime | None = None
         last_at: datetime | None = None
+        offsets: collections.deque[float] = collections.deque(maxlen=CLOCK_SAMPLES)
         lost = False
+        loop = asyncio.get_running_loop()
         while not self._closing.is_set():
             try:
                 beat_at, kept = await maintenance.beat(self._pool, self.info)
-                if lost or not kept or (last_at is not None and
-                                        (beat_at - last_at).total_seconds() > 2 * self.heartbeat):
+                offset = beat_at.timestamp() - loop.time()
+                if offsets and offset > max(offsets) + CLOCK_STEP:
+                    lost = True
+                offsets.append(offset)
+                if last_at is not None and (beat_at - last_at).total_seconds() > 2 * self.heartbeat:
+                    lost = True
+                if lost or not kept:
                     since = beat_at
                 last_at, lost = beat_at, False
                 self.limited, self.limits_dropped = await limits.names(self._pool, self.registry)
