@@ -23,6 +23,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from livepush import jobs
+from livepush.errors import ArgumentTypeError
 from livepush.jobs import database
 from livepush.contrib.django import (
     RUN_TASK,
@@ -31,6 +32,7 @@ from livepush.contrib.django import (
     request,
     task_group,
 )
+from livepush.contrib.django.execution import run_task as RUN_TASK_JOB
 from livepush.contrib.django.tasks_api import MODULE as tasks_module
 from livepush.contrib.django.tasks_api import (
     InvalidTask,
@@ -403,6 +405,19 @@ def test_a_callback_argument_django_cannot_normalize_is_refused_naming_where_it_
         request(t.record, date(2026, 1, 2))
     with pytest.raises(jobs.InvalidArgumentsError, match=r'kwargs\["tag"\] is a Decimal'):
         request(t.record, tag=Decimal("1"))
+
+
+def test_a_group_callback_that_is_not_a_django_task_request_is_an_error_saying_how_to_write_it(t: Any) -> None:
+    """request() takes a Django @task: given a livepush job, the task's plain function or its path,
+    it raises ArgumentTypeError naming what it got, not an AttributeError; a task given as a
+    callback without request() is refused naming request(task, ...), and no group is made."""
+    for wrong in (RUN_TASK_JOB, t.record.func, "tests.contrib.sample_django_tasks.record"):
+        with pytest.raises(ArgumentTypeError, match=r"request\(\) takes a Django @task"):
+            request(wrong, "x")
+    with pytest.raises(ArgumentTypeError, match=r"on_success=request\(record, \.\.\.\)"):
+        with task_group(on_success=t.record):
+            raise AssertionError("the block ran")
+    assert jobs.drain() == {}
 
 
 def test_a_runtime_process_runs_django_tasks(t: Any, django_db_url: str, livepush_env, procs) -> None:  # type: ignore[no-untyped-def]

@@ -21,6 +21,7 @@ from typing import Any
 from django.db import transaction
 
 from ... import jobs
+from ...errors import ArgumentTypeError
 from .errors import TaskNotSupported, arguments_error
 from .execution import run_task
 from .tasks_api import Task, normalize_json, task_backends
@@ -45,6 +46,13 @@ def current_group() -> OpenGroup | None:
 
 def request(task: Task, *args: Any, **kwargs: Any) -> jobs.JobRequest:
     """`task` with these arguments as a job request: a group's callback (on_success=...)."""
+    if not isinstance(task, Task):
+        # A livepush @jobs.job, the task's plain function or its path failed with an AttributeError
+        # (module_path) that said nothing of what request() takes.
+        hint = ("; a livepush @jobs.job is its own request: some_job.request(*args)"
+                if isinstance(task, jobs.JobFunction) else "")
+        raise ArgumentTypeError(f"request() takes a Django @task and its arguments, such as request(send_report, 7), "
+                                f"got {type(task).__name__} {task!r:.60}{hint}")
     try:
         job_args = normalize_json(list(args)), normalize_json(kwargs)
     except (TypeError, ValueError) as exc:
@@ -59,6 +67,10 @@ def task_group(on_finish: jobs.JobRequest | None = None, on_success: jobs.JobReq
     A block that raises undoes it: outside a transaction the group is cancelled; inside
     `transaction.atomic()`, where the group is created in that transaction like the tasks, a
     savepoint around the block takes the group and its tasks back, wherever the error is caught."""
+    for name, callback in (("on_finish", on_finish), ("on_success", on_success), ("on_failure", on_failure)):
+        if isinstance(callback, Task):  # livepush's own refusal would tell a Django user to write some_job.request()
+            raise ArgumentTypeError(f"task_group({name}=) takes a request of the task with its arguments, "
+                                    f"{name}=request({callback.func.__name__}, ...), got the task {callback.name} itself")
     tasks = task_backends[backend]
     if not callable(getattr(tasks, "transaction_conn", None)):  # the backend module imports this one
         raise TaskNotSupported(
