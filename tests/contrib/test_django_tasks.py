@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from datetime import date, timedelta
 from decimal import Decimal
 from typing import Any
@@ -41,6 +42,7 @@ from livepush.contrib.django.tasks_api import (
     TaskResultStatus,
     task_backends,
 )
+from tests.support import services
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.usefixtures("django_site")
@@ -166,6 +168,37 @@ def test_enqueue_inside_a_transaction_on_another_database_than_the_jobs_is_refus
             assert connection.connection.execute("SELECT count(*) FROM livepush_jobs").fetchone() == (0,)
     finally:
         database.configure(django_site)
+
+
+@pytest.fixture
+def test_runner_database(pg_admin_url: str) -> Iterator[str]:
+    """The name of a database without livepush tables, as the test database Django's test runner
+    (and pytest-django) creates is, behind the Django alias "tests" with `default`'s settings."""
+    from django.db import connections
+
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    services.create_database(pg_admin_url, name)
+    connections.settings["tests"] = {**connections.settings["default"], "NAME": name}
+    try:
+        yield name
+    finally:
+        connections["tests"].close()
+        del connections["tests"]
+        del connections.settings["tests"]
+        services.drop_database(pg_admin_url, name)
+
+
+def test_enqueue_inside_a_transaction_on_a_database_without_livepush_tables_is_refused_naming_it(
+        t: Any, test_runner_database: str) -> None:
+    """An enqueue inside atomic() on a Django database without livepush's tables (the test
+    database Django's test runner made) is refused naming that database, so the one at fault is
+    seen, not only the alias that points at it, and the option that lets such tests enqueue."""
+    backend = LivePushBackend("default", {"QUEUES": ["default"], "OPTIONS": {"DATABASE": "tests"}})
+    with transaction.atomic(using="tests"):
+        with pytest.raises(TaskNotSupported, match=rf"database {test_runner_database!r}\) has no livepush tables"
+                                                   r"(.|\n)*test runner(.|\n)*ENQUEUE_ON_COMMIT"):
+            backend.enqueue(t.record, ["lost"], {})
+    assert jobs.drain() == {}
 
 
 def test_enqueue_on_commit_off_writes_at_once_outside_the_transaction(t: Any) -> None:
@@ -434,6 +467,21 @@ def test_a_runtime_process_runs_django_tasks(t: Any, django_db_url: str, livepus
     assert done and t.in_steps.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
     wait_for(lambda: t.on_second.get_result(other.id).status == TaskResultStatus.SUCCESSFUL, timeout=10)
     assert child.stop() == 0
+
+
+def test_under_djangos_test_runner_tasks_enqueued_as_the_docs_say_run(pg_url: str, livepush_env) -> None:  # type: ignore[no-untyped-def]
+    """`manage.py test` runs a project's tests on a test database of its own, without livepush
+    tables: with ENQUEUE_ON_COMMIT off in the tests' settings, a task enqueued in a TestCase and
+    one enqueued inside atomic() in a TransactionTestCase both run under jobs.drain()."""
+    from tests.contrib.conftest import EXAMPLE, ROOT
+
+    env = {**os.environ, **livepush_env(database_url=pg_url, extra={
+        "LIVEPUSH_ENV": "test", "PYTHONPATH": f"{EXAMPLE}:{procs_pythonpath()}"})}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    ran = subprocess.run([sys.executable, "-m", "django", "test", "tests.contrib.django_runner_cases", "--noinput",
+                          "--settings", "tests.contrib.django_settings_test_runner"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0 and "Ran 2 tests" in ran.stderr, ran.stdout + ran.stderr
 
 
 def test_a_runtime_process_serves_the_database_the_backends_options_name(  # type: ignore[no-untyped-def]

@@ -187,11 +187,14 @@ class LivePushBackend(BaseTaskBackend):
     def _check_tables(self, raw: Any) -> None:
         found, started, name = raw.execute(queries.JOINABLE).fetchone()
         if not found:
+            # The database's own name: under Django's test runner the alias points at the test
+            # database it made, and the alias alone read as the one `livepush migrate` was run on.
             raise TransactionNotSupported(
-                f"Django database {self.database!r} has no livepush tables, so a task enqueued inside its "
-                "transaction cannot be written there: run `livepush migrate` on it (it must be the database "
-                "of LIVEPUSH_DATABASE_URL), set OPTIONS['DATABASE'] to the one that has them, or "
-                "OPTIONS['ENQUEUE_ON_COMMIT'] = False")
+                f"Django database {self.database!r} (database {name!r}) has no livepush tables, so a task enqueued "
+                "inside its transaction cannot be written there: run `livepush migrate` on it (it must be the "
+                "database of LIVEPUSH_DATABASE_URL), set OPTIONS['DATABASE'] to the one that has them, or "
+                "OPTIONS['ENQUEUE_ON_COMMIT'] = False; a test database Django's test runner made has none: the "
+                "tests' settings set OPTIONS['ENQUEUE_ON_COMMIT'] = False")
         # Tables are not enough: a job written in another database that has them too is where no
         # runtime looks for it, and would never run.
         with jobs_database.connection() as own:
