@@ -120,6 +120,29 @@ def test_signing_out_revokes_the_session_and_its_socket_closes_4403(
     assert response.cookies["livepush_session"].value == ""
 
 
+def test_signing_in_as_another_user_revokes_the_previous_users_session() -> None:
+    """On a shared browser, a user who signs in over another's session (Django flushes that one and
+    sends no user_logged_out) has the other user's livepush session revoked: the sockets its pages
+    opened close, instead of showing that user's topics to the new one until the token expires.
+    The same user signing in again keeps the session."""
+    from django.contrib.auth import login
+    from django.contrib.sessions.backends.db import SessionStore
+    from django.test import RequestFactory
+
+    client, first = signed_in()
+    token = client.get("/").cookies["livepush_session"].value
+    second = get_user_model().objects.create_user(f"u{uuid.uuid4().hex[:10]}", password="x")
+
+    def sign_in(user: Any) -> bool:
+        request = RequestFactory().post("/login/", HTTP_COOKIE=f"livepush_session={token}")
+        request.session, request.user = SessionStore(), first
+        login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+        return asyncio.run(sessions.default_store().is_revoked(sessions.decode(token, get_settings().secrets)))
+
+    assert not sign_in(first)
+    assert sign_in(second)
+
+
 @pytest.mark.parametrize("name, value", [
     ("LIVEPUSH_SESSION_TTL", "1 day"),
     ("LIVEPUSH_SESSION_TTL", None),

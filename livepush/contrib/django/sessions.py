@@ -1,7 +1,9 @@
 """A livepush session for `request.user`, in the `livepush_session` cookie, so the browser needs no
 token code: `LivePushSessionMiddleware` (after Django's AuthenticationMiddleware) issues one for a
 signed-in user whose cookie is missing, expiring, another user's or host-only while a cookie
-domain is set, and drops it for anonymous requests; signing out (Django's `user_logged_out`) revokes it, so the sockets it opened close with 4403.
+domain is set, and drops it for anonymous requests; signing out (Django's `user_logged_out`)
+revokes it, so the sockets it opened close with 4403, and so does another user signing in over
+it (Django's `user_logged_in`).
 
 Settings (all optional):
     LIVEPUSH_SESSION_TTL = 86400              seconds a token lives; renewed once half of it has passed
@@ -19,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.signals import user_logged_out
+from django.contrib.auth.signals import user_logged_in, user_logged_out
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 
@@ -169,11 +171,42 @@ def revoke_on_logout(sender: Any, request: HttpRequest | None = None, user: Any 
     opened close with 4403; the middleware then deletes the cookie. Every session cookie the
     request carries is revoked: two different ones count as none for a new socket, but each may
     have opened sockets before the other came (an HTTPS page's `__Host-` cookie, then a plain HTTP
-    page's), and those must close too. Read from the header: request.COOKIES keeps one value a name."""
+    page's), and those must close too."""
     if request is None:
         return
     setattr(request, _REVOKED, True)
-    tokens = sorted(session_cookies([request.META.get("HTTP_COOKIE", "")]))
+    _revoke(_request_tokens(request))
+
+
+def revoke_on_login(sender: Any, request: HttpRequest | None = None, user: Any = None, **kwargs: Any) -> None:
+    """`user_logged_in` receiver: revoke the sessions of another subject the request's cookies
+    carry. A user who signs in over another's session (a shared browser) makes Django flush that
+    one without sending user_logged_out, and the sockets its pages opened went on showing the other
+    user's topics to this one until the token expired. The same user signing in again keeps them."""
+    if request is None or user is None:
+        return
+    tokens = _request_tokens(request)
+    if not tokens:
+        return
+    subject, secrets = subject_of(user), get_settings().secrets
+    stale = []
+    for token in tokens:
+        try:
+            if sessions.decode(token, secrets).subject != subject:
+                stale.append(token)
+        except InvalidSession:
+            pass  # not a token of ours (forged, expired, or from a rotated-out secret): it opens nothing
+    _revoke(stale)
+
+
+def _request_tokens(request: HttpRequest) -> list[str]:
+    """Every session token the request's cookies carry, read from the header: request.COOKIES keeps
+    one value a name."""
+    return sorted(session_cookies([request.META.get("HTTP_COOKIE", "")]))
+
+
+def _revoke(tokens: list[str]) -> None:
+    """Revoke `tokens`; a sign-in or sign-out never fails because the shared store cannot be reached."""
     if nowhere_to_revoke(tokens, log):
         return
     for token in tokens:
@@ -182,10 +215,11 @@ def revoke_on_logout(sender: Any, request: HttpRequest | None = None, user: Any 
         except InvalidSession:
             pass  # not a token of ours (forged, or from a rotated-out secret): nothing it opens is accepted
         except LivepushError:
-            # Revocation needs the shared store: a sign-out must not fail because of it, but the
-            # sockets stay open until their token expires, so say so.
-            log.exception("could not revoke the livepush session of a user who signed out")
+            # Revocation needs the shared store: signing in or out must not fail because of it, but
+            # the sockets stay open until their token expires, so say so.
+            log.exception("could not revoke a livepush session at a user's sign-in or sign-out")
             return
 
 
 user_logged_out.connect(revoke_on_logout, dispatch_uid="livepush.contrib.django.sessions.revoke_on_logout")
+user_logged_in.connect(revoke_on_login, dispatch_uid="livepush.contrib.django.sessions.revoke_on_login")
