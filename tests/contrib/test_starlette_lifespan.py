@@ -23,7 +23,7 @@ from starlette.routing import Route
 import livepush
 from livepush import config
 from livepush.contrib.starlette import current_session, lifespan, with_livepush
-from livepush.errors import ConfigError, DependencyError, SchemaError
+from livepush.errors import ArgumentTypeError, ConfigError, DependencyError, SchemaError
 from livepush.jobs import database
 from livepush.sessions import issue
 from examples.fastapi_app import tasks
@@ -174,6 +174,27 @@ async def test_a_user_lifespan_runs_inside_and_keeps_its_state(app_env: dict[str
     assert len(seen) == 2 and seen[0] != seen[1]
     await async_wait_for(lambda: connections(pg_admin_url, app_env["LIVEPUSH_DATABASE_URL"]) == 0, timeout=5,
                          message="every connection closed")
+
+
+def test_a_lifespan_with_livepush_cannot_run_is_refused_where_the_app_is_written() -> None:
+    """with_livepush() given what no app's start could enter (a lifespan written without
+    @asynccontextmanager, or the lifespan's result instead of the function) raises
+    ArgumentTypeError naming what to write, where the app is defined, not a TypeError from
+    inside the server's start."""
+    async def undecorated(app: Any) -> AsyncIterator[None]:
+        yield
+
+    def sync_undecorated(app: Any) -> Any:
+        yield
+
+    @asynccontextmanager
+    async def mine(app: Any) -> AsyncIterator[None]:
+        yield
+
+    decorate = "@contextlib.asynccontextmanager"
+    for wrong, said in ((undecorated, decorate), (sync_undecorated, decorate), (mine(None), "the function itself")):
+        with pytest.raises(ArgumentTypeError, match=said):
+            with_livepush(wrong)
 
 
 @pytest.mark.parametrize("database", [False, True], ids=["nothing-shared", "fanout-local-beside-a-database"])

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
 
+from ...errors import ArgumentTypeError
 from .. import _process
 
 App = TypeVar("App")
@@ -27,6 +29,7 @@ async def lifespan(app: object) -> AsyncIterator[None]:
 def with_livepush(inner: Lifespan[App]) -> Lifespan[App]:
     """Your lifespan inside livepush's: livepush opens first and closes last, so your start-up
     and shut-down code may publish and enqueue; the state yours yields becomes the app's."""
+    _check_lifespan(inner)
 
     @asynccontextmanager
     async def combined(app: App) -> AsyncIterator[Any]:
@@ -34,3 +37,16 @@ def with_livepush(inner: Lifespan[App]) -> Lifespan[App]:
             yield state
 
     return combined
+
+
+def _check_lifespan(inner: object) -> None:
+    """ArgumentTypeError, where the app is written, for what no start could enter: it failed at the
+    server's start with a TypeError from inside the lifespan, naming neither the cause nor the fix."""
+    name = getattr(inner, "__qualname__", type(inner).__qualname__)
+    if inspect.isasyncgenfunction(inner) or inspect.isgeneratorfunction(inner):
+        raise ArgumentTypeError(f"with_livepush({name}): a lifespan is a function of the app that returns an async "
+                                "context manager: decorate it with @contextlib.asynccontextmanager")
+    # A context manager made by calling the lifespan is callable too (as a decorator).
+    if not callable(inner) or isinstance(inner, AbstractAsyncContextManager):
+        raise ArgumentTypeError(f"with_livepush() takes your lifespan function, got {type(inner).__name__}: pass "
+                                "the function itself (with_livepush(mine)), not what calling it returns")
