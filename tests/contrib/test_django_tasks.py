@@ -241,6 +241,24 @@ def test_a_result_read_back_has_the_priority_its_task_was_enqueued_with(t: Any) 
     assert jobs.get_job(int(high.id)).priority == -50
 
 
+def test_a_task_enqueued_through_another_livepush_backend_reads_back_through_it(t: Any) -> None:
+    """A task enqueued with .using(backend=...) on a second LivePushBackend, on a queue only that
+    backend lists, reads back through it (get_result(), refresh()) with that backend and queue,
+    also once the queue has left its QUEUES: a read shows what was enqueued, and is not refused
+    as an enqueue on the task's default backend would be."""
+    bulk = {"BACKEND": "livepush.contrib.django.LivePushBackend", "QUEUES": ["bulk"]}
+    default = {"BACKEND": "livepush.contrib.django.LivePushBackend", "QUEUES": ["default", "second"]}
+    with override_settings(TASKS={"default": default, "bulk": bulk}):
+        result = t.add.using(backend="bulk", queue_name="bulk").enqueue(1, b=2)
+        read = task_backends["bulk"].get_result(result.id)
+        assert (read.backend, read.task.backend, read.task.queue_name) == ("bulk", "bulk", "bulk")
+        assert jobs.drain(["bulk"]) == {"succeeded": 1}
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 3
+    with override_settings(TASKS={"default": default, "bulk": {**bulk, "QUEUES": ["imports"]}}):
+        assert task_backends["bulk"].get_result(result.id).task.queue_name == "bulk"
+
+
 def test_queue_name_is_the_livepush_queue(t: Any) -> None:
     """A task's queue_name is its job's queue, and results read it back."""
     result = t.on_second.enqueue("q")

@@ -15,14 +15,16 @@ started, "livepush" (livepush does not record which runtime ran an attempt).
 from __future__ import annotations
 
 import builtins
+import copy
 from typing import Any
 
 from ...jobs import JobInfo
 from ...postgres.text import BIGINT_MAX
 from ...jobs import errors as job_errors
 from .errors import TaskFailed
-from .execution import RUN_TASK, django_priority, livepush_priority, load_task
+from .execution import RUN_TASK, django_priority, load_task
 from .tasks_api import (
+    Task,
     TaskError,
     TaskResult,
     TaskResultDoesNotExist,
@@ -70,10 +72,7 @@ def result_of(info: JobInfo | None, result_id: Any, backend: str) -> TaskResult:
         task = load_task(path)
     except (ImportError, TypeError) as exc:
         raise TaskResultDoesNotExist(f"task result {result_id!r} is of {path}, which this process cannot import: {exc}") from exc
-    if task.queue_name != info.queue:
-        task = task.using(queue_name=info.queue)
-    if livepush_priority(task.priority) != info.priority:  # enqueued with .using(priority=...)
-        task = task.using(priority=django_priority(info.priority))
+    task = as_enqueued(task, backend, info.queue, django_priority(info.priority))
     finished = info.state in ("succeeded", "failed", "cancelled")
     result = TaskResult(
         task=task, id=str(info.id), status=STATUS[info.state], enqueued_at=None, started_at=None,
@@ -84,6 +83,20 @@ def result_of(info: JobInfo | None, result_id: Any, backend: str) -> TaskResult:
     if info.state == "succeeded":
         set_attr(result, "_return_value", info.result)
     return result
+
+
+def as_enqueued(task: Task, backend: str, queue: str, priority: int) -> Task:
+    """`task` as it was enqueued (`.using(backend=..., queue_name=..., priority=...)`), read back
+    through `backend`. Not through using(), which checks the task against its backend as an
+    enqueue does: a task enqueued through a second backend, on a queue only that one lists, could
+    never be read back (nor one on a queue since dropped from QUEUES)."""
+    changes = {"backend": backend, "queue_name": queue, "priority": priority}
+    if all(getattr(task, name) == value for name, value in changes.items()):
+        return task
+    task = copy.copy(task)
+    for name, value in changes.items():
+        set_attr(task, name, value)
+    return task
 
 
 def job_id_of(result_id: Any) -> int:
