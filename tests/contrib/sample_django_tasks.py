@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
+from livepush import jobs
 from livepush.contrib.django import current_job, progress
 
 try:
@@ -80,3 +82,14 @@ async def async_double(x: int) -> int:
 @task
 def record(tag: str) -> None:
     RAN.append(tag)
+
+
+@task
+def cancel_itself() -> None:
+    """Cancels its own job, then reports progress until the cancel reaches it (JobCancelled)."""
+    jobs.cancel(current_job().job_id)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        progress(0, 1)
+        time.sleep(0.01)
+    RAN.append("the cancel never reached the task")

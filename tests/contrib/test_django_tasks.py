@@ -347,6 +347,33 @@ def test_a_task_cancelled_before_it_ran_reads_failed_with_job_cancelled(t: Any) 
     assert t.RAN == []
 
 
+def test_a_task_cancelled_while_it_runs_sends_task_finished_as_failed(t: Any) -> None:
+    """A running task that a cancel ends (JobCancelled from progress()) sends the framework's
+    task_finished, FAILED as it reads back, after its task_started: receivers that pair the two
+    (tasks in flight, a span per task) see it end."""
+    from livepush.contrib.django.tasks_api import task_finished, task_started
+
+    seen: list[tuple[str, str, Any]] = []
+
+    def started(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        seen.append(("started", task_result.id, task_result.status))
+
+    def finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        seen.append(("finished", task_result.id, task_result.status))
+
+    task_started.connect(started)
+    task_finished.connect(finished)
+    try:
+        result = t.cancel_itself.enqueue()
+        assert jobs.drain() == {"cancelled": 1}
+    finally:
+        task_started.disconnect(started)
+        task_finished.disconnect(finished)
+    assert t.RAN == []
+    assert seen == [("started", result.id, TaskResultStatus.RUNNING), ("finished", result.id, TaskResultStatus.FAILED)]
+    assert t.cancel_itself.get_result(result.id).status == TaskResultStatus.FAILED
+
+
 def test_unknown_results_do_not_exist(t: Any) -> None:
     """An id that is not a Django task's job (unknown, malformed, or another job) does not exist."""
     for bad in ("999999", "abc", "-1", "0", ""):

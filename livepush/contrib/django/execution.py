@@ -17,6 +17,7 @@ from django.db import close_old_connections
 from django.utils.module_loading import import_string
 
 from ... import jobs
+from ...jobs.errors import JobCancelled
 from .errors import failure_of
 from .tasks_api import (
     Task,
@@ -89,6 +90,12 @@ def _in_job(ctx: Any) -> Iterator[None]:
         _current.reset(token)
 
 
+def _finished(task: Task, result: TaskResult, status: TaskResultStatus) -> None:
+    """Mark the running task's result `status` and send the framework's task_finished."""
+    set_attr(result, "status", status)
+    task_finished.send(type(task.get_backend()), task_result=result)
+
+
 @jobs.job(name=RUN_TASK, timeout=None, max_attempts=1)
 def run_task(ctx: Any, path: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
     """Run the Django task at `path` with `args` and `kwargs`; its return value is the job's result.
@@ -104,10 +111,14 @@ def run_task(ctx: Any, path: str, args: list[Any], kwargs: dict[str, Any]) -> An
             else:
                 value = task.call(*args, **kwargs)
             value = normalize_json(value)
-        except Exception as exc:  # a cancel (JobCancelled) is a BaseException: it passes through
-            set_attr(result, "status", TaskResultStatus.FAILED)
-            task_finished.send(type(task.get_backend()), task_result=result)
+        except Exception as exc:
+            _finished(task, result, TaskResultStatus.FAILED)
             raise failure_of(exc) from exc
-        set_attr(result, "status", TaskResultStatus.SUCCESSFUL)
-        task_finished.send(type(task.get_backend()), task_result=result)
+        except JobCancelled:
+            # A BaseException, passed on as it came so the job ends cancelled; the task ended all
+            # the same (it reads back FAILED), and receivers pairing task_started with
+            # task_finished never saw it end.
+            _finished(task, result, TaskResultStatus.FAILED)
+            raise
+        _finished(task, result, TaskResultStatus.SUCCESSFUL)
         return value
