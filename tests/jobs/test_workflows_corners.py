@@ -62,6 +62,17 @@ async def test_a_signal_sent_while_its_step_is_paused_is_kept_for_it(jobs_db: st
         ("signal", "ana"), ("pause", "step:approve"), ("signal", "bo"), ("resume", "bo")]
 
 
+async def test_a_flow_verbs_reason_with_characters_postgres_cannot_store_is_kept_readable(jobs_db: str) -> None:
+    """ctx.flow.skip(reason) with a NUL or a lone surrogate in its reason (text taken from the
+    data) skips the step as asked: the characters Postgres cannot store read as U+FFFD in the
+    audit, rather than the step's end failing to be written and failing the run."""
+    async with running(queues=[wc.QUEUE]):
+        run = await wc.skips_oddly.astart()
+        done = await run_state(run.id, "succeeded")
+    assert step_states(done) == {"odd": "skipped", "after_odd": "succeeded"}
+    assert [(a["verb"], a["reason"]) for a in done["audit"]] == [("skip", "bad\ufffdrow \ufffd in the input")]
+
+
 async def test_a_run_that_fails_stops_the_step_waiting_for_a_signal(jobs_db: str) -> None:
     """When a step fails the run, a step parked on a signal that can no longer come is cancelled
     with its job, instead of waiting for ever."""

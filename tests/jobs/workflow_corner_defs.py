@@ -176,3 +176,16 @@ class _Greeter:
 
 greets = jobs.workflow("wfd_greets", queue=QUEUE)
 greets.step(name="greet", max_attempts=1)(_Greeter())
+
+
+skips_oddly = jobs.workflow("wfd_skips_oddly", queue=QUEUE)
+
+
+@skips_oddly.step()
+async def odd(ctx: Any) -> Any:
+    ctx.flow.skip("bad\x00row \ud800 in the input")
+
+
+@skips_oddly.step(after="odd")
+async def after_odd(ctx: Any) -> Any:
+    return "went on"

@@ -18,6 +18,7 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from ...postgres.pools import aautocommitted
+from ...postgres.text import storable_text
 from ..api.args import encode
 from ..api.functions import is_async_callable
 from ..api.handles import StateTopicHandle
@@ -53,9 +54,11 @@ class FlowVerb(BaseException):
 
 
 def _reason(reason: Any) -> str | None:
+    """A flow verb's reason as the audit keeps it. Often text taken from the data: a character
+    Postgres cannot store (a NUL) failed the writing of the step's end, and with it the run."""
     if reason is None:
         return None
-    return str(reason)[:1000]
+    return storable_text(str(reason))[:1000]
 
 
 def _first_leaf(group: BaseExceptionGroup[FlowVerb | Reattempt]) -> FlowVerb | Reattempt:
