@@ -284,9 +284,13 @@ def translated_if_lost(url: str, conn: Any) -> Iterator[None]:
 def translated_on(url: str, conn: Any) -> Iterator[None]:
     """translated(url), around the jobs' work on a caller's connection (`conn=`): a missing schema
     or grant is named with the database the connection is on, which need not be `url`'s (the
-    jobs' database), so that the operator migrates or grants the right one."""
+    jobs' database), so that the operator migrates or grants the right one. A transaction that an
+    earlier statement of the caller's failed refuses every statement until a rollback: that error
+    is the caller's own, raised as the driver raised it (as a DependencyError it read as an outage)."""
     try:
         yield
+    except psycopg.errors.InFailedSqlTransaction:
+        raise
     except psycopg.Error as exc:
         if isinstance(exc, _SET_UP_ERRORS) and not (conn.closed or conn.broken):
             raise translate(conn.info.dsn, exc) from exc

@@ -71,6 +71,28 @@ def test_conn_enqueue_follows_the_callers_transaction(jobs_db: str) -> None:
     assert [e["event"] for e in events_of(jobs_db, kept.id)] == ["enqueued"]
 
 
+async def test_an_enqueue_in_a_transaction_an_earlier_statement_failed_raises_as_any_statement_there(
+        jobs_db: str) -> None:
+    """After a statement of the caller's transaction failed (and was caught), Postgres ignores
+    every statement until a rollback: an enqueue there raises psycopg's InFailedSqlTransaction,
+    as the caller's next statement of its own would, not a DependencyError that reads as an
+    outage; once rolled back, the same connection enqueues."""
+    with psycopg.connect(jobs_db) as conn:
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            conn.execute("SELECT * FROM no_such_table")
+        with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+            sample_jobs.record.enqueue("x", conn=conn)
+        conn.rollback()
+        kept = sample_jobs.record.enqueue("y", conn=conn)
+        conn.commit()
+    async with await psycopg.AsyncConnection.connect(jobs_db) as aconn:
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            await aconn.execute("SELECT * FROM no_such_table")
+        with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+            await sample_jobs.record.aenqueue("x", conn=aconn)
+    assert [r[0] for r in q(jobs_db, "SELECT id FROM livepush_jobs")] == [kept.id]
+
+
 def test_conn_enqueue_rings_the_doorbell_at_commit(jobs_db: str) -> None:
     """The wake-up notification is delivered only when the caller commits."""
     with psycopg.connect(jobs_db, autocommit=True) as listener:
