@@ -5,15 +5,25 @@ from __future__ import annotations
 
 import urllib.request
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from livepush import jobs
+from livepush import jobs, metrics
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import q, runtime_starter
 from tests.support.http import http_exchange
 from tests.support.procs import ChildProcess, Processes, free_port
 from tests.support.waiting import wait_for
+
+
+# A workflow step that polls something not ready yet: it asks to run again later, failing nothing.
+polling = jobs.workflow("metrics_polling", queue="metrics_polling")
+
+
+@polling.step()
+async def not_ready_yet(ctx: Any) -> None:
+    ctx.flow.reattempt(3600)
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -78,6 +88,21 @@ def test_jobs_a_rescue_ends_count_as_failed_for_good_or_retried(
     assert m.get(("livepush_jobs_failed_total", (("queue", "default"),))) == 1, m
     assert m.get(("livepush_jobs_retried_total", (("queue", "default"),))) == 1, m
     assert rescuer.stop(timeout=15) == 0, rescuer.output()
+
+
+def test_a_workflow_step_that_asks_to_run_again_later_is_not_counted_as_a_retried_failure(jobs_db: str) -> None:
+    """ctx.flow.reattempt(wait=S) spends no attempt and is no failure: livepush_jobs_retried_total
+    (failed attempts scheduled to run again) does not count it, whatever the wait, and drain()
+    counts it `released`, as a reattempt with no wait."""
+
+    def retried() -> float:
+        return metrics.REGISTRY.get_sample_value("livepush_jobs_retried_total", {"queue": "metrics_polling"}) or 0.0
+
+    before = retried()
+    polling.start({})
+    assert jobs.drain(["metrics_polling"]) == {"released": 1}
+    assert retried() == before
+    assert q(jobs_db, "SELECT state, attempt FROM livepush_jobs WHERE queue = 'metrics_polling'") == [("scheduled", 0)]  # its attempt given back
 
 
 def test_a_busy_metrics_port_is_a_clear_error(jobs_db: str, procs: Processes,

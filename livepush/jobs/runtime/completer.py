@@ -346,7 +346,9 @@ _COUNTERS = {"succeeded": metrics.JOBS_SUCCEEDED, "failed": metrics.JOBS_FAILED,
 
 
 def _count_key(row: dict[str, Any]) -> str:
-    if row["kind"] == "released" and row["state"] == "available":
+    # A release gives its attempt back, whether it runs again now or after a delay (a workflow
+    # step's ctx.flow.reattempt(wait=)): it failed nothing, and the retried counter is failures.
+    if row["kind"] == "released" and row["state"] in ("available", "scheduled"):
         return "released"
     if row["state"] in ("scheduled", "available"):
         return "retrying"
