@@ -9,7 +9,8 @@ scrape costs no query when scrapes come in bursts.
 Under `serve --workers N` every worker writes its values to files in one directory
 (prometheus_client's multiprocess mode, switched on by PROMETHEUS_MULTIPROC_DIR, which the
 supervisor sets) and `/metrics`, on whichever worker answers, adds them all up: one scrape
-target, the whole server's numbers. Each gauge says how its workers' values combine.
+target, the whole server's numbers. Each gauge says how its workers' values combine. Anywhere
+else livepush's values stay in memory, whatever PROMETHEUS_MULTIPROC_DIR the process inherited.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
+import prometheus_client
+from prometheus_client import CollectorRegistry, multiprocess, values
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -36,6 +40,40 @@ MULTIPROCESS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 # The folder whose files /metrics adds up: set in a worker of `serve --workers N` only
 # (add_up_workers()), to the one its supervisor made.
 _workers_directory: str | None = None
+
+# The class of livepush's own values: in this process's memory, until add_up_workers() hands them
+# to the files of `serve --workers N`. prometheus_client picks one class for the whole process from
+# PROMETHEUS_MULTIPROC_DIR at its import; set for a whole container, that folder is a web app's, whose
+# scrape would add up livepush's files with its own (and keep them after the process is gone), and
+# a folder missing there stopped every livepush process at import.
+_value_class: Any = values.MutexValue
+# Held while a livepush metric makes its values under _value_class (values.ValueClass swapped).
+_making_values = threading.Lock()
+
+
+class _OwnValues:
+    """Makes a livepush metric's values (at its creation, and per label set at the first
+    labels()) of _value_class: never on an update, which costs what it did."""
+
+    def _metric_init(self) -> None:
+        with _making_values:
+            shared, values.ValueClass = values.ValueClass, _value_class
+            try:
+                super()._metric_init()  # type: ignore[misc]
+            finally:
+                values.ValueClass = shared
+
+
+class Counter(_OwnValues, prometheus_client.Counter):
+    pass
+
+
+class Gauge(_OwnValues, prometheus_client.Gauge):
+    pass
+
+
+class Histogram(_OwnValues, prometheus_client.Histogram):
+    pass
 
 # -- the push side ----------------------------------------------------------------------------
 # Workers' connections add up; a dead worker's are gone with it ("live").
@@ -186,8 +224,19 @@ def add_up_workers() -> None:
     (a web app's multiprocess mode, set for a whole container): its files hold that app's metrics,
     which the app's own scrape counts already; added to livepush's /metrics, every sum over both
     scrapes would count them twice."""
-    global _workers_directory
+    global _workers_directory, _value_class
     _workers_directory = os.environ.get(MULTIPROCESS_DIR_VARIABLE) or None
+    if _workers_directory is None:
+        return
+    # The class prometheus_client made for that folder at its import: another one would open this
+    # process's files a second time, and each would write over what the other added.
+    _value_class = values.ValueClass
+    for metric in [m for m in globals().values() if isinstance(m, _OwnValues)]:
+        if metric._is_parent():  # type: ignore[attr-defined]
+            with metric._lock:  # type: ignore[attr-defined]
+                metric._metrics.clear()  # type: ignore[attr-defined]  # label sets made again, in the files
+        else:
+            metric._metric_init()
 
 
 def forget_process(pid: int, directory: str) -> None:

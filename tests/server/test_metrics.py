@@ -3,10 +3,15 @@ clients and publishers did (docs/reference.md#9-operations, docs/operations.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.conftest import Served
 from tests.server.test_server import http_get
+from tests.support.procs import Processes
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
@@ -95,3 +100,26 @@ def test_the_delivery_tally_adds_to_the_lag_histogram_what_observing_each_lag_wo
     added = [(name, le, round(v - v0, 9)) for (name, le, v), (_, _, v0) in zip(after, before)]
     assert added == [(name, le, round(v, 9)) for name, le, v in lag_samples(reference)]
     assert metrics.DELIVERED._value.get() == delivered + 7
+
+
+@pytest.mark.parametrize("folder", ["an existing one", "a missing one"])
+async def test_a_multiprocess_folder_livepush_inherits_gets_none_of_its_metrics(
+        procs: Processes, livepush_env: Callable[..., dict[str, str]], tmp_path: Path, folder: str) -> None:
+    """A PROMETHEUS_MULTIPROC_DIR set for a whole container (a web app's multiprocess mode) is
+    not livepush's: `livepush serve` writes no file there, which the app's scrape would add up with
+    its own (and keep after the server is gone), and starts as well when the folder is missing;
+    its /metrics has its figures all the same."""
+    shared = tmp_path / "web-app-metrics"
+    if folder == "an existing one":
+        shared.mkdir()
+    child = procs.livepush("serve", env=livepush_env(extra={"PROMETHEUS_MULTIPROC_DIR": str(shared)}),
+                           wait_healthy=False)
+    await child.await_healthy()
+
+    async def canary_counted() -> Samples | None:
+        samples = await scrape(child.port or 0)
+        return samples if value(samples, "livepush_published_total", fanout="local") >= 1 else None
+
+    await async_wait_for(canary_counted, 10.0, message="the canary's publish in /metrics")
+    assert (sorted(p.name for p in shared.iterdir()) if shared.exists() else []) == []
+    assert child.stop(15) == 0, child.output()
