@@ -154,11 +154,18 @@ class _DatabaseGauges(Collector):
     """The gauges that describe the database: what this process read last, kept in memory and
     never in the multiprocess files. The process that answers a scrape has just read them, so
     its read is the whole answer; in the files, a queue gone from the database would stay at its
-    last value for ever (prometheus_client cannot remove a series there)."""
+    last value for ever (prometheus_client cannot remove a series there).
+
+    None of them before the first read, nor after a read that failed: every process shows the
+    same values and alerts take their max, so one that cannot read showing its last read would
+    pin a backlog alert on, or hold the alert on no runtime alive off, for as long as it cannot."""
 
     def __init__(self) -> None:
         self.queues: dict[str, tuple[int, float]] = {}
-        self.runtimes_alive = 0
+        self.runtimes_alive: int | None = None
+
+    def forget(self) -> None:
+        self.queues, self.runtimes_alive = {}, None
 
     def collect(self) -> Iterable[Metric]:
         depth = GaugeMetricFamily("livepush_queue_depth", "Jobs available to run now, per queue.",
@@ -169,8 +176,9 @@ class _DatabaseGauges(Collector):
         for queue, (count, age) in self.queues.items():
             depth.add_metric([queue], count)
             oldest.add_metric([queue], age)
-        alive = GaugeMetricFamily("livepush_runtimes_alive", "Job runtimes registered and beating.",
-                                  value=self.runtimes_alive)
+        alive = GaugeMetricFamily("livepush_runtimes_alive", "Job runtimes registered and beating.")
+        if self.runtimes_alive is not None:
+            alive.add_metric([], self.runtimes_alive)
         return [depth, oldest, alive]
 
 
@@ -187,7 +195,8 @@ _merged: dict[str, CollectorRegistry] = {}
 
 async def render(refreshers: Sequence[Refresher] = ()) -> bytes:
     """The registry in Prometheus text format, after the database gauges are fresh enough. A
-    refresher that fails leaves its gauges as they were: the scrape still answers."""
+    refresher that fails takes its gauges out of the scrape until one works (_DatabaseGauges);
+    one that has not answered within 2 s leaves them as they were: the scrape still answers."""
     now = time.monotonic()
     for refresh in refreshers:
         key = id(refresh)
@@ -249,10 +258,12 @@ def _refresh_done(key: int, future: asyncio.Future[None]) -> None:
     _refreshing.pop(key, None)
     _refreshed[key] = time.monotonic()
     if not future.cancelled() and future.exception() is not None:
-        # The gauges keep their last values; say why once in a while, not at every scrape.
+        DATABASE_GAUGES.forget()
+        # Say why once in a while, not at every scrape.
         if time.monotonic() - _warned.get(key, float("-inf")) >= 60.0:
             _warned[key] = time.monotonic()
-            log.warning("could not refresh the database gauges of /metrics: %s", future.exception())
+            log.warning("could not refresh the database gauges of /metrics (left out of it until a read works): %s",
+                        future.exception())
 
 
 def set_queue_gauges(depths: dict[str, tuple[int, float | None]], runtimes_alive: int) -> None:

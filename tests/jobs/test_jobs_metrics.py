@@ -7,9 +7,11 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from livepush import jobs, metrics
+from livepush.jobs.api.status import arefresh_metrics
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import q, runtime_starter
 from tests.support.http import http_exchange
@@ -167,3 +169,31 @@ def test_a_metrics_host_it_cannot_listen_on_names_the_host_not_the_port(
         lines = [line for line in child.stderr().splitlines() if line.strip()]
         assert len(lines) == 1 and "Traceback" not in child.stderr(), child.output()
         assert "LIVEPUSH_HOST" in lines[0] and host in lines[0] and "free port" not in lines[0], lines[0]
+
+
+async def test_database_gauges_a_process_cannot_read_leave_its_scrape_until_it_reads_them_again(
+        jobs_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The queue and runtime gauges are the database's, and every process shows the same value
+    (alerts take their max): one whose read fails (its database away, its role refused) shows
+    none, rather than its last read for ever, which pinned a backlog alert on and held `no
+    runtime` off. Its next read that works shows them again."""
+    monkeypatch.setattr(metrics, "REFRESH_EVERY", 0.0)  # every scrape reads
+    q(jobs_db, "INSERT INTO livepush_job_runtimes (host, pid, queues, concurrency, heartbeat) "
+               "VALUES ('h', 1, '{emails}', 1, 10)")
+    sample_jobs.other_queue.enqueue(1)
+
+    async def gauges() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = (await metrics.render([arefresh_metrics])).decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples
+                if s.name in ("livepush_runtimes_alive", "livepush_queue_depth", "livepush_queue_oldest_age_seconds")}
+
+    read = await gauges()
+    assert read["livepush_runtimes_alive", ()] == 1 and read["livepush_queue_depth", (("queue", "second"),)] == 1
+    q(jobs_db, "ALTER TABLE livepush_job_runtimes RENAME TO livepush_job_runtimes_away")
+    try:
+        assert await gauges() == {}
+    finally:
+        q(jobs_db, "ALTER TABLE livepush_job_runtimes_away RENAME TO livepush_job_runtimes")
+    again = await gauges()
+    assert again["livepush_runtimes_alive", ()] == 1 and again["livepush_queue_depth", (("queue", "second"),)] == 1
