@@ -6,11 +6,17 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 
+import psycopg
+import psycopg.sql
 import pytest
 
 from livepush import sessions
 from livepush.cli import logs
+from livepush.jobs.runtime.repeats import Repeats
+from tests.jobs.conftest import registered
+from tests.support import services
 from tests.support.waiting import wait_for
 from tests.support.wsclient import WSClient
 
@@ -223,3 +229,51 @@ def test_a_workers_lines_name_it_and_its_pid_in_both_formats() -> None:
     supervisor = json.loads(formatted("json", supervisor=True))
     assert supervisor["pid"] == pid and "worker" not in supervisor
     assert not {"worker", "pid"} & set(json.loads(formatted("json")))
+
+
+# What a runtime's background loops say when an attempt fails.
+LOOP_FAILURES = ("claim failed", "heartbeat failed", "housekeeping failed", "promoting scheduled jobs failed")
+
+
+def _sessions_read_only(admin_url: str, url: str, on: bool) -> None:
+    """New sessions of the database take no writes (a failover's standby), and open ones end."""
+    dbname = services.dbname_of(url)
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = {}").format(
+            psycopg.sql.Identifier(dbname), psycopg.sql.SQL("on" if on else "off")))
+    services.pg_terminate(admin_url, dbname)
+
+
+def test_a_runtimes_loops_say_each_failure_at_most_once_a_minute_while_the_database_refuses_them(
+        procs, livepush_env, pg_url, pg_admin_url) -> None:
+    """A database that refuses every write at once (a standby not yet promoted) fails each of the
+    runtime's loops several times a second: each kind of failure is one line, not hundreds a
+    minute that hide the line that matters; the runtime runs on."""
+    child = procs.livepush("jobs", "tests.jobs.sample_jobs", "--heartbeat", "0.3", "--poll-interval", "0.05",
+                           env=livepush_env(database_url=pg_url), wait_healthy=False)
+    registered(pg_url, child)
+    _sessions_read_only(pg_admin_url, pg_url, True)
+    try:
+        wait_for(lambda: all(kind in child.stderr() for kind in LOOP_FAILURES) or not child.running, 15.0,
+                 message="each loop to fail")
+        time.sleep(3.0)  # ten beats, sixty polls: the window in which each failure would be said again
+        said = {kind: child.stderr().count(kind) for kind in LOOP_FAILURES}
+    finally:
+        _sessions_read_only(pg_admin_url, pg_url, False)
+    assert said == dict.fromkeys(LOOP_FAILURES, 1), child.output()
+    assert child.running and child.stop(timeout=15) == 0, child.output()
+
+
+def test_a_failure_said_again_after_a_minute_says_how_many_were_not_said(caplog) -> None:
+    """The line that ends a minute of silence counts the failures of its kind left unsaid."""
+    now = [0.0]
+    repeats = Repeats(logging.getLogger("livepush.jobs"), clock=lambda: now[0])
+    caplog.set_level(logging.WARNING, "livepush.jobs")
+    for second in range(0, 61, 5):
+        now[0] = float(second)
+        repeats.warning("claim failed (%s)", "read-only")
+        repeats.warning("heartbeat failed (%s)", "read-only")
+    assert [r.getMessage() for r in caplog.records] == [
+        "claim failed (read-only)", "heartbeat failed (read-only)",
+        "claim failed (read-only) (11 more like it in the last 60 s, said at most once a minute)",
+        "heartbeat failed (read-only) (11 more like it in the last 60 s, said at most once a minute)"]

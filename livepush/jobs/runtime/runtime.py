@@ -64,6 +64,7 @@ from ..periodic.decorator import SCHEDULES
 from ..periodic.scheduler import Scheduler
 from ..workflows import queries as workflow_queries
 from . import limits, maintenance
+from .repeats import Repeats
 from .completer import Completer
 from .context import ClaimedJob, JobContext
 from .deadlines import Deadlines
@@ -294,6 +295,8 @@ class Runtime:
                                                                  name="livepush-jobs-listener"))
         self._listen = listen
         self._pruned_at = 0.0
+        # What the background loops' failures log: each kind at most once a minute (repeats.py).
+        self._failures = Repeats(log)
         self.id: int | None = None
         self.state = "starting"
         self.in_hand: dict[int, _InHand] = {}
@@ -732,7 +735,7 @@ class Runtime:
                 confirmed = await maintenance.cancel_requests(self._pool, self.id, ids)
             except _DB_ERRORS as exc:
                 reraise_if_cancelled()
-                log.warning("could not check cancel requests (%s); the heartbeat checks them again", exc)
+                self._failures.warning("could not check cancel requests (%s); the heartbeat checks them again", exc)
                 return
             for job_id in confirmed:
                 self._cancel_local(job_id)
@@ -784,7 +787,7 @@ class Runtime:
                 retry.reset()
             except _DB_ERRORS as exc:
                 reraise_if_cancelled()
-                log.warning("claim failed (%s); retrying in about %.2f s", exc, retry.delay)
+                self._failures.warning("claim failed (%s); retrying in about %.2f s", exc, retry.delay)
                 # Or sooner, at a doorbell: the listener's resync rings it once Postgres is back,
                 # so claims resume within about a second of its return, not at the backoff's
                 # next turn (up to 7.5 s after a long outage or read-only spell).
@@ -1132,7 +1135,7 @@ class Runtime:
             except _DB_ERRORS as exc:
                 reraise_if_cancelled()
                 lost = True
-                log.warning("heartbeat failed (%s); trying again next beat", exc)
+                self._failures.warning("heartbeat failed (%s); trying again next beat", exc)
             await self._pause(self.heartbeat)
 
     async def _rescue(self, since: datetime | None) -> None:
@@ -1162,7 +1165,7 @@ class Runtime:
                 await self._prune()
             except _DB_ERRORS as exc:
                 reraise_if_cancelled()
-                log.warning("housekeeping failed (%s); trying again in a beat", exc)
+                self._failures.warning("housekeeping failed (%s); trying again in a beat", exc)
             await self._pause(self.heartbeat)
 
     async def _prune(self) -> None:
@@ -1184,7 +1187,7 @@ class Runtime:
                 wait = await maintenance.seconds_to_next_scheduled(self._pool)
             except _DB_ERRORS as exc:
                 reraise_if_cancelled()
-                log.warning("promoting scheduled jobs failed (%s)", exc)
+                self._failures.warning("promoting scheduled jobs failed (%s)", exc)
                 wait = None
             delay = self.poll_interval if wait is None else min(self.poll_interval, max(wait, 0.005))
             await self._pause(delay)
@@ -1196,7 +1199,7 @@ class Runtime:
                 wait = (await scheduler.round(self._pool)).wait
             except _DB_ERRORS as exc:
                 reraise_if_cancelled()
-                log.warning("scheduling periodic jobs failed (%s); trying again", exc)
+                self._failures.warning("scheduling periodic jobs failed (%s); trying again", exc)
                 wait = self.poll_interval
             # Until the next tick, but at least a few ms (a wake-up just before the tick on the
             # database's clock finds nothing due and sleeps the rest) and at most a heartbeat.
