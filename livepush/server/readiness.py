@@ -211,10 +211,16 @@ class Readiness:
         now = self.clock()
         away = self._away()
         canary_ok, canary = self.canary.check(now)
+        # Every ring not back in time is named, each with how long: one loop sends them all, so
+        # a ring that waits on a database gone silent holds back the canaries after it, and the
+        # newest missing one alone read as an outage of seconds when it had lasted a minute.
+        missing = [] if canary_ok else [canary["detail"]]
         for state_canary in self.state_canaries.values():
             state_ok, state = state_canary.check(now)
-            if not state_ok and canary_ok:
-                canary_ok, canary["ok"], canary["detail"] = False, False, state["detail"]
+            if not state_ok:
+                missing.append(state["detail"])
+        if missing:
+            canary_ok, canary["ok"], canary["detail"] = False, False, "; ".join(map(str, missing))
         schema: dict[str, object] = {"ok": self._schema_problem is None}
         if self._schema is None:
             schema["detail"] = "no database"

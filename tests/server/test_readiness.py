@@ -16,7 +16,7 @@ import pytest
 from livepush.config import set_settings
 from livepush.fanout.local import LocalFanOut
 from livepush.server.app import PushServer
-from livepush.server.readiness import CANARY_TOPIC, Canary
+from livepush.server.readiness import CANARY_TOPIC, Canary, Readiness
 from tests.server.conftest import Served, make_settings, start_served
 from tests.server.test_server import http_get
 from tests.support import services
@@ -69,6 +69,37 @@ def test_another_servers_canaries_are_not_ours() -> None:
     canary.published(entry, "1-2")
     canary.on_heard("1-1", 0.01)  # someone else's
     assert canary.check(5.0)[0] is False
+
+
+@dataclasses.dataclass(frozen=True)
+class _JobTopics:
+    """A state source as far as /readyz reads one: the prefixes it serves."""
+
+    prefixes: tuple[str, ...] = ("job:", "group:", "workflow:")
+
+
+def test_every_canary_not_back_in_time_is_named_with_how_long_it_has_been_missing() -> None:
+    """A Postgres outage on the Postgres fan-out silences the state ring first and the fan-out's
+    canary after it (the loop that sends them waits on the first): the `canary` check names both,
+    each with how long, not only the later one, which read as an outage of seconds when it had
+    lasted most of a minute."""
+    now = [0.0]
+    source = _JobTopics()
+    readiness = Readiness(LocalFanOut(), away=lambda: None, draining=lambda: False,
+                          states=[source], clock=lambda: now[0])  # type: ignore[list-item]
+    ring, canary = readiness.state_canaries[source], readiness.canary  # type: ignore[index]
+    for which, token in ((ring, "ring-1"), (canary, "1-1")):
+        which.published(which.sent(0.0), token)
+        which.on_heard(token, 0.01)
+    ring.published(ring.sent(2.0), "ring-2")  # never heard: the database went away
+    now[0] = 34.0
+    canary.published(canary.sent(34.0), "1-2")  # sent once the ring gave up, never heard either
+    now[0] = 44.0
+    ready, body = readiness.report()
+    detail = json.loads(body)["checks"]["canary"]["detail"]
+    assert not ready
+    assert "no canary came back through the fan-out for 10.0 s" in detail, detail
+    assert "no state ring came back from the database" in detail and "for 42.0 s" in detail, detail
 
 
 # -- a real server on each fan-out --------------------------------------------------------------
