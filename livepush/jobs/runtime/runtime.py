@@ -1146,7 +1146,7 @@ class Runtime:
             _, touched = await maintenance.rescue(self._pool, since)
         except _DB_ERRORS as exc:
             reraise_if_cancelled()
-            log.warning("rescuing dead runtimes' jobs failed (%s); trying again next beat", exc)
+            self._failures.warning("rescuing dead runtimes' jobs failed (%s); trying again next beat", exc)
             return
         except Exception as exc:  # noqa: BLE001 - not awaited by anyone: said here, and tried again next beat
             log.error("rescuing dead runtimes' jobs failed: %s", exc, exc_info=exc)
