@@ -258,6 +258,28 @@ async def test_a_connection_its_caller_closed_is_refused_not_taken_for_postgres_
     assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
 
 
+async def test_an_empty_enqueue_many_refuses_a_wrong_or_closed_conn_as_a_full_one_does(jobs_db: str) -> None:
+    """A batch that happens to be empty (no rows to import this time) still checks conn=: a
+    framework's wrapper, a connection of the other kind or a closed one went unnoticed until a
+    batch first had items, often in production only."""
+    from livepush import jobs
+
+    with pytest.raises(TypeError, match=r"got DatabaseWrapper"):
+        enqueue_many([], conn=DatabaseWrapper())
+    with pytest.raises(TypeError, match=r"got DatabaseWrapper"):
+        await jobs.aenqueue_many([], conn=DatabaseWrapper())
+    async with await psycopg.AsyncConnection.connect(jobs_db) as aconn:
+        with pytest.raises(TypeError, match=r"^enqueue_many\(conn=\) .* use aenqueue_many\(\)"):
+            enqueue_many([], conn=aconn)
+    with psycopg.connect(jobs_db) as conn:
+        with pytest.raises(TypeError, match=r"^aenqueue_many\(conn=\) .* use enqueue_many\(\)"):
+            await jobs.aenqueue_many([], conn=conn)
+    with pytest.raises(ValueError, match=r"^enqueue_many\(conn=\) got a closed connection"):
+        enqueue_many([], conn=conn)
+    with psycopg.connect(jobs_db) as open_conn:
+        assert enqueue_many([], conn=open_conn) == []
+
+
 def test_enqueue_many_is_one_statement(jobs_db: str) -> None:
     """enqueue_many stores a whole batch with one INSERT statement and returns handles in order."""
     items = [sample_jobs.record.request(i) for i in range(500)] + [(sample_jobs.other_queue, [1], {"wait": 60})]

@@ -312,11 +312,13 @@ def run_batch(batch: Batch, conn: Any = None, debounce: float | None = None,
               call: str = "enqueue") -> list[JobHandle]:
     """Insert a batch with a sync connection (the caller's, or ours and committed here). `call`
     is the public call, which a refused conn= names with its async twin."""
-    if not len(batch):
-        return []
-    # The caller's conn= is checked before the settings are: its mistake is the one to name.
+    # The caller's conn= is checked before the settings are: its mistake is the one to name. And
+    # before an empty batch returns: a wrong or closed conn= went unnoticed until a batch first
+    # had items, often in production only.
     if conn is not None and database.conn_kind(conn, call) != "sync":
         raise ArgumentTypeError(f"{call}(conn=) takes a sync psycopg Connection; use a{call}() with an AsyncConnection")
+    if not len(batch):
+        return []
     sql, params = batch.statement(debounce)
     url = database.database_url()
     if conn is None:
@@ -330,10 +332,10 @@ def run_batch(batch: Batch, conn: Any = None, debounce: float | None = None,
 
 async def arun_batch(batch: Batch, conn: Any = None, debounce: float | None = None,
                      call: str = "aenqueue") -> list[JobHandle]:
+    if conn is not None and database.conn_kind(conn, call) != "async":  # empty or not, as in run_batch
+        raise ArgumentTypeError(f"{call}(conn=) takes a psycopg AsyncConnection; use {call[1:]}() with a sync Connection")
     if not len(batch):
         return []
-    if conn is not None and database.conn_kind(conn, call) != "async":
-        raise ArgumentTypeError(f"{call}(conn=) takes a psycopg AsyncConnection; use {call[1:]}() with a sync Connection")
     sql, params = batch.statement(debounce)
     url = database.database_url()
     if conn is None:
