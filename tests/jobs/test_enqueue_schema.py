@@ -4,6 +4,7 @@ nothing is written."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -90,6 +91,24 @@ def test_a_schema_that_cannot_check_anything_fails_at_decoration_not_at_every_en
     error."""
     with pytest.raises(ConfigError, match=f"t.dangling_schema.*{says}"):
         jobs.job(name="t.dangling_schema", schema=schema)(lambda ctx, *args: None)
+
+
+@pytest.mark.parametrize(("schema", "ref", "found"), [
+    ({"type": "array", "minItems": 1, "items": {"$ref": "#/minItems"}}, "#/minItems", "int 1"),
+    ({"type": "array", "prefixItems": [{"$ref": "#/$defs/row/required"}],
+      "$defs": {"row": {"type": "object", "required": ["id"]}}}, "#/$defs/row/required", r"list \['id'\]"),
+    ({"title": "import", "prefixItems": [{"$ref": "#/title"}]}, "#/title", "str 'import'"),
+    ({"prefixItems": [{"$ref": "#/x-common/row"}], "x-common": {"row": {"type": "record"}}}, "#/x-common/row",
+     "'record' is not valid"),
+])
+def test_a_ref_to_a_value_that_is_no_schema_fails_at_decoration_naming_the_ref(schema: Any, ref: str,
+                                                                               found: str) -> None:
+    """A $ref that resolves to a value that is not a JSON Schema (a number, a list, a string, or an
+    object that breaks the meta-schema) is a ConfigError at import naming the ref and what it
+    found. It raised a bare TypeError at import, or passed and made every enqueue whose
+    arguments reached it raise the validator's AttributeError or TypeError."""
+    with pytest.raises(ConfigError, match=f"t.no_schema_ref: \\$ref '{re.escape(ref)}' points to .*{found}"):
+        jobs.job(name="t.no_schema_ref", schema=schema)(lambda ctx, *args: None)
 
 
 @pytest.mark.parametrize("schema", [

@@ -74,17 +74,39 @@ def _resolver_of(schema: Any) -> tuple[Any, Any]:
     return SPECIFICATIONS.with_resource(uri=base, resource=root).resolver(base_uri=base), root
 
 
-def _unresolvable_ref(schema: Any) -> str | None:
-    """The first $ref (or $dynamicRef) of `schema` that resolves to nothing, else None. The
-    validator resolves them only when an instance reaches them, and then raises its own error:
-    at every enqueue of the job instead of once, at import."""
+_NOWHERE = ("points nowhere (refs reach the schema's own $defs and ids, or the JSON Schema meta-schemas: "
+            "nothing is fetched)")
+
+
+def _no_schema(target: Any) -> str | None:
+    """What is wrong with `target`, what a $ref reached, when it is no schema (else None). A ref
+    may point anywhere in the document (a "default", a "required" list, an "x-" member), and what
+    no keyword leads to was never checked against the meta-schema: the validator then failed on
+    it at every enqueue with a bare TypeError or AttributeError (our walk, on a number, at import)."""
+    import jsonschema
+    from jsonschema.exceptions import SchemaError
+
+    if not isinstance(target, (Mapping, bool)):
+        return f"points to {type(target).__name__} {target!r:.60}, which is no JSON Schema (a dict or a bool)"
+    try:
+        jsonschema.Draft202012Validator.check_schema(target)
+    except SchemaError as exc:
+        return f"points to an object that is no valid JSON Schema: {exc.message:.160}"
+    return None
+
+
+def _bad_ref(schema: Any) -> tuple[str, str] | None:
+    """The first $ref (or $dynamicRef) of `schema` that resolves to nothing or to a value that is
+    no schema, and what is wrong with it; else None. The validator resolves them only when an
+    instance reaches them, and then raises its own error: at every enqueue of the job instead of
+    once, at import."""
     from referencing.exceptions import Unresolvable
     from referencing.jsonschema import DRAFT202012
 
     resolver, root = _resolver_of(schema)
     walked: set[int] = set()  # the contents walked already, by identity: refs may form cycles
 
-    def first(resolver: Any, resource: Any) -> str | None:
+    def first(resolver: Any, resource: Any) -> tuple[str, str] | None:
         contents = resource.contents
         if id(contents) in walked:
             return None
@@ -96,7 +118,12 @@ def _unresolvable_ref(schema: Any) -> str | None:
                     try:
                         target = resolver.lookup(ref)
                     except Unresolvable:
-                        return ref
+                        return ref, _NOWHERE
+                    # Walked contents are schemas already: the root, or places keywords lead to.
+                    if id(target.contents) not in walked:
+                        why = _no_schema(target.contents)
+                        if why is not None:
+                            return ref, why
                     # What a ref reaches is checked too: it may lie where no keyword leads (a
                     # pointer into "x-common" or "components"), so the walk over the keywords
                     # never met the refs it holds, and validation follows them at every enqueue.
@@ -123,7 +150,7 @@ def _endless_ref(schema: Any) -> str | None:
     only keywords in between that apply to the same value ($ref, allOf, anyOf, oneOf, not, if,
     then, else, dependentSchemas), else None. Draft 2020-12 leaves such a schema's behaviour
     undefined; jsonschema recurses until Python's limit and raises RecursionError, at every
-    enqueue whose arguments reach the loop. Call it once every ref resolves (_unresolvable_ref)."""
+    enqueue whose arguments reach the loop. Call it once every ref resolves to a schema (_bad_ref)."""
     from referencing.jsonschema import DRAFT202012
 
     resolver, root = _resolver_of(schema)
@@ -223,10 +250,9 @@ def compile_schema(schema: Any, job_name: str) -> Callable[[list[Any]], None]:
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         raise ConfigError(f"@jobs.job(schema=...) of {job_name} is not a valid JSON Schema: at {where}: "
                           f"{exc.message}") from None
-    ref = _unresolvable_ref(schema)
-    if ref is not None:
-        raise ConfigError(f"@jobs.job(schema=...) of {job_name}: $ref {ref!r} points nowhere (refs reach the "
-                          "schema's own $defs and ids, or the JSON Schema meta-schemas: nothing is fetched)")
+    bad = _bad_ref(schema)
+    if bad is not None:
+        raise ConfigError(f"@jobs.job(schema=...) of {job_name}: $ref {bad[0]!r} {bad[1]}")
     ref = _endless_ref(schema)
     if ref is not None:
         raise ConfigError(f"@jobs.job(schema=...) of {job_name}: $ref {ref!r} leads back to a schema it is "
