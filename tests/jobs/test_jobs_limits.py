@@ -138,6 +138,22 @@ def test_the_key_is_the_named_argument_at_enqueue(limits_db: str) -> None:
     assert keys == {a.id: ('"acme"', True), b.id: ('"shared"', True), c.id: ('{"org":7}', True), d.id: (None, False)}
 
 
+def test_a_whole_number_float_counts_under_the_key_of_the_int_it_equals(limits_db: str) -> None:
+    """Keys are compared as JSON, which has one kind of number: 7.0 (an id read from a float
+    column, or a division) and 7 are one tenant, also inside a list or a dict, and -0.0 is 0.
+    They were two keys ("7.0" and "7"), each with its own slots: twice the limit ran at once.
+    A fraction stays a fraction, and true stays apart from 1."""
+    @jobs.job(name="t.numbered", concurrency=("tenant", 1))
+    async def numbered(ctx: Any, tenant: Any) -> None: ...
+
+    values = [7, 7.0, [7, {"org": 7}], (7.0, {"org": 7.0}), 0, -0.0, 7.5, True, 1]
+    handles = jobs.enqueue_many([numbered.request(v) for v in values])
+    keys = dict(q(limits_db, "SELECT id, concurrency_key FROM livepush_jobs"))
+    assert [keys[h.id] for h in handles] == ["7", "7", '[7,{"org":7}]', '[7,{"org":7}]', "0", "0", "7.5", "true", "1"]
+    assert [r[0] for r in q(limits_db, "SELECT args FROM livepush_job_payloads ORDER BY id")] == [
+        [7], [7.0], [[7, {"org": 7}]], [[7.0, {"org": 7.0}]], [0], [-0.0], [7.5], [True], [1]]
+
+
 def test_a_concurrency_key_too_long_to_index_is_refused_at_enqueue_and_blocks_nothing(limits_db: str) -> None:
     """The key is an index entry, as key= is: past 500 characters of JSON the enqueue is refused,
     naming the parameter, and nothing is written; the queue's other jobs run."""

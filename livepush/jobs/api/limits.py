@@ -51,6 +51,24 @@ def burst_of(rate: float) -> float:
     return max(2.0, rate / 10.0)
 
 
+# Whole floats below this are written as the int they equal; above it, Python writes them with an
+# exponent, which no int key is written as anyway.
+_EXACT_FLOATS = 2.0**53
+
+
+def _one_number_kind(value: Any) -> Any:
+    """`value` with each whole float as the int it equals (-0.0 as 0): keys are compared as JSON,
+    which has one kind of number, and 7.0 (an id from a float column) wrote the key "7.0", whose
+    slots were not those of "7". bool is no float: true stays apart from 1."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and abs(value) < _EXACT_FLOATS else value
+    if isinstance(value, (list, tuple)):
+        return [_one_number_kind(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _one_number_kind(v) for k, v in value.items()}
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class Limits:
     """What livepush_job_limits stores for one job name, and where its concurrency key comes from."""
@@ -81,7 +99,7 @@ class Limits:
         else:
             raise InvalidArgumentsError(f"the concurrency key {self.key_param!r} is missing from the arguments "
                                         f"{list(args)!r:.80}: pass it, by position, to every enqueue of {name}")
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        text = json.dumps(_one_number_kind(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         if len(text) > MAX_KEY_LENGTH:  # stored in an index, as key= is
             raise InvalidArgumentsError(
                 f"the concurrency key {self.key_param!r} is {len(text)} characters as JSON, more than "
