@@ -592,6 +592,43 @@ async def test_durable_sleep_parks_then_goes_on(durable_db: str) -> None:
     assert done.result == "rested" and bodies(durable_db, h.id) == ["before", "after"]
 
 
+def _days_across_a_clock_change(zone: str) -> int:
+    """A whole number of days from now whose end is in another UTC offset of `zone` than now (a
+    day either side too, so the test does not depend on the hour it runs)."""
+    from datetime import datetime, timedelta
+    from zoneinfo import ZoneInfo
+
+    tz = ZoneInfo(zone)
+    now = datetime.now(tz)
+    for days in range(30, 400, 30):
+        ends = [now + timedelta(days=days + d) for d in (-1, 0, 1)]
+        if all(end.astimezone(tz).utcoffset() != now.utcoffset() for end in ends):
+            return days
+    raise AssertionError(f"no clock change in {zone} within a year")
+
+
+async def test_a_durable_sleep_across_a_daylight_saving_change_lasts_its_seconds(durable_db: str) -> None:
+    """A sleep (and a signal's timeout) ends `seconds` after it began, also when the database's time
+    zone changes its clocks meanwhile: not an hour early or late, as adding the seconds to the
+    local wall-clock time would make it."""
+    (db,) = q(durable_db, "SELECT current_database()")[0]
+    q(durable_db, f'ALTER DATABASE "{db}" SET timezone TO \'Europe/Paris\'')
+    days = _days_across_a_clock_change("Europe/Paris")
+    async with running():
+        slept = await dj.sleeper.aenqueue(days * 86400.0)
+        waits = await dj.waiter.aenqueue("go", 1, days * 86400.0)
+        await wait_state(slept.id, "waiting")
+        await wait_state(waits.id, "waiting")
+        rows = q(durable_db, "SELECT j.id, extract(epoch FROM j.run_at - s.at)::float8 FROM livepush_jobs j "
+                             "JOIN livepush_job_steps s ON s.job_id = j.id AND s.kind IN ('sleep', 'signal') "
+                             "WHERE j.id = ANY(%s)", ([slept.id, waits.id],))
+        for job_id in (slept.id, waits.id):
+            await jobs.acancel(job_id)
+    assert len(rows) == 2
+    for job_id, seconds in rows:
+        assert abs(seconds - days * 86400) < 60, (job_id, seconds - days * 86400)
+
+
 # -- events and retention --------------------------------------------------------------------------
 
 async def test_checkpoint_and_waiting_events_and_the_result_on_the_job_topic(durable_db: str) -> None:

@@ -125,6 +125,13 @@ def _seconds(value: Any, what: str) -> float:
     return float(value)
 
 
+def _after(now: datetime, seconds: float) -> datetime:
+    """`seconds` after `now`, in UTC. psycopg gives `now` in the session's time zone, and adding to
+    such a datetime adds to its wall-clock time: across a daylight-saving change the sleep or
+    timeout would end an hour early or late."""
+    return now.astimezone(timezone.utc) + timedelta(seconds=seconds)
+
+
 def _when(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text)
 
@@ -509,7 +516,7 @@ class DurableRun:
             if stored is not None:
                 deadline = _when(stored["result"].get("deadline"))
             else:
-                deadline = None if limit is None else now + timedelta(seconds=limit)
+                deadline = None if limit is None else _after(now, limit)
             if deadline is not None and deadline <= now:
                 yield from self._save("signal", key, {"timeout": True})
                 return {"timeout": True}
@@ -541,7 +548,7 @@ class DurableRun:
             return
 
         def tx(now: datetime) -> steps.Steps[None]:
-            until = stored_until if stored_until is not None else now + timedelta(seconds=wanted)
+            until = stored_until if stored_until is not None else _after(now, wanted)
             if stored is None:
                 yield from self._save("sleep", name, {"until": until.isoformat()})
             if until <= now:
