@@ -68,6 +68,7 @@ from .errors import (
     JobFinishedError,
     JobNotFound,
     LeaseLostError,
+    ReplayMismatch,
     SignalTimeout,
     UnknownJobError,
 )
@@ -105,6 +106,7 @@ __all__ = [
     "JobFinishedError",
     "JobInfo",
     "JobNotFound",
+    "ReplayMismatch",
     "SignalTimeout",
     "StepContext",
     "Workflow",

@@ -92,6 +92,13 @@ class ChildFailed(DurableError):
         self.failures = failures
 
 
+class ReplayMismatch(DurableError):
+    """A replayed `ctx.run_child` / `ctx.run_children` call asks for other jobs, or another number
+    of them, than the children the same call (found by its position) stored on an earlier run: the
+    code changed before a point a parked or failed run had reached. Returning the stored children's
+    results as this call's would be silently wrong."""
+
+
 class SignalTimeout(DurableError, TimeoutError):
     """`ctx.wait_for_signal(name, timeout=...)` passed its timeout with no signal."""
 

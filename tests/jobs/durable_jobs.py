@@ -176,6 +176,17 @@ async def child_then_step(ctx: Any, flag: str) -> Any:
     return got
 
 
+@jobs.job(name="d.redeployed_children", max_attempts=3, backoff=lambda attempt: 0.0)
+async def redeployed_children(ctx: Any, flag: str, change: str) -> Any:
+    """Its children call, as deployed before and after durable_inputs has `flag` (a redeploy that
+    changed the call a parked run made): `change` "names" asks for another job, "count" for two."""
+    if await flag_value(flag) is None:
+        return await ctx.run_children([child_elsewhere.request("a")])
+    if change == "names":
+        return await ctx.run_children([child.request("a")])
+    return await ctx.run_children([child_elsewhere.request("a"), child_elsewhere.request("b")])
+
+
 @jobs.job(name="d.parent_queues", max_attempts=1)
 async def parent_queues(ctx: Any) -> Any:
     return await ctx.run_children([child.request("mine"), child_elsewhere.request("theirs"),

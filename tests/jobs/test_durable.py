@@ -738,6 +738,22 @@ async def test_retention_keeps_the_children_of_a_job_that_has_not_finished(durab
     assert q(durable_db, "SELECT count(*) FROM livepush_groups WHERE parent_id = %s", (h.id,)) == [(0,)]
 
 
+@pytest.mark.parametrize("change", ["names", "count"])
+async def test_a_children_call_changed_by_a_redeploy_fails_the_job_instead_of_replaying_other_children(
+        durable_db: str, change: str) -> None:
+    """A parked run whose children call asks, after a redeploy, for other jobs or another number of
+    them than the children it stored fails at once with ReplayMismatch naming both, instead of
+    returning the stored children's results as this call's."""
+    async with running(queues=["default"]):  # its child, on "elsewhere", waits meanwhile
+        h = await dj.redeployed_children.aenqueue("deployed", change)
+        await wait_state(h.id, "waiting", timeout=15.0)
+    q(durable_db, "INSERT INTO durable_inputs VALUES ('deployed', 'true')")
+    async with running():
+        failed = await wait_state(h.id, "failed", timeout=15.0)
+    assert failed.attempt == 1, failed
+    assert "ReplayMismatch" in (failed.error or "") and "[d.child_elsewhere]" in (failed.error or ""), failed.error
+
+
 async def test_retention_keeps_the_children_of_a_failed_job_that_retry_failed_replays(durable_db: str) -> None:
     """A failed durable job can be run again (retry_failed) as long as it exists: its children's
     group is kept as long as it, however long ago the children finished, so the retry replays their

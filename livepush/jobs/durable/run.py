@@ -39,6 +39,7 @@ from ..errors import (
     InvalidResultError,
     JobCancelled,
     Parked,
+    ReplayMismatch,
     RunAbandoned,
     SignalTimeout,
 )
@@ -409,7 +410,7 @@ class DurableRun:
         found = await self._children(given)
         if found is None:
             return []
-        return await self._results(*found)
+        return await self._results(*found, asked=requests)
 
     async def fan_out(self, make: Callable[[], Awaitable[list[JobRequest]]],
                       on_group: Callable[[int], steps.Steps[None]] | None = None) -> dict[str, int]:
@@ -480,8 +481,9 @@ class DurableRun:
                               "its retention time): its children's results cannot be read", [])
         return bool(row["finished"])
 
-    async def _results(self, group_id: int, count: int) -> list[Any]:
+    async def _results(self, group_id: int, count: int, asked: Sequence[JobRequest]) -> list[Any]:
         rows = await self._read(dq.CHILDREN, {"group_id": group_id, "count": count})
+        self._check_same_children(group_id, asked, [r["name"] for r in rows[:count]], count)
         if len(rows) < count:
             raise ChildFailed(f"{count - len(rows)} of {count} children of job {self.ctx.job_id} are gone (deleted "
                               "after their retention time): their results cannot be read", [])
@@ -492,6 +494,25 @@ class DurableRun:
             raise ChildFailed(f"{len(failed)} of {count} children of job {self.ctx.job_id} did not succeed: "
                               f"{shown}{more}", failed)
         return [r["result"] for r in rows]
+
+    def _check_same_children(self, group_id: int, asked: Sequence[JobRequest], stored: list[str],
+                             count: int) -> None:
+        """ReplayMismatch when this call asks for other jobs (or another number) than the children
+        its position found: children calls are found by position, so a redeploy that moved or
+        changed one before the point a parked run reached would otherwise hand this call the
+        results of children made for another."""
+        names = [r.name for r in asked]
+        if len(names) == count and (len(stored) < count or names == stored):
+            return  # the same call (children deleted by retention are reported by the caller)
+
+        def shown(listed: list[str], n: int) -> str:
+            return f"{n} {'child' if n == 1 else 'children'} [{', '.join(listed[:5])}{', ...' if n > 5 else ''}]"
+
+        raise ReplayMismatch(
+            f"a children call of job {self.ctx.job_id} asks for {shown(names, len(names))}, but an earlier run made "
+            f"it with {shown(stored, count)} (task group {group_id}): the code changed before the point that run had "
+            "reached. Children calls are found by their position: deploy such a change under a new job name and let "
+            "the old runs finish under the old one")
 
     # -- signals --------------------------------------------------------------------------------
     async def wait_for_signal(self, name: Any, timeout: Any = None) -> Any:

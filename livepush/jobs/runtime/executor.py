@@ -29,6 +29,7 @@ from ..errors import (
     DuplicateStepError,
     GroupLimitError,
     InvalidResultError,
+    ReplayMismatch,
     JobCancelled,
     Parked,
     Reattempt,
@@ -57,7 +58,7 @@ class Outcome:
 # replay finds the same stored facts (a child's failure, a signal's timeout, a stored input); a
 # task group never loses members, so an add past its limit is refused again.
 NEVER_RETRIED = (CheckpointInputConflict, ChildFailed, DuplicateStepError, GroupLimitError, InvalidResultError,
-                 SignalTimeout)
+                 ReplayMismatch, SignalTimeout)
 
 # A retry is never put off longer than this, whatever a job's own backoff= says (a huge or
 # infinite delay would not fit Postgres' interval and fail the completer's whole batch).
