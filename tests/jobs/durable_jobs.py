@@ -296,6 +296,21 @@ async def checkpoint_beside_a_failure(ctx: Any, seconds: float) -> str:
     return str(got)
 
 
+@jobs.job(name="d.park_beside_a_failure", max_attempts=1)
+async def park_beside_a_failure(ctx: Any, seconds: float) -> None:
+    """A run that fails while its children call (asyncio.gather) waits for a slow checkpoint beside
+    it to store its result before it parks."""
+    async def fail() -> None:
+        await asyncio.sleep(0.1)
+        raise RuntimeError("the run fails while the park beside it waits")
+
+    async def late_child() -> Any:
+        await asyncio.sleep(0.02)  # once the slow body runs: the park waits for it
+        return await ctx.run_child(child.request("late"))
+
+    await asyncio.gather(ctx.checkpoint("slow", slow_body, ctx, seconds), fail(), late_child())
+
+
 @jobs.job(name="d.parks_side_by_side", max_attempts=1)
 async def parks_side_by_side(ctx: Any) -> list[Any]:
     """Two sleeps in asyncio.gather: both must be slept, each parked for in turn."""

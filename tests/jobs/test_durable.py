@@ -244,6 +244,17 @@ async def test_a_sync_checkpoint_cancelled_by_a_failing_task_group_sibling_runs_
     assert bodies(durable_db, h.id) == ["slow"]
 
 
+async def test_a_parking_call_beside_a_failure_in_gather_does_not_park_the_ended_run(durable_db: str) -> None:
+    """A children call that waited for a checkpoint beside it while the run failed does not go on
+    once the run ended: the job fails with the run's error, and no child is created after it."""
+    async with running():
+        h = await dj.park_beside_a_failure.aenqueue(0.5)
+        failed = await wait_state(h.id, "failed", timeout=15.0)
+    assert "the run fails while the park beside it waits" in (failed.error or ""), failed
+    assert q(durable_db, "SELECT count(*) FROM livepush_jobs WHERE name = 'd.child'") == [(0,)]
+    assert bodies(durable_db, h.id) == ["slow"]
+
+
 async def test_parks_side_by_side_in_gather_park_in_turn(durable_db: str) -> None:
     """Two parking calls in asyncio.gather: the first parks the run, the second ends with it
     quietly (no lost claim in the log) and parks on the replay."""

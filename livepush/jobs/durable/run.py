@@ -332,6 +332,12 @@ class DurableRun:
                 if self._parked:
                     raise Parked()
                 await self._no_bodies.wait()
+                # The run may have returned or raised while this waited for the bodies (gather
+                # lets the others run on): parked now, it would create children (or take a
+                # signal) after the run ended, and its park would swallow the run's outcome.
+                if self._ended:
+                    raise RunAbandoned(f"job {self.ctx.job_id}: a parking call went on after its run had ended; "
+                                       "the next run will replay it")
             try:
                 yield
             except Parked:
