@@ -29,10 +29,10 @@ from ..errors import (
     DuplicateStepError,
     GroupLimitError,
     InvalidResultError,
-    ReplayMismatch,
     JobCancelled,
     Parked,
     Reattempt,
+    ReplayMismatch,
     RunAbandoned,
     SignalTimeout,
 )
