@@ -226,6 +226,14 @@ class Settings:
             # server to the network when an empty LIVEPUSH_HOST means the loopback default.
             raise ConfigError("--host (or LIVEPUSH_HOST) is empty: give the address to listen on, e.g. 127.0.0.1, "
                               "or 0.0.0.0 for every interface")
+        try:
+            # What the resolver is handed (socket and uvloop both encode the name so): an empty or
+            # over-long label fails there with a UnicodeError, a traceback rather than this line.
+            self.host.encode("idna")
+        except UnicodeError as exc:
+            reason = exc.__cause__ or exc.__context__ or exc
+            raise ConfigError(f"--host (or LIVEPUSH_HOST) {self.host[:100]!r} is not a host name ({reason}): give "
+                              "an address to listen on, e.g. 127.0.0.1, or 0.0.0.0 for every interface") from None
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"LIVEPUSH_PORT={self.port} (or --port) is out of range: use a port from 0 to 65535")
         if not MIN_HISTORY_TTL <= self.history_ttl <= MAX_HISTORY_TTL:

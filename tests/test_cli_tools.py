@@ -453,3 +453,20 @@ def test_a_socket_that_cannot_listen_names_only_settings_its_command_takes(procs
     sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
     takes = {flag for action in sub.choices[argv[0]]._actions for flag in action.option_strings}
     assert set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", err)) <= takes, err
+
+
+@pytest.mark.parametrize("argv,host,named", [
+    (["serve", "--host", "a..b"], None, "--host"),
+    (["serve"], "a..b", "LIVEPUSH_HOST"),
+    (["serve", "--workers", "2"], "\u00e9" * 64, "LIVEPUSH_HOST"),
+    (["jobs", "tests.jobs.sample_jobs", "--metrics-port", "0"], ".", "LIVEPUSH_HOST"),
+], ids=["serve-flag", "serve-variable", "workers", "jobs-metrics"])
+def test_a_host_no_resolver_can_take_exits_2_naming_it(procs, livepush_env, pg_url: str, argv: list[str],
+                                                       host: str | None, named: str) -> None:
+    """A listen address that is not a host name at all (an empty label, a label past 63 characters)
+    exits 2 with one line naming the setting, as a host that does not resolve does, not with the
+    resolver's UnicodeError traceback."""
+    child = procs.livepush(*argv, env=livepush_env(database_url=pg_url, host=host), wait_healthy=False)
+    assert child.wait(60) == 2, child.output()
+    err = child.stderr()
+    assert "Traceback" not in err and named in err, err
