@@ -497,6 +497,12 @@ def load_app(spec: str) -> App:
     except Exception as exc:
         raise ConfigError(f"--app {spec!r}: importing {module_name!r} failed ({where_raised(exc)}): "
                           f"{what_raised(exc)}") from exc
+    except SystemExit as exc:
+        # A script's code left at module level (sys.exit(), argparse reading serve's arguments):
+        # it ended the server as it said, sys.exit(0) with status 0, as if it had stopped cleanly.
+        raise ConfigError(f"--app {spec!r}: {module_name!r} exited at import ({where_raised(exc, top_level=True)}): "
+                          f"sys.exit({exc.code!r}); the server imports it, so it must not exit: move that code "
+                          "under `if __name__ == \"__main__\":`") from exc
     obj: Any = module
     for name in attr_path.split("."):
         if not hasattr(obj, name):

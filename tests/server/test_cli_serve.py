@@ -146,6 +146,24 @@ def test_missing_app_module_exits_2(procs, livepush_env) -> None:
     assert_one_line_no_traceback(child.stderr(), "no_such_module_xyz")
 
 
+@pytest.mark.parametrize("exits", ["sys.exit(0)", "sys.exit(3)",
+                                   "argparse.ArgumentParser().parse_args(['--not-an-option'])"])
+def test_an_app_module_that_exits_at_import_exits_2_naming_its_line(procs, livepush_env, tmp_path,
+                                                                    exits: str) -> None:
+    """An --app module that exits when imported (a script's code left at module level: sys.exit(),
+    argparse reading serve's own arguments) ended the server as it said: sys.exit(0) with status 0
+    and not a word, as after a clean stop, so a supervisor would not restart it. It exits 2 with a
+    line naming the module, its own line (not argparse's) and what to change, as a job module does."""
+    (tmp_path / "exiting_app.py").write_text(f"import argparse\nimport sys\n\n{exits}\n")
+    env = livepush_env()
+    child = procs.start([sys.executable, "-m", "livepush", "serve", "--app", "exiting_app:app"], env=env,
+                        cwd=tmp_path, name="livepush serve --app exiting_app:app")
+    assert child.wait(20) == 2, child.output()
+    err = child.stderr().strip().splitlines()
+    assert "Traceback" not in child.output(), child.output()
+    assert "'exiting_app'" in err[-1] and "(exiting_app.py:4)" in err[-1] and "__main__" in err[-1], err
+
+
 def test_unreachable_postgres_exits_1(procs, livepush_env) -> None:
     """A database that cannot be reached at boot exits 1 naming LIVEPUSH_DATABASE_URL."""
     url = f"postgresql://postgres@127.0.0.1:{free_port()}/nope"
