@@ -161,6 +161,17 @@ def test_migrate_with_an_empty_runtime_role_exits_2_naming_the_flag(pg_url: str,
     assert "--runtime-role is empty" in err and "Traceback" not in err, err
 
 
+def test_migrate_with_a_runtime_role_that_is_not_text_exits_2_naming_the_flag(pg_url: str, procs,
+                                                                              livepush_env) -> None:
+    """`--runtime-role` holding bytes that are not UTF-8 (a role name read from a file in another
+    encoding) exits 2 with one line naming the flag, not with the driver's UnicodeEncodeError
+    traceback and exit 1, as if the database were down."""
+    child = procs.livepush("migrate", "--runtime-role", "r\udcffle", env=livepush_env(database_url=pg_url))
+    assert child.wait(30) == 2, child.output()
+    err = child.stderr()
+    assert "--runtime-role" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_a_second_migrate_waits_for_the_first_whatever_lock_timeout_and_statement_timeout_say(
         pg_admin_url: str) -> None:
     """With a lock_timeout and a statement_timeout on the database (a role's or a database's

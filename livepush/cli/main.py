@@ -93,6 +93,7 @@ def _flags_of_this_command(message: str, args: argparse.Namespace) -> str:
 # -- commands ------------------------------------------------------------------------
 def cmd_migrate(args: argparse.Namespace) -> int:
     from .. import migrate
+    from ..postgres.text import unstorable
 
     settings = _settings(args)
     if args.runtime_role is not None and not args.runtime_role.strip():
@@ -100,6 +101,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         # operator to create a role, when what is missing is the variable.
         raise ConfigError("--runtime-role is empty: name the role serve and jobs log in as, e.g. --runtime-role "
                           "app_runtime, or leave the flag out to grant nothing")
+    wrong = unstorable(args.runtime_role) if args.runtime_role is not None else None
+    if wrong is not None:
+        # A name read from a file in another encoding: the driver would fail to send it, with a
+        # traceback, after the migrations ran (and were rolled back with the grants).
+        raise ConfigError(f"--runtime-role {args.runtime_role!r} holds {wrong}, which no role name can: "
+                          "give the role's name as Postgres knows it (\\du in psql lists them)")
     applied = migrate.migrate(settings.require_database(), runtime_role=args.runtime_role)
     for m in applied:
         print(f"applied {m.version:04d}_{m.name}")
