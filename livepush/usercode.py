@@ -1,12 +1,26 @@
 """Where a user's own module failed at import, for the one line `serve --app` and `livepush jobs`
-print instead of a traceback."""
+print instead of a traceback; and the folder those modules are looked for in."""
 
 from __future__ import annotations
 
 import os
 import traceback
 
+from .errors import ConfigError
+
 _OURS = os.path.dirname(os.path.abspath(__file__))
+
+
+def current_folder() -> str:
+    """The current folder, where `--app`, `--with-jobs` and `livepush jobs` modules are looked for
+    (and the demo keeps its data). A shell can stand in a folder a deploy has since removed: the
+    command then says so in one line, where os.getcwd() would end it with a traceback."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise ConfigError("the current folder has been removed (a release folder deleted since the shell entered "
+                          "it, say), and livepush looks for your modules there (the demo keeps its data there): cd "
+                          "into your project's folder and run the command again") from None
 
 
 def where_raised(exc: BaseException, *, top_level: bool = False) -> str:

@@ -470,3 +470,40 @@ def test_a_host_no_resolver_can_take_exits_2_naming_it(procs, livepush_env, pg_u
     assert child.wait(60) == 2, child.output()
     err = child.stderr()
     assert "Traceback" not in err and named in err, err
+
+
+def _in_a_removed_folder(procs, folder: Path, argv: list[str], env: dict[str, str], port: int | None = None) -> Any:
+    """`livepush ARGV` run from `folder` after it was removed, as from a shell still standing in a
+    release folder a deploy deleted."""
+    folder.mkdir()
+    return procs.start(["sh", "-c", 'cd "$1" && rmdir "$1" && shift && exec "$@"', "sh", str(folder),
+                        sys.executable, "-m", "livepush", *argv], env=env, port=port,
+                       name=f"livepush {' '.join(argv)} (cwd gone)")
+
+
+@pytest.mark.parametrize("argv", [["jobs", "tests.jobs.sample_jobs"], ["serve", "--app", "myapp:app"],
+                                  ["serve", "--with-jobs", "tests.jobs.sample_jobs"], ["demo"]],
+                         ids=["jobs", "serve-app", "serve-with-jobs", "demo"])
+def test_a_command_run_from_a_removed_folder_exits_2_saying_so(procs, livepush_env, pg_url, tmp_path,
+                                                               argv: list[str]) -> None:
+    """Where modules are looked for (or the demo keeps its data) is the current folder: once it is
+    removed, the command exits 2 with one line saying so, not a FileNotFoundError traceback."""
+    env = livepush_env(database_url=pg_url)
+    if argv == ["demo"]:
+        env.pop("LIVEPUSH_SECRET")  # the demo then keeps the one it makes in its folder
+    child = _in_a_removed_folder(procs, tmp_path / "release", argv, env)
+    assert child.wait(60) == 2, child.output()
+    err = child.stderr()
+    assert "Traceback" not in err and "current folder" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_without_modules_to_import_serves_from_a_removed_folder(procs, livepush_env, pg_url, tmp_path,
+                                                                      workers: str) -> None:
+    """`livepush serve` imports nothing from the current folder unless --app or --with-jobs asks:
+    run from a folder since removed, it serves, and stops cleanly."""
+    env = livepush_env(database_url=pg_url)
+    child = _in_a_removed_folder(procs, tmp_path / "release", ["serve", "--workers", workers], env,
+                                 port=int(env["LIVEPUSH_PORT"]))
+    child.wait_healthy()
+    assert child.stop(15) == 0, child.output()

@@ -15,6 +15,7 @@ from ..config import Settings, read_number
 from ..errors import ConfigError
 from ..jobs import database
 from ..jobs.api.status import arefresh_metrics
+from ..usercode import current_folder
 from . import flags
 
 log = logging.getLogger("livepush.jobs")
@@ -58,8 +59,9 @@ def modules_of(text: str) -> list[str]:
 def importable_from_cwd() -> None:
     """Make modules in the current directory importable, as `python -m` would: the console
     script's own path is its bin folder, not the project a user runs it from."""
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    cwd = current_folder()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
 
 
 def load(args: argparse.Namespace) -> None:

@@ -164,7 +164,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Before the modules load, as `livepush jobs` does: one that calls logging.basicConfig() at its
     # top would otherwise own the root logger, and --log-format and the scrubbing would be lost.
     logs.setup(args.log_format, worker=index)
-    importable_from_cwd()  # --with-jobs modules, as `livepush jobs` finds them
+    if args.app or args.with_jobs:
+        # Only then: a server with no module of the project's imports nothing from the current
+        # folder, so one started from a folder since removed serves all the same.
+        importable_from_cwd()  # --with-jobs modules, as `livepush jobs` finds them
     app = None
     if args.app:
         from ..sessions.rules import load_app

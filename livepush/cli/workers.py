@@ -150,7 +150,11 @@ def _interpreter_options() -> list[str]:
     same (importable_from_cwd). Without it only when livepush itself is found there: run from its
     own checkout, where that folder holds livepush and nothing else to mistake."""
     package_root = Path(__file__).resolve().parents[2]
-    return [] if package_root == Path.cwd().resolve() else ["-P"]
+    try:
+        here = Path.cwd().resolve()
+    except FileNotFoundError:
+        return ["-P"]  # a removed folder holds no livepush, and `python -m` could not add it
+    return [] if package_root == here else ["-P"]
 
 
 def supervise(count: int, argv: Sequence[str], settings: Settings) -> int:

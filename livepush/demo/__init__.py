@@ -36,6 +36,7 @@ from ..postgres.urls import redact
 from ..server import http
 from ..server.core import OPEN_TIMEOUT
 from ..server.run import host_port, serve
+from ..usercode import current_folder
 from ..sessions.handshake import header_values, origin_allowed
 from . import durable, workflow
 
@@ -333,7 +334,7 @@ def _data_folder() -> Path:
     write in it: the embedded Postgres' data and the generated secret go there. A folder the user
     cannot write (a checkout of someone else's, a read-only mount) would otherwise end the demo
     with a traceback from deep inside its start."""
-    folder = Path(os.path.abspath(".livepush"))
+    folder = Path(current_folder(), ".livepush")
     try:
         folder.mkdir(exist_ok=True)
         # mkdir accepts a folder that exists: only writing in it shows that this user may.

@@ -37,7 +37,6 @@ import importlib
 import inspect
 import logging
 import math
-import os
 import re
 import sys
 import threading
@@ -48,7 +47,7 @@ from typing import Any, TypeAlias
 from ..errors import ArgumentTypeError, ArgumentValueError, ConfigError
 from .tokens import Session
 from ..topics import MAX_TOPIC_LENGTH, RESERVED_PREFIX, TOPIC_RE
-from ..usercode import what_raised, where_raised
+from ..usercode import current_folder, what_raised, where_raised
 
 log = logging.getLogger("livepush.rules")
 
@@ -481,7 +480,7 @@ def load_app(spec: str) -> App:
     module_name, attr_path = (part.strip() for part in spec.split(":"))
     if not module_name or not attr_path:
         raise ConfigError(f"--app {spec!r}: expected MODULE:ATTR, e.g. --app myapp.push:app")
-    cwd = os.getcwd()
+    cwd = current_folder()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
     try:
