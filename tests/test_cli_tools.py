@@ -507,3 +507,28 @@ def test_serve_without_modules_to_import_serves_from_a_removed_folder(procs, liv
                                  port=int(env["LIVEPUSH_PORT"]))
     child.wait_healthy()
     assert child.stop(15) == 0, child.output()
+
+
+@pytest.mark.parametrize("argv,dest,joined", [
+    (["jobs", "m", "--queues", "default", "--queues", "emails,reports"], "queues", "default,emails,reports"),
+    (["serve", "--with-jobs", "myapp.jobs", "--with-jobs", "billing.jobs"], "with_jobs", "myapp.jobs,billing.jobs"),
+])
+def test_a_list_flag_given_twice_keeps_every_value(argv: list[str], dest: str, joined: str) -> None:
+    """`--queues default --queues emails` serves both queues, as `--queues default,emails` does:
+    argparse keeps the last alone, and the runtime left the first queue's jobs to pile up unserved
+    without a word."""
+    from livepush.cli.main import build_parser
+
+    assert getattr(build_parser().parse_args(argv), dest) == joined
+
+
+def test_app_given_twice_exits_2_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """A server has one App: `--app a:app --app b:app` exits 2 rather than serve under the last one's
+    topic rules with the first's silently dropped."""
+    from livepush.cli.main import build_parser
+
+    with pytest.raises(SystemExit) as raised:
+        build_parser().parse_args(["serve", "--app", "base.push:app", "--app", "other.push:app"])
+    assert raised.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --app" in err and "once" in err, err

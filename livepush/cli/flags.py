@@ -33,3 +33,26 @@ def positive_seconds(text: str) -> float:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"takes a positive number of seconds (e.g. 3600), got {text!r:.40}")
     return value
+
+
+class Joined(argparse.Action):
+    """A comma-separated list flag (`--queues`, `--with-jobs`) that may be given more than once:
+    `--queues a --queues b` is `--queues a,b`. argparse would keep the last alone, and the rest
+    would go unserved without a word."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        before = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, values if before is None else f"{before},{values}")
+
+
+class Once(argparse.Action):
+    """A flag only one value can answer (`--app`: a server has one App): a second is refused, where
+    argparse would keep it and silently drop the first."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if getattr(namespace, self.dest, None) is not None:
+            raise argparse.ArgumentError(self, f"given more than once ({getattr(namespace, self.dest)!r:.80}, then "
+                                               f"{values!r:.80}): give it once")
+        setattr(namespace, self.dest, values)

@@ -24,8 +24,9 @@ log = logging.getLogger("livepush.jobs")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("modules", metavar="MODULE[,MODULE...]",
                         help="modules that define the job functions, comma-separated")
-    parser.add_argument("--queues", default=None, metavar="QUEUE[,QUEUE...]",
-                        help="queues to run, in the order they are served (default: every queue the modules use)")
+    parser.add_argument("--queues", default=None, metavar="QUEUE[,QUEUE...]", action=flags.Joined,
+                        help="queues to run, in the order they are served (default: every queue the modules use; "
+                             "the flag may be repeated)")
     parser.add_argument("--concurrency", type=flags.whole_number, metavar="N", default=10,
                         help="jobs run at once, from 1 to 100000 (default 10)")
     parser.add_argument("--shutdown-timeout", type=flags.seconds, metavar="S", default=30.0,

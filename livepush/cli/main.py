@@ -282,8 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fanout", choices=config.FANOUTS, type=str.lower,
                    help="LIVEPUSH_FANOUT (default postgres with a database URL, else local)")
     p.add_argument("--authenticate", choices=config.AUTH_MODES, type=str.lower, help="LIVEPUSH_AUTHENTICATE (default optional)")
-    p.add_argument("--app", metavar="MODULE:ATTR", help="your livepush.App (topic rules, hooks)")
-    p.add_argument("--with-jobs", metavar="MODULE", help="also run the job runtime for these job modules")
+    p.add_argument("--app", metavar="MODULE:ATTR", action=flags.Once, help="your livepush.App (topic rules, hooks)")
+    p.add_argument("--with-jobs", metavar="MODULE[,MODULE...]", action=flags.Joined,
+                   help="also run the job runtime for these job modules (the flag may be repeated)")
     _log_format(p)
     p.add_argument("--drain-seconds", type=flags.seconds, metavar="S",
                    help="on SIGTERM, close connections in batches over S seconds "
