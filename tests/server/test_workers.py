@@ -553,6 +553,7 @@ _GATED_WORKER = (
     "import os, signal, sys\n"
     "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
     "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1, signal.SIGTERM])\n"
+    "open(sys.argv[2], 'w').close()\n"
     "if signal.sigwait([signal.SIGUSR1, signal.SIGTERM]) == signal.SIGTERM: sys.exit(0)\n"
     "signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])\n"
     "os.write(int(sys.argv[1]), {ready!r}); os.close(int(sys.argv[1]))\n"
@@ -560,12 +561,17 @@ _GATED_WORKER = (
 ).format(ready=READY_LINE)
 
 
-async def test_a_worker_that_served_and_dies_while_the_others_boot_is_restarted() -> None:
+async def test_a_worker_that_served_and_dies_while_the_others_boot_is_restarted(tmp_path: Path) -> None:
     """Only a worker that exits before it serves is a boot failure that stops the supervisor.
     Worker 1, which served, dying while worker 2 still boots is started again as any worker
     that served, and the supervisor goes on to serve with both."""
+    # Made by worker 2 once SIGUSR1 is blocked: sent before, its default action kills the worker.
+    waiting = tmp_path / "worker-2-waits"
+
     def command(index: int, fd: int) -> list[str]:
-        return [sys.executable, "-c", _FAKE_WORKER if index == 1 else _GATED_WORKER, str(fd)]
+        if index == 1:
+            return [sys.executable, "-c", _FAKE_WORKER, str(fd)]
+        return [sys.executable, "-c", _GATED_WORKER, str(fd), str(waiting)]
 
     supervisor = Supervisor(2, command, policy=RestartPolicy(first_delay=0.01, max_delay=0.05))
     served: list[list[int]] = []
@@ -579,6 +585,7 @@ async def test_a_worker_that_served_and_dies_while_the_others_boot_is_restarted(
     await async_wait_for(lambda: run.done() or (first.ready.is_set() and first.process.pid != killed), timeout=10,
                          message="worker 1 started again and serving")
     assert not run.done(), f"the supervisor stopped with {run.result()}"
+    await async_wait_for(waiting.exists, timeout=BOOT, message="worker 2 waiting for its signal to serve")
     os.kill(second.process.pid, signal.SIGUSR1)  # worker 2 serves now
     await async_wait_for(lambda: served, timeout=10, message="both workers serving")
     assert len(served[0]) == 2 and killed not in served[0]
