@@ -249,8 +249,10 @@ def test_a_runtimes_loops_say_each_failure_at_most_once_a_minute_while_the_datab
     """A database that refuses every write at once (a standby not yet promoted) fails each of the
     runtime's loops several times a second: each kind of failure is one line, not hundreds a
     minute that hide the line that matters; the runtime runs on."""
+    # --retention 3: housekeeping prunes every 0.3 s (a tenth of it), so it writes, and fails, at
+    # each round; at a week's retention it prunes once a minute, maybe only before the switch.
     child = procs.livepush("jobs", "tests.jobs.sample_jobs", "--heartbeat", "0.3", "--poll-interval", "0.05",
-                           env=livepush_env(database_url=pg_url), wait_healthy=False)
+                           "--retention", "3", env=livepush_env(database_url=pg_url), wait_healthy=False)
     registered(pg_url, child)
     _sessions_read_only(pg_admin_url, pg_url, True)
     try:
