@@ -347,7 +347,6 @@ class Runtime:
         # Whether a claim is under way, and the ids cancel requests named meanwhile that were not
         # in hand: a job the claim took can be cancelled, and its notification heard, before the
         # claim's reply comes back. Checked again once the claim's jobs have started.
-        self._claiming = False
         self._claim_returned = asyncio.Event()  # set while no claim is under way
         self._claim_returned.set()
         self._heard_while_claiming: set[int] = set()
@@ -707,7 +706,7 @@ class Runtime:
 
     def _on_cancel_ring(self, payload: str) -> None:
         ids = parse_ids(payload, queries.CANCEL_CHANNEL)
-        if self._claiming:
+        if not self._claim_returned.is_set():
             self._heard_while_claiming.update(i for i in ids if i not in self.in_hand)
         self._check_cancels([i for i in ids if i in self.in_hand])
 
@@ -743,7 +742,7 @@ class Runtime:
     def _cancel_local(self, job_id: int) -> None:
         entry = self.in_hand.get(job_id)
         if entry is None:
-            if self._claiming:  # confirmed before the claim that took it returned: see _claim
+            if not self._claim_returned.is_set():  # confirmed before the claim that took it returned: see _claim
                 self._heard_while_claiming.add(job_id)
             return
         if entry.ctx.cancel_requested:
@@ -830,12 +829,10 @@ class Runtime:
     async def _claim(self, free: int) -> int:
         """Claim up to `free` jobs and start them; how many were claimed. The cancels heard while
         it ran, of jobs not then in hand, are checked once its jobs have started."""
-        self._claiming = True
         self._claim_returned.clear()
         try:
             return await self._claim_starting(free)
         finally:
-            self._claiming = False
             self._claim_returned.set()
             heard, self._heard_while_claiming = self._heard_while_claiming, set()
             if not self._closing.is_set():  # no new side task once _close() is stopping them
