@@ -355,7 +355,9 @@ async def test_get_shows_a_run_whose_outputs_are_huge(flows_db: str) -> None:
 async def test_a_step_reads_outputs_that_together_are_huge(flows_db: str) -> None:
     """ctx.outputs holds each earlier step's output whole, also when they together pass what one
     jsonb value holds (255 MiB): the step after them runs."""
-    async with running():
+    # Decoding 280 MB holds the runtime's loop for seconds on a busy machine: a heartbeat of a few
+    # seconds keeps it from being taken for dead meanwhile, as docs/workflows.md advises.
+    async with running(heartbeat=5.0):
         run = await wd.two_outputs.astart()
         await run_state(run.id, "waiting")
         q(flows_db, "UPDATE livepush_workflow_steps SET output = to_jsonb(repeat('x', 140000000)) "
