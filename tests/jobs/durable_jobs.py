@@ -179,12 +179,15 @@ async def child_then_step(ctx: Any, flag: str) -> Any:
 @jobs.job(name="d.redeployed_children", max_attempts=3, backoff=lambda attempt: 0.0)
 async def redeployed_children(ctx: Any, flag: str, change: str) -> Any:
     """Its children call, as deployed before and after durable_inputs has `flag` (a redeploy that
-    changed the call a parked run made): `change` "names" asks for another job, "count" for two."""
+    changed the call a parked run made): `change` "names" asks for another job, "count" for two.
+    Its children go to "elsewhere" by name: a child's queue is its parent's unless the request
+    names one, and one run at once would leave the parent parked too briefly to be seen."""
     if await flag_value(flag) is None:
-        return await ctx.run_children([child_elsewhere.request("a")])
+        return await ctx.run_children([child_elsewhere.request("a", queue="elsewhere")])
     if change == "names":
-        return await ctx.run_children([child.request("a")])
-    return await ctx.run_children([child_elsewhere.request("a"), child_elsewhere.request("b")])
+        return await ctx.run_children([child.request("a", queue="elsewhere")])
+    return await ctx.run_children([child_elsewhere.request("a", queue="elsewhere"),
+                                   child_elsewhere.request("b", queue="elsewhere")])
 
 
 @jobs.job(name="d.parent_queues", max_attempts=1)
