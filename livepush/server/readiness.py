@@ -69,6 +69,7 @@ class Canary:
     answered_once: bool = False
 
     def sent(self, at: float) -> list[object]:
+        self._gauge_wait(at)
         entry: list[object] = [at, None]
         self.unanswered.append(entry)
         if len(self.unanswered) > 64:  # keep the oldest: it says how long the path has been broken
@@ -98,7 +99,17 @@ class Canary:
         if self.gauged:
             metrics.CANARY_SECONDS.set(self.round_trip)
 
+    def _gauge_wait(self, now: float) -> None:
+        """While the oldest canary has waited longer than the last trip took, the gauge shows that
+        wait: its trip is at least that long. Through an outage the gauge rises, instead of
+        showing the last good trip until the path works again."""
+        if self.gauged and self.unanswered:
+            waited = now - float(self.unanswered[0][0])  # type: ignore[arg-type]
+            if waited > (self.round_trip or 0.0):
+                metrics.CANARY_SECONDS.set(waited)
+
     def check(self, now: float) -> tuple[bool, dict[str, object]]:
+        self._gauge_wait(now)
         oldest = float(self.unanswered[0][0]) if self.unanswered else None  # type: ignore[arg-type]
         late = oldest is not None and now - oldest >= self.bound
         ok = self.answered_once and not late

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from livepush import metrics
 from livepush.config import set_settings
 from livepush.fanout.local import LocalFanOut
 from livepush.server.app import PushServer
@@ -61,6 +62,37 @@ def test_a_canary_not_back_within_the_bound_makes_it_unready_and_a_later_one_hea
     canary.on_heard("1-4", 10.1)  # answers the lost one and the failed one too
     assert canary.check(10.2)[0] is True
     assert failed not in canary.unanswered
+
+
+def test_the_round_trip_gauge_rises_while_a_canary_is_late_instead_of_keeping_the_last_good_trip() -> None:
+    def gauge() -> float | None:
+        return metrics.REGISTRY.get_sample_value("livepush_canary_round_trip_seconds")
+
+    canary = Canary(bound=5.0)
+    first = canary.sent(0.0)
+    canary.published(first, "1-1")
+    canary.on_heard("1-1", 0.01)
+    assert gauge() == pytest.approx(0.01)
+    lost = canary.sent(2.0)
+    canary.published(lost, "1-2")
+    canary.sent(4.0)  # the loop's next round: the lost one has waited 2 s so far
+    assert gauge() == pytest.approx(2.0)
+    canary.check(9.0)  # a probe of /readyz
+    assert gauge() == pytest.approx(7.0)
+    later = canary.sent(10.0)
+    canary.published(later, "1-4")
+    canary.on_heard("1-4", 10.05)  # the path works again: the gauge shows this trip
+    assert gauge() == pytest.approx(0.05)
+    canary.check(11.0)
+    assert gauge() == pytest.approx(0.05)
+
+
+def test_a_state_rings_canary_leaves_the_fan_outs_gauge_alone() -> None:
+    metrics.CANARY_SECONDS.set(0.5)
+    ring = Canary(bound=5.0, gauged=False)
+    ring.sent(0.0)
+    ring.check(30.0)
+    assert metrics.REGISTRY.get_sample_value("livepush_canary_round_trip_seconds") == 0.5
 
 
 def test_another_servers_canaries_are_not_ours() -> None:
