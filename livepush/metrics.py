@@ -161,7 +161,7 @@ class _DatabaseGauges(Collector):
     pin a backlog alert on, or hold the alert on no runtime alive off, for as long as it cannot."""
 
     def __init__(self) -> None:
-        self.queues: dict[str, tuple[int, float]] = {}
+        self.queues: dict[str, tuple[int, float, bool]] = {}
         self.runtimes_alive: int | None = None
 
     def forget(self) -> None:
@@ -173,13 +173,16 @@ class _DatabaseGauges(Collector):
         oldest = GaugeMetricFamily("livepush_queue_oldest_age_seconds",
                                    "Seconds the oldest available job of the queue has been due (0 when none is).",
                                    labels=["queue"])
-        for queue, (count, age) in self.queues.items():
+        paused = GaugeMetricFamily("livepush_queue_paused", "1 while the queue is paused (jobs.pause_queue), else 0.",
+                                   labels=["queue"])
+        for queue, (count, age, is_paused) in self.queues.items():
             depth.add_metric([queue], count)
             oldest.add_metric([queue], age)
+            paused.add_metric([queue], 1 if is_paused else 0)
         alive = GaugeMetricFamily("livepush_runtimes_alive", "Job runtimes registered and beating.")
         if self.runtimes_alive is not None:
             alive.add_metric([], self.runtimes_alive)
-        return [depth, oldest, alive]
+        return [depth, oldest, paused, alive]
 
 
 DATABASE_GAUGES = _DatabaseGauges()
@@ -266,9 +269,11 @@ def _refresh_done(key: int, future: asyncio.Future[None]) -> None:
                         future.exception())
 
 
-def set_queue_gauges(depths: dict[str, tuple[int, float | None]], runtimes_alive: int) -> None:
-    """Replace the per-queue gauges: a queue gone from the database disappears from the scrape."""
-    DATABASE_GAUGES.queues = {queue: (depth, oldest or 0.0) for queue, (depth, oldest) in depths.items()}
+def set_queue_gauges(queues: dict[str, tuple[int, float | None, bool]], runtimes_alive: int) -> None:
+    """Replace the per-queue gauges (depth, oldest age, paused): a queue gone from the database
+    disappears from the scrape."""
+    DATABASE_GAUGES.queues = {queue: (depth, oldest or 0.0, paused)
+                              for queue, (depth, oldest, paused) in queues.items()}
     DATABASE_GAUGES.runtimes_alive = runtimes_alive
 
 

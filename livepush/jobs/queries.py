@@ -821,12 +821,12 @@ LIMIT %(limit)s
 """
 
 # name: queue_gauges
-# A plain read for /metrics: per queue, jobs available now and the oldest one's age. Reads only
-# the three claim indexes' rows (state 'available': plain, limited, and workflow steps'), so a
-# scrape costs what the backlog is, never the table; queues a registered runtime serves show as 0
-# when empty.
+# A plain read for /metrics: per queue, jobs available now, the oldest one's age, and whether the
+# queue is paused (its backlog then grows on purpose). Reads only the three claim indexes' rows
+# (state 'available': plain, limited, and workflow steps'), so a scrape costs what the backlog
+# is, never the table; queues a registered runtime serves, and paused ones, show as 0 when empty.
 QUEUE_GAUGES = """
-SELECT queue, coalesce(c.depth, 0)::int AS depth, c.oldest_age
+SELECT queue, coalesce(c.depth, 0)::int AS depth, c.oldest_age, p.queue IS NOT NULL AS paused
 FROM (SELECT DISTINCT unnest(queues) AS queue FROM livepush_job_runtimes) q
 FULL JOIN (
     SELECT queue, count(*) AS depth, greatest(extract(epoch FROM now() - min(run_at)), 0)::float8 AS oldest_age
@@ -838,6 +838,7 @@ FULL JOIN (
           WHERE state = 'available' AND workflow_id IS NOT NULL AND NOT limited) a
     GROUP BY queue
 ) c USING (queue)
+FULL JOIN livepush_paused_queues p USING (queue)
 """
 
 # name: runtimes_alive

@@ -197,3 +197,25 @@ async def test_database_gauges_a_process_cannot_read_leave_its_scrape_until_it_r
         q(jobs_db, "ALTER TABLE livepush_job_runtimes_away RENAME TO livepush_job_runtimes")
     again = await gauges()
     assert again["livepush_runtimes_alive", ()] == 1 and again["livepush_queue_depth", (("queue", "second"),)] == 1
+
+
+async def test_a_paused_queue_is_marked_so_that_the_backlog_alert_can_leave_it_out(
+        jobs_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queue paused on purpose grows a backlog: livepush_queue_paused says so (1), which the
+    documented backlog alert leaves out; a queue paused with nothing in it is listed too, and a
+    resumed one shows 0."""
+    monkeypatch.setattr(metrics, "REFRESH_EVERY", 0.0)  # every scrape reads
+    sample_jobs.other_queue.enqueue(1)  # on "second", which nobody serves
+    assert await jobs.apause_queue("second") and await jobs.apause_queue("quiet")
+
+    async def gauges() -> dict[tuple[str, str], float]:
+        text = (await metrics.render([arefresh_metrics])).decode()
+        return {(s.name, s.labels["queue"]): s.value for family in text_string_to_metric_families(text)
+                for s in family.samples if s.name in ("livepush_queue_paused", "livepush_queue_depth")}
+
+    read = await gauges()
+    assert read["livepush_queue_paused", "second"] == 1 and read["livepush_queue_depth", "second"] == 1
+    assert read["livepush_queue_paused", "quiet"] == 1 and read["livepush_queue_depth", "quiet"] == 0
+    assert await jobs.aresume_queue("second")
+    again = await gauges()
+    assert again["livepush_queue_paused", "second"] == 0 and again["livepush_queue_depth", "second"] == 1

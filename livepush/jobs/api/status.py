@@ -203,7 +203,7 @@ async def astatus(limit: int = DEFAULT_LIMIT) -> Status:
 def _gauges() -> steps.Steps[None]:
     queue_rows = yield steps.Query(queries.QUEUE_GAUGES, {})
     alive = (yield steps.Query(queries.RUNTIMES_ALIVE, {}))[0]["alive"]
-    metrics.set_queue_gauges({r["queue"]: (r["depth"], r["oldest_age"]) for r in queue_rows}, alive)
+    metrics.set_queue_gauges({r["queue"]: (r["depth"], r["oldest_age"], r["paused"]) for r in queue_rows}, alive)
 
 
 async def arefresh_metrics() -> None:
