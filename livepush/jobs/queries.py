@@ -255,6 +255,42 @@ UPDATE livepush_jobs SET limited = false
 WHERE limited AND name = ANY(%(names)s::text[]) AND state IN ('available', 'scheduled', 'waiting')
 """
 
+# name: limited_before
+# Under LOCK_LIMITS, before SET_LIMITS: which of the starting runtime's limited names already had
+# limits. The others gain them with this start, and their unfinished jobs, enqueued without the
+# mark, are marked (UNMARKED_JOBS, MARK_LIMITED). Starts take turns on the lock, so two never
+# both see a name as new.
+LIMITED_BEFORE = """
+SELECT name FROM livepush_job_limits
+WHERE name = ANY(%(names)s::text[]) AND (max_running IS NOT NULL OR rate IS NOT NULL)
+"""
+
+# name: unmarked_jobs
+# The unfinished jobs of names that just gained limits and were enqueued without the mark, in id
+# order from `after`, a page at a time: their concurrency keys come from their arguments, which
+# only the function's definition (Python) can read. Rare (a deploy that adds a limit), so a scan
+# is acceptable, as for UNFLAG_LIMITED. Workflow steps are never limited.
+UNMARKED_JOBS = """
+SELECT j.id, j.name, j.version, p.args
+FROM livepush_jobs j JOIN livepush_job_payloads p USING (id)
+WHERE j.name = ANY(%(names)s::text[]) AND NOT j.limited AND j.workflow_id IS NULL
+  AND j.state IN ('available', 'scheduled', 'waiting', 'running') AND j.id > %(after)s
+ORDER BY j.id
+LIMIT %(page)s
+"""
+
+# name: mark_limited
+# Marks them, with their keys: the limited claim takes them from now on, and a running one counts
+# in its key's slots until it ends (a retry comes back marked). Safe beside a claim or an outcome
+# of the same job: the row lock orders them, and the version check skips a job that changed after
+# it was read (a debounce that replaced its arguments, a claim, an end), as does the state check.
+MARK_LIMITED = """
+UPDATE livepush_jobs j SET limited = true, concurrency_key = u.key
+FROM unnest(%(ids)s::bigint[], %(versions)s::bigint[], %(keys)s::text[]) AS u(id, version, key)
+WHERE j.id = u.id AND j.version = u.version AND NOT j.limited
+  AND j.state IN ('available', 'scheduled', 'waiting', 'running')
+"""
+
 # name: limited_names
 # The names that take the limited claim, rows without limits too (`dropped`), as a plain read;
 # each runtime re-reads it every beat.

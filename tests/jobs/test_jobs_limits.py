@@ -305,6 +305,36 @@ def test_jobs_of_a_definition_that_dropped_its_limits_still_run(limits_db: str) 
         [(None, None)]
 
 
+def test_jobs_enqueued_before_their_function_gained_a_limit_are_held_to_it(
+        limits_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A deploy that adds a limit holds the jobs already enqueued to it too: the first runtime that
+    starts with the new definition marks the waiting, scheduled and running ones with their
+    concurrency keys, so they take the limited claim (a running one fills its key's slot) instead
+    of running past the limit. One whose arguments lack the key is named in the log."""
+    async def gaining(ctx: Any, *rest: Any) -> None: ...
+
+    before = jobs.job(name="t.gaining")(gaining)
+    waiting = [h.id for h in jobs.enqueue_many([before.request(t) for t in ("a", "a", "b")])]
+    later = before.enqueue("c", wait=3600)
+    running_one = before.enqueue("d")
+    q(limits_db, "UPDATE livepush_jobs SET state = 'running', attempt = 1, lease = 1 WHERE id = %s", (running_one.id,))
+    keyless = before.enqueue()
+
+    async def gaining(ctx: Any, tenant: str) -> None: ...  # type: ignore[no-redef]
+
+    jobs.job(name="t.gaining", concurrency=("tenant", 1))(gaining)  # redeployed with a limit
+    with caplog.at_level("INFO", logger="livepush.jobs"):
+        assert jobs.drain(max_jobs=0) == {}  # a runtime with the new definition started
+    assert q(limits_db, "SELECT id, limited, concurrency_key FROM livepush_jobs ORDER BY id") == [
+        (waiting[0], True, '"a"'), (waiting[1], True, '"a"'), (waiting[2], True, '"b"'),
+        (later.id, True, '"c"'), (running_one.id, True, '"d"'), (keyless.id, False, None)]
+    assert "1 unfinished jobs have no value for the concurrency key" in caplog.text
+    # A second start finds the name limited already and reads no backlog again.
+    q(limits_db, "UPDATE livepush_jobs SET limited = false, concurrency_key = NULL WHERE id = %s", (waiting[2],))
+    assert jobs.drain(max_jobs=0) == {}
+    assert q(limits_db, "SELECT limited FROM livepush_jobs WHERE id = %s", (waiting[2],)) == [(False,)]
+
+
 def test_jobs_marked_limited_after_the_limits_were_dropped_still_run(limits_db: str) -> None:
     """During a rolling deploy that removes a limit, a process still running the old definition
     enqueues jobs marked for the limited claim, and a job that was running under the limit may

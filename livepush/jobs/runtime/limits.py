@@ -11,7 +11,9 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from .. import queries
+from ..api.limits import Limits
 from ..api.registry import Registry
+from ..errors import InvalidArgumentsError
 
 log = logging.getLogger("livepush.jobs")
 
@@ -22,6 +24,8 @@ SCAN_EXTRA = 16
 # The shortest wait for the next token: at high rates a runtime claims a batch every 10 ms rather
 # than a job at a time (the bucket's burst, a tenth of a second's tokens, keeps what accrues).
 MIN_TOKEN_WAIT = 0.01
+# Jobs read per page when marking the backlog of a name that gains limits.
+MARK_PAGE = 5000
 
 
 async def store(pool: AsyncConnectionPool, registry: Registry) -> None:
@@ -34,6 +38,9 @@ async def store(pool: AsyncConnectionPool, registry: Registry) -> None:
     async with pool.connection() as conn:
         await conn.execute(queries.LOCK_LIMITS)
         if limited:
+            had = {r[0] for r in await (await conn.execute(
+                queries.LIMITED_BEFORE, {"names": [n for n, _ in limited]})).fetchall()}
+            await _mark_backlog(conn, {n: lim for n, lim in limited if n not in had})
             await conn.execute(queries.SET_LIMITS, {
                 "names": [n for n, _ in limited], "max_running": [lim.max_running for _, lim in limited],
                 "rates": [lim.rate for _, lim in limited], "bursts": [lim.burst for _, lim in limited]})
@@ -43,6 +50,37 @@ async def store(pool: AsyncConnectionPool, registry: Registry) -> None:
             if dropped:
                 log.info("limits removed from %s: their waiting jobs take the plain claim again", ", ".join(dropped))
                 await conn.execute(queries.UNFLAG_LIMITED, {"names": dropped})
+
+
+async def _mark_backlog(conn: psycopg.AsyncConnection, gained: dict[str, Limits]) -> None:
+    """Mark the unfinished jobs of names that gain limits with this start: enqueued before the
+    definition had them, they took the plain claim and ran past the new limits. A job whose
+    arguments give no key (the key's parameter is missing) stays unmarked, said in the log: its
+    run fails on those arguments anyway."""
+    after, marked, unkeyed = 0, 0, 0
+    while gained:
+        rows = await (await conn.execute(queries.UNMARKED_JOBS, {
+            "names": list(gained), "after": after, "page": MARK_PAGE})).fetchall()
+        if not rows:
+            break
+        ids, versions, keys = [], [], []
+        for job_id, name, version, args in rows:
+            try:
+                key = gained[name].key_of(args if isinstance(args, list) else [], name)
+            except InvalidArgumentsError:
+                unkeyed += 1
+                continue
+            ids.append(job_id)
+            versions.append(version)
+            keys.append(key)
+        cur = await conn.execute(queries.MARK_LIMITED, {"ids": ids, "versions": versions, "keys": keys})
+        marked += cur.rowcount
+        after = rows[-1][0]
+    if marked:
+        log.info("limits added to %s: %d unfinished jobs enqueued before take them", ", ".join(sorted(gained)), marked)
+    if unkeyed:
+        log.warning("limits added to %s: %d unfinished jobs have no value for the concurrency key in their "
+                    "arguments and run without the limit", ", ".join(sorted(gained)), unkeyed)
 
 
 async def names(pool: AsyncConnectionPool, registry: Registry) -> tuple[list[str], frozenset[str]]:
