@@ -75,7 +75,10 @@ $$;
 -- available jobs of the name whose key has a free slot, from their own index (state 'available'
 -- AND limited), read without row locks (claims of the name are serialized by the claim lock);
 -- `eligible` keeps each key's first (free slots) of them in claim order, so a full key is
--- skipped, not waited behind. The UPDATE re-checks that each row is still available and
+-- skipped, not waited behind. A chosen row another transaction holds is skipped too (`locked`),
+-- as the plain claim skips it: a caller's transaction left open after a debounce or a cancel
+-- with conn= (a web request's, under ATOMIC_REQUESTS) stopped the runtime's whole claim loop
+-- until it committed. The UPDATE re-checks that each row is still available and
 -- unchanged since this statement read it (its version): a cancel meanwhile leaves it out, and so
 -- does a debounce that gave it new arguments, maybe a new concurrency key (this statement's
 -- count and the arguments it returns are of the old ones); the next claim takes it. The bucket is debited in the same statement. With no token left one
@@ -144,11 +147,14 @@ BEGIN
            OR c.busy + c.nth <= (SELECT max_running FROM lim)
     ), chosen AS (
         SELECT id, version FROM eligible ORDER BY priority, run_at, id LIMIT coalesce((SELECT n FROM room), 0)
+    ), locked AS (
+        SELECT c.id, c.version FROM chosen c JOIN livepush_jobs j ON j.id = c.id
+        FOR NO KEY UPDATE OF j SKIP LOCKED
     ), claimed AS (
         UPDATE livepush_jobs j
         SET state = 'running', attempt = j.attempt + 1, runtime_id = p_runtime_id,
             lease = livepush_job_lease(), version = j.version + 1, event = 'started'
-        FROM chosen WHERE j.id = chosen.id AND j.state = 'available' AND j.version = chosen.version
+        FROM locked WHERE j.id = locked.id AND j.state = 'available' AND j.version = locked.version
         RETURNING j.*
     ), took AS (
         UPDATE livepush_job_limits l SET tokens = lim.tokens - (SELECT count(*) FROM claimed), refilled_at = lim.at
