@@ -115,6 +115,21 @@ async def test_a_refusal_caused_by_a_subject_no_slot_can_hold_is_logged_once_nam
     other.close()
 
 
+@pytest.mark.parametrize(("pattern", "subject", "topic"), [
+    ("{subject}:*", "job", "job:5"), ("{subject}:*", "group", "group:1"), ("{subject}:*", "workflow", "workflow:9"),
+    ("*:{subject}", "5", "job:5"), ("*:{subject}", "12", "workflow:12"),
+])
+def test_a_subject_never_carries_a_rule_into_the_state_topics_it_does_not_name(
+        pattern: str, subject: str, topic: str) -> None:
+    """A {subject} rule reaches job:, group: and workflow: topics only when its pattern names the
+    prefix itself: a user named "job" under {subject}:*, or user 5 under *:{subject}, reads no
+    job's state; the topics the rule was written for still match."""
+    assert not Allow(pattern).allows(Session("s", subject, 9e9), topic)
+    assert Allow("{subject}:*").allows(Session("s", "alice", 9e9), "alice:inbox")
+    assert Allow("*:{subject}").allows(Session("s", "5", 9e9), "team:5")
+    assert Allow("job:{subject}").allows(Session("s", "5", 9e9), "job:5")  # named: the author meant it
+
+
 def test_subject_and_star_combine() -> None:
     """`user:{subject}:*` covers a subject's own sub-topics only."""
     rule = Allow("user:{subject}:*")

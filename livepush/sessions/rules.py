@@ -24,7 +24,9 @@ Pattern syntax:
   between it and any ``*`` (under ``user:{subject}-*`` subject ``7-x`` would read
   ``user:7-x-inbox``): e.g. ``user:{subject}:*`` or ``user:{subject}-inbox:*``. A ``*`` may
   stand on one side of it only (under ``*:{subject}:*`` subject ``x`` would read
-  ``team:7:x:inbox``).
+  ``team:7:x:inbox``). It reaches a state topic (``job:``, ``group:``, ``workflow:``) only when
+  the pattern begins with that prefix itself (under ``{subject}:*`` subject ``job`` would read
+  every job).
 A pattern must match the whole topic, so one whose shortest match is longer than a topic can be
 is refused when the rule is made.
 """
@@ -46,7 +48,7 @@ from typing import Any, TypeAlias
 
 from ..errors import ArgumentTypeError, ArgumentValueError, ConfigError
 from .tokens import Session
-from ..topics import MAX_TOPIC_LENGTH, RESERVED_PREFIX, TOPIC_RE
+from ..topics import MAX_TOPIC_LENGTH, RESERVED_PREFIX, STATE_PREFIXES, TOPIC_RE
 from ..usercode import current_folder, what_raised, where_raised
 
 log = logging.getLogger("livepush.rules")
@@ -203,6 +205,11 @@ class Allow:
         if self._has_subject:
             assert session is not None  # a {subject} rule is never anonymous (checked above)
             if not SEPARATORS.isdisjoint(session.subject):
+                return False
+            # A state topic (a job's, a group's, a workflow's) is reached only by a rule that names
+            # its prefix itself: under {subject}:* subject "job" read every job, and under
+            # *:{subject} subject 5 read job 5, which the rule's author never meant to allow.
+            if topic.startswith(STATE_PREFIXES) and not chunks[0].startswith(STATE_PREFIXES):
                 return False
             # The subject is matched literally: "." or "*" in it are plain characters.
             chunks = tuple(c.replace("\0", session.subject) for c in chunks)
