@@ -830,6 +830,42 @@ async def test_an_open_signal_transaction_holds_up_nothing_but_a_park(durable_db
         conn.commit()
 
 
+async def test_parks_held_up_by_open_signal_transactions_do_not_silence_the_runtimes_heartbeat(
+        durable_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Each park that waits on a jobs.signal(conn=) transaction left open holds a connection. With
+    more such parks than the runtime's pool has connections, the runtime still beats: it is not
+    presumed dead, and its jobs are not run again elsewhere, while the transactions stay open."""
+    handles = [await dj.waiter.aenqueue("go") for _ in range(8)]
+    conns = [psycopg.connect(durable_db) for _ in handles]
+    try:
+        for conn, h in zip(conns, handles):
+            jobs.signal(h.id, "other", {}, conn=conn)  # holds the job's row until it commits
+        async with running(concurrency=10) as rt:
+            def parks_waiting() -> bool:
+                return q(durable_db, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                     "AND datname = current_database()")[0][0] >= 6
+
+            await async_wait_for(parks_waiting, 15.0, message="six parks to wait on the open transactions")
+
+            def beat() -> Any:
+                return q(durable_db, "SELECT heartbeat_at FROM livepush_job_runtimes WHERE id = %s", (rt.id,))[0][0]
+
+            first = beat()
+            # Three beats (0.2 s each) later the others would presume it dead.
+            await async_wait_for(lambda: beat() > first, 5.0, message="the runtime to beat again")
+            later = beat()
+            await async_wait_for(lambda: beat() > later, 5.0, message="the runtime to beat once more")
+            for conn in conns:
+                conn.commit()
+            await async_wait_for(lambda: all(s == "waiting" for s in q(durable_db, "SELECT array_agg(state) FROM "
+                                                                       "livepush_jobs")[0][0]),
+                                 15.0, message="every job to park")
+    finally:
+        for conn in conns:
+            conn.close()
+    assert "presumed dead" not in caplog.text and "stopped beating" not in caplog.text, caplog.text
+
+
 async def test_a_signal_from_a_repeatable_read_transaction_is_never_missed(durable_db: str) -> None:
     """jobs.signal(conn=) in a REPEATABLE READ transaction whose snapshot predates the job's park
     cannot see the park, so it cannot wake the job: it must fail loudly (a serialization error,

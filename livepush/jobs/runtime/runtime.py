@@ -322,6 +322,8 @@ class Runtime:
         self._paused_read_at: float | None = None
         self._pools: LoopPools | None = None
         self._pool: AsyncPool | None = None
+        self._beat_pools: LoopPools | None = None
+        self._beat_pool: AsyncPool | None = None
         # The producer's own connection, in autocommit: claims only (no pool round on the path
         # between a slot freeing and the next job starting). Reopened after an error.
         self._claim_conn: psycopg.AsyncConnection | None = None
@@ -480,6 +482,11 @@ class Runtime:
         await migrate.acheck_schema(url, "the job runtime")
         self._pools = LoopPools(url, name="livepush-jobs-runtime", min_size=2, max_size=6, autocommit=False)
         self._pool = await self._pools.aget()
+        # The heartbeat's own connection: on the shared pool it waited behind job work (parks held
+        # up by a signal(conn=) transaction left open, one connection each), and a live runtime
+        # silent for three beats was presumed dead, its jobs run again elsewhere.
+        self._beat_pools = LoopPools(url, name="livepush-jobs-beat", min_size=1, max_size=1, autocommit=False)
+        self._beat_pool = await self._beat_pools.aget()
         self._group_progress = ProgressPublisher(self._pool)
         self._group_progress.start()
         self._completer = Completer(self._pool, flush_delay=self.flush_delay, groups=self._group_progress,
@@ -642,6 +649,8 @@ class Runtime:
         await self._listener.aclose()
         if self._pools is not None:
             await self._pools.aclose()
+        if self._beat_pools is not None:
+            await self._beat_pools.aclose()
         if self._claim_conn is not None:
             await self._claim_conn.close()
             self._claim_conn = None
@@ -1082,7 +1091,8 @@ class Runtime:
 
     # -- heartbeat, rescue, promotion -------------------------------------------------------------
     async def _beat_loop(self) -> None:
-        assert self._pool is not None and self.id is not None
+        assert self._beat_pool is not None and self.id is not None
+        pool = self._beat_pool
         last_in_hand = -1
         # While this runtime could not beat, the others may not have been able to either (Postgres
         # down, a network between): their silence then says nothing. `since` is when its own
@@ -1101,7 +1111,7 @@ class Runtime:
         loop = asyncio.get_running_loop()
         while not self._closing.is_set():
             try:
-                beat_at, kept = await maintenance.beat(self._pool, self.info)
+                beat_at, kept = await maintenance.beat(pool, self.info)
                 offset = beat_at.timestamp() - loop.time()
                 if offsets and offset > max(offsets) + CLOCK_STEP:
                     lost = True
@@ -1111,7 +1121,7 @@ class Runtime:
                 if lost or not kept:
                     since = beat_at
                 last_at, lost = beat_at, False
-                self.limited, self.limits_dropped = await limits.names(self._pool, self.registry)
+                self.limited, self.limits_dropped = await limits.names(pool, self.registry)
                 if self._rescuing is None or self._rescuing.done():
                     # Not awaited: a rescue ends the jobs it finds (counts them in their groups,
                     # ends workflow steps), which waits at any lock an open transaction holds
@@ -1119,7 +1129,7 @@ class Runtime:
                     # presumed it dead and ran its jobs again. One at a time, each after a beat
                     # that set `since`.
                     self._rescuing = asyncio.create_task(self._rescue(since), name="livepush-jobs-rescue")
-                for job_id in await maintenance.cancel_requests(self._pool, self.id):
+                for job_id in await maintenance.cancel_requests(pool, self.id):
                     self._cancel_local(job_id)
                 if len(self.in_hand) != last_in_hand and (self._state_publish is None or self._state_publish.done()):
                     last_in_hand = len(self.in_hand)
