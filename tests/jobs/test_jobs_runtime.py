@@ -862,6 +862,12 @@ def test_a_runtime_given_queues_that_are_not_a_list_of_names_refuses_them(queues
     assert Runtime(REGISTRY, install_signals=False, queues=("imports",)).queues == ["imports"]
 
 
+def test_a_queue_named_twice_is_served_once_at_its_first_place() -> None:
+    """`--queues a,b,a` serves a then b: each round claimed `a` twice, and `livepush status` listed
+    it twice for the runtime."""
+    assert Runtime(REGISTRY, install_signals=False, queues=["a", "b", "a", "b"]).queues == ["a", "b"]
+
+
 def test_a_runtime_given_its_modules_as_one_string_refuses_it_naming_the_fix() -> None:
     """Runtime("myapp.jobs") tried to import the modules "m", "y", "a", ...: the error named a
     module "m" nobody wrote. A ConfigError saying to pass a list of module names."""

@@ -276,8 +276,10 @@ class Runtime:
                           also=" (100 years), or 0 to keep finished jobs and groups")
         # The names enqueue() accepts: a runtime serving another could never claim a job, and one
         # Postgres cannot store fails at registration with the driver's error.
-        self.queues = ([check_queue(q, "--queues") for q in _queue_list(queues)] if queues is not None
-                       else (self.registry.queues() or ["default"]))
+        # A queue named twice is served once, at its first place: twice, each round claimed it twice
+        # and the registered row listed it twice.
+        self.queues = (list(dict.fromkeys(check_queue(q, "--queues") for q in _queue_list(queues)))
+                       if queues is not None else (self.registry.queues() or ["default"]))
         self.concurrency = concurrency
         self.shutdown_timeout = shutdown_timeout
         self.heartbeat = heartbeat
