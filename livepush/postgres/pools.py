@@ -266,6 +266,7 @@ class LoopPools:
         if prepare_threshold is not None:
             self._kwargs["prepare_threshold"] = prepare_threshold
         self._lock = threading.Lock()
+        self._map_lock = threading.Lock()
         self._sync: Pool | None = None
         self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncPool] = weakref.WeakKeyDictionary()
         self._opening: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
@@ -288,6 +289,7 @@ class LoopPools:
         """In a forked child: start afresh, the next use opening pools of the child's own."""
         _INHERITED.append((self._sync, dict(self._async), self._lock))
         self._lock = threading.Lock()  # a thread of the parent may have held it at the fork
+        self._map_lock = threading.Lock()
         self._sync = None
         self._async = weakref.WeakKeyDictionary()
         self._opening = weakref.WeakKeyDictionary()
@@ -337,11 +339,14 @@ class LoopPools:
                 raise
             # A pool holds its loop (its tasks and connections do), so the weak mapping never
             # drops an ended loop by itself: sync code running asyncio.run() per call would keep
-            # a pool for every call.
-            for ended in [old for old in self._async if old.is_closed()]:
-                del self._async[ended]
-                self._opening.pop(ended, None)
-            self._async[loop] = pool
+            # a pool for every call. Under a lock of its own (the sync pool's is held through a
+            # connect): loops of other threads add theirs meanwhile, and a mapping that grows while
+            # it is read raises RuntimeError.
+            with self._map_lock:
+                for ended in [old for old in self._async if old.is_closed()]:
+                    del self._async[ended]
+                    self._opening.pop(ended, None)
+                self._async[loop] = pool
             return pool
 
     async def _open_async(self) -> AsyncPool:
@@ -360,7 +365,8 @@ class LoopPools:
 
     async def release_loop(self) -> None:
         """Close the running loop's pool (a loop about to end); the next use opens a new one."""
-        pool = self._async.pop(asyncio.get_running_loop(), None)
+        with self._map_lock:
+            pool = self._async.pop(asyncio.get_running_loop(), None)
         if pool is not None:
             await pool.close()
 
@@ -375,4 +381,5 @@ class LoopPools:
             pool, self._sync = self._sync, None
         if pool is not None:
             pool.close()
-        self._async.clear()
+        with self._map_lock:
+            self._async.clear()

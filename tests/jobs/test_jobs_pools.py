@@ -74,6 +74,31 @@ def test_sync_code_running_each_call_on_a_new_event_loop_keeps_no_pool_per_call(
         pools.close()
 
 
+def test_threads_each_running_calls_on_new_event_loops_share_the_pools_without_errors(jobs_db: str) -> None:
+    """Worker threads of a sync web server that each run their async calls with asyncio.run():
+    every call gets a connection, though the loops' first uses add and drop pools side by side."""
+    import asyncio
+    import concurrent.futures
+
+    from livepush.postgres.pools import LoopPools
+
+    pools = LoopPools(jobs_db, name="t-threads")
+
+    async def one() -> int:
+        async with (await pools.aget()).connection() as conn:
+            return (await (await conn.execute("SELECT 1")).fetchone())[0]  # type: ignore[index]
+
+    def calls() -> list[int]:
+        return [asyncio.run(one()) for _ in range(5)]
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(8) as threads:
+            results = [f.result(timeout=60) for f in [threads.submit(calls) for _ in range(8)]]
+        assert results == [[1] * 5] * 8
+    finally:
+        pools.close()
+
+
 def test_a_loop_that_ends_while_its_pool_connects_does_not_hang() -> None:
     """A pool left open on its loop (as aenqueue()'s and apublish()'s are) with a connection
     attempt in flight when the loop ends: asyncio.run() returns and the pool is closed.
