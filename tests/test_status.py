@@ -237,9 +237,12 @@ def test_the_python_api_returns_the_same_data(busy_db: dict[str, Any]) -> None:
     assert got.workflows[0].summary == "fetch:succeeded report:waiting publish:pending"
     again = asyncio.run(jobs.astatus())
     assert [qu.queue for qu in again.queues] == ["status_a", "status_b", "status_work"]
-    for bad in (0, 1001, "5", True):
+    for bad in (0, 1001):
         with pytest.raises(ValueError, match="limit"):
-            jobs.status(limit=bad)  # type: ignore[arg-type]
+            jobs.status(limit=bad)
+    for wrong in ("5", True, 5.0):  # a mistake of type is a TypeError, as the reference's rule says
+        with pytest.raises(TypeError, match="limit"):
+            jobs.status(limit=wrong)  # type: ignore[arg-type]
 
 
 def test_an_empty_database_says_none_in_each_section(pg_url: str, procs: Processes,

@@ -386,15 +386,17 @@ def test_a_cursor_past_either_end_gives_an_empty_last_page(groups_db: str) -> No
 
 
 def test_cursors_limits_and_shards_that_are_not_ints_are_refused_naming_them(groups_db: str) -> None:
-    """A cursor, limit or shard count of the wrong type is a TypeError or ValueError naming it,
-    not a database error nor a bare comparison error."""
+    """A cursor, limit or shard count of the wrong type is a TypeError naming it (one out of range a
+    ValueError), not a database error nor a bare comparison error."""
     handle = jobs.create_group()
     with pytest.raises(TypeError, match="after must be an int"):
         jobs.group_members(handle.id, after="x")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="before must be an int"):
         jobs.group_history(handle.id, before="x")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="limit must be an int of at least 1"):
+    with pytest.raises(TypeError, match="limit must be an int from 1 to 100000, got str '10'"):
         jobs.group_members(handle.id, limit="10")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="limit must be an int of at least 1"):
+        jobs.group_members(handle.id, limit=0)
     with pytest.raises(TypeError, match="shards= must be an int from 1 to 1024, got str '4'"):
         jobs.create_group(shards="4")  # type: ignore[arg-type]
 

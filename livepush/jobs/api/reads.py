@@ -67,7 +67,9 @@ async def aget_job(job_id: int) -> JobInfo | None:
 
 def tagged_params(tag: str, limit: int, unfinished: bool) -> dict[str, Any]:
     """TAGGED_IDS parameters, checked."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LISTED:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise ArgumentTypeError(f"limit= must be an int from 1 to {MAX_LISTED}, got {type(limit).__name__} {limit!r:.60}")
+    if not 1 <= limit <= MAX_LISTED:
         raise ArgumentValueError(f"limit= must be an int from 1 to {MAX_LISTED}, got {limit!r}")
     if not isinstance(unfinished, bool):
         # bool("no") is True: a string or a number here would list the opposite of what was meant.

@@ -25,7 +25,7 @@ from ..groups import steps
 from ..groups.transactions import ain_tx, in_tx
 from ..periodic import queries as periodic_queries
 from ..workflows import queries as workflow_queries
-from ...errors import ArgumentValueError
+from ...errors import ArgumentTypeError, ArgumentValueError
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 1000
@@ -136,7 +136,9 @@ class Status:
 
 
 def checked_limit(limit: Any) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise ArgumentTypeError(f"limit takes an int from 1 to {MAX_LIMIT}, got {type(limit).__name__} {limit!r:.60}")
+    if not 1 <= limit <= MAX_LIMIT:
         raise ArgumentValueError(f"limit takes an int from 1 to {MAX_LIMIT}, got {limit!r}")
     return limit
 

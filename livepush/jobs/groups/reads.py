@@ -13,7 +13,7 @@ from .. import database
 from ..api.handles import checked_cursor, checked_id, page_of
 from ..events.views import group_view, iso, progress_view
 from . import queries as gq
-from ...errors import ArgumentValueError
+from ...errors import ArgumentTypeError, ArgumentValueError
 
 
 def _read(sql: str, params: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -63,7 +63,9 @@ Page = tuple[list[dict[str, Any]], int | None]  # (rows, the cursor of the next 
 
 
 def _check_limit(limit: Any) -> None:
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise ArgumentTypeError(f"limit must be an int from 1 to {MAX_PAGE}, got {type(limit).__name__} {limit!r:.60}")
+    if limit < 1:
         raise ArgumentValueError(f"limit must be an int of at least 1, got {limit!r:.60}")
     if limit > MAX_PAGE:
         raise ArgumentValueError(f"limit must be an int from 1 to {MAX_PAGE}, got {limit!r:.60}")
