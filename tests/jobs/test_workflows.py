@@ -367,6 +367,34 @@ async def test_a_step_reads_outputs_that_together_are_huge(flows_db: str) -> Non
     assert done["steps"]["sizes"]["output"] == {"one": 140_000_000, "two": 140_000_000}, done["error"]
 
 
+async def test_a_value_a_fan_out_step_returns_is_named_in_the_log_not_dropped_silently(
+        flows_db: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A fan-out step's output is its batch's counts: a value its function returns beside filling
+    the batch goes nowhere, so the log says so, naming the run and the step; the batch runs as
+    filled. Returning the batch itself is no mistake and says nothing."""
+    monkeypatch.setattr(REGISTRY, "_functions", dict(REGISTRY._functions))
+    monkeypatch.setitem(WORKFLOWS, "t_fan_returns", None)
+    flow = jobs.workflow("t_fan_returns", queue="flows")
+
+    @flow.fan_out(max_attempts=1)
+    def spread(ctx: Any, batch: Any) -> Any:
+        batch.enqueue(dj.child, "x")
+        return {"rows": 1}
+
+    @flow.fan_out(max_attempts=1)
+    def spread_again(ctx: Any, batch: Any) -> Any:
+        batch.enqueue(dj.child, "y")
+        return batch
+
+    run = await flow.astart()
+    with caplog.at_level("WARNING", logger="livepush.jobs"):
+        async with running(queues=["flows", "default"]):
+            done = await run_state(run.id, {"succeeded", "failed"})
+    assert done["steps"]["spread"]["output"] == {"total": 1, "succeeded": 1, "failed": 0, "cancelled": 0}
+    said = [r.getMessage() for r in caplog.records if "is dropped" in r.getMessage()]
+    assert len(said) == 1 and f"run {run.id}, fan-out step 'spread':" in said[0] and "(dict)" in said[0], said
+
+
 async def test_a_decision_about_a_run_does_not_read_its_input_nor_its_steps_outputs(flows_db: str) -> None:
     """Every decision about a run (an operator verb here; a step's end, in its runtime's completer,
     goes through the same engine) reads the run's state and its steps' states under the run's

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import math
 from typing import Any
 
@@ -33,6 +34,8 @@ from . import engine
 from . import queries as wq
 from .definition import StepSpec, Workflow
 from ...errors import ArgumentTypeError, ArgumentValueError
+
+log = logging.getLogger("livepush.jobs")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -254,7 +257,13 @@ class Runner:
             if earlier:
                 return [JobRequest(r["name"], tuple(r["args"]), r["queue"]) for r in earlier["failed"]]
             batch = Batch(spec.name)
-            await self._call(spec, sctx, ctx, batch)
+            returned = await self._call(spec, sctx, ctx, batch)
+            if returned is not None and returned is not batch:
+                # The step's output is its batch's counts: what the function returns goes nowhere,
+                # and whoever wrote it expected it somewhere. Said, not refused: the batch is good.
+                log.warning("workflow run %s, fan-out step %r: the value its function returned (%s) is dropped: "
+                            "a fan-out step's output is its batch's counts; return nothing, and keep what later "
+                            "steps need in an earlier step's output", sctx.run_id, spec.name, type(returned).__name__)
             return batch.requests
 
         def remember(group_id: int) -> steps.Steps[None]:
