@@ -216,6 +216,14 @@ class Settings:
                     f"LIVEPUSH_ALLOWED_ORIGINS entry {entry[:100]!r} is not an origin: write scheme://host[:port], "
                     "e.g. https://app.example.com (or https://*.example.com for its subdomains, or * for any)"
                 )
+            if not entry.isascii():
+                # A browser's Origin holds a non-ASCII host in its ASCII (xn--) form: this entry
+                # would never equal one, and every page of the site would get 403.
+                raise ConfigError(
+                    f"LIVEPUSH_ALLOWED_ORIGINS entry {entry[:100]!r} is not ASCII, and browsers send a host that "
+                    "is not ASCII in its ASCII (xn--) form, which this entry never equals: write the host that "
+                    "way, e.g. https://xn--bcher-kva.example.com for https://bücher.example.com"
+                )
             if _wildcard_over_a_top_level_domain(entry):
                 raise ConfigError(
                     f"LIVEPUSH_ALLOWED_ORIGINS entry {entry[:100]!r} admits every site under a top-level domain: "

@@ -226,6 +226,16 @@ def test_a_wildcard_over_a_whole_top_level_domain_is_refused(entry: str) -> None
     Settings.from_env({"LIVEPUSH_ALLOWED_ORIGINS": "https://*.example.com,http://*.localhost:3000,https://*.co.example"})
 
 
+@pytest.mark.parametrize("entry", ["https://bücher.example.com", "https://*.bücher.example.com", "https://app.пример.рф:8443"])
+def test_an_allowed_origin_with_a_host_browsers_never_send_is_refused_at_start(entry: str) -> None:
+    """A browser sends a host that is not ASCII in its ASCII form (`https://xn--bcher-kva.example.com`),
+    so an entry written with the Unicode host would refuse every page of that site with 403, and
+    say so only at DEBUG: it ends the command at start, naming the entry and the form to write."""
+    with pytest.raises(ConfigError, match=re.escape(repr(entry)) + ".*ASCII.*xn--"):
+        Settings.from_env({"LIVEPUSH_ALLOWED_ORIGINS": f"https://app.example.com,{entry}"})
+    Settings.from_env({"LIVEPUSH_ALLOWED_ORIGINS": "https://xn--bcher-kva.example.com,https://*.xn--bcher-kva.example.com"})
+
+
 def test_every_database_connection_probes_a_silent_server_within_a_minute_unless_the_url_says_otherwise(
         pg_url: str) -> None:
     """A server gone without closing its connections (a failover whose old primary vanished) is
