@@ -257,6 +257,27 @@ async def test_only_true_allows() -> None:
         app.close()
 
 
+async def test_an_authorize_that_answers_neither_true_nor_false_is_named_in_the_log_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A hook that returns a row, 1 or nothing at all (a missing `return`) refuses for good, since
+    the client takes `forbidden` as final: the log says once per App what it returned and that only
+    True allows, rather than leaving every such subscribe refused without a word."""
+    caplog.set_level(logging.WARNING, logger="livepush.rules")
+    for value, named in ((None, "None"), (1, "int"), ({"id": 7}, "dict")):
+        caplog.clear()
+        app = App(authorize=lambda s, t, v=value: v)
+        assert await app.check(ALICE, "team:42") == "forbidden"
+        assert await app.check(ALICE, "team:43") == "forbidden"
+        said = [r.getMessage() for r in caplog.records if "authorize()" in r.getMessage()]
+        assert len(said) == 1 and named in said[0] and "True" in said[0], said
+        app.close()
+    caplog.clear()
+    app = App(authorize=lambda s, t: False)
+    assert await app.check(ALICE, "team:42") == "forbidden"
+    assert not caplog.records  # False is an answer: nothing to say
+    app.close()
+
+
 async def test_sync_callable_returning_a_coroutine_is_awaited() -> None:
     """A sync callable that returns an awaitable (e.g. a partial of an async def) works."""
 

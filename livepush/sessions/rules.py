@@ -274,7 +274,8 @@ class App:
 
     `rules`: Allow rules for plain topics. `authorize(session, topic)`: an optional
     callable (sync or async; session is None for anonymous) asked about plain topics that
-    no rule allows; only a return value of exactly True allows. It is bounded by
+    no rule allows; only a return value of exactly True allows (anything but a bool is
+    named in a warning, once per App). It is bounded by
     `authorize_timeout` seconds; a timeout, an exception or a full thread pool answers
     ``unavailable`` (the client retries later), is
     logged once per exception type, and never reaches the client. A sync `authorize`
@@ -319,6 +320,7 @@ class App:
         self._stopping: set[asyncio.Future[Any]] = set()  # async calls given up on, not yet stopped
         self._slot_rules = tuple(rule.pattern for rule in self.rules if rule._has_subject)
         self._told_unfit = False  # whether a subject no slot can hold was logged
+        self._told_not_bool = False  # whether an authorize() answer that is no bool was logged
 
     def __repr__(self) -> str:
         return f"App(rules={list(self.rules)!r}, authorize={self.authorize!r}, max_subscriptions={self.max_subscriptions})"
@@ -400,7 +402,20 @@ class App:
         except Exception as exc:  # TimeoutError included
             self._log_once(exc, topic)
             return None
+        if not isinstance(result, bool):
+            self._not_an_answer(result, topic)
         return result is True
+
+    def _not_an_answer(self, result: object, topic: str) -> None:
+        """Say once per App that authorize() returned something other than True or False. Only
+        True allows, and the client takes `forbidden` as final: a hook returning a row, 1, or
+        nothing (a missing `return`) refused every such subscribe for good without a word."""
+        if self._told_not_bool:
+            return
+        self._told_not_bool = True
+        log.warning("authorize() returned %s, not True or False (topic %r): only True allows, so the subscribe "
+                    "was refused as forbidden. Return a bool, e.g. bool(row). Logged once per App.",
+                    "None (a missing return?)" if result is None else f"a {type(result).__name__}", topic)
 
     async def _bounded(self, answer: Awaitable[Any], deadline: float) -> Any:
         """An async hook's answer, or TimeoutError at `deadline` (the loop's clock). Not through
