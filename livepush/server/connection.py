@@ -287,8 +287,15 @@ class Connection(asyncio.Protocol):
         out = self.out
         if out is not None:
             self.out = None
-            if not self.closing:
-                self.transport.write(out)
+            if self.closing:
+                return
+            if self.transport.is_closing():
+                # A write found the peer gone (it reset the connection): connection_lost follows.
+                # A replay goes on writing until then, and the transport logs a warning for each
+                # write from the fifth on: any client could fill the log by resetting mid-replay.
+                self._stop_writing()
+                return
+            self.transport.write(out)
 
     def flush(self) -> None:
         """Write what the protocol has to send (handshake answer, pongs, close frames, EOF)."""

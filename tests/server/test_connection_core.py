@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -20,7 +22,7 @@ from livepush.config import Settings, set_settings
 from livepush.fanout.local import LocalFanOut
 from livepush.server import frames
 from livepush.server.app import PushServer
-from livepush.server.connection import Connection
+from livepush.server.connection import INBOX_FRAMES, Connection
 from livepush.types import Message
 from tests.support.http import upgrade_request
 from tests.support.waiting import async_wait_for
@@ -281,6 +283,39 @@ async def test_a_dead_peer_whose_frames_wait_behind_a_replay_it_does_not_read_is
     await async_wait_for(lambda: not server.clients, 2.25 * beat + 2.0,
                          message="keepalive to drop the dead peer")
     writer.close()
+
+
+async def test_a_client_that_resets_before_its_replay_goes_out_leaves_no_warning_in_the_log(
+    start_server: Callable[..., Any], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A subscribe with `since` whose client resets the connection while `authorize` decides (the
+    server holds the frames sent behind it unread, so it hears of the reset only when it writes):
+    the server stops writing at the first write that finds the connection gone, and the log holds
+    no warning, however many writes the replay would have taken."""
+    caplog.set_level(logging.DEBUG)
+    decide = asyncio.Event()
+
+    async def authorize(session: object, topic: str) -> bool:
+        await decide.wait()
+        return True
+
+    server = await start_server(app=livepush.App(authorize=authorize, authorize_timeout=30))
+    since = await server.fanout.alatest_offset("feed")
+    for i in range(200):
+        await server.fanout.apublish("feed", {"i": i, "pad": "x" * 1000})
+    reader, writer = await raw_upgrade(server.port)
+    subscribe = json.dumps({"op": "subscribe", "topic": "feed", "since": since, "ref": 1}).encode()
+    pings = [b'{"op":"ping"}'] * INBOX_FRAMES
+    writer.write(b"".join(Frame(Opcode.TEXT, frame).serialize(mask=True) for frame in [subscribe, *pings]))
+    await async_wait_for(lambda: len(server.clients) == 1 and next(iter(server.clients)).unread, 5,
+                         message="the server to hold the client's frames unread")
+    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                               (1).to_bytes(4, sys.byteorder) + bytes(4))  # close: reset
+    writer.transport.abort()
+    await asyncio.sleep(0.1)  # the reset reaches the server's socket, which nobody reads
+    decide.set()
+    await async_wait_for(lambda: not server.clients, 5, message="the reset connection to go")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
 
 
 async def test_500_idle_connections_run_no_task(start_server: Callable[..., Any]) -> None:
