@@ -21,6 +21,7 @@ from livepush.config import Settings, set_settings
 from livepush.sessions.rules import Allow, App
 from tests.server.conftest import Served, start_served
 from tests.server.test_metrics import scrape, value
+from tests.support.http import upgrade_headers
 from tests.support.security import (
     ALLOWED_ORIGIN,
     ORIGINS,
@@ -237,6 +238,19 @@ async def test_a_single_100_kb_cookie_line_gets_431_without_a_traceback(
     assert got == http(431)
     assert await attempt(port) == hello(None)  # and the server carries on
     assert_clean_logs(logs.records, ["A" * 100])
+
+
+async def test_an_upgrade_with_128_header_lines_is_served_and_one_more_gets_431(
+    start: Start, logs: pytest.LogCaptureFixture
+) -> None:
+    """The documented bound on a request head's header lines, proxies' additions included: 128 are
+    served, 129 get 431, and nothing is logged as an error."""
+    served = await start("optional")
+    port = served.server.port
+    fill = [(f"X-Added-{i}".encode(), b"1") for i in range(128 - len(upgrade_headers(port)))]
+    assert await raw_attempt(port, headers=fill) == hello(None)
+    assert await raw_attempt(port, headers=[*fill, (b"X-One-More", b"1")]) == http(431)
+    assert_clean_logs(logs.records, [])
 
 
 @pytest.mark.parametrize("mode", ["optional", "required"])
