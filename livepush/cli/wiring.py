@@ -19,7 +19,7 @@ from ..fanout import FanOut, from_env
 from ..jobs import database
 from ..jobs.api.status import arefresh_metrics
 from ..jobs.events.source import JobStates
-from ..jobs.runtime.runtime import Runtime
+from ..jobs.runtime.runtime import Runtime, load_modules
 from ..postgres.listener import Listener
 from ..redis.client import deployment_prefix, listener_name
 from ..redis.subscriber import Subscriber
@@ -75,7 +75,11 @@ def server_parts(settings: Settings, *, app: App | None = None, with_jobs: Seque
     sessions.set_default_store(store)
     runtime = None
     if with_jobs:
-        runtime = Runtime(list(with_jobs), install_signals=False, listener=listener, publisher=fanout)
+        # The modules may choose the jobs' database at import (jobs.configure()): loaded first, the
+        # runtime shares the server's listener only when its jobs ring there, else listens on its own.
+        load_modules(with_jobs)
+        shared = listener if database.on_settings_database() else None
+        runtime = Runtime(list(with_jobs), install_signals=False, listener=shared, publisher=fanout)
         # Jobs live in Postgres (LIVEPUSH_DATABASE_URL, or the modules' jobs.configure()): without
         # one, refused now, before the server takes its port and says it serves, not once it is up.
         database.database_url()
@@ -98,7 +102,8 @@ async def _forget_defaults() -> None:
 def jobs_runtime(settings: Settings, modules: Sequence[str], **options: object) -> tuple[Runtime, FanOut]:
     """A job runtime for `livepush jobs`, with a publish-only fan-out for its own state topics."""
     fanout = from_env(settings)
-    return Runtime(list(modules), publisher=fanout, listen_url=settings.listen_database_url,
+    load_modules(modules)  # first: they may choose the jobs' database, and so where its rings are heard
+    return Runtime(list(modules), publisher=fanout, listen_url=database.listen_url(),
                    **options), fanout  # type: ignore[arg-type]
 
 

@@ -64,6 +64,19 @@ def database_url() -> str:
     return _url or get_settings().require_database()
 
 
+def on_settings_database() -> bool:
+    """Whether the jobs' database is the settings' own (LIVEPUSH_DATABASE_URL): only then does
+    a LISTEN on the settings' listen URL hear its jobs' rings (enqueues, cancels, group counts)."""
+    return _url is None or _url == get_settings().database_url
+
+
+def listen_url() -> str | None:
+    """Where a runtime of the jobs' database LISTENs, when not on the jobs' own URL:
+    LIVEPUSH_LISTEN_DATABASE_URL, a way to the settings' database only, so None when
+    jobs.configure() chose another database."""
+    return get_settings().listen_database_url if on_settings_database() else None
+
+
 def pools() -> LoopPools:
     """The pools of the jobs' database. Transactions are explicit here (groups add and count in
     one), and `prepare_threshold=0` prepares the enqueue's few statements from their first run."""

@@ -84,7 +84,7 @@ async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = RE
     # (and at its next beat, should the notification not come). Where
     # LIVEPUSH_LISTEN_DATABASE_URL names the way around a pooler that cannot keep a LISTEN, it
     # listens there, unless jobs.configure() chose another database.
-    listen_url = None if database.configured_url() else get_settings().listen_database_url
+    listen_url = database.listen_url()
     rt = Runtime(registry, queues=queues or ["default"], concurrency=1,
                  install_signals=False, heartbeat=DRAIN_HEARTBEAT, flush_delay=0.0, listen_url=listen_url)
     ran = 0

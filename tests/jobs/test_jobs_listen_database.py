@@ -1,0 +1,68 @@
+"""A job runtime hears the rings of the database its jobs are in: with `jobs.configure()` naming
+another database than LIVEPUSH_DATABASE_URL (reference §4), `serve --with-jobs` and `livepush jobs`
+(with LIVEPUSH_LISTEN_DATABASE_URL set) listened on the settings' database, where no enqueue or
+cancel of those jobs rings, so a cancel waited for the runtime's next heartbeat."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from livepush import config, jobs
+from livepush.cli import wiring
+from livepush.jobs import database
+from livepush.jobs.runtime.runtime import Runtime
+from tests.support import slow_jobs
+
+# Well under the runtime's 10 s heartbeat, which finds a cancel without any ring.
+RING_BOUND = 5.0
+
+
+@pytest.fixture
+async def two_databases(make_pg_url: Callable[[], str], secret: str) -> AsyncIterator[tuple[str, str]]:
+    """(the settings' database, the jobs' own database chosen with jobs.configure())."""
+    settings_db, jobs_db = make_pg_url(), make_pg_url()
+    config.set_settings(config.Settings(database_url=settings_db, listen_database_url=settings_db,
+                                        fanout="postgres", secret=secret, port=0, env="test"))
+    database.configure(jobs_db)
+    try:
+        yield settings_db, jobs_db
+    finally:
+        database.configure(None)
+        config.set_settings(None)
+
+
+async def _runtime(how: str) -> tuple[Runtime, Callable[[], object]]:
+    settings = config.get_settings()
+    if how == "serve --with-jobs":
+        parts = wiring.server_parts(settings, with_jobs=["tests.support.slow_jobs"])
+        assert parts.runtime is not None
+        return parts.runtime, parts.close
+    runtime, fanout = wiring.jobs_runtime(settings, ["tests.support.slow_jobs"], install_signals=False)
+    return runtime, fanout.aclose
+
+
+@pytest.mark.parametrize("how", ["serve --with-jobs", "jobs"])
+async def test_a_runtime_whose_jobs_are_in_a_configured_database_hears_their_cancels_there(
+        two_databases: tuple[str, str], how: str) -> None:
+    _, jobs_db = two_databases
+    runtime, close = await _runtime(how)
+    task = asyncio.create_task(runtime.run())
+    try:
+        await runtime.wait_started()
+        state = await slow_jobs.started_slow_job(jobs_db, 60)
+        database.configure(jobs_db)  # the helper put it back to None
+        handle_id = next(iter(runtime.in_hand))
+        assert await jobs.acancel(handle_id)
+        # Told by its ring at once, the job stops at its next await: well before a heartbeat.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RING_BOUND
+        while (now := await asyncio.to_thread(state)) == "running" and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        assert now == "cancelled", f"the job was still {now} {RING_BOUND} s after its cancel"
+    finally:
+        runtime.stop(now=True)
+        await asyncio.wait_for(task, 10)
+        await close()  # type: ignore[misc]
