@@ -20,6 +20,7 @@ from ..jobs import database
 from ..jobs.api.status import arefresh_metrics
 from ..jobs.events.source import JobStates
 from ..jobs.runtime.runtime import Runtime, load_modules
+from ..postgres.identity import check_listen_database
 from ..postgres.listener import Listener
 from ..redis.client import deployment_prefix, listener_name
 from ..redis.subscriber import Subscriber
@@ -65,6 +66,7 @@ def server_parts(settings: Settings, *, app: App | None = None, with_jobs: Seque
     settings.require_secret()
     if settings.database_url:
         migrate.check_schema(settings.database_url)
+        check_listen_database(settings)
     listener, subscriber = _listeners(settings)
     fanout = from_env(settings, listener=listener, subscriber=subscriber)
     store = store_from_settings(settings, listener=listener, subscriber=subscriber)
@@ -103,6 +105,8 @@ def jobs_runtime(settings: Settings, modules: Sequence[str], **options: object) 
     """A job runtime for `livepush jobs`, with a publish-only fan-out for its own state topics."""
     fanout = from_env(settings)
     load_modules(modules)  # first: they may choose the jobs' database, and so where its rings are heard
+    if database.listen_url():
+        check_listen_database(settings)
     return Runtime(list(modules), publisher=fanout, listen_url=database.listen_url(),
                    **options), fanout  # type: ignore[arg-type]
 

@@ -183,6 +183,31 @@ def test_unreachable_listen_database_exits_1_naming_its_own_setting(procs, livep
     assert_one_line_no_traceback(child.stderr(), "LIVEPUSH_LISTEN_DATABASE_URL")
 
 
+@pytest.mark.parametrize("command", [["serve"], ["jobs", "tests.jobs.sample_jobs"]])
+def test_a_listen_database_url_of_another_database_exits_2_naming_both_settings(procs, livepush_env, make_pg_url,
+                                                                               command) -> None:
+    """LIVEPUSH_LISTEN_DATABASE_URL naming another database than LIVEPUSH_DATABASE_URL (a pooler's
+    alias copied as the database's name) would LISTEN where nothing is ever rung: a server that
+    delivers nothing live and a runtime that hears no enqueue or cancel, with nothing said. It
+    exits 2 at start, naming both settings and both databases."""
+    url, other = make_pg_url(), make_pg_url()
+    child = procs.livepush(*command, env=livepush_env(database_url=url, listen_database_url=other),
+                           wait_healthy=False)
+    assert child.wait(20) == 2, child.output()
+    assert_one_line_no_traceback(child.stderr(), "LIVEPUSH_LISTEN_DATABASE_URL", "LIVEPUSH_DATABASE_URL",
+                                 other.rsplit("/", 1)[1], url.rsplit("/", 1)[1])
+
+
+def test_a_listen_database_url_of_the_same_database_serves(procs, livepush_env, pg_url) -> None:
+    """The same database by another URL (here another host name for the server, as a direct URL
+    beside a pooler's would be) is what the setting is for: the server starts and is ready."""
+    other = pg_url.replace("127.0.0.1", "localhost")
+    assert other != pg_url
+    child = procs.livepush("serve", env=livepush_env(database_url=pg_url, listen_database_url=other),
+                           wait_healthy=False)
+    child.wait_healthy(path="/readyz")  # its canary went round: it listens where it publishes
+
+
 def test_unreachable_redis_exits_1(procs, livepush_env) -> None:
     """A Redis that cannot be reached at boot exits 1 naming LIVEPUSH_REDIS_URL."""
     url = f"redis://127.0.0.1:{free_port()}/0"
