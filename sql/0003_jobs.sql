@@ -142,16 +142,26 @@ LANGUAGE sql VOLATILE AS $$
     SELECT (floor(random() * 2147483648)::bigint << 31) | floor(random() * 2147483648)::bigint
 $$;
 
+-- A new runtime's id: 53 random bits, the most a JSON number holds exactly. Ids go out as JSON
+-- numbers (runtime:<id> and runtimes for operators' pages, `livepush status --json`), which
+-- JavaScript reads as doubles: a 62-bit id came out as another number there, and a page
+-- subscribed to a runtime:<id> nobody publishes on. Random for the reason below; two of them
+-- match with probability 2^-53.
+CREATE FUNCTION livepush_runtime_id() RETURNS bigint
+LANGUAGE sql VOLATILE AS $$
+    SELECT (floor(random() * 4194304)::bigint << 31) | floor(random() * 2147483648)::bigint
+$$;
+
 -- One row per live runtime process. A runtime beats every `heartbeat` seconds; one silent for
 -- three of its own beats is dead, and any other runtime deletes its row and releases its jobs
 -- (attempt counted). A runtime starting on the same node also finds one whose process is gone.
 CREATE TABLE livepush_job_runtimes (
-    -- 62 random bits, as a lease, not a sequence: a failover to a copy that lacks the last
+    -- Random (livepush_runtime_id()), as a lease, not a sequence: a failover to a copy that lacks the last
     -- registrations (a restored backup, a standby that was behind) rewinds a sequence, and a
     -- runtime starting there took the id of one still running, which then beat, claimed under
     -- and at its stop gave back the other's jobs as its own (or, re-registered first, made the
     -- new one's registration fail).
-    id            bigint      PRIMARY KEY DEFAULT livepush_job_lease(),
+    id            bigint      PRIMARY KEY DEFAULT livepush_runtime_id(),
     host          text        NOT NULL,
     pid           integer     NOT NULL,
     -- The machine and process namespace the pid belongs to (boot id and pid namespace), when
