@@ -284,9 +284,11 @@ def set_queue_gauges(queues: dict[str, tuple[int, float | None, bool]], runtimes
 SCRAPES_AT_ONCE = 16
 
 
-async def serve(host: str, port: int, refreshers: Sequence[Refresher] = ()) -> asyncio.Server:
-    """A minimal HTTP server answering GET /metrics (and /healthz with 200), for a process that
-    has no HTTP port of its own (the job runtime's `--metrics-port`)."""
+async def serve(host: str, port: int, refreshers: Sequence[Refresher] = (),
+                healthy: Callable[[], bool] = lambda: True) -> asyncio.Server:
+    """A minimal HTTP server answering GET /metrics, and GET /healthz with 200 while `healthy()`
+    (503 otherwise), for a process that has no HTTP port of its own (the job runtime's
+    `--metrics-port`): a probe there learns what the server's /healthz says of a runtime beside it."""
     held = 0
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -308,8 +310,10 @@ async def serve(host: str, port: int, refreshers: Sequence[Refresher] = ()) -> a
                 extra = b"Allow: GET, HEAD\r\n"
             elif path == b"/metrics":
                 status, ctype, body = b"200 OK", CONTENT_TYPE.encode(), await render(refreshers)
-            else:
+            elif healthy():
                 status, ctype, body = b"200 OK", b"application/json", b'{"status":"ok"}\n'
+            else:
+                status, ctype, body = b"503 Service Unavailable", b"application/json", b'{"status":"unavailable"}\n'
             writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + ctype + b"\r\nContent-Length: "
                          + str(len(body)).encode() + b"\r\n" + extra + b"Connection: close\r\n\r\n"
                          + (b"" if method == b"HEAD" else body))  # a HEAD's answer has no body (RFC 9110)

@@ -99,7 +99,8 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         from ..server.run import host_port, listen_error
 
         try:
-            exposer = await metrics.serve(settings.host, args.metrics_port, [arefresh_metrics])
+            exposer = await metrics.serve(settings.host, args.metrics_port, [arefresh_metrics],
+                                          healthy=lambda: runtime.healthy)
         except OSError as exc:
             # A host that names no address of this machine is LIVEPUSH_HOST's fault, not the port's.
             raise listen_error(settings.host, args.metrics_port, exc, what="serve metrics",

@@ -3,6 +3,7 @@ each job ended, and shows every queue's backlog and the runtimes alive (docs/ope
 
 from __future__ import annotations
 
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,7 @@ from tests.jobs import sample_jobs
 from tests.jobs.conftest import q, runtime_starter
 from tests.support.http import http_exchange
 from tests.support.procs import ChildProcess, Processes, free_port
+from tests.support.services import dbname_of, pg_refusing_connections, pg_terminate
 from tests.support.waiting import wait_for
 
 
@@ -61,6 +63,32 @@ def test_the_runtime_serves_its_job_counts_and_the_queues_backlog(
     assert m["livepush_queue_oldest_age_seconds", (("queue", "second"),)] > 0
     assert m["livepush_queue_depth", (("queue", "default"),)] == 0
     assert m["livepush_runtimes_alive", ()] == 1
+    assert child.stop(timeout=15) == 0, child.output()
+
+
+def healthz(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_the_runtimes_healthz_answers_503_while_it_cannot_hear_its_database(
+        jobs_db: str, pg_admin_url: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
+    """GET /healthz on `--metrics-port` says of the runtime what the server's /healthz says of one
+    beside it: 200 while its loops run and its listener hears the database, 503 while it does not.
+    It answered 200 whatever happened: a probe pointed there never saw a runtime deaf to its
+    enqueues and cancels."""
+    start: Callable[..., ChildProcess] = runtime_starter(jobs_db, "tests.jobs.sample_jobs", procs,
+                                                         livepush_env(database_url=jobs_db))
+    port = free_port()
+    child = start("--metrics-port", str(port))
+    wait_for(lambda: healthz(port) == 200, 10.0, message="/healthz 200 once the runtime runs")
+    with pg_refusing_connections(pg_admin_url, dbname_of(jobs_db)):
+        assert pg_terminate(pg_admin_url, dbname_of(jobs_db), "livepush-jobs-listener") == 1
+        wait_for(lambda: healthz(port) == 503, 10.0, message="/healthz 503 while the listener is away")
+    wait_for(lambda: healthz(port) == 200, 15.0, message="/healthz 200 once the listener is back")
     assert child.stop(timeout=15) == 0, child.output()
 
 
