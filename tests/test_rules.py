@@ -505,6 +505,32 @@ def test_app_validates_its_arguments(kwargs: dict, error: type[Exception]) -> No
         App(**kwargs)
 
 
+async def _three(request: object, session: object, topic: str) -> bool:
+    return True
+
+
+@pytest.mark.parametrize("authorize", [lambda session: True, lambda: True, _three],
+                         ids=["one parameter", "none", "three, async"])
+def test_an_authorize_that_cannot_take_session_and_topic_is_refused_at_construction(authorize: object) -> None:
+    """authorize() is called with (session, topic) at each subscribe no rule allows: one that
+    cannot take them raised TypeError there, every such subscribe was answered `unavailable`
+    (which the JS client retries for ever) and the mistake showed only in the server's log. It is
+    an ArgumentTypeError naming App(authorize=) when the app is made, where --app loads it."""
+    with pytest.raises(livepush.ArgumentTypeError, match=r"App\(authorize=\.\.\.\) is called with \(session, topic\)"):
+        App(authorize=authorize)  # type: ignore[arg-type]
+
+
+class _Checker:
+    def __call__(self, session: object, topic: str) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("authorize", [lambda session, topic: True, lambda *args: True, _Checker(),
+                                       lambda session, topic, extra=None: True])
+def test_an_authorize_that_takes_session_and_topic_is_accepted(authorize: object) -> None:
+    assert App(authorize=authorize).authorize is authorize  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(("rules", "message"), [
     (Allow("public:*", anonymous=True), r"takes a list of livepush.Allow rules, got a bare Allow: write rules=\[Allow\(pattern='public:\*'"),
     ("public:*", r"takes a list of livepush.Allow rules, got a bare str: write rules=\[livepush.Allow\('public:\*'\)\]"),

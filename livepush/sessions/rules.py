@@ -269,6 +269,22 @@ def _is_async(fn: Any) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
 
 
+def _check_authorize(authorize: Callable[..., Any]) -> None:
+    """An ArgumentTypeError unless `authorize(session, topic)` can be called: it is called only at
+    a subscribe no rule allows, where its TypeError answered `unavailable`, which the JS client
+    retries for ever, and the mistake showed only in the server's log."""
+    try:
+        signature = inspect.signature(authorize)
+    except (TypeError, ValueError):  # no signature Python can read (some builtins): found out at a subscribe
+        return
+    try:
+        signature.bind(None, "topic")
+    except TypeError as exc:
+        raise ArgumentTypeError(f"App(authorize=...) is called with (session, topic), the session None for "
+                                f"an anonymous connection, but {authorize!r:.60} cannot take them ({exc}): "
+                                "e.g. def authorize(session, topic): ...") from None
+
+
 class App:
     """The user's configuration object for `livepush serve --app MODULE:ATTR`.
 
@@ -306,6 +322,8 @@ class App:
                 raise ArgumentTypeError(f"App(rules=...): item {i} is a {type(rule).__name__}, not livepush.Allow")
         if authorize is not None and not callable(authorize):
             raise ArgumentTypeError(f"App(authorize=...) must be callable(session, topic), got {type(authorize).__name__}")
+        if authorize is not None:
+            _check_authorize(authorize)
         self.authorize = authorize
         self.authorize_timeout = _positive("authorize_timeout", authorize_timeout)
         if isinstance(max_subscriptions, bool) or not isinstance(max_subscriptions, int) or max_subscriptions < 1:
