@@ -216,6 +216,9 @@ def test_the_session_middleware_without_authentication_middleware_is_a_warning_n
     ("LIVEPUSH_SESSION_TTL", "1 day"),
     ("LIVEPUSH_SESSION_TTL", 0),
     ("LIVEPUSH_SESSION_SUBJECT", "myapp.auth.subject_of"),
+    # Called with the user alone: one of another shape failed every signed-in request with a TypeError.
+    ("LIVEPUSH_SESSION_SUBJECT", lambda request, user: "7"),
+    ("LIVEPUSH_SESSION_SUBJECT", lambda: "7"),
     # A browser drops a cookie whose Domain is not a host name: the session would never reach the server.
     ("LIVEPUSH_SESSION_COOKIE_DOMAIN", "https://example.com"),
     ("LIVEPUSH_SESSION_COOKIE_DOMAIN", "example.com:8000"),
