@@ -513,12 +513,19 @@ DEREGISTER_RUNTIME = "DELETE FROM livepush_job_runtimes WHERE id = %(id)s"
 # pruning runtime's own contact came back (%(since)s: the beat that ended its last spell of
 # failed beats; NULL when it had none) was an outage every runtime shared, and a live runtime's
 # jobs taken then would run twice at once, their attempt spent. greatest() skips the NULL.
+# Nor does a pruning runtime (%(runtime_id)s) whose own last beat is more than two of its beats
+# old prune anyone: its loop was held up (a job's CPU-heavy step) since the beat that started this
+# rescue, and its own silence, or that of runtimes held up with it, would be taken for death; its
+# next beat sees the gap and sets `since`. It reads only its own row, which only it updates
+# (a prune that deleted it meanwhile leaves it pruning nobody until its next beat registers it again).
 # DELETE locks each row, so two runtimes pruning at once delete each dead row once; the loser
 # finds nothing.
 PRUNE_DEAD_RUNTIMES = """
 DELETE FROM livepush_job_runtimes
 WHERE greatest(heartbeat_at, pg_postmaster_start_time(), %(since)s::timestamptz)
       < now() - make_interval(secs => heartbeat * 3)
+  AND EXISTS (SELECT 1 FROM livepush_job_runtimes me
+              WHERE me.id = %(runtime_id)s AND me.heartbeat_at >= now() - make_interval(secs => me.heartbeat * 2))
 RETURNING id
 """
 

@@ -534,6 +534,36 @@ async def beats_on_since(url: str, rt: Runtime, since: Any, what: str) -> None:
                          message=f"five beats {what} (or the runtime presumed dead)")
 
 
+async def test_a_rescue_run_after_its_runtime_was_held_up_takes_no_live_runtime_for_dead(jobs_db: str) -> None:
+    """A runtime whose loop a job holds up past three beats (a CPU-heavy step) runs the rescue its
+    last beat started only once the loop is free, before its next beat can see the gap. Its own
+    silence meanwhile is no sign of death, nor that of the runtimes held up with it: that rescue
+    prunes nobody, itself included (a lone runtime took itself for dead and ran its own job
+    again), and the first rescue after its next beat prunes the runtimes that stayed silent."""
+    from psycopg_pool import AsyncConnectionPool
+
+    from livepush.jobs.runtime import maintenance
+
+    register = ("INSERT INTO livepush_job_runtimes (host, pid, queues, concurrency, heartbeat, heartbeat_at) "
+                "VALUES ('test', 0, '{default}', 1, 0.2, now() - interval '2 s') RETURNING id")
+    (held,) = q(jobs_db, register)[0]
+    (sibling,) = q(jobs_db, register)[0]
+    h = await sample_jobs.wait_flag.aenqueue("never-set")
+    q(jobs_db, queries.CLAIM, {"queue": "default", "limit": 1, "excluded": [], "runtime_id": held})
+    info = {"id": held, "state": "running", "in_hand": 1}
+    async with AsyncConnectionPool(jobs_db, min_size=1, max_size=2, open=False) as pool:
+        rescued, _ = await maintenance.rescue(pool, held)  # ten beats late, its loop just free
+        assert rescued == []
+        assert sorted(r[0] for r in q(jobs_db, "SELECT id FROM livepush_job_runtimes")) == sorted([held, sibling])
+        assert q(jobs_db, "SELECT state, attempt, runtime_id FROM livepush_jobs WHERE id = %s",
+                 (h.id,)) == [("running", 1, held)]
+        await maintenance.beat(pool, info)
+        await maintenance.rescue(pool, held)  # beating again: the silent sibling is dead
+    assert [r[0] for r in q(jobs_db, "SELECT id FROM livepush_job_runtimes")] == [held]
+    assert q(jobs_db, "SELECT state, attempt, runtime_id FROM livepush_jobs WHERE id = %s",
+             (h.id,)) == [("running", 1, held)]
+
+
 async def test_a_slow_retention_prune_never_holds_up_the_heartbeat(jobs_db: str) -> None:
     """The heartbeat is what keeps a live runtime's jobs from being rescued: retention's deletes,
     however long they take (a backlog, a slow disk, a lock: here a lock the test holds), must not

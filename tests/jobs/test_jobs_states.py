@@ -168,7 +168,7 @@ def test_every_version_of_every_job_is_rung_once_in_order(jobs_db: str, rings: R
                     await conn.execute(queries.CLAIM, {"queue": "second", "limit": 1, "excluded": [],
                                                        "runtime_id": runtime_id})
                     await conn.commit()
-            rescued, _ = await maintenance.rescue(pool)
+            rescued, _ = await maintenance.rescue(pool, alive)
             given_back, _ = await maintenance.deregister(pool, alive)
         assert [r["id"] for r in rescued] == [handles[5].id] and given_back == 1
 

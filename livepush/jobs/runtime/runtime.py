@@ -1150,9 +1150,9 @@ class Runtime:
     async def _rescue(self, since: datetime | None) -> None:
         """Release the jobs of runtimes silent for three beats since `since` (maintenance.rescue),
         and have the groups it counted in rung."""
-        assert self._pool is not None
+        assert self._pool is not None and self.id is not None
         try:
-            _, touched = await maintenance.rescue(self._pool, since)
+            _, touched = await maintenance.rescue(self._pool, self.id, since)
         except _DB_ERRORS as exc:
             reraise_if_cancelled()
             self._failures.warning("rescuing dead runtimes' jobs failed (%s); trying again next beat", exc)
