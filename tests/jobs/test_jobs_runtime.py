@@ -1182,7 +1182,13 @@ async def test_a_job_released_at_deregistration_runs_again_without_the_old_runs_
 
     from livepush.jobs.runtime import maintenance
 
-    async with running() as rt:
+    # Deregistered by the test, the runtime runs on without a row until its next beat registers
+    # it again, and it claims the job given back at once: a rescue in between (one a beat started
+    # before the deregistration, late on a loaded machine) releases that claim as an orphan's, and
+    # the job starts a third time. A beat far off, and its first rescue over, leave no rescue then.
+    async with running(heartbeat=60.0) as rt:
+        await async_wait_for(lambda: rt._rescuing is not None and rt._rescuing.done(), 10.0,
+                             message="the rescue after the runtime's first beat to end")
         h = await sample_jobs.progress_then_wait.aenqueue("before the release", "released")
 
         async def reported() -> bool:
