@@ -57,6 +57,13 @@ def db_now(url: str) -> datetime:
     return q(url, "SELECT clock_timestamp()")[0][0]
 
 
+def five_minutes_far_from_a_tick(url: str) -> str:
+    """"*/5 * * * *" moved by whole minutes so that the database's clock is two minutes or more
+    from a tick either side: a round and the checks after it see the same newest due tick, whatever
+    minute the test runs in (a tick falling between them made the checks expect a newer one)."""
+    return f"{(db_now(url).minute + 3) % 5}-59/5 * * * *"
+
+
 def jobs_of(url: str, name: str) -> list[tuple[int, Any]]:
     return q(url, """SELECT j.id, p.args FROM livepush_jobs j JOIN livepush_job_payloads p ON p.id = j.id
                      WHERE j.name = %s ORDER BY j.id""", (name,))
@@ -296,7 +303,7 @@ def test_every_tick_next_to_a_clock_change_is_announced_and_then_found_due(
 
 async def test_a_new_periodic_job_starts_from_its_next_tick(jobs_db: str, pool: AsyncConnectionPool[Any]) -> None:
     """No row yet: the newest due tick is recorded as done, nothing is enqueued."""
-    schedule = declare("*/5 * * * *")
+    schedule = declare(five_minutes_far_from_a_tick(jobs_db))
     first = await Scheduler([schedule]).round(pool)
     assert first.enqueued == [] and jobs_of(jobs_db, schedule.name) == []
     assert last_tick(jobs_db, schedule.name) == schedule.cron.latest_due(db_now(jobs_db))
@@ -307,7 +314,7 @@ async def test_a_new_periodic_job_starts_from_its_next_tick(jobs_db: str, pool: 
 async def test_ticks_missed_while_no_runtime_ran_are_enqueued_once(jobs_db: str,
                                                                    pool: AsyncConnectionPool[Any]) -> None:
     """A day of missed five-minute ticks: one job, for the newest due tick; then nothing until the next."""
-    schedule = declare("*/5 * * * *")
+    schedule = declare(five_minutes_far_from_a_tick(jobs_db))
     q(jobs_db, "INSERT INTO livepush_periodic (name, last_tick) VALUES (%s, now() - interval '1 day')",
       (schedule.name,))
     done = await Scheduler([schedule]).round(pool)
@@ -342,8 +349,8 @@ async def test_a_tick_its_schema_refuses_is_logged_and_the_other_schedules_go_on
     the job; the round goes on to the other schedules, and the runtime with it."""
     refusing = Schedule(jobs.job(name=f"tests.periodic.job_{next(_names)}", queue="periodic-in-process",
                                  schema={"type": "array", "prefixItems": [{"pattern": "^never"}]})(
-        lambda ctx, tick: None), parse("*/5 * * * *", "UTC"))
-    fine = declare("*/5 * * * *")
+        lambda ctx, tick: None), parse(five_minutes_far_from_a_tick(jobs_db), "UTC"))
+    fine = declare(five_minutes_far_from_a_tick(jobs_db))
     for s in (refusing, fine):
         q(jobs_db, "INSERT INTO livepush_periodic (name, last_tick) VALUES (%s, now() - interval '1 day')", (s.name,))
     before = last_tick(jobs_db, refusing.name)
