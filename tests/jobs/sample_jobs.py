@@ -417,18 +417,21 @@ async def deaf_to_cancel_until_flag(ctx: Any, flag: str) -> str:
     return await deaf_until_flag(ctx, flag)
 
 
-# Set by a test to let the threads of `stuck_sync` jobs end; released once by each as it ends.
+# Set by a test to let the threads of `stuck_sync` jobs end. Each adds the token it was given to
+# UNSTUCK as it ends: a test waits for its own job's thread by its token, not for any thread to
+# end (those of earlier tests end too, once their test let them go).
 UNSTICK = threading.Event()
-UNSTUCK = threading.Semaphore(0)
+UNSTUCK: set[str] = set()
 
 
 @jobs.job(name="t.stuck_sync", timeout=0.2, max_attempts=1)
-def stuck_sync(ctx: Any) -> None:
+def stuck_sync(ctx: Any, token: str | None = None) -> None:
     """Hangs (as a call to a service without a timeout does) until the test lets it go."""
     try:
         UNSTICK.wait(60)
     finally:
-        UNSTUCK.release()
+        if token is not None:
+            UNSTUCK.add(token)
 
 
 @jobs.job(name="t.record_sync_soon", timeout=2.0, max_attempts=1)

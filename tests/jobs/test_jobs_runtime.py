@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -951,10 +952,11 @@ async def test_a_timed_out_sync_thread_that_ended_no_longer_counts_as_hung(
     async with running(concurrency=2):
         for _ in range(3):
             sample_jobs.UNSTICK.clear()
-            h = await sample_jobs.stuck_sync.aenqueue()
+            token = uuid.uuid4().hex
+            h = await sample_jobs.stuck_sync.aenqueue(token)
             await wait_state(h.id, "failed")
             sample_jobs.UNSTICK.set()
-            assert await asyncio.to_thread(sample_jobs.UNSTUCK.acquire, timeout=5.0), "the thread to end"
+            await async_wait_for(lambda: token in sample_jobs.UNSTUCK, 5.0, message="the thread to end")
         after = await sample_jobs.record_sync_soon.aenqueue("after")
         await wait_state(after.id, "succeeded")
     assert "fresh thread pool" not in caplog.text
