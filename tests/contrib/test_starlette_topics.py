@@ -159,6 +159,23 @@ async def test_a_topic_function_that_returns_no_str_is_an_error_naming_it(app_en
             await client.get("/forgot/7")
 
 
+def test_a_topic_function_that_cannot_take_the_request_is_refused_where_the_route_is_written() -> None:
+    """SignedTopic(fn) calls fn(request) at each request of the route: one that cannot take it
+    (no parameter, or two) raises ArgumentTypeError naming it where the app is defined, not a
+    500 for every visitor."""
+    def no_request() -> str:
+        return "chat:lobby"
+
+    def two(request: Request, room: str) -> str:
+        return f"chat:{room}"
+
+    for fn in (no_request, two):
+        with pytest.raises(ArgumentTypeError, match=rf"SignedTopic\(.*{fn.__name__}\) is called with the request alone"):
+            SignedTopic(fn)
+    SignedTopic(lambda request: "chat:lobby")
+    SignedTopic(lambda request, extra=None: "chat:lobby")
+
+
 async def test_a_path_parameter_the_template_does_not_name_is_not_checked(app_env: dict[str, str]) -> None:
     """Only the slots the template fills must be free of separators: another path parameter of
     the route (a file name with a dot) does not make the request a 404."""

@@ -91,6 +91,22 @@ def _a(value: object) -> str:
     return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
+def _check_takes_a_request(fn: Callable[..., object]) -> None:
+    """An ArgumentTypeError unless `fn(request)` can be called: it is called at each request of
+    the route, where its TypeError was a 500 for every visitor, found only in the server's log."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature Python can read (some builtins): found out at a request
+        return
+    try:
+        signature.bind(None)
+    except TypeError as exc:
+        name = getattr(fn, "__qualname__", type(fn).__qualname__)
+        raise ArgumentTypeError(f"SignedTopic({name}) is called with the request alone, but it cannot take it "
+                                f"({exc}): e.g. def topic(request): return f\"chat:{{request.path_params['room']}}\"") \
+            from None
+
+
 class SignedTopic:
     """A dependency that gives a route its PageTopic: `Depends(SignedTopic("chat:{room}"))` fills
     the template from the path parameters, or `SignedTopic(fn)` asks `fn(request)` (sync or
@@ -103,6 +119,8 @@ class SignedTopic:
         if not isinstance(topic, str) and not callable(topic):
             raise ArgumentTypeError(f"SignedTopic() takes a template such as 'chat:{{room}}' or a function of the "
                                     f"request, got {type(topic).__name__}")
+        if not isinstance(topic, str):
+            _check_takes_a_request(topic)
         self.slots = _slots(topic) if isinstance(topic, str) else ()  # the path parameters it fills
         self.topic = topic
         self.ttl = ttl
