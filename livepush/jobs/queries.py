@@ -535,11 +535,13 @@ RETURNING id
 # attempt. Runs after PRUNE_DEAD_RUNTIMES committed, so a runtime's row is either there (alive,
 # registered before it claimed) or gone for good. Row locks order this against a late
 # completion of the same job: whichever comes second finds the state or lease changed and does
-# nothing.
+# nothing. Never the rescuing runtime's own jobs (%(runtime_id)s): one that was pruned while held up
+# claims again before its next beat registers it again, and its own rescue released those claims
+# while it ran them, which then ran twice.
 RESCUE_ORPHANS = f"""
 WITH orphans AS (
     SELECT j.id FROM livepush_jobs j
-    WHERE j.state = 'running'
+    WHERE j.state = 'running' AND j.runtime_id IS DISTINCT FROM %(runtime_id)s
       AND NOT EXISTS (SELECT 1 FROM livepush_job_runtimes r WHERE r.id = j.runtime_id)
     ORDER BY j.id
     FOR UPDATE OF j SKIP LOCKED

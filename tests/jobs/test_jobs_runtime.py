@@ -565,6 +565,36 @@ async def test_a_rescue_run_after_its_runtime_was_held_up_takes_no_live_runtime_
              (h.id,)) == [("running", 1, held)]
 
 
+async def test_a_runtime_pruned_while_held_up_never_releases_the_jobs_it_claims_before_it_beats_again(
+        jobs_db: str) -> None:
+    """Pruned by another runtime while its loop was held up, a runtime claims again before its
+    next beat registers it again: those jobs' runtime has no row then. Its own rescue in that gap
+    released them while it ran them (they ran twice); it never releases its own jobs, while a
+    runtime that is really gone still has its jobs released."""
+    from psycopg_pool import AsyncConnectionPool
+
+    from livepush.jobs.runtime import maintenance
+
+    register = ("INSERT INTO livepush_job_runtimes (host, pid, queues, concurrency, heartbeat) "
+                "VALUES ('test', 0, '{default}', 1, 10) RETURNING id")
+    (pruned,) = q(jobs_db, register)[0]
+    (gone,) = q(jobs_db, register)[0]
+    mine = await sample_jobs.wait_flag.aenqueue("never-set")
+    theirs = await sample_jobs.wait_flag.aenqueue("never-set")
+    for runtime_id in (pruned, gone):
+        q(jobs_db, queries.CLAIM, {"queue": "default", "limit": 1, "excluded": [], "runtime_id": runtime_id})
+    q(jobs_db, "UPDATE livepush_job_runtimes SET heartbeat_at = now() - interval '1 minute' WHERE id = %s", (pruned,))
+    q(jobs_db, "DELETE FROM livepush_job_runtimes WHERE id = %s", (gone,))  # both pruned by another runtime
+    q(jobs_db, "DELETE FROM livepush_job_runtimes WHERE id = %s", (pruned,))
+    (pruned_job,) = [r[0] for r in q(jobs_db, "SELECT id FROM livepush_jobs WHERE runtime_id = %s", (pruned,))]
+    async with AsyncConnectionPool(jobs_db, min_size=1, max_size=2, open=False) as pool:
+        rescued, _ = await maintenance.rescue(pool, pruned)  # its own rescue, before its next beat
+    assert [r["id"] for r in rescued] != [] and pruned_job not in [r["id"] for r in rescued]
+    assert q(jobs_db, "SELECT state, attempt, runtime_id FROM livepush_jobs WHERE id = %s",
+             (pruned_job,)) == [("running", 1, pruned)]
+    assert {mine.id, theirs.id} - {pruned_job} == {r["id"] for r in rescued}
+
+
 async def test_a_slow_retention_prune_never_holds_up_the_heartbeat(jobs_db: str) -> None:
     """The heartbeat is what keeps a live runtime's jobs from being rescued: retention's deletes,
     however long they take (a backlog, a slow disk, a lock: here a lock the test holds), must not

@@ -138,7 +138,8 @@ async def rescue(pool: AsyncConnectionPool, runtime_id: int,
                  since: datetime | None = None) -> tuple[list[dict[str, Any]], set[int]]:
     """Prune runtimes silent for three beats, then release running jobs without a live runtime,
     attempt counted. `runtime_id`: the rescuing runtime, which prunes nobody while its own last
-    beat is more than two beats old (queries.PRUNE_DEAD_RUNTIMES says why). `since`: when the
+    beat is more than two beats old (queries.PRUNE_DEAD_RUNTIMES says why) and never releases its
+    own jobs (RESCUE_ORPHANS). `since`: when the
     caller's own contact with the database came back after it lost it (None: never lost);
     silence before it is not counted. Returns the released rows and the groups counted in."""
     async with pool.connection() as conn:
@@ -150,7 +151,7 @@ async def rescue(pool: AsyncConnectionPool, runtime_id: int,
         unrung = await unrung_groups(pool)
     async with pool.connection() as conn:
         async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(queries.RESCUE_ORPHANS, {"error": RESCUE_ERROR})
+            await cur.execute(queries.RESCUE_ORPHANS, {"error": RESCUE_ERROR, "runtime_id": runtime_id})
             rows = await cur.fetchall()
             if not rows:
                 return [], unrung
