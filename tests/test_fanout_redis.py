@@ -384,16 +384,21 @@ async def test_a_redis_out_of_memory_still_answers_reads_when_the_origin_is_due_
     """A Redis at its maxmemory (policy noeviction) refuses writes: a publish fails, but pages go
     on rendering and clients on resuming. The origin due to move on then stays as it is, rather
     than fail the read that would move it."""
-    fanout = await make_redis(url=private_redis.url, listen=False, history_ttl=0.1, idle_expire=1)
-    rendered = fanout.latest_offset("full:never")
+    # The reads below come once the origin is due to move on (half the idle time) and before the
+    # topic is forgotten (the whole of it), by Redis's clock, which runs on while this process
+    # waits for a core: 4 s leaves that wait 1.8 s, where 1 s left it 0.4 s.
+    fanout = await make_redis(url=private_redis.url, listen=False, history_ttl=0.1, idle_expire=4)
     offset = fanout.publish("full:a", {"i": 0})
+    # Nothing reads the origin between this render and the memory filling up, so it cannot move
+    # on before, however long this process waits for a core (a publish in between moved it).
+    rendered = fanout.latest_offset("full:never")
     admin = redis.Redis.from_url(private_redis.url)
     try:
         admin.config_set("maxmemory-policy", "noeviction")
         admin.config_set("maxmemory", 1)
         with pytest.raises(livepush.DependencyError):
             fanout.publish("full:a", {"i": 1})
-        await asyncio.sleep(0.6)  # past half the idle time, on the wall clock: no event to await
+        await asyncio.sleep(2.2)  # past half the idle time, on the wall clock: no event to await
         assert fanout.latest_offset("full:never") == rendered
         assert await fanout.history("full:a", offset) == History([], offset, False)
         assert await read_history(fanout, "full:never", rendered) == []
@@ -407,7 +412,10 @@ async def test_an_origin_that_could_not_move_on_still_gets_reset_past_the_idle_t
     """While Redis is out of memory the origin cannot move on, but a topic still expires: a page
     holding the origin while the topic was published and forgotten gets None (reset), even
     though that origin is still the newest."""
-    fanout = await make_redis(url=private_redis.url, listen=False, history_ttl=0.1, idle_expire=1)
+    # The publish must find the origin not yet due to move on (half the idle time after it was
+    # made, by Redis's clock, which runs on while this process waits for a core): 0.5 s was not
+    # enough on a loaded machine, 1.5 s is.
+    fanout = await make_redis(url=private_redis.url, listen=False, history_ttl=0.1, idle_expire=3)
     rendered = fanout.latest_offset("full:a")
     missed = fanout.publish("full:a", {"i": 0})
     raw_private.config_set("maxmemory-policy", "noeviction")
