@@ -191,7 +191,7 @@ def test_non_ascii_and_garbage_origins_are_refused() -> None:
 
 
 def token_of(kind: str) -> str | None:
-    """A token of each kind in the issue's matrix."""
+    """A token of each kind the handshake matrix covers."""
     now = time.time()
     if kind == "none":
         return None

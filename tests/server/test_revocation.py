@@ -39,9 +39,9 @@ from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
 CLOSE_REVOKED = 4403
-REVOCATION_DEADLINE = 1.0  # seconds from revoke() returning to the close frame (the bound)
+REVOCATION_DEADLINE = 1.0  # seconds from revoke() returning to the close frame (docs/security.md: within a second of the revocation)
 
-try:  # the Redis fan-out is a teammate's module; the Postgres half stands without it
+try:  # the Postgres half stands without the Redis fan-out module
     import livepush.fanout.redis  # noqa: F401
 
     REDIS_FANOUT_ERROR: str | None = None
