@@ -87,7 +87,10 @@ async def test_a_part_slow_to_read_what_it_missed_after_a_listener_loss_holds_up
             await async_wait_for(lambda: asyncio.to_thread(lambda: q(fleet.url, listening, (LISTENER_APP_NAME,))
                                                            == [(1,)]), RECOVERY_BOUND,
                                  message="the shared listener to connect again")
-            await asyncio.sleep(1.0)  # it listens, and what was missed is read
+            listened = listening + " AND state = 'idle' AND query ILIKE 'LISTEN %%'"
+            await async_wait_for(lambda: asyncio.to_thread(lambda: q(fleet.url, listened, (LISTENER_APP_NAME,))
+                                                           == [(1,)]), RECOVERY_BOUND,
+                                 message="the shared listener to LISTEN again")
             back_at = loop.time()
             sent: list[str] = []
             while not set(sent) & {o for kind, o in client.events["room:a"] if kind == "message"}:
