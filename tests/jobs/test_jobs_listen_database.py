@@ -15,6 +15,7 @@ from livepush.cli import wiring
 from livepush.jobs import database
 from livepush.jobs.runtime.runtime import Runtime
 from tests.support import slow_jobs
+from tests.support.waiting import async_wait_for
 
 # Well under the runtime's 10 s heartbeat, which finds a cancel without any ring.
 RING_BOUND = 5.0
@@ -54,6 +55,9 @@ async def test_a_runtime_whose_jobs_are_in_a_configured_database_hears_their_can
         await runtime.wait_started()
         state = await slow_jobs.started_slow_job(jobs_db, 60)
         database.configure(jobs_db)  # the helper put it back to None
+        # Its row says running once the claim commits, a moment before the claim's answer reaches
+        # the runtime's loop and puts the job in hand.
+        await async_wait_for(lambda: runtime.in_hand, 10.0, message="the job to be in the runtime's hand")
         handle_id = next(iter(runtime.in_hand))
         assert await jobs.acancel(handle_id)
         # Told by its ring at once, the job stops at its next await: well before a heartbeat.

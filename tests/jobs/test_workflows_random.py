@@ -334,7 +334,8 @@ class Seed:
             # The prune of a runtime that stopped beating (PRUNE_DEAD_RUNTIMES), then the rescue.
             await conn.execute("DELETE FROM livepush_job_runtimes WHERE id = %s", (runtime_id,))
             await conn.commit()
-            rows = await fetch(conn, queries.RESCUE_ORPHANS, {"error": RESCUE_ERROR})
+            # By a runtime that runs none of these jobs (the rescuer's own are never released).
+            rows = await fetch(conn, queries.RESCUE_ORPHANS, {"error": RESCUE_ERROR, "runtime_id": None})
             await outcomes.count(conn, outcomes.terminal(rows))
 
             def after() -> None:
