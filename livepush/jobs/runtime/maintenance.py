@@ -139,9 +139,9 @@ async def rescue(pool: AsyncConnectionPool, runtime_id: int,
     """Prune runtimes silent for three beats, then release running jobs without a live runtime,
     attempt counted. `runtime_id`: the rescuing runtime, which prunes nobody while its own last
     beat is more than two beats old (queries.PRUNE_DEAD_RUNTIMES says why) and never releases its
-    own jobs (RESCUE_ORPHANS). `since`: when the
-    caller's own contact with the database came back after it lost it (None: never lost);
-    silence before it is not counted. Returns the released rows and the groups counted in."""
+    own jobs (RESCUE_ORPHANS). `since`: when the caller's own contact with the database came back
+    after it lost it (None: never lost); silence before it is not counted. Returns the released
+    rows and the groups counted in."""
     async with pool.connection() as conn:
         cur = await conn.execute(queries.PRUNE_DEAD_RUNTIMES, {"since": since, "runtime_id": runtime_id})
         dead = [r[0] for r in await cur.fetchall()]
