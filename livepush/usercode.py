@@ -3,8 +3,11 @@ print instead of a traceback; and the folder those modules are looked for in."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import traceback
+from collections.abc import Callable
+from typing import Any
 
 from .errors import ConfigError
 
@@ -51,3 +54,18 @@ def what_raised(exc: BaseException) -> str:
     message = (exc.msg or "") if isinstance(exc, SyntaxError) else str(exc)  # a bare `raise SyntaxError` has none
     text = " / ".join(line.strip() for line in message.splitlines() if line.strip())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def cannot_take(fn: Callable[..., Any], *args: Any) -> str | None:
+    """Why `fn(*args)` cannot be called, as binding its signature says; None when it can, or when
+    Python cannot read its signature (some builtins: the call itself finds out). For hooks a user
+    hands livepush, checked where they are given rather than at each call."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(*args)
+    except TypeError as exc:
+        return str(exc)
+    return None

@@ -49,7 +49,7 @@ from typing import Any, TypeAlias
 from ..errors import ArgumentTypeError, ArgumentValueError, ConfigError
 from .tokens import Session
 from ..topics import MAX_TOPIC_LENGTH, RESERVED_PREFIX, STATE_PREFIXES, TOPIC_RE
-from ..usercode import current_folder, what_raised, where_raised
+from ..usercode import cannot_take, current_folder, what_raised, where_raised
 
 log = logging.getLogger("livepush.rules")
 
@@ -273,16 +273,11 @@ def _check_authorize(authorize: Callable[..., Any]) -> None:
     """An ArgumentTypeError unless `authorize(session, topic)` can be called: it is called only at
     a subscribe no rule allows, where its TypeError answered `unavailable`, which the JS client
     retries for ever, and the mistake showed only in the server's log."""
-    try:
-        signature = inspect.signature(authorize)
-    except (TypeError, ValueError):  # no signature Python can read (some builtins): found out at a subscribe
-        return
-    try:
-        signature.bind(None, "topic")
-    except TypeError as exc:
+    why = cannot_take(authorize, None, "topic")
+    if why is not None:
         raise ArgumentTypeError(f"App(authorize=...) is called with (session, topic), the session None for "
-                                f"an anonymous connection, but {authorize!r:.60} cannot take them ({exc}): "
-                                "e.g. def authorize(session, topic): ...") from None
+                                f"an anonymous connection, but {authorize!r:.60} cannot take them ({why}): "
+                                "e.g. def authorize(session, topic): ...")
 
 
 class App:

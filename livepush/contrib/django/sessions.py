@@ -13,7 +13,6 @@ Settings (all optional):
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import re
@@ -32,6 +31,7 @@ from ...errors import InvalidSession, LivepushError
 from ...sessions import MAX_TTL
 from ...sessions.handshake import HOST_COOKIE_NAME
 from ...sessions.tokens import check_subject
+from ...usercode import cannot_take
 from .._cookies import COOKIE_NAMES, nowhere_to_revoke, session_cookie, session_cookies, session_token
 
 log = logging.getLogger("livepush.contrib.django")
@@ -70,16 +70,12 @@ def _subject_setting() -> Callable[[Any], object] | None:
     if custom is not None and not callable(custom):
         raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT must be a function of the user that returns its "
                                    f"subject (the function itself, not its name), got {custom!r:.60}")
-    if custom is not None:
-        # Called with the user alone, at each signed-in request: one of another shape failed every
-        # one of them with a TypeError, where this is checked at the server's start.
-        try:
-            inspect.signature(custom).bind(None)
-        except ValueError:
-            pass  # no signature Python can read (some builtins): found out at a request
-        except TypeError as exc:
-            raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT is called with the user alone, but {custom!r:.60} "
-                                       f"cannot take it ({exc}): e.g. def subject(user): return str(user.pk)") from None
+    # Called with the user alone, at each signed-in request: one of another shape failed every
+    # one of them with a TypeError, where this is checked at the server's start.
+    why = None if custom is None else cannot_take(custom, None)
+    if why is not None:
+        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT is called with the user alone, but {custom!r:.60} "
+                                   f"cannot take it ({why}): e.g. def subject(user): return str(user.pk)")
     return custom
 
 

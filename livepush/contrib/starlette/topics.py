@@ -19,6 +19,7 @@ from ... import api, topics
 from ...config import get_settings
 from ...errors import ArgumentTypeError, ArgumentValueError, InvalidTopic
 from ...sessions.rules import SEPARATORS
+from ...usercode import cannot_take
 
 
 @dataclass(frozen=True)
@@ -94,17 +95,11 @@ def _a(value: object) -> str:
 def _check_takes_a_request(fn: Callable[..., object]) -> None:
     """An ArgumentTypeError unless `fn(request)` can be called: it is called at each request of
     the route, where its TypeError was a 500 for every visitor, found only in the server's log."""
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # no signature Python can read (some builtins): found out at a request
-        return
-    try:
-        signature.bind(None)
-    except TypeError as exc:
+    why = cannot_take(fn, None)
+    if why is not None:
         name = getattr(fn, "__qualname__", type(fn).__qualname__)
         raise ArgumentTypeError(f"SignedTopic({name}) is called with the request alone, but it cannot take it "
-                                f"({exc}): e.g. def topic(request): return f\"chat:{{request.path_params['room']}}\"") \
-            from None
+                                f"({why}): e.g. def topic(request): return f\"chat:{{request.path_params['room']}}\"")
 
 
 class SignedTopic:

@@ -17,6 +17,7 @@ from .options import check_name, check_queue
 from .registry import REGISTRY, JobRequest
 from .schema import compile_schema
 from ...errors import ArgumentTypeError, ArgumentValueError, ConfigError
+from ...usercode import cannot_take
 
 MAX_BACKOFF = 3600.0
 
@@ -53,16 +54,11 @@ def _check_backoff(backoff: Callable[..., Any]) -> None:
     if inspect.iscoroutinefunction(backoff):
         raise ArgumentTypeError(f"@jobs.job(backoff=) is called with the attempt number and must return seconds "
                                 f"at once: {backoff!r:.60} is `async def`; make it a plain function")
-    try:
-        signature = inspect.signature(backoff)
-    except (TypeError, ValueError):  # no signature Python can read (some builtins): the runtime finds out
-        return
-    try:
-        signature.bind(1)
-    except TypeError as exc:
+    why = cannot_take(backoff, 1)
+    if why is not None:
         raise ArgumentTypeError(f"@jobs.job(backoff=) is called with one argument, the attempt number (1 after "
-                                f"the first failure), but {backoff!r:.60} cannot take it ({exc}); "
-                                f"e.g. lambda n: 10 * n") from None
+                                f"the first failure), but {backoff!r:.60} cannot take it ({why}); "
+                                f"e.g. lambda n: 10 * n")
 
 
 def _check_never_retry(never_retry: Any) -> tuple[type[BaseException], ...]:

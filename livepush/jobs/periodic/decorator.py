@@ -4,7 +4,6 @@ table of periodic jobs, `SCHEDULES`, that runtimes schedule from."""
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 from ..api.functions import OPTIONS, JobFunction, job
 from ..api.registry import Registry
 from ...errors import ArgumentTypeError
+from ...usercode import cannot_take
 from ..errors import InvalidArgumentsError, InvalidScheduleError
 from .cron import Cron, parse
 
@@ -53,13 +53,9 @@ SCHEDULES = Schedules()
 
 
 def _check_signature(cron: str, func: Callable[..., Any]) -> None:
-    try:
-        inspect.signature(func).bind(None, "tick")
-    except TypeError:
+    if cannot_take(func, None, "tick") is not None:
         raise InvalidScheduleError(f"periodic {cron!r}: {getattr(func, '__qualname__', func)!r} must take "
-                                   "(ctx, tick): the tick is passed as its one argument") from None
-    except ValueError:
-        pass  # no signature to inspect (a builtin): found out when it runs
+                                   "(ctx, tick): the tick is passed as its one argument")
 
 
 def _check_schema(fn: JobFunction, cron: Cron) -> None:

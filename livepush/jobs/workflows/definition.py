@@ -12,7 +12,6 @@ gives the real one): this module only describes graphs.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import re
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -22,6 +21,7 @@ from ..api.options import check_queue
 from ..api.registry import REGISTRY, where_defined
 from ..durable.run import MAX_SECONDS, check_name
 from ..errors import ConfigError, WorkflowDefinitionError
+from ...usercode import cannot_take
 
 ON_TIMEOUT = ("fail", "cancel", "skip")
 ON_BATCH_FAILURE = ("pause", "cancel", "skip")
@@ -127,14 +127,10 @@ class Workflow:
         # The call the step's job makes, (ctx) or (ctx, batch), checked against the function:
         # else @flow.step on a fan-out's function (or the reverse) failed every attempt at run time.
         takes = "(ctx, batch)" if kind == "fan_out" else "(ctx)"
-        try:
-            inspect.signature(fn).bind(*([None] * (2 if kind == "fan_out" else 1)))
-        except TypeError:
+        if cannot_take(fn, *([None] * (2 if kind == "fan_out" else 1))) is not None:
             other = "@flow.step" if kind == "fan_out" else "@flow.fan_out"
             raise WorkflowDefinitionError(f"{where}: step {name!r} is called as {takes}, which its function does not "
-                                          f"take: change its parameters, or use {other} if it is one") from None
-        except ValueError:
-            pass  # no signature to read (some builtins): the call decides
+                                          f"take: change its parameters, or use {other} if it is one")
         if isinstance(after, str):
             after = [after]
         try:
