@@ -67,19 +67,21 @@ def server_parts(settings: Settings, *, app: App | None = None, with_jobs: Seque
     if settings.database_url:
         migrate.check_schema(settings.database_url)
         check_listen_database(settings)
+    if with_jobs:
+        # First: the modules may choose the jobs' database at import (jobs.configure()), and so
+        # where the runtime hears its rings and the state topics are read.
+        load_modules(with_jobs)
     listener, subscriber = _listeners(settings)
     fanout = from_env(settings, listener=listener, subscriber=subscriber)
     store = store_from_settings(settings, listener=listener, subscriber=subscriber)
-    states = [JobStates(settings.database_url, listener=listener)] if settings.database_url else []
+    states = _job_states(settings, listener)
     # publish() and revoke() in this process go through the server's own parts (the local fan-out
     # and the memory store exist only there).
     api.set_default_fanout(fanout)
     sessions.set_default_store(store)
     runtime = None
     if with_jobs:
-        # The modules may choose the jobs' database at import (jobs.configure()): loaded first, the
-        # runtime shares the server's listener only when its jobs ring there, else listens on its own.
-        load_modules(with_jobs)
+        # The runtime shares the server's listener only when its jobs ring there, else listens on its own.
         shared = listener if database.on_settings_database() else None
         runtime = Runtime(list(with_jobs), install_signals=False, listener=shared, publisher=fanout)
         # Jobs live in Postgres (LIVEPUSH_DATABASE_URL, or the modules' jobs.configure()): without
@@ -94,6 +96,19 @@ def server_parts(settings: Settings, *, app: App | None = None, with_jobs: Seque
     closers += [c.aclose for c in (listener, subscriber) if c is not None]
     closers.append(_forget_defaults)
     return Parts(server, runtime, closers, listener)
+
+
+def _job_states(settings: Settings, listener: Listener | None) -> list[JobStates]:
+    """The state topics (`job:`, `group:`, `workflow:`), read where the jobs are: the settings'
+    database, or the one jobs.configure() chose in the --app or --with-jobs modules. Read from the
+    settings' database, a page showed nothing of those jobs, or another job with the same id."""
+    if database.configured_url() in (None, settings.database_url):
+        return [JobStates(settings.database_url, listener=listener)] if settings.database_url else []
+    url = database.database_url()
+    migrate.check_schema(url)
+    # A listener of its own: the shared one (LIVEPUSH_LISTEN_DATABASE_URL) reaches the settings'
+    # database only, where these jobs' rings are never heard.
+    return [JobStates(url)]
 
 
 async def _forget_defaults() -> None:

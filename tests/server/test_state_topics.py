@@ -196,3 +196,40 @@ async def test_a_job_topic_shows_the_jobs_states_through_a_server_on_the_redis_f
         database.configure(None)
         await served.stop()
         set_settings(None)
+
+
+@jobs.job(name="t.state.elsewhere", queue="state-topics")
+async def in_the_settings_database(ctx: Any) -> None:
+    pass
+
+
+async def test_a_job_topic_shows_the_job_of_the_database_jobs_configure_chose(make_pg_url: Any, secret: str) -> None:
+    """With jobs.configure() naming another database than LIVEPUSH_DATABASE_URL (an --app or
+    --with-jobs module does it at import), a job topic shows that database's job: its snapshot,
+    then its later versions up to the final one. Not nothing, and not the job with the same id in
+    the settings' database."""
+    settings_db, jobs_db = make_pg_url(), make_pg_url()
+    database.configure(settings_db)
+    try:
+        namesake = await asyncio.to_thread(in_the_settings_database.enqueue)
+        database.configure(jobs_db)
+        served = await start_served(Settings(fanout="postgres", database_url=settings_db, secret=secret, port=0,
+                                             env="test"))
+        try:
+            handle = await asyncio.to_thread(steps.enqueue, 2)
+            assert handle.id == namesake.id  # each database numbers its jobs from 1
+            client = await WSClient.open(served.url)
+            assert (await client.subscribe(handle.signed_topic))["offset"] == "1"
+            snapshot = (await client.messages(1))[0]["data"]
+            assert (snapshot["event"], snapshot["job"]["name"]) == ("snapshot", "t.state.steps")
+            assert (await asyncio.to_thread(jobs.drain, ["state-topics"])).get("succeeded") == 1
+            events = []
+            while not events or events[-1]["data"]["event"] != "succeeded":
+                events.append((await client.messages(1))[0])
+            assert events[-1]["data"]["job"]["progress"] == {"done": 2, "total": 2, "message": "step 2"}
+            await client.close()
+        finally:
+            await served.stop()
+    finally:
+        database.configure(None)
+        set_settings(None)
