@@ -347,6 +347,11 @@ class PushServer:
                 # job, group or workflow, and publish() refuses its topic. A `subscribed` would
                 # hear nothing for ever; a refusal the client does not retry says so.
                 raise InvalidTopic(f"{plain}: this server has no database to read it from")
+            if plain not in client.topics and len(client.topics) >= self.app.max_subscriptions:
+                # Before authorize(): a client at its limit would otherwise have the app's
+                # check (often a database read) run for every refused subscribe it sends.
+                self._refuse(client, cmd.ref, "limit")
+                return
             if not topics.is_signed(cmd.topic):
                 reason = await self.app.check(client.session, plain)
                 if client.closing:
@@ -361,9 +366,6 @@ class PushServer:
                     return
         except InvalidTopic as exc:
             self._refuse(client, cmd.ref, exc.reason)
-            return
-        if plain not in client.topics and len(client.topics) >= self.app.max_subscriptions:
-            self._refuse(client, cmd.ref, "limit")
             return
         again = plain in client.topics
         if not again:

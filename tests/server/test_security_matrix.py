@@ -422,6 +422,26 @@ async def test_subscription_limit(start: Start) -> None:
     await client.close()
 
 
+
+async def test_a_subscribe_past_the_limit_is_refused_without_asking_authorize(start: Start) -> None:
+    """A client at max_subscriptions gets `limit` for a new topic before the app's authorize() runs:
+    a client sending refused subscribes in a loop does not make the app check each one."""
+    asked: list[str] = []
+
+    def authorize(session: Any, topic: str) -> bool:
+        asked.append(topic)
+        return True
+
+    served = await start("optional", app=App(rules=RULES, authorize=authorize, max_subscriptions=2))
+    client = await open_client(served)
+    for topic in ("other:a", "other:b"):  # no rule allows them: authorize() decides
+        assert (await client.subscribe(topic))["op"] == "subscribed", topic
+    assert asked == ["other:a", "other:b"]
+    for n in range(5):
+        assert (await client.subscribe(f"other:more{n}"))["reason"] == "limit"
+    assert asked == ["other:a", "other:b"], "authorize() ran for subscribes refused by the limit"
+    await client.close()
+
 # -- serve --app as a child process ---------------------------------------------------------
 
 
