@@ -141,3 +141,15 @@ def spawner_sync_timeout(ctx: Any, timeout: str) -> None:
         note_sync(ctx, "refused", f"{type(exc).__name__}: {exc}")
         return
     note_sync(ctx, "done", "added")
+
+
+@jobs.job(name="g.callback_adds", max_attempts=3, backoff=lambda attempt: 0.0)
+async def callback_adds(ctx: Any) -> None:
+    """A callback that adds to its own group, which has finished: GroupClosedError."""
+    await ctx.group.enqueue(member, "too late")
+
+
+@jobs.job(name="g.adds_to", max_attempts=3, backoff=lambda attempt: 0.0)
+def adds_to(ctx: Any, group_id: int) -> None:
+    """Adds to a group from outside it (add_to_group), as any job may."""
+    jobs.add_to_group(group_id, member_sync, "from outside")

@@ -273,6 +273,26 @@ def test_a_member_that_adds_past_the_member_limit_fails_at_once_rather_than_retr
     assert info.error.startswith("GroupLimitError: "), info.error
 
 
+def test_a_job_that_meets_a_closed_group_fails_at_once_rather_than_retried(groups_db: str) -> None:
+    """A group never opens again once sealed, cancelled or finished, so an add it refused is refused
+    again on every attempt: the job that made it (a callback adding to its finished group, a job
+    adding to a sealed group from outside) fails at its first attempt with GroupClosedError, as for
+    GroupLimitError, rather than waiting out its backoff max_attempts times."""
+    sealed = jobs.create_group()
+    jobs.seal_group(sealed.id)
+    outsider = gj.adds_to.enqueue(sealed.id)
+    with jobs.group(on_finish=gj.callback_adds.request()) as g:
+        g.enqueue(gj.member, "m")
+    jobs.drain()
+    (callback_id,) = [r[0] for r in q(groups_db, "SELECT id FROM livepush_jobs WHERE callback_of = %s",
+                                        (g.handle.id,))]
+    for job_id in (outsider.id, callback_id):
+        info = jobs.get_job(job_id)
+        assert info is not None
+        assert (info.state, info.attempt, info.max_attempts) == ("failed", 1, 3), (info.state, info.attempt)
+        assert info.error.startswith("GroupClosedError: "), info.error
+
+
 def test_add_many_stops_reading_items_at_the_member_limit(groups_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """add_many_to_group refuses an iterable of items past the member limit as soon as it gets
     there, as the group block does: an endless (or huge) generator is not read to its end, nor

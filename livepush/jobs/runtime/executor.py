@@ -27,6 +27,7 @@ from ..errors import (
     CheckpointInputConflict,
     ChildFailed,
     DuplicateStepError,
+    GroupClosedError,
     GroupLimitError,
     InvalidResultError,
     JobCancelled,
@@ -56,9 +57,10 @@ class Outcome:
 
 # Failures that a retry would meet again, unchanged: the same code returns the same thing, and a
 # replay finds the same stored facts (a child's failure, a signal's timeout, a stored input); a
-# task group never loses members, so an add past its limit is refused again.
-NEVER_RETRIED = (CheckpointInputConflict, ChildFailed, DuplicateStepError, GroupLimitError, InvalidResultError,
-                 ReplayMismatch, SignalTimeout)
+# task group never loses members, so an add past its limit is refused again; and a group never
+# opens again once sealed, cancelled or finished, so an add it refused is refused again.
+NEVER_RETRIED = (CheckpointInputConflict, ChildFailed, DuplicateStepError, GroupClosedError, GroupLimitError,
+                 InvalidResultError, ReplayMismatch, SignalTimeout)
 
 # A retry is never put off longer than this, whatever a job's own backoff= says (a huge or
 # infinite delay would not fit Postgres' interval and fail the completer's whole batch).
