@@ -153,3 +153,23 @@ async def callback_adds(ctx: Any) -> None:
 def adds_to(ctx: Any, group_id: int) -> None:
     """Adds to a group from outside it (add_to_group), as any job may."""
     jobs.add_to_group(group_id, member_sync, "from outside")
+
+
+def _counts_read(group: Any) -> str:
+    """What reading the finished-group fields of ctx.group gave: the values, or the error."""
+    try:
+        return json.dumps([group.total, group.pending, group.state, group.as_dict()])
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+@jobs.job(name="g.reads_counts")
+async def reads_counts(ctx: Any) -> None:
+    """Notes what ctx.group's counts gave a member (phase "read"), and whether hasattr saw them."""
+    await note(ctx, "read", _counts_read(ctx.group))
+    await note(ctx, "hasattr", hasattr(ctx.group, "total"))
+
+
+@jobs.job(name="g.reads_counts_sync")
+def reads_counts_sync(ctx: Any) -> None:
+    note_sync(ctx, "read", _counts_read(ctx.group))

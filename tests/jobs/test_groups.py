@@ -293,6 +293,25 @@ def test_a_job_that_meets_a_closed_group_fails_at_once_rather_than_retried(group
         assert info.error.startswith("GroupClosedError: "), info.error
 
 
+def test_a_member_reading_the_counts_only_a_callback_has_is_told_where_to_read_them(groups_db: str) -> None:
+    """ctx.group's counts and state are the finished group's, loaded for its callbacks only. A
+    member reading them (async or sync) gets an AttributeError that says how to read its group's
+    current counts, not None as if the group had none; a callback still sees them."""
+    with jobs.group(on_finish=gj.callback.request("fin")) as g:
+        g.enqueue(gj.reads_counts)
+        g.enqueue(gj.reads_counts_sync)
+    jobs.drain()
+    reads = [r[0] for r in q(groups_db, "SELECT key FROM job_runs WHERE phase = 'read' ORDER BY job_id")]
+    assert len(reads) == 2
+    for read in reads:
+        assert read.startswith("AttributeError: ctx.group.total"), read
+        assert "jobs.aget_group(ctx.group.id)" in read, read
+    assert q(groups_db, "SELECT key FROM job_runs WHERE phase = 'hasattr'") == [("False",)]
+    (run,) = gj.callback_runs(groups_db)
+    assert run[3] == {"id": g.handle.id, "state": "finished", "total": 2, "pending": 0, "succeeded": 2,
+                      "failed": 0, "cancelled": 0}
+
+
 def test_add_many_stops_reading_items_at_the_member_limit(groups_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """add_many_to_group refuses an iterable of items past the member limit as soon as it gets
     there, as the group block does: an endless (or huge) generator is not read to its end, nor

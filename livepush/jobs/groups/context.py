@@ -30,7 +30,7 @@ class GroupContext:
     after the seal, fenced by the member's claim (LeaseLostError once it lost it).
     Callbacks: also `kind` ("finish", "success" or "failure") and the group's final `state`,
     `total`, `pending`, `succeeded`, `failed`, `cancelled` (loaded before the callback runs);
-    `as_dict()` gives them as its state topic does."""
+    `as_dict()` gives them as its state topic does. A member reading those gets AttributeError."""
 
     def __init__(self, ctx: Any, view: dict[str, Any] | None = None, kind: str | None = None) -> None:
         self._ctx = ctx
@@ -42,10 +42,20 @@ class GroupContext:
 
     def __getattr__(self, name: str) -> Any:
         if name in GROUP_KEYS and name != "id":
+            self._check_callback(name)
             return self._view.get(name)
         raise AttributeError(name)
 
+    def _check_callback(self, name: str) -> None:
+        """A member has no counts here (they change while it runs, and are loaded for callbacks
+        only): None would read as a group that has none, so say where the current ones are."""
+        if not self.is_callback:
+            raise AttributeError(f"ctx.group.{name} is the finished group's, known to its callbacks only: a member "
+                                 f"reads its group's current counts with `await jobs.aget_group(ctx.group.id)` "
+                                 f"(jobs.get_group in a sync job)")
+
     def as_dict(self) -> dict[str, Any]:
+        self._check_callback("as_dict()")
         return {"id": self.id, **{k: self._view.get(k) for k in GROUP_KEYS if k != "id"}}
 
     def __repr__(self) -> str:
