@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -889,6 +889,34 @@ async def test_race_member_adds_while_the_last_other_member_finishes(groups_db: 
         JOIN livepush_jobs m ON m.group_id = c.group_id
         WHERE m.id > cb.id OR m.finished_at IS NULL""")
     assert bad == []
+
+
+async def test_a_runtime_cancels_orphaned_children_in_its_own_database_not_the_process_default(
+        groups_db: str, make_pg_url: Callable[[], str]) -> None:
+    """A runtime on a database of its own (Runtime(url=)) cancels the groups of children whose parent
+    finished first there, through its own connections: the process's default database, where the
+    same group id names another group, is left alone."""
+    other = make_pg_url()
+    with jobs.group() as here:
+        here.enqueue(gj.member, "here")
+    jobs.configure(other)
+    try:
+        parent = gj.member.enqueue("parent")
+        with jobs.group() as there:
+            there.enqueue(gj.member, "there")
+    finally:
+        jobs.configure(None)
+    assert here.handle.id == there.handle.id  # each database's ids start at 1
+    # The parent finished while its children had not (a workflow run that ended, say).
+    q(other, "UPDATE livepush_jobs SET state = 'succeeded', finished_at = now() WHERE id = %s", (parent.id,))
+    q(other, "UPDATE livepush_groups SET parent_id = %s WHERE id = %s", (parent.id, there.handle.id))
+    # It serves another queue: the members stay queued, so only the cancel can end them.
+    async with runtime_running(url=other, queues=["second"]):
+        def cancelled() -> bool:
+            return q(other, "SELECT state FROM livepush_groups WHERE id = %s", (there.handle.id,)) == [("cancelled",)]
+        await async_wait_for(lambda: asyncio.to_thread(cancelled), 10.0, message="the orphaned group's cancel")
+    mine = jobs.get_group(here.handle.id)
+    assert mine is not None and (mine["state"], mine["pending"]) == ("sealed", 1), mine
 
 
 def test_retention(groups_db: str) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from psycopg_pool import AsyncConnectionPool
+
 from ..api.handles import checked_id
 from . import queries as gq
 from . import steps
@@ -77,21 +79,22 @@ def _cancel_one(group_id: int) -> tuple[bool, list[int], list[int]]:
     return marked, parked, ended
 
 
-async def _acancel_one(group_id: int) -> tuple[bool, list[int], list[int]]:
-    marked = await ain_tx(lambda: _mark_steps(group_id), None)
+async def _acancel_one(group_id: int, pool: AsyncConnectionPool | None) -> tuple[bool, list[int], list[int]]:
+    """_cancel_one for async code, through `pool` when given (ain_tx)."""
+    marked = await ain_tx(lambda: _mark_steps(group_id), None, pool)
     if marked is None:
         return False, [], []
     parked: list[int] = []
     ended: list[int] = []
     after = 0
     while True:
-        rows = await ain_tx(lambda: _chunk_steps(group_id, after), None)
+        rows = await ain_tx(lambda: _chunk_steps(group_id, after), None, pool)
         parked += _parked(rows)
         ended += [r["id"] for r in rows]
         if len(rows) < CANCEL_CHUNK:
             break
         after = rows[-1]["id"]
-    await ain_tx(lambda: _finish_steps(group_id), None)
+    await ain_tx(lambda: _finish_steps(group_id), None, pool)
     return marked, parked, ended
 
 
@@ -109,8 +112,15 @@ def cancel_group(group_id: int) -> bool:
 
 
 async def acancel_group(group_id: int) -> bool:
-    marked, parked, _ = await _acancel_one(checked_id(group_id, "group_id"))
-    await acancel_children(parked)
+    return await acancel_group_through(None, group_id)
+
+
+async def acancel_group_through(pool: AsyncConnectionPool | None, group_id: int) -> bool:
+    """acancel_group() through `pool` (None: the process's jobs pool). A runtime's housekeeping
+    passes its own: the ids it read are its database's, which may not be the process's default
+    (Runtime(url=)), where the same id names another group."""
+    marked, parked, _ = await _acancel_one(checked_id(group_id, "group_id"), pool)
+    await acancel_children(parked, pool)
     return marked
 
 
@@ -127,12 +137,12 @@ def cancel_children(job_ids: list[int]) -> list[int]:
     return ended
 
 
-async def acancel_children(job_ids: list[int]) -> list[int]:
+async def acancel_children(job_ids: list[int], pool: AsyncConnectionPool | None = None) -> list[int]:
     todo = list(job_ids)
     ended: list[int] = []
     while todo:
-        groups = await ain_tx(lambda: _children_steps(todo), None)
-        done = [await _acancel_one(g) for g in groups]
+        groups = await ain_tx(lambda: _children_steps(todo), None, pool)
+        done = [await _acancel_one(g, pool) for g in groups]
         todo = [j for _, parked, _ in done for j in parked]
         ended += [j for _, _, members in done for j in members]
     return ended

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg_pool import AsyncConnectionPool
 
 from ...postgres.connect import cursor_on, translated, translated_on
 from .. import database
@@ -99,8 +100,11 @@ def in_tx(make: Callable[[], steps.Steps[T]], conn: Any) -> T:
     raise AssertionError("unreachable")
 
 
-async def ain_tx(make: Callable[[], steps.Steps[T]], conn: Any) -> T:
-    url = database.database_url()
+async def ain_tx(make: Callable[[], steps.Steps[T]], conn: Any, pool: AsyncConnectionPool | None = None) -> T:
+    """in_tx for async code. `pool`: where our own transactions' connections come from instead of
+    the process's jobs pool (a runtime's own work: its database may not be the process's default);
+    not in autocommit, as that pool is not, so that the steps are one transaction."""
+    url = pool.conninfo if pool is not None else database.database_url()
     if conn is not None:
         check_conn(conn, "async")
         with translated_on(url, conn):
@@ -118,7 +122,7 @@ async def ain_tx(make: Callable[[], steps.Steps[T]], conn: Any) -> T:
     with translated(url):
         for attempt in range(RETRIES):
             try:
-                async with (await database.pools().aget()).connection() as own:
+                async with (pool or await database.pools().aget()).connection() as own:
                     return await steps.arun(own, make())
             except _CONFLICTS:
                 if attempt == RETRIES - 1:

@@ -24,7 +24,7 @@ from ...tasks import reraise_if_cancelled
 from .. import queries
 from ..groups import outcomes
 from ..groups import queries as gq
-from ..groups.cancel import acancel_group
+from ..groups.cancel import acancel_group_through
 from ..workflows import queries as wq
 
 log = logging.getLogger("livepush.jobs")
@@ -209,7 +209,8 @@ async def cancel_orphaned_children(pool: AsyncConnectionPool, limit: int = 100) 
     async with pool.connection() as conn:
         ids = [r[0] for r in await (await conn.execute(gq.ORPHANED_CHILD_GROUPS, {"limit": limit})).fetchall()]
     for gid in ids:
-        await acancel_group(gid)  # False for a cancel that failed part-way, which this completes
+        # Through our pool: these ids are our database's, which may not be the process's default.
+        await acancel_group_through(pool, gid)  # False for a cancel that failed part-way, which this completes
     if ids:
         log.info("cancelled the groups of children whose parent job had finished: %s", ids)
     return ids
