@@ -256,24 +256,27 @@ WHERE limited AND name = ANY(%(names)s::text[]) AND state IN ('available', 'sche
 """
 
 # name: limited_before
-# Under LOCK_LIMITS, before SET_LIMITS: which of the starting runtime's limited names already had
-# limits. The others gain them with this start, and their unfinished jobs, enqueued without the
-# mark, are marked (UNMARKED_JOBS, MARK_LIMITED). Starts take turns on the lock, so two never
-# both see a name as new.
+# Under LOCK_LIMITS, before SET_LIMITS: which limits the starting runtime's limited names already
+# had (a row without limits has neither). A name gains limits with this start when it had none,
+# and gains a concurrency limit when it had none of that (a rate alone marks jobs limited with no
+# key, which no slot counts); the unfinished jobs enqueued before are then marked with their keys
+# (UNMARKED_JOBS, MARK_LIMITED). Starts take turns on the lock, so two never both see a name as new.
 LIMITED_BEFORE = """
-SELECT name FROM livepush_job_limits
+SELECT name, max_running IS NOT NULL AS keyed FROM livepush_job_limits
 WHERE name = ANY(%(names)s::text[]) AND (max_running IS NOT NULL OR rate IS NOT NULL)
 """
 
 # name: unmarked_jobs
-# The unfinished jobs of names that just gained limits and were enqueued without the mark, in id
-# order from `after`, a page at a time: their concurrency keys come from their arguments, which
-# only the function's definition (Python) can read. Rare (a deploy that adds a limit), so a scan
-# is acceptable, as for UNFLAG_LIMITED. Workflow steps are never limited.
+# The unfinished jobs of names that just gained limits and were enqueued without the mark, or, of
+# names that just gained a concurrency limit (`keyed`), without a key, in id order from `after`, a
+# page at a time: their concurrency keys come from their arguments, which only the function's
+# definition (Python) can read. Rare (a deploy that adds a limit), so a scan is acceptable, as for
+# UNFLAG_LIMITED. Workflow steps are never limited.
 UNMARKED_JOBS = """
 SELECT j.id, j.name, j.version, p.args
 FROM livepush_jobs j JOIN livepush_job_payloads p USING (id)
-WHERE j.name = ANY(%(names)s::text[]) AND NOT j.limited AND j.workflow_id IS NULL
+WHERE j.name = ANY(%(names)s::text[]) AND j.workflow_id IS NULL
+  AND (NOT j.limited OR (j.concurrency_key IS NULL AND j.name = ANY(%(keyed)s::text[])))
   AND j.state IN ('available', 'scheduled', 'waiting', 'running') AND j.id > %(after)s
 ORDER BY j.id
 LIMIT %(page)s
@@ -284,10 +287,11 @@ LIMIT %(page)s
 # in its key's slots until it ends (a retry comes back marked). Safe beside a claim or an outcome
 # of the same job: the row lock orders them, and the version check skips a job that changed after
 # it was read (a debounce that replaced its arguments, a claim, an end), as does the state check.
+# A job that has a key already keeps it.
 MARK_LIMITED = """
 UPDATE livepush_jobs j SET limited = true, concurrency_key = u.key
 FROM unnest(%(ids)s::bigint[], %(versions)s::bigint[], %(keys)s::text[]) AS u(id, version, key)
-WHERE j.id = u.id AND j.version = u.version AND NOT j.limited
+WHERE j.id = u.id AND j.version = u.version AND (NOT j.limited OR j.concurrency_key IS NULL)
   AND j.state IN ('available', 'scheduled', 'waiting', 'running')
 """
 

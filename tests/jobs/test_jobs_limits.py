@@ -330,6 +330,28 @@ def test_jobs_enqueued_before_their_function_gained_a_limit_are_held_to_it(
     assert q(limits_db, "SELECT limited FROM livepush_jobs WHERE id = %s", (waiting[2],)) == [(False,)]
 
 
+def test_a_concurrency_limit_added_to_a_rate_limited_function_holds_the_jobs_enqueued_before_it(
+        limits_db: str) -> None:
+    """A function limited by its rate alone marks its jobs limited with no concurrency key, which
+    no slot counts. A deploy that adds concurrency= to it holds those jobs to the new slots too:
+    the first runtime that starts with the new definition gives each unfinished one its key (a
+    running one fills its key's slot), as it does for a function that had no limit at all."""
+    async def rate_then_slots(ctx: Any, tenant: str) -> None: ...
+
+    before = jobs.job(name="t.rate_then_slots", rate="1000/s")(rate_then_slots)
+    waiting = [h.id for h in jobs.enqueue_many([before.request(t) for t in ("a", "a", "b")])]
+    running_one = before.enqueue("d")
+    assert jobs.drain(max_jobs=0) == {}  # a runtime with the rate alone stored it
+    q(limits_db, "UPDATE livepush_jobs SET state = 'running', attempt = 1, lease = 1 WHERE id = %s", (running_one.id,))
+    assert q(limits_db, "SELECT DISTINCT limited, concurrency_key FROM livepush_jobs") == [(True, None)]
+
+    # Redeployed with one slot per tenant.
+    jobs.job(name="t.rate_then_slots", rate="1000/s", concurrency=("tenant", 1))(rate_then_slots)
+    assert jobs.drain(max_jobs=0) == {}
+    assert q(limits_db, "SELECT id, limited, concurrency_key FROM livepush_jobs ORDER BY id") == [
+        (waiting[0], True, '"a"'), (waiting[1], True, '"a"'), (waiting[2], True, '"b"'), (running_one.id, True, '"d"')]
+
+
 def test_jobs_marked_limited_after_the_limits_were_dropped_still_run(limits_db: str) -> None:
     """During a rolling deploy that removes a limit, a process still running the old definition
     enqueues jobs marked for the limited claim, and a job that was running under the limit may

@@ -38,9 +38,12 @@ async def store(pool: AsyncConnectionPool, registry: Registry) -> None:
     async with pool.connection() as conn:
         await conn.execute(queries.LOCK_LIMITS)
         if limited:
-            had = {r[0] for r in await (await conn.execute(
-                queries.LIMITED_BEFORE, {"names": [n for n, _ in limited]})).fetchall()}
-            await _mark_backlog(conn, {n: lim for n, lim in limited if n not in had})
+            had = dict(await (await conn.execute(
+                queries.LIMITED_BEFORE, {"names": [n for n, _ in limited]})).fetchall())
+            # A name gains a concurrency limit when its row had none, a rate alone included: that
+            # rate's jobs are marked limited already, but with no key, which no slot counts.
+            keyed = {n for n, lim in limited if lim.max_running is not None and not had.get(n, False)}
+            await _mark_backlog(conn, {n: lim for n, lim in limited if n not in had or n in keyed}, keyed)
             await conn.execute(queries.SET_LIMITS, {
                 "names": [n for n, _ in limited], "max_running": [lim.max_running for _, lim in limited],
                 "rates": [lim.rate for _, lim in limited], "bursts": [lim.burst for _, lim in limited]})
@@ -52,15 +55,16 @@ async def store(pool: AsyncConnectionPool, registry: Registry) -> None:
                 await conn.execute(queries.UNFLAG_LIMITED, {"names": dropped})
 
 
-async def _mark_backlog(conn: psycopg.AsyncConnection, gained: dict[str, Limits]) -> None:
+async def _mark_backlog(conn: psycopg.AsyncConnection, gained: dict[str, Limits], keyed: set[str]) -> None:
     """Mark the unfinished jobs of names that gain limits with this start: enqueued before the
-    definition had them, they took the plain claim and ran past the new limits. A job whose
-    arguments give no key (the key's parameter is missing) stays unmarked, said in the log: its
-    run fails on those arguments anyway."""
+    definition had them, they took the plain claim and ran past the new limits. Of the names in
+    `keyed` (gaining a concurrency limit), the jobs marked without a key are given theirs too. A
+    job whose arguments give no key (the key's parameter is missing) stays as it was, said in the
+    log: its run fails on those arguments anyway."""
     after, marked, unkeyed = 0, 0, 0
     while gained:
         rows = await (await conn.execute(queries.UNMARKED_JOBS, {
-            "names": list(gained), "after": after, "page": MARK_PAGE})).fetchall()
+            "names": list(gained), "keyed": sorted(keyed), "after": after, "page": MARK_PAGE})).fetchall()
         if not rows:
             break
         ids, versions, keys = [], [], []
