@@ -269,30 +269,44 @@ WHERE name = ANY(%(names)s::text[]) AND (max_running IS NOT NULL OR rate IS NOT 
 # name: unmarked_jobs
 # The unfinished jobs of names that just gained limits and were enqueued without the mark, or, of
 # names that just gained a concurrency limit (`keyed`), without a key, in id order from `after`, a
-# page at a time: their concurrency keys come from their arguments, which only the function's
-# definition (Python) can read. Rare (a deploy that adds a limit), so a scan is acceptable, as for
-# UNFLAG_LIMITED. Workflow steps are never limited.
+# page at a time (of `ids` only, when given: those a first pass left): their concurrency keys come
+# from their arguments, which only the function's definition (Python) can read. Rare (a deploy
+# that adds a limit), so a scan is acceptable, as for UNFLAG_LIMITED. Workflow steps are never
+# limited. A plain read; MARK_LIMITED re-checks what it read.
 UNMARKED_JOBS = """
 SELECT j.id, j.name, j.version, p.args
 FROM livepush_jobs j JOIN livepush_job_payloads p USING (id)
 WHERE j.name = ANY(%(names)s::text[]) AND j.workflow_id IS NULL
   AND (NOT j.limited OR (j.concurrency_key IS NULL AND j.name = ANY(%(keyed)s::text[])))
   AND j.state IN ('available', 'scheduled', 'waiting', 'running') AND j.id > %(after)s
+  AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
 ORDER BY j.id
 LIMIT %(page)s
 """
 
 # name: mark_limited
 # Marks them, with their keys: the limited claim takes them from now on, and a running one counts
-# in its key's slots until it ends (a retry comes back marked). Safe beside a claim or an outcome
-# of the same job: the row lock orders them, and the version check skips a job that changed after
-# it was read (a debounce that replaced its arguments, a claim, an end), as does the state check.
-# A job that has a key already keeps it.
+# in its key's slots until it ends (a retry comes back marked). Returns the jobs it marked; the
+# caller reads the others again. SKIP LOCKED: a row another transaction holds is left, never
+# waited for. Completers lock a batch's rows in the order the jobs ended, and releases in no
+# order: a start that waited for one of them while holding rows it had marked, which that batch
+# then waited for, deadlocked, and its runtime failed to start. Each locked row is re-checked on
+# its newest version: the version check leaves a job that changed after it was read (a debounce
+# that replaced its arguments, a claim, an outcome) to be read again, and the state check a job
+# that ended. A job that has a key already keeps it.
 MARK_LIMITED = """
-UPDATE livepush_jobs j SET limited = true, concurrency_key = u.key
-FROM unnest(%(ids)s::bigint[], %(versions)s::bigint[], %(keys)s::text[]) AS u(id, version, key)
-WHERE j.id = u.id AND j.version = u.version AND (NOT j.limited OR j.concurrency_key IS NULL)
-  AND j.state IN ('available', 'scheduled', 'waiting', 'running')
+WITH target AS (
+    SELECT j.id, u.key
+    FROM livepush_jobs j
+    JOIN unnest(%(ids)s::bigint[], %(versions)s::bigint[], %(keys)s::text[]) AS u(id, version, key) ON j.id = u.id
+    WHERE j.version = u.version AND (NOT j.limited OR j.concurrency_key IS NULL)
+      AND j.state IN ('available', 'scheduled', 'waiting', 'running')
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+)
+UPDATE livepush_jobs j SET limited = true, concurrency_key = t.key
+FROM target t WHERE j.id = t.id
+RETURNING j.id
 """
 
 # name: limited_names

@@ -352,6 +352,43 @@ def test_a_concurrency_limit_added_to_a_rate_limited_function_holds_the_jobs_enq
         (waiting[0], True, '"a"'), (waiting[1], True, '"a"'), (waiting[2], True, '"b"'), (running_one.id, True, '"d"')]
 
 
+async def test_a_start_marking_running_jobs_never_deadlocks_with_their_outcomes_and_marks_them_all(
+        limits_db: str) -> None:
+    """The first runtime with a definition that adds a limit marks the function's running jobs,
+    while the runtimes running them write their outcomes: a completer's batch locks its jobs' rows
+    in the order they ended, not by id. Here one writes a retry of the later job, then of the
+    earlier one, while the start marks them in id order. Neither waits for the other in a circle
+    (the start failed with a deadlock, or the completer lost its batch), and the job retried while
+    the start marked its backlog still comes back marked, held to the limit."""
+    async def busy(ctx: Any, tenant: str) -> None: ...
+
+    before = jobs.job(name="t.busy_gaining")(busy)
+    early, late = before.enqueue("a"), before.enqueue("b")
+    q(limits_db, "UPDATE livepush_jobs SET state = 'running', attempt = 1, lease = 1 WHERE id = ANY(%s)",
+      ([early.id, late.id],))
+    new = Registry()
+    new.add(jobs.job(name="t.busy_gaining", concurrency=("tenant", 1))(busy))  # redeployed with a limit
+    retry = ("UPDATE livepush_jobs SET state = 'scheduled', run_at = now() + interval '1 hour', lease = NULL, "
+             "version = version + 1 WHERE id = %s")
+
+    def marking_waits_or_marked_the_early_job() -> bool:
+        return q(limits_db, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                            "AND query LIKE '%%SET limited = true%%'")[0][0] > 0 or \
+            q(limits_db, "SELECT limited FROM livepush_jobs WHERE id = %s", (early.id,)) == [(True,)]
+
+    pool = await database.pools().aget()
+    with psycopg.connect(limits_db) as outcomes:
+        outcomes.execute("SET lock_timeout = '10s'")
+        outcomes.execute(retry, (late.id,))  # the batch's first outcome: the later job ended first
+        store = asyncio.create_task(runtime_limits.store(pool, new))
+        await async_wait_for(marking_waits_or_marked_the_early_job, 10.0, message="the start to mark the backlog")
+        await asyncio.wait_for(asyncio.to_thread(outcomes.execute, retry, (early.id,)), 10.0)
+        outcomes.commit()
+        await asyncio.wait_for(store, 10.0)
+    assert q(limits_db, "SELECT id, state, limited, concurrency_key FROM livepush_jobs ORDER BY id") == [
+        (early.id, "scheduled", True, '"a"'), (late.id, "scheduled", True, '"b"')]
+
+
 def test_jobs_marked_limited_after_the_limits_were_dropped_still_run(limits_db: str) -> None:
     """During a rolling deploy that removes a limit, a process still running the old definition
     enqueues jobs marked for the limited claim, and a job that was running under the limit may

@@ -11,9 +11,8 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from .. import queries
-from ..api.limits import Limits
 from ..api.registry import Registry
-from ..errors import InvalidArgumentsError
+from .backlog import Backlog
 
 log = logging.getLogger("livepush.jobs")
 
@@ -24,8 +23,6 @@ SCAN_EXTRA = 16
 # The shortest wait for the next token: at high rates a runtime claims a batch every 10 ms rather
 # than a job at a time (the bucket's burst, a tenth of a second's tokens, keeps what accrues).
 MIN_TOKEN_WAIT = 0.01
-# Jobs read per page when marking the backlog of a name that gains limits.
-MARK_PAGE = 5000
 
 
 async def store(pool: AsyncConnectionPool, registry: Registry) -> None:
@@ -35,6 +32,7 @@ async def store(pool: AsyncConnectionPool, registry: Registry) -> None:
         fn = registry.find(name)
         limits = getattr(fn, "limits", None)
         (limited if limits is not None and limits.any else plain).append((name, limits))
+    backlog, left = None, []
     async with pool.connection() as conn:
         await conn.execute(queries.LOCK_LIMITS)
         if limited:
@@ -43,7 +41,8 @@ async def store(pool: AsyncConnectionPool, registry: Registry) -> None:
             # A name gains a concurrency limit when its row had none, a rate alone included: that
             # rate's jobs are marked limited already, but with no key, which no slot counts.
             keyed = {n for n, lim in limited if lim.max_running is not None and not had.get(n, False)}
-            await _mark_backlog(conn, {n: lim for n, lim in limited if n not in had or n in keyed}, keyed)
+            backlog = Backlog({n: lim for n, lim in limited if n not in had or n in keyed}, keyed)
+            left = await backlog.mark(conn)
             await conn.execute(queries.SET_LIMITS, {
                 "names": [n for n, _ in limited], "max_running": [lim.max_running for _, lim in limited],
                 "rates": [lim.rate for _, lim in limited], "bursts": [lim.burst for _, lim in limited]})
@@ -53,38 +52,9 @@ async def store(pool: AsyncConnectionPool, registry: Registry) -> None:
             if dropped:
                 log.info("limits removed from %s: their waiting jobs take the plain claim again", ", ".join(dropped))
                 await conn.execute(queries.UNFLAG_LIMITED, {"names": dropped})
-
-
-async def _mark_backlog(conn: psycopg.AsyncConnection, gained: dict[str, Limits], keyed: set[str]) -> None:
-    """Mark the unfinished jobs of names that gain limits with this start: enqueued before the
-    definition had them, they took the plain claim and ran past the new limits. Of the names in
-    `keyed` (gaining a concurrency limit), the jobs marked without a key are given theirs too. A
-    job whose arguments give no key (the key's parameter is missing) stays as it was, said in the
-    log: its run fails on those arguments anyway."""
-    after, marked, unkeyed = 0, 0, 0
-    while gained:
-        rows = await (await conn.execute(queries.UNMARKED_JOBS, {
-            "names": list(gained), "keyed": sorted(keyed), "after": after, "page": MARK_PAGE})).fetchall()
-        if not rows:
-            break
-        ids, versions, keys = [], [], []
-        for job_id, name, version, args in rows:
-            try:
-                key = gained[name].key_of(args if isinstance(args, list) else [], name)
-            except InvalidArgumentsError:
-                unkeyed += 1
-                continue
-            ids.append(job_id)
-            versions.append(version)
-            keys.append(key)
-        cur = await conn.execute(queries.MARK_LIMITED, {"ids": ids, "versions": versions, "keys": keys})
-        marked += cur.rowcount
-        after = rows[-1][0]
-    if marked:
-        log.info("limits added to %s: %d unfinished jobs enqueued before take them", ", ".join(sorted(gained)), marked)
-    if unkeyed:
-        log.warning("limits added to %s: %d unfinished jobs have no value for the concurrency key in their "
-                    "arguments and run without the limit", ", ".join(sorted(gained)), unkeyed)
+    # Once committed: the jobs whose rows others held are marked in transactions of their own.
+    if backlog is not None:
+        await backlog.finish(pool, left)
 
 
 async def names(pool: AsyncConnectionPool, registry: Registry) -> tuple[list[str], frozenset[str]]:
