@@ -534,16 +534,20 @@ DEREGISTER_RUNTIME = "DELETE FROM livepush_job_runtimes WHERE id = %(id)s"
 # Nor does a pruning runtime (%(runtime_id)s) whose own last beat is more than two of its beats
 # old prune anyone: its loop was held up (a job's CPU-heavy step) since the beat that started this
 # rescue, and its own silence, or that of runtimes held up with it, would be taken for death; its
-# next beat sees the gap and sets `since`. It reads only its own row, which only it updates
-# (a prune that deleted it meanwhile leaves it pruning nobody until its next beat registers it again).
-# DELETE locks each row, so two runtimes pruning at once delete each dead row once; the loser
-# finds nothing.
+# next beat sees the gap and sets `since`. Nor one whose last beat is newer than the beat that
+# started this rescue (%(beat_at)s, NULL: not checked): that rescue waited (for a connection
+# through an outage, or held up with the loop), and the newer beat may have ended a spell without
+# contact, which the `since` of the older one does not say. It reads only its own row, which only
+# it updates (a prune that deleted it meanwhile leaves it pruning nobody until its next beat
+# registers it again). DELETE locks each row, so two runtimes pruning at once delete each dead
+# row once; the loser finds nothing.
 PRUNE_DEAD_RUNTIMES = """
 DELETE FROM livepush_job_runtimes
 WHERE greatest(heartbeat_at, pg_postmaster_start_time(), %(since)s::timestamptz)
       < now() - make_interval(secs => heartbeat * 3)
   AND EXISTS (SELECT 1 FROM livepush_job_runtimes me
-              WHERE me.id = %(runtime_id)s AND me.heartbeat_at >= now() - make_interval(secs => me.heartbeat * 2))
+              WHERE me.id = %(runtime_id)s AND me.heartbeat_at >= now() - make_interval(secs => me.heartbeat * 2)
+                AND me.heartbeat_at <= coalesce(%(beat_at)s::timestamptz, me.heartbeat_at))
 RETURNING id
 """
 

@@ -565,6 +565,32 @@ async def test_a_rescue_run_after_its_runtime_was_held_up_takes_no_live_runtime_
              (h.id,)) == [("running", 1, held)]
 
 
+async def test_a_rescue_its_runtimes_next_beat_overtook_prunes_nobody(jobs_db: str) -> None:
+    """A rescue judges the others' silence by what the beat that started it knew: whether this
+    runtime had just come back from a spell without contact (an outage every runtime shared, whose
+    silence says nothing). A rescue that waited (for a connection through that outage, or held up
+    with the loop) can run after the next beat, fresh but telling of the outage: judged with the
+    older knowledge, the silence of every live runtime was taken for death, and their jobs ran
+    twice. Such a rescue prunes nobody; the one the newer beat starts judges again."""
+    from psycopg_pool import AsyncConnectionPool
+
+    from livepush.jobs.runtime import maintenance
+
+    register = ("INSERT INTO livepush_job_runtimes (host, pid, queues, concurrency, heartbeat, heartbeat_at) "
+                "VALUES ('test', 0, '{default}', 1, 0.2, now() - interval '2 s') RETURNING id, heartbeat_at")
+    me, started_by = q(jobs_db, register)[0]  # the beat that started the rescue, before the outage
+    other = q(jobs_db, register)[0][0]  # silent through the same outage, alive
+    info = {"id": me, "state": "running", "in_hand": 0}
+    async with AsyncConnectionPool(jobs_db, min_size=1, max_size=2, open=False) as pool:
+        await maintenance.beat(pool, info)  # the beat after the outage lands first
+        rescued, _ = await maintenance.rescue(pool, me, None, beat_at=started_by)
+        assert rescued == []
+        assert sorted(r[0] for r in q(jobs_db, "SELECT id FROM livepush_job_runtimes")) == sorted([me, other])
+        beat_at, _ = await maintenance.beat(pool, info)
+        await maintenance.rescue(pool, me, None, beat_at=beat_at)  # what that beat knows: still silent, dead
+    assert [r[0] for r in q(jobs_db, "SELECT id FROM livepush_job_runtimes")] == [me]
+
+
 async def test_a_runtime_pruned_while_held_up_never_releases_the_jobs_it_claims_before_it_beats_again(
         jobs_db: str) -> None:
     """Pruned by another runtime while its loop was held up, a runtime claims again before its

@@ -134,16 +134,18 @@ async def _release_all(conn: psycopg.AsyncConnection, runtime_id: int, keep: lis
     return len(rows), await outcomes.count(conn, outcomes.terminal(rows))
 
 
-async def rescue(pool: AsyncConnectionPool, runtime_id: int,
-                 since: datetime | None = None) -> tuple[list[dict[str, Any]], set[int]]:
+async def rescue(pool: AsyncConnectionPool, runtime_id: int, since: datetime | None = None, *,
+                 beat_at: datetime | None = None) -> tuple[list[dict[str, Any]], set[int]]:
     """Prune runtimes silent for three beats, then release running jobs without a live runtime,
     attempt counted. `runtime_id`: the rescuing runtime, which prunes nobody while its own last
-    beat is more than two beats old (queries.PRUNE_DEAD_RUNTIMES says why) and never releases its
-    own jobs (RESCUE_ORPHANS). `since`: when the caller's own contact with the database came back
-    after it lost it (None: never lost); silence before it is not counted. Returns the released
-    rows and the groups counted in."""
+    beat is more than two beats old, or newer than `beat_at`, the beat that started this rescue
+    (queries.PRUNE_DEAD_RUNTIMES says why), and never releases its own jobs (RESCUE_ORPHANS).
+    `since`: when the caller's own contact with the database came back after it lost it, as that
+    beat knew it (None: never lost); silence before it is not counted. Returns the released rows
+    and the groups counted in."""
     async with pool.connection() as conn:
-        cur = await conn.execute(queries.PRUNE_DEAD_RUNTIMES, {"since": since, "runtime_id": runtime_id})
+        cur = await conn.execute(queries.PRUNE_DEAD_RUNTIMES,
+                                 {"since": since, "beat_at": beat_at, "runtime_id": runtime_id})
         dead = [r[0] for r in await cur.fetchall()]
     unrung: set[int] = set()
     if dead:

@@ -1129,8 +1129,9 @@ class Runtime:
                     # ends workflow steps), which waits at any lock an open transaction holds
                     # there; awaited, it silenced this live runtime for as long, and the others
                     # presumed it dead and ran its jobs again. One at a time, each after a beat
-                    # that set `since`.
-                    self._rescuing = asyncio.create_task(self._rescue(since), name="livepush-jobs-rescue")
+                    # that set `since`, which holds for that beat only: a rescue that runs after a
+                    # later beat prunes nobody (maintenance.rescue).
+                    self._rescuing = asyncio.create_task(self._rescue(since, beat_at), name="livepush-jobs-rescue")
                 for job_id in await maintenance.cancel_requests(pool, self.id):
                     self._cancel_local(job_id)
                 if len(self.in_hand) != last_in_hand and (self._state_publish is None or self._state_publish.done()):
@@ -1147,12 +1148,12 @@ class Runtime:
                 self._failures.warning("heartbeat failed (%s); trying again next beat", exc)
             await self._pause(self.heartbeat)
 
-    async def _rescue(self, since: datetime | None) -> None:
-        """Release the jobs of runtimes silent for three beats since `since` (maintenance.rescue),
-        and have the groups it counted in rung."""
+    async def _rescue(self, since: datetime | None, beat_at: datetime) -> None:
+        """Release the jobs of runtimes silent for three beats since `since`, as the beat at
+        `beat_at` knew it (maintenance.rescue), and have the groups it counted in rung."""
         assert self._pool is not None and self.id is not None
         try:
-            _, touched = await maintenance.rescue(self._pool, self.id, since)
+            _, touched = await maintenance.rescue(self._pool, self.id, since, beat_at=beat_at)
         except _DB_ERRORS as exc:
             reraise_if_cancelled()
             self._failures.warning("rescuing dead runtimes' jobs failed (%s); trying again next beat", exc)
