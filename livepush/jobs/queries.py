@@ -554,12 +554,14 @@ RETURNING id
 # name: rescue_orphans
 # Releases running jobs whose runtime has no row (pruned above, or claimed by a runtime that was
 # pruned mid-claim), counting the attempt: back to available, or failed when that was the last
-# attempt. Runs after PRUNE_DEAD_RUNTIMES committed, so a runtime's row is either there (alive,
-# registered before it claimed) or gone for good. Row locks order this against a late
-# completion of the same job: whichever comes second finds the state or lease changed and does
-# nothing. Never the rescuing runtime's own jobs (%(runtime_id)s): one that was pruned while held up
-# claims again before its next beat registers it again, and its own rescue released those claims
-# while it ran them, which then ran twice.
+# attempt. Runs after PRUNE_DEAD_RUNTIMES committed, so a runtime's row is there (alive,
+# registered before it claimed) or was pruned; a pruned runtime that was only held up registers
+# again under its id at its next beat, and what it reports for a job released here is fenced off
+# by the job's lease. Row locks order this against a late completion of the same job: whichever
+# comes second finds the state or lease changed and does nothing. Never the rescuing runtime's
+# own jobs (%(runtime_id)s): one that was pruned while held up claims again before its next beat
+# registers it again, and its own rescue released those claims while it ran them, which then ran
+# twice; another runtime's rescue in that moment still releases them (docs/jobs.md).
 RESCUE_ORPHANS = f"""
 WITH orphans AS (
     SELECT j.id FROM livepush_jobs j
