@@ -28,6 +28,9 @@ RESERVED_PREFIX = "_livepush."
 SEP = "~"
 _SALT = "livepush.topic"
 STATE_PREFIXES = ("job:", "group:", "workflow:")
+# The job runtimes' own state, for operators' pages: each runtime's, and every runtime's.
+RUNTIME_PREFIX = "runtime:"
+RUNTIMES_TOPIC = "runtimes"
 # A state topic's id: canonical decimal of at most 19 digits; state_topic_id() also holds it within a
 # bigint, which no pattern of this length can say.
 STATE_ID_PATTERN = "[1-9][0-9]{0,18}"
@@ -129,3 +132,14 @@ def verify(signed: object, secrets: Sequence[str], *, now: float | None = None) 
         if (time.time() if now is None else now) >= int(expires):
             raise InvalidTopic("the signed topic has expired: render the page again to get a fresh one", "expired")
     return validate_topic(topic)
+
+
+def livepush_owned(topic: str) -> str | None:
+    """The start of `topic` that names it as livepush's own (a state topic's prefix, a runtime's
+    prefix, or the runtimes' topic), or None for an app's topic."""
+    if topic == RUNTIMES_TOPIC:
+        return topic
+    for prefix in (*STATE_PREFIXES, RUNTIME_PREFIX):
+        if topic.startswith(prefix):
+            return prefix
+    return None

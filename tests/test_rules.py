@@ -130,6 +130,18 @@ def test_a_subject_never_carries_a_rule_into_the_state_topics_it_does_not_name(
     assert Allow("job:{subject}").allows(Session("s", "5", 9e9), "job:5")  # named: the author meant it
 
 
+
+@pytest.mark.parametrize(("pattern", "subject", "topic"), [
+    ("{subject}:*", "runtime", "runtime:3"), ("{subject}", "runtimes", "runtimes"), ("*:{subject}", "3", "runtime:3"),
+])
+def test_a_subject_never_carries_a_rule_into_the_runtimes_own_topics(pattern: str, subject: str, topic: str) -> None:
+    """The runtimes' own topics (runtime:<id>, runtimes: host, pid, queues, for operators' pages)
+    are reached by a {subject} rule only when its pattern names them: a user named "runtime" or
+    "runtimes" reads no runtime's state."""
+    assert not Allow(pattern).allows(Session("s", subject, 9e9), topic)
+    assert Allow("runtime:{subject}").allows(Session("s", "3", 9e9), "runtime:3")  # named: the author meant it
+    assert Allow("{subject}").allows(Session("s", "runtimesheet", 9e9), "runtimesheet")
+
 def test_subject_and_star_combine() -> None:
     """`user:{subject}:*` covers a subject's own sub-topics only."""
     rule = Allow("user:{subject}:*")

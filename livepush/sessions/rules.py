@@ -48,7 +48,7 @@ from typing import Any, TypeAlias
 
 from ..errors import ArgumentTypeError, ArgumentValueError, ConfigError
 from .tokens import Session
-from ..topics import MAX_TOPIC_LENGTH, RESERVED_PREFIX, STATE_PREFIXES, TOPIC_RE
+from ..topics import MAX_TOPIC_LENGTH, RESERVED_PREFIX, TOPIC_RE, livepush_owned
 from ..usercode import cannot_take, current_folder, what_raised, where_raised
 
 log = logging.getLogger("livepush.rules")
@@ -206,10 +206,12 @@ class Allow:
             assert session is not None  # a {subject} rule is never anonymous (checked above)
             if not SEPARATORS.isdisjoint(session.subject):
                 return False
-            # A state topic (a job's, a group's, a workflow's) is reached only by a rule that names
-            # its prefix itself: under {subject}:* subject "job" read every job, and under
-            # *:{subject} subject 5 read job 5, which the rule's author never meant to allow.
-            if topic.startswith(STATE_PREFIXES) and not chunks[0].startswith(STATE_PREFIXES):
+            # livepush's own topics (a job's, a group's or a workflow's state, the runtimes') are
+            # reached only by a rule that names them itself: under {subject}:* subject "job" read
+            # every job, and under *:{subject} subject 5 read job 5, which the rule's author never
+            # meant to allow.
+            owned = livepush_owned(topic)
+            if owned is not None and not chunks[0].startswith(owned):
                 return False
             # The subject is matched literally: "." or "*" in it are plain characters.
             chunks = tuple(c.replace("\0", session.subject) for c in chunks)

@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 
-from ... import metrics, migrate, stopsignals
+from ... import metrics, migrate, stopsignals, topics
 from ...errors import ConfigError, DependencyError
 from ...fanout import FanOut
 from ...postgres.connect import aconnect
@@ -680,7 +680,7 @@ class Runtime:
         if self.publisher is None or self.id is None:
             return
         data = {"event": event, "runtime": self.info}
-        for topic in (f"runtime:{self.id}", "runtimes"):
+        for topic in (f"{topics.RUNTIME_PREFIX}{self.id}", topics.RUNTIMES_TOPIC):
             try:
                 # Bounded: a fan-out that answers nothing (Redis frozen, or cut off with its
                 # connections open) held a start, or a stop's drain and deregistration, for as long.
