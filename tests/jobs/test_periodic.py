@@ -24,7 +24,7 @@ from livepush.jobs.periodic import queries
 from livepush.jobs.periodic.cron import parse
 from livepush.jobs.periodic.decorator import SCHEDULES, Schedule
 from livepush.jobs.periodic.scheduler import Scheduler
-from tests.jobs.conftest import q
+from tests.jobs.conftest import q, running
 
 _names = itertools.count()
 
@@ -228,6 +228,19 @@ def test_a_periodic_job_is_a_registered_job_with_its_options() -> None:
     assert jobs.REGISTRY.get(schedule.name) is schedule.function
     assert SCHEDULES.served_by(jobs.REGISTRY, ["periodic-in-process"])[-1].function is schedule.function
     assert schedule not in SCHEDULES.served_by(jobs.REGISTRY, ["default"])
+
+
+async def test_a_runtime_names_the_periodic_jobs_it_leaves_to_runtimes_of_other_queues(
+        jobs_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A periodic job on a queue the runtime does not serve (a --queues that left it out) is not
+    scheduled there; were no runtime to serve that queue, it would never run, nor be listed by
+    `livepush status`: the runtime's start names it, with its queue."""
+    schedule = declare("*/5 * * * *")
+    with caplog.at_level("INFO", logger="livepush.jobs"):
+        async with running(queues=["default"]):
+            pass
+    assert f"{schedule.name} (queue periodic-in-process)" in caplog.text
+    assert last_tick(jobs_db, schedule.name) is None  # not scheduled there
 
 
 def test_ticks_with_a_seconds_field_and_in_a_zone() -> None:

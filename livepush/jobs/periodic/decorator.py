@@ -45,6 +45,13 @@ class Schedules:
         return [s for s in self._schedules.values()
                 if registry.find(s.name) is s.function and s.function.queue in served]
 
+    def elsewhere(self, registry: Registry, queues: Iterable[str]) -> list[Schedule]:
+        """The schedules of this registry's functions whose queue is not among these: a runtime
+        serving only these leaves them to runtimes that serve their queue."""
+        served = set(queues)
+        return [s for s in self._schedules.values()
+                if registry.find(s.name) is s.function and s.function.queue not in served]
+
     def __len__(self) -> int:
         return len(self._schedules)
 

@@ -436,6 +436,12 @@ class Runtime:
             if schedules:
                 scheduler = Scheduler(schedules)
                 self._tasks.append(supervise("livepush-jobs-periodic", lambda: self._schedule(scheduler)))
+            elsewhere = SCHEDULES.elsewhere(self.registry, self.queues)
+            if elsewhere:
+                # With no runtime serving its queue, a periodic job is never enqueued, and never
+                # listed by `livepush status` either: said where the queues that left it out are.
+                log.info("periodic jobs on queues this runtime does not serve, scheduled only by runtimes that "
+                         "serve them: %s", ", ".join(f"{s.name} (queue {s.function.queue})" for s in elsewhere))
             self._started.set()
             log.info("job runtime %s running: queues %s, concurrency %s", self.id, ",".join(self.queues),
                      self.concurrency)
