@@ -119,6 +119,14 @@ def test_a_known_nickname_is_accepted(cron: str) -> None:
     declare(cron)
 
 
+@pytest.mark.parametrize("cron", [" @hourly", "@daily\n", "*/5 * * * *\n"])
+def test_an_expression_read_with_whitespace_around_it_is_the_expression(cron: str) -> None:
+    """An expression from a config file or an environment variable often ends in a newline: cron
+    fields took it, while a nickname failed with croniter's count of columns."""
+    at = datetime(2030, 1, 1, 12, 7, tzinfo=ZoneInfo("UTC"))
+    assert declare(cron).cron.next_after(at) == parse(cron.strip()).next_after(at)
+
+
 def test_periodic_stacked_on_job_says_to_use_periodic_alone() -> None:
     """@jobs.periodic over @jobs.job is refused as one job decorated twice, not as a clash between
     two definitions the user would go looking for."""

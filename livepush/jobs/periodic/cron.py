@@ -185,10 +185,13 @@ def parse(expression: str, timezone: str = "UTC") -> Cron:
     if not isinstance(expression, str) or not expression.strip():
         raise InvalidScheduleError(f"periodic: a cron expression is a non-empty string such as '*/5 * * * *', "
                                    f"got {expression!r}")
+    # Read from a config file or an environment variable, it may end in a newline: croniter
+    # splits fields on whitespace, but takes a nickname only bare.
+    expression = expression.strip()
     zone = _zone(expression, timezone)
     fields = expression.split()
-    if expression.strip().startswith("@"):
-        if expression.strip().lower() not in NICKNAMES:
+    if expression.startswith("@"):
+        if expression.lower() not in NICKNAMES:
             raise InvalidScheduleError(f"periodic {expression!r}: unknown nickname: use one of {', '.join(NICKNAMES)}, "
                                        "or cron fields such as '*/5 * * * *'")
     elif len(fields) not in FIELDS:
