@@ -27,6 +27,9 @@ CREATE TABLE livepush_job_limits (
     name         text PRIMARY KEY,
     -- At most this many jobs of the name running at once per concurrency key (NULL: no limit).
     max_running  integer CHECK (max_running >= 1),
+    -- The parameter the concurrency key is read from (NULL: none): a start whose definition keys
+    -- by another one (or gains a key) keys the name's unfinished jobs anew.
+    key_param    text,
     -- The token bucket: `rate` tokens a second (NULL: no limit), at most `burst` kept; a claim
     -- takes one per job started. `tokens` is as of `refilled_at`.
     rate         double precision CHECK (rate > 0),

@@ -220,14 +220,15 @@ LOCK_LIMITS = "LOCK TABLE livepush_job_limits IN SHARE UPDATE EXCLUSIVE MODE"
 # Rows locked in name order, like every multi-row writer of this table; and starts take turns
 # (LOCK_LIMITS), so two never wait for each other in a circle.
 SET_LIMITS = """
-INSERT INTO livepush_job_limits AS l (name, max_running, rate, burst, tokens)
-SELECT u.name, u.max_running, u.rate, u.burst, coalesce(u.burst, 0)
-FROM unnest(%(names)s::text[], %(max_running)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
-     AS u(name, max_running, rate, burst)
+INSERT INTO livepush_job_limits AS l (name, max_running, rate, burst, tokens, key_param)
+SELECT u.name, u.max_running, u.rate, u.burst, coalesce(u.burst, 0), u.key_param
+FROM unnest(%(names)s::text[], %(max_running)s::int[], %(rates)s::float8[], %(bursts)s::float8[],
+            %(key_params)s::text[])
+     AS u(name, max_running, rate, burst, key_param)
 ORDER BY u.name
 ON CONFLICT (name) DO UPDATE SET
     max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst,
-    tokens = least(l.tokens, coalesce(excluded.burst, 0))
+    tokens = least(l.tokens, coalesce(excluded.burst, 0)), key_param = excluded.key_param
 """
 
 # name: drop_limits
@@ -236,7 +237,7 @@ ON CONFLICT (name) DO UPDATE SET
 # names that had limits are returned, for UNFLAG_LIMITED. Rows locked in name order, as SET_LIMITS
 # locks them.
 DROP_LIMITS = """
-UPDATE livepush_job_limits l SET max_running = NULL, rate = NULL, burst = NULL, tokens = 0
+UPDATE livepush_job_limits l SET max_running = NULL, rate = NULL, burst = NULL, tokens = 0, key_param = NULL
 FROM (SELECT name FROM livepush_job_limits
       WHERE name = ANY(%(names)s::text[]) AND (max_running IS NOT NULL OR rate IS NOT NULL)
       ORDER BY name FOR UPDATE) d
@@ -256,28 +257,31 @@ WHERE limited AND name = ANY(%(names)s::text[]) AND state IN ('available', 'sche
 """
 
 # name: limited_before
-# Under LOCK_LIMITS, before SET_LIMITS: which limits the starting runtime's limited names already
-# had (a row without limits has neither). A name gains limits with this start when it had none,
-# and gains a concurrency limit when it had none of that (a rate alone marks jobs limited with no
-# key, which no slot counts); the unfinished jobs enqueued before are then marked with their keys
-# (UNMARKED_JOBS, MARK_LIMITED). Starts take turns on the lock, so two never both see a name as new.
+# Under LOCK_LIMITS, before SET_LIMITS: which of the starting runtime's limited names already had
+# limits (a row without limits has none), and the parameter their concurrency key was read from
+# (NULL: no concurrency limit). A name gains limits with this start when it had none, and is keyed
+# anew when its concurrency key now comes from another parameter, or where it had none (a rate
+# alone marks jobs limited with no key, which no slot counts): the unfinished jobs enqueued before
+# are then marked with their keys (UNMARKED_JOBS, MARK_LIMITED). Starts take turns on the lock, so
+# two never both see a name as new.
 LIMITED_BEFORE = """
-SELECT name, max_running IS NOT NULL AS keyed FROM livepush_job_limits
+SELECT name, key_param FROM livepush_job_limits
 WHERE name = ANY(%(names)s::text[]) AND (max_running IS NOT NULL OR rate IS NOT NULL)
 """
 
 # name: unmarked_jobs
 # The unfinished jobs of names that just gained limits and were enqueued without the mark, or, of
-# names that just gained a concurrency limit (`keyed`), without a key, in id order from `after`, a
-# page at a time (of `ids` only, when given: those a first pass left): their concurrency keys come
-# from their arguments, which only the function's definition (Python) can read. Rare (a deploy
-# that adds a limit), so a scan is acceptable, as for UNFLAG_LIMITED. Workflow steps are never
-# limited. A plain read; MARK_LIMITED re-checks what it read.
+# names keyed anew (`keyed`), every one (marked with no key, or with a key of the old parameter),
+# in id order from `after`, a page at a time (of `ids` only, when given: those a first pass left):
+# their concurrency keys come from their arguments, which only the function's definition (Python)
+# can read. Rare (a deploy that adds a limit or changes its key), so a scan is acceptable, as for
+# UNFLAG_LIMITED. Workflow steps are never limited. A plain read; MARK_LIMITED re-checks what it
+# read.
 UNMARKED_JOBS = """
 SELECT j.id, j.name, j.version, p.args
 FROM livepush_jobs j JOIN livepush_job_payloads p USING (id)
 WHERE j.name = ANY(%(names)s::text[]) AND j.workflow_id IS NULL
-  AND (NOT j.limited OR (j.concurrency_key IS NULL AND j.name = ANY(%(keyed)s::text[])))
+  AND (NOT j.limited OR j.name = ANY(%(keyed)s::text[]))
   AND j.state IN ('available', 'scheduled', 'waiting', 'running') AND j.id > %(after)s
   AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
 ORDER BY j.id
@@ -293,13 +297,13 @@ LIMIT %(page)s
 # then waited for, deadlocked, and its runtime failed to start. Each locked row is re-checked on
 # its newest version: the version check leaves a job that changed after it was read (a debounce
 # that replaced its arguments, a claim, an outcome) to be read again, and the state check a job
-# that ended. A job that has a key already keeps it.
+# that ended (a job enqueued since was never read).
 MARK_LIMITED = """
 WITH target AS (
     SELECT j.id, u.key
     FROM livepush_jobs j
     JOIN unnest(%(ids)s::bigint[], %(versions)s::bigint[], %(keys)s::text[]) AS u(id, version, key) ON j.id = u.id
-    WHERE j.version = u.version AND (NOT j.limited OR j.concurrency_key IS NULL)
+    WHERE j.version = u.version
       AND j.state IN ('available', 'scheduled', 'waiting', 'running')
     ORDER BY j.id
     FOR NO KEY UPDATE OF j SKIP LOCKED

@@ -389,6 +389,28 @@ async def test_a_start_marking_running_jobs_never_deadlocks_with_their_outcomes_
         (early.id, "scheduled", True, '"a"'), (late.id, "scheduled", True, '"b"')]
 
 
+def test_jobs_enqueued_before_a_concurrency_key_moved_to_another_parameter_are_keyed_anew(limits_db: str) -> None:
+    """A function that had a limit (a rate) and gains a concurrency key with a deploy, or whose key
+    moves to another parameter: its unfinished jobs are keyed anew by the first runtime that starts
+    with the new definition, so they count in the new key's slots instead of running past them
+    (marked limited already, they were left keyless, or keyed by the old parameter)."""
+    async def rekeyed(ctx: Any, tenant: str, account: str) -> None: ...
+
+    rated = jobs.job(name="t.rekeyed", rate="100/s")(rekeyed)
+    waiting = [h.id for h in jobs.enqueue_many([rated.request("a", "x"), rated.request("a", "y")])]
+    running_one = rated.enqueue("b", "z")
+    assert jobs.drain(max_jobs=0) == {}  # a runtime with the rate alone started
+    q(limits_db, "UPDATE livepush_jobs SET state = 'running', attempt = 1, lease = 1 WHERE id = %s", (running_one.id,))
+    jobs.job(name="t.rekeyed", rate="100/s", concurrency=("tenant", 1))(rekeyed)  # redeployed with a key
+    assert jobs.drain(max_jobs=0) == {}
+    assert q(limits_db, "SELECT id, limited, concurrency_key FROM livepush_jobs ORDER BY id") == [
+        (waiting[0], True, '"a"'), (waiting[1], True, '"a"'), (running_one.id, True, '"b"')]
+    jobs.job(name="t.rekeyed", rate="100/s", concurrency=("account", 1))(rekeyed)  # keyed by another parameter
+    assert jobs.drain(max_jobs=0) == {}
+    assert q(limits_db, "SELECT id, concurrency_key FROM livepush_jobs ORDER BY id") == [
+        (waiting[0], '"x"'), (waiting[1], '"y"'), (running_one.id, '"z"')]
+
+
 def test_jobs_marked_limited_after_the_limits_were_dropped_still_run(limits_db: str) -> None:
     """During a rolling deploy that removes a limit, a process still running the old definition
     enqueues jobs marked for the limited claim, and a job that was running under the limit may

@@ -26,8 +26,8 @@ MARK_RETRY_EVERY = 0.05
 
 class Backlog:
     """The jobs to mark for the names that gain limits with this start (`gained`); of those in
-    `keyed` (gaining a concurrency limit), the jobs marked already but without a key too (a rate
-    alone marks them so)."""
+    `keyed` (keyed anew: by another parameter, or where a rate alone gave them no key), the jobs
+    marked already too."""
 
     def __init__(self, gained: dict[str, Limits], keyed: set[str]) -> None:
         self.gained = gained

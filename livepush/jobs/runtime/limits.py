@@ -38,14 +38,16 @@ async def store(pool: AsyncConnectionPool, registry: Registry) -> None:
         if limited:
             had = dict(await (await conn.execute(
                 queries.LIMITED_BEFORE, {"names": [n for n, _ in limited]})).fetchall())
-            # A name gains a concurrency limit when its row had none, a rate alone included: that
-            # rate's jobs are marked limited already, but with no key, which no slot counts.
-            keyed = {n for n, lim in limited if lim.max_running is not None and not had.get(n, False)}
+            # Keyed anew: a concurrency key read from another parameter than the stored one, or
+            # where there was none (a rate alone marks jobs limited with no key, which no slot
+            # counts). The jobs marked before hold a key of the old parameter, or none.
+            keyed = {n for n, lim in limited if n in had and lim.key_param not in (None, had[n])}
             backlog = Backlog({n: lim for n, lim in limited if n not in had or n in keyed}, keyed)
             left = await backlog.mark(conn)
             await conn.execute(queries.SET_LIMITS, {
                 "names": [n for n, _ in limited], "max_running": [lim.max_running for _, lim in limited],
-                "rates": [lim.rate for _, lim in limited], "bursts": [lim.burst for _, lim in limited]})
+                "rates": [lim.rate for _, lim in limited], "bursts": [lim.burst for _, lim in limited],
+                "key_params": [lim.key_param for _, lim in limited]})
         if plain:
             dropped = [r[0] for r in await (await conn.execute(
                 queries.DROP_LIMITS, {"names": [n for n, _ in plain]})).fetchall()]
