@@ -105,6 +105,30 @@ def test_a_hashed_field_fails_at_decoration_saying_to_write_the_value(cron: str)
     assert repr(cron) in str(caught.value) and "hash_id" not in str(caught.value)
 
 
+@pytest.mark.parametrize("cron", ["0 0 */2 * 1", "0 0 1 * */2", "0 0 */2 * MON-FRI", "0 0 */3 * 1 30"])
+def test_both_day_fields_set_with_a_star_first_fail_at_decoration(cron: str) -> None:
+    """System cron reads a day-of-month or day-of-week that starts with `*` beside the other set
+    as both (odd days that are Mondays), croniter as either (odd days, and Mondays): one crontab
+    line would run on other days here, so the expression is refused, saying how to write either."""
+    with pytest.raises(jobs.InvalidScheduleError, match=r"either.*1-31/2") as caught:
+        declare(cron)
+    assert repr(cron) in str(caught.value)
+
+
+@pytest.mark.parametrize("cron", ["0 0 1 * MON#1", "0 0 15W * 1", "0 0 1-7 * 5#2"])
+def test_a_day_of_month_that_croniter_would_ignore_fails_at_decoration(cron: str) -> None:
+    """croniter ignores the other day field beside an nth weekday (`MON#1`) or a nearest weekday
+    (`15W`): the day-of-month (or day-of-week) the user wrote would never count."""
+    with pytest.raises(jobs.InvalidScheduleError, match=r"ignore") as caught:
+        declare(cron)
+    assert repr(cron) in str(caught.value)
+
+
+@pytest.mark.parametrize("cron", ["0 0 1,15 * 1", "0 0 1-31/2 * 1", "0 0 */2 * *", "0 0 * * */2", "0 0 ? * MON#1",
+                                  "0 0 * * MON#1", "0 0 15W * *", "0 0 L * 1"])
+def test_day_fields_read_alike_by_cron_and_croniter_are_accepted(cron: str) -> None:
+    declare(cron)
+
 @pytest.mark.parametrize("cron", ["@reboot", "@every 5m", "@fortnightly"])
 def test_an_unknown_nickname_fails_at_decoration_naming_the_known_ones(cron: str) -> None:
     """A nickname croniter does not read is named as one, with those it does, not as a count of

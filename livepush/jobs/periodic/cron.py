@@ -180,6 +180,26 @@ class Cron:
         return found
 
 
+def _check_day_fields(expression: str, dom: str, dow: str) -> None:
+    """Refuse day fields that system cron and croniter read differently. With both set, cron runs
+    on a day that matches either, as croniter does, unless one of them starts with `*`: then cron
+    wants both, and croniter still either. And beside an nth weekday (`MON#1`) or a nearest
+    weekday (`15W`) croniter ignores the other field."""
+    if dom in ("*", "?") or dow in ("*", "?"):
+        return
+    if dom.startswith("*") or dow.startswith("*"):
+        raise InvalidScheduleError(
+            f"periodic {expression!r}: with both day fields set, a day that matches either one runs, but system "
+            f"cron reads a field that starts with '*' as both: write it without the '*' to mean either (1-31/2 "
+            f"for every other day of the month, 0-6/2 for every other weekday), or set one day field to '*' and "
+            f"check the other day in the job")
+    if "#" in dow or "w" in dom.lower():
+        raise InvalidScheduleError(
+            f"periodic {expression!r}: croniter would ignore the day of the "
+            f"{'month' if '#' in dow else 'week'} beside {'an nth weekday (#)' if '#' in dow else 'a nearest weekday (W)'}"
+            f": set that field to '*'")
+
+
 def parse(expression: str, timezone: str = "UTC") -> Cron:
     """Check a cron expression and a zone name; InvalidScheduleError names what is wrong."""
     if not isinstance(expression, str) or not expression.strip():
@@ -201,6 +221,8 @@ def parse(expression: str, timezone: str = "UTC") -> Cron:
     if any(_RANDOM.fullmatch(field) for field in fields):
         raise InvalidScheduleError(f"periodic {expression!r}: a random field (R) is drawn anew by every runtime "
                                    "and every round, so its ticks would not be the same twice: pick the value")
+    if not expression.startswith("@"):
+        _check_day_fields(expression, fields[2], fields[4])
     if any(_HASHED.fullmatch(field) for field in fields):
         raise InvalidScheduleError(f"periodic {expression!r}: a hashed field (H) is not supported: write the value "
                                    "it stands for (such as '7' for a minute)")
