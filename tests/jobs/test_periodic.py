@@ -115,6 +115,21 @@ def test_both_day_fields_set_with_a_star_first_fail_at_decoration(cron: str) -> 
     assert repr(cron) in str(caught.value)
 
 
+@pytest.mark.parametrize("cron", ["0 */5 * * * *", "0 0 * * * *", "30 9 * * 1 *"])
+def test_a_seconds_first_expression_fails_at_decoration(cron: str) -> None:
+    """The sixth field is seconds, last (croniter's order). Written seconds first, as Quartz and
+    Spring order them, "every 5 minutes" ("0 */5 * * * *") reads as every second of minute 0 of
+    every fifth hour: 60 runs in a burst. A `*` in the seconds field beside a set minute is that
+    mistake, so it is refused, saying where the seconds go."""
+    with pytest.raises(jobs.InvalidScheduleError, match=r"seconds.*last") as caught:
+        declare(cron)
+    assert repr(cron) in str(caught.value)
+
+
+@pytest.mark.parametrize("cron", ["* * * * * *", "*/5 * * * * 0", "0 */5 * * * 0", "* * * * * */10"])
+def test_a_seconds_field_in_croniters_order_is_accepted(cron: str) -> None:
+    declare(cron)
+
 @pytest.mark.parametrize("cron", ["0 0 1 * MON#1", "0 0 15W * 1", "0 0 1-7 * 5#2"])
 def test_a_day_of_month_that_croniter_would_ignore_fails_at_decoration(cron: str) -> None:
     """croniter ignores the other day field beside an nth weekday (`MON#1`) or a nearest weekday

@@ -223,6 +223,14 @@ def parse(expression: str, timezone: str = "UTC") -> Cron:
                                    "and every round, so its ticks would not be the same twice: pick the value")
     if not expression.startswith("@"):
         _check_day_fields(expression, fields[2], fields[4])
+        if len(fields) == 6 and fields[5] == "*" and fields[0] != "*":
+            # Quartz and Spring put seconds first: their "every 5 minutes", "0 */5 * * * *", read
+            # in this order is every second of minute 0 of every fifth hour, 60 runs in a burst.
+            raise InvalidScheduleError(
+                f"periodic {expression!r}: the sixth field is the seconds, last (not first, as in Quartz or "
+                f"Spring), so '*' there runs the job every second of each minute the first field names: "
+                f"write the seconds last ('{' '.join([*fields[1:], fields[0]])}' if they came first), or drop "
+                f"the sixth field")
     if any(_HASHED.fullmatch(field) for field in fields):
         raise InvalidScheduleError(f"periodic {expression!r}: a hashed field (H) is not supported: write the value "
                                    "it stands for (such as '7' for a minute)")
