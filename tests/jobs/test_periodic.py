@@ -197,6 +197,20 @@ def test_an_unknown_timezone_fails_at_decoration_naming_it() -> None:
     assert "'*/5 * * * *'" in str(caught.value)
 
 
+@pytest.mark.parametrize(("typed", "zone"), [("europe/paris", "Europe/Paris"), ("AMERICA/NEW_YORK", "America/New_York")])
+def test_a_zone_name_in_the_wrong_case_fails_at_decoration_naming_the_right_one(typed: str, zone: str) -> None:
+    """Zone names are case-sensitive on Linux (files in a folder), not on macOS: a module that
+    imports on a laptop fails on the server. The error names the spelling that works everywhere."""
+    with pytest.raises(jobs.InvalidScheduleError, match=f"unknown timezone '{typed}'.*'{zone}'"):
+        declare("0 9 * * *", timezone=typed)
+
+
+def test_the_posixrules_zone_fails_at_decoration() -> None:
+    """`posixrules` is a file some machines' zone folders hold (a copy of one zone, which one
+    depends on the machine), as the `posix/` copies are: runtimes could disagree on the ticks."""
+    with pytest.raises(jobs.InvalidScheduleError, match="posixrules"):
+        declare("0 9 * * *", timezone="posixrules")
+
 @pytest.mark.parametrize("variant, zone", [("right/UTC", "UTC"), ("posix/Europe/Paris", "Europe/Paris")])
 def test_a_system_only_zone_variant_fails_at_decoration_naming_the_zone_to_use(variant: str, zone: str) -> None:
     """`right/` and `posix/` zones exist in some machines' zone folders only (not in the tzdata

@@ -4,6 +4,7 @@ comes. Parsing and stepping are croniter's; this module checks what we accept.""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
@@ -37,10 +38,11 @@ def _zone(expression: str, timezone: str) -> ZoneInfo:
     if not isinstance(timezone, str) or not timezone:
         raise InvalidScheduleError(f"periodic {expression!r}: timezone= takes an IANA zone name such as "
                                    f"'UTC' or 'Europe/Paris', got {timezone!r}")
-    if timezone == "localtime":
+    if timezone in ("localtime", "posixrules"):
         # Found in the zone folder of most Linux machines (a link to /etc/localtime), but each
         # machine's own zone: runtimes on machines set differently would not agree on the ticks.
-        raise InvalidScheduleError(f"periodic {expression!r}: timezone 'localtime' is each machine's own zone, so "
+        # 'posixrules' is a copy of one zone, which one depending on the machine.
+        raise InvalidScheduleError(f"periodic {expression!r}: timezone {timezone!r} is each machine's own zone, so "
                                    "runtimes could disagree on the ticks: name the zone, such as 'Europe/Paris'")
     variant = timezone.split("/", 1)
     if len(variant) == 2 and variant[0] in ("posix", "right"):
@@ -50,20 +52,44 @@ def _zone(expression: str, timezone: str) -> ZoneInfo:
         raise InvalidScheduleError(f"periodic {expression!r}: timezone {timezone!r} is a variant that only some "
                                    f"machines have: use {variant[1]!r}")
     try:
-        return ZoneInfo(timezone)
+        zone = ZoneInfo(timezone)
     except (ZoneInfoNotFoundError, ValueError):
         pass
     except OSError:
         # A region such as 'Europe' is a folder of zones: opening it raises IsADirectoryError.
         pass
+    else:
+        _check_spelling(expression, timezone)
+        return zone
     if not available_timezones():
         # No zone at all, 'UTC' included: the machine has no time zone database (Windows, Alpine and
         # other slim images), and calling every name unknown would send the user after a typo.
         raise InvalidScheduleError(f"periodic {expression!r}: timezone {timezone!r} cannot be read: this machine "
                                    "has no time zone database; install the tzdata package (pip install tzdata) "
                                    "or the system's tzdata") from None
+    _check_spelling(expression, timezone)
     raise InvalidScheduleError(f"periodic {expression!r}: unknown timezone {timezone!r}: use an IANA zone "
                                "name such as 'UTC' or 'Europe/Paris'") from None
+
+
+def _check_spelling(expression: str, timezone: str) -> None:
+    """Zone names are file names: a case-insensitive file system (macOS) reads 'europe/paris', and
+    a module imported there failed on Linux. Refused everywhere, naming the spelling that works."""
+    names, lowered = _zone_names()
+    if timezone in names:
+        return
+    spelled = lowered.get(timezone.lower())
+    if spelled is not None:
+        raise InvalidScheduleError(f"periodic {expression!r}: unknown timezone {timezone!r}: zone names are "
+                                   f"case-sensitive: use {spelled!r}") from None
+
+
+@functools.cache
+def _zone_names() -> tuple[frozenset[str], dict[str, str]]:
+    """Every zone name, and each one by its lower case (read once: walking the zone folders takes
+    tens of milliseconds, and a module may declare many periodic jobs)."""
+    names = frozenset(available_timezones())
+    return names, {n.lower(): n for n in names}
 
 
 @dataclasses.dataclass(frozen=True)
