@@ -3,14 +3,17 @@
 For development, the demo without Postgres, and tests of pure logic. Publishing from
 another process is impossible by construction: use Postgres or Redis for that.
 
-Offsets are "EPOCH-SEQ", EPOCH the microsecond this fan-out was made: a restarted server
-numbers its topics from 1 again, and a client resuming with an offset of the process before
-must get `reset`, not that many of the new process's messages as if they followed its own.
+Offsets are "EPOCH-SEQ", EPOCH the microsecond this fan-out first published on the topic (never
+the same for two topics, and past the fan-out's own epoch): a restarted server numbers its topics
+from 1 again, and a client resuming with an offset of the process before must get `reset`, not
+that many of the new process's messages as if they followed its own; and a page resuming a topic
+with an offset of another one (one `since` rendered for two topics) has seen none of it, so it
+gets `reset` too, as on Postgres, rather than the topic's messages numbered past it.
 
 A topic nothing is published on for a day (or twice the TTL), whose messages are all pruned, is
 forgotten, as on Postgres and Redis: a process that serves many short-lived topics (a user's, a
-document's) would otherwise keep each one for ever. A topic made after this fan-out forgot one
-takes a new EPOCH of its own, so a forgotten topic's numbers are never given out again.
+document's) would otherwise keep each one for ever. Published again, it takes a new EPOCH, so a
+forgotten topic's numbers are never given out again.
 
 A topic this fan-out does not know has an origin as its offset, "0-ORIGIN": EPOCH moved on by
 whole steps of half the idle time, as on Postgres and Redis. A forgotten topic reads as never
@@ -87,15 +90,11 @@ class LocalFanOut(FanOut):
         self.history_ttl = history_ttl
         self.idle_expire = idle_expiry(idle_expire, history_ttl)
         self.epoch = _new_epoch()
-        self._prefix = f"{self.epoch}-"
         # Origins are counted from here on the monotonic clock, which prune() forgets topics by:
         # a step of the wall clock could make an old origin look young.
         self._made = time.monotonic()
         self._origin_step = max(int(self.idle_expire * 1_000_000) // 2, 1)  # microseconds
         self._logs: dict[Topic, _Log] = {}
-        # Set once a topic was forgotten: from then on a new topic takes an epoch of its own, since
-        # it may be one forgotten, whose numbers under this fan-out's epoch are given out already.
-        self._forgot = False
         # publish() may come from worker threads (sync jobs): one lock orders a topic's offsets.
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -134,7 +133,7 @@ class LocalFanOut(FanOut):
         """Logs and dispatches one message; under the lock."""
         log = self._logs.get(topic)
         if log is None:
-            log = self._logs[topic] = _Log(f"{_new_epoch()}-" if self._forgot else self._prefix, self._origin())
+            log = self._logs[topic] = _Log(f"{_new_epoch()}-", self._origin())
         log.last += 1
         seq = log.last
         log.touched = time.monotonic()
@@ -165,9 +164,12 @@ class LocalFanOut(FanOut):
     async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE) -> History | None:
         with self._lock:
             origin = self._origin()
-            log = self._logs.get(topic) or _Log(self._prefix, origin)
+            good_origin = self._good_origin(since)
+            log = self._logs.get(topic)
+            if log is None:  # never published, or forgotten: only a good origin stands before it
+                return History([], origin, False) if good_origin else None
             # A good origin replays a topic from its first message, whatever its epoch.
-            after = 0 if self._good_origin(since) else self._seq_of(since, log.prefix)
+            after = 0 if good_origin else self._seq_of(since, log.prefix)
             if after is None:
                 return None
             if after > log.last or after < log.dropped_through:
@@ -187,8 +189,7 @@ class LocalFanOut(FanOut):
                 out.append(Message(topic, f"{log.prefix}{seq}", self._prev(log, seq), text))
                 used += size
                 last = seq
-            latest = f"{log.prefix}{log.last}" if log.last else origin
-            return History(out, latest, last < log.last)
+            return History(out, f"{log.prefix}{log.last}", last < log.last)
 
     @staticmethod
     def _prev(log: _Log, seq: int) -> Offset:
@@ -215,8 +216,8 @@ class LocalFanOut(FanOut):
     @staticmethod
     def _seq_of(since: Offset, prefix: str) -> int | None:
         """The sequence number of an offset under `prefix` (a topic's epoch); None for one of
-        another process (or a fan-out before a restart), of a topic since forgotten, and for
-        anything never given out."""
+        another topic, of another process (or a fan-out before a restart), of a topic since
+        forgotten, and for anything never given out."""
         if not (isinstance(since, str) and since.startswith(prefix)):
             return None
         tail = since[len(prefix):]
@@ -249,7 +250,6 @@ class LocalFanOut(FanOut):
                     idle.append(topic)
             for topic in idle:
                 del self._logs[topic]
-            self._forgot = self._forgot or bool(idle)
         return dropped + len(idle)
 
     async def aclose(self) -> None:

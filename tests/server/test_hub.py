@@ -278,11 +278,10 @@ async def test_subscribers_of_a_topic_whose_first_message_comes_past_the_idle_ti
 async def test_duplicates_are_dropped_and_replay_meets_live_without_a_seam() -> None:
     """A replayed message that also arrives live is delivered once."""
     fanout, hub = await make()
-    for i in range(5):
-        fanout.publish("t", i)
+    offsets = [fanout.publish("t", i) for i in range(5)]
     await settle()
     sub = Sub()
-    task = asyncio.ensure_future(hub.subscribe(sub, "t", f"{fanout.epoch}-2", 1))
+    task = asyncio.ensure_future(hub.subscribe(sub, "t", offsets[1], 1))
     fanout.publish("t", 5)  # arrives while the replay is read
     await task
     await settle()
@@ -423,11 +422,10 @@ async def test_doorbells_are_read_from_history_in_order_and_once() -> None:
     fanout, hub = await make(DoorbellLocal())
     sub = Sub()
     await hub.subscribe(sub, "t", None, 1)
-    for i in range(5):
-        fanout.publish("t", i)
+    offsets = [fanout.publish("t", i) for i in range(5)]
     await settle()
     assert sub.data() == [0, 1, 2, 3, 4]
-    assert [f["offset"] for f in sub.frames if f["op"] == "message"] == [f"{fanout.epoch}-{n}" for n in range(1, 6)]
+    assert [f["offset"] for f in sub.frames if f["op"] == "message"] == offsets
 
 
 @pytest.mark.parametrize(("snapshot_first", "reads"), [(True, 2), (False, 1)])
@@ -474,10 +472,11 @@ async def test_a_replay_waiting_for_a_slow_client_holds_a_bounded_number_of_live
     from livepush.server.backlog import TOPIC_FRAMES
 
     fanout, hub = await make()
+    origin = fanout.latest_offset("busy")
     for i in range(HISTORY_PAGE + 1):  # two pages: the replay waits for the client between them
         fanout.publish("busy", i)
     sub = SlowReader()
-    joining = asyncio.create_task(hub.subscribe(sub, "busy", f"{fanout.epoch}-0", 1))
+    joining = asyncio.create_task(hub.subscribe(sub, "busy", origin, 1))
     await async_wait_for(lambda: len(sub.data()) == HISTORY_PAGE, message="the first page to be sent")
     total = 5 * TOPIC_FRAMES
     for i in range(HISTORY_PAGE + 1, total):
@@ -499,10 +498,11 @@ async def test_live_messages_dropped_while_the_last_replay_page_waits_for_a_slow
     from livepush.server.backlog import TOPIC_FRAMES
 
     fanout, hub = await make()
+    origin = fanout.latest_offset("heavy")
     for i in range(300):  # one page of 300 KiB: the replay waits for the client within it
         fanout.publish("heavy", {"i": i, "pad": "x" * 1024})
     sub = SlowReader()
-    joining = asyncio.create_task(hub.subscribe(sub, "heavy", f"{fanout.epoch}-0", 1))
+    joining = asyncio.create_task(hub.subscribe(sub, "heavy", origin, 1))
     await async_wait_for(lambda: sub.data(), message="the replay to start")
     total = 300 + 2 * TOPIC_FRAMES
     for i in range(300, total):
