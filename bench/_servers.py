@@ -15,7 +15,7 @@ A control line is the data JSON (published on the default topic) or `TOPIC<TAB>D
 `bare`, the frame sent has the same shape as livepush's `message` frame (built by concatenation,
 as livepush does), so clients cannot tell them apart.
 
-Run as `python bench/_servers.py KIND PORT CONTROL_SOCKET [TOPIC]`; prints `READY <port>` (the local one: `READY <port> <epoch>`, its offsets being "EPOCH-SEQ").
+Run as `python bench/_servers.py KIND PORT CONTROL_SOCKET [TOPIC]`; prints `READY <port>` (the local one: `READY <port> <origin>`, the default topic's offset before its first message, a `since` that replays it from the start).
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ async def run_local(port: int, control: str, topic: str) -> None:
         fanout.publish(name, json.loads(data_json))  # what livepush.publish() costs in-process
 
     ctl = await _control(control, publish)
-    print(f"READY {server.port} {fanout.epoch}", flush=True)  # offsets are "EPOCH-SEQ"
+    # Each topic takes its epoch at its first publish: before it, the origin stands for its start.
+    print(f"READY {server.port} {fanout.latest_offset(topic)}", flush=True)
     await _until_signal()
     ctl.close()
     await server.stop()
@@ -125,10 +126,11 @@ class ServerProcess:
     """A server child process; `publish_line()` feeds the harness's control socket."""
 
     def __init__(self, proc: subprocess.Popen[bytes], port: int, control: str | None, log: str,
-                 epoch: str | None = None) -> None:
+                 origin: str | None = None) -> None:
         self.proc = proc
-        # The local harness's offsets start with this ("EPOCH-SEQ"); None for the others.
-        self.epoch = epoch
+        # The local harness's default topic before its first message (a `since` that replays it
+        # from the start); None for the others.
+        self.origin = origin
         self.log = log
         self.port = port
         self.control = control

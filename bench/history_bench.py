@@ -344,12 +344,12 @@ async def measure_replay(kind: str, n: int, env: dict[str, str], port: int, tmp:
     if kind == "local":
         server = start_harness("local", port, os.path.join(tmp, "replay.sock"), env, topic)
         await server.connect_control()
-        for k in range(n + 1):
+        for k in range(1, n + 1):
             server.publish_line(json.dumps(payload(k, pad), separators=(",", ":")))
             if k % 200 == 0:
                 await server.drain()
         await server.drain()
-        marker = f"{server.epoch}-1"  # a fresh topic's offsets count from 1
+        marker = server.origin  # the topic's start: messages 1 to n are replayed
     else:
         server = await asyncio.to_thread(start_livepush_cli, port, dict(env, LIVEPUSH_FANOUT=kind), os.path.join(tmp, f"{kind}.log"))
         fanout = from_env(Settings(fanout=kind, database_url=env.get("LIVEPUSH_DATABASE_URL"),
