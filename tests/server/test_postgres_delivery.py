@@ -329,6 +329,32 @@ async def test_a_postgres_crash_starts_a_new_epoch_so_old_offsets_get_reset(pg_u
         await served.stop()
 
 
+
+async def test_a_history_emptied_after_a_restore_answers_older_offsets_with_reset(pg_url: str, secret: str) -> None:
+    """A database restored from a dump brings the history's rows back unless they are left out
+    (docs/operations.md: dump with --no-unlogged-table-data, or empty the three tables after the
+    restore). Emptied, the history answers every offset from before with `reset`, as after a
+    crash, and the offsets given out from then on sort after them."""
+    from livepush.fanout.postgres import PostgresFanOut
+    from livepush.types import offset_key
+
+    before = PostgresFanOut(pg_url)
+    old = [await before.apublish("restored", {"i": i}) for i in range(3)]
+    await before.aclose()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE livepush_topics, livepush_log, livepush_messages")  # as the docs say
+    served = await start_served(make_settings("postgres", secret, pg_url, None))
+    try:
+        new = await served.publish("restored", {"i": 3})
+        assert offset_key(new) > offset_key(old[-1])
+        for since in old:
+            client = await WSClient.open(served.url)
+            await client.subscribe(served.sign("restored"), since=since)
+            assert (await client.recv())["op"] == "reset", since
+            await client.close()
+    finally:
+        await served.stop()
+
 async def test_a_message_committed_by_a_transaction_longer_than_the_ttl_is_delivered(pg_url: str, secret: str) -> None:
     """publish(conn=) delivers the message if and only if the transaction commits: a transaction
     that lasts longer than LIVEPUSH_HISTORY_TTL still delivers it to the subscribers connected
