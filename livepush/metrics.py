@@ -224,10 +224,24 @@ def _registry() -> CollectorRegistry:
         return REGISTRY  # this process's values, wherever prometheus_client keeps them
     if directory not in _merged:
         merged = CollectorRegistry()
-        multiprocess.MultiProcessCollector(merged, path=directory)
+        merged.register(_OwnFiles(multiprocess.MultiProcessCollector(None, path=directory)))
         merged.register(DATABASE_GAUGES)  # this process's read, the freshest (see _DatabaseGauges)
         _merged[directory] = merged
     return _merged[directory]
+
+
+class _OwnFiles(Collector):
+    """livepush's series of the workers' files, and no other. The project's modules (--app,
+    --with-jobs) run in every worker, where prometheus_client writes their own metrics to the
+    same folder: added to /metrics, the project's figures would be counted there beside its own
+    scrape, as they never are with one process."""
+
+    def __init__(self, files: multiprocess.MultiProcessCollector) -> None:
+        self.files = files
+        self.names = {m._name for m in globals().values() if isinstance(m, _OwnValues)}  # type: ignore[attr-defined]
+
+    def collect(self) -> Iterable[Metric]:
+        return [m for m in self.files.collect() if m.name in self.names]
 
 
 def add_up_workers() -> None:

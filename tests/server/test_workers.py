@@ -423,6 +423,29 @@ async def test_metrics_of_another_app_in_an_inherited_multiprocess_folder_stay_o
     assert child.stop(15) == 0, child.output()
 
 
+async def test_metrics_the_projects_modules_make_in_a_worker_stay_out_of_the_scrape(
+        procs, livepush_env, pg_url, tmp_path: Path) -> None:
+    """An --app (or --with-jobs) module with prometheus_client metrics of its own, imported in
+    every worker: /metrics answers with livepush's figures only, under --workers as with one
+    process, where the project's figures never were in it (summed over the workers, they would
+    be counted again beside the project's own scrape)."""
+    (tmp_path / "project_push.py").write_text(
+        "import livepush\nfrom prometheus_client import Counter\n"
+        "Counter('project_requests', 'Requests the project served.').inc(5)\n"
+        "app = livepush.App(rules=[])\n")
+    env = livepush_env(database_url=pg_url, port=0)
+    child = procs.start([sys.executable, "-m", "livepush", "serve", "--workers", "2", "--app", "project_push:app"],
+                        env=env, cwd=tmp_path)
+    await async_wait_for(lambda: serving_port(child) or not child.running, timeout=BOOT,
+                         message="the supervisor's 'serving on' line")
+    assert child.running, child.output()
+    port = serving_port(child)
+    for _ in range(4):  # whichever worker answers
+        text = await scrape_text(port)
+        assert "livepush_connections" in text and "project_requests" not in text, text[:2000]
+    assert child.stop(15) == 0, child.output()
+
+
 # -- how many -------------------------------------------------------------------------------------
 async def test_workers_auto_runs_one_per_core(procs, livepush_env, pg_url) -> None:
     """--workers auto starts one worker per core this process may use."""
