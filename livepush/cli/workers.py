@@ -11,6 +11,8 @@ over them. The supervisor holds the port too (bound, never listening, so it gets
 from __future__ import annotations
 
 import ctypes
+import fcntl
+import glob
 import logging
 import os
 import shutil
@@ -32,6 +34,12 @@ log = logging.getLogger("livepush.workers")
 WORKERS_VARIABLE = "LIVEPUSH_WORKERS"
 MAX_WORKERS = 1024
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# The workers' metrics folder, in the temporary folder, and the file in it that the supervisor and
+# each of its workers hold locked (shared) for as long as they live: a folder whose lock anyone
+# can take alone is one nobody uses. Not a `.db` file, which prometheus_client reads as metrics.
+_FOLDER_PREFIX = "livepush-metrics-"
+_FOLDER_LOCK = "held.lock"
+_held_folder: int | None = None  # a worker's hold on it: open until the process exits
 
 
 def cpu_count() -> int:
@@ -93,6 +101,20 @@ class WorkerRole:
         if os.getppid() != self.parent:  # it died before the line above took effect
             raise SystemExit(0)
 
+    def hold_metrics_folder(self) -> None:
+        """Hold the metrics folder for this worker's life: a supervisor killed outright leaves its
+        workers stopping, and the next one to start must not take their folder for abandoned."""
+        global _held_folder
+        folder = os.environ.get(metrics.MULTIPROCESS_DIR_VARIABLE)
+        if not folder:
+            return
+        try:
+            fd = os.open(os.path.join(folder, _FOLDER_LOCK), os.O_RDWR)
+        except OSError:  # no lock there: nothing to hold
+            return
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        _held_folder = fd
+
     def tell_ready(self, _server: object = None) -> None:
         """Say "ready" on the supervisor's pipe: this worker serves."""
         from ..server.supervisor import READY_LINE
@@ -143,6 +165,39 @@ def _bound_socket(family: int, kind: int, proto: int, address: tuple[Any, ...], 
     return sock
 
 
+def make_metrics_folder() -> tuple[str, int]:
+    """A new folder for the workers' metrics files, and the fd of this supervisor's hold on it
+    (close it once the folder is removed). The folders of supervisors that were killed outright
+    (SIGKILL runs no clean-up) are removed first: without it each such kill left one behind."""
+    base = tempfile.gettempdir()
+    _remove_abandoned_folders(base)
+    folder = tempfile.mkdtemp(prefix=_FOLDER_PREFIX, dir=base)
+    # Locked under another name, then renamed: a supervisor that starts meanwhile sees either no
+    # lock (and leaves the folder alone) or a lock already held, never one it could take.
+    fd = os.open(os.path.join(folder, _FOLDER_LOCK + ".new"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    os.rename(os.path.join(folder, _FOLDER_LOCK + ".new"), os.path.join(folder, _FOLDER_LOCK))
+    return folder, fd
+
+
+def _remove_abandoned_folders(base: str) -> None:
+    """Remove every metrics folder whose lock no supervisor or worker holds any more. One with no
+    lock (another user's, an older livepush's) is never judged."""
+    for folder in glob.glob(os.path.join(glob.escape(base), _FOLDER_PREFIX + "*")):
+        try:
+            fd = os.open(os.path.join(folder, _FOLDER_LOCK), os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # taken alone: no process uses it
+            shutil.rmtree(folder, ignore_errors=True)
+            log.info("removed %s, the metrics folder of a supervisor killed outright", folder)
+        except BlockingIOError:
+            pass  # a live supervisor's, or its workers' that are still stopping
+        finally:
+            os.close(fd)
+
+
 def _interpreter_options() -> list[str]:
     """`-P`: a worker's imports do not start in the current folder, as the console script's do not
     (`python -m` would put it first, and a project's own redis.py or websockets.py would be
@@ -169,7 +224,7 @@ def supervise(count: int, argv: Sequence[str], settings: Settings) -> int:
                           "`livepush serve` per port instead")
     held, port = reserve_port(settings.host, settings.port)
     # Every worker's metrics go to files here; /metrics on any worker adds them up (livepush/metrics.py).
-    metrics_dir = tempfile.mkdtemp(prefix="livepush-metrics-")
+    metrics_dir, hold = make_metrics_folder()
     parent = os.getpid()
 
     def command(index: int, ready_fd: int) -> list[str]:
@@ -189,3 +244,4 @@ def supervise(count: int, argv: Sequence[str], settings: Settings) -> int:
         for sock in held:
             sock.close()
         shutil.rmtree(metrics_dir, ignore_errors=True)
+        os.close(hold)

@@ -291,6 +291,33 @@ async def test_killing_the_supervisor_outright_stops_its_workers(procs, livepush
     await async_wait_for(lambda: not workers_of(child.pid), timeout=10, message="every worker gone")
 
 
+async def test_the_metrics_folder_of_a_supervisor_killed_outright_is_removed_by_the_next_one(
+        procs, livepush_env, pg_url) -> None:
+    """kill -9 of a supervisor and its workers (a process manager's last resort) removes nothing,
+    and each such kill used to leave a folder of metrics files in the temporary folder for good.
+    The next supervisor to start removes it, and leaves alone the folder of one that still runs."""
+
+    async def folder_of(port: int) -> str:
+        return environ_of(min((await workers_by_index(port, 2)).values()))["PROMETHEUS_MULTIPROC_DIR"]
+
+    live, live_port = await start_workers(procs, livepush_env(database_url=pg_url, port=0), "--workers", "2")
+    killed, killed_port = await start_workers(procs, livepush_env(database_url=pg_url, port=0), "--workers", "2")
+    live_folder, abandoned = await folder_of(live_port), await folder_of(killed_port)
+    workers = workers_of(killed.pid)
+    for pid in {killed.pid, *workers}:
+        os.kill(pid, signal.SIGKILL)
+    await async_wait_for(lambda: not any(alive(p) for p in {killed.pid, *workers}), timeout=10,
+                         message="the killed supervisor and its workers gone")
+    assert os.listdir(abandoned)
+
+    nxt, _ = await start_workers(procs, livepush_env(database_url=pg_url, port=0), "--workers", "2")
+    assert not os.path.exists(abandoned), nxt.output()
+    assert os.listdir(live_folder)
+    assert "Traceback" not in live.stderr(), live.output()
+    for child in (nxt, live):
+        assert child.stop(15) == 0, child.output()
+
+
 # -- a worker that dies ---------------------------------------------------------------------------
 async def test_a_killed_worker_is_restarted_and_its_clients_come_back(procs, livepush_env, pg_url, secret,
                                                                       publisher) -> None:
