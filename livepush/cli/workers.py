@@ -11,7 +11,6 @@ over them. The supervisor holds the port too (bound, never listening, so it gets
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import glob
 import logging
 import os
@@ -108,6 +107,7 @@ class WorkerRole:
         folder = os.environ.get(metrics.MULTIPROCESS_DIR_VARIABLE)
         if not folder:
             return
+        import fcntl  # here: a process that serves without workers needs no POSIX file locks
         try:
             fd = os.open(os.path.join(folder, _FOLDER_LOCK), os.O_RDWR)
         except OSError:  # no lock there: nothing to hold
@@ -169,6 +169,8 @@ def make_metrics_folder() -> tuple[str, int]:
     """A new folder for the workers' metrics files, and the fd of this supervisor's hold on it
     (close it once the folder is removed). The folders of supervisors that were killed outright
     (SIGKILL runs no clean-up) are removed first: without it each such kill left one behind."""
+    import fcntl  # here: a process that serves without workers needs no POSIX file locks
+
     base = tempfile.gettempdir()
     _remove_abandoned_folders(base)
     folder = tempfile.mkdtemp(prefix=_FOLDER_PREFIX, dir=base)
@@ -183,6 +185,8 @@ def make_metrics_folder() -> tuple[str, int]:
 def _remove_abandoned_folders(base: str) -> None:
     """Remove every metrics folder whose lock no supervisor or worker holds any more. One with no
     lock (another user's, an older livepush's) is never judged."""
+    import fcntl
+
     for folder in glob.glob(os.path.join(glob.escape(base), _FOLDER_PREFIX + "*")):
         try:
             fd = os.open(os.path.join(folder, _FOLDER_LOCK), os.O_RDWR)
