@@ -81,6 +81,10 @@ CONNECTIONS = Gauge("livepush_connections", "WebSocket connections open now.", r
                     multiprocess_mode="livesum")
 SUBSCRIPTIONS = Gauge("livepush_subscriptions", "Topic subscriptions held by open connections now.",
                       registry=REGISTRY, multiprocess_mode="livesum")
+# 1 in each server process from its start to its stop; summed over the live workers, it says how
+# many of `serve --workers N` serve: a worker whose restarts keep failing shows as one short.
+SERVING = Gauge("livepush_serving_processes", "Server processes serving now (1 in each; under serve --workers N, "
+                "the live workers that serve).", registry=REGISTRY, multiprocess_mode="livesum")
 PUBLISHED = Counter("livepush_published", "Messages published from this process (publish() returned an offset).", ["fanout"],
                     registry=REGISTRY)
 DELIVERED = Counter("livepush_delivered", "Message frames written to clients (one per recipient).",

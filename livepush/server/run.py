@@ -11,6 +11,7 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 
+from .. import metrics
 from ..errors import ConfigError
 from .app import PushServer
 
@@ -122,12 +123,14 @@ async def serve(
                                port_setting=listen_settings[1]) from None
         log.info("livepush serving on ws://%s (fan-out: %s)", host_port(settings.host, server.port),
                  server.fanout.name)
+        metrics.SERVING.set(1)
         if ready is not None:
             ready(server)
         side_tasks = [asyncio.create_task(car(stop, hurry), name=f"livepush-sidecar-{i}") for i, car in enumerate(sidecars)]
         stop_wait = asyncio.create_task(stop.wait(), name="livepush-stop-wait")
         await asyncio.wait([stop_wait, *side_tasks], return_when=asyncio.FIRST_COMPLETED)
         stop.set()
+        metrics.SERVING.set(0)  # draining: it takes no new connection
         # Connections first (the job runtime beside us drains at the same time, on the stop
         # event), so the whole stop takes at most the longer of the two; the fan-out stays open
         # until both are done, since the runtime's jobs keep publishing while they finish.

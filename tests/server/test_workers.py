@@ -473,6 +473,34 @@ async def test_metrics_the_projects_modules_make_in_a_worker_stay_out_of_the_scr
     assert child.stop(15) == 0, child.output()
 
 
+
+async def test_a_worker_whose_restarts_fail_leaves_the_serving_gauge_one_short(
+        procs, livepush_env, pg_url, tmp_path: Path) -> None:
+    """livepush_serving_processes counts the workers that serve. A worker killed whose every restart
+    fails (its --app broken by a deploy in place) is restarted at the backoff's pace for as long
+    as that lasts, while the other worker serves on; the gauge stays one short meanwhile, which an
+    alert on it catches."""
+    module = tmp_path / "short_push.py"
+    module.write_text("import livepush\napp = livepush.App(rules=[])\n")
+    env = livepush_env(database_url=pg_url, port=0)
+    child = procs.start([sys.executable, "-m", "livepush", "serve", "--workers", "2", "--app", "short_push:app"],
+                        env=env, cwd=tmp_path)
+    await async_wait_for(lambda: serving_port(child) or not child.running, timeout=BOOT,
+                         message="the supervisor's 'serving on' line")
+    assert child.running, child.output()
+    port = serving_port(child)
+    await async_wait_for(lambda: metric_is(port, "livepush_serving_processes", 2), timeout=10,
+                         message="both workers counted as serving")
+    workers = await workers_by_index(port, 2)
+    module.write_text("raise RuntimeError('broken by a deploy in place')\n")
+    os.kill(workers[2], signal.SIGKILL)
+    await async_wait_for(lambda: child.stderr().count("broken by a deploy in place") >= 2, timeout=BOOT,
+                         message="two failed restarts of worker 2")
+    assert child.running, child.output()
+    for _ in range(4):  # whichever worker answers: the one that serves
+        assert await metric(port, "livepush_serving_processes") == 1
+    assert child.stop(15) == 0, child.output()
+
 # -- how many -------------------------------------------------------------------------------------
 async def test_workers_auto_runs_one_per_core(procs, livepush_env, pg_url) -> None:
     """--workers auto starts one worker per core this process may use."""
