@@ -200,10 +200,28 @@ _warned: dict[int, float] = {}
 _merged: dict[str, CollectorRegistry] = {}
 
 
-async def render(refreshers: Sequence[Refresher] = ()) -> bytes:
-    """The registry in Prometheus text format, after the database gauges are fresh enough. A
-    refresher that fails takes its gauges out of the scrape until one works (_DatabaseGauges);
-    one that has not answered within 2 s leaves them as they were: the scrape still answers."""
+# The push server's own series: a process without one (a job runtime's --metrics-port) leaves them
+# out, where at 0 they read as a server that serves nobody.
+SERVER_SERIES = frozenset(family.name for metric in (
+    CONNECTIONS, SUBSCRIPTIONS, SERVING, DELIVERED, LAG, RECOVERIES, RESETS, SLOW_CLIENT_ACTIONS, REFUSALS,
+    CANARY_SECONDS) for family in metric.describe())
+
+
+class _Without:
+    """A registry's series but those named (generate_latest() reads any object with collect())."""
+
+    def __init__(self, registry: CollectorRegistry, names: frozenset[str]) -> None:
+        self.registry, self.names = registry, names
+
+    def collect(self) -> Iterable[Metric]:
+        return [m for m in self.registry.collect() if m.name not in self.names]
+
+
+async def render(refreshers: Sequence[Refresher] = (), *, leave_out: frozenset[str] = frozenset()) -> bytes:
+    """The registry in Prometheus text format, after the database gauges are fresh enough, but the
+    families named in `leave_out`. A refresher that fails takes its gauges out of the scrape until
+    one works (_DatabaseGauges); one that has not answered within 2 s leaves them as they were:
+    the scrape still answers."""
     now = time.monotonic()
     for refresh in refreshers:
         key = id(refresh)
@@ -218,7 +236,8 @@ async def render(refreshers: Sequence[Refresher] = ()) -> bytes:
         except Exception:  # a database that does not answer must not hang the scrape
             pass
     TALLY.flush()
-    return generate_latest(_registry())
+    registry = _registry()
+    return generate_latest(_Without(registry, leave_out) if leave_out else registry)  # type: ignore[arg-type]
 
 
 def _registry() -> CollectorRegistry:
@@ -327,7 +346,8 @@ async def serve(host: str, port: int, refreshers: Sequence[Refresher] = (),
                 status, ctype, body = b"405 Method Not Allowed", b"text/plain", b"use GET or HEAD\n"
                 extra = b"Allow: GET, HEAD\r\n"
             elif path == b"/metrics":
-                status, ctype, body = b"200 OK", CONTENT_TYPE.encode(), await render(refreshers)
+                status, ctype, body = b"200 OK", CONTENT_TYPE.encode(), await render(refreshers,
+                                                                                    leave_out=SERVER_SERIES)
             elif healthy():
                 status, ctype, body = b"200 OK", b"application/json", b'{"status":"ok"}\n'
             else:

@@ -63,6 +63,11 @@ def test_the_runtime_serves_its_job_counts_and_the_queues_backlog(
     assert m["livepush_queue_oldest_age_seconds", (("queue", "second"),)] > 0
     assert m["livepush_queue_depth", (("queue", "default"),)] == 0
     assert m["livepush_runtimes_alive", ()] == 1
+    # A runtime holds no connection: the server's series (at 0 here) would read as a server that
+    # serves nobody, and one short in the count of serving processes.
+    shown = {name for name, _ in m}
+    assert not {"livepush_connections", "livepush_serving_processes", "livepush_delivered_total",
+                "livepush_refusals_total"} & shown, sorted(shown)
     assert child.stop(timeout=15) == 0, child.output()
 
 
