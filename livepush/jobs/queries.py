@@ -809,6 +809,16 @@ ORDER BY id DESC
 LIMIT %(limit)s
 """
 
+# name: tagged_jobs
+# jobs.list_tagged(): TAGGED_IDS's jobs with JOB_INFOS's columns, in one statement, so the tag's
+# filter and the rows shown come from one snapshot (two reads listed a job that finished between
+# them under `unfinished`, in its finished state). A plain read.
+TAGGED_JOBS = f"""
+SELECT {VIEW_COLUMNS}, j.tags, j.priority, p.args
+FROM ({TAGGED_IDS}) t JOIN livepush_jobs j ON j.id = t.id JOIN livepush_job_payloads p ON p.id = j.id
+ORDER BY j.id DESC
+"""
+
 # name: queues_with_due_jobs (tests: drain)
 QUEUES_WITH_DUE_JOBS = "SELECT DISTINCT queue FROM livepush_jobs WHERE state = 'available'"
 

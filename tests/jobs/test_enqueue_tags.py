@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from collections.abc import Callable
+from typing import Any
 
+import psycopg
 import pytest
 
 from livepush import jobs
@@ -14,6 +17,7 @@ from livepush.jobs import InvalidArgumentsError
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import names_of, q, runtime_starter, version_gaps
 from tests.support.procs import ChildProcess, Processes
+from tests.support.settings import jobs_settings
 from tests.support.waiting import wait_for
 
 
@@ -40,6 +44,32 @@ def test_list_tagged_newest_first_and_unfinished_only(jobs_db: str) -> None:
     assert jobs.cancel(handles[0].id)
     assert [j.id for j in jobs.list_tagged("batch:1", unfinished=True)] == [h.id for h in reversed(handles[1:5])]
     assert jobs.list_tagged("nothing") == []
+
+
+@pytest.mark.parametrize("call", ["sync", "async"])
+def test_list_tagged_unfinished_lists_no_job_that_finished_while_it_read(pg_url: str, call: str) -> None:
+    """list_tagged(unfinished=True) reads the tagged ids and their jobs in one snapshot: a job that
+    finished between two reads was listed as unfinished, with its finished state. Here the read
+    of the jobs' payloads waits behind a lock while the job is cancelled."""
+    with jobs_settings(pg_url):
+        kept = sample_jobs.record.enqueue("kept", tags=["race"])
+        ended = sample_jobs.record.enqueue("ended", tags=["race"])
+        listed: list[Any] = []
+        with psycopg.connect(pg_url) as holder:
+            holder.execute("LOCK TABLE livepush_job_payloads IN ACCESS EXCLUSIVE MODE")
+            lister = threading.Thread(target=lambda: listed.extend(
+                jobs.list_tagged("race", unfinished=True) if call == "sync"
+                else asyncio.run(jobs.alist_tagged("race", unfinished=True))))
+            lister.start()
+            wait_for(lambda: q(pg_url, "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = "
+                                       "'livepush_job_payloads'::regclass")[0][0] == 1,
+                     10.0, message="list_tagged to wait for the payloads")
+            assert jobs.cancel(ended.id)
+            holder.rollback()
+        lister.join(10.0)
+        assert not lister.is_alive()
+        assert [(j.id, j.state) for j in listed] in ([(kept.id, "available")],
+                                                      [(ended.id, "available"), (kept.id, "available")])
 
 
 async def test_alist_tagged(jobs_db: str) -> None:

@@ -66,7 +66,7 @@ async def aget_job(job_id: int) -> JobInfo | None:
 
 
 def tagged_params(tag: str, limit: int, unfinished: bool) -> dict[str, Any]:
-    """TAGGED_IDS parameters, checked."""
+    """TAGGED_IDS (and TAGGED_JOBS) parameters, checked."""
     if isinstance(limit, bool) or not isinstance(limit, int):
         raise ArgumentTypeError(f"limit= must be an int from 1 to {MAX_LISTED}, got {type(limit).__name__} {limit!r:.60}")
     if not 1 <= limit <= MAX_LISTED:
@@ -83,18 +83,13 @@ def list_tagged(tag: str, *, limit: int = 100, unfinished: bool = False) -> list
     finished yet with `unfinished=True`. Finished jobs are listed until retention deletes them."""
     params = tagged_params(tag, limit, unfinished)
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        ids = [r["id"] for r in cur.execute(queries.TAGGED_IDS, params).fetchall()]
-        rows = cur.execute(queries.JOB_INFOS, {"ids": ids}).fetchall() if ids else []
-    return sorted((JobInfo.from_row(r) for r in rows), key=lambda j: -j.id)
+        rows = cur.execute(queries.TAGGED_JOBS, params).fetchall()
+    return [JobInfo.from_row(r) for r in rows]
 
 
 async def alist_tagged(tag: str, *, limit: int = 100, unfinished: bool = False) -> list[JobInfo]:
     params = tagged_params(tag, limit, unfinished)
     async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries.TAGGED_IDS, params)
-        ids = [r["id"] for r in await cur.fetchall()]
-        rows = []
-        if ids:
-            await cur.execute(queries.JOB_INFOS, {"ids": ids})
-            rows = await cur.fetchall()
-    return sorted((JobInfo.from_row(r) for r in rows), key=lambda j: -j.id)
+        await cur.execute(queries.TAGGED_JOBS, params)
+        rows = await cur.fetchall()
+    return [JobInfo.from_row(r) for r in rows]
