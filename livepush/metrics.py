@@ -117,6 +117,32 @@ JOBS_RETRIED = Counter("livepush_jobs_retried", "Failed attempts scheduled to ru
 JOBS_RESCUED = Counter("livepush_jobs_rescued", "Jobs taken back from runtimes that died.", registry=REGISTRY)
 
 
+# Every label value known before it is first counted, made at 0 when the process starts: Prometheus
+# sees an increase only between two samples of one series, so a series first scraped at 1 (the
+# first slow client closed, the first reset from history) has no rate() and the alerts of
+# docs/operations.md would miss it.
+_KNOWN_LABELS: tuple[tuple[Counter, tuple[str, ...]], ...] = (
+    (RESETS, ("history", "slow_client")),
+    (SLOW_CLIENT_ACTIONS, ("conflated", "reset", "closed")),
+    (REFUSALS, ("origin", "full", "duplicate_header", "session_store_unavailable")),
+)
+_QUEUE_COUNTERS = (JOBS_CLAIMED, JOBS_SUCCEEDED, JOBS_FAILED, JOBS_RETRIED)
+
+
+def _from_zero() -> None:
+    for metric, label_values in _KNOWN_LABELS:
+        for label in label_values:
+            metric.labels(label)
+
+
+def count_queues(queues: Iterable[str]) -> None:
+    """Make each job counter's series of `queues` at 0, as a runtime starts serving them: a queue's
+    first job failed for good is then an increase the failures alert sees."""
+    for queue in queues:
+        for counter in _QUEUE_COUNTERS:
+            counter.labels(queue)
+
+
 class DeliveryTally:
     """DELIVERED and LAG between flushes, as plain numbers. A prometheus_client update takes a
     lock (and under `serve --workers`, writes a file): once per message, that was a tenth of a
@@ -188,6 +214,8 @@ class _DatabaseGauges(Collector):
             alive.add_metric([], self.runtimes_alive)
         return [depth, oldest, paused, alive]
 
+
+_from_zero()
 
 DATABASE_GAUGES = _DatabaseGauges()
 REGISTRY.register(DATABASE_GAUGES)
@@ -286,6 +314,7 @@ def add_up_workers() -> None:
                 metric._metrics.clear()  # type: ignore[attr-defined]  # label sets made again, in the files
         else:
             metric._metric_init()
+    _from_zero()  # in the files too
 
 
 def forget_process(pid: int, directory: str) -> None:

@@ -71,6 +71,24 @@ def test_the_runtime_serves_its_job_counts_and_the_queues_backlog(
     assert child.stop(timeout=15) == 0, child.output()
 
 
+def test_a_runtimes_job_counters_start_at_zero_for_each_queue_it_serves_so_that_a_first_failure_is_seen(
+        jobs_db: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
+    """Prometheus reads an increase only between two samples of a series: a counter that first
+    appears at 1 (a queue's first job failed for good since the runtime started) has no rate, and
+    the failures alert of docs/operations.md would stay quiet. Each queue's series is there at 0
+    from the runtime's start."""
+    start: Callable[..., ChildProcess] = runtime_starter(jobs_db, "tests.jobs.sample_jobs", procs,
+                                                         livepush_env(database_url=jobs_db))
+    port = free_port()
+    child = start("--queues", "default,second", "--metrics-port", str(port))
+    m = scrape(port)
+    for queue in ("default", "second"):
+        for counter in ("claimed", "succeeded", "failed", "retried"):
+            assert m.get((f"livepush_jobs_{counter}_total", (("queue", queue),))) == 0, (counter, queue)
+    assert m.get(("livepush_jobs_rescued_total", ())) == 0
+    assert child.stop(timeout=15) == 0, child.output()
+
+
 def healthz(port: int) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:

@@ -123,3 +123,28 @@ async def test_a_multiprocess_folder_livepush_inherits_gets_none_of_its_metrics(
     await async_wait_for(canary_counted, 10.0, message="the canary's publish in /metrics")
     assert (sorted(p.name for p in shared.iterdir()) if shared.exists() else []) == []
     assert child.stop(15) == 0, child.output()
+
+
+@pytest.mark.parametrize("workers", [None, "2"])
+async def test_the_counters_the_alerts_read_are_scraped_at_zero_before_anything_is_counted(
+        procs: Processes, livepush_env: Callable[..., dict[str, str]], pg_url: str, workers: str | None) -> None:
+    """Prometheus sees an increase only between two samples of one series: a series that first
+    appears at 1 has no rate(), so the first reset from history or the first slow client closed
+    after a start would never fire the alerts of docs/operations.md. Each label value known in
+    advance is in the first scrape at 0, with one process and with several workers."""
+    from tests.server.test_workers import start_workers
+
+    env = livepush_env(database_url=pg_url, port=0 if workers else None)
+    if workers:
+        child, port = await start_workers(procs, env, "--workers", workers)
+    else:
+        child = procs.livepush("serve", env=env)
+        port = child.port or 0
+    samples = await scrape(port)
+    expected = [("livepush_resets_total", "cause", "history"), ("livepush_resets_total", "cause", "slow_client"),
+                ("livepush_slow_client_actions_total", "action", "conflated"),
+                ("livepush_slow_client_actions_total", "action", "reset"),
+                ("livepush_slow_client_actions_total", "action", "closed"),
+                ("livepush_refusals_total", "reason", "origin"), ("livepush_refusals_total", "reason", "full")]
+    assert [samples.get((name, ((label, v),))) for name, label, v in expected] == [0.0] * len(expected)
+    assert child.stop(15) == 0, child.output()

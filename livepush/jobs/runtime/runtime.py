@@ -395,6 +395,8 @@ class Runtime:
     async def run(self) -> None:
         """Run until stopped; returns after a clean drain (the CLI then exits 0). Raises
         DependencyError when a side task failed for good (after draining)."""
+        # Before it registers, so that a scrape never sees it serving a queue whose counters are missing.
+        metrics.count_queues(self.queues)
         loop = asyncio.get_running_loop()
         installed: list[int] = []
         # Before _open(), which registers: a signal that comes while the runtime starts must drain
