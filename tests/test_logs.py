@@ -30,6 +30,25 @@ def test_scrub_removes_passwords_tokens_and_secrets() -> None:
     assert "postgresql://app:***@db.internal:5432/app" in scrubbed
 
 
+@pytest.mark.parametrize("line, secret", [
+    # What a library quotes of a request (httpx's errors name the URL, query string included).
+    ("Client error '401 Unauthorized' for url 'https://api.example.com/v1/me?access_token=Zq81xW'", "Zq81xW"),
+    ("POST https://auth.example.com/token?client_secret=Hy7u2k&refresh_token=Kp02mv", "Hy7u2k"),
+    ("POST https://auth.example.com/token?client_secret=Hy7u2k&refresh_token=Kp02mv", "Kp02mv"),
+    # Settings a job or a module quotes as it fails (an environment, a .env line).
+    ("LIVEPUSH_SECRET=k3J9sQ2vX8nR5tW1yZ4bC7dF0gH6jL2m is not used here", "k3J9sQ2vX8nR5tW1yZ4bC7dF0gH6jL2m"),
+    ("PGPASSWORD=Wb4tYu DB_PASSWORD=Wb4tYu", "Wb4tYu"),
+    # A password with an unencoded '@' (redis-py takes it: the userinfo ends at the last '@'), and
+    # a user name holding one (Azure's user@server).
+    ("Error connecting to redis://:p@ss9Q@cache:6379/0", "ss9Q"),
+    ("cannot reach postgresql://app@srv:Tq4x8m@db.example.com/app", "Tq4x8m"),
+])
+def test_a_secret_is_scrubbed_whatever_its_names_prefix_or_the_characters_of_its_password(
+        line: str, secret: str) -> None:
+    assert secret not in logs.scrub(line)
+    assert secret not in logs.JsonLines().format(logging.makeLogRecord({"msg": line}))
+
+
 def test_a_session_token_anywhere_in_a_message_is_scrubbed(monkeypatch) -> None:
     monkeypatch.setenv("LIVEPUSH_SECRET", "k3J9sQ2vX8nR5tW1yZ4bC7dF0gH6jL2mN9pQ3rS5tU8v")
     from livepush import config

@@ -21,11 +21,16 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 SUPERVISOR = "supervisor"
 PROCESS_TEXT_FORMAT = "%(asctime)s %(levelname)s [%(livepush_process)s pid %(process)d] %(name)s: %(message)s"
 
-# user:password@ in a URL; token=, password=, secret= in a query string or a key=value DSN;
-# a session token's shape (a long base64url payload, a dot, its signature; a JWT's three parts too).
+# user:password@ in a URL, the userinfo ending at its last '@' (redis-py reads a password with an
+# unencoded '@' so, and a user name may hold one: Azure's user@server); token=, password=, secret=
+# in a query string, a key=value DSN or an environment, under a longer name too (access_token=,
+# client_secret=, PGPASSWORD=, LIVEPUSH_SECRET=: what a library's error quotes of a request, or a
+# job of its settings); a session token's shape (a long base64url payload, a dot, its signature;
+# a JWT's three parts too).
 _SECRETS = [
-    (re.compile(r"(//[^/@\s:]*:)[^@\s/]+@"), r"\1***@"),
-    (re.compile(r"(?i)\b((?:token|password|passwd|secret|sslpassword)\s*=\s*)(?:'[^']*'|\"[^\"]*\"|[^&\s,;\"']+)"),
+    (re.compile(r"(//[^/\s:]*:)[^\s/]*@"), r"\1***@"),
+    (re.compile(r"(?i)(?<![\w-])([\w-]*?(?:token|password|passwd|secret)\s*=\s*)"
+                r"(?:'[^']*'|\"[^\"]*\"|[^&\s,;\"']+)"),
      r"\1***"),
     (re.compile(r"\b[A-Za-z0-9_-]{32,}\.[A-Za-z0-9_-]{20,}(?:\.[A-Za-z0-9_-]{16,})?"), "***"),
 ]
