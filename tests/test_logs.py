@@ -191,6 +191,43 @@ def test_serve_logs_json_even_when_the_apps_module_configures_logging_at_import(
         assert line.startswith("{"), f"not a JSON line: {line!r}"
 
 
+# A Django project's LOGGING as its docs show it, without "disable_existing_loggers" (dictConfig's
+# default then disables every logger that exists and that it does not name).
+PROJECT_LOGGING = """
+import logging.config
+from livepush import jobs
+logging.config.dictConfig({
+    "version": 1,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"project": {"handlers": ["console"], "level": "INFO"}},
+})
+@jobs.job(name="t.project_logging")
+async def noop(ctx):
+    pass
+"""
+
+
+@pytest.mark.parametrize("command", ["jobs", "serve"])
+def test_livepush_keeps_its_log_lines_when_a_module_it_loads_configures_logging_with_dictconfig(
+        procs, livepush_env, pg_url, tmp_path, command: str) -> None:
+    """A job module (`django.setup()` in livepush.contrib.django.runner does it) runs the project's
+    dictConfig, which disables every logger that exists and that it does not name: in the web
+    process livepush's loggers come after it, but `livepush jobs` and `serve --with-jobs` made
+    theirs before loading the module, and every line of theirs was lost, a job failed for good
+    included. They still write their lines, in the format asked for."""
+    (tmp_path / "project_logging.py").write_text(PROJECT_LOGGING)
+    argv = ["jobs", "project_logging"] if command == "jobs" else ["serve", "--with-jobs", "project_logging"]
+    child = procs.start([sys.executable, "-m", "livepush", *argv, "--log-format", "json"],
+                        env=livepush_env(database_url=pg_url), cwd=tmp_path)
+    registered(pg_url, child)
+    # Said once it runs, a moment after it registered: lost, it never comes.
+    wait_for(lambda: "running: queues" in child.stderr() or not child.running, 15, message="the runtime's line")
+    assert child.stop(timeout=15) == 0, child.output()
+    lines = [json.loads(line) for line in child.stderr().splitlines() if line.strip()]
+    assert any(line["logger"] == "livepush.jobs" and "running: queues" in line["message"] for line in lines), \
+        child.output()
+
+
 def test_under_workers_a_workers_json_error_line_names_it_like_its_other_lines(procs, livepush_env) -> None:
     """Under `serve --workers N` every JSON line names its process: the error line a worker that
     cannot start ends on carries its `worker` and `pid` too, before the supervisor's own line."""

@@ -142,6 +142,18 @@ def name_process(*, worker: int | None = None, supervisor: bool = False) -> None
         _named = _NameProcess(worker)
 
 
+def keep_livepush_loggers() -> None:
+    """Enable again livepush's loggers that the project's modules disabled as they loaded. A
+    project's dictConfig (Django's LOGGING, at django.setup()) disables every logger that exists
+    and that it does not name, unless told not to: in a web process livepush's loggers come after
+    it, but a command that loads the project's modules made its own before, and lost every line
+    of theirs, a job failed for good included. A logger the configuration names is never disabled,
+    so levels and handlers it gives livepush's loggers stay as it says."""
+    for name, logger in logging.Logger.manager.loggerDict.items():
+        if isinstance(logger, logging.Logger) and (name == "livepush" or name.startswith("livepush.")):
+            logger.disabled = False
+
+
 def setup(log_format: str = "text", level: int = logging.INFO, *, worker: int | None = None,
           supervisor: bool = False) -> None:
     """Log to stderr in `log_format`, once per process (a host that configured logging keeps its

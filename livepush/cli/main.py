@@ -178,6 +178,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from ..jobs.runtime.runtime import load_modules
 
         load_modules(modules_of(args.with_jobs))  # outside the loop, as `livepush jobs` imports them
+    logs.keep_livepush_loggers()
 
     async def main() -> int:
         parts = wiring.server_parts(settings, app=app, with_jobs=modules_of(args.with_jobs or ""), worker=index)
@@ -242,6 +243,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     settings = _settings(args)
     logs.setup(args.log_format)
     jobs_cli.load(args)
+    logs.keep_livepush_loggers()
     return run_async(jobs_cli.run(args, settings))
 
 
