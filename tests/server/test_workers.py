@@ -460,18 +460,22 @@ async def test_metrics_the_projects_modules_make_in_a_worker_stay_out_of_the_scr
         "import livepush\nfrom prometheus_client import Counter\n"
         "Counter('project_requests', 'Requests the project served.').inc(5)\n"
         "app = livepush.App(rules=[])\n")
-    env = livepush_env(database_url=pg_url, port=0)
-    child = procs.start([sys.executable, "-m", "livepush", "serve", "--workers", "2", "--app", "project_push:app"],
-                        env=env, cwd=tmp_path)
-    await async_wait_for(lambda: serving_port(child) or not child.running, timeout=BOOT,
-                         message="the supervisor's 'serving on' line")
-    assert child.running, child.output()
-    port = serving_port(child)
+    child, port = await start_app_workers(procs, livepush_env(database_url=pg_url, port=0), tmp_path, "project_push")
     for _ in range(4):  # whichever worker answers
         text = await scrape_text(port)
         assert "livepush_connections" in text and "project_requests" not in text, text[:2000]
     assert child.stop(15) == 0, child.output()
 
+
+async def start_app_workers(procs: Processes, env: dict[str, str], folder: Path,
+                            module: str) -> tuple[ChildProcess, int]:
+    """`serve --workers 2 --app MODULE:app` run in `folder` (where the module is), once it serves."""
+    child = procs.start([sys.executable, "-m", "livepush", "serve", "--workers", "2", "--app", f"{module}:app"],
+                        env=env, cwd=folder)
+    await async_wait_for(lambda: serving_port(child) or not child.running, timeout=BOOT,
+                         message="the supervisor's 'serving on' line")
+    assert child.running, child.output()
+    return child, serving_port(child)
 
 
 async def test_a_worker_whose_restarts_fail_leaves_the_serving_gauge_one_short(
@@ -482,13 +486,7 @@ async def test_a_worker_whose_restarts_fail_leaves_the_serving_gauge_one_short(
     alert on it catches."""
     module = tmp_path / "short_push.py"
     module.write_text("import livepush\napp = livepush.App(rules=[])\n")
-    env = livepush_env(database_url=pg_url, port=0)
-    child = procs.start([sys.executable, "-m", "livepush", "serve", "--workers", "2", "--app", "short_push:app"],
-                        env=env, cwd=tmp_path)
-    await async_wait_for(lambda: serving_port(child) or not child.running, timeout=BOOT,
-                         message="the supervisor's 'serving on' line")
-    assert child.running, child.output()
-    port = serving_port(child)
+    child, port = await start_app_workers(procs, livepush_env(database_url=pg_url, port=0), tmp_path, "short_push")
     await async_wait_for(lambda: metric_is(port, "livepush_serving_processes", 2), timeout=10,
                          message="both workers counted as serving")
     workers = await workers_by_index(port, 2)
