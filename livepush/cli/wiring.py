@@ -131,10 +131,19 @@ def runtime_sidecar(runtime: Runtime) -> Sidecar:
     stop event is set, gives its jobs back at once on the second signal (`hurry`), as `livepush
     jobs` does, and its failure (for good) ends the server with it."""
 
-    async def run(stop: asyncio.Event, hurry: asyncio.Event) -> None:
+    async def run(stop: asyncio.Event, hurry: asyncio.Event, started: asyncio.Event) -> None:
         task = asyncio.create_task(runtime.run(), name="livepush-jobs-runtime")
         stopper = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait([task, stopper], return_when=asyncio.FIRST_COMPLETED)
+
+        async def tell_started() -> None:
+            await runtime.wait_started(timeout=None)
+            started.set()
+
+        opened = asyncio.create_task(tell_started())
+        try:
+            done, _ = await asyncio.wait([task, stopper], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            opened.cancel()
         if task in done:
             stopper.cancel()
             task.result()

@@ -10,6 +10,7 @@ import logging
 import signal
 import socket
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from .. import metrics
 from ..errors import ConfigError
@@ -18,9 +19,9 @@ from .app import PushServer
 log = logging.getLogger("livepush.server")
 
 # Work run beside the server (the job runtime with --with-jobs), stopped with it: it gets the
-# stop event and the hurry event (a second signal: cut the stop short) and returns once it has
-# stopped; if it ends first, the server stops too.
-Sidecar = Callable[[asyncio.Event, asyncio.Event], Awaitable[None]]
+# stop event, the hurry event (a second signal: cut the stop short) and an event it sets once it
+# runs, and returns once it has stopped; if it ends first, the server stops too.
+Sidecar = Callable[[asyncio.Event, asyncio.Event, asyncio.Event], Awaitable[None]]
 
 
 def raise_fd_limit() -> None:
@@ -99,6 +100,20 @@ def listen_error(host: str, port: int, exc: OSError, *, what: str = "listen",
     return ConfigError(f"cannot {what} on {where} ({exc.strerror or exc}): {fix}")
 
 
+async def _all_started(started: Sequence[asyncio.Event], enders: Sequence[asyncio.Future[Any]]) -> bool:
+    """Whether every event in `started` is set before any of `enders` is done."""
+    async def all_set() -> None:
+        for event in started:
+            await event.wait()
+
+    waiting = asyncio.create_task(all_set())
+    try:
+        await asyncio.wait([waiting, *enders], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiting.cancel()
+    return all(event.is_set() for event in started) and not any(end.done() for end in enders)
+
+
 async def serve(
     server: PushServer,
     *,
@@ -124,10 +139,15 @@ async def serve(
         log.info("livepush serving on ws://%s (fan-out: %s)", host_port(settings.host, server.port),
                  server.fanout.name)
         metrics.SERVING.set(1)
-        if ready is not None:
-            ready(server)
-        side_tasks = [asyncio.create_task(car(stop, hurry), name=f"livepush-sidecar-{i}") for i, car in enumerate(sidecars)]
+        started = [asyncio.Event() for _ in sidecars]
+        side_tasks = [asyncio.create_task(car(stop, hurry, started[i]), name=f"livepush-sidecar-{i}")
+                      for i, car in enumerate(sidecars)]
         stop_wait = asyncio.create_task(stop.wait(), name="livepush-stop-wait")
+        # Said ready only once what runs beside it runs too: a job runtime that cannot start would
+        # otherwise make a worker of `serve --workers N` count as one that served, restarted
+        # again and again, where a worker failing at boot stops the supervisor with its status.
+        if await _all_started(started, [stop_wait, *side_tasks]) and ready is not None:
+            ready(server)
         await asyncio.wait([stop_wait, *side_tasks], return_when=asyncio.FIRST_COMPLETED)
         stop.set()
         metrics.SERVING.set(0)  # draining: it takes no new connection

@@ -201,3 +201,25 @@ async def test_the_runtime_role_needs_nothing_from_public_to_publish_and_enqueue
         await fanout.aclose()
         await database.release_loop()
         database.configure(None)
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_with_jobs_whose_runtime_cannot_start_exits_at_once_with_its_error(
+    runtime_url: str, pg_url: str, livepush_env: Callable[..., dict[str, str]], procs: Processes, workers: str
+) -> None:
+    """A role short of a grant the runtime needs (here, to register itself) lets the server start
+    but not its job runtime: the process exits 2 with one line naming what to run, and under `--workers` the first
+    worker's failure is a boot failure that stops the supervisor, not a worker that served and is
+    restarted again and again."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("REVOKE INSERT ON livepush_job_runtimes FROM {}").format(
+            psycopg.sql.Identifier(role_of(runtime_url))))
+    env = livepush_env(database_url=runtime_url)
+    child = procs.livepush("serve", "--workers", workers, "--with-jobs", role_jobs.__name__, env=env,
+                           wait_healthy=False)
+    assert child.wait(30) == 2, child.output()
+    stderr = child.stderr()
+    assert "livepush_job_runtimes" in stderr and "migrate --runtime-role" in stderr, child.output()
+    assert "restarting" not in stderr and "Traceback" not in stderr, child.output()
+    if workers == "2":
+        assert "[worker 2 " not in stderr and "before it served" in stderr, child.output()

@@ -49,7 +49,7 @@ from psycopg.rows import dict_row
 from ... import metrics, migrate, stopsignals, topics
 from ...errors import ConfigError, DependencyError
 from ...fanout import FanOut
-from ...postgres.connect import aconnect
+from ...postgres.connect import aconnect, translate
 from ...channels import ListenerSlot
 from ...postgres.listener import Listener
 from ...postgres.pools import AsyncPool, LoopPools
@@ -389,7 +389,7 @@ class Runtime:
         self._slot_freed.set()
         self._doorbell.set()
 
-    async def wait_started(self, timeout: float = 10.0) -> None:
+    async def wait_started(self, timeout: float | None = 10.0) -> None:
         await asyncio.wait_for(self._started.wait(), timeout)
 
     async def run(self) -> None:
@@ -483,7 +483,12 @@ class Runtime:
                 await asyncio.gather(opening, return_exceptions=True)  # unwound before _close()
         if opening.cancelled():
             return False
-        opening.result()  # its failure, raised here
+        try:
+            opening.result()  # its failure, raised here
+        except psycopg.Error as exc:
+            # A statement the database refused (a grant the role lacks): one line naming what to
+            # run, as the server says it, not the driver's traceback.
+            raise translate(self.url or database.database_url(), exc) from exc
         return True
 
     async def _open(self) -> None:
