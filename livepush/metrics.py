@@ -289,10 +289,15 @@ class _OwnFiles(Collector):
 
     def __init__(self, files: multiprocess.MultiProcessCollector) -> None:
         self.files = files
-        self.names = {m._name for m in globals().values() if isinstance(m, _OwnValues)}  # type: ignore[attr-defined]
+        self.names = {family.name for metric in _own_metrics() for family in metric.describe()}  # type: ignore[attr-defined]
 
     def collect(self) -> Iterable[Metric]:
         return [m for m in self.files.collect() if m.name in self.names]
+
+
+def _own_metrics() -> list[_OwnValues]:
+    """Every metric this module defines (each made with one of the classes above)."""
+    return [m for m in globals().values() if isinstance(m, _OwnValues)]
 
 
 def add_up_workers() -> None:
@@ -308,7 +313,7 @@ def add_up_workers() -> None:
     # The class prometheus_client made for that folder at its import: another one would open this
     # process's files a second time, and each would write over what the other added.
     _value_class = values.ValueClass
-    for metric in [m for m in globals().values() if isinstance(m, _OwnValues)]:
+    for metric in _own_metrics():
         if metric._is_parent():  # type: ignore[attr-defined]
             with metric._lock:  # type: ignore[attr-defined]
                 metric._metrics.clear()  # type: ignore[attr-defined]  # label sets made again, in the files
