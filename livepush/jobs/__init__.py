@@ -38,7 +38,7 @@ from .api.control import (
     resume_queue,
     retry_failed,
 )
-from .api.reads import JobInfo, aget_job, alist_tagged, get_job, list_tagged
+from .api.reads import JobInfo, aget_job, alist_failed, alist_tagged, get_job, list_failed, list_tagged
 from .api.enqueue import aenqueue_many, enqueue_many
 from .api.functions import JobFunction, default_backoff, job
 from .api.handles import JobHandle
@@ -167,6 +167,7 @@ __all__ = [
     "aresume_queue",
     "pause_queue",
     "resume_queue",
+    "alist_failed",
     "alist_tagged",
     "aenqueue_many",
     "cancel",
@@ -179,6 +180,7 @@ __all__ = [
     "enqueue_many",
     "job",
     "job_state",
+    "list_failed",
     "list_tagged",
     "periodic",
     "retry_failed",

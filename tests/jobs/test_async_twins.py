@@ -39,6 +39,7 @@ async def test_a_failed_job_is_read_retried_and_discarded_from_async_code(jobs_d
     assert state == jobs.job_state(handle.id)
     assert state is not None and state["state"] == "failed"
     assert await jobs.adiscard_failed(handle.id + 1000) is False  # no such job
+    assert [j.id for j in await jobs.alist_failed(name="t.never")] == [handle.id]
 
     assert await jobs.aretry_failed(handle.id) is True
     assert (await jobs.ajob_state(handle.id))["state"] == "available"  # type: ignore[index]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import threading
@@ -185,6 +186,40 @@ def test_retry_failed_and_discard_failed(jobs_db: str) -> None:
     assert q(jobs_db, "SELECT count(*) FROM livepush_job_payloads WHERE id = %s", (h.id,))[0][0] == 0
     # Its state topic goes with its row (a page gets no state for it); the other job's stays.
     assert set(read_states(jobs_db, [h.topic, ok.topic])) == {ok.topic}
+
+
+def test_list_failed_names_the_failed_jobs_newest_first_of_a_queue_or_a_function(jobs_db: str) -> None:
+    """What retry_failed() and discard_failed() take is found through the API: the failed jobs,
+    newest first, each with its error and arguments, of one queue or one function when asked; a
+    job that did not fail is never listed, and one retried or discarded leaves the list."""
+    first = sample_jobs.never.enqueue()
+    sample_jobs.record.enqueue("fine")
+    wrapped = sample_jobs.never_in_group.enqueue()
+    (elsewhere,) = jobs.enqueue_many([sample_jobs.never.request(queue="second")])
+    assert jobs.drain() == {"failed": 3, "succeeded": 1}
+    listed = jobs.list_failed()
+    assert [j.id for j in listed] == [elsewhere.id, wrapped.id, first.id]
+    assert {(j.state, j.error) for j in listed} == {("failed", "ValueError: bad input")}
+    assert [j.queue for j in listed] == ["second", "default", "default"]
+    assert [j.id for j in jobs.list_failed("default")] == [wrapped.id, first.id]
+    assert [j.id for j in jobs.list_failed(name="t.never")] == [elsewhere.id, first.id]
+    assert [j.id for j in jobs.list_failed("default", name="t.never", limit=1)] == [first.id]
+    assert jobs.list_failed("no-such-queue") == []
+    assert jobs.retry_failed(first.id) and jobs.discard_failed(wrapped.id)
+    assert [j.id for j in jobs.list_failed()] == [elsewhere.id]
+
+
+@pytest.mark.parametrize("call,error,named", [
+    (lambda: jobs.list_failed(limit=0), ValueError, "limit="),
+    (lambda: jobs.list_failed(limit="10"), TypeError, "limit="),
+    (lambda: jobs.list_failed(7), ConfigError, "list_failed(queue=)"),
+    (lambda: jobs.list_failed(name=sample_jobs.never), ConfigError, "list_failed(name=)"),
+])
+def test_list_failed_refuses_what_no_job_could_match_naming_the_argument(jobs_db: str, call: Callable[[], Any],
+                                                                         error: type[Exception], named: str) -> None:
+    """A queue or name of the wrong type would match nothing and read as "no failed job": refused."""
+    with pytest.raises(error, match=re.escape(named)):
+        call()
 
 
 def test_retry_failed_and_discard_failed_of_a_group_member_that_did_not_fail_answer_false(jobs_db: str) -> None:

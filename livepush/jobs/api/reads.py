@@ -10,10 +10,10 @@ from psycopg.rows import dict_row
 from .. import database, queries
 from ..events.views import job_view
 from .handles import checked_id
-from .options import check_tag
+from .options import check_name, check_queue, check_tag
 from ...errors import ArgumentTypeError, ArgumentValueError
 
-MAX_LISTED = 1000  # jobs per list_tagged() call
+MAX_LISTED = 1000  # jobs per list_tagged() or list_failed() call
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,12 +65,17 @@ async def aget_job(job_id: int) -> JobInfo | None:
     return None if row is None else JobInfo.from_row(row)
 
 
-def tagged_params(tag: str, limit: int, unfinished: bool) -> dict[str, Any]:
-    """TAGGED_IDS (and TAGGED_JOBS) parameters, checked."""
+def _checked_limit(limit: int) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int):
         raise ArgumentTypeError(f"limit= must be an int from 1 to {MAX_LISTED}, got {type(limit).__name__} {limit!r:.60}")
     if not 1 <= limit <= MAX_LISTED:
         raise ArgumentValueError(f"limit= must be an int from 1 to {MAX_LISTED}, got {limit!r}")
+    return limit
+
+
+def tagged_params(tag: str, limit: int, unfinished: bool) -> dict[str, Any]:
+    """TAGGED_IDS (and TAGGED_JOBS) parameters, checked."""
+    _checked_limit(limit)
     if not isinstance(unfinished, bool):
         # bool("no") is True: a string or a number here would list the opposite of what was meant.
         raise ArgumentTypeError(f"unfinished= must be True or False, got {type(unfinished).__name__} "
@@ -91,5 +96,32 @@ async def alist_tagged(tag: str, *, limit: int = 100, unfinished: bool = False) 
     params = tagged_params(tag, limit, unfinished)
     async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(queries.TAGGED_JOBS, params)
+        rows = await cur.fetchall()
+    return [JobInfo.from_row(r) for r in rows]
+
+
+def failed_params(queue: str | None, name: str | None, limit: int) -> dict[str, Any]:
+    """FAILED_JOBS parameters, checked: a queue or a name that no job could have matches nothing,
+    which would read as "no failed job" when it was a typo of the wrong type."""
+    if queue is not None:
+        check_queue(queue, "list_failed(queue=)")
+    if name is not None:
+        check_name(name, "list_failed(name=)")
+    return {"queue": queue, "name": name, "limit": _checked_limit(limit)}
+
+
+def list_failed(queue: str | None = None, *, name: str | None = None, limit: int = 100) -> list[JobInfo]:
+    """The failed jobs (of `queue`, of the function `name`, when given), newest first, at most
+    `limit`: what `retry_failed()` and `discard_failed()` take, with each one's error."""
+    params = failed_params(queue, name, limit)
+    with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(queries.FAILED_JOBS, params).fetchall()
+    return [JobInfo.from_row(r) for r in rows]
+
+
+async def alist_failed(queue: str | None = None, *, name: str | None = None, limit: int = 100) -> list[JobInfo]:
+    params = failed_params(queue, name, limit)
+    async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(queries.FAILED_JOBS, params)
         rows = await cur.fetchall()
     return [JobInfo.from_row(r) for r in rows]
