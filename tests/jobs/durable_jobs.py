@@ -243,6 +243,15 @@ async def progress_then_sleep(ctx: Any, seconds: float) -> str:
     return "rested"
 
 
+@jobs.job(name="d.progress_then_fail_then_wait", max_attempts=2, timeout=None, backoff=lambda attempt: 0.0)
+async def progress_then_fail_then_wait(ctx: Any, signal: str) -> Any:
+    """Its first attempt reports progress and fails; the retry parks at once on `signal`."""
+    if ctx.attempt == 1:
+        await ctx.progress(1, 2, "first attempt")
+        raise RuntimeError("the first attempt fails after its progress")
+    return await ctx.wait_for_signal(signal)
+
+
 @jobs.job(name="d.fan_and_wait", max_attempts=1, timeout=None)
 async def fan_and_wait(ctx: Any, n: int) -> Any:
     """Children that wait for a signal each (so they stay unfinished until told)."""

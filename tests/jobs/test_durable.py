@@ -674,6 +674,26 @@ async def test_a_parked_job_keeps_showing_its_progress_until_it_ends(durable_db:
     assert all(e["job"]["progress"] == half for e in after), after
 
 
+async def test_a_retry_that_parks_does_not_show_the_failed_attempts_progress(durable_db: str) -> None:
+    """A retry starts again from nothing, also when it parks before it reports progress: `waiting`
+    shows no progress, not how far the attempt before it got (parking gives the attempt back, and
+    the failed attempt's progress would read as the parked run's)."""
+    async with running():
+        h = await dj.progress_then_fail_then_wait.aenqueue("go")
+        parked = await wait_state(h.id, "waiting")
+        await jobs.asignal(h.id, "go", "went")
+        await wait_state(h.id, "succeeded")
+    from tests.support.job_versions import events_of
+
+    nothing = {"done": 0, "total": None, "message": None}
+    assert parked.progress == nothing, parked
+    events = events_of(durable_db, h.id)
+    retrying = next(e for e in events if e["event"] == "retrying")
+    assert retrying["job"]["progress"] == {"done": 1, "total": 2, "message": "first attempt"}
+    after = events[[e["event"] for e in events].index("waiting"):]
+    assert all(e["job"]["progress"] == nothing for e in after), after
+
+
 async def test_the_checkpoint_event_names_the_checkpoint(durable_db: str) -> None:
     """A page reading job:<id> right after a checkpoint sees the `checkpoint` event and its name."""
     async with running():

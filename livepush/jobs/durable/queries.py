@@ -69,7 +69,10 @@ UPDATE livepush_jobs SET has_steps = true WHERE id = %(id)s AND NOT has_steps
 # Under FENCE's lock: the run ends and the job waits, holding no slot: its lease and runtime go
 # (whatever the run still writes is fenced off), its attempt is given back (parking is not a
 # failure: the run that wakes is the same attempt), `run_at` is when the promoter wakes it
-# ('infinity' when only an event can). The payload keeps what it waits for and the latest progress.
+# ('infinity' when only an event can). The payload keeps what it waits for and the latest progress:
+# this run's, or one an earlier run of this attempt reported. Not an earlier attempt's (a retry
+# that parks before reporting any): with the attempt given back it would show as the parked
+# run's (events/views.py), stale progress of a failed attempt shown as current.
 # A workflow step's park also makes a new version of its run's state topic; `run_touched` < 0
 # says its run has finished (the caller then rolls the park back: a step never waits in a run
 # that ended, whose end could not stop it while this transaction held the job).
@@ -79,9 +82,13 @@ WITH moved AS (
         run_at = coalesce(%(until)s::timestamptz, 'infinity'), lease = NULL, runtime_id = NULL,
         version = j.version + 1, has_steps = true
     WHERE j.id = %(id)s AND j.lease = %(lease)s AND j.state = 'running'
-    RETURNING j.id, j.version, j.workflow_id
+    RETURNING j.id, j.version, j.workflow_id, j.attempt
 ), payload AS (
-    UPDATE livepush_job_payloads p SET waiting = %(waiting)s::jsonb, progress = coalesce(%(progress)s::jsonb, p.progress)
+    -- m.attempt is the attempt given back: progress stored with it or an older one is not this run's.
+    UPDATE livepush_job_payloads p SET waiting = %(waiting)s::jsonb,
+        progress = CASE WHEN %(progress)s::jsonb IS NOT NULL THEN %(progress)s::jsonb
+                        WHEN (p.progress ->> 'attempt')::int <= m.attempt THEN NULL
+                        ELSE p.progress END
     FROM moved m WHERE p.id = m.id
 ), rung AS ({ring("moved")}
 ), run AS ({TOUCH_RUNS.format(rel="moved")})
