@@ -12,6 +12,7 @@ import asyncio
 import datetime
 import os
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -395,6 +396,25 @@ def checkpoint_in_finally_sync(ctx: Any) -> Any:
         return ctx.wait_for_signal("go")
     finally:
         ctx.checkpoint("after", body_sync, ctx.job_id, ctx.attempt, "after")
+
+
+@jobs.job(name="d.parks_past_its_timeout", max_attempts=1, timeout=0.2)
+async def parks_past_its_timeout(ctx: Any) -> str:
+    """Swallows its timeout's cancel, then parks: its attempt has failed by its timeout already."""
+    try:
+        await asyncio.sleep(5)
+    except asyncio.CancelledError:
+        pass
+    await ctx.sleep("nap", 60)
+    return "slept"
+
+
+@jobs.job(name="d.parks_past_its_timeout_sync", max_attempts=1, timeout=0.2)
+def parks_past_its_timeout_sync(ctx: Any) -> str:
+    """parks_past_its_timeout as a sync job: its thread runs on past its timeout, then parks."""
+    time.sleep(0.5)
+    ctx.sleep("nap", 60)
+    return "slept"
 
 
 @jobs.job(name="d.checkpoint_raising_stop_iteration", max_attempts=1, timeout=None)

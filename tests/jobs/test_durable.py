@@ -278,6 +278,22 @@ async def test_a_park_inside_a_task_group_is_a_park_not_a_failure(
     assert not [r.getMessage() for r in caplog.records if "failed" in r.getMessage() or "ignored" in r.getMessage()]
 
 
+@pytest.mark.parametrize("job", ["parks_past_its_timeout", "parks_past_its_timeout_sync"])
+async def test_a_park_after_the_attempt_passed_its_timeout_does_not_undo_the_timeout(
+        durable_db: str, job: str) -> None:
+    """A parking call made once its attempt passed its timeout (an async job that swallowed the
+    cancel, a sync job's thread running on) does not park: the attempt failed by its timeout, also
+    when the park comes before that failure is written (the runtime writes outcomes in batches,
+    here two seconds apart)."""
+    async with running(flush_delay=2.0):
+        h = await getattr(dj, job).aenqueue()
+        failed = await wait_state(h.id, "failed", timeout=15.0)
+    assert failed.error == "TimeoutError: timed out after 0.2 s"
+    from tests.support.job_versions import events_of
+
+    assert "waiting" not in [e["event"] for e in events_of(durable_db, h.id)]
+
+
 async def test_a_sync_checkpoint_function_raising_stop_iteration_fails_the_attempt(durable_db: str) -> None:
     """A sync checkpoint function of an async job that raises StopIteration (next() on an empty
     iterator) fails the attempt, as it would raised in the job's own code (Python makes it a

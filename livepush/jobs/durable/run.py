@@ -325,6 +325,11 @@ class DurableRun:
         """Around a parking transaction: no new checkpoint body starts, and the running ones have
         stored their results, before it parks; a second parking call (asyncio.gather) ends with
         the run once the first parked, instead of finding the claim gone."""
+        if self.ctx.timed_out or self.ctx.released:
+            # Its lease holds until the runtime writes the attempt's outcome (batched): parked
+            # meanwhile, the job would wait, and the timeout's failure be fenced off and lost.
+            raise RunAbandoned(f"job {self.ctx.job_id}: a parking call after its attempt had ended (past its "
+                               "timeout, or given back); it does not park")
         async with contextlib.AsyncExitStack() as stack:
             # From inside a checkpoint's body, waiting for the bodies would wait for itself.
             if not _IN_BODY.get():

@@ -131,7 +131,7 @@ async def execute(
         return None
     except RunAbandoned as exc:
         log.warning("job %s (%s): %s", job.id, fn.name, exc)
-        return None
+        return _abandoned(fn, ctx, task)
     except Reattempt as again:
         return Outcome(ctx, "released", delay=min(again.seconds, MAX_RETRY_DELAY))
     except asyncio.CancelledError as exc:
@@ -163,8 +163,10 @@ async def execute(
         # code it calls; the runtime handles SIGINT itself, and a sync job's come from its
         # thread). Re-raised, they ended the whole process at once: every job in hand lost its
         # attempt to the rescue, and the runtime's row stayed until then.
-        if ctx.released or _run_ended(exc, job.id, fn.name):
+        if ctx.released:
             return None
+        if _run_ended(exc, job.id, fn.name):
+            return _abandoned(fn, ctx, task)
         if ctx.timed_out:
             # It turned the timeout's cancel into an error of its own: the attempt still failed
             # by its timeout.
@@ -208,6 +210,17 @@ def _refuse_coroutine(fn: Any, value: Any) -> None:
         f"{fn.name} returned a coroutine without running it: its function is not `async def` (a decorator's "
         "sync wrapper around an async function?), so it ran in a thread as a sync job: make the wrapper "
         "`async def` and await the function it wraps")
+
+
+def _abandoned(fn: Any, ctx: JobContext, task: asyncio.Task[Any] | None) -> Outcome | None:
+    """The outcome of a run a durable call ended as abandoned: none (its lease is gone, or it
+    parked), but for an async job past its timeout that swallowed the cancel and went on: its
+    attempt failed by its timeout, and its lease is still held for that failure to be written."""
+    if ctx.timed_out and not ctx.released:
+        if task is not None:
+            task.uncancel()
+        return timeout_failure(fn, ctx)
+    return None
 
 
 def _run_ended(exc: BaseException, job_id: int, name: str) -> bool:
