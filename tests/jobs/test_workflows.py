@@ -701,6 +701,25 @@ async def test_a_step_queued_but_not_started_when_its_run_pauses_starts_on_resum
         await run_state(run.id, "succeeded")
 
 
+async def test_a_step_queued_while_its_run_was_paused_starts_at_once_on_resume(flows_db: str) -> None:
+    """resume() wakes the runtimes as an enqueue does: a step whose job was queued while its run was
+    paused starts within moments on an idle runtime, not at its next poll (30 s here)."""
+    run = await wd.diamond.astart({"n": 1})  # no runtime yet: the first step's job is queued
+    assert await jobs.workflows.apause(run.id, actor="ana")
+
+    @jobs.job(name="t.before_resume_marker", queue="flows")
+    async def marker(ctx: Any) -> None:
+        return None
+
+    async with running(poll_interval=30):
+        # Once this later job ran, the runtime had passed over the step's job and gone idle.
+        handle = await marker.aenqueue()
+        await async_wait_for(lambda: q(flows_db, "SELECT state FROM livepush_jobs WHERE id = %s", (handle.id,))
+                             == [("succeeded",)], 15.0, message="a job enqueued after the pause to run")
+        assert await jobs.workflows.aresume(run.id, actor="ana")
+        await run_state(run.id, "succeeded", timeout=10.0)
+
+
 async def test_operator_cancel_stops_the_running_step(flows_db: str) -> None:
     """cancel() cancels the running step's job and every step not started."""
     async with running():

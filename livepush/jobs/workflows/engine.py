@@ -248,7 +248,7 @@ def _write(plan: Plan) -> Steps[None]:
         "errors": [plan.steps[n].get("error") for n in names],
         "verbs": [a["verb"] for a in audit], "verb_steps": [a["step"] for a in audit],
         "actors": [a["actor"] for a in audit], "reasons": [a["reason"] for a in audit],
-        "state": plan.state, "event": plan.event, "error": plan.error,
+        "state": plan.state, "event": plan.event, "error": plan.error, "wake": plan.event == "resumed",
         "output": None if plan.output is None else dumps(plan.output)})
     for name in ready:
         plan.steps[name]["state"] = "running"

@@ -70,7 +70,10 @@ WHERE workflow_id = ANY(%(ids)s::bigint[])
 #   without starting (skipped, or stopped with their run): they go with their step;
 # - the audit lines, in order;
 # - the run's state, and a new version of its topic naming the change (unless `event` is null),
-#   rung with the new jobs' id range and the runtimes' doorbell, all delivered at commit.
+#   rung with the new jobs' id range and the runtimes' doorbell, all delivered at commit. A
+#   resume (`wake`) rings the doorbell with no new job too: the steps' jobs queued, woken or due
+#   again while the run was paused, which the claims passed over, can be claimed now, and an idle
+#   runtime would otherwise find them only at its next poll.
 DECIDE = """
 WITH input AS MATERIALIZED (
     SELECT nextval('livepush_jobs_id_seq') AS id, u.step, u.job, u.priority, u.max_attempts, u.wait_for, u.ord
@@ -116,7 +119,7 @@ WITH input AS MATERIALIZED (
 )
 SELECT (SELECT livepush_state_changed(array_agg('workflow:' || r.id), array_agg(r.version)) FROM run r)
      + (SELECT livepush_states_created('job', min(i.id), max(i.id))
-               + CASE WHEN count(*) > 0 THEN livepush_jobs_ready() ELSE 0 END FROM input i) AS rung
+               + CASE WHEN count(*) > 0 OR %(wake)s::boolean THEN livepush_jobs_ready() ELSE 0 END FROM input i) AS rung
 """
 
 # name: record_batches
