@@ -10,6 +10,7 @@ import threading
 from typing import Any
 
 import psycopg
+import pytest
 
 from livepush import jobs
 from livepush.jobs.groups.transactions import in_tx
@@ -321,3 +322,20 @@ async def test_a_step_parked_on_a_signal_is_stopped_when_its_run_ends_while_that
     assert [str(exc) for exc in refused] == [f"workflow run {run.id} has failed: it takes no more signals"]
     assert step_states(done) == {"start": "succeeded", "breaks": "failed", "waits": "cancelled"}
     assert [a["verb"] for a in done["audit"]] == []
+
+
+@pytest.mark.parametrize("flow, step, says", [
+    (wc.forgets_await, "unawaited", "returned a coroutine it did not await: write `return await ...`"),
+    (wc.wraps_async, "wrapped", "returned a coroutine without running it: its function is not `async def`"),
+])
+async def test_a_step_that_returns_a_coroutine_unrun_fails_saying_so(jobs_db: str, flow: Any, step: str,
+                                                                    says: str) -> None:
+    """A step that returns a coroutine instead of its output (a forgotten `await`, a sync wrapper
+    around an async function) fails its run naming the step and the fix, as a job does, rather
+    than with an output "that is not JSON" whose advice (pass an id) is no fix."""
+    async with running(queues=[wc.QUEUE]):
+        run = await flow.astart()
+        done = await run_state(run.id, "failed")
+    assert step_states(done) == {step: "failed"}
+    assert "InvalidResultError" in done["error"] and says in done["error"], done["error"]
+    assert f"step {step!r} of workflow {flow.name!r}" in done["error"], done["error"]

@@ -189,3 +189,27 @@ async def odd(ctx: Any) -> Any:
 @skips_oddly.step(after="odd")
 async def after_odd(ctx: Any) -> Any:
     return "went on"
+
+
+# Steps that return a coroutine unrun: an async step that forgot its `await`, and a sync wrapper
+# (as a decorator may make) around an async function, which therefore ran in a thread.
+async def _load(ctx: Any) -> Any:
+    return {"rows": 3}
+
+
+forgets_await = jobs.workflow("wfd_forgets_await", queue=QUEUE)
+
+
+@forgets_await.step()
+async def unawaited(ctx: Any) -> Any:
+    return _load(ctx)
+
+
+wraps_async = jobs.workflow("wfd_wraps_async", queue=QUEUE)
+
+
+def _sync_wrapper(ctx: Any) -> Any:
+    return _load(ctx)
+
+
+wraps_async.step(name="wrapped")(_sync_wrapper)

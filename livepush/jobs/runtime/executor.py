@@ -126,7 +126,7 @@ async def execute(
             if isinstance(value, Raised):
                 raise value.exc  # caught below, in this frame (leaving it, it would become a RuntimeError)
         if inspect.iscoroutine(value):
-            _refuse_coroutine(fn, value)
+            refuse_coroutine(fn.name, fn.is_async, value)
     except Parked:
         return None
     except RunAbandoned as exc:
@@ -198,16 +198,17 @@ async def execute(
     return Outcome(ctx, "succeeded", result=result)
 
 
-def _refuse_coroutine(fn: Any, value: Any) -> None:
-    """Raise InvalidResultError for a coroutine a job function returned unrun, saying why it was
-    not run, rather than as a result that is not JSON (whose fix, "pass an id", is no fix); close
-    it, so that it does not warn later that it was never awaited."""
+def refuse_coroutine(name: str, is_async: bool, value: Any) -> None:
+    """Raise InvalidResultError for a coroutine a job function (or a workflow step, `name` saying
+    which) returned unrun, saying why it was not run, rather than as a result that is not JSON
+    (whose fix, "pass an id", is no fix); close it, so that it does not warn later that it was
+    never awaited."""
     value.close()
-    if fn.is_async:
-        raise InvalidResultError(f"{fn.name} returned a coroutine it did not await: write `return await ...`")
+    if is_async:
+        raise InvalidResultError(f"{name} returned a coroutine it did not await: write `return await ...`")
     # Not run, and it cannot be: it was made with the sync ctx.
     raise InvalidResultError(
-        f"{fn.name} returned a coroutine without running it: its function is not `async def` (a decorator's "
+        f"{name} returned a coroutine without running it: its function is not `async def` (a decorator's "
         "sync wrapper around an async function?), so it ran in a thread as a sync job: make the wrapper "
         "`async def` and await the function it wraps")
 

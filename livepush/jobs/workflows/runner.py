@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import logging
 import math
 from typing import Any
@@ -29,6 +30,7 @@ from ..errors import (GroupLimitError, InvalidArgumentsError, JobCancelled, Reat
 from ..groups import building, steps
 from ..groups.transactions import ain_tx, in_tx
 from ..runtime.context import SyncJobContext
+from ..runtime.executor import refuse_coroutine
 from ..runtime.threads import call_in_thread
 from . import engine
 from . import queries as wq
@@ -223,16 +225,25 @@ class Runner:
             return {"verb": first.verb, "output": first.output, "reason": first.reason}
 
     async def _call(self, spec: StepSpec, sctx: StepContext, ctx: Any, *extra: Any) -> Any:
-        if is_async_callable(spec.fn):  # as @jobs.job tells an async function from a sync one
-            return await spec.fn(sctx, *extra)
-        # A sync step runs with the blocking ctx in one of the runtime's threads, like a sync job:
-        # the loop's default pool has a few threads, and the steps beyond them waited there with
-        # their slots held and their timeouts running. Called as a sync job is: a StopIteration
-        # carried from the thread as it was never reached the step's job, which never ended.
-        loop = asyncio.get_running_loop()
-        sync_ctx = StepContext(SyncJobContext(ctx, loop), sctx.run_id, sctx.step, sctx.input, sctx.outputs)
-        sync_ctx.signal = sctx.signal
-        return await call_in_thread(ctx.threads, spec.fn, sync_ctx, *extra)
+        is_async = is_async_callable(spec.fn)  # as @jobs.job tells an async function from a sync one
+        if is_async:
+            value = await spec.fn(sctx, *extra)
+        else:
+            # A sync step runs with the blocking ctx in one of the runtime's threads, like a sync
+            # job: the loop's default pool has a few threads, and the steps beyond them waited there
+            # with their slots held and their timeouts running. Called as a sync job is: a
+            # StopIteration carried from the thread as it was never reached the step's job, which
+            # never ended.
+            loop = asyncio.get_running_loop()
+            sync_ctx = StepContext(SyncJobContext(ctx, loop), sctx.run_id, sctx.step, sctx.input, sctx.outputs)
+            sync_ctx.signal = sctx.signal
+            value = await call_in_thread(ctx.threads, spec.fn, sync_ctx, *extra)
+        if inspect.iscoroutine(value):
+            # A forgotten `await` (or a sync wrapper around an async function): refused as a job's
+            # is, naming the step, not as an output that is not JSON.
+            workflow = spec.job.removesuffix(f".{spec.name}")  # the job's name is <workflow>.<step>
+            refuse_coroutine(f"step {spec.name!r} of workflow {workflow!r}", is_async, value)
+        return value
 
     async def _fan_out(self, spec: StepSpec, sctx: StepContext, row: dict[str, Any]) -> dict[str, Any]:
         ctx = sctx._job_ctx
