@@ -887,6 +887,21 @@ async def test_batch_failures_pause_the_run_and_resume_reruns_only_the_failed_me
     assert members == [(8,)]  # 6, then the 2 that failed
 
 
+async def test_resume_reruns_the_members_that_failed_and_those_that_were_cancelled(flows_db: str) -> None:
+    """A batch whose members failed or ended cancelled pauses the run; resume runs both kinds
+    again, and the step then succeeds with every member counted once."""
+    async with running(concurrency=4):
+        run = await wd.fan.astart({"n": 5, "failing": [1], "cancelling": [3]})
+        paused = await run_state(run.id, "paused")
+        assert "1 failed and 1 cancelled of 5" in paused["audit"][-1]["reason"]
+        q(flows_db, "INSERT INTO job_flags VALUES ('members-ok')")
+        assert await jobs.workflows.aresume(run.id, actor="ana")
+        done = await run_state(run.id, "succeeded")
+    assert done["steps"]["rows"]["output"] == {"total": 5, "succeeded": 5, "failed": 0, "cancelled": 0}
+    assert q(flows_db, "SELECT p.args ->> 0 FROM livepush_jobs j JOIN livepush_job_payloads p USING (id) "
+                       "WHERE j.name = 't.member' GROUP BY 1 HAVING count(*) = 2 ORDER BY 1") == [("1",), ("3",)]
+
+
 async def test_a_fan_out_batch_past_the_member_limit_fails_naming_its_step(
         flows_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A batch takes at most jobs.MAX_GROUP_MEMBERS jobs: the job past it is refused as it is

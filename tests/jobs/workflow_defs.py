@@ -127,15 +127,17 @@ async def after_maybe(ctx: Any) -> Any:
     return "went on"
 
 
-# A fan-out step; members that fail are chosen by the input.
+# A fan-out step; members that fail (True) or end cancelled ("cancel") are chosen by the input.
 @jobs.job(name="t.member", queue="flows", max_attempts=1)
-async def member(ctx: Any, i: int, fail: bool) -> None:
+async def member(ctx: Any, i: int, fail: bool | str) -> None:
     if fail:
         from tests.jobs.sample_jobs import _pool
 
         pool = await _pool()
         async with pool.connection() as conn:
             row = await (await conn.execute("SELECT 1 FROM job_flags WHERE name = 'members-ok'")).fetchone()
+        if row is None and fail == "cancel":
+            raise jobs.JobCancelled(f"member {i} cancels itself")
         if row is None:
             raise ValueError(f"member {i} fails")
 
@@ -151,7 +153,8 @@ async def plan(ctx: Any) -> Any:
 @fan.fan_out(after=["plan"], on_batch_failure="pause")
 def rows(ctx: Any, batch: Any) -> None:
     for i in ctx.outputs["plan"]:
-        batch.enqueue(member, i, i in ctx.input.get("failing", []))
+        fail = "cancel" if i in ctx.input.get("cancelling", []) else i in ctx.input.get("failing", [])
+        batch.enqueue(member, i, fail)
 
 
 @fan.step(after=["rows"])

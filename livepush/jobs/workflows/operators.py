@@ -92,7 +92,7 @@ def pause(run_id: int, *, actor: str | None = None, reason: str | None = None) -
 
 def resume(run_id: int, *, actor: str | None = None, reason: str | None = None) -> bool:
     """Resume a paused run: ready steps start (a step paused by its batch's failures runs again,
-    with only the failed members of its batch). False if it was not paused."""
+    with only the members of its batch that failed or were cancelled). False if it was not paused."""
     return _verb(run_id, "resume", None, actor, reason)
 
 

@@ -250,7 +250,7 @@ class Runner:
 
         async def earlier_batch() -> dict[str, Any] | None:
             """The batch of an earlier job of this step, paused on its failures and now resumed: its
-            failed members run again. Read once, as a checkpoint: later runs of this job see the
+            members that failed or were cancelled run again. Read once, as a checkpoint: later runs of this job see the
             step's new batch in the row."""
             if row["group_id"] is None or row["group_parent"] == ctx.job_id:
                 return None
