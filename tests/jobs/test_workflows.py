@@ -738,6 +738,19 @@ async def test_operator_cancel_stops_the_running_step(flows_db: str) -> None:
     assert not jobs.workflows.cancel(run.id, actor="ana")
 
 
+async def test_jobs_cancel_of_a_steps_job_cancels_its_run_naming_the_step(flows_db: str) -> None:
+    """jobs.cancel() of the job running a step ends the step cancelled, and with it the run, whose
+    error names the step; no operator verb ran, so the audit trail has no line for it."""
+    async with running():
+        run = await wd.verbs.astart({"first": "hold", "flag": "never"})
+        await async_wait_for(lambda: jobs.workflows.get(run.id)["steps"]["first"]["attempt"] == 1, 10.0,
+                             message="the first step's job to start")
+        assert await jobs.acancel(jobs.workflows.get(run.id)["steps"]["first"]["job"])
+        done = await run_state(run.id, "cancelled")
+    assert step_states(done) == {"first": "cancelled", "second": "cancelled"}
+    assert done["error"] == "step 'first' was cancelled" and done["audit"] == []
+
+
 async def test_operator_skip_of_a_running_step_goes_on(flows_db: str) -> None:
     """skip() of a running step cancels its job, marks it skipped, and the next step starts."""
     async with running():
