@@ -339,3 +339,19 @@ async def test_a_step_that_returns_a_coroutine_unrun_fails_saying_so(jobs_db: st
     assert step_states(done) == {step: "failed"}
     assert "InvalidResultError" in done["error"] and says in done["error"], done["error"]
     assert f"step {step!r} of workflow {flow.name!r}" in done["error"], done["error"]
+
+
+async def test_resuming_a_fan_out_step_keeps_no_copy_of_its_failed_members_arguments(jobs_db: str) -> None:
+    """A resumed fan-out step runs its failed members again from their own rows: its job stores no
+    copy of their arguments, which for a large batch passed what one jsonb value holds (the resume
+    then failed the run) and was read again at each of the job's replays."""
+    async with running(queues=[wc.QUEUE], concurrency=8):
+        run = await wc.padded.astart({"n": 20, "pad": 20_000})
+        await run_state(run.id, "paused")
+        q(jobs_db, "INSERT INTO job_flags VALUES ('padded-members-ok')")
+        assert await jobs.workflows.aresume(run.id, actor="ana")
+        done = await run_state(run.id, "succeeded")
+    assert done["steps"]["padded_rows"]["output"] == {"total": 20, "succeeded": 20, "failed": 0, "cancelled": 0}
+    stored = q(jobs_db, "SELECT coalesce(sum(pg_column_size(result)), 0) FROM livepush_job_steps WHERE job_id = %s",
+               (done["steps"]["padded_rows"]["job"],))[0][0]
+    assert stored < 20_000, f"the resumed step's job stores {stored} bytes: a copy of its members' arguments"

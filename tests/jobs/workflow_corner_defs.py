@@ -5,6 +5,7 @@ step that fails the run beside a step waiting for a signal."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from typing import Any
 
@@ -213,3 +214,26 @@ def _sync_wrapper(ctx: Any) -> Any:
 
 
 wraps_async.step(name="wrapped")(_sync_wrapper)
+
+
+# A fan-out step whose members carry a large argument each and fail until the flag
+# 'padded-members-ok' is set: its failures pause the run.
+@jobs.job(name="wfd.padded_member", queue=QUEUE, max_attempts=1)
+async def padded_member(ctx: Any, i: int, pad: str) -> int:
+    from tests.jobs.sample_jobs import _pool
+
+    pool = await _pool()
+    async with pool.connection() as conn:
+        row = await (await conn.execute("SELECT 1 FROM job_flags WHERE name = 'padded-members-ok'")).fetchone()
+    if row is None:
+        raise ValueError(f"member {i} fails")
+    return i
+
+
+padded = jobs.workflow("wfd_padded", queue=QUEUE)
+
+
+@padded.fan_out()
+def padded_rows(ctx: Any, batch: Any) -> None:
+    for i in range(ctx.input["n"]):
+        batch.enqueue(padded_member, i, os.urandom(ctx.input["pad"] // 2).hex())  # compresses not at all

@@ -252,7 +252,10 @@ WHERE w.id = %(id)s
 """
 
 # name: failed_members
-# The members of an earlier batch that did not succeed, to run again (a resumed fan-out step).
+# The members of an earlier batch that did not succeed, to run again (a resumed fan-out step). A
+# plain read: the batch finished, and a finished batch's members never change (a member's
+# retry_failed and discard_failed are refused, retention keeps them while the run goes on), so
+# a replay that reads them again, before its new batch is written, reads the same.
 FAILED_MEMBERS = """
 SELECT j.name, j.queue, p.args FROM livepush_jobs j JOIN livepush_job_payloads p ON p.id = j.id
 WHERE j.group_id = %(group_id)s AND j.state IN ('failed', 'cancelled')

@@ -249,24 +249,32 @@ class Runner:
         ctx = sctx._job_ctx
 
         async def earlier_batch() -> dict[str, Any] | None:
-            """The batch of an earlier job of this step, paused on its failures and now resumed: its
-            members that failed or were cancelled run again. Read once, as a checkpoint: later runs of this job see the
-            step's new batch in the row."""
+            """The batch of an earlier job of this step, paused on its failures and now resumed
+            (its id, and how many of the step's members succeeded so far): its members that failed
+            or were cancelled run again. Read once, as a checkpoint: later runs of this job see the
+            step's new batch in the row. Not those members themselves: a copy of their arguments
+            passed what one jsonb value holds for a large batch (and the resume failed the run),
+            and was read again at every replay of this job. make() reads them."""
             if row["group_id"] is None or row["group_parent"] == ctx.job_id:
                 return None
-            async with ctx.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(wq.FAILED_MEMBERS, {"group_id": row["group_id"]})
-                failed = await cur.fetchall()
             # What succeeded so far: the counts the step output when it paused (every batch before
             # this one, added up), else its first batch's.
             earlier_counts = row["step_output"] if isinstance(row["step_output"], dict) else {}
-            return {"failed": failed, "succeeded": earlier_counts.get("succeeded", row["group_succeeded"])}
+            return {"group": row["group_id"], "succeeded": earlier_counts.get("succeeded", row["group_succeeded"])}
 
         earlier = await ctx.checkpoint("livepush.earlier_batch", earlier_batch)
 
         async def make() -> list[JobRequest]:
             if earlier:
-                return [JobRequest(r["name"], tuple(r["args"]), r["queue"]) for r in earlier["failed"]]
+                # Called until the new batch is written, on a replay too: the earlier batch has
+                # finished, so its members' rows read the same each time. ("failed": such a
+                # checkpoint stored by an earlier release of livepush, members and all.)
+                failed = earlier.get("failed")
+                if failed is None:
+                    async with ctx.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+                        await cur.execute(wq.FAILED_MEMBERS, {"group_id": earlier["group"]})
+                        failed = await cur.fetchall()
+                return [JobRequest(r["name"], tuple(r["args"]), r["queue"]) for r in failed]
             batch = Batch(spec.name)
             returned = await self._call(spec, sctx, ctx, batch)
             if returned is not None and returned is not batch:
