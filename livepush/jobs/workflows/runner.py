@@ -267,13 +267,10 @@ class Runner:
         async def make() -> list[JobRequest]:
             if earlier:
                 # Called until the new batch is written, on a replay too: the earlier batch has
-                # finished, so its members' rows read the same each time. ("failed": such a
-                # checkpoint stored by an earlier release of livepush, members and all.)
-                failed = earlier.get("failed")
-                if failed is None:
-                    async with ctx.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-                        await cur.execute(wq.FAILED_MEMBERS, {"group_id": earlier["group"]})
-                        failed = await cur.fetchall()
+                # finished, so its members' rows read the same each time.
+                async with ctx.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+                    await cur.execute(wq.FAILED_MEMBERS, {"group_id": earlier["group"]})
+                    failed = await cur.fetchall()
                 return [JobRequest(r["name"], tuple(r["args"]), r["queue"]) for r in failed]
             batch = Batch(spec.name)
             returned = await self._call(spec, sctx, ctx, batch)
