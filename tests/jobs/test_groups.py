@@ -347,6 +347,10 @@ def test_a_failed_member_is_neither_retried_nor_discarded(groups_db: str) -> Non
         jobs.retry_failed(failed.id)
     with pytest.raises(jobs.GroupClosedError, match=f"member of task group {g.id}"):
         jobs.discard_failed(failed.id)
+    # The group may be a workflow's fan-out batch, which a new member would never join: the
+    # refusal names that way too.
+    with pytest.raises(jobs.GroupClosedError, match=r"add a new member.*jobs\.workflows\.resume\(\)"):
+        jobs.retry_failed(failed.id)
     rows, _ = jobs.group_members(g.id)
     assert [(r["id"], r["state"]) for r in rows] == [(failed.id, "failed"), (g.members[1].id, "succeeded")]
     view = jobs.get_group(g.id)

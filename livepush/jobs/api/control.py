@@ -129,7 +129,10 @@ async def _atagged_unfinished(tag: str) -> list[int]:
 
 
 # What a failed member's refusal tells the caller to do instead.
-_RETRY_INSTEAD = "add a new member (or start a new group) instead"
+# A workflow's fan-out batch is a task group too, which this read cannot tell apart (the runs are
+# the workflows' to read): its way is named beside the group's.
+_RETRY_INSTEAD = ("add a new member (or start a new group) instead; a member of a workflow's fan-out batch runs "
+                  "again when its run is resumed (jobs.workflows.resume())")
 _DISCARD_INSTEAD = "it is deleted with its group, after the retention time"
 
 
