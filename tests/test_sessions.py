@@ -236,6 +236,17 @@ def test_an_empty_secret_verifies_nothing_and_a_secret_of_another_type_is_a_type
         assert SECRET not in str(wrong.value)
 
 
+@pytest.mark.parametrize("secrets", [12345, Settings(secret=SECRET), object()])
+def test_decode_given_secrets_that_are_neither_text_nor_a_list_of_text_says_what_it_takes(secrets: object) -> None:
+    """decode(token, get_settings()) (the settings where their `.secrets` go), or a number, raises
+    ArgumentTypeError naming the type and what decode() takes, not a bare "object is not
+    iterable" from inside livepush; no secret shows in the message."""
+    token = sessions.issue("user-7")
+    with pytest.raises(ArgumentTypeError, match=rf"decode\(\) takes the secrets.*got {type(secrets).__name__}") as wrong:
+        decode(token, secrets)  # type: ignore[arg-type]
+    assert SECRET not in str(wrong.value)
+
+
 @given(st.text(max_size=300))
 def test_any_text_decodes_or_raises_invalid_session(text: str) -> None:
     """decode() of arbitrary text raises only InvalidSession."""

@@ -135,10 +135,18 @@ def _usable(secrets: Sequence[str] | str | None) -> tuple[str, ...]:
     if isinstance(secrets, (bytes, bytearray)):
         wrong = type(secrets).__name__
     else:
-        wrong = next((type(s).__name__ for s in secrets if not isinstance(s, str)), "")
+        try:
+            secrets = tuple(secrets)
+        except TypeError:
+            # The settings themselves (decode(token, get_settings())) or a number: a bare "object is
+            # not iterable" from in here named neither the argument nor what it takes.
+            secrets, wrong = (), type(secrets).__name__
+        else:
+            wrong = next((type(s).__name__ for s in secrets if not isinstance(s, str)), "")
     if wrong:
-        raise ArgumentTypeError(f"decode() takes the secrets as str (LIVEPUSH_SECRET's text, e.g. "
-                                f"get_settings().secrets), got {wrong}: decode bytes first")
+        hint = ": decode bytes first" if wrong in ("bytes", "bytearray") else ""
+        raise ArgumentTypeError(f"decode() takes the secrets as str or a list of str (LIVEPUSH_SECRET's text, "
+                                f"e.g. get_settings().secrets), got {wrong}{hint}")
     return tuple(s for s in secrets if s)
 
 
