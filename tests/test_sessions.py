@@ -600,6 +600,23 @@ async def test_revoking_with_the_memory_store_is_a_config_error_naming_the_fix(c
     assert not await sessions.MEMORY.is_revoked(decode(token, SECRET))
 
 
+@pytest.mark.parametrize("call", ["revoke", "arevoke", "revoke_subject", "arevoke_subject"])
+async def test_a_store_argument_that_is_no_revocation_store_is_a_type_error_naming_it(call: str, redis_url: str) -> None:
+    """revoke*(..., store=URL) (the URL where the store made from it goes) raises ArgumentTypeError
+    naming the call, `store=` and what it takes, not an AttributeError from inside livepush."""
+    token = sessions.issue("user-7")
+    argument = token if call in ("revoke", "arevoke") else "user-7"
+    for store in (redis_url, "postgres"):
+        with pytest.raises(ArgumentTypeError, match=rf"{call}\(store=\) takes a RevocationStore.*got str") as info:
+            result = getattr(sessions, call)(argument, store=store)
+            if asyncio.iscoroutine(result):
+                await result
+        assert token not in str(info.value)
+    with pytest.raises(ArgumentTypeError, match=r"set_default_store\(\) takes a RevocationStore.*got str"):
+        sessions.set_default_store(redis_url)  # type: ignore[arg-type]
+    assert sessions.default_store() is sessions.MEMORY
+
+
 async def test_postgres_rows_are_pruned_after_expiry(pg_url: str) -> None:
     """Revoked sessions past their expiry are deleted by prune() (and by later writes)."""
     store = PostgresRevocations(pg_url)

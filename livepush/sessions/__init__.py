@@ -62,6 +62,7 @@ def default_store() -> RevocationStore:
 
 def set_default_store(store: RevocationStore | None) -> None:
     """Install the store `revoke*` use (tests; a web process with its own). None: from the settings."""
+    _check_store(store, "set_default_store()")
     global _default
     with _default_lock:
         old, _default = _default, store
@@ -69,7 +70,17 @@ def set_default_store(store: RevocationStore | None) -> None:
         old.close()
 
 
-def _shared(store: RevocationStore | None) -> RevocationStore:
+def _check_store(store: object, call: str) -> None:
+    # A URL or a store's name where the store goes failed later, inside livepush, with an
+    # AttributeError that named neither the argument nor what it takes.
+    if store is not None and not isinstance(store, RevocationStore):
+        raise ArgumentTypeError(f"{call} takes a RevocationStore (e.g. PostgresRevocations(url) or "
+                                f"RedisRevocations(url)), or None for the one the settings name, got "
+                                f"{type(store).__name__}")
+
+
+def _shared(store: RevocationStore | None, call: str) -> RevocationStore:
+    _check_store(store, f"{call}(store=)")
     chosen = store or default_store()
     if not chosen.shared:
         raise ConfigError(
@@ -109,10 +120,10 @@ def revoke(token: str | Session, *, store: RevocationStore | None = None) -> Ses
 
     Raises InvalidSession when `token` is not a token signed with our secrets (None too: no
     cookie, nothing to revoke), ArgumentTypeError when it is neither a str nor a Session (bytes
-    among them: decode them first), ConfigError when
+    among them: decode them first) or when `store` is no RevocationStore, ConfigError when
     this process has no shared store or no LIVEPUSH_SECRET, and DependencyError when the store
     cannot be reached (nothing was revoked then)."""
-    chosen = _shared(store)
+    chosen = _shared(store, "revoke")
     session = _session_of(token, "revoke()")
     chosen.add_session(session.id, session.expires_at)
     return session
@@ -120,7 +131,7 @@ def revoke(token: str | Session, *, store: RevocationStore | None = None) -> Ses
 
 async def arevoke(token: str | Session, *, store: RevocationStore | None = None) -> Session:
     """Async revoke()."""
-    chosen = _shared(store)
+    chosen = _shared(store, "arevoke")
     session = _session_of(token, "arevoke()")
     await chosen.aadd_session(session.id, session.expires_at)
     return session
@@ -142,7 +153,7 @@ def revoke_subject(subject: str, *, store: RevocationStore | None = None, now: f
     """Revoke every session of `subject` issued up to now ("sign out everywhere"); sessions
     issued afterwards (once this returns) are unaffected. Returns the cut-off time."""
     check_subject(subject, "revoke_subject()")  # the caller's mistake first, whatever the store
-    chosen = _shared(store)
+    chosen = _shared(store, "revoke_subject")
     cutoff_ms = stamp_ms(now)
     chosen.add_subject(subject, cutoff_ms / 1000)
     while _within(cutoff_ms):
@@ -153,7 +164,7 @@ def revoke_subject(subject: str, *, store: RevocationStore | None = None, now: f
 async def arevoke_subject(subject: str, *, store: RevocationStore | None = None, now: float | None = None) -> float:
     """Async revoke_subject()."""
     check_subject(subject, "arevoke_subject()")
-    chosen = _shared(store)
+    chosen = _shared(store, "arevoke_subject")
     cutoff_ms = stamp_ms(now)
     await chosen.aadd_subject(subject, cutoff_ms / 1000)
     while _within(cutoff_ms):
