@@ -29,7 +29,7 @@ from .. import metrics, protocol, topics
 from ..config import Settings
 from ..errors import DependencyError, InvalidTopic, first_line
 from ..fanout import FanOut
-from ..sessions.handshake import authenticate, duplicated_header, origin_allowed
+from ..sessions.handshake import authenticate, duplicated_header, ignored_token, origin_allowed
 from ..sessions.revocations import MEMORY, READ_TIMEOUT, RevocationStore
 from ..sessions.rules import App
 from ..tasks import stop as stop_task
@@ -247,6 +247,10 @@ class PushServer:
             self._reverify_now.set()
         if reason and reason != "missing":
             self._quiet.debug("a connection without a valid session: %s", reason)
+        elif reason and log.isEnabledFor(logging.DEBUG):
+            ignored = ignored_token(request.headers, request.path, self.settings)
+            if ignored is not None:
+                self._quiet.debug("a connection's token did not count, so it has no session: it sent %s", ignored)
         # Counted again after the store's answer: handshakes that waited on it together all
         # passed the check above, and only those that still fit may be attached.
         if self._full():

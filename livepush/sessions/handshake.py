@@ -126,6 +126,25 @@ def extract_token(headers: HeadersLike, path: str, *, cookies: bool = True, quer
     return _query_token(path or "") if query else None
 
 
+def ignored_token(headers: HeadersLike, path: str, settings: Settings) -> str | None:
+    """Where a connection that `authenticate()` found no token in sent one all the same, and why it
+    did not count; None when it sent none. For the log: a client still sending `?token=` after
+    LIVEPUSH_QUERY_TOKENS=off, or cookies under LIVEPUSH_ALLOWED_ORIGINS=*, came in anonymous (or
+    was closed with 4401 for good) without a word anywhere. Names no token."""
+    if settings.authenticate == "off":
+        return None
+    if any_origin(settings.allowed_origins):
+        if session_cookies(header_values(headers, "cookie")):
+            return ("a session cookie, which LIVEPUSH_ALLOWED_ORIGINS=* never reads (any site could make a browser "
+                    "send it): pass the token in the subprotocol")
+    elif len(session_cookies(header_values(headers, "cookie"))) > 1:
+        return ("two different session cookies, which count as none (one may have been planted for the parent "
+                "domain): delete the stale one")
+    if not settings.query_tokens and _query_token(path or "") is not None:
+        return "a token in the query, which LIVEPUSH_QUERY_TOKENS=off ignores: pass it in the cookie or the subprotocol"
+    return None
+
+
 # -- origin -----------------------------------------------------------------------------
 
 
@@ -251,4 +270,5 @@ async def authenticate(
 
 
 __all__ = ["COOKIE_NAME", "HOST_COOKIE_NAME", "QUERY_PARAM", "REASONS", "SUBPROTOCOL", "any_origin", "authenticate",
-           "cookie_token", "duplicated_header", "extract_token", "header_values", "origin_allowed", "session_cookies"]
+           "cookie_token", "duplicated_header", "extract_token", "header_values", "ignored_token", "origin_allowed",
+           "session_cookies"]

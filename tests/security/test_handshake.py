@@ -25,7 +25,7 @@ from livepush.server.app import PushServer
 from livepush.sessions import MemoryRevocations
 from tests.server.conftest import Served, make_settings, start_served
 from tests.support.http import upgrade_headers, upgrade_request
-from tests.support.security import attempt, hello, http, raw_attempt, raw_request
+from tests.support.security import attempt, hello, http, raw_attempt, raw_request, signing_with
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
@@ -163,6 +163,42 @@ async def test_client_mistakes_are_logged_at_debug_and_rate_limited(served: Serv
     origins = [r for r in mine if "origin" in r.getMessage()]
     tokens = [r for r in mine if "session" in r.getMessage()]
     assert 1 <= len(origins) <= 10 and 1 <= len(tokens) <= 10, (len(origins), len(tokens))
+
+
+async def test_a_token_the_server_ignores_is_named_in_a_debug_line_without_the_token(
+        secret: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A connection that comes in anonymous although it sent a token (in the query under
+    LIVEPUSH_QUERY_TOKENS=off, in a cookie under LIVEPUSH_ALLOWED_ORIGINS=*, or in two different
+    session cookies) leaves a debug line saying where the token was and why it did not count,
+    which never holds the token: under `required` such a client is closed with 4401 for good, and
+    nothing said why."""
+    caplog.set_level(logging.DEBUG, logger="livepush")
+    with signing_with(secret):
+        token, other = sessions.issue("ivan"), sessions.issue("mallory")
+    cases = [({"query_tokens": False}, f"?token={token}", {}, "LIVEPUSH_QUERY_TOKENS=off"),
+             ({"allowed_origins": ("*",)}, "", {"Cookie": f"livepush_session={token}"}, "LIVEPUSH_ALLOWED_ORIGINS=*"),
+             ({}, "", {"Cookie": f"__Host-livepush_session={token}; livepush_session={other}"},
+              "two different session cookies")]
+    for settings, query, headers, said in cases:
+        s = await serve(secret, **settings)
+        try:
+            caplog.clear()
+            client = await WSClient.open(s.url + query, additional_headers=headers)
+            assert client.hello["session"] is None
+            await client.close()
+        finally:
+            await s.stop()
+        lines = [r.getMessage() for r in caplog.records if r.name.startswith("livepush")]
+        assert any(said in line for line in lines), (said, lines)
+        assert not [line for line in lines if token in line or other in line]
+    caplog.clear()
+    s = await serve(secret)
+    try:
+        anonymous = await WSClient.open(s.url)
+        await anonymous.close()
+    finally:
+        await s.stop()
+    assert not [r for r in caplog.records if "did not count" in r.getMessage()]
 
 
 class _StoreDown(MemoryRevocations):
