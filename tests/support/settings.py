@@ -7,7 +7,7 @@ import secrets
 from collections.abc import Iterator
 from typing import Any
 
-from livepush import api, config
+from livepush import api, config, sessions
 from livepush.jobs import database
 
 
@@ -17,11 +17,15 @@ def jobs_settings(url: str, **options: Any) -> Iterator[str]:
     a fresh secret unless given, and any other `options` of Settings; everything put back afterwards."""
     options.setdefault("secret", secrets.token_urlsafe(36))
     config.set_settings(config.Settings(database_url=url, fanout="postgres", env="test", **options))
+    # What the settings made on first use goes with them: a revocation store an earlier test made
+    # from its own settings (its database since dropped) would take this test's sign-outs.
     api.set_default_fanout(None)
+    sessions.set_default_store(None)
     database.configure(url)
     try:
         yield url
     finally:
         database.configure(None)
         api.set_default_fanout(None)
+        sessions.set_default_store(None)
         config.set_settings(None)
