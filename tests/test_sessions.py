@@ -415,6 +415,24 @@ async def test_revoke_token_revokes_that_session_only(
     assert not await shared_store.is_revoked(o)
 
 
+@pytest.mark.parametrize("call", ["revoke", "arevoke"])
+async def test_a_revocation_outlives_its_token_on_this_hosts_clock_by_the_clock_allowance(
+    shared_store: sessions.RevocationStore, call: str
+) -> None:
+    """Each server checks a token's expiry on its own clock: one whose clock lags this host's, or
+    the store's, still takes a token this host sees as expired. Revoked, such a token stays
+    revoked, pruned or not, for sessions.CLOCK_ALLOWANCE past its expiry here."""
+    lag = 30.0
+    s = tokens.loads(sessions.issue("user-7", ttl=60, now=time.time() - 60 - lag), SECRET)
+    if call == "revoke":
+        await asyncio.to_thread(sessions.revoke, s, store=shared_store)
+    else:
+        await sessions.arevoke(s, store=shared_store)
+    await shared_store.prune()
+    assert await shared_store.revoked_among([s]) == {s.id}
+    assert sessions.CLOCK_ALLOWANCE > lag
+
+
 async def test_arevoke_subject_cuts_off_at_revocation_time(
     shared_store: sessions.RevocationStore, rings: Callable[[sessions.RevocationStore], Awaitable[Rings]]
 ) -> None:

@@ -114,6 +114,14 @@ def _not_a_token(value: object, call: str) -> str:
             "subject (a user id), call revoke_subject(str(user_id))")
 
 
+# How much longer than its token a session's revocation is kept. Each server checks a token's
+# expiry on its own clock, while the store forgets the revocation on its own (Postgres' now(), or
+# Redis counting down a TTL worked out on this host's clock): without this, a server whose clock
+# lags the store's by a minute let a revoked token back in for that minute, and one whose clock
+# lags this host's found nothing stored at all for a token this host saw as just expired.
+CLOCK_ALLOWANCE = 300.0
+
+
 def revoke(token: str | Session, *, store: RevocationStore | None = None) -> Session:
     """Revoke one session (a token or a Session): new handshakes with it are refused and every
     server closes its open connections with 4403. Returns the session.
@@ -125,7 +133,7 @@ def revoke(token: str | Session, *, store: RevocationStore | None = None) -> Ses
     cannot be reached (nothing was revoked then)."""
     chosen = _shared(store, "revoke")
     session = _session_of(token, "revoke()")
-    chosen.add_session(session.id, session.expires_at)
+    chosen.add_session(session.id, session.expires_at + CLOCK_ALLOWANCE)
     return session
 
 
@@ -133,7 +141,7 @@ async def arevoke(token: str | Session, *, store: RevocationStore | None = None)
     """Async revoke()."""
     chosen = _shared(store, "arevoke")
     session = _session_of(token, "arevoke()")
-    await chosen.aadd_session(session.id, session.expires_at)
+    await chosen.aadd_session(session.id, session.expires_at + CLOCK_ALLOWANCE)
     return session
 
 
@@ -173,6 +181,7 @@ async def arevoke_subject(subject: str, *, store: RevocationStore | None = None,
 
 
 __all__ = [
+    "CLOCK_ALLOWANCE",
     "MAX_TOKEN_LENGTH",
     "MAX_TTL",
     "MEMORY",
