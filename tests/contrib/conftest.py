@@ -19,6 +19,7 @@ migrated for both livepush and Django:
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 import uuid
@@ -105,6 +106,9 @@ def forget_defaults() -> None:
     sessions.set_default_store(None)
     database.configure(None)
     config.set_settings(None)
+    # A Redis client made on an event loop that has ended is closed only when it is collected (only
+    # its own loop could close it): collected now, it is not counted among the next test's clients.
+    gc.collect()
 
 
 @pytest.fixture
