@@ -5,10 +5,12 @@ open WebSocket connections close with 4403, and deletes the cookie."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from http.cookies import SimpleCookie
 
 import httpx
+import psycopg
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -19,6 +21,7 @@ from examples.fastapi_app.app import SESSION_TTL
 from examples.fastapi_app.app import app as example
 from livepush import config, sessions
 from livepush.contrib.starlette import lifespan, logout, set_session_cookie
+from livepush.sessions.revocations import READ_TIMEOUT
 from tests.contrib.conftest import cookie_header, forget_defaults, serving
 from tests.support.procs import Processes
 from tests.support.wsclient import WSClient
@@ -176,3 +179,22 @@ async def test_logout_closes_the_sessions_open_socket_with_4403(
         assert await ws.closed_with(timeout=5) == CLOSE_REVOKED
     finally:
         await ws.close()
+
+
+async def test_logout_whose_store_write_blocks_answers_503_within_a_bound(http_client: httpx.AsyncClient,
+                                                                          pg_url: str) -> None:
+    """A revocation that blocks (a migration holding the revocation table's lock, a frozen
+    connection) answers 503 after the bound the session check has on a store read, and deletes no
+    cookie, so the user can try again, instead of holding the sign-out until the lock is gone."""
+    token = set_cookies(await http_client.post("/login", json={"name": "ana"}))["livepush_session"]["value"]
+    locker = await psycopg.AsyncConnection.connect(pg_url)
+    try:
+        await locker.execute("LOCK TABLE livepush_revoked_sessions IN ACCESS EXCLUSIVE MODE")
+        answer = await asyncio.wait_for(http_client.post("/logout", headers=cookie_header(token)), READ_TIMEOUT + 10)
+        assert answer.status_code == 503 and "try again" in answer.json()["detail"]
+        assert "livepush_session" not in set_cookies(answer)
+    finally:
+        await locker.rollback()
+        await locker.close()
+    answer = await http_client.post("/logout", headers=cookie_header(token))
+    assert answer.json() == {"signed_out": True}

@@ -3,6 +3,7 @@ and deleted when they sign out (docs/security.md, where the token travels)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from starlette.exceptions import HTTPException
@@ -12,6 +13,7 @@ from starlette.responses import Response
 from ... import sessions
 from ...errors import DependencyError, InvalidSession
 from ...sessions import Session
+from ...sessions.revocations import READ_TIMEOUT
 from .._cookies import (SessionCookie, deleting_cookies, nowhere_to_revoke, session_cookie, session_cookies,
                        stale_cookies)
 
@@ -47,8 +49,9 @@ async def logout(response: Response, request: Request, *, everywhere: bool = Fal
     """Revoke the request's session (with `everywhere=True`, every session of its subject) so
     that its open WebSocket connections close with 4403, and delete the cookie on `response`.
     Returns the session revoked, or None when the request had none of ours. Every session cookie
-    the request carries is revoked, a second one beside it too. When the store cannot be reached
-    nothing is deleted and the request gets 503: the user can try again. An app with neither a
+    the request carries is revoked, a second one beside it too. When the store cannot be reached,
+    or has not answered within READ_TIMEOUT, nothing is deleted and the request gets 503: the user
+    can try again. An app with neither a
     database nor Redis has no store: the cookie is deleted, nothing revoked (None), and a warning
     logged."""
     revoked: Session | None = None
@@ -56,16 +59,20 @@ async def logout(response: Response, request: Request, *, everywhere: bool = Fal
     if nowhere_to_revoke(tokens, log):  # an app the lifespan let start without one: a 500 kept users in
         tokens = set()
     try:
-        for token in tokens:
-            try:
-                session = await sessions.arevoke(token)
-            except InvalidSession:
-                continue  # not a token of ours: nothing to revoke, the cookie goes anyway
-            if everywhere:
-                await sessions.arevoke_subject(session.subject)
-            revoked = revoked or session
-    except DependencyError as exc:
-        log.warning("livepush: cannot revoke a session at logout: %s", exc)
+        # Bounded as the session check is: a write that blocks (a migration holding the table's
+        # lock) held the sign-out for as long. Revoking again is harmless, so a retry is safe.
+        async with asyncio.timeout(READ_TIMEOUT):
+            for token in tokens:
+                try:
+                    session = await sessions.arevoke(token)
+                except InvalidSession:
+                    continue  # not a token of ours: nothing to revoke, the cookie goes anyway
+                if everywhere:
+                    await sessions.arevoke_subject(session.subject)
+                revoked = revoked or session
+    except (DependencyError, TimeoutError) as exc:
+        why = f"no answer within {READ_TIMEOUT:g} s" if isinstance(exc, TimeoutError) else exc
+        log.warning("livepush: cannot revoke a session at logout: %s", why)
         raise HTTPException(503, "signing out failed: the session store cannot be reached, try again") from None
     for cookie in deleting_cookies(secure=_secure(request, secure)):
         _set(response, cookie)
