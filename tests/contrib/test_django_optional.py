@@ -72,3 +72,30 @@ def test_a_site_without_the_tasks_framework_passes_its_checks() -> None:
                           timeout=60, check=False, env=env)
     assert done.returncode == 0, done.stderr
     assert "checked" in done.stdout and "livepush." not in done.stderr, done.stderr
+
+
+PAGE_WITHOUT_TASKS = """
+import django
+from django.conf import settings
+settings.configure(
+    INSTALLED_APPS=["django.contrib.auth", "django.contrib.contenttypes", "livepush.contrib.django"],
+    TEMPLATES=[{"BACKEND": "django.template.backends.django.DjangoTemplates", "APP_DIRS": True}],
+    DATABASES={}, USE_TZ=True)
+django.setup()
+from django.template import engines
+from livepush.contrib.django import subscription
+page = engines["django"].from_string(
+    '{% load livepush %}<ul {% livepush_subscription notices %}></ul> {% livepush_signed_topic "chat:7" %}')
+print(page.render({"notices": subscription("notices:lobby")}))
+"""
+
+
+def test_a_site_without_the_tasks_framework_renders_the_template_tags() -> None:
+    """The template tags and subscription() need no Tasks framework: a site without it (Django 5.2
+    without django-tasks) loads `{% load livepush %}` and renders a subscription and a signed
+    topic, rather than failing every page that loads the tags with InvalidTemplateLibrary."""
+    env = {"LIVEPUSH_SECRET": secrets.token_urlsafe(36), "PATH": "/usr/bin:/bin", "LIVEPUSH_FANOUT": "local"}
+    done = subprocess.run([sys.executable, "-c", BLOCK_TASKS + PAGE_WITHOUT_TASKS], capture_output=True, text=True,
+                          timeout=60, check=False, env=env)
+    assert done.returncode == 0, done.stderr
+    assert 'data-livepush-topic="notices:lobby~' in done.stdout and " chat:7~" in done.stdout, done.stdout

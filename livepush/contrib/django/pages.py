@@ -13,7 +13,6 @@ from django.utils.safestring import SafeString
 from ... import api, topics
 from ...jobs import JobHandle
 from ...jobs.api.handles import signed_for_page
-from .results import job_id_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,5 +52,9 @@ def page_since(topic: str) -> str | None:
 
 def job_topic(result: object, ttl: float | None = None) -> str:
     """The signed `job:<id>` topic of a TaskResult enqueued through LivePushBackend (or of its id)."""
+    # Imported here: results needs the Tasks framework, which the rest of this module (and the
+    # template tags that import it) does without, on a site that has none.
+    from .results import job_id_of
+
     job_id = job_id_of(getattr(result, "id", result))
     return JobHandle(job_id).sign(ttl)
