@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import psycopg
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
@@ -17,6 +19,7 @@ from django.test import Client, override_settings
 from livepush import sessions
 from livepush.config import get_settings
 from tests.support.procs import Processes
+from tests.support.waiting import wait_for
 from tests.support.wsclient import WSClient
 
 pytestmark = pytest.mark.usefixtures("django_site")
@@ -223,3 +226,25 @@ def test_signing_out_without_a_shared_store_is_one_warning_naming_the_setting(
     said = [r for r in caplog.records if r.name == "livepush.contrib.django"]
     assert len(said) == 1 and said[0].exc_info is None, [r.getMessage() for r in said]
     assert "LIVEPUSH_DATABASE_URL" in said[0].getMessage() and "not revoked" in said[0].getMessage()
+
+
+def test_signing_out_while_the_store_blocks_answers_within_a_bound_and_revokes_once_it_answers(
+        django_db_url: str) -> None:
+    """A sign-out while the revocation table is locked (a migration, a frozen connection) answers
+    after the bound the push server has on a store read, instead of holding the request until the
+    lock is gone; the revocation is made once the store answers."""
+    from livepush.sessions.revocations import READ_TIMEOUT
+
+    client, _ = signed_in()
+    token = client.get("/").cookies["livepush_session"].value
+    session = sessions.decode(token, get_settings().secrets)
+    with psycopg.connect(django_db_url) as locker, ThreadPoolExecutor(1) as browser:
+        locker.execute("LOCK TABLE livepush_revoked_sessions IN ACCESS EXCLUSIVE MODE")
+        signing_out = browser.submit(client.post, "/logout/")
+        try:
+            response = signing_out.result(timeout=READ_TIMEOUT + 5)
+        finally:
+            locker.rollback()  # the lock goes, whatever the answer: a request still held ends too
+    assert response.status_code == 302 and response.cookies["livepush_session"].value == ""
+    wait_for(lambda: asyncio.run(sessions.default_store().is_revoked(session)), timeout=10,
+             message="the session revoked once the store answered")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +30,7 @@ from ... import sessions
 from ...config import get_settings
 from ...errors import InvalidSession, LivepushError
 from ...sessions import MAX_TTL
+from ...sessions.revocations import READ_TIMEOUT
 from ...sessions.handshake import HOST_COOKIE_NAME
 from ...sessions.tokens import check_subject
 from ...usercode import cannot_take
@@ -213,9 +215,23 @@ def _request_tokens(request: HttpRequest) -> list[str]:
 
 
 def _revoke(tokens: list[str]) -> None:
-    """Revoke `tokens`; a sign-in or sign-out never fails because the shared store cannot be reached."""
+    """Revoke `tokens`; a sign-in or sign-out never fails because the shared store cannot be
+    reached, nor waits longer than READ_TIMEOUT for it."""
     if nowhere_to_revoke(tokens, log):
         return
+    # In a thread of its own, waited for as long as the push server waits for a store read: a
+    # write that blocks (a migration holding the table's lock, a frozen connection) held the
+    # sign-out for as long. The thread goes on, so the revocation is made once the store answers.
+    revoking = threading.Thread(target=_revoke_now, args=(tokens,), name="livepush-revoke", daemon=True)
+    revoking.start()
+    revoking.join(READ_TIMEOUT)
+    if revoking.is_alive():
+        log.warning("a livepush session's revocation has not been stored within %g s (the revocation store is "
+                    "locked or slow): the sign-in or sign-out goes on, and the revocation is stored once the store "
+                    "answers", READ_TIMEOUT)
+
+
+def _revoke_now(tokens: list[str]) -> None:
     for token in tokens:
         try:
             sessions.revoke(token)
