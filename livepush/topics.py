@@ -96,15 +96,21 @@ def _signer(secrets: Sequence[str]) -> Signer:
     return Signer(list(reversed(secrets)), salt=_SALT, sep=SEP, digest_method=hashlib.sha256)
 
 
+def check_ttl(ttl: object) -> None:
+    """ArgumentValueError unless `ttl` is a lifetime a signed topic can carry: a positive, finite
+    number of seconds."""
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0 or ttl == math.inf:
+        raise ArgumentValueError(f"ttl must be a positive, finite number of seconds (or None: no expiry), got {ttl!r}"
+                                 + seconds_hint(ttl))
+
+
 def sign(topic: str, secrets: Sequence[str], ttl: float | None = None, *, now: float | None = None) -> str:
     validate_topic(topic)
     if not secrets:
         raise InvalidTopic("cannot sign a topic without LIVEPUSH_SECRET: set it (32+ random characters)")
     value = topic
     if ttl is not None:
-        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0 or ttl == math.inf:
-            raise ArgumentValueError(f"ttl must be a positive, finite number of seconds (or None: no expiry), got {ttl!r}"
-                                     + seconds_hint(ttl))
+        check_ttl(ttl)
         # Rounded up: cut down to the second before, a topic would lose up to a second of its
         # ttl, and one with a ttl under a second could be expired as it is made.
         # A huge ttl (10**100 for "never") wrote an expiry of as many digits, past what verify()

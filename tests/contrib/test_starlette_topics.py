@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 import httpx
 import pytest
@@ -208,3 +209,13 @@ def test_slots_a_separator_keeps_apart_are_accepted(template: str) -> None:
     """A separator between two slots pins where the first ends (its value never holds one); a slot
     beside fixed text, or the same slot twice, fills one topic for each value."""
     assert SignedTopic(template).topic == template
+
+
+@pytest.mark.parametrize("ttl", [timedelta(hours=1), "3600", 0, -5, float("inf"), float("nan"), True],
+                         ids=["timedelta", "text", "zero", "negative", "infinite", "nan", "bool"])
+def test_a_ttl_no_topic_could_be_signed_for_is_refused_where_the_route_is_written(ttl: object) -> None:
+    """SignedTopic(..., ttl=) that no signing takes (a timedelta, text, zero or less): an error
+    naming ttl at SignedTopic(...), when the app is defined, not a 500 at every request."""
+    for topic in ("chat:{room}", lambda request: "chat:lobby"):
+        with pytest.raises((ArgumentTypeError, ArgumentValueError), match="ttl"):
+            SignedTopic(topic, ttl=ttl)  # type: ignore[arg-type]

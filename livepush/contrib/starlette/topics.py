@@ -116,6 +116,8 @@ class SignedTopic:
                                     f"request, got {type(topic).__name__}")
         if not isinstance(topic, str):
             _check_takes_a_request(topic)
+        if ttl is not None:  # checked here, where the route is written, not at each of its requests
+            topics.check_ttl(ttl)
         self.slots = _slots(topic) if isinstance(topic, str) else ()  # the path parameters it fills
         self.topic = topic
         self.ttl = ttl
