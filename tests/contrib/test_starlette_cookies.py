@@ -21,6 +21,7 @@ from examples.fastapi_app.app import SESSION_TTL
 from examples.fastapi_app.app import app as example
 from livepush import config, sessions
 from livepush.contrib.starlette import lifespan, logout, set_session_cookie
+from livepush.errors import ArgumentTypeError
 from livepush.sessions.revocations import READ_TIMEOUT
 from tests.contrib.conftest import cookie_header, forget_defaults, serving
 from tests.support.procs import Processes
@@ -198,3 +199,21 @@ async def test_logout_whose_store_write_blocks_answers_503_within_a_bound(http_c
         await locker.close()
     answer = await http_client.post("/logout", headers=cookie_header(token))
     assert answer.json() == {"signed_out": True}
+
+
+async def test_the_request_and_response_given_the_other_way_round_is_an_error_saying_the_order(
+        app_env: dict[str, str]) -> None:
+    """set_session_cookie(request, response, ...) and logout(request, response), the order of
+    Django's helpers, raise ArgumentTypeError saying the response comes first, not an
+    AttributeError from inside livepush; nothing is revoked."""
+    token = sessions.issue("ana")
+    request = Request({"type": "http", "method": "POST", "path": "/", "scheme": "http", "query_string": b"",
+                       "server": ("app.example.com", 80), "headers": [(b"cookie", f"livepush_session={token}".encode())]})
+    response = Response()
+    for secure in (None, True):
+        with pytest.raises(ArgumentTypeError, match=r"set_session_cookie\(response, request"):
+            set_session_cookie(request, response, "ana", secure=secure)  # type: ignore[arg-type]
+        with pytest.raises(ArgumentTypeError, match=r"logout\(response, request"):
+            await logout(request, response, secure=secure)  # type: ignore[arg-type]
+    assert not await sessions.default_store().is_revoked(sessions.decode(token, config.get_settings().secrets))
+    assert "set-cookie" not in response.headers

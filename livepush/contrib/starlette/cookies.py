@@ -7,11 +7,11 @@ import asyncio
 import logging
 
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 
 from ... import sessions
-from ...errors import DependencyError, InvalidSession
+from ...errors import ArgumentTypeError, DependencyError, InvalidSession
 from ...sessions import Session
 from ...sessions.revocations import READ_TIMEOUT
 from .._cookies import (SessionCookie, deleting_cookies, nowhere_to_revoke, session_cookie, session_cookies,
@@ -25,6 +25,17 @@ def _secure(request: Request, secure: bool | None) -> bool:
     return request.url.scheme in ("https", "wss") if secure is None else secure
 
 
+def _check_order(call: str, response: object, request: object) -> None:
+    """ArgumentTypeError unless `response` is a Response and `request` a request: given the other
+    way round (the order of Django's helpers) they failed with an AttributeError from in here."""
+    if isinstance(response, Response) and isinstance(request, HTTPConnection):
+        return
+    if isinstance(response, HTTPConnection) and isinstance(request, Response):
+        raise ArgumentTypeError(f"{call}() takes the response first, then the request: {call}(response, request, ...)")
+    raise ArgumentTypeError(f"{call}(response, request, ...) takes the Starlette Response to set the cookie on and "
+                            f"the Request, got {type(response).__name__} and {type(request).__name__}")
+
+
 def _set(response: Response, cookie: SessionCookie) -> None:
     response.set_cookie(cookie.name, cookie.value, max_age=cookie.max_age, path=cookie.path, secure=cookie.secure,
                         httponly=cookie.httponly, samesite=cookie.samesite)  # type: ignore[arg-type]
@@ -36,6 +47,7 @@ def set_session_cookie(response: Response, request: Request, subject: str, *, tt
     `response`: `__Host-livepush_session` with Secure over HTTPS (`livepush_session` over plain
     HTTP), host-only, Path=/, HttpOnly, SameSite=Lax, expiring with the token. `secure` overrides
     what the request's scheme says. Returns the token."""
+    _check_order("set_session_cookie", response, request)
     token = sessions.issue(subject, ttl)
     is_secure = _secure(request, secure)
     for stale in stale_cookies(secure=is_secure):
@@ -54,6 +66,7 @@ async def logout(response: Response, request: Request, *, everywhere: bool = Fal
     can try again. An app with neither a
     database nor Redis has no store: the cookie is deleted, nothing revoked (None), and a warning
     logged."""
+    _check_order("logout", response, request)
     revoked: Session | None = None
     tokens = session_cookies(request.headers.getlist("cookie"))
     if nowhere_to_revoke(tokens, log):  # an app the lifespan let start without one: a 500 kept users in
