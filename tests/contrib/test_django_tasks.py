@@ -476,6 +476,34 @@ def test_an_argument_django_cannot_normalize_is_refused_naming_where_it_is(t: An
     assert jobs.drain() == {}
 
 
+@pytest.mark.parametrize("args, kwargs, said", [
+    ((float("nan"),), {}, r"args\[0\] is nan"),
+    ((1,), {"b": float("inf")}, r'kwargs\["b"\] is inf'),
+    (({1: 2},), {}, r"args\[0\] has the key 1"),
+    (("a\x00b",), {}, r"args\[0\] contains a NUL"),
+], ids=["nan", "infinity", "int-key", "nul"])
+def test_an_argument_json_or_postgres_cannot_hold_is_refused_naming_the_tasks_own_argument(
+        t: Any, args: tuple[Any, ...], kwargs: dict[str, Any], said: str) -> None:
+    """NaN, an infinity, a key that is not a string or a NUL among a task's arguments (values
+    Django's normalization lets through) is InvalidArgumentsError naming the task's own argument,
+    args[0] or kwargs["b"], as for a date: not its place among the arguments of the job that runs
+    the task (args[1][0]), nor the enqueue_many() the backend calls; alone, in a task group or as
+    a group's callback; nothing is written."""
+    calls = {"enqueue": lambda: t.add.enqueue(*args, **kwargs),
+             "callback": lambda: request(t.add, *args, **kwargs)}
+
+    def in_a_group() -> None:
+        with task_group():
+            t.add.enqueue(*args, **kwargs)
+
+    calls["member"] = in_a_group
+    for name, call in calls.items():
+        with pytest.raises(jobs.InvalidArgumentsError, match=said) as caught:
+            call()
+        assert "enqueue_many" not in str(caught.value) and "[1][" not in str(caught.value), (name, caught.value)
+    assert jobs.drain() == {}
+
+
 def test_a_callback_argument_django_cannot_normalize_is_refused_naming_where_it_is(t: Any) -> None:
     """request(task, ...) for a group's callback names the argument that is not plain JSON, as an
     enqueue does, instead of the framework's bare TypeError."""

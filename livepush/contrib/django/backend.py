@@ -30,6 +30,7 @@ from ...errors import ConfigError
 from ...jobs import database as jobs_database
 from ...jobs.api.functions import INT4_MAX
 from ...jobs.api.options import check_queue
+from ...jobs.errors import InvalidArgumentsError
 from ...postgres.urls import check_url
 from . import queries
 from .errors import TaskNotSupported, TransactionNotSupported, arguments_error
@@ -220,10 +221,16 @@ class LivePushBackend(BaseTaskBackend):
         job_args = [task.module_path, result.args, result.kwargs]
         conn = self.transaction_conn()
         group = current_group()
-        if group is not None:
-            handle = group.add(self.spec(task), job_args, self.run_at(task), conn)
-        else:
-            handle = jobs.enqueue_many([(self.spec(task), job_args, {"at": self.run_at(task)})], conn=conn)[0]
+        try:
+            if group is not None:
+                handle = group.add(self.spec(task), job_args, self.run_at(task), conn)
+            else:
+                handle = jobs.enqueue_many([(self.spec(task), job_args, {"at": self.run_at(task)})], conn=conn)[0]
+        except InvalidArgumentsError as exc:
+            # What Django's normalization lets through (NaN, an int key, a NUL) was named by its
+            # place in the job that runs the task, args[1][0] for the task's args[0]. Read again
+            # only on this failure: the check costs nothing on an enqueue that goes through.
+            raise arguments_error(result.args, result.kwargs) or exc from None
         set_attr(result, "id", str(handle.id))
         set_attr(result, "enqueued_at", timezone.now())
         task_enqueued.send(type(self), task_result=result)

@@ -55,9 +55,11 @@ def request(task: Task, *args: Any, **kwargs: Any) -> jobs.JobRequest:
                                 f"got {type(task).__name__} {task!r:.60}{hint}")
     try:
         job_args = normalize_json(list(args)), normalize_json(kwargs)
+        # livepush's own check (NaN, an int key, a NUL) names the job's arguments: args[1][0] is
+        # the task's args[0], so the task's own are named instead, as an enqueue does.
+        return run_task.request(task.module_path, *job_args, queue=task.queue_name)
     except (TypeError, ValueError) as exc:
         raise arguments_error(args, kwargs) or exc from None
-    return run_task.request(task.module_path, *job_args, queue=task.queue_name)
 
 
 @contextmanager
