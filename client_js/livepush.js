@@ -144,6 +144,24 @@ const MAX_TOPIC_LENGTH = 400;
  */
 const MAX_TIMER_MS = 2 ** 31 - 1;
 
+/** The schemes a WebSocket URL may have (http and https are turned into ws and wss). */
+const SOCKET_SCHEMES = new Set(['ws:', 'wss:', 'http:', 'https:']);
+
+/**
+ * Throw a TypeError unless `url` is a path or has a scheme a WebSocket takes. `localhost:8765`
+ * reads as the scheme `localhost:`: every attempt would fail the same way, retried for as long
+ * as the page is open, so it is said at the call. Only the scheme is quoted: a URL may carry a
+ * token in its query.
+ * @param {string} url
+ */
+function checkUrlScheme(url) {
+  const scheme = /^([A-Za-z][A-Za-z0-9+.-]*:)/.exec(url)?.[1].toLowerCase();
+  if (scheme === undefined || SOCKET_SCHEMES.has(scheme)) return;
+  const hostPort = /^[A-Za-z0-9.-]+:\d+(?:[/?]|$)/.test(url);
+  throw new TypeError(`LivePush needs a ws://, wss://, http:// or https:// URL, or a path: this one starts with the scheme "${scheme}", which no WebSocket takes`
+    + (hostPort ? ` (for a host and port, write ws://${url.split(/[?#]/)[0]})` : ''));
+}
+
 /** WebSocket.OPEN; spelled out so a fake WebSocket class need not define it. */
 const WS_OPEN = 1;
 
@@ -733,6 +751,7 @@ export class LivePush {
     if (typeof url !== 'string' || url === '') {
       throw new TypeError('LivePush needs the server URL, e.g. new LivePush("wss://push.example.com/")');
     }
+    checkUrlScheme(url);
     // Asked only once something goes wrong: an onError that is no function would swallow every
     // error, and a delay given as a number would fail each retry with a bare "is not a function".
     checkCallback('LivePush options.onError', options.onError, 'pass the function itself, not what calling it returns');

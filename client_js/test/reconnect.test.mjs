@@ -396,6 +396,31 @@ test('close() in a status listener leaves every listener on closed, none on the 
   assert.deepEqual(h.clock.pending(), []);
 });
 
+test('a URL whose scheme no WebSocket takes throws at the call, naming it, instead of failing every retry', () => {
+  // `localhost:8765` reads as the scheme `localhost:`: the browser would refuse each attempt with a
+  // SyntaxError, and the client would retry it with backoff for as long as the page is open.
+  for (const [given, scheme] of [['localhost:8765', 'localhost:'], ['localhost:8765/', 'localhost:'],
+    ['ftp://push.test/', 'ftp:'], ['javascript:alert(1)', 'javascript:']]) {
+    const { WebSocket, sockets } = fakeWebSocketClass();
+    assert.throws(() => harness({ url: given, WebSocket }), (err) => {
+      assert.ok(err instanceof TypeError);
+      assert.ok(err.message.includes(`"${scheme}"`), err.message);
+      assert.match(err.message, /ws:\/\/, wss:\/\/, http:\/\/ or https:\/\//);
+      return true;
+    });
+    assert.equal(sockets.length, 0, `${given}: no socket attempted`);
+  }
+  // Host and port without a scheme get the fix spelled out.
+  assert.throws(() => harness({ url: 'localhost:8765/live' }), /write ws:\/\/localhost:8765\/live/);
+  // Every scheme a WebSocket takes, in any case, and paths, still connect.
+  for (const given of ['ws://push.test/', 'WSS://push.test/', 'Http://push.test/', 'https:push.test', '/push', 'push/live']) {
+    const h = harness({ url: given, window: { location: { href: 'https://app.test/page' } } });
+    assert.equal(h.sockets.length, 1, given);
+    assert.deepEqual(h.errors, [], given);
+    h.lp.close();
+  }
+});
+
 test('a URL with a #fragment connects without it, where browsers refuse one that has it', () => {
   const { WebSocket, sockets } = fakeWebSocketClass();
   class BrowserLike extends WebSocket {
