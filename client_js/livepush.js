@@ -1442,6 +1442,27 @@ export function progressText(view) {
  */
 const progressBindings = new WeakMap();
 
+/** The topics whose events describeProgress() reads. */
+const PROGRESS_PREFIXES = ['job:', 'group:'];
+
+/**
+ * Throw a TypeError unless `topic` is a job's or a group's, plain or signed. Bound to anything
+ * else, the element would show an empty bar for good, every message being one it cannot read.
+ * Only the plain topic is quoted: the signature is a permission.
+ * @param {unknown} topic
+ */
+function checkProgressTopic(topic) {
+  if (typeof topic !== 'string' || topic === '') {
+    throw new TypeError(`bindProgress() needs the topic, got ${describeArg(topic)}: job:<id> or group:<id>, e.g. handle.signed_topic`);
+  }
+  const plain = plainTopicOf(topic);
+  if (PROGRESS_PREFIXES.some((prefix) => plain.startsWith(prefix))) return;
+  const hint = plain.startsWith('workflow:')
+    ? 'a workflow is a graph of steps: subscribe to it and draw them, or bind a fan-out step\'s group:<id>'
+    : 'subscribe() to it to show its messages';
+  throw new TypeError(`bindProgress() shows a job:<id> or group:<id> topic, not ${plain.slice(0, 200)}: ${hint}`);
+}
+
 /**
  * @typedef {object} BindProgressOptions
  * @property {(view: ProgressView, data: any) => void} [onFinish] called once, when the job or
@@ -1476,6 +1497,7 @@ export function bindProgress(lp, topic, element, options = {}) {
       (typeof element.replaceChildren !== 'function' && typeof element.appendChild !== 'function')) {
     throw new TypeError(`bindProgress() needs the element to render into, got ${describeArg(element)}: check the id or selector that looked it up`);
   }
+  checkProgressTopic(topic);
   for (const name of /** @type {const} */ (['onFinish', 'onUpdate'])) {
     // Run only when the job reports: said here, before the element is cleared, instead.
     checkCallback(`bindProgress() options.${name}`, options[name], 'pass the function itself, not what calling it returns');

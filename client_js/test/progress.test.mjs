@@ -228,3 +228,32 @@ test('bindProgress with since keeps what the page shows until a newer version co
   assert.equal(label.textContent, 'scheduled · x');
   h.lp.close();
 });
+
+test('bindProgress on a topic that is no job or group throws at the call, before the element or the server hears of it', () => {
+  const h = harness();
+  const element = new FakeElement('div');
+  const earlier = bindProgress(h.lp, 'job:1', element);
+  const shown = [...element.children];
+  // A workflow is a graph of steps, and a message topic carries no progress: either would leave
+  // an empty bar for good, with nothing said anywhere.
+  assert.throws(() => bindProgress(h.lp, 'workflow:7~sig', element), {
+    name: 'TypeError',
+    message: /bindProgress\(\) shows a job:<id> or group:<id> topic, not workflow:7: a workflow is a graph of steps/,
+  });
+  assert.throws(() => bindProgress(h.lp, 'chat:lobby', element), {
+    name: 'TypeError',
+    message: /bindProgress\(\) shows a job:<id> or group:<id> topic, not chat:lobby/,
+  });
+  for (const topic of [undefined, '', 42]) {
+    assert.throws(() => bindProgress(h.lp, topic, element), { name: 'TypeError', message: /bindProgress\(\) needs the topic/ });
+  }
+  assert.deepEqual(element.children, shown, 'the element still shows the earlier binding');
+  const ws = h.last();
+  ws.hello();
+  assert.deepEqual(ws.frames('subscribe').map((f) => f.topic), ['job:1'], 'nothing else subscribed');
+  assert.equal(earlier.offset, null);
+  ws.acceptSubscribes();
+  ws.receive({ op: 'message', topic: 'job:1', offset: '1', data: job('snapshot', 'running', null, { id: 1 }) });
+  assert.equal(element.getAttribute('data-state'), 'running', 'and goes on showing it');
+  h.lp.close();
+});
