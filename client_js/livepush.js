@@ -1566,6 +1566,10 @@ export function bindProgress(lp, topic, element, options = {}) {
       current = lp.subscribe(topic, onMessage, { ...subscribeOptions, since: null });
     },
     onRefused: (/** @type {string} */ reason) => {
+      // A resubscribe after a reconnect, refused (a signed topic's TTL ran out while the page
+      // stayed open): the final state shown is still the job's or group's, and "not allowed" in
+      // its place would read as if the work had failed.
+      if (finished) return;
       show();
       label.textContent = `not allowed: ${reason}`;
       element.setAttribute?.('data-state', 'refused');

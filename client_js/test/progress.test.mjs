@@ -132,6 +132,37 @@ test('a refused progress topic says so in the text line', () => {
   h.lp.close();
 });
 
+test('a finished job stays shown when its signed topic expired by the time a reconnect resubscribes', () => {
+  // A page left open past the signed topic's TTL (a day by default) meets a deploy: the resubscribe
+  // is refused `expired`, which says nothing about a job that had already ended.
+  const t = setup('job:42~1767225600~sig');
+  t.send(job('snapshot', 'running', { done: 9, total: 10, message: 'rows' }));
+  t.send(job('succeeded', 'succeeded', { done: 10, total: 10, message: 'done' }));
+  assert.deepEqual(t.finished, ['succeeded']);
+  t.ws.serverClose(1001);
+  t.h.clock.advance(t.h.clock.pending()[0]);
+  const ws = t.h.last();
+  ws.hello();
+  ws.receive({ op: 'refused', ref: ws.frames('subscribe')[0].ref, reason: 'expired' });
+  assert.equal(t.el.children[1].textContent, '10/10 · succeeded · done');
+  assert.equal(t.el.getAttribute('data-state'), 'succeeded');
+  assert.equal(t.bar.getAttribute('value'), '10');
+  assert.deepEqual(t.finished, ['succeeded']);
+  assert.deepEqual(t.h.errors, []);
+  t.h.lp.close();
+
+  // A job that had not ended says it is no longer followed.
+  const u = setup('job:43~1767225600~sig');
+  u.send(job('snapshot', 'running', { done: 3, total: 10, message: 'rows' }));
+  u.ws.serverClose(1001);
+  u.h.clock.advance(u.h.clock.pending()[0]);
+  u.h.last().hello();
+  u.h.last().receive({ op: 'refused', ref: u.h.last().frames('subscribe')[0].ref, reason: 'expired' });
+  assert.equal(u.el.children[1].textContent, 'not allowed: expired');
+  assert.equal(u.el.getAttribute('data-state'), 'refused');
+  u.h.lp.close();
+});
+
 test('describeProgress ignores data that is neither a job nor a group event', () => {
   assert.equal(describeProgress({ text: 'hi' }).kind, 'unknown');
   assert.equal(describeProgress(null).kind, 'unknown');
