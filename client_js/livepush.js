@@ -401,6 +401,9 @@ class Heartbeat {
  *   briefly down, is not a refusal: the subscribe is retried with backoff.)
  */
 
+/** What SubscribeOptions holds. */
+const SUBSCRIBE_OPTIONS = Object.freeze(['since', 'onReset', 'onSubscribed', 'onRefused']);
+
 /** @typedef {'pending' | 'active' | 'refused' | 'closed'} SubscriptionState */
 
 /**
@@ -424,20 +427,45 @@ function describeArg(value) {
   return value === null || value === undefined ? String(value) : typeof value;
 }
 
+/** Names a page gives the offset it rendered at, for the option that takes it. */
+const OFFSET_NAMES = new Set(['offset', 'from', 'after', 'lastoffset', 'last_offset', 'latest_offset', 'latestoffset']);
+
 /**
  * A call's options: an object, or null or nothing for none. Anything else (a callback passed
- * where the options go) is said at the call, not as a property of null read later.
+ * where the options go) is said at the call, not as a property of null read later; so is a name
+ * the call does not read: ignored, a misspelt `since` would subscribe from now and lose what was
+ * published since the page rendered, with nothing said.
  * @template T
  * @param {T | null | undefined} options
  * @param {string} call
+ * @param {readonly string[]} known the option names the call reads
  * @returns {T}
  */
-function optionsOf(options, call) {
+function optionsOf(options, call, known) {
   if (options === null || options === undefined) return /** @type {T} */ ({});
   if (typeof options !== 'object') {
     throw new TypeError(`${call} takes its options as an object, got ${describeArg(options)}: e.g. {since: offset}`);
   }
+  for (const name of Object.keys(options)) {
+    if (known.includes(name)) continue;
+    const guess = guessOption(name, known);
+    throw new TypeError(`${call} has no option ${JSON.stringify(name.slice(0, 40))}${guess ? ` (did you mean ${JSON.stringify(guess)}?)` : ''}: its options are ${known.join(', ')}`);
+  }
   return options;
+}
+
+/**
+ * The known option a misspelt `name` most likely meant: the same but for case, one that it
+ * starts with or that starts with it (onFinished, onSubscribe), or `since` for an offset's name.
+ * @param {string} name
+ * @param {readonly string[]} known
+ * @returns {string | undefined}
+ */
+function guessOption(name, known) {
+  const lower = name.toLowerCase();
+  return known.find((n) => n.toLowerCase() === lower)
+    ?? (lower.length >= 4 ? known.find((n) => lower.startsWith(n.toLowerCase()) || n.toLowerCase().startsWith(lower)) : undefined)
+    ?? (OFFSET_NAMES.has(lower) && known.includes('since') ? 'since' : undefined);
 }
 
 /** The plain topic of a possibly signed one: `~` never appears in a plain topic. */
@@ -732,6 +760,10 @@ class Registry {
  * @property {any} [window] for `online`; null to not listen
  */
 
+/** What LivePushOptions holds. */
+const LIVEPUSH_OPTIONS = Object.freeze(['token', 'onError', 'reconnectAfterMs', 'WebSocket', 'random', 'now',
+  'setTimeout', 'clearTimeout', 'document', 'window']);
+
 /**
  * A connection to a livepush server that survives restarts: it reconnects with jitter,
  * resubscribes every topic from the last offset it saw and drops duplicates.
@@ -747,7 +779,7 @@ export class LivePush {
    * @param {LivePushOptions} [options]
    */
   constructor(url, options = {}) {
-    options = optionsOf(options, 'new LivePush(url, options)');
+    options = optionsOf(options, 'new LivePush(url, options)', LIVEPUSH_OPTIONS);
     if (typeof url !== 'string' || url === '') {
       throw new TypeError('LivePush needs the server URL, e.g. new LivePush("wss://push.example.com/")');
     }
@@ -868,7 +900,7 @@ export class LivePush {
    * @returns {Subscription}
    */
   subscribe(topic, onMessage, options = {}) {
-    options = optionsOf(options, 'subscribe(topic, onMessage, options)');
+    options = optionsOf(options, 'subscribe(topic, onMessage, options)', SUBSCRIBE_OPTIONS);
     if (this._stopped) {
       // A page that never called close() must not be sent looking for who did: after 4401 or
       // 4403 the session is what ended it, and only a new one brings the client back.
@@ -1472,6 +1504,9 @@ function checkProgressTopic(topic) {
  * @property {string | null} [since]
  */
 
+/** What BindProgressOptions holds. */
+const BIND_PROGRESS_OPTIONS = Object.freeze(['onFinish', 'onUpdate', 'since']);
+
 /**
  * Show a job's or a group's progress in `element`: a `<progress>` bar and a text line
  * (done/total, state, last message). The element's children are replaced; its
@@ -1486,7 +1521,7 @@ function checkProgressTopic(topic) {
  *   re-subscribe after a reset
  */
 export function bindProgress(lp, topic, element, options = {}) {
-  options = optionsOf(options, 'bindProgress(lp, topic, element, options)');
+  options = optionsOf(options, 'bindProgress(lp, topic, element, options)', BIND_PROGRESS_OPTIONS);
   // The usual slip is an id the page does not have (getElementById gives null), or the arguments
   // in another order: said here, before anything is subscribed, rather than as a property of
   // null read deep inside.

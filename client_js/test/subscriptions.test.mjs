@@ -666,3 +666,28 @@ test('null options mean none, and options that are no object are refused at the 
   assert.throws(() => new LivePush('ws://push.test/', 5), /new LivePush\(url, options\) takes its options as an object, got number/);
   h.lp.close();
 });
+
+test('an option the call does not read throws, naming it, instead of being ignored', async () => {
+  const { LivePush, bindProgress } = await import('../livepush.js');
+  const { FakeElement } = await import('../testing/fakes.mjs');
+  const h = harness();
+  // `offset` for `since` would subscribe from now: what was published since the page rendered
+  // would be lost, with nothing said.
+  assert.throws(() => h.lp.subscribe('chat:lobby', () => {}, { offset: '17' }), {
+    name: 'TypeError',
+    message: /subscribe\(topic, onMessage, options\) has no option "offset" \(did you mean "since"\?\): its options are since, onReset, onSubscribed, onRefused/,
+  });
+  assert.throws(() => h.lp.subscribe('chat:lobby', () => {}, { onreset: () => {} }), /has no option "onreset" \(did you mean "onReset"\?\)/);
+  const element = new FakeElement('div');
+  assert.throws(() => bindProgress(h.lp, 'job:1', element, { onFinished: () => {} }),
+    /bindProgress\(lp, topic, element, options\) has no option "onFinished" \(did you mean "onFinish"\?\)/);
+  assert.deepEqual(element.children, [], 'the element is left as it was');
+  assert.throws(() => new LivePush('ws://push.test/', { WebSocket: h.sockets[0].constructor, onerror: () => {} }),
+    /new LivePush\(url, options\) has no option "onerror" \(did you mean "onError"\?\)/);
+  h.last().hello();
+  assert.deepEqual(h.last().frames('subscribe'), [], 'nothing subscribed');
+  // An option set to undefined (spread from a config that lacks it) is still an option read.
+  h.lp.subscribe('chat:lobby', () => {}, { since: undefined, onReset: undefined });
+  assert.equal(h.last().frames('subscribe').length, 1);
+  h.lp.close();
+});
