@@ -11,6 +11,7 @@ import contextlib
 import datetime
 import json
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -165,6 +166,20 @@ def test_a_concurrency_key_too_long_to_index_is_refused_at_enqueue_and_blocks_no
     longest = limit_jobs.per_tenant.enqueue("é" * 498, 0.0)  # 500 characters as JSON, 996 bytes
     assert jobs.drain() == {"succeeded": 1}
     assert jobs.get_job(longest.id).state == "succeeded"  # type: ignore[union-attr]
+
+
+def test_a_concurrency_key_holding_an_int_too_long_for_json_text_is_refused_naming_the_argument(
+        limits_db: str) -> None:
+    """An int of more digits than Python writes as text is refused as any other argument is, an
+    InvalidArgumentsError naming it, and nothing of the batch is written. As the concurrency key,
+    it failed the enqueue (a single one, enqueue_many) with Python's bare ValueError, which named
+    neither the argument nor the job."""
+    huge = 10 ** (sys.get_int_max_str_digits() + 1)
+    with pytest.raises(InvalidArgumentsError, match=r"args\[0\] is an int of more than"):
+        limit_jobs.per_tenant.enqueue(huge, 0.0)
+    with pytest.raises(InvalidArgumentsError, match=r"enqueue_many\(\) item 1: args\[0\]\[1\] is an int of more than"):
+        jobs.enqueue_many([limit_jobs.plain.request(), limit_jobs.per_tenant.request([1, huge], 0.0)])
+    assert q(limits_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
 
 
 def test_a_concurrency_key_too_large_to_index_with_its_name_is_refused_at_enqueue(limits_db: str) -> None:

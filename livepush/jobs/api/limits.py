@@ -12,6 +12,7 @@ from typing import Any
 
 from ...errors import ConfigError
 from ..errors import InvalidArgumentsError
+from .args import name_refused
 from .options import MAX_KEY_LENGTH
 
 _RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*/\s*(s|sec|second|m|min|minute)\s*$")
@@ -99,7 +100,13 @@ class Limits:
         else:
             raise InvalidArgumentsError(f"the concurrency key {self.key_param!r} is missing from the arguments "
                                         f"{list(args)!r:.80}: pass it, by position, to every enqueue of {name}")
-        text = json.dumps(_one_number_kind(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        try:
+            text = json.dumps(_one_number_kind(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        except ValueError:
+            # An int longer than Python writes as text: refused naming the argument, as the
+            # arguments' own encoding names it, not with json's bare ValueError.
+            name_refused([args])
+            raise
         if len(text) > MAX_KEY_LENGTH:  # stored in an index, as key= is
             raise InvalidArgumentsError(
                 f"the concurrency key {self.key_param!r} is {len(text)} characters as JSON, more than "
