@@ -155,6 +155,21 @@ def test_a_whole_number_float_counts_under_the_key_of_the_int_it_equals(limits_d
         [7], [7.0], [[7, {"org": 7}]], [[7.0, {"org": 7.0}]], [0], [-0.0], [7.5], [True], [1]]
 
 
+def test_a_large_whole_number_float_counts_under_the_key_of_the_int_it_equals(limits_db: str) -> None:
+    """Every whole float is the int it equals, however large: from 2**53 up, 9007199254740992.0
+    and 1e+20 were keys apart from 9007199254740992 and 100000000000000000000, each with its own
+    slots, so an id held as a float in one caller and as an int in another ran twice the limit."""
+    @jobs.job(name="t.big_numbered", concurrency=("tenant", 1))
+    async def big_numbered(ctx: Any, tenant: Any) -> None: ...
+
+    values = [2.0**53, 2**53, 1e16, 10**16, [1e20], [10**20], -1e300]
+    handles = jobs.enqueue_many([big_numbered.request(v) for v in values])
+    keys = dict(q(limits_db, "SELECT id, concurrency_key FROM livepush_jobs"))
+    assert [keys[h.id] for h in handles] == ["9007199254740992", "9007199254740992", "10000000000000000",
+                                             "10000000000000000", "[100000000000000000000]",
+                                             "[100000000000000000000]", str(int(-1e300))]
+
+
 def test_a_concurrency_key_too_long_to_index_is_refused_at_enqueue_and_blocks_nothing(limits_db: str) -> None:
     """The key is an index entry, as key= is: past 500 characters of JSON the enqueue is refused,
     naming the parameter, and nothing is written; the queue's other jobs run."""

@@ -52,17 +52,14 @@ def burst_of(rate: float) -> float:
     return max(2.0, rate / 10.0)
 
 
-# Whole floats below this are written as the int they equal; above it, Python writes them with an
-# exponent, which no int key is written as anyway.
-_EXACT_FLOATS = 2.0**53
-
-
 def _one_number_kind(value: Any) -> Any:
     """`value` with each whole float as the int it equals (-0.0 as 0): keys are compared as JSON,
     which has one kind of number, and 7.0 (an id from a float column) wrote the key "7.0", whose
-    slots were not those of "7". bool is no float: true stays apart from 1."""
+    slots were not those of "7". Large ones too: Python writes 2.0**53 as "9007199254740992.0" and
+    1e20 as "1e+20", while the ints they equal are written in full (a finite float has at most 309
+    digits). bool is no float: true stays apart from 1."""
     if isinstance(value, float):
-        return int(value) if value.is_integer() and abs(value) < _EXACT_FLOATS else value
+        return int(value) if value.is_integer() else value
     if isinstance(value, (list, tuple)):
         return [_one_number_kind(v) for v in value]
     if isinstance(value, dict):
