@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import functools
 import json
 import random
 import sys
@@ -85,6 +86,32 @@ def test_the_options_are_checked_when_the_function_is_declared() -> None:
         with pytest.raises(ConfigError):
             jobs.job(name="t.bad", rate=bad)(f)
     assert jobs.job(name="t.ok", rate="30/m")(f).limits.rate == 0.5
+
+
+def test_the_concurrency_key_is_the_parameter_of_what_the_runtime_calls(limits_db: str) -> None:
+    """A decorator's wrapper (functools.wraps) that supplies one of the wrapped function's
+    arguments itself is what the runtime calls, with the job's arguments by position: the key is
+    read where the wrapper takes the parameter, as the count of arguments is checked against the
+    wrapper. It was read where the wrapped function takes it: every enqueue was refused as missing
+    the key, and a parameter the wrapper supplies was accepted, keying the jobs by whichever
+    argument sat at its place. A wrapper that takes *args passes them on as they are: the wrapped
+    function's parameter is the key."""
+    async def sync(ctx: Any, session: Any, tenant: str) -> None: ...
+
+    @functools.wraps(sync)
+    async def with_session(ctx: Any, tenant: str) -> None:
+        await sync(ctx, None, tenant)
+
+    @functools.wraps(sync)
+    async def passing_on(*args: Any) -> None:
+        await sync(*args)
+
+    supplied = jobs.job(name="t.supplied_session", concurrency=("tenant", 1))(with_session)
+    with pytest.raises(ConfigError, match="no positional parameter 'session'"):
+        jobs.job(name="t.supplied_session_key", concurrency=("session", 1))(with_session)
+    passed_on = jobs.job(name="t.passed_on", concurrency=("tenant", 1))(passing_on)
+    a, b = supplied.enqueue("acme"), passed_on.enqueue("db", "acme")
+    assert dict(q(limits_db, "SELECT id, concurrency_key FROM livepush_jobs")) == {a.id: '"acme"', b.id: '"acme"'}
 
 
 async def test_a_concurrency_count_postgres_cannot_store_fails_at_declaration(limits_db: str) -> None:

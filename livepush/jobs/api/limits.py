@@ -117,6 +117,20 @@ class Limits:
         return text
 
 
+def _key_params(func: Callable[..., Any], key_param: str) -> list[inspect.Parameter]:
+    """The parameters after ctx that the concurrency key is looked up in: those of what the
+    runtime calls, as the count of arguments is (args.arity), not of a function it wraps, whose
+    wrapper may supply some of its arguments itself and shift the others. A wrapper that names
+    no such parameter but takes *args passes its arguments on: the wrapped function's are read."""
+    try:
+        own = list(inspect.signature(func, follow_wrapped=False).parameters.values())
+    except (TypeError, ValueError):
+        own = []
+    if any(p.name == key_param for p in own[1:]) or not any(p.kind is p.VAR_POSITIONAL for p in own):
+        return own[1:]
+    return list(inspect.signature(func).parameters.values())[1:]
+
+
 def limits_of(func: Callable[..., Any], concurrency: Any, rate: Any) -> Limits:
     """Check `concurrency=` and `rate=` of @jobs.job against the function's signature."""
     max_running = key_param = key_index = None
@@ -128,7 +142,7 @@ def limits_of(func: Callable[..., Any], concurrency: Any, rate: Any) -> Limits:
             raise ConfigError(f"@jobs.job(concurrency={concurrency!r}): give (parameter name, at most N running), "
                               f"N from 1 to {MAX_RUNNING}, e.g. (\"tenant\", 2)")
         key_param, max_running = concurrency
-        params = list(inspect.signature(func).parameters.values())[1:]  # after ctx
+        params = _key_params(func, key_param)
         found = [i for i, p in enumerate(params) if p.name == key_param]
         if not found or params[found[0]].kind not in (inspect.Parameter.POSITIONAL_ONLY,
                                                       inspect.Parameter.POSITIONAL_OR_KEYWORD):
