@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from livepush import jobs
+from livepush.errors import ArgumentTypeError
 from livepush.jobs import InvalidArgumentsError
 from livepush.jobs.groups import building
 from tests.jobs import group_jobs, sample_jobs
@@ -330,6 +331,7 @@ def test_a_batch_of_twenty_thousand_keys_takes_no_lock_per_key(jobs_db: str) -> 
 RACER = """
 import sys
 from livepush import jobs
+from livepush.errors import ArgumentTypeError
 from tests.jobs import group_jobs, sample_jobs
 handles = [sample_jobs.record.enqueue(i, key=f"p{i}") for i in range(int(sys.argv[1]))]
 print(",".join(str(h.id) for h in handles), flush=True)
@@ -459,6 +461,15 @@ def test_debounce_needs_a_key_and_excludes_wait() -> None:
 def test_enqueue_many_item_options_that_are_not_a_dict_are_refused_by_name() -> None:
     with pytest.raises(TypeError, match="item options are a dict of .* got list"):
         jobs.enqueue_many([(sample_jobs.record, ["a"], ["key"])])
+
+
+def test_enqueue_many_item_options_with_unknown_names_of_mixed_types_are_named_with_the_item(jobs_db: str) -> None:
+    """Unknown option names that Python cannot order among themselves (a str and an int) are
+    named as any unknown option is, after the call and the item's place; the refusal was
+    sorted()'s own TypeError, naming neither the item nor the options it takes."""
+    with pytest.raises(ArgumentTypeError, match=r"enqueue_many\(\) item 1: item options take .*got \[1, 'retries'\]"):
+        jobs.enqueue_many([(sample_jobs.record, ["a"]), (sample_jobs.record, ["b"], {"retries": 3, 1: True})])
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
 
 
 async def test_debounce_leaves_a_running_job_alone_and_queues_one_behind_it(jobs_db: str) -> None:

@@ -275,8 +275,9 @@ def item(entry: Any) -> tuple[JobSpec, Sequence[Any], datetime | None, str | Non
             raise ArgumentTypeError(f"item options are a dict of {sorted(ITEM_OPTIONS)}, "
                                     f"got {type(options).__name__} {options!r:.60}")
         if not ITEM_OPTIONS.issuperset(options):  # no set built per item: most are fine
-            unknown = set(options) - ITEM_OPTIONS
-            raise ArgumentTypeError(f"item options take {sorted(ITEM_OPTIONS)}, got {sorted(unknown)}"
+            # Ordered as text: names of mixed types (a str and an int) have no order of their own.
+            unknown = sorted(set(options) - ITEM_OPTIONS, key=str)
+            raise ArgumentTypeError(f"item options take {sorted(ITEM_OPTIONS)}, got {unknown}"
                                     + (" (debounce= is for a single enqueue)" if "debounce" in unknown else ""))
         if "wait" not in options and "at" not in options:
             return entry[0], entry[1], None, None, options  # key= and tags= only: Batch.add's own names
