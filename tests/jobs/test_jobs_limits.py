@@ -561,6 +561,48 @@ async def test_a_key_with_a_long_backlog_blocks_no_other_key(limits_db: str) -> 
     assert most_at_once(limits_db, "t.tenant_flag") == {"a": 1, "b": 1}
 
 
+async def test_a_function_with_limits_gets_slots_while_another_ones_backlog_waits(limits_db: str) -> None:
+    """Functions with limits on one queue take turns at a runtime's free slots: a job of one of
+    them starts while another's long backlog, within its limits, is still waiting. Each claim
+    asked them in the order of their names, so the first one's backlog took every slot until it
+    was empty, and a steady flow of its jobs kept the other's from ever starting."""
+    order: list[str] = []
+
+    @jobs.job(name="t.a_long_backlog", concurrency=("tenant", 1000))
+    async def long_backlog(ctx: Any, tenant: str) -> None:
+        order.append("a")
+
+    @jobs.job(name="t.b_behind_it", concurrency=("tenant", 1000))
+    async def behind_it(ctx: Any, tenant: str) -> None:
+        order.append("b")
+
+    await jobs.aenqueue_many([long_backlog.request("t") for _ in range(60)])
+    await behind_it.aenqueue("t")
+    async with running(queues=["default"], concurrency=1) as rt:
+        turns = len(rt.limited)
+        await async_wait_for(lambda: "b" in order, 20.0, message="the second function's job to run")
+    assert turns < 30 and order.index("b") <= turns, (turns, order.index("b"))
+
+
+async def test_functions_with_limits_are_claimed_in_the_order_of_their_priority(limits_db: str) -> None:
+    """Lower priority numbers run first, among functions with limits too: a function of a lower
+    priority gets a runtime's slots before another one's backlog, whatever their names."""
+    order: list[str] = []
+
+    @jobs.job(name="t.a_routine", concurrency=("tenant", 1000))
+    async def routine(ctx: Any, tenant: str) -> None:
+        order.append("routine")
+
+    @jobs.job(name="t.b_urgent", concurrency=("tenant", 1000), priority=-5)
+    async def urgent(ctx: Any, tenant: str) -> None:
+        order.append("urgent")
+
+    await jobs.aenqueue_many([routine.request("t") for _ in range(20)] + [urgent.request("t") for _ in range(3)])
+    async with running(queues=["default"], concurrency=1):
+        await async_wait_for(lambda: len(order) == 23, 20.0, message="every job to run")
+    assert order[:3] == ["urgent"] * 3
+
+
 def test_a_killed_runtimes_job_frees_its_slot(limits_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
     """kill -9 while a key's only slot is held: no job of that key starts while the dead runtime's
     row still says running; once it is rescued, exactly one of them runs at a time again."""

@@ -71,6 +71,23 @@ async def names(pool: AsyncConnectionPool, registry: Registry) -> tuple[list[str
     return mine, frozenset(n for n in mine if stored.get(n))
 
 
+def in_turn(names: list[str], registry: Registry, turn: int) -> list[str]:
+    """The order in which claim round number `turn` asks these limited names for jobs: by their
+    functions' priority, lower first, as the plain claim orders jobs; and the names of one priority
+    each round from the next one on. In one fixed order, the first name's backlog (within its
+    limits) took every free slot of every round, and the names after it started nothing until
+    it was empty, or never, while its jobs kept coming."""
+    by_priority: dict[int, list[str]] = {}
+    for name in names:
+        by_priority.setdefault(getattr(registry.find(name), "priority", 0), []).append(name)
+    order: list[str] = []
+    for priority in sorted(by_priority):
+        same = by_priority[priority]
+        first = turn % len(same)
+        order += same[first:] + same[:first]
+    return order
+
+
 async def claim(conn: psycopg.AsyncConnection, name: str, queue: str, limit: int,
                 runtime_id: int | None) -> tuple[list[dict[str, Any]], float | None]:
     """Claim up to `limit` jobs of `name` on `queue` within its limits, on the producer's

@@ -311,6 +311,7 @@ class Runtime:
         # the next token of a rate-limited name is due, if a bucket held jobs back (loop time): the
         # producer wakes then rather than polling or spinning.
         self.limited: list[str] = []
+        self._limited_turn = 0  # claim rounds so far: which limited name of a priority is asked first (limits.in_turn)
         self.limits_dropped: frozenset[str] = frozenset()  # of them, rows whose limits a newer definition dropped
         self._token_due: float | None = None
         # (name, queue) whose last limited claim found nothing it could start, and when (loop
@@ -866,6 +867,9 @@ class Runtime:
         rows: list[dict[str, Any]] = []
         params: dict[str, Any] = {"excluded": sorted(self.excluded), "runtime_id": self.id}
         limited = [n for n in self.limited if n not in self.excluded]
+        if len(limited) > 1:
+            limited = limits.in_turn(limited, self.registry, self._limited_turn)
+            self._limited_turn += 1
         self._token_due = None
         if self._claims_unheard:
             await self._release_unheard()
