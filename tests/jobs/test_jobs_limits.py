@@ -245,6 +245,32 @@ def test_a_concurrency_key_too_large_to_index_with_its_name_is_refused_at_enqueu
     assert {jobs.get_job(h.id).state for h in (plain, narrow)} == {"succeeded"}  # type: ignore[union-attr]
 
 
+def test_a_limited_function_whose_name_and_queue_are_too_large_to_index_is_refused_before_any_enqueue(
+        limits_db: str) -> None:
+    """A waiting job of a function with limits is one entry of the limited claim's index with its
+    queue and its name (at most about 2,700 bytes). A name of 500 characters and a queue of 200,
+    both in a script of 4 bytes a character, were taken at the decorator, and then every enqueue
+    failed in Postgres ("index row size exceeds btree maximum"), reported as a database that
+    could not run the statement. Refused with a ConfigError naming both instead: at the decorator,
+    and where such a function's job is put on such a queue. Without limits they are fine."""
+    script = random.Random(11)
+    name = "".join(chr(script.randrange(0x1F300, 0x1F5FF)) for _ in range(500))
+    queue = "".join(chr(script.randrange(0x1F300, 0x1F5FF)) for _ in range(200))
+
+    async def f(ctx: Any) -> None: ...
+
+    with pytest.raises(ConfigError, match="its name and queue are 2800 bytes"):
+        jobs.job(name=name, queue=queue, rate="5/s")(f)
+    wide = jobs.job(name=name, rate="5/s")(f)
+    with pytest.raises(ConfigError, match="its name and queue are 2800 bytes"):
+        wide.request(queue=queue)
+    # As a durable child is enqueued on its parent's queue: a request naming no queue of its own.
+    with pytest.raises(ConfigError, match="enqueue_many\\(\\) item 0: .*its name and queue are 2800 bytes"):
+        jobs.enqueue_many([jobs.JobRequest(wide.name, (), queue)])
+    plain = jobs.job(name=name[:-1] + "x", queue=queue)(f)
+    assert plain.enqueue().id and wide.enqueue().id
+
+
 def test_keyed_and_debounced_enqueues_of_a_limited_function_keep_its_limits(limits_db: str) -> None:
     """An idempotency key, a batch with keyed jobs and a debounce store the job's concurrency key
     and limited mark as a plain enqueue does; a debounce that changes the arguments moves the job

@@ -21,6 +21,7 @@ from ...postgres.pools import aautocommitted, autocommitted
 from .. import database, queries
 from .args import check_args, dumps, name_refused, refuse_arity
 from .handles import JobHandle
+from .limits import check_claim_entry
 from .options import check_debounce, check_key, check_tags
 from .registry import REGISTRY, JobRequest, JobSpec
 from ...errors import ArgumentTypeError, ArgumentValueError, LivepushError, seconds_hint
@@ -109,6 +110,10 @@ class Batch:
     def _fn(self, fn: JobSpec, queue: str | None) -> tuple[int, Any, Any, tuple[int, int]]:
         limits = getattr(fn, "limits", None)  # JobFunction's claim limits; None for other specs
         limited = limits is not None and limits.any
+        if limited and queue is not None and queue != fn.queue:
+            # Its own queue was measured at the decorator; another (a durable child on its
+            # parent's queue) is measured here, once per batch.
+            check_claim_entry(fn.name, queue, f"a job of {fn.name} on another queue")
         spec: Spec = (fn.name, queue or fn.queue, fn.priority, fn.max_attempts, limited)
         index = self.specs.get(spec)
         if index is None:

@@ -12,7 +12,7 @@ from typing import Any, overload
 from . import enqueue as _enqueue
 from .args import arity, check_args, refuse_arity, required_keywords
 from .handles import JobHandle
-from .limits import Limits, limits_of
+from .limits import Limits, check_claim_entry, limits_of
 from .options import check_name, check_queue
 from .registry import REGISTRY, JobRequest
 from .schema import compile_schema
@@ -146,6 +146,8 @@ class JobFunction:
         self.backoff = backoff
         # Claim limits (docs/jobs.md "Limits and paused queues"): runtimes store them at start.
         self.limits: Limits = limits_of(func, concurrency, rate)
+        if self.limits.any:
+            check_claim_entry(self.name, queue, "@jobs.job")
         self.schema = schema
         # Checks the arguments (a JSON array) against `schema` at enqueue; None without one.
         self.validate_args = None if schema is None else compile_schema(schema, self.name)
@@ -182,6 +184,8 @@ class JobFunction:
         is its parent's queue)."""
         if queue is not None:
             check_queue(queue, "request(queue=)")
+            if self.limits.any:
+                check_claim_entry(self.name, queue, "request(queue=)")
         check_args(args)
         if self.validate_args is not None:
             self.validate_args(list(args))

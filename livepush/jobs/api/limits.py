@@ -29,6 +29,9 @@ MAX_RUNNING = 2**31 - 1
 # script of 3 or 4 bytes a character: such a job was taken at enqueue and then failed every claim
 # of its queue (the claim moves it into the index).
 MAX_NAME_AND_KEY_BYTES = 2600
+# So is a waiting limited job's queue and name, in livepush_jobs_limited_claim_idx: a name of 500
+# characters and a queue of 200, in a script of 4 bytes a character, failed every enqueue.
+MAX_NAME_AND_QUEUE_BYTES = 2600
 
 
 def parse_rate(text: str) -> float:
@@ -115,6 +118,16 @@ class Limits:
                 f"more than {MAX_NAME_AND_KEY_BYTES} (an index entry holds them): pass a shorter value "
                 "(e.g. an id) or give the job a shorter name=")
         return text
+
+
+def check_claim_entry(name: str, queue: str, where: str) -> None:
+    """Refuse a job name and queue that, for a function with limits, are too large together for
+    an entry of the limited claim's index."""
+    size = len(name.encode()) + len(queue.encode())
+    if size > MAX_NAME_AND_QUEUE_BYTES:
+        raise ConfigError(f"{where}: a waiting job of a function with limits is an index entry with its name and "
+                          f"queue, and its name and queue are {size} bytes of UTF-8 together, more than "
+                          f"{MAX_NAME_AND_QUEUE_BYTES}: give it a shorter name= or queue")
 
 
 def _key_params(func: Callable[..., Any], key_param: str) -> list[inspect.Parameter]:
