@@ -28,6 +28,23 @@ export async function post(path) {
   return response.json();
 }
 
+// What a section started, kept for this tab (sessionStorage), so that a reloaded page follows
+// it again: a durable import or a workflow run parked for approval would otherwise wait for an
+// Approve button the page no longer shows. A browser that keeps nothing just forgets.
+export function remember(key, started) {
+  try {
+    sessionStorage.setItem(`livepush-demo:${key}`, JSON.stringify(started));
+  } catch (error) { /* storage off or full: a reload forgets it */ }
+}
+
+export function recall(key) {
+  try {
+    return JSON.parse(sessionStorage.getItem(`livepush-demo:${key}`));
+  } catch (error) {
+    return null;
+  }
+}
+
 export function setUpDurable(lp, state) {
   let jobBinding = null;
   let childrenBinding = null;
@@ -153,10 +170,19 @@ export function setUpDurable(lp, state) {
       $("durable-started").textContent = error.message;
       return;
     }
+    remember("durable", { ...started, n });
+    follow(started, n);
+  });
+
+  const follow = (started, n) => {
     reset(started);
     $("durable-started").textContent = `job ${started.job_id}: ${n} rows`;
+    // A new subscription's first message is the job's state as it stands: a reloaded page
+    // shows it parked, woken or finished, as a page that never left does.
     jobBinding = bindProgress(lp, started.job_topic, $("durable-job"), { onUpdate: render });
-  });
+  };
+  const earlier = recall("durable");
+  if (earlier) follow(earlier, earlier.n);
 
   $("durable-approve").addEventListener("click", async () => {
     const button = $("durable-approve");

@@ -1,6 +1,6 @@
 // The demo page's script (served as a file: the page's Content-Security-Policy allows no inline script).
 import { LivePush, bindProgress } from "/livepush.js";
-import { post, setUpDurable } from "/demo/durable.js";
+import { post, recall, remember, setUpDurable } from "/demo/durable.js";
 import { setUpWorkflow } from "/demo/workflow.js";
 
 const lp = new LivePush(location.origin.replace(/^http/, "ws") + "/");
@@ -25,6 +25,13 @@ document.getElementById("start").addEventListener("click", async () => {
     document.getElementById("started").textContent = error.message;
     return;
   }
+  remember("import", { ...started, n });
+  followImport(started, n);
+});
+
+// Follows the import `started`: the group's bar and a few of its jobs' bars (each topic's first
+// message is its state as it stands, so a reloaded page shows where the import is).
+function followImport(started, n) {
   window.livepushDemo.finished = false;
   window.livepushDemo.group = started.group_id;
   document.getElementById("started").textContent = `import ${started.group_id}: ${n} jobs`;
@@ -62,4 +69,7 @@ document.getElementById("start").addEventListener("click", async () => {
     jobsEl.appendChild(slotEl);
     follow(slotEl);
   }
-});
+}
+
+const earlier = recall("import");
+if (earlier) followImport(earlier, earlier.n);

@@ -3,7 +3,7 @@
 // batch has a bar of its own (its `group:<id>` topic); Approve, Pause and Resume steer the run,
 // and the audit trail below says who did what.
 import { bindProgress } from "/livepush.js";
-import { post } from "/demo/durable.js";
+import { post, recall, remember } from "/demo/durable.js";
 
 // The boxes, in the order they are drawn. "approval" is no step of its own: it is the signal
 // the report step waits for, drawn as a gate so that the wait can be seen (and approved).
@@ -221,10 +221,18 @@ export function setUpWorkflow(lp, state) {
       $("workflow-started").textContent = error.message;
       return;
     }
+    remember("workflow", { ...started, n });
+    follow(started, n);
+  });
+
+  // The run's topic starts with a snapshot of the run as it stands: a reloaded page draws it.
+  const follow = (started, n) => {
     reset(started);
     $("workflow-started").textContent = `run ${started.run_id}: ${n} rows`;
     subscription = subscribe(started.run_topic, started.run_id);
-  });
+  };
+  const earlier = recall("workflow");
+  if (earlier) follow(earlier, earlier.n);
 
   // A button POSTs its verb for the run on screen; the graph changes when the run's topic says so.
   const verbButton = (id, verb, done) => {

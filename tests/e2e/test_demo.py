@@ -672,3 +672,37 @@ async def test_the_demo_steers_only_its_own_workflow_runs_in_the_state_each_verb
                        (other,)) == [(0,)]
     assert await query(demo.database_url, "SELECT (SELECT count(*) FROM livepush_job_signals) + "
                        "(SELECT count(*) FROM livepush_workflow_signals)") == [(0,)]
+
+
+async def test_a_reloaded_demo_page_still_shows_its_imports_and_offers_their_approvals(page: Page, demo: Demo) -> None:
+    """The page reloaded while its durable import and its workflow run wait for approval (a
+    person's F5, or a browser that restored the tab) shows the three imports it started, as they
+    stand, and its Approve buttons still finish both: the jobs are not left waiting for a button
+    the page no longer shows."""
+    await open_demo(page, demo)
+    group_id = await start_import(page, 3)
+    job_id = await start_durable_import(page, 2)
+    run_id = await start_workflow(page, 2)
+    await page.wait_for_function(
+        "() => window.livepushDemo.durable.waiting?.name === 'approval'", timeout=DURABLE_TIMEOUT_MS)
+    await nodes_are(page, {"approval": "waiting", "report": "waiting"})
+
+    await page.reload()
+    await page.wait_for_function("() => window.livepushDemo && window.livepushDemo.lp.status === 'open'")
+    followed = await page.evaluate("""() => ({group: window.livepushDemo.group, job: window.livepushDemo.durable?.job,
+                                              run: window.livepushDemo.workflow?.run})""")
+    assert followed == {"group": group_id, "job": job_id, "run": run_id}, followed
+    await page.wait_for_selector("#group[data-state=finished]", timeout=IMPORT_TIMEOUT_MS)
+    assert await page.text_content("#started") == f"import {group_id}: 3 jobs"
+
+    await page.wait_for_selector("#durable-approve", state="visible", timeout=DURABLE_TIMEOUT_MS)
+    await page.click("#durable-approve")
+    await page.wait_for_function("() => window.livepushDemo.durable.state === 'succeeded'", timeout=DURABLE_TIMEOUT_MS)
+    result = await page.evaluate("() => window.livepushDemo.durable.result")
+    assert result["approved"] is True and result["report"] == f"report-{job_id}.txt", result
+
+    await page.wait_for_selector("#workflow-approve", state="visible", timeout=WORKFLOW_TIMEOUT_MS)
+    await page.click("#workflow-approve")
+    await nodes_are(page, dict.fromkeys(NODES, "succeeded"))
+    assert await query(demo.database_url, "SELECT state FROM livepush_workflows WHERE id = %s",
+                       (run_id,)) == [("succeeded",)]
