@@ -79,3 +79,26 @@ def test_bin_demo_on_a_machine_whose_python3_is_too_old_runs_the_demo_on_a_newer
     demo.wait_healthy(INSTALL_TIMEOUT)
     assert demo.stop(15) == 0, demo.output()
     assert (project / ".venv" / "bin" / "python").resolve() != old, "bin/demo kept the older python's .venv"
+
+
+def test_bin_demo_reached_through_a_symlink_runs_in_its_checkout(
+    tmp_path: Path, procs: Processes, livepush_env: Callable[..., dict[str, str]], pg_url: str
+) -> None:
+    """bin/demo linked into a folder on the PATH (`ln -s .../bin/demo ~/bin/livepush-demo`) and run
+    from elsewhere makes its .venv in the checkout and serves the demo (exit 0 on SIGTERM), instead
+    of making a .venv beside the link and failing on a pyproject.toml it looks for there."""
+    (tmp_path / "project").mkdir()
+    project = project_copy(tmp_path / "project")
+    links = tmp_path / "links"
+    links.mkdir()
+    (links / "livepush-demo").symlink_to(project / "bin" / "demo")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    env = livepush_env(database_url=pg_url)
+    demo = procs.start([str(links / "livepush-demo")], env=env, cwd=elsewhere, port=int(env["LIVEPUSH_PORT"]),
+                       name="bin/demo")
+    demo.wait_healthy(INSTALL_TIMEOUT)
+    assert demo.stop(15) == 0, demo.output()
+    assert (project / ".venv" / "bin" / "python").exists(), "bin/demo made no .venv in its checkout"
+    assert not (tmp_path / ".venv").exists(), "bin/demo made a .venv beside its link"

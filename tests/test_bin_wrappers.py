@@ -3,6 +3,8 @@ project's folder as the console script is (docs/reference.md#3-commands)."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from tests.support.procs import Processes
@@ -41,3 +43,30 @@ def test_jobs_from_a_project_loads_its_jobs_and_not_its_namesakes(procs: Process
              message="the runtime's 'running' line")
     assert child.running, child.output()
     assert child.stop(15) == 0, child.output()
+
+
+def test_the_wrappers_reached_through_a_symlink_run_the_checkouts_livepush(procs: Processes, livepush_env,
+                                                                           pg_url: str, tmp_path: Path) -> None:
+    """bin/websocket_server and bin/jobs linked into a folder on the PATH (`ln -s`) find the
+    checkout they belong to, its .venv and its livepush, as when run by their own path: not
+    "No module named livepush" from a Python looking beside the link."""
+    links = tmp_path / "links"
+    links.mkdir()
+    for name in ("websocket_server", "jobs"):
+        (links / name).symlink_to(BIN / name)
+    project = tmp_path / "project"
+    project.mkdir()
+    # A user's shell: no venv on the PATH, no checkout on PYTHONPATH (the tests' own env has both).
+    env = livepush_env(database_url=pg_url)
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != str(Path(sys.executable).parent))
+    env.pop("PYTHONPATH")
+    server = procs.start([str(links / "websocket_server"), "--app", "project_push:app"], env=env,
+                         cwd=_project(project), port=int(env["LIVEPUSH_PORT"]))
+    server.wait_healthy()
+    assert server.stop(15) == 0, server.output()
+
+    runtime = procs.start([str(links / "jobs"), "project_jobs"], env=env, cwd=project)
+    wait_for(lambda: "running: queues" in runtime.stderr() or not runtime.running, 30.0,
+             message="the runtime's 'running' line")
+    assert runtime.running, runtime.output()
+    assert runtime.stop(15) == 0, runtime.output()
