@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -492,6 +495,19 @@ async def test_the_readme_and_reference_publish_examples_run(docs_db: str) -> No
     finally:
         sync_conn.close()
         await async_conn.close()
+
+
+def test_the_quickstarts_first_commands_migrate_in_a_new_shell_after_bin_demo(pg_url: str) -> None:
+    """quickstart.md's first shell block of "Your own application", pasted into a new shell in the
+    livepush folder once bin/demo has run (no venv on the PATH, as a new terminal has), migrates the
+    database: it does not stop at "livepush: command not found"."""
+    (code,) = [code for _, code in blocks(ROOT / "docs/quickstart.md", "sh") if "livepush migrate" in code]
+    code = re.sub(r"^export LIVEPUSH_DATABASE_URL=\S+", f"export LIVEPUSH_DATABASE_URL='{pg_url}'", code, flags=re.M)
+    venvs = {str(Path(sys.executable).parent), str(ROOT / ".venv" / "bin")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIVEPUSH_") and k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p not in venvs)
+    shell = subprocess.run(["bash", "-e", "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert shell.returncode == 0 and "schema at version" in shell.stdout, (shell.returncode, shell.stdout, shell.stderr)
 
 
 async def test_the_quickstart_publishes_in_the_callers_transaction_and_renders_an_offset(docs_db: str) -> None:
