@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -525,6 +526,26 @@ async def test_the_quickstart_publishes_in_the_callers_transaction_and_renders_a
         ns["render_doc"](5)
     assert rendered["since"] == livepush.latest_offset("doc:5") != before
     assert livepush.verify_topic(rendered["topic"]) == "doc:5"
+
+
+async def test_the_quickstarts_jobs_module_enqueues_nothing_and_its_web_process_enqueues_one(
+    docs_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """quickstart.md's myapp/jobs.py, which `livepush jobs myapp.jobs` imports at every start (and
+    the web process too), only defines its job: an enqueue in it would add a job at each start of
+    either. The web process's enqueue is a block of its own, and enqueues one job."""
+
+    def count() -> int:
+        with psycopg.connect(docs_db) as conn:
+            return conn.execute("SELECT count(*) FROM livepush_jobs WHERE name = 'myapp.jobs.import_row'").fetchone()[0]
+
+    module = types.ModuleType("myapp.jobs")
+    ns = await run(*example("docs/quickstart.md", "# myapp/jobs.py"), module.__dict__)
+    assert "import_row" in ns and count() == 0
+    monkeypatch.setitem(sys.modules, "myapp", types.ModuleType("myapp"))
+    monkeypatch.setitem(sys.modules, "myapp.jobs", module)
+    ns = await run(*example("docs/quickstart.md", "from myapp.jobs import import_row"), {})
+    assert ns["handle"].signed_topic and count() == 1
 
 
 async def _stub(ctx: Any, *args: Any) -> Any:
