@@ -278,3 +278,19 @@ def test_a_demo_that_finds_only_database_url_says_it_uses_that_database_not_an_e
     assert postmaster(folder) is None, "the demo started an embedded Postgres beside DATABASE_URL's"
     said = [line for line in demo.stderr().splitlines() if "DATABASE_URL" in line]
     assert said and "WARNING" in said[0] and "unset DATABASE_URL" in said[0], demo.output()
+
+
+def test_a_demo_whose_database_url_names_another_kind_of_database_runs_on_its_embedded_postgres(
+    procs: Processes, livepush_env: Callable[..., dict[str, str]], folder: Path
+) -> None:
+    """A DATABASE_URL exported for another application on SQLite or MySQL names no database the
+    demo could use: the demo runs on its embedded Postgres, saying that it ignores that variable,
+    instead of refusing to start with advice to turn it into a Postgres URL."""
+    env = livepush_env(extra={"DATABASE_URL": "sqlite:///db.sqlite3"})
+    demo = procs.start([sys.executable, "-m", "livepush", "demo"], env=env, cwd=folder,
+                       port=int(env["LIVEPUSH_PORT"]), name="livepush demo")
+    demo.wait_healthy(START_TIMEOUT)
+    assert postmaster(folder) is not None, demo.output()
+    assert demo.stop(STOP_TIMEOUT) == 0, demo.output()
+    said = [line for line in demo.stderr().splitlines() if "DATABASE_URL" in line]
+    assert len(said) == 1 and "WARNING" in said[0] and "ignores DATABASE_URL" in said[0], demo.output()

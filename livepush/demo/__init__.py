@@ -17,10 +17,11 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -233,6 +234,8 @@ def demo_secret(folder: Path) -> str:
     return value
 
 
+# A URL's scheme; a Postgres conninfo string ("host=... dbname=...") has none.
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 _WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 
@@ -269,7 +272,7 @@ def run() -> int:
     # instead of ending the process where it stands with its Postgres left running.
     stopsignals.term_as_interrupt()
     _hangup_as_term()
-    settings = for_its_page(config.Settings.from_env())
+    settings = for_its_page(config.Settings.from_env(_environ()))
     logging.getLogger("pgserver").setLevel(logging.WARNING)  # it narrates every command at INFO
     pg = None
     try:
@@ -318,6 +321,22 @@ def run() -> int:
             for sig in embedded.STOP_SIGNALS:
                 signal.signal(sig, signal.SIG_IGN)
             pg.cleanup()
+
+
+def _environ() -> Mapping[str, str]:
+    """The environment, less a DATABASE_URL that names another kind of database than Postgres
+    (`sqlite:`, `mysql:`, exported for another application), when LIVEPUSH_DATABASE_URL is unset.
+    Read as the demo's database it stopped the demo with advice to make it a Postgres URL, while
+    the demo has its embedded Postgres for just this case."""
+    fallback = (os.environ.get("DATABASE_URL") or "").strip()
+    scheme = _SCHEME.match(fallback)
+    if (os.environ.get("LIVEPUSH_DATABASE_URL") or "").strip() or scheme is None:
+        return os.environ
+    if scheme.group(1).lower().startswith("postgres"):
+        return os.environ  # Postgres' own, or a misspelt one that the settings refuse, naming it
+    log.warning("the demo ignores DATABASE_URL, a %s: URL of another database than Postgres: it runs on its embedded "
+                "Postgres (set LIVEPUSH_DATABASE_URL to run it on a Postgres of yours)", scheme.group(1))
+    return {name: value for name, value in os.environ.items() if name != "DATABASE_URL"}
 
 
 def _hangup_as_term() -> None:
