@@ -5,6 +5,7 @@ pip, as a user's first run does, so they take a minute.
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.procs import Processes
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 # pip installs every dependency into a new venv (from its cache when it can); past this it hangs.
@@ -102,3 +104,23 @@ def test_bin_demo_reached_through_a_symlink_runs_in_its_checkout(
     assert demo.stop(15) == 0, demo.output()
     assert (project / ".venv" / "bin" / "python").exists(), "bin/demo made no .venv in its checkout"
     assert not (tmp_path / ".venv").exists(), "bin/demo made a .venv beside its link"
+
+
+def test_bin_demo_waits_while_bin_setup_installs_into_the_same_venv(
+    tmp_path: Path, procs: Processes, livepush_env: Callable[..., dict[str, str]], pg_url: str
+) -> None:
+    """bin/demo and bin/test (through bin/setup) both install into .venv, and the quick start gives
+    them together: run at once in two terminals, two pips wrote the same venv at the same time.
+    While bin/setup holds the venv's lock, bin/demo says it waits and leaves .venv alone; then it
+    installs and serves the demo (exit 0 on SIGTERM)."""
+    project = project_copy(tmp_path)
+    with open(project / ".venv.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as bin/setup's `flock` takes it while pip installs
+        env = livepush_env(database_url=pg_url)
+        demo = procs.start([str(project / "bin" / "demo")], env=env, cwd=project, port=int(env["LIVEPUSH_PORT"]),
+                           name="bin/demo")
+        wait_for(lambda: "waiting for another install" in demo.stderr() or not demo.running, 30.0,
+                 message="bin/demo to say that it waits")
+        assert demo.running and not (project / ".venv" / "bin" / "python").exists(), demo.output()
+    demo.wait_healthy(INSTALL_TIMEOUT)
+    assert demo.stop(15) == 0, demo.output()
