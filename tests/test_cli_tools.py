@@ -350,6 +350,24 @@ def test_an_unknown_argument_to_a_command_shows_that_commands_usage(argv: list[s
     assert err.startswith(f"usage: livepush {argv[0]} ") and f"unrecognized arguments: {argv[-1]}" in err, err
 
 
+@pytest.mark.parametrize("argv,variable", [(["demo", "--port", "9000"], "LIVEPUSH_PORT"),
+                                           (["demo", "--host=0.0.0.0"], "LIVEPUSH_HOST"),
+                                           (["jobs", "x", "--port", "9000"], None)])
+def test_a_serve_flag_given_to_the_demo_names_the_variable_that_sets_it(
+        argv: list[str], variable: str | None, capsys: pytest.CaptureFixture[str]) -> None:
+    """`livepush demo --port 9000` is refused (the demo listens where the variables say), naming
+    the variable that does what the flag would have done; a command that does not listen at all
+    is pointed at no variable."""
+    from livepush.cli.main import main
+
+    with pytest.raises(SystemExit) as raised:
+        main(argv)
+    assert raised.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments" in err, err
+    assert (f"{argv[0]} reads {variable} instead" in err) if variable else "instead" not in err, err
+
+
 @pytest.mark.parametrize("argv", [["token", "session", "user-7"], ["status"]])
 def test_output_to_a_reader_that_went_away_ends_quietly(livepush_env, pg_url, argv: list[str]) -> None:
     """A command whose reader has gone (`livepush status | head -1` once head has its line) exits 1

@@ -39,8 +39,9 @@ class _Parser(argparse.ArgumentParser):
         if extras:
             # argparse leaves a subcommand's unknown arguments to the top-level parser, whose usage
             # lists the commands: the command's own usage says what it does take.
-            self.commands.get(getattr(parsed, "command", None) or "", self).error(
-                f"unrecognized arguments: {' '.join(extras)}")
+            command = getattr(parsed, "command", None) or ""
+            self.commands.get(command, self).error(
+                f"unrecognized arguments: {' '.join(extras)}{_variable_instead(extras, command)}")
         return parsed
 
     def error(self, message: str) -> None:  # type: ignore[override]
@@ -65,6 +66,21 @@ def _asks_json(argv: Sequence[str]) -> bool:
 # The settings a flag of `serve` stands in for, and their variables.
 _FLAG_VARIABLES = {"host": "LIVEPUSH_HOST", "port": "LIVEPUSH_PORT", "fanout": "LIVEPUSH_FANOUT",
                    "authenticate": "LIVEPUSH_AUTHENTICATE", "drain_seconds": "LIVEPUSH_DRAIN_SECONDS"}
+
+
+# The flags of `serve` that a command without them reads from its variable instead.
+_READ_FROM_VARIABLES = {"demo": ("host", "port")}
+
+
+def _variable_instead(extras: Sequence[str], command: str) -> str:
+    """For `serve`'s flag given to a command that reads its variable instead (`livepush demo
+    --port 9000`): that variable, else nothing."""
+    for extra in extras:
+        name = extra.partition("=")[0].removeprefix("--").replace("-", "_")
+        if extra.startswith("--") and name in _READ_FROM_VARIABLES.get(command, ()):
+            variable = _FLAG_VARIABLES[name]
+            return f" ({command} reads {variable} instead, e.g. {variable}=... livepush {command})"
+    return ""
 
 
 def _settings(args: argparse.Namespace, *, replaced: Collection[str] = ()) -> config.Settings:
