@@ -433,6 +433,39 @@ async def test_a_revocation_outlives_its_token_on_this_hosts_clock_by_the_clock_
     assert sessions.CLOCK_ALLOWANCE > lag
 
 
+@pytest.mark.parametrize("call", ["revoke", "arevoke", "revoke_subject", "arevoke_subject"])
+async def test_a_revocation_waiting_on_a_lock_of_its_table_fails_within_the_bound_revoking_nothing(
+    pg_url: str, call: str
+) -> None:
+    """A migration (or any session) holding a revocation table's lock held revoke() until it let
+    go: a sign-out hung for as long. Past READ_TIMEOUT the write gives up with DependencyError
+    saying nothing was revoked, as for a store that cannot be reached, and can be tried again."""
+    from livepush.sessions.revocations import READ_TIMEOUT
+
+    store = PostgresRevocations(pg_url)
+    s = decode(sessions.issue("user-lock"), SECRET)
+    table = "livepush_revoked_subjects" if call.endswith("subject") else "livepush_revoked_sessions"
+    try:
+        with psycopg.connect(pg_url) as holder:
+            holder.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")  # type: ignore[arg-type]
+            started = time.monotonic()
+            with pytest.raises(DependencyError, match="nothing was revoked"):
+                if call == "revoke":
+                    await asyncio.to_thread(sessions.revoke, s, store=store)
+                elif call == "arevoke":
+                    await sessions.arevoke(s, store=store)
+                elif call == "revoke_subject":
+                    await asyncio.to_thread(sessions.revoke_subject, "user-lock", store=store)
+                else:
+                    await sessions.arevoke_subject("user-lock", store=store)
+            assert time.monotonic() - started < READ_TIMEOUT + 3
+        assert await store.revoked_among([s]) == set()
+        await sessions.arevoke(s, store=store)  # the lock gone, the same revocation goes through
+        assert await store.revoked_among([s]) == {s.id}
+    finally:
+        await close_store(store)
+
+
 async def test_arevoke_subject_cuts_off_at_revocation_time(
     shared_store: sessions.RevocationStore, rings: Callable[[sessions.RevocationStore], Awaitable[Rings]]
 ) -> None:

@@ -130,7 +130,8 @@ def revoke(token: str | Session, *, store: RevocationStore | None = None) -> Ses
     cookie, nothing to revoke), ArgumentTypeError when it is neither a str nor a Session (bytes
     among them: decode them first) or when `store` is no RevocationStore, ConfigError when
     this process has no shared store or no LIVEPUSH_SECRET, and DependencyError when the store
-    cannot be reached (nothing was revoked then)."""
+    cannot be reached, or a lock on its table holds the write past READ_TIMEOUT (nothing was
+    revoked then)."""
     chosen = _shared(store, "revoke")
     session = _session_of(token, "revoke()")
     chosen.add_session(session.id, session.expires_at + CLOCK_ALLOWANCE)

@@ -13,12 +13,17 @@ Writes come in a sync and an async flavour because `revoke()` is called from syn
 from __future__ import annotations
 
 import abc
+import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import psycopg
+
 from ..config import Settings
+from ..errors import DependencyError
 from ..postgres.connect import translated
+from ..postgres.urls import redact
 from ..channels import ListenerSlot
 from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
@@ -205,6 +210,12 @@ SELECT (SELECT count(*) FROM s) + (SELECT count(*) FROM u)
 
 _PRUNE_BATCH = 1000
 
+# name: write_lock_timeout -- first in each write's transaction (`true`: this transaction only).
+# A migration or a transaction left open holding a revocation table's lock held the write, and
+# the sign-out that made it, for as long; given up after READ_TIMEOUT, the write revoked nothing
+# and says so.
+_PG_WRITE_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(ms)s, true)"
+
 
 class PostgresRevocations(RevocationStore):
     """Revocations in Postgres (sql/0002_sessions.sql), shared by every server. `listener`: the
@@ -222,7 +233,8 @@ class PostgresRevocations(RevocationStore):
                 return await cur.fetchall() if fetch else []
 
     def _write(self, statement: str, params: Any) -> None:
-        with translated(self.url), self._pools.sync().connection() as conn, conn.transaction():
+        with self._lock_bounded(), self._pools.sync().connection() as conn, conn.transaction():
+            conn.execute(_PG_WRITE_LOCK_TIMEOUT, {"ms": f"{ms(READ_TIMEOUT)}ms"})
             conn.execute(statement, params)
             # Every write also drops a bounded batch of dead rows, so the tables stay small
             # without a separate maintenance job. In the write's transaction: a write that raises
@@ -230,10 +242,25 @@ class PostgresRevocations(RevocationStore):
             conn.execute(_PG_PRUNE, {"limit": _PRUNE_BATCH})
 
     async def _awrite(self, statement: str, params: Any) -> None:
-        with translated(self.url):
+        with self._lock_bounded():
             async with (await self._pools.aget()).connection() as conn, conn.transaction():
+                await conn.execute(_PG_WRITE_LOCK_TIMEOUT, {"ms": f"{ms(READ_TIMEOUT)}ms"})
                 await conn.execute(statement, params)
                 await conn.execute(_PG_PRUNE, {"limit": _PRUNE_BATCH})
+
+    @contextlib.contextmanager
+    def _lock_bounded(self) -> Iterator[None]:
+        """Around a write: its lock wait given up (_PG_WRITE_LOCK_TIMEOUT) said as what it is."""
+        try:
+            with translated(self.url):
+                yield
+        except DependencyError as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
+                raise
+            raise DependencyError(
+                f"the revocation store at {redact(self.url)} could not take the revocation within "
+                f"{READ_TIMEOUT:g} s: another session holds a lock on its table (a migration, or a "
+                "transaction left open); nothing was revoked: try again") from exc
 
     async def revoked_among(self, sessions: Iterable[Session]) -> set[str]:
         batch = list(sessions)
