@@ -251,16 +251,16 @@ class PostgresRevocations(RevocationStore):
     @contextlib.contextmanager
     def _lock_bounded(self) -> Iterator[None]:
         """Around a write: its lock wait given up (_PG_WRITE_LOCK_TIMEOUT) said as what it is."""
-        try:
-            with translated(self.url):
+        # Inside translated(): our DependencyError passes through it, the driver's other errors
+        # are translated as on every read.
+        with translated(self.url):
+            try:
                 yield
-        except DependencyError as exc:
-            if not isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
-                raise
-            raise DependencyError(
-                f"the revocation store at {redact(self.url)} could not take the revocation within "
-                f"{READ_TIMEOUT:g} s: another session holds a lock on its table (a migration, or a "
-                "transaction left open); nothing was revoked: try again") from exc
+            except psycopg.errors.LockNotAvailable as exc:
+                raise DependencyError(
+                    f"the revocation store at {redact(self.url)} could not take the revocation within "
+                    f"{READ_TIMEOUT:g} s: another session holds a lock on its table (a migration, or a "
+                    "transaction left open); nothing was revoked: try again") from exc
 
     async def revoked_among(self, sessions: Iterable[Session]) -> set[str]:
         batch = list(sessions)
