@@ -103,3 +103,22 @@ def test_a_group_builder_used_outside_its_block_raises_a_typed_group_error() -> 
     assert isinstance(raised.value, jobs.GroupError) and isinstance(raised.value, RuntimeError)
     with pytest.raises(jobs.GroupBlockError):
         g.handle  # noqa: B018 -- the read is what raises
+
+
+def _raised_errors() -> list[BaseException]:
+    """One of every livepush error whose constructor takes more than a message."""
+    from livepush.errors import InvalidSession, InvalidTopic
+    from livepush.jobs.errors import ChildFailed, Reattempt
+    return [InvalidTopic("bad topic", "expired"), InvalidSession("bad session", "bad_signature"),
+            ChildFailed("1 child failed", [(7, "app.resize", "failed", "ValueError: no")]), Reattempt(2.5)]
+
+
+@pytest.mark.parametrize("error", _raised_errors(), ids=lambda e: type(e).__name__)
+def test_an_error_crosses_a_process_boundary_with_its_fields(error: BaseException) -> None:
+    """A job run in a process pool, or an error handed to a task framework that pickles it, comes
+    back as the same error with the same fields, not a TypeError from its constructor."""
+    import pickle
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is type(error)
+    assert str(again) == str(error)
+    assert vars(again) == vars(error)

@@ -91,6 +91,11 @@ class ChildFailed(DurableError):
         super().__init__(message)
         self.failures = failures
 
+    def __reduce__(self) -> tuple[type, tuple[str, list[tuple[int, str, str, str | None]]]]:
+        # Pickle rebuilds an exception from its args alone, which lack `failures`: a job run in a
+        # process pool, or a framework that pickles errors, got a TypeError instead of this.
+        return (type(self), (str(self), self.failures))
+
 
 class ReplayMismatch(DurableError):
     """A replayed `ctx.run_child` / `ctx.run_children` call asks for other jobs, or another number
@@ -135,6 +140,9 @@ class Reattempt(BaseException):
     def __init__(self, seconds: float) -> None:
         super().__init__(f"run again in {seconds:g} s")
         self.seconds = seconds
+
+    def __reduce__(self) -> tuple[type, tuple[float]]:
+        return (type(self), (self.seconds,))  # its args hold the message, not the seconds
 
 
 class Parked(BaseException):
