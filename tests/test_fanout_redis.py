@@ -14,6 +14,7 @@ import gc
 import json
 import logging
 import shutil
+import socket
 import subprocess
 import threading
 import uuid
@@ -644,6 +645,79 @@ async def test_a_call_that_finds_every_connection_of_its_pool_busy_says_so_not_t
             task.cancel()
         await asyncio.gather(*holding, return_exceptions=True)
         server.close()
+
+
+def test_threads_publishing_at_once_past_the_pools_connections_wait_their_turn_rather_than_fail(
+        private_redis: PrivateRedis, raw_private: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sync publishes from more threads at once than the process may hold connections to Redis (a
+    threaded web server's burst) wait for one to free up and all succeed, on at most that many
+    connections: redis-py's own pool refused each call past its 100th connection at once ("Too
+    many connections"), told to check that Redis is running."""
+    monkeypatch.setattr(redis_client, "POOL_CONNECTIONS", 4)  # read as the sync client is made
+    monkeypatch.setattr(redis_client, "POOL_WAIT_SECONDS", WAIT)
+    fanout = RedisFanOut(private_redis.url)
+    threads = 120  # past redis-py's own limit of 100, so that a pool of its own refuses some
+    try:
+        fanout.publish("burst:warm", {})  # loads the script
+        offsets: list[str] = []
+        errors: list[Exception] = []
+        start = threading.Barrier(threads)
+
+        def publish(i: int) -> None:
+            start.wait(WAIT)
+            try:
+                offsets.append(fanout.publish("burst:a", {"i": i}))
+            except Exception as exc:
+                errors.append(exc)
+
+        # Redis holds every write for a moment, so that the publishes are all in flight at once.
+        raw_private.execute_command("CLIENT", "PAUSE", 500, "WRITE")
+        workers = [threading.Thread(target=publish, args=(i,)) for i in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(2 * WAIT)
+        assert errors == [], f"{len(errors)} publishes failed, the first: {errors[0]}"
+        assert len(set(offsets)) == threads
+        held = [c for c in raw_private.client_list() if c.get("name") == "livepush-publisher"]
+        assert len(held) <= 4, f"{threads} threads held {len(held)} connections"
+    finally:
+        fanout.close()
+
+
+def test_a_sync_call_that_finds_every_connection_busy_says_so_not_that_redis_is_down(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sync publish that waits past the pool's wait for a connection, every one held by a call
+    that Redis does not answer, raises DependencyError saying that they stayed in use and that
+    the call was never sent, not to check the URL and that Redis is running."""
+    monkeypatch.setattr(redis_client, "POOL_CONNECTIONS", 2)
+    monkeypatch.setattr(redis_client, "POOL_WAIT_SECONDS", 0.5)
+    listening = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:  # takes every connection and never answers
+        with contextlib.suppress(OSError):
+            while True:
+                accepted.append(listening.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    fanout = RedisFanOut(f"redis://127.0.0.1:{listening.getsockname()[1]}/0")
+    holding = [threading.Thread(target=lambda: pytest.raises(livepush.DependencyError, fanout.publish, "pool:a", {}))
+               for _ in range(2)]
+    try:
+        for thread in holding:
+            thread.start()
+        wait_for(lambda: len(accepted) == 2, WAIT, message="both connections of the pool in use")
+        with pytest.raises(livepush.DependencyError, match="stayed in use for 0.5 s") as caught:
+            fanout.publish("pool:a", {"i": 2})
+        assert "never sent" in str(caught.value) and "Redis is running" not in str(caught.value)
+    finally:
+        for thread in holding:
+            thread.join(CALL_TIMEOUT + WAIT)
+        fanout.close()
+        listening.close()
+        for conn in accepted:
+            conn.close()
 
 
 # A script that holds Redis for 9 s, well past the client's 5 s timeout (Redis' clock, read in the loop).

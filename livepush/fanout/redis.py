@@ -63,8 +63,8 @@ import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
 from ..channels import ListenerSlot
-from ..redis.client import (LoopClients, async_client, client_kwargs, deployment_prefix, failed, listener_name,
-                            namespace, own_url, text)
+from ..redis.client import (LoopClients, async_client, deployment_prefix, failed, listener_name, namespace,
+                            sync_client, text)
 from ..redis.subscriber import Subscriber
 from ..topics import TOPIC_RE
 from ..types import JSON, Message, Offset, Topic
@@ -373,8 +373,8 @@ class RedisFanOut(FanOut):
     def _sync_client(self) -> tuple[redis.Redis, Any]:
         with self._sync_lock:
             if self._sync is None:
-                self._sync = redis.Redis.from_url(own_url(self.url), socket_timeout=CALL_TIMEOUT,
-                                                  **client_kwargs("livepush-publisher", self.connect_timeout))
+                self._sync = sync_client(self.url, "livepush-publisher", self.connect_timeout,
+                                         socket_timeout=CALL_TIMEOUT)
                 self._sync_publish = self._sync.register_script(_PUBLISH_LUA)
                 self._sync_latest = self._sync.register_script(_LATEST_LUA)
             return self._sync, self._sync_publish

@@ -23,9 +23,10 @@ from redis.retry import Retry
 from ..errors import ConfigError, DependencyError
 
 CONNECT_TIMEOUT = 5.0
-# An async client's connections, and how long a call waits for one of them to free up. redis-py's
-# own pool refuses a call at once past its limit (100: "Too many connections"), which turned a
-# burst of subscribes to new topics into refusals; a call now waits its turn instead.
+# A client's connections (an event loop's, or a process's sync calls from all its threads), and
+# how long a call waits for one of them to free up. redis-py's own pool refuses a call at once
+# past its limit (100: "Too many connections"), which turned a burst of subscribes to new topics,
+# or of publishes from a threaded web server's threads, into refusals; a call now waits its turn.
 POOL_CONNECTIONS = 100
 POOL_WAIT_SECONDS = 10.0
 _POOL_WAIT_ENDED = "No connection available"
@@ -255,8 +256,8 @@ def _remedy(exc: BaseException) -> str:
     if "max number of clients reached" in str(exc):
         # Words, not a class: older redis-py versions raise a plain ConnectionError for it.
         return ("Redis is up but serves as many clients as its maxclients allows: raise maxclients (each livepush "
-                "process holds up to 100 connections per event loop that publishes or reads history, and one that "
-                "listens), or find what holds the others (CLIENT LIST)")
+                "process holds up to 100 connections per event loop that publishes or reads history, 100 for its "
+                "threads' sync calls, and one that listens), or find what holds the others (CLIENT LIST)")
     if "CERTIFICATE_VERIFY_FAILED" in str(exc):
         # rediss:// checks Redis' certificate against this machine's CAs and the URL's host name.
         return ("Redis answered but its TLS certificate was refused (signed by a CA this machine does not trust, or "
@@ -270,8 +271,10 @@ def _remedy(exc: BaseException) -> str:
         return ("Redis is up but the ACL of LIVEPUSH_REDIS_URL's user denies a command or key livepush needs: give "
                 "it the ACL that docs/security.md shows for the deployment's prefix")
     if isinstance(exc, RedisConnectionError) and _POOL_WAIT_ENDED in str(exc):
-        # redis-py's words when async_client()'s pool had no connection free within its wait.
-        return (f"every one of the {POOL_CONNECTIONS} connections this event loop holds to Redis stayed in use for "
+        # redis-py's words when a pool of async_client() or sync_client() had no connection free
+        # within its wait.
+        return (f"every one of the {POOL_CONNECTIONS} connections this event loop (or, for sync calls, this process's "
+                f"threads) holds to Redis stayed in use for "
                 f"{POOL_WAIT_SECONDS:g} s, so the call was never sent: the calls holding them wait for a Redis that "
                 f"answers slowly or not at all (their own errors say which), or the process makes more than "
                 f"{POOL_CONNECTIONS} calls at once")
@@ -294,6 +297,17 @@ def async_client(url: str, client_name: str, connect_timeout: float = CONNECT_TI
                                                   timeout=POOL_WAIT_SECONDS,
                                                   **client_kwargs(client_name, connect_timeout, for_asyncio=True), **extra)
     return aredis.Redis.from_pool(pool)
+
+
+def sync_client(url: str, client_name: str, connect_timeout: float = CONNECT_TIMEOUT, **extra: Any) -> Any:
+    """A Redis client for sync calls from any thread whose calls wait (up to POOL_WAIT_SECONDS)
+    for one of its POOL_CONNECTIONS connections rather than fail when a burst has them all in use."""
+    import redis
+
+    pool = redis.BlockingConnectionPool.from_url(own_url(url), max_connections=POOL_CONNECTIONS,
+                                                 timeout=POOL_WAIT_SECONDS, **client_kwargs(client_name, connect_timeout),
+                                                 **extra)
+    return redis.Redis.from_pool(pool)
 
 
 class Closable(Protocol):
