@@ -18,7 +18,7 @@ import secrets
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -466,6 +466,37 @@ async def test_publish_on_a_connection_the_caller_closed_says_so_not_that_postgr
     for name, said in (await conn_refusals(fanout, "closed:a", conn, aconn, livepush.ArgumentValueError)).items():
         assert f"{name}(conn=)" in said and "closed" in said and "cannot reach" not in said, said
     assert not has_row(pg_url, "closed:a")
+
+
+async def test_a_publish_on_a_connection_to_another_livepush_database_is_refused_not_lost(
+        fanout: PostgresFanOut, pg_url: str, make_pg_url: Callable[[], str]) -> None:
+    """conn= on another database that has livepush's schema too (the app's, migrated for its jobs,
+    or after a SchemaError said to migrate it) raises ArgumentValueError naming both databases, and
+    writes nothing there: its message log is one no server reads, so every publish returned an
+    offset and no page ever heard of it."""
+    other = make_pg_url()
+    with psycopg.connect(other, autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(other, autocommit=True) as aconn:
+            refusals = await conn_refusals(fanout, "elsewhere:a", conn, aconn, livepush.ArgumentValueError)
+    for name, said in refusals.items():
+        assert f"{name}(conn=)" in said and services.dbname_of(other) in said, said
+        assert services.dbname_of(pg_url) in said, said
+    assert not has_row(other, "elsewhere:a") and not has_row(pg_url, "elsewhere:a")
+
+
+async def test_a_publish_on_a_connection_to_its_database_works_across_a_postgres_restart(
+        fanout: PostgresFanOut, pg_url: str) -> None:
+    """conn= on the fan-out's own database publishes before and after Postgres restarts (or fails
+    over), when what tells its database from another (the server's start time) has changed."""
+    with psycopg.connect(pg_url) as conn:
+        before = fanout.publish("restarted:a", {"i": 0}, conn=conn)
+    services.pg_restart()
+    with psycopg.connect(pg_url) as conn:
+        after = fanout.publish("restarted:a", {"i": 1}, conn=conn)
+    async with await psycopg.AsyncConnection.connect(pg_url) as aconn:
+        latest = await fanout.apublish_many([("restarted:a", {"i": 2})], conn=aconn)
+    assert [before, after, *latest] == [fanout.latest_offset("restarted:a").rsplit("-", 1)[0] + f"-{n}"
+                                        for n in (1, 2, 3)]
 
 
 async def test_an_empty_batch_checks_its_conn_as_a_full_one_does(fanout: PostgresFanOut, pg_url: str) -> None:

@@ -33,17 +33,19 @@ import json
 import logging
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 
 from ..postgres.connect import PSYCOPG_CONNECTION_HINT, cursor_on, refuse_closed, translated, translated_if_lost
+from ..postgres.identity import IDENTITY
+from ..postgres.urls import redact
 from ..channels import ListenerSlot
 from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
 from ..postgres.text import BIGINT_MAX
 from ..types import JSON, Message, Offset, Topic
-from ..errors import ArgumentTypeError
+from ..errors import ArgumentTypeError, ArgumentValueError
 from .base import (HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, READ_BYTES, FanOut, History, encode_batch,
                    encode_payload, good_origin, idle_expiry, origin_number, plain_topic)
 
@@ -60,6 +62,18 @@ MIN_PAGE_BYTES = 4096
 PUBLISH = "SELECT livepush_publish(%s, %s)"
 # name: publish_many -- see livepush_publish_many(): the topics' row locks taken in one order.
 PUBLISH_MANY = "SELECT livepush_publish_many(%s::json)"
+# name: publish_on, publish_many_on -- publish and publish_many on a caller's connection (`conn=`):
+# they run only when that connection is on the database this fan-out publishes to, told apart by
+# its server's start time and its name as identity.py reads them (%(started)s, %(name)s), and the
+# row names the connection's database either way (NULL first: nothing was written). A message in
+# another database's log reaches no server. Safe under concurrency as the functions are; the
+# rest is a plain read. CASE runs the (volatile) function only when its condition holds.
+_ON_DATABASE = """
+SELECT CASE WHEN i.started = %(started)s AND i.name = %(name)s THEN {call} END, i.started, i.name
+FROM (SELECT extract(epoch FROM pg_postmaster_start_time())::text AS started, current_database() AS name) i
+"""
+PUBLISH_ON = _ON_DATABASE.format(call="livepush_publish(%(topic)s, %(data)s)")
+PUBLISH_MANY_ON = _ON_DATABASE.format(call="livepush_publish_many(%(batch)s::json)")
 # A statement of publish_many takes at most this many messages, or about this many characters
 # of data: a batch of any size is one transaction, never one huge JSON parameter.
 MANY_CHUNK = 1000
@@ -280,6 +294,9 @@ class PostgresFanOut(FanOut):
         # the next stretch of topics, so every topic is looked at within a few thousand calls.
         self._sweep_after = ""
         self._pools = LoopPools(url, name="livepush-fanout")
+        # The database's identity (identity.py), read at the first publish with conn=, which must
+        # be on it; read again when a connection seems to be on another (a restart changes it).
+        self._database: tuple[str, str] | None = None
         # Shared with the process's other listening parts when the wiring passes one in.
         self._listener = ListenerSlot(listener, lambda: Listener(url))
 
@@ -289,7 +306,7 @@ class PostgresFanOut(FanOut):
         if conn is not None:
             callers_connection(conn, "publish")
             with translated_if_lost(self.url, conn), cursor_on(conn) as cur:
-                row = cur.execute(PUBLISH, (topic, text)).fetchone()
+                row = self._on_database(cur, "publish", PUBLISH_ON, {"topic": topic, "data": text})
         else:
             with translated(self.url), self._pools.sync().connection() as c:
                 row = c.execute(PUBLISH, (topic, text)).fetchone()
@@ -303,7 +320,7 @@ class PostgresFanOut(FanOut):
             callers_connection(conn, "apublish")
             with translated_if_lost(self.url, conn):
                 async with cursor_on(conn) as acur:
-                    row = await (await acur.execute(PUBLISH, (topic, text))).fetchone()
+                    row = await self._aon_database(acur, "apublish", PUBLISH_ON, {"topic": topic, "data": text})
         else:
             with translated(self.url):
                 async with (await self._pools.aget()).connection() as c:
@@ -325,7 +342,7 @@ class PostgresFanOut(FanOut):
             with translated_if_lost(self.url, conn), \
                     conn.transaction() if conn.autocommit and len(statements) > 1 else contextlib.nullcontext(), \
                     cursor_on(conn) as cur:
-                got = [cur.execute(PUBLISH_MANY, (doc,)).fetchone() for doc in statements]
+                got = [self._on_database(cur, "publish_many", PUBLISH_MANY_ON, {"batch": doc}) for doc in statements]
         else:
             # The pool's connections are in autocommit: a batch of one statement is one round trip.
             with translated(self.url), self._pools.sync().connection() as c, \
@@ -345,7 +362,7 @@ class PostgresFanOut(FanOut):
                 async with conn.transaction() if conn.autocommit and len(statements) > 1 \
                         else contextlib.nullcontext(), cursor_on(conn) as acur:
                     for doc in statements:
-                        got.append(await (await acur.execute(PUBLISH_MANY, (doc,))).fetchone())
+                        got.append(await self._aon_database(acur, "apublish_many", PUBLISH_MANY_ON, {"batch": doc}))
         else:
             with translated(self.url):
                 async with (await self._pools.aget()).connection() as c, \
@@ -353,6 +370,52 @@ class PostgresFanOut(FanOut):
                     for doc in statements:
                         got.append(await (await c.execute(PUBLISH_MANY, (doc,))).fetchone())
         return self._offsets(order, got)
+
+    # -- a caller's connection (conn=) -----------------------------------------------------
+    def _on_database(self, cur: Any, call: str, statement: str, params: dict[str, Any]) -> Any:
+        """The row of `statement` (PUBLISH_ON, PUBLISH_MANY_ON) run on a caller's cursor, which
+        publishes only if its connection is on this fan-out's database; else ArgumentValueError."""
+        database = self._database or self._read_database()
+        row = cur.execute(statement, {**params, "started": database[0], "name": database[1]}).fetchone()
+        if row[0] is None and (fresh := self._read_database()) != database:
+            # Read before a restart or a failover, which changed the server's start time.
+            row = cur.execute(statement, {**params, "started": fresh[0], "name": fresh[1]}).fetchone()
+        return row if row[0] is not None else self._elsewhere(call, row)
+
+    async def _aon_database(self, acur: Any, call: str, statement: str, params: dict[str, Any]) -> Any:
+        """_on_database(), on a caller's AsyncConnection."""
+        database = self._database or await self._aread_database()
+        row = await (await acur.execute(statement, {**params, "started": database[0], "name": database[1]})).fetchone()
+        if row[0] is None and (fresh := await self._aread_database()) != database:
+            row = await (await acur.execute(statement, {**params, "started": fresh[0], "name": fresh[1]})).fetchone()
+        return row if row[0] is not None else self._elsewhere(call, row)
+
+    def _read_database(self) -> tuple[str, str]:
+        with translated(self.url), self._pools.sync().connection() as c:
+            row = c.execute(IDENTITY).fetchone()
+        assert row is not None  # one row, always
+        self._database = (row[0], row[1])
+        return self._database
+
+    async def _aread_database(self) -> tuple[str, str]:
+        with translated(self.url):
+            async with (await self._pools.aget()).connection() as c:
+                row = await (await c.execute(IDENTITY)).fetchone()
+        assert row is not None  # one row, always
+        self._database = (row[0], row[1])
+        return self._database
+
+    def _elsewhere(self, call: str, row: Any) -> NoReturn:
+        """Raise what a publish on a caller's connection to another database (`row`: its start
+        time and name, PUBLISH_ON's) says."""
+        assert self._database is not None  # read by the call that got `row`
+        (started, name), (ours_started, ours) = row[1:], self._database
+        where = repr(name) if started == ours_started else f"{name!r} of another Postgres server"
+        raise ArgumentValueError(
+            f"{call}(conn=) got a connection to database {where}, not to {ours!r} "
+            f"({redact(self.url)}), the one this process publishes to and the servers deliver from: a message "
+            "written there would reach no one. Pass a connection to that database (or publish without conn=), or "
+            "point LIVEPUSH_DATABASE_URL at the connection's database, for the servers too")
 
     def _offsets(self, order: list[int] | None, rows: list[Any]) -> list[Offset]:
         """The batch's offsets in its own order, from the statements' rows."""
