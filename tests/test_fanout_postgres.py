@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import resource
 import secrets
 import signal
 import socket
@@ -32,6 +33,7 @@ import livepush
 from livepush.fanout import postgres as pg_fanout
 from livepush.fanout.postgres import PostgresFanOut
 from livepush.postgres import connect as pg_connect
+from livepush.postgres import pools
 from livepush.migrate import migrate
 from livepush.postgres.listener import Listener
 from tests.support import services
@@ -562,6 +564,37 @@ def test_publish_on_a_connection_to_a_database_without_livepush_says_what_to_run
         with psycopg.connect(pg_admin_url, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
     assert not has_row(pg_url, "setup:a")
+
+
+def test_a_process_holding_over_1024_descriptors_gets_pooled_connections_without_a_check_and_loses_no_dead_one(
+        pg_url: str, pg_admin_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process with more than 1024 descriptors open (a server with a thousand clients, a busy web
+    app) takes a pooled connection with no round trip, as any process does, and still replaces one
+    the server closed before handing it out: select() refuses a descriptor past 1024, which was
+    taken as input waiting, so every publish and history read checked its connection first."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1300:
+        pytest.skip(f"the descriptor limit ({hard}) leaves no room past 1024")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1300) if soft != resource.RLIM_INFINITY else soft, hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    checked: list[object] = []
+    check = pools.Pool.check_connection
+    monkeypatch.setattr(pools.Pool, "check_connection", staticmethod(lambda conn: checked.append(conn) or check(conn)))
+    fanout = PostgresFanOut(pg_url)
+    try:
+        for i in range(10):
+            fanout.publish("descriptors:a", {"i": i})
+        assert checked == [], f"{len(checked)} of 10 publishes checked their connection first"
+        with fanout._pools.sync().connection() as conn:
+            assert conn.fileno() > 1024, "the pooled connection is not past 1024"
+        assert services.pg_terminate(pg_admin_url, services.dbname_of(pg_url)) >= 1
+        fanout.publish("descriptors:a", {"i": 10})  # the dead connection is found and replaced
+        assert len(checked) >= 1
+    finally:
+        fanout.close()
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_apublish_on_a_new_event_loop_per_call_leaves_no_connection_open(fanout: PostgresFanOut, pg_url: str) -> None:

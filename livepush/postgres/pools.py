@@ -93,11 +93,20 @@ def _has_input(conn: Any) -> bool:
     """Whether an idle connection has something to read. It should not: the server only
     speaks when asked, except when it hangs up (a restart, a failover, pg_terminate_backend:
     it sends a FATAL message and closes) or, rarely, to report a changed setting. One
-    zero-timeout select(), no round trip."""
+    zero-timeout poll(), no round trip: select() refuses a descriptor past 1024, which a process
+    with many sockets open (a server's clients) gives every new connection, and its error read
+    as input waiting, so each use of such a connection paid a check's round trip."""
     try:
-        return bool(select.select([conn.fileno()], [], [], 0)[0])
+        if _poll is None:
+            return bool(select.select([conn.fileno()], [], [], 0)[0])
+        poller = _poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
     except (OSError, ValueError, psycopg.Error):
         return True
+
+
+_poll = getattr(select, "poll", None)  # Windows has no poll()
 
 
 def _busy(pool: ConnectionPool | AsyncConnectionPool, timeout: float | None) -> PoolBusy | None:
