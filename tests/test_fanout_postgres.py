@@ -19,7 +19,7 @@ import secrets
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -332,6 +332,47 @@ async def test_a_database_in_sql_ascii_migrates_and_publishes_text_with_offsets_
         assert [m.data_json for m in replay] == [json.dumps({"text": t}, ensure_ascii=False, separators=(",", ":"))
                                                  for t in ("café", "日本", "ñ", "ü", "ø", "ß", "å")]
         assert fanout.latest_offset("ascii:a") == offsets[-1]
+    finally:
+        await fanout.aclose()
+
+
+@pytest.fixture
+def latin1_url(pg_admin_url: str) -> Iterator[str]:
+    """A migrated database in LATIN1, an encoding that lacks most of Unicode."""
+    name = f"t_latin1_{secrets.token_hex(6)}"
+    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+                     .format(sql.Identifier(name)))
+    try:
+        url = services.db_url(pg_admin_url, name)
+        migrate(url)
+        yield url
+    finally:
+        services.drop_database(pg_admin_url, name)
+
+
+async def test_a_database_in_an_encoding_without_most_of_unicode_takes_messages_in_any_script(latin1_url: str) -> None:
+    """On a database in LATIN1 (or WIN1252, EUC_JP: any encoding but UTF8) publish(), its async
+    and batch twins, with conn= or not, take data in any script, emoji included, and history
+    gives back the same JSON: Postgres refused every character its encoding lacks (a
+    DependencyError, as if it were down), and psycopg a caller's connection's with a bare
+    UnicodeEncodeError."""
+    fanout = PostgresFanOut(latin1_url)
+    texts = ["日本", "😀", "ñ", "Ω", "é😀", "ß", "✓", "\\ü"]
+    try:
+        offsets = [fanout.publish("latin:a", {"t": texts[0]}), await fanout.apublish("latin:a", {"t": texts[1]})]
+        offsets += fanout.publish_many([("latin:a", {"t": texts[2]})])
+        offsets += await fanout.apublish_many([("latin:a", {"t": texts[3]})])
+        with psycopg.connect(latin1_url) as conn:
+            offsets.append(fanout.publish("latin:a", {"t": texts[4]}, conn=conn))
+            offsets += fanout.publish_many([("latin:a", {"t": texts[5]})], conn=conn)
+        async with await psycopg.AsyncConnection.connect(latin1_url) as aconn:
+            offsets.append(await fanout.apublish("latin:a", {"t": texts[6]}, conn=aconn))
+            offsets += await fanout.apublish_many([("latin:a", {"t": texts[7]})], conn=aconn)
+        replay = await read_history(fanout, "latin:a", offsets[0].split("-")[0] + "-0")
+        assert replay is not None
+        assert [m.offset for m in replay] == offsets
+        assert [json.loads(m.data_json or "null") for m in replay] == [{"t": t} for t in texts]
     finally:
         await fanout.aclose()
 

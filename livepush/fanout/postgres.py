@@ -255,6 +255,38 @@ def _many_statements(encoded: list[tuple[Topic, str]]) -> tuple[list[int] | None
     return order, [json.dumps(chunk, ensure_ascii=False, separators=(",", ":")) for chunk in chunks]
 
 
+# Server encodings that take every character livepush sends them: UTF8, and SQL_ASCII, which
+# stores the bytes as they come. A database in another (LATIN1, WIN1252, EUC_JP) lacks some.
+_ANY_TEXT = ("UTF8", "SQL_ASCII")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return json.dumps(match.group())[1:-1]  # "\uXXXX", a surrogate pair past U+FFFF
+
+
+def _takes_any_text(conn: Any) -> bool:
+    """Whether `conn` carries every character into its database: no client or server encoding
+    on the way that lacks some. Two lookups of what the connection was told at its start."""
+    info = conn.info
+    return info.parameter_status("server_encoding") in _ANY_TEXT and info.encoding in ("utf-8", "ascii")
+
+
+def fitted(conn: Any, text: str) -> str:
+    """Data's JSON `text` as `conn` can send it: as it is, unless an encoding on its way may lack
+    some of its characters; then with each non-ASCII character as its \\u escape, the same JSON
+    in characters every encoding has. Postgres refused such text otherwise (and on a caller's
+    connection psycopg raised a bare UnicodeEncodeError). Free for ASCII text."""
+    return text if text.isascii() or _takes_any_text(conn) else _NON_ASCII.sub(_escaped, text)
+
+
+def fitted_batch(conn: Any, encoded: list[tuple[Topic, str]]) -> list[tuple[Topic, str]]:
+    """fitted() for each data of a batch (topics are ASCII)."""
+    if _takes_any_text(conn):
+        return encoded
+    return [(topic, _NON_ASCII.sub(_escaped, text)) for topic, text in encoded]
+
+
 def callers_connection(conn: Any, call: str) -> None:
     """Refuses a `conn=` that `call` cannot publish in: one of the other kind (sync or async), or one
     its caller closed before the call. A closed one that is not broken was closed on purpose (a
@@ -306,10 +338,10 @@ class PostgresFanOut(FanOut):
         if conn is not None:
             callers_connection(conn, "publish")
             with translated_if_lost(self.url, conn), cursor_on(conn) as cur:
-                row = self._on_database(cur, "publish", PUBLISH_ON, {"topic": topic, "data": text})
+                row = self._on_database(cur, "publish", PUBLISH_ON, {"topic": topic, "data": fitted(conn, text)})
         else:
             with translated(self.url), self._pools.sync().connection() as c:
-                row = c.execute(PUBLISH, (topic, text)).fetchone()
+                row = c.execute(PUBLISH, (topic, fitted(c, text))).fetchone()
         assert row is not None
         self._published.inc()
         return str(row[0])
@@ -320,44 +352,48 @@ class PostgresFanOut(FanOut):
             callers_connection(conn, "apublish")
             with translated_if_lost(self.url, conn):
                 async with cursor_on(conn) as acur:
-                    row = await self._aon_database(acur, "apublish", PUBLISH_ON, {"topic": topic, "data": text})
+                    row = await self._aon_database(acur, "apublish", PUBLISH_ON,
+                                                   {"topic": topic, "data": fitted(conn, text)})
         else:
             with translated(self.url):
                 async with (await self._pools.aget()).connection() as c:
-                    row = await (await c.execute(PUBLISH, (topic, text))).fetchone()
+                    row = await (await c.execute(PUBLISH, (topic, fitted(c, text)))).fetchone()
         assert row is not None
         self._published.inc()
         return str(row[0])
 
     def publish_many(self, messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]:
-        order, statements = _many_statements(encode_batch(messages))
+        encoded = encode_batch(messages)
         if conn is not None:
             # Before the empty batch's early return: a wrong conn= shows on the first call, not
             # when a batch first has items.
             callers_connection(conn, "publish_many")
-        if not statements:
+        if not encoded:
             return []
         if conn is not None:
+            order, statements = _many_statements(fitted_batch(conn, encoded))
             # In autocommit each statement would commit alone: the batch is one transaction still.
             with translated_if_lost(self.url, conn), \
                     conn.transaction() if conn.autocommit and len(statements) > 1 else contextlib.nullcontext(), \
                     cursor_on(conn) as cur:
                 got = [self._on_database(cur, "publish_many", PUBLISH_MANY_ON, {"batch": doc}) for doc in statements]
         else:
-            # The pool's connections are in autocommit: a batch of one statement is one round trip.
-            with translated(self.url), self._pools.sync().connection() as c, \
-                    (c.transaction() if len(statements) > 1 else contextlib.nullcontext()):
-                got = [c.execute(PUBLISH_MANY, (doc,)).fetchone() for doc in statements]
+            with translated(self.url), self._pools.sync().connection() as c:
+                order, statements = _many_statements(fitted_batch(c, encoded))
+                # The pool's connections are in autocommit: a batch of one statement is one round trip.
+                with c.transaction() if len(statements) > 1 else contextlib.nullcontext():
+                    got = [c.execute(PUBLISH_MANY, (doc,)).fetchone() for doc in statements]
         return self._offsets(order, got)
 
     async def apublish_many(self, messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]:
-        order, statements = _many_statements(encode_batch(messages))
+        encoded = encode_batch(messages)
         if conn is not None:
             callers_connection(conn, "apublish_many")  # as publish_many(): before the early return
-        if not statements:
+        if not encoded:
             return []
         got = []
         if conn is not None:
+            order, statements = _many_statements(fitted_batch(conn, encoded))
             with translated_if_lost(self.url, conn):
                 async with conn.transaction() if conn.autocommit and len(statements) > 1 \
                         else contextlib.nullcontext(), cursor_on(conn) as acur:
@@ -365,10 +401,11 @@ class PostgresFanOut(FanOut):
                         got.append(await self._aon_database(acur, "apublish_many", PUBLISH_MANY_ON, {"batch": doc}))
         else:
             with translated(self.url):
-                async with (await self._pools.aget()).connection() as c, \
-                        (c.transaction() if len(statements) > 1 else contextlib.nullcontext()):
-                    for doc in statements:
-                        got.append(await (await c.execute(PUBLISH_MANY, (doc,))).fetchone())
+                async with (await self._pools.aget()).connection() as c:
+                    order, statements = _many_statements(fitted_batch(c, encoded))
+                    async with c.transaction() if len(statements) > 1 else contextlib.nullcontext():
+                        for doc in statements:
+                            got.append(await (await c.execute(PUBLISH_MANY, (doc,))).fetchone())
         return self._offsets(order, got)
 
     # -- a caller's connection (conn=) -----------------------------------------------------
