@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from .errors import ConfigError, SchemaError, first_line
+from .errors import ConfigError, LivepushError, SchemaError, first_line
 from .postgres.connect import aconnect, connect, redact, translated
 
 # An arbitrary constant: any process migrating livepush's schema takes this lock.
@@ -130,6 +130,15 @@ CREATE TABLE IF NOT EXISTS livepush_schema (
     applied_at timestamptz NOT NULL DEFAULT now()
 )
 """
+# name: schema_elsewhere -- where livepush_schema is when this session's search_path does not
+# find it: each schema of the database holding one, whether this role may use it, and the
+# search_path and role to name in the advice. A plain read of the catalog, which every role may read.
+_SCHEMA_ELSEWHERE = """
+SELECT n.nspname::text, has_schema_privilege(n.oid, 'USAGE'), current_setting('search_path'), current_user::text
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relname = 'livepush_schema' AND c.relkind IN ('r', 'p') AND n.nspname NOT LIKE 'pg\\_temp\\_%'
+ORDER BY 1
+"""
 # name: schema_version -- a plain read of one number.
 _SCHEMA_VERSION = "SELECT max(version) FROM livepush_schema"
 # name: applied -- a plain read; under migrate()'s lock nobody adds rows meanwhile.
@@ -162,6 +171,26 @@ def _check_lineage(url: str, applied: list[tuple[int, str, str]]) -> None:
             raise _foreign(url, f"migration {version:04d}_{name} differs from this version's")
 
 
+def _out_of_reach(url: str, rows: Sequence[Any]) -> LivepushError | None:
+    """What to say when the search path finds no livepush_schema but the database holds one
+    (_SCHEMA_ELSEWHERE's rows): the schema `migrate` made it in, which this session cannot reach.
+    Told "run livepush migrate", the owner would run it and be told there is nothing to do."""
+    if not rows:
+        return None
+    schema, usable, search_path, role = rows[0]
+    quoted, who = (sql.Identifier(name).as_string(None) for name in (schema, role))
+    if not usable:
+        return ConfigError(
+            f"the database at {redact(url)} has livepush's schema in schema {quoted}, on which role {who} lacks "
+            f"USAGE: run `livepush migrate --runtime-role {role}` as the schema's owner, with the owner's "
+            "search_path")
+    return SchemaError(
+        f"the database at {redact(url)} has livepush's schema in schema {quoted}, which the search_path of role "
+        f"{who} ({search_path}) does not reach: give the role that schema (ALTER ROLE {who} SET search_path = "
+        f"{quoted}), or add options=-csearch_path%3D{schema} to the database URL; for `livepush migrate` too, "
+        "which would otherwise make a second copy beside it")
+
+
 @contextlib.contextmanager
 def _may_create(url: str) -> Iterator[None]:
     """A role that may not create in the schema, said for `migrate`: the advice given for the
@@ -186,6 +215,11 @@ def migrate(url: str, runtime_role: str | None = None) -> list[Migration]:
         conn.execute(_TIMEOUTS_BACK)
         exists = conn.execute(_SCHEMA_TABLE_EXISTS).fetchone()
         if not (exists and exists[0]):
+            # A copy in a schema the search path misses is the deployment's: a second one here
+            # would share its notification channels but not its messages or its jobs.
+            elsewhere = _out_of_reach(url, conn.execute(_SCHEMA_ELSEWHERE).fetchall())
+            if elsewhere is not None:
+                raise elsewhere
             # Only when missing: the runtime role, which may not create, can then run `migrate`
             # on a current schema and be told there is nothing to do.
             with _may_create(url):
@@ -285,6 +319,9 @@ def _applied(conn: psycopg.Connection, url: str) -> list[tuple[int, str, str]]:
     except psycopg.errors.UndefinedTable:
         if not conn.autocommit:
             conn.rollback()
+        elsewhere = _out_of_reach(url, conn.execute(_SCHEMA_ELSEWHERE).fetchall())
+        if elsewhere is not None:
+            raise elsewhere from None
         return []
     except psycopg.errors.UndefinedColumn:
         raise _foreign(url, _NO_CHECKSUMS) from None
@@ -306,6 +343,9 @@ async def acheck_schema(url: str, who: str = "this livepush") -> None:
             try:
                 applied = _recorded(await (await conn.execute(_APPLIED)).fetchall())
             except psycopg.errors.UndefinedTable:
+                elsewhere = _out_of_reach(url, await (await conn.execute(_SCHEMA_ELSEWHERE)).fetchall())
+                if elsewhere is not None:
+                    raise elsewhere from None
                 applied = []
             except psycopg.errors.UndefinedColumn:
                 raise _foreign(url, _NO_CHECKSUMS) from None

@@ -4,16 +4,17 @@ rewritten in place, so a database made by an earlier build is refused, not half-
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
 
 from livepush import migrate
-from livepush.errors import SchemaError
+from livepush.errors import ConfigError, SchemaError
 from tests.jobs.conftest import q
 from tests.support import services
 from tests.support.waiting import wait_for
@@ -207,3 +208,66 @@ def _outcome(call: Callable[[], object]) -> object:
         return call()
     except Exception as exc:  # noqa: BLE001 -- handed to the test thread
         return exc
+
+
+@contextlib.contextmanager
+def _migrated_into_schema_app(pg_admin_url: str) -> Iterator[tuple[str, str]]:
+    """A new database migrated into a schema of its own, `app`, as an owner whose search_path
+    starts there migrates it (a schema named after its role, or `ALTER ROLE ... SET search_path`):
+    (the URL with the default search_path, the URL whose search_path is `app`)."""
+    name = f"t_migrate_schema_{uuid.uuid4().hex[:12]}"
+    url = services.create_database(pg_admin_url, name)
+    try:
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute("CREATE SCHEMA app")
+        in_app = psycopg.conninfo.make_conninfo(url, options="-csearch_path=app")
+        assert [m.version for m in migrate.migrate(in_app)] == [m.version for m in migrate.bundled()]
+        yield url, in_app
+    finally:
+        services.drop_database(pg_admin_url, name)
+
+
+def test_a_search_path_that_misses_the_migrated_schema_is_named_instead_of_run_migrate(pg_admin_url: str) -> None:
+    """A server or runtime whose role's search_path does not reach the schema `migrate` put
+    livepush's tables in is told which schema holds them and how to reach it, not "schema at
+    version 0: run livepush migrate", which the owner runs to be told there is nothing to do."""
+    with _migrated_into_schema_app(pg_admin_url) as (url, in_app):
+        migrate.check_schema(in_app)
+        for call in (migrate.check_schema, acheck_schema):
+            with pytest.raises(SchemaError) as refused:
+                call(url)
+            said = str(refused.value)
+            assert 'in schema "app"' in said and "search_path" in said and "version 0" not in said, said
+            assert "search_path = app" in said or "search_path%3Dapp" in said, said
+
+
+def test_a_role_without_usage_on_the_migrated_schema_is_told_to_run_migrate_runtime_role(
+        pg_admin_url: str) -> None:
+    """A role whose search_path names the schema but that was never granted its use (migrate ran
+    without --runtime-role) is told to grant it, not to run a migrate that has nothing to do."""
+    with _migrated_into_schema_app(pg_admin_url) as (url, in_app):
+        role = f"r_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(in_app, autocommit=True) as admin:
+            admin.execute(psycopg.sql.SQL("CREATE ROLE {} LOGIN").format(psycopg.sql.Identifier(role)))
+        try:
+            as_role = psycopg.conninfo.make_conninfo(in_app, user=role)
+            for call in (migrate.check_schema, acheck_schema):
+                with pytest.raises(ConfigError, match=r'in schema "app", on which role .* lacks USAGE: run `livepush migrate --runtime-role'):
+                    call(as_role)
+        finally:
+            with psycopg.connect(in_app, autocommit=True) as admin:
+                admin.execute(psycopg.sql.SQL("DROP ROLE {}").format(psycopg.sql.Identifier(role)))
+
+
+def test_migrate_makes_no_second_schema_beside_one_its_search_path_misses(pg_admin_url: str, procs,
+                                                                          livepush_env) -> None:
+    """`livepush migrate` run with a search_path that misses the schema livepush is in (as another
+    role than the owner, or without the owner's URL options) exits 2 naming that schema, rather
+    than make a second copy where it looks: processes on the two copies would share the
+    notification channels but not the messages or the jobs."""
+    with _migrated_into_schema_app(pg_admin_url) as (url, _):
+        child = procs.livepush("migrate", env=livepush_env(database_url=url))
+        assert child.wait(30) == 2, child.output()
+        err = child.stderr()
+        assert 'in schema "app"' in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert q(url, "SELECT to_regclass('public.livepush_schema')")[0][0] is None
