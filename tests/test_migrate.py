@@ -271,3 +271,29 @@ def test_migrate_makes_no_second_schema_beside_one_its_search_path_misses(pg_adm
         err = child.stderr()
         assert 'in schema "app"' in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
         assert q(url, "SELECT to_regclass('public.livepush_schema')")[0][0] is None
+
+
+def test_a_migrate_interrupted_by_ctrl_c_exits_non_zero_having_migrated_nothing(pg_admin_url: str, procs,
+                                                                                 livepush_env) -> None:
+    """Ctrl-C (or `timeout -s INT`) on a migrate that waits for another one stops it with exit 130,
+    as the shell reports a command stopped by SIGINT, and one line saying so: a deploy script that
+    runs `livepush migrate && restart` must not go on as if the schema were migrated."""
+    name = f"t_migrate_int_{uuid.uuid4().hex[:12]}"
+    url = services.create_database(pg_admin_url, name)
+    try:
+        with psycopg.connect(url) as holder:  # another migrate, under way
+            holder.execute("SELECT pg_advisory_xact_lock(%s)", (migrate.MIGRATION_LOCK_KEY,))
+            child = procs.livepush("migrate", env=livepush_env(database_url=url))
+            wait_for(lambda: q(url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                    "AND wait_event_type = 'Lock' AND query LIKE '%%pg_advisory_xact_lock%%' "
+                                    "AND pid <> %s", (holder.info.backend_pid,))[0][0],
+                     20, message="the migrate to wait for the lock")
+            child.interrupt()
+            assert child.wait(20) == 130, child.output()
+            holder.rollback()
+        err = child.stderr()
+        assert "interrupted" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert child.stdout() == "", child.output()
+        assert q(url, "SELECT to_regclass('livepush_schema')")[0][0] is None
+    finally:
+        services.drop_database(pg_admin_url, name)

@@ -16,6 +16,9 @@ from . import flags, logs
 from .runner import open_standard_descriptors, run_async
 
 EXIT_OK, EXIT_DEPENDENCY, EXIT_USAGE = 0, 1, 2
+# A command that prints its result and ends, stopped by SIGINT before it finished: 128 + SIGINT,
+# what a shell reports for a command Ctrl-C stopped (SIGTERM, left to its default, gives 143).
+EXIT_INTERRUPTED = 130
 # The commands that print their result and end: a broken pipe on stdout is their reader gone.
 _PRINTING = ("migrate", "status", "publish", "token")
 # Of those, the ones whose printout is all they give (a token, a report): run with stdout closed,
@@ -397,7 +400,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DependencyError as exc:
         status = fail(exc, EXIT_DEPENDENCY)
     except KeyboardInterrupt:
-        status = EXIT_OK
+        if args.command in _PRINTING:
+            # Its work may not be done (a migrate is rolled back whole): exit 0 would let a deploy
+            # script's `livepush migrate && restart` go on as if it were.
+            status = fail(KeyboardInterrupt(f"interrupted (SIGINT) before {args.command} finished"),
+                          EXIT_INTERRUPTED)
+        else:
+            status = EXIT_OK  # a server's or runtime's stop asked for while it starts
     # Here, once the status and its error line are settled, for every command that runs jobs
     # (jobs, serve --with-jobs, demo): a sync job given back may still run in its thread.
     from .jobs import leave_if_threads_run
