@@ -283,12 +283,29 @@ SELECT has_database_privilege(%(role)s, current_database(), 'TEMPORARY'),
        has_schema_privilege(%(role)s, current_schema(), 'CREATE'),
        current_database(), current_schema()
 """
+# name: runtime_above -- whether the role is above any grant: a superuser, or the owner of one of
+# livepush's objects or a member with its privileges (pg_has_role USAGE), which may alter, drop
+# and truncate it whatever is granted or revoked. A plain read of the catalog.
+_RUNTIME_ABOVE = """
+SELECT r.rolsuper OR EXISTS (
+    SELECT 1 FROM pg_class c
+    WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'u', 'S')
+      AND c.relname LIKE 'livepush\\_%%' AND pg_has_role(r.oid, c.relowner, 'USAGE'))
+FROM pg_roles r WHERE r.rolname = %(role)s
+"""
 
 
 def runtime_leftovers(url: str, role: str) -> list[str]:
     """One line for each privilege `role` holds that lets it create objects (none of them granted
-    by `migrate`), naming the statement that takes it away; empty when it can create nothing."""
+    by `migrate`), naming the statement that takes it away; empty when it can create nothing. One
+    line alone for a role above every grant (a superuser, the owner or a member of it)."""
     with translated(url), connect(url) as conn:
+        above = conn.execute(_RUNTIME_ABOVE, {"role": role}).fetchone()
+        if above is not None and above[0]:
+            # REVOKEs from PUBLIC would leave it as it is: the one fix is another role.
+            return [f"{role} is a superuser, or owns livepush's tables (or is a member of their owner): it may alter, "
+                    "drop and truncate them whatever is granted, so the grants limit nothing; create a role of its "
+                    "own for serve and jobs (CREATE ROLE app_runtime LOGIN) and name it in --runtime-role"]
         row = conn.execute(_RUNTIME_LEFTOVERS, {"role": role}).fetchone()
         assert row is not None
         temporary, create, database, schema = row

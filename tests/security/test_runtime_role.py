@@ -181,6 +181,29 @@ def test_migrate_names_what_the_runtime_role_could_still_create(pg_url: str, rol
         f"REVOKE TEMPORARY ON DATABASE {dbname_of(pg_url)} FROM PUBLIC" in warning.replace('"', ""), warning
 
 
+@pytest.mark.parametrize("who", ["the owner itself", "a member of the owner"])
+def test_migrate_warns_that_a_runtime_role_above_the_grants_is_limited_by_nothing(
+        pg_url: str, role_url: Callable[..., str], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], who: str) -> None:
+    """`--runtime-role` naming the migrating role (`--runtime-role "$PGUSER"`), a superuser or a
+    member of the owner of livepush's tables, whose privileges it has: no grant or REVOKE limits
+    it, so the warning says so and to name a role of its own, rather than print REVOKEs from PUBLIC
+    as if they would make it least-privileged."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        owner = conn.execute("SELECT current_user").fetchone()[0]  # type: ignore[index]
+        role = owner
+        if who == "a member of the owner":
+            role = role_of(role_url("member"))
+            conn.execute(psycopg.sql.SQL("GRANT {} TO {}").format(psycopg.sql.Identifier(owner),
+                                                                 psycopg.sql.Identifier(role)))
+    monkeypatch.setenv("LIVEPUSH_DATABASE_URL", pg_url)
+    assert cli(["migrate", "--runtime-role", role]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"warning: {role} ") and "limit nothing" in err[0] and "CREATE ROLE" in err[0], err
+    assert "REVOKE" not in err[0], err
+
+
 async def test_the_runtime_role_needs_nothing_from_public_to_publish_and_enqueue(
         pg_url: str, role_url: Callable[..., str], monkeypatch: pytest.MonkeyPatch) -> None:
     """On a database hardened past the documented setup, where PUBLIC may not execute functions
