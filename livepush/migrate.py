@@ -121,6 +121,15 @@ _TIMEOUTS_BACK = ("SELECT set_config(name, reset_val, true) FROM pg_settings "
 # name: schema_table_exists -- read under the advisory lock, so no other migrator creates it
 # between this read and the CREATE below.
 _SCHEMA_TABLE_EXISTS = "SELECT to_regclass('livepush_schema') IS NOT NULL"
+# name: pin_schema -- for this transaction only, the search_path is the schema holding
+# livepush_schema: one created since the first migrate earlier in the path (a schema named after
+# the migrating role, which "$user" puts first) would get the new objects apart from the others,
+# and the grants would look for them there. Read under the advisory lock, as the check above.
+_PIN_SCHEMA = """
+SELECT set_config('search_path', quote_ident(n.nspname), true)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = to_regclass('livepush_schema')
+"""
 # name: schema_table -- idempotent; runs under the advisory lock.
 _CREATE_SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS livepush_schema (
@@ -224,6 +233,8 @@ def migrate(url: str, runtime_role: str | None = None) -> list[Migration]:
             # on a current schema and be told there is nothing to do.
             with _may_create(url):
                 conn.execute(_CREATE_SCHEMA_TABLE)
+        else:
+            conn.execute(_PIN_SCHEMA)
         applied = _applied(conn, url)
         _check_lineage(url, applied)
         done = {v for v, _, _ in applied}
