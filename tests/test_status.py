@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -428,3 +430,34 @@ def test_a_runtime_silent_only_while_the_database_was_down_is_neither_overdue_no
     assert runtimes[stalled].overdue is True
     asyncio.run(arefresh_metrics())
     assert metrics.DATABASE_GAUGES.runtimes_alive == 1
+
+
+def _shape(value: Any) -> Any:
+    """The keys of a JSON document, at every level (a list by its first item; a dict whose keys
+    are data, such as `tags` and a workflow's `steps`, is left as a dict)."""
+    if isinstance(value, list):
+        return [_shape(value[0])] if value else []
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in value.items()}
+    return None
+
+
+def test_the_json_has_the_keys_the_jobs_page_documents(busy_db: dict[str, Any], procs: Processes,
+                                                       livepush_env: Callable[..., dict[str, str]]) -> None:
+    """A script reads `livepush status --json` by the keys docs/jobs.md shows, at every level:
+    each queue, runtime, group, workflow, periodic job and server has exactly those."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "jobs.md").read_text()
+    (documented,) = [json.loads(block) for block in re.findall(r"^```json\n(.*?)^```", page, re.M | re.S)
+                     if '"servers"' in block]
+    q(busy_db["url"], """INSERT INTO livepush_periodic (name, last_tick) VALUES ('status.sweep', now())""")
+    env = livepush_env(database_url=busy_db["url"], fanout="postgres")
+    procs.livepush("serve", env=env)
+    code, out, err = run_status(procs, env, "--json")
+    assert code == 0, err
+    printed = json.loads(out)
+    for data in ("tags",):  # keys that are data, not names
+        printed[data], documented[data] = {}, {}
+    for doc in (printed, documented):
+        for run in doc["workflows"]:
+            run["steps"] = {}
+    assert _shape(printed) == _shape(documented)
