@@ -258,10 +258,22 @@ def migrate(url: str, runtime_role: str | None = None) -> list[Migration]:
     return applied_now
 
 
+# name: role_named -- the role of that exact name, else the one that name means in SQL, where an
+# unquoted name is folded to lower case (CREATE ROLE App_Runtime makes app_runtime). A plain read.
+_ROLE_NAMED = """
+SELECT rolname::text FROM pg_roles WHERE rolname::text IN (%(role)s::text, lower(%(role)s::text))
+ORDER BY rolname::text = %(role)s::text DESC LIMIT 1
+"""
+
+
 def _grant_runtime(conn: psycopg.Connection, role: str) -> None:
-    exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
-    if exists is None:
+    found = conn.execute(_ROLE_NAMED, {"role": role}).fetchone()
+    if found is None:
         raise ConfigError(f"--runtime-role {role!r}: no such role; create it first (CREATE ROLE ... LOGIN)")
+    if found[0] != role:
+        # Told to create it, the operator would be told it already exists.
+        raise ConfigError(f"--runtime-role {role!r}: no such role, but there is {found[0]!r} (SQL folds an unquoted "
+                          f"name to lower case; the flag takes it as written): run with --runtime-role {found[0]}")
     who = sql.Identifier(role)
     database = conn.execute("SELECT current_database(), current_schema()").fetchone()
     assert database is not None

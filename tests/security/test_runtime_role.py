@@ -148,6 +148,19 @@ def test_migrate_refuses_a_role_that_does_not_exist(pg_url: str, monkeypatch: py
     assert len(err) == 1 and "no such role" in err[0] and "CREATE ROLE" in err[0], err
 
 
+def test_migrate_names_the_role_a_runtime_role_in_other_letter_case_means(
+        pg_url: str, role_url: Callable[..., str], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`--runtime-role APP_RUNTIME` for a role made with CREATE ROLE app_runtime (SQL folds an
+    unquoted name to lower case; the flag takes the name as it is): exit 2 naming the role that
+    exists, not "create it first", which would fail with "already exists"."""
+    role = role_of(role_url("app"))
+    monkeypatch.setenv("LIVEPUSH_DATABASE_URL", pg_url)
+    assert cli(["migrate", "--runtime-role", role.upper()]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--runtime-role {role}" in err[0] and "CREATE ROLE" not in err[0], err
+
+
 def test_migrate_run_by_a_role_that_may_not_grant_says_so_instead_of_granted(
         runtime_url: str, role_url: Callable[..., str], monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
