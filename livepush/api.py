@@ -92,9 +92,14 @@ def _message_topic(topic: Topic, why: str) -> Topic:
 
 
 def publishable(topic: Topic) -> Topic:
-    """`topic`, checked as publish() checks it: a valid topic, and not a state topic."""
-    return _message_topic(topic, "what it shows is its job's, group's or workflow's state, which changes with "
-                                 "the row; publish on a topic of your own")
+    """`topic`, checked as publish() checks it: a valid topic, neither a state topic nor a runtime's."""
+    _message_topic(topic, "what it shows is its job's, group's or workflow's state, which changes with "
+                          "the row; publish on a topic of your own")
+    if topics.livepush_owned(topic) is not None:
+        # Operators' pages read a runtime's state there: a message of the app's would pass for it.
+        raise InvalidTopic(f"{topic!r} is livepush's own: job runtimes publish their state on runtime:<id> and "
+                           "runtimes; publish on a topic of your own")
+    return topic
 
 
 def publish(topic: Topic, data: JSON, *, conn: Any = None) -> Offset:

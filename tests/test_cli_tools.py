@@ -64,6 +64,9 @@ def test_token_session_prints_a_session_token_for_the_subject(procs, livepush_en
         (["token", "session", ""], "subject"),
         (["publish", "_livepush.x", "{}"], "reserved"),
         (["publish", "job:1", "{}"], "state topic"),
+        # Operators' pages read runtimes' state there: an app's message would pass for one.
+        (["publish", "runtimes", "{}"], "livepush's own"),
+        (["publish", "runtime:3", "{}"], "livepush's own"),
         (["publish", "a", "{not json"], "JSON"),
         (["publish", "a", '{"x": NaN}'], "JSON"),
         (["publish", "a", "[" * 5000 + "]" * 5000], "nested too deeply"),

@@ -23,8 +23,7 @@ from signal import SIGINT, SIGTERM
 import psycopg
 import pytest
 
-import livepush
-from livepush import jobs
+from livepush import api, jobs
 from tests.faults import runtime_kill_jobs as kj
 from tests.jobs.conftest import q, registered, version_gaps
 from tests.support.job_versions import VERSIONS_TABLE
@@ -243,7 +242,7 @@ def test_a_sigterm_while_the_runtime_starts_drains_it_too(kill_db: str, spawn: C
     # The runtime's start ends by publishing its state on `runtimes`; a transaction that published
     # there first holds the topic's lock, so the start waits, registered, until it ends.
     with psycopg.connect(kill_db) as holder:
-        livepush.publish("runtimes", {"held": True}, conn=holder)
+        api.default_fanout().publish("runtimes", {"held": True}, conn=holder)  # as a runtime publishes there
         child = spawn("30")
         registered(kill_db, child)
         child.signal(SIGTERM)

@@ -343,3 +343,13 @@ def test_a_redis_url_never_shows_its_password(livepush_env: Callable[..., dict[s
     assert child.wait(30) == 1, child.output()
     assert "S3cr3tPw" not in child.output() and "Traceback" not in child.output()
     assert "password=***" in child.stderr(), child.stderr()
+
+
+@pytest.mark.parametrize("topic", ["runtimes", "runtime:3"])
+def test_an_app_cannot_publish_on_a_runtimes_topic(settings: Settings, topic: str) -> None:
+    """Operators' pages read the runtimes' state on `runtimes` and `runtime:<id>`: publish() and
+    publish_many() refuse them with InvalidTopic, so an app's message never passes for a runtime's."""
+    with pytest.raises(InvalidTopic, match="livepush's own"):
+        livepush.publish(topic, {"event": "started"})
+    with pytest.raises(InvalidTopic, match=r"item 1: .*livepush's own"):
+        livepush.publish_many([("app:a", 1), (topic, 2)])
