@@ -183,7 +183,9 @@ CREATE TABLE livepush_job_runtimes (
 -- livepush_enqueue_one_keyed), and task-group callbacks and workflow steps are inserted by
 -- their own statements. One JSON document, written by one call of
 -- the encoder: {"specs": [[name, queue, priority, max_attempts, limited], ...], "rows": [[spec,
--- args, key, group_id, concurrency_key, run_at, tags, later], ...]}. A batch's jobs share a few
+-- args, key, group_id, concurrency_key, run_at, tags, later], ...]}. `run_at` is an instant
+-- (at=), or a number: seconds from the enqueue statement on this database's clock (wait=, which
+-- the enqueuing machine's clock, perhaps off from it, must not move). A batch's jobs share a few
 -- functions, so what a function fixes is written once per function (`spec`: its place in
 -- `specs`), and a row leaves out its trailing nulls: a plain job is `[0, []]`, a keyed one
 -- `[0, [], "k"]`. `later` is 1 for an item whose key an earlier item of the batch has (only the
@@ -195,7 +197,10 @@ RETURNS TABLE (ord bigint, name text, queue text, priority integer, at timestamp
                group_id bigint, args jsonb, tags text[], key text, first boolean, concurrency_key text,
                limited boolean)
 LANGUAGE sql STABLE AS $$
-    SELECT u.ord, f.spec ->> 0, f.spec ->> 1, (f.spec ->> 2)::integer, (u.j ->> 5)::timestamptz,
+    SELECT u.ord, f.spec ->> 0, f.spec ->> 1, (f.spec ->> 2)::integer,
+           CASE WHEN jsonb_typeof(u.j -> 5) = 'number'
+                THEN statement_timestamp() + make_interval(secs => (u.j ->> 5)::float8)
+                ELSE (u.j ->> 5)::timestamptz END,
            (f.spec ->> 3)::integer, (u.j ->> 3)::bigint, u.j -> 1,
            -- NULL for none, so untagged jobs stay out of the tags index.
            CASE WHEN jsonb_typeof(u.j -> 6) = 'array' THEN ARRAY(SELECT jsonb_array_elements_text(u.j -> 6)) END,

@@ -95,15 +95,20 @@ WITH input AS (
 SELECT i.id, i.name FROM input i CROSS JOIN rung ORDER BY i.ord
 """
 
+# A lone job's run time from its scalar parameters: `run_at` (at=), or `wait` seconds from this
+# statement on the database's clock (wait=; the enqueuing machine's may be off), or NULL for now.
+# livepush_job_items() (sql/0003_jobs.sql) reads a batch's the same way.
+_ONE_AT = ("coalesce(%(run_at)s::timestamptz, statement_timestamp() + make_interval(secs => %(wait)s::float8))")
+
 # name: enqueue_one
 # ENQUEUE for a single job, with scalar parameters: the same rows and rings, but no JSON
 # document to expand and materialize (a quarter of a lone enqueue's time on an idle server).
-ENQUEUE_ONE = """
+ENQUEUE_ONE = f"""
 WITH jobs AS (
     INSERT INTO livepush_jobs AS j (queue, name, priority, run_at, state, max_attempts, group_id, tags,
                                     concurrency_key, limited)
-    VALUES (%(queue)s, %(name)s, %(priority)s, coalesce(%(run_at)s::timestamptz, now()),
-            CASE WHEN %(run_at)s::timestamptz > now() THEN 'scheduled' ELSE 'available' END,
+    VALUES (%(queue)s, %(name)s, %(priority)s, coalesce({_ONE_AT}, now()),
+            CASE WHEN {_ONE_AT} > now() THEN 'scheduled' ELSE 'available' END,
             %(max_attempts)s, %(group_id)s::bigint, %(tags)s::text[], %(concurrency_key)s::text, %(limited)s::boolean)
     RETURNING j.id, j.name, j.version
 ), payloads AS (
@@ -129,9 +134,9 @@ SELECT k.id, k.name, k.created FROM livepush_enqueue_keyed(%(batch)s::jsonb) k O
 # name: enqueue_one_keyed
 # ENQUEUE_KEYED for a single job, with scalar parameters (livepush_enqueue_one_keyed(): a lookup
 # and an insert on the same unique index, so the same safety under concurrency).
-ENQUEUE_ONE_KEYED = """
+ENQUEUE_ONE_KEYED = f"""
 SELECT k.id, k.name, k.created FROM livepush_enqueue_one_keyed(
-    %(name)s, %(queue)s, %(priority)s, %(run_at)s::timestamptz, %(max_attempts)s, %(group_id)s::bigint,
+    %(name)s, %(queue)s, %(priority)s, {_ONE_AT}, %(max_attempts)s, %(group_id)s::bigint,
     %(args)s::jsonb, %(tags)s::text[], %(key)s, %(concurrency_key)s, %(limited)s) k
 """
 

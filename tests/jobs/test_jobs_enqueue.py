@@ -59,6 +59,37 @@ def test_wait_and_at_schedule(jobs_db: str) -> None:
         sample_jobs.record.enqueue(at=datetime.datetime.now())
 
 
+@pytest.mark.parametrize("skew_hours", [-1, 1])
+def test_a_wait_counts_its_seconds_on_the_databases_clock_whatever_the_enqueuing_machines_clock(
+        jobs_db: str, monkeypatch: pytest.MonkeyPatch, skew_hours: int) -> None:
+    """A job enqueued with wait=30 from a machine whose clock is an hour off (a laptop's Docker VM
+    after a sleep, a VM resumed) is due 30 s after the enqueue on the database's clock, as retries,
+    durable sleeps and periodic ticks are: by every way of enqueueing one, keyed or not, alone,
+    in a batch or in a task group. On the machine's clock it ran at once, or an hour late."""
+    from livepush.jobs.api import enqueue as enqueue_module
+
+    real = datetime.datetime
+
+    class Skewed(real):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:  # type: ignore[override]
+            return real.now(tz) + datetime.timedelta(hours=skew_hours)
+
+    monkeypatch.setattr(enqueue_module, "datetime", Skewed)
+    handles = [sample_jobs.record.enqueue("one", wait=30), sample_jobs.record.enqueue("keyed", wait=30, key="k1"),
+               *enqueue_many([(sample_jobs.record, ["many"], {"wait": 30}),
+                              (sample_jobs.record, ["many keyed"], {"wait": 30, "key": "k2"})])]
+    with jobs.group() as g:
+        g.enqueue(sample_jobs.record, "member", wait=30)
+    members, _ = jobs.group_members(g.id)
+    ids = [h.id for h in handles] + [m["id"] for m in members]
+    rows = q(jobs_db, "SELECT id, state, extract(epoch FROM run_at - now())::float8 FROM livepush_jobs "
+                      "WHERE id = ANY(%s) ORDER BY id", (ids,))
+    assert len(rows) == 5
+    for job_id, state, due_in in rows:
+        assert state == "scheduled" and 25 < due_in <= 30, (job_id, state, due_in)
+
+
 def test_conn_enqueue_follows_the_callers_transaction(jobs_db: str) -> None:
     """With conn=, a rolled-back transaction leaves no job and no event; a committed one both."""
     with psycopg.connect(jobs_db) as conn:

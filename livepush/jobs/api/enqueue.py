@@ -36,8 +36,15 @@ LATEST_RUN_AT = datetime(9999, 12, 30, tzinfo=timezone.utc)
 _RUN_AT_RANGE = f"from {EARLIEST_RUN_AT.date().isoformat()} to {LATEST_RUN_AT.date().isoformat()} in UTC"
 
 
-def run_at(wait: float | None, at: datetime | None) -> datetime | None:
-    """When to run, from `wait=` (seconds) or `at=` (an aware datetime), in UTC; None for now."""
+# When a job runs, as Batch.add takes it: an instant (at=, in UTC), seconds from the enqueue
+# statement on the database's clock (wait=), or None for now.
+When = datetime | float | None
+
+
+def run_at(wait: float | None, at: datetime | None) -> When:
+    """When to run, from `wait=` (seconds, counted by the database: the enqueuing machine's clock
+    may be off from it, and a job due in 30 s then ran at once, or an hour late) or `at=` (an
+    aware datetime), in UTC; None for now."""
     if wait is not None and at is not None:
         raise ArgumentTypeError("give wait= (seconds) or at= (an aware datetime), not both")
     if at is not None:
@@ -63,13 +70,14 @@ def run_at(wait: float | None, at: datetime | None) -> datetime | None:
         if wait == 0:
             return None
         try:
+            # Only the bound is checked on this machine's clock: a skew is nothing next to it.
             when = datetime.now(timezone.utc) + timedelta(seconds=wait)
         except OverflowError:
             when = None
         if when is None or when > LATEST_RUN_AT:
             raise ArgumentValueError(f"wait= of {wait!r:.60} seconds ends after {LATEST_RUN_AT.date().isoformat()} "
                                      "in UTC, the latest run time livepush stores: pass a shorter delay")
-        return when
+        return float(wait)
     return None
 
 
@@ -95,7 +103,8 @@ class Batch:
 
     def __init__(self) -> None:
         self.specs: dict[Spec, int] = {}
-        # [spec, args, key, group_id, concurrency_key, run_at (ISO 8601), tags, 1 if an earlier
+        # [spec, args, key, group_id, concurrency_key, run_at (ISO 8601, or seconds from the
+        #  statement: wait=), tags, 1 if an earlier
         #  item has the key], trailing Nones cut: the options users give most come first
         # A plain job's row is a tuple (index, args), as it came: the fewer objects a job
         # allocates, the less the collector has to go over while a big batch is alive.
@@ -124,7 +133,7 @@ class Batch:
             self._fns[fn, queue] = found
         return found
 
-    def add(self, fn: JobSpec, args: Sequence[Any], when: datetime | None = None,
+    def add(self, fn: JobSpec, args: Sequence[Any], when: When = None,
             group_id: int | None = None, queue: str | None = None, *,
             key: str | None = None, tags: Sequence[str] | None = None) -> None:
         """Check one job (plain JSON, then its function's schema, if any, then its options) and add
@@ -162,7 +171,8 @@ class Batch:
                 if bare:
                     self.rows.append((index, items, key))
                     return
-        row = [index, items, key, group_id, ckey, when.isoformat() if when else None, tags, later]
+        row = [index, items, key, group_id, ckey, when.isoformat() if isinstance(when, datetime) else when, tags,
+               later]
         while row[-1] is None:
             row.pop()
         self.rows.append(row)
@@ -228,7 +238,8 @@ class Batch:
         except ValueError:
             name_refused([args])
             raise
-        return {"name": name, "queue": queue, "priority": priority, "run_at": when, "max_attempts": max_attempts,
+        return {"name": name, "queue": queue, "priority": priority, "max_attempts": max_attempts,
+                "run_at": when if isinstance(when, str) else None, "wait": when if isinstance(when, float) else None,
                 "args": text, "group_id": group_id, "tags": tags, "key": key, "concurrency_key": ckey,
                 "limited": limited}
 
@@ -265,7 +276,7 @@ def is_spec(value: Any) -> bool:
     return False
 
 
-def item(entry: Any) -> tuple[JobSpec, Sequence[Any], datetime | None, str | None, Mapping[str, Any]]:
+def item(entry: Any) -> tuple[JobSpec, Sequence[Any], When, str | None, Mapping[str, Any]]:
     """An enqueue_many entry: a JobRequest, or (job_function, args) / (job_function, args, options).
     Returns the function, its arguments, when to run, the queue a request asked for, and the
     enqueue options (key=, tags=) as keyword arguments of Batch.add."""
