@@ -856,26 +856,34 @@ CLEAR = ("DELETE FROM livepush_job_steps; DELETE FROM livepush_job_signals; DELE
 # whatever role runs it.
 STATUS_SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 
+# Whether the available job `j` is a step of a paused workflow run: no runtime claims it until the
+# run is resumed (workflows/queries.py: CLAIM_STEPS passes it over on the same condition), so it is
+# no backlog of its queue. Counted as one, a run paused on purpose for an hour set off the backlog
+# alert (docs/operations.md) and told the operator to add runtimes.
+_HELD_BY_PAUSE = """(j.workflow_id IS NOT NULL
+    AND EXISTS (SELECT FROM livepush_workflows w WHERE w.id = j.workflow_id AND w.state = 'paused'))"""
+
 # name: queue_status
-# A plain read. Per queue: jobs available now (depth) and how long the oldest of them has been
-# due, scheduled (delayed enqueues and retries in backoff), running, waiting (durable jobs
+# A plain read. Per queue: jobs available now (depth: but a paused run's steps, _HELD_BY_PAUSE) and
+# how long the oldest of them has been due, scheduled (delayed enqueues and retries in backoff), running, waiting (durable jobs
 # parked: they hold no slot) and failed (kept until retention deletes them). Finished jobs that
 # succeeded or were cancelled are left out. Queues that a registered runtime serves are listed
 # even with nothing in them, so an idle queue shows as 0 rather than not at all, and so are paused
 # queues (`paused`: no runtime claims from it, jobs.pause_queue()). This scans the
 # unfinished and failed rows of livepush_jobs (failed jobs have no index): an operator's
 # occasional read, never on a job's path.
-QUEUE_STATUS = """
+QUEUE_STATUS = f"""
 WITH counts AS (
     SELECT queue,
-           count(*) FILTER (WHERE state = 'available') AS depth,
-           extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'available'))::float8 AS oldest_age,
+           count(*) FILTER (WHERE claimable) AS depth,
+           extract(epoch FROM now() - min(run_at) FILTER (WHERE claimable))::float8 AS oldest_age,
            count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
            count(*) FILTER (WHERE state = 'running') AS running,
            count(*) FILTER (WHERE state = 'waiting') AS waiting,
            count(*) FILTER (WHERE state = 'failed') AS failed
-    FROM livepush_jobs
-    WHERE state IN ('available', 'scheduled', 'running', 'waiting', 'failed')
+    FROM (SELECT j.queue, j.state, j.run_at, j.state = 'available' AND NOT {_HELD_BY_PAUSE} AS claimable
+          FROM livepush_jobs j
+          WHERE j.state IN ('available', 'scheduled', 'running', 'waiting', 'failed')) j
     GROUP BY queue
 ), served AS (
     SELECT DISTINCT unnest(queues) AS queue FROM livepush_job_runtimes
@@ -925,9 +933,10 @@ LIMIT %(limit)s
 # name: queue_gauges
 # A plain read for /metrics: per queue, jobs available now, the oldest one's age, and whether the
 # queue is paused (its backlog then grows on purpose). Reads only the three claim indexes' rows
-# (state 'available': plain, limited, and workflow steps'), so a scrape costs what the backlog
-# is, never the table; queues a registered runtime serves, and paused ones, show as 0 when empty.
-QUEUE_GAUGES = """
+# (state 'available': plain, limited, and workflow steps', but those of paused runs:
+# _HELD_BY_PAUSE), so a scrape costs what the backlog is, never the table; queues a registered
+# runtime serves, and paused ones, show as 0 when empty.
+QUEUE_GAUGES = f"""
 SELECT queue, coalesce(c.depth, 0)::int AS depth, c.oldest_age, p.queue IS NOT NULL AS paused
 FROM (SELECT DISTINCT unnest(queues) AS queue FROM livepush_job_runtimes) q
 FULL JOIN (
@@ -936,8 +945,8 @@ FULL JOIN (
           UNION ALL
           SELECT queue, run_at FROM livepush_jobs WHERE state = 'available' AND limited
           UNION ALL
-          SELECT queue, run_at FROM livepush_jobs
-          WHERE state = 'available' AND workflow_id IS NOT NULL AND NOT limited) a
+          SELECT queue, run_at FROM livepush_jobs j
+          WHERE state = 'available' AND workflow_id IS NOT NULL AND NOT limited AND NOT {_HELD_BY_PAUSE}) a
     GROUP BY queue
 ) c USING (queue)
 FULL JOIN livepush_paused_queues p USING (queue)

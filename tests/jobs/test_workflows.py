@@ -720,6 +720,30 @@ async def test_a_step_queued_while_its_run_was_paused_starts_at_once_on_resume(f
         await run_state(run.id, "succeeded", timeout=10.0)
 
 
+async def test_a_paused_runs_queued_step_is_no_backlog_of_its_queue_until_the_run_resumes(flows_db: str) -> None:
+    """A step's job that its run's pause holds queued (no runtime claims it until resume) is left out
+    of its queue's depth and oldest age, in `livepush status` and in /metrics' gauges, which the
+    backlog alert reads: a run paused on purpose for an hour is no queue falling behind. Resumed,
+    it counts again."""
+    from livepush import metrics
+    from livepush.jobs.api.status import arefresh_metrics
+
+    async def backlog() -> tuple[tuple[int, float | None], tuple[int, float]]:
+        flows = next(s for s in (await jobs.astatus()).queues if s.queue == "flows")
+        await arefresh_metrics()
+        # A queue no runtime serves and with nothing to claim may be left out: no backlog either way.
+        depth, oldest, _ = metrics.DATABASE_GAUGES.queues.get("flows", (0, 0.0, False))
+        return (flows.depth, flows.oldest_age), (depth, oldest)
+
+    run = await wd.diamond.astart({"n": 1})  # no runtime: the first step's job is queued
+    q(flows_db, "UPDATE livepush_jobs SET run_at = now() - interval '1 hour' WHERE workflow_id = %s", (run.id,))
+    assert await jobs.workflows.apause(run.id, actor="ana", reason="looking into it")
+    assert await backlog() == ((0, None), (0, 0.0))
+    assert await jobs.workflows.aresume(run.id, actor="ana")
+    (depth, oldest), (gauge_depth, gauge_oldest) = await backlog()
+    assert depth == gauge_depth == 1 and oldest is not None and oldest > 3500 and gauge_oldest > 3500
+
+
 async def test_operator_cancel_stops_the_running_step(flows_db: str) -> None:
     """cancel() cancels the running step's job and every step not started."""
     async with running():
