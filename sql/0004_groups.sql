@@ -53,6 +53,12 @@ CREATE INDEX livepush_groups_parent_idx ON livepush_groups (parent_id) WHERE par
 -- Retention finds finished groups by age.
 CREATE INDEX livepush_groups_finished_idx ON livepush_groups (finished_at) WHERE finished_at IS NOT NULL;
 
+-- Runtimes find the cancels cut off part-way (marked, members left queued: the caller died) by
+-- their age (livepush/jobs/groups/queries.py: CUT_OFF_CANCELS). Cancelled and unfinished groups
+-- are few and short-lived: the index is almost always empty.
+CREATE INDEX livepush_groups_cancelling_idx ON livepush_groups (cancelled_at)
+    WHERE state = 'cancelled' AND finished_at IS NULL;
+
 CREATE TABLE livepush_group_shards (
     group_id   bigint  NOT NULL REFERENCES livepush_groups (id) ON DELETE CASCADE,
     shard      integer NOT NULL,

@@ -668,6 +668,41 @@ def test_a_cancel_that_failed_part_way_completes_when_called_again(
     assert_events_well_formed(g.handle.id)
 
 
+async def test_a_cancel_whose_caller_died_after_the_mark_is_completed_by_a_runtime_not_run(groups_db: str) -> None:
+    """cancel_group's caller dies (a web request killed at its timeout, its connection cut) after
+    the group was marked cancelled and before its members were: nobody calls it again. A runtime
+    completes the cancel at its next housekeeping, so the members the group says are cancelled
+    never run, and the group finishes cancelled with its callbacks."""
+    with jobs.group(on_finish=gj.callback.request("fin"), on_failure=gj.callback.request("bad")) as g:
+        for i in range(3):
+            g.enqueue(gj.member, f"m{i}", wait=3)  # due only once the runtime below has started
+    first = min(r[0] for r in q(groups_db, "SELECT id FROM livepush_jobs WHERE group_id = %s", (g.handle.id,)))
+    with psycopg.connect(groups_db) as holder:
+        # The first chunk of the cancel waits for this member's row: the cancel is cut off there.
+        holder.execute("SELECT id FROM livepush_jobs WHERE id = %s FOR UPDATE", (first,))
+        cancelling = asyncio.create_task(asyncio.to_thread(jobs.cancel_group, g.handle.id))
+        [(pid,)] = await async_wait_for(lambda: q(groups_db, """
+            SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'
+            """) or None, 10.0, message="the cancel's first chunk to wait for the member's row")
+        q(groups_db, "SELECT pg_terminate_backend(%s, 5000)", (pid,))
+        with pytest.raises(DependencyError):
+            await asyncio.wait_for(cancelling, 10.0)
+        holder.rollback()
+    assert jobs.get_group(g.handle.id)["state"] == "cancelled"
+    assert q(groups_db, "SELECT count(*) FROM livepush_jobs WHERE group_id = %s AND state = 'scheduled'",
+             (g.handle.id,)) == [(3,)]
+    # Its mark is past the grace a cancel still under way gets from the runtimes.
+    q(groups_db, "UPDATE livepush_groups SET cancelled_at = now() - make_interval(secs => %s) WHERE id = %s",
+      (maintenance.CANCEL_GRACE + 1, g.handle.id))
+
+    async with running(concurrency=4, heartbeat=0.2):
+        view = await finished(g.handle.id)
+    assert (view["state"], view["cancelled"], view["succeeded"]) == ("cancelled", 3, 0)
+    assert q(groups_db, "SELECT count(*) FROM job_runs WHERE key LIKE 'm%%'") == [(0,)]
+    assert sorted(r[0] for r in q(groups_db, "SELECT kind FROM livepush_group_callbacks WHERE group_id = %s",
+                                  (g.handle.id,))) == ["failure", "finish"]
+
+
 def test_progress_from_adds_is_coalesced_too(groups_db: str) -> None:
     """group:<id> shows progress at most ~10 times a second (docs/groups.md), including the
     progress adds make: 30 add_to_group calls in a fraction of a second record a few progress

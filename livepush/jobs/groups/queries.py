@@ -185,23 +185,42 @@ WHERE parent_id = ANY(%(ids)s::bigint[]) AND finished_at IS NULL AND state IN ('
 ORDER BY id
 """
 
+# A cancelled, unfinished group `g` whose cancel did not reach every member: one still queued,
+# parked, or running untold. A group whose members were all cancelled or told is left alone: it
+# finishes when the running ones end.
+_CANCEL_UNDONE = """g.state = 'cancelled' AND EXISTS (
+           SELECT 1 FROM livepush_jobs m WHERE m.group_id = g.id
+             AND (m.state IN ('available', 'scheduled', 'waiting') OR m.state = 'running' AND NOT m.cancel_requested))"""
+
 # name: orphaned_child_groups
 # Groups of children whose parent job has finished while they had not: the parent will never
 # read them (a workflow run that ended stopped its parked fan-out step, or a cancel whose
 # cancel_children did not get to run, or failed part-way: the group marked cancelled, members
 # still queued, parked, or running untold). The heartbeat cancels them (runtime/maintenance.py;
-# cancel_group works a cancelled, unfinished group through again). A cancelled group whose
-# members were all cancelled or told is left alone: it finishes when the running ones end. A
-# plain read (the member check through the group index): cancel_group re-checks each under its
-# lock.
-ORPHANED_CHILD_GROUPS = """
+# cancel_group works a cancelled, unfinished group through again). A plain read (the member check
+# through the group index): cancel_group re-checks each under its lock.
+ORPHANED_CHILD_GROUPS = f"""
 SELECT g.id FROM livepush_groups g JOIN livepush_jobs p ON p.id = g.parent_id
 WHERE g.parent_id IS NOT NULL AND g.finished_at IS NULL
-  AND (g.state IN ('open', 'sealed')
-       OR g.state = 'cancelled' AND EXISTS (
-           SELECT 1 FROM livepush_jobs m WHERE m.group_id = g.id
-             AND (m.state IN ('available', 'scheduled', 'waiting') OR m.state = 'running' AND NOT m.cancel_requested)))
+  AND (g.state IN ('open', 'sealed') OR {_CANCEL_UNDONE})
   AND p.state IN ('succeeded', 'failed', 'cancelled')
+ORDER BY g.id
+LIMIT %(limit)s
+"""
+
+# name: cut_off_cancels
+# Groups of any kind whose cancel_group was cut off after its mark committed (its caller died or
+# lost its connection, and nobody called it again): marked cancelled more than `grace` seconds
+# ago, members still queued or running untold, which would otherwise run as if no cancel had come.
+# The heartbeat works them through again (runtime/maintenance.py). The grace leaves a cancel still
+# under way to its own caller: each would finish the job anyway (CANCEL_MEMBERS locks members in
+# id order, so two never wait for each other in a circle), but the caller's call could return
+# while the other still held some of its members. A plain read through the partial index of
+# cancelled, unfinished groups (sql/0004_groups.sql): cancel_group re-checks each under its lock.
+CUT_OFF_CANCELS = f"""
+SELECT g.id FROM livepush_groups g
+WHERE g.state = 'cancelled' AND g.finished_at IS NULL
+  AND g.cancelled_at < now() - make_interval(secs => %(grace)s) AND {_CANCEL_UNDONE}
 ORDER BY g.id
 LIMIT %(limit)s
 """

@@ -34,6 +34,10 @@ DEFAULT_RETENTION = 7 * 24 * 3600.0  # seconds a finished job or group is kept
 PRUNE_BATCH = 1000  # rows per delete statement
 PRUNE_MAX_BATCHES = 20  # per maintenance run: a backlog is worked off over several runs
 UNRUNG_LIMIT = 10_000  # groups re-rung after runtimes were found dead (one flush of the publisher)
+# Seconds after its mark that a task group's cancel still not through its members is taken for
+# cut off (its caller gone) and completed by the housekeeping: a cancel of the largest group runs
+# its chunks in a few seconds, and one still under way is its caller's to finish.
+CANCEL_GRACE = 30.0
 # What /metrics counts of a rescued job, by the state RESCUE_ORPHANS left it in.
 _RESCUE_COUNTERS = {"failed": metrics.JOBS_FAILED, "available": metrics.JOBS_RETRIED}
 
@@ -208,13 +212,30 @@ async def cancel_requests(pool: AsyncConnectionPool, runtime_id: int, ids: list[
 async def cancel_orphaned_children(pool: AsyncConnectionPool, limit: int = 100) -> list[int]:
     """Cancel the groups of children whose parent job finished before them (docs/durable.md):
     nobody will read them, and their members would otherwise run to their end. Returns them."""
+    ids = await _cancel_groups(pool, gq.ORPHANED_CHILD_GROUPS, {"limit": limit})
+    if ids:
+        log.info("cancelled the groups of children whose parent job had finished: %s", ids)
+    return ids
+
+
+async def complete_cut_off_cancels(pool: AsyncConnectionPool, grace: float = CANCEL_GRACE,
+                                   limit: int = 100) -> list[int]:
+    """Complete the cancels of groups marked cancelled more than `grace` seconds ago whose members
+    were not all reached (docs/groups.md): the caller of cancel_group died or lost its connection
+    part-way, and those members would otherwise run as if no cancel had come. Returns them."""
+    ids = await _cancel_groups(pool, gq.CUT_OFF_CANCELS, {"grace": grace, "limit": limit})
+    if ids:
+        log.warning("completed the cancels of task groups that their callers left part-way: %s", ids)
+    return ids
+
+
+async def _cancel_groups(pool: AsyncConnectionPool, sql: str, params: dict[str, Any]) -> list[int]:
+    """cancel_group() each group `sql` reads (it re-checks each under its lock)."""
     async with pool.connection() as conn:
-        ids = [r[0] for r in await (await conn.execute(gq.ORPHANED_CHILD_GROUPS, {"limit": limit})).fetchall()]
+        ids = [r[0] for r in await (await conn.execute(sql, params)).fetchall()]
     for gid in ids:
         # Through our pool: these ids are our database's, which may not be the process's default.
         await acancel_group_through(pool, gid)  # False for a cancel that failed part-way, which this completes
-    if ids:
-        log.info("cancelled the groups of children whose parent job had finished: %s", ids)
     return ids
 
 

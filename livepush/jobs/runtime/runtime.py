@@ -1189,6 +1189,7 @@ class Runtime:
         while not self._closing.is_set():
             try:
                 await maintenance.cancel_orphaned_children(self._pool)
+                await maintenance.complete_cut_off_cancels(self._pool)
                 await self._prune()
             except _DB_ERRORS as exc:
                 reraise_if_cancelled()
