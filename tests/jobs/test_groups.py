@@ -16,6 +16,7 @@ from livepush import jobs
 from livepush.errors import DependencyError
 from livepush.jobs.groups import building, steps
 from livepush.jobs.groups import queries as group_queries
+from livepush.jobs.groups.transactions import in_tx
 from livepush.jobs.runtime import maintenance
 from livepush.jobs.runtime.context import ClaimedJob, JobContext
 from livepush.jobs.runtime.runtime import Runtime
@@ -701,6 +702,29 @@ async def test_a_cancel_whose_caller_died_after_the_mark_is_completed_by_a_runti
     assert q(groups_db, "SELECT count(*) FROM job_runs WHERE key LIKE 'm%%'") == [(0,)]
     assert sorted(r[0] for r in q(groups_db, "SELECT kind FROM livepush_group_callbacks WHERE group_id = %s",
                                   (g.handle.id,))) == ["failure", "finish"]
+
+
+async def test_a_cancel_cut_off_before_it_finished_a_group_with_nothing_pending_is_finished_by_a_runtime(
+        groups_db: str) -> None:
+    """An open group whose members have all ended is cancelled, and the caller dies right after the
+    mark, with only the finish left to do: no member will ever end to finish it. A runtime finishes
+    it, so its callbacks run, rather than leave it cancelled and unfinished for ever."""
+    from livepush.jobs.groups import cancel
+
+    h = await asyncio.to_thread(jobs.create_group, on_finish=gj.callback.request("fin"),
+                                on_failure=gj.callback.request("bad"))
+    await asyncio.to_thread(jobs.add_to_group, h.id, gj.member, "m")
+    assert await jobs.adrain() == {"succeeded": 1}
+    # cancel_group's first transaction, all that committed before its caller died.
+    assert await asyncio.to_thread(in_tx, lambda: cancel._mark_steps(h.id), None)
+    q(groups_db, "UPDATE livepush_groups SET cancelled_at = now() - make_interval(secs => %s) WHERE id = %s",
+      (maintenance.CANCEL_GRACE + 1, h.id))
+
+    async with running(concurrency=4, heartbeat=0.2):
+        view = await finished(h.id)
+    assert (view["state"], view["succeeded"], view["pending"]) == ("cancelled", 1, 0)
+    assert sorted(r[0] for r in q(groups_db, "SELECT kind FROM livepush_group_callbacks WHERE group_id = %s",
+                                  (h.id,))) == ["failure", "finish"]
 
 
 def test_progress_from_adds_is_coalesced_too(groups_db: str) -> None:

@@ -185,12 +185,14 @@ WHERE parent_id = ANY(%(ids)s::bigint[]) AND finished_at IS NULL AND state IN ('
 ORDER BY id
 """
 
-# A cancelled, unfinished group `g` whose cancel did not reach every member: one still queued,
-# parked, or running untold. A group whose members were all cancelled or told is left alone: it
-# finishes when the running ones end.
-_CANCEL_UNDONE = """g.state = 'cancelled' AND EXISTS (
+# A cancelled, unfinished group `g` whose cancel did not get through: a member still queued,
+# parked, or running untold; or nothing pending at all, so that only the cancel's own finish could
+# have finished it (no member's outcome ever will). A group whose members were all cancelled or
+# told, some still running, is left alone: it finishes when the running ones end.
+_CANCEL_UNDONE = """g.state = 'cancelled' AND (EXISTS (
            SELECT 1 FROM livepush_jobs m WHERE m.group_id = g.id
-             AND (m.state IN ('available', 'scheduled', 'waiting') OR m.state = 'running' AND NOT m.cancel_requested))"""
+             AND (m.state IN ('available', 'scheduled', 'waiting') OR m.state = 'running' AND NOT m.cancel_requested))
+         OR NOT EXISTS (SELECT 1 FROM livepush_group_shards s WHERE s.group_id = g.id AND s.pending > 0))"""
 
 # name: orphaned_child_groups
 # Groups of children whose parent job has finished while they had not: the parent will never
@@ -211,7 +213,8 @@ LIMIT %(limit)s
 # name: cut_off_cancels
 # Groups of any kind whose cancel_group was cut off after its mark committed (its caller died or
 # lost its connection, and nobody called it again): marked cancelled more than `grace` seconds
-# ago, members still queued or running untold, which would otherwise run as if no cancel had come.
+# ago, members still queued or running untold, which would otherwise run as if no cancel had come,
+# or nothing pending and no finish, which would never come.
 # The heartbeat works them through again (runtime/maintenance.py). The grace leaves a cancel still
 # under way to its own caller: each would finish the job anyway (CANCEL_MEMBERS locks members in
 # id order, so two never wait for each other in a circle), but the caller's call could return
