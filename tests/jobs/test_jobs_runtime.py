@@ -1322,3 +1322,18 @@ async def test_a_step_of_the_databases_clock_never_gets_a_live_runtime_presumed_
         q(jobs_db, "INSERT INTO job_flags VALUES ('go')")
         await wait_state(h.id, "succeeded")
     assert q(jobs_db, "SELECT attempt FROM job_runs WHERE job_id = %s AND phase = 'start'", (h.id,)) == [(1,)]
+
+
+async def test_a_runtime_that_ran_refuses_to_run_again_saying_to_make_a_new_one(jobs_db: str) -> None:
+    """An embedder that starts a stopped Runtime again is told to make a new one: the second run()
+    returned at once, as if it had run, and the jobs it was meant to serve waited for nothing."""
+    from livepush import ConfigError
+
+    rt = Runtime(REGISTRY, install_signals=False, queues=["default"], heartbeat=0.2)
+    task = asyncio.create_task(rt.run())
+    await rt.wait_started()
+    rt.stop()
+    await asyncio.wait_for(task, 10)
+    with pytest.raises(ConfigError, match="runs once: make a new Runtime"):
+        await asyncio.wait_for(rt.run(), 10)
+    assert q(jobs_db, "SELECT count(*) FROM livepush_job_runtimes")[0][0] == 0

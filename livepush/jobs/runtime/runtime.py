@@ -342,6 +342,7 @@ class Runtime:
         self._stopped_now_at: float | None = None  # time.monotonic() of the second signal
         self._signalled = False  # a signal (SIGTERM, SIGINT) stopped it
         self._started = asyncio.Event()
+        self._ran = False  # run() was called: its events and tasks are one run's
         self._closing = asyncio.Event()  # side tasks end their loops when set
         self._tasks: list[asyncio.Task[Any]] = []
         self._completer_task: asyncio.Task[None] | None = None
@@ -396,6 +397,11 @@ class Runtime:
     async def run(self) -> None:
         """Run until stopped; returns after a clean drain (the CLI then exits 0). Raises
         DependencyError when a side task failed for good (after draining)."""
+        if self._ran:
+            # Its stop and closing events stay set: a second run would return at once, as if it
+            # had served, while the jobs it was meant to run waited for nothing.
+            raise ConfigError("this job runtime already ran: a Runtime runs once: make a new Runtime(...) to run again")
+        self._ran = True
         # Before it registers, so that a scrape never sees it serving a queue whose counters are missing.
         metrics.count_queues(self.queues)
         loop = asyncio.get_running_loop()
