@@ -259,3 +259,14 @@ def test_every_database_connection_probes_a_silent_server_within_a_minute_unless
             assert keepalives(conn) == ("30", "10", "3")
     finally:
         pools.close()
+
+
+def test_the_secret_is_the_same_whether_its_loader_kept_a_trailing_newline_or_spaces() -> None:
+    """A secret mounted from a file (a Kubernetes secret keeps its trailing newline) and the same
+    secret from a .env file (whose loader drops it) sign alike, as fallbacks always did: else the
+    web app's tokens and signed topics were refused by the servers, and a secret moved into the
+    fallbacks at rotation stopped verifying what it had signed."""
+    secret = "k3Yq9-rT7pW2xZ8vN4bL6mC1dF5gH0jS"
+    for loaded in (secret + "\n", f"  {secret}\t", secret):
+        assert Settings.from_env({"LIVEPUSH_SECRET": loaded}).secret == secret
+    assert Settings.from_env({"LIVEPUSH_SECRET_FALLBACKS": secret + "\n"}).secret_fallbacks == (secret,)
