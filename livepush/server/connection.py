@@ -62,6 +62,9 @@ CLOSE_INTERNAL_ERROR = 1011
 # Frames a client may send while its subscribe is being served before its reads are paused.
 INBOX_FRAMES = 16
 
+# The bytes a request line may begin with: those of a method, a token (RFC 9110 §5.6.2).
+METHOD_BYTES = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+
 
 class Server(Protocol):
     """What a connection asks of the server (app.PushServer)."""
@@ -200,6 +203,9 @@ class Connection(asyncio.Protocol):
                 data = data.lstrip(b"\r\n")  # (RFC 9112 §2.2)
                 if not data:
                     return
+                if data[0] not in METHOD_BYTES:
+                    self._answer_no_request()
+                    return
             data = self._up_to_request_end(data)
         proto = self.proto
         proto.receive_data(data)
@@ -244,6 +250,16 @@ class Connection(asyncio.Protocol):
         answer = http.unreadable(cause)
         if answer is not None:
             self.transport.write(answer.serialize())
+
+    def _answer_no_request(self) -> None:
+        """What came is no HTTP request at all (a TLS ClientHello from a client told https:// or
+        wss://, another protocol): 400 at once. The parser would wait for a line end that such
+        bytes may never hold, and the client for the open timeout, to see the connection dropped."""
+        self.closing = True
+        answer = http.unreadable(ValueError("no request line"))
+        assert answer is not None
+        self.transport.write(answer.serialize())
+        self.transport.close()  # after the answer is written; nothing more is read
 
     def eof_received(self) -> None:
         self.proto.receive_eof()

@@ -241,12 +241,17 @@ async def raw_exchange(port: int, request: bytes) -> bytes:
     (b"GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", 400),
     (b"NONSENSE\r\n\r\n", 400),
     (b"GET /healthz HTTP/1.1\nHost: x\n\n", 400),
-], ids=["content-length", "chunked", "upgrade-with-body", "http2", "no-request-line", "lines-without-cr"])
+    # The start of a TLS ClientHello (a client told https:// or wss:// on this plain port): no line
+    # ends in it, yet its first byte already says it is no request.
+    (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\xab" * 32, 400),
+], ids=["content-length", "chunked", "upgrade-with-body", "http2", "no-request-line", "lines-without-cr",
+        "tls-client-hello"])
 async def test_a_request_the_server_cannot_read_gets_a_status_not_a_silent_close(
         served: Served, request_bytes: bytes, status: int) -> None:
     """No route reads a request body, and only HTTP/1.1 (or 1.0) heads are read at all: such a
     request gets an HTTP answer saying so (413 for a body, 400 for the rest) before the server
-    closes, not a connection that ends with no status; the server serves on."""
+    closes, not a connection that ends with no status, nor one held until the open timeout; the
+    server serves on."""
     raw = await raw_exchange(served.server.port, request_bytes)
     head, _, body = raw.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 %d " % status), raw
