@@ -3,8 +3,9 @@
 It accepts TCP connections (each a `connection.Connection`), runs each opening handshake through
 the server's gate (`PushServer.admit`) in a task that ends with the handshake, and keeps every timer of every connection in one sweep every TICK seconds:
 
-- the open timeout (OPEN_TIMEOUT to send a request and be answered) and the close timeout
-  (CLOSE_TIMEOUT for the peer to finish a close handshake), both then abort the connection;
+- the open timeout (OPEN_TIMEOUT to send a request and be answered, and as long to take a plain
+  HTTP answer that did not fit the socket at once) and the close timeout (CLOSE_TIMEOUT for the
+  peer to finish a close handshake), both then abort the connection;
 - the slow-client time bound: a connection whose backlog has been missing a frame for
   `connection.BEHIND_SECONDS` is closed with 1013 (only connections with a backlog are looked at);
 - keepalive, every quarter heartbeat: a connection silent for three quarters of a heartbeat gets
@@ -205,6 +206,11 @@ class ConnectionCore:
         conn.transport.resume_reading()
         if proto.state is not OPEN:
             conn.closing = True  # an HTTP answer: the client closes, or the close timeout does
+            if conn.transport.get_write_buffer_size():
+                # Part of the answer waits for a client that reads slowly (a large /metrics, a
+                # page, a slow link): the close timeout would abort the transport with it there,
+                # and the client get a truncated answer. It may take as long as a request may.
+                conn.deadline = self.now + OPEN_TIMEOUT
             return
         if conn.transport.is_closing():
             # The answer found the client gone (it reset the connection while the gate decided):

@@ -20,8 +20,8 @@ import livepush
 from livepush import api, protocol, topics
 from livepush.config import Settings, set_settings
 from livepush.fanout.local import LocalFanOut
-from livepush.server import frames
-from livepush.server.app import PushServer
+from livepush.server import core, frames, http
+from livepush.server.app import PageRoute, PushServer
 from livepush.server.connection import INBOX_FRAMES, Connection
 from livepush.types import Message
 from tests.support.http import upgrade_request
@@ -31,13 +31,13 @@ from tests.support.wsclient import WSClient
 
 @pytest.fixture
 async def start_server(secret: str) -> AsyncIterator[Callable[..., Any]]:
-    """`await start_server(heartbeat=25.0, app=None)`: a started server on the local fan-out."""
+    """`await start_server(heartbeat=25.0, app=None, pages=None)`: a started server on the local fan-out."""
     servers: list[PushServer] = []
 
-    async def start(heartbeat: float = 25.0, app: livepush.App | None = None) -> PushServer:
+    async def start(heartbeat: float = 25.0, app: livepush.App | None = None, pages: PageRoute | None = None) -> PushServer:
         settings = Settings(fanout="local", secret=secret, port=0)
         set_settings(settings)
-        server = PushServer(settings, LocalFanOut(), heartbeat=heartbeat, app=app)
+        server = PushServer(settings, LocalFanOut(), heartbeat=heartbeat, app=app, pages=pages)
         await server.start()
         servers.append(server)
         return server
@@ -406,3 +406,59 @@ async def test_a_client_whose_frames_wait_unread_behind_a_subscribe_still_finish
         assert conn.proto.close_rcvd is not None, "the client's answer to the close was never read"
     finally:
         answer.set()
+
+
+# A plain HTTP answer larger than what the kernel buffers between server and client (a page, a
+# /metrics of many queues): part of it waits in the server's transport until the client reads.
+LARGE_ANSWER = b"x" * 2_000_000
+
+
+def _large_page(request: Any) -> Any:
+    return http.response(200, LARGE_ANSWER) if request.path == "/large" else None
+
+
+def _request_large_answer(port: int) -> socket.socket:
+    """A client with a small receive buffer that has asked for the large answer and read nothing yet."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(b"GET /large HTTP/1.1\r\nHost: x\r\n\r\n")
+    return sock
+
+
+async def test_a_plain_http_answer_reaches_whole_a_client_that_starts_reading_it_after_the_close_timeout(
+    start_server: Callable[..., Any],
+) -> None:
+    """A plain HTTP answer is the client's to take at its pace, not cut off by the close timeout
+    (1 s for the peer to finish closing): a slow link, a busy scraper or a page that reads late gets
+    the whole answer, not a truncated one followed by a reset."""
+    server = await start_server(pages=_large_page)
+
+    def fetch() -> bytes:
+        with _request_large_answer(server.port) as sock:
+            time.sleep(core.CLOSE_TIMEOUT + 4 * core.TICK)  # a client that reads late: what is tested
+            chunks = []
+            while chunk := sock.recv(1 << 16):
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+    raw = await asyncio.to_thread(fetch)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), raw[:80]
+    assert len(body) == len(LARGE_ANSWER), f"{len(body)} of {len(LARGE_ANSWER)} bytes arrived"
+
+
+async def test_a_client_that_never_reads_a_plain_http_answer_is_dropped_within_the_open_timeout(
+    start_server: Callable[..., Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The time a client has to take an answer is bounded: one that asks and never reads holds its
+    connection no longer than a client that never sends its request (the open timeout)."""
+    monkeypatch.setattr(core, "OPEN_TIMEOUT", 1.0)
+    server = await start_server(pages=_large_page)
+    sock = await asyncio.to_thread(_request_large_answer, server.port)
+    try:
+        assert server._core is not None
+        await async_wait_for(lambda: server._core._live == 0, 5, message="the connection to be dropped")
+    finally:
+        sock.close()
