@@ -253,6 +253,18 @@ async def test_an_upgrade_with_128_header_lines_is_served_and_one_more_gets_431(
     assert_clean_logs(logs.records, [])
 
 
+async def test_a_request_line_past_8_kib_gets_414_without_a_traceback(
+    start: Start, logs: pytest.LogCaptureFixture
+) -> None:
+    """The request line has the same 8 KiB bound as a header line, and past it the status names the
+    target as too long (414), as the reference says: a token in the query cannot make it 431."""
+    served = await start("optional")
+    port = served.server.port
+    assert await raw_attempt(port, target=b"/?token=" + b"A" * 9000) == http(414)
+    assert await raw_attempt(port, target=b"/?token=" + b"A" * 7000) == hello(None)  # under the bound: served
+    assert_clean_logs(logs.records, ["A" * 100])
+
+
 @pytest.mark.parametrize("mode", ["optional", "required"])
 async def test_a_token_for_another_deployment_is_no_session(
     start: Start, logs: pytest.LogCaptureFixture, mode: str
