@@ -13,7 +13,9 @@ import contextlib
 import gc
 import json
 import logging
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -34,6 +36,7 @@ from livepush.types import offset_key
 from tests.support.fanouts import WAIT, Collector, offsets_of, read_history, read_on_bounded
 from tests.support.procs import fork_running, forked_exit_status, free_port
 from tests.support.redis_acl import documented_user
+from tests.support.services import process_gone
 from tests.support.waiting import async_wait_for, wait_for
 from tests.test_fanout_conformance import (  # noqa: F401  (private_redis is a fixture)
     PrivateRedis,
@@ -585,6 +588,103 @@ async def test_a_redis_at_its_maxclients_says_so_rather_than_to_check_that_it_ru
         raw_private.config_set("maxclients", 10000)
     offset = fanout.publish("full:a", {"i": 1})
     assert fanout.latest_offset("full:a") == offset
+
+
+@pytest.fixture
+def spare_redis(tmp_path: Path) -> Iterator[Callable[..., int]]:
+    """`start(*config_lines, sentinel=False)`: a redis-server of the test's own (a cluster node, a
+    Sentinel) on a free port, with those lines in its configuration: its port. Each is stopped
+    after the test."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed: run the tests with bin/test")
+    pidfiles: list[Path] = []
+
+    def start(*config_lines: str, sentinel: bool = False) -> int:
+        port = free_port()
+        home = tmp_path / f"redis-{port}"
+        home.mkdir()
+        pidfile = home / "redis.pid"
+        config = home / "redis.conf"  # a Sentinel rewrites its configuration: a file of its own
+        config.write_text("\n".join([f"port {port}", "bind 127.0.0.1", "daemonize yes", f"pidfile {pidfile}",
+                                      f"dir {home}", f"logfile {home / 'redis.log'}", *config_lines]) + "\n")
+        subprocess.run([binary, str(config), *(["--sentinel"] if sentinel else [])],
+                       check=True, capture_output=True, timeout=10)
+        pidfiles.append(pidfile)
+        client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            wait_for(client.ping, 10, message=f"the spare Redis on {port} to answer", ignore=(redis.RedisError,))
+        finally:
+            client.close()
+        return port
+
+    yield start
+    for pidfile in pidfiles:
+        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+            pid = int(pidfile.read_text().strip())
+            os.kill(pid, signal.SIGTERM)
+            wait_for(lambda: process_gone(pid), 10, message=f"the spare Redis (pid {pid}) to exit")
+
+
+@pytest.fixture
+def cluster_node_without_the_prefix(spare_redis: Callable[..., int]) -> str:
+    """The URL of a node of a two-node Redis Cluster whose other node holds the hash slot of the
+    default prefix's keys (`{livepush:0}`), as a URL given by mistake would lead to."""
+    def node() -> tuple[int, int]:
+        # The bus port free as well: by default it is the port plus 10,000, which may be taken.
+        bus = free_port()
+        return spare_redis("cluster-enabled yes", "cluster-config-file nodes.conf", f"cluster-port {bus}",
+                           "save \"\"", "appendonly no"), bus
+
+    (ours, _), (theirs, their_bus) = node(), node()
+    a, b = (redis.Redis(host="127.0.0.1", port=port, socket_timeout=5) for port in (ours, theirs))
+    try:
+        slot = int(a.execute_command("CLUSTER", "KEYSLOT", "{livepush:0}"))
+        a.execute_command("CLUSTER", "ADDSLOTS", *[s for s in range(16384) if s != slot])
+        b.execute_command("CLUSTER", "ADDSLOTS", slot)
+        a.execute_command("CLUSTER", "MEET", "127.0.0.1", theirs, their_bus)
+        wait_for(lambda: b"cluster_state:ok" in a.execute_command("CLUSTER", "INFO"), 20,
+                 message="the two-node cluster to agree on its slots")
+    finally:
+        a.close()
+        b.close()
+    return f"redis://127.0.0.1:{ours}/0"
+
+
+async def test_a_url_leading_to_a_redis_cluster_node_says_livepush_needs_a_standalone_redis(
+        make_redis: MakeRedis, cluster_node_without_the_prefix: str) -> None:
+    """A URL that leads to a node of a Redis Cluster (which answers a key of another node with a
+    redirection, and a database number with a refusal) makes publish() raise DependencyError,
+    and aopen() and listen() too, saying that livepush needs a standalone Redis, not to check
+    that Redis is running: a server there never starts to fail every publish and history read."""
+    url = cluster_node_without_the_prefix
+    for fanout in (await make_redis(url=url, listen=False),
+                   await make_redis(url=url.rsplit("/", 1)[0] + "/3", listen=False)):
+        with pytest.raises(livepush.DependencyError, match="a node of a Redis Cluster") as caught:
+            fanout.publish("cluster:a", {"i": 0})
+        assert "Redis is running" not in str(caught.value)
+        with pytest.raises(livepush.DependencyError, match="a node of a Redis Cluster"):
+            await asyncio.wait_for(fanout.aopen(), WAIT)
+        with pytest.raises(livepush.ListenError, match="a node of a Redis Cluster"):
+            await asyncio.wait_for(fanout.listen(), WAIT)
+        assert not fanout.listening
+
+
+async def test_a_url_leading_to_a_redis_sentinel_says_to_point_it_at_the_primary(
+        make_redis: MakeRedis, spare_redis: Callable[..., int], private_redis: PrivateRedis) -> None:
+    """A URL that leads to a Redis Sentinel (which answers PING and SUBSCRIBE, and knows none of
+    livepush's other commands) makes publish(), aopen() and listen() raise DependencyError saying
+    that it is a Sentinel and to point the URL at the primary, not to check that Redis is running."""
+    sentinel = spare_redis(f"sentinel monitor primary 127.0.0.1 {private_redis.port} 1", sentinel=True)
+    fanout = await make_redis(url=f"redis://127.0.0.1:{sentinel}/0", listen=False)
+    with pytest.raises(livepush.DependencyError, match="Sentinel") as caught:
+        fanout.publish("sentinel:a", {"i": 0})
+    assert "Redis is running" not in str(caught.value) and "the Redis primary" in str(caught.value)
+    with pytest.raises(livepush.DependencyError, match="Sentinel"):
+        await asyncio.wait_for(fanout.aopen(), WAIT)
+    with pytest.raises(livepush.ListenError, match="Sentinel"):
+        await asyncio.wait_for(fanout.listen(), WAIT)
+    assert not fanout.listening
 
 
 async def test_a_publish_to_a_redis_that_never_answers_fails_within_the_call_timeout(make_redis: MakeRedis) -> None:

@@ -60,15 +60,15 @@ from typing import Any
 
 import redis
 import redis.asyncio as aredis
-from redis.exceptions import RedisError
+from redis.exceptions import BusyLoadingError, RedisError
 
 from ..channels import ListenerSlot
 from ..redis.client import (LoopClients, async_client, deployment_prefix, failed, listener_name, namespace,
                             sync_client, text)
 from ..redis.subscriber import Subscriber
-from ..topics import TOPIC_RE
+from ..topics import RESERVED_PREFIX, TOPIC_RE
 from ..types import JSON, Message, Offset, Topic
-from ..errors import ArgumentValueError
+from ..errors import ArgumentValueError, DependencyError, ListenError
 from .base import (HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, FanOut, History, encode_batch, encode_payload,
                    idle_expiry, plain_topic)
 
@@ -230,6 +230,12 @@ CALL_TIMEOUT = 5.0
 # a pass over many topics took hours of cycles, their expired entries kept meanwhile.
 PRUNE_SCAN_COUNT = 200
 PRUNE_SCAN_STEPS = 25
+
+# A topic nobody publishes on (reserved), whose latest offset aopen() and listen() read to see that
+# what the URL leads to runs the fan-out's scripts on its keys: PING and SUBSCRIBE alone succeed on
+# a Redis Sentinel, and on a node of a Redis Cluster that does not hold the deployment's keys, and a
+# server started there failed every publish and history read after.
+_CHECK_TOPIC = RESERVED_PREFIX + "check"
 
 
 def _published_at(offset: bytes) -> float:
@@ -532,6 +538,7 @@ class RedisFanOut(FanOut):
     async def listen(self) -> None:
         if self._subscribed:
             return  # listen() is called once at boot; a second call changes nothing
+        await self._check_scripts_run(ListenError, while_loading=True)
         subscriber = self._subscriber.get()
         subscriber.add(self.channel, self._on_frame, on_resync=self._heard.resync)
         await subscriber.start()
@@ -547,10 +554,19 @@ class RedisFanOut(FanOut):
 
     # -- opening and closing ------------------------------------------------------------
     async def aopen(self) -> None:
+        await self._check_scripts_run(DependencyError, while_loading=False)
+
+    async def _check_scripts_run(self, cls: type[DependencyError], *, while_loading: bool) -> None:
+        """Raise `cls` saying why unless Redis runs the fan-out's scripts on its keys (a read: the
+        latest offset of a topic nobody publishes on). `while_loading`: a Redis still loading its
+        data after a restart passes, as it will run them once loaded."""
+        side = self._loops.get()
         try:
-            await self._loops.get().client.ping()
+            await side.latest(keys=[self.key_prefix + _CHECK_TOPIC, *self._origin_keys], args=[self._idle_ms])
         except (RedisError, OSError) as exc:
-            raise failed(self.url, exc, "connecting") from exc
+            if while_loading and isinstance(exc, BusyLoadingError):
+                return
+            raise failed(self.url, exc, "connecting", cls) from exc
 
     async def release_loop(self) -> None:
         await self._loops.release_loop()

@@ -15,9 +15,10 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from redis.backoff import NoBackoff
 from redis.connection import parse_url
-from redis.exceptions import (AuthenticationError, BusyLoadingError, ConnectionError as RedisConnectionError,
+from redis.exceptions import (AskError, AuthenticationError, BusyLoadingError, ClusterCrossSlotError,
+                              ClusterDownError, ConnectionError as RedisConnectionError, MasterDownError,
                               NoPermissionError, OutOfMemoryError, ReadOnlyError, ResponseError,
-                              TimeoutError as RedisTimeout)
+                              TimeoutError as RedisTimeout, TryAgainError)
 from redis.retry import Retry
 
 from ..errors import ConfigError, DependencyError
@@ -239,9 +240,37 @@ def _older_than_needed(exc: BaseException) -> bool:
         _OLD_REDIS_WORDS in said or ("ERR syntax error" in said and "script" in said))
 
 
+def in_cluster(exc: BaseException) -> bool:
+    """Whether `exc` is what a node of a Redis Cluster answers: a redirection to the node that
+    holds the key (MOVED, ASK), another cluster refusal, or its refusal of a database number.
+    MASTERDOWN is not one: a replica whose primary is away says it too."""
+    if isinstance(exc, MasterDownError):
+        return False
+    return isinstance(exc, (AskError, TryAgainError, ClusterCrossSlotError, ClusterDownError)) or (
+        isinstance(exc, ResponseError) and "not allowed in cluster mode" in str(exc))
+
+
+def unknown_command(exc: BaseException) -> bool:
+    """Whether `exc` is Redis' answer to a command it does not know (`unknown command 'EVALSHA'`,
+    older ones quote it with backticks): a Sentinel's to everything livepush runs but PING and
+    SUBSCRIBE. (A script calling an unknown command says "Unknown Redis command" instead.)"""
+    return isinstance(exc, ResponseError) and str(exc).startswith("unknown command")
+
+
 def _remedy(exc: BaseException) -> str:
     """What to do about `exc`. A Redis that answers with a refusal is up and reachable: told to
     check the URL and that Redis runs, an operator looks everywhere but at its memory or ACL."""
+    if in_cluster(exc):
+        # Every key of a deployment is in one hash slot (the braces of its prefix), but calls go
+        # to the node the URL names, which follows no redirection and may not hold that slot.
+        return ("Redis is up but is a node of a Redis Cluster, which livepush does not support (it sends every call "
+                "to the one Redis the URL names and follows no redirection): point LIVEPUSH_REDIS_URL at a "
+                "standalone Redis, or at the primary of one that Sentinel watches")
+    if unknown_command(exc):
+        return ("what answered is not a Redis that runs livepush's commands: a Redis Sentinel (its port is usually "
+                "26379) knows none of them but PING and SUBSCRIBE; point LIVEPUSH_REDIS_URL at the Redis primary "
+                "that Sentinel names, not at Sentinel itself (or give this Redis back the command its rename-command "
+                "took away)")
     if isinstance(exc, OutOfMemoryError):
         return ("Redis is up but at its maxmemory and refuses writes: raise its maxmemory, or keep less history "
                 "(LIVEPUSH_HISTORY_TTL); see Redis in docs/operations.md")
