@@ -32,6 +32,7 @@ from livepush.fanout.base import MAX_PAYLOAD_BYTES, READ_AT_ONCE, READ_BYTES, Hi
 from livepush.fanout.redis import CALL_TIMEOUT, FRAME_BYTES, PRUNE_SCAN_COUNT, RedisFanOut, parse_frames
 from livepush.redis import client as redis_client
 from livepush.redis.client import LoopClients, failed
+from livepush.sessions.revocations import RedisRevocations
 from livepush.types import offset_key
 from tests.support.fanouts import WAIT, Collector, offsets_of, read_history, read_on_bounded
 from tests.support.procs import fork_running, forked_exit_status, free_port
@@ -685,6 +686,25 @@ async def test_a_url_leading_to_a_redis_sentinel_says_to_point_it_at_the_primary
     with pytest.raises(livepush.ListenError, match="Sentinel"):
         await asyncio.wait_for(fanout.listen(), WAIT)
     assert not fanout.listening
+
+
+async def test_a_redis_revocation_store_on_a_sentinel_or_a_cluster_node_is_refused_when_watched(
+        spare_redis: Callable[..., int], private_redis: PrivateRedis, cluster_node_without_the_prefix: str) -> None:
+    """The Redis revocation store (a deployment without a database) whose URL leads to a Sentinel
+    or to a node of a Redis Cluster raises DependencyError from aopen(), and ListenError from
+    watch() (a server's start), saying which: PING and SUBSCRIBE succeed there, and a server
+    started on one answered every handshake 503, its store's reads failing."""
+    sentinel = spare_redis(f"sentinel monitor primary 127.0.0.1 {private_redis.port} 1", sentinel=True)
+    for url, said in ((f"redis://127.0.0.1:{sentinel}/0", "Sentinel"),
+                      (cluster_node_without_the_prefix, "a node of a Redis Cluster")):
+        store = RedisRevocations(url)
+        try:
+            with pytest.raises(livepush.DependencyError, match=said):
+                await asyncio.wait_for(store.aopen(), WAIT)
+            with pytest.raises(livepush.ListenError, match=said):
+                await asyncio.wait_for(store.watch(lambda: None), WAIT)
+        finally:
+            await store.aclose()
 
 
 async def test_a_publish_to_a_redis_that_never_answers_fails_within_the_call_timeout(make_redis: MakeRedis) -> None:

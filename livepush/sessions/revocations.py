@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 
 from ..config import Settings
-from ..errors import DependencyError
+from ..errors import DependencyError, ListenError
 from ..postgres.connect import translated
 from ..postgres.urls import redact
 from ..channels import ListenerSlot
@@ -431,6 +431,7 @@ class RedisRevocations(RevocationStore):
             raise failed(self.url, exc, "storing a revocation") from exc
 
     async def watch(self, on_revoked: OnRevoked) -> None:
+        await self._check_reads(ListenError, while_loading=True)
         subscriber = self._subscriber.get()
         subscriber.add(self.channel, lambda _frame: on_revoked(), on_resync=on_revoked)
         await subscriber.start()
@@ -440,12 +441,21 @@ class RedisRevocations(RevocationStore):
         return self._subscriber.listening
 
     async def aopen(self) -> None:
+        await self._check_reads(DependencyError, while_loading=False)
+
+    async def _check_reads(self, cls: type[DependencyError], *, while_loading: bool) -> None:
+        """Raise `cls` saying why unless Redis answers the read every check of a session makes
+        (MGET of the store's keys): PING and SUBSCRIBE alone succeed on a Redis Sentinel and on a
+        node of a Redis Cluster that does not hold the deployment's keys, where a server then
+        answered every handshake 503. `while_loading`: a Redis still loading its data passes."""
         import redis
 
         try:
-            await self._aclient().ping()
+            await self._aclient().mget([self.subject_prefix])
         except (redis.RedisError, OSError) as exc:
-            raise failed(self.url, exc, "connecting") from exc
+            if while_loading and isinstance(exc, redis.BusyLoadingError):
+                return
+            raise failed(self.url, exc, "connecting", cls) from exc
 
     async def aclose(self) -> None:
         await self._subscriber.aclose()
