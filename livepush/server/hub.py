@@ -490,15 +490,8 @@ class Hub:
             if t.source is not None:
                 self._await_birth(topic)
         if sub in t.subscribers or sub in t.joining:
-            if t.source is None and sub in t.subscribers and t.cursor is not None:
-                # Subscribed again (a page's second subscription): the connection has one stream
-                # of the topic, which goes on from where it stands, or from `since` when that is
-                # older. "From now", or a `since` ahead of what it was sent (read from a database
-                # this server's listener lags behind), would drop what lies between for the
-                # page's other subscription.
-                stands = max(t.cursor_key, t.floors.get(sub, NO_KEY))
-                if since is None or _ahead(since, stands):
-                    since = "-".join(map(str, stands))
+            if sub in t.subscribers:
+                since = self._resumes_from(t, sub, since)
             self._leave(t, sub)
         buffer = _Waiting(bounded=t.source is None)
         t.joining[sub] = buffer
@@ -532,6 +525,24 @@ class Hub:
         cursor_key = t.cursor_key
         if floor > cursor_key:
             t.floors[sub] = floor
+
+    @staticmethod
+    def _resumes_from(t: _Topic, sub: Subscriber, since: Offset | None) -> Offset | None:
+        """The `since` a subscriber that follows `t` already subscribes again with (a page's second
+        subscription): the connection has one stream of the topic, which goes on from where it
+        stands, or from `since` when that is older. "From now", or a `since` ahead of what it was
+        sent (read from a database this server's listener lags behind), would drop what lies
+        between for the page's other subscription; on a state topic, the state it has not been
+        sent, which may be the final one."""
+        stands = max(t.cursor_key, t.floors.get(sub, NO_KEY))
+        if t.source is not None:
+            # A state's snapshot goes out unless `since` is its version: past what the connection
+            # was sent, `since` is no version its stream had, and the snapshot goes out (also to
+            # a `since` past the current version, whose `subscribed` tells the client to take it).
+            return None if since is not None and _ahead(since, stands) else since
+        if t.cursor is None:
+            return since
+        return "-".join(map(str, stands)) if since is None or _ahead(since, stands) else since
 
     async def _anchor(self, t: _Topic) -> None:
         """The first joiner of a message topic starts the read of its latest offset: the cursor

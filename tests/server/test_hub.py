@@ -568,6 +568,30 @@ async def test_a_ring_of_created_rows_reads_only_the_watched_topics_among_them_t
     await hub.aclose()
 
 
+async def test_subscribing_again_to_a_state_with_its_version_as_since_still_sends_it_to_the_connection() -> None:
+    """A page's second subscription to a state topic the connection follows, with `since` the
+    state's version read from the database before this server heard of that version: the
+    connection has one stream of the topic, and its first subscription has not been sent that
+    version, so the snapshot goes out (the second one drops it), and the first one gets it."""
+    rows = Rows()
+    rows.rows[5] = 1
+    hub = Hub(LocalFanOut(), fan, states=[rows])
+    sub = Sub()
+    await hub.subscribe(sub, "job:5", None, 1)  # type: ignore[arg-type]
+    assert [f["offset"] for f in sub.frames if f["op"] == "message"] == ["1"]
+    rows.rows[5] = 2  # committed; its ring has not reached this server yet
+    await hub.subscribe(sub, "job:5", "2", 2)  # type: ignore[arg-type]
+    hub.on_state_change("job:5", 2)
+    await async_wait_for(lambda: "2" in [f["offset"] for f in sub.frames if f["op"] == "message"], 5.0,
+                         message="version 2 to reach the connection")
+    # A `since` past the current version (kept from a database since restored): its `subscribed`
+    # says 2, and the snapshot follows, which the client then takes.
+    sub.frames.clear()
+    await hub.subscribe(sub, "job:5", "7", 3)  # type: ignore[arg-type]
+    assert [(f["op"], f.get("offset")) for f in sub.frames] == [("subscribed", "2"), ("message", "2")]
+    await hub.aclose()
+
+
 async def test_a_replay_whose_rest_is_trimmed_while_the_client_reads_its_first_page_ends_with_reset() -> None:
     """Each page of a replay is checked whole before it goes out, but a long replay is read page by
     page while the client reads: when the rest of its range is trimmed meanwhile (here the local
