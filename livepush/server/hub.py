@@ -525,6 +525,12 @@ class Hub:
         cursor_key = t.cursor_key
         if floor > cursor_key:
             t.floors[sub] = floor
+        if t.source is not None:
+            # The subscribe ends once the client has read its state, as a replay does: the
+            # snapshots of subscribes sent together (a page watching many finished jobs with large
+            # results) would otherwise pile up past what a client may have waiting. Live states
+            # meanwhile go the live way, where a newer one replaces the one waiting.
+            await sub.drain()
 
     @staticmethod
     def _resumes_from(t: _Topic, sub: Subscriber, since: Offset | None) -> Offset | None:

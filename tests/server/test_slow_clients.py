@@ -48,14 +48,14 @@ async def large_result(ctx: Any, n: int, size: int) -> str:
     return "r" * size
 
 
-async def open_client(url: str) -> WSClient:
+async def open_client(url: str, **kwargs: Any) -> WSClient:
     """A client whose socket receives into a 4 KiB buffer."""
     host, port = url.removeprefix("ws://").strip("/").split(":")
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
-    return await WSClient.open(url, sock=sock)
+    return await WSClient.open(url, sock=sock, **kwargs)
 
 
 def server_side(server: PushServer, client: WSClient) -> Connection:
@@ -302,5 +302,31 @@ async def test_a_client_subscribing_to_finished_jobs_with_large_results_gets_the
     snapshots = [f["data"] for f in frames if f["op"] == "message"]
     assert [s["event"] for s in snapshots] == ["snapshot", "snapshot"]
     assert [len(s["job"]["result"]) for s in snapshots] == [3 * 1024 * 1024] * 2
+    assert not server_side(served_jobs.server, client).closing
+    await client.close()
+
+
+async def test_a_client_subscribing_to_many_finished_jobs_at_once_gets_every_snapshot_and_is_not_closed(
+        served_jobs: Served) -> None:
+    """A page that watches 16 finished jobs, each with a ~200 KiB result (together more than a
+    client may have waiting), sends its subscribes at once and reads them as fast as its link
+    allows (here 200 KiB every 20 ms): it gets every job's final state as a snapshot and is never
+    closed as too slow; each snapshot waited for it to read what came before, as a replay does."""
+    handles = [await large_result.aenqueue(0, 200 * 1024) for _ in range(16)]
+    outcome = await asyncio.to_thread(jobs.drain, ["slow-clients"])
+    assert outcome.get("succeeded") == 16, outcome
+    # One frame held at a time: the client takes the next one off its socket only once it has
+    # read the last, so its pace is that of its reads.
+    client = await open_client(served_jobs.url, max_queue=1)
+    for handle in handles:
+        await client.send({"op": "subscribe", "topic": handle.signed_topic, "since": None, "ref": handle.id})
+    got: dict[str, str] = {}
+    while len(got) < len(handles):
+        frame = await client.recv(timeout=10)
+        assert frame["op"] in ("subscribed", "message"), frame
+        if frame["op"] == "message":
+            got[frame["topic"]] = frame["data"]["job"]["state"]
+            await asyncio.sleep(0.02)
+    assert got == {handle.topic: "succeeded" for handle in handles}
     assert not server_side(served_jobs.server, client).closing
     await client.close()
