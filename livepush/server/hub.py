@@ -451,6 +451,7 @@ class Hub:
             self._spawn(self._read_states(source), "livepush-read-states")
 
     async def _read_states(self, source: StateSource) -> None:
+        failures = 0  # reads in a row that failed
         try:
             while True:
                 due = self._state_due.get(id(source))
@@ -462,11 +463,16 @@ class Hub:
                 try:
                     states = await source.read(batch)
                 except Exception as exc:
-                    log.warning("could not read %d state topics (%s); trying again in %g s", len(batch), exc,
-                                STATE_RETRY_SECONDS)
+                    # Once per outage, as for history reads: retried every second, a warning each
+                    # time filled the log for as long as the database was away.
+                    failures += 1
+                    (log.warning if failures == 1 else log.debug)(
+                        "could not read %d state topics (%s); trying again every %g s", len(batch), exc,
+                        STATE_RETRY_SECONDS)
                     await asyncio.sleep(STATE_RETRY_SECONDS)
                     self._state_due.setdefault(id(source), set()).update(batch)
                     continue
+                failures = 0
                 for name in batch:
                     t = self._topics.get(name)
                     state = states.get(name)

@@ -592,6 +592,45 @@ async def test_subscribing_again_to_a_state_with_its_version_as_since_still_send
     await hub.aclose()
 
 
+class FlakyRows(Rows):
+    """Rows whose reads fail while `down` is set, as a database that restarts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+        self.failed = 0
+
+    async def read(self, topics):  # type: ignore[no-untyped-def]
+        if self.down:
+            self.failed += 1
+            raise DependencyError("the database is restarting")
+        return await super().read(topics)
+
+
+async def test_state_reads_that_keep_failing_warn_once_not_every_retry(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """While the database is away, the watched state topics are read again every second: the log
+    says so once, not once a retry, and the state reaches its subscriber once the database is back."""
+    from livepush.server import hub as hub_module
+
+    monkeypatch.setattr(hub_module, "STATE_RETRY_SECONDS", 0.01)
+    rows = FlakyRows()
+    rows.rows[5] = 1
+    hub = Hub(LocalFanOut(), fan, states=[rows])
+    sub = Sub()
+    await hub.subscribe(sub, "job:5", None, 1)  # type: ignore[arg-type]
+    rows.down = True
+    rows.rows[5] = 2
+    with caplog.at_level("DEBUG", logger="livepush.hub"):
+        hub.on_state_change("job:5", 2)
+        await async_wait_for(lambda: rows.failed >= 5, 5.0, message="several retries")
+        rows.down = False
+        await async_wait_for(lambda: "2" in [f["offset"] for f in sub.frames if f["op"] == "message"], 5.0,
+                             message="version 2 once the database is back")
+    warnings = [r for r in caplog.records if r.name == "livepush.hub" and r.levelname == "WARNING"]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    await hub.aclose()
+
 async def test_a_replay_whose_rest_is_trimmed_while_the_client_reads_its_first_page_ends_with_reset() -> None:
     """Each page of a replay is checked whole before it goes out, but a long replay is read page by
     page while the client reads: when the rest of its range is trimmed meanwhile (here the local
