@@ -607,6 +607,16 @@ def test_a_callback_argument_json_cannot_carry_is_refused_as_a_members_is(groups
     assert q(groups_db, "SELECT count(*) FROM livepush_groups")[0][0] == 0
 
 
+def test_a_callback_runs_with_a_large_float_argument_still_a_float(groups_db: str) -> None:
+    """A callback runs with exactly its arguments: a float from 1e16 up, which JSON writes with an
+    exponent and jsonb would turn into an int, reaches the callback a float, as it reaches a member."""
+    with jobs.group(on_finish=gj.member.request(1e16)) as g:
+        g.enqueue(gj.member, 2.5e20)
+    jobs.drain()
+    keys = sorted(r[0] for r in q(groups_db, "SELECT key FROM job_runs WHERE phase = 'done'"))
+    assert keys == ["1e+16", "2.5e+20"]
+
+
 async def test_a_callback_keeps_the_claim_limits_of_its_function(groups_db: str) -> None:
     """A callback is a job of its function like any other: two groups' callbacks of a function
     with concurrency=("tenant", 1), for one tenant, run one at a time, as two enqueues would."""

@@ -19,7 +19,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ...postgres.connect import cursor_on
-from ..api.args import encode
+from ..api.args import dumps, encode
 from ..api.registry import JobRequest
 from ..errors import InvalidArgumentsError
 from ..events.views import group_event
@@ -181,9 +181,11 @@ def callback_spec(request: Any) -> str | None:
     # enqueue takes it (a missing or oversized one is refused here, not when the group finishes).
     limits = getattr(fn, "limits", None)
     limited = limits is not None and limits.any
-    return json.dumps({"name": fn.name, "queue": request.queue or fn.queue, "priority": fn.priority,
-                       "max_attempts": fn.max_attempts, "args": args, "limited": limited,
-                       "concurrency_key": limits.key_of(args, fn.name) if limited else None})
+    # dumps() as enqueue writes arguments: json.dumps writes a float from 1e16 up with an exponent,
+    # which jsonb keeps as the integer it equals, so the callback would get an int in its place.
+    return dumps({"name": fn.name, "queue": request.queue or fn.queue, "priority": fn.priority,
+                  "max_attempts": fn.max_attempts, "args": args, "limited": limited,
+                  "concurrency_key": limits.key_of(args, fn.name) if limited else None})
 
 
 def create(group_id: int, shards: int, callbacks: dict[str, str | None], parent_id: int | None = None) -> Steps[None]:
