@@ -163,7 +163,13 @@ class GroupNotFound(GroupError, LookupError):
 
 class GroupClosedError(GroupError):
     """A member was added to a group that no longer takes members that way: sealed (only its
-    running members may add, through ctx.group.enqueue), cancelled or finished."""
+    running members may add, through ctx.group.enqueue), cancelled or finished. `group_id` and
+    `state`: the group that refused and its state then, when a group's row refused the add."""
+
+    def __init__(self, message: str, *, group_id: int | None = None, state: str | None = None) -> None:
+        super().__init__(message)
+        self.group_id = group_id
+        self.state = state
 
 
 class GroupBlockError(GroupError, RuntimeError):

@@ -173,3 +173,12 @@ async def reads_counts(ctx: Any) -> None:
 @jobs.job(name="g.reads_counts_sync")
 def reads_counts_sync(ctx: Any) -> None:
     note_sync(ctx, "read", _counts_read(ctx.group))
+
+
+@jobs.job(name="g.waits_then_adds", max_attempts=3, backoff=lambda attempt: 0.0)
+async def waits_then_adds(ctx: Any, flag: str) -> None:
+    """Runs until `flag` is set, then adds a member to its own group."""
+    await note(ctx, "start", flag)
+    await until_flag(flag)
+    await ctx.group.enqueue(member, f"{flag}.added")
+    await note(ctx, "done", flag)

@@ -679,6 +679,39 @@ def test_a_cancel_that_failed_part_way_completes_when_called_again(
     assert_events_well_formed(g.handle.id)
 
 
+async def test_a_running_member_whose_add_meets_its_groups_cancel_ends_cancelled_not_failed(
+        groups_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group marked cancelled, its running member not yet told (the cancel's chunks still on their
+    way to it, or cut off): the member's ctx.group.enqueue is refused because of the cancel, and the
+    member ends `cancelled`, as a member told of the cancel does, not `failed` with an error that
+    puts it among the failures and counts the group's cancel as a failure."""
+    from livepush.jobs.groups import cancel
+
+    with jobs.group(on_finish=gj.callback.request("fin"), on_failure=gj.callback.request("bad")) as g:
+        g.enqueue(gj.waits_then_adds, "go")
+    (member_id,) = [m.id for m in g.members]
+
+    def cut_off(group_id: int, after: int) -> Any:
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    async with running(concurrency=2):
+        await async_wait_for(lambda: q(groups_db, "SELECT 1 FROM job_runs WHERE phase = 'start'") or None, 10.0,
+                             message="the member to start")
+        monkeypatch.setattr(cancel, "_chunk_steps", cut_off)
+        with pytest.raises(DependencyError):
+            await asyncio.to_thread(jobs.cancel_group, g.handle.id)
+        monkeypatch.undo()
+        q(groups_db, "INSERT INTO job_flags (name) VALUES ('go')")
+        await async_wait_for(lambda: jobs.get_job(member_id).state in ("failed", "cancelled") or None, 10.0,
+                             message="the member to end")
+        info = jobs.get_job(member_id)
+        assert (info.state, info.attempt) == ("cancelled", 1), (info.state, info.error)
+        jobs.cancel_group(g.handle.id)  # the connection is back: the cancel completes
+        view = await finished(g.handle.id)
+    assert (view["state"], view["failed"], view["cancelled"], view["total"]) == ("cancelled", 0, 1, 1)
+    assert jobs.list_failed() == []
+
+
 async def test_a_cancel_whose_caller_died_after_the_mark_is_completed_by_a_runtime_not_run(groups_db: str) -> None:
     """cancel_group's caller dies (a web request killed at its timeout, its connection cut) after
     the group was marked cancelled and before its members were: nobody calls it again. A runtime

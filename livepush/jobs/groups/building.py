@@ -70,7 +70,8 @@ def refused(group_id: int, row: dict[str, Any] | None, adding: int, states: Sequ
     if row["finished_at"] is not None or row["state"] not in states:
         how = ("only its running members can add to it (ctx.group.enqueue)" if row["state"] == "sealed"
                else "it takes no more members")
-        return GroupClosedError(f"task group {group_id} is {row['state']}: {how}")
+        return GroupClosedError(f"task group {group_id} is {row['state']}: {how}", group_id=group_id,
+                                state=row["state"])
     return GroupLimitError(
         f"task group {group_id} has {row['total']} members and adding {adding} would pass the limit of "
         f"{MAX_GROUP_MEMBERS}: split the work over several groups")

@@ -255,13 +255,21 @@ def _never_retried_in_group(exc: BaseException, never: tuple[type[BaseException]
     return found
 
 
+def _met_its_groups_cancel(exc: BaseException, group_id: int | None) -> bool:
+    """Whether `exc` is the refusal of an add to the job's own group because that group was
+    cancelled: the cancel reached the member there before its own notice did (cancel_group marks
+    the group first, then tells its running members chunk by chunk), so it ends as one told."""
+    return (group_id is not None and isinstance(exc, GroupClosedError) and exc.state == "cancelled"
+            and exc.group_id == group_id)
+
+
 def _failure(fn: Any, ctx: JobContext, exc: BaseException, *, timed_out: bool = False) -> Outcome:
     job = ctx.job
     # Recorded as itself, not as the group's "unhandled errors in a TaskGroup", which names nothing.
     never = NEVER_RETRIED + fn.never_retry
     exc = _never_retried_in_group(exc, never) or exc
     error = _error_text(exc)
-    if ctx.cancel_requested:
+    if ctx.cancel_requested or _met_its_groups_cancel(exc, job.group_id):
         return Outcome(ctx, "cancelled", error="cancelled")
     if not timed_out and isinstance(exc, never):
         log.warning("job %s (%s) failed for good (%s): %s", job.id, fn.name,
