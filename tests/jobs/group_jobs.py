@@ -182,3 +182,11 @@ async def waits_then_adds(ctx: Any, flag: str) -> None:
     await until_flag(flag)
     await ctx.group.enqueue(member, f"{flag}.added")
     await note(ctx, "done", flag)
+
+
+@jobs.job(name="g.cancels_own_group")
+async def cancels_own_group(ctx: Any) -> None:
+    """Cancels its own group (the cancel tells this member to stop, too)."""
+    await note(ctx, "start", "cancels")
+    await jobs.acancel_group(ctx.group.id)
+    await note(ctx, "done", "cancels")

@@ -712,6 +712,23 @@ async def test_a_running_member_whose_add_meets_its_groups_cancel_ends_cancelled
     assert jobs.list_failed() == []
 
 
+async def test_a_member_that_cancels_its_own_group_cancels_every_member_not_the_first_chunk_only(
+        groups_db: str) -> None:
+    """A member awaiting jobs.acancel_group() of its own group is told to stop by that very cancel,
+    in its first chunk of members: the rest of the cancel still goes on to its end, so the members
+    past that chunk are cancelled at once rather than left queued, to run, until a runtime found
+    the cancel cut off 30 seconds later."""
+    with jobs.group(on_finish=gj.callback.request("fin"), on_failure=gj.callback.request("bad")) as g:
+        g.enqueue(gj.cancels_own_group)
+        g.enqueue_many((gj.member, (i,), {"wait": 60}) for i in range(2500))
+    async with running(concurrency=2):
+        view = await finished(g.handle.id, 10.0)
+    assert (view["state"], view["pending"], view["cancelled"], view["succeeded"]) == ("cancelled", 0, 2501, 0)
+    assert q(groups_db, "SELECT phase FROM job_runs") == [("start",)]
+    assert sorted(r[0] for r in q(groups_db, "SELECT kind FROM livepush_group_callbacks WHERE group_id = %s",
+                                  (g.handle.id,))) == ["failure", "finish"]
+
+
 async def test_a_cancel_whose_caller_died_after_the_mark_is_completed_by_a_runtime_not_run(groups_db: str) -> None:
     """cancel_group's caller dies (a web request killed at its timeout, its connection cut) after
     the group was marked cancelled and before its members were: nobody calls it again. A runtime
