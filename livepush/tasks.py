@@ -14,9 +14,11 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 log = logging.getLogger("livepush.tasks")
+T = TypeVar("T")
 
 # A run this long without failing counts as healthy: the next failure starts a new count.
 HEALTHY_RUN = 60.0
@@ -68,6 +70,32 @@ async def stop(task: asyncio.Task[object] | None) -> None:
         await task
     except (asyncio.CancelledError, Exception):
         pass
+
+
+# Work whose awaiting task was cancelled, still going on: the loop keeps only weak references
+# to its tasks.
+_CARRIED: set[asyncio.Task[Any]] = set()
+
+
+async def carried_through(work: Coroutine[Any, Any, T], left: str) -> T:
+    """Await `work` (a cancel that runs as several transactions) in a task of its own, which a
+    cancel of the awaiting task does not cut off part-way: that task gets its CancelledError at
+    once and the work goes on to its end; its failure then is logged, `left` saying what to do.
+    A job cancelling a group or a tag it belongs to is told to stop by that very cancel, at its
+    next await, which is inside the cancel: the rest of it was never done."""
+    task = asyncio.ensure_future(work)
+    _CARRIED.add(task)
+    task.add_done_callback(_CARRIED.discard)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(lambda t: _said_if_failed(t, left))  # nobody awaits it now
+        raise
+
+
+def _said_if_failed(task: asyncio.Task[Any], left: str) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("%s, whose caller was cancelled, failed part-way (%s)", left, task.exception())
 
 
 def reraise_if_cancelled() -> None:

@@ -508,3 +508,11 @@ async def checkpoint_later(ctx: Any) -> Any:
     while not CHECKPOINT_GO.is_set():
         await asyncio.sleep(0.02)
     return await ctx.checkpoint("sync", lambda: "ran")
+
+
+@jobs.job(name="t.cancels_own_tag", timeout=120)
+async def cancels_own_tag(ctx: Any, tag: str, running: int) -> None:
+    """Once `running` jobs with `tag` (itself among them) run, cancels the tag, its own job too."""
+    while sum(j.state == "running" for j in await jobs.alist_tagged(tag, unfinished=True)) < running:
+        await asyncio.sleep(0.05)
+    await jobs.acancel_tagged(tag)

@@ -18,7 +18,7 @@ from tests.jobs import sample_jobs
 from tests.jobs.conftest import names_of, q, runtime_starter, version_gaps
 from tests.support.procs import ChildProcess, Processes
 from tests.support.settings import jobs_settings
-from tests.support.waiting import wait_for
+from tests.support.waiting import async_wait_for, wait_for
 
 
 @pytest.fixture
@@ -172,3 +172,20 @@ async def test_acancel_tagged(jobs_db: str) -> None:
     handles = [await sample_jobs.record.aenqueue(i, tags=["a:1"]) for i in range(2)]
     assert await jobs.acancel_tagged("a:1") == 2
     assert {(await jobs.aget_job(h.id)).state for h in handles} == {"cancelled"}  # type: ignore[union-attr]
+
+
+async def test_a_job_that_cancels_its_own_tag_cancels_every_job_with_it(jobs_db: str) -> None:
+    """A job awaiting acancel_tagged() of a tag it carries is told to stop by that very cancel
+    (running jobs are taken one by one, its own id first): the cancel still goes on to its end,
+    so the running jobs after it are cancelled too rather than left to run on."""
+    from tests.jobs.conftest import running
+
+    others = 40
+    caller = await sample_jobs.cancels_own_tag.aenqueue("imp:self", others + 1, tags=["imp:self"])
+    held = [await sample_jobs.hold.aenqueue(60, tags=["imp:self"]) for _ in range(others)]
+    async with running(concurrency=others + 1):
+        async def all_ended() -> bool:
+            return not await jobs.alist_tagged("imp:self", unfinished=True)
+        await async_wait_for(all_ended, 20.0, message="every job with the tag to end")
+    states = {(await jobs.aget_job(h.id)).state for h in [caller, *held]}  # type: ignore[union-attr]
+    assert states == {"cancelled"}, states

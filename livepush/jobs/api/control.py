@@ -11,6 +11,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ...errors import ArgumentValueError, DependencyError
+from ...tasks import carried_through
 from .. import database, queries
 from ..errors import GroupClosedError
 from ..events.views import job_view
@@ -109,6 +110,14 @@ def cancel_tagged(tag: str) -> int:
 
 
 async def acancel_tagged(tag: str) -> int:
+    """cancel_tagged() for async code. A cancel of the task awaiting it does not cut it off
+    part-way: a job cancelling a tag it carries is told to stop by that very cancel, at its next
+    await, and the jobs after it in the cancel's order were left running."""
+    return await carried_through(_acancel_tagged(check_tag(tag)),
+                                 f"the cancel of the jobs tagged {tag!r} (call cancel_tagged again)")
+
+
+async def _acancel_tagged(tag: str) -> int:
     ids = await _atagged_unfinished(tag)
     ended: set[int] = set()
     for chunk in _chunks(ids):

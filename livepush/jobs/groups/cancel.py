@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from ...tasks import carried_through
 from ..api.handles import checked_id
 from . import queries as gq
 from . import steps
 from .transactions import ain_tx, in_tx
 
 CANCEL_CHUNK = 1000  # members per cancel transaction
-
-log = logging.getLogger("livepush.jobs")
 
 
 def _mark_steps(group_id: int) -> steps.Steps[bool | None]:
@@ -115,29 +112,13 @@ def cancel_group(group_id: int) -> bool:
     return marked
 
 
-# Cancels whose awaiting task was cancelled, still going on (a strong reference: the loop keeps
-# only weak ones to its tasks).
-_UNDER_WAY: set[asyncio.Task[bool]] = set()
-
-
 async def acancel_group(group_id: int) -> bool:
     """cancel_group() for async code. A cancel of the task awaiting it does not cut it off part-way:
     it goes on to its end. A member that cancels its own group is the likely case: the cancel's
     first chunk of members tells that member to stop, at its next await, which is this one."""
-    task = asyncio.ensure_future(acancel_group_through(None, checked_id(group_id, "group_id")))
-    _UNDER_WAY.add(task)
-    task.add_done_callback(_UNDER_WAY.discard)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        task.add_done_callback(_left_part_way)  # nobody awaits it now: say if it fails
-        raise
-
-
-def _left_part_way(task: asyncio.Task[bool]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("a task group's cancel, whose caller was cancelled, failed part-way (%s): a runtime "
-                    "completes it at its housekeeping, or call cancel_group again", task.exception())
+    return await carried_through(acancel_group_through(None, checked_id(group_id, "group_id")),
+                                 f"the cancel of task group {group_id} (a runtime completes it at its housekeeping, "
+                                 "or call cancel_group again)")
 
 
 async def acancel_group_through(pool: AsyncConnectionPool | None, group_id: int) -> bool:
