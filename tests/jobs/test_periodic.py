@@ -5,6 +5,7 @@ once enqueue a tick once, the tick is ISO 8601 in the job's zone)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import sys
 import zoneinfo
@@ -487,6 +488,41 @@ async def test_a_runtime_that_stops_mid_advance_holds_the_others_up_for_seconds_
         await stopped.close()
     assert [e.name for e in done.enqueued] == [schedule.name]
     assert [a for _, a in jobs_of(jobs_db, schedule.name)] == [[done.enqueued[0].tick]]
+
+
+@contextlib.asynccontextmanager
+async def frozen_clock_in_zone(url: str, zone: str) -> AsyncIterator[tuple[AsyncConnectionPool[Any], Any]]:
+    """A pool whose sessions speak `zone` (Postgres takes the machine's zone as its TimeZone at
+    initdb) and whose clock_timestamp() reads a stored instant; and a setter of that instant."""
+    q(url, "CREATE SCHEMA frozen_clock")
+    q(url, "CREATE TABLE frozen_clock.instant (at timestamptz NOT NULL)")
+    q(url, "INSERT INTO frozen_clock.instant VALUES (now())")
+    q(url, "CREATE FUNCTION frozen_clock.clock_timestamp() RETURNS timestamptz LANGUAGE sql "
+           "AS 'SELECT at FROM frozen_clock.instant'")
+    # Listed before pg_catalog, the schema's clock_timestamp() is the one the statements call.
+    options = f"-c search_path=frozen_clock,pg_catalog,public -c TimeZone={zone}"
+    async with AsyncConnectionPool(url, kwargs={"options": options}, min_size=1, max_size=2, open=False) as frozen:
+        yield frozen, lambda at: q(url, "UPDATE frozen_clock.instant SET at = %s", (at,))
+
+
+async def test_the_repeated_hours_ticks_come_twice_on_a_database_that_speaks_the_jobs_zone(jobs_db: str) -> None:
+    """Paris sets its clocks back at 03:00 CEST on 2030-10-27 (01:00 UTC): 02:00-03:00 comes
+    twice. A database whose TimeZone is Europe/Paris hands its instants back in the job's own zone,
+    where Python compares and subtracts on the wall clock: the second 02:00 looked older than the
+    first 02:45 and was never enqueued, and the round before it slept 0 s, over and over."""
+    schedule = declare("*/15 * * * *", timezone="Europe/Paris")
+    utc = ZoneInfo("UTC")
+    q(jobs_db, "INSERT INTO livepush_periodic (name, last_tick) VALUES (%s, %s)",
+      (schedule.name, datetime(2030, 10, 27, 0, 45, tzinfo=utc)))  # 02:45 CEST, the first pass
+    async with frozen_clock_in_zone(jobs_db, "Europe/Paris") as (frozen, set_clock):
+        set_clock(datetime(2030, 10, 27, 0, 50, tzinfo=utc))  # 02:50 CEST
+        before = await Scheduler([schedule]).round(frozen)
+        assert before.enqueued == [] and before.wait == 600.0  # until 02:00 CET, 01:00 UTC
+        set_clock(datetime(2030, 10, 27, 1, 0, 5, tzinfo=utc))  # 02:00:05 CET
+        done = await Scheduler([schedule]).round(frozen)
+    assert [e.tick for e in done.enqueued] == ["2030-10-27T02:00:00+01:00"]
+    assert [a for _, a in jobs_of(jobs_db, schedule.name)] == [["2030-10-27T02:00:00+01:00"]]
+    assert done.wait == 895.0
 
 
 @pytest.mark.parametrize(("cron", "zone", "start", "expected"), [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from psycopg_pool import AsyncConnectionPool
@@ -42,8 +42,12 @@ class Scheduler:
         """One pass over every schedule, on the database's clock."""
         async with pool.connection() as conn:
             rows = await (await conn.execute(queries.STATE, {"names": [s.name for s in self.schedules]})).fetchall()
-        now: datetime = rows[0][2]
-        last: dict[str, datetime | None] = {name: tick for name, tick, _ in rows}
+        # In UTC: psycopg hands instants back in the session's TimeZone, the schedule's own zone
+        # on a database set to it, and Python compares and subtracts two datetimes of one zone on
+        # the wall clock, ignoring which pass of a repeated hour each is.
+        now: datetime = rows[0][2].astimezone(UTC)
+        last: dict[str, datetime | None] = {name: None if tick is None else tick.astimezone(UTC)
+                                            for name, tick, _ in rows}
         enqueued: list[Enqueued] = []
         for schedule in self.schedules:
             due = schedule.cron.latest_due(now)
