@@ -284,6 +284,21 @@ def test_a_schema_that_refuses_the_tick_fails_at_decoration() -> None:
     assert fine(lambda ctx, tick: None).name == "tests.periodic.str_tick"
 
 
+def test_a_concurrency_keyed_on_the_tick_fails_at_decoration_saying_how_to_run_one_at_a_time() -> None:
+    """Each tick is its own value, so concurrency= on it never holds a run back: a user who meant
+    "one at a time" got overlapping runs and no word. A parameter with a default keys them all alike."""
+    with pytest.raises(jobs.InvalidScheduleError, match=r"limits nothing.*concurrency=\('only', 1\)"):
+        jobs.periodic("*/5 * * * *", queue="periodic-in-process", name="tests.periodic.tick_keyed",
+                      concurrency=("when", 1))(lambda ctx, when: None)
+
+    def one_at_a_time(ctx: Any, tick: str, only: str = "sweep") -> None:
+        pass
+
+    fn = jobs.periodic("*/5 * * * *", queue="periodic-in-process", name="tests.periodic.one_at_a_time",
+                       concurrency=("only", 1))(one_at_a_time)
+    assert fn.limits.max_running == 1
+
+
 def test_a_periodic_job_is_a_registered_job_with_its_options() -> None:
     schedule = declare("*/5 * * * *")
     assert schedule.function.queue == "periodic-in-process"

@@ -78,6 +78,17 @@ def _check_schema(fn: JobFunction, cron: Cron) -> None:
                                    f"argument, which its schema refuses: {exc}") from None
 
 
+def _check_concurrency(fn: JobFunction, cron: Cron) -> None:
+    # The tick is the job's first argument and differs each time: a concurrency key taken from it
+    # never holds a run back, and a user who meant "one at a time" would get overlapping runs.
+    limits = fn.limits
+    if limits.key_index == 0:
+        raise InvalidScheduleError(
+            f"periodic {cron.expression!r}: {fn.name}'s concurrency=({limits.key_param!r}, {limits.max_running}) "
+            f"is keyed on the tick, which no two runs share, so it limits nothing: to run one at a time, add a "
+            f"parameter with a default (def f(ctx, tick, only=\"{fn.name}\")) and give concurrency=('only', 1)")
+
+
 def periodic(cron: str, *, timezone: str = "UTC", **options: Any) -> Callable[[Callable[..., Any]], JobFunction]:
     """Declare a periodic job: `@jobs.periodic("*/5 * * * *", timezone="UTC", queue=...)` on
     `def f(ctx, tick)`. It is enqueued once per tick across every runtime, with the tick (ISO 8601,
@@ -102,6 +113,7 @@ def periodic(cron: str, *, timezone: str = "UTC", **options: Any) -> Callable[[C
         _check_signature(cron, func)
         fn = declare(func)
         _check_schema(fn, parsed)
+        _check_concurrency(fn, parsed)
         SCHEDULES.add(Schedule(fn, parsed))
         return fn
 
