@@ -468,6 +468,25 @@ async def test_the_tick_is_iso_8601_in_the_jobs_zone(jobs_db: str, pool: AsyncCo
     assert info is not None and info.args == [entry.tick]
 
 
+async def test_runtimes_of_an_old_and_a_new_expression_each_enqueue_their_own_ticks_once(
+        jobs_db: str, pool: AsyncConnectionPool[Any]) -> None:
+    """A rolling deploy that changes a job's expression: the runtimes still on the old code go on
+    enqueueing its ticks beside the new ones' ticks, each once, and never a tick older than the
+    newest enqueued."""
+    minute = db_now(jobs_db).minute
+    # Five-minute ticks, the newest a minute or more ago and the next 3 minutes or more ahead.
+    old = declare(f"{(minute + 3) % 5}-59/5 * * * *")
+    new = Schedule(old.function, parse(f"{(minute + 4) % 5}-59/5 * * * *"))  # the same job
+    q(jobs_db, "INSERT INTO livepush_periodic (name, last_tick) VALUES (%s, now() - interval '1 day')", (old.name,))
+    first = await Scheduler([old]).round(pool)
+    second = await Scheduler([new]).round(pool)
+    again = await Scheduler([old]).round(pool)
+    ticks = [e.tick for e in first.enqueued + second.enqueued + again.enqueued]
+    now = db_now(jobs_db)
+    assert ticks == [old.cron.latest_due(now).isoformat(), new.cron.latest_due(now).isoformat()]
+    assert [a for _, a in jobs_of(jobs_db, old.name)] == [[t] for t in ticks]
+
+
 async def test_jobs_clear_forgets_the_ticks_so_a_periodic_job_starts_afresh(jobs_db: str,
                                                                             pool: AsyncConnectionPool[Any]) -> None:
     """After jobs.clear() (between tests) a periodic job starts from its next tick, as in a fresh
