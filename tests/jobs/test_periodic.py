@@ -584,3 +584,15 @@ def test_a_tick_with_seconds_the_clocks_skip_comes_once_at_the_end_of_the_gap(
     assert enqueued == expected
     # Announced as such from the day before too, when the runtime sleeps until it.
     assert schedule.next_after(start.replace(tzinfo=utc) - timedelta(hours=12)).isoformat() == expected[0]
+
+
+def test_drain_enqueues_no_tick_and_runs_one_enqueued_by_hand(jobs_db: str) -> None:
+    """What docs/jobs.md's Tests section says: only runtimes schedule periodic jobs, so drain()
+    runs nothing of a periodic job until a test enqueues its tick by hand, which it then runs as
+    the scheduler's own."""
+    from tests.jobs import periodic_jobs
+
+    assert jobs.drain(queues=[periodic_jobs.QUEUE]) == {}
+    periodic_jobs.every_second.enqueue("2030-01-01T12:05:00+00:00")
+    assert jobs.drain(queues=[periodic_jobs.QUEUE]) == {"succeeded": 1}
+    assert q(jobs_db, "SELECT key FROM job_runs WHERE phase = 'tick'") == [("2030-01-01T12:05:00+00:00",)]
