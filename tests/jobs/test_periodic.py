@@ -183,6 +183,18 @@ def test_job_stacked_on_periodic_says_to_use_one_decorator() -> None:
     assert "two definitions" not in str(caught.value)
 
 
+@pytest.mark.parametrize("inner", ["periodic", "job"])
+def test_a_bare_job_decorator_stacked_on_a_job_says_to_use_one_decorator(inner: str) -> None:
+    """`@jobs.job` without parentheses over @jobs.periodic or @jobs.job names the mistake as the
+    form with options does, not as a clash with a second definition the user would look for."""
+    name = f"tests.periodic.job_{next(_names)}"
+    declare = jobs.periodic("*/5 * * * *", name=name) if inner == "periodic" else jobs.job(name=name)
+    fn = declare(lambda ctx, tick: None)
+    with pytest.raises(ConfigError, match=r"already a job .*use one decorator") as caught:
+        jobs.job(fn)
+    assert "two definitions" not in str(caught.value)
+
+
 @pytest.mark.parametrize("option", ["tags", "key", "wait"])
 def test_an_unknown_option_is_named_by_periodic_with_the_ones_it_takes(option: str) -> None:
     """An enqueue option given to @jobs.periodic is refused by @jobs.periodic, naming the options it

@@ -247,6 +247,7 @@ def job(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
             # about `__module__` from deep inside.
             raise ArgumentTypeError(f"@jobs.job takes its options as keywords, e.g. @jobs.job(queue={func!r:.60}), and "
                                     f"decorates a function; got {type(func).__name__} {func!r:.60}")
+        _refuse_stacked(func)
         return REGISTRY.add(JobFunction(func))
     unknown = set(options) - OPTIONS
     if unknown:
@@ -255,12 +256,17 @@ def job(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     check_queue(queue, "@jobs.job(queue=)")
 
     def decorate(f: Callable[..., Any]) -> JobFunction:
-        if isinstance(f, JobFunction):
-            # Stacked on @jobs.job or @jobs.periodic: registering it again would fail as a name
-            # clash between "two definitions", which sends the user looking for a second one.
-            raise ConfigError(f"@jobs.job on {f.name}, which is already a job (@jobs.job or @jobs.periodic): use one "
-                              "decorator; @jobs.periodic takes @jobs.job's options")
+        _refuse_stacked(f)
         return REGISTRY.add(JobFunction(f, **options))
 
     return decorate
+
+
+def _refuse_stacked(f: Callable[..., Any]) -> None:
+    """`@jobs.job` (bare or with options) over @jobs.job or @jobs.periodic: registering it again
+    would fail as a name clash between "two definitions", which sends the user looking for a
+    second one, or register a second job of another name beside the first."""
+    if isinstance(f, JobFunction):
+        raise ConfigError(f"@jobs.job on {f.name}, which is already a job (@jobs.job or @jobs.periodic): use one "
+                          "decorator; @jobs.periodic takes @jobs.job's options")
 
