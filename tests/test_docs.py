@@ -595,6 +595,19 @@ async def test_the_groups_page_example_runs_its_callbacks(docs_db: str) -> None:
     assert jobs.get_group(ns["g"].handle.id)["state"] == "finished"
 
 
+async def test_the_groups_page_crawl_adds_members_from_inside_a_group_it_starts_in(docs_db: str) -> None:
+    """groups.md's crawl, started in a group as the page shows, adds each link it finds to that
+    group from inside; outside a group it would have no ctx.group to add to."""
+
+    async def links(url: str) -> list[str]:
+        return [f"{url}{n}/" for n in range(2)] if url.count("/") < 4 else []
+
+    ns = await run(*(example("docs/groups.md", "async def crawl")),
+                   {"jobs": jobs, "links": links, "__name__": "docs_examples"})
+    assert await jobs.adrain() == {"succeeded": 3}  # the first page and its two links
+    assert jobs.get_group(ns["g"].handle.id)["total"] == 3
+
+
 async def test_the_durable_example_runs_to_its_durable_sleep(docs_db: str) -> None:
     """durable.md's import_file runs its checkpoints, parks on its child and its children, takes the
     approval sent before its wait, and parks again on its hour of durable sleep."""
