@@ -96,12 +96,18 @@ def _signer(secrets: Sequence[str]) -> Signer:
     return Signer(list(reversed(secrets)), salt=_SALT, sep=SEP, digest_method=hashlib.sha256)
 
 
-def check_ttl(ttl: object) -> None:
+# What ttl=None means where a topic is signed for a page (a handle's sign(), the frameworks'
+# helpers): the default lifetime, not sign()'s no expiry.
+PAGE_TTL_DEFAULT = "LIVEPUSH_SIGNED_TOPIC_TTL, the default lifetime"
+
+
+def check_ttl(ttl: object, *, none_means: str = "no expiry") -> None:
     """ArgumentValueError unless `ttl` is a lifetime a signed topic can carry: a positive, finite
-    number of seconds."""
+    number of seconds. `none_means` is what the caller does with None, which the message names:
+    a user told the wrong one would pass None for what it does not do."""
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0 or ttl == math.inf:
-        raise ArgumentValueError(f"ttl must be a positive, finite number of seconds (or None: no expiry), got {ttl!r}"
-                                 + seconds_hint(ttl))
+        raise ArgumentValueError(f"ttl must be a positive, finite number of seconds (or None: {none_means}), "
+                                 f"got {ttl!r}" + seconds_hint(ttl))
 
 
 def sign(topic: str, secrets: Sequence[str], ttl: float | None = None, *, now: float | None = None) -> str:

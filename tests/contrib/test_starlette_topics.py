@@ -20,6 +20,7 @@ import livepush
 from livepush import config, topics
 from livepush.contrib.starlette import PageTopic, SignedTopic, lifespan, page_topic
 from livepush.errors import ArgumentTypeError, ArgumentValueError, InvalidTopic
+from livepush.jobs import JobHandle
 from tests.contrib.conftest import serving
 from tests.support.procs import Processes
 from tests.support.wsclient import WSClient
@@ -219,3 +220,18 @@ def test_a_ttl_no_topic_could_be_signed_for_is_refused_where_the_route_is_writte
     for topic in ("chat:{room}", lambda request: "chat:lobby"):
         with pytest.raises((ArgumentTypeError, ArgumentValueError), match="ttl"):
             SignedTopic(topic, ttl=ttl)  # type: ignore[arg-type]
+
+
+async def test_a_bad_page_ttl_says_that_none_is_the_default_lifetime_not_no_expiry(app_env: dict[str, str]) -> None:
+    """Where ttl=None means LIVEPUSH_SIGNED_TOPIC_TTL (page_topic, SignedTopic, a handle's sign()), a
+    refused ttl says so: told "None: no expiry", a user would pass None for a topic that never
+    expires and get one that lapses after a day."""
+    calls = [lambda: SignedTopic("chat:{room}", ttl=0), lambda: JobHandle(1).sign(ttl=0)]
+    async with lifespan(None):
+        for call in calls:
+            with pytest.raises(ArgumentValueError, match="None: LIVEPUSH_SIGNED_TOPIC_TTL") as caught:
+                call()
+            assert "no expiry" not in str(caught.value)
+        with pytest.raises(ArgumentValueError, match="None: LIVEPUSH_SIGNED_TOPIC_TTL") as caught:
+            await page_topic("chat:lobby", ttl=0)
+        assert "no expiry" not in str(caught.value)

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from ... import api, topics
-from ...config import get_settings
+from ...jobs.api.handles import signed_for_page
 from ...errors import ArgumentTypeError, ArgumentValueError, InvalidTopic
 from ...sessions.rules import SEPARATORS
 from ...usercode import cannot_take
@@ -43,7 +43,7 @@ async def page_topic(topic: str, *, ttl: float | None = None) -> PageTopic:
     # A state topic's offset is its version: without one the page gets the current state.
     state = topics.state_topic_id(topics.validate_topic(topic)) is not None
     since = None if state else await api.alatest_offset(topic)
-    signed = api.sign_topic(topic, get_settings().signed_topic_ttl if ttl is None else ttl)
+    signed = signed_for_page(topic, ttl)
     return PageTopic(topic, signed, since)
 
 
@@ -117,7 +117,7 @@ class SignedTopic:
         if not isinstance(topic, str):
             _check_takes_a_request(topic)
         if ttl is not None:  # checked here, where the route is written, not at each of its requests
-            topics.check_ttl(ttl)
+            topics.check_ttl(ttl, none_means=topics.PAGE_TTL_DEFAULT)
         self.slots = _slots(topic) if isinstance(topic, str) else ()  # the path parameters it fills
         self.topic = topic
         self.ttl = ttl

@@ -11,12 +11,16 @@ from ...api import sign_topic
 from ...config import get_settings
 from ...postgres.text import BIGINT_MAX
 from ...errors import ArgumentTypeError
+from ...topics import PAGE_TTL_DEFAULT, check_ttl
 
 
 def signed_for_page(topic: str, ttl: float | None = None) -> str:
     """`topic` signed for a page, expiring after `ttl` seconds (default LIVEPUSH_SIGNED_TOPIC_TTL):
     a handle's signed topic is a capability handed to a browser, and must not be one for ever."""
-    return sign_topic(topic, ttl=get_settings().signed_topic_ttl if ttl is None else ttl)
+    if ttl is None:
+        return sign_topic(topic, ttl=get_settings().signed_topic_ttl)
+    check_ttl(ttl, none_means=PAGE_TTL_DEFAULT)
+    return sign_topic(topic, ttl=ttl)
 
 
 class StateTopicHandle:
