@@ -305,6 +305,18 @@ def test_every_file_of_the_repository_the_docs_name_exists() -> None:
     assert not missing, missing
 
 
+def test_every_topic_the_examples_sign_for_a_page_expires() -> None:
+    """A `sign_topic()` call in an example (what a reader copies into a page's view) passes a `ttl`:
+    security.md says always to, since a signed topic without one is a capability for ever."""
+    unbounded = []
+    for page in PAGES:
+        for line, code in blocks(page):
+            for call in re.findall(r"sign_topic\(([^)]+)\)", code):
+                if not re.search(r"\bttl=(?!None\b)", call):
+                    unbounded.append(f"{page.relative_to(ROOT)}:{line}: sign_topic({call})")
+    assert not unbounded, unbounded
+
+
 def test_every_livepush_command_line_the_docs_show_parses() -> None:
     """Each `livepush ...` line of a ```sh block (a reader pastes these) is a command `livepush`
     takes, with flags it knows and values it accepts: a renamed flag or command is caught here,
