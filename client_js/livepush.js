@@ -1406,7 +1406,11 @@ export function describeProgress(data) {
     const job = data.job;
     const state = job.state ?? null;
     let message = job.progress?.message ?? null;
-    if (job.error && (state === 'failed' || event === 'retrying' || event === 'failed')) {
+    // A snapshot names no `retrying` event: a page that loads or reconnects while the job waits
+    // for its next attempt (scheduled, or due and available, with an attempt behind it) would
+    // lose the error the live stream showed. A job retried by hand starts over at attempt 0.
+    const awaitingRetry = (state === 'scheduled' || state === 'available') && num(job.attempt) !== null && job.attempt > 0;
+    if (job.error && (state === 'failed' || event === 'retrying' || event === 'failed' || awaitingRetry)) {
       message = errorText(job.error);
     }
     return {

@@ -64,6 +64,23 @@ test('a failed job shows its error; a job without progress still fills the bar w
   u.h.lp.close();
 });
 
+test('a page that loads or reconnects while a job waits for its retry shows the error, as the retrying event did', () => {
+  // The snapshot names no `retrying` event: a scheduled (or due, available) job with an error and
+  // an attempt behind it is the same retry wait, and its error is what the page needs to see.
+  const error = { type: 'KeyError', message: "'id'" };
+  for (const state of ['scheduled', 'available']) {
+    const t = setup('job:9');
+    t.send(job('snapshot', state, null, { attempt: 1, error }));
+    assert.equal(t.label.textContent, `${state} · KeyError: 'id'`);
+    t.h.lp.close();
+  }
+  // Retried by hand (retry_failed), a job starts over from attempt 0: the old error is not its own.
+  const u = setup('job:10');
+  u.send(job('snapshot', 'available', null, { attempt: 0, error: 'gave up' }));
+  assert.equal(u.label.textContent, 'available');
+  u.h.lp.close();
+});
+
 test('bindProgress renders a group: done counts succeeded, failed and cancelled members', () => {
   const t = setup('group:9');
   const group = (event, state, counts) => ({ event, group: { id: 9, state, total: 200, pending: 0, succeeded: 0, failed: 0, cancelled: 0, ...counts } });
