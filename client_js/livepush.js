@@ -940,11 +940,16 @@ export class LivePush {
     let ws;
     try {
       const protocols = this._protocols();
+      // The token function is the page's code: one that closed the client (the user signed out)
+      // has ended it, and a socket opened now would bring it back to `open` after `closed`.
+      if (this._stopped) return;
       ws = new this._WebSocket(this._socketUrl(), protocols);
       this._tokenSent = protocols.length > 1;
     } catch (err) {
       // A malformed URL throws synchronously; retrying with backoff will not fix it, but
-      // surfacing it and backing off beats a tight loop or a silent stop.
+      // surfacing it and backing off beats a tight loop or a silent stop. A token function that
+      // closed the client before it threw has ended it: nothing is retried after `closed`.
+      if (this._stopped) return;
       this._report({ reason: 'connect_failed', detail: String(err), error: err });
       this._afterClose(CloseCode.ABNORMAL, 'connect failed');
       return;

@@ -451,6 +451,51 @@ test('the token goes in Sec-WebSocket-Protocol, never the URL, and a token funct
   h.lp.close();
 });
 
+test('a token function that closes the client (the user signed out) leaves it closed: no socket, no later open', () => {
+  let lp = null;
+  let signedIn = true;
+  const h = harness({
+    token: () => {
+      if (!signedIn) lp?.close();
+      return 'tok';
+    },
+  });
+  lp = h.lp;
+  h.last().hello();
+  signedIn = false;
+  h.last().serverClose(1006);
+  h.clock.advance(h.clock.pending()[0]);
+  assert.equal(h.sockets.length, 1, 'no handshake goes out after close()');
+  assert.equal(lp.status, 'closed');
+  assert.deepEqual(h.clock.pending(), [], 'no connect timeout or retry left behind');
+  assert.deepEqual(h.statuses.map((s) => s.status), ['open', 'reconnecting', 'closed']);
+
+  // One that closes it and then throws: nothing retried, nothing reported after `closed`.
+  let retries = 0;
+  /** @type {any} */
+  let closing = null;
+  const u = harness({
+    token: () => {
+      if (closing) {
+        closing.close();
+        throw new Error('signed out');
+      }
+      return 'tok';
+    },
+    reconnectAfterMs: () => (retries++, 1_000),
+  });
+  closing = u.lp;
+  u.last().hello();
+  u.last().serverClose(1006);
+  const asked = retries;
+  u.clock.advance(1_000);
+  assert.equal(u.lp.status, 'closed');
+  assert.equal(u.sockets.length, 1);
+  assert.deepEqual(u.clock.pending(), []);
+  assert.deepEqual(u.errors, []);
+  assert.equal(retries, asked, 'no retry delay asked after closed');
+});
+
 test('a token function that returns a Promise is reported as such, and no socket goes out with it', () => {
   const h = harness({ token: async () => 'tok' });
   assert.equal(h.sockets.length, 0, 'no handshake offers "livepush.token.[object Promise]"');
