@@ -205,7 +205,8 @@ export interface ProgressBinding {
 /**
  * Render a `<progress>` bar and a text line into `element` for a `job:<id>` or `group:<id>`
  * topic (plain or signed). Re-subscribes by itself after a `reset`. Binding an element again ends its
- * earlier binding. Throws a TypeError when `element` is not an element (null from getElementById),
+ * earlier binding. Throws a TypeError when `element` is not an element (null from getElementById)
+ * or shows no children (a <progress> of the page's own: pass its container, e.g. a <div>),
  * or `topic` is not a job's or a group's (a workflow's is a graph of steps: subscribe to it).
  */
 export declare function bindProgress(

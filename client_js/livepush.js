@@ -1483,6 +1483,13 @@ export function progressText(view) {
  */
 const progressBindings = new WeakMap();
 
+/**
+ * Elements whose children a browser does not show. Handed one (a page's `<progress id="bar">`
+ * is the usual slip), bindProgress would render its bar and text where nothing is seen, and the
+ * page's own bar would stay indeterminate for good, with no error anywhere.
+ */
+const CHILDLESS_TAGS = new Set(['progress', 'meter', 'input', 'textarea', 'select', 'img', 'canvas']);
+
 /** The topics whose events describeProgress() reads. */
 const PROGRESS_PREFIXES = ['job:', 'group:'];
 
@@ -1540,6 +1547,10 @@ export function bindProgress(lp, topic, element, options = {}) {
   if (element === null || typeof element !== 'object' ||
       (typeof element.replaceChildren !== 'function' && typeof element.appendChild !== 'function')) {
     throw new TypeError(`bindProgress() needs the element to render into, got ${describeArg(element)}: check the id or selector that looked it up`);
+  }
+  const tag = String(element.tagName ?? '').toLowerCase();
+  if (CHILDLESS_TAGS.has(tag)) {
+    throw new TypeError(`bindProgress() renders its own <progress> bar and text line inside the element: pass a container such as a <div>, not a <${tag}>, whose children a browser does not show`);
   }
   checkProgressTopic(topic);
   for (const name of /** @type {const} */ (['onFinish', 'onUpdate'])) {

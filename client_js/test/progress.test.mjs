@@ -215,6 +215,23 @@ test('bindProgress without an element to render into says so, and subscribes to 
   h.lp.close();
 });
 
+test('bindProgress given a <progress> (or another element that shows no children) says to pass a container', () => {
+  // Its bar and text would go inside, where a browser shows nothing: the page's own bar would stay
+  // indeterminate for good, with no error anywhere.
+  const h = harness();
+  for (const tag of ['progress', 'meter', 'input']) {
+    const el = new FakeElement(tag);
+    assert.throws(() => bindProgress(h.lp, 'job:42', el), {
+      name: 'TypeError',
+      message: new RegExp(`bindProgress\\(\\) renders its own <progress> bar and text line inside the element: pass a container such as a <div>, not a <${tag}>`),
+    });
+    assert.deepEqual(el.children, [], 'the element is left as it was');
+  }
+  h.last().hello();
+  assert.deepEqual(h.last().frames('subscribe'), []);
+  h.lp.close();
+});
+
 test('bindProgress refuses an onFinish or onUpdate that is not a function, before it renders or subscribes', () => {
   const h = harness();
   const element = new FakeElement('div');

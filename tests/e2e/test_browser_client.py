@@ -483,3 +483,33 @@ async def test_the_network_coming_back_cuts_a_workers_long_wait_short(
         "n => e2e.workerEvents.slice(n).some((e) => e.status === 'reconnecting' && e.delayMs <= 1000)",
         arg=seen, timeout=5_000)
     await client_page.evaluate("e2e.worker.terminate()")
+
+
+async def test_bind_progress_on_a_pages_own_progress_bar_says_to_pass_its_container(
+        client_page: Page, push_server: PushServer) -> None:
+    """A browser shows no children of a `<progress>`: bound to one, the bar and text would render
+    where nothing is seen, and the page's own bar would spin for good. bindProgress throws a
+    TypeError saying to pass a container instead, and renders a visible bar into a `<div>`."""
+    result = await client_page.evaluate(
+        """() => {
+            const lp = new e2e.mod.LivePush(e2e.wsUrl, { onError: () => {} });
+            const own = document.createElement('progress');
+            const box = document.createElement('div');
+            document.body.append(own, box);
+            let error = null;
+            try {
+                e2e.mod.bindProgress(lp, 'job:1', own);
+            } catch (err) {
+                error = `${err.name}: ${err.message}`;
+            }
+            const binding = e2e.mod.bindProgress(lp, 'job:1', box);
+            const width = box.querySelector('progress').getBoundingClientRect().width;
+            binding.unsubscribe();
+            lp.close();
+            return { error, children: own.children.length, width };
+        }"""
+    )
+    assert result["error"].startswith("TypeError: bindProgress() renders its own <progress> bar and text line"), result
+    assert "not a <progress>" in result["error"]
+    assert result["children"] == 0
+    assert result["width"] > 0
