@@ -69,7 +69,7 @@ class Canary:
     answered_once: bool = False
 
     def sent(self, at: float) -> list[object]:
-        self._gauge_wait(at)
+        self.gauge_wait(at)
         entry: list[object] = [at, None]
         self.unanswered.append(entry)
         if len(self.unanswered) > 64:  # keep the oldest: it says how long the path has been broken
@@ -99,7 +99,7 @@ class Canary:
         if self.gauged:
             metrics.CANARY_SECONDS.set(self.round_trip)
 
-    def _gauge_wait(self, now: float) -> None:
+    def gauge_wait(self, now: float) -> None:
         """While the oldest canary has waited longer than the last trip took, the gauge shows that
         wait: its trip is at least that long. Through an outage the gauge rises, instead of
         showing the last good trip until the path works again."""
@@ -109,7 +109,7 @@ class Canary:
                 metrics.CANARY_SECONDS.set(waited)
 
     def check(self, now: float) -> tuple[bool, dict[str, object]]:
-        self._gauge_wait(now)
+        self.gauge_wait(now)
         oldest = float(self.unanswered[0][0]) if self.unanswered else None  # type: ignore[arg-type]
         late = oldest is not None and now - oldest >= self.bound
         ok = self.answered_once and not late
@@ -172,6 +172,22 @@ class Readiness:
 
     async def run(self) -> None:
         """Publish a canary every `every` seconds, and check the schema every SCHEMA_EVERY."""
+        gauge = asyncio.ensure_future(self._gauge_late_canary())
+        try:
+            await self._ring()
+        finally:
+            gauge.cancel()
+
+    async def _gauge_late_canary(self) -> None:
+        """Every `every` seconds, let the round-trip gauge show how long the canary not back yet
+        has waited. The loop that sends canaries can wait a minute on one publish (a pool waiting
+        for a connection to a database that is away): a scrape meanwhile showed the last good
+        trip, unless a probe of /readyz happened to move it."""
+        while True:
+            await asyncio.sleep(self.every)
+            self.canary.gauge_wait(self.clock())
+
+    async def _ring(self) -> None:
         n = 0
         next_schema = self.clock()
         while True:

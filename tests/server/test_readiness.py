@@ -230,6 +230,30 @@ async def test_a_stop_closes_connections_at_once_while_the_canary_waits_on_a_dat
         await served.stop()
 
 
+async def test_the_round_trip_gauge_rises_while_the_canarys_publish_waits_on_the_database_unasked(
+        pg_url: str, secret: str) -> None:
+    """A canary's publish can wait as long as the database makes it (a pool waits 30 s for a
+    connection to a database that is away, a held row as long as its holder): meanwhile
+    livepush_canary_round_trip_seconds rises on a scrape, with no probe of /readyz to move it,
+    instead of showing the last good trip for the first minute of an outage."""
+    def gauge() -> float:
+        return metrics.REGISTRY.get_sample_value("livepush_canary_round_trip_seconds") or 0.0
+
+    served = await start_served(make_settings("postgres", secret, pg_url, None))
+    readiness = served.server.readiness
+    readiness.every = 0.1
+    try:
+        await async_wait_for(lambda: readiness.canary.answered_once, 10.0, message="a first canary")
+        with psycopg.connect(pg_url) as holder:
+            # A transaction that published on the canary's topic holds its row: the next canary's
+            # publish waits for it.
+            served.fanout.publish(CANARY_TOPIC, {"held": True}, conn=holder)
+            await async_wait_for(lambda: gauge() >= 1.0, 5.0, message="the gauge to rise past 1 s")
+            holder.rollback()
+    finally:
+        await served.stop()
+
+
 @pytest.fixture
 def listener_backend(pg_url: str) -> Iterator[list[int]]:
     """Pids of LISTEN backends the test stopped with SIGSTOP: continued at teardown whatever happened."""
