@@ -300,19 +300,29 @@ def _own_metrics() -> list[_OwnValues]:
     return [m for m in globals().values() if isinstance(m, _OwnValues)]
 
 
-def add_up_workers() -> None:
-    """In a worker of `serve --workers N`: /metrics adds up the files of every worker, in the folder
-    its supervisor set as PROMETHEUS_MULTIPROC_DIR. Anywhere else that variable is not livepush's
-    (a web app's multiprocess mode, set for a whole container): its files hold that app's metrics,
-    which the app's own scrape counts already; added to livepush's /metrics, every sum over both
-    scrapes would count them twice."""
+def worker_files(index: int) -> str:
+    """What names the files of worker `index` (from 1) in the folder: its index, not its pid."""
+    return f"worker{index}"
+
+
+def add_up_workers(index: int) -> None:
+    """In worker `index` of `serve --workers N`: /metrics adds up the files of every worker, in the
+    folder its supervisor set as PROMETHEUS_MULTIPROC_DIR. Anywhere else that variable is not
+    livepush's (a web app's multiprocess mode, set for a whole container): its files hold that
+    app's metrics, which the app's own scrape counts already; added to livepush's /metrics, every
+    sum over both scrapes would count them twice."""
     global _workers_directory, _value_class
     _workers_directory = os.environ.get(MULTIPROCESS_DIR_VARIABLE) or None
     if _workers_directory is None:
         return
-    # The class prometheus_client made for that folder at its import: another one would open this
-    # process's files a second time, and each would write over what the other added.
-    _value_class = values.ValueClass
+    # Files named by the worker's index: a worker started in a dead one's place counts on in its
+    # predecessor's files (their values are read back), where files named by pid left two more
+    # per restart, all read by every scrape, for as long as a worker kept failing its boot. A
+    # process this worker forks writes files of its own pid, as prometheus_client's do: two live
+    # processes must never write one file.
+    me = os.getpid()
+    _value_class = values.MultiProcessValue(
+        process_identifier=lambda: worker_files(index) if os.getpid() == me else str(os.getpid()))
     for metric in _own_metrics():
         if metric._is_parent():  # type: ignore[attr-defined]
             with metric._lock:  # type: ignore[attr-defined]
@@ -322,10 +332,11 @@ def add_up_workers() -> None:
     _from_zero()  # in the files too
 
 
-def forget_process(pid: int, directory: str) -> None:
-    """Drop a dead process's "live" gauges from the multiprocess files; its counters stay, so
-    the sums keep growing across worker restarts."""
-    multiprocess.mark_process_dead(pid, directory)
+def forget_worker(index: int, directory: str) -> None:
+    """Drop the "live" gauges of worker `index`, which has exited, from the multiprocess files; its
+    counters stay, so the sums keep growing across worker restarts. Called before a worker is
+    started in its place, which then opens its gauges' files anew."""
+    multiprocess.mark_process_dead(worker_files(index), directory)
 
 
 def _refresh_done(key: int, future: asyncio.Future[None]) -> None:

@@ -191,7 +191,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         role.start()
         logs.name_process(worker=role.index)  # before --app loads: its failure is this worker's line
-        metrics.add_up_workers()
+        metrics.add_up_workers(role.index)
         role.hold_metrics_folder()
     index = role.index if role is not None else None
     # Before the modules load, as `livepush jobs` does: one that calls logging.basicConfig() at its

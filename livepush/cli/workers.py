@@ -240,8 +240,14 @@ def supervise(count: int, argv: Sequence[str], settings: Settings) -> int:
         log.info("livepush serving on ws://%s with %d workers, pids %s (fan-out: %s)", host_port(settings.host, port),
                  count, ", ".join(map(str, pids)), settings.fanout)
 
+    def exited(pid: int) -> None:
+        # A worker's files are named by its index (metrics.add_up_workers): find the slot it held.
+        for slot in supervisor.slots:
+            if slot.process is not None and slot.process.pid == pid:
+                metrics.forget_worker(slot.index, metrics_dir)
+
     supervisor = Supervisor(count, command, env={**os.environ, metrics.MULTIPROCESS_DIR_VARIABLE: metrics_dir},
-                            on_exit=lambda pid: metrics.forget_process(pid, metrics_dir))
+                            on_exit=exited)
     try:
         return asyncio.run(supervisor.run(ready=serving))
     finally:

@@ -354,6 +354,32 @@ async def test_a_killed_worker_is_restarted_and_its_clients_come_back(procs, liv
     assert child.stop(15) == 0, child.output()
 
 
+async def test_a_worker_started_again_writes_on_in_the_metrics_files_of_the_one_it_replaces(
+        procs, livepush_env, pg_url) -> None:
+    """A worker started in a dead one's place (a crash; an --app whose boot fails, every 10 s for
+    as long as that lasts) counts on in its predecessor's files: the folder holds as many files
+    after restarts as before (each restart left two more, and every scrape read them all, in the
+    event loop of a worker that serves), and the counters go on from where they were."""
+    child, port = await start_workers(procs, livepush_env(database_url=pg_url), "--workers", "2")
+    workers = await workers_by_index(port, 2)
+    folder = environ_of(workers[1])["PROMETHEUS_MULTIPROC_DIR"]
+    files = sorted(os.listdir(folder))
+    published = await metric(port, "livepush_published_total")
+    for _ in range(2):
+        victim = workers[1]
+        os.kill(victim, signal.SIGKILL)
+
+        async def replaced() -> bool:
+            return (await workers_by_index(port, 2))[1] != victim
+
+        # A connection the kernel gave the dead worker is reset: ask again.
+        await async_wait_for(replaced, timeout=BOOT, message="a new worker 1", ignore=(ConnectionResetError,))
+        workers = await workers_by_index(port, 2)
+    assert sorted(os.listdir(folder)) == files
+    assert await metric(port, "livepush_published_total") >= published
+    assert child.stop(15) == 0, child.output()
+
+
 async def test_a_stop_while_a_killed_worker_waits_for_its_restart_is_a_clean_stop(procs, livepush_env,
                                                                                    pg_url) -> None:
     """SIGTERM while a worker that died waits to be started again: every worker left stops
