@@ -169,6 +169,24 @@ def test_the_line_a_command_ends_on_is_scrubbed_in_either_format(procs, livepush
     assert "postgresql://app:***@db.internal/app" in err and "hunter2pw" not in err, err
 
 
+@pytest.mark.parametrize("argv", [["serve", "--app", "escaping_module:app"], ["jobs", "escaping_module"],
+                                  ["serve", "--workers", "2", "--app", "escaping_module:app"]])
+def test_in_text_the_line_a_command_ends_on_drives_no_terminal_and_forges_no_line(procs, livepush_env, tmp_path,
+                                                                                   request, argv) -> None:
+    """The line a command ends on quotes what failed: a module's error (a terminal escape in it),
+    a setting's value (a newline in a URL). Written as their escapes, as in every other text line,
+    it stays one line that cannot clear the operator's screen or pass for a line of its own."""
+    (tmp_path / "escaping_module.py").write_text(f'raise RuntimeError("cannot start {FORGED}\\x1b[2J")\n')
+    # Workers need a fan-out that reaches them all.
+    url = request.getfixturevalue("pg_url") if "--workers" in argv else None
+    child = procs.start([sys.executable, "-m", "livepush", *argv], env=livepush_env(database_url=url), cwd=tmp_path)
+    assert child.wait(30) == 2, child.output()
+    err = child.stderr()
+    assert "\x1b" not in err and "cannot start " + FORGED + "\\x1b[2J" in err, err
+    line = logs.error_line("cannot reach Postgres at db\n" + FORGED + "@h:5432", "text")
+    assert line == "livepush: cannot reach Postgres at db\\n" + FORGED + "@h:5432"
+
+
 @pytest.mark.parametrize("flag", ["--app", "--with-jobs"])
 def test_serve_logs_json_even_when_the_apps_module_configures_logging_at_import(procs, livepush_env, pg_url,
                                                                                tmp_path, flag: str) -> None:

@@ -101,11 +101,13 @@ def error_line(message: str, log_format: str = "text") -> str:
     `--log-format json` a JSON object like every other line (a collector reads each line as one),
     naming its process as the others do under `serve --workers N`."""
     if log_format != "json":
-        # Scrubbed as every log line is: the message may quote the user's own code (a module
-        # that failed at import with a URL and its password in the error).
+        # Scrubbed and escaped as every text line is: the message may quote the user's own code (a
+        # module that failed at import with a URL and its password, or a terminal escape, in the
+        # error) or a setting's value (a newline in a URL), and must stay one line.
+        message = scrub(printable(message))
         if _named is not None:  # among `serve --workers N`'s processes: say which one gave up
-            return f"livepush: [{_named.process_name} pid {os.getpid()}] {scrub(message)}"
-        return f"livepush: {scrub(message)}"
+            return f"livepush: [{_named.process_name} pid {os.getpid()}] {message}"
+        return f"livepush: {message}"
     entry: dict[str, object] = {"time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
                                 "level": "error", "logger": "livepush", "message": scrub(message)}
     if _named is not None:
