@@ -6,8 +6,10 @@ cancel of those jobs rings, so a cancel waited for the runtime's next heartbeat.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 
+import psycopg
 import pytest
 
 from livepush import config, jobs
@@ -47,7 +49,9 @@ async def _runtime(how: str) -> tuple[Runtime, Callable[[], object]]:
 
 @pytest.mark.parametrize("how", ["serve --with-jobs", "jobs"])
 async def test_a_runtime_whose_jobs_are_in_a_configured_database_hears_their_cancels_there(
-        two_databases: tuple[str, str], how: str) -> None:
+        two_databases: tuple[str, str], how: str, caplog: pytest.LogCaptureFixture) -> None:
+    # At INFO: a failure then shows whether the cancel was heard and confirmed ("cancel requested").
+    caplog.set_level(logging.INFO, logger="livepush")
     _, jobs_db = two_databases
     runtime, close = await _runtime(how)
     task = asyncio.create_task(runtime.run())
@@ -65,8 +69,21 @@ async def test_a_runtime_whose_jobs_are_in_a_configured_database_hears_their_can
         deadline = loop.time() + RING_BOUND
         while (now := await asyncio.to_thread(state)) == "running" and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        assert now == "cancelled", f"the job was still {now} {RING_BOUND} s after its cancel"
+        assert now == "cancelled", (f"the job was still {now} {RING_BOUND} s after its cancel; "
+                                    f"{_what_the_runtime_saw(runtime, jobs_db, handle_id)}")
     finally:
         runtime.stop(now=True)
         await asyncio.wait_for(task, 10)
         await close()  # type: ignore[misc]
+
+
+def _what_the_runtime_saw(runtime: Runtime, url: str, job_id: int) -> str:
+    """For a failure: the job's row and the runtime's side of the cancel, to tell a ring never
+    heard from a confirmation that found nothing or a task that would not stop."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT state, cancel_requested, runtime_id FROM livepush_jobs WHERE id = %s",
+                           (job_id,)).fetchone()
+    entry = runtime.in_hand.get(job_id)
+    return (f"row (state, cancel_requested, runtime_id) {row}; runtime id {runtime.id}, its listener listening "
+            f"{runtime._listener.listening}, cancels due {runtime._cancels_due}, cancel check "
+            f"{runtime._cancel_check}, in hand {entry is not None}, told {entry and entry.ctx.cancel_requested}")
