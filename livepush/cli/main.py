@@ -75,19 +75,6 @@ _FLAG_VARIABLES = {"host": "LIVEPUSH_HOST", "port": "LIVEPUSH_PORT", "fanout": "
 _READ_FROM_VARIABLES = {"demo": ("host", "port")}
 
 
-def during_interrupt(exc: BaseException) -> bool:
-    """Whether `exc` was raised while a KeyboardInterrupt was being handled (its cause or context,
-    at any depth): the interrupt is what ended the command."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, KeyboardInterrupt):
-            return True
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return False
-
-
 def _variable_instead(extras: Sequence[str], command: str) -> str:
     """For `serve`'s flag given to a command that reads its variable instead (`livepush demo
     --port 9000`): that variable, else nothing."""
@@ -375,11 +362,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(logs.error_line(str(exc), log_format), file=sys.stderr)
         return status
 
-    def interrupted() -> int:
-        # A printing command stopped by SIGINT: its work may not be done (a migrate is rolled back
-        # whole), and exit 0 would let a deploy script's `livepush migrate && restart` go on.
-        return fail(KeyboardInterrupt(f"interrupted (SIGINT) before {args.command} finished"), EXIT_INTERRUPTED)
-
     try:
         if sys.stdout is None and args.command in _ONLY_PRINTING:
             # Started with descriptor 1 closed (`>&-`): Python drops what is printed, and a token
@@ -416,15 +398,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             raise
     except DependencyError as exc:
-        if args.command in _PRINTING and during_interrupt(exc):
-            # The driver's clean-up after a Ctrl-C failed (a cancel the server did not honour in
-            # time: the connection was closed under the rollback): still the interrupt.
-            status = interrupted()
-        else:
-            status = fail(exc, EXIT_DEPENDENCY)
+        status = fail(exc, EXIT_DEPENDENCY)
     except KeyboardInterrupt:
         if args.command in _PRINTING:
-            status = interrupted()
+            # Its work may not be done (a migrate is rolled back whole): exit 0 would let a deploy
+            # script's `livepush migrate && restart` go on as if it were.
+            status = fail(KeyboardInterrupt(f"interrupted (SIGINT) before {args.command} finished"),
+                          EXIT_INTERRUPTED)
         else:
             status = EXIT_OK  # a server's or runtime's stop asked for while it starts
     # Here, once the status and its error line are settled, for every command that runs jobs
