@@ -25,6 +25,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import secrets as _secrets
+import signal
 import sys
 import tempfile
 import uuid
@@ -44,6 +45,14 @@ if str(ROOT) not in sys.path:
 from tests.support import services  # noqa: E402
 from tests.support.procs import Processes  # noqa: E402
 from tests.support.procs import free_port as _free_port  # noqa: E402
+
+# Started in the background by a shell (`.ci/run &`), this process has SIGINT ignored, and so
+# does every child it starts: an ignored signal stays ignored across exec, and a Python child
+# then has no KeyboardInterrupt, so a test's Ctrl-C never reached it. Caught here instead (a
+# caught signal is reset to its default at exec), children start as a terminal's foreground
+# command does.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # ---- A bound on every test ----------------------------------------------------------------------
