@@ -55,6 +55,18 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.fixture(autouse=True)
+def _stop_signals_as_they_were() -> Iterator[None]:
+    """A test that runs a command or a runtime in this process leaves SIGINT and SIGTERM as their
+    stop left them, ignored (stopsignals.py): every child a later test starts then inherited that,
+    and a migrate it interrupted never heard Ctrl-C. Put back after each test."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        if handler is not None and signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)
+
+
 # ---- A bound on every test ----------------------------------------------------------------------
 # A test that hangs would otherwise hold CI until its overall limit. Past LIVEPUSH_TEST_TIMEOUT
 # seconds (setup, call and teardown together; 0 disables) faulthandler writes every thread's stack
