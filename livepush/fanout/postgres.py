@@ -231,7 +231,11 @@ def _page(topic: Topic, since_epoch: int, after: int, found: list[tuple[Any, ...
     return History(messages, latest, (sent[-1][0] if sent else after) < last)
 
 
-def _many_statements(encoded: list[tuple[Topic, str]]) -> tuple[list[int] | None, list[str]]:
+# A batch's statements: the order they take its items in (None: the batch's own), and their documents.
+Statements = tuple[list[int] | None, list[str]]
+
+
+def _many_statements(encoded: list[tuple[Topic, str]]) -> Statements:
     """The JSON documents of livepush_publish_many() for a batch, and the order they take its
     items in (None: the batch's own). One statement takes it unless it is long; a long one is
     sorted by topic first (stable, so a topic's messages keep their order) and split, so that
@@ -280,11 +284,14 @@ def fitted(conn: Any, text: str) -> str:
     return text if text.isascii() or _takes_any_text(conn) else _NON_ASCII.sub(_escaped, text)
 
 
-def fitted_batch(conn: Any, encoded: list[tuple[Topic, str]]) -> list[tuple[Topic, str]]:
-    """fitted() for each data of a batch (topics are ASCII)."""
+def fitted_batch(conn: Any, encoded: list[tuple[Topic, str]], built: Statements) -> Statements:
+    """The statements `built` from a batch's `encoded` data, as `conn` can send them: built again
+    from each data as fitted() sends it when an encoding on its way may lack some characters
+    (topics are ASCII). `built` is made before a pool's connection is taken: encoding the batch is
+    most of the call's own work, and that rare rebuild is all that needs the connection."""
     if _takes_any_text(conn):
-        return encoded
-    return [(topic, _NON_ASCII.sub(_escaped, text)) for topic, text in encoded]
+        return built
+    return _many_statements([(topic, _NON_ASCII.sub(_escaped, text)) for topic, text in encoded])
 
 
 def callers_connection(conn: Any, call: str) -> None:
@@ -371,15 +378,16 @@ class PostgresFanOut(FanOut):
         if not encoded:
             return []
         if conn is not None:
-            order, statements = _many_statements(fitted_batch(conn, encoded))
+            order, statements = fitted_batch(conn, encoded, _many_statements(encoded))
             # In autocommit each statement would commit alone: the batch is one transaction still.
             with translated_if_lost(self.url, conn), \
                     conn.transaction() if conn.autocommit and len(statements) > 1 else contextlib.nullcontext(), \
                     cursor_on(conn) as cur:
                 got = [self._on_database(cur, "publish_many", PUBLISH_MANY_ON, {"batch": doc}) for doc in statements]
         else:
+            built = _many_statements(encoded)
             with translated(self.url), self._pools.sync().connection() as c:
-                order, statements = _many_statements(fitted_batch(c, encoded))
+                order, statements = fitted_batch(c, encoded, built)
                 # The pool's connections are in autocommit: a batch of one statement is one round trip.
                 with c.transaction() if len(statements) > 1 else contextlib.nullcontext():
                     got = [c.execute(PUBLISH_MANY, (doc,)).fetchone() for doc in statements]
@@ -393,16 +401,17 @@ class PostgresFanOut(FanOut):
             return []
         got = []
         if conn is not None:
-            order, statements = _many_statements(fitted_batch(conn, encoded))
+            order, statements = fitted_batch(conn, encoded, _many_statements(encoded))
             with translated_if_lost(self.url, conn):
                 async with conn.transaction() if conn.autocommit and len(statements) > 1 \
                         else contextlib.nullcontext(), cursor_on(conn) as acur:
                     for doc in statements:
                         got.append(await self._aon_database(acur, "apublish_many", PUBLISH_MANY_ON, {"batch": doc}))
         else:
+            built = _many_statements(encoded)
             with translated(self.url):
                 async with (await self._pools.aget()).connection() as c:
-                    order, statements = _many_statements(fitted_batch(c, encoded))
+                    order, statements = fitted_batch(c, encoded, built)
                     async with c.transaction() if len(statements) > 1 else contextlib.nullcontext():
                         for doc in statements:
                             got.append(await (await c.execute(PUBLISH_MANY, (doc,))).fetchone())
