@@ -60,11 +60,11 @@ from typing import Any
 
 import redis
 import redis.asyncio as aredis
-from redis.exceptions import BusyLoadingError, RedisError
+from redis.exceptions import RedisError
 
 from ..channels import ListenerSlot
-from ..redis.client import (LoopClients, async_client, deployment_prefix, failed, listener_name, namespace,
-                            sync_client, text)
+from ..redis.client import (LoopClients, answered_at_start, async_client, deployment_prefix, failed, listener_name,
+                            namespace, sync_client, text)
 from ..redis.subscriber import Subscriber
 from ..topics import RESERVED_PREFIX, TOPIC_RE
 from ..types import JSON, Message, Offset, Topic
@@ -558,15 +558,10 @@ class RedisFanOut(FanOut):
 
     async def _check_scripts_run(self, cls: type[DependencyError], *, while_loading: bool) -> None:
         """Raise `cls` saying why unless Redis runs the fan-out's scripts on its keys (a read: the
-        latest offset of a topic nobody publishes on). `while_loading`: a Redis still loading its
-        data after a restart passes, as it will run them once loaded."""
-        side = self._loops.get()
-        try:
-            await side.latest(keys=[self.key_prefix + _CHECK_TOPIC, *self._origin_keys], args=[self._idle_ms])
-        except (RedisError, OSError) as exc:
-            if while_loading and isinstance(exc, BusyLoadingError):
-                return
-            raise failed(self.url, exc, "connecting", cls) from exc
+        latest offset of a topic nobody publishes on)."""
+        read = self._loops.get().latest(keys=[self.key_prefix + _CHECK_TOPIC, *self._origin_keys],
+                                        args=[self._idle_ms])
+        await answered_at_start(self.url, read, cls, while_loading=while_loading)
 
     async def release_loop(self) -> None:
         await self._loops.release_loop()

@@ -9,7 +9,7 @@ import os
 import re
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
@@ -17,7 +17,7 @@ from redis.backoff import NoBackoff
 from redis.connection import parse_url
 from redis.exceptions import (AskError, AuthenticationError, BusyLoadingError, ClusterCrossSlotError,
                               ClusterDownError, ConnectionError as RedisConnectionError, MasterDownError,
-                              NoPermissionError, OutOfMemoryError, ReadOnlyError, ResponseError,
+                              NoPermissionError, OutOfMemoryError, ReadOnlyError, RedisError, ResponseError,
                               TimeoutError as RedisTimeout, TryAgainError)
 from redis.retry import Retry
 
@@ -221,6 +221,20 @@ def failed(url: str, exc: BaseException, doing: str, cls: type[DependencyError] 
     """Our error for a Redis failure: the URL redacted, the driver's words, which never hold the
     password (redis-py does not quote URLs or AUTH arguments in its errors), and what to do."""
     return cls(f"Redis at {redact(url)} failed while {doing} ({one_line(exc)}): {_remedy(exc)}")
+
+
+async def answered_at_start(url: str, read: Awaitable[Any], cls: type[DependencyError], *, while_loading: bool) -> None:
+    """Await `read`, one the part's work makes on the deployment's keys, at its start: `cls`
+    saying why when Redis refuses it. PING and SUBSCRIBE alone succeed on a Redis Sentinel and
+    on a node of a Redis Cluster that does not hold the deployment's keys, where every later
+    call fails. `while_loading`: a Redis still loading its data after a restart passes, as it
+    will answer once loaded."""
+    try:
+        await read
+    except (RedisError, OSError) as exc:
+        if while_loading and isinstance(exc, BusyLoadingError):
+            return
+        raise failed(url, exc, "connecting", cls) from exc
 
 
 # Words of Redis' refusal of a command that the ACL denies inside a script (EVAL): a plain

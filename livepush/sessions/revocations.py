@@ -27,8 +27,8 @@ from ..postgres.urls import redact
 from ..channels import ListenerSlot
 from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
-from ..redis.client import (LoopClients, async_client, client_kwargs, deployment_prefix, failed, listener_name,
-                            namespace, own_url)
+from ..redis.client import (LoopClients, answered_at_start, async_client, client_kwargs, deployment_prefix, failed,
+                            listener_name, namespace, own_url)
 from ..redis.subscriber import Subscriber
 from .tokens import MAX_TTL, Session
 
@@ -445,17 +445,10 @@ class RedisRevocations(RevocationStore):
 
     async def _check_reads(self, cls: type[DependencyError], *, while_loading: bool) -> None:
         """Raise `cls` saying why unless Redis answers the read every check of a session makes
-        (MGET of the store's keys): PING and SUBSCRIBE alone succeed on a Redis Sentinel and on a
-        node of a Redis Cluster that does not hold the deployment's keys, where a server then
-        answered every handshake 503. `while_loading`: a Redis still loading its data passes."""
-        import redis
-
-        try:
-            await self._aclient().mget([self.subject_prefix])
-        except (redis.RedisError, OSError) as exc:
-            if while_loading and isinstance(exc, redis.BusyLoadingError):
-                return
-            raise failed(self.url, exc, "connecting", cls) from exc
+        (MGET of the store's keys): on a Sentinel or a Cluster node a server answered every
+        handshake 503."""
+        await answered_at_start(self.url, self._aclient().mget([self.subject_prefix]), cls,
+                                while_loading=while_loading)
 
     async def aclose(self) -> None:
         await self._subscriber.aclose()
