@@ -38,8 +38,7 @@ from typing import Any, NoReturn
 import psycopg
 
 from ..postgres.connect import PSYCOPG_CONNECTION_HINT, cursor_on, refuse_closed, translated, translated_if_lost
-from ..postgres.identity import IDENTITY
-from ..postgres.urls import redact
+from ..postgres.identity import IDENTITY, other_database
 from ..channels import ListenerSlot
 from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
@@ -455,11 +454,9 @@ class PostgresFanOut(FanOut):
         """Raise what a publish on a caller's connection to another database (`row`: its start
         time and name, PUBLISH_ON's) says."""
         assert self._database is not None  # read by the call that got `row`
-        (started, name), (ours_started, ours) = row[1:], self._database
-        where = repr(name) if started == ours_started else f"{name!r} of another Postgres server"
         raise ArgumentValueError(
-            f"{call}(conn=) got a connection to database {where}, not to {ours!r} "
-            f"({redact(self.url)}), the one this process publishes to and the servers deliver from: a message "
+            f"{other_database(f'{call}(conn=)', row[1:], self._database, self.url)}, the one this process "
+            "publishes to and the servers deliver from: a message "
             "written there would reach no one. Pass a connection to that database (or publish without conn=), or "
             "point LIVEPUSH_DATABASE_URL at the connection's database, for the servers too")
 

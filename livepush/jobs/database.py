@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import psycopg
+from psycopg_pool import AsyncConnectionPool
 
 from ..config import get_settings
-from ..errors import ArgumentTypeError, ConfigError
-from ..postgres.connect import PSYCOPG_CONNECTION_HINT, refuse_closed, translated
+from ..errors import ArgumentTypeError, ArgumentValueError, ConfigError
+from ..postgres.connect import PSYCOPG_CONNECTION_HINT, cursor_on, refuse_closed, translated
+from ..postgres.identity import IDENTITY, other_database
 from ..postgres.pools import LoopPools
 from ..postgres.urls import check_url
 
@@ -140,3 +143,66 @@ def conn_kind(conn: Any, call: str | None = None) -> str:
                                 f"({type(conn).__module__}): {PSYCOPG_CONNECTION_HINT}")
     refuse_closed(conn, f"{call}(conn=)" if call else "conn=", "the jobs")
     return kind
+
+
+# name: joinable -- run on a caller's connection (conn=), in its transaction: whether its database
+# holds livepush's tables, and which database it is (identity.py). A plain read by any role: it
+# claims, writes and counts nothing, and cannot fail for want of a privilege, which would abort
+# the caller's transaction. The start time as the text of its epoch, as IDENTITY reads it: a
+# connection made by Django loads a timestamptz its own way (naive, with USE_TZ = False).
+JOINABLE = ("SELECT to_regclass('livepush_jobs') IS NOT NULL,"
+            " extract(epoch FROM pg_postmaster_start_time())::text, current_database()")
+
+# Callers' connections (conn=) found on a jobs database, by that database's URL: a connection
+# stays on the database it opened, so one read serves it for its life.
+_checked: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+# Each jobs URL's database (identity.py), read again when a connection disagrees with it: the
+# server may have restarted since, which changes its start time.
+_identities: dict[str, tuple[str, str]] = {}
+
+
+def check_on_database(conn: Any, call: str | None = None) -> None:
+    """Raise ArgumentValueError unless a caller's sync `conn` is on the jobs' database. Another
+    database with livepush's schema too (the app's, migrated for its own reasons) takes the job,
+    and no runtime ever looks there: it would never run, and its handle said it was enqueued. A
+    database without the schema is left to the statement that follows, whose SchemaError names it
+    as the one to migrate, as publish(conn=) does."""
+    url = database_url()
+    if _checked.get(conn) == url:
+        return
+    with cursor_on(conn) as cur:
+        found, *theirs = cur.execute(JOINABLE).fetchone()
+    if not found:
+        return
+    if _identities.get(url) != tuple(theirs):
+        with pools().sync().connection() as own:
+            _identities[url] = tuple(own.execute(IDENTITY).fetchone())  # type: ignore[arg-type]
+    _settle(conn, url, tuple(theirs), call)
+
+
+async def acheck_on_database(conn: Any, call: str | None = None, pool: AsyncConnectionPool | None = None) -> None:
+    """check_on_database() for an AsyncConnection; `pool`: the jobs database's pool when it is not
+    the process's (a runtime's own)."""
+    url = pool.conninfo if pool is not None else database_url()
+    if _checked.get(conn) == url:
+        return
+    async with cursor_on(conn) as cur:
+        found, *theirs = await (await cur.execute(JOINABLE)).fetchone()
+    if not found:
+        return
+    if _identities.get(url) != tuple(theirs):
+        async with (pool or await pools().aget()).connection() as own:
+            _identities[url] = tuple(await (await own.execute(IDENTITY)).fetchone())  # type: ignore[arg-type]
+    _settle(conn, url, tuple(theirs), call)
+
+
+def _settle(conn: Any, url: str, theirs: tuple[Any, ...], call: str | None) -> None:
+    ours = _identities[url]
+    if theirs == ours:
+        _checked[conn] = url
+        return
+    raise ArgumentValueError(
+        f"{other_database(f'{call}(conn=)' if call else 'conn=', theirs, ours, url)}, the jobs' database, where "  # type: ignore[arg-type]
+        "the runtimes look for jobs: a job written there would never run. Pass a connection to the jobs' database "
+        "(or leave conn= out), or point LIVEPUSH_DATABASE_URL (or jobs.configure()) at the connection's database, "
+        "for the runtimes too")

@@ -3,10 +3,10 @@ LIVEPUSH_DATABASE_URL does. A LISTEN on another database hears none of what is r
 a server listening there delivers nothing live, and a runtime hears no enqueue or cancel, while
 both look connected.
 
-A database is its server's start time and its name, as the Django integration tells them apart
-(contrib/django/queries.py): two clusters were not started in the same microsecond, two databases
-of one cluster differ in name, and a pooler's alias is read as the name the server gives it. Both
-are readable by any role.
+A database is its server's start time and its name, as the fan-out and the jobs tell a caller's
+conn= apart (fanout/postgres.py, jobs/database.py): two clusters were not started in the same
+microsecond, two databases of one cluster differ in name, and a pooler's alias is read as the name
+the server gives it. Both are readable by any role.
 """
 
 from __future__ import annotations
@@ -27,6 +27,14 @@ def identity(url: str) -> tuple[str, str]:
         row = conn.execute(IDENTITY).fetchone()
     assert row is not None
     return row[0], row[1]
+
+
+def other_database(conn_arg: str, theirs: tuple[str, str], ours: tuple[str, str], url: str) -> str:
+    """The start of the refusal of a caller's connection (`conn_arg`, such as "publish(conn=)") on
+    database `theirs` where `ours`, reached by `url`, was meant: what each says next is its own."""
+    (started, name), (ours_started, our_name) = theirs, ours
+    where = repr(name) if started == ours_started else f"{name!r} of another Postgres server"
+    return f"{conn_arg} got a connection to database {where}, not to {our_name!r} ({redact(url)})"
 
 
 def check_listen_database(settings: Settings) -> None:

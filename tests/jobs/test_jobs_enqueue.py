@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import re
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -216,6 +217,62 @@ async def test_conn_on_a_database_without_livepush_names_that_database(jobs_db: 
         assert redact(url) in str(raised.value) and redact(jobs_db) not in str(raised.value), raised.value
     finally:
         services.drop_database(pg_admin_url, bare)
+
+
+async def test_conn_on_another_livepush_database_is_refused_naming_both_not_lost(
+        jobs_db: str, make_pg_url: Callable[[], str]) -> None:
+    """An enqueue, a group or a signal on a connection to another database that has livepush's
+    schema too (the app's, migrated for its own reasons) raises ArgumentValueError naming both
+    databases, and writes nothing there: no runtime looks in that database, so the job would never
+    run while its handle said it was enqueued."""
+    from livepush import ArgumentValueError
+    from tests.support import services
+
+    other = make_pg_url()
+    calls: list[Callable[[Any], Any]] = [
+        lambda conn: sample_jobs.record.enqueue("x", conn=conn),
+        lambda conn: enqueue_many([sample_jobs.record.request(1)], conn=conn),
+        lambda conn: enqueue_many([], conn=conn),
+        lambda conn: jobs.create_group(conn=conn),
+        lambda conn: jobs.group(conn=conn).__enter__(),
+        lambda conn: signal(1, "go", conn=conn)]
+    said = []
+    for call in calls:
+        with psycopg.connect(other) as conn:
+            with pytest.raises(ArgumentValueError, match="jobs' database") as raised:
+                call(conn)
+        said.append(str(raised.value))
+    async with await psycopg.AsyncConnection.connect(other) as aconn:
+        with pytest.raises(ArgumentValueError) as raised:
+            await sample_jobs.record.aenqueue("y", conn=aconn)
+        said.append(str(raised.value))
+        with pytest.raises(ArgumentValueError) as raised:
+            await jobs.acreate_group(conn=aconn)
+        said.append(str(raised.value))
+    for text in said:
+        assert services.dbname_of(other) in text and services.dbname_of(jobs_db) in text, text
+    assert said[0].startswith("enqueue(conn=)") and said[6].startswith("aenqueue(conn=)"), said
+    with psycopg.connect(other) as conn:
+        assert conn.execute("SELECT count(*) FROM livepush_jobs").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM livepush_groups").fetchone() == (0,)
+
+
+async def test_conn_on_the_jobs_database_enqueues_across_a_postgres_restart(jobs_db: str) -> None:
+    """conn= on the jobs' own database enqueues before and after Postgres restarts (or fails
+    over), when what tells its database from another (the server's start time) has changed."""
+    from tests.support import services
+
+    with psycopg.connect(jobs_db) as conn:
+        before = sample_jobs.record.enqueue("before", conn=conn)
+    services.pg_restart()
+    with psycopg.connect(jobs_db) as conn:
+        after = sample_jobs.record.enqueue("after", conn=conn)
+    async with await psycopg.AsyncConnection.connect(jobs_db) as aconn:
+        async with jobs.agroup(conn=aconn) as g:
+            g.enqueue(sample_jobs.record, "grouped")
+    await jobs.database.release_loop()
+    assert [get_job(h.id).args for h in (before, after, *g.members)] == [  # type: ignore[union-attr]
+        ["before"], ["after"], ["grouped"]]
 
 
 async def test_aenqueue_with_async_connection(jobs_db: str) -> None:

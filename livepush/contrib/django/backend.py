@@ -31,8 +31,8 @@ from ...jobs import database as jobs_database
 from ...jobs.api.functions import INT4_MAX
 from ...jobs.api.options import check_queue
 from ...jobs.errors import InvalidArgumentsError
+from ...postgres.identity import IDENTITY
 from ...postgres.urls import check_url
-from . import queries
 from .errors import TaskNotSupported, TransactionNotSupported, arguments_error
 from .execution import RUN_TASK, livepush_priority
 from .groups import current_group
@@ -186,7 +186,7 @@ class LivePushBackend(BaseTaskBackend):
         return connections[self.database].vendor == "postgresql" and _is_psycopg3()
 
     def _check_tables(self, raw: Any) -> None:
-        found, started, name = raw.execute(queries.JOINABLE).fetchone()
+        found, started, name = raw.execute(jobs_database.JOINABLE).fetchone()
         if not found:
             # The database's own name: under Django's test runner the alias points at the test
             # database it made, and the alias alone read as the one `livepush migrate` was run on.
@@ -199,7 +199,7 @@ class LivePushBackend(BaseTaskBackend):
         # Tables are not enough: a job written in another database that has them too is where no
         # runtime looks for it, and would never run.
         with jobs_database.connection() as own:
-            jobs_started, jobs_name = own.execute(queries.IDENTITY).fetchone()
+            jobs_started, jobs_name = own.execute(IDENTITY).fetchone()
         if (started, name) != (jobs_started, jobs_name):
             raise TransactionNotSupported(
                 f"Django database {self.database!r} (database {name!r}) holds livepush tables but is not the "

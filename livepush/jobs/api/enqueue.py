@@ -334,10 +334,13 @@ def run_batch(batch: Batch, conn: Any = None, debounce: float | None = None,
     # had items, often in production only.
     if conn is not None and database.conn_kind(conn, call) != "sync":
         raise ArgumentTypeError(f"{call}(conn=) takes a sync psycopg Connection; use a{call}() with an AsyncConnection")
+    url = database.database_url()
+    if conn is not None:
+        with translated_on(url, conn):
+            database.check_on_database(conn, call)
     if not len(batch):
         return []
     sql, params = batch.statement(debounce)
-    url = database.database_url()
     if conn is None:
         with translated(url), database.pools().sync().connection() as own, autocommitted(own):
             rows = own.execute(sql, params).fetchall()
@@ -351,10 +354,13 @@ async def arun_batch(batch: Batch, conn: Any = None, debounce: float | None = No
                      call: str = "aenqueue") -> list[JobHandle]:
     if conn is not None and database.conn_kind(conn, call) != "async":  # empty or not, as in run_batch
         raise ArgumentTypeError(f"{call}(conn=) takes a psycopg AsyncConnection; use {call[1:]}() with a sync Connection")
+    url = database.database_url()
+    if conn is not None:
+        with translated_on(url, conn):
+            await database.acheck_on_database(conn, call)
     if not len(batch):
         return []
     sql, params = batch.statement(debounce)
-    url = database.database_url()
     if conn is None:
         with translated(url):
             async with (await database.pools().aget()).connection() as own, aautocommitted(own):

@@ -222,6 +222,7 @@ class GroupBuilder:
         url = database.database_url()
         if self._conn is not None:
             with translated_on(url, self._conn), cursor_on(self._conn) as cur:
+                database.check_on_database(self._conn, "group")
                 self._id = int(cur.execute(gq.RESERVE_GROUP_ID).fetchone()[0])
         else:
             with translated(url), database.pools().sync().connection() as own:
@@ -241,6 +242,7 @@ class GroupBuilder:
         url = database.database_url()
         if self._conn is not None:
             with translated_on(url, self._conn):
+                await database.acheck_on_database(self._conn, "agroup")
                 async with cursor_on(self._conn) as cur:
                     row = await (await cur.execute(gq.RESERVE_GROUP_ID)).fetchone()
         else:

@@ -74,6 +74,7 @@ def in_tx(make: Callable[[], steps.Steps[T]], conn: Any) -> T:
     if conn is not None:
         check_conn(conn, "sync")
         with translated_on(url, conn):
+            database.check_on_database(conn)
             if conn.autocommit:  # each statement would commit alone: the steps are one transaction
                 with conn.transaction():
                     return steps.run(conn, make())
@@ -108,6 +109,7 @@ async def ain_tx(make: Callable[[], steps.Steps[T]], conn: Any, pool: AsyncConne
     if conn is not None:
         check_conn(conn, "async")
         with translated_on(url, conn):
+            await database.acheck_on_database(conn, pool=pool)
             if conn.autocommit:
                 async with conn.transaction():
                     return await steps.arun(conn, make())
