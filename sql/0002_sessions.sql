@@ -17,8 +17,9 @@ CREATE INDEX livepush_revoked_sessions_expires_at ON livepush_revoked_sessions (
 
 -- "Sign out everywhere": every session of subject issued at or before revoked_at is revoked;
 -- sessions issued later are not. Concurrent revocations keep the latest cut-off (greatest()
--- in the upsert). expires_at = revoked_at + the longest session lifetime: no session the row
--- covers can outlive it, so it is pruned then.
+-- in the upsert). expires_at = revoked_at + the longest session lifetime + the clock allowance
+-- (revocations.SUBJECT_KEPT): no session the row covers can outlive it on any server whose clock
+-- is within the allowance, so it is pruned then.
 CREATE TABLE livepush_revoked_subjects (
     subject    text PRIMARY KEY,
     revoked_at timestamptz NOT NULL,

@@ -433,6 +433,34 @@ async def test_a_revocation_outlives_its_token_on_this_hosts_clock_by_the_clock_
     assert sessions.CLOCK_ALLOWANCE > lag
 
 
+@pytest.mark.parametrize("call", ["revoke_subject", "arevoke_subject"])
+async def test_a_subject_revocation_outlives_the_sessions_it_covers_by_the_clock_allowance(
+    shared_store: sessions.RevocationStore, call: str
+) -> None:
+    """The longest session a subject revocation covers, issued at its cut-off, expires MAX_TTL
+    after it; a server whose clock lags this host's, or the store's, still takes that token for as
+    long as it lags. The revocation is kept, pruned or not, for sessions.CLOCK_ALLOWANCE past it,
+    as a session revocation is past its token."""
+    lag = 30.0
+    cutoff = time.time() - sessions.MAX_TTL - lag
+    s = tokens.loads(sessions.issue("user-7", ttl=sessions.MAX_TTL, now=cutoff), SECRET)
+    assert not s.expired(now=time.time() - 2 * lag)  # what a server two lags behind sees
+    if call == "revoke_subject":
+        await asyncio.to_thread(sessions.revoke_subject, "user-7", store=shared_store, now=cutoff)
+    else:
+        await sessions.arevoke_subject("user-7", store=shared_store, now=cutoff)
+    await shared_store.prune()
+    assert await shared_store.revoked_among([s]) == {s.id}
+    assert sessions.CLOCK_ALLOWANCE > 2 * lag
+    if isinstance(shared_store, RedisRevocations):
+        # Redis counts the key's lifetime down from when it was written, not from the cut-off:
+        # one written at its cut-off must outlive the longest session it covers by the allowance.
+        await sessions.arevoke_subject("user-8", store=shared_store)
+        with redis.Redis.from_url(shared_store.url) as client:
+            left = client.pttl(shared_store.subject_prefix + "user-8") / 1000
+        assert left > sessions.MAX_TTL + sessions.CLOCK_ALLOWANCE - 10
+
+
 @pytest.mark.parametrize("call", ["revoke", "arevoke", "revoke_subject", "arevoke_subject"])
 async def test_a_revocation_waiting_on_a_lock_of_its_table_fails_within_the_bound_revoking_nothing(
     pg_url: str, call: str
@@ -674,7 +702,7 @@ async def test_postgres_rows_are_pruned_after_expiry(pg_url: str) -> None:
     try:
         await store.aadd_session("dead", time.time() - 1)
         await store.aadd_session("alive", time.time() + 3600)
-        store.add_subject("old-subject", time.time() - sessions.MAX_TTL - 1)
+        store.add_subject("old-subject", time.time() - sessions.MAX_TTL - sessions.CLOCK_ALLOWANCE - 1)
         await store.prune()
         with psycopg.connect(pg_url) as conn:
             rows = conn.execute("SELECT session_id FROM livepush_revoked_sessions").fetchall()

@@ -23,6 +23,7 @@ import time
 from ..config import get_settings
 from ..errors import ArgumentTypeError, ConfigError
 from .revocations import (
+    CLOCK_ALLOWANCE,
     MEMORY,
     MemoryRevocations,
     PostgresRevocations,
@@ -112,14 +113,6 @@ def _not_a_token(value: object, call: str) -> str:
         return f"{call} takes the session token as a str, got {kind}: decode it first (token.decode('ascii'))"
     return (f"{call} takes a session token (a str) or a Session, got {kind}: to revoke every session of a "
             "subject (a user id), call revoke_subject(str(user_id))")
-
-
-# How much longer than its token a session's revocation is kept. Each server checks a token's
-# expiry on its own clock, while the store forgets the revocation on its own (Postgres' now(), or
-# Redis counting down a TTL worked out on this host's clock): without this, a server whose clock
-# lags the store's by a minute let a revoked token back in for that minute, and one whose clock
-# lags this host's found nothing stored at all for a token this host saw as just expired.
-CLOCK_ALLOWANCE = 300.0
 
 
 def revoke(token: str | Session, *, store: RevocationStore | None = None) -> Session:

@@ -41,6 +41,18 @@ OnRevoked = Callable[[], None]
 READ_TIMEOUT = 5.0
 
 
+# How much longer than the session it revokes a revocation is kept. Each server checks a token's
+# expiry on its own clock, while the store forgets the revocation on its own (Postgres' now(), or
+# Redis counting down a TTL worked out on this host's clock): without this, a server whose clock
+# lags the store's by a minute let a revoked token back in for that minute, and one whose clock
+# lags this host's found nothing stored at all for a token this host saw as just expired. A
+# subject revocation is kept as much longer than the longest session it covers, for the same reason.
+CLOCK_ALLOWANCE = 300.0
+# How long a subject revocation is kept past its cut-off: the longest a session it covers can live
+# (issued at the cut-off with the longest ttl), plus the allowance for the clocks that check it.
+SUBJECT_KEPT = MAX_TTL + CLOCK_ALLOWANCE
+
+
 def ms(seconds: float) -> int:
     return int(round(seconds * 1000))
 
@@ -145,7 +157,7 @@ class MemoryRevocations(RevocationStore):
     def _prune_now(self) -> int:
         now = ms(time.time())
         gone = [k for k, exp in self._sessions.items() if exp <= now]
-        gone_subjects = [k for k, at in self._subjects.items() if at + ms(MAX_TTL) <= now]
+        gone_subjects = [k for k, at in self._subjects.items() if at + ms(SUBJECT_KEPT) <= now]
         for k in gone:
             del self._sessions[k]
         for k in gone_subjects:
@@ -280,10 +292,10 @@ class PostgresRevocations(RevocationStore):
         await self._awrite(_PG_ADD_SESSION, (session_id, ms(expires_at) / 1000))
 
     def add_subject(self, subject: str, before: float) -> None:
-        self._write(_PG_ADD_SUBJECT, (subject, ms(before) / 1000, ms(before + MAX_TTL) / 1000))
+        self._write(_PG_ADD_SUBJECT, (subject, ms(before) / 1000, ms(before + SUBJECT_KEPT) / 1000))
 
     async def aadd_subject(self, subject: str, before: float) -> None:
-        await self._awrite(_PG_ADD_SUBJECT, (subject, ms(before) / 1000, ms(before + MAX_TTL) / 1000))
+        await self._awrite(_PG_ADD_SUBJECT, (subject, ms(before) / 1000, ms(before + SUBJECT_KEPT) / 1000))
 
     async def watch(self, on_revoked: OnRevoked) -> None:
         listener = self._listener.get()
@@ -332,8 +344,8 @@ _REDIS_CHUNK = 1000
 class RedisRevocations(RevocationStore):
     """Revocations in Redis, for a deployment with Redis and no database, under the deployment's
     prefix P, in braces (redis.client.namespace()): `{P}:revoked:session:<id>` expires with the
-    session, `{P}:revoked:subject:<subject>` holds the cut-off time (ms) for MAX_TTL (no covered
-    session outlives it), and `{P}:revoked` is the doorbell channel."""
+    session, `{P}:revoked:subject:<subject>` holds the cut-off time (ms) for SUBJECT_KEPT (no covered
+    session outlives it, on any clock within CLOCK_ALLOWANCE), and `{P}:revoked` is the doorbell channel."""
 
     def __init__(self, url: str, *, prefix: str | None = None, subscriber: Subscriber | None = None) -> None:
         self.url = url
@@ -417,7 +429,7 @@ class RedisRevocations(RevocationStore):
 
         try:
             with self._sync_client() as client:
-                client.eval(_REDIS_ADD_SUBJECT, 1, self.subject_prefix + subject, ms(before), ms(MAX_TTL), self.channel)
+                client.eval(_REDIS_ADD_SUBJECT, 1, self.subject_prefix + subject, ms(before), ms(SUBJECT_KEPT), self.channel)
         except (redis.RedisError, OSError) as exc:
             raise failed(self.url, exc, "storing a revocation") from exc
 
@@ -425,7 +437,7 @@ class RedisRevocations(RevocationStore):
         import redis
 
         try:
-            await self._aclient().eval(_REDIS_ADD_SUBJECT, 1, self.subject_prefix + subject, ms(before), ms(MAX_TTL),
+            await self._aclient().eval(_REDIS_ADD_SUBJECT, 1, self.subject_prefix + subject, ms(before), ms(SUBJECT_KEPT),
                                        self.channel)
         except (redis.RedisError, OSError) as exc:
             raise failed(self.url, exc, "storing a revocation") from exc

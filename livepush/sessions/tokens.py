@@ -24,7 +24,8 @@ from ..postgres.text import unstorable
 MAX_TOKEN_LENGTH = 4096
 MAX_SUBJECT_LENGTH = 200
 # Sessions live at most this long. It bounds how long a subject revocation must be kept:
-# past revoked_at + MAX_TTL no session it covers can still be valid, so the row may go.
+# past revoked_at + MAX_TTL no session it covers can still be valid (on a clock in step: see
+# revocations.SUBJECT_KEPT), so the row may go.
 MAX_TTL = 366 * 86400.0
 
 _SALT = "livepush.session"
