@@ -14,7 +14,7 @@ from livepush import sessions
 from livepush.config import Settings, set_settings
 from livepush.errors import DependencyError
 from livepush.sessions import MemoryRevocations, RevocationStore, Session
-from livepush.sessions.handshake import authenticate, extract_token, origin_allowed
+from livepush.sessions.handshake import authenticate, extract_tokens, origin_allowed
 
 SECRET = "s" * 32 + "-current"
 OLD = "o" * 32 + "-previous"
@@ -28,7 +28,13 @@ def settings() -> Iterator[None]:
     set_settings(None)
 
 
-# -- extract_token ----------------------------------------------------------------------
+# -- extract_tokens ---------------------------------------------------------------------
+
+
+def extract_token(headers: object, path: str) -> str | None:
+    """The token a handshake's sources offer first."""
+    found = extract_tokens(headers, path)  # type: ignore[arg-type]
+    return found[0] if found else None
 
 
 def test_token_from_cookie() -> None:
@@ -244,6 +250,38 @@ async def test_authenticate_matrix(mode: str, kind: str, where: str, caplog: pyt
             assert session.subject == "user-7"
     for record in caplog.records:
         assert not token or token not in record.getMessage()
+
+
+@pytest.mark.parametrize("stale", ["expired", "tampered", "other_secret"])
+@pytest.mark.parametrize("fresh_in", ["subprotocol", "query"])
+async def test_a_stale_cookie_does_not_hide_a_valid_token_sent_another_way(stale: str, fresh_in: str) -> None:
+    """A session cookie left by an earlier sign-in that no longer decodes (expired, or signed with a
+    secret since retired) does not hide the valid token the page passed in the subprotocol or the
+    query: the first token that decodes counts. It hid it, and under `required` the client was
+    closed with 4401 and stopped for good."""
+    settings = Settings(secret=SECRET, secret_fallbacks=(OLD,), authenticate="required")
+    fresh = sessions.issue("user-9")
+    headers = {"Cookie": f"livepush_session={token_of(stale)}"}
+    path = "/"
+    if fresh_in == "subprotocol":
+        headers["Sec-WebSocket-Protocol"] = f"livepush, livepush.token.{fresh}"
+    else:
+        path = f"/?token={fresh}"
+    session, reason = await authenticate(headers, path, settings, MemoryRevocations())
+    assert session is not None and session.subject == "user-9" and reason is None
+
+
+async def test_a_valid_cookie_counts_before_a_token_sent_another_way() -> None:
+    """Two valid tokens: the cookie's counts, as the order of the sources says; none that decodes:
+    the reason is the first one's."""
+    settings = Settings(secret=SECRET, authenticate="required")
+    headers = {"Cookie": f"livepush_session={sessions.issue('from-cookie')}",
+               "Sec-WebSocket-Protocol": f"livepush, livepush.token.{sessions.issue('from-subprotocol')}"}
+    session, _ = await authenticate(headers, "/", settings, None)
+    assert session is not None and session.subject == "from-cookie"
+    headers = {"Cookie": f"livepush_session={token_of('expired')}",
+               "Sec-WebSocket-Protocol": "livepush, livepush.token.not-a-token"}
+    assert await authenticate(headers, "/", settings, None) == (None, "expired")
 
 
 async def test_authenticate_without_store_skips_revocation() -> None:

@@ -110,20 +110,20 @@ def any_origin(allowed: tuple[str, ...] | None) -> bool:
     return allowed is not None and "*" in (entry.strip() for entry in allowed)
 
 
-def extract_token(headers: HeadersLike, path: str, *, cookies: bool = True, query: bool = True) -> str | None:
-    """The session token from the session cookie, else from the `livepush.token.<token>`
-    subprotocol, else from the `token` query parameter of `path` (the request target), else
-    None. `cookies=False` ignores cookies (any origin may connect, so any site could use
-    them); `query=False` ignores the query (LIVEPUSH_QUERY_TOKENS=off). No validation here:
+def extract_tokens(headers: HeadersLike, path: str, *, cookies: bool = True, query: bool = True) -> list[str]:
+    """The session tokens a handshake carries, in the order they count: the session cookie's, the
+    `livepush.token.<token>` subprotocol's, then the `token` query parameter of `path` (the
+    request target). `cookies=False` ignores cookies (any origin may connect, so any site could
+    use them); `query=False` ignores the query (LIVEPUSH_QUERY_TOKENS=off). No validation here:
     decode() refuses anything that is not a token."""
-    if cookies:
-        token = cookie_token(header_values(headers, "cookie"))
-        if token is not None:
-            return token
-    token = _subprotocol_token(header_values(headers, "sec-websocket-protocol"))
-    if token is not None:
-        return token
-    return _query_token(path or "") if query else None
+    found = []
+    if cookies and (token := cookie_token(header_values(headers, "cookie"))) is not None:
+        found.append(token)
+    if (token := _subprotocol_token(header_values(headers, "sec-websocket-protocol"))) is not None:
+        found.append(token)
+    if query and (token := _query_token(path or "")) is not None:
+        found.append(token)
+    return found
 
 
 def ignored_token(headers: HeadersLike, path: str, settings: Settings) -> str | None:
@@ -251,14 +251,19 @@ async def authenticate(
     """
     if settings.authenticate == "off":
         return None, None
-    token = extract_token(headers, path, cookies=not any_origin(settings.allowed_origins),
-                          query=settings.query_tokens)
-    if token is None:
-        return None, "missing"
-    try:
-        session = decode(token, settings.secrets)
-    except InvalidSession as exc:
-        return None, exc.reason
+    # The first token that decodes counts, the first one's reason when none does: a stale cookie
+    # (expired, or signed with a retired secret) left by an earlier sign-in hid the fresh token
+    # the page passed in the subprotocol, and the client stopped for good on 4401.
+    refused: str | None = None
+    for token in extract_tokens(headers, path, cookies=not any_origin(settings.allowed_origins),
+                                query=settings.query_tokens):
+        try:
+            session = decode(token, settings.secrets)
+            break
+        except InvalidSession as exc:
+            refused = refused or exc.reason
+    else:
+        return None, refused or "missing"
     if store is not None:
         if await store.is_revoked(session):
             return None, "revoked"
@@ -270,5 +275,5 @@ async def authenticate(
 
 
 __all__ = ["COOKIE_NAME", "HOST_COOKIE_NAME", "QUERY_PARAM", "REASONS", "SUBPROTOCOL", "any_origin", "authenticate",
-           "cookie_token", "duplicated_header", "extract_token", "header_values", "ignored_token", "origin_allowed",
+           "cookie_token", "duplicated_header", "extract_tokens", "header_values", "ignored_token", "origin_allowed",
            "session_cookies"]

@@ -19,7 +19,7 @@ from livepush.fanout.redis import parse_frames
 from livepush.jobs.events.source import parse_ring
 from livepush.jobs.runtime.runtime import parse_ids
 from livepush.sessions import decode
-from livepush.sessions.handshake import duplicated_header, extract_token, origin_allowed
+from livepush.sessions.handshake import duplicated_header, extract_tokens, origin_allowed
 from livepush.types import offset_key
 from tests.server.conftest import make_settings, start_served
 from tests.support.http import upgrade_headers
@@ -106,10 +106,10 @@ headers = st.lists(st.tuples(st.sampled_from(["Origin", "Host", "Cookie", "Upgra
 @SOME
 @given(headers, st.text(max_size=80), st.none() | st.lists(st.text(max_size=30), max_size=3).map(tuple))
 def test_the_handshake_checks_take_anything(hs: list[tuple[str, str]], path: str, allowed: tuple[str, ...] | None) -> None:
-    """duplicated_header, extract_token and origin_allowed decide on any headers and path without raising."""
+    """duplicated_header, extract_tokens and origin_allowed decide on any headers and path without raising."""
     duplicated_header(hs)
-    extract_token(hs, path)
-    extract_token(hs, path, cookies=False, query=False)
+    extract_tokens(hs, path)
+    extract_tokens(hs, path, cookies=False, query=False)
     assert origin_allowed(hs, allowed) in (True, False)
 
 
