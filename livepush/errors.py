@@ -3,7 +3,8 @@
     LivepushError
     ├── ConfigError            a setting is missing or wrong (CLI: exit 2)
     ├── DependencyError        Postgres or Redis cannot be reached (CLI: exit 1)
-    │   └── ListenError        listen() could not subscribe
+    │   ├── ListenError        listen() could not subscribe
+    │   └── SchemaBusyError    a schema change held a lock past a read's lock timeout (CLI: exit 75)
     ├── SchemaError            the database schema is older than this code needs
     ├── NotListeningError      a receiver registered before listen()
     ├── ArgumentValueError (ValueError)  a call's argument has a value livepush refuses
@@ -36,6 +37,12 @@ class DependencyError(LivepushError):
 
 class ListenError(DependencyError):
     """`FanOut.listen()` could not put its subscription in effect."""
+
+
+class SchemaBusyError(DependencyError):
+    """Postgres is up, but a schema change (a `livepush migrate` under way, or another DDL) held a
+    lock on livepush's tables past the lock timeout of a read that must not wait for it
+    (`jobs.status()`, `livepush status`): try again once it has finished."""
 
 
 class SchemaError(LivepushError):
@@ -109,5 +116,6 @@ __all__ = [
     "LivepushError",
     "NotListeningError",
     "PayloadTooLarge",
+    "SchemaBusyError",
     "SchemaError",
 ]

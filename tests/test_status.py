@@ -16,6 +16,8 @@ import psycopg
 import pytest
 
 from livepush import jobs
+from livepush.errors import DependencyError, SchemaBusyError
+from livepush.migrate import MIGRATION_LOCK_KEY
 from tests.support.procs import Processes
 from tests.support.redis_acl import documented_user
 from tests.support.settings import jobs_settings
@@ -301,6 +303,30 @@ def test_an_unreachable_database_read_from_database_url_is_named_so(
     code, out, err = run_status(procs, env)
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert "cannot reach Postgres" in err and "check DATABASE_URL" in err, err
+
+
+def test_a_migration_holding_the_schema_makes_status_give_up_with_exit_75_saying_to_try_again(
+        status_db: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
+    """While `livepush migrate` holds its locks (its advisory lock, and a table its DDL alters),
+    `livepush status` gives up within its lock timeout with exit 75 and one line saying that a
+    schema change holds the tables and to try again, instead of waiting for as long as the
+    migration runs; `jobs.status()` and `astatus()` raise SchemaBusyError, a DependencyError, saying
+    the same."""
+    with psycopg.connect(status_db) as migrating:
+        migrating.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+        migrating.execute("LOCK TABLE livepush_jobs IN ACCESS EXCLUSIVE MODE")  # what an ALTER TABLE takes
+        code, out, err = run_status(procs, livepush_env(database_url=status_db))
+        with pytest.raises(SchemaBusyError, match="try again") as raised:
+            jobs.status()
+        with pytest.raises(SchemaBusyError, match="try again"):
+            asyncio.run(jobs.astatus())
+        migrating.rollback()
+    assert code == 75, err
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert "livepush migrate" in err and "try again" in err and "Traceback" not in err
+    assert isinstance(raised.value, DependencyError)
+    code, _, err = run_status(procs, livepush_env(database_url=status_db))
+    assert code == 0, err
 
 
 @pytest.mark.parametrize("argv,needle", [

@@ -1,5 +1,6 @@
 """The `livepush` command (docs/reference.md#3-commands). Exit status: 0 clean stop, 1 a dependency
-failed, 2 bad usage or configuration; errors are one line on stderr, never a traceback."""
+failed, 2 bad usage or configuration, 75 a schema change held the tables (try again); errors are
+one line on stderr, never a traceback."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ import sys
 from collections.abc import Callable, Collection, Sequence
 
 from .. import config
-from ..errors import ConfigError, DependencyError, InvalidTopic, LivepushError, SchemaError
+from ..errors import ConfigError, DependencyError, InvalidTopic, LivepushError, SchemaBusyError, SchemaError
 from . import flags, logs
 from .runner import open_standard_descriptors, run_async
 
 EXIT_OK, EXIT_DEPENDENCY, EXIT_USAGE = 0, 1, 2
+# A read that a schema change held up (`livepush migrate` under way): nothing is wrong, try again.
+# sysexits' EX_TEMPFAIL, so a script can tell it from a database that is down (1).
+EXIT_TRY_AGAIN = 75
 # A command that prints its result and ends, stopped by SIGINT before it finished: 128 + SIGINT,
 # what a shell reports for a command Ctrl-C stopped (SIGTERM, left to its default, gives 143).
 EXIT_INTERRUPTED = 130
@@ -397,6 +401,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             status = fail(exc, EXIT_USAGE)
         else:
             raise
+    except SchemaBusyError as exc:
+        status = fail(exc, EXIT_TRY_AGAIN)
     except DependencyError as exc:
         status = fail(exc, EXIT_DEPENDENCY)
     except KeyboardInterrupt:

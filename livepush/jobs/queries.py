@@ -856,6 +856,13 @@ CLEAR = ("DELETE FROM livepush_job_steps; DELETE FROM livepush_job_signals; DELE
 # whatever role runs it.
 STATUS_SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 
+# name: status_lock_timeout
+# Right after status_snapshot (`true`: this transaction only). The reads take only ACCESS SHARE
+# locks, which wait for nothing but a schema change: a `livepush migrate` altering a table holds
+# ACCESS EXCLUSIVE until it commits, and the report waited for as long, with no word. Given up
+# after %(ms)s, the read says so (api/status.py) and the operator tries again.
+STATUS_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(ms)s, true)"
+
 # Whether the available job `j` is a step of a paused workflow run: no runtime claims it until the
 # run is resumed (workflows/queries.py: CLAIM_STEPS passes it over on the same condition), so it is
 # no backlog of its queue. Counted as one, a run paused on purpose for an hour set off the backlog

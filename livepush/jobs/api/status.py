@@ -13,9 +13,13 @@ the database and Redis show (cli/status.py); each server's own view is GET /read
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
+
+import psycopg
 
 from ... import metrics
 from .. import queries
@@ -25,10 +29,13 @@ from ..groups import steps
 from ..groups.transactions import ain_tx, in_tx
 from ..periodic import queries as periodic_queries
 from ..workflows import queries as workflow_queries
-from ...errors import ArgumentTypeError, ArgumentValueError
+from ...errors import ArgumentTypeError, ArgumentValueError, DependencyError, SchemaBusyError
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 1000
+# How long the report waits for a lock on livepush's tables: only a schema change holds one its
+# reads wait for, and a migration can hold it for minutes, so the report gives up and says so.
+LOCK_TIMEOUT = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +156,7 @@ def _age(at: datetime, then: datetime) -> float:
 
 def _reads(limit: int) -> steps.Steps[Status]:
     yield steps.Query(queries.STATUS_SNAPSHOT, {})
+    yield steps.Query(queries.STATUS_LOCK_TIMEOUT, {"ms": f"{round(LOCK_TIMEOUT * 1000)}ms"})
     at: datetime = (yield steps.Query(queries.STATUS_NOW, {}))[0]["at"]
     queue_rows = yield steps.Query(queries.QUEUE_STATUS, {})
     runtime_rows = yield steps.Query(queries.RUNTIME_STATUS, {})
@@ -189,17 +197,34 @@ def _reads(limit: int) -> steps.Steps[Status]:
     )
 
 
+@contextlib.contextmanager
+def _lock_bounded() -> Iterator[None]:
+    """Around the report's transaction: its lock wait given up (STATUS_LOCK_TIMEOUT) said as what
+    it is, not as a statement some timeout of the role's cancelled."""
+    try:
+        yield
+    except DependencyError as exc:
+        if not isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
+            raise
+        raise SchemaBusyError(
+            f"the job runtime's tables were locked for more than {LOCK_TIMEOUT:g} s: a schema change holds them "
+            "(a `livepush migrate` under way, or another DDL); try again once it has finished") from exc
+
+
 def status(limit: int = DEFAULT_LIMIT) -> Status:
     """The job runtime as the database shows it now: queues, runtimes, and the newest `limit`
-    (1 to 1000) task groups and workflow runs in progress, with counts of all of them."""
+    (1 to 1000) task groups and workflow runs in progress, with counts of all of them. Raises
+    SchemaBusyError when a schema change holds the tables for more than LOCK_TIMEOUT seconds."""
     limit = checked_limit(limit)
-    return in_tx(lambda: _reads(limit), None)
+    with _lock_bounded():
+        return in_tx(lambda: _reads(limit), None)
 
 
 async def astatus(limit: int = DEFAULT_LIMIT) -> Status:
     """status() for async code."""
     limit = checked_limit(limit)
-    return await ain_tx(lambda: _reads(limit), None)
+    with _lock_bounded():
+        return await ain_tx(lambda: _reads(limit), None)
 
 
 def _gauges() -> steps.Steps[None]:
