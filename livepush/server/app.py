@@ -126,7 +126,7 @@ class PushServer:
         # One of `serve --workers N`'s processes: it shares its port with the others (SO_REUSEPORT,
         # the kernel spreads connections) and names itself in /readyz.
         self.worker = worker
-        self.readiness = Readiness(fanout, away=self.away, draining=lambda: self.draining,
+        self.readiness = Readiness(fanout, away=self.away, draining=lambda: self.draining, full=self._at_cap,
                                    schema=schema, states=self.states, worker=worker)
         self._readiness_task: asyncio.Task[None] | None = None
         self.clients: set[Connection] = set()  # the open connections
@@ -286,6 +286,14 @@ class PushServer:
         holds."""
         cap = self.settings.max_connections
         return cap is not None and len(self.clients) >= cap
+
+    def _at_cap(self) -> str | None:
+        """What /readyz's `capacity` check says while _full(): the upgrades it refuses meanwhile are
+        better sent to another server. None below the cap."""
+        if not self._full():
+            return None
+        return (f"at LIVEPUSH_MAX_CONNECTIONS ({self.settings.max_connections} connections open): new ones are "
+                "refused until some close")
 
     def _full_response(self) -> Response:
         self._quiet.debug("refused a connection: %d connections is LIVEPUSH_MAX_CONNECTIONS",

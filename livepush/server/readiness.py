@@ -1,6 +1,6 @@
 """What `/readyz` answers: whether a load balancer should send this server new connections.
 
-Four checks, each named in the JSON body (docs/reference.md#9-operations):
+Five checks, each named in the JSON body (docs/reference.md#9-operations):
 - listening: what /healthz says (the fan-out and every state source hear their changes), and
   when not, which part does not;
 - canary: a message this server publishes to itself through the fan-out every CANARY_EVERY
@@ -12,7 +12,9 @@ Four checks, each named in the JSON body (docs/reference.md#9-operations):
 - schema: the database's schema is not older than this code needs (checked every SCHEMA_EVERY
   seconds, when the server has a database; a check given no answer within SCHEMA_TIMEOUT keeps
   the last verdict, so that the canaries go on);
-- draining: the server is not stopping.
+- draining: the server is not stopping;
+- capacity: the server is below LIVEPUSH_MAX_CONNECTIONS. At the cap it refuses every upgrade,
+  and a load balancer told it was ready kept sending it pages it turned away.
 
 The canary's bookkeeping (`Canary`) is pure and clocked from outside; `Readiness.run()` is the
 loop that publishes and the only part that awaits.
@@ -132,6 +134,7 @@ class Readiness:
         *,
         away: Callable[[], str | None],
         draining: Callable[[], bool],
+        full: Callable[[], str | None] = lambda: None,
         schema: SchemaCheck | None = None,
         states: Sequence[StateSource] = (),
         worker: int | None = None,
@@ -142,6 +145,7 @@ class Readiness:
         self.fanout = fanout
         self._away = away  # which part does not hear its changes, None while all do
         self._draining = draining
+        self._full = full  # why no new connection fits now (the connection cap), None while one does
         self._schema = schema
         self.worker = worker  # this process's index under `serve --workers N`, named in the body
         self.every = every
@@ -254,11 +258,13 @@ class Readiness:
         elif self._schema_problem is not None:
             schema["detail"] = self._schema_problem
         draining = self._draining()
+        full = self._full()
         checks = {
             "listening": {"ok": away is None} | ({"detail": away} if away is not None else {}),
             "canary": canary,
             "schema": schema,
             "draining": {"ok": not draining} | ({"detail": "stopping: connect elsewhere"} if draining else {}),
+            "capacity": {"ok": full is None} | ({"detail": full} if full is not None else {}),
         }
         ready = all(bool(c["ok"]) for c in checks.values())
         body: dict[str, object] = {"status": "ready" if ready else "unavailable", "fanout": self.fanout.name,

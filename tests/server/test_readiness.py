@@ -148,7 +148,7 @@ async def test_a_started_server_is_ready_and_names_each_check(served: Served) ->
     assert status == 200, body
     assert body["status"] == "ready" and body["fanout"] == served.fanout.name
     checks = body["checks"]
-    assert isinstance(checks, dict) and set(checks) == {"listening", "canary", "schema", "draining"}
+    assert isinstance(checks, dict) and set(checks) == {"listening", "canary", "schema", "draining", "capacity"}
     assert all(c["ok"] for c in checks.values())
     assert checks["canary"]["round_trip_ms"] >= 0
 
@@ -189,6 +189,43 @@ async def test_a_draining_server_is_not_ready_while_healthz_still_answers(served
         await closing
         for client in clients:
             await client.close()
+
+
+async def test_a_server_at_its_connection_cap_is_not_ready_until_one_closes_while_healthz_stays_200(
+        secret: str) -> None:
+    """At LIVEPUSH_MAX_CONNECTIONS the server refuses every new upgrade (503): /readyz says so
+    (503, its `capacity` check naming the cap), so that a load balancer sends the next page to
+    another server instead of here; one connection closed, it is ready again. The process is
+    alive and hears all along: /healthz stays 200."""
+    settings = make_settings("local", secret, None, None, max_connections=2)
+    set_settings(settings)
+    server = PushServer(settings, LocalFanOut())
+    server.readiness.every = 0.1
+    await server.start()
+    url = f"ws://127.0.0.1:{server.port}/"
+    clients: list[WSClient] = []
+    try:
+        await async_wait_for(lambda: server.readiness.canary.answered_once, 10.0, message="a first canary")
+        clients.append(await WSClient.open(url))
+        status, body = await http_get(server.port, "/readyz")
+        assert status == 200 and json.loads(body)["checks"]["capacity"] == {"ok": True}, body
+        clients.append(await WSClient.open(url))
+        await async_wait_for(lambda: len(server.clients) == 2, 5.0, message="both connections attached")
+        status, body = await http_get(server.port, "/readyz")
+        capacity = json.loads(body)["checks"]["capacity"]
+        assert status == 503 and capacity["ok"] is False, body
+        assert "LIVEPUSH_MAX_CONNECTIONS" in capacity["detail"] and "2" in capacity["detail"], body
+        assert (await http_get(server.port, "/healthz"))[0] == 200
+        await clients.pop().close()
+        await async_wait_for(lambda: len(server.clients) == 1, 5.0, message="the connection closed")
+        status, body = await http_get(server.port, "/readyz")
+        assert status == 200, body
+    finally:
+        for client in clients:
+            await client.close()
+        await server.stop()
+        await server.fanout.aclose()
+        set_settings(None)
 
 
 async def test_a_stop_closes_connections_at_once_while_the_canary_waits_on_a_database_that_answers_nothing(
