@@ -252,6 +252,20 @@ def test_every_metric_the_reference_lists_is_served() -> None:
     assert listed == served, listed ^ served
 
 
+def test_an_alert_that_fires_on_none_fires_too_when_no_process_exports_the_gauge() -> None:
+    """An alert of operations.md that fires when a gauge reads 0 ("no runtime": none alive) fires
+    too when the series is absent: the runtimes may be the only processes that export
+    `livepush_runtimes_alive`, and with none running there is no series for `== 0` to match, so
+    the alert stayed silent exactly when nothing ran jobs."""
+    table = section("docs/operations.md", "What to watch")
+    rules = re.findall(r"^\| [^|]+ \| `([^`]+)` \|", table, re.M)
+    on_none = [rule for rule in rules if re.search(r"== 0\b", rule)]
+    assert on_none, "no alert of operations.md fires on a gauge at 0"
+    for rule in on_none:
+        for gauge in set(re.findall(r"\b(livepush_[a-z_]+)\b", rule)):
+            assert f"absent({gauge})" in rule, f"{rule!r} stays silent while no process exports {gauge}"
+
+
 def _resolve(dotted: str) -> bool:
     import importlib
 
