@@ -191,7 +191,7 @@ class _DatabaseGauges(Collector):
     pin a backlog alert on, or hold the alert on no runtime alive off, for as long as it cannot."""
 
     def __init__(self) -> None:
-        self.queues: dict[str, tuple[int, float, bool]] = {}
+        self.queues: dict[str, tuple[int, float, int, bool]] = {}  # depth, oldest age, held, paused
         self.runtimes_alive: int | None = None
 
     def forget(self) -> None:
@@ -203,16 +203,19 @@ class _DatabaseGauges(Collector):
         oldest = GaugeMetricFamily("livepush_queue_oldest_age_seconds",
                                    "Seconds the oldest available job of the queue has been due (0 when none is).",
                                    labels=["queue"])
+        held = GaugeMetricFamily("livepush_queue_held", "Available jobs their function's concurrency= or rate= "
+                                 "holds back now, per queue (on purpose: not in the depth).", labels=["queue"])
         paused = GaugeMetricFamily("livepush_queue_paused", "1 while the queue is paused (jobs.pause_queue), else 0.",
                                    labels=["queue"])
-        for queue, (count, age, is_paused) in self.queues.items():
+        for queue, (count, age, held_back, is_paused) in self.queues.items():
             depth.add_metric([queue], count)
             oldest.add_metric([queue], age)
+            held.add_metric([queue], held_back)
             paused.add_metric([queue], 1 if is_paused else 0)
         alive = GaugeMetricFamily("livepush_runtimes_alive", "Job runtimes registered and beating.")
         if self.runtimes_alive is not None:
             alive.add_metric([], self.runtimes_alive)
-        return [depth, oldest, paused, alive]
+        return [depth, oldest, held, paused, alive]
 
 
 _from_zero()
@@ -351,11 +354,11 @@ def _refresh_done(key: int, future: asyncio.Future[None]) -> None:
                         future.exception())
 
 
-def set_queue_gauges(queues: dict[str, tuple[int, float | None, bool]], runtimes_alive: int) -> None:
-    """Replace the per-queue gauges (depth, oldest age, paused): a queue gone from the database
-    disappears from the scrape."""
-    DATABASE_GAUGES.queues = {queue: (depth, oldest or 0.0, paused)
-                              for queue, (depth, oldest, paused) in queues.items()}
+def set_queue_gauges(queues: dict[str, tuple[int, float | None, int, bool]], runtimes_alive: int) -> None:
+    """Replace the per-queue gauges (depth, oldest age, held by limits, paused): a queue gone from
+    the database disappears from the scrape."""
+    DATABASE_GAUGES.queues = {queue: (depth, oldest or 0.0, held, paused)
+                              for queue, (depth, oldest, held, paused) in queues.items()}
     DATABASE_GAUGES.runtimes_alive = runtimes_alive
 
 

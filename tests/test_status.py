@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from livepush import jobs
 from livepush.errors import DependencyError, SchemaBusyError
@@ -56,6 +57,16 @@ async def report(ctx: Any) -> Any:
 @flow.step(after=["report"])
 async def publish(ctx: Any) -> Any:
     return "published"
+
+
+@jobs.job(name="status.per_tenant", queue="status_limits", concurrency=("tenant", 1))
+async def per_tenant(ctx: Any, tenant: str) -> None:
+    return None
+
+
+@jobs.job(name="status.rated", queue="status_limits", rate="1/m")
+async def rated(ctx: Any, n: int) -> None:
+    return None
 
 
 def q(url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
@@ -128,10 +139,10 @@ def test_the_report_names_each_queue_runtime_group_and_workflow(
     group_lines = _section(lines, "Groups in progress")
     assert [line.split()[0] for line in group_lines[1:]] == [str(busy_db["sealed_group"]), str(busy_db["open_group"])]
     queue_lines = {line.split()[0]: line.split() for line in _section(lines, "Queues")[1:]}
-    # QUEUE STATE DEPTH OLDEST SCHEDULED RUNNING WAITING FAILED
-    assert queue_lines["status_a"][1:3] == ["active", "4"] and queue_lines["status_a"][4:] == ["1", "1", "0", "0"]
-    assert queue_lines["status_work"][1:] == ["active", "0", "-", "0", "0", "2", "1"]
-    assert queue_lines["status_b"][1:] == ["active", "0", "-", "0", "0", "0", "0"]
+    # QUEUE STATE DEPTH OLDEST HELD SCHEDULED RUNNING WAITING FAILED
+    assert queue_lines["status_a"][1:3] == ["active", "4"] and queue_lines["status_a"][4:] == ["0", "1", "1", "0", "0"]
+    assert queue_lines["status_work"][1:] == ["active", "0", "-", "0", "0", "0", "2", "1"]
+    assert queue_lines["status_b"][1:] == ["active", "0", "-", "0", "0", "0", "0", "0"]
 
 
 def _section(lines: list[str], title: str) -> list[str]:
@@ -155,10 +166,11 @@ def test_json_has_the_figures(busy_db: dict[str, Any], procs: Processes,
     assert doc["servers"] == []
     queues = {qu["queue"]: qu for qu in doc["queues"]}
     assert {k: v for k, v in queues["status_a"].items() if k != "oldest_age"} == {
-        "queue": "status_a", "paused": False, "depth": 4, "scheduled": 1, "running": 1, "waiting": 0, "failed": 0}
+        "queue": "status_a", "paused": False, "depth": 4, "held": 0, "scheduled": 1, "running": 1, "waiting": 0,
+        "failed": 0}
     assert 90 <= queues["status_a"]["oldest_age"] < 120
-    assert queues["status_work"] == {"queue": "status_work", "paused": False, "depth": 0, "oldest_age": None, "scheduled": 0,
-                                     "running": 0, "waiting": 2, "failed": 1}
+    assert queues["status_work"] == {"queue": "status_work", "paused": False, "depth": 0, "oldest_age": None, "held": 0,
+                                     "scheduled": 0, "running": 0, "waiting": 2, "failed": 1}
     assert queues["status_b"]["depth"] == 0
 
     runtimes = {r["id"]: r for r in doc["runtimes"]}
@@ -456,6 +468,48 @@ def test_a_runtime_silent_only_while_the_database_was_down_is_neither_overdue_no
     assert runtimes[stalled].overdue is True
     asyncio.run(arefresh_metrics())
     assert metrics.DATABASE_GAUGES.runtimes_alive == 1
+
+
+def test_jobs_their_limits_hold_back_are_counted_apart_from_the_backlog(status_db: str) -> None:
+    """Jobs that `concurrency=` or `rate=` hold back on purpose are no backlog: adding runtimes
+    would not start them. The queue's depth and oldest age (and their gauges, which the backlog
+    alert reads) count only the jobs a runtime could start now; the held ones are counted apart,
+    in `held` and `livepush_queue_held`. Counted as backlog, a tenant's queue of jobs waiting for
+    its one slot fired the backlog alert and told the operator to add runtimes."""
+    from livepush import metrics
+    from livepush.jobs.api.status import arefresh_metrics, status
+
+    url = status_db
+    runtime = q(url, """INSERT INTO livepush_job_runtimes (host, pid, queues, concurrency, heartbeat)
+                        VALUES ('limits-host', 4646, '{status_limits}', 4, 10) RETURNING id""")[0][0]
+    # Each function's limits, as a runtime that defines it writes them as it starts: one slot per
+    # tenant, and a bucket holding one token (at one a minute, it holds one for the whole test).
+    q(url, """INSERT INTO livepush_job_limits (name, max_running, key_param) VALUES ('status.per_tenant', 1, 'tenant')""")
+    q(url, """INSERT INTO livepush_job_limits (name, rate, burst, tokens, refilled_at)
+              VALUES ('status.rated', 1.0 / 60, 2, 1.2, now())""")
+    acme = [per_tenant.enqueue("acme") for _ in range(3)]
+    per_tenant.enqueue("globex")  # its tenant's slot is free: a runtime could start it now
+    for n in range(3):
+        rated.enqueue(n)  # the bucket's one token starts the first; the other two wait for tokens
+    q(url, "UPDATE livepush_jobs SET state = 'running', attempt = 1, runtime_id = %s, lease = 7 WHERE id = %s",
+      (runtime, acme[0].id))
+    # acme's two waiting jobs, held for its slot, have waited ten minutes.
+    q(url, "UPDATE livepush_jobs SET run_at = now() - interval '10 minutes' WHERE id = ANY(%s)",
+      ([h.id for h in acme[1:]],))
+    assert q(url, "SELECT count(*) FROM livepush_jobs WHERE limited AND state = 'available'")[0][0] == 6
+
+    (queue,) = [queue for queue in status().queues if queue.queue == "status_limits"]
+    assert (queue.depth, queue.held, queue.running) == (2, 4, 1), queue
+    assert queue.oldest_age is not None and queue.oldest_age < 60, queue
+
+    asyncio.run(arefresh_metrics())
+    scraped = {(s.name, tuple(s.labels.items())): s.value
+               for family in text_string_to_metric_families(asyncio.run(metrics.render()).decode())
+               for s in family.samples}
+    labels = (("queue", "status_limits"),)
+    assert scraped["livepush_queue_depth", labels] == 2
+    assert scraped["livepush_queue_held", labels] == 4
+    assert scraped["livepush_queue_oldest_age_seconds", labels] < 60
 
 
 def _shape(value: Any) -> Any:

@@ -135,11 +135,11 @@ def render(report: Status, database_name: str, servers: Sequence[dict[str, Any]]
     out = [f"livepush status of {database_name} at {at}", ""]
 
     out += _section(f"Queues ({len(report.queues)})", table(
-        ["QUEUE", "STATE", "DEPTH", "OLDEST", "SCHEDULED", "RUNNING", "WAITING", "FAILED"],
+        ["QUEUE", "STATE", "DEPTH", "OLDEST", "HELD", "SCHEDULED", "RUNNING", "WAITING", "FAILED"],
         [[q.queue, "paused" if q.paused else "active", str(q.depth),
-          "-" if q.oldest_age is None else duration(q.oldest_age), str(q.scheduled),
+          "-" if q.oldest_age is None else duration(q.oldest_age), str(q.held), str(q.scheduled),
           str(q.running), str(q.waiting), str(q.failed)] for q in report.queues],
-        right=frozenset({2, 3, 4, 5, 6, 7})) if report.queues else [])
+        right=frozenset({2, 3, 4, 5, 6, 7, 8})) if report.queues else [])
 
     runtimes = table(
         ["ID", "HOST", "PID", "QUEUES", "STATE", "IN HAND", "LAST BEAT"],

@@ -870,8 +870,42 @@ STATUS_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(ms)s, true)"
 _HELD_BY_PAUSE = """(j.workflow_id IS NOT NULL
     AND EXISTS (SELECT FROM livepush_workflows w WHERE w.id = j.workflow_id AND w.state = 'paused'))"""
 
+# The available jobs that their function's limits hold back now (`concurrency=`, `rate=`), with
+# their queue: a runtime would not start them, however many there were, so they are no backlog of
+# the queue (counted as one, a tenant's jobs waiting for its one slot set off the backlog alert and
+# told the operator to add runtimes). The rules are livepush_claim_limited()'s
+# (sql/0008_claim_limits.sql): a job whose key already runs max_running jobs, counting the key's
+# jobs before it in claim order, is held for a slot; of the others, those past the whole tokens in
+# the name's bucket now are held for tokens. A limited job whose name has no limits row is not held:
+# no claim takes it, and that is a backlog to see. A plain read, without the name's claim lock: it
+# counts from one snapshot (the statement's, or the report's), so a claim or an outcome committing
+# meanwhile is either wholly in it or wholly out, and the figure is at most that one change behind,
+# as every gauge is; it decides nothing. Reads the limited claim's index and the running keys' (a
+# scrape costs what the limited backlog is); a body for WITH held AS.
+_HELD_BY_LIMITS = """
+SELECT c.id, c.queue FROM (
+    SELECT c.*, row_number() OVER (PARTITION BY c.name, c.over_slots ORDER BY c.priority, c.run_at, c.id) AS nth
+    FROM (
+        SELECT j.id, j.queue, j.name, j.priority, j.run_at, l.rate,
+               least(l.burst, l.tokens + l.rate * greatest(extract(epoch FROM now() - l.refilled_at), 0)) AS tokens,
+               coalesce(l.max_running IS NOT NULL AND j.concurrency_key IS NOT NULL
+                        AND coalesce(r.n, 0) + row_number() OVER (PARTITION BY j.name, j.concurrency_key
+                                                                  ORDER BY j.priority, j.run_at, j.id) > l.max_running,
+                        false) AS over_slots
+        FROM livepush_jobs j
+        JOIN livepush_job_limits l ON l.name = j.name
+        LEFT JOIN (SELECT name, concurrency_key, count(*) AS n FROM livepush_jobs
+                   WHERE state = 'running' AND concurrency_key IS NOT NULL
+                   GROUP BY name, concurrency_key) r ON r.name = j.name AND r.concurrency_key = j.concurrency_key
+        WHERE j.state = 'available' AND j.limited
+    ) c
+) c
+WHERE c.over_slots OR (c.rate IS NOT NULL AND c.nth > floor(c.tokens))
+"""
+
 # name: queue_status
-# A plain read. Per queue: jobs available now (depth: but a paused run's steps, _HELD_BY_PAUSE) and
+# A plain read. Per queue: jobs available now (depth: but a paused run's steps, _HELD_BY_PAUSE, and
+# the jobs their limits hold back, counted apart as `held`, _HELD_BY_LIMITS) and
 # how long the oldest of them has been due, scheduled (delayed enqueues and retries in backoff), running, waiting (durable jobs
 # parked: they hold no slot) and failed (kept until retention deletes them). Finished jobs that
 # succeeded or were cancelled are left out. Queues that a registered runtime serves are listed
@@ -880,16 +914,18 @@ _HELD_BY_PAUSE = """(j.workflow_id IS NOT NULL
 # unfinished and failed rows of livepush_jobs (failed jobs have no index): an operator's
 # occasional read, never on a job's path.
 QUEUE_STATUS = f"""
-WITH counts AS (
+WITH held AS ({_HELD_BY_LIMITS}), counts AS (
     SELECT queue,
            count(*) FILTER (WHERE claimable) AS depth,
            extract(epoch FROM now() - min(run_at) FILTER (WHERE claimable))::float8 AS oldest_age,
+           count(*) FILTER (WHERE held) AS held,
            count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
            count(*) FILTER (WHERE state = 'running') AS running,
            count(*) FILTER (WHERE state = 'waiting') AS waiting,
            count(*) FILTER (WHERE state = 'failed') AS failed
-    FROM (SELECT j.queue, j.state, j.run_at, j.state = 'available' AND NOT {_HELD_BY_PAUSE} AS claimable
-          FROM livepush_jobs j
+    FROM (SELECT j.queue, j.state, j.run_at, h.id IS NOT NULL AS held,
+                 j.state = 'available' AND NOT {_HELD_BY_PAUSE} AND h.id IS NULL AS claimable
+          FROM livepush_jobs j LEFT JOIN held h ON h.id = j.id
           WHERE j.state IN ('available', 'scheduled', 'running', 'waiting', 'failed')) j
     GROUP BY queue
 ), served AS (
@@ -899,7 +935,7 @@ SELECT q.queue, EXISTS (SELECT 1 FROM livepush_paused_queues pq WHERE pq.queue =
        coalesce(c.depth, 0)::int AS depth,
        -- NULL with nothing available (greatest() alone would make that 0: it skips NULLs).
        CASE WHEN c.depth > 0 THEN greatest(c.oldest_age, 0) END AS oldest_age,
-       coalesce(c.scheduled, 0)::int AS scheduled, coalesce(c.running, 0)::int AS running,
+       coalesce(c.held, 0)::int AS held, coalesce(c.scheduled, 0)::int AS scheduled, coalesce(c.running, 0)::int AS running,
        coalesce(c.waiting, 0)::int AS waiting, coalesce(c.failed, 0)::int AS failed
 FROM (SELECT queue FROM counts UNION SELECT queue FROM served UNION SELECT queue FROM livepush_paused_queues) q
 LEFT JOIN counts c ON c.queue = q.queue
@@ -938,24 +974,29 @@ LIMIT %(limit)s
 """
 
 # name: queue_gauges
-# A plain read for /metrics: per queue, jobs available now, the oldest one's age, and whether the
+# A plain read for /metrics: per queue, jobs available now, the oldest one's age, the jobs their
+# limits hold back (_HELD_BY_LIMITS: no part of the backlog, counted apart), and whether the
 # queue is paused (its backlog then grows on purpose). Reads only the three claim indexes' rows
 # (state 'available': plain, limited, and workflow steps', but those of paused runs:
-# _HELD_BY_PAUSE), so a scrape costs what the backlog is, never the table; queues a registered
-# runtime serves, and paused ones, show as 0 when empty.
+# _HELD_BY_PAUSE) and the running keys', so a scrape costs what the backlog is, never the table;
+# queues a registered runtime serves, and paused ones, show as 0 when empty.
 QUEUE_GAUGES = f"""
-SELECT queue, coalesce(c.depth, 0)::int AS depth, c.oldest_age, p.queue IS NOT NULL AS paused
+WITH held AS ({_HELD_BY_LIMITS})
+SELECT queue, coalesce(c.depth, 0)::int AS depth, c.oldest_age, coalesce(h.held, 0)::int AS held,
+       p.queue IS NOT NULL AS paused
 FROM (SELECT DISTINCT unnest(queues) AS queue FROM livepush_job_runtimes) q
 FULL JOIN (
     SELECT queue, count(*) AS depth, greatest(extract(epoch FROM now() - min(run_at)), 0)::float8 AS oldest_age
     FROM (SELECT queue, run_at FROM livepush_jobs WHERE state = 'available' AND NOT limited AND workflow_id IS NULL
           UNION ALL
-          SELECT queue, run_at FROM livepush_jobs WHERE state = 'available' AND limited
+          SELECT queue, run_at FROM livepush_jobs j
+          WHERE state = 'available' AND limited AND NOT EXISTS (SELECT FROM held WHERE held.id = j.id)
           UNION ALL
           SELECT queue, run_at FROM livepush_jobs j
           WHERE state = 'available' AND workflow_id IS NOT NULL AND NOT limited AND NOT {_HELD_BY_PAUSE}) a
     GROUP BY queue
 ) c USING (queue)
+FULL JOIN (SELECT queue, count(*) AS held FROM held GROUP BY queue) h USING (queue)
 FULL JOIN livepush_paused_queues p USING (queue)
 """
 

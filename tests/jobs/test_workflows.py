@@ -732,7 +732,7 @@ async def test_a_paused_runs_queued_step_is_no_backlog_of_its_queue_until_the_ru
         flows = next(s for s in (await jobs.astatus()).queues if s.queue == "flows")
         await arefresh_metrics()
         # A queue no runtime serves and with nothing to claim may be left out: no backlog either way.
-        depth, oldest, _ = metrics.DATABASE_GAUGES.queues.get("flows", (0, 0.0, False))
+        depth, oldest, _, _ = metrics.DATABASE_GAUGES.queues.get("flows", (0, 0.0, 0, False))
         return (flows.depth, flows.oldest_age), (depth, oldest)
 
     run = await wd.diamond.astart({"n": 1})  # no runtime: the first step's job is queued

@@ -41,12 +41,15 @@ LOCK_TIMEOUT = 5.0
 @dataclasses.dataclass(frozen=True)
 class QueueStatus:
     """One queue. `paused`: no runtime claims from it (jobs.pause_queue()); `depth`: jobs available
-    now; `oldest_age`: seconds since the oldest of them was due (None when none is available)."""
+    now that a runtime could start; `oldest_age`: seconds since the oldest of them was due (None
+    when none is available); `held`: available jobs their function's `concurrency=` or `rate=`
+    holds back now, on purpose, and so no part of the backlog."""
 
     queue: str
     paused: bool
     depth: int
     oldest_age: float | None
+    held: int
     scheduled: int
     running: int
     waiting: int
@@ -230,7 +233,8 @@ async def astatus(limit: int = DEFAULT_LIMIT) -> Status:
 def _gauges() -> steps.Steps[None]:
     queue_rows = yield steps.Query(queries.QUEUE_GAUGES, {})
     alive = (yield steps.Query(queries.RUNTIMES_ALIVE, {}))[0]["alive"]
-    metrics.set_queue_gauges({r["queue"]: (r["depth"], r["oldest_age"], r["paused"]) for r in queue_rows}, alive)
+    metrics.set_queue_gauges({r["queue"]: (r["depth"], r["oldest_age"], r["held"], r["paused"]) for r in queue_rows},
+                             alive)
 
 
 async def arefresh_metrics() -> None:
