@@ -22,6 +22,7 @@ from livepush.migrate import MIGRATION_LOCK_KEY
 from tests.support.procs import Processes
 from tests.support.redis_acl import documented_user
 from tests.support.settings import jobs_settings
+from tests.support.waiting import wait_for
 
 # The jobs and the workflow the report describes: defined at import, as a user's module would.
 
@@ -77,7 +78,13 @@ def q(url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
 
 @pytest.fixture
 def status_db(pg_url: str) -> Iterator[str]:
-    """A fresh database as the jobs' (this process enqueues and drains there)."""
+    """A fresh database as the jobs' (this process enqueues and drains there), on a Postgres up
+    for longer than three beats of the stalled runtimes below (one a second): no beat can land
+    while Postgres is down, so a runtime is overdue only once Postgres has run for three of its
+    beats, and the suite's own may have started a moment ago (the tests here then saw no runtime
+    overdue when they ran first)."""
+    wait_for(lambda: q(pg_url, "SELECT pg_postmaster_start_time() < now() - interval '3.5 seconds'")[0][0], 10.0,
+             message="Postgres up for more than three beats of a second")
     with jobs_settings(pg_url):
         yield pg_url
 
