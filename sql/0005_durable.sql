@@ -36,3 +36,14 @@ CREATE TABLE livepush_job_signals (
 );
 
 CREATE INDEX livepush_job_signals_job_idx ON livepush_job_signals (job_id, name, id);
+
+-- The keys of signals sent with jobs.signal(key=): a key names one signal to its job, so a send
+-- retried after its reply was lost (the first one committed) sends nothing again and answers the
+-- first one's id. Kept after the signal was taken (the retry may come later), and deleted with
+-- the job by retention.
+CREATE TABLE livepush_job_signal_keys (
+    job_id     bigint NOT NULL,
+    key        text   NOT NULL,
+    signal_id  bigint NOT NULL,
+    PRIMARY KEY (job_id, key)
+);

@@ -767,7 +767,7 @@ SELECT m.id, livepush_jobs_ready() AS _rang FROM moved m CROSS JOIN rung
 """
 
 # Every statement that deletes jobs ends with this: the jobs it deleted (a CTE `gone (id)`) take
-# their payloads, durable steps and unread signals with them, in the same statement (no foreign
+# their payloads, durable steps, unread signals and signal keys with them, in the same statement (no foreign
 # key cascades it: sql/0003_jobs.sql). Returns the deleted ids.
 DELETE_PAYLOADS_OF_GONE = """
 , payloads AS (
@@ -776,6 +776,8 @@ DELETE_PAYLOADS_OF_GONE = """
     DELETE FROM livepush_job_steps s USING gone g WHERE s.job_id = g.id
 ), signals AS (
     DELETE FROM livepush_job_signals s USING gone g WHERE s.job_id = g.id
+), signal_keys AS (
+    DELETE FROM livepush_job_signal_keys k USING gone g WHERE k.job_id = g.id
 )
 SELECT id FROM gone
 """
@@ -842,7 +844,7 @@ LIMIT %(limit)s
 QUEUES_WITH_DUE_JOBS = "SELECT DISTINCT queue FROM livepush_jobs WHERE state = 'available'"
 
 # name: clear (tests only): DELETE rather than TRUNCATE, which a runtime role may not do.
-CLEAR = ("DELETE FROM livepush_job_steps; DELETE FROM livepush_job_signals; DELETE FROM livepush_job_payloads; "
+CLEAR = ("DELETE FROM livepush_job_steps; DELETE FROM livepush_job_signals; DELETE FROM livepush_job_signal_keys; DELETE FROM livepush_job_payloads; "
          "DELETE FROM livepush_jobs; DELETE FROM livepush_job_runtimes; "
          "DELETE FROM livepush_paused_queues")
 

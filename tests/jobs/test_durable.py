@@ -605,6 +605,42 @@ async def test_signals_to_missing_or_finished_jobs_are_refused(durable_db: str) 
     assert q(durable_db, "SELECT count(*) FROM livepush_job_signals") == [(0,)]
 
 
+async def test_a_signal_sent_again_with_its_key_is_sent_once(durable_db: str) -> None:
+    """jobs.signal(key=): a send retried because its reply was lost (its first try committed) sends
+    nothing again and answers the first one's id: the job gets the signal once. So does a retry that
+    comes after the job took the signal and finished, instead of JobFinishedError."""
+    h = await dj.waiter.aenqueue("approval", 2, 1.0)
+    first = await jobs.asignal(h.id, "approval", {"by": "ana"}, key="approval-42")
+    again = jobs.signal(h.id, "approval", {"by": "ana"}, key="approval-42")  # the caller's retry
+    other = await jobs.asignal(h.id, "approval", {"by": "bo"}, key="approval-43")
+    assert again == first and other != first
+    async with running():
+        done = await wait_state(h.id, "succeeded")
+    assert done.result == [{"by": "ana"}, {"by": "bo"}]
+    assert await jobs.asignal(h.id, "approval", {"by": "ana"}, key="approval-42") == first
+    with pytest.raises(jobs.JobFinishedError, match="has succeeded"):
+        await jobs.asignal(h.id, "approval", {"by": "cy"}, key="approval-44")
+    with pytest.raises(ValueError, match="key="):
+        jobs.signal(h.id, "approval", key="")
+
+
+async def test_two_sends_of_one_signal_key_at_once_send_it_once(durable_db: str) -> None:
+    """Two transactions sending the same key at the same moment (a retry racing the first try):
+    the second waits for the first and, once it committed, sends nothing and answers its id."""
+    h = await dj.waiter.aenqueue("approval", 2, 1.0)
+    with psycopg.connect(durable_db) as conn:
+        first = jobs.signal(h.id, "approval", {"n": 1}, key="k", conn=conn)  # not committed yet
+        racing = asyncio.create_task(asyncio.to_thread(jobs.signal, h.id, "approval", {"n": 2}, key="k"))
+        await async_wait_for(lambda: q(durable_db, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                                               "current_database() AND wait_event_type = 'Lock'") != [(0,)], 10,
+                             message="the second send to wait for the first's key")
+        conn.commit()
+    assert await asyncio.wait_for(racing, 10) == first
+    async with running():
+        done = await wait_state(h.id, "succeeded")
+    assert done.result == [{"n": 1}, "timeout"]
+
+
 # -- durable sleep ---------------------------------------------------------------------------------
 
 async def test_durable_sleep_parks_then_goes_on(durable_db: str) -> None:
@@ -728,9 +764,9 @@ async def test_the_checkpoint_event_names_the_checkpoint(durable_db: str) -> Non
 
 
 async def test_retention_removes_steps_and_signals_with_their_job(durable_db: str) -> None:
-    """Pruning a finished job deletes its stored steps and unread signals too."""
+    """Pruning a finished job deletes its stored steps, unread signals and signal keys too."""
     h = await dj.waiter.aenqueue("approval", 1, 0.0)
-    await jobs.asignal(h.id, "other", 1)
+    await jobs.asignal(h.id, "other", 1, key="other-1")
     async with running():
         await wait_state(h.id, "succeeded")
     assert q(durable_db, "SELECT count(*) FROM livepush_job_steps WHERE job_id = %s", (h.id,)) != [(0,)]
@@ -742,6 +778,7 @@ async def test_retention_removes_steps_and_signals_with_their_job(durable_db: st
     assert await jobs.aget_job(h.id) is None
     assert q(durable_db, "SELECT count(*) FROM livepush_job_steps WHERE job_id = %s", (h.id,)) == [(0,)]
     assert q(durable_db, "SELECT count(*) FROM livepush_job_signals WHERE job_id = %s", (h.id,)) == [(0,)]
+    assert q(durable_db, "SELECT count(*) FROM livepush_job_signal_keys WHERE job_id = %s", (h.id,)) == [(0,)]
 
 
 async def test_get_job_of_an_unknown_id_is_none(durable_db: str) -> None:

@@ -162,18 +162,37 @@ SELECT NOT EXISTS (SELECT 1 FROM livepush_job_steps s
 # still waits for signal `name`.
 SIGNAL_TARGET_AWAITING = f"SELECT j.state, {_AWAITS} AS waits FROM livepush_jobs j WHERE j.id = %(id)s FOR KEY SHARE"
 
+# name: keyed_signal
+# jobs.signal(key=), under SIGNAL_TARGET's lock: the id of the signal sent to job `id` with this key,
+# if one was. A plain read: a send of the same key not yet committed is met by SEND_SIGNAL's insert
+# of the key, which waits for it.
+KEYED_SIGNAL = "SELECT signal_id FROM livepush_job_signal_keys WHERE job_id = %(id)s AND key = %(key)s"
+
 # name: send_signal
-# jobs.signal, second statement (a new snapshot: a park that held the row before is seen): keeps
+# jobs.signal, after SIGNAL_TARGET (a new snapshot: a park that held the row before is seen): keeps
 # the signal, and makes the job available if it is parked waiting for a signal of that name; it
 # takes the signal when it runs. Rings its topic and the runtimes' doorbell at commit.
+# With a key, the key is inserted first, with the signal's id: a send of the same key by another
+# transaction, not yet committed, makes this insert wait for its end on the key's primary key;
+# once that one committed, this one inserts nothing, sends nothing and wakes nothing (signal_id
+# null: the caller reads the first one's id with KEYED_SIGNAL, in a later statement that sees it),
+# so a key is sent once however many sends race.
 SEND_SIGNAL = f"""
-WITH sent AS (
-    INSERT INTO livepush_job_signals (job_id, name, data) VALUES (%(id)s, %(name)s, %(data)s::jsonb)
+WITH keyed AS (
+    INSERT INTO livepush_job_signal_keys (job_id, key, signal_id)
+    SELECT %(id)s, %(key)s::text, nextval('livepush_job_signals_id_seq') WHERE %(key)s::text IS NOT NULL
+    ON CONFLICT (job_id, key) DO NOTHING
+    RETURNING signal_id
+), sent AS (
+    INSERT INTO livepush_job_signals (id, job_id, name, data)
+    SELECT coalesce((SELECT signal_id FROM keyed), nextval('livepush_job_signals_id_seq')), %(id)s, %(name)s,
+           %(data)s::jsonb
+    WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM keyed)
     RETURNING id
 ), woken AS (
     UPDATE livepush_jobs j SET state = 'available', event = 'enqueued', run_at = now(), version = j.version + 1
     FROM livepush_job_payloads p
-    WHERE j.id = %(id)s AND p.id = j.id AND j.state = 'waiting'
+    WHERE j.id = %(id)s AND p.id = j.id AND j.state = 'waiting' AND EXISTS (SELECT 1 FROM sent)
       AND p.waiting ->> 'for' = 'signal' AND p.waiting ->> 'name' = %(name)s
     RETURNING j.id, j.version, j.workflow_id
 ), rung AS ({ring("woken")}

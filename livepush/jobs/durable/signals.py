@@ -5,50 +5,68 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...errors import ArgumentValueError
+from ...postgres.text import unstorable
 from ..api.args import encode
 from ..api.handles import NO_SUCH_ID, checked_id
 from ..errors import InvalidArgumentsError, JobFinishedError, JobNotFound
 from ..groups import steps
 from ..groups.transactions import ain_tx, in_tx
 from . import queries as dq
-from .run import check_name
+from .run import MAX_NAME, check_name
 
 _FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 
 
-def _send_steps(job_id: int, name: str, data: str) -> steps.Steps[int]:
+def _send_steps(job_id: int, name: str, data: str, key: str | None) -> steps.Steps[int]:
     """Lock the job, refuse a missing or finished one (nothing written), keep the signal and wake
-    the job if it is parked on this name. Returns the signal's id."""
+    the job if it is parked on this name. Returns the signal's id: with a `key` already sent to
+    this job, the first one's, and nothing is sent again."""
     found = yield steps.Query(dq.SIGNAL_TARGET, {"id": job_id})
     if not found:
         raise JobNotFound(f"no job {job_id} (never enqueued, or deleted after its retention time): "
                           "the signal was not sent")
+    if key is not None:
+        # Before the finished check: a retry whose first send committed, and which the job then
+        # took and finished with, was sent, not refused.
+        sent = yield steps.Query(dq.KEYED_SIGNAL, {"id": job_id, "key": key})
+        if sent:
+            return int(sent[0]["signal_id"])
     state = found[0]["state"]
     if state in _FINISHED:
         raise JobFinishedError(f"job {job_id} has {state}: it takes no more signals; the signal was not sent")
-    (row,) = yield steps.Query(dq.SEND_SIGNAL, {"id": job_id, "name": name, "data": data})
+    (row,) = yield steps.Query(dq.SEND_SIGNAL, {"id": job_id, "name": name, "data": data, "key": key})
+    if row["signal_id"] is None:
+        # A send of the same key committed while this one waited for it: that one is the signal.
+        (first,) = yield steps.Query(dq.KEYED_SIGNAL, {"id": job_id, "key": key})
+        return int(first["signal_id"])
     return int(row["signal_id"])
 
 
-def _checked(job_id: Any, name: Any, data: Any) -> tuple[int, str, str]:
+def _checked(job_id: Any, name: Any, data: Any, key: Any) -> tuple[int, str, str, str | None]:
     checked = checked_id(job_id, "job_id")
     name = check_name(name, "jobs.signal()")
     text = encode(data, "data", InvalidArgumentsError, "signal data")
+    if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_NAME or unstorable(key)):
+        raise ArgumentValueError(f"jobs.signal(key=) takes None or a non-empty str of at most {MAX_NAME} characters "
+                                 f"Postgres can store (one per signal you mean to send once), got {key!r:.80}")
     if checked == NO_SUCH_ID:  # an int no job can have: named as given, not as the stand-in
         raise JobNotFound(f"no job {job_id}: the signal was not sent")
-    return checked, name, text
+    return checked, name, text, key
 
 
-def signal(job_id: int, name: str, data: Any = None, *, conn: Any = None) -> int:
+def signal(job_id: int, name: str, data: Any = None, *, conn: Any = None, key: str | None = None) -> int:
     """Send signal `name` with `data` (plain JSON) to a job: a `ctx.wait_for_signal(name)` gets it
     exactly once, and signals sent before the wait are kept, in order. A job parked waiting for it
     runs again. Raises JobNotFound or JobFinishedError (nothing written) when the job does not exist
-    or has finished. `conn=`: in the caller's transaction. Returns the signal's id."""
-    job_id, name, text = _checked(job_id, name, data)
-    return in_tx(lambda: _send_steps(job_id, name, text), conn)
+    or has finished. `conn=`: in the caller's transaction. `key=`: a send of a key already sent to
+    this job sends nothing (a retry after a lost reply) and returns the first one's id. Returns the
+    signal's id."""
+    job_id, name, text, key = _checked(job_id, name, data, key)
+    return in_tx(lambda: _send_steps(job_id, name, text, key), conn)
 
 
-async def asignal(job_id: int, name: str, data: Any = None, *, conn: Any = None) -> int:
+async def asignal(job_id: int, name: str, data: Any = None, *, conn: Any = None, key: str | None = None) -> int:
     """signal() for async code; `conn=` takes a psycopg AsyncConnection."""
-    job_id, name, text = _checked(job_id, name, data)
-    return await ain_tx(lambda: _send_steps(job_id, name, text), conn)
+    job_id, name, text, key = _checked(job_id, name, data, key)
+    return await ain_tx(lambda: _send_steps(job_id, name, text, key), conn)

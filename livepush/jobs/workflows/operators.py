@@ -168,7 +168,7 @@ def _to_job(run_id: int, step: dict[str, Any], name: str, data: str) -> steps.St
     # send, before the run's), and look again in a later statement, which sees a signal that the
     # one before committed, or a verb that ended the step: then this send is taken back.
     yield steps.Query(wq.SIGNAL_SAVEPOINT, {})
-    (sent,) = yield steps.Query(dq.SEND_SIGNAL, {**target, "data": data})
+    (sent,) = yield steps.Query(dq.SEND_SIGNAL, {**target, "data": data, "key": None})
     yield steps.Query(wq.LOCK_RUN_FOR_SIGNAL, {"id": run_id})
     # Under the run's lock no decision runs: a step skipped or stopped meanwhile is seen here, and
     # the signal goes to the next step instead of to a job that no longer runs its step.
