@@ -94,6 +94,17 @@ CREATE TABLE livepush_workflow_signals (
 -- whatever writes the table.
 CREATE UNIQUE INDEX livepush_workflow_signals_idx ON livepush_workflow_signals (workflow_id, step);
 
+-- The keys of signals sent with jobs.workflows.signal(key=): a key names one signal to its run, so
+-- a send retried after its reply was lost (the first one committed) sends nothing again, rather
+-- than reach the next step waiting for the name, or be refused when none is left. No foreign key
+-- to the run: its check would lock the run's row before the step's job's, against the lock order
+-- of signals and decisions (job rows first). Retention deletes them with the run (PRUNE_RUNS).
+CREATE TABLE livepush_workflow_signal_keys (
+    workflow_id  bigint NOT NULL,
+    key          text   NOT NULL,
+    PRIMARY KEY (workflow_id, key)
+);
+
 -- The counts of a fan-out step's batch, as `workflow:<id>` shows them (NULL once the group was
 -- pruned). Read in the caller's snapshot.
 CREATE FUNCTION livepush_workflow_batch(p_group bigint) RETURNS jsonb

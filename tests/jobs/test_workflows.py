@@ -833,6 +833,56 @@ async def test_two_steps_waiting_for_one_name_each_get_one_signal_sent_before_ei
     assert [done["steps"][n]["output"] for n in ("first_approval", "second_approval")] == [{"n": 1}, {"n": 2}]
 
 
+async def test_a_workflow_signal_sent_again_with_its_key_is_sent_once(flows_db: str) -> None:
+    """jobs.workflows.signal(key=): a send retried because its reply was lost (its first try
+    committed) sends nothing again, rather than reach the next step waiting for the name; after the
+    run ended, the retry is not refused either. A refused send keeps no key, and retention deletes
+    the keys with their run."""
+    run = await wd.two_approvals.astart({})
+    await jobs.workflows.asignal(run.id, "go", {"n": 1}, actor="ana", key="go-1")
+    jobs.workflows.signal(run.id, "go", {"n": 1}, actor="ana", key="go-1")  # the caller's retry
+    await jobs.workflows.asignal(run.id, "go", {"n": 2}, actor="bo", key="go-2")
+    async with running():
+        done = await run_state(run.id, "succeeded")
+    assert [done["steps"][n]["output"] for n in ("first_approval", "second_approval")] == [{"n": 1}, {"n": 2}]
+    assert [(a["step"], a["actor"]) for a in done["audit"]] == [("first_approval", "ana"), ("second_approval", "bo")]
+    await jobs.workflows.asignal(run.id, "go", {"n": 2}, key="go-2")  # a late retry: sent, not refused
+    for _ in range(2):  # the first refusal kept no key that would pass the second for sent
+        with pytest.raises(ValueError, match="has succeeded"):
+            await jobs.workflows.asignal(run.id, "go", {"n": 3}, key="go-3")
+    with pytest.raises(ValueError, match="key="):
+        jobs.workflows.signal(run.id, "go", key="")
+    q(flows_db, "UPDATE livepush_workflows SET finished_at = now() - interval '2 days' WHERE id = %s", (run.id,))
+    from livepush.jobs import database
+    from livepush.jobs.runtime import maintenance
+
+    await maintenance.prune(await database.pools().aget(), 3600)
+    assert q(flows_db, "SELECT count(*) FROM livepush_workflow_signal_keys") == [(0,)]
+
+
+async def test_two_sends_of_one_workflow_signal_key_at_once_send_it_once(flows_db: str) -> None:
+    """Two sends of the same key at the same moment (a retry racing the first try): the second
+    waits for the first and, once it committed, sends nothing; the second step still waits."""
+    from livepush.jobs.workflows import operators
+
+    run = await wd.two_approvals.astart({})
+    with psycopg.connect(flows_db) as conn:
+        assert in_tx(lambda: operators._signal_steps(run.id, "go", '{"n": 1}', "ana", "go-1"), conn) is None
+        racing = asyncio.create_task(asyncio.to_thread(jobs.workflows.signal, run.id, "go", {"n": 2}, key="go-1"))
+        await async_wait_for(lambda: q(flows_db, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                                                 "current_database() AND wait_event_type = 'Lock'") != [(0,)], 10,
+                             message="the second send to wait for the first's key")
+        conn.commit()
+    assert await asyncio.wait_for(racing, 10) is None
+    found = await jobs.workflows.aget(run.id)
+    assert found is not None and [a["step"] for a in found["audit"]] == ["first_approval"]
+    sent = q(flows_db, "SELECT (SELECT count(*) FROM livepush_workflow_signals WHERE workflow_id = %(id)s) + "
+                       "(SELECT count(*) FROM livepush_job_signals s JOIN livepush_jobs j ON j.id = s.job_id "
+                       "WHERE j.workflow_id = %(id)s)", {"id": run.id})
+    assert sent == [(1,)]
+    await jobs.workflows.acancel(run.id)
+
+
 async def test_a_signal_sent_while_a_step_that_got_its_own_runs_is_for_the_next_step(flows_db: str) -> None:
     """The first step took its signal and is running its body: the next signal of that name is
     kept for the step after it, not sent to a job that will never read it."""

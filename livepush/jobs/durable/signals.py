@@ -43,13 +43,19 @@ def _send_steps(job_id: int, name: str, data: str, key: str | None) -> steps.Ste
     return int(row["signal_id"])
 
 
+def check_key(key: Any, what: str) -> str | None:
+    """A signal's idempotency key, as jobs.signal() and jobs.workflows.signal() take it."""
+    if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_NAME or unstorable(key)):
+        raise ArgumentValueError(f"{what} takes None or a non-empty str of at most {MAX_NAME} characters Postgres "
+                                 f"can store (one per signal you mean to send once), got {key!r:.80}")
+    return key
+
+
 def _checked(job_id: Any, name: Any, data: Any, key: Any) -> tuple[int, str, str, str | None]:
     checked = checked_id(job_id, "job_id")
     name = check_name(name, "jobs.signal()")
     text = encode(data, "data", InvalidArgumentsError, "signal data")
-    if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_NAME or unstorable(key)):
-        raise ArgumentValueError(f"jobs.signal(key=) takes None or a non-empty str of at most {MAX_NAME} characters "
-                                 f"Postgres can store (one per signal you mean to send once), got {key!r:.80}")
+    key = check_key(key, "jobs.signal(key=)")
     if checked == NO_SUCH_ID:  # an int no job can have: named as given, not as the stand-in
         raise JobNotFound(f"no job {job_id}: the signal was not sent")
     return checked, name, text, key

@@ -22,6 +22,7 @@ from ..groups.cancel import acancel_children, cancel_children
 from ..api.handles import NO_SUCH_ID, checked_cursor, checked_id, page_of
 from ...postgres.text import BIGINT_MAX, unstorable
 from ..durable.run import check_name
+from ..durable.signals import check_key
 from ..durable import queries as dq
 from ..errors import InvalidArgumentsError, WorkflowNotFound
 from ..events.views import workflow_view
@@ -186,7 +187,8 @@ def _to_job(run_id: int, step: dict[str, Any], name: str, data: str) -> steps.St
     return delivered
 
 
-def _signal_steps(run_id: int, name: str, data: str, actor: str | None) -> steps.Steps[LivepushError | None]:
+def _signal_steps(run_id: int, name: str, data: str, actor: str | None,
+                  key: str | None = None) -> steps.Steps[LivepushError | None]:
     """One transaction: the signal reaches the first unfinished step that waits for it, and the
     audit trail says so (both, or neither). To the step's job when it is active (its row locked
     first, as jobs.signal does: the lock order is job rows before the run's; then the run's row,
@@ -196,12 +198,17 @@ def _signal_steps(run_id: int, name: str, data: str, actor: str | None) -> steps
     locked after the run, against the order: a deadlock with that job parking is possible, and the
     transaction runs again (workflows/queries.py says so).
     A refusal is returned, for the caller to raise once the transaction committed: a job that the
-    signal found parked in a step that ended without it was stopped in it (_to_job), and stays so."""
+    signal found parked in a step that ended without it was stopped in it (_to_job), and stays so.
+    With a `key` already sent to the run, nothing is sent (CLAIM_SIGNAL_KEY)."""
+    if key is not None and not (yield steps.Query(wq.CLAIM_SIGNAL_KEY, {"id": run_id, "key": key})):
+        return None  # sent before: this is a retry of that send
     try:
         step = yield from _target(run_id, name, lock=False)
         if not (yield from _to_job(run_id, step, name, data)):
             step = yield from _kept_or_sent(run_id, name, data)
     except (ArgumentValueError, WorkflowNotFound) as refusal:
+        if key is not None:
+            yield steps.Query(wq.DROP_SIGNAL_KEY, {"id": run_id, "key": key})
         return refusal
     yield steps.Query(wq.AUDIT, {"id": run_id, "verb": "signal", "step": step["name"], "actor": actor,
                                  "reason": name})
@@ -226,20 +233,24 @@ def _kept_or_sent(run_id: int, name: str, data: str) -> steps.Steps[dict[str, An
         # sees it) finds the step after it, or refuses. Each turn passes a step: bounded.
 
 
-def signal(run_id: int, name: str, data: Any = None, *, actor: str | None = None) -> None:
+def signal(run_id: int, name: str, data: Any = None, *, actor: str | None = None, key: str | None = None) -> None:
     """Send signal `name` to the run: the first unfinished step with `wait_for=name` gets it (now,
-    or when it starts). Raises ValueError when no step waits for it, WorkflowNotFound for no run."""
+    or when it starts). Raises ValueError when no step waits for it, WorkflowNotFound for no run.
+    `key=`: a send of a key already sent to this run sends nothing (a retry after a lost reply)."""
     run_id, name = _run_id(run_id), check_name(name, "signal()")
     text, actor = encode(data, "data", InvalidArgumentsError, "signal data"), _text(actor, "actor")
-    refusal = in_tx(lambda: _signal_steps(run_id, name, text, actor), None)
+    key = check_key(key, "jobs.workflows.signal(key=)")
+    refusal = in_tx(lambda: _signal_steps(run_id, name, text, actor, key), None)
     if refusal is not None:
         raise refusal
 
 
-async def asignal_run(run_id: int, name: str, data: Any = None, *, actor: str | None = None) -> None:
+async def asignal_run(run_id: int, name: str, data: Any = None, *, actor: str | None = None,
+                      key: str | None = None) -> None:
     run_id, name = _run_id(run_id), check_name(name, "signal()")
     text, actor = encode(data, "data", InvalidArgumentsError, "signal data"), _text(actor, "actor")
-    refusal = await ain_tx(lambda: _signal_steps(run_id, name, text, actor), None)
+    key = check_key(key, "jobs.workflows.signal(key=)")
+    refusal = await ain_tx(lambda: _signal_steps(run_id, name, text, actor, key), None)
     if refusal is not None:
         raise refusal
 

@@ -193,6 +193,23 @@ SELECT count(*) AS n FROM livepush_workflow_signals
 WHERE workflow_id = %(id)s AND step = %(step)s AND name = %(name)s
 """
 
+# name: claim_signal_key
+# jobs.workflows.signal(key=), its transaction's first statement: the key, taken for this send. A
+# send of the same key by another transaction, not yet committed, makes this insert wait for its
+# end on the key's primary key (holding no other lock meanwhile, so no circle of waits); once that
+# one committed, this one inserts nothing (no row returned) and the caller sends nothing. A send
+# refused afterwards drops its key (DROP_SIGNAL_KEY), so a later send of it is not taken for sent.
+CLAIM_SIGNAL_KEY = """
+INSERT INTO livepush_workflow_signal_keys (workflow_id, key) VALUES (%(id)s, %(key)s)
+ON CONFLICT (workflow_id, key) DO NOTHING
+RETURNING key
+"""
+
+# name: drop_signal_key
+# jobs.workflows.signal(key=) refused (no run, no step waiting): its key goes, in the transaction
+# that took it (CLAIM_SIGNAL_KEY), which still holds it.
+DROP_SIGNAL_KEY = "DELETE FROM livepush_workflow_signal_keys WHERE workflow_id = %(id)s AND key = %(key)s"
+
 # name: run_of
 # jobs.workflows.signal, first look (a plain read: the step's job row, locked next, decides).
 RUN_OF = "SELECT id, state, graph FROM livepush_workflows WHERE id = %(id)s"
@@ -335,19 +352,27 @@ LIMIT %(limit)s + 1
 
 # name: prune_runs
 # Retention: finished runs older than the cutoff, a bounded batch (SKIP LOCKED: two runtimes
-# pruning split the work); their steps, audit and signals go with them (ON DELETE CASCADE). The
-# jobs that ran their steps are ordinary finished jobs, pruned as such.
+# pruning split the work); their steps, audit and signals go with them (ON DELETE CASCADE), and
+# their signal keys (no foreign key, sql/0006_workflows.sql) in the same statement. One row per
+# run deleted. The jobs that ran their steps are ordinary finished jobs, pruned as such.
 PRUNE_RUNS = """
-DELETE FROM livepush_workflows WHERE id IN (
-    SELECT id FROM livepush_workflows
-    WHERE finished_at < now() - make_interval(secs => %(retention)s)
-    ORDER BY finished_at LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+WITH gone AS (
+    DELETE FROM livepush_workflows WHERE id IN (
+        SELECT id FROM livepush_workflows
+        WHERE finished_at < now() - make_interval(secs => %(retention)s)
+        ORDER BY finished_at LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING id
+), keys AS (
+    DELETE FROM livepush_workflow_signal_keys k USING gone g WHERE k.workflow_id = g.id
 )
+SELECT id FROM gone
 """
 
 # name: clear (tests only)
-CLEAR = ("DELETE FROM livepush_workflow_signals; DELETE FROM livepush_workflow_audit; "
+CLEAR = ("DELETE FROM livepush_workflow_signals; DELETE FROM livepush_workflow_signal_keys; "
+         "DELETE FROM livepush_workflow_audit; "
          "DELETE FROM livepush_workflow_steps; DELETE FROM livepush_workflows")
 
 # name: runs_in_progress
