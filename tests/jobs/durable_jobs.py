@@ -9,6 +9,7 @@ between runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import os
 import threading
@@ -141,6 +142,45 @@ def misused_sync(ctx: Any, how: str) -> Any:
 async def twice(ctx: Any) -> None:
     await ctx.checkpoint("same", body, ctx, "same")
     await ctx.checkpoint("same", body, ctx, "same")
+
+
+def flaky_try(tries: list[int], fails: int) -> dict[str, int]:
+    """One try of a flaky API call: the first `fails` tries time out."""
+    tries.append(1)
+    if len(tries) <= fails:
+        raise ConnectionError("the payment API timed out")
+    return {"tries": len(tries)}
+
+
+@jobs.job(name="d.retried_in_run", max_attempts=1)
+async def retried_in_run(ctx: Any, fails: int) -> Any:
+    """A checkpoint whose function fails `fails` times (a flaky API), retried by the job's own loop
+    under the same name: one attempt, so only the loop's retries can make it succeed."""
+    tries: list[int] = []
+
+    async def charge() -> dict[str, int]:
+        await body(ctx, "charge")
+        return flaky_try(tries, fails)
+
+    for _ in range(fails):
+        with contextlib.suppress(ConnectionError):
+            return await ctx.checkpoint("charge", charge)
+    return await ctx.checkpoint("charge", charge)
+
+
+@jobs.job(name="d.retried_in_run_sync", max_attempts=1)
+def retried_in_run_sync(ctx: Any, fails: int) -> Any:
+    """retried_in_run, as a sync job."""
+    tries: list[int] = []
+
+    def charge() -> dict[str, int]:
+        body_sync(ctx.job_id, ctx.attempt, "charge")
+        return flaky_try(tries, fails)
+
+    for _ in range(fails):
+        with contextlib.suppress(ConnectionError):
+            return ctx.checkpoint("charge", charge)
+    return ctx.checkpoint("charge", charge)
 
 
 @jobs.job(name="d.child", max_attempts=1)

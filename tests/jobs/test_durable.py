@@ -368,6 +368,19 @@ async def test_a_duplicate_checkpoint_name_fails_the_job(durable_db: str) -> Non
     assert failed.attempt == 1
 
 
+@pytest.mark.parametrize("job", [dj.retried_in_run, dj.retried_in_run_sync])
+async def test_a_checkpoint_whose_function_raised_may_be_called_again_under_its_name(
+        durable_db: str, job: Any) -> None:
+    """A checkpoint whose function raised stored nothing: the job's own retry of it (a flaky call
+    in a retry loop) runs it again, rather than fail the job at once with DuplicateStepError as a
+    second checkpoint of that name would."""
+    async with running():
+        h = await job.aenqueue(2)
+        done = await wait_state(h.id, "succeeded")
+    assert done.result == {"tries": 3} and done.attempt == 1
+    assert bodies(durable_db, h.id) == ["charge"] * 3
+
+
 @pytest.mark.parametrize("job, how, says", [
     (dj.misused, "children of an int", "ctx.run_children() takes a list of job requests (some_job.request(*args)), got int 5"),
     (dj.misused, "children of one request", "for one child use ctx.run_child(request)"),

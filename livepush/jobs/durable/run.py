@@ -248,6 +248,13 @@ class DurableRun:
         self._stored[("checkpoint", name)] = {"result": {"value": saved}, "fingerprint": fingerprint}
         return saved
 
+    def unstored(self, name: str) -> None:
+        """Checkpoint `name`'s function raised: nothing is stored under the name, so the job may call
+        it again in this run (its own retry of a flaky call) without DuplicateStepError. A replay
+        then meets the stored result at the first call of the name, and returns it there. Sync, so
+        that a sync job's thread calls it also once the runtime's loop is gone."""
+        self._used.discard(("checkpoint", name))
+
     async def checkpoint(self, name: Any, fn: Callable[..., Any], *args: Any, input: Any = NO_INPUT) -> Any:
         check_callable(name, fn)
         found, value, fingerprint = await self.lookup(name, input)
@@ -255,7 +262,12 @@ class DurableRun:
             return value
         if inspect.iscoroutinefunction(fn):
             async with self._body():
-                return await self.store(name, await fn(*args), fingerprint)
+                try:
+                    result = await fn(*args)
+                except BaseException:
+                    self.unstored(name)
+                    raise
+                return await self.store(name, result, fingerprint)
         # A sync function runs on in its thread when the task awaiting it is cancelled (a sibling
         # in an asyncio.TaskGroup failed): its own task still stores its result, counted as a body
         # running (settle() waits for it), so that the replay does not run it a second time.
@@ -268,9 +280,13 @@ class DurableRun:
             # share, and in the runtime's threads, as sync jobs run (the loop's default pool has
             # only a few). call_in_thread: a StopIteration it raises would never reach us through
             # a bare run_in_executor (an asyncio future refuses it), and the job would hang.
-            result = await call_in_thread(self.ctx.threads, fn, *args)
-            if inspect.isawaitable(result):
-                result = await result
+            try:
+                result = await call_in_thread(self.ctx.threads, fn, *args)
+                if inspect.isawaitable(result):
+                    result = await result
+            except BaseException:
+                self.unstored(name)
+                raise
             return await self.store(name, result, fingerprint)
 
     @contextlib.asynccontextmanager

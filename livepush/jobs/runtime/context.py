@@ -290,9 +290,13 @@ class SyncJobContext:
         if found:
             return value
         self._call(durable.sync_body_may_start())
-        result = fn(*args)
-        if inspect.iscoroutine(result):  # an async fn, or a sync one that returned a coroutine
-            result = self._call(result)
+        try:
+            result = fn(*args)
+            if inspect.iscoroutine(result):  # an async fn, or a sync one that returned a coroutine
+                result = self._call(result)
+        except BaseException:
+            durable.unstored(name)
+            raise
         return self._call(durable.store(name, result, fingerprint))
 
     def run_child(self, request: JobRequest) -> Any:
