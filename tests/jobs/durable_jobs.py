@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 
 from livepush import jobs
+from livepush.errors import DependencyError
 from livepush.jobs import database
 from tests.jobs.sample_jobs import _pool, until_flag
 
@@ -181,6 +182,16 @@ def retried_in_run_sync(ctx: Any, fails: int) -> Any:
         with contextlib.suppress(ConnectionError):
             return ctx.checkpoint("charge", charge)
     return ctx.checkpoint("charge", charge)
+
+
+@jobs.job(name="d.store_retried_in_run", max_attempts=1)
+async def store_retried_in_run(ctx: Any) -> Any:
+    """A checkpoint whose result could not be stored (Postgres lost: DependencyError), retried by
+    the job's own loop under the same name: one attempt, so only the loop can make it succeed."""
+    for _ in range(2):
+        with contextlib.suppress(DependencyError):
+            return await ctx.checkpoint("charge", body, ctx, "charge", {"charged": True})
+    return await ctx.checkpoint("charge", body, ctx, "charge", {"charged": True})
 
 
 @jobs.job(name="d.child", max_attempts=1)

@@ -381,6 +381,32 @@ async def test_a_checkpoint_whose_function_raised_may_be_called_again_under_its_
     assert bodies(durable_db, h.id) == ["charge"] * 3
 
 
+async def test_a_checkpoint_whose_store_lost_postgres_may_be_called_again_under_its_name(durable_db: str) -> None:
+    """The store of a checkpoint's result failed (Postgres restarting: DependencyError): the job's
+    own retry of the checkpoint, in the same run, looks for what is stored again and runs the body
+    again since nothing was, rather than fail the job at once with DuplicateStepError. Here the
+    first two stores fail, as a server shutting down fails them."""
+    q(durable_db, "CREATE SEQUENCE store_failures")
+    q(durable_db, """CREATE FUNCTION fail_stores() RETURNS trigger LANGUAGE plpgsql AS $$
+                     BEGIN
+                         IF nextval('store_failures') <= 2 THEN
+                             RAISE EXCEPTION 'terminating connection due to administrator command'
+                                 USING ERRCODE = '57P01';
+                         END IF;
+                         RETURN NEW;
+                     END $$""")
+    q(durable_db, "CREATE TRIGGER fail_stores BEFORE INSERT ON livepush_job_steps FOR EACH ROW "
+                  "EXECUTE FUNCTION fail_stores()")
+    try:
+        async with running():
+            h = await dj.store_retried_in_run.aenqueue()
+            done = await wait_state(h.id, "succeeded")
+    finally:
+        q(durable_db, "DROP TRIGGER fail_stores ON livepush_job_steps")
+    assert done.result == {"charged": True} and done.attempt == 1
+    assert bodies(durable_db, h.id) == ["charge"] * 3
+
+
 @pytest.mark.parametrize("job, how, says", [
     (dj.misused, "children of an int", "ctx.run_children() takes a list of job requests (some_job.request(*args)), got int 5"),
     (dj.misused, "children of one request", "for one child use ctx.run_child(request)"),

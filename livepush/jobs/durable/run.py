@@ -49,7 +49,7 @@ from ..groups import steps
 from ..runtime.threads import call_in_thread
 from . import queries as dq
 from .fingerprint import NO_INPUT, input_fingerprint
-from ...errors import ArgumentTypeError, ArgumentValueError
+from ...errors import ArgumentTypeError, ArgumentValueError, DependencyError
 
 
 
@@ -161,6 +161,9 @@ class DurableRun:
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
         self._stored: dict[tuple[str, str], dict[str, Any]] | None = None
+        # A store failed with Postgres (its commit may or may not have happened): the next lookup
+        # reads the stored steps again, so a retry of that checkpoint returns what was stored.
+        self._reload = False
         # Held while the stored steps are read: durable calls side by side (asyncio.gather) that
         # need them at once wait for the one read instead of each making its own.
         self._loading = asyncio.Lock()
@@ -179,14 +182,17 @@ class DurableRun:
 
     # -- what earlier runs stored ---------------------------------------------------------------
     async def _steps(self) -> dict[tuple[str, str], dict[str, Any]]:
-        if self._stored is None:
+        if self._stored is None or self._reload:
             async with self._loading:
-                if self._stored is None:
+                if self._stored is None or self._reload:
                     stored: dict[tuple[str, str], dict[str, Any]] = {}
-                    if self.ctx.job.has_steps:
+                    if self.ctx.job.has_steps or self._reload:
                         for row in await self._read(dq.LOAD_STEPS, {"id": self.ctx.job_id}):
                             stored[(row["kind"], row["name"])] = row
-                    self._stored = stored
+                    # What this run knew stands (stored by it, or read before): a store that
+                    # committed during the read may be missing from it.
+                    self._stored = {**stored, **(self._stored or {})}
+                    self._reload = False
         return self._stored
 
     def _connection(self) -> Any:
@@ -212,9 +218,11 @@ class DurableRun:
     async def lookup(self, name: Any, input: Any) -> tuple[bool, Any, str | None]:
         """(found, stored value, input fingerprint) for checkpoint `name`; raises
         CheckpointInputConflict when both fingerprints exist and differ."""
-        key = self._unique("checkpoint", check_name(name, "ctx.checkpoint()"))
+        checked = check_name(name, "ctx.checkpoint()")
         fingerprint = None if input is NO_INPUT else input_fingerprint(input)
-        row = (await self._steps()).get(key)
+        stored = await self._steps()  # before the name is taken: a read that lost Postgres takes none
+        key = self._unique("checkpoint", checked)
+        row = stored.get(key)
         if row is None:
             return False, None, fingerprint
         if fingerprint is not None and row["fingerprint"] is not None and fingerprint != row["fingerprint"]:
@@ -229,23 +237,29 @@ class DurableRun:
         text = encode(value, f"checkpoint {name!r} result", InvalidResultError, "checkpoint results")
         self.ctx.check_cancelled()
         # One statement in autocommit: one round trip (queries.SAVE_CHECKPOINT).
-        with translated(self.ctx.url or ""):
-            async with self._connection() as conn, aautocommitted(conn), conn.cursor() as cur:
-                try:
-                    await cur.execute(dq.SAVE_CHECKPOINT, {"id": self.ctx.job_id, "lease": self.ctx.job.lease,
-                                                           "name": name, "result": f'{{"value":{text}}}',
-                                                           "fingerprint": fingerprint})
-                except psycopg.errors.ProgramLimitExceeded as exc:
-                    raise _too_large(name, exc) from exc
-                stored = await cur.fetchone()
+        try:
+            with translated(self.ctx.url or ""):
+                async with self._connection() as conn, aautocommitted(conn), conn.cursor() as cur:
+                    try:
+                        await cur.execute(dq.SAVE_CHECKPOINT, {"id": self.ctx.job_id, "lease": self.ctx.job.lease,
+                                                               "name": name, "result": f'{{"value":{text}}}',
+                                                               "fingerprint": fingerprint})
+                    except psycopg.errors.ProgramLimitExceeded as exc:
+                        raise _too_large(name, exc) from exc
+                    stored = await cur.fetchone()
+        except DependencyError:
+            # Stored or not, the job may call the checkpoint again (its own retry): that call reads
+            # the stored steps again and returns the result if this store committed after all.
+            self.unstored(name)
+            self._reload = True
+            raise
         if stored is None:
             raise self._lost(f"its checkpoint {name!r} was not stored")
         # What the database stored, not json.loads(text): jsonb reorders keys and writes -0.0 as
         # 0.0, and a replay returns its spelling; code after the checkpoint must see the same
         # value on every run.
         saved = stored[1]
-        assert self._stored is not None
-        self._stored[("checkpoint", name)] = {"result": {"value": saved}, "fingerprint": fingerprint}
+        self._steps_cache(("checkpoint", name), {"value": saved}, fingerprint)
         return saved
 
     def unstored(self, name: str) -> None:
@@ -582,9 +596,9 @@ class DurableRun:
         return SignalTimeout(f"job {self.ctx.job_id} waited for signal {name!r} for {limit:g} s and none came"
                              if limit is not None else f"job {self.ctx.job_id}: signal {name!r} timed out")
 
-    def _steps_cache(self, key: tuple[str, str], result: dict[str, Any]) -> None:
+    def _steps_cache(self, key: tuple[str, str], result: dict[str, Any], fingerprint: str | None = None) -> None:
         if self._stored is not None:
-            self._stored[key] = {"result": result, "fingerprint": None}
+            self._stored[key] = {"result": result, "fingerprint": fingerprint}
 
     # -- durable sleep --------------------------------------------------------------------------
     async def sleep(self, name: Any, seconds: Any) -> None:
