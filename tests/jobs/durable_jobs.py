@@ -194,6 +194,18 @@ async def store_retried_in_run(ctx: Any) -> Any:
     return await ctx.checkpoint("charge", body, ctx, "charge", {"charged": True})
 
 
+@jobs.job(name="d.sleep_retried_in_run", max_attempts=1, timeout=None)
+async def sleep_retried_in_run(ctx: Any) -> str:
+    """A durable sleep whose park could not be written (DependencyError), retried by the job's own
+    loop under the same name: one attempt, so only the loop can make it succeed."""
+    for _ in range(2):
+        with contextlib.suppress(DependencyError):
+            await ctx.sleep("nap", 0.2)
+            return "woke"
+    await ctx.sleep("nap", 0.2)
+    return "woke"
+
+
 @jobs.job(name="d.child", max_attempts=1)
 async def child(ctx: Any, value: Any, fail: bool = False) -> Any:
     await body(ctx, f"child:{value}")

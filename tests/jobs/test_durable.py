@@ -4,6 +4,7 @@ park a job without holding a slot; results; the events a page sees; cancel and r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -381,30 +382,48 @@ async def test_a_checkpoint_whose_function_raised_may_be_called_again_under_its_
     assert bodies(durable_db, h.id) == ["charge"] * 3
 
 
+@contextlib.contextmanager
+def failing_step_stores(url: str, times: int) -> Iterator[None]:
+    """The first `times` writes of a durable step fail as a server shutting down fails them
+    (DependencyError in the job), whichever statement writes it."""
+    q(url, "CREATE SEQUENCE store_failures")
+    q(url, f"""CREATE FUNCTION fail_stores() RETURNS trigger LANGUAGE plpgsql AS $$
+               BEGIN
+                   IF nextval('store_failures') <= {int(times)} THEN
+                       RAISE EXCEPTION 'terminating connection due to administrator command' USING ERRCODE = '57P01';
+                   END IF;
+                   RETURN NEW;
+               END $$""")
+    q(url, "CREATE TRIGGER fail_stores BEFORE INSERT ON livepush_job_steps FOR EACH ROW EXECUTE FUNCTION fail_stores()")
+    try:
+        yield
+    finally:
+        q(url, "DROP TRIGGER fail_stores ON livepush_job_steps")
+        q(url, "DROP FUNCTION fail_stores(); DROP SEQUENCE store_failures")
+
+
 async def test_a_checkpoint_whose_store_lost_postgres_may_be_called_again_under_its_name(durable_db: str) -> None:
     """The store of a checkpoint's result failed (Postgres restarting: DependencyError): the job's
     own retry of the checkpoint, in the same run, looks for what is stored again and runs the body
     again since nothing was, rather than fail the job at once with DuplicateStepError. Here the
-    first two stores fail, as a server shutting down fails them."""
-    q(durable_db, "CREATE SEQUENCE store_failures")
-    q(durable_db, """CREATE FUNCTION fail_stores() RETURNS trigger LANGUAGE plpgsql AS $$
-                     BEGIN
-                         IF nextval('store_failures') <= 2 THEN
-                             RAISE EXCEPTION 'terminating connection due to administrator command'
-                                 USING ERRCODE = '57P01';
-                         END IF;
-                         RETURN NEW;
-                     END $$""")
-    q(durable_db, "CREATE TRIGGER fail_stores BEFORE INSERT ON livepush_job_steps FOR EACH ROW "
-                  "EXECUTE FUNCTION fail_stores()")
-    try:
+    first two stores fail."""
+    with failing_step_stores(durable_db, 2):
         async with running():
             h = await dj.store_retried_in_run.aenqueue()
             done = await wait_state(h.id, "succeeded")
-    finally:
-        q(durable_db, "DROP TRIGGER fail_stores ON livepush_job_steps")
     assert done.result == {"charged": True} and done.attempt == 1
     assert bodies(durable_db, h.id) == ["charge"] * 3
+
+
+async def test_a_sleep_whose_park_lost_postgres_may_be_called_again_under_its_name(durable_db: str) -> None:
+    """A durable sleep whose park failed (Postgres restarting: DependencyError), called again by the
+    job's own retry in the same run, parks then, rather than fail the job at once with
+    DuplicateStepError."""
+    with failing_step_stores(durable_db, 2):
+        async with running():
+            h = await dj.sleep_retried_in_run.aenqueue()
+            done = await wait_state(h.id, "succeeded")
+    assert done.result == "woke" and done.attempt == 1
 
 
 @pytest.mark.parametrize("job, how, says", [

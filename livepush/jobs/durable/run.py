@@ -250,8 +250,7 @@ class DurableRun:
         except DependencyError:
             # Stored or not, the job may call the checkpoint again (its own retry): that call reads
             # the stored steps again and returns the result if this store committed after all.
-            self.unstored(name)
-            self._reload = True
+            self.unstored("checkpoint", name, maybe_stored=True)
             raise
         if stored is None:
             raise self._lost(f"its checkpoint {name!r} was not stored")
@@ -262,12 +261,15 @@ class DurableRun:
         self._steps_cache(("checkpoint", name), {"value": saved}, fingerprint)
         return saved
 
-    def unstored(self, name: str) -> None:
-        """Checkpoint `name`'s function raised: nothing is stored under the name, so the job may call
-        it again in this run (its own retry of a flaky call) without DuplicateStepError. A replay
-        then meets the stored result at the first call of the name, and returns it there. Sync, so
-        that a sync job's thread calls it also once the runtime's loop is gone."""
-        self._used.discard(("checkpoint", name))
+    def unstored(self, kind: str, name: str, maybe_stored: bool = False) -> None:
+        """Checkpoint (or sleep) `name` raised before its result was surely stored: the job may call it again in this run
+        (its own retry of a flaky call) without DuplicateStepError. A replay then meets the stored
+        result at the first call of the name, and returns it there. `maybe_stored`: a write that
+        lost Postgres, which may have committed all the same: the next lookup reads the stored
+        steps again. Sync, so that a sync job's thread calls it also once the runtime's loop is
+        gone."""
+        self._used.discard((kind, name))
+        self._reload = self._reload or maybe_stored
 
     async def checkpoint(self, name: Any, fn: Callable[..., Any], *args: Any, input: Any = NO_INPUT) -> Any:
         check_callable(name, fn)
@@ -279,7 +281,7 @@ class DurableRun:
                 try:
                     result = await fn(*args)
                 except BaseException:
-                    self.unstored(name)
+                    self.unstored("checkpoint", name)
                     raise
                 return await self.store(name, result, fingerprint)
         # A sync function runs on in its thread when the task awaiting it is cancelled (a sibling
@@ -299,7 +301,7 @@ class DurableRun:
                 if inspect.isawaitable(result):
                     result = await result
             except BaseException:
-                self.unstored(name)
+                self.unstored("checkpoint", name)
                 raise
             return await self.store(name, result, fingerprint)
 
@@ -602,9 +604,18 @@ class DurableRun:
 
     # -- durable sleep --------------------------------------------------------------------------
     async def sleep(self, name: Any, seconds: Any) -> None:
-        key = self._unique("sleep", check_name(name, "ctx.sleep()"))
+        checked = check_name(name, "ctx.sleep()")
         wanted = _seconds(seconds, "ctx.sleep()")
-        stored = (await self._steps()).get(key)
+        found = await self._steps()  # before the name is taken: a read that lost Postgres takes none
+        key = self._unique("sleep", checked)
+        try:
+            await self._sleep(checked, wanted, found.get(key))
+        except DependencyError:
+            # As for a checkpoint's store: the job may call it again, which reads the steps again.
+            self.unstored("sleep", checked, maybe_stored=True)
+            raise
+
+    async def _sleep(self, name: str, wanted: float, stored: dict[str, Any] | None) -> None:
         stored_until = _when(stored["result"]["until"]) if stored is not None else None
         if stored_until is not None and stored_until <= datetime.now(timezone.utc):
             return

@@ -295,7 +295,7 @@ class SyncJobContext:
             if inspect.iscoroutine(result):  # an async fn, or a sync one that returned a coroutine
                 result = self._call(result)
         except BaseException:
-            durable.unstored(name)
+            durable.unstored("checkpoint", name)
             raise
         return self._call(durable.store(name, result, fingerprint))
 
