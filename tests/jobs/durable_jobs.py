@@ -206,6 +206,20 @@ async def sleep_retried_in_run(ctx: Any) -> str:
     return "woke"
 
 
+@jobs.job(name="d.wait_retried_in_run", max_attempts=1, timeout=None)
+async def wait_retried_in_run(ctx: Any) -> Any:
+    """A signal wait that lost Postgres (DependencyError), retried by the job's own loop, then a
+    durable sleep, whose wake-up replays the wait: one attempt, so only the loop can succeed."""
+    for _ in range(2):
+        with contextlib.suppress(DependencyError):
+            got = await ctx.wait_for_signal("go")
+            break
+    else:
+        got = await ctx.wait_for_signal("go")
+    await ctx.sleep("nap", 0.2)
+    return got
+
+
 @jobs.job(name="d.child", max_attempts=1)
 async def child(ctx: Any, value: Any, fail: bool = False) -> Any:
     await body(ctx, f"child:{value}")

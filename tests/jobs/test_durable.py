@@ -426,6 +426,19 @@ async def test_a_sleep_whose_park_lost_postgres_may_be_called_again_under_its_na
     assert done.result == "woke" and done.attempt == 1
 
 
+async def test_a_signal_wait_retried_after_losing_postgres_is_replayed_where_it_took_its_signal(
+        durable_db: str) -> None:
+    """A wait for a signal whose transaction lost Postgres (DependencyError), called again by the
+    job's own retry in the same run, is the same wait: the replay after the job's next park finds
+    the signal it took there, rather than wait for a second one that never comes."""
+    h = await dj.wait_retried_in_run.aenqueue()
+    await jobs.asignal(h.id, "go", {"by": "ana"})
+    with failing_step_stores(durable_db, 1):
+        async with running():
+            done = await wait_state(h.id, "succeeded")
+    assert done.result == {"by": "ana"} and done.attempt == 1
+
+
 @pytest.mark.parametrize("job, how, says", [
     (dj.misused, "children of an int", "ctx.run_children() takes a list of job requests (some_job.request(*args)), got int 5"),
     (dj.misused, "children of one request", "for one child use ctx.run_child(request)"),

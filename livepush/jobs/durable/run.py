@@ -18,6 +18,7 @@ import asyncio
 import collections
 import contextlib
 import contextvars
+import heapq
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import datetime, timedelta, timezone
@@ -168,8 +169,10 @@ class DurableRun:
         # need them at once wait for the one read instead of each making its own.
         self._loading = asyncio.Lock()
         self._used: set[tuple[str, str]] = set()  # checkpoint and sleep names this run
-        self._children_calls = 0
-        self._signal_waits: collections.Counter[str] = collections.Counter()
+        # Positions of children calls ("children") and of waits for each signal name ("signal:NAME"):
+        # the next one, and those given back by a call that lost Postgres (taken again first).
+        self._positions: collections.Counter[str] = collections.Counter()
+        self._given_back: dict[str, list[int]] = collections.defaultdict(list)
         # Checkpoints run side by side with a parking call (asyncio.gather): a park holds `_gate`
         # until it committed, and first waits for the bodies running (`_bodies`) to store their
         # results; a body that had not stored when the run parked would run again on the replay.
@@ -381,6 +384,31 @@ class DurableRun:
                 self._parked = True
                 raise
 
+    # -- positions -------------------------------------------------------------------------------
+    def _position(self, of: str) -> int:
+        """The position of this run's next call of `of` (children calls, or waits for one signal):
+        a position given back first, lowest first, so that the calls keep the order a replay
+        makes them in."""
+        given_back = self._given_back[of]
+        if given_back:
+            return heapq.heappop(given_back)
+        self._positions[of] += 1
+        return self._positions[of] - 1
+
+    @contextlib.asynccontextmanager
+    async def _positioned(self, of: str, position: int) -> AsyncIterator[None]:
+        """Around a call at `position`: when it loses Postgres (DependencyError) the job may call it
+        again (its own retry), which takes the same position and reads the stored steps again
+        (what it wrote may have committed all the same). Taking the next one instead, the retry
+        stored its step under a position that no replay reaches: the replay's call found nothing
+        at its own, and waited again for a signal already taken."""
+        try:
+            yield
+        except DependencyError:
+            heapq.heappush(self._given_back[of], position)
+            self._reload = True
+            raise
+
     # -- parking --------------------------------------------------------------------------------
     def _lost(self, what: str) -> RunAbandoned:
         return RunAbandoned(f"job {self.ctx.job_id} no longer holds its claim (rescued, cancelled or given back): "
@@ -450,17 +478,23 @@ class DurableRun:
         async def given() -> list[JobRequest]:
             return requests
 
-        found = await self._children(given)
-        if found is None:
-            return []
-        return await self._results(*found, asked=requests)
+        position = self._position("children")
+        async with self._positioned("children", position):
+            found = await self._children(str(position), given)
+            if found is None:
+                return []
+            return await self._results(*found, asked=requests)
 
     async def fan_out(self, make: Callable[[], Awaitable[list[JobRequest]]],
                       on_group: Callable[[int], steps.Steps[None]] | None = None) -> dict[str, int]:
         """Children that `make()` returns (called only on the run that creates them), as a task group
         this job parks on; returns the group's counts once it finished, whatever its members' outcomes.
         `on_group(group_id)`: more steps in the transaction that creates the group."""
-        found = await self._children(make, on_group)
+        position = self._position("children")
+        async with self._positioned("children", position):
+            return await self._counts(await self._children(str(position), make, on_group))
+
+    async def _counts(self, found: tuple[int, int] | None) -> dict[str, int]:
         if found is None:
             return {"total": 0, "succeeded": 0, "failed": 0, "cancelled": 0}
         views = await self._read(gq.GROUP_VIEWS, {"ids": [found[0]]})
@@ -470,12 +504,11 @@ class DurableRun:
                               "its retention time): their counts cannot be read", [])
         return {k: int(view[k]) for k in ("total", "succeeded", "failed", "cancelled")}
 
-    async def _children(self, make: Callable[[], Awaitable[list[JobRequest]]],
+    async def _children(self, call: str, make: Callable[[], Awaitable[list[JobRequest]]],
                         on_group: Callable[[int], steps.Steps[None]] | None = None) -> tuple[int, int] | None:
-        """The n-th children call of the run: its group (id, children asked for) once finished, or
-        None when it asked for none; parks until then. Creates the children the first time only."""
-        call = str(self._children_calls)
-        self._children_calls += 1
+        """The children call at position `call` of the run: its group (id, children asked for) once
+        finished, or None when it asked for none; parks until then. Creates the children the first
+        time only."""
         stored = (await self._steps()).get(("children", call))
         if stored is None:
             requests = await make()
@@ -561,8 +594,11 @@ class DurableRun:
     async def wait_for_signal(self, name: Any, timeout: Any = None) -> Any:
         name = check_name(name, "ctx.wait_for_signal()")
         limit = None if timeout is None else _seconds(timeout, "ctx.wait_for_signal(timeout=)")
-        key = f"{self._signal_waits[name]}:{name}"
-        self._signal_waits[name] += 1
+        position = self._position(f"signal:{name}")
+        async with self._positioned(f"signal:{name}", position):
+            return await self._wait_at(f"{position}:{name}", name, limit)
+
+    async def _wait_at(self, key: str, name: str, limit: float | None) -> Any:
         stored = (await self._steps()).get(("signal", key))
         if stored is not None:
             result = stored["result"]
