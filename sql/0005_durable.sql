@@ -45,5 +45,7 @@ CREATE TABLE livepush_job_signal_keys (
     job_id     bigint NOT NULL,
     key        text   NOT NULL,
     signal_id  bigint NOT NULL,
+    -- The signal's name: a send of the key under another name is the caller's mistake, refused.
+    name       text   NOT NULL,
     PRIMARY KEY (job_id, key)
 );

@@ -102,6 +102,8 @@ CREATE UNIQUE INDEX livepush_workflow_signals_idx ON livepush_workflow_signals (
 CREATE TABLE livepush_workflow_signal_keys (
     workflow_id  bigint NOT NULL,
     key          text   NOT NULL,
+    -- The signal's name: a send of the key under another name is the caller's mistake, refused.
+    name         text   NOT NULL,
     PRIMARY KEY (workflow_id, key)
 );
 

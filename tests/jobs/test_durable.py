@@ -695,6 +695,16 @@ async def test_a_signal_sent_again_with_its_key_is_sent_once(durable_db: str) ->
         jobs.signal(h.id, "approval", key="")
 
 
+async def test_a_signal_key_reused_for_another_signal_is_refused(durable_db: str) -> None:
+    """A key names one signal: sent again with another signal's name (a key meant for one signal
+    reused for the next), the send is refused and writes nothing, rather than dropped unsaid."""
+    h = await dj.waiter.aenqueue("approval")
+    await jobs.asignal(h.id, "approval", {"by": "ana"}, key="request-7")
+    with pytest.raises(ValueError, match=f"key 'request-7' was sent to job {h.id} with signal 'approval', not 'reject'"):
+        jobs.signal(h.id, "reject", {"by": "bo"}, key="request-7")
+    assert q(durable_db, "SELECT name FROM livepush_job_signals WHERE job_id = %s", (h.id,)) == [("approval",)]
+
+
 async def test_two_sends_of_one_signal_key_at_once_send_it_once(durable_db: str) -> None:
     """Two transactions sending the same key at the same moment (a retry racing the first try):
     the second waits for the first and, once it committed, sends nothing and answers its id."""

@@ -860,6 +860,18 @@ async def test_a_workflow_signal_sent_again_with_its_key_is_sent_once(flows_db: 
     assert q(flows_db, "SELECT count(*) FROM livepush_workflow_signal_keys") == [(0,)]
 
 
+async def test_a_workflow_signal_key_reused_for_another_signal_is_refused(flows_db: str) -> None:
+    """A key names one signal of a run: sent again with another signal's name, the send is
+    refused, rather than dropped unsaid."""
+    run = await wd.two_approvals.astart({})
+    await jobs.workflows.asignal(run.id, "go", {"n": 1}, key="request-7")
+    with pytest.raises(ValueError, match=f"key 'request-7' was sent to workflow run {run.id} with signal 'go', not 'stop'"):
+        await jobs.workflows.asignal(run.id, "stop", key="request-7")
+    found = await jobs.workflows.aget(run.id)
+    assert found is not None and [a["reason"] for a in found["audit"]] == ["go"]
+    await jobs.workflows.acancel(run.id)
+
+
 async def test_two_sends_of_one_workflow_signal_key_at_once_send_it_once(flows_db: str) -> None:
     """Two sends of the same key at the same moment (a retry racing the first try): the second
     waits for the first and, once it committed, sends nothing; the second step still waits."""

@@ -166,7 +166,7 @@ SIGNAL_TARGET_AWAITING = f"SELECT j.state, {_AWAITS} AS waits FROM livepush_jobs
 # jobs.signal(key=), under SIGNAL_TARGET's lock: the id of the signal sent to job `id` with this key,
 # if one was. A plain read: a send of the same key not yet committed is met by SEND_SIGNAL's insert
 # of the key, which waits for it.
-KEYED_SIGNAL = "SELECT signal_id FROM livepush_job_signal_keys WHERE job_id = %(id)s AND key = %(key)s"
+KEYED_SIGNAL = "SELECT signal_id, name FROM livepush_job_signal_keys WHERE job_id = %(id)s AND key = %(key)s"
 
 # name: send_signal
 # jobs.signal, after SIGNAL_TARGET (a new snapshot: a park that held the row before is seen): keeps
@@ -179,8 +179,8 @@ KEYED_SIGNAL = "SELECT signal_id FROM livepush_job_signal_keys WHERE job_id = %(
 # so a key is sent once however many sends race.
 SEND_SIGNAL = f"""
 WITH keyed AS (
-    INSERT INTO livepush_job_signal_keys (job_id, key, signal_id)
-    SELECT %(id)s, %(key)s::text, nextval('livepush_job_signals_id_seq') WHERE %(key)s::text IS NOT NULL
+    INSERT INTO livepush_job_signal_keys (job_id, key, signal_id, name)
+    SELECT %(id)s, %(key)s::text, nextval('livepush_job_signals_id_seq'), %(name)s WHERE %(key)s::text IS NOT NULL
     ON CONFLICT (job_id, key) DO NOTHING
     RETURNING signal_id
 ), sent AS (

@@ -31,7 +31,7 @@ def _send_steps(job_id: int, name: str, data: str, key: str | None) -> steps.Ste
         # took and finished with, was sent, not refused.
         sent = yield steps.Query(dq.KEYED_SIGNAL, {"id": job_id, "key": key})
         if sent:
-            return int(sent[0]["signal_id"])
+            return _sent_before(sent[0], f"job {job_id}", name, key)
     state = found[0]["state"]
     if state in _FINISHED:
         raise JobFinishedError(f"job {job_id} has {state}: it takes no more signals; the signal was not sent")
@@ -39,7 +39,20 @@ def _send_steps(job_id: int, name: str, data: str, key: str | None) -> steps.Ste
     if row["signal_id"] is None:
         # A send of the same key committed while this one waited for it: that one is the signal.
         (first,) = yield steps.Query(dq.KEYED_SIGNAL, {"id": job_id, "key": key})
-        return int(first["signal_id"])
+        return _sent_before(first, f"job {job_id}", name, key)
+    return int(row["signal_id"])
+
+
+def sent_name_check(sent: str, to: str, name: str, key: str) -> None:
+    """A key sent before names one signal: sent again under another name, the caller reused a key
+    meant for another signal, whose send would otherwise be dropped without a word."""
+    if sent != name:
+        raise ArgumentValueError(f"key {key!r} was sent to {to} with signal {sent!r}, not {name!r}: a key names one "
+                                 f"signal; give signal {name!r} a key of its own. Nothing was sent")
+
+
+def _sent_before(row: dict[str, Any], to: str, name: str, key: str) -> int:
+    sent_name_check(row["name"], to, name, key)
     return int(row["signal_id"])
 
 

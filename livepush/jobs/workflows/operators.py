@@ -22,7 +22,7 @@ from ..groups.cancel import acancel_children, cancel_children
 from ..api.handles import NO_SUCH_ID, checked_cursor, checked_id, page_of
 from ...postgres.text import BIGINT_MAX, unstorable
 from ..durable.run import check_name
-from ..durable.signals import check_key
+from ..durable.signals import check_key, sent_name_check
 from ..durable import queries as dq
 from ..errors import InvalidArgumentsError, WorkflowNotFound
 from ..events.views import workflow_view
@@ -200,8 +200,14 @@ def _signal_steps(run_id: int, name: str, data: str, actor: str | None,
     A refusal is returned, for the caller to raise once the transaction committed: a job that the
     signal found parked in a step that ended without it was stopped in it (_to_job), and stays so.
     With a `key` already sent to the run, nothing is sent (CLAIM_SIGNAL_KEY)."""
-    if key is not None and not (yield steps.Query(wq.CLAIM_SIGNAL_KEY, {"id": run_id, "key": key})):
-        return None  # sent before: this is a retry of that send
+    if key is not None and not (yield steps.Query(wq.CLAIM_SIGNAL_KEY, {"id": run_id, "key": key, "name": name})):
+        # Sent before: this is a retry of that send, unless the key was another signal's.
+        (sent,) = yield steps.Query(wq.KEYED_RUN_SIGNAL, {"id": run_id, "key": key})
+        try:
+            sent_name_check(sent["name"], f"workflow run {run_id}", name, key)
+        except ArgumentValueError as refusal:
+            return refusal
+        return None
     try:
         step = yield from _target(run_id, name, lock=False)
         if not (yield from _to_job(run_id, step, name, data)):

@@ -200,10 +200,15 @@ WHERE workflow_id = %(id)s AND step = %(step)s AND name = %(name)s
 # one committed, this one inserts nothing (no row returned) and the caller sends nothing. A send
 # refused afterwards drops its key (DROP_SIGNAL_KEY), so a later send of it is not taken for sent.
 CLAIM_SIGNAL_KEY = """
-INSERT INTO livepush_workflow_signal_keys (workflow_id, key) VALUES (%(id)s, %(key)s)
+INSERT INTO livepush_workflow_signal_keys (workflow_id, key, name) VALUES (%(id)s, %(key)s, %(name)s)
 ON CONFLICT (workflow_id, key) DO NOTHING
 RETURNING key
 """
+
+# name: keyed_run_signal
+# jobs.workflows.signal(key=) whose key was sent before: the name it was sent with. A later
+# statement than CLAIM_SIGNAL_KEY, so it sees the send that committed while that one waited.
+KEYED_RUN_SIGNAL = "SELECT name FROM livepush_workflow_signal_keys WHERE workflow_id = %(id)s AND key = %(key)s"
 
 # name: drop_signal_key
 # jobs.workflows.signal(key=) refused (no run, no step waiting): its key goes, in the transaction
