@@ -152,7 +152,7 @@ noop_job = REG.add(job(name="dbench.noop")(noop))
 # -- livepush ---------------------------------------------------------------------------------
 TABLES = ("livepush_job_payloads, livepush_jobs, livepush_job_runtimes, livepush_messages, livepush_topics, "
           "livepush_group_events, livepush_group_callbacks, livepush_group_shards, livepush_groups, "
-          "livepush_job_steps, livepush_job_signals")
+          "livepush_job_steps, livepush_job_signals, livepush_job_signal_keys")
 
 
 def lp_truncate(url: str) -> None:

@@ -101,7 +101,8 @@ async def members(ctx: Any, batch: Any) -> None:
 # -- livepush ---------------------------------------------------------------------------------
 TABLES = ("livepush_job_payloads, livepush_jobs, livepush_job_runtimes, livepush_messages, livepush_topics, "
           "livepush_group_events, livepush_group_callbacks, livepush_group_shards, livepush_groups, "
-          "livepush_job_steps, livepush_job_signals, livepush_workflow_signals, livepush_workflow_audit, "
+          "livepush_job_steps, livepush_job_signals, livepush_job_signal_keys, livepush_workflow_signals, "
+          "livepush_workflow_signal_keys, livepush_workflow_audit, "
           "livepush_workflow_steps, livepush_workflows")
 
 
