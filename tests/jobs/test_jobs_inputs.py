@@ -317,6 +317,23 @@ def test_a_job_function_with_no_qualname_needs_a_name_and_says_so(func: object) 
         jobs.job(func)  # type: ignore[arg-type]
 
 
+def test_a_job_function_defined_inside_a_function_needs_a_name_and_says_so() -> None:
+    """A function defined inside another is no attribute of its module: named by its qualname
+    (`...<locals>...`), it enqueued fine while no runtime importing the module ever defined it,
+    and its jobs were given back for ever. Refused at decoration, saying to pass name=; with a
+    name it is a job like any other."""
+
+    def send(ctx: object, to: str) -> str:
+        return f"sent to {to}"
+
+    with pytest.raises(ConfigError, match=r"@jobs\.job\(name=\) is needed for .*<locals>\.send: it is defined "
+                                          r"inside a function"):
+        jobs.job(send)
+    with pytest.raises(ConfigError, match=r"<locals>\.send: it is defined inside a function"):
+        jobs.job(queue="default")(send)
+    assert jobs.job(name="t.inner_send")(send).name == "t.inner_send"
+
+
 def test_an_object_whose_call_is_async_runs_as_an_async_job(jobs_db: str) -> None:
     """A callable object whose __call__ is `async def` is an async job: it runs on the loop and
     its result is what its coroutine returns. Taken for a sync function, it ran in a thread and

@@ -97,6 +97,13 @@ def _default_name(func: Callable[..., Any]) -> str:
         raise ConfigError(f"@jobs.job(name=) is needed for {func!r:.80}: it has no __qualname__ to name the job by "
                           "(a functools.partial or a callable object); give the job a name, e.g. "
                           "@jobs.job(name=\"myapp.send_welcome\")")
+    if "<locals>" in qualname:
+        # Defined inside a function: a runtime that imports the module defines no job of that
+        # name, and gives each of its jobs back for ever, with no failure to say so.
+        raise ConfigError(f"@jobs.job(name=) is needed for {qualname}: it is defined inside a function, so a "
+                          "runtime that imports its module never defines it by that name; move it to the top "
+                          "level of its module, or give it a name, e.g. @jobs.job(name=\"myapp.send_welcome\"), "
+                          "and have the job module's import define it")
     return f"{func.__module__}.{qualname}"
 
 
