@@ -10,6 +10,7 @@ from then on once a stop was asked for.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -52,3 +53,24 @@ def term_as_interrupt() -> None:
     stands: a stop asked for while it starts (waiting for a database, importing the app) is a
     clean stop too. Main thread only, as signal.signal()."""
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+def hangup_as_term() -> None:
+    """SIGHUP, which a closed terminal or a dropped ssh session sends, stops the command as SIGTERM
+    does, whatever SIGTERM does at that moment (a clean stop while it starts, a drain once it
+    runs, nothing once it stops): by default it would end the process where it stands. Not under
+    `nohup`, which asked for SIGHUP to be ignored. Main thread only, as signal.signal()."""
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
+        signal.signal(signal.SIGHUP, _relay_hangup)
+
+
+def _relay_hangup(signum: int, frame: object) -> None:
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        os.kill(os.getpid(), signal.SIGTERM)
+    else:
+        # From the loop's next turn, not from inside this handler: uvloop runs a loop's handler
+        # twice for a signal raised while it dispatches another, and a second SIGTERM hurries
+        # the stop (jobs given back undrained).
+        loop.call_soon_threadsafe(os.kill, os.getpid(), signal.SIGTERM)

@@ -59,8 +59,9 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 def _stop_signals_as_they_were() -> Iterator[None]:
     """A test that runs a command or a runtime in this process leaves SIGINT and SIGTERM as their
     stop left them, ignored (stopsignals.py): every child a later test starts then inherited that,
-    and a migrate it interrupted never heard Ctrl-C. Put back after each test."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    and a migrate it interrupted never heard Ctrl-C. SIGHUP too, which `livepush jobs` turns into
+    a SIGTERM. Put back after each test."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     yield
     for sig, handler in saved.items():
         if handler is not None and signal.getsignal(sig) is not handler:

@@ -263,6 +263,9 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     # Until the runtime takes the stop signals over, a SIGTERM (while the modules import, a
     # Django project set up among them) stops it cleanly, with exit 0, as it does `serve`.
     stopsignals.term_as_interrupt()
+    # A closed terminal or a dropped ssh session drains it as SIGTERM does, not kills it with
+    # its jobs in hand (left for the rescue, attempt spent).
+    stopsignals.hangup_as_term()
     settings = _settings(args)
     logs.setup(args.log_format)
     jobs_cli.load(args)

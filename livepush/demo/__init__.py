@@ -271,7 +271,8 @@ def run() -> int:
     # does: KeyboardInterrupt, which goes through the `finally` below (and `livepush` exits 0),
     # instead of ending the process where it stands with its Postgres left running.
     stopsignals.term_as_interrupt()
-    _hangup_as_term()
+    # Closing its terminal stops it too, its Postgres with it.
+    stopsignals.hangup_as_term()
     settings = for_its_page(config.Settings.from_env(_environ()))
     logging.getLogger("pgserver").setLevel(logging.WARNING)  # it narrates every command at INFO
     pg = None
@@ -337,15 +338,6 @@ def _environ() -> Mapping[str, str]:
     log.warning("the demo ignores DATABASE_URL, a %s: URL of another database than Postgres: it runs on its embedded "
                 "Postgres (set LIVEPUSH_DATABASE_URL to run it on a Postgres of yours)", scheme.group(1))
     return {name: value for name, value in os.environ.items() if name != "DATABASE_URL"}
-
-
-def _hangup_as_term() -> None:
-    """SIGHUP, which closing the demo's terminal sends, stops it as SIGTERM does, whatever SIGTERM
-    does at that moment (before, during and after the start of its Postgres and its loop): by
-    default it would end the demo where it stands, its embedded Postgres left running. Not under
-    `nohup`, which asked for SIGHUP to be ignored."""
-    if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
-        signal.signal(signal.SIGHUP, lambda signum, frame: os.kill(os.getpid(), signal.SIGTERM))
 
 
 def _data_folder() -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 from livepush import jobs, loops
 from livepush.jobs.runtime import runtime
 from tests.jobs import sample_jobs
-from tests.jobs.conftest import events_of, names_of, q, runtime_starter
+from tests.jobs.conftest import events_of, names_of, q, registered, runtime_starter
 from tests.support import services
 from tests.support.procs import ChildProcess, Processes, stop_while_connecting
 from tests.support.waiting import wait_for
@@ -68,6 +69,36 @@ def test_sigterm_finishes_the_jobs_in_hand(jobs_db: str, start_runtime: Callable
     assert count(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE state = 'succeeded'") == 20
     assert count(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE state = 'available' AND attempt = 0") == 5
     assert count(jobs_db, "SELECT count(*) FROM livepush_job_runtimes") == 0
+
+
+def test_a_hangup_drains_the_runtime_as_sigterm_does(jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
+    """SIGHUP (the terminal `livepush jobs` runs in closed, its ssh session dropped) with jobs in
+    hand: they finish, none runs again, and the runtime deregisters and exits 0. Left at its
+    default, SIGHUP ended the process where it stood, its jobs left for the rescue."""
+    jobs.enqueue_many([sample_jobs.hold.request(1.0) for _ in range(3)])
+    child = start_runtime("--concurrency", "3", "--shutdown-timeout", "20")
+    wait_for(lambda: count(jobs_db, "SELECT count(*) FROM job_runs WHERE phase = 'start'") == 3, 15.0)
+    child.signal(signal.SIGHUP)
+    assert child.wait(15) == 0, child.output()
+    assert "SIGTERM: draining" in child.stderr(), child.output()
+    assert count(jobs_db, "SELECT count(*) FROM job_runs WHERE phase = 'done'") == 3, child.output()
+    assert count(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE state = 'succeeded'") == 3
+    assert count(jobs_db, "SELECT count(*) FROM livepush_job_runtimes") == 0
+
+
+def test_a_runtime_started_with_nohup_keeps_running_after_a_hangup(
+        jobs_db: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
+    """Under `nohup`, which asked for SIGHUP to be ignored, a hangup leaves the runtime running
+    (it still runs a job enqueued after it); SIGTERM stops it as always, with exit 0."""
+    child = procs.start(["nohup", sys.executable, "-m", "livepush", "jobs", MODULE, "--poll-interval", "0.2"],
+                        env=livepush_env(database_url=jobs_db), name="nohup livepush jobs")
+    registered(jobs_db, child)
+    child.signal(signal.SIGHUP)
+    handle = sample_jobs.record.enqueue(1)
+    wait_for(lambda: jobs.get_job(handle.id).state == "succeeded" or not child.running, 15.0,  # type: ignore[union-attr]
+             message="the job enqueued after the hangup to run")
+    assert child.running and "draining" not in child.stderr(), child.output()
+    assert child.stop() == 0, child.output()
 
 
 def test_second_signal_gives_back_at_once(jobs_db: str, start_runtime: Callable[..., ChildProcess]) -> None:
