@@ -2,19 +2,35 @@
 
 from __future__ import annotations
 
-from .api import (
-    alatest_offset,
-    apublish,
-    apublish_many,
-    latest_offset,
-    publish,
-    publish_many,
-    sign_topic,
-    verify_topic,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import *  # noqa: F403 (every error type is part of the API, see errors.__all__)
-from . import errors, sessions
-from .sessions.rules import Allow, App
+from . import errors
+
+if TYPE_CHECKING:
+    from . import sessions
+    from .api import (
+        alatest_offset,
+        apublish,
+        apublish_many,
+        latest_offset,
+        publish,
+        publish_many,
+        sign_topic,
+        verify_topic,
+    )
+    from .sessions.rules import Allow, App
+
+# The API is imported on first use, not with the package: `livepush jobs` and `livepush serve`
+# import this package before they can take the stop signals over, and a SIGTERM in that time
+# (the drivers and the fan-outs import) ended them with the default action, not a clean stop.
+_LAZY = {
+    **dict.fromkeys(("alatest_offset", "apublish", "apublish_many", "latest_offset", "publish", "publish_many",
+                     "sign_topic", "verify_topic"), ".api"),
+    "Allow": ".sessions.rules",
+    "App": ".sessions.rules",
+}
 
 __all__ = [
     *errors.__all__,
@@ -30,3 +46,17 @@ __all__ = [
     "sign_topic",
     "verify_topic",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "sessions":
+        return importlib.import_module(".sessions", __name__)
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

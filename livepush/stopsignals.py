@@ -4,18 +4,28 @@ When a loop's handler is removed the signal's default action comes back, and for
 kills the process. A process whose stop a signal already asked for is on its way out: a second
 Ctrl-C or SIGTERM in its last moments asks for what is done, and must not turn a clean exit into
 death by that signal. So the signals are held back while the handlers change hands, and ignored
-from then on once a stop was asked for.
+from then on once a stop was asked for. The command line holds them back from its first moment
+too, until the command has set what they do while it starts (hold_start, release_start).
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
+import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # not imported here: the command line imports this module first thing (hold_start)
+    import asyncio
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# What the command line holds back while it starts: the stop signals, and the hangup it may
+# turn into one.
+_START_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP)
+# The signal mask from before hold_start(), until release_start() puts it back.
+_mask_before_start: set[int] | None = None
 
 
 @contextmanager
@@ -47,6 +57,26 @@ def remove_handlers(loop: asyncio.AbstractEventLoop, signals: Iterable[int], *, 
             loop.remove_signal_handler(sig)
 
 
+def hold_start() -> None:
+    """Hold SIGTERM, SIGINT and SIGHUP back from the command line's first moment until
+    release_start(): while the package imports, no handler of ours is set yet, and SIGTERM's
+    default would end a starting `livepush jobs` with 143 instead of its clean stop. Main thread,
+    before any other thread starts (they inherit the mask)."""
+    global _mask_before_start
+    if _mask_before_start is None:
+        _mask_before_start = signal.pthread_sigmask(signal.SIG_BLOCK, _START_SIGNALS)
+
+
+def release_start() -> None:
+    """Let the signals hold_start() held back through, to the handlers the command has set by
+    now (term_as_interrupt(): a clean stop); one that came meanwhile is delivered here. Does
+    nothing when nothing was held (the command run in-process)."""
+    global _mask_before_start
+    if _mask_before_start is not None:
+        before, _mask_before_start = _mask_before_start, None
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def term_as_interrupt() -> None:
     """Until an event loop takes the stop signals over, SIGTERM stops the command as Ctrl-C does
     (KeyboardInterrupt, which the command line ends with exit 0) instead of killing it where it
@@ -65,9 +95,14 @@ def hangup_as_term() -> None:
 
 
 def _relay_hangup(signum: int, frame: object) -> None:
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
+    loop = None
+    aio = sys.modules.get("asyncio")  # no loop runs before asyncio was imported
+    if aio is not None:
+        try:
+            loop = aio.get_running_loop()
+        except RuntimeError:
+            pass
+    if loop is None:
         os.kill(os.getpid(), signal.SIGTERM)
     else:
         # From the loop's next turn, not from inside this handler: uvloop runs a loop's handler

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 # Takes the loop's SIGTERM handler off while a SIGTERM is already on its way: the signal lands
 # exactly in the gap that a plain remove-then-ignore leaves open.
 _SCRIPT = """
@@ -39,3 +41,15 @@ def test_a_process_whose_stop_was_asked_for_outlives_later_signals() -> None:
 def test_a_process_not_stopping_gets_the_default_action_back() -> None:
     done = run("serving")
     assert done.returncode == -signal.SIGTERM and "alive" not in done.stdout, done.stderr
+
+
+def test_the_command_line_run_in_process_leaves_the_signal_mask_as_it_found_it() -> None:
+    """`livepush` holds the stop signals back while it starts. Whichever way main() ends (here a
+    usage error, before any command ran), it lets them through again: else the program that
+    called it, and every process it starts, never hears SIGTERM or Ctrl-C again."""
+    from livepush.cli.main import main
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    with pytest.raises(SystemExit):
+        main(["jobs", "m", "--bogus"])
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before

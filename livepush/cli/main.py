@@ -11,10 +11,9 @@ import os
 import sys
 from collections.abc import Callable, Collection, Sequence
 
-from .. import config
+from .. import config, stopsignals
 from ..errors import ConfigError, DependencyError, InvalidTopic, LivepushError, SchemaBusyError, SchemaError
 from . import flags, logs
-from .runner import open_standard_descriptors, run_async
 
 EXIT_OK, EXIT_DEPENDENCY, EXIT_USAGE = 0, 1, 2
 # A read that a schema change held up (`livepush migrate` under way): nothing is wrong, try again.
@@ -28,6 +27,10 @@ _PRINTING = ("migrate", "status", "publish", "token")
 # Of those, the ones whose printout is all they give (a token, a report): run with stdout closed,
 # they refuse. A migration or a publish is done all the same, and its exit status says so.
 _ONLY_PRINTING = ("status", "token")
+# The commands that run until stopped: a stop signal while they start is their clean stop (exit 0).
+_RUNNING = ("serve", "jobs", "demo")
+# Of those, the ones a closed terminal stops as SIGTERM does (`serve` is left to its supervisor).
+_STOPPED_BY_HANGUP = ("jobs", "demo")
 # What a write to standard output fails with when the file behind it cannot take it.
 _OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
 
@@ -146,12 +149,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .. import stopsignals
     from ..server.run import serve
-
-    stopsignals.term_as_interrupt()  # a SIGTERM while it starts stops it cleanly (exit 0) too
     from . import wiring, workers
     from .jobs import importable_from_cwd, modules_of
+    from .runner import run_async
 
     settings = _settings(args)
     settings.require_secret()
@@ -257,15 +258,9 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from .. import stopsignals
     from . import jobs as jobs_cli
+    from .runner import run_async
 
-    # Until the runtime takes the stop signals over, a SIGTERM (while the modules import, a
-    # Django project set up among them) stops it cleanly, with exit 0, as it does `serve`.
-    stopsignals.term_as_interrupt()
-    # A closed terminal or a dropped ssh session drains it as SIGTERM does, not kills it with
-    # its jobs in hand (left for the rescue, attempt spent).
-    stopsignals.hangup_as_term()
     settings = _settings(args)
     logs.setup(args.log_format)
     jobs_cli.load(args)
@@ -352,8 +347,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # First, before any command opens a file or a socket that would take a closed descriptor's
-    # number (sys.stdout stays None, so the commands that only print still see stdout closed).
+    # First: the package's imports are still to come (the parser's own, a command's), and a stop
+    # signal among them must wait for the handlers the command sets (_main), not kill by default.
+    stopsignals.hold_start()
+    try:
+        return _main(argv)
+    finally:
+        # On every way out too (a usage error exits before the command runs): the processes it
+        # starts, or the rest of a program that called main(), would inherit the signals held.
+        stopsignals.release_start()
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    from .runner import open_standard_descriptors
+
+    # Before any command opens a file or a socket that would take a closed descriptor's number
+    # (sys.stdout stays None, so the commands that only print still see stdout closed).
     open_standard_descriptors()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -370,6 +379,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return status
 
     try:
+        if args.command in _RUNNING:
+            # Until its loop takes the stop signals over, a SIGTERM (while the modules import, a
+            # Django project set up among them, or it waits for a database) stops it as Ctrl-C
+            # does: KeyboardInterrupt, below, exit 0.
+            stopsignals.term_as_interrupt()
+        if args.command in _STOPPED_BY_HANGUP:
+            # A closed terminal or a dropped ssh session stops it as SIGTERM does: a runtime
+            # drains rather than dies with its jobs in hand (left for the rescue, attempt spent).
+            stopsignals.hangup_as_term()
+        stopsignals.release_start()  # here, inside the try: one held back since the start lands now
         if sys.stdout is None and args.command in _ONLY_PRINTING:
             # Started with descriptor 1 closed (`>&-`): Python drops what is printed, and a token
             # made, or the report asked for, would be lost with exit 0.

@@ -404,6 +404,41 @@ def test_sigterm_while_the_modules_import_is_a_clean_stop(jobs_db: str, procs: P
     assert "Traceback" not in child.stderr(), child.output()
 
 
+# `python -m livepush ARGS`, its import of the package's API (drivers, fan-outs: the bulk of its
+# start) held up until a signal came: the moment before `livepush jobs` set any handler.
+STALLED_START = """
+import importlib.abc, os, runpy, sys, time
+
+class Stall(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "livepush.api":
+            sys.meta_path.remove(self)
+            open(os.environ["IMPORT_STARTED"], "w").close()
+            time.sleep(2)
+        return None
+
+sys.meta_path.insert(0, Stall())
+sys.argv[0] = "livepush"
+runpy.run_module("livepush", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_stop_signal_while_livepush_itself_imports_is_a_clean_stop(
+        sig: signal.Signals, jobs_db: str, procs: Processes, tmp_path: Any,
+        livepush_env: Callable[..., dict[str, str]]) -> None:
+    """A stop signal in the first moments of `livepush jobs`, while the package itself imports
+    (before the command could set any handler), stops it with exit 0 as one a moment later does.
+    SIGTERM and SIGHUP killed it with their default action (143, 129), SIGINT with a traceback."""
+    started = tmp_path / "import-started"
+    env = livepush_env(database_url=jobs_db, extra={"IMPORT_STARTED": str(started)})
+    child = procs.start([sys.executable, "-c", STALLED_START, "jobs", MODULE], env=env, name="livepush jobs (stalled)")
+    wait_for(started.exists, 20.0, message="livepush's own import to start")
+    child.signal(sig)
+    assert child.wait(10) == 0, child.output()
+    assert "Traceback" not in child.stderr() and "running" not in child.stderr(), child.output()
+
+
 def test_sigterm_while_the_runtime_opens_on_a_silent_database_is_a_clean_stop(
         procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
     """SIGTERM while `livepush jobs` is opening its runtime (here, waiting on a database that
