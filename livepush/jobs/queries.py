@@ -560,6 +560,18 @@ WHERE greatest(heartbeat_at, pg_postmaster_start_time(), %(since)s::timestamptz)
 RETURNING id
 """
 
+# name: orphans
+# The running jobs RESCUE_ORPHANS would release now, with what their retry's backoff depends on:
+# whether their last attempt ended in a rescue too (its error is still the rescue's, %(error)s).
+# A plain read: RESCUE_ORPHANS checks each again under its row lock.
+ORPHANS = """
+SELECT j.id, j.name, j.attempt, p.error IS NOT DISTINCT FROM %(error)s AS rescued_before
+FROM livepush_jobs j JOIN livepush_job_payloads p ON p.id = j.id
+WHERE j.state = 'running' AND j.runtime_id IS DISTINCT FROM %(runtime_id)s
+  AND NOT EXISTS (SELECT 1 FROM livepush_job_runtimes r WHERE r.id = j.runtime_id)
+ORDER BY j.id
+"""
+
 # name: rescue_orphans
 # Releases running jobs whose runtime has no row (pruned above, or claimed by a runtime that was
 # pruned mid-claim), counting the attempt: back to available, or failed when that was the last
@@ -571,9 +583,14 @@ RETURNING id
 # own jobs (%(runtime_id)s): one that was pruned while held up claims again before its next beat
 # registers it again, and its own rescue released those claims while it ran them, which then ran
 # twice; another runtime's rescue in that moment still releases them (docs/jobs.md).
+# Only the jobs ORPHANS read (%(ids)s), each still at the attempt it read (%(attempts)s), due
+# again after %(delays)s seconds (0 for a first rescue; maintenance.rescue says why); a job
+# orphaned since is the next beat's to release.
 RESCUE_ORPHANS = f"""
-WITH orphans AS (
-    SELECT j.id FROM livepush_jobs j
+WITH read AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(delays)s::float8[]) AS r(id, attempt, delay)
+), orphans AS (
+    SELECT j.id, read.delay FROM livepush_jobs j JOIN read ON read.id = j.id AND read.attempt = j.attempt
     WHERE j.state = 'running' AND j.runtime_id IS DISTINCT FROM %(runtime_id)s
       AND NOT EXISTS (SELECT 1 FROM livepush_job_runtimes r WHERE r.id = j.runtime_id)
     ORDER BY j.id
@@ -582,12 +599,15 @@ WITH orphans AS (
     UPDATE livepush_jobs j SET
         state = CASE WHEN j.cancel_requested THEN 'cancelled'
                      WHEN j.attempt >= j.max_attempts THEN 'failed'
+                     WHEN orphans.delay > 0 THEN 'scheduled'
                      ELSE 'available' END,
         event = CASE WHEN j.cancel_requested THEN 'cancelled'
                      WHEN j.attempt >= j.max_attempts THEN 'failed'
                      ELSE 'retrying' END,
         finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN now() END,
-        run_at = now(), lease = NULL, runtime_id = NULL, version = j.version + 1
+        run_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN now()
+                      ELSE now() + make_interval(secs => orphans.delay) END,
+        lease = NULL, runtime_id = NULL, version = j.version + 1
     FROM orphans WHERE j.id = orphans.id
     RETURNING j.id, j.state, j.queue, j.group_id, j.workflow_id, j.version
 ), payload AS (

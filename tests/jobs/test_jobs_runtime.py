@@ -565,6 +565,50 @@ async def test_a_rescue_run_after_its_runtime_was_held_up_takes_no_live_runtime_
              (h.id,)) == [("running", 1, held)]
 
 
+@jobs.job(name="t.kills_its_runtime", max_attempts=5, backoff=lambda attempt: 600.0 * attempt)
+async def kills_its_runtime(ctx: Any) -> None:
+    """Stands for a job that takes its runtime down (out of memory): only claimed here, never run."""
+
+
+async def test_a_job_rescued_twice_in_a_row_waits_its_backoff_before_it_is_due_again(jobs_db: str) -> None:
+    """A job whose runtime died is due again at once: the runtime's death was likely not its
+    doing. Rescued again straight after (its last attempt ended in a rescue too), it may be what
+    kills its runtimes: it waits its retry's backoff (scheduled, as after a failure) instead of
+    taking the next runtime down at once, each time, until its attempts run out. A rescuer that
+    does not define the job uses the default backoff."""
+    from psycopg_pool import AsyncConnectionPool
+
+    from livepush.jobs.runtime import maintenance
+
+    h = kills_its_runtime.enqueue()
+    (me,) = q(jobs_db, "INSERT INTO livepush_job_runtimes (host, pid, queues, concurrency, heartbeat) "
+                       "VALUES ('test', 0, '{default}', 1, 3600) RETURNING id")[0]
+
+    def due_in() -> tuple[str, str, int, float]:
+        return q(jobs_db, "SELECT state, event, attempt, extract(epoch FROM run_at - now())::float8 "
+                          "FROM livepush_jobs WHERE id = %s", (h.id,))[0]
+
+    async with AsyncConnectionPool(jobs_db, min_size=1, max_size=2, open=False) as pool:
+        async def claimed_by_a_dead_runtime_and_rescued(registry: Any) -> list[dict[str, Any]]:
+            async with pool.connection() as conn:
+                await conn.execute(queries.CLAIM, {"queue": "default", "limit": 1, "excluded": [],
+                                                   "runtime_id": me + 1000})  # a runtime with no row: dead
+            rescued, _ = await maintenance.rescue(pool, me, registry=registry)
+            return rescued
+
+        assert [r["id"] for r in await claimed_by_a_dead_runtime_and_rescued(REGISTRY)] == [h.id]
+        state, event, attempt, wait = due_in()
+        assert (state, event, attempt) == ("available", "retrying", 1) and wait <= 0
+        assert [r["id"] for r in await claimed_by_a_dead_runtime_and_rescued(REGISTRY)] == [h.id]
+        state, event, attempt, wait = due_in()
+        assert (state, event, attempt) == ("scheduled", "retrying", 2) and 1190 < wait <= 1200
+        q(jobs_db, "UPDATE livepush_jobs SET state = 'available' WHERE id = %s", (h.id,))  # as if it came due
+        assert [r["id"] for r in await claimed_by_a_dead_runtime_and_rescued(None)] == [h.id]
+        state, event, attempt, wait = due_in()
+        assert (state, attempt) == ("scheduled", 3) and 5 < wait <= 10  # the default backoff of attempt 3: 8 s ±25 %
+    assert names_of(jobs_db, h.id)[-2:] == ["started/running", "retrying/scheduled"]
+
+
 async def test_a_rescue_its_runtimes_next_beat_overtook_prunes_nobody(jobs_db: str) -> None:
     """A rescue judges the others' silence by what the beat that started it knew: whether this
     runtime had just come back from a spell without contact (an outage every runtime shared, whose

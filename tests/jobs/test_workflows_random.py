@@ -335,7 +335,11 @@ class Seed:
             await conn.execute("DELETE FROM livepush_job_runtimes WHERE id = %s", (runtime_id,))
             await conn.commit()
             # By a runtime that runs none of these jobs (the rescuer's own are never released).
-            rows = await fetch(conn, queries.RESCUE_ORPHANS, {"error": RESCUE_ERROR, "runtime_id": None})
+            # The orphans read first, as maintenance.rescue does, each due again at once.
+            found = await fetch(conn, queries.ORPHANS, {"error": RESCUE_ERROR, "runtime_id": None})
+            rows = await fetch(conn, queries.RESCUE_ORPHANS, {
+                "error": RESCUE_ERROR, "runtime_id": None, "ids": [r["id"] for r in found],
+                "attempts": [r["attempt"] for r in found], "delays": [0.0] * len(found)})
             await outcomes.count(conn, outcomes.terminal(rows))
 
             def after() -> None:

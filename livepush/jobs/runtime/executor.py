@@ -238,6 +238,27 @@ def _run_ended(exc: BaseException, job_id: int, name: str) -> bool:
     return True
 
 
+def retry_delay(fn: Any, job_id: int, attempt: int) -> float:
+    """Seconds before the retry of a job whose `attempt` failed: its function's backoff=, or the
+    default backoff when `fn` is None (a rescuer that does not define the job) or its backoff=
+    fails; at most MAX_RETRY_DELAY."""
+    if fn is None:
+        return min(default_backoff(attempt), MAX_RETRY_DELAY)
+    try:
+        seconds = fn.backoff(attempt)
+        # A str or a bool would pass float(), and a NaN would pass max() as no wait at all.
+        if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or math.isnan(seconds):
+            raise ArgumentTypeError(f"backoff= returned {type(seconds).__name__} {seconds!r:.40}, "
+                                    f"not a number of seconds: return an int or a float")
+        return min(max(0.0, float(seconds)), MAX_RETRY_DELAY)
+    except Exception as backoff_error:  # noqa: BLE001 - user code: raising here lost the outcome
+        # Raised from here, the failure would never be written: the job would stay `running`,
+        # held by a live runtime that no longer knows it. It retries on the default backoff.
+        log.error("job %s (%s): its backoff= failed for attempt %s (%s); retrying on the default backoff",
+                  job_id, fn.name, attempt, backoff_error, exc_info=backoff_error)
+        return min(default_backoff(attempt), MAX_RETRY_DELAY)
+
+
 def timeout_failure(fn: Any, ctx: JobContext) -> Outcome:
     """The attempt failed by passing its function's timeout."""
     return _failure(fn, ctx, TimeoutError(f"timed out after {fn.timeout:g} s"), timed_out=True)
@@ -280,19 +301,7 @@ def _failure(fn: Any, ctx: JobContext, exc: BaseException, *, timed_out: bool = 
         log.warning("job %s (%s) failed its last attempt (%s of %s): %s", job.id, fn.name, job.attempt,
                     job.max_attempts, error, exc_info=None if timed_out else exc)
         return Outcome(ctx, "fail", error=error)
-    try:
-        seconds = fn.backoff(job.attempt)
-        # A str or a bool would pass float(), and a NaN would pass max() as no wait at all.
-        if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or math.isnan(seconds):
-            raise ArgumentTypeError(f"backoff= returned {type(seconds).__name__} {seconds!r:.40}, "
-                                    f"not a number of seconds: return an int or a float")
-        delay = min(max(0.0, float(seconds)), MAX_RETRY_DELAY)
-    except Exception as backoff_error:  # noqa: BLE001 - user code: raising here lost the outcome
-        # Raised from here, the failure would never be written: the job would stay `running`,
-        # held by a live runtime that no longer knows it. It retries on the default backoff.
-        log.error("job %s (%s): its backoff= failed for attempt %s (%s); retrying on the default backoff",
-                  job.id, fn.name, job.attempt, backoff_error, exc_info=backoff_error)
-        delay = min(default_backoff(job.attempt), MAX_RETRY_DELAY)
+    delay = retry_delay(fn, job.id, job.attempt)
     log.info("job %s (%s) attempt %s failed, retrying in %.1f s: %s", job.id, fn.name, job.attempt, delay, error,
              exc_info=None if timed_out else exc)
     return Outcome(ctx, "retry", error=error, delay=delay)

@@ -22,10 +22,12 @@ from psycopg_pool import AsyncConnectionPool
 from ... import metrics
 from ...tasks import reraise_if_cancelled
 from .. import queries
+from ..api.registry import Registry
 from ..groups import outcomes
 from ..groups import queries as gq
 from ..groups.cancel import acancel_group_through
 from ..workflows import queries as wq
+from .executor import retry_delay
 
 log = logging.getLogger("livepush.jobs")
 
@@ -39,7 +41,8 @@ UNRUNG_LIMIT = 10_000  # groups re-rung after runtimes were found dead (one flus
 # its chunks in a few seconds, and one still under way is its caller's to finish.
 CANCEL_GRACE = 30.0
 # What /metrics counts of a rescued job, by the state RESCUE_ORPHANS left it in.
-_RESCUE_COUNTERS = {"failed": metrics.JOBS_FAILED, "available": metrics.JOBS_RETRIED}
+_RESCUE_COUNTERS = {"failed": metrics.JOBS_FAILED, "available": metrics.JOBS_RETRIED,
+                    "scheduled": metrics.JOBS_RETRIED}
 
 
 @functools.cache
@@ -139,14 +142,17 @@ async def _release_all(conn: psycopg.AsyncConnection, runtime_id: int, keep: lis
 
 
 async def rescue(pool: AsyncConnectionPool, runtime_id: int, since: datetime | None = None, *,
-                 beat_at: datetime | None = None) -> tuple[list[dict[str, Any]], set[int]]:
+                 beat_at: datetime | None = None,
+                 registry: Registry | None = None) -> tuple[list[dict[str, Any]], set[int]]:
     """Prune runtimes silent for three beats, then release running jobs without a live runtime,
     attempt counted. `runtime_id`: the rescuing runtime, which prunes nobody while its own last
     beat is more than two beats old, or newer than `beat_at`, the beat that started this rescue
     (queries.PRUNE_DEAD_RUNTIMES says why), and never releases its own jobs (RESCUE_ORPHANS).
     `since`: when the caller's own contact with the database came back after it lost it, as that
-    beat knew it (None: never lost); silence before it is not counted. Returns the released rows
-    and the groups counted in."""
+    beat knew it (None: never lost); silence before it is not counted. A job released for the
+    second time in a row is due again only after its retry's backoff (its function's backoff=
+    when `registry` defines it, else the default one). Returns the released rows and the groups
+    counted in."""
     async with pool.connection() as conn:
         cur = await conn.execute(queries.PRUNE_DEAD_RUNTIMES,
                                  {"since": since, "beat_at": beat_at, "runtime_id": runtime_id})
@@ -156,8 +162,21 @@ async def rescue(pool: AsyncConnectionPool, runtime_id: int, since: datetime | N
         log.warning("runtimes %s stopped beating: releasing their jobs", dead)
         unrung = await unrung_groups(pool)
     async with pool.connection() as conn:
+        found = await (await conn.execute(queries.ORPHANS, {"runtime_id": runtime_id,
+                                                            "error": RESCUE_ERROR})).fetchall()
+    if not found:
+        return [], unrung
+    ids, attempts = [job_id for job_id, _, _, _ in found], [attempt for _, _, attempt, _ in found]
+    # A runtime that died once (a deploy's kill -9, a machine lost) had its jobs die with it: they
+    # are due again at once. A job whose last attempt also ended in a rescue may be what kills its
+    # runtimes (out of memory): it waits its backoff, as after a failure, rather than take the next
+    # runtime down at once, each time, with every job in hand there.
+    delays = [retry_delay(registry.find(name) if registry is not None else None, job_id, attempt)
+              if rescued_before else 0.0 for job_id, name, attempt, rescued_before in found]
+    async with pool.connection() as conn:
         async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(queries.RESCUE_ORPHANS, {"error": RESCUE_ERROR, "runtime_id": runtime_id})
+            await cur.execute(queries.RESCUE_ORPHANS, {"error": RESCUE_ERROR, "runtime_id": runtime_id, "ids": ids,
+                                                       "attempts": attempts, "delays": delays})
             rows = await cur.fetchall()
             if not rows:
                 return [], unrung

@@ -1176,7 +1176,7 @@ class Runtime:
         `beat_at` knew it (maintenance.rescue), and have the groups it counted in rung."""
         assert self._pool is not None and self.id is not None
         try:
-            _, touched = await maintenance.rescue(self._pool, self.id, since, beat_at=beat_at)
+            _, touched = await maintenance.rescue(self._pool, self.id, since, beat_at=beat_at, registry=self.registry)
         except _DB_ERRORS as exc:
             reraise_if_cancelled()
             self._failures.warning("rescuing dead runtimes' jobs failed (%s); trying again next beat", exc)
