@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from .errors import *  # noqa: F403 (every error type is part of the API, see errors.__all__)
@@ -49,10 +50,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "sessions":
-        return importlib.import_module(".sessions", __name__)
     if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        # A submodule (`livepush.sessions.issue(...)`, `livepush.fanout.from_env()` after a bare
+        # `import livepush`), which the package's imports used to bring in as a side effect.
+        if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return importlib.import_module(f".{name}", __name__)
     value = getattr(importlib.import_module(_LAZY[name], __name__), name)
     globals()[name] = value  # looked up once
     return value

@@ -80,3 +80,19 @@ def test_a_fan_out_the_process_was_given_is_not_warned_about(
     with caplog.at_level("WARNING", logger="livepush"):
         livepush.publish("served:a", {"i": 1})
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_bare_import_reaches_the_api_and_every_submodule_as_attributes() -> None:
+    """`import livepush` loads its API on first use; the names the docs use after it (the
+    package's functions, `livepush.sessions.issue`, `livepush.fanout.from_env`,
+    `livepush.metrics.REGISTRY`) are all there, and a name that is none raises AttributeError."""
+    import subprocess
+    import sys
+
+    code = ("import livepush\n"
+            "assert callable(livepush.publish) and livepush.Allow and callable(livepush.sessions.issue)\n"
+            "assert callable(livepush.fanout.from_env) and livepush.metrics.REGISTRY is not None\n"
+            "assert callable(livepush.jobs.enqueue_many) and sorted(livepush.__all__) == sorted(set(livepush.__all__))\n"
+            "assert all(hasattr(livepush, name) for name in livepush.__all__)\n"
+            "assert not hasattr(livepush, 'no_such_name') and not hasattr(livepush, '_private')\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
