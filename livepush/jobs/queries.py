@@ -753,8 +753,15 @@ SELECT rung.n AS rung, told.n AS told FROM rung CROSS JOIN told
 # group_id nor workflow_id of a job ever changes; its state may, after this read: a job read as
 # not failed answers False (it was not failed then) and is never written, so a member that fails
 # meanwhile is not retried; one read as failed stays failed (nothing retries a member or a
-# step's job).
-JOB_GROUP = "SELECT group_id, workflow_id, state FROM livepush_jobs WHERE id = %(id)s"
+# step's job). Its name and queue too: retry_failed marks the job for the claim its function's
+# definition asks for now (neither changes once a job has failed: a debounce replaces only
+# pending jobs).
+JOB_GROUP = "SELECT group_id, workflow_id, state, name, queue FROM livepush_jobs WHERE id = %(id)s"
+
+# name: job_args
+# A job's arguments, which retry_failed reads a concurrency key from. A plain read: a failed job's
+# arguments never change (a debounce replaces only pending jobs' arguments).
+JOB_ARGS = "SELECT args FROM livepush_job_payloads WHERE id = %(id)s"
 
 # name: retry_failed
 # A failed job gets a fresh set of attempts and runs again now. Only from 'failed'; the row lock
@@ -766,11 +773,18 @@ JOB_GROUP = "SELECT group_id, workflow_id, state FROM livepush_jobs WHERE id = %
 # this update waits for that transaction and fails with a unique violation if it committed; the
 # caller answers False for it (control.retry_failed). Left in a later place (a job a debounce had
 # queued behind another), the retried job met no one there, and the key got two unfinished jobs.
+# Queued again, the job is marked for the claim as an enqueue marks it, by the caller's definition
+# of its function (`limited`, `concurrency_key`; NULL `limited`: the caller does not define it,
+# and the mark stays): a start marks only the unfinished jobs, so the mark a job failed with
+# predates any deploy since, which may have added a limit, keyed it by another parameter, or
+# removed it.
 RETRY_FAILED = f"""
 WITH moved AS (
     UPDATE livepush_jobs j SET state = 'available', attempt = 0, run_at = now(), finished_at = NULL,
                                cancel_requested = false, version = j.version + 1, event = 'enqueued',
-                               key_slot = 0
+                               key_slot = 0, limited = coalesce(%(limited)s::boolean, j.limited),
+                               concurrency_key = CASE WHEN %(limited)s::boolean IS NULL THEN j.concurrency_key
+                                                      ELSE %(concurrency_key)s::text END
     WHERE j.id = %(id)s AND j.state = 'failed'
       AND (j.key IS NULL OR NOT EXISTS (
           SELECT 1 FROM livepush_jobs o

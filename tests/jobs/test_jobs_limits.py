@@ -23,7 +23,7 @@ import pytest
 
 from livepush import jobs
 from livepush.jobs import database, queries
-from livepush.jobs.api.registry import Registry
+from livepush.jobs.api.registry import REGISTRY, Registry
 from livepush.jobs.runtime import limits as runtime_limits
 from livepush.errors import ConfigError
 from livepush.jobs import InvalidArgumentsError
@@ -510,6 +510,56 @@ def test_jobs_marked_limited_after_the_limits_were_dropped_still_run(limits_db: 
     q(limits_db, "UPDATE livepush_jobs SET state = 'available', attempt = 1 WHERE id = %s", (retried.id,))  # back for a retry
     assert q(limits_db, "SELECT id, limited FROM livepush_jobs ORDER BY id") == [(retried.id, True), (late.id, True)]
     assert jobs.drain() == {"succeeded": 2}
+
+
+@pytest.mark.parametrize("aio", [False, True], ids=["sync", "async"])
+async def test_a_failed_job_run_again_takes_the_limits_its_function_has_now(
+        limits_db: str, aio: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """retry_failed() enqueues a failed job again, and is held to its function's definition as an
+    enqueue is: a job that failed before its function gained a limit takes the limited claim with
+    its key (a start marks only unfinished jobs); one that failed under a key read from another
+    parameter counts under the new one; one whose limit a deploy since removed takes the plain
+    claim. A process that does not define the function leaves the mark the job had."""
+    async def redefined(ctx: Any, tenant: str, account: str) -> None: ...
+
+    async def retry(job_id: int) -> bool:
+        return await jobs.aretry_failed(job_id) if aio else await asyncio.to_thread(jobs.retry_failed, job_id)
+
+    def fail(*ids: int) -> None:
+        q(limits_db, "UPDATE livepush_jobs SET state = 'failed', attempt = 1, finished_at = now() "
+                     "WHERE id = ANY(%s)", (list(ids),))
+
+    def marks(*ids: int) -> list[tuple[bool, str | None]]:
+        return [tuple(r) for r in q(limits_db, "SELECT limited, concurrency_key FROM livepush_jobs "
+                                               "WHERE id = ANY(%s) ORDER BY id", (list(ids),))]
+
+    plain = jobs.job(name="t.redefined")(redefined)
+    before_limit = plain.enqueue("a", "x")
+    fail(before_limit.id)
+    jobs.job(name="t.redefined", concurrency=("tenant", 1))(redefined)  # redeployed with a limit
+    assert await jobs.adrain(max_jobs=0) == {}  # a runtime with it started: failed jobs are not marked
+    assert marks(before_limit.id) == [(False, None)]
+    assert await retry(before_limit.id) is True
+    assert marks(before_limit.id) == [(True, '"a"')]
+
+    by_tenant = jobs.job(name="t.redefined", concurrency=("tenant", 1))(redefined)
+    rekeyed = by_tenant.enqueue("b", "y")
+    fail(rekeyed.id)
+    jobs.job(name="t.redefined", concurrency=("account", 1))(redefined)  # keyed by another parameter
+    assert await retry(rekeyed.id) is True
+    assert marks(rekeyed.id) == [(True, '"y"')]
+
+    dropped = by_tenant.enqueue("c", "z")
+    fail(dropped.id)
+    jobs.job(name="t.redefined")(redefined)  # the limit removed
+    assert await retry(dropped.id) is True
+    assert marks(dropped.id) == [(False, None)]
+
+    unknown = by_tenant.enqueue("d", "w")
+    fail(unknown.id)
+    monkeypatch.delitem(REGISTRY._functions, "t.redefined")  # an operator's script that does not import the jobs
+    assert await retry(unknown.id) is True
+    assert marks(unknown.id) == [(True, '"d"')]
 
 
 # -- concurrency ------------------------------------------------------------------------------------

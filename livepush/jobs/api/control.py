@@ -13,13 +13,15 @@ from psycopg.rows import dict_row
 from ...errors import ArgumentValueError, DependencyError
 from ...tasks import carried_through
 from .. import database, queries
-from ..errors import GroupClosedError
+from ..errors import GroupClosedError, InvalidArgumentsError
 from ..events.views import job_view
 from ..groups import outcomes, steps
 from ..groups.cancel import acancel_children, cancel_children
 from ..groups.transactions import ain_tx, in_tx
 from .handles import checked_id
+from .limits import Limits, check_claim_entry
 from .options import check_queue, check_tag
+from .registry import REGISTRY
 
 log = logging.getLogger("livepush.jobs")
 
@@ -155,10 +157,16 @@ def retry_failed(job_id: int) -> bool:
         found = _refused_member(conn.execute(queries.JOB_GROUP, {"id": job_id}).fetchone(), job_id, _RETRY_INSTEAD)
         if not _retryable(found, job_id):
             return False
+        assert found is not None
+        limits = _limits_now(found, job_id)
+        args = None
+        if limits is not None and limits.key_index is not None:
+            args = _args_of(conn.execute(queries.JOB_ARGS, {"id": job_id}).fetchone())
+        params = {"id": job_id, **_claim_mark(job_id, found, limits, args)}
         try:
             # A savepoint: the unique violation below undoes only this statement.
             with conn.transaction():
-                rows = conn.execute(queries.RETRY_FAILED, {"id": job_id}).fetchall()
+                rows = conn.execute(queries.RETRY_FAILED, params).fetchall()
         except psycopg.errors.UniqueViolation:
             # An enqueue of the job's key committed while this ran (queries.RETRY_FAILED): that
             # job holds the key now, so this one stays failed, as when the key was held before.
@@ -170,15 +178,59 @@ async def aretry_failed(job_id: int) -> bool:
     """retry_failed() for async code."""
     job_id = checked_id(job_id, "job_id")
     async with database.aconnection() as conn:
-        row = await (await conn.execute(queries.JOB_GROUP, {"id": job_id})).fetchone()
-        if not _retryable(_refused_member(row, job_id, _RETRY_INSTEAD), job_id):
+        found = _refused_member(await (await conn.execute(queries.JOB_GROUP, {"id": job_id})).fetchone(), job_id,
+                                _RETRY_INSTEAD)
+        if not _retryable(found, job_id):
             return False
+        assert found is not None
+        limits = _limits_now(found, job_id)
+        args = None
+        if limits is not None and limits.key_index is not None:
+            args = _args_of(await (await conn.execute(queries.JOB_ARGS, {"id": job_id})).fetchone())
+        params = {"id": job_id, **_claim_mark(job_id, found, limits, args)}
         try:
             async with conn.transaction():  # a savepoint, as in retry_failed()
-                rows = await (await conn.execute(queries.RETRY_FAILED, {"id": job_id})).fetchall()
+                rows = await (await conn.execute(queries.RETRY_FAILED, params)).fetchall()
         except psycopg.errors.UniqueViolation:
             return False
     return bool(rows)
+
+
+def _limits_now(found: tuple[Any, ...], job_id: int) -> Limits | None:
+    """The claim limits of the failed job's function as this process defines it now (no limits:
+    Limits()), or None when it does not define it (an operator's script that imports no jobs).
+    retry_failed() enqueues the job again, and an enqueue is held to its caller's definition."""
+    fn = REGISTRY.find(found[3])
+    limits = getattr(fn, "limits", None)
+    if not isinstance(limits, Limits):
+        return None
+    if limits.any and found[4] != fn.queue:
+        # Measured at the decorator for its own queue only (a durable child runs on its parent's).
+        check_claim_entry(found[3], found[4], f"retry_failed({job_id}) of a job of {found[3]}")
+    return limits
+
+
+def _args_of(row: tuple[Any, ...] | None) -> list[Any]:
+    return row[0] if row is not None and isinstance(row[0], list) else []
+
+
+def _claim_mark(job_id: int, found: tuple[Any, ...], limits: Limits | None,
+                args: list[Any] | None) -> dict[str, Any]:
+    """RETRY_FAILED's `limited` and `concurrency_key` for a job of these limits (None: leave the
+    job's mark as it is). A key the arguments cannot give (a parameter added since, without a
+    default) leaves the job keyless, as a start marking the jobs enqueued before leaves it: it
+    runs without the concurrency limit rather than never."""
+    if limits is None:
+        return {"limited": None, "concurrency_key": None}
+    if not limits.any:
+        return {"limited": False, "concurrency_key": None}
+    try:
+        key = limits.key_of(args or [], found[3])
+    except InvalidArgumentsError:
+        log.warning("job %s run again by retry_failed() has no value for the concurrency key %r of %s in its "
+                    "arguments: it runs without the concurrency limit", job_id, limits.key_param, found[3])
+        key = None
+    return {"limited": True, "concurrency_key": key}
 
 
 def _retryable(found: tuple[Any, ...] | None, job_id: int) -> bool:
