@@ -266,7 +266,8 @@ WHERE limited AND name = ANY(%(names)s::text[]) AND state IN ('available', 'sche
 # limits (a row without limits has none), and the parameter their concurrency key was read from
 # (NULL: no concurrency limit). A name gains limits with this start when it had none, and is keyed
 # anew when its concurrency key now comes from another parameter, or where it had none (a rate
-# alone marks jobs limited with no key, which no slot counts): the unfinished jobs enqueued before
+# alone marks jobs limited with no key, which no slot counts; a name whose limits were removed
+# still has marked jobs, keyed by the definition before): the unfinished jobs enqueued before
 # are then marked with their keys (UNMARKED_JOBS, MARK_LIMITED). Starts take turns on the lock, so
 # two never both see a name as new.
 LIMITED_BEFORE = """

@@ -512,6 +512,28 @@ def test_jobs_marked_limited_after_the_limits_were_dropped_still_run(limits_db: 
     assert jobs.drain() == {"succeeded": 2}
 
 
+def test_a_job_that_kept_its_mark_through_a_dropped_limit_is_keyed_anew_when_a_limit_comes_back(
+        limits_db: str) -> None:
+    """A job running when a deploy removed its function's limit keeps its mark and its key (its
+    retry comes back marked). A later deploy that limits the function again by another parameter
+    keys it anew from its arguments, as every other unfinished job, so that it counts in the new
+    key's slots, not in the slots of whatever value the old parameter had."""
+    async def relimited(ctx: Any, tenant: str, account: str) -> None: ...
+
+    kept = jobs.job(name="t.relimited", concurrency=("tenant", 1))(relimited).enqueue("a", "x")
+    assert jobs.drain(max_jobs=0) == {}  # a runtime with the limit stored it
+    q(limits_db, "UPDATE livepush_jobs SET state = 'running', attempt = 1, lease = 1 WHERE id = %s", (kept.id,))
+    jobs.job(name="t.relimited")(relimited)  # redeployed without the limit
+    assert jobs.drain(max_jobs=0) == {}
+    q(limits_db, "UPDATE livepush_jobs SET state = 'scheduled', run_at = now() + interval '1 hour', lease = NULL "
+                 "WHERE id = %s", (kept.id,))  # back for a retry, marked
+    plain = jobs.job(name="t.relimited")(relimited).enqueue("b", "y")
+    jobs.job(name="t.relimited", concurrency=("account", 1))(relimited)  # limited again, by account
+    assert jobs.drain(max_jobs=0) == {}
+    assert q(limits_db, "SELECT id, limited, concurrency_key FROM livepush_jobs ORDER BY id") == [
+        (kept.id, True, '"x"'), (plain.id, True, '"y"')]
+
+
 @pytest.mark.parametrize("aio", [False, True], ids=["sync", "async"])
 async def test_a_failed_job_run_again_takes_the_limits_its_function_has_now(
         limits_db: str, aio: bool, monkeypatch: pytest.MonkeyPatch) -> None:

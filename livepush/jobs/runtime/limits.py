@@ -40,8 +40,11 @@ async def store(pool: AsyncConnectionPool, registry: Registry) -> None:
                 queries.LIMITED_BEFORE, {"names": [n for n, _ in limited]})).fetchall())
             # Keyed anew: a concurrency key read from another parameter than the stored one, or
             # where there was none (a rate alone marks jobs limited with no key, which no slot
-            # counts). The jobs marked before hold a key of the old parameter, or none.
-            keyed = {n for n, lim in limited if n in had and lim.key_param not in (None, had[n])}
+            # counts). The jobs marked before hold a key of the old parameter, or none. So do the
+            # marked jobs of a name whose limits a deploy removed (those running then, or back
+            # for a retry since, kept the mark and the key of the definition before it), which
+            # gains a concurrency key again now.
+            keyed = {n for n, lim in limited if lim.key_param is not None and lim.key_param != had.get(n)}
             backlog = Backlog({n: lim for n, lim in limited if n not in had or n in keyed}, keyed)
             left = await backlog.mark(conn)
             await conn.execute(queries.SET_LIMITS, {
