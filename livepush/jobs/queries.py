@@ -281,10 +281,11 @@ WHERE name = ANY(%(names)s::text[]) AND (max_running IS NOT NULL OR rate IS NOT 
 # in id order from `after`, a page at a time (of `ids` only, when given: those a first pass left):
 # their concurrency keys come from their arguments, which only the function's definition (Python)
 # can read. Rare (a deploy that adds a limit or changes its key), so a scan is acceptable, as for
-# UNFLAG_LIMITED. Workflow steps are never limited. A plain read; MARK_LIMITED re-checks what it
-# read.
+# UNFLAG_LIMITED. Workflow steps are never limited. `limited`: the job was marked already (with a
+# key of the old definition), so one whose arguments give no new key must lose that key. A plain
+# read; MARK_LIMITED re-checks what it read.
 UNMARKED_JOBS = """
-SELECT j.id, j.name, j.version, p.args
+SELECT j.id, j.name, j.version, p.args, j.limited
 FROM livepush_jobs j JOIN livepush_job_payloads p USING (id)
 WHERE j.name = ANY(%(names)s::text[]) AND j.workflow_id IS NULL
   AND (NOT j.limited OR j.name = ANY(%(keyed)s::text[]))

@@ -512,6 +512,28 @@ def test_jobs_marked_limited_after_the_limits_were_dropped_still_run(limits_db: 
     assert jobs.drain() == {"succeeded": 2}
 
 
+def test_a_job_keyed_anew_whose_arguments_lack_the_new_key_runs_without_a_slot_as_the_log_says(
+        limits_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A deploy that reads the concurrency key from another parameter keys the unfinished jobs
+    anew; one enqueued before the parameter existed has no value for it, and the log says it runs
+    without the limit. So it does: it no longer holds the old parameter's key, whose slots it would
+    share with jobs of the new key that happen to have that value."""
+    async def moved(ctx: Any, tenant: str, *rest: Any) -> None: ...
+
+    old = jobs.job(name="t.moved", concurrency=("tenant", 1))(moved)
+    before = old.enqueue("a")
+    assert jobs.drain(max_jobs=0) == {}  # a runtime with the old definition stored the limit
+
+    async def moved(ctx: Any, tenant: str, account: str) -> None: ...  # type: ignore[no-redef]
+
+    jobs.job(name="t.moved", concurrency=("account", 1))(moved)  # keyed by a new parameter
+    with caplog.at_level("INFO", logger="livepush.jobs"):
+        assert jobs.drain(max_jobs=0) == {}
+    assert "1 unfinished jobs have no value for the concurrency key" in caplog.text
+    assert q(limits_db, "SELECT limited, concurrency_key FROM livepush_jobs WHERE id = %s", (before.id,)) == \
+        [(True, None)]
+
+
 def test_a_job_that_kept_its_mark_through_a_dropped_limit_is_keyed_anew_when_a_limit_comes_back(
         limits_db: str) -> None:
     """A job running when a deploy removed its function's limit keeps its mark and its key (its

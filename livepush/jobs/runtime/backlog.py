@@ -47,12 +47,17 @@ class Backlog:
             if not rows:
                 break
             read, versions, keys = [], [], []
-            for job_id, name, version, args in rows:
+            for job_id, name, version, args, limited in rows:
                 try:
                     key = self.gained[name].key_of(args if isinstance(args, list) else [], name)
                 except InvalidArgumentsError:
                     self.unkeyed += 1
-                    continue
+                    if not limited:
+                        continue  # left unmarked: the plain claim runs it without the limit
+                    # Keyed anew, it was marked already, with a key of the old parameter, which
+                    # would count it in that value's slots: marked without a key, it runs
+                    # without the concurrency limit, as the log says.
+                    key = None
                 read.append(job_id)
                 versions.append(version)
                 keys.append(key)
