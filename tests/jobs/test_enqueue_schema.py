@@ -73,6 +73,26 @@ def test_an_invalid_schema_fails_at_decoration() -> None:
         jobs.job(name="t.list_schema", schema=[1])(lambda ctx: None)
 
 
+def test_format_is_not_checked_and_a_pattern_is_a_python_regex_as_the_docs_say() -> None:
+    """What differs from a validator in the browser: `format` is an annotation (any string passes
+    "email"), `\\d` takes any Unicode digit as Python's `re` does (`[0-9]` only ASCII ones), and an
+    ECMA-262 `\\p{L}` is refused at import as no regex."""
+    email = jobs.job(name="t.schema_format", schema={"prefixItems": [{"type": "string", "format": "email"}]})(
+        lambda ctx, address: None)
+    assert list(email.request("not an address").args) == ["not an address"]
+    digits = jobs.job(name="t.schema_digits", schema={"prefixItems": [{"type": "string", "pattern": "^\\d+$"}]})(
+        lambda ctx, code: None)
+    ascii_digits = jobs.job(name="t.schema_ascii_digits",
+                            schema={"prefixItems": [{"type": "string", "pattern": "^[0-9]+$"}]})(lambda ctx, code: None)
+    arabic_indic = "\u0661\u0662"
+    assert list(digits.request(arabic_indic).args) == [arabic_indic]
+    with pytest.raises(InvalidArgumentsError, match="pattern"):
+        ascii_digits.request(arabic_indic)
+    with pytest.raises(ConfigError, match="regex"):
+        jobs.job(name="t.schema_unicode_class", schema={"prefixItems": [{"pattern": "^\\p{L}+$"}]})(
+            lambda ctx, name: None)
+
+
 @pytest.mark.parametrize(("schema", "says"), [
     ({"$schema": 5}, r"\$schema 5"),
     ({"$schema": None}, r"\$schema None"),
