@@ -68,7 +68,7 @@ def stale_cookies(*, secure: bool, domain: str | None = None) -> list[SessionCoo
     return [c for c in deleting_cookies(secure=secure, domain=domain) if c.name != fresh]
 
 
-def nowhere_to_revoke(tokens: Collection[str], log: logging.Logger) -> bool:
+def nowhere_to_revoke(tokens: Collection[object], log: logging.Logger) -> bool:
     """True (said once on `log`) when a sign-out has session tokens to revoke but this process has
     no shared store (neither a database nor Redis): the site's setup, not the request's failure,
     so the user is signed out all the same, said plainly, without a traceback or a 500."""

@@ -187,6 +187,43 @@ def test_signing_out_revokes_every_session_cookie_the_request_carries() -> None:
         assert asyncio.run(sessions.default_store().is_revoked(sessions.decode(token, secrets)))
 
 
+def test_signing_out_revokes_the_session_a_renewal_replaced() -> None:
+    """A page left open holds a socket with its token. Once the token is due for renewal (here at
+    once, the TTL being raised: as when half its lifetime has passed), the next response sets a new
+    one, and the old socket stays open on the old session, which must not close then. Signing out
+    revokes every session issued to that sign-in, the replaced one too, so that socket closes as
+    well instead of showing the user's topics until the old token expires."""
+    client, _ = signed_in()
+    first = client.get("/").cookies["livepush_session"].value
+    with override_settings(LIVEPUSH_SESSION_TTL=3 * 86400):
+        renewed = client.get("/").cookies["livepush_session"].value
+    assert renewed and renewed != first
+    store, secrets = sessions.default_store(), get_settings().secrets
+    assert not asyncio.run(store.is_revoked(sessions.decode(first, secrets)))  # open pages go on
+    client.post("/logout/")
+    for token in (first, renewed):
+        assert asyncio.run(store.is_revoked(sessions.decode(token, secrets))), token == first
+
+
+def test_a_user_signed_in_without_a_django_session_gets_no_session_written() -> None:
+    """A request whose user an API's token authentication set, with no Django sign-in behind it,
+    gets its livepush cookie, but its Django session is left as it was: keeping the livepush
+    sessions there, for a sign-out that never comes through it, would write a new Django session
+    (a row and a cookie) for every such request."""
+    from django.contrib.sessions.backends.db import SessionStore
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+
+    from livepush.contrib.django import LivePushSessionMiddleware
+
+    user = get_user_model().objects.create_user(f"u{uuid.uuid4().hex[:10]}", password="x")
+    request = RequestFactory().get("/")
+    request.session, request.user = SessionStore(), user
+    response = LivePushSessionMiddleware(lambda request: HttpResponse())(request)
+    assert response.cookies["livepush_session"].value
+    assert not request.session.modified
+
+
 def test_a_signed_in_user_without_a_pk_is_an_error_naming_the_subject_setting() -> None:
     """A user an authentication backend builds without saving it (pk None) would get the subject
     "None", shared by every such user with each other's topics: ImproperlyConfigured naming

@@ -2,8 +2,8 @@
 token code: `LivePushSessionMiddleware` (after Django's AuthenticationMiddleware) issues one for a
 signed-in user whose cookie is missing, expiring, another user's or host-only while a cookie
 domain is set, and drops it for anonymous requests; signing out (Django's `user_logged_out`)
-revokes it, so the sockets it opened close with 4403, and so does another user signing in over
-it (Django's `user_logged_in`).
+revokes it, and those it replaced at renewal, so the sockets they opened close with 4403, and so
+does another user signing in over it (Django's `user_logged_in`).
 
 Settings (all optional):
     LIVEPUSH_SESSION_TTL = 86400              seconds a token lives; renewed once half of it has passed
@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import SESSION_KEY
 from django.contrib.auth.signals import user_logged_in, user_logged_out
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
@@ -29,7 +30,7 @@ from django.http import HttpRequest, HttpResponse
 from ... import sessions
 from ...config import get_settings
 from ...errors import InvalidSession, LivepushError
-from ...sessions import MAX_TTL
+from ...sessions import MAX_TTL, Session
 from ...sessions.revocations import READ_TIMEOUT
 from ...sessions.handshake import HOST_COOKIE_NAME
 from ...sessions.tokens import check_subject
@@ -40,6 +41,8 @@ log = logging.getLogger("livepush.contrib.django")
 
 DEFAULT_TTL = 86400.0
 _REVOKED = "_livepush_session_revoked"  # set on a request whose session was revoked by its logout
+# In the user's Django session: [id, subject, expires_at] of each livepush session issued to it.
+_ISSUED = "_livepush_sessions"
 
 
 def subject_of(user: Any) -> str:
@@ -171,8 +174,40 @@ class LivePushSessionMiddleware:
         # before the domain was) never goes: its session is moved to the domain's cookie.
         host_only = _domain() is not None and bool(request.COOKIES.get(HOST_COOKIE_NAME))
         if host_only or not _current(session_token(request.COOKIES), subject, ttl):
-            _set(response, sessions.issue(subject, ttl=ttl), ttl, request.is_secure())
+            token = sessions.issue(subject, ttl=ttl)
+            _set(response, token, ttl, request.is_secure())
+            _remember(request, token)
         return response
+
+
+def _remember(request: HttpRequest, token: str) -> None:
+    """Keep the session `token` opens in the user's Django session, for sign-out to revoke. A
+    renewal replaces the cookie, but the sockets the pages opened with the old token stay open on
+    it: sign-out, which sees only the cookie, left them showing the user's topics until it expired.
+    Expired entries are dropped, so a sign-in keeps the few a renewal every half lifetime makes."""
+    django_session = getattr(request, "session", None)
+    # Only a Django sign-in, which Django's logout() ends: a user an API's token authentication
+    # set has none, and writing there made a new Django session, a row and a cookie, per request.
+    if django_session is None or SESSION_KEY not in django_session:
+        return
+    issued = sessions.decode(token, get_settings().secrets)
+    now = time.time()
+    kept = [[s.id, s.subject, s.expires_at] for s in _issued(request) if s.expires_at > now]
+    # Two requests renewing at once may each save the Django session without the other's entry:
+    # the cookie the browser keeps is revoked from the request itself at sign-out all the same.
+    django_session[_ISSUED] = [*kept, [issued.id, issued.subject, issued.expires_at]]
+
+
+def _issued(request: HttpRequest) -> list[Session]:
+    """The livepush sessions _remember() kept in the request's Django session (an entry of another
+    shape, which no release of this code wrote, is skipped)."""
+    entries = getattr(request, "session", {}).get(_ISSUED)
+    found: list[Session] = []
+    for entry in entries if isinstance(entries, list) else ():
+        if (isinstance(entry, list) and len(entry) == 3 and all(isinstance(part, str) for part in entry[:2])
+                and isinstance(entry[2], (int, float))):
+            found.append(Session(id=entry[0], subject=entry[1], expires_at=float(entry[2])))
+    return found
 
 
 def revoke_on_logout(sender: Any, request: HttpRequest | None = None, user: Any = None, **kwargs: Any) -> None:
@@ -180,11 +215,13 @@ def revoke_on_logout(sender: Any, request: HttpRequest | None = None, user: Any 
     opened close with 4403; the middleware then deletes the cookie. Every session cookie the
     request carries is revoked: two different ones count as none for a new socket, but each may
     have opened sockets before the other came (an HTTPS page's `__Host-` cookie, then a plain HTTP
-    page's), and those must close too."""
+    page's), and those must close too; and so is every session the middleware issued to this
+    sign-in (kept in its Django session), the ones a renewal replaced among them."""
     if request is None:
         return
     setattr(request, _REVOKED, True)
-    _revoke(_request_tokens(request))
+    # Read before Django's logout() flushes the Django session, which it does after this signal.
+    _revoke([*_request_tokens(request), *_issued(request)])
 
 
 def revoke_on_login(sender: Any, request: HttpRequest | None = None, user: Any = None, **kwargs: Any) -> None:
@@ -214,7 +251,7 @@ def _request_tokens(request: HttpRequest) -> list[str]:
     return sorted(session_cookies([request.META.get("HTTP_COOKIE", "")]))
 
 
-def _revoke(tokens: list[str]) -> None:
+def _revoke(tokens: list[str | Session]) -> None:
     """Revoke `tokens`; a sign-in or sign-out never fails because the shared store cannot be
     reached, nor waits longer than READ_TIMEOUT for it."""
     if nowhere_to_revoke(tokens, log):
@@ -231,7 +268,7 @@ def _revoke(tokens: list[str]) -> None:
                     "answers", READ_TIMEOUT)
 
 
-def _revoke_now(tokens: list[str]) -> None:
+def _revoke_now(tokens: list[str | Session]) -> None:
     for token in tokens:
         try:
             sessions.revoke(token)
