@@ -173,6 +173,20 @@ def test_a_numeric_ttl_setting_given_as_text_is_read() -> None:
         assert int(client.get("/").cookies["livepush_session"]["max-age"]) == 3600
 
 
+def test_a_shortened_session_ttl_replaces_a_cookie_that_would_outlive_it() -> None:
+    """LIVEPUSH_SESSION_TTL is how long a session lives: lowered (a site that wants its sessions to
+    end sooner), a signed-in user's cookie issued under the longer lifetime is replaced at the next
+    response by one of the new lifetime, not kept until it has aged to half of the old one."""
+    client, user = signed_in()
+    client.get("/")
+    with override_settings(LIVEPUSH_SESSION_TTL=3600):
+        cookie = client.get("/").cookies["livepush_session"]
+        assert int(cookie["max-age"]) == 3600
+        session = sessions.decode(cookie.value, get_settings().secrets)
+        assert session.subject == str(user.pk) and session.expires_at <= session.issued_at + 3600 + 1
+        assert "livepush_session" not in client.get("/").cookies  # then current: not issued again
+
+
 def test_signing_out_revokes_every_session_cookie_the_request_carries() -> None:
     """A page opened over HTTPS holds a socket with its __Host- cookie; a page of the same site opened
     over plain HTTP got a livepush_session beside it. Two different cookies count as none, but the

@@ -6,7 +6,8 @@ revokes it, and those it replaced at renewal, so the sockets they opened close w
 does another user signing in over it (Django's `user_logged_in`).
 
 Settings (all optional):
-    LIVEPUSH_SESSION_TTL = 86400              seconds a token lives; renewed once half of it has passed
+    LIVEPUSH_SESSION_TTL = 86400              seconds a token lives; renewed once half of it has passed,
+                                              or at once when lowered below what a cookie's has left
     LIVEPUSH_SESSION_COOKIE_DOMAIN = None     e.g. "example.com" when the push server is push.example.com
     LIVEPUSH_SESSION_SUBJECT = None           a function user -> subject; default str(user.pk)
 """
@@ -31,7 +32,7 @@ from ... import sessions
 from ...config import get_settings
 from ...errors import InvalidSession, LivepushError
 from ...sessions import MAX_TTL, Session
-from ...sessions.revocations import READ_TIMEOUT
+from ...sessions.revocations import CLOCK_ALLOWANCE, READ_TIMEOUT
 from ...sessions.handshake import HOST_COOKIE_NAME
 from ...sessions.tokens import check_subject
 from ...usercode import cannot_take
@@ -124,14 +125,18 @@ def _ttl() -> float:
 
 
 def _current(token: str | None, subject: str, ttl: float) -> bool:
-    """Whether `token` is a valid session of `subject` with more than half its lifetime left."""
+    """Whether `token` is a valid session of `subject` with more than half its lifetime left, and
+    no more than that lifetime: one issued before LIVEPUSH_SESSION_TTL was lowered lived on for
+    up to half the old lifetime, past what the site now allows."""
     if token is None:
         return False
     try:
         session = sessions.decode(token, get_settings().secrets)
     except InvalidSession:
         return False
-    return session.subject == subject and session.expires_at - time.time() > ttl / 2
+    left = session.expires_at - time.time()
+    # CLOCK_ALLOWANCE: another web process, whose clock is ahead of this one's, issued it.
+    return session.subject == subject and ttl / 2 < left <= ttl + CLOCK_ALLOWANCE
 
 
 def _set(response: HttpResponse, token: str, ttl: float, secure: bool) -> None:
