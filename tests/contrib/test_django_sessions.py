@@ -279,6 +279,40 @@ def test_signing_out_without_a_shared_store_is_one_warning_naming_the_setting(
     assert "LIVEPUSH_DATABASE_URL" in said[0].getMessage() and "not revoked" in said[0].getMessage()
 
 
+def test_a_sign_out_whose_store_stays_locked_past_its_writes_timeout_revokes_once_the_lock_goes(
+        django_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The revocation's write gives up on a locked table after its lock timeout (shortened to
+    0.3 s here): the revoking thread tries again until the store takes it, and the session is
+    revoked once the lock goes. It gave up at the first timeout, and the session stayed valid."""
+    from livepush.contrib.django import sessions as django_sessions
+    from livepush.sessions import revocations
+
+    monkeypatch.setattr(revocations, "READ_TIMEOUT", 0.3)
+    monkeypatch.setattr(django_sessions, "READ_TIMEOUT", 0.3)
+    monkeypatch.setattr(django_sessions, "REVOKE_RETRY_PAUSE", 0.05)
+    tries: list[object] = []
+    revoke = sessions.revoke
+
+    def counted(token: Any, **kwargs: Any) -> Any:
+        tries.append(token)
+        return revoke(token, **kwargs)
+
+    monkeypatch.setattr(sessions, "revoke", counted)
+    client, _ = signed_in()
+    token = client.get("/").cookies["livepush_session"].value
+    session = sessions.decode(token, get_settings().secrets)
+    with psycopg.connect(django_db_url) as locker:
+        locker.execute("LOCK TABLE livepush_revoked_sessions IN ACCESS EXCLUSIVE MODE")
+        try:
+            assert client.post("/logout/").status_code == 302
+            # A try that stored the revocation would have been the last: three mean none did.
+            wait_for(lambda: len(tries) >= 3, timeout=20, message="the revocation tried again while the table is locked")
+        finally:
+            locker.rollback()
+    wait_for(lambda: asyncio.run(sessions.default_store().is_revoked(session)), timeout=10,
+             message="the session revoked once the lock went")
+
+
 def test_signing_out_while_the_store_blocks_answers_within_a_bound_and_revokes_once_it_answers(
         django_db_url: str) -> None:
     """A sign-out while the revocation table is locked (a migration, a frozen connection) answers

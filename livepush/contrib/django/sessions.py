@@ -30,7 +30,7 @@ from django.http import HttpRequest, HttpResponse
 
 from ... import sessions
 from ...config import get_settings
-from ...errors import InvalidSession, LivepushError
+from ...errors import DependencyError, InvalidSession, LivepushError
 from ...sessions import MAX_TTL, Session
 from ...sessions.revocations import CLOCK_ALLOWANCE, READ_TIMEOUT
 from ...sessions.handshake import HOST_COOKIE_NAME
@@ -273,17 +273,38 @@ def _revoke(tokens: list[str | Session]) -> None:
                     "answers", READ_TIMEOUT)
 
 
+# How long the revoking thread tries again a store that did not answer (a migration holding its
+# table past the write's lock timeout, a restart), and how long it waits between tries.
+REVOKE_RETRY_FOR = 300.0
+REVOKE_RETRY_PAUSE = 1.0
+
+
 def _revoke_now(tokens: list[str | Session]) -> None:
+    give_up_at = time.monotonic() + REVOKE_RETRY_FOR
     for token in tokens:
-        try:
-            sessions.revoke(token)
-        except InvalidSession:
-            pass  # not a token of ours (forged, or from a rotated-out secret): nothing it opens is accepted
-        except LivepushError:
-            # Revocation needs the shared store: signing in or out must not fail because of it, but
-            # the sockets stay open until their token expires, so say so.
-            log.exception("could not revoke a livepush session at a user's sign-in or sign-out")
-            return
+        while True:
+            try:
+                sessions.revoke(token)
+            except InvalidSession:
+                pass  # not a token of ours (forged, or from a rotated-out secret): nothing it opens is accepted
+            except DependencyError:
+                # The write gives up on a locked table after READ_TIMEOUT, and a sign-out that
+                # was told "stored once the store answers" lost its revocation instead.
+                if time.monotonic() < give_up_at:
+                    time.sleep(REVOKE_RETRY_PAUSE)
+                    continue
+                _not_revoked()
+                return
+            except LivepushError:
+                _not_revoked()
+                return
+            break
+
+
+def _not_revoked() -> None:
+    # Revocation needs the shared store: signing in or out must not fail because of it, but the
+    # sockets stay open until their token expires, so say so.
+    log.exception("could not revoke a livepush session at a user's sign-in or sign-out")
 
 
 user_logged_out.connect(revoke_on_logout, dispatch_uid="livepush.contrib.django.sessions.revoke_on_logout")
