@@ -29,8 +29,6 @@ _PRINTING = ("migrate", "status", "publish", "token")
 _ONLY_PRINTING = ("status", "token")
 # The commands that run until stopped: a stop signal while they start is their clean stop (exit 0).
 _RUNNING = ("serve", "jobs", "demo")
-# Of those, the ones a closed terminal stops as SIGTERM does (`serve` is left to its supervisor).
-_STOPPED_BY_HANGUP = ("jobs", "demo")
 # What a write to standard output fails with when the file behind it cannot take it.
 _OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
 
@@ -384,9 +382,10 @@ def _main(argv: Sequence[str] | None) -> int:
             # Django project set up among them, or it waits for a database) stops it as Ctrl-C
             # does: KeyboardInterrupt, below, exit 0.
             stopsignals.term_as_interrupt()
-        if args.command in _STOPPED_BY_HANGUP:
             # A closed terminal or a dropped ssh session stops it as SIGTERM does: a runtime
-            # drains rather than dies with its jobs in hand (left for the rescue, attempt spent).
+            # drains rather than dies with its jobs in hand (left for the rescue, attempt spent),
+            # a server closes its connections with 1001 rather than dropping them all at once,
+            # and a supervisor of `serve --workers` forwards the SIGTERM to its workers.
             stopsignals.hangup_as_term()
         stopsignals.release_start()  # here, inside the try: one held back since the start lands now
         if sys.stdout is None and args.command in _ONLY_PRINTING:

@@ -277,6 +277,39 @@ def test_a_second_signal_while_it_exits_still_exits_0(procs, livepush_env, sig) 
     assert child.wait(15) == 0, child.output()
 
 
+async def test_a_hangup_drains_serve_as_sigterm_does(procs, livepush_env) -> None:
+    """SIGHUP (the terminal `livepush serve` runs in closed, its ssh session dropped): its clients
+    are closed with 1001 and a `retry=` reason over --drain-seconds, and it exits 0, as on SIGTERM.
+    Left at its default, SIGHUP killed it where it stood: no close frame, every client back in
+    the same second."""
+    env = livepush_env(drain_seconds="1")
+    child = await procs.alivepush("serve", env=env)
+    clients = await asyncio.gather(*(WSClient.open(f"ws://127.0.0.1:{env['LIVEPUSH_PORT']}/") for _ in range(5)))
+    child.signal(signal.SIGHUP)
+    frames = await asyncio.gather(*(c.close_frame(timeout=10) for c in clients))
+    assert [f.code if f else None for f in frames] == [1001] * 5, child.output()
+    assert all(f.reason.startswith("retry=") for f in frames), [f.reason for f in frames]
+    assert await child.await_exit(15) == 0, child.output()
+    assert "Traceback" not in child.stderr(), child.output()
+
+
+async def test_serve_started_with_nohup_keeps_serving_after_a_hangup(procs, livepush_env) -> None:
+    """Under `nohup`, which asked for SIGHUP to be ignored, a hangup leaves the server serving its
+    clients; SIGTERM stops it as always, with exit 0."""
+    env = livepush_env()
+    port = int(env["LIVEPUSH_PORT"])
+    child = procs.start(["nohup", sys.executable, "-m", "livepush", "serve"], env=env, port=port,
+                        name="nohup livepush serve")
+    await child.await_healthy()
+    client = await WSClient.open(f"ws://127.0.0.1:{port}/")
+    child.signal(signal.SIGHUP, group=True)
+    await child.await_healthy(5.0)  # a round trip through the process, which a handled signal would stop
+    assert child.running and "stopping" not in child.stderr(), child.output()
+    child.signal(signal.SIGTERM)
+    assert (await client.close_frame(timeout=10)).code == 1001
+    assert await child.await_exit(15) == 0, child.output()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 async def test_shutdown_closes_1000_connections_with_1001_within_2_seconds(procs, livepush_env, pg_url, secret, sig) -> None:
     """SIGTERM or SIGINT: stop accepting, close all 1,000 connections with 1001, exit 0, within 2 s."""

@@ -245,11 +245,12 @@ async def test_started_with_stdout_closed_every_process_holds_dev_null_on_it(pro
     assert child.stop(15) == 0, child.output()
 
 # -- stopping -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("sig,drain", [(signal.SIGTERM, "0"), (signal.SIGINT, "0"), (signal.SIGTERM, "1")])
+@pytest.mark.parametrize("sig,drain", [(signal.SIGTERM, "0"), (signal.SIGINT, "0"), (signal.SIGTERM, "1"),
+                                       (signal.SIGHUP, "1")])
 async def test_one_signal_stops_every_worker(procs, livepush_env, pg_url, secret, sig, drain) -> None:
-    """SIGTERM or SIGINT to the supervisor: every client on every worker is closed with 1001 (with
-    a `retry=` reason under a paced drain), the supervisor exits 0, no worker outlives it, and
-    the metrics files are gone."""
+    """SIGTERM or SIGINT to the supervisor, or SIGHUP (its terminal closed): every client on every
+    worker is closed with 1001 (with a `retry=` reason under a paced drain), the supervisor exits
+    0, no worker outlives it, and the metrics files are gone."""
     child, port = await start_workers(procs, livepush_env(database_url=pg_url, drain_seconds=drain),
                                       "--workers", "2")
     pids = set((await workers_by_index(port, 2)).values())
@@ -268,6 +269,25 @@ async def test_one_signal_stops_every_worker(procs, livepush_env, pg_url, secret
     assert not any(alive(p) for p in pids)
     assert not os.path.exists(metrics_dir)
     assert "Traceback" not in child.stderr(), child.output()
+
+
+async def test_workers_started_with_nohup_keep_serving_after_a_hangup(procs, livepush_env, pg_url) -> None:
+    """Under `nohup`, which asked for SIGHUP to be ignored, a hangup to the supervisor or to a
+    worker stops nothing and restarts nothing: the same workers serve on; SIGTERM then stops them
+    all with exit 0."""
+    env = livepush_env(database_url=pg_url)
+    child = procs.start(["nohup", sys.executable, "-m", "livepush", "serve", "--workers", "2"], env=env,
+                        name="nohup livepush serve --workers 2")
+    await async_wait_for(lambda: serving_port(child) or not child.running, timeout=BOOT,
+                         message="the supervisor's 'serving on' line")
+    port = serving_port(child)
+    workers = await workers_by_index(port, 2)
+    for pid in (child.pid, *workers.values()):
+        os.kill(pid, signal.SIGHUP)
+    # Every worker answers, the same processes: none of them heard the hangup.
+    assert await workers_by_index(port, 2) == workers
+    assert child.running and "stopping" not in child.stderr() and "restarting" not in child.stderr(), child.output()
+    assert child.stop(15) == 0, child.output()
 
 
 async def test_a_signal_while_the_workers_boot_stops_them_too(procs, livepush_env, pg_url) -> None:
