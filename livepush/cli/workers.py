@@ -249,9 +249,28 @@ def supervise(count: int, argv: Sequence[str], settings: Settings) -> int:
     supervisor = Supervisor(count, command, env={**os.environ, metrics.MULTIPROCESS_DIR_VARIABLE: metrics_dir},
                             on_exit=exited)
     try:
+        _watch_workers_without_threads()
         return asyncio.run(supervisor.run(ready=serving))
     finally:
         for sock in held:
             sock.close()
         shutil.rmtree(metrics_dir, ignore_errors=True)
         os.close(hold)
+
+
+def _watch_workers_without_threads() -> None:
+    """Keep the supervisor to one thread. A worker's parent-death SIGTERM (WorkerRole.start) is
+    sent each time the kernel gives it a new parent: a supervisor killed outright whose main thread
+    dies first hands its workers to another of its threads, then to init, and the second SIGTERM
+    cuts each worker's drain short. Python 3.11's default child watcher runs a thread per worker;
+    from 3.12 on asyncio watches a child through a pidfd, with no thread, by itself."""
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return
+    import asyncio
+
+    try:
+        # A kernel before 5.3, or a container's seccomp profile, refuses pidfds: keep the default.
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return
+    asyncio.get_event_loop_policy().set_child_watcher(asyncio.PidfdChildWatcher())

@@ -311,6 +311,26 @@ async def test_killing_the_supervisor_outright_stops_its_workers(procs, livepush
     await async_wait_for(lambda: not workers_of(child.pid), timeout=10, message="every worker gone")
 
 
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGUSR1], ids=lambda s: s.name)
+async def test_the_workers_of_a_supervisor_killed_outright_drain_as_on_one_sigterm(procs, livepush_env, pg_url,
+                                                                                   secret, sig) -> None:
+    """A supervisor killed outright (kill -9, the OOM killer, a signal it does not handle) leaves
+    each worker one SIGTERM: it drains over --drain-seconds, every client closed with 1001 and a
+    `retry=` reason. The kernel sends that SIGTERM each time a worker changes parent, and one that
+    was first handed to another thread of the supervisor (a thread waiting for each worker) got a
+    second one, which cut its drain short: every client back in the same second."""
+    child, port = await start_workers(procs, livepush_env(database_url=pg_url, drain_seconds="2"), "--workers", "2")
+    pids = set((await workers_by_index(port, 2)).values())
+    clients = await open_clients(f"ws://127.0.0.1:{port}/", 20, topics.sign("room:orphans", [secret]))
+    assert {holder_of(c, port, pids) for c in clients} == pids
+    os.kill(child.pid, sig)
+    frames = await asyncio.gather(*(c.close_frame(timeout=10) for c in clients))
+    assert [f.code if f else None for f in frames] == [1001] * 20, child.output()
+    assert all(f.reason.startswith("retry=") for f in frames), ([f.reason for f in frames], child.output())
+    await async_wait_for(lambda: not workers_of(child.pid), timeout=10, message="every worker gone")
+    assert "second signal" not in child.stderr(), child.output()
+
+
 async def test_the_metrics_folder_of_a_supervisor_killed_outright_is_removed_by_the_next_one(
         procs, livepush_env, pg_url) -> None:
     """kill -9 of a supervisor and its workers (a process manager's last resort) removes nothing,
