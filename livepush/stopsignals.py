@@ -88,13 +88,19 @@ def term_as_interrupt() -> None:
 def hangup_as_term() -> None:
     """SIGHUP, which a closed terminal or a dropped ssh session sends, stops the command as SIGTERM
     does, whatever SIGTERM does at that moment (a clean stop while it starts, a drain once it
-    runs, nothing once it stops): by default it would end the process where it stands. Not under
-    `nohup`, which asked for SIGHUP to be ignored. Main thread only, as signal.signal()."""
+    runs, nothing once it stops): by default it would end the process where it stands. Only the
+    first one: a closing terminal sends two (the shell passes its own on, and the kernel sends
+    one as the shell exits), which ask for one stop, not for a hurried one. Not under `nohup`,
+    which asked for SIGHUP to be ignored. Main thread only, as signal.signal()."""
     if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
         signal.signal(signal.SIGHUP, _relay_hangup)
 
 
 def _relay_hangup(signum: int, frame: object) -> None:
+    # Ignored from now on, rather than relayed again: a second SIGTERM would cut the drain short.
+    # SIG_IGN also outlives the interpreter's teardown, which puts a Python handler back to the
+    # default action, so a hangup while the process exits cannot end it by the signal either.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     loop = None
     aio = sys.modules.get("asyncio")  # no loop runs before asyncio was imported
     if aio is not None:

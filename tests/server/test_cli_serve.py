@@ -263,11 +263,12 @@ def test_an_ipv6_host_written_in_brackets_is_told_to_drop_them(procs, livepush_e
     assert "[[" not in child.stderr()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_second_signal_while_it_exits_still_exits_0(procs, livepush_env, sig) -> None:
-    """Ctrl-C twice, or a process manager that signals twice: the second signal may come after the
-    server has stopped and while Python tears down (a tenth of a second or so). The stop it asks
-    for is done already: the exit status stays 0, not death by that signal."""
+    """Ctrl-C twice, a process manager that signals twice, or a closing terminal (the shell and the
+    kernel each send SIGHUP): the second signal may come after the server has stopped and while
+    Python tears down (a tenth of a second or so). The stop it asks for is done already: the exit
+    status stays 0, not death by that signal."""
     from tests.support.waiting import wait_for
 
     child = procs.livepush("serve", env=livepush_env())
@@ -291,6 +292,23 @@ async def test_a_hangup_drains_serve_as_sigterm_does(procs, livepush_env) -> Non
     assert all(f.reason.startswith("retry=") for f in frames), [f.reason for f in frames]
     assert await child.await_exit(15) == 0, child.output()
     assert "Traceback" not in child.stderr(), child.output()
+
+
+async def test_a_second_hangup_does_not_cut_the_drain_short(procs, livepush_env) -> None:
+    """A closing terminal sends SIGHUP twice (the shell passes its own on, and the kernel sends
+    one as the shell exits): that is one stop asked for, not a second signal that hurries it.
+    Every client still gets its `retry=` reason over --drain-seconds."""
+    env = livepush_env(drain_seconds="2")
+    child = await procs.alivepush("serve", env=env)
+    clients = await asyncio.gather(*(WSClient.open(f"ws://127.0.0.1:{env['LIVEPUSH_PORT']}/") for _ in range(10)))
+    child.signal(signal.SIGHUP)
+    await async_wait_for(lambda: "stopping" in child.stderr() or not child.running, timeout=10,
+                         message="the stop to begin")
+    child.signal(signal.SIGHUP)
+    frames = await asyncio.gather(*(c.close_frame(timeout=10) for c in clients))
+    assert all(f is not None and f.reason.startswith("retry=") for f in frames), (frames, child.output())
+    assert await child.await_exit(15) == 0, child.output()
+    assert "second signal" not in child.stderr(), child.output()
 
 
 async def test_serve_started_with_nohup_keeps_serving_after_a_hangup(procs, livepush_env) -> None:
