@@ -32,6 +32,7 @@ from livepush.fanout.base import MAX_PAYLOAD_BYTES, READ_AT_ONCE, READ_BYTES, Hi
 from livepush.fanout.redis import CALL_TIMEOUT, FRAME_BYTES, PRUNE_SCAN_COUNT, RedisFanOut, parse_frames
 from livepush.redis import client as redis_client
 from livepush.redis.client import LoopClients, failed
+from livepush.server.hub import Hub
 from livepush.sessions.revocations import RedisRevocations
 from livepush.types import offset_key
 from tests.support.fanouts import WAIT, Collector, offsets_of, read_history, read_on_bounded
@@ -128,6 +129,48 @@ async def test_history_is_none_when_the_chain_is_broken(make_redis: MakeRedis, r
     assert await fanout.history("chain:b", offsets[0]) is None
     assert await fanout.history("chain:b", offsets[1]) is None
     assert offsets_of(await read_history(fanout, "chain:b", offsets[2])) == offsets[3:]
+
+
+async def test_a_topic_whose_key_holds_no_stream_gets_reset_and_holds_up_no_other_topic(
+        make_redis: MakeRedis, raw: redis.Redis) -> None:
+    """Another type of value under a topic's key (written there by something else) is no history
+    of that topic: its subscribers get `reset`, as for a malformed stream, and the read that the
+    listener's resync makes of every watched topic at once delivers the others' messages."""
+    fanout = await make_redis(prefix=f"wrongtype-{uuid.uuid4().hex}")  # no other test's prune meets the key
+    frames: dict[str, list[dict[str, Any]]] = {"good": [], "bad": []}
+
+    class Sub:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def send(self, frame: str) -> None:
+            frames[self.name].append(json.loads(frame))
+
+        async def drain(self) -> None:
+            """Reads everything as soon as it is sent."""
+
+    def fan(subs: Any, frame: str, *_topic_and_kind: object) -> None:
+        for sub in subs:
+            sub.send(frame)
+
+    hub = Hub(fanout, fan)
+    fanout.register(hub.on_message)
+    good, bad = f"wt:good:{uuid.uuid4().hex}", f"wt:bad:{uuid.uuid4().hex}"
+    fanout.publish(bad, {"i": 0})
+    await hub.subscribe(Sub("good"), good, None, 1)
+    await hub.subscribe(Sub("bad"), bad, None, 2)
+    raw.delete(fanout.key_prefix + bad)
+    raw.set(fanout.key_prefix + bad, "not a stream")
+
+    await hub.resync()  # as the listener does once it is back: every watched topic is read
+    offset = fanout.publish(good, {"i": 1})
+    await async_wait_for(lambda: any(f["op"] == "message" for f in frames["good"]), WAIT,
+                         message="the good topic's message never came: the bad key's read held it up")
+    assert [(f["offset"], f["data"]) for f in frames["good"] if f["op"] == "message"] == [(offset, {"i": 1})]
+    await async_wait_for(lambda: any(f["op"] == "reset" for f in frames["bad"]), WAIT)
+    assert await fanout.history(bad, "1-0") is None
+    await hub.aclose()
+    raw.delete(fanout.key_prefix + bad)
 
 
 async def test_history_pages_through_long_replays(make_redis: MakeRedis) -> None:
