@@ -173,6 +173,24 @@ async def test_a_topic_whose_key_holds_no_stream_gets_reset_and_holds_up_no_othe
     raw.delete(fanout.key_prefix + bad)
 
 
+async def test_a_publish_on_a_topic_whose_key_holds_no_stream_says_what_wrote_there_not_that_redis_is_down(
+        make_redis: MakeRedis, raw: redis.Redis) -> None:
+    """Redis answered: its refusal of a key of another type names the prefix that something else
+    writes under, never "check that Redis is running"."""
+    fanout = await make_redis(listen=False, prefix=f"wrongtype-{uuid.uuid4().hex}")  # as above
+    topic = f"wt:pub:{uuid.uuid4().hex}"
+    raw.set(fanout.key_prefix + topic, "not a stream")
+    for publish in (lambda: fanout.publish(topic, {"i": 1}), lambda: fanout.publish_many([(topic, {"i": 2})])):
+        with pytest.raises(livepush.DependencyError) as caught:
+            publish()
+        said = str(caught.value)
+        assert "is up" in said and "LIVEPUSH_REDIS_PREFIX" in said and repr(topic) in said, said
+        assert "Redis is running" not in said, said
+    with pytest.raises(livepush.DependencyError, match="LIVEPUSH_REDIS_PREFIX"):
+        await fanout.apublish(topic, {"i": 3})
+    raw.delete(fanout.key_prefix + topic)
+
+
 async def test_history_pages_through_long_replays(make_redis: MakeRedis) -> None:
     """A replay longer than one XRANGE page comes back whole and in order, page after page, the chain checked across pages."""
     fanout = await make_redis()

@@ -60,11 +60,11 @@ from typing import Any
 
 import redis
 import redis.asyncio as aredis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from ..channels import ListenerSlot
 from ..redis.client import (LoopClients, answered_at_start, async_client, deployment_prefix, failed, listener_name,
-                            namespace, one_line, sync_client, text)
+                            namespace, one_line, sync_client, text, wrong_type)
 from ..redis.subscriber import Subscriber
 from ..topics import RESERVED_PREFIX, TOPIC_RE
 from ..types import JSON, Message, Offset, Topic
@@ -77,11 +77,6 @@ logger = logging.getLogger("livepush.fanout.redis")
 _STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 STREAM_ID_PART_MAX = 2**64 - 1  # each half of a stream id is an unsigned 64-bit number
 LAST_ID = f"{STREAM_ID_PART_MAX}-{STREAM_ID_PART_MAX}"  # no stream id comes after it
-
-
-def _wrong_type(exc: ResponseError) -> bool:
-    """Whether Redis refused a command of a script because its key holds another type of value."""
-    return str(exc).startswith("WRONGTYPE")
 
 
 def _is_stream_id(text: str) -> bool:
@@ -505,16 +500,14 @@ class RedisFanOut(FanOut):
                 out.append(Message(topic, offset, prev, text(fields[b"d"])))
                 expected = offset
             return History(out, latest, expected != latest)
-        except ResponseError as exc:
-            if not _wrong_type(exc):
+        except (RedisError, OSError) as exc:
+            if not wrong_type(exc):
                 raise failed(self.url, exc, f"reading the history of {topic!r}") from exc
             # Something else wrote another type of value under the topic's key: no history of
             # ours, which a retry would not bring back. As a DependencyError it was read again and
             # again, and held up every topic read with it (a resync reads them all at once).
             logger.warning("livepush: %r in Redis is not a stream (%s); answering reset", key, one_line(exc))
             return None
-        except (RedisError, OSError) as exc:
-            raise failed(self.url, exc, f"reading the history of {topic!r}") from exc
         except (KeyError, ValueError, IndexError):
             # Someone else's data under our key: refuse rather than guess.
             logger.warning("livepush: malformed history stream %r in Redis; answering reset", key)

@@ -271,6 +271,12 @@ def unknown_command(exc: BaseException) -> bool:
     return isinstance(exc, ResponseError) and str(exc).startswith("unknown command")
 
 
+def wrong_type(exc: BaseException) -> bool:
+    """Whether Redis refused a command (of a script too) because its key holds another type of
+    value than the command works on."""
+    return isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE")
+
+
 def _remedy(exc: BaseException) -> str:
     """What to do about `exc`. A Redis that answers with a refusal is up and reachable: told to
     check the URL and that Redis runs, an operator looks everywhere but at its memory or ACL."""
@@ -321,6 +327,11 @@ def _remedy(exc: BaseException) -> str:
                 f"{POOL_WAIT_SECONDS:g} s, so the call was never sent: the calls holding them wait for a Redis that "
                 f"answers slowly or not at all (their own errors say which), or the process makes more than "
                 f"{POOL_CONNECTIONS} calls at once")
+    if wrong_type(exc):
+        # Only livepush's scripts write under the deployment's prefix, and always the type they read.
+        return ("Redis is up but a key under the deployment's prefix holds another type of value than livepush "
+                "keeps there: something else writes under LIVEPUSH_REDIS_PREFIX; give it a prefix of its own and "
+                "delete the key (the topic's history is lost with it)")
     if _older_than_needed(exc):
         return (f"Redis is up but older than livepush needs (Redis {_REDIS_NEEDED} or newer, for its stream "
                 "commands): upgrade it; `redis-cli INFO server` shows its redis_version")
