@@ -283,6 +283,22 @@ async def test_prune_drops_expired_entries_but_keeps_the_newest(make_redis: Make
     assert offsets_of(await read_history(fanout, "prune:a", offsets[-1])) == [fresh]
 
 
+async def test_a_topic_key_holding_no_stream_costs_prune_nothing_but_that_key(make_redis: MakeRedis,
+                                                                             raw: redis.Redis) -> None:
+    """A key of another type among a deployment's topic keys is passed over: prune() trims the
+    others and returns, rather than fail every pass that meets it."""
+    fanout = await make_redis(history_ttl=0.2, listen=False, prefix=f"wrongtype-{uuid.uuid4().hex}")
+    offsets = [fanout.publish("prune:kept", {"i": i}) for i in range(3)]
+    raw.set(fanout.key_prefix + "prune:other", "not a stream")
+    try:
+        await asyncio.sleep(0.4)  # wall-clock expiry: no event to await
+        assert await fanout.prune() == 2
+        assert [e[0] for e in raw.xrange(fanout.key_prefix + "prune:kept")] == offsets[-1:]
+        assert raw.get(fanout.key_prefix + "prune:other") == "not a stream"
+    finally:
+        raw.delete(fanout.key_prefix + "prune:other")
+
+
 async def test_prune_keeps_to_its_own_prefix_whatever_characters_it_holds(make_redis: MakeRedis) -> None:
     """LIVEPUSH_REDIS_PREFIX may hold any printable character but spaces and braces. prune() trims its own
     deployment's streams and never another's: a prefix with glob characters (`app[1]`) is not a

@@ -528,13 +528,29 @@ class RedisFanOut(FanOut):
                     async with client.pipeline(transaction=False) as pipe:
                         for key in keys:
                             await side.prune(keys=[key], args=[self._ttl_ms, self._idle_ms], client=pipe)
-                        results = await pipe.execute()
-                    dropped += sum(int(n) for n in results)
+                        results = await pipe.execute(raise_on_error=False)
+                    dropped += self._pruned(keys, results)
                 if dropped or self._prune_cursor == 0:
                     break
             return dropped
         except (RedisError, OSError) as exc:
             raise failed(self.url, exc, "pruning history") from exc
+
+    @staticmethod
+    def _pruned(keys: list[Any], results: list[Any]) -> int:
+        """The entries a batch of prune scripts dropped. A key that something else overwrote with
+        another type of value is passed over with a warning (history() resets its topic): raised,
+        it failed every pass that met it, and ended the server's prune cycle there."""
+        dropped = 0
+        for key, result in zip(keys, results, strict=True):
+            if isinstance(result, Exception):
+                if not wrong_type(result):
+                    raise result
+                logger.warning("livepush: %r in Redis is not a stream (%s); not pruning it", text(key, "replace"),
+                               one_line(result))
+            else:
+                dropped += int(result)
+        return dropped
 
     # -- listening --------------------------------------------------------------------
     @property
