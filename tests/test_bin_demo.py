@@ -6,7 +6,10 @@ pip, as a user's first run does, so they take a minute.
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -124,3 +127,29 @@ def test_bin_demo_waits_while_bin_setup_installs_into_the_same_venv(
         assert demo.running and not (project / ".venv" / "bin" / "python").exists(), demo.output()
     demo.wait_healthy(INSTALL_TIMEOUT)
     assert demo.stop(15) == 0, demo.output()
+
+
+def test_ctrl_c_while_bin_demo_still_imports_livepush_stops_it_with_exit_0_and_no_traceback(
+    tmp_path: Path, procs: Processes, livepush_env: Callable[..., dict[str, str]], pg_url: str
+) -> None:
+    """A newcomer who presses Ctrl-C right after typing bin/demo (a wrong port, a second
+    thought) stops it while Python is still importing livepush, which takes half a second or
+    more on a slow machine. The demo stops as it does at any later point of its start: exit 0,
+    without a KeyboardInterrupt traceback."""
+    project = project_copy(tmp_path)
+    # A .venv that needs no install: its python is this interpreter, and its stamp is current.
+    (project / ".venv" / "bin").mkdir(parents=True)
+    python = project / ".venv" / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
+    (project / ".venv" / ".livepush-demo-stamp").write_text(
+        hashlib.sha256((project / "pyproject.toml").read_bytes()).hexdigest() + "\n")
+
+    env = livepush_env(database_url=pg_url)
+    env["PYTHONPROFILEIMPORTTIME"] = "1"  # a line on stderr as each module is imported: the moment to press Ctrl-C
+    demo = procs.start([str(project / "bin" / "demo")], env=env, cwd=project, name="bin/demo")
+    wait_for(lambda: "livepush.errors" in demo.stderr() or not demo.running, 30.0, 0.002,
+             message="bin/demo to start importing livepush")
+    demo.signal(signal.SIGINT, group=True)  # Ctrl-C: the terminal's whole process group
+    assert demo.wait(30) == 0, demo.output()
+    assert "Traceback" not in demo.stderr(), demo.output()
