@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import os
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -153,3 +155,32 @@ def test_ctrl_c_while_bin_demo_still_imports_livepush_stops_it_with_exit_0_and_n
     demo.signal(signal.SIGINT, group=True)  # Ctrl-C: the terminal's whole process group
     assert demo.wait(30) == 0, demo.output()
     assert "Traceback" not in demo.stderr(), demo.output()
+
+
+def test_bin_demo_in_a_checkout_this_user_cannot_write_says_what_to_do_in_one_line(
+    procs: Processes, livepush_env: Callable[..., dict[str, str]], pg_url: str
+) -> None:
+    """A checkout of someone else's, or on a read-only mount, cannot hold the .venv that bin/demo
+    makes: it says so in one line naming the checkout and what to do (copy it to a folder of
+    one's own), instead of venv's bare "Error: [Errno 13] Permission denied" or "[Errno 30]
+    Read-only file system"."""
+    folder = Path(tempfile.mkdtemp(prefix="livepush-not-writable-"))
+    try:
+        folder.chmod(0o755)
+        project = project_copy(folder)
+        if os.geteuid() == 0:
+            # root writes anywhere: the checkout is left root's, and bin/demo runs as another user.
+            args = ["runuser", "-u", "nobody", "--", str(project / "bin" / "demo")]
+        else:
+            subprocess.run(["chmod", "-R", "a-w", str(project)], check=True, timeout=30)
+            args = [str(project / "bin" / "demo")]
+        env = livepush_env(database_url=pg_url)
+        demo = procs.start(args, env=env, cwd=folder, name="bin/demo")
+        assert demo.wait(60) == 1, demo.output()
+        err = demo.stderr().strip()
+        assert len(err.splitlines()) == 1 and "Errno" not in err, err
+        assert f"cannot make .venv in {project}" in err and "copy the checkout" in err, err
+        assert not (project / ".venv").exists()
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(folder)], check=False, timeout=30)
+        shutil.rmtree(folder, ignore_errors=True)
