@@ -41,6 +41,18 @@ def project_copy(folder: Path) -> Path:
     return folder
 
 
+def installed(project: Path) -> Path:
+    """`project` with a .venv that bin/demo takes as it is: its python is this interpreter, and
+    its stamp is current, so nothing is installed."""
+    (project / ".venv" / "bin").mkdir(parents=True)
+    python = project / ".venv" / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
+    (project / ".venv" / ".livepush-demo-stamp").write_text(
+        hashlib.sha256((project / "pyproject.toml").read_bytes()).hexdigest() + "\n")
+    return project
+
+
 def test_bin_demo_mends_a_venv_left_without_pip_and_runs_the_demo(
     tmp_path: Path, procs: Processes, livepush_env: Callable[..., dict[str, str]], pg_url: str
 ) -> None:
@@ -138,15 +150,7 @@ def test_ctrl_c_while_bin_demo_still_imports_livepush_stops_it_with_exit_0_and_n
     thought) stops it while Python is still importing livepush, which takes half a second or
     more on a slow machine. The demo stops as it does at any later point of its start: exit 0,
     without a KeyboardInterrupt traceback."""
-    project = project_copy(tmp_path)
-    # A .venv that needs no install: its python is this interpreter, and its stamp is current.
-    (project / ".venv" / "bin").mkdir(parents=True)
-    python = project / ".venv" / "bin" / "python"
-    python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
-    python.chmod(0o755)
-    (project / ".venv" / ".livepush-demo-stamp").write_text(
-        hashlib.sha256((project / "pyproject.toml").read_bytes()).hexdigest() + "\n")
-
+    project = installed(project_copy(tmp_path))
     env = livepush_env(database_url=pg_url)
     env["PYTHONPROFILEIMPORTTIME"] = "1"  # a line on stderr as each module is imported: the moment to press Ctrl-C
     demo = procs.start([str(project / "bin" / "demo")], env=env, cwd=project, name="bin/demo")
@@ -184,3 +188,23 @@ def test_bin_demo_in_a_checkout_this_user_cannot_write_says_what_to_do_in_one_li
     finally:
         subprocess.run(["chmod", "-R", "u+w", str(folder)], check=False, timeout=30)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_bin_demo_that_cannot_keep_its_data_in_its_checkout_says_to_copy_the_checkout(
+    tmp_path: Path, procs: Processes, livepush_env: Callable[..., dict[str, str]]
+) -> None:
+    """bin/demo keeps the embedded Postgres and its secret in `.livepush/` of its checkout, from
+    whatever folder it is run. Where it cannot write that (here a file of that name is in the
+    way; a checkout of someone else's or a read-only mount fail alike), its one line says what
+    works for bin/demo, copying the checkout, not only to run it from a folder one can write to,
+    which the user run from already."""
+    (tmp_path / "project").mkdir()
+    project = installed(project_copy(tmp_path / "project"))
+    (project / ".livepush").write_text("")
+    env = livepush_env()
+    del env["LIVEPUSH_SECRET"]
+    demo = procs.start([str(project / "bin" / "demo")], env=env, cwd=tmp_path, name="bin/demo")
+    assert demo.wait(60) == 2, demo.output()
+    err = demo.stderr().strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert str(project / ".livepush") in err and "copy the checkout" in err, err

@@ -352,8 +352,11 @@ def _data_folder() -> Path:
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as exc:
         reason = "a file of that name is in the way" if folder.is_file() else exc.strerror or str(exc)
+        # bin/demo runs it in its checkout from whatever folder it was started in: for it, running
+        # from another folder changes nothing, and a copy of the checkout is what does.
         raise ConfigError(f"the demo keeps its data in {folder} and cannot write there ({reason}): run it from a "
-                          "folder you can write to, or set LIVEPUSH_DATABASE_URL and LIVEPUSH_SECRET") from None
+                          "folder you can write to (bin/demo runs it in its checkout: copy the checkout to a folder "
+                          "of yours), or set LIVEPUSH_DATABASE_URL and LIVEPUSH_SECRET") from None
     return folder
 
 
