@@ -294,3 +294,17 @@ def test_a_demo_whose_database_url_names_another_kind_of_database_runs_on_its_em
     assert demo.stop(STOP_TIMEOUT) == 0, demo.output()
     said = [line for line in demo.stderr().splitlines() if "DATABASE_URL" in line]
     assert len(said) == 1 and "WARNING" in said[0] and "ignores DATABASE_URL" in said[0], demo.output()
+
+
+def test_a_demo_on_its_embedded_postgres_keeps_the_redis_fan_out_the_user_chose(
+    procs: Processes, livepush_env: Callable[..., dict[str, str]], folder: Path, redis_url: str
+) -> None:
+    """LIVEPUSH_FANOUT=redis with LIVEPUSH_REDIS_URL and no database URL, as a user sets them to
+    try the demo on Redis: the demo runs on its embedded Postgres with the Redis fan-out, instead
+    of putting the Postgres one in its place with nothing but its start line to say so."""
+    env = livepush_env(redis_url=redis_url, fanout="redis")
+    demo = procs.start([sys.executable, "-m", "livepush", "demo"], env=env, cwd=folder,
+                       port=int(env["LIVEPUSH_PORT"]), name="livepush demo")
+    demo.wait_healthy(START_TIMEOUT)
+    assert "(fan-out: redis)" in demo.stderr(), demo.output()
+    assert demo.stop(STOP_TIMEOUT) == 0, demo.output()

@@ -281,7 +281,11 @@ def run() -> int:
             folder = _data_folder()
         if not settings.database_url:
             url, pg = embedded.start(folder)
-            settings = settings.replace(database_url=url, fanout="postgres")
+            # Without a database URL the fan-out was local for want of one: the embedded Postgres
+            # carries it now. A Redis fan-out was the user's choice (to try the demo on Redis), and
+            # stays: replaced, it left the demo on Postgres with only its start line to say so.
+            fanout = settings.fanout if settings.fanout == "redis" else "postgres"
+            settings = settings.replace(database_url=url, fanout=fanout)
         elif settings.database_url_setting == "DATABASE_URL":
             # Often another application's: the demo is about to add livepush's tables there.
             log.warning("the demo uses the database of DATABASE_URL (%s), as LIVEPUSH_DATABASE_URL is not set: it "
