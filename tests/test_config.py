@@ -270,3 +270,15 @@ def test_the_secret_is_the_same_whether_its_loader_kept_a_trailing_newline_or_sp
     for loaded in (secret + "\n", f"  {secret}\t", secret):
         assert Settings.from_env({"LIVEPUSH_SECRET": loaded}).secret == secret
     assert Settings.from_env({"LIVEPUSH_SECRET_FALLBACKS": secret + "\n"}).secret_fallbacks == (secret,)
+
+
+def test_a_postgres_url_is_shown_as_its_host_port_and_database_never_its_user_or_password() -> None:
+    """Messages name a Postgres URL as `host:port/dbname`: the user and the password are never
+    said, and `dbname@host:port` read as a user at a host (a message about a missing role named
+    the database as if it were that role)."""
+    from livepush.postgres.urls import redact
+
+    assert redact("postgresql://ana:s3cret@db.internal:6432/shop") == "db.internal:6432/shop"
+    assert redact("postgresql://ana@[::1]/shop") == "[::1]:5432/shop"
+    assert redact("host=/var/run/postgresql dbname=shop user=ana password=s3cret") == "unix socket:5432/shop"
+    assert redact("postgresql://ana@db.internal") == "db.internal:5432/ana"  # libpq's default database: the user's name

@@ -2,7 +2,7 @@
 
 Every part that talks to Postgres connects through `connect`/`aconnect` or a pool from
 `pools.py`, and wraps what it runs at its public seam in `translated(url)`. A message never
-holds a password: URLs are shown as `dbname@host:port`, and the driver's own message is
+holds a password: URLs are shown as `host:port/dbname`, and the driver's own message is
 left out when it may quote the URL (a malformed one).
 """
 

@@ -37,7 +37,9 @@ def _misread(url: str) -> bool:
 
 
 def redact(url: str) -> str:
-    """`dbname@host:port` of a Postgres URL or conninfo, never its password; safe for any output."""
+    """`host:port/dbname` of a Postgres URL or conninfo, never its user or password; safe for any
+    output. (As `dbname@host:port` it read as a user at a host: "cannot reach Postgres at
+    postgres@..." about a role that did not exist sent people after the wrong name.)"""
     try:
         info = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.Error:
@@ -47,8 +49,10 @@ def redact(url: str) -> str:
     host = info.get("host") or "localhost"
     if host.startswith("/"):  # a unix socket directory
         host = "unix socket"
+    elif ":" in host:  # an IPv6 address
+        host = f"[{host}]"
     port = info.get("port") or "5432"
-    return f"{info.get('dbname') or info.get('user') or ''}@{host}:{port}"
+    return f"{host}:{port}/{info.get('dbname') or info.get('user') or ''}"
 
 
 def malformed(url: str, setting: str = "LIVEPUSH_DATABASE_URL") -> ConfigError:
