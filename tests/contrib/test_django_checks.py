@@ -212,6 +212,23 @@ def test_the_session_middleware_without_authentication_middleware_is_a_warning_n
         assert livepush_messages() == []
 
 
+def test_a_project_subclass_of_the_session_middleware_is_checked_as_the_middleware_is() -> None:
+    """A project's own subclass of LivePushSessionMiddleware in MIDDLEWARE (one that adds to it)
+    reads the same settings and needs request.user too: a setting it cannot use is an error and a
+    missing AuthenticationMiddleware a warning, as for the middleware itself. The checks looked
+    for the middleware's own path only, and said nothing."""
+    from django.conf import settings
+
+    own = [m if not m.endswith("LivePushSessionMiddleware") else "tests.contrib.django_site_middleware.SiteSessionMiddleware"
+           for m in settings.MIDDLEWARE]
+    assert own != list(settings.MIDDLEWARE)
+    with override_settings(MIDDLEWARE=own, LIVEPUSH_SESSION_TTL="1 day"):
+        assert [m.id for m in livepush_messages()] == ["livepush.E003"]
+    without = [m for m in own if not m.endswith(".AuthenticationMiddleware")]
+    with override_settings(MIDDLEWARE=without):
+        assert [m.id for m in livepush_messages()] == ["livepush.W004"]
+
+
 @pytest.mark.parametrize(("name", "value"), [
     ("LIVEPUSH_SESSION_TTL", "1 day"),
     ("LIVEPUSH_SESSION_TTL", 0),

@@ -28,9 +28,6 @@ from django.utils.module_loading import import_string
 from ...config import ENVIRONMENT, get_settings
 from ...errors import ConfigError
 
-MIDDLEWARE = ("livepush.contrib.django.LivePushSessionMiddleware",
-              "livepush.contrib.django.sessions.LivePushSessionMiddleware")
-
 
 def _livepush_settings() -> list[checks.CheckMessage]:
     try:
@@ -96,30 +93,31 @@ def _backends() -> list[checks.CheckMessage]:
     return found
 
 
-def _authenticates(middleware: Sequence[str]) -> bool:
-    """Whether `middleware` has Django's AuthenticationMiddleware (or a subclass), which sets the
-    request.user the session middleware gives a session to; a path that does not import is
-    left to Django's own errors."""
-    from django.contrib.auth.middleware import AuthenticationMiddleware
-
+def _has(middleware: Sequence[str], kind: type) -> bool:
+    """Whether `middleware` has `kind` or a subclass of it (a project's own, which adds to it); a
+    path that does not import is left to Django's own errors."""
     for path in middleware:
         try:
             found = import_string(path)
         except ImportError:
             continue
-        if isinstance(found, type) and issubclass(found, AuthenticationMiddleware):
+        if isinstance(found, type) and issubclass(found, kind):
             return True
     return False
 
 
 def _sessions() -> list[checks.CheckMessage]:
+    from .sessions import LivePushSessionMiddleware, _domain, _subject_setting, _ttl
+
     middleware = getattr(settings, "MIDDLEWARE", None) or ()
-    if not any(name in MIDDLEWARE for name in middleware):
+    # A project's subclass of the session middleware reads the same settings and needs a user too.
+    if not _has(middleware, LivePushSessionMiddleware):
         return []
-    from .sessions import _domain, _subject_setting, _ttl
+    # Only now: its module imports the auth models, which a site without django.contrib.auth lacks.
+    from django.contrib.auth.middleware import AuthenticationMiddleware
 
     found: list[checks.CheckMessage] = []
-    if not _authenticates(middleware):
+    if not _has(middleware, AuthenticationMiddleware):
         # A warning: an app may set request.user its own way (Django REST framework's views do).
         found.append(checks.Warning(
             "LivePushSessionMiddleware is in MIDDLEWARE without django.contrib.auth.middleware."
