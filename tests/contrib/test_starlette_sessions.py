@@ -117,6 +117,17 @@ async def test_optional_session_renders_the_page_for_anyone(client: httpx.AsyncC
     assert answer.status_code == 200 and 'data-subject="ana"' in answer.text
 
 
+async def test_optional_session_renders_the_page_for_anyone_while_the_store_is_down(
+        client: httpx.AsyncClient) -> None:
+    """A page anyone may see renders as for a visitor who is not signed in while revocations
+    cannot be read, instead of answering 503 to everyone; a page that needs the session still
+    answers 503."""
+    sessions.set_default_store(PostgresRevocations("postgresql://livepush@127.0.0.1:1/nothing"))
+    answer = await client.get("/", headers=cookie_header(sessions.issue("ana")))
+    assert answer.status_code == 200 and 'data-subject=""' in answer.text
+    assert (await refused(client, cookie_header(sessions.issue("ana"))))[0] == 503
+
+
 async def whoami(request: Request) -> JSONResponse:
     session = await current_session(request)
     return JSONResponse({"subject": session.subject})

@@ -24,8 +24,8 @@ except ImportError as exc:  # pragma: no cover - only without the extra
 
 from .cookies import logout, set_session_cookie
 from .lifespan import lifespan, with_livepush
-from .sessions import SessionRefused, current_session, optional_session
+from .sessions import SessionRefused, SessionsUnavailable, current_session, optional_session
 from .topics import PageTopic, SignedTopic, page_topic
 
-__all__ = ["PageTopic", "SessionRefused", "SignedTopic", "current_session", "lifespan", "logout",
-           "optional_session", "page_topic", "set_session_cookie", "with_livepush"]
+__all__ = ["PageTopic", "SessionRefused", "SessionsUnavailable", "SignedTopic", "current_session", "lifespan",
+           "logout", "optional_session", "page_topic", "set_session_cookie", "with_livepush"]

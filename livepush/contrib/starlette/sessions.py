@@ -4,7 +4,8 @@
 A request without a usable session gets 401 (no cookie, two different ones, a malformed, forged
 or expired token) or 403 (a revoked session), through Starlette's HTTPException: the app answers
 it like any other, never with a traceback. A store that cannot be reached, or has not answered
-within READ_TIMEOUT, answers 503."""
+within READ_TIMEOUT, answers 503 (SessionsUnavailable); `optional_session` gives None for all of
+them."""
 
 from __future__ import annotations
 
@@ -33,6 +34,11 @@ class SessionRefused(HTTPException):
         self.reason = reason
 
 
+class SessionsUnavailable(HTTPException):
+    """503: the revocation store cannot be reached, or has not answered within READ_TIMEOUT, so
+    no session can be told valid just now."""
+
+
 async def _session(request: Request) -> Session:
     token = cookie_token(request.headers.getlist("cookie"))
     if token is None:
@@ -49,7 +55,7 @@ async def _session(request: Request) -> Session:
     except (DependencyError, TimeoutError) as exc:
         why = f"no answer within {READ_TIMEOUT:g} s" if isinstance(exc, TimeoutError) else exc
         log.warning("livepush: cannot check a session against the revocation store: %s", why)
-        raise HTTPException(503, "sessions cannot be checked just now: try again shortly") from None
+        raise SessionsUnavailable(503, "sessions cannot be checked just now: try again shortly") from None
     if revoked:
         raise SessionRefused(403, "revoked", "this session was revoked (signed out): sign in again")
     return session
@@ -61,8 +67,10 @@ async def current_session(request: Request) -> Session:
 
 
 async def optional_session(request: Request) -> Session | None:
-    """The request's session, or None when it has none that is valid (pages anyone may see)."""
+    """The request's session, or None when it has none that is valid (pages anyone may see), and
+    when the revocation store cannot tell (its outage logged by _session): such a page is for
+    anyone, and answered 503 while the store was down, though nothing of it needed a session."""
     try:
         return await _session(request)
-    except SessionRefused:
+    except (SessionRefused, SessionsUnavailable):
         return None
