@@ -214,9 +214,21 @@ def test_signing_out_revokes_the_session_a_renewal_replaced() -> None:
     assert renewed and renewed != first
     store, secrets = sessions.default_store(), get_settings().secrets
     assert not asyncio.run(store.is_revoked(sessions.decode(first, secrets)))  # open pages go on
-    client.post("/logout/")
+    revoked: list[str] = []
+    add_session = store.add_session
+
+    def counted(session_id: str, expires_at: float) -> None:
+        revoked.append(session_id)
+        add_session(session_id, expires_at)
+
+    store.add_session = counted  # type: ignore[method-assign]
+    try:
+        client.post("/logout/")
+    finally:
+        del store.add_session
     for token in (first, renewed):
         assert asyncio.run(store.is_revoked(sessions.decode(token, secrets))), token == first
+    assert sorted(revoked) == sorted({sessions.decode(t, secrets).id for t in (first, renewed)}), "one write each"
 
 
 def test_a_user_signed_in_without_a_django_session_gets_no_session_written() -> None:

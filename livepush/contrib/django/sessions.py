@@ -225,8 +225,18 @@ def revoke_on_logout(sender: Any, request: HttpRequest | None = None, user: Any 
     if request is None:
         return
     setattr(request, _REVOKED, True)
+    tokens = _request_tokens(request)
+    in_cookies = {session.id for session in map(_decoded, tokens) if session is not None}
     # Read before Django's logout() flushes the Django session, which it does after this signal.
-    _revoke([*_request_tokens(request), *_issued(request)])
+    # The cookie's own session is kept there too: revoked once, one write to the store.
+    _revoke([*tokens, *(session for session in _issued(request) if session.id not in in_cookies)])
+
+
+def _decoded(token: str) -> Session | None:
+    try:
+        return sessions.decode(token, get_settings().secrets)
+    except InvalidSession:
+        return None
 
 
 def revoke_on_login(sender: Any, request: HttpRequest | None = None, user: Any = None, **kwargs: Any) -> None:
