@@ -190,6 +190,12 @@ class FanOut(abc.ABC):
     def listening(self) -> bool:
         """True while the subscription is in effect (drives /healthz)."""
 
+    def relisten(self, reason: str) -> None:
+        """Drop the connection the subscription listens on and open it again, then run every
+        resync handler (replay from history, else `reset`), as after a loss; `reason` is logged
+        at WARNING. For a subscription `listening` calls in effect that hears nothing, which only
+        readiness's canary can tell. The local fan-out has no connection to lose: nothing to do."""
+
     def register(self, receiver: Receiver) -> None:
         if not self._listen_called:
             raise NotListeningError(

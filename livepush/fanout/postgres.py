@@ -484,6 +484,10 @@ class PostgresFanOut(FanOut):
     def listening(self) -> bool:
         return self._subscribed and self._listener.listening
 
+    def relisten(self, reason: str) -> None:
+        if self._subscribed:  # the shared listener's other channels resync too: they heard nothing either
+            self._listener.get().relisten(reason)
+
     def _on_notification(self, payload: str) -> None:
         for message in parse_doorbell(payload):
             self._heard.deliver(message)

@@ -557,6 +557,10 @@ class RedisFanOut(FanOut):
     def listening(self) -> bool:
         return self._subscribed and self._subscriber.listening
 
+    def relisten(self, reason: str) -> None:
+        if self._subscribed:  # the shared listener's other channels resync too: they heard nothing either
+            self._subscriber.get().relisten(reason)
+
     async def listen(self) -> None:
         if self._subscribed:
             return  # listen() is called once at boot; a second call changes nothing

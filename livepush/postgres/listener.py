@@ -61,6 +61,9 @@ class Listener:
         self._resync: asyncio.Task[None] | None = None
         self._listening = False
         self._closing = False
+        # Why the connection must be dropped and opened again, set by relisten(): the loop
+        # looks at it every cycle, so it takes effect even on a connection that hears nothing.
+        self._relisten: str | None = None
         # Parts that start the shared listener at the same time wait for the first one's connection:
         # each would otherwise open its own, and every notification came once per connection.
         self._starting = asyncio.Lock()
@@ -98,6 +101,14 @@ class Listener:
             except TimeoutError:
                 raise ListenError(f"the Postgres listener at {redact(self.url)} is reconnecting: "
                                   "its new channels were not in effect in time") from None
+
+    def relisten(self, reason: str) -> None:
+        """Drop the connection and open it again, then run every channel's resync, as after a
+        loss; `reason` is logged. For a connection that looks fine and hears nothing (a proxy
+        that dropped it silently, a wedged backend), which only a message sent round can tell.
+        Does nothing while the listener is away or stopped: it reconnects and resyncs already."""
+        if self._task is not None and self._listening and not self._closing:
+            self._relisten = reason
 
     async def aclose(self) -> None:
         self._closing = True
@@ -139,6 +150,7 @@ class Listener:
                 log.exception("the Postgres listener %s failed unexpectedly; reconnecting", self.name)
                 reason = "an unexpected error"
             self._listening = False
+            self._relisten = None  # this loss is the re-listen asked for, if one was
             self._channels.lost()
             await conn.close()
             if self._closing:
@@ -163,6 +175,8 @@ class Listener:
     async def _serve(self, conn: psycopg.AsyncConnection) -> None:
         last_ping = time.monotonic()
         while not self._closing:
+            if self._relisten is not None:
+                raise ConnectionAbortedError(self._relisten)
             async for note in conn.notifies(timeout=_CYCLE):
                 self._dispatch(note.channel, note.payload)
             for channel in self._channels.not_live():

@@ -33,6 +33,9 @@ log = logging.getLogger("livepush.redis.subscriber")
 
 Handler = Callable[[bytes], None]
 
+# How long one wait for a frame lasts before the loop looks at its own work (a re-listen asked
+# for, the heartbeat): short, since an idle wait costs nothing but a timer.
+_CYCLE = 0.25
 # Seconds between warnings of a listener that keeps failing to come back.
 RETRY_LOG_SECONDS = 60.0
 
@@ -53,6 +56,8 @@ class Subscriber:
         self._conn: Any = None
         self._task: asyncio.Task[None] | None = None
         self._listening = False
+        # Why the connection must be dropped and opened again, set by relisten() (see there).
+        self._relisten: str | None = None
         # start() one call at a time: two at once (two owners, or one listen() called twice
         # concurrently) each found no task and opened a connection and a reader of their own,
         # the two readers failing on one socket and the first connection left subscribed.
@@ -94,6 +99,14 @@ class Subscriber:
             await self._channels.wait_live(late, timeout)
         except TimeoutError:
             raise ListenError(f"the Redis listener at {redact(self.url)} did not confirm its new channels in time") from None
+
+    def relisten(self, reason: str) -> None:
+        """Drop the connection and subscribe again, then run every channel's resync, as after a
+        loss; `reason` is logged. For a subscription that looks fine and hears nothing (a proxy
+        that dropped it silently, a Redis cut off behind an address that still answers), which
+        only a message sent round can tell. Does nothing while the listener is away or stopped."""
+        if self._task is not None and self._listening:
+            self._relisten = reason
 
     async def aclose(self) -> None:
         task, self._task = self._task, None
@@ -154,6 +167,7 @@ class Subscriber:
                 log.exception("the Redis listener %s failed unexpectedly; reconnecting", self.name)
                 reason = "an unexpected error"
             self._listening = False
+            self._relisten = None  # this loss is the re-listen asked for, if one was
             self._channels.lost()
             lost_at = time.monotonic()
             log.warning("lost the Redis listener at %s (%s); reconnecting, then reading what was missed",
@@ -184,14 +198,18 @@ class Subscriber:
 
     async def _read_until_lost(self) -> None:
         conn = self._conn
-        last_heard = time.monotonic()
+        last_heard = last_beat = time.monotonic()
         while True:
-            reply = await conn.read_response(timeout=self.heartbeat)
+            if self._relisten is not None:
+                raise ConnectionAbortedError(self._relisten)
+            reply = await conn.read_response(timeout=min(self.heartbeat, _CYCLE))
             now = time.monotonic()
             if reply is None:
                 if now - last_heard > 3 * self.heartbeat:
                     raise TimeoutError(f"no reply from Redis for {now - last_heard:.0f} s")
-                await conn.send_command("PING")
+                if now - max(last_heard, last_beat) >= self.heartbeat:
+                    await conn.send_command("PING")
+                    last_beat = now
                 continue
             last_heard = now
             if not (isinstance(reply, list) and len(reply) >= 3):
@@ -203,7 +221,6 @@ class Subscriber:
                 entry = self._channels.get(text(reply[1], "replace"))
                 if entry is not None:
                     entry.live.set()
-
 
 def subscribed_clients(url: str, name: str) -> list[dict[str, object]] | None:
     """The servers subscribed on this Redis now (its pub/sub clients named `name`, a deployment's

@@ -16,6 +16,11 @@ Five checks, each named in the JSON body (docs/reference.md#9-operations):
 - capacity: the server is below LIVEPUSH_MAX_CONNECTIONS. At the cap it refuses every upgrade,
   and a load balancer told it was ready kept sending it pages it turned away.
 
+When the fan-out's canary, published, has not come back for RELISTEN_PERIODS canary periods past
+CANARY_BOUND while the fan-out says it listens, the server has it drop and re-open its listening
+connection (`FanOut.relisten`): nothing else would notice, and clients already connected would
+miss every message until a restart. The re-listen resyncs them (replay, else `reset`).
+
 The canary's bookkeeping (`Canary`) is pure and clocked from outside; `Readiness.run()` is the
 loop that publishes and the only part that awaits.
 """
@@ -44,6 +49,11 @@ CANARY_TOPIC = RESERVED_PREFIX + "canary"
 CANARY_EVERY = 2.0
 CANARY_BOUND = 5.0
 SCHEMA_EVERY = 30.0
+# Canary periods past the bound before the fan-out is made to listen anew, and between two such
+# re-listens: long enough for a slow round trip to have been called late first, short enough
+# that a deaf subscription is mended within seconds of /readyz turning 503.
+RELISTEN_PERIODS = 3
+MAX_RELISTEN_DOUBLINGS = 4
 # A schema check that takes longer is given up, keeping the last verdict: the loop that makes it
 # sends the canaries too, and a database that answers nothing (frozen, cut off without a reset)
 # is what they must go on telling.
@@ -110,6 +120,15 @@ class Canary:
             if waited > (self.round_trip or 0.0):
                 metrics.CANARY_SECONDS.set(waited)
 
+    def deaf_for(self, now: float) -> float | None:
+        """How long the oldest canary published and not heard back has waited, None when none
+        has. A canary whose publish failed does not count: the fan-out is down, and its listener
+        sees that itself; hearing anew would not make it come back."""
+        for entry in self.unanswered:
+            if entry[1] is not None:
+                return now - float(entry[0])  # type: ignore[arg-type]
+        return None
+
     def check(self, now: float) -> tuple[bool, dict[str, object]]:
         self.gauge_wait(now)
         oldest = float(self.unanswered[0][0]) if self.unanswered else None  # type: ignore[arg-type]
@@ -163,6 +182,8 @@ class Readiness:
         self.server_id = uuid.uuid4().hex[:12]
         self._schema_problem: str | None = None
         self._schema_checked_at: float | None = None
+        self._relistened_at: float | None = None
+        self._relistens = 0  # re-listens in a row that brought no canary back
 
     def on_message(self, message: Message) -> None:
         """The fan-out's receiver: canaries come back here (a doorbell names the offset)."""
@@ -186,10 +207,33 @@ class Readiness:
         """Every `every` seconds, let the round-trip gauge show how long the canary not back yet
         has waited. The loop that sends canaries can wait a minute on one publish (a pool waiting
         for a connection to a database that is away): a scrape meanwhile showed the last good
-        trip, unless a probe of /readyz happened to move it."""
+        trip, unless a probe of /readyz happened to move it. The same tick decides whether the
+        fan-out must listen anew: a publish that waits cannot hold that up either."""
         while True:
             await asyncio.sleep(self.every)
             self.canary.gauge_wait(self.clock())
+            self._relisten_if_deaf(self.clock())
+
+    def _relisten_if_deaf(self, now: float) -> None:
+        """Make the fan-out listen anew when its canary has been late RELISTEN_PERIODS periods
+        past the bound while it says it listens (one that knows it is away reconnects already).
+        Each re-listen that brought no canary back doubles the wait before the next, up to
+        MAX_RELISTEN_DOUBLINGS times: a listener that can never hear (a LISTEN through PgBouncer
+        in transaction mode) is retried now and then, not every few seconds."""
+        patience = self.canary.bound + RELISTEN_PERIODS * self.every
+        waited = self.canary.deaf_for(now)
+        if waited is None or waited < patience:
+            self._relistens = 0  # nothing late that long: it hears, and the next silence starts afresh
+            return
+        if not self.fanout.listening:
+            return
+        if self._relistened_at is not None:
+            if now - self._relistened_at < patience * 2 ** min(self._relistens, MAX_RELISTEN_DOUBLINGS):
+                return
+        self._relistened_at = now
+        self._relistens += 1
+        self.fanout.relisten(f"no readiness canary came back through it for {waited:.1f} s "
+                             "while it looked connected")
 
     async def _ring(self) -> None:
         n = 0

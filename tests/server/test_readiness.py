@@ -21,6 +21,7 @@ from livepush.server.readiness import CANARY_TOPIC, Canary, Readiness
 from tests.server.conftest import Served, make_settings, start_served
 from tests.server.test_server import http_get
 from tests.support import services
+from tests.support.relay import Relay
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
@@ -132,6 +133,47 @@ def test_every_canary_not_back_in_time_is_named_with_how_long_it_has_been_missin
     assert not ready
     assert "no canary came back through the fan-out for 10.0 s" in detail, detail
     assert "no state ring came back from the database" in detail and "for 42.0 s" in detail, detail
+
+
+class _DeafFanOut(LocalFanOut):
+    """A fan-out that says it listens, counting the re-listens it is asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.relistens: list[float] = []
+        self.now = 0.0
+
+    @property
+    def listening(self) -> bool:
+        return True
+
+    def relisten(self, reason: str) -> None:
+        self.relistens.append(self.now)
+
+
+def test_a_canary_late_for_three_periods_past_its_bound_makes_the_fan_out_listen_anew_ever_less_often() -> None:
+    """Published canaries unheard past the bound plus three periods make the fan-out listen anew;
+    one that brought nothing back is retried after twice as long, then four times, up to a cap,
+    so a listener that can never hear is not reopened every few seconds; a canary heard starts
+    afresh. A canary whose publish failed asks for nothing: the fan-out itself is down."""
+    fanout = _DeafFanOut()
+    readiness = Readiness(fanout, away=lambda: None, draining=lambda: False, every=2.0, bound=5.0,
+                          clock=lambda: fanout.now)
+    readiness.canary.sent(0.0)  # its publish failed
+    for fanout.now in (11.0, 60.0):
+        readiness._relisten_if_deaf(fanout.now)
+    assert fanout.relistens == []
+    readiness.canary.published(readiness.canary.sent(100.0), "1-1")
+    for t in range(100, 400):
+        fanout.now = float(t)
+        readiness._relisten_if_deaf(fanout.now)
+    assert fanout.relistens == [111.0, 133.0, 177.0, 265.0]
+    readiness.canary.published(readiness.canary.sent(400.0), "1-2")
+    readiness.canary.on_heard("1-2", 400.1)
+    readiness.canary.published(readiness.canary.sent(500.0), "1-3")
+    fanout.now = 511.0
+    readiness._relisten_if_deaf(fanout.now)
+    assert fanout.relistens[-1] == 511.0
 
 
 # -- a real server on each fan-out --------------------------------------------------------------
@@ -432,3 +474,43 @@ async def test_a_postgres_outage_on_the_redis_fan_out_names_every_part_that_hear
         await async_wait_for(lambda: readiness.report()[0], 15.0, message="/readyz to heal")
     finally:
         await served.stop()
+
+
+@pytest.mark.parametrize(("kind", "marker"), [("postgres", b"LISTEN"), ("redis", b"SUBSCRIBE")])
+async def test_a_subscription_a_proxy_dropped_silently_is_opened_anew_and_its_clients_miss_nothing(
+        kind: str, marker: bytes, secret: str, request: pytest.FixtureRequest,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A proxy between the server and its fan-out stops forwarding the listening connection and
+    closes nothing: the listener looks connected and hears nothing. Once the canary has been late
+    a few periods, the server listens anew, and a client connected all along gets what was
+    published meanwhile, long before the listener's own ping would notice; a warning says why."""
+    relay = Relay(request.getfixturevalue("pg_url" if kind == "postgres" else "redis_url"))
+    url = relay.start()
+    served = await start_served(make_settings(kind, secret, url, url))
+    readiness = served.server.readiness
+    readiness.every, readiness.canary.bound = 0.1, 1.0
+    client = await WSClient.open(served.url)
+    try:
+        await async_wait_for(lambda: readiness.report()[0], 10.0, message="ready at first")
+        await client.subscribe(served.sign("quiet"))
+        await served.publish("quiet", {"i": 0})
+        assert (await client.messages(1))[0]["data"] == {"i": 0}
+        assert relay.silence(marker) == 1
+        await served.publish("quiet", {"i": 1})  # published through the pool, which still works
+        await async_wait_for(lambda: not readiness.report()[0], 10.0, message="/readyz to turn 503")
+        assert served.fanout.listening  # it looks connected: /healthz cannot tell
+        # Within the bound the listener's own ping (every 5 s, answered within 5 s) is too slow
+        # to have noticed: only the canary can have mended it.
+        [heard] = await client.messages(1, timeout=4.0)
+        assert heard["op"] == "reset" or heard["data"] == {"i": 1}, heard
+        await served.publish("quiet", {"i": 2})
+        frames = await client.messages(1)
+        assert frames[-1]["data"] == {"i": 2}
+        await async_wait_for(lambda: readiness.report()[0], 10.0, message="/readyz to heal")
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"
+                    and "no readiness canary came back" in r.getMessage()]
+        assert len(warnings) == 1, warnings
+    finally:
+        await client.close()
+        await served.stop()
+        relay.close()
