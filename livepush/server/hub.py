@@ -62,6 +62,10 @@ STATE_RETRY_SECONDS = 1.0
 # A history read that Postgres or Redis failed (a restart under way) is tried again after this
 # long, while someone still listens: the log still holds the range, so it is no gap.
 READ_RETRY_SECONDS = 0.5
+# Tries of a batch's read, failing while the fan-out still hears (so the store answers), before
+# the batch is split apart: a read that fails the same way every time (the store refuses one
+# topic's key) would otherwise hold up every topic batched with it, for ever.
+SPLIT_AFTER = 3
 # Topics per log read at most, so that a topic rung among thousands waits for one read, not for
 # all of them (the Postgres fan-out reads as many in one statement).
 READ_BATCH = 500
@@ -191,6 +195,9 @@ class Hub:
         self._unborn: dict[str, dict[int, str]] = {}
         # Message topics whose log read is due, in the order asked, and whether a reader runs.
         self._read_due: dict[str, _Topic] = {}
+        # Topics whose read failed on its own while the store answered: read alone, after a
+        # pause, until a read of theirs succeeds (`_read_apart`).
+        self._read_failing: set[str] = set()
         self._log_reading = False
         self._closed = False
         self._tally = metrics.TALLY
@@ -265,13 +272,7 @@ class Hub:
         batch: list[_Topic] = []
         try:
             while self._read_due:
-                batch = []
-                while self._read_due and len(batch) < READ_BATCH:
-                    t = self._read_due.pop(next(iter(self._read_due)))
-                    if t.idle:
-                        self._stop_reading(t)
-                    else:
-                        batch.append(t)
+                batch = self._next_batch()
                 if not batch:
                     continue
                 pages = await self._read_pages(batch)
@@ -280,6 +281,10 @@ class Hub:
                         await self._take_page(t, pages[t.name])
                     elif t.idle or t.cursor is None:
                         self._stop_reading(t)  # nobody listened by the time of the read
+                    elif t.name in self._read_failing:
+                        # Its read failed on its own: tried again after a pause, alone, while
+                        # the other topics go on being read. Its round goes on where it was.
+                        asyncio.get_running_loop().call_later(READ_RETRY_SECONDS, self._read_again, t, False)
                     else:
                         # Left out as idle (its subscribers left while a failed read waited to be
                         # tried again), and subscribed again while the others were read: what rang
@@ -292,26 +297,73 @@ class Hub:
                 self._stop_reading(t)
             self._read_due.clear()
 
-    async def _read_pages(self, batch: list[_Topic]) -> dict[str, History | None]:
+    def _next_batch(self) -> list[_Topic]:
+        """The next topics to read, up to READ_BATCH, in the order they became due; a topic whose
+        read keeps failing on its own is read alone, so that it fails no other topic's read."""
+        batch: list[_Topic] = []
+        for t in list(self._read_due.values()):
+            if len(batch) == READ_BATCH:
+                break
+            alone = t.name in self._read_failing
+            if alone and batch:
+                continue  # read in a batch of its own, later
+            del self._read_due[t.name]
+            if t.idle:
+                self._stop_reading(t)
+                continue
+            batch.append(t)
+            if alone:
+                break
+        return batch
+
+    async def _read_pages(self, batch: list[_Topic], *, apart: bool = False) -> dict[str, History | None]:
         """A page of each topic of `batch` that someone still listens to, read again while the
         store is unreachable (a restart under way: the log still holds the range, so it is no
-        gap); a read that fails otherwise is a gap we cannot fill (None: reset)."""
+        gap); a read that fails otherwise is a gap we cannot fill (None: reset). A read that
+        keeps failing while the fan-out hears (the store answers) is split apart (`_read_apart`);
+        `apart`: this is one part of such a read, split again at its first failure."""
         failures = 0
         while True:
             live = {t.name: t.cursor for t in batch if not t.idle and t.cursor is not None}
             if not live:
                 return {}
             try:
-                return await self.fanout.histories(live)
+                pages = await self.fanout.histories(live)
             except DependencyError as exc:
                 failures += 1
-                (log.warning if failures == 1 else log.debug)(
-                    "could not read the history of %s (%s); reading again every %g s", _names(live), exc,
-                    READ_RETRY_SECONDS)
+                failing_alone = len(live) == 1 and not live.keys().isdisjoint(self._read_failing)
+                if not (apart or failing_alone):
+                    (log.warning if failures == 1 else log.debug)(
+                        "could not read the history of %s (%s); reading again every %g s", _names(live), exc,
+                        READ_RETRY_SECONDS)
+                # While the fan-out does not hear, the store is away for every topic: splitting
+                # would only read each alone once it is back.
+                if self.fanout.listening and (apart or failing_alone or failures >= SPLIT_AFTER):
+                    return await self._read_apart([t for t in batch if t.name in live], exc)
                 await asyncio.sleep(READ_RETRY_SECONDS)
             except Exception as exc:
                 log.warning("could not read the history of %s (%s): their subscribers get reset", _names(live), exc)
                 return dict.fromkeys(live)
+            else:
+                self._read_failing.difference_update(live)  # read fine: batched as any other again
+                return pages
+
+    async def _read_apart(self, topics: list[_Topic], exc: DependencyError) -> dict[str, History | None]:
+        """The pages of `topics`, whose read together keeps failing while the store answers: each
+        half read on its own, and split again while it fails, so that every topic is delivered
+        but those whose read fails on its own. Those are left out (no page: no reset, the log
+        still holds their range) and marked to be read alone after a pause (`_read_log`)."""
+        if len(topics) == 1:
+            name = topics[0].name
+            if name not in self._read_failing:
+                log.warning("could not read the history of %s (%s) while the other topics' reads succeed; "
+                            "reading it on its own again every %g s", name, exc, READ_RETRY_SECONDS)
+                self._read_failing.add(name)
+            return {}
+        half = len(topics) // 2
+        pages = await self._read_pages(topics[:half], apart=True)
+        pages.update(await self._read_pages(topics[half:], apart=True))
+        return pages
 
     async def _take_page(self, t: _Topic, page: History | None) -> None:
         """Deliver what a page read after the cursor holds, then read on or stop."""
@@ -349,13 +401,14 @@ class Hub:
         else:
             asyncio.get_running_loop().call_later(EMPTY_READ_PAUSE, self._read_again, t)
 
-    def _read_again(self, t: _Topic) -> None:
+    def _read_again(self, t: _Topic, new_round: bool = True) -> None:
         if self._closed:
             self._stop_reading(t)
         else:
-            self._queue_read(t, new_round=True)
+            self._queue_read(t, new_round=new_round)
 
     def _stop_reading(self, t: _Topic) -> None:
+        self._read_failing.discard(t.name)  # its next reader starts afresh
         t.reading = False
         t.pending = []
         self._forget_if_idle(t)

@@ -365,6 +365,47 @@ async def test_a_topic_subscribed_again_while_the_read_it_was_left_out_of_runs_s
     assert left.data() == []
 
 
+class OneTopicRefused(DoorbellLocal):
+    """Doorbells only, and every read that includes `refused` raises, as a store that answers
+    every other topic does when it refuses one (a Redis ACL that does not cover its key)."""
+
+    refused = "t3"
+
+    async def histories(self, reads: Mapping[str, str]) -> dict[str, History | None]:
+        self.batches.append(len(reads))
+        if self.refused in reads:
+            raise DependencyError(f"Redis failed while reading the history of {self.refused!r} (NOPERM)")
+        return await LocalFanOut.histories(self, reads)
+
+
+async def test_a_read_that_always_fails_for_one_topic_stalls_none_of_the_topics_read_with_it() -> None:
+    """A history read that keeps failing while the store answers (its listener hears) is split
+    apart after a few tries: every other topic of the batch gets its messages, and the topic
+    whose read fails is read on its own after a pause, holding up no later batch either; its
+    messages arrive once its read succeeds."""
+    fanout, hub = await make(OneTopicRefused())
+    assert isinstance(fanout, OneTopicRefused)
+    subs = {f"t{i}": Sub() for i in range(8)}
+    for i, (topic, sub) in enumerate(subs.items()):
+        await hub.subscribe(sub, topic, None, i)
+    fanout.gate.clear()  # the first read waits: every doorbell lands in one batch
+    fanout.publish("t0", "first")
+    await async_wait_for(lambda: fanout.reads >= 1, timeout=5, message="a read under way")
+    for topic in subs:
+        fanout.publish(topic, 1)
+    fanout.gate.set()
+    others = [s for t, s in subs.items() if t != "t3"]
+    await async_wait_for(lambda: all(s.data()[-1:] == [1] for s in others), timeout=5,
+                         message="every other topic's message")
+    fanout.publish("t5", 2)  # a later batch is not held up by the refused topic
+    await async_wait_for(lambda: subs["t5"].data()[-1:] == [2], timeout=5, message="a later message")
+    assert subs["t3"].data() == []
+    fanout.refused = ""  # its read succeeds again
+    await async_wait_for(lambda: subs["t3"].data() == [1], timeout=5, message="the refused topic's message")
+    assert [f["op"] for f in subs["t3"].frames] == ["subscribed", "message"]
+    await hub.aclose()
+
+
 async def test_doorbells_on_many_topics_cost_one_read_per_batch_not_one_each() -> None:
     """Doorbells on 200 topics that ring while a read is under way are served by one more read of
     all the topics it does not cover, each topic's messages in order."""
