@@ -161,6 +161,13 @@ _checked: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 _identities: dict[str, tuple[str, str]] = {}
 
 
+def known_on_database(conn: Any) -> None:
+    """Record that a caller's `conn` is on the jobs' database, told by a check of its own that
+    holds for every connection it makes (the Django backend's, once per database alias): the
+    check below then reads nothing on it."""
+    _checked[conn] = database_url()
+
+
 def check_on_database(conn: Any, call: str | None = None) -> None:
     """Raise ArgumentValueError unless a caller's sync `conn` is on the jobs' database. Another
     database with livepush's schema too (the app's, migrated for its own reasons) takes the job,

@@ -178,6 +178,9 @@ class LivePushBackend(BaseTaskBackend):
         raw = connection.connection
         if (self.database, jobs_database.database_url()) not in _JOINABLE:
             self._check_tables(raw)
+        # Checked for the alias, so for each connection Django makes for it (one a request, without
+        # CONN_MAX_AGE): the enqueue's own check of conn= would read the same again on every one.
+        jobs_database.known_on_database(raw)
         return raw
 
     def can_join(self) -> bool:
