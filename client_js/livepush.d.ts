@@ -208,6 +208,7 @@ export interface ProgressBinding {
  * earlier binding. Throws a TypeError when `element` is not an element (null from getElementById)
  * or shows no children (a <progress> of the page's own: pass its container, e.g. a <div>),
  * or `topic` is not a job's or a group's (a workflow's is a graph of steps: subscribe to it).
+ * On a closed client it throws as subscribe() does, before the element is touched.
  */
 export declare function bindProgress(
   lp: LivePush,

@@ -1557,7 +1557,6 @@ export function bindProgress(lp, topic, element, options = {}) {
     // Run only when the job reports: said here, before the element is cleared, instead.
     checkCallback(`bindProgress() options.${name}`, options[name], 'pass the function itself, not what calling it returns');
   }
-  progressBindings.get(element)?.unsubscribe();
   const doc = element.ownerDocument ?? /** @type {any} */ (globalThis).document;
   const bar = doc.createElement('progress');
   bar.className = 'livepush-progress-bar';
@@ -1574,10 +1573,6 @@ export function bindProgress(lp, topic, element, options = {}) {
       element.appendChild(label);
     }
   };
-  // With `since`, the page already shows that version (rendered by the server): it stays until a
-  // newer one comes. Cleared at once, a job that had finished at that version left an empty bar
-  // for good, since the server sends nothing newer.
-  if ((options.since ?? null) === null) show();
   let finished = false;
 
   /** @param {ProgressView} view */
@@ -1630,7 +1625,14 @@ export function bindProgress(lp, topic, element, options = {}) {
       element.setAttribute?.('data-state', 'refused');
     },
   };
+  // Subscribed before anything of the page's is touched: on a closed client this throws, and the
+  // element and its earlier binding stay as they were instead of cleared for a binding never made.
   let current = lp.subscribe(topic, onMessage, subscribeOptions);
+  progressBindings.get(element)?.unsubscribe();
+  // With `since`, the page already shows that version (rendered by the server): it stays until a
+  // newer one comes. Cleared at once, a job that had finished at that version left an empty bar
+  // for good, since the server sends nothing newer.
+  if ((options.since ?? null) === null) show();
   /** @type {ProgressBinding} */
   const binding = {
     topic,

@@ -322,3 +322,21 @@ test('bindProgress on a topic that is no job or group throws at the call, before
   assert.equal(element.getAttribute('data-state'), 'running', 'and goes on showing it');
   h.lp.close();
 });
+
+test('bindProgress on a closed client throws before it touches the element or the earlier binding', () => {
+  // A page that binds after close() (signed out, or `unauthorized`) gets the error, and the
+  // element still shows what it showed: its bar is not cleared for a binding that never came.
+  const h = harness();
+  const el = new FakeElement('div');
+  bindProgress(h.lp, 'job:1', el);
+  const ws = h.last();
+  ws.hello();
+  ws.acceptSubscribes();
+  ws.receive({ op: 'message', topic: 'job:1', offset: '1', data: job('succeeded', 'succeeded', null, { id: 1 }) });
+  const shown = [...el.children];
+  h.lp.close();
+  assert.throws(() => bindProgress(h.lp, 'job:2', el), { message: /this LivePush is closed/ });
+  assert.deepEqual(el.children, shown, 'the element still shows the finished job');
+  assert.equal(el.children[1].textContent, 'succeeded');
+  assert.equal(el.getAttribute('data-state'), 'succeeded');
+});
