@@ -55,7 +55,8 @@ export interface StatusInfo {
 export interface LivePushError {
   /** A server `error` frame's reason ("bad_frame", "unknown_op", ...), "handler_error" when a
    * callback of yours threw, "invalid_frame" for a non-JSON frame, "connect_failed", "refused"
-   * for a refused subscription that has no onRefused, "reset" for a reset one has no onReset for. */
+   * for a refused subscription that has no onRefused, "reset" for a reset one has no onReset for,
+   * "unavailable" for a subscribe the server could not serve just now (once a run of retries). */
   reason: string;
   detail?: string;
   error?: unknown;
@@ -118,7 +119,7 @@ export interface SubscribeOptions {
   onSubscribed?: (info: { topic: string; offset: string | null }) => void;
   /** The server refused the topic; the subscription is dropped and never resent.
    * ("unavailable", the server's storage being briefly down, is retried with backoff instead,
-   * without calling onRefused.) */
+   * without calling onRefused; onError hears it once a run.) */
   onRefused?: (
     reason: 'forbidden' | 'invalid_signature' | 'expired' | 'invalid_topic' | 'limit' | string,
     info: { topic: string },

@@ -398,7 +398,8 @@ class Heartbeat {
  * @property {(reason: string, info: {topic: string}) => void} [onRefused] the server refused
  *   the topic ("forbidden", "invalid_signature", "expired", "invalid_topic", "limit"); the
  *   subscription is dropped and never resent. ("unavailable", the server's storage being
- *   briefly down, is not a refusal: the subscribe is retried with backoff.)
+ *   briefly down, is not a refusal: the subscribe is retried with backoff, and onError hears
+ *   it once a run.)
  */
 
 /** What SubscribeOptions holds. */
@@ -737,7 +738,8 @@ class Registry {
  *   "handler_error" when one of your callbacks threw, or "invalid_frame" for an unparsable
  *   frame from the server, or "connect_failed" when a connection could not even be attempted,
  *   or "refused" for a refused subscription that has no onRefused, or "reset" for a `reset`
- *   that a subscription has no onReset for
+ *   that a subscription has no onReset for, or "unavailable" for a subscribe the server could
+ *   not serve just now (once a run of retries)
  * @property {string} [detail]
  * @property {unknown} [error] the exception, for "handler_error"
  */
@@ -1114,9 +1116,18 @@ export class LivePush {
    */
   _retrySubscribe(sub) {
     sub._retries += 1;
+    if (sub._retries === 1) {
+      // Once a run, not on every retry: a page that hears nothing cannot tell its user why its
+      // updates wait. onSubscribed runs when the subscription is served again.
+      this._report({
+        reason: 'unavailable',
+        detail: `subscribe to ${sub.plainTopic}: the server cannot read its history or state just now: retried with backoff until it can (onSubscribed runs then)`,
+      });
+    }
     const delayMs = this._delayFor(sub._retries);
-    // _delayFor may have run the page's onError, and one that closed the client ended it.
-    if (this._stopped) return;
+    // The page's onError, here or in _delayFor, may have closed the client, which ended it, or
+    // unsubscribed: nothing is left to retry then.
+    if (this._stopped || sub.state !== 'pending') return;
     const ws = this._ws;
     sub._retryTimer = new Timer(this._clock, () => {
       sub._retryTimer = null;

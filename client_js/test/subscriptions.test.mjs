@@ -257,6 +257,45 @@ test('a transient refusal (unavailable) is retried with backoff, not dropped', (
   h.lp.close();
 });
 
+test('a subscribe refused unavailable tells onError once a run, so a page can say its updates wait', () => {
+  // Retried for as long as the server's storage is down, with nothing said, a page could not tell
+  // its user why nothing moves; once a run, not on every retry, and again after it was served.
+  const h = harness({ random: () => 0.5 });
+  const s = collect(h.lp, 'chat:a~sig', { onRefused: () => {} });
+  const ws = h.last();
+  ws.hello();
+  ws.receive({ op: 'refused', ref: ws.frames('subscribe')[0].ref, reason: 'unavailable' });
+  assert.deepEqual(h.errors, [{
+    reason: 'unavailable',
+    detail: 'subscribe to chat:a: the server cannot read its history or state just now: retried with backoff until it can (onSubscribed runs then)',
+  }]);
+  h.clock.advance(500);
+  ws.receive({ op: 'refused', ref: ws.frames('subscribe').at(-1).ref, reason: 'unavailable' });
+  assert.equal(h.errors.length, 1, 'said once a run');
+  h.clock.advance(1000);
+  ws.acceptSubscribes();
+  assert.equal(s.sub.state, 'active');
+  // Its resubscribe after a reconnect meets another outage: a new run, said again.
+  const next = reconnect(h);
+  next.receive({ op: 'refused', ref: next.frames('subscribe')[0].ref, reason: 'unavailable' });
+  assert.deepEqual(h.errors.map((e) => e.reason), ['unavailable', 'unavailable']);
+  assert.equal(s.sub.state, 'pending');
+  h.lp.close();
+});
+
+test('an onError that unsubscribes the subscription it is told is unavailable leaves no retry timer', () => {
+  const box = {};
+  const h = harness({ onError: (e) => { if (e.reason === 'unavailable') box.sub.unsubscribe(); } });
+  box.sub = h.lp.subscribe('chat:a', () => {});
+  const ws = h.last();
+  ws.hello();
+  const timersWhenIdle = h.clock.pending().length; // the heartbeat's own
+  ws.receive({ op: 'refused', ref: ws.frames('subscribe')[0].ref, reason: 'unavailable' });
+  assert.equal(box.sub.state, 'closed');
+  assert.equal(h.clock.pending().length, timersWhenIdle);
+  h.lp.close();
+});
+
 test('unsubscribe sends the frame and stops delivery; it is not resent after a reconnect', () => {
   const h = harness();
   const s = collect(h.lp, 'chat:a');
