@@ -59,7 +59,8 @@ const TOKEN_SUBPROTOCOL = 'livepush.token.';
 const SUBPROTOCOL_CHARS = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
 /**
  * How long a ping may go unanswered on top of the heartbeat before the connection is declared
- * dead; also all a waking page gives the server to answer the ping it sends at once.
+ * dead; also all a waking page gives the server to answer the ping it sends at once (while no
+ * subscribe awaits its answer).
  */
 export const HEARTBEAT_GRACE_MS = 2_000;
 /**
@@ -308,11 +309,15 @@ class Timer {
  * holds a hidden tab's timers back and runs them late, all together, so its ping goes out long
  * after the last answer, and a check of the time since the last frame, running beside it,
  * would find a silence the page caused itself and drop a live connection again and again.
+ *
+ * The server answers a connection's frames in order, so a ping sent while it still decides the
+ * client's subscribes (an `authorize` may take seconds each) is answered only after them: while
+ * any is awaited (`hooks.busy`), a ping gets the whole heartbeat and grace, never the grace alone.
  */
 class Heartbeat {
   /**
    * @param {Clock} clock
-   * @param {{ping: () => void, onDead: () => void}} hooks
+   * @param {{ping: () => void, onDead: () => void, busy: () => boolean}} hooks
    */
   constructor(clock, hooks) {
     this._clock = clock;
@@ -361,6 +366,8 @@ class Heartbeat {
    */
   probe(answerMs) {
     if (!this._intervalMs) return;
+    // Subscribes still awaited: the answer queues behind them, and each answer to them counts.
+    if (this._hooks.busy()) answerMs = Math.max(answerMs, this._intervalMs + HEARTBEAT_GRACE_MS);
     this._hooks.ping();
     const now = this._clock.now();
     const dueAt = this._deadTimer.dueAt;
@@ -702,6 +709,11 @@ class Registry {
     return sub;
   }
 
+  /** Whether a subscribe of this connection still awaits its answer. */
+  get awaiting() {
+    return this._pending.size > 0;
+  }
+
   /** A new connection: answers to the old one's refs will never come. */
   forgetRefs() {
     this._pending.clear();
@@ -843,6 +855,7 @@ export class LivePush {
     this._heartbeat = new Heartbeat(this._clock, {
       ping: () => this._send({ op: 'ping', ref: this._nextRef() }),
       onDead: () => this._drop('heartbeat timeout'),
+      busy: () => this._registry.awaiting,
     });
 
     this._onVisibility = () => {

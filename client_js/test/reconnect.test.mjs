@@ -334,6 +334,51 @@ test('waking up keeps a connection that answers the ping', () => {
   h.lp.close();
 });
 
+test('a tab switch while the server decides its subscribes keeps the connection: their answers come first', () => {
+  // The server answers a connection's frames in order: a ping sent behind a subscribe whose
+  // authorize() takes seconds is answered after it. The grace alone would drop a live socket,
+  // resubscribe and meet the same wait again.
+  const h = harness();
+  h.lp.subscribe('team:7', () => {});
+  h.lp.subscribe('team:8', () => {});
+  const ws = h.last();
+  ws.hello({ heartbeat: 25 });
+  h.clock.advance(1_000);
+  h.document.dispatch('visibilitychange'); // the user looked at another tab and came back
+  assert.equal(ws.frames('ping').length, 1, 'waking up pings at once');
+  h.clock.advance(HEARTBEAT_GRACE_MS + 1_500);
+  assert.equal(h.lp.status, 'open', 'a socket the server is busy on was declared dead');
+  const [first, second] = ws.frames('subscribe');
+  ws.receive({ op: 'subscribed', ref: first.ref, topic: 'team:7', offset: null });
+  h.clock.advance(1_900);
+  ws.receive({ op: 'subscribed', ref: second.ref, topic: 'team:8', offset: null });
+  ws.receive({ op: 'pong', ref: ws.frames('ping')[0].ref });
+  h.clock.advance(HEARTBEAT_GRACE_MS);
+  assert.equal(h.lp.status, 'open');
+  assert.equal(h.sockets.length, 1);
+
+  // With nothing awaited, waking up gives the grace alone again.
+  h.document.dispatch('visibilitychange');
+  h.clock.advance(HEARTBEAT_GRACE_MS);
+  assert.equal(h.lp.status, 'reconnecting');
+  h.lp.close();
+});
+
+test('a socket that dies while its subscribes wait for answers is still replaced, within heartbeat and grace', () => {
+  const h = harness();
+  h.lp.subscribe('team:7', () => {});
+  const ws = h.last();
+  ws.hello({ heartbeat: 25 });
+  h.clock.advance(1_000);
+  h.document.dispatch('visibilitychange');
+  h.clock.advance(25_000 + HEARTBEAT_GRACE_MS - 1);
+  assert.equal(h.lp.status, 'open');
+  h.clock.advance(1);
+  assert.equal(h.lp.status, 'reconnecting');
+  assert.ok(ws.closedByClient);
+  h.lp.close();
+});
+
 test('a page that slept without any wake-up event gets only the grace for its late ping', () => {
   const h = harness();
   const ws = h.last();
