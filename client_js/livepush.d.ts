@@ -194,6 +194,8 @@ export interface BindProgressOptions {
   onFinish?: (view: ProgressView, data: any) => void;
   /** After every render. */
   onUpdate?: (view: ProgressView, data: any) => void;
+  /** The version the page was rendered at: what the element shows stays until a newer one comes,
+   * and a final `data-state` rendered with it stays through a refusal. */
   since?: string | null;
 }
 

@@ -1541,7 +1541,8 @@ function checkProgressTopic(topic) {
  *   group reaches a final state (job: succeeded, failed, cancelled; group: finished, or
  *   cancelled once none of its members is pending)
  * @property {(view: ProgressView, data: any) => void} [onUpdate] called after every render
- * @property {string | null} [since]
+ * @property {string | null} [since] the version the page was rendered at: what the element shows
+ *   stays until a newer one comes, and a final `data-state` rendered with it through a refusal
  */
 
 /** What BindProgressOptions holds. */
@@ -1598,6 +1599,11 @@ export function bindProgress(lp, topic, element, options = {}) {
     }
   };
   let finished = false;
+  // With `since`, whether the page rendered a final state (its `data-state`, as render() sets it
+  // for CSS): a refusal leaves that shown until a newer version replaces it, as it does one this
+  // binding rendered. (A group's `cancelled` is not final while members run: not read as one.)
+  const renderedState = (options.since ?? null) === null ? null : element.getAttribute?.('data-state');
+  const renderedFinal = plainTopicOf(topic).startsWith('job:') ? JOB_FINAL.has(renderedState) : renderedState === 'finished';
 
   /** @param {ProgressView} view */
   const render = (view) => {
@@ -1642,8 +1648,8 @@ export function bindProgress(lp, topic, element, options = {}) {
     onRefused: (/** @type {string} */ reason) => {
       // A resubscribe after a reconnect, refused (a signed topic's TTL ran out while the page
       // stayed open): the final state shown is still the job's or group's, and "not allowed" in
-      // its place would read as if the work had failed.
-      if (finished) return;
+      // its place would read as if the work had failed. So is one the server rendered.
+      if (finished || (renderedFinal && !shown)) return;
       show();
       label.textContent = `not allowed: ${reason}`;
       element.setAttribute?.('data-state', 'refused');

@@ -180,6 +180,40 @@ test('a finished job stays shown when its signed topic expired by the time a rec
   u.h.lp.close();
 });
 
+test('a final state the server rendered stays shown when a resubscribe is refused expired', () => {
+  // The page rendered the finished job at version 7 (data-state for its CSS, as bindProgress sets
+  // it) and nothing newer came; a day later a deploy's resubscribe is refused `expired`, which
+  // says nothing about a job that had already ended.
+  const render = (state, topic) => {
+    const h = harness();
+    const el = new FakeElement('div');
+    const rendered = new FakeElement('span');
+    rendered.textContent = state;
+    el.appendChild(rendered);
+    el.setAttribute('data-state', state);
+    bindProgress(h.lp, topic, el, { since: '7' });
+    h.last().hello();
+    h.last().acceptSubscribes();
+    h.last().serverClose(1001);
+    h.clock.advance(h.clock.pending()[0]);
+    h.last().hello();
+    h.last().receive({ op: 'refused', ref: h.last().frames('subscribe')[0].ref, reason: 'expired' });
+    return { h, el, rendered };
+  };
+  for (const [state, topic] of [['succeeded', 'job:42~1767225600~sig'], ['failed', 'job:43~1767225600~sig'], ['finished', 'group:9~1767225600~sig']]) {
+    const t = render(state, topic);
+    assert.deepEqual(t.el.children, [t.rendered], `${state}: the server's rendering stays`);
+    assert.equal(t.el.getAttribute('data-state'), state);
+    assert.deepEqual(t.h.errors, []);
+    t.h.lp.close();
+  }
+  // One still running says it is no longer followed, as one bindProgress rendered does.
+  const u = render('running', 'job:44~1767225600~sig');
+  assert.equal(u.el.children[1].textContent, 'not allowed: expired');
+  assert.equal(u.el.getAttribute('data-state'), 'refused');
+  u.h.lp.close();
+});
+
 test('describeProgress ignores data that is neither a job nor a group event', () => {
   assert.equal(describeProgress({ text: 'hi' }).kind, 'unknown');
   assert.equal(describeProgress(null).kind, 'unknown');
