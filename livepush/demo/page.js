@@ -8,12 +8,13 @@ const statusEl = document.getElementById("status");
 const show = (status) => { statusEl.textContent = status; statusEl.dataset.status = status; };
 show(lp.status);
 lp.on("status", show);
-window.livepushDemo = { lp, finished: false, group: null, durable: null, workflow: null };
+window.livepushDemo = { lp, finished: false, group: null, jobBindings: [], durable: null, workflow: null };
 setUpDurable(lp, window.livepushDemo);
 setUpWorkflow(lp, window.livepushDemo);
 
 const SLOTS = 5;
 let groupBinding = null;
+// One binding per job bar, the job it follows now: an import of thousands of jobs keeps five.
 let jobBindings = [];
 
 document.getElementById("start").addEventListener("click", async () => {
@@ -47,27 +48,28 @@ function followImport(started, n) {
 
   // Each slot follows one job until it finishes, then jumps to the newest job not yet
   // shown, so the bars keep up with the runtime instead of trailing behind it.
-  for (const b of jobBindings) b.unsubscribe();
-  jobBindings = [];
+  for (const b of jobBindings) b?.unsubscribe();
+  const bindings = (jobBindings = new Array(SLOTS).fill(null));
+  window.livepushDemo.jobBindings = bindings;
   const jobsEl = document.getElementById("jobs");
   jobsEl.replaceChildren();
   let next = 0;
-  const follow = (slotEl, previous) => {
+  const follow = (i, slotEl) => {
+    // A newer import took the bars over while this one's next jump waited.
+    if (bindings !== jobBindings) return;
     next = Math.max(next, doneSoFar);
     if (next >= started.job_topics.length) return;  // the last bar stays as it finished
-    if (previous) { previous.unsubscribe(); slotEl.replaceChildren(); }
     const topic = started.job_topics[next++];
-    let binding = null;
-    binding = bindProgress(lp, topic, slotEl, {
-      onFinish: () => setTimeout(() => follow(slotEl, binding), 150),
+    // Binding the bar again ends the job it followed, and replaces what it shows.
+    bindings[i] = bindProgress(lp, topic, slotEl, {
+      onFinish: () => setTimeout(() => follow(i, slotEl), 150),
     });
-    jobBindings.push(binding);
   };
   for (let i = 0; i < SLOTS; i++) {
     const slotEl = document.createElement("div");
     slotEl.className = "bar";
     jobsEl.appendChild(slotEl);
-    follow(slotEl);
+    follow(i, slotEl);
   }
 }
 

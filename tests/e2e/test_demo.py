@@ -185,6 +185,17 @@ async def test_demo_import_of_100_reaches_100_percent(page: Page, demo: Demo) ->
     assert await page.get_attribute("#status", "data-status") == "open"
 
 
+async def test_the_demo_job_bars_keep_one_binding_each_however_many_jobs_they_followed(page: Page, demo: Demo) -> None:
+    """Each of the five job bars follows one job after another: the page holds one binding per bar, not one per job it ever followed."""
+    await open_demo(page, demo)
+    await start_import(page, ROWS)
+    await page.wait_for_function("() => window.livepushDemo.finished === true", timeout=IMPORT_TIMEOUT_MS)
+    bars = await page.evaluate(
+        "() => window.livepushDemo.jobBindings.map((b) => b && b.topic.split('~')[0])")
+    assert len(bars) == 5, f"{len(bars)} bindings kept for 5 bars"
+    assert all(bar is not None and bar.startswith("job:") for bar in bars), bars
+
+
 async def test_demo_import_survives_a_restart_of_the_demo_process(page: Page, demo: Demo) -> None:
     """The demo process restarted (SIGTERM, drain, exit 0, start again) mid-import: the page goes `reconnecting` then `open` by itself and still ends at 100/100 finished, every member counted once, one callback."""
     t0 = time.monotonic()
