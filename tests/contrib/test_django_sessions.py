@@ -345,3 +345,99 @@ def test_signing_out_while_the_store_blocks_answers_within_a_bound_and_revokes_o
     assert response.status_code == 302 and response.cookies["livepush_session"].value == ""
     wait_for(lambda: asyncio.run(sessions.default_store().is_revoked(session)), timeout=10,
              message="the session revoked once the store answered")
+
+
+def _middleware_request(user: Any, *, cookie: str | None = None) -> Any:
+    """A request as Django's session and authentication middleware leave it for ours: a Django
+    sign-in of `user` (None: anonymous) in a saved Django session, `request.user` and `request.auser`
+    set lazily as AuthenticationMiddleware sets them."""
+    from django.contrib.auth import SESSION_KEY
+    from django.contrib.auth.middleware import AuthenticationMiddleware
+    from django.contrib.sessions.backends.db import SessionStore
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+
+    django_session = SessionStore()
+    if user is not None:
+        django_session[SESSION_KEY] = str(user.pk)
+        django_session["_auth_user_backend"] = "django.contrib.auth.backends.ModelBackend"
+        django_session["_auth_user_hash"] = user.get_session_auth_hash()
+    django_session.save()
+    request = RequestFactory().get("/", **({"HTTP_COOKIE": cookie} if cookie else {}))
+    request.session = SessionStore(django_session.session_key)  # unloaded, as a request finds it
+    AuthenticationMiddleware(lambda request: HttpResponse()).process_request(request)
+    return request
+
+
+def _through_middleware(path: str, request: Any) -> Any:
+    """`request` through LivePushSessionMiddleware on its sync path (a WSGI server) or its async one
+    (an ASGI server, which hands it an async get_response), and the response."""
+    from asgiref.sync import async_to_sync, iscoroutinefunction
+    from django.http import HttpResponse
+
+    from livepush.contrib.django import LivePushSessionMiddleware
+
+    if path == "sync":
+        middleware = LivePushSessionMiddleware(lambda request: HttpResponse())
+        assert not iscoroutinefunction(middleware)
+        return middleware(request)
+
+    async def view(request: Any) -> HttpResponse:
+        return HttpResponse()
+
+    middleware = LivePushSessionMiddleware(view)
+    # Async itself, so Django calls it without a thread hop under ASGI.
+    assert iscoroutinefunction(middleware)
+    return async_to_sync(middleware)(request)
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+def test_the_middleware_runs_on_either_path_with_the_same_cookies(path: str) -> None:
+    """LivePushSessionMiddleware is sync and async capable, as Django documents: under ASGI Django calls it
+    without a thread hop per request, and it sets and deletes the same cookies on either path, a
+    sign-in's session kept in its Django session for sign-out."""
+    user = get_user_model().objects.create_user(f"u{uuid.uuid4().hex[:10]}", password="x")
+    secrets = get_settings().secrets
+    request = _middleware_request(user)
+    cookie = _through_middleware(path, request).cookies["livepush_session"]
+    assert cookie["httponly"] and int(cookie["max-age"]) == 86400
+    issued = sessions.decode(cookie.value, secrets)
+    assert issued.subject == str(user.pk)
+    assert [entry[0] for entry in request.session["_livepush_sessions"]] == [issued.id]
+    current = _middleware_request(user, cookie=f"livepush_session={cookie.value}")
+    assert "livepush_session" not in _through_middleware(path, current).cookies  # current: not issued again
+    other = _middleware_request(user, cookie=f"livepush_session={sessions.issue('someone-else', ttl=3600)}")
+    assert sessions.decode(_through_middleware(path, other).cookies["livepush_session"].value,
+                           secrets).subject == str(user.pk)
+    anonymous = _middleware_request(None, cookie=f"livepush_session={cookie.value}")
+    assert _through_middleware(path, anonymous).cookies["livepush_session"].value == ""
+
+
+async def test_under_asgi_a_signed_in_user_gets_the_cookie_and_signing_out_revokes_it() -> None:
+    """Through Django's ASGI handler (AsyncClient), the async middleware gives a signed-in user the
+    session cookie, keeps it while current, and sign-out revokes it and deletes the cookie."""
+    from django.test import AsyncClient
+
+    user = await get_user_model().objects.acreate_user(f"u{uuid.uuid4().hex[:10]}", password="x")
+    client = AsyncClient()
+    await client.aforce_login(user)
+    token = (await client.get("/")).cookies["livepush_session"].value
+    assert sessions.decode(token, get_settings().secrets).subject == str(user.pk)
+    assert "livepush_session" not in (await client.get("/")).cookies
+    response = await client.post("/logout/")
+    assert response.cookies["livepush_session"].value == ""
+    assert await sessions.default_store().is_revoked(sessions.decode(token, get_settings().secrets))
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+def test_a_subject_function_that_reads_the_database_works_on_either_path(path: str) -> None:
+    """A LIVEPUSH_SESSION_SUBJECT that reads the database (a profile's id) gives the same subject on
+    the async path as on the sync one, never Django's SynchronousOnlyOperation from the event loop."""
+    user = get_user_model().objects.create_user(f"u{uuid.uuid4().hex[:10]}", password="x")
+
+    def subject(user: Any) -> str:
+        return "name-" + get_user_model().objects.get(pk=user.pk).username
+
+    with override_settings(LIVEPUSH_SESSION_SUBJECT=subject):
+        cookie = _through_middleware(path, _middleware_request(user)).cookies["livepush_session"]
+    assert sessions.decode(cookie.value, get_settings().secrets).subject == f"name-{user.username}"

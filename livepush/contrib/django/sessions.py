@@ -3,7 +3,8 @@ token code: `LivePushSessionMiddleware` (after Django's AuthenticationMiddleware
 signed-in user whose cookie is missing, expiring, another user's or host-only while a cookie
 domain is set, and drops it for anonymous requests; signing out (Django's `user_logged_out`)
 revokes it, and those it replaced at renewal, so the sockets they opened close with 4403, and so
-does another user signing in over it (Django's `user_logged_in`).
+does another user signing in over it (Django's `user_logged_in`). Sync and async capable: under
+ASGI it runs in the event loop, with no thread hop per request.
 
 Settings (all optional):
     LIVEPUSH_SESSION_TTL = 86400              seconds a token lives; renewed once half of it has passed,
@@ -22,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
 from django.contrib.auth import SESSION_KEY
 from django.contrib.auth.signals import user_logged_in, user_logged_out
@@ -160,47 +162,108 @@ def _drop(request: HttpRequest, response: HttpResponse) -> None:
 
 
 class LivePushSessionMiddleware:
-    """Keeps the `livepush_session` cookie in step with `request.user` (see the module docstring)."""
+    """Keeps the `livepush_session` cookie in step with `request.user` (see the module docstring).
 
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+    Sync and async capable, as Django documents: under ASGI it is called as a coroutine, with no
+    thread hop per request, and does the same on either path."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
         # Django makes its middleware when a server starts: a setting no signed-in request could
         # use stops the start there, rather than failing every such request with a 500.
         check_settings()
         self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
 
-    def __call__(self, request: HttpRequest) -> HttpResponse:
+    def __call__(self, request: HttpRequest) -> Any:
+        if iscoroutinefunction(self):
+            return self.__acall__(request)
         response = self.get_response(request)
         user = getattr(request, "user", None)
-        if user is None or not user.is_authenticated or getattr(request, _REVOKED, False):
+        if not _signed_in(request, user):
             _drop(request, response)
             return response
-        subject, ttl = subject_of(user), _ttl()
-        # With a cookie domain, the push server is on another host, where a `__Host-` cookie (set
-        # before the domain was) never goes: its session is moved to the domain's cookie.
-        host_only = _domain() is not None and bool(request.COOKIES.get(HOST_COOKIE_NAME))
-        if host_only or not _current(session_token(request.COOKIES), subject, ttl):
-            token = sessions.issue(subject, ttl=ttl)
-            _set(response, token, ttl, request.is_secure())
+        token = _renew(request, response, subject_of(user))
+        if token is not None and _django_sign_in(request):
+            _remember(request, token)
+        return response
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponse:
+        response = await self.get_response(request)
+        user = await _auser(request)
+        if not _signed_in(request, user):
+            _drop(request, response)
+            return response
+        # A subject function may read the database (a profile's id), which async code must not do
+        # in the event loop's thread; the default, str(user.pk), reads nothing.
+        subject = subject_of(user) if _subject_setting() is None else await sync_to_async(subject_of)(user)
+        token = _renew(request, response, subject)
+        if token is not None and await _adjango_sign_in(request):
             _remember(request, token)
         return response
 
 
-def _remember(request: HttpRequest, token: str) -> None:
-    """Keep the session `token` opens in the user's Django session, for sign-out to revoke. A
-    renewal replaces the cookie, but the sockets the pages opened with the old token stay open on
-    it: sign-out, which sees only the cookie, left them showing the user's topics until it expired.
-    Expired entries are dropped, so a sign-in keeps the few a renewal every half lifetime makes."""
+def _signed_in(request: HttpRequest, user: Any) -> bool:
+    """Whether `request` is a signed-in user's that its own sign-out has not just ended."""
+    return user is not None and user.is_authenticated and not getattr(request, _REVOKED, False)
+
+
+async def _auser(request: HttpRequest) -> Any:
+    """request.user, read without a database read in the event loop's thread: the user a sync view
+    already loaded (Django's AuthenticationMiddleware keeps it in `_cached_user`), else Django's
+    `request.auser()`, else whatever other code set as request.user."""
+    cached = vars(request).get("_cached_user")
+    if cached is not None:
+        return cached
+    auser = getattr(request, "auser", None)
+    if auser is not None:
+        return await auser()
+    return getattr(request, "user", None)
+
+
+def _renew(request: HttpRequest, response: HttpResponse, subject: str) -> str | None:
+    """Set a new session of `subject` on `response` when the request's cookie is not a current one
+    of it; the new token, else None."""
+    ttl = _ttl()
+    # With a cookie domain, the push server is on another host, where a `__Host-` cookie (set
+    # before the domain was) never goes: its session is moved to the domain's cookie.
+    host_only = _domain() is not None and bool(request.COOKIES.get(HOST_COOKIE_NAME))
+    if not host_only and _current(session_token(request.COOKIES), subject, ttl):
+        return None
+    token = sessions.issue(subject, ttl=ttl)
+    _set(response, token, ttl, request.is_secure())
+    return token
+
+
+def _django_sign_in(request: HttpRequest) -> bool:
+    """Whether the request's user signed in through Django (which Django's logout() ends): a user
+    an API's token authentication set has no Django sign-in, and writing one its sessions made a
+    new Django session, a row and a cookie, per request."""
     django_session = getattr(request, "session", None)
-    # Only a Django sign-in, which Django's logout() ends: a user an API's token authentication
-    # set has none, and writing there made a new Django session, a row and a cookie, per request.
-    if django_session is None or SESSION_KEY not in django_session:
-        return
+    return django_session is not None and SESSION_KEY in django_session
+
+
+async def _adjango_sign_in(request: HttpRequest) -> bool:
+    """_django_sign_in() for async code: the Django session is loaded without a read in the loop's thread."""
+    django_session = getattr(request, "session", None)
+    return django_session is not None and await django_session.ahas_key(SESSION_KEY)
+
+
+def _remember(request: HttpRequest, token: str) -> None:
+    """Keep the session `token` opens in the user's Django session (loaded: see _django_sign_in),
+    for sign-out to revoke. A renewal replaces the cookie, but the sockets the pages opened with
+    the old token stay open on it: sign-out, which sees only the cookie, left them showing the
+    user's topics until it expired. Expired entries are dropped, so a sign-in keeps the few a
+    renewal every half lifetime makes."""
     issued = sessions.decode(token, get_settings().secrets)
     now = time.time()
     kept = [[s.id, s.subject, s.expires_at] for s in _issued(request) if s.expires_at > now]
     # Two requests renewing at once may each save the Django session without the other's entry:
     # the cookie the browser keeps is revoked from the request itself at sign-out all the same.
-    django_session[_ISSUED] = [*kept, [issued.id, issued.subject, issued.expires_at]]
+    request.session[_ISSUED] = [*kept, [issued.id, issued.subject, issued.expires_at]]
 
 
 def _issued(request: HttpRequest) -> list[Session]:
