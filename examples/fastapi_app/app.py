@@ -29,12 +29,12 @@ from pydantic import BaseModel, Field
 
 from livepush.config import get_settings
 from livepush.contrib.starlette import (
+    aset_session_cookie,
     current_session,
     lifespan,
     logout,
     optional_session,
     page_topic,
-    set_session_cookie,
 )
 from livepush.sessions import Session
 
@@ -82,8 +82,9 @@ async def page(request: Request, session: Session | None = Depends(optional_sess
 
 @app.post("/login")
 async def login(body: Login, request: Request, response: Response) -> dict[str, str]:
-    """Signs in as anyone (an example has no passwords): sets the livepush session cookie."""
-    set_session_cookie(response, request, body.name, ttl=SESSION_TTL)
+    """Signs in as anyone (an example has no passwords): sets the livepush session cookie, revoking
+    another user's session this browser still carries."""
+    await aset_session_cookie(response, request, body.name, ttl=SESSION_TTL)
     return {"subject": body.name}
 
 

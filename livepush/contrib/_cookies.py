@@ -13,6 +13,9 @@ import logging
 from collections.abc import Collection, Mapping
 
 from .. import sessions
+from ..config import get_settings
+from ..errors import InvalidSession
+from ..sessions import Session
 from ..sessions.handshake import COOKIE_NAME, HOST_COOKIE_NAME, cookie_token, session_cookies
 
 COOKIE_NAMES = (HOST_COOKIE_NAME, COOKIE_NAME)
@@ -69,15 +72,31 @@ def stale_cookies(*, secure: bool, domain: str | None = None) -> list[SessionCoo
 
 
 def nowhere_to_revoke(tokens: Collection[object], log: logging.Logger) -> bool:
-    """True (said once on `log`) when a sign-out has session tokens to revoke but this process has
+    """True (said once on `log`) when a sign-in or sign-out has sessions to revoke but this process has
     no shared store (neither a database nor Redis): the site's setup, not the request's failure,
     so the user is signed out all the same, said plainly, without a traceback or a 500."""
     if not tokens or sessions.default_store().shared:
         return False
-    log.warning("a livepush session was not revoked at sign-out (its open sockets stay open until it expires): "
-                "this process has neither a database nor Redis for livepush; set LIVEPUSH_DATABASE_URL (or "
-                "LIVEPUSH_REDIS_URL) to the one the servers use")
+    log.warning("a livepush session was not revoked at sign-in or sign-out (its open sockets stay open until it "
+                "expires): this process has neither a database nor Redis for livepush; set LIVEPUSH_DATABASE_URL "
+                "(or LIVEPUSH_REDIS_URL) to the one the servers use")
     return True
+
+
+def other_subjects(tokens: Collection[str], subject: str) -> list[Session]:
+    """The sessions among `tokens` that belong to another subject than `subject`: what a sign-in as
+    `subject` revokes (a shared browser, where the user signed in before never signed out). A
+    token that is not ours (forged, expired, from a rotated-out secret) opens nothing: skipped."""
+    secrets = get_settings().secrets
+    found = []
+    for token in sorted(tokens):
+        try:
+            session = sessions.decode(token, secrets)
+        except InvalidSession:
+            continue
+        if session.subject != subject:
+            found.append(session)
+    return found
 
 
 def session_token(cookies: Mapping[str, str]) -> str | None:
@@ -88,4 +107,4 @@ def session_token(cookies: Mapping[str, str]) -> str | None:
 
 
 __all__ = ["COOKIE_NAMES", "SAMESITE", "SessionCookie", "cookie_name", "cookie_token", "deleting_cookies",
-           "session_cookie", "session_cookies", "session_token", "stale_cookies"]
+           "other_subjects", "session_cookie", "session_cookies", "session_token", "stale_cookies"]

@@ -20,7 +20,7 @@ from starlette.routing import Route
 from examples.fastapi_app.app import SESSION_TTL
 from examples.fastapi_app.app import app as example
 from livepush import config, sessions
-from livepush.contrib.starlette import lifespan, logout, set_session_cookie
+from livepush.contrib.starlette import aset_session_cookie, lifespan, logout, set_session_cookie
 from livepush.errors import ArgumentTypeError
 from livepush.sessions.revocations import READ_TIMEOUT
 from tests.contrib.conftest import cookie_header, forget_defaults, serving
@@ -213,7 +213,55 @@ async def test_the_request_and_response_given_the_other_way_round_is_an_error_sa
     for secure in (None, True):
         with pytest.raises(ArgumentTypeError, match=r"set_session_cookie\(response, request"):
             set_session_cookie(request, response, "ana", secure=secure)  # type: ignore[arg-type]
+        with pytest.raises(ArgumentTypeError, match=r"aset_session_cookie\(response, request"):
+            await aset_session_cookie(request, response, "bob", secure=secure)  # type: ignore[arg-type]
         with pytest.raises(ArgumentTypeError, match=r"logout\(response, request"):
             await logout(request, response, secure=secure)  # type: ignore[arg-type]
     assert not await sessions.default_store().is_revoked(sessions.decode(token, config.get_settings().secrets))
     assert "set-cookie" not in response.headers
+
+
+async def test_signing_in_over_another_users_cookie_revokes_that_users_session(app_env: dict[str, str]) -> None:
+    """On a shared browser, a user who signs in over another's cookie with `aset_session_cookie` has
+    the other user's session revoked (as Django's sign-in over another user does): the sockets its
+    pages opened close, instead of showing that user's topics to the new one until the token
+    expires. The same user signing in again keeps the session; the new cookie is set either way."""
+
+    async def sign_in(request: Request) -> Response:
+        response = JSONResponse({})
+        await aset_session_cookie(response, request, request.query_params["as"])
+        return response
+
+    secrets, store = config.get_settings().secrets, sessions.default_store()
+    ana, bob = sessions.issue("ana"), sessions.issue("bob")
+    app = Starlette(routes=[Route("/login", sign_in, methods=["POST"])], lifespan=lifespan)
+    async with serving(app) as client:
+        again = await client.post("/login?as=ana", headers=cookie_header(ana))
+        assert not await store.is_revoked(sessions.decode(ana, secrets))
+        assert sessions.decode(set_cookies(again)["livepush_session"]["value"], secrets).subject == "ana"
+        over = await client.post("/login?as=ana", headers={"Cookie": f"livepush_session={bob}"})
+        assert over.status_code == 200
+        assert await store.is_revoked(sessions.decode(bob, secrets))
+        assert sessions.decode(set_cookies(over)["livepush_session"]["value"], secrets).subject == "ana"
+
+
+async def test_signing_in_over_another_users_cookie_while_the_store_blocks_still_signs_in(
+        app_env: dict[str, str], pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A revocation that blocks at sign-in (a migration holding the revocation table's lock) gives
+    up after the bound a store read has, logs a warning, and the user is signed in all the same,
+    as with Django's sign-in: the push store never keeps a user out of the app."""
+    request = Request({"type": "http", "method": "POST", "path": "/", "scheme": "http", "query_string": b"",
+                       "server": ("app.example.com", 80),
+                       "headers": [(b"cookie", f"livepush_session={sessions.issue('bob')}".encode())]})
+    response = Response()
+    locker = await psycopg.AsyncConnection.connect(pg_url)
+    try:
+        await locker.execute("LOCK TABLE livepush_revoked_sessions IN ACCESS EXCLUSIVE MODE")
+        with caplog.at_level("WARNING", logger="livepush.contrib"):
+            token = await asyncio.wait_for(aset_session_cookie(response, request, "ana"), READ_TIMEOUT + 10)
+    finally:
+        await locker.rollback()
+        await locker.close()
+    assert SimpleCookie(response.headers.getlist("set-cookie")[-1])["livepush_session"].value == token
+    said = [r.getMessage() for r in caplog.records if r.name == "livepush.contrib"]
+    assert any("not revoked" in line for line in said), said

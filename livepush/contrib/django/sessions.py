@@ -20,7 +20,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
@@ -38,7 +38,8 @@ from ...sessions.revocations import CLOCK_ALLOWANCE, READ_TIMEOUT
 from ...sessions.handshake import HOST_COOKIE_NAME
 from ...sessions.tokens import check_subject
 from ...usercode import cannot_take
-from .._cookies import COOKIE_NAMES, nowhere_to_revoke, session_cookie, session_cookies, session_token
+from .._cookies import (COOKIE_NAMES, nowhere_to_revoke, other_subjects, session_cookie, session_cookies,
+                       session_token)
 
 log = logging.getLogger("livepush.contrib.django")
 
@@ -310,17 +311,8 @@ def revoke_on_login(sender: Any, request: HttpRequest | None = None, user: Any =
     if request is None or user is None:
         return
     tokens = _request_tokens(request)
-    if not tokens:
-        return
-    subject, secrets = subject_of(user), get_settings().secrets
-    stale = []
-    for token in tokens:
-        try:
-            if sessions.decode(token, secrets).subject != subject:
-                stale.append(token)
-        except InvalidSession:
-            pass  # not a token of ours (forged, expired, or from a rotated-out secret): it opens nothing
-    _revoke(stale)
+    if tokens:
+        _revoke(other_subjects(tokens, subject_of(user)))
 
 
 def _request_tokens(request: HttpRequest) -> list[str]:
@@ -329,7 +321,7 @@ def _request_tokens(request: HttpRequest) -> list[str]:
     return sorted(session_cookies([request.META.get("HTTP_COOKIE", "")]))
 
 
-def _revoke(tokens: list[str | Session]) -> None:
+def _revoke(tokens: Sequence[str | Session]) -> None:
     """Revoke `tokens`; a sign-in or sign-out never fails because the shared store cannot be
     reached, nor waits longer than READ_TIMEOUT for it."""
     if nowhere_to_revoke(tokens, log):
@@ -352,7 +344,7 @@ REVOKE_RETRY_FOR = 300.0
 REVOKE_RETRY_PAUSE = 1.0
 
 
-def _revoke_now(tokens: list[str | Session]) -> None:
+def _revoke_now(tokens: Sequence[str | Session]) -> None:
     give_up_at = time.monotonic() + REVOKE_RETRY_FOR
     for token in tokens:
         while True:

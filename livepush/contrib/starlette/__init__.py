@@ -8,7 +8,8 @@
 - `current_session`, `optional_session`: the livepush session of the request's cookie, as a
   dependency (`Depends(current_session)`) or a plain call (`await current_session(request)`).
 - `page_topic`, `SignedTopic`: a signed topic and the offset a page subscribes from.
-- `set_session_cookie`, `logout`: set the session cookie for a subject; revoke and delete it.
+- `aset_session_cookie` (at a sign-in: revokes another user's session first), `set_session_cookie`,
+  `logout`: set the session cookie for a subject; revoke and delete it.
 
 Needs Starlette (`pip install 'livepush[starlette]'`; FastAPI apps have it already).
 """
@@ -22,10 +23,11 @@ except ImportError as exc:  # pragma: no cover - only without the extra
         "livepush.contrib.starlette needs Starlette: pip install 'livepush[starlette]' (a FastAPI app has it)"
     ) from exc
 
-from .cookies import logout, set_session_cookie
+from .cookies import aset_session_cookie, logout, set_session_cookie
 from .lifespan import lifespan, with_livepush
 from .sessions import SessionRefused, SessionsUnavailable, current_session, optional_session
 from .topics import PageTopic, SignedTopic, page_topic
 
-__all__ = ["PageTopic", "SessionRefused", "SessionsUnavailable", "SignedTopic", "current_session", "lifespan",
-           "logout", "optional_session", "page_topic", "set_session_cookie", "with_livepush"]
+__all__ = ["PageTopic", "SessionRefused", "SessionsUnavailable", "SignedTopic", "aset_session_cookie",
+           "current_session", "lifespan", "logout", "optional_session", "page_topic", "set_session_cookie",
+           "with_livepush"]

@@ -14,8 +14,8 @@ from ... import sessions
 from ...errors import ArgumentTypeError, DependencyError, InvalidSession
 from ...sessions import Session
 from ...sessions.revocations import READ_TIMEOUT
-from .._cookies import (SessionCookie, deleting_cookies, nowhere_to_revoke, session_cookie, session_cookies,
-                       stale_cookies)
+from .._cookies import (SessionCookie, deleting_cookies, nowhere_to_revoke, other_subjects, session_cookie,
+                       session_cookies, stale_cookies)
 
 log = logging.getLogger("livepush.contrib")
 
@@ -46,14 +46,46 @@ def set_session_cookie(response: Response, request: Request, subject: str, *, tt
     """Issue a session for `subject` (livepush.sessions.issue) valid `ttl` seconds, and set it on
     `response`: `__Host-livepush_session` with Secure over HTTPS (`livepush_session` over plain
     HTTP), host-only, Path=/, HttpOnly, SameSite=Lax, expiring with the token. `secure` overrides
-    what the request's scheme says. Returns the token."""
+    what the request's scheme says. Returns the token. Revokes nothing: at a sign-in, where the
+    browser may still carry another user's session, call aset_session_cookie()."""
     _check_order("set_session_cookie", response, request)
-    token = sessions.issue(subject, ttl)
+    return _set_session(response, request, sessions.issue(subject, ttl), ttl, secure)
+
+
+async def aset_session_cookie(response: Response, request: Request, subject: str, *, ttl: float = 86400,
+                              secure: bool | None = None) -> str:
+    """set_session_cookie() for a sign-in: first revoke the sessions of another subject the
+    request's cookies carry, as Django's sign-in does. A user who signs in over another's session
+    (a shared browser) would otherwise leave the sockets that user's pages opened showing their
+    topics to this one until the token expires; the same subject signing in again keeps them.
+    A store that cannot be reached, or has not answered within READ_TIMEOUT, is logged and the
+    cookie set all the same: the push store never keeps a user out of the app."""
+    _check_order("aset_session_cookie", response, request)
+    token = sessions.issue(subject, ttl)  # a bad subject or ttl raises before anything is revoked
+    await _revoke_others(request, subject)
+    return _set_session(response, request, token, ttl, secure)
+
+
+def _set_session(response: Response, request: Request, token: str, ttl: float, secure: bool | None) -> str:
     is_secure = _secure(request, secure)
     for stale in stale_cookies(secure=is_secure):
         _set(response, stale)
     _set(response, session_cookie(token, secure=is_secure, max_age=ttl))
     return token
+
+
+async def _revoke_others(request: Request, subject: str) -> None:
+    others = other_subjects(session_cookies(request.headers.getlist("cookie")), subject)
+    if not others or nowhere_to_revoke(others, log):
+        return
+    try:
+        async with asyncio.timeout(READ_TIMEOUT):  # bounded as logout() is
+            for session in others:
+                await sessions.arevoke(session)
+    except (DependencyError, TimeoutError) as exc:
+        why = f"no answer within {READ_TIMEOUT:g} s" if isinstance(exc, TimeoutError) else exc
+        log.warning("livepush: the session of the user signed in before on this browser was not revoked at "
+                    "sign-in (%s): its open sockets stay open until it expires", why)
 
 
 async def logout(response: Response, request: Request, *, everywhere: bool = False,
