@@ -204,7 +204,8 @@ def origin_allowed(headers: HeadersLike, allowed: tuple[str, ...] | None) -> boo
       into connecting with a user's cookies from someone else's page.
     - `allowed` None (LIVEPUSH_ALLOWED_ORIGINS unset): same-origin only, i.e. the
       Origin's host and port equal the Host header's (ports default to 80/443 by the
-      Origin's scheme).
+      Origin's scheme). Not the scheme: TLS ends at the proxy and no X-Forwarded-Proto is
+      trusted, so nothing here says what the browser used; a list is how to be strict.
     - Otherwise the Origin must equal one configured origin (scheme, host, port; case and
       a trailing slash do not matter); `*` allows any origin, and `https://*.example.com`
       any subdomain of example.com (not example.com itself).
