@@ -369,23 +369,31 @@ def _middleware_request(user: Any, *, cookie: str | None = None) -> Any:
     return request
 
 
-def _through_middleware(path: str, request: Any) -> Any:
+def _through_middleware(path: str, request: Any, view: Callable[[Any], Any] | None = None) -> Any:
     """`request` through LivePushSessionMiddleware on its sync path (a WSGI server) or its async one
-    (an ASGI server, which hands it an async get_response), and the response."""
+    (an ASGI server, which hands it an async get_response), and the response. `view`: what the
+    inner get_response does first (sync or async, as the path)."""
     from asgiref.sync import async_to_sync, iscoroutinefunction
     from django.http import HttpResponse
 
     from livepush.contrib.django import LivePushSessionMiddleware
 
     if path == "sync":
-        middleware = LivePushSessionMiddleware(lambda request: HttpResponse())
+        def sync_view(request: Any) -> HttpResponse:
+            if view is not None:
+                view(request)
+            return HttpResponse()
+
+        middleware = LivePushSessionMiddleware(sync_view)
         assert not iscoroutinefunction(middleware)
         return middleware(request)
 
-    async def view(request: Any) -> HttpResponse:
+    async def async_view(request: Any) -> HttpResponse:
+        if view is not None:
+            await view(request)
         return HttpResponse()
 
-    middleware = LivePushSessionMiddleware(view)
+    middleware = LivePushSessionMiddleware(async_view)
     # Async itself, so Django calls it without a thread hop under ASGI.
     assert iscoroutinefunction(middleware)
     return async_to_sync(middleware)(request)
@@ -441,3 +449,27 @@ def test_a_subject_function_that_reads_the_database_works_on_either_path(path: s
     with override_settings(LIVEPUSH_SESSION_SUBJECT=subject):
         cookie = _through_middleware(path, _middleware_request(user)).cookies["livepush_session"]
     assert sessions.decode(cookie.value, get_settings().secrets).subject == f"name-{user.username}"
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+def test_a_sign_in_view_that_read_the_anonymous_user_first_gets_the_cookie_at_once(path: str) -> None:
+    """A sign-in view that looked at the user first (anonymous then: `request.user`, or
+    `await request.auser()` in an async view) and then signed in (`login()`, `alogin()`) gets the
+    new user's session on its own response, on either path: Django sets request.user to the user
+    signed in, while the user it loaded before stays cached as anonymous."""
+    from django.contrib.auth import alogin, login
+
+    user = get_user_model().objects.create_user(f"u{uuid.uuid4().hex[:10]}", password="x")
+    backend = "django.contrib.auth.backends.ModelBackend"
+
+    def sync_sign_in(request: Any) -> None:
+        assert not request.user.is_authenticated
+        login(request, user, backend=backend)
+
+    async def async_sign_in(request: Any) -> None:
+        assert not (await request.auser()).is_authenticated
+        await alogin(request, user, backend=backend)
+
+    request = _middleware_request(None)
+    response = _through_middleware(path, request, sync_sign_in if path == "sync" else async_sign_in)
+    assert sessions.decode(response.cookies["livepush_session"].value, get_settings().secrets).subject == str(user.pk)

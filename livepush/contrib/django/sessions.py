@@ -29,6 +29,7 @@ from django.contrib.auth import SESSION_KEY
 from django.contrib.auth.signals import user_logged_in, user_logged_out
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
+from django.utils.functional import SimpleLazyObject, empty
 
 from ... import sessions
 from ...config import get_settings
@@ -213,16 +214,21 @@ def _signed_in(request: HttpRequest, user: Any) -> bool:
 
 
 async def _auser(request: HttpRequest) -> Any:
-    """request.user, read without a database read in the event loop's thread: the user a sync view
-    already loaded (Django's AuthenticationMiddleware keeps it in `_cached_user`), else Django's
-    `request.auser()`, else whatever other code set as request.user."""
-    cached = vars(request).get("_cached_user")
-    if cached is not None:
-        return cached
+    """request.user, as the sync path reads it, without a database read in the event loop's thread.
+    A user that is no lazy object was set by login(), alogin(), logout() or other code, and is the
+    one that counts: the user Django loaded before (a view that looked, anonymous, then signed in)
+    stays cached. A lazy one a sync view already loaded is taken as it is; else Django's
+    `request.auser()` loads it, or, without one, a thread."""
+    user = getattr(request, "user", None)
+    if not isinstance(user, SimpleLazyObject):
+        return user
+    if user._wrapped is not empty:  # what LazyObject itself tests: loaded
+        return user._wrapped
     auser = getattr(request, "auser", None)
     if auser is not None:
         return await auser()
-    return getattr(request, "user", None)
+    await sync_to_async(getattr)(user, "is_authenticated")  # loads it in a thread
+    return user
 
 
 def _renew(request: HttpRequest, response: HttpResponse, subject: str) -> str | None:
