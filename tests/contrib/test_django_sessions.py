@@ -473,3 +473,17 @@ def test_a_sign_in_view_that_read_the_anonymous_user_first_gets_the_cookie_at_on
     request = _middleware_request(None)
     response = _through_middleware(path, request, sync_sign_in if path == "sync" else async_sign_in)
     assert sessions.decode(response.cookies["livepush_session"].value, get_settings().secrets).subject == str(user.pk)
+
+
+@override_settings(SESSION_COOKIE_SECURE=True)
+def test_behind_a_tls_proxy_the_cookie_is_secure_as_djangos_session_cookie_is() -> None:
+    """Behind a proxy that ends TLS, without SECURE_PROXY_SSL_HEADER, Django sees plain HTTP. A site
+    whose own session cookie is Secure (SESSION_COOKIE_SECURE, Django's deployment checklist) is
+    served over HTTPS: its livepush token goes in the Secure `__Host-` cookie too, never in one a
+    browser would send over a plain http:// request to the host for anyone on the path to read."""
+    client, user = signed_in()
+    cookies = client.get("/").cookies
+    cookie = cookies["__Host-livepush_session"]
+    assert cookie["secure"] and not cookie["domain"]
+    assert sessions.decode(cookie.value, get_settings().secrets).subject == str(user.pk)
+    assert cookies["livepush_session"].value == ""  # the other name is deleted

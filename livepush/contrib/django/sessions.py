@@ -241,8 +241,16 @@ def _renew(request: HttpRequest, response: HttpResponse, subject: str) -> str | 
     if not host_only and _current(session_token(request.COOKIES), subject, ttl):
         return None
     token = sessions.issue(subject, ttl=ttl)
-    _set(response, token, ttl, request.is_secure())
+    _set(response, token, ttl, _secure(request))
     return token
+
+
+def _secure(request: HttpRequest) -> bool:
+    """Whether the cookie is set Secure (and so `__Host-`): over HTTPS, and on a site whose own
+    session cookie is Secure. Behind a proxy that ends TLS, without SECURE_PROXY_SSL_HEADER,
+    Django sees plain HTTP, and the token went in a cookie a browser also sends over http://,
+    where anyone on the path reads it; a Secure Django session cookie says the site is HTTPS."""
+    return request.is_secure() or bool(getattr(settings, "SESSION_COOKIE_SECURE", False))
 
 
 def _django_sign_in(request: HttpRequest) -> bool:
