@@ -57,8 +57,8 @@ async def aopen() -> None:
                     "local fan-out delivers inside this process only): give the app the servers' fan-out, "
                     "LIVEPUSH_FANOUT and LIVEPUSH_DATABASE_URL or LIVEPUSH_REDIS_URL as they have them")
     if not store.shared:
-        log.warning("livepush: this app has neither a database nor Redis, so logging out cannot revoke a "
-                    "session: set LIVEPUSH_DATABASE_URL (or LIVEPUSH_REDIS_URL) to the one the servers use")
+        log.warning("livepush: this app has neither a database nor Redis, so neither signing out nor "
+                    "another user signing in can revoke a session: set LIVEPUSH_DATABASE_URL (or LIVEPUSH_REDIS_URL) to the one the servers use")
 
 
 async def _close_store() -> None:
