@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from livepush.jobs.api.registry import REGISTRY
+from livepush.jobs.periodic.decorator import SCHEDULES
 from livepush.jobs.runtime.runtime import Runtime
 from livepush.types import State
 from tests.jobs import sample_jobs
@@ -40,6 +41,11 @@ async def running(**options: Any) -> AsyncIterator[Runtime]:
     given, 0.2 s heartbeat), stopped at once when the block ends."""
     options.setdefault("queues", ["default", "second"])
     options.setdefault("heartbeat", 0.2)
+    # Periodic jobs are process-wide: one another test defined on these queues would be scheduled
+    # here, its runs counted among this test's jobs only when a tick falls while it runs.
+    stray = SCHEDULES.served_by(REGISTRY, options["queues"])
+    assert not stray, (f"periodic jobs on the queues {options['queues']} would be scheduled by this test's runtime: "
+                       f"{', '.join(s.name for s in stray)}; define them on a queue of their own")
     rt = Runtime(REGISTRY, install_signals=False, **options)
     task = asyncio.create_task(rt.run())
     await rt.wait_started()

@@ -177,7 +177,10 @@ def test_periodic_stacked_on_job_says_to_use_periodic_alone() -> None:
 
 def test_job_stacked_on_periodic_says_to_use_one_decorator() -> None:
     """@jobs.job over @jobs.periodic (or over @jobs.job) names the mistake and the way out."""
-    fn = jobs.periodic("*/5 * * * *", name=f"tests.periodic.job_{next(_names)}")(lambda ctx, tick: None)
+    # On declare()'s queue: a periodic job stays defined for the rest of the run, and one on
+    # "default" was scheduled by the other job tests' runtimes (`running()`), which serve it.
+    fn = jobs.periodic("*/5 * * * *", queue="periodic-in-process",
+                       name=f"tests.periodic.job_{next(_names)}")(lambda ctx, tick: None)
     with pytest.raises(ConfigError, match=r"already a job .*use one decorator") as caught:
         jobs.job(queue="elsewhere")(fn)
     assert "two definitions" not in str(caught.value)
@@ -188,7 +191,8 @@ def test_a_bare_job_decorator_stacked_on_a_job_says_to_use_one_decorator(inner: 
     """`@jobs.job` without parentheses over @jobs.periodic or @jobs.job names the mistake as the
     form with options does, not as a clash with a second definition the user would look for."""
     name = f"tests.periodic.job_{next(_names)}"
-    declare = jobs.periodic("*/5 * * * *", name=name) if inner == "periodic" else jobs.job(name=name)
+    declare = (jobs.periodic("*/5 * * * *", queue="periodic-in-process", name=name) if inner == "periodic"
+               else jobs.job(name=name))
     fn = declare(lambda ctx, tick: None)
     with pytest.raises(ConfigError, match=r"already a job .*use one decorator") as caught:
         jobs.job(fn)
