@@ -232,12 +232,14 @@ async def test_a_running_job_publishes_started_while_it_runs(jobs_db: str) -> No
     """The claim itself writes the job's "started" version, at once and not when the job ends:
     the job is still running (attempt 1) when it is there."""
     async with running():
-        h = await sample_jobs.hold.aenqueue(5.0)
+        # It runs for 30 s: a started version seen within 10 s (room for a loaded machine) was
+        # written long before the job could have ended.
+        h = await sample_jobs.hold.aenqueue(30.0)
 
         async def started() -> bool:
             return [e["event"] for e in await asyncio.to_thread(events_of, jobs_db, h.id)] == ["enqueued", "started"]
 
-        await async_wait_for(started, 2.0, message="the started event")
+        await async_wait_for(started, 10.0, message="the started event")
         assert await state_of(h.id) == "running"
         event = (await asyncio.to_thread(events_of, jobs_db, h.id))[-1]
         assert event["job"]["state"] == "running" and event["job"]["attempt"] == 1
