@@ -353,7 +353,8 @@ async def test_sync_authorize_timing_out_refuses_and_logs_once(caplog: pytest.Lo
         started = loop.time()
         assert await app.check(ALICE, "team:1") == "unavailable"
         assert await app.check(ALICE, "team:2") == "unavailable"
-        assert loop.time() - started < 1
+        # Well under the 5 s the authorize blocks for, with room for a loaded machine.
+        assert loop.time() - started < 3
         records = [r for r in caplog.records if r.name == "livepush.rules"]
         assert len(records) == 1
     finally:

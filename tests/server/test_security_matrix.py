@@ -356,7 +356,8 @@ async def test_async_authorize_timing_out_refuses(start: Start) -> None:
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     assert (await client.subscribe("orders:1"))["reason"] == "unavailable"
-    assert loop.time() - t0 < 1.0
+    # The authorize never answers: any bound shows the timeout; 3 s leaves a loaded machine room.
+    assert loop.time() - t0 < 3.0
     await client.close()
 
 
