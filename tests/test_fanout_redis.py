@@ -69,6 +69,9 @@ async def make_redis(redis_url: str) -> AsyncIterator[MakeRedis]:
 @pytest.fixture
 def raw(redis_url: str) -> Any:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
+    # Tests count the listener connections on the shared Redis: an earlier test's, closed by its
+    # teardown, may still be listed for a moment on a loaded machine. (Made before this test's own.)
+    wait_for(lambda: not listeners(client), 10, message="the listeners of earlier tests to close")
     yield client
     client.close()
 
