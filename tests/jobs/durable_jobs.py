@@ -290,6 +290,16 @@ async def waiter(ctx: Any, name: str, times: int = 1, timeout: float | None = No
     return got
 
 
+# The timeout= of redeployed_waiter's wait, as "the code" has it: a test changes it while a run
+# is parked, as a deploy that changes timeout= does.
+WAIT_TIMEOUT: dict[str, float] = {"seconds": 60.0}
+
+
+@jobs.job(name="d.redeployed_waiter", max_attempts=1, timeout=None)
+async def redeployed_waiter(ctx: Any, name: str) -> Any:
+    return await ctx.wait_for_signal(name, timeout=WAIT_TIMEOUT["seconds"])
+
+
 # Jobs of keyed_waiter wait here (the test's loop runs the runtime) until the test lets them go on.
 KEYED_HOLD: dict[str, asyncio.Event] = {}
 

@@ -657,6 +657,25 @@ async def test_signal_timeout(durable_db: str) -> None:
     assert done.result == ["timeout"] and time.monotonic() - t0 >= 0.5
 
 
+async def test_a_signal_timeout_names_the_deadline_the_wait_had(durable_db: str) -> None:
+    """The deadline is fixed when a run first reaches the wait: after a deploy that changed
+    timeout= under a parked run, SignalTimeout names the timeout and deadline the wait had, not the
+    code's new timeout=, which that wait never had."""
+    dj.WAIT_TIMEOUT["seconds"] = 0.3
+    try:
+        async with running():
+            h = await dj.redeployed_waiter.aenqueue("approval")
+            await wait_state(h.id, "waiting")
+            dj.WAIT_TIMEOUT["seconds"] = 3600.0  # the deploy
+            failed = await wait_state(h.id, "failed")
+    finally:
+        dj.WAIT_TIMEOUT["seconds"] = 60.0
+    (deadline,) = q(durable_db, "SELECT result ->> 'deadline' FROM livepush_job_steps WHERE job_id = %s "
+                                "AND kind = 'signal'", (h.id,))[0]
+    assert failed.error is not None and "SignalTimeout" in failed.error
+    assert "0.3 s" in failed.error and deadline in failed.error and "3600" not in failed.error, failed.error
+
+
 async def test_signals_to_missing_or_finished_jobs_are_refused(durable_db: str) -> None:
     """jobs.signal to an unknown or finished job raises a clear error and writes nothing."""
     with pytest.raises(jobs.JobNotFound, match="no job 987654"):

@@ -605,7 +605,7 @@ class DurableRun:
             if "data" in result:
                 return result["data"]
             if result.get("timeout"):
-                raise self._timeout(name, limit)
+                raise self._timeout(name, result)
 
         def tx(now: datetime) -> steps.Steps[Any]:
             taken = yield steps.Query(dq.TAKE_SIGNAL, {"id": self.ctx.job_id, "name": name})
@@ -613,26 +613,37 @@ class DurableRun:
                 data = taken[0]["data"]
                 yield from self._save("signal", key, {"data": data})
                 return {"data": data}
+            # The wait's own deadline and timeout: fixed when a run first reached it, whatever
+            # timeout= the code gives now (a deploy may have changed it under a parked run).
             if stored is not None:
-                deadline = _when(stored["result"].get("deadline"))
+                wait = {"deadline": stored["result"].get("deadline"), "seconds": stored["result"].get("seconds")}
             else:
-                deadline = None if limit is None else _after(now, limit)
+                until = None if limit is None else _after(now, limit)
+                wait = {"deadline": until.isoformat() if until else None, "seconds": limit}
+            deadline = _when(wait["deadline"])
             if deadline is not None and deadline <= now:
-                yield from self._save("signal", key, {"timeout": True})
-                return {"timeout": True}
+                # Kept with the timeout, so that every later run's SignalTimeout names them too.
+                yield from self._save("signal", key, {"timeout": True, **wait})
+                return {"timeout": True, **wait}
             if stored is None:
-                yield from self._save("signal", key, {"deadline": deadline.isoformat() if deadline else None})
+                yield from self._save("signal", key, wait)
             yield from self._park({"for": "signal", "name": name}, deadline)
 
         result = await self._park_tx(tx)
         self._steps_cache(("signal", key), result)
         if "data" in result:
             return result["data"]
-        raise self._timeout(name, limit)
+        raise self._timeout(name, result)
 
-    def _timeout(self, name: str, limit: float | None) -> SignalTimeout:
-        return SignalTimeout(f"job {self.ctx.job_id} waited for signal {name!r} for {limit:g} s and none came"
-                             if limit is not None else f"job {self.ctx.job_id}: signal {name!r} timed out")
+    def _timeout(self, name: str, stored: dict[str, Any]) -> SignalTimeout:
+        """The timeout of a wait, named by what the wait stored, not by the code's timeout= now. A
+        step stored by an older livepush lacks them: then it says what it can."""
+        seconds, deadline = stored.get("seconds"), stored.get("deadline")
+        took = f" (timeout={seconds:g} s, fixed when a run first reached the wait)" if seconds is not None else ""
+        until = f" until {deadline}" if deadline is not None else ""
+        if not took and not until:
+            return SignalTimeout(f"job {self.ctx.job_id}: its wait for signal {name!r} timed out")
+        return SignalTimeout(f"job {self.ctx.job_id} waited for signal {name!r}{until}{took} and none came")
 
     def _steps_cache(self, key: tuple[str, str], result: dict[str, Any], fingerprint: str | None = None) -> None:
         if self._stored is not None:
