@@ -8,6 +8,8 @@
     ├── JobNotFound (LookupError)          no job with that id (jobs.signal)
     ├── JobFinishedError                   the job has finished (jobs.signal)
     ├── WorkflowNotFound (LookupError)     no workflow run with that id
+    ├── ArgumentValueError (ValueError) > WorkflowStepSignalError  jobs.signal() of a step's
+    │                                      wait_for= signal straight to its job
     ├── DurableError                       durable jobs: CheckpointInputConflict,
     │                                      DuplicateStepError (ValueError), ChildFailed,
     │                                      SignalTimeout (TimeoutError)
@@ -24,7 +26,7 @@
 
 from __future__ import annotations
 
-from ..errors import ArgumentTypeError, ConfigError, LivepushError
+from ..errors import ArgumentTypeError, ArgumentValueError, ConfigError, LivepushError
 
 
 class InvalidArgumentsError(ArgumentTypeError):
@@ -131,6 +133,12 @@ class InvalidScheduleError(ConfigError, ValueError):
 
 class WorkflowNotFound(LivepushError, LookupError):
     """No workflow run with that id (never started, or deleted after its retention time)."""
+
+
+class WorkflowStepSignalError(ArgumentValueError):
+    """`jobs.signal()` straight to a workflow step's job with the signal its `wait_for=` names:
+    such a signal goes through `jobs.workflows.signal()`, which gives each waiting step one. Nothing
+    was sent."""
 
 
 class Reattempt(BaseException):

@@ -833,6 +833,24 @@ async def test_two_steps_waiting_for_one_name_each_get_one_signal_sent_before_ei
     assert [done["steps"][n]["output"] for n in ("first_approval", "second_approval")] == [{"n": 1}, {"n": 2}]
 
 
+async def test_a_signal_sent_straight_to_a_steps_job_is_refused(flows_db: str) -> None:
+    """jobs.signal() to a step's job with the signal its wait_for= names would pass by the rule
+    that each step takes one signal of it (the next one reaching the step after it): it is refused,
+    naming jobs.workflows.signal, and nothing is sent. The run then gets its signals as usual."""
+    run = await wd.two_approvals.astart({})
+    job_id = jobs.workflows.get(run.id)["steps"]["first_approval"]["job"]
+    with pytest.raises(jobs.WorkflowStepSignalError, match=f"jobs.workflows.signal\\({run.id}, 'go'"):
+        jobs.signal(job_id, "go", {"n": 0})
+    with pytest.raises(ValueError, match="first_approval"):
+        await jobs.asignal(job_id, "go", {"n": 0}, key="k")
+    assert q(flows_db, "SELECT count(*) FROM livepush_job_signals") == [(0,)]
+    await jobs.workflows.asignal(run.id, "go", {"n": 1})
+    await jobs.workflows.asignal(run.id, "go", {"n": 2})
+    async with running():
+        done = await run_state(run.id, "succeeded")
+    assert [done["steps"][n]["output"] for n in ("first_approval", "second_approval")] == [{"n": 1}, {"n": 2}]
+
+
 async def test_a_workflow_signal_sent_again_with_its_key_is_sent_once(flows_db: str) -> None:
     """jobs.workflows.signal(key=): a send retried because its reply was lost (its first try
     committed) sends nothing again, rather than reach the next step waiting for the name; after the

@@ -127,8 +127,8 @@ RETURNING data
 # (FOR UPDATE) waits for and which waits for it: a park and a signal are ordered. It does not
 # conflict with the plain updates of a running job (outcome, progress, checkpoint), so a caller
 # that keeps its transaction open after jobs.signal(conn=) holds up nothing but a park. Tells
-# whether the job exists and is not finished.
-SIGNAL_TARGET = "SELECT state FROM livepush_jobs WHERE id = %(id)s FOR KEY SHARE"
+# whether the job exists and is not finished, and whether it runs a workflow's step.
+SIGNAL_TARGET = "SELECT state, workflow_id FROM livepush_jobs WHERE id = %(id)s FOR KEY SHARE"
 
 # Whether job `id` (a workflow step's) still waits for its first signal `name` (the step's
 # wait_for=): no answer stored for that wait (a signal it took, or its timeout), and none sent to

@@ -9,9 +9,10 @@ from ...errors import ArgumentValueError
 from ...postgres.text import unstorable
 from ..api.args import encode
 from ..api.handles import NO_SUCH_ID, checked_id
-from ..errors import InvalidArgumentsError, JobFinishedError, JobNotFound
+from ..errors import InvalidArgumentsError, JobFinishedError, JobNotFound, WorkflowStepSignalError
 from ..groups import steps
 from ..groups.transactions import ain_tx, in_tx
+from ..workflows.queries import STEP_WAITING_FOR
 from . import queries as dq
 from .run import MAX_NAME, check_name
 
@@ -26,6 +27,8 @@ def _send_steps(job_id: int, name: str, data: str, key: str | None) -> steps.Ste
     if not found:
         raise JobNotFound(f"no job {job_id} (never enqueued, or deleted after its retention time): "
                           "the signal was not sent")
+    if found[0]["workflow_id"] is not None:
+        yield from _not_a_steps_own(job_id, name)
     if key is not None:
         # Before the finished check: a retry whose first send committed, and which the job then
         # took and finished with, was sent, not refused.
@@ -41,6 +44,20 @@ def _send_steps(job_id: int, name: str, data: str, key: str | None) -> steps.Ste
         (first,) = yield steps.Query(dq.KEYED_SIGNAL, {"id": job_id, "key": key})
         return _sent_before(first, f"job {job_id}", name, key)
     return int(row["signal_id"])
+
+
+def _not_a_steps_own(job_id: int, name: str) -> steps.Steps[None]:
+    """Refuse the signal a workflow step's wait_for= names, sent straight to the step's job: it
+    would pass by the workflow's rule that each step waiting for a name takes one signal of it
+    (another sent to the run goes to the next step), and its audit trail. Other names are the
+    step body's own ctx.wait_for_signal()s, sent as to any job."""
+    owner = yield steps.Query(STEP_WAITING_FOR, {"id": job_id, "name": name})
+    if owner:
+        run_id, step = owner[0]["run_id"], owner[0]["step"]
+        raise WorkflowStepSignalError(
+            f"job {job_id} runs step {step!r} of workflow run {run_id}, which waits for signal {name!r}: send it "
+            f"with jobs.workflows.signal({run_id}, {name!r}, data), which gives each step waiting for it one "
+            "signal and records it in the run's audit trail; the signal was not sent")
 
 
 def sent_name_check(sent: str, to: str, name: str, key: str) -> None:

@@ -230,6 +230,18 @@ RUN_OF = "SELECT id, state, graph FROM livepush_workflows WHERE id = %(id)s"
 # else that FOR SHARE, which this lock was, did not (foreign keys to the run take FOR KEY SHARE).
 LOCK_RUN_FOR_SIGNAL = "SELECT id, state, graph FROM livepush_workflows WHERE id = %(id)s FOR NO KEY UPDATE"
 
+# name: step_waiting_for
+# jobs.signal straight to job `id`, under its key-share lock (durable/queries.py: SIGNAL_TARGET):
+# the step of its run whose job it is (by the job's name, in the graph the run started with) when
+# that step's wait_for= is signal `name`. A plain read of the run's row, which never changes its graph.
+STEP_WAITING_FOR = """
+SELECT w.id AS run_id, s.key AS step
+FROM livepush_jobs j
+JOIN livepush_workflows w ON w.id = j.workflow_id
+CROSS JOIN LATERAL jsonb_each(w.graph -> 'steps') s
+WHERE j.id = %(id)s AND s.value ->> 'job' = j.name AND s.value ->> 'wait_for' = %(name)s
+"""
+
 # name: step_runs_job
 # jobs.workflows.signal, under the run's lock (LOCK_RUN_FOR_SIGNAL, which holds off decisions): whether
 # the step is still active with this job, as it was at the signal's look before that lock.
