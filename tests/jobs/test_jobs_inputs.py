@@ -40,8 +40,8 @@ def test_checked_id() -> None:
     (math.nan, ValueError, "finite"),
     (math.inf, ValueError, "finite"),
     (1e30, ValueError, "ends after 9999-12-30 in UTC"),
-    ("5", TypeError, "a number of seconds, got str"),
-    (True, TypeError, "a number of seconds, got bool"),
+    ("5", TypeError, "a number of seconds or a timedelta, got str"),
+    (True, TypeError, "a number of seconds or a timedelta, got bool"),
 ])
 def test_bad_waits(wait: object, error: type, fragment: str) -> None:
     """wait= takes a finite, non-negative number of seconds that ends before the year 9999."""

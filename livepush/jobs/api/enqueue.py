@@ -22,9 +22,9 @@ from .. import database, queries
 from .args import check_args, dumps, name_refused, refuse_arity
 from .handles import JobHandle
 from .limits import check_claim_entry
-from .options import check_debounce, check_key, check_tags
+from .options import Seconds, as_seconds, check_debounce, check_key, check_tags
 from .registry import REGISTRY, JobRequest, JobSpec
-from ...errors import ArgumentTypeError, ArgumentValueError, LivepushError, seconds_hint
+from ...errors import ArgumentTypeError, ArgumentValueError, LivepushError
 
 
 # The run times every livepush reader can load: psycopg makes a datetime of a timestamptz as the
@@ -41,10 +41,11 @@ _RUN_AT_RANGE = f"from {EARLIEST_RUN_AT.date().isoformat()} to {LATEST_RUN_AT.da
 When = datetime | float | None
 
 
-def run_at(wait: float | None, at: datetime | None) -> When:
+def run_at(wait: Seconds | None, at: datetime | None) -> When:
     """When to run, from `wait=` (seconds, counted by the database: the enqueuing machine's clock
     may be off from it, and a job due in 30 s then ran at once, or an hour late) or `at=` (an
     aware datetime), in UTC; None for now."""
+    wait = as_seconds(wait)
     if wait is not None and at is not None:
         raise ArgumentTypeError("give wait= (seconds) or at= (an aware datetime), not both")
     if at is not None:
@@ -63,8 +64,8 @@ def run_at(wait: float | None, at: datetime | None) -> When:
         return utc
     if wait is not None:
         if isinstance(wait, bool) or not isinstance(wait, (int, float)):
-            raise ArgumentTypeError(f"wait= takes a number of seconds, got {type(wait).__name__} {wait!r:.60}"
-                                    + seconds_hint(wait))
+            raise ArgumentTypeError(f"wait= takes a number of seconds or a timedelta, got {type(wait).__name__} "
+                                    f"{wait!r:.60}")
         if not wait >= 0 or wait == math.inf:  # `not >=` also catches NaN
             raise ArgumentValueError(f"wait= must be zero or more seconds, a finite number, got {wait!r:.60}")
         if wait == 0:
@@ -372,8 +373,8 @@ async def arun_batch(batch: Batch, conn: Any = None, debounce: float | None = No
     return [JobHandle(row[0], row[1]) for row in rows]
 
 
-def one(fn: JobSpec, args: Sequence[Any], wait: float | None, at: datetime | None, key: str | None,
-        debounce: float | None, tags: Sequence[str] | None) -> tuple[Batch, float | None]:
+def one(fn: JobSpec, args: Sequence[Any], wait: Seconds | None, at: datetime | None, key: str | None,
+        debounce: Seconds | None, tags: Sequence[str] | None) -> tuple[Batch, float | None]:
     """The batch of a single enqueue and its debounce delay (checked: it needs a key, and is the
     run time, so it excludes wait= and at=)."""
     delay = check_debounce(debounce, key, wait, at)
@@ -382,15 +383,15 @@ def one(fn: JobSpec, args: Sequence[Any], wait: float | None, at: datetime | Non
     return batch, delay
 
 
-def enqueue(fn: JobSpec, args: Sequence[Any], *, wait: float | None = None, at: datetime | None = None,
-            conn: Any = None, key: str | None = None, debounce: float | None = None,
+def enqueue(fn: JobSpec, args: Sequence[Any], *, wait: Seconds | None = None, at: datetime | None = None,
+            conn: Any = None, key: str | None = None, debounce: Seconds | None = None,
             tags: Sequence[str] | None = None) -> JobHandle:
     batch, delay = one(fn, args, wait, at, key, debounce, tags)
     return run_batch(batch, conn, delay)[0]
 
 
-async def aenqueue(fn: JobSpec, args: Sequence[Any], *, wait: float | None = None, at: datetime | None = None,
-                   conn: Any = None, key: str | None = None, debounce: float | None = None,
+async def aenqueue(fn: JobSpec, args: Sequence[Any], *, wait: Seconds | None = None, at: datetime | None = None,
+                   conn: Any = None, key: str | None = None, debounce: Seconds | None = None,
                    tags: Sequence[str] | None = None) -> JobHandle:
     batch, delay = one(fn, args, wait, at, key, debounce, tags)
     return (await arun_batch(batch, conn, delay))[0]

@@ -13,7 +13,7 @@ from . import enqueue as _enqueue
 from .args import arity, check_args, refuse_arity, required_keywords
 from .handles import JobHandle
 from .limits import Limits, check_claim_entry, limits_of
-from .options import check_name, check_queue
+from .options import Seconds, as_seconds, check_name, check_queue
 from .registry import REGISTRY, JobRequest
 from .schema import compile_schema
 from ...errors import ArgumentTypeError, ArgumentValueError, ConfigError
@@ -122,7 +122,7 @@ class JobFunction:
         queue: str = "default",
         priority: int = 0,
         max_attempts: int = 5,
-        timeout: float | None = 60,
+        timeout: Seconds | None = 60,
         never_retry: Iterable[type[BaseException]] = (),
         backoff: Callable[[int], float] = default_backoff,
         concurrency: tuple[str, int] | None = None,
@@ -133,10 +133,11 @@ class JobFunction:
         # enqueue in Postgres, reported as a database that cannot be reached.
         _check_int4("priority", priority, -INT4_MAX - 1)
         _check_int4("max_attempts", max_attempts, 1)
+        timeout = as_seconds(timeout)
         # Not a bool (True would be a 1 s timeout) nor a str (whose comparison raised a bare TypeError).
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                     or not timeout > 0):  # NaN too
-            raise ArgumentValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+            raise ArgumentValueError(f"timeout must be a positive number of seconds, a timedelta, or None, got {timeout!r}")
         self.func = func
         self.name = check_name(name or _default_name(func), "@jobs.job(name=)")
         self.queue = queue
@@ -200,8 +201,8 @@ class JobFunction:
             refuse_arity(self.name, self.arity, len(args))
         return JobRequest(self.name, args, queue)
 
-    def enqueue(self, *args: Any, wait: float | None = None, at: datetime | None = None, conn: Any = None,
-                key: str | None = None, debounce: float | None = None,
+    def enqueue(self, *args: Any, wait: Seconds | None = None, at: datetime | None = None, conn: Any = None,
+                key: str | None = None, debounce: Seconds | None = None,
                 tags: Sequence[str] | None = None) -> JobHandle:
         """Enqueue one run. `wait=` delays by seconds, `at=` runs at an aware datetime;
         `conn=` (a psycopg Connection) enqueues inside the caller's transaction; `key=`,
@@ -209,8 +210,8 @@ class JobFunction:
         return _enqueue.enqueue(self, args, wait=wait, at=at, conn=conn, key=key, debounce=debounce, tags=tags)
 
     async def aenqueue(
-        self, *args: Any, wait: float | None = None, at: datetime | None = None, conn: Any = None,
-        key: str | None = None, debounce: float | None = None, tags: Sequence[str] | None = None,
+        self, *args: Any, wait: Seconds | None = None, at: datetime | None = None, conn: Any = None,
+        key: str | None = None, debounce: Seconds | None = None, tags: Sequence[str] | None = None,
     ) -> JobHandle:
         """enqueue() for async code; `conn=` takes a psycopg AsyncConnection."""
         return await _enqueue.aenqueue(self, args, wait=wait, at=at, conn=conn, key=key, debounce=debounce,

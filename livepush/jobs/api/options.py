@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from ...postgres.text import unstorable
@@ -18,6 +18,17 @@ MAX_TAG_LENGTH = 200  # characters per tag
 MAX_QUEUE_LENGTH = 200  # characters; a queue name is an index entry too
 MAX_NAME_LENGTH = 500  # characters of a job name; module.qualname fits with room to spare
 MAX_DEBOUNCE = 366 * 86400.0  # seconds; a debounce is a short quiet period, and Postgres' intervals end somewhere
+
+
+# What an argument of seconds takes: a number, or a timedelta (as_seconds).
+Seconds = float | timedelta
+
+
+def as_seconds(value: Any) -> Any:
+    """A `timedelta` given where the jobs API takes seconds, as its seconds; any other value as
+    given. Every seconds-valued argument goes through here before its own check, which then refuses
+    a negative one with the error it gives a negative number."""
+    return value.total_seconds() if isinstance(value, timedelta) else value
 
 
 def check_key(key: Any) -> str | None:
@@ -93,9 +104,10 @@ def check_tag(tag: Any) -> str:
     return _check_one_tag(tag, "tag")
 
 
-def check_debounce(debounce: Any, key: str | None, wait: float | None, at: datetime | None) -> float | None:
+def check_debounce(debounce: Any, key: str | None, wait: Any, at: datetime | None) -> float | None:
     """`debounce` in seconds (zero or more, finite), or None; it needs a key and excludes wait=/at=
     (it is the run time)."""
+    debounce = as_seconds(debounce)
     if debounce is None:
         return None
     if key is None:

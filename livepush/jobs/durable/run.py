@@ -32,6 +32,7 @@ from ...postgres.pools import aautocommitted
 from ...postgres.text import unstorable
 from ..api.args import dumps, encode
 from ..api.enqueue import Batch
+from ..api.options import as_seconds
 from ..api.registry import REGISTRY, JobRequest
 from ..errors import (
     CheckpointInputConflict,
@@ -121,9 +122,11 @@ MAX_SECONDS = 100 * 366 * 24 * 3600.0
 
 
 def _seconds(value: Any, what: str) -> float:
+    value = as_seconds(value)
     if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0
             or not value <= MAX_SECONDS):
-        raise ArgumentValueError(f"{what} takes a number of seconds from 0 to 100 years, got {value!r:.60}")
+        raise ArgumentValueError(f"{what} takes a number of seconds (or a timedelta) from 0 to 100 years, "
+                                 f"got {value!r:.60}")
     return float(value)
 
 

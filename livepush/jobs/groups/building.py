@@ -21,6 +21,7 @@ from ...postgres.text import BIGINT_MAX
 from .. import database
 from ..api.enqueue import Batch, add_items, is_spec, run_at
 from ..api.handles import NO_SUCH_ID, JobHandle, StateTopicHandle, checked_id
+from ..api.options import Seconds
 from ..api.registry import JobRequest, JobSpec
 from ..errors import GroupBlockError, GroupClosedError, GroupLimitError, GroupNotFound, LeaseLostError
 from . import queries as gq
@@ -40,14 +41,14 @@ class GroupHandle(StateTopicHandle):
     id: int
     kind = "group"
 
-    def add(self, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None, at: datetime | None = None,
+    def add(self, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None, at: datetime | None = None,
             conn: Any = None, key: str | None = None, tags: Sequence[str] | None = None) -> JobHandle:
         return add_to_group(self.id, fn, *args, wait=wait, at=at, conn=conn, key=key, tags=tags)
 
     def seal(self, conn: Any = None) -> bool:
         return seal_group(self.id, conn=conn)
 
-    async def aadd(self, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None, at: datetime | None = None,
+    async def aadd(self, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None, at: datetime | None = None,
                    conn: Any = None, key: str | None = None, tags: Sequence[str] | None = None) -> JobHandle:
         return await aadd_to_group(self.id, fn, *args, wait=wait, at=at, conn=conn, key=key, tags=tags)
 
@@ -173,7 +174,7 @@ class GroupBuilder:
             raise GroupClosedError(f"the block of task group {self._id} has ended and wrote its members: "
                                    "add within the block, or start a new group")
 
-    def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None,
+    def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None,
                 at: datetime | None = None, key: str | None = None, tags: Sequence[str] | None = None) -> None:
         """Add a member (written when the block ends). Arguments are checked now. With `key=`
         held by an unfinished job, that job's handle stands in and it is not a member."""
@@ -336,7 +337,7 @@ def _one(group_id: int, fn: JobSpec | JobRequest, args: Sequence[Any], wait: flo
     return batch
 
 
-def add_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None,
+def add_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None,
                  at: datetime | None = None, conn: Any = None, key: str | None = None,
                  tags: Sequence[str] | None = None) -> JobHandle:
     """Add one member to an open group. Raises GroupClosedError once it is sealed (running members
@@ -361,7 +362,7 @@ async def aadd_many_to_group(group_id: int, items: Iterable[Any], *, conn: Any =
     return await ain_tx(lambda: _add_many_steps(group_id, batch), conn)
 
 
-async def aadd_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None,
+async def aadd_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None,
                         at: datetime | None = None, conn: Any = None, key: str | None = None,
                         tags: Sequence[str] | None = None) -> JobHandle:
     group_id = _group_id(group_id)

@@ -14,6 +14,7 @@ from ...postgres.connect import translated
 from .. import database
 from ..api.enqueue import Batch, run_at
 from ..api.handles import JobHandle
+from ..api.options import Seconds, as_seconds
 from ..api.registry import JobRequest, JobSpec
 from ..errors import GroupClosedError
 from ..events.views import GROUP_KEYS
@@ -69,7 +70,7 @@ class GroupContext:
     def _url(self) -> str:
         return getattr(self._ctx, "url", None) or database.database_url()
 
-    async def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None,
+    async def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None,
                       at: datetime | None = None, key: str | None = None,
                       tags: Sequence[str] | None = None) -> JobHandle:
         """Add a member to this job's group; returns its handle once committed. With `key=` held
@@ -105,11 +106,12 @@ class SyncGroupContext:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: float | None = None, at: datetime | None = None,
-                key: str | None = None, tags: Sequence[str] | None = None, timeout: float = 30.0) -> JobHandle:
+    def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None, at: datetime | None = None,
+                key: str | None = None, tags: Sequence[str] | None = None, timeout: Seconds = 30.0) -> JobHandle:
         """GroupContext.enqueue, blocking for up to `timeout` seconds. Past it the add is called
         off on the loop (its transaction rolls back) before TimeoutError is raised, so an add the
         caller gave up on does not commit later behind its back."""
+        timeout = as_seconds(timeout)
         if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                 or not 0 < timeout < math.inf):  # NaN fails both comparisons
             raise ArgumentValueError(f"ctx.group.enqueue(timeout=) takes a positive, finite number of seconds, "

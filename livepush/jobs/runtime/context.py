@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from ...postgres.text import storable_text
 from ..errors import InvalidProgressError, JobCancelled
+from ..api.options import Seconds
 from ..api.registry import JobRequest
 from ..durable.fingerprint import NO_INPUT
 from ..events.views import PROGRESS_INTERVAL
@@ -156,12 +157,12 @@ class JobContext:
         every child has finished; raises ChildFailed naming those that did not succeed."""
         return await self.durable.run_children(requests)
 
-    async def wait_for_signal(self, name: str, timeout: float | None = None) -> Any:
+    async def wait_for_signal(self, name: str, timeout: Seconds | None = None) -> Any:
         """The data of the next signal `name` sent to this job (jobs.signal), parking until one
         comes; raises SignalTimeout after `timeout` seconds without one."""
         return await self.durable.wait_for_signal(name, timeout)
 
-    async def sleep(self, name: str, seconds: float) -> None:
+    async def sleep(self, name: str, seconds: Seconds) -> None:
         """A durable sleep: park for `seconds` (no slot held), then go on. `name` is unique in a job."""
         await self.durable.sleep(name, seconds)
 
@@ -307,10 +308,10 @@ class SyncJobContext:
 
         return self._call(self._inner.run_children(children_asked(requests)))
 
-    def wait_for_signal(self, name: str, timeout: float | None = None) -> Any:
+    def wait_for_signal(self, name: str, timeout: Seconds | None = None) -> Any:
         return self._call(self._inner.wait_for_signal(name, timeout))
 
-    def sleep(self, name: str, seconds: float) -> None:
+    def sleep(self, name: str, seconds: Seconds) -> None:
         self._call(self._inner.sleep(name, seconds))
 
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:

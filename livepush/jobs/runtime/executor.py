@@ -23,6 +23,7 @@ from ...errors import ArgumentTypeError
 from ...postgres.text import storable_text
 from ..api.args import encode
 from ..api.functions import default_backoff
+from ..api.options import as_seconds
 from ..errors import (
     CheckpointInputConflict,
     ChildFailed,
@@ -245,11 +246,11 @@ def retry_delay(fn: Any, job_id: int, attempt: int) -> float:
     if fn is None:
         return min(default_backoff(attempt), MAX_RETRY_DELAY)
     try:
-        seconds = fn.backoff(attempt)
+        seconds = as_seconds(fn.backoff(attempt))
         # A str or a bool would pass float(), and a NaN would pass max() as no wait at all.
         if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or math.isnan(seconds):
             raise ArgumentTypeError(f"backoff= returned {type(seconds).__name__} {seconds!r:.40}, "
-                                    f"not a number of seconds: return an int or a float")
+                                    f"not a number of seconds: return an int, a float or a timedelta")
         return min(max(0.0, float(seconds)), MAX_RETRY_DELAY)
     except Exception as backoff_error:  # noqa: BLE001 - user code: raising here lost the outcome
         # Raised from here, the failure would never be written: the job would stay `running`,

@@ -57,7 +57,7 @@ from ...postgres.text import BIGINT_MAX
 from ...tasks import Backoff, reraise_if_cancelled, supervise
 from ...usercode import what_raised, where_raised
 from .. import database, queries
-from ..api.options import check_queue
+from ..api.options import Seconds, as_seconds, check_queue
 from ..api.registry import REGISTRY, Registry
 from ..groups.progress import ProgressPublisher
 from ..periodic.decorator import SCHEDULES
@@ -236,13 +236,13 @@ class Runtime:
         *,
         queues: Sequence[str] | None = None,
         concurrency: int = 10,
-        shutdown_timeout: float = 30.0,
-        heartbeat: float = 10.0,
-        poll_interval: float = 1.0,
+        shutdown_timeout: Seconds = 30.0,
+        heartbeat: Seconds = 10.0,
+        poll_interval: Seconds = 1.0,
         url: str | None = None,
         install_signals: bool = True,
         flush_delay: float = 0.002,
-        retention: float | None = maintenance.DEFAULT_RETENTION,
+        retention: Seconds | None = maintenance.DEFAULT_RETENTION,
         listener: Listener | None = None,
         listen: bool = True,
         publisher: FanOut | None = None,
@@ -265,6 +265,8 @@ class Runtime:
                                   "define your job functions (@jobs.job), e.g. `livepush jobs myapp.jobs`")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
             raise ConfigError(f"--concurrency {concurrency!r}: run from 1 to {MAX_CONCURRENCY} jobs at a time")
+        heartbeat, poll_interval = as_seconds(heartbeat), as_seconds(poll_interval)
+        shutdown_timeout, retention = as_seconds(shutdown_timeout), as_seconds(retention)
         # Every runtime reads every runtime's heartbeat (the rescue of dead ones), so a NaN or an
         # infinity there would break the rescue for all of them; a poll interval of nothing spins.
         check_seconds("--heartbeat", heartbeat, least=MIN_BEAT, most=MAX_HEARTBEAT)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from ..api.functions import JobFunction, default_backoff, is_generator_callable
-from ..api.options import check_queue
+from ..api.options import as_seconds, check_queue
 from ..api.registry import REGISTRY, where_defined
 from ..durable.run import MAX_SECONDS, check_name
 from ..errors import ConfigError, WorkflowDefinitionError
@@ -151,7 +151,7 @@ class Workflow:
         if len(set(deps)) != len(deps):
             raise WorkflowDefinitionError(f"{where}: step {name!r} names a step twice in after={list(deps)}")
         wait_for = options.pop("wait_for", None)
-        wait_timeout = options.pop("wait_timeout", None)
+        wait_timeout = as_seconds(options.pop("wait_timeout", None))
         # Options that only mean something with another, refused without it rather than ignored.
         if "on_timeout" in options and wait_timeout is None:
             raise WorkflowDefinitionError(f"{where}: step {name!r} on_timeout= says what a timed-out signal wait "

@@ -24,6 +24,7 @@ from ...postgres.text import storable_text
 from ..api.args import encode
 from ..api.functions import is_async_callable
 from ..api.handles import StateTopicHandle
+from ..api.options import Seconds, as_seconds
 from ..api.registry import JobRequest, JobSpec
 from ..errors import (GroupLimitError, InvalidArgumentsError, JobCancelled, Reattempt, SignalTimeout,
                       WorkflowDefinitionError)
@@ -111,10 +112,12 @@ class Flow:
         """The run pauses; this step runs again (from the top) when an operator resumes it."""
         raise FlowVerb("pause", reason=_reason(reason))
 
-    def reattempt(self, wait: float = 0.0) -> None:
-        """Run this step again in `wait` seconds, its attempt not spent."""
+    def reattempt(self, wait: Seconds = 0.0) -> None:
+        """Run this step again in `wait` seconds (or a timedelta), its attempt not spent."""
+        wait = as_seconds(wait)
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < math.inf:
-            raise ArgumentValueError(f"ctx.flow.reattempt(wait=) takes a finite number of seconds, got {wait!r:.60}")
+            raise ArgumentValueError(f"ctx.flow.reattempt(wait=) takes a finite number of seconds or a timedelta, "
+                                     f"got {wait!r:.60}")
         raise Reattempt(float(wait))
 
 
