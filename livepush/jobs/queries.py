@@ -503,6 +503,16 @@ VALUES (%(host)s, %(pid)s, %(node)s, %(queues)s, %(concurrency)s, %(heartbeat)s)
 RETURNING id
 """
 
+# name: live_runtimes_serving
+# The first enqueue in a process of a job defined in a script run directly (`__main__.fn`, which
+# no runtime started with `livepush jobs MODULE` defines): how many live runtimes of other
+# processes serve its queue (beaten within three of their beats). A plain read.
+LIVE_RUNTIMES_SERVING = """
+SELECT count(*) FROM livepush_job_runtimes
+WHERE %(queue)s = ANY (queues) AND heartbeat_at > now() - make_interval(secs => 3 * heartbeat)
+  AND NOT (host = %(host)s AND pid = %(pid)s)
+"""
+
 # name: runtimes_on_node
 # The other runtimes registered on this node (same boot and pid namespace): the starting runtime
 # checks whether their processes still exist. A plain read.

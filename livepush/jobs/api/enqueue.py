@@ -9,7 +9,10 @@ committed jobs. Enqueue options (key=, debounce=, tags=): docs/jobs.md "Enqueue 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
+import os
+import socket
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
@@ -26,6 +29,8 @@ from .options import Seconds, as_seconds, check_debounce, check_key, check_tags
 from .registry import REGISTRY, JobRequest, JobSpec
 from ...errors import ArgumentTypeError, ArgumentValueError, LivepushError
 
+
+log = logging.getLogger("livepush.jobs")
 
 # The run times every livepush reader can load: psycopg makes a datetime of a timestamptz as the
 # session's TimeZone shows it, up to about 16 hours off UTC (an old local mean time), and a
@@ -326,6 +331,56 @@ def add_items(batch: Batch, items: Iterable[Any], call: str, group_id: int | Non
             raise
 
 
+# Jobs defined in a script run directly are named `__main__.fn` (functions._default_name): a
+# runtime started with `livepush jobs MODULE` never defines that name, and gives such jobs back
+# for ever. The script's own jobs.drain() runs them, so they are not refused: the first enqueue of
+# each in a process looks for live runtimes of other processes serving its queue, and warns.
+SCRIPT_PREFIX = "__main__."
+_SCRIPT_NAMES_LOOKED: set[str] = set()
+
+
+def _script_jobs(batch: Batch) -> dict[str, str]:
+    """The jobs of `batch` defined in a script run directly and not looked at yet, with their queues."""
+    found = {spec[0]: spec[1] for spec in batch.specs
+             if spec[0].startswith(SCRIPT_PREFIX) and spec[0] not in _SCRIPT_NAMES_LOOKED}
+    _SCRIPT_NAMES_LOOKED.update(found)
+    return found
+
+
+def _serving(queue: str) -> dict[str, Any]:
+    return {"queue": queue, "host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _warn_script_job(name: str, queue: str, served: int) -> None:
+    if served:
+        log.warning("job %r is defined in a script run directly (its module is __main__), and %d live runtime(s) of "
+                    "other processes serve its queue %r: a runtime started with `livepush jobs MODULE` does not define "
+                    "%r and gives its jobs back for ever. Give it a name= (@jobs.job(name=\"myapp.%s\")) and define "
+                    "it in a module those runtimes import; jobs.drain() in this process runs it as it is",
+                    name, served, queue, name, name[len(SCRIPT_PREFIX):])
+
+
+def look_for_script_runtimes(batch: Batch) -> None:
+    """Warn once per job defined in a script run directly that runtimes elsewhere serve (above)."""
+    for name, queue in _script_jobs(batch).items():
+        try:
+            with database.pools().sync().connection() as own, autocommitted(own):
+                (served,) = own.execute(queries.LIVE_RUNTIMES_SERVING, _serving(queue)).fetchone() or (0,)
+        except Exception:  # noqa: BLE001 - a hint only: its look must not fail an enqueue that was made
+            continue
+        _warn_script_job(name, queue, served)
+
+
+async def alook_for_script_runtimes(batch: Batch) -> None:
+    for name, queue in _script_jobs(batch).items():
+        try:
+            async with (await database.pools().aget()).connection() as own, aautocommitted(own):
+                (served,) = await (await own.execute(queries.LIVE_RUNTIMES_SERVING, _serving(queue))).fetchone() or (0,)
+        except Exception:  # noqa: BLE001 - as in look_for_script_runtimes
+            continue
+        _warn_script_job(name, queue, served)
+
+
 def run_batch(batch: Batch, conn: Any = None, debounce: float | None = None,
               call: str = "enqueue") -> list[JobHandle]:
     """Insert a batch with a sync connection (the caller's, or ours and committed here). `call`
@@ -348,6 +403,7 @@ def run_batch(batch: Batch, conn: Any = None, debounce: float | None = None,
     else:
         with translated_on(url, conn), cursor_on(conn) as cur:
             rows = cur.execute(sql, params).fetchall()
+    look_for_script_runtimes(batch)
     return [JobHandle(row[0], row[1]) for row in rows]
 
 
@@ -370,6 +426,7 @@ async def arun_batch(batch: Batch, conn: Any = None, debounce: float | None = No
         with translated_on(url, conn):
             async with cursor_on(conn) as cur:
                 rows = await (await cur.execute(sql, params)).fetchall()
+    await alook_for_script_runtimes(batch)
     return [JobHandle(row[0], row[1]) for row in rows]
 
 

@@ -1,0 +1,65 @@
+"""A job defined in a script run directly is named `__main__.fn`, which no runtime started with
+`livepush jobs MODULE` defines: its first enqueue to a database that other live runtimes serve
+warns once, naming the fix; the same script's jobs.drain() runs it as before (docs/jobs.md)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from livepush import jobs
+from tests.jobs.conftest import q
+
+QUEUE = "scripts-test"
+
+
+def script_job(fn: Callable[..., Any]) -> Any:
+    """`fn` decorated as if its script had been run directly (`python script.py`)."""
+    fn.__module__ = "__main__"
+    return jobs.job(queue=QUEUE)(fn)
+
+
+async def served_elsewhere(ctx: Any) -> None:
+    pass
+
+
+async def drained_here(ctx: Any) -> None:
+    pass
+
+
+served_elsewhere = script_job(served_elsewhere)
+drained_here = script_job(drained_here)
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "__main__." in r.getMessage()]
+
+
+def another_runtime(url: str, *, beat_ago: float = 0.0) -> None:
+    """A runtime of another process serving QUEUE, which beat `beat_ago` seconds ago."""
+    q(url, "INSERT INTO livepush_job_runtimes (host, pid, queues, concurrency, heartbeat, heartbeat_at) "
+           "VALUES ('elsewhere', 1, %s, 1, 10, now() - make_interval(secs => %s))", ([QUEUE], beat_ago))
+
+
+def test_a_script_job_enqueued_to_other_runtimes_warns_once_naming_the_fix(
+        jobs_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    assert served_elsewhere.name == "__main__.served_elsewhere"
+    another_runtime(jobs_db)
+    with caplog.at_level("WARNING", logger="livepush.jobs"):
+        served_elsewhere.enqueue()
+        jobs.enqueue_many([served_elsewhere.request()])
+    (warning,) = warnings_of(caplog)
+    assert "__main__.served_elsewhere" in warning and "name=" in warning and "module" in warning, warning
+    assert "jobs.drain()" in warning, warning
+
+
+def test_a_script_job_drained_in_its_own_process_runs_without_a_warning(
+        jobs_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    another_runtime(jobs_db, beat_ago=3600.0)  # dead: it serves nothing
+    with caplog.at_level("WARNING", logger="livepush.jobs"):
+        drained_here.enqueue()
+        assert jobs.drain(queues=[QUEUE]) == {"succeeded": 1}
+    assert warnings_of(caplog) == []
