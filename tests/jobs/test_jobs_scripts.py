@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 
 from livepush import jobs
-from tests.jobs.conftest import q
+from livepush.jobs.api.functions import JobFunction
+from tests.jobs.conftest import q, running
+from tests.support.waiting import async_wait_for
 
 QUEUE = "scripts-test"
 
@@ -63,3 +65,19 @@ def test_a_script_job_drained_in_its_own_process_runs_without_a_warning(
         drained_here.enqueue()
         assert jobs.drain(queues=[QUEUE]) == {"succeeded": 1}
     assert warnings_of(caplog) == []
+
+
+async def test_a_runtime_given_a_script_job_names_the_fix(jobs_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A runtime that meets a `__main__.fn` job gives it back, as any job it does not define, and its
+    warning names the fix (name= and a module), not a deploy of code that defines no such name."""
+
+    async def from_a_script(ctx: Any) -> None:
+        pass
+
+    unknown = JobFunction(from_a_script, name="__main__.from_a_script", queue=QUEUE)  # not registered here
+    unknown.enqueue()
+    with caplog.at_level("WARNING", logger="livepush.jobs"):
+        async with running(queues=[QUEUE], poll_interval=0.05) as rt:
+            await async_wait_for(lambda: unknown.name in rt.excluded, 5.0)
+    (warning,) = [m for m in warnings_of(caplog) if "unknown name" in m]
+    assert "script run directly" in warning and "name=" in warning and "deploy" not in warning, warning

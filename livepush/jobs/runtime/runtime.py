@@ -57,6 +57,7 @@ from ...postgres.text import BIGINT_MAX
 from ...tasks import Backoff, reraise_if_cancelled, supervise
 from ...usercode import what_raised, where_raised
 from .. import database, queries
+from ..api.enqueue import SCRIPT_PREFIX
 from ..api.options import Seconds, as_seconds, check_queue
 from ..api.registry import REGISTRY, Registry
 from ..groups.progress import ProgressPublisher
@@ -195,6 +196,15 @@ def check_seconds(option: str, value: float, *, least: float, most: float | None
         # "finite" only where no upper bound says it: infinity is "0 or more", and NaN is no number.
         kind = "a finite number" if most is None else "a number"
         raise ConfigError(f"{option} {value!r:.40}: use {kind} of seconds {bound}{also}")
+
+
+def _fix_for_unknown(name: str) -> str:
+    """What to do about a job whose name this runtime does not define. A script's job (`__main__.fn`,
+    enqueued by a script run directly) is defined by no module a runtime imports: no deploy brings it."""
+    if name.startswith(SCRIPT_PREFIX):
+        return ("its function was defined in a script run directly, whose module is __main__: give it a name= "
+                "and define it in a module this runtime imports, or run it with jobs.drain() in that script")
+    return "deploy the code that defines it to this runtime"
 
 
 def _queue_list(queues: Sequence[str]) -> Sequence[str]:
@@ -988,8 +998,8 @@ class Runtime:
         if fn is None:
             # A rolling deploy: a newer runtime enqueued a job this one does not know. Give it back
             # for a runtime that does, and never claim that name here again.
-            log.warning("job %s has the unknown name %r: giving it back and skipping that name from now on "
-                        "(deploy the code that defines it to this runtime)", job.id, job.name)
+            log.warning("job %s has the unknown name %r: giving it back and skipping that name from now on (%s)",
+                        job.id, job.name, _fix_for_unknown(job.name))
             self.excluded.add(job.name)
             ctx.released = True
             self._completer.submit(Outcome(ctx, "released"))
