@@ -9,6 +9,7 @@ doorbell that reaches the listener during its ping."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -237,6 +238,23 @@ def _unread_by_backend(pg_port: int, client_port: int) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _frozen_backend(pg_url: str, listener: Listener) -> Iterator[Callable[[], int]]:
+    """The listener's backend stopped (SIGSTOP) until the block ends; yields how many bytes it has
+    not read yet (a ping sent to it shows there)."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        row = conn.execute("SELECT pid, client_port FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND application_name = %s", (listener.name,)).fetchone()
+    assert row is not None and row[1] > 0, "the listener's backend, over TCP"
+    pid, client_port = row
+    pg_port = int(conninfo_to_dict(pg_url).get("port") or 5432)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield lambda: _unread_by_backend(pg_port, client_port)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 async def test_a_doorbell_that_reaches_the_listener_during_its_ping_is_delivered(pg_url: str) -> None:
     """A notification that reaches the LISTEN connection while it runs a statement of its own
     (its keepalive ping) is delivered as one that comes while it waits: none is lost between two
@@ -249,22 +267,37 @@ async def test_a_doorbell_that_reaches_the_listener_during_its_ping_is_delivered
     got = Collector(fanout)
     fanout.register(got)
     try:
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            row = conn.execute("SELECT pid, client_port FROM pg_stat_activity WHERE datname = current_database() "
-                               "AND application_name = %s", (listener.name,)).fetchone()
-        assert row is not None and row[1] > 0, "the listener's backend, over TCP"
-        pid, client_port = row
-        pg_port = conninfo_to_dict(pg_url).get("port") or 5432
-        os.kill(pid, signal.SIGSTOP)
-        try:
+        with _frozen_backend(pg_url, listener) as unread:
             offset = await fanout.apublish("pinged:a", {"n": 1})  # its doorbell waits for the frozen backend
-            await async_wait_for(lambda: _unread_by_backend(int(pg_port), client_port) > 0, 5,
-                                 message="the listener's ping to wait for its frozen backend")
-        finally:
-            os.kill(pid, signal.SIGCONT)
+            await async_wait_for(lambda: unread() > 0, 5, message="the listener's ping to wait for its frozen backend")
         assert offsets_of(await got.wait_count("pinged:a", 1)) == [offset]
     finally:
         await fanout.aclose()
+
+
+async def test_a_relisten_asked_while_the_ping_waits_drops_the_connection_at_once(
+        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A re-listen (readiness's canary came back late) asked while the listener's ping waits for a
+    backend that does not answer takes effect within a cycle, not once the ping gives up (its
+    bound, then as long again waiting for the cancelled statement's answer)."""
+    listener = Listener(pg_url, name="lp-relisten-in-ping", ping=3.0)
+    listener.add("livepush_relisten_in_ping", lambda payload: None)
+    await listener.start()
+
+    def lost() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "lost the Postgres listener" in r.getMessage()]
+
+    try:
+        with _frozen_backend(pg_url, listener) as unread:
+            await async_wait_for(lambda: unread() > 0, 10, message="the listener's ping to wait for its frozen backend")
+            asked = time.monotonic()
+            listener.relisten("a test asked for it")
+            await async_wait_for(lost, 10, message="the listener to drop its connection")
+            assert time.monotonic() - asked < 1.5
+            assert "a test asked for it" in lost()[0], lost()
+        await async_wait_for(lambda: listener.listening, 10, message="the listener to be back")
+    finally:
+        await listener.aclose()
 
 
 def test_a_publish_that_finds_every_pooled_connection_busy_says_so_not_that_postgres_is_down(

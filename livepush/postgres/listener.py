@@ -22,6 +22,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
@@ -184,8 +185,26 @@ class Listener:
                 channel.live.set()
             if time.monotonic() - last_ping >= self.ping:
                 # A network that drops silently shows up here, not in the wait above.
-                await asyncio.wait_for(conn.execute("SELECT 1"), self.ping)
+                await self._ping(conn)
                 last_ping = time.monotonic()
+
+    async def _ping(self, conn: psycopg.AsyncConnection) -> None:
+        """`SELECT 1`, answered within `ping` seconds. A re-listen asked meanwhile ends the wait
+        within a cycle: on a connection that hears nothing, the answer is what never comes, and
+        waiting it out kept clients deaf for the bound and as long again (psycopg's cancel)."""
+        ping = asyncio.ensure_future(conn.execute("SELECT 1"))
+        deadline = time.monotonic() + self.ping
+        try:
+            while not ping.done():
+                if self._relisten is not None:
+                    raise ConnectionAbortedError(self._relisten)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no answer to the listener's ping within {self.ping:g} s")
+                await asyncio.wait([ping], timeout=min(left, _CYCLE))
+        finally:
+            await _abandon(ping)
+        ping.result()
 
     async def _reconnect(self) -> psycopg.AsyncConnection:
         retry = Backoff(*self.backoff)
@@ -208,8 +227,18 @@ class Listener:
         self._channels.dispatch(channel, payload)
 
 
+async def _abandon(statement: asyncio.Future[Any]) -> None:
+    """Cancel `statement` on a connection about to be dropped, again while it is not done: psycopg
+    meets the first cancellation by asking the server to cancel it and waiting up to 5 s for the
+    answer, which a connection that hears nothing never brings; the second makes it close the
+    connection at once. The connection is dropped anyway, so nothing is lost."""
+    while not statement.done():
+        statement.cancel()
+        await asyncio.wait([statement], timeout=0.1)
+    if not statement.cancelled():
+        statement.exception()  # retrieved: the loop then logs no "exception was never retrieved"
 
-# name: listening_backends
+
 # A plain read of the statistics view: the LISTEN connections of livepush servers on this
 # database (the name every server's shared listener connects with). Another role's sessions
 # show their name but no address or start time to a role without pg_read_all_stats.
