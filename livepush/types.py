@@ -92,6 +92,11 @@ class StateSource(Protocol):
     @property
     def listening(self) -> bool: ...
 
+    def relisten(self, reason: str) -> None:
+        """Drop the connection changes are heard on and open it again, then call `on_resync`, as
+        after a loss; `reason` is logged. For a listener that looks connected and hears nothing,
+        which only `ring_canary` sent round can tell (readiness)."""
+
     async def read(self, topics: Sequence[Topic]) -> dict[Topic, State]:
         """The current state of each topic that has one (an unknown id has none)."""
 

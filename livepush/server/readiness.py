@@ -19,7 +19,9 @@ Five checks, each named in the JSON body (docs/reference.md#9-operations):
 When the fan-out's canary, published, has not come back for RELISTEN_PERIODS canary periods past
 CANARY_BOUND while the fan-out says it listens, the server has it drop and re-open its listening
 connection (`FanOut.relisten`): nothing else would notice, and clients already connected would
-miss every message until a restart. The re-listen resyncs them (replay, else `reset`).
+miss every message until a restart. The re-listen resyncs them (replay, else `reset`). A state
+source whose ring is that late while the fan-out's canary is not is made to listen anew the same
+way (`StateSource.relisten`), and its watched topics are read again.
 
 The canary's bookkeeping (`Canary`) is pure and clocked from outside; `Readiness.run()` is the
 loop that publishes and the only part that awaits.
@@ -79,6 +81,9 @@ class Canary:
     heard: dict[Offset, float] = field(default_factory=dict)  # heard before its publish returned
     round_trip: float | None = None
     answered_once: bool = False
+    # When its path was last made to listen anew, and how many times in a row that brought none back.
+    relistened_at: float | None = None
+    relistens: int = 0
 
     def sent(self, at: float) -> list[object]:
         self.gauge_wait(at)
@@ -182,8 +187,6 @@ class Readiness:
         self.server_id = uuid.uuid4().hex[:12]
         self._schema_problem: str | None = None
         self._schema_checked_at: float | None = None
-        self._relistened_at: float | None = None
-        self._relistens = 0  # re-listens in a row that brought no canary back
 
     def on_message(self, message: Message) -> None:
         """The fan-out's receiver: canaries come back here (a doorbell names the offset)."""
@@ -216,24 +219,36 @@ class Readiness:
 
     def _relisten_if_deaf(self, now: float) -> None:
         """Make the fan-out listen anew when its canary has been late RELISTEN_PERIODS periods
-        past the bound while it says it listens (one that knows it is away reconnects already).
-        Each re-listen that brought no canary back doubles the wait before the next, up to
+        past the bound while it says it listens (one that knows it is away reconnects already),
+        and likewise each state source whose ring is that late while the fan-out's canary is not:
+        on the Redis fan-out the state topics are heard on Postgres, which the fan-out's re-listen
+        does not touch; on the Postgres fan-out they share its listener, which its re-listen
+        opens anew once for both."""
+        if self._listen_anew(self.fanout, self.canary, now, "no readiness canary came back through it"):
+            return
+        for source, canary in self.state_canaries.items():
+            self._listen_anew(source, canary, now, "no state ring came back through it (readiness's ring of "
+                                                   f"the {', '.join(source.prefixes)} topics)")
+
+    def _listen_anew(self, part: FanOut | StateSource, canary: Canary, now: float, missing: str) -> bool:
+        """Ask `part` to listen anew when `canary`, its path, has been late long enough; whether
+        it has. Each re-listen that brought no canary back doubles the wait before the next, up to
         MAX_RELISTEN_DOUBLINGS times: a listener that can never hear (a LISTEN through PgBouncer
         in transaction mode) is retried now and then, not every few seconds."""
-        patience = self.canary.bound + RELISTEN_PERIODS * self.every
-        waited = self.canary.deaf_for(now)
+        patience = canary.bound + RELISTEN_PERIODS * self.every
+        waited = canary.deaf_for(now)
         if waited is None or waited < patience:
-            self._relistens = 0  # nothing late that long: it hears, and the next silence starts afresh
-            return
-        if not self.fanout.listening:
-            return
-        if self._relistened_at is not None:
-            if now - self._relistened_at < patience * 2 ** min(self._relistens, MAX_RELISTEN_DOUBLINGS):
-                return
-        self._relistened_at = now
-        self._relistens += 1
-        self.fanout.relisten(f"no readiness canary came back through it for {waited:.1f} s "
-                             "while it looked connected")
+            canary.relistens = 0  # nothing late that long: it hears, and the next silence starts afresh
+            return False
+        if not part.listening:
+            return True
+        if canary.relistened_at is not None:
+            if now - canary.relistened_at < patience * 2 ** min(canary.relistens, MAX_RELISTEN_DOUBLINGS):
+                return True
+        canary.relistened_at = now
+        canary.relistens += 1
+        part.relisten(f"{missing} for {waited:.1f} s while it looked connected")
+        return True
 
     async def _ring(self) -> None:
         n = 0
@@ -244,12 +259,16 @@ class Readiness:
             # are heard before the canary that follows them, so one round answers both.
             for source, canary in self.state_canaries.items():
                 token = f"{self.server_id}-{n}"
-                canary.published(canary.sent(self.clock()), token)
+                ring = canary.sent(self.clock())
                 try:
                     await source.ring_canary(token)
                 except Exception as exc:  # the database is down: the ring stays unanswered
                     reraise_if_cancelled()
                     log.debug("state canary ring failed: %s", first_line(exc))
+                else:
+                    # Only a ring sent says the listener is deaf when it does not come back (one
+                    # heard before this returned is matched here); one that failed says nothing of it.
+                    canary.published(ring, token)
             entry = self.canary.sent(self.clock())
             try:
                 offset = await self.fanout.apublish(CANARY_TOPIC, {"server": self.server_id, "n": n})

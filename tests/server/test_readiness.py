@@ -4,6 +4,7 @@ and the server is not draining; every check is named in the body (docs/reference
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -13,9 +14,11 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from livepush import metrics
+from livepush import jobs, metrics
 from livepush.config import set_settings
+from livepush.errors import DependencyError
 from livepush.fanout.local import LocalFanOut
+from livepush.jobs import database
 from livepush.server.app import PushServer
 from livepush.server.readiness import CANARY_TOPIC, Canary, Readiness
 from tests.server.conftest import Served, make_settings, start_served
@@ -24,6 +27,11 @@ from tests.support import services
 from tests.support.relay import Relay
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
+
+
+@jobs.job(name="t.readiness.quiet", queue="readiness-quiet")
+def _quiet_job(ctx: object) -> None:
+    """Never run: a job whose state the tests change by cancelling it."""
 
 
 # -- the canary's bookkeeping, clocked by hand ------------------------------------------------
@@ -174,6 +182,71 @@ def test_a_canary_late_for_three_periods_past_its_bound_makes_the_fan_out_listen
     fanout.now = 511.0
     readiness._relisten_if_deaf(fanout.now)
     assert fanout.relistens[-1] == 511.0
+
+
+class _DeafStates:
+    """A state source that says it listens, counting the re-listens it is asked for."""
+
+    prefixes = ("job:",)
+
+    def __init__(self, fanout: _DeafFanOut) -> None:
+        self.fanout = fanout
+        self.relistens: list[float] = []
+        self.rings: list[str] = []
+        self.listening = True
+
+    def relisten(self, reason: str) -> None:
+        self.relistens.append(self.fanout.now)
+
+    async def ring_canary(self, token: str) -> None:
+        self.rings.append(token)
+        raise DependencyError("the database refuses new connections")
+
+
+def test_a_state_ring_late_while_the_fan_outs_canary_comes_back_makes_the_state_source_listen_anew() -> None:
+    """On the Redis fan-out the state topics are heard on Postgres: a state ring late for three
+    periods past its bound makes that source listen anew, on the same schedule as the fan-out's,
+    while the fan-out's canary comes back. While the fan-out's canary is late too, the fan-out
+    alone is asked: on the Postgres fan-out they share one listener, opened anew once."""
+    fanout = _DeafFanOut()
+    states = _DeafStates(fanout)
+    readiness = Readiness(fanout, away=lambda: None, draining=lambda: False, states=[states],  # type: ignore[list-item]
+                          every=2.0, bound=5.0, clock=lambda: fanout.now)
+    ring = readiness.state_canaries[states]  # type: ignore[index]
+    ring.published(ring.sent(100.0), "ring-1")
+    for t in range(100, 200):
+        fanout.now = float(t)
+        readiness.canary.published(readiness.canary.sent(fanout.now), f"1-{t}")
+        readiness.canary.on_heard(f"1-{t}", fanout.now)
+        readiness._relisten_if_deaf(fanout.now)
+    assert states.relistens == [111.0, 133.0, 177.0] and fanout.relistens == []
+    fanout.now = 200.0
+    readiness.canary.published(readiness.canary.sent(fanout.now), "1-late")
+    for t in range(200, 300):  # the state ring's next re-listen was due at 265
+        fanout.now = float(t)
+        readiness._relisten_if_deaf(fanout.now)
+    assert fanout.relistens == [211.0, 233.0, 277.0] and states.relistens == [111.0, 133.0, 177.0]
+
+
+async def test_a_state_ring_that_could_not_be_sent_asks_no_state_source_to_listen_anew() -> None:
+    """A ring that failed (the database refuses new connections while the listener's connection
+    is fine) says nothing of the listener: reopening it then would lose a connection that hears,
+    for one the database may refuse. As with the fan-out's canary, only a ring sent counts."""
+    fanout = _DeafFanOut()
+    states = _DeafStates(fanout)
+    readiness = Readiness(fanout, away=lambda: None, draining=lambda: False, states=[states],  # type: ignore[list-item]
+                          every=0.01, bound=0.05, clock=lambda: fanout.now)
+    ringing = asyncio.create_task(readiness._ring())
+    try:
+        await async_wait_for(lambda: len(states.rings) >= 3, 5.0, message="three rings tried")
+    finally:
+        ringing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ringing
+    readiness.canary.unanswered.clear()  # the fan-out's canaries came back: its listener hears
+    fanout.now = 100.0
+    readiness._relisten_if_deaf(fanout.now)
+    assert states.relistens == []
 
 
 # -- a real server on each fan-out --------------------------------------------------------------
@@ -511,6 +584,46 @@ async def test_a_subscription_a_proxy_dropped_silently_is_opened_anew_and_its_cl
                     and "no readiness canary came back" in r.getMessage()]
         assert len(warnings) == 1, warnings
     finally:
+        await client.close()
+        await served.stop()
+        relay.close()
+
+
+async def test_a_postgres_listener_a_proxy_dropped_silently_on_the_redis_fan_out_is_opened_anew(
+        pg_url: str, redis_url: str, secret: str, caplog: pytest.LogCaptureFixture) -> None:
+    """On the Redis fan-out, `job:` topics are heard on Postgres. A proxy that stops forwarding that
+    LISTEN connection and closes nothing leaves it looking connected and hearing nothing: once the
+    state ring has been late a few periods the server listens there anew, and a client watching a
+    job all along gets the state it missed; a warning says why."""
+    relay = Relay(pg_url)
+    url = relay.start()
+    settings = make_settings("redis", secret, None, redis_url)
+    served = await start_served(dataclasses.replace(settings, database_url=url))
+    database.configure(pg_url)
+    readiness = served.server.readiness
+    readiness.every = 0.1
+    for canary in (readiness.canary, *readiness.state_canaries.values()):
+        canary.bound = 1.0
+    client = await WSClient.open(served.url)
+    try:
+        await async_wait_for(lambda: readiness.report()[0], 10.0, message="ready at first")
+        handle = await asyncio.to_thread(_quiet_job.enqueue)
+        await client.subscribe(handle.signed_topic)
+        assert (await client.messages(1))[0]["data"]["job"]["state"] == "available"
+        assert relay.silence(b"LISTEN") == 1
+        assert await asyncio.to_thread(jobs.cancel, handle.id)  # through another connection, which works
+        await async_wait_for(lambda: not readiness.report()[0], 10.0, message="/readyz to turn 503")
+        assert served.server.listening  # it looks connected: /healthz cannot tell
+        # Within the bound the listener's own ping (every 5 s, answered within 5 s) is too slow
+        # to have noticed: only the state ring can have mended it.
+        [heard] = await client.messages(1, timeout=4.0)
+        assert heard["data"]["job"]["state"] == "cancelled", heard
+        await async_wait_for(lambda: readiness.report()[0], 10.0, message="/readyz to heal")
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"
+                    and "no state ring came back" in r.getMessage()]
+        assert len(warnings) == 1, warnings
+    finally:
+        database.configure(None)
         await client.close()
         await served.stop()
         relay.close()

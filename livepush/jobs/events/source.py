@@ -92,6 +92,11 @@ class JobStates:
     def listening(self) -> bool:
         return self._listener.listening
 
+    def relisten(self, reason: str) -> None:
+        # The listener's other channels (revocations, a runtime's rings) resync too: they heard
+        # nothing either.
+        self._listener.get().relisten(reason)
+
     def _on_ring(self, payload: str) -> None:
         if self._on_change is None or self._on_created is None:
             return
