@@ -24,13 +24,16 @@ ENVIRONMENT = frozenset({
     "LIVEPUSH_QUERY_TOKENS", "LIVEPUSH_PREPARED_STATEMENTS", "LIVEPUSH_REDIS_URL", "LIVEPUSH_SECRET",
     "LIVEPUSH_SECRET_FALLBACKS", "LIVEPUSH_AUTHENTICATE", "LIVEPUSH_HOST", "LIVEPUSH_PORT", "LIVEPUSH_HISTORY_TTL",
     "LIVEPUSH_ENV", "LIVEPUSH_REDIS_PREFIX", "LIVEPUSH_SIGNED_TOPIC_TTL", "LIVEPUSH_DRAIN_SECONDS",
-    "LIVEPUSH_LISTEN_DATABASE_URL"})
+    "LIVEPUSH_LISTEN_DATABASE_URL", "LIVEPUSH_MIGRATE_LOCK_TIMEOUT"})
 AUTH_MODES = ("required", "optional", "off")
 MIN_SECRET_LENGTH = 32
 MIN_SECRET_DISTINCT = 8  # fewer distinct characters than this is not a random secret (e.g. 32 times "a")
 DEFAULT_SIGNED_TOPIC_TTL = 86400.0
 # A drain's reconnect delays reach 1000 × S ms, and the JS client honours at most 5 minutes.
 MAX_DRAIN_SECONDS = 300.0
+# The longest a `livepush migrate` statement may be told to wait for a table's lock (a day): an
+# application's statements on that table wait behind it all that time.
+MAX_MIGRATE_LOCK_TIMEOUT = 86400.0
 # History is kept at most a year: past that, the stores' time arithmetic overflows (and Redis
 # streams and the Postgres log are no archive).
 MAX_HISTORY_TTL = 366 * 86400.0
@@ -66,6 +69,9 @@ class Settings:
     listen_database_url: str | None = dataclasses.field(default=None, repr=False)
     # False behind a pooler that cannot keep prepared statements (PgBouncer in transaction mode before 1.22).
     prepared_statements: bool = True
+    # Seconds a `livepush migrate` statement waits for a table's lock (0: as long as it takes);
+    # None: the role's own lock_timeout, else migrate.DEFAULT_LOCK_TIMEOUT.
+    migrate_lock_timeout: float | None = None
     # The variable database_url was read from, for messages that tell the operator what to check.
     database_url_setting: str = "LIVEPUSH_DATABASE_URL"
 
@@ -138,6 +144,7 @@ class Settings:
         fanout = (get("LIVEPUSH_FANOUT") or ("postgres" if database_url else "local")).lower()
         origins = get("LIVEPUSH_ALLOWED_ORIGINS")
         max_connections = get("LIVEPUSH_MAX_CONNECTIONS")
+        migrate_lock_timeout = get("LIVEPUSH_MIGRATE_LOCK_TIMEOUT")
         query_tokens = (get("LIVEPUSH_QUERY_TOKENS") or "on").lower()
         if query_tokens not in ("on", "off"):
             raise ConfigError(f"LIVEPUSH_QUERY_TOKENS={query_tokens!r} is unknown: use on or off")
@@ -169,6 +176,9 @@ class Settings:
             drain_seconds=number("LIVEPUSH_DRAIN_SECONDS", "0", float, "seconds, e.g. 10 (0: close every connection at once)"),
             listen_database_url=get("LIVEPUSH_LISTEN_DATABASE_URL"),
             prepared_statements=prepared == "on",
+            migrate_lock_timeout=(number("LIVEPUSH_MIGRATE_LOCK_TIMEOUT", migrate_lock_timeout, float,
+                                         "seconds, e.g. 5 (0: wait as long as it takes)")
+                                  if migrate_lock_timeout else None),
         )
         settings._validate()
         return settings
@@ -255,6 +265,9 @@ class Settings:
                 f"LIVEPUSH_DRAIN_SECONDS={self.drain_seconds:g} (or --drain-seconds) is out of range: use 0 to "
                 f"{MAX_DRAIN_SECONDS:g} seconds (0: close every connection at once)"
             )
+        if self.migrate_lock_timeout is not None and not 0 <= self.migrate_lock_timeout <= MAX_MIGRATE_LOCK_TIMEOUT:
+            raise ConfigError(f"LIVEPUSH_MIGRATE_LOCK_TIMEOUT={self.migrate_lock_timeout:g} (or --lock-timeout) is out "
+                              f"of range: use 0 to {MAX_MIGRATE_LOCK_TIMEOUT:g} seconds (0: wait as long as it takes)")
         if self.max_connections is not None and self.max_connections < 1:
             raise ConfigError(f"LIVEPUSH_MAX_CONNECTIONS={self.max_connections} must be at least 1 (or unset: no cap)")
         if self.redis_prefix is not None:

@@ -4,7 +4,7 @@
     ├── ConfigError            a setting is missing or wrong (CLI: exit 2)
     ├── DependencyError        Postgres or Redis cannot be reached (CLI: exit 1)
     │   ├── ListenError        listen() could not subscribe
-    │   └── SchemaBusyError    a schema change held a lock past a read's lock timeout (CLI: exit 75)
+    │   └── SchemaBusyError    a lock held past a read's or migrate's lock timeout (CLI: exit 75)
     ├── SchemaError            the database schema is older than this code needs
     ├── NotListeningError      a receiver registered before listen()
     ├── ArgumentValueError (ValueError)  a call's argument has a value livepush refuses
@@ -42,7 +42,9 @@ class ListenError(DependencyError):
 class SchemaBusyError(DependencyError):
     """Postgres is up, but a schema change (a `livepush migrate` under way, or another DDL) held a
     lock on livepush's tables past the lock timeout of a read that must not wait for it
-    (`jobs.status()`, `livepush status`): try again once it has finished."""
+    (`jobs.status()`, `livepush status`): try again once it has finished. Also a transaction that
+    held a table's lock past the lock timeout of `livepush migrate`'s statements, which then
+    migrated nothing: the message names the sessions that held it."""
 
 
 class SchemaError(LivepushError):

@@ -5,6 +5,10 @@ runtime role that needs no more than `serve`, `jobs`, `publish()` and enqueues d
 migrate` at once serialize: the second waits, whatever lock_timeout or statement_timeout the
 role has, then finds nothing left to do. Each file runs
 in the same transaction as the row that records it, so a failed file leaves no trace.
+
+Its DDL waits for a table's lock a bounded time (`lock_timeout`): while a DDL waits behind a long
+transaction, every statement of the application on that table queues behind the DDL. Past it the
+whole run is rolled back and tried again a few times, then given up naming what held the lock.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -20,7 +25,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from .errors import ConfigError, LivepushError, SchemaError, first_line
+from .errors import ConfigError, LivepushError, SchemaBusyError, SchemaError, first_line
 from .postgres.connect import aconnect, connect, redact, translated
 
 # An arbitrary constant: any process migrating livepush's schema takes this lock.
@@ -113,11 +118,36 @@ def required_version() -> int:
 _WAIT_UNTIMED = "SELECT set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true)"
 # name: migration_lock -- the advisory lock every migrate takes, held to the transaction's end.
 _MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(%s)"
-# name: timeouts_back -- the session's own lock_timeout and statement_timeout again (the role's,
-# the database's or the URL's), for the migrations' statements: a DDL waiting for a table's lock
-# behind a long transaction holds up every query on that table.
-_TIMEOUTS_BACK = ("SELECT set_config(name, reset_val, true) FROM pg_settings "
-                  "WHERE name IN ('lock_timeout', 'statement_timeout')")
+# name: statement_timeout_back -- the session's own statement_timeout again (the role's, the
+# database's or the URL's), for the migrations' statements.
+_STATEMENT_TIMEOUT_BACK = ("SELECT set_config(name, reset_val, true) FROM pg_settings "
+                           "WHERE name = 'statement_timeout'")
+# name: own_lock_timeout -- the session's own lock_timeout (the role's, the database's or the
+# URL's), in milliseconds (the setting's unit); 0 when none is set. A plain read.
+_OWN_LOCK_TIMEOUT = "SELECT reset_val::bigint FROM pg_settings WHERE name = 'lock_timeout'"
+# name: ddl_lock_timeout -- for this transaction only, how long a migration's statement waits for
+# a table's lock: while it waits, every statement of the application on that table waits behind it.
+_DDL_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(ms)s, true)"
+# name: lock_holders -- after a statement gave up waiting for a lock: the sessions holding a lock on
+# one of livepush's tables since before that wait began (it lasted `seconds`), oldest transaction
+# first, with the tables. The likely blockers: a lock wait's blockers can no longer be asked for
+# once it has ended. A plain read of pg_locks and pg_stat_activity (a session of another role shows
+# no state or start to a role without pg_read_all_stats: kept, with those unknown).
+_LOCK_HOLDERS = """
+SELECT a.pid, a.usename::text, a.application_name::text, a.state::text,
+       extract(epoch FROM clock_timestamp() - a.xact_start)::float8,
+       string_agg(DISTINCT c.relname::text, ', ' ORDER BY c.relname::text)
+FROM pg_locks l
+JOIN pg_class c ON c.oid = l.relation
+JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.granted AND l.pid <> pg_backend_pid()
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND c.relname LIKE 'livepush\\_%%' AND c.relkind IN ('r', 'p')
+  AND (a.xact_start IS NULL OR a.xact_start <= clock_timestamp() - make_interval(secs => %(seconds)s))
+GROUP BY a.pid, a.usename, a.application_name, a.state, a.xact_start
+ORDER BY a.xact_start NULLS LAST, a.pid
+LIMIT 4
+"""
 # name: schema_table_exists -- read under the advisory lock, so no other migrator creates it
 # between this read and the CREATE below.
 _SCHEMA_TABLE_EXISTS = "SELECT to_regclass('livepush_schema') IS NOT NULL"
@@ -213,48 +243,121 @@ def _may_create(url: str) -> Iterator[None]:
                           "owner (or of a role that may create in it)") from None
 
 
-def migrate(url: str, runtime_role: str | None = None) -> list[Migration]:
+# How long a migration's statement waits for a table's lock when neither the caller nor the
+# role's own lock_timeout says (seconds), and how many times a run given up so is tried again.
+DEFAULT_LOCK_TIMEOUT = 5.0
+LOCK_RETRIES = 3
+
+
+class _LockWaitEnded(Exception):
+    """A statement of one try gave up waiting for a lock: what it was for, what held it (said)."""
+
+    def __init__(self, doing: str, seconds: float, holders: str) -> None:
+        super().__init__(doing)
+        self.doing, self.seconds, self.holders = doing, seconds, holders
+
+
+def migrate(url: str, runtime_role: str | None = None, *, lock_timeout: float | None = None,
+            on_retry: Callable[[str], None] | None = None) -> list[Migration]:
     """Apply every bundled migration not yet applied; then, with `runtime_role`, grant that role
-    what the runtime needs. Returns the migrations applied now."""
+    what the runtime needs. Returns the migrations applied now.
+
+    `lock_timeout`: seconds a statement waits for a table's lock (0: as long as it takes); None:
+    the role's own lock_timeout when it has one, else DEFAULT_LOCK_TIMEOUT. A try that waited that
+    long is rolled back whole and made again after as long a pause, LOCK_RETRIES times (each
+    said to `on_retry` in a line), then SchemaBusyError names the sessions holding the lock."""
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            return _migrate_once(url, runtime_role, lock_timeout)
+        except _LockWaitEnded as ended:
+            waited = f"waited {ended.seconds:g} s for a lock {ended.doing}, held by {ended.holders}"
+            if tries > LOCK_RETRIES:
+                raise SchemaBusyError(
+                    f"migrate {waited}, {tries} times, and migrated nothing: while a migration waits for "
+                    "a lock, every statement of the application on that table waits behind it. End that "
+                    "transaction and run migrate again, or let migrate wait longer with --lock-timeout S "
+                    "(LIVEPUSH_MIGRATE_LOCK_TIMEOUT; 0: as long as it takes)") from None
+            if on_retry is not None:
+                on_retry(f"migrate {waited}; rolled back, trying again in {ended.seconds:g} s "
+                         f"({tries + 1} of {LOCK_RETRIES + 1})")
+            # As long as it made the application wait: the blocker may end, and what queued
+            # behind the try catches up meanwhile.
+            time.sleep(ended.seconds)
+
+
+def _lock_timeout_ms(conn: psycopg.Connection, lock_timeout: float | None) -> int:
+    """The migrations' lock_timeout in milliseconds (0: none), from migrate()'s `lock_timeout`."""
+    if lock_timeout is not None:
+        # At least a millisecond: Postgres reads a smaller value as 0, which waits for ever.
+        return max(round(lock_timeout * 1000), 1) if lock_timeout > 0 else 0
+    own = conn.execute(_OWN_LOCK_TIMEOUT).fetchone()
+    return int(own[0]) if own is not None and int(own[0]) > 0 else round(DEFAULT_LOCK_TIMEOUT * 1000)
+
+
+def _lock_holders(conn: psycopg.Connection, seconds: float) -> str:
+    """The sessions _LOCK_HOLDERS finds, said for an operator (pid, role, application, state)."""
+    said = []
+    for pid, role, application, state, age, tables in conn.execute(_LOCK_HOLDERS, {"seconds": seconds}).fetchall():
+        what = f"pid {pid} (role {role}" + (f", application {application!r}" if application else "")
+        what += f", {state}" if state else ""
+        what += f" for {age:.0f} s" if age is not None else ""
+        said.append(f"{what}, on {tables}; SELECT pg_terminate_backend({pid}) ends it)")
+    return "; ".join(said) or "a transaction that has ended since"
+
+
+def _migrate_once(url: str, runtime_role: str | None, lock_timeout: float | None) -> list[Migration]:
+    """One try of migrate(), in one transaction; _LockWaitEnded when a statement waited its
+    lock_timeout for a lock (everything rolled back)."""
     applied_now: list[Migration] = []
+    doing = "for livepush_schema"
     with translated(url), connect(url, autocommit=False) as conn:
         # Transaction-scoped lock: released at commit or rollback, never leaked by a crash.
         conn.execute(_WAIT_UNTIMED)
         conn.execute(_MIGRATION_LOCK, (MIGRATION_LOCK_KEY,))
-        conn.execute(_TIMEOUTS_BACK)
-        exists = conn.execute(_SCHEMA_TABLE_EXISTS).fetchone()
-        if not (exists and exists[0]):
-            # A copy in a schema the search path misses is the deployment's: a second one here
-            # would share its notification channels but not its messages or its jobs.
-            elsewhere = _out_of_reach(url, conn.execute(_SCHEMA_ELSEWHERE).fetchall())
-            if elsewhere is not None:
-                raise elsewhere
-            # Only when missing: the runtime role, which may not create, can then run `migrate`
-            # on a current schema and be told there is nothing to do.
-            with _may_create(url):
-                conn.execute(_CREATE_SCHEMA_TABLE)
-        else:
-            conn.execute(_PIN_SCHEMA)
-        applied = _applied(conn, url)
-        _check_lineage(url, applied)
-        done = {v for v, _, _ in applied}
-        for migration in bundled():
-            if migration.version in done:
-                continue
-            try:
+        conn.execute(_STATEMENT_TIMEOUT_BACK)
+        ms = _lock_timeout_ms(conn, lock_timeout)
+        conn.execute(_DDL_LOCK_TIMEOUT, {"ms": str(ms)})
+        try:
+            exists = conn.execute(_SCHEMA_TABLE_EXISTS).fetchone()
+            if not (exists and exists[0]):
+                # A copy in a schema the search path misses is the deployment's: a second one here
+                # would share its notification channels but not its messages or its jobs.
+                elsewhere = _out_of_reach(url, conn.execute(_SCHEMA_ELSEWHERE).fetchall())
+                if elsewhere is not None:
+                    raise elsewhere
+                # Only when missing: the runtime role, which may not create, can then run `migrate`
+                # on a current schema and be told there is nothing to do.
                 with _may_create(url):
-                    conn.execute(migration.sql)  # type: ignore[arg-type]  # trusted files shipped with the package
-            except _LEFT_OVER as exc:
-                # The object is livepush's own, made by an earlier run whose record is gone (its tables
-                # dropped but not its functions, or the other way round): not Postgres failing.
-                raise _foreign(url, f"{first_line(exc)}, but livepush_schema does not record "
-                                    f"{migration.version:04d}_{migration.name}") from None
-            conn.execute("INSERT INTO livepush_schema (version, name, checksum) VALUES (%s, %s, %s)",
-                         (migration.version, migration.name, migration.checksum))
-            applied_now.append(migration)
-        if runtime_role is not None:
-            _grant_runtime(conn, runtime_role)
-        conn.commit()
+                    conn.execute(_CREATE_SCHEMA_TABLE)
+            else:
+                conn.execute(_PIN_SCHEMA)
+            applied = _applied(conn, url)
+            _check_lineage(url, applied)
+            done = {v for v, _, _ in applied}
+            for migration in bundled():
+                if migration.version in done:
+                    continue
+                doing = f"for migration {migration.version:04d}_{migration.name}"
+                try:
+                    with _may_create(url):
+                        conn.execute(migration.sql)  # type: ignore[arg-type]  # trusted files shipped with the package
+                except _LEFT_OVER as exc:
+                    # The object is livepush's own, made by an earlier run whose record is gone (its tables
+                    # dropped but not its functions, or the other way round): not Postgres failing.
+                    raise _foreign(url, f"{first_line(exc)}, but livepush_schema does not record "
+                                        f"{migration.version:04d}_{migration.name}") from None
+                conn.execute("INSERT INTO livepush_schema (version, name, checksum) VALUES (%s, %s, %s)",
+                             (migration.version, migration.name, migration.checksum))
+                applied_now.append(migration)
+            if runtime_role is not None:
+                doing = f"to grant {runtime_role} what the runtime needs"
+                _grant_runtime(conn, runtime_role)
+            conn.commit()
+        except psycopg.errors.LockNotAvailable:
+            conn.rollback()
+            raise _LockWaitEnded(doing, ms / 1000, _lock_holders(conn, ms / 1000)) from None
     return applied_now
 
 

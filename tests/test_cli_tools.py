@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import multiprocessing
 import os
 import sys
@@ -438,6 +440,26 @@ def test_a_flag_overrides_its_variable_even_when_the_variable_is_bad(monkeypatch
     settings = _settings(args)
     assert (settings.host, settings.port, settings.fanout, settings.authenticate, settings.drain_seconds) == (
         "127.0.0.2", 9000, "local", "off", 1.5)
+
+
+def test_migrate_lock_timeout_overrides_its_variable_and_a_bad_one_names_both(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`migrate --lock-timeout S` replaces LIVEPUSH_MIGRATE_LOCK_TIMEOUT, which is then not read; a
+    bad value there refuses a command without the flag naming the variable alone (`status` has no
+    --lock-timeout to give)."""
+    from livepush.cli.main import main
+
+    monkeypatch.setattr("livepush.config._current", None)
+    monkeypatch.setenv("LIVEPUSH_MIGRATE_LOCK_TIMEOUT", "90000")
+    monkeypatch.delenv("LIVEPUSH_DATABASE_URL", raising=False)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    for argv, said in ((["migrate", "--lock-timeout", "2"], "LIVEPUSH_DATABASE_URL is not set"),
+                       (["migrate"], "LIVEPUSH_MIGRATE_LOCK_TIMEOUT=90000 (or --lock-timeout) is out of range"),
+                       (["status"], "LIVEPUSH_MIGRATE_LOCK_TIMEOUT=90000 is out of range")):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            assert main(argv) == 2
+        assert said in err.getvalue(), (argv, err.getvalue())
 
 
 def test_the_choice_flags_take_any_case_as_their_variables_do() -> None:

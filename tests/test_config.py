@@ -100,7 +100,7 @@ def test_livepush_env_test_is_read_in_any_case(value: str) -> None:
 
 
 NUMBER_VARIABLES = ["LIVEPUSH_PORT", "LIVEPUSH_HISTORY_TTL", "LIVEPUSH_MAX_CONNECTIONS", "LIVEPUSH_SIGNED_TOPIC_TTL",
-                    "LIVEPUSH_DRAIN_SECONDS"]
+                    "LIVEPUSH_DRAIN_SECONDS", "LIVEPUSH_MIGRATE_LOCK_TIMEOUT"]
 
 
 @pytest.mark.parametrize("name", NUMBER_VARIABLES)

@@ -117,6 +117,7 @@ def _table_rows(text: str) -> dict[str, list[str]]:
 def _code_defaults() -> dict[str, list[str]]:
     """What the code does for each variable left unset, as the tables' default column words it: a
     backticked value, `none` (nothing set), or the phrase that says what happens instead."""
+    from livepush import migrate
     from livepush.cli.workers import worker_count
     from livepush.config import Settings
     from livepush.redis.client import deployment_prefix
@@ -154,6 +155,8 @@ def _code_defaults() -> dict[str, list[str]]:
         "LIVEPUSH_LISTEN_DATABASE_URL": ["`LIVEPUSH_DATABASE_URL`" if with_database.listen_url == with_database.database_url
                                          else "a URL of its own"],
         "LIVEPUSH_PREPARED_STATEMENTS": [word(unset.prepared_statements)],
+        "LIVEPUSH_MIGRATE_LOCK_TIMEOUT": ["`lock_timeout`" if unset.migrate_lock_timeout is None
+                                          else word(unset.migrate_lock_timeout), word(migrate.DEFAULT_LOCK_TIMEOUT)],
     }
 
 
@@ -186,6 +189,7 @@ def test_the_reference_and_help_give_each_range_the_code_checks() -> None:
         "LIVEPUSH_SIGNED_TOPIC_TTL": f"({config.MIN_SIGNED_TOPIC_TTL:g} or more)",
         "LIVEPUSH_WORKERS": f"from 1 to {MAX_WORKERS}",
         "LIVEPUSH_DRAIN_SECONDS": f"from 0 to {config.MAX_DRAIN_SECONDS:g}",
+        "LIVEPUSH_MIGRATE_LOCK_TIMEOUT": f"from 0 to {config.MAX_MIGRATE_LOCK_TIMEOUT:g}",
         "LIVEPUSH_REDIS_PREFIX": f"1 to {PREFIX_MAX} printable characters",
     }
     flags = {
@@ -703,7 +707,8 @@ def test_each_commands_usage_names_its_values_as_the_reference_does() -> None:
 
 # The flags reference §3 gives a variable for: their --help names it too.
 VARIABLES = [("serve", "--drain-seconds", "LIVEPUSH_DRAIN_SECONDS"), ("serve", "--workers", "LIVEPUSH_WORKERS"),
-             ("serve", "--host", "LIVEPUSH_HOST"), ("serve", "--port", "LIVEPUSH_PORT")]
+             ("serve", "--host", "LIVEPUSH_HOST"), ("serve", "--port", "LIVEPUSH_PORT"),
+             ("migrate", "--lock-timeout", "LIVEPUSH_MIGRATE_LOCK_TIMEOUT")]
 
 
 @pytest.mark.parametrize("command,flag,variable", VARIABLES)

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from livepush import migrate
-from livepush.errors import ConfigError, SchemaError
+from livepush.errors import ConfigError, SchemaBusyError, SchemaError
 from tests.jobs.conftest import q
 from tests.support import services
 from tests.support.waiting import wait_for
@@ -317,3 +317,95 @@ def test_an_upgrade_adds_its_objects_beside_the_others_when_an_earlier_schema_of
     for table in tables:
         assert q(pg_url, "SELECT relnamespace::regnamespace::text FROM pg_class WHERE relname = %s",
                  (table,)) == [("public",)], table
+
+
+# The first migration after the jobs' table that builds on it (an index on livepush_jobs, whose
+# ShareLock waits for every transaction that wrote the table): an upgrade to it meets the app.
+_UPGRADE = next(m for m in migrate.bundled() if m.version > 3 and re.search(r"\bON livepush_jobs\b", m.sql))
+
+
+@contextlib.contextmanager
+def _before_upgrade(pg_admin_url: str) -> Iterator[tuple[str, psycopg.Connection]]:
+    """A database migrated up to the migration before _UPGRADE, and an application's transaction
+    that wrote livepush_jobs and stays open (idle in transaction): (its URL, that transaction)."""
+    name = f"t_migrate_lock_{uuid.uuid4().hex[:12]}"
+    url = services.create_database(pg_admin_url, name)
+    try:
+        older = [m for m in migrate.bundled() if m.version < _UPGRADE.version]
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(migrate, "bundled", lambda: older)
+            migrate.migrate(url)
+        with psycopg.connect(url, application_name="app-holding-jobs") as holder:
+            holder.execute("DELETE FROM livepush_jobs WHERE id = -1")
+            yield url, holder
+    finally:
+        services.drop_database(pg_admin_url, name)
+
+
+def test_a_migrate_behind_a_long_transaction_gives_up_naming_it_rather_than_queue_every_statement(
+        pg_admin_url: str) -> None:
+    """A DDL waiting for a lock holds up every statement of the application on that table behind
+    it. So migrate waits for its locks a bounded time (here 0.2 s), tries again a few times with
+    a pause between, rolls everything back, and then fails with SchemaBusyError naming the session
+    that holds the lock (pid, application, state) and how to wait longer."""
+    with _before_upgrade(pg_admin_url) as (url, holder):
+        notices: list[str] = []
+        with pytest.raises(SchemaBusyError) as blocked:
+            migrate.migrate(url, lock_timeout=0.2, on_retry=notices.append)
+        said = str(blocked.value)
+        pid = holder.info.backend_pid
+        for part in (f"pid {pid}", "app-holding-jobs", "idle in transaction", "livepush_jobs",
+                     f"{_UPGRADE.version:04d}_{_UPGRADE.name}", "--lock-timeout", "LIVEPUSH_MIGRATE_LOCK_TIMEOUT"):
+            assert part in said, (part, said)
+        assert len(notices) == migrate.LOCK_RETRIES and all(f"pid {pid}" in n for n in notices), notices
+        holder.rollback()
+        # Nothing of the upgrade stayed: each try is one transaction, rolled back whole.
+        assert migrate.schema_version(url) == _UPGRADE.version - 1
+
+
+def test_a_migrate_whose_blocker_ends_between_two_tries_migrates(pg_admin_url: str) -> None:
+    """The long transaction ends after the first try gave up: the next one migrates."""
+    with _before_upgrade(pg_admin_url) as (url, holder):
+        notices: list[str] = []
+
+        def on_retry(line: str) -> None:
+            notices.append(line)
+            holder.rollback()
+
+        applied = migrate.migrate(url, lock_timeout=0.2, on_retry=on_retry)
+        assert [m.version for m in applied] == [m.version for m in migrate.bundled() if m.version >= _UPGRADE.version]
+        assert len(notices) == 1 and f"pid {holder.info.backend_pid}" in notices[0], notices
+
+
+def test_livepush_migrate_behind_a_long_transaction_exits_75_naming_it(pg_admin_url: str, procs,
+                                                                      livepush_env) -> None:
+    """`livepush migrate --lock-timeout S` behind a transaction that does not end: a line for each
+    try that waited, then exit 75 (try again) with one line naming the blocker; nothing migrated."""
+    with _before_upgrade(pg_admin_url) as (url, holder):
+        child = procs.livepush("migrate", "--lock-timeout", "0.2", env=livepush_env(database_url=url))
+        assert child.wait(60) == 75, child.output()
+        lines = child.stderr().strip().splitlines()
+        assert "Traceback" not in child.stderr() and len(lines) == migrate.LOCK_RETRIES + 1, child.output()
+        assert f"pid {holder.info.backend_pid}" in lines[-1] and "--lock-timeout" in lines[-1], lines
+        assert child.stdout() == "", child.output()
+        holder.rollback()
+        assert migrate.schema_version(url) == _UPGRADE.version - 1
+
+
+def test_the_migrations_lock_timeout_is_the_roles_own_when_one_is_set(pg_admin_url: str, procs,
+                                                                     livepush_env) -> None:
+    """Without --lock-timeout or LIVEPUSH_MIGRATE_LOCK_TIMEOUT a lock_timeout the database or the
+    role sets is kept (its DBA chose it); a setting given replaces it, 0 waiting as long as it takes."""
+    with _before_upgrade(pg_admin_url) as (url, holder):
+        name = services.dbname_of(url)
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute(f"ALTER DATABASE {name} SET lock_timeout = '100ms'")  # type: ignore[arg-type]
+        with pytest.raises(SchemaBusyError, match="waited 0.1 s for a lock"):
+            migrate.migrate(url)
+        child = procs.livepush("migrate", env=livepush_env(database_url=url, migrate_lock_timeout="0"))
+        wait_for(lambda: q(url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                "AND wait_event_type = 'Lock' AND now() - query_start > interval '500 ms'")[0][0],
+                 20, message="the migrate to wait past the database's lock_timeout")
+        holder.rollback()
+        assert child.wait(30) == 0, child.output()
+        assert migrate.schema_version(url) == migrate.required_version()

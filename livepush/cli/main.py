@@ -1,5 +1,5 @@
 """The `livepush` command (docs/reference.md#3-commands). Exit status: 0 clean stop, 1 a dependency
-failed, 2 bad usage or configuration, 75 a schema change held the tables (try again); errors are
+failed, 2 bad usage or configuration, 75 a lock held too long (try again); errors are
 one line on stderr, never a traceback."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from ..errors import ConfigError, DependencyError, InvalidTopic, LivepushError, 
 from . import flags, logs
 
 EXIT_OK, EXIT_DEPENDENCY, EXIT_USAGE = 0, 1, 2
-# A read that a schema change held up (`livepush migrate` under way): nothing is wrong, try again.
-# sysexits' EX_TEMPFAIL, so a script can tell it from a database that is down (1).
+# A read that a schema change held up (`livepush migrate` under way), or a migrate that a long
+# transaction held up: nothing is wrong, try again. sysexits' EX_TEMPFAIL, so a script can tell
+# it from a database that is down (1).
 EXIT_TRY_AGAIN = 75
 # A command that prints its result and ends, stopped by SIGINT before it finished: 128 + SIGINT,
 # what a shell reports for a command Ctrl-C stopped (SIGTERM, left to its default, gives 143).
@@ -76,6 +77,11 @@ _FLAG_VARIABLES = {"host": "LIVEPUSH_HOST", "port": "LIVEPUSH_PORT", "fanout": "
                    "authenticate": "LIVEPUSH_AUTHENTICATE", "drain_seconds": "LIVEPUSH_DRAIN_SECONDS"}
 
 
+# Flags of other commands that stand in for a variable every command reads: a setting's error
+# names the flag only on the command that has it.
+_OTHER_FLAG_VARIABLES = {"lock_timeout": "LIVEPUSH_MIGRATE_LOCK_TIMEOUT"}
+
+
 # The flags of `serve` that a command without them reads from its variable instead.
 _READ_FROM_VARIABLES = {"demo": ("host", "port")}
 
@@ -107,7 +113,7 @@ def _settings(args: argparse.Namespace, *, replaced: Collection[str] = ()) -> co
 def _flags_of_this_command(message: str, args: argparse.Namespace) -> str:
     """A setting's error names `serve`'s flag beside its variable; on a command without that flag
     (`demo`, `jobs`, ...) it names the variable alone, the one way that command can set it."""
-    for name, variable in _FLAG_VARIABLES.items():
+    for name, variable in {**_FLAG_VARIABLES, **_OTHER_FLAG_VARIABLES}.items():
         if not hasattr(args, name):
             flag = "--" + name.replace("_", "-")
             message = message.replace(f" (or {flag})", "").replace(f"{flag} (or {variable})", variable)
@@ -119,7 +125,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from .. import migrate
     from ..postgres.text import unstorable
 
-    settings = _settings(args)
+    # --lock-timeout stands in for LIVEPUSH_MIGRATE_LOCK_TIMEOUT, which is then not read.
+    given = args.lock_timeout is not None
+    settings = _settings(args, replaced=("LIVEPUSH_MIGRATE_LOCK_TIMEOUT",) if given else ())
+    settings = settings.replace(migrate_lock_timeout=args.lock_timeout)
     if args.runtime_role is not None and not args.runtime_role.strip():
         # `--runtime-role "$ROLE"` with the variable unset: "no such role ''" would send the
         # operator to create a role, when what is missing is the variable.
@@ -131,7 +140,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         # traceback, after the migrations ran (and were rolled back with the grants).
         raise ConfigError(f"--runtime-role {args.runtime_role!r} holds {wrong}, which no role name can: "
                           "give the role's name as Postgres knows it (\\du in psql lists them)")
-    applied = migrate.migrate(settings.require_database(), runtime_role=args.runtime_role)
+    # Each try that waited for a lock is said as it ends: the whole run may take a while.
+    applied = migrate.migrate(settings.require_database(), runtime_role=args.runtime_role,
+                              lock_timeout=settings.migrate_lock_timeout,
+                              on_retry=lambda line: print(logs.error_line(line, "text"), file=sys.stderr))
     for m in applied:
         print(f"applied {m.version:04d}_{m.name}")
     have, ours = migrate.schema_version(settings.require_database()), migrate.required_version()
@@ -295,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("migrate", help="apply the database migrations (safe to repeat)")
     p.add_argument("--runtime-role", metavar="ROLE",
                    help="also grant ROLE exactly what serve, jobs, publish() and enqueues need")
+    p.add_argument("--lock-timeout", type=flags.seconds, metavar="S",
+                   help="seconds each migration waits for a table's lock before it tries again "
+                        "(LIVEPUSH_MIGRATE_LOCK_TIMEOUT; default: the role's lock_timeout, else 5; 0: no limit)")
     p.set_defaults(func=cmd_migrate)
 
     p = sub.add_parser("serve", help="run the WebSocket server")
