@@ -425,7 +425,10 @@ def runtime_leftovers(url: str, role: str) -> list[str]:
     """One line for each privilege `role` holds that lets it create objects (none of them granted
     by `migrate`), naming the statement that takes it away; empty when it can create nothing. One
     line alone for a role above every grant (a superuser, the owner or a member of it)."""
-    with translated(url), connect(url) as conn:
+    with translated(url), connect(url) as conn, conn.transaction():
+        # Where livepush is, as migrate() pinned it for the grants: a schema named after the
+        # migrating role, made since, comes first in its search_path and holds none of it.
+        conn.execute(_PIN_SCHEMA)
         above = conn.execute(_RUNTIME_ABOVE, {"role": role}).fetchone()
         if above is not None and above[0]:
             # REVOKEs from PUBLIC would leave it as it is: the one fix is another role.

@@ -409,3 +409,24 @@ def test_the_migrations_lock_timeout_is_the_roles_own_when_one_is_set(pg_admin_u
         holder.rollback()
         assert child.wait(30) == 0, child.output()
         assert migrate.schema_version(url) == migrate.required_version()
+
+
+def test_the_runtime_roles_warnings_look_where_livepush_is_when_an_earlier_schema_of_the_path_appeared(
+        pg_url: str) -> None:
+    """A schema named after the migrating role, made after the first migrate, comes first in its
+    search_path ("$user", public). What `migrate --runtime-role` then says of the role looks at the
+    schema livepush's tables are in, as the grants do: a member of their owner is told that the
+    grants limit nothing, not that it may create objects in the schema that appeared."""
+    role = f"r_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        owner = conn.execute("SELECT current_user").fetchone()[0]  # type: ignore[index]
+        conn.execute("CREATE SCHEMA AUTHORIZATION CURRENT_USER")
+        conn.execute(psycopg.sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER").format(psycopg.sql.Identifier(role)))
+        conn.execute(psycopg.sql.SQL("GRANT {} TO {}").format(psycopg.sql.Identifier(owner),
+                                                                psycopg.sql.Identifier(role)))
+    try:
+        said = migrate.runtime_leftovers(pg_url, role)
+        assert len(said) == 1 and "the grants limit nothing" in said[0], said
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(psycopg.sql.SQL("DROP ROLE {}").format(psycopg.sql.Identifier(role)))
