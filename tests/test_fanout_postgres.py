@@ -450,6 +450,33 @@ async def test_starts_of_a_shared_listener_at_the_same_time_open_one_connection_
         await listener.aclose()
 
 
+async def test_a_listener_started_again_after_aclose_listens_and_hears(pg_url: str) -> None:
+    """A listener closed and started again (an app's lifespan run twice) listens anew and hands
+    on what it hears, rather than open a connection whose loop ends at once and say it listens."""
+    heard: list[str] = []
+    listener = Listener(pg_url, name="lp-started-again")
+    listener.add("livepush_started_again", heard.append)
+    await listener.start()
+    await listener.aclose()
+    assert not listener.listening
+    try:
+        await listener.start()
+        assert listener.listening
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("SELECT pg_notify('livepush_started_again', 'after')")
+        await async_wait_for(lambda: heard, 5, message="the notification sent after the second start")
+        assert heard == ["after"]
+    finally:
+        await listener.aclose()
+
+    def backends() -> int:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                                ("lp-started-again",)).fetchone()[0]
+
+    await async_wait_for(lambda: backends() == 0, 5, message="the listener's connection to close")
+
+
 async def test_a_start_of_a_running_listener_cancelled_while_it_waits_for_new_channels_logs_no_error(
         pg_url: str) -> None:
     """A part that adds its channels to a listener already running waits for them to be listened

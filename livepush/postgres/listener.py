@@ -88,6 +88,9 @@ class Listener:
         `timeout` seconds (a reconnect in progress)."""
         async with self._starting:
             if self._task is None:
+                # Started again after aclose() (an app's lifespan run twice): its loop would end
+                # at once, leaving a connection that says it listens and hears nothing.
+                self._closing = False
                 try:
                     conn = await self._connect()
                 except (DependencyError, psycopg.Error, OSError) as exc:
