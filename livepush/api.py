@@ -15,7 +15,7 @@ from .config import get_settings
 from .errors import InvalidTopic
 from .fanout import FanOut, from_env
 from .fanout.base import batch_pairs
-from .types import JSON, Offset, Topic
+from .types import JSON, Offset, Seconds, Topic
 
 log = logging.getLogger("livepush")
 
@@ -151,8 +151,9 @@ async def alatest_offset(topic: Topic) -> Offset:
     return await default_fanout().alatest_offset(_message_topic(topic, _NO_OFFSET))
 
 
-def sign_topic(topic: Topic, ttl: float | None = None) -> str:
-    """A signed topic, safe to embed in a page: it is its own permission to subscribe."""
+def sign_topic(topic: Topic, ttl: Seconds | None = None) -> str:
+    """A signed topic, safe to embed in a page: it is its own permission to subscribe, for `ttl`
+    seconds (or a timedelta; None: it never expires)."""
     settings = get_settings()
     settings.require_secret()
     # The server refuses a state topic whose id is not canonical (job:0001): say so now, not

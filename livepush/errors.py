@@ -20,8 +20,6 @@ Foreign errors (psycopg, redis, websockets) are translated at the seam where the
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 
 class LivepushError(Exception):
     """Base class of every error livepush raises on purpose."""
@@ -94,11 +92,6 @@ class InvalidSession(LivepushError, ValueError):
 
 class PayloadTooLarge(LivepushError, ValueError):
     """publish() data encodes to more than 1 MiB of JSON."""
-
-
-def seconds_hint(value: object) -> str:
-    """The end of a refusal of `value` where a number of seconds goes: a timedelta is the likely slip."""
-    return " (pass its .total_seconds())" if isinstance(value, timedelta) else ""
 
 
 def first_line(exc: BaseException) -> str:

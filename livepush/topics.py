@@ -19,8 +19,9 @@ from collections.abc import Sequence
 
 from itsdangerous import BadSignature, Signer
 
-from .errors import ArgumentValueError, InvalidTopic, seconds_hint
+from .errors import ArgumentValueError, InvalidTopic
 from .postgres.text import BIGINT_MAX
+from .types import Seconds, as_seconds
 
 MAX_TOPIC_LENGTH = 200
 TOPIC_RE = re.compile(rf"[A-Za-z0-9_.:/-]{{1,{MAX_TOPIC_LENGTH}}}")
@@ -101,22 +102,25 @@ def _signer(secrets: Sequence[str]) -> Signer:
 PAGE_TTL_DEFAULT = "LIVEPUSH_SIGNED_TOPIC_TTL, the default lifetime"
 
 
-def check_ttl(ttl: object, *, none_means: str = "no expiry") -> None:
-    """ArgumentValueError unless `ttl` is a lifetime a signed topic can carry: a positive, finite
-    number of seconds. `none_means` is what the caller does with None, which the message names:
-    a user told the wrong one would pass None for what it does not do."""
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0 or ttl == math.inf:
-        raise ArgumentValueError(f"ttl must be a positive, finite number of seconds (or None: {none_means}), "
-                                 f"got {ttl!r}" + seconds_hint(ttl))
+def check_ttl(ttl: object, *, none_means: str = "no expiry") -> float:
+    """`ttl` in seconds if it is a lifetime a signed topic can carry: a positive, finite number of
+    seconds or a timedelta of them; else ArgumentValueError. `none_means` is what the caller does
+    with None, which the message names: a user told the wrong one would pass None for what it does
+    not do."""
+    seconds = as_seconds(ttl)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0 or seconds == math.inf:
+        raise ArgumentValueError(f"ttl must be a positive, finite number of seconds or a timedelta (or None: "
+                                 f"{none_means}), got {ttl!r}")
+    return seconds
 
 
-def sign(topic: str, secrets: Sequence[str], ttl: float | None = None, *, now: float | None = None) -> str:
+def sign(topic: str, secrets: Sequence[str], ttl: Seconds | None = None, *, now: float | None = None) -> str:
     validate_topic(topic)
     if not secrets:
         raise InvalidTopic("cannot sign a topic without LIVEPUSH_SECRET: set it (32+ random characters)")
     value = topic
     if ttl is not None:
-        check_ttl(ttl)
+        ttl = check_ttl(ttl)
         # Rounded up: cut down to the second before, a topic would lose up to a second of its
         # ttl, and one with a ttl under a second could be expired as it is made.
         # A huge ttl (10**100 for "never") wrote an expiry of as many digits, past what verify()

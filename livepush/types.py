@@ -5,11 +5,22 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Protocol, TypeAlias
 
 JSON: TypeAlias = Any  # plain JSON: str, int, float, bool, None, list, dict[str, JSON]
 Topic: TypeAlias = str
 Offset: TypeAlias = str  # opaque on the wire; comparable through offset_key()
+# What an argument of seconds takes, all over livepush (delays, timeouts, ttl=): a number, or a
+# timedelta (as_seconds).
+Seconds: TypeAlias = float | timedelta
+
+
+def as_seconds(value: Any) -> Any:
+    """A `timedelta` given where livepush takes seconds, as its seconds; any other value as given.
+    Every seconds-valued argument goes through here before its own check, which then refuses a
+    negative or zero one, or one past its limit, with the error it gives the same number."""
+    return value.total_seconds() if isinstance(value, timedelta) else value
 
 
 @dataclass(frozen=True, slots=True)

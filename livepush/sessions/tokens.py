@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from itsdangerous import BadData, BadSignature, URLSafeSerializer
 
 from ..config import get_settings
-from ..errors import ArgumentTypeError, ArgumentValueError, InvalidSession, seconds_hint
+from ..errors import ArgumentTypeError, ArgumentValueError, InvalidSession
 from ..postgres.text import unstorable
+from ..types import Seconds, as_seconds
 
 MAX_TOKEN_LENGTH = 4096
 MAX_SUBJECT_LENGTH = 200
@@ -77,10 +78,11 @@ def check_subject(subject: object, call: str = "issue()") -> str:
     return subject
 
 
-def _check_ttl(ttl: object) -> float:
+def _check_ttl(given: object) -> float:
+    ttl = as_seconds(given)  # a timedelta is checked as its seconds, with the errors a number gets
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
-        raise ArgumentValueError(f"issue(ttl=) takes a number of seconds, got {type(ttl).__name__} {ttl!r:.60}"
-                                 + seconds_hint(ttl))
+        raise ArgumentValueError(f"issue(ttl=) takes a number of seconds or a timedelta, got {type(ttl).__name__} "
+                                 f"{ttl!r:.60}")
     # Compared, not passed to math.isfinite(): an int past a float's range (10**400) raised a bare
     # OverflowError there.
     if not ttl > 0:  # NaN too
@@ -91,8 +93,8 @@ def _check_ttl(ttl: object) -> float:
     return float(ttl)
 
 
-def issue(subject: str, ttl: float = 86400, *, now: float | None = None) -> str:
-    """A new session token for `subject`, valid for `ttl` seconds (at most 366 days).
+def issue(subject: str, ttl: Seconds = 86400, *, now: float | None = None) -> str:
+    """A new session token for `subject`, valid for `ttl` seconds or a timedelta (at most 366 days).
 
     Signed with LIVEPUSH_SECRET (ConfigError when it is not set). Put it in the
     `livepush_session` cookie (preferred: HttpOnly, Secure, SameSite) or pass it as the

@@ -8,6 +8,7 @@ import asyncio
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -151,10 +152,11 @@ def test_signing_in_as_another_user_revokes_the_previous_users_session() -> None
     ("LIVEPUSH_SESSION_TTL", None),
     ("LIVEPUSH_SESSION_TTL", 0),
     ("LIVEPUSH_SESSION_TTL", 400 * 86400),
+    ("LIVEPUSH_SESSION_TTL", timedelta(0)),
     ("LIVEPUSH_SESSION_SUBJECT", "myapp.auth.subject_of"),
     ("LIVEPUSH_SESSION_SUBJECT", lambda user: None),
     ("LIVEPUSH_SESSION_SUBJECT", lambda user: ""),
-], ids=["ttl-text", "ttl-none", "ttl-zero", "ttl-over-366-days", "subject-a-dotted-path", "subject-none",
+], ids=["ttl-text", "ttl-none", "ttl-zero", "ttl-over-366-days", "ttl-zero-timedelta", "subject-a-dotted-path", "subject-none",
         "subject-empty"])
 def test_a_bad_session_setting_is_an_error_naming_it(name: str, value: Any) -> None:
     """A session setting Django cannot use is ImproperlyConfigured naming the setting, never a bare
@@ -171,6 +173,17 @@ def test_a_numeric_ttl_setting_given_as_text_is_read() -> None:
     client, _ = signed_in()
     with override_settings(LIVEPUSH_SESSION_TTL="3600"):
         assert int(client.get("/").cookies["livepush_session"]["max-age"]) == 3600
+
+
+def test_a_ttl_setting_given_as_a_timedelta_is_read() -> None:
+    """LIVEPUSH_SESSION_TTL = timedelta(hours=1) is 3600 seconds, as every seconds argument of
+    livepush takes a timedelta; it was refused as no number of seconds."""
+    client, _ = signed_in()
+    with override_settings(LIVEPUSH_SESSION_TTL=timedelta(hours=1)):
+        cookie = client.get("/").cookies["livepush_session"]
+    assert int(cookie["max-age"]) == 3600
+    session = sessions.decode(cookie.value, get_settings().secrets)
+    assert 3600 <= session.expires_at - session.issued_at <= 3600.002
 
 
 def test_a_shortened_session_ttl_replaces_a_cookie_that_would_outlive_it() -> None:

@@ -6,7 +6,9 @@ open WebSocket connections close with 4403, and deletes the cookie."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 from http.cookies import SimpleCookie
 
 import httpx
@@ -92,6 +94,19 @@ def test_the_secure_flag_can_be_given(app_env: dict[str, str]) -> None:
     token = set_session_cookie(response, request, "ana", ttl=60, secure=True)
     cookie = SimpleCookie(response.headers.getlist("set-cookie")[-1])["__Host-livepush_session"]
     assert cookie.value == token and cookie["secure"] and cookie["max-age"] == "60"
+
+
+def test_a_timedelta_ttl_sets_a_cookie_for_its_seconds(app_env: dict[str, str]) -> None:
+    """set_session_cookie(ttl=) takes a timedelta, as sessions.issue() does: the token and the
+    cookie both last its seconds."""
+    request = Request({"type": "http", "scheme": "https", "method": "GET", "path": "/", "headers": [],
+                       "server": ("127.0.0.1", 8000), "query_string": b""})
+    response = Response()
+    token = set_session_cookie(response, request, "ana", ttl=timedelta(minutes=1))
+    cookie = SimpleCookie(response.headers.getlist("set-cookie")[-1])["__Host-livepush_session"]
+    assert cookie.value == token and cookie["max-age"] == "60"
+    session = sessions.decode(token, config.get_settings().secrets)
+    assert 55 <= session.expires_at - time.time() <= 61
 
 
 async def test_logout_revokes_and_deletes_the_cookie(http_client: httpx.AsyncClient) -> None:

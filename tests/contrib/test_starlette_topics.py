@@ -41,6 +41,20 @@ async def test_a_page_topic_is_signed_and_expires(app_env: dict[str, str]) -> No
     assert page.as_dict() == {"topic": page.signed, "since": page.since}
 
 
+async def test_a_page_topic_takes_a_timedelta_ttl(app_env: dict[str, str]) -> None:
+    """page_topic(ttl=) and SignedTopic(ttl=) take a timedelta, as every seconds argument of livepush
+    does, and sign for its seconds; they refused one, pointing at .total_seconds()."""
+    ten_minutes = timedelta(minutes=10)
+    async with lifespan(None):
+        pages = [await page_topic("chat:lobby", ttl=ten_minutes)]
+        scope = {"type": "http", "method": "GET", "path": "/rooms/lobby", "headers": [], "query_string": b"",
+                 "path_params": {"room": "lobby"}}
+        pages.append(await SignedTopic("chat:{room}", ttl=ten_minutes)(Request(scope)))
+    for page in pages:
+        expires = int(page.signed.split(topics.SEP)[1])
+        assert time.time() + 600 - 5 <= expires <= time.time() + 600 + 1
+
+
 async def test_a_subscriber_from_the_page_offset_misses_nothing_after_it(app_env: dict[str, str],
                                                                          procs: Processes) -> None:
     """Published before the page: not replayed; published after it: delivered, in order."""
@@ -212,11 +226,12 @@ def test_slots_a_separator_keeps_apart_are_accepted(template: str) -> None:
     assert SignedTopic(template).topic == template
 
 
-@pytest.mark.parametrize("ttl", [timedelta(hours=1), "3600", 0, -5, float("inf"), float("nan"), True],
-                         ids=["timedelta", "text", "zero", "negative", "infinite", "nan", "bool"])
+@pytest.mark.parametrize("ttl", ["3600", 0, -5, float("inf"), float("nan"), True, timedelta(0), timedelta(hours=-1)],
+                         ids=["text", "zero", "negative", "infinite", "nan", "bool", "zero_timedelta",
+                              "negative_timedelta"])
 def test_a_ttl_no_topic_could_be_signed_for_is_refused_where_the_route_is_written(ttl: object) -> None:
-    """SignedTopic(..., ttl=) that no signing takes (a timedelta, text, zero or less): an error
-    naming ttl at SignedTopic(...), when the app is defined, not a 500 at every request."""
+    """SignedTopic(..., ttl=) that no signing takes (text, zero or less, as a number or a timedelta):
+    an error naming ttl at SignedTopic(...), when the app is defined, not a 500 at every request."""
     for topic in ("chat:{room}", lambda request: "chat:lobby"):
         with pytest.raises((ArgumentTypeError, ArgumentValueError), match="ttl"):
             SignedTopic(topic, ttl=ttl)  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import time
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 
 import pytest
 from itsdangerous import Signer
@@ -51,6 +52,19 @@ def test_handles_sign_topics_that_expire(settings: Settings) -> None:
             topics.verify(short, settings.secrets, now=now + 7)  # whole seconds, rounded up
     config.set_settings(Settings(secret=settings.secret, signed_topic_ttl=60))
     assert int(JobHandle(1).signed_topic.split(topics.SEP)[1]) <= time.time() + 61
+
+
+def test_a_timedelta_ttl_signs_for_its_seconds_everywhere_a_topic_is_signed(settings: Settings) -> None:
+    """sign_topic(ttl=) and a handle's sign(ttl=) take a timedelta as every seconds argument of
+    livepush does, and sign for its seconds; a zero or negative one is refused as the number is."""
+    for sign in (lambda ttl: livepush.sign_topic("job:42", ttl=ttl), lambda ttl: JobHandle(42).sign(ttl=ttl),
+                 lambda ttl: GroupHandle(7).sign(ttl=ttl)):
+        signed = sign(timedelta(minutes=10))
+        expires = int(signed.split(topics.SEP)[1])
+        assert time.time() + 600 - 5 <= expires <= time.time() + 600 + 1
+        for bad in (timedelta(0), timedelta(minutes=-1)):
+            with pytest.raises(ValueError, match="ttl must be a positive, finite number of seconds"):
+                sign(bad)
 
 
 def test_a_handles_signed_topic_read_later_is_valid_for_the_full_ttl(settings: Settings,

@@ -13,6 +13,7 @@ from django.utils.safestring import SafeString
 from ... import api, topics
 from ...jobs import JobHandle
 from ...jobs.api.handles import signed_for_page
+from ...types import Seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,8 +35,8 @@ class Subscription:
         return self.attrs()
 
 
-def subscription(topic: str, ttl: float | None = None) -> Subscription:
-    """`topic`'s latest offset, then the topic signed for `ttl` seconds (default
+def subscription(topic: str, ttl: Seconds | None = None) -> Subscription:
+    """`topic`'s latest offset, then the topic signed for `ttl` seconds or a timedelta (default
     LIVEPUSH_SIGNED_TOPIC_TTL). Call it in the view before reading the data the page shows."""
     since = page_since(topic)
     return Subscription(topic, signed_for_page(topic, ttl), since)
@@ -50,7 +51,7 @@ def page_since(topic: str) -> str | None:
     return api.latest_offset(topic)
 
 
-def job_topic(result: object, ttl: float | None = None) -> str:
+def job_topic(result: object, ttl: Seconds | None = None) -> str:
     """The signed `job:<id>` topic of a TaskResult enqueued through LivePushBackend (or of its id)."""
     # Imported here: results needs the Tasks framework, which the rest of this module (and the
     # template tags that import it) does without, on a site that has none.

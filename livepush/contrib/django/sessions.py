@@ -38,6 +38,7 @@ from ...sessions import MAX_TTL, Session
 from ...sessions.revocations import CLOCK_ALLOWANCE, READ_TIMEOUT
 from ...sessions.handshake import HOST_COOKIE_NAME
 from ...sessions.tokens import check_subject
+from ...types import as_seconds
 from ...usercode import cannot_take
 from .._cookies import (COOKIE_NAMES, nowhere_to_revoke, other_subjects, session_cookie, session_cookies,
                        session_token)
@@ -116,15 +117,16 @@ def check_settings() -> None:
 
 
 def _ttl() -> float:
-    """LIVEPUSH_SESSION_TTL in seconds (a number, or its text as an environment variable gives it)."""
+    """LIVEPUSH_SESSION_TTL in seconds (a number, its text as an environment variable gives it, or
+    a timedelta)."""
     value = getattr(settings, "LIVEPUSH_SESSION_TTL", DEFAULT_TTL)
     try:
-        ttl = float(value) if not isinstance(value, bool) else math.nan
+        ttl = float(as_seconds(value)) if not isinstance(value, bool) else math.nan
     except (TypeError, ValueError):
         ttl = math.nan
     if not 0 < ttl <= MAX_TTL:  # NaN and infinities too
-        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_TTL must be a number of seconds, more than 0 and at most "
-                                   f"{int(MAX_TTL)} (366 days), got {value!r:.60}")
+        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_TTL must be a number of seconds or a timedelta, more than 0 "
+                                   f"and at most {int(MAX_TTL)} (366 days), got {value!r:.60}")
     return ttl
 
 

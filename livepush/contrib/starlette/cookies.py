@@ -14,6 +14,7 @@ from ... import sessions
 from ...errors import ArgumentTypeError, DependencyError, InvalidSession
 from ...sessions import Session
 from ...sessions.revocations import READ_TIMEOUT
+from ...types import Seconds, as_seconds
 from .._cookies import (SessionCookie, deleting_cookies, nowhere_to_revoke, other_subjects, session_cookie,
                        session_cookies, stale_cookies)
 
@@ -41,18 +42,18 @@ def _set(response: Response, cookie: SessionCookie) -> None:
                         httponly=cookie.httponly, samesite=cookie.samesite)  # type: ignore[arg-type]
 
 
-def set_session_cookie(response: Response, request: Request, subject: str, *, ttl: float = 86400,
+def set_session_cookie(response: Response, request: Request, subject: str, *, ttl: Seconds = 86400,
                        secure: bool | None = None) -> str:
-    """Issue a session for `subject` (livepush.sessions.issue) valid `ttl` seconds, and set it on
-    `response`: `__Host-livepush_session` with Secure over HTTPS (`livepush_session` over plain
+    """Issue a session for `subject` (livepush.sessions.issue) valid `ttl` seconds (or a timedelta),
+    and set it on `response`: `__Host-livepush_session` with Secure over HTTPS (`livepush_session` over plain
     HTTP), host-only, Path=/, HttpOnly, SameSite=Lax, expiring with the token. `secure` overrides
     what the request's scheme says. Returns the token. Revokes nothing: at a sign-in, where the
     browser may still carry another user's session, call aset_session_cookie()."""
     _check_order("set_session_cookie", response, request)
-    return _set_session(response, request, sessions.issue(subject, ttl), ttl, secure)
+    return _set_session(response, request, sessions.issue(subject, ttl), as_seconds(ttl), secure)
 
 
-async def aset_session_cookie(response: Response, request: Request, subject: str, *, ttl: float = 86400,
+async def aset_session_cookie(response: Response, request: Request, subject: str, *, ttl: Seconds = 86400,
                               secure: bool | None = None) -> str:
     """set_session_cookie() for a sign-in: first revoke the sessions of another subject the
     request's cookies carry, as Django's sign-in does. A user who signs in over another's session
@@ -63,7 +64,7 @@ async def aset_session_cookie(response: Response, request: Request, subject: str
     _check_order("aset_session_cookie", response, request)
     token = sessions.issue(subject, ttl)  # a bad subject or ttl raises before anything is revoked
     await _revoke_others(request, subject)
-    return _set_session(response, request, token, ttl, secure)
+    return _set_session(response, request, token, as_seconds(ttl), secure)
 
 
 def _set_session(response: Response, request: Request, token: str, ttl: float, secure: bool | None) -> str:

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from ... import api, topics
 from ...jobs.api.handles import signed_for_page
 from ...errors import ArgumentTypeError, ArgumentValueError, InvalidTopic
+from ...types import Seconds
 from ...sessions.rules import SEPARATORS
 from ...usercode import cannot_take
 
@@ -36,8 +37,8 @@ class PageTopic:
         return {"topic": self.signed, "since": self.since}
 
 
-async def page_topic(topic: str, *, ttl: float | None = None) -> PageTopic:
-    """`topic` signed for `ttl` seconds (LIVEPUSH_SIGNED_TOPIC_TTL unless given) and its latest
+async def page_topic(topic: str, *, ttl: Seconds | None = None) -> PageTopic:
+    """`topic` signed for `ttl` seconds or a timedelta (LIVEPUSH_SIGNED_TOPIC_TTL unless given) and its latest
     offset. Call it before reading what the page shows: a message published in between then
     reaches the page twice (render idempotently) rather than never."""
     # A state topic's offset is its version: without one the page gets the current state.
@@ -110,17 +111,17 @@ class SignedTopic:
     never signs `chat:admin:x`). Two slots need a separator between them (`room:{org}:{repo}`,
     not `room:{org}-{repo}`, where orgs `a-b` and `a` could both fill `room:a-b-c`)."""
 
-    def __init__(self, topic: str | TopicOf, *, ttl: float | None = None) -> None:
+    def __init__(self, topic: str | TopicOf, *, ttl: Seconds | None = None) -> None:
         if not isinstance(topic, str) and not callable(topic):
             raise ArgumentTypeError(f"SignedTopic() takes a template such as 'chat:{{room}}' or a function of the "
                                     f"request, got {type(topic).__name__}")
         if not isinstance(topic, str):
             _check_takes_a_request(topic)
         if ttl is not None:  # checked here, where the route is written, not at each of its requests
-            topics.check_ttl(ttl, none_means=topics.PAGE_TTL_DEFAULT)
+            ttl = topics.check_ttl(ttl, none_means=topics.PAGE_TTL_DEFAULT)
         self.slots = _slots(topic) if isinstance(topic, str) else ()  # the path parameters it fills
         self.topic = topic
-        self.ttl = ttl
+        self.ttl: float | None = ttl
 
     async def _name(self, request: Request) -> str:
         if callable(self.topic):

@@ -25,9 +25,10 @@ from .. import database, queries
 from .args import check_args, dumps, name_refused, refuse_arity
 from .handles import JobHandle
 from .limits import check_claim_entry
-from .options import Seconds, as_seconds, check_debounce, check_key, check_tags
+from .options import check_debounce, check_key, check_tags
 from .registry import REGISTRY, JobRequest, JobSpec
 from ...errors import ArgumentTypeError, ArgumentValueError, LivepushError
+from ...types import Seconds, as_seconds
 
 
 log = logging.getLogger("livepush.jobs")

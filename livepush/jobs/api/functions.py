@@ -13,10 +13,11 @@ from . import enqueue as _enqueue
 from .args import arity, check_args, refuse_arity, required_keywords
 from .handles import JobHandle
 from .limits import Limits, check_claim_entry, limits_of
-from .options import Seconds, as_seconds, check_name, check_queue
+from .options import check_name, check_queue
 from .registry import REGISTRY, JobRequest
 from .schema import compile_schema
 from ...errors import ArgumentTypeError, ArgumentValueError, ConfigError
+from ...types import Seconds, as_seconds
 from ...usercode import cannot_take
 
 MAX_BACKOFF = 3600.0

@@ -12,15 +12,16 @@ from ...config import get_settings
 from ...postgres.text import BIGINT_MAX
 from ...errors import ArgumentTypeError
 from ...topics import PAGE_TTL_DEFAULT, check_ttl
+from ...types import Seconds
 
 
-def signed_for_page(topic: str, ttl: float | None = None) -> str:
-    """`topic` signed for a page, expiring after `ttl` seconds (default LIVEPUSH_SIGNED_TOPIC_TTL):
-    a handle's signed topic is a capability handed to a browser, and must not be one for ever."""
+def signed_for_page(topic: str, ttl: Seconds | None = None) -> str:
+    """`topic` signed for a page, expiring after `ttl` seconds or a timedelta (default
+    LIVEPUSH_SIGNED_TOPIC_TTL): a handle's signed topic is a capability handed to a browser, and
+    must not be one for ever."""
     if ttl is None:
         return sign_topic(topic, ttl=get_settings().signed_topic_ttl)
-    check_ttl(ttl, none_means=PAGE_TTL_DEFAULT)
-    return sign_topic(topic, ttl=ttl)
+    return sign_topic(topic, ttl=check_ttl(ttl, none_means=PAGE_TTL_DEFAULT))
 
 
 class StateTopicHandle:
@@ -52,8 +53,8 @@ class StateTopicHandle:
         object.__setattr__(self, "_signed", (expires, signed))  # a cache, not a field: the handles are frozen
         return signed
 
-    def sign(self, ttl: float | None = None) -> str:
-        """The topic signed for a page, valid for `ttl` seconds."""
+    def sign(self, ttl: Seconds | None = None) -> str:
+        """The topic signed for a page, valid for `ttl` seconds or a timedelta."""
         return signed_for_page(self.topic, ttl)
 
 

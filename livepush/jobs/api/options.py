@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from ...postgres.text import unstorable
 from ...errors import ArgumentTypeError, ArgumentValueError, ConfigError
+from ...types import as_seconds
 from ..errors import InvalidArgumentsError
 
 MAX_KEY_LENGTH = 500  # characters; a key is an index entry, and Postgres refuses btree entries past ~2,700 bytes
@@ -18,17 +19,6 @@ MAX_TAG_LENGTH = 200  # characters per tag
 MAX_QUEUE_LENGTH = 200  # characters; a queue name is an index entry too
 MAX_NAME_LENGTH = 500  # characters of a job name; module.qualname fits with room to spare
 MAX_DEBOUNCE = 366 * 86400.0  # seconds; a debounce is a short quiet period, and Postgres' intervals end somewhere
-
-
-# What an argument of seconds takes: a number, or a timedelta (as_seconds).
-Seconds = float | timedelta
-
-
-def as_seconds(value: Any) -> Any:
-    """A `timedelta` given where the jobs API takes seconds, as its seconds; any other value as
-    given. Every seconds-valued argument goes through here before its own check, which then refuses
-    a negative one with the error it gives a negative number."""
-    return value.total_seconds() if isinstance(value, timedelta) else value
 
 
 def check_key(key: Any) -> str | None:

@@ -32,7 +32,7 @@ from ...postgres.pools import aautocommitted
 from ...postgres.text import unstorable
 from ..api.args import dumps, encode
 from ..api.enqueue import Batch
-from ..api.options import as_seconds
+from ...types import as_seconds
 from ..api.registry import REGISTRY, JobRequest
 from ..errors import (
     CheckpointInputConflict,

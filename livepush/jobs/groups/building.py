@@ -21,7 +21,7 @@ from ...postgres.text import BIGINT_MAX
 from .. import database
 from ..api.enqueue import Batch, add_items, is_spec, run_at
 from ..api.handles import NO_SUCH_ID, JobHandle, StateTopicHandle, checked_id
-from ..api.options import Seconds
+from ...types import Seconds
 from ..api.registry import JobRequest, JobSpec
 from ..errors import GroupBlockError, GroupClosedError, GroupLimitError, GroupNotFound, LeaseLostError
 from . import queries as gq

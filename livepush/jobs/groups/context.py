@@ -14,7 +14,7 @@ from ...postgres.connect import translated
 from .. import database
 from ..api.enqueue import Batch, run_at
 from ..api.handles import JobHandle
-from ..api.options import Seconds, as_seconds
+from ...types import Seconds, as_seconds
 from ..api.registry import JobRequest, JobSpec
 from ..errors import GroupClosedError
 from ..events.views import GROUP_KEYS

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from ...postgres.text import storable_text
 from ..errors import InvalidProgressError, JobCancelled
-from ..api.options import Seconds
+from ...types import Seconds
 from ..api.registry import JobRequest
 from ..durable.fingerprint import NO_INPUT
 from ..events.views import PROGRESS_INTERVAL

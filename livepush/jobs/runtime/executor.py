@@ -23,7 +23,7 @@ from ...errors import ArgumentTypeError
 from ...postgres.text import storable_text
 from ..api.args import encode
 from ..api.functions import default_backoff
-from ..api.options import as_seconds
+from ...types import as_seconds
 from ..errors import (
     CheckpointInputConflict,
     ChildFailed,

@@ -55,10 +55,11 @@ from ...postgres.listener import Listener
 from ...postgres.pools import AsyncPool, LoopPools
 from ...postgres.text import BIGINT_MAX
 from ...tasks import Backoff, reraise_if_cancelled, supervise
+from ...types import Seconds, as_seconds
 from ...usercode import what_raised, where_raised
 from .. import database, queries
 from ..api.enqueue import SCRIPT_PREFIX
-from ..api.options import Seconds, as_seconds, check_queue
+from ..api.options import check_queue
 from ..api.registry import REGISTRY, Registry
 from ..groups.progress import ProgressPublisher
 from ..periodic.decorator import SCHEDULES

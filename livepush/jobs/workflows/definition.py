@@ -17,10 +17,11 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from ..api.functions import JobFunction, default_backoff, is_generator_callable
-from ..api.options import as_seconds, check_queue
+from ..api.options import check_queue
 from ..api.registry import REGISTRY, where_defined
 from ..durable.run import MAX_SECONDS, check_name
 from ..errors import ConfigError, WorkflowDefinitionError
+from ...types import as_seconds
 from ...usercode import cannot_take
 
 ON_TIMEOUT = ("fail", "cancel", "skip")

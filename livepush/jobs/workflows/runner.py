@@ -24,7 +24,7 @@ from ...postgres.text import storable_text
 from ..api.args import encode
 from ..api.functions import is_async_callable
 from ..api.handles import StateTopicHandle
-from ..api.options import Seconds, as_seconds
+from ...types import Seconds, as_seconds
 from ..api.registry import JobRequest, JobSpec
 from ..errors import (GroupLimitError, InvalidArgumentsError, JobCancelled, Reattempt, SignalTimeout,
                       WorkflowDefinitionError)

@@ -14,13 +14,14 @@ from typing import Any
 from django import template
 
 from ....jobs.api.handles import signed_for_page
+from ....types import Seconds
 from ..pages import Subscription, job_topic, page_since, subscription
 
 register = template.Library()
 
 
 @register.simple_tag
-def livepush_subscription(topic: str | Subscription, ttl: float | None = None) -> Subscription:
+def livepush_subscription(topic: str | Subscription, ttl: Seconds | None = None) -> Subscription:
     """Renders as `data-livepush-topic="..." data-livepush-since="..."`; `as var` keeps the object.
     A topic given as text has its offset read now, after the view read its data: make the
     Subscription in the view (pages.subscription) when missing a message in between matters."""
@@ -28,7 +29,7 @@ def livepush_subscription(topic: str | Subscription, ttl: float | None = None) -
 
 
 @register.simple_tag
-def livepush_signed_topic(topic: str, ttl: float | None = None) -> str:
+def livepush_signed_topic(topic: str, ttl: Seconds | None = None) -> str:
     """`topic` signed for the page (valid `ttl` seconds, default LIVEPUSH_SIGNED_TOPIC_TTL)."""
     return signed_for_page(topic, ttl)
 
@@ -41,6 +42,6 @@ def livepush_latest_offset(topic: str) -> str:
 
 
 @register.simple_tag
-def livepush_job_topic(result: Any, ttl: float | None = None) -> str:
+def livepush_job_topic(result: Any, ttl: Seconds | None = None) -> str:
     """The signed `job:<id>` topic of a task result (or result id) of LivePushBackend."""
     return job_topic(result, ttl)
