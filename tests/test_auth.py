@@ -49,9 +49,12 @@ def test_token_from_query() -> None:
     assert extract_token({}, "/ws?token=abc%2Edef") == "abc.def"
 
 
-def test_cookie_wins_over_query() -> None:
-    """With both, the cookie is used."""
-    assert extract_token({"cookie": "livepush_session=from-cookie"}, "/?token=from-query") == "from-cookie"
+def test_a_token_passed_explicitly_comes_before_the_cookie() -> None:
+    """The sources in the order they count: the subprotocol's token, the query's, then the cookie's
+    (ambient: the browser sends whatever cookie the domain holds, one a sibling subdomain planted too)."""
+    headers = {"cookie": "livepush_session=from-cookie", "Sec-WebSocket-Protocol": "livepush, livepush.token.from-protocol"}
+    assert extract_tokens(headers, "/?token=from-query") == ["from-protocol", "from-query", "from-cookie"]
+    assert extract_token({"cookie": "livepush_session=from-cookie"}, "/?token=from-query") == "from-query"
 
 
 def test_no_token() -> None:
@@ -252,36 +255,37 @@ async def test_authenticate_matrix(mode: str, kind: str, where: str, caplog: pyt
         assert not token or token not in record.getMessage()
 
 
-@pytest.mark.parametrize("stale", ["expired", "tampered", "other_secret"])
+@pytest.mark.parametrize("cookie", ["expired", "tampered", "other_secret", "revoked", "valid"])
 @pytest.mark.parametrize("fresh_in", ["subprotocol", "query"])
-async def test_a_stale_cookie_does_not_hide_a_valid_token_sent_another_way(stale: str, fresh_in: str) -> None:
-    """A session cookie left by an earlier sign-in that no longer decodes (expired, or signed with a
-    secret since retired) does not hide the valid token the page passed in the subprotocol or the
-    query: the first token that decodes counts. It hid it, and under `required` the client was
-    closed with 4401 and stopped for good."""
+async def test_a_cookie_does_not_hide_the_valid_token_the_page_passes(cookie: str, fresh_in: str) -> None:
+    """What the page passes (subprotocol, query) counts before the session cookie, which the browser
+    sends whatever set it: one left by an earlier sign-in that no longer decodes (expired, signed
+    with a secret since retired) or was revoked since, which closed the page's client with 4401
+    for good under `required`; or a valid one of another session, which a sibling subdomain can
+    plant for the parent domain where the site's cookie has a Domain (cookie tossing), and which
+    took the victim's sockets over though the page passed its own token."""
     settings = Settings(secret=SECRET, secret_fallbacks=(OLD,), authenticate="required")
+    store = MemoryRevocations()
+    store.add_subject("revoked-user", time.time() + 1)
     fresh = sessions.issue("user-9")
-    headers = {"Cookie": f"livepush_session={token_of(stale)}"}
+    headers = {"Cookie": f"livepush_session={token_of(cookie)}"}
     path = "/"
     if fresh_in == "subprotocol":
         headers["Sec-WebSocket-Protocol"] = f"livepush, livepush.token.{fresh}"
     else:
         path = f"/?token={fresh}"
-    session, reason = await authenticate(headers, path, settings, MemoryRevocations())
+    session, reason = await authenticate(headers, path, settings, store)
     assert session is not None and session.subject == "user-9" and reason is None
 
 
-async def test_a_valid_cookie_counts_before_a_token_sent_another_way() -> None:
-    """Two valid tokens: the cookie's counts, as the order of the sources says; none that decodes:
-    the reason is the first one's."""
+async def test_with_no_token_that_decodes_the_reason_is_the_first_ones() -> None:
+    """None decodes: the reason logged is the first source's, in the order they count (the
+    subprotocol's before the cookie's)."""
     settings = Settings(secret=SECRET, authenticate="required")
-    headers = {"Cookie": f"livepush_session={sessions.issue('from-cookie')}",
-               "Sec-WebSocket-Protocol": f"livepush, livepush.token.{sessions.issue('from-subprotocol')}"}
-    session, _ = await authenticate(headers, "/", settings, None)
-    assert session is not None and session.subject == "from-cookie"
     headers = {"Cookie": f"livepush_session={token_of('expired')}",
                "Sec-WebSocket-Protocol": "livepush, livepush.token.not-a-token"}
-    assert await authenticate(headers, "/", settings, None) == (None, "expired")
+    assert await authenticate(headers, "/", settings, None) == (None, "bad_signature")
+    assert await authenticate({"Cookie": headers["Cookie"]}, "/", settings, None) == (None, "expired")
 
 
 async def test_authenticate_without_store_skips_revocation() -> None:

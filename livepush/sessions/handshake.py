@@ -111,17 +111,19 @@ def any_origin(allowed: tuple[str, ...] | None) -> bool:
 
 
 def extract_tokens(headers: HeadersLike, path: str, *, cookies: bool = True, query: bool = True) -> list[str]:
-    """The session tokens a handshake carries, in the order they count: the session cookie's, the
-    `livepush.token.<token>` subprotocol's, then the `token` query parameter of `path` (the
-    request target). `cookies=False` ignores cookies (any origin may connect, so any site could
+    """The session tokens a handshake carries, in the order they count: the
+    `livepush.token.<token>` subprotocol's, the `token` query parameter of `path` (the request
+    target), then the session cookie's. What the page passes comes first: a cookie is ambient, sent
+    with whatever the domain holds, one a sibling subdomain planted for the parent domain too
+    (cookie tossing). `cookies=False` ignores cookies (any origin may connect, so any site could
     use them); `query=False` ignores the query (LIVEPUSH_QUERY_TOKENS=off). No validation here:
     decode() refuses anything that is not a token."""
     found = []
-    if cookies and (token := cookie_token(header_values(headers, "cookie"))) is not None:
-        found.append(token)
     if (token := _subprotocol_token(header_values(headers, "sec-websocket-protocol"))) is not None:
         found.append(token)
     if query and (token := _query_token(path or "")) is not None:
+        found.append(token)
+    if cookies and (token := cookie_token(header_values(headers, "cookie"))) is not None:
         found.append(token)
     return found
 
@@ -252,9 +254,10 @@ async def authenticate(
     """
     if settings.authenticate == "off":
         return None, None
-    # The first token that decodes counts, the first one's reason when none does: a stale cookie
-    # (expired, or signed with a retired secret) left by an earlier sign-in hid the fresh token
-    # the page passed in the subprotocol, and the client stopped for good on 4401.
+    # The first token that decodes counts, in extract_tokens()' order (what the page passes before
+    # the cookie), the first one's reason when none does: a stale cookie (expired, or signed with a
+    # retired secret) left by an earlier sign-in hid the fresh token the page passed in the
+    # subprotocol, and the client stopped for good on 4401.
     refused: str | None = None
     for token in extract_tokens(headers, path, cookies=not any_origin(settings.allowed_origins),
                                 query=settings.query_tokens):

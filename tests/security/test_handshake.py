@@ -120,6 +120,16 @@ async def test_the_host_prefixed_cookie_is_accepted_and_two_different_cookies_ar
         await c.close()
 
 
+async def test_a_planted_cookie_does_not_take_over_the_token_the_page_passes(served: Served) -> None:
+    """A `livepush_session` cookie a sibling subdomain planted for the parent domain (cookie tossing)
+    comes with the handshake, but the token the page passes in the subprotocol is the session."""
+    mine, planted = sessions.issue("gina"), sessions.issue("mallory")
+    client = await WSClient.open(served.url, subprotocols=["livepush", f"livepush.token.{mine}"],
+                                 additional_headers={"Cookie": f"livepush_session={planted}"})
+    assert client.hello["session"] == {"subject": "gina"}
+    await client.close()
+
+
 async def test_the_token_is_accepted_in_the_subprotocol_and_the_server_selects_livepush(served: Served) -> None:
     """A client offering `livepush` and `livepush.token.<token>` comes in with its session, and the server answers with `livepush`."""
     token = sessions.issue("hana")
