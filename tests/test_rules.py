@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -510,12 +511,21 @@ async def test_each_app_logs_its_own_first_failure(caplog: pytest.LogCaptureFixt
         ({"max_subscriptions": 0}, ValueError),
         ({"max_subscriptions": 1.5}, ValueError),
         ({"reverify_interval": -1}, ValueError),
+        ({"reverify_interval": timedelta(0)}, ValueError),
+        ({"authorize_timeout": timedelta(seconds=-2)}, ValueError),
     ],
 )
 def test_app_validates_its_arguments(kwargs: dict, error: type[Exception]) -> None:
     """App() refuses arguments that cannot work, at construction."""
     with pytest.raises(error):
         App(**kwargs)
+
+
+def test_app_takes_its_seconds_as_a_timedelta_too() -> None:
+    """App(authorize_timeout=, reverify_interval=) take a timedelta, as every seconds argument of
+    livepush does, as its seconds: they refused one as no number of seconds."""
+    app = App(authorize_timeout=timedelta(milliseconds=500), reverify_interval=timedelta(minutes=2))
+    assert (app.authorize_timeout, app.reverify_interval) == (0.5, 120.0)
 
 
 async def _three(request: object, session: object, topic: str) -> bool:

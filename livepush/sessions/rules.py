@@ -49,6 +49,7 @@ from typing import Any, TypeAlias
 from ..errors import ArgumentTypeError, ArgumentValueError, ConfigError
 from .tokens import Session
 from ..topics import MAX_TOPIC_LENGTH, RESERVED_PREFIX, TOPIC_RE, livepush_owned
+from ..types import Seconds, as_seconds
 from ..usercode import cannot_take, current_folder, what_raised, where_raised
 
 log = logging.getLogger("livepush.rules")
@@ -229,13 +230,15 @@ def _unfit(subject: str) -> str | None:
 
 def _positive(name: str, value: object) -> float:
     seconds = math.nan
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    given = as_seconds(value)  # a timedelta is checked as its seconds, as every seconds argument is
+    if isinstance(given, (int, float)) and not isinstance(given, bool):
         try:
-            seconds = float(value)
+            seconds = float(given)
         except OverflowError:  # an int past a float's range (10**400): no timeout a loop can arm
             pass
     if not 0 < seconds < math.inf:
-        raise ArgumentValueError(f"App({name}=...) must be a positive, finite number of seconds, got {value!r:.60}")
+        raise ArgumentValueError(f"App({name}=...) must be a positive, finite number of seconds or a timedelta, "
+                                 f"got {value!r:.60}")
     return seconds
 
 
@@ -297,7 +300,7 @@ class App:
     cancelled and left to stop on its own: the answer does not wait for it.
     `max_subscriptions`: per connection; beyond it the server refuses with ``limit``.
     `reverify_interval`: seconds between the server's re-checks of open sessions for
-    expiry and revocation.
+    expiry and revocation. Both durations take a timedelta too.
 
     Semantics chosen: rules are a fast allow-list (no I/O); `authorize` extends them,
     like a Centrifugo subscribe proxy for channels that have no permission option. It
@@ -309,9 +312,9 @@ class App:
         self,
         rules: Iterable[Allow] = (),
         authorize: Authorize | None = None,
-        authorize_timeout: float = 2.0,
+        authorize_timeout: Seconds = 2.0,
         max_subscriptions: int = 100,
-        reverify_interval: float = 60.0,
+        reverify_interval: Seconds = 60.0,
     ) -> None:
         self.rules: tuple[Allow, ...] = _rules(rules)
         for i, rule in enumerate(self.rules):
