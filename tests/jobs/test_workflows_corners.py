@@ -5,8 +5,10 @@ ends stops its other steps, so none is left parked and a finished run never show
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import threading
+import warnings
 from typing import Any
 
 import psycopg
@@ -339,6 +341,28 @@ async def test_a_step_that_returns_a_coroutine_unrun_fails_saying_so(jobs_db: st
     assert step_states(done) == {step: "failed"}
     assert "InvalidResultError" in done["error"] and says in done["error"], done["error"]
     assert f"step {step!r} of workflow {flow.name!r}" in done["error"], done["error"]
+
+
+@pytest.mark.parametrize("flow, step, verb", [
+    (wc.completes_unawaited, "completes", "complete"),
+    (wc.finishes_unawaited, "finishes", "finish"),
+])
+async def test_a_flow_verb_given_a_coroutine_unrun_fails_saying_so(jobs_db: str, flow: Any, step: str,
+                                                                  verb: str) -> None:
+    """ctx.flow.complete(x) or ctx.flow.finish(x) with x a coroutine (a forgotten `await`) fails the
+    step naming it and the fix, as a step that returns one does, rather than with an output "that is
+    not JSON" whose advice (pass an id) is no fix; and no "never awaited" warning follows."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        async with running(queues=[wc.QUEUE]):
+            run = await flow.astart()
+            done = await run_state(run.id, "failed")
+        gc.collect()
+    assert step_states(done) == {step: "failed"}
+    assert "InvalidResultError" in done["error"], done["error"]
+    assert (f"step {step!r} of workflow {flow.name!r} passed ctx.flow.{verb}() a coroutine it did not await: "
+            f"write `ctx.flow.{verb}(await ...)`") in done["error"], done["error"]
+    assert not [w for w in caught if "never awaited" in str(w.message)]
 
 
 async def test_resuming_a_fan_out_step_keeps_no_copy_of_its_failed_members_arguments(jobs_db: str) -> None:

@@ -216,6 +216,24 @@ def _sync_wrapper(ctx: Any) -> Any:
 wraps_async.step(name="wrapped")(_sync_wrapper)
 
 
+# Steps that hand a flow verb a coroutine unrun as the output: a forgotten `await` inside
+# ctx.flow.complete(...) and ctx.flow.finish(...).
+completes_unawaited = jobs.workflow("wfd_completes_unawaited", queue=QUEUE)
+
+
+@completes_unawaited.step()
+async def completes(ctx: Any) -> Any:
+    ctx.flow.complete(_load(ctx))
+
+
+finishes_unawaited = jobs.workflow("wfd_finishes_unawaited", queue=QUEUE)
+
+
+@finishes_unawaited.step()
+async def finishes(ctx: Any) -> Any:
+    ctx.flow.finish(_load(ctx))
+
+
 # A fan-out step whose members carry a large argument each and fail until the flag
 # 'padded-members-ok' is set: its failures pause the run.
 @jobs.job(name="wfd.padded_member", queue=QUEUE, max_attempts=1)

@@ -26,8 +26,8 @@ from ..api.functions import is_async_callable
 from ..api.handles import StateTopicHandle
 from ...types import Seconds, as_seconds
 from ..api.registry import JobRequest, JobSpec
-from ..errors import (GroupLimitError, InvalidArgumentsError, JobCancelled, Reattempt, SignalTimeout,
-                      WorkflowDefinitionError)
+from ..errors import (GroupLimitError, InvalidArgumentsError, InvalidResultError, JobCancelled, Reattempt,
+                      SignalTimeout, WorkflowDefinitionError)
 from ..groups import building, steps
 from ..groups.transactions import ain_tx, in_tx
 from ..runtime.context import SyncJobContext
@@ -87,6 +87,18 @@ def _as_started(spec: StepSpec, stored: dict[str, Any] | None) -> StepSpec:
         spec, kind=stored.get("kind", spec.kind), wait_for=stored.get("wait_for"),
         wait_timeout=stored.get("wait_timeout"), on_timeout=stored.get("on_timeout", spec.on_timeout),
         on_batch_failure=stored.get("on_batch_failure", spec.on_batch_failure))
+
+
+def _verb_result(spec: StepSpec, verb: FlowVerb) -> dict[str, Any]:
+    """The step job's result for a flow verb. An output that is a coroutine unrun (a forgotten
+    `await` inside ctx.flow.complete(...) or finish(...)) is refused naming the step and the fix,
+    as a step that returns one is, not as a result "that is not JSON" whose advice is no fix."""
+    if inspect.iscoroutine(verb.output):
+        verb.output.close()  # never to run: no "never awaited" warning later
+        workflow = spec.job.removesuffix(f".{spec.name}")  # the job's name is <workflow>.<step>
+        raise InvalidResultError(f"step {spec.name!r} of workflow {workflow!r} passed ctx.flow.{verb.verb}() a "
+                                 f"coroutine it did not await: write `ctx.flow.{verb.verb}(await ...)`")
+    return {"verb": verb.verb, "output": verb.output, "reason": verb.reason}
 
 
 class Flow:
@@ -213,7 +225,7 @@ class Runner:
             output = await self._call(spec, sctx, ctx)
             return {"verb": "complete", "output": output}
         except FlowVerb as verb:
-            return {"verb": verb.verb, "output": verb.output, "reason": verb.reason}
+            return _verb_result(spec, verb)
         except BaseExceptionGroup as group:
             # A verb raised in a task of an asyncio.TaskGroup inside the step comes wrapped: it
             # ends the step as in its body, when verbs are all the group holds (the first one
@@ -225,7 +237,7 @@ class Runner:
             first = _first_leaf(verbs)
             if isinstance(first, Reattempt):
                 raise first from None
-            return {"verb": first.verb, "output": first.output, "reason": first.reason}
+            return _verb_result(spec, first)
 
     async def _call(self, spec: StepSpec, sctx: StepContext, ctx: Any, *extra: Any) -> Any:
         is_async = is_async_callable(spec.fn)  # as @jobs.job tells an async function from a sync one
