@@ -264,6 +264,21 @@ def test_a_queue_jobs_cannot_take_is_refused_at_import(queue: Any) -> None:
     assert "t_bad_queue" not in WORKFLOWS
 
 
+def test_jobs_workflows_lists_its_verbs_and_names_a_name_it_lacks() -> None:
+    """The operator verbs of jobs.workflows are found where a user looks in a shell (dir(), tab
+    completion), and a name it lacks (a mistyped verb) is refused naming the module and the verbs,
+    not with a bare AttributeError of the name alone."""
+    verbs = {"pause", "resume", "cancel", "skip", "signal", "get", "list",
+             "apause", "aresume", "acancel", "askip", "asignal", "aget", "alist"}
+    assert verbs <= set(dir(jobs.workflows))
+    assert verbs <= set(jobs.workflows.__all__)
+    with pytest.raises(AttributeError) as refused:
+        jobs.workflows.approve  # noqa: B018 - the lookup is the test
+    assert str(refused.value).startswith("module 'livepush.jobs.workflows' has no attribute 'approve'")
+    assert "pause, resume, cancel, skip, signal, get, list" in str(refused.value)
+    assert not hasattr(jobs.workflows, "approve")
+
+
 # -- runs ------------------------------------------------------------------------------------------
 
 async def test_a_diamond_runs_each_step_once_and_passes_outputs(flows_db: str) -> None:

@@ -29,9 +29,20 @@ _OPERATORS = {
 }
 
 
+__all__ = list(_OPERATORS)
+
+
 def __getattr__(name: str) -> Any:
     if name in _OPERATORS:
         from . import operators
 
         return getattr(operators, _OPERATORS[name])
-    raise AttributeError(name)
+    # A mistyped verb: the name alone said neither where it was looked up nor what is there.
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}; its verbs are "
+                         f"{', '.join(v for v in _OPERATORS if not v.startswith('a'))} and their async twins "
+                         "(apause, ...)")
+
+
+def __dir__() -> list[str]:
+    # The verbs are looked up lazily: without this, dir() and a shell's completion missed them all.
+    return sorted({*globals(), *__all__})
