@@ -83,9 +83,10 @@ class Fleet:
         return started
 
     async def runtimes(self, count: int, *flags: str, heartbeat: float = 1.0, fanout: str = "postgres",
-                       redis_url: str | None = None) -> list[ChildProcess]:
-        """Start `count` `livepush jobs JOB_MODULE` at once; return when each has registered."""
-        spawn = runtime_spawner(JOB_MODULE, self.procs, self.env(fanout=fanout, redis_url=redis_url), *flags,
+                       redis_url: str | None = None, module: str = JOB_MODULE) -> list[ChildProcess]:
+        """Start `count` `livepush jobs MODULE` (JOB_MODULE unless given) at once; return when each
+        has registered."""
+        spawn = runtime_spawner(module, self.procs, self.env(fanout=fanout, redis_url=redis_url), *flags,
                                 heartbeat=heartbeat)
         children = [spawn() for _ in range(count)]
         for child in children:

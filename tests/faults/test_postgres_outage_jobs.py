@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import psycopg
 import psycopg.sql
 import pytest
 
+from livepush import jobs
 from tests.faults.fleet import Fleet, postgres_down
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import q
@@ -154,4 +156,50 @@ async def test_a_runtime_whose_outcomes_meet_a_read_only_database_waits_for_it_t
 
     await fleet.wait_jobs_done([], timeout=30)
     assert q(fleet.url, "SELECT id, state, attempt FROM livepush_jobs ORDER BY id") == [(i, "succeeded", 1) for i in ids]
+    assert fleet.still_running() == []
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+async def test_a_workflow_run_through_a_postgres_restart_mid_step_runs_each_step_once(fleet: Fleet, mode: str) -> None:
+    """PostgreSQL stops (or crashes) while a workflow's first step runs, and starts again: the
+    run goes on from where it was, its fan-out step's batch, its wait for a person's signal and
+    its last step, and ends succeeded with each step's job and each batch member created once,
+    the running step on its first attempt: the restart lost no step's work and doubled none."""
+    from tests.faults import outage_flow_defs as od
+
+    await fleet.runtimes(2, "--queues", f"{od.QUEUE},default", "--concurrency", "4", heartbeat=HEARTBEAT,
+                         module="tests.faults.outage_flow_defs")
+    run = await od.flow.astart({"hold": HOLD, "n": 3})
+
+    def first_started() -> bool:
+        return q(fleet.url, "SELECT count(*) FROM job_runs WHERE phase = 'start'") == [(1,)]
+
+    await async_wait_for(lambda: asyncio.to_thread(first_started), 15.0, message="the first step to start")
+    await asyncio.sleep(0.5)  # the claim's commit reaches the WAL
+    async with database_away(fleet.url, mode):
+        await asyncio.sleep(OUTAGE)
+
+    async def waits_for_go() -> bool:
+        got = await asyncio.to_thread(jobs.workflows.get, run.id)
+        return got is not None and got["steps"]["approve"]["state"] == "waiting"
+
+    await async_wait_for(waits_for_go, HOLD + 30, interval=0.2, message="the run to wait for its signal")
+    await jobs.workflows.asignal(run.id, "go", {"by": "ana"}, actor="ana")
+
+    async def ended() -> dict[str, Any] | None:
+        got = await asyncio.to_thread(jobs.workflows.get, run.id)
+        return got if got is not None and got["state"] in ("succeeded", "failed", "cancelled") else None
+
+    done = await async_wait_for(ended, 30.0, interval=0.2, message="the run to end")
+    assert done["state"] == "succeeded", (done, fleet.runtime_log("error", "Error", "failed"))
+    assert {n: (s["state"], s["attempt"]) for n, s in done["steps"].items()} == {
+        "first": ("succeeded", 1), "spread": ("succeeded", 1), "approve": ("succeeded", 1), "last": ("succeeded", 1)}
+    assert done["steps"]["last"]["output"] == {
+        "members": {"total": 3, "succeeded": 3, "failed": 0, "cancelled": 0}, "by": {"by": "ana"}}
+    assert q(fleet.url, "SELECT name, count(*) FROM livepush_jobs GROUP BY name ORDER BY name") == [
+        ("outage_flow.approve", 1), ("outage_flow.first", 1), ("outage_flow.last", 1), ("outage_flow.spread", 1),
+        ("t.record", 3)]
+    assert q(fleet.url, "SELECT key, count(*) FROM job_runs WHERE key IS NOT NULL GROUP BY key ORDER BY key") == [
+        (f"member-{i}", 1) for i in range(3)]
+    assert fleet.runtime_log("presumed dead", "stopped beating") == ""
     assert fleet.still_running() == []
