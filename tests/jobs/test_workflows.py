@@ -14,12 +14,14 @@ import psycopg
 import pytest
 
 from livepush import jobs
+from livepush.errors import ArgumentTypeError
 from livepush.jobs import queries as job_queries
 from livepush.jobs.api.registry import REGISTRY
 from livepush.jobs.groups import building
 from livepush.jobs.groups.transactions import in_tx
 from livepush.jobs.workflows import engine
 from livepush.jobs.workflows.definition import WORKFLOWS
+from livepush.jobs.workflows.runner import Batch
 from tests.jobs import durable_jobs as dj
 from tests.jobs import workflow_defs as wd
 from tests.jobs.conftest import q, read_states
@@ -989,6 +991,24 @@ async def test_verbs_on_an_id_no_run_can_have_name_that_id(flows_db: str) -> Non
 
 
 # -- fan-out ---------------------------------------------------------------------------------------
+
+def test_a_fan_out_batch_takes_many_members_as_a_task_groups_enqueue_many_does() -> None:
+    """batch.enqueue_many() takes job.request(...) values and (job, args) tuples, as a task group's
+    g.enqueue_many() and jobs.enqueue_many() do (the tuples were refused as "batch.enqueue() takes a
+    @jobs.job function", naming neither the call nor the item); options, which a batch's members do
+    not take, are refused saying so; and a refused item adds none of the call's items."""
+    batch = Batch("rows")
+    batch.enqueue_many([(wd.member, [0, False]), wd.member.request(1, False), (wd.member, (2, False), None)])
+    assert [(r.name, r.args) for r in batch.requests] == [
+        ("t.member", (0, False)), ("t.member", (1, False)), ("t.member", (2, False))]
+    with pytest.raises(ArgumentTypeError, match=r"^batch\.enqueue_many\(\) item 1: .*no enqueue options"):
+        batch.enqueue_many([(wd.member, [3, False]), (wd.member, [4, False], {"key": "k"})])
+    with pytest.raises(ArgumentTypeError, match=r"^batch\.enqueue_many\(\) item 1: "):
+        batch.enqueue_many([(wd.member, [3, False]), (wd.member, "ab")])
+    with pytest.raises(ArgumentTypeError, match=r"^batch\.enqueue_many\(\) takes an iterable"):
+        batch.enqueue_many({"a": 1})
+    assert len(batch) == 3
+
 
 async def test_a_fan_out_step_parks_on_its_batch_and_outputs_the_counts(flows_db: str) -> None:
     """A fan-out step's jobs run as a task group; the step waits, then outputs their counts."""

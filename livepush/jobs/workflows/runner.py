@@ -15,13 +15,14 @@ import dataclasses
 import inspect
 import logging
 import math
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from psycopg.rows import dict_row
 
 from ...postgres.pools import aautocommitted
 from ...postgres.text import storable_text
-from ..api.args import encode
+from ..api.args import check_args, encode
 from ..api.functions import is_async_callable
 from ..api.handles import StateTopicHandle
 from ...types import Seconds, as_seconds
@@ -36,7 +37,7 @@ from ..runtime.threads import call_in_thread
 from . import engine
 from . import queries as wq
 from .definition import StepSpec, Workflow
-from ...errors import ArgumentTypeError, ArgumentValueError
+from ...errors import ArgumentTypeError, ArgumentValueError, LivepushError
 
 log = logging.getLogger("livepush.jobs")
 
@@ -158,9 +159,35 @@ class Batch:
         fn_queue = request.function.queue
         self.requests.append(dataclasses.replace(request, queue=request.queue or fn_queue))
 
-    def enqueue_many(self, requests: Any) -> None:
-        for request in requests:
-            self.enqueue(request)
+    def enqueue_many(self, items: Any) -> None:
+        """Members as a task group's g.enqueue_many() takes them: job.request(...) values or (job,
+        args) tuples, but no enqueue options (a member of a fan-out batch is a durable job's child,
+        which takes none). All or nothing: a refused item adds none of the call's items, and its
+        error names the call and the item's place, as jobs.enqueue_many()'s does."""
+        if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
+            raise ArgumentTypeError("batch.enqueue_many() takes an iterable of job.request(*args) values or "
+                                    f"(job_function, args) tuples, got {type(items).__name__} {items!r:.60}")
+        before = len(self.requests)
+        try:
+            for index, entry in enumerate(items):
+                try:
+                    self._enqueue_item(entry)
+                except LivepushError as exc:
+                    if exc.args and isinstance(exc.args[0], str):
+                        exc.args = (f"batch.enqueue_many() item {index}: {exc.args[0]}", *exc.args[1:])
+                    raise
+        except BaseException:
+            del self.requests[before:]
+            raise
+
+    def _enqueue_item(self, entry: Any) -> None:
+        if not isinstance(entry, tuple) or len(entry) not in (2, 3):
+            self.enqueue(entry)  # a job.request(...), or refused naming what it got
+            return
+        if len(entry) == 3 and entry[2]:
+            raise ArgumentTypeError("a member of a fan-out batch takes no enqueue options (wait=, at=, key=, "
+                                    f"tags=): give (job_function, args), got options {entry[2]!r:.60}")
+        self.enqueue(entry[0], *check_args(entry[1]))
 
     def __len__(self) -> int:
         return len(self.requests)
