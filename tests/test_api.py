@@ -82,6 +82,15 @@ def test_a_fan_out_the_process_was_given_is_not_warned_about(
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
 
+def test_a_mistyped_name_of_livepush_jobs_names_the_module() -> None:
+    """`jobs.enqueu_many` says which module lacks it, as `livepush.x` does, not a bare name."""
+    from livepush import jobs
+
+    with pytest.raises(AttributeError, match=r"module 'livepush\.jobs' has no attribute 'enqueu_many'"):
+        jobs.enqueu_many  # noqa: B018
+    assert callable(jobs.Runtime)
+
+
 def test_a_bare_import_reaches_the_api_and_every_submodule_as_attributes() -> None:
     """`import livepush` loads its API on first use; the names the docs use after it (the
     package's functions, `livepush.sessions.issue`, `livepush.fanout.from_env`,

@@ -197,4 +197,4 @@ def __getattr__(name: str) -> Any:
         from .runtime.runtime import Runtime
 
         return Runtime
-    raise AttributeError(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
