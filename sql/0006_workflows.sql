@@ -25,11 +25,21 @@ CREATE TABLE livepush_workflows (
     event        text        NOT NULL DEFAULT 'started'
         CHECK (event IN ('started', 'step', 'paused', 'resumed', 'finished', 'cancelled')),
     created_at   timestamptz NOT NULL DEFAULT now(),
-    finished_at  timestamptz
+    finished_at  timestamptz,
+    -- flow.start(key=): the idempotency key of the start that made the run (COLLATE "C", as a
+    -- job's key: compared byte by byte, whatever the database's collation).
+    key          text COLLATE "C"
 ) WITH (fillfactor = 70, autovacuum_vacuum_cost_delay = 0);
 
 -- jobs.workflows.list(name=, state=): newest first, by keyset.
 CREATE INDEX livepush_workflows_list_idx ON livepush_workflows (name, state, id);
+-- The key's invariant, held by Postgres whatever the caller does: one unfinished run of a workflow
+-- per key (workflows/queries.py: INSERT_RUN, KEYED_RUN). It is also what makes concurrent starts
+-- of a key safe: of two inserts of one key the second waits on this index for the first's
+-- transaction, and inserts nothing once that committed; it then finds the winner in a fresh
+-- snapshot. Partial: a finished run frees its key, and runs without a key cost nothing here.
+CREATE UNIQUE INDEX livepush_workflows_key_idx ON livepush_workflows (name, key)
+    WHERE key IS NOT NULL AND state IN ('running', 'paused');
 -- Retention finds finished runs by age.
 CREATE INDEX livepush_workflows_finished_idx ON livepush_workflows (finished_at) WHERE finished_at IS NOT NULL;
 

@@ -56,9 +56,9 @@ class Engine(Protocol):
 
     async def run_step(self, flow: Workflow, step: str, ctx: Any, run_id: int) -> Any: ...
 
-    def start(self, flow: Workflow, input: Any, conn: Any) -> Any: ...
+    def start(self, flow: Workflow, input: Any, conn: Any, key: str | None = None) -> Any: ...
 
-    async def astart(self, flow: Workflow, input: Any, conn: Any) -> Any: ...
+    async def astart(self, flow: Workflow, input: Any, conn: Any, key: str | None = None) -> Any: ...
 
 
 WORKFLOWS: dict[str, Workflow] = {}
@@ -250,10 +250,12 @@ class Workflow:
 
         return decorate
 
-    def start(self, input: Any = None, *, conn: Any = None) -> Any:
+    def start(self, input: Any = None, *, conn: Any = None, key: str | None = None) -> Any:
         """Start a run with `input` (JSON; `ctx.input` in every step): its first steps are
-        enqueued in this transaction (the caller's with `conn=`). Returns a WorkflowHandle."""
-        return self.engine.start(self, input, conn)
+        enqueued in this transaction (the caller's with `conn=`). Returns a WorkflowHandle.
+        `key=`: while a run of this workflow started with the key is unfinished, a start with it
+        writes nothing and returns that run's handle (a retry after a lost reply starts no second run)."""
+        return self.engine.start(self, input, conn, key)
 
-    async def astart(self, input: Any = None, *, conn: Any = None) -> Any:
-        return await self.engine.astart(self, input, conn)
+    async def astart(self, input: Any = None, *, conn: Any = None, key: str | None = None) -> Any:
+        return await self.engine.astart(self, input, conn, key)

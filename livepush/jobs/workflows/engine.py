@@ -5,7 +5,7 @@ Every decision locks the run (queries.LOCK_RUNS), reads its steps, computes what
 ready, the run's state and a new version of its topic, the audit trail. queries.py says why a
 step therefore starts exactly once.
 
-- `start_run`: a new run and its first steps.
+- `start_run`: a new run and its first steps (or, with a key, the unfinished run holding it).
 - `steps_ended`: jobs of steps ended (called in the transaction that ended them, by every path
   that ends a job: groups/outcomes.py).
 - `operator`: pause, resume, cancel, skip (operators.py calls it, then cancels the jobs it names
@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from ...errors import LivepushError
 from .. import queries as job_queries
 from ..api.args import dumps
 from ..groups.steps import Query, Steps
@@ -254,10 +255,24 @@ def _write(plan: Plan) -> Steps[None]:
         plan.steps[name]["state"] = "running"
 
 
-def start_run(name: str, queue: str, graph: dict[str, Any], input_json: str) -> Steps[int]:
-    """Insert a run and start its first steps, in the caller's transaction. Returns its id."""
-    (row,) = yield Query(wq.INSERT_RUN, {"name": name, "queue": queue, "graph": json.dumps(graph),
-                                         "input": input_json, "steps": list(graph["order"])})
+def start_run(name: str, queue: str, graph: dict[str, Any], input_json: str, key: str | None = None) -> Steps[int]:
+    """Insert a run and start its first steps, in the caller's transaction. Returns its id. With a
+    `key`, the id of the unfinished run of the workflow holding it, if any, and nothing written."""
+    params = {"name": name, "queue": queue, "graph": json.dumps(graph), "input": input_json,
+              "steps": list(graph["order"]), "key": key}
+    # Each round either inserts, finds the holder, or saw the holder finish in between (the key
+    # is free then, so the next insert takes it): a few rounds at most, as a keyed enqueue's.
+    for _ in range(100):
+        inserted = yield Query(wq.INSERT_RUN, params)
+        if inserted:
+            break
+        held = yield Query(wq.KEYED_RUN, {"name": name, "key": key})
+        if held:
+            return int(held[0]["id"])
+    else:
+        raise LivepushError(f"the start of workflow {name!r} with key {key!r} lost 100 races in a row "
+                            "to other starts and ends of runs with that key: start it again")
+    (row,) = inserted
     plans = yield from _load([row["id"]])
     plan = plans[row["id"]]
     plan.event = "started"

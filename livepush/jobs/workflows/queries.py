@@ -26,17 +26,31 @@ from __future__ import annotations
 from .. import queries
 
 # name: insert_run
-# A new run and its steps, all pending; invisible to others until commit.
+# A new run and its steps, all pending; invisible to others until commit. With a key (flow.start
+# (key=)), nothing when an unfinished run of the workflow holds it (sql/0006_workflows.sql:
+# livepush_workflows_key_idx): an insert racing another start of the key waits there for that
+# transaction, and inserts nothing once it committed (KEYED_RUN then finds its run), or inserts
+# after a rollback. A run without a key never conflicts: the index leaves it out.
 INSERT_RUN = """
 WITH run AS (
-    INSERT INTO livepush_workflows (name, queue, graph, input)
-    VALUES (%(name)s, %(queue)s, %(graph)s::jsonb, %(input)s::jsonb)
+    INSERT INTO livepush_workflows (name, queue, graph, input, key)
+    VALUES (%(name)s, %(queue)s, %(graph)s::jsonb, %(input)s::jsonb, %(key)s)
+    ON CONFLICT (name, key) WHERE key IS NOT NULL AND state IN ('running', 'paused') DO NOTHING
     RETURNING id
 ), steps AS (
     INSERT INTO livepush_workflow_steps (workflow_id, name)
     SELECT run.id, s.name FROM run, unnest(%(steps)s::text[]) AS s(name)
 )
 SELECT id FROM run
+"""
+
+# name: keyed_run
+# After INSERT_RUN inserted nothing, in a later statement (a snapshot that sees the holder's
+# commit): the unfinished run of the workflow holding the key, found through
+# livepush_workflows_key_idx. None when the holder finished in between: the key is free again.
+KEYED_RUN = """
+SELECT id FROM livepush_workflows
+WHERE name = %(name)s AND key = %(key)s AND state IN ('running', 'paused')
 """
 
 # name: lock_runs

@@ -25,6 +25,7 @@ from ...postgres.text import storable_text
 from ..api.args import check_args, encode
 from ..api.functions import is_async_callable
 from ..api.handles import StateTopicHandle
+from ..api.options import check_key
 from ...types import Seconds, as_seconds
 from ..api.registry import JobRequest, JobSpec
 from ..errors import (GroupLimitError, InvalidArgumentsError, InvalidResultError, JobCancelled, Reattempt,
@@ -345,14 +346,14 @@ class Runner:
             raise WorkflowDefinitionError(f"workflow {flow.name!r} has no steps: define them before starting it")
         return text
 
-    def start(self, flow: Workflow, input: Any, conn: Any) -> WorkflowHandle:
-        text = self._input(flow, input)
-        run_id = in_tx(lambda: engine.start_run(flow.name, flow.queue, flow.graph(), text), conn)
+    def start(self, flow: Workflow, input: Any, conn: Any, key: str | None = None) -> WorkflowHandle:
+        text, key = self._input(flow, input), check_key(key)
+        run_id = in_tx(lambda: engine.start_run(flow.name, flow.queue, flow.graph(), text, key), conn)
         return WorkflowHandle(run_id, flow.name)
 
-    async def astart(self, flow: Workflow, input: Any, conn: Any) -> WorkflowHandle:
-        text = self._input(flow, input)
-        run_id = await ain_tx(lambda: engine.start_run(flow.name, flow.queue, flow.graph(), text), conn)
+    async def astart(self, flow: Workflow, input: Any, conn: Any, key: str | None = None) -> WorkflowHandle:
+        text, key = self._input(flow, input), check_key(key)
+        run_id = await ain_tx(lambda: engine.start_run(flow.name, flow.queue, flow.graph(), text, key), conn)
         return WorkflowHandle(run_id, flow.name)
 
 
