@@ -671,6 +671,40 @@ async def test_reattempt_runs_the_step_again_later_without_spending_an_attempt(f
     assert done["steps"]["first"]["attempt"] == 1 and done["steps"]["first"]["output"] == "first done", done["error"]
 
 
+async def test_a_step_waiting_for_its_next_attempt_shows_running_and_a_parked_one_waiting(
+        flows_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`waiting` is a step whose job is parked (its batch, a signal, a durable ctx.sleep); a step
+    between two attempts (ctx.flow.reattempt(wait=), a retry's backoff) shows `running`, its job
+    `scheduled`, so its run is not `waiting` (docs/workflows.md "Runs and steps"). Once the
+    reattempting step is skipped, every active step is parked and the run shows `waiting`."""
+    monkeypatch.setattr(REGISTRY, "_functions", dict(REGISTRY._functions))
+    monkeypatch.setitem(WORKFLOWS, "t_wait_kinds", None)
+    flow = jobs.workflow("t_wait_kinds", queue="flows")
+
+    @flow.step()
+    async def napping(ctx: Any) -> None:
+        await ctx.sleep("nap", 60)
+
+    @flow.step()
+    async def again(ctx: Any) -> None:
+        ctx.flow.reattempt(60)
+
+    async with running():
+        run = await flow.astart()
+        await async_wait_for(lambda: q(flows_db, "SELECT s.name, j.state FROM livepush_workflow_steps s JOIN "
+                                                 "livepush_jobs j ON j.id = s.job_id WHERE s.workflow_id = %s "
+                                                 "ORDER BY s.name", (run.id,))
+                             == [("again", "scheduled"), ("napping", "waiting")], 10.0,
+                             message="one step to park and the other to wait for its next attempt")
+        found = await jobs.workflows.aget(run.id)
+        assert found is not None and found["state"] == "running"
+        assert step_states(found) == {"napping": "waiting", "again": "running"}
+        assert await jobs.workflows.askip(run.id, "again", actor="ana")
+        waiting = await run_state(run.id, "waiting")
+        assert step_states(waiting) == {"napping": "waiting", "again": "skipped"}
+        assert await jobs.workflows.acancel(run.id)
+
+
 async def test_operator_pause_holds_what_follows_until_resume(flows_db: str) -> None:
     """Paused while a step runs: it finishes, but the next step waits for resume; each verb is audited."""
     async with running():

@@ -340,7 +340,9 @@ GROUP BY w.id
 # jobs.workflows.get(): the run and each step, with its attempt
 # and its batch's counts as the run's version recorded them (sql/0006_workflows.sql), and whether
 # its job is parked (the step shows `waiting`: every statement that parks or wakes a step's job
-# gives its run a new version in the same transaction). A plain read: one snapshot. The steps'
+# gives its run a new version in the same transaction). A step whose job is `scheduled` between
+# two attempts stays `running`: an attempt's end into a retry gives the run no new version, so
+# the topic could not show it (docs/workflows.md "Runs and steps"). A plain read: one snapshot. The steps'
 # outputs come apart (STEP_OUTPUTS): built into this one object, outputs that together passed
 # what one jsonb value holds (255 MiB) made the run unreadable.
 RUN_VIEWS = _run_views("w.output, w.error, w.created_at, w.finished_at, w.graph", ", 'error', s.error, 'job', s.job_id")
