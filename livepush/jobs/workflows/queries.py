@@ -319,13 +319,18 @@ UPDATE livepush_workflow_steps SET group_id = %(group_id)s, batch = livepush_wor
 WHERE workflow_id = %(id)s AND name = %(name)s
 """
 
+# A step's state as every view shows it (s: its row, j: its job's): `waiting` while its running
+# job is parked (docs/workflows.md "Runs and steps"). One fragment, so the views cannot disagree.
+_STEP_STATE = "CASE WHEN s.state = 'running' AND j.state = 'waiting' THEN 'waiting' ELSE s.state END"
+
+
 # RUN_VIEWS and TOPIC_VIEWS: each run asked for, and each of its steps as the topic shows it
 # (`extra` adds to a step what only jobs.workflows.get() shows).
 def _run_views(run_columns: str, extra: str = "") -> str:
     return f"""
 SELECT w.id, w.name, w.state, w.version, w.event, {run_columns},
        coalesce(jsonb_object_agg(s.name, jsonb_build_object(
-           'state', CASE WHEN s.state = 'running' AND j.state = 'waiting' THEN 'waiting' ELSE s.state END,
+           'state', {_STEP_STATE},
            'attempt', s.attempt, 'group', s.group_id, 'batch', s.batch{extra})) FILTER (WHERE s.name IS NOT NULL),
                 '{{}}'::jsonb) AS steps
 FROM livepush_workflows w
@@ -415,7 +420,7 @@ CLEAR = ("DELETE FROM livepush_workflow_signals; DELETE FROM livepush_workflow_s
 # events/views.workflow_view gives the same state and steps as the run's topic; `in_progress`
 # counts every unfinished run (before the LIMIT; `limit` is at least 1). Steps are read only
 # for the runs shown.
-RUNS_IN_PROGRESS = """
+RUNS_IN_PROGRESS = f"""
 WITH page AS (
     SELECT id, name, state, created_at, graph -> 'order' AS step_order, count(*) OVER () AS in_progress
     FROM livepush_workflows
@@ -428,8 +433,8 @@ SELECT p.id, p.name, p.state, p.created_at, p.in_progress::int AS in_progress,
 FROM page p
 CROSS JOIN LATERAL (
     SELECT coalesce(jsonb_object_agg(s.name, jsonb_build_object(
-               'state', CASE WHEN s.state = 'running' AND j.state = 'waiting' THEN 'waiting' ELSE s.state END,
-               'attempt', s.attempt, 'group', s.group_id)), '{}'::jsonb) AS steps
+               'state', {_STEP_STATE},
+               'attempt', s.attempt, 'group', s.group_id)), '{{}}'::jsonb) AS steps
     FROM livepush_workflow_steps s LEFT JOIN livepush_jobs j ON j.id = s.job_id
     WHERE s.workflow_id = p.id
 ) st
