@@ -248,6 +248,22 @@ def test_the_protocol_page_gives_every_close_code_the_reference_does() -> None:
                                                 f"reference lacks {sorted(protocol - reference)}"
 
 
+def test_every_exit_status_of_the_commands_is_in_the_reference_and_the_readme() -> None:
+    """Reference §3's exit-status table and README's sentence on it give each status the `livepush`
+    command exits with (its EXIT_ constants), and no other: a deploy script that tells a migrate to
+    try again (75) from a database that is down (1) learns of both from either page."""
+    import livepush.cli.main
+
+    codes = {str(value) for name, value in vars(sys.modules["livepush.cli.main"]).items() if name.startswith("EXIT_")}
+    table = set(re.findall(r"^\| (\d+) \|", section("docs/reference.md", "3. Commands"), re.M))
+    sentence = re.search(r"^Exit status of every command:(.*?)(?:\n\n|\Z)",
+                         (ROOT / "README.md").read_text(), re.M | re.S)
+    assert sentence, "README.md: no \"Exit status of every command:\" paragraph"
+    readme = set(re.findall(r"\b(\d+)\b", re.sub(r"\[.*?\]\(.*?\)", "", sentence.group(1))))  # not §3
+    assert table == codes, f"reference §3's table lacks {sorted(codes - table)}, has more: {sorted(table - codes)}"
+    assert readme == codes, f"README lacks {sorted(codes - readme)}, has more: {sorted(readme - codes)}"
+
+
 def test_every_metric_the_reference_lists_is_served() -> None:
     """The metrics table of reference §9 names exactly the families /metrics serves."""
     table = section("docs/reference.md", "9. Operations")

@@ -1,6 +1,6 @@
 """The `livepush` command (docs/reference.md#3-commands). Exit status: 0 clean stop, 1 a dependency
-failed, 2 bad usage or configuration, 75 a lock held too long (try again); errors are
-one line on stderr, never a traceback."""
+failed, 2 bad usage or configuration, 75 a lock held too long (try again), 130 a printing command
+stopped by Ctrl-C; errors are one line on stderr, never a traceback."""
 
 from __future__ import annotations
 
