@@ -264,6 +264,29 @@ def test_every_exit_status_of_the_commands_is_in_the_reference_and_the_readme() 
     assert readme == codes, f"README lacks {sorted(codes - readme)}, has more: {sorted(readme - codes)}"
 
 
+def test_the_pages_list_where_a_token_comes_from_in_the_order_the_server_takes_them() -> None:
+    """Reference §5's handshake list and security.md's numbered list give the places a session token
+    comes from in the order the server counts them (the first valid one is the session): a list
+    read top to bottom is read as that order."""
+    from livepush.sessions.handshake import extract_tokens
+
+    headers = [("Cookie", "livepush_session=from-cookie"),
+               ("Sec-WebSocket-Protocol", "livepush, livepush.token.from-subprotocol")]
+    places = {"from-cookie": "cookie", "from-subprotocol": "Sec-WebSocket-Protocol", "from-query": "query parameter"}
+    counted = [places[token] for token in extract_tokens(headers, "/?token=from-query")]
+
+    def listed(text: str) -> list[str]:
+        order = []
+        for item in re.findall(r"^(?:-|\d+\.) (.*(?:\n(?!-|\d+\.|\n).*)*)", text, re.M):
+            found = [(item.find(word), word) for word in places.values() if word in item]
+            if found:
+                order.append(min(found)[1])
+        return order
+
+    assert listed(section("docs/reference.md", "Handshake")) == counted
+    assert listed(section("docs/security.md", "Where the token travels")) == counted
+
+
 def test_every_metric_the_reference_lists_is_served() -> None:
     """The metrics table of reference §9 names exactly the families /metrics serves."""
     table = section("docs/reference.md", "9. Operations")
