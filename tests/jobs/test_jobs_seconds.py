@@ -95,3 +95,11 @@ async def test_a_durable_sleep_and_signal_timeout_take_a_timedelta(jobs_db: str)
 
         finished = await async_wait_for(done, 15.0, message=f"job {h.id} to finish")
     assert (finished.state, finished.result) == ("succeeded", "timed out"), finished.error
+
+
+async def test_waiting_for_a_runtime_to_start_takes_a_timedelta() -> None:
+    """Runtime.wait_started(timeout=) counts a timedelta's seconds: a runtime never run times out
+    after them (TimeoutError), rather than the timedelta being refused as no number."""
+    rt = Runtime(Registry(), queues=[QUEUE], install_signals=False)
+    with pytest.raises(TimeoutError):
+        await rt.wait_started(timeout=timedelta(milliseconds=50))

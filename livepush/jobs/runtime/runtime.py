@@ -241,6 +241,15 @@ async def _done_or_set(task: asyncio.Future[Any], event: asyncio.Event) -> None:
 
 
 class Runtime:
+    """The job runtime embedded in Python: what `livepush jobs` runs (docs/jobs.md). `modules` are
+    the names of the modules that define the jobs (a list, not one string), `queues` the queues it
+    serves, first ones first (None: every queue their jobs use); `concurrency` jobs at a time.
+    `shutdown_timeout`, `heartbeat`, `poll_interval` and `retention` are seconds or a timedelta, in
+    the ranges the command's flags take (`retention=None` keeps finished jobs and groups). `url`
+    is the database (None: the one `jobs.configure()` names, else LIVEPUSH_DATABASE_URL).
+    `await run()` runs until `stop()` (or SIGTERM and SIGINT, unless `install_signals=False`), once:
+    a stopped runtime is not run again (make a new one)."""
+
     def __init__(
         self,
         modules: Registry | Iterable[str] | None = None,
@@ -404,8 +413,10 @@ class Runtime:
         self._slot_freed.set()
         self._doorbell.set()
 
-    async def wait_started(self, timeout: float | None = 10.0) -> None:
-        await asyncio.wait_for(self._started.wait(), timeout)
+    async def wait_started(self, timeout: Seconds | None = 10.0) -> None:
+        """Return once run() has started claiming jobs; TimeoutError after `timeout` seconds (or a
+        timedelta; None: no bound)."""
+        await asyncio.wait_for(self._started.wait(), as_seconds(timeout))
 
     async def run(self) -> None:
         """Run until stopped; returns after a clean drain (the CLI then exits 0). Raises
