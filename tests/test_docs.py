@@ -104,6 +104,22 @@ def test_the_settings_tables_name_every_setting_livepush_reads_and_no_other() ->
                                f"read, not documented: {sorted(read - reference)}")
 
 
+def test_frameworks_gives_every_setting_the_django_integration_reads_and_its_ttls_default() -> None:
+    """The Django settings livepush reads (its only settings not in the environment, so not in the
+    tables above) are each named in frameworks.md, which names no other, and the session TTL's
+    default there is the code's."""
+    pytest.importorskip("django")
+    from livepush.contrib.django.sessions import DEFAULT_TTL
+
+    read = set()
+    for source in (ROOT / "livepush" / "contrib" / "django").rglob("*.py"):
+        read |= set(re.findall(r"[\"'](LIVEPUSH_[A-Z_]+)[\"']", source.read_text()))
+    page = (ROOT / "docs" / "frameworks.md").read_text()
+    named = set(re.findall(r"`(LIVEPUSH_SESSION_[A-Z_]+)`", page))
+    assert read == named, f"read, not in frameworks.md: {sorted(read - named)}; named, never read: {sorted(named - read)}"
+    assert f"`LIVEPUSH_SESSION_TTL` (seconds or a `timedelta`, default {DEFAULT_TTL:g})" in page
+
+
 def _table_rows(text: str) -> dict[str, list[str]]:
     """The cells of each settings-table row of `text`, by each variable the row's first cell names."""
     rows = {}
@@ -714,6 +730,7 @@ DEFAULTS = [
     ("serve", "--drain-seconds", "default 0", "`0` (the default)"),
     ("serve", "--workers", "default 1", "`1` (the default)"),
     ("status", "--limit", "default 20", "default 20"),
+    ("migrate", "--lock-timeout", "default: the role's lock_timeout, else 5", "when one is set, else 5 s"),
     ("token", "--ttl", "86400 for a session", "a day (86400 s)"),
     ("token", "--ttl", "LIVEPUSH_SIGNED_TOPIC_TTL for a topic", "a signed topic `LIVEPUSH_SIGNED_TOPIC_TTL`"),
 ]
