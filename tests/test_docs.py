@@ -458,6 +458,20 @@ def test_the_reference_names_everything_livepush_and_livepush_jobs_export() -> N
     assert not missing, missing
 
 
+def test_the_error_trees_name_every_error_their_module_defines() -> None:
+    """livepush.errors' and livepush.jobs.errors' docstrings, the trees a reader goes to for what to
+    catch, name every exception class their module defines."""
+    import inspect
+
+    from livepush.jobs import errors as job_errors
+
+    missing = [f"{module.__name__}.{name}" for module in (livepush.errors, job_errors)
+               for name, value in vars(module).items()
+               if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == module.__name__
+               and not re.search(rf"\b{name}\b", module.__doc__ or "")]
+    assert not missing, missing
+
+
 def test_every_keyword_of_the_public_functions_is_in_the_docs() -> None:
     """Each optional argument of a function `livepush` or `livepush.jobs` exports is written
     `name=` somewhere in the docs: a caller can learn of every argument the code takes."""

@@ -5,6 +5,7 @@
     │                                      names the path
     ├── InvalidProgressError (ValueError)  ctx.progress() got something other than numbers
     ├── InvalidResultError (TypeError)     a job's or a checkpoint's result is not plain JSON
+    ├── UnknownJobError (LookupError)      a job name this process has no function for
     ├── JobNotFound (LookupError)          no job with that id (jobs.signal)
     ├── JobFinishedError                   the job has finished (jobs.signal)
     ├── WorkflowNotFound (LookupError)     no workflow run with that id
@@ -12,7 +13,7 @@
     │                                      wait_for= signal straight to its job
     ├── DurableError                       durable jobs: CheckpointInputConflict,
     │                                      DuplicateStepError (ValueError), ChildFailed,
-    │                                      SignalTimeout (TimeoutError)
+    │                                      ReplayMismatch, SignalTimeout (TimeoutError)
     └── GroupError                         task groups: GroupNotFound (LookupError),
                                            GroupClosedError, GroupBlockError (RuntimeError),
                                            GroupLimitError (ValueError),
@@ -21,6 +22,7 @@
     ConfigError > InvalidScheduleError (ValueError)  a periodic job's cron or zone is wrong (at import)
     JobCancelled (BaseException)           raised inside a job whose cancel was requested
     Parked (BaseException)                 ends a durable job's run when it parks (internal)
+    Reattempt (BaseException)              ends a step's run to run again later (internal)
     RunAbandoned (BaseException)           a durable call in a run that lost its job
 """
 
