@@ -734,6 +734,22 @@ async def test_the_workflow_example_runs_to_its_report(docs_db: str) -> None:
     assert run_["steps"]["report"]["output"] == {"by": "ana", "imported": 3}
 
 
+async def test_the_reference_workflow_block_runs_its_verbs_as_written(docs_db: str) -> None:
+    """Reference §4's workflow block starts a run and applies each operator verb to it in the order
+    written, the cancel last, each recorded on the audit trail. Renamed, so that its steps' job
+    names do not meet workflows.md's, which this process defines too."""
+
+    async def load(source: str) -> list[int]:
+        return [1, 2]
+
+    code, where = example("docs/reference.md", "flow = jobs.workflow(")
+    ns = await run(code.replace('"nightly_import"', '"nightly_import_reference"'), where,
+                   {"jobs": jobs, "load": load, "import_row": import_row})
+    run_ = jobs.workflows.get(ns["run"].id)
+    assert run_["state"] == "cancelled", run_
+    assert [entry["verb"] for entry in run_["audit"]][-1] == "cancel", run_["audit"]
+
+
 # Each default reference §3 states: how --help says it, and how the reference does.
 DEFAULTS = [
     ("jobs", "--concurrency", "default 10", "default 10"),
