@@ -77,10 +77,11 @@ def section(page: str, heading: str) -> str:
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_python_example_is_python(page: Path) -> None:
-    """Each ```python block of the page compiles (top-level `await` allowed): a reader can paste it."""
+    """Each ```python block of the page compiles (top-level `await` allowed), not only parses: a
+    reader can paste it (a `return` outside a function parses, and fails when run)."""
     for line, code in blocks(page):
         try:
-            compile(code, str(page), "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+            compile(code, str(page), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
         except SyntaxError as exc:
             pytest.fail(f"{page.relative_to(ROOT)}:{line + (exc.lineno or 1) - 1}: {exc.msg}")
 
