@@ -7,8 +7,9 @@ does another user signing in over it (Django's `user_logged_in`). Sync and async
 ASGI it runs in the event loop, with no thread hop per request.
 
 Settings (all optional):
-    LIVEPUSH_SESSION_TTL = 86400              seconds a token lives; renewed once half of it has passed,
-                                              or at once when lowered below what a cookie's has left
+    LIVEPUSH_SESSION_TTL = 86400              seconds (or a timedelta) a token lives; renewed once half
+                                              of it has passed, or at once when lowered below what a
+                                              cookie's has left
     LIVEPUSH_SESSION_COOKIE_DOMAIN = None     e.g. "example.com" when the push server is push.example.com
     LIVEPUSH_SESSION_SUBJECT = None           a function user -> subject; default str(user.pk)
 """
