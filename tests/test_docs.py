@@ -265,10 +265,11 @@ def test_the_protocol_page_gives_every_close_code_the_reference_does() -> None:
                                                 f"reference lacks {sorted(protocol - reference)}"
 
 
-def test_every_exit_status_of_the_commands_is_in_the_reference_and_the_readme() -> None:
-    """Reference §3's exit-status table and README's sentence on it give each status the `livepush`
-    command exits with (its EXIT_ constants), and no other: a deploy script that tells a migrate to
-    try again (75) from a database that is down (1) learns of both from either page."""
+def test_every_exit_status_of_the_commands_is_in_the_reference_the_readme_and_help() -> None:
+    """Reference §3's exit-status table, README's sentence on it and `livepush --help` give each
+    status the `livepush` command exits with (its EXIT_ constants), and no other: a deploy script
+    that tells a migrate to try again (75) from a database that is down (1) learns of both from
+    any of them."""
     import livepush.cli.main
 
     codes = {str(value) for name, value in vars(sys.modules["livepush.cli.main"]).items() if name.startswith("EXIT_")}
@@ -279,6 +280,11 @@ def test_every_exit_status_of_the_commands_is_in_the_reference_and_the_readme() 
     readme = set(re.findall(r"\b(\d+)\b", re.sub(r"\[.*?\]\(.*?\)", "", sentence.group(1))))  # not §3
     assert table == codes, f"reference §3's table lacks {sorted(codes - table)}, has more: {sorted(table - codes)}"
     assert readme == codes, f"README lacks {sorted(codes - readme)}, has more: {sorted(readme - codes)}"
+    usage = " ".join(build_parser().format_help().split())
+    said = re.search(r"exit status: (.*)", usage)
+    assert said, f"livepush --help says nothing of its exit status: {usage}"
+    helped = set(re.findall(r"\b(\d+)\b", said.group(1)))
+    assert helped == codes, f"livepush --help lacks {sorted(codes - helped)}, has more: {sorted(helped - codes)}"
 
 
 def test_the_pages_list_where_a_token_comes_from_in_the_order_the_server_takes_them() -> None:
