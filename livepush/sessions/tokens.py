@@ -97,8 +97,9 @@ def issue(subject: str, ttl: Seconds = 86400, *, now: float | None = None) -> st
     """A new session token for `subject`, valid for `ttl` seconds or a timedelta (at most 366 days).
 
     Signed with LIVEPUSH_SECRET (ConfigError when it is not set). Put it in the
-    `livepush_session` cookie (preferred: HttpOnly, Secure, SameSite) or pass it as the
-    `token` query parameter.
+    `__Host-livepush_session` cookie (HttpOnly, Secure, SameSite; `livepush_session` over plain
+    HTTP), or hand it to the page's JS client, which sends it in the Sec-WebSocket-Protocol header
+    (other clients: the `token` query parameter); what the page passes counts before the cookie.
     """
     check_subject(subject)
     ttl = _check_ttl(ttl)
