@@ -95,7 +95,8 @@ def signal(job_id: int, name: str, data: Any = None, *, conn: Any = None, key: s
     """Send signal `name` with `data` (plain JSON) to a job: a `ctx.wait_for_signal(name)` gets it
     exactly once, and signals sent before the wait are kept, in order. A job parked waiting for it
     runs again. Raises JobNotFound or JobFinishedError (nothing written) when the job does not exist
-    or has finished. `conn=`: in the caller's transaction. `key=`: a send of a key already sent to
+    or has finished, and WorkflowStepSignalError when the job is a workflow step whose `wait_for=`
+    names this signal (send that with jobs.workflows.signal()). `conn=`: in the caller's transaction. `key=`: a send of a key already sent to
     this job sends nothing (a retry after a lost reply) and returns the first one's id. Returns the
     signal's id."""
     job_id, name, text, key = _checked(job_id, name, data, key)
