@@ -159,11 +159,14 @@ class JobContext:
 
     async def wait_for_signal(self, name: str, timeout: Seconds | None = None) -> Any:
         """The data of the next signal `name` sent to this job (jobs.signal), parking until one
-        comes; raises SignalTimeout after `timeout` seconds without one."""
+        comes; raises SignalTimeout after `timeout` seconds (or a timedelta) without one, counted
+        from the first time a run reached this wait: that deadline is stored, and a timeout= changed
+        since does not move it."""
         return await self.durable.wait_for_signal(name, timeout)
 
     async def sleep(self, name: str, seconds: Seconds) -> None:
-        """A durable sleep: park for `seconds` (no slot held), then go on. `name` is unique in a job."""
+        """A durable sleep: park for `seconds` (or a timedelta; no slot held), then go on. `name` is
+        unique in a job."""
         await self.durable.sleep(name, seconds)
 
     @property
