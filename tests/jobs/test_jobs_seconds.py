@@ -103,3 +103,32 @@ async def test_waiting_for_a_runtime_to_start_takes_a_timedelta() -> None:
     rt = Runtime(Registry(), queues=[QUEUE], install_signals=False)
     with pytest.raises(TimeoutError):
         await rt.wait_started(timeout=timedelta(milliseconds=50))
+
+
+# The parameters of the jobs API that take seconds, by name (backoff=: what its function returns).
+SECONDS_PARAMETERS = {"timeout", "wait", "seconds", "debounce", "wait_timeout", "heartbeat", "poll_interval",
+                      "shutdown_timeout", "retention", "backoff", "ttl"}
+
+
+def test_the_signatures_a_type_checker_reads_take_a_timedelta_where_seconds_go() -> None:
+    """Each seconds parameter of what livepush.jobs exports (and of @jobs.job's typed overloads,
+    which editors and mypy read) is annotated `Seconds`, a number or a timedelta: a user whose
+    timedelta the code takes is not told by the type checker that it is wrong."""
+    import inspect
+    import typing
+
+    def signatures(obj: Any) -> list[inspect.Signature]:
+        found = []
+        for f in ([obj, *typing.get_overloads(obj)] if inspect.isfunction(obj) else
+                  [obj.__init__, *(v for n, v in vars(obj).items() if not n.startswith("_") and inspect.isfunction(v))]
+                  if inspect.isclass(obj) and not issubclass(obj, BaseException) else []):
+            try:
+                found.append(inspect.signature(f))
+            except (TypeError, ValueError):
+                pass
+        return found
+
+    wrong = [f"{name}({p.name}: {p.annotation})" for module in (jobs,) for name in module.__all__
+             for signature in signatures(getattr(module, name)) for p in signature.parameters.values()
+             if p.name in SECONDS_PARAMETERS and "Seconds" not in str(p.annotation)]
+    assert not wrong, wrong
