@@ -13,7 +13,6 @@ import subprocess
 import sys
 import types
 from collections.abc import Iterator
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -682,7 +681,7 @@ async def test_the_jobs_page_enqueue_examples_run(docs_db: str) -> None:
     """jobs.md's "Enqueueing" and "Enqueue options" blocks enqueue what they say, and the jobs run."""
     rows = [{"n": 1}, {"n": 2}]
     ns: dict[str, Any] = {"jobs": jobs, "import_row": import_row, "sync_search": import_row, "rows": rows,
-                          "row": rows[0], "user_id": 7, "datetime": datetime, "timezone": timezone}
+                          "row": rows[0], "user_id": 7}
     await run(*(example("docs/jobs.md", "handle = await import_row.aenqueue")), ns)
     await run(*(example("docs/jobs.md", "key=\"import:7:row:3\"")), ns)
     assert jobs.get_job(ns["tagged"].id).tags == ("import:7", "tenant:3")
