@@ -230,7 +230,7 @@ def test_after_takes_only_names_of_steps(after: Any) -> None:
     ({"on_timeout": "skip", "wait_for": "x"}, "on_timeout= says what a timed-out signal wait does"),
     ({"on_timeout": "skip"}, "on_timeout= says what a timed-out signal wait does"),
     ({"on_batch_failure": "fail"}, "on_batch_failure= is for a fan-out step"),
-    ({"wait_timeout": 5}, "wait_timeout= takes a positive number of seconds, at most 100 years, with wait_for="),
+    ({"wait_timeout": 5}, "wait_timeout= takes a positive number of seconds or a timedelta, at most 100 years, with wait_for="),
     # The step's wait could never start: infinity is no JSON, and Postgres' dates end.
     ({"wait_for": "go", "wait_timeout": float("inf")}, "at most 100 years, with wait_for=; got inf"),
     ({"wait_for": "go", "wait_timeout": 1e10}, "at most 100 years, with wait_for=; got 10000000000.0"),

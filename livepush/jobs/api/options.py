@@ -105,7 +105,7 @@ def check_debounce(debounce: Any, key: str | None, wait: Any, at: datetime | Non
     if wait is not None or at is not None:
         raise ArgumentValueError("debounce= sets the run time (now + debounce): give it without wait= or at=")
     if isinstance(debounce, bool) or not isinstance(debounce, (int, float)):
-        raise ArgumentTypeError(f"debounce= takes a number of seconds, got {type(debounce).__name__} {debounce!r:.60}")
+        raise ArgumentTypeError(f"debounce= takes a number of seconds or a timedelta, got {type(debounce).__name__} {debounce!r:.60}")
     if not debounce >= 0 or debounce == math.inf:  # `not >=` also catches NaN
         raise ArgumentValueError(f"debounce= must be zero or more seconds, a finite number, got {debounce!r}")
     if debounce > MAX_DEBOUNCE:

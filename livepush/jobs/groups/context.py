@@ -114,8 +114,8 @@ class SyncGroupContext:
         timeout = as_seconds(timeout)
         if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                 or not 0 < timeout < math.inf):  # NaN fails both comparisons
-            raise ArgumentValueError(f"ctx.group.enqueue(timeout=) takes a positive, finite number of seconds, "
-                                     f"got {timeout!r:.60}")
+            raise ArgumentValueError(f"ctx.group.enqueue(timeout=) takes a positive, finite number of seconds "
+                                     f"or a timedelta, got {timeout!r:.60}")
 
         async def bounded() -> JobHandle:
             try:

@@ -176,8 +176,8 @@ class Workflow:
         if wait_timeout is not None and (wait_for is None or isinstance(wait_timeout, bool)
                                          or not isinstance(wait_timeout, (int, float)) or not wait_timeout > 0
                                          or not wait_timeout <= MAX_SECONDS):
-            raise WorkflowDefinitionError(f"{where}: step {name!r} wait_timeout= takes a positive number of seconds, "
-                                          f"at most 100 years, with wait_for=; got {wait_timeout!r:.40}")
+            raise WorkflowDefinitionError(f"{where}: step {name!r} wait_timeout= takes a positive number of seconds "
+                                          f"or a timedelta, at most 100 years, with wait_for=; got {wait_timeout!r:.40}")
         if on_timeout not in ON_TIMEOUT:
             raise WorkflowDefinitionError(f"{where}: step {name!r} on_timeout={on_timeout!r}: use one of {ON_TIMEOUT}")
         if on_batch_failure not in ON_BATCH_FAILURE:
