@@ -95,6 +95,66 @@ def test_a_cookie_domain_set_later_moves_a_current_host_only_session_to_it() -> 
     assert "livepush_session" not in client.get("/", secure=True).cookies  # moved once, then current
 
 
+@override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN="testserver.local")
+def test_a_cookie_domain_set_later_moves_a_current_plain_host_only_session_to_it() -> None:
+    """A signed-in user's host-only `livepush_session` (set over plain HTTP before
+    LIVEPUSH_SESSION_COOKIE_DOMAIN was set), its session still current, never reaches the push
+    server on the domain's other host, and the browser does not say which Domain a cookie has:
+    the Django session records the one the cookie was set with, so the next response sets the
+    session with the new Domain, and the one after deletes the host-only copy (one response
+    cannot set and delete two cookies of one name), then nothing more."""
+    client, user = signed_in()
+    with override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN=None):
+        before = client.get("/").cookies["livepush_session"]
+    assert not before["domain"]
+    moved = client.get("/").cookies["livepush_session"]
+    assert moved["domain"] == "testserver.local" and moved.value != before.value, moved.output()
+    assert sessions.decode(moved.value, get_settings().secrets).subject == str(user.pk)
+    # The browser now keeps both copies, and sends both to this host.
+    both = f"livepush_session={before.value}; livepush_session={moved.value}"
+    stale = client.get("/", HTTP_COOKIE=_with_sign_in(client, both)).cookies["livepush_session"]
+    assert stale.value == "" and not stale["domain"], stale.output()
+    # Whichever copy Django keeps of the two (the last), the one given last counts.
+    client.get("/")
+    with override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN=None):
+        other = client.get("/").cookies["livepush_session"]
+    moved = client.get("/").cookies["livepush_session"]
+    other_users = sessions.issue("someone-else", ttl=3600)
+    both = f"livepush_session={moved.value}; livepush_session={other_users}"
+    stale = client.get("/", HTTP_COOKIE=_with_sign_in(client, both)).cookies["livepush_session"]
+    assert stale.value == "" and not stale["domain"] and other.value, stale.output()
+    now = _with_sign_in(client, f"livepush_session={moved.value}")
+    assert "livepush_session" not in client.get("/", HTTP_COOKIE=now).cookies
+
+
+def _with_sign_in(client: Client, cookies: str) -> str:
+    """A Cookie header of `cookies` and the client's Django session cookie: what a browser holding
+    two copies of a cookie name sends, which the test client's jar (one value a name) cannot."""
+    return f"sessionid={client.cookies['sessionid'].value}; {cookies}"
+
+
+def test_a_cookie_domain_removed_later_deletes_the_cookie_left_on_it() -> None:
+    """A cookie set with LIVEPUSH_SESSION_COOKIE_DOMAIN stays on the browser when the setting is
+    removed, beside the host-only one a renewal sets: two different session cookies count as none,
+    and every request renewed again. The copy on the old Domain is deleted: over HTTPS beside the
+    new `__Host-` cookie, over plain HTTP by the next response."""
+    for secure in (True, False):
+        client, _ = signed_in()
+        with override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN="testserver.local"):
+            before = client.get("/", secure=secure).cookies["livepush_session"]
+        assert before["domain"] == "testserver.local"
+        cookies = client.get("/", secure=secure).cookies
+        if secure:
+            assert cookies["__Host-livepush_session"].value and not cookies["__Host-livepush_session"]["domain"]
+            stale = cookies["livepush_session"]
+        else:
+            fresh = cookies["livepush_session"]
+            assert fresh.value != before.value and not fresh["domain"], fresh.output()
+            both = f"livepush_session={fresh.value}; livepush_session={before.value}"
+            stale = client.get("/", HTTP_COOKIE=_with_sign_in(client, both)).cookies["livepush_session"]
+        assert stale.value == "" and stale["domain"] == "testserver.local", stale.output()
+
+
 def test_another_users_cookie_is_replaced() -> None:
     """A cookie issued to another subject is replaced by one of the signed-in user."""
     client, user = signed_in()

@@ -1,7 +1,7 @@
 """A livepush session for `request.user`, in the `livepush_session` cookie, so the browser needs no
 token code: `LivePushSessionMiddleware` (after Django's AuthenticationMiddleware) issues one for a
-signed-in user whose cookie is missing, expiring, another user's or host-only while a cookie
-domain is set, and drops it for anonymous requests; signing out (Django's `user_logged_out`)
+signed-in user whose cookie is missing, expiring, another user's or set for another cookie
+domain than the setting's, and drops it for anonymous requests; signing out (Django's `user_logged_out`)
 revokes it, and those it replaced at renewal, so the sockets they opened close with 4403, and so
 does another user signing in over it (Django's `user_logged_in`). Sync and async capable: under
 ASGI it runs in the event loop, with no thread hop per request.
@@ -37,7 +37,7 @@ from ...config import get_settings
 from ...errors import DependencyError, InvalidSession, LivepushError
 from ...sessions import MAX_TTL, Session
 from ...sessions.revocations import CLOCK_ALLOWANCE, READ_TIMEOUT
-from ...sessions.handshake import HOST_COOKIE_NAME
+from ...sessions.handshake import COOKIE_NAME, HOST_COOKIE_NAME
 from ...sessions.tokens import check_subject
 from ...types import as_seconds
 from ...usercode import cannot_take
@@ -50,6 +50,11 @@ DEFAULT_TTL = 86400.0
 _REVOKED = "_livepush_session_revoked"  # set on a request whose session was revoked by its logout
 # In the user's Django session: [id, subject, expires_at] of each livepush session issued to it.
 _ISSUED = "_livepush_sessions"
+# In the user's Django session: the Domain the middleware last set the cookie with ("" host-only),
+# and that of a `livepush_session` left on another Domain, which the next response deletes. A
+# browser sends no cookie's Domain, so only this tells a cookie set before the setting changed.
+_SET_FOR = "_livepush_cookie_domain"
+_STALE = "_livepush_stale_cookie_domain"
 
 
 def subject_of(user: Any) -> str:
@@ -146,11 +151,16 @@ def _current(token: str | None, subject: str, ttl: float) -> bool:
     return session.subject == subject and ttl / 2 < left <= ttl + CLOCK_ALLOWANCE
 
 
-def _set(response: HttpResponse, token: str, ttl: float, secure: bool) -> None:
+def _set(response: HttpResponse, token: str, ttl: float, secure: bool, old_domain: str | None) -> str | None:
+    """Set `token`'s cookie and delete the other name's; `old_domain`: where the cookie was set
+    before, when the cookie domain setting changed since. The Domain ("" host-only) of a
+    `livepush_session` copy left there that this response cannot delete (it sets that name), else None."""
     cookie = session_cookie(token, secure=secure, max_age=ttl, domain=_domain())
     response.set_cookie(cookie.name, cookie.value, max_age=cookie.max_age, path=cookie.path, domain=cookie.domain,
                         secure=cookie.secure, httponly=cookie.httponly, samesite=cookie.samesite)
-    _delete(response, cookie.other_name, cookie.domain)
+    moved = old_domain is not None and old_domain != (cookie.domain or "")
+    _delete(response, cookie.other_name, (old_domain or None) if moved else cookie.domain)
+    return old_domain if moved and cookie.name == COOKIE_NAME else None
 
 
 def _delete(response: HttpResponse, name: str, domain: str | None) -> None:
@@ -191,9 +201,7 @@ class LivePushSessionMiddleware:
         if not _signed_in(request, user):
             _drop(request, response)
             return response
-        token = _renew(request, response, subject_of(user))
-        if token is not None and _django_sign_in(request):
-            _remember(request, token)
+        _renew(request, response, subject_of(user), _django_sign_in(request))
         return response
 
     async def __acall__(self, request: HttpRequest) -> HttpResponse:
@@ -205,9 +213,7 @@ class LivePushSessionMiddleware:
         # A subject function may read the database (a profile's id), which async code must not do
         # in the event loop's thread; the default, str(user.pk), reads nothing.
         subject = subject_of(user) if _subject_setting() is None else await sync_to_async(subject_of)(user)
-        token = _renew(request, response, subject)
-        if token is not None and await _adjango_sign_in(request):
-            _remember(request, token)
+        _renew(request, response, subject, await _adjango_sign_in(request))
         return response
 
 
@@ -234,18 +240,52 @@ async def _auser(request: HttpRequest) -> Any:
     return user
 
 
-def _renew(request: HttpRequest, response: HttpResponse, subject: str) -> str | None:
+def _renew(request: HttpRequest, response: HttpResponse, subject: str, signed_in_here: bool) -> None:
     """Set a new session of `subject` on `response` when the request's cookie is not a current one
-    of it; the new token, else None."""
-    ttl = _ttl()
-    # With a cookie domain, the push server is on another host, where a `__Host-` cookie (set
-    # before the domain was) never goes: its session is moved to the domain's cookie.
-    host_only = _domain() is not None and bool(request.COOKIES.get(HOST_COOKIE_NAME))
-    if not host_only and _current(session_token(request.COOKIES), subject, ttl):
-        return None
+    of it, or was set for another cookie domain than the setting's; `signed_in_here`: the user
+    signed in through Django, whose session (loaded) keeps what the cookie was set with."""
+    ttl, domain = _ttl(), _domain()
+    # With a cookie domain, the push server is on another host, where a host-only cookie (set
+    # before the domain was) never goes: its session is moved to the domain's cookie. A `__Host-`
+    # one is always host-only; of a `livepush_session`, only the Django session can say.
+    old_domain = request.session.get(_SET_FOR) if signed_in_here else None
+    if not isinstance(old_domain, str):
+        old_domain = "" if signed_in_here and domain is not None else None  # set before this was kept
+    moved = old_domain is not None and old_domain != (domain or "")
+    host_only = domain is not None and bool(request.COOKIES.get(HOST_COOKIE_NAME))
+    if not moved and not host_only and _current(_cookie_token(request, signed_in_here), subject, ttl):
+        _delete_stale(request, response, signed_in_here)
+        return
     token = sessions.issue(subject, ttl=ttl)
-    _set(response, token, ttl, _secure(request))
-    return token
+    stale = _set(response, token, ttl, _secure(request), old_domain)
+    # The browser sends every copy it keeps to this host: with none, there is nothing left to delete.
+    stale = stale if COOKIE_NAME in request.COOKIES else None
+    if signed_in_here:
+        _remember(request, token)
+        request.session[_SET_FOR] = domain or ""
+        if stale is not None:
+            request.session[_STALE] = stale
+
+
+def _cookie_token(request: HttpRequest, signed_in_here: bool) -> str | None:
+    """The request's session token; while a moved cookie's old copy is still there (both come,
+    and Django keeps one value a name), the one this sign-in was given last, when it came."""
+    if signed_in_here and isinstance(request.session.get(_STALE), str):
+        issued = _issued(request)
+        for token in _request_tokens(request) if issued else ():
+            session = _decoded(token)
+            if session is not None and session.id == issued[-1].id:
+                return token
+    return session_token(request.COOKIES)
+
+
+def _delete_stale(request: HttpRequest, response: HttpResponse, signed_in_here: bool) -> None:
+    """Delete the `livepush_session` a move left on the old Domain (see _set): the browser keeps
+    both until then, and two different session cookies count as none."""
+    stale = request.session.get(_STALE) if signed_in_here else None
+    if isinstance(stale, str):
+        _delete(response, COOKIE_NAME, stale or None)
+        del request.session[_STALE]
 
 
 def _secure(request: HttpRequest) -> bool:
