@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Collection, Mapping
 
 from .. import sessions
@@ -22,6 +23,16 @@ COOKIE_NAMES = (HOST_COOKIE_NAME, COOKIE_NAME)
 # Lax: the cookie goes with a top-level navigation to the app and with the same-site WebSocket
 # handshake, never with another site's POST (a second layer behind the server's Origin check).
 SAMESITE = "Lax"
+
+# A host name, as a cookie's Domain takes it (a leading dot is allowed and ignored by browsers).
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST_NAME = re.compile(rf"\.?{_LABEL}(?:\.{_LABEL})*")
+
+
+def is_host_name(domain: object) -> bool:
+    """Whether `domain` can be a cookie's Domain: a browser drops a cookie whose Domain is a URL,
+    has a port or a path, and the session would never reach the server."""
+    return isinstance(domain, str) and _HOST_NAME.fullmatch(domain) is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,17 +69,20 @@ def session_cookie(token: str, *, secure: bool, max_age: float, domain: str | No
 
 
 def deleting_cookies(*, secure: bool, domain: str | None = None) -> list[SessionCookie]:
-    """The cookies that delete the session cookie under each name this app can have set (a
-    `__Host-` one exists only over HTTPS, and deleting it needs Secure too)."""
+    """The cookies that delete the session cookie under each name and Domain this app can have set
+    (a `__Host-` one exists only over HTTPS, and deleting it needs Secure too; with `domain`, a
+    host-only `livepush_session` set before the app had one too: a browser keeps it beside the
+    domain's, and two different session cookies count as none)."""
     names = COOKIE_NAMES if secure else (COOKIE_NAME,)
-    return [SessionCookie(name, "", 0, secure, None if name == HOST_COOKIE_NAME else domain) for name in names]
+    found = [SessionCookie(name, "", 0, secure, None if name == HOST_COOKIE_NAME else domain) for name in names]
+    return found + [SessionCookie(COOKIE_NAME, "", 0, secure)] if domain else found
 
 
 def stale_cookies(*, secure: bool, domain: str | None = None) -> list[SessionCookie]:
     """What to delete beside a new session cookie: the other name, when this app can have set it
     (two different session cookies count as none)."""
-    fresh = cookie_name(secure, domain)
-    return [c for c in deleting_cookies(secure=secure, domain=domain) if c.name != fresh]
+    fresh = session_cookie("", secure=secure, max_age=0, domain=domain)
+    return [c for c in deleting_cookies(secure=secure, domain=domain) if (c.name, c.domain) != (fresh.name, fresh.domain)]
 
 
 def nowhere_to_revoke(tokens: Collection[object], log: logging.Logger) -> bool:
@@ -107,4 +121,4 @@ def session_token(cookies: Mapping[str, str]) -> str | None:
 
 
 __all__ = ["COOKIE_NAMES", "SAMESITE", "SessionCookie", "cookie_name", "cookie_token", "deleting_cookies",
-           "other_subjects", "session_cookie", "session_cookies", "session_token", "stale_cookies"]
+           "is_host_name", "other_subjects", "session_cookie", "session_cookies", "session_token", "stale_cookies"]

@@ -23,7 +23,7 @@ from examples.fastapi_app.app import SESSION_TTL
 from examples.fastapi_app.app import app as example
 from livepush import config, sessions
 from livepush.contrib.starlette import aset_session_cookie, lifespan, logout, set_session_cookie
-from livepush.errors import ArgumentTypeError
+from livepush.errors import ArgumentTypeError, ArgumentValueError
 from livepush.sessions.revocations import READ_TIMEOUT
 from tests.contrib.conftest import cookie_header, forget_defaults, serving
 from tests.support.procs import Processes
@@ -107,6 +107,58 @@ def test_a_timedelta_ttl_sets_a_cookie_for_its_seconds(app_env: dict[str, str]) 
     assert cookie.value == token and cookie["max-age"] == "60"
     session = sessions.decode(token, config.get_settings().secrets)
     assert 55 <= session.expires_at - time.time() <= 61
+
+
+def _bare_request(scheme: str, cookie: str | None = None) -> Request:
+    headers = [(b"cookie", cookie.encode())] if cookie else []
+    return Request({"type": "http", "scheme": scheme, "method": "GET", "path": "/", "headers": headers,
+                    "server": ("app.example.com", 443), "query_string": b""})
+
+
+def _each_set_cookie(response: Response) -> list[tuple[str, str, str, bool, str]]:
+    """(name, value, Domain, Secure, Max-Age) of each Set-Cookie, in order: one name may come twice."""
+    found = []
+    for header in response.headers.getlist("set-cookie"):
+        for name, morsel in SimpleCookie(header).items():
+            found.append((name, morsel.value, morsel["domain"], bool(morsel["secure"]), morsel["max-age"]))
+    return found
+
+
+@pytest.mark.parametrize("scheme", ["https", "http"])
+async def test_a_cookie_domain_sets_the_session_for_the_push_servers_host_too(app_env: dict[str, str],
+                                                                             scheme: str) -> None:
+    """`domain="example.com"`, as Django's LIVEPUSH_SESSION_COOKIE_DOMAIN: the push server on
+    push.example.com gets the cookie, `livepush_session` with that Domain (a `__Host-` one cannot
+    have one), Secure over HTTPS. The host-only copies an earlier sign-in left (`__Host-` and
+    `livepush_session`) are deleted: beside it, two different session cookies count as none."""
+    for sign_in in (set_session_cookie, aset_session_cookie):
+        response = Response()
+        result = sign_in(response, _bare_request(scheme), "ana", ttl=60, domain="example.com")
+        token = await result if asyncio.iscoroutine(result) else result
+        cookies = _each_set_cookie(response)
+        assert cookies[-1] == ("livepush_session", token, "example.com", scheme == "https", "60"), cookies
+        deleted = {(name, domain) for name, value, domain, _, max_age in cookies[:-1] if max_age == "0"}
+        expected = {("__Host-livepush_session", ""), ("livepush_session", "")} if scheme == "https" else {
+            ("livepush_session", "")}
+        assert deleted == expected and len(cookies) == len(expected) + 1, cookies
+
+
+async def test_logout_with_a_cookie_domain_deletes_the_cookie_there_and_host_only(app_env: dict[str, str]) -> None:
+    """`logout(domain=)` deletes the cookie the sign-in set on that Domain, and the host-only ones."""
+    token = sessions.issue("ana")
+    response = Response()
+    await logout(response, _bare_request("https", f"livepush_session={token}"), domain="example.com")
+    deleted = {(name, domain) for name, _, domain, _, max_age in _each_set_cookie(response) if max_age == "0"}
+    assert deleted == {("__Host-livepush_session", ""), ("livepush_session", ""), ("livepush_session", "example.com")}
+    assert await sessions.default_store().is_revoked(sessions.decode(token, config.get_settings().secrets))
+
+
+@pytest.mark.parametrize("domain", ["https://example.com", "example.com:443", "example.com/app", "", 7])
+def test_a_cookie_domain_that_is_no_host_name_is_an_error_naming_it(app_env: dict[str, str], domain: object) -> None:
+    """A browser drops a cookie whose Domain is a URL, has a port or a path: every socket would come
+    in anonymous with nothing saying why. Refused at the call, before a session is issued."""
+    with pytest.raises(ArgumentValueError, match="domain"):
+        set_session_cookie(Response(), _bare_request("https"), "ana", domain=domain)  # type: ignore[arg-type]
 
 
 async def test_logout_revokes_and_deletes_the_cookie(http_client: httpx.AsyncClient) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -41,7 +40,7 @@ from ...sessions.handshake import COOKIE_NAME, HOST_COOKIE_NAME
 from ...sessions.tokens import check_subject
 from ...types import as_seconds
 from ...usercode import cannot_take
-from .._cookies import (COOKIE_NAMES, nowhere_to_revoke, other_subjects, session_cookie, session_cookies,
+from .._cookies import (COOKIE_NAMES, is_host_name, nowhere_to_revoke, other_subjects, session_cookie, session_cookies,
                        session_token)
 
 log = logging.getLogger("livepush.contrib.django")
@@ -96,17 +95,12 @@ def _subject_setting() -> Callable[[Any], object] | None:
     return custom
 
 
-# A host name, as a cookie's Domain takes it (a leading dot is allowed and ignored by browsers).
-_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_HOST_NAME = re.compile(rf"\.?{_LABEL}(?:\.{_LABEL})*")
-
-
 def _domain() -> str | None:
     """LIVEPUSH_SESSION_COOKIE_DOMAIN: None (host-only) or a host name. A browser drops a cookie
     whose Domain is a URL, has a port or a path: the session would never reach the server, and
     every socket would come in anonymous with nothing saying why."""
     domain = getattr(settings, "LIVEPUSH_SESSION_COOKIE_DOMAIN", None)
-    if domain is not None and not (isinstance(domain, str) and _HOST_NAME.fullmatch(domain)):
+    if domain is not None and not is_host_name(domain):
         raise ImproperlyConfigured(f"LIVEPUSH_SESSION_COOKIE_DOMAIN must be a host name such as 'example.com' (no "
                                    f"scheme, port or path), or None for a host-only cookie; got {domain!r:.60}")
     return domain

@@ -11,12 +11,12 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 
 from ... import sessions
-from ...errors import ArgumentTypeError, DependencyError, InvalidSession
+from ...errors import ArgumentTypeError, ArgumentValueError, DependencyError, InvalidSession
 from ...sessions import Session
 from ...sessions.revocations import READ_TIMEOUT
 from ...types import Seconds, as_seconds
-from .._cookies import (SessionCookie, deleting_cookies, nowhere_to_revoke, other_subjects, session_cookie,
-                       session_cookies, stale_cookies)
+from .._cookies import (SessionCookie, deleting_cookies, is_host_name, nowhere_to_revoke, other_subjects,
+                       session_cookie, session_cookies, stale_cookies)
 
 log = logging.getLogger("livepush.contrib")
 
@@ -37,24 +37,35 @@ def _check_order(call: str, response: object, request: object) -> None:
                             f"the Request, got {type(response).__name__} and {type(request).__name__}")
 
 
+def _check_domain(call: str, domain: object) -> None:
+    """ArgumentValueError unless `domain` is None or a host name: a browser drops a cookie whose
+    Domain is a URL, has a port or a path, and every socket came in anonymous with nothing saying why."""
+    if domain is not None and not is_host_name(domain):
+        raise ArgumentValueError(f"{call}(domain=) takes a host name such as 'example.com' (no scheme, port or "
+                                 f"path), or None for a host-only cookie; got {domain!r:.60}")
+
+
 def _set(response: Response, cookie: SessionCookie) -> None:
-    response.set_cookie(cookie.name, cookie.value, max_age=cookie.max_age, path=cookie.path, secure=cookie.secure,
-                        httponly=cookie.httponly, samesite=cookie.samesite)  # type: ignore[arg-type]
+    response.set_cookie(cookie.name, cookie.value, max_age=cookie.max_age, path=cookie.path, domain=cookie.domain,
+                        secure=cookie.secure, httponly=cookie.httponly, samesite=cookie.samesite)  # type: ignore[arg-type]
 
 
 def set_session_cookie(response: Response, request: Request, subject: str, *, ttl: Seconds = 86400,
-                       secure: bool | None = None) -> str:
+                       secure: bool | None = None, domain: str | None = None) -> str:
     """Issue a session for `subject` (livepush.sessions.issue) valid `ttl` seconds (or a timedelta),
     and set it on `response`: `__Host-livepush_session` with Secure over HTTPS (`livepush_session` over plain
     HTTP), host-only, Path=/, HttpOnly, SameSite=Lax, expiring with the token. `secure` overrides
-    what the request's scheme says. Returns the token. Revokes nothing: at a sign-in, where the
-    browser may still carry another user's session, call aset_session_cookie()."""
+    what the request's scheme says. `domain` (e.g. "example.com" when the push server is
+    push.example.com): `livepush_session` with that Domain instead, the host-only copies deleted.
+    Returns the token. Revokes nothing: at a sign-in, where the browser may still carry another
+    user's session, call aset_session_cookie()."""
     _check_order("set_session_cookie", response, request)
-    return _set_session(response, request, sessions.issue(subject, ttl), as_seconds(ttl), secure)
+    _check_domain("set_session_cookie", domain)
+    return _set_session(response, request, sessions.issue(subject, ttl), as_seconds(ttl), secure, domain)
 
 
 async def aset_session_cookie(response: Response, request: Request, subject: str, *, ttl: Seconds = 86400,
-                              secure: bool | None = None) -> str:
+                              secure: bool | None = None, domain: str | None = None) -> str:
     """set_session_cookie() for a sign-in: first revoke the sessions of another subject the
     request's cookies carry, as Django's sign-in does. A user who signs in over another's session
     (a shared browser) would otherwise leave the sockets that user's pages opened showing their
@@ -62,16 +73,20 @@ async def aset_session_cookie(response: Response, request: Request, subject: str
     A store that cannot be reached, or has not answered within READ_TIMEOUT, is logged and the
     cookie set all the same: the push store never keeps a user out of the app."""
     _check_order("aset_session_cookie", response, request)
+    _check_domain("aset_session_cookie", domain)
     token = sessions.issue(subject, ttl)  # a bad subject or ttl raises before anything is revoked
     await _revoke_others(request, subject)
-    return _set_session(response, request, token, as_seconds(ttl), secure)
+    return _set_session(response, request, token, as_seconds(ttl), secure, domain)
 
 
-def _set_session(response: Response, request: Request, token: str, ttl: float, secure: bool | None) -> str:
+def _set_session(response: Response, request: Request, token: str, ttl: float, secure: bool | None,
+                 domain: str | None) -> str:
     is_secure = _secure(request, secure)
-    for stale in stale_cookies(secure=is_secure):
+    # Deleted first: one may share the new cookie's name (a host-only `livepush_session` beside the
+    # domain's), and a cookie jar that keys by name alone (some HTTP clients') keeps the new one.
+    for stale in stale_cookies(secure=is_secure, domain=domain):
         _set(response, stale)
-    _set(response, session_cookie(token, secure=is_secure, max_age=ttl))
+    _set(response, session_cookie(token, secure=is_secure, max_age=ttl, domain=domain))
     return token
 
 
@@ -90,7 +105,7 @@ async def _revoke_others(request: Request, subject: str) -> None:
 
 
 async def logout(response: Response, request: Request, *, everywhere: bool = False,
-                 secure: bool | None = None) -> Session | None:
+                 secure: bool | None = None, domain: str | None = None) -> Session | None:
     """Revoke the request's session (with `everywhere=True`, every session of its subject) so
     that its open WebSocket connections close with 4403, and delete the cookie on `response`.
     Returns the session revoked, or None when the request had none of ours. Every session cookie
@@ -98,8 +113,10 @@ async def logout(response: Response, request: Request, *, everywhere: bool = Fal
     or has not answered within READ_TIMEOUT, nothing is deleted and the request gets 503: the user
     can try again. An app with neither a
     database nor Redis has no store: the cookie is deleted, nothing revoked (None), and a warning
-    logged."""
+    logged. `domain`: the one the sign-in gave set_session_cookie(), where the cookie is deleted
+    (and its host-only copies)."""
     _check_order("logout", response, request)
+    _check_domain("logout", domain)
     revoked: Session | None = None
     tokens = session_cookies(request.headers.getlist("cookie"))
     if nowhere_to_revoke(tokens, log):  # an app the lifespan let start without one: a 500 kept users in
@@ -120,6 +137,6 @@ async def logout(response: Response, request: Request, *, everywhere: bool = Fal
         why = f"no answer within {READ_TIMEOUT:g} s" if isinstance(exc, TimeoutError) else exc
         log.warning("livepush: cannot revoke a session at logout: %s", why)
         raise HTTPException(503, "signing out failed: the session store cannot be reached, try again") from None
-    for cookie in deleting_cookies(secure=_secure(request, secure)):
+    for cookie in deleting_cookies(secure=_secure(request, secure), domain=domain):
         _set(response, cookie)
     return revoked
