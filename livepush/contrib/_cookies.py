@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import threading
 from collections.abc import Collection, Mapping
 
 from .. import sessions
@@ -54,6 +55,27 @@ class SessionCookie:
         return COOKIE_NAME if self.name == HOST_COOKIE_NAME else HOST_COOKIE_NAME
 
 
+_warned_of_host = threading.Event()  # said once a process: the domain is the site's, not a request's
+
+
+def domain_for(host: str | None, domain: str | None, name: str, log: logging.Logger) -> str | None:
+    """The Domain for a cookie that `host` sets: `domain`, unless `host` is not that domain or under
+    it. A browser drops such a cookie, and the user had no session (Django's middleware issued one
+    more at every request): host-only, it reaches a push server on that host. Said once a process
+    on `log`, naming `name`, where the app sets the domain."""
+    if domain is None or not host:
+        return domain
+    bare, host = domain.lstrip(".").lower(), host.lower().rstrip(".")
+    if host == bare or host.endswith("." + bare):
+        return domain
+    if not _warned_of_host.is_set():
+        _warned_of_host.set()
+        log.warning("livepush: %s is %r, which the host %r is not under: a browser would drop the session cookie, "
+                    "so it is set host-only there; give a domain the site's hosts are under (None where there is no "
+                    "push server on another host)", name, domain, host)
+    return None
+
+
 def cookie_name(secure: bool, domain: str | None = None) -> str:
     """`__Host-livepush_session` over HTTPS without a domain (the browser then refuses it from any
     other host or path); else `livepush_session`: over plain HTTP a browser drops a `__Host-`
@@ -82,7 +104,8 @@ def stale_cookies(*, secure: bool, domain: str | None = None) -> list[SessionCoo
     """What to delete beside a new session cookie: the other name, when this app can have set it
     (two different session cookies count as none)."""
     fresh = session_cookie("", secure=secure, max_age=0, domain=domain)
-    return [c for c in deleting_cookies(secure=secure, domain=domain) if (c.name, c.domain) != (fresh.name, fresh.domain)]
+    return [c for c in deleting_cookies(secure=secure, domain=domain)
+            if (c.name, c.domain) != (fresh.name, fresh.domain)]
 
 
 def nowhere_to_revoke(tokens: Collection[object], log: logging.Logger) -> bool:
@@ -121,4 +144,5 @@ def session_token(cookies: Mapping[str, str]) -> str | None:
 
 
 __all__ = ["COOKIE_NAMES", "SAMESITE", "SessionCookie", "cookie_name", "cookie_token", "deleting_cookies",
-           "is_host_name", "other_subjects", "session_cookie", "session_cookies", "session_token", "stale_cookies"]
+           "domain_for", "is_host_name", "other_subjects", "session_cookie", "session_cookies", "session_token",
+           "stale_cookies"]

@@ -64,13 +64,13 @@ def test_anonymous_requests_get_no_session_and_lose_a_stale_one() -> None:
     assert client.get("/").cookies["livepush_session"].value == ""
 
 
-@override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN="testserver.local")
+@override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN="testserver")
 def test_with_a_cookie_domain_the_host_prefixed_cookie_is_deleted_without_one() -> None:
     """With LIVEPUSH_SESSION_COOKIE_DOMAIN set, the `__Host-` cookie an earlier host-only setup left is deleted by a Set-Cookie without Domain (a browser ignores a `__Host-` one with a Domain), for a signed-in and an anonymous request alike: two different session cookies would count as none."""
     client, _ = signed_in()
     client.cookies["__Host-livepush_session"] = sessions.issue("earlier", ttl=3600)
     cookies = client.get("/", secure=True).cookies
-    assert cookies["livepush_session"]["domain"] == "testserver.local" and cookies["livepush_session"].value
+    assert cookies["livepush_session"]["domain"] == "testserver" and cookies["livepush_session"].value
     stale = cookies["__Host-livepush_session"]
     assert stale.value == "" and stale["secure"] and not stale["domain"], stale.output()
     client.logout()
@@ -79,7 +79,7 @@ def test_with_a_cookie_domain_the_host_prefixed_cookie_is_deleted_without_one() 
     assert stale.value == "" and stale["secure"] and not stale["domain"], stale.output()
 
 
-@override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN="testserver.local")
+@override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN="testserver")
 def test_a_cookie_domain_set_later_moves_a_current_host_only_session_to_it() -> None:
     """A signed-in user's `__Host-` cookie from before LIVEPUSH_SESSION_COOKIE_DOMAIN was set, its
     session still current, never reaches the push server on the domain's other host: the next
@@ -89,13 +89,13 @@ def test_a_cookie_domain_set_later_moves_a_current_host_only_session_to_it() -> 
     client.cookies["__Host-livepush_session"] = sessions.issue(str(user.pk), ttl=86400)
     cookies = client.get("/", secure=True).cookies
     moved = cookies["livepush_session"]
-    assert moved["domain"] == "testserver.local" and moved["secure"], moved.output()
+    assert moved["domain"] == "testserver" and moved["secure"], moved.output()
     assert sessions.decode(moved.value, get_settings().secrets).subject == str(user.pk)
     assert cookies["__Host-livepush_session"].value == ""
     assert "livepush_session" not in client.get("/", secure=True).cookies  # moved once, then current
 
 
-@override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN="testserver.local")
+@override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN="testserver")
 def test_a_cookie_domain_set_later_moves_a_current_plain_host_only_session_to_it() -> None:
     """A signed-in user's host-only `livepush_session` (set over plain HTTP before
     LIVEPUSH_SESSION_COOKIE_DOMAIN was set), its session still current, never reaches the push
@@ -108,7 +108,7 @@ def test_a_cookie_domain_set_later_moves_a_current_plain_host_only_session_to_it
         before = client.get("/").cookies["livepush_session"]
     assert not before["domain"]
     moved = client.get("/").cookies["livepush_session"]
-    assert moved["domain"] == "testserver.local" and moved.value != before.value, moved.output()
+    assert moved["domain"] == "testserver" and moved.value != before.value, moved.output()
     assert sessions.decode(moved.value, get_settings().secrets).subject == str(user.pk)
     # The browser now keeps both copies, and sends both to this host.
     both = f"livepush_session={before.value}; livepush_session={moved.value}"
@@ -140,9 +140,9 @@ def test_a_cookie_domain_removed_later_deletes_the_cookie_left_on_it() -> None:
     new `__Host-` cookie, over plain HTTP by the next response."""
     for secure in (True, False):
         client, _ = signed_in()
-        with override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN="testserver.local"):
+        with override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN="testserver"):
             before = client.get("/", secure=secure).cookies["livepush_session"]
-        assert before["domain"] == "testserver.local"
+        assert before["domain"] == "testserver"
         cookies = client.get("/", secure=secure).cookies
         if secure:
             assert cookies["__Host-livepush_session"].value and not cookies["__Host-livepush_session"]["domain"]
@@ -152,7 +152,29 @@ def test_a_cookie_domain_removed_later_deletes_the_cookie_left_on_it() -> None:
             assert fresh.value != before.value and not fresh["domain"], fresh.output()
             both = f"livepush_session={fresh.value}; livepush_session={before.value}"
             stale = client.get("/", HTTP_COOKIE=_with_sign_in(client, both)).cookies["livepush_session"]
-        assert stale.value == "" and stale["domain"] == "testserver.local", stale.output()
+        assert stale.value == "" and stale["domain"] == "testserver", stale.output()
+
+
+@override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN="example.com")
+def test_a_cookie_domain_the_host_is_not_under_gives_a_host_only_cookie_and_a_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A browser drops a cookie whose Domain the page's host is not under (a setting copied to a
+    development machine, a site on another name): the user had no session, and each request
+    issued one more, kept in the Django session for a day. The cookie is set host-only there, so
+    it reaches a push server on that host, and once current it is kept; a warning names the setting."""
+    from livepush.contrib import _cookies
+
+    _cookies._warned_of_host.clear()  # said once a process
+    client, _ = signed_in()
+    with caplog.at_level("WARNING", logger="livepush.contrib.django"):
+        cookie = client.get("/").cookies["livepush_session"]
+        assert not cookie["domain"] and cookie.value, cookie.output()
+        assert "livepush_session" not in client.get("/").cookies
+    assert "LIVEPUSH_SESSION_COOKIE_DOMAIN" in caplog.text and "testserver" in caplog.text
+    client.logout()
+    client.cookies["livepush_session"] = cookie.value
+    stale = client.get("/").cookies["livepush_session"]
+    assert stale.value == "" and not stale["domain"], stale.output()
 
 
 def test_another_users_cookie_is_replaced() -> None:

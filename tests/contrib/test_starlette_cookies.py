@@ -143,6 +143,21 @@ async def test_a_cookie_domain_sets_the_session_for_the_push_servers_host_too(ap
         assert deleted == expected and len(cookies) == len(expected) + 1, cookies
 
 
+def test_a_cookie_domain_the_host_is_not_under_gives_a_host_only_cookie_and_a_warning(
+        app_env: dict[str, str], caplog: pytest.LogCaptureFixture) -> None:
+    """A browser drops a cookie whose Domain the request's host is not under (a domain copied to a
+    development machine, a site reached by another name), and the user had no session: the cookie
+    is set host-only there, as Django's middleware does, and a warning names `domain=`."""
+    from livepush.contrib import _cookies
+
+    _cookies._warned_of_host.clear()  # said once a process
+    response = Response()
+    with caplog.at_level("WARNING", logger="livepush.contrib"):
+        token = set_session_cookie(response, _bare_request("https"), "ana", ttl=60, domain="example.org")
+    assert _each_set_cookie(response)[-1] == ("__Host-livepush_session", token, "", True, "60")
+    assert "domain=" in caplog.text and "app.example.com" in caplog.text
+
+
 async def test_logout_with_a_cookie_domain_deletes_the_cookie_there_and_host_only(app_env: dict[str, str]) -> None:
     """`logout(domain=)` deletes the cookie the sign-in set on that Domain, and the host-only ones."""
     token = sessions.issue("ana")

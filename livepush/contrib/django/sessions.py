@@ -27,8 +27,9 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_asy
 from django.conf import settings
 from django.contrib.auth import SESSION_KEY
 from django.contrib.auth.signals import user_logged_in, user_logged_out
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import DisallowedHost, ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
+from django.http.request import split_domain_port
 from django.utils.functional import SimpleLazyObject, empty
 
 from ... import sessions
@@ -40,8 +41,8 @@ from ...sessions.handshake import COOKIE_NAME, HOST_COOKIE_NAME
 from ...sessions.tokens import check_subject
 from ...types import as_seconds
 from ...usercode import cannot_take
-from .._cookies import (COOKIE_NAMES, is_host_name, nowhere_to_revoke, other_subjects, session_cookie, session_cookies,
-                       session_token)
+from .._cookies import (COOKIE_NAMES, domain_for, is_host_name, nowhere_to_revoke, other_subjects, session_cookie,
+                       session_cookies, session_token)
 
 log = logging.getLogger("livepush.contrib.django")
 
@@ -106,6 +107,19 @@ def _domain() -> str | None:
     return domain
 
 
+def _cookie_domain(request: HttpRequest) -> str | None:
+    """The Domain of the request's cookie: the setting's, unless the request's host is not under
+    it (see domain_for): each request issued one more session, kept in the Django session for a day."""
+    domain = _domain()
+    if domain is None:
+        return None
+    try:
+        host = split_domain_port(request.get_host())[0]
+    except DisallowedHost:  # Django answers such a request 400 itself
+        return domain
+    return domain_for(host, domain, "LIVEPUSH_SESSION_COOKIE_DOMAIN", log)
+
+
 def check_settings() -> None:
     """What every signed-in request needs, checked when the middleware is made (a web server's
     start): LIVEPUSH_SECRET (ConfigError), LIVEPUSH_SESSION_TTL, LIVEPUSH_SESSION_SUBJECT and
@@ -145,11 +159,12 @@ def _current(token: str | None, subject: str, ttl: float) -> bool:
     return session.subject == subject and ttl / 2 < left <= ttl + CLOCK_ALLOWANCE
 
 
-def _set(response: HttpResponse, token: str, ttl: float, secure: bool, old_domain: str | None) -> str | None:
-    """Set `token`'s cookie and delete the other name's; `old_domain`: where the cookie was set
-    before, when the cookie domain setting changed since. The Domain ("" host-only) of a
+def _set(response: HttpResponse, token: str, ttl: float, secure: bool, domain: str | None,
+         old_domain: str | None) -> str | None:
+    """Set `token`'s cookie on `domain` and delete the other name's; `old_domain`: where the cookie
+    was set before, when the cookie domain changed since. The Domain ("" host-only) of a
     `livepush_session` copy left there that this response cannot delete (it sets that name), else None."""
-    cookie = session_cookie(token, secure=secure, max_age=ttl, domain=_domain())
+    cookie = session_cookie(token, secure=secure, max_age=ttl, domain=domain)
     response.set_cookie(cookie.name, cookie.value, max_age=cookie.max_age, path=cookie.path, domain=cookie.domain,
                         secure=cookie.secure, httponly=cookie.httponly, samesite=cookie.samesite)
     moved = old_domain is not None and old_domain != (cookie.domain or "")
@@ -164,7 +179,7 @@ def _delete(response: HttpResponse, name: str, domain: str | None) -> None:
 
 
 def _drop(request: HttpRequest, response: HttpResponse) -> None:
-    domain = _domain()
+    domain = _cookie_domain(request)
     for name in COOKIE_NAMES:
         if name in request.COOKIES:
             _delete(response, name, domain)
@@ -238,7 +253,7 @@ def _renew(request: HttpRequest, response: HttpResponse, subject: str, signed_in
     """Set a new session of `subject` on `response` when the request's cookie is not a current one
     of it, or was set for another cookie domain than the setting's; `signed_in_here`: the user
     signed in through Django, whose session (loaded) keeps what the cookie was set with."""
-    ttl, domain = _ttl(), _domain()
+    ttl, domain = _ttl(), _cookie_domain(request)
     # With a cookie domain, the push server is on another host, where a host-only cookie (set
     # before the domain was) never goes: its session is moved to the domain's cookie. A `__Host-`
     # one is always host-only; of a `livepush_session`, only the Django session can say.
@@ -251,7 +266,7 @@ def _renew(request: HttpRequest, response: HttpResponse, subject: str, signed_in
         _delete_stale(request, response, signed_in_here)
         return
     token = sessions.issue(subject, ttl=ttl)
-    stale = _set(response, token, ttl, _secure(request), old_domain)
+    stale = _set(response, token, ttl, _secure(request), domain, old_domain)
     # The browser sends every copy it keeps to this host: with none, there is nothing left to delete.
     stale = stale if COOKIE_NAME in request.COOKIES else None
     if signed_in_here:

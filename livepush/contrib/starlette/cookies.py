@@ -15,8 +15,8 @@ from ...errors import ArgumentTypeError, ArgumentValueError, DependencyError, In
 from ...sessions import Session
 from ...sessions.revocations import READ_TIMEOUT
 from ...types import Seconds, as_seconds
-from .._cookies import (SessionCookie, deleting_cookies, is_host_name, nowhere_to_revoke, other_subjects,
-                       session_cookie, session_cookies, stale_cookies)
+from .._cookies import (SessionCookie, deleting_cookies, domain_for, is_host_name, nowhere_to_revoke,
+                       other_subjects, session_cookie, session_cookies, stale_cookies)
 
 log = logging.getLogger("livepush.contrib")
 
@@ -47,7 +47,8 @@ def _check_domain(call: str, domain: object) -> None:
 
 def _set(response: Response, cookie: SessionCookie) -> None:
     response.set_cookie(cookie.name, cookie.value, max_age=cookie.max_age, path=cookie.path, domain=cookie.domain,
-                        secure=cookie.secure, httponly=cookie.httponly, samesite=cookie.samesite)  # type: ignore[arg-type]
+                        secure=cookie.secure, httponly=cookie.httponly,
+                        samesite=cookie.samesite)  # type: ignore[arg-type]
 
 
 def set_session_cookie(response: Response, request: Request, subject: str, *, ttl: Seconds = 86400,
@@ -81,7 +82,7 @@ async def aset_session_cookie(response: Response, request: Request, subject: str
 
 def _set_session(response: Response, request: Request, token: str, ttl: float, secure: bool | None,
                  domain: str | None) -> str:
-    is_secure = _secure(request, secure)
+    is_secure, domain = _secure(request, secure), domain_for(request.url.hostname, domain, "domain=", log)
     # Deleted first: one may share the new cookie's name (a host-only `livepush_session` beside the
     # domain's), and a cookie jar that keys by name alone (some HTTP clients') keeps the new one.
     for stale in stale_cookies(secure=is_secure, domain=domain):
@@ -137,6 +138,7 @@ async def logout(response: Response, request: Request, *, everywhere: bool = Fal
         why = f"no answer within {READ_TIMEOUT:g} s" if isinstance(exc, TimeoutError) else exc
         log.warning("livepush: cannot revoke a session at logout: %s", why)
         raise HTTPException(503, "signing out failed: the session store cannot be reached, try again") from None
+    domain = domain_for(request.url.hostname, domain, "domain=", log)
     for cookie in deleting_cookies(secure=_secure(request, secure), domain=domain):
         _set(response, cookie)
     return revoked
