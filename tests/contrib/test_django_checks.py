@@ -212,6 +212,22 @@ def test_the_session_middleware_without_authentication_middleware_is_a_warning_n
         assert livepush_messages() == []
 
 
+def test_the_session_middleware_before_djangos_session_middleware_is_a_warning_naming_it() -> None:
+    """LivePushSessionMiddleware listed before Django's SessionMiddleware handles the response after
+    that one saved the Django session: what it keeps there (the sessions sign-out revokes, the
+    Domain the cookie was set with) was lost without a word, so a sign-out left the renewed
+    sessions' sockets open. A warning names both; listed after it, nothing."""
+    from django.conf import settings
+
+    ours = next(m for m in settings.MIDDLEWARE if m.endswith("LivePushSessionMiddleware"))
+    first = [ours, *(m for m in settings.MIDDLEWARE if m != ours)]
+    with override_settings(MIDDLEWARE=first):
+        found = livepush_messages()
+    assert [m.id for m in found] == ["livepush.W005"]
+    assert "SessionMiddleware" in found[0].msg and found[0].level == checks.WARNING
+    assert livepush_messages() == []
+
+
 def test_a_project_subclass_of_the_session_middleware_is_checked_as_the_middleware_is() -> None:
     """A project's own subclass of LivePushSessionMiddleware in MIDDLEWARE (one that adds to it)
     reads the same settings and needs request.user too: a setting it cannot use is an error and a

@@ -8,6 +8,7 @@ report a setting livepush cannot use, naming it, instead of leaving it to fail r
     livepush.W002   a LivePushBackend whose DATABASE cannot hold an enqueue in its transactions
     livepush.W003   a setting livepush reads from the environment, written in Django's settings
     livepush.W004   the session middleware without AuthenticationMiddleware, so with no request.user
+    livepush.W005   the session middleware before SessionMiddleware, which has saved the Django session by then
 
 Nothing here connects to a database or Redis: checks run in every management command that asks
 for them, also where those are not reachable.
@@ -94,16 +95,21 @@ def _backends() -> list[checks.CheckMessage]:
 
 
 def _has(middleware: Sequence[str], kind: type) -> bool:
-    """Whether `middleware` has `kind` or a subclass of it (a project's own, which adds to it); a
-    path that does not import is left to Django's own errors."""
-    for path in middleware:
+    """Whether `middleware` has `kind` or a subclass of it (a project's own, which adds to it)."""
+    return _position(middleware, kind) is not None
+
+
+def _position(middleware: Sequence[str], kind: type) -> int | None:
+    """Where in `middleware` the first `kind` or subclass of it is, else None; a path that does
+    not import is left to Django's own errors."""
+    for at, path in enumerate(middleware):
         try:
             found = import_string(path)
         except ImportError:
             continue
         if isinstance(found, type) and issubclass(found, kind):
-            return True
-    return False
+            return at
+    return None
 
 
 def _sessions() -> list[checks.CheckMessage]:
@@ -115,6 +121,7 @@ def _sessions() -> list[checks.CheckMessage]:
         return []
     # Only now: its module imports the auth models, which a site without django.contrib.auth lacks.
     from django.contrib.auth.middleware import AuthenticationMiddleware
+    from django.contrib.sessions.middleware import SessionMiddleware
 
     found: list[checks.CheckMessage] = []
     if not _has(middleware, AuthenticationMiddleware):
@@ -124,6 +131,15 @@ def _sessions() -> list[checks.CheckMessage]:
             "AuthenticationMiddleware, so no request has a request.user: no one gets a livepush session, and every "
             "socket connects anonymous", id="livepush.W004",
             hint="add 'django.contrib.auth.middleware.AuthenticationMiddleware' to MIDDLEWARE before it"))
+    django_sessions = _position(middleware, SessionMiddleware)
+    ours = _position(middleware, LivePushSessionMiddleware)
+    if django_sessions is not None and ours is not None and ours < django_sessions:
+        # Middleware handles the response in reverse order: one listed first sees it last.
+        found.append(checks.Warning(
+            "LivePushSessionMiddleware is in MIDDLEWARE before django.contrib.sessions.middleware."
+            "SessionMiddleware, which has saved the Django session by the time it runs: what it keeps there is lost, "
+            "so a sign-out leaves open the sockets of the sessions a renewal replaced",
+            id="livepush.W005", hint="list it after SessionMiddleware and AuthenticationMiddleware"))
     for check in (_ttl, _subject_setting, _domain):
         try:
             check()
