@@ -365,6 +365,26 @@ async def test_a_flow_verb_given_a_coroutine_unrun_fails_saying_so(jobs_db: str,
     assert not [w for w in caught if "never awaited" in str(w.message)]
 
 
+@pytest.mark.parametrize("flow, step, says", [
+    (wc.outputs_a_set, "resize", "step 'resize' of workflow 'wfd_outputs_a_set' returned a set: outputs are "
+                                 "plain JSON (str, int, float, bool, None, list, dict with str keys)"),
+    (wc.nests_a_set, "measure", "step 'measure' of workflow 'wfd_nests_a_set' returned an output that is not plain "
+                                "JSON: output[\"sizes\"][1] is a set: outputs are plain JSON"),
+    (wc.finishes_with_a_set, "wraps_up", "step 'wraps_up' of workflow 'wfd_finishes_with_a_set' passed "
+                                         "ctx.flow.finish() an output that is not plain JSON: output[\"done\"] is a set"),
+])
+async def test_a_step_whose_output_is_not_json_fails_naming_the_step_and_its_output(
+        jobs_db: str, flow: Any, step: str, says: str) -> None:
+    """A step whose output is not plain JSON fails its run naming the step and where in its output,
+    not the step job's result that wraps it (`result["output"] is a set: job results ...`)."""
+    async with running(queues=[wc.QUEUE]):
+        run = await flow.astart()
+        done = await run_state(run.id, "failed")
+    assert step_states(done) == {step: "failed"}
+    assert "InvalidResultError" in done["error"] and says in done["error"], done["error"]
+    assert "result[" not in done["error"] and "job results" not in done["error"], done["error"]
+
+
 async def test_resuming_a_fan_out_step_keeps_no_copy_of_its_failed_members_arguments(jobs_db: str) -> None:
     """A resumed fan-out step runs its failed members again from their own rows: its job stores no
     copy of their arguments, which for a large batch passed what one jsonb value holds (the resume

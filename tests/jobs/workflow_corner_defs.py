@@ -234,6 +234,32 @@ async def finishes(ctx: Any) -> Any:
     ctx.flow.finish(_load(ctx))
 
 
+# Steps whose output is not plain JSON: a set returned, a set inside the output, and a set given
+# to ctx.flow.finish() as the run's output.
+outputs_a_set = jobs.workflow("wfd_outputs_a_set", queue=QUEUE)
+
+
+@outputs_a_set.step()
+def resize(ctx: Any) -> Any:
+    return {1, 2}
+
+
+nests_a_set = jobs.workflow("wfd_nests_a_set", queue=QUEUE)
+
+
+@nests_a_set.step()
+async def measure(ctx: Any) -> Any:
+    return {"sizes": [1, {2}]}
+
+
+finishes_with_a_set = jobs.workflow("wfd_finishes_with_a_set", queue=QUEUE)
+
+
+@finishes_with_a_set.step()
+async def wraps_up(ctx: Any) -> Any:
+    ctx.flow.finish({"done": {1}})
+
+
 # A fan-out step whose members carry a large argument each and fail until the flag
 # 'padded-members-ok' is set: its failures pause the run.
 @jobs.job(name="wfd.padded_member", queue=QUEUE, max_attempts=1)

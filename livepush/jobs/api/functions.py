@@ -114,6 +114,10 @@ class JobFunction:
     # The workflow whose step this job runs (workflows/definition.py), else None: its jobs take
     # the steps' claim (workflows/queries.py: CLAIM_STEPS).
     step_of: str | None = None
+    # For a job whose result wraps what its function's own code returned (a workflow step's), what
+    # the runtime raises for a result the JSON check refused, naming that code's value; None
+    # keeps the check's own error. Called only once the check refused: the hot path encodes once.
+    refused_result: Callable[[Any], Exception | None] | None = None
 
     def __init__(
         self,

@@ -195,7 +195,9 @@ async def execute(
     try:
         result = encode(value, "result", InvalidResultError, "job results")
     except InvalidResultError as exc:
-        return _failure(fn, ctx, exc)
+        # A workflow step's job names the step and its output, not the result wrapping it.
+        explained = fn.refused_result(value) if fn.refused_result is not None else None
+        return _failure(fn, ctx, explained or exc)
     return Outcome(ctx, "succeeded", result=result)
 
 

@@ -12,6 +12,7 @@ gives the real one): this module only describes graphs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -55,6 +56,8 @@ class Engine(Protocol):
     """What runs a workflow's steps and starts its runs."""
 
     async def run_step(self, flow: Workflow, step: str, ctx: Any, run_id: int) -> Any: ...
+
+    def refused_output(self, flow: Workflow, step: str, result: Any) -> Exception | None: ...
 
     def start(self, flow: Workflow, input: Any, conn: Any, key: str | None = None) -> Any: ...
 
@@ -204,6 +207,7 @@ class Workflow:
             raise WorkflowDefinitionError(f"{where}: step {name!r}: {exc}") from None
         job = REGISTRY.add(function, origin)
         job.step_of = self.name
+        job.refused_result = functools.partial(self.engine.refused_output, self, name)
         spec = StepSpec(name, kind, deps, fn, job_name, wait_for,
                         None if wait_timeout is None else float(wait_timeout), on_timeout, on_batch_failure,
                         job.max_attempts, job.priority)

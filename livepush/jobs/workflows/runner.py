@@ -22,7 +22,7 @@ from psycopg.rows import dict_row
 
 from ...postgres.pools import aautocommitted
 from ...postgres.text import storable_text
-from ..api.args import check_args, encode
+from ..api.args import check_args, check_json, encode
 from ..api.functions import is_async_callable
 from ..api.handles import StateTopicHandle
 from ..api.options import check_key
@@ -266,6 +266,23 @@ class Runner:
             if isinstance(first, Reattempt):
                 raise first from None
             return _verb_result(spec, first)
+
+    def refused_output(self, flow: Workflow, step: str, result: Any) -> Exception | None:
+        """For a result of run_step() the runtime's JSON check refused: the error naming the step and
+        what of its output is not plain JSON (the check named `result["output"]`, the step job's
+        wrapper, and "job results"). None when the output passes: the check's own error stands."""
+        if not isinstance(result, dict):
+            return None
+        try:
+            check_json(result.get("output"), "output", InvalidResultError, "outputs")
+        except InvalidResultError as exc:
+            # Only a flow verb's result holds a reason: the step handed the output to that verb.
+            how = f"passed ctx.flow.{result.get('verb')}()" if "reason" in result else "returned"
+            said, who = str(exc), f"step {step!r} of workflow {flow.name!r} {how}"
+            if said.startswith("output is "):  # the output itself: "returned a set: outputs are plain JSON ..."
+                return InvalidResultError(f"{who} {said.removeprefix('output is ')}")
+            return InvalidResultError(f"{who} an output that is not plain JSON: {said}")
+        return None
 
     async def _call(self, spec: StepSpec, sctx: StepContext, ctx: Any, *extra: Any) -> Any:
         is_async = is_async_callable(spec.fn)  # as @jobs.job tells an async function from a sync one
