@@ -40,6 +40,9 @@ CREATE INDEX livepush_workflows_list_idx ON livepush_workflows (name, state, id)
 -- snapshot. Partial: a finished run frees its key, and runs without a key cost nothing here.
 CREATE UNIQUE INDEX livepush_workflows_key_idx ON livepush_workflows (name, key)
     WHERE key IS NOT NULL AND state IN ('running', 'paused');
+-- jobs.workflows.list(key=): the runs started with a key, finished ones too, newest first
+-- (workflows/queries.py: LIST_KEYED_RUNS). Runs without a key cost nothing here.
+CREATE INDEX livepush_workflows_keys_idx ON livepush_workflows (key, id) WHERE key IS NOT NULL;
 -- Retention finds finished runs by age.
 CREATE INDEX livepush_workflows_finished_idx ON livepush_workflows (finished_at) WHERE finished_at IS NOT NULL;
 

@@ -92,3 +92,39 @@ def test_concurrent_starts_of_one_key_from_threads_make_one_run(jobs_db: str) ->
     assert errors == [] and len(got) == 16 and len(set(got)) == 1
     assert runs_with_key(jobs_db, "race") == [(got[0].id, "t_diamond", "running")]
     assert q(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE workflow_id = %s", (got[0].id,)) == [(1,)]
+
+
+async def test_a_run_shows_its_start_key_and_list_finds_its_runs_by_it(jobs_db: str) -> None:
+    """A caller who lost the reply to a start finds its run by the key, without starting again:
+    get() and list() rows show the key a run was started with (None without one), and list(key=)
+    (alist too) pages the runs started with it, newest first, finished ones included, alone or with
+    name= and state=."""
+    first = wd.diamond.start({"n": 1}, key="order:8")
+    assert jobs.workflows.cancel(first.id)
+    second = await wd.diamond.astart({"n": 2}, key="order:8")
+    other = wd.verbs.start({}, key="order:8")
+    plain = wd.diamond.start({"n": 3})
+    got = jobs.workflows.get(second.id)
+    assert got is not None and got["key"] == "order:8"
+    assert (await jobs.workflows.aget(plain.id) or {})["key"] is None
+    page, cursor = jobs.workflows.list(key="order:8")
+    assert [(r["id"], r["name"], r["key"]) for r in page] == [
+        (other.id, "t_verbs", "order:8"), (second.id, "t_diamond", "order:8"), (first.id, "t_diamond", "order:8")]
+    assert cursor is None
+    page, cursor = await jobs.workflows.alist("t_diamond", key="order:8", limit=1)
+    assert [r["id"] for r in page] == [second.id] and cursor == second.id
+    assert (await jobs.workflows.alist("t_diamond", key="order:8", before=cursor))[0][0]["id"] == first.id
+    assert [r["id"] for r in jobs.workflows.list(state="cancelled", key="order:8")[0]] == [first.id]
+    assert jobs.workflows.list(key="order:9") == ([], None)
+    assert [(r["id"], r["key"]) for r in jobs.workflows.list("t_diamond", "running")[0]] == [
+        (plain.id, None), (second.id, "order:8")]
+    for run in (second, other, plain):
+        jobs.workflows.cancel(run.id)
+
+
+@pytest.mark.parametrize("key", ["", 7, "k" * 501, "a\x00b"])
+async def test_a_bad_list_key_is_refused_as_a_start_refuses_it(jobs_db: str, key: Any) -> None:
+    with pytest.raises(jobs.InvalidArgumentsError, match="key="):
+        jobs.workflows.list(key=key)
+    with pytest.raises(jobs.InvalidArgumentsError, match="key="):
+        await jobs.workflows.alist(key=key)

@@ -22,6 +22,7 @@ from ..groups.cancel import acancel_children, cancel_children
 from ..api.handles import NO_SUCH_ID, checked_cursor, checked_id, page_of
 from ...postgres.text import BIGINT_MAX, unstorable
 from ..durable.run import check_name
+from ..api.options import check_key as check_start_key
 from ..durable.signals import check_key, sent_name_check
 from ..durable import queries as dq
 from ..errors import InvalidArgumentsError, WorkflowNotFound
@@ -270,13 +271,14 @@ def _run(row: dict[str, Any], outputs: list[dict[str, Any]], audit: list[dict[st
     view["steps"] = {name: {k: output_of.get(name) if k == "output" else row["steps"][name].get(k)
                             for k in ("state", "attempt", "group", "batch", "output", "error", "job")}
                      for name in view["steps"]}
-    return {**view, "output": row["output"], "error": row["error"], "created_at": row["created_at"],
-            "finished_at": row["finished_at"], "audit": audit}
+    return {**view, "key": row["key"], "output": row["output"], "error": row["error"],
+            "created_at": row["created_at"], "finished_at": row["finished_at"], "audit": audit}
 
 
 def get(run_id: int) -> dict[str, Any] | None:
-    """A run: id, name, state, output, error, steps (state, attempt, group, output, error, job) and
-    its audit trail (verb, step, actor, reason, at), oldest first; None for no such run."""
+    """A run: id, name, state, key (flow.start(key=), else None), output, error, steps (state,
+    attempt, group, output, error, job) and its audit trail (verb, step, actor, reason, at), oldest
+    first; None for no such run."""
     run_id = checked_id(run_id, "run_id")
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         cur.execute(wq.RUN_SNAPSHOT)
@@ -306,24 +308,28 @@ async def aget(run_id: int) -> dict[str, Any] | None:
 
 
 def list_runs(name: str | None = None, state: str | None = None, *, before: int | None = None,
-              limit: int = 100) -> tuple[list[dict[str, Any]], int | None]:
-    """Runs newest first, by name and state if given: (page, cursor for the next page or None)."""
-    params = _list_params(name, state, before, limit)
+              limit: int = 100, key: str | None = None) -> tuple[list[dict[str, Any]], int | None]:
+    """Runs newest first (id, name, state, created_at, finished_at, key), by name, state and the
+    key they were started with (flow.start(key=)) if given: (page, cursor for the next page or None)."""
+    statement, params = _list_params(name, state, before, limit, key)
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(wq.LIST_RUNS, params)
+        cur.execute(statement, params)
         return page_of(cur.fetchall(), limit, "id")
 
 
 async def alist_runs(name: str | None = None, state: str | None = None, *, before: int | None = None,
-                     limit: int = 100) -> tuple[list[dict[str, Any]], int | None]:
+                     limit: int = 100, key: str | None = None) -> tuple[list[dict[str, Any]], int | None]:
     """list() for async code."""
-    params = _list_params(name, state, before, limit)
+    statement, params = _list_params(name, state, before, limit, key)
     async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(wq.LIST_RUNS, params)
+        await cur.execute(statement, params)
         return page_of(await cur.fetchall(), limit, "id")
 
 
-def _list_params(name: Any, state: Any, before: Any, limit: Any) -> dict[str, Any]:
+def _list_params(name: Any, state: Any, before: Any, limit: Any, key: Any) -> tuple[str, dict[str, Any]]:
+    """The statement list() runs and its parameters, each checked. A key as flow.start(key=) takes
+    it (InvalidArgumentsError otherwise): a key no start could take finds no run, whatever was meant."""
+    key = check_start_key(key)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
         raise ArgumentValueError(f"limit= takes an int from 1 to 1000, got {limit!r}")
     if name is not None:
@@ -331,4 +337,5 @@ def _list_params(name: Any, state: Any, before: Any, limit: Any) -> dict[str, An
     if state is not None and state not in engine.RUN_STATES:
         raise ArgumentValueError(f"state= takes one of {engine.RUN_STATES} or None, got {state!r:.60}")
     cursor = checked_cursor(before, "before") if before is not None else BIGINT_MAX
-    return {"name": name, "state": state, "before": cursor, "limit": limit}
+    params = {"name": name, "state": state, "before": cursor, "limit": limit, "key": key}
+    return (wq.LIST_RUNS if key is None else wq.LIST_KEYED_RUNS), params

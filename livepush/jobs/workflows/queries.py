@@ -350,7 +350,8 @@ GROUP BY w.id
 # the topic could not show it (docs/workflows.md "Runs and steps"). A plain read: one snapshot. The steps'
 # outputs come apart (STEP_OUTPUTS): built into this one object, outputs that together passed
 # what one jsonb value holds (255 MiB) made the run unreadable.
-RUN_VIEWS = _run_views("w.output, w.error, w.created_at, w.finished_at, w.graph", ", 'error', s.error, 'job', s.job_id")
+RUN_VIEWS = _run_views("w.output, w.error, w.created_at, w.finished_at, w.graph, w.key",
+                       ", 'error', s.error, 'job', s.job_id")
 
 # name: topic_views
 # The state topic workflow:<id> (events/source.py), read at each of its versions (a claim, a park,
@@ -378,15 +379,26 @@ AUDIT_OF = """
 SELECT seq, verb, step, actor, reason, at FROM livepush_workflow_audit WHERE workflow_id = %(id)s ORDER BY seq
 """
 
-# name: list_runs
-# Keyset paging, newest first (id descending), optionally by name and state.
-LIST_RUNS = """
-SELECT id, name, state, created_at, finished_at FROM livepush_workflows
-WHERE (%(name)s::text IS NULL OR name = %(name)s) AND (%(state)s::text IS NULL OR state = %(state)s)
+def _list_runs(key_filter: str) -> str:
+    return f"""
+SELECT id, name, state, created_at, finished_at, key FROM livepush_workflows
+WHERE {key_filter}(%(name)s::text IS NULL OR name = %(name)s) AND (%(state)s::text IS NULL OR state = %(state)s)
   AND id < %(before)s
 ORDER BY id DESC
 LIMIT %(limit)s + 1
 """
+
+
+# name: list_runs
+# Keyset paging, newest first (id descending), optionally by name and state
+# (livepush_workflows_list_idx).
+LIST_RUNS = _list_runs("")
+
+# name: list_keyed_runs
+# LIST_RUNS of the runs started with a key (jobs.workflows.list(key=)), finished ones too: their
+# own statement, whose plan (a prepared statement's generic one too) reads
+# livepush_workflows_keys_idx, where `key IS NULL OR key = ...` would leave it for a scan of every run.
+LIST_KEYED_RUNS = _list_runs("key = %(key)s AND ")
 
 # name: prune_runs
 # Retention: finished runs older than the cutoff, a bounded batch (SKIP LOCKED: two runtimes
