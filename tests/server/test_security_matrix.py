@@ -139,13 +139,17 @@ async def test_same_origin_is_the_default(start: Start) -> None:
     assert await attempt(port) == hello(None)  # no Origin: not a browser, not checked
 
 
-async def test_cookie_wins_over_the_query(start: Start) -> None:
-    """With a token in both places the cookie's is used (the one a browser cannot be made to put in a link)."""
+async def test_the_query_token_the_page_passes_counts_before_the_cookie(start: Start) -> None:
+    """With a valid token in both places the query's is used: what the page's own script passes
+    comes before the ambient cookie, which a sibling subdomain can plant where the site's cookie
+    has a Domain (reference §5, Handshake). A site whose pages copy their own URL into the socket's turns
+    query tokens off (LIVEPUSH_QUERY_TOKENS=off), and then the cookie counts."""
     served = await start("optional")
     cookie = sessions.issue("from-cookie")
     query = sessions.issue("from-query")
-    got = await attempt(served.server.port, cookie, "cookie", raw_query=f"token={query}")
-    assert got == hello("from-cookie")
+    assert await attempt(served.server.port, cookie, "cookie", raw_query=f"token={query}") == hello("from-query")
+    served = await start("optional", query_tokens=False)
+    assert await attempt(served.server.port, cookie, "cookie", raw_query=f"token={query}") == hello("from-cookie")
 
 
 # -- bad input ------------------------------------------------------------------------------
