@@ -18,6 +18,8 @@ async def _deaf() -> None:
     while True:
         try:
             await asyncio.sleep(3600)
+        except GeneratorExit:  # closed when collected, at the interpreter's exit: asyncio may be gone
+            raise
         except asyncio.CancelledError:
             pass
 
@@ -27,6 +29,8 @@ async def _deaf_spawning() -> None:
     while True:
         try:
             await asyncio.create_task(asyncio.sleep(0))
+        except GeneratorExit:  # as in _deaf
+            raise
         except asyncio.CancelledError:
             pass
 
