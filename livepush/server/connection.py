@@ -62,6 +62,10 @@ CLOSE_INTERNAL_ERROR = 1011
 # Frames a client may send while its subscribe is being served before its reads are paused.
 INBOX_FRAMES = 16
 
+# The longest request head line kept while the head is scanned for its end (websockets refuses a
+# longer one whatever it holds).
+LINE_KEPT = 8 * 1024
+
 # The bytes a request line may begin with: those of a method, a token (RFC 9110 §5.6.2).
 METHOD_BYTES = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 
@@ -99,7 +103,7 @@ class Connection(asyncio.Protocol):
     """One connection's state: what cannot be derived, nothing more."""
 
     __slots__ = ("core", "transport", "proto", "session", "topics", "closing", "paused", "out", "backlog", "seen",
-                 "ping_at", "deadline", "busy", "inbox", "partial", "head", "early", "pongs", "_bad", "_subscribes",
+                 "ping_at", "deadline", "busy", "inbox", "partial", "line", "lengths", "early", "pongs", "_bad", "_subscribes",
                  "_waiter")
 
     def __init__(self, core: Core) -> None:
@@ -118,7 +122,8 @@ class Connection(asyncio.Protocol):
         self.busy: asyncio.Task[None] | None = None  # the subscribe being served
         self.inbox: list[str | bytes] | None = None  # frames that wait for it
         self.partial: bytearray | None = None  # a fragmented message so far (opcode in its first byte)
-        self.head = b""  # the last bytes of the request head so far, to find its end across reads
+        self.line: bytes | None = None  # the request head's unfinished line so far (None: nothing of it yet)
+        self.lengths = b""  # the request's Content-Length values, each line's followed by a comma
         self.early: bytearray | None = None  # what came after the request head, until it is answered
         self.pongs = 0  # bytes flush() wrote while the transport was paused, since it last resumed
         self._bad: protocol.BadFrameWindow | None = None
@@ -199,7 +204,7 @@ class Connection(asyncio.Protocol):
             if self.early is not None:  # the request is in and not answered yet
                 self.early += data
                 return
-            if not self.head:  # nothing of the request yet: empty lines before it are ignored
+            if self.line is None:  # nothing of the request yet: empty lines before it are ignored
                 data = data.lstrip(b"\r\n")  # (RFC 9112 §2.2)
                 if not data:
                     return
@@ -228,26 +233,34 @@ class Connection(asyncio.Protocol):
             self._stop_writing()  # the client closed, or sent what the protocol fails on
 
     def _up_to_request_end(self, data: bytes) -> bytes:
-        """The part of `data` up to the end of the request head; what follows waits in `early`
-        until the request is answered (core.ConnectionCore._handshake). Parsed at once, bytes the
-        protocol fails on (a stray CRLF, a pipelined request, an unmasked frame) would end the
-        connection before its request had an answer."""
-        scan = self.head + data
-        end = scan.find(b"\r\n\r\n")
-        if end < 0:
-            self.head = scan[-3:]
-            return data
-        cut = end + 4 - len(self.head)
-        self.head = b""
-        self.early = bytearray(data[cut:])
-        return data[:cut]
+        """The part of `data` up to the end of the request head (its first empty line); what
+        follows waits in `early` until the request is answered (core.ConnectionCore._handshake).
+        Parsed at once, bytes the protocol fails on (a stray CRLF, a pipelined request, an
+        unmasked frame) would end the connection before its request had an answer. Its
+        Content-Length lines are kept on the way: websockets refuses any but 0 alike, and only
+        a number is a body (413); anything else is a malformed head (400)."""
+        before = self.line or b""
+        scan = before + data
+        start = 0
+        while (end := scan.find(b"\r\n", start)) >= 0:
+            line = scan[start:end]
+            start = end + 2
+            if not line:  # lstripped before, the request line is never empty: this ends the head
+                cut = start - len(before)
+                self.line = b""
+                self.early = bytearray(data[cut:])
+                return data[:cut]
+            if line[:15].lower() == b"content-length:":
+                self.lengths += line[15:] + b","
+        self.line = scan[start:start + LINE_KEPT]
+        return data
 
     def _answer_unreadable(self, cause: BaseException | None) -> None:
         """websockets could not read the request (a body, a transfer coding, a garbled head) and
         queued only its EOF: the client would see the connection end with no status. Say why
         first; the EOF then ends the answer, and nothing more is read or written."""
         self.closing = True
-        answer = http.unreadable(cause)
+        answer = http.unreadable(cause, self.lengths)
         if answer is not None:
             self.transport.write(answer.serialize())
 

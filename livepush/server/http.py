@@ -121,16 +121,26 @@ def serve_js(request: Request) -> Response:
     return Response(200, "OK", headers, body)
 
 
-def unreadable(cause: BaseException | None) -> Response | None:
+def _says_a_length(lengths: bytes) -> bool:
+    """Whether the Content-Length values of a request (each followed by a comma) are one length:
+    digits only (RFC 9110 §8.6), every one the same, as a list of copies may say it."""
+    values = {value.strip() for value in lengths.split(b",")[:-1]}
+    return len(values) == 1 and values.pop().isdigit()
+
+
+def unreadable(cause: BaseException | None, lengths: bytes = b"") -> Response | None:
     """The answer to a request websockets could not read (it would end the connection with no
     status at all), from why it could not, while the client is still there (its EOF is answered
     by nothing). No route on this port reads a body: a request that has one (a POST with data, a
     chunked upload) gets 413; anything else that is no HTTP/1.1 request head gets 400, lines
     that end in a bare LF included (websockets reports those as an EOFError, "line without
-    CRLF", before any EOF came)."""
+    CRLF", before any EOF came), and a Content-Length that is no length (`-1`, two that differ:
+    RFC 9112 §6.3), which websockets refuses as a body too. `lengths`: the request's
+    Content-Length values, each followed by a comma."""
     if cause is None:
         return None
-    if isinstance(cause, NotImplementedError) or str(cause) == "unsupported request body":
+    body = str(cause) == "unsupported request body" and _says_a_length(lengths)
+    if isinstance(cause, NotImplementedError) or body:
         answer = response(413, b"this server reads no request body: send the request without one\n")
     else:
         answer = response(400, b"not an HTTP/1.1 request this server can read\n")

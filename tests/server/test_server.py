@@ -238,13 +238,18 @@ async def raw_exchange(port: int, request: bytes) -> bytes:
     (b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello", 413),
     (b"POST /nope HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", 413),
     (b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nUpgrade: websocket\r\n\r\nhello", 413),
+    # No length at all (RFC 9110 §8.6: 1*DIGIT), or two that disagree: a malformed head, not a body.
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", 400),
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\ncontent-length: 5x\r\n\r\n", 400),
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", 400),
     (b"GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", 400),
     (b"NONSENSE\r\n\r\n", 400),
     (b"GET /healthz HTTP/1.1\nHost: x\n\n", 400),
     # The start of a TLS ClientHello (a client told https:// or wss:// on this plain port): no line
     # ends in it, yet its first byte already says it is no request.
     (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\xab" * 32, 400),
-], ids=["content-length", "chunked", "upgrade-with-body", "http2", "no-request-line", "lines-without-cr",
+], ids=["content-length", "chunked", "upgrade-with-body", "negative-length", "length-not-a-number",
+        "lengths-that-disagree", "http2", "no-request-line", "lines-without-cr",
         "tls-client-hello"])
 async def test_a_request_the_server_cannot_read_gets_a_status_not_a_silent_close(
         served: Served, request_bytes: bytes, status: int) -> None:
