@@ -17,8 +17,8 @@ order. Once the transport is past its high-water mark (paused), frames wait in t
 backlog (backlog.py: a state replaces the older one of its topic, a message topic's share is
 bounded and replaced by `reset` past the bound), which `resume_writing` empties in order. A
 client whose backlog passes BACKLOG_BYTES (counting the pongs that wait in the transport for a
-client that pings and does not read; not counting its largest waiting state), or that has been missing a frame for BEHIND_SECONDS, is
-closed with 1013. A slow client costs the others nothing: a frame for it is one append
+client that pings and does not read; not counting its largest waiting state), or that has been missing a frame for BEHIND_SECONDS
+(a replay's next page, which waits in `drain()` for it to read, included), is closed with 1013. A slow client costs the others nothing: a frame for it is one append
 (docs/reference.md#8-trust-boundaries-and-abuse).
 """
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Iterable
 from typing import Any, Protocol
 
@@ -103,7 +104,7 @@ class Connection(asyncio.Protocol):
     """One connection's state: what cannot be derived, nothing more."""
 
     __slots__ = ("core", "transport", "proto", "session", "topics", "closing", "paused", "out", "backlog", "seen",
-                 "ping_at", "deadline", "busy", "inbox", "partial", "line", "lengths", "early", "pongs", "_bad", "_subscribes",
+                 "ping_at", "deadline", "stalled", "busy", "inbox", "partial", "line", "lengths", "early", "pongs", "_bad", "_subscribes",
                  "_waiter")
 
     def __init__(self, core: Core) -> None:
@@ -119,6 +120,9 @@ class Connection(asyncio.Protocol):
         self.seen = core.now  # the sweep's clock when data last came from the peer
         self.ping_at = 0.0  # when the sweep's unanswered ping went (0: none)
         self.deadline = 0.0  # the open or close timeout, while the sweep watches one
+        # While drain() waits for the peer: since when (time.monotonic()) it has taken nothing, and
+        # the bytes then waiting in the transport (None: drain() is not waiting).
+        self.stalled: tuple[float, int] | None = None
         self.busy: asyncio.Task[None] | None = None  # the subscribe being served
         self.inbox: list[str | bytes] | None = None  # frames that wait for it
         self.partial: bytearray | None = None  # a fragmented message so far (opcode in its first byte)
@@ -158,6 +162,22 @@ class Connection(asyncio.Protocol):
         """Bytes of the frames waiting for this client (0 while it keeps up)."""
         return self.backlog.bytes if self.backlog is not None else 0
 
+    def behind_since(self) -> float | None:
+        """Since when (time.monotonic()) this client has been missing a frame: one in its backlog,
+        or a replay's next page while drain() waits for it and it takes nothing; None while it
+        keeps up. A client that takes what waits in the transport, however slowly (a large state
+        on a slow link), is reading: its replay's clock starts again from now."""
+        since = self.backlog.behind_since() if self.backlog is not None else None
+        if self.stalled is not None:
+            at, unsent = self.stalled
+            now_unsent = self.transport.get_write_buffer_size()
+            if now_unsent < unsent:
+                at = time.monotonic()
+                self.stalled = (at, now_unsent)
+            if since is None or at < since:
+                return at
+        return since
+
     @property
     def remote_address(self) -> Any:
         return self.transport.get_extra_info("peername") if self.transport is not None else None
@@ -186,7 +206,14 @@ class Connection(asyncio.Protocol):
             while self.backlog is backlog and not backlog.passed(place):
                 await self._written()
         while self.paused and not self.closing:
+            if self.stalled is None:
+                # The replay's next frames wait for the peer as queued ones would, only in the
+                # log: the slow-client time bound watches them too, or a client that pings and
+                # never reads its replay would hold it (and its frames unread) for ever.
+                self.stalled = (time.monotonic(), self.transport.get_write_buffer_size())
+                self.core.behind.add(self)
             await self._written()
+        self.stalled = None
         if self.closing:
             raise ConnectionClosedError(None, None)
 
@@ -293,6 +320,7 @@ class Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.paused = False
         self.pongs = 0  # below the low-water mark: the pongs written while paused were taken
+        self.stalled = None  # and so was what a replay waits on: it is not stuck
         # The peer took what waited for it: it is alive, which answers the sweep's ping as its
         # data would. While its subscribes are served its frames may go unread (INBOX_FRAMES),
         # and a client reading a long replay would otherwise look silent and be dropped.

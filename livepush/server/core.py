@@ -6,8 +6,9 @@ the server's gate (`PushServer.admit`) in a task that ends with the handshake, a
 - the open timeout (OPEN_TIMEOUT to send a request and be answered, and as long to take a plain
   HTTP answer that did not fit the socket at once) and the close timeout (CLOSE_TIMEOUT for the
   peer to finish a close handshake), both then abort the connection;
-- the slow-client time bound: a connection whose backlog has been missing a frame for
-  `connection.BEHIND_SECONDS` is closed with 1013 (only connections with a backlog are looked at);
+- the slow-client time bound: a connection that has been missing a frame (of its backlog, or a
+  replay's next page waiting for it to read) for `connection.BEHIND_SECONDS` is closed with 1013
+  (only connections in `behind` are looked at);
 - keepalive, every quarter heartbeat: a connection silent for three quarters of a heartbeat gets
   a ping (any data from it answers, and so does its taking frames that waited for it), and one that leaves a ping unanswered for a heartbeat is
   dropped: a dead peer goes within 2.25 heartbeats of its last byte (while the server holds a
@@ -109,7 +110,7 @@ class ConnectionCore:
     def __init__(self, server: Server) -> None:
         self.server = server
         self.now = 0.0  # the loop's time at the last tick: a connection's `seen`
-        self.behind: set[Connection] = set()  # connections with a backlog
+        self.behind: set[Connection] = set()  # connections with a backlog, or whose replay waits for them
         self._opening: set[Connection] = set()  # accepted, not yet answered
         self._closing: set[Connection] = set()  # waiting for the peer to finish closing
         self._handshakes: set[asyncio.Task[None]] = set()
@@ -271,7 +272,7 @@ class ConnectionCore:
         now = time.monotonic()  # the backlog's clock
         bound = connection.BEHIND_SECONDS
         for conn in list(self.behind):
-            since = conn.backlog.behind_since() if conn.backlog is not None else None
+            since = conn.behind_since()
             if since is None:
                 self.behind.discard(conn)
             elif now - since >= bound:

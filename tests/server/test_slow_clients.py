@@ -11,16 +11,19 @@ brings every message it missed from history; a client that stays behind is close
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from typing import Any
 
 import pytest
+from websockets.frames import Frame, Opcode
 
 from livepush import jobs, metrics
 from livepush.server import connection, core
 from livepush.server.app import PushServer
 from livepush.server.connection import Connection
 from tests.server.conftest import Served
+from tests.support.http import upgrade_request
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
@@ -175,6 +178,14 @@ def time_to_read_the_close(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(core, "CLOSE_TIMEOUT", 15.0)
 
 
+async def closed_as_too_slow(slow: WSClient, closed_before: float) -> None:
+    """The server closed `slow` as too slow, once more than before, and `slow`, reading again,
+    sees 1013."""
+    assert count("closed") == closed_before + 1
+    slow.ws.transport.resume_reading()
+    assert await slow.closed_with(timeout=10) == 1013
+
+
 @LOCAL_ONLY
 async def test_a_client_that_stays_behind_is_closed_with_1013(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
     """A client that reads nothing for longer than the server lets a frame wait (shortened to 0.5 s here) is closed with 1013 and counted; reading again, it sees the close code."""
@@ -230,9 +241,68 @@ async def test_a_client_that_pings_and_does_not_read_is_closed_with_1013(served:
             break
         await slow.ws.ping(i.to_bytes(8, "big") + pad)
     await async_wait_for(lambda: on_server.closing, 5, message="the server to close the client")
-    assert count("closed") == closed + 1
-    slow.ws.transport.resume_reading()
-    assert await slow.closed_with(timeout=10) == 1013
+    await closed_as_too_slow(slow, closed)
+
+
+@LOCAL_ONLY
+async def test_a_client_that_stops_reading_its_replay_and_pings_is_closed_with_1013(
+        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that subscribes with `since`, reads nothing of its replay, and keeps pinging (so
+    that it never looks dead) is closed with 1013 once the replay has waited for it longer than
+    the server lets a frame wait (shortened to 0.5 s here), as it would be for a live frame."""
+    monkeypatch.setattr(connection, "BEHIND_SECONDS", 0.5)
+    time_to_read_the_close(monkeypatch)
+    topic = "room:unread-replay"
+    since = await served.fanout.alatest_offset(topic)
+    # One message larger than the socket and the transport's high-water mark take: the replay
+    # waits for the client with nothing in the connection's queue.
+    await served.publish(topic, {"pad": "x" * 900_000})
+    slow = await open_client(served.url)
+    on_server = server_side(served.server, slow)
+    slow.ws.transport.pause_reading()
+    closed = count("closed")
+    await slow.send({"op": "subscribe", "topic": served.sign(topic), "since": since, "ref": "r"})
+    await async_wait_for(lambda: on_server.paused, 5, message="the replay to wait for the client")
+    deadline = asyncio.get_running_loop().time() + 5
+    while not on_server.closing and asyncio.get_running_loop().time() < deadline:
+        await slow.ws.ping()  # alive: the server hears from it all along
+        await asyncio.sleep(0.1)
+    assert on_server.closing, "a client that never reads its replay is held for ever"
+    await closed_as_too_slow(slow, closed)
+
+
+@LOCAL_ONLY
+async def test_a_client_reading_its_replay_slowly_gets_it_whole_and_is_not_closed(
+        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client on a slow link (4 KiB read every 50 ms) takes a replay of one 300 KB message,
+    several times as long as the server lets a frame wait (shortened to 0.5 s here): it is
+    reading all along, so it gets the message whole and is not closed."""
+    monkeypatch.setattr(connection, "BEHIND_SECONDS", 0.5)
+    topic = "room:slow-link"
+    since = await served.fanout.alatest_offset(topic)
+    offset = await served.publish(topic, {"pad": "x" * 300_000})
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    port = served.server.port
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=4096)
+    try:
+        writer.write(upgrade_request(port))
+        assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).startswith(b"HTTP/1.1 101")
+        subscribe = {"op": "subscribe", "topic": served.sign(topic), "since": since, "ref": "r"}
+        writer.write(Frame(Opcode.TEXT, json.dumps(subscribe).encode()).serialize(mask=True))
+        got = b""
+        started = asyncio.get_running_loop().time()
+        while offset.encode() not in got or not got.endswith(b"}"):
+            got += await asyncio.wait_for(reader.read(4096), 5)
+            await asyncio.sleep(0.05)
+        took = asyncio.get_running_loop().time() - started
+        assert took > 2 * connection.BEHIND_SECONDS, f"read in {took:.2f} s: not slow enough to tell"
+        assert got.count(b'"op":"message"') == 1 and b"x" * 300_000 in got
+        assert b"\x88" not in got[:2], "closed"
+    finally:
+        writer.close()
 
 
 @LOCAL_ONLY
