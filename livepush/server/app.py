@@ -334,14 +334,30 @@ class PushServer:
         elif isinstance(cmd, protocol.Subscribe):
             return self._subscribe(client, cmd)
         elif isinstance(cmd, protocol.Unsubscribe):
-            plain = cmd.topic.split(topics.SEP, 1)[0]
-            if plain in client.topics:
-                client.topics.discard(plain)
-                metrics.SUBSCRIPTIONS.dec()
-                self.hub.unsubscribe(client, plain)
+            self._unsubscribe(client, cmd)
         elif isinstance(cmd, protocol.Ping):
             client.send(protocol.pong(cmd.ref))
         return None
+
+    def served_at_once(self, client: Connection, raw: str | bytes) -> bool:
+        """Serve `raw` now if it is an unsubscribe of the topic whose replay (or snapshot) the
+        client's subscribe is sending, the next frame after that subscribe: waiting its turn,
+        it came only once the client had read the whole replay it no longer wants. Anything else
+        waits, and is answered in the order sent."""
+        cmd = protocol.parse(raw)
+        if not isinstance(cmd, protocol.Unsubscribe):
+            return False
+        if not self.hub.joining(client, cmd.topic.split(topics.SEP, 1)[0]):
+            return False
+        self._unsubscribe(client, cmd)
+        return True
+
+    def _unsubscribe(self, client: Connection, cmd: protocol.Unsubscribe) -> None:
+        plain = cmd.topic.split(topics.SEP, 1)[0]
+        if plain in client.topics:
+            client.topics.discard(plain)
+            metrics.SUBSCRIPTIONS.dec()
+            self.hub.unsubscribe(client, plain)
 
     async def _subscribe(self, client: Connection, cmd: protocol.Subscribe) -> None:
         if self._expired(client):

@@ -2,7 +2,8 @@
 
 No task and no timer of its own. Bytes in go `data_received` -> `ServerProtocol.receive_data` ->
 its events -> `PushServer.on_frame`; a subscribe (the hub reads) runs in a short-lived task
-while the connection's next frames wait for it. Bytes out are whole frames written to the
+while the connection's next frames wait for it (but an unsubscribe of the topic it replays, sent
+next: `PushServer.served_at_once`). Bytes out are whole frames written to the
 transport: a broadcast frame is encoded once (`frames.text`) and the same bytes object goes to
 every subscriber; only the close handshake goes through the protocol, so its state stays right.
 Keepalive pings, the open and close timeouts and the slow-client time bound are the sweep's
@@ -75,6 +76,10 @@ class Server(Protocol):
     """What a connection asks of the server (app.PushServer)."""
 
     def on_frame(self, client: Connection, raw: str | bytes) -> Awaitable[None] | None: ...
+
+    def served_at_once(self, client: Connection, raw: str | bytes) -> bool:
+        """Whether a frame that came while a subscribe is served, with none waiting before it,
+        was served at once (it must not wait for that subscribe)."""
 
 
 class Core(Protocol):
@@ -434,6 +439,8 @@ class Connection(asyncio.Protocol):
         if self.closing:
             return
         if self.busy is not None:
+            if not self.inbox and self.core.server.served_at_once(self, raw):
+                return
             if self.inbox is None:
                 self.inbox = []
             self.inbox.append(raw)

@@ -81,6 +81,8 @@ class Server(Protocol):
 
     def on_frame(self, client: Connection, raw: str | bytes) -> Awaitable[None] | None: ...
 
+    def served_at_once(self, client: Connection, raw: str | bytes) -> bool: ...
+
 
 def descriptor_budget() -> int:
     """How many client connections this process may hold: its open-file limit (as `serve` raised

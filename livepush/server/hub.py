@@ -667,6 +667,8 @@ class Hub:
                 if unread >= REPLAY_DRAIN_BYTES:
                     await sub.drain()
                     unread = 0
+                    if t.joining.get(sub) is not waiting:
+                        return offset_key(last)  # unsubscribed while the client read: it wants no more
                 frame = protocol.message(topic, message.offset, message.data_json or "null")
                 sub.send(frame)
                 last = message.offset
@@ -684,6 +686,8 @@ class Hub:
             # it (_Waiting): the log holds them, so the replay reads on.
             await sub.drain()  # a replay of any length waits for the client, page by page
             unread = 0
+            if t.joining.get(sub) is not waiting:
+                return offset_key(last)
             next_page = await self.fanout.history(topic, last)
             if next_page is None:  # pruned while we read: the client refetches
                 latest = await self.fanout.alatest_offset(topic)
@@ -710,6 +714,11 @@ class Hub:
         counted as a state by the slow-client bound (a final state larger than the bound arrives
         as a snapshot too)."""
         self._broadcast((sub,), frame, topic, "snapshot")
+
+    def joining(self, sub: Subscriber, topic: str) -> bool:
+        """Whether `sub`'s subscribe to `topic` is under way (its replay or snapshot being sent)."""
+        t = self._topics.get(topic)
+        return t is not None and sub in t.joining
 
     def unsubscribe(self, sub: Subscriber, topic: str) -> None:
         t = self._topics.get(topic)

@@ -306,6 +306,35 @@ async def test_a_client_reading_its_replay_slowly_gets_it_whole_and_is_not_close
 
 
 @LOCAL_ONLY
+async def test_an_unsubscribe_sent_during_a_replay_ends_it(served: Served) -> None:
+    """A client that subscribes with `since` to a topic of 500 messages (1 MB), reads little of
+    the replay and unsubscribes: the unsubscribe takes effect at once, not once the client has
+    read the whole replay; the replay stops, and a ping sent after it is answered after the
+    `subscribed` and at most the replay's pages already sent."""
+    topic = "room:unwanted-replay"
+    since = await served.fanout.alatest_offset(topic)
+    for n in range(500):
+        await served.publish(topic, {"n": n, "pad": "x" * 2000})
+    slow = await open_client(served.url)
+    on_server = server_side(served.server, slow)
+    slow.ws.transport.pause_reading()
+    await slow.send({"op": "subscribe", "topic": served.sign(topic), "since": since, "ref": "r"})
+    await async_wait_for(lambda: on_server.paused, 5, message="the replay to wait for the client")
+    await slow.send({"op": "unsubscribe", "topic": served.sign(topic)})
+    await slow.send({"op": "ping", "ref": "after"})
+    await async_wait_for(lambda: topic not in on_server.topics, 5,
+                         message="the unsubscribe to take effect while the replay waits")
+    slow.ws.transport.resume_reading()
+    ops = []
+    while not ops or ops[-1] != "pong":
+        ops.append((await slow.recv(timeout=10))["op"])
+    assert ops[0] == "subscribed" and set(ops[1:-1]) == {"message"}, ops
+    assert len(ops) - 2 < 500, "the replay stopped at the unsubscribe"
+    assert not on_server.closing
+    await slow.close()
+
+
+@LOCAL_ONLY
 async def test_a_replay_to_a_client_that_fell_behind_arrives_whole_once_it_reads(served: Served) -> None:
     """A client that stopped reading (frames waiting for it on a busy topic) subscribes with `since` to a topic of 2,500 messages, more arriving live meanwhile: once it reads again it gets `subscribed`, then every message of that topic exactly once, in order; the replay's pages waited for it."""
     busy, kept = "room:busy", "room:kept"
