@@ -1172,3 +1172,20 @@ def test_retention_works_off_a_backlog_of_finished_groups_with_members(groups_db
     assert asyncio.run(prune()) == 500
     assert q(groups_db, "SELECT count(*) FROM livepush_groups") == [(0,)]
     assert q(groups_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
+
+
+def test_a_member_reading_kind_is_told_it_is_a_callbacks_only_attribute() -> None:
+    """ctx.group.kind says which callback runs ("finish", "success", "failure"): a member has none,
+    and reading it raises the AttributeError the other callbacks-only attributes raise, not None
+    (which a member could take for a callback of no kind); hasattr() says False."""
+    from types import SimpleNamespace
+
+    from livepush.jobs.groups.context import GroupContext
+
+    member = GroupContext(SimpleNamespace(job=SimpleNamespace(callback_of=None, group_id=5)))
+    with pytest.raises(AttributeError, match=r"ctx\.group\.kind is which callback .*known to its callbacks only"):
+        member.kind
+    assert not hasattr(member, "kind")
+    callback = GroupContext(SimpleNamespace(job=SimpleNamespace(callback_of=5, group_id=None)), {"state": "finished"},
+                            "success")
+    assert callback.kind == "success" and callback.id == 5

@@ -31,17 +31,20 @@ class GroupContext:
     after the seal, fenced by the member's claim (LeaseLostError once it lost it).
     Callbacks: also `kind` ("finish", "success" or "failure") and the group's final `state`,
     `total`, `pending`, `succeeded`, `failed`, `cancelled` (loaded before the callback runs);
-    `as_dict()` gives them as its state topic does. A member reading those gets AttributeError."""
+    `as_dict()` gives them as its state topic does. A member reading those (`kind` too) gets AttributeError."""
 
     def __init__(self, ctx: Any, view: dict[str, Any] | None = None, kind: str | None = None) -> None:
         self._ctx = ctx
         job = ctx.job
         self.is_callback = job.callback_of is not None
         self.id: int = job.callback_of if self.is_callback else job.group_id
-        self.kind = kind
+        self._kind = kind
         self._view = view or {}
 
     def __getattr__(self, name: str) -> Any:
+        if name == "kind":  # which callback this is: None would read to a member as a callback of no kind
+            self._check_callback(name)
+            return self._kind
         if name in GROUP_KEYS and name != "id":
             self._check_callback(name)
             return self._view.get(name)
@@ -50,6 +53,9 @@ class GroupContext:
     def _check_callback(self, name: str) -> None:
         """A member has no counts here (they change while it runs, and are loaded for callbacks
         only): None would read as a group that has none, so say where the current ones are."""
+        if not self.is_callback and name == "kind":
+            raise AttributeError("ctx.group.kind is which callback of the group runs (\"finish\", \"success\" or "
+                                 "\"failure\"), known to its callbacks only: a member has none")
         if not self.is_callback:
             raise AttributeError(f"ctx.group.{name} is the finished group's, known to its callbacks only: a member "
                                  f"reads its group's current counts with `await jobs.aget_group(ctx.group.id)` "
@@ -60,7 +66,7 @@ class GroupContext:
         return {"id": self.id, **{k: self._view.get(k) for k in GROUP_KEYS if k != "id"}}
 
     def __repr__(self) -> str:
-        return f"<group {self.id}{' callback ' + str(self.kind) if self.is_callback else ''}>"
+        return f"<group {self.id}{' callback ' + str(self._kind) if self.is_callback else ''}>"
 
     async def _pool(self) -> Any:
         pool = getattr(self._ctx, "pool", None)
