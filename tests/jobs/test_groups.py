@@ -1189,3 +1189,50 @@ def test_a_member_reading_kind_is_told_it_is_a_callbacks_only_attribute() -> Non
     callback = GroupContext(SimpleNamespace(job=SimpleNamespace(callback_of=5, group_id=None)), {"state": "finished"},
                             "success")
     assert callback.kind == "success" and callback.id == 5
+
+
+def test_sync_group_enqueue_does_not_wait_for_ever_on_a_loop_that_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sync ctx.group.enqueue runs its add on the runtime's loop: should that loop stop and
+    close while the add waits (the runtime's process shutting down), its own timeout never fires
+    there. The call gives up once the loop stopped, with a TimeoutError saying so, rather than
+    holding the job's thread for ever."""
+    from types import SimpleNamespace
+
+    from livepush.jobs.groups import context as group_context
+    from livepush.jobs.groups.context import GroupContext, SyncGroupContext
+
+    monkeypatch.setattr(group_context, "LOOP_CHECK", 0.1)
+    loop = asyncio.new_event_loop()
+    add_started = threading.Event()
+
+    class Stuck(GroupContext):
+        async def enqueue(self, *args: Any, **kwargs: Any) -> Any:
+            add_started.set()
+            await asyncio.Event().wait()
+
+    def run_loop() -> None:
+        loop.run_forever()
+        loop.close()
+
+    loop_thread = threading.Thread(target=run_loop, daemon=True)
+    loop_thread.start()
+    inner = Stuck(SimpleNamespace(job=SimpleNamespace(callback_of=None, group_id=5)))
+    outcome: dict[str, BaseException | None] = {}
+
+    def call() -> None:
+        try:
+            SyncGroupContext(inner, loop).enqueue(gj.member, 1, timeout=0.2)
+        except BaseException as exc:  # noqa: BLE001 - examined below
+            outcome["error"] = exc
+        else:
+            outcome["error"] = None
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    assert add_started.wait(5)
+    loop.call_soon_threadsafe(loop.stop)
+    loop_thread.join(5)
+    caller.join(10)
+    assert not caller.is_alive(), "ctx.group.enqueue still waits on a closed loop"
+    assert isinstance(outcome["error"], TimeoutError), outcome
+    assert "runtime's event loop" in str(outcome["error"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import math
 from collections.abc import Sequence
 from datetime import datetime
@@ -102,6 +103,12 @@ class GroupContext:
     aenqueue = enqueue
 
 
+# How often a sync ctx.group.enqueue past its timeout looks whether the runtime's loop still runs.
+# Its timeout fires on that loop: a loop that stopped (the runtime closing under a job still
+# running in its thread) never answers, and the job's thread would wait for ever.
+LOOP_CHECK = 1.0
+
+
 class SyncGroupContext:
     """`ctx.group` of a sync job (in a worker thread): the same names, blocking."""
 
@@ -133,7 +140,19 @@ class SyncGroupContext:
                     "its commit, the member may exist: pass key= so that a retry returns that member instead "
                     "of adding another") from None
 
-        return asyncio.run_coroutine_threadsafe(bounded(), self._loop).result()
+        future = asyncio.run_coroutine_threadsafe(bounded(), self._loop)
+        # Past the timeout the loop calls the add off, which waits for Postgres to end the
+        # statement: wait for that as long as the loop runs, and no longer once it stopped.
+        # (concurrent.futures.wait: the add's own TimeoutError is the same class as a wait's.)
+        patience = timeout
+        while not concurrent.futures.wait([future], patience).done:
+            if not self._loop.is_running():
+                future.cancel()
+                raise TimeoutError(
+                    "ctx.group.enqueue got no answer: the runtime's event loop stopped while the add waited, which "
+                    "may have committed: pass key= so that a retry returns that member instead of adding another")
+            patience = LOOP_CHECK
+        return future.result()
 
 
 async def load_callback_context(ctx: Any) -> GroupContext:
