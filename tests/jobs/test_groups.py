@@ -1236,3 +1236,26 @@ def test_sync_group_enqueue_does_not_wait_for_ever_on_a_loop_that_stopped(monkey
     assert not caller.is_alive(), "ctx.group.enqueue still waits on a closed loop"
     assert isinstance(outcome["error"], TimeoutError), outcome
     assert "runtime's event loop" in str(outcome["error"])
+
+
+def test_a_cancel_of_a_big_group_shows_progress_at_most_about_ten_times_a_second(
+        groups_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cancel_group works through a group's members chunk by chunk; the counts each chunk changes
+    are shown as any other change of the counts is (at most about ten events a second per group,
+    labelled `cancelled` once the group is), not one event per chunk, and the group's `finished`
+    still shows every member cancelled."""
+    import time
+
+    from livepush.jobs.groups import cancel
+
+    h = jobs.create_group()
+    jobs.add_many_to_group(h.id, [(gj.member, [i], {"wait": 3600}) for i in range(600)])
+    h.seal()
+    monkeypatch.setattr(cancel, "CANCEL_CHUNK", 5)  # 120 chunks, as a 100,000-member group has 100
+    started = time.monotonic()
+    assert jobs.cancel_group(h.id)
+    elapsed = time.monotonic() - started
+    msgs = assert_events_well_formed(h.id)
+    after_mark = msgs[[m["event"] for m in msgs].index("cancelled") + 1:-1]
+    assert len(after_mark) <= 10 * elapsed + 2, (len(after_mark), elapsed)
+    assert msgs[-1]["group"]["cancelled"] == 600

@@ -32,11 +32,13 @@ def _mark_steps(group_id: int) -> steps.Steps[bool | None]:
 
 def _chunk_steps(group_id: int, after: int) -> steps.Steps[list[dict[str, Any]]]:
     """One chunk of members: queued ones cancelled (and counted, like any outcome), running ones
-    flagged. Counts and rings what changed, in this transaction (an operator call has no progress
-    publisher). Returns the chunk's rows."""
+    flagged. Counts what changed and shows it coalesced, as jobs.cancel() of members does (an
+    operator call has no progress publisher): chunks follow each other by milliseconds, and one
+    event each broke the ~10 a second per group that progress keeps to. A group whose chunks are
+    all cancelled finishes, and its `finished` shows the final counts. Returns the chunk's rows."""
     rows = yield steps.Query(gq.CANCEL_MEMBERS, {"id": group_id, "after": after, "limit": CANCEL_CHUNK})
     touched = yield from steps.count_outcomes(steps.members_of(rows))
-    yield from steps.progress_now(sorted(touched))
+    yield from steps.progress_coalesced(sorted(touched))
     return rows
 
 

@@ -104,10 +104,9 @@ def finish(ids: Sequence[int], *, locked: bool) -> Steps[list[Row]]:
 
 def progress_now(ids: Sequence[int], changed: Callable[[Row], bool] | None = None) -> Steps[list[Row]]:
     """Record and ring progress for `ids` now, for the unfinished groups that `changed` accepts
-    (all of them without it: an operator call such as cancel_group's chunks, or the progress
-    publisher's flush); returns every group's view. Locks the group rows (LOCK_GROUPS_FOR_PROGRESS says why),
-    so two recorders take turns and no progress is recorded after
-    `finished`; the views are read in a new statement, whose snapshot sees every finisher that
+    (all of them without it: an operator call, or the progress publisher's flush); returns every
+    group's view. Locks the group rows (LOCK_GROUPS_FOR_PROGRESS says why), so two recorders take
+    turns and no progress is recorded after `finished`; the views are read in a new statement, whose snapshot sees every finisher that
     held the lock before."""
     ids = sorted(set(ids))
     if not ids:
@@ -123,9 +122,9 @@ def progress_now(ids: Sequence[int], changed: Callable[[Row], bool] | None = Non
 
 def progress_coalesced(ids: Sequence[int]) -> Steps[None]:
     """progress_now for an operator call that may come many times a second (jobs.cancel of a
-    group's members one after another): a group that showed an event in the last 100 ms is left
-    to the runtimes, whose progress publishers ring it within about as long, as a coalesced add
-    is; the others are recorded and rung now."""
+    group's members one after another, cancel_group's chunks): a group that showed an event in
+    the last 100 ms is left to the runtimes, whose progress publishers ring it within about as
+    long, as a coalesced add is; the others are recorded and rung now."""
     ids = sorted(set(ids))
     if not ids:
         return
