@@ -243,6 +243,40 @@ def test_a_region_without_its_city_fails_at_decoration_as_an_unknown_timezone(re
         declare("0 9 * * *", timezone=region)
 
 
+@pytest.mark.parametrize(("zone", "means", "meant"), [
+    ("Etc/GMT+5", "UTC-05:00", "'Etc/GMT-5'"),
+    ("Etc/GMT-3", "UTC+03:00", "'Etc/GMT+3'"),
+    ("EST", "UTC-05:00", "'America/New_York'"),
+    ("MST", "UTC-07:00", "'America/Denver'"),
+])
+def test_a_zone_that_is_seldom_what_was_meant_is_warned_about_once_naming_what_it_means(
+        zone: str, means: str, meant: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Etc/GMT+5` is UTC-5 (the Etc names reverse the sign, as POSIX does), and `EST`/`MST` are
+    fixed offsets with no daylight saving: each imports, and its ticks come an hour or more from
+    where the author meant them half the year or all year. A warning at import names what the
+    zone means and the zone usually meant, once a process for each zone."""
+    from livepush.jobs.periodic import cron
+
+    monkeypatch.setattr(cron, "_WARNED", set())
+    with caplog.at_level("WARNING", logger="livepush.jobs"):
+        declare("0 9 * * *", timezone=zone)
+        declare("0 10 * * *", timezone=zone)
+    lines = [r.getMessage() for r in caplog.records if zone in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert means in lines[0] and meant in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Etc/GMT", "Etc/GMT+0", "America/New_York", "EST5EDT", "Pacific/Honolulu"])
+def test_a_zone_that_says_what_it_means_is_not_warned_about(
+        zone: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    from livepush.jobs.periodic import cron
+
+    monkeypatch.setattr(cron, "_WARNED", set())
+    with caplog.at_level("WARNING", logger="livepush.jobs"):
+        declare("0 9 * * *", timezone=zone)
+    assert not [r for r in caplog.records if zone in r.getMessage()]
+
+
 @pytest.fixture
 def no_zone_database(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """This process as on a machine without a time zone database: no system zone folder and no

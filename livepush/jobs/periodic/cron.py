@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import re
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
@@ -12,6 +13,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 from croniter import CroniterBadDateError, CroniterError, croniter
 
 from ..errors import InvalidScheduleError
+
+log = logging.getLogger("livepush.jobs")
 
 # Minute hour day-of-month month day-of-week, and optionally seconds as a sixth field (croniter's
 # order: "* * * * * */10" is every ten seconds). A seventh (year) field is refused: it is not
@@ -29,6 +32,16 @@ _RANDOM = re.compile(r"r(\(\d+-\d+\))?(/\d+)?", re.IGNORECASE | re.ASCII)
 # croniter's hashed field (`H`, `H(0-29)`, `H/15`) needs an id to hash that we do not pass: croniter
 # refuses it with an error about an argument the user never sees, so it is named here instead.
 _HASHED = re.compile(r"h(\(\d+-\d+\))?(/\d+)?", re.IGNORECASE | re.ASCII)
+
+# Zones that import fine but seldom mean what their author meant: `Etc/GMT+5` is UTC-5 (the Etc
+# names reverse the sign, as POSIX does), and `EST` and `MST` are fixed offsets, with no daylight
+# saving, where a place's time was mostly meant. Their ticks would come an hour or more from
+# where they were wanted, so a warning names what the zone means (once a process per zone).
+_ETC_OFFSET = re.compile(r"Etc/GMT([+-])(\d{1,2})", re.ASCII)
+_FIXED_US = {"EST": ("UTC-05:00", "'America/New_York' for US Eastern time"),
+             "MST": ("UTC-07:00", "'America/Denver' for US Mountain time ('America/Phoenix' for Arizona's, "
+                                  "which has none)")}
+_WARNED: set[str] = set()
 
 # The nicknames croniter reads (its `@reboot` and others are not: they name no tick).
 NICKNAMES = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
@@ -60,6 +73,7 @@ def _zone(expression: str, timezone: str) -> ZoneInfo:
         pass
     else:
         _check_spelling(expression, timezone)
+        _warn_if_seldom_meant(expression, timezone)
         return zone
     if not available_timezones():
         # No zone at all, 'UTC' included: the machine has no time zone database (Windows, Alpine and
@@ -70,6 +84,28 @@ def _zone(expression: str, timezone: str) -> ZoneInfo:
     _check_spelling(expression, timezone)
     raise InvalidScheduleError(f"periodic {expression!r}: unknown timezone {timezone!r}: use an IANA zone "
                                "name such as 'UTC' or 'Europe/Paris'") from None
+
+
+def _warn_if_seldom_meant(expression: str, timezone: str) -> None:
+    """A warning naming what `timezone` means, for the zones that seldom mean what was meant."""
+    if timezone in _WARNED:
+        return
+    etc = _ETC_OFFSET.fullmatch(timezone)
+    if etc is not None and int(etc[2]) != 0:
+        sign, hours = etc[1], int(etc[2])
+        real = "-" if sign == "+" else "+"
+        means = f"UTC{real}{hours:02d}:00"
+        other = f"Etc/GMT{real}{hours}"
+        write = f"write '{other}' for UTC{sign}{hours:02d}:00, or" if other in _zone_names()[0] else "use"
+        hint = f"the Etc names reverse the sign, as POSIX does: {write} a place's zone (such as 'Europe/Paris')"
+    elif timezone in _FIXED_US:
+        means, place = _FIXED_US[timezone]
+        hint = f"a place's local time, with its daylight saving, is its zone's: {place}"
+    else:
+        return
+    _WARNED.add(timezone)
+    log.warning("periodic %r: timezone %r is %s all year, with no daylight saving; %s", expression, timezone,
+                means, hint)
 
 
 def _check_spelling(expression: str, timezone: str) -> None:
