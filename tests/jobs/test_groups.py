@@ -1259,3 +1259,15 @@ def test_a_cancel_of_a_big_group_shows_progress_at_most_about_ten_times_a_second
     after_mark = msgs[[m["event"] for m in msgs].index("cancelled") + 1:-1]
     assert len(after_mark) <= 10 * elapsed + 2, (len(after_mark), elapsed)
     assert msgs[-1]["group"]["cancelled"] == 600
+
+
+async def test_cancel_group_of_an_unknown_id_answers_false_where_seal_and_add_raise(groups_db: str) -> None:
+    """cancel_group is an operator's call, answered as jobs.cancel() answers for an unknown job:
+    False, nothing to cancel (a group deleted after its retention time had finished). add and
+    seal build a group the caller holds, and an unknown one is a mistake it must hear of:
+    GroupNotFound."""
+    for unknown in (10**12, 2**70):
+        assert await asyncio.to_thread(jobs.cancel_group, unknown) is False
+        assert await jobs.acancel_group(unknown) is False
+        with pytest.raises(jobs.GroupNotFound):
+            await asyncio.to_thread(jobs.seal_group, unknown)

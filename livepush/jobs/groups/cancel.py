@@ -106,7 +106,8 @@ def cancel_group(group_id: int) -> bool:
     running ones are told to stop (they end `cancelled` at their next await or `ctx.progress()`, or
     finish normally if they complete first). Once nothing is pending the group finishes as
     `cancelled`: on_finish and on_failure run. Parked members' own children are cancelled too.
-    Returns False when the group was already finished or cancelled; called again on a cancelled
+    Returns False when the group was already finished or cancelled, or is unknown (as cancel()
+    answers for an unknown job; add and seal raise GroupNotFound); called again on a cancelled
     group that has not finished, it still cancels what is queued (completing a cancel that failed
     part-way)."""
     marked, parked, _ = _cancel_one(checked_id(group_id, "group_id"))
