@@ -546,6 +546,11 @@ RETURNING heartbeat_at
 # name: deregister_runtime
 DEREGISTER_RUNTIME = "DELETE FROM livepush_job_runtimes WHERE id = %(id)s"
 
+# name: set_runtime_queues
+# drain() without queues= drains whichever queues have due jobs, read anew each round: its row
+# names them, as a runtime's names the queues it serves.
+SET_RUNTIME_QUEUES = "UPDATE livepush_job_runtimes SET queues = %(queues)s WHERE id = %(id)s"
+
 # name: prune_dead_runtimes
 # A runtime is dead when silent for three of its own beats while it could have beaten: silence
 # before this server started (a restart, a crash, a failover to another server) or before the

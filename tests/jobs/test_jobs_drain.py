@@ -507,3 +507,23 @@ def test_a_cancel_whose_notification_drain_missed_is_found_at_its_next_beat(
         thread.join(10.0)
     assert result == {"counts": {"cancelled": 1}}
     assert runs(jobs_db, handle.id) == []
+
+
+SEEN_RUNTIME_QUEUES: list[list[str]] = []
+
+
+@jobs.job(name="tests.drain.reads_runtime_queues", queue="second")
+def reads_runtime_queues(ctx: Any) -> None:
+    """Notes the queues the runtime rows say are served, as `livepush status` shows them."""
+    with psycopg.connect(database.database_url()) as conn:
+        SEEN_RUNTIME_QUEUES.extend(r[0] for r in conn.execute("SELECT queues FROM livepush_job_runtimes"))
+
+
+def test_a_drain_of_every_queue_registers_the_queues_it_drains(jobs_db: str) -> None:
+    """drain() without queues= drains every queue with due jobs; its runtime row (what `livepush
+    status` lists, and what a script's enqueue counts as serving a queue) names those queues, not
+    `default` alone while it runs another queue's jobs."""
+    SEEN_RUNTIME_QUEUES.clear()
+    reads_runtime_queues.enqueue()
+    assert jobs.drain() == {"succeeded": 1}
+    assert SEEN_RUNTIME_QUEUES == [["second"]]

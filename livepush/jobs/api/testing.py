@@ -96,9 +96,13 @@ async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = RE
             await maintenance.promote(rt._pool)
             if not queues:
                 async with rt._pool.connection() as conn:
-                    rt.queues = [r[0] for r in await (await conn.execute(queries.QUEUES_WITH_DUE_JOBS)).fetchall()]
-                if not rt.queues:
+                    due = sorted(r[0] for r in await (await conn.execute(queries.QUEUES_WITH_DUE_JOBS)).fetchall())
+                if not due:
                     break
+                if due != rt.queues:  # its row names what it drains (`livepush status`), not `default`
+                    assert rt.id is not None
+                    await maintenance.set_queues(rt._pool, rt.id, due)
+                    rt.queues = due
             # A runtime skips a function with limits whose last claim found nothing until its
             # doorbell rings or a poll interval passes; drain() hears no doorbell, and the job it
             # just ran may have enqueued one: every claim here looks again.

@@ -117,6 +117,12 @@ async def beat(pool: AsyncConnectionPool, info: Mapping[str, Any]) -> tuple[date
     return row[0], False
 
 
+async def set_queues(pool: AsyncConnectionPool, runtime_id: int, queues: list[str]) -> None:
+    """The queues this runtime's row says it serves, changed (a drain of every queue)."""
+    async with pool.connection() as conn:
+        await conn.execute(queries.SET_RUNTIME_QUEUES, {"id": runtime_id, "queues": queues})
+
+
 async def deregister(pool: AsyncConnectionPool, runtime_id: int) -> tuple[int, set[int]]:
     """Give back anything still running under this runtime (attempt not spent), then remove its
     row. Returns the number of jobs given back and the groups counted in."""
