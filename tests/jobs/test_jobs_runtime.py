@@ -1384,3 +1384,23 @@ async def test_a_runtime_that_ran_refuses_to_run_again_saying_to_make_a_new_one(
     with pytest.raises(ConfigError, match="runs once: make a new Runtime"):
         await asyncio.wait_for(rt.run(), 10)
     assert q(jobs_db, "SELECT count(*) FROM livepush_job_runtimes")[0][0] == 0
+
+
+async def test_a_claim_connection_the_server_closed_while_idle_is_reopened_without_a_failed_claim(
+        jobs_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Postgres may close an idle connection (idle_session_timeout, a restart of a pooler, an
+    operator's pg_terminate_backend). The runtime's claim connection closed so is found at the
+    next claim, which opens a new one and claims at once: the job runs, and nothing is logged as
+    a failed claim (no WARNING for a routine close)."""
+    async with running(poll_interval=60) as rt:
+        first = sample_jobs.record.enqueue("before the close")
+        await wait_state(first.id, "succeeded", timeout=10.0)
+        # Idle between claims: the next one comes at the doorbell of the enqueue below.
+        await async_wait_for(lambda: rt._claim_returned.is_set(), 5, message="the runtime between claims")
+        assert rt._claim_conn is not None
+        q(jobs_db, "SELECT pg_terminate_backend(%s)", (rt._claim_conn.info.backend_pid,))
+        with caplog.at_level("INFO", logger="livepush.jobs"):
+            h = sample_jobs.record.enqueue("after the close")
+            await wait_state(h.id, "succeeded", timeout=10.0)
+    assert "claim failed" not in caplog.text, caplog.text
+    assert "claim connection" in caplog.text, caplog.text

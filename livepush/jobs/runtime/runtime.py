@@ -893,7 +893,7 @@ class Runtime:
             if not self._closing.is_set():  # no new side task once _close() is stopping them
                 self._check_cancels([i for i in heard if i in self.in_hand])
 
-    async def _claim_starting(self, free: int) -> int:
+    async def _claim_starting(self, free: int, reopened: bool = False) -> int:
         rows: list[dict[str, Any]] = []
         params: dict[str, Any] = {"excluded": sorted(self.excluded), "runtime_id": self.id}
         limited = [n for n in self.limited if n not in self.excluded]
@@ -905,6 +905,7 @@ class Runtime:
             await self._release_unheard()
             self._claims_unheard = False
         # Each queue's plain claim is one statement in autocommit: one round trip, no BEGIN/COMMIT.
+        held = self._claim_conn is not None and not (self._claim_conn.closed or self._claim_conn.broken)
         conn = await self._claim_connection()
         try:
             async with conn.cursor(row_factory=dict_row) as cur:
@@ -941,6 +942,14 @@ class Runtime:
                         metrics.JOBS_CLAIMED.labels(queue).inc(len(claimed))
         except psycopg.Error as exc:
             self._claims_unheard = True
+            if not rows and held and not reopened and conn.broken:
+                # A connection kept open between claims that Postgres closed while it was idle
+                # (idle_session_timeout, a restart, pg_terminate_backend) is only found now: a
+                # routine event, not a failed claim. Claim again at once on a new one (after
+                # giving back what a statement may have taken unheard); a second failure is one.
+                reraise_if_cancelled()
+                log.info("the claim connection was closed by the server (%s); claiming again on a new one", exc)
+                return await self._claim_starting(free, reopened=True)
             # Earlier queues' claims are committed: those jobs are ours and must run.
             if not rows:
                 raise
