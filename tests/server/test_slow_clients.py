@@ -330,6 +330,10 @@ async def test_an_unsubscribe_sent_during_a_replay_ends_it(served: Served) -> No
         ops.append((await slow.recv(timeout=10))["op"])
     assert ops[0] == "subscribed" and set(ops[1:-1]) == {"message"}, ops
     assert len(ops) - 2 < 500, "the replay stopped at the unsubscribe"
+    # Nor does the subscribe, once its replay stopped, join the topic's live stream.
+    await served.publish(topic, {"n": "live"})
+    await slow.send({"op": "ping", "ref": "later"})
+    assert (await slow.recv(timeout=10)) == {"op": "pong", "ref": "later"}
     assert not on_server.closing
     await slow.close()
 
