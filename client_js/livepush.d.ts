@@ -64,7 +64,8 @@ export interface LivePushError {
 
 export interface LivePushOptions {
   /** Session token, sent in the `Sec-WebSocket-Protocol` header (`livepush.token.<token>`), never in
-   * the URL; a function is asked on every connect. Prefer the `__Host-livepush_session` cookie when
+   * the URL; a function is asked on every connect, and for a renewed token when a topic is refused
+   * `forbidden` on a connection that sent one the server did not take (it then reconnects with it). Prefer the `__Host-livepush_session` cookie when
    * the push server is the page's own host. */
   token?: string | (() => string | null | undefined) | null;
   /** Server `error` frames and exceptions thrown by your callbacks. Default: console.warn. */

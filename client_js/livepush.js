@@ -760,7 +760,9 @@ class Registry {
  * @typedef {object} LivePushOptions
  * @property {string | (() => string | null | undefined) | null} [token] session token, sent in
  *   the `Sec-WebSocket-Protocol` header (`livepush`, `livepush.token.<token>`), which proxies do
- *   not log; a function is called on every connect (to hand over a fresh one). Prefer the
+ *   not log; a function is called on every connect (to hand over a fresh one), and for a renewed
+ *   token when a topic is refused `forbidden` on a connection that sent one the server did not
+ *   take (the client then reconnects with it). Prefer the
  *   `__Host-livepush_session` cookie when the server shares the page's site.
  * @property {(err: LivePushError) => void} [onError] server `error` frames and exceptions from
  *   your callbacks; the connection keeps going. Default: console.warn.
@@ -839,8 +841,13 @@ export class LivePush {
     /** @type {{subject: string} | null} */
     this._session = null;
     this._stopped = false;
-    /** whether the current connection offered a token (its hello may still say anonymous) */
-    this._tokenSent = false;
+    /** @type {string | null} the token the current connection offered (its hello may still say anonymous) */
+    this._sentToken = null;
+    /**
+     * Whether the current connection was opened with a token the token function renewed: one
+     * that is taken as anonymous too does not renew again (see _renewToken).
+     */
+    this._renewedConnection = false;
     /** @type {number | null} the close code (4401, 4403) that refused the session for good */
     this._refusedCode = null;
     this._everOpened = false;
@@ -947,19 +954,21 @@ export class LivePush {
 
   // -- internals ------------------------------------------------------------------------------
 
-  _connect() {
+  /** @param {string} [renewed] a token the token function just gave (_renewToken): not asked again */
+  _connect(renewed) {
     this._reconnectTimer.cancel();
     if (this._stopped) return;
     this._setStatus(this._tries > 0 || this._everOpened ? Status.RECONNECTING : Status.CONNECTING, {});
     /** @type {any} an instance of the browser's WebSocket or of the one injected */
     let ws;
     try {
-      const protocols = this._protocols();
+      const token = renewed ?? this._currentToken();
       // The token function is the page's code: one that closed the client (the user signed out)
       // has ended it, and a socket opened now would bring it back to `open` after `closed`.
       if (this._stopped) return;
-      ws = new this._WebSocket(this._socketUrl(), protocols);
-      this._tokenSent = protocols.length > 1;
+      ws = new this._WebSocket(this._socketUrl(), token ? [SUBPROTOCOL, TOKEN_SUBPROTOCOL + token] : [SUBPROTOCOL]);
+      this._sentToken = token || null;
+      this._renewedConnection = renewed !== undefined;
     } catch (err) {
       // A malformed URL throws synchronously; retrying with backoff will not fix it, but
       // surfacing it and backing off beats a tight loop or a silent stop. A token function that
@@ -997,12 +1006,12 @@ export class LivePush {
   }
 
   /**
-   * The subprotocols offered: `livepush`, and the token as `livepush.token.<token>` when there
-   * is one (the server selects `livepush`). A header rather than the query string: proxies and
-   * load balancers log URLs, not this header.
-   * @returns {string[]}
+   * The token to offer: options.token, or what the token function gives now. It travels as the
+   * subprotocol `livepush.token.<token>` beside `livepush` (which the server selects): a header
+   * rather than the query string, since proxies and load balancers log URLs, not this header.
+   * @returns {string | null | undefined}
    */
-  _protocols() {
+  _currentToken() {
     const source = this._token;
     const asked = typeof source === 'function';
     /** @type {unknown} */
@@ -1021,7 +1030,7 @@ export class LivePush {
       throw new TypeError('the token has characters a WebSocket subprotocol cannot carry (whitespace, such as the newline '
         + 'ending a response body, quotes or commas): pass it exactly as livepush.sessions.issue() made it');
     }
-    return token ? [SUBPROTOCOL, TOKEN_SUBPROTOCOL + token] : [SUBPROTOCOL];
+    return token;
   }
 
   /** @param {any} text */
@@ -1050,6 +1059,8 @@ export class LivePush {
         if (!sub || sub.state !== 'pending') return;
         const reason = String(frame.reason ?? 'refused');
         if (TRANSIENT_REFUSALS.has(reason)) return this._retrySubscribe(sub);
+        // Still pending and registered: the new connection sends it again, from its offset.
+        if (reason === 'forbidden' && this._renewToken()) return;
         // A subscription of the topic unsubscribed while this one waited (it was not the last
         // then) left the server streaming the topic: with this one gone, nobody hears it.
         if (this._registry.remove(sub)) this._release(sub.plainTopic);
@@ -1193,15 +1204,25 @@ export class LivePush {
    * @param {string} reason
    */
   _drop(reason) {
+    if (this._closeSocket(reason)) this._onSocketClosed(CloseCode.ABNORMAL, reason, true);
+  }
+
+  /**
+   * Stop listening to the current socket and close it, going on at once: its `close` event may
+   * take minutes to come (a dead TCP connection), and is not waited for.
+   * @param {string} reason
+   * @returns {boolean} whether there was a socket
+   */
+  _closeSocket(reason) {
     const ws = this._ws;
-    if (!ws) return;
+    if (!ws) return false;
     this._detach(ws);
     try {
       ws.close(CloseCode.NORMAL, reason);
     } catch {
       // already closed
     }
-    this._onSocketClosed(CloseCode.ABNORMAL, reason, true);
+    return true;
   }
 
   /** @param {any} ws */
@@ -1217,11 +1238,7 @@ export class LivePush {
    */
   _onSocketClosed(code, reason, detached = false) {
     if (!detached && this._ws) this._detach(this._ws);
-    this._heartbeat.stop();
-    this._connectTimer.cancel();
-    this._cancelRetries();
-    this._registry.forgetRefs();
-    this._session = null;
+    this._forgetConnection();
     if (this._stopped) return;
     if (FATAL_CODES.has(code)) {
       // 4401/4403: the session is missing or revoked; retrying would only hammer the server
@@ -1232,6 +1249,46 @@ export class LivePush {
       return;
     }
     this._afterClose(code, reason);
+  }
+
+  /** What belonged to the connection that is gone: its timers, its subscribes' refs, its session. */
+  _forgetConnection() {
+    this._heartbeat.stop();
+    this._connectTimer.cancel();
+    this._cancelRetries();
+    this._registry.forgetRefs();
+    this._session = null;
+  }
+
+  /**
+   * A topic refused `forbidden` on a connection the server took as anonymous although it sent a
+   * token: the token expired or was revoked while the page was away (LIVEPUSH_AUTHENTICATE=optional).
+   * A token function may hold a renewed one by now: asked once for this refusal, a token other
+   * than the one sent is worth a new connection at once, on which every subscription goes out
+   * again from its offset. A connection opened that way renews no more: its token was not taken
+   * either, or the server takes none (`off`), and a function that makes a new token each call
+   * would otherwise reconnect for ever.
+   * @returns {boolean} whether the client reconnects with a renewed token
+   */
+  _renewToken() {
+    if (typeof this._token !== 'function' || this._sentToken === null || this._session !== null || this._renewedConnection) {
+      return false;
+    }
+    let token;
+    try {
+      token = this._currentToken();
+    } catch (error) {
+      this._report({ reason: 'handler_error', detail: `the token function, asked for a renewed token: ${String(error)}`, error });
+      return false;
+    }
+    // A token function that closed the client (the user signed out) has ended it.
+    if (this._stopped || !token || token === this._sentToken) return false;
+    this._closeSocket('token renewed');
+    this._forgetConnection();
+    this._helloAt = null;
+    this._setStatus(Status.RECONNECTING, { reason: 'token renewed', delayMs: 0, tries: this._tries });
+    this._connect(token);
+    return true;
   }
 
   /**
@@ -1305,15 +1362,7 @@ export class LivePush {
       sub._state = 'closed';
       this._registry.remove(sub);
     }
-    const ws = this._ws;
-    if (ws) {
-      this._detach(ws);
-      try {
-        ws.close(CloseCode.NORMAL, 'client closed');
-      } catch {
-        // already closed
-      }
-    }
+    this._closeSocket('client closed');
     this._document?.removeEventListener?.('visibilitychange', this._onVisibility);
     this._window?.removeEventListener?.('online', this._onOnline);
   }
@@ -1345,9 +1394,11 @@ export class LivePush {
    * @returns {string}
    */
   _refusalHint(reason) {
-    if (reason === 'forbidden' && this._tokenSent && this._session === null) {
+    if (reason === 'forbidden' && this._sentToken !== null && this._session === null) {
+      // A token function was asked for a renewed token already (_renewToken), to no avail.
+      const renewal = typeof this._token === 'function' ? ', and the token function gave no other token the server took' : '';
       return 'the server took this connection as anonymous although a token was sent (expired or revoked, '
-        + 'or the server runs with LIVEPUSH_AUTHENTICATE=off): sign the user in again and create a new LivePush with a fresh token';
+        + `or the server runs with LIVEPUSH_AUTHENTICATE=off)${renewal}: sign the user in again and create a new LivePush with a fresh token`;
     }
     return REFUSAL_HINTS[reason] ?? 'pass onRefused to handle it';
   }

@@ -19,6 +19,12 @@ function reconnect(h, code = 1006) {
   return h.last();
 }
 
+/** The server takes the connection as `session` (anonymous by default) and refuses its first subscribe `forbidden`. */
+function refuseFirst(h, session = null) {
+  h.last().hello({ session });
+  h.last().receive({ op: 'refused', ref: h.last().frames('subscribe')[0].ref, reason: 'forbidden' });
+}
+
 test('subscribe frames wait for hello, then go out with since and a ref', () => {
   const h = harness();
   collect(h.lp, 'chat:lobby', { since: '41' });
@@ -224,6 +230,8 @@ test('a forbidden topic on a connection the server took as anonymous, though a t
   h.last().receive({ op: 'refused', ref: h.last().frames('subscribe')[0].ref, reason: 'forbidden' });
   assert.match(h.errors[0].detail, /^subscribe to user:7 refused: forbidden: the server took this connection as anonymous although a token was sent/);
   assert.doesNotMatch(h.errors[0].detail, /expired-token/);
+  assert.doesNotMatch(h.errors[0].detail, /token function/);
+  assert.equal(h.sockets.length, 1, 'a fixed token has no renewal to reconnect with');
   // With the session in place, a forbidden topic is a missing rule.
   h.last().serverClose(1006);
   h.clock.advance(h.clock.pending()[0]);
@@ -233,6 +241,144 @@ test('a forbidden topic on a connection the server took as anonymous, though a t
   h.last().receive({ op: 'refused', ref: frame.ref, reason: 'forbidden' });
   assert.match(h.errors.at(-1).detail, /^subscribe to admin:all refused: forbidden: no rule on the server allows it/);
   h.lp.close();
+});
+
+test('a forbidden topic on a connection taken as anonymous reconnects with the token the token function renewed, and subscribes again where it was', () => {
+  // The page slept past its token's expiry and renewed it meanwhile (its own timer, a fetch):
+  // under LIVEPUSH_AUTHENTICATE=optional the stale token made the connection anonymous.
+  let token = 'expired-token';
+  let asked = 0;
+  const h = harness({ token: () => { asked += 1; return token; } });
+  const refused = [];
+  const user = collect(h.lp, 'user:7', { since: '41', onRefused: (reason) => refused.push(reason) });
+  const news = collect(h.lp, 'public:news');
+  const first = h.last();
+  first.hello({ session: null });
+  token = 'fresh-token';
+  const [userFrame, newsFrame] = first.frames('subscribe');
+  first.receive({ op: 'subscribed', ref: newsFrame.ref, topic: 'public:news', offset: '5' });
+  first.receive({ op: 'refused', ref: userFrame.ref, reason: 'forbidden' });
+  assert.equal(asked, 2, 'asked once at the connect and once for the refusal');
+  assert.equal(h.sockets.length, 2, 'a new connection at once, no backoff');
+  assert.deepEqual(first.closedByClient, { code: 1000, reason: 'token renewed' });
+  assert.deepEqual(h.last().protocols, ['livepush', 'livepush.token.fresh-token']);
+  assert.equal(asked, 2, 'the new connection offers the token the function gave, without asking again');
+  assert.deepEqual(h.statuses.map((s) => s.status), ['open', 'reconnecting']);
+  assert.equal(h.statuses.at(-1).reason, 'token renewed');
+  assert.equal(h.statuses.at(-1).delayMs, 0);
+  assert.equal(user.sub.state, 'pending');
+  // A frame of the old connection still on its way is not heard.
+  first.receive({ op: 'message', topic: 'public:news', offset: '6', data: 'old connection' });
+
+  const ws = h.last();
+  ws.hello({ session: { subject: '7' } });
+  assert.deepEqual(
+    ws.frames('subscribe').map(({ topic, since }) => ({ topic, since })),
+    [{ topic: 'user:7', since: '41' }, { topic: 'public:news', since: '5' }],
+  );
+  ws.acceptSubscribes();
+  ws.receive({ op: 'message', topic: 'user:7', offset: '42', data: 'for 7' });
+  ws.receive({ op: 'message', topic: 'public:news', offset: '6', data: 'news' });
+  assert.deepEqual(user.data(), ['for 7']);
+  assert.deepEqual(news.data(), ['news']);
+  assert.equal(user.sub.state, 'active');
+  assert.deepEqual(refused, []);
+  assert.deepEqual(h.errors, []);
+  assert.equal(h.lp.status, 'open');
+  h.lp.close();
+});
+
+test('a token function that gives the same stale token again, or none, changes nothing: the refusal is reported as before', () => {
+  for (const renewed of ['expired-token', null, '']) {
+    let token = 'expired-token';
+    const h = harness({ token: () => token });
+    const user = collect(h.lp, 'user:7');
+    h.last().hello({ session: null });
+    token = renewed; // not renewed yet, or the user signed out
+    h.last().receive({ op: 'refused', ref: h.last().frames('subscribe')[0].ref, reason: 'forbidden' });
+    assert.equal(h.sockets.length, 1, `no reconnect when the function gives ${JSON.stringify(renewed)}`);
+    assert.equal(user.sub.state, 'refused');
+    assert.deepEqual(h.errors.map((e) => e.reason), ['refused']);
+    assert.match(h.errors[0].detail, /^subscribe to user:7 refused: forbidden: the server took this connection as anonymous although a token was sent .*, and the token function gave no other token the server took: sign the user in again/);
+    assert.doesNotMatch(h.errors[0].detail, /expired-token/);
+    h.lp.close();
+  }
+});
+
+test('a topic refused again on the connection opened with a renewed token is reported, and not renewed again', () => {
+  // The renewed token was not taken either, or the server takes no token at all
+  // (LIVEPUSH_AUTHENTICATE=off): a function that makes a new token on every call must not
+  // reconnect for ever.
+  let n = 0;
+  const h = harness({ token: () => `tok-${++n}` });
+  const user = collect(h.lp, 'user:7', { since: '3' });
+  refuseFirst(h);
+  assert.equal(h.sockets.length, 2);
+  assert.deepEqual(h.last().protocols, ['livepush', 'livepush.token.tok-2']);
+  h.last().hello({ session: null });
+  assert.equal(h.last().frames('subscribe')[0].since, '3');
+  h.last().receive({ op: 'refused', ref: h.last().frames('subscribe')[0].ref, reason: 'forbidden' });
+  assert.equal(h.sockets.length, 2, 'one reconnect for the renewal, not a loop');
+  assert.equal(n, 2, 'the connection opened for the renewal does not ask again');
+  assert.equal(user.sub.state, 'refused');
+  assert.deepEqual(h.errors.map((e) => e.reason), ['refused']);
+  assert.match(h.errors[0].detail, /the server took this connection as anonymous although a token was sent .*, and the token function gave no other token the server took/);
+  // A later connection (the network dropped) renews again for a topic refused on it: one each.
+  h.last().serverClose(1006);
+  h.clock.advance(h.clock.pending()[0]);
+  h.last().hello({ session: null });
+  collect(h.lp, 'user:8');
+  h.last().receive({ op: 'refused', ref: h.last().frames('subscribe')[0].ref, reason: 'forbidden' });
+  assert.equal(h.sockets.length, 4);
+  assert.deepEqual(h.last().protocols, ['livepush', 'livepush.token.tok-4']);
+  h.lp.close();
+});
+
+test('a forbidden topic on a connection that has its session, or sent no token, asks no token function', () => {
+  let asked = 0;
+  const h = harness({ token: () => { asked += 1; return `tok-${asked}`; } });
+  collect(h.lp, 'admin:all');
+  refuseFirst(h, { subject: '7' });
+  assert.equal(asked, 1);
+  assert.equal(h.sockets.length, 1);
+  assert.match(h.errors[0].detail, /no rule on the server allows it/);
+  h.lp.close();
+
+  const anonymous = harness({ token: () => { asked += 1; return null; } });
+  collect(anonymous.lp, 'user:7');
+  refuseFirst(anonymous);
+  assert.equal(asked, 2, 'asked at the connect only');
+  assert.equal(anonymous.sockets.length, 1);
+  assert.match(anonymous.errors[0].detail, /no rule on the server allows it/);
+  anonymous.lp.close();
+});
+
+/** A token function that gives a stale token at the connect, and what `renew()` does when asked again. */
+function staleThen(renew) {
+  let asked = 0;
+  return () => (++asked === 1 ? 'expired-token' : renew());
+}
+
+test('a token function that throws when asked for a renewed token is reported, and so is the refusal', () => {
+  const h = harness({ token: staleThen(() => { throw new Error('storage unavailable'); }) });
+  const user = collect(h.lp, 'user:7');
+  refuseFirst(h);
+  assert.equal(h.sockets.length, 1);
+  assert.equal(user.sub.state, 'refused');
+  assert.deepEqual(h.errors.map((e) => e.reason), ['handler_error', 'refused']);
+  assert.match(h.errors[0].detail, /token function.*storage unavailable/);
+  h.lp.close();
+});
+
+test('a token function that closes the client when asked for a renewed token leaves it closed, with nothing reported', () => {
+  const h = harness({ token: staleThen(() => { h.lp.close(); return 'fresh-token'; }) }); // the user signed out
+  const user = collect(h.lp, 'user:7');
+  refuseFirst(h);
+  assert.equal(h.sockets.length, 1);
+  assert.equal(h.lp.status, 'closed');
+  assert.equal(user.sub.state, 'closed');
+  assert.deepEqual(h.errors, []);
+  assert.deepEqual(h.clock.pending(), []);
 });
 
 test('a transient refusal (unavailable) is retried with backoff, not dropped', () => {

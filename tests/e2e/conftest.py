@@ -7,7 +7,8 @@
                            live on a different origin than the push server, as in production.
 - `push_server`            `livepush serve` on Postgres, allowing the page server's origin;
                            `restart()` stops it with SIGTERM and starts it again on the same
-                           port; `publish()` and `sign()` play the web app.
+                           port (with `args`, e.g. an `--app`, if set); `publish()` and
+                           `sign()` play the web app.
 - `client_page`            `page` with pages/client.html loaded against `push_server`
                            (its harness is window.e2e: pages/harness.js).
 
@@ -195,6 +196,9 @@ class PushServer:
 
     procs: Processes
     env: dict[str, str]
+    # `serve`'s arguments, e.g. ("--app", "tests.support.security_app:app") for topic rules;
+    # a test that sets them restarts the server.
+    args: tuple[str, ...] = ()
     child: ChildProcess | None = None
     restarts: list[dict[str, float]] = field(default_factory=list)
     _fanout: Any = None
@@ -212,7 +216,7 @@ class PushServer:
         return Settings.from_env(self.env)
 
     async def start(self) -> ChildProcess:
-        self.child = await self.procs.alivepush("serve", env=self.env)
+        self.child = await self.procs.alivepush("serve", *self.args, env=self.env)
         return self.child
 
     async def stop(self) -> int:

@@ -199,6 +199,51 @@ async def test_revoked_session_shows_unauthorized_and_stops_retrying(
     assert await client_page.evaluate("e2e.statusNames()") == ["open", "unauthorized"]
 
 
+async def test_a_stale_token_taken_as_anonymous_is_renewed_from_the_token_function_and_nothing_is_missed(
+    client_page: Page, push_server: PushServer, web_app: None
+) -> None:
+    """Under LIVEPUSH_AUTHENTICATE=optional a page connects with a token revoked while it was away:
+    the server takes it as anonymous and refuses the user's topic `forbidden`. The page's token
+    function holds a renewed token by then: the client reconnects with it, subscribes again from
+    its `since`, and gets what was published meanwhile, with nothing told to onError."""
+    push_server.args = ("--app", "tests.support.security_app:app")  # rule user:{subject}
+    await push_server.restart()
+    sockets: list[WebSocket] = []
+    client_page.on("websocket", lambda ws: sockets.append(ws))
+    stale = sessions.issue("user-1")
+    await asyncio.to_thread(sessions.revoke, stale)
+    fresh = sessions.issue("user-1")
+    topic = "user:user-1"
+    since = await push_server.publish(topic, {"n": 0})
+    await push_server.publish(topic, {"n": 1})
+    await client_page.evaluate(
+        """([topic, since, stale, fresh]) => {
+            // The first connect offers the stale token; by the refusal the page has renewed it.
+            let asked = 0;
+            const lp = new e2e.mod.LivePush(e2e.wsUrl, {
+                token: () => (++asked === 1 ? stale : fresh),
+                onError: (err) => e2e.errors.push(`${err.reason}: ${err.detail}`),
+            });
+            Object.assign(e2e, { renewed: lp, got: [], refusals: [], renewals: [] });
+            lp.on('status', (status, info) => { if (info.reason === 'token renewed') e2e.renewals.push(status); });
+            lp.subscribe(topic, (data) => e2e.got.push(data.n), {
+                since, onRefused: (reason) => e2e.refusals.push(reason),
+            });
+        }""",
+        [topic, since, stale, fresh],
+    )
+    await client_page.wait_for_function("e2e.got.includes(1)")
+    await push_server.publish(topic, {"n": 2})
+    await client_page.wait_for_function("e2e.got.includes(2)")
+    assert await client_page.evaluate("e2e.got") == [1, 2]
+    assert await client_page.evaluate("e2e.renewed.session") == {"subject": "user-1"}
+    assert await client_page.evaluate("e2e.renewals") == ["reconnecting"]
+    assert await client_page.evaluate("e2e.refusals") == []
+    assert await client_page.evaluate("e2e.errors") == []
+    assert len(sockets) == 2, [ws.url for ws in sockets]
+    await client_page.evaluate("e2e.renewed.close()")
+
+
 async def test_waking_up_pings_the_server_and_keeps_a_live_connection(client_page: Page, push_server: PushServer) -> None:
     """The page becoming visible again, or the network coming back, makes the client ping at once;
     the server answers within the client's grace, so a live connection is kept: no new socket, no
