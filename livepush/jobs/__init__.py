@@ -70,6 +70,7 @@ from .errors import (
     JobNotFound,
     LeaseLostError,
     ReplayMismatch,
+    RuntimeStoppedError,
     SignalTimeout,
     UnknownJobError,
 )
@@ -108,6 +109,7 @@ __all__ = [
     "JobInfo",
     "JobNotFound",
     "ReplayMismatch",
+    "RuntimeStoppedError",
     "SignalTimeout",
     "StepContext",
     "Workflow",

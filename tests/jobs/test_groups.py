@@ -24,6 +24,7 @@ from tests.jobs import group_jobs as gj
 from tests.jobs import limit_jobs
 from tests.jobs.test_jobs_runtime import running as runtime_running
 from tests.jobs.conftest import events_of, group_events, q, read_states
+from tests.support.loop_threads import Caller, LoopThread, Stuck
 from tests.support.waiting import async_wait_for, wait_for
 
 
@@ -1198,44 +1199,24 @@ def test_sync_group_enqueue_does_not_wait_for_ever_on_a_loop_that_stopped(monkey
     holding the job's thread for ever."""
     from types import SimpleNamespace
 
-    from livepush.jobs.groups import context as group_context
+    from livepush.jobs.errors import RuntimeStoppedError
     from livepush.jobs.groups.context import GroupContext, SyncGroupContext
+    from livepush.jobs.runtime import threads
 
-    monkeypatch.setattr(group_context, "LOOP_CHECK", 0.1)
-    loop = asyncio.new_event_loop()
-    add_started = threading.Event()
+    monkeypatch.setattr(threads, "LOOP_CHECK", 0.1)
+    runtime_loop = LoopThread()
 
-    class Stuck(GroupContext):
-        async def enqueue(self, *args: Any, **kwargs: Any) -> Any:
-            add_started.set()
-            await asyncio.Event().wait()
+    class Blocked(GroupContext):
+        enqueue = Stuck()
 
-    def run_loop() -> None:
-        loop.run_forever()
-        loop.close()
-
-    loop_thread = threading.Thread(target=run_loop, daemon=True)
-    loop_thread.start()
-    inner = Stuck(SimpleNamespace(job=SimpleNamespace(callback_of=None, group_id=5)))
-    outcome: dict[str, BaseException | None] = {}
-
-    def call() -> None:
-        try:
-            SyncGroupContext(inner, loop).enqueue(gj.member, 1, timeout=0.2)
-        except BaseException as exc:  # noqa: BLE001 - examined below
-            outcome["error"] = exc
-        else:
-            outcome["error"] = None
-
-    caller = threading.Thread(target=call, daemon=True)
-    caller.start()
-    assert add_started.wait(5)
-    loop.call_soon_threadsafe(loop.stop)
-    loop_thread.join(5)
-    caller.join(10)
-    assert not caller.is_alive(), "ctx.group.enqueue still waits on a closed loop"
-    assert isinstance(outcome["error"], TimeoutError), outcome
-    assert "runtime's event loop" in str(outcome["error"])
+    inner = Blocked(SimpleNamespace(job=SimpleNamespace(callback_of=None, group_id=5)))
+    caller = Caller(lambda: SyncGroupContext(inner, runtime_loop.loop).enqueue(gj.member, 1, timeout=0.2))
+    assert Blocked.enqueue.started.wait(5)
+    runtime_loop.stop()
+    assert caller.ended(10), "ctx.group.enqueue still waits on a closed loop"
+    assert isinstance(caller.error, RuntimeStoppedError), caller.error
+    assert isinstance(caller.error, TimeoutError)  # as documented before the error had a type of its own
+    assert "runtime's event loop" in str(caller.error)
 
 
 def test_a_cancel_of_a_big_group_shows_progress_at_most_about_ten_times_a_second(

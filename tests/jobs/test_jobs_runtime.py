@@ -26,6 +26,7 @@ from tests.jobs import sample_jobs
 from tests.jobs.conftest import events_of, names_of, q, running
 from tests.support import services
 from tests.support.fanouts import read_history
+from tests.support.loop_threads import Caller, LoopThread, Stuck
 from tests.support.waiting import async_wait_for
 
 
@@ -1404,3 +1405,56 @@ async def test_a_claim_connection_the_server_closed_while_idle_is_reopened_witho
             await wait_state(h.id, "succeeded", timeout=10.0)
     assert "claim failed" not in caplog.text, caplog.text
     assert "claim connection" in caplog.text, caplog.text
+
+
+class _SleepsForEver:
+    """The part of a JobContext a sync job's ctx.sleep calls: a sleep that never returns."""
+
+    job_id = 7
+
+    def __init__(self) -> None:
+        self.sleep = Stuck()
+
+
+def test_a_sync_jobs_context_call_ends_when_the_runtimes_loop_stops_under_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sync job's blocking ctx calls (ctx.sleep here; checkpoint, run_child, wait_for_signal
+    likewise) run on the runtime's loop and wait for it in the job's thread. Should that loop stop
+    and close while one waits (the runtime shutting down under the job), the call raises
+    RuntimeStoppedError within a bound and the thread ends, instead of waiting for ever; a call
+    made after that raises at once."""
+    from livepush.jobs.errors import RuntimeStoppedError
+    from livepush.jobs.runtime import threads
+    from livepush.jobs.runtime.context import SyncJobContext
+
+    monkeypatch.setattr(threads, "LOOP_CHECK", 0.1)
+    runtime_loop, inner = LoopThread(), _SleepsForEver()
+    ctx = SyncJobContext(inner, runtime_loop.loop)  # type: ignore[arg-type]
+    job = Caller(lambda: ctx.sleep("cool-down", 60))
+    assert inner.sleep.started.wait(5)
+    runtime_loop.stop()
+    assert job.ended(5), "the sync job's ctx.sleep still waits on a loop that stopped"
+    assert isinstance(job.error, RuntimeStoppedError), job.error
+    assert "stopped" in str(job.error) and "runs again" in str(job.error), job.error
+
+    started = time.monotonic()
+    with pytest.raises(RuntimeStoppedError):
+        ctx.sleep("again", 60)  # the loop is closed now
+    assert time.monotonic() - started < 1
+
+
+def test_a_sync_jobs_context_call_the_stopping_loop_cancels_raises_runtime_stopped() -> None:
+    """A runtime's loop ends (livepush.loops.run) by cancelling every task still on it, a sync
+    job's ctx call among them: the job's thread gets RuntimeStoppedError, not the bare
+    concurrent.futures.CancelledError that says nothing of why."""
+    from livepush.jobs.errors import RuntimeStoppedError
+    from livepush.jobs.runtime.context import SyncJobContext
+
+    runtime_loop, inner = LoopThread(), _SleepsForEver()
+    try:
+        job = Caller(lambda: SyncJobContext(inner, runtime_loop.loop).sleep("cool-down", 60))  # type: ignore[arg-type]
+        assert inner.sleep.started.wait(5)
+        runtime_loop.cancel_all()
+        assert job.ended(5)
+        assert isinstance(job.error, RuntimeStoppedError), job.error
+    finally:
+        runtime_loop.stop()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import math
 from collections.abc import Sequence
 from datetime import datetime
@@ -17,6 +16,7 @@ from ..api.enqueue import Batch, run_at
 from ..api.handles import JobHandle
 from ...types import Seconds, as_seconds
 from ..api.registry import JobRequest, JobSpec
+from ..runtime.threads import wait_on_loop
 from ..errors import GroupClosedError
 from ..events.views import GROUP_KEYS
 from . import queries as gq
@@ -103,12 +103,6 @@ class GroupContext:
     aenqueue = enqueue
 
 
-# How often a sync ctx.group.enqueue past its timeout looks whether the runtime's loop still runs.
-# Its timeout fires on that loop: a loop that stopped (the runtime closing under a job still
-# running in its thread) never answers, and the job's thread would wait for ever.
-LOOP_CHECK = 1.0
-
-
 class SyncGroupContext:
     """`ctx.group` of a sync job (in a worker thread): the same names, blocking."""
 
@@ -140,19 +134,11 @@ class SyncGroupContext:
                     "its commit, the member may exist: pass key= so that a retry returns that member instead "
                     "of adding another") from None
 
-        future = asyncio.run_coroutine_threadsafe(bounded(), self._loop)
         # Past the timeout the loop calls the add off, which waits for Postgres to end the
         # statement: wait for that as long as the loop runs, and no longer once it stopped.
-        # (concurrent.futures.wait: the add's own TimeoutError is the same class as a wait's.)
-        patience = timeout
-        while not concurrent.futures.wait([future], patience).done:
-            if not self._loop.is_running():
-                future.cancel()
-                raise TimeoutError(
-                    "ctx.group.enqueue got no answer: the runtime's event loop stopped while the add waited, which "
-                    "may have committed: pass key= so that a retry returns that member instead of adding another")
-            patience = LOOP_CHECK
-        return future.result()
+        return wait_on_loop(bounded(), self._loop, "ctx.group.enqueue got no answer: the runtime's event loop "
+                            "stopped while the add waited, which may have committed: pass key= so that a retry "
+                            "returns that member instead of adding another", patience=timeout)
 
 
 async def load_callback_context(ctx: Any) -> GroupContext:

@@ -25,6 +25,7 @@ from ...types import Seconds
 from ..api.registry import JobRequest
 from ..durable.fingerprint import NO_INPUT
 from ..events.views import PROGRESS_INTERVAL
+from .threads import wait_on_loop
 
 MAX_MESSAGE = 1000  # characters of a progress message kept
 
@@ -281,8 +282,12 @@ class SyncJobContext:
         return self._inner.cancelled
 
     def _call(self, coro: Any) -> Any:
-        """Run one of the job context's coroutines on the runtime's loop and wait for it here."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        """Run one of the job context's coroutines on the runtime's loop and wait for it here, as
+        long as that loop runs (RuntimeStoppedError once it stopped)."""
+        return wait_on_loop(coro, self._loop, f"job {self._inner.job_id}'s ctx call got no answer: the job runtime's "
+                            "event loop stopped while it waited (the runtime shut down under this sync job). This "
+                            "run ends here; the job was given back or will be rescued, and runs again as its "
+                            "retries allow")
 
     def checkpoint(self, name: str, fn: Callable[..., Any], *args: Any, input: Any = NO_INPUT) -> Any:
         """JobContext.checkpoint, blocking; `fn` runs in this thread (an async `fn` on the loop)."""

@@ -1,5 +1,6 @@
 """Calling user code in a thread of the runtime's pool: a sync job, a workflow's sync step, a
-checkpoint's sync function. Apart from the executor so that the durable calls use it too."""
+checkpoint's sync function; and, from such a thread, the runtime's loop (a sync job's blocking ctx
+calls). Apart from the executor so that the durable calls use it too."""
 
 from __future__ import annotations
 
@@ -10,8 +11,17 @@ import functools
 import queue
 import threading
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from ..errors import RuntimeStoppedError
+
+T = TypeVar("T")
+
+# How often a thread waiting for a call on the runtime's loop looks whether that loop still runs.
+# A loop that stopped (the runtime closing under a sync job still running in its thread) never
+# answers, and the thread would wait for ever.
+LOOP_CHECK = 1.0
 
 
 class Raised:
@@ -74,6 +84,31 @@ async def call_in_thread(pool: concurrent.futures.Executor | None, func: Callabl
     if isinstance(value, Raised):
         raise value.exc
     return value
+
+
+def wait_on_loop(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop, stopped: str, *,
+                 patience: float | None = None) -> T:
+    """Run `coro` on the runtime's `loop` and wait for its result in this thread (a sync job's),
+    as long as the loop runs: once it stopped, or cancelled the call as it stopped, raise
+    RuntimeStoppedError(`stopped`). `patience`: the wait before the first look (a call with a
+    timeout of its own, which the loop enforces, gets that long), else LOOP_CHECK."""
+    if not loop.is_running():  # stopped or closed already: nothing would ever run the call
+        coro.close()  # never to run: no "never awaited" warning later
+        raise RuntimeStoppedError(stopped)
+    try:
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
+    except RuntimeError:  # the loop closed since the look above
+        coro.close()
+        raise RuntimeStoppedError(stopped) from None
+    wait = LOOP_CHECK if patience is None else patience
+    while not concurrent.futures.wait([future], wait).done:
+        if not loop.is_running():
+            future.cancel()
+            raise RuntimeStoppedError(stopped)
+        wait = LOOP_CHECK
+    if future.cancelled():  # only the loop's own end cancels a call handed to it from a thread
+        raise RuntimeStoppedError(stopped)
+    return future.result()
 
 
 class JobThreads(concurrent.futures.Executor):
