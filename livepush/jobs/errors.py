@@ -14,7 +14,8 @@
     │                                      wait_for= signal straight to its job
     ├── DurableError                       durable jobs: CheckpointInputConflict,
     │                                      DuplicateStepError (ValueError), ChildFailed,
-    │                                      ReplayMismatch, SignalTimeout (TimeoutError)
+    │                                      ReplayMismatch, SignalTimeout (TimeoutError),
+    │                                      WorkflowStepWaitError (ValueError)
     └── GroupError                         task groups: GroupNotFound (LookupError),
                                            GroupClosedError, GroupBlockError (RuntimeError),
                                            GroupLimitError (ValueError),
@@ -150,6 +151,13 @@ class WorkflowStepSignalError(ArgumentValueError):
     """`jobs.signal()` straight to a workflow step's job with the signal its `wait_for=` names:
     such a signal goes through `jobs.workflows.signal()`, which gives each waiting step one. Nothing
     was sent."""
+
+
+class WorkflowStepWaitError(DurableError, ValueError):
+    """A workflow step's own code called `ctx.wait_for_signal(name)` with the signal its
+    `wait_for=` names. The step took that signal before its body ran (its data is `ctx.signal`),
+    and no second one can reach its job: `jobs.workflows.signal()` gives each step one, and
+    `jobs.signal()` refuses the name. Raised at the call, instead of a wait until its timeout."""
 
 
 class Reattempt(BaseException):

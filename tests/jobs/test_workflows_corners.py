@@ -89,6 +89,25 @@ async def test_a_run_that_fails_stops_the_step_waiting_for_a_signal(jobs_db: str
     assert step_states(done) == {"start": "succeeded", "breaks": "failed", "waits": "cancelled"}
 
 
+@pytest.mark.parametrize("flow", [wc.waits_for_its_own, wc.sync_waits_for_its_own], ids=["async", "sync"])
+async def test_a_step_waiting_in_its_body_for_its_own_wait_for_signal_is_refused_at_once(
+        jobs_db: str, flow: Any) -> None:
+    """A step's wait_for= signal is taken before its body runs (ctx.signal), and no second one
+    ever reaches the step's job (jobs.workflows.signal gives each step one, jobs.signal refuses
+    the name): a ctx.wait_for_signal() of that name in the body would wait until its timeout.
+    It is refused at the call, saying to read ctx.signal, and the step fails without retries."""
+    from livepush.jobs.errors import WorkflowStepWaitError
+
+    async with running(queues=[wc.QUEUE]):
+        run = await flow.astart()
+        await jobs.workflows.asignal(run.id, "go", {"by": "ana"}, actor="ana")
+        done = await run_state(run.id, "failed")
+    (step,) = done["steps"]
+    assert WorkflowStepWaitError.__name__ in done["steps"][step]["error"]
+    assert "ctx.signal" in done["steps"][step]["error"]
+    assert q(jobs_db, "SELECT attempt FROM livepush_jobs WHERE name = %s", (f"{flow.name}.{step}",)) == [(1,)]
+
+
 async def test_a_run_that_finished_early_stops_its_running_sibling(jobs_db: str) -> None:
     """ctx.flow.finish() ends the run as succeeded: a step still running beside it is stopped
     (its job cancelled, the step skipped), so the run never shows a failed step."""

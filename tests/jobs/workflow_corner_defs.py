@@ -281,3 +281,20 @@ padded = jobs.workflow("wfd_padded", queue=QUEUE)
 def padded_rows(ctx: Any, batch: Any) -> None:
     for i in range(ctx.input["n"]):
         batch.enqueue(padded_member, i, os.urandom(ctx.input["pad"] // 2).hex())  # compresses not at all
+
+
+# Steps whose own code waits again for the signal their wait_for= names: refused at the call.
+waits_for_its_own = jobs.workflow("wfd_waits_for_its_own", queue=QUEUE)
+
+
+@waits_for_its_own.step(wait_for="go", max_attempts=3)
+async def waits_again(ctx: Any) -> Any:
+    return await ctx.wait_for_signal("go", timeout=3600)
+
+
+sync_waits_for_its_own = jobs.workflow("wfd_sync_waits_for_its_own", queue=QUEUE)
+
+
+@sync_waits_for_its_own.step(wait_for="go", max_attempts=3)
+def sync_waits_again(ctx: Any) -> Any:
+    return ctx.wait_for_signal("go", timeout=3600)

@@ -37,6 +37,7 @@ from ..errors import (
     ReplayMismatch,
     RunAbandoned,
     SignalTimeout,
+    WorkflowStepWaitError,
 )
 from .context import JobContext, SyncJobContext
 from .deadlines import effective
@@ -61,7 +62,7 @@ class Outcome:
 # task group never loses members, so an add past its limit is refused again; and a group never
 # opens again once sealed, cancelled or finished, so an add it refused is refused again.
 NEVER_RETRIED = (CheckpointInputConflict, ChildFailed, DuplicateStepError, GroupClosedError, GroupLimitError,
-                 InvalidResultError, ReplayMismatch, SignalTimeout)
+                 InvalidResultError, ReplayMismatch, SignalTimeout, WorkflowStepWaitError)
 
 # A retry is never put off longer than this, whatever a job's own backoff= says (a huge or
 # infinite delay would not fit Postgres' interval and fail the completer's whole batch).

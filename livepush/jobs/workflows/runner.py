@@ -29,7 +29,7 @@ from ..api.options import check_key
 from ...types import Seconds, as_seconds
 from ..api.registry import JobRequest, JobSpec
 from ..errors import (GroupLimitError, InvalidArgumentsError, InvalidResultError, JobCancelled, Reattempt,
-                      SignalTimeout, WorkflowDefinitionError)
+                      SignalTimeout, WorkflowDefinitionError, WorkflowStepWaitError)
 from ..groups import building, steps
 from ..groups.transactions import ain_tx, in_tx
 from ..runtime.context import SyncJobContext
@@ -199,7 +199,8 @@ class StepContext:
     (the run's), `outputs` (of the steps that succeeded), `flow` (the verbs), `signal` (the data
     of the signal a `wait_for=` step waited for), `run_id` and `step`."""
 
-    def __init__(self, job_ctx: Any, run_id: int, step: str, input: Any, outputs: dict[str, Any]) -> None:
+    def __init__(self, job_ctx: Any, run_id: int, step: str, input: Any, outputs: dict[str, Any], *,
+                 wait_for: str | None = None) -> None:
         self._job_ctx = job_ctx
         self.run_id = run_id
         self.step = step
@@ -207,9 +208,23 @@ class StepContext:
         self.outputs = outputs
         self.signal: Any = None
         self.flow = Flow()
+        self._wait_for = wait_for  # the step's wait_for= in the run's graph
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._job_ctx, name)
+
+    def wait_for_signal(self, name: str, timeout: Seconds | None = None) -> Any:
+        """The job's ctx.wait_for_signal (awaited in an async step, blocking in a sync one), but
+        for the step's own wait_for= signal: no second one can reach this job (jobs.workflows.signal
+        gives each step one, jobs.signal refuses the name), so the wait is refused at once instead
+        of lasting until its timeout."""
+        if self._wait_for is not None and name == self._wait_for:
+            raise WorkflowStepWaitError(
+                f"step {self.step!r} of workflow run {self.run_id} waits in its code for signal {name!r}, the one its "
+                f"wait_for= names: the step took that signal before its code ran, and no second one can reach it "
+                f"(jobs.workflows.signal gives each step waiting for {name!r} one). Read its data from ctx.signal; "
+                "to wait for a further signal in the step, give it another name")
+        return self._job_ctx.wait_for_signal(name, timeout)
 
 
 class Runner:
@@ -239,7 +254,7 @@ class Runner:
                 f"with, and this deploy defines it as {_kind(deployed.kind)}: keep the step as it was under its "
                 "name while runs may still reach it, and give the changed step a new name")
         outputs = dict(zip(row["output_names"] or (), row["outputs"] or ()))
-        sctx = StepContext(ctx, run_id, step, row["input"], outputs)
+        sctx = StepContext(ctx, run_id, step, row["input"], outputs, wait_for=spec.wait_for)
         try:
             if spec.wait_for is not None:
                 try:
@@ -295,7 +310,8 @@ class Runner:
             # StopIteration carried from the thread as it was never reached the step's job, which
             # never ended.
             loop = asyncio.get_running_loop()
-            sync_ctx = StepContext(SyncJobContext(ctx, loop), sctx.run_id, sctx.step, sctx.input, sctx.outputs)
+            sync_ctx = StepContext(SyncJobContext(ctx, loop), sctx.run_id, sctx.step, sctx.input, sctx.outputs,
+                                   wait_for=sctx._wait_for)
             sync_ctx.signal = sctx.signal
             value = await call_in_thread(ctx.threads, spec.fn, sync_ctx, *extra)
         if inspect.iscoroutine(value):
