@@ -1157,6 +1157,49 @@ async def test_list_runs_by_name_and_state_paged(flows_db: str) -> None:
     assert jobs.workflows.list("t_diamond")[0] == []
 
 
+def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    return [plan, *(n for child in plan.get("Plans", []) for n in _plan_nodes(child))]
+
+
+async def test_a_listing_is_planned_for_its_filters_values_however_often_it_ran(flows_db: str) -> None:
+    """list() of a workflow with few runs among many reads the listing index. A prepared listing
+    (the jobs' pool prepares a statement from its first run) was planned, from its sixth run on, once
+    for every value (Postgres' generic plan), and that plan, blind to the name, read every run
+    newest first to find that workflow's few. list() and alist() run it unprepared, so each call
+    is planned for its own filters: on no connection of the pools is a listing prepared."""
+    import contextlib
+
+    from livepush.jobs import database
+    from livepush.jobs.workflows import queries as wq
+
+    q(flows_db, """INSERT INTO livepush_workflows (name, queue, state, graph, input)
+                   SELECT CASE WHEN i % 500 = 0 THEN 'rare' ELSE 'common_' || (i % 10) END, 'q',
+                          CASE WHEN i % 2 = 0 THEN 'succeeded' ELSE 'running' END, '{}', 'null'
+                   FROM generate_series(1, 20000) i""")
+    q(flows_db, "ANALYZE livepush_workflows")
+    for _ in range(8):
+        assert len(jobs.workflows.list("rare", limit=10)[0]) == 10
+        assert len((await jobs.workflows.alist("rare", "succeeded", limit=10))[0]) == 10
+    with psycopg.connect(flows_db) as conn:
+        # As each call is planned: for its values, the rare name's runs through the index.
+        plan = conn.execute("EXPLAIN (FORMAT JSON) " + wq.LIST_RUNS,
+                            {"name": "rare", "state": None, "before": 2**63 - 1, "limit": 10},
+                            prepare=False).fetchone()[0][0]["Plan"]  # type: ignore[index]
+    assert any(n.get("Index Name") == "livepush_workflows_list_idx" for n in _plan_nodes(plan)), plan
+
+    # Unprepared, with the pattern a parameter: the look itself is no prepared listing.
+    look = ("SELECT statement FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%FROM livepush_workflows%ORDER BY id DESC%"])
+    sync_pool, async_pool = database.pools().sync(), await database.pools().aget()
+    with contextlib.ExitStack() as stack:  # every connection of the pool at once: each is looked at
+        held = [stack.enter_context(sync_pool.connection()) for _ in range(sync_pool.get_stats()["pool_size"])]
+        assert [conn.execute(*look, prepare=False).fetchall() for conn in held] == [[]] * len(held)
+    async with contextlib.AsyncExitStack() as astack:
+        aheld = [await astack.enter_async_context(async_pool.connection())
+                 for _ in range(async_pool.get_stats()["pool_size"])]
+        assert [await (await conn.execute(*look, prepare=False)).fetchall() for conn in aheld] == [[]] * len(aheld)
+
+
 async def test_a_list_cursor_past_either_end_of_the_ids(flows_db: str) -> None:
     """Every run's id comes before a cursor past the largest id a run can have, so the page starts
     at the newest run (it was empty); none comes before a cursor of 1 or less."""

@@ -313,7 +313,7 @@ def list_runs(name: str | None = None, state: str | None = None, *, before: int 
     key they were started with (flow.start(key=)) if given: (page, cursor for the next page or None)."""
     statement, params = _list_params(name, state, before, limit, key)
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(statement, params)
+        cur.execute(statement, params, prepare=False)  # planned for its values: see wq.LIST_RUNS
         return page_of(cur.fetchall(), limit, "id")
 
 
@@ -322,7 +322,7 @@ async def alist_runs(name: str | None = None, state: str | None = None, *, befor
     """list() for async code."""
     statement, params = _list_params(name, state, before, limit, key)
     async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(statement, params)
+        await cur.execute(statement, params, prepare=False)  # planned for its values: see wq.LIST_RUNS
         return page_of(await cur.fetchall(), limit, "id")
 
 

@@ -391,13 +391,17 @@ LIMIT %(limit)s + 1
 
 # name: list_runs
 # Keyset paging, newest first (id descending), optionally by name and state
-# (livepush_workflows_list_idx).
+# (livepush_workflows_list_idx). Run unprepared (operators.list_runs), so that each call is planned
+# for its values: the filters left out fold away, and a workflow with few runs among many is read
+# through the index. Prepared (the jobs' pool prepares from the first run), Postgres planned it
+# from its sixth run on once for every value: that generic plan, which cannot tell a rare name
+# from a common one, read every run newest first, whatever the filters' form.
 LIST_RUNS = _list_runs("")
 
 # name: list_keyed_runs
 # LIST_RUNS of the runs started with a key (jobs.workflows.list(key=)), finished ones too: their
-# own statement, whose plan (a prepared statement's generic one too) reads
-# livepush_workflows_keys_idx, where `key IS NULL OR key = ...` would leave it for a scan of every run.
+# own statement, whose plan reads livepush_workflows_keys_idx, where `key IS NULL OR key = ...`
+# would leave it for a scan of every run.
 LIST_KEYED_RUNS = _list_runs("key = %(key)s AND ")
 
 # name: prune_runs
