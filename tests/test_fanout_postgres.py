@@ -275,13 +275,18 @@ async def test_a_doorbell_that_reaches_the_listener_during_its_ping_is_delivered
         await fanout.aclose()
 
 
-async def test_a_relisten_asked_while_the_ping_waits_drops_the_connection_at_once(
-        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
-    """A re-listen (readiness's canary came back late) asked while the listener's ping waits for a
-    backend that does not answer takes effect within a cycle, not once the ping gives up (its
-    bound, then as long again waiting for the cancelled statement's answer)."""
-    listener = Listener(pg_url, name="lp-relisten-in-ping", ping=3.0)
-    listener.add("livepush_relisten_in_ping", lambda payload: None)
+@pytest.mark.parametrize("cause", ["relisten", "ping timeout"])
+async def test_a_listener_whose_ping_waits_drops_its_connection_with_livepushs_warning_and_none_of_psycopgs(
+        pg_url: str, caplog: pytest.LogCaptureFixture, cause: str) -> None:
+    """A listener drops its connection while its ping waits for a backend that does not answer:
+    at once when a re-listen is asked meanwhile (readiness's canary came back late), within a cycle,
+    not once the ping gives up (its bound, then as long again waiting for the cancelled statement's
+    answer); else at the ping's bound. It logs its own "lost the Postgres listener" WARNING naming
+    why, and psycopg logs none of its own about the statement it was running: the connection is
+    discarded, so an operator reads one line for one event, from livepush."""
+    caplog.set_level(logging.WARNING)
+    listener = Listener(pg_url, name="lp-drop-in-ping", ping=3.0 if cause == "relisten" else 1.0)
+    listener.add("livepush_drop_in_ping", lambda payload: None)
     await listener.start()
 
     def lost() -> list[str]:
@@ -291,13 +296,19 @@ async def test_a_relisten_asked_while_the_ping_waits_drops_the_connection_at_onc
         with _frozen_backend(pg_url, listener) as unread:
             await async_wait_for(lambda: unread() > 0, 10, message="the listener's ping to wait for its frozen backend")
             asked = time.monotonic()
-            listener.relisten("a test asked for it")
+            if cause == "relisten":
+                listener.relisten("a test asked for it")
             await async_wait_for(lost, 10, message="the listener to drop its connection")
-            assert time.monotonic() - asked < 1.5
-            assert "a test asked for it" in lost()[0], lost()
+            if cause == "relisten":
+                assert time.monotonic() - asked < 1.5
         await async_wait_for(lambda: listener.listening, 10, message="the listener to be back")
     finally:
         await listener.aclose()
+    said = "a test asked for it" if cause == "relisten" else "no answer to the listener's ping within 1 s"
+    assert len(lost()) == 1 and said in lost()[0], lost()
+    psycopgs = [f"{r.name}: {r.getMessage()}" for r in caplog.records
+                if r.name.split(".")[0] == "psycopg" and r.levelno >= logging.WARNING]
+    assert psycopgs == []
 
 
 def test_a_publish_that_finds_every_pooled_connection_busy_says_so_not_that_postgres_is_down(

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -206,7 +208,7 @@ class Listener:
                     raise TimeoutError(f"no answer to the listener's ping within {self.ping:g} s")
                 await asyncio.wait([ping], timeout=min(left, _CYCLE))
         finally:
-            await _abandon(ping)
+            await _abandon(conn, ping)
         ping.result()
 
     async def _reconnect(self) -> psycopg.AsyncConnection:
@@ -230,16 +232,33 @@ class Listener:
         self._channels.dispatch(channel, payload)
 
 
-async def _abandon(statement: asyncio.Future[Any]) -> None:
-    """Cancel `statement` on a connection about to be dropped, again while it is not done: psycopg
-    meets the first cancellation by asking the server to cancel it and waiting up to 5 s for the
-    answer, which a connection that hears nothing never brings; the second makes it close the
-    connection at once. The connection is dropped anyway, so nothing is lost."""
+async def _abandon(conn: psycopg.AsyncConnection, statement: asyncio.Future[Any]) -> None:
+    """End `statement` on a connection about to be dropped by shutting the connection's socket
+    down under it: the statement then fails at once as on a lost connection. Cancelling it made
+    psycopg ask the server to cancel it and wait up to 5 s for an answer a connection that hears
+    nothing never brings, and cancelling that wait made psycopg log a WARNING of its own beside
+    the listener's, about a connection livepush was discarding on purpose."""
+    if not statement.done():
+        _shut_down(conn)
+        await asyncio.wait([statement], timeout=_CYCLE)
+    # Only if the statement outlived its socket (it should not): cancel it, then again, which
+    # makes psycopg close the connection at once instead of waiting for the server's answer.
     while not statement.done():
         statement.cancel()
         await asyncio.wait([statement], timeout=0.1)
     if not statement.cancelled():
         statement.exception()  # retrieved: the loop then logs no "exception was never retrieved"
+
+
+def _shut_down(conn: psycopg.AsyncConnection) -> None:
+    """Shut the socket of `conn` down for both directions, through a duplicate of its descriptor:
+    libpq's own descriptor stays open (and registered with the event loop) until the connection
+    is closed, so no other file can take its number meanwhile."""
+    try:
+        with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except (psycopg.Error, OSError):
+        pass  # already closed or broken: the statement fails, or is cancelled, all the same
 
 
 # A plain read of the statistics view: the LISTEN connections of livepush servers on this
