@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -23,6 +24,7 @@ from livepush import api, sessions
 from livepush.config import Settings, get_settings, set_settings
 from livepush.errors import DependencyError
 from livepush.fanout.local import LocalFanOut
+from livepush.jobs import database
 from livepush.server.app import PushServer
 from livepush.sessions import (
     MemoryRevocations,
@@ -34,6 +36,7 @@ from livepush.sessions import (
 from livepush.sessions.revocations import ms
 from livepush.sessions.rules import Allow, App
 from tests.server.conftest import Served, make_settings, start_served
+from tests.support import services
 from tests.support.procs import ChildProcess, Processes
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
@@ -520,3 +523,55 @@ async def test_a_recheck_that_fails_is_tried_again_and_still_closes_within_a_sec
         store.add_session(session.id, session.expires_at)  # stored and rung; the ring's re-check fails
         await asyncio.wait_for(store.failed.wait(), 5)
         assert await client.closed_with(timeout=2 * REVOCATION_DEADLINE) == CLOSE_REVOKED
+
+
+# -- the store's own listener: the Redis fan-out with the jobs in another database --------------
+
+
+@contextlib.asynccontextmanager
+async def served_with_jobs_elsewhere(secret: str, settings_url: str, jobs_url: str, redis_url: str,
+                                     ) -> AsyncIterator[Served]:
+    """A server in this process on the Redis fan-out whose sessions are in `settings_url` and whose
+    jobs are in `jobs_url` (jobs.configure() before the wiring): the revocation store is the only
+    part that listens on `settings_url`. Its periodic re-check is an hour away, so a session a
+    test sees closed was closed by a ring."""
+    database.configure(jobs_url)
+    served = await start_served(dataclasses.replace(make_settings("redis", secret, None, redis_url),
+                                                    database_url=settings_url), app=App(reverify_interval=3600))
+    try:
+        yield served
+    finally:
+        database.configure(None)
+        await served.stop()
+        api.set_default_fanout(None)
+        set_settings(None)
+
+
+def listening_backends(url: str) -> list[tuple[int, str]]:
+    """(pid, state) of the livepush listeners connected to `url`'s database."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        return [(pid, state) for pid, state in conn.execute(
+            "SELECT pid, state FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = 'livepush-listener' AND query ILIKE 'LISTEN %%'")]
+
+
+async def test_the_revocation_stores_own_listener_killed_server_side_is_opened_again_and_hears_the_next_revocation(
+        secret: str, make_pg_url: Callable[[], str], redis_url: str, pg_admin_url: str) -> None:
+    """On the Redis fan-out with the jobs in another database, the store's listener is the only
+    one on the sessions' database. Its backend killed (pg_terminate_backend), it connects and
+    LISTENs again by itself, and a revocation made after that closes the session within a second."""
+    settings_url, jobs_url = make_pg_url(), make_pg_url()
+    async with served_with_jobs_elsewhere(secret, settings_url, jobs_url, redis_url) as served:
+        [(killed, _)] = listening_backends(settings_url)
+        token = sessions.issue("user-7")
+        client = await WSClient.open(served.url, additional_headers={"Cookie": f"livepush_session={token}"})
+        assert client.hello["session"] == {"subject": "user-7"}
+        assert await asyncio.to_thread(services.pg_terminate, pg_admin_url, services.dbname_of(settings_url),
+                                       "livepush-listener") == 1
+        await async_wait_for(lambda: asyncio.to_thread(
+            lambda: [pid for pid, _ in listening_backends(settings_url) if pid != killed]), 10,
+            message="the store's listener to LISTEN again on a new backend")
+        await async_wait_for(lambda: served.server.store.listening, 10, message="the store to say it listens")
+        await asyncio.to_thread(sessions.revoke, token)
+        code, elapsed = await closed_within(client, asyncio.get_running_loop().time())
+        assert code == CLOSE_REVOKED and elapsed < REVOCATION_DEADLINE
