@@ -77,7 +77,26 @@ class State:
         return '{"event":"' + event + '","' + self.key + '":' + self.view_json + "}"
 
 
-class StateSource(Protocol):
+class RingPath(Protocol):
+    """A part that hears changes on a listener of its own and can ring its own channel, so that
+    readiness can send a ring round and, when none comes back in time, make it listen anew: a
+    state source, and the revocation store where no other ring goes through its listener."""
+
+    async def ring_canary(self, token: str) -> None:
+        """Ring the part's changes' channel with `token` (ASCII letters, digits and `-`), from
+        a connection other than the one it listens on: heard back, it shows that changes are
+        heard, which a listener that looks connected may not (readiness)."""
+
+    @property
+    def listening(self) -> bool: ...
+
+    def relisten(self, reason: str) -> None:
+        """Drop the connection changes are heard on and open it again, then resync, as after a
+        loss; `reason` is logged. For a listener that looks connected and hears nothing, which
+        only `ring_canary` sent round can tell (readiness)."""
+
+
+class StateSource(RingPath, Protocol):
     """Where the server reads state topics (`job:<id>`, `group:<id>`, ...) from: their owner's
     rows. Registered with the server for its `prefixes` at wiring time."""
 
@@ -89,24 +108,11 @@ class StateSource(Protocol):
         """Call `on_change(topic, version or None)` when a state topic may have changed,
         `on_created(prefix, first, last)` when the rows with ids first..last may have been
         created (only topics without a state yet need a read), `on_resync()` when changes
-        may have been missed (every watched topic must be read again), and `on_canary(token)`
-        when a ring of `ring_canary(token)` is heard."""
-
-    async def ring_canary(self, token: str) -> None:
-        """Ring the source's changes' channel with `token` (ASCII letters, digits and `-`), from
-        a connection other than the one it listens on: heard back, it shows that changes are
-        heard, which a listener that looks connected may not (readiness)."""
+        may have been missed (every watched topic must be read again, also after `relisten`),
+        and `on_canary(token)` when a ring of `ring_canary(token)` is heard."""
 
     async def listen(self) -> None:
         """Start watching; returns once changes are heard (raises ListenError otherwise)."""
-
-    @property
-    def listening(self) -> bool: ...
-
-    def relisten(self, reason: str) -> None:
-        """Drop the connection changes are heard on and open it again, then call `on_resync`, as
-        after a loss; `reason` is logged. For a listener that looks connected and hears nothing,
-        which only `ring_canary` sent round can tell (readiness)."""
 
     async def read(self, topics: Sequence[Topic]) -> dict[Topic, State]:
         """The current state of each topic that has one (an unknown id has none)."""

@@ -412,6 +412,29 @@ async def test_every_store_rings_its_watchers_once_the_revocation_is_readable(
     assert await heard.store.revoked_among([s, t]) == {s.id, t.id}
 
 
+async def test_a_postgres_stores_canary_ring_is_heard_by_its_watchers_as_a_canary_and_re_checks_nothing(
+        pg_url: str) -> None:
+    """A server's readiness rings the store's channel with "canary TOKEN" (`ring_canary`): a
+    watcher that asked for canaries hears the token; neither it nor a watcher that did not ask
+    counts the ring as a revocation, so no server re-checks its sessions for it. A revocation
+    after it still rings both."""
+    ringer, asked, other = (PostgresRevocations(pg_url) for _ in range(3))
+    tokens: asyncio.Queue[str] = asyncio.Queue()
+    revoked, unasked = Rings(asked), Rings(other)
+    try:
+        await asyncio.gather(asked.watch(revoked, on_canary=tokens.put_nowait), other.watch(unasked))
+        await ringer.ring_canary("a1b2-7")
+        assert await asyncio.wait_for(tokens.get(), RING_WAIT) == "a1b2-7"
+        s = decode(sessions.issue("user-7"), SECRET)
+        await ringer.aadd_session(s.id, s.expires_at)
+        await revoked.next()
+        await unasked.next()
+        assert (revoked.count, unasked.count) == (1, 1), "the canary ring counted as a revocation"
+    finally:
+        for store in (ringer, asked, other):
+            await close_store(store)
+
+
 async def test_revoke_token_revokes_that_session_only(
     shared_store: sessions.RevocationStore,
     rings: Callable[[sessions.RevocationStore], Awaitable[Rings]],

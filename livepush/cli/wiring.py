@@ -75,6 +75,11 @@ def server_parts(settings: Settings, *, app: App | None = None, with_jobs: Seque
     fanout = from_env(settings, listener=listener, subscriber=subscriber)
     store = store_from_settings(settings, listener=listener, subscriber=subscriber)
     states = _job_states(settings, listener)
+    # The store listens on the settings' database. The Postgres fan-out's canary goes through that
+    # listener, and so does the state ring of jobs kept there; with neither (the Redis fan-out, the
+    # jobs in another database) nothing showed that it hears, and revocations made elsewhere went
+    # unheard until the periodic re-check: readiness rings the store's own channel then.
+    ring_store = bool(settings.database_url) and fanout.name != "postgres" and not _jobs_on_settings_database(settings)
     # publish() and revoke() in this process go through the server's own parts (the local fan-out
     # and the memory store exist only there).
     api.set_default_fanout(fanout)
@@ -89,7 +94,8 @@ def server_parts(settings: Settings, *, app: App | None = None, with_jobs: Seque
         database.database_url()
     health = [lambda: runtime.healthy] if runtime is not None else []
     url = settings.database_url
-    server = PushServer(settings, fanout, app=app, store=store, states=states, pages=pages, health=health,
+    server = PushServer(settings, fanout, app=app, store=store, states=states, ring_store=ring_store,
+                        pages=pages, health=health,
                         schema=(lambda: migrate.aschema_behind(url)) if url else None,
                         refreshers=[arefresh_metrics] if url else [], worker=worker)
     closers: list[Callable[[], Awaitable[None]]] = [fanout.aclose, store.aclose, *(s.aclose for s in states)]
@@ -102,13 +108,18 @@ def _job_states(settings: Settings, listener: Listener | None) -> list[JobStates
     """The state topics (`job:`, `group:`, `workflow:`), read where the jobs are: the settings'
     database, or the one jobs.configure() chose in the --app or --with-jobs modules. Read from the
     settings' database, a page showed nothing of those jobs, or another job with the same id."""
-    if database.configured_url() in (None, settings.database_url):
+    if _jobs_on_settings_database(settings):
         return [JobStates(settings.database_url, listener=listener)] if settings.database_url else []
     url = database.database_url()
     migrate.check_schema(url)
     # A listener of its own: the shared one (LIVEPUSH_LISTEN_DATABASE_URL) reaches the settings'
     # database only, where these jobs' rings are never heard.
     return [JobStates(url)]
+
+
+def _jobs_on_settings_database(settings: Settings) -> bool:
+    """Whether the jobs are in the settings' database: jobs.configure() chose none, or that one."""
+    return database.configured_url() in (None, settings.database_url)
 
 
 async def _forget_defaults() -> None:

@@ -105,6 +105,7 @@ class PushServer:
         app: App | None = None,
         store: RevocationStore | None = None,
         states: Sequence[StateSource] = (),
+        ring_store: bool = False,
         pages: PageRoute | None = None,
         heartbeat: float = HEARTBEAT_SECONDS,
         health: Sequence[Callable[[], bool]] = (),
@@ -126,8 +127,12 @@ class PushServer:
         # One of `serve --workers N`'s processes: it shares its port with the others (SO_REUSEPORT,
         # the kernel spreads connections) and names itself in /readyz.
         self.worker = worker
+        # `ring_store`: the store's listener is no other part's (the wiring knows), so readiness
+        # rings the store's own channel to see that it hears.
+        self._ring_store = ring_store
         self.readiness = Readiness(fanout, away=self.away, draining=lambda: self.draining, full=self._at_cap,
-                                   schema=schema, states=self.states, worker=worker)
+                                   schema=schema, states=self.states, revocations=self.store if ring_store else None,
+                                   worker=worker)
         self._readiness_task: asyncio.Task[None] | None = None
         self.clients: set[Connection] = set()  # the open connections
         self._core: ConnectionCore | None = None
@@ -145,9 +150,12 @@ class PushServer:
         self.fanout.on_resync(self.hub.resync)
         for source in self.states:
             source.watch(self.hub.on_state_change, lambda source=source: self.hub.on_state_resync(source),
-                         self.hub.on_state_created, self.readiness.state_canary_heard(source))
+                         self.hub.on_state_created, self.readiness.ring_heard(source))
             await source.listen()
-        await self.store.watch(self._revocation_rang)
+        if self._ring_store:
+            await self.store.watch(self._revocation_rang, on_canary=self.readiness.ring_heard(self.store))
+        else:
+            await self.store.watch(self._revocation_rang)
         self._core = ConnectionCore(self)
         await self._core.listen(self.settings.host, self.settings.port, reuse_port=self.worker is not None)
         self._tasks.append(supervise("livepush-prune", self._prune_loop))

@@ -5,10 +5,11 @@ Five checks, each named in the JSON body (docs/reference.md#9-operations):
   when not, which part does not;
 - canary: a message this server publishes to itself through the fan-out every CANARY_EVERY
   seconds came back within CANARY_BOUND, and so did a ring of each state source's channel
-  (`StateSource.ring_canary`), which may be heard elsewhere (on the Redis fan-out, `job:` topics
-  are rung on Postgres). A listener can look connected and hear nothing (a wedged
-  subscription, a proxy that dropped it); only a message that went all the way round proves it
-  hears;
+  (`RingPath.ring_canary`), which may be heard elsewhere (on the Redis fan-out, `job:` topics
+  are rung on Postgres), and of the revocation store's when the wiring says no other ring goes
+  through its listener (the Redis fan-out with the jobs in another database). A listener can
+  look connected and hear nothing (a wedged subscription, a proxy that dropped it); only a
+  message that went all the way round proves it hears;
 - schema: the database's schema is not older than this code needs (checked every SCHEMA_EVERY
   seconds, when the server has a database; a check given no answer within SCHEMA_TIMEOUT keeps
   the last verdict, so that the canaries go on);
@@ -20,8 +21,9 @@ When the fan-out's canary, published, has not come back for RELISTEN_PERIODS can
 CANARY_BOUND while the fan-out says it listens, the server has it drop and re-open its listening
 connection (`FanOut.relisten`): nothing else would notice, and clients already connected would
 miss every message until a restart. The re-listen resyncs them (replay, else `reset`). A state
-source whose ring is that late while the fan-out's canary is not is made to listen anew the same
-way (`StateSource.relisten`), and its watched topics are read again.
+source (or the revocation store) whose ring is that late while the fan-out's canary is not is made
+to listen anew the same way (`RingPath.relisten`), and its watched topics are read again (its
+open sessions checked again).
 
 The canary's bookkeeping (`Canary`) is pure and clocked from outside; `Readiness.run()` is the
 loop that publishes and the only part that awaits.
@@ -43,7 +45,7 @@ from ..errors import first_line
 from ..fanout import FanOut
 from ..tasks import reraise_if_cancelled
 from ..topics import RESERVED_PREFIX
-from ..types import Message, Offset, StateSource
+from ..types import Message, Offset, RingPath, StateSource
 
 log = logging.getLogger("livepush.server")
 
@@ -74,8 +76,10 @@ class Canary:
     # What the check says while none came back in time, and before the first one did.
     missing: str = "no canary came back through the fan-out"
     first: str = "waiting for the first canary to come back"
-    # Whether its trips are the fan-out's (livepush_canary_round_trip_seconds); a state ring's are not.
+    # Whether its trips are the fan-out's (livepush_canary_round_trip_seconds); a ring's are not.
     gauged: bool = True
+    # Why its path is made to listen anew when it is late, in the listener's WARNING.
+    deaf: str = "no readiness canary came back through it"
     # [sent_at, offset]; offset None while its publish is under way or after it failed.
     unanswered: list[list[object]] = field(default_factory=list)
     heard: dict[Offset, float] = field(default_factory=dict)  # heard before its publish returned
@@ -161,6 +165,7 @@ class Readiness:
         full: Callable[[], str | None] = lambda: None,
         schema: SchemaCheck | None = None,
         states: Sequence[StateSource] = (),
+        revocations: RingPath | None = None,
         worker: int | None = None,
         every: float = CANARY_EVERY,
         bound: float = CANARY_BOUND,
@@ -178,12 +183,21 @@ class Readiness:
         self.clock = clock
         self.canary = Canary(bound)
         # Each state source's rings may come another way than the fan-out's messages (on the
-        # Redis fan-out, through a Postgres listener): each has a canary of its own.
-        self.state_canaries: dict[StateSource, Canary] = {
-            source: Canary(bound, missing=f"no state ring came back from the database ({', '.join(source.prefixes)} "
-                                          "topics hear no change)",
-                           first="waiting for the first state ring to come back", gauged=False)
-            for source in states}
+        # Redis fan-out, through a Postgres listener): each has a canary of its own, and so has
+        # the revocation store when it is given, its listener being no other part's.
+        self.ring_canaries: dict[RingPath, Canary] = {}
+        for source in states:
+            topics = ", ".join(source.prefixes)
+            self.ring_canaries[source] = Canary(
+                bound, missing=f"no state ring came back from the database ({topics} topics hear no change)",
+                first="waiting for the first state ring to come back", gauged=False,
+                deaf=f"no state ring came back through it (readiness's ring of the {topics} topics)")
+        if revocations is not None:
+            self.ring_canaries[revocations] = Canary(
+                bound, missing="no revocation ring came back from the database (revocations made elsewhere "
+                               "close sessions only at the periodic re-check)",
+                first="waiting for the first revocation ring to come back", gauged=False,
+                deaf="no revocation ring came back through it (readiness's ring of the revocation store)")
         self.server_id = uuid.uuid4().hex[:12]
         self._schema_problem: str | None = None
         self._schema_checked_at: float | None = None
@@ -193,9 +207,9 @@ class Readiness:
         if message.topic == CANARY_TOPIC:
             self.canary.on_heard(message.offset, self.clock())
 
-    def state_canary_heard(self, source: StateSource) -> Callable[[str], None]:
-        """What `source` calls with each canary token it hears (StateSource.watch)."""
-        canary = self.state_canaries[source]
+    def ring_heard(self, part: RingPath) -> Callable[[str], None]:
+        """What `part` calls with each canary token it hears (StateSource.watch, RevocationStore.watch)."""
+        canary = self.ring_canaries[part]
         return lambda token: canary.on_heard(token, self.clock())
 
     async def run(self) -> None:
@@ -220,17 +234,16 @@ class Readiness:
     def _relisten_if_deaf(self, now: float) -> None:
         """Make the fan-out listen anew when its canary has been late RELISTEN_PERIODS periods
         past the bound while it says it listens (one that knows it is away reconnects already),
-        and likewise each state source whose ring is that late while the fan-out's canary is not:
-        on the Redis fan-out the state topics are heard on Postgres, which the fan-out's re-listen
-        does not touch; on the Postgres fan-out they share its listener, which its re-listen
-        opens anew once for both."""
-        if self._listen_anew(self.fanout, self.canary, now, "no readiness canary came back through it"):
+        and likewise each ring's path (a state source, the revocation store) whose ring is that
+        late while the fan-out's canary is not: on the Redis fan-out the state topics are heard on
+        Postgres, which the fan-out's re-listen does not touch; on the Postgres fan-out they share
+        its listener, which its re-listen opens anew once for both."""
+        if self._listen_anew(self.fanout, self.canary, now):
             return
-        for source, canary in self.state_canaries.items():
-            self._listen_anew(source, canary, now, "no state ring came back through it (readiness's ring of "
-                                                   f"the {', '.join(source.prefixes)} topics)")
+        for part, canary in self.ring_canaries.items():
+            self._listen_anew(part, canary, now)
 
-    def _listen_anew(self, part: FanOut | StateSource, canary: Canary, now: float, missing: str) -> bool:
+    def _listen_anew(self, part: FanOut | RingPath, canary: Canary, now: float) -> bool:
         """Ask `part` to listen anew when `canary`, its path, has been late long enough; whether
         it has. Each re-listen that brought no canary back doubles the wait before the next, up to
         MAX_RELISTEN_DOUBLINGS times: a listener that can never hear (a LISTEN through PgBouncer
@@ -247,7 +260,7 @@ class Readiness:
                 return True
         canary.relistened_at = now
         canary.relistens += 1
-        part.relisten(f"{missing} for {waited:.1f} s while it looked connected")
+        part.relisten(f"{canary.deaf} for {waited:.1f} s while it looked connected")
         return True
 
     async def _ring(self) -> None:
@@ -255,16 +268,16 @@ class Readiness:
         next_schema = self.clock()
         while True:
             n += 1
-            # The state rings go first: where they share the fan-out's listener (Postgres), they
-            # are heard before the canary that follows them, so one round answers both.
-            for source, canary in self.state_canaries.items():
+            # The rings go first: where they share the fan-out's listener (Postgres), they are
+            # heard before the canary that follows them, so one round answers both.
+            for part, canary in self.ring_canaries.items():
                 token = f"{self.server_id}-{n}"
                 ring = canary.sent(self.clock())
                 try:
-                    await source.ring_canary(token)
+                    await part.ring_canary(token)
                 except Exception as exc:  # the database is down: the ring stays unanswered
                     reraise_if_cancelled()
-                    log.debug("state canary ring failed: %s", first_line(exc))
+                    log.debug("canary ring failed: %s", first_line(exc))
                 else:
                     # Only a ring sent says the listener is deaf when it does not come back (one
                     # heard before this returned is matched here); one that failed says nothing of it.
@@ -309,10 +322,10 @@ class Readiness:
         # a ring that waits on a database gone silent holds back the canaries after it, and the
         # newest missing one alone read as an outage of seconds when it had lasted a minute.
         missing = [] if canary_ok else [canary["detail"]]
-        for state_canary in self.state_canaries.values():
-            state_ok, state = state_canary.check(now)
-            if not state_ok:
-                missing.append(state["detail"])
+        for ring_canary in self.ring_canaries.values():
+            ring_ok, ring = ring_canary.check(now)
+            if not ring_ok:
+                missing.append(ring["detail"])
         if missing:
             canary_ok, canary["ok"], canary["detail"] = False, False, "; ".join(map(str, missing))
         schema: dict[str, object] = {"ok": self._schema_problem is None}

@@ -4,7 +4,9 @@ A session is revoked when its id was revoked, or when its subject was revoked at
 moment it was issued. Servers ask the store at the handshake and, in batches, every
 `reverify_interval`. Each revocation also rings the store's doorbell (`watch()`): every server
 then re-checks its open sessions against the store at once. The ring carries nothing: a forged
-one costs a check and closes nothing, since only what the store holds revokes.
+one costs a check and closes nothing, since only what the store holds revokes. On Postgres a
+server's readiness check may ring the doorbell too, with "canary TOKEN" (`ring_canary`), where
+no other ring shows that the store's listener hears: that ring re-checks nothing.
 
 Writes come in a sync and an async flavour because `revoke()` is called from sync web code and
 `arevoke()` from async code.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -33,6 +36,7 @@ from ..redis.subscriber import Subscriber
 from .tokens import MAX_TTL, Session
 
 OnRevoked = Callable[[], None]
+OnCanary = Callable[[str], None]
 
 # How long a read of the store may take where a request waits on it (a server's handshake and
 # re-checks, a web app's session check) before it counts as failed: a read that blocks (a
@@ -83,12 +87,23 @@ class RevocationStore(abc.ABC):
     async def aadd_subject(self, subject: str, before: float) -> None: ...
 
     @abc.abstractmethod
-    async def watch(self, on_revoked: OnRevoked) -> None:
-        """Call `on_revoked()` soon after any process revokes anything (returns once watching)."""
+    async def watch(self, on_revoked: OnRevoked, *, on_canary: OnCanary | None = None) -> None:
+        """Call `on_revoked()` soon after any process revokes anything (returns once watching),
+        and `on_canary(token)` when a ring of `ring_canary(token)` is heard."""
 
     @property
     def listening(self) -> bool:
         return True
+
+    async def ring_canary(self, token: str) -> None:
+        """Ring the doorbell with `token` (ASCII letters, digits and `-`) from a connection other
+        than the one the store listens on, for readiness (types.RingPath): only a store whose
+        listener no other ring goes through is asked, which the wiring decides."""
+        raise NotImplementedError(f"{type(self).__name__} rings no canary")
+
+    def relisten(self, reason: str) -> None:
+        """Drop the connection the doorbell is heard on and open it again, then call `on_revoked`
+        as after a loss; `reason` is logged. Nothing to do for a store that listens on nothing."""
 
     async def prune(self) -> int:
         """Forget revocations that can no longer matter (their sessions expired)."""
@@ -144,7 +159,7 @@ class MemoryRevocations(RevocationStore):
     async def aadd_subject(self, subject: str, before: float) -> None:
         self.add_subject(subject, before)
 
-    async def watch(self, on_revoked: OnRevoked) -> None:
+    async def watch(self, on_revoked: OnRevoked, *, on_canary: OnCanary | None = None) -> None:
         self._watchers.append(on_revoked)
 
     def _ring(self) -> None:
@@ -165,8 +180,18 @@ class MemoryRevocations(RevocationStore):
         return len(gone) + len(gone_subjects)
 
 
-# The tables (sql/0002_sessions.sql) and the channel this store owns.
+# The tables (sql/0002_sessions.sql) and the channel this store owns. Its payload is empty (a
+# revocation, livepush_revocations_changed()) or "canary TOKEN" (a server's readiness check,
+# livepush_revocations_canary(), sql/0010_revocations_canary.sql); any other payload is a
+# revocation's doorbell too: it costs a re-check and closes nothing.
 CHANNEL = "livepush_revocations"
+_CANARY = re.compile(r"canary ([0-9A-Za-z-]{1,64})")
+
+# name: ring_revocations_canary -- a server's readiness check (PostgresRevocations.ring_canary):
+# "canary TOKEN" on the store's channel (livepush_revocations_canary(), sql/0010_revocations_canary.sql),
+# which every server hears and only the one that rang it counts; no server re-checks its sessions
+# for it. Writes nothing; delivered at commit.
+_PG_RING_CANARY = "SELECT livepush_revocations_canary(%(token)s)"
 
 # name: add_session -- an upsert: revoking the same session twice (or from two processes at
 # once) leaves one row, with the later expiry. Rings the doorbell in the same transaction.
@@ -237,6 +262,8 @@ class PostgresRevocations(RevocationStore):
         self.url = url
         self._pools = LoopPools(url, name="livepush-revocations")
         self._listener = ListenerSlot(listener, lambda: Listener(url))
+        self._on_revoked: OnRevoked | None = None
+        self._on_canary: OnCanary | None = None
 
     async def _execute(self, statement: str, params: Any, *, fetch: bool = False) -> list[tuple[Any, ...]]:
         with translated(self.url):
@@ -297,15 +324,34 @@ class PostgresRevocations(RevocationStore):
     async def aadd_subject(self, subject: str, before: float) -> None:
         await self._awrite(_PG_ADD_SUBJECT, (subject, ms(before) / 1000, ms(before + SUBJECT_KEPT) / 1000))
 
-    async def watch(self, on_revoked: OnRevoked) -> None:
+    async def watch(self, on_revoked: OnRevoked, *, on_canary: OnCanary | None = None) -> None:
+        self._on_revoked, self._on_canary = on_revoked, on_canary
         listener = self._listener.get()
-        # After a reconnect a revocation may have rung unheard: check again too.
-        listener.add(CHANNEL, lambda _payload: on_revoked(), on_resync=on_revoked)
+        # After a reconnect a revocation may have rung unheard: check again too. One bound method,
+        # added once however often a watch that failed to start is tried again.
+        listener.add(CHANNEL, self._heard, on_resync=on_revoked)
         await listener.start()
+
+    def _heard(self, payload: str) -> None:
+        canary = _CANARY.fullmatch(payload)
+        if canary is None:
+            if self._on_revoked is not None:
+                self._on_revoked()
+        elif self._on_canary is not None:
+            self._on_canary(canary.group(1))
 
     @property
     def listening(self) -> bool:
         return self._listener.listening
+
+    async def ring_canary(self, token: str) -> None:
+        # From the pool: a listener that hears nothing from other sessions (a frozen backend, a
+        # proxy that dropped it) may still hear its own session's rings.
+        await self._execute(_PG_RING_CANARY, {"token": token})
+
+    def relisten(self, reason: str) -> None:
+        # The listener's other channels, if it is shared, resync too: they heard nothing either.
+        self._listener.get().relisten(reason)
 
     async def prune(self) -> int:
         rows = await self._execute(_PG_PRUNE, {"limit": _PRUNE_BATCH}, fetch=True)
@@ -442,7 +488,7 @@ class RedisRevocations(RevocationStore):
         except (redis.RedisError, OSError) as exc:
             raise failed(self.url, exc, "storing a revocation") from exc
 
-    async def watch(self, on_revoked: OnRevoked) -> None:
+    async def watch(self, on_revoked: OnRevoked, *, on_canary: OnCanary | None = None) -> None:
         await self._check_reads(ListenError, while_loading=True)
         subscriber = self._subscriber.get()
         subscriber.add(self.channel, lambda _frame: on_revoked(), on_resync=on_revoked)

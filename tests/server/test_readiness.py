@@ -9,18 +9,19 @@ import dataclasses
 import json
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
 
-from livepush import jobs, metrics
+from livepush import jobs, metrics, sessions
 from livepush.config import set_settings
 from livepush.errors import DependencyError
 from livepush.fanout.local import LocalFanOut
 from livepush.jobs import database
 from livepush.server.app import PushServer
 from livepush.server.readiness import CANARY_TOPIC, Canary, Readiness
+from livepush.sessions.rules import App
 from tests.server.conftest import Served, make_settings, start_served
 from tests.server.test_server import http_get
 from tests.support import services
@@ -128,7 +129,7 @@ def test_every_canary_not_back_in_time_is_named_with_how_long_it_has_been_missin
     source = _JobTopics()
     readiness = Readiness(LocalFanOut(), away=lambda: None, draining=lambda: False,
                           states=[source], clock=lambda: now[0])  # type: ignore[list-item]
-    ring, canary = readiness.state_canaries[source], readiness.canary  # type: ignore[index]
+    ring, canary = readiness.ring_canaries[source], readiness.canary  # type: ignore[index]
     for which, token in ((ring, "ring-1"), (canary, "1-1")):
         which.published(which.sent(0.0), token)
         which.on_heard(token, 0.01)
@@ -212,7 +213,7 @@ def test_a_state_ring_late_while_the_fan_outs_canary_comes_back_makes_the_state_
     states = _DeafStates(fanout)
     readiness = Readiness(fanout, away=lambda: None, draining=lambda: False, states=[states],  # type: ignore[list-item]
                           every=2.0, bound=5.0, clock=lambda: fanout.now)
-    ring = readiness.state_canaries[states]  # type: ignore[index]
+    ring = readiness.ring_canaries[states]  # type: ignore[index]
     ring.published(ring.sent(100.0), "ring-1")
     for t in range(100, 200):
         fanout.now = float(t)
@@ -459,7 +460,7 @@ async def test_a_wedged_state_listener_on_the_redis_fan_out_turns_readyz_503_and
     served = await start_served(dataclasses.replace(settings, database_url=pg_url))
     readiness = served.server.readiness
     readiness.every = 0.1
-    for canary in (readiness.canary, *readiness.state_canaries.values()):
+    for canary in (readiness.canary, *readiness.ring_canaries.values()):
         canary.bound = 1.0
     try:
         await async_wait_for(lambda: readiness.report()[0], 10.0, message="ready at first")
@@ -549,6 +550,14 @@ async def test_a_postgres_outage_on_the_redis_fan_out_names_every_part_that_hear
         await served.stop()
 
 
+async def heals_with_one_warning(readiness: Readiness, caplog: pytest.LogCaptureFixture, said: str) -> None:
+    """/readyz heals, and one WARNING, naming what came back late (`said`), told why a listener
+    was opened anew."""
+    await async_wait_for(lambda: readiness.report()[0], 10.0, message="/readyz to heal")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and said in r.getMessage()]
+    assert len(warnings) == 1, warnings
+
+
 @pytest.mark.parametrize(("kind", "marker"), [("postgres", b"LISTEN"), ("redis", b"SUBSCRIBE")])
 async def test_a_subscription_a_proxy_dropped_silently_is_opened_anew_and_its_clients_miss_nothing(
         kind: str, marker: bytes, secret: str, request: pytest.FixtureRequest,
@@ -579,10 +588,7 @@ async def test_a_subscription_a_proxy_dropped_silently_is_opened_anew_and_its_cl
         await served.publish("quiet", {"i": 2})
         frames = await client.messages(1)
         assert frames[-1]["data"] == {"i": 2}
-        await async_wait_for(lambda: readiness.report()[0], 10.0, message="/readyz to heal")
-        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"
-                    and "no readiness canary came back" in r.getMessage()]
-        assert len(warnings) == 1, warnings
+        await heals_with_one_warning(readiness, caplog, "no readiness canary came back")
     finally:
         await client.close()
         await served.stop()
@@ -602,7 +608,7 @@ async def test_a_postgres_listener_a_proxy_dropped_silently_on_the_redis_fan_out
     database.configure(pg_url)
     readiness = served.server.readiness
     readiness.every = 0.1
-    for canary in (readiness.canary, *readiness.state_canaries.values()):
+    for canary in (readiness.canary, *readiness.ring_canaries.values()):
         canary.bound = 1.0
     client = await WSClient.open(served.url)
     try:
@@ -618,12 +624,51 @@ async def test_a_postgres_listener_a_proxy_dropped_silently_on_the_redis_fan_out
         # to have noticed: only the state ring can have mended it.
         [heard] = await client.messages(1, timeout=4.0)
         assert heard["data"]["job"]["state"] == "cancelled", heard
-        await async_wait_for(lambda: readiness.report()[0], 10.0, message="/readyz to heal")
-        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"
-                    and "no state ring came back" in r.getMessage()]
-        assert len(warnings) == 1, warnings
+        await heals_with_one_warning(readiness, caplog, "no state ring came back")
     finally:
         database.configure(None)
         await client.close()
         await served.stop()
+        relay.close()
+
+
+async def test_a_revocation_listener_a_proxy_dropped_silently_on_the_redis_fan_out_is_opened_anew(
+        make_pg_url: Callable[[], str], redis_url: str, secret: str, caplog: pytest.LogCaptureFixture) -> None:
+    """On the Redis fan-out with the jobs in another database (jobs.configure()), the revocation
+    store is the only part that listens on the sessions' database, so neither the fan-out's canary
+    nor the state ring goes through its listener. A proxy that stops forwarding that LISTEN
+    connection and closes nothing leaves it looking connected and hearing nothing: the server rings
+    the revocation channel too, /readyz says that ring is missing, the server listens there anew,
+    and a session revoked meanwhile is closed then, not at the periodic re-check; a warning says why."""
+    settings_url, jobs_url = make_pg_url(), make_pg_url()
+    relay = Relay(settings_url)
+    url = relay.start()
+    database.configure(jobs_url)
+    settings = dataclasses.replace(make_settings("redis", secret, None, redis_url), database_url=url)
+    served = await start_served(settings, app=App(reverify_interval=3600))
+    readiness = served.server.readiness
+    readiness.every = 0.1
+    for canary in (readiness.canary, *readiness.ring_canaries.values()):
+        canary.bound = 1.0
+    token = sessions.issue("user-7")
+    client = await WSClient.open(served.url, additional_headers={"Cookie": f"livepush_session={token}"})
+    try:
+        assert client.hello["session"] == {"subject": "user-7"}
+        await async_wait_for(lambda: readiness.report()[0], 10.0, message="ready at first")
+        assert relay.silence(b"LISTEN") == 1
+        await asyncio.to_thread(sessions.revoke, token)  # stored through a pooled connection, which works
+        await async_wait_for(lambda: not readiness.report()[0], 10.0, message="/readyz to turn 503")
+        status, body = await readyz(served)
+        canary = body["checks"]["canary"]  # type: ignore[index]
+        assert status == 503 and "no revocation ring came back" in canary["detail"], body
+        assert served.server.listening  # it looks connected: /healthz cannot tell
+        # Within this bound the listener's own ping (every 5 s, answered within 5 s) is too slow
+        # to have noticed: only the revocation ring can have mended it.
+        assert await client.closed_with(timeout=4.0) == 4403
+        await heals_with_one_warning(readiness, caplog, "no revocation ring came back")
+    finally:
+        database.configure(None)
+        await client.close()
+        await served.stop()
+        set_settings(None)
         relay.close()
