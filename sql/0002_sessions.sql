@@ -32,3 +32,12 @@ CREATE FUNCTION livepush_revocations_changed() RETURNS void
 LANGUAGE sql VOLATILE AS $$
     SELECT pg_notify('livepush_revocations', '')
 $$;
+
+-- A server's readiness canary on this channel, payload "canary TOKEN" (PostgresRevocations.ring_canary):
+-- rung where nothing else shows that the store's listener hears (the Redis fan-out with the jobs
+-- in another database). Every server hears it; only the one whose token it names counts it, and
+-- no server re-checks its sessions for it. Writes nothing; delivered at commit, like every ring.
+CREATE FUNCTION livepush_revocations_canary(p_token text) RETURNS void
+LANGUAGE sql VOLATILE AS $$
+    SELECT pg_notify('livepush_revocations', 'canary ' || p_token)
+$$;

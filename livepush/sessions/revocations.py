@@ -182,13 +182,13 @@ class MemoryRevocations(RevocationStore):
 
 # The tables (sql/0002_sessions.sql) and the channel this store owns. Its payload is empty (a
 # revocation, livepush_revocations_changed()) or "canary TOKEN" (a server's readiness check,
-# livepush_revocations_canary(), sql/0010_revocations_canary.sql); any other payload is a
+# livepush_revocations_canary(), sql/0002_sessions.sql); any other payload is a
 # revocation's doorbell too: it costs a re-check and closes nothing.
 CHANNEL = "livepush_revocations"
 _CANARY = re.compile(r"canary ([0-9A-Za-z-]{1,64})")
 
 # name: ring_revocations_canary -- a server's readiness check (PostgresRevocations.ring_canary):
-# "canary TOKEN" on the store's channel (livepush_revocations_canary(), sql/0010_revocations_canary.sql),
+# "canary TOKEN" on the store's channel (livepush_revocations_canary(), sql/0002_sessions.sql),
 # which every server hears and only the one that rang it counts; no server re-checks its sessions
 # for it. Writes nothing; delivered at commit.
 _PG_RING_CANARY = "SELECT livepush_revocations_canary(%(token)s)"
