@@ -108,6 +108,28 @@ def stale_cookies(*, secure: bool, domain: str | None = None) -> list[SessionCoo
             if (c.name, c.domain) != (fresh.name, fresh.domain)]
 
 
+# A Cache-Control or Vary directive: up to the next comma outside a quoted string (`private="a, b"`).
+_DIRECTIVE = re.compile(r'(?:[^,"]|"[^"]*")+')
+
+
+def private_cache_control(values: Collection[str]) -> str:
+    """The Cache-Control of a response that sets or deletes the session cookie, from what it said
+    (`values`, each header of that name): `private` added, `public` (and a `private` that names
+    fields) dropped, every other directive kept, `no-store` and `max-age` included. The cookie
+    carries a token: a shared cache that stored the response would give it to the next user."""
+    kept = [part.strip() for value in values for part in _DIRECTIVE.findall(value) if part.strip()]
+    kept = [part for part in kept if part.split("=", 1)[0].strip().lower() not in ("public", "private")]
+    return ", ".join([*kept, "private"])
+
+
+def vary_cookie(values: Collection[str]) -> str:
+    """The Vary of a response that sets or deletes the session cookie, from what it said: `Cookie`
+    added unless it is there or `*` already varies on everything."""
+    kept = [part.strip() for value in values for part in _DIRECTIVE.findall(value) if part.strip()]
+    lowered = {part.lower() for part in kept}
+    return ", ".join(kept if lowered & {"cookie", "*"} else [*kept, "Cookie"])
+
+
 def nowhere_to_revoke(tokens: Collection[object], log: logging.Logger) -> bool:
     """True (said once on `log`) when a sign-in or sign-out has sessions to revoke but this process has
     no shared store (neither a database nor Redis): the site's setup, not the request's failure,
@@ -144,5 +166,5 @@ def session_token(cookies: Mapping[str, str]) -> str | None:
 
 
 __all__ = ["COOKIE_NAMES", "SAMESITE", "SessionCookie", "cookie_name", "cookie_token", "deleting_cookies",
-           "domain_for", "is_host_name", "other_subjects", "session_cookie", "session_cookies", "session_token",
-           "stale_cookies"]
+           "domain_for", "is_host_name", "other_subjects", "private_cache_control", "session_cookie", "session_cookies",
+           "session_token", "stale_cookies", "vary_cookie"]

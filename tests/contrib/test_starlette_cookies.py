@@ -347,3 +347,49 @@ async def test_signing_in_over_another_users_cookie_while_the_store_blocks_still
     assert SimpleCookie(response.headers.getlist("set-cookie")[-1])["livepush_session"].value == token
     said = [r.getMessage() for r in caplog.records if r.name == "livepush.contrib"]
     assert any("not revoked" in line for line in said), said
+
+
+def _cache_directives(response: Response) -> list[str]:
+    """The Cache-Control directives of `response`, every header of that name, lower-cased."""
+    return [part.strip().lower() for value in response.headers.getlist("cache-control") for part in value.split(",")]
+
+
+def _vary(response: Response) -> list[str]:
+    return [part.strip().lower() for value in response.headers.getlist("vary") for part in value.split(",")]
+
+
+@pytest.mark.parametrize("call", ["set_session_cookie", "aset_session_cookie", "logout"])
+async def test_a_response_that_sets_or_deletes_the_cookie_is_kept_from_shared_caches(
+        app_env: dict[str, str], call: str) -> None:
+    """The cookie carries a token: a shared cache in front of the app that stored the response with
+    its Set-Cookie would hand one user's session to the next one to ask. Every helper that sets or
+    deletes it makes the response `private` (merged with what the route set: its `public` goes,
+    its `max-age` and `no-store` stay) and adds `Vary: Cookie` beside the route's own Vary."""
+    for headers, kept in (({}, set()),
+                          ({"Cache-Control": "public, max-age=600", "Vary": "Accept-Encoding"},
+                           {"max-age=600"}),
+                          ({"Cache-Control": "no-store"}, {"no-store"})):
+        response = Response(headers=headers)
+        request = _bare_request("https", f"livepush_session={sessions.issue('bob')}")
+        if call == "set_session_cookie":
+            set_session_cookie(response, request, "ana", ttl=60)
+        elif call == "aset_session_cookie":
+            await aset_session_cookie(response, request, "ana", ttl=60)
+        else:
+            await logout(response, request)
+        assert response.headers.getlist("set-cookie"), call
+        directives = _cache_directives(response)
+        assert "private" in directives and "public" not in directives, (call, directives)
+        assert kept <= set(directives), (call, directives)
+        assert len(response.headers.getlist("cache-control")) == 1, response.headers
+        vary = _vary(response)
+        assert "cookie" in vary and ("accept-encoding" in vary) == ("Vary" in headers), (call, vary)
+
+
+async def test_the_example_apps_sign_in_and_sign_out_are_private(http_client: httpx.AsyncClient) -> None:
+    """Through the example app, as a browser meets it: the answers that carry the session cookie
+    say `Cache-Control: private` and `Vary: Cookie`."""
+    answer = await http_client.post("/login", json={"name": "ana"})
+    token = set_cookies(answer)["livepush_session"]["value"]
+    for answer in (answer, await http_client.post("/logout", headers=cookie_header(token))):
+        assert "private" in answer.headers["cache-control"] and "Cookie" in answer.headers["vary"], answer.headers

@@ -16,7 +16,8 @@ from ...sessions import Session
 from ...sessions.revocations import READ_TIMEOUT
 from ...types import Seconds, as_seconds
 from .._cookies import (SessionCookie, deleting_cookies, domain_for, is_host_name, nowhere_to_revoke,
-                       other_subjects, session_cookie, session_cookies, stale_cookies)
+                       other_subjects, private_cache_control, session_cookie, session_cookies, stale_cookies,
+                       vary_cookie)
 
 log = logging.getLogger("livepush.contrib")
 
@@ -49,6 +50,10 @@ def _set(response: Response, cookie: SessionCookie) -> None:
     response.set_cookie(cookie.name, cookie.value, max_age=cookie.max_age, path=cookie.path, domain=cookie.domain,
                         secure=cookie.secure, httponly=cookie.httponly,
                         samesite=cookie.samesite)  # type: ignore[arg-type]
+    # Kept from shared caches, merged with what the route said (docs/security.md): a proxy cache
+    # that stored this response with its Set-Cookie would hand the token to the next user.
+    response.headers["cache-control"] = private_cache_control(response.headers.getlist("cache-control"))
+    response.headers["vary"] = vary_cookie(response.headers.getlist("vary"))
 
 
 def set_session_cookie(response: Response, request: Request, subject: str, *, ttl: Seconds = 86400,
@@ -58,8 +63,10 @@ def set_session_cookie(response: Response, request: Request, subject: str, *, tt
     HTTP), host-only, Path=/, HttpOnly, SameSite=Lax, expiring with the token. `secure` overrides
     what the request's scheme says. `domain` (e.g. "example.com" when the push server is
     push.example.com): `livepush_session` with that Domain instead, the host-only copies deleted.
-    Returns the token. Revokes nothing: at a sign-in, where the browser may still carry another
-    user's session, call aset_session_cookie()."""
+    The response gets `Cache-Control: private` (merged with its own) and `Vary: Cookie`, as every
+    response of these helpers does: no shared cache may store a token. Returns the token. Revokes
+    nothing: at a sign-in, where the browser may still carry another user's session, call
+    aset_session_cookie()."""
     _check_order("set_session_cookie", response, request)
     _check_domain("set_session_cookie", domain)
     return _set_session(response, request, sessions.issue(subject, ttl), as_seconds(ttl), secure, domain)
