@@ -464,10 +464,11 @@ def _middleware_request(user: Any, *, cookie: str | None = None) -> Any:
     return request
 
 
-def _through_middleware(path: str, request: Any, view: Callable[[Any], Any] | None = None) -> Any:
+def _through_middleware(path: str, request: Any, view: Callable[[Any], Any] | None = None,
+                        headers: dict[str, str] | None = None) -> Any:
     """`request` through LivePushSessionMiddleware on its sync path (a WSGI server) or its async one
     (an ASGI server, which hands it an async get_response), and the response. `view`: what the
-    inner get_response does first (sync or async, as the path)."""
+    inner get_response does first (sync or async, as the path); `headers`: those of its response."""
     from asgiref.sync import async_to_sync, iscoroutinefunction
     from django.http import HttpResponse
 
@@ -477,7 +478,7 @@ def _through_middleware(path: str, request: Any, view: Callable[[Any], Any] | No
         def sync_view(request: Any) -> HttpResponse:
             if view is not None:
                 view(request)
-            return HttpResponse()
+            return HttpResponse(headers=headers)
 
         middleware = LivePushSessionMiddleware(sync_view)
         assert not iscoroutinefunction(middleware)
@@ -486,7 +487,7 @@ def _through_middleware(path: str, request: Any, view: Callable[[Any], Any] | No
     async def async_view(request: Any) -> HttpResponse:
         if view is not None:
             await view(request)
-        return HttpResponse()
+        return HttpResponse(headers=headers)
 
     middleware = LivePushSessionMiddleware(async_view)
     # Async itself, so Django calls it without a thread hop under ASGI.
@@ -582,3 +583,32 @@ def test_behind_a_tls_proxy_the_cookie_is_secure_as_djangos_session_cookie_is() 
     assert cookie["secure"] and not cookie["domain"]
     assert sessions.decode(cookie.value, get_settings().secrets).subject == str(user.pk)
     assert cookies["livepush_session"].value == ""  # the other name is deleted
+
+
+def _directives(response: Any, name: str) -> list[str]:
+    return [part.strip().lower() for part in response.get(name, "").split(",") if part.strip()]
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+def test_a_response_that_sets_or_deletes_the_cookie_is_kept_from_shared_caches(path: str) -> None:
+    """The cookie carries a token: a shared cache in front of the site that stored a page with its
+    Set-Cookie would hand one user's session to the next one to ask. A response on which the
+    middleware sets or deletes the cookie says `private`, merged with what the view said (its
+    `public` goes, its `max-age` and `no-store` stay), and `Vary: Cookie`; one it sets nothing on
+    keeps the view's headers as they were."""
+    user = get_user_model().objects.create_user(f"u{uuid.uuid4().hex[:10]}", password="x")
+    stale = f"livepush_session={sessions.issue('someone', ttl=60)}"
+    for headers, kept in (({}, set()), ({"Cache-Control": "public, max-age=600", "Vary": "Accept-Encoding"},
+                                         {"max-age=600"}), ({"Cache-Control": "no-store"}, {"no-store"})):
+        for request in (_middleware_request(user), _middleware_request(None, cookie=stale)):
+            response = _through_middleware(path, request, headers=headers)
+            assert "livepush_session" in response.cookies
+            directives = _directives(response, "Cache-Control")
+            assert "private" in directives and "public" not in directives, directives
+            assert kept <= set(directives), directives
+            vary = _directives(response, "Vary")
+            assert "cookie" in vary and ("accept-encoding" in vary) == ("Vary" in headers), vary
+    public = {"Cache-Control": "public, max-age=600"}
+    untouched = _through_middleware(path, _middleware_request(None), headers=public)
+    assert not untouched.cookies and untouched["Cache-Control"] == "public, max-age=600"
+    assert not untouched.has_header("Vary")

@@ -1,10 +1,12 @@
 """A livepush session for `request.user`, in the `livepush_session` cookie, so the browser needs no
 token code: `LivePushSessionMiddleware` (after Django's AuthenticationMiddleware) issues one for a
 signed-in user whose cookie is missing, expiring, another user's or set for another cookie
-domain than the setting's, and drops it for anonymous requests; signing out (Django's `user_logged_out`)
-revokes it, and those it replaced at renewal, so the sockets they opened close with 4403, and so
-does another user signing in over it (Django's `user_logged_in`). Sync and async capable: under
-ASGI it runs in the event loop, with no thread hop per request.
+domain than the setting's, and drops it for anonymous requests (a response it sets or deletes
+the cookie on is made `private` and varies on Cookie: no shared cache may keep a token);
+signing out (Django's `user_logged_out`) revokes it, and those it replaced at renewal, so the
+sockets they opened close with 4403, and so does another user signing in over it (Django's
+`user_logged_in`). Sync and async capable: under ASGI it runs in the event loop, with no thread
+hop per request.
 
 Settings (all optional):
     LIVEPUSH_SESSION_TTL = 86400              seconds (or a timedelta) a token lives; renewed once half
@@ -30,6 +32,7 @@ from django.contrib.auth.signals import user_logged_in, user_logged_out
 from django.core.exceptions import DisallowedHost, ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 from django.http.request import split_domain_port
+from django.utils.cache import patch_cache_control, patch_vary_headers
 from django.utils.functional import SimpleLazyObject, empty
 
 from ... import sessions
@@ -209,8 +212,9 @@ class LivePushSessionMiddleware:
         user = getattr(request, "user", None)
         if not _signed_in(request, user):
             _drop(request, response)
-            return response
-        _renew(request, response, subject_of(user), _django_sign_in(request))
+        else:
+            _renew(request, response, subject_of(user), _django_sign_in(request))
+        _keep_from_shared_caches(response)
         return response
 
     async def __acall__(self, request: HttpRequest) -> HttpResponse:
@@ -218,12 +222,23 @@ class LivePushSessionMiddleware:
         user = await _auser(request)
         if not _signed_in(request, user):
             _drop(request, response)
-            return response
-        # A subject function may read the database (a profile's id), which async code must not do
-        # in the event loop's thread; the default, str(user.pk), reads nothing.
-        subject = subject_of(user) if _subject_setting() is None else await sync_to_async(subject_of)(user)
-        _renew(request, response, subject, await _adjango_sign_in(request))
+        else:
+            # A subject function may read the database (a profile's id), which async code must not
+            # do in the event loop's thread; the default, str(user.pk), reads nothing.
+            subject = subject_of(user) if _subject_setting() is None else await sync_to_async(subject_of)(user)
+            _renew(request, response, subject, await _adjango_sign_in(request))
+        _keep_from_shared_caches(response)
         return response
+
+
+def _keep_from_shared_caches(response: HttpResponse) -> None:
+    """Make a response that sets or deletes the session cookie `private`, merged with what the view
+    said (Django drops a `public`, keeps `no-store` and `max-age`), and vary it on Cookie: a
+    shared cache in front of the site that stored it with its Set-Cookie would hand the token to
+    the next user who asks. A response that sets no such cookie is left as the view made it."""
+    if any(morsel.key in COOKIE_NAMES for morsel in response.cookies.values()):
+        patch_cache_control(response, private=True)
+        patch_vary_headers(response, ("Cookie",))
 
 
 def _signed_in(request: HttpRequest, user: Any) -> bool:
