@@ -5,10 +5,12 @@ user with no token code; signing out revokes it, and the sockets it opened close
 from __future__ import annotations
 
 import asyncio
+import io
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from http.cookies import SimpleCookie
 from typing import Any
 
 import psycopg
@@ -612,3 +614,70 @@ def test_a_response_that_sets_or_deletes_the_cookie_is_kept_from_shared_caches(p
     untouched = _through_middleware(path, _middleware_request(None), headers=public)
     assert not untouched.cookies and untouched["Cache-Control"] == "public, max-age=600"
     assert not untouched.has_header("Vary")
+
+
+def _served(handler: str, cookie: str) -> tuple[int, list[tuple[str, str]]]:
+    """GET /livepush.js with `cookie`, through Django's own WSGI or ASGI handler (not the test
+    client, which hands back the response object): the status and the headers a server sends."""
+    from django.core.handlers.asgi import ASGIHandler
+    from django.core.handlers.wsgi import WSGIHandler
+
+    if handler == "wsgi":
+        sent: list[Any] = []
+        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/livepush.js", "SERVER_NAME": "testserver",
+                   "SERVER_PORT": "80", "HTTP_HOST": "testserver", "HTTP_COOKIE": cookie, "wsgi.url_scheme": "http",
+                   "wsgi.input": io.BytesIO(b""), "wsgi.errors": io.StringIO()}
+        body = WSGIHandler()(environ, lambda status, headers: sent.extend([status, headers]))
+        body.close()
+        return int(sent[0].split()[0]), list(sent[1])
+
+    async def serve() -> dict[str, Any]:
+        started: dict[str, Any] = {}
+        delivered, never = asyncio.Event(), asyncio.Event()
+        requested = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal requested
+            if not requested:
+                requested = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            await never.wait()  # no disconnect: the handler stops listening once it has answered
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                started.update(message)
+            elif not message.get("more_body"):
+                delivered.set()
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+                 "scheme": "http", "path": "/livepush.js", "raw_path": b"/livepush.js", "query_string": b"",
+                 "root_path": "", "client": ("127.0.0.1", 50000), "server": ("testserver", 80),
+                 "headers": [(b"host", b"testserver"), (b"cookie", cookie.encode())]}
+        await asyncio.wait_for(ASGIHandler()(scope, receive, send), timeout=30)
+        assert delivered.is_set()
+        return started
+
+    started = asyncio.run(serve())
+    return started["status"], [(name.decode(), value.decode()) for name, value in started["headers"]]
+
+
+@pytest.mark.parametrize("handler", ["wsgi", "asgi"])
+@override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN="testserver")
+def test_an_anonymous_request_loses_the_host_only_copy_beside_the_domains(handler: str) -> None:
+    """A browser that kept a host-only `livepush_session` from before the site set
+    LIVEPUSH_SESSION_COOKIE_DOMAIN sends it beside the domain's (the browser says neither's
+    Domain): an anonymous response deletes both, in two Set-Cookie headers of that name, under
+    Django's WSGI and ASGI handlers alike, and keeps the answer from shared caches."""
+    host_only, on_domain = sessions.issue("earlier", ttl=3600), sessions.issue("someone", ttl=3600)
+    status, headers = _served(handler, f"livepush_session={host_only}; livepush_session={on_domain}")
+    assert status == 200
+    deleted = []
+    for name, value in headers:
+        if name.lower() == "set-cookie" and value.strip().startswith("livepush_session="):
+            morsel = SimpleCookie(value.strip())["livepush_session"]
+            assert morsel.value == "" and str(morsel["max-age"]) == "0", value
+            deleted.append(morsel["domain"])
+    assert sorted(deleted) == ["", "testserver"], headers
+    cache_control = [value for name, value in headers if name.lower() == "cache-control"]
+    assert len(cache_control) == 1 and "private" in cache_control[0] and "public" not in cache_control[0]

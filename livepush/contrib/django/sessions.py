@@ -178,7 +178,16 @@ def _set(response: HttpResponse, token: str, ttl: float, secure: bool, domain: s
 def _delete(response: HttpResponse, name: str, domain: str | None) -> None:
     # A browser ignores a __Host- cookie, deleting one included, that names a Domain: that one is
     # always deleted host-only (Django adds Secure for the prefix).
-    response.delete_cookie(name, path="/", domain=None if name == HOST_COOKIE_NAME else domain)
+    domain = None if name == HOST_COOKIE_NAME else domain
+    if name not in response.cookies:
+        response.delete_cookie(name, path="/", domain=domain)
+        return
+    # A second cookie of the name (another Domain's): response.cookies keys its cookies by name,
+    # but Django's WSGI and ASGI handlers both write one Set-Cookie per entry, named by the entry
+    # itself, so this one goes under a key no cookie name can be (it holds "; ").
+    deleting = HttpResponse()
+    deleting.delete_cookie(name, path="/", domain=domain)
+    response.cookies[f"{name}; Domain={domain or ''}"] = deleting.cookies[name]
 
 
 def _drop(request: HttpRequest, response: HttpResponse) -> None:
@@ -186,6 +195,10 @@ def _drop(request: HttpRequest, response: HttpResponse) -> None:
     for name in COOKIE_NAMES:
         if name in request.COOKIES:
             _delete(response, name, domain)
+    if domain is not None and COOKIE_NAME in request.COOKIES:
+        # The host-only copy a browser may keep beside the domain's, set before the cookie domain
+        # was: it sends both under one name, and neither's Domain, so both are deleted.
+        _delete(response, COOKIE_NAME, None)
 
 
 class LivePushSessionMiddleware:
