@@ -166,7 +166,7 @@ def _set(response: HttpResponse, token: str, ttl: float, secure: bool, domain: s
          old_domain: str | None) -> str | None:
     """Set `token`'s cookie on `domain` and delete the other name's; `old_domain`: where the cookie
     was set before, when the cookie domain changed since. The Domain ("" host-only) of a
-    `livepush_session` copy left there that this response cannot delete (it sets that name), else None."""
+    `livepush_session` copy left there that the next response deletes (this one sets that name), else None."""
     cookie = session_cookie(token, secure=secure, max_age=ttl, domain=domain)
     response.set_cookie(cookie.name, cookie.value, max_age=cookie.max_age, path=cookie.path, domain=cookie.domain,
                         secure=cookie.secure, httponly=cookie.httponly, samesite=cookie.samesite)
