@@ -90,21 +90,24 @@ def session_cookie(token: str, *, secure: bool, max_age: float, domain: str | No
     return SessionCookie(cookie_name(secure, domain), token, max(1, int(max_age)), secure, domain)
 
 
-def deleting_cookies(*, secure: bool, domain: str | None = None) -> list[SessionCookie]:
+def deleting_cookies(*, secure: bool, domain: str | None = None, carried: Collection[str] = ()) -> list[SessionCookie]:
     """The cookies that delete the session cookie under each name and Domain this app can have set
     (a `__Host-` one exists only over HTTPS, and deleting it needs Secure too; with `domain`, a
     host-only `livepush_session` set before the app had one too: a browser keeps it beside the
-    domain's, and two different session cookies count as none)."""
-    names = COOKIE_NAMES if secure else (COOKIE_NAME,)
-    found = [SessionCookie(name, "", 0, secure, None if name == HOST_COOKIE_NAME else domain) for name in names]
+    domain's, and two different session cookies count as none). `carried`: the cookie names the
+    request came with; a `__Host-` one among them came over HTTPS whatever the app was told (a TLS
+    proxy it does not hear of), so it is deleted on a request the app sees as plain HTTP too."""
+    names = COOKIE_NAMES if secure or HOST_COOKIE_NAME in carried else (COOKIE_NAME,)
+    found = [SessionCookie(name, "", 0, secure or name == HOST_COOKIE_NAME,
+                           None if name == HOST_COOKIE_NAME else domain) for name in names]
     return found + [SessionCookie(COOKIE_NAME, "", 0, secure)] if domain else found
 
 
-def stale_cookies(*, secure: bool, domain: str | None = None) -> list[SessionCookie]:
-    """What to delete beside a new session cookie: the other name, when this app can have set it
-    (two different session cookies count as none)."""
+def stale_cookies(*, secure: bool, domain: str | None = None, carried: Collection[str] = ()) -> list[SessionCookie]:
+    """What to delete beside a new session cookie: the other name, when this app can have set it or
+    the request carries it (two different session cookies count as none)."""
     fresh = session_cookie("", secure=secure, max_age=0, domain=domain)
-    return [c for c in deleting_cookies(secure=secure, domain=domain)
+    return [c for c in deleting_cookies(secure=secure, domain=domain, carried=carried)
             if (c.name, c.domain) != (fresh.name, fresh.domain)]
 
 

@@ -393,3 +393,23 @@ async def test_the_example_apps_sign_in_and_sign_out_are_private(http_client: ht
     token = set_cookies(answer)["livepush_session"]["value"]
     for answer in (answer, await http_client.post("/logout", headers=cookie_header(token))):
         assert "private" in answer.headers["cache-control"] and "Cookie" in answer.headers["vary"], answer.headers
+
+
+async def test_a_host_prefixed_cookie_the_request_carries_is_deleted_whatever_scheme_the_app_sees(
+        app_env: dict[str, str]) -> None:
+    """Behind a proxy that ends TLS, without uvicorn's --proxy-headers, the app sees http:// while
+    the browser is on HTTPS and holds the `__Host-` cookie an earlier sign-in set with
+    `secure=True`. A browser sends that cookie only over HTTPS, so a request carrying it came over
+    HTTPS: logout deletes it (Secure, as the prefix requires), and a sign-in deletes it beside its
+    new `livepush_session`, as Django's middleware does; else two different session cookies, which
+    count as none, left every socket anonymous."""
+    old = sessions.issue("ana")
+    response = Response()
+    await logout(response, _bare_request("http", f"__Host-livepush_session={old}"))
+    deleted = {(name, secure) for name, _, _, secure, max_age in _each_set_cookie(response) if max_age == "0"}
+    assert ("__Host-livepush_session", True) in deleted, deleted
+    response = Response()
+    token = await aset_session_cookie(response, _bare_request("http", f"__Host-livepush_session={old}"), "ana")
+    cookies = _each_set_cookie(response)
+    assert cookies[-1][:2] == ("livepush_session", token), cookies
+    assert ("__Host-livepush_session", "", "", True, "0") in cookies, cookies

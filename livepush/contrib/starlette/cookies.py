@@ -92,7 +92,7 @@ def _set_session(response: Response, request: Request, token: str, ttl: float, s
     is_secure, domain = _secure(request, secure), domain_for(request.url.hostname, domain, "domain=", log)
     # Deleted first: one may share the new cookie's name (a host-only `livepush_session` beside the
     # domain's), and a cookie jar that keys by name alone (some HTTP clients') keeps the new one.
-    for stale in stale_cookies(secure=is_secure, domain=domain):
+    for stale in stale_cookies(secure=is_secure, domain=domain, carried=request.cookies.keys()):
         _set(response, stale)
     _set(response, session_cookie(token, secure=is_secure, max_age=ttl, domain=domain))
     return token
@@ -146,6 +146,6 @@ async def logout(response: Response, request: Request, *, everywhere: bool = Fal
         log.warning("livepush: cannot revoke a session at logout: %s", why)
         raise HTTPException(503, "signing out failed: the session store cannot be reached, try again") from None
     domain = domain_for(request.url.hostname, domain, "domain=", log)
-    for cookie in deleting_cookies(secure=_secure(request, secure), domain=domain):
+    for cookie in deleting_cookies(secure=_secure(request, secure), domain=domain, carried=request.cookies.keys()):
         _set(response, cookie)
     return revoked
