@@ -64,8 +64,8 @@ CLOSE_INTERNAL_ERROR = 1011
 # Frames a client may send while its subscribe is being served before its reads are paused.
 INBOX_FRAMES = 16
 
-# The longest request head line kept while the head is scanned for its end (websockets refuses a
-# longer one whatever it holds).
+# The longest unfinished request head line held back from the parser while the head is scanned
+# for its end (websockets refuses a longer one whatever it holds).
 LINE_KEPT = 8 * 1024
 
 # The bytes a request line may begin with: those of a method, a token (RFC 9110 §5.6.2).
@@ -132,7 +132,7 @@ class Connection(asyncio.Protocol):
         self.inbox: list[str | bytes] | None = None  # frames that wait for it
         self.partial: bytearray | None = None  # a fragmented message so far (opcode in its first byte)
         self.line: bytes | None = None  # the request head's unfinished line so far (None: nothing of it yet)
-        self.lengths = b""  # the request's Content-Length values, each line's followed by a comma
+        self.lengths = b""  # the request's Content-Length values (plain where lengths), each followed by a comma
         self.early: bytearray | None = None  # what came after the request head, until it is answered
         self.pongs = 0  # bytes flush() wrote while the transport was paused, since it last resumed
         self._bad: protocol.BadFrameWindow | None = None
@@ -265,27 +265,36 @@ class Connection(asyncio.Protocol):
             self._stop_writing()  # the client closed, or sent what the protocol fails on
 
     def _up_to_request_end(self, data: bytes) -> bytes:
-        """The part of `data` up to the end of the request head (its first empty line); what
-        follows waits in `early` until the request is answered (core.ConnectionCore._handshake).
-        Parsed at once, bytes the protocol fails on (a stray CRLF, a pipelined request, an
-        unmasked frame) would end the connection before its request had an answer. Its
-        Content-Length lines are kept on the way: websockets refuses any but 0 alike, and only
-        a number is a body (413); anything else is a malformed head (400)."""
-        before = self.line or b""
-        scan = before + data
+        """What the parser gets of `data`: the request head's whole lines, up to its end (its first
+        empty line); what follows waits in `early` until the request is answered
+        (core.ConnectionCore._handshake). Parsed at once, bytes the protocol fails on (a stray
+        CRLF, a pipelined request, an unmasked frame) would end the connection before its request
+        had an answer. A line is held until it ends, so that a Content-Length line reaches
+        websockets in its plain spelling (`http.content_length`): it takes only `0` as no body.
+        Its values are kept: only a length is a body (413); anything else is a malformed head (400)."""
+        scan = (self.line or b"") + data
+        out = bytearray()
         start = 0
-        while (end := scan.find(b"\r\n", start)) >= 0:
+        while (end := scan.find(b"\n", start) + 1) > 0:
             line = scan[start:end]
-            start = end + 2
-            if not line:  # lstripped before, the request line is never empty: this ends the head
-                cut = start - len(before)
+            start = end
+            if line == b"\r\n":  # lstripped before, the request line is never empty: this ends the head
                 self.line = b""
-                self.early = bytearray(data[cut:])
-                return data[:cut]
-            if line[:15].lower() == b"content-length:":
-                self.lengths += line[15:] + b","
-        self.line = scan[start:start + LINE_KEPT]
-        return data
+                self.early = bytearray(scan[start:])
+                return bytes(out + line)
+            if line[:15].lower() == b"content-length:" and line.endswith(b"\r\n"):
+                value = line[15:-2]
+                length = http.content_length(value)
+                self.lengths += (value if length is None else length) + b","
+                if length is not None:
+                    line = line[:15] + b" " + length + b"\r\n"
+            out += line  # a line that ends in a bare LF goes as it is: the parser refuses it (400)
+        rest = scan[start:]
+        if len(rest) > LINE_KEPT:  # too long whatever it holds: the parser says so (414 or 431)
+            out += rest
+            rest = b""
+        self.line = rest
+        return bytes(out)
 
     def _answer_unreadable(self, cause: BaseException | None) -> None:
         """websockets could not read the request (a body, a transfer coding, a garbled head) and

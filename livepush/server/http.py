@@ -121,10 +121,22 @@ def serve_js(request: Request) -> Response:
     return Response(200, "OK", headers, body)
 
 
+def content_length(value: bytes) -> bytes | None:
+    """The one length a Content-Length field value says, in its plain spelling (`0` for `00`, `5`
+    for `5, 5`), or None if it says none (RFC 9110 §8.6: 1*DIGIT, and a list of copies of one
+    length may be read as that length). websockets takes only `0` for a request with no body,
+    and told a request sent with `00` or `0, 0` that its body was too large."""
+    items = [item.strip(b" \t") for item in value.split(b",")]
+    if not all(item.isdigit() for item in items):
+        return None
+    values = {item.lstrip(b"0") or b"0" for item in items}
+    return values.pop() if len(values) == 1 else None
+
+
 def _says_a_length(lengths: bytes) -> bool:
-    """Whether the Content-Length values of a request (each followed by a comma) are one length:
-    digits only (RFC 9110 §8.6), every one the same, as a list of copies may say it."""
-    values = {value.strip() for value in lengths.split(b",")[:-1]}
+    """Whether the Content-Length values of a request (each followed by a comma, each in its
+    plain spelling where it has one: `content_length`) are one length, every line the same."""
+    values = set(lengths.split(b",")[:-1])
     return len(values) == 1 and values.pop().isdigit()
 
 
@@ -136,7 +148,7 @@ def unreadable(cause: BaseException | None, lengths: bytes = b"") -> Response | 
     that end in a bare LF included (websockets reports those as an EOFError, "line without
     CRLF", before any EOF came), and a Content-Length that is no length (`-1`, two that differ:
     RFC 9112 §6.3), which websockets refuses as a body too. `lengths`: the request's
-    Content-Length values, each followed by a comma."""
+    Content-Length values as `_says_a_length` reads them."""
     if cause is None:
         return None
     body = str(cause) == "unsupported request body" and _says_a_length(lengths)

@@ -264,6 +264,35 @@ async def test_a_request_the_server_cannot_read_gets_a_status_not_a_silent_close
     assert (await http_exchange(served.server.port, "GET", "/healthz"))[0] == 200
 
 
+@pytest.mark.parametrize("fanout_kind", ["local"])
+@pytest.mark.parametrize("lengths", [b"Content-Length: 00\r\n", b"content-length: 0, 0\r\n",
+                                     b"Content-Length:0 ,00\r\nContent-Length: 000\r\n"],
+                         ids=["leading-zero", "list-of-copies", "both-in-two-lines"])
+@pytest.mark.parametrize("reads", ["whole", "byte-by-byte"])
+async def test_a_content_length_that_says_zero_in_another_spelling_is_served_as_zero(
+        served: Served, lengths: bytes, reads: str) -> None:
+    """`00` is a zero (RFC 9110 §8.6: 1*DIGIT), and a list of copies of one length is that length:
+    the request has no body and is served, not told 413 (too large), however its bytes arrive."""
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + lengths + b"\r\n"
+    reader, writer = await asyncio.open_connection("127.0.0.1", served.server.port)
+    try:
+        for part in ([request] if reads == "whole" else [request[i:i + 1] for i in range(len(request))]):
+            writer.write(part)
+            await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), timeout=5)
+    finally:
+        writer.close()
+    assert raw.startswith(b"HTTP/1.1 200 "), raw
+
+
+@pytest.mark.parametrize("fanout_kind", ["local"])
+async def test_a_list_of_copies_of_a_length_above_zero_is_a_body(served: Served) -> None:
+    """`Content-Length: 5, 5` is the length 5 (RFC 9110 §8.6): a body, 413, not a malformed head."""
+    raw = await raw_exchange(served.server.port, b"POST /healthz HTTP/1.1\r\nHost: x\r\n"
+                                                 b"Content-Length: 5, 05\r\n\r\nhello")
+    assert raw.startswith(b"HTTP/1.1 413 "), raw
+
+
 @pytest.mark.parametrize("fanout_kind", ["local", "redis"])
 async def test_a_state_topic_on_a_server_without_a_database_is_refused_with_invalid_topic(served: Served) -> None:
     """Jobs, groups and workflows live in Postgres: a server without a database can never show
