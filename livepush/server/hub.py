@@ -557,9 +557,9 @@ class Hub:
         try:
             if t.source is None:
                 await self._anchor(t)
-                floor = await self._catch_up(sub, t, since, ref)
+                floor = await self._catch_up(sub, t, since, ref, buffer)
             else:
-                floor = await self._snapshot(sub, t, since, ref)
+                floor = await self._snapshot(sub, t, since, ref, buffer)
         except BaseException:
             if t.joining.get(sub) is buffer:
                 del t.joining[sub]
@@ -631,7 +631,14 @@ class Hub:
         if t.wanted > t.cursor_key and self._topics.get(t.name) is t:
             self._start_read(t)
 
-    async def _catch_up(self, sub: Subscriber, t: _Topic, since: Offset | None, ref: protocol.Ref) -> Key:
+    @staticmethod
+    def _left(t: _Topic, sub: Subscriber, buffer: _Waiting) -> bool:
+        """Whether `sub` unsubscribed while its subscribe (whose join buffer is `buffer`) awaited a
+        read or the client: only the subscribe's answer goes to it then, nothing more of `t`."""
+        return t.joining.get(sub) is not buffer
+
+    async def _catch_up(self, sub: Subscriber, t: _Topic, since: Offset | None, ref: protocol.Ref,
+                        buffer: _Waiting) -> Key:
         """Send `subscribed` and what precedes the live stream; return the key of the last offset sent."""
         topic = t.name
         if since is None:
@@ -643,32 +650,35 @@ class Hub:
             # Older than the history kept, or unknown: the client refetches.
             latest = await self.fanout.alatest_offset(topic)
             sub.send(protocol.subscribed(ref, topic, latest))
-            sub.send(protocol.reset(topic))
-            metrics.RESETS.labels("history").inc()
+            if not self._left(t, sub, buffer):
+                sub.send(protocol.reset(topic))
+                metrics.RESETS.labels("history").inc()
             return offset_key(latest)
         metrics.RECOVERIES.inc()
         sub.send(protocol.subscribed(ref, topic, page.latest))
         try:
-            return await self._replay(sub, t, since, page)
+            return await self._replay(sub, t, since, page, buffer)
         except ConnectionClosed:
             raise
         except Exception as exc:
             raise Interrupted(f"the replay of {topic} failed after its subscribed: {exc}") from exc
 
-    async def _replay(self, sub: Subscriber, t: _Topic, since: Offset, page: History) -> Key:
+    async def _replay(self, sub: Subscriber, t: _Topic, since: Offset, page: History, buffer: _Waiting) -> Key:
         """Send the messages of `page` and the pages after it, waiting for the client between
-        them; return the key of the last offset sent."""
+        them; return the key of the last offset sent. An unsubscribe while a page was read, or
+        while the client read, ends it: the client wants no more."""
         topic = t.name
         last = since
         unread = 0
-        waiting = t.joining.get(sub)
         while True:
+            if self._left(t, sub, buffer):
+                return offset_key(last)
             for message in page.messages:
                 if unread >= REPLAY_DRAIN_BYTES:
                     await sub.drain()
                     unread = 0
-                    if t.joining.get(sub) is not waiting:
-                        return offset_key(last)  # unsubscribed while the client read: it wants no more
+                    if self._left(t, sub, buffer):
+                        return offset_key(last)
                 frame = protocol.message(topic, message.offset, message.data_json or "null")
                 sub.send(frame)
                 last = message.offset
@@ -680,23 +690,26 @@ class Hub:
                     # unread, and together pass what a client may have waiting.
                     await sub.drain()
                     unread = 0
-                if waiting is None or waiting.dropped <= offset_key(last):
+                if buffer.dropped <= offset_key(last):
                     return offset_key(last)
             # More to read, or live messages past the replay were dropped while the client read
             # it (_Waiting): the log holds them, so the replay reads on.
             await sub.drain()  # a replay of any length waits for the client, page by page
             unread = 0
-            if t.joining.get(sub) is not waiting:
+            if self._left(t, sub, buffer):
                 return offset_key(last)
             next_page = await self.fanout.history(topic, last)
             if next_page is None:  # pruned while we read: the client refetches
                 latest = await self.fanout.alatest_offset(topic)
+                if self._left(t, sub, buffer):
+                    return offset_key(latest)
                 sub.send(protocol.reset(topic))
                 metrics.RESETS.labels("history").inc()
                 return offset_key(latest)
             page = next_page
 
-    async def _snapshot(self, sub: Subscriber, t: _Topic, since: Offset | None, ref: protocol.Ref) -> Key:
+    async def _snapshot(self, sub: Subscriber, t: _Topic, since: Offset | None, ref: protocol.Ref,
+                        buffer: _Waiting) -> Key:
         assert t.source is not None
         state = (await t.source.read([t.name])).get(t.name)
         if state is None:
@@ -705,7 +718,7 @@ class Hub:
         self._born(t.name)
         version = str(state.version)
         sub.send(protocol.subscribed(ref, t.name, version))
-        if since != version:
+        if since != version and not self._left(t, sub, buffer):
             self._send_state(sub, t.name, protocol.message(t.name, version, state.data_json(snapshot=True)))
         return (state.version,)
 

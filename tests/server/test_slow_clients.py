@@ -339,6 +339,41 @@ async def test_an_unsubscribe_sent_during_a_replay_ends_it(served: Served) -> No
 
 
 @LOCAL_ONLY
+async def test_an_unsubscribe_sent_while_the_replay_is_first_read_sends_none_of_it(
+        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unsubscribe that comes while the replay's first page is still being read from history
+    ends the replay too: the subscribe is answered (`subscribed`), then nothing more of the topic,
+    not the whole replay of 500 messages the client no longer wants."""
+    topic = "room:unwanted-before-read"
+    since = await served.fanout.alatest_offset(topic)
+    for n in range(500):
+        await served.publish(topic, {"n": n, "pad": "x" * 2000})
+    reading, release = asyncio.Event(), asyncio.Event()
+    history = served.fanout.history
+
+    async def held_history(*args: Any, **kwargs: Any) -> Any:
+        reading.set()
+        await asyncio.wait_for(release.wait(), 10)
+        return await history(*args, **kwargs)
+
+    monkeypatch.setattr(served.fanout, "history", held_history)
+    client = await WSClient.open(served.url)
+    on_server = server_side(served.server, client)
+    await client.send({"op": "subscribe", "topic": served.sign(topic), "since": since, "ref": "r"})
+    await asyncio.wait_for(reading.wait(), 5)
+    await client.send({"op": "unsubscribe", "topic": topic})
+    await client.send({"op": "ping", "ref": "after"})
+    await async_wait_for(lambda: topic not in on_server.topics, 5,
+                         message="the unsubscribe to take effect while the history is read")
+    release.set()
+    ops = []
+    while not ops or ops[-1] != "pong":
+        ops.append((await client.recv(timeout=10))["op"])
+    assert ops == ["subscribed", "pong"], f"{len(ops) - 2} frames after the unsubscribe"
+    await client.close()
+
+
+@LOCAL_ONLY
 async def test_a_replay_to_a_client_that_fell_behind_arrives_whole_once_it_reads(served: Served) -> None:
     """A client that stopped reading (frames waiting for it on a busy topic) subscribes with `since` to a topic of 2,500 messages, more arriving live meanwhile: once it reads again it gets `subscribed`, then every message of that topic exactly once, in order; the replay's pages waited for it."""
     busy, kept = "room:busy", "room:kept"
