@@ -151,9 +151,13 @@ def unreadable(cause: BaseException | None, lengths: bytes = b"") -> Response | 
     Content-Length values as `_says_a_length` reads them."""
     if cause is None:
         return None
-    body = str(cause) == "unsupported request body" and _says_a_length(lengths)
-    if isinstance(cause, NotImplementedError) or body:
+    refused_length = str(cause) == "unsupported request body"
+    if isinstance(cause, NotImplementedError) or refused_length and _says_a_length(lengths):
         answer = response(413, b"this server reads no request body: send the request without one\n")
+    elif refused_length:
+        # The one header at fault, named: "not a request" alone left the client to guess which.
+        answer = response(400, b"the request's Content-Length is no length (digits, the same in every line): "
+                               b"send Content-Length: 0, or none, as this server reads no request body\n")
     else:
         answer = response(400, b"not an HTTP/1.1 request this server can read\n")
     answer.headers["Connection"] = "close"  # the connection ends with the answer

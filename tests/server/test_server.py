@@ -286,6 +286,18 @@ async def test_a_content_length_that_says_zero_in_another_spelling_is_served_as_
 
 
 @pytest.mark.parametrize("fanout_kind", ["local"])
+@pytest.mark.parametrize("lengths", [b"Content-Length: -1\r\n", b"content-length: 5x\r\n",
+                                     b"Content-Length: 5\r\nContent-Length: 6\r\n", b"Content-Length: 1, 2\r\n"])
+async def test_a_content_length_that_is_no_length_gets_a_400_naming_the_header(served: Served, lengths: bytes) -> None:
+    """A 400 for a malformed Content-Length says which header is wrong and what to send instead,
+    not only that the request could not be read."""
+    raw = await raw_exchange(served.server.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + lengths + b"\r\n")
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), raw
+    assert b"Content-Length" in body and b"Content-Length: 0" in body, body
+
+
+@pytest.mark.parametrize("fanout_kind", ["local"])
 async def test_a_list_of_copies_of_a_length_above_zero_is_a_body(served: Served) -> None:
     """`Content-Length: 5, 5` is the length 5 (RFC 9110 §8.6): a body, 413, not a malformed head."""
     raw = await raw_exchange(served.server.port, b"POST /healthz HTTP/1.1\r\nHost: x\r\n"
