@@ -119,7 +119,8 @@ export interface SubscribeOptions {
   /** After every (re)subscribe the server accepted; `offset` is the server's latest or null. */
   onSubscribed?: (info: { topic: string; offset: string | null }) => void;
   /** The server refused the topic; the subscription is dropped and never resent.
-   * ("unavailable", the server's storage being briefly down, is retried with backoff instead,
+   * ("unavailable", the server's storage being briefly down or the app's authorize() failing or
+   * not answering in time, is retried with backoff instead,
    * without calling onRefused; onError hears it once a run.) */
   onRefused?: (
     reason: 'forbidden' | 'invalid_signature' | 'expired' | 'invalid_topic' | 'limit' | string,

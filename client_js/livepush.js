@@ -405,8 +405,8 @@ class Heartbeat {
  * @property {(reason: string, info: {topic: string}) => void} [onRefused] the server refused
  *   the topic ("forbidden", "invalid_signature", "expired", "invalid_topic", "limit"); the
  *   subscription is dropped and never resent. ("unavailable", the server's storage being
- *   briefly down, is not a refusal: the subscribe is retried with backoff, and onError hears
- *   it once a run.)
+ *   briefly down, or the app's authorize() failing or not answering in time, is not a refusal:
+ *   the subscribe is retried with backoff, and onError hears it once a run.)
  */
 
 /** What SubscribeOptions holds. */
@@ -1145,7 +1145,9 @@ export class LivePush {
       // updates wait. onSubscribed runs when the subscription is served again.
       this._report({
         reason: 'unavailable',
-        detail: `subscribe to ${sub.plainTopic}: the server cannot read its history or state just now: retried with backoff until it can (onSubscribed runs then)`,
+        // Storage is not the only cause: the app's authorize() failing or timing out is answered
+        // so too, and a page's developer sent to the database would look in the wrong place.
+        detail: `subscribe to ${sub.plainTopic}: the server could not serve it just now (it could not read the topic's history or state, or the app's authorize() failed or did not answer in time: the server's log says which): retried with backoff until it can (onSubscribed runs then)`,
       });
     }
     const delayMs = this._delayFor(sub._retries);

@@ -413,7 +413,9 @@ test('a subscribe refused unavailable tells onError once a run, so a page can sa
   ws.receive({ op: 'refused', ref: ws.frames('subscribe')[0].ref, reason: 'unavailable' });
   assert.deepEqual(h.errors, [{
     reason: 'unavailable',
-    detail: 'subscribe to chat:a: the server cannot read its history or state just now: retried with backoff until it can (onSubscribed runs then)',
+    // Not only storage: an authorize() that raised or did not answer in time is refused so too,
+    // and a page's developer sent to the database would look in the wrong place.
+    detail: "subscribe to chat:a: the server could not serve it just now (it could not read the topic's history or state, or the app's authorize() failed or did not answer in time: the server's log says which): retried with backoff until it can (onSubscribed runs then)",
   }]);
   h.clock.advance(500);
   ws.receive({ op: 'refused', ref: ws.frames('subscribe').at(-1).ref, reason: 'unavailable' });
