@@ -145,6 +145,8 @@ class _Topic:
     joining: dict[Subscriber, _Waiting] = field(default_factory=dict)
     # Subscribers whose replay went past the cursor: skip live frames up to their floor.
     floors: dict[Subscriber, Key] = field(default_factory=dict)
+    # State topics: subscribers whose subscribe waits for them to read its snapshot (live already).
+    settling: set[Subscriber] = field(default_factory=set)
     # The last offset (message topics) or version (state topics) delivered live, and its key
     # (set together by move(): every live message is compared with the key).
     cursor: Offset | None = None
@@ -589,7 +591,11 @@ class Hub:
             # snapshots of subscribes sent together (a page watching many finished jobs with large
             # results) would otherwise pile up past what a client may have waiting. Live states
             # meanwhile go the live way, where a newer one replaces the one waiting.
-            await sub.drain()
+            t.settling.add(sub)
+            try:
+                await sub.drain()
+            finally:
+                t.settling.discard(sub)
 
     @staticmethod
     def _resumes_from(t: _Topic, sub: Subscriber, since: Offset | None) -> Offset | None:
@@ -729,9 +735,10 @@ class Hub:
         self._broadcast((sub,), frame, topic, "snapshot")
 
     def joining(self, sub: Subscriber, topic: str) -> bool:
-        """Whether `sub`'s subscribe to `topic` is under way (its replay or snapshot being sent)."""
+        """Whether `sub`'s subscribe to `topic` is under way: its replay or snapshot being read or
+        sent, or waiting for the client to read it."""
         t = self._topics.get(topic)
-        return t is not None and sub in t.joining
+        return t is not None and (sub in t.joining or sub in t.settling)
 
     def unsubscribe(self, sub: Subscriber, topic: str) -> None:
         t = self._topics.get(topic)
@@ -743,6 +750,7 @@ class Hub:
         t.subscribers.discard(sub)
         t.joining.pop(sub, None)
         t.floors.pop(sub, None)
+        t.settling.discard(sub)
 
     def _forget_if_idle(self, t: _Topic) -> None:
         if t.idle and not t.reading and self._topics.get(t.name) is t:

@@ -373,6 +373,30 @@ async def test_an_unsubscribe_sent_while_the_replay_is_first_read_sends_none_of_
     await client.close()
 
 
+async def test_an_unsubscribe_sent_while_a_snapshot_waits_for_the_client_takes_effect_at_once(
+        served_jobs: Served) -> None:
+    """A client that subscribes to a finished job whose state (a 3 MiB result) it does not read,
+    then unsubscribes: the unsubscribe takes effect at once, as during a replay, not once the
+    client has read the snapshot it no longer wants; the ping after it is answered after it."""
+    handle = await large_result.aenqueue(0, 3 * 1024 * 1024)
+    outcome = await asyncio.to_thread(jobs.drain, ["slow-clients"])
+    assert outcome.get("succeeded") == 1, outcome
+    slow = await open_client(served_jobs.url)
+    on_server = server_side(served_jobs.server, slow)
+    slow.ws.transport.pause_reading()
+    await slow.send({"op": "subscribe", "topic": handle.signed_topic, "since": None, "ref": "r"})
+    await async_wait_for(lambda: on_server.paused, 5, message="the snapshot to wait for the client")
+    await slow.send({"op": "unsubscribe", "topic": handle.topic})
+    await slow.send({"op": "ping", "ref": "after"})
+    await async_wait_for(lambda: handle.topic not in on_server.topics, 5,
+                         message="the unsubscribe to take effect while the snapshot waits")
+    slow.ws.transport.resume_reading()
+    ops = [(await slow.recv(timeout=20))["op"] for _ in range(3)]
+    assert ops == ["subscribed", "message", "pong"], ops
+    assert not on_server.closing
+    await slow.close()
+
+
 @LOCAL_ONLY
 async def test_a_replay_to_a_client_that_fell_behind_arrives_whole_once_it_reads(served: Served) -> None:
     """A client that stopped reading (frames waiting for it on a busy topic) subscribes with `since` to a topic of 2,500 messages, more arriving live meanwhile: once it reads again it gets `subscribed`, then every message of that topic exactly once, in order; the replay's pages waited for it."""
