@@ -413,17 +413,21 @@ class PushServer:
             raise
         except Exception as exc:
             self._quiet.warning("subscribe to %s failed: %s", plain, first_line(exc))  # clients retry
-            if plain in client.topics:
+            # Not in client.topics: the client unsubscribed while it was served (served_at_once).
+            wanted = plain in client.topics
+            if wanted:
                 client.topics.discard(plain)
                 metrics.SUBSCRIPTIONS.dec()
             self.hub.unsubscribe(client, plain)
-            if again or isinstance(exc, Interrupted):
+            if wanted and (again or isinstance(exc, Interrupted)):
                 # The connection's earlier subscription to the topic is gone with this one, and a
                 # retry would start from now; or the client holds `subscribed` already and would
-                # not hear a refusal: it reconnects and resumes from its offsets.
+                # not hear a refusal: it reconnects and resumes from its offsets. (One that
+                # unsubscribed wants nothing more of the topic: its other topics go on.)
                 client.close(CLOSE_INTERNAL_ERROR, "unavailable")
                 return
-            self._refuse(client, cmd.ref, "unavailable")
+            if not isinstance(exc, Interrupted):  # the subscribe's one answer, if it had none
+                self._refuse(client, cmd.ref, "unavailable")
 
     @staticmethod
     def _expired(client: Connection) -> bool:

@@ -338,6 +338,38 @@ async def test_an_unsubscribe_sent_during_a_replay_ends_it(served: Served) -> No
     await slow.close()
 
 
+async def unsubscribe_during_a_history_read(served: Served, monkeypatch: pytest.MonkeyPatch, topic: str, since: str,
+                                            held: int, fails: bool = False) -> tuple[WSClient, Connection]:
+    """A client subscribed to `topic` from `since` whose unsubscribe, and a ping after it, are
+    sent while the replay's `held`-th history read is under way, held until the unsubscribe
+    has taken effect; that read then answers (or, `fails`, raises)."""
+    reading, release = asyncio.Event(), asyncio.Event()
+    history = served.fanout.history
+    calls = 0
+
+    async def held_history(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == held:
+            reading.set()
+            await asyncio.wait_for(release.wait(), 10)
+            if fails:
+                raise RuntimeError("the store went away")
+        return await history(*args, **kwargs)
+
+    monkeypatch.setattr(served.fanout, "history", held_history)
+    client = await WSClient.open(served.url)
+    on_server = server_side(served.server, client)
+    await client.send({"op": "subscribe", "topic": served.sign(topic), "since": since, "ref": "r"})
+    await asyncio.wait_for(reading.wait(), 10)
+    await client.send({"op": "unsubscribe", "topic": topic})
+    await client.send({"op": "ping", "ref": "after"})
+    await async_wait_for(lambda: topic not in on_server.topics, 5,
+                         message="the unsubscribe to take effect while the history is read")
+    release.set()
+    return client, on_server
+
+
 @LOCAL_ONLY
 async def test_an_unsubscribe_sent_while_the_replay_is_first_read_sends_none_of_it(
         served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -348,28 +380,31 @@ async def test_an_unsubscribe_sent_while_the_replay_is_first_read_sends_none_of_
     since = await served.fanout.alatest_offset(topic)
     for n in range(500):
         await served.publish(topic, {"n": n, "pad": "x" * 2000})
-    reading, release = asyncio.Event(), asyncio.Event()
-    history = served.fanout.history
-
-    async def held_history(*args: Any, **kwargs: Any) -> Any:
-        reading.set()
-        await asyncio.wait_for(release.wait(), 10)
-        return await history(*args, **kwargs)
-
-    monkeypatch.setattr(served.fanout, "history", held_history)
-    client = await WSClient.open(served.url)
-    on_server = server_side(served.server, client)
-    await client.send({"op": "subscribe", "topic": served.sign(topic), "since": since, "ref": "r"})
-    await asyncio.wait_for(reading.wait(), 5)
-    await client.send({"op": "unsubscribe", "topic": topic})
-    await client.send({"op": "ping", "ref": "after"})
-    await async_wait_for(lambda: topic not in on_server.topics, 5,
-                         message="the unsubscribe to take effect while the history is read")
-    release.set()
+    client, _ = await unsubscribe_during_a_history_read(served, monkeypatch, topic, since, held=1)
     ops = []
     while not ops or ops[-1] != "pong":
         ops.append((await client.recv(timeout=10))["op"])
     assert ops == ["subscribed", "pong"], f"{len(ops) - 2} frames after the unsubscribe"
+    await client.close()
+
+
+@LOCAL_ONLY
+async def test_a_replay_that_fails_after_the_client_unsubscribed_does_not_close_the_connection(
+        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay whose next page cannot be read fails after its `subscribed`, which closes the
+    connection (1011) so that the client resumes: but not once the client has unsubscribed from
+    the topic while that page was read. It wants nothing more of it, and its other topics would
+    all reconnect for nothing; the connection goes on."""
+    topic = "room:abandoned-replay"
+    since = await served.fanout.alatest_offset(topic)
+    for n in range(1200):  # more than a page of history
+        await served.publish(topic, {"n": n})
+    client, on_server = await unsubscribe_during_a_history_read(served, monkeypatch, topic, since, held=2, fails=True)
+    frame: dict[str, Any] = {}
+    while frame.get("op") != "pong":
+        frame = await client.recv(timeout=10)
+    assert frame == {"op": "pong", "ref": "after"}
+    assert not on_server.closing
     await client.close()
 
 
