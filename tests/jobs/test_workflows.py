@@ -902,6 +902,22 @@ async def test_a_signal_sent_straight_to_a_steps_job_is_refused(flows_db: str) -
     assert [done["steps"][n]["output"] for n in ("first_approval", "second_approval")] == [{"n": 1}, {"n": 2}]
 
 
+async def test_a_signal_sent_straight_to_a_finished_steps_job_says_it_has_finished(flows_db: str) -> None:
+    """A step's job that has finished takes no more signals, whatever their name: jobs.signal() of
+    its wait_for= signal raises JobFinishedError, as for any finished job, rather than send the
+    caller to jobs.workflows.signal() of a run that has finished too; nothing is sent."""
+    run = await wd.approval.astart({})
+    await jobs.workflows.asignal(run.id, "approve", {"by": "ana"})
+    async with running():
+        done = await run_state(run.id, "succeeded")
+    job_id = done["steps"]["publish"]["job"]
+    with pytest.raises(jobs.JobFinishedError, match=f"job {job_id} has succeeded"):
+        jobs.signal(job_id, "approve", {"by": "bo"})
+    with pytest.raises(jobs.JobFinishedError, match=f"job {job_id} has succeeded"):
+        await jobs.asignal(job_id, "approve", {"by": "bo"}, key="late")
+    assert q(flows_db, "SELECT count(*) FROM livepush_job_signals WHERE job_id = %s", (job_id,)) == [(0,)]
+
+
 async def test_a_workflow_signal_sent_again_with_its_key_is_sent_once(flows_db: str) -> None:
     """jobs.workflows.signal(key=): a send retried because its reply was lost (its first try
     committed) sends nothing again, rather than reach the next step waiting for the name; after the

@@ -27,8 +27,6 @@ def _send_steps(job_id: int, name: str, data: str, key: str | None) -> steps.Ste
     if not found:
         raise JobNotFound(f"no job {job_id} (never enqueued, or deleted after its retention time): "
                           "the signal was not sent")
-    if found[0]["workflow_id"] is not None:
-        yield from _not_a_steps_own(job_id, name)
     if key is not None:
         # Before the finished check: a retry whose first send committed, and which the job then
         # took and finished with, was sent, not refused.
@@ -38,6 +36,10 @@ def _send_steps(job_id: int, name: str, data: str, key: str | None) -> steps.Ste
     state = found[0]["state"]
     if state in _FINISHED:
         raise JobFinishedError(f"job {job_id} has {state}: it takes no more signals; the signal was not sent")
+    # After the finished check: a finished step's job takes no signal of any name (JobFinishedError,
+    # as any job), and jobs.workflows.signal() could no longer give it one either.
+    if found[0]["workflow_id"] is not None:
+        yield from _not_a_steps_own(job_id, name)
     (row,) = yield steps.Query(dq.SEND_SIGNAL, {"id": job_id, "name": name, "data": data, "key": key})
     if row["signal_id"] is None:
         # A send of the same key committed while this one waited for it: that one is the signal.
@@ -55,7 +57,7 @@ def _not_a_steps_own(job_id: int, name: str) -> steps.Steps[None]:
     if owner:
         run_id, step = owner[0]["run_id"], owner[0]["step"]
         raise WorkflowStepSignalError(
-            f"job {job_id} runs step {step!r} of workflow run {run_id}, which waits for signal {name!r}: send it "
+            f"job {job_id} runs step {step!r} of workflow run {run_id}, whose wait_for= is signal {name!r}: send it "
             f"with jobs.workflows.signal({run_id}, {name!r}, data), which gives each step waiting for it one "
             "signal and records it in the run's audit trail; the signal was not sent")
 
