@@ -32,8 +32,21 @@ async def drained_here(ctx: Any) -> None:
     pass
 
 
+async def grouped(ctx: Any) -> None:
+    pass
+
+
+async def added(ctx: Any) -> None:
+    pass
+
+
+async def added_async(ctx: Any) -> None:
+    pass
+
+
 served_elsewhere = script_job(served_elsewhere)
 drained_here = script_job(drained_here)
+grouped, added, added_async = script_job(grouped), script_job(added), script_job(added_async)
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -56,6 +69,22 @@ def test_a_script_job_enqueued_to_other_runtimes_warns_once_naming_the_fix(
     (warning,) = warnings_of(caplog)
     assert "__main__.served_elsewhere" in warning and "name=" in warning and "module" in warning, warning
     assert "jobs.drain()" in warning, warning
+
+
+async def test_a_script_job_made_a_group_member_warns_as_its_enqueue_does(
+        jobs_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A member of a task group is enqueued too: a script's job added to a group (in a block, or to
+    a group made apart, sync or async) warns once as a plain enqueue of it does."""
+    another_runtime(jobs_db)
+    with caplog.at_level("WARNING", logger="livepush.jobs"):
+        with jobs.group() as g:
+            g.enqueue(grouped)
+        made = jobs.create_group()
+        jobs.add_to_group(made.id, added)
+        jobs.add_many_to_group(made.id, [added.request()])
+        await jobs.aadd_to_group(made.id, added_async)
+    assert sorted(w.split("'")[1] for w in warnings_of(caplog)) == [
+        "__main__.added", "__main__.added_async", "__main__.grouped"], warnings_of(caplog)
 
 
 def test_a_script_job_drained_in_its_own_process_runs_without_a_warning(

@@ -19,7 +19,7 @@ from typing import Any
 from ...postgres.connect import cursor_on, translated, translated_on
 from ...postgres.text import BIGINT_MAX
 from .. import database
-from ..api.enqueue import Batch, add_items, is_spec, run_at
+from ..api.enqueue import Batch, add_items, alook_for_script_runtimes, is_spec, look_for_script_runtimes, run_at
 from ..api.handles import NO_SUCH_ID, JobHandle, StateTopicHandle, checked_id
 from ...types import Seconds
 from ..api.registry import JobRequest, JobSpec
@@ -235,6 +235,7 @@ class GroupBuilder:
         if exc_type is not None:
             return  # nothing was written; the reserved id stays unused
         self._done(in_tx(self._steps, self._conn))
+        look_for_script_runtimes(self._batch)  # members are enqueued too (enqueue.py says why)
 
     async def __aenter__(self) -> GroupBuilder:
         self._enter()
@@ -258,6 +259,7 @@ class GroupBuilder:
         if exc_type is not None:
             return
         self._done(await ain_tx(self._steps, self._conn))
+        await alook_for_script_runtimes(self._batch)
 
 
 def group(on_finish: JobRequest | None = None, on_success: JobRequest | None = None,
@@ -305,6 +307,19 @@ def _add_many_steps(group_id: int, batch: Batch) -> steps.Steps[list[JobHandle]]
     return [JobHandle(r["id"], r["name"]) for r in rows]
 
 
+def _added(batch: Batch, handles: list[JobHandle]) -> list[JobHandle]:
+    """`handles` of the members `batch` added, once the script's jobs among them were looked at:
+    a member is enqueued as any job is, and a runtime elsewhere would give it back for ever
+    (enqueue.look_for_script_runtimes)."""
+    look_for_script_runtimes(batch)
+    return handles
+
+
+async def _aadded(batch: Batch, handles: list[JobHandle]) -> list[JobHandle]:
+    await alook_for_script_runtimes(batch)
+    return handles
+
+
 def _batch_of(group_id: int, items: Iterable[Any], call: str) -> Batch:
     _check_items(items, call)
     batch = Batch()
@@ -345,21 +360,21 @@ def add_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wait: Seco
     held by an unfinished job, that job's handle is returned and it is not a member."""
     group_id = _group_id(group_id)
     batch = _one(group_id, fn, args, wait, at, key, tags)
-    return in_tx(lambda: _add_many_steps(group_id, batch), conn)[0]
+    return _added(batch, in_tx(lambda: _add_many_steps(group_id, batch), conn))[0]
 
 
 def add_many_to_group(group_id: int, items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
     """Add many members in one transaction (items as for jobs.enqueue_many)."""
     group_id = _group_id(group_id)
     batch = _batch_of(group_id, items, "add_many_to_group")
-    return in_tx(lambda: _add_many_steps(group_id, batch), conn)
+    return _added(batch, in_tx(lambda: _add_many_steps(group_id, batch), conn))
 
 
 async def aadd_many_to_group(group_id: int, items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
     """add_many_to_group() for async code."""
     group_id = _group_id(group_id)
     batch = _batch_of(group_id, items, "aadd_many_to_group")
-    return await ain_tx(lambda: _add_many_steps(group_id, batch), conn)
+    return await _aadded(batch, await ain_tx(lambda: _add_many_steps(group_id, batch), conn))
 
 
 async def aadd_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None,
@@ -367,7 +382,7 @@ async def aadd_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wai
                         tags: Sequence[str] | None = None) -> JobHandle:
     group_id = _group_id(group_id)
     batch = _one(group_id, fn, args, wait, at, key, tags)
-    return (await ain_tx(lambda: _add_many_steps(group_id, batch), conn))[0]
+    return (await _aadded(batch, await ain_tx(lambda: _add_many_steps(group_id, batch), conn)))[0]
 
 
 def _seal_steps(group_id: int) -> steps.Steps[bool]:
