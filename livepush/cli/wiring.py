@@ -147,8 +147,9 @@ def runtime_sidecar(runtime: Runtime) -> Sidecar:
         stopper = asyncio.create_task(stop.wait())
 
         async def tell_started() -> None:
-            await runtime.wait_started(timeout=None)
-            started.set()
+            with contextlib.suppress(Exception):  # run()'s failure, which `task` raises below
+                await runtime.wait_started(timeout=None)
+                started.set()
 
         opened = asyncio.create_task(tell_started())
         try:

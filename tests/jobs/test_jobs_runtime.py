@@ -784,6 +784,27 @@ async def test_a_runtime_that_fails_to_start_leaves_nothing_running(jobs_db: str
     assert [name for name in left if name.startswith("livepush-jobs")] == [], left
 
 
+async def test_waiting_for_a_runtime_whose_start_failed_raises_that_failure_at_once(jobs_db: str) -> None:
+    """An app that runs a Runtime in a task of its own and awaits wait_started() learns of a start
+    that failed (its database unreachable) as soon as run() has ended, with run()'s own error, and
+    of a runtime stopped before it started with an error saying so: it neither waits out its
+    timeout for a TimeoutError that names nothing, nor, with timeout=None, for ever."""
+    from livepush.errors import ListenError, LivepushError
+
+    bad = "postgresql://nobody@127.0.0.1:1/nothing"
+    rt = Runtime(REGISTRY, queues=["default"], install_signals=False, listen_url=bad)
+    task = asyncio.create_task(rt.run())
+    with pytest.raises(ListenError):
+        await asyncio.wait_for(rt.wait_started(timeout=None), 30.0)
+    with pytest.raises(ListenError):
+        await task
+    stopped = Runtime(REGISTRY, queues=["default"], install_signals=False)
+    stopped.stop()
+    await asyncio.wait_for(stopped.run(), 30.0)
+    with pytest.raises(LivepushError, match="stopped before it started"):
+        await asyncio.wait_for(stopped.wait_started(timeout=None), 5.0)
+
+
 async def test_a_claim_whose_reply_was_lost_is_given_back_once_the_runtime_claims_again(jobs_db: str) -> None:
     """A claim that commits in Postgres but whose reply never reaches the runtime (its connection
     breaks on the way back) leaves jobs `running` under a live runtime that does not know them:

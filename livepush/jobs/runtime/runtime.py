@@ -47,7 +47,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ... import metrics, migrate, stopsignals, topics
-from ...errors import ConfigError, DependencyError
+from ...errors import ConfigError, DependencyError, LivepushError
 from ...fanout import FanOut
 from ...postgres.connect import aconnect, translate
 from ...channels import ListenerSlot
@@ -364,6 +364,10 @@ class Runtime:
         self._stopped_now_at: float | None = None  # time.monotonic() of the second signal
         self._signalled = False  # a signal (SIGTERM, SIGINT) stopped it
         self._started = asyncio.Event()
+        # run() has returned or raised, and what it raised: wait_started() says so rather than
+        # wait for a start that will never come.
+        self._ended = asyncio.Event()
+        self._ended_by: BaseException | None = None
         self._ran = False  # run() was called: its events and tasks are one run's
         self._closing = asyncio.Event()  # side tasks end their loops when set
         self._tasks: list[asyncio.Task[Any]] = []
@@ -415,8 +419,23 @@ class Runtime:
 
     async def wait_started(self, timeout: Seconds | None = 10.0) -> None:
         """Return once run() has started claiming jobs; TimeoutError after `timeout` seconds (or a
-        timedelta; None: no bound)."""
-        await asyncio.wait_for(self._started.wait(), as_seconds(timeout))
+        timedelta; None: no bound). A run() that ended without starting ends the wait at once: its
+        error is raised here too (a database it could not reach), or, stopped before it started,
+        a LivepushError saying so."""
+        waits = [asyncio.ensure_future(self._started.wait()), asyncio.ensure_future(self._ended.wait())]
+        try:
+            await asyncio.wait(waits, timeout=as_seconds(timeout), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+        if self._started.is_set():
+            return
+        if not self._ended.is_set():
+            raise TimeoutError(f"the job runtime did not start within {as_seconds(timeout):g} s")
+        if isinstance(self._ended_by, Exception):
+            raise self._ended_by  # as awaiting run()'s task raises it
+        raise LivepushError("the job runtime stopped before it started: stop() (or a stop signal) came while it "
+                            "opened; make a new Runtime(...) to run again")
 
     async def run(self) -> None:
         """Run until stopped; returns after a clean drain (the CLI then exits 0). Raises
@@ -426,6 +445,15 @@ class Runtime:
             # had served, while the jobs it was meant to run waited for nothing.
             raise ConfigError("this job runtime already ran: a Runtime runs once: make a new Runtime(...) to run again")
         self._ran = True
+        try:
+            await self._run_once()
+        except BaseException as exc:
+            self._ended_by = exc
+            raise
+        finally:
+            self._ended.set()
+
+    async def _run_once(self) -> None:
         # Before it registers, so that a scrape never sees it serving a queue whose counters are missing.
         metrics.count_queues(self.queues)
         loop = asyncio.get_running_loop()
