@@ -105,6 +105,16 @@ async def test_waiting_for_a_runtime_to_start_takes_a_timedelta() -> None:
         await rt.wait_started(timeout=timedelta(milliseconds=50))
 
 
+@pytest.mark.parametrize("timeout", ["5", -1, timedelta(seconds=-1), float("nan"), float("inf"), True])
+async def test_waiting_for_a_runtime_to_start_refuses_a_timeout_that_is_no_number_of_seconds(timeout: Any) -> None:
+    """wait_started(timeout=) refuses what is no bound at once, naming the argument and what it
+    takes (None for no bound), as the other seconds arguments do: a str raised a bare TypeError
+    from inside asyncio, and a negative number timed out at once as if the runtime had not started."""
+    rt = Runtime(Registry(), queues=[QUEUE], install_signals=False)
+    with pytest.raises((ArgumentValueError, TypeError), match=r"wait_started\(timeout=\)"):
+        await rt.wait_started(timeout=timeout)
+
+
 # The parameters of the jobs API that take seconds, by name (backoff=: what its function returns).
 SECONDS_PARAMETERS = {"timeout", "wait", "seconds", "debounce", "wait_timeout", "heartbeat", "poll_interval",
                       "shutdown_timeout", "retention", "backoff", "ttl"}

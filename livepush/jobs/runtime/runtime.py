@@ -47,7 +47,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ... import metrics, migrate, stopsignals, topics
-from ...errors import ConfigError, DependencyError, LivepushError
+from ...errors import ArgumentTypeError, ArgumentValueError, ConfigError, DependencyError, LivepushError
 from ...fanout import FanOut
 from ...postgres.connect import aconnect, translate
 from ...channels import ListenerSlot
@@ -422,16 +422,25 @@ class Runtime:
         timedelta; None: no bound). A run() that ended without starting ends the wait at once: its
         error is raised here too (a database it could not reach), or, stopped before it started,
         a LivepushError saying so."""
+        timeout = as_seconds(timeout)
+        # Checked here: a str raised a bare TypeError from inside asyncio, and a negative or NaN
+        # bound timed out at once, as if the runtime had not started.
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))):
+            raise ArgumentTypeError(f"wait_started(timeout=) takes seconds, a timedelta or None (no bound), got "
+                                    f"{type(timeout).__name__} {timeout!r:.60}")
+        if timeout is not None and not 0 <= timeout < math.inf:
+            raise ArgumentValueError(f"wait_started(timeout=) takes zero or more seconds, a finite number (None: no "
+                                     f"bound), got {timeout!r}")
         waits = [asyncio.ensure_future(self._started.wait()), asyncio.ensure_future(self._ended.wait())]
         try:
-            await asyncio.wait(waits, timeout=as_seconds(timeout), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for waiting in waits:
                 waiting.cancel()
         if self._started.is_set():
             return
         if not self._ended.is_set():
-            raise TimeoutError(f"the job runtime did not start within {as_seconds(timeout):g} s")
+            raise TimeoutError(f"the job runtime did not start within {timeout:g} s")
         if isinstance(self._ended_by, Exception):
             raise self._ended_by  # as awaiting run()'s task raises it
         raise LivepushError("the job runtime stopped before it started: stop() (or a stop signal) came while it "
