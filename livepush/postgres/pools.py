@@ -109,6 +109,30 @@ def _has_input(conn: Any) -> bool:
 _poll = getattr(select, "poll", None)  # Windows has no poll()
 
 
+def closed_while_idle(conn: psycopg.Connection) -> bool:
+    """Whether the server closed an idle connection: no round trip unless it has input waiting,
+    which a live one rarely has; then one (an empty query) tells a goodbye from a changed
+    setting's report. Every holder of an idle connection checks it here before using it."""
+    if not _has_input(conn):
+        return False
+    try:
+        Pool.check_connection(conn)
+        return False
+    except psycopg.Error:
+        return True
+
+
+async def aclosed_while_idle(conn: psycopg.AsyncConnection) -> bool:
+    """closed_while_idle(), for an async connection."""
+    if not _has_input(conn):
+        return False
+    try:
+        await AsyncPool.check_connection(conn)
+        return False
+    except psycopg.Error:
+        return True
+
+
 def _busy(pool: ConnectionPool | AsyncConnectionPool, timeout: float | None) -> PoolBusy | None:
     """PoolBusy when a wait for a connection that ran out found the pool holding every connection
     it may open, none free (busy, not short of connections: a server that cannot be reached leaves
@@ -158,13 +182,9 @@ class Pool(ConnectionPool):
     def _checked_conn(self, timeout: float | None) -> Any:
         for _ in range(self.max_size):
             conn = super().getconn(timeout)
-            if not _has_input(conn):
+            if not closed_while_idle(conn):
                 return conn
-            try:
-                self.check_connection(conn)
-                return conn
-            except psycopg.Error:
-                self.putconn(conn)  # broken: the pool drops it and opens another
+            self.putconn(conn)  # broken: the pool drops it and opens another
         return super().getconn(timeout)
 
 
@@ -225,13 +245,9 @@ class AsyncPool(AsyncConnectionPool):
     async def _checked_conn(self, timeout: float | None) -> Any:
         for _ in range(self.max_size):
             conn = await super().getconn(timeout)
-            if not _has_input(conn):
+            if not await aclosed_while_idle(conn):
                 return conn
-            try:
-                await self.check_connection(conn)
-                return conn
-            except psycopg.Error:
-                await self.putconn(conn)
+            await self.putconn(conn)
         return await super().getconn(timeout)
 
 

@@ -805,12 +805,18 @@ async def test_waiting_for_a_runtime_whose_start_failed_raises_that_failure_at_o
         await asyncio.wait_for(stopped.wait_started(timeout=None), 5.0)
 
 
-async def test_a_claim_whose_reply_was_lost_is_given_back_once_the_runtime_claims_again(jobs_db: str) -> None:
+async def test_a_claim_whose_reply_was_lost_is_given_back_once_the_runtime_claims_again(
+        jobs_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A claim that commits in Postgres but whose reply never reaches the runtime (its connection
     breaks on the way back) leaves jobs `running` under a live runtime that does not know them:
     nothing ended them while it lived, however long. Once a claim has failed, the runtime gives
     back, before its next claim, the jobs the database says it holds and it does not know (their
     attempt not spent); they run. The row is set here as such a claim leaves it."""
+
+    async def unseen(conn: Any) -> bool:
+        return False  # the close lands after the check for one closed while idle: the claim fails
+
+    monkeypatch.setattr(runtime, "aclosed_while_idle", unseen)
     async with running(queues=["default"], poll_interval=0.2) as rt:
         known = await sample_jobs.wait_flag.aenqueue("go")
         await async_wait_for(lambda: known.id in rt.in_hand, 5.0, message="a job in hand")
@@ -1409,11 +1415,17 @@ async def test_a_runtime_that_ran_refuses_to_run_again_saying_to_make_a_new_one(
 
 
 async def test_a_claim_connection_the_server_closed_while_idle_is_reopened_without_a_failed_claim(
-        jobs_db: str, caplog: pytest.LogCaptureFixture) -> None:
+        jobs_db: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """Postgres may close an idle connection (idle_session_timeout, a restart of a pooler, an
-    operator's pg_terminate_backend). The runtime's claim connection closed so is found at the
-    next claim, which opens a new one and claims at once: the job runs, and nothing is logged as
-    a failed claim (no WARNING for a routine close)."""
+    operator's pg_terminate_backend). A claim connection closed so after the claim's check for
+    it (the close landing in between) is found by the claim's failure, which opens a new one and
+    claims at once: the job runs, and nothing is logged as a failed claim (no WARNING for a
+    routine close)."""
+
+    async def unseen(conn: Any) -> bool:
+        return False  # the close lands after the claim's check for one closed while idle
+
+    monkeypatch.setattr(runtime, "aclosed_while_idle", unseen)
     async with running(poll_interval=60) as rt:
         first = sample_jobs.record.enqueue("before the close")
         await wait_state(first.id, "succeeded", timeout=10.0)
@@ -1425,7 +1437,7 @@ async def test_a_claim_connection_the_server_closed_while_idle_is_reopened_witho
             h = sample_jobs.record.enqueue("after the close")
             await wait_state(h.id, "succeeded", timeout=10.0)
     assert "claim failed" not in caplog.text, caplog.text
-    assert "claim connection" in caplog.text, caplog.text
+    assert "claiming again on a new one" in caplog.text, caplog.text
 
 
 class _SleepsForEver:
@@ -1479,3 +1491,32 @@ def test_a_sync_jobs_context_call_the_stopping_loop_cancels_raises_runtime_stopp
         assert isinstance(job.error, RuntimeStoppedError), job.error
     finally:
         runtime_loop.stop()
+
+
+async def test_a_claim_connection_the_server_closed_while_idle_is_replaced_before_the_claim(
+        jobs_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A claim connection whose server hung up while it sat idle has the server's goodbye waiting
+    on its socket: the next claim sees it and claims on a new connection, so no claim fails on it
+    (nothing to give back, no second try). The claims on a live connection keep it."""
+    async with running(poll_interval=60) as rt:
+        first = sample_jobs.record.enqueue("before the close")
+        await wait_state(first.id, "succeeded", timeout=10.0)
+        await async_wait_for(lambda: rt._claim_returned.is_set(), 5, message="the runtime between claims")
+        kept = rt._claim_conn
+        assert kept is not None
+        second = sample_jobs.record.enqueue("on a live connection")
+        await wait_state(second.id, "succeeded", timeout=10.0)
+        assert rt._claim_conn is kept
+        await async_wait_for(lambda: rt._claim_returned.is_set(), 5, message="the runtime between claims")
+        pid = kept.info.backend_pid
+        q(jobs_db, "SELECT pg_terminate_backend(%s)", (pid,))
+        # Gone from the server: its goodbye (a FATAL message, then the close) is on the socket.
+        await async_wait_for(
+            lambda: not q(jobs_db, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)), 5,
+            message="the claim connection's backend to exit")
+        with caplog.at_level("INFO", logger="livepush.jobs"):
+            h = sample_jobs.record.enqueue("after the close")
+            await wait_state(h.id, "succeeded", timeout=10.0)
+    assert "claim failed" not in caplog.text, caplog.text
+    assert "claiming again" not in caplog.text, caplog.text
+    assert "closed by the server while idle" in caplog.text, caplog.text

@@ -52,7 +52,7 @@ from ...fanout import FanOut
 from ...postgres.connect import aconnect, translate
 from ...channels import ListenerSlot
 from ...postgres.listener import Listener
-from ...postgres.pools import AsyncPool, LoopPools
+from ...postgres.pools import AsyncPool, LoopPools, aclosed_while_idle
 from ...postgres.text import BIGINT_MAX
 from ...tasks import Backoff, reraise_if_cancelled, supervise
 from ...types import Seconds, as_seconds
@@ -906,6 +906,12 @@ class Runtime:
 
     async def _claim_connection(self) -> psycopg.AsyncConnection:
         conn = self._claim_conn
+        # A connection the server closed while it sat between claims (idle_session_timeout, a
+        # restart, pg_terminate_backend) is replaced before the claim, not found by its failure;
+        # the check costs no round trip while the connection is live.
+        if conn is not None and not (conn.closed or conn.broken) and await aclosed_while_idle(conn):
+            log.info("the claim connection was closed by the server while idle; claiming on a new one")
+            await conn.close()
         if conn is None or conn.closed or conn.broken:
             if conn is not None:
                 await conn.close()
@@ -942,8 +948,9 @@ class Runtime:
             await self._release_unheard()
             self._claims_unheard = False
         # Each queue's plain claim is one statement in autocommit: one round trip, no BEGIN/COMMIT.
-        held = self._claim_conn is not None and not (self._claim_conn.closed or self._claim_conn.broken)
+        kept = self._claim_conn
         conn = await self._claim_connection()
+        held = conn is kept  # kept from an earlier claim, not opened for this one
         try:
             async with conn.cursor(row_factory=dict_row) as cur:
                 now = asyncio.get_running_loop().time()
