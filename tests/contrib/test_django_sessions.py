@@ -102,31 +102,47 @@ def test_a_cookie_domain_set_later_moves_a_current_plain_host_only_session_to_it
     """A signed-in user's host-only `livepush_session` (set over plain HTTP before
     LIVEPUSH_SESSION_COOKIE_DOMAIN was set), its session still current, never reaches the push
     server on the domain's other host, and the browser does not say which Domain a cookie has:
-    the Django session records the one the cookie was set with, so the next response sets the
-    session with the new Domain, and the one after deletes the host-only copy (one response
-    cannot set and delete two cookies of one name), then nothing more."""
+    the Django session records the one the cookie was set with, so the next response deletes the
+    host-only copy and sets the session with the new Domain, then nothing more."""
     client, user = signed_in()
     with override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN=None):
         before = client.get("/").cookies["livepush_session"]
     assert not before["domain"]
-    moved = client.get("/").cookies["livepush_session"]
-    assert moved["domain"] == "testserver" and moved.value != before.value, moved.output()
+    written = _written(client.get("/"), "livepush_session")
+    assert [(morsel["domain"], morsel.value == "") for morsel in written] == [("", True), ("testserver", False)]
+    moved = written[1]
+    assert moved.value != before.value
     assert sessions.decode(moved.value, get_settings().secrets).subject == str(user.pk)
-    # The browser now keeps both copies, and sends both to this host.
-    both = f"livepush_session={before.value}; livepush_session={moved.value}"
-    stale = client.get("/", HTTP_COOKIE=_with_sign_in(client, both)).cookies["livepush_session"]
-    assert stale.value == "" and not stale["domain"], stale.output()
-    # Whichever copy Django keeps of the two (the last), the one given last counts.
-    client.get("/")
-    with override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN=None):
-        other = client.get("/").cookies["livepush_session"]
-    moved = client.get("/").cookies["livepush_session"]
-    other_users = sessions.issue("someone-else", ttl=3600)
-    both = f"livepush_session={moved.value}; livepush_session={other_users}"
-    stale = client.get("/", HTTP_COOKIE=_with_sign_in(client, both)).cookies["livepush_session"]
-    assert stale.value == "" and not stale["domain"] and other.value, stale.output()
     now = _with_sign_in(client, f"livepush_session={moved.value}")
     assert "livepush_session" not in client.get("/", HTTP_COOKIE=now).cookies
+
+
+@override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN="testserver")
+def test_an_old_copy_an_earlier_release_left_to_the_next_response_is_deleted_by_it() -> None:
+    """An earlier release moved a host-only `livepush_session` to the cookie domain and left the
+    host-only copy for the next response to delete, recording it in the Django session. The
+    browser still sends both copies: the next response deletes the host-only one, whichever of
+    the two Django keeps (the last), taking the one given to this sign-in last as the cookie's,
+    then nothing more."""
+    client, _ = signed_in()
+    with override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN=None):
+        before = client.get("/").cookies["livepush_session"]
+    moved = _written(client.get("/"), "livepush_session")[-1]
+    for order in ((before.value, moved.value), (moved.value, before.value)):
+        session = client.session
+        session["_livepush_stale_cookie_domain"] = ""  # as the earlier release recorded it
+        session.save()
+        both = "; ".join(f"livepush_session={value}" for value in order)
+        written = _written(client.get("/", HTTP_COOKIE=_with_sign_in(client, both)), "livepush_session")
+        assert [(morsel["domain"], morsel.value) for morsel in written] == [("", "")], written
+    now = _with_sign_in(client, f"livepush_session={moved.value}")
+    assert "livepush_session" not in client.get("/", HTTP_COOKIE=now).cookies
+
+
+def _written(response: Any, name: str) -> list[Any]:
+    """The cookies of `name` that `response` sets or deletes, in the order its Set-Cookie headers
+    go out: response.cookies keys a second one of a name under another key."""
+    return [morsel for morsel in response.cookies.values() if morsel.key == name]
 
 
 def _with_sign_in(client: Client, cookies: str) -> str:
@@ -138,22 +154,22 @@ def _with_sign_in(client: Client, cookies: str) -> str:
 def test_a_cookie_domain_removed_later_deletes_the_cookie_left_on_it() -> None:
     """A cookie set with LIVEPUSH_SESSION_COOKIE_DOMAIN stays on the browser when the setting is
     removed, beside the host-only one a renewal sets: two different session cookies count as none,
-    and every request renewed again. The copy on the old Domain is deleted: over HTTPS beside the
-    new `__Host-` cookie, over plain HTTP by the next response."""
+    and every request renewed again. The copy on the old Domain is deleted by the response that
+    sets the new cookie: over HTTPS beside the new `__Host-` cookie, over plain HTTP before the
+    new host-only `livepush_session`."""
     for secure in (True, False):
         client, _ = signed_in()
         with override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN="testserver"):
             before = client.get("/", secure=secure).cookies["livepush_session"]
         assert before["domain"] == "testserver"
-        cookies = client.get("/", secure=secure).cookies
+        response = client.get("/", secure=secure)
+        cookies = response.cookies
         if secure:
             assert cookies["__Host-livepush_session"].value and not cookies["__Host-livepush_session"]["domain"]
             stale = cookies["livepush_session"]
         else:
-            fresh = cookies["livepush_session"]
-            assert fresh.value != before.value and not fresh["domain"], fresh.output()
-            both = f"livepush_session={fresh.value}; livepush_session={before.value}"
-            stale = client.get("/", HTTP_COOKIE=_with_sign_in(client, both)).cookies["livepush_session"]
+            stale, fresh = _written(response, "livepush_session")
+            assert fresh.value and fresh.value != before.value and not fresh["domain"], fresh.output()
         assert stale.value == "" and stale["domain"] == "testserver", stale.output()
 
 
@@ -681,3 +697,29 @@ def test_an_anonymous_request_loses_the_host_only_copy_beside_the_domains(handle
     assert sorted(deleted) == ["", "testserver"], headers
     cache_control = [value for name, value in headers if name.lower() == "cache-control"]
     assert len(cache_control) == 1 and "private" in cache_control[0] and "public" not in cache_control[0]
+
+
+@pytest.mark.parametrize("handler", ["wsgi", "asgi"])
+def test_a_moved_cookies_old_copy_is_deleted_by_the_response_that_moves_it(handler: str) -> None:
+    """A signed-in user's host-only `livepush_session` from before LIVEPUSH_SESSION_COOKIE_DOMAIN
+    was set is moved to the domain by one response, which deletes the host-only copy first, then
+    sets the domain's, under Django's WSGI and ASGI handlers alike: the browser never keeps both
+    (two different session cookies count as none), and one that takes a host-only cookie and its
+    host's Domain cookie of the same name for one cookie keeps the new one. The next request,
+    with the new copy alone, is answered with no session cookie."""
+    client, user = signed_in()
+    before = client.get("/").cookies["livepush_session"]
+    assert before.value and not before["domain"]
+    with override_settings(LIVEPUSH_SESSION_COOKIE_DOMAIN="testserver"):
+        status, headers = _served(handler, _with_sign_in(client, f"livepush_session={before.value}"))
+        assert status == 200
+        written = [SimpleCookie(value.strip())["livepush_session"] for name, value in headers
+                   if name.lower() == "set-cookie" and value.strip().startswith("livepush_session=")]
+        assert [(morsel["domain"], morsel.value == "") for morsel in written] == [("", True), ("testserver", False)], \
+            headers
+        assert str(written[0]["max-age"]) == "0", headers
+        assert sessions.decode(written[1].value, get_settings().secrets).subject == str(user.pk)
+        status, headers = _served(handler, _with_sign_in(client, f"livepush_session={written[1].value}"))
+    assert status == 200
+    assert not [value for name, value in headers if name.lower() == "set-cookie" and "livepush_session" in value], \
+        headers

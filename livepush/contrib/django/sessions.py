@@ -53,10 +53,11 @@ DEFAULT_TTL = 86400.0
 _REVOKED = "_livepush_session_revoked"  # set on a request whose session was revoked by its logout
 # In the user's Django session: [id, subject, expires_at] of each livepush session issued to it.
 _ISSUED = "_livepush_sessions"
-# In the user's Django session: the Domain the middleware last set the cookie with ("" host-only),
-# and that of a `livepush_session` left on another Domain, which the next response deletes. A
-# browser sends no cookie's Domain, so only this tells a cookie set before the setting changed.
+# In the user's Django session: the Domain the middleware last set the cookie with ("" host-only).
+# A browser sends no cookie's Domain, so only this tells a cookie set before the setting changed.
 _SET_FOR = "_livepush_cookie_domain"
+# In the user's Django session: the Domain of a `livepush_session` copy an earlier release left on
+# another Domain for the next response to delete (a move now deletes it in the same response).
 _STALE = "_livepush_stale_cookie_domain"
 
 
@@ -163,28 +164,34 @@ def _current(token: str | None, subject: str, ttl: float) -> bool:
 
 
 def _set(response: HttpResponse, token: str, ttl: float, secure: bool, domain: str | None,
-         old_domain: str | None) -> str | None:
+         old_domain: str | None, old_copy: bool) -> None:
     """Set `token`'s cookie on `domain` and delete the other name's; `old_domain`: where the cookie
-    was set before, when the cookie domain changed since. The Domain ("" host-only) of a
-    `livepush_session` copy left there that the next response deletes (this one sets that name), else None."""
+    was set before, when the cookie domain changed since; `old_copy`: whether the request carries
+    a `livepush_session`, which may be the copy left there."""
     cookie = session_cookie(token, secure=secure, max_age=ttl, domain=domain)
+    moved = old_domain is not None and old_domain != (cookie.domain or "")
+    if moved and old_copy and cookie.name == COOKIE_NAME:
+        # The old Domain's copy of this very name, deleted before the new one is set: a browser
+        # that takes a host-only cookie and its host's Domain cookie for one (RFC 6265 compares
+        # name, domain and path only) then keeps the new one rather than deleting it.
+        _delete(response, COOKIE_NAME, old_domain or None, beside=True)
     response.set_cookie(cookie.name, cookie.value, max_age=cookie.max_age, path=cookie.path, domain=cookie.domain,
                         secure=cookie.secure, httponly=cookie.httponly, samesite=cookie.samesite)
-    moved = old_domain is not None and old_domain != (cookie.domain or "")
     _delete(response, cookie.other_name, (old_domain or None) if moved else cookie.domain)
-    return old_domain if moved and cookie.name == COOKIE_NAME else None
 
 
-def _delete(response: HttpResponse, name: str, domain: str | None) -> None:
+def _delete(response: HttpResponse, name: str, domain: str | None, beside: bool = False) -> None:
+    """Delete the cookie `name` of `domain` on `response`; `beside`: in an entry of its own, before
+    a cookie of the same name the caller sets next."""
     # A browser ignores a __Host- cookie, deleting one included, that names a Domain: that one is
     # always deleted host-only (Django adds Secure for the prefix).
     domain = None if name == HOST_COOKIE_NAME else domain
-    if name not in response.cookies:
+    if name not in response.cookies and not beside:
         response.delete_cookie(name, path="/", domain=domain)
         return
     # A second cookie of the name (another Domain's): response.cookies keys its cookies by name,
     # but Django's WSGI and ASGI handlers both write one Set-Cookie per entry, named by the entry
-    # itself, so this one goes under a key no cookie name can be (it holds "; ").
+    # itself, in the entries' order, so this one goes under a key no cookie name can be (it holds "; ").
     deleting = HttpResponse()
     deleting.delete_cookie(name, path="/", domain=domain)
     response.cookies[f"{name}; Domain={domain or ''}"] = deleting.cookies[name]
@@ -294,19 +301,17 @@ def _renew(request: HttpRequest, response: HttpResponse, subject: str, signed_in
         _delete_stale(request, response, signed_in_here)
         return
     token = sessions.issue(subject, ttl=ttl)
-    stale = _set(response, token, ttl, _secure(request), domain, old_domain)
     # The browser sends every copy it keeps to this host: with none, there is nothing left to delete.
-    stale = stale if COOKIE_NAME in request.COOKIES else None
+    _set(response, token, ttl, _secure(request), domain, old_domain, COOKIE_NAME in request.COOKIES)
     if signed_in_here:
         _remember(request, token)
         request.session[_SET_FOR] = domain or ""
-        if stale is not None:
-            request.session[_STALE] = stale
 
 
 def _cookie_token(request: HttpRequest, signed_in_here: bool) -> str | None:
-    """The request's session token; while a moved cookie's old copy is still there (both come,
-    and Django keeps one value a name), the one this sign-in was given last, when it came."""
+    """The request's session token; while the old copy an earlier release left at a move is still
+    there (see _STALE: both come, and Django keeps one value a name), the one this sign-in was
+    given last, when it came."""
     if signed_in_here and isinstance(request.session.get(_STALE), str):
         issued = _issued(request)
         for token in _request_tokens(request) if issued else ():
@@ -317,8 +322,8 @@ def _cookie_token(request: HttpRequest, signed_in_here: bool) -> str | None:
 
 
 def _delete_stale(request: HttpRequest, response: HttpResponse, signed_in_here: bool) -> None:
-    """Delete the `livepush_session` a move left on the old Domain (see _set): the browser keeps
-    both until then, and two different session cookies count as none."""
+    """Delete the `livepush_session` a move by an earlier release left on the old Domain (see
+    _STALE): the browser keeps both until then, and two different session cookies count as none."""
     stale = request.session.get(_STALE) if signed_in_here else None
     if isinstance(stale, str):
         _delete(response, COOKIE_NAME, stale or None)
