@@ -412,13 +412,14 @@ async def test_every_store_rings_its_watchers_once_the_revocation_is_readable(
     assert await heard.store.revoked_among([s, t]) == {s.id, t.id}
 
 
-async def test_a_postgres_stores_canary_ring_is_heard_by_its_watchers_as_a_canary_and_re_checks_nothing(
-        pg_url: str) -> None:
-    """A server's readiness rings the store's channel with "canary TOKEN" (`ring_canary`): a
-    watcher that asked for canaries hears the token; neither it nor a watcher that did not ask
-    counts the ring as a revocation, so no server re-checks its sessions for it. A revocation
-    after it still rings both."""
-    ringer, asked, other = (PostgresRevocations(pg_url) for _ in range(3))
+@pytest.mark.parametrize("kind", SHARED_KINDS)
+async def test_a_shared_stores_canary_ring_is_heard_by_its_watchers_as_a_canary_and_re_checks_nothing(
+        kind: str, request: pytest.FixtureRequest) -> None:
+    """A server's readiness rings the store's channel with "canary TOKEN" (`ring_canary`), in
+    Postgres and in Redis alike: a watcher that asked for canaries hears the token; neither it nor
+    a watcher that did not ask counts the ring as a revocation, so no server re-checks its
+    sessions for it. A revocation after it still rings both."""
+    ringer, asked, other = (make_store(kind, request) for _ in range(3))
     tokens: asyncio.Queue[str] = asyncio.Queue()
     revoked, unasked = Rings(asked), Rings(other)
     try:

@@ -75,11 +75,7 @@ def server_parts(settings: Settings, *, app: App | None = None, with_jobs: Seque
     fanout = from_env(settings, listener=listener, subscriber=subscriber)
     store = store_from_settings(settings, listener=listener, subscriber=subscriber)
     states = _job_states(settings, listener)
-    # The store listens on the settings' database. The Postgres fan-out's canary goes through that
-    # listener, and so does the state ring of jobs kept there; with neither (the Redis fan-out, the
-    # jobs in another database) nothing showed that it hears, and revocations made elsewhere went
-    # unheard until the periodic re-check: readiness rings the store's own channel then.
-    ring_store = bool(settings.database_url) and fanout.name != "postgres" and not _jobs_on_settings_database(settings)
+    ring_store = _store_heard_alone(settings, fanout)
     # publish() and revoke() in this process go through the server's own parts (the local fan-out
     # and the memory store exist only there).
     api.set_default_fanout(fanout)
@@ -115,6 +111,18 @@ def _job_states(settings: Settings, listener: Listener | None) -> list[JobStates
     # A listener of its own: the shared one (LIVEPUSH_LISTEN_DATABASE_URL) reaches the settings'
     # database only, where these jobs' rings are never heard.
     return [JobStates(url)]
+
+
+def _store_heard_alone(settings: Settings, fanout: FanOut) -> bool:
+    """Whether no other ring than its own goes through the revocation store's listener: then
+    nothing else showed that it hears, and revocations made elsewhere went unheard until the
+    periodic re-check, so readiness rings the store's own channel."""
+    if settings.database_url:
+        # The store listens on the settings' database, where the Postgres fan-out's canary and the
+        # state ring of jobs kept there go too.
+        return fanout.name != "postgres" and not _jobs_on_settings_database(settings)
+    # In Redis (no database), on the subscriber the Redis fan-out's canary goes through too.
+    return bool(settings.redis_url) and fanout.name != "redis"
 
 
 def _jobs_on_settings_database(settings: Settings) -> bool:

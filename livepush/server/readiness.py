@@ -7,7 +7,8 @@ Five checks, each named in the JSON body (docs/reference.md#9-operations):
   seconds came back within CANARY_BOUND, and so did a ring of each state source's channel
   (`RingPath.ring_canary`), which may be heard elsewhere (on the Redis fan-out, `job:` topics
   are rung on Postgres), and of the revocation store's when the wiring says no other ring goes
-  through its listener (the Redis fan-out with the jobs in another database). A listener can
+  through its listener (the Redis fan-out with the jobs in another database, the local fan-out
+  with the revocations in Redis). A listener can
   look connected and hear nothing (a wedged subscription, a proxy that dropped it); only a
   message that went all the way round proves it hears;
 - schema: the database's schema is not older than this code needs (checked every SCHEMA_EVERY
@@ -194,7 +195,7 @@ class Readiness:
                 deaf=f"no state ring came back through it (readiness's ring of the {topics} topics)")
         if revocations is not None:
             self.ring_canaries[revocations] = Canary(
-                bound, missing="no revocation ring came back from the database (revocations made elsewhere "
+                bound, missing="no revocation ring came back from the revocation store (revocations made elsewhere "
                                "close sessions only at the periodic re-check)",
                 first="waiting for the first revocation ring to come back", gauged=False,
                 deaf="no revocation ring came back through it (readiness's ring of the revocation store)")

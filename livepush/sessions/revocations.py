@@ -4,9 +4,10 @@ A session is revoked when its id was revoked, or when its subject was revoked at
 moment it was issued. Servers ask the store at the handshake and, in batches, every
 `reverify_interval`. Each revocation also rings the store's doorbell (`watch()`): every server
 then re-checks its open sessions against the store at once. The ring carries nothing: a forged
-one costs a check and closes nothing, since only what the store holds revokes. On Postgres a
-server's readiness check may ring the doorbell too, with "canary TOKEN" (`ring_canary`), where
-no other ring shows that the store's listener hears: that ring re-checks nothing.
+one costs a check and closes nothing, since only what the store holds revokes. In Postgres and
+in Redis a server's readiness check may ring the doorbell too, with "canary TOKEN"
+(`ring_canary`), where no other ring shows that the store's listener hears: that ring re-checks
+nothing.
 
 Writes come in a sync and an async flavour because `revoke()` is called from sync web code and
 `arevoke()` from async code.
@@ -183,9 +184,21 @@ class MemoryRevocations(RevocationStore):
 # The tables (sql/0002_sessions.sql) and the channel this store owns. Its payload is empty (a
 # revocation, livepush_revocations_changed()) or "canary TOKEN" (a server's readiness check,
 # livepush_revocations_canary(), sql/0002_sessions.sql); any other payload is a
-# revocation's doorbell too: it costs a re-check and closes nothing.
+# revocation's doorbell too: it costs a re-check and closes nothing. The Redis store's channel
+# carries the same payloads.
 CHANNEL = "livepush_revocations"
 _CANARY = re.compile(r"canary ([0-9A-Za-z-]{1,64})")
+
+
+def _rang(payload: str, on_revoked: OnRevoked | None, on_canary: OnCanary | None) -> None:
+    """A ring of a store's channel, in Postgres or Redis: a canary's token to `on_canary` (it
+    re-checks nothing), anything else to `on_revoked`."""
+    canary = _CANARY.fullmatch(payload)
+    if canary is None:
+        if on_revoked is not None:
+            on_revoked()
+    elif on_canary is not None:
+        on_canary(canary.group(1))
 
 # name: ring_revocations_canary -- a server's readiness check (PostgresRevocations.ring_canary):
 # "canary TOKEN" on the store's channel (livepush_revocations_canary(), sql/0002_sessions.sql),
@@ -333,12 +346,7 @@ class PostgresRevocations(RevocationStore):
         await listener.start()
 
     def _heard(self, payload: str) -> None:
-        canary = _CANARY.fullmatch(payload)
-        if canary is None:
-            if self._on_revoked is not None:
-                self._on_revoked()
-        elif self._on_canary is not None:
-            self._on_canary(canary.group(1))
+        _rang(payload, self._on_revoked, self._on_canary)
 
     @property
     def listening(self) -> bool:
@@ -391,7 +399,8 @@ class RedisRevocations(RevocationStore):
     """Revocations in Redis, for a deployment with Redis and no database, under the deployment's
     prefix P, in braces (redis.client.namespace()): `{P}:revoked:session:<id>` expires with the
     session, `{P}:revoked:subject:<subject>` holds the cut-off time (ms) for SUBJECT_KEPT (no covered
-    session outlives it, on any clock within CLOCK_ALLOWANCE), and `{P}:revoked` is the doorbell channel."""
+    session outlives it, on any clock within CLOCK_ALLOWANCE), and `{P}:revoked` is the doorbell
+    channel (its payloads those of CHANNEL: empty, or a readiness check's "canary TOKEN")."""
 
     def __init__(self, url: str, *, prefix: str | None = None, subscriber: Subscriber | None = None) -> None:
         self.url = url
@@ -403,6 +412,8 @@ class RedisRevocations(RevocationStore):
         # A client per event loop (asyncio.run or async_to_sync in sync web code run their own).
         self._clients: LoopClients[Any] = LoopClients(
             lambda: async_client(self.url, "livepush-revocations", socket_timeout=5))
+        self._on_revoked: OnRevoked | None = None
+        self._on_canary: OnCanary | None = None
 
     def _aclient(self) -> Any:
         return self._clients.get()
@@ -490,13 +501,31 @@ class RedisRevocations(RevocationStore):
 
     async def watch(self, on_revoked: OnRevoked, *, on_canary: OnCanary | None = None) -> None:
         await self._check_reads(ListenError, while_loading=True)
+        self._on_revoked, self._on_canary = on_revoked, on_canary
         subscriber = self._subscriber.get()
-        subscriber.add(self.channel, lambda _frame: on_revoked(), on_resync=on_revoked)
+        # One bound method, added once however often a watch that failed to start is tried again.
+        subscriber.add(self.channel, self._heard, on_resync=on_revoked)
         await subscriber.start()
+
+    def _heard(self, frame: bytes) -> None:
+        _rang(frame.decode("utf-8", "replace"), self._on_revoked, self._on_canary)
 
     @property
     def listening(self) -> bool:
         return self._subscriber.listening
+
+    async def ring_canary(self, token: str) -> None:
+        import redis
+
+        # Through the store's client, not the subscriber's connection, whose silence it is to show.
+        try:
+            await self._aclient().publish(self.channel, f"canary {token}")
+        except (redis.RedisError, OSError) as exc:
+            raise failed(self.url, exc, "ringing the revocation channel") from exc
+
+    def relisten(self, reason: str) -> None:
+        # The subscriber's other channels, if it is shared, resync too: they heard nothing either.
+        self._subscriber.get().relisten(reason)
 
     async def aopen(self) -> None:
         await self._check_reads(DependencyError, while_loading=False)

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from livepush import jobs, metrics, sessions
-from livepush.config import set_settings
+from livepush.config import Settings, set_settings
 from livepush.errors import DependencyError
 from livepush.fanout.local import LocalFanOut
 from livepush.jobs import database
@@ -632,19 +632,12 @@ async def test_a_postgres_listener_a_proxy_dropped_silently_on_the_redis_fan_out
         relay.close()
 
 
-async def test_a_revocation_listener_a_proxy_dropped_silently_on_the_redis_fan_out_is_opened_anew(
-        make_pg_url: Callable[[], str], redis_url: str, secret: str, caplog: pytest.LogCaptureFixture) -> None:
-    """On the Redis fan-out with the jobs in another database (jobs.configure()), the revocation
-    store is the only part that listens on the sessions' database, so neither the fan-out's canary
-    nor the state ring goes through its listener. A proxy that stops forwarding that LISTEN
-    connection and closes nothing leaves it looking connected and hearing nothing: the server rings
-    the revocation channel too, /readyz says that ring is missing, the server listens there anew,
-    and a session revoked meanwhile is closed then, not at the periodic re-check; a warning says why."""
-    settings_url, jobs_url = make_pg_url(), make_pg_url()
-    relay = Relay(settings_url)
-    url = relay.start()
-    database.configure(jobs_url)
-    settings = dataclasses.replace(make_settings("redis", secret, None, redis_url), database_url=url)
+async def revocation_ring_mends(settings: Settings, relay: Relay, marker: bytes,
+                                caplog: pytest.LogCaptureFixture) -> None:
+    """Serve `settings`, whose revocation store alone listens through `relay`, and silence that
+    listening connection (the one that sent `marker`): /readyz says the revocation ring is
+    missing, the server listens anew, a session revoked meanwhile is closed then, not at the
+    periodic re-check (an hour here), and a warning says why."""
     served = await start_served(settings, app=App(reverify_interval=3600))
     readiness = served.server.readiness
     readiness.every = 0.1
@@ -655,8 +648,8 @@ async def test_a_revocation_listener_a_proxy_dropped_silently_on_the_redis_fan_o
     try:
         assert client.hello["session"] == {"subject": "user-7"}
         await async_wait_for(lambda: readiness.report()[0], 10.0, message="ready at first")
-        assert relay.silence(b"LISTEN") == 1
-        await asyncio.to_thread(sessions.revoke, token)  # stored through a pooled connection, which works
+        assert relay.silence(marker) == 1
+        await asyncio.to_thread(sessions.revoke, token)  # stored through another connection, which works
         await async_wait_for(lambda: not readiness.report()[0], 10.0, message="/readyz to turn 503")
         status, body = await readyz(served)
         canary = body["checks"]["canary"]  # type: ignore[index]
@@ -667,8 +660,41 @@ async def test_a_revocation_listener_a_proxy_dropped_silently_on_the_redis_fan_o
         assert await client.closed_with(timeout=4.0) == 4403
         await heals_with_one_warning(readiness, caplog, "no revocation ring came back")
     finally:
-        database.configure(None)
         await client.close()
         await served.stop()
         set_settings(None)
+
+
+async def test_a_revocation_listener_a_proxy_dropped_silently_on_the_redis_fan_out_is_opened_anew(
+        make_pg_url: Callable[[], str], redis_url: str, secret: str, caplog: pytest.LogCaptureFixture) -> None:
+    """On the Redis fan-out with the jobs in another database (jobs.configure()), the revocation
+    store is the only part that listens on the sessions' database, so neither the fan-out's canary
+    nor the state ring goes through its listener. A proxy that stops forwarding that LISTEN
+    connection and closes nothing leaves it looking connected and hearing nothing: the server rings
+    the revocation channel too, and mends it (revocation_ring_mends)."""
+    settings_url, jobs_url = make_pg_url(), make_pg_url()
+    relay = Relay(settings_url)
+    url = relay.start()
+    database.configure(jobs_url)
+    try:
+        settings = dataclasses.replace(make_settings("redis", secret, None, redis_url), database_url=url)
+        await revocation_ring_mends(settings, relay, b"LISTEN", caplog)
+    finally:
+        database.configure(None)
+        relay.close()
+
+
+async def test_a_revocation_subscription_a_proxy_dropped_silently_on_the_local_fan_out_is_opened_anew(
+        redis_url: str, secret: str, caplog: pytest.LogCaptureFixture) -> None:
+    """On the local fan-out with a Redis URL and no database, revocations are kept in Redis and
+    heard on its pub/sub, through which neither the fan-out's canary nor any state ring goes. A
+    proxy that stops forwarding that subscription and closes nothing leaves it looking connected
+    and hearing nothing: the server rings the revocation channel, and mends it
+    (revocation_ring_mends)."""
+    relay = Relay(redis_url)
+    url = relay.start()
+    try:
+        settings = dataclasses.replace(make_settings("local", secret, None, None), redis_url=url)
+        await revocation_ring_mends(settings, relay, b"SUBSCRIBE", caplog)
+    finally:
         relay.close()
