@@ -8,7 +8,7 @@
     ├── UnknownJobError (LookupError)      a job name this process has no function for
     ├── JobNotFound (LookupError)          no job with that id (jobs.signal)
     ├── JobFinishedError                   the job has finished (jobs.signal)
-    ├── RuntimeStoppedError (TimeoutError)  a sync job's ctx call: the runtime's loop stopped
+    ├── RuntimeStoppedError                a sync job's ctx call: the runtime's loop stopped
     ├── WorkflowNotFound (LookupError)     no workflow run with that id
     ├── ArgumentValueError (ValueError) > WorkflowStepSignalError  jobs.signal() of a step's
     │                                      wait_for= signal straight to its job
@@ -71,12 +71,13 @@ class JobFinishedError(LivepushError):
     """The job has finished (succeeded, failed or cancelled): it takes no more signals."""
 
 
-class RuntimeStoppedError(LivepushError, TimeoutError):
+class RuntimeStoppedError(LivepushError):
     """A sync job's blocking ctx call (checkpoint, run_child, wait_for_signal, sleep,
     ctx.group.enqueue, ...) got no answer: the runtime's event loop, which runs the call, stopped
     while the job's thread waited (the runtime shut down under it). The run ends there: its job was
-    given back or will be rescued, and runs again as its retries allow. A TimeoutError, as the
-    call's own timeout would be: its outcome (an add that reached its commit) is unknown."""
+    given back or will be rescued, and runs again as its retries allow. Not a TimeoutError: a job's
+    own `except TimeoutError:` (a signal that did not come in time) must not run on a shutdown.
+    A ctx.group.enqueue that raises it may have reached its commit: pass key= to its retry."""
 
 
 # -- durable jobs (livepush/jobs/durable/) -----------------------------------------------------

@@ -1468,6 +1468,9 @@ def test_a_sync_jobs_context_call_ends_when_the_runtimes_loop_stops_under_it(mon
     assert job.ended(5), "the sync job's ctx.sleep still waits on a loop that stopped"
     assert isinstance(job.error, RuntimeStoppedError), job.error
     assert "stopped" in str(job.error) and "runs again" in str(job.error), job.error
+    # Not a TimeoutError: a job's `except TimeoutError:` around a wait_for_signal is its own
+    # timeout branch (escalate, notify someone), which a shutdown must not run.
+    assert not isinstance(job.error, TimeoutError)
 
     started = time.monotonic()
     with pytest.raises(RuntimeStoppedError):
