@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import io
 import uuid
-from collections.abc import Callable
+from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from http.cookies import SimpleCookie
@@ -22,7 +23,7 @@ from django.test import Client, override_settings
 from livepush import sessions
 from livepush.config import get_settings
 from tests.support.procs import Processes
-from tests.support.waiting import wait_for
+from tests.support.waiting import async_wait_for, wait_for
 from tests.support.wsclient import WSClient
 
 pytestmark = pytest.mark.usefixtures("django_site")
@@ -35,6 +36,24 @@ def signed_in() -> tuple[Client, Any]:
     client = Client()
     client.force_login(user)
     return client, user
+
+
+@contextmanager
+def _counted_session_writes() -> Iterator[list[str]]:
+    """The ids of the sessions the default store revokes meanwhile, one entry per write."""
+    store = sessions.default_store()
+    revoked: list[str] = []
+    add_session = store.add_session
+
+    def counted(session_id: str, expires_at: float) -> None:
+        revoked.append(session_id)
+        add_session(session_id, expires_at)
+
+    store.add_session = counted  # type: ignore[method-assign]
+    try:
+        yield revoked
+    finally:
+        del store.add_session
 
 
 def test_a_signed_in_user_gets_a_session_cookie_for_their_subject() -> None:
@@ -327,18 +346,8 @@ def test_signing_out_revokes_the_session_a_renewal_replaced() -> None:
     assert renewed and renewed != first
     store, secrets = sessions.default_store(), get_settings().secrets
     assert not asyncio.run(store.is_revoked(sessions.decode(first, secrets)))  # open pages go on
-    revoked: list[str] = []
-    add_session = store.add_session
-
-    def counted(session_id: str, expires_at: float) -> None:
-        revoked.append(session_id)
-        add_session(session_id, expires_at)
-
-    store.add_session = counted  # type: ignore[method-assign]
-    try:
+    with _counted_session_writes() as revoked:
         client.post("/logout/")
-    finally:
-        del store.add_session
     for token in (first, renewed):
         assert asyncio.run(store.is_revoked(sessions.decode(token, secrets))), token == first
     assert sorted(revoked) == sorted({sessions.decode(t, secrets).id for t in (first, renewed)}), "one write each"
@@ -458,6 +467,99 @@ def test_signing_out_while_the_store_blocks_answers_within_a_bound_and_revokes_o
     assert response.status_code == 302 and response.cookies["livepush_session"].value == ""
     wait_for(lambda: asyncio.run(sessions.default_store().is_revoked(session)), timeout=10,
              message="the session revoked once the store answered")
+
+
+BACKEND = "django.contrib.auth.backends.ModelBackend"
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+def test_login_and_alogin_revoke_another_users_session_once(path: str) -> None:
+    """login() and alogin() reach different receivers, which take the same decisions: another
+    user's session in the cookie is revoked, with one write (not one per receiver), and a second
+    sign-in in the same request is a sign-in of its own."""
+    from asgiref.sync import async_to_sync
+    from django.contrib.auth import alogin, login
+
+    first, second = (get_user_model().objects.create_user(f"u{uuid.uuid4().hex[:10]}", password="x")
+                     for _ in range(2))
+    secrets = get_settings().secrets
+    firsts, seconds = sessions.issue(str(first.pk), ttl=3600), sessions.issue(str(second.pk), ttl=3600)
+    request = _middleware_request(first, cookie=f"livepush_session={firsts}; __Host-livepush_session={seconds}")
+    with _counted_session_writes() as revoked:
+        for user in (second, first):
+            if path == "sync":
+                login(request, user, backend=BACKEND)
+            else:
+                async_to_sync(alogin)(request, user, backend=BACKEND)
+    ids = [sessions.decode(t, secrets).id for t in (firsts, seconds)]
+    assert revoked == ids, "the first user's at the first sign-in, the second's at the second: one write each"
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+def test_logout_and_alogout_revoke_the_same_sessions_once_each(path: str) -> None:
+    """Django's logout() (WSGI, or a sync view) and alogout() (an async view) reach different
+    receivers, which take the same decisions: the cookie's session and the ones issued to the
+    sign-in are revoked, with one write each (not one per receiver), and the cookie goes."""
+    from asgiref.sync import async_to_sync
+    from django.contrib.auth import alogout, logout
+
+    user = get_user_model().objects.create_user(f"u{uuid.uuid4().hex[:10]}", password="x")
+    secrets = get_settings().secrets
+    replaced, current = sessions.issue(str(user.pk), ttl=3600), sessions.issue(str(user.pk), ttl=3600)
+    request = _middleware_request(user, cookie=f"livepush_session={current}")
+    earlier = sessions.decode(replaced, secrets)
+    request.session["_livepush_sessions"] = [[earlier.id, earlier.subject, earlier.expires_at]]
+    request.session.save()
+    with _counted_session_writes() as revoked:
+        if path == "sync":
+            logout(request)
+        else:
+            async_to_sync(alogout)(request)
+    assert sorted(revoked) == sorted(sessions.decode(t, secrets).id for t in (replaced, current)), "one write each"
+    assert getattr(request, "_livepush_session_revoked", False)
+
+
+@pytest.mark.parametrize("call", ["alogout", "alogin"])
+async def test_alogout_and_alogin_leave_djangos_shared_sync_thread_free_while_the_store_is_locked(
+        call: str, django_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ASGI every sync_to_async() call of the site runs in one shared thread. alogout() and
+    alogin() ran livepush's receivers there, which wait up to READ_TIMEOUT for a locked revocation
+    store: the whole site's sync code waited behind them. Their receivers now wait in the event loop."""
+    import threading
+
+    from asgiref.sync import sync_to_async
+    from django.contrib.auth import alogin, alogout
+
+    from livepush.sessions.revocations import READ_TIMEOUT
+
+    user = await get_user_model().objects.acreate_user(f"u{uuid.uuid4().hex[:10]}", password="x")
+    other = await get_user_model().objects.acreate_user(f"u{uuid.uuid4().hex[:10]}", password="x")
+    token = sessions.issue(str(user.pk), ttl=3600)
+    request = await sync_to_async(_middleware_request)(user, cookie=f"livepush_session={token}")
+    # Signing in as another user over the cookie's session revokes it, as signing out does.
+    signing = alogout(request) if call == "alogout" else alogin(request, other, backend=BACKEND)
+    revoking = threading.Event()
+    revoke = sessions.revoke
+
+    def noted(token: Any, **kwargs: Any) -> Any:
+        revoking.set()
+        return revoke(token, **kwargs)
+
+    monkeypatch.setattr(sessions, "revoke", noted)
+    locker = await psycopg.AsyncConnection.connect(django_db_url)
+    try:
+        await locker.execute("LOCK TABLE livepush_revoked_sessions IN ACCESS EXCLUSIVE MODE")
+        signing_task = asyncio.create_task(signing)
+        assert await asyncio.to_thread(revoking.wait, 10), "the revocation began"
+        # Another request's sync code gets the shared thread now, not once the store answered.
+        await asyncio.wait_for(sync_to_async(lambda: None)(), timeout=READ_TIMEOUT / 2)
+        await asyncio.wait_for(signing_task, timeout=READ_TIMEOUT + 5)
+    finally:
+        await locker.rollback()
+        await locker.close()
+    session = sessions.decode(token, get_settings().secrets)
+    await async_wait_for(lambda: sessions.default_store().is_revoked(session), timeout=10,
+                         message="the session revoked once the lock went")
 
 
 def _middleware_request(user: Any, *, cookie: str | None = None) -> Any:

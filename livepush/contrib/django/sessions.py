@@ -18,6 +18,7 @@ Settings (all optional):
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
@@ -51,6 +52,8 @@ log = logging.getLogger("livepush.contrib.django")
 
 DEFAULT_TTL = 86400.0
 _REVOKED = "_livepush_session_revoked"  # set on a request whose session was revoked by its logout
+# On a request, per signal: which of the signal's two receivers ("sync", "async") took its dispatch.
+_TAKEN = "_livepush_taken_by_"
 # In the user's Django session: [id, subject, expires_at] of each livepush session issued to it.
 _ISSUED = "_livepush_sessions"
 # In the user's Django session: the Domain the middleware last set the cookie with ("" host-only).
@@ -243,10 +246,7 @@ class LivePushSessionMiddleware:
         if not _signed_in(request, user):
             _drop(request, response)
         else:
-            # A subject function may read the database (a profile's id), which async code must not
-            # do in the event loop's thread; the default, str(user.pk), reads nothing.
-            subject = subject_of(user) if _subject_setting() is None else await sync_to_async(subject_of)(user)
-            _renew(request, response, subject, await _adjango_sign_in(request))
+            _renew(request, response, await _asubject_of(user), await _adjango_sign_in(request))
         _keep_from_shared_caches(response)
         return response
 
@@ -259,6 +259,12 @@ def _keep_from_shared_caches(response: HttpResponse) -> None:
     if any(morsel.key in COOKIE_NAMES for morsel in response.cookies.values()):
         patch_cache_control(response, private=True)
         patch_vary_headers(response, ("Cookie",))
+
+
+async def _asubject_of(user: Any) -> str:
+    """subject_of() for async code: a subject function may read the database (a profile's id), which
+    async code must not do in the event loop's thread; the default, str(user.pk), reads nothing."""
+    return subject_of(user) if _subject_setting() is None else await sync_to_async(subject_of)(user)
 
 
 def _signed_in(request: HttpRequest, user: Any) -> bool:
@@ -367,9 +373,19 @@ def _remember(request: HttpRequest, token: str) -> None:
 
 
 def _issued(request: HttpRequest) -> list[Session]:
-    """The livepush sessions _remember() kept in the request's Django session (an entry of another
-    shape, which no release of this code wrote, is skipped)."""
-    entries = getattr(request, "session", {}).get(_ISSUED)
+    """The livepush sessions _remember() kept in the request's Django session."""
+    return _issued_in(getattr(request, "session", {}).get(_ISSUED))
+
+
+async def _aissued(request: HttpRequest) -> list[Session]:
+    """_issued() for async code: the Django session is loaded without a read in the loop's thread."""
+    django_session = getattr(request, "session", None)
+    return _issued_in(None if django_session is None else await django_session.aget(_ISSUED))
+
+
+def _issued_in(entries: Any) -> list[Session]:
+    """The sessions of a Django session's _ISSUED entry (an entry of another shape, which no release
+    of this code wrote, is skipped)."""
     found: list[Session] = []
     for entry in entries if isinstance(entries, list) else ():
         if (isinstance(entry, list) and len(entry) == 3 and all(isinstance(part, str) for part in entry[:2])
@@ -378,21 +394,52 @@ def _issued(request: HttpRequest) -> list[Session]:
     return found
 
 
+def _take(request: HttpRequest, signal: str, kind: str) -> bool:
+    """Whether the receiver of `kind` ("sync" or "async") is the first of `signal`'s two to see this
+    dispatch of it for `request`. Each dispatch reaches both: send() (logout(), login()) calls the
+    sync one first, asend() (alogout(), alogin()) starts the async one first; the second must not
+    revoke again, and clears the mark for the next dispatch. A mark of its own kind is one whose
+    other half never came (a receiver raised): a new dispatch. setdefault(): atomic between the
+    two threads."""
+    key = _TAKEN + signal
+    if vars(request).setdefault(key, kind) == kind:
+        return True
+    del vars(request)[key]
+    return False
+
+
 def revoke_on_logout(sender: Any, request: HttpRequest | None = None, user: Any = None, **kwargs: Any) -> None:
-    """`user_logged_out` receiver: revoke the session in the request's cookie, so the sockets it
-    opened close with 4403; the middleware then deletes the cookie. Every session cookie the
-    request carries is revoked: two different ones count as none for a new socket, but each may
-    have opened sockets before the other came (an HTTPS page's `__Host-` cookie, then a plain HTTP
-    page's), and those must close too; and so is every session the middleware issued to this
-    sign-in (kept in its Django session), the ones a renewal replaced among them."""
-    if request is None:
+    """`user_logged_out` receiver of logout() (and of a sync view under ASGI): revoke the session in
+    the request's cookie, so the sockets it opened close with 4403; the middleware then deletes the
+    cookie. Every session cookie the request carries is revoked: two different ones count as none
+    for a new socket, but each may have opened sockets before the other came (an HTTPS page's
+    `__Host-` cookie, then a plain HTTP page's), and those must close too; and so is every session
+    the middleware issued to this sign-in (kept in its Django session), the ones a renewal replaced
+    among them."""
+    if request is None or not _take(request, "logout", "sync"):
         return
+    # Read before Django's logout() flushes the Django session, which it does after this signal.
+    _revoke(_signed_out(request, _issued(request)))
+
+
+async def arevoke_on_logout(sender: Any, request: HttpRequest | None = None, user: Any = None,
+                            **kwargs: Any) -> None:
+    """revoke_on_logout() for alogout(): awaited in the event loop. As a sync receiver, asend() ran
+    it in the one thread every sync_to_async() call of an ASGI site shares, which a locked store
+    held for up to READ_TIMEOUT."""
+    if request is None or not _take(request, "logout", "async"):
+        return
+    await _arevoke(_signed_out(request, await _aissued(request)))
+
+
+def _signed_out(request: HttpRequest, issued: list[Session]) -> list[str | Session]:
+    """What a sign-out revokes, `request` marked as signed out for the middleware: the request's
+    session cookies and the sessions `issued` to the sign-in. The cookie's own session is kept
+    there too: revoked once, one write to the store."""
     setattr(request, _REVOKED, True)
     tokens = _request_tokens(request)
     in_cookies = {session.id for session in map(_decoded, tokens) if session is not None}
-    # Read before Django's logout() flushes the Django session, which it does after this signal.
-    # The cookie's own session is kept there too: revoked once, one write to the store.
-    _revoke([*tokens, *(session for session in _issued(request) if session.id not in in_cookies)])
+    return [*tokens, *(session for session in issued if session.id not in in_cookies)]
 
 
 def _decoded(token: str) -> Session | None:
@@ -407,11 +454,21 @@ def revoke_on_login(sender: Any, request: HttpRequest | None = None, user: Any =
     carry. A user who signs in over another's session (a shared browser) makes Django flush that
     one without sending user_logged_out, and the sockets its pages opened went on showing the other
     user's topics to this one until the token expired. The same user signing in again keeps them."""
-    if request is None or user is None:
+    if request is None or user is None or not _take(request, "login", "sync"):
         return
     tokens = _request_tokens(request)
     if tokens:
         _revoke(other_subjects(tokens, subject_of(user)))
+
+
+async def arevoke_on_login(sender: Any, request: HttpRequest | None = None, user: Any = None, **kwargs: Any) -> None:
+    """revoke_on_login() for alogin(): awaited in the event loop, not in the thread every
+    sync_to_async() call of an ASGI site shares (see arevoke_on_logout)."""
+    if request is None or user is None or not _take(request, "login", "async"):
+        return
+    tokens = _request_tokens(request)
+    if tokens:
+        await _arevoke(other_subjects(tokens, await _asubject_of(user)))
 
 
 def _request_tokens(request: HttpRequest) -> list[str]:
@@ -432,9 +489,40 @@ def _revoke(tokens: Sequence[str | Session]) -> None:
     revoking.start()
     revoking.join(READ_TIMEOUT)
     if revoking.is_alive():
-        log.warning("a livepush session's revocation has not been stored within %g s (the revocation store is "
-                    "locked or slow): the sign-in or sign-out goes on, and the revocation is stored once the store "
-                    "answers", READ_TIMEOUT)
+        _still_revoking()
+
+
+async def _arevoke(tokens: Sequence[str | Session]) -> None:
+    """_revoke() for async code: the same thread and bound, waited for in the event loop."""
+    if nowhere_to_revoke(tokens, log):
+        return
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def settle() -> None:
+        if not done.done():  # not when the wait below gave up already
+            done.set_result(None)
+
+    def revoke_then_tell() -> None:
+        try:
+            _revoke_now(tokens)
+        finally:
+            try:
+                loop.call_soon_threadsafe(settle)
+            except RuntimeError:
+                pass  # the loop closed after the wait gave up: nobody is told any more
+
+    threading.Thread(target=revoke_then_tell, name="livepush-revoke", daemon=True).start()
+    try:
+        await asyncio.wait_for(done, READ_TIMEOUT)
+    except TimeoutError:
+        _still_revoking()
+
+
+def _still_revoking() -> None:
+    log.warning("a livepush session's revocation has not been stored within %g s (the revocation store is "
+                "locked or slow): the sign-in or sign-out goes on, and the revocation is stored once the store "
+                "answers", READ_TIMEOUT)
 
 
 # How long the revoking thread tries again a store that did not answer (a migration holding its
@@ -471,5 +559,9 @@ def _not_revoked() -> None:
     log.exception("could not revoke a livepush session at a user's sign-in or sign-out")
 
 
+# A sync and an async receiver for each signal, the one that comes first taking the dispatch (_take):
+# logout() and login() wait in the request's thread, alogout() and alogin() in the event loop.
 user_logged_out.connect(revoke_on_logout, dispatch_uid="livepush.contrib.django.sessions.revoke_on_logout")
+user_logged_out.connect(arevoke_on_logout, dispatch_uid="livepush.contrib.django.sessions.arevoke_on_logout")
 user_logged_in.connect(revoke_on_login, dispatch_uid="livepush.contrib.django.sessions.revoke_on_login")
+user_logged_in.connect(arevoke_on_login, dispatch_uid="livepush.contrib.django.sessions.arevoke_on_login")
