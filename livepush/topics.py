@@ -48,7 +48,7 @@ def validate_topic(topic: object) -> str:
         if isinstance(topic, str) and SEP in topic:
             # A signed topic where a plain one goes (publish(handle.signed_topic, ...)): say which
             # topic is meant, and show no signature, a capability whoever reads the error could use.
-            plain = topic.split(SEP, 1)[0]
+            plain = plain_part(topic)
             raise InvalidTopic(
                 f"invalid topic {plain[:60]!r}~...: that is a signed topic, which a page subscribes with; "
                 f"give the plain topic here, {plain[:60]!r}",
@@ -90,6 +90,12 @@ def check_state_topic(topic: str) -> None:
 
 def is_signed(topic: str) -> bool:
     return SEP in topic
+
+
+def plain_part(topic: str) -> str:
+    """The plain topic `topic` names: itself, or a signed topic's part before its signature, which
+    is not verified here (what finds a subscription the connection already holds, or an error)."""
+    return topic.split(SEP, 1)[0]
 
 
 def _signer(secrets: Sequence[str]) -> Signer:

@@ -331,10 +331,10 @@ class PushServer:
             self.hub.unsubscribe(client, topic)
         client.topics.clear()
 
-    def on_frame(self, client: Connection, raw: str | bytes) -> Awaitable[None] | None:
-        """Act on one client frame; a subscribe returns what to await (the hub reads), any other
-        frame is done on return. The next frame of that client waits for it either way."""
-        cmd = protocol.parse(raw)
+    def on_frame(self, client: Connection, cmd: protocol.Command) -> Awaitable[None] | None:
+        """Act on one client frame, parsed by the connection as it came; a subscribe returns what
+        to await (the hub reads), any other frame is done on return. The next frame of that client
+        waits for it either way."""
         if isinstance(cmd, protocol.BadFrame):
             client.send(protocol.error(cmd.reason, cmd.detail))
             if client.bad_frames.add(time.monotonic()):
@@ -342,26 +342,25 @@ class PushServer:
         elif isinstance(cmd, protocol.Subscribe):
             return self._subscribe(client, cmd)
         elif isinstance(cmd, protocol.Unsubscribe):
-            self._unsubscribe(client, cmd)
+            self._unsubscribe(client, topics.plain_part(cmd.topic))
         elif isinstance(cmd, protocol.Ping):
             client.send(protocol.pong(cmd.ref))
         return None
 
-    def served_at_once(self, client: Connection, raw: str | bytes) -> bool:
-        """Serve `raw` now if it is an unsubscribe of the topic whose replay (or snapshot) the
+    def served_at_once(self, client: Connection, cmd: protocol.Command) -> bool:
+        """Serve `cmd` now if it is an unsubscribe of the topic whose replay (or snapshot) the
         client's subscribe is sending, the next frame after that subscribe: waiting its turn,
         it came only once the client had read the whole replay it no longer wants. Anything else
         waits, and is answered in the order sent."""
-        cmd = protocol.parse(raw)
         if not isinstance(cmd, protocol.Unsubscribe):
             return False
-        if not self.hub.joining(client, cmd.topic.split(topics.SEP, 1)[0]):
+        plain = topics.plain_part(cmd.topic)
+        if not self.hub.joining(client, plain):
             return False
-        self._unsubscribe(client, cmd)
+        self._unsubscribe(client, plain)
         return True
 
-    def _unsubscribe(self, client: Connection, cmd: protocol.Unsubscribe) -> None:
-        plain = cmd.topic.split(topics.SEP, 1)[0]
+    def _unsubscribe(self, client: Connection, plain: str) -> None:
         if plain in client.topics:
             client.topics.discard(plain)
             metrics.SUBSCRIPTIONS.dec()

@@ -1,7 +1,7 @@
 """One client connection: websockets' sans-I/O ServerProtocol under an asyncio.Protocol.
 
 No task and no timer of its own. Bytes in go `data_received` -> `ServerProtocol.receive_data` ->
-its events -> `PushServer.on_frame`; a subscribe (the hub reads) runs in a short-lived task
+its events -> `protocol.parse` (once a frame) -> `PushServer.on_frame`; a subscribe (the hub reads) runs in a short-lived task
 while the connection's next frames wait for it (but an unsubscribe of the topic it replays, sent
 next: `PushServer.served_at_once`). Bytes out are whole frames written to the
 transport: a broadcast frame is encoded once (`frames.text`) and the same bytes object goes to
@@ -75,9 +75,9 @@ METHOD_BYTES = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZab
 class Server(Protocol):
     """What a connection asks of the server (app.PushServer)."""
 
-    def on_frame(self, client: Connection, raw: str | bytes) -> Awaitable[None] | None: ...
+    def on_frame(self, client: Connection, cmd: protocol.Command) -> Awaitable[None] | None: ...
 
-    def served_at_once(self, client: Connection, raw: str | bytes) -> bool:
+    def served_at_once(self, client: Connection, cmd: protocol.Command) -> bool:
         """Whether a frame that came while a subscribe is served, with none waiting before it,
         was served at once (it must not wait for that subscribe)."""
 
@@ -129,7 +129,7 @@ class Connection(asyncio.Protocol):
         # the bytes then waiting in the transport (None: drain() is not waiting).
         self.stalled: tuple[float, int] | None = None
         self.busy: asyncio.Task[None] | None = None  # the subscribe being served
-        self.inbox: list[str | bytes] | None = None  # frames that wait for it
+        self.inbox: list[protocol.Command] | None = None  # frames that wait for it, parsed
         self.partial: bytearray | None = None  # a fragmented message so far (opcode in its first byte)
         self.line: bytes | None = None  # the request head's unfinished line so far (None: nothing of it yet)
         self.lengths = b""  # the request's Content-Length values (plain where lengths), each followed by a comma
@@ -447,16 +447,19 @@ class Connection(asyncio.Protocol):
                 return
         if self.closing:
             return
+        # Parsed once, here: a frame that waits for a subscribe waits parsed, and is not read
+        # again for served_at_once() and then for on_frame().
+        cmd = protocol.parse(raw)
         if self.busy is not None:
-            if not self.inbox and self.core.server.served_at_once(self, raw):
+            if not self.inbox and self.core.server.served_at_once(self, cmd):
                 return
             if self.inbox is None:
                 self.inbox = []
-            self.inbox.append(raw)
+            self.inbox.append(cmd)
             if len(self.inbox) == INBOX_FRAMES:
                 self.transport.pause_reading()
             return
-        work = self.core.server.on_frame(self, raw)
+        work = self.core.server.on_frame(self, cmd)
         if work is not None:
             self.busy = asyncio.ensure_future(self._serve(work))
 
@@ -470,14 +473,14 @@ class Connection(asyncio.Protocol):
                     return
                 work = None
                 while self.inbox and work is None and not self.closing:
-                    raw = self.inbox.pop(0)
+                    cmd = self.inbox.pop(0)
                     if len(self.inbox) == INBOX_FRAMES - 1:
                         self.transport.resume_reading()
                         # What the peer sent while it was not read (a pong among it) is read now:
                         # its keepalive clock starts again from here.
                         self.seen = self.core.now
                         self.ping_at = 0.0
-                    work = self.core.server.on_frame(self, raw)
+                    work = self.core.server.on_frame(self, cmd)
         except asyncio.CancelledError:
             if not self.closing:  # not this connection's loss (a bug): the client reconnects, not waits
                 log.error("serving a client's frame was cancelled; closing it")

@@ -350,6 +350,42 @@ async def test_frames_sent_while_a_subscribe_is_served_are_answered_after_it_in_
     await client.close()
 
 
+async def test_a_frame_that_waits_behind_a_subscribe_is_parsed_once(
+    start_server: Callable[..., Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A frame that came while a subscribe was served was parsed when it came (to see whether it
+    could be served at once) and again when its turn came: up to INBOX_FRAMES frames of 64 KiB
+    read twice. Each is parsed once, and answered in the order sent as before."""
+    decide = asyncio.Event()
+
+    async def authorize(session: object, topic: str) -> bool:
+        await decide.wait()
+        return True
+
+    server = await start_server(app=livepush.App(authorize=authorize, authorize_timeout=30))
+    parsed: list[str | bytes] = []
+    parse = protocol.parse
+
+    def counted(raw: str | bytes) -> protocol.Command:
+        parsed.append(raw)
+        return parse(raw)
+
+    monkeypatch.setattr(protocol, "parse", counted)
+    client = await WSClient.open(url(server))
+    await client.send({"op": "subscribe", "topic": "room:once", "since": None, "ref": "s"})
+    for ref in range(3):
+        await client.send({"op": "ping", "ref": ref})
+    await client.send({"op": "unsubscribe", "topic": "room:once"})
+    await async_wait_for(lambda: len(on_server(server, client).inbox or ()) == 4, 5,
+                         message="the frames to wait behind the subscribe")
+    decide.set()
+    answers = [await client.recv() for _ in range(4)]
+    assert [(a["op"], a["ref"]) for a in answers] == [("subscribed", "s"), ("pong", 0), ("pong", 1), ("pong", 2)]
+    await async_wait_for(lambda: not on_server(server, client).topics, 5, message="the unsubscribe")
+    assert len(parsed) == 5, parsed
+    await client.close()
+
+
 async def _one_write(port: int, data: bytes) -> bytes:
     """Send `data` in one write; return everything the server sends until it closes."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
