@@ -709,6 +709,24 @@ class Registry {
     return sub;
   }
 
+  /**
+   * The pong of the ping sent with `ref` came. The server answers a connection's frames in order,
+   * so a subscribe sent before that ping and still unanswered never will be: the server could
+   * not read it and said so in an `error`, which has no ref. It stops counting as awaited, or
+   * every later wake-up ping would wait the whole heartbeat for it.
+   * @param {unknown} ref
+   */
+  answeredBefore(ref) {
+    const upTo = Number(ref);
+    if (!Number.isFinite(upTo)) return;
+    // Refs increase and are expected in the order they are sent: the first one not below the
+    // ping's went out after it.
+    for (const key of this._pending.keys()) {
+      if (Number(key) >= upTo) break;
+      this._pending.delete(key);
+    }
+  }
+
   /** Whether a subscribe of this connection still awaits its answer. */
   get awaiting() {
     return this._pending.size > 0;
@@ -1073,7 +1091,9 @@ export class LivePush {
         for (const sub of this._registry.forTopic(frame.topic)) sub._reset();
         return;
       case 'pong':
-        return; // its arrival already fed the heartbeat
+        // Its arrival already fed the heartbeat; and it comes after every answer to what was sent before its ping.
+        this._registry.answeredBefore(frame.ref);
+        return;
       case 'error':
         this._report({ reason: String(frame.reason ?? 'error'), detail: frame.detail });
         return;

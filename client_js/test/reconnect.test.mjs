@@ -364,6 +364,31 @@ test('a tab switch while the server decides its subscribes keeps the connection:
   h.lp.close();
 });
 
+test('a subscribe the server answered with a ref-less error stops counting as awaited once a later ping is answered', () => {
+  // A subscribe frame the server could not read gets `error` without a ref: no `subscribed` or
+  // `refused` ever comes for it. Counted as awaited for the connection's life, it gave every
+  // later wake-up ping the whole heartbeat instead of the grace. The server answers in order, so
+  // the pong of a ping sent after it says that no answer is coming.
+  const h = harness();
+  h.lp.subscribe('team:7', () => {});
+  const ws = h.last();
+  ws.hello({ heartbeat: 25 });
+  ws.receive({ op: 'error', reason: 'bad_frame', detail: 'subscribe "since" must be an offset string or null' });
+  assert.equal(h.errors.at(-1).reason, 'bad_frame');
+  h.clock.advance(25_000); // the heartbeat's ping, sent after that subscribe
+  h.lp.subscribe('team:8', () => {}); // sent after the ping: its answer comes after the pong
+  ws.receive({ op: 'pong', ref: ws.frames('ping').at(-1).ref });
+  h.document.dispatch('visibilitychange');
+  h.clock.advance(HEARTBEAT_GRACE_MS + 1_500);
+  assert.equal(h.lp.status, 'open', 'the subscribe sent after the ping no longer counted as awaited');
+  ws.receive({ op: 'subscribed', ref: ws.frames('subscribe').at(-1).ref, topic: 'team:8', offset: null });
+  ws.receive({ op: 'pong', ref: ws.frames('ping').at(-1).ref });
+  h.document.dispatch('visibilitychange');
+  h.clock.advance(HEARTBEAT_GRACE_MS);
+  assert.equal(h.lp.status, 'reconnecting', 'the wake-up ping waited for an answer that never comes');
+  h.lp.close();
+});
+
 test('a socket that dies while its subscribes wait for answers is still replaced, within heartbeat and grace', () => {
   const h = harness();
   h.lp.subscribe('team:7', () => {});
