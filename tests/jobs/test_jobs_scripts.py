@@ -44,9 +44,23 @@ async def added_async(ctx: Any) -> None:
     pass
 
 
+
 served_elsewhere = script_job(served_elsewhere)
 drained_here = script_job(drained_here)
 grouped, added, added_async = script_job(grouped), script_job(added), script_job(added_async)
+
+
+def named_script_job(qualname: str) -> Any:
+    """A script's job that does nothing, named `__main__.<qualname>`."""
+
+    async def fn(ctx: Any) -> None:
+        pass
+
+    fn.__name__ = fn.__qualname__ = qualname
+    return script_job(fn)
+
+
+finished, finished_async, made_apart = (named_script_job(n) for n in ("finished", "finished_async", "made_apart"))
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -85,6 +99,24 @@ async def test_a_script_job_made_a_group_member_warns_as_its_enqueue_does(
         await jobs.aadd_to_group(made.id, added_async)
     assert sorted(w.split("'")[1] for w in warnings_of(caplog)) == [
         "__main__.added", "__main__.added_async", "__main__.grouped"], warnings_of(caplog)
+
+
+async def test_a_script_job_made_a_groups_callback_warns_as_its_enqueue_does(
+        jobs_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A group's callback is enqueued when the group finishes, by whichever process finishes it: a
+    script's job given as a callback (to a block, sync or async, or to a group made apart) warns
+    once when the group is made, as a plain enqueue of it does."""
+    another_runtime(jobs_db)
+    with caplog.at_level("WARNING", logger="livepush.jobs"):
+        with jobs.group(on_finish=finished.request()):
+            pass
+        async with jobs.agroup(on_success=finished_async.request()):
+            pass
+        jobs.create_group(on_failure=made_apart.request())
+        with jobs.group(on_finish=finished.request()):  # looked at once per process
+            pass
+    assert sorted(w.split("'")[1] for w in warnings_of(caplog)) == [
+        "__main__.finished", "__main__.finished_async", "__main__.made_apart"], warnings_of(caplog)
 
 
 def test_a_script_job_drained_in_its_own_process_runs_without_a_warning(

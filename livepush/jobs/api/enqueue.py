@@ -9,6 +9,7 @@ committed jobs. Enqueue options (key=, debounce=, tags=): docs/jobs.md "Enqueue 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import os
@@ -340,10 +341,12 @@ SCRIPT_PREFIX = "__main__."
 _SCRIPT_NAMES_LOOKED: set[str] = set()
 
 
-def _script_jobs(batch: Batch) -> dict[str, str]:
-    """The jobs of `batch` defined in a script run directly and not looked at yet, with their queues."""
-    found = {spec[0]: spec[1] for spec in batch.specs
-             if spec[0].startswith(SCRIPT_PREFIX) and spec[0] not in _SCRIPT_NAMES_LOOKED}
+def _script_jobs(batch: Batch, later: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The jobs of `batch` and `later` defined in a script run directly and not looked at yet,
+    with their queues."""
+    named = itertools.chain(((spec[0], spec[1]) for spec in batch.specs), later)
+    found = {name: queue for name, queue in named
+             if name.startswith(SCRIPT_PREFIX) and name not in _SCRIPT_NAMES_LOOKED}
     _SCRIPT_NAMES_LOOKED.update(found)
     return found
 
@@ -361,9 +364,11 @@ def _warn_script_job(name: str, queue: str, served: int) -> None:
                     name, served, queue, name, name[len(SCRIPT_PREFIX):])
 
 
-def look_for_script_runtimes(batch: Batch) -> None:
-    """Warn once per job defined in a script run directly that runtimes elsewhere serve (above)."""
-    for name, queue in _script_jobs(batch).items():
+def look_for_script_runtimes(batch: Batch, later: Iterable[tuple[str, str]] = ()) -> None:
+    """Warn once per job defined in a script run directly that runtimes elsewhere serve (above).
+    `later`: (name, queue) of jobs enqueued later for this batch's sake, by whichever process gets
+    there (a group's callbacks, when it finishes): a runtime elsewhere would give them back too."""
+    for name, queue in _script_jobs(batch, later).items():
         try:
             with database.pools().sync().connection() as own, autocommitted(own):
                 (served,) = own.execute(queries.LIVE_RUNTIMES_SERVING, _serving(queue)).fetchone() or (0,)
@@ -372,8 +377,8 @@ def look_for_script_runtimes(batch: Batch) -> None:
         _warn_script_job(name, queue, served)
 
 
-async def alook_for_script_runtimes(batch: Batch) -> None:
-    for name, queue in _script_jobs(batch).items():
+async def alook_for_script_runtimes(batch: Batch, later: Iterable[tuple[str, str]] = ()) -> None:
+    for name, queue in _script_jobs(batch, later).items():
         try:
             async with (await database.pools().aget()).connection() as own, aautocommitted(own):
                 (served,) = await (await own.execute(queries.LIVE_RUNTIMES_SERVING, _serving(queue))).fetchone() or (0,)

@@ -129,6 +129,13 @@ def _callbacks(on_finish: Any, on_success: Any, on_failure: Any) -> dict[str, st
             "on_failure": steps.callback_spec(on_failure)}
 
 
+def _callback_jobs(*requests: JobRequest | None) -> list[tuple[str, str]]:
+    """(name, queue) of each callback (checked by _callbacks first): enqueued when the group
+    finishes, by whichever process finishes it, so a script's job among them is looked for as a
+    member is (enqueue.look_for_script_runtimes)."""
+    return [(r.function.name, r.queue or r.function.queue) for r in requests if r is not None]
+
+
 def _shards(shards: int) -> int:
     if isinstance(shards, bool) or not isinstance(shards, int):
         raise ArgumentTypeError(f"shards= must be an int from 1 to 1024, got {type(shards).__name__} {shards!r:.40}")
@@ -148,6 +155,7 @@ class GroupBuilder:
     def __init__(self, on_finish: JobRequest | None, on_success: JobRequest | None, on_failure: JobRequest | None,
                  conn: Any, shards: int) -> None:
         self._callbacks = _callbacks(on_finish, on_success, on_failure)
+        self._later = _callback_jobs(on_finish, on_success, on_failure)
         self._conn = conn
         self._shards = _shards(shards)
         self._batch = Batch()
@@ -235,7 +243,8 @@ class GroupBuilder:
         if exc_type is not None:
             return  # nothing was written; the reserved id stays unused
         self._done(in_tx(self._steps, self._conn))
-        look_for_script_runtimes(self._batch)  # members are enqueued too (enqueue.py says why)
+        # Members and callbacks are enqueued too (enqueue.py says why).
+        look_for_script_runtimes(self._batch, self._later)
 
     async def __aenter__(self) -> GroupBuilder:
         self._enter()
@@ -259,7 +268,7 @@ class GroupBuilder:
         if exc_type is not None:
             return
         self._done(await ain_tx(self._steps, self._conn))
-        await alook_for_script_runtimes(self._batch)
+        await alook_for_script_runtimes(self._batch, self._later)
 
 
 def group(on_finish: JobRequest | None = None, on_success: JobRequest | None = None,
@@ -292,14 +301,18 @@ def create_group(on_finish: JobRequest | None = None, on_success: JobRequest | N
     """Create an open group, to fill with add_to_group() and close with seal_group() (in as many
     transactions as you like). It cannot finish before it is sealed."""
     cbs, n = _callbacks(on_finish, on_success, on_failure), _shards(shards)
-    return in_tx(lambda: _create_steps(cbs, n), conn)
+    made = in_tx(lambda: _create_steps(cbs, n), conn)
+    look_for_script_runtimes(Batch(), _callback_jobs(on_finish, on_success, on_failure))
+    return made
 
 
 async def acreate_group(on_finish: JobRequest | None = None, on_success: JobRequest | None = None,
                         on_failure: JobRequest | None = None, *, conn: Any = None,
                         shards: int = DEFAULT_SHARDS) -> GroupHandle:
     cbs, n = _callbacks(on_finish, on_success, on_failure), _shards(shards)
-    return await ain_tx(lambda: _create_steps(cbs, n), conn)
+    made = await ain_tx(lambda: _create_steps(cbs, n), conn)
+    await alook_for_script_runtimes(Batch(), _callback_jobs(on_finish, on_success, on_failure))
+    return made
 
 
 def _add_many_steps(group_id: int, batch: Batch) -> steps.Steps[list[JobHandle]]:
