@@ -42,7 +42,8 @@ class SchemaBusyError(DependencyError):
     lock on livepush's tables past the lock timeout of a read that must not wait for it
     (`jobs.status()`, `livepush status`): try again once it has finished. Also a transaction that
     held a table's lock past the lock timeout of `livepush migrate`'s statements, which then
-    migrated nothing: the message names the sessions that held it."""
+    migrated nothing (or was in a deadlock with it on every try): the message names the sessions
+    that held it."""
 
 
 class SchemaError(LivepushError):

@@ -8,7 +8,8 @@ in the same transaction as the row that records it, so a failed file leaves no t
 
 Its DDL waits for a table's lock a bounded time (`lock_timeout`): while a DDL waits behind a long
 transaction, every statement of the application on that table queues behind the DDL. Past it the
-whole run is rolled back and tried again a few times, then given up naming what held the lock.
+whole run is rolled back and tried again a few times, then given up naming what held the lock; a
+deadlock with the application, which Postgres ends by rolling one side back, is treated alike.
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ _DDL_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(ms)s, true)"
 # name: lock_holders -- after a statement gave up waiting for a lock: the sessions holding a lock on
 # one of livepush's tables since before that wait began (it lasted `seconds`), oldest transaction
 # first, with the tables. The likely blockers: a lock wait's blockers can no longer be asked for
-# once it has ended. A plain read of pg_locks and pg_stat_activity (a session of another role shows
+# once it has ended. After a deadlock, the sessions `pids` that Postgres named in it instead (when
+# not null). A plain read of pg_locks and pg_stat_activity (a session of another role shows
 # no state or start to a role without pg_read_all_stats: kept, with those unknown).
 _LOCK_HOLDERS = """
 SELECT a.pid, a.usename::text, a.application_name::text, a.state::text,
@@ -143,7 +145,9 @@ JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.granted AND l.pid <> pg_backend_pid()
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND c.relname LIKE 'livepush\\_%%' AND c.relkind IN ('r', 'p')
-  AND (a.xact_start IS NULL OR a.xact_start <= clock_timestamp() - make_interval(secs => %(seconds)s))
+  AND CASE WHEN %(pids)s::int[] IS NULL
+           THEN a.xact_start IS NULL OR a.xact_start <= clock_timestamp() - make_interval(secs => %(seconds)s)
+           ELSE a.pid = ANY(%(pids)s::int[]) END
 GROUP BY a.pid, a.usename, a.application_name, a.state, a.xact_start
 ORDER BY a.xact_start NULLS LAST, a.pid
 LIMIT 4
@@ -249,12 +253,34 @@ DEFAULT_LOCK_TIMEOUT = 5.0
 LOCK_RETRIES = 3
 
 
-class _LockWaitEnded(Exception):
-    """A statement of one try gave up waiting for a lock: what it was for, what held it (said)."""
+# In a deadlock's detail, each session of the cycle: "Process 1 waits for ...; blocked by process 2."
+_DEADLOCK_PIDS = re.compile(r"blocked by process (\d+)")
 
-    def __init__(self, doing: str, seconds: float, holders: str) -> None:
+
+class _LockWaitEnded(Exception):
+    """A statement of one try gave up waiting for a lock, or Postgres ended it as one side of a
+    deadlock (`deadlock`): what it was for, what held it (said)."""
+
+    def __init__(self, doing: str, seconds: float, holders: str, *, deadlock: bool = False) -> None:
         super().__init__(doing)
-        self.doing, self.seconds, self.holders = doing, seconds, holders
+        self.doing, self.seconds, self.holders, self.deadlock = doing, seconds, holders, deadlock
+
+    @property
+    def said(self) -> str:
+        if self.deadlock:
+            return f"was in a deadlock {self.doing}, with {self.holders}"
+        return f"waited {self.seconds:g} s for a lock {self.doing}, held by {self.holders}"
+
+    @property
+    def advice(self) -> str:
+        """What the operator can do once every try ended so."""
+        if self.deadlock:
+            return ("a transaction of the application waited for a lock migrate held while migrate waited for one of "
+                    "its own, and Postgres rolled migrate back. Run migrate again once that work has ended, or pause "
+                    "it meanwhile")
+        return ("while a migration waits for a lock, every statement of the application on that table waits behind "
+                "it. End that transaction and run migrate again, or let migrate wait longer with --lock-timeout S "
+                "(LIVEPUSH_MIGRATE_LOCK_TIMEOUT; 0: as long as it takes)")
 
 
 def migrate(url: str, runtime_role: str | None = None, *, lock_timeout: float | None = None,
@@ -264,23 +290,20 @@ def migrate(url: str, runtime_role: str | None = None, *, lock_timeout: float | 
 
     `lock_timeout`: seconds a statement waits for a table's lock (0: as long as it takes); None:
     the role's own lock_timeout when it has one, else DEFAULT_LOCK_TIMEOUT. A try that waited that
-    long is rolled back whole and made again after as long a pause, LOCK_RETRIES times (each
-    said to `on_retry` in a line), then SchemaBusyError names the sessions holding the lock."""
+    long, or that Postgres ended in a deadlock with the application, is rolled back whole and made
+    again after as long a pause, LOCK_RETRIES times in all (each said to `on_retry` in a line),
+    then SchemaBusyError names the sessions holding the lock."""
     tries = 0
     while True:
         tries += 1
         try:
             return _migrate_once(url, runtime_role, lock_timeout)
         except _LockWaitEnded as ended:
-            waited = f"waited {ended.seconds:g} s for a lock {ended.doing}, held by {ended.holders}"
             if tries > LOCK_RETRIES:
-                raise SchemaBusyError(
-                    f"migrate {waited}, {tries} times, and migrated nothing: while a migration waits for "
-                    "a lock, every statement of the application on that table waits behind it. End that "
-                    "transaction and run migrate again, or let migrate wait longer with --lock-timeout S "
-                    "(LIVEPUSH_MIGRATE_LOCK_TIMEOUT; 0: as long as it takes)") from None
+                raise SchemaBusyError(f"migrate {ended.said}, {tries} times, and migrated nothing: "
+                                      f"{ended.advice}") from None
             if on_retry is not None:
-                on_retry(f"migrate {waited}; rolled back, trying again in {ended.seconds:g} s "
+                on_retry(f"migrate {ended.said}; rolled back, trying again in {ended.seconds:g} s "
                          f"({tries + 1} of {LOCK_RETRIES + 1})")
             # As long as it made the application wait: the blocker may end, and what queued
             # behind the try catches up meanwhile.
@@ -296,10 +319,11 @@ def _lock_timeout_ms(conn: psycopg.Connection, lock_timeout: float | None) -> in
     return int(own[0]) if own is not None and int(own[0]) > 0 else round(DEFAULT_LOCK_TIMEOUT * 1000)
 
 
-def _lock_holders(conn: psycopg.Connection, seconds: float) -> str:
+def _lock_holders(conn: psycopg.Connection, seconds: float, pids: list[int] | None = None) -> str:
     """The sessions _LOCK_HOLDERS finds, said for an operator (pid, role, application, state)."""
     said = []
-    for pid, role, application, state, age, tables in conn.execute(_LOCK_HOLDERS, {"seconds": seconds}).fetchall():
+    found = conn.execute(_LOCK_HOLDERS, {"seconds": seconds, "pids": pids}).fetchall()
+    for pid, role, application, state, age, tables in found:
         what = f"pid {pid} (role {role}" + (f", application {application!r}" if application else "")
         what += f", {state}" if state else ""
         what += f" for {age:.0f} s" if age is not None else ""
@@ -358,6 +382,14 @@ def _migrate_once(url: str, runtime_role: str | None, lock_timeout: float | None
         except psycopg.errors.LockNotAvailable:
             conn.rollback()
             raise _LockWaitEnded(doing, ms / 1000, _lock_holders(conn, ms / 1000)) from None
+        except psycopg.errors.DeadlockDetected as exc:
+            # The application's transaction and this one each waited for the other's lock: which
+            # one Postgres ends is chance, and when it is this one, it is a lock wait that ended.
+            conn.rollback()
+            own = conn.info.backend_pid
+            pids = {int(pid) for pid in _DEADLOCK_PIDS.findall(exc.diag.message_detail or "")} - {own}
+            raise _LockWaitEnded(doing, ms / 1000, _lock_holders(conn, ms / 1000, sorted(pids)),
+                                 deadlock=True) from None
     return applied_now
 
 

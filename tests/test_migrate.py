@@ -430,3 +430,71 @@ def test_the_runtime_roles_warnings_look_where_livepush_is_when_an_earlier_schem
     finally:
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute(psycopg.sql.SQL("DROP ROLE {}").format(psycopg.sql.Identifier(role)))
+
+
+@contextlib.contextmanager
+def _deadlocking(url: str, holder: psycopg.Connection) -> Iterator[tuple[Callable[[], None], Callable[[], None]]]:
+    """(provoke, end). provoke(): the application's transaction `holder` (which wrote livepush_jobs) waits, in a
+    thread, for a lock the migration holds once the migration waits for its table: a deadlock,
+    which Postgres finds on the migration's side (deadlock_timeout 500 ms there, which the
+    thread's wait must begin within; 20 s for `holder`). Called again, first ends the previous one: its transaction rolled back, the table
+    written again. end(): the application's transaction rolled back, once the thread is done."""
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(f"ALTER DATABASE {services.dbname_of(url)} SET deadlock_timeout = '500ms'")  # type: ignore[arg-type]
+    threads: list[threading.Thread] = []
+
+    def app_waits_for_the_migration() -> None:
+        with psycopg.connect(url, autocommit=True) as watcher:  # one connection: polled every 20 ms
+            wait_for(lambda: watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                             "AND wait_event_type = 'Lock' AND wait_event = 'relation'").fetchone()[0],
+                     20, message="the migration to wait for livepush_jobs")
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", (migrate.MIGRATION_LOCK_KEY,))
+
+    def end() -> None:
+        for thread in threads:
+            thread.join(20)
+            assert not thread.is_alive()
+        threads.clear()
+        holder.rollback()
+
+    def provoke() -> None:
+        if threads:
+            end()
+        holder.execute("SET deadlock_timeout = '20s'")
+        holder.execute("DELETE FROM livepush_jobs WHERE id = -1")
+        thread = threading.Thread(target=app_waits_for_the_migration, daemon=True)
+        threads.append(thread)
+        thread.start()
+
+    try:
+        yield provoke, end
+    finally:
+        end()
+
+
+def test_a_migrate_that_meets_a_deadlock_with_the_application_tries_again(pg_admin_url: str) -> None:
+    """A deadlock between a migration and the application (Postgres rolls one of them back) is
+    treated as a lock wait that ended: rolled back, said in a line naming the other session, and
+    tried again; here the application's transaction ends meanwhile and the next try migrates."""
+    with _before_upgrade(pg_admin_url) as (url, holder), _deadlocking(url, holder) as (provoke, end):
+        pid = holder.info.backend_pid
+        notices: list[str] = []
+        provoke()
+        applied = migrate.migrate(url, lock_timeout=1, on_retry=lambda line: (notices.append(line), end()))
+        assert [m.version for m in applied] == [m.version for m in migrate.bundled() if m.version >= _UPGRADE.version]
+        assert len(notices) == 1 and "deadlock" in notices[0] and f"pid {pid}" in notices[0], notices
+
+
+def test_a_migrate_that_meets_a_deadlock_on_every_try_gives_up_as_behind_a_lock(pg_admin_url: str) -> None:
+    """Deadlocks on every try count against the same bounded tries as lock waits, then
+    SchemaBusyError (exit 75: try again) naming the application's session; nothing migrated."""
+    with _before_upgrade(pg_admin_url) as (url, holder), _deadlocking(url, holder) as (provoke, _):
+        pid = holder.info.backend_pid
+        notices: list[str] = []
+        provoke()
+        with pytest.raises(SchemaBusyError) as blocked:
+            migrate.migrate(url, lock_timeout=1, on_retry=lambda line: (notices.append(line), provoke()))
+        said = str(blocked.value)
+        assert "deadlock" in said and f"pid {pid}" in said and "app-holding-jobs" in said, said
+        assert len(notices) == migrate.LOCK_RETRIES and all("deadlock" in n for n in notices), notices
+        assert migrate.schema_version(url) == _UPGRADE.version - 1
