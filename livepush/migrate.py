@@ -133,23 +133,37 @@ _DDL_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(ms)s, true)"
 # one of livepush's tables since before that wait began (it lasted `seconds`), oldest transaction
 # first, with the tables. The likely blockers: a lock wait's blockers can no longer be asked for
 # once it has ended. After a deadlock, the sessions `pids` that Postgres named in it instead (when
-# not null). A plain read of pg_locks and pg_stat_activity (a session of another role shows
-# no state or start to a role without pg_read_all_stats: kept, with those unknown).
+# not null). Also every prepared (two-phase) transaction holding such a lock, which has no session
+# and no pid (its locks keep its virtual transaction, which its transactionid lock ties to its
+# xid): named by its gid (the last column),
+# its owner and when it was prepared (its start, here). A plain read of pg_locks,
+# pg_stat_activity and pg_prepared_xacts (a session of another role shows no state or start to a
+# role without pg_read_all_stats: kept, with those unknown).
 _LOCK_HOLDERS = """
-SELECT a.pid, a.usename::text, a.application_name::text, a.state::text,
+WITH held AS (
+    SELECT l.pid, l.virtualtransaction, c.relname::text AS relname FROM pg_locks l
+    JOIN pg_class c ON c.oid = l.relation
+    WHERE l.granted AND l.pid IS DISTINCT FROM pg_backend_pid()
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND c.relname LIKE 'livepush\\_%%' AND c.relkind IN ('r', 'p')
+)
+SELECT a.pid, a.usename::text, a.application_name::text, a.state::text, a.xact_start,
        extract(epoch FROM clock_timestamp() - a.xact_start)::float8,
-       string_agg(DISTINCT c.relname::text, ', ' ORDER BY c.relname::text)
-FROM pg_locks l
-JOIN pg_class c ON c.oid = l.relation
-JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.granted AND l.pid <> pg_backend_pid()
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND c.relname LIKE 'livepush\\_%%' AND c.relkind IN ('r', 'p')
-  AND CASE WHEN %(pids)s::int[] IS NULL
+       string_agg(DISTINCT h.relname, ', ' ORDER BY h.relname), NULL::text
+FROM held h JOIN pg_stat_activity a ON a.pid = h.pid
+WHERE CASE WHEN %(pids)s::int[] IS NULL
            THEN a.xact_start IS NULL OR a.xact_start <= clock_timestamp() - make_interval(secs => %(seconds)s)
            ELSE a.pid = ANY(%(pids)s::int[]) END
 GROUP BY a.pid, a.usename, a.application_name, a.state, a.xact_start
-ORDER BY a.xact_start NULLS LAST, a.pid
+UNION ALL
+SELECT NULL, p.owner::text, NULL, 'prepared', p.prepared, extract(epoch FROM clock_timestamp() - p.prepared)::float8,
+       string_agg(DISTINCT h.relname, ', ' ORDER BY h.relname), p.gid
+FROM pg_prepared_xacts p
+JOIN pg_locks x ON x.locktype = 'transactionid' AND x.transactionid = p.transaction AND x.pid IS NULL
+JOIN held h ON h.pid IS NULL AND h.virtualtransaction = x.virtualtransaction
+WHERE %(pids)s::int[] IS NULL AND p.database = current_database()
+GROUP BY p.gid, p.owner, p.prepared
+ORDER BY 5 NULLS LAST, 1
 LIMIT 4
 """
 # name: schema_table_exists -- read under the advisory lock, so no other migrator creates it
@@ -323,7 +337,14 @@ def _lock_holders(conn: psycopg.Connection, seconds: float, pids: list[int] | No
     """The sessions _LOCK_HOLDERS finds, said for an operator (pid, role, application, state)."""
     said = []
     found = conn.execute(_LOCK_HOLDERS, {"seconds": seconds, "pids": pids}).fetchall()
-    for pid, role, application, state, age, tables in found:
+    for pid, role, application, state, start, age, tables, gid in found:
+        if gid is not None:
+            # No session to terminate: it waits, locks held, for its transaction manager's verdict.
+            quoted = sql.Literal(gid).as_string(conn)
+            said.append(f"prepared transaction {quoted} (role {role}, prepared at {start:%Y-%m-%d %H:%M:%S %Z}, "
+                        f"{age:.0f} s ago, on {tables}; COMMIT PREPARED {quoted} or ROLLBACK PREPARED {quoted} "
+                        "ends it: ask the transaction manager that prepared it which)")
+            continue
         what = f"pid {pid} (role {role}" + (f", application {application!r}" if application else "")
         what += f", {state}" if state else ""
         what += f" for {age:.0f} s" if age is not None else ""

@@ -498,3 +498,25 @@ def test_a_migrate_that_meets_a_deadlock_on_every_try_gives_up_as_behind_a_lock(
         assert "deadlock" in said and f"pid {pid}" in said and "app-holding-jobs" in said, said
         assert len(notices) == migrate.LOCK_RETRIES and all("deadlock" in n for n in notices), notices
         assert migrate.schema_version(url) == _UPGRADE.version - 1
+
+
+def test_a_migrate_behind_a_prepared_transaction_names_it_and_how_to_end_it(pg_admin_url: str) -> None:
+    """A prepared (two-phase) transaction holding the table's lock has no session, so no pid to
+    name: migrate names it by its gid, owner and prepared time, and says how to end it."""
+    with _before_upgrade(pg_admin_url) as (url, holder):
+        if int(q(url, "SHOW max_prepared_transactions")[0][0]) == 0:
+            pytest.skip("this Postgres sets max_prepared_transactions = 0 (bin/test's sets it)")
+        gid = "app's-2pc-1"
+        holder.execute(psycopg.sql.SQL("PREPARE TRANSACTION {}").format(psycopg.sql.Literal(gid)))
+        try:
+            with pytest.raises(SchemaBusyError) as blocked:
+                migrate.migrate(url, lock_timeout=0.2)
+            said = str(blocked.value)
+            for part in ("prepared transaction 'app''s-2pc-1'", "role postgres", "prepared at", "livepush_jobs",
+                         "COMMIT PREPARED 'app''s-2pc-1'", "ROLLBACK PREPARED 'app''s-2pc-1'"):
+                assert part in said, (part, said)
+            assert "has ended since" not in said, said
+        finally:
+            with psycopg.connect(url, autocommit=True) as admin:
+                admin.execute(psycopg.sql.SQL("ROLLBACK PREPARED {}").format(psycopg.sql.Literal(gid)))
+        assert migrate.schema_version(url) == _UPGRADE.version - 1
