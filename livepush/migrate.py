@@ -26,6 +26,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from .config import Settings
 from .errors import ConfigError, LivepushError, SchemaBusyError, SchemaError, first_line
 from .postgres.connect import aconnect, connect, redact, translated
 
@@ -292,9 +293,10 @@ class _LockWaitEnded(Exception):
             return ("a transaction of the application waited for a lock migrate held while migrate waited for one of "
                     "its own, and Postgres rolled migrate back. Run migrate again once that work has ended, or pause "
                     "it meanwhile")
+        # The variable first: `demo` migrates too, and has no --lock-timeout.
         return ("while a migration waits for a lock, every statement of the application on that table waits behind "
-                "it. End that transaction and run migrate again, or let migrate wait longer with --lock-timeout S "
-                "(LIVEPUSH_MIGRATE_LOCK_TIMEOUT; 0: as long as it takes)")
+                "it. End that transaction and run migrate again, or let migrate wait longer with "
+                "LIVEPUSH_MIGRATE_LOCK_TIMEOUT=S (`livepush migrate --lock-timeout S`; 0: as long as it takes)")
 
 
 def migrate(url: str, runtime_role: str | None = None, *, lock_timeout: float | None = None,
@@ -322,6 +324,15 @@ def migrate(url: str, runtime_role: str | None = None, *, lock_timeout: float | 
             # As long as it made the application wait: the blocker may end, and what queued
             # behind the try catches up meanwhile.
             time.sleep(ended.seconds)
+
+
+def migrate_configured(settings: Settings, runtime_role: str | None = None, *,
+                       on_retry: Callable[[str], None] | None = None) -> list[Migration]:
+    """migrate() of the settings' database, with the lock timeout they give (LIVEPUSH_MIGRATE_LOCK_TIMEOUT,
+    or `--lock-timeout` put in its place): every command that migrates (`migrate`, `demo`) goes
+    through here, so each waits for locks, tries again and gives up alike."""
+    return migrate(settings.require_database(), runtime_role, lock_timeout=settings.migrate_lock_timeout,
+                   on_retry=on_retry)
 
 
 def _lock_timeout_ms(conn: psycopg.Connection, lock_timeout: float | None) -> int:

@@ -520,3 +520,20 @@ def test_a_migrate_behind_a_prepared_transaction_names_it_and_how_to_end_it(pg_a
             with psycopg.connect(url, autocommit=True) as admin:
                 admin.execute(psycopg.sql.SQL("ROLLBACK PREPARED {}").format(psycopg.sql.Literal(gid)))
         assert migrate.schema_version(url) == _UPGRADE.version - 1
+
+
+def test_the_demo_on_your_database_migrates_as_livepush_migrate_does(pg_admin_url: str, procs,
+                                                                     livepush_env) -> None:
+    """The demo migrates through migrate's own path: LIVEPUSH_MIGRATE_LOCK_TIMEOUT holds for it, each
+    try that waited is said on stderr naming the blocker, and behind a transaction that does not
+    end it exits 75 as `livepush migrate` does, rather than sit silent and then stop."""
+    with _before_upgrade(pg_admin_url) as (url, holder):
+        child = procs.livepush("demo", env=livepush_env(database_url=url, migrate_lock_timeout="0.2"))
+        assert child.wait(60) == 75, child.output()
+        pid = f"pid {holder.info.backend_pid}"
+        tries = [line for line in child.stderr().splitlines() if "trying again" in line]
+        assert len(tries) == migrate.LOCK_RETRIES and all(pid in line for line in tries), child.output()
+        assert pid in child.stderr().strip().splitlines()[-1], child.output()
+        assert "Traceback" not in child.stderr(), child.output()
+        holder.rollback()
+        assert migrate.schema_version(url) == _UPGRADE.version - 1

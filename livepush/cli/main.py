@@ -141,9 +141,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--runtime-role {args.runtime_role!r} holds {wrong}, which no role name can: "
                           "give the role's name as Postgres knows it (\\du in psql lists them)")
     # Each try that waited for a lock is said as it ends: the whole run may take a while.
-    applied = migrate.migrate(settings.require_database(), runtime_role=args.runtime_role,
-                              lock_timeout=settings.migrate_lock_timeout,
-                              on_retry=lambda line: print(logs.error_line(line, "text"), file=sys.stderr))
+    applied = migrate.migrate_configured(settings, args.runtime_role,
+                                         on_retry=lambda line: print(logs.error_line(line, "text"), file=sys.stderr))
     for m in applied:
         print(f"applied {m.version:04d}_{m.name}")
     have, ours = migrate.schema_version(settings.require_database()), migrate.required_version()

@@ -365,8 +365,10 @@ def _data_folder() -> Path:
 
 
 def _migrate(settings: config.Settings, *, embedded: bool) -> None:
+    """As `livepush migrate` (its lock timeout, its tries, exit 75 when they all waited), each try
+    that waited said in a warning: the page's URL comes only once this is done."""
     try:
-        migrate.migrate(settings.require_database())
+        migrate.migrate_configured(settings, on_retry=log.warning)
     except SchemaError:
         if not embedded:
             raise  # the user's own database: never reset it
@@ -375,4 +377,4 @@ def _migrate(settings: config.Settings, *, embedded: bool) -> None:
         with psycopg.connect(settings.require_database(), autocommit=True) as conn:
             conn.execute("DROP SCHEMA public CASCADE")
             conn.execute("CREATE SCHEMA public")
-        migrate.migrate(settings.require_database())
+        migrate.migrate_configured(settings, on_retry=log.warning)
