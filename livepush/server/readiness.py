@@ -7,8 +7,8 @@ Five checks, each named in the JSON body (docs/reference.md#9-operations):
   seconds came back within CANARY_BOUND, and so did a ring of each state source's channel
   (`RingPath.ring_canary`), which may be heard elsewhere (on the Redis fan-out, `job:` topics
   are rung on Postgres), and of the revocation store's when the wiring says no other ring goes
-  through its listener (the Redis fan-out with the jobs in another database, the local fan-out
-  with the revocations in Redis). A listener can
+  through its listener (the Redis or the local fan-out with the jobs in another database, the
+  local fan-out with the revocations in Redis). A listener can
   look connected and hear nothing (a wedged subscription, a proxy that dropped it); only a
   message that went all the way round proves it hears;
 - schema: the database's schema is not older than this code needs (checked every SCHEMA_EVERY
