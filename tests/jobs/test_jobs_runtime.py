@@ -1478,6 +1478,27 @@ def test_a_sync_jobs_context_call_ends_when_the_runtimes_loop_stops_under_it(mon
     assert time.monotonic() - started < 1
 
 
+def test_a_sync_jobs_context_call_on_a_loop_closed_under_it_logs_no_traceback(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A runtime's loop closed while a sync job's ctx call waited on it (livepush.loops.run closes
+    it without a task that did not end within its 2 s): the job gets RuntimeStoppedError, and the
+    log gets no "exception calling callback" error with a traceback from calling the call off on
+    a loop that can no longer take it."""
+    from livepush.jobs.errors import RuntimeStoppedError
+    from livepush.jobs.runtime import threads
+    from livepush.jobs.runtime.context import SyncJobContext
+
+    monkeypatch.setattr(threads, "LOOP_CHECK", 0.1)
+    runtime_loop, inner = LoopThread(), _SleepsForEver()
+    job = Caller(lambda: SyncJobContext(inner, runtime_loop.loop).sleep("cool-down", 60))  # type: ignore[arg-type]
+    assert inner.sleep.started.wait(5)
+    with caplog.at_level("ERROR"):
+        runtime_loop.stop()  # it closes before the job's thread looks again
+        assert job.ended(5)
+    assert isinstance(job.error, RuntimeStoppedError), job.error
+    assert "exception calling callback" not in caplog.text, caplog.text
+
+
 def test_a_sync_jobs_context_call_the_stopping_loop_cancels_raises_runtime_stopped() -> None:
     """A runtime's loop ends (livepush.loops.run) by cancelling every task still on it, a sync
     job's ctx call among them: the job's thread gets RuntimeStoppedError, not the bare

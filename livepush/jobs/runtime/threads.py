@@ -103,7 +103,11 @@ def wait_on_loop(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop, 
     wait = LOOP_CHECK if patience is None else patience
     while not concurrent.futures.wait([future], wait).done:
         if not loop.is_running():
-            future.cancel()
+            # Called off on the loop, should it run again (a call that commits behind the job's
+            # back must not). Not future.cancel(): on a loop closed meanwhile, its callback fails
+            # inside concurrent.futures, which logs that failure with a traceback.
+            with contextlib.suppress(RuntimeError):  # closed: nothing will ever run the call
+                loop.call_soon_threadsafe(future.cancel)
             raise RuntimeStoppedError(stopped)
         wait = LOOP_CHECK
     if future.cancelled():  # only the loop's own end cancels a call handed to it from a thread
