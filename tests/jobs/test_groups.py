@@ -1218,6 +1218,31 @@ def test_sync_group_enqueue_does_not_wait_for_ever_on_a_loop_that_stopped(monkey
     assert "runtime's event loop" in str(caller.error)
 
 
+def test_sync_group_enqueue_gives_up_on_a_stopped_loop_within_a_second_not_its_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sync ctx.group.enqueue with its default 30 s timeout whose runtime's loop stops and closes
+    while the add waits gives up within about a second of the stop, as every blocking ctx call
+    does, not once its own timeout has passed: that timeout fires on the loop, which is gone."""
+    from types import SimpleNamespace
+
+    from livepush.jobs.errors import RuntimeStoppedError
+    from livepush.jobs.groups.context import GroupContext, SyncGroupContext
+    from livepush.jobs.runtime import threads
+
+    monkeypatch.setattr(threads, "LOOP_CHECK", 0.1)
+    runtime_loop = LoopThread()
+
+    class Blocked(GroupContext):
+        enqueue = Stuck()
+
+    inner = Blocked(SimpleNamespace(job=SimpleNamespace(callback_of=None, group_id=5)))
+    caller = Caller(lambda: SyncGroupContext(inner, runtime_loop.loop).enqueue(gj.member, 1))  # timeout=30.0
+    assert Blocked.enqueue.started.wait(5)
+    runtime_loop.stop()
+    assert caller.ended(5), "ctx.group.enqueue waits out its own timeout on a loop that stopped"
+    assert isinstance(caller.error, RuntimeStoppedError), caller.error
+
+
 def test_a_cancel_of_a_big_group_shows_progress_at_most_about_ten_times_a_second(
         groups_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """cancel_group works through a group's members chunk by chunk; the counts each chunk changes

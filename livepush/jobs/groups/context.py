@@ -138,7 +138,7 @@ class SyncGroupContext:
         # statement: wait for that as long as the loop runs, and no longer once it stopped.
         return wait_on_loop(bounded(), self._loop, "ctx.group.enqueue got no answer: the runtime's event loop "
                             "stopped while the add waited, which may have committed: pass key= so that a retry "
-                            "returns that member instead of adding another", patience=timeout)
+                            "returns that member instead of adding another")
 
 
 async def load_callback_context(ctx: Any) -> GroupContext:

@@ -86,12 +86,11 @@ async def call_in_thread(pool: concurrent.futures.Executor | None, func: Callabl
     return value
 
 
-def wait_on_loop(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop, stopped: str, *,
-                 patience: float | None = None) -> T:
+def wait_on_loop(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop, stopped: str) -> T:
     """Run `coro` on the runtime's `loop` and wait for its result in this thread (a sync job's),
     as long as the loop runs: once it stopped, or cancelled the call as it stopped, raise
-    RuntimeStoppedError(`stopped`). `patience`: the wait before the first look (a call with a
-    timeout of its own, which the loop enforces, gets that long), else LOOP_CHECK."""
+    RuntimeStoppedError(`stopped`), within LOOP_CHECK of the stop. A call with a timeout of its
+    own is looked at as often: that timeout fires on the loop, and a stopped loop fires none."""
     if not loop.is_running():  # stopped or closed already: nothing would ever run the call
         coro.close()  # never to run: no "never awaited" warning later
         raise RuntimeStoppedError(stopped)
@@ -100,8 +99,7 @@ def wait_on_loop(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop, 
     except RuntimeError:  # the loop closed since the look above
         coro.close()
         raise RuntimeStoppedError(stopped) from None
-    wait = LOOP_CHECK if patience is None else patience
-    while not concurrent.futures.wait([future], wait).done:
+    while not concurrent.futures.wait([future], LOOP_CHECK).done:
         if not loop.is_running():
             # Called off on the loop, should it run again (a call that commits behind the job's
             # back must not). Not future.cancel(): on a loop closed meanwhile, its callback fails
@@ -109,7 +107,6 @@ def wait_on_loop(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop, 
             with contextlib.suppress(RuntimeError):  # closed: nothing will ever run the call
                 loop.call_soon_threadsafe(future.cancel)
             raise RuntimeStoppedError(stopped)
-        wait = LOOP_CHECK
     if future.cancelled():  # only the loop's own end cancels a call handed to it from a thread
         raise RuntimeStoppedError(stopped)
     return future.result()
