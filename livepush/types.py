@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -21,6 +22,16 @@ def as_seconds(value: Any) -> Any:
     Every seconds-valued argument goes through here before its own check, which then refuses a
     negative or zero one, or one past its limit, with the error it gives the same number."""
     return value.total_seconds() if isinstance(value, timedelta) else value
+
+
+def is_finite(value: float) -> bool:
+    """math.isfinite(value), and False for an int no float holds (10**400): isfinite raises on
+    it, and a comparison with math.inf lets it pass, to fail later in asyncio or timedelta with a
+    bare OverflowError. The checks of seconds arguments use this for their upper end."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,3 +142,19 @@ def test_the_signatures_a_type_checker_reads_take_a_timedelta_where_seconds_go()
              for signature in signatures(getattr(module, name)) for p in signature.parameters.values()
              if p.name in SECONDS_PARAMETERS and "Seconds" not in str(p.annotation)]
     assert not wrong, wrong
+
+
+async def test_a_number_of_seconds_no_float_holds_is_refused_as_out_of_range() -> None:
+    """An int past what a float holds (10**400) passes a comparison with infinity, and asyncio and
+    Python's timedelta then failed on it with a bare OverflowError: wait_started(timeout=),
+    ctx.group.enqueue(timeout=) and ctx.flow.reattempt(wait=) refuse it at the call, as the
+    infinity it stands for, naming the argument."""
+    from livepush.jobs.groups.context import SyncGroupContext
+
+    rt = Runtime(Registry(), queues=[QUEUE], install_signals=False)
+    with pytest.raises(ArgumentValueError, match=r"wait_started\(timeout=\)"):
+        await rt.wait_started(timeout=10**400)
+    with pytest.raises(ArgumentValueError, match=r"ctx\.group\.enqueue\(timeout=\)"):
+        SyncGroupContext(None, None).enqueue(noop, timeout=10**400)  # type: ignore[arg-type]
+    with pytest.raises(ArgumentValueError, match=r"reattempt\(wait=\)"):
+        Flow().reattempt(wait=10**400)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -14,7 +13,7 @@ from ...postgres.connect import translated
 from .. import database
 from ..api.enqueue import Batch, run_at
 from ..api.handles import JobHandle
-from ...types import Seconds, as_seconds
+from ...types import Seconds, as_seconds, is_finite
 from ..api.registry import JobRequest, JobSpec
 from ..runtime.threads import wait_on_loop
 from ..errors import GroupClosedError
@@ -120,7 +119,7 @@ class SyncGroupContext:
         caller gave up on does not commit later behind its back."""
         timeout = as_seconds(timeout)
         if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                or not 0 < timeout < math.inf):  # NaN fails both comparisons
+                or not (is_finite(timeout) and timeout > 0)):
             raise ArgumentValueError(f"ctx.group.enqueue(timeout=) takes a positive, finite number of seconds "
                                      f"or a timedelta, got {timeout!r:.60}")
 

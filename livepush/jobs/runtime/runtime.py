@@ -33,7 +33,6 @@ import collections
 import concurrent.futures
 import importlib
 import logging
-import math
 import os
 import re
 import signal
@@ -55,7 +54,7 @@ from ...postgres.listener import Listener
 from ...postgres.pools import AsyncPool, LoopPools, aclosed_while_idle
 from ...postgres.text import BIGINT_MAX
 from ...tasks import Backoff, reraise_if_cancelled, supervise
-from ...types import Seconds, as_seconds
+from ...types import Seconds, as_seconds, is_finite
 from ...usercode import what_raised, where_raised
 from .. import database, queries
 from ..api.enqueue import SCRIPT_PREFIX
@@ -188,10 +187,7 @@ MAX_RETENTION = 100 * 366 * 86400.0
 def check_seconds(option: str, value: float, *, least: float, most: float | None = None, also: str = "") -> None:
     """A number of seconds from `least` to `most`: a ConfigError naming the option otherwise, with
     `also` (another value the option takes) after the range."""
-    try:
-        finite = isinstance(value, (int, float)) and math.isfinite(value)
-    except OverflowError:  # an int no float holds (10**400): out of range like any other
-        finite = False
+    finite = isinstance(value, (int, float)) and is_finite(value)  # 10**400: out of range like any other
     if isinstance(value, bool) or not finite or value < least or (most is not None and value > most):
         bound = f"from {least:g} to {_whole(most)}" if most is not None else f"{least:g} or more"
         # "finite" only where no upper bound says it: infinity is "0 or more", and NaN is no number.
@@ -428,9 +424,9 @@ class Runtime:
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))):
             raise ArgumentTypeError(f"wait_started(timeout=) takes seconds, a timedelta or None (no bound), got "
                                     f"{type(timeout).__name__} {timeout!r:.60}")
-        if timeout is not None and not 0 <= timeout < math.inf:
+        if timeout is not None and not (is_finite(timeout) and timeout >= 0):
             raise ArgumentValueError(f"wait_started(timeout=) takes zero or more seconds, a finite number (None: no "
-                                     f"bound), got {timeout!r}")
+                                     f"bound), got {timeout!r:.60}")
         waits = [asyncio.ensure_future(self._started.wait()), asyncio.ensure_future(self._ended.wait())]
         try:
             await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)

@@ -14,7 +14,6 @@ import asyncio
 import dataclasses
 import inspect
 import logging
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -26,7 +25,7 @@ from ..api.args import check_args, check_json, encode
 from ..api.functions import is_async_callable
 from ..api.handles import StateTopicHandle
 from ..api.options import check_key
-from ...types import Seconds, as_seconds
+from ...types import Seconds, as_seconds, is_finite
 from ..api.registry import JobRequest, JobSpec
 from ..errors import (GroupLimitError, InvalidArgumentsError, InvalidResultError, JobCancelled, Reattempt,
                       SignalTimeout, WorkflowDefinitionError, WorkflowStepWaitError)
@@ -129,7 +128,7 @@ class Flow:
     def reattempt(self, wait: Seconds = 0.0) -> None:
         """Run this step again in `wait` seconds (or a timedelta), its attempt not spent."""
         wait = as_seconds(wait)
-        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < math.inf:
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not (is_finite(wait) and wait >= 0):
             raise ArgumentValueError(f"ctx.flow.reattempt(wait=) takes a finite number of seconds or a timedelta, "
                                      f"got {wait!r:.60}")
         raise Reattempt(float(wait))
