@@ -34,8 +34,8 @@ LANGUAGE sql VOLATILE AS $$
 $$;
 
 -- A server's readiness canary on this channel, payload "canary TOKEN" (PostgresRevocations.ring_canary):
--- rung where nothing else shows that the store's listener hears (the Redis fan-out with the jobs
--- in another database). Every server hears it; only the one whose token it names counts it, and
+-- rung where nothing else shows that the store's listener hears (the jobs in another database, so
+-- that neither the fan-out's canary nor the state rings go through it). Every server hears it; only the one whose token it names counts it, and
 -- no server re-checks its sessions for it. Writes nothing; delivered at commit, like every ring.
 CREATE FUNCTION livepush_revocations_canary(p_token text) RETURNS void
 LANGUAGE sql VOLATILE AS $$
