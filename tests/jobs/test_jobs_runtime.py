@@ -805,6 +805,25 @@ async def test_waiting_for_a_runtime_whose_start_failed_raises_that_failure_at_o
         await asyncio.wait_for(stopped.wait_started(timeout=None), 5.0)
 
 
+async def test_waiting_for_a_runtime_whose_task_was_cancelled_while_it_opened_says_so(jobs_db: str) -> None:
+    """An app that cancels the task running run() before the runtime started (its own shutdown
+    while the runtime opened) learns from wait_started() that the task was cancelled, and what to
+    do, not that stop() came, which nobody called."""
+    from livepush.errors import LivepushError
+
+    rt = Runtime(REGISTRY, queues=["default"], install_signals=False)
+    task = asyncio.create_task(rt.run())
+    await asyncio.sleep(0)  # one step: run() is opening, suspended on its database
+    assert not rt._started.is_set()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 30.0)
+    with pytest.raises(LivepushError, match="cancelled before it started") as raised:
+        await asyncio.wait_for(rt.wait_started(timeout=None), 5.0)
+    message = str(raised.value)
+    assert "stop() (or a stop signal) came" not in message and "Runtime(...)" in message, message
+
+
 async def test_a_claim_whose_reply_was_lost_is_given_back_once_the_runtime_claims_again(
         jobs_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A claim that commits in Postgres but whose reply never reaches the runtime (its connection

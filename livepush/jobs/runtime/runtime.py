@@ -416,8 +416,8 @@ class Runtime:
     async def wait_started(self, timeout: Seconds | None = 10.0) -> None:
         """Return once run() has started claiming jobs; TimeoutError after `timeout` seconds (or a
         timedelta; None: no bound). A run() that ended without starting ends the wait at once: its
-        error is raised here too (a database it could not reach), or, stopped before it started,
-        a LivepushError saying so."""
+        error is raised here too (a database it could not reach), or, stopped (or its task
+        cancelled) before it started, a LivepushError saying which."""
         timeout = as_seconds(timeout)
         # Checked here: a str raised a bare TypeError from inside asyncio, and a negative or NaN
         # bound timed out at once, as if the runtime had not started.
@@ -439,6 +439,12 @@ class Runtime:
             raise TimeoutError(f"the job runtime did not start within {timeout:g} s")
         if isinstance(self._ended_by, Exception):
             raise self._ended_by  # as awaiting run()'s task raises it
+        if isinstance(self._ended_by, asyncio.CancelledError):
+            # Not raised as such: this waiter was not cancelled, and a CancelledError here would
+            # read as its own cancellation to the code awaiting it.
+            raise LivepushError("the job runtime did not start: the task running its run() was cancelled before it "
+                                "started; to stop a runtime call stop() and await run() (it drains), and make a new "
+                                "Runtime(...) to run again")
         raise LivepushError("the job runtime stopped before it started: stop() (or a stop signal) came while it "
                             "opened; make a new Runtime(...) to run again")
 
