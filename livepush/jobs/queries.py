@@ -505,8 +505,8 @@ RETURNING id
 
 # name: live_runtimes_serving
 # The first enqueue in a process of a job defined in a script run directly (`__main__.fn`, which
-# no runtime started with `livepush jobs MODULE` defines): how many live runtimes of other
-# processes serve its queue (beaten within three of their beats). A plain read.
+# no runtime started with `livepush jobs MODULE` defines) on a queue: how many live runtimes of
+# other processes serve that queue (beaten within three of their beats). A plain read.
 LIVE_RUNTIMES_SERVING = """
 SELECT count(*) FROM livepush_job_runtimes
 WHERE %(queue)s = ANY (queues) AND heartbeat_at > now() - make_interval(secs => 3 * heartbeat)

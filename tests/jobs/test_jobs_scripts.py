@@ -61,6 +61,7 @@ def named_script_job(qualname: str) -> Any:
 
 
 finished, finished_async, made_apart = (named_script_job(n) for n in ("finished", "finished_async", "made_apart"))
+per_queue = named_script_job("per_queue")
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -117,6 +118,19 @@ async def test_a_script_job_made_a_groups_callback_warns_as_its_enqueue_does(
             pass
     assert sorted(w.split("'")[1] for w in warnings_of(caplog)) == [
         "__main__.finished", "__main__.finished_async", "__main__.made_apart"], warnings_of(caplog)
+
+
+def test_a_script_job_is_looked_at_once_per_queue(jobs_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A script's job enqueued first on a queue no runtime serves, then on one that other runtimes
+    serve, warns at the second: the look is once per job and queue, not once per job."""
+    another_runtime(jobs_db)
+    with caplog.at_level("WARNING", logger="livepush.jobs"):
+        jobs.enqueue_many([per_queue.request(queue="scripts-test-unserved")])
+        assert warnings_of(caplog) == []
+        per_queue.enqueue()
+        per_queue.enqueue()
+    (warning,) = warnings_of(caplog)
+    assert "__main__.per_queue" in warning and repr(QUEUE) in warning, warning
 
 
 def test_a_script_job_drained_in_its_own_process_runs_without_a_warning(

@@ -336,18 +336,20 @@ def add_items(batch: Batch, items: Iterable[Any], call: str, group_id: int | Non
 # Jobs defined in a script run directly are named `__main__.fn` (functions._default_name): a
 # runtime started with `livepush jobs MODULE` never defines that name, and gives such jobs back
 # for ever. The script's own jobs.drain() runs them, so they are not refused: the first enqueue of
-# each in a process looks for live runtimes of other processes serving its queue, and warns.
+# each on each queue in a process looks for live runtimes of other processes serving that queue,
+# and warns. Per queue: a first enqueue on a queue nobody serves says nothing of the next one, on
+# a queue that runtimes elsewhere serve.
 SCRIPT_PREFIX = "__main__."
-_SCRIPT_NAMES_LOOKED: set[str] = set()
+_SCRIPT_JOBS_LOOKED: set[tuple[str, str]] = set()
 
 
-def _script_jobs(batch: Batch, later: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """The jobs of `batch` and `later` defined in a script run directly and not looked at yet,
-    with their queues."""
+def _script_jobs(batch: Batch, later: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(name, queue) of the jobs of `batch` and `later` defined in a script run directly and not
+    looked at yet on that queue."""
     named = itertools.chain(((spec[0], spec[1]) for spec in batch.specs), later)
-    found = {name: queue for name, queue in named
-             if name.startswith(SCRIPT_PREFIX) and name not in _SCRIPT_NAMES_LOOKED}
-    _SCRIPT_NAMES_LOOKED.update(found)
+    found = list(dict.fromkeys(pair for pair in named
+                               if pair[0].startswith(SCRIPT_PREFIX) and pair not in _SCRIPT_JOBS_LOOKED))
+    _SCRIPT_JOBS_LOOKED.update(found)
     return found
 
 
@@ -365,10 +367,11 @@ def _warn_script_job(name: str, queue: str, served: int) -> None:
 
 
 def look_for_script_runtimes(batch: Batch, later: Iterable[tuple[str, str]] = ()) -> None:
-    """Warn once per job defined in a script run directly that runtimes elsewhere serve (above).
-    `later`: (name, queue) of jobs enqueued later for this batch's sake, by whichever process gets
-    there (a group's callbacks, when it finishes): a runtime elsewhere would give them back too."""
-    for name, queue in _script_jobs(batch, later).items():
+    """Warn once per job defined in a script run directly and queue that runtimes elsewhere serve
+    (above). `later`: (name, queue) of jobs enqueued later for this batch's sake, by whichever
+    process gets there (a group's callbacks, when it finishes): a runtime elsewhere would give
+    them back too."""
+    for name, queue in _script_jobs(batch, later):
         try:
             with database.pools().sync().connection() as own, autocommitted(own):
                 (served,) = own.execute(queries.LIVE_RUNTIMES_SERVING, _serving(queue)).fetchone() or (0,)
@@ -378,7 +381,7 @@ def look_for_script_runtimes(batch: Batch, later: Iterable[tuple[str, str]] = ()
 
 
 async def alook_for_script_runtimes(batch: Batch, later: Iterable[tuple[str, str]] = ()) -> None:
-    for name, queue in _script_jobs(batch, later).items():
+    for name, queue in _script_jobs(batch, later):
         try:
             async with (await database.pools().aget()).connection() as own, aautocommitted(own):
                 (served,) = await (await own.execute(queries.LIVE_RUNTIMES_SERVING, _serving(queue))).fetchone() or (0,)
