@@ -61,7 +61,20 @@ def named_script_job(qualname: str) -> Any:
 
 
 finished, finished_async, made_apart = (named_script_job(n) for n in ("finished", "finished_async", "made_apart"))
-per_queue = named_script_job("per_queue")
+per_queue, added_by_member, child, child_of_many = (
+    named_script_job(n) for n in ("per_queue", "added_by_member", "child", "child_of_many"))
+
+
+async def adder(ctx: Any) -> None:
+    await ctx.group.enqueue(added_by_member)
+
+
+async def parent(ctx: Any) -> None:
+    await ctx.run_child(child.request())
+    await ctx.run_children([child_of_many.request()])
+
+
+adder, parent = script_job(adder), script_job(parent)
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -131,6 +144,24 @@ def test_a_script_job_is_looked_at_once_per_queue(jobs_db: str, caplog: pytest.L
         per_queue.enqueue()
     (warning,) = warnings_of(caplog)
     assert "__main__.per_queue" in warning and repr(QUEUE) in warning, warning
+
+
+async def test_a_script_job_enqueued_by_a_running_job_warns_as_its_enqueue_does(
+        jobs_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A member's ctx.group.enqueue and a durable job's ctx.run_child and ctx.run_children enqueue
+    jobs as any enqueue does: a script's job among them warns once too."""
+    another_runtime(jobs_db)
+    with caplog.at_level("WARNING", logger="livepush.jobs"):
+        async with jobs.agroup() as g:
+            g.enqueue(adder)
+        await parent.aenqueue()
+        await jobs.adrain(queues=[QUEUE])
+    assert q(jobs_db, "SELECT name, state FROM livepush_jobs WHERE name IN (%s, %s, %s) ORDER BY name",
+             (added_by_member.name, child.name, child_of_many.name)) == [
+        (added_by_member.name, "succeeded"), (child.name, "succeeded"), (child_of_many.name, "succeeded")]
+    assert sorted(w.split("'")[1] for w in warnings_of(caplog)) == [
+        "__main__.added_by_member", "__main__.adder", "__main__.child", "__main__.child_of_many",
+        "__main__.parent"], warnings_of(caplog)
 
 
 def test_a_script_job_drained_in_its_own_process_runs_without_a_warning(

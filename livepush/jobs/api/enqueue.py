@@ -336,8 +336,9 @@ def add_items(batch: Batch, items: Iterable[Any], call: str, group_id: int | Non
 # Jobs defined in a script run directly are named `__main__.fn` (functions._default_name): a
 # runtime started with `livepush jobs MODULE` never defines that name, and gives such jobs back
 # for ever. The script's own jobs.drain() runs them, so they are not refused: the first enqueue of
-# each on each queue in a process looks for live runtimes of other processes serving that queue,
-# and warns. Per queue: a first enqueue on a queue nobody serves says nothing of the next one, on
+# each on each queue in a process (whichever call enqueues it: enqueue, a group's member or
+# callback, ctx.group.enqueue, a durable job's children) looks for live runtimes of other
+# processes serving that queue, and warns. Per queue: a first enqueue on a queue nobody serves says nothing of the next one, on
 # a queue that runtimes elsewhere serve.
 SCRIPT_PREFIX = "__main__."
 _SCRIPT_JOBS_LOOKED: set[tuple[str, str]] = set()
@@ -380,10 +381,13 @@ def look_for_script_runtimes(batch: Batch, later: Iterable[tuple[str, str]] = ()
         _warn_script_job(name, queue, served)
 
 
-async def alook_for_script_runtimes(batch: Batch, later: Iterable[tuple[str, str]] = ()) -> None:
+async def alook_for_script_runtimes(batch: Batch, later: Iterable[tuple[str, str]] = (),
+                                    pool: Any = None) -> None:
+    """look_for_script_runtimes() for async code. `pool`: a running job's (its runtime's database,
+    which need not be the process's); None: the process's."""
     for name, queue in _script_jobs(batch, later):
         try:
-            async with (await database.pools().aget()).connection() as own, aautocommitted(own):
+            async with (pool or await database.pools().aget()).connection() as own, aautocommitted(own):
                 (served,) = await (await own.execute(queries.LIVE_RUNTIMES_SERVING, _serving(queue))).fetchone() or (0,)
         except Exception:  # noqa: BLE001 - as in look_for_script_runtimes
             continue

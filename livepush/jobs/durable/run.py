@@ -31,7 +31,7 @@ from ...postgres.connect import translated
 from ...postgres.pools import aautocommitted
 from ...postgres.text import unstorable
 from ..api.args import dumps, encode
-from ..api.enqueue import Batch
+from ..api.enqueue import Batch, alook_for_script_runtimes
 from ...types import as_seconds
 from ..api.registry import REGISTRY, JobRequest
 from ..errors import (
@@ -517,7 +517,14 @@ class DurableRun:
             requests = await make()
             if not requests:
                 return None
-            await self._park_tx(lambda now: self._spawn(call, requests, on_group))
+            try:
+                await self._park_tx(lambda now: self._spawn(call, requests, on_group))
+            except Parked:
+                # The children are enqueued (committed with the park): a script's job among them
+                # warns as its enqueue does, on the queue _spawn put it on.
+                await alook_for_script_runtimes(Batch(), [(r.name, r.queue or self.ctx.job.queue) for r in requests],
+                                                pool=self.ctx.pool)
+                raise
             raise AssertionError("unreachable: _spawn parks")
         group_id, count = stored["result"]["group"], stored["result"]["count"]
         if not await self._finished(group_id):

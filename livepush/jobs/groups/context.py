@@ -11,7 +11,7 @@ from psycopg.rows import dict_row
 
 from ...postgres.connect import translated
 from .. import database
-from ..api.enqueue import Batch, run_at
+from ..api.enqueue import Batch, alook_for_script_runtimes, run_at
 from ..api.handles import JobHandle
 from ...types import Seconds, as_seconds, is_finite
 from ..api.registry import JobRequest, JobSpec
@@ -97,6 +97,8 @@ class GroupContext:
                                                         ring="coalesced" if publisher is None else "later"))
         if publisher is not None:
             publisher.mark([self.id])  # after the commit: one read is enough
+        # A member is enqueued as any job is: a script's job among them warns as its enqueue does.
+        await alook_for_script_runtimes(batch, pool=getattr(self._ctx, "pool", None))
         return JobHandle(rows[0]["id"], rows[0]["name"])
 
     aenqueue = enqueue
