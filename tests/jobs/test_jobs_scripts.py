@@ -44,7 +44,6 @@ async def added_async(ctx: Any) -> None:
     pass
 
 
-
 served_elsewhere = script_job(served_elsewhere)
 drained_here = script_job(drained_here)
 grouped, added, added_async = script_job(grouped), script_job(added), script_job(added_async)
