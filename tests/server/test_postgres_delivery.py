@@ -144,6 +144,46 @@ async def test_concurrent_batches_sharing_topics_in_opposite_orders_both_commit(
         assert seqs == list(range(1, 2001)), topic
 
 
+async def test_transactions_publishing_two_topics_in_opposite_orders_fail_one_whole_and_deliver_the_other(
+        pg_served: Served, pg_url: str) -> None:
+    """Each publish(conn=) holds its topic's row until the transaction ends: two transactions that
+    publish on the same two topics in opposite orders wait for each other, and Postgres breaks the
+    cycle by failing one with psycopg's DeadlockDetected (docs/guarantees.md). Nothing of the
+    failed one is delivered; the other commits whole, and each topic's offsets stay gap-free."""
+    client = await WSClient.open(pg_served.url)
+    for topic in ("cycle:a", "cycle:b"):
+        await client.subscribe(pg_served.sign(topic))
+    barrier = threading.Barrier(2)
+    outcome: dict[str, str] = {}
+
+    def publish(name: str, order: tuple[str, str]) -> None:
+        with psycopg.connect(pg_url) as conn:
+            try:
+                pg_served.fanout.publish(order[0], {"by": name}, conn=conn)
+                barrier.wait(timeout=10)  # each holds its first topic before it asks for the other
+                pg_served.fanout.publish(order[1], {"by": name}, conn=conn)
+                conn.commit()
+                outcome[name] = "committed"
+            except psycopg.errors.DeadlockDetected:
+                conn.rollback()
+                outcome[name] = "deadlock"
+
+    threads = [threading.Thread(target=publish, args=("ab", ("cycle:a", "cycle:b"))),
+               threading.Thread(target=publish, args=("ba", ("cycle:b", "cycle:a")))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        await asyncio.to_thread(thread.join, 30)
+    assert sorted(outcome.values()) == ["committed", "deadlock"], outcome
+    winner = next(name for name, how in outcome.items() if how == "committed")
+    got = await client.messages(2, timeout=10)
+    assert sorted((m["topic"], m["data"]["by"], m["offset"].split("-")[1]) for m in got) == [
+        ("cycle:a", winner, "1"), ("cycle:b", winner, "1")]
+    with pytest.raises(asyncio.TimeoutError):
+        await client.recv(timeout=0.3)
+    await client.close()
+
+
 async def test_a_gap_in_the_log_becomes_reset_never_a_silent_hole(pg_served: Served, pg_url: str) -> None:
     """Doorbells for rows the log no longer holds (a row deleted under the cursor) give the
     subscriber `reset`, never the messages around the hole; the live stream then goes on."""
