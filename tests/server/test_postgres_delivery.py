@@ -184,6 +184,28 @@ async def test_transactions_publishing_two_topics_in_opposite_orders_fail_one_wh
     await client.close()
 
 
+async def test_a_two_phase_transaction_that_published_fails_its_prepare_and_delivers_nothing(
+        pg_served: Served, pg_url: str) -> None:
+    """A publish(conn=) rings the servers with NOTIFY in the caller's transaction, and Postgres
+    cannot PREPARE a transaction that did (two-phase commit): the prepare fails with psycopg's
+    FeatureNotSupported, the whole transaction rolls back, and nothing is delivered
+    (docs/reference.md section 4 says to publish after the second phase instead)."""
+    client = await WSClient.open(pg_served.url)
+    await client.subscribe(pg_served.sign("twophase"))
+    conn = psycopg.connect(pg_url)
+    try:
+        conn.tpc_begin(conn.xid(1, "livepush-test", "twophase"))
+        pg_served.fanout.publish("twophase", {"n": 1}, conn=conn)
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match="NOTIFY"):
+            conn.tpc_prepare()
+    finally:
+        conn.close()  # not `with`: its exit commits, which a two-phase transaction refuses
+    with pytest.raises(asyncio.TimeoutError):
+        await client.recv(timeout=0.3)
+    assert (await pg_served.fanout.alatest_offset("twophase")).startswith("0-"), "nothing was published"
+    await client.close()
+
+
 async def test_a_gap_in_the_log_becomes_reset_never_a_silent_hole(pg_served: Served, pg_url: str) -> None:
     """Doorbells for rows the log no longer holds (a row deleted under the cursor) give the
     subscriber `reset`, never the messages around the hole; the live stream then goes on."""
