@@ -143,7 +143,8 @@ _NO_OFFSET = ("its offset is its row's version, not a message's; a page subscrib
 
 def latest_offset(topic: Topic) -> Offset:
     """The offset of the newest message on `topic`, to embed beside what a page rendered; the
-    client subscribes with it as `since` and misses nothing published in between."""
+    client subscribes with it as `since` and misses nothing published in between. Read it before
+    the page's data: read after, it may count a message the data lacks, which is never sent."""
     return default_fanout().latest_offset(_message_topic(topic, _NO_OFFSET))
 
 
