@@ -206,6 +206,38 @@ async def test_a_two_phase_transaction_that_published_fails_its_prepare_and_deli
     await client.close()
 
 
+async def test_a_client_that_stays_subscribed_to_a_topic_forgotten_while_idle_gets_reset_at_its_next_message(
+        pg_served: Served, pg_url: str) -> None:
+    """A topic nothing was published on for a day is forgotten (its row goes once its messages are
+    pruned), and its next message starts a new chain. A client subscribed all along gets `reset`
+    for it (refetch), then the live messages: the server cannot tell, from a chain it no longer
+    finds, that nothing was published and forgotten after the last message it sent
+    (docs/guarantees.md). A day is simulated by moving the topic's times back."""
+    client = await WSClient.open(pg_served.url)
+    await client.subscribe(pg_served.sign("quiet"))
+    await pg_served.publish("quiet", {"n": 1})
+    assert [m["data"] for m in await client.messages(1)] == [{"n": 1}]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE livepush_topics SET touched_at = touched_at - interval '2 days' WHERE topic = 'quiet'")
+        conn.execute("UPDATE livepush_messages SET created_at = created_at - interval '2 days' WHERE topic = 'quiet'")
+
+    async def forgotten() -> bool:
+        await pg_served.fanout.prune()
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            return conn.execute("SELECT FROM livepush_topics WHERE topic = 'quiet'").fetchone() is None
+
+    await async_wait_for(forgotten, 10, message="the idle topic to be forgotten")
+    await pg_served.publish("quiet", {"n": 2})
+    assert [f["op"] for f in await client.messages(1, timeout=10)] == ["reset"]
+    # The reset stands for everything up to the offset the server read before sending it (the
+    # client refetches): what is published after it is delivered.
+    later = await pg_served.publish("quiet", {"n": 3})
+    (message,) = await client.messages(1, timeout=10)
+    assert (message["op"], message["offset"], message["data"]) == ("message", later, {"n": 3})
+    assert later.endswith("-2"), "the topic's next message started a new chain"
+    await client.close()
+
+
 async def test_a_gap_in_the_log_becomes_reset_never_a_silent_hole(pg_served: Served, pg_url: str) -> None:
     """Doorbells for rows the log no longer holds (a row deleted under the cursor) give the
     subscriber `reset`, never the messages around the hole; the live stream then goes on."""
