@@ -435,6 +435,21 @@ function describeArg(value) {
   return value === null || value === undefined ? String(value) : typeof value;
 }
 
+/**
+ * A value a page's callback threw or returned, as text for an error's detail. String() itself
+ * throws on a value with no string form (an object made by Object.create(null), or whose toString
+ * throws): a report that threw would skip the other handlers of a frame, or the next attempt.
+ * @param {unknown} value
+ * @returns {string}
+ */
+function describeValue(value) {
+  try {
+    return String(value);
+  } catch {
+    return 'a value with no string form';
+  }
+}
+
 /** Names a page gives the offset it rendered at, for the option that takes it. */
 const OFFSET_NAMES = new Set(['offset', 'from', 'after', 'lastoffset', 'last_offset', 'latest_offset', 'latestoffset']);
 
@@ -992,7 +1007,7 @@ export class LivePush {
       // surfacing it and backing off beats a tight loop or a silent stop. A token function that
       // closed the client before it threw has ended it: nothing is retried after `closed`.
       if (this._stopped) return;
-      this._report({ reason: 'connect_failed', detail: String(err), error: err });
+      this._report({ reason: 'connect_failed', detail: describeValue(err), error: err });
       this._afterClose(CloseCode.ABNORMAL, 'connect failed');
       return;
     }
@@ -1300,7 +1315,7 @@ export class LivePush {
     try {
       token = this._currentToken();
     } catch (error) {
-      this._report({ reason: 'handler_error', detail: `the token function, asked for a renewed token: ${String(error)}`, error });
+      this._report({ reason: 'handler_error', detail: `the token function, asked for a renewed token: ${describeValue(error)}`, error });
       return false;
     }
     // A token function that closed the client (the user signed out) has ended it.
@@ -1434,7 +1449,7 @@ export class LivePush {
     try {
       fn(...args);
     } catch (error) {
-      this._report({ reason: 'handler_error', detail: String(error), error });
+      this._report({ reason: 'handler_error', detail: describeValue(error), error });
     }
   }
 
@@ -1465,11 +1480,11 @@ export class LivePush {
     try {
       ms = this._reconnectAfterMs(tries);
     } catch (error) {
-      this._report({ reason: 'handler_error', detail: `reconnectAfterMs threw: ${String(error)}`, error });
+      this._report({ reason: 'handler_error', detail: `reconnectAfterMs threw: ${describeValue(error)}`, error });
       return defaultReconnectAfterMs(tries, this._random);
     }
     if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 0) {
-      this._report({ reason: 'handler_error', detail: `reconnectAfterMs(${tries}) gave ${String(ms)}, not a delay in milliseconds` });
+      this._report({ reason: 'handler_error', detail: `reconnectAfterMs(${tries}) gave ${describeValue(ms)}, not a delay in milliseconds` });
       return defaultReconnectAfterMs(tries, this._random);
     }
     return Math.min(ms, MAX_TIMER_MS);

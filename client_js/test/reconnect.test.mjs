@@ -647,6 +647,24 @@ test('a reconnectAfterMs that throws or returns no number falls back to the defa
   }
 });
 
+test('a reconnectAfterMs or token function that throws a value with no string form still leaves a next attempt scheduled', () => {
+  const bare = () => Object.create(null);
+  for (const options of [
+    { reconnectAfterMs: () => { throw bare(); } },
+    { reconnectAfterMs: () => bare() },
+    { token: (() => { let asked = 0; return () => { asked += 1; if (asked === 2) throw bare(); return 'tok'; }; })() },
+  ]) {
+    const h = harness({ random: MID, ...options });
+    h.last().hello();
+    assert.doesNotThrow(() => h.last().serverClose(1006));
+    assert.doesNotThrow(() => h.clock.advance(h.clock.pending()[0]));
+    assert.equal(h.lp.status, 'reconnecting');
+    assert.equal(h.clock.pending().length, 1, 'a next attempt is scheduled');
+    assert.ok(h.errors.length > 0 && h.errors.every((e) => e.detail.includes('a value with no string form')));
+    h.lp.close();
+  }
+});
+
 test('a client closed from onError while it reports a failed attempt stays closed, with nothing scheduled', () => {
   // A page that gives up when no connection can be attempted (its token function is async, say),
   // and one that closes when its own reconnectAfterMs gave no delay.

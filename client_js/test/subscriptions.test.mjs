@@ -551,6 +551,24 @@ test('server error frames and throwing handlers are reported and the connection 
   h.lp.close();
 });
 
+test('a handler that throws a value with no string form is reported, and the next handler still gets the message', () => {
+  // A value with no toString (an object made with Object.create(null), as some libraries throw)
+  // must not turn the report itself into an exception that skips the other subscriptions.
+  const h = harness();
+  h.lp.subscribe('chat:a', () => {
+    throw Object.create(null);
+  });
+  const fine = collect(h.lp, 'chat:a');
+  const ws = h.last();
+  ws.hello();
+  ws.acceptSubscribes();
+  assert.doesNotThrow(() => ws.receive({ op: 'message', topic: 'chat:a', offset: '1', data: 'x' }));
+  assert.deepEqual(fine.data(), ['x']);
+  assert.deepEqual(h.errors.map((e) => [e.reason, e.detail]), [['handler_error', 'a value with no string form']]);
+  assert.equal(h.lp.status, 'open');
+  h.lp.close();
+});
+
 test('subscribe() rejects a missing topic or handler with a clear error', () => {
   const h = harness();
   assert.throws(() => h.lp.subscribe('', () => {}), /topic/);
