@@ -1,4 +1,5 @@
 // Public API of livepush.js (the browser client). The JS file carries the same types as JSDoc.
+// Options may be null wherever a call takes them: null means none, as leaving them out does.
 
 export type LivePushStatus = 'connecting' | 'open' | 'reconnecting' | 'closed' | 'unauthorized';
 
@@ -150,7 +151,7 @@ export declare class LivePush {
    * Connects at once. `url`: ws://, wss://, http(s):// (turned into ws(s)://) or a path
    * relative to the page.
    */
-  constructor(url: string, options?: LivePushOptions);
+  constructor(url: string, options?: LivePushOptions | null);
   readonly status: LivePushStatus;
   /** The session announced in `hello`; null when anonymous or not connected. */
   readonly session: { subject: string } | null;
@@ -160,7 +161,7 @@ export declare class LivePush {
   subscribe<T = any>(
     topic: string,
     onMessage: (data: T, meta: MessageMeta) => void,
-    options?: SubscribeOptions,
+    options?: SubscribeOptions | null,
   ): Subscription;
   /** Close for good: no reconnect, status `closed`. */
   close(): void;
@@ -219,5 +220,5 @@ export declare function bindProgress(
   lp: LivePush,
   topic: string,
   element: Element,
-  options?: BindProgressOptions,
+  options?: BindProgressOptions | null,
 ): ProgressBinding;

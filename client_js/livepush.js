@@ -462,10 +462,10 @@ const OFFSET_NAMES = new Set(['offset', 'from', 'after', 'lastoffset', 'last_off
  * @param {T | null | undefined} options
  * @param {string} call
  * @param {readonly string[]} known the option names the call reads
- * @returns {T}
+ * @returns {NonNullable<T>}
  */
 function optionsOf(options, call, known) {
-  if (options === null || options === undefined) return /** @type {T} */ ({});
+  if (options === null || options === undefined) return /** @type {NonNullable<T>} */ ({});
   if (typeof options !== 'object') {
     throw new TypeError(`${call} takes its options as an object, got ${describeArg(options)}: e.g. {since: offset}`);
   }
@@ -825,7 +825,7 @@ export class LivePush {
   /**
    * @param {string} url ws://, wss://, http(s):// (turned into ws(s)://) or a path relative
    *   to the page
-   * @param {LivePushOptions} [options]
+   * @param {LivePushOptions | null} [options] null means none
    */
   constructor(url, options = {}) {
     options = optionsOf(options, 'new LivePush(url, options)', LIVEPUSH_OPTIONS);
@@ -951,7 +951,7 @@ export class LivePush {
    *
    * @param {string} topic a plain topic or a signed one (`topic~signature`)
    * @param {(data: any, meta: MessageMeta) => void} onMessage
-   * @param {SubscribeOptions} [options]
+   * @param {SubscribeOptions | null} [options] null means none
    * @returns {Subscription}
    */
   subscribe(topic, onMessage, options = {}) {
@@ -1645,12 +1645,13 @@ const BIND_PROGRESS_OPTIONS = Object.freeze(['onFinish', 'onUpdate', 'since']);
  * @param {LivePush} lp
  * @param {string} topic `job:<id>` or `group:<id>`, plain or signed (e.g. `handle.signed_topic`)
  * @param {any} element a DOM element
- * @param {BindProgressOptions} [options]
+ * @param {BindProgressOptions | null} [given] its options; null means none
  * @returns {ProgressBinding} a handle like a Subscription that stays valid across the
  *   re-subscribe after a reset
  */
-export function bindProgress(lp, topic, element, options = {}) {
-  options = optionsOf(options, 'bindProgress(lp, topic, element, options)', BIND_PROGRESS_OPTIONS);
+export function bindProgress(lp, topic, element, given = {}) {
+  // A const, not the parameter reassigned: the callbacks below read it, never null.
+  const options = optionsOf(given, 'bindProgress(lp, topic, element, options)', BIND_PROGRESS_OPTIONS);
   // The usual slip is an id the page does not have (getElementById gives null), or the arguments
   // in another order: said here, before anything is subscribed, rather than as a property of
   // null read deep inside.

@@ -21,4 +21,9 @@ sub.unsubscribe();
 
 const element = document.getElementById('import');
 if (element) bindProgress(lp, 'job:42~signature', element, { onFinish: (view) => console.log(view.state) }).unsubscribe();
+// Options may be null, meaning none, wherever a call takes them (the README says so).
+const quiet = new LivePush('/push', null);
+quiet.subscribe('chat:lobby', () => {}, null).unsubscribe();
+if (element) bindProgress(quiet, 'job:42~signature', element, null).unsubscribe();
+quiet.close();
 lp.close();
