@@ -119,7 +119,8 @@ export interface SubscribeOptions {
   onReset?: (topic: string) => void;
   /** After every (re)subscribe the server accepted; `offset` is the server's latest or null. */
   onSubscribed?: (info: { topic: string; offset: string | null }) => void;
-  /** The server refused the topic; the subscription is dropped and never resent.
+  /** The server refused the topic; the subscription is dropped and never resent. `info.topic` is
+   * the plain topic, never the signed form (the subscription's `topic` is the one given).
    * ("unavailable", the server's storage being briefly down or the app's authorize() failing or
    * not answering in time, is retried with backoff instead,
    * without calling onRefused; onError hears it once a run.) */

@@ -403,7 +403,8 @@ class Heartbeat {
  * @property {(info: {topic: string, offset: string | null}) => void} [onSubscribed]
  *   called after every (re)subscribe the server accepted
  * @property {(reason: string, info: {topic: string}) => void} [onRefused] the server refused
- *   the topic ("forbidden", "invalid_signature", "expired", "invalid_topic", "limit"); the
+ *   the topic ("forbidden", "invalid_signature", "expired", "invalid_topic", "limit"; `info.topic`
+ *   is the plain topic, as in every callback: the subscription's `topic` is the one given); the
  *   subscription is dropped and never resent. ("unavailable", the server's storage being
  *   briefly down, or the app's authorize() failing or not answering in time, is not a refusal:
  *   the subscribe is retried with backoff, and onError hears it once a run.)
@@ -650,7 +651,9 @@ export class Subscription {
     if (this._state === 'closed' || this._state === 'refused') return;
     this._state = 'refused';
     const cb = this._options.onRefused;
-    if (cb) this._client._call(cb, reason, { topic: this.topic });
+    // The plain topic, as every other callback names it: a signed one's signature is the
+    // permission, and a page that logs what it is told would log it. `this.topic` keeps it.
+    if (cb) this._client._call(cb, reason, { topic: this.plainTopic });
     else {
       // The plain topic: a signed one's signature is the permission, and this may reach a log.
       const hint = this._client._refusalHint(reason);

@@ -183,6 +183,23 @@ test('a signed topic is matched by ref; messages on the plain topic reach it', (
   h.lp.close();
 });
 
+test('every callback names the plain topic, onRefused too: a signature is a permission, not for logs', () => {
+  const h = harness();
+  const named = [];
+  const s = collect(h.lp, 'job:42~1700000000~sig', {
+    onRefused: (reason, info) => named.push(['refused', info.topic]),
+    onSubscribed: (info) => named.push(['subscribed', info.topic]),
+  });
+  let ws = h.last();
+  ws.hello();
+  ws.receive({ op: 'subscribed', ref: ws.frames('subscribe')[0].ref, topic: 'job:42', offset: null });
+  ws = reconnect(h);
+  ws.receive({ op: 'refused', ref: ws.frames('subscribe')[0].ref, reason: 'expired' });
+  assert.deepEqual(named, [['subscribed', 'job:42'], ['refused', 'job:42']]);
+  assert.equal(s.sub.topic, 'job:42~1700000000~sig', 'the topic as given stays on the subscription');
+  h.lp.close();
+});
+
 test('a refused subscription calls onRefused and is never resent', () => {
   const h = harness();
   const refused = [];
