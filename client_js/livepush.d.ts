@@ -1,5 +1,6 @@
 // Public API of livepush.js (the browser client). The JS file carries the same types as JSDoc.
-// Options may be null wherever a call takes them: null means none, as leaving them out does.
+// Options may be null wherever a call takes them, and so may each callback option: null means
+// none, as leaving it out does.
 
 export type LivePushStatus = 'connecting' | 'open' | 'reconnecting' | 'closed' | 'unauthorized';
 
@@ -70,10 +71,10 @@ export interface LivePushOptions {
    * the push server is the page's own host. */
   token?: string | (() => string | null | undefined) | null;
   /** Server `error` frames and exceptions thrown by your callbacks. Default: console.warn. */
-  onError?: (err: LivePushError) => void;
+  onError?: ((err: LivePushError) => void) | null;
   /** Delay before retry number `tries` (1-based). Default: 500 ms × 2^(tries-1), capped at
    * 30 s, times a uniform factor in [0.5, 1.5). */
-  reconnectAfterMs?: (tries: number) => number;
+  reconnectAfterMs?: ((tries: number) => number) | null;
   // Injectable for tests; the defaults use the globals.
   WebSocket?: new (url: string, protocols?: string | string[]) => WebSocketLike;
   random?: () => number;
@@ -116,18 +117,18 @@ export interface SubscribeOptions {
    * into the page. Messages at or before it are not delivered. */
   since?: string | null;
   /** `since` is older than the history kept: refetch the state. */
-  onReset?: (topic: string) => void;
+  onReset?: ((topic: string) => void) | null;
   /** After every (re)subscribe the server accepted; `offset` is the server's latest or null. */
-  onSubscribed?: (info: { topic: string; offset: string | null }) => void;
+  onSubscribed?: ((info: { topic: string; offset: string | null }) => void) | null;
   /** The server refused the topic; the subscription is dropped and never resent. `info.topic` is
    * the plain topic, never the signed form (the subscription's `topic` is the one given).
    * ("unavailable", the server's storage being briefly down or the app's authorize() failing or
    * not answering in time, is retried with backoff instead,
    * without calling onRefused; onError hears it once a run.) */
-  onRefused?: (
+  onRefused?: ((
     reason: 'forbidden' | 'invalid_signature' | 'expired' | 'invalid_topic' | 'limit' | string,
     info: { topic: string },
-  ) => void;
+  ) => void) | null;
 }
 
 export type SubscriptionState = 'pending' | 'active' | 'refused' | 'closed';
@@ -195,9 +196,9 @@ export declare function progressText(view: ProgressView): string;
 
 export interface BindProgressOptions {
   /** Once per arrival at a final state. */
-  onFinish?: (view: ProgressView, data: any) => void;
+  onFinish?: ((view: ProgressView, data: any) => void) | null;
   /** After every render. */
-  onUpdate?: (view: ProgressView, data: any) => void;
+  onUpdate?: ((view: ProgressView, data: any) => void) | null;
   /** The version the page was rendered at: what the element shows stays until a newer one comes,
    * and a final `data-state` rendered with it stays through a refusal. */
   since?: string | null;

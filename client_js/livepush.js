@@ -397,12 +397,12 @@ class Heartbeat {
  * @typedef {object} SubscribeOptions
  * @property {string | null} [since] the last offset the page already reflects, e.g.
  *   `livepush.latest_offset(topic)` embedded by the server when it rendered the page
- * @property {(topic: string) => void} [onReset] `since` was older than the history the server
+ * @property {((topic: string) => void) | null} [onReset] `since` was older than the history the server
  *   keeps (or the page fell behind): refetch the state. The next resubscribe starts where the
  *   live messages after the reset began, so none is lost.
- * @property {(info: {topic: string, offset: string | null}) => void} [onSubscribed]
+ * @property {((info: {topic: string, offset: string | null}) => void) | null} [onSubscribed]
  *   called after every (re)subscribe the server accepted
- * @property {(reason: string, info: {topic: string}) => void} [onRefused] the server refused
+ * @property {((reason: string, info: {topic: string}) => void) | null} [onRefused] the server refused
  *   the topic ("forbidden", "invalid_signature", "expired", "invalid_topic", "limit"; `info.topic`
  *   is the plain topic, as in every callback: the subscription's `topic` is the one given); the
  *   subscription is dropped and never resent. ("unavailable", the server's storage being
@@ -800,9 +800,9 @@ class Registry {
  *   token when a topic is refused `forbidden` on a connection that sent one the server did not
  *   take (the client then reconnects with it). Prefer the
  *   `__Host-livepush_session` cookie when the server shares the page's site.
- * @property {(err: LivePushError) => void} [onError] server `error` frames and exceptions from
+ * @property {((err: LivePushError) => void) | null} [onError] server `error` frames and exceptions from
  *   your callbacks; the connection keeps going. Default: console.warn.
- * @property {(tries: number) => number} [reconnectAfterMs] the delay before retry number `tries`
+ * @property {((tries: number) => number) | null} [reconnectAfterMs] the delay before retry number `tries`
  * @property {any} [WebSocket] WebSocket constructor (tests inject a fake)
  * @property {() => number} [random]
  * @property {() => number} [now]
@@ -1628,10 +1628,10 @@ function checkProgressTopic(topic) {
 
 /**
  * @typedef {object} BindProgressOptions
- * @property {(view: ProgressView, data: any) => void} [onFinish] called once, when the job or
+ * @property {((view: ProgressView, data: any) => void) | null} [onFinish] called once, when the job or
  *   group reaches a final state (job: succeeded, failed, cancelled; group: finished, or
  *   cancelled once none of its members is pending)
- * @property {(view: ProgressView, data: any) => void} [onUpdate] called after every render
+ * @property {((view: ProgressView, data: any) => void) | null} [onUpdate] called after every render
  * @property {string | null} [since] the version the page was rendered at: what the element shows
  *   stays until a newer one comes, and a final `data-state` rendered with it through a refusal
  */

@@ -25,5 +25,12 @@ if (element) bindProgress(lp, 'job:42~signature', element, { onFinish: (view) =>
 const quiet = new LivePush('/push', null);
 quiet.subscribe('chat:lobby', () => {}, null).unsubscribe();
 if (element) bindProgress(quiet, 'job:42~signature', element, null).unsubscribe();
+// A callback left out as null is absent, as the client takes it (e.g. `onRefused: debug ? log : null`).
+const debug = sessionStorage.getItem('debug') === '1';
+const log = debug ? (...args: unknown[]) => console.log(...args) : null;
+const plain = new LivePush('/push', { onError: log, reconnectAfterMs: null });
+plain.subscribe('chat:lobby', () => {}, { onReset: log, onSubscribed: log, onRefused: log }).unsubscribe();
+if (element) bindProgress(plain, 'job:42~signature', element, { onFinish: log, onUpdate: log }).unsubscribe();
+plain.close();
 quiet.close();
 lp.close();
