@@ -1691,6 +1691,8 @@ export function bindProgress(lp, topic, element, given = {}) {
     }
   };
   let finished = false;
+  /** Whether the binding was ended: unsubscribed, or its element bound again. */
+  let ended = false;
   // With `since`, whether the page rendered a final state (its `data-state`, as render() sets it
   // for CSS): a refusal leaves that shown until a newer version replaces it, as it does one this
   // binding rendered. (A group's `cancelled` is not final while members run: not read as one.)
@@ -1721,6 +1723,9 @@ export function bindProgress(lp, topic, element, given = {}) {
     render(view);
     // Each callback on its own: an onUpdate that throws must not cost the page its onFinish.
     if (options.onUpdate) lp._call(options.onUpdate, view, data);
+    // An onUpdate that ended this binding (it bound the element to the next job, or unsubscribed)
+    // has moved the page on: this binding's onFinish no longer runs, as after any ending.
+    if (ended) return;
     if (view.finished && !finished) {
       finished = true;
       if (options.onFinish) lp._call(options.onFinish, view, data);
@@ -1762,6 +1767,7 @@ export function bindProgress(lp, topic, element, given = {}) {
       return current.offset;
     },
     unsubscribe() {
+      ended = true;
       current.unsubscribe();
       if (progressBindings.get(element) === binding) progressBindings.delete(element);
     },

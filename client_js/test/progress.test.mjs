@@ -309,6 +309,30 @@ test('binding an element again ends its earlier binding: one element shows one p
   h.lp.close();
 });
 
+test('a binding ended from its own onUpdate runs no onFinish for that message', () => {
+  // The page moves on as soon as it sees the last update: it binds the element to the next job,
+  // or unsubscribes. The ended binding's onFinish must not run after that, for that same message.
+  for (const end of ['rebind', 'unsubscribe']) {
+    const h = harness();
+    const el = new FakeElement('div');
+    const finished = [];
+    const first = bindProgress(h.lp, 'job:1', el, {
+      onUpdate: (view) => {
+        if (view.state !== 'succeeded') return;
+        if (end === 'rebind') bindProgress(h.lp, 'job:2', el, { onFinish: (v) => finished.push(['job:2', v.state]) });
+        else first.unsubscribe();
+      },
+      onFinish: (view) => finished.push(['job:1', view.state]),
+    });
+    const ws = h.last();
+    ws.hello();
+    ws.acceptSubscribes();
+    ws.receive({ op: 'message', topic: 'job:1', offset: '1', data: job('succeeded', 'succeeded', null, { id: 1 }) });
+    assert.deepEqual(finished, [], `${end}: the ended binding's onFinish does not run`);
+    h.lp.close();
+  }
+});
+
 test('bindProgress with since keeps what the page shows until a newer version comes', () => {
   const h = harness();
   const el = new FakeElement('div');
