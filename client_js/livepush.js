@@ -1418,11 +1418,14 @@ export class LivePush {
     const rescheduled = status === Status.RECONNECTING && info.delayMs !== undefined;
     if (!changed && !rescheduled) return;
     this._status = status;
-    for (const fn of [...(this._listeners.get('status') ?? [])]) {
+    const listeners = this._listeners.get('status') ?? new Set();
+    for (const fn of [...listeners]) {
       // A listener that changed the status (close() on `reconnecting`) has had every listener
       // told the new one: the old one, handed on, would leave the later ones showing it.
       if (this._status !== status) break;
-      this._call(fn, status, info);
+      // One removed by an earlier listener (a component torn down on this change) is not called,
+      // as with DOM events: it would run against what its page just removed.
+      if (listeners.has(fn)) this._call(fn, status, info);
     }
   }
 

@@ -466,6 +466,22 @@ test('close() in a status listener leaves every listener on closed, none on the 
   assert.deepEqual(h.clock.pending(), []);
 });
 
+test('a status listener removed by an earlier one during the same change is not called', () => {
+  // A page whose router unmounts a component on `unauthorized`: the component's cleanup removes
+  // its listener, which must not then run against what was torn down (as with DOM events).
+  const h = harness();
+  const heard = [];
+  let offWidget = () => {};
+  h.lp.on('status', (status) => {
+    heard.push(['router', status]);
+    if (status === 'unauthorized') offWidget();
+  });
+  offWidget = h.lp.on('status', (status) => heard.push(['widget', status]));
+  h.last().hello();
+  h.last().serverClose(4401);
+  assert.deepEqual(heard, [['router', 'open'], ['widget', 'open'], ['router', 'unauthorized']]);
+});
+
 test('a URL whose scheme no WebSocket takes throws at the call, naming it, instead of failing every retry', () => {
   // `localhost:8765` reads as the scheme `localhost:`: the browser would refuse each attempt with a
   // SyntaxError, and the client would retry it with backoff for as long as the page is open.
