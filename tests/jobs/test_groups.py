@@ -13,7 +13,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from livepush import jobs
-from livepush.errors import DependencyError
+from livepush.errors import ArgumentTypeError, DependencyError
 from livepush.jobs.groups import building, steps
 from livepush.jobs.groups import queries as group_queries
 from livepush.jobs.groups.transactions import in_tx
@@ -605,6 +605,18 @@ def test_a_callback_argument_json_cannot_carry_is_refused_as_a_members_is(groups
         jobs.group(on_finish=gj.callback.request(huge))
     with pytest.raises(jobs.InvalidArgumentsError, match=r"args\[1\]\[0\] is an int of more than"):
         jobs.create_group(on_success=gj.callback.request("x", [huge]))
+    assert q(groups_db, "SELECT count(*) FROM livepush_groups")[0][0] == 0
+
+
+def test_a_callback_that_is_no_job_request_is_refused_naming_its_keyword_and_the_fix(groups_db: str) -> None:
+    """Of three callbacks, the error names the one that is wrong (on_success=, not "group
+    callbacks"), and a job function given bare, the likely slip, is told to pass its request with
+    the arguments to run with; nothing is written."""
+    with pytest.raises(ArgumentTypeError, match=r"on_success= takes .*got the job function 'g\.callback' "
+                                                     r"itself: pass its \.request\(\*args\)"):
+        jobs.group(on_finish=gj.callback.request("fin"), on_success=gj.callback)  # type: ignore[arg-type]
+    with pytest.raises(ArgumentTypeError, match=r"on_failure= takes a job request .*got str 'alert'"):
+        jobs.create_group(on_failure="alert")  # type: ignore[arg-type]
     assert q(groups_db, "SELECT count(*) FROM livepush_groups")[0][0] == 0
 
 

@@ -125,8 +125,9 @@ def _check_items(items: Any, what: str) -> None:
 
 
 def _callbacks(on_finish: Any, on_success: Any, on_failure: Any) -> dict[str, str | None]:
-    return {"on_finish": steps.callback_spec(on_finish), "on_success": steps.callback_spec(on_success),
-            "on_failure": steps.callback_spec(on_failure)}
+    return {"on_finish": steps.callback_spec(on_finish, "on_finish="),
+            "on_success": steps.callback_spec(on_success, "on_success="),
+            "on_failure": steps.callback_spec(on_failure, "on_failure=")}
 
 
 def _callback_jobs(*requests: JobRequest | None) -> list[tuple[str, str]]:

@@ -20,6 +20,7 @@ from psycopg.rows import dict_row
 
 from ...postgres.connect import cursor_on
 from ..api.args import dumps, encode
+from ..api.enqueue import is_spec
 from ..api.registry import JobRequest
 from ..errors import InvalidArgumentsError
 from ..events.views import group_event
@@ -163,12 +164,16 @@ def counted_shards(shards: Sequence[Row]) -> Steps[set[int]]:
 
 # -- building a group ------------------------------------------------------------------------
 
-def callback_spec(request: Any) -> str | None:
-    """A JobRequest as stored on the group: everything needed to enqueue it anywhere."""
+def callback_spec(request: Any, keyword: str) -> str | None:
+    """A JobRequest as stored on the group: everything needed to enqueue it anywhere. `keyword`
+    names the parameter it came as (`on_success=`): of three callbacks, the wrong one is named."""
     if request is None:
         return None
     if not isinstance(request, JobRequest):
-        raise ArgumentTypeError(f"group callbacks are job requests (some_job.request(*args)), got {request!r}")
+        # The job function itself is the likely slip: say how to make its request.
+        got = (f"the job function {request.name!r} itself: pass its .request(*args) with the arguments "
+               f"the callback runs with" if is_spec(request) else f"{type(request).__name__} {request!r:.60}")
+        raise ArgumentTypeError(f"{keyword} takes a job request (some_job.request(*args)), got {got}")
     fn = request.function
     # request() checked the arguments on its fast path, which does not measure ints: encode()
     # names one too long for JSON text (InvalidArgumentsError, as enqueue does), where
