@@ -460,6 +460,13 @@ def test_adding_something_that_is_not_a_job_is_refused_naming_it(groups_db: str)
     assert jobs.get_group(h.id)["total"] == 0
     member = jobs.add_to_group(h.id, gj.member.request(1))  # type: ignore[arg-type]
     assert member.name == "g.member" and jobs.get_group(h.id)["total"] == 1
+    # The block's g.enqueue says it the same way: what it takes (a request too) and what it got.
+    with jobs.group() as g:
+        with pytest.raises(TypeError, match=r"g\.enqueue\(\) takes a @jobs\.job function and its arguments, or "
+                                            r"job\.request\(\.\.\.\), got str 'g\.member'"):
+            g.enqueue("g.member", 1)  # type: ignore[arg-type]
+        g.enqueue(gj.member.request(1))
+    assert jobs.get_group(g.id)["total"] == 1
 
 
 def test_a_block_given_members_that_are_no_list_is_refused_naming_it(groups_db: str) -> None:

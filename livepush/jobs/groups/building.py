@@ -188,13 +188,7 @@ class GroupBuilder:
         """Add a member (written when the block ends). Arguments are checked now. With `key=`
         held by an unfinished job, that job's handle stands in and it is not a member."""
         self._check_open()
-        queue = None
-        if isinstance(fn, JobRequest):
-            if args:
-                raise ArgumentTypeError("g.enqueue(job.request(...)) takes no further arguments")
-            fn, args, queue = fn.function, fn.args, fn.queue
-        if not isinstance(fn, JobSpec) or isinstance(fn, type):
-            raise ArgumentTypeError(f"g.enqueue() takes a @jobs.job function and its arguments, got {fn!r}")
+        fn, args, queue = job_and_args(fn, args, "g.enqueue")
         check_limit(len(self._batch) + 1)
         self._batch.add(fn, args, run_at(wait, at), self.id, queue, key=key, tags=tags)
 
