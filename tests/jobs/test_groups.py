@@ -603,6 +603,21 @@ async def test_cancel_group(groups_db: str) -> None:
         jobs.add_to_group(g.handle.id, gj.member, 1)
 
 
+def test_a_group_cancelled_after_every_member_succeeded_runs_on_failure_not_on_success(groups_db: str) -> None:
+    """The cancel of a group decides between on_success and on_failure, not only its members: an
+    open group whose one member succeeded, then cancelled, runs on_finish and on_failure (the docs'
+    comment on on_failure said "a member failed for good, or was cancelled", which none was)."""
+    h = jobs.create_group(on_finish=gj.callback.request("fin"), on_success=gj.callback.request("ok"),
+                          on_failure=gj.callback.request("bad"))
+    h.add(gj.member, "only")
+    assert jobs.drain() == {"succeeded": 1}
+    assert jobs.cancel_group(h.id) is True
+    jobs.drain()
+    view = jobs.get_group(h.id)
+    assert (view["state"], view["succeeded"], view["failed"], view["cancelled"]) == ("cancelled", 1, 0, 0)
+    assert sorted(r[0] for r in gj.callback_runs(groups_db)) == ["bad", "fin"]
+
+
 def test_a_callback_argument_json_cannot_carry_is_refused_as_a_members_is(groups_db: str) -> None:
     """A callback's arguments are stored with the group, as JSON text: an int too long for it is
     refused with InvalidArgumentsError naming where it is, as enqueue refuses it for a member,

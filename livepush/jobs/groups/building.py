@@ -270,7 +270,8 @@ def group(on_finish: JobRequest | None = None, on_success: JobRequest | None = N
           on_failure: JobRequest | None = None, *, conn: Any = None, shards: int = DEFAULT_SHARDS) -> GroupBuilder:
     """A task group built in one `with` block (see GroupBuilder). Callbacks are job requests
     (`some_job.request(*args)`): on_finish always runs once the group is finished, on_success when
-    every member succeeded, on_failure otherwise (a failed or cancelled member)."""
+    every member succeeded, on_failure otherwise (a failed or cancelled member, or the group
+    cancelled: then even if every member had succeeded)."""
     return GroupBuilder(on_finish, on_success, on_failure, conn, shards)
 
 
