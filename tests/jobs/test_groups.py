@@ -822,6 +822,26 @@ async def test_a_cancel_cut_off_before_it_finished_a_group_with_nothing_pending_
                                   (h.id,))) == ["failure", "finish"]
 
 
+def test_an_add_that_adds_no_member_shows_no_change(groups_db: str) -> None:
+    """add_many_to_group() of an empty list (a page of rows that had none), or of items whose keys
+    jobs outside the group hold, adds no member: group:<id> shows nothing new (no `progress` with
+    the same counts, no new version), while a closed group still refuses it."""
+    outside = gj.member.enqueue("outside", key="k:held")
+    h = jobs.create_group()
+    (version,) = [s.version for s in read_states(groups_db, [f"group:{h.id}"]).values()]
+    # Its `created` a second old: an add with a change would ring and record at once (no coalescing).
+    q(groups_db, "UPDATE livepush_group_events SET at = at - interval '1 second' WHERE group_id = %s", (h.id,))
+    assert jobs.add_many_to_group(h.id, []) == []
+    assert jobs.add_to_group(h.id, gj.member, "again", key="k:held").id == outside.id
+    assert [e["event"] for e in group_messages(h.id)] == ["created"]
+    assert [s.version for s in read_states(groups_db, [f"group:{h.id}"]).values()] == [version]
+    jobs.add_to_group(h.id, gj.member, "real")
+    assert [e["event"] for e in group_messages(h.id)] == ["created", "progress"]
+    jobs.seal_group(h.id)
+    with pytest.raises(jobs.GroupClosedError):
+        jobs.add_many_to_group(h.id, [])
+
+
 def test_progress_from_adds_is_coalesced_too(groups_db: str) -> None:
     """group:<id> shows progress at most ~10 times a second (docs/groups.md), including the
     progress adds make: 30 add_to_group calls in a fraction of a second record a few progress

@@ -147,22 +147,25 @@ WHERE s.group_id = %(group_id)s AND s.shard = i.shard
 # SERIALIZABLE transaction a coalesced add never rings itself: its reads see the shards as they were
 # when that transaction began, so the event it recorded could show members that finished since as
 # pending, older counts after the newer ones recorded meanwhile; the publishers read afresh.
+# An add of no member (an empty list, or items whose keys jobs outside the group hold) still locks
+# the row and re-checks the state, so that a closed group refuses it as any add, but changes
+# nothing a page sees: no new version, no ring, no event (unless it seals).
 ADD_TOTAL = f"""
 WITH added AS (
 UPDATE livepush_groups SET
     total = total + %(n)s,
     state = CASE WHEN %(seal)s THEN 'sealed' ELSE state END,
     sealed_at = CASE WHEN %(seal)s THEN now() ELSE sealed_at END,
-    version = version + 1,
+    version = version + CASE WHEN %(n)s > 0 OR %(seal)s THEN 1 ELSE 0 END,
     -- The block (created, filled and sealed at once) is still its `created` event.
-    event = CASE WHEN %(seal)s THEN event ELSE 'progress' END
+    event = CASE WHEN %(seal)s OR %(n)s = 0 THEN event ELSE 'progress' END
 WHERE id = %(group_id)s AND state = ANY(%(states)s::text[]) AND finished_at IS NULL
   AND total + %(n)s <= %(limit)s
 RETURNING id, total, state
 ), due AS (
     SELECT a.id, CASE
         WHEN %(ring)s::text = 'now' THEN true
-        WHEN %(ring)s::text = 'later' THEN false
+        WHEN %(ring)s::text = 'later' OR %(n)s = 0 THEN false
         WHEN current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN false
         -- The newest event through the primary key, read backwards: one row however many.
         ELSE coalesce((SELECT e.at FROM livepush_group_events e WHERE e.group_id = a.id
@@ -171,7 +174,8 @@ RETURNING id, total, state
     FROM added a
 ), rung AS ({ring_groups("(SELECT id FROM due WHERE rung)")}
 ), doorbell AS (
-    SELECT livepush_groups_unrung(array_agg(d.id)) AS n FROM due d WHERE NOT d.rung AND %(ring)s::text = 'coalesced'
+    SELECT livepush_groups_unrung(array_agg(d.id)) AS n FROM due d
+    WHERE NOT d.rung AND %(ring)s::text = 'coalesced' AND %(n)s > 0
 )
 SELECT a.total, a.state, d.rung FROM added a JOIN due d ON d.id = a.id CROSS JOIN rung CROSS JOIN doorbell
 """
