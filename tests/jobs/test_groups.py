@@ -118,6 +118,10 @@ def test_block_that_raises_enqueues_nothing(groups_db: str) -> None:
             raise RuntimeError("oops")
     assert q(groups_db, "SELECT count(*) FROM livepush_groups")[0][0] == 0
     assert q(groups_db, "SELECT count(*) FROM livepush_jobs")[0][0] == 0
+    # An add after it says what became of the block: nothing was written, not "wrote its members".
+    with pytest.raises(jobs.GroupClosedError, match=f"block of task group {g.id} raised and wrote nothing: "
+                                                    "start a new group"):
+        g.enqueue(gj.member, 2)
 
 
 def test_a_block_takes_members_only_while_it_runs(groups_db: str) -> None:

@@ -165,6 +165,7 @@ class GroupBuilder:
         # after it would be dropped, and a second block would write them again.
         self._entered = False
         self._ended = False
+        self._written = False  # whether the block's end wrote the group (not when the block raised)
         self.members: list[JobHandle] = []
 
     @property
@@ -179,6 +180,8 @@ class GroupBuilder:
         return GroupHandle(self.id)
 
     def _check_open(self) -> None:
+        if self._ended and not self._written:
+            raise GroupClosedError(f"the block of task group {self._id} raised and wrote nothing: start a new group")
         if self._ended:
             raise GroupClosedError(f"the block of task group {self._id} has ended and wrote its members: "
                                    "add within the block, or start a new group")
@@ -213,6 +216,7 @@ class GroupBuilder:
 
     def _done(self, rows: list[dict[str, Any]]) -> None:
         self.members = [JobHandle(r["id"], r["name"]) for r in rows]
+        self._written = True
 
     def _enter(self) -> None:
         if self._entered:
