@@ -190,3 +190,18 @@ async def cancels_own_group(ctx: Any) -> None:
     await note(ctx, "start", "cancels")
     await jobs.acancel_group(ctx.group.id)
     await note(ctx, "done", "cancels")
+
+
+async def _add_member(ctx: Any, key: str) -> int:
+    return int((await ctx.group.enqueue(member, key)).id)
+
+
+@jobs.job(name="g.durable_adds", max_attempts=1)
+async def durable_adds(ctx: Any, in_checkpoint: bool) -> None:
+    """A durable member that adds a member, then parks on a child: its code between durable calls
+    runs again when it wakes, so the add repeats unless it is made in a checkpoint."""
+    if in_checkpoint:
+        await ctx.checkpoint("add", _add_member, ctx, "added")
+    else:
+        await _add_member(ctx, "added")
+    await ctx.run_children([member.request("child")])

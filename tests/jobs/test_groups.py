@@ -541,6 +541,20 @@ def test_members_add_members_sync_and_async(groups_db: str) -> None:
     assert_events_well_formed(g.handle.id)
 
 
+def test_a_durable_members_add_runs_once_in_a_checkpoint_and_again_on_each_run_outside_one(groups_db: str) -> None:
+    """A durable member's code between durable calls runs again when it wakes from its children
+    (docs/durable.md), and ctx.group.enqueue is no durable call: outside a checkpoint its add is
+    made again (a key= would not stop it, the first added member having finished meanwhile); in
+    a checkpoint it is made once, as docs/groups.md says."""
+    with jobs.group() as outside:
+        outside.enqueue(gj.durable_adds, False)
+    with jobs.group() as inside:
+        inside.enqueue(gj.durable_adds, True)
+    jobs.drain()
+    assert jobs.get_group(outside.id)["total"] == 3  # itself, and "added" twice
+    assert jobs.get_group(inside.id)["total"] == 2   # itself, and "added" once
+
+
 async def test_add_from_a_member_that_lost_its_claim_is_refused(groups_db: str) -> None:
     """ctx.group.enqueue from a job whose lease is no longer valid raises LeaseLostError and adds nothing."""
     with jobs.group() as g:
