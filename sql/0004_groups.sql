@@ -27,8 +27,9 @@ CREATE TABLE livepush_groups (
     -- Members added so far. Written by adds only (they lock this row anyway to check the state
     -- and the member limit), never by a member's outcome.
     total         integer     NOT NULL DEFAULT 0,
-    -- Callback specs {"name", "queue", "priority", "max_attempts", "args"}, resolved at creation
-    -- so that whichever process finishes the group can enqueue them without knowing the functions.
+    -- Callback specs {"name", "queue", "priority", "max_attempts", "args", "limited",
+    -- "concurrency_key"} (jobs/groups/steps.py: callback_spec), resolved at creation so that
+    -- whichever process finishes the group can enqueue them without knowing the functions.
     on_finish     jsonb,
     on_success    jsonb,
     on_failure    jsonb,
