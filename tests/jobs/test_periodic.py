@@ -131,17 +131,19 @@ def test_a_seconds_first_expression_fails_at_decoration(cron: str) -> None:
 def test_a_seconds_field_in_croniters_order_is_accepted(cron: str) -> None:
     declare(cron)
 
-@pytest.mark.parametrize("cron", ["0 0 1 * MON#1", "0 0 15W * 1", "0 0 1-7 * 5#2"])
+@pytest.mark.parametrize("cron", ["0 0 1 * MON#1", "0 0 15W * 1", "0 0 1-7 * 5#2", "0 0 25 * L5", "0 0 1 * L5"])
 def test_a_day_of_month_that_croniter_would_ignore_fails_at_decoration(cron: str) -> None:
-    """croniter ignores the other day field beside an nth weekday (`MON#1`) or a nearest weekday
-    (`15W`): the day-of-month (or day-of-week) the user wrote would never count."""
+    """croniter ignores the other day field beside an nth weekday (`MON#1`), a last weekday of the
+    month (`L5`) or a nearest weekday (`15W`): the day-of-month (or day-of-week) the user wrote
+    would never count ("0 0 25 * L5" ran on every last Friday, the 22nd too; "0 0 1 * L5" was
+    refused as matching no date)."""
     with pytest.raises(jobs.InvalidScheduleError, match=r"ignore") as caught:
         declare(cron)
     assert repr(cron) in str(caught.value)
 
 
 @pytest.mark.parametrize("cron", ["0 0 1,15 * 1", "0 0 1-31/2 * 1", "0 0 */2 * *", "0 0 * * */2", "0 0 ? * MON#1",
-                                  "0 0 * * MON#1", "0 0 15W * *", "0 0 L * 1"])
+                                  "0 0 * * MON#1", "0 0 15W * *", "0 0 L * 1", "0 0 ? * L5"])
 def test_day_fields_read_alike_by_cron_and_croniter_are_accepted(cron: str) -> None:
     declare(cron)
 

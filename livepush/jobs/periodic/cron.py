@@ -245,8 +245,8 @@ class Cron:
 def _check_day_fields(expression: str, dom: str, dow: str) -> None:
     """Refuse day fields that system cron and croniter read differently. With both set, cron runs
     on a day that matches either, as croniter does, unless one of them starts with `*`: then cron
-    wants both, and croniter still either. And beside an nth weekday (`MON#1`) or a nearest
-    weekday (`15W`) croniter ignores the other field."""
+    wants both, and croniter still either. And beside an nth weekday (`MON#1`), a last weekday of
+    the month (`L5`) or a nearest weekday (`15W`) croniter ignores the other field."""
     if dom in ("*", "?") or dow in ("*", "?"):
         return
     if dom.startswith("*") or dow.startswith("*"):
@@ -255,11 +255,17 @@ def _check_day_fields(expression: str, dom: str, dow: str) -> None:
             f"cron reads a field that starts with '*' as both: write it without the '*' to mean either (1-31/2 "
             f"for every other day of the month, 0-6/2 for every other weekday), or set one day field to '*' and "
             f"check the other day in the job")
-    if "#" in dow or "w" in dom.lower():
-        raise InvalidScheduleError(
-            f"periodic {expression!r}: croniter would ignore the day of the "
-            f"{'month' if '#' in dow else 'week'} beside {'an nth weekday (#)' if '#' in dow else 'a nearest weekday (W)'}"
-            f": set that field to '*'")
+    # No weekday name holds an 'l', so one in the day-of-week is croniter's last weekday (L5).
+    if "#" in dow:
+        ignored, beside = "month", "an nth weekday (#)"
+    elif "l" in dow.lower():
+        ignored, beside = "month", "a last weekday of the month (L)"
+    elif "w" in dom.lower():
+        ignored, beside = "week", "a nearest weekday (W)"
+    else:
+        return
+    raise InvalidScheduleError(f"periodic {expression!r}: croniter would ignore the day of the {ignored} beside "
+                               f"{beside}: set that field to '*'")
 
 
 def parse(expression: str, timezone: str = "UTC") -> Cron:
