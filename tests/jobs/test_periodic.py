@@ -116,15 +116,21 @@ def test_both_day_fields_set_with_a_star_first_fail_at_decoration(cron: str) -> 
     assert repr(cron) in str(caught.value)
 
 
-@pytest.mark.parametrize("cron", ["0 */5 * * * *", "0 0 * * * *", "30 9 * * 1 *"])
+@pytest.mark.parametrize("cron", ["0 */5 * * * *", "0 0 * * * *", "30 9 * * 1 *", "0 0 12 * * ?", "0 0/5 * * * ?",
+                                  "0 15 10 ? * MON-FRI", "0 0 9 * * mon"])
 def test_a_seconds_first_expression_fails_at_decoration(cron: str) -> None:
     """The sixth field is seconds, last (croniter's order). Written seconds first, as Quartz and
     Spring order them, "every 5 minutes" ("0 */5 * * * *") reads as every second of minute 0 of
     every fifth hour: 60 runs in a burst. A `*` in the seconds field beside a set minute is that
-    mistake, so it is refused, saying where the seconds go."""
+    mistake, and so is a `?` or a weekday there (Quartz's "0 0 12 * * ?", Spring's
+    "0 0 9 * * MON-FRI"), which croniter refused talking of question marks or of an expression
+    "not acceptable": all are refused saying where the seconds go, with the expression that way."""
     with pytest.raises(jobs.InvalidScheduleError, match=r"seconds.*last") as caught:
         declare(cron)
-    assert repr(cron) in str(caught.value)
+    fields = cron.split()
+    rewritten = " ".join([*fields[1:], fields[0]])
+    assert repr(cron) in str(caught.value) and repr(rewritten) in str(caught.value)
+    declare(rewritten)
 
 
 @pytest.mark.parametrize("cron", ["* * * * * *", "*/5 * * * * 0", "0 */5 * * * 0", "* * * * * */10"])

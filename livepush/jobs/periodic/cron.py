@@ -268,6 +268,24 @@ def _check_day_fields(expression: str, dom: str, dow: str) -> None:
                                f"{beside}: set that field to '*'")
 
 
+def _check_seconds_last(expression: str, fields: list[str]) -> None:
+    """Refuse a six-field expression written seconds first, as Quartz and Spring order them."""
+    if fields[5] == "*" and fields[0] != "*":
+        # Their "every 5 minutes", "0 */5 * * * *", read in this order is every second of minute
+        # 0 of every fifth hour: 60 runs in a burst.
+        why = "so '*' there runs the job every second of each minute the first field names"
+    elif "?" in fields[5] or any(c.isalpha() for c in fields[5]):
+        # Their day-of-week comes last ("0 0 12 * * ?", "0 0 9 * * MON-FRI"): croniter's own
+        # error spoke of question marks or of an expression "not acceptable".
+        why = f"so {fields[5]!r} there, a day of the week in Quartz or Spring, is no second"
+    else:
+        return
+    raise InvalidScheduleError(
+        f"periodic {expression!r}: the sixth field is the seconds, last (not first, as in Quartz or Spring), "
+        f"{why}: write the seconds last ('{' '.join([*fields[1:], fields[0]])}' if they came first), or drop "
+        f"the sixth field")
+
+
 def parse(expression: str, timezone: str = "UTC") -> Cron:
     """Check a cron expression and a zone name; InvalidScheduleError names what is wrong."""
     if not isinstance(expression, str) or not expression.strip():
@@ -289,19 +307,13 @@ def parse(expression: str, timezone: str = "UTC") -> Cron:
     if any(_RANDOM.fullmatch(field) for field in fields):
         raise InvalidScheduleError(f"periodic {expression!r}: a random field (R) is drawn anew by every runtime "
                                    "and every round, so its ticks would not be the same twice: pick the value")
-    if not expression.startswith("@"):
-        _check_day_fields(expression, fields[2], fields[4])
-        if len(fields) == 6 and fields[5] == "*" and fields[0] != "*":
-            # Quartz and Spring put seconds first: their "every 5 minutes", "0 */5 * * * *", read
-            # in this order is every second of minute 0 of every fifth hour, 60 runs in a burst.
-            raise InvalidScheduleError(
-                f"periodic {expression!r}: the sixth field is the seconds, last (not first, as in Quartz or "
-                f"Spring), so '*' there runs the job every second of each minute the first field names: "
-                f"write the seconds last ('{' '.join([*fields[1:], fields[0]])}' if they came first), or drop "
-                f"the sixth field")
     if any(_HASHED.fullmatch(field) for field in fields):
         raise InvalidScheduleError(f"periodic {expression!r}: a hashed field (H) is not supported: write the value "
                                    "it stands for (such as '7' for a minute)")
+    if not expression.startswith("@"):
+        _check_day_fields(expression, fields[2], fields[4])
+        if len(fields) == 6:
+            _check_seconds_last(expression, fields)
     try:
         croniter(expression, datetime.now(zone)).get_next(datetime)
     except CroniterBadDateError:
