@@ -70,6 +70,14 @@ def jobs_of(url: str, name: str) -> list[tuple[int, Any]]:
                      WHERE j.name = %s ORDER BY j.id""", (name,))
 
 
+def refused(cron: str, says: str) -> str:
+    """The message of the InvalidScheduleError that declaring `cron` raises; it names the expression."""
+    with pytest.raises(jobs.InvalidScheduleError, match=says) as caught:
+        declare(cron)
+    assert repr(cron) in str(caught.value)
+    return str(caught.value)
+
+
 # -- at import --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("cron, says", [
@@ -136,6 +144,26 @@ def test_a_seconds_first_expression_fails_at_decoration(cron: str) -> None:
 @pytest.mark.parametrize("cron", ["* * * * * *", "*/5 * * * * 0", "0 */5 * * * 0", "* * * * * */10"])
 def test_a_seconds_field_in_croniters_order_is_accepted(cron: str) -> None:
     declare(cron)
+
+
+@pytest.mark.parametrize("cron, step, field", [
+    ("*/90 * * * *", 90, "minute"), ("0 */36 * * *", 36, "hour"), ("0 0 */45 * *", 45, "day-of-month"),
+    ("0 0 1 */18 *", 18, "month"), ("0 0 * * */10", 10, "day-of-week"), ("* * * * * */75", 75, "second"),
+    ("5-59/90 * * * *", 90, "minute"), ("0 0 * * 1,*/8", 8, "day-of-week"),
+])
+def test_a_step_longer_than_its_field_fails_at_decoration(cron: str, step: int, field: str) -> None:
+    """Cron counts a step within its field, anew each hour (or day, ...): "*/90 * * * *" is
+    minute 0 of every hour, not every 90 minutes, and "0 0 * * */10" every Sunday. Such a step
+    was accepted and the job ran on another period than the one written."""
+    refused(cron, rf"step of {step} in the {field} field")
+
+
+@pytest.mark.parametrize("cron", ["*/60 * * * *", "0 */24 * * *", "0 0 * * */7", "0 0 1 */12 *", "*/59 * * * *",
+                                  "* * * * * */60", "0 0 */31 * *"])
+def test_a_step_as_long_as_its_field_is_accepted(cron: str) -> None:
+    """One step of the whole field ("*/60": hourly) is the period it names."""
+    declare(cron)
+
 
 @pytest.mark.parametrize("cron", ["0 0 1 * MON#1", "0 0 15W * 1", "0 0 1-7 * 5#2", "0 0 25 * L5", "0 0 1 * L5"])
 def test_a_day_of_month_that_croniter_would_ignore_fails_at_decoration(cron: str) -> None:

@@ -43,6 +43,11 @@ _FIXED_US = {"EST": ("UTC-05:00", "'America/New_York' for US Eastern time"),
                                   "which has none)")}
 _WARNED: set[str] = set()
 
+# Each field's name, how many values it holds and what it starts again with, in croniter's order.
+_FIELD_SPANS = (("minute", 60, "hour"), ("hour", 24, "day"), ("day-of-month", 31, "month"), ("month", 12, "year"),
+                ("day-of-week", 7, "week"), ("second", 60, "minute"))
+_STEP = re.compile(r"/(\d+)$", re.ASCII)
+
 # The nicknames croniter reads (its `@reboot` and others are not: they name no tick).
 NICKNAMES = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
 
@@ -268,6 +273,22 @@ def _check_day_fields(expression: str, dom: str, dow: str) -> None:
                                f"{beside}: set that field to '*'")
 
 
+def _check_steps(expression: str, fields: list[str]) -> None:
+    """Refuse a step longer than its field: cron counts it within the field, anew each hour (or
+    day, ...), so "*/90" is minute 0 of every hour, never every 90 minutes, and croniter (as
+    system cron did) takes it without a word. A step of the whole field ("*/60") is the period
+    it names, and accepted."""
+    for (name, span, unit), field in zip(_FIELD_SPANS, fields):
+        for part in field.split(","):
+            step = _STEP.search(part)
+            if step is not None and int(step[1]) > span:
+                raise InvalidScheduleError(
+                    f"periodic {expression!r}: a step of {step[1]} in the {name} field matches only its first "
+                    f"value: cron counts steps within the field, starting again each {unit}, so a period longer "
+                    f"than a {unit} cannot be written as a step; run the job more often (a step that divides the "
+                    f"{unit}) and let it check the time since its last run")
+
+
 def _check_seconds_last(expression: str, fields: list[str]) -> None:
     """Refuse a six-field expression written seconds first, as Quartz and Spring order them."""
     if fields[5] == "*" and fields[0] != "*":
@@ -314,6 +335,7 @@ def parse(expression: str, timezone: str = "UTC") -> Cron:
         _check_day_fields(expression, fields[2], fields[4])
         if len(fields) == 6:
             _check_seconds_last(expression, fields)
+        _check_steps(expression, fields)
     try:
         croniter(expression, datetime.now(zone)).get_next(datetime)
     except CroniterBadDateError:
