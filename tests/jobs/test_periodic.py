@@ -165,6 +165,13 @@ def test_a_step_as_long_as_its_field_is_accepted(cron: str) -> None:
     declare(cron)
 
 
+@pytest.mark.parametrize("cron", ["0 0 * * 5L", "0 0 * * FRIL", "0 0 * * LFRI", "0 0 * * L", "0 0 ? * 6L"])
+def test_a_last_weekday_written_otherwise_than_croniter_fails_saying_how_to_write_it(cron: str) -> None:
+    """croniter writes the last Friday of the month `L5`; Quartz's `5L` (or `FRIL`, or `L` alone)
+    was refused as "not acceptable", which did not say what to write."""
+    assert "not acceptable" not in refused(cron, r"last .* of the month is written 'L5'")
+
+
 @pytest.mark.parametrize("cron", ["0 0 1 * MON#1", "0 0 15W * 1", "0 0 1-7 * 5#2", "0 0 25 * L5", "0 0 1 * L5"])
 def test_a_day_of_month_that_croniter_would_ignore_fails_at_decoration(cron: str) -> None:
     """croniter ignores the other day field beside an nth weekday (`MON#1`), a last weekday of the

@@ -247,6 +247,18 @@ class Cron:
         return found
 
 
+_LAST_WEEKDAY = re.compile(r"l[0-7]", re.IGNORECASE | re.ASCII)
+
+
+def _check_last_weekday(expression: str, dow: str) -> None:
+    """croniter writes the last Friday of the month `L5`, and refuses Quartz's `5L` (or `FRIL`, or
+    `L` alone) as "not acceptable": said here with the spelling it takes. No weekday name holds
+    an 'l', so one in the field is meant as a last weekday."""
+    if any("l" in part.lower() and not _LAST_WEEKDAY.fullmatch(part) for part in dow.split(",")):
+        raise InvalidScheduleError(f"periodic {expression!r}: the last weekday of the month is written 'L5' (the "
+                                   f"last Friday: 'L' then the day's number, 0-7), not {dow!r}")
+
+
 def _check_day_fields(expression: str, dom: str, dow: str) -> None:
     """Refuse day fields that system cron and croniter read differently. With both set, cron runs
     on a day that matches either, as croniter does, unless one of them starts with `*`: then cron
@@ -260,7 +272,7 @@ def _check_day_fields(expression: str, dom: str, dow: str) -> None:
             f"cron reads a field that starts with '*' as both: write it without the '*' to mean either (1-31/2 "
             f"for every other day of the month, 0-6/2 for every other weekday), or set one day field to '*' and "
             f"check the other day in the job")
-    # No weekday name holds an 'l', so one in the day-of-week is croniter's last weekday (L5).
+    # No weekday name holds an 'l', so one in the day-of-week is a last weekday (L5).
     if "#" in dow:
         ignored, beside = "month", "an nth weekday (#)"
     elif "l" in dow.lower():
@@ -332,6 +344,7 @@ def parse(expression: str, timezone: str = "UTC") -> Cron:
         raise InvalidScheduleError(f"periodic {expression!r}: a hashed field (H) is not supported: write the value "
                                    "it stands for (such as '7' for a minute)")
     if not expression.startswith("@"):
+        _check_last_weekday(expression, fields[4])
         _check_day_fields(expression, fields[2], fields[4])
         if len(fields) == 6:
             _check_seconds_last(expression, fields)
