@@ -165,6 +165,24 @@ def test_a_step_as_long_as_its_field_is_accepted(cron: str) -> None:
     declare(cron)
 
 
+@pytest.mark.parametrize("cron, ticks", [
+    ("0 22-2 * * *", ["01-01 Tue 01:00", "01-01 Tue 02:00", "01-01 Tue 22:00", "01-01 Tue 23:00", "01-02 Wed 00:00"]),
+    ("0 0 * * FRI-MON", ["01-04 Fri 00:00", "01-05 Sat 00:00", "01-06 Sun 00:00", "01-07 Mon 00:00", "01-11 Fri 00:00"]),
+    ("0 0 31 * *", ["01-31 Thu 00:00", "03-31 Sun 00:00", "05-31 Fri 00:00", "07-31 Wed 00:00", "08-31 Sat 00:00"]),
+    ("0 0 L * *", ["01-31 Thu 00:00", "02-28 Thu 00:00", "03-31 Sun 00:00", "04-30 Tue 00:00", "05-31 Fri 00:00"]),
+])
+def test_wrapping_ranges_and_month_ends_run_as_documented(cron: str, ticks: list[str]) -> None:
+    """docs/jobs.md's reading of a range past its field's end (croniter wraps it; system cron
+    refuses it) and of the 31st and `L`, pinned so that a croniter upgrade that reads them
+    otherwise is seen."""
+    schedule, at, seen = parse(cron), datetime(2030, 1, 1, 0, 30, tzinfo=ZoneInfo("UTC")), []
+    for _ in ticks:
+        at = schedule.next_after(at)
+        assert schedule.latest_due(at) == at
+        seen.append(at.strftime("%m-%d %a %H:%M"))
+    assert seen == ticks
+
+
 @pytest.mark.parametrize("cron", ["0 0 * * 5L", "0 0 * * FRIL", "0 0 * * LFRI", "0 0 * * L", "0 0 ? * 6L"])
 def test_a_last_weekday_written_otherwise_than_croniter_fails_saying_how_to_write_it(cron: str) -> None:
     """croniter writes the last Friday of the month `L5`; Quartz's `5L` (or `FRIL`, or `L` alone)
