@@ -96,6 +96,19 @@ def test_a_bad_cron_expression_fails_at_decoration_naming_it(cron: str, says: st
     assert isinstance(caught.value, ConfigError) and isinstance(caught.value, ValueError)
 
 
+@pytest.mark.parametrize("cron, field, takes", [
+    ("0 9 * * MONDAY", "day-of-week field 'MONDAY'", "MON"), ("0 9 1 JANUARY *", "month field 'JANUARY'", "JAN"),
+    ("0 9 * * 1,2,", "day-of-week field '1,2,'", "0-7"), ("61 * * * *", "minute field '61'", "0-59"),
+    ("0 0 0 * *", "day-of-month field '0'", "1-31"), ("0 0 * * * 60", "second field '60'", "0-59"),
+    ("0 24 * * *", "hour field '24'", "0-23"), ("0 0 1W,15 * *", "day-of-month field '1W,15'", "single day"),
+])
+def test_a_field_croniter_refuses_is_named_with_what_it_takes(cron: str, field: str, takes: str) -> None:
+    """croniter's "[0 9 * * monday] is not acceptable" named no field: with five or six of them,
+    a user looked for the wrong one. The field is named, with the values it takes."""
+    message = refused(cron, "not a valid cron expression")
+    assert field in message and takes in message and "is not acceptable" not in message
+
+
 @pytest.mark.parametrize("cron", ["R * * * *", "0 R(0-5) * * *", "r/10 * * * *", "* * * * * R", "0 0 * * R"])
 def test_a_random_field_fails_at_decoration(cron: str) -> None:
     """croniter draws an `R` field anew for every schedule it builds: each round (and each runtime)

@@ -43,9 +43,16 @@ _FIXED_US = {"EST": ("UTC-05:00", "'America/New_York' for US Eastern time"),
                                   "which has none)")}
 _WARNED: set[str] = set()
 
-# Each field's name, how many values it holds and what it starts again with, in croniter's order.
-_FIELD_SPANS = (("minute", 60, "hour"), ("hour", 24, "day"), ("day-of-month", 31, "month"), ("month", 12, "year"),
-                ("day-of-week", 7, "week"), ("second", 60, "minute"))
+# Each field's name, how many values it holds, what it starts again with and the values it takes
+# (besides '*', lists, ranges and steps), in croniter's order.
+_FIELD_SPANS = (("minute", 60, "hour", "0-59"), ("hour", 24, "day", "0-23"),
+                ("day-of-month", 31, "month", "1-31, L (the last day) or 15W (the weekday nearest the 15th)"),
+                ("month", 12, "year", "1-12 or JAN-DEC"),
+                ("day-of-week", 7, "week", "0-7 (0 and 7 are Sunday) or SUN-SAT, MON#1 (the first Monday) or L5 "
+                                           "(the last Friday)"),
+                ("second", 60, "minute", "0-59"))
+# croniter's errors start with the whole expression, lower-cased, then what it found wrong.
+_CRONITER_PREFIX = re.compile(r"^\[[^\]]*\]\s*(is not acceptable)?[\s.,]*")
 _STEP = re.compile(r"/(\d+)$", re.ASCII)
 
 # The nicknames croniter reads (its `@reboot` and others are not: they name no tick).
@@ -290,7 +297,7 @@ def _check_steps(expression: str, fields: list[str]) -> None:
     day, ...), so "*/90" is minute 0 of every hour, never every 90 minutes, and croniter (as
     system cron did) takes it without a word. A step of the whole field ("*/60") is the period
     it names, and accepted."""
-    for (name, span, unit), field in zip(_FIELD_SPANS, fields):
+    for (name, span, unit, _), field in zip(_FIELD_SPANS, fields):
         for part in field.split(","):
             step = _STEP.search(part)
             if step is not None and int(step[1]) > span:
@@ -299,6 +306,23 @@ def _check_steps(expression: str, fields: list[str]) -> None:
                     f"value: cron counts steps within the field, starting again each {unit}, so a period longer "
                     f"than a {unit} cannot be written as a step; run the job more often (a step that divides the "
                     f"{unit}) and let it check the time since its last run")
+
+
+def _field_refused(expression: str, fields: list[str]) -> str | None:
+    """What croniter refuses in the first field it refuses alone (the others '*'), and the values
+    that field takes; None when it refuses no field alone. Its own error names the expression, not
+    the field, and with five or six of them the user looked for the wrong one."""
+    for index, ((name, _, _, takes), field) in enumerate(zip(_FIELD_SPANS, fields)):
+        probe = ["*"] * len(fields)
+        probe[index] = field
+        try:
+            croniter(" ".join(probe))
+        except (CroniterError, ValueError, KeyError) as exc:
+            detail = _CRONITER_PREFIX.sub("", str(exc)).split("Cron:")[0]
+            detail = re.sub(r" in field \d+", "", detail).strip(" .,")
+            return (f"the {name} field {field!r} is not valid{f' ({detail})' if detail else ''}: it takes {takes}, "
+                    f"'*', a list (1,15), a range (1-5) or a step (*/15)")
+    return None
 
 
 def _check_seconds_last(expression: str, fields: list[str]) -> None:
@@ -357,5 +381,7 @@ def parse(expression: str, timezone: str = "UTC") -> Cron:
         raise InvalidScheduleError(f"periodic {expression!r}: matches no date (a day of the month that none of the "
                                    "months it names has, such as 30 February): the job would never run") from None
     except (CroniterError, ValueError, KeyError) as exc:
-        raise InvalidScheduleError(f"periodic {expression!r}: not a valid cron expression ({exc})") from None
+        refused = None if expression.startswith("@") else _field_refused(expression, fields)
+        raise InvalidScheduleError(f"periodic {expression!r}: not a valid cron expression: "
+                                   f"{refused or exc}") from None
     return Cron(expression, timezone, zone)
