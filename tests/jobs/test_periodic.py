@@ -203,6 +203,14 @@ def test_a_last_weekday_written_otherwise_than_croniter_fails_saying_how_to_writ
     assert "not acceptable" not in refused(cron, r"last .* of the month is written 'L5'")
 
 
+@pytest.mark.parametrize("cron, says", [("0 12 1 * JUL", "day-of-week field 'JUL' is not valid"),
+                                        ("0 0 12 ? JUL *", "seconds.*last")])
+def test_a_month_name_in_the_day_of_week_is_not_taken_for_a_last_weekday(cron: str, says: str) -> None:
+    """JUL holds an 'l' but is no last weekday: a month name where the day of the week goes (or
+    Quartz's month, there in its seconds-first order) is refused for what it is."""
+    assert "last weekday" not in refused(cron, says)
+
+
 @pytest.mark.parametrize("cron", ["0 0 1 * MON#1", "0 0 15W * 1", "0 0 1-7 * 5#2", "0 0 25 * L5", "0 0 1 * L5"])
 def test_a_day_of_month_that_croniter_would_ignore_fails_at_decoration(cron: str) -> None:
     """croniter ignores the other day field beside an nth weekday (`MON#1`), a last weekday of the

@@ -254,14 +254,17 @@ class Cron:
         return found
 
 
+# Quartz's spellings of a last weekday: `5L`, `FRIL`, `LFRI`, and `L` alone (its Saturday). A
+# month name such as JUL, written where the weekday goes, is none of them.
+_QUARTZ_LAST_WEEKDAY = re.compile(r"([0-7]|[a-z]{3})l|l[a-z]{3}|l", re.IGNORECASE | re.ASCII)
+# croniter's own: `L5`, the last Friday.
 _LAST_WEEKDAY = re.compile(r"l[0-7]", re.IGNORECASE | re.ASCII)
 
 
 def _check_last_weekday(expression: str, dow: str) -> None:
     """croniter writes the last Friday of the month `L5`, and refuses Quartz's `5L` (or `FRIL`, or
-    `L` alone) as "not acceptable": said here with the spelling it takes. No weekday name holds
-    an 'l', so one in the field is meant as a last weekday."""
-    if any("l" in part.lower() and not _LAST_WEEKDAY.fullmatch(part) for part in dow.split(",")):
+    `L` alone) as "not acceptable": said here with the spelling it takes."""
+    if any(_QUARTZ_LAST_WEEKDAY.fullmatch(part) for part in dow.split(",")):
         raise InvalidScheduleError(f"periodic {expression!r}: the last weekday of the month is written 'L5' (the "
                                    f"last Friday: 'L' then the day's number, 0-7), not {dow!r}")
 
@@ -279,10 +282,9 @@ def _check_day_fields(expression: str, dom: str, dow: str) -> None:
             f"cron reads a field that starts with '*' as both: write it without the '*' to mean either (1-31/2 "
             f"for every other day of the month, 0-6/2 for every other weekday), or set one day field to '*' and "
             f"check the other day in the job")
-    # No weekday name holds an 'l', so one in the day-of-week is a last weekday (L5).
     if "#" in dow:
         ignored, beside = "month", "an nth weekday (#)"
-    elif "l" in dow.lower():
+    elif any(_LAST_WEEKDAY.fullmatch(part) for part in dow.split(",")):
         ignored, beside = "month", "a last weekday of the month (L)"
     elif "w" in dom.lower():
         ignored, beside = "week", "a nearest weekday (W)"
@@ -368,10 +370,11 @@ def parse(expression: str, timezone: str = "UTC") -> Cron:
         raise InvalidScheduleError(f"periodic {expression!r}: a hashed field (H) is not supported: write the value "
                                    "it stands for (such as '7' for a minute)")
     if not expression.startswith("@"):
+        if len(fields) == 6:
+            # First: in the seconds-first order the fields before it are not the ones named here.
+            _check_seconds_last(expression, fields)
         _check_last_weekday(expression, fields[4])
         _check_day_fields(expression, fields[2], fields[4])
-        if len(fields) == 6:
-            _check_seconds_last(expression, fields)
         _check_steps(expression, fields)
     try:
         croniter(expression, datetime.now(zone)).get_next(datetime)
