@@ -310,7 +310,7 @@ def _check_steps(expression: str, fields: list[str]) -> None:
                     f"{unit}) and let it check the time since its last run")
 
 
-def _field_refused(expression: str, fields: list[str]) -> str | None:
+def _field_refused(fields: list[str]) -> str | None:
     """What croniter refuses in the first field it refuses alone (the others '*'), and the values
     that field takes; None when it refuses no field alone. Its own error names the expression, not
     the field, and with five or six of them the user looked for the wrong one."""
@@ -384,7 +384,7 @@ def parse(expression: str, timezone: str = "UTC") -> Cron:
         raise InvalidScheduleError(f"periodic {expression!r}: matches no date (a day of the month that none of the "
                                    "months it names has, such as 30 February): the job would never run") from None
     except (CroniterError, ValueError, KeyError) as exc:
-        refused = None if expression.startswith("@") else _field_refused(expression, fields)
+        refused = None if expression.startswith("@") else _field_refused(fields)
         raise InvalidScheduleError(f"periodic {expression!r}: not a valid cron expression: "
                                    f"{refused or exc}") from None
     return Cron(expression, timezone, zone)
