@@ -145,6 +145,13 @@ async def twice(ctx: Any) -> None:
     await ctx.checkpoint("same", body, ctx, "same")
 
 
+@jobs.job(name="d.loop_of_one_name", max_attempts=3)
+async def loop_of_one_name(ctx: Any, items: list[int]) -> None:
+    """A checkpoint per item of a loop, all under one name (the mistake a loop invites)."""
+    for item in items:
+        await ctx.checkpoint("process", body, ctx, "process", item)
+
+
 def flaky_try(tries: list[int], fails: int) -> dict[str, int]:
     """One try of a flaky API call: the first `fails` tries time out."""
     tries.append(1)

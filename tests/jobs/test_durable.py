@@ -369,6 +369,18 @@ async def test_a_duplicate_checkpoint_name_fails_the_job(durable_db: str) -> Non
     assert failed.attempt == 1
 
 
+async def test_a_checkpoint_name_reused_in_a_loop_fails_saying_how_to_name_each(durable_db: str) -> None:
+    """A loop that gives each item's checkpoint the same name fails at its second item, and the
+    error says what to do: a name per item. Only the first item's body ran."""
+    async with running():
+        h = await dj.loop_of_one_name.aenqueue([1, 2, 3])
+        failed = await wait_state(h.id, "failed")
+    assert (failed.error or "").startswith("DuplicateStepError: a second checkpoint named 'process'"), failed.error
+    assert "Give each call its own name" in (failed.error or "") and 'f"process-{i}"' in (failed.error or ""), \
+        failed.error
+    assert failed.attempt == 1 and bodies(durable_db, h.id) == ["process"]
+
+
 @pytest.mark.parametrize("job", [dj.retried_in_run, dj.retried_in_run_sync])
 async def test_a_checkpoint_whose_function_raised_may_be_called_again_under_its_name(
         durable_db: str, job: Any) -> None:

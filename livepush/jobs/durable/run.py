@@ -215,8 +215,11 @@ class DurableRun:
     def _unique(self, kind: str, name: str) -> tuple[str, str]:
         key = (kind, name)
         if key in self._used:
+            # Most often a loop that gives every item's step one name: say how to name them.
             raise DuplicateStepError(f"a second {kind} named {name!r} in one run of job {self.ctx.job_id}: "
-                                     f"{kind} names find stored results on replay, so each must be unique in a job")
+                                     f"{kind} names find stored results on replay, so each must be unique in a job. "
+                                     "Give each call its own name: in a loop, put the item's id or the loop's index "
+                                     f"in it (f\"{name}-{{i}}\")")
         self._used.add(key)
         return key
 
