@@ -120,6 +120,14 @@ async def bad_result(ctx: Any, where: str) -> Any:
     return {"when": datetime.datetime.now()}
 
 
+@jobs.job(name="d.unfit_input", max_attempts=1)
+async def unfit_input(ctx: Any, how: str) -> Any:
+    """A checkpoint after another, given an input it cannot fingerprint (the test chooses which)."""
+    await ctx.checkpoint("fetch", lambda: 1, input={"id": 1})
+    unfit = {"at": datetime.date(2026, 1, 2)} if how == "a date" else {"id": 2**53}
+    return await ctx.checkpoint("charge", lambda: 2, input=unfit)
+
+
 @jobs.job(name="d.misused", max_attempts=1)
 async def misused(ctx: Any, how: str) -> Any:
     """A durable call given what it does not take (the test chooses which)."""

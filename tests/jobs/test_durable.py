@@ -451,6 +451,21 @@ async def test_a_signal_wait_retried_after_losing_postgres_is_replayed_where_it_
     assert done.result == {"by": "ana"} and done.attempt == 1
 
 
+@pytest.mark.parametrize("how, says", [
+    ("a date", 'ArgumentValueError: checkpoint \'charge\' input["at"] is a date'),
+    ("a number past 2**53", 'ArgumentValueError: checkpoint \'charge\' input["id"] is 9007199254740992, beyond'),
+])
+async def test_an_input_that_cannot_be_fingerprinted_fails_naming_its_checkpoint(
+        durable_db: str, how: str, says: str) -> None:
+    """An input= that is not plain JSON, or holds a number past 2**53-1, fails naming the checkpoint
+    it was given to, as a result that is not JSON does: in a job of many checkpoints, "input" alone
+    did not say which."""
+    async with running():
+        h = await dj.unfit_input.aenqueue(how)
+        failed = await wait_state(h.id, "failed")
+    assert (failed.error or "").startswith(says), failed.error
+
+
 @pytest.mark.parametrize("job, how, says", [
     (dj.misused, "children of an int", "ctx.run_children() takes a list of job requests (some_job.request(*args)), got int 5"),
     (dj.misused, "children of one request", "for one child use ctx.run_child(request)"),

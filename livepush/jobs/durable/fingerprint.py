@@ -48,7 +48,12 @@ def _check_numbers(value: Any, path: str) -> None:
 def input_fingerprint(value: Any) -> str:
     """64 lowercase hex characters: SHA-256 of the RFC 8785 canonical JSON of `value`. Raises
     ValueError for a number whose magnitude is over 2**53-1, and for anything not plain JSON."""
+    return fingerprint_of(value, "input")
+
+
+def fingerprint_of(value: Any, path: str) -> str:
+    """input_fingerprint(), its errors naming the value `path` (ctx.checkpoint: its checkpoint)."""
     # Only its fingerprint is stored: text Postgres could not store (a NUL) is an input all the same.
-    check_json(value, "input", ArgumentValueError, "checkpoint inputs", stored=False)
-    _check_numbers(value, "input")
+    check_json(value, path, ArgumentValueError, "checkpoint inputs", stored=False)
+    _check_numbers(value, path)
     return hashlib.sha256(rfc8785.dumps(value)).hexdigest()

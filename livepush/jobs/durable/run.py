@@ -50,7 +50,7 @@ from ..groups import queries as gq
 from ..groups import steps
 from ..runtime.threads import call_in_thread
 from . import queries as dq
-from .fingerprint import NO_INPUT, input_fingerprint
+from .fingerprint import NO_INPUT, fingerprint_of
 from ...errors import ArgumentTypeError, ArgumentValueError, DependencyError
 
 
@@ -228,7 +228,9 @@ class DurableRun:
         """(found, stored value, input fingerprint) for checkpoint `name`; raises
         CheckpointInputConflict when both fingerprints exist and differ."""
         checked = check_name(name, "ctx.checkpoint()")
-        fingerprint = None if input is NO_INPUT else input_fingerprint(input)
+        # Named as a result is (`checkpoint 'x' result[0]`): in a job of many checkpoints, "input"
+        # alone does not say which one was given it.
+        fingerprint = None if input is NO_INPUT else fingerprint_of(input, f"checkpoint {checked!r} input")
         stored = await self._steps()  # before the name is taken: a read that lost Postgres takes none
         key = self._unique("checkpoint", checked)
         row = stored.get(key)
