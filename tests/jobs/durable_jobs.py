@@ -339,6 +339,17 @@ async def sleeper(ctx: Any, seconds: float) -> str:
     return "rested"
 
 
+# The seconds of redeployed_sleeper's sleep, as "the code" has it: a test changes them while a run
+# is parked on it, as a deploy does.
+SLEEP_SECONDS: dict[str, float] = {"seconds": 60.0}
+
+
+@jobs.job(name="d.redeployed_sleeper", max_attempts=1, timeout=None)
+async def redeployed_sleeper(ctx: Any) -> str:
+    await ctx.sleep("nap", SLEEP_SECONDS["seconds"])
+    return "rested"
+
+
 @jobs.job(name="d.progress_then_sleep", max_attempts=1)
 async def progress_then_sleep(ctx: Any, seconds: float) -> str:
     await ctx.progress(1, 2, "half way")

@@ -782,6 +782,21 @@ async def test_durable_sleep_parks_then_goes_on(durable_db: str) -> None:
     assert done.result == "rested" and bodies(durable_db, h.id) == ["before", "after"]
 
 
+async def test_a_sleep_whose_seconds_a_deploy_changed_ends_at_the_time_it_had(durable_db: str) -> None:
+    """A sleep's end is fixed when a run first reaches it (durable.md, changing a job's code): a
+    deploy that lengthens it under a parked run does not keep that run asleep for the new time."""
+    dj.SLEEP_SECONDS["seconds"] = 0.3
+    try:
+        async with running():
+            h = await dj.redeployed_sleeper.aenqueue()
+            await wait_state(h.id, "waiting")
+            dj.SLEEP_SECONDS["seconds"] = 3600.0  # the deploy
+            done = await wait_state(h.id, "succeeded")
+    finally:
+        dj.SLEEP_SECONDS["seconds"] = 60.0
+    assert done.result == "rested"
+
+
 def _days_across_a_clock_change(zone: str) -> int:
     """A whole number of days from now whose end is in another UTC offset of `zone` than now (a
     day either side too, so the test does not depend on the hour it runs)."""
