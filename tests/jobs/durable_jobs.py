@@ -372,6 +372,25 @@ async def fan_and_wait(ctx: Any, n: int) -> Any:
     return await ctx.run_children([waiter.request(f"go-{i}") for i in range(n)])
 
 
+@jobs.job(name="d.flaky_child", max_attempts=2, backoff=lambda attempt: 0.0)
+async def flaky_child(ctx: Any, value: Any) -> Any:
+    """A child whose first attempt fails: its own retry succeeds."""
+    if ctx.attempt == 1:
+        raise ConnectionError("the first attempt's API call timed out")
+    return {"child": value, "attempt": ctx.attempt}
+
+
+@jobs.job(name="d.parent_of_flaky", max_attempts=1)
+async def parent_of_flaky(ctx: Any) -> Any:
+    return await ctx.run_child(flaky_child.request("x"))
+
+
+@jobs.job(name="d.sleep_then_wait", max_attempts=1, timeout=None)
+async def sleep_then_wait(ctx: Any, seconds: float) -> Any:
+    await ctx.sleep("nap", seconds)
+    return await ctx.wait_for_signal("go")
+
+
 @jobs.job(name="d.tagging_child", max_attempts=1, timeout=None)
 async def tagging_child(ctx: Any, tag: str) -> Any:
     """A child that adds a tagged member to its own group (its siblings), then waits to be told."""

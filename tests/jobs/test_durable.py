@@ -516,6 +516,31 @@ async def test_a_failed_child_raises_child_failed_in_the_parent(durable_db: str)
     assert "child 3 fails" in done.result["error"] and "1 of 2 children" in done.result["error"]
 
 
+async def test_a_child_that_succeeds_on_its_own_retry_gives_the_parent_its_result(durable_db: str) -> None:
+    """A child's failed attempt that its own retries make good is no failure of the call: the
+    parent wakes once the child's last attempt ended, with that attempt's result."""
+    async with running():
+        h = await dj.parent_of_flaky.aenqueue()
+        done = await wait_state(h.id, "succeeded")
+    assert done.result == {"child": "x", "attempt": 2}
+
+
+async def test_a_child_cancelled_on_its_own_fails_the_parent_with_child_failed(durable_db: str) -> None:
+    """A child cancelled while its parent waits (not with it) ends the children call with
+    ChildFailed naming the child and its state; uncaught, the parent fails without a retry."""
+    async with running():
+        h = await dj.fan_and_wait.aenqueue(2)
+        group = (await wait_state(h.id, "waiting")).waiting["group"]  # type: ignore[index]
+        kids = [r[0] for r in q(durable_db, "SELECT id FROM livepush_jobs WHERE group_id = %s ORDER BY id", (group,))]
+        await wait_state(kids[1], "waiting")
+        await jobs.asignal(kids[0], "go-0")
+        assert await jobs.acancel(kids[1])
+        failed = await wait_state(h.id, "failed")
+    assert (failed.error or "").startswith(f"ChildFailed: 1 of 2 children of job {h.id} did not succeed: "
+                                           f"job {kids[1]} (d.waiter) cancelled"), failed.error
+    assert failed.attempt == 1
+
+
 async def test_children_go_to_the_parents_queue_unless_the_request_names_one(durable_db: str) -> None:
     """A child runs on its parent's queue; request(queue=) puts it elsewhere."""
     async with running():
@@ -626,6 +651,21 @@ async def test_signals_sent_before_the_wait_are_kept_in_order(durable_db: str) -
         done = await wait_state(h.id, "succeeded")
     assert done.result == [{"n": 1}, {"n": 2}]
     assert q(durable_db, "SELECT name FROM livepush_job_signals WHERE job_id = %s", (h.id,)) == [("other",)]
+
+
+async def test_a_signal_to_a_job_parked_on_something_else_is_kept_for_its_wait(durable_db: str) -> None:
+    """A signal sent while the job sleeps does not wake it: the sleep lasts its time, and the wait
+    after it takes the signal kept meanwhile without parking."""
+    async with running():
+        h = await dj.sleep_then_wait.aenqueue(2.0)
+        await wait_state(h.id, "waiting")
+        await jobs.asignal(h.id, "go", {"by": "ana"})
+        still = await info(h.id)
+        assert (still.state, still.waiting) == ("waiting", {"for": "sleep", "name": "nap"})
+        done = await wait_state(h.id, "succeeded")
+    assert done.result == {"by": "ana"}
+    names = names_of(durable_db, h.id)
+    assert names.count("waiting/waiting") == 1, names  # parked on the sleep only
 
 
 async def test_a_signal_wakes_a_parked_job(durable_db: str) -> None:
