@@ -14,7 +14,9 @@ import psycopg
 import pytest
 
 from livepush import jobs
+from livepush.jobs.api.registry import REGISTRY
 from livepush.jobs.runtime import maintenance
+from livepush.jobs.runtime.runtime import Runtime
 from tests.jobs import durable_jobs as dj
 from tests.jobs.conftest import names_of, q, read_states
 from tests.jobs.conftest import running as runtime_running
@@ -820,6 +822,29 @@ async def test_durable_sleep_parks_then_goes_on(durable_db: str) -> None:
         done = await wait_state(h.id, "succeeded")
     assert time.monotonic() - t0 >= 0.6
     assert done.result == "rested" and bodies(durable_db, h.id) == ["before", "after"]
+
+
+async def test_a_durable_sleep_spans_a_drain_and_wakes_under_the_next_runtime(durable_db: str) -> None:
+    """A drain (what SIGTERM starts) does not wait for a sleeping job, which holds no slot; the
+    sleep ends while no runtime runs, and the next runtime to start runs it on from there, its
+    checkpoint before the sleep not run again."""
+    rt = Runtime(REGISTRY, install_signals=False, queues=["default"], heartbeat=0.2, poll_interval=0.2)
+    task = asyncio.create_task(rt.run())
+    await rt.wait_started()
+    h = await dj.sleeper.aenqueue(0.3)
+    await wait_state(h.id, "waiting")
+    rt.stop()  # the drain, not stop(now=True)
+    await asyncio.wait_for(task, 10)
+
+    async def sleep_over() -> bool:
+        return bool(q(durable_db, "SELECT run_at <= now() FROM livepush_jobs WHERE id = %s", (h.id,))[0][0])
+
+    await async_wait_for(sleep_over, 5, message="the sleep to end while no runtime runs")
+    assert (await info(h.id)).state == "waiting"
+    async with running():
+        done = await wait_state(h.id, "succeeded")
+    assert done.result == "rested" and done.attempt == 1
+    assert bodies(durable_db, h.id) == ["before", "after"]
 
 
 async def test_a_sleep_whose_seconds_a_deploy_changed_ends_at_the_time_it_had(durable_db: str) -> None:
