@@ -294,6 +294,19 @@ def parent_sync(ctx: Any, value: Any) -> Any:
     return ctx.run_child(child.request(value))
 
 
+@jobs.job(name="d.waits_and_sleeps_sync", max_attempts=1, timeout=None)
+def waits_and_sleeps_sync(ctx: Any) -> Any:
+    """A sync job's blocking parking calls: a signal wait that parks, a durable sleep that parks,
+    and a wait whose timeout it catches."""
+    got = ctx.wait_for_signal("approval", timeout=datetime.timedelta(hours=1))
+    ctx.sleep("nap", 0.2)
+    try:
+        late = ctx.wait_for_signal("late", timeout=0)
+    except jobs.SignalTimeout:
+        late = "timeout"
+    return {"got": got, "late": late, "at": ctx.checkpoint("after", body_sync, ctx.job_id, ctx.attempt, "after")}
+
+
 @jobs.job(name="d.waiter", max_attempts=3, timeout=None)
 async def waiter(ctx: Any, name: str, times: int = 1, timeout: float | None = None) -> Any:
     got = []

@@ -670,6 +670,20 @@ async def test_a_signal_to_a_job_parked_on_something_else_is_kept_for_its_wait(d
     assert names.count("waiting/waiting") == 1, names  # parked on the sleep only
 
 
+async def test_a_sync_job_waits_for_signals_and_sleeps_as_an_async_one(durable_db: str) -> None:
+    """Sync jobs have the same calls on ctx, blocking (durable.md): a sync job parks on a signal
+    and on a sleep (its thread freed), takes the signal's data, and catches a SignalTimeout."""
+    async with running():
+        h = await dj.waits_and_sleeps_sync.aenqueue()
+        parked = await wait_state(h.id, "waiting")
+        assert parked.waiting == {"for": "signal", "name": "approval"}
+        await jobs.asignal(h.id, "approval", {"by": "ana"})
+        done = await wait_state(h.id, "succeeded")
+    assert done.result == {"got": {"by": "ana"}, "late": "timeout", "at": "after"} and done.attempt == 1
+    assert names_of(durable_db, h.id).count("waiting/waiting") == 2  # the signal, then the sleep
+    assert bodies(durable_db, h.id) == ["after"]
+
+
 async def test_a_signal_wakes_a_parked_job(durable_db: str) -> None:
     """A job parked on a signal waits, holding no slot, until jobs.signal() sends it."""
     async with running(concurrency=1):
