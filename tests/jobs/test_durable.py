@@ -118,6 +118,9 @@ async def test_changed_input_fails_the_job_at_once(durable_db: str) -> None:
         await async_wait_for(retried_or_done, 10.0, message="the retry")
         failed = await wait_state(h.id, "failed")
     assert "CheckpointInputConflict" in (failed.error or "") and "'charge'" in (failed.error or "")
+    # What to do, and what renaming costs: a charge renamed is a charge made again.
+    assert "(its body then runs again, for this input)" in (failed.error or ""), failed.error
+    assert f"then jobs.retry_failed({h.id}) runs the job on" in (failed.error or ""), failed.error
     assert failed.attempt == 2  # failed on the attempt that met the conflict, no further retry
     assert bodies(durable_db, h.id) == ["charge"]
 

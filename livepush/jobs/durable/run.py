@@ -237,10 +237,12 @@ class DurableRun:
         if row is None:
             return False, None, fingerprint
         if fingerprint is not None and row["fingerprint"] is not None and fingerprint != row["fingerprint"]:
+            # The way on, and its cost: a renamed checkpoint runs its body again (a charge made twice).
             raise CheckpointInputConflict(
                 f"checkpoint {name!r} of job {self.ctx.job_id} was stored for another input (fingerprint "
                 f"{row['fingerprint'][:12]}…, now {fingerprint[:12]}…): its stored result would be wrong for this input. "
-                "Rename the checkpoint if the step really changed, or restore the input")
+                "Rename the checkpoint if the step really changed (its body then runs again, for this input), or "
+                f"restore the input; then jobs.retry_failed({self.ctx.job_id}) runs the job on from this step")
         return True, row["result"]["value"], fingerprint
 
     async def store(self, name: str, value: Any, fingerprint: str | None) -> Any:
