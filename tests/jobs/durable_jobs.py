@@ -486,6 +486,18 @@ async def hold_in_checkpoint(ctx: Any, flag: str) -> None:
     await ctx.checkpoint("held", work)
 
 
+@jobs.job(name="d.held_then_returns", max_attempts=1, timeout=None)
+async def held_then_returns(ctx: Any, flag: str) -> Any:
+    """hold_in_checkpoint, returning what its checkpoint returned (a test stores a result for the
+    name while the body runs, as a store that lost its connection and committed late did)."""
+    async def work() -> str:
+        await body(ctx, "held")
+        await until_flag(flag)
+        return "this body's"
+
+    return await ctx.checkpoint("held", work)
+
+
 @jobs.job(name="d.park_in_task_group", max_attempts=2)
 async def park_in_task_group(ctx: Any) -> int:
     """A checkpoint and a sleep in an asyncio.TaskGroup, which raises the park as an exception group."""

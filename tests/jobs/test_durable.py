@@ -326,6 +326,21 @@ async def test_a_checkpoint_that_loses_its_connection_fails_with_dependency_erro
     assert (failed.error or "").startswith("DependencyError: "), failed.error
 
 
+async def test_a_checkpoint_stored_meanwhile_returns_the_stored_result_not_its_bodys(durable_db: str) -> None:
+    """A checkpoint whose name was stored while its body ran (a first store that lost its
+    connection, caught by the job, committed only after the retry looked for it): its own store
+    keeps the stored result, and the call returns that one, as every replay will, not the result
+    of the body that was not stored."""
+    async with running():
+        h = await dj.held_then_returns.aenqueue("late store")
+        await async_wait_for(lambda: bodies(durable_db, h.id) == ["held"], 10.0, message="the body to start")
+        q(durable_db, """INSERT INTO livepush_job_steps (job_id, kind, name, result)
+                         VALUES (%s, 'checkpoint', 'held', '{"value": "the stored"}')""", (h.id,))
+        q(durable_db, "INSERT INTO job_flags VALUES ('late store')")
+        done = await wait_state(h.id, "succeeded")
+    assert done.result == "the stored"
+
+
 @pytest.mark.parametrize("where, path", [("result", 'result["when"] is a datetime'),
                                          ("checkpoint", """checkpoint 'when' result["at"] is a datetime"""),
                                          ("big result", 'result["n"] is an int of more than 4300 digits'),

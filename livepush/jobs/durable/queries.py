@@ -27,7 +27,9 @@ LOAD_STEPS = "SELECT kind, name, result, fingerprint FROM livepush_job_steps WHE
 # `checkpoint` event; it locks the row, so a rescue of this job waits for it or goes first and
 # makes it match nothing) and the step, inserted only if the fence held. ON CONFLICT: a name is
 # stored once, whatever happens. Returns the value as jsonb spells it (its keys reordered, -0.0
-# written as 0.0): the first run returns exactly what every replay will.
+# written as 0.0): the first run returns exactly what every replay will. `stored` false: the name
+# was stored already (a store that lost its connection, committed after its retry looked), and
+# the caller reads that result with STORED_CHECKPOINT: the one every replay returns.
 SAVE_CHECKPOINT = f"""
 WITH given AS (
     SELECT %(result)s::jsonb AS result
@@ -39,8 +41,18 @@ WITH given AS (
     INSERT INTO livepush_job_steps (job_id, kind, name, result, fingerprint)
     SELECT f.id, 'checkpoint', %(name)s, g.result, %(fingerprint)s FROM fenced f CROSS JOIN given g
     ON CONFLICT (job_id, kind, name) DO NOTHING
+    RETURNING 1
 ), rung AS ({ring("fenced")})
-SELECT f.id, g.result -> 'value' AS value FROM fenced f CROSS JOIN given g CROSS JOIN rung
+SELECT f.id, g.result -> 'value' AS value, EXISTS (SELECT 1 FROM saved) AS stored
+FROM fenced f CROSS JOIN given g CROSS JOIN rung
+"""
+
+# name: stored_checkpoint
+# After a SAVE_CHECKPOINT that found its name stored: that result and its input's fingerprint. A
+# later statement, so it sees the row that conflicted (committed, or the insert would have waited).
+STORED_CHECKPOINT = """
+SELECT result -> 'value' AS value, fingerprint FROM livepush_job_steps
+WHERE job_id = %(id)s AND kind = 'checkpoint' AND name = %(name)s
 """
 
 # name: fence

@@ -236,14 +236,18 @@ class DurableRun:
         row = stored.get(key)
         if row is None:
             return False, None, fingerprint
-        if fingerprint is not None and row["fingerprint"] is not None and fingerprint != row["fingerprint"]:
+        self._check_input(checked, row["fingerprint"], fingerprint)
+        return True, row["result"]["value"], fingerprint
+
+    def _check_input(self, name: str, stored: str | None, given: str | None) -> None:
+        """CheckpointInputConflict when both fingerprints exist and differ."""
+        if given is not None and stored is not None and given != stored:
             # The way on, and its cost: a renamed checkpoint runs its body again (a charge made twice).
             raise CheckpointInputConflict(
                 f"checkpoint {name!r} of job {self.ctx.job_id} was stored for another input (fingerprint "
-                f"{row['fingerprint'][:12]}…, now {fingerprint[:12]}…): its stored result would be wrong for this input. "
+                f"{stored[:12]}…, now {given[:12]}…): its stored result would be wrong for this input. "
                 "Rename the checkpoint if the step really changed (its body then runs again, for this input), or "
                 f"restore the input; then jobs.retry_failed({self.ctx.job_id}) runs the job on from this step")
-        return True, row["result"]["value"], fingerprint
 
     async def store(self, name: str, value: Any, fingerprint: str | None) -> Any:
         """Store a checkpoint's result (fenced by the run's lease); returns it as a replay will."""
@@ -260,6 +264,16 @@ class DurableRun:
                     except psycopg.errors.ProgramLimitExceeded as exc:
                         raise _too_large(name, exc) from exc
                     stored = await cur.fetchone()
+                    saved = None if stored is None else stored[1]
+                    if stored is not None and not stored[2]:
+                        # Stored already (a store that lost its connection committed after all): that
+                        # result is the one every replay returns, so this run returns it too.
+                        await cur.execute(dq.STORED_CHECKPOINT, {"id": self.ctx.job_id, "name": name})
+                        found = await cur.fetchone()
+                        assert found is not None  # the row it met; a running job's steps are never deleted
+                        saved, earlier = found
+                        self._check_input(name, earlier, fingerprint)
+                        fingerprint = earlier
         except DependencyError:
             # Stored or not, the job may call the checkpoint again (its own retry): that call reads
             # the stored steps again and returns the result if this store committed after all.
@@ -270,7 +284,6 @@ class DurableRun:
         # What the database stored, not json.loads(text): jsonb reorders keys and writes -0.0 as
         # 0.0, and a replay returns its spelling; code after the checkpoint must see the same
         # value on every run.
-        saved = stored[1]
         self._steps_cache(("checkpoint", name), {"value": saved}, fingerprint)
         return saved
 
