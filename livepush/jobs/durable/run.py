@@ -150,6 +150,14 @@ def _too_large(name: str, exc: psycopg.Error) -> InvalidResultError:
                               "short texts); write large data to your tables inside the checkpoint and return its id")
 
 
+def _failure(job_id: int, name: str, state: str, error: str | None) -> str:
+    """One child in ChildFailed's message. A cancelled one has no error to show: said so, not as a
+    failure whose error went missing."""
+    if state == "cancelled" and not error:
+        return f"job {job_id} ({name}) was cancelled"
+    return f"job {job_id} ({name}) {state}: {error or 'no error recorded'}"
+
+
 class _Lost(Exception):
     """FENCE found the job no longer ours."""
 
@@ -595,7 +603,7 @@ class DurableRun:
                               "after their retention time): their results cannot be read", [])
         failed = [(r["id"], r["name"], r["state"], r["error"]) for r in rows if r["state"] != "succeeded"]
         if failed:
-            shown = "; ".join(f"job {i} ({n}) {s}: {e or 'no error recorded'}" for i, n, s, e in failed[:5])
+            shown = "; ".join(_failure(*f) for f in failed[:5])
             more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
             raise ChildFailed(f"{len(failed)} of {count} children of job {self.ctx.job_id} did not succeed: "
                               f"{shown}{more}", failed)
