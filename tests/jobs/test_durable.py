@@ -778,6 +778,19 @@ async def test_a_signal_timeout_names_the_deadline_the_wait_had(durable_db: str)
     assert "0.3 s" in failed.error and deadline in failed.error and "3600" not in failed.error, failed.error
 
 
+@pytest.mark.parametrize("seconds, shown", [(2592000.0, "timeout=2592000 s"), (0.3, "timeout=0.3 s"),
+                                            (86400.5, "timeout=86400.5 s")])
+def test_a_signal_timeout_writes_its_seconds_as_given(seconds: float, shown: str) -> None:
+    """A wait of 30 days says 2592000 s, not 2.592e+06 s."""
+    from types import SimpleNamespace
+
+    from livepush.jobs.durable.run import DurableRun
+
+    run = DurableRun(SimpleNamespace(job_id=7))  # type: ignore[arg-type]
+    error = run._timeout("approval", {"seconds": seconds, "deadline": "2026-01-31T03:04:05+00:00"})
+    assert f"({shown}, fixed when a run first reached the wait)" in str(error), str(error)
+
+
 async def test_signals_to_missing_or_finished_jobs_are_refused(durable_db: str) -> None:
     """jobs.signal to an unknown or finished job raises a clear error and writes nothing."""
     with pytest.raises(jobs.JobNotFound, match="no job 987654"):

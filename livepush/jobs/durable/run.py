@@ -677,7 +677,8 @@ class DurableRun:
         """The timeout of a wait, named by what the wait stored, not by the code's timeout= now. A
         step stored by an older livepush lacks them: then it says what it can."""
         seconds, deadline = stored.get("seconds"), stored.get("deadline")
-        took = f" (timeout={seconds:g} s, fixed when a run first reached the wait)" if seconds is not None else ""
+        # .15g: every digit a user's timeout= has (:g wrote 30 days as 2.592e+06).
+        took = f" (timeout={seconds:.15g} s, fixed when a run first reached the wait)" if seconds is not None else ""
         until = f" until {deadline}" if deadline is not None else ""
         if not took and not until:
             return SignalTimeout(f"job {self.ctx.job_id}: its wait for signal {name!r} timed out")
