@@ -86,10 +86,14 @@ def steps_sync(ctx: Any, n: int) -> list[str]:
 
 
 @jobs.job(name="d.with_input", max_attempts=3, backoff=lambda attempt: 0.0)
-async def with_input(ctx: Any, flag: str) -> Any:
-    """A checkpoint whose input comes from durable_inputs (a test changes it between attempts)."""
+async def with_input(ctx: Any, flag: str, hold: str | None = None) -> Any:
+    """A checkpoint whose input comes from durable_inputs (a test changes it between attempts:
+    with `hold`, the first attempt fails only once the job_flags row `hold` is set, so the change
+    is made before the retry reads the input)."""
     value = await ctx.checkpoint("charge", body, ctx, "charge", input={"cents": await flag_value(flag)})
     if ctx.attempt == 1:
+        if hold is not None:
+            await until_flag(hold)
         raise RuntimeError("fails after the charge")
     return value
 
