@@ -108,25 +108,30 @@ def _signer(secrets: Sequence[str]) -> Signer:
 PAGE_TTL_DEFAULT = "LIVEPUSH_SIGNED_TOPIC_TTL, the default lifetime"
 
 
-def check_ttl(ttl: object, *, none_means: str = "no expiry") -> float:
+def check_ttl(ttl: object, *, none_means: str = "no expiry", call: str = "sign_topic()") -> float:
     """`ttl` in seconds if it is a lifetime a signed topic can carry: a positive, finite number of
-    seconds or a timedelta of them; else ArgumentValueError. `none_means` is what the caller does
-    with None, which the message names: a user told the wrong one would pass None for what it does
-    not do."""
+    seconds or a timedelta of them; else ArgumentValueError naming `call`, the user's call that took
+    it. `none_means` is what the caller does with None, which the message names: a user told the
+    wrong one would pass None for what it does not do."""
     seconds = as_seconds(ttl)
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0 or seconds == math.inf:
-        raise ArgumentValueError(f"ttl must be a positive, finite number of seconds or a timedelta (or None: "
-                                 f"{none_means}), got {ttl!r}")
+        # The seconds a timedelta was checked as, not its repr: timedelta(seconds=-1) reads
+        # timedelta(days=-1, seconds=86399).
+        raise ArgumentValueError(f"{call}: ttl must be a positive, finite number of seconds or a timedelta (or None: "
+                                 f"{none_means}), got {seconds!r:.60}")
     return seconds
 
 
-def sign(topic: str, secrets: Sequence[str], ttl: Seconds | None = None, *, now: float | None = None) -> str:
+def sign(topic: str, secrets: Sequence[str], ttl: Seconds | None = None, *, now: float | None = None,
+         call: str = "sign_topic()") -> str:
+    """`topic` signed with the first of `secrets`, valid for `ttl` (None: for ever); a bad ttl is
+    refused naming `call`."""
     validate_topic(topic)
     if not secrets:
         raise InvalidTopic("cannot sign a topic without LIVEPUSH_SECRET: set it (32+ random characters)")
     value = topic
     if ttl is not None:
-        ttl = check_ttl(ttl)
+        ttl = check_ttl(ttl, call=call)
         # Rounded up: cut down to the second before, a topic would lose up to a second of its
         # ttl, and one with a ttl under a second could be expired as it is made.
         # A huge ttl (10**100 for "never") wrote an expiry of as many digits, past what verify()

@@ -67,6 +67,22 @@ def test_a_timedelta_ttl_signs_for_its_seconds_everywhere_a_topic_is_signed(sett
                 sign(bad)
 
 
+@pytest.mark.parametrize("bad", [-5, timedelta(seconds=-1), "60"])
+def test_a_bad_ttl_names_the_call_that_took_it_and_a_timedelta_as_its_seconds(settings: Settings,
+                                                                              bad: object) -> None:
+    """A ttl= no signed topic can carry is refused naming the call it was given to, as every
+    argument error of livepush's does; a timedelta is shown as the seconds it was checked as,
+    not as `timedelta(days=-1, seconds=86399)`."""
+    for call, sign in (("sign_topic()", lambda ttl: livepush.sign_topic("job:42", ttl=ttl)),
+                       ("JobHandle.sign()", lambda ttl: JobHandle(42).sign(ttl=ttl)),
+                       ("GroupHandle.sign()", lambda ttl: GroupHandle(7).sign(ttl=ttl))):
+        with pytest.raises(ValueError, match="ttl must be a positive, finite number of seconds") as refused:
+            sign(bad)
+        text = str(refused.value)
+        assert text.startswith(f"{call}: "), text
+        assert "days" not in text and ("-1.0" in text if isinstance(bad, timedelta) else repr(bad) in text), text
+
+
 def test_a_handles_signed_topic_read_later_is_valid_for_the_full_ttl(settings: Settings,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A handle's signed_topic read two days after it was first read expires a day from that read, not with the first one."""

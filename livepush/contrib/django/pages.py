@@ -39,7 +39,7 @@ def subscription(topic: str, ttl: Seconds | None = None) -> Subscription:
     """`topic`'s latest offset, then the topic signed for `ttl` seconds or a timedelta (default
     LIVEPUSH_SIGNED_TOPIC_TTL). Call it in the view before reading the data the page shows."""
     since = page_since(topic)
-    return Subscription(topic, signed_for_page(topic, ttl), since)
+    return Subscription(topic, signed_for_page(topic, ttl, call="subscription()"), since)
 
 
 def page_since(topic: str) -> str | None:

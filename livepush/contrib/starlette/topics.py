@@ -44,7 +44,7 @@ async def page_topic(topic: str, *, ttl: Seconds | None = None) -> PageTopic:
     # A state topic's offset is its version: without one the page gets the current state.
     state = topics.state_topic_id(topics.validate_topic(topic)) is not None
     since = None if state else await api.alatest_offset(topic)
-    signed = signed_for_page(topic, ttl)
+    signed = signed_for_page(topic, ttl, call="page_topic()")
     return PageTopic(topic, signed, since)
 
 
@@ -118,7 +118,7 @@ class SignedTopic:
         if not isinstance(topic, str):
             _check_takes_a_request(topic)
         if ttl is not None:  # checked here, where the route is written, not at each of its requests
-            ttl = topics.check_ttl(ttl, none_means=topics.PAGE_TTL_DEFAULT)
+            ttl = topics.check_ttl(ttl, none_means=topics.PAGE_TTL_DEFAULT, call="SignedTopic()")
         self.slots = _slots(topic) if isinstance(topic, str) else ()  # the path parameters it fills
         self.topic = topic
         self.ttl: float | None = ttl

@@ -15,13 +15,13 @@ from ...topics import PAGE_TTL_DEFAULT, check_ttl
 from ...types import Seconds
 
 
-def signed_for_page(topic: str, ttl: Seconds | None = None) -> str:
+def signed_for_page(topic: str, ttl: Seconds | None = None, *, call: str = "sign()") -> str:
     """`topic` signed for a page, expiring after `ttl` seconds or a timedelta (default
     LIVEPUSH_SIGNED_TOPIC_TTL): a handle's signed topic is a capability handed to a browser, and
-    must not be one for ever."""
+    must not be one for ever. A bad `ttl` is refused naming `call`, the user's call that took it."""
     if ttl is None:
         return sign_topic(topic, ttl=get_settings().signed_topic_ttl)
-    return sign_topic(topic, ttl=check_ttl(ttl, none_means=PAGE_TTL_DEFAULT))
+    return sign_topic(topic, ttl=check_ttl(ttl, none_means=PAGE_TTL_DEFAULT, call=call))
 
 
 class StateTopicHandle:
@@ -55,7 +55,7 @@ class StateTopicHandle:
 
     def sign(self, ttl: Seconds | None = None) -> str:
         """The topic signed for a page, valid for `ttl` seconds or a timedelta."""
-        return signed_for_page(self.topic, ttl)
+        return signed_for_page(self.topic, ttl, call=f"{type(self).__name__}.sign()")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ def livepush_subscription(topic: str | Subscription, ttl: Seconds | None = None)
 @register.simple_tag
 def livepush_signed_topic(topic: str, ttl: Seconds | None = None) -> str:
     """`topic` signed for the page (valid `ttl` seconds, default LIVEPUSH_SIGNED_TOPIC_TTL)."""
-    return signed_for_page(topic, ttl)
+    return signed_for_page(topic, ttl, call="{% livepush_signed_topic %}")
 
 
 @register.simple_tag
