@@ -488,6 +488,29 @@ async def test_an_async_authorize_that_exits_answers_unavailable(exit_kind: type
         app.close()
 
 
+@pytest.mark.parametrize("shape", ["sync", "async"])
+async def test_a_hook_that_exits_is_logged_under_what_it_raised(shape: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The log names what the hook raised (SystemExit), not the RuntimeError it is carried in
+    past the loop, and counts it apart: a RuntimeError of the hook's own later is logged too."""
+    caplog.set_level(logging.ERROR, logger="livepush.rules")
+    raised: list[BaseException] = [SystemExit(2), RuntimeError("boom")]
+
+    def sync(session: Session | None, topic: str) -> bool:
+        raise raised.pop(0)
+
+    async def in_loop(session: Session | None, topic: str) -> bool:
+        raise raised.pop(0)
+
+    app = App(authorize=sync if shape == "sync" else in_loop)
+    try:
+        assert await app.check(ALICE, "team:1") == "unavailable"
+        assert await app.check(ALICE, "team:1") == "unavailable"
+    finally:
+        app.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "livepush.rules"]
+    assert len(lines) == 2 and "raised SystemExit" in lines[0] and "raised RuntimeError" in lines[1], lines
+
+
 async def test_each_app_logs_its_own_first_failure(caplog: pytest.LogCaptureFixture) -> None:
     """'Once' is per App: a second App logs its first failure too."""
     caplog.set_level(logging.ERROR, logger="livepush.rules")

@@ -256,6 +256,11 @@ def _rules(rules: object) -> tuple[Allow, ...]:
     return tuple(items)
 
 
+class _Escaped(RuntimeError):
+    """A BaseException the hook raised (SystemExit, KeyboardInterrupt, ...), carried past the
+    server's loop as an ordinary failure; the log names the hook's own exception, its cause."""
+
+
 async def _contained(answer: Awaitable[Any]) -> Any:
     """Await an async authorize()'s answer. It runs as a task, and a SystemExit or
     KeyboardInterrupt raised in a task leaves the event loop: the whole server would stop. Here
@@ -267,7 +272,7 @@ async def _contained(answer: Awaitable[Any]) -> Any:
     except (Exception, asyncio.CancelledError):
         raise
     except BaseException as exc:
-        raise RuntimeError(f"authorize() raised {type(exc).__name__}") from exc
+        raise _Escaped(f"authorize() raised {type(exc).__name__}") from exc
 
 
 def _is_async(fn: Any) -> bool:
@@ -471,14 +476,16 @@ class App:
         except BaseException as exc:
             # In a thread, sys.exit() or a stray KeyboardInterrupt ends only this call; passed on
             # as they are, they would leave the server's event loop.
-            raise RuntimeError(f"authorize() raised {type(exc).__name__}") from exc
+            raise _Escaped(f"authorize() raised {type(exc).__name__}") from exc
 
     def _done_waiting(self, _future: concurrent.futures.Future[Any] | None) -> None:
         with self._waiting_lock:
             self._waiting -= 1
 
     def _log_once(self, exc: BaseException, topic: str) -> None:
-        kind = type(exc)
+        # Named and counted as what the hook raised: under its carrier, a sys.exit() read as a
+        # RuntimeError, and the hook's own RuntimeErrors after it were never logged.
+        kind = type(exc.__cause__) if isinstance(exc, _Escaped) and exc.__cause__ is not None else type(exc)
         if kind in self._logged:
             return
         self._logged.add(kind)
