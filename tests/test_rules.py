@@ -589,6 +589,14 @@ def test_rules_given_bare_are_refused_saying_how_to_write_them(rules: object, me
         App(rules=rules)  # type: ignore[arg-type]
 
 
+def test_patterns_listed_without_allow_are_refused_showing_the_rule_to_write() -> None:
+    """A list of patterns (rules=["public:*"], as other servers spell their channel rules) is
+    refused showing the rule each should be, as a bare pattern is, not only naming its type."""
+    with pytest.raises(livepush.ArgumentTypeError,
+                       match=r"App\(rules=\.\.\.\): item 1 is a str, not livepush.Allow: write livepush.Allow\('user:\{subject\}'\)"):
+        App(rules=[Allow("public:*", anonymous=True), "user:{subject}"])  # type: ignore[list-item]
+
+
 def test_a_rule_refused_inside_a_generator_of_rules_keeps_its_own_error() -> None:
     """A rule that a generator of rules fails to make is named by its own error, not hidden as rules
     of the wrong type."""

@@ -324,7 +324,9 @@ class App:
         self.rules: tuple[Allow, ...] = _rules(rules)
         for i, rule in enumerate(self.rules):
             if not isinstance(rule, Allow):
-                raise ArgumentTypeError(f"App(rules=...): item {i} is a {type(rule).__name__}, not livepush.Allow")
+                # A pattern as text is the likely slip (other servers list channel rules so): show its rule.
+                hint = f": write livepush.Allow({rule!r:.100})" if isinstance(rule, str) else ""
+                raise ArgumentTypeError(f"App(rules=...): item {i} is a {type(rule).__name__}, not livepush.Allow{hint}")
         if authorize is not None and not callable(authorize):
             raise ArgumentTypeError(f"App(authorize=...) must be callable(session, topic), got {type(authorize).__name__}")
         if authorize is not None:
