@@ -116,6 +116,8 @@ class PushServer:
         self.settings = settings
         self.fanout = fanout
         self.app = app if app is not None else App()  # default: signed topics only
+        if settings.authenticate == "off":
+            self._warn_session_rules()
         self.store = store if store is not None else MEMORY
         self.states = list(states)
         self.hub = Hub(fanout, broadcast, states=self.states)
@@ -141,6 +143,17 @@ class PushServer:
         self._rings = 0  # revocation rings heard: a handshake whose store read one overlapped checks again
         self._recheck_failures = 0  # re-checks in a row that could not read the store
         self._quiet = Quiet(log)  # what clients can cause: rate-limited
+
+    def _warn_session_rules(self) -> None:
+        """Say once, as the server is made, that the app's rules that need a session allow nothing
+        here: every connection is anonymous, and each of their subscribes was a `forbidden`, which
+        the client takes as final, with nothing anywhere saying why."""
+        patterns = self.app.session_rules()
+        if patterns:
+            log.warning("LIVEPUSH_AUTHENTICATE=off makes every connection anonymous, so %s%s need a session and "
+                        "allow nothing: set LIVEPUSH_AUTHENTICATE=optional (the default) to read sessions, or give "
+                        "the rules meant for everyone anonymous=True",
+                        ", ".join(f"Allow({p!r})" for p in patterns[:3]), " ..." if len(patterns) > 3 else "")
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:

@@ -350,6 +350,12 @@ class App:
     def __repr__(self) -> str:
         return f"App(rules={list(self.rules)!r}, authorize={self.authorize!r}, max_subscriptions={self.max_subscriptions})"
 
+    def session_rules(self) -> tuple[str, ...]:
+        """The patterns of the rules that need a session (not anonymous=True): on a server that
+        ignores tokens (LIVEPUSH_AUTHENTICATE=off), where every connection is anonymous, they
+        allow nothing."""
+        return tuple(rule.pattern for rule in self.rules if not rule.anonymous)
+
     def allowed_by_rules(self, session: Session | None, topic: str) -> bool:
         return any(rule.allows(session, topic) for rule in self.rules)
 

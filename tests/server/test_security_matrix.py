@@ -326,6 +326,25 @@ async def test_subject_rule_allows_only_the_matching_session(start: Start) -> No
     await anonymous.close()
 
 
+async def test_a_server_that_ignores_tokens_says_which_rules_can_allow_nothing(
+        start: Start, logs: pytest.LogCaptureFixture) -> None:
+    """Under LIVEPUSH_AUTHENTICATE=off every connection is anonymous, so a rule that needs a
+    session refuses every subscribe, each a `forbidden` the client takes as final: the server says
+    so once as it starts, naming those rules and the setting, and says nothing when none needs one."""
+    served = await start("off", app=App(rules=RULES))
+    said = [r for r in logs.records if r.name == "livepush.server" and "LIVEPUSH_AUTHENTICATE=off" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING, said
+    text = said[0].getMessage()
+    assert "Allow('user:{subject}')" in text and "public:*" not in text and "optional" in text, text
+    anonymous = await open_client(served)
+    assert (await anonymous.subscribe("public:news"))["op"] == "subscribed"  # as documented: anonymous rules work
+    await anonymous.close()
+    logs.clear()
+    await start("off", app=App(rules=[Allow("public:*", anonymous=True)]))
+    await start("optional", app=App(rules=RULES))
+    assert not [r for r in logs.records if "LIVEPUSH_AUTHENTICATE=off" in r.getMessage()]
+
+
 async def test_authorize_raising_refuses_and_is_logged_once_not_sent(
     start: Start, logs: pytest.LogCaptureFixture
 ) -> None:
