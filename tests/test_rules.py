@@ -276,7 +276,7 @@ async def test_an_authorize_that_answers_neither_true_nor_false_is_named_in_the_
     the client takes `forbidden` as final: the log says once per App what it returned and that only
     True allows, rather than leaving every such subscribe refused without a word."""
     caplog.set_level(logging.WARNING, logger="livepush.rules")
-    for value, named in ((None, "None"), (1, "int"), ({"id": 7}, "dict")):
+    for value, named in ((None, "returned None"), (1, "returned an int"), ({"id": 7}, "returned a dict")):
         caplog.clear()
         app = App(authorize=lambda s, t, v=value: v)
         assert await app.check(ALICE, "team:42") == "forbidden"

@@ -228,6 +228,11 @@ def _unfit(subject: str) -> str | None:
     return None
 
 
+def _a(noun: str) -> str:
+    """`noun` with its article, for a log line read as English: "an int", "a dict"."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
 def _positive(name: str, value: object) -> float:
     seconds = math.nan
     given = as_seconds(value)  # a timedelta is checked as its seconds, as every seconds argument is
@@ -446,7 +451,7 @@ class App:
         self._told_not_bool = True
         log.warning("authorize() returned %s, not True or False (topic %r): only True allows, so the subscribe "
                     "was refused as forbidden. Return a bool, e.g. bool(row). Logged once per App.",
-                    "None (a missing return?)" if result is None else f"a {type(result).__name__}", topic)
+                    "None (a missing return?)" if result is None else _a(type(result).__name__), topic)
 
     async def _bounded(self, answer: Awaitable[Any], deadline: float) -> Any:
         """An async hook's answer, or TimeoutError at `deadline` (the loop's clock). Not through
