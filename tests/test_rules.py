@@ -214,6 +214,21 @@ async def test_default_app_allows_no_plain_topic() -> None:
     assert await app.check(None, "public:x") == "forbidden"
 
 
+async def test_an_app_without_rules_says_once_why_a_plain_topic_was_refused(caplog: pytest.LogCaptureFixture) -> None:
+    """A server without --app (App()) refuses every plain topic as forbidden, which the client
+    takes as final: the first refusal says in the log that only signed topics can be subscribed
+    and how to allow plain ones, once per App; an App with rules says nothing of the kind."""
+    caplog.set_level(logging.WARNING, logger="livepush.rules")
+    app = App()
+    assert await app.check(ALICE, "user:7") == "forbidden"
+    assert await app.check(None, "public:x") == "forbidden"
+    said = [r.getMessage() for r in caplog.records if r.name == "livepush.rules"]
+    assert len(said) == 1 and "only signed topics" in said[0] and "--app" in said[0], said
+    caplog.clear()
+    assert await App(rules=[Allow("public:*", anonymous=True)]).check(ALICE, "user:7") == "forbidden"
+    assert not [r for r in caplog.records if r.name == "livepush.rules"]
+
+
 async def test_check_follows_the_rules() -> None:
     """check() returns None when a rule allows, 'forbidden' otherwise."""
     app = App(rules=[Allow("public:*", anonymous=True), Allow("user:{subject}")])

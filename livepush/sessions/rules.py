@@ -351,6 +351,7 @@ class App:
         self._slot_rules = tuple(rule.pattern for rule in self.rules if rule._has_subject)
         self._told_unfit = False  # whether a subject no slot can hold was logged
         self._told_not_bool = False  # whether an authorize() answer that is no bool was logged
+        self._told_signed_only = False  # whether a plain topic refused for want of any rule was logged
 
     def __repr__(self) -> str:
         return f"App(rules={list(self.rules)!r}, authorize={self.authorize!r}, max_subscriptions={self.max_subscriptions})"
@@ -376,11 +377,25 @@ class App:
         if self.allowed_by_rules(session, topic):
             return None
         if self.authorize is None:
+            if not self.rules:
+                self._say_signed_only(topic)
             return self._forbidden(session)
         answer = await self._ask(session, topic)
         if answer is None:
             return "unavailable"
         return None if answer else self._forbidden(session)
+
+    def _say_signed_only(self, topic: str) -> None:
+        """Say once per App why a plain topic was refused when there is nothing to allow one: a
+        server started without --app answered every plain subscribe `forbidden`, which the client
+        takes as final, and nothing anywhere said that only signed topics could be subscribed."""
+        if self._told_signed_only:
+            return
+        self._told_signed_only = True
+        log.warning("a subscribe to the plain topic %r was refused: this App has no rules and no authorize (a "
+                    "server started without --app), so only signed topics can be subscribed. Serve with --app "
+                    "MODULE:ATTR naming a livepush.App(rules=[livepush.Allow(...)]), or give the page "
+                    "livepush.sign_topic(topic, ttl=...). Logged once per App.", topic)
 
     def _forbidden(self, session: Session | None) -> str:
         """`forbidden`, said once per App in the log when the session's subject can fill no
