@@ -8,6 +8,7 @@ import math
 import os
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import timedelta
 
@@ -766,6 +767,34 @@ async def test_redis_keys_expire_with_the_session(redis_url: str) -> None:
             assert not client.exists(store.session_prefix + "s2")
             assert client.pttl(store.subject_prefix + "user-7") > (sessions.MAX_TTL - 10) * 1000
     finally:
+        await store.aclose()
+
+
+async def test_a_redis_subject_key_holding_no_cut_off_revokes_that_subject_and_holds_up_no_other_check(
+        redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Something else wrote text that is no cut-off under a subject's revocation key. Read as a
+    number it raised ValueError out of every check that met the subject: the server's re-check of
+    all its sessions failed for good, so no revocation took effect there any more. The key is a
+    revocation whose extent is unknown: every session of the subject counts as revoked (nothing
+    is let in that a revocation may cover), the other sessions are checked as usual, and a
+    revoke_subject() writes a cut-off over it."""
+    store = RedisRevocations(redis_url)
+    subject, other = f"user-{uuid.uuid4().hex[:8]}", f"user-{uuid.uuid4().hex[:8]}"
+    now = time.time()
+    covered, untouched, revoked = (Session(f"s-{uuid.uuid4().hex[:8]}", who, now + 60, now)
+                                   for who in (subject, other, other))
+    try:
+        await store.aadd_session(revoked.id, revoked.expires_at)
+        with redis.Redis.from_url(redis_url) as client:
+            client.set(store.subject_prefix + subject, "not-a-cut-off", px=60_000)
+            with caplog.at_level(logging.WARNING, logger="livepush.sessions"):
+                assert await store.revoked_among([covered, untouched, revoked]) == {covered.id, revoked.id}
+            assert any(subject in r.getMessage() and "not a cut-off" in r.getMessage() for r in caplog.records)
+            await store.aadd_subject(subject, now - 10)
+            assert client.get(store.subject_prefix + subject) == str(sessions.revocations.ms(now - 10)).encode()
+    finally:
+        with redis.Redis.from_url(redis_url) as client:
+            client.delete(store.subject_prefix + subject, store.session_prefix + revoked.id)
         await store.aclose()
 
 

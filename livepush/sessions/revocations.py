@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -35,6 +36,8 @@ from ..redis.client import (LoopClients, answered_at_start, async_client, client
                             listener_name, namespace, own_url)
 from ..redis.subscriber import Subscriber
 from .tokens import MAX_TTL, Session
+
+log = logging.getLogger("livepush.sessions.revocations")
 
 OnRevoked = Callable[[], None]
 OnCanary = Callable[[str], None]
@@ -439,15 +442,27 @@ class RedisRevocations(RevocationStore):
         except (redis.RedisError, OSError) as exc:
             raise failed(self.url, exc, "reading revocations") from exc
         session_hits = values[: len(batch)]
-        cutoffs = {
-            subject: int(v) for subject, v in zip(subjects, values[len(batch) :], strict=True) if v is not None
-        }
+        cutoffs = {subject: self._cutoff(subject, v)
+                   for subject, v in zip(subjects, values[len(batch) :], strict=True) if v is not None}
         found = set()
         for s, hit in zip(batch, session_hits, strict=True):
             cutoff = cutoffs.get(s.subject)
             if hit is not None or (cutoff is not None and ms(s.issued_at) <= cutoff):
                 found.add(s.id)
         return found
+
+    def _cutoff(self, subject: str, value: bytes) -> float:
+        """A subject's cut-off (ms) as stored. Text that is none (something else wrote the key)
+        is a revocation of unknown extent: it covers every session of the subject, since letting
+        one in that it may cover is the worse mistake, and raising failed every check, the
+        server's re-check of all its sessions included. revoke_subject() writes over it."""
+        try:
+            return int(value)
+        except ValueError:
+            log.warning("livepush: %r in Redis holds %r, not a cut-off; every session of its subject counts as "
+                        "revoked until revoke_subject() writes one over it", self.subject_prefix + subject,
+                        value[:40])
+            return float("inf")
 
     @staticmethod
     def _session_ttl_ms(expires_at: float) -> int:
