@@ -72,6 +72,7 @@ def check_url(url: str) -> None:
     if _misread(url):
         raise ConfigError("LIVEPUSH_REDIS_URL has a '/', '?' or '#' in its user or password that would be read as "
                           "the URL's path: percent-encode them (%2F for '/', %3F for '?', %23 for '#')")
+    _check_scheme(url)
     try:
         parse_url(url)
         parts = urlsplit(url)
@@ -92,6 +93,22 @@ def check_url(url: str) -> None:
                 "use redis://[:PASSWORD@]HOST:PORT/DB with DB a whole number (0 when you have no other)"
             )
     _check_parameters(url)
+
+
+def _check_scheme(url: str) -> None:
+    """ConfigError saying what livepush connects to when `url` has the scheme another client
+    gives Sentinel or Cluster (`redis+sentinel://`, `sentinel://`, `redis+cluster://`): as "not a
+    Redis URL" it left the user to guess whether livepush takes them at all."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if "sentinel" in scheme:
+        raise ConfigError(
+            f"LIVEPUSH_REDIS_URL {redact(url)} is a URL for Redis Sentinel, which livepush does not connect "
+            "through: give the address of the primary that Sentinel names (redis-cli -p 26379 SENTINEL "
+            "get-master-addr-by-name NAME) as redis://[:PASSWORD@]HOST:PORT/DB, and after a failover the new one")
+    if "cluster" in scheme:
+        raise ConfigError(
+            f"LIVEPUSH_REDIS_URL {redact(url)} is a URL for a Redis Cluster, which livepush does not support: "
+            "give it a standalone Redis as redis://[:PASSWORD@]HOST:PORT/DB")
 
 
 _UNEXPECTED = re.compile(r"unexpected keyword argument '(\w{1,60})'")

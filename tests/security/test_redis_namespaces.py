@@ -227,6 +227,24 @@ def test_a_redis_url_with_a_database_number_or_none_is_accepted(path: str, db: i
     assert RedisFanOut(settings.redis_url).prefix == f"livepush:{db}"  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("url,says", [
+    ("redis+sentinel://:s3cret@127.0.0.1:26379/mymaster/0", "Sentinel"),
+    ("sentinel://:s3cret@127.0.0.1:26379", "Sentinel"),
+    ("redis-sentinel://:s3cret@127.0.0.1:26379/mymaster", "Sentinel"),
+    ("redis+cluster://:s3cret@127.0.0.1:7000/0", "Cluster"),
+    ("rediss+cluster://:s3cret@127.0.0.1:7000/0", "Cluster"),
+])
+def test_a_sentinel_or_cluster_url_is_refused_saying_what_livepush_connects_to(url: str, says: str) -> None:
+    """A URL written for another client's Sentinel or Cluster support was refused as "not a Redis
+    URL", which left the user to guess whether livepush takes Sentinel at all. It says that
+    livepush takes neither scheme and what to give it instead (docs/reference.md)."""
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"LIVEPUSH_FANOUT": "redis", "LIVEPUSH_REDIS_URL": url})
+    said = str(info.value)
+    assert said.startswith("LIVEPUSH_REDIS_URL") and f"Redis {says}" in said and "s3cret" not in said, said
+    assert "redis://" in said and ("primary" in said if says == "Sentinel" else "standalone" in said), said
+
+
 @pytest.mark.parametrize("query,named", [("ssl_cert_reqs=none", "ssl_cert_reqs"), ("sockettimeout=5", "sockettimeout")])
 def test_a_redis_url_parameter_connections_do_not_take_is_refused_naming_it(query: str, named: str) -> None:
     """A query parameter redis-py passes to its connections and they do not take (a TLS option on
