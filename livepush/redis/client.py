@@ -92,6 +92,14 @@ def check_url(url: str) -> None:
                 f"LIVEPUSH_REDIS_URL {redact(url)} names database {db[:40]!r}, which is not a database number: "
                 "use redis://[:PASSWORD@]HOST:PORT/DB with DB a whole number (0 when you have no other)"
             )
+    # redis-py takes the first `db` parameter over the path, silently: `/2?db=5` used database 5
+    # (and the prefix livepush:5) where whoever wrote /2 meant 2. Which was meant, only they know.
+    numbers = sorted({int(db) for db in named if db})
+    if len(numbers) > 1:
+        raise ConfigError(
+            f"LIVEPUSH_REDIS_URL {redact(url)} names two databases ({numbers[0]} and {numbers[1]}) in its path and "
+            "db parameters: keep the one you mean (redis://[:PASSWORD@]HOST:PORT/DB)"
+        )
     _check_parameters(url)
 
 

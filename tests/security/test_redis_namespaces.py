@@ -245,6 +245,24 @@ def test_a_sentinel_or_cluster_url_is_refused_saying_what_livepush_connects_to(u
     assert "redis://" in said and ("primary" in said if says == "Sentinel" else "standalone" in said), said
 
 
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/2?db=5", "redis://127.0.0.1:6379/?db=1&db=2",
+                                 "unix:///run/redis.sock?db=1&db=2"])
+def test_a_redis_url_naming_two_databases_is_refused_naming_both(url: str) -> None:
+    """`redis://host/2?db=5` names two databases: the connection silently used the parameter's,
+    and so did the deployment's default prefix, where the user who wrote /2 expected database 2.
+    Which one was meant only the user knows: it is a ConfigError naming both."""
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"LIVEPUSH_FANOUT": "redis", "LIVEPUSH_REDIS_URL": url})
+    said = str(info.value)
+    assert said.startswith("LIVEPUSH_REDIS_URL") and "two databases" in said, said
+
+
+def test_a_redis_url_naming_one_database_twice_alike_is_accepted() -> None:
+    url = "redis://127.0.0.1:6379/3?db=3"
+    settings = Settings.from_env({"LIVEPUSH_FANOUT": "redis", "LIVEPUSH_REDIS_URL": url})
+    assert RedisFanOut(settings.redis_url).prefix == "livepush:3"  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("query,named", [("ssl_cert_reqs=none", "ssl_cert_reqs"), ("sockettimeout=5", "sockettimeout")])
 def test_a_redis_url_parameter_connections_do_not_take_is_refused_naming_it(query: str, named: str) -> None:
     """A query parameter redis-py passes to its connections and they do not take (a TLS option on
