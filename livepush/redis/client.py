@@ -81,6 +81,14 @@ def check_url(url: str) -> None:
         raise ConfigError(
             f"LIVEPUSH_REDIS_URL {redact(url)} is not a Redis URL: use redis://[:PASSWORD@]HOST:PORT/DB"
         ) from None
+    host = parts.netloc.rpartition("@")[2]
+    if parts.scheme == "unix" and host:
+        # redis-py takes the socket's path from the URL's path alone: `unix://run/redis.sock`
+        # connected to /redis.sock, "No such file or directory" for a socket that is there.
+        raise ConfigError(
+            f"LIVEPUSH_REDIS_URL {redact(url)} reads {host[:40]!r} as a host name, which a socket URL has none of: "
+            f"write the socket's path after three slashes, unix://{('/' + host + parts.path)[:200]}?db=DB"
+        )
     # redis-py reads a path that is not a number (`/abc`, a typo such as `/1l`) as no database,
     # that is database 0, and takes `/-1`: the deployment would join database 0's namespace
     # (livepush:0) and hear its messages, or fail at its first command.

@@ -263,6 +263,24 @@ def test_a_redis_url_naming_one_database_twice_alike_is_accepted() -> None:
     assert RedisFanOut(settings.redis_url).prefix == "livepush:3"  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("url,path", [("unix://run/redis/redis.sock?db=1", "/run/redis/redis.sock"),
+                                      ("unix://:s3cret@var/run/redis.sock", "/var/run/redis.sock")])
+def test_a_unix_url_with_two_slashes_is_refused_showing_the_three_it_needs(url: str, path: str) -> None:
+    """`unix://run/redis/redis.sock` (two slashes, as in redis://) reads `run` as a host name,
+    which a socket URL has no use for: the connection went to /redis/redis.sock and failed with
+    "No such file or directory" on a socket the user could see was there. It is a ConfigError at
+    start showing the URL as it must be written, without the password."""
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"LIVEPUSH_FANOUT": "redis", "LIVEPUSH_REDIS_URL": url})
+    said = str(info.value)
+    assert said.startswith("LIVEPUSH_REDIS_URL") and f"unix://{path}" in said and "s3cret" not in said, said
+
+
+def test_a_unix_url_with_three_slashes_is_accepted() -> None:
+    for url in ("unix:///run/redis/redis.sock?db=1", "unix://:s3cret@/run/redis.sock"):
+        assert Settings.from_env({"LIVEPUSH_FANOUT": "redis", "LIVEPUSH_REDIS_URL": url}).redis_url == url
+
+
 @pytest.mark.parametrize("query,named", [("ssl_cert_reqs=none", "ssl_cert_reqs"), ("sockettimeout=5", "sockettimeout")])
 def test_a_redis_url_parameter_connections_do_not_take_is_refused_naming_it(query: str, named: str) -> None:
     """A query parameter redis-py passes to its connections and they do not take (a TLS option on
