@@ -538,6 +538,21 @@ async def test_unreachable_redis_raises_dependency_error_without_the_password() 
         await fanout.aclose()
 
 
+async def test_an_unreachable_unix_socket_is_named_by_the_url_as_written(tmp_path: Path) -> None:
+    """The error named `unix:///run/redis.sock` as `unix:/run/redis.sock`, a URL livepush refuses
+    ("not a Redis URL"): a user who pasted it back to try it made things worse. It shows the URL
+    as written, credentials aside."""
+    socket_path = tmp_path / "redis.sock"  # nothing listens there
+    fanout = RedisFanOut(f"unix://{socket_path}?db=3", connect_timeout=2)
+    try:
+        with pytest.raises(livepush.DependencyError) as caught:
+            await asyncio.wait_for(fanout.apublish("down:a", {"i": 0}), 5)
+        assert f"Redis at unix://{socket_path}?db=3 failed" in str(caught.value), str(caught.value)
+    finally:
+        await fanout.aclose()
+    assert redis_client.redact(f"unix://:s3cret-pw@{socket_path}?password=pw") == f"unix://***@{socket_path}?password=***"
+
+
 async def test_a_redis_that_refuses_says_why_rather_than_to_check_that_it_runs(
         make_redis: MakeRedis, redis_url: str, private_redis: PrivateRedis, raw_private: redis.Redis) -> None:
     """A Redis that is up but refuses (out of memory, a read-only replica, wrong password, an ACL

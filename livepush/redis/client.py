@@ -61,6 +61,10 @@ def redact(url: str) -> str:
             host = f"{host}:{parts.port}"
         netloc = ("***@" if parts.username or parts.password else "") + host
         query = urlencode([(k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in parse_qsl(parts.query)], safe="*")
+        if not netloc and "://" in url:
+            # urlunsplit drops the `//` of an empty host: `unix:///run/redis.sock` came out as
+            # `unix:/run/redis.sock`, a URL redis-py refuses, in the errors a user copies from.
+            return f"{parts.scheme}://{parts.path}" + (f"?{query}" if query else "")
         return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
     except ValueError:
         return "(a malformed URL)"
