@@ -538,19 +538,36 @@ async def test_unreachable_redis_raises_dependency_error_without_the_password() 
         await fanout.aclose()
 
 
+async def publish_refused(url: str) -> str:
+    """What a publish to `url`, where no Redis answers, raises."""
+    fanout = RedisFanOut(url, connect_timeout=2)
+    try:
+        with pytest.raises(livepush.DependencyError) as caught:
+            await asyncio.wait_for(fanout.apublish("down:a", {"i": 0}), 5)
+        return str(caught.value)
+    finally:
+        await fanout.aclose()
+
+
 async def test_an_unreachable_unix_socket_is_named_by_the_url_as_written(tmp_path: Path) -> None:
     """The error named `unix:///run/redis.sock` as `unix:/run/redis.sock`, a URL livepush refuses
     ("not a Redis URL"): a user who pasted it back to try it made things worse. It shows the URL
     as written, credentials aside."""
     socket_path = tmp_path / "redis.sock"  # nothing listens there
-    fanout = RedisFanOut(f"unix://{socket_path}?db=3", connect_timeout=2)
-    try:
-        with pytest.raises(livepush.DependencyError) as caught:
-            await asyncio.wait_for(fanout.apublish("down:a", {"i": 0}), 5)
-        assert f"Redis at unix://{socket_path}?db=3 failed" in str(caught.value), str(caught.value)
-    finally:
-        await fanout.aclose()
+    said = await publish_refused(f"unix://{socket_path}?db=3")
+    assert f"Redis at unix://{socket_path}?db=3 failed" in said, said
     assert redis_client.redact(f"unix://:s3cret-pw@{socket_path}?password=pw") == f"unix://***@{socket_path}?password=***"
+
+
+async def test_a_unix_url_naming_its_database_in_the_path_says_to_use_the_db_parameter(tmp_path: Path) -> None:
+    """`unix:///run/redis.sock/2`, the database written as in a redis:// URL, is a socket path
+    below the socket: "Not a directory", and "check that Redis is running" for a Redis that runs.
+    The error says where the database number goes."""
+    socket_path = tmp_path / "redis.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listening:
+        listening.bind(str(socket_path))  # a socket there, as a running Redis' is
+        said = await publish_refused(f"unix://{socket_path}/2")
+    assert f"unix://{socket_path}?db=2" in said, said
 
 
 async def test_a_redis_that_refuses_says_why_rather_than_to_check_that_it_runs(

@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import os
 import re
+import stat
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
@@ -257,7 +258,26 @@ def one_line(exc: BaseException) -> str:
 def failed(url: str, exc: BaseException, doing: str, cls: type[DependencyError] = DependencyError) -> DependencyError:
     """Our error for a Redis failure: the URL redacted, the driver's words, which never hold the
     password (redis-py does not quote URLs or AUTH arguments in its errors), and what to do."""
-    return cls(f"Redis at {redact(url)} failed while {doing} ({one_line(exc)}): {_remedy(exc)}")
+    return cls(f"Redis at {redact(url)} failed while {doing} ({one_line(exc)}): {_socket_remedy(url) or _remedy(exc)}")
+
+
+def _socket_remedy(url: str) -> str | None:
+    """What to do when a unix:// URL's path runs on below a socket (`unix:///run/redis.sock/2`,
+    the database written as a redis:// URL writes it): a socket is no folder, so the connection
+    fails with "Not a directory", and told to check that Redis runs, a user looks at a Redis that
+    does."""
+    try:
+        parts = urlsplit(url)
+        if parts.scheme != "unix":
+            return None
+        below, _, last = unquote(parts.path).rstrip("/").rpartition("/")
+        if not (below and stat.S_ISSOCK(os.stat(below).st_mode)):
+            return None
+    except (ValueError, OSError):
+        return None
+    fixed = f"unix://{below}?db={last}" if _DB_NUMBER.fullmatch(last) else f"unix://{below}"
+    return (f"{below} is the socket and no folder, so the URL's path must end there; a database number goes in "
+            f"the db parameter: {fixed}")
 
 
 async def answered_at_start(url: str, read: Awaitable[Any], cls: type[DependencyError], *, while_loading: bool) -> None:
