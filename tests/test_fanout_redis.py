@@ -685,6 +685,18 @@ async def test_rediss_works_with_its_ca_and_says_what_to_do_without_it(
         await asyncio.wait_for(untrusted.listen(), WAIT)
 
 
+async def test_a_url_whose_scheme_does_not_match_the_ports_tls_says_which_scheme_to_try(
+        tls_redis: tuple[str, Path], private_redis: PrivateRedis) -> None:
+    """redis:// to a port that takes only TLS (Redis resets the connection), or rediss:// to a
+    plain one (the handshake never completes), said to check that Redis is running, of a Redis
+    that ran and answered. Each error now names the other scheme."""
+    tls_url, _ = tls_redis
+    said = await publish_refused(tls_url.replace("rediss://", "redis://", 1))
+    assert "rediss://" in said.split("):", 1)[1], said
+    said = await publish_refused(private_redis.url.replace("redis://", "rediss://", 1))
+    assert "use redis://" in said, said
+
+
 async def test_a_redis_at_its_maxclients_says_so_rather_than_to_check_that_it_runs(
         make_redis: MakeRedis, private_redis: PrivateRedis, raw_private: redis.Redis) -> None:
     """A Redis that refuses new connections because it serves its maxclients already raises

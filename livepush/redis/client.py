@@ -258,7 +258,22 @@ def one_line(exc: BaseException) -> str:
 def failed(url: str, exc: BaseException, doing: str, cls: type[DependencyError] = DependencyError) -> DependencyError:
     """Our error for a Redis failure: the URL redacted, the driver's words, which never hold the
     password (redis-py does not quote URLs or AUTH arguments in its errors), and what to do."""
-    return cls(f"Redis at {redact(url)} failed while {doing} ({one_line(exc)}): {_socket_remedy(url) or _remedy(exc)}")
+    return cls(f"Redis at {redact(url)} failed while {doing} ({one_line(exc)}): {_socket_remedy(url) or _tls_remedy(url, exc) or _remedy(exc)}")
+
+
+def _tls_remedy(url: str, exc: BaseException) -> str | None:
+    """What to do when the URL's scheme may not match its port's TLS: a Redis that takes only TLS
+    resets a plain connection as it opens, and a plain one never completes a TLS handshake (the
+    connect times out). Either was told to check that Redis runs, of a Redis that ran."""
+    scheme = url.split("://", 1)[0].lower()
+    if scheme == "redis" and isinstance(exc, RedisConnectionError) and "reset by peer" in str(exc):
+        # Also what a Redis killed mid-call does: the words leave room for that.
+        return ("Redis reset the connection, as one that takes only TLS on that port does to every plain "
+                "connection: if it does, use rediss://HOST:PORT/DB (else it went away or closed it, which its log says)")
+    if scheme == "rediss" and isinstance(exc, RedisTimeout) and "connecting" in str(exc):
+        return ("no TLS handshake was answered in time, as a Redis that takes plain connections on that port never "
+                "answers one: if it does, use redis://HOST:PORT/DB; else check that Redis is running and reachable")
+    return None
 
 
 def _socket_remedy(url: str) -> str | None:
