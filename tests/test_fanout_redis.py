@@ -603,6 +603,26 @@ async def test_a_redis_that_refuses_says_why_rather_than_to_check_that_it_runs(
                 await asyncio.wait_for(fanout.listen(), WAIT)
 
 
+async def test_a_redis_that_wants_a_password_says_what_the_url_lacks(private_redis: PrivateRedis) -> None:
+    """A Redis with a password, and a URL with none, or with the password where the user goes
+    (`redis://s3cret@host`, the colon forgotten), said "refused the user or password: correct
+    them", of a URL that gave no password. Each says what the URL lacks, never the password."""
+    host = private_redis.url.split("://", 1)[1]
+    admin = redis.Redis.from_url(private_redis.url)
+    admin.config_set("requirepass", "s3cret")
+    try:
+        said = await publish_refused(f"redis://{host}")
+        assert "needs a password" in said and "redis://:PASSWORD@" in said, said
+        said = await publish_refused(f"redis://s3cret@{host}")
+        assert "no password" in said and "redis://:PASSWORD@" in said and "s3cret" not in said, said
+        said = await publish_refused(f"redis://:wrong@{host}")
+        assert "refused the user or password" in said, said
+    finally:
+        with redis.Redis.from_url(private_redis.url, password="s3cret") as authed:
+            authed.config_set("requirepass", "")
+        admin.close()
+
+
 async def test_a_url_naming_a_database_redis_does_not_have_says_so(make_redis: MakeRedis, redis_url: str,
                                                                    raw: redis.Redis) -> None:
     """A URL whose database number is past what Redis has raises DependencyError (ListenError for
@@ -1324,8 +1344,8 @@ async def test_a_listener_that_redis_refuses_to_take_back_says_why_at_once(
         try:
             raw_private.client_kill_filter(_type="pubsub")
             await async_wait_for(
-                lambda: any("correct them in LIVEPUSH_REDIS_URL" in r.getMessage() for r in caplog.records), WAIT,
-                message="a warning saying the password was refused")
+                lambda: any("needs a password, which LIVEPUSH_REDIS_URL does not give" in r.getMessage()
+                            for r in caplog.records), WAIT, message="a warning saying the password was refused")
         finally:
             raw_private.config_set("requirepass", "")
         await asyncio.wait_for(resynced.wait(), WAIT)

@@ -258,7 +258,31 @@ def one_line(exc: BaseException) -> str:
 def failed(url: str, exc: BaseException, doing: str, cls: type[DependencyError] = DependencyError) -> DependencyError:
     """Our error for a Redis failure: the URL redacted, the driver's words, which never hold the
     password (redis-py does not quote URLs or AUTH arguments in its errors), and what to do."""
-    return cls(f"Redis at {redact(url)} failed while {doing} ({one_line(exc)}): {_socket_remedy(url) or _tls_remedy(url, exc) or _remedy(exc)}")
+    return cls(f"Redis at {redact(url)} failed while {doing} ({one_line(exc)}): {_url_remedy(url, exc) or _remedy(exc)}")
+
+
+def _url_remedy(url: str, exc: BaseException) -> str | None:
+    """What to do about `exc` when the URL shows what went wrong, else None."""
+    return _socket_remedy(url) or _tls_remedy(url, exc) or _auth_remedy(url, exc)
+
+
+def _auth_remedy(url: str, exc: BaseException) -> str | None:
+    """What to do when Redis wants a password the URL does not give: told to correct "the user or
+    password", a user looked for a mistake in a password the URL did not hold (none, or one written
+    where the user goes, `redis://PASSWORD@HOST`, the colon forgotten)."""
+    if not isinstance(exc, AuthenticationError):
+        return None
+    try:
+        given = parse_url(url)
+    except (ValueError, TypeError):
+        return None
+    if given.get("password"):
+        return None
+    if given.get("username"):
+        return ("Redis is up and refused LIVEPUSH_REDIS_URL's user, which comes with no password (a password alone "
+                "goes after a colon): use redis://:PASSWORD@HOST:PORT/DB, or USER:PASSWORD@ for an ACL user")
+    return ("Redis is up and needs a password, which LIVEPUSH_REDIS_URL does not give: use "
+            "redis://:PASSWORD@HOST:PORT/DB, or USER:PASSWORD@ for an ACL user")
 
 
 def _tls_remedy(url: str, exc: BaseException) -> str | None:
