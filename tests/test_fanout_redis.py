@@ -717,6 +717,42 @@ async def test_a_url_whose_scheme_does_not_match_the_ports_tls_says_which_scheme
     assert "use redis://" in said, said
 
 
+def outside_address() -> str:
+    """An address of this machine that is not loopback (where a default route leaves from), or skip."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: no packet is sent for a UDP connect
+            address = probe.getsockname()[0]
+        except OSError:
+            address = "127.0.0.1"
+    if address.startswith("127."):
+        pytest.skip("this machine has no address but loopback to reach Redis from the outside by")
+    return address
+
+
+async def test_a_redis_in_protected_mode_says_to_give_it_a_password_not_to_check_that_it_runs(tmp_path: Path) -> None:
+    """A Redis with no password takes connections from its own host only (protected mode), and
+    refuses others with a paragraph of its own: the error ended "check that Redis is running", of
+    a Redis that had answered. It now says what to change."""
+    server, port, pidfile = shutil.which("redis-server"), free_port(), tmp_path / "redis.pid"
+    if server is None:
+        pytest.skip("redis-server is needed: run the tests with bin/test")
+    address = outside_address()
+    subprocess.run([server, "--port", str(port), "--bind", "*", "--protected-mode", "yes", "--daemonize", "yes",
+                    "--pidfile", str(pidfile), "--dir", str(tmp_path), "--save", "", "--appendonly", "no",
+                    "--logfile", str(tmp_path / "redis.log")], check=True, capture_output=True, timeout=10)
+    admin = redis.Redis(port=port, socket_timeout=2, retry=None)
+    try:
+        wait_for(admin.ping, 10, message="the protected Redis to answer", ignore=(redis.RedisError,))
+        said = await publish_refused(f"redis://{address}:{port}/0")
+        remedy = said.rsplit("):", 1)[1]
+        assert "protected mode" in remedy and "password" in remedy and "Redis is running" not in remedy, said
+    finally:
+        with contextlib.suppress(redis.ConnectionError):
+            admin.shutdown(nosave=True)
+        admin.close()
+
+
 async def test_a_redis_at_its_maxclients_says_so_rather_than_to_check_that_it_runs(
         make_redis: MakeRedis, private_redis: PrivateRedis, raw_private: redis.Redis) -> None:
     """A Redis that refuses new connections because it serves its maxclients already raises

@@ -395,6 +395,11 @@ def _remedy(exc: BaseException) -> str:
                 "promoted one)")
     if isinstance(exc, AuthenticationError):
         return "Redis is up but refused the user or password: correct them in LIVEPUSH_REDIS_URL"
+    if "DENIED" in str(exc) and "protected mode" in str(exc):
+        # Redis' first answer to a client from another host when its default user has no password.
+        return ("Redis is up but in protected mode, which takes connections only from Redis' own host while its "
+                "default user has no password: give Redis a password (requirepass, or an ACL user as docs/security.md "
+                "shows) and put it in LIVEPUSH_REDIS_URL")
     if isinstance(exc, ResponseError) and "DB index is out of range" in str(exc):
         return ("Redis is up but has no database of the number LIVEPUSH_REDIS_URL names: name one below its "
                 "`databases` setting (16 unless configured)")
