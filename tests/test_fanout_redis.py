@@ -1060,6 +1060,25 @@ async def test_a_publish_that_redis_answers_too_late_says_it_may_have_been_made(
     assert fanout.latest_offset("late:a") != before, "the publish that timed out was made once Redis went on"
 
 
+async def test_a_publish_that_no_server_hears_says_so_once_naming_the_prefix(
+        make_redis: MakeRedis, redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A web process whose LIVEPUSH_REDIS_URL names another database than the servers' (so
+    another default prefix), or another LIVEPUSH_REDIS_PREFIX, publishes where no server listens:
+    every publish returned an offset and nothing reached a page, without a word. The first
+    publish that no server hears logs a warning naming the prefix and what to compare; once."""
+    prefix = f"unheard-{uuid.uuid4().hex[:8]}"
+    alone = await make_redis(prefix=prefix, listen=False)
+    heard = await make_redis(prefix=f"heard-{uuid.uuid4().hex[:8]}")  # a server of its own deployment listens
+    with caplog.at_level(logging.WARNING, logger="livepush.fanout.redis"):
+        await heard.apublish("unheard:a", {"i": 0})
+        heard.publish("unheard:a", {"i": 1})
+        assert not caplog.records, caplog.text
+        alone.publish("unheard:a", {"i": 0})
+        await alone.apublish_many([("unheard:a", {"i": 1}), ("unheard:b", {"i": 2})])
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and f"{{{prefix}}}:pub" in warnings[0] and "LIVEPUSH_REDIS_PREFIX" in warnings[0], warnings
+
+
 async def test_a_failing_receiver_does_not_stop_delivery(make_redis: MakeRedis) -> None:
     """A receiver that raises is logged, costs the receivers after it nothing, and the listener stays up: every message still arrives."""
     fanout = await make_redis()

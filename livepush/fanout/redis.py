@@ -64,7 +64,7 @@ from redis.exceptions import RedisError
 
 from ..channels import ListenerSlot
 from ..redis.client import (LoopClients, answered_at_start, async_client, deployment_prefix, failed, listener_name,
-                            namespace, one_line, sync_client, text, wrong_type)
+                            namespace, one_line, redact, sync_client, text, wrong_type)
 from ..redis.subscriber import Subscriber
 from ..topics import RESERVED_PREFIX, TOPIC_RE
 from ..types import JSON, Message, Offset, Topic
@@ -111,12 +111,12 @@ end
 
 # KEYS: the origin keys (origin, prev), then the stream of each message; ARGV: max_len, idle_ms,
 # channel, then the topic and the json of each message, then FRAME_BYTES. Returns their
-# ids in order. One script for one message or a batch (publish_many: PUBLISH_CHUNK messages or PUBLISH_CHUNK_BYTES per call). A
+# ids in order, and how many subscribers the frames reached in all (PUBLISH's count). One script for one message or a batch (publish_many: PUBLISH_CHUNK messages or PUBLISH_CHUNK_BYTES per call). A
 # batch's messages share pub/sub frames of about FRAME_BYTES, each costing a listening server one
 # read and one parse.
 _PUBLISH_LUA = _ORIGIN_LUA + """
 local ids = {}
-local frames, size = {}, 0
+local frames, size, heard = {}, 0, 0
 local streams = #KEYS - 2
 for i = 1, streams do
   local key = KEYS[i + 2]
@@ -133,15 +133,15 @@ for i = 1, streams do
   size = size + #frame
   if size >= tonumber(ARGV[4 + 2 * streams]) or i == streams then
     if #frames == 1 then
-      redis.call('PUBLISH', ARGV[3], frame)
+      heard = heard + redis.call('PUBLISH', ARGV[3], frame)
     else
-      redis.call('PUBLISH', ARGV[3], '*\\n' .. table.concat(frames, '\\n'))
+      heard = heard + redis.call('PUBLISH', ARGV[3], '*\\n' .. table.concat(frames, '\\n'))
     end
     frames, size = {}, 0
   end
   ids[i] = id
 end
-return ids
+return {ids, heard}
 """
 # A script call of publish_many takes at most this many messages, or about this many bytes of
 # data (UTF-8, as Redis holds it): a call holds Redis until it ends, and Redis sends a subscriber
@@ -367,6 +367,8 @@ class RedisFanOut(FanOut):
             lambda: _LoopSide(async_client(self.url, "livepush-publisher", self.connect_timeout,
                                            socket_timeout=CALL_TIMEOUT)))
         self._prune_cursor = 0
+        # Whether a publish that no server heard is still to be said (_published_call).
+        self._unheard_warning_due = True
         _EVERY.add(self)
 
     def forget_inherited(self) -> None:
@@ -429,10 +431,10 @@ class RedisFanOut(FanOut):
         offsets: list[Offset] = []
         for keys, args in calls:
             try:
-                offsets += [text(i) for i in script(keys=keys, args=args, client=client)]
+                ids, heard = script(keys=keys, args=args, client=client)
             except (RedisError, OSError) as exc:
                 raise failed(self.url, exc, _publishing(what(), offsets)) from exc
-            self._published.inc(len(keys) - len(self._origin_keys))
+            self._published_call(offsets, ids, heard)
         return offsets
 
     async def _publish_async(self, calls: list[tuple[list[str], list[Any]]], what: Callable[[], str]) -> list[Offset]:
@@ -440,11 +442,26 @@ class RedisFanOut(FanOut):
         offsets: list[Offset] = []
         for keys, args in calls:
             try:
-                offsets += [text(i) for i in await side.publish(keys=keys, args=args)]
+                ids, heard = await side.publish(keys=keys, args=args)
             except (RedisError, OSError) as exc:
                 raise failed(self.url, exc, _publishing(what(), offsets)) from exc
-            self._published.inc(len(keys) - len(self._origin_keys))
+            self._published_call(offsets, ids, heard)
         return offsets
+
+    def _published_call(self, offsets: list[Offset], ids: list[Any], heard: int) -> None:
+        """Take one script call's offsets into `offsets`, and say once when no server heard it."""
+        offsets += [text(i) for i in ids]
+        self._published.inc(len(ids))
+        if not heard and self._unheard_warning_due:
+            # A web process given another database number (so another default prefix) or another
+            # LIVEPUSH_REDIS_PREFIX than the servers' publishes where none listens: every publish
+            # returns an offset, and nothing reaches a page.
+            self._unheard_warning_due = False
+            logger.warning(
+                "livepush: a publish reached no server: nothing listens on %s at %s. If no `livepush serve` runs "
+                "on this Redis now, this is expected (pages read it from history once one does); if one does, it "
+                "listens under another prefix: give this process the servers' database number in "
+                "LIVEPUSH_REDIS_URL and their LIVEPUSH_REDIS_PREFIX (said once)", self.channel, redact(self.url))
 
     # -- history ----------------------------------------------------------------------
     def latest_offset(self, topic: Topic) -> Offset:
