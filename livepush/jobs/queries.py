@@ -858,10 +858,12 @@ WHERE j.id = ANY(%(ids)s::bigint[])
 
 # name: tagged_ids
 # The ids of jobs with a tag, newest first (unfinished ones only when `unfinished`), through the
-# tags index. A plain read: a job enqueued or finished meanwhile may or may not be listed.
+# tags index; those older than the page cursor `before` (jobs.list_tagged(before=); the largest
+# bigint when the call gave none). A plain read: a job enqueued or finished meanwhile may or may
+# not be listed.
 TAGGED_IDS = """
 SELECT id FROM livepush_jobs
-WHERE tags IS NOT NULL AND tags @> ARRAY[%(tag)s::text]
+WHERE tags IS NOT NULL AND tags @> ARRAY[%(tag)s::text] AND id < %(before)s::bigint
   AND (NOT %(unfinished)s OR state IN ('available', 'scheduled', 'running', 'waiting'))
 ORDER BY id DESC
 LIMIT %(limit)s

@@ -106,6 +106,21 @@ def test_a_bad_tag_to_look_up_is_named_as_the_one_tag_given(jobs_db: str, tag: o
             call(tag)  # type: ignore[arg-type]
 
 
+async def test_list_tagged_pages_past_one_call_with_before(jobs_db: str) -> None:
+    """A tag on more jobs than one call lists (at most 1,000) is read page by page: before= the
+    last listed id lists the older ones, sync and async alike; a cursor that is no int is refused."""
+    handles = jobs.enqueue_many([(sample_jobs.record, [i], {"tags": ["paged"]}) for i in range(5)])
+    ids = [h.id for h in reversed(handles)]
+    first = jobs.list_tagged("paged", limit=2)
+    assert [j.id for j in first] == ids[:2]
+    assert [j.id for j in jobs.list_tagged("paged", limit=2, before=first[-1].id)] == ids[2:4]
+    assert [j.id for j in await jobs.alist_tagged("paged", limit=2, before=ids[3])] == ids[4:]
+    assert jobs.list_tagged("paged", before=ids[-1]) == []
+    assert [j.id for j in jobs.list_tagged("paged", before=2**70)] == ids  # past every id: from the newest
+    with pytest.raises(TypeError, match=r"before"):
+        jobs.list_tagged("paged", before="7")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("unfinished", ["no", 0, None])
 async def test_unfinished_takes_only_true_or_false(jobs_db: str, unfinished: object) -> None:
     """unfinished="no" read as true would list the opposite of what was asked: anything but a

@@ -11,6 +11,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ...errors import ArgumentValueError, DependencyError
+from ...postgres.text import BIGINT_MAX
 from ...tasks import carried_through
 from .. import database, queries
 from ..errors import GroupClosedError, InvalidArgumentsError
@@ -78,7 +79,7 @@ def _children_failed(job_id: int, exc: DependencyError) -> None:
 
 def tagged_unfinished(tag: str) -> list[int]:
     """The ids of every unfinished job with `tag`, oldest first."""
-    params = {"tag": check_tag(tag), "limit": None, "unfinished": True}
+    params = {"tag": check_tag(tag), "limit": None, "unfinished": True, "before": BIGINT_MAX}
     with database.connection() as conn:
         return sorted(r[0] for r in conn.execute(queries.TAGGED_IDS, params).fetchall())
 
@@ -133,7 +134,7 @@ async def _acancel_tagged(tag: str) -> int:
 
 
 async def _atagged_unfinished(tag: str) -> list[int]:
-    params = {"tag": check_tag(tag), "limit": None, "unfinished": True}
+    params = {"tag": check_tag(tag), "limit": None, "unfinished": True, "before": BIGINT_MAX}
     async with database.aconnection() as conn:
         rows = await (await conn.execute(queries.TAGGED_IDS, params)).fetchall()
     return sorted(r[0] for r in rows)

@@ -9,9 +9,10 @@ from psycopg.rows import dict_row
 
 from .. import database, queries
 from ..events.views import job_view
-from .handles import checked_id
+from .handles import checked_cursor, checked_id
 from .options import check_name, check_queue, check_tag
 from ...errors import ArgumentTypeError, ArgumentValueError
+from ...postgres.text import BIGINT_MAX
 
 MAX_LISTED = 1000  # jobs per list_tagged() or list_failed() call
 
@@ -73,27 +74,31 @@ def _checked_limit(limit: int) -> int:
     return limit
 
 
-def tagged_params(tag: str, limit: int, unfinished: bool) -> dict[str, Any]:
-    """TAGGED_IDS (and TAGGED_JOBS) parameters, checked."""
+def tagged_params(tag: str, limit: int, unfinished: bool, before: int | None = None) -> dict[str, Any]:
+    """TAGGED_IDS (and TAGGED_JOBS) parameters, checked. `before`: the page cursor, an id (the
+    last one a page listed); None lists from the newest job."""
     _checked_limit(limit)
+    cursor = BIGINT_MAX if before is None else checked_cursor(before, "before")
     if not isinstance(unfinished, bool):
         # bool("no") is True: a string or a number here would list the opposite of what was meant.
         raise ArgumentTypeError(f"unfinished= must be True or False, got {type(unfinished).__name__} "
                                 f"{unfinished!r:.60}")
-    return {"tag": check_tag(tag), "limit": limit, "unfinished": unfinished}
+    return {"tag": check_tag(tag), "limit": limit, "unfinished": unfinished, "before": cursor}
 
 
-def list_tagged(tag: str, *, limit: int = 100, unfinished: bool = False) -> list[JobInfo]:
+def list_tagged(tag: str, *, limit: int = 100, unfinished: bool = False, before: int | None = None) -> list[JobInfo]:
     """The jobs with `tag` (enqueue(tags=...)), newest first, at most `limit`; only those not
-    finished yet with `unfinished=True`. Finished jobs are listed until retention deletes them."""
-    params = tagged_params(tag, limit, unfinished)
+    finished yet with `unfinished=True`; with `before=` an id (the last a call listed), only
+    the jobs older than it: the next page. Finished jobs are listed until retention deletes them."""
+    params = tagged_params(tag, limit, unfinished, before)
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(queries.TAGGED_JOBS, params).fetchall()
     return [JobInfo.from_row(r) for r in rows]
 
 
-async def alist_tagged(tag: str, *, limit: int = 100, unfinished: bool = False) -> list[JobInfo]:
-    params = tagged_params(tag, limit, unfinished)
+async def alist_tagged(tag: str, *, limit: int = 100, unfinished: bool = False,
+                       before: int | None = None) -> list[JobInfo]:
+    params = tagged_params(tag, limit, unfinished, before)
     async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(queries.TAGGED_JOBS, params)
         rows = await cur.fetchall()
