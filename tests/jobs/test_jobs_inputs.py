@@ -278,6 +278,29 @@ def test_arguments_the_function_cannot_take_are_refused_at_the_call(jobs_db: str
     assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(3,)]
 
 
+async def test_a_job_argument_given_by_keyword_is_refused_naming_its_position(jobs_db: str) -> None:
+    """A job's arguments are stored as one JSON array and given to its function by position:
+    enqueue(tenant="acme") raised Python's bare "unexpected keyword argument", which named no way
+    out. An InvalidArgumentsError (a TypeError) names the parameter and its place after ctx; a
+    keyword that is no parameter and no option names the options; nothing is written."""
+
+    async def sync_account(ctx: object, tenant: str, account_id: int = 0) -> None: ...
+
+    fn = JobFunction(sync_account, name="t.sync_account")
+    by_place = r"^t\.sync_account takes its arguments by position: pass account_id as argument 2 after ctx"
+    with pytest.raises(InvalidArgumentsError, match=by_place):
+        fn.enqueue("acme", account_id=7)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentsError, match=by_place):
+        await fn.aenqueue("acme", account_id=7)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentsError, match=by_place):
+        fn.request("acme", account_id=7)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentsError, match=r"^enqueue\(\) has no option delay=: its options are wait=, "):
+        fn.enqueue("acme", delay=5)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentsError, match=r"^request\(\) has no option key=: its options are queue="):
+        fn.request("acme", key="k")  # type: ignore[arg-type]
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
+
+
 def test_a_job_function_with_a_keyword_only_parameter_it_cannot_be_given_fails_at_decoration(jobs_db: str) -> None:
     """A runtime calls a job function with ctx and the job's arguments by position: a keyword-only
     parameter without a default could be given by no enqueue, and every attempt of every job

@@ -222,6 +222,30 @@ def required_keywords(func: Callable[..., Any]) -> list[str]:
     return [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
 
 
+def refuse_keywords(func: Callable[..., Any], name: str, call: str, given: Mapping[str, Any],
+                    options: Iterable[str]) -> None:
+    """Raise InvalidArgumentsError for keywords `call` does not take (`given`, not empty): a job's
+    arguments are stored as one JSON array and its function is called with them by position, so
+    one given by keyword (enqueue(tenant="acme")) is named with its place after ctx; any other
+    keyword is no option of `call`, whose `options` are named. Python's own "unexpected keyword
+    argument" named neither."""
+    word = next(iter(given))
+    try:
+        params = list(inspect.signature(func, follow_wrapped=False).parameters.values())[1:]
+    except (TypeError, ValueError):
+        params = []
+    found = next((p for p in params if p.name == word), None)
+    if found is not None and found.kind in (found.POSITIONAL_ONLY, found.POSITIONAL_OR_KEYWORD):
+        raise InvalidArgumentsError(f"{name} takes its arguments by position: pass {word} as argument "
+                                    f"{params.index(found) + 1} after ctx ({call}() stores them as one JSON array "
+                                    "and the function is called with them in that order)")
+    if found is not None and found.kind is found.KEYWORD_ONLY:
+        raise InvalidArgumentsError(f"{name} cannot be given {word}: it is keyword-only, and a job's function is "
+                                    "called with its arguments by position (make it a positional parameter)")
+    raise InvalidArgumentsError(f"{call}() has no option {word}=: its options are "
+                                f"{', '.join(o + '=' for o in options)} (and the job's arguments, by position)")
+
+
 def refuse_arity(name: str, takes: tuple[int, int], given: int) -> None:
     """Raise InvalidArgumentsError: the job function `name`, taking `takes` arguments (arity()),
     cannot be called with `given`."""

@@ -7,10 +7,10 @@ import inspect
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, overload
+from typing import Any, Never, overload
 
 from . import enqueue as _enqueue
-from .args import arity, check_args, refuse_arity, required_keywords
+from .args import arity, check_args, refuse_arity, refuse_keywords, required_keywords
 from .handles import JobHandle
 from .limits import Limits, check_claim_entry, limits_of
 from .options import check_name, check_queue
@@ -21,6 +21,10 @@ from ...types import Seconds, as_seconds
 from ...usercode import cannot_take
 
 MAX_BACKOFF = 3600.0
+
+# The keywords JobFunction.enqueue/aenqueue and request take, named when another is given.
+ENQUEUE_OPTIONS = ("wait", "at", "conn", "key", "debounce", "tags")
+REQUEST_OPTIONS = ("queue",)
 
 
 def default_backoff(attempt: int) -> float:
@@ -191,10 +195,12 @@ class JobFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
 
-    def request(self, *args: Any, queue: str | None = None) -> JobRequest:
+    def request(self, *args: Any, queue: str | None = None, **unknown: Never) -> JobRequest:
         """This job with these arguments, to enqueue later (a group callback, a durable job's
         child). `queue=` puts it on that queue instead of the function's own (a child's default
         is its parent's queue)."""
+        if unknown:
+            refuse_keywords(self.func, self.name, "request", unknown, REQUEST_OPTIONS)
         if queue is not None:
             check_queue(queue, "request(queue=)")
             if self.limits.any:
@@ -208,17 +214,23 @@ class JobFunction:
 
     def enqueue(self, *args: Any, wait: Seconds | None = None, at: datetime | None = None, conn: Any = None,
                 key: str | None = None, debounce: Seconds | None = None,
-                tags: Sequence[str] | None = None) -> JobHandle:
+                tags: Sequence[str] | None = None, **unknown: Never) -> JobHandle:
         """Enqueue one run. `wait=` delays by seconds, `at=` runs at an aware datetime;
         `conn=` (a psycopg Connection) enqueues inside the caller's transaction; `key=`,
-        `debounce=`, `tags=`: docs/jobs.md "Enqueue options"."""
+        `debounce=`, `tags=`: docs/jobs.md "Enqueue options". The job's arguments go by position
+        (`unknown`, typed Never so that a type checker flags a keyword, is refused naming it)."""
+        if unknown:
+            refuse_keywords(self.func, self.name, "enqueue", unknown, ENQUEUE_OPTIONS)
         return _enqueue.enqueue(self, args, wait=wait, at=at, conn=conn, key=key, debounce=debounce, tags=tags)
 
     async def aenqueue(
         self, *args: Any, wait: Seconds | None = None, at: datetime | None = None, conn: Any = None,
         key: str | None = None, debounce: Seconds | None = None, tags: Sequence[str] | None = None,
+        **unknown: Never,
     ) -> JobHandle:
         """enqueue() for async code; `conn=` takes a psycopg AsyncConnection."""
+        if unknown:
+            refuse_keywords(self.func, self.name, "aenqueue", unknown, ENQUEUE_OPTIONS)
         return await _enqueue.aenqueue(self, args, wait=wait, at=at, conn=conn, key=key, debounce=debounce,
                                        tags=tags)
 
