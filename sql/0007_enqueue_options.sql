@@ -192,7 +192,10 @@ $$;
 -- its next attempt finishes what the first began with its arguments, and replaced it would run
 -- the new ones with the old ones' spent attempts; and so has a durable job with stored steps
 -- (woken from a park, which spends no attempt): its next run replays those steps, which belong
--- to its arguments and its function. A job goes back to pending as a started one, but for one a
+-- to its arguments and its function. A task group's member is left alone too, started or not: it
+-- is the group's (its outcome is counted as the member's, or returned to the durable job it is a
+-- child of), and replaced it would count another call's function and arguments. A job goes back
+-- to pending as a started one, but for one a
 -- draining runtime gave back with its attempt: it and a job queued behind it are then both
 -- pending, and the newest is replaced (the one given back runs what it began).
 -- Debounced enqueues of one key take turns on its row in livepush_key_turns (one key: a debounce
@@ -242,7 +245,7 @@ BEGIN
         -- One job of a key is pending and not started, or rarely two (see above): the newest.
         WHERE j.id = (SELECT x.id FROM livepush_jobs x
                       WHERE x.key = v_key AND x.state IN ('available', 'scheduled') AND x.attempt = 0
-                        AND NOT x.has_steps
+                        AND NOT x.has_steps AND x.group_id IS NULL
                       ORDER BY x.key DESC, x.key_slot DESC LIMIT 1)
           AND j.state IN ('available', 'scheduled') AND j.attempt = 0 AND NOT j.has_steps
         RETURNING j.id, j.name, j.version INTO v_id, v_name, v_version;
@@ -261,7 +264,7 @@ BEGIN
         -- one), in the same snapshot as a second look for a pending job.
         SELECT EXISTS (SELECT 1 FROM livepush_jobs x
                        WHERE x.key = v_key AND x.state IN ('available', 'scheduled') AND x.attempt = 0
-                         AND NOT x.has_steps),
+                         AND NOT x.has_steps AND x.group_id IS NULL),
                (SELECT s::smallint FROM generate_series(0, 32767) s
                 WHERE NOT EXISTS (SELECT 1 FROM livepush_jobs x
                                   WHERE x.key = v_key AND x.key_slot = s

@@ -409,6 +409,25 @@ def test_debounce_replaces_a_pending_job_of_another_function_with_the_job_it_ask
     assert len(jobs_with_key(jobs_db, "shared")) == 1
 
 
+def test_debounce_leaves_a_task_group_member_alone_and_queues_one_behind_it(jobs_db: str) -> None:
+    """A pending job that is a task group's member is the group's: replaced by a debounce from
+    outside, it became that call's function and arguments while its group (or the durable job
+    waiting for it as a child) counted its outcome as the member's. The debounce leaves it as it is
+    and queues a job of its own, in no group, behind it; the next debounce replaces that one."""
+    with jobs.group() as g:
+        g.enqueue(sample_jobs.record, "member", key="grouped")
+    (member,) = jobs_with_key(jobs_db, "grouped")
+    behind = sample_jobs.other_queue.enqueue("outside", key="grouped", debounce=30)
+    assert behind.id != member[0]
+    assert sample_jobs.other_queue.enqueue("later", key="grouped", debounce=30) == behind
+    kept = jobs.get_job(member[0])
+    assert kept is not None and (kept.name, kept.args, kept.state) == ("t.record", ["member"], "available")
+    assert q(jobs_db, "SELECT id, group_id FROM livepush_jobs WHERE key = 'grouped' ORDER BY id") == [
+        (member[0], g.id), (behind.id, None)]
+    assert jobs.get_job(behind.id).args == ["later"]  # type: ignore[union-attr]
+    assert sample_jobs.record.enqueue("plain", key="grouped").id == member[0]
+
+
 def test_debounce_in_a_long_transaction_counts_from_the_call_not_the_transactions_start(jobs_db: str) -> None:
     """debounce= runs the job that many seconds after the call. In a caller's transaction that
     has been open for longer than that, counting from its start made the job due at once, so the
