@@ -282,7 +282,8 @@ async def test_a_job_argument_given_by_keyword_is_refused_naming_its_position(jo
     """A job's arguments are stored as one JSON array and given to its function by position:
     enqueue(tenant="acme") raised Python's bare "unexpected keyword argument", which named no way
     out. An InvalidArgumentsError (a TypeError) names the parameter and its place after ctx; a
-    keyword that is no parameter and no option names the options; nothing is written."""
+    keyword that is no parameter and no option names the options (queue= and priority=, which
+    other job libraries take per call, say where livepush takes them); nothing is written."""
 
     async def sync_account(ctx: object, tenant: str, account_id: int = 0) -> None: ...
 
@@ -298,6 +299,12 @@ async def test_a_job_argument_given_by_keyword_is_refused_naming_its_position(jo
         fn.enqueue("acme", delay=5)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentsError, match=r"^request\(\) has no option key=: its options are queue="):
         fn.request("acme", key="k")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentsError, match=r"enqueue\(\) has no option queue=.*: "
+                       r"jobs\.enqueue_many\(\[job\.request\(\.\.\., queue=\.\.\.\)\]\)"):
+        fn.enqueue("acme", queue="urgent")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentsError, match=r"enqueue\(\) has no option priority=.*; "
+                       r"a job's priority is its function's, @jobs\.job\(priority=\)"):
+        fn.enqueue("acme", priority=1)  # type: ignore[arg-type]
     assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
 
 

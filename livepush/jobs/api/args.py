@@ -243,7 +243,15 @@ def refuse_keywords(func: Callable[..., Any], name: str, call: str, given: Mappi
         raise InvalidArgumentsError(f"{name} cannot be given {word}: it is keyword-only, and a job's function is "
                                     "called with its arguments by position (make it a positional parameter)")
     raise InvalidArgumentsError(f"{call}() has no option {word}=: its options are "
-                                f"{', '.join(o + '=' for o in options)} (and the job's arguments, by position)")
+                                f"{', '.join(o + '=' for o in options)} (and the job's arguments, by position)"
+                                + _ELSEWHERE.get(word, ""))
+
+
+# Options other job libraries take per call, and where livepush takes them: named when given.
+_ELSEWHERE = {
+    "queue": "; to put a job on another queue than its function's: jobs.enqueue_many([job.request(..., queue=...)])",
+    "priority": "; a job's priority is its function's, @jobs.job(priority=)",
+}
 
 
 def refuse_arity(name: str, takes: tuple[int, int], given: int) -> None:
