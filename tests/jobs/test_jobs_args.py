@@ -51,3 +51,14 @@ def test_refused_values(args: tuple, fragment: str) -> None:
     with pytest.raises(InvalidArgumentsError) as info:
         check_args(args)
     assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("args", [{"acme", 7}, frozenset({"acme", 7}), {"acme"}])
+def test_a_set_of_arguments_is_refused_as_having_no_order(args: object) -> None:
+    """An enqueue_many item's arguments `(job, {"acme", 7})` were spread in the set's order, which
+    hashing picks and a str's changes from process to process: the job ran with its arguments
+    swapped in some of them. A set (one of one element too, most often braces meant as a list)
+    is refused, saying to pass a list; a set inside the arguments was refused already."""
+    with pytest.raises(InvalidArgumentsError, match=r"^the job's arguments are a list or tuple of them .*"
+                       r"a set has no order: pass a list\), got (set|frozenset) "):
+        check_args(args)  # type: ignore[arg-type]

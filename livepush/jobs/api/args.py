@@ -14,7 +14,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Set as AbstractSet
 from typing import Any
 
 from ...postgres.text import unstorable
@@ -127,10 +127,13 @@ def check_args(args: tuple[Any, ...] | list[Any]) -> tuple[Any, ...] | list[Any]
         items = args
     else:
         # A str, bytes or dict is iterable too: spread, `(job, "acme")` would run the job with the
-        # arguments "a", "c", "m", "e" (a dict with its keys). Other iterables are read once.
-        if isinstance(args, (str, bytes, bytearray, Mapping)) or not isinstance(args, Iterable):
+        # arguments "a", "c", "m", "e" (a dict with its keys). A set would be spread in the order
+        # hashing gives it, which for str changes from process to process: arguments swapped.
+        # Other iterables are read once.
+        if isinstance(args, (str, bytes, bytearray, Mapping, AbstractSet)) or not isinstance(args, Iterable):
+            unordered = "; a set has no order: pass a list" if isinstance(args, AbstractSet) else ""
             raise InvalidArgumentsError(f"the job's arguments are a list or tuple of them (wrap a single one: "
-                                        f"[value]), got {type(args).__name__} {args!r:.60}")
+                                        f"[value]{unordered}), got {type(args).__name__} {args!r:.60}")
         items = list(args)
     if not _is_plain(items, 0):
         _check(list(items), "args", 0)
