@@ -10,6 +10,8 @@ import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
 
+from typing import Any
+
 import pytest
 from psycopg import sql
 
@@ -305,6 +307,15 @@ async def test_a_job_argument_given_by_keyword_is_refused_naming_its_position(jo
     with pytest.raises(InvalidArgumentsError, match=r"enqueue\(\) has no option priority=.*; "
                        r"a job's priority is its function's, @jobs\.job\(priority=\)"):
         fn.enqueue("acme", priority=1)  # type: ignore[arg-type]
+    # Under a decorator whose wrapper takes *args and passes them on, the wrapped function's
+    # parameters are what the arguments fill: the keyword is named as one of them, not as an option.
+    @functools.wraps(sync_account)
+    async def wrapper(ctx: object, *args: Any, **kwargs: Any) -> None:
+        await sync_account(ctx, *args, **kwargs)
+
+    with pytest.raises(InvalidArgumentsError, match=r"^t\.wrapped takes its arguments by position: pass "
+                       r"account_id as argument 2 after ctx"):
+        JobFunction(wrapper, name="t.wrapped").enqueue("acme", account_id=7)  # type: ignore[arg-type]
     assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
 
 

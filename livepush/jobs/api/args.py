@@ -233,11 +233,16 @@ def refuse_keywords(func: Callable[..., Any], name: str, call: str, given: Mappi
     keyword is no option of `call`, whose `options` are named. Python's own "unexpected keyword
     argument" named neither."""
     word = next(iter(given))
-    try:
-        params = list(inspect.signature(func, follow_wrapped=False).parameters.values())[1:]
-    except (TypeError, ValueError):
-        params = []
-    found = next((p for p in params if p.name == word), None)
+    found, params = None, []
+    # What the runtime calls first; then, for a wrapper that passes its *args on, what it wraps.
+    for follow in (False, True):
+        try:
+            params = list(inspect.signature(func, follow_wrapped=follow).parameters.values())[1:]
+        except (TypeError, ValueError):
+            continue
+        found = next((p for p in params if p.name == word), None)
+        if found is not None or not any(p.kind is p.VAR_POSITIONAL for p in params):
+            break
     if found is not None and found.kind in (found.POSITIONAL_ONLY, found.POSITIONAL_OR_KEYWORD):
         raise InvalidArgumentsError(f"{name} takes its arguments by position: pass {word} as argument "
                                     f"{params.index(found) + 1} after ctx ({call}() stores them as one JSON array "
