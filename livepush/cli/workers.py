@@ -121,6 +121,10 @@ class WorkerRole:
 
         try:
             os.write(self.ready_fd, READY_LINE)
+        except BrokenPipeError:
+            # The supervisor was killed outright while this worker booted: its parent-death
+            # SIGTERM stops the worker with a drain, which a failure here would have cut short.
+            log.info("the supervisor is gone: no one to tell that worker %d serves", self.index)
         finally:
             os.close(self.ready_fd)
 

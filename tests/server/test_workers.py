@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from livepush import topics
+from livepush.cli.workers import WorkerRole
 from livepush.config import Settings
 from livepush.fanout import from_env
 from livepush.server.supervisor import READY_LINE, RestartPolicy, Supervisor
@@ -733,3 +734,14 @@ async def test_a_worker_that_served_and_dies_while_the_others_boot_is_restarted(
     assert len(served[0]) == 2 and killed not in served[0]
     os.kill(os.getpid(), signal.SIGTERM)  # heard by the supervisor's handler while it runs
     assert await asyncio.wait_for(run, 10) == 0
+
+
+def test_a_worker_whose_supervisor_is_gone_when_it_serves_says_ready_to_no_one_without_failing() -> None:
+    """A supervisor killed outright while a worker boots leaves that worker's "ready" with no
+    reader. Its parent-death SIGTERM stops the worker; saying ready must not fail first, which
+    ended the server with a traceback and without closing the connections it already held."""
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)  # the supervisor's end, gone with it
+    WorkerRole(1, write_fd, os.getpid()).tell_ready()
+    with pytest.raises(OSError):
+        os.fstat(write_fd)  # closed all the same
