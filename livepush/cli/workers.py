@@ -232,7 +232,16 @@ def supervise(count: int, argv: Sequence[str], settings: Settings) -> int:
                           "`livepush serve` per port instead")
     held, port = reserve_port(settings.host, settings.port)
     # Every worker's metrics go to files here; /metrics on any worker adds them up (livepush/metrics.py).
-    metrics_dir, hold = make_metrics_folder()
+    try:
+        metrics_dir, hold = make_metrics_folder()
+    except OSError as exc:
+        # A container whose root is read-only, with no volume on /tmp: one process serves there,
+        # and N need a place for their shared metrics.
+        for sock in held:
+            sock.close()
+        raise ConfigError(f"--workers {count} keeps the workers' metrics in a folder it makes in the temporary "
+                          f"folder, and could not make one ({exc}): set TMPDIR to a folder this user may write "
+                          "(with a read-only root, mount a writable volume, e.g. on /tmp), or run one worker") from None
     parent = os.getpid()
 
     def command(index: int, ready_fd: int) -> list[str]:

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from livepush import topics
-from livepush.cli.workers import WorkerRole
+from livepush.cli.workers import WorkerRole, supervise
 from livepush.config import Settings
+from livepush.errors import ConfigError
 from livepush.fanout import from_env
 from livepush.server.supervisor import READY_LINE, RestartPolicy, Supervisor
 from tests.support.procs import ChildProcess, Processes, free_port
@@ -745,3 +746,18 @@ def test_a_worker_whose_supervisor_is_gone_when_it_serves_says_ready_to_no_one_w
     WorkerRole(1, write_fd, os.getpid()).tell_ready()
     with pytest.raises(OSError):
         os.fstat(write_fd)  # closed all the same
+
+
+def test_workers_with_no_writable_temporary_folder_are_refused_naming_tmpdir(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, secret: str) -> None:
+    """The workers' metrics live in a folder the supervisor makes in the temporary folder. Where
+    none can be made (a container whose root is read-only, with no volume on /tmp), `serve
+    --workers N` stopped with a traceback; it is refused with one line naming TMPDIR instead."""
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    monkeypatch.setattr("tempfile.tempdir", str(not_a_folder))
+    settings = Settings(fanout="postgres", database_url="postgresql://unused/db", secret=secret, host="127.0.0.1",
+                        port=0)
+    with pytest.raises(ConfigError, match="TMPDIR") as refused:
+        supervise(2, ["serve", "--workers", "2"], settings)
+    assert str(not_a_folder) in str(refused.value)
