@@ -41,15 +41,64 @@ _FOLDER_LOCK = "held.lock"
 _held_folder: int | None = None  # a worker's hold on it: open until the process exits
 
 
-def cpu_count() -> int:
-    """The cores this process may run on (its affinity, not the machine's total)."""
+def cpu_count(cgroup_root: str | os.PathLike[str] = "/sys/fs/cgroup",
+              own_cgroup: str | os.PathLike[str] = "/proc/self/cgroup") -> int:
+    """The cores this process may use: those it may run on (its affinity, not the machine's
+    total), or fewer when its cgroup's CPU limit allows fewer (a container's `limits.cpu`: its
+    affinity still spans every core of the machine), rounded up."""
     counted = getattr(os, "process_cpu_count", None)  # Python 3.13
     if counted is not None:
-        return counted() or 1
+        cores = counted() or 1
+    else:
+        try:
+            cores = len(os.sched_getaffinity(0)) or 1
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+    limit = _cgroup_cpu_limit(Path(cgroup_root), Path(own_cgroup))
+    return min(cores, limit) if limit is not None else cores
+
+
+def _cgroup_cpu_limit(root: Path, own_cgroup: Path) -> int | None:
+    """The cores the CPU quota of this process's cgroup and its ancestors allows (quota over
+    period, rounded up), None when none is set or none can be read. cgroup v2 (`cpu.max`) and
+    v1 (`cpu.cfs_quota_us` over `cpu.cfs_period_us`). Inside a container the path the process
+    names is the host's, which the container's tree lacks: its root, read too, holds the limit."""
     try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        lines = own_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    limits: list[int] = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":  # v2: one tree
+            trees, files = [root], ("cpu.max",)
+        elif "cpu" in controllers.split(","):  # v1: the cpu controller's own tree
+            trees, files = [root / controllers, root / "cpu"], ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+        else:
+            continue
+        for tree in trees:
+            folder = tree / path.strip("/")
+            for ancestor in (folder, *folder.parents):
+                limit = _cpu_quota(ancestor, files)
+                if limit is not None:
+                    limits.append(limit)
+                if ancestor == tree:
+                    break
+    return min(limits) if limits else None
+
+
+def _cpu_quota(folder: Path, files: tuple[str, ...]) -> int | None:
+    """The cores one cgroup's quota allows, None without one (`max`, -1, no file, unreadable)."""
+    try:
+        if len(files) == 1:
+            quota, period = (folder / files[0]).read_text().split()[:2]
+        else:
+            quota, period = ((folder / name).read_text().strip() for name in files)
+        if quota in ("max", "-1"):
+            return None
+        return max(1, -(-int(quota) // int(period)))  # rounded up: half a core is one worker
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
 
 
 def worker_count(flag: str | None, environ: Mapping[str, str] | None = None) -> int:

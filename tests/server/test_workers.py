@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from livepush import topics
-from livepush.cli.workers import WorkerRole, supervise
+from livepush.cli.workers import WorkerRole, cpu_count, supervise
 from livepush.config import Settings
 from livepush.errors import ConfigError
 from livepush.fanout import from_env
@@ -569,14 +569,62 @@ async def test_a_worker_whose_restarts_fail_leaves_the_serving_gauge_one_short(
 
 # -- how many -------------------------------------------------------------------------------------
 async def test_workers_auto_runs_one_per_core(procs, livepush_env, pg_url) -> None:
-    """--workers auto starts one worker per core this process may use."""
-    cores = len(os.sched_getaffinity(0))
+    """--workers auto starts one worker per core this process may use (its CPU limit included)."""
+    cores = cpu_count()
     if cores == 1:
         pytest.skip("one core: auto is one worker, a lone server")
     child, port = await start_workers(procs, livepush_env(database_url=pg_url), "--workers", "auto")
     assert len(await workers_by_index(port, cores)) == cores
     assert len(children_of(child.pid)) == cores
     assert child.stop(15) == 0, child.output()
+
+
+def fake_cgroups(root: Path, membership: str, limits: dict[str, str]) -> tuple[Path, Path]:
+    """A cgroup tree under `root` with `limits` ({file under the tree: its text}), and a
+    /proc/self/cgroup saying `membership`: (the tree, that file)."""
+    tree = root / "sys-fs-cgroup"
+    tree.mkdir()
+    for name, text in limits.items():
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text(text)
+    own = root / "proc-self-cgroup"
+    own.write_text(membership)
+    return tree, own
+
+
+@pytest.mark.parametrize("membership,limits,expected", [
+    # cgroup v2, a Kubernetes pod's limit of 1 CPU (its quota per period), or of half of one.
+    ("0::/pod/app\n", {"pod/app/cpu.max": "100000 100000\n"}, 1),
+    ("0::/pod/app\n", {"pod/app/cpu.max": "50000 100000\n"}, 1),
+    # The limit of a parent group bounds its children's.
+    ("0::/pod/app\n", {"pod/cpu.max": "100000 100000\n", "pod/app/cpu.max": "max 100000\n"}, 1),
+    # Inside a container the path is the host's and the tree is the container's own: its root holds the limit.
+    ("0::/kubepods/pod/abc\n", {"cpu.max": "100000 100000\n"}, 1),
+    # cgroup v1: the cpu controller's quota and period.
+    ("4:memory:/x\n1:cpu,cpuacct:/docker/abc\n",
+     {"cpu,cpuacct/cpu.cfs_quota_us": "100000\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, 1),
+    ("1:cpuacct,cpu:/\n", {"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),
+])
+def test_auto_counts_no_more_cores_than_the_cpu_limit_allows(tmp_path: Path, membership: str,
+                                                           limits: dict[str, str], expected: int) -> None:
+    """In a container limited to a CPU or less, `--workers auto` ran one worker per core of the
+    machine (its CPU affinity spans them all): each with its own database connections, sharing
+    one core. It counts the cores the cgroup's CPU limit allows, rounded up, when that is fewer."""
+    tree, own = fake_cgroups(tmp_path, membership, limits)
+    assert cpu_count(cgroup_root=tree, own_cgroup=own) == expected
+
+
+@pytest.mark.parametrize("membership,limits", [
+    ("0::/\n", {"cpu.max": "max 100000\n"}),
+    ("0::/app\n", {}),
+    ("1:cpu,cpuacct:/\n", {"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}),
+    ("0::/app\n", {"app/cpu.max": "garbage\n"}),
+])
+def test_auto_without_a_cpu_limit_counts_the_cores_it_may_run_on(tmp_path: Path, membership: str,
+                                                                 limits: dict[str, str]) -> None:
+    tree, own = fake_cgroups(tmp_path, membership, limits)
+    assert cpu_count(cgroup_root=tree, own_cgroup=own) == len(os.sched_getaffinity(0))
+    assert cpu_count(cgroup_root=tmp_path / "none", own_cgroup=tmp_path / "none") == len(os.sched_getaffinity(0))
 
 
 async def test_the_workers_variable_is_the_flags_twin(procs, livepush_env, pg_url) -> None:
