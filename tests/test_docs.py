@@ -317,6 +317,18 @@ def test_every_metric_the_reference_lists_is_served() -> None:
     assert listed == served, listed ^ served
 
 
+def test_every_series_the_docs_select_by_label_is_one_a_scrape_has() -> None:
+    """A `livepush_...{label="value"}` in the docs is a query an operator copies: it names a series
+    as /metrics writes it (a counter's with `_total`). `livepush_resets{cause="slow_client"}`
+    named the counter's family, which no scrape has a series of: the query matched nothing."""
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    series = {family.name + suffix for family in metrics.REGISTRY.collect()
+              for suffix in suffixes.get(family.type, ("",))}
+    wrong = [f"{page.relative_to(ROOT)}: {name}" for page in PAGES
+             for name in re.findall(r"\b(livepush_\w+)\{", page.read_text()) if name not in series]
+    assert not wrong, wrong
+
+
 def test_an_alert_that_fires_on_none_fires_too_when_no_process_exports_the_gauge() -> None:
     """An alert of operations.md that fires when a gauge reads 0 ("no runtime": none alive) fires
     too when the series is absent: the runtimes may be the only processes that export
