@@ -243,8 +243,7 @@ class PushServer:
             return http.response(400, f"one {duplicate} header at most\n".encode())
         path = _route(request.path)
         if not http.is_websocket(request):
-            answer = await self._plain_http(request, path)
-            return http.for_head(answer) if request.method == "HEAD" else answer
+            return await self._plain_http(request, path)  # a HEAD's body is dropped by the core
         if self._draining:
             return drain.refusal(self.settings.drain_seconds)
         if self._full():

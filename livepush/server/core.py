@@ -35,7 +35,7 @@ from .. import metrics, protocol
 from ..sessions.handshake import SUBPROTOCOL
 from ..tasks import stop as stop_task
 from ..tasks import supervise
-from . import connection, frames
+from . import connection, frames, http
 from .connection import Connection
 
 log = logging.getLogger("livepush.server")
@@ -195,6 +195,10 @@ class ConnectionCore:
             response = proto.accept(request)
             if response.status_code == 101 and self._stopping:
                 response = proto.reject(503, "Server is shutting down.\n")
+        if request.method == "HEAD":
+            # No answer to a HEAD has a body (RFC 9110 §9.3.2): a route's, the gate's refusal of
+            # one that carries the upgrade's headers, or websockets' 405 for it.
+            response = http.for_head(response)
         if response.status_code != 101:
             # One request per connection: the answer says so (RFC 9112 §9.6), or an HTTP/1.1
             # client would send its next request on it and never see that answered.

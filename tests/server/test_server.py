@@ -13,7 +13,7 @@ import pytest
 import livepush
 from livepush import topics
 from tests.server.conftest import Served
-from tests.support.http import http_exchange
+from tests.support.http import http_exchange, upgrade_headers
 from tests.support.wsclient import WSClient
 
 
@@ -221,6 +221,21 @@ async def test_the_http_routes_answer_get_and_head_and_refuse_other_methods_with
     for method in ("POST", "PUT", "DELETE"):
         status, headers, _ = await http_exchange(port, method, path)
         assert (status, headers.get("allow")) == (405, "GET, HEAD"), method
+
+
+@pytest.mark.parametrize("fanout_kind", ["local"])
+@pytest.mark.parametrize("draining", [False, True], ids=["serving", "draining"])
+async def test_a_head_with_upgrade_headers_is_answered_without_a_body(served: Served, draining: bool) -> None:
+    """A HEAD that carries the upgrade's headers is no upgrade (only a GET is): its refusal (405,
+    or 503 while the server drains) has the status and headers and no body, as every answer to a
+    HEAD must (RFC 9110 §9.3.2); a client reads a body there as the start of the next answer."""
+    if draining:
+        served.server._draining = True  # what a drain's first step sets: upgrades get 503
+    headers = dict(upgrade_headers(served.server.port))
+    del headers["Host"]  # http_exchange sends its own
+    status, answer, body = await http_exchange(served.server.port, "HEAD", "/", headers)
+    assert status == (503 if draining else 405) and int(answer["content-length"]) > 0, (status, answer)
+    assert body == b""
 
 
 async def raw_exchange(port: int, request: bytes) -> bytes:
