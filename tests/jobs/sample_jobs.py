@@ -166,6 +166,13 @@ async def too_slow(ctx: Any) -> None:
     await note(ctx, "done")
 
 
+@jobs.job(name="t.blocks_the_loop", timeout=0.2, max_attempts=1)
+async def blocks_the_loop(ctx: Any, seconds: float) -> str:
+    # A blocking call in an async job: no cancel can reach it until it returns.
+    time.sleep(seconds)
+    return "late"
+
+
 @jobs.job(name="t.too_slow_sync", timeout=0.2, max_attempts=1)
 def too_slow_sync(ctx: Any, seconds: float) -> None:
     note_sync(ctx, "start")

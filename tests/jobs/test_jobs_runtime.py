@@ -118,6 +118,17 @@ async def test_async_timeout_fails_the_attempt(jobs_db: str) -> None:
     assert state is not None and state["error"] == "TimeoutError: timed out after 0.2 s"
 
 
+async def test_an_async_job_that_blocks_the_loop_past_its_timeout_fails_by_it(jobs_db: str) -> None:
+    """An async job whose blocking call (time.sleep) holds the loop past its timeout cannot be
+    cancelled meanwhile; once it returns, its attempt fails by its timeout and its result is
+    dropped, as for an async job that swallows its timeout's cancel and returns."""
+    async with running():
+        h = await sample_jobs.blocks_the_loop.aenqueue(0.5)
+        await wait_state(h.id, "failed", timeout=5.0)
+    info = await asyncio.to_thread(jobs.get_job, h.id)
+    assert info is not None and info.error == "TimeoutError: timed out after 0.2 s" and info.result is None
+
+
 async def test_sync_timeout_fails_and_late_outcome_is_fenced(jobs_db: str) -> None:
     """A sync job past its timeout fails its attempt; when its thread ends later, nothing changes."""
     async with running() as rt:

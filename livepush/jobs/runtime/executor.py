@@ -97,8 +97,14 @@ async def execute(
             # Its timeout is the runtime's: it cancels the task and sets ctx.timed_out, handled below.
             if arm is not None and fn.timeout is not None:
                 arm(fn, ctx)
+            started = loop.time()
             try:
                 value = await fn.func(ctx, *job.args)
+                limit = effective(fn.timeout)
+                if limit is not None and loop.time() - started > limit:
+                    # A blocking call (time.sleep) held the loop past its timeout, so no cancel
+                    # could reach it: it ran past its timeout all the same, and fails by it.
+                    ctx.timed_out = True
             finally:
                 # Checkpoints it left running (beside one that raised) store before its outcome.
                 durable = ctx.durable_run
