@@ -197,12 +197,13 @@ def test_a_job_decorator_given_an_option_positionally_says_to_use_keywords(argum
         jobs.job(argument)  # type: ignore[call-overload]
 
 
-@pytest.mark.parametrize("name", [5, ("a",), "imports\x00", "imports\udc80", "n" * 501])
+@pytest.mark.parametrize("name", [5, 0, "", ("a",), "imports\x00", "imports\udc80", "n" * 501])
 def test_a_job_name_postgres_cannot_store_is_refused_at_decoration(jobs_db: str, name: object) -> None:
     """The name is what the database stores and runtimes look jobs up by. Not checked, 5 was
     stored as "5", which no runtime's registry (keyed by the int) finds, so its jobs never ran; a
-    NUL failed every enqueue as a database that cannot be reached. A ConfigError naming it."""
-    with pytest.raises(ConfigError, match=r"@jobs.job\(name=\)"):
+    NUL failed every enqueue as a database that cannot be reached; an empty name (or 0) was taken
+    for no name, and the job silently named module.qualname. A ConfigError naming it."""
+    with pytest.raises(ConfigError, match=r"@jobs.job\(name=\): a job name is a non-empty string"):
         jobs.job(name=name)(lambda ctx: None)  # type: ignore[arg-type]
     assert jobs.job(name="n" * 500)(lambda ctx: None).enqueue().name == "n" * 500
 

@@ -148,7 +148,9 @@ class JobFunction:
                                     or not timeout > 0):  # NaN too
             raise ArgumentValueError(f"timeout must be a positive number of seconds, a timedelta, or None, got {timeout!r}")
         self.func = func
-        self.name = check_name(name or _default_name(func), "@jobs.job(name=)")
+        # `is None`, not falsy: a name="" (a setting left empty) is a mistake to name, not a job
+        # silently named after its function.
+        self.name = check_name(_default_name(func) if name is None else name, "@jobs.job(name=)")
         self.queue = queue
         self.priority = priority
         self.max_attempts = max_attempts
