@@ -173,6 +173,12 @@ async def blocks_the_loop(ctx: Any, seconds: float) -> str:
     return "late"
 
 
+@jobs.job(name="t.progress_not_awaited")
+async def progress_not_awaited(ctx: Any) -> None:
+    # The `await` forgotten, as is easy in an async job.
+    ctx.progress(3, 10, "forgot the await")
+
+
 @jobs.job(name="t.too_slow_sync", timeout=0.2, max_attempts=1)
 def too_slow_sync(ctx: Any, seconds: float) -> None:
     note_sync(ctx, "start")

@@ -266,6 +266,15 @@ def test_progress_events_before_the_final_one(jobs_db: str) -> None:
     assert evs[-1]["job"]["progress"] == {"done": 500, "total": 500, "message": "step 500"}
 
 
+def test_an_async_jobs_progress_reported_without_await_is_kept(jobs_db: str) -> None:
+    """`ctx.progress(...)` in an async job without its `await` (an easy slip) made a coroutine that
+    never ran: the progress was dropped, with only a RuntimeWarning at garbage collection. It is
+    recorded at the call; the await is the cancellation point, as before."""
+    h = sample_jobs.progress_not_awaited.enqueue()
+    assert jobs.drain() == {"succeeded": 1}
+    assert events_of(jobs_db, h.id)[-1]["job"]["progress"] == {"done": 3, "total": 10, "message": "forgot the await"}
+
+
 @pytest.mark.parametrize("report_on_retry", [False, True])
 def test_a_new_attempt_never_shows_the_progress_of_the_one_before(jobs_db: str, report_on_retry: bool) -> None:
     """The failed attempt's `retrying` shows the progress it reached; the next attempt starts with

@@ -16,7 +16,7 @@ import inspect
 import math
 import time
 from datetime import datetime
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Generator, Iterable
 from typing import Any, Protocol
 
 from ...postgres.text import storable_text
@@ -237,15 +237,30 @@ class JobContext:
         if not self.cancel_requested and not self.timed_out:
             self._record(value)
 
-    async def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
+    def progress(self, done: float, total: float | None = None, message: str | None = None) -> Awaitable[None]:
         """Report progress: `done` of `total`, with an optional message. Raises JobCancelled once
-        the job's cancel was requested. Cheap: no database round trip."""
+        the job's cancel was requested. Cheap: no database round trip. Recorded at the call; what
+        it returns is to be awaited (a cancellation point), but nothing is lost if it is not."""
         self.record_progress(done, total, message)
-        await asyncio.sleep(0)  # a cancellation point, and fair to other jobs in a tight loop
+        return _ONE_LOOP_TURN
 
     def mark_published(self) -> None:
         self.published += 1
         self.next_publish_at = time.monotonic() + PROGRESS_INTERVAL
+
+
+class _OneLoopTurn:
+    """What an async job's ctx.progress() returns: awaited, it gives the loop one turn, as
+    asyncio.sleep(0) does (a cancellation point, and fair to other jobs in a tight loop). Not a
+    coroutine: as one, a call whose `await` was forgotten never ran, and its progress was lost."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[None, None, None]:
+        yield  # a bare yield: the task runs again at the loop's next turn
+
+
+_ONE_LOOP_TURN = _OneLoopTurn()
 
 
 class SyncJobContext:
