@@ -39,3 +39,35 @@ def test_message_is_cut_and_cleaned_of_nul() -> None:
     becomes U+FFFD."""
     assert progress_value(1, 2, "x" * (MAX_MESSAGE + 5))["message"] == "x" * MAX_MESSAGE
     assert progress_value(1, 2, "a\x00b\udce9c")["message"] == "a\ufffdb\ufffdc"
+
+
+def test_an_async_jobs_progress_from_a_thread_it_started_is_handed_to_the_loop() -> None:
+    """An async job may report progress from a thread it started (`asyncio.to_thread`): the
+    context's state and the completer's wake-up belong to the runtime's loop, so the value is
+    recorded on the loop's thread, not in the caller's (asyncio's objects are not thread-safe)."""
+    import asyncio
+    import threading
+    from datetime import datetime, timezone
+
+    from livepush.jobs.runtime.context import ClaimedJob, JobContext
+
+    class Sink:
+        def __init__(self) -> None:
+            self.threads: list[int] = []
+
+        def progress(self, ctx: JobContext) -> None:
+            self.threads.append(threading.get_ident())
+
+    async def main() -> tuple[int, list[int], dict | None]:
+        sink = Sink()
+        job = ClaimedJob(id=1, name="j", queue="default", priority=0, attempt=1, max_attempts=1, lease=1, args=[],
+                         run_at=datetime.now(timezone.utc))
+        ctx = JobContext(job, sink)
+        await asyncio.to_thread(ctx.progress, 4, 10, "from a thread")
+        for _ in range(3):  # the hand-over's turn of the loop
+            await asyncio.sleep(0)
+        return threading.get_ident(), sink.threads, ctx.latest
+
+    loop_thread, threads, latest = asyncio.run(main())
+    assert threads == [loop_thread]
+    assert latest == {"done": 4, "total": 10, "message": "from a thread", "attempt": 1}

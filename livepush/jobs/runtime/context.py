@@ -120,6 +120,12 @@ class JobContext:
         self.dirty = False  # latest not yet written
         self.published = 0  # progress writes so far
         self.next_publish_at = 0.0  # monotonic time before which no new progress is written
+        # The runtime's loop, which owns this state: progress reported from a thread the job
+        # started is handed to it (none when made outside a loop, as a test may).
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
 
     @property
     def group(self) -> Any:
@@ -241,12 +247,34 @@ class JobContext:
         """Report progress: `done` of `total`, with an optional message. Raises JobCancelled once
         the job's cancel was requested. Cheap: no database round trip. Recorded at the call; what
         it returns is to be awaited (a cancellation point), but nothing is lost if it is not."""
-        self.record_progress(done, total, message)
+        if self._loop is not None and not _on_loop(self._loop):
+            hand_progress_over(self, self._loop, done, total, message)  # a thread the job started
+        else:
+            self.record_progress(done, total, message)
         return _ONE_LOOP_TURN
 
     def mark_published(self) -> None:
         self.published += 1
         self.next_publish_at = time.monotonic() + PROGRESS_INTERVAL
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def hand_progress_over(ctx: JobContext, loop: asyncio.AbstractEventLoop, done: float, total: float | None,
+                       message: str | None) -> None:
+    """Progress reported in a thread other than the loop's (a sync job's, or one an async job
+    started): checked there, where a bad value or a cancel is raised, then recorded on the loop,
+    which owns the context's state (asyncio's objects are not thread-safe)."""
+    ctx.check_cancelled()
+    if ctx.released or ctx.timed_out:
+        return  # given back, or failed by its timeout: this attempt's lease is gone
+    value = progress_value(done, total, message)
+    loop.call_soon_threadsafe(ctx.record_progress_quiet, value)
 
 
 class _OneLoopTurn:
@@ -339,9 +367,4 @@ class SyncJobContext:
 
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
         """Report progress (see JobContext.progress). Raises JobCancelled once cancelled."""
-        self._inner.check_cancelled()
-        if self._inner.released or self._inner.timed_out:
-            return  # given back, or failed by its timeout: this attempt's lease is gone
-        value = progress_value(done, total, message)  # raises here, in the job's thread
-        # The loop owns the context's state; hand the value over instead of touching it here.
-        self._loop.call_soon_threadsafe(self._inner.record_progress_quiet, value)
+        hand_progress_over(self._inner, self._loop, done, total, message)
