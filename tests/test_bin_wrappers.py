@@ -70,3 +70,24 @@ def test_the_wrappers_reached_through_a_symlink_run_the_checkouts_livepush(procs
              message="the runtime's 'running' line")
     assert runtime.running, runtime.output()
     assert runtime.stop(15) == 0, runtime.output()
+
+
+def test_a_python_without_livepushs_dependencies_exits_2_saying_what_to_install(procs, livepush_env,
+                                                                                tmp_path: Path) -> None:
+    """bin/jobs and bin/websocket_server fall back to python3 in a checkout with no .venv: where
+    that Python lacks a dependency of livepush, each says which and how to install it, in one
+    line and exit 2, rather than a traceback from inside livepush's imports."""
+    missing = tmp_path / "missing" / "prometheus_client"
+    missing.mkdir(parents=True)
+    # Stands in for a Python where the dependency is not installed, whatever this one has.
+    (missing / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'prometheus_client'\", name='prometheus_client')\n")
+    env = livepush_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(missing.parent), env["PYTHONPATH"]])
+    for command in ([str(BIN / "jobs"), "project_jobs"], [str(BIN / "websocket_server")],
+                    [sys.executable, "-m", "livepush", "--help"]):
+        child = procs.start(command, env=env, cwd=tmp_path)
+        assert child.wait(30) == 2, child.output()
+        err = child.stderr()
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert "prometheus_client" in err and "pip install" in err, err

@@ -10,6 +10,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
 
 from .. import config, stopsignals
 from ..errors import ConfigError, DependencyError, InvalidTopic, LivepushError, SchemaBusyError, SchemaError
@@ -369,10 +370,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     stopsignals.hold_start()
     try:
         return _main(argv)
+    except ModuleNotFoundError as exc:
+        # The modules of the user's project are imported where a failure is turned into its own
+        # line (load_modules, load_app): one that gets here is livepush's, missing from this Python
+        # (bin/jobs run with python3 in a checkout that has no .venv).
+        if not exc.name or exc.name.partition(".")[0] == "livepush":
+            raise
+        json_errors = _asks_json(list(sys.argv[1:] if argv is None else argv))
+        print(logs.error_line(_not_installed(exc.name), "json" if json_errors else "text"), file=sys.stderr)
+        return EXIT_USAGE
     finally:
         # On every way out too (a usage error exits before the command runs): the processes it
         # starts, or the rest of a program that called main(), would inherit the signals held.
         stopsignals.release_start()
+
+
+def _not_installed(module: str) -> str:
+    """What to do when `module`, which livepush imports, is not installed in this Python."""
+    checkout = Path(__file__).resolve().parents[2]
+    how = (f"{sys.executable} -m pip install -e {checkout}" if (checkout / "pyproject.toml").is_file()
+           else f"{sys.executable} -m pip install livepush")
+    return (f"this Python ({sys.executable}) lacks {module!r}, which livepush needs: install livepush with its "
+            f"dependencies into it ({how}), or run livepush from the virtualenv it was installed in (bin/demo "
+            "makes the checkout's .venv, which bin/jobs and bin/websocket_server then use)")
 
 
 def _main(argv: Sequence[str] | None) -> int:
