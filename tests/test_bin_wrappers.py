@@ -4,6 +4,7 @@ project's folder as the console script is (docs/reference.md#3-commands)."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -91,3 +92,29 @@ def test_a_python_without_livepushs_dependencies_exits_2_saying_what_to_install(
         err = child.stderr()
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
         assert "prometheus_client" in err and "pip install" in err, err
+
+
+def test_the_wrappers_without_a_venv_and_with_an_old_python3_say_what_to_install(procs, livepush_env,
+                                                                                 tmp_path: Path) -> None:
+    """In a checkout with no .venv, bin/jobs and bin/websocket_server run python3: one older than
+    3.11 (Ubuntu 22.04's) failed with "Unknown option: -P" and Python's usage. Each now exits 2
+    with one line saying livepush needs 3.11 and what to install."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(BIN, checkout / "bin")
+    old = tmp_path / "old-python"
+    old.mkdir()
+    # Every name a newer Python goes by: none is found but this Python 3.10.
+    for name in ("python3", "python3.11", "python3.12", "python3.13", "python3.14"):
+        fake = old / name
+        fake.write_text("#!/bin/sh\n"
+                        "case $1 in -V|--version) echo 'Python 3.10.12'; exit 0;; -c) exit 1;; esac\n"
+                        "echo 'Unknown option: -P' >&2; exit 2\n")
+        fake.chmod(0o755)
+    env = livepush_env()
+    env["PATH"] = os.pathsep.join([str(old), "/usr/bin", "/bin"])
+    for name in ("jobs", "websocket_server"):
+        child = procs.start([str(checkout / "bin" / name), "project_jobs"], env=env, cwd=tmp_path)
+        assert child.wait(30) == 2, child.output()
+        err = child.stderr()
+        assert "Unknown option" not in err and len(err.strip().splitlines()) == 1, err
+        assert f"bin/{name}: livepush needs Python 3.11 or newer, and python3 is Python 3.10.12" in err, err
