@@ -271,6 +271,58 @@ def test_demos_starting_at_once_in_a_new_folder_all_use_the_secret_it_keeps(tmp_
         kept = (folder / "secret").read_text()
         assert set(used) == {kept}, f"round {round_}: {len(set(used))} secrets in use, the folder keeps one"
 
+def test_demos_starting_at_once_on_an_old_embedded_database_reset_it_once(pg_url, tmp_path, monkeypatch,
+                                                                         caplog) -> None:
+    """Two demos started together in one folder, after an upgrade, on an embedded database a former
+    livepush made: one resets and migrates it, the other finds it migrated. Both reset it, the
+    second dropping the schema the first was migrating or already served from ("no schema has
+    been selected to create in", exit 1)."""
+    import threading
+
+    import psycopg
+
+    from livepush import demo, migrate
+    from livepush.config import Settings
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE livepush_schema SET checksum = 'made by a former livepush' WHERE version = 1")
+    settings = Settings(database_url=pg_url)
+    # Each demo's first look at the schema waits here for the other's: unfixed, both find it old.
+    # Fixed, the second cannot look before the first is done, so the first waits in vain, briefly.
+    both_looked = threading.Barrier(2, timeout=2)
+    real = migrate.migrate_configured
+    looked: set[int] = set()
+
+    def migrate_configured(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return real(*args, **kwargs)
+        finally:
+            if threading.get_ident() not in looked:
+                looked.add(threading.get_ident())
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    both_looked.wait()
+
+    monkeypatch.setattr(migrate, "migrate_configured", migrate_configured)
+    failures: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            demo._migrate(settings, folder=tmp_path)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            failures.append(exc)
+
+    caplog.set_level("WARNING", logger="livepush.demo")
+    demos = [threading.Thread(target=start) for _ in range(2)]
+    for thread in demos:
+        thread.start()
+    for thread in demos:
+        thread.join(30)
+    assert not failures, failures
+    resets = [r for r in caplog.records if "resetting it" in r.getMessage()]
+    assert len(resets) == 1, [r.getMessage() for r in resets]
+    assert migrate.schema_version(pg_url) == migrate.required_version()
+
+
 def test_publish_without_a_shared_fan_out_exits_2_instead_of_losing_the_message(procs, livepush_env) -> None:
     """The local fan-out reaches only the process that publishes: from `livepush publish`, a
     process of its own, no server could ever receive the message. Without a database or Redis the

@@ -21,7 +21,7 @@ import re
 import secrets
 import signal
 import tempfile
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from importlib import resources
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -297,7 +297,7 @@ def run() -> int:
         if not _loopback(settings.host):
             log.warning("the demo listens on %s, not only on this machine: anyone who can reach it can start "
                         "imports; bind it to 127.0.0.1 (LIVEPUSH_HOST) unless you mean to share it", settings.host)
-        _migrate(settings, embedded=pg is not None)
+        _migrate(settings, folder=folder if pg is not None else None)
 
         def ready(server: object) -> None:
             port = getattr(server, "port")
@@ -364,17 +364,37 @@ def _data_folder() -> Path:
     return folder
 
 
-def _migrate(settings: config.Settings, *, embedded: bool) -> None:
+def _migrate(settings: config.Settings, *, folder: Path | None) -> None:
     """As `livepush migrate` (its lock timeout, its tries, exit 75 when they all waited), each try
-    that waited said in a warning: the page's URL comes only once this is done."""
-    try:
+    that waited said in a warning: the page's URL comes only once this is done. `folder` holds the
+    embedded database (None: the user's own, never reset)."""
+    if folder is None:
         migrate.migrate_configured(settings, on_retry=log.warning)
-    except SchemaError:
-        if not embedded:
-            raise  # the user's own database: never reset it
-        # The embedded database holds nothing but earlier demo runs: start it afresh.
-        log.warning("the demo's database in .livepush/ was made by another livepush version: resetting it")
-        with psycopg.connect(settings.require_database(), autocommit=True) as conn:
-            conn.execute("DROP SCHEMA public CASCADE")
-            conn.execute("CREATE SCHEMA public")
-        migrate.migrate_configured(settings, on_retry=log.warning)
+        return
+    with _one_migration_at_a_time(folder):
+        try:
+            migrate.migrate_configured(settings, on_retry=log.warning)
+        except SchemaError:
+            # The embedded database holds nothing but earlier demo runs: start it afresh.
+            log.warning("the demo's database in .livepush/ was made by another livepush version: resetting it")
+            with psycopg.connect(settings.require_database(), autocommit=True) as conn:
+                conn.execute("DROP SCHEMA public CASCADE")
+                conn.execute("CREATE SCHEMA public")
+            migrate.migrate_configured(settings, on_retry=log.warning)
+
+
+@contextlib.contextmanager
+def _one_migration_at_a_time(folder: Path) -> Iterator[None]:
+    """Demos started together in one folder migrate its database one after the other: each would
+    otherwise find a former livepush's schema and reset it, the second dropping what the first was
+    migrating, or already served from. The next one finds it migrated. (A lock on a file: it is
+    gone with its process, however that ends.)"""
+    import fcntl  # here: the demo on a database of the user's own needs no POSIX file locks
+
+    with open(folder / "migrate.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another demo in %s to migrate its database", folder)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
