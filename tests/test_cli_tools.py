@@ -627,3 +627,22 @@ def test_app_given_twice_exits_2_naming_the_flag(capsys: pytest.CaptureFixture[s
     assert raised.value.code == 2
     err = capsys.readouterr().err
     assert "argument --app" in err and "once" in err, err
+
+
+def test_serve_on_a_redis_url_where_nothing_answers_says_to_check_the_url(procs, livepush_env, pg_url) -> None:
+    """A Redis URL whose port takes the connection and never answers (a paused Redis, a port that
+    is not Redis'): serve exits 1 saying to check LIVEPUSH_REDIS_URL and that Redis runs, not a
+    publish's advice to look at a topic's offset before publishing again, when nothing was sent."""
+    import socket
+
+    silent = socket.create_server(("127.0.0.1", 0))  # the kernel takes connections; no one answers
+    try:
+        port = silent.getsockname()[1]
+        env = livepush_env(database_url=pg_url, redis_url=f"redis://127.0.0.1:{port}/0", fanout="redis")
+        child = procs.livepush("serve", env=env, wait_healthy=False)
+        assert child.wait(30) == 1, child.output()
+    finally:
+        silent.close()
+    err = child.stderr()
+    assert "Traceback" not in err and "check LIVEPUSH_REDIS_URL and that Redis is running" in err, err
+    assert "publishing again" not in err, err

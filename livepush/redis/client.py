@@ -255,10 +255,14 @@ def one_line(exc: BaseException) -> str:
     return said or type(exc).__name__
 
 
+# What a part's first read at its start (answered_at_start) is said to be doing when it fails.
+CONNECTING = "connecting"
+
+
 def failed(url: str, exc: BaseException, doing: str, cls: type[DependencyError] = DependencyError) -> DependencyError:
     """Our error for a Redis failure: the URL redacted, the driver's words, which never hold the
     password (redis-py does not quote URLs or AUTH arguments in its errors), and what to do."""
-    return cls(f"Redis at {redact(url)} failed while {doing} ({one_line(exc)}): {_url_remedy(url, exc) or _remedy(exc)}")
+    return cls(f"Redis at {redact(url)} failed while {doing} ({one_line(exc)}): {_url_remedy(url, exc) or _remedy(exc, doing)}")
 
 
 def _url_remedy(url: str, exc: BaseException) -> str | None:
@@ -330,7 +334,7 @@ async def answered_at_start(url: str, read: Awaitable[Any], cls: type[Dependency
     except (RedisError, OSError) as exc:
         if while_loading and isinstance(exc, BusyLoadingError):
             return
-        raise failed(url, exc, "connecting", cls) from exc
+        raise failed(url, exc, CONNECTING, cls) from exc
 
 
 # Words of Redis' refusal of a command that the ACL denies inside a script (EVAL): a plain
@@ -373,9 +377,10 @@ def wrong_type(exc: BaseException) -> bool:
     return isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE")
 
 
-def _remedy(exc: BaseException) -> str:
-    """What to do about `exc`. A Redis that answers with a refusal is up and reachable: told to
-    check the URL and that Redis runs, an operator looks everywhere but at its memory or ACL."""
+def _remedy(exc: BaseException, doing: str) -> str:
+    """What to do about `exc`, met while `doing`. A Redis that answers with a refusal is up and
+    reachable: told to check the URL and that Redis runs, an operator looks everywhere but at its
+    memory or ACL."""
     if in_cluster(exc):
         # Every key of a deployment is in one hash slot (the braces of its prefix), but calls go
         # to the node the URL names, which follows no redirection and may not hold that slot.
@@ -436,6 +441,11 @@ def _remedy(exc: BaseException) -> str:
     if _older_than_needed(exc):
         return (f"Redis is up but older than livepush needs (Redis {_REDIS_NEEDED} or newer, for its stream "
                 "commands): upgrade it; `redis-cli INFO server` shows its redis_version")
+    if isinstance(exc, RedisTimeout) and "reading" in str(exc) and doing == CONNECTING:
+        # A part's first read at its start: nothing of the user's was sent, and what takes the
+        # connection but never answers is as often no Redis at all (a wrong port) as a paused one.
+        return ("Redis did not answer in time (slow, paused or cut off, or what listens there is not Redis): "
+                "check LIVEPUSH_REDIS_URL and that Redis is running")
     if isinstance(exc, RedisTimeout) and "reading" in str(exc):
         # The command was sent: Redis may run it after the wait ended (a pause, a slow script).
         return ("Redis did not answer in time (slow, paused or cut off): what the call sent may have been done all "
