@@ -646,3 +646,18 @@ def test_serve_on_a_redis_url_where_nothing_answers_says_to_check_the_url(procs,
     err = child.stderr()
     assert "Traceback" not in err and "check LIVEPUSH_REDIS_URL and that Redis is running" in err, err
     assert "publishing again" not in err, err
+
+
+def test_version_prints_livepushs_version_and_the_schema_it_needs(capsys: pytest.CaptureFixture[str]) -> None:
+    """`livepush --version`, which an operator types before an upgrade, printed "the following
+    arguments are required: command" and exited 2. It prints the version, and the schema version
+    this livepush migrates to (what `livepush migrate` reports), and exits 0."""
+    from importlib.metadata import version
+
+    from livepush import migrate
+    from livepush.cli.main import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"livepush {version('livepush')} (schema {migrate.required_version()})\n"

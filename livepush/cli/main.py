@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
+from typing import Any
 
 from .. import config, stopsignals
 from ..errors import ConfigError, DependencyError, InvalidTopic, LivepushError, SchemaBusyError, SchemaError
@@ -296,6 +297,28 @@ def _log_format(parser: argparse.ArgumentParser) -> None:
                         help="text (default): lines for people; json: one JSON object a line")
 
 
+class _Version(argparse.Action):
+    """`--version`: livepush's version and the schema version it migrates to, which `livepush
+    migrate` and the refusals of a schema too old name. Read when asked: the schema's needs a
+    look at the migrations, which no other command line pays for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from .. import migrate
+
+        try:
+            mine = version("livepush")
+        except PackageNotFoundError:  # run from a checkout on PYTHONPATH, not installed
+            mine = "(not installed: run from its source)"
+        print(f"livepush {mine} (schema {migrate.required_version()})")  # on stdout, as argparse's own
+        parser.exit(EXIT_OK)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import jobs as jobs_cli
     from . import status as status_cli
@@ -306,6 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
                             f"{EXIT_USAGE} bad usage or configuration, {EXIT_TRY_AGAIN} a lock held too long "
                             f"(try again), {EXIT_INTERRUPTED} {', '.join(_PRINTING[:-1])} or {_PRINTING[-1]} "
                             "stopped by Ctrl-C before it finished (docs/reference.md, Commands)")
+    parser.add_argument("--version", action=_Version, help="print livepush's version and the schema version it needs")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     parser.commands = sub.choices
 
