@@ -136,6 +136,20 @@ def test_jobs_with_queues_naming_no_queue_exits_2(procs, livepush_env, pg_url, q
     assert "Traceback" not in err and "--queues" in err, err
 
 
+def test_jobs_with_a_queue_no_job_of_its_modules_uses_warns_naming_it(procs, livepush_env, pg_url) -> None:
+    """`--queues defualt` (a typo) started a runtime that served nothing and said only "running:
+    queues defualt". A queue no job function of the modules has is served (a job enqueued there by
+    name runs), with a warning naming it and the modules' own queues."""
+    child = procs.livepush("jobs", "tests.jobs.sample_jobs", "--queues", "default,defualt",
+                           env=livepush_env(database_url=pg_url))
+    wait_for(lambda: "running: queues" in child.stderr() or not child.running, 30.0,
+             message="the runtime's 'running' line")
+    assert child.running, child.output()
+    assert child.stop(15) == 0, child.output()
+    warnings = [line for line in child.stderr().splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and "--queues defualt" in warnings[0] and "second" in warnings[0], warnings
+
+
 def _jobs_from(procs, folder: Path, module: str, env: dict[str, str]) -> Any:
     """`livepush jobs MODULE` run by its console script from `folder`, as a user runs it from a project."""
     script = Path(sys.executable).parent / "livepush"

@@ -94,6 +94,8 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         settings, modules, queues=queues, concurrency=args.concurrency,
         shutdown_timeout=args.shutdown_timeout, heartbeat=args.heartbeat, poll_interval=args.poll_interval,
         retention=args.retention or None)
+    if queues is not None:
+        _warn_of_unused_queues(runtime.queues, runtime.registry.queues(), modules)
     exposer = None
     if args.metrics_port is not None:
         from ..server.run import host_port, listen_error
@@ -122,6 +124,17 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         await api.release_loop()
         await fanout.aclose()
     return 0
+
+
+def _warn_of_unused_queues(served: list[str], used: list[str], modules: list[str]) -> None:
+    """A queue of --queues that no job function of the modules has: a typo (`--queues defualt`)
+    leaves the runtime serving nothing, saying only "running". It is served all the same, since a
+    job enqueued there by name (request(queue=...)) runs there."""
+    unused = [q for q in served if q not in used]
+    if unused:
+        log.warning("--queues %s: no job function of %s has %s as its queue, so only jobs enqueued there by name "
+                    "(request(queue=...)) run there; check the spelling (their queues: %s)", ",".join(unused),
+                    ", ".join(modules), "it" if len(unused) == 1 else "them", ", ".join(used) or "none")
 
 
 def leave_if_threads_run(status: int) -> None:
