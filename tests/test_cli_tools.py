@@ -675,3 +675,21 @@ def test_version_prints_livepushs_version_and_the_schema_it_needs(capsys: pytest
         main(["--version"])
     assert exited.value.code == 0
     assert capsys.readouterr().out == f"livepush {version('livepush')} (schema {migrate.required_version()})\n"
+
+
+def test_status_on_a_redis_url_where_nothing_answers_says_to_check_the_url(procs, livepush_env, pg_url) -> None:
+    """`livepush status` with a Redis URL whose port never answers prints the database's report,
+    and says of Redis to check LIVEPUSH_REDIS_URL: its one call reads, so a publish's advice (look
+    at a topic's offset before publishing again) has no place there."""
+    import socket
+
+    silent = socket.create_server(("127.0.0.1", 0))  # the kernel takes connections; no one answers
+    try:
+        env = livepush_env(database_url=pg_url, redis_url=f"redis://127.0.0.1:{silent.getsockname()[1]}/0")
+        child = procs.livepush("status", env=env)
+        assert child.wait(30) == 1, child.output()
+    finally:
+        silent.close()
+    err = child.stderr()
+    assert "Traceback" not in err and "check LIVEPUSH_REDIS_URL and that Redis is running" in err, err
+    assert "publishing again" not in err and "Queues" in child.stdout(), child.output()

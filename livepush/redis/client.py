@@ -255,8 +255,11 @@ def one_line(exc: BaseException) -> str:
     return said or type(exc).__name__
 
 
-# What a part's first read at its start (answered_at_start) is said to be doing when it fails.
+# What a part's first read at its start (answered_at_start), and `livepush status`'s one call,
+# are said to be doing when they fail: reads, which write nothing that might still be done.
 CONNECTING = "connecting"
+LISTING_SERVERS = "listing the servers subscribed"
+_READS = (CONNECTING, LISTING_SERVERS)
 
 
 def failed(url: str, exc: BaseException, doing: str, cls: type[DependencyError] = DependencyError) -> DependencyError:
@@ -441,9 +444,9 @@ def _remedy(exc: BaseException, doing: str) -> str:
     if _older_than_needed(exc):
         return (f"Redis is up but older than livepush needs (Redis {_REDIS_NEEDED} or newer, for its stream "
                 "commands): upgrade it; `redis-cli INFO server` shows its redis_version")
-    if isinstance(exc, RedisTimeout) and "reading" in str(exc) and doing == CONNECTING:
-        # A part's first read at its start: nothing of the user's was sent, and what takes the
-        # connection but never answers is as often no Redis at all (a wrong port) as a paused one.
+    if isinstance(exc, RedisTimeout) and "reading" in str(exc) and doing in _READS:
+        # A read: nothing of the user's was sent, and what takes the connection but never answers
+        # is as often no Redis at all (a wrong port) as a paused one.
         return ("Redis did not answer in time (slow, paused or cut off, or what listens there is not Redis): "
                 "check LIVEPUSH_REDIS_URL and that Redis is running")
     if isinstance(exc, RedisTimeout) and "reading" in str(exc):

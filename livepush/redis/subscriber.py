@@ -27,7 +27,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError, RedisError,
 from ..channels import Channels, Resync
 from ..errors import ListenError
 from ..tasks import Backoff, stop
-from .client import client_kwargs, failed, no_retries, one_line, own_url, redact, text
+from .client import LISTING_SERVERS, client_kwargs, failed, no_retries, one_line, own_url, redact, text
 
 log = logging.getLogger("livepush.redis.subscriber")
 
@@ -232,7 +232,7 @@ def subscribed_clients(url: str, name: str) -> list[dict[str, object]] | None:
     except NoPermissionError:
         return None
     except (RedisError, OSError) as exc:
-        raise failed(url, exc, "listing the servers subscribed") from exc
+        raise failed(url, exc, LISTING_SERVERS) from exc
     finally:
         client.close()
     return [{"id": int(c["id"]), "address": str(c.get("addr", "")).rsplit(":", 1)[0],
