@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=os.path.join("bench", "report.json"), help="where the JSON report goes")
     p.add_argument("--pg-port", type=int, default=0, help="port for the throwaway PostgreSQL (0: any free one)")
     p.add_argument("--redis-port", type=int, default=0, help="port for the throwaway Redis (0: any free one)")
+    # bin/bench's first call: the arguments checked (exit 2 with the usage), nothing run, before it
+    # spends minutes installing the peers for a command line that was wrong all along.
+    p.add_argument("--check-arguments", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     names = [s.strip() for s in (args.only or "").split(",") if s.strip()] or list(SUITES)
     unknown = [s for s in names if s not in SUITES]
@@ -125,6 +128,8 @@ def run_suite(name: str, ctx: report.Context) -> tuple[list[report.Figure], str 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.check_arguments:
+        return 0
     # SIGTERM (a CI timeout, kill) unwinds like Ctrl-C, so the finally below stops the services.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     bench_python = os.path.join(ROOT, ".venv-bench", "bin", "python")

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -235,6 +237,23 @@ def test_bin_bench_help() -> None:
     assert out.returncode == 0, out.stderr
     for word in ("--quick", "--only", "--out", "--pg-port", "--redis-port", "jobs", "durable", "push"):
         assert word in out.stdout, out.stdout
+
+
+def test_bin_bench_refuses_bad_arguments_before_it_installs_the_peers(tmp_path: Path) -> None:
+    """`bin/bench --only nosuch` made .venv-bench and pip-installed every peer (minutes, the first
+    time) before it said the suite is unknown. It refuses bad arguments first, making nothing."""
+    checkout = tmp_path / "checkout"
+    for part in ("bin", "bench"):
+        shutil.copytree(ROOT / part, checkout / part)
+    shutil.copy(ROOT / "pyproject.toml", checkout)
+    (checkout / ".venv").symlink_to(ROOT / ".venv")
+    # Were it to install, pip finds no index and fails at once, rather than download the peers.
+    env = {**os.environ, "PIP_NO_INDEX": "1"}
+    out = subprocess.run([str(checkout / "bin" / "bench"), "--only", "nosuch"], capture_output=True, text=True,
+                         timeout=300, stdin=subprocess.DEVNULL, check=False, env=env)
+    assert out.returncode == 2, out.stderr
+    assert "unknown suite(s) nosuch" in out.stderr, out.stderr
+    assert not (checkout / ".venv-bench").exists(), out.stderr
 
 
 def _bench_report() -> object:
