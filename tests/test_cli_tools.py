@@ -693,3 +693,21 @@ def test_status_on_a_redis_url_where_nothing_answers_says_to_check_the_url(procs
     err = child.stderr()
     assert "Traceback" not in err and "check LIVEPUSH_REDIS_URL and that Redis is running" in err, err
     assert "publishing again" not in err and "Queues" in child.stdout(), child.output()
+
+
+@pytest.mark.parametrize("command", ["migrate", "serve", "jobs", "status", "demo", "publish", "token"])
+def test_each_commands_help_says_what_it_does(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`livepush demo --help` (and `bin/demo --help`) listed --log-format alone: nothing said what the
+    command does, nor that LIVEPUSH_PORT picks the demo's port, where --port is refused. Each
+    command's help opens with the line the command list gives it; the demo's names its variables."""
+    from livepush.cli.main import build_parser, main
+
+    summary = build_parser().commands[command].description
+    assert summary, f"{command} has no description"
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+    assert exited.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert " ".join(summary.split()) in out, out
+    if command == "demo":
+        assert "LIVEPUSH_PORT" in out and "LIVEPUSH_HOST" in out and "LIVEPUSH_DATABASE_URL" in out, out

@@ -333,7 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     parser.commands = sub.choices
 
-    p = sub.add_parser("migrate", help="apply the database migrations (safe to repeat)")
+    def command(name: str, summary: str, **more: Any) -> argparse.ArgumentParser:
+        # Its line in the command list opens its own --help too, which otherwise lists flags alone.
+        return sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".", **more)
+
+    p = command("migrate", "apply the database migrations (safe to repeat)")
     p.add_argument("--runtime-role", metavar="ROLE",
                    help="also grant ROLE exactly what serve, jobs, publish() and enqueues need")
     p.add_argument("--lock-timeout", type=flags.seconds, metavar="S",
@@ -341,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(LIVEPUSH_MIGRATE_LOCK_TIMEOUT; default: the role's lock_timeout, else 5; 0: no limit)")
     p.set_defaults(func=cmd_migrate)
 
-    p = sub.add_parser("serve", help="run the WebSocket server")
+    p = command("serve", "run the WebSocket server")
     p.add_argument("--host", help="address to listen on (LIVEPUSH_HOST; default 127.0.0.1)")
     p.add_argument("--port", type=flags.whole_number,
                    help="port to listen on (LIVEPUSH_PORT; default 8765; 0: any free one)")
@@ -360,25 +364,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--supervised-as", help=argparse.SUPPRESS)  # set by the supervisor of --workers
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("jobs", help="run the job runtime")
+    p = command("jobs", "run the job runtime")
     jobs_cli.add_arguments(p)
     _log_format(p)
     p.set_defaults(func=cmd_jobs)
 
-    p = sub.add_parser("status", help="queues, runtimes, groups and workflows in progress, from the database")
+    p = command("status", "queues, runtimes, groups and workflows in progress, from the database")
     status_cli.add_arguments(p)
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("demo", help="run the demo: server, jobs and a live page in one process")
+    p = command("demo", "run the demo: server, jobs and a live page in one process",
+                epilog="LIVEPUSH_PORT picks its port (default 8765) and LIVEPUSH_HOST its address: it takes no --port "
+                       "or --host. LIVEPUSH_DATABASE_URL (else DATABASE_URL) runs it on your Postgres; without one it "
+                       "runs on an embedded Postgres, its data in .livepush/ under the current folder. Ctrl-C stops "
+                       "it (exit 0).")
     _log_format(p)
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("publish", help="publish a message")
+    p = command("publish", "publish a message")
     p.add_argument("topic", metavar="TOPIC", help="the topic, e.g. chat:lobby (not a job:, group: or workflow: state topic)")
     p.add_argument("json", metavar="JSON", help="the message's data as JSON, e.g. '{\"text\": \"hi\"}'")
     p.set_defaults(func=cmd_publish)
 
-    p = sub.add_parser("token", help="make a session token or a signed topic")
+    p = command("token", "make a session token or a signed topic")
     p.add_argument("kind", choices=("session", "topic"), metavar="session|topic",
                    help="session: a session token for SUBJECT; topic: TOPIC signed, its own permission")
     p.add_argument("value", metavar="SUBJECT|TOPIC", help="the session's subject, or the topic to sign")
