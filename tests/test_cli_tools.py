@@ -439,7 +439,7 @@ def test_a_serve_flag_given_to_the_demo_names_the_variable_that_sets_it(
     assert (f"{argv[0]} reads {variable} instead" in err) if variable else "instead" not in err, err
 
 
-@pytest.mark.parametrize("argv", [["token", "session", "user-7"], ["status"]])
+@pytest.mark.parametrize("argv", [["token", "session", "user-7"], ["status"], ["--version"]])
 def test_output_to_a_reader_that_went_away_ends_quietly(livepush_env, pg_url, argv: list[str]) -> None:
     """A command whose reader has gone (`livepush status | head -1` once head has its line) exits 1
     with nothing on stderr, not a BrokenPipeError traceback."""

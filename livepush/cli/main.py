@@ -315,7 +315,13 @@ class _Version(argparse.Action):
             mine = version("livepush")
         except PackageNotFoundError:  # run from a checkout on PYTHONPATH, not installed
             mine = "(not installed: run from its source)"
-        print(f"livepush {mine} (schema {migrate.required_version()})")  # on stdout, as argparse's own
+        try:
+            print(f"livepush {mine} (schema {migrate.required_version()})", flush=True)  # stdout, as argparse's
+        except BrokenPipeError:
+            # Its reader gone, as _main() treats the printing commands': exit 1, saying nothing. What is
+            # left unwritten would fail again at exit: it goes nowhere.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            parser.exit(EXIT_DEPENDENCY)
         parser.exit(EXIT_OK)
 
 
