@@ -407,6 +407,34 @@ def test_a_number_flag_takes_plain_ascii_digits_only(argv: list[str], capsys: py
     assert f"argument {argv[-2]}" in err and repr(argv[-1]) in err, err
 
 
+@pytest.mark.parametrize("argv,example", [
+    (["jobs", "myapp.jobs", "other.jobs"], "livepush jobs myapp.jobs,other.jobs"),
+    (["jobs", "myapp.jobs", "--queues", "a", "b"], "--queues a,b"),
+    (["serve", "--with-jobs", "myapp.jobs", "other.jobs"], "--with-jobs myapp.jobs,other.jobs"),
+])
+def test_a_list_given_with_spaces_is_refused_saying_to_join_it_with_commas(
+        argv: list[str], example: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`livepush jobs myapp.jobs other.jobs`, as many commands take a list, answered only
+    "unrecognized arguments: other.jobs". The line now says the list takes commas, as written."""
+    from livepush.cli.main import main
+
+    with pytest.raises(SystemExit) as raised:
+        main(argv)
+    assert raised.value.code == 2
+    err = capsys.readouterr().err
+    assert f"unrecognized arguments: {argv[-1]}" in err and f"e.g. {example}" in err, err
+
+
+def test_a_word_left_after_a_flags_value_is_not_taken_for_a_list(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--concurrency 3 4` is no list of modules: the line names the word alone, suggesting no commas."""
+    from livepush.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["jobs", "myapp.jobs", "--concurrency", "3", "4"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: 4" in err and "commas" not in err, err
+
+
 @pytest.mark.parametrize("argv", [["migrate", "--bogus"], ["status", "--jsno"], ["token", "topic", "a", "b"]])
 def test_an_unknown_argument_to_a_command_shows_that_commands_usage(argv: list[str],
                                                                     capsys: pytest.CaptureFixture[str]) -> None:

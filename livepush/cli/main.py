@@ -51,8 +51,10 @@ class _Parser(argparse.ArgumentParser):
             # argparse leaves a subcommand's unknown arguments to the top-level parser, whose usage
             # lists the commands: the command's own usage says what it does take.
             command = getattr(parsed, "command", None) or ""
-            self.commands.get(command, self).error(
-                f"unrecognized arguments: {' '.join(extras)}{_variable_instead(extras, command)}")
+            given = list(sys.argv[1:] if args is None else args)
+            self.commands.get(command, self).error(f"unrecognized arguments: {' '.join(extras)}"
+                                                   f"{_variable_instead(extras, command)}"
+                                                   f"{_commas_instead(given, extras, command)}")
         return parsed
 
     def error(self, message: str) -> None:  # type: ignore[override]
@@ -97,6 +99,36 @@ def _variable_instead(extras: Sequence[str], command: str) -> str:
             variable = _FLAG_VARIABLES[name]
             return f" ({command} reads {variable} instead, e.g. {variable}=... livepush {command})"
     return ""
+
+
+# The list flags, comma-separated, that a user may give with spaces instead, as many commands take one.
+_LIST_FLAGS = {"jobs": ("--queues",), "serve": ("--with-jobs",)}
+
+
+def _commas_instead(given: Sequence[str], extras: Sequence[str], command: str) -> str:
+    """For words left over after a list (`livepush jobs myapp.jobs other.jobs`, `--queues a b`): the
+    list as it is written, with commas; else nothing."""
+    stray = next((e for e in extras if not e.startswith("-")), None)
+    if stray is None or command not in _LIST_FLAGS:
+        return ""
+    at = len(given) - 1 - given[::-1].index(stray)  # its last place: a word may also be given before
+    if at < 1:
+        return ""
+    end = at
+    while end < len(given) and not given[end].startswith("-"):
+        end += 1
+    head = given[at - 1]
+    flag, equals, value = head.partition("=")
+    if not equals:
+        flag, value = (given[at - 2] if at >= 2 else ""), head
+    if any(len(flag) >= 4 and name.startswith(flag) for name in _LIST_FLAGS[command]):
+        name = next(name for name in _LIST_FLAGS[command] if name.startswith(flag))
+        example = f"{name} {','.join([value, *given[at:end]])}"
+    elif command == "jobs" and not head.startswith("-") and not flag.startswith("-"):  # not a flag's value
+        example = f"livepush jobs {','.join([head, *given[at:end]])}"
+    else:
+        return ""
+    return f" (a list is one argument, its entries separated by commas, e.g. {example})"
 
 
 def _settings(args: argparse.Namespace, *, replaced: Collection[str] = ()) -> config.Settings:
