@@ -285,6 +285,7 @@ def test_demos_starting_at_once_in_a_new_folder_all_use_the_secret_it_keeps(tmp_
         kept = (folder / "secret").read_text()
         assert set(used) == {kept}, f"round {round_}: {len(set(used))} secrets in use, the folder keeps one"
 
+
 def test_demos_starting_at_once_on_an_old_embedded_database_reset_it_once(pg_url, tmp_path, monkeypatch,
                                                                          caplog) -> None:
     """Two demos started together in one folder, after an upgrade, on an embedded database a former
