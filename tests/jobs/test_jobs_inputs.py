@@ -413,3 +413,22 @@ def test_a_generator_function_is_refused_as_a_job_at_decoration(func: object) ->
     with pytest.raises(ConfigError, match=r"@jobs\.job: t\.rows is a generator function: .*use return, not yield"):
         jobs.job(name="t.rows")(func)  # type: ignore[arg-type]
     assert "t.rows" not in jobs.REGISTRY
+
+
+class _Importer:
+    """A class whose constructor takes a job's arguments: calling it builds an instance."""
+
+    def __init__(self, ctx: object, import_id: int) -> None:
+        self.import_id = import_id
+
+
+@pytest.mark.parametrize("decorate", [jobs.job, jobs.job(name="t.importer")], ids=["bare", "options"])
+def test_a_class_is_refused_as_a_job_at_decoration(decorate: Any) -> None:
+    """Calling a class builds an instance, no result: `@jobs.job` on one was accepted and every run
+    failed on a result that is not JSON ("result is a _Importer"), found in a runtime's log. A
+    ConfigError at the decorator naming the class and saying to decorate a function, and nothing
+    registered."""
+    with pytest.raises(ConfigError, match=r"@jobs\.job on the class .*_Importer: .*decorate a function"):
+        decorate(_Importer)
+    assert "t.importer" not in jobs.REGISTRY
+    assert f"{__name__}._Importer" not in jobs.REGISTRY

@@ -138,6 +138,12 @@ class JobFunction:
         rate: str | None = None,
         schema: Mapping[str, Any] | bool | None = None,
     ) -> None:
+        if isinstance(func, type):
+            # Calling a class builds an instance, no result: every run of every job failed on a
+            # result that is not JSON, found in a runtime's log rather than at import.
+            raise ConfigError(f"@jobs.job on the class {func.__module__}.{func.__qualname__}: calling it builds "
+                              f"an instance, not a job's result (JSON); decorate a function instead, e.g. one "
+                              f"that builds a {func.__name__} and runs it, returning its result")
         # Both are integer columns: a float, a bool or a str (or a number past int4) failed every
         # enqueue in Postgres, reported as a database that cannot be reached.
         _check_int4("priority", priority, -INT4_MAX - 1)
