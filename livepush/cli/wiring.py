@@ -19,7 +19,7 @@ from ..fanout import FanOut, from_env
 from ..jobs import database
 from ..jobs.api.status import arefresh_metrics
 from ..jobs.events.source import JobStates
-from ..jobs.runtime.runtime import Runtime, load_modules
+from ..jobs.runtime.runtime import FLAGS, Runtime, load_modules
 from ..postgres.identity import check_listen_database
 from ..postgres.listener import Listener
 from ..redis.client import deployment_prefix, listener_name
@@ -141,7 +141,8 @@ def jobs_runtime(settings: Settings, modules: Sequence[str], **options: object) 
     load_modules(modules)  # first: they may choose the jobs' database, and so where its rings are heard
     if database.listen_url():
         check_listen_database(settings)
-    return Runtime(list(modules), publisher=fanout, listen_url=database.listen_url(),
+    # Its errors name the flags the operator typed (--concurrency 0), not Runtime's keywords.
+    return Runtime(list(modules), publisher=fanout, listen_url=database.listen_url(), option_names=FLAGS,
                    **options), fanout  # type: ignore[arg-type]
 
 

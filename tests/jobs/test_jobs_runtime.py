@@ -1036,9 +1036,31 @@ def test_a_runtime_refuses_an_int_too_large_for_a_float_naming_the_option(option
     the ConfigError naming the option, as any other number out of range, not an OverflowError."""
     from livepush.errors import ConfigError
 
-    flag = "--" + option.replace("_", "-")
-    with pytest.raises(ConfigError, match=f"{flag} 1000"):
+    with pytest.raises(ConfigError, match=rf"Runtime\({option}=1000"):
         Runtime(REGISTRY, install_signals=False, **{option: 10**400})
+
+
+@pytest.mark.parametrize(("options", "said"), [
+    ({"concurrency": 0}, "Runtime(concurrency=0): run from 1 to 100000 jobs at a time"),
+    ({"heartbeat": 0}, "Runtime(heartbeat=0): use a number of seconds"),
+    ({"poll_interval": -1}, "Runtime(poll_interval=-1): use a number of seconds"),
+    ({"shutdown_timeout": -1}, "Runtime(shutdown_timeout=-1): use a finite number of seconds"),
+    ({"retention": 0}, "Runtime(retention=0): use a number of seconds from 0.001 to 3162240000 (100 years), "
+                       "or None to keep finished jobs and groups"),
+    ({"queues": ["a,b"]}, "Runtime(queues=): a queue is a non-empty string"),
+    ({"queues": "imports"}, "Runtime(queues='imports') is one string: pass a list"),
+    ({"queues": []}, r"Runtime(queues=[]) names no queue: list the queues to run, or pass None"),
+])
+def test_a_runtime_made_in_python_names_the_keyword_it_was_given(options: dict[str, Any], said: str) -> None:
+    """An embedder's Runtime(concurrency=0) was told "--concurrency 0", a flag of a command it never
+    ran (and retention=0 to pass 0 to keep jobs, which Runtime refuses): the ConfigError names the
+    keyword and the value given, as `livepush jobs` names its flags."""
+    from livepush.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        Runtime(REGISTRY, install_signals=False, **options)
+    assert str(refused.value).startswith(said), str(refused.value)
+    assert "--" not in str(refused.value).split(":")[0], str(refused.value)
 
 
 @pytest.mark.parametrize("queues", ["imports", b"imports", []])
@@ -1046,10 +1068,10 @@ def test_a_runtime_given_queues_that_are_not_a_list_of_names_refuses_them(queues
     """An embedder's Runtime(queues="imports") served the queues "i", "m", "p", ... (a str is a
     sequence of one-letter names), so the imports jobs never ran and nothing said why; queues=[]
     served every queue of the modules, those meant for other runtimes too. A ConfigError naming
-    --queues, as `livepush jobs --queues ""` gets."""
+    queues=, as `livepush jobs --queues ""` gets one naming --queues."""
     from livepush.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="--queues"):
+    with pytest.raises(ConfigError, match=r"Runtime\(queues="):
         Runtime(REGISTRY, install_signals=False, queues=queues)  # type: ignore[arg-type]
     assert Runtime(REGISTRY, install_signals=False, queues=("imports",)).queues == ["imports"]
 

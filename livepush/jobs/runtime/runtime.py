@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import concurrent.futures
 import importlib
 import logging
@@ -184,15 +185,39 @@ MAX_CONCURRENCY = 100_000
 MAX_RETENTION = 100 * 366 * 86400.0
 
 
-def check_seconds(option: str, value: float, *, least: float, most: float | None = None, also: str = "") -> None:
-    """A number of seconds from `least` to `most`: a ConfigError naming the option otherwise, with
-    `also` (another value the option takes) after the range."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class OptionNames:
+    """How a runtime's ConfigErrors name the options its caller gave: `livepush jobs` gave flags
+    (`--concurrency 0`), Python code Runtime's keywords (`Runtime(concurrency=0)`), so that the
+    line points at what was written rather than at a command the caller never ran."""
+
+    flags: bool
+
+    def said(self, keyword: str, value: Any) -> str:
+        """The option `keyword` of Runtime as the caller gave it, with its value."""
+        if self.flags:
+            return f"--{keyword.replace('_', '-')} {value!r:.40}"
+        return f"Runtime({keyword}={value!r:.40})"
+
+    def name(self, keyword: str) -> str:
+        """The option `keyword` of Runtime as the caller knows it, without a value."""
+        return f"--{keyword.replace('_', '-')}" if self.flags else f"Runtime({keyword}=)"
+
+
+KEYWORDS = OptionNames(flags=False)  # Runtime(...) called from Python
+FLAGS = OptionNames(flags=True)  # `livepush jobs`, whose flags became Runtime's keywords
+
+
+def check_seconds(keyword: str, value: float, names: OptionNames, *, least: float, most: float | None = None,
+                  also: str = "") -> None:
+    """A number of seconds from `least` to `most`: a ConfigError naming Runtime's option `keyword`
+    as the caller gave it otherwise, with `also` (another value the option takes) after the range."""
     finite = isinstance(value, (int, float)) and is_finite(value)  # 10**400: out of range like any other
     if isinstance(value, bool) or not finite or value < least or (most is not None and value > most):
         bound = f"from {least:g} to {_whole(most)}" if most is not None else f"{least:g} or more"
         # "finite" only where no upper bound says it: infinity is "0 or more", and NaN is no number.
         kind = "a finite number" if most is None else "a number"
-        raise ConfigError(f"{option} {value!r:.40}: use {kind} of seconds {bound}{also}")
+        raise ConfigError(f"{names.said(keyword, value)}: use {kind} of seconds {bound}{also}")
 
 
 def _fix_for_unknown(name: str) -> str:
@@ -204,15 +229,17 @@ def _fix_for_unknown(name: str) -> str:
     return "deploy the code that defines it to this runtime"
 
 
-def _queue_list(queues: Sequence[str]) -> Sequence[str]:
+def _queue_list(queues: Sequence[str], names: OptionNames) -> Sequence[str]:
     """A runtime's `queues`: a non-empty list of names (None, for every queue of its modules, is
     the caller's). A str would be served as its one-letter queues, and an empty list, taken for
     None, served every queue, those meant for other runtimes too."""
     if isinstance(queues, (str, bytes)):
-        raise ConfigError(f"--queues {queues!r:.80} is one string: pass a list of queue names, e.g. [{queues!r:.80}]")
+        raise ConfigError(f"{names.said('queues', queues)} is one string: pass a list of queue names, "
+                          f"e.g. [{queues!r:.80}]")
     if not queues:
-        raise ConfigError("--queues names no queue: list the queues to run, or pass None to run every queue "
-                          "the modules use")
+        every = "leave the flag out" if names.flags else "pass None"
+        raise ConfigError(f"{names.said('queues', queues)} names no queue: list the queues to run, or {every} "
+                          "to run every queue the modules use")
     return queues
 
 
@@ -244,7 +271,8 @@ class Runtime:
     the ranges the command's flags take (`retention=None` keeps finished jobs and groups). `url`
     is the database (None: the one `jobs.configure()` names, else LIVEPUSH_DATABASE_URL).
     `await run()` runs until `stop()` (or SIGTERM and SIGINT, unless `install_signals=False`), once:
-    a stopped runtime is not run again (make a new one)."""
+    a stopped runtime is not run again (make a new one). `option_names` says how its errors name
+    the options: as Runtime's keywords (KEYWORDS), or as the flags of `livepush jobs` (FLAGS)."""
 
     def __init__(
         self,
@@ -263,6 +291,7 @@ class Runtime:
         listen: bool = True,
         publisher: FanOut | None = None,
         listen_url: str | None = None,
+        option_names: OptionNames = KEYWORDS,
     ) -> None:
         if isinstance(modules, Registry):
             self.registry = modules
@@ -271,32 +300,35 @@ class Runtime:
                 # A str is a sequence of one-letter names: the error would name a module "m".
                 raise ConfigError(f"the job modules {modules!r:.80} are one string: pass a list of module names, "
                                   f"e.g. [{modules!r:.80}]")
-            names = list(modules or ())
-            load_modules(names)
+            module_names = list(modules or ())
+            load_modules(module_names)
             self.registry = REGISTRY
-            if names and not REGISTRY.names():
+            if module_names and not REGISTRY.names():
                 # The wrong module of the app: serving the default queue, the runtime would claim
                 # its jobs only to give each one back.
-                raise ConfigError(f"the modules {', '.join(names)} define no job: name the modules that "
+                raise ConfigError(f"the modules {', '.join(module_names)} define no job: name the modules that "
                                   "define your job functions (@jobs.job), e.g. `livepush jobs myapp.jobs`")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
-            raise ConfigError(f"--concurrency {concurrency!r}: run from 1 to {MAX_CONCURRENCY} jobs at a time")
+            raise ConfigError(f"{option_names.said('concurrency', concurrency)}: run from 1 to {MAX_CONCURRENCY} "
+                              "jobs at a time")
         heartbeat, poll_interval = as_seconds(heartbeat), as_seconds(poll_interval)
         shutdown_timeout, retention = as_seconds(shutdown_timeout), as_seconds(retention)
         # Every runtime reads every runtime's heartbeat (the rescue of dead ones), so a NaN or an
         # infinity there would break the rescue for all of them; a poll interval of nothing spins.
-        check_seconds("--heartbeat", heartbeat, least=MIN_BEAT, most=MAX_HEARTBEAT)
-        check_seconds("--poll-interval", poll_interval, least=MIN_BEAT, most=MAX_HEARTBEAT)
-        check_seconds("--shutdown-timeout", shutdown_timeout, least=0.0)
+        check_seconds("heartbeat", heartbeat, option_names, least=MIN_BEAT, most=MAX_HEARTBEAT)
+        check_seconds("poll_interval", poll_interval, option_names, least=MIN_BEAT, most=MAX_HEARTBEAT)
+        check_seconds("shutdown_timeout", shutdown_timeout, option_names, least=0.0)
         if retention is not None:
-            # 0 on the command line (None here) keeps them: the line names it beside the range.
-            check_seconds("--retention", retention, least=0.001, most=MAX_RETENTION,
-                          also=" (100 years), or 0 to keep finished jobs and groups")
+            # 0 on the command line, None here, keeps them: the line names it beside the range.
+            keep = "0" if option_names.flags else "None"
+            check_seconds("retention", retention, option_names, least=0.001, most=MAX_RETENTION,
+                          also=f" (100 years), or {keep} to keep finished jobs and groups")
         # The names enqueue() accepts: a runtime serving another could never claim a job, and one
         # Postgres cannot store fails at registration with the driver's error.
         # A queue named twice is served once, at its first place: twice, each round claimed it twice
         # and the registered row listed it twice.
-        self.queues = (list(dict.fromkeys(check_queue(q, "--queues") for q in _queue_list(queues)))
+        self.queues = (list(dict.fromkeys(check_queue(q, option_names.name("queues"))
+                                          for q in _queue_list(queues, option_names)))
                        if queues is not None else (self.registry.queues() or ["default"]))
         self.concurrency = concurrency
         self.shutdown_timeout = shutdown_timeout
