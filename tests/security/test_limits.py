@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 import time
+from pathlib import Path
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
@@ -288,6 +289,48 @@ def open_files(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+# Connections opened at once by hold_silent_connections: fewer than the listen backlog (asyncio's
+# default of 100, which the server keeps), so the kernel's accept queue for the server never fills.
+SILENT_BATCH = 50
+
+
+def accept_queue(port: int) -> int:
+    """How many connections to 127.0.0.1:`port` the kernel holds that its listener has not accepted yet."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        address, state, queues = fields[1], fields[3], fields[4]
+        if state == "0A" and int(address.split(":")[1], 16) == port:  # 0A: LISTEN
+            return int(queues.split(":")[1], 16)  # a listener's rx_queue is its accept queue
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+async def hold_silent_connections(port: int, count: int) -> list[socket.socket]:
+    """`count` connections to `port` that send nothing, every one accepted by its listener.
+
+    Opened a batch at a time, each batch connected and accepted before the next: past a full
+    accept queue (a burst while the server's process waits for the CPU) the kernel answers with
+    SYN cookies and then drops the client's last ACK, so the client side counts a connection
+    the server never gets, and a client that sends nothing never sends the segment that would
+    still bring it in."""
+    loop = asyncio.get_running_loop()
+    held: list[socket.socket] = []
+    try:
+        async with asyncio.timeout(10):
+            while len(held) < count:
+                batch = [socket.socket() for _ in range(min(SILENT_BATCH, count - len(held)))]
+                held.extend(batch)
+                for sock in batch:
+                    sock.setblocking(False)
+                await asyncio.gather(*(loop.sock_connect(sock, ("127.0.0.1", port)) for sock in batch))
+                await async_wait_for(lambda: accept_queue(port) == 0, 10,
+                                     message=f"the server to accept {len(held)} silent connections")
+    except BaseException:
+        for sock in held:
+            sock.close()
+        raise
+    return held
+
+
 async def most_files_held_in_a_flood(pid: int, port: int) -> int:
     """The most descriptors process `pid` held while SMALL_FILE_LIMIT + 100 connections to `port`
     sent nothing. It accepts what the kernel queued for it within a few turns of its loop; each
@@ -366,15 +409,10 @@ async def test_the_connection_budget_counts_the_file_limit_that_serve_raised(
                ).format(SMALL_FILE_LIMIT, 4 * SMALL_FILE_LIMIT)
     server = procs.start([sys.executable, "-c", limited, "serve"], env=env, port=port, name="livepush serve")
     await server.await_healthy()
-    flood: list[socket.socket] = []
+    # Past a budget of the soft limit, well inside the raised one's.
+    flood = await hold_silent_connections(port, SMALL_FILE_LIMIT)
     try:
-        for _ in range(SMALL_FILE_LIMIT):  # past a budget of the soft limit, well inside the raised one's
-            sock = socket.socket()
-            sock.setblocking(False)
-            sock.connect_ex(("127.0.0.1", port))
-            flood.append(sock)
-        await async_wait_for(lambda: open_files(server.pid) > SMALL_FILE_LIMIT, 10,
-                             message="the server to accept the silent connections")
+        assert open_files(server.pid) > SMALL_FILE_LIMIT
         client = await WSClient.open(f"ws://127.0.0.1:{port}/")
         assert (await client.subscribe(topics.sign("room:budget", (secret,))))["op"] == "subscribed"
         await client.close()
