@@ -30,6 +30,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import weakref
+from collections.abc import Iterator
+from typing import TypeVar
+
 from ..errors import ArgumentTypeError, ArgumentValueError, ConfigError, LivepushError
 
 
@@ -121,6 +126,35 @@ class ReplayMismatch(DurableError):
 
 class SignalTimeout(DurableError, TimeoutError):
     """`ctx.wait_for_signal(name, timeout=...)` passed its timeout with no signal."""
+
+
+# The argument errors durable ctx calls raised for their own arguments (durable/run.py marks them).
+# The same code makes the same call on every attempt, so the runtime fails the job at once instead
+# of retrying it and running the code between its steps again. Marked rather than subclassed: the
+# job's error still names the ArgumentValueError or ArgumentTypeError the call is documented to raise.
+_REFUSED_DURABLE_CALLS: weakref.WeakSet[BaseException] = weakref.WeakSet()
+_Refusal = TypeVar("_Refusal", ArgumentValueError, ArgumentTypeError)
+
+
+def durable_call_refusal(exc: _Refusal) -> _Refusal:
+    """`exc`, marked as a durable ctx call's refusal of its own arguments (refused_durable_call)."""
+    _REFUSED_DURABLE_CALLS.add(exc)
+    return exc
+
+
+@contextlib.contextmanager
+def durable_call_checks() -> Iterator[None]:
+    """Marks the ArgumentValueError or ArgumentTypeError raised inside (by a check a durable ctx
+    call shares with other calls) as that call's refusal of its own arguments, and lets it through."""
+    try:
+        yield
+    except (ArgumentValueError, ArgumentTypeError) as exc:
+        raise durable_call_refusal(exc)
+
+
+def refused_durable_call(exc: BaseException) -> bool:
+    """Whether `exc` is a durable ctx call's refusal of its own arguments (durable_call_checks)."""
+    return exc in _REFUSED_DURABLE_CALLS
 
 
 class RunAbandoned(BaseException):

@@ -151,6 +151,53 @@ def misused_sync(ctx: Any, how: str) -> Any:
     return ctx.checkpoint("not callable", 5)
 
 
+MISUSES = ("input not JSON", "empty name", "empty name in a task group", "negative sleep", "sleep of a str", "negative timeout", "not callable",
+           "children of an int", "own ValueError", "jobs.signal of an empty name")
+
+
+async def misuse(ctx: Any, how: str) -> Any:
+    """One durable call made wrongly (the test chooses which), after a checkpoint and code between
+    steps that records each run; or the job's own ValueError, or one from a livepush call that is
+    no durable call, which a retry may not meet again."""
+    await ctx.checkpoint("first", body, ctx, "first")
+    await body(ctx, "between")  # code between steps: it runs again on every attempt
+    if how == "input not JSON":
+        return await ctx.checkpoint("charge", lambda: 1, input={"at": datetime.date(2026, 1, 2)})
+    if how == "empty name":
+        return await ctx.checkpoint("", lambda: 1)
+    if how == "empty name in a task group":
+        async with asyncio.TaskGroup() as group:
+            group.create_task(ctx.checkpoint("", lambda: 1))
+        return None
+    if how == "negative sleep":
+        return await ctx.sleep("nap", -1)
+    if how == "sleep of a str":
+        return await ctx.sleep("nap", "10")
+    if how == "negative timeout":
+        return await ctx.wait_for_signal("go", timeout=-5)
+    if how == "not callable":
+        return await ctx.checkpoint("not callable", 5)
+    if how == "children of an int":
+        return await ctx.run_children(5)
+    if how == "jobs.signal of an empty name":
+        return await jobs.asignal(ctx.job_id, "")
+    raise ValueError("the job's own mistake, maybe not the next attempt's")
+
+
+misuse_retried = jobs.job(name="d.misuse_retried", max_attempts=3, backoff=lambda attempt: 0.0)(misuse)
+
+
+@jobs.job(name="d.misuse_sync", max_attempts=3, backoff=lambda attempt: 0.0)
+def misuse_sync(ctx: Any, how: str) -> Any:
+    """A sync job's durable call made wrongly (the test chooses which), after code between steps."""
+    body_sync(ctx.job_id, ctx.attempt, "between")
+    if how == "negative sleep":
+        return ctx.sleep("nap", -1)
+    if how == "not callable":
+        return ctx.checkpoint("not callable", 5)
+    return ctx.run_children(5)
+
+
 @jobs.job(name="d.twice", max_attempts=3)
 async def twice(ctx: Any) -> None:
     await ctx.checkpoint("same", body, ctx, "same")

@@ -503,6 +503,41 @@ async def test_a_durable_call_given_what_it_does_not_take_fails_naming_it(
     assert says in (failed.error or ""), failed.error
 
 
+@pytest.mark.parametrize("how", [m for m in dj.MISUSES if m not in ("own ValueError", "jobs.signal of an empty name")])
+async def test_a_durable_call_made_wrongly_fails_the_job_at_once(durable_db: str, how: str) -> None:
+    """A durable call refusing its own arguments (input= not JSON, a bad name, bad seconds, ...)
+    makes the same refusal on every attempt: the job fails on its first, as for a result that is
+    not JSON, and the code between its steps is not run again by retries that cannot succeed."""
+    async with running():
+        h = await dj.misuse_retried.aenqueue(how)
+        failed = await wait_state(h.id, "failed")
+    assert (failed.error or "").startswith(("ArgumentValueError: ", "ArgumentTypeError: ")), failed.error
+    assert failed.attempt == 1, failed.error
+    assert bodies(durable_db, h.id) == ["first", "between"]
+
+
+@pytest.mark.parametrize("how", ["negative sleep", "not callable", "children of an int"])
+async def test_a_sync_jobs_durable_call_made_wrongly_fails_the_job_at_once(durable_db: str, how: str) -> None:
+    """The same in a sync job, whose durable calls go through the sync ctx."""
+    async with running():
+        h = await dj.misuse_sync.aenqueue(how)
+        failed = await wait_state(h.id, "failed")
+    assert (failed.error or "").startswith(("ArgumentValueError: ", "ArgumentTypeError: ")), failed.error
+    assert failed.attempt == 1, failed.error
+    assert bodies(durable_db, h.id) == ["between"]
+
+
+@pytest.mark.parametrize("how", ["own ValueError", "jobs.signal of an empty name"])
+async def test_other_value_errors_of_a_durable_job_are_retried(durable_db: str, how: str) -> None:
+    """The job's own ValueError, and an argument error of a livepush call that is no durable ctx
+    call, are retried as any other error: livepush cannot tell that the next attempt meets them."""
+    async with running():
+        h = await dj.misuse_retried.aenqueue(how)
+        failed = await wait_state(h.id, "failed")
+    assert failed.attempt == 3, failed.error
+    assert bodies(durable_db, h.id) == ["first", "between", "between", "between"]
+
+
 # -- children --------------------------------------------------------------------------------------
 
 async def test_children_run_once_and_the_parent_gets_their_results(durable_db: str) -> None:

@@ -44,6 +44,8 @@ from ..errors import (
     ReplayMismatch,
     RunAbandoned,
     SignalTimeout,
+    durable_call_checks,
+    durable_call_refusal,
 )
 from ..groups import building
 from ..groups import queries as gq
@@ -89,31 +91,34 @@ def check_callable(name: Any, fn: Any) -> None:
     """Checked before the lookup, on every run: a replay would hide the mistake until the first run
     that stores, where Python's own TypeError names neither the call nor the checkpoint."""
     if not callable(fn):
-        raise ArgumentTypeError(f"ctx.checkpoint({name!r:.80}, fn, *args) takes a function to call, got "
-                                f"{type(fn).__name__} {fn!r:.60}")
+        raise durable_call_refusal(ArgumentTypeError(f"ctx.checkpoint({name!r:.80}, fn, *args) takes a function "
+                                                     f"to call, got {type(fn).__name__} {fn!r:.60}"))
 
 
 def children_asked(requests: Any) -> list[JobRequest]:
     """The requests of a run_children() call as a list; ArgumentTypeError naming what was given
     otherwise (iterated as it is, a number or a single request raised Python's bare "... is not
-    iterable")."""
+    iterable"). What iterating `requests` raises (the job's own generator) is the job's own error."""
     if isinstance(requests, JobRequest):
-        raise ArgumentTypeError("ctx.run_children() takes a list of job requests: for one child use "
-                                "ctx.run_child(request), or pass [request]")
+        raise durable_call_refusal(ArgumentTypeError("ctx.run_children() takes a list of job requests: for one "
+                                                     "child use ctx.run_child(request), or pass [request]"))
     if isinstance(requests, (str, bytes)) or not isinstance(requests, Iterable):
-        raise ArgumentTypeError(f"ctx.run_children() takes a list of job requests (some_job.request(*args)), got "
-                                f"{type(requests).__name__} {requests!r:.60}")
+        raise durable_call_refusal(ArgumentTypeError(
+            f"ctx.run_children() takes a list of job requests (some_job.request(*args)), got "
+            f"{type(requests).__name__} {requests!r:.60}"))
     asked = list(requests)
     for r in asked:
         if not isinstance(r, JobRequest):
-            raise ArgumentTypeError(f"ctx.run_children() takes job requests (some_job.request(*args)), got {r!r:.80}")
+            raise durable_call_refusal(ArgumentTypeError(
+                f"ctx.run_children() takes job requests (some_job.request(*args)), got {r!r:.80}"))
     return asked
 
 
 def child_asked(request: Any) -> JobRequest:
     if not isinstance(request, JobRequest):
-        raise ArgumentTypeError(f"ctx.run_child() takes a job request (some_job.request(*args)), got "
-                                f"{type(request).__name__} {request!r:.60}")
+        raise durable_call_refusal(ArgumentTypeError(f"ctx.run_child() takes a job request "
+                                                     f"(some_job.request(*args)), got {type(request).__name__} "
+                                                     f"{request!r:.60}"))
     return request
 
 
@@ -122,11 +127,12 @@ MAX_SECONDS = 100 * 366 * 24 * 3600.0
 
 
 def _seconds(value: Any, what: str) -> float:
-    value = as_seconds(value)
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0
-            or not value <= MAX_SECONDS):
-        raise ArgumentValueError(f"{what} takes a number of seconds (or a timedelta) from 0 to 100 years, "
-                                 f"got {value!r:.60}")
+    with durable_call_checks():
+        value = as_seconds(value)
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0
+                or not value <= MAX_SECONDS):
+            raise ArgumentValueError(f"{what} takes a number of seconds (or a timedelta) from 0 to 100 years, "
+                                     f"got {value!r:.60}")
     return float(value)
 
 
@@ -235,10 +241,11 @@ class DurableRun:
     async def lookup(self, name: Any, input: Any) -> tuple[bool, Any, str | None]:
         """(found, stored value, input fingerprint) for checkpoint `name`; raises
         CheckpointInputConflict when both fingerprints exist and differ."""
-        checked = check_name(name, "ctx.checkpoint()")
-        # Named as a result is (`checkpoint 'x' result[0]`): in a job of many checkpoints, "input"
-        # alone does not say which one was given it.
-        fingerprint = None if input is NO_INPUT else fingerprint_of(input, f"checkpoint {checked!r} input")
+        with durable_call_checks():
+            checked = check_name(name, "ctx.checkpoint()")
+            # Named as a result is (`checkpoint 'x' result[0]`): in a job of many checkpoints,
+            # "input" alone does not say which one was given it.
+            fingerprint = None if input is NO_INPUT else fingerprint_of(input, f"checkpoint {checked!r} input")
         stored = await self._steps()  # before the name is taken: a read that lost Postgres takes none
         key = self._unique("checkpoint", checked)
         row = stored.get(key)
@@ -630,7 +637,8 @@ class DurableRun:
 
     # -- signals --------------------------------------------------------------------------------
     async def wait_for_signal(self, name: Any, timeout: Any = None) -> Any:
-        name = check_name(name, "ctx.wait_for_signal()")
+        with durable_call_checks():
+            name = check_name(name, "ctx.wait_for_signal()")
         limit = None if timeout is None else _seconds(timeout, "ctx.wait_for_signal(timeout=)")
         position = self._position(f"signal:{name}")
         async with self._positioned(f"signal:{name}", position):
@@ -690,7 +698,8 @@ class DurableRun:
 
     # -- durable sleep --------------------------------------------------------------------------
     async def sleep(self, name: Any, seconds: Any) -> None:
-        checked = check_name(name, "ctx.sleep()")
+        with durable_call_checks():
+            checked = check_name(name, "ctx.sleep()")
         wanted = _seconds(seconds, "ctx.sleep()")
         found = await self._steps()  # before the name is taken: a read that lost Postgres takes none
         key = self._unique("sleep", checked)

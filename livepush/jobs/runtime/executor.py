@@ -38,6 +38,7 @@ from ..errors import (
     RunAbandoned,
     SignalTimeout,
     WorkflowStepWaitError,
+    refused_durable_call,
 )
 from .context import JobContext, SyncJobContext
 from .deadlines import effective
@@ -274,13 +275,19 @@ def timeout_failure(fn: Any, ctx: JobContext) -> Outcome:
     return _failure(fn, ctx, TimeoutError(f"timed out after {fn.timeout:g} s"), timed_out=True)
 
 
+def _never_retried(exc: BaseException, never: tuple[type[BaseException], ...]) -> bool:
+    """Whether `exc` is of the `never` retried kinds (ours, and the function's never_retry), or a
+    durable ctx call's refusal of its own arguments, which the same code makes again."""
+    return isinstance(exc, never) or refused_durable_call(exc)
+
+
 def _never_retried_in_group(exc: BaseException, never: tuple[type[BaseException], ...]) -> BaseException | None:
-    """The first error of the `never` retried kinds (ours, and the function's never_retry) inside
-    an exception group (asyncio.TaskGroup wraps what its tasks raised), else None: the retry
-    replays the same tasks and meets it again."""
+    """The first error a retry would meet again (_never_retried) inside an exception group
+    (asyncio.TaskGroup wraps what its tasks raised), else None: the retry replays the same tasks
+    and meets it again."""
     if not isinstance(exc, BaseExceptionGroup):
         return None
-    found: BaseException | None = exc.subgroup(never)
+    found: BaseException | None = exc.subgroup(lambda e: _never_retried(e, never))
     while isinstance(found, BaseExceptionGroup):
         found = found.exceptions[0]
     return found
@@ -302,7 +309,7 @@ def _failure(fn: Any, ctx: JobContext, exc: BaseException, *, timed_out: bool = 
     error = _error_text(exc)
     if ctx.cancel_requested or _met_its_groups_cancel(exc, job.group_id):
         return Outcome(ctx, "cancelled", error="cancelled")
-    if not timed_out and isinstance(exc, never):
+    if not timed_out and _never_retried(exc, never):
         log.warning("job %s (%s) failed for good (%s): %s", job.id, fn.name,
                     "never_retry" if isinstance(exc, fn.never_retry) else "a retry would fail the same way", error,
                     exc_info=exc)
