@@ -70,6 +70,8 @@ from .errors import (
     JobFinishedError,
     JobNotFound,
     LeaseLostError,
+    PeriodicNotFound,
+    PeriodicStillScheduled,
     ReplayMismatch,
     RuntimeStoppedError,
     SignalTimeout,
@@ -93,6 +95,7 @@ from .groups.cancel import acancel_group, cancel_group
 from .groups.context import GroupContext
 from .groups.reads import aget_group, agroup_history, agroup_members, get_group, group_history, group_members
 from .periodic.decorator import periodic
+from .periodic.forget import aforget_periodic, forget_periodic
 from .runtime.context import JobContext, SyncJobContext
 from .workflows.definition import Workflow
 from .workflows.runner import StepContext, WorkflowHandle, workflow
@@ -109,6 +112,8 @@ __all__ = [
     "JobFinishedError",
     "JobInfo",
     "JobNotFound",
+    "PeriodicNotFound",
+    "PeriodicStillScheduled",
     "ReplayMismatch",
     "RuntimeStoppedError",
     "SignalTimeout",
@@ -189,6 +194,8 @@ __all__ = [
     "list_failed",
     "list_tagged",
     "periodic",
+    "forget_periodic",
+    "aforget_periodic",
     "retry_failed",
     "Status",
     "astatus",

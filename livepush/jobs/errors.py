@@ -10,6 +10,8 @@
     ├── JobFinishedError                   the job has finished (jobs.signal)
     ├── RuntimeStoppedError                a sync job's ctx call: the runtime's loop stopped
     ├── WorkflowNotFound (LookupError)     no workflow run with that id
+    ├── PeriodicNotFound (LookupError)     no periodic job of that name (jobs.forget_periodic)
+    ├── PeriodicStillScheduled             a live runtime schedules it (jobs.forget_periodic)
     ├── ArgumentValueError (ValueError) > WorkflowStepSignalError  jobs.signal() of a step's
     │                                      wait_for= signal straight to its job
     ├── DurableError                       durable jobs: CheckpointInputConflict,
@@ -176,6 +178,14 @@ class WorkflowDefinitionError(ConfigError):
 class InvalidScheduleError(ConfigError, ValueError):
     """A periodic job's cron expression or time zone is wrong; the message names it. Raised when
     the module defining the job is imported."""
+
+
+class PeriodicNotFound(LivepushError, LookupError):
+    """jobs.forget_periodic(name): no periodic job of that name has a newest tick to forget."""
+
+
+class PeriodicStillScheduled(LivepushError):
+    """jobs.forget_periodic(name): a live job runtime still schedules that periodic job."""
 
 
 class WorkflowNotFound(LivepushError, LookupError):

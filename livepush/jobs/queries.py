@@ -498,9 +498,19 @@ WHERE state IN ('scheduled', 'waiting') AND run_at < 'infinity'
 
 # name: register_runtime
 REGISTER_RUNTIME = """
-INSERT INTO livepush_job_runtimes (host, pid, node, queues, concurrency, heartbeat)
-VALUES (%(host)s, %(pid)s, %(node)s, %(queues)s, %(concurrency)s, %(heartbeat)s)
+INSERT INTO livepush_job_runtimes (host, pid, node, queues, concurrency, heartbeat, periodic)
+VALUES (%(host)s, %(pid)s, %(node)s, %(queues)s, %(concurrency)s, %(heartbeat)s, %(periodic)s)
 RETURNING id
+"""
+
+# name: live_runtimes_scheduling
+# jobs.forget_periodic(): the live runtimes (beaten within three of their beats) that schedule the
+# periodic job %(name)s (sql/0010_periodic_schedulers.sql), with where they run, for its refusal.
+# A plain read.
+LIVE_RUNTIMES_SCHEDULING = """
+SELECT id, host, pid FROM livepush_job_runtimes
+WHERE %(name)s = ANY (periodic) AND heartbeat_at > now() - make_interval(secs => 3 * heartbeat)
+ORDER BY id
 """
 
 # name: live_runtimes_serving
@@ -529,8 +539,9 @@ PRUNE_RUNTIME = "DELETE FROM livepush_job_runtimes WHERE id = %(id)s AND node = 
 # CONFLICT: a beat racing another re-register is harmless). Its old jobs were released and their
 # leases are gone, so whatever it still finishes is fenced off.
 REREGISTER_RUNTIME = """
-INSERT INTO livepush_job_runtimes (id, host, pid, node, queues, concurrency, heartbeat, state, in_hand)
-VALUES (%(id)s, %(host)s, %(pid)s, %(node)s, %(queues)s, %(concurrency)s, %(heartbeat)s, %(state)s, %(in_hand)s)
+INSERT INTO livepush_job_runtimes (id, host, pid, node, queues, concurrency, heartbeat, state, in_hand, periodic)
+VALUES (%(id)s, %(host)s, %(pid)s, %(node)s, %(queues)s, %(concurrency)s, %(heartbeat)s, %(state)s, %(in_hand)s,
+        %(periodic)s)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 RETURNING heartbeat_at
 """

@@ -25,6 +25,9 @@ from livepush.jobs.periodic import queries
 from livepush.jobs.periodic.cron import parse
 from livepush.jobs.periodic.decorator import SCHEDULES, Schedule
 from livepush.jobs.periodic.scheduler import Scheduler
+from livepush.jobs.api.registry import REGISTRY
+from livepush.jobs.runtime.runtime import Runtime
+from tests.support.waiting import async_wait_for
 from tests.jobs.conftest import q, running
 
 _names = itertools.count()
@@ -728,3 +731,76 @@ def test_drain_enqueues_no_tick_and_runs_one_enqueued_by_hand(jobs_db: str) -> N
     periodic_jobs.every_second.enqueue("2030-01-01T12:05:00+00:00")
     assert jobs.drain(queues=[periodic_jobs.QUEUE]) == {"succeeded": 1}
     assert q(jobs_db, "SELECT key FROM job_runs WHERE phase = 'tick'") == [("2030-01-01T12:05:00+00:00",)]
+
+
+# -- forgetting a periodic job removed from the code ---------------------------------------------------
+
+async def test_forget_periodic_forgets_a_job_no_runtime_schedules(jobs_db: str,
+                                                                 pool: AsyncConnectionPool[Any]) -> None:
+    """A periodic job removed from the code keeps its newest tick, listed by `livepush status` for
+    ever as scheduled by no runtime: forget_periodic() deletes it, and the job, should it come
+    back, starts from its next tick as a new one does."""
+    schedule = declare("*/5 * * * *")
+    await Scheduler([schedule]).round(pool)
+    assert schedule.name in [p.name for p in jobs.status().periodic]
+    jobs.forget_periodic(schedule.name)
+    assert last_tick(jobs_db, schedule.name) is None
+    assert schedule.name not in [p.name for p in jobs.status().periodic]
+    assert (await Scheduler([schedule]).round(pool)).enqueued == []
+    assert last_tick(jobs_db, schedule.name) == schedule.cron.latest_due(db_now(jobs_db))
+    await jobs.aforget_periodic(schedule.name)
+    assert last_tick(jobs_db, schedule.name) is None
+
+
+async def test_forget_periodic_refuses_a_name_it_has_no_tick_of(jobs_db: str) -> None:
+    """A name with no tick (a typo, or one forgotten already) is refused, saying where the names are."""
+    with pytest.raises(jobs.PeriodicNotFound, match=r"no periodic job named 'tests.periodic.nothing' has a tick to "
+                                                    r"forget: `livepush status` lists those"):
+        jobs.forget_periodic("tests.periodic.nothing")
+    with pytest.raises(LookupError):
+        await jobs.aforget_periodic("tests.periodic.nothing")
+
+
+@pytest.mark.parametrize("name, error", [(None, TypeError), (3, TypeError), ("", ValueError)])
+def test_forget_periodic_refuses_what_is_no_name(name: Any, error: type[Exception]) -> None:
+    with pytest.raises(error, match=r"forget_periodic\(\) takes a periodic job's name"):
+        jobs.forget_periodic(name)
+
+
+async def test_forget_periodic_refuses_a_name_a_live_runtime_schedules(jobs_db: str) -> None:
+    """A runtime registers the periodic jobs it schedules: while it runs, forgetting one of them is
+    refused naming it (it would start the job again from its next tick); once it stopped, the
+    name is forgotten."""
+    queue = f"periodic-forget-{next(_names)}"
+    fn = jobs.periodic("*/5 * * * *", queue=queue, name=f"tests.periodic.job_{next(_names)}")(lambda ctx, tick: None)
+    runtime = Runtime(REGISTRY, install_signals=False, queues=[queue], heartbeat=0.2)
+    task = asyncio.create_task(runtime.run())
+    try:
+        await runtime.wait_started()
+        await async_wait_for(lambda: last_tick(jobs_db, fn.name) is not None, 10,
+                             message="the runtime to schedule its periodic job")
+        with pytest.raises(jobs.PeriodicStillScheduled, match=rf"periodic job '{fn.name}' is still scheduled by live "
+                                                              rf"job runtimes: {runtime.id} \("):
+            jobs.forget_periodic(fn.name)
+        with pytest.raises(jobs.PeriodicStillScheduled):
+            await jobs.aforget_periodic(fn.name)
+        assert last_tick(jobs_db, fn.name) is not None
+    finally:
+        runtime.stop(now=True)
+        await asyncio.wait_for(task, 10)
+    jobs.forget_periodic(fn.name)
+    assert last_tick(jobs_db, fn.name) is None
+
+
+def test_forget_periodic_refuses_a_name_a_runtime_that_may_still_live_schedules(jobs_db: str) -> None:
+    """A runtime's row that beat within three of its beats counts as live; a silent one does not
+    (it is dead, and its jobs are released by the next runtime to beat)."""
+    q(jobs_db, "INSERT INTO livepush_periodic (name, last_tick) VALUES ('tests.periodic.elsewhere', now())")
+    q(jobs_db, """INSERT INTO livepush_job_runtimes (host, pid, queues, concurrency, heartbeat, heartbeat_at, periodic)
+                  VALUES ('silent', 1, '{q}', 1, 1, now() - interval '10 seconds', '{tests.periodic.elsewhere}')""")
+    jobs.forget_periodic("tests.periodic.elsewhere")
+    q(jobs_db, "INSERT INTO livepush_periodic (name, last_tick) VALUES ('tests.periodic.elsewhere', now())")
+    q(jobs_db, """INSERT INTO livepush_job_runtimes (host, pid, queues, concurrency, heartbeat, periodic)
+                  VALUES ('beating', 2, '{q}', 1, 5, '{tests.periodic.elsewhere}')""")
+    with pytest.raises(jobs.PeriodicStillScheduled, match=r"\(beating, pid 2\)"):
+        jobs.forget_periodic("tests.periodic.elsewhere")

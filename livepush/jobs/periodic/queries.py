@@ -56,6 +56,18 @@ FROM livepush_periodic
 ORDER BY name
 """
 
+# name: periodic_forget
+# jobs.forget_periodic(): forgets a periodic job's newest tick, once no live runtime schedules it
+# (checked first, jobs/queries.py LIVE_RUNTIMES_SCHEDULING); the name if there was a row.
+# Safe against a runtime that schedules the name at the same moment (one that registered since
+# the check, or one of code older than sql/0010_periodic_schedulers.sql): the DELETE and that
+# runtime's ADVANCE lock the same row, so one waits for the other. An ADVANCE that commits first
+# has enqueued its tick once, and the DELETE then removes the row it moved; a DELETE that commits
+# first leaves ADVANCE no row to move, so it enqueues nothing. Either way that runtime's next round
+# finds no row and STARTs one, recording the tick due then as done: the job goes on from its
+# next tick, as a new periodic job does, and no tick is enqueued twice.
+FORGET = "DELETE FROM livepush_periodic WHERE name = %(name)s RETURNING name"
+
 # name: periodic_clear (tests only: jobs.clear())
 # Forgets every periodic job's newest tick, so that after jobs.clear() a periodic job starts from
 # its next tick, as in a fresh database, instead of running at once for a tick missed since an

@@ -62,7 +62,7 @@ from ..api.enqueue import SCRIPT_PREFIX
 from ..api.options import check_queue
 from ..api.registry import REGISTRY, Registry
 from ..groups.progress import ProgressPublisher
-from ..periodic.decorator import SCHEDULES
+from ..periodic.decorator import SCHEDULES, Schedule
 from ..periodic.scheduler import Scheduler
 from ..workflows import queries as workflow_queries
 from . import limits, maintenance
@@ -414,6 +414,9 @@ class Runtime:
         # came (the connection broke on the way back). Looked for before the next claim.
         self._claims_unheard = False
         self._host = socket.gethostname()
+        # The periodic jobs it schedules (run() sets them before it registers; drain() schedules
+        # none), in its row: jobs.forget_periodic() refuses to forget them while it lives.
+        self._schedules: list[Schedule] = []
 
     # -- public ------------------------------------------------------------------------
     @property
@@ -422,6 +425,7 @@ class Runtime:
             "id": self.id, "host": self._host, "pid": os.getpid(), "queues": self.queues,
             "concurrency": self.concurrency, "heartbeat": self.heartbeat, "state": self.state,
             "in_hand": len(self.in_hand),
+            "periodic": [s.name for s in self._schedules],
         }
 
     @property
@@ -488,6 +492,7 @@ class Runtime:
             # had served, while the jobs it was meant to run waited for nothing.
             raise ConfigError("this job runtime already ran: a Runtime runs once: make a new Runtime(...) to run again")
         self._ran = True
+        self._schedules = SCHEDULES.served_by(self.registry, self.queues)
         try:
             await self._run_once()
         except BaseException as exc:
@@ -536,9 +541,8 @@ class Runtime:
                 supervise("livepush-jobs-housekeeping", self._housekeep),
                 supervise("livepush-jobs-promoter", self._promote),
             ]
-            schedules = SCHEDULES.served_by(self.registry, self.queues)
-            if schedules:
-                scheduler = Scheduler(schedules)
+            if self._schedules:
+                scheduler = Scheduler(self._schedules)
                 self._tasks.append(supervise("livepush-jobs-periodic", lambda: self._schedule(scheduler)))
             elsewhere = SCHEDULES.elsewhere(self.registry, self.queues)
             if elsewhere:
