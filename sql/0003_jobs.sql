@@ -173,6 +173,9 @@ CREATE TABLE livepush_job_runtimes (
     heartbeat     double precision NOT NULL CHECK (heartbeat > 0 AND heartbeat <= 86400),
     state         text        NOT NULL DEFAULT 'running',
     in_hand       integer     NOT NULL DEFAULT 0,
+    -- The periodic jobs it schedules (sql/0009_periodic.sql), written as it registers:
+    -- jobs.forget_periodic(name) refuses a name a live runtime lists here.
+    periodic      text[]      NOT NULL DEFAULT '{}',
     started_at    timestamptz NOT NULL DEFAULT now(),
     heartbeat_at  timestamptz NOT NULL DEFAULT now()
 ) WITH (fillfactor = 50, autovacuum_vacuum_cost_delay = 0);

@@ -505,7 +505,7 @@ RETURNING id
 
 # name: live_runtimes_scheduling
 # jobs.forget_periodic(): the live runtimes (beaten within three of their beats) that schedule the
-# periodic job %(name)s (sql/0010_periodic_schedulers.sql), with where they run, for its refusal.
+# periodic job %(name)s (their `periodic` column), with where they run, for its refusal.
 # A plain read.
 LIVE_RUNTIMES_SCHEDULING = """
 SELECT id, host, pid FROM livepush_job_runtimes

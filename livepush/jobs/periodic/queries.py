@@ -60,7 +60,7 @@ ORDER BY name
 # jobs.forget_periodic(): forgets a periodic job's newest tick, once no live runtime schedules it
 # (checked first, jobs/queries.py LIVE_RUNTIMES_SCHEDULING); the name if there was a row.
 # Safe against a runtime that schedules the name at the same moment (one that registered since
-# the check, or one of code older than sql/0010_periodic_schedulers.sql): the DELETE and that
+# the check): the DELETE and that
 # runtime's ADVANCE lock the same row, so one waits for the other. An ADVANCE that commits first
 # has enqueued its tick once, and the DELETE then removes the row it moved; a DELETE that commits
 # first leaves ADVANCE no row to move, so it enqueues nothing. Either way that runtime's next round
