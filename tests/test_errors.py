@@ -66,7 +66,7 @@ CASES: dict[str, tuple[Callable[[], Any], type[Exception], str]] = {
     "job priority": (lambda: jobs.job(priority="1")(lambda ctx: None), TypeError, "priority="),
     "job max_attempts": (lambda: jobs.job(max_attempts=0)(lambda ctx: None), ValueError, "max_attempts="),
     "job unknown option": (lambda: jobs.job(foo=1)(lambda ctx: None), TypeError, "foo"),
-    "create_group callback": (lambda: jobs.create_group(on_success=5), TypeError, "callbacks"),
+    "create_group callback": (lambda: jobs.create_group(on_success=5), TypeError, "on_success="),
     "add_many_to_group": (lambda: jobs.add_many_to_group(1, 5), TypeError, "add_many_to_group()"),
     "group_members limit type": (lambda: jobs.group_members(1, limit="x"), TypeError, "limit"),
     "group_members limit": (lambda: jobs.group_members(1, limit=0), ValueError, "limit"),
