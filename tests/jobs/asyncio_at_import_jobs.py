@@ -11,5 +11,5 @@ SET_UP = asyncio.run(asyncio.sleep(0, result="set up"))
 
 
 @jobs.job(name="t.asyncio_at_import")
-def noop() -> None:
+def noop(ctx: object) -> None:
     pass

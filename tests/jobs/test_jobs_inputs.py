@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from typing import Any
 
@@ -208,6 +209,28 @@ def test_a_job_name_postgres_cannot_store_is_refused_at_decoration(jobs_db: str,
     assert jobs.job(name="n" * 500)(lambda ctx: None).enqueue().name == "n" * 500
 
 
+class _Jobs:
+    def method(self, ctx: object, user_id: int) -> None: ...
+
+
+def _no_ctx() -> None: ...
+
+
+@pytest.mark.parametrize("func, says", [
+    (_no_ctx, r"takes no parameter, but a job function is called with ctx first"),
+    (_Jobs.method, r"takes `self` first: a job function is called with ctx first and no instance"),
+])
+def test_a_job_function_that_cannot_take_ctx_first_is_refused_at_decoration(func: Any, says: str) -> None:
+    """The runtime calls a job function as func(ctx, *args). One taking no parameter was refused
+    only at its first enqueue; a method decorated in its class body (its `self` would get ctx, its
+    ctx the first argument) at its enqueue, with a count of arguments one more than the user
+    passes, which sends them looking at the call. A ConfigError at import, saying what to do."""
+    name = f"t.cannot_take_ctx.{func.__name__}"
+    with pytest.raises(ConfigError, match=rf"@jobs.job: {name.replace('.', '[.]')} {says}"):
+        jobs.job(name=name)(func)
+    assert name not in jobs.REGISTRY
+
+
 def test_two_functions_with_one_job_name_are_refused_at_decoration() -> None:
     """A job name is what runtimes look a job's function up by: a second function taking a name
     already taken silently ran the first one's jobs (whichever module was imported last won). A
@@ -261,8 +284,6 @@ def test_arguments_the_function_cannot_take_are_refused_at_the_call(jobs_db: str
         JobFunction(some, name="t.some").enqueue(1, 2, 3)
     with pytest.raises(InvalidArgumentsError, match=r"t\.some takes at least 1 argument after ctx, got 0"):
         JobFunction(some, name="t.some").enqueue()
-    with pytest.raises(InvalidArgumentsError, match=r"t\.no_ctx cannot be run: .* takes no ctx"):
-        JobFunction(lambda: None, name="t.no_ctx").enqueue()
     assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
 
     many = JobFunction(any_number, name="t.any_number")

@@ -94,6 +94,16 @@ def is_generator_callable(func: Any) -> bool:
     return inspect.isgeneratorfunction(called) or inspect.isasyncgenfunction(called)
 
 
+def _first_parameter(func: Callable[..., Any]) -> str | None:
+    """The name of the first parameter of what the runtime calls (a bound method's or a callable
+    object's without its `self`), or None when Python cannot read its signature."""
+    try:
+        params = inspect.signature(func, follow_wrapped=False).parameters
+    except (TypeError, ValueError):
+        return None
+    return next(iter(params), None)
+
+
 def _default_name(func: Callable[..., Any]) -> str:
     """A job's name when the decorator is given none: its function's module and qualname."""
     qualname = getattr(func, "__qualname__", None)
@@ -186,6 +196,16 @@ class JobFunction:
             raise ConfigError(f"@jobs.job: {self.name} has keyword-only parameters without a default "
                               f"({', '.join(keywords)}), but a job's arguments are passed by position after ctx: "
                               "make them positional, or give them a default")
+        if self.arity[1] < 0:
+            # Called func(ctx, *args), it fails every attempt; said here rather than at its enqueue.
+            raise ConfigError(f"@jobs.job: {self.name} takes no parameter, but a job function is called with ctx "
+                              "first, then the job's arguments: add ctx as its first parameter")
+        if _first_parameter(func) == "self":
+            # A method decorated in its class body: the runtime has no instance, so `self` would get
+            # ctx, and ctx the job's first argument.
+            raise ConfigError(f"@jobs.job: {self.name} takes `self` first: a job function is called with ctx first "
+                              "and no instance; define it at the top level of a module (or as a @staticmethod "
+                              "taking ctx first)")
         if is_generator_callable(func):
             # Its call gives a generator, no result: every attempt of every job failed on a result
             # that is not JSON, where the mistake (a `yield`) is plain at import.
