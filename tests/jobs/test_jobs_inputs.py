@@ -231,6 +231,20 @@ def test_a_job_function_that_cannot_take_ctx_first_is_refused_at_decoration(func
     assert name not in jobs.REGISTRY
 
 
+def test_a_job_kept_under_its_old_name_after_a_rename_is_registered_through_its_func(jobs_db: str) -> None:
+    """docs/jobs.md says to keep a renamed job's old name registered until its jobs are gone. The
+    obvious way, @jobs.job(name=old) over the job, is refused as a job decorated twice, and the
+    refusal said nothing of how: it names `.func`, which registers the same function under the
+    old name too, and the old name's jobs run it."""
+    with pytest.raises(ConfigError, match=r"already a job .*jobs\.job\(name=\"old\.name\"\)\(fn\.func\)"):
+        jobs.job(name="t.record_sync.old")(sample_jobs.record_sync)
+    old = jobs.job(name="t.record_sync.old")(sample_jobs.record_sync.func)
+    handle = old.enqueue("under the old name")
+    assert jobs.drain() == {"succeeded": 1}
+    assert q(jobs_db, "SELECT name FROM livepush_jobs WHERE id = %s", (handle.id,)) == [("t.record_sync.old",)]
+    assert q(jobs_db, "SELECT key FROM job_runs WHERE phase = 'done'") == [("under the old name",)]
+
+
 def test_two_functions_with_one_job_name_are_refused_at_decoration() -> None:
     """A job name is what runtimes look a job's function up by: a second function taking a name
     already taken silently ran the first one's jobs (whichever module was imported last won). A

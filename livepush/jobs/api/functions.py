@@ -321,5 +321,7 @@ def _refuse_stacked(f: Callable[..., Any]) -> None:
     second one, or register a second job of another name beside the first."""
     if isinstance(f, JobFunction):
         raise ConfigError(f"@jobs.job on {f.name}, which is already a job (@jobs.job or @jobs.periodic): use one "
-                          "decorator; @jobs.periodic takes @jobs.job's options")
+                          "decorator; @jobs.periodic takes @jobs.job's options. To register its function under a "
+                          "second name too (an old name kept after a rename), decorate the function itself: "
+                          "jobs.job(name=\"old.name\")(fn.func)")
 
