@@ -177,6 +177,27 @@ def test_a_generator_function_is_refused_as_a_step_at_import() -> None:
     assert flow.steps == {}
 
 
+def test_a_class_is_refused_as_a_step_at_import() -> None:
+    """Calling a class builds an instance, no output: `@flow.step` (or `@flow.fan_out`) on one was
+    accepted and every run of the step failed on a result that is not JSON. A
+    WorkflowDefinitionError at import naming the step and the class and saying to decorate a
+    function, as @jobs.job refuses a class, and no step or job defined."""
+    flow = jobs.workflow("t_class_steps")
+    with pytest.raises(jobs.WorkflowDefinitionError,
+                       match=r"step 'Resize' is the class .*Resize: .*decorate a function"):
+        @flow.step
+        class Resize:
+            def __init__(self, ctx: Any) -> None:
+                self.ctx = ctx
+    with pytest.raises(jobs.WorkflowDefinitionError, match=r"step 'spread' is the class .*Spread: "):
+        @flow.fan_out(name="spread")
+        class Spread:
+            def __init__(self, ctx: Any, batch: Any) -> None:
+                self.batch = batch
+    assert flow.steps == {}
+    assert "t_class_steps.Resize" not in REGISTRY and "t_class_steps.spread" not in REGISTRY
+
+
 def test_a_step_whose_function_cannot_take_its_call_is_refused_at_import() -> None:
     """A step is called as (ctx), a fan-out step as (ctx, batch): a function that cannot take that
     call (a fan-out's function under @flow.step, or the reverse) is refused at import, naming the

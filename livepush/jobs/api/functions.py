@@ -104,6 +104,17 @@ def _first_parameter(func: Callable[..., Any]) -> str | None:
     return next(iter(params), None)
 
 
+def class_refused(func: Any, subject: str, result: str) -> str | None:
+    """Why a class cannot be a job or a step (`subject` names which, `result` what it returns), or
+    None for anything else: calling a class builds an instance, no result, so every run of it
+    failed on a result that is not JSON, found in a runtime's log rather than at import."""
+    if not isinstance(func, type):
+        return None
+    return (f"{subject} the class {func.__module__}.{func.__qualname__}: calling it builds an instance, not "
+            f"{result} (JSON); decorate a function instead, e.g. one that builds a {func.__name__} and runs "
+            "it, returning its result")
+
+
 def _default_name(func: Callable[..., Any]) -> str:
     """A job's name when the decorator is given none: its function's module and qualname."""
     qualname = getattr(func, "__qualname__", None)
@@ -148,12 +159,9 @@ class JobFunction:
         rate: str | None = None,
         schema: Mapping[str, Any] | bool | None = None,
     ) -> None:
-        if isinstance(func, type):
-            # Calling a class builds an instance, no result: every run of every job failed on a
-            # result that is not JSON, found in a runtime's log rather than at import.
-            raise ConfigError(f"@jobs.job on the class {func.__module__}.{func.__qualname__}: calling it builds "
-                              f"an instance, not a job's result (JSON); decorate a function instead, e.g. one "
-                              f"that builds a {func.__name__} and runs it, returning its result")
+        refused = class_refused(func, "@jobs.job on", "a job's result")
+        if refused is not None:
+            raise ConfigError(refused)
         # Both are integer columns: a float, a bool or a str (or a number past int4) failed every
         # enqueue in Postgres, reported as a database that cannot be reached.
         _check_int4("priority", priority, -INT4_MAX - 1)

@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from ..api.functions import JobFunction, default_backoff, is_generator_callable
+from ..api.functions import JobFunction, class_refused, default_backoff, is_generator_callable
 from ..api.options import check_queue
 from ..api.registry import REGISTRY, where_defined
 from ..durable.run import MAX_SECONDS, check_name
@@ -123,6 +123,10 @@ class Workflow:
                                           f" got {name!r} (pass name=)")
         if name in self.steps:
             raise WorkflowDefinitionError(f"{where}: step {name!r} is defined twice")
+        # The check @jobs.job makes: a class's call builds an instance, never a step's output.
+        refused = class_refused(fn, f"{where}: step {name!r} is", "a step's output")
+        if refused is not None:
+            raise WorkflowDefinitionError(refused)
         # Its call gives a generator, no output: every run of the step failed on a result that
         # is not JSON, where the mistake (a `yield`) is plain at import.
         if is_generator_callable(fn):
