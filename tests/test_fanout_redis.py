@@ -28,6 +28,7 @@ import pytest
 import redis
 
 import livepush
+from livepush.fanout import redis as fanout_redis
 from livepush.fanout.base import MAX_PAYLOAD_BYTES, READ_AT_ONCE, READ_BYTES, History
 from livepush.fanout.redis import CALL_TIMEOUT, FRAME_BYTES, PRUNE_SCAN_COUNT, RedisFanOut, parse_frames
 from livepush.redis import client as redis_client
@@ -888,18 +889,29 @@ async def test_a_redis_revocation_store_on_a_sentinel_or_a_cluster_node_is_refus
             await store.aclose()
 
 
-async def test_a_publish_to_a_redis_that_never_answers_fails_within_the_call_timeout(make_redis: MakeRedis) -> None:
-    """A Redis that takes the connection and never answers (cut off without a reset) makes
-    publish(), apublish() and history() raise DependencyError within livepush's own call
-    timeout, whatever redis-py's default is (none before redis-py 8)."""
+@contextlib.asynccontextmanager
+async def silent_redis(accepted: list[asyncio.StreamWriter] | None = None) -> AsyncIterator[str]:
+    """The URL of a server that takes connections and never answers, as a Redis cut off without a
+    reset; each connection's writer goes to `accepted` when given."""
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if accepted is not None:
+            accepted.append(writer)
         await reader.read()  # never answers; ends when the client gives up
         writer.close()
 
     server = await asyncio.start_server(silent, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
     try:
-        fanout = await make_redis(url=f"redis://127.0.0.1:{port}/0", listen=False)
+        yield f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0"
+    finally:
+        server.close()
+
+
+async def test_a_publish_to_a_redis_that_never_answers_fails_within_the_call_timeout(make_redis: MakeRedis) -> None:
+    """A Redis that takes the connection and never answers (cut off without a reset) makes
+    publish(), apublish() and history() raise DependencyError within livepush's own call
+    timeout, whatever redis-py's default is (none before redis-py 8)."""
+    async with silent_redis() as url:
+        fanout = await make_redis(url=url, listen=False)
         sync, _ = fanout._sync_client()
         assert sync.connection_pool.connection_kwargs["socket_timeout"] == CALL_TIMEOUT
         side = fanout._loops.get()
@@ -912,8 +924,29 @@ async def test_a_publish_to_a_redis_that_never_answers_fails_within_the_call_tim
         with pytest.raises(livepush.DependencyError):
             await asyncio.wait_for(fanout.history("silent:a", "0-1"), bound)
         await fanout.release_loop()
-    finally:
-        server.close()
+
+
+async def test_a_read_from_a_redis_that_never_answers_says_to_check_the_url_not_a_publishs_advice(
+        make_redis: MakeRedis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """latest_offset(), alatest_offset() and history() on a Redis that takes the connection and
+    never answers raise DependencyError saying to check LIVEPUSH_REDIS_URL and that Redis runs, as
+    a part's first read does: they write nothing of the user's, so a publish's advice (look at the
+    topic's latest offset before publishing again) has no place there."""
+    monkeypatch.setattr(fanout_redis, "CALL_TIMEOUT", 0.3)  # read as each client is made
+    async with silent_redis() as url:
+        fanout = await make_redis(url=url, listen=False)
+        reads: dict[str, Callable[[], Any]] = {
+            "latest_offset()": lambda: asyncio.to_thread(fanout.latest_offset, "silent:a"),
+            "alatest_offset()": lambda: fanout.alatest_offset("silent:a"),
+            "history()": lambda: fanout.history("silent:a", "0-1")}
+        for call, read in reads.items():
+            with pytest.raises(livepush.DependencyError) as raised:
+                await asyncio.wait_for(read(), WAIT)
+            said = str(raised.value)
+            assert "did not answer in time" in said and "check LIVEPUSH_REDIS_URL and that Redis is running" in said, \
+                (call, said)
+            assert "publishing again" not in said, (call, said)
+        await fanout.release_loop()
 
 
 async def test_a_call_that_finds_every_connection_of_its_pool_busy_says_so_not_that_redis_is_down(
@@ -925,27 +958,19 @@ async def test_a_call_that_finds_every_connection_of_its_pool_busy_says_so_not_t
     monkeypatch.setattr(redis_client, "POOL_CONNECTIONS", 2)  # read as each loop's client is made
     monkeypatch.setattr(redis_client, "POOL_WAIT_SECONDS", 0.5)
     accepted: list[asyncio.StreamWriter] = []
-
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        accepted.append(writer)
-        await reader.read()  # never answers; ends when the client gives up
-        writer.close()
-
-    server = await asyncio.start_server(silent, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
     holding: list[asyncio.Task[str]] = []
-    try:
-        fanout = await make_redis(url=f"redis://127.0.0.1:{port}/0", listen=False)
-        holding += [asyncio.create_task(fanout.apublish("pool:a", {"i": i})) for i in range(2)]
-        await async_wait_for(lambda: len(accepted) == 2, WAIT, message="both connections of the pool in use")
-        with pytest.raises(livepush.DependencyError, match="stayed in use for 0.5 s") as caught:
-            await asyncio.wait_for(fanout.apublish("pool:a", {"i": 2}), WAIT)
-        assert "never sent" in str(caught.value) and "Redis is running" not in str(caught.value)
-    finally:
-        for task in holding:
-            task.cancel()
-        await asyncio.gather(*holding, return_exceptions=True)
-        server.close()
+    async with silent_redis(accepted) as url:
+        try:
+            fanout = await make_redis(url=url, listen=False)
+            holding += [asyncio.create_task(fanout.apublish("pool:a", {"i": i})) for i in range(2)]
+            await async_wait_for(lambda: len(accepted) == 2, WAIT, message="both connections of the pool in use")
+            with pytest.raises(livepush.DependencyError, match="stayed in use for 0.5 s") as caught:
+                await asyncio.wait_for(fanout.apublish("pool:a", {"i": 2}), WAIT)
+            assert "never sent" in str(caught.value) and "Redis is running" not in str(caught.value)
+        finally:
+            for task in holding:
+                task.cancel()
+            await asyncio.gather(*holding, return_exceptions=True)
 
 
 def test_threads_publishing_at_once_past_the_pools_connections_wait_their_turn_rather_than_fail(

@@ -470,7 +470,7 @@ class RedisFanOut(FanOut):
             return text(self._sync_latest(keys=[self.key_prefix + topic, *self._origin_keys], args=[self._idle_ms],
                                           client=client))
         except (RedisError, OSError) as exc:
-            raise failed(self.url, exc, f"reading the latest offset of {topic!r}") from exc
+            raise failed(self.url, exc, f"reading the latest offset of {topic!r}", reads=True) from exc
 
     async def alatest_offset(self, topic: Topic) -> Offset:
         side = self._loops.get()
@@ -478,7 +478,7 @@ class RedisFanOut(FanOut):
             return text(await side.latest(keys=[self.key_prefix + topic, *self._origin_keys],
                                           args=[self._idle_ms]))
         except (RedisError, OSError) as exc:
-            raise failed(self.url, exc, f"reading the latest offset of {topic!r}") from exc
+            raise failed(self.url, exc, f"reading the latest offset of {topic!r}", reads=True) from exc
 
     async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE) -> History | None:
         if not isinstance(since, str) or not _is_stream_id(since) or since == LAST_ID:
@@ -519,7 +519,7 @@ class RedisFanOut(FanOut):
             return History(out, latest, expected != latest)
         except (RedisError, OSError) as exc:
             if not wrong_type(exc):
-                raise failed(self.url, exc, f"reading the history of {topic!r}") from exc
+                raise failed(self.url, exc, f"reading the history of {topic!r}", reads=True) from exc
             # Something else wrote another type of value under the topic's key: no history of
             # ours, which a retry would not bring back. As a DependencyError it was read again and
             # again, and held up every topic read with it (a resync reads them all at once).

@@ -255,17 +255,14 @@ def one_line(exc: BaseException) -> str:
     return said or type(exc).__name__
 
 
-# What a part's first read at its start (answered_at_start), and `livepush status`'s one call,
-# are said to be doing when they fail: reads, which write nothing that might still be done.
-CONNECTING = "connecting"
-LISTING_SERVERS = "listing the servers subscribed"
-_READS = (CONNECTING, LISTING_SERVERS)
-
-
-def failed(url: str, exc: BaseException, doing: str, cls: type[DependencyError] = DependencyError) -> DependencyError:
+def failed(url: str, exc: BaseException, doing: str, cls: type[DependencyError] = DependencyError, *,
+           reads: bool = False) -> DependencyError:
     """Our error for a Redis failure: the URL redacted, the driver's words, which never hold the
-    password (redis-py does not quote URLs or AUTH arguments in its errors), and what to do."""
-    return cls(f"Redis at {redact(url)} failed while {doing} ({one_line(exc)}): {_url_remedy(url, exc) or _remedy(exc, doing)}")
+    password (redis-py does not quote URLs or AUTH arguments in its errors), and what to do.
+    `reads`: the call writes nothing of the user's (a read, a subscribe), so no advice about what
+    it may have done all the same."""
+    return cls(f"Redis at {redact(url)} failed while {doing} ({one_line(exc)}): "
+               f"{_url_remedy(url, exc) or _remedy(exc, reads)}")
 
 
 def _url_remedy(url: str, exc: BaseException) -> str | None:
@@ -337,7 +334,7 @@ async def answered_at_start(url: str, read: Awaitable[Any], cls: type[Dependency
     except (RedisError, OSError) as exc:
         if while_loading and isinstance(exc, BusyLoadingError):
             return
-        raise failed(url, exc, CONNECTING, cls) from exc
+        raise failed(url, exc, "connecting", cls, reads=True) from exc
 
 
 # Words of Redis' refusal of a command that the ACL denies inside a script (EVAL): a plain
@@ -380,8 +377,8 @@ def wrong_type(exc: BaseException) -> bool:
     return isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE")
 
 
-def _remedy(exc: BaseException, doing: str) -> str:
-    """What to do about `exc`, met while `doing`. A Redis that answers with a refusal is up and
+def _remedy(exc: BaseException, reads: bool) -> str:
+    """What to do about `exc`, met by a call that `reads` only or not. A Redis that answers with a refusal is up and
     reachable: told to check the URL and that Redis runs, an operator looks everywhere but at its
     memory or ACL."""
     if in_cluster(exc):
@@ -444,7 +441,7 @@ def _remedy(exc: BaseException, doing: str) -> str:
     if _older_than_needed(exc):
         return (f"Redis is up but older than livepush needs (Redis {_REDIS_NEEDED} or newer, for its stream "
                 "commands): upgrade it; `redis-cli INFO server` shows its redis_version")
-    if isinstance(exc, RedisTimeout) and "reading" in str(exc) and doing in _READS:
+    if isinstance(exc, RedisTimeout) and "reading" in str(exc) and reads:
         # A read: nothing of the user's was sent, and what takes the connection but never answers
         # is as often no Redis at all (a wrong port) as a paused one.
         return ("Redis did not answer in time (slow, paused or cut off, or what listens there is not Redis): "

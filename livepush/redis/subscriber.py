@@ -27,7 +27,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError, RedisError,
 from ..channels import Channels, Resync
 from ..errors import ListenError
 from ..tasks import Backoff, stop
-from .client import LISTING_SERVERS, client_kwargs, failed, no_retries, one_line, own_url, redact, text
+from .client import client_kwargs, failed, no_retries, one_line, own_url, redact, text
 
 log = logging.getLogger("livepush.redis.subscriber")
 
@@ -83,7 +83,7 @@ class Subscriber:
                 self._conn = await self._subscribe_all()
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
                 await self._drop_connection()
-                raise failed(self.url, exc, "subscribing to its pub/sub channels", ListenError) from None
+                raise failed(self.url, exc, "subscribing to its pub/sub channels", ListenError, reads=True) from None
             self._listening = True
             self._task = asyncio.create_task(self._run(), name=self.name)
             return
@@ -193,7 +193,7 @@ class Subscriber:
                 refused = isinstance(exc, (ResponseError, AuthenticationError))
                 if retry.time_to_say(RETRY_LOG_SECONDS, at_once=refused):
                     log.warning("the Redis listener still cannot subscribe again (said at most once a minute): %s",
-                                failed(self.url, exc, "subscribing again"))
+                                failed(self.url, exc, "subscribing again", reads=True))
                 await self._drop_connection()
 
     async def _read_until_lost(self) -> None:
@@ -232,7 +232,7 @@ def subscribed_clients(url: str, name: str) -> list[dict[str, object]] | None:
     except NoPermissionError:
         return None
     except (RedisError, OSError) as exc:
-        raise failed(url, exc, LISTING_SERVERS) from exc
+        raise failed(url, exc, "listing the servers subscribed", reads=True) from exc
     finally:
         client.close()
     return [{"id": int(c["id"]), "address": str(c.get("addr", "")).rsplit(":", 1)[0],

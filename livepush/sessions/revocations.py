@@ -440,7 +440,7 @@ class RedisRevocations(RevocationStore):
                 pipe.mget(keys[i : i + _REDIS_CHUNK])
             values = [v for chunk in await pipe.execute() for v in chunk]
         except (redis.RedisError, OSError) as exc:
-            raise failed(self.url, exc, "reading revocations") from exc
+            raise failed(self.url, exc, "reading revocations", reads=True) from exc
         session_hits = values[: len(batch)]
         cutoffs = {subject: self._cutoff(subject, v)
                    for subject, v in zip(subjects, values[len(batch) :], strict=True) if v is not None}
