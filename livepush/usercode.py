@@ -1,10 +1,11 @@
-"""Where a user's own module failed at import, for the one line `serve --app` and `livepush jobs`
-print instead of a traceback; and the folder those modules are looked for in."""
+"""Where a user's own module failed at import, or was not found, for the one line `serve --app` and
+`livepush jobs` print instead of a traceback; and the folder those modules are looked for in."""
 
 from __future__ import annotations
 
 import inspect
 import os
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,25 @@ def current_folder() -> str:
         raise ConfigError("the current folder has been removed (a release folder deleted since the shell entered "
                           "it, say), and livepush looks for your modules there (the demo keeps its data there): cd "
                           "into your project's folder and run the command again") from None
+
+
+def names_the_module(exc: ImportError, name: str) -> bool:
+    """Whether `exc` says the module `name` itself (or a package on its path) is not found, rather
+    than something the module imports: then its name or the folder is wrong, not its code."""
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    return missing is not None and (name == missing or name.startswith(missing + "."))
+
+
+def not_found(missing: str) -> str:
+    """What to say of a user's module (or package) `missing` that Python found nowhere: the folder
+    it was looked for in, the current one when it is importable (the commands make it so, as
+    `python -m` does), and what to do; else (a program of the user's that put it off the path)
+    the import path to check."""
+    cwd = current_folder()
+    if cwd in sys.path or "" in sys.path:
+        return (f"no module named {missing!r} (searched from {cwd}): check the name and run livepush from your "
+                "project's directory")
+    return f"no module named {missing!r} (searched on the import path): check the name and PYTHONPATH"
 
 
 def where_raised(exc: BaseException, *, top_level: bool = False) -> str:

@@ -610,6 +610,23 @@ def test_a_host_no_resolver_can_take_exits_2_naming_it(procs, livepush_env, pg_u
     assert "Traceback" not in err and named in err, err
 
 
+@pytest.mark.parametrize("argv", [["jobs", "missing_jobs"], ["serve", "--with-jobs", "missing_jobs"]],
+                         ids=["jobs", "serve-with-jobs"])
+def test_a_job_module_not_found_names_the_folder_searched(procs, livepush_env, pg_url, tmp_path,
+                                                          argv: list[str]) -> None:
+    """A job module found nowhere (`livepush jobs`, `serve --with-jobs`) exits 2 with one line naming
+    the folder it was looked for in and saying to run livepush from the project's folder, as `serve
+    --app` says: "check the name and PYTHONPATH" left the user to guess where it looked."""
+    script = Path(sys.executable).parent / "livepush"
+    child = procs.start([str(script), *argv], env=livepush_env(database_url=pg_url), cwd=tmp_path,
+                        name=f"livepush {' '.join(argv)}")
+    assert child.wait(30) == 2, child.output()
+    err = child.stderr().strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in child.output(), child.output()
+    assert "'missing_jobs'" in err[0] and f"searched from {tmp_path}" in err[0], err
+    assert "run livepush from your project's directory" in err[0], err
+
+
 def _in_a_removed_folder(procs, folder: Path, argv: list[str], env: dict[str, str], port: int | None = None) -> Any:
     """`livepush ARGV` run from `folder` after it was removed, as from a shell still standing in a
     release folder a deploy deleted."""

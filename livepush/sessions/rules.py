@@ -50,7 +50,7 @@ from ..errors import ArgumentTypeError, ArgumentValueError, ConfigError
 from .tokens import Session
 from ..topics import MAX_TOPIC_LENGTH, RESERVED_PREFIX, TOPIC_RE, livepush_owned
 from ..types import Seconds, as_seconds
-from ..usercode import cannot_take, current_folder, what_raised, where_raised
+from ..usercode import cannot_take, current_folder, names_the_module, not_found, what_raised, where_raised
 
 log = logging.getLogger("livepush.rules")
 
@@ -561,11 +561,8 @@ def load_app(spec: str) -> App:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise ConfigError(
-                f"--app {spec!r}: no module named {exc.name!r} (searched from {cwd}): check the name "
-                "and run livepush from your project's directory"
-            ) from None
+        if names_the_module(exc, module_name):
+            raise ConfigError(f"--app {spec!r}: {not_found(exc.name or module_name)}") from None
         raise ConfigError(f"--app {spec!r}: importing {module_name!r} failed ({where_raised(exc)}): "
                           f"{what_raised(exc)}") from exc
     except Exception as exc:

@@ -56,7 +56,7 @@ from ...postgres.pools import AsyncPool, LoopPools, aclosed_while_idle
 from ...postgres.text import BIGINT_MAX
 from ...tasks import Backoff, reraise_if_cancelled, supervise
 from ...types import Seconds, as_seconds, is_finite
-from ...usercode import what_raised, where_raised
+from ...usercode import names_the_module, not_found, what_raised, where_raised
 from .. import database, queries
 from ..api.enqueue import SCRIPT_PREFIX
 from ..api.options import check_queue
@@ -125,13 +125,13 @@ def load_modules(modules: Iterable[str]) -> None:
         try:
             importlib.import_module(name)
         except ImportError as exc:
-            if name.endswith(".py") and _names_the_module(exc, name):
+            if name.endswith(".py") and names_the_module(exc, name):
                 raise _a_path(name) from None  # only when failed: `pkg.py` may be a module named py
-            if not _names_the_module(exc, name):
+            if not names_the_module(exc, name):
                 # Found, but a dependency it imports is missing: its name is right, its line is the news.
                 raise ConfigError(f"job module {name!r} failed at import ({where_raised(exc)}): "
                                   f"{what_raised(exc)}") from exc
-            raise ConfigError(f"cannot import job module {name!r} ({exc}): check the name and PYTHONPATH") from exc
+            raise ConfigError(f"cannot import job module {name!r}: {not_found(exc.name or name)}") from exc
         except ConfigError:
             raise
         except Exception as exc:  # noqa: BLE001 - whatever the module raises, said in one line
@@ -150,13 +150,6 @@ def _a_path(name: str) -> ConfigError:
     dotted = name.removeprefix("./").removesuffix(".py").replace(os.sep, ".").replace("/", ".").strip(".")
     return ConfigError(f"job module {name!r} is a file path, not a module: name the module as Python imports it, "
                        f"e.g. {dotted or 'myapp.jobs'}")
-
-
-def _names_the_module(exc: ImportError, name: str) -> bool:
-    """Whether `exc` says `name` itself (or a package on its path) is not found, rather than
-    something the module imports."""
-    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
-    return missing is not None and (name == missing or name.startswith(missing + "."))
 
 
 def parse_ids(payload: str, channel: str) -> list[int]:
