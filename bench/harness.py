@@ -26,14 +26,11 @@ import tempfile
 import time
 import traceback
 
-import psycopg
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import report  # noqa: E402
-from _services import Services  # noqa: E402
 
 # Suite name -> module in bench/, in the order they run.
 SUITES = {
@@ -85,6 +82,8 @@ def machine(pg_admin: str, redis_url: str, bench_python: str | None) -> list[str
     except (OSError, StopIteration):
         pass
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    import psycopg  # here, not at the top: --help runs before bin/setup, on a python3 without it
+
     with psycopg.connect(pg_admin) as c:
         pg = {name: c.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
               for name in ("server_version", "fsync", "synchronous_commit")}
@@ -133,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a CI timeout, kill) unwinds like Ctrl-C, so the finally below stops the services.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     bench_python = os.path.join(ROOT, ".venv-bench", "bin", "python")
+    from _services import Services  # imports psycopg: see machine()
+
     services = Services()
     workdir = tempfile.mkdtemp(prefix="livepush-bench-run-")
     figures: list[report.Figure] = []

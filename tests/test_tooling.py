@@ -256,6 +256,26 @@ def test_bin_bench_refuses_bad_arguments_before_it_installs_the_peers(tmp_path: 
     assert not (checkout / ".venv-bench").exists(), out.stderr
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_bin_bench_help_answers_before_any_setup(tmp_path: Path, flag: str) -> None:
+    """`bin/bench --help` ran bin/setup first: on a fresh machine, as a user who is not root, it
+    stopped on the missing Debian packages before it showed the help. It answers before any setup,
+    without .venv (the first python3 shows it), and bin/setup never runs."""
+    checkout = tmp_path / "checkout"
+    for part in ("bin", "bench"):
+        shutil.copytree(ROOT / part, checkout / part)
+    shutil.copy(ROOT / "pyproject.toml", checkout)
+    ran = tmp_path / "setup-ran"
+    # A machine bin/setup cannot prepare: it says so and fails, as it does there for a user not root.
+    (checkout / "bin" / "setup").write_text(f"#!/bin/sh\ntouch {ran}\necho 'bin/setup: missing Debian packages' >&2\n"
+                                            "exit 1\n")
+    out = subprocess.run([str(checkout / "bin" / "bench"), flag], capture_output=True, text=True, timeout=60,
+                         stdin=subprocess.DEVNULL, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "--only" in out.stdout and "durable" in out.stdout, out.stdout
+    assert not ran.exists() and not (checkout / ".venv").exists(), out.stderr
+
+
 def _bench_report() -> object:
     spec = importlib.util.spec_from_file_location("bench_report", ROOT / "bench" / "report.py")
     assert spec is not None and spec.loader is not None
