@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import re
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -572,6 +574,56 @@ async def test_add_from_a_member_that_lost_its_claim_is_refused(groups_db: str) 
         with pytest.raises(jobs.LeaseLostError, match="no longer holds its claim"):
             await ctx.group.enqueue(gj.member, 2)
     assert jobs.get_group(g.handle.id)["total"] == 1
+
+
+async def test_a_job_argument_given_by_keyword_to_a_group_path_is_refused_naming_its_position(groups_db: str) -> None:
+    """The group paths take a member's arguments as enqueue does, by position: a keyword (or an
+    option of enqueue's the group paths do not take, debounce=) raised Python's bare "unexpected
+    keyword argument". Each now raises InvalidArgumentsError, as enqueue does, naming the
+    parameter's place after ctx or the path's own options; nothing is added."""
+    by_place = r"^g\.spawner takes its arguments by position: pass n as argument 1 after ctx"
+
+    def no_option(call: str) -> str:
+        return rf"^{re.escape(call)}\(\) has no option debounce=: its options are wait=, at=, "
+
+    with jobs.group() as g:
+        g.enqueue(gj.member, 1)
+        with pytest.raises(jobs.InvalidArgumentsError, match=by_place):
+            g.enqueue(gj.spawner, n=1)  # type: ignore[call-arg]
+        with pytest.raises(jobs.InvalidArgumentsError, match=no_option("g.enqueue") + r".*; debounce= is for single "
+                           r"enqueues, job\.enqueue\(\.\.\., key=, debounce=\): a group's member is never debounced$"):
+            g.enqueue(gj.spawner, 1, debounce=5)  # type: ignore[call-arg]
+    opened = jobs.create_group()
+    for add, call in ((opened.add, "add"), (functools.partial(jobs.add_to_group, opened.id), "add_to_group")):
+        with pytest.raises(jobs.InvalidArgumentsError, match=by_place):
+            add(gj.spawner, n=1)  # type: ignore[call-arg]
+        with pytest.raises(jobs.InvalidArgumentsError, match=no_option(call)):
+            add(gj.spawner, 1, debounce=5)  # type: ignore[call-arg]
+    for aadd, call in ((opened.aadd, "aadd"), (functools.partial(jobs.aadd_to_group, opened.id), "aadd_to_group")):
+        with pytest.raises(jobs.InvalidArgumentsError, match=by_place):
+            await aadd(gj.spawner, n=1)  # type: ignore[call-arg]
+        with pytest.raises(jobs.InvalidArgumentsError, match=no_option(call)):
+            await aadd(gj.spawner, 1, debounce=5)  # type: ignore[call-arg]
+    # A running member's ctx.group, async and sync (the refusal comes before its loop is used).
+    (member,) = g.members
+    row = q(groups_db, "SELECT run_at FROM livepush_jobs WHERE id = %s", (member.id,))[0]
+    claimed = ClaimedJob(id=member.id, name="g.member", queue="default", priority=0, attempt=1, max_attempts=5,
+                         lease=1, args=[1], run_at=row[0], group_id=g.handle.id)
+    from livepush.jobs.groups.context import SyncGroupContext
+    from livepush.jobs.runtime.completer import Completer
+
+    inner = JobContext(claimed, Completer(None)).group  # type: ignore[arg-type]
+    with pytest.raises(jobs.InvalidArgumentsError, match=by_place):
+        await inner.enqueue(gj.spawner, n=1)
+    with pytest.raises(jobs.InvalidArgumentsError, match=no_option("ctx.group.enqueue")):
+        await inner.enqueue(gj.spawner, 1, debounce=5)
+    sync = SyncGroupContext(inner, asyncio.get_running_loop())
+    with pytest.raises(jobs.InvalidArgumentsError, match=by_place):
+        sync.enqueue(gj.spawner, n=1)  # type: ignore[call-arg]
+    with pytest.raises(jobs.InvalidArgumentsError, match=no_option("ctx.group.enqueue")):
+        sync.enqueue(gj.spawner, 1, debounce=5)  # type: ignore[call-arg]
+    assert jobs.get_group(g.handle.id)["total"] == 1
+    assert jobs.get_group(opened.id)["total"] == 0
 
 
 @contextlib.asynccontextmanager

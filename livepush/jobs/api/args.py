@@ -259,6 +259,8 @@ def refuse_keywords(func: Callable[..., Any], name: str, call: str, given: Mappi
 _ELSEWHERE = {
     "queue": "; to put a job on another queue than its function's: jobs.enqueue_many([job.request(..., queue=...)])",
     "priority": "; a job's priority is its function's, @jobs.job(priority=)",
+    "debounce": "; debounce= is for single enqueues, job.enqueue(..., key=, debounce=): a group's member is never "
+                "debounced",
 }
 
 

@@ -12,14 +12,16 @@ How counting, sealing and finishing stay exactly-once under concurrency: queries
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Never
 
 from ...postgres.connect import cursor_on, translated, translated_on
 from ...postgres.text import BIGINT_MAX
 from .. import database
-from ..api.enqueue import Batch, add_items, alook_for_script_runtimes, is_spec, look_for_script_runtimes, run_at
+from ..api.args import refuse_keywords
+from ..api.enqueue import (NO_OPTIONS, Batch, add_items, alook_for_script_runtimes, is_spec, look_for_script_runtimes,
+                           run_at)
 from ..api.handles import NO_SUCH_ID, JobHandle, StateTopicHandle, checked_id
 from ...types import Seconds
 from ..api.registry import JobRequest, JobSpec
@@ -28,6 +30,10 @@ from . import queries as gq
 from . import steps
 from .transactions import ain_tx, check_conn, in_tx
 from ...errors import ArgumentTypeError, ArgumentValueError
+
+# The options of each group path that adds one member (named when it is given another keyword).
+ADD_OPTIONS = ("wait", "at", "conn", "key", "tags")
+BLOCK_OPTIONS = ("wait", "at", "key", "tags")
 
 MAX_GROUP_MEMBERS = 100_000  # members per group, whichever way they are added
 DEFAULT_SHARDS = 16  # counter rows per group: outcomes of different shards never wait on each other
@@ -42,14 +48,20 @@ class GroupHandle(StateTopicHandle):
     kind = "group"
 
     def add(self, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None, at: datetime | None = None,
-            conn: Any = None, key: str | None = None, tags: Sequence[str] | None = None) -> JobHandle:
+            conn: Any = None, key: str | None = None, tags: Sequence[str] | None = None,
+            **unknown: Never) -> JobHandle:
+        if unknown:  # refused, named as this method's
+            job_and_args(fn, args, "add", unknown, ADD_OPTIONS)
         return add_to_group(self.id, fn, *args, wait=wait, at=at, conn=conn, key=key, tags=tags)
 
     def seal(self, conn: Any = None) -> bool:
         return seal_group(self.id, conn=conn)
 
     async def aadd(self, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None, at: datetime | None = None,
-                   conn: Any = None, key: str | None = None, tags: Sequence[str] | None = None) -> JobHandle:
+                   conn: Any = None, key: str | None = None, tags: Sequence[str] | None = None,
+                   **unknown: Never) -> JobHandle:
+        if unknown:  # refused, named as this method's
+            job_and_args(fn, args, "aadd", unknown, ADD_OPTIONS)
         return await aadd_to_group(self.id, fn, *args, wait=wait, at=at, conn=conn, key=key, tags=tags)
 
     async def aseal(self, conn: Any = None) -> bool:
@@ -187,11 +199,12 @@ class GroupBuilder:
                                    "add within the block, or start a new group")
 
     def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None,
-                at: datetime | None = None, key: str | None = None, tags: Sequence[str] | None = None) -> None:
+                at: datetime | None = None, key: str | None = None, tags: Sequence[str] | None = None,
+                **unknown: Never) -> None:
         """Add a member (written when the block ends). Arguments are checked now. With `key=`
         held by an unfinished job, that job's handle stands in and it is not a member."""
         self._check_open()
-        fn, args, queue = job_and_args(fn, args, "g.enqueue")
+        fn, args, queue = job_and_args(fn, args, "g.enqueue", unknown, BLOCK_OPTIONS)
         check_limit(len(self._batch) + 1)
         self._batch.add(fn, args, run_at(wait, at), self.id, queue, key=key, tags=tags)
 
@@ -342,10 +355,12 @@ def _batch_of(group_id: int, items: Iterable[Any], call: str) -> Batch:
     return batch
 
 
-def job_and_args(fn: Any, args: Sequence[Any], what: str) -> tuple[JobSpec, Sequence[Any], str | None]:
+def job_and_args(fn: Any, args: Sequence[Any], what: str, unknown: Mapping[str, Any] = NO_OPTIONS,
+                 options: Sequence[str] = ()) -> tuple[JobSpec, Sequence[Any], str | None]:
     """The function, arguments and queue of one member given as `fn, *args` or as a
     job.request(...); a TypeError naming what was given otherwise (not an AttributeError from
-    deep inside the batch)."""
+    deep inside the batch). Keywords `what` does not take (`unknown`; its `options` are named)
+    are refused as enqueue refuses them: a job's arguments go by position."""
     queue = None
     if isinstance(fn, JobRequest):
         if args:
@@ -354,12 +369,15 @@ def job_and_args(fn: Any, args: Sequence[Any], what: str) -> tuple[JobSpec, Sequ
     if not is_spec(fn):
         raise ArgumentTypeError(f"{what}() takes a @jobs.job function and its arguments, or job.request(...), "
                                 f"got {type(fn).__name__} {fn!r:.60}")
+    if unknown:
+        refuse_keywords(getattr(fn, "func", None), fn.name, what, unknown, options)
     return fn, args, queue
 
 
 def _one(group_id: int, fn: JobSpec | JobRequest, args: Sequence[Any], wait: float | None,
-         at: datetime | None, key: str | None, tags: Sequence[str] | None) -> Batch:
-    fn, args, queue = job_and_args(fn, args, "add_to_group")
+         at: datetime | None, key: str | None, tags: Sequence[str] | None, call: str,
+         unknown: Mapping[str, Any]) -> Batch:
+    fn, args, queue = job_and_args(fn, args, call, unknown, ADD_OPTIONS)
     batch = Batch()
     batch.add(fn, args, run_at(wait, at), group_id, queue, key=key, tags=tags)
     return batch
@@ -367,12 +385,12 @@ def _one(group_id: int, fn: JobSpec | JobRequest, args: Sequence[Any], wait: flo
 
 def add_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None,
                  at: datetime | None = None, conn: Any = None, key: str | None = None,
-                 tags: Sequence[str] | None = None) -> JobHandle:
+                 tags: Sequence[str] | None = None, **unknown: Never) -> JobHandle:
     """Add one member to an open group. Raises GroupClosedError once it is sealed (running members
     can still add through ctx.group.enqueue), GroupLimitError past the member limit. With `key=`
     held by an unfinished job, that job's handle is returned and it is not a member."""
     group_id = _group_id(group_id)
-    batch = _one(group_id, fn, args, wait, at, key, tags)
+    batch = _one(group_id, fn, args, wait, at, key, tags, "add_to_group", unknown)
     return _added(batch, in_tx(lambda: _add_many_steps(group_id, batch), conn))[0]
 
 
@@ -392,9 +410,9 @@ async def aadd_many_to_group(group_id: int, items: Iterable[Any], *, conn: Any =
 
 async def aadd_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None,
                         at: datetime | None = None, conn: Any = None, key: str | None = None,
-                        tags: Sequence[str] | None = None) -> JobHandle:
+                        tags: Sequence[str] | None = None, **unknown: Never) -> JobHandle:
     group_id = _group_id(group_id)
-    batch = _one(group_id, fn, args, wait, at, key, tags)
+    batch = _one(group_id, fn, args, wait, at, key, tags, "aadd_to_group", unknown)
     return (await _aadded(batch, await ain_tx(lambda: _add_many_steps(group_id, batch), conn)))[0]
 
 

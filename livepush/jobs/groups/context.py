@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Never
 
 from psycopg.rows import dict_row
 
@@ -20,7 +20,7 @@ from ..errors import GroupClosedError
 from ..events.views import GROUP_KEYS
 from . import queries as gq
 from . import steps
-from .building import add_steps, job_and_args
+from .building import BLOCK_OPTIONS, add_steps, job_and_args
 from ...errors import ArgumentValueError
 
 
@@ -78,13 +78,13 @@ class GroupContext:
 
     async def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None,
                       at: datetime | None = None, key: str | None = None,
-                      tags: Sequence[str] | None = None) -> JobHandle:
+                      tags: Sequence[str] | None = None, **unknown: Never) -> JobHandle:
         """Add a member to this job's group; returns its handle once committed. With `key=` held
         by an unfinished job, that job's handle is returned and it is not a member."""
         if self.is_callback:
             raise GroupClosedError(f"this callback runs after group {self.id} finished: it takes no more members "
                                    "(enqueue a job of your own, or start a new group)")
-        fn, args, queue = job_and_args(fn, args, "ctx.group.enqueue")
+        fn, args, queue = job_and_args(fn, args, "ctx.group.enqueue", unknown, BLOCK_OPTIONS)
         batch = Batch()
         batch.add(fn, args, run_at(wait, at), self.id, queue, key=key, tags=tags)
         job = self._ctx.job
@@ -115,10 +115,13 @@ class SyncGroupContext:
         return getattr(self._inner, name)
 
     def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None, at: datetime | None = None,
-                key: str | None = None, tags: Sequence[str] | None = None, timeout: Seconds = 30.0) -> JobHandle:
+                key: str | None = None, tags: Sequence[str] | None = None, timeout: Seconds = 30.0,
+                **unknown: Never) -> JobHandle:
         """GroupContext.enqueue, blocking for up to `timeout` seconds. Past it the add is called
         off on the loop (its transaction rolls back) before TimeoutError is raised, so an add the
         caller gave up on does not commit later behind its back."""
+        if unknown:  # refused here, where timeout= is an option too
+            job_and_args(fn, args, "ctx.group.enqueue", unknown, (*BLOCK_OPTIONS, "timeout"))
         timeout = as_seconds(timeout)
         if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                 or not (is_finite(timeout) and timeout > 0)):
