@@ -892,13 +892,14 @@ ORDER BY j.id DESC
 
 # name: failed_jobs
 # jobs.list_failed(): failed jobs with JOB_INFOS's columns, newest first, of one queue or function
-# when given. A plain read, an operator's occasional one: failed jobs have no index of their own
-# (an entry per failure on the outcome's path, for a read made by hand), so it walks the primary
-# key from the newest job down.
+# when given, older than the page cursor `before` (jobs.list_failed(before=); the largest bigint
+# when the call gave none). A plain read, an operator's occasional one: failed jobs have no index
+# of their own (an entry per failure on the outcome's path, for a read made by hand), so it walks
+# the primary key down from the newest job (or the cursor).
 FAILED_JOBS = f"""
 SELECT {VIEW_COLUMNS}, j.tags, j.priority, p.args
 FROM livepush_jobs j JOIN livepush_job_payloads p ON p.id = j.id
-WHERE j.state = 'failed' AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+WHERE j.state = 'failed' AND j.id < %(before)s::bigint AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
   AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
 ORDER BY j.id DESC
 LIMIT %(limit)s

@@ -209,6 +209,23 @@ def test_list_failed_names_the_failed_jobs_newest_first_of_a_queue_or_a_function
     assert [j.id for j in jobs.list_failed()] == [elsewhere.id]
 
 
+async def test_list_failed_pages_past_one_call_with_before(jobs_db: str) -> None:
+    """More failed jobs than one call lists (at most 1,000) are read page by page, as list_tagged's
+    are: before= the last listed id lists the older ones, sync and async alike, with the queue and
+    name filters; a cursor that is no int is refused."""
+    handles = jobs.enqueue_many([sample_jobs.never.request() for _ in range(5)])
+    assert jobs.drain() == {"failed": 5}
+    ids = [h.id for h in reversed(handles)]
+    first = jobs.list_failed(limit=2)
+    assert [j.id for j in first] == ids[:2]
+    assert [j.id for j in jobs.list_failed("default", name="t.never", limit=2, before=first[-1].id)] == ids[2:4]
+    assert [j.id for j in await jobs.alist_failed(limit=2, before=ids[3])] == ids[4:]
+    assert jobs.list_failed(before=ids[-1]) == []
+    assert [j.id for j in jobs.list_failed(before=2**70)] == ids  # past every id: from the newest
+    with pytest.raises(TypeError, match=r"before"):
+        jobs.list_failed(before="7")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("call,error,named", [
     (lambda: jobs.list_failed(limit=0), ValueError, "limit="),
     (lambda: jobs.list_failed(limit="10"), TypeError, "limit="),

@@ -105,27 +105,32 @@ async def alist_tagged(tag: str, *, limit: int = 100, unfinished: bool = False,
     return [JobInfo.from_row(r) for r in rows]
 
 
-def failed_params(queue: str | None, name: str | None, limit: int) -> dict[str, Any]:
+def failed_params(queue: str | None, name: str | None, limit: int, before: int | None = None) -> dict[str, Any]:
     """FAILED_JOBS parameters, checked: a queue or a name that no job could have matches nothing,
-    which would read as "no failed job" when it was a typo of the wrong type."""
+    which would read as "no failed job" when it was a typo of the wrong type. `before`: the page
+    cursor, as list_tagged()'s."""
     if queue is not None:
         check_queue(queue, "list_failed(queue=)")
     if name is not None:
         check_name(name, "list_failed(name=)")
-    return {"queue": queue, "name": name, "limit": _checked_limit(limit)}
+    cursor = BIGINT_MAX if before is None else checked_cursor(before, "before")
+    return {"queue": queue, "name": name, "limit": _checked_limit(limit), "before": cursor}
 
 
-def list_failed(queue: str | None = None, *, name: str | None = None, limit: int = 100) -> list[JobInfo]:
+def list_failed(queue: str | None = None, *, name: str | None = None, limit: int = 100,
+                before: int | None = None) -> list[JobInfo]:
     """The failed jobs (of `queue`, of the function `name`, when given), newest first, at most
-    `limit`: what `retry_failed()` and `discard_failed()` take, with each one's error."""
-    params = failed_params(queue, name, limit)
+    `limit`: what `retry_failed()` and `discard_failed()` take, with each one's error; with
+    `before=` an id (the last a call listed), only the jobs older than it: the next page."""
+    params = failed_params(queue, name, limit, before)
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(queries.FAILED_JOBS, params).fetchall()
     return [JobInfo.from_row(r) for r in rows]
 
 
-async def alist_failed(queue: str | None = None, *, name: str | None = None, limit: int = 100) -> list[JobInfo]:
-    params = failed_params(queue, name, limit)
+async def alist_failed(queue: str | None = None, *, name: str | None = None, limit: int = 100,
+                       before: int | None = None) -> list[JobInfo]:
+    params = failed_params(queue, name, limit, before)
     async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(queries.FAILED_JOBS, params)
         rows = await cur.fetchall()
