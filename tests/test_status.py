@@ -5,6 +5,7 @@ argument gives one line and the exit status of every command."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -453,6 +454,36 @@ def test_the_report_is_printed_when_redis_is_down(pg_url: str, procs: Processes,
     code, out, err = run_status(procs, env, "--json")
     assert code == 1, err
     assert json.loads(out)["queues"] == [] and "Traceback" not in err and "Redis" in err, err
+
+
+def test_listing_the_servers_on_a_redis_that_answers_nothing_gives_up_within_its_bound(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Redis that takes connections and answers nothing (a hung server, a network dropping
+    packets) made `livepush status` wait for ever under redis-py 5 to 7, whose clients have no
+    read timeout by default (8's wait 5 s): the client listing the servers had none of its own.
+    It has, whatever redis-py's default: the call raises DependencyError saying Redis did not
+    answer in time, which status prints beside the jobs' report (exit 1)."""
+    from redis import Redis
+
+    from livepush.redis import subscriber
+    from tests.support.services import redis_frozen
+
+    made = Redis.from_url.__func__  # type: ignore[attr-defined]
+
+    def as_before_8(cls: type[Redis], url: str, **kwargs: Any) -> Redis:
+        kwargs.setdefault("socket_timeout", None)  # redis-py 5-7's default: no limit
+        return made(cls, url, **kwargs)
+
+    monkeypatch.setattr(Redis, "from_url", classmethod(as_before_8))
+    # Redis is continued before the pool waits for its thread: that ends a call left hanging.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool, redis_frozen(redis_url):
+        call = pool.submit(subscriber.subscribed_clients, redis_url, "livepush-listener")
+        try:
+            error = call.exception(timeout=15)  # the bound, 5 s, and a margin
+        except TimeoutError:
+            pytest.fail("listing the servers on a Redis that answers nothing did not give up within 15 s")
+    assert isinstance(error, DependencyError), error
+    assert "did not answer in time" in str(error), error
 
 
 def test_a_runtime_silent_only_while_the_database_was_down_is_neither_overdue_nor_dead(status_db: str) -> None:

@@ -38,6 +38,10 @@ Handler = Callable[[bytes], None]
 _CYCLE = 0.25
 # Seconds between warnings of a listener that keeps failing to come back.
 RETRY_LOG_SECONDS = 60.0
+# Seconds `livepush status` waits for Redis' answer to its CLIENT LIST, as livepush's other calls
+# do: before redis-py 8 a client has no read timeout, and a Redis that answers nothing (paused,
+# cut off) hung the command instead of making it report the failure.
+STATUS_TIMEOUT = 5.0
 
 
 class Subscriber:
@@ -226,7 +230,7 @@ def subscribed_clients(url: str, name: str) -> list[dict[str, object]] | None:
     """The servers subscribed on this Redis now (its pub/sub clients named `name`, a deployment's
     client.listener_name()), for `livepush status`; None when the URL's user may not run CLIENT
     LIST, as the app's user of docs/security.md may not (it would show every tenant's clients)."""
-    client = redis.Redis.from_url(own_url(url), **client_kwargs("livepush-status"))
+    client = redis.Redis.from_url(own_url(url), socket_timeout=STATUS_TIMEOUT, **client_kwargs("livepush-status"))
     try:
         found = client.client_list(_type="pubsub")
     except NoPermissionError:
