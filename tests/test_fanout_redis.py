@@ -14,6 +14,7 @@ import gc
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -189,10 +190,65 @@ async def test_a_publish_on_a_topic_whose_key_holds_no_stream_says_what_wrote_th
             publish()
         said = str(caught.value)
         assert "is up" in said and "LIVEPUSH_REDIS_PREFIX" in said and repr(topic) in said, said
+        assert repr(fanout.key_prefix + topic) in said and "the topic's history is lost" in said, said
         assert "Redis is running" not in said, said
     with pytest.raises(livepush.DependencyError, match="LIVEPUSH_REDIS_PREFIX"):
         await fanout.apublish(topic, {"i": 3})
     raw.delete(fanout.key_prefix + topic)
+
+
+async def test_an_origin_key_of_another_type_is_named_in_every_error_and_warning(
+        make_redis: MakeRedis, raw: redis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+    """A value of another type at `{P}:origin` made every publish of a new topic fail without
+    naming that key, and history reads warn that the topic's key was no stream; and the advice
+    said the topic's history would be lost with the key. Each names the origin key and what
+    deleting it costs; a topic's key is named as before."""
+    fanout = await make_redis(listen=False, prefix=f"wrongtype-{uuid.uuid4().hex}")  # as above
+    topic = f"wt:origin:{uuid.uuid4().hex}"
+    since = fanout.latest_offset(topic)
+    raw.delete(fanout.origin_key)
+    raw.rpush(fanout.origin_key, "not an origin")
+    calls = {"publish": lambda: fanout.publish(topic, {"i": 1}),
+             "publish_many": lambda: fanout.publish_many([(topic, {"i": 2})]),
+             "latest_offset": lambda: fanout.latest_offset(topic)}
+    for name, call in calls.items():
+        with pytest.raises(livepush.DependencyError) as caught:
+            call()
+        said = str(caught.value)
+        assert repr(fanout.origin_key) in said and "LIVEPUSH_REDIS_PREFIX" in said, (name, said)
+        assert "history is lost" not in said and "new origin" in said, (name, said)
+    for acall in (lambda: fanout.apublish(topic, {"i": 3}), lambda: fanout.alatest_offset(topic)):
+        with pytest.raises(livepush.DependencyError, match=re.escape(repr(fanout.origin_key))):
+            await acall()
+    with caplog.at_level(logging.WARNING, logger="livepush.fanout.redis"):
+        assert await fanout.history(topic, since) is None
+    warned = [r.getMessage() for r in caplog.records if r.name == "livepush.fanout.redis"]
+    assert len(warned) == 1 and repr(fanout.origin_key) in warned[0], warned
+    assert repr(fanout.key_prefix + topic) not in warned[0], warned
+    raw.delete(fanout.origin_key)
+    assert fanout.publish(topic, {"i": 4})  # deleted, a new origin is made
+    raw.delete(fanout.key_prefix + topic, f"{fanout.origin_key}:prev", fanout.origin_key)
+
+
+async def test_a_revocation_key_of_another_type_is_named_with_advice_for_revocations(redis_url: str,
+                                                                                     raw: redis.Redis) -> None:
+    """A subject's revocation key holding another type of value failed revoke_subject() with the
+    advice that "the topic's history is lost" with the key, which holds no history: the error
+    names the key and says to revoke again once it is deleted."""
+    store = RedisRevocations(redis_url, prefix=f"wrongtype-{uuid.uuid4().hex}")
+    subject = f"user-{uuid.uuid4().hex}"
+    key = store.subject_prefix + subject
+    raw.rpush(key, "not a cut-off")
+    try:
+        with pytest.raises(livepush.DependencyError) as caught:
+            store.add_subject(subject, 1.0)
+        said = str(caught.value)
+        assert repr(key) in said and "history" not in said and "revoke" in said.split(repr(key), 1)[1], said
+        with pytest.raises(livepush.DependencyError, match=re.escape(repr(key))):
+            await store.aadd_subject(subject, 1.0)
+    finally:
+        raw.delete(key)
+        await store.aclose()
 
 
 async def test_history_pages_through_long_replays(make_redis: MakeRedis) -> None:

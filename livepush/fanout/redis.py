@@ -223,6 +223,12 @@ return {redis.call('TIME'), page, latest, current, previous}
 # cut off without a reset (a network partition, a paused VM) waited for ever.
 CALL_TIMEOUT = 5.0
 
+# What deleting a key of another type under the prefix costs, by what livepush keeps there: said
+# with the key, whose refusal Redis does not name (WRONGTYPE), and which it takes a TYPE to find.
+_ORIGIN_DELETED = ("livepush makes a new origin; a page resuming from an offset of the old one on a topic with no "
+                   "message since may get reset")
+_STREAM_DELETED = "the topic's history is lost with it"
+
 # Keys visited per SCAN step of prune(), and SCAN steps per call at most: bounded work however
 # many topics exist. A call goes on to the next step while it has dropped nothing, since a server
 # stops calling for the cycle at a call that drops nothing: with one step a call, a run of topics
@@ -433,7 +439,7 @@ class RedisFanOut(FanOut):
             try:
                 ids, heard = script(keys=keys, args=args, client=client)
             except (RedisError, OSError) as exc:
-                raise failed(self.url, exc, _publishing(what(), offsets)) from exc
+                raise self._failed(exc, _publishing(what(), offsets), self._wrong_key_sync(exc, keys)) from exc
             self._published_call(offsets, ids, heard)
         return offsets
 
@@ -444,7 +450,7 @@ class RedisFanOut(FanOut):
             try:
                 ids, heard = await side.publish(keys=keys, args=args)
             except (RedisError, OSError) as exc:
-                raise failed(self.url, exc, _publishing(what(), offsets)) from exc
+                raise self._failed(exc, _publishing(what(), offsets), await self._wrong_key(exc, keys)) from exc
             self._published_call(offsets, ids, heard)
         return offsets
 
@@ -463,22 +469,62 @@ class RedisFanOut(FanOut):
                 "listens under another prefix: give this process the servers' database number in "
                 "LIVEPUSH_REDIS_URL and their LIVEPUSH_REDIS_PREFIX (said once)", self.channel, redact(self.url))
 
+    # -- keys of another type -----------------------------------------------------------
+    def _failed(self, exc: BaseException, doing: str, key: str | None, *, reads: bool = False) -> DependencyError:
+        """failed(), naming the key of another type when one was found, with what deleting it costs."""
+        deleting = _ORIGIN_DELETED if key in self._origin_keys else _STREAM_DELETED
+        return failed(self.url, exc, doing, key=key, deleting=deleting, reads=reads)
+
+    def _first_wrong(self, keys: list[str], types: list[Any]) -> str | None:
+        """The first of `keys` whose type (TYPE's answers, `types`) is not what livepush keeps there."""
+        for key, found in zip(keys, types, strict=True):
+            kept = "string" if key in self._origin_keys else "stream"
+            if text(found) not in (kept, "none"):
+                return key
+        return None
+
+    def _wrong_key_sync(self, exc: BaseException, keys: list[str]) -> str | None:
+        """After a script's refusal `exc`: which of its `keys` holds another type of value, if that
+        was the refusal (one more round trip, on this path only); None when no TYPE tells."""
+        if not wrong_type(exc):
+            return None
+        client, _ = self._sync_client()
+        try:
+            with client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.type(key)
+                return self._first_wrong(keys, pipe.execute())
+        except (RedisError, OSError):
+            return None  # the refusal is said all the same, without the key
+
+    async def _wrong_key(self, exc: BaseException, keys: list[str]) -> str | None:
+        """_wrong_key_sync() on this loop's client."""
+        if not wrong_type(exc):
+            return None
+        try:
+            async with self._loops.get().client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.type(key)
+                return self._first_wrong(keys, await pipe.execute())
+        except (RedisError, OSError):
+            return None
+
     # -- history ----------------------------------------------------------------------
     def latest_offset(self, topic: Topic) -> Offset:
         client, _ = self._sync_client()
+        keys = [self.key_prefix + topic, *self._origin_keys]
         try:
-            return text(self._sync_latest(keys=[self.key_prefix + topic, *self._origin_keys], args=[self._idle_ms],
-                                          client=client))
+            return text(self._sync_latest(keys=keys, args=[self._idle_ms], client=client))
         except (RedisError, OSError) as exc:
-            raise failed(self.url, exc, f"reading the latest offset of {topic!r}", reads=True) from exc
+            raise self._failed(exc, f"reading the latest offset of {topic!r}", self._wrong_key_sync(exc, keys), reads=True) from exc
 
     async def alatest_offset(self, topic: Topic) -> Offset:
         side = self._loops.get()
+        keys = [self.key_prefix + topic, *self._origin_keys]
         try:
-            return text(await side.latest(keys=[self.key_prefix + topic, *self._origin_keys],
-                                          args=[self._idle_ms]))
+            return text(await side.latest(keys=keys, args=[self._idle_ms]))
         except (RedisError, OSError) as exc:
-            raise failed(self.url, exc, f"reading the latest offset of {topic!r}", reads=True) from exc
+            raise self._failed(exc, f"reading the latest offset of {topic!r}", await self._wrong_key(exc, keys), reads=True) from exc
 
     async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE) -> History | None:
         if not isinstance(since, str) or not _is_stream_id(since) or since == LAST_ID:
@@ -520,10 +566,17 @@ class RedisFanOut(FanOut):
         except (RedisError, OSError) as exc:
             if not wrong_type(exc):
                 raise failed(self.url, exc, f"reading the history of {topic!r}", reads=True) from exc
-            # Something else wrote another type of value under the topic's key: no history of
-            # ours, which a retry would not bring back. As a DependencyError it was read again and
-            # again, and held up every topic read with it (a resync reads them all at once).
-            logger.warning("livepush: %r in Redis is not a stream (%s); answering reset", key, one_line(exc))
+            # Something else wrote another type of value under the topic's key, or the origin's: no
+            # history of ours, which a retry would not bring back. As a DependencyError it was read
+            # again and again, and held up every topic read with it (a resync reads them all at once).
+            wrong = await self._wrong_key(exc, [key, *self._origin_keys])
+            if wrong in self._origin_keys:
+                logger.warning("livepush: %r in Redis holds another type of value than livepush's origin (%s): every "
+                               "publish to a new topic fails and every read answers reset until it is deleted "
+                               "(something else writes under LIVEPUSH_REDIS_PREFIX); answering reset", wrong,
+                               one_line(exc))
+            else:
+                logger.warning("livepush: %r in Redis is not a stream (%s); answering reset", key, one_line(exc))
             return None
         except (KeyError, ValueError, IndexError):
             # Someone else's data under our key: refuse rather than guess.

@@ -256,13 +256,22 @@ def one_line(exc: BaseException) -> str:
 
 
 def failed(url: str, exc: BaseException, doing: str, cls: type[DependencyError] = DependencyError, *,
-           reads: bool = False) -> DependencyError:
+           reads: bool = False, key: str | None = None, deleting: str = "") -> DependencyError:
     """Our error for a Redis failure: the URL redacted, the driver's words, which never hold the
     password (redis-py does not quote URLs or AUTH arguments in its errors), and what to do.
     `reads`: the call writes nothing of the user's (a read, a subscribe), so no advice about what
-    it may have done all the same."""
-    return cls(f"Redis at {redact(url)} failed while {doing} ({one_line(exc)}): "
-               f"{_url_remedy(url, exc) or _remedy(exc, reads)}")
+    it may have done all the same. `key`: the key that holds another type of value, when the
+    caller knows it (Redis' refusal names none), with what `deleting` it costs."""
+    remedy = (_url_remedy(url, exc) or (_wrong_key_remedy(key, deleting) if key and wrong_type(exc) else None)
+              or _remedy(exc, reads))
+    return cls(f"Redis at {redact(url)} failed while {doing} ({one_line(exc)}): {remedy}")
+
+
+def _wrong_key_remedy(key: str, deleting: str) -> str:
+    # Only livepush's scripts write under the deployment's prefix, and always the type they read.
+    return (f"Redis is up but {key!r} holds another type of value than livepush keeps there: something else writes "
+            f"under LIVEPUSH_REDIS_PREFIX; give it a prefix of its own and delete that key"
+            + (f" ({deleting})" if deleting else ""))
 
 
 def _url_remedy(url: str, exc: BaseException) -> str | None:
@@ -434,10 +443,10 @@ def _remedy(exc: BaseException, reads: bool) -> str:
                 f"answers slowly or not at all (their own errors say which), or the process makes more than "
                 f"{POOL_CONNECTIONS} calls at once")
     if wrong_type(exc):
-        # Only livepush's scripts write under the deployment's prefix, and always the type they read.
+        # A caller that could not tell which key (failed(key=) names it): what is kept there is unknown too.
         return ("Redis is up but a key under the deployment's prefix holds another type of value than livepush "
                 "keeps there: something else writes under LIVEPUSH_REDIS_PREFIX; give it a prefix of its own and "
-                "delete the key (the topic's history is lost with it)")
+                "delete that key (redis-cli's TYPE shows a key's type)")
     if _older_than_needed(exc):
         return (f"Redis is up but older than livepush needs (Redis {_REDIS_NEEDED} or newer, for its stream "
                 "commands): upgrade it; `redis-cli INFO server` shows its redis_version")

@@ -396,6 +396,9 @@ return 1
 """
 
 _REDIS_CHUNK = 1000
+# What deleting a subject's key of another type costs (it holds no cut-off livepush can read), for
+# the error of the revocation it refused.
+_SUBJECT_KEY_DELETED = "then revoke the subject again: its revocation is stored anew"
 
 
 class RedisRevocations(RevocationStore):
@@ -503,7 +506,8 @@ class RedisRevocations(RevocationStore):
             with self._sync_client() as client:
                 client.eval(_REDIS_ADD_SUBJECT, 1, self.subject_prefix + subject, ms(before), ms(SUBJECT_KEPT), self.channel)
         except (redis.RedisError, OSError) as exc:
-            raise failed(self.url, exc, "storing a revocation") from exc
+            raise failed(self.url, exc, "storing a revocation", key=self.subject_prefix + subject,
+                         deleting=_SUBJECT_KEY_DELETED) from exc
 
     async def aadd_subject(self, subject: str, before: float) -> None:
         import redis
@@ -512,7 +516,8 @@ class RedisRevocations(RevocationStore):
             await self._aclient().eval(_REDIS_ADD_SUBJECT, 1, self.subject_prefix + subject, ms(before), ms(SUBJECT_KEPT),
                                        self.channel)
         except (redis.RedisError, OSError) as exc:
-            raise failed(self.url, exc, "storing a revocation") from exc
+            raise failed(self.url, exc, "storing a revocation", key=self.subject_prefix + subject,
+                         deleting=_SUBJECT_KEY_DELETED) from exc
 
     async def watch(self, on_revoked: OnRevoked, *, on_canary: OnCanary | None = None) -> None:
         await self._check_reads(ListenError, while_loading=True)
