@@ -11,6 +11,7 @@ import time
 import psycopg
 import psycopg.sql
 import pytest
+from redis.exceptions import AuthenticationError
 
 from livepush import sessions
 from livepush.cli import logs
@@ -47,6 +48,26 @@ def test_a_secret_is_scrubbed_whatever_its_names_prefix_or_the_characters_of_its
         line: str, secret: str) -> None:
     assert secret not in logs.scrub(line)
     assert secret not in logs.JsonLines().format(logging.makeLogRecord({"msg": line}))
+
+
+def test_the_placeholder_of_livepushs_own_hints_is_kept_and_real_passwords_are_not() -> None:
+    """A hint such as "use redis://:PASSWORD@HOST:PORT/DB" printed as "redis://:***@HOST...": the
+    scrubber took the placeholder for a password, and the hint said to write `***`. The word
+    PASSWORD, alone between the colon and the last '@', is kept; anything else there is a password
+    and is scrubbed, a password that begins with the word too."""
+    from livepush.postgres.urls import malformed
+    from livepush.redis.client import _auth_remedy
+
+    hints = [str(malformed("postgresql://u:pw@[::1/db")), _auth_remedy("redis://h:6379/0", AuthenticationError()),
+             "use redis://[:PASSWORD@]HOST:PORT/DB"]
+    for hint in hints:
+        assert hint and "PASSWORD@" in hint, hint
+        assert logs.scrub(hint) == hint
+        assert logs.error_line(hint) == f"livepush: {hint}"
+        assert json.loads(logs.error_line(hint, "json"))["message"] == hint
+    for line, secret in (("redis://:PASSWORDx@cache:6379/0", "PASSWORDx"), ("redis://:PASSWORD@x1@cache/0", "x1"),
+                         ("postgresql://app:password@db/app", "password"), ("redis://:PASSWORD9@cache", "PASSWORD9")):
+        assert secret not in logs.scrub(line), line
 
 
 def test_a_session_token_anywhere_in_a_message_is_scrubbed(monkeypatch) -> None:

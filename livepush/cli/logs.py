@@ -26,9 +26,11 @@ PROCESS_TEXT_FORMAT = "%(asctime)s %(levelname)s [%(livepush_process)s pid %(pro
 # in a query string, a key=value DSN or an environment, under a longer name too (access_token=,
 # client_secret=, PGPASSWORD=, LIVEPUSH_SECRET=: what a library's error quotes of a request, or a
 # job of its settings); a session token's shape (a long base64url payload, a dot, its signature;
-# a JWT's three parts too).
+# a JWT's three parts too). The word PASSWORD alone as the password is the placeholder of
+# livepush's own hints ("use redis://:PASSWORD@HOST:PORT/DB"), kept so that a hint does not say to
+# write `***`; followed by more before the last '@' it is a password like any other.
 _SECRETS = [
-    (re.compile(r"(//[^/\s:]*:)[^\s/]*@"), r"\1***@"),
+    (re.compile(r"(//[^/\s:]*:)(?!PASSWORD@[^\s/@]*(?:[\s/]|$))[^\s/]*@"), r"\1***@"),
     (re.compile(r"(?i)(?<![\w-])([\w-]*?(?:token|password|passwd|secret)\s*=\s*)"
                 r"(?:'[^']*'|\"[^\"]*\"|[^&\s,;\"']+)"),
      r"\1***"),
