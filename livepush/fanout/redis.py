@@ -516,7 +516,8 @@ class RedisFanOut(FanOut):
         try:
             return text(self._sync_latest(keys=keys, args=[self._idle_ms], client=client))
         except (RedisError, OSError) as exc:
-            raise self._failed(exc, f"reading the latest offset of {topic!r}", self._wrong_key_sync(exc, keys), reads=True) from exc
+            wrong = self._wrong_key_sync(exc, keys)
+            raise self._failed(exc, f"reading the latest offset of {topic!r}", wrong, reads=True) from exc
 
     async def alatest_offset(self, topic: Topic) -> Offset:
         side = self._loops.get()
@@ -524,7 +525,8 @@ class RedisFanOut(FanOut):
         try:
             return text(await side.latest(keys=keys, args=[self._idle_ms]))
         except (RedisError, OSError) as exc:
-            raise self._failed(exc, f"reading the latest offset of {topic!r}", await self._wrong_key(exc, keys), reads=True) from exc
+            wrong = await self._wrong_key(exc, keys)
+            raise self._failed(exc, f"reading the latest offset of {topic!r}", wrong, reads=True) from exc
 
     async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE) -> History | None:
         if not isinstance(since, str) or not _is_stream_id(since) or since == LAST_ID:
