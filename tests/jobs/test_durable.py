@@ -940,6 +940,39 @@ async def test_a_sleep_whose_seconds_a_deploy_changed_ends_at_the_time_it_had(du
     assert done.result == "rested"
 
 
+async def test_a_sleep_replayed_before_its_end_sleeps_on_when_the_apps_clock_is_ahead(
+        durable_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sleep is timed by Postgres' clock (durable.md): a run replayed before the sleep's end (woken
+    early here) parks again, also when its process's clock runs an hour ahead of the database's."""
+    from datetime import datetime, timedelta
+
+    from livepush.jobs.durable import run as durable_run
+
+    class AheadClock(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return datetime.now(tz) + timedelta(hours=1)
+
+    dj.SLEEP_SECONDS["seconds"] = 30.0
+    try:
+        async with running():
+            h = await dj.redeployed_sleeper.aenqueue()
+            await wait_state(h.id, "waiting")
+            monkeypatch.setattr(durable_run, "datetime", AheadClock)
+            q(durable_db, "UPDATE livepush_jobs SET run_at = now() WHERE id = %s", (h.id,))  # woken early
+
+            async def replayed() -> bool:
+                names = names_of(durable_db, h.id)
+                return names.count("waiting/waiting") == 2 or names[-1] == "succeeded/succeeded"
+
+            await async_wait_for(replayed, 10, message="the early-woken run to park again or end")
+            found = await info(h.id)
+            await jobs.acancel(h.id)
+    finally:
+        dj.SLEEP_SECONDS["seconds"] = 60.0
+    assert (found.state, found.waiting) == ("waiting", {"for": "sleep", "name": "nap"})
+
+
 def _days_across_a_clock_change(zone: str) -> int:
     """A whole number of days from now whose end is in another UTC offset of `zone` than now (a
     day either side too, so the test does not depend on the hour it runs)."""

@@ -19,8 +19,10 @@ from ..queries import TOUCH_RUNS, ring
 
 # name: load_steps
 # What earlier runs stored, read once per run (only for a job whose row says it has steps). A
-# plain read: only this job's run, which holds the lease, writes its steps.
-LOAD_STEPS = "SELECT kind, name, result, fingerprint FROM livepush_job_steps WHERE job_id = %(id)s"
+# plain read: only this job's run, which holds the lease, writes its steps. `read_at` is Postgres'
+# clock at the read: a replayed sleep that ended by then returns without a round trip of its own,
+# and the app's clock, which may run ahead, decides nothing (durable.md: sleeps keep Postgres' time).
+LOAD_STEPS = "SELECT kind, name, result, fingerprint, now() AS read_at FROM livepush_job_steps WHERE job_id = %(id)s"
 
 # name: save_checkpoint
 # One statement, in autocommit: the fenced update of the job's row (a new version, the

@@ -712,7 +712,10 @@ class DurableRun:
 
     async def _sleep(self, name: str, wanted: float, stored: dict[str, Any] | None) -> None:
         stored_until = _when(stored["result"]["until"]) if stored is not None else None
-        if stored_until is not None and stored_until <= datetime.now(timezone.utc):
+        # Ended by Postgres' clock when the steps were read: it has ended now. Otherwise the
+        # transaction decides, by Postgres' clock too; the app's clock may be ahead of it.
+        read_at = stored.get("read_at") if stored is not None else None
+        if stored_until is not None and read_at is not None and stored_until <= read_at:
             return
 
         def tx(now: datetime) -> steps.Steps[None]:
