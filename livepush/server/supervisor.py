@@ -6,8 +6,9 @@ It knows nothing of what a worker serves: it gets a command per worker and hears
 worker inherits, when that worker serves. The first worker boots alone, so that a boot failure
 (a bad setting, a database down) is said once, by one process, and ends the supervisor with that
 worker's exit status; the others then boot together. A worker that exits before it ever served
-ends the boot so; one that exits after it served (even while others still boot) is restarted;
-only a signal to the supervisor stops them.
+ends the boot so, unless a stop signal ended it (an operator's SIGTERM to that worker); that one,
+and one that exits after it served (even while others still boot), is restarted; only a signal
+to the supervisor stops them.
 
 Workers run in a process group of their own: a terminal's Ctrl-C reaches the supervisor alone,
 which forwards it, so each worker hears one signal (a second one would cut its drain short).
@@ -32,6 +33,9 @@ log = logging.getLogger("livepush.workers")
 # (worker index, fd of the pipe's write end the worker inherits) -> the worker's argv.
 WorkerCommand = Callable[[int, int], list[str]]
 READY_LINE = b"ready\n"
+# How a worker ends when a stop signal reached it: a clean exit, or killed by the signal before
+# its handlers were installed. Never a boot failure; a stop of the supervisor's that ends so is clean.
+_STOPPED = (0, -signal.SIGTERM, -signal.SIGINT)
 
 
 @dataclass(frozen=True)
@@ -150,8 +154,9 @@ class Supervisor:
                 return
             # A boot failure is a worker that never served (a bad setting, a dependency down: the
             # next would fail alike). One that served and died while others still boot is a crash
-            # like any later one, and is restarted.
-            if not self._booted and not slot.served:
+            # like any later one, and is restarted; so is one stopped on purpose while it booted
+            # (an operator's SIGTERM to it: exit 0, or killed by the signal before its handlers).
+            if not self._booted and not slot.served and status not in _STOPPED:
                 log.error("worker %d (pid %d) %s before it served: stopping", slot.index, process.pid,
                           describe_exit(status))
                 self._give_up(status if status > 0 else 1)
@@ -243,9 +248,7 @@ class Supervisor:
         await asyncio.gather(*self._keepers, return_exceptions=True)
         if self._status is not None:
             return self._status
-        # Killed by the signal it was forwarded (it came before the worker's handlers): a stop too.
-        clean = (0, None, -signal.SIGTERM, -signal.SIGINT)
-        failed = [s for s in self.slots if s.last_status not in clean]
+        failed = [s for s in self.slots if s.last_status is not None and s.last_status not in _STOPPED]
         for slot in failed:
             log.error("worker %d %s while stopping", slot.index, describe_exit(slot.last_status or 0))
         return 1 if failed else 0

@@ -785,6 +785,34 @@ async def test_a_worker_that_served_and_dies_while_the_others_boot_is_restarted(
     assert await asyncio.wait_for(run, 10) == 0
 
 
+async def test_a_worker_stopped_on_purpose_while_it_boots_is_restarted(tmp_path: Path) -> None:
+    """A worker that an operator's SIGTERM stops before it served exits 0: a stop, not a boot
+    failure. It is started again as a worker that ends after it served, and the supervisor goes
+    on to serve, then exits 0 on its own SIGTERM (it ended with status 1)."""
+    waiting = tmp_path / "worker-2-waits"
+    starts: list[int] = []
+
+    def command(index: int, fd: int) -> list[str]:
+        starts.append(index)
+        if index == 2 and starts.count(2) == 1:  # its first process boots until the test stops it
+            return [sys.executable, "-c", _GATED_WORKER, str(fd), str(waiting)]
+        return [sys.executable, "-c", _FAKE_WORKER, str(fd)]
+
+    supervisor = Supervisor(2, command, policy=RestartPolicy(first_delay=0.01, max_delay=0.05))
+    served: list[list[int]] = []
+    run = asyncio.create_task(supervisor.run(ready=served.append))
+    second = supervisor.slots[1]
+    await async_wait_for(waiting.exists, timeout=BOOT, message="worker 2 booting")
+    assert second.process is not None
+    stopped = second.process.pid
+    os.kill(stopped, signal.SIGTERM)  # the operator's, to the worker alone
+    await async_wait_for(lambda: run.done() or served, timeout=10, message="worker 2 started again and serving")
+    assert not run.done(), f"the supervisor stopped with {run.result()}"
+    assert len(served[0]) == 2 and stopped not in served[0]
+    os.kill(os.getpid(), signal.SIGTERM)  # heard by the supervisor's handler while it runs
+    assert await asyncio.wait_for(run, 10) == 0
+
+
 def test_a_worker_whose_supervisor_is_gone_when_it_serves_says_ready_to_no_one_without_failing() -> None:
     """A supervisor killed outright while a worker boots leaves that worker's "ready" with no
     reader. Its parent-death SIGTERM stops the worker; saying ready must not fail first, which
