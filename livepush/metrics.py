@@ -64,7 +64,17 @@ class _OwnValues:
                 values.ValueClass = shared
 
 
-class Counter(_OwnValues, prometheus_client.Counter):
+class _NoCreated:
+    """Leaves out a counter's or histogram's `_created` sample: the added-up scrape of `serve
+    --workers N` has none (one process's creation time has no sum), so a scrape has the same series
+    with one process as with N. Per metric, not prometheus_client.disable_created_metrics(): that
+    would change the metrics of an app livepush runs in too."""
+
+    def _child_samples(self) -> Iterable[Any]:
+        return [s for s in super()._child_samples() if s.name != "_created"]  # type: ignore[misc]
+
+
+class Counter(_NoCreated, _OwnValues, prometheus_client.Counter):
     pass
 
 
@@ -72,7 +82,7 @@ class Gauge(_OwnValues, prometheus_client.Gauge):
     pass
 
 
-class Histogram(_OwnValues, prometheus_client.Histogram):
+class Histogram(_NoCreated, _OwnValues, prometheus_client.Histogram):
     pass
 
 # -- the push side ----------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.conftest import Served
 from tests.server.test_server import http_get
-from tests.support.procs import Processes
+from tests.support.procs import ChildProcess, Processes
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
@@ -125,6 +125,36 @@ async def test_a_multiprocess_folder_livepush_inherits_gets_none_of_its_metrics(
     assert child.stop(15) == 0, child.output()
 
 
+async def serve(procs: Processes, env: dict[str, str], workers: str | None) -> tuple[ChildProcess, int]:
+    """`livepush serve` with `env`, in one process or (`workers`) under a supervisor; (it, its port)."""
+    from tests.server.test_workers import start_workers
+
+    if workers:
+        return await start_workers(procs, env, "--workers", workers)
+    child = procs.livepush("serve", env=env)
+    return child, child.port or 0
+
+
+async def test_a_scrape_has_the_same_series_with_one_process_and_with_several_workers(
+        procs: Processes, livepush_env: Callable[..., dict[str, str]], pg_url: str) -> None:
+    """Dashboards and alerts written against one process keep working under --workers: the same
+    series names either way. The workers' added-up scrape has no `_created` series (a per-process
+    creation time has no sum), so one process has none either."""
+    names: dict[str, set[str]] = {}
+    for workers in (None, "2"):
+        child, port = await serve(procs, livepush_env(database_url=pg_url, port=0 if workers else None), workers)
+
+        async def canary_counted() -> Samples | None:
+            samples = await scrape(port)
+            return samples if value(samples, "livepush_published_total", fanout="postgres") >= 1 else None
+
+        samples = await async_wait_for(canary_counted, 10.0, message="the canary's publish in /metrics")
+        names[workers or "one"] = {name for name, _ in samples}
+        assert child.stop(15) == 0, child.output()
+    assert [n for n in names["one"] if n.endswith("_created")] == []
+    assert names["one"] == names["2"], (names["one"] ^ names["2"])
+
+
 @pytest.mark.parametrize("workers", [None, "2"])
 async def test_the_counters_the_alerts_read_are_scraped_at_zero_before_anything_is_counted(
         procs: Processes, livepush_env: Callable[..., dict[str, str]], pg_url: str, workers: str | None) -> None:
@@ -132,14 +162,7 @@ async def test_the_counters_the_alerts_read_are_scraped_at_zero_before_anything_
     appears at 1 has no rate(), so the first reset from history or the first slow client closed
     after a start would never fire the alerts of docs/operations.md. Each label value known in
     advance is in the first scrape at 0, with one process and with several workers."""
-    from tests.server.test_workers import start_workers
-
-    env = livepush_env(database_url=pg_url, port=0 if workers else None)
-    if workers:
-        child, port = await start_workers(procs, env, "--workers", workers)
-    else:
-        child = procs.livepush("serve", env=env)
-        port = child.port or 0
+    child, port = await serve(procs, livepush_env(database_url=pg_url, port=0 if workers else None), workers)
     samples = await scrape(port)
     expected = [("livepush_resets_total", "cause", "history"), ("livepush_resets_total", "cause", "slow_client"),
                 ("livepush_slow_client_actions_total", "action", "conflated"),
