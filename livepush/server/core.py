@@ -63,6 +63,10 @@ DESCRIPTOR_RESERVE = 128
 CLOSE_TIMEOUT = 1.0  # for the peer to answer a close
 TICK = 0.25
 STOP_SECONDS = 3.0  # how long close() waits for the close handshakes before aborting the rest
+# Connections the kernel queues for accept(): asyncio's default of 100 overflowed when a deploy
+# sent thousands of clients back at once, and those past it waited 1-3 s on SYN retries. The
+# kernel caps it at net.core.somaxconn (docs/operations.md#behind-a-proxy-or-load-balancer).
+LISTEN_BACKLOG = 65535
 
 
 class Server(Protocol):
@@ -135,7 +139,7 @@ class ConnectionCore:
         self._loop = asyncio.get_running_loop()
         self.now = self._loop.time()
         self._listener = await self._loop.create_server(lambda: Connection(self), host, port,
-                                                        reuse_port=reuse_port or None)
+                                                        reuse_port=reuse_port or None, backlog=LISTEN_BACKLOG)
         self._sweeper = supervise("livepush-sweep", self._sweep)
 
     def new_protocol(self) -> ServerProtocol:

@@ -498,3 +498,21 @@ async def test_a_client_that_never_reads_a_plain_http_answer_is_dropped_within_t
         await async_wait_for(lambda: server._core._live == 0, 5, message="the connection to be dropped")
     finally:
         sock.close()
+
+
+def _listen_backlog(port: int) -> int:
+    """The backlog of the socket listening on 127.0.0.1:port, as the kernel holds it (`ss`'s
+    Send-Q for a listening socket): what it took of listen()'s argument, capped at somaxconn."""
+    import subprocess
+
+    out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True,
+                         timeout=10, check=True).stdout
+    return int(out.split()[2])
+
+
+async def test_the_listening_socket_queues_a_reconnect_storm_not_asyncios_default_100(
+        start_server: Callable[..., Any]) -> None:
+    server = await start_server()
+    with open("/proc/sys/net/core/somaxconn") as f:
+        somaxconn = int(f.read())
+    assert _listen_backlog(server.port) == min(core.LISTEN_BACKLOG, somaxconn) > 100
