@@ -126,6 +126,7 @@ class PushServer:
         self._health = list(health)
         self._refreshers = list(refreshers)  # what refreshes the database gauges of /metrics
         self._draining = False
+        self._drain_end = 0.0  # the loop's time at which the drain closes its last connection
         # One of `serve --workers N`'s processes: it shares its port with the others (SO_REUSEPORT,
         # the kernel spreads connections) and names itself in /readyz.
         self.worker = worker
@@ -212,6 +213,7 @@ class PushServer:
         `drain_seconds` with a `retry=MS` reason (livepush/server/drain.py). Each close waits at
         most close_timeout for the client's answer. The fan-out stays usable for publishers."""
         self._draining = True
+        self._drain_end = asyncio.get_running_loop().time() + drain_seconds
         # No canary from now on, but its end is awaited only after the closes: a canary cancelled
         # while its database answers nothing takes seconds to give up (the driver asks the server
         # to cancel, then waits for it), and every client waited for that before its 1001.
@@ -245,7 +247,7 @@ class PushServer:
         if not http.is_websocket(request):
             return await self._plain_http(request, path)  # a HEAD's body is dropped by the core
         if self._draining:
-            return drain.refusal(self.settings.drain_seconds)
+            return drain.refusal(self._drain_end - asyncio.get_running_loop().time())
         if self._full():
             return self._full_response()
         if not origin_allowed(request.headers, self.settings.allowed_origins):

@@ -74,9 +74,12 @@ def reason(ms: int) -> str:
     return f"{RETRY_PREFIX}{ms}"
 
 
-def refusal(seconds: float) -> Response:
-    """What a WebSocket upgrade gets while this server drains: go elsewhere, or come back later."""
-    return http.response(503, b"this server is shutting down: retry shortly\n", Retry_After=str(max(1, math.ceil(seconds))))
+def refusal(seconds_left: float) -> Response:
+    """What a WebSocket upgrade gets while this server drains: go elsewhere, or come back once the
+    drain is over, `seconds_left` from now (rounded up, at least 1 s). The whole drain's length,
+    told late in the drain, sent the client back long after the next server was up."""
+    return http.response(503, b"this server is shutting down: retry shortly\n",
+                         Retry_After=str(max(1, math.ceil(seconds_left))))
 
 
 async def close_paced(

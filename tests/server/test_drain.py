@@ -185,6 +185,25 @@ async def test_draining_is_visible_and_refuses_new_websockets_while_it_lasts(sec
         await served.stop()
 
 
+async def test_retry_after_during_a_drain_is_the_time_left_not_the_whole_drain(secret: str) -> None:
+    """An upgrade refused late in a drain is told to come back when the drain ends (the seconds
+    left, rounded up), not after the whole drain again."""
+    served = await start_served(make_settings("local", secret, None, None, drain_seconds=3.0))
+    try:
+        clients = await open_clients(served.url, 10)
+        draining = asyncio.create_task(served.server.close_connections(3.0))
+        await async_wait_for(lambda: served.server.draining, 2, message="the drain to begin")
+        assert await refused_status(served.url) == (503, "3")
+        # Ten closes paced over 3 s: the sixth goes 1.5 s in, when at most 1.5 s are left.
+        await async_wait_for(lambda: len(served.server.clients) <= 4, 5, message="six closes")
+        status, retry_after = await refused_status(served.url)
+        assert status == 503 and retry_after in ("1", "2")
+        await closes(clients, timeout=5)
+        await asyncio.wait_for(draining, 5)
+    finally:
+        await served.stop()
+
+
 # ---- `livepush serve` -----------------------------------------------------------------------
 
 
