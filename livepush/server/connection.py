@@ -32,8 +32,10 @@ import time
 from collections.abc import Awaitable, Iterable
 from typing import Any, Protocol
 
-from websockets.exceptions import ConnectionClosed, ConnectionClosedError, InvalidMessage
+from websockets.exceptions import (ConnectionClosed, ConnectionClosedError, HeaderLineTooLong, InvalidMessage,
+                                   RequestLineTooLong, TooManyHeaders)
 from websockets.frames import BINARY, CONT, TEXT, CloseCode, Frame
+from websockets.http11 import Response
 from websockets.protocol import OPEN
 from websockets.server import ServerProtocol
 
@@ -67,6 +69,9 @@ INBOX_FRAMES = 16
 # The longest unfinished request head line held back from the parser while the head is scanned
 # for its end (websockets refuses a longer one whatever it holds).
 LINE_KEPT = 8 * 1024
+
+# What websockets' parser refuses a request head for with its own 414 or 431.
+HEAD_TOO_LARGE = (RequestLineTooLong, HeaderLineTooLong, TooManyHeaders)
 
 # The bytes a request line may begin with: those of a method, a token (RFC 9110 §5.6.2).
 METHOD_BYTES = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
@@ -109,8 +114,8 @@ class Connection(asyncio.Protocol):
     """One connection's state: what cannot be derived, nothing more."""
 
     __slots__ = ("core", "transport", "proto", "session", "topics", "closing", "paused", "out", "backlog", "seen",
-                 "ping_at", "deadline", "stalled", "busy", "inbox", "partial", "line", "lengths", "early", "pongs", "_bad", "_subscribes",
-                 "_waiter")
+                 "ping_at", "deadline", "stalled", "busy", "inbox", "partial", "line", "lengths", "start", "early",
+                 "pongs", "_bad", "_subscribes", "_waiter")
 
     def __init__(self, core: Core) -> None:
         self.core = core
@@ -133,6 +138,7 @@ class Connection(asyncio.Protocol):
         self.partial: bytearray | None = None  # a fragmented message so far (opcode in its first byte)
         self.line: bytes | None = None  # the request head's unfinished line so far (None: nothing of it yet)
         self.lengths = b""  # the request's Content-Length values (plain where lengths), each followed by a comma
+        self.start = b""  # the request's first 5 bytes: `HEAD ` for a HEAD, whose answer has no body
         self.early: bytearray | None = None  # what came after the request head, until it is answered
         self.pongs = 0  # bytes flush() wrote while the transport was paused, since it last resumed
         self._bad: protocol.BadFrameWindow | None = None
@@ -248,8 +254,11 @@ class Connection(asyncio.Protocol):
         proto.receive_data(data)
         events = proto.events_received()
         if self.core.is_opening(self):
-            if not events and isinstance(proto.handshake_exc, InvalidMessage) and not self.closing:
-                self._answer_unreadable(proto.handshake_exc.__cause__)
+            if not events and not self.closing:
+                if isinstance(proto.handshake_exc, InvalidMessage):
+                    self._answer_unreadable(proto.handshake_exc.__cause__)
+                elif isinstance(proto.handshake_exc, HEAD_TOO_LARGE):
+                    self._answer_too_large(proto.handshake_exc)
             self.flush()  # a handshake refused by the parser
             if events:
                 self.core.request_received(self, events)
@@ -272,6 +281,8 @@ class Connection(asyncio.Protocol):
         had an answer. A line is held until it ends, so that a Content-Length line reaches
         websockets in its plain spelling (`http.content_length`): it takes only `0` as no body.
         Its values are kept: only a length is a body (413); anything else is a malformed head (400)."""
+        if len(self.start) < 5:
+            self.start = (self.start + data)[:5]
         scan = (self.line or b"") + data
         out = bytearray()
         start = 0
@@ -303,7 +314,20 @@ class Connection(asyncio.Protocol):
         self.closing = True
         answer = http.unreadable(cause, self.lengths)
         if answer is not None:
-            self.transport.write(answer.serialize())
+            self.transport.write(self._for_method(answer).serialize())
+
+    def _answer_too_large(self, cause: Exception) -> None:
+        """websockets refused a request head past its limits with its own 414 or 431, worded for a
+        WebSocket handshake and with a body even for a HEAD: ours goes in its place, its EOF after
+        it, and nothing more is read or written."""
+        self.closing = True
+        queued = self.proto.data_to_send()  # websockets' answer, then its EOF
+        self.transport.write(self._for_method(http.too_large(cause)).serialize())
+        self._write(queued[1:])
+
+    def _for_method(self, answer: Response) -> Response:
+        """`answer` as the request's method has it: a HEAD's has no body (RFC 9110 §9.3.2)."""
+        return http.for_head(answer) if self.start == b"HEAD " else answer
 
     def _answer_no_request(self) -> None:
         """What came is no HTTP request at all (a TLS ClientHello from a client told https:// or
@@ -371,8 +395,21 @@ class Connection(asyncio.Protocol):
     def flush(self) -> None:
         """Write what the protocol has to send (handshake answer, pongs, close frames, EOF)."""
         self.uncork()
+        self._write(self.proto.data_to_send())
+        if self.proto.close_expected():
+            self.core.expect_close(self)
+        elif self.paused and not self.closing:
+            # Pongs bypass the backlog (they answer the client's own pings): a client that pings
+            # and never reads is bounded by the pongs waiting in the transport too. Only those:
+            # the rest of what the transport holds may be one large state, which must arrive.
+            waiting = self.pongs + self.backlog_bytes
+            if past_bound(waiting, self.backlog):
+                too_slow(self, f"{waiting} bytes waiting")
+
+    def _write(self, writes: Iterable[bytes]) -> None:
+        """Write what the protocol queued: its bytes, and its EOF (an empty item)."""
         transport = self.transport
-        for data in self.proto.data_to_send():
+        for data in writes:
             if transport.is_closing():
                 # A write found the peer gone (it reset the connection): connection_lost follows.
                 # Each later write would only count against the transport, which logs a warning
@@ -392,15 +429,6 @@ class Connection(asyncio.Protocol):
                     transport.abort()
             else:
                 transport.close()
-        if self.proto.close_expected():
-            self.core.expect_close(self)
-        elif self.paused and not self.closing:
-            # Pongs bypass the backlog (they answer the client's own pings): a client that pings
-            # and never reads is bounded by the pongs waiting in the transport too. Only those:
-            # the rest of what the transport holds may be one large state, which must arrive.
-            waiting = self.pongs + self.backlog_bytes
-            if past_bound(waiting, self.backlog):
-                too_slow(self, f"{waiting} bytes waiting")
 
     def _stop_writing(self) -> None:
         """Closing: nothing more is written, what still waits is never sent, drain() returns, and

@@ -189,8 +189,9 @@ class ConnectionCore:
         try:
             verdict: Any = await self.server.admit(request)
         except Exception:
-            log.exception("the opening handshake failed")
-            verdict = proto.reject(500, "Failed to open a WebSocket connection.\nSee server log for more information.\n")
+            log.exception("answering a request failed")
+            # Worded for any request: the gate answers plain HTTP routes too.
+            verdict = http.response(500, b"the server failed to answer this request: see its log\n")
         if conn.closing:
             return  # the client left meanwhile
         if isinstance(verdict, Response):

@@ -9,7 +9,8 @@ from http import HTTPStatus
 from importlib import resources
 
 from websockets.datastructures import Headers
-from websockets.http11 import Request, Response
+from websockets.exceptions import RequestLineTooLong
+from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS, Request, Response
 
 # What the read-only routes answer: anything else would be answered as a GET, and a POST that a
 # proxy or a script thought did something got a 200.
@@ -160,6 +161,21 @@ def unreadable(cause: BaseException | None, lengths: bytes = b"") -> Response | 
                                b"send Content-Length: 0, or none, as this server reads no request body\n")
     else:
         answer = response(400, b"not an HTTP/1.1 request this server can read\n")
+    answer.headers["Connection"] = "close"  # the connection ends with the answer
+    return answer
+
+
+def too_large(cause: Exception) -> Response:
+    """The answer to a request head past websockets' limits (`cause`: RequestLineTooLong, else a
+    header line too long or too many): 414 or 431, in words that fit any request. websockets' own
+    said "Failed to open a WebSocket connection" to a plain GET of a route too."""
+    if isinstance(cause, RequestLineTooLong):
+        answer = response(414, f"the request line is over {MAX_LINE_LENGTH} bytes: "
+                               "send a shorter target (path and query)\n".encode())
+    else:
+        answer = response(431, f"the request's header fields are too large (a line over {MAX_LINE_LENGTH} "
+                               f"bytes, or over {MAX_NUM_HEADERS} lines): send fewer or shorter ones, "
+                               "such as fewer cookies\n".encode())
     answer.headers["Connection"] = "close"  # the connection ends with the answer
     return answer
 

@@ -434,3 +434,47 @@ async def test_empty_lines_before_the_request_line_are_ignored(served: Served) -
         assert (await asyncio.wait_for(reader.read(), timeout=5)).startswith(b"HTTP/1.1 200 ")
     finally:
         writer.close()
+
+
+def _parsed(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode().split("\r\n")
+    return int(status_line.split()[1]), {n.lower(): v.strip() for n, _, v in (x.partition(":") for x in lines)}, body
+
+
+@pytest.mark.parametrize("fanout_kind", ["local"])
+@pytest.mark.parametrize("refused", ["414", "431", "400", "413"])
+async def test_a_refused_head_request_gets_no_body_and_a_plain_request_no_websocket_wording(
+        served: Served, refused: str) -> None:
+    """A request the server refuses before it is read (a request line or header past the parser's
+    limits, a garbled head, a body) is answered as any other: without a body for a HEAD (RFC 9110
+    §9.3.2), and with words that fit a plain HTTP request, which is no WebSocket connection."""
+    port = served.server.port
+    target, extra = {"414": ("/healthz?" + "a" * 9000, ""), "431": ("/healthz", "X-Big: " + "a" * 9000 + "\r\n"),
+                     "400": ("/healthz", "Bad Header Line\r\n"), "413": ("/healthz", "Content-Length: 5\r\n")}[refused]
+    for method in ("GET", "HEAD"):
+        request = f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{extra}\r\n".encode()
+        status, headers, body = _parsed(await raw_exchange(port, request))
+        assert status == int(refused) and int(headers["content-length"]) > 0, (method, status, headers)
+        assert headers["connection"] == "close"
+        if method == "HEAD":
+            assert body == b"", body
+        else:
+            assert len(body) == int(headers["content-length"]) and b"WebSocket" not in body, body
+
+
+@pytest.mark.parametrize("fanout_kind", ["local"])
+async def test_a_request_the_gate_fails_on_gets_500_worded_for_any_request(
+        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in the gate answers 500, and a plain GET of a route is told so without being called a
+    WebSocket connection; a HEAD gets no body."""
+
+    async def broken(request: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(served.server, "admit", broken)
+    port = served.server.port
+    status, headers, body = await http_exchange(port, "GET", "/healthz")
+    assert status == 500 and b"WebSocket" not in body and len(body) == int(headers["content-length"]), body
+    status, headers, body = await http_exchange(port, "HEAD", "/healthz")
+    assert (status, body) == (500, b"")
