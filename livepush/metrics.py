@@ -16,6 +16,7 @@ else livepush's values stay in memory, whatever PROMETHEUS_MULTIPROC_DIR the pro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -29,6 +30,10 @@ from prometheus_client import CollectorRegistry, multiprocess, values
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from websockets.exceptions import HeaderLineTooLong, RequestLineTooLong, TooManyHeaders
+from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS, Response
+
+from .server import http
 
 log = logging.getLogger("livepush.metrics")
 
@@ -393,9 +398,10 @@ async def serve(host: str, port: int, refreshers: Sequence[Refresher] = (),
             return
         held += 1
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5.0)
-            method, _, rest = head.partition(b" ")
-            path = rest.partition(b" ")[0].partition(b"?")[0]
+            method, path = await asyncio.wait_for(_read_head(reader), timeout=5.0)
+            if isinstance(path, Response):
+                await _refuse(reader, writer, http.for_head(path) if method == b"HEAD" else path)
+                return
             extra = b""
             if path not in (b"/metrics", b"/healthz"):
                 status, ctype, body = b"404 Not Found", b"text/plain", b"not found: GET /metrics\n"
@@ -420,4 +426,43 @@ async def serve(host: str, port: int, refreshers: Sequence[Refresher] = (),
             held -= 1
             writer.close()
 
-    return await asyncio.start_server(handle, host, port, limit=16 * 1024)
+    # A line's LF at most MAX_LINE_LENGTH bytes in, as websockets reads the server port's lines.
+    return await asyncio.start_server(handle, host, port, limit=MAX_LINE_LENGTH - 1)
+
+
+async def _read_head(reader: asyncio.StreamReader) -> tuple[bytes, bytes | Response]:
+    """The method of a request head, and the path to route by, read within the server port's
+    limits (lines of at most MAX_LINE_LENGTH bytes, at most MAX_NUM_HEADERS header lines), or the
+    server port's answer to a head past them: 414 for its request line, else 431. The two ports
+    answer alike (docs/reference.md#3-commands): this one closed the connection without a word
+    on a head over 16 KiB, and answered 404 to a target in absolute form."""
+    try:
+        request_line = await reader.readuntil(b"\n")
+    except asyncio.LimitOverrunError:
+        # The line waits in the reader, longer than the limit: its method is among its first bytes.
+        return (await reader.readexactly(5)).partition(b" ")[0], http.too_large(RequestLineTooLong())
+    method, _, rest = request_line.partition(b" ")
+    for _ in range(MAX_NUM_HEADERS + 1):
+        try:
+            line = await reader.readuntil(b"\n")
+        except asyncio.LimitOverrunError:
+            return method, http.too_large(HeaderLineTooLong())
+        if line.strip(b"\r\n") == b"":
+            break
+    else:
+        return method, http.too_large(TooManyHeaders())
+    return method, http.route(rest.partition(b" ")[0].decode("latin-1")).encode("latin-1")
+
+
+async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answer: Response) -> None:
+    """Send `answer` to a head past the limits, then take the rest of the head until the client
+    ends (at most 5 s): closed with its bytes unread, the connection would be reset, and the
+    client lose the answer."""
+    writer.write(answer.serialize())
+    if writer.can_write_eof():
+        writer.write_eof()
+    await writer.drain()
+    with contextlib.suppress(asyncio.TimeoutError):
+        async with asyncio.timeout(5.0):
+            while await reader.read(64 * 1024):
+                pass

@@ -20,7 +20,6 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
@@ -79,19 +78,6 @@ def _store_failure(exc: Exception) -> str:
     if isinstance(exc, TimeoutError):
         return f"the revocation store did not answer within {STORE_READ_TIMEOUT:g} s"
     return first_line(exc)
-
-
-def _route(target: str) -> str:
-    """The path a request target routes by: an absolute URL's path (RFC 9112 §3.2.2: a server
-    must accept one; a proxy may send it), "/" for `*` or a URL with no path, "" (no route) for
-    a target urlsplit cannot read, e.g. `//[`: anyone can send any target, and it must get an
-    answer, not a traceback."""
-    if not target.startswith("/") and "://" not in target:
-        return "/"
-    try:
-        return urlsplit(target).path or "/"
-    except ValueError:
-        return ""
 
 
 class PushServer:
@@ -243,7 +229,7 @@ class PushServer:
             self._quiet.debug("refused a request with two %s headers", duplicate)
             metrics.REFUSALS.labels("duplicate_header").inc()
             return http.response(400, f"one {duplicate} header at most\n".encode())
-        path = _route(request.path)
+        path = http.route(request.path)
         if not http.is_websocket(request):
             return await self._plain_http(request, path)  # a HEAD's body is dropped by the core
         if self._draining:

@@ -7,6 +7,7 @@ import hashlib
 from dataclasses import dataclass
 from http import HTTPStatus
 from importlib import resources
+from urllib.parse import urlsplit
 
 from websockets.datastructures import Headers
 from websockets.exceptions import RequestLineTooLong
@@ -22,6 +23,19 @@ def response(status: int, body: bytes, content_type: str = "text/plain; charset=
     for name, value in extra.items():
         headers[name.replace("_", "-")] = value
     return Response(status, HTTPStatus(status).phrase, headers, body)
+
+
+def route(target: str) -> str:
+    """The path a request target routes by: an absolute URL's path (RFC 9112 §3.2.2: a server
+    must accept one; a proxy may send it), "/" for `*` or a URL with no path, "" (no route) for
+    a target urlsplit cannot read, e.g. `//[`: anyone can send any target, and it must get an
+    answer, not a traceback. The metrics port of `livepush jobs` routes by it too."""
+    if not target.startswith("/") and "://" not in target:
+        return "/"
+    try:
+        return urlsplit(target).path or "/"
+    except ValueError:
+        return ""
 
 
 def not_allowed(allow: tuple[str, ...] = READ_METHODS) -> Response:

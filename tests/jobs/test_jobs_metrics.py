@@ -15,7 +15,7 @@ from livepush import jobs, metrics
 from livepush.jobs.api.status import arefresh_metrics
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import q, runtime_starter
-from tests.support.http import http_exchange
+from tests.support.http import http_exchange, raw_exchange
 from tests.support.procs import ChildProcess, Processes, free_port
 from tests.support.services import dbname_of, pg_refusing_connections, pg_terminate
 from tests.support.waiting import wait_for
@@ -205,6 +205,32 @@ async def test_the_metrics_port_answers_head_like_get_and_other_methods_with_405
                 status, headers, _ = await http_exchange(port, method, path)
                 assert (status, headers.get("allow")) == (405, "GET, HEAD"), (method, path)
         assert (await http_exchange(port, "GET", "/nope"))[0] == 404
+    finally:
+        server.close()
+
+
+async def test_the_metrics_port_answers_a_large_head_and_an_absolute_target_as_the_server_port_does() -> None:
+    """As on the server's port: a target in absolute form is routed by its path, a request line
+    past 8 KiB gets 414, a header line past 8 KiB or a 129th header line 431, each answered
+    (not a connection closed without a word), and a head that fits is served."""
+    server = await metrics.serve("127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        answer = await raw_exchange(port, b"GET http://127.0.0.1/healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:80]
+        answer = await raw_exchange(port, b"GET /healthz?" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 414"), answer[:80]
+        answer = await raw_exchange(port, b"GET /healthz HTTP/1.1\r\nCookie: " + b"a" * 9000 + b"\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 431"), answer[:80]
+        many = b"".join(b"X-%d: 1\r\n" % i for i in range(129))
+        answer = await raw_exchange(port, b"GET /healthz HTTP/1.1\r\n" + many + b"\r\n")
+        assert answer.startswith(b"HTTP/1.1 431"), answer[:80]
+        # 128 header lines of 8000 bytes, a head of 1 MB: within the limits, served.
+        large = b"".join(b"X-%d: %s\r\n" % (i, b"a" * 7990) for i in range(128))
+        answer = await raw_exchange(port, b"GET /healthz HTTP/1.1\r\n" + large + b"\r\n")
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:80]
+        answer = await raw_exchange(port, b"HEAD /healthz?" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 414") and answer.endswith(b"\r\n\r\n"), answer[-80:]
     finally:
         server.close()
 

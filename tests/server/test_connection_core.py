@@ -24,7 +24,7 @@ from livepush.server import core, frames, http
 from livepush.server.app import PageRoute, PushServer
 from livepush.server.connection import INBOX_FRAMES, Connection
 from livepush.types import Message
-from tests.support.http import upgrade_request
+from tests.support.http import raw_exchange, upgrade_request
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
@@ -386,28 +386,18 @@ async def test_a_frame_that_waits_behind_a_subscribe_is_parsed_once(
     await client.close()
 
 
-async def _one_write(port: int, data: bytes) -> bytes:
-    """Send `data` in one write; return everything the server sends until it closes."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(data)
-        return await asyncio.wait_for(reader.read(), 5)
-    finally:
-        writer.close()
-
-
 async def test_a_request_is_answered_whatever_follows_it_in_the_same_write(start_server: Callable[..., Any]) -> None:
     """A request is answered before anything sent after it counts: `GET /healthz` followed by a stray CRLF or a pipelined second request gets its 200 (what follows a plain HTTP request is ignored); an upgrade followed by an unmasked frame (which the protocol refuses) gets its 101 and hello, then close 1002."""
     server = await start_server()
     port = server.port
     healthz = f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
     for after in (b"\r\n", healthz):
-        answer = await _one_write(port, healthz + after)
+        answer = await raw_exchange(port, healthz + after)
         assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1") == 1, (after, answer[:80])
 
     upgrade = upgrade_request(port)
     unmasked_ping = b"\x81\x0b" + b'{"op":"x"}\n'
-    answer = await _one_write(port, upgrade + unmasked_ping)
+    answer = await raw_exchange(port, upgrade + unmasked_ping)
     head, _, rest = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 101"), answer[:80]
     hello_frame = frames.text(protocol.hello(None, server.heartbeat).encode())

@@ -13,7 +13,7 @@ import pytest
 import livepush
 from livepush import topics
 from tests.server.conftest import Served
-from tests.support.http import http_exchange, upgrade_headers
+from tests.support.http import http_exchange, raw_exchange, upgrade_headers
 from tests.support.wsclient import WSClient
 
 
@@ -236,16 +236,6 @@ async def test_a_head_with_upgrade_headers_is_answered_without_a_body(served: Se
     status, answer, body = await http_exchange(served.server.port, "HEAD", "/", headers)
     assert status == (503 if draining else 405) and int(answer["content-length"]) > 0, (status, answer)
     assert body == b""
-
-
-async def raw_exchange(port: int, request: bytes) -> bytes:
-    """`request` as is to 127.0.0.1:`port`; what the server sent until it ended the connection."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(request)
-        return await asyncio.wait_for(reader.read(), timeout=5)
-    finally:
-        writer.close()
 
 
 @pytest.mark.parametrize("fanout_kind", ["local"])

@@ -41,3 +41,13 @@ async def http_exchange(port: int, method: str, path: str,
     status_line, *lines = head.decode().split("\r\n")
     headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
     return int(status_line.split()[1]), headers, body
+
+
+async def raw_exchange(port: int, request: bytes) -> bytes:
+    """`request` as is to 127.0.0.1:`port`; what the server sent until it ended the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        return await asyncio.wait_for(reader.read(), timeout=5)
+    finally:
+        writer.close()
