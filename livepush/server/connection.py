@@ -138,7 +138,7 @@ class Connection(asyncio.Protocol):
         self.partial: bytearray | None = None  # a fragmented message so far (opcode in its first byte)
         self.line: bytes | None = None  # the request head's unfinished line so far (None: nothing of it yet)
         self.lengths = b""  # the request's Content-Length values (plain where lengths), each followed by a comma
-        self.start = b""  # the request's first 5 bytes: `HEAD ` for a HEAD, whose answer has no body
+        self.start = b""  # the request's first 5 bytes until it is read: `HEAD ` for a HEAD, whose answer has no body
         self.early: bytearray | None = None  # what came after the request head, until it is answered
         self.pongs = 0  # bytes flush() wrote while the transport was paused, since it last resumed
         self._bad: protocol.BadFrameWindow | None = None
@@ -261,6 +261,7 @@ class Connection(asyncio.Protocol):
                     self._answer_too_large(proto.handshake_exc)
             self.flush()  # a handshake refused by the parser
             if events:
+                self.start = b""  # the parser read the request: only a refusal before that needs it
                 self.core.request_received(self, events)
             return
         # The messages first, then what the protocol answers (pongs, a close answered, an error's

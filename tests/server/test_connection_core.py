@@ -332,6 +332,17 @@ async def test_500_idle_connections_run_no_task(start_server: Callable[..., Any]
     await async_wait_for(lambda: not server.clients, 10, message="every connection gone")
 
 
+async def test_an_open_connection_keeps_nothing_of_its_request_head(start_server: Callable[..., Any]) -> None:
+    """What the request head's scan needed (its first bytes, to tell a HEAD; its unfinished line;
+    its Content-Length values) is not kept once the request is read: an idle connection holds
+    only what it must remember."""
+    server = await start_server()
+    client = await WSClient.open(url(server))
+    conn = on_server(server, client)
+    assert (conn.start, conn.line, conn.lengths) == (b"", b"", b""), (conn.start, conn.line, conn.lengths)
+    await client.close()
+
+
 async def test_frames_sent_while_a_subscribe_is_served_are_answered_after_it_in_order(
     start_server: Callable[..., Any],
 ) -> None:
