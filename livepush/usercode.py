@@ -27,6 +27,14 @@ def current_folder() -> str:
                           "into your project's folder and run the command again") from None
 
 
+def importable_from_cwd() -> None:
+    """Make modules in the current folder importable, as `python -m` would: the console script's
+    own path is its bin folder, not the project a user runs it from."""
+    cwd = current_folder()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
 def names_the_module(exc: ImportError, name: str) -> bool:
     """Whether `exc` says the module `name` itself (or a package on its path) is not found, rather
     than something the module imports: then its name or the folder is wrong, not its code."""

@@ -15,7 +15,7 @@ from ..config import Settings, read_number
 from ..errors import ConfigError
 from ..jobs import database
 from ..jobs.api.status import arefresh_metrics
-from ..usercode import current_folder
+from ..usercode import importable_from_cwd
 from . import flags
 
 log = logging.getLogger("livepush.jobs")
@@ -55,14 +55,6 @@ def _port(text: str) -> int:
 
 def modules_of(text: str) -> list[str]:
     return [m.strip() for m in text.split(",") if m.strip()]
-
-
-def importable_from_cwd() -> None:
-    """Make modules in the current directory importable, as `python -m` would: the console
-    script's own path is its bin folder, not the project a user runs it from."""
-    cwd = current_folder()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
 
 
 def load(args: argparse.Namespace) -> None:

@@ -194,7 +194,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from ..server.run import serve
     from . import wiring, workers
-    from .jobs import importable_from_cwd, modules_of
+    from ..usercode import importable_from_cwd
+    from .jobs import modules_of
     from .runner import run_async
 
     settings = _settings(args)

@@ -259,7 +259,7 @@ def _interpreter_options() -> list[str]:
     """`-P`: a worker's imports do not start in the current folder, as the console script's do not
     (`python -m` would put it first, and a project's own redis.py or websockets.py would be
     imported in place of the library); its --app and --with-jobs modules are found there all the
-    same (importable_from_cwd). Without it only when livepush itself is found there: run from its
+    same (usercode.importable_from_cwd). Without it only when livepush itself is found there: run from its
     own checkout, where that folder holds livepush and nothing else to mistake."""
     package_root = Path(__file__).resolve().parents[2]
     try:

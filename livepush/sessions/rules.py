@@ -40,7 +40,6 @@ import inspect
 import logging
 import math
 import re
-import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -50,7 +49,7 @@ from ..errors import ArgumentTypeError, ArgumentValueError, ConfigError
 from .tokens import Session
 from ..topics import MAX_TOPIC_LENGTH, RESERVED_PREFIX, TOPIC_RE, livepush_owned
 from ..types import Seconds, as_seconds
-from ..usercode import cannot_take, current_folder, names_the_module, not_found, what_raised, where_raised
+from ..usercode import cannot_take, importable_from_cwd, names_the_module, not_found, what_raised, where_raised
 
 log = logging.getLogger("livepush.rules")
 
@@ -555,9 +554,7 @@ def load_app(spec: str) -> App:
     module_name, attr_path = (part.strip() for part in spec.split(":"))
     if not module_name or not attr_path:
         raise ConfigError(f"--app {spec!r}: expected MODULE:ATTR, e.g. --app myapp.push:app")
-    cwd = current_folder()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
+    importable_from_cwd()
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
