@@ -262,6 +262,50 @@ def test_two_functions_with_one_job_name_are_refused_at_decoration() -> None:
     assert jobs.REGISTRY.get("t.one_name").func is first
 
 
+def test_a_name_defined_again_elsewhere_or_with_other_options_is_warned_about(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The same function defined again (one qualname in one file) takes its name back, silently
+    for a re-import. But a factory that gives one name= to a second function of that qualname, or
+    the same function with another queue or other options, replaced the first silently, and the
+    first object went on enqueueing on its own queue: one warning names the job, both places
+    (file:line) and what differs."""
+    caplog.set_level("WARNING", logger="livepush.jobs")
+    source = "from livepush import jobs\n\n@jobs.job(name='t.reimported', backoff=lambda n: 3)\ndef tick(ctx): ...\n"
+    for _ in range(2):  # a module imported again: new objects, the same places
+        exec(compile(source, "/app/reimported_jobs.py", "exec"), {})
+    assert not caplog.records, caplog.text
+
+    def made(which: int) -> JobFunction:
+        if which == 1:
+            def run(ctx: object) -> int:
+                return 1
+        else:
+            def run(ctx: object) -> int:
+                return 2
+        return jobs.job(name="t.made")(run)
+
+    first = made(1)
+    made(1)  # the same place again: no warning
+    assert not caplog.records, caplog.text
+    made(2)
+    (record,) = caplog.records
+    here = __file__
+    first_line, second_line = first.func.__code__.co_firstlineno, jobs.REGISTRY.get("t.made").func.__code__.co_firstlineno
+    assert record.levelname == "WARNING"
+    assert "'t.made'" in record.getMessage() and f"{here}:{first_line}" in record.getMessage(), record.getMessage()
+    assert f"{here}:{second_line}" in record.getMessage() and "function" in record.getMessage(), record.getMessage()
+    caplog.clear()
+
+    def sync(ctx: object) -> None: ...
+
+    on_a = jobs.job(name="t.requeued", queue="a")(sync)
+    jobs.job(name="t.requeued", queue="b", max_attempts=2)(sync)
+    (record,) = caplog.records
+    message = record.getMessage()
+    assert "'t.requeued'" in message and "queue 'b' (was 'a')" in message and "max_attempts 2 (was 5)" in message, message
+    assert on_a.queue == "a" and jobs.REGISTRY.get("t.requeued").queue == "b"
+
+
 def test_a_bad_queue_name_is_named_before_the_database_is_looked_for() -> None:
     """pause_queue("a,b") in a process with no database configured names the queue, the caller's
     mistake, rather than saying that LIVEPUSH_DATABASE_URL is not set."""

@@ -9,12 +9,16 @@ name: keep an alias registered until they are gone).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
+import logging
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from ...errors import ConfigError
 from ..errors import UnknownJobError
+
+log = logging.getLogger("livepush.jobs")
 
 
 @runtime_checkable
@@ -50,17 +54,22 @@ class Registry:
         self._functions: dict[str, Any] = {}
         self._queues: set[str] = set()
 
-    def add(self, fn: Any, origin: str | None = None) -> Any:
+    def add(self, fn: Any, origin: str | None = None, defined_at: str | None = None) -> Any:
         """Register `fn` under its name. `origin` says what defined it (by default its function's
         qualname and file): re-importing a module (e.g. under a reloader) defines the same name
         from the same origin again, and the newest definition wins; a name taken by another
         origin is a ConfigError, since whichever was imported last would silently run the other's
-        jobs."""
+        jobs. `defined_at` is where (file:line, by default its function's): the same origin
+        defined again elsewhere in its file, or with other options, is warned about (below)."""
         origin = origin or _origin_of(fn)
         clash = self.clash(fn.name, origin)
         if clash is not None:
             raise ConfigError(clash)
         fn.origin = origin
+        fn.defined_at = defined_at or place_of(getattr(fn, "func", fn))
+        held = self._functions.get(fn.name)
+        if held is not None and held is not fn:
+            _warn_if_redefined(held, fn)
         self._functions[fn.name] = fn
         return fn
 
@@ -112,6 +121,50 @@ def where_defined(func: Any) -> str:
     code = getattr(inspect.unwrap(func), "__code__", None)
     place = code.co_filename if code is not None else getattr(func, "__module__", None)
     return f"{getattr(func, '__qualname__', None)} in {place}"
+
+
+def place_of(func: Any) -> str:
+    """Where a callable's code starts, as file:line (a partial's function, a callable object's
+    __call__), else its module and qualname: what a warning names a definition by."""
+    target = inspect.unwrap(func)
+    while isinstance(target, functools.partial):
+        target = inspect.unwrap(target.func)
+    code = getattr(target, "__code__", None) or getattr(getattr(type(target), "__call__", None), "__code__", None)
+    if code is None:
+        return f"{getattr(target, '__module__', None)}.{getattr(target, '__qualname__', type(target).__qualname__)}"
+    return f"{code.co_filename}:{code.co_firstlineno}"
+
+
+def _warn_if_redefined(held: Any, fn: Any) -> None:
+    """One warning when `fn` takes the name of `held` (the same origin: its qualname in its file)
+    but would not do the same: a function defined at another line (a factory's second function, a
+    name= given twice in one file), or other options. A re-import defines it again at the same
+    place with the same options, and is silent. The replaced object still enqueues with its own
+    options (its queue) while runtimes run the newest definition: the user is told both places."""
+    before, after = held.defined_at, fn.defined_at
+    changed = [] if before == after else [f"another function (at {after}, was at {before})"]
+    old, new = _options_of(held), _options_of(fn)
+    changed += [f"{key} {new[key]!r} (was {old[key]!r})" for key in new if new[key] != old.get(key)]
+    if changed:
+        log.warning("job %r defined again at %s with %s: it replaces the definition at %s, whose jobs now run "
+                    "the new one while the object it returned still enqueues with its own options; if both are "
+                    "meant to exist, give one of them another name (name=), else define the job once",
+                    fn.name, after, ", ".join(changed), before)
+
+
+def _options_of(fn: Any) -> dict[str, Any]:
+    """What a registration decides beyond its function, comparable across a re-import (callables
+    and exception classes by where they are defined, not by identity)."""
+    limits = getattr(fn, "limits", None)
+    return {
+        "queue": getattr(fn, "queue", None), "priority": getattr(fn, "priority", None),
+        "max_attempts": getattr(fn, "max_attempts", None), "timeout": getattr(fn, "timeout", None),
+        "never_retry": tuple(f"{c.__module__}.{c.__qualname__}" for c in getattr(fn, "never_retry", ())),
+        "backoff": place_of(fn.backoff) if callable(getattr(fn, "backoff", None)) else None,
+        "concurrency": None if limits is None or limits.max_running is None else (limits.key_param, limits.max_running),
+        "rate": None if limits is None else limits.rate,
+        "schema": getattr(fn, "schema", None),
+    }
 
 
 def _origin_of(fn: Any) -> str:

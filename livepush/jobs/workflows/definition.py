@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from ..api.functions import JobFunction, class_refused, default_backoff, is_generator_callable
 from ..api.options import check_queue
-from ..api.registry import REGISTRY, where_defined
+from ..api.registry import REGISTRY, place_of, where_defined
 from ..durable.run import MAX_SECONDS, check_name
 from ..errors import ConfigError, WorkflowDefinitionError
 from ...types import as_seconds
@@ -209,7 +209,7 @@ class Workflow:
             # A bad job option (max_attempts=0, ...), as @jobs.job refuses it: a bad option of
             # the graph's, raised at import like the others, naming the step.
             raise WorkflowDefinitionError(f"{where}: step {name!r}: {exc}") from None
-        job = REGISTRY.add(function, origin)
+        job = REGISTRY.add(function, origin, place_of(fn))  # named by the user's step, not its runner
         job.step_of = self.name
         job.refused_result = functools.partial(self.engine.refused_output, self, name)
         spec = StepSpec(name, kind, deps, fn, job_name, wait_for,
