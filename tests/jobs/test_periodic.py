@@ -455,6 +455,27 @@ async def test_a_runtime_names_the_periodic_jobs_it_leaves_to_runtimes_of_other_
     assert last_tick(jobs_db, schedule.name) is None  # not scheduled there
 
 
+async def test_a_periodic_job_declared_while_a_runtime_runs_is_said_to_wait_for_its_next_start(
+        jobs_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A runtime reads its periodic jobs once, at its start: one declared in a module imported
+    later, on a queue it serves, was silently never scheduled. Its declaration now logs a warning
+    naming it and saying it is scheduled from the next start; one on a queue the runtime does not
+    serve, or one declared once the runtime stopped, says nothing."""
+    queue = f"periodic-late-{next(_names)}"
+    caplog.set_level("WARNING", logger="livepush.jobs")
+    async with running(queues=[queue]):
+        late = jobs.periodic("*/5 * * * *", queue=queue, name=f"tests.periodic.job_{next(_names)}")(
+            lambda ctx, tick: None)
+        jobs.periodic("*/5 * * * *", queue=f"{queue}-elsewhere", name=f"tests.periodic.job_{next(_names)}")(
+            lambda ctx, tick: None)
+        (record,) = [r for r in caplog.records if "periodic" in r.getMessage()]
+        assert record.levelname == "WARNING"
+        assert late.name in record.getMessage() and "next" in record.getMessage(), record.getMessage()
+    caplog.clear()
+    jobs.periodic("*/5 * * * *", queue=queue, name=f"tests.periodic.job_{next(_names)}")(lambda ctx, tick: None)
+    assert not caplog.records, caplog.text
+
+
 def test_ticks_with_a_seconds_field_and_in_a_zone() -> None:
     every_10s = parse("* * * * * */10")
     at = datetime(2030, 1, 1, 12, 0, 25, 500_000, tzinfo=ZoneInfo("UTC"))

@@ -4,6 +4,7 @@ table of periodic jobs, `SCHEDULES`, that runtimes schedule from."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -14,6 +15,8 @@ from ...errors import ArgumentTypeError
 from ...usercode import cannot_take
 from ..errors import InvalidArgumentsError, InvalidScheduleError
 from .cron import Cron, parse
+
+log = logging.getLogger("livepush.jobs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,10 +36,39 @@ class Schedules:
 
     def __init__(self) -> None:
         self._schedules: dict[str, Schedule] = {}
+        # The runtimes of this process that read their schedules (read()) and have not ended: each
+        # with its registry, its queues and the names it schedules.
+        self._readers: dict[object, tuple[Registry, frozenset[str], frozenset[str]]] = {}
 
     def add(self, schedule: Schedule) -> None:
         # As with the job registry, a re-imported module's newest definition wins.
         self._schedules[schedule.name] = schedule
+        self._warn_if_unread(schedule)
+
+    def read(self, reader: object, registry: Registry, queues: Iterable[str]) -> list[Schedule]:
+        """served_by() for a runtime that schedules them from now until done_reading(reader): a
+        runtime reads its periodic jobs once, so a job declared meanwhile is said not to be among
+        them (add())."""
+        served = self.served_by(registry, queues)
+        self._readers[reader] = (registry, frozenset(queues), frozenset(s.name for s in served))
+        return served
+
+    def done_reading(self, reader: object) -> None:
+        self._readers.pop(reader, None)
+
+    def _warn_if_unread(self, schedule: Schedule) -> None:
+        # Scheduling it in the running runtimes instead would need more than their scheduler's
+        # list: the runtime's row names the jobs it schedules (jobs.forget_periodic() reads it),
+        # and its function's limits are stored at the runtime's start. So it is said, once.
+        late = [queues for registry, queues, names in self._readers.values()
+                if schedule.name not in names and registry.find(schedule.name) is schedule.function
+                and schedule.function.queue in queues]
+        if late:
+            log.warning("periodic job %s (%s, %s) was declared while a job runtime of this process serving its "
+                        "queue %s was running: a runtime reads its periodic jobs when it starts, so it is scheduled "
+                        "from the next runtime start; import its module before the runtime starts (a module given "
+                        "to `livepush jobs`)", schedule.name, schedule.cron.expression, schedule.cron.timezone,
+                        schedule.function.queue)
 
     def served_by(self, registry: Registry, queues: Iterable[str]) -> list[Schedule]:
         """The schedules a runtime with this registry and these queues takes part in: those whose

@@ -485,13 +485,14 @@ class Runtime:
             # had served, while the jobs it was meant to run waited for nothing.
             raise ConfigError("this job runtime already ran: a Runtime runs once: make a new Runtime(...) to run again")
         self._ran = True
-        self._schedules = SCHEDULES.served_by(self.registry, self.queues)
+        self._schedules = SCHEDULES.read(self, self.registry, self.queues)
         try:
             await self._run_once()
         except BaseException as exc:
             self._ended_by = exc
             raise
         finally:
+            SCHEDULES.done_reading(self)
             self._ended.set()
 
     async def _run_once(self) -> None:
