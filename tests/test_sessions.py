@@ -798,6 +798,45 @@ async def test_a_redis_subject_key_holding_no_cut_off_revokes_that_subject_and_h
         await store.aclose()
 
 
+# Ways something else writing under the prefix leaves a key of another type than the store's text.
+_OTHER_TYPES: dict[str, Callable[[redis.Redis, str], object]] = {
+    "hash": lambda client, key: client.hset(key, "cut", "1"),
+    "list": lambda client, key: client.rpush(key, "1"),
+    "set": lambda client, key: client.sadd(key, "1"),
+    "stream": lambda client, key: client.xadd(key, {"cut": "1"}),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_OTHER_TYPES))
+async def test_a_redis_revocation_key_of_another_type_revokes_what_it_names_with_a_warning_naming_it(
+        redis_url: str, kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Something else overwrote a subject's (or a session's) revocation key with a hash, a list, a
+    set or a stream. MGET answers nil for a key that holds no text, so the revocation read as
+    absent and every session of the subject was let in again, where a key of text that is no
+    cut-off already revoked them all. Another type fails closed the same way, with the same
+    warning naming the key; the other sessions are checked as usual, in one read as before."""
+    store = RedisRevocations(redis_url)
+    subject, other = f"user-{uuid.uuid4().hex[:8]}", f"user-{uuid.uuid4().hex[:8]}"
+    now = time.time()
+    covered, untouched, overwritten = (Session(f"s-{uuid.uuid4().hex[:8]}", who, now + 60, now)
+                                       for who in (subject, other, other))
+    keys = [store.subject_prefix + subject, store.session_prefix + overwritten.id]
+    try:
+        with redis.Redis.from_url(redis_url) as client:
+            for key in keys:
+                _OTHER_TYPES[kind](client, key)
+            with caplog.at_level(logging.WARNING, logger="livepush.sessions"):
+                assert await store.revoked_among([covered, untouched, overwritten]) == {covered.id, overwritten.id}
+                assert await store.is_revoked(covered) and not await store.is_revoked(untouched)
+            said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+            for key in keys:
+                assert any(repr(key) in line and "another type" in line for line in said), said
+    finally:
+        with redis.Redis.from_url(redis_url) as client:
+            client.delete(*keys)
+        await store.aclose()
+
+
 def test_redis_revocations_on_two_live_event_loops_keep_one_connection_each(private_redis: PrivateRedis) -> None:
     """Revoking and checking from two event loops that both stay alive (a web app's and a worker
     thread's) keep a Redis connection per loop: taking turns opens no new one each time. (One

@@ -395,6 +395,27 @@ redis.call('PUBLISH', ARGV[2], '')
 return 1
 """
 
+# name: revoked_read -- each key's value, as MGET gives it (nil where none), but the integer 0 for a
+# key that holds another type of value than text (a hash, a list, ...): MGET answers nil for it too,
+# which read a revocation something else overwrote as none. One command, like the MGET it replaces;
+# any other refusal (an ACL's) is raised as MGET's was.
+_REDIS_REVOKED_READ = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local value = redis.pcall('GET', key)
+  if type(value) == 'table' and value.err then
+    if string.sub(value.err, 1, 9) ~= 'WRONGTYPE' then
+      return value
+    end
+    value = 0
+  end
+  out[i] = value
+end
+return out
+"""
+# What _REDIS_REVOKED_READ answers for a key of another type.
+_OTHER_TYPE = 0
+
 _REDIS_CHUNK = 1000
 # What deleting a subject's key of another type costs (it holds no cut-off livepush can read), for
 # the error of the revocation it refused.
@@ -438,13 +459,19 @@ class RedisRevocations(RevocationStore):
         subjects = sorted({s.subject for s in batch})
         keys = [self.session_prefix + s.id for s in batch] + [self.subject_prefix + s for s in subjects]
         try:
+            # EVAL, not EVALSHA: a pipeline of registered scripts checks them with SCRIPT EXISTS
+            # first, a round trip more on every handshake.
             pipe = self._aclient().pipeline(transaction=False)
             for i in range(0, len(keys), _REDIS_CHUNK):
-                pipe.mget(keys[i : i + _REDIS_CHUNK])
+                chunk = keys[i : i + _REDIS_CHUNK]
+                pipe.eval(_REDIS_REVOKED_READ, len(chunk), *chunk)
             values = [v for chunk in await pipe.execute() for v in chunk]
         except (redis.RedisError, OSError) as exc:
             raise failed(self.url, exc, "reading revocations", reads=True) from exc
         session_hits = values[: len(batch)]
+        for s, hit in zip(batch, session_hits, strict=True):
+            if hit == _OTHER_TYPE:
+                self._warn_other_type(self.session_prefix + s.id, "its session counts as revoked")
         cutoffs = {subject: self._cutoff(subject, v)
                    for subject, v in zip(subjects, values[len(batch) :], strict=True) if v is not None}
         found = set()
@@ -454,18 +481,30 @@ class RedisRevocations(RevocationStore):
                 found.add(s.id)
         return found
 
-    def _cutoff(self, subject: str, value: bytes) -> float:
-        """A subject's cut-off (ms) as stored. Text that is none (something else wrote the key)
-        is a revocation of unknown extent: it covers every session of the subject, since letting
-        one in that it may cover is the worse mistake, and raising failed every check, the
-        server's re-check of all its sessions included. revoke_subject() writes over it."""
+    def _cutoff(self, subject: str, value: bytes | int) -> float:
+        """A subject's cut-off (ms) as stored. Text that is none, or a value of another type
+        (something else wrote the key), is a revocation of unknown extent: it covers every session
+        of the subject, since letting one in that it may cover is the worse mistake, and raising
+        failed every check, the server's re-check of all its sessions included. revoke_subject()
+        writes over text; a key of another type has to be deleted first."""
+        key = self.subject_prefix + subject
+        if value == _OTHER_TYPE:
+            self._warn_other_type(key, "every session of its subject counts as revoked")
+            return float("inf")
         try:
             return int(value)
         except ValueError:
             log.warning("livepush: %r in Redis holds %r, not a cut-off; every session of its subject counts as "
-                        "revoked until revoke_subject() writes one over it", self.subject_prefix + subject,
-                        value[:40])
+                        "revoked until revoke_subject() writes one over it", key, value[:40])
             return float("inf")
+
+    @staticmethod
+    def _warn_other_type(key: str, outcome: str) -> None:
+        # revoke_subject() refuses to write over another type (failed() names the key), so the way
+        # out is to delete the key: said here, where the operator first meets it.
+        log.warning("livepush: %r in Redis holds another type of value than text, not a cut-off; %s until the key "
+                    "is deleted (something else writes under LIVEPUSH_REDIS_PREFIX: give it a prefix of its own)",
+                    key, outcome)
 
     @staticmethod
     def _session_ttl_ms(expires_at: float) -> int:
@@ -552,9 +591,9 @@ class RedisRevocations(RevocationStore):
 
     async def _check_reads(self, cls: type[DependencyError], *, while_loading: bool) -> None:
         """Raise `cls` saying why unless Redis answers the read every check of a session makes
-        (MGET of the store's keys): on a Sentinel or a Cluster node a server answered every
-        handshake 503."""
-        await answered_at_start(self.url, self._aclient().mget([self.subject_prefix]), cls,
+        (_REDIS_REVOKED_READ of the store's keys): on a Sentinel or a Cluster node a server
+        answered every handshake 503."""
+        await answered_at_start(self.url, self._aclient().eval(_REDIS_REVOKED_READ, 1, self.subject_prefix), cls,
                                 while_loading=while_loading)
 
     async def aclose(self) -> None:
