@@ -55,7 +55,8 @@ log = logging.getLogger("livepush.hub")
 Key = tuple[int, ...]
 NO_KEY: Key = ()
 # After a read that a doorbell asked for and that found nothing new, the next read of that
-# topic waits this long: a flood of forged doorbells costs a bounded number of reads.
+# topic (of a state source: of any of its topics) waits this long: a flood of forged doorbells or
+# state rings costs a bounded number of reads.
 EMPTY_READ_PAUSE = 0.05
 # A state read that failed is tried again after this long, while someone still watches.
 STATE_RETRY_SECONDS = 1.0
@@ -528,6 +529,7 @@ class Hub:
                     self._state_due.setdefault(id(source), set()).update(batch)
                     continue
                 failures = 0
+                found = False
                 for name in batch:
                     t = self._topics.get(name)
                     state = states.get(name)
@@ -539,6 +541,12 @@ class Hub:
                         t.move(version, (state.version,))
                         frame = protocol.message(name, version, state.data_json())
                         self._deliver(t, (state.version,), frame)
+                        found = True
+                if not found:
+                    # Nothing new: the rings were forged (any login may send them) or already
+                    # served. Those that come meanwhile wait for one read after the pause, not one
+                    # each, back to back for as long as a flood lasts.
+                    await asyncio.sleep(EMPTY_READ_PAUSE)
         finally:
             self._state_reading.discard(id(source))
 

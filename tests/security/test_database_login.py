@@ -19,6 +19,7 @@ from livepush.jobs import database
 from livepush.jobs.runtime.runtime import Runtime
 from livepush.postgres.listener import Listener
 from livepush.server.app import RECHECK_PAUSE
+from livepush.server.hub import EMPTY_READ_PAUSE
 from tests.security import role_jobs
 from tests.server.conftest import Served, make_settings, start_served
 from tests.support.waiting import async_wait_for
@@ -137,8 +138,9 @@ async def test_a_forged_revocation_closes_no_session(served: Served, nobody_url:
     assert await client.closed_with(timeout=2) == 4403
 
 
-async def test_forged_state_rings_show_only_what_the_rows_hold(served: Served, nobody_url: str, pg_url: str) -> None:
-    """Lines on `livepush_states` naming a job at a higher version, or junk, send a subscriber nothing; the job's next real change arrives."""
+@contextlib.asynccontextmanager
+async def watching_a_job(served: Served, pg_url: str) -> AsyncIterator[tuple[Any, WSClient, dict[str, Any]]]:
+    """A job enqueued, and a client subscribed to its topic: (its handle, the client, the snapshot it got)."""
     database.configure(pg_url)
     try:
         handle = await role_jobs.work.aenqueue(1)
@@ -146,16 +148,22 @@ async def test_forged_state_rings_show_only_what_the_rows_hold(served: Served, n
         await client.subscribe(served.sign(handle.topic))
         (snapshot,) = await client.messages(1)
         assert snapshot["data"]["event"] == "snapshot"
+        yield handle, client, snapshot
+        await client.close()
+    finally:
+        await database.release_loop()
+        database.configure(None)
+
+
+async def test_forged_state_rings_show_only_what_the_rows_hold(served: Served, nobody_url: str, pg_url: str) -> None:
+    """Lines on `livepush_states` naming a job at a higher version, or junk, send a subscriber nothing; the job's next real change arrives."""
+    async with watching_a_job(served, pg_url) as (handle, client, snapshot):
         await anotify(nobody_url, "livepush_states", f"{handle.topic} 999999", f"{handle.topic}", "job:0001 5",
                       "job:-1", "group:x 1", *JUNK)
         await nothing_within(client)
         assert await asyncio.to_thread(jobs.cancel, handle.id)
         (cancelled,) = await client.messages(1)
         assert cancelled["data"]["event"] == "cancelled" and int(cancelled["offset"]) > int(snapshot["offset"])
-        await client.close()
-    finally:
-        await database.release_loop()
-        database.configure(None)
 
 
 @contextlib.asynccontextmanager
@@ -342,3 +350,36 @@ async def test_a_flood_of_forged_revocation_rings_costs_a_bounded_number_of_chec
     await asyncio.to_thread(sessions.revoke, token)
     assert await client.closed_with(timeout=2) == 4403
     assert asyncio.get_running_loop().time() - started < 1.0
+
+
+async def test_a_flood_of_forged_state_rings_costs_a_bounded_number_of_reads(served: Served, nobody_url: str,
+                                                                              pg_url: str) -> None:
+    """A flood of lines on `livepush_states` naming a watched job at ever higher versions, from a
+    login without privileges, made the server read the job's row back to back for as long as the
+    flood lasted (a read per ring or two), where a forged message doorbell or revocation ring
+    pauses after a read that changes nothing. The state reads pause the same way; the job's next
+    real change still arrives within a second."""
+    async with watching_a_job(served, pg_url) as (handle, client, _):
+        source = served.server.hub.source_of(handle.topic)
+        assert source is not None
+        reads = 0
+        real_read = source.read
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:  # the server's reads of state rows
+            nonlocal reads
+            reads += 1
+            return await real_read(*args, **kwargs)
+
+        source.read = counted  # type: ignore[method-assign]
+        loop = asyncio.get_running_loop()
+        flood_started = loop.time()
+        await anotify(nobody_url, "livepush_states", *[f"{handle.topic} {10**6 + i}" for i in range(1000)])
+        flooded = loop.time() - flood_started
+        await nothing_within(client)
+        # One read per pause while the flood lasts, one for the rings of the last pause, and the
+        # one that follows it: never one after another.
+        assert reads <= 3 + flooded / EMPTY_READ_PAUSE, (reads, flooded)
+        started = loop.time()
+        assert await asyncio.to_thread(jobs.cancel, handle.id)
+        (cancelled,) = await client.messages(1)
+        assert cancelled["data"]["event"] == "cancelled" and loop.time() - started < 1.0
