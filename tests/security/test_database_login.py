@@ -383,3 +383,32 @@ async def test_a_flood_of_forged_state_rings_costs_a_bounded_number_of_reads(ser
         assert await asyncio.to_thread(jobs.cancel, handle.id)
         (cancelled,) = await client.messages(1)
         assert cancelled["data"]["event"] == "cancelled" and loop.time() - started < 1.0
+
+
+async def test_notifications_naming_numbers_no_row_holds_are_dropped_with_a_debug_line(
+        served: Served, nobody_url: str, pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A doorbell or a state ring whose offset or version is ASCII digits past the bigint range
+    (19 digits fit the parsers' patterns, not a bigint column) was taken as a ring: it cost the
+    server a read, and no line said it was dropped, where every other line no row can match is
+    dropped with a debug line naming its channel. The server still delivers the next real change."""
+    async with watching_a_job(served, pg_url) as (handle, client, _):
+        room = await WSClient.open(served.url)
+        await room.subscribe(served.sign("room:big"))
+        past = "9" * 19
+        with caplog.at_level(logging.DEBUG, logger="livepush"):
+            await anotify(nobody_url, "livepush", f"{past}-1 room:big", f"1-{past} room:big")
+            await anotify(nobody_url, "livepush_states", f"{handle.topic} {past}")
+            await nothing_within(client)
+            await nothing_within(room, 0.1)
+        said = [r.getMessage() for r in caplog.records]
+        assert sum(f"{past}-1 room:big" in s or f"1-{past} room:big" in s for s in said
+                   if "not a doorbell" in s) == 2, said
+        assert any(f"{handle.topic} {past}" in s and "names no state topic" in s for s in said), said
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        offset = await served.publish("room:big", {"n": 1})
+        (message,) = await room.messages(1)
+        assert message["offset"] == offset
+        assert await asyncio.to_thread(jobs.cancel, handle.id)
+        (cancelled,) = await client.messages(1)
+        assert cancelled["data"]["event"] == "cancelled"
+        await room.close()

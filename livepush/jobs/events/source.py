@@ -52,7 +52,8 @@ def parse_ring(payload: str) -> Ring:
     for line in payload.split("\n", MAX_LINES)[:MAX_LINES]:
         m = _LINE.fullmatch(line)
         kind, ident, version, last = m.groups() if m is not None else ("", "0", None, None)
-        if m is None or int(ident) > BIGINT_MAX or (last is not None and not int(ident) <= int(last) <= BIGINT_MAX):
+        if (m is None or int(ident) > BIGINT_MAX or (version is not None and int(version) > BIGINT_MAX)
+                or (last is not None and not int(ident) <= int(last) <= BIGINT_MAX)):
             if line:
                 log.debug("dropped a line on %s that names no state topic: %r", queries.STATE_CHANNEL, line[:80])
             continue
