@@ -6,13 +6,15 @@ and in HTTP requests stops nothing, loops nothing, and the next real message is 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 
 import psycopg
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from livepush import protocol, topics
+from livepush import protocol, sessions, topics
 from livepush.errors import InvalidSession, InvalidTopic
 from livepush.fanout.postgres import parse_doorbell, parse_offset
 from livepush.fanout.redis import parse_frames
@@ -163,6 +165,45 @@ def test_garbage_on_the_redis_channel_stops_nothing(redis_url: str, secret: str,
             await served.stop()
 
     asyncio.run(body())
+
+
+async def test_near_misses_on_the_redis_channels_are_dropped_with_a_debug_line_and_stop_nothing(
+        redis_url: str, secret: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Frames on the deployment's Redis message channel that are almost one of ours (a line short,
+    a topic or an offset no message has, a batch cut off, a non-ASCII topic, 3 MiB of junk) and
+    junk on its revocation channel: each dropped frame is named in a debug line, nothing is
+    delivered and no session closed, nothing is logged as a warning, and the next real message
+    arrives."""
+    import redis
+
+    caplog.set_level(logging.DEBUG, logger="livepush")
+    served = await start_served(make_settings("redis", secret, None, redis_url))
+    try:
+        token = sessions.issue("erin")
+        client = await WSClient.open(served.url, additional_headers={"Cookie": f"livepush_session={token}"})
+        await client.subscribe(served.sign("room:near"))
+        first = await served.publish("room:near", {"n": 1})
+        await client.messages(1)
+        near_misses = [f"room:near\n{first}\n{first}".encode(), b"room:near\n1-2-3\n1-1\n{}",
+                       b"room near\n1-2\n1-1\n{}", "room:né\n1-2\n1-1\n{}".encode(), b"room:near\n1-2\n1-1\n",
+                       b"*\nroom:near\n1-2\n1-1\n{}\nroom:near\n1-3", b"\xff\xfe", b"x" * (3 << 20)]
+        with redis.Redis.from_url(redis_url) as raw:
+            for frame in near_misses:
+                raw.publish(served.fanout.channel, frame)  # type: ignore[attr-defined]
+            for ring in (b"\xff" * (2 << 20), b"canary", b"canary " + b"x" * 100):
+                raw.publish(served.server.store.channel, ring)  # type: ignore[attr-defined]
+        last = await served.publish("room:near", {"n": 2})
+        (message,) = await client.messages(1)
+        assert (message["offset"], message["data"]) == (last, {"n": 2})
+        await client.send({"op": "ping", "ref": 1})
+        assert await client.recv() == {"op": "pong", "ref": 1}
+        dropped = [r.getMessage() for r in caplog.records if "dropped a malformed frame" in r.getMessage()]
+        assert len(dropped) == len(near_misses), dropped
+        assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert served.server.listening
+        await client.close()
+    finally:
+        await served.stop()
 
 
 @FEW
