@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -82,8 +83,17 @@ def parse(raw: str | bytes) -> Command:
         return BadFrame("bad_frame", "binary frames are not accepted: send JSON text frames")
     try:
         frame = json.loads(raw)
-    except (ValueError, RecursionError):
-        return BadFrame("bad_frame", "not valid JSON")
+    except json.JSONDecodeError as exc:
+        # exc.msg is the decoder's own wording ("Expecting value"), never the client's text.
+        return BadFrame("bad_frame", f"not valid JSON: {exc.msg} at character {exc.pos}")
+    except RecursionError:
+        # Valid JSON the decoder gives up on: "not valid JSON" would send the client looking
+        # for a syntax error that is not there.
+        return BadFrame("bad_frame", "JSON nested too deeply: a frame's values nest a few levels at most")
+    except ValueError:
+        # The one other ValueError of json.loads: an integer past Python's limit on digits.
+        return BadFrame("bad_frame", f"a number of more than {sys.get_int_max_str_digits()} digits: "
+                                     "no field of a frame takes one")
     if not isinstance(frame, dict):
         return BadFrame("bad_frame", "a frame must be a JSON object")
     op = frame.get("op")
