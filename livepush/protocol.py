@@ -69,12 +69,25 @@ def _ref(frame: dict[str, Any]) -> Ref | BadFrame:
         # echoed, it would fail the encoding of the answer.
         if isinstance(ref, str) and not ref.isascii() and not _encodable(ref):
             return BadFrame("bad_frame", "ref must be valid Unicode text (a lone surrogate is not)")
-        # json.loads reads NaN, Infinity and 1e999 as floats that no JSON can carry back: echoed,
-        # they would make a frame the client cannot parse.
+        # The decoder reads 1e999 as a float that no JSON can carry back (inf): echoed, it would
+        # make a frame the client cannot parse.
         if isinstance(ref, float) and not math.isfinite(ref):
             return BadFrame("bad_frame", "ref must be a finite number")
         return ref
     return BadFrame("bad_frame", "ref must be a string, a number or null")
+
+
+class _NotJSON(Exception):
+    """NaN, Infinity or -Infinity in a frame: Python's decoder reads them, RFC 8259 has no such number."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJSON(name)
+
+
+# Built once, as _dump is. A frame with NaN anywhere is no JSON, and is refused as such: read, it
+# was served when the NaN stood in a field no op reads, and refused only as a ref.
+_load = json.JSONDecoder(parse_constant=_no_constant).decode
 
 
 def parse(raw: str | bytes) -> Command:
@@ -82,7 +95,9 @@ def parse(raw: str | bytes) -> Command:
     if isinstance(raw, bytes):
         return BadFrame("bad_frame", "binary frames are not accepted: send JSON text frames")
     try:
-        frame = json.loads(raw)
+        frame = _load(raw)
+    except _NotJSON as exc:
+        return BadFrame("bad_frame", f"not valid JSON: {exc.args[0]} is no number (JSON has no NaN or Infinity)")
     except json.JSONDecodeError as exc:
         # exc.msg is the decoder's own wording ("Expecting value"), never the client's text.
         return BadFrame("bad_frame", f"not valid JSON: {exc.msg} at character {exc.pos}")

@@ -86,8 +86,11 @@ CASES = [
     Case("a ref that is a lone surrogate", text('{"op":"ping","ref":"\\udc00"}'), error=("bad_frame", "surrogate")),
     # Numbers no JSON can carry back.
     Case("a ref of 1e400", text('{"op":"ping","ref":1e400}'), error=("bad_frame", "finite number")),
-    Case("a ref that is NaN", text('{"op":"ping","ref":NaN}'), error=("bad_frame", "finite number")),
-    Case("a ref of -Infinity", text('{"op":"ping","ref":-Infinity}'), error=("bad_frame", "finite number")),
+    Case("a ref that is NaN", text('{"op":"ping","ref":NaN}'), error=("bad_frame", "JSON has no NaN")),
+    Case("a ref of -Infinity", text('{"op":"ping","ref":-Infinity}'), error=("bad_frame", "JSON has no NaN")),
+    Case("NaN in a field no op reads", text('{"op":"ping","ref":1,"x":NaN}'), error=("bad_frame", "JSON has no NaN")),
+    Case("Infinity in a field no op reads", text('{"op":"ping","ref":1,"x":[Infinity]}'),
+         error=("bad_frame", "JSON has no NaN")),
     Case("a ref of the largest float", text('{"op":"ping","ref":1e308}'), texts=[{"op": "pong", "ref": 1e308}]),
     # Topics no rule can match.
     Case("a 60,000 character topic", text('{"op":"subscribe","topic":"' + "a" * 60000 + '","ref":1}'),
