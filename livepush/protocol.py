@@ -78,16 +78,31 @@ def _ref(frame: dict[str, Any]) -> Ref | BadFrame:
 
 
 class _NotJSON(Exception):
-    """NaN, Infinity or -Infinity in a frame: Python's decoder reads them, RFC 8259 has no such number."""
+    """What the decoder reads and a frame must not hold; args[0] says what, for the client."""
 
 
 def _no_constant(name: str) -> Any:
-    raise _NotJSON(name)
+    raise _NotJSON(f"not valid JSON: {name} is no number (JSON has no NaN or Infinity)")
+
+
+def _unique_names(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) < len(pairs):  # the common case costs one comparison
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                # json.dumps escapes what an answer may not carry (a lone surrogate); 40
+                # characters name it.
+                raise _NotJSON(f"the name {json.dumps(name[:40])} twice in one object: give each name once")
+            seen.add(name)
+    return obj
 
 
 # Built once, as _dump is. A frame with NaN anywhere is no JSON, and is refused as such: read, it
-# was served when the NaN stood in a field no op reads, and refused only as a ref.
-_load = json.JSONDecoder(parse_constant=_no_constant).decode
+# was served when the NaN stood in a field no op reads, and refused only as a ref. A name twice
+# in one object is refused too: readers differ on which one counts (RFC 8259 leaves it open), so
+# a proxy or a log reading the frame could see another subscribe than the server served.
+_load = json.JSONDecoder(parse_constant=_no_constant, object_pairs_hook=_unique_names).decode
 
 
 def parse(raw: str | bytes) -> Command:
@@ -97,7 +112,7 @@ def parse(raw: str | bytes) -> Command:
     try:
         frame = _load(raw)
     except _NotJSON as exc:
-        return BadFrame("bad_frame", f"not valid JSON: {exc.args[0]} is no number (JSON has no NaN or Infinity)")
+        return BadFrame("bad_frame", exc.args[0])
     except json.JSONDecodeError as exc:
         # exc.msg is the decoder's own wording ("Expecting value"), never the client's text.
         return BadFrame("bad_frame", f"not valid JSON: {exc.msg} at character {exc.pos}")

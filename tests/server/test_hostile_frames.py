@@ -60,6 +60,12 @@ CASES = [
     Case("a JSON array", text("[1,2]"), error=("bad_frame", "a JSON object")),
     Case("a JSON string", text('"ping"'), error=("bad_frame", "a JSON object")),
     Case("a JSON number", text("42"), error=("bad_frame", "a JSON object")),
+    # Names given twice: which one counts differs from one JSON reader to the next.
+    Case("op given twice", text('{"op":"fly","op":"ping","ref":1}'), error=("bad_frame", '"op" twice')),
+    Case("topic given twice", text('{"op":"subscribe","topic":"a","topic":"b","ref":1}'),
+         error=("bad_frame", '"topic" twice')),
+    Case("a name twice in a field no op reads", text('{"op":"ping","ref":1,"x":{"y":1,"y":2}}'),
+         error=("bad_frame", '"y" twice')),
     # Unknown or missing ops.
     Case("an unknown op", text('{"op":"fly"}'), error=("unknown_op", "'fly'")),
     Case("a very long unknown op", text('{"op":"' + "x" * 60000 + '"}'), error=("unknown_op", "x" * 40 + "'")),
