@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -246,4 +247,22 @@ async def test_a_storm_of_subscribes_and_unsubscribes_on_one_connection_leaves_n
     assert metrics.SUBSCRIPTIONS._value.get() == subscriptions + 1  # the bystander's
     await client.close()
     await bystander.close()
+    assert not no_warnings(caplog), caplog.text
+
+
+@pytest.mark.parametrize("fanout_kind", ["local"])
+async def test_frames_that_come_a_byte_at_a_time_are_answered_as_whole_ones(
+        served: Served, caplog: pytest.LogCaptureFixture) -> None:
+    """A subscribe, a message in fragments and a ping, each byte in its own TCP segment, get the
+    answers they get in one write."""
+    caplog.set_level(logging.DEBUG)
+    client = await RawWS.open(served.server.port)
+    client.writer.transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    subscribe = json.dumps({"op": "subscribe", "topic": served.sign("room:bytes"), "since": None, "ref": "s"})
+    sent = text(subscribe) + text('{"op":"ping",', fin=False) + frame(CONT, '"ref":"frag"}') + AFTER
+    for byte in sent:
+        await client.send(bytes((byte,)))
+    heard = await client.until_pong("after")
+    assert [f["op"] for f in heard.texts] == ["subscribed", "pong"] and heard.texts[1]["ref"] == "frag", heard
+    await client.close()
     assert not no_warnings(caplog), caplog.text
