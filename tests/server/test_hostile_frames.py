@@ -266,3 +266,25 @@ async def test_frames_that_come_a_byte_at_a_time_are_answered_as_whole_ones(
     assert [f["op"] for f in heard.texts] == ["subscribed", "pong"] and heard.texts[1]["ref"] == "frag", heard
     await client.close()
     assert not no_warnings(caplog), caplog.text
+
+
+async def test_a_storm_on_state_topics_leaves_nothing_behind(served_jobs: Served, caplog: pytest.LogCaptureFixture) -> None:
+    """Subscribes to job, group and workflow topics no row has (and with odd `since`s), each
+    unsubscribed at once or not: every one gets one answer, and once the connection is gone the
+    server watches none of them."""
+    caplog.set_level(logging.DEBUG)
+    frames: list[dict[str, Any]] = []
+    for ref in range(90):
+        topic = served_jobs.sign(f"{('job', 'group', 'workflow')[ref % 3]}:{ref + 1}")
+        since = (None, "abc", "1", "99999999999999999999", "")[ref % 5]
+        frames.append({"op": "subscribe", "topic": topic, "since": since, "ref": ref})
+        if ref % 2:
+            frames.append({"op": "unsubscribe", "topic": topic})
+    client = await RawWS.open(served_jobs.server.port)
+    await client.send(b"".join(text(json.dumps(f)) for f in frames) + AFTER)
+    heard = await client.until_pong("after", timeout=30)
+    assert [(f["op"], f["ref"], f["offset"]) for f in heard.texts] == [("subscribed", ref, None) for ref in range(90)]
+    await client.close()
+    hub = served_jobs.server.hub
+    await async_wait_for(lambda: not hub._topics and not hub._unborn, 5, message="the hub to watch nothing")
+    assert not no_warnings(caplog), caplog.text
