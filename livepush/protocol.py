@@ -128,7 +128,9 @@ def parse(raw: str | bytes) -> Command:
         return BadFrame("bad_frame", "a frame must be a JSON object")
     op = frame.get("op")
     if not isinstance(op, str):
-        return BadFrame("bad_frame", 'missing "op": expected "subscribe", "unsubscribe" or "ping"')
+        # "missing" only when it is: a client that sent "op":5 would look for a typo in the name.
+        problem = 'missing "op"' if "op" not in frame else '"op" must be a string'
+        return BadFrame("bad_frame", f'{problem}: expected "subscribe", "unsubscribe" or "ping"')
     ref = _ref(frame)
     if isinstance(ref, BadFrame):
         return ref

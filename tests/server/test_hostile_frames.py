@@ -71,7 +71,9 @@ CASES = [
     Case("an unknown op", text('{"op":"fly"}'), error=("unknown_op", "'fly'")),
     Case("a very long unknown op", text('{"op":"' + "x" * 60000 + '"}'), error=("unknown_op", "x" * 40 + "'")),
     Case("an op that is a lone surrogate", text('{"op":"\\ud800"}'), error=("unknown_op", "\\ud800")),
-    Case("an op that is no string", text('{"op":["ping"]}'), error=("bad_frame", 'missing "op"')),
+    Case("an op that is no string", text('{"op":["ping"]}'), error=("bad_frame", '"op" must be a string')),
+    Case("an op that is null", text('{"op":null}'), error=("bad_frame", '"op" must be a string')),
+    Case("no op", text('{"ref":1}'), error=("bad_frame", 'missing "op"')),
     # Fields of the wrong type.
     Case("since as a number", text('{"op":"subscribe","topic":"a","since":17}'), error=("bad_frame", '"since"')),
     Case("since negative", text('{"op":"subscribe","topic":"a","since":-1}'), error=("bad_frame", '"since"')),
