@@ -114,6 +114,9 @@ def parse(raw: str | bytes) -> Command:
     except _NotJSON as exc:
         return BadFrame("bad_frame", exc.args[0])
     except json.JSONDecodeError as exc:
+        if raw.startswith("\ufeff"):
+            # Some encoders write one before UTF-8 text; the decoder would only say it expected a value.
+            return BadFrame("bad_frame", "not valid JSON: the frame begins with a byte order mark (U+FEFF): send none")
         # exc.msg is the decoder's own wording ("Expecting value"), never the client's text.
         return BadFrame("bad_frame", f"not valid JSON: {exc.msg} at character {exc.pos}")
     except RecursionError:

@@ -51,6 +51,7 @@ CASES = [
     Case("a surrogate encoded in UTF-8", text(b'{"op":"ping","ref":"\xed\xa0\x80"}'), close=(1007, "invalid")),
     Case("an overlong UTF-8 encoding", text(b'{"op":"ping","ref":"\xc0\xaf"}'), close=(1007, "invalid")),
     Case("an empty text frame", text(""), error=("bad_frame", "not valid JSON: Expecting value at character 0")),
+    Case("a byte order mark before the JSON", text('\ufeff{"op":"ping"}'), error=("bad_frame", "byte order mark")),
     Case("a JSON syntax error", text('{"op":"ping",}'), error=("bad_frame", "not valid JSON: Expecting property name")),
     Case("10,000 nested arrays", text("[" * 10000 + "]" * 10000), error=("bad_frame", "nested too deeply")),
     Case("10,000 nested objects", text('{"a":' * 10000 + "1" + "}" * 10000), error=("bad_frame", "nested too deeply")),
