@@ -376,16 +376,18 @@ async def test_drain_of_one_queue_given_as_a_str_is_refused_not_a_drain_of_its_l
     assert jobs.drain(["second"]) == {"succeeded": 1}
 
 
-@pytest.mark.parametrize("bound", ["1", 1.5, -1, True])
+@pytest.mark.parametrize("bound,error", [("1", TypeError), (1.5, TypeError), (True, TypeError), (-1, ValueError)])
 async def test_drain_refuses_a_max_jobs_that_is_not_a_whole_number_from_zero_and_runs_nothing(
-        jobs_db: str, bound: object) -> None:
-    """drain(max_jobs=) takes None or a whole number from 0 up: anything else is a TypeError
-    naming max_jobs= before any job runs (a str used to fail inside the drain's loop with
-    Python's own comparison error, a negative or fractional bound was taken as given)."""
+        jobs_db: str, bound: object, error: type[Exception]) -> None:
+    """drain(max_jobs=) takes None or a whole number from 0 up: anything else raises naming
+    max_jobs= before any job runs (a str used to fail inside the drain's loop with Python's own
+    comparison error, a negative or fractional bound was taken as given). What is no whole number
+    is a TypeError; a negative one a ValueError, as every other count out of range is (reference
+    §4: `limit=0`, `shards=0`)."""
     h = sample_jobs.other_queue.enqueue("c")
-    with pytest.raises(TypeError, match=r"drain\(max_jobs=\) takes a whole number from 0 up"):
+    with pytest.raises(error, match=r"drain\(max_jobs=\) takes a whole number from 0 up"):
         jobs.drain(["second"], max_jobs=bound)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"drain\(max_jobs=\)"):
+    with pytest.raises(error, match=r"drain\(max_jobs=\)"):
         await jobs.adrain(["second"], max_jobs=bound)  # type: ignore[arg-type]
     assert jobs.job_state(h.id)["state"] == "available"  # type: ignore[index]
     assert jobs.drain(["second"], max_jobs=0) == {}

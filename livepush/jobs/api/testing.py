@@ -68,9 +68,15 @@ def _max_jobs(max_jobs: int | None) -> int | None:
     """drain()'s `max_jobs`, checked: None (no bound) or a whole number from 0 up."""
     # Compared with the count of jobs run, a str raised a bare TypeError from inside the loop
     # (after the runtime opened), and a negative or float bound was taken as given.
-    if max_jobs is not None and (isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs < 0):
+    if max_jobs is None:
+        return None
+    if isinstance(max_jobs, bool) or not isinstance(max_jobs, int):
         raise ArgumentTypeError(f"drain(max_jobs=) takes a whole number from 0 up, or None for no bound; got "
                                 f"{type(max_jobs).__name__} {max_jobs!r:.60}")
+    if max_jobs < 0:
+        # A count out of range is a ValueError, as every other limit's is (reference §4).
+        raise ArgumentValueError(f"drain(max_jobs=) takes a whole number from 0 up, or None for no bound; got "
+                                 f"{max_jobs}")
     return max_jobs
 
 
