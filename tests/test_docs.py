@@ -703,6 +703,101 @@ async def test_the_jobs_page_enqueue_examples_run(docs_db: str) -> None:
         ns["invite"].enqueue(3, {"name": "no e-mail"})
 
 
+async def test_the_jobs_page_defines_its_jobs_and_they_run_as_its_comments_say(docs_db: str) -> None:
+    """jobs.md's "Defining jobs", "Periodic jobs" and "Limits and paused queues" blocks, pasted into
+    one module, define jobs that run: the bare `@jobs.job` takes the defaults its comment gives, the
+    sync job's progress is recorded, a tick enqueued by hand runs (as "Tests" says to), and the
+    queue the block pauses is running again after it."""
+    module = types.ModuleType("docs_examples.jobs_page")
+    for marker in ("# myapp/jobs.py", "@jobs.periodic(", "@jobs.job(concurrency="):
+        await run(*example("docs/jobs.md", marker), module.__dict__)
+    ns = module.__dict__
+    resize = ns["resize"]
+    assert (resize.queue, resize.priority, resize.max_attempts, resize.timeout) == ("default", 0, 5, 60)
+    handles = [ns["import_row"].enqueue(1, {"a": 1}), ns["resize"].enqueue(3),
+               ns["sweep"].enqueue("2030-01-01T12:05:00+00:00"), ns["sync_account"].enqueue("acme", 7),
+               ns["call_partner_api"].enqueue({"q": 1})]
+    assert await jobs.adrain() == {"succeeded": 5}
+    assert jobs.get_job(handles[1].id).progress == {"done": 1, "total": 2, "message": "resizing"}
+    assert jobs.get_job(handles[2].id).queue == "maintenance"
+    assert jobs.resume_queue("imports") is False  # the block paused the queue, and resumed it
+
+
+async def test_the_jobs_page_enqueues_in_the_callers_transaction(docs_db: str) -> None:
+    """jobs.md's "In your transaction" block enqueues its job in the reader's transaction: it is
+    there once the `with` block committed, and not when that block raised."""
+
+    @jobs.job(name="docs_examples.send_receipt")
+    def send_receipt(ctx: Any, order_id: int) -> None:
+        return None
+
+    def count() -> int:
+        with psycopg.connect(docs_db) as conn:
+            return conn.execute("SELECT count(*) FROM livepush_jobs WHERE name = 'docs_examples.send_receipt'").fetchone()[0]
+
+    code, where = example("docs/jobs.md", "send_receipt.enqueue(order_id, conn=conn)")
+    await run(code, where, {"psycopg": psycopg, "url": docs_db, "send_receipt": send_receipt,
+                            "create_order": lambda conn: 1})
+    assert count() == 1
+
+    class Refused(Exception):
+        pass
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise Refused
+
+    with pytest.raises(Refused):  # the order fails after the enqueue: both are rolled back
+        await run(code + "    refuse()\n", where, {"psycopg": psycopg, "url": docs_db, "send_receipt": send_receipt,
+                                                    "create_order": lambda conn: 2, "refuse": refuse})
+    assert count() == 1
+
+
+async def test_the_jobs_page_failed_job_calls_answer_as_their_comments_say(docs_db: str) -> None:
+    """jobs.md's "Retries and failures" block, run on a failed job: it is listed, run again, then
+    cancelled, and each read answers as its comment says."""
+
+    @jobs.job(name="docs_examples.fails", max_attempts=1)
+    def fails(ctx: Any) -> None:
+        raise ValueError("bad input")
+
+    job_id = fails.enqueue().id
+    assert await jobs.adrain() == {"failed": 1}
+    code, where = example("docs/jobs.md", "jobs.list_failed(queue=None")
+    # Each line's value, as the reader sees it in a console: the block is a list of calls.
+    tree = ast.parse(code)
+    values = [ast.unparse(node.value) for node in tree.body if isinstance(node, ast.Expr)]
+    ns: dict[str, Any] = {"jobs": jobs, "job_id": job_id}
+    got = [eval(value, ns) for value in values]  # noqa: S307 -- the repository's own docs
+    listed, retried, discarded, cancelled, state, info = got
+    assert [j.id for j in listed] == [job_id] and listed[0].error == "ValueError: bad input"
+    assert (retried, discarded, cancelled) == (True, False, True)  # discard: no longer failed once retried
+    assert state["state"] == info.state == "cancelled"
+
+
+async def test_the_groups_page_builds_a_group_across_transactions(docs_db: str) -> None:
+    """groups.md's block that builds a group over several calls adds two members (one with a key),
+    seals it, and its on_finish runs once they have."""
+    ns = await run(*(example("docs/groups.md", "h = jobs.create_group(")),
+                   {"jobs": jobs, "report": report, "import_row": import_row, "row": {"n": 1}})
+    assert await jobs.adrain() == {"succeeded": 3}  # two members and on_finish
+    group = jobs.get_group(ns["h"].id)
+    assert group is not None and (group["state"], group["total"]) == ("finished", 2)
+
+
+@pytest.mark.parametrize("page", ["docs/quickstart.md", "docs/reference.md"])
+async def test_the_rules_of_the_pages_app_allow_what_they_say(page: str) -> None:
+    """The `--app` object of the quickstart and of reference §5 lets anyone follow `public:*`, and
+    a session follow only the `user:` topic of its own subject."""
+    from livepush.sessions import Session
+
+    ns = await run(*(example(page, "# myapp/push.py")), {})
+    app = ns["app"]
+    seven = Session(id="sid", subject="7", expires_at=9e9, issued_at=1.0)
+    assert app.allowed_by_rules(None, "public:news") and app.allowed_by_rules(seven, "public:news")
+    assert app.allowed_by_rules(seven, "user:7")
+    assert not app.allowed_by_rules(seven, "user:8") and not app.allowed_by_rules(None, "user:7")
+
+
 async def test_the_groups_page_example_runs_its_callbacks(docs_db: str) -> None:
     """groups.md's first block builds, fills and seals a group whose callbacks run when it finishes."""
     ns = await run(*(example("docs/groups.md", "with jobs.group(on_finish")),
