@@ -381,6 +381,28 @@ def test_every_livepush_name_the_docs_use_exists() -> None:
     assert not missing, sorted(missing)
 
 
+def test_the_readme_and_reference_say_which_schemas_migrate_refuses_and_what_to_do(pg_url: str) -> None:
+    """A database migrated by another build before 1.0 (a migration file that has changed since) is
+    refused by `migrate`, `serve` and `jobs`: the README and reference §3 say so, with the way out
+    the refusal itself gives, and in the terms `livepush --version` uses (the README once named the
+    refused schemas "an earlier version (0.1)", which a reader running 0.1.0 took for not theirs)."""
+    from livepush import migrate
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE livepush_schema SET checksum = 'from an earlier build' WHERE version = 3")
+    with pytest.raises(livepush.SchemaError) as refused:
+        migrate.migrate(pg_url)
+    said = str(refused.value)
+    way_out = re.search(r"use a new database, or drop livepush's tables and functions \(livepush_\*\)", said)
+    assert way_out, said
+    readme = " ".join(section("README.md", "Using it").split())
+    commands = " ".join(section("docs/reference.md", "3. Commands").split())
+    for where, text in (("README.md", readme), ("reference §3", commands)):
+        assert "use a new database, or drop livepush's tables and functions (`livepush_*`)" in text, where
+        assert "differ from this version's" in text, where
+    assert "earlier version (0.1)" not in readme
+
+
 def test_every_file_of_the_repository_the_docs_name_exists() -> None:
     """A path the docs give in their text (`livepush/jobs/periodic/queries.py`, `sql/0009_periodic.sql`,
     `bin/demo`, `examples/fastapi_app/tasks.py`) is a file or folder of the repository: a reader sent
