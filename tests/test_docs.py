@@ -403,6 +403,70 @@ def test_the_readme_and_reference_say_which_schemas_migrate_refuses_and_what_to_
     assert "earlier version (0.1)" not in readme
 
 
+def _js_options(code: str, call: str) -> Iterator[tuple[str, str]]:
+    """(call, key) for each key of the options object an example passes as the last argument of
+    `call(` (`new LivePush`, `.subscribe`, `bindProgress`): the object's top-level keys, shorthand
+    (`{token}`) included, whatever functions its values hold."""
+    for start in (m.end() for m in re.finditer(rf"{re.escape(call)}\(", code)):
+        depth, i = 1, start
+        while i < len(code) and depth:  # to the call's closing parenthesis
+            depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(code[i], 0)
+            i += 1
+        args = code[start:i - 1].rstrip().rstrip(",")
+        if not args.endswith("}"):
+            continue
+        depth, open_at = 0, len(args)
+        for j in range(len(args) - 1, -1, -1):  # back to the options object's opening brace
+            depth += {")": 1, "]": 1, "}": 1, "(": -1, "[": -1, "{": -1}.get(args[j], 0)
+            if depth == 0:
+                open_at = j
+                break
+        body, depth, part, parts = re.sub(r"//[^\n]*", "", args[open_at + 1:-1]), 0, "", []
+        for ch in body:  # split on the commas between keys
+            depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(ch, 0)
+            if ch == "," and depth == 0:
+                parts.append(part)
+                part = ""
+            else:
+                part += ch
+        parts.append(part)
+        for item in filter(str.strip, parts):
+            key = re.match(r"\s*([A-Za-z_$][\w$]*)", item)
+            if key:
+                yield call, key.group(1)
+
+
+def test_every_option_the_docs_give_the_js_client_is_one_it_takes() -> None:
+    """The option names a page's code passes to `new LivePush(url, {...})`, `subscribe(topic, fn,
+    {...})` and `bindProgress(lp, topic, element, {...})` in the docs' examples and prose are the
+    client's own: a reader who copies `{ token }` or `onRefused:` gets what the page says, not the
+    client's refusal of an unknown option."""
+    source = (ROOT / "client_js" / "livepush.js").read_text()
+
+    def names(constant: str) -> set[str]:
+        found = re.search(rf"const {constant} = Object\.freeze\(\[(.*?)\]\)", source, re.S)
+        assert found, constant
+        return set(re.findall(r"'(\w+)'", found.group(1)))
+
+    takes = {"new LivePush": names("LIVEPUSH_OPTIONS"), ".subscribe": names("SUBSCRIBE_OPTIONS"),
+             "bindProgress": names("BIND_PROGRESS_OPTIONS")}
+    wrong, checked = [], 0
+    for page in PAGES:
+        text = page.read_text()
+        for call, allowed in takes.items():
+            for _, key in _js_options(text, call):
+                checked += 1
+                if key not in allowed:
+                    wrong.append(f"{page.relative_to(ROOT)}: {call}(..., {{{key}}})")
+    assert checked > 10 and not wrong, (checked, wrong)
+    # A page that tells a reader to pass the token to the client shows how, beside it.
+    for page in PAGES:
+        text = " ".join(page.read_text().split())
+        for said in re.finditer(r"pass the token to the (?:JS )?client", text):
+            assert "token" in {key for _, key in _js_options(text[said.end():said.end() + 80], "new LivePush")}, \
+                f"{page.relative_to(ROOT)}: {text[said.start():said.end() + 80]}"
+
+
 def test_every_file_of_the_repository_the_docs_name_exists() -> None:
     """A path the docs give in their text (`livepush/jobs/periodic/queries.py`, `sql/0009_periodic.sql`,
     `bin/demo`, `examples/fastapi_app/tasks.py`) is a file or folder of the repository: a reader sent
