@@ -61,8 +61,10 @@ def test_token_session_prints_a_session_token_for_the_subject(procs, livepush_en
         (["token", "topic", "bad topic"], "invalid topic"),
         (["token", "topic", "a", "--ttl", "-5"], "argument --ttl: takes a positive number"),
         (["token", "session", "u", "--ttl", "0"], "argument --ttl: takes a positive number"),
-        # Past a session's longest life the line names the flag, not the API's parameter.
-        (["token", "session", "u", "--ttl", "1e8"], "--ttl 1e+08: a session token lasts at most 31622400"),
+        # Past a session's longest life the line names the flag, not the API's parameter, and the
+        # value as its digits say it: one second past the limit is not rounded to the limit itself.
+        (["token", "session", "u", "--ttl", "1e8"], "--ttl 100000000: a session token lasts at most 31622400"),
+        (["token", "session", "u", "--ttl", "31622401"], "--ttl 31622401: a session token lasts at most 31622400"),
         (["token", "session", ""], "subject"),
         (["publish", "_livepush.x", "{}"], "reserved"),
         (["publish", "job:1", "{}"], "state topic"),

@@ -291,7 +291,8 @@ def cmd_token(args: argparse.Namespace) -> int:
 
         if args.ttl is not None and args.ttl > sessions.MAX_TTL:
             # Refused here, naming the flag as typed: the API's refusal names its `ttl` parameter.
-            raise ConfigError(f"--ttl {args.ttl:g}: a session token lasts at most {sessions.MAX_TTL:.0f} seconds "
+            # Every digit kept: `:g` wrote 31622401 as 3.16224e+07, which reads as the limit itself.
+            raise ConfigError(f"--ttl {args.ttl:.15g}: a session token lasts at most {sessions.MAX_TTL:.0f} seconds "
                               "(366 days): issue a new one when it ends")
         print(sessions.issue(args.value, ttl=args.ttl if args.ttl is not None else 86400))
     else:
