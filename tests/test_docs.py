@@ -933,6 +933,40 @@ async def test_the_workflow_example_runs_to_its_report(docs_db: str) -> None:
     assert run_["steps"]["report"]["output"] == {"by": "ana", "imported": 3}
 
 
+async def test_the_reference_jobs_block_runs_as_written(docs_db: str) -> None:
+    """Reference §4's jobs block runs line by line (its names for the reader's own values given),
+    and its last line, which forgets a periodic job removed from the code, raises
+    PeriodicNotFound as that section says for a name no tick was recorded for."""
+    from datetime import datetime, timedelta, timezone
+
+    code, where = example("docs/reference.md", "@jobs.periodic(")
+    *body, last = code.rstrip().splitlines()
+    assert last.startswith("jobs.forget_periodic("), last
+    ns = await run("\n".join(body) + "\n", where,
+                   {"__name__": "docs_examples.reference_jobs", "report": report, "alert": report, "rows": [{"n": 1}],
+                    "datetime_utc": datetime.now(timezone.utc) + timedelta(hours=1), "job_id": 1, "group_id": 1})
+    assert ns["g"].handle.topic.startswith("group:") and ns["handle"].topic.startswith("job:")
+    with pytest.raises(jobs.PeriodicNotFound, match="myapp.jobs.old_sweep"):
+        await run(last + "\n", f"docs/reference.md:{int(where.split(':')[1]) + len(body)}", ns)
+
+
+async def test_the_reference_durable_block_runs_as_written(docs_db: str) -> None:
+    """Reference §4's durable block defines a job that runs to its durable sleep, and its calls
+    signal a job, read it and fingerprint an input as their comments say."""
+    waiting = build_report.enqueue(1, wait=3600)
+    code, where = example("docs/reference.md", "jobs.input_fingerprint(")
+    ns = await run(code.replace("def import_file", "def import_file_reference"), where,
+                   {"__name__": "docs_examples", "jobs": jobs, "job_id": waiting.id, "fetch_rows": lambda import_id: [1, 2],
+                    "charge": lambda cents: {"cents": cents}, "build_report": build_report, "resize": resize})
+    handle = ns["import_file_reference"].enqueue(7)
+    jobs.signal(handle.id, "approval", {"by": "ana"})
+    await jobs.adrain()
+    info = jobs.get_job(handle.id)
+    assert (info.state, info.waiting) == ("waiting", {"for": "sleep", "name": "cool-down"}), info
+    assert jobs.signal(waiting.id, "approval", {"by": "ana"}, key="once") == jobs.signal(waiting.id, "approval", key="once")
+    assert re.fullmatch(r"[0-9a-f]{64}", jobs.input_fingerprint({"cents": 1250}))
+
+
 async def test_the_reference_workflow_block_runs_its_verbs_as_written(docs_db: str) -> None:
     """Reference §4's workflow block starts a run and applies each operator verb to it in the order
     written, the cancel last, each recorded on the audit trail. Renamed, so that its steps' job
