@@ -14,6 +14,18 @@ from tests.support.waiting import wait_for
 BIN = Path(__file__).resolve().parents[1] / "bin"
 
 
+def _only_python_3_10(tmp_path: Path, rest: str) -> Path:
+    """A folder for the PATH where every name a newer Python goes by is a Python 3.10: `-V` says
+    so, and `rest` (shell) answers anything else."""
+    old = tmp_path / "old-python"
+    old.mkdir()
+    for name in ("python3", "python3.11", "python3.12", "python3.13", "python3.14"):
+        fake = old / name
+        fake.write_text("#!/bin/sh\ncase $1 in -V|--version) echo 'Python 3.10.12'; exit 0;; esac\n" + rest)
+        fake.chmod(0o755)
+    return old
+
+
 def _project(folder: Path) -> Path:
     """A project whose own modules share names with libraries livepush imports."""
     for name in ("redis", "websockets"):
@@ -101,15 +113,7 @@ def test_the_wrappers_without_a_venv_and_with_an_old_python3_say_what_to_install
     with one line saying livepush needs 3.11 and what to install."""
     checkout = tmp_path / "checkout"
     shutil.copytree(BIN, checkout / "bin")
-    old = tmp_path / "old-python"
-    old.mkdir()
-    # Every name a newer Python goes by: none is found but this Python 3.10.
-    for name in ("python3", "python3.11", "python3.12", "python3.13", "python3.14"):
-        fake = old / name
-        fake.write_text("#!/bin/sh\n"
-                        "case $1 in -V|--version) echo 'Python 3.10.12'; exit 0;; -c) exit 1;; esac\n"
-                        "echo 'Unknown option: -P' >&2; exit 2\n")
-        fake.chmod(0o755)
+    old = _only_python_3_10(tmp_path, "case $1 in -c) exit 1;; esac\necho 'Unknown option: -P' >&2; exit 2\n")
     env = livepush_env()
     env["PATH"] = os.pathsep.join([str(old), "/usr/bin", "/bin"])
     for name in ("jobs", "websocket_server"):
@@ -118,3 +122,23 @@ def test_the_wrappers_without_a_venv_and_with_an_old_python3_say_what_to_install
         err = child.stderr()
         assert "Unknown option" not in err and len(err.strip().splitlines()) == 1, err
         assert f"bin/{name}: livepush needs Python 3.11 or newer, and python3 is Python 3.10.12" in err, err
+
+
+def test_bin_setup_with_only_an_old_python3_says_what_to_install_and_makes_no_venv(procs, livepush_env,
+                                                                                   tmp_path: Path) -> None:
+    """bin/test's install made .venv with plain python3: on Ubuntu 22.04 (3.10) pip then failed
+    to find a livepush for it, deep in its output. It now picks a Python 3.11 or newer as bin/demo
+    does, and with none says in one line what to install."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(BIN, checkout / "bin")
+    shutil.copy(BIN.parent / "pyproject.toml", checkout)
+    # It has venv and ensurepip (no Debian package to install), but is 3.10.
+    old = _only_python_3_10(tmp_path, "case $2 in *version_info*) exit 1;; esac\nexit 0\n")
+    env = livepush_env()
+    env["PATH"] = os.pathsep.join([str(old), "/usr/bin", "/bin", "/usr/sbin", "/sbin"])
+    child = procs.start([str(checkout / "bin" / "setup")], env=env, cwd=checkout)
+    assert child.wait(60) == 1, child.output()
+    err = child.stderr()
+    assert "bin/setup: livepush needs Python 3.11 or newer, and python3 is Python 3.10.12" in err, err
+    assert "python3.11-venv" in err and "Traceback" not in err, err
+    assert not (checkout / ".venv").exists()
