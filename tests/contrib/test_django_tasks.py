@@ -476,6 +476,23 @@ def test_an_argument_django_cannot_normalize_is_refused_naming_where_it_is(t: An
     assert jobs.drain() == {}
 
 
+def refusals_of_add(t: Any, args: tuple[Any, ...], kwargs: dict[str, Any], said: str) -> list[tuple[str, Any]]:
+    """The InvalidArgumentsError matching `said` that `add` with these arguments raises each way it can
+    be given them: enqueued alone, enqueued in a task group, and as a group's callback."""
+    def in_a_group() -> None:
+        with task_group():
+            t.add.enqueue(*args, **kwargs)
+
+    calls = {"enqueue": lambda: t.add.enqueue(*args, **kwargs),
+             "callback": lambda: request(t.add, *args, **kwargs), "member": in_a_group}
+    found = []
+    for name, call in calls.items():
+        with pytest.raises(jobs.InvalidArgumentsError, match=said) as caught:
+            call()
+        found.append((name, caught))
+    return found
+
+
 @pytest.mark.parametrize("args, kwargs, said", [
     ((float("nan"),), {}, r"args\[0\] is nan"),
     ((1,), {"b": float("inf")}, r'kwargs\["b"\] is inf'),
@@ -489,19 +506,29 @@ def test_an_argument_json_or_postgres_cannot_hold_is_refused_naming_the_tasks_ow
     args[0] or kwargs["b"], as for a date: not its place among the arguments of the job that runs
     the task (args[1][0]), nor the enqueue_many() the backend calls; alone, in a task group or as
     a group's callback; nothing is written."""
-    calls = {"enqueue": lambda: t.add.enqueue(*args, **kwargs),
-             "callback": lambda: request(t.add, *args, **kwargs)}
-
-    def in_a_group() -> None:
-        with task_group():
-            t.add.enqueue(*args, **kwargs)
-
-    calls["member"] = in_a_group
-    for name, call in calls.items():
-        with pytest.raises(jobs.InvalidArgumentsError, match=said) as caught:
-            call()
+    for name, caught in refusals_of_add(t, args, kwargs, said):
         assert "enqueue_many" not in str(caught.value) and "[1][" not in str(caught.value), (name, caught.value)
     assert jobs.drain() == {}
+
+
+@pytest.mark.parametrize("args, kwargs, said", [
+    ((), {}, r"missing a required argument: 'a'"),
+    ((1, 2, 3), {}, r"too many positional arguments"),
+    ((1,), {"c": 3}, r"unexpected keyword argument 'c'"),
+], ids=["too-few", "too-many", "unknown-keyword"])
+def test_arguments_the_task_cannot_take_are_refused_at_the_enqueue_naming_the_task(
+        t: Any, args: tuple[Any, ...], kwargs: dict[str, Any], said: str) -> None:
+    """Arguments the task's function cannot be called with are InvalidArgumentsError (a TypeError)
+    naming the task, at the enqueue call, alone, in a task group or as a group's callback, as
+    livepush's own jobs refuse them: nothing is written, where the job written failed at each run;
+    a takes_context task is called with its context first, which the caller does not pass."""
+    for name, caught in refusals_of_add(t, args, kwargs, said):
+        assert "tests.contrib.sample_django_tasks.add" in str(caught.value), (name, caught.value)
+    with pytest.raises(jobs.InvalidArgumentsError, match="too many positional arguments"):
+        t.with_context.enqueue("ctx", "more")
+    assert jobs.drain() == {}
+    t.with_context.enqueue("ctx")
+    assert jobs.drain() == {"succeeded": 1}
 
 
 def test_a_callback_argument_django_cannot_normalize_is_refused_naming_where_it_is(t: Any) -> None:

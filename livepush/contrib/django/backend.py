@@ -33,7 +33,7 @@ from ...jobs.api.options import check_queue
 from ...jobs.errors import InvalidArgumentsError
 from ...postgres.identity import IDENTITY
 from ...postgres.urls import check_url
-from .errors import TaskNotSupported, TransactionNotSupported, arguments_error
+from .errors import TaskNotSupported, TransactionNotSupported, arguments_error, refuse_uncallable
 from .execution import RUN_TASK, livepush_priority
 from .groups import current_group
 from .results import job_id_of, result_of
@@ -221,6 +221,7 @@ class LivePushBackend(BaseTaskBackend):
                                 backend=self.alias, errors=[], worker_ids=[])
         except (TypeError, ValueError) as exc:
             raise arguments_error(args, kwargs) or exc from None
+        refuse_uncallable(task, result.args, result.kwargs)
         job_args = [task.module_path, result.args, result.kwargs]
         conn = self.transaction_conn()
         group = current_group()

@@ -12,12 +12,14 @@ task backend catches it where it catches a refused task.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 from ...errors import LivepushError
 from ...jobs.api.args import check_json
 from ...jobs.errors import InvalidArgumentsError
-from .tasks_api import InvalidTask
+from .tasks_api import InvalidTask, Task
 
 
 class TaskNotSupported(LivepushError, InvalidTask):
@@ -70,3 +72,33 @@ def arguments_error(args: Any, kwargs: Any) -> InvalidArgumentsError | None:
     except InvalidArgumentsError as exc:
         return exc
     return None
+
+
+# Each task function's signature, read once: reading one costs more than the rest of an enqueue's
+# Python. None: one Python cannot read (some builtins), left to the runtime to find out.
+_signatures: dict[Callable[..., Any], inspect.Signature | None] = {}
+
+
+def _signature(func: Callable[..., Any]) -> inspect.Signature | None:
+    if func not in _signatures:
+        try:
+            # What the task calls, not what a decorator wraps, as for livepush's own jobs (arity()).
+            _signatures[func] = inspect.signature(func, follow_wrapped=False)
+        except (TypeError, ValueError):
+            _signatures[func] = None
+    return _signatures[func]
+
+
+def refuse_uncallable(task: Task, args: Any, kwargs: Any) -> None:
+    """InvalidArgumentsError naming `task` unless its function can be called with `args` and
+    `kwargs` (after its context, for a takes_context task). The job written otherwise failed at
+    every run with Python's TypeError, where livepush's own jobs are refused at the enqueue."""
+    signature = _signature(task.func)
+    if signature is None:
+        return
+    try:
+        signature.bind(*((None,) if task.takes_context else ()), *args, **kwargs)
+    except TypeError as exc:
+        after = " after its context" if task.takes_context else ""
+        raise InvalidArgumentsError(f"task {task.module_path} cannot be called with these arguments ({exc}): "
+                                    f"enqueue it with the arguments its function takes{after}") from None

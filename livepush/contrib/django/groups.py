@@ -22,7 +22,7 @@ from django.db import transaction
 
 from ... import jobs
 from ...errors import ArgumentTypeError
-from .errors import TaskNotSupported, arguments_error
+from .errors import TaskNotSupported, arguments_error, refuse_uncallable
 from .execution import run_task
 from .tasks_api import Task, normalize_json, task_backends
 
@@ -55,6 +55,10 @@ def request(task: Task, *args: Any, **kwargs: Any) -> jobs.JobRequest:
                                 f"got {type(task).__name__} {task!r:.60}{hint}")
     try:
         job_args = normalize_json(list(args)), normalize_json(kwargs)
+    except (TypeError, ValueError) as exc:
+        raise arguments_error(args, kwargs) or exc from None
+    refuse_uncallable(task, *job_args)  # a callback that could never run, found where it is written
+    try:
         # livepush's own check (NaN, an int key, a NUL) names the job's arguments: args[1][0] is
         # the task's args[0], so the task's own are named instead, as an enqueue does.
         return run_task.request(task.module_path, *job_args, queue=task.queue_name)
