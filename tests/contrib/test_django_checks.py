@@ -66,6 +66,32 @@ def test_a_livepush_environment_setting_written_in_django_settings_is_a_warning_
         assert livepush_messages() == []
 
 
+@pytest.mark.parametrize("name, meant", [
+    ("LIVEPUSH_SESSION_TIMEOUT", "LIVEPUSH_SESSION_TTL"),
+    ("LIVEPUSH_SESION_TTL", "LIVEPUSH_SESSION_TTL"),
+    ("LIVEPUSH_SESSION_COOKIE_DOMAINS", "LIVEPUSH_SESSION_COOKIE_DOMAIN"),
+    ("LIVEPUSH_SESSION_DOMAIN", "LIVEPUSH_SESSION_COOKIE_DOMAIN"),
+    ("LIVEPUSH_SESSION_USER", "LIVEPUSH_SESSION_SUBJECT"),
+    ("LIVEPUSH_SESSION_QQ", None),
+    ("LIVEPUSH_SECRETS", "LIVEPUSH_SECRET"),
+    ("LIVEPUSH_SIGNED_TOPICS_TTL", "LIVEPUSH_SIGNED_TOPIC_TTL"),
+])
+def test_a_misspelt_livepush_setting_is_a_warning_naming_the_setting_meant(name: str, meant: str | None) -> None:
+    """A setting named as none of livepush's is read by nothing: a misspelt session setting left
+    the default in force (a day-long TTL, a host-only cookie the push server's host never gets)
+    without a word. A name under LIVEPUSH_SESSION_, where livepush's session settings are, or
+    one a letter or two from one of livepush's settings is a warning naming the setting it is
+    close to; the app's own LIVEPUSH_ names (the example's LIVEPUSH_PUBLIC_URL) are left alone."""
+    with override_settings(**{name: "x"}):
+        found = livepush_messages()
+    assert [m.id for m in found] == ["livepush.W006"], found
+    assert found[0].level == checks.WARNING and name in found[0].msg
+    assert (meant or "LIVEPUSH_SESSION_TTL") in found[0].msg + str(found[0].hint)
+    for own in ("LIVEPUSH_PUBLIC_URL", "LIVEPUSH_WS_URL", "LIVEPUSH_URL"):
+        with override_settings(**{own: "ws://127.0.0.1:8765/"}):
+            assert livepush_messages() == [], own
+
+
 def test_a_cookie_domain_that_is_a_host_name_is_fine() -> None:
     """A host name, with or without the leading dot browsers ignore, is a usable cookie domain."""
     for domain in ("example.com", ".example.com", "push-1.example.co.uk", "localhost"):

@@ -9,6 +9,7 @@ report a setting livepush cannot use, naming it, instead of leaving it to fail r
     livepush.W003   a setting livepush reads from the environment, written in Django's settings
     livepush.W004   the session middleware without AuthenticationMiddleware, so with no request.user
     livepush.W005   the session middleware before SessionMiddleware, which has saved the Django session by then
+    livepush.W006   a LIVEPUSH_ setting that is none of livepush's but close to one (a misspelling)
 
 Nothing here connects to a database or Redis: checks run in every management command that asks
 for them, also where those are not reachable.
@@ -16,6 +17,7 @@ for them, also where those are not reachable.
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -62,6 +64,41 @@ def _environment_in_settings() -> list[checks.CheckMessage]:
             f"environment, where it is {'not set' if environ is None else 'another value'}", id="livepush.W003",
             hint=f"set {name} in the environment of the web processes (as for `livepush serve` and the job "
                  "runtime), and remove it from the settings module"))
+    return found
+
+
+# How close a name must be to one of livepush's settings to be taken for a misspelling of it: a
+# letter or two (LIVEPUSH_SECRETS, LIVEPUSH_SIGNED_TOPICS_TTL), not an app's own LIVEPUSH_WS_URL.
+CLOSE = 0.88
+
+
+def _misspelt() -> list[checks.CheckMessage]:
+    """A Django setting named as none of livepush's, under LIVEPUSH_SESSION_ (where its session
+    settings are) or close to one of them: nothing reads it, and a misspelt session setting left
+    the default in force (a day-long TTL, a host-only cookie) without a word. Other LIVEPUSH_
+    names are the app's own (the example's LIVEPUSH_PUBLIC_URL) and are left alone."""
+    from .sessions import SETTINGS as SESSION_SETTINGS
+
+    known = sorted(ENVIRONMENT | set(SESSION_SETTINGS))
+    prefix = os.path.commonprefix(SESSION_SETTINGS)  # LIVEPUSH_SESSION_, where they all are
+    found: list[checks.CheckMessage] = []
+    for name in dir(settings):
+        if not name.startswith("LIVEPUSH_") or name in known:
+            continue
+        if name.startswith(prefix):
+            meant = difflib.get_close_matches(name, SESSION_SETTINGS, n=1, cutoff=0.6)
+        else:
+            meant = difflib.get_close_matches(name, known, n=1, cutoff=CLOSE)
+            if not meant:
+                continue
+        where = ("in Django's settings" if meant and meant[0] in SESSION_SETTINGS
+                 else "in the environment of the web processes (livepush reads it from there only)")
+        found.append(checks.Warning(
+            f"{name} is not a livepush setting, so nothing reads it"
+            + (f": did you mean {meant[0]}?" if meant else
+               f"; livepush's session settings are {', '.join(SESSION_SETTINGS)}"), id="livepush.W006",
+            hint=f"set {meant[0]} {where}, and remove {name}" if meant else
+                 f"rename it to the session setting it is meant to be, or remove {name}"))
     return found
 
 
@@ -150,4 +187,4 @@ def _sessions() -> list[checks.CheckMessage]:
 
 def check_livepush(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Every livepush check (registered by the app's ready())."""
-    return _livepush_settings() + _environment_in_settings() + _backends() + _sessions()
+    return _livepush_settings() + _environment_in_settings() + _misspelt() + _backends() + _sessions()

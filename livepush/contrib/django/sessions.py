@@ -51,6 +51,8 @@ from .._cookies import (COOKIE_NAMES, domain_for, is_host_name, nowhere_to_revok
 log = logging.getLogger("livepush.contrib.django")
 
 DEFAULT_TTL = 86400.0
+# The Django settings this module reads: the only livepush settings taken from Django's settings.
+SETTINGS = ("LIVEPUSH_SESSION_TTL", "LIVEPUSH_SESSION_SUBJECT", "LIVEPUSH_SESSION_COOKIE_DOMAIN")
 _REVOKED = "_livepush_session_revoked"  # set on a request whose session was revoked by its logout
 # On a request, per signal: which of the signal's two receivers ("sync", "async") took its dispatch.
 _TAKEN = "_livepush_taken_by_"
