@@ -157,6 +157,24 @@ def test_queues_or_options_of_the_wrong_shape_are_an_error_naming_them(params: d
     assert named in found[0].msg
 
 
+@pytest.mark.parametrize(("params", "named"), [
+    ({"QUEUE": ["emails"]}, "'QUEUE'"),
+    ({"OPTION": {"MAX_ATTEMPTS": 3}}, "'OPTION'"),
+    ({"MAX_ATTEMPTS": 3}, "['OPTIONS']['MAX_ATTEMPTS']"),
+], ids=["queue", "option", "an-option-beside-options"])
+def test_an_unknown_key_of_a_backends_entry_is_an_error_naming_it(params: dict[str, Any], named: str) -> None:
+    """A key of a LivePushBackend's entry in TASKS that is none of BACKEND, QUEUES and OPTIONS (a
+    misspelling, an option written beside OPTIONS) is read by nothing: a misspelt QUEUES left the
+    default queue alone, a misspelt OPTIONS one attempt per task. An error names the key, and for
+    one of the backend's options, where it goes."""
+    from livepush.contrib.django.checks import check_livepush
+
+    with override_settings(TASKS={"default": {"BACKEND": BACKEND, **params}}):
+        found = check_livepush()
+    assert [m.id for m in found] == ["livepush.E002"]
+    assert "TASKS['default']" in found[0].msg and named in found[0].msg, found[0].msg
+
+
 @pytest.mark.parametrize("tasks", [{"default": BACKEND}, [{"BACKEND": BACKEND}]],
                          ids=["an-entry-that-is-the-backend-path", "a-list"])
 def test_tasks_of_the_wrong_shape_is_an_error_naming_it(tasks: Any) -> None:

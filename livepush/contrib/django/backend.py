@@ -47,6 +47,8 @@ from .tasks_api import (
 )
 
 OPTIONS = frozenset({"DATABASE_URL", "DATABASE", "ENQUEUE_ON_COMMIT", "MAX_ATTEMPTS"})
+# The keys of a backend's entry in TASKS that Django's Tasks framework reads.
+ENTRY = frozenset({"BACKEND", "QUEUES", "OPTIONS"})
 
 # (Django database alias, jobs' database URL) found to be one database holding livepush's tables.
 # For the process, not a backend: Django makes a backend per thread, and under ASGI per request,
@@ -303,10 +305,20 @@ def use_options_database() -> None:
 
 
 def _check_shape(alias: str, params: dict[str, Any]) -> None:
-    """ImproperlyConfigured naming QUEUES or OPTIONS when they are not a list of names and a dict.
+    """ImproperlyConfigured naming a key that is none of BACKEND, QUEUES and OPTIONS, or QUEUES or
+    OPTIONS when they are not a list of names and a dict.
     Checked before the framework reads them: it takes set() of QUEUES, so "emails" became a queue
     per letter, which no task is on and which the runner would serve, and a None or a list of
     OPTIONS failed with a TypeError or AttributeError that named no setting."""
+    unknown = sorted(set(params) - ENTRY, key=str)
+    if unknown:
+        # Read by nothing: a misspelt QUEUES left the default queue alone, a misspelt OPTIONS (or an
+        # option written beside it) one attempt per task, without a word.
+        moved = [key for key in unknown if key in OPTIONS]
+        where = (f"; {', '.join(moved)} {'is an option' if len(moved) == 1 else 'are options'}: write "
+                 + ", ".join(f"TASKS[{alias!r}]['OPTIONS'][{key!r}]" for key in moved)) if moved else ""
+        raise ImproperlyConfigured(f"TASKS[{alias!r}] has unknown keys {unknown}: a LivePushBackend's entry takes "
+                                   f"{sorted(ENTRY)}{where}")
     queues = params.get("QUEUES", [])
     if isinstance(queues, str) or not isinstance(queues, (list, tuple, set, frozenset)):
         raise ImproperlyConfigured(f"TASKS[{alias!r}]['QUEUES'] must be a list of queue names such as "
