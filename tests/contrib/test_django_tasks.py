@@ -374,6 +374,34 @@ def test_a_task_cancelled_while_it_runs_sends_task_finished_as_failed(t: Any) ->
     assert t.cancel_itself.get_result(result.id).status == TaskResultStatus.FAILED
 
 
+def test_a_task_that_calls_sys_exit_fails_and_sends_task_finished(t: Any) -> None:
+    """A task that raises SystemExit (sys.exit() in code it calls), which is no Exception, fails
+    its job as any failure does, reads back FAILED with SystemExit, and sends task_finished after
+    its task_started: receivers that pair the two (tasks in flight, a span per task) saw it start
+    and never end."""
+    from livepush.contrib.django.tasks_api import task_finished, task_started
+
+    seen: list[tuple[str, Any]] = []
+
+    def started(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        seen.append(("started", task_result.status))
+
+    def finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        seen.append(("finished", task_result.status))
+
+    task_started.connect(started)
+    task_finished.connect(finished)
+    try:
+        result = t.exits.enqueue(3)
+        assert jobs.drain() == {"failed": 1}
+    finally:
+        task_started.disconnect(started)
+        task_finished.disconnect(finished)
+    assert seen == [("started", TaskResultStatus.RUNNING), ("finished", TaskResultStatus.FAILED)]
+    read = t.exits.get_result(result.id)
+    assert read.status == TaskResultStatus.FAILED and read.errors[0].exception_class is SystemExit
+
+
 def test_unknown_results_do_not_exist(t: Any) -> None:
     """An id that is not a Django task's job (unknown, malformed, or another job) does not exist."""
     for bad in ("999999", "abc", "-1", "0", ""):

@@ -111,14 +111,18 @@ def run_task(ctx: Any, path: str, args: list[Any], kwargs: dict[str, Any]) -> An
             else:
                 value = task.call(*args, **kwargs)
             value = normalize_json(value)
-        except Exception as exc:
-            _finished(task, result, TaskResultStatus.FAILED)
-            raise failure_of(exc) from exc
         except JobCancelled:
             # A BaseException, passed on as it came so the job ends cancelled; the task ended all
             # the same (it reads back FAILED), and receivers pairing task_started with
             # task_finished never saw it end.
             _finished(task, result, TaskResultStatus.FAILED)
+            raise
+        except BaseException as exc:
+            # SystemExit (sys.exit() in code the task calls) too: the runtime fails the job with it
+            # as with any failure, and without task_finished the task never ended for receivers.
+            _finished(task, result, TaskResultStatus.FAILED)
+            if isinstance(exc, Exception):
+                raise failure_of(exc) from exc
             raise
         _finished(task, result, TaskResultStatus.SUCCESSFUL)
         return value
