@@ -175,6 +175,23 @@ def test_an_unknown_key_of_a_backends_entry_is_an_error_naming_it(params: dict[s
     assert "TASKS['default']" in found[0].msg and named in found[0].msg, found[0].msg
 
 
+@pytest.mark.parametrize(("setting", "path", "meant"), [
+    ("TASKS", "livepush.contrib.django.LivepushBackend", "LivePushBackend"),
+    ("MIDDLEWARE", "livepush.contrib.django.LivepushSessionMiddleware", "LivePushSessionMiddleware"),
+])
+def test_a_name_of_the_integration_written_in_another_case_says_the_name_meant(setting: str, path: str,
+                                                                             meant: str) -> None:
+    """`LivepushBackend` for `LivePushBackend` (the package is `livepush`, the classes `LivePush...`):
+    Django's error says only that the module has no such attribute; the AttributeError it comes
+    from names the one meant, in the traceback the user reads."""
+    from django.utils.module_loading import import_string
+
+    with pytest.raises(ImportError) as caught:
+        import_string(path)
+    assert isinstance(caught.value.__cause__, AttributeError)
+    assert f"did you mean {meant!r}" in str(caught.value.__cause__), (setting, caught.value.__cause__)
+
+
 @pytest.mark.parametrize("tasks", [{"default": BACKEND}, [{"BACKEND": BACKEND}]],
                          ids=["an-entry-that-is-the-backend-path", "a-list"])
 def test_tasks_of_the_wrong_shape_is_an_error_naming_it(tasks: Any) -> None:

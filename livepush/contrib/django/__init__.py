@@ -41,5 +41,9 @@ __all__ = list(_NAMES)
 def __getattr__(name: str) -> Any:
     module = _NAMES.get(name)
     if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        # `LivepushBackend` for `LivePushBackend`: Django's error for a path in TASKS or MIDDLEWARE
+        # says only that the attribute is missing, and its traceback shows this one.
+        meant = [known for known in _NAMES if known.lower() == name.lower()]
+        hint = f": did you mean {meant[0]!r}?" if meant else ""
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}{hint}")
     return getattr(importlib.import_module(module, __name__), name)
