@@ -108,6 +108,27 @@ def test_a_missing_secret_is_an_error_naming_it() -> None:
     assert found[0].level == checks.ERROR and "LIVEPUSH_SECRET" in found[0].msg
 
 
+def test_a_livepush_backend_without_a_jobs_database_is_an_error_naming_the_setting(redis_url: str) -> None:
+    """A site on the Redis fan-out, with a LivePushBackend in TASKS and no LIVEPUSH_DATABASE_URL
+    (nor OPTIONS['DATABASE_URL']): its jobs have nowhere to go, and every enqueue raised
+    ConfigError, a 500 per request, while `manage.py check` said nothing. An error names the
+    setting and the alias; a site that names the database in OPTIONS has nothing to report."""
+    from livepush.jobs import database
+
+    before, configured = config.get_settings(), database.configured_url()
+    config.set_settings(dataclasses.replace(before, database_url=None, redis_url=redis_url, fanout="redis"))
+    database.configure(None)
+    try:
+        found = livepush_messages()
+        assert [m.id for m in found] == ["livepush.E001"], found
+        assert "LIVEPUSH_DATABASE_URL" in found[0].msg and "TASKS['default']" in found[0].msg
+        database.configure(configured)  # as OPTIONS['DATABASE_URL'] does at Django's start
+        assert livepush_messages() == []
+    finally:
+        database.configure(configured)
+        config.set_settings(before)
+
+
 def test_a_local_fan_out_is_a_warning_naming_it() -> None:
     """LIVEPUSH_FANOUT local: what the site publishes stays in its own process, where no
     `livepush serve` runs; a warning names the setting (the site still runs)."""

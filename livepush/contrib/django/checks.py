@@ -1,7 +1,8 @@
 """livepush's Django system checks: `manage.py check`, and so the start of runserver and migrate,
 report a setting livepush cannot use, naming it, instead of leaving it to fail requests.
 
-    livepush.E001   livepush's own settings (LIVEPUSH_SECRET, LIVEPUSH_FANOUT, URLs, ...)
+    livepush.E001   livepush's own settings (LIVEPUSH_SECRET, LIVEPUSH_FANOUT, URLs, ...), and no
+                    jobs' database for the LivePushBackends in TASKS
     livepush.E002   a LivePushBackend in TASKS that cannot be made (its QUEUES or OPTIONS)
     livepush.E003   LIVEPUSH_SESSION_TTL, _SUBJECT or _COOKIE_DOMAIN, when the session middleware is installed
     livepush.W001   the local fan-out, whose messages reach no `livepush serve`
@@ -30,6 +31,7 @@ from django.utils.module_loading import import_string
 
 from ...config import ENVIRONMENT, get_settings
 from ...errors import ConfigError
+from ...jobs import database as jobs_database
 
 
 def _livepush_settings() -> list[checks.CheckMessage]:
@@ -113,7 +115,7 @@ def _backends() -> list[checks.CheckMessage]:
         aliases = list(livepush_backends())
     except ImproperlyConfigured as exc:
         return [checks.Error(str(exc), id="livepush.E002")]
-    found: list[checks.CheckMessage] = []
+    found = _jobs_database(aliases)
     for alias in aliases:
         try:
             backend = task_backends[alias]  # made as Django makes it at the first enqueue
@@ -129,6 +131,23 @@ def _backends() -> list[checks.CheckMessage]:
                 hint="set OPTIONS['DATABASE'] to the PostgreSQL database that holds livepush's tables, or "
                      "OPTIONS['ENQUEUE_ON_COMMIT'] = False to enqueue at once, outside the transaction"))
     return found
+
+
+def _jobs_database(aliases: Sequence[str]) -> list[checks.CheckMessage]:
+    """The LivePushBackends' tasks are jobs in livepush's database: a site with none (the Redis
+    fan-out, no LIVEPUSH_DATABASE_URL nor OPTIONS['DATABASE_URL']) failed every enqueue with a
+    ConfigError, a 500 per request, while its checks said nothing."""
+    if not aliases:
+        return []
+    try:
+        jobs_database.database_url()  # configured from OPTIONS['DATABASE_URL'] at Django's start
+    except ConfigError as exc:
+        named = ", ".join(f"TASKS[{alias!r}]" for alias in aliases)
+        return [checks.Error(f"{named} is a LivePushBackend, whose tasks are jobs in livepush's Postgres, and this "
+                             f"process has none, so every enqueue would fail: {exc}", id="livepush.E001",
+                             hint="set LIVEPUSH_DATABASE_URL in the web processes' environment (the database "
+                                  "`livepush migrate` ran on), or OPTIONS['DATABASE_URL'] in the backend's entry")]
+    return []
 
 
 def _has(middleware: Sequence[str], kind: type) -> bool:
