@@ -61,6 +61,12 @@ def look_up(key: str) -> None:
 
 
 @task
+def returns_nan() -> float:
+    """Returns what Django's normalization lets through and no job result can hold."""
+    return float("nan")
+
+
+@task
 def exits(code: int) -> None:
     """Ends as code that calls sys.exit() does (a script's main(), a library giving up)."""
     sys.exit(code)

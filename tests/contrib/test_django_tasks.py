@@ -374,11 +374,9 @@ def test_a_task_cancelled_while_it_runs_sends_task_finished_as_failed(t: Any) ->
     assert t.cancel_itself.get_result(result.id).status == TaskResultStatus.FAILED
 
 
-def test_a_task_that_calls_sys_exit_fails_and_sends_task_finished(t: Any) -> None:
-    """A task that raises SystemExit (sys.exit() in code it calls), which is no Exception, fails
-    its job as any failure does, reads back FAILED with SystemExit, and sends task_finished after
-    its task_started: receivers that pair the two (tasks in flight, a span per task) saw it start
-    and never end."""
+def signals_of(task: Any, *args: Any) -> tuple[Any, list[tuple[str, Any]]]:
+    """Enqueue `task` with `args`, run it, and return its result read back with the statuses the
+    framework's task_started and task_finished were sent with meanwhile."""
     from livepush.contrib.django.tasks_api import task_finished, task_started
 
     seen: list[tuple[str, Any]] = []
@@ -392,14 +390,32 @@ def test_a_task_that_calls_sys_exit_fails_and_sends_task_finished(t: Any) -> Non
     task_started.connect(started)
     task_finished.connect(finished)
     try:
-        result = t.exits.enqueue(3)
-        assert jobs.drain() == {"failed": 1}
+        result = task.enqueue(*args)
+        jobs.drain()
     finally:
         task_started.disconnect(started)
         task_finished.disconnect(finished)
+    return task.get_result(result.id), seen
+
+
+def test_a_task_that_calls_sys_exit_fails_and_sends_task_finished(t: Any) -> None:
+    """A task that raises SystemExit (sys.exit() in code it calls), which is no Exception, fails
+    its job as any failure does, reads back FAILED with SystemExit, and sends task_finished after
+    its task_started: receivers that pair the two (tasks in flight, a span per task) saw it start
+    and never end."""
+    read, seen = signals_of(t.exits, 3)
     assert seen == [("started", TaskResultStatus.RUNNING), ("finished", TaskResultStatus.FAILED)]
-    read = t.exits.get_result(result.id)
     assert read.status == TaskResultStatus.FAILED and read.errors[0].exception_class is SystemExit
+
+
+def test_a_task_whose_return_value_no_job_result_can_hold_sends_task_finished_as_failed(t: Any) -> None:
+    """A task returning what Django's normalization lets through but no job result holds (NaN)
+    fails its job: task_finished says FAILED, as the result reads back, not SUCCESSFUL, and the
+    error names the return value."""
+    read, seen = signals_of(t.returns_nan)
+    assert seen == [("started", TaskResultStatus.RUNNING), ("finished", TaskResultStatus.FAILED)]
+    assert read.status == TaskResultStatus.FAILED
+    assert read.errors[0].exception_class is jobs.InvalidResultError and "nan" in read.errors[0].traceback
 
 
 def test_unknown_results_do_not_exist(t: Any) -> None:

@@ -17,7 +17,8 @@ from django.db import close_old_connections
 from django.utils.module_loading import import_string
 
 from ... import jobs
-from ...jobs.errors import JobCancelled
+from ...jobs.api.args import check_json
+from ...jobs.errors import InvalidResultError, JobCancelled
 from .errors import failure_of
 from .tasks_api import (
     Task,
@@ -123,6 +124,14 @@ def run_task(ctx: Any, path: str, args: list[Any], kwargs: dict[str, Any]) -> An
             _finished(task, result, TaskResultStatus.FAILED)
             if isinstance(exc, Exception):
                 raise failure_of(exc) from exc
+            raise
+        try:
+            # What the runtime checks before it stores the result, checked first: a value Django's
+            # normalization lets through but no job result holds (NaN) fails the job, and the
+            # task_finished sent before said SUCCESSFUL. Raised as it is: never retried, as there.
+            check_json(value, "result", InvalidResultError, "job results")
+        except InvalidResultError:
+            _finished(task, result, TaskResultStatus.FAILED)
             raise
         _finished(task, result, TaskResultStatus.SUCCESSFUL)
         return value
