@@ -63,7 +63,33 @@ class _QuietReconnects(logging.Filter):
         return True
 
 
+class _QuietDiscards(logging.Filter):
+    """psycopg_pool logs a WARNING for each closed connection handed back to it ("discarding
+    closed connection: <psycopg.AsyncConnection [BAD] at 0x...>"): after a Postgres restart or a
+    purge of backends, a server logged one per pooled connection beside livepush's own line that
+    said what happened. A connection of livepush's pools handed back closed (`_handing_back`) is
+    replaced without that line: its loss shows in the error its caller got, or in the listener's
+    line, and one found closed while idle is replaced before anyone used it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (record.msg == "discarding closed connection: %s" and isinstance(args, tuple) and args
+                    and args[0] in _CLOSED_HANDED_BACK)
+
+
+# Connections of livepush's pools handed back closed, until the pool has replaced them.
+_CLOSED_HANDED_BACK: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _handing_back(conn: Any) -> None:
+    """Note `conn`, about to go back to a livepush pool, if the server closed it (as psycopg_pool
+    tells a connection to discard: its transaction status is unknown)."""
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.UNKNOWN:
+        _CLOSED_HANDED_BACK.add(conn)
+
+
 logging.getLogger("psycopg.pool").addFilter(_QuietReconnects())
+logging.getLogger("psycopg.pool").addFilter(_QuietDiscards())
 
 
 # A statement that is atomic on its own runs in one round trip in autocommit, where BEGIN, the
@@ -187,6 +213,10 @@ class Pool(ConnectionPool):
             self.putconn(conn)  # broken: the pool drops it and opens another
         return super().getconn(timeout)
 
+    def putconn(self, conn: Any) -> None:
+        _handing_back(conn)
+        super().putconn(conn)
+
 
 class AsyncPool(AsyncConnectionPool):
     """Pool, for asyncio; and one that never makes its loop's shutdown hang.
@@ -249,6 +279,10 @@ class AsyncPool(AsyncConnectionPool):
                 return conn
             await self.putconn(conn)
         return await super().getconn(timeout)
+
+    async def putconn(self, conn: Any) -> None:
+        _handing_back(conn)
+        await super().putconn(conn)
 
 
 # Every LoopPools of the process, so that a forked child can drop what it inherited.

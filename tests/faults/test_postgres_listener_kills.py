@@ -5,8 +5,10 @@ HTTP routes, §7)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import psycopg
+import pytest
 
 from livepush.fanout.postgres import PostgresFanOut
 from tests.faults.clients import ResumingClient
@@ -104,3 +106,37 @@ async def test_a_part_slow_to_read_what_it_missed_after_a_listener_loss_holds_up
         await client.close()
         await fanout.aclose()
     assert fleet.still_running() == []
+
+
+async def test_killing_every_backend_of_a_server_logs_livepushs_own_lines_and_none_of_psycopgs(
+        fleet: Fleet, pg_admin_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """pg_terminate_backend on every backend of the database (the listener and every pooled
+    connection of the server and of this publishing process, as a failover's connection reset or
+    an operator's purge does), while Postgres stays up: the server says so in its own words (the
+    listener lost, then back) and replaces its pooled connections without a WARNING of psycopg's
+    naming a connection object, one per pooled connection, and so do the publisher's sync and
+    async pools; a subscribed client gets the next messages with no reset."""
+    caplog.set_level(logging.WARNING, logger="psycopg")
+    (server,) = await fleet.serve(1)
+    client = await ResumingClient.open(server.url, {t: fleet.sign(t) for t in TOPICS})
+    fanout = PostgresFanOut(fleet.url)
+    try:
+        for round_ in range(3):
+            sent = [await fanout.apublish(t, {"round": round_}) for t in TOPICS[:-1]]
+            sent.append(await asyncio.to_thread(fanout.publish, TOPICS[-1], {"round": round_}))
+            await async_wait_for(lambda: [client.offsets[t] for t in TOPICS] == sent, DELIVER_BOUND,
+                                 message=f"round {round_}: every topic's message")
+            killed = await asyncio.to_thread(services.pg_terminate, pg_admin_url, services.dbname_of(fleet.url))
+            assert killed >= 2, f"round {round_}: {killed} backends: the listener and the server's pool at least"
+            await server.child.await_healthy(RECOVERY_BOUND)
+        sent = [await fanout.apublish(t, {"round": "last"}) for t in TOPICS]
+        await async_wait_for(lambda: [client.offsets[t] for t in TOPICS] == sent, DELIVER_BOUND,
+                             message="the last round's messages")
+        assert client.resets() == 0 and client.reconnects == 0 and not client.not_newer, fleet.server_log()
+    finally:
+        await client.close()
+        await fanout.aclose()
+    assert fleet.server_log("lost the Postgres listener"), fleet.server_log()
+    assert not fleet.server_log("psycopg", "Traceback"), fleet.server_log()
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+    assert list(fleet.stop_all().values()) == [0]
