@@ -7,8 +7,10 @@ keeps serving (docs/guarantees.md: transactional publish, many publishers on one
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import psycopg
+import psycopg.sql
 import pytest
 
 from livepush.errors import DependencyError
@@ -97,6 +99,49 @@ async def test_a_publish_whose_connection_dies_while_it_waits_for_the_topic_rais
     finally:
         for conn in (holder, waiter):
             await conn.close()
+        await client.close()
+        await fanout.aclose()
+    assert list(fleet.stop_all().values()) == [0]
+
+
+# A publisher process that freezes inside its transaction, as on a paused machine: it publishes
+# on room:a with conn=, prints the offset it was given and stops itself before it commits.
+FROZEN_PUBLISHER = """
+import os, signal, sys
+import psycopg
+from livepush.fanout.postgres import PostgresFanOut
+conn = psycopg.connect(sys.argv[1])
+print(PostgresFanOut(sys.argv[1]).publish("room:a", {"n": "frozen"}, conn=conn), flush=True)
+os.kill(os.getpid(), signal.SIGSTOP)
+"""
+# The application role's idle_in_transaction_session_timeout that docs/operations.md advises.
+IDLE_IN_TRANSACTION = "1s"
+
+
+async def test_a_publisher_frozen_in_its_transaction_is_ended_by_the_idle_timeout_and_holds_up_no_one(
+        fleet: Fleet) -> None:
+    """A publisher process freezes after its publish with conn=, before its commit: its backend
+    stays idle in its transaction, holding the topic's row. With the idle_in_transaction_session_timeout
+    docs/operations.md advises, Postgres ends that transaction: nothing of it is delivered, and the
+    publisher that waited for the row goes on with the offset it was given, which the subscribed
+    client gets, with no reset."""
+    with psycopg.connect(fleet.url, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("ALTER DATABASE {} SET idle_in_transaction_session_timeout = {}").format(
+            psycopg.sql.Identifier(services.dbname_of(fleet.url)), psycopg.sql.Literal(IDLE_IN_TRANSACTION)))
+    (server,) = await fleet.serve(1)
+    client = await ResumingClient.open(server.url, {"room:a": fleet.sign("room:a")})
+    fanout = PostgresFanOut(fleet.url)
+    first = await fanout.apublish("room:a", {"n": 0})
+    frozen = fleet.procs.start([sys.executable, "-c", FROZEN_PUBLISHER, fleet.url], env=fleet.env())
+    try:
+        await async_wait_for(lambda: frozen.stdout().strip() != "", 10,
+                             message=f"the frozen publisher's offset\n{frozen.output()}")
+        lost = frozen.stdout().strip()
+        second = await asyncio.wait_for(fanout.apublish("room:a", {"n": 1}), DELIVER_BOUND)
+        assert second == lost, "the frozen transaction's offset was not given back"
+        await gets_exactly(fleet, client, [first, second])
+    finally:
+        frozen.kill()
         await client.close()
         await fanout.aclose()
     assert list(fleet.stop_all().values()) == [0]
