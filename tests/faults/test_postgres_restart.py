@@ -46,6 +46,9 @@ async def test_postgres_restart_loses_no_job_and_no_message_for_connected_client
             f"the crash did not start a new epoch of each topic's log, so no reset is explained: {epochs}")
         assert all(c.resets(t) <= 1 for c in traffic.clients for t in TOPICS), f"more than one reset per crash:\n{report}"
 
+    # Each server says what happened in livepush's own lines: no traceback, and no line of
+    # psycopg's per pooled connection the restart closed.
+    assert not fleet.server_log("Traceback", "discarding closed connection"), fleet.server_log()
     await traffic.ends_cleanly(fleet)
     print(f"\nPostgreSQL {mode} restart: down {recovery.down} s; servers at 200 {recovery.healthy_after} s after; "
           f"{traffic.summary()}; runtimes found presumed dead: {len(fleet.runtime_log('presumed dead').splitlines())}")

@@ -39,6 +39,7 @@ async def test_redis_restart_loses_no_job_and_no_message_for_connected_clients(f
     assert all(c.resets(t) <= 1 for c in traffic.clients for t in TOPICS), (
         f"more than one reset per topic for one lost history:\n{report}\n{fleet.server_log('reset', 'history')}")
 
+    assert "Traceback" not in fleet.server_log(), fleet.server_log()
     await traffic.ends_cleanly(fleet)
     print(f"\nRedis {'SIGKILL' if hard else 'SIGTERM'} restart: down {recovery.down} s; servers at 200 "
           f"{recovery.healthy_after} s after; {traffic.summary()}")
