@@ -12,7 +12,7 @@ from tests.jobs import sample_jobs
 
 TOPICS = ["room:a", "room:b", "room:c"]
 # Seconds, after PostgreSQL accepts connections again, within which every server is healthy:
-# the listener's reconnect delay is capped at 5 s, drawn from 50-150 %.
+# the listener's reconnect delay is capped at 1 s, drawn from 50-150 %, with room for a loaded machine.
 HEALTH_BOUND = 10.0
 # Seconds PostgreSQL stays down once every server noticed, and the runtimes' heartbeat: the
 # outage is longer than three beats.
