@@ -404,6 +404,27 @@ async def test_a_step_whose_output_is_not_json_fails_naming_the_step_and_its_out
     assert "result[" not in done["error"] and "job results" not in done["error"], done["error"]
 
 
+async def test_a_step_whose_output_is_too_large_to_store_fails_its_run_and_the_runtime_goes_on(
+        jobs_db: str) -> None:
+    """A step whose output passes what one jsonb value holds (256 MiB) fails at once, its run's
+    error saying that its result is too large; the runtime that ran it goes on. The failure
+    written in place of its outcome carried that output along, was refused too, and stopped the
+    runtime, which gave the step back to the next runtime, to meet the same."""
+    # Encoding and sending 270 MB holds the loop for seconds on a busy machine: a heartbeat of a
+    # few seconds keeps the runtime from being taken for dead meanwhile (docs/workflows.md).
+    async with running(queues=[wc.QUEUE], heartbeat=5.0) as rt:
+        run = await wc.outputs_too_much.astart()
+        done = await run_state(run.id, {"failed", "succeeded"}, timeout=60.0)
+        assert step_states(done) == {"too_much": "failed", "after_too_much": "cancelled"}
+        assert "too large for Postgres to store" in done["error"], done["error"]
+        assert q(jobs_db, "SELECT attempt FROM livepush_jobs WHERE id = %s",
+                 (done["steps"]["too_much"]["job"],)) == [(1,)]
+        # Still serving: another run's step is claimed, run and its end written.
+        other = await wc.outputs_a_set.astart()
+        assert "InvalidResultError" in (await run_state(other.id, "failed"))["error"]
+        assert rt.state == "running"
+
+
 async def test_resuming_a_fan_out_step_keeps_no_copy_of_its_failed_members_arguments(jobs_db: str) -> None:
     """A resumed fan-out step runs its failed members again from their own rows: its job stores no
     copy of their arguments, which for a large batch passed what one jsonb value holds (the resume

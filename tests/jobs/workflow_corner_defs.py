@@ -298,3 +298,18 @@ sync_waits_for_its_own = jobs.workflow("wfd_sync_waits_for_its_own", queue=QUEUE
 @sync_waits_for_its_own.step(wait_for="go", max_attempts=3)
 def sync_waits_again(ctx: Any) -> Any:
     return ctx.wait_for_signal("go", timeout=3600)
+
+
+# A step whose output passes what one jsonb value holds (a string of 256 MiB and more), then a
+# step that must not run.
+outputs_too_much = jobs.workflow("wfd_outputs_too_much", queue=QUEUE)
+
+
+@outputs_too_much.step(max_attempts=3)
+async def too_much(ctx: Any) -> Any:
+    return "x" * 270_000_000
+
+
+@outputs_too_much.step(after="too_much")
+async def after_too_much(ctx: Any) -> Any:
+    return "never"

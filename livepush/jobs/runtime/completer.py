@@ -65,6 +65,16 @@ def _transient(exc: BaseException) -> bool:
 # The error a job gets when Postgres refused to store its real outcome (see _salvage).
 UNSTORABLE_OUTCOME = "livepush could not store this job's outcome; the runtime's log says why"
 
+
+def _unstorable(outcome: Outcome, refused: BaseException) -> str:
+    """The error of a job whose outcome Postgres refused. A result past what a jsonb value holds
+    (256 MiB) is said as such: the job's code, not the runtime, is what to change."""
+    if outcome.result is not None and isinstance(refused, psycopg.errors.ProgramLimitExceeded):
+        said = refused.diag.message_primary or str(refused).splitlines()[0]
+        return (f"InvalidResultError: the job's result is too large for Postgres to store ({said}): keep large "
+                "data elsewhere (a table, a file) and return a reference to it")
+    return UNSTORABLE_OUTCOME
+
 # Batches larger than this are planned for their actual size. A prepared statement's generic plan
 # sizes an array parameter at ten elements, and for a large batch it picked a nested loop that
 # re-read the array for every row: a slow batch makes the next one larger. Planning costs well
@@ -200,15 +210,20 @@ class Completer:
         dirty, self._dirty = self._dirty, {}  # kept out of the pieces until their own turn
         try:
             for o in suspects:
+                refused: BaseException = exc
                 for attempt in ("as is", "without its progress", "as a failure"):
                     if attempt == "without its progress":
                         o.ctx.latest = None
                     elif attempt == "as a failure":
-                        o.kind, o.error, o.delay = "fail", UNSTORABLE_OUTCOME, 0.0
+                        # Without its result too: a result past what jsonb holds was refused again
+                        # in the failure, which stopped the runtime, and the next one to run it.
+                        o.kind, o.error, o.delay = "fail", _unstorable(o, refused), 0.0
+                        o.result = None
                     try:
                         await self.flush(limit=1)  # o alone; on success it leaves the queue
                         break
                     except _REFUSED as again:
+                        refused = again
                         if _transient(again) or attempt == "as a failure":
                             raise  # transient: o and the rest are still queued, first
                         log.error("job %s (%s): Postgres refused its outcome %r (%s); trying it %s",
