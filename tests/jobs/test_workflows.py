@@ -1436,3 +1436,18 @@ def test_operator_arguments_postgres_cannot_take_are_refused_naming_them(flows_d
     with pytest.raises(error, match=fragment):
         call(run.id)
     assert jobs.workflows.get(run.id)["state"] == "running"  # type: ignore[index]
+
+
+def test_an_input_or_signal_too_large_to_store_is_refused_naming_it(flows_db: str) -> None:
+    """A run's input or a signal's data larger than one jsonb value holds (256 MiB) raises
+    InvalidArgumentsError naming it, and writes nothing: a DependencyError said Postgres had
+    failed, for a call that fails the same however often it is tried again."""
+    huge = "x" * 270_000_000
+    with pytest.raises(jobs.InvalidArgumentsError, match="input is too large for Postgres to store"):
+        wd.approval.start({"file": huge})
+    assert jobs.workflows.list(name="t_approval") == ([], None)
+    run = wd.approval.start()
+    with pytest.raises(jobs.InvalidArgumentsError, match="data is too large for Postgres to store"):
+        jobs.workflows.signal(run.id, "approve", {"by": huge}, actor="ana")
+    assert jobs.workflows.get(run.id)["audit"] == []  # type: ignore[index]
+    jobs.workflows.signal(run.id, "approve", {"by": "ana"}, actor="ana")  # the step still takes one

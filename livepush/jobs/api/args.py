@@ -9,14 +9,18 @@ arguments the job's function cannot take (arity, refuse_arity).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import math
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping, Set as AbstractSet
+from collections.abc import Callable, Iterable, Iterator, Mapping, Set as AbstractSet
 from typing import Any
 
+import psycopg
+
+from ...errors import DependencyError
 from ...postgres.text import unstorable
 from ..errors import InvalidArgumentsError
 
@@ -190,6 +194,23 @@ def encode(value: Any, path: str, error: type[Exception], what: str) -> str:
     except ValueError:
         _check(value, path, 0, error, what)
         raise
+
+
+@contextlib.contextmanager
+def stored_whole(what: str) -> Iterator[None]:
+    """Around a call that stores `what` (JSON text from encode()): a value larger than one jsonb
+    value holds (256 MiB) raises InvalidArgumentsError naming it. Postgres' refusal reached the
+    caller as a DependencyError, which says the database failed and invites a retry that meets the
+    same refusal."""
+    try:
+        yield
+    except DependencyError as exc:
+        cause = exc.__cause__
+        if not isinstance(cause, psycopg.errors.ProgramLimitExceeded):
+            raise
+        said = cause.diag.message_primary or str(cause).splitlines()[0]
+        raise InvalidArgumentsError(f"{what} is too large for Postgres to store ({said}): keep large data "
+                                    "elsewhere (a table, a file) and pass a reference to it") from exc
 
 
 def name_refused(arguments: Iterable[Any]) -> None:

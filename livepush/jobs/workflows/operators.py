@@ -16,7 +16,7 @@ from psycopg.rows import dict_row
 
 from .. import database
 from .. import queries as job_queries
-from ..api.args import encode
+from ..api.args import encode, stored_whole
 from ..api.control import acancel, cancel
 from ..groups.cancel import acancel_children, cancel_children
 from ..api.handles import NO_SUCH_ID, checked_cursor, checked_id, page_of
@@ -247,7 +247,8 @@ def signal(run_id: int, name: str, data: Any = None, *, actor: str | None = None
     run_id, name = _run_id(run_id), check_name(name, "signal()")
     text, actor = encode(data, "data", InvalidArgumentsError, "signal data"), _text(actor, "actor")
     key = check_key(key, "jobs.workflows.signal(key=)")
-    refusal = in_tx(lambda: _signal_steps(run_id, name, text, actor, key), None)
+    with stored_whole("data"):
+        refusal = in_tx(lambda: _signal_steps(run_id, name, text, actor, key), None)
     if refusal is not None:
         raise refusal
 
@@ -257,7 +258,8 @@ async def asignal_run(run_id: int, name: str, data: Any = None, *, actor: str | 
     run_id, name = _run_id(run_id), check_name(name, "signal()")
     text, actor = encode(data, "data", InvalidArgumentsError, "signal data"), _text(actor, "actor")
     key = check_key(key, "jobs.workflows.signal(key=)")
-    refusal = await ain_tx(lambda: _signal_steps(run_id, name, text, actor, key), None)
+    with stored_whole("data"):
+        refusal = await ain_tx(lambda: _signal_steps(run_id, name, text, actor, key), None)
     if refusal is not None:
         raise refusal
 

@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 
 from ...postgres.pools import aautocommitted
 from ...postgres.text import storable_text
-from ..api.args import check_args, check_json, encode
+from ..api.args import check_args, check_json, encode, stored_whole
 from ..api.functions import is_async_callable
 from ..api.handles import StateTopicHandle
 from ..api.options import check_key
@@ -380,12 +380,14 @@ class Runner:
 
     def start(self, flow: Workflow, input: Any, conn: Any, key: str | None = None) -> WorkflowHandle:
         text, key = self._input(flow, input), check_key(key)
-        run_id = in_tx(lambda: engine.start_run(flow.name, flow.queue, flow.graph(), text, key), conn)
+        with stored_whole("input"):
+            run_id = in_tx(lambda: engine.start_run(flow.name, flow.queue, flow.graph(), text, key), conn)
         return WorkflowHandle(run_id, flow.name)
 
     async def astart(self, flow: Workflow, input: Any, conn: Any, key: str | None = None) -> WorkflowHandle:
         text, key = self._input(flow, input), check_key(key)
-        run_id = await ain_tx(lambda: engine.start_run(flow.name, flow.queue, flow.graph(), text, key), conn)
+        with stored_whole("input"):
+            run_id = await ain_tx(lambda: engine.start_run(flow.name, flow.queue, flow.graph(), text, key), conn)
         return WorkflowHandle(run_id, flow.name)
 
 
