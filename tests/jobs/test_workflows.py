@@ -339,6 +339,16 @@ async def test_get_shows_a_run_and_its_audit_trail_as_of_one_moment(flows_db: st
     assert jobs.workflows.get(run.id)["audit"][0]["verb"] == "pause"
 
 
+async def test_get_shows_the_input_the_run_started_with(flows_db: str) -> None:
+    """jobs.workflows.get() shows the run's input, as jobs.get_job() shows a job's arguments: what
+    a failed or waiting run was started for, read without a step of its own. It was left out,
+    where the docs said get() reads it."""
+    run = await wd.verbs.astart({"first": "hold", "file": "s3://bucket/ü.csv", "rows": [1, 2.5]})
+    got = await jobs.workflows.aget(run.id)
+    assert got is not None and got["input"] == {"first": "hold", "file": "s3://bucket/ü.csv", "rows": [1, 2.5]}
+    assert jobs.workflows.get(wd.diamond.start().id)["input"] is None  # type: ignore[index]
+
+
 async def test_get_lists_the_steps_in_their_definitions_order(flows_db: str) -> None:
     """jobs.workflows.get() lists a run's steps as the workflow defines them, as its topic does
     (the stored object keeps them in another order: jsonb sorts keys by length)."""

@@ -273,12 +273,12 @@ def _run(row: dict[str, Any], outputs: list[dict[str, Any]], audit: list[dict[st
     view["steps"] = {name: {k: output_of.get(name) if k == "output" else row["steps"][name].get(k)
                             for k in ("state", "attempt", "group", "batch", "output", "error", "job")}
                      for name in view["steps"]}
-    return {**view, "key": row["key"], "output": row["output"], "error": row["error"],
+    return {**view, "key": row["key"], "input": row["input"], "output": row["output"], "error": row["error"],
             "created_at": row["created_at"], "finished_at": row["finished_at"], "audit": audit}
 
 
 def get(run_id: int) -> dict[str, Any] | None:
-    """A run: id, name, state, key (flow.start(key=), else None), output, error, steps (state,
+    """A run: id, name, state, key (flow.start(key=), else None), input, output, error, steps (state,
     attempt, group, output, error, job) and its audit trail (verb, step, actor, reason, at), oldest
     first; None for no such run."""
     run_id = checked_id(run_id, "run_id")

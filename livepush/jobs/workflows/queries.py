@@ -349,8 +349,9 @@ GROUP BY w.id
 # two attempts stays `running`: an attempt's end into a retry gives the run no new version, so
 # the topic could not show it (docs/workflows.md "Runs and steps"). A plain read: one snapshot. The steps'
 # outputs come apart (STEP_OUTPUTS): built into this one object, outputs that together passed
-# what one jsonb value holds (255 MiB) made the run unreadable.
-RUN_VIEWS = _run_views("w.output, w.error, w.created_at, w.finished_at, w.graph, w.key",
+# what one jsonb value holds (255 MiB) made the run unreadable. The run's input is a column of its
+# own, beside that object, for the same reason.
+RUN_VIEWS = _run_views("w.input, w.output, w.error, w.created_at, w.finished_at, w.graph, w.key",
                        ", 'error', s.error, 'job', s.job_id")
 
 # name: topic_views
