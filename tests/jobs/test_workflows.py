@@ -1106,6 +1106,24 @@ async def test_a_fan_out_step_parks_on_its_batch_and_outputs_the_counts(flows_db
                                                                      "failed": 0, "cancelled": 0}
 
 
+@pytest.mark.parametrize(("verb", "state", "output"), [
+    ("skip", "skipped", None),
+    ("complete", "succeeded", {"planned": 3}),
+])
+async def test_a_flow_verb_in_a_fan_out_function_ends_the_step_before_its_batch_is_written(
+        flows_db: str, verb: str, state: str, output: Any) -> None:
+    """A verb in a fan-out step's function ends the step as in any step's body: before its batch
+    is written, so the members it enqueued never run (ctx.flow.skip() when there is nothing to
+    fan out), and complete() gives the step its own output, not a batch's counts."""
+    async with running():
+        run = await wd.fan_verbs.astart({"n": 3, "verb": verb})
+        done = await run_state(run.id, "succeeded")
+    assert step_states(done) == {"maybe_spread": state, "after_spread": "succeeded"}
+    assert done["steps"]["maybe_spread"]["group"] is None
+    assert done["steps"]["after_spread"]["output"] == output
+    assert q(flows_db, "SELECT count(*) FROM livepush_jobs WHERE name = %s", (wd.member.name,)) == [(0,)]
+
+
 async def test_batch_failures_pause_the_run_and_resume_reruns_only_the_failed_members(flows_db: str) -> None:
     """on_batch_failure="pause": failed members pause the run; resume runs only those again."""
     async with running(concurrency=4):

@@ -229,3 +229,22 @@ async def ender(ctx: Any) -> Any:
 async def bystander(ctx: Any) -> Any:
     await until_flag("never")
     return "ran to its end"
+
+
+# A fan-out step whose function ends the step with a flow verb after enqueuing members: the
+# verb the input names (skip, or complete with an output of its own).
+fan_verbs = jobs.workflow("t_fan_verbs", queue="flows")
+
+
+@fan_verbs.fan_out()
+def maybe_spread(ctx: Any, batch: Any) -> None:
+    for i in range(ctx.input["n"]):
+        batch.enqueue(member, i, False)
+    if ctx.input["verb"] == "skip":
+        ctx.flow.skip("nothing to import")
+    ctx.flow.complete({"planned": len(batch)})
+
+
+@fan_verbs.step(after=["maybe_spread"])
+async def after_spread(ctx: Any) -> Any:
+    return ctx.outputs.get("maybe_spread")
