@@ -494,6 +494,42 @@ def test_jobs_enqueued_before_a_concurrency_key_moved_to_another_parameter_are_k
         (waiting[0], '"x"'), (waiting[1], '"y"'), (running_one.id, '"z"')]
 
 
+@pytest.mark.parametrize("stored", ["nothing", "a row without limits"])
+async def test_limits_of_a_function_defined_while_a_runtime_runs_hold_there(
+        limits_db: str, stored: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A function with limits defined in a module imported after the runtime started: its limits
+    were written only at a start, so its jobs waited for ever (no row: the limited claim had
+    nothing to claim by) or ran with no limit at all (a row an earlier deploy left without limits).
+    The runtime now writes them as it meets the definition, and holds the jobs to them."""
+    queue = "late-limits"
+    # A name of its own per case: the process-wide registry keeps every definition, which the
+    # next case's runtime would find at its start.
+    name = f"t.defined_late.{stored.replace(' ', '_')}"
+    if stored != "nothing":
+        q(limits_db, "INSERT INTO livepush_job_limits (name) VALUES (%s)", (name,))
+    gate = asyncio.Event()
+    started: list[str] = []
+    caplog.set_level("INFO", logger="livepush.jobs")
+    async with running(queues=[queue], concurrency=4):
+        @jobs.job(name=name, queue=queue, concurrency=("tenant", 1))
+        async def defined_late(ctx: Any, tenant: str) -> None:
+            started.append(tenant)
+            await asyncio.wait_for(gate.wait(), 10)
+
+        handles = [await defined_late.aenqueue(t) for t in ("a", "a", "b")]
+        # b's job is last in claim order: the claim that starts it would have started the second
+        # of a's with it, had nothing held that one back.
+        await async_wait_for(lambda: "b" in started, 10.0, message="b's job to start")
+        assert sorted(started) == ["a", "b"], started
+        assert [jobs.get_job(h.id).state for h in handles] == ["running", "available", "running"]  # type: ignore[union-attr]
+        gate.set()
+        await async_wait_for(lambda: {jobs.get_job(h.id).state for h in handles} == {"succeeded"}, 10.0)  # type: ignore[union-attr]
+    assert started == ["a", "b", "a"] or started == ["b", "a", "a"], started
+    assert q(limits_db, "SELECT max_running, key_param FROM livepush_job_limits WHERE name = %s", (name,)) == \
+        [(1, "tenant")]
+    assert name in caplog.text, caplog.text
+
+
 def test_jobs_marked_limited_after_the_limits_were_dropped_still_run(limits_db: str) -> None:
     """During a rolling deploy that removes a limit, a process still running the old definition
     enqueues jobs marked for the limited claim, and a job that was running under the limit may

@@ -53,6 +53,9 @@ class Registry:
     def __init__(self) -> None:
         self._functions: dict[str, Any] = {}
         self._queues: set[str] = set()
+        # Registrations so far: a running runtime compares it with the count it last saw, which
+        # tells it cheaply, before each claim, that a function was defined since (its limits).
+        self.changes = 0
 
     def add(self, fn: Any, origin: str | None = None, defined_at: str | None = None) -> Any:
         """Register `fn` under its name. `origin` says what defined it (by default its function's
@@ -71,6 +74,7 @@ class Registry:
         if held is not None and held is not fn:
             _warn_if_redefined(held, fn)
         self._functions[fn.name] = fn
+        self.changes += 1
         return fn
 
     def clash(self, name: str, origin: str) -> str | None:

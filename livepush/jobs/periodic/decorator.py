@@ -58,8 +58,8 @@ class Schedules:
 
     def _warn_if_unread(self, schedule: Schedule) -> None:
         # Scheduling it in the running runtimes instead would need more than their scheduler's
-        # list: the runtime's row names the jobs it schedules (jobs.forget_periodic() reads it),
-        # and its function's limits are stored at the runtime's start. So it is said, once.
+        # list: the runtime's row names the jobs it schedules (jobs.forget_periodic() reads it).
+        # So it is said, once.
         late = [queues for registry, queues, names in self._readers.values()
                 if schedule.name not in names and registry.find(schedule.name) is schedule.function
                 and schedule.function.queue in queues]

@@ -4,6 +4,7 @@ the limited claim, and running that claim (queries.CLAIM_LIMITED)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import psycopg
@@ -11,6 +12,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from .. import queries
+from ..api.limits import Limits
 from ..api.registry import Registry
 from .backlog import Backlog
 
@@ -25,13 +27,23 @@ SCAN_EXTRA = 16
 MIN_TOKEN_WAIT = 0.01
 
 
-async def store(pool: AsyncConnectionPool, registry: Registry) -> None:
-    """Write the limits of the registry's functions (and drop rows of those now without any)."""
-    limited, plain = [], []
+def definitions(registry: Registry) -> dict[str, Limits | None]:
+    """Each registered function's limits as its definition states them (None: it has none)."""
+    found = {}
     for name in registry.names():
-        fn = registry.find(name)
-        limits = getattr(fn, "limits", None)
-        (limited if limits is not None and limits.any else plain).append((name, limits))
+        limits = getattr(registry.find(name), "limits", None)
+        found[name] = limits if limits is not None and limits.any else None
+    return found
+
+
+async def store(pool: AsyncConnectionPool, registry: Registry, names: Iterable[str] | None = None) -> None:
+    """Write the limits of the registry's functions (and drop rows of those now without any): of
+    all of them as a runtime starts, of `names` for functions defined while it runs."""
+    wanted = None if names is None else set(names)
+    limited, plain = [], []
+    for name, limits in definitions(registry).items():
+        if wanted is None or name in wanted:
+            (plain if limits is None else limited).append((name, limits))
     backlog, left = None, []
     async with pool.connection() as conn:
         await conn.execute(queries.LOCK_LIMITS)

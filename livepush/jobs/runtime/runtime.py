@@ -59,6 +59,7 @@ from ...types import Seconds, as_seconds, is_finite
 from ...usercode import names_the_module, not_found, what_raised, where_raised
 from .. import database, queries
 from ..api.enqueue import SCRIPT_PREFIX
+from ..api.limits import Limits
 from ..api.options import check_queue
 from ..api.registry import REGISTRY, Registry
 from ..groups.progress import ProgressPublisher
@@ -356,6 +357,12 @@ class Runtime:
         self.limited: list[str] = []
         self._limited_turn = 0  # claim rounds so far: which limited name of a priority is asked first (limits.in_turn)
         self.limits_dropped: frozenset[str] = frozenset()  # of them, rows whose limits a newer definition dropped
+        # The limits this runtime wrote for each of its functions, at its start or since, and the
+        # registry's count of registrations when it last compared them: a function defined while it
+        # runs (a module imported later) has its limits written by a side task, as at a start.
+        self._limits_written: dict[str, Limits | None] = {}
+        self._registry_seen = -1
+        self._limits_writing: asyncio.Task[None] | None = None
         self._token_due: float | None = None
         # (name, queue) whose last limited claim found nothing it could start, and when (loop
         # time): skipped until the doorbell rings (not for limits_dropped), a job of the name ends
@@ -623,8 +630,11 @@ class Runtime:
             await listener.start()
         self.state = "running"
         self.id = await maintenance.register(self._pool, self.info)
+        self._registry_seen = self.registry.changes
+        written = limits.definitions(self.registry)
         await limits.store(self._pool, self.registry)
-        self.limited, self.limits_dropped = await limits.names(self._pool, self.registry)
+        self._limits_written = written
+        await self._read_limited(self._pool)
         # Every step whose function is registered here, read from the registry: a workflow name
         # defined twice (two modules) keeps the steps of both, and each one's runs go on.
         self.step_names = [name for name in self.registry.names()
@@ -731,7 +741,8 @@ class Runtime:
         # Side tasks end at their next loop turn even if a cancellation is lost inside a database
         # call (psycopg may turn it into QueryCanceled); re-cancel until they are gone.
         self._closing.set()
-        pending = {t for t in [*self._tasks, self._cancel_check, self._state_publish, self._rescuing] if t is not None}
+        pending = {t for t in [*self._tasks, self._cancel_check, self._state_publish, self._rescuing,
+                               self._limits_writing] if t is not None}
         while pending:
             for task in pending:
                 task.cancel()
@@ -971,6 +982,9 @@ class Runtime:
     async def _claim_starting(self, free: int, reopened: bool = False) -> int:
         rows: list[dict[str, Any]] = []
         params: dict[str, Any] = {"excluded": sorted(self.excluded), "runtime_id": self.id}
+        if self.registry.changes != self._registry_seen:
+            self._registry_seen = self.registry.changes
+            self._hold_late_definitions(self._late_definitions())
         limited = [n for n in self.limited if n not in self.excluded]
         if len(limited) > 1:
             limited = limits.in_turn(limited, self.registry, self._limited_turn)
@@ -1255,7 +1269,7 @@ class Runtime:
                 if lost or not kept:
                     since = beat_at
                 last_at, lost = beat_at, False
-                self.limited, self.limits_dropped = await limits.names(pool, self.registry)
+                await self._read_limited(pool)
                 if self._rescuing is None or self._rescuing.done():
                     # Not awaited: a rescue ends the jobs it finds (counts them in their groups,
                     # ends workflow steps), which waits at any lock an open transaction holds
@@ -1279,6 +1293,58 @@ class Runtime:
                 lost = True
                 self._failures.warning("heartbeat failed (%s); trying again next beat", exc)
             await self._pause(self.heartbeat)
+
+    async def _read_limited(self, pool: AsyncPool) -> None:
+        """Read the names that take the limited claim (limits.names()), but for functions defined
+        since their limits were written (_hold_late_definitions)."""
+        self.limited, self.limits_dropped = await limits.names(pool, self.registry)
+        self._hold_late_definitions(self._late_definitions())
+
+    def _late_definitions(self) -> dict[str, Limits | None]:
+        """The functions whose limits as defined now are not those this runtime wrote: defined (or
+        defined again with other limits) since it started."""
+        written = self._limits_written
+        return {name: lim for name, lim in limits.definitions(self.registry).items()
+                if name not in written or written[name] != lim}
+
+    def _hold_late_definitions(self, late: dict[str, Limits | None]) -> None:
+        """Keep these names out of the limited claim until a side task has written their limits.
+        Their jobs, marked limited by their enqueue, wait meanwhile: the limited claim would hold
+        them for ever with no row of the name, and run them past the new limits with a row an
+        older definition left without any."""
+        if not late:
+            return
+        self.limited = [name for name in self.limited if name not in late]
+        if self._closing.is_set():
+            return  # _close() is ending the side tasks: no new one
+        if self._limits_writing is None or self._limits_writing.done():
+            self._limits_writing = asyncio.create_task(self._write_late_limits(), name="livepush-jobs-limits")
+
+    async def _write_late_limits(self) -> None:
+        """Write the limits of functions defined since this runtime started, as a start writes
+        them (limits.store(): under the same table lock, marking their jobs enqueued before), then
+        let the limited claim take their jobs. Off the heartbeat: the marking may wait seconds
+        for rows others hold."""
+        assert self._pool is not None
+        try:
+            while late := self._late_definitions():
+                await limits.store(self._pool, self.registry, late)
+                self._limits_written.update(late)
+                for name, lim in late.items():
+                    if lim is not None:
+                        log.info("job %s was defined after this job runtime started: its limits (concurrency %s, "
+                                 "rate %s a second) are written now, as at a start, and hold from now on", name,
+                                 None if lim.max_running is None else (lim.key_param, lim.max_running), lim.rate)
+            await self._read_limited(self._pool)
+        except _DB_ERRORS as exc:
+            reraise_if_cancelled()
+            self._failures.warning("writing the limits of jobs defined since this runtime started failed (%s); "
+                                   "their jobs wait, trying again next beat", exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - not awaited by anyone: said here, and tried again next beat
+            log.error("writing the limits of jobs defined since this runtime started failed: %s", exc, exc_info=exc)
+            return
+        self._doorbell.set()  # their waiting jobs are claimable now
 
     async def _rescue(self, since: datetime | None, beat_at: datetime) -> None:
         """Release the jobs of runtimes silent for three beats since `since`, as the beat at
