@@ -476,6 +476,51 @@ async def test_a_periodic_job_declared_while_a_runtime_runs_is_said_to_wait_for_
     assert not caplog.records, caplog.text
 
 
+@contextlib.asynccontextmanager
+async def scheduling(queue: str) -> AsyncIterator[Runtime]:
+    """A runtime serving `queue` and scheduling its periodic jobs (`running()` refuses those)."""
+    runtime = Runtime(REGISTRY, install_signals=False, queues=[queue], heartbeat=0.2)
+    task = asyncio.create_task(runtime.run())
+    try:
+        await runtime.wait_started()
+        yield runtime
+    finally:
+        runtime.stop(now=True)
+        await asyncio.wait_for(task, 10)
+
+
+async def test_a_periodic_job_declared_again_with_another_schedule_is_warned_about(
+        jobs_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The same function declared periodic again (a module imported again, a second decorator
+    call) with another expression or time zone replaced the first schedule silently, and a running
+    runtime kept the first until its next start. One WARNING now names the job and both schedules,
+    and says so of a running runtime; declared again with the same schedule, it is silent."""
+    queue = f"periodic-again-{next(_names)}"
+    name = f"tests.periodic.job_{next(_names)}"
+
+    def sweep(ctx: Any, tick: str) -> None: ...
+
+    caplog.set_level("WARNING", logger="livepush.jobs")
+    jobs.periodic("*/5 * * * *", queue=queue, name=name)(sweep)
+    jobs.periodic("*/5  * * * *", queue=queue, name=name)(sweep)  # the same schedule, written apart
+    assert not caplog.records, caplog.text
+    jobs.periodic("*/10 * * * *", queue=queue, name=name)(sweep)
+    (record,) = caplog.records
+    assert record.levelname == "WARNING"
+    message = record.getMessage()
+    assert name in message and "*/5 * * * *" in message and "*/10 * * * *" in message, message
+    caplog.clear()
+    async with scheduling(queue):
+        jobs.periodic("*/10 * * * *", timezone="Europe/Paris", queue=queue, name=name)(sweep)
+        (record,) = caplog.records
+        message = record.getMessage()
+        assert name in message and "UTC" in message and "Europe/Paris" in message, message
+        assert "until its next start" in message, message
+    caplog.clear()
+    jobs.periodic("*/10 * * * *", timezone="Europe/Paris", queue=queue, name=name)(sweep)
+    assert not caplog.records, caplog.text
+
+
 def test_ticks_with_a_seconds_field_and_in_a_zone() -> None:
     every_10s = parse("* * * * * */10")
     at = datetime(2030, 1, 1, 12, 0, 25, 500_000, tzinfo=ZoneInfo("UTC"))

@@ -42,8 +42,22 @@ class Schedules:
 
     def add(self, schedule: Schedule) -> None:
         # As with the job registry, a re-imported module's newest definition wins.
+        held = self._schedules.get(schedule.name)
         self._schedules[schedule.name] = schedule
+        if held is not None and _when(held) != _when(schedule):
+            self._warn_rescheduled(held, schedule)
         self._warn_if_unread(schedule)
+
+    def _warn_rescheduled(self, held: Schedule, schedule: Schedule) -> None:
+        # A re-import with the same schedule is silent; another one replaces the first, which a
+        # running runtime (it read its schedules as it started) keeps using: the user is told once.
+        running = any(held.name in names for _, _, names in self._readers.values())
+        (new, new_zone), (old, old_zone) = _when(schedule), _when(held)
+        log.warning("periodic job %s declared again with the schedule %r in %s, where it had %r in %s: the new one "
+                    "replaces the first%s; if both are meant, give one of them another name (name=), else "
+                    "declare the job once", schedule.name, new, new_zone, old, old_zone,
+                    ", but a job runtime of this process that is running keeps the first until its next start"
+                    if running else "")
 
     def read(self, reader: object, registry: Registry, queues: Iterable[str]) -> list[Schedule]:
         """served_by() for a runtime that schedules them from now until done_reading(reader): a
@@ -89,6 +103,12 @@ class Schedules:
 
 
 SCHEDULES = Schedules()
+
+
+def _when(schedule: Schedule) -> tuple[str, str]:
+    """A schedule's expression (its fields however spaced) and zone: what makes a declaration of
+    the same job another schedule."""
+    return " ".join(schedule.cron.expression.split()), schedule.cron.timezone
 
 
 def _check_signature(cron: str, func: Callable[..., Any]) -> None:
