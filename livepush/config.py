@@ -113,7 +113,10 @@ class Settings:
         return new
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+    def from_env(cls, environ: Mapping[str, str] | None = None, *, validate: bool = True) -> Settings:
+        """The settings `environ` (default os.environ) gives; `validate=False` reads each variable
+        as usual but skips the checks across them, for comparing one variable's readings (a
+        Django setting against the environment's) where the environment itself may be incomplete."""
         env = os.environ if environ is None else environ
 
         def get(name: str) -> str | None:
@@ -180,7 +183,8 @@ class Settings:
                                          "seconds, e.g. 5 (0: wait as long as it takes)")
                                   if migrate_lock_timeout else None),
         )
-        settings._validate()
+        if validate:
+            settings._validate()
         return settings
 
     def _validate(self) -> None:

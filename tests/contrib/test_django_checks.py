@@ -66,6 +66,48 @@ def test_a_livepush_environment_setting_written_in_django_settings_is_a_warning_
         assert livepush_messages() == []
 
 
+SECRET_A, SECRET_B = "a" * 16 + "0123456789abcdef", "b" * 16 + "0123456789abcdef"
+
+
+@pytest.mark.parametrize(("name", "environ", "value"), [
+    ("LIVEPUSH_SECRET_FALLBACKS", f"{SECRET_A},{SECRET_B}", [SECRET_A, SECRET_B]),
+    ("LIVEPUSH_SECRET_FALLBACKS", f"{SECRET_A}, {SECRET_B}", (SECRET_A, SECRET_B)),
+    ("LIVEPUSH_HISTORY_TTL", "300", 300.0),
+    ("LIVEPUSH_HISTORY_TTL", "300.0", 300),
+    ("LIVEPUSH_SIGNED_TOPIC_TTL", "3600", 3600),
+    ("LIVEPUSH_PORT", "8800", 8800),
+    ("LIVEPUSH_FANOUT", "local", "LOCAL"),
+    ("LIVEPUSH_REDIS_PREFIX", None, None),  # settings.py's os.environ.get() of a variable not set
+], ids=["fallbacks-list", "fallbacks-tuple", "ttl-float", "ttl-int", "signed-ttl-int", "port-int", "fanout-case",
+        "none-unset"])
+def test_a_setting_equal_to_the_environments_value_as_livepush_reads_it_is_no_warning(
+        monkeypatch: pytest.MonkeyPatch, name: str, environ: str | None, value: Any) -> None:
+    """settings.py that reads the environment into Python values (a list of fallbacks, a float
+    TTL) holds what livepush reads from it: compared as livepush's configuration reads the text,
+    not as str() of the value, it is no "another value" warning."""
+    if environ is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, environ)
+    with override_settings(**{name: value}):
+        assert livepush_messages() == []
+
+
+@pytest.mark.parametrize(("name", "environ", "value"), [
+    ("LIVEPUSH_SECRET_FALLBACKS", f"{SECRET_A},{SECRET_B}", [SECRET_A]),
+    ("LIVEPUSH_HISTORY_TTL", "300", 301),
+    ("LIVEPUSH_HISTORY_TTL", "300", "five minutes"),
+    ("LIVEPUSH_PORT", "8800", 8800.5),
+], ids=["fallbacks-fewer", "ttl-another", "ttl-text", "port-fraction"])
+def test_a_setting_livepush_reads_otherwise_than_the_environment_is_still_a_warning(
+        monkeypatch: pytest.MonkeyPatch, name: str, environ: str, value: Any) -> None:
+    """What livepush reads differently from the environment's value stays a warning naming it."""
+    monkeypatch.setenv(name, environ)
+    with override_settings(**{name: value}):
+        found = livepush_messages()
+    assert [m.id for m in found] == ["livepush.W003"] and "another value" in found[0].msg
+
+
 @pytest.mark.parametrize("name, meant", [
     ("LIVEPUSH_SESSION_TIMEOUT", "LIVEPUSH_SESSION_TTL"),
     ("LIVEPUSH_SESION_TTL", "LIVEPUSH_SESSION_TTL"),

@@ -29,7 +29,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from ...config import ENVIRONMENT, get_settings
+from ...config import ENVIRONMENT, Settings, get_settings
 from ...errors import ConfigError
 from ...jobs import database as jobs_database
 
@@ -59,7 +59,7 @@ def _environment_in_settings() -> list[checks.CheckMessage]:
         if not hasattr(settings, name):
             continue
         value, environ = getattr(settings, name), os.environ.get(name)
-        if environ is not None and str(value).strip() == environ.strip():
+        if _reads_the_same(name, value):
             continue
         found.append(checks.Warning(
             f"{name} is set in Django's settings, where livepush does not read it: livepush reads {name} from the "
@@ -67,6 +67,30 @@ def _environment_in_settings() -> list[checks.CheckMessage]:
             hint=f"set {name} in the environment of the web processes (as for `livepush serve` and the job "
                  "runtime), and remove it from the settings module"))
     return found
+
+
+def _reads_the_same(name: str, value: object) -> bool:
+    """Whether livepush's configuration reads the Django setting `value`, written in the
+    environment as settings.py would have read it from there (a list joined by commas, a number
+    as its text, None as unset), as it reads the environment's `name`: str() of the value made a
+    list of fallbacks, or a TTL of 300.0 beside "300", "another value"."""
+    environ = os.environ.get(name)
+    if value is None or value == "":
+        text = None
+    elif isinstance(value, (list, tuple)):
+        text = ",".join(str(item) for item in value)
+    else:
+        text = str(value)
+    if text == environ or (text is not None and environ is not None and text.strip() == environ.strip()):
+        return True
+    written = {key: each for key, each in os.environ.items() if key != name}
+    if text is not None:
+        written[name] = text
+    try:
+        # Only the variables' own readings: the checks across them are E001's, on the environment.
+        return Settings.from_env(written, validate=False) == Settings.from_env(os.environ, validate=False)
+    except ConfigError:  # a value livepush cannot read: the environment's, if it is that, is E001's
+        return False
 
 
 # How close a name must be to one of livepush's settings to be taken for a misspelling of it: a
