@@ -372,7 +372,9 @@ def test_a_project_subclass_of_the_session_middleware_is_checked_as_the_middlewa
 @pytest.mark.parametrize(("name", "value"), [
     ("LIVEPUSH_SESSION_TTL", "1 day"),
     ("LIVEPUSH_SESSION_TTL", 0),
-    ("LIVEPUSH_SESSION_SUBJECT", "myapp.auth.subject_of"),
+    ("LIVEPUSH_SESSION_SUBJECT", "myapp.auth.subject_of"),  # a dotted path that does not import
+    ("LIVEPUSH_SESSION_SUBJECT", "tests.contrib.django_subjects.NOT_A_FUNCTION"),
+    ("LIVEPUSH_SESSION_SUBJECT", "subject_of"),  # no module
     # Called with the user alone: one of another shape failed every signed-in request with a TypeError.
     ("LIVEPUSH_SESSION_SUBJECT", lambda request, user: "7"),
     ("LIVEPUSH_SESSION_SUBJECT", lambda: "7"),
@@ -409,3 +411,16 @@ def test_manage_py_check_reports_a_missing_secret(django_site: str) -> None:
                          text=True, timeout=60)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "livepush.E001" in out.stderr and "LIVEPUSH_SECRET" in out.stderr, out.stderr
+
+
+def test_a_subject_function_named_by_its_dotted_path_lets_django_start(django_site: str) -> None:
+    """LIVEPUSH_SESSION_SUBJECT naming its function by dotted path, in a module that imports a
+    model: `manage.py check` (Django's start) passes, where settings.py importing the function
+    stopped it with AppRegistryNotReady."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIVEPUSH_")}
+    env.update(LIVEPUSH_DATABASE_URL=django_site, LIVEPUSH_SECRET=config.get_settings().require_secret(),
+               DJANGO_SETTINGS_MODULE="tests.contrib.django_settings_subject_path",
+               PYTHONPATH=os.pathsep.join([str(EXAMPLE), str(EXAMPLE.parents[1])]))
+    out = subprocess.run([sys.executable, "manage.py", "check"], cwd=EXAMPLE, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and "livepush." not in out.stdout + out.stderr, out.stdout + out.stderr

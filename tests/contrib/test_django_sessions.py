@@ -273,10 +273,11 @@ def test_signing_in_as_another_user_revokes_the_previous_users_session() -> None
     ("LIVEPUSH_SESSION_TTL", 400 * 86400),
     ("LIVEPUSH_SESSION_TTL", timedelta(0)),
     ("LIVEPUSH_SESSION_SUBJECT", "myapp.auth.subject_of"),
+    ("LIVEPUSH_SESSION_SUBJECT", "tests.contrib.django_subjects.NOT_A_FUNCTION"),
     ("LIVEPUSH_SESSION_SUBJECT", lambda user: None),
     ("LIVEPUSH_SESSION_SUBJECT", lambda user: ""),
-], ids=["ttl-text", "ttl-none", "ttl-zero", "ttl-over-366-days", "ttl-zero-timedelta", "subject-a-dotted-path", "subject-none",
-        "subject-empty"])
+], ids=["ttl-text", "ttl-none", "ttl-zero", "ttl-over-366-days", "ttl-zero-timedelta", "subject-a-path-that-does-not-import",
+        "subject-a-path-to-no-function", "subject-none", "subject-empty"])
 def test_a_bad_session_setting_is_an_error_naming_it(name: str, value: Any) -> None:
     """A session setting Django cannot use is ImproperlyConfigured naming the setting, never a bare
     ValueError or TypeError; and a subject function that returns None is refused, not turned
@@ -665,6 +666,17 @@ def test_a_subject_function_that_reads_the_database_works_on_either_path(path: s
     with override_settings(LIVEPUSH_SESSION_SUBJECT=subject):
         cookie = _through_middleware(path, _middleware_request(user)).cookies["livepush_session"]
     assert sessions.decode(cookie.value, get_settings().secrets).subject == f"name-{user.username}"
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+def test_a_subject_function_named_by_its_dotted_path_is_imported_and_called(path: str) -> None:
+    """LIVEPUSH_SESSION_SUBJECT as a dotted path, Django's way for a function whose module imports
+    models (settings.py importing it stops Django's start), is imported at first use and called
+    as the function itself would be, on either path."""
+    user = get_user_model().objects.create_user(f"u{uuid.uuid4().hex[:10]}", password="x")
+    with override_settings(LIVEPUSH_SESSION_SUBJECT="tests.contrib.django_subjects.subject"):
+        cookie = _through_middleware(path, _middleware_request(user)).cookies["livepush_session"]
+    assert sessions.decode(cookie.value, get_settings().secrets).subject == f"site-{user.username}"
 
 
 @pytest.mark.parametrize("path", ["sync", "async"])

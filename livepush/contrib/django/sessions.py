@@ -13,12 +13,14 @@ Settings (all optional):
                                               of it has passed, or at once when lowered below what a
                                               cookie's has left
     LIVEPUSH_SESSION_COOKIE_DOMAIN = None     e.g. "example.com" when the push server is push.example.com
-    LIVEPUSH_SESSION_SUBJECT = None           a function user -> subject; default str(user.pk)
+    LIVEPUSH_SESSION_SUBJECT = None           a function user -> subject, or its dotted path (imported at
+                                              first use); default str(user.pk)
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import threading
@@ -35,6 +37,7 @@ from django.http import HttpRequest, HttpResponse
 from django.http.request import split_domain_port
 from django.utils.cache import patch_cache_control, patch_vary_headers
 from django.utils.functional import SimpleLazyObject, empty
+from django.utils.module_loading import import_string
 
 from ... import sessions
 from ...config import get_settings
@@ -44,7 +47,7 @@ from ...sessions.revocations import CLOCK_ALLOWANCE, READ_TIMEOUT
 from ...sessions.handshake import COOKIE_NAME, HOST_COOKIE_NAME
 from ...sessions.tokens import check_subject
 from ...types import as_seconds
-from ...usercode import cannot_take
+from ...usercode import cannot_take, what_raised
 from .._cookies import (COOKIE_NAMES, domain_for, is_host_name, nowhere_to_revoke, other_subjects, session_cookie,
                        session_cookies, session_token)
 
@@ -91,11 +94,14 @@ def subject_of(user: Any) -> str:
 
 
 def _subject_setting() -> Callable[[Any], object] | None:
-    """LIVEPUSH_SESSION_SUBJECT: a function of the user, or None for str(user.pk)."""
+    """LIVEPUSH_SESSION_SUBJECT: a function of the user, or its dotted path (Django's way for a
+    function whose module imports models, which settings.py cannot import), or None for str(user.pk)."""
     custom = getattr(settings, "LIVEPUSH_SESSION_SUBJECT", None)
+    if isinstance(custom, str):
+        custom = _subject_function(custom)
     if custom is not None and not callable(custom):
         raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT must be a function of the user that returns its "
-                                   f"subject (the function itself, not its name), got {custom!r:.60}")
+                                   f"subject, or its dotted path ('myapp.auth.subject'), got {custom!r:.60}")
     # Called with the user alone, at each signed-in request: one of another shape failed every
     # one of them with a TypeError, where this is checked at the server's start.
     why = None if custom is None else cannot_take(custom, None)
@@ -103,6 +109,22 @@ def _subject_setting() -> Callable[[Any], object] | None:
         raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT is called with the user alone, but {custom!r:.60} "
                                    f"cannot take it ({why}): e.g. def subject(user): return str(user.pk)")
     return custom
+
+
+@functools.lru_cache(maxsize=8)
+def _subject_function(path: str) -> Callable[[Any], object]:
+    """The function LIVEPUSH_SESSION_SUBJECT's dotted `path` names, imported at its first use (the
+    middleware's making, at the server's start, once every app is loaded) and kept after that."""
+    try:
+        found = import_string(path)
+    except ImportError as exc:
+        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT = {path!r:.100} does not import ({what_raised(exc)}): "
+                                   "name the function as 'package.module.function', importable from the "
+                                   "web processes") from exc
+    if not callable(found):
+        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT = {path!r:.100} names {found!r:.60}, which is no "
+                                   "function: name a function of the user that returns its subject")
+    return found
 
 
 def _domain() -> str | None:
