@@ -43,6 +43,7 @@ from livepush.contrib.django.tasks_api import (
     task_backends,
 )
 from tests.support import services
+from tests.test_docs import example
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.usefixtures("django_site")
@@ -309,6 +310,27 @@ def test_tasks_enqueued_in_a_task_group_are_its_members_and_its_callback_runs_on
     assert jobs.get_group(group.id)["state"] == "finished"
     assert t.RAN == ["member", "all done"]
     assert t.in_steps.get_result(first.id).return_value["group"] == group.id
+
+
+def test_the_frameworks_page_task_group_example_runs_inside_a_view(t: Any) -> None:
+    """docs/frameworks.md's task-group block pasted into a view as a reader would (its imports at
+    the top of views.py, the rest in the view's body) runs there: a name `request` imported at the
+    top is hidden by every view's own `request` parameter, which failed the view with
+    "'WSGIRequest' object is not callable"."""
+    from django.test import RequestFactory
+
+    code, where = example("docs/frameworks.md", "with task_group(")
+    lines = code.splitlines()
+    imports = [line for line in lines if line.startswith(("from ", "import "))]
+    body = [line for line in lines if line not in imports]
+    views = "\n".join([*imports, "def start_import(request):", *(f"    {line}" for line in body), "    return group"])
+    namespace: dict[str, Any] = {"send_report": t.record, "alert": t.record, "import_row": t.add, "import_id": 3,
+                                 "rows": [1, 2]}
+    exec(compile(views, f"{where} (pasted into a view)", "exec"), namespace)  # noqa: S102 -- the repository's own docs
+    group = namespace["start_import"](RequestFactory().post("/imports/"))
+    assert jobs.drain() == {"succeeded": 3}  # two rows and on_success
+    assert jobs.get_group(group.id)["state"] == "finished"
+    assert sorted(t.RAN[:-1]) == ["add:3+1", "add:3+2"] and t.RAN[-1] == 3  # the members, then send_report
 
 
 def test_a_task_group_whose_block_raised_inside_a_transaction_is_undone_where_the_error_is_caught(t: Any) -> None:
