@@ -1,6 +1,7 @@
 """One client connection: websockets' sans-I/O ServerProtocol under an asyncio.Protocol.
 
-No task and no timer of its own. Bytes in go `data_received` -> `ServerProtocol.receive_data` ->
+No task and no timer of its own (but while past its frame budget, limits.FRAME_SECONDS: the
+timer that reads it again). Bytes in go `data_received` -> `ServerProtocol.receive_data` ->
 its events -> `protocol.parse` (once a frame) -> `PushServer.on_frame`; a subscribe (the hub reads) runs in a short-lived task
 while the connection's next frames wait for it (but an unsubscribe of the topic it replays, sent
 next: `PushServer.served_at_once`). Bytes out are whole frames written to the
@@ -42,7 +43,8 @@ from websockets.server import ServerProtocol
 from .. import metrics, protocol
 from . import frames, http
 from .backlog import Backlog, Kind
-from .limits import TokenBucket
+from .limits import (FRAME_BUDGET_SECONDS, FRAME_BYTE_SECONDS, FRAME_HEAD_BYTES, FRAME_RESUME_SECONDS, FRAME_SECONDS,
+                     TokenBucket)
 
 log = logging.getLogger("livepush.server")
 
@@ -115,7 +117,7 @@ class Connection(asyncio.Protocol):
 
     __slots__ = ("core", "transport", "proto", "session", "topics", "closing", "paused", "out", "backlog", "seen",
                  "ping_at", "deadline", "stalled", "busy", "inbox", "partial", "line", "lengths", "start", "early",
-                 "pongs", "_bad", "_subscribes", "_waiter")
+                 "pongs", "budget_at", "held", "refill", "_bad", "_subscribes", "_waiter")
 
     def __init__(self, core: Core) -> None:
         self.core = core
@@ -141,6 +143,11 @@ class Connection(asyncio.Protocol):
         self.start = b""  # the request's first 5 bytes until it is read: `HEAD ` for a HEAD, whose answer has no body
         self.early: bytearray | None = None  # what came after the request head, until it is answered
         self.pongs = 0  # bytes flush() wrote while the transport was paused, since it last resumed
+        # The frame budget (limits.FRAME_SECONDS): the loop's time at which what this client sent
+        # is paid for; it may run FRAME_BUDGET_SECONDS ahead of the clock, no more.
+        self.budget_at = 0.0
+        self.held: list[Any] | None = None  # frames past the budget, read and not served yet
+        self.refill: asyncio.TimerHandle | None = None  # serves them once the budget is back
         self._bad: protocol.BadFrameWindow | None = None
         self._subscribes: TokenBucket | None = None
         self._waiter: asyncio.Future[None] | None = None  # drain(): more was written
@@ -164,9 +171,10 @@ class Connection(asyncio.Protocol):
 
     @property
     def unread(self) -> bool:
-        """Whether the server has stopped reading this peer (INBOX_FRAMES wait for its subscribe):
-        its pongs then wait unread, and only its taking what is sent shows it alive."""
-        return self.inbox is not None and len(self.inbox) >= INBOX_FRAMES
+        """Whether the server has stopped reading this peer (INBOX_FRAMES wait for its subscribe,
+        or frames past its budget wait for it to refill): its pongs then wait unread, and only its
+        taking what is sent shows it alive."""
+        return self.held is not None or (self.inbox is not None and len(self.inbox) >= INBOX_FRAMES)
 
     @property
     def backlog_bytes(self) -> int:
@@ -269,6 +277,18 @@ class Connection(asyncio.Protocol):
         # connection after their answers. Flushed first, the EOF went before them, and the next
         # write raised: a traceback in the log for any client, and the answers lost.
         if events and not self.closing:
+            # The frame budget, charged once a read: a few operations, on the sweep's clock. Only
+            # a read that takes a client past it costs more (_within_budget). A client that closed
+            # gets the rest of its last read served: its close is answered after them.
+            now = self.core.now
+            due = self.budget_at
+            if due < now:
+                due = now
+            due += len(events) * FRAME_SECONDS + len(data) * FRAME_BYTE_SECONDS
+            if due - now > FRAME_BUDGET_SECONDS and proto.state is OPEN:
+                events = self._within_budget(events, now)
+            else:
+                self.budget_at = due
             self.on_events(events)
         self.flush()
         if proto.state is not OPEN and not self.closing:
@@ -351,6 +371,7 @@ class Connection(asyncio.Protocol):
         if self.busy is not None:
             self.busy.cancel()
         self.inbox = None
+        self._drop_held()
         self.core.lost(self)
 
     def pause_writing(self) -> None:
@@ -443,7 +464,53 @@ class Connection(asyncio.Protocol):
             # would go unheard, and the close end in an abort at the close timeout.
             self.transport.resume_reading()
         self.inbox = None
+        self._drop_held()
         self._wake()
+
+    def _drop_held(self) -> None:
+        self.held = None
+        if self.refill is not None:
+            self.refill.cancel()
+            self.refill = None
+
+    def _within_budget(self, events: list[Any], now: float) -> list[Any]:
+        """The frames of `events` the budget lets through now, charged; the rest are held, and
+        this connection's reads paused, until FRAME_RESUME_SECONDS of budget are back (_refilled).
+        The server stops reading rather than refusing or closing: TCP slows this client alone,
+        and every frame is still answered, in order."""
+        due = self.budget_at if self.budget_at > now else now
+        limit = now + FRAME_BUDGET_SECONDS
+        for i, event in enumerate(events):
+            if due > limit:
+                self.held = events[i:]
+                self.transport.pause_reading()
+                loop = asyncio.get_running_loop()
+                self.refill = loop.call_at(due - FRAME_BUDGET_SECONDS + FRAME_RESUME_SECONDS, self._refilled)
+                events = events[:i]
+                break
+            due += FRAME_SECONDS + (len(event.data) + FRAME_HEAD_BYTES) * FRAME_BYTE_SECONDS
+        self.budget_at = due
+        return events
+
+    def _refilled(self) -> None:
+        """Serve the held frames the refilled budget allows, and read again once none is held."""
+        self.refill = None
+        held, self.held = self.held, None
+        if held is None or self.closing:
+            return
+        events = self._within_budget(held, asyncio.get_running_loop().time())
+        if self.held is None and not self.unread:
+            # Before serving them: a close they cause must hear the client's answer.
+            self._read_again()
+        self.on_events(events)
+        self.flush()
+
+    def _read_again(self) -> None:
+        self.transport.resume_reading()
+        # What the peer sent while it was not read (a pong among it) is read now: its keepalive
+        # clock starts again from here.
+        self.seen = self.core.now
+        self.ping_at = 0.0
 
     def on_events(self, events: list[Any]) -> None:
         """Serve the messages among the frames the protocol parsed (it answers pings itself)."""
@@ -503,12 +570,8 @@ class Connection(asyncio.Protocol):
                 work = None
                 while self.inbox and work is None and not self.closing:
                     cmd = self.inbox.pop(0)
-                    if len(self.inbox) == INBOX_FRAMES - 1:
-                        self.transport.resume_reading()
-                        # What the peer sent while it was not read (a pong among it) is read now:
-                        # its keepalive clock starts again from here.
-                        self.seen = self.core.now
-                        self.ping_at = 0.0
+                    if len(self.inbox) == INBOX_FRAMES - 1 and self.held is None:
+                        self._read_again()  # (past its budget, _refilled reads again)
                     work = self.core.server.on_frame(self, cmd)
         except asyncio.CancelledError:
             if not self.closing:  # not this connection's loss (a bug): the client reconnects, not waits

@@ -9,6 +9,20 @@ from typing import Any
 SUBSCRIBES_PER_SECOND = 100.0
 SUBSCRIBE_BURST = 100.0
 
+# The frame budget of a connection (docs/reference.md#8-trust-boundaries-and-abuse): what its
+# frames cost, in seconds of a budget that refills at one second a second and holds at most
+# FRAME_BUDGET_SECONDS. Past it the server reads nothing more from the connection until
+# FRAME_RESUME_SECONDS of budget are back: TCP slows that client alone, and nothing is lost. A
+# page sends a few frames a second; these are far above it, and bound what one connection
+# takes of the event loop (a 64 KiB frame of many objects takes milliseconds to parse).
+FRAMES_PER_SECOND = 200
+FRAME_BYTES_PER_SECOND = 512 * 1024
+FRAME_SECONDS = 1.0 / FRAMES_PER_SECOND  # each frame, whatever its size
+FRAME_BYTE_SECONDS = 1.0 / FRAME_BYTES_PER_SECOND  # and each of its bytes on the wire
+FRAME_BUDGET_SECONDS = 2.0  # a burst of 400 frames, or 1 MiB
+FRAME_RESUME_SECONDS = 0.25  # read again once 50 frames' worth is back: a few wake-ups a second
+FRAME_HEAD_BYTES = 6  # a masked client frame's header, at least: what a parsed frame is charged beside its data
+
 
 class TokenBucket:
     """`rate` takes a second, up to `burst` saved; `take()` says whether one is there."""
