@@ -23,8 +23,10 @@ from livepush.fanout.local import LocalFanOut
 from livepush.server import core, frames, http
 from livepush.server.app import PageRoute, PushServer
 from livepush.server.connection import INBOX_FRAMES, Connection
+from livepush.server.limits import FRAMES_PER_SECOND
 from livepush.types import Message
 from tests.support.http import raw_exchange, upgrade_request
+from tests.support.rawws import RawWS, text
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
@@ -258,6 +260,22 @@ async def test_a_client_whose_subscribes_wait_on_a_slow_authorize_is_not_dropped
     answers = [await client.recv(timeout=10) for _ in range(30)]
     assert [a["op"] for a in answers] == ["subscribed"] * 30
     assert not on_server(server, client).closing
+    await client.close()
+
+
+async def test_a_client_past_its_frame_budget_is_not_dropped_by_keepalive(start_server: Callable[..., Any]) -> None:
+    """Heartbeat 0.4 s: a client that sends pings worth several seconds of its frame budget at once
+    (the server stops reading it while it serves them at the budget's rate), and that answers no
+    WebSocket ping, gets every pong: its silence is the server's, not its own."""
+    server = await start_server(heartbeat=0.4)
+    client = await RawWS.open(server.port)
+    count = int(4 * FRAMES_PER_SECOND)  # 2 s of budget saved, then 2 s at the budget's rate
+    await client.send(b"".join(text(json.dumps({"op": "ping", "ref": n})) for n in range(count))
+                      + text('{"op":"ping","ref":"last"}'))
+    heard = await client.until_pong("last", timeout=20)
+    assert not heard.ended and heard.texts == [{"op": "pong", "ref": n} for n in range(count)], heard.close_code
+    (conn,) = server.clients
+    assert not conn.closing
     await client.close()
 
 
