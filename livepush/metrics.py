@@ -114,6 +114,10 @@ RESETS = Counter("livepush_resets", "`reset` frames sent: history could not fill
 SLOW_CLIENT_ACTIONS = Counter("livepush_slow_client_actions", "What the server did about clients that could "
                               "not keep up: conflated (an older state replaced), reset, closed (1013).",
                               ["action"], registry=REGISTRY)
+# A page never comes near the budget: a count that rises names a client (or an integration) that
+# sends hundreds of frames a second, slowed, not refused.
+FRAME_BUDGET_PAUSES = Counter("livepush_frame_budget_pauses", "Times this server stopped reading a connection "
+                              "past its frame budget until the budget refilled.", registry=REGISTRY)
 REFUSALS = Counter("livepush_refusals", "Connections and subscriptions refused, by reason.", ["reason"],
                    registry=REGISTRY)
 # Each worker sends its own canary; the slowest live one is the one to alert on.
@@ -249,8 +253,8 @@ _merged: dict[str, CollectorRegistry] = {}
 # The push server's own series: a process without one (a job runtime's --metrics-port) leaves them
 # out, where at 0 they read as a server that serves nobody.
 SERVER_SERIES = frozenset(family.name for metric in (
-    CONNECTIONS, SUBSCRIPTIONS, SERVING, DELIVERED, LAG, RECOVERIES, RESETS, SLOW_CLIENT_ACTIONS, REFUSALS,
-    CANARY_SECONDS) for family in metric.describe())
+    CONNECTIONS, SUBSCRIPTIONS, SERVING, DELIVERED, LAG, RECOVERIES, RESETS, SLOW_CLIENT_ACTIONS, FRAME_BUDGET_PAUSES,
+    REFUSALS, CANARY_SECONDS) for family in metric.describe())
 
 
 class _Without:

@@ -287,6 +287,8 @@ class Connection(asyncio.Protocol):
             due += len(events) * FRAME_SECONDS + len(data) * FRAME_BYTE_SECONDS
             if due - now > FRAME_BUDGET_SECONDS and proto.state is OPEN:
                 events = self._within_budget(events, now)
+                if self.held is not None:  # (not each refill of one pause: it stays paused through them)
+                    metrics.FRAME_BUDGET_PAUSES.inc()
             else:
                 self.budget_at = due
             self.on_events(events)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from livepush import metrics
 from livepush.server import limits
 from livepush.server.connection import Connection
 from tests.server.conftest import Served
@@ -61,6 +62,7 @@ async def test_a_client_flooding_pings_is_read_at_its_budget_and_gets_every_pong
     pings = [numbered_ping(ref, size) for ref in range(int(3 * limits.FRAME_BUDGET_SECONDS / cost(numbered_ping(0, size))))]
     count = len(pings)
     each = max(cost(p) for p in pings)
+    pauses = metrics.FRAME_BUDGET_PAUSES._value.get()
     flooder = await RawWS.open(served.server.port)
     loop = asyncio.get_running_loop()
     got: list[tuple[Any, float]] = []
@@ -88,6 +90,7 @@ async def test_a_client_flooding_pings_is_read_at_its_budget_and_gets_every_pong
     await flooder.send(text('{"op":"ping","ref":"after"}'))
     assert (await flooder.until_pong("after", timeout=10)).texts == []
     assert len(served.server.clients) == 2
+    assert metrics.FRAME_BUDGET_PAUSES._value.get() > pauses  # what an operator sees of it
     await flooder.close()
     await bystander.close()
     assert not warnings_in(caplog), caplog.text
@@ -107,6 +110,7 @@ async def test_a_page_at_its_subscription_limit_is_never_paused(served: Served, 
     # Only a read that takes a client past its budget gets here (its reads also pause, for a
     # while, as a subscribe's next frames wait: that pause is not the budget's).
     monkeypatch.setattr(Connection, "_within_budget", spy)
+    pauses = metrics.FRAME_BUDGET_PAUSES._value.get()
     client = await WSClient.open(served.url)
     names = [f"room:page{n}" for n in range(served.server.app.max_subscriptions)]
     for t in names:  # written without waiting for an answer: together, as far as TCP gathers them
@@ -119,4 +123,5 @@ async def test_a_page_at_its_subscription_limit_is_never_paused(served: Served, 
         await served.publish(names[ref], {"n": ref})
         assert (await client.messages(1))[0]["data"] == {"n": ref}
     assert past_budget == []
+    assert metrics.FRAME_BUDGET_PAUSES._value.get() == pauses
     await client.close()
