@@ -189,8 +189,10 @@ class Hub:
                 self._sources[prefix] = source
         self._topics: dict[str, _Topic] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        # State topics to read, per source, and whether a read of that source is under way.
-        self._state_due: dict[int, set[str]] = {}
+        # State topics to read, per source, each with the highest version its rings claimed (None:
+        # read it whatever it shows, as after a ring without a version), and whether a read of that
+        # source is under way.
+        self._state_due: dict[int, dict[str, int | None]] = {}
         self._state_reading: set[int] = set()
         # Watched state topics whose row was not found (yet): what a creation ring may concern,
         # by prefix and id, so that a ring of a few new rows costs a few lookups however many
@@ -463,7 +465,14 @@ class Hub:
             return
         if version is not None and t.cursor is not None and version <= int(t.cursor):
             return  # already sent
-        self._due(t.source, [topic])
+        due = self._state_due.get(id(t.source))
+        if version is not None and due is not None and topic in due:
+            claimed = due[topic]
+            if claimed is None or claimed >= version:
+                return  # already due for as much
+            due[topic] = version
+            return
+        self._due(t.source, [topic], version)
 
     def on_state_created(self, prefix: str, first: int, last: int) -> None:
         """A source's doorbell for rows `first`..`last` that may have been created: read the
@@ -499,9 +508,10 @@ class Hub:
         """A source missed changes: read every topic of it that someone watches."""
         self._due(source, [t.name for t in self._topics.values() if t.source is source])
 
-    def _due(self, source: StateSource, topics: Iterable[str]) -> None:
-        due = self._state_due.setdefault(id(source), set())
-        due.update(topics)
+    def _due(self, source: StateSource, topics: Iterable[str], version: int | None = None) -> None:
+        due = self._state_due.setdefault(id(source), {})
+        for topic in topics:
+            due[topic] = None if topic in due else version
         if due and id(source) not in self._state_reading:
             self._state_reading.add(id(source))
             self._spawn(self._read_states(source), "livepush-read-states")
@@ -511,7 +521,11 @@ class Hub:
         try:
             while True:
                 due = self._state_due.get(id(source))
-                batch = sorted(n for n in (due or ()) if n in self._topics)
+                # A topic that a read since showed at the version its rings claimed is not read
+                # again: rings that came while a read was under way claim what it found.
+                batch = sorted(n for n, claimed in (due or {}).items()
+                               if (t := self._topics.get(n)) is not None
+                               and (claimed is None or t.cursor is None or claimed > int(t.cursor)))
                 if due:
                     due.clear()
                 if not batch:
@@ -526,7 +540,7 @@ class Hub:
                         "could not read %d state topics (%s); trying again every %g s", len(batch), exc,
                         STATE_RETRY_SECONDS)
                     await asyncio.sleep(STATE_RETRY_SECONDS)
-                    self._state_due.setdefault(id(source), set()).update(batch)
+                    self._state_due.setdefault(id(source), {}).update(dict.fromkeys(batch))
                     continue
                 failures = 0
                 found = False
@@ -543,9 +557,9 @@ class Hub:
                         self._deliver(t, (state.version,), frame)
                         found = True
                 if not found:
-                    # Nothing new: the rings were forged (any login may send them) or already
-                    # served. Those that come meanwhile wait for one read after the pause, not one
-                    # each, back to back for as long as a flood lasts.
+                    # Nothing new: the rings claimed versions no row has (forged: any login may send
+                    # them) or none. Those that come meanwhile wait for one read after the pause,
+                    # not one each, back to back for as long as a flood lasts.
                     await asyncio.sleep(EMPTY_READ_PAUSE)
         finally:
             self._state_reading.discard(id(source))
