@@ -28,6 +28,17 @@ export async function post(path) {
   return response.json();
 }
 
+// `post(path)` for a button that starts something: the button stays disabled until the answer
+// came, so a double-click starts one import, not a second one the page would never show.
+export async function postFrom(button, path) {
+  button.disabled = true;
+  try {
+    return await post(path);
+  } finally {
+    button.disabled = false;
+  }
+}
+
 // What a section started, kept for this tab (sessionStorage), so that a reloaded page follows
 // it again: a durable import or a workflow run parked for approval would otherwise wait for an
 // Approve button the page no longer shows. A browser that keeps nothing just forgets.
@@ -165,7 +176,7 @@ export function setUpDurable(lp, state) {
     const n = Math.max(1, Math.min(500, parseInt($("durable-n").value, 10) || 20));
     let started;
     try {
-      started = await post(`/demo/durable/start?n=${n}`);
+      started = await postFrom($("durable-start"), `/demo/durable/start?n=${n}`);
     } catch (error) {
       $("durable-started").textContent = error.message;
       return;

@@ -1,6 +1,6 @@
 // The demo page's script (served as a file: the page's Content-Security-Policy allows no inline script).
 import { LivePush, bindProgress } from "/livepush.js";
-import { post, recall, remember, setUpDurable } from "/demo/durable.js";
+import { postFrom, recall, remember, setUpDurable } from "/demo/durable.js";
 import { setUpWorkflow } from "/demo/workflow.js";
 
 const lp = new LivePush(location.origin.replace(/^http/, "ws") + "/");
@@ -21,7 +21,7 @@ document.getElementById("start").addEventListener("click", async () => {
   const n = Math.max(1, Math.min(5000, parseInt(document.getElementById("n").value, 10) || 200));
   let started;
   try {
-    started = await post(`/demo/start?n=${n}`);
+    started = await postFrom(document.getElementById("start"), `/demo/start?n=${n}`);
   } catch (error) {
     document.getElementById("started").textContent = error.message;
     return;

@@ -3,7 +3,7 @@
 // batch has a bar of its own (its `group:<id>` topic); Approve, Pause and Resume steer the run,
 // and the audit trail below says who did what.
 import { bindProgress } from "/livepush.js";
-import { post, recall, remember } from "/demo/durable.js";
+import { post, postFrom, recall, remember } from "/demo/durable.js";
 
 // The boxes, in the order they are drawn. "approval" is no step of its own: it is the signal
 // the report step waits for, drawn as a gate so that the wait can be seen (and approved).
@@ -216,7 +216,7 @@ export function setUpWorkflow(lp, state) {
     const n = Math.max(1, Math.min(500, parseInt($("workflow-n").value, 10) || 12));
     let started;
     try {
-      started = await post(`/demo/workflow/start?n=${n}`);
+      started = await postFrom($("workflow-start"), `/demo/workflow/start?n=${n}`);
     } catch (error) {
       $("workflow-started").textContent = error.message;
       return;

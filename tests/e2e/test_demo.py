@@ -34,6 +34,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 ROWS = 100
 # The demo's on_finish callback, by its registered name (module + function).
 FINISH_CALLBACK = "livepush.demo.jobs.import_finished"
+DURABLE_JOB = "livepush.demo.jobs.import_file"  # the durable import's own job
 # An import of 100 at concurrency 10 takes ~5-10 s; a restart adds a drain (< ~1.5 s, the
 # longest demo job) and a start. Past this the import is stuck, not slow.
 IMPORT_TIMEOUT_MS = 30_000
@@ -357,6 +358,30 @@ async def test_a_start_pressed_while_the_demo_is_down_says_so_and_works_once_it_
     await start_import(page, 3)
     await page.wait_for_function("() => window.livepushDemo.finished === true", timeout=IMPORT_TIMEOUT_MS)
     await assert_page_shows_finished(page, 3)
+
+async def test_a_double_click_on_a_start_button_starts_one_import(page: Page, demo: Demo) -> None:
+    """Each Start button double-clicked sends one request and starts one import, the one the
+    page follows: a second would run unseen (a durable import or a workflow run then waiting an
+    hour for an Approve the page never shows)."""
+    starts: list[str] = []
+    page.on("request", lambda request: starts.append(request.url.split("?")[0].removeprefix(demo.url))
+            if request.method == "POST" and request.url.split("?")[0].endswith("/start") else None)
+    await open_demo(page, demo)
+    for field, button, note, shown in [("#n", "#start", "#started", "import "),
+                                       ("#durable-n", "#durable-start", "#durable-started", "job "),
+                                       ("#workflow-n", "#workflow-start", "#workflow-started", "run ")]:
+        await page.fill(field, "1")
+        await page.dblclick(button)
+        # Followed, and the button usable again: its clicks have done all they do.
+        await page.wait_for_function(
+            "([note, shown, button]) => document.querySelector(note).textContent.startsWith(shown)"
+            " && !document.querySelector(button).disabled", arg=[note, shown, button])
+    assert starts == ["demo/start", "demo/durable/start", "demo/workflow/start"], starts
+    imports = await query(demo.database_url, "SELECT count(*) FROM livepush_groups WHERE on_finish->>'name' = %s",
+                          (FINISH_CALLBACK,))
+    durables = await query(demo.database_url, "SELECT count(*) FROM livepush_jobs WHERE name = %s", (DURABLE_JOB,))
+    runs = await query(demo.database_url, "SELECT count(*) FROM livepush_workflows")
+    assert (imports, durables, runs) == ([(1,)], [(1,)], [(1,)]), (imports, durables, runs)
 
 # ---- the durable import -------------------------------------------------------------------------
 
