@@ -118,6 +118,7 @@ class ConnectionCore:
         self.now = 0.0  # the loop's time at the last tick: a connection's `seen`
         self.behind: set[Connection] = set()  # connections with a backlog, or whose replay waits for them
         self._opening: set[Connection] = set()  # accepted, not yet answered
+        self._answering: set[Connection] = set()  # of those, the ones whose request the gate is answering
         self._closing: set[Connection] = set()  # waiting for the peer to finish closing
         self._handshakes: set[asyncio.Task[None]] = set()
         self._live = 0  # connections made and not lost
@@ -180,6 +181,7 @@ class ConnectionCore:
         if not isinstance(request, Request) or conn.closing:
             return
         conn.transport.pause_reading()
+        self._answering.add(conn)
         task = asyncio.ensure_future(self._handshake(conn, request))
         self._handshakes.add(task)
         task.add_done_callback(self._handshakes.discard)
@@ -192,6 +194,8 @@ class ConnectionCore:
             log.exception("answering a request failed")
             # Worded for any request: the gate answers plain HTTP routes too.
             verdict = http.response(500, b"the server failed to answer this request: see its log\n")
+        finally:
+            self._answering.discard(conn)
         if conn.closing:
             return  # the client left meanwhile
         if isinstance(verdict, Response):
@@ -313,21 +317,24 @@ class ConnectionCore:
 
     # -- stopping ---------------------------------------------------------------------------------
     async def close(self) -> None:
-        """Stop listening, close every connection with 1001, and wait (at most STOP_SECONDS) for
-        the close handshakes; abort what is left."""
+        """Stop listening, close every connection with 1001, answer the requests being answered
+        (an upgrade with 503), and wait (at most STOP_SECONDS) for the close handshakes and those
+        answers; abort what is left."""
         self._stopping = True
         if self._listener is not None:
             self._listener.close()
         for conn in list(self.server.clients):
             conn.close(CloseCode.GOING_AWAY)
-        for conn in list(self._opening):
+        # A request being answered (a page's action, a scrape of /metrics) gets its answer: dropped,
+        # its client saw no response and could not tell whether what it asked for was done.
+        for conn in list(self._opening - self._answering):
             conn.transport.abort()
         if self._live:
             self._all_lost = asyncio.Event()
             try:
                 await asyncio.wait_for(self._all_lost.wait(), STOP_SECONDS)
             except TimeoutError:
-                for conn in list(self._closing) + list(self.server.clients):
+                for conn in list(self._opening) + list(self._closing) + list(self.server.clients):
                     conn.transport.abort()
         await stop_task(self._sweeper)
         for task in list(self._handshakes):

@@ -488,6 +488,44 @@ async def test_a_durable_import_parked_for_approval_is_approved_after_a_restart_
     assert children == [(2,)], children
 
 
+async def test_an_approve_the_demo_is_answering_when_it_stops_is_answered_not_dropped(page: Page, demo: Demo) -> None:
+    """Approve pressed just before the demo stops (its database was slow to answer it): the page
+    gets the demo's answer, approval sent, and the import goes on once the demo is back. Dropped
+    unanswered, the page said the demo did not answer and to press again, of an approval that had
+    been sent, and the browser's console showed a failed request."""
+    failed: list[str] = []
+    page.on("requestfailed", lambda request: failed.append(f"{request.url}: {request.failure}"))
+    await open_demo(page, demo)
+    job_id = await start_durable_import(page, 1)
+    await page.wait_for_function(
+        "() => window.livepushDemo.durable.waiting?.name === 'approval'", timeout=DURABLE_TIMEOUT_MS)
+    assert demo.child is not None
+    # The job's row held by another transaction: the approval the page sends waits for it.
+    holder = await psycopg.AsyncConnection.connect(demo.database_url)
+    try:
+        await holder.execute("SELECT 1 FROM livepush_jobs WHERE id = %s FOR UPDATE", (job_id,))
+        await page.click("#durable-approve")
+
+        async def approval_waits() -> bool:
+            waiting = await query(demo.database_url, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                                  "'Lock' AND query LIKE '%%FOR KEY SHARE%%'")
+            return waiting == [(1,)]
+
+        await async_wait_for(approval_waits, 10, message="the approval to wait for the job's row")
+        demo.child.terminate()
+        await async_wait_for(lambda: "stopping: closing connections" in demo.child.stderr(), 10,
+                             message="the demo to start stopping")
+        await holder.rollback()
+    finally:
+        await holder.close()
+    assert await demo.child.await_exit(DRAIN_TIMEOUT_S) == 0, demo.child.output()
+    await page.wait_for_function("() => document.querySelector('#durable-approve-note').textContent !== ''")
+    assert await page.text_content("#durable-approve-note") == "approval sent", failed
+    assert failed == []
+    await demo.start()
+    await page.wait_for_function("() => window.livepushDemo.durable.state === 'succeeded'", timeout=DURABLE_TIMEOUT_MS)
+
+
 async def test_the_demo_approves_only_a_durable_import_it_started_that_waits_for_approval(demo: Demo) -> None:
     """The approve endpoint answers a GET 405, a cross-site POST 403, a malformed id 400, the id of no durable import 404 and an import not yet waiting 409, and signals nothing; the other durable endpoints refuse a GET and another site too."""
     status, _, body = await asyncio.to_thread(_request, f"{demo.url}demo/durable/start?n=1", "POST", FROM_PAGE)
