@@ -699,6 +699,25 @@ async def test_demo_workflow_pause_holds_the_next_step_until_resume(page: Page, 
     assert len(shown) == 5 and "pause by demo page: pressed Pause on the demo page" in shown[0], shown
 
 
+async def test_the_demo_page_fits_a_narrow_window_its_workflow_drawn_top_to_bottom(page: Page, demo: Demo) -> None:
+    """In a window as narrow as a phone's (or a browser beside a terminal), the page needs no
+    sideways scrolling: the workflow's boxes, side by side, pushed the run's panel past the
+    window's edge, Pause and Resume with it. There they stand one above the other."""
+    await page.set_viewport_size({"width": 375, "height": 700})
+    await open_demo(page, demo)
+    await start_workflow(page, 1)
+    await nodes_are(page, {"approval": "waiting", "report": "waiting"}, timeout_ms=WORKFLOW_TIMEOUT_MS)
+    await screenshot(page, "demo-narrow-window.png")
+    layout = await page.evaluate(
+        """() => ({
+          page: document.documentElement.scrollWidth,
+          window: document.documentElement.clientWidth,
+          tops: [...document.querySelectorAll('#workflow-graph .node')].map((el) => el.getBoundingClientRect().top),
+        })""")
+    assert layout["page"] <= layout["window"], layout
+    assert layout["tops"] == sorted(layout["tops"]) and len(set(layout["tops"])) == len(NODES), layout
+
+
 async def test_the_demo_steers_only_its_own_workflow_runs_in_the_state_each_verb_needs(demo: Demo) -> None:
     """The workflow endpoints answer a GET 405, a cross-site POST 403, a malformed id 400, an unknown run or another workflow's run 404, and a verb the run's state does not allow 409, and signal nothing."""
     start = f"{demo.url}demo/workflow/start?n=1"
