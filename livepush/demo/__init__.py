@@ -5,7 +5,7 @@ The page starts work only through a same-origin POST (a GET gets 405, another si
 403), and is served with a Content-Security-Policy that allows its own files and its own server
 only. It shows three kinds of import: a task group of jobs, a durable job that parks while its
 children run and again until someone approves it (durable.py), and a workflow whose steps are
-drawn as a live graph, with Approve, Pause and Resume buttons and its audit trail (workflow.py).
+drawn as a live graph, with Approve, Pause, Resume and Cancel buttons and its audit trail (workflow.py).
 """
 
 from __future__ import annotations
@@ -153,6 +153,7 @@ _ACTIONS: dict[str, tuple[str, Callable[[dict[str, list[str]]], Awaitable[dict[s
     "/demo/workflow/approve": ("approve a workflow run", _on_run(workflow.approve)),
     "/demo/workflow/pause": ("pause a workflow run", _on_run(workflow.pause)),
     "/demo/workflow/resume": ("resume a workflow run", _on_run(workflow.resume)),
+    "/demo/workflow/cancel": ("cancel a workflow run", _on_run(workflow.cancel)),
     "/demo/workflow/audit": ("read a workflow run's audit trail", _on_run(workflow.audit)),
 }
 

@@ -1,6 +1,6 @@
 // The workflow's part of the demo page: a run of `demo_import` drawn as a graph of its steps,
 // each box coloured by the state the run's topic `workflow:<id>` gives it. The fan-out step's
-// batch has a bar of its own (its `group:<id>` topic); Approve, Pause and Resume steer the run,
+// batch has a bar of its own (its `group:<id>` topic); Approve, Pause, Resume and Cancel steer the run,
 // and the audit trail below says who did what.
 import { bindProgress } from "/livepush.js";
 import { post, postFrom, recall, remember } from "/demo/durable.js";
@@ -56,6 +56,7 @@ export function setUpWorkflow(lp, state) {
     $("workflow-approve").disabled = false;
     $("workflow-pause").disabled = true;
     $("workflow-resume").disabled = true;
+    $("workflow-cancel").disabled = true;
     $("workflow-batch-box").hidden = true;
     $("workflow-summary-box").hidden = true;
     $("workflow-audit").replaceChildren();
@@ -70,7 +71,7 @@ export function setUpWorkflow(lp, state) {
     if (!entries.length) {
       const li = document.createElement("li");
       li.className = "muted";
-      li.textContent = "nothing yet: no one has paused, resumed or approved this run";
+      li.textContent = "nothing yet: no one has paused, resumed, approved or cancelled this run";
       list.appendChild(li);
     }
     for (const entry of entries) {
@@ -180,6 +181,7 @@ export function setUpWorkflow(lp, state) {
     $("workflow-approve").hidden = gate !== "waiting" || runState === "paused" || finished;
     $("workflow-pause").disabled = finished || runState === "paused";
     $("workflow-resume").disabled = runState !== "paused";
+    $("workflow-cancel").disabled = finished;
   };
 
   const onMessage = (data, runId) => {
@@ -256,4 +258,5 @@ export function setUpWorkflow(lp, state) {
   verbButton("workflow-approve", "approve", "approval sent");
   verbButton("workflow-pause", "pause", "pause sent");
   verbButton("workflow-resume", "resume", "resume sent");
+  verbButton("workflow-cancel", "cancel", "cancel sent");
 }

@@ -1,5 +1,5 @@
 """The workflow's endpoints: start a run of `demo_import`, learn its fan-out step's batch, approve
-it, pause and resume it, read its audit trail.
+it, pause, resume or cancel it, read its audit trail.
 
 Only runs of the demo's own workflow are ever read or steered here: an id that names a run of any
 other workflow is answered as unknown, so the page's buttons cannot reach a run the demo did not
@@ -87,6 +87,15 @@ async def resume(run: int) -> dict[str, Any]:
     if not await jobs.workflows.aresume(run, actor=ACTOR, reason="pressed Resume on the demo page"):
         raise Refused(409, f"workflow run {run} is not paused (it is {info['state']}): there is nothing to resume")
     return {"run_id": run, "resumed": True}
+
+
+async def cancel(run: int) -> dict[str, Any]:
+    """Cancel the run: its running and parked steps' jobs are cancelled, nothing more starts.
+    Refused (409) once it has finished."""
+    info = await _run(run)
+    if not await jobs.workflows.acancel(run, actor=ACTOR, reason="pressed Cancel on the demo page"):
+        raise Refused(409, f"workflow run {run} has finished ({info['state']}): there is nothing to cancel")
+    return {"run_id": run, "cancelled": True}
 
 
 def _at(value: Any) -> Any:

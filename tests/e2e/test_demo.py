@@ -592,6 +592,7 @@ async def workflow_view(page: Page) -> dict[str, Any]:
           approve: !document.querySelector('#workflow-approve').hidden,
           pause: !document.querySelector('#workflow-pause').disabled,
           resume: !document.querySelector('#workflow-resume').disabled,
+          cancel: !document.querySelector('#workflow-cancel')?.disabled,
           batch: document.querySelector('#workflow-batch').dataset.state ?? null,
           audit: [...document.querySelectorAll('#workflow-audit li')].map((li) => li.textContent),
           note: document.querySelector('#workflow-note').textContent,
@@ -699,6 +700,32 @@ async def test_demo_workflow_pause_holds_the_next_step_until_resume(page: Page, 
     assert len(shown) == 5 and "pause by demo page: pressed Pause on the demo page" in shown[0], shown
 
 
+async def test_a_workflow_run_cancelled_on_the_demo_page_ends_cancelled_and_says_who_cancelled_it(
+        page: Page, demo: Demo) -> None:
+    """Cancel pressed while the run waits for its approval: the report step and its gate end
+    cancelled, no button is left to press, the audit trail says the page cancelled it, and a
+    second cancel is refused (409)."""
+    await open_demo(page, demo)
+    assert not (await workflow_view(page))["cancel"]  # no run yet
+    run_id = await start_workflow(page, 2)
+    await nodes_are(page, {"rows": "succeeded", "approval": "waiting", "report": "waiting"})
+    assert (await workflow_view(page))["cancel"]
+    await page.click("#workflow-cancel")
+    await page.wait_for_selector("#workflow[data-state=cancelled]")
+    await page.wait_for_function("() => window.livepushDemo.workflow.audit.length === 1")
+    cancelled = await workflow_view(page)
+    await screenshot(page, "demo-workflow-cancelled.png")
+    assert cancelled["nodes"] == {"fetch": "succeeded", "rows": "succeeded", "approval": "cancelled",
+                                  "report": "cancelled"}, cancelled
+    assert cancelled["badge"] == f"run {run_id} · cancelled", cancelled
+    assert not (cancelled["approve"] or cancelled["pause"] or cancelled["resume"] or cancelled["cancel"]), cancelled
+    assert "cancel by demo page: pressed Cancel on the demo page" in cancelled["audit"][0], cancelled
+    assert await query(demo.database_url, "SELECT state FROM livepush_workflows WHERE id = %s", (run_id,)) == [
+        ("cancelled",)]
+    status, body = await workflow_action(demo, "cancel", str(run_id))
+    assert status == 409 and b"has finished (cancelled)" in body, (status, body)
+
+
 async def test_the_demo_page_fits_a_narrow_window_its_workflow_drawn_top_to_bottom(page: Page, demo: Demo) -> None:
     """In a window as narrow as a phone's (or a browser beside a terminal), the page needs no
     sideways scrolling: the workflow's boxes, side by side, pushed the run's panel past the
@@ -741,7 +768,7 @@ async def test_the_demo_steers_only_its_own_workflow_runs_in_the_state_each_verb
     # A run of another workflow, in the same table: the demo's buttons must not reach it.
     (other,), = await query(demo.database_url, "INSERT INTO livepush_workflows (name, queue, graph, input) "
                             "VALUES ('someone_elses', 'elsewhere', '{\"steps\": {}, \"order\": []}', '{}') RETURNING id")
-    actions = ["approve", "batch", "pause", "resume", "audit"]
+    actions = ["approve", "batch", "pause", "resume", "cancel", "audit"]
     for action in actions:
         refused = {
             "GET": (await workflow_action(demo, action, str(run_id), method="GET"))[0],
