@@ -92,7 +92,7 @@ async def start_import(rows: int) -> dict[str, object]:
     def enqueue() -> dict[str, object]:
         with jobs.group(on_finish=demo_jobs.import_finished.request(0)) as g:
             for row in range(rows):
-                g.enqueue(demo_jobs.import_row, 0, row)
+                g.enqueue(demo_jobs.import_row, demo_jobs.PAGE_IMPORT, row)
         return {
             "group_id": g.handle.id,
             "group_topic": g.handle.signed_topic,
@@ -100,6 +100,22 @@ async def start_import(rows: int) -> dict[str, object]:
         }
 
     return await asyncio.to_thread(enqueue)
+
+
+async def cancel_import(group: int) -> dict[str, object]:
+    """Cancel the import `group`: its queued rows never run, its running ones stop at their next
+    await. Refused (404) for any group but an import the page started, (409) once it finished."""
+    from livepush import jobs
+
+    from . import jobs as demo_jobs
+
+    members, _ = await jobs.agroup_members(group, limit=1)
+    first = await jobs.aget_job(members[0]["id"]) if members else None
+    if first is None or first.name != demo_jobs.import_row.name or (first.args or [None])[0] != demo_jobs.PAGE_IMPORT:
+        raise durable.Refused(404, f"there is no import {group}")
+    if not await jobs.acancel_group(group):
+        raise durable.Refused(409, f"import {group} has finished: there is nothing to cancel")
+    return {"group_id": group, "cancelled": True}
 
 
 def _rows(query: dict[str, list[str]], default: int, most: int) -> int:
@@ -114,6 +130,10 @@ def _rows(query: dict[str, list[str]], default: int, most: int) -> int:
 
 async def _start(query: dict[str, list[str]]) -> dict[str, object]:
     return await start_import(_rows(query, 200, MAX_ROWS))
+
+
+async def _cancel(query: dict[str, list[str]]) -> dict[str, object]:
+    return await cancel_import(durable.query_id(query, "group", "an import"))
 
 
 async def _start_durable(query: dict[str, list[str]]) -> dict[str, object]:
@@ -145,6 +165,7 @@ def _on_run(verb: Callable[[int], Awaitable[dict[str, object]]]
 # Every action the page takes: a same-origin POST, answered with JSON or a one-line refusal.
 _ACTIONS: dict[str, tuple[str, Callable[[dict[str, list[str]]], Awaitable[dict[str, object]]]]] = {
     "/demo/start": ("start an import", _start),
+    "/demo/cancel": ("cancel an import", _cancel),
     "/demo/durable/start": ("start a durable import", _start_durable),
     "/demo/durable/children": ("follow a durable import's children", _children),
     "/demo/durable/approve": ("approve a durable import", _approve),

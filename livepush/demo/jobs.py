@@ -17,6 +17,9 @@ log = logging.getLogger("livepush.demo")
 # How long a durable import waits for someone to press Approve before it gives up.
 APPROVAL_TIMEOUT = 3600.0
 APPROVAL = "approval"  # the signal's name: the page's Approve button sends it
+# The import_id of the rows of an import the page started (Start import): a durable import's rows
+# carry its job id, a workflow's its run id. It tells the page's own imports from those groups.
+PAGE_IMPORT = 0
 
 
 @jobs.job(queue="demo", max_attempts=3, timeout=60)

@@ -1,6 +1,6 @@
 // The demo page's script (served as a file: the page's Content-Security-Policy allows no inline script).
 import { LivePush, bindProgress } from "/livepush.js";
-import { postFrom, recall, remember, setUpDurable } from "/demo/durable.js";
+import { post, postFrom, recall, remember, setUpDurable } from "/demo/durable.js";
 import { setUpWorkflow } from "/demo/workflow.js";
 
 const lp = new LivePush(location.origin.replace(/^http/, "ws") + "/");
@@ -30,12 +30,28 @@ document.getElementById("start").addEventListener("click", async () => {
   followImport(started, n);
 });
 
+// Cancel import: for the import the page follows, until it has finished (its bar then says
+// cancelled); the group's topic shows the cancel, the answer only whether it was taken.
+const cancelButton = document.getElementById("cancel");
+cancelButton.addEventListener("click", async () => {
+  const group = window.livepushDemo.group;
+  cancelButton.disabled = true;
+  try {
+    await post(`/demo/cancel?group=${group}`);
+  } catch (error) {
+    if (window.livepushDemo.group !== group) return;
+    document.getElementById("started").textContent = error.message;
+    cancelButton.disabled = window.livepushDemo.finished;
+  }
+});
+
 // Follows the import `started`: the group's bar and a few of its jobs' bars (each topic's first
 // message is its state as it stands, so a reloaded page shows where the import is).
 function followImport(started, n) {
   window.livepushDemo.finished = false;
   window.livepushDemo.group = started.group_id;
   document.getElementById("started").textContent = `import ${started.group_id}: ${n} jobs`;
+  cancelButton.disabled = false;
 
   if (groupBinding) groupBinding.unsubscribe();
   const groupEl = document.getElementById("group");
@@ -43,7 +59,10 @@ function followImport(started, n) {
   let doneSoFar = 0;  // members finished, from the group's events
   groupBinding = bindProgress(lp, started.group_topic, groupEl, {
     onUpdate: (view) => { doneSoFar = view.done ?? doneSoFar; },
-    onFinish: () => { window.livepushDemo.finished = true; },
+    onFinish: () => {
+      window.livepushDemo.finished = true;
+      cancelButton.disabled = true;
+    },
   });
 
   // Each slot follows one job until it finishes, then jumps to the newest job not yet

@@ -359,6 +359,44 @@ async def test_a_start_pressed_while_the_demo_is_down_says_so_and_works_once_it_
     await page.wait_for_function("() => window.livepushDemo.finished === true", timeout=IMPORT_TIMEOUT_MS)
     await assert_page_shows_finished(page, 3)
 
+async def test_an_import_cancelled_on_the_demo_page_stops_and_shows_cancelled(page: Page, demo: Demo) -> None:
+    """Cancel import pressed while the import runs: its queued jobs never run, the group's bar
+    ends cancelled, and the button goes back to disabled. The endpoint cancels only an import the
+    page started (a durable import's children, another's group: 404) and refuses a finished one (409)."""
+    await open_demo(page, demo)
+    assert await page.is_disabled("#cancel")  # nothing to cancel yet
+    group_id = await start_import(page, 300)
+    await page.wait_for_function("() => document.querySelector('#group progress.livepush-progress-bar')?.value > 0",
+                                 timeout=IMPORT_TIMEOUT_MS)
+    await page.click("#cancel")
+    await page.wait_for_function("() => window.livepushDemo.finished === true", timeout=IMPORT_TIMEOUT_MS)
+    await screenshot(page, "demo-import-cancelled.png")
+    view = await group_bar(page)
+    assert view["state"] == "cancelled", view
+    assert await page.is_disabled("#cancel")
+    members = dict(await query(demo.database_url, "SELECT state, count(*) FROM livepush_jobs WHERE group_id = %s "
+                               "GROUP BY state", (group_id,)))
+    assert set(members) <= {"succeeded", "cancelled"} and members.get("cancelled", 0) > 0, members
+
+    def cancel(group: str, method: str = "POST", site: str = "same-origin") -> int:
+        headers = {"Origin": demo.url.rstrip("/"), "Sec-Fetch-Site": site}
+        return _request(f"{demo.url}demo/cancel?group={group}", method, headers)[0]
+
+    status, _, body = await asyncio.to_thread(_request, f"{demo.url}demo/durable/start?n=1", "POST", FROM_PAGE)
+    durable_job = json.loads(body)["job_id"]
+
+    async def children_group() -> int | None:
+        rows = await query(demo.database_url, "SELECT group_id FROM livepush_jobs WHERE name = %s AND group_id "
+                           "IS NOT NULL AND group_id <> %s", (CHILD_JOB, group_id))
+        return rows[0][0] if rows else None
+
+    children = await async_wait_for(children_group, 10, message=f"durable import {durable_job}'s children")
+    refused = await asyncio.gather(*[asyncio.to_thread(cancel, *args) for args in [
+        (str(group_id),), (str(group_id), "GET"), (str(group_id), "POST", "cross-site"), ("abc",),
+        (str(children),), (str(group_id + 1000),)]])
+    assert refused == [409, 405, 403, 400, 404, 404], refused
+
+
 async def test_a_double_click_on_a_start_button_starts_one_import(page: Page, demo: Demo) -> None:
     """Each Start button double-clicked sends one request and starts one import, the one the
     page follows: a second would run unseen (a durable import or a workflow run then waiting an
