@@ -148,6 +148,10 @@ async def _approve(query: dict[str, list[str]]) -> dict[str, object]:
     return await durable.approve(durable.job_id(query))
 
 
+async def _cancel_durable(query: dict[str, list[str]]) -> dict[str, object]:
+    return await durable.cancel(durable.job_id(query))
+
+
 async def _start_workflow(query: dict[str, list[str]]) -> dict[str, object]:
     return await workflow.start(_rows(query, 12, workflow.MAX_ROWS))
 
@@ -169,6 +173,7 @@ _ACTIONS: dict[str, tuple[str, Callable[[dict[str, list[str]]], Awaitable[dict[s
     "/demo/durable/start": ("start a durable import", _start_durable),
     "/demo/durable/children": ("follow a durable import's children", _children),
     "/demo/durable/approve": ("approve a durable import", _approve),
+    "/demo/durable/cancel": ("cancel a durable import", _cancel_durable),
     "/demo/workflow/start": ("start a workflow run", _start_workflow),
     "/demo/workflow/batch": ("follow a workflow run's batch", _on_run(workflow.batch)),
     "/demo/workflow/approve": ("approve a workflow run", _on_run(workflow.approve)),

@@ -3,6 +3,7 @@
 import { bindProgress } from "/livepush.js";
 
 const STEPS = ["fetch", "children", "approval", "report"];
+const FINAL_STATES = new Set(["succeeded", "failed", "cancelled"]);
 const EVENTS_KEPT = 12;
 const $ = (id) => document.getElementById(id);
 
@@ -78,6 +79,7 @@ export function setUpDurable(lp, state) {
     $("durable-approve-row").hidden = true;
     $("durable-approve").disabled = false;
     $("durable-approve-note").textContent = "";
+    $("durable-cancel").disabled = false;
     $("durable-children-box").hidden = true;
     $("durable-result-box").hidden = true;
     $("durable-events").replaceChildren();
@@ -136,6 +138,7 @@ export function setUpDurable(lp, state) {
     d.state = job.state;
     d.waiting = job.state === "waiting" ? job.waiting ?? null : null;
     $("durable").dataset.state = job.state;
+    $("durable-cancel").disabled = FINAL_STATES.has(job.state);
 
     const events = $("durable-events");
     const detail = data.event === "waiting" && job.waiting ? ` for ${job.waiting.for} ${job.waiting.name ?? ""}`
@@ -194,6 +197,21 @@ export function setUpDurable(lp, state) {
   };
   const earlier = recall("durable");
   if (earlier) follow(earlier, earlier.n);
+
+  // Cancel it: the job on screen, and its children's unfinished rows; its topic shows the rest.
+  $("durable-cancel").addEventListener("click", async () => {
+    const job = state.durable?.job;
+    if (!job) return;
+    const button = $("durable-cancel");
+    button.disabled = true;
+    try {
+      await post(`/demo/durable/cancel?job=${job}`);
+    } catch (error) {
+      if (state.durable.job !== job) return;
+      $("durable-started").textContent = error.message;
+      button.disabled = FINAL_STATES.has(state.durable.state);
+    }
+  });
 
   $("durable-approve").addEventListener("click", async () => {
     const button = $("durable-approve");

@@ -1,6 +1,7 @@
-"""The durable import's endpoints: start one, learn the task group of its children, approve it.
+"""The durable import's endpoints: start one, learn the task group of its children, approve it,
+cancel it.
 
-Only jobs of the demo's own `import_file` are ever read or signalled here: an id that names any
+Only jobs of the demo's own `import_file` are ever read, signalled or cancelled here: an id that names any
 other job is answered as unknown, so the page's Approve cannot reach a job the demo did not start.
 The check reads the job's row instead of a list kept in memory, so a page still works after the
 demo restarts.
@@ -69,6 +70,14 @@ async def children(job: int) -> dict[str, Any]:
     if not isinstance(group, int):
         raise Refused(409, f"durable import {job} is not waiting for its children now (it is {info.state})")
     return {"group_id": group, "group_topic": jobs.GroupHandle(group).signed_topic}
+
+
+async def cancel(job: int) -> dict[str, Any]:
+    """Cancel the import `job`, its unfinished children with it; Refused (409) once it finished."""
+    info = await _import(job)
+    if not await jobs.acancel(job):
+        raise Refused(409, f"durable import {job} has finished ({info.state}): there is nothing to cancel")
+    return {"job_id": job, "cancelled": True}
 
 
 async def approve(job: int) -> dict[str, Any]:

@@ -445,6 +445,7 @@ async def durable_view(page: Page) -> dict[str, Any]:
           steps: [...document.querySelectorAll('#durable-steps li')].map((li) => li.dataset.status),
           note: document.querySelector('#durable-note').textContent,
           approve: !document.querySelector('#durable-approve-row').hidden,
+          cancel: !document.querySelector('#durable-cancel')?.disabled,
           children: document.querySelector('#durable-children').dataset.state ?? null,
           waited: window.livepushDemo.durable.waited,
         })"""
@@ -562,6 +563,32 @@ async def test_an_approve_the_demo_is_answering_when_it_stops_is_answered_not_dr
     assert failed == []
     await demo.start()
     await page.wait_for_function("() => window.livepushDemo.durable.state === 'succeeded'", timeout=DURABLE_TIMEOUT_MS)
+
+
+async def test_a_durable_import_cancelled_on_the_demo_page_ends_cancelled_with_its_children(
+        page: Page, demo: Demo) -> None:
+    """Cancel pressed while the durable import waits for its approval: the job and its children's
+    unfinished rows end cancelled, the page says so and offers neither Approve nor Cancel, and a
+    second cancel is refused (409), as one of a job that is no durable import is (404)."""
+    await open_demo(page, demo)
+    assert await page.is_disabled("#durable-cancel")  # nothing to cancel yet
+    job_id = await start_durable_import(page, 2)
+    await page.wait_for_function(
+        "() => window.livepushDemo.durable.waiting?.name === 'approval'", timeout=DURABLE_TIMEOUT_MS)
+    assert (await durable_view(page))["cancel"]
+    await page.click("#durable-cancel")
+    await page.wait_for_function("() => window.livepushDemo.durable.state === 'cancelled'", timeout=DURABLE_TIMEOUT_MS)
+    view = await durable_view(page)
+    assert view["state"] == "cancelled" and view["note"] == "The job cancelled.", view
+    assert not view["approve"] and not view["cancel"], view
+    assert "cancelled" in view["steps"], view
+
+    def cancel(job: str) -> int:
+        return _request(f"{demo.url}demo/durable/cancel?job={job}", "POST", FROM_PAGE)[0]
+
+    (child,), = await query(demo.database_url, "SELECT min(id) FROM livepush_jobs WHERE name = %s", (CHILD_JOB,))
+    refused = await asyncio.gather(*[asyncio.to_thread(cancel, job) for job in [str(job_id), str(child), "x"]])
+    assert refused == [409, 404, 400], refused
 
 
 async def test_the_demo_approves_only_a_durable_import_it_started_that_waits_for_approval(demo: Demo) -> None:
