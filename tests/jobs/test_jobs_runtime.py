@@ -168,6 +168,31 @@ async def test_unknown_name_is_given_back_and_skipped(jobs_db: str) -> None:
     assert events_of(jobs_db, h.id)[-1]["job"]["attempt"] == 0
 
 
+async def test_a_name_given_back_as_unknown_is_claimed_once_its_function_is_defined(jobs_db: str) -> None:
+    """A runtime that claimed a job before the module defining its function was imported gave it
+    back and skipped its name for as long as it ran, even once that module was imported in its
+    process: the job waited for another runtime or a restart. It now claims the name again once
+    the function is defined, and the job runs with its attempt unspent."""
+    name, queue = "t.defined_after_its_job_was_given_back", "late-unknown"
+    ran: list[int] = []
+
+    async def defined_later(ctx: Any, n: int) -> None:
+        ran.append(n)
+
+    h = await JobFunction(defined_later, name=name, queue=queue).aenqueue(7)  # not registered yet
+    async with running(queues=[queue], poll_interval=0.05) as rt:
+        await async_wait_for(lambda: name in rt.excluded, 5.0, message="the unknown name to be given back")
+        await wait_state(h.id, "available")
+        jobs.job(name=name, queue=queue)(defined_later)  # its module imported now, in this process
+        await wait_state(h.id, "succeeded", timeout=10.0)
+        assert name not in rt.excluded
+    assert ran == [7]
+    info = await asyncio.to_thread(jobs.get_job, h.id)
+    assert info is not None and info.attempt == 1
+    assert names_of(jobs_db, h.id) == ["enqueued/available", "started/running", "enqueued/available",
+                                       "started/running", "succeeded/succeeded"]
+
+
 async def test_queues_in_order(jobs_db: str) -> None:
     """With --queues second,default a runtime takes every job of `second` before `default`."""
     for i in range(3):

@@ -347,7 +347,8 @@ class Runtime:
         self.state = "starting"
         self.in_hand: dict[int, _InHand] = {}
         self.peak_in_hand = 0  # most jobs ever in hand at once (never above concurrency)
-        self.excluded: set[str] = set()  # job names claimed here but not known: never claimed again
+        # Job names claimed here but not known: not claimed again until their function is defined.
+        self.excluded: set[str] = set()
         # The workflow steps this runtime defines (their job names): their jobs take a claim of
         # their own (workflows/queries.py: CLAIM_STEPS), which a runtime without steps never runs.
         self.step_names: list[str] = []
@@ -981,10 +982,11 @@ class Runtime:
 
     async def _claim_starting(self, free: int, reopened: bool = False) -> int:
         rows: list[dict[str, Any]] = []
-        params: dict[str, Any] = {"excluded": sorted(self.excluded), "runtime_id": self.id}
         if self.registry.changes != self._registry_seen:
             self._registry_seen = self.registry.changes
             self._hold_late_definitions(self._late_definitions())
+            self._include_defined()
+        params: dict[str, Any] = {"excluded": sorted(self.excluded), "runtime_id": self.id}
         limited = [n for n in self.limited if n not in self.excluded]
         if len(limited) > 1:
             limited = limits.in_turn(limited, self.registry, self._limited_turn)
@@ -1060,6 +1062,16 @@ class Runtime:
             self._start(job)
         return len(rows)
 
+    def _include_defined(self) -> None:
+        """Claim again the names given back as unknown whose function was defined since (their
+        module imported after this runtime claimed one of their jobs): skipping them for as long
+        as it runs would leave their jobs to another runtime, or to none."""
+        defined = {name for name in self.excluded if self.registry.find(name) is not None}
+        if defined:
+            self.excluded -= defined
+            log.info("job names %s were defined after this job runtime gave their jobs back: claiming them again",
+                     ", ".join(sorted(defined)))
+
     async def _release_unheard(self) -> None:
         """Give back (attempt not spent) the jobs a failed claim committed to this runtime without
         its reply reaching it: `running` under its id, unknown here, nothing would ever end them
@@ -1108,8 +1120,9 @@ class Runtime:
         fn = self.registry.find(job.name)
         if fn is None:
             # A rolling deploy: a newer runtime enqueued a job this one does not know. Give it back
-            # for a runtime that does, and never claim that name here again.
-            log.warning("job %s has the unknown name %r: giving it back and skipping that name from now on (%s)",
+            # for a runtime that does, and skip that name here until it is defined (_include_defined).
+            log.warning("job %s has the unknown name %r: giving it back and skipping that name until it is "
+                        "defined here (%s)",
                         job.id, job.name, _fix_for_unknown(job.name))
             self.excluded.add(job.name)
             ctx.released = True
