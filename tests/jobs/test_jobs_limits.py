@@ -142,6 +142,26 @@ def test_a_concurrency_key_default_json_cannot_hold_fails_at_declaration() -> No
     assert jobs.job(name="t.shared_key", concurrency=("tenant", 1))(shared).limits.key_of([]) == '{"org":null}'
 
 
+@pytest.mark.parametrize("default", [float("nan"), float("inf"), -float("inf"), [1, {"org": float("nan")}]],
+                         ids=["nan", "inf", "-inf", "nested-nan"])
+def test_a_concurrency_key_default_that_is_no_finite_number_fails_at_declaration(
+        limits_db: str, default: Any) -> None:
+    """A NaN or infinite default was taken, and each call that left the parameter out stored its
+    key as the text NaN or Infinity, which is no JSON: the key meant to be JSON text could not be
+    read as JSON (Postgres' jsonb refuses it, as JSON.parse does), while the same value passed
+    explicitly is refused at enqueue. A ConfigError at the decorator naming the parameter; a
+    finite float default is stored as JSON Postgres reads."""
+    async def f(ctx: Any, item: int, tenant: Any = default) -> None: ...
+
+    async def finite(ctx: Any, item: int, tenant: Any = 2.5) -> None: ...
+
+    with pytest.raises(ConfigError, match=r"concurrency=\('tenant', 1\).*default of 'tenant'.*finite number"):
+        jobs.job(name="t.non_finite_key", concurrency=("tenant", 1))(f)
+    assert "t.non_finite_key" not in REGISTRY
+    h = jobs.job(name="t.finite_float_key", concurrency=("tenant", 1))(finite).enqueue(1)
+    assert q(limits_db, "SELECT concurrency_key::jsonb FROM livepush_jobs WHERE id = %s", (h.id,)) == [(2.5,)]
+
+
 @pytest.mark.parametrize("rate", ["1" + "0" * 400 + "/s", "1" + "0" * 400 + "/m", "100000000000/s"])
 def test_a_rate_too_large_to_count_fails_at_declaration(rate: str) -> None:
     """Taken, a rate of 10**11 a second (or one of 400 digits, read as infinity) gave a bucket

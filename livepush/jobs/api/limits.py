@@ -165,13 +165,15 @@ def limits_of(func: Callable[..., Any], concurrency: Any, rate: Any) -> Limits:
         if params[key_index].default is not inspect.Parameter.empty:
             key_default = params[key_index].default
             # Every call that leaves the parameter out stores its default as JSON text: one JSON
-            # cannot hold would fail each of them, with nothing naming the key.
+            # cannot hold would fail each of them, with nothing naming the key. And NaN or an
+            # infinity, which json writes as the text NaN or Infinity, was stored as a key that
+            # is no JSON, while the same value passed as the argument is refused at enqueue.
             try:
-                json.dumps(key_default, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+                json.dumps(key_default, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"@jobs.job(concurrency=({key_param!r}, {max_running})): the default of "
                                   f"{key_param!r} is the concurrency key of calls that leave it out, stored as "
                                   f"JSON, which cannot hold {key_default!r:.60} ({exc}): give a JSON default "
-                                  "(a str, a number, None)") from None
+                                  "(a str, a finite number, None)") from None
     return Limits(max_running=max_running, rate=None if rate is None else parse_rate(rate),
                   key_param=key_param, key_index=key_index, key_default=key_default)
