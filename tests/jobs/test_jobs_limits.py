@@ -162,6 +162,20 @@ def test_a_concurrency_key_default_that_is_no_finite_number_fails_at_declaration
     assert q(limits_db, "SELECT concurrency_key::jsonb FROM livepush_jobs WHERE id = %s", (h.id,)) == [(2.5,)]
 
 
+def test_a_concurrency_key_default_postgres_cannot_store_fails_at_declaration(limits_db: str) -> None:
+    """A default holding a lone surrogate (what Python makes of undecodable bytes) was taken, and
+    every call that left the parameter out then failed at enqueue with a bare UnicodeEncodeError
+    naming neither the key nor the parameter: Postgres stores no such text. A ConfigError at the
+    decorator naming the parameter, as for a default JSON cannot hold."""
+    async def undecodable(ctx: Any, tenant: str = "acme\udcff") -> None: ...
+
+    async def nested(ctx: Any, tenant: Any = {"org\ud800": 1}) -> None: ...  # noqa: B006
+
+    for fn in (undecodable, nested):
+        with pytest.raises(ConfigError, match=r"concurrency=\('tenant', 1\).*default of 'tenant'.*lone surrogate"):
+            jobs.job(name=f"t.unstorable_key_{fn.__name__}", concurrency=("tenant", 1))(fn)
+
+
 @pytest.mark.parametrize("rate", ["1" + "0" * 400 + "/s", "1" + "0" * 400 + "/m", "100000000000/s"])
 def test_a_rate_too_large_to_count_fails_at_declaration(rate: str) -> None:
     """Taken, a rate of 10**11 a second (or one of 400 digits, read as infinity) gave a bucket

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...errors import ConfigError
+from ...postgres.text import unstorable
 from ..errors import InvalidArgumentsError
 from .args import name_refused
 from .options import MAX_KEY_LENGTH
@@ -169,11 +170,20 @@ def limits_of(func: Callable[..., Any], concurrency: Any, rate: Any) -> Limits:
             # infinity, which json writes as the text NaN or Infinity, was stored as a key that
             # is no JSON, while the same value passed as the argument is refused at enqueue.
             try:
-                json.dumps(key_default, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+                text = json.dumps(key_default, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                                  allow_nan=False)
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"@jobs.job(concurrency=({key_param!r}, {max_running})): the default of "
                                   f"{key_param!r} is the concurrency key of calls that leave it out, stored as "
                                   f"JSON, which cannot hold {key_default!r:.60} ({exc}): give a JSON default "
                                   "(a str, a finite number, None)") from None
+            # A lone surrogate (undecodable bytes) is written as it is, and Postgres refuses the
+            # text: each such call failed at enqueue with a bare UnicodeEncodeError.
+            bad = unstorable(text)
+            if bad is not None:
+                raise ConfigError(f"@jobs.job(concurrency=({key_param!r}, {max_running})): the default of "
+                                  f"{key_param!r} is the concurrency key of calls that leave it out, stored as "
+                                  f"text, and it holds {bad}, which Postgres cannot store: give a default of "
+                                  "valid text")
     return Limits(max_running=max_running, rate=None if rate is None else parse_rate(rate),
                   key_param=key_param, key_index=key_index, key_default=key_default)
