@@ -112,7 +112,8 @@ RECOVERIES = Counter("livepush_recoveries", "Subscriptions with `since` served f
 RESETS = Counter("livepush_resets", "`reset` frames sent: history could not fill a gap, or a slow client fell "
                  "too far behind on a message topic.", ["cause"], registry=REGISTRY)
 SLOW_CLIENT_ACTIONS = Counter("livepush_slow_client_actions", "What the server did about clients that could "
-                              "not keep up: conflated (an older state replaced), reset, closed (1013).",
+                              "not keep up: conflated (an older state replaced), replayed (a message topic's share "
+                              "passed: read on from history), reset, closed (1013).",
                               ["action"], registry=REGISTRY)
 # A page never comes near the budget: a count that rises names a client (or an integration) that
 # sends hundreds of frames a second, slowed, not refused.
@@ -142,7 +143,7 @@ JOBS_RESCUED = Counter("livepush_jobs_rescued", "Jobs taken back from runtimes t
 # docs/operations.md would miss it.
 _KNOWN_LABELS: tuple[tuple[Counter, tuple[str, ...]], ...] = (
     (RESETS, ("history", "slow_client")),
-    (SLOW_CLIENT_ACTIONS, ("conflated", "reset", "closed")),
+    (SLOW_CLIENT_ACTIONS, ("conflated", "replayed", "reset", "closed")),
     (REFUSALS, ("origin", "full", "duplicate_header", "session_store_unavailable")),
 )
 _QUEUE_COUNTERS = (JOBS_CLAIMED, JOBS_SUCCEEDED, JOBS_FAILED, JOBS_RETRIED)

@@ -360,6 +360,11 @@ class PushServer:
         self._unsubscribe(client, plain)
         return True
 
+    def overflowed(self, client: Connection, topic: str) -> bool:
+        """The client's share of message topic `topic` is full: whether the hub sends it the rest
+        from history (Hub.overflowed) rather than `reset`."""
+        return self.hub.overflowed(client, topic)
+
     def _unsubscribe(self, client: Connection, plain: str) -> None:
         if plain in client.topics:
             client.topics.discard(plain)

@@ -6,10 +6,12 @@ pops them, in order, as it drains.
 - A state frame (`job:`, `group:`, `workflow:`) replaces the unsent one of its topic, in that
   one's place: the client gets the newest state as soon as it reaches that point, and the last
   state added is always the one it gets.
-- A live message frame waits in its topic's bounded share. Past the bound, that topic's waiting
-  messages and waiting `reset` are dropped, one `reset` is queued after everything else, and
-  the message follows it: the client refetches, and every message after the reset arrives
-  without a gap.
+- A live message frame waits in its topic's bounded share. Past the bound, the backlog first
+  asks its owner (`overflow`) whether the topic's history can take over: if so the frame waits
+  as any other, and the hub sends the client what follows from history as it reads
+  (hub.Hub.overflowed), so nothing is dropped. Otherwise that topic's waiting messages and
+  waiting `reset` are dropped, one `reset` is queued after everything else, and the message
+  follows it: the client refetches, and every message after the reset arrives without a gap.
 - Any other frame (`subscribed`, a replay, a snapshot, `pong`) waits in order, never dropped.
   It also ends the conflation of every state waiting before it, so a state that comes later
   never overtakes it. A subscribe's state frames (kind "snapshot": its snapshot, and the changes
@@ -29,8 +31,9 @@ from .. import protocol
 # What the hub says a frame is; None: any other frame (it only goes out in order), as does a
 # "snapshot", which is a state all the same.
 Kind = Literal["state", "message", "reset", "snapshot"]
-# What add() did: queued, replaced an older state, or replaced a topic's messages by `reset`.
-Outcome = Literal["queued", "conflated", "reset"]
+# What add() did: queued, replaced an older state, replaced a topic's messages by `reset`, or
+# queued past the topic's share while what follows is read from history.
+Outcome = Literal["queued", "conflated", "reset", "replayed"]
 
 TOPIC_FRAMES = 1000  # live messages one message topic may have waiting
 TOPIC_BYTES = 256 * 1024  # and their bytes (one larger message may wait alone)
@@ -58,7 +61,8 @@ class Backlog:
     """Frames for one client in the order they go out, with each topic's share bounded."""
 
     def __init__(self, topic_frames: int = TOPIC_FRAMES, topic_bytes: int = TOPIC_BYTES,
-                 framing: Callable[[bytes], bytes] | None = None) -> None:
+                 framing: Callable[[bytes], bytes] | None = None,
+                 overflow: Callable[[str], bool] | None = None) -> None:
         self.topic_frames = topic_frames
         self.topic_bytes = topic_bytes
         self.bytes = 0  # of the frames waiting
@@ -72,6 +76,9 @@ class Backlog:
         self.last = 0  # the place of the last frame added (see passed())
         # What turns a frame's text into what is queued: a connection queues whole wire frames.
         self._framing = framing
+        # Asked when a message topic passes its share: True if what follows comes from the topic's
+        # history instead (no more live frames of it come here until then), False for `reset`.
+        self._overflow = overflow
 
     def __len__(self) -> int:
         return len(self._queue) - self._dropped
@@ -109,8 +116,11 @@ class Backlog:
             waiting = self._messages.get(topic)
             if waiting and past_share(len(waiting), self._message_bytes[topic], len(data),
                                       self.topic_frames, self.topic_bytes):
-                self._drop_messages(topic, add_reset=True)
-                outcome = "reset"
+                if self._overflow is not None and self._overflow(topic):
+                    outcome = "replayed"
+                else:
+                    self._drop_messages(topic, add_reset=True)
+                    outcome = "reset"
             self._messages.setdefault(topic, deque()).append(self._append(data, topic, kind))
             self._message_bytes[topic] = self._message_bytes.get(topic, 0) + len(data)
             return outcome

@@ -17,7 +17,8 @@ frame waits no longer than the loop takes to come round. Whatever else is writte
 close frame, a replay page being drained) first writes what is gathered, so frames keep their
 order. Once the transport is past its high-water mark (paused), frames wait in the client's
 backlog (backlog.py: a state replaces the older one of its topic, a message topic's share is
-bounded and replaced by `reset` past the bound), which `resume_writing` empties in order. A
+bounded: past it the client reads on from the topic's history, or gets `reset` where history
+cannot serve it), which `resume_writing` empties in order. A
 client whose backlog passes BACKLOG_BYTES (counting the pongs that wait in the transport for a
 client that pings and does not read; not counting its largest waiting state), or that has been missing a frame for BEHIND_SECONDS
 (a replay's next page, which waits in `drain()` for it to read, included), is closed with 1013. A slow client costs the others nothing: a frame for it is one append
@@ -87,6 +88,10 @@ class Server(Protocol):
     def served_at_once(self, client: Connection, cmd: protocol.Command) -> bool:
         """Whether a frame that came while a subscribe is served, with none waiting before it,
         was served at once (it must not wait for that subscribe)."""
+
+    def overflowed(self, client: Connection, topic: str) -> bool:
+        """Whether the client's frames of message topic `topic`, past its share of the backlog,
+        are sent from the topic's history from now on (False: the backlog queues `reset`)."""
 
 
 class Core(Protocol):
@@ -203,6 +208,10 @@ class Connection(asyncio.Protocol):
 
     def send(self, frame: str) -> None:
         push(self, frames.text(frame.encode()))
+
+    def overflowed(self, topic: str) -> bool:
+        """The backlog's question when a message topic passes its share (Server.overflowed)."""
+        return self.core.server.overflowed(self, topic)
 
     def close(self, code: int, reason: str = "") -> None:
         """Start the close handshake (safe from any callback on the loop); the sweep ends it
@@ -618,11 +627,13 @@ def push(conn: Connection, data: bytes, topic: str | None = None, kind: Kind | N
         return
     backlog = conn.backlog
     if backlog is None:
-        backlog = conn.backlog = Backlog(framing=frames.text)
+        backlog = conn.backlog = Backlog(framing=frames.text, overflow=conn.overflowed)
         conn.core.behind.add(conn)
     outcome = backlog.add(data, topic, kind)
     if outcome == "conflated":
         metrics.SLOW_CLIENT_ACTIONS.labels("conflated").inc()
+    elif outcome == "replayed":
+        metrics.SLOW_CLIENT_ACTIONS.labels("replayed").inc()
     elif outcome == "reset":
         metrics.SLOW_CLIENT_ACTIONS.labels("reset").inc()
         metrics.RESETS.labels("slow_client").inc()

@@ -23,6 +23,10 @@ buffered, then sent after the replay without a duplicate at the seam (its `floor
 offset it was sent). A replay waits for its client, so on a message topic the buffer is bounded as
 a live client's share of the topic is (server/backlog.py): past it the frames waiting are dropped,
 and the replay reads on from the log until it reaches past them.
+A live subscriber whose share of a message topic fills in its connection's backlog (a burst
+larger than it, from one publish_many or a listener gap) is handed back to that same state
+(`overflowed`): it reads on from the log after the last message it was given, at its own pace,
+and joins again; only a log that no longer holds that offset makes it a `reset`.
 Everything here runs on the event loop; nothing awaits per subscriber.
 
 Live frames go out through `broadcast` with their topic and kind ("state", "message", "reset"):
@@ -116,13 +120,16 @@ class _Waiting:
     frame alone); past it every frame waiting is dropped, and `dropped` remembers the
     newest key dropped, which the replay then reads on to from the log."""
 
-    __slots__ = ("frames", "bytes", "dropped", "bounded")
+    __slots__ = ("frames", "bytes", "dropped", "bounded", "stands")
 
-    def __init__(self, bounded: bool) -> None:
+    def __init__(self, bounded: bool, stands: Offset | None = None) -> None:
         self.frames: list[tuple[Key | None, str]] = []
         self.bytes = 0
         self.dropped: Key = NO_KEY
         self.bounded = bounded  # a message topic's; a state topic's waits for one read only
+        # A subscriber reading on from history past its share (Hub._read_on): the last offset it
+        # was sent, where a second subscription of its connection goes on from. None: a subscribe's.
+        self.stands = stands
 
     def __len__(self) -> int:
         return len(self.frames)
@@ -148,6 +155,9 @@ class _Topic:
     floors: dict[Subscriber, Key] = field(default_factory=dict)
     # State topics: subscribers whose subscribe waits for them to read its snapshot (live already).
     settling: set[Subscriber] = field(default_factory=set)
+    # Subscribers whose share of the topic filled during the broadcast under way: they read on
+    # from history once it is done (Hub.overflowed).
+    overflowed: list[Subscriber] = field(default_factory=list)
     # The last offset (message topics) or version (state topics) delivered live, and its key
     # (set together by move(): every live message is compared with the key).
     cursor: Offset | None = None
@@ -254,6 +264,88 @@ class Hub:
         self._tally.frames += len(recipients)  # type: ignore[arg-type]
         for buffer in t.joining.values():
             buffer.add(key, frame)
+        if t.overflowed:
+            self._read_on(t)
+
+    def overflowed(self, sub: Subscriber, topic: str) -> bool:
+        """Called by the broadcast when `sub`, a subscriber too slow for the message being
+        delivered live, has its share of message topic `topic` full (server/backlog.py). That
+        message still waits for it; whatever follows it comes from history, as for a replay
+        (`_read_on`), so that a burst larger than the share (a publish_many, what a listener gap
+        missed) reaches a client reading as fast as it can without a `reset`. False where the hub
+        has no live stream of the topic to hand over: the backlog queues `reset` as before."""
+        t = self._topics.get(topic)
+        if t is None or t.source is not None or t.cursor is None or self._closed or sub not in t.subscribers:
+            return False
+        t.overflowed.append(sub)
+        return True
+
+    def _read_on(self, t: _Topic) -> None:
+        """Move the subscribers whose share overflowed in the broadcast that just ended out of the
+        live set, as joiners (their live frames now wait in a bounded join buffer), and read each
+        one's messages after the one just delivered from history at its own pace. Done after the
+        broadcast, which may still be going through `t.subscribers`."""
+        since = t.cursor
+        assert since is not None
+        for sub in t.overflowed:
+            if sub not in t.subscribers:
+                continue
+            t.subscribers.discard(sub)
+            t.floors.pop(sub, None)
+            buffer = _Waiting(bounded=True, stands=since)
+            t.joining[sub] = buffer
+            self._spawn(self._read_on_from(sub, t, since, buffer), "livepush-read-on")
+        t.overflowed.clear()
+
+    async def _read_on_from(self, sub: Subscriber, t: _Topic, since: Offset, buffer: _Waiting) -> None:
+        """Send `sub` the messages of `t` after `since` from history, waiting for it between pages,
+        then join it to the live stream again without a gap or a duplicate (`_go_live`)."""
+        try:
+            floor = await self._history_after(sub, t, since, buffer)
+        except ConnectionClosed:
+            floor = None  # the connection is closing: its subscriptions go with it
+        except BaseException:  # cancelled: the hub is closing
+            self._drop_joiner(t, sub, buffer)
+            raise
+        if floor is None or self._left(t, sub, buffer):
+            self._drop_joiner(t, sub, buffer)
+        else:
+            self._go_live(sub, t, buffer, floor)
+
+    async def _history_after(self, sub: Subscriber, t: _Topic, since: Offset, buffer: _Waiting) -> Key:
+        """The replay of `_read_on_from`; return the key of the last offset sent. History that no
+        longer holds `since`, or a read that fails, ends in `reset`, as a full share did before."""
+        # First the client reads what waits for it already (its share, and the rest of its
+        # backlog): read on before that, and the replay's frames would wait beside them.
+        await sub.drain()
+        if self._left(t, sub, buffer):
+            return offset_key(since)
+        try:
+            page = await self.fanout.history(t.name, since)
+            if page is None:  # pruned meanwhile: the client refetches
+                return await self._reset_joiner(sub, t, buffer)
+            return await self._replay(sub, t, since, page, buffer)
+        except ConnectionClosed:
+            raise
+        except Exception as exc:
+            log.warning("could not read on from the history of %s for a client behind on it (%s); it gets reset",
+                        t.name, exc)
+            return await self._reset_joiner(sub, t, buffer, latest=False)
+
+    def _drop_joiner(self, t: _Topic, sub: Subscriber, buffer: _Waiting) -> None:
+        if t.joining.get(sub) is buffer:
+            del t.joining[sub]
+        self._forget_if_idle(t)
+
+    async def _reset_joiner(self, sub: Subscriber, t: _Topic, buffer: _Waiting, *, latest: bool = True) -> Key:
+        """Send a joiner `reset`; return the key it goes on live from: the topic's latest offset
+        (read first, so a refetch after the reset covers everything up to it), or, without
+        `latest`, what its join buffer dropped (the frames it holds come after that)."""
+        floor = offset_key(await self.fanout.alatest_offset(t.name)) if latest else buffer.dropped
+        if not self._left(t, sub, buffer):
+            sub.send(protocol.reset(t.name))
+            metrics.RESETS.labels("history").inc()
+        return max(floor, buffer.dropped)
 
     def _start_read(self, t: _Topic) -> None:
         if not t.reading:
@@ -575,6 +667,9 @@ class Hub:
         if sub in t.subscribers or sub in t.joining:
             if sub in t.subscribers:
                 since = self._resumes_from(t, sub, since)
+            elif (stands := t.joining[sub].stands) is not None:
+                # Reading on from history past its share, it is live all the same: as above.
+                since = stands if since is None or _ahead(since, offset_key(stands)) else since
             self._leave(t, sub)
         buffer = _Waiting(bounded=t.source is None)
         t.joining[sub] = buffer
@@ -591,23 +686,7 @@ class Hub:
             raise
         if t.joining.get(sub) is not buffer:
             return  # unsubscribed while catching up
-        if buffer.dropped > floor:
-            # Live messages past a `subscribed` or a reset were dropped while a read went on (a
-            # replay reads on past them): the client refetches.
-            sub.send(protocol.reset(topic))
-            metrics.RESETS.labels("slow_client").inc()
-        for key, frame in buffer.frames:
-            if key is None or key > floor:
-                if t.source is None or key is None:
-                    sub.send(frame)
-                else:
-                    self._send_state(sub, t.name, frame)
-                floor = key if key is not None else floor
-        del t.joining[sub]
-        t.subscribers.add(sub)
-        cursor_key = t.cursor_key
-        if floor > cursor_key:
-            t.floors[sub] = floor
+        self._go_live(sub, t, buffer, floor)
         if t.source is not None:
             # The subscribe ends once the client has read its state, as a replay does: the
             # snapshots of subscribes sent together (a page watching many finished jobs with large
@@ -618,6 +697,26 @@ class Hub:
                 await sub.drain()
             finally:
                 t.settling.discard(sub)
+
+    def _go_live(self, sub: Subscriber, t: _Topic, buffer: _Waiting, floor: Key) -> None:
+        """A joiner that was sent everything up to `floor` gets what its join buffer holds past it,
+        then joins the live set (skipping, by its floor, what it was sent already)."""
+        if buffer.dropped > floor:
+            # Live messages past a `subscribed` or a reset were dropped while a read went on (a
+            # replay reads on past them): the client refetches.
+            sub.send(protocol.reset(t.name))
+            metrics.RESETS.labels("slow_client").inc()
+        for key, frame in buffer.frames:
+            if key is None or key > floor:
+                if t.source is None or key is None:
+                    sub.send(frame)
+                else:
+                    self._send_state(sub, t.name, frame)
+                floor = key if key is not None else floor
+        del t.joining[sub]
+        t.subscribers.add(sub)
+        if floor > t.cursor_key:
+            t.floors[sub] = floor
 
     @staticmethod
     def _resumes_from(t: _Topic, sub: Subscriber, since: Offset | None) -> Offset | None:
@@ -710,6 +809,8 @@ class Hub:
                 frame = protocol.message(topic, message.offset, message.data_json or "null")
                 sub.send(frame)
                 last = message.offset
+                if buffer.stands is not None:
+                    buffer.stands = last
                 unread += len(frame)
             if not page.more:
                 if unread:

@@ -696,6 +696,111 @@ async def test_a_replay_whose_rest_is_trimmed_while_the_client_reads_its_first_p
     assert sub.data() == [*range(HISTORY_PAGE), "live"]
 
 
+class Overflowing(Sub):
+    """A subscriber whose share of its topic fills at its `at`-th live message: the broadcast
+    asks the hub to send it what follows from history, as a connection's backlog does
+    (server/backlog.py), after taking that message."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at = at
+        self.live = 0
+        self.handed_over: list[bool] = []
+
+
+def overflowing_hub(fanout: LocalFanOut) -> Hub:
+    def broadcast(subs, frame: str, topic: str, kind: str) -> None:
+        for sub in subs:
+            sub.send(frame)
+            if isinstance(sub, Overflowing) and kind == "message":
+                sub.live += 1
+                if sub.live == sub.at:
+                    sub.handed_over.append(hub.overflowed(sub, topic))
+
+    hub = Hub(fanout, broadcast)
+    fanout.register(hub.on_message)
+    return hub
+
+
+async def burst_past_the_share(fanout: LocalFanOut, sub: Overflowing, *others: Sub) -> Hub:
+    """`sub` (and `others`) subscribed to topic `burst`, which gets ten messages: the share of
+    `sub` fills at its `at`-th."""
+    await fanout.listen()
+    hub = overflowing_hub(fanout)
+    for s in (sub, *others):
+        await hub.subscribe(s, "burst", None, 1)
+    for i in range(10):
+        fanout.publish("burst", i)
+    return hub
+
+
+async def test_a_subscriber_whose_share_fills_reads_on_from_history_then_goes_live_again() -> None:
+    """A live subscriber whose share of a topic fills in the middle of a burst gets the rest of the
+    burst from history, every message once and in order, with no `reset`, then live messages
+    again."""
+    sub, other = Overflowing(at=3), Sub()
+    fanout = YieldingLocal()
+    hub = await burst_past_the_share(fanout, sub, other)
+    await async_wait_for(lambda: len(sub.data()) == 10, message="the burst")
+    assert sub.handed_over == [True]
+    await async_wait_for(lambda: sub in hub._topics["burst"].subscribers, message="the subscriber to go live again")
+    fanout.publish("burst", "live")
+    await async_wait_for(lambda: "live" in sub.data(), message="the live message")
+    assert sub.data() == [*range(10), "live"]
+    assert [f["op"] for f in sub.frames] == ["subscribed", *["message"] * 11]
+    assert other.data() == sub.data()
+
+
+class OverflowingSlowly(Overflowing):
+    """An Overflowing subscriber that reads what was sent to it only when let."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__(at)
+        self.reading = asyncio.Event()
+
+    async def drain(self) -> None:
+        await self.reading.wait()
+
+
+async def test_subscribing_again_from_now_while_reading_on_from_history_loses_nothing() -> None:
+    """A connection that subscribes to a topic again (a page's second subscription, from now)
+    while it reads on from history past its share goes on from where it stood: the page's first
+    subscription misses nothing."""
+    sub = OverflowingSlowly(at=3)
+    fanout = YieldingLocal()
+    hub = await burst_past_the_share(fanout, sub)
+    await async_wait_for(lambda: sub in hub._topics["burst"].joining, message="the share to fill")
+    again = asyncio.create_task(hub.subscribe(sub, "burst", None, 2))
+    await settle()
+    sub.reading.set()
+    await asyncio.wait_for(again, 5)
+    fanout.publish("burst", "live")
+    await async_wait_for(lambda: "live" in sub.data(), message="the live message")
+    assert sub.data() == [*range(10), "live"]
+
+
+class LostHistory(YieldingLocal):
+    """History that no longer holds anything the hub asks for (pruned past it)."""
+
+    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE) -> History | None:
+        await asyncio.sleep(0)
+        return None
+
+
+async def test_a_subscriber_whose_share_fills_gets_reset_when_history_no_longer_holds_its_place() -> None:
+    """Where history cannot serve what follows the last message a subscriber whose share filled
+    was given, it gets `reset` (it refetches), then live messages, never a hole."""
+    sub = Overflowing(at=3)
+    fanout = LostHistory()
+    hub = await burst_past_the_share(fanout, sub)
+    await async_wait_for(lambda: "reset" in [f["op"] for f in sub.frames], message="the reset")
+    await async_wait_for(lambda: sub in hub._topics["burst"].subscribers, message="the subscriber to go live again")
+    fanout.publish("burst", "live")
+    await async_wait_for(lambda: "live" in sub.data(), message="the live message")
+    assert [f["op"] for f in sub.frames] == ["subscribed", "message", "message", "message", "reset", "message"]
+    assert sub.data() == [0, 1, 2, "live"]
+
+
 class SlowFirstAnchor(DoorbellLocal):
     """Doorbells only; the first latest-offset read (a topic's first anchor) answers only once
     `anchor_gate` opens, from before it waited, as a database read that is slow just then answers

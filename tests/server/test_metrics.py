@@ -166,6 +166,7 @@ async def test_the_counters_the_alerts_read_are_scraped_at_zero_before_anything_
     samples = await scrape(port)
     expected = [("livepush_resets_total", "cause", "history"), ("livepush_resets_total", "cause", "slow_client"),
                 ("livepush_slow_client_actions_total", "action", "conflated"),
+                ("livepush_slow_client_actions_total", "action", "replayed"),
                 ("livepush_slow_client_actions_total", "action", "reset"),
                 ("livepush_slow_client_actions_total", "action", "closed"),
                 ("livepush_refusals_total", "reason", "origin"), ("livepush_refusals_total", "reason", "full")]
