@@ -612,3 +612,16 @@ async def test_a_refused_item_of_a_batch_is_named_by_its_place_in_the_batch(jobs
             g.enqueue_many(items)
     assert str(refused.value).startswith(f"g.enqueue_many() {says}"), str(refused.value)
     assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
+
+
+async def test_arguments_too_large_to_store_are_refused_naming_them(jobs_db: str) -> None:
+    """Arguments past what one jsonb value holds (256 MiB), in one job or across a batch, raise
+    InvalidArgumentsError naming them, and nothing is written: a DependencyError said Postgres had
+    failed, for a call that fails the same however often it is tried again."""
+    half = "x" * 140_000_000  # twice over the limit; one string, so the test holds it once
+    with pytest.raises(InvalidArgumentsError, match="the arguments of t.record are too large for Postgres to store"):
+        sample_jobs.record.enqueue(half, half)
+    with pytest.raises(InvalidArgumentsError, match="pass a reference to it, or enqueue fewer jobs at a time"):
+        await jobs.aenqueue_many([(sample_jobs.record, [half]), (sample_jobs.record, [half])])
+    del half
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs")[0][0] == 0

@@ -197,11 +197,11 @@ def encode(value: Any, path: str, error: type[Exception], what: str) -> str:
 
 
 @contextlib.contextmanager
-def stored_whole(what: str) -> Iterator[None]:
+def stored_whole(what: str, *, plural: bool = False, advice: str = "") -> Iterator[None]:
     """Around a call that stores `what` (JSON text from encode()): a value larger than one jsonb
-    value holds (256 MiB) raises InvalidArgumentsError naming it. Postgres' refusal reached the
-    caller as a DependencyError, which says the database failed and invites a retry that meets the
-    same refusal."""
+    value holds (256 MiB) raises InvalidArgumentsError naming it, `advice` appended (a batch's:
+    fewer jobs at a time). Postgres' refusal reached the caller as a DependencyError, which says
+    the database failed and invites a retry that meets the same refusal."""
     try:
         yield
     except DependencyError as exc:
@@ -209,8 +209,9 @@ def stored_whole(what: str) -> Iterator[None]:
         if not isinstance(cause, psycopg.errors.ProgramLimitExceeded):
             raise
         said = cause.diag.message_primary or str(cause).splitlines()[0]
-        raise InvalidArgumentsError(f"{what} is too large for Postgres to store ({said}): keep large data "
-                                    "elsewhere (a table, a file) and pass a reference to it") from exc
+        raise InvalidArgumentsError(f"{what} {'are' if plural else 'is'} too large for Postgres to store ({said}): "
+                                    f"keep large data elsewhere (a table, a file) and pass a reference to it{advice}"
+                                    ) from exc
 
 
 def name_refused(arguments: Iterable[Any]) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 from ...postgres.connect import cursor_on, translated, translated_on
 from ...postgres.pools import aautocommitted, autocommitted
 from .. import database, queries
-from .args import check_args, dumps, name_refused, refuse_arity
+from .args import check_args, dumps, name_refused, refuse_arity, stored_whole
 from .handles import JobHandle
 from .limits import check_claim_entry
 from .options import check_debounce, check_key, check_tags
@@ -263,6 +263,15 @@ class Batch:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def stored_whole(self, call: str) -> contextlib.AbstractContextManager[None]:
+        """args.stored_whole() around this batch's statement: arguments too large for one jsonb
+        value (one job's, or the whole document's) are refused naming the job, or the batch and
+        `call`, whose jobs can also be enqueued fewer at a time."""
+        if len(self.rows) == 1:
+            return stored_whole(f"the arguments of {next(iter(self.specs))[0]}", plural=True)
+        return stored_whole(f"the arguments of {call}()'s {len(self.rows)} jobs", plural=True,
+                            advice=", or enqueue fewer jobs at a time")
+
 
 ITEM_OPTIONS = frozenset({"wait", "at", "key", "tags"})
 NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})
@@ -411,10 +420,11 @@ def run_batch(batch: Batch, conn: Any = None, debounce: float | None = None,
         return []
     sql, params = batch.statement(debounce)
     if conn is None:
-        with translated(url), database.pools().sync().connection() as own, autocommitted(own):
+        with batch.stored_whole(call), translated(url), database.pools().sync().connection() as own, \
+                autocommitted(own):
             rows = own.execute(sql, params).fetchall()
     else:
-        with translated_on(url, conn), cursor_on(conn) as cur:
+        with batch.stored_whole(call), translated_on(url, conn), cursor_on(conn) as cur:
             rows = cur.execute(sql, params).fetchall()
     look_for_script_runtimes(batch)
     return [JobHandle(row[0], row[1]) for row in rows]
@@ -432,11 +442,11 @@ async def arun_batch(batch: Batch, conn: Any = None, debounce: float | None = No
         return []
     sql, params = batch.statement(debounce)
     if conn is None:
-        with translated(url):
+        with batch.stored_whole(call), translated(url):
             async with (await database.pools().aget()).connection() as own, aautocommitted(own):
                 rows = await (await own.execute(sql, params)).fetchall()
     else:
-        with translated_on(url, conn):
+        with batch.stored_whole(call), translated_on(url, conn):
             async with cursor_on(conn) as cur:
                 rows = await (await cur.execute(sql, params)).fetchall()
     await alook_for_script_runtimes(batch)
