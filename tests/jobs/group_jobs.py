@@ -62,6 +62,13 @@ async def spawner(ctx: Any, n: int, key: Any = None) -> None:
     await note(ctx, "done", key)
 
 
+@jobs.job(name="g.spawn_too_large", max_attempts=1)
+async def spawn_too_large(ctx: Any) -> None:
+    """Adds to its own group a member whose arguments are past what one jsonb value holds."""
+    half = "x" * 140_000_000
+    await ctx.group.enqueue(callback, "too large", half, half)
+
+
 @jobs.job(name="g.spawner_sync")
 def spawner_sync(ctx: Any, n: int, key: Any = None) -> None:
     for i in range(n):

@@ -1400,3 +1400,32 @@ async def test_cancel_group_of_an_unknown_id_answers_false_where_seal_and_add_ra
         assert await jobs.acancel_group(unknown) is False
         with pytest.raises(jobs.GroupNotFound):
             await asyncio.to_thread(jobs.seal_group, unknown)
+
+
+async def test_members_or_callbacks_too_large_to_store_are_refused_naming_them(groups_db: str) -> None:
+    """A group's members or callbacks whose arguments are past what one jsonb value holds (256 MiB)
+    raise InvalidArgumentsError naming them, and nothing is written: a DependencyError said
+    Postgres had failed, for a call that fails the same however often it is tried again."""
+    half = "x" * 140_000_000  # twice over the limit; one string, so the test holds it once
+    with pytest.raises(jobs.InvalidArgumentsError,
+                       match=r"the arguments of the members and callbacks of task group \d+ are too large for Postgres"):
+        with jobs.group() as g:
+            g.enqueue(gj.member, half)
+            g.enqueue(gj.member, half)
+    with pytest.raises(jobs.InvalidArgumentsError,
+                       match="the arguments of the callbacks of a new task group are too large for Postgres"):
+        jobs.create_group(on_finish=gj.callback.request(half, half))
+    h = jobs.create_group()
+    with pytest.raises(jobs.InvalidArgumentsError,
+                       match=r"the arguments of aadd_many_to_group\(\)'s 2 jobs are too large for Postgres"):
+        await jobs.aadd_many_to_group(h.id, [(gj.member, [half]), (gj.member, [half])])
+    del half
+    assert q(groups_db, "SELECT id FROM livepush_groups") == [(h.id,)]
+    assert q(groups_db, "SELECT count(*) FROM livepush_jobs")[0][0] == 0
+    # A running member's ctx.group.enqueue alike: its job fails naming the arguments.
+    spawner = await h.aadd(gj.spawn_too_large)
+    await jobs.adrain()
+    info = jobs.get_job(spawner.id)
+    assert info is not None and info.state == "failed", info
+    assert info.error.startswith("InvalidArgumentsError: the arguments of g.callback are too large for Postgres"), \
+        info.error

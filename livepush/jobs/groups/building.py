@@ -11,6 +11,7 @@ How counting, sealing and finishing stay exactly-once under concurrency: queries
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -19,7 +20,7 @@ from typing import Any, Never
 from ...postgres.connect import cursor_on, translated, translated_on
 from ...postgres.text import BIGINT_MAX
 from .. import database
-from ..api.args import refuse_keywords
+from ..api.args import refuse_keywords, stored_whole
 from ..api.enqueue import (NO_OPTIONS, Batch, add_items, alook_for_script_runtimes, is_spec, look_for_script_runtimes,
                            run_at)
 from ..api.handles import NO_SUCH_ID, JobHandle, StateTopicHandle, checked_id
@@ -231,6 +232,11 @@ class GroupBuilder:
         self.members = [JobHandle(r["id"], r["name"]) for r in rows]
         self._written = True
 
+    def _stored(self) -> contextlib.AbstractContextManager[None]:
+        """Around the block's transaction: arguments too large for Postgres (args.stored_whole) are
+        the members' or the callbacks', written in the same transaction, so the error names both."""
+        return stored_whole(f"the arguments of the members and callbacks of task group {self._id}", plural=True)
+
     def _enter(self) -> None:
         if self._entered:
             raise GroupBlockError("a jobs.group() block runs once: make a new jobs.group(...) for another group")
@@ -254,7 +260,8 @@ class GroupBuilder:
         self._ended = True
         if exc_type is not None:
             return  # nothing was written; the reserved id stays unused
-        self._done(in_tx(self._steps, self._conn))
+        with self._stored():
+            self._done(in_tx(self._steps, self._conn))
         # Members and callbacks are enqueued too (enqueue.py says why).
         look_for_script_runtimes(self._batch, self._later)
 
@@ -279,7 +286,8 @@ class GroupBuilder:
         self._ended = True
         if exc_type is not None:
             return
-        self._done(await ain_tx(self._steps, self._conn))
+        with self._stored():
+            self._done(await ain_tx(self._steps, self._conn))
         await alook_for_script_runtimes(self._batch, self._later)
 
 
@@ -300,6 +308,11 @@ def agroup(on_finish: JobRequest | None = None, on_success: JobRequest | None = 
 
 # -- separate calls ----------------------------------------------------------------------------
 
+def _callbacks_stored() -> contextlib.AbstractContextManager[None]:
+    """Around create_group()'s transaction, whose only arguments are its callbacks'."""
+    return stored_whole("the arguments of the callbacks of a new task group", plural=True)
+
+
 def _create_steps(callbacks: dict[str, str | None], shards: int) -> steps.Steps[GroupHandle]:
     (row,) = yield steps.Query(gq.RESERVE_GROUP_ID, {})
     group_id = int(row["nextval"])
@@ -314,7 +327,8 @@ def create_group(on_finish: JobRequest | None = None, on_success: JobRequest | N
     """Create an open group, to fill with add_to_group() and close with seal_group() (in as many
     transactions as you like). It cannot finish before it is sealed."""
     cbs, n = _callbacks(on_finish, on_success, on_failure), _shards(shards)
-    made = in_tx(lambda: _create_steps(cbs, n), conn)
+    with _callbacks_stored():
+        made = in_tx(lambda: _create_steps(cbs, n), conn)
     look_for_script_runtimes(Batch(), _callback_jobs(on_finish, on_success, on_failure))
     return made
 
@@ -323,7 +337,8 @@ async def acreate_group(on_finish: JobRequest | None = None, on_success: JobRequ
                         on_failure: JobRequest | None = None, *, conn: Any = None,
                         shards: int = DEFAULT_SHARDS) -> GroupHandle:
     cbs, n = _callbacks(on_finish, on_success, on_failure), _shards(shards)
-    made = await ain_tx(lambda: _create_steps(cbs, n), conn)
+    with _callbacks_stored():
+        made = await ain_tx(lambda: _create_steps(cbs, n), conn)
     await alook_for_script_runtimes(Batch(), _callback_jobs(on_finish, on_success, on_failure))
     return made
 
@@ -391,21 +406,24 @@ def add_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wait: Seco
     held by an unfinished job, that job's handle is returned and it is not a member."""
     group_id = _group_id(group_id)
     batch = _one(group_id, fn, args, wait, at, key, tags, "add_to_group", unknown)
-    return _added(batch, in_tx(lambda: _add_many_steps(group_id, batch), conn))[0]
+    with batch.stored_whole("add_to_group"):
+        return _added(batch, in_tx(lambda: _add_many_steps(group_id, batch), conn))[0]
 
 
 def add_many_to_group(group_id: int, items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
     """Add many members in one transaction (items as for jobs.enqueue_many)."""
     group_id = _group_id(group_id)
     batch = _batch_of(group_id, items, "add_many_to_group")
-    return _added(batch, in_tx(lambda: _add_many_steps(group_id, batch), conn))
+    with batch.stored_whole("add_many_to_group"):
+        return _added(batch, in_tx(lambda: _add_many_steps(group_id, batch), conn))
 
 
 async def aadd_many_to_group(group_id: int, items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
     """add_many_to_group() for async code."""
     group_id = _group_id(group_id)
     batch = _batch_of(group_id, items, "aadd_many_to_group")
-    return await _aadded(batch, await ain_tx(lambda: _add_many_steps(group_id, batch), conn))
+    with batch.stored_whole("aadd_many_to_group"):
+        return await _aadded(batch, await ain_tx(lambda: _add_many_steps(group_id, batch), conn))
 
 
 async def aadd_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None,
@@ -413,7 +431,8 @@ async def aadd_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wai
                         tags: Sequence[str] | None = None, **unknown: Never) -> JobHandle:
     group_id = _group_id(group_id)
     batch = _one(group_id, fn, args, wait, at, key, tags, "aadd_to_group", unknown)
-    return (await _aadded(batch, await ain_tx(lambda: _add_many_steps(group_id, batch), conn)))[0]
+    with batch.stored_whole("aadd_to_group"):
+        return (await _aadded(batch, await ain_tx(lambda: _add_many_steps(group_id, batch), conn)))[0]
 
 
 def _seal_steps(group_id: int) -> steps.Steps[bool]:

@@ -89,7 +89,7 @@ class GroupContext:
         batch.add(fn, args, run_at(wait, at), self.id, queue, key=key, tags=tags)
         job = self._ctx.job
         publisher = getattr(self._ctx, "group_progress", None)
-        with translated(self._url):
+        with batch.stored_whole("ctx.group.enqueue"), translated(self._url):
             async with (await self._pool()).connection() as conn:
                 # With a publisher (a runtime's), it rings the add after the commit, coalesced.
                 rows = await steps.arun(conn, add_steps(self.id, batch, states=["open", "sealed"],
