@@ -1287,3 +1287,18 @@ async def test_sync_checkpoint_functions_run_side_by_side_up_to_the_runtimes_con
     async with running(concurrency=dj.TOGETHER):
         for h in handles:
             assert (await wait_state(h.id, "succeeded", timeout=30)).state == "succeeded"
+
+
+async def test_signal_data_too_large_to_store_is_refused_naming_it(durable_db: str) -> None:
+    """jobs.signal()/asignal() data past what one jsonb value holds (256 MiB) raises
+    InvalidArgumentsError naming it, and sends nothing: a DependencyError said Postgres had failed,
+    for a call that fails the same however often it is tried again."""
+    h = await dj.waiter.aenqueue("approval")
+    half = "x" * 140_000_000  # twice over the limit; one string, so the test holds it once
+    with pytest.raises(jobs.InvalidArgumentsError, match="data is too large for Postgres to store"):
+        jobs.signal(h.id, "approval", [half, half])
+    with pytest.raises(jobs.InvalidArgumentsError, match="data is too large for Postgres to store"):
+        await jobs.asignal(h.id, "approval", [half, half])
+    del half
+    assert q(durable_db, "SELECT count(*) FROM livepush_job_signals") == [(0,)]
+    await jobs.asignal(h.id, "approval", {"by": "ana"})  # the job still takes one

@@ -7,7 +7,7 @@ from typing import Any
 
 from ...errors import ArgumentValueError
 from ...postgres.text import unstorable
-from ..api.args import encode
+from ..api.args import encode, stored_whole
 from ..api.handles import NO_SUCH_ID, checked_id
 from ..errors import InvalidArgumentsError, JobFinishedError, JobNotFound, WorkflowStepSignalError
 from ..groups import steps
@@ -102,10 +102,12 @@ def signal(job_id: int, name: str, data: Any = None, *, conn: Any = None, key: s
     this job sends nothing (a retry after a lost reply) and returns the first one's id. Returns the
     signal's id."""
     job_id, name, text, key = _checked(job_id, name, data, key)
-    return in_tx(lambda: _send_steps(job_id, name, text, key), conn)
+    with stored_whole("data"):
+        return in_tx(lambda: _send_steps(job_id, name, text, key), conn)
 
 
 async def asignal(job_id: int, name: str, data: Any = None, *, conn: Any = None, key: str | None = None) -> int:
     """signal() for async code; `conn=` takes a psycopg AsyncConnection."""
     job_id, name, text, key = _checked(job_id, name, data, key)
-    return await ain_tx(lambda: _send_steps(job_id, name, text, key), conn)
+    with stored_whole("data"):
+        return await ain_tx(lambda: _send_steps(job_id, name, text, key), conn)
