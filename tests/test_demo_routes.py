@@ -3,6 +3,9 @@ through to the server's own routes, never raise."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from websockets.datastructures import Headers
 from websockets.http11 import Request
 
@@ -47,3 +50,21 @@ async def test_a_demo_action_needs_the_signs_of_its_own_page_not_only_no_sign_of
     assert await post(Sec_Fetch_Site="same-origin", Origin="https://evil.example") == 403
     assert await post(Sec_Fetch_Site="same-origin") == 400
     assert await post(Origin="http://127.0.0.1:8765") == 400
+
+
+async def test_the_demo_reads_a_workflow_run_on_its_loop_with_aget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workflow endpoints read the run with jobs.workflows.aget() on the demo's loop: they read
+    it with the sync get() in a worker thread, on a comment's word that get() had no async twin."""
+    from livepush.demo import jobs as demo_jobs
+    from livepush.demo import workflow
+    from livepush.jobs.workflows import operators
+
+    def sync_get(run_id: int) -> None:
+        raise AssertionError("the demo called the sync jobs.workflows.get()")
+
+    async def aget(run_id: int) -> dict[str, Any]:
+        return {"id": run_id, "name": demo_jobs.WORKFLOW}
+
+    monkeypatch.setattr(operators, "get", sync_get)
+    monkeypatch.setattr(operators, "aget", aget)
+    assert await workflow._run(7) == {"id": 7, "name": demo_jobs.WORKFLOW}
