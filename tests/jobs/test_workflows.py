@@ -1479,3 +1479,30 @@ def test_an_input_or_signal_too_large_to_store_is_refused_naming_it(flows_db: st
         jobs.workflows.signal(run.id, "approve", {"by": huge}, actor="ana")
     assert jobs.workflows.get(run.id)["audit"] == []  # type: ignore[index]
     jobs.workflows.signal(run.id, "approve", {"by": "ana"}, actor="ana")  # the step still takes one
+
+
+async def test_a_wait_that_runs_out_while_its_run_is_paused_times_out_at_the_resume(flows_db: str) -> None:
+    """A step's wait_timeout= counts while its run is paused: a wait that ran out meanwhile leaves
+    the run paused, and its on_timeout= applies as soon as the run is resumed (here the run is
+    cancelled), unless a signal came meanwhile, which the step then takes."""
+    async with running():
+        late, signalled = await wd.paused_timeout.astart(), await wd.paused_timeout.astart()
+        for run in (late, signalled):
+            await run_state(run.id, "waiting")
+            assert await jobs.workflows.apause(run.id, actor="ana")
+        step_jobs = [(await jobs.workflows.aget(r.id))["steps"]["approved"]["job"] for r in (late, signalled)]
+        # Woken by their deadlines, the steps' jobs stay queued: no runtime claims a paused run's.
+        await async_wait_for(lambda: q(flows_db, "SELECT bool_and(state = 'available') FROM livepush_jobs "
+                                                 "WHERE id = ANY(%s)", (step_jobs,))[0][0], 10,
+                             message="the steps' waits to run out")
+        for run in (late, signalled):
+            assert (await jobs.workflows.aget(run.id))["state"] == "paused"
+        await jobs.workflows.asignal(signalled.id, "approve", {"by": "bo"}, actor="bo")
+        for run in (late, signalled):
+            assert await jobs.workflows.aresume(run.id, actor="ana")
+        cancelled = await run_state(late.id, "cancelled")
+        done = await run_state(signalled.id, "succeeded")
+    assert "waited for signal 'approve'" in cancelled["error"] and "none came" in cancelled["error"]
+    assert [(a["verb"], a["actor"]) for a in cancelled["audit"]] == [
+        ("pause", "ana"), ("resume", "ana"), ("cancel", "step:approved")]
+    assert done["steps"]["approved"]["output"] == {"by": "bo"}

@@ -248,3 +248,12 @@ def maybe_spread(ctx: Any, batch: Any) -> None:
 @fan_verbs.step(after=["maybe_spread"])
 async def after_spread(ctx: Any) -> Any:
     return ctx.outputs.get("maybe_spread")
+
+
+# A wait that runs out while its run is paused: long enough to pause the run while it waits.
+paused_timeout = jobs.workflow("t_paused_timeout", queue="flows")
+
+
+@paused_timeout.step(wait_for="approve", wait_timeout=2, on_timeout="cancel")
+async def approved(ctx: Any) -> Any:
+    return ctx.signal
