@@ -294,6 +294,13 @@ async def child(ctx: Any, value: Any, fail: bool = False) -> Any:
     return {"child": value, "queue": ctx.job.queue}
 
 
+@jobs.job(name="d.too_large_children", max_attempts=1)
+async def too_large_children(ctx: Any) -> Any:
+    """Runs two children whose arguments together are past what one jsonb value holds."""
+    half = "x" * 140_000_000
+    return await ctx.run_children([child.request(half), child.request(half)])
+
+
 @jobs.job(name="d.child_elsewhere", queue="elsewhere", max_attempts=1)
 async def child_elsewhere(ctx: Any, value: Any) -> Any:
     return {"child": value, "queue": ctx.job.queue}

@@ -1302,3 +1302,15 @@ async def test_signal_data_too_large_to_store_is_refused_naming_it(durable_db: s
     del half
     assert q(durable_db, "SELECT count(*) FROM livepush_job_signals") == [(0,)]
     await jobs.asignal(h.id, "approval", {"by": "ana"})  # the job still takes one
+
+
+async def test_children_too_large_to_store_fail_their_parent_naming_them(durable_db: str) -> None:
+    """ctx.run_children() whose children's arguments are past what one jsonb value holds (256 MiB)
+    fails the parent's attempt with InvalidArgumentsError naming them, and creates no child: a
+    DependencyError said Postgres had failed, for children no retry can create."""
+    h = await dj.too_large_children.aenqueue()
+    async with running():
+        failed = await wait_state(h.id, "failed", timeout=30.0)
+    assert failed.error.startswith(f"InvalidArgumentsError: the arguments of job {h.id}'s 2 children are too large "
+                                   "for Postgres to store"), failed.error
+    assert q(durable_db, "SELECT count(*) FROM livepush_jobs") == [(1,)]

@@ -30,7 +30,7 @@ from psycopg.rows import dict_row
 from ...postgres.connect import translated
 from ...postgres.pools import aautocommitted
 from ...postgres.text import unstorable
-from ..api.args import dumps, encode
+from ..api.args import dumps, encode, stored_whole
 from ..api.enqueue import Batch, alook_for_script_runtimes
 from ...types import as_seconds
 from ..api.registry import REGISTRY, JobRequest
@@ -552,8 +552,12 @@ class DurableRun:
             requests = await make()
             if not requests:
                 return None
+            # Children whose arguments one jsonb value cannot hold: InvalidArgumentsError naming
+            # them (args.stored_whole), not an outage that a retry would meet again.
+            many = f"{len(requests)} children" if len(requests) > 1 else "child"
             try:
-                await self._park_tx(lambda now: self._spawn(call, requests, on_group))
+                with stored_whole(f"the arguments of job {self.ctx.job_id}'s {many}", plural=True):
+                    await self._park_tx(lambda now: self._spawn(call, requests, on_group))
             except Parked:
                 # The children are enqueued (committed with the park): a script's job among them
                 # warns as its enqueue does, on the queue _spawn put it on.
