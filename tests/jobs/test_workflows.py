@@ -578,6 +578,31 @@ async def test_two_workflows_of_one_name_each_run_their_steps(flows_db: str, mon
         assert step_states(await run_state(first.id, "succeeded", timeout=10.0)) == {"charge": "succeeded"}
 
 
+async def test_a_workflow_defined_after_its_runtime_started_runs_its_steps(
+        flows_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A workflow defined in a runtime's process after the runtime started (a module imported
+    later) has its steps claimed by that runtime, as a plain job defined late is: its steps' names
+    were read only at the start, so its runs stayed `running` with their first step `available`
+    for as long as the runtime ran."""
+    monkeypatch.setattr(REGISTRY, "_functions", dict(REGISTRY._functions))
+    monkeypatch.setitem(WORKFLOWS, "t_late_flow", None)
+    async with running(poll_interval=0.05) as rt:
+        flow = jobs.workflow("t_late_flow", queue="flows")  # its module imported now
+
+        @flow.step()
+        async def fetch(ctx: Any) -> str:
+            return "fetched"
+
+        @flow.step(after=["fetch"])
+        async def report(ctx: Any) -> str:
+            return f"reported {ctx.outputs['fetch']}"
+
+        run = await flow.astart()
+        done = await run_state(run.id, {"failed", "succeeded"}, timeout=10.0)
+        assert "t_late_flow.fetch" in rt.step_names
+    assert step_states(done) == {"fetch": "succeeded", "report": "succeeded"}
+
+
 @pytest.mark.parametrize("waits_at_start, waits_after_deploy", [(False, True), (True, False)])
 async def test_a_deploy_that_changes_a_steps_options_leaves_the_runs_in_flight_as_they_started(
         flows_db: str, monkeypatch: pytest.MonkeyPatch, waits_at_start: bool, waits_after_deploy: bool) -> None:

@@ -636,10 +636,7 @@ class Runtime:
         await limits.store(self._pool, self.registry)
         self._limits_written = written
         await self._read_limited(self._pool)
-        # Every step whose function is registered here, read from the registry: a workflow name
-        # defined twice (two modules) keeps the steps of both, and each one's runs go on.
-        self.step_names = [name for name in self.registry.names()
-                           if getattr(self.registry.find(name), "step_of", None) is not None]
+        self._read_step_names()
         # The heartbeat's first round (right after this) rescues what they held. Their progress
         # publishers' unflushed groups are rung by ours.
         if await maintenance.prune_gone_on_node(self._pool, self.id):
@@ -986,6 +983,7 @@ class Runtime:
             self._registry_seen = self.registry.changes
             self._hold_late_definitions(self._late_definitions())
             self._include_defined()
+            self._read_step_names()
         params: dict[str, Any] = {"excluded": sorted(self.excluded), "runtime_id": self.id}
         limited = [n for n in self.limited if n not in self.excluded]
         if len(limited) > 1:
@@ -1071,6 +1069,14 @@ class Runtime:
             self.excluded -= defined
             log.info("job names %s were defined after this job runtime gave their jobs back: claiming them again",
                      ", ".join(sorted(defined)))
+
+    def _read_step_names(self) -> None:
+        """Every step whose function is registered here, read from the registry: a workflow name
+        defined twice (two modules) keeps the steps of both, and each one's runs go on. Read at the
+        start and again when the registry counts new registrations, so that the steps of a
+        workflow defined later in this process (a module imported after the start) are claimed."""
+        self.step_names = [name for name in self.registry.names()
+                           if getattr(self.registry.find(name), "step_of", None) is not None]
 
     async def _release_unheard(self) -> None:
         """Give back (attempt not spent) the jobs a failed claim committed to this runtime without
