@@ -176,6 +176,29 @@ def test_a_concurrency_key_default_postgres_cannot_store_fails_at_declaration(li
             jobs.job(name=f"t.unstorable_key_{fn.__name__}", concurrency=("tenant", 1))(fn)
 
 
+def test_a_concurrency_key_default_too_large_to_index_fails_at_declaration(limits_db: str) -> None:
+    """A default longer than 500 characters as JSON, or more than 2,600 bytes of UTF-8 with the
+    job's name, was taken, and every call that left the parameter out was then refused at
+    enqueue. A ConfigError at the decorator naming the parameter, as for a default JSON cannot
+    hold; the longest default the enqueue takes is taken."""
+    async def long(ctx: Any, tenant: str = "t" * 600) -> None: ...
+
+    async def wide(ctx: Any, tenant: str = "\U0001d11e" * 498) -> None: ...  # 500 characters as JSON, 1,994 bytes
+
+    async def longest(ctx: Any, tenant: str = "é" * 498) -> None: ...  # 500 characters as JSON, 998 bytes
+
+    with pytest.raises(ConfigError, match=r"concurrency=\('tenant', 1\).*default of 'tenant'.*602 characters as "
+                                          r"JSON, more than 500"):
+        jobs.job(name="t.long_key_default", concurrency=("tenant", 1))(long)
+    wide_name = "t." + "\U0001d11e" * 160  # 642 bytes: 2,636 with the default
+    with pytest.raises(ConfigError, match=r"concurrency=\('tenant', 1\).*default of 'tenant'.*2636 bytes of UTF-8 "
+                                          r"together with the job's name, more than 2600"):
+        jobs.job(name=wide_name, concurrency=("tenant", 1))(wide)
+    assert "t.long_key_default" not in REGISTRY and wide_name not in REGISTRY
+    h = jobs.job(name="t.longest_key_default", concurrency=("tenant", 1))(longest).enqueue()
+    assert q(limits_db, "SELECT concurrency_key FROM livepush_jobs WHERE id = %s", (h.id,)) == [('"' + "é" * 498 + '"',)]
+
+
 @pytest.mark.parametrize("rate", ["1" + "0" * 400 + "/s", "1" + "0" * 400 + "/m", "100000000000/s"])
 def test_a_rate_too_large_to_count_fails_at_declaration(rate: str) -> None:
     """Taken, a rate of 10**11 a second (or one of 400 digits, read as infinity) gave a bucket

@@ -188,7 +188,7 @@ class JobFunction:
         _check_backoff(backoff)
         self.backoff = backoff
         # Claim limits (docs/jobs.md "Limits and paused queues"): runtimes store them at start.
-        self.limits: Limits = limits_of(func, concurrency, rate)
+        self.limits: Limits = limits_of(func, concurrency, rate, self.name)
         if self.limits.any:
             check_claim_entry(self.name, queue, "@jobs.job")
         self.schema = schema

@@ -102,23 +102,36 @@ class Limits:
             raise InvalidArgumentsError(f"the concurrency key {self.key_param!r} is missing from the arguments "
                                         f"{list(args)!r:.80}: pass it, by position, to every enqueue of {name}")
         try:
-            text = json.dumps(_one_number_kind(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            text = key_text(value)
         except ValueError:
             # An int longer than Python writes as text: refused naming the argument, as the
             # arguments' own encoding names it, not with json's bare ValueError.
             name_refused([args])
             raise
-        if len(text) > MAX_KEY_LENGTH:  # stored in an index, as key= is
-            raise InvalidArgumentsError(
-                f"the concurrency key {self.key_param!r} is {len(text)} characters as JSON, more than "
-                f"{MAX_KEY_LENGTH}: pass a shorter value (e.g. an id rather than the whole record)")
-        size = len(text.encode()) + len(name.encode())
-        if size > MAX_NAME_AND_KEY_BYTES:
-            raise InvalidArgumentsError(
-                f"the concurrency key {self.key_param!r} and the job's name are {size} bytes of UTF-8 together, "
-                f"more than {MAX_NAME_AND_KEY_BYTES} (an index entry holds them): pass a shorter value "
-                "(e.g. an id) or give the job a shorter name=")
+        too_large = key_too_large(text, name)
+        if too_large is not None:
+            raise InvalidArgumentsError(f"the concurrency key {self.key_param!r} {too_large}: pass a shorter value "
+                                        "(e.g. an id rather than the whole record), or give the job a shorter name=")
         return text
+
+
+def key_text(value: Any) -> str:
+    """A concurrency key as stored: its value as JSON text, one kind of number. ValueError for a
+    NaN or an infinity (no JSON), or an int longer than Python writes as text."""
+    return json.dumps(_one_number_kind(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False)
+
+
+def key_too_large(text: str, name: str) -> str | None:
+    """Why a key's JSON `text` cannot be stored for a job of `name` (it is an index entry, as key=
+    is, and one with the name while the job runs), said after the key's own name; None when it can."""
+    if len(text) > MAX_KEY_LENGTH:
+        return f"is {len(text)} characters as JSON, more than {MAX_KEY_LENGTH}"
+    size = len(text.encode()) + len(name.encode())
+    if size > MAX_NAME_AND_KEY_BYTES:
+        return (f"is {size} bytes of UTF-8 together with the job's name, more than {MAX_NAME_AND_KEY_BYTES} "
+                "(an index entry holds them)")
+    return None
 
 
 def check_claim_entry(name: str, queue: str, where: str) -> None:
@@ -145,8 +158,9 @@ def _key_params(func: Callable[..., Any], key_param: str) -> list[inspect.Parame
     return list(inspect.signature(func).parameters.values())[1:]
 
 
-def limits_of(func: Callable[..., Any], concurrency: Any, rate: Any) -> Limits:
-    """Check `concurrency=` and `rate=` of @jobs.job against the function's signature."""
+def limits_of(func: Callable[..., Any], concurrency: Any, rate: Any, name: str) -> Limits:
+    """Check `concurrency=` and `rate=` of @jobs.job against the function's signature, for a job
+    function named `name`."""
     max_running = key_param = key_index = None
     key_default: Any = _MISSING
     if concurrency is not None:
@@ -170,8 +184,7 @@ def limits_of(func: Callable[..., Any], concurrency: Any, rate: Any) -> Limits:
             # infinity, which json writes as the text NaN or Infinity, was stored as a key that
             # is no JSON, while the same value passed as the argument is refused at enqueue.
             try:
-                text = json.dumps(key_default, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                                  allow_nan=False)
+                text = key_text(key_default)
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"@jobs.job(concurrency=({key_param!r}, {max_running})): the default of "
                                   f"{key_param!r} is the concurrency key of calls that leave it out, stored as "
@@ -185,5 +198,11 @@ def limits_of(func: Callable[..., Any], concurrency: Any, rate: Any) -> Limits:
                                   f"{key_param!r} is the concurrency key of calls that leave it out, stored as "
                                   f"text, and it holds {bad}, which Postgres cannot store: give a default of "
                                   "valid text")
+            # Measured as each such call's key is (Limits.key_of): too large, it refused every one.
+            too_large = key_too_large(text, name)
+            if too_large is not None:
+                raise ConfigError(f"@jobs.job(concurrency=({key_param!r}, {max_running})): the default of "
+                                  f"{key_param!r} is the concurrency key of calls that leave it out, and it "
+                                  f"{too_large}: give a shorter default (e.g. an id), or the job a shorter name=")
     return Limits(max_running=max_running, rate=None if rate is None else parse_rate(rate),
                   key_param=key_param, key_index=key_index, key_default=key_default)
