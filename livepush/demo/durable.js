@@ -40,6 +40,26 @@ export async function postFrom(button, path) {
   }
 }
 
+// A line of the page that says what a section follows ("import 12: 200 jobs") or what its last
+// button did, which an error of one of its buttons replaces only for a while: the line comes back
+// once the page has reconnected (the demo is back, so "did not answer" no longer holds) or the
+// section's next request succeeded (`ok()`).
+export function noteOf(lp, el) {
+  let text = el.textContent;
+  let failed = false;
+  const ok = () => {
+    if (!failed) return;
+    failed = false;
+    el.textContent = text;
+  };
+  lp.on("status", (status) => { if (status === "open") ok(); });
+  return {
+    set(shown) { text = el.textContent = shown; failed = false; },
+    error(message) { el.textContent = message; failed = true; },
+    ok,
+  };
+}
+
 // What a section started, kept for this tab (sessionStorage), so that a reloaded page follows
 // it again: a durable import or a workflow run parked for approval would otherwise wait for an
 // Approve button the page no longer shows. A browser that keeps nothing just forgets.
@@ -64,6 +84,8 @@ export function setUpDurable(lp, state) {
   let lastWaitingStep = null;  // what the previous state waited for, to see a wake-up
   let parked = false;  // has it parked yet: every later run is a replay
   let askedForChildren = false;  // one request at a time for the children's group
+  const startedNote = noteOf(lp, $("durable-started"));
+  const approveNote = noteOf(lp, $("durable-approve-note"));
 
   const reset = (started) => {
     jobBinding?.unsubscribe();
@@ -78,7 +100,7 @@ export function setUpDurable(lp, state) {
     $("durable-note").textContent = "";
     $("durable-approve-row").hidden = true;
     $("durable-approve").disabled = false;
-    $("durable-approve-note").textContent = "";
+    approveNote.set("");
     $("durable-cancel").disabled = false;
     $("durable-children-box").hidden = true;
     $("durable-result-box").hidden = true;
@@ -181,7 +203,7 @@ export function setUpDurable(lp, state) {
     try {
       started = await postFrom($("durable-start"), `/demo/durable/start?n=${n}`);
     } catch (error) {
-      $("durable-started").textContent = error.message;
+      startedNote.error(error.message);
       return;
     }
     remember("durable", { ...started, n });
@@ -190,7 +212,7 @@ export function setUpDurable(lp, state) {
 
   const follow = (started, n) => {
     reset(started);
-    $("durable-started").textContent = `job ${started.job_id}: ${n} rows`;
+    startedNote.set(`job ${started.job_id}: ${n} rows`);
     // A new subscription's first message is the job's state as it stands: a reloaded page
     // shows it parked, woken or finished, as a page that never left does.
     jobBinding = bindProgress(lp, started.job_topic, $("durable-job"), { onUpdate: render });
@@ -206,9 +228,10 @@ export function setUpDurable(lp, state) {
     button.disabled = true;
     try {
       await post(`/demo/durable/cancel?job=${job}`);
+      if (state.durable.job === job) startedNote.ok();
     } catch (error) {
       if (state.durable.job !== job) return;
-      $("durable-started").textContent = error.message;
+      startedNote.error(error.message);
       button.disabled = FINAL_STATES.has(state.durable.state);
     }
   });
@@ -218,9 +241,9 @@ export function setUpDurable(lp, state) {
     button.disabled = true;
     try {
       await post(`/demo/durable/approve?job=${state.durable.job}`);
-      $("durable-approve-note").textContent = "approval sent";
+      approveNote.set("approval sent");
     } catch (error) {
-      $("durable-approve-note").textContent = error.message;
+      approveNote.error(error.message);
       button.disabled = false;
     }
   });

@@ -1,6 +1,6 @@
 // The demo page's script (served as a file: the page's Content-Security-Policy allows no inline script).
 import { LivePush, bindProgress } from "/livepush.js";
-import { post, postFrom, recall, remember, setUpDurable } from "/demo/durable.js";
+import { noteOf, post, postFrom, recall, remember, setUpDurable } from "/demo/durable.js";
 import { setUpWorkflow } from "/demo/workflow.js";
 
 const lp = new LivePush(location.origin.replace(/^http/, "ws") + "/");
@@ -13,6 +13,7 @@ setUpDurable(lp, window.livepushDemo);
 setUpWorkflow(lp, window.livepushDemo);
 
 const SLOTS = 5;
+const startedNote = noteOf(lp, document.getElementById("started"));
 let groupBinding = null;
 // One binding per job bar, the job it follows now: an import of thousands of jobs keeps five.
 let jobBindings = [];
@@ -23,7 +24,7 @@ document.getElementById("start").addEventListener("click", async () => {
   try {
     started = await postFrom(document.getElementById("start"), `/demo/start?n=${n}`);
   } catch (error) {
-    document.getElementById("started").textContent = error.message;
+    startedNote.error(error.message);
     return;
   }
   remember("import", { ...started, n });
@@ -38,9 +39,10 @@ cancelButton.addEventListener("click", async () => {
   cancelButton.disabled = true;
   try {
     await post(`/demo/cancel?group=${group}`);
+    if (window.livepushDemo.group === group) startedNote.ok();
   } catch (error) {
     if (window.livepushDemo.group !== group) return;
-    document.getElementById("started").textContent = error.message;
+    startedNote.error(error.message);
     cancelButton.disabled = window.livepushDemo.finished;
   }
 });
@@ -50,7 +52,7 @@ cancelButton.addEventListener("click", async () => {
 function followImport(started, n) {
   window.livepushDemo.finished = false;
   window.livepushDemo.group = started.group_id;
-  document.getElementById("started").textContent = `import ${started.group_id}: ${n} jobs`;
+  startedNote.set(`import ${started.group_id}: ${n} jobs`);
   cancelButton.disabled = false;
 
   if (groupBinding) groupBinding.unsubscribe();

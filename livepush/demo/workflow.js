@@ -3,7 +3,7 @@
 // batch has a bar of its own (its `group:<id>` topic); Approve, Pause, Resume and Cancel steer the run,
 // and the audit trail below says who did what.
 import { bindProgress } from "/livepush.js";
-import { post, postFrom, recall, remember } from "/demo/durable.js";
+import { noteOf, post, postFrom, recall, remember } from "/demo/durable.js";
 
 // The boxes, in the order they are drawn. "approval" is no step of its own: it is the signal
 // the report step waits for, drawn as a gate so that the wait can be seen (and approved).
@@ -29,6 +29,8 @@ export function setUpWorkflow(lp, state) {
   let auditBusy = false;  // one audit request in flight; another change asks again after it
   let auditAgain = false;
   let sawReportWaiting = false;
+  const startedNote = noteOf(lp, $("workflow-started"));
+  const actionNote = noteOf(lp, $("workflow-action-note"));
 
   const setNode = (name, nodeState, detail) => {
     const el = node(name);
@@ -51,7 +53,7 @@ export function setUpWorkflow(lp, state) {
     delete $("workflow-run-state").dataset.state;  // not the previous run's colour
     for (const name of NODES) setNode(name, "pending", "");
     $("workflow-note").textContent = "";
-    $("workflow-action-note").textContent = "";
+    actionNote.set("");
     $("workflow-approve").hidden = true;
     $("workflow-approve").disabled = false;
     $("workflow-pause").disabled = true;
@@ -220,7 +222,7 @@ export function setUpWorkflow(lp, state) {
     try {
       started = await postFrom($("workflow-start"), `/demo/workflow/start?n=${n}`);
     } catch (error) {
-      $("workflow-started").textContent = error.message;
+      startedNote.error(error.message);
       return;
     }
     remember("workflow", { ...started, n });
@@ -230,7 +232,7 @@ export function setUpWorkflow(lp, state) {
   // The run's topic starts with a snapshot of the run as it stands: a reloaded page draws it.
   const follow = (started, n) => {
     reset(started);
-    $("workflow-started").textContent = `run ${started.run_id}: ${n} rows`;
+    startedNote.set(`run ${started.run_id}: ${n} rows`);
     subscription = subscribe(started.run_topic, started.run_id);
   };
   const earlier = recall("workflow");
@@ -246,11 +248,11 @@ export function setUpWorkflow(lp, state) {
       try {
         await post(`/demo/workflow/${verb}?run=${w.run}`);
         if (!current(w.run)) return;
-        $("workflow-action-note").textContent = done;
+        actionNote.set(done);
         if (verb === "approve") { w.approved = true; draw(); }
         refreshAudit(w.run);
       } catch (error) {
-        $("workflow-action-note").textContent = error.message;
+        actionNote.error(error.message);
         draw();  // the buttons as the run's state says, not as the click left them
       }
     });

@@ -342,11 +342,9 @@ async def test_the_demo_page_connects_whatever_the_environment_says_about_origin
     assert f"ignores LIVEPUSH_{next(iter(setting)).upper()}" in demo.child.stderr(), demo.child.output()
 
 
-async def test_a_start_pressed_while_the_demo_is_down_says_so_and_works_once_it_is_back(page: Page, demo: Demo) -> None:
-    """Each Start button pressed while the demo process is stopped says on the page that the
-    demo did not answer, instead of doing nothing; pressed again once the demo is back, the
-    import starts and finishes."""
-    await open_demo(page, demo)
+async def press_each_start_while_the_demo_is_down(page: Page, demo: Demo) -> None:
+    """Stops the demo, presses each Start button and sees its line say that the demo did not
+    answer, then starts the demo again and waits for the page to reconnect."""
     await demo.stop()
     for button, note in [("#start", "#started"), ("#durable-start", "#durable-started"),
                          ("#workflow-start", "#workflow-started")]:
@@ -355,9 +353,39 @@ async def test_a_start_pressed_while_the_demo_is_down_says_so_and_works_once_it_
                                      arg=note)
     await demo.start()
     await page.wait_for_function("() => window.livepushDemo.lp.status === 'open'", timeout=IMPORT_TIMEOUT_MS)
+
+
+async def test_a_start_pressed_while_the_demo_is_down_says_so_and_works_once_it_is_back(page: Page, demo: Demo) -> None:
+    """Each Start button pressed while the demo process is stopped says on the page that the
+    demo did not answer, instead of doing nothing; pressed again once the demo is back, the
+    import starts and finishes."""
+    await open_demo(page, demo)
+    await press_each_start_while_the_demo_is_down(page, demo)
     await start_import(page, 3)
     await page.wait_for_function("() => window.livepushDemo.finished === true", timeout=IMPORT_TIMEOUT_MS)
     await assert_page_shows_finished(page, 3)
+
+
+async def test_an_error_a_button_showed_while_the_demo_was_down_gives_way_once_the_page_reconnects(
+        page: Page, demo: Demo) -> None:
+    """Each section's label ("import N: ...") that a Start pressed while the demo was stopped
+    replaced with "did not answer" comes back once the demo is back and the page has reconnected,
+    with no other click: the error no longer holds, and the label says what the section follows."""
+    await open_demo(page, demo)
+    labels: dict[str, str | None] = {}
+    for field, button, note, shown in [("#n", "#start", "#started", "import "),
+                                       ("#durable-n", "#durable-start", "#durable-started", "job "),
+                                       ("#workflow-n", "#workflow-start", "#workflow-started", "run ")]:
+        await page.fill(field, "1")
+        await page.click(button)
+        await page.wait_for_function("([note, shown]) => document.querySelector(note).textContent.startsWith(shown)",
+                                     arg=[note, shown])
+        labels[note] = await page.text_content(note)
+    await press_each_start_while_the_demo_is_down(page, demo)
+    await page.wait_for_function(
+        "(labels) => Object.entries(labels).every(([note, label]) => document.querySelector(note).textContent === label)",
+        arg=labels)
+
 
 async def test_an_import_cancelled_on_the_demo_page_stops_and_shows_cancelled(page: Page, demo: Demo) -> None:
     """Cancel import pressed while the import runs: its queued jobs never run, the group's bar
