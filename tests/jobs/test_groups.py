@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import re
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -671,6 +672,33 @@ async def test_cancel_group(groups_db: str) -> None:
     assert set(names[names.index("cancelled"):-1]) == {"cancelled"}, names
     with pytest.raises(jobs.GroupClosedError):
         jobs.add_to_group(g.handle.id, gj.member, 1)
+
+
+async def test_a_group_cancel_is_one_log_line_for_its_running_members_not_one_each(
+        groups_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The cancel of a group whose members run in one runtime is one INFO line there, naming how
+    many jobs it stops (their ids at DEBUG): a line per job filled an operator's terminal with
+    hundreds of lines for one cancel of a big group. A lone job's cancel names the job."""
+    caplog.set_level(logging.DEBUG, logger="livepush.jobs")
+    with jobs.group() as g:
+        for _ in range(6):
+            g.enqueue(gj.wait_flag, "never")
+    async with running(concurrency=7) as rt:
+        lone = await gj.wait_flag.aenqueue("never")
+        await async_wait_for(lambda: lone.id in rt.in_hand, 10, message="the lone job in hand")
+        assert await asyncio.to_thread(jobs.cancel, lone.id)
+        await async_wait_for(lambda: lone.id not in rt.in_hand, 10, message="the lone job to stop")
+        await async_wait_for(lambda: len(rt.in_hand) == 6, 10, message="the group's six members in hand")
+        ids = sorted(rt.in_hand)
+        assert await asyncio.to_thread(jobs.cancel_group, g.handle.id)
+        view = await finished(g.handle.id)
+    assert (view["state"], view["cancelled"]) == ("cancelled", 6), view
+    told = [(r.levelname, r.getMessage()) for r in caplog.records if "cancel requested" in r.getMessage()]
+    assert told == [
+        ("INFO", f"cancel requested: stopping job {lone.id} at its next await or progress call"),
+        ("INFO", "cancel requested: stopping 6 jobs in hand at their next await or progress call"),
+        ("DEBUG", f"cancel requested: the jobs in hand told to stop: {', '.join(map(str, ids))}"),
+    ], told
 
 
 def test_a_group_cancelled_after_every_member_succeeded_runs_on_failure_not_on_success(groups_db: str) -> None:

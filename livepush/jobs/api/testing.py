@@ -136,8 +136,7 @@ async def _beat(rt: Runtime) -> None:
         await asyncio.sleep(rt.heartbeat)
         try:
             await maintenance.beat(rt._pool, rt.info)
-            for job_id in await maintenance.cancel_requests(rt._pool, rt.id):
-                rt._cancel_local(job_id)
+            rt._cancel_confirmed(await maintenance.cancel_requests(rt._pool, rt.id))
         except (psycopg.Error, DependencyError) as exc:
             reraise_if_cancelled()
             log.warning("drain(): heartbeat failed (%s); trying again next beat", exc)

@@ -869,21 +869,32 @@ class Runtime:
                 reraise_if_cancelled()
                 self._failures.warning("could not check cancel requests (%s); the heartbeat checks them again", exc)
                 return
-            for job_id in confirmed:
-                self._cancel_local(job_id)
+            self._cancel_confirmed(confirmed)
 
-    def _cancel_local(self, job_id: int) -> None:
+    def _cancel_confirmed(self, job_ids: Iterable[int]) -> None:
+        """Tell the jobs in hand among `job_ids`, whose rows say their cancel was requested, to
+        stop. One INFO line for all of them (their ids at DEBUG): a group's cancel confirms
+        hundreds at once, and a line each buried everything else the runtime said."""
+        told = [job_id for job_id in job_ids if self._cancel_local(job_id)]
+        if len(told) == 1:
+            log.info("cancel requested: stopping job %s at its next await or progress call", told[0])
+        elif told:
+            log.info("cancel requested: stopping %d jobs in hand at their next await or progress call", len(told))
+            log.debug("cancel requested: the jobs in hand told to stop: %s", ", ".join(map(str, sorted(told))))
+
+    def _cancel_local(self, job_id: int) -> bool:
+        """Tell the job `job_id` to stop; whether it was told now (not already, and in hand)."""
         entry = self.in_hand.get(job_id)
         if entry is None:
             if not self._claim_returned.is_set():  # confirmed before the claim that took it returned: see _claim
                 self._heard_while_claiming.add(job_id)
-            return
+            return False
         if entry.ctx.cancel_requested:
-            return
+            return False
         entry.ctx.cancel_requested = True
-        log.info("job %s: cancel requested; stopping it at its next await or progress call", job_id)
         if entry.is_async:
             self._stop_async(entry)
+        return True
 
     # -- producer -----------------------------------------------------------------------------
     async def _produce(self) -> None:
@@ -1297,8 +1308,7 @@ class Runtime:
                     # that set `since`, which holds for that beat only: a rescue that runs after a
                     # later beat prunes nobody (maintenance.rescue).
                     self._rescuing = asyncio.create_task(self._rescue(since, beat_at), name="livepush-jobs-rescue")
-                for job_id in await maintenance.cancel_requests(pool, self.id):
-                    self._cancel_local(job_id)
+                self._cancel_confirmed(await maintenance.cancel_requests(pool, self.id))
                 if len(self.in_hand) != last_in_hand and (self._state_publish is None or self._state_publish.done()):
                     last_in_hand = len(self.in_hand)
                     # Not awaited: a fan-out that does not answer (Redis frozen, or cut off with its
