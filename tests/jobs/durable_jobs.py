@@ -198,6 +198,33 @@ def misuse_sync(ctx: Any, how: str) -> Any:
     return ctx.run_children(5)
 
 
+ARGUMENT_REFUSALS = ("enqueue of a date", "enqueue of too many arguments", "run_child of a date",
+                     "run_children of too many arguments", "own TypeError")
+
+
+@jobs.job(name="d.refused_arguments", max_attempts=3, backoff=lambda attempt: 0.0)
+async def refused_arguments(ctx: Any, how: str) -> Any:
+    """A call whose arguments livepush refuses (InvalidArgumentsError), after code that records each
+    run; or the job's own TypeError, which a retry may not meet again."""
+    await body(ctx, "between")
+    if how == "enqueue of a date":
+        return await child.aenqueue(datetime.date(2026, 1, 2))
+    if how == "enqueue of too many arguments":
+        return await child.aenqueue(1, False, "one too many")
+    if how == "run_child of a date":
+        return await ctx.run_child(child.request({"at": datetime.date(2026, 1, 2)}))
+    if how == "run_children of too many arguments":
+        return await ctx.run_children([child.request(1), child.request(2, False, "one too many")])
+    raise TypeError("the job's own mistake, maybe not the next attempt's")
+
+
+@jobs.job(name="d.refused_arguments_sync", max_attempts=3, backoff=lambda attempt: 0.0)
+def refused_arguments_sync(ctx: Any) -> Any:
+    """A sync job's enqueue of arguments that are not JSON, after code that records each run."""
+    body_sync(ctx.job_id, ctx.attempt, "between")
+    return child.enqueue(datetime.date(2026, 1, 2))
+
+
 @jobs.job(name="d.twice", max_attempts=3)
 async def twice(ctx: Any) -> None:
     await ctx.checkpoint("same", body, ctx, "same")

@@ -69,6 +69,13 @@ async def spawn_too_large(ctx: Any) -> None:
     await ctx.group.enqueue(callback, "too large", half, half)
 
 
+@jobs.job(name="g.spawn_unfit", max_attempts=3, backoff=lambda attempt: 0.0)
+async def spawn_unfit(ctx: Any) -> None:
+    """Adds to its own group a member whose arguments are not JSON (a set), after noting each run."""
+    await note(ctx, "between", "unfit")
+    await ctx.group.enqueue(member, {1, 2})
+
+
 @jobs.job(name="g.spawner_sync")
 def spawner_sync(ctx: Any, n: int, key: Any = None) -> None:
     for i in range(n):

@@ -527,6 +527,39 @@ async def test_a_sync_jobs_durable_call_made_wrongly_fails_the_job_at_once(durab
     assert bodies(durable_db, h.id) == ["between"]
 
 
+@pytest.mark.parametrize("how", [r for r in dj.ARGUMENT_REFUSALS if r != "own TypeError"])
+async def test_arguments_livepush_refuses_in_a_job_fail_it_at_once(durable_db: str, how: str) -> None:
+    """An enqueue, run_child or run_children whose arguments livepush refuses (not JSON, more than
+    the target takes) is refused the same way on every attempt: the job fails on its first with
+    InvalidArgumentsError, rather than run its code again for retries that cannot succeed."""
+    async with running():
+        h = await dj.refused_arguments.aenqueue(how)
+        failed = await wait_state(h.id, "failed")
+    assert (failed.error or "").startswith("InvalidArgumentsError: "), failed.error
+    assert failed.attempt == 1, failed.error
+    assert bodies(durable_db, h.id) == ["between"]
+
+
+async def test_arguments_livepush_refuses_in_a_sync_job_fail_it_at_once(durable_db: str) -> None:
+    """The same in a sync job."""
+    async with running():
+        h = await dj.refused_arguments_sync.aenqueue()
+        failed = await wait_state(h.id, "failed")
+    assert (failed.error or "").startswith("InvalidArgumentsError: "), failed.error
+    assert failed.attempt == 1, failed.error
+    assert bodies(durable_db, h.id) == ["between"]
+
+
+async def test_a_jobs_own_type_error_is_retried(durable_db: str) -> None:
+    """The job's own TypeError is retried as any other error: livepush cannot tell that the next
+    attempt meets it."""
+    async with running():
+        h = await dj.refused_arguments.aenqueue("own TypeError")
+        failed = await wait_state(h.id, "failed")
+    assert failed.attempt == 3, failed.error
+    assert bodies(durable_db, h.id) == ["between"] * 3
+
+
 @pytest.mark.parametrize("how", ["own ValueError", "jobs.signal of an empty name"])
 async def test_other_value_errors_of_a_durable_job_are_retried(durable_db: str, how: str) -> None:
     """The job's own ValueError, and an argument error of a livepush call that is no durable ctx

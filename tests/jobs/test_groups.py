@@ -1195,6 +1195,18 @@ async def test_a_runtime_cancels_orphaned_children_in_its_own_database_not_the_p
     assert mine is not None and (mine["state"], mine["pending"]) == ("sealed", 1), mine
 
 
+async def test_a_members_add_of_arguments_livepush_refuses_fails_it_at_once(groups_db: str) -> None:
+    """A member's ctx.group.enqueue of arguments that are not JSON is refused the same way on every
+    attempt: the member fails on its first with InvalidArgumentsError, not after max_attempts."""
+    h = jobs.create_group()
+    spawner = await h.aadd(gj.spawn_unfit)
+    await jobs.adrain()
+    info = jobs.get_job(spawner.id)
+    assert info is not None and info.state == "failed", info
+    assert info.error.startswith("InvalidArgumentsError: "), info.error
+    assert info.attempt == 1, info.error
+
+
 def test_retention(groups_db: str) -> None:
     """Maintenance deletes finished lone jobs and finished groups (with members and callbacks)
     past the retention time, payloads with their jobs; a member of an unfinished group stays."""

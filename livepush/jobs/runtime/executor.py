@@ -30,6 +30,7 @@ from ..errors import (
     DuplicateStepError,
     GroupClosedError,
     GroupLimitError,
+    InvalidArgumentsError,
     InvalidResultError,
     JobCancelled,
     Parked,
@@ -61,9 +62,11 @@ class Outcome:
 # Failures that a retry would meet again, unchanged: the same code returns the same thing, and a
 # replay finds the same stored facts (a child's failure, a signal's timeout, a stored input); a
 # task group never loses members, so an add past its limit is refused again; and a group never
-# opens again once sealed, cancelled or finished, so an add it refused is refused again.
+# opens again once sealed, cancelled or finished, so an add it refused is refused again; and
+# livepush refuses the same arguments the same way (an enqueue, a child, a group's add, a fan-out
+# batch of ones that are not JSON, too large, or more than the target takes) on every attempt.
 NEVER_RETRIED = (CheckpointInputConflict, ChildFailed, DuplicateStepError, GroupClosedError, GroupLimitError,
-                 InvalidResultError, ReplayMismatch, SignalTimeout, WorkflowStepWaitError)
+                 InvalidArgumentsError, InvalidResultError, ReplayMismatch, SignalTimeout, WorkflowStepWaitError)
 
 # A retry is never put off longer than this, whatever a job's own backoff= says (a huge or
 # infinite delay would not fit Postgres' interval and fail the completer's whole batch).
