@@ -1207,6 +1207,25 @@ async def test_a_members_add_of_arguments_livepush_refuses_fails_it_at_once(grou
     assert info.attempt == 1, info.error
 
 
+async def test_a_big_sweep_of_orphaned_child_groups_is_a_short_info_line_with_every_id_at_debug(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A sweep that cancels many orphaned child groups says how many at INFO with the first few
+    ids, not every id in one enormous line; every id is in a DEBUG line beside it."""
+    swept = list(range(1001, 1101))
+
+    async def cancelled(pool: Any, sql: str, params: dict[str, Any]) -> list[int]:
+        return swept
+
+    monkeypatch.setattr(maintenance, "_cancel_groups", cancelled)
+    with caplog.at_level(logging.DEBUG, logger="livepush.jobs"):
+        assert await maintenance.cancel_orphaned_children(None) == swept  # type: ignore[arg-type]
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    debugs = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert len(infos) == 1 and "100 " in infos[0] and "1001, 1002" in infos[0], infos
+    assert "1100" not in infos[0] and len(infos[0]) < 200, infos
+    assert any(all(str(gid) in line for gid in swept) for line in debugs), debugs
+
+
 def test_retention(groups_db: str) -> None:
     """Maintenance deletes finished lone jobs and finished groups (with members and callbacks)
     past the retention time, payloads with their jobs; a member of an unfinished group stays."""

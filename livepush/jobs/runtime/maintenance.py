@@ -36,6 +36,7 @@ DEFAULT_RETENTION = 7 * 24 * 3600.0  # seconds a finished job or group is kept
 PRUNE_BATCH = 1000  # rows per delete statement
 PRUNE_MAX_BATCHES = 20  # per maintenance run: a backlog is worked off over several runs
 UNRUNG_LIMIT = 10_000  # groups re-rung after runtimes were found dead (one flush of the publisher)
+SWEEP_IDS_SHOWN = 5  # group ids a sweep's INFO line names; every id goes to DEBUG
 # Seconds after its mark that a task group's cancel still not through its members is taken for
 # cut off (its caller gone) and completed by the housekeeping: a cancel of the largest group runs
 # its chunks in a few seconds, and one still under way is its caller's to finish.
@@ -239,7 +240,13 @@ async def cancel_orphaned_children(pool: AsyncConnectionPool, limit: int = 100) 
     nobody will read them, and their members would otherwise run to their end. Returns them."""
     ids = await _cancel_groups(pool, gq.ORPHANED_CHILD_GROUPS, {"limit": limit})
     if ids:
-        log.info("cancelled the groups of children whose parent job had finished: %s", ids)
+        # A count and the first few at INFO: a big sweep's every id made one enormous line.
+        shown = ", ".join(map(str, ids[:SWEEP_IDS_SHOWN]))
+        more = f" and {len(ids) - SWEEP_IDS_SHOWN} more" if len(ids) > SWEEP_IDS_SHOWN else ""
+        log.info("cancelled %d group%s of children whose parent job had finished: %s%s", len(ids),
+                 "" if len(ids) == 1 else "s", shown, more)
+        if more:
+            log.debug("cancelled the groups of children whose parent job had finished: %s", ", ".join(map(str, ids)))
     return ids
 
 
