@@ -396,6 +396,18 @@ def test_a_session_setting_it_cannot_use_is_an_error_naming_it(name: str, value:
     assert [m.id for m in found] == ["livepush.E003"] and name in found[0].msg
 
 
+def test_a_subject_module_that_fails_at_import_is_an_error_naming_the_setting_path_and_exception() -> None:
+    """A LIVEPUSH_SESSION_SUBJECT whose module raises something else than ImportError while it is
+    imported (a NameError in the site's own code) is reported as livepush.E003 naming the setting,
+    the path and the exception, not a traceback that stops `manage.py check` before any report."""
+    path = "tests.contrib.django_broken_subjects.subject"
+    with override_settings(LIVEPUSH_SESSION_SUBJECT=path):
+        found = livepush_messages()
+    assert [m.id for m in found] == ["livepush.E003"], found
+    assert "LIVEPUSH_SESSION_SUBJECT" in found[0].msg and path in found[0].msg, found[0].msg
+    assert "NameError: name 'SITE_PREFIX' is not defined" in found[0].msg, found[0].msg
+
+
 def test_a_web_server_with_the_session_middleware_does_not_start_without_the_secret() -> None:
     """Every signed-in request needs the secret: the server's start (WSGIHandler(), as gunicorn,
     uwsgi and runserver make it) fails with ConfigError naming LIVEPUSH_SECRET, not each request."""

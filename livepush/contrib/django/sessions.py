@@ -121,6 +121,12 @@ def _subject_function(path: str) -> Callable[[Any], object]:
         raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT = {path!r:.100} does not import ({what_raised(exc)}): "
                                    "name the function as 'package.module.function', importable from the "
                                    "web processes") from exc
+    except Exception as exc:  # noqa: BLE001 - the site's own module: any error in it, at its import
+        # Let through, a NameError in the site's code stopped `manage.py check` with a traceback
+        # before it reported anything, where this setting's other mistakes are livepush.E003.
+        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT = {path!r:.100} failed while its module was imported "
+                                   f"({what_raised(exc)}): fix that error in the module, or name another "
+                                   "function") from exc
     if not callable(found):
         raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT = {path!r:.100} names {found!r:.60}, which is no "
                                    "function: name a function of the user that returns its subject")
