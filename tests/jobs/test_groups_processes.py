@@ -71,13 +71,18 @@ def test_kill_9_in_the_middle_of_a_group(groups_db: str, start_runtime: Callable
     """kill -9 of a runtime mid-group: its members are rescued and rerun elsewhere, the group
     still finishes with exact counts, and each callback runs once."""
     with jobs.group(on_finish=gj.callback.request("fin"), on_success=gj.callback.request("ok")) as g:
-        for i in range(300):
+        for i in range(284):
             g.enqueue(gj.slow, 0.05, i)
+        # Claimed last (claim order is by id), these hold the victim's 16 slots until the rescue:
+        # the victim cannot finish the group however late a loaded machine delivers the kill.
+        for _ in range(16):
+            g.enqueue(gj.wait_flag, "go")
     victim = start_runtime("--concurrency", "16")
     wait_for(lambda: q(groups_db, "SELECT count(*) FROM job_runs")[0][0] >= 60, 30.0)
     victim.kill()
     assert q(groups_db, "SELECT count(*) FROM livepush_jobs WHERE group_id = %s AND state = 'running'",
              (g.handle.id,))[0][0] > 0, "the kill should leave members running"
+    q(groups_db, "INSERT INTO job_flags VALUES ('go')")
     rescuer = start_runtime("--concurrency", "16")
     wait_for(lambda: (jobs.get_group(g.handle.id) or {}).get("finished_at"), 60.0, interval=0.2,
              message="the group to finish")
