@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 from typing import Any
 
 import pytest
@@ -34,11 +35,42 @@ async def _same(i: int) -> int:
     return i
 
 
+class Frames:
+    """A count of the frames a reading client got, that a job in another thread can wait on."""
+
+    def __init__(self) -> None:
+        self._got = 0
+        self._changed = threading.Condition()
+
+    def got(self) -> None:
+        with self._changed:
+            self._got += 1
+            self._changed.notify_all()
+
+    def count(self) -> int:
+        with self._changed:
+            return self._got
+
+    def wait_past(self, count: int, timeout: float) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: self._got > count, timeout)
+
+
+# The reader that t.slow.checkpoints waits for, when a test sets one.
+READER_FRAMES: Frames | None = None
+
+
 @jobs.job(name="t.slow.checkpoints", queue="slow-clients")
 async def checkpoints(ctx: Any, n: int) -> int:
-    """n checkpoints, each a new version of the job's state topic."""
+    """n checkpoints, each a new version of the job's state topic. With READER_FRAMES set, each
+    waits for the reader to get a frame after the one before: the server reads each version alone
+    and sends it, where at its own pace it reads every few and sends the newest, more or fewer by
+    the machine's load."""
     for i in range(n):
+        before = READER_FRAMES.count() if READER_FRAMES is not None else 0
         await ctx.checkpoint(f"step {i:04d} {PAD}", _same, i)
+        if READER_FRAMES is not None:
+            await asyncio.to_thread(READER_FRAMES.wait_past, before, 10.0)  # a hang guard: go on regardless
     return n
 
 
@@ -75,11 +107,13 @@ def count(action: str) -> float:
 LOCAL_ONLY = pytest.mark.parametrize("fanout_kind", ["local"])
 
 
-async def read_to_the_end(client: WSClient) -> list[dict[str, Any]]:
-    """A job topic's frames up to its final state."""
+async def read_to_the_end(client: WSClient, counted: Frames | None = None) -> list[dict[str, Any]]:
+    """A job topic's frames up to its final state (each counted in `counted`)."""
     frames: list[dict[str, Any]] = []
     while not frames or frames[-1]["data"]["event"] != "succeeded":
         frames.extend(await client.messages(1, timeout=30))
+        if counted is not None:
+            counted.got()
     return frames
 
 
@@ -93,8 +127,17 @@ async def test_a_client_that_stops_reading_on_a_job_gets_the_newest_states_then_
     slow.ws.transport.pause_reading()
     conflated = count("conflated")
 
-    reading = asyncio.ensure_future(read_to_the_end(reader))
-    outcome = await asyncio.to_thread(jobs.drain, ["slow-clients"])
+    # The job keeps pace with the reader: the server sends about each of its 1,000 states, far
+    # more than the slow client's kernel holds, whatever the load. At the server's own pace a
+    # loaded machine sent 305 of them, too few to tell, and a lighter load fewer than the kernel
+    # holds, with nothing left to replace.
+    global READER_FRAMES
+    READER_FRAMES = Frames()
+    try:
+        reading = asyncio.ensure_future(read_to_the_end(reader, READER_FRAMES))
+        outcome = await asyncio.to_thread(jobs.drain, ["slow-clients"])
+    finally:
+        READER_FRAMES = None
     assert outcome.get("succeeded") == 1, (outcome, await jobs.aget_job(handle.id))
     read = await asyncio.wait_for(reading, 30)
     await async_wait_for(lambda: count("conflated") > conflated, 10, message="the server to replace a waiting state")
