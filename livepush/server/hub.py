@@ -173,6 +173,9 @@ class _Topic:
     # The listener came back during the read round under way, whose reads may have answered from
     # before the gap: what was published while nobody listened rang nothing, so read once more.
     resynced: bool = False
+    # Loop time before which a doorbell waits to be read: a round that found nothing pauses the
+    # next read whenever its doorbell comes, not only when it came during the round.
+    quiet_until: float = 0.0
 
     @property
     def idle(self) -> bool:
@@ -350,7 +353,12 @@ class Hub:
     def _start_read(self, t: _Topic) -> None:
         if not t.reading:
             t.reading = True
-            self._queue_read(t, new_round=True)
+            wait = t.quiet_until - asyncio.get_running_loop().time()
+            if wait > 0:
+                # Doorbells that come meanwhile are served by this read (it reads to the log's end).
+                asyncio.get_running_loop().call_later(wait, self._read_again, t)
+            else:
+                self._queue_read(t, new_round=True)
 
     def _queue_read(self, t: _Topic, *, new_round: bool) -> None:
         """Read `t` in the next batch: a new round (after which pending messages and doorbells
@@ -491,6 +499,8 @@ class Hub:
                 self._emit(t, m.offset, m.data_json, key, m.at)
             else:
                 t.wanted = max(t.wanted, key)
+        if not (t.found or t.resynced):
+            t.quiet_until = asyncio.get_running_loop().time() + EMPTY_READ_PAUSE
         if t.idle or (t.wanted <= t.cursor_key and not t.resynced):
             self._stop_reading(t)  # what every doorbell named is delivered
         elif t.found or t.resynced:
