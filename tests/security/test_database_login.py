@@ -137,9 +137,15 @@ async def test_a_doorbell_ahead_of_history_costs_a_bounded_number_of_reads(serve
     await nothing_within(client)
     assert 1 <= reads.count <= 2, reads.count
     reads.count = 0
+    loop = asyncio.get_running_loop()
+    flood_started = loop.time()
     await anotify(nobody_url, "livepush", *[f"{epoch}-{seq + 1 + i} room:flood" for i in range(300)])
+    flooded = loop.time() - flood_started
     await nothing_within(client, 1.0)
-    assert reads.count <= 25, reads.count  # coalesced, with a pause after each read that found nothing
+    # Coalesced, with a pause after each read that found nothing: one read per pause while the
+    # flood lasts (which a loaded machine stretches: a fixed bound failed it), one for the rings
+    # of the last pause, and the one that follows it.
+    assert reads.count <= 3 + flooded / EMPTY_READ_PAUSE, (reads.count, flooded)
     await client.close()
 
 
