@@ -15,7 +15,7 @@ from redis.exceptions import AuthenticationError
 
 from livepush import sessions
 from livepush.cli import logs
-from livepush.jobs.runtime.repeats import Repeats
+from livepush.repeats import Repeats
 from tests.jobs.conftest import registered
 from tests.support import services
 from tests.support.waiting import wait_for

@@ -9,7 +9,10 @@ and one that raises is logged while the next frame is delivered as usual.
 A quiet connection is PINGed every `heartbeat` seconds and called lost after three silent
 beats (a dead peer without a reset looks quiet too). On loss it reconnects with capped,
 jittered backoff, subscribes again, and then runs each channel's resync handler. `listening`
-is False while it is away (drives /healthz).
+is False while it is away (drives /healthz). A loss is said in a line when it starts and one when
+it ends, but a subscription that Redis closed and took back at the first attempt (Redis stayed
+up: a CLIENT KILL, the pub/sub output limit) in one line naming those causes, at most once a
+minute: a limit below the size of a burst closes it at every burst.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ..channels import Channels, Resync
 from ..errors import ListenError
+from ..repeats import Repeats
 from ..tasks import Backoff, stop
 from .client import client_kwargs, failed, no_retries, one_line, own_url, redact, text
 
@@ -42,6 +47,9 @@ RETRY_LOG_SECONDS = 60.0
 # do: before redis-py 8 a client has no read timeout, and a Redis that answers nothing (paused,
 # cut off) hung the command instead of making it report the failure.
 STATUS_TIMEOUT = 5.0
+# What redis-py says when Redis ends the connection (its socket read the end), as Redis does to a
+# client it kills, past its output limit, or on its way down.
+_CLOSED_BY_REDIS = "Connection closed by server."
 
 
 class Subscriber:
@@ -66,6 +74,8 @@ class Subscriber:
         # concurrently) each found no task and opened a connection and a reader of their own,
         # the two readers failing on one socket and the first connection left subscribed.
         self._starting: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        # The subscriptions Redis closed while it stayed up, said at most once a minute.
+        self._closes = Repeats(log)
 
     def add(self, channel: str, handler: Handler, *, on_resync: Resync | None = None) -> None:
         self._channels.add(channel, handler, on_resync)
@@ -160,6 +170,7 @@ class Subscriber:
 
     async def _run(self) -> None:
         while True:
+            closed = False
             try:
                 await self._read_until_lost()
                 reason = "connection closed"
@@ -167,6 +178,7 @@ class Subscriber:
                 raise
             except (RedisError, OSError, TimeoutError) as exc:
                 reason = one_line(exc)
+                closed = isinstance(exc, RedisConnectionError) and str(exc) == _CLOSED_BY_REDIS
             except Exception:
                 log.exception("the Redis listener %s failed unexpectedly; reconnecting", self.name)
                 reason = "an unexpected error"
@@ -174,23 +186,43 @@ class Subscriber:
             self._relisten = None  # this loss is the re-listen asked for, if one was
             self._channels.lost()
             lost_at = time.monotonic()
-            log.warning("lost the Redis listener at %s (%s); reconnecting, then reading what was missed",
-                        redact(self.url), reason)
+
+            def say_lost(reason: str = reason) -> None:
+                log.warning("lost the Redis listener at %s (%s); reconnecting, then reading what was missed",
+                            redact(self.url), reason)
+
+            # A close by Redis is said once the first attempt tells whether Redis is still there:
+            # it is when that attempt subscribes (one line), away when it fails (an outage).
+            if not closed:
+                say_lost()
             await self._drop_connection()
-            await self._reconnect()
+            away = await self._reconnect(on_first_failure=say_lost if closed else None)
             self._listening = True
-            log.warning("the Redis listener is back after %.1f s; reading what was missed", time.monotonic() - lost_at)
+            if closed and not away:
+                self._closes.warning(
+                    "Redis closed this server's subscription (it was killed, or passed client-output-buffer-limit "
+                    "pubsub: see docs/operations.md#redis-closing-a-subscription); subscribed again at %s, "
+                    "reading what was missed",
+                    redact(self.url))
+            else:
+                log.warning("the Redis listener is back after %.1f s; reading what was missed", time.monotonic() - lost_at)
             await self._channels.resync()
 
-    async def _reconnect(self) -> None:
+    async def _reconnect(self, on_first_failure: Callable[[], None] | None = None) -> bool:
+        """Subscribe again, retrying with backoff; whether any attempt failed (`on_first_failure`
+        is called at the first)."""
         retry = Backoff(*self.backoff)
+        failed_once = False
         while True:
             await retry.wait()
             try:
                 self._conn = await self._subscribe_all()
-                return
+                return failed_once
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
                 log.debug("Redis listener reconnect failed: %s", one_line(exc))
+                if not failed_once and on_first_failure is not None:
+                    on_first_failure()
+                failed_once = True
                 # A Redis that answers with a refusal (a password or an ACL changed, out of
                 # memory) stays away until someone acts: say why at once; one that is away (a
                 # restart) only once the outage is long.

@@ -67,7 +67,7 @@ from ..periodic.decorator import SCHEDULES, Schedule
 from ..periodic.scheduler import Scheduler
 from ..workflows import queries as workflow_queries
 from . import limits, maintenance
-from .repeats import Repeats
+from ...repeats import Repeats
 from .completer import Completer
 from .context import ClaimedJob, JobContext
 from .deadlines import Deadlines

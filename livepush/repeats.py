@@ -1,11 +1,12 @@
-"""The failures of a runtime's background loops (claims, beats, promotions, housekeeping), said at
-most once a minute each.
+"""Warnings of something that may happen again and again, said at most once a minute each: the
+failures of a runtime's background loops (claims, beats, promotions, housekeeping), the Redis
+subscriptions that Redis closes while it stays up.
 
 Each loop tries again within a second or a beat. While the database refuses every attempt (a
 failover's standby that takes no writes, a role whose grants changed), each attempt failed at
 once and was a line: hundreds a minute per runtime, in which the line that mattered was lost.
-The first failure is said at once; the next one of its kind a minute later at the earliest,
-with how many were not said meanwhile.
+The first one is said at once; the next one of its kind a minute later at the earliest, with
+how many were not said meanwhile.
 """
 
 from __future__ import annotations
