@@ -1,8 +1,8 @@
 """What the listeners of every service share (postgres/listener.py, redis/subscriber.py, and
 the fan-outs' receivers): which handlers a channel has, handing each notification to them (a
 handler that raises is logged at most once a minute and costs the other handlers and the next
-notification nothing), the resync handlers a reconnect runs, and the slot through which an
-owner uses a shared listener or its own."""
+notification nothing), the resync handlers a reconnect runs (in a task beside the listener's
+loop), and the slot through which an owner uses a shared listener or its own."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from .tasks import stop
 from .types import ResyncHandler as Resync
 
 P = TypeVar("P")  # what a notification carries: str (Postgres) or bytes (Redis)
@@ -68,6 +69,7 @@ class Channels(Generic[P]):
     def __init__(self, log: logging.Logger) -> None:
         self._log = log
         self._channels: dict[str, Channel[P]] = {}
+        self._resync: asyncio.Task[None] | None = None
 
     def add(self, name: str, handler: Callable[[P], None], on_resync: Resync | None = None) -> None:
         channel = self._channels.get(name)
@@ -114,6 +116,23 @@ class Channels(Generic[P]):
         """After a reconnect: let every channel read what it may have missed."""
         for channel in self:
             await channel.heard.resync()
+
+    def resync_beside(self, name: str) -> None:
+        """`resync()` in a task named `name` beside the listener's loop, which goes on handing
+        out notifications: a handler that reads slowly (a lock, a database short of connections,
+        a slow history read) held up every other part's notifications while it waited. It starts
+        after the resync of an earlier reconnect, if that one still runs, and repeats it."""
+        self._resync = asyncio.create_task(self._resync_after(self._resync), name=name)
+
+    async def _resync_after(self, previous: asyncio.Task[None] | None) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])
+        await self.resync()
+
+    async def stop_resync(self) -> None:
+        """End a resync still running (the listener is closing)."""
+        task, self._resync = self._resync, None
+        await stop(task)
 
 
 class Closable(Protocol):

@@ -867,10 +867,10 @@ async def test_publish_only_holds_no_listening_connection(kind: str, make_fanout
         assert any(c.get("name") == "livepush-publisher" for c in clients), "the publisher's connection is there"
 
 
-async def test_lost_listener_reconnects_resyncs_and_history_covers_the_outage(
-    kind: str, make_fanout: MakeFanOut, request: pytest.FixtureRequest
-) -> None:
-    """A lost listener goes not-listening, comes back, runs resync handlers, then delivers; history covers the gap."""
+async def lost_listeners_fanout(kind: str, make_fanout: MakeFanOut, request: pytest.FixtureRequest
+                                ) -> tuple[FanOut, Collector, PrivateRedis | None]:
+    """A listening fan-out whose listener a test drops, a Collector registered on it, and, for
+    Redis, the Redis of its own it runs on (the test may stop it or kill its subscription)."""
     server_only(kind)
     server: PrivateRedis | None = None
     if kind == "redis":
@@ -878,9 +878,17 @@ async def test_lost_listener_reconnects_resyncs_and_history_covers_the_outage(
         fanout = await make_fanout(url=server.url)
     else:
         fanout = await make_fanout()
-    url: str = fanout.url  # type: ignore[attr-defined]
     got = Collector(fanout)
     fanout.register(got)
+    return fanout, got, server
+
+
+async def test_lost_listener_reconnects_resyncs_and_history_covers_the_outage(
+    kind: str, make_fanout: MakeFanOut, request: pytest.FixtureRequest
+) -> None:
+    """A lost listener goes not-listening, comes back, runs resync handlers, then delivers; history covers the gap."""
+    fanout, got, server = await lost_listeners_fanout(kind, make_fanout, request)
+    url: str = fanout.url  # type: ignore[attr-defined]
     resyncs: list[bool] = []
     resynced = asyncio.Event()
 
@@ -932,6 +940,39 @@ async def test_lost_listener_reconnects_resyncs_and_history_covers_the_outage(
         assert [d["phase"] for d in datas_of(replay)] == ["during"] * 3 + ["after"]
     finally:
         sampler.cancel()
+
+
+async def test_a_resync_handler_slow_to_catch_up_holds_up_no_delivery(
+    kind: str, make_fanout: MakeFanOut, request: pytest.FixtureRequest
+) -> None:
+    """Once a lost listener is back, its resync handlers run in a task of their own
+    (docs/architecture.md, Listener loss): a message published while one of them still waits
+    (a slow read of history) is delivered meanwhile, not once that handler is done."""
+    fanout, got, _ = await lost_listeners_fanout(kind, make_fanout, request)
+    url: str = fanout.url  # type: ignore[attr-defined]
+    resyncing, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_resync() -> None:
+        resyncing.set()
+        await release.wait()
+
+    fanout.on_resync(slow_resync)
+    try:
+        if kind == "redis":
+            admin = redis.Redis.from_url(url, socket_timeout=5)
+            try:
+                assert admin.client_kill_filter(_type="pubsub") == 1, "one subscription: the fan-out's"
+            finally:
+                admin.close()
+        else:
+            killed = services.pg_terminate(request.getfixturevalue("pg_admin_url"), services.dbname_of(url),
+                                           "livepush-listener")
+            assert killed == 1, "the listener's backend is named livepush-listener"
+        await asyncio.wait_for(resyncing.wait(), WAIT)
+        offset = await fanout.apublish("slowsync:a", {"i": 1})
+        await got.wait(lambda _: offset in [m.offset for m in got.on("slowsync:a")])
+    finally:
+        release.set()
 
 
 async def test_a_restarted_local_fan_out_resets_an_offset_of_the_process_before() -> None:

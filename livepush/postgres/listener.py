@@ -61,7 +61,6 @@ class Listener:
         self.backoff = backoff
         self._channels: Channels[str] = Channels(log)
         self._task: asyncio.Task[None] | None = None
-        self._resync: asyncio.Task[None] | None = None
         self._listening = False
         self._closing = False
         # Why the connection must be dropped and opened again, set by relisten(): the loop
@@ -121,8 +120,7 @@ class Listener:
         self._listening = False
         task, self._task = self._task, None
         await stop(task)
-        resync, self._resync = self._resync, None
-        await stop(resync)
+        await self._channels.stop_resync()
 
     # -- the loop ------------------------------------------------------------------------
     async def _connect(self) -> psycopg.AsyncConnection:
@@ -168,15 +166,7 @@ class Listener:
             self._listening = True
             log.warning("the Postgres listener is back after %.1f s; reading what was missed",
                         time.monotonic() - lost_at)
-            self._resync = asyncio.create_task(self._read_missed(self._resync), name=f"{self.name}-resync")
-
-    async def _read_missed(self, previous: asyncio.Task[None] | None) -> None:
-        """Every channel's resync handlers, in a task beside the loop: one that reads slowly (a
-        lock, a database short of connections) held up every other part's notifications while it
-        waited. After the resync of an earlier reconnect, which it then repeats."""
-        if previous is not None:
-            await asyncio.wait([previous])
-        await self._channels.resync()
+            self._channels.resync_beside(f"{self.name}-resync")
 
     async def _serve(self, conn: psycopg.AsyncConnection) -> None:
         last_ping = time.monotonic()

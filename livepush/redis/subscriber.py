@@ -8,7 +8,8 @@ and one that raises is logged while the next frame is delivered as usual.
 
 A quiet connection is PINGed every `heartbeat` seconds and called lost after three silent
 beats (a dead peer without a reset looks quiet too). On loss it reconnects with capped,
-jittered backoff, subscribes again, and then runs each channel's resync handler. `listening`
+jittered backoff, subscribes again, and then runs each channel's resync handler, in a task of its
+own while frames go on being handed out (a part slow to catch up holds up no other). `listening`
 is False while it is away (drives /healthz). A loss is said in a line when it starts and one when
 it ends, but a subscription that Redis closed and took back at the first attempt (Redis stayed
 up: a CLIENT KILL, the pub/sub output limit) in one line naming those causes, at most once a
@@ -125,6 +126,7 @@ class Subscriber:
     async def aclose(self) -> None:
         task, self._task = self._task, None
         await stop(task)
+        await self._channels.stop_resync()
         self._listening = False
         await self._drop_connection()
         if self._pool is not None:
@@ -206,7 +208,7 @@ class Subscriber:
                     redact(self.url))
             else:
                 log.warning("the Redis listener is back after %.1f s; reading what was missed", time.monotonic() - lost_at)
-            await self._channels.resync()
+            self._channels.resync_beside(f"{self.name}-resync")
 
     async def _reconnect(self, on_first_failure: Callable[[], None] | None = None) -> bool:
         """Subscribe again, retrying with backoff; whether any attempt failed (`on_first_failure`
