@@ -343,12 +343,15 @@ class Hub:
     async def _reset_joiner(self, sub: Subscriber, t: _Topic, buffer: _Waiting, *, latest: bool = True) -> Key:
         """Send a joiner `reset`; return the key it goes on live from: the topic's latest offset
         (read first, so a refetch after the reset covers everything up to it), or, without
-        `latest`, what its join buffer dropped (the frames it holds come after that)."""
+        `latest`, what its join buffer dropped (the frames it holds come after that). Never below
+        what a read-on (`stands`) sent it already: the frames waiting from before a read failed
+        midway would go out to it a second time."""
         floor = offset_key(await self.fanout.alatest_offset(t.name)) if latest else buffer.dropped
         if not self._left(t, sub, buffer):
             sub.send(protocol.reset(t.name))
             metrics.RESETS.labels("history").inc()
-        return max(floor, buffer.dropped)
+        sent = offset_key(buffer.stands) if buffer.stands is not None else NO_KEY
+        return max(floor, buffer.dropped, sent)
 
     def _start_read(self, t: _Topic) -> None:
         if not t.reading:

@@ -892,3 +892,40 @@ async def test_a_subscriber_that_joined_during_a_reset_gets_neither_the_reset_no
     assert [f["op"] for f in old.frames] == ["subscribed", "message", "reset", "message", "message"]
     assert old.data() == ["a", "c", "d"]
     assert [f["op"] for f in new.frames] == ["subscribed", "message"] and new.data() == ["d"]
+
+
+class ShortPagesFailingAfter(YieldingLocal):
+    """History in pages of 5 messages; every read after the first `served` raises, as a store
+    that goes away in the middle of a read-on does."""
+
+    def __init__(self, served: int) -> None:
+        super().__init__()
+        self.served = served
+
+    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE) -> History | None:
+        if self.served == 0:
+            await asyncio.sleep(0)
+            raise DependencyError("cannot reach Postgres (terminating connection due to administrator command)")
+        self.served -= 1
+        return await super().history(topic, since, limit=5)
+
+
+async def test_a_subscriber_whose_read_on_from_history_fails_midway_gets_no_message_twice() -> None:
+    """A subscriber whose share filled reads on from history; after a page of it went out, the
+    next read fails, so it gets `reset`: the live messages that waited for it meanwhile follow
+    the reset from past the last one it was sent, never one it had already (in order, once)."""
+    sub = Overflowing(at=3)
+    fanout = ShortPagesFailingAfter(served=1)
+    await fanout.listen()
+    hub = overflowing_hub(fanout)
+    await hub.subscribe(sub, "burst", None, 1)
+    for i in range(20):
+        fanout.publish("burst", i)
+    await async_wait_for(lambda: "reset" in [f["op"] for f in sub.frames], message="the reset")
+    await async_wait_for(lambda: sub in hub._topics["burst"].subscribers, message="the subscriber to go live again")
+    fanout.publish("burst", "live")
+    await async_wait_for(lambda: "live" in sub.data(), message="the live message")
+    offsets = [f["offset"] for f in sub.frames if f["op"] == "message"]
+    assert len(offsets) == len(set(offsets)), f"sent twice: {sub.data()}"
+    assert sub.data() == [*range(20), "live"]
+    assert [f["op"] for f in sub.frames] == ["subscribed", *["message"] * 8, "reset", *["message"] * 13]
