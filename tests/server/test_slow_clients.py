@@ -328,6 +328,41 @@ async def test_a_client_that_stops_reading_its_replay_and_pings_is_closed_with_1
 
 
 @LOCAL_ONLY
+async def test_a_client_that_never_reads_with_topics_past_their_share_and_a_replay_waiting_is_closed_with_1013(
+        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that stops reading while its subscribe's replay waits for it, and two of its
+    topics then pass their share (each read on from history once it reads: three waits for the
+    client at once), is closed with 1013 within the time the server lets a frame wait (shortened
+    to 0.5 s here), not held while the waits take turns."""
+    monkeypatch.setattr(connection, "BEHIND_SECONDS", 0.5)
+    time_to_read_the_close(monkeypatch)
+    busy = ["room:share-a", "room:share-b"]
+    replayed_topic = "room:share-replay"
+    since = await served.fanout.alatest_offset(replayed_topic)
+    await served.publish(replayed_topic, {"pad": "x" * 900_000})  # more than the socket takes
+    slow = await open_client(served.url)
+    for name in busy:
+        assert (await slow.subscribe(served.sign(name)))["op"] == "subscribed"
+    on_server = server_side(served.server, slow)
+    slow.ws.transport.pause_reading()
+    closed, replayed = count("closed"), count("replayed")
+    await slow.send({"op": "subscribe", "topic": served.sign(replayed_topic), "since": since, "ref": "r"})
+    await async_wait_for(lambda: on_server.paused, 5, message="the replay to wait for the client")
+    stopped = asyncio.get_running_loop().time()
+    for name in busy:  # 300 KB each: past a topic's share
+        await served.fanout.apublish_many([(name, {"n": n, "pad": "x" * 2000}) for n in range(150)])
+    await async_wait_for(lambda: count("replayed") >= replayed + 2 or on_server.closing, 5,
+                         message="the topics to pass their share")
+    assert count("replayed") >= replayed + 2, "the topics never passed their share: this test shows nothing"
+    assert on_server.closing or all(served.server.hub.joining(on_server, name) for name in [*busy, replayed_topic])
+    await async_wait_for(lambda: on_server.closing, 5, message="the server to close the client")
+    took = asyncio.get_running_loop().time() - stopped
+    # The bound, the sweep's period, and room for a loaded machine: far below a clock started again.
+    assert took < connection.BEHIND_SECONDS + 1.5, f"closed {took:.2f} s after it stopped reading"
+    await closed_as_too_slow(slow, closed)
+
+
+@LOCAL_ONLY
 async def test_a_client_reading_its_replay_slowly_gets_it_whole_and_is_not_closed(
         served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
     """A client on a slow link (4 KiB read every 50 ms) takes a replay of one 300 KB message,
