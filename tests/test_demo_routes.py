@@ -68,3 +68,32 @@ async def test_the_demo_reads_a_workflow_run_on_its_loop_with_aget(monkeypatch: 
     monkeypatch.setattr(operators, "get", sync_get)
     monkeypatch.setattr(operators, "aget", aget)
     assert await workflow._run(7) == {"id": 7, "name": demo_jobs.WORKFLOW}
+
+
+async def test_every_module_the_demo_page_imports_is_served_as_javascript_with_the_names_imported() -> None:
+    """The page's modules import one another by URL: each `/demo/*.js` they import is one the demo
+    serves (GET 200, text/javascript, or the browser refuses the module and the whole page stops),
+    and it exports every name imported from it."""
+    import re
+    from importlib import resources
+
+    folder = resources.files("livepush.demo")
+    html = folder.joinpath("page.html").read_text()
+    [entry] = re.findall(r'<script type="module" src="(/demo/[\w.]+\.js)"></script>', html)
+    seen, todo = set(), [entry]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        response = await routes(Request(path, Headers({"Host": "h"})))
+        assert response is not None and response.status_code == 200, path
+        assert response.headers["Content-Type"].startswith("text/javascript"), path
+        source = response.body.decode()
+        for names, imported in re.findall(r'import \{([^}]*)\} from "(/demo/[\w.]+\.js)";', source):
+            target = folder.joinpath(imported.removeprefix("/demo/")).read_text()
+            exported = set(re.findall(r"^export (?:async )?function (\w+)", target, re.M))
+            missing = {n.strip() for n in names.split(",")} - exported
+            assert not missing, f"{path} imports {sorted(missing)} from {imported}, which does not export them"
+            todo.append(imported)
+    assert {"/demo/page.js", "/demo/durable.js", "/demo/workflow.js"} <= seen

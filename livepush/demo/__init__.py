@@ -53,6 +53,7 @@ MAX_ROWS = 5000
 ACTION_SECONDS = OPEN_TIMEOUT - 3
 _FILES = {"/": ("page.html", "text/html; charset=utf-8"), "/index.html": ("page.html", "text/html; charset=utf-8"),
           "/demo/page.js": ("page.js", "text/javascript; charset=utf-8"),
+          "/demo/common.js": ("common.js", "text/javascript; charset=utf-8"),
           "/demo/durable.js": ("durable.js", "text/javascript; charset=utf-8"),
           "/demo/workflow.js": ("workflow.js", "text/javascript; charset=utf-8"),
           "/demo/page.css": ("page.css", "text/css; charset=utf-8")}

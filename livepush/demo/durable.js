@@ -1,6 +1,7 @@
 // The durable import's part of the demo page: one job that parks while its children run and
 // again until someone presses Approve. Everything shown comes from the job's state topic.
 import { bindProgress } from "/livepush.js";
+import { noteOf, post, postFrom, recall, remember } from "/demo/common.js";
 
 const STEPS = ["fetch", "children", "approval", "report"];
 const FINAL_STATES = new Set(["succeeded", "failed", "cancelled"]);
@@ -14,68 +15,6 @@ const stepOfWaiting = (waiting) => {
   if (waiting.for === "signal" && waiting.name === "approval") return "approval";
   return null;
 };
-
-// POST to the demo server (same origin only: it refuses a GET and other sites); the JSON
-// answer, or an Error carrying the server's one-line reason, or saying that no answer came (the
-// demo stopped or restarting). Every section's buttons use it.
-export async function post(path) {
-  let response;
-  try {
-    response = await fetch(path, { method: "POST", cache: "no-store" });
-  } catch (error) {
-    throw new Error("the demo did not answer: is it running? Press again once it is.");
-  }
-  if (!response.ok) throw new Error((await response.text()).trim() || `${response.status}`);
-  return response.json();
-}
-
-// `post(path)` for a button that starts something: the button stays disabled until the answer
-// came, so a double-click starts one import, not a second one the page would never show.
-export async function postFrom(button, path) {
-  button.disabled = true;
-  try {
-    return await post(path);
-  } finally {
-    button.disabled = false;
-  }
-}
-
-// A line of the page that says what a section follows ("import 12: 200 jobs") or what its last
-// button did, which an error of one of its buttons replaces only for a while: the line comes back
-// once the page has reconnected (the demo is back, so "did not answer" no longer holds) or the
-// section's next request succeeded (`ok()`).
-export function noteOf(lp, el) {
-  let text = el.textContent;
-  let failed = false;
-  const ok = () => {
-    if (!failed) return;
-    failed = false;
-    el.textContent = text;
-  };
-  lp.on("status", (status) => { if (status === "open") ok(); });
-  return {
-    set(shown) { text = el.textContent = shown; failed = false; },
-    error(message) { el.textContent = message; failed = true; },
-    ok,
-  };
-}
-
-// What a section started, kept for this tab (sessionStorage), so that a reloaded page follows
-// it again: a durable import or a workflow run parked for approval would otherwise wait for an
-// Approve button the page no longer shows. A browser that keeps nothing just forgets.
-export function remember(key, started) {
-  try {
-    sessionStorage.setItem(`livepush-demo:${key}`, JSON.stringify(started));
-  } catch (error) { /* storage off or full: a reload forgets it */ }
-}
-
-export function recall(key) {
-  try {
-    return JSON.parse(sessionStorage.getItem(`livepush-demo:${key}`));
-  } catch (error) {
-    return null;
-  }
-}
 
 export function setUpDurable(lp, state) {
   let jobBinding = null;

@@ -1,6 +1,7 @@
 // The demo page's script (served as a file: the page's Content-Security-Policy allows no inline script).
 import { LivePush, bindProgress } from "/livepush.js";
-import { noteOf, post, postFrom, recall, remember, setUpDurable } from "/demo/durable.js";
+import { noteOf, post, postFrom, recall, remember } from "/demo/common.js";
+import { setUpDurable } from "/demo/durable.js";
 import { setUpWorkflow } from "/demo/workflow.js";
 
 const lp = new LivePush(location.origin.replace(/^http/, "ws") + "/");

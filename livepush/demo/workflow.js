@@ -3,7 +3,7 @@
 // batch has a bar of its own (its `group:<id>` topic); Approve, Pause, Resume and Cancel steer the run,
 // and the audit trail below says who did what.
 import { bindProgress } from "/livepush.js";
-import { noteOf, post, postFrom, recall, remember } from "/demo/durable.js";
+import { noteOf, post, postFrom, recall, remember } from "/demo/common.js";
 
 // The boxes, in the order they are drawn. "approval" is no step of its own: it is the signal
 // the report step waits for, drawn as a gate so that the wait can be seen (and approved).
