@@ -1,5 +1,5 @@
 // What every section of the demo page shares: its requests to the demo server, the lines that
-// show what a section follows (or its last error), and what a reloaded tab follows again.
+// show what a section follows (or its last error), and its Start button.
 
 // POST to the demo server (same origin only: it refuses a GET and other sites); the JSON
 // answer, or an Error carrying the server's one-line reason, or saying that no answer came (the
@@ -17,7 +17,7 @@ export async function post(path) {
 
 // `post(path)` for a button that starts something: the button stays disabled until the answer
 // came, so a double-click starts one import, not a second one the page would never show.
-export async function postFrom(button, path) {
+async function postFrom(button, path) {
   button.disabled = true;
   try {
     return await post(path);
@@ -49,16 +49,37 @@ export function noteOf(lp, el) {
 // What a section started, kept for this tab (sessionStorage), so that a reloaded page follows
 // it again: a durable import or a workflow run parked for approval would otherwise wait for an
 // Approve button the page no longer shows. A browser that keeps nothing just forgets.
-export function remember(key, started) {
+function remember(key, started) {
   try {
     sessionStorage.setItem(`livepush-demo:${key}`, JSON.stringify(started));
   } catch (error) { /* storage off or full: a reload forgets it */ }
 }
 
-export function recall(key) {
+function recall(key) {
   try {
     return JSON.parse(sessionStorage.getItem(`livepush-demo:${key}`));
   } catch (error) {
     return null;
   }
+}
+
+// A section's Start button: it POSTs `path?n=` with the rows asked for in `rows` (none, or
+// nonsense, is `fallback`; kept within 1..`most`), keeps what started for this tab and
+// `follow(started, n)`s it; an error shows on `note`. A reloaded page follows what this tab
+// started last, at once.
+export function startButton({ key, button, rows, most, fallback, path, note, follow }) {
+  button.addEventListener("click", async () => {
+    const n = Math.max(1, Math.min(most, parseInt(rows.value, 10) || fallback));
+    let started;
+    try {
+      started = await postFrom(button, `${path}?n=${n}`);
+    } catch (error) {
+      note.error(error.message);
+      return;
+    }
+    remember(key, { ...started, n });
+    follow(started, n);
+  });
+  const earlier = recall(key);
+  if (earlier) follow(earlier, earlier.n);
 }

@@ -1,7 +1,7 @@
 // The durable import's part of the demo page: one job that parks while its children run and
 // again until someone presses Approve. Everything shown comes from the job's state topic.
 import { bindProgress } from "/livepush.js";
-import { noteOf, post, postFrom, recall, remember } from "/demo/common.js";
+import { noteOf, post, startButton } from "/demo/common.js";
 
 const STEPS = ["fetch", "children", "approval", "report"];
 const FINAL_STATES = new Set(["succeeded", "failed", "cancelled"]);
@@ -136,19 +136,6 @@ export function setUpDurable(lp, state) {
     }
   };
 
-  $("durable-start").addEventListener("click", async () => {
-    const n = Math.max(1, Math.min(500, parseInt($("durable-n").value, 10) || 20));
-    let started;
-    try {
-      started = await postFrom($("durable-start"), `/demo/durable/start?n=${n}`);
-    } catch (error) {
-      startedNote.error(error.message);
-      return;
-    }
-    remember("durable", { ...started, n });
-    follow(started, n);
-  });
-
   const follow = (started, n) => {
     reset(started);
     startedNote.set(`job ${started.job_id}: ${n} rows`);
@@ -156,8 +143,10 @@ export function setUpDurable(lp, state) {
     // shows it parked, woken or finished, as a page that never left does.
     jobBinding = bindProgress(lp, started.job_topic, $("durable-job"), { onUpdate: render });
   };
-  const earlier = recall("durable");
-  if (earlier) follow(earlier, earlier.n);
+  startButton({
+    key: "durable", button: $("durable-start"), rows: $("durable-n"), most: 500, fallback: 20,
+    path: "/demo/durable/start", note: startedNote, follow,
+  });
 
   // Cancel it: the job on screen, and its children's unfinished rows; its topic shows the rest.
   $("durable-cancel").addEventListener("click", async () => {

@@ -1,6 +1,6 @@
 // The demo page's script (served as a file: the page's Content-Security-Policy allows no inline script).
 import { LivePush, bindProgress } from "/livepush.js";
-import { noteOf, post, postFrom, recall, remember } from "/demo/common.js";
+import { noteOf, post, startButton } from "/demo/common.js";
 import { setUpDurable } from "/demo/durable.js";
 import { setUpWorkflow } from "/demo/workflow.js";
 
@@ -18,19 +18,6 @@ const startedNote = noteOf(lp, document.getElementById("started"));
 let groupBinding = null;
 // One binding per job bar, the job it follows now: an import of thousands of jobs keeps five.
 let jobBindings = [];
-
-document.getElementById("start").addEventListener("click", async () => {
-  const n = Math.max(1, Math.min(5000, parseInt(document.getElementById("n").value, 10) || 200));
-  let started;
-  try {
-    started = await postFrom(document.getElementById("start"), `/demo/start?n=${n}`);
-  } catch (error) {
-    startedNote.error(error.message);
-    return;
-  }
-  remember("import", { ...started, n });
-  followImport(started, n);
-});
 
 // Cancel import: for the import the page follows, until it has finished (its bar then says
 // cancelled); the group's topic shows the cancel, the answer only whether it was taken.
@@ -95,5 +82,8 @@ function followImport(started, n) {
   }
 }
 
-const earlier = recall("import");
-if (earlier) followImport(earlier, earlier.n);
+// Last: following an import uses everything above.
+startButton({
+  key: "import", button: document.getElementById("start"), rows: document.getElementById("n"),
+  most: 5000, fallback: 200, path: "/demo/start", note: startedNote, follow: followImport,
+});

@@ -3,7 +3,7 @@
 // batch has a bar of its own (its `group:<id>` topic); Approve, Pause, Resume and Cancel steer the run,
 // and the audit trail below says who did what.
 import { bindProgress } from "/livepush.js";
-import { noteOf, post, postFrom, recall, remember } from "/demo/common.js";
+import { noteOf, post, startButton } from "/demo/common.js";
 
 // The boxes, in the order they are drawn. "approval" is no step of its own: it is the signal
 // the report step waits for, drawn as a gate so that the wait can be seen (and approved).
@@ -216,27 +216,16 @@ export function setUpWorkflow(lp, state) {
     onRefused: (reason) => { $("workflow-note").textContent = `not allowed: ${reason}`; },
   });
 
-  $("workflow-start").addEventListener("click", async () => {
-    const n = Math.max(1, Math.min(500, parseInt($("workflow-n").value, 10) || 12));
-    let started;
-    try {
-      started = await postFrom($("workflow-start"), `/demo/workflow/start?n=${n}`);
-    } catch (error) {
-      startedNote.error(error.message);
-      return;
-    }
-    remember("workflow", { ...started, n });
-    follow(started, n);
-  });
-
   // The run's topic starts with a snapshot of the run as it stands: a reloaded page draws it.
   const follow = (started, n) => {
     reset(started);
     startedNote.set(`run ${started.run_id}: ${n} rows`);
     subscription = subscribe(started.run_topic, started.run_id);
   };
-  const earlier = recall("workflow");
-  if (earlier) follow(earlier, earlier.n);
+  startButton({
+    key: "workflow", button: $("workflow-start"), rows: $("workflow-n"), most: 500, fallback: 12,
+    path: "/demo/workflow/start", note: startedNote, follow,
+  });
 
   // A button POSTs its verb for the run on screen; the graph changes when the run's topic says so.
   const verbButton = (id, verb, done) => {
