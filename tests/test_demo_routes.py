@@ -92,7 +92,7 @@ async def test_every_module_the_demo_page_imports_is_served_as_javascript_with_t
         source = response.body.decode()
         for names, imported in re.findall(r'import \{([^}]*)\} from "(/demo/[\w.]+\.js)";', source):
             target = folder.joinpath(imported.removeprefix("/demo/")).read_text()
-            exported = set(re.findall(r"^export (?:async )?function (\w+)", target, re.M))
+            exported = set(re.findall(r"^export (?:async function|function|const) ([\w$]+)", target, re.M))
             missing = {n.strip() for n in names.split(",")} - exported
             assert not missing, f"{path} imports {sorted(missing)} from {imported}, which does not export them"
             todo.append(imported)

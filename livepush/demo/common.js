@@ -1,5 +1,20 @@
 // What every section of the demo page shares: its requests to the demo server, the lines that
-// show what a section follows (or its last error), and its Start button.
+// show what a section follows (or its last error), its Start button and its list of events.
+
+export const $ = (id) => document.getElementById(id);
+
+// The states a job or a workflow run ends in: nothing follows them.
+export const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
+
+const EVENTS_KEPT = 12;
+
+// A line at the end of a section's list of the events its topic brought; the list keeps the last few.
+export function logEvent(list, text) {
+  const li = document.createElement("li");
+  li.textContent = text;  // textContent: names are data
+  list.appendChild(li);
+  while (list.children.length > EVENTS_KEPT) list.firstElementChild.remove();
+}
 
 // POST to the demo server (same origin only: it refuses a GET and other sites); the JSON
 // answer, or an Error carrying the server's one-line reason, or saying that no answer came (the

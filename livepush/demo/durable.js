@@ -1,12 +1,9 @@
 // The durable import's part of the demo page: one job that parks while its children run and
 // again until someone presses Approve. Everything shown comes from the job's state topic.
 import { bindProgress } from "/livepush.js";
-import { noteOf, post, startButton } from "/demo/common.js";
+import { $, FINISHED, logEvent, noteOf, post, startButton } from "/demo/common.js";
 
 const STEPS = ["fetch", "children", "approval", "report"];
-const FINAL_STATES = new Set(["succeeded", "failed", "cancelled"]);
-const EVENTS_KEPT = 12;
-const $ = (id) => document.getElementById(id);
 
 // What the job waits for, as the steps name it: a parking call's `waiting.for` and its name.
 const stepOfWaiting = (waiting) => {
@@ -99,19 +96,15 @@ export function setUpDurable(lp, state) {
     d.state = job.state;
     d.waiting = job.state === "waiting" ? job.waiting ?? null : null;
     $("durable").dataset.state = job.state;
-    $("durable-cancel").disabled = FINAL_STATES.has(job.state);
+    $("durable-cancel").disabled = FINISHED.has(job.state);
 
-    const events = $("durable-events");
     const detail = data.event === "waiting" && job.waiting ? ` for ${job.waiting.for} ${job.waiting.name ?? ""}`
       : data.event === "checkpoint" ? ` ${job.checkpoint}` : "";
-    const li = document.createElement("li");
-    li.textContent = `${data.event}${detail} · ${job.state}`;  // textContent: names are data
-    events.appendChild(li);
-    while (events.children.length > EVENTS_KEPT) events.firstElementChild.remove();
+    logEvent($("durable-events"), `${data.event}${detail} · ${job.state}`);
     d.events.push(data.event);
 
     showSteps(advance(job), job.state);
-    const waitingStep = d.waiting ? stepOfWaiting(d.waiting) : null;
+    const waitingStep = stepOfWaiting(d.waiting);
     if (waitingStep && d.waited.at(-1) !== waitingStep) d.waited.push(waitingStep);
     $("durable-approve-row").hidden = waitingStep !== "approval";
     if (waitingStep === "children") {
@@ -160,7 +153,7 @@ export function setUpDurable(lp, state) {
     } catch (error) {
       if (state.durable.job !== job) return;
       startedNote.error(error.message);
-      button.disabled = FINAL_STATES.has(state.durable.state);
+      button.disabled = FINISHED.has(state.durable.state);
     }
   });
 

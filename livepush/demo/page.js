@@ -1,11 +1,11 @@
 // The demo page's script (served as a file: the page's Content-Security-Policy allows no inline script).
 import { LivePush, bindProgress } from "/livepush.js";
-import { noteOf, post, startButton } from "/demo/common.js";
+import { $, noteOf, post, startButton } from "/demo/common.js";
 import { setUpDurable } from "/demo/durable.js";
 import { setUpWorkflow } from "/demo/workflow.js";
 
 const lp = new LivePush(location.origin.replace(/^http/, "ws") + "/");
-const statusEl = document.getElementById("status");
+const statusEl = $("status");
 const show = (status) => { statusEl.textContent = status; statusEl.dataset.status = status; };
 show(lp.status);
 lp.on("status", show);
@@ -14,14 +14,14 @@ setUpDurable(lp, window.livepushDemo);
 setUpWorkflow(lp, window.livepushDemo);
 
 const SLOTS = 5;
-const startedNote = noteOf(lp, document.getElementById("started"));
+const startedNote = noteOf(lp, $("started"));
 let groupBinding = null;
 // One binding per job bar, the job it follows now: an import of thousands of jobs keeps five.
 let jobBindings = [];
 
 // Cancel import: for the import the page follows, until it has finished (its bar then says
 // cancelled); the group's topic shows the cancel, the answer only whether it was taken.
-const cancelButton = document.getElementById("cancel");
+const cancelButton = $("cancel");
 cancelButton.addEventListener("click", async () => {
   const group = window.livepushDemo.group;
   cancelButton.disabled = true;
@@ -44,7 +44,7 @@ function followImport(started, n) {
   cancelButton.disabled = false;
 
   if (groupBinding) groupBinding.unsubscribe();
-  const groupEl = document.getElementById("group");
+  const groupEl = $("group");
   groupEl.replaceChildren();
   let doneSoFar = 0;  // members finished, from the group's events
   groupBinding = bindProgress(lp, started.group_topic, groupEl, {
@@ -60,7 +60,7 @@ function followImport(started, n) {
   for (const b of jobBindings) b?.unsubscribe();
   const bindings = (jobBindings = new Array(SLOTS).fill(null));
   window.livepushDemo.jobBindings = bindings;
-  const jobsEl = document.getElementById("jobs");
+  const jobsEl = $("jobs");
   jobsEl.replaceChildren();
   let next = 0;
   const follow = (i, slotEl) => {
@@ -84,6 +84,6 @@ function followImport(started, n) {
 
 // Last: following an import uses everything above.
 startButton({
-  key: "import", button: document.getElementById("start"), rows: document.getElementById("n"),
+  key: "import", button: $("start"), rows: $("n"),
   most: 5000, fallback: 200, path: "/demo/start", note: startedNote, follow: followImport,
 });

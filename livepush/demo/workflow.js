@@ -3,14 +3,11 @@
 // batch has a bar of its own (its `group:<id>` topic); Approve, Pause, Resume and Cancel steer the run,
 // and the audit trail below says who did what.
 import { bindProgress } from "/livepush.js";
-import { noteOf, post, startButton } from "/demo/common.js";
+import { $, FINISHED, logEvent, noteOf, post, startButton } from "/demo/common.js";
 
 // The boxes, in the order they are drawn. "approval" is no step of its own: it is the signal
 // the report step waits for, drawn as a gate so that the wait can be seen (and approved).
 const NODES = ["fetch", "rows", "approval", "report"];
-const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
-const EVENTS_KEPT = 12;
-const $ = (id) => document.getElementById(id);
 const node = (name) => document.querySelector(`#workflow-graph .node[data-step="${name}"]`);
 
 const RUN_NOTES = {
@@ -195,12 +192,8 @@ export function setUpWorkflow(lp, state) {
     if (wf.steps.report?.state === "waiting") sawReportWaiting = true;
     w.events.push(data.event);
 
-    const li = document.createElement("li");
     const shown = NODES.filter((n) => wf.steps[n]).map((n) => `${n} ${wf.steps[n].state}`).join(", ");
-    li.textContent = `${data.event} · ${wf.state} · ${shown}`;  // textContent: names are data
-    const events = $("workflow-events");
-    events.appendChild(li);
-    while (events.children.length > EVENTS_KEPT) events.firstElementChild.remove();
+    logEvent($("workflow-events"), `${data.event} · ${wf.state} · ${shown}`);
 
     draw();
     if (wf.steps.rows?.group != null) followBatch(runId);
