@@ -38,6 +38,7 @@ def project_copy(folder: Path) -> Path:
                     ignore=shutil.ignore_patterns("__pycache__"))
     (folder / "bin").mkdir()
     shutil.copy2(ROOT / "bin" / "demo", folder / "bin" / "demo")
+    shutil.copytree(ROOT / "bin" / "lib", folder / "bin" / "lib")  # the Python it picks: recent_python
     return folder
 
 

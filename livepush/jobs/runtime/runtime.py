@@ -54,6 +54,7 @@ from ...channels import ListenerSlot
 from ...postgres.listener import Listener
 from ...postgres.pools import AsyncPool, LoopPools, aclosed_while_idle
 from ...postgres.text import BIGINT_MAX
+from ...repeats import Repeats
 from ...tasks import Backoff, reraise_if_cancelled, supervise
 from ...types import Seconds, as_seconds, is_finite
 from ...usercode import names_the_module, not_found, what_raised, where_raised
@@ -67,7 +68,6 @@ from ..periodic.decorator import SCHEDULES, Schedule
 from ..periodic.scheduler import Scheduler
 from ..workflows import queries as workflow_queries
 from . import limits, maintenance
-from ...repeats import Repeats
 from .completer import Completer
 from .context import ClaimedJob, JobContext
 from .deadlines import Deadlines
