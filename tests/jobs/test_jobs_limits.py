@@ -789,12 +789,14 @@ async def test_a_function_with_limits_gets_slots_while_another_ones_backlog_wait
     async def behind_it(ctx: Any, tenant: str) -> None:
         order.append("b")
 
-    await jobs.aenqueue_many([long_backlog.request("t") for _ in range(60)])
+    # Turns go round every function with limits this process registered (the suite's other tests
+    # register more as they run): the backlog is kept well past one round of them.
+    await jobs.aenqueue_many([long_backlog.request("t") for _ in range(400)])
     await behind_it.aenqueue("t")
     async with running(queues=["default"], concurrency=1) as rt:
         turns = len(rt.limited)
         await async_wait_for(lambda: "b" in order, 20.0, message="the second function's job to run")
-    assert turns < 30 and order.index("b") <= turns, (turns, order.index("b"))
+    assert turns < 200 and order.index("b") <= turns, (turns, order.index("b"))
 
 
 async def test_functions_with_limits_are_claimed_in_the_order_of_their_priority(limits_db: str) -> None:
