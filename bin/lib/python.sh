@@ -5,12 +5,14 @@
 # `-P` failed with "Unknown option: -P" and Python's usage, which says nothing of the cause.
 # Sets PY; reads ROOT (the checkout) and the caller's name from $0.
 
+# Whether the Python given (a command or a path) runs and is 3.11 or newer.
+is_recent_python() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; }
+
 # The first python3 on the PATH that is 3.11 or newer, printed; none: return 1.
 recent_python() {
     local candidate
     for candidate in python3 python3.14 python3.13 python3.12 python3.11; do
-        if command -v "$candidate" >/dev/null &&
-            "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+        if command -v "$candidate" >/dev/null && is_recent_python "$candidate"; then
             echo "$candidate"
             return 0
         fi
