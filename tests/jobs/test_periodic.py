@@ -590,6 +590,65 @@ def test_every_tick_next_to_a_clock_change_is_announced_and_then_found_due(
     assert seen == expected
 
 
+@pytest.mark.parametrize(("cron", "zone", "start", "expected"), [
+    # New York sets its clocks back at 02:00 EDT on 2030-11-03 (06:00 UTC): 01:00-02:00 comes twice.
+    # A job at a fixed time runs at its first pass only, as in cron.
+    ("30 1 * * *", "America/New_York", datetime(2030, 11, 3, 4), [
+        "2030-11-03T01:30:00-04:00", "2030-11-04T01:30:00-05:00"]),
+    ("15,45 1 * * *", "America/New_York", datetime(2030, 11, 3, 4), [
+        "2030-11-03T01:15:00-04:00", "2030-11-03T01:45:00-04:00", "2030-11-04T01:15:00-05:00"]),
+    ("0 1 * * * 0,30", "America/New_York", datetime(2030, 11, 3, 4), [
+        "2030-11-03T01:00:00-04:00", "2030-11-03T01:00:30-04:00", "2030-11-04T01:00:00-05:00"]),
+    # Paris sets its clocks back at 03:00 CEST on 2030-10-27 (01:00 UTC): 02:00-03:00 comes twice.
+    ("30 2 * * *", "Europe/Paris", datetime(2030, 10, 26, 22), [
+        "2030-10-27T02:30:00+02:00", "2030-10-28T02:30:00+01:00"]),
+    ("0 2,3 * * *", "Europe/Paris", datetime(2030, 10, 26, 22), [
+        "2030-10-27T02:00:00+02:00", "2030-10-27T03:00:00+01:00", "2030-10-28T02:00:00+01:00"]),
+    # A minute or an hour field that starts with '*' makes a wildcard job, as in cron: it runs
+    # in both passes of the repeated hour.
+    ("*/20 1 * * *", "America/New_York", datetime(2030, 11, 3, 4), [
+        "2030-11-03T01:00:00-04:00", "2030-11-03T01:20:00-04:00", "2030-11-03T01:40:00-04:00",
+        "2030-11-03T01:00:00-05:00", "2030-11-03T01:20:00-05:00", "2030-11-03T01:40:00-05:00"]),
+    ("0 * * * *", "Europe/Paris", datetime(2030, 10, 26, 23, 30), [
+        "2030-10-27T02:00:00+02:00", "2030-10-27T02:00:00+01:00", "2030-10-27T03:00:00+01:00"]),
+    ("@hourly", "America/New_York", datetime(2030, 11, 3, 4, 30), [
+        "2030-11-03T01:00:00-04:00", "2030-11-03T01:00:00-05:00", "2030-11-03T02:00:00-05:00"]),
+    # Spring forward is unchanged: a fixed time the clocks skip comes once, at the end of the gap
+    # (New York: 02:00 EST on 2030-03-10 is 03:00 EDT).
+    ("30 2 * * *", "America/New_York", datetime(2030, 3, 10, 5), [
+        "2030-03-10T03:00:00-04:00", "2030-03-11T02:30:00-04:00"]),
+])
+def test_a_fixed_time_in_the_repeated_hour_runs_once_and_a_wildcard_hour_runs_in_both(
+        cron: str, zone: str, start: datetime, expected: list[str]) -> None:
+    """Cron's rule when the clocks go back: a job at a fixed time (neither its minute nor its hour
+    field starts with '*') runs once, at the first pass of the repeated hour, and a wildcard job
+    (`*/15 * * * *`, `0 * * * *`) at each pass. Announced that way (next_after, which the
+    runtime sleeps until) and found due that way by rounds every few seconds (latest_due, which
+    the scheduler enqueues when it is newer than the last tick)."""
+    schedule = parse(cron, zone)
+    utc = ZoneInfo("UTC")
+    now = start.replace(tzinfo=utc)
+    announced = []
+    for _ in expected:
+        now = schedule.next_after(now).astimezone(utc)
+        announced.append(now.astimezone(ZoneInfo(zone)).isoformat())
+    assert announced == expected
+    end = datetime.fromisoformat(expected[-1]).astimezone(utc)
+    now = start.replace(tzinfo=utc)
+    last = schedule.latest_due(now).astimezone(utc)
+    enqueued = []
+    while now < end:
+        # Rounds 7 s apart, whenever they fall, over the hours next to the change; then straight
+        # to the last tick (a day later for the fixed times).
+        now = now + timedelta(seconds=7) if now < start.replace(tzinfo=utc) + timedelta(hours=5) else end
+        due = schedule.latest_due(now).astimezone(utc)
+        assert due >= last, f"at {now} the newest due tick went back to {due}"
+        if due > last:
+            enqueued.append(schedule.latest_due(now).isoformat())
+            last = due
+    assert enqueued == expected
+
+
 # -- rounds on the database --------------------------------------------------------------------------
 
 async def test_a_new_periodic_job_starts_from_its_next_tick(jobs_db: str, pool: AsyncConnectionPool[Any]) -> None:
@@ -759,6 +818,24 @@ async def test_the_repeated_hours_ticks_come_twice_on_a_database_that_speaks_the
     assert [a for _, a in jobs_of(jobs_db, schedule.name)] == [["2030-10-27T02:00:00+01:00"]]
     assert done.wait == 895.0
 
+
+
+async def test_a_fixed_time_job_is_not_enqueued_again_in_the_second_pass_of_the_repeated_hour(jobs_db: str) -> None:
+    """Paris sets its clocks back at 03:00 CEST on 2030-10-27 (01:00 UTC). A daily 02:30 job ran at
+    02:30 CEST: the rounds of the second pass (02:30 CET and past it) enqueue nothing, and sleep
+    until the next day's 02:30, as cron's job at a fixed time runs once."""
+    schedule = declare("30 2 * * *", timezone="Europe/Paris")
+    utc = ZoneInfo("UTC")
+    q(jobs_db, "INSERT INTO livepush_periodic (name, last_tick) VALUES (%s, %s)",
+      (schedule.name, datetime(2030, 10, 27, 0, 30, tzinfo=utc)))  # 02:30 CEST, the first pass
+    async with frozen_clock_in_zone(jobs_db, "Europe/Paris") as (frozen, set_clock):
+        rounds = []
+        for at in (datetime(2030, 10, 27, 1, 30, 5, tzinfo=utc), datetime(2030, 10, 27, 1, 59, tzinfo=utc)):
+            set_clock(at)  # 02:30:05 CET, then 02:59 CET
+            rounds.append(await Scheduler([schedule]).round(frozen))
+    assert [r.enqueued for r in rounds] == [[], []] and jobs_of(jobs_db, schedule.name) == []
+    assert rounds[1].wait == (datetime(2030, 10, 28, 1, 30, tzinfo=utc) - datetime(2030, 10, 27, 1, 59, tzinfo=utc)
+                              ).total_seconds()
 
 @pytest.mark.parametrize(("cron", "zone", "start", "expected"), [
     # Paris goes forward at 02:00 CET on 2030-03-31 (01:00 UTC): 02:00:30 and 02:30:30 never come.

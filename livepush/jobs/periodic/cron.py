@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import logging
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
@@ -147,9 +148,35 @@ class Cron:
     expression: str
     timezone: str
     zone: ZoneInfo
+    # Cron's wildcard job: its minute or hour field starts with '*' (`*/15 * * * *`, `0 * * * *`,
+    # `@hourly`). When the clocks go back it runs at both passes of the repeated hour, as it does
+    # every hour; a job at a fixed time (`30 1 * * *`) runs at the first pass only, as in cron,
+    # where a daily job run twice in one night was the surprise (docs/jobs.md).
+    wildcard: bool
 
     def latest_due(self, now: datetime) -> datetime:
         """The newest tick at or before `now`, in the schedule's zone."""
+        return self._first_pass_only(self._latest_due(now), self._latest_due, newest=True)
+
+    def next_after(self, now: datetime) -> datetime:
+        """The first tick strictly after `now`, in the schedule's zone."""
+        return self._first_pass_only(self._next_after(now), self._next_after, newest=False)
+
+    def _first_pass_only(self, tick: datetime, find: Callable[[datetime], datetime], *, newest: bool) -> datetime:
+        """`tick`, unless it is a fixed-time job's tick in the second pass of a repeated hour, whose
+        wall time the first pass ran: then what `find` finds next to that second pass, the newest
+        tick before it (`newest`) or the first after it."""
+        if self.wildcard or tick.astimezone(self.zone).fold == 0:
+            return tick
+        first = tick.astimezone(self.zone).replace(fold=0).astimezone(UTC)  # the first pass's instant
+        later = tick.astimezone(UTC)
+        # The second pass runs from the change of the clocks until they show again what they
+        # showed at it: as long as the clocks went back.
+        start = self._change(first, later)
+        return find((start if newest else start + (later - first)) - timedelta(seconds=1))
+
+    def _latest_due(self, now: datetime) -> datetime:
+        """latest_due counting every pass of a repeated hour (a wildcard job's ticks)."""
         # Ticks fall on whole seconds, and croniter's get_prev is strictly before its start: the
         # newest tick before the next whole second is the newest one at or before `now`. The second
         # is added in UTC: arithmetic on a zoned datetime is on the wall clock and drops `fold`.
@@ -167,8 +194,8 @@ class Cron:
             return max([*around, *self._around(found, newest=True)]).astimezone(self.zone)
         return max([found, *around]).astimezone(self.zone)
 
-    def next_after(self, now: datetime) -> datetime:
-        """The first tick strictly after `now`, in the schedule's zone."""
+    def _next_after(self, now: datetime) -> datetime:
+        """next_after counting every pass of a repeated hour (a wildcard job's ticks)."""
         found = croniter(self.expression, now.astimezone(self.zone)).get_next(datetime).astimezone(UTC)
         around = self._around(now.astimezone(UTC), newest=False)
         if self._pushed_past_a_gap(found):
@@ -176,7 +203,7 @@ class Cron:
             # to come; none when that change is past (the gap's tick with it): then the next.
             later = [t for t in self._around(found - CHANGE_WINDOW, newest=False) if t > now]
             if not [*around, *later]:
-                return self.next_after(found)
+                return self._next_after(found)
             return min([*around, *later]).astimezone(self.zone)
         return min([found, *around]).astimezone(self.zone)
 
@@ -192,6 +219,19 @@ class Cron:
         offset = at.astimezone(self.zone).utcoffset()
         assert offset is not None
         return offset
+
+    def _change(self, lo: datetime, hi: datetime) -> datetime:
+        """The instant of the one change of the clocks in (lo, hi] (UTC, to the second; zones change
+        on whole seconds): the offset is lo's up to it and hi's from it on."""
+        before = self._offset(lo)
+        lo = lo.replace(microsecond=0)
+        while hi - lo > timedelta(seconds=1):
+            mid = lo + timedelta(seconds=(hi - lo).total_seconds() // 2)
+            if self._offset(mid) == before:
+                lo = mid
+            else:
+                hi = mid
+        return hi.replace(microsecond=0)
 
     def _prev_wall(self, wall: datetime) -> datetime:
         """The newest wall-clock tick strictly before `wall` (naive: no zone, no clock change)."""
@@ -209,18 +249,9 @@ class Cron:
         far = now + sign * CHANGE_WINDOW
         if self._offset(far) == self._offset(now):
             return []
-        # The instant of the change (to the second; zones change on whole seconds): the offset is
-        # `before` up to it and `after` from it on.
         lo, hi = (far, now) if newest else (now, far)
         before, after = self._offset(lo), self._offset(hi)
-        lo = lo.replace(microsecond=0)
-        while hi - lo > timedelta(seconds=1):
-            mid = lo + timedelta(seconds=(hi - lo).total_seconds() // 2)
-            if self._offset(mid) == before:
-                lo = mid
-            else:
-                hi = mid
-        change = hi.replace(microsecond=0)
+        change = self._change(lo, hi)
 
         def wall(at: datetime, offset: timedelta) -> datetime:
             return (at + offset).replace(tzinfo=None)
@@ -387,4 +418,6 @@ def parse(expression: str, timezone: str = "UTC") -> Cron:
         refused = None if expression.startswith("@") else _field_refused(fields)
         raise InvalidScheduleError(f"periodic {expression!r}: not a valid cron expression: "
                                    f"{refused or exc}") from None
-    return Cron(expression, timezone, zone)
+    wildcard = expression.lower() == "@hourly" if expression.startswith("@") else \
+        fields[0].startswith("*") or fields[1].startswith("*")
+    return Cron(expression, timezone, zone, wildcard)
