@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from livepush.jobs.api.registry import REGISTRY
+from livepush.jobs.api.registry import REGISTRY, Registry
 from livepush.jobs.periodic.decorator import SCHEDULES
 from livepush.jobs.runtime.runtime import Runtime
 from livepush.types import State
@@ -37,16 +37,19 @@ def jobs_db(pg_url: str) -> Iterator[str]:
 
 @contextlib.asynccontextmanager
 async def running(**options: Any) -> AsyncIterator[Runtime]:
-    """A runtime of every registered job on this loop (queues "default" and "second" unless
-    given, 0.2 s heartbeat), stopped at once when the block ends."""
+    """A runtime of every job of `registry` (the process-wide REGISTRY unless given) on this loop
+    (queues "default" and "second" unless given; None: every queue of the registry's jobs; 0.2 s
+    heartbeat), stopped at once when the block ends."""
+    registry: Registry = options.pop("registry", REGISTRY)
     options.setdefault("queues", ["default", "second"])
     options.setdefault("heartbeat", 0.2)
     # Periodic jobs are process-wide: one another test defined on these queues would be scheduled
     # here, its runs counted among this test's jobs only when a tick falls while it runs.
-    stray = SCHEDULES.served_by(REGISTRY, options["queues"])
-    assert not stray, (f"periodic jobs on the queues {options['queues']} would be scheduled by this test's runtime: "
+    queues = options["queues"] if options["queues"] is not None else registry.queues()
+    stray = SCHEDULES.served_by(registry, queues)
+    assert not stray, (f"periodic jobs on the queues {queues} would be scheduled by this test's runtime: "
                        f"{', '.join(s.name for s in stray)}; define them on a queue of their own")
-    rt = Runtime(REGISTRY, install_signals=False, **options)
+    rt = Runtime(registry, install_signals=False, **options)
     task = asyncio.create_task(rt.run())
     await rt.wait_started()
     try:

@@ -16,7 +16,7 @@ import pytest
 from livepush import config, jobs
 from livepush.jobs import database, queries
 from livepush.jobs.api.functions import JobFunction
-from livepush.jobs.api.registry import REGISTRY
+from livepush.jobs.api.registry import REGISTRY, Registry
 from livepush.jobs.runtime.context import ClaimedJob, JobContext
 from livepush.jobs.runtime.executor import Outcome
 from livepush.jobs.runtime import runtime
@@ -191,6 +191,62 @@ async def test_a_name_given_back_as_unknown_is_claimed_once_its_function_is_defi
     assert info is not None and info.attempt == 1
     assert names_of(jobs_db, h.id) == ["enqueued/available", "started/running", "enqueued/available",
                                        "started/running", "succeeded/succeeded"]
+
+
+async def test_a_runtime_without_queues_serves_the_queue_of_a_job_defined_after_it_started(jobs_db: str) -> None:
+    """A runtime made without `queues` serves every queue its jobs use, but read that list once, as
+    it was made: a job defined later in its process (a module imported after the start) on a queue
+    no earlier job used was never claimed, and its jobs waited for ever with no word. The queue is
+    now served from the definition on, its jobs picked up at their enqueue's ring (the poll is far
+    longer than the wait), and the runtime's row, which `livepush status` reads, lists it."""
+    registry = Registry()
+    ran: list[str] = []
+
+    async def first(ctx: Any, key: str) -> None:
+        ran.append(key)
+
+    registry.add(JobFunction(first, name="t.late_queue.first", queue="late-queue-first"))
+    async with running(registry=registry, queues=None, poll_interval=30.0) as rt:
+        assert rt.queues == ["late-queue-first"]
+
+        async def later(ctx: Any, key: str) -> None:
+            ran.append(key)
+
+        defined = registry.add(JobFunction(later, name="t.late_queue.later", queue="late-queue-later"))
+        h = await defined.aenqueue("later")  # its module imported now, in this process
+        await wait_state(h.id, "succeeded", timeout=10.0)
+        assert rt.queues == ["late-queue-first", "late-queue-later"]
+        # A queue the jobs also run on (add_queues(): enqueues that name it), added later, too.
+        registry.add_queues(["late-queue-named"])
+        named = await JobFunction(later, name=defined.name, queue="late-queue-named").aenqueue("named")
+        await wait_state(named.id, "succeeded", timeout=10.0)
+        served = ["late-queue-first", "late-queue-later", "late-queue-named"]
+        assert rt.queues == served
+        report = await jobs.astatus()
+        (row,) = [r for r in report.runtimes if r.id == rt.id]
+        assert row.queues == served
+        assert {"late-queue-later", "late-queue-named"} <= {queue.queue for queue in report.queues}
+    assert ran == ["later", "named"]
+
+
+async def test_a_runtime_given_queues_keeps_them_when_a_job_is_defined_on_another(jobs_db: str) -> None:
+    """A runtime given its `queues` serves exactly those: a job defined later on another queue is
+    left to the runtimes that serve it, however many claims this one makes meanwhile."""
+    registry = Registry()
+
+    async def record(ctx: Any, key: str) -> None: ...
+
+    served = registry.add(JobFunction(record, name="t.given_queues.served", queue="given-queue"))
+    async with running(registry=registry, queues=["given-queue"], poll_interval=30.0) as rt:
+        other = registry.add(JobFunction(record, name="t.given_queues.other", queue="given-queue-other"))
+        left = await other.aenqueue("left")
+        # Enqueued after the definition: the claim that runs it has seen the definition.
+        await wait_state((await served.aenqueue("ran")).id, "succeeded", timeout=10.0)
+        assert rt.queues == ["given-queue"]
+        assert await state_of(left.id) == "available"
+        report = await jobs.astatus()
+        (row,) = [r for r in report.runtimes if r.id == rt.id]
+        assert row.queues == ["given-queue"]
 
 
 async def test_queues_in_order(jobs_db: str) -> None:

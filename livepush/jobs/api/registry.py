@@ -53,8 +53,9 @@ class Registry:
     def __init__(self) -> None:
         self._functions: dict[str, Any] = {}
         self._queues: set[str] = set()
-        # Registrations so far: a running runtime compares it with the count it last saw, which
-        # tells it cheaply, before each claim, that a function was defined since (its limits).
+        # Registrations so far (and add_queues() that added one): a running runtime compares it
+        # with the count it last saw, which tells it cheaply, before each claim, that a function
+        # was defined since (its limits, its queue).
         self.changes = 0
 
     def add(self, fn: Any, origin: str | None = None, defined_at: str | None = None) -> Any:
@@ -106,7 +107,10 @@ class Registry:
         the Django backend), so that a runtime started without --queues serves them too."""
         from .options import check_queue
 
-        self._queues.update(check_queue(q, "queue") for q in queues)
+        added = {check_queue(q, "queue") for q in queues} - self._queues
+        if added:
+            self._queues.update(added)
+            self.changes += 1  # a running runtime made without --queues serves them from its next claim
 
     def queues(self) -> list[str]:
         """What a runtime started without --queues serves: its functions' queues and add_queues()'."""

@@ -260,7 +260,8 @@ async def _done_or_set(task: asyncio.Future[Any], event: asyncio.Event) -> None:
 class Runtime:
     """The job runtime embedded in Python: what `livepush jobs` runs (docs/jobs.md). `modules` are
     the names of the modules that define the jobs (a list, not one string), `queues` the queues it
-    serves, first ones first (None: every queue their jobs use); `concurrency` jobs at a time.
+    serves, first ones first (None: every queue their jobs use, those of jobs defined while it runs
+    included); `concurrency` jobs at a time.
     `shutdown_timeout`, `heartbeat`, `poll_interval` and `retention` are seconds or a timedelta, in
     the ranges the command's flags take (`retention=None` keeps finished jobs and groups). `url`
     is the database (None: the one `jobs.configure()` names, else LIVEPUSH_DATABASE_URL).
@@ -324,6 +325,13 @@ class Runtime:
         self.queues = (list(dict.fromkeys(check_queue(q, option_names.name("queues"))
                                           for q in _queue_list(queues, option_names)))
                        if queues is not None else (self.registry.queues() or ["default"]))
+        # Made without `queues`, it serves every queue its registry's jobs use: those of a job
+        # defined since (a module imported later) too, taken up before its next claim as its
+        # limits are; `_queues_seen` is the registry's count of registrations they were read at.
+        self._every_queue = queues is None
+        self._queues_seen = self.registry.changes
+        # Queues taken up since its registration that its row does not list yet (`livepush status`).
+        self._queues_unwritten = False
         self.concurrency = concurrency
         self.shutdown_timeout = shutdown_timeout
         self.heartbeat = heartbeat
@@ -493,6 +501,7 @@ class Runtime:
             # had served, while the jobs it was meant to run waited for nothing.
             raise ConfigError("this job runtime already ran: a Runtime runs once: make a new Runtime(...) to run again")
         self._ran = True
+        self._take_up_new_queues()  # of jobs defined since it was made
         self._schedules = SCHEDULES.read(self, self.registry, self.queues)
         try:
             await self._run_once()
@@ -995,6 +1004,12 @@ class Runtime:
             self._hold_late_definitions(self._late_definitions())
             self._include_defined()
             self._read_step_names()
+        self._take_up_new_queues()
+        if self._queues_unwritten:
+            # Before it claims there: a job it runs is on a queue its row lists.
+            assert self._pool is not None and self.id is not None
+            await maintenance.set_queues(self._pool, self.id, self.queues)
+            self._queues_unwritten = False
         params: dict[str, Any] = {"excluded": sorted(self.excluded), "runtime_id": self.id}
         limited = [n for n in self.limited if n not in self.excluded]
         if len(limited) > 1:
@@ -1080,6 +1095,24 @@ class Runtime:
             self.excluded -= defined
             log.info("job names %s were defined after this job runtime gave their jobs back: claiming them again",
                      ", ".join(sorted(defined)))
+
+    def _take_up_new_queues(self) -> None:
+        """A runtime made without `queues` serves the queues of jobs defined since it started (their
+        module imported later), in the order a start would give them (sorted); one given its
+        `queues` keeps them. A queue is never dropped: jobs enqueued there may still wait."""
+        if not self._every_queue or self.registry.changes == self._queues_seen:
+            return
+        self._queues_seen = self.registry.changes
+        new = [queue for queue in self.registry.queues() if queue not in self.queues]
+        if not new:
+            return
+        self.queues = sorted({*self.queues, *new})
+        metrics.count_queues(new)
+        if self.id is None:
+            return  # not registered yet: its row will list them, and its periodic jobs are read after
+        self._queues_unwritten = True
+        log.info("job runtime %s now serves queues %s too: jobs defined since it started use them", self.id,
+                 ",".join(new))
 
     def _read_step_names(self) -> None:
         """Every step whose function is registered here, read from the registry: a workflow name
