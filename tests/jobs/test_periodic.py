@@ -476,6 +476,27 @@ async def test_a_periodic_job_declared_while_a_runtime_runs_is_said_to_wait_for_
     assert not caplog.records, caplog.text
 
 
+async def test_a_periodic_job_declared_on_a_new_queue_while_a_runtime_of_every_queue_runs_is_said_to_wait(
+        jobs_db: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runtime started without `queues` serves the queue of a job defined after its start, but
+    reads its periodic jobs once, at its start: one declared later on a queue no earlier job used
+    was never scheduled, and said nothing, since the runtime did not serve that queue when it
+    started. Its declaration now logs the warning of a periodic job declared late."""
+    # The process-wide registry as if this process defined one job alone: a runtime of every
+    # queue would otherwise serve (and schedule) what every other test defined.
+    monkeypatch.setattr(REGISTRY, "_functions", {})
+    monkeypatch.setattr(REGISTRY, "_queues", set())
+    queue = f"periodic-new-queue-{next(_names)}"
+    jobs.job(name=f"tests.periodic.job_{next(_names)}", queue=f"{queue}-first")(lambda ctx: None)
+    caplog.set_level("WARNING", logger="livepush.jobs")
+    async with running(queues=None):
+        late = jobs.periodic("*/5 * * * *", queue=queue, name=f"tests.periodic.job_{next(_names)}")(
+            lambda ctx, tick: None)
+        (record,) = [r for r in caplog.records if "periodic" in r.getMessage()]
+        assert record.levelname == "WARNING"
+        assert late.name in record.getMessage() and "next" in record.getMessage(), record.getMessage()
+
+
 @contextlib.asynccontextmanager
 async def scheduling(queue: str) -> AsyncIterator[Runtime]:
     """A runtime serving `queue` and scheduling its periodic jobs (`running()` refuses those)."""

@@ -37,8 +37,9 @@ class Schedules:
     def __init__(self) -> None:
         self._schedules: dict[str, Schedule] = {}
         # The runtimes of this process that read their schedules (read()) and have not ended: each
-        # with its registry, its queues and the names it schedules.
-        self._readers: dict[object, tuple[Registry, frozenset[str], frozenset[str]]] = {}
+        # with its registry, its queues (None: every queue of its registry's jobs, those defined
+        # later included) and the names it schedules.
+        self._readers: dict[object, tuple[Registry, frozenset[str] | None, frozenset[str]]] = {}
 
     def add(self, schedule: Schedule) -> None:
         # As with the job registry, a re-imported module's newest definition wins.
@@ -59,12 +60,15 @@ class Schedules:
                     ", but a job runtime of this process that is running keeps the first until its next start"
                     if running else "")
 
-    def read(self, reader: object, registry: Registry, queues: Iterable[str]) -> list[Schedule]:
+    def read(self, reader: object, registry: Registry, queues: Iterable[str],
+             every_queue: bool = False) -> list[Schedule]:
         """served_by() for a runtime that schedules them from now until done_reading(reader): a
         runtime reads its periodic jobs once, so a job declared meanwhile is said not to be among
-        them (add())."""
+        them (add()). `every_queue`: the runtime also serves the queues of jobs defined later (it
+        was made without `queues`), so a job declared meanwhile on a new queue is said so too."""
         served = self.served_by(registry, queues)
-        self._readers[reader] = (registry, frozenset(queues), frozenset(s.name for s in served))
+        self._readers[reader] = (registry, None if every_queue else frozenset(queues),
+                                 frozenset(s.name for s in served))
         return served
 
     def done_reading(self, reader: object) -> None:
@@ -76,7 +80,7 @@ class Schedules:
         # So it is said, once.
         late = [queues for registry, queues, names in self._readers.values()
                 if schedule.name not in names and registry.find(schedule.name) is schedule.function
-                and schedule.function.queue in queues]
+                and (queues is None or schedule.function.queue in queues)]
         if late:
             log.warning("periodic job %s (%s, %s) was declared while a job runtime of this process serving its "
                         "queue %s was running: a runtime reads its periodic jobs when it starts, so it is scheduled "

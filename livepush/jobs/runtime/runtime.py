@@ -502,7 +502,7 @@ class Runtime:
             raise ConfigError("this job runtime already ran: a Runtime runs once: make a new Runtime(...) to run again")
         self._ran = True
         self._take_up_new_queues()  # of jobs defined since it was made
-        self._schedules = SCHEDULES.read(self, self.registry, self.queues)
+        self._schedules = SCHEDULES.read(self, self.registry, self.queues, every_queue=self._every_queue)
         try:
             await self._run_once()
         except BaseException as exc:
