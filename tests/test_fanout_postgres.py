@@ -759,3 +759,28 @@ def test_publishers_waiting_on_a_database_that_never_answers_fail_together_not_i
     # In turn, the last would wait 6 x 2 s; together, each about one attempt (a generous bound).
     assert max(waited) < 7, waited
     assert max(awaited) < 7, awaited
+
+
+async def test_a_payload_too_large_with_conn_leaves_the_callers_transaction_usable(
+        fanout: PostgresFanOut, pg_url: str) -> None:
+    """Data over 1 MiB is refused in Python, before anything is sent: with conn=, publish(), its
+    async and batch twins raise PayloadTooLarge and the caller's transaction goes on, its own
+    statements and its later publishes committing with it (an enqueue's refusal by Postgres for
+    size leaves it usable too: docs/jobs.md)."""
+    huge = {"s": "x" * (2 * 1024 * 1024)}
+    with psycopg.connect(pg_url) as conn:
+        with pytest.raises(livepush.PayloadTooLarge):
+            fanout.publish("big:conn", huge, conn=conn)
+        with pytest.raises(livepush.PayloadTooLarge):
+            fanout.publish_many([("big:conn", {"n": 0}), ("big:conn", huge)], conn=conn)
+        kept = fanout.publish("big:conn", {"n": 1}, conn=conn)
+        conn.commit()
+    async with await psycopg.AsyncConnection.connect(pg_url) as aconn:
+        with pytest.raises(livepush.PayloadTooLarge):
+            await fanout.apublish("big:conn", huge, conn=aconn)
+        with pytest.raises(livepush.PayloadTooLarge):
+            await fanout.apublish_many([("big:conn", huge)], conn=aconn)
+        akept = await fanout.apublish("big:conn", {"n": 2}, conn=aconn)
+        await aconn.commit()
+    assert fanout.latest_offset("big:conn") == akept
+    assert offsets_of(await read_history(fanout, "big:conn", f"{kept.split('-')[0]}-0")) == [kept, akept]

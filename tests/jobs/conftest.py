@@ -66,6 +66,15 @@ def q(url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
         return cur.fetchall() if cur.description else []
 
 
+def over_jsonb(elements: int = 23_000_000) -> list[list[int]]:
+    """JSON (arguments, an input, data) whose jsonb passes the 256 MiB a value holds (268,435,455
+    bytes) at a sixth of that in JSON text: each 0 is 2 characters of text and 12 bytes of jsonb
+    (an entry and a numeric). Postgres refuses 23 million of them; 11.5 million (one of two jobs
+    of a batch) it stores. One inner list, shared, so that the test holds little."""
+    row = [0] * 1000
+    return [row] * (elements // 1000)
+
+
 def version_gaps(url: str) -> list[tuple[Any, ...]]:
     """Jobs whose recorded versions are not exactly 1, 2, ... up to the row's version, each once
     (for checks over many jobs at once): (id, row version, recorded versions)."""

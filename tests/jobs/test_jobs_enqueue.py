@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -15,7 +17,7 @@ from psycopg import sql
 from livepush import ConfigError, config, jobs
 from livepush.jobs import InvalidArgumentsError, enqueue_many, get_job, job_state, signal
 from tests.jobs import sample_jobs
-from tests.jobs.conftest import events_of, q
+from tests.jobs.conftest import events_of, over_jsonb, q
 
 
 def test_enqueue_returns_a_handle_and_publishes_enqueued(jobs_db: str) -> None:
@@ -625,3 +627,83 @@ async def test_arguments_too_large_to_store_are_refused_naming_them(jobs_db: str
         await jobs.aenqueue_many([(sample_jobs.record, [half]), (sample_jobs.record, [half])])
     del half
     assert q(jobs_db, "SELECT count(*) FROM livepush_jobs")[0][0] == 0
+
+
+def _group_block(conn: psycopg.Connection) -> None:
+    with jobs.group(conn=conn) as g:
+        g.enqueue(sample_jobs.record, over_jsonb())
+
+
+REFUSED_IN_CALLERS_TRANSACTION: dict[str, Callable[[psycopg.Connection], Any]] = {
+    "enqueue": lambda conn: sample_jobs.record.enqueue(over_jsonb(), conn=conn),
+    "enqueue_many": lambda conn: enqueue_many([(sample_jobs.record, [over_jsonb(11_500_000)]),
+                                               (sample_jobs.record, [over_jsonb(11_500_000)])], conn=conn),
+    "group": _group_block,
+    "signal": lambda conn: signal(sample_jobs.record.enqueue().id, "go", over_jsonb(), conn=conn),
+}
+
+
+@pytest.mark.parametrize(("call", "autocommit"), [(call, False) for call in REFUSED_IN_CALLERS_TRANSACTION]
+                         + [("enqueue", True)])
+def test_a_refusal_of_arguments_too_large_leaves_the_callers_transaction_usable(
+        jobs_db: str, call: str, autocommit: bool) -> None:
+    """A call with conn= whose data Postgres refuses as too large raises InvalidArgumentsError and
+    the caller's transaction goes on, as after any refusal made in Python: the rows the caller
+    wrote before and after it commit, and nothing of the call. Postgres failed the whole
+    transaction, so a caller that caught the error lost its own writes unless it rolled back. So
+    too in a transaction block of a connection in autocommit."""
+    with psycopg.connect(jobs_db, autocommit=autocommit) as conn:
+        with conn.transaction() if autocommit else contextlib.nullcontext():
+            conn.execute("INSERT INTO job_flags (name) VALUES ('before')")
+            with pytest.raises(InvalidArgumentsError, match="too large for Postgres to store"):
+                REFUSED_IN_CALLERS_TRANSACTION[call](conn)
+            conn.execute("INSERT INTO job_flags (name) VALUES ('after')")
+        conn.commit()
+    assert q(jobs_db, "SELECT name FROM job_flags ORDER BY name") == [("after",), ("before",)]
+    # The signal's target is enqueued on its own, before the call.
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(1 if call == "signal" else 0,)]
+    assert q(jobs_db, "SELECT count(*) FROM livepush_job_signals") == [(0,)]
+
+
+async def test_an_async_refusal_of_arguments_too_large_leaves_the_callers_transaction_usable(jobs_db: str) -> None:
+    """As for the sync calls: aenqueue and aenqueue_many with conn= leave the caller's transaction
+    usable when Postgres refuses their arguments as too large."""
+    calls = {
+        "aenqueue": lambda aconn: sample_jobs.record.aenqueue(over_jsonb(), conn=aconn),
+        "aenqueue_many": lambda aconn: jobs.aenqueue_many([(sample_jobs.record, [over_jsonb(11_500_000)]),
+                                                           (sample_jobs.record, [over_jsonb(11_500_000)])], conn=aconn),
+    }
+    for name, call in calls.items():
+        async with await psycopg.AsyncConnection.connect(jobs_db) as aconn:
+            await aconn.execute("INSERT INTO job_flags (name) VALUES (%s)", (f"{name} before",))
+            with pytest.raises(InvalidArgumentsError, match="too large for Postgres to store"):
+                await call(aconn)
+            await aconn.execute("INSERT INTO job_flags (name) VALUES (%s)", (f"{name} after",))
+            await aconn.commit()
+    assert [r[0] for r in q(jobs_db, "SELECT name FROM job_flags ORDER BY name")] == [
+        "aenqueue after", "aenqueue before", "aenqueue_many after", "aenqueue_many before"]
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
+
+
+def test_only_an_enqueue_postgres_may_refuse_as_too_large_takes_a_savepoint(jobs_db: str, tmp_path: Path) -> None:
+    """The savepoint that keeps the caller's transaction usable after a refusal costs two round
+    trips: an enqueue whose JSON is shorter than Postgres could ever refuse (a sixth of the limit
+    at most is jsonb's measured growth) sends its one statement, as ever, seen on the wire. One
+    past that length takes the savepoint, and, stored, commits with the caller's transaction."""
+    from livepush.jobs.api.args import MAY_BE_TOO_LARGE
+
+    trace = tmp_path / "trace"
+    with psycopg.connect(jobs_db) as conn, trace.open("w") as traced:
+        conn.execute("INSERT INTO job_flags (name) VALUES ('before')")
+        sample_jobs.record.enqueue("warm", conn=conn)  # the database's identity is read at the first conn= call
+        conn.pgconn.trace(traced.fileno())
+        conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE)
+        small = sample_jobs.record.enqueue("x" * 1000, conn=conn)
+        enqueue_many([(sample_jobs.record, ["x" * 1000])] * 100, conn=conn)
+        conn.pgconn.untrace()
+        large = sample_jobs.record.enqueue("x" * (MAY_BE_TOO_LARGE + 1), conn=conn)
+        conn.commit()
+    sent = trace.read_text()
+    assert "livepush_job_payloads" in sent and "SAVEPOINT" not in sent
+    assert q(jobs_db, "SELECT name FROM job_flags") == [("before",)]
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE id IN (%s, %s)", (small.id, large.id)) == [(2,)]

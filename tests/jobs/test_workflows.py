@@ -24,7 +24,7 @@ from livepush.jobs.workflows.definition import WORKFLOWS
 from livepush.jobs.workflows.runner import Batch
 from tests.jobs import durable_jobs as dj
 from tests.jobs import workflow_defs as wd
-from tests.jobs.conftest import q, read_states
+from tests.jobs.conftest import over_jsonb, q, read_states
 from tests.jobs.conftest import running as runtime_running
 from tests.support.waiting import async_wait_for
 
@@ -1504,6 +1504,19 @@ def test_an_input_or_signal_too_large_to_store_is_refused_naming_it(flows_db: st
         jobs.workflows.signal(run.id, "approve", {"by": huge}, actor="ana")
     assert jobs.workflows.get(run.id)["audit"] == []  # type: ignore[index]
     jobs.workflows.signal(run.id, "approve", {"by": "ana"}, actor="ana")  # the step still takes one
+
+
+def test_an_input_too_large_with_conn_leaves_the_callers_transaction_usable(flows_db: str) -> None:
+    """start(conn=) with an input Postgres refuses as too large raises InvalidArgumentsError and
+    the caller's transaction goes on: its own rows before and after commit, and no run exists."""
+    with psycopg.connect(flows_db) as conn:
+        conn.execute("INSERT INTO job_flags (name) VALUES ('before')")
+        with pytest.raises(jobs.InvalidArgumentsError, match="input is too large for Postgres to store"):
+            wd.approval.start({"rows": over_jsonb()}, conn=conn)
+        conn.execute("INSERT INTO job_flags (name) VALUES ('after')")
+        conn.commit()
+    assert q(flows_db, "SELECT name FROM job_flags ORDER BY name") == [("after",), ("before",)]
+    assert jobs.workflows.list(name="t_approval") == ([], None)
 
 
 async def test_a_wait_that_runs_out_while_its_run_is_paused_times_out_at_the_resume(flows_db: str) -> None:

@@ -214,6 +214,21 @@ def stored_whole(what: str, *, plural: bool = False, advice: str = "") -> Iterat
                                     ) from exc
 
 
+# Postgres refuses a jsonb value whose contents pass 2**28 - 1 bytes (a container's offsets have
+# 28 bits). jsonb takes at most 6 bytes per character of the compact JSON text dumps() writes:
+# measured, the most is a list of one-digit numbers, 2 characters an element ("0,") for a 4-byte
+# entry and an 8-byte numeric; a string's character is at most 4 bytes (UTF-8), an empty list or
+# object 8 bytes for 3 characters. Text of up to an eighth of the limit in characters (with room
+# for what was not measured) is therefore never refused for its size.
+MAY_BE_TOO_LARGE = 2**28 // 8
+
+
+def may_be_too_large(params: Mapping[str, Any]) -> bool:
+    """Whether a statement's parameters hold JSON text long enough (MAY_BE_TOO_LARGE, all of its
+    text together) that Postgres may refuse it as larger than a jsonb value holds."""
+    return sum(len(value) for value in params.values() if isinstance(value, str)) > MAY_BE_TOO_LARGE
+
+
 def name_refused(arguments: Iterable[Any]) -> None:
     """After the encoder refused a batch: raise InvalidArgumentsError naming the first job's
     argument it refuses (an int too long for JSON text), as check_args() names what it refuses."""

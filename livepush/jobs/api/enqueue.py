@@ -3,7 +3,9 @@
 Every path is one statement (queries.ENQUEUE, or ENQUEUE_ONE for a lone job; ENQUEUE_KEYED,
 ENQUEUE_ONE_KEYED or ENQUEUE_DEBOUNCED when a job has an idempotency key) that also rings each new job's state topic
 and the runtimes' doorbell; both are delivered at commit, so pages and idle runtimes hear only of
-committed jobs. Enqueue options (key=, debounce=, tags=): docs/jobs.md "Enqueue options".
+committed jobs. Enqueue options (key=, debounce=, tags=): docs/jobs.md "Enqueue options". In the
+caller's transaction, a statement whose JSON is long enough that Postgres may refuse it as too
+large runs inside a savepoint (_guarded), so that a refusal leaves that transaction usable.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from typing import Any
 
 from ...postgres.connect import cursor_on, translated, translated_on
 from ...postgres.pools import aautocommitted, autocommitted
+from ...postgres.savepoints import Savepoint, akept, in_callers_transaction, kept
 from .. import database, queries
-from .args import check_args, dumps, name_refused, refuse_arity, stored_whole
+from .args import check_args, dumps, may_be_too_large, name_refused, refuse_arity, stored_whole
 from .handles import JobHandle
 from .limits import check_claim_entry
 from .options import check_debounce, check_key, check_tags
@@ -403,6 +406,19 @@ async def alook_for_script_runtimes(batch: Batch, later: Iterable[tuple[str, str
         _warn_script_job(name, queue, served)
 
 
+# Around an enqueue statement in the caller's transaction that Postgres may refuse as too large.
+_REFUSABLE = Savepoint("livepush_enqueue")
+
+
+def _guarded(conn: Any, params: dict[str, Any]) -> bool:
+    """Whether the enqueue statement with `params` on the caller's `conn` needs a savepoint: its
+    JSON is long enough that Postgres may refuse it as too large (args.may_be_too_large), which
+    would fail the caller's transaction, whose own writes a caller that caught the
+    InvalidArgumentsError then lost. Shorter, it is never refused for its size, and goes alone:
+    an ordinary enqueue pays no round trip for the savepoint."""
+    return may_be_too_large(params) and in_callers_transaction(conn)
+
+
 def run_batch(batch: Batch, conn: Any = None, debounce: float | None = None,
               call: str = "enqueue") -> list[JobHandle]:
     """Insert a batch with a sync connection (the caller's, or ours and committed here). `call`
@@ -424,7 +440,8 @@ def run_batch(batch: Batch, conn: Any = None, debounce: float | None = None,
                 autocommitted(own):
             rows = own.execute(sql, params).fetchall()
     else:
-        with batch.stored_whole(call), translated_on(url, conn), cursor_on(conn) as cur:
+        with batch.stored_whole(call), translated_on(url, conn), \
+                kept(conn, _REFUSABLE) if _guarded(conn, params) else contextlib.nullcontext(), cursor_on(conn) as cur:
             rows = cur.execute(sql, params).fetchall()
     look_for_script_runtimes(batch)
     return [JobHandle(row[0], row[1]) for row in rows]
@@ -447,7 +464,8 @@ async def arun_batch(batch: Batch, conn: Any = None, debounce: float | None = No
                 rows = await (await own.execute(sql, params)).fetchall()
     else:
         with batch.stored_whole(call), translated_on(url, conn):
-            async with cursor_on(conn) as cur:
+            async with akept(conn, _REFUSABLE) if _guarded(conn, params) else contextlib.nullcontext(), \
+                    cursor_on(conn) as cur:
                 rows = await (await cur.execute(sql, params)).fetchall()
     await alook_for_script_runtimes(batch)
     return [JobHandle(row[0], row[1]) for row in rows]

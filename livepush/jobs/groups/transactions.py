@@ -9,7 +9,8 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from ...postgres.connect import cursor_on, translated, translated_on
+from ...postgres.connect import translated, translated_on
+from ...postgres.savepoints import Savepoint, akept, kept
 from .. import database
 from . import steps
 from ...errors import ArgumentTypeError
@@ -20,41 +21,7 @@ RETRIES = 5
 _CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
 # Around steps run in the caller's transaction (conn=).
-_SAVEPOINT = "SAVEPOINT livepush_group_steps"
-_RELEASE = "RELEASE SAVEPOINT livepush_group_steps"
-_ROLLBACK = "ROLLBACK TO SAVEPOINT livepush_group_steps"
-
-
-def _execute(conn: psycopg.Connection, statement: str) -> None:
-    """Run a savepoint statement on the caller's connection through cursor_on(), as the steps run:
-    with LIVEPUSH_PREPARED_STATEMENTS=off a statement run on every call would otherwise be
-    prepared under the connection's own prepare_threshold, which a pooler in transaction mode
-    cannot keep."""
-    with cursor_on(conn) as cur:
-        cur.execute(statement)
-
-
-async def _aexecute(conn: psycopg.AsyncConnection, statement: str) -> None:
-    async with cursor_on(conn) as cur:
-        await cur.execute(statement)
-
-
-def _undo(conn: psycopg.Connection) -> None:
-    """Take back what the steps wrote, leaving the caller's transaction as it was before them.
-    If the connection itself failed, the original error is the one to see."""
-    try:
-        _execute(conn, _ROLLBACK)
-        _execute(conn, _RELEASE)
-    except psycopg.Error:
-        pass
-
-
-async def _aundo(conn: psycopg.AsyncConnection) -> None:
-    try:
-        await _aexecute(conn, _ROLLBACK)
-        await _aexecute(conn, _RELEASE)
-    except psycopg.Error:
-        pass
+_STEPS = Savepoint("livepush_group_steps")
 
 
 _WRONG_KIND = {
@@ -82,14 +49,8 @@ def in_tx(make: Callable[[], steps.Steps[T]], conn: Any) -> T:
             # limit) takes back what they wrote, so a caller that catches it and commits its
             # own work commits nothing of ours. (The caller's transaction is begun first, so
             # this never commits it.)
-            _execute(conn, _SAVEPOINT)
-            try:
-                result = steps.run(conn, make())
-            except BaseException:
-                _undo(conn)
-                raise
-            _execute(conn, _RELEASE)
-            return result
+            with kept(conn, _STEPS):
+                return steps.run(conn, make())
     with translated(url):
         for attempt in range(RETRIES):
             try:
@@ -113,14 +74,8 @@ async def ain_tx(make: Callable[[], steps.Steps[T]], conn: Any, pool: AsyncConne
             if conn.autocommit:
                 async with conn.transaction():
                     return await steps.arun(conn, make())
-            await _aexecute(conn, _SAVEPOINT)
-            try:
-                result = await steps.arun(conn, make())
-            except BaseException:
-                await _aundo(conn)
-                raise
-            await _aexecute(conn, _RELEASE)
-            return result
+            async with akept(conn, _STEPS):
+                return await steps.arun(conn, make())
     with translated(url):
         for attempt in range(RETRIES):
             try:
