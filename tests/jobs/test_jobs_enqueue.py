@@ -629,17 +629,10 @@ async def test_arguments_too_large_to_store_are_refused_naming_them(jobs_db: str
     assert q(jobs_db, "SELECT count(*) FROM livepush_jobs")[0][0] == 0
 
 
-def _group_block(conn: psycopg.Connection) -> None:
-    with jobs.group(conn=conn) as g:
-        g.enqueue(sample_jobs.record, over_jsonb())
-
-
 REFUSED_IN_CALLERS_TRANSACTION: dict[str, Callable[[psycopg.Connection], Any]] = {
     "enqueue": lambda conn: sample_jobs.record.enqueue(over_jsonb(), conn=conn),
     "enqueue_many": lambda conn: enqueue_many([(sample_jobs.record, [over_jsonb(11_500_000)]),
                                                (sample_jobs.record, [over_jsonb(11_500_000)])], conn=conn),
-    "group": _group_block,
-    "signal": lambda conn: signal(sample_jobs.record.enqueue().id, "go", over_jsonb(), conn=conn),
 }
 
 
@@ -660,9 +653,7 @@ def test_a_refusal_of_arguments_too_large_leaves_the_callers_transaction_usable(
             conn.execute("INSERT INTO job_flags (name) VALUES ('after')")
         conn.commit()
     assert q(jobs_db, "SELECT name FROM job_flags ORDER BY name") == [("after",), ("before",)]
-    # The signal's target is enqueued on its own, before the call.
-    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(1 if call == "signal" else 0,)]
-    assert q(jobs_db, "SELECT count(*) FROM livepush_job_signals") == [(0,)]
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
 
 
 async def test_an_async_refusal_of_arguments_too_large_leaves_the_callers_transaction_usable(jobs_db: str) -> None:
