@@ -67,6 +67,11 @@ STATE_RETRY_SECONDS = 1.0
 # A history read that Postgres or Redis failed (a restart under way) is tried again after this
 # long, while someone still listens: the log still holds the range, so it is no gap.
 READ_RETRY_SECONDS = 0.5
+# How long a read-on from history (Hub._read_on) goes on trying a read that Postgres or Redis
+# failed, every READ_RETRY_SECONDS, before its client gets `reset`: a restart or a blip is no gap,
+# and this is as long as a client may be missing a frame before it is closed as too slow
+# (server/connection.py); its live messages meanwhile wait in its bounded join buffer.
+READ_ON_RETRY_SECONDS = 20.0
 # Tries of a batch's read, failing while the fan-out still hears (so the store answers), before
 # the batch is split apart: a read that fails the same way every time (the store refuses one
 # topic's key) would otherwise hold up every topic batched with it, for ever.
@@ -316,24 +321,44 @@ class Hub:
             self._go_live(sub, t, buffer, floor)
 
     async def _history_after(self, sub: Subscriber, t: _Topic, since: Offset, buffer: _Waiting) -> Key:
-        """The replay of `_read_on_from`; return the key of the last offset sent. History that no
-        longer holds `since`, or a read that fails, ends in `reset`, as a full share did before."""
+        """The replay of `_read_on_from`; return the key of the last offset sent. A read that
+        Postgres or Redis fails (a restart under way) is tried again from the last offset sent, as
+        a live read is, for READ_ON_RETRY_SECONDS; history that no longer holds that offset, a read
+        that fails otherwise, or the store still down past that bound ends in `reset`."""
         # First the client reads what waits for it already (its share, and the rest of its
         # backlog): read on before that, and the replay's frames would wait beside them.
         await sub.drain()
         if self._left(t, sub, buffer):
             return offset_key(since)
-        try:
-            page = await self.fanout.history(t.name, since)
-            if page is None:  # pruned meanwhile: the client refetches
-                return await self._reset_joiner(sub, t, buffer)
-            return await self._replay(sub, t, since, page, buffer)
-        except ConnectionClosed:
-            raise
-        except Exception as exc:
-            log.warning("could not read on from the history of %s for a client behind on it (%s); it gets reset",
-                        t.name, exc)
-            return await self._reset_joiner(sub, t, buffer, latest=False)
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + READ_ON_RETRY_SECONDS
+        failures = 0
+        while True:
+            # Where the client stands: after a failure midway, what was sent is not sent again.
+            last = buffer.stands if buffer.stands is not None else since
+            try:
+                page = await self.fanout.history(t.name, last)
+                if page is None:  # pruned meanwhile: the client refetches
+                    return await self._reset_joiner(sub, t, buffer)
+                return await self._replay(sub, t, last, page, buffer)
+            except ConnectionClosed:
+                raise
+            except DependencyError as exc:
+                failures += 1
+                if loop.time() >= give_up:
+                    log.warning("could not read on from the history of %s for a client behind on it for %g s (%s); "
+                                "it gets reset", t.name, READ_ON_RETRY_SECONDS, exc)
+                    return await self._reset_joiner(sub, t, buffer, latest=False)
+                (log.warning if failures == 1 else log.debug)(
+                    "could not read on from the history of %s for a client behind on it (%s); reading again every "
+                    "%g s", t.name, exc, READ_RETRY_SECONDS)
+                await asyncio.sleep(READ_RETRY_SECONDS)
+                if self._left(t, sub, buffer):
+                    return offset_key(last)
+            except Exception as exc:
+                log.warning("could not read on from the history of %s for a client behind on it (%s); it gets reset",
+                            t.name, exc)
+                return await self._reset_joiner(sub, t, buffer, latest=False)
 
     def _drop_joiner(self, t: _Topic, sub: Subscriber, buffer: _Waiting) -> None:
         if t.joining.get(sub) is buffer:

@@ -910,22 +910,60 @@ class ShortPagesFailingAfter(YieldingLocal):
         return await super().history(topic, since, limit=5)
 
 
-async def test_a_subscriber_whose_read_on_from_history_fails_midway_gets_no_message_twice() -> None:
-    """A subscriber whose share filled reads on from history; after a page of it went out, the
-    next read fails, so it gets `reset`: the live messages that waited for it meanwhile follow
-    the reset from past the last one it was sent, never one it had already (in order, once)."""
+async def read_on_through(fanout: YieldingLocal, *, reset: bool) -> Overflowing:
+    """A subscriber of topic `burst` whose share fills at the 3rd of 20 messages, so that it reads
+    on from `fanout`'s history; returned once it went live again (after its `reset`, when one is
+    expected) and got the live message "live" published then."""
     sub = Overflowing(at=3)
-    fanout = ShortPagesFailingAfter(served=1)
     await fanout.listen()
     hub = overflowing_hub(fanout)
     await hub.subscribe(sub, "burst", None, 1)
     for i in range(20):
         fanout.publish("burst", i)
-    await async_wait_for(lambda: "reset" in [f["op"] for f in sub.frames], message="the reset")
+    if reset:
+        await async_wait_for(lambda: "reset" in [f["op"] for f in sub.frames], message="the reset")
+    await async_wait_for(lambda: len(sub.data()) >= 20, message="the burst")
     await async_wait_for(lambda: sub in hub._topics["burst"].subscribers, message="the subscriber to go live again")
     fanout.publish("burst", "live")
     await async_wait_for(lambda: "live" in sub.data(), message="the live message")
+    return sub
+
+
+async def test_a_subscriber_whose_read_on_from_history_fails_midway_gets_no_message_twice(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subscriber whose share filled reads on from history; after a page of it went out, the
+    next read fails past the read-on's retry bound (none here), so it gets `reset`: the live
+    messages that waited for it meanwhile follow the reset from past the last one it was sent,
+    never one it had already (in order, once)."""
+    from livepush.server import hub as hub_module
+    monkeypatch.setattr(hub_module, "READ_ON_RETRY_SECONDS", 0.0)
+    sub = await read_on_through(ShortPagesFailingAfter(served=1), reset=True)
     offsets = [f["offset"] for f in sub.frames if f["op"] == "message"]
     assert len(offsets) == len(set(offsets)), f"sent twice: {sub.data()}"
     assert sub.data() == [*range(20), "live"]
     assert [f["op"] for f in sub.frames] == ["subscribed", *["message"] * 8, "reset", *["message"] * 13]
+
+
+class ShortPagesFailingOnce(ShortPagesFailingAfter):
+    """History in pages of 5 messages; the read after the first `served` raises once, as a store
+    that restarts in the middle of a read-on does, then every read succeeds."""
+
+    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE) -> History | None:
+        if self.served == 0:
+            self.served = -1
+            raise DependencyError("cannot reach Postgres (terminating connection due to administrator command)")
+        self.served = max(self.served - 1, -1)
+        return await YieldingLocal.history(self, topic, since, limit=5)
+
+
+async def test_a_read_on_from_history_that_fails_midway_goes_on_from_where_it_stood(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-on whose read fails once after a page went out is tried again, from the last message
+    it sent: the subscriber gets every message once, in order, and no `reset`."""
+    from livepush.server import hub as hub_module
+    monkeypatch.setattr(hub_module, "READ_RETRY_SECONDS", 0.01)
+    fanout = ShortPagesFailingOnce(served=1)
+    sub = await read_on_through(fanout, reset=False)
+    assert fanout.served == -1, "the read never failed: this test shows nothing"
+    assert sub.data() == [*range(20), "live"]
+    assert [f["op"] for f in sub.frames] == ["subscribed", *["message"] * 21]

@@ -8,8 +8,11 @@ import pytest
 import redis
 
 from livepush.fanout.redis import RedisFanOut
+from livepush.server import hub
 from livepush.server.hub import Hub
-from tests.server.conftest import make_settings, start_served
+from tests.server.conftest import Served, make_settings, start_served
+from tests.server.test_slow_clients import count as slow_count
+from tests.server.test_slow_clients import offsets_read, open_client, server_side
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 from tests.test_fanout_conformance import PrivateRedis, private_redis  # noqa: F401  (a fixture)
@@ -141,4 +144,67 @@ async def test_messages_published_while_the_servers_redis_listener_is_away_reach
         await client.close()
     finally:
         admin.close()
+        await served.stop()
+
+
+async def paused_past_its_share(served: Served, topic: str, count_sent: int) -> tuple[WSClient, list[str]]:
+    """A client that stops reading while `count_sent` messages of 2 KB go out on `topic`: far more
+    than its share, so live messages past the join buffer are dropped too and the rest of the
+    topic must come from history. Returns once the server reads on for it (waiting for it to read)."""
+    client = await open_client(served.url)
+    assert (await client.subscribe(served.sign(topic)))["op"] == "subscribed"
+    client.ws.transport.pause_reading()
+    replayed = slow_count("replayed")
+    sent = [await served.publish(topic, {"n": n, "pad": "x" * 2000}) for n in range(count_sent)]
+    await async_wait_for(lambda: slow_count("replayed") > replayed, 5, message="the server to read on from history")
+    return client, sent
+
+
+async def test_a_client_reading_on_from_history_through_a_redis_restart_gets_every_message_without_reset(
+        private_redis: PrivateRedis, secret: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A client past its share reads on from history while Redis restarts (with persistence, so
+    history still holds its place): the read-on's failed read is tried again, as a live read is,
+    and the client gets every message, in order, none twice, and no `reset`."""
+    served = await start_served(make_settings("redis", secret, None, private_redis.url))
+    try:
+        slow, sent = await paused_past_its_share(served, "room:restart-read-on", 600)
+        await asyncio.to_thread(private_redis.stop, save=True)
+        slow.ws.transport.resume_reading()
+        read = asyncio.ensure_future(offsets_read(slow, len(sent)))
+        await async_wait_for(lambda: "could not read on from the history of room:restart-read-on" in caplog.text
+                             or read.done(), 10, message="the read-on to fail while Redis is down")
+        await asyncio.to_thread(private_redis.start)
+
+        assert await asyncio.wait_for(read, 30) == sent, "every message once, in order, no reset"
+        assert not server_side(served.server, slow).closing
+        await slow.close()
+    finally:
+        await served.stop()
+
+
+async def test_a_client_reading_on_from_history_while_redis_stays_down_gets_reset_after_the_bound(
+        private_redis: PrivateRedis, secret: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same client, but Redis stays down past the read-on's retry bound: it gets `reset` (what
+    it was sent before it comes first, in order), then the topic's messages live once Redis is back."""
+    monkeypatch.setattr(hub, "READ_ON_RETRY_SECONDS", 1.0)
+    served = await start_served(make_settings("redis", secret, None, private_redis.url))
+    try:
+        topic = "room:down-read-on"
+        slow, sent = await paused_past_its_share(served, topic, 600)
+        await asyncio.to_thread(private_redis.stop, save=True)
+        slow.ws.transport.resume_reading()
+        frames = []
+        while not frames or frames[-1]["op"] != "reset":
+            frames.append(await slow.recv(timeout=10))
+        offsets = [f["offset"] for f in frames[:-1]]
+        assert offsets == sent[:len(offsets)], "what came before the reset is in order, none twice"
+
+        await asyncio.to_thread(private_redis.start)
+        await async_wait_for(lambda: served.fanout.listening, 20, message="the listener to come back")
+        after = await served.publish(topic, {"after": True})
+        while (frame := await slow.recv(timeout=10)).get("offset") != after:
+            assert frame["op"] in ("message", "reset"), frame
+        assert not server_side(served.server, slow).closing
+        await slow.close()
+    finally:
         await served.stop()
