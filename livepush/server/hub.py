@@ -125,12 +125,13 @@ class _Waiting:
     frame alone); past it every frame waiting is dropped, and `dropped` remembers the
     newest key dropped, which the replay then reads on to from the log."""
 
-    __slots__ = ("frames", "bytes", "dropped", "bounded", "stands")
+    __slots__ = ("frames", "bytes", "dropped", "whole", "bounded", "stands")
 
     def __init__(self, bounded: bool, stands: Offset | None = None) -> None:
         self.frames: list[tuple[Key | None, str]] = []
         self.bytes = 0
         self.dropped: Key = NO_KEY
+        self.whole = True  # nothing dropped: every live frame since it began is here (resets too)
         self.bounded = bounded  # a message topic's; a state topic's waits for one read only
         # A subscriber reading on from history past its share (Hub._read_on): the last offset it
         # was sent, where a second subscription of its connection goes on from. None: a subscribe's.
@@ -144,7 +145,7 @@ class _Waiting:
             # Keys only grow, so the last keyed frame is the newest dropped. A reset dropped
             # with them was for a gap the replay checks for itself in what it reads.
             self.dropped = max(self.dropped, *(k for k, _ in self.frames if k is not None), NO_KEY)
-            self.frames, self.bytes = [], 0
+            self.frames, self.bytes, self.whole = [], 0, False
         self.frames.append((key, frame))
         self.bytes += len(frame)
 
@@ -324,7 +325,8 @@ class Hub:
         """The replay of `_read_on_from`; return the key of the last offset sent. A read that
         Postgres or Redis fails (a restart under way) is tried again from the last offset sent, as
         a live read is, for READ_ON_RETRY_SECONDS; history that no longer holds that offset, a read
-        that fails otherwise, or the store still down past that bound ends in `reset`."""
+        that fails otherwise, or the store still down past that bound ends in `reset` (unless the
+        join buffer holds all it missed: `_reset_joiner`)."""
         # First the client reads what waits for it already (its share, and the rest of its
         # backlog): read on before that, and the replay's frames would wait beside them.
         await sub.drain()
@@ -347,7 +349,7 @@ class Hub:
                 failures += 1
                 if loop.time() >= give_up:
                     log.warning("could not read on from the history of %s for a client behind on it for %g s (%s); "
-                                "it gets reset", t.name, READ_ON_RETRY_SECONDS, exc)
+                                "%s", t.name, READ_ON_RETRY_SECONDS, exc, self._then(buffer))
                     return await self._reset_joiner(sub, t, buffer, latest=False)
                 (log.warning if failures == 1 else log.debug)(
                     "could not read on from the history of %s for a client behind on it (%s); reading again every "
@@ -356,8 +358,8 @@ class Hub:
                 if self._left(t, sub, buffer):
                     return offset_key(last)
             except Exception as exc:
-                log.warning("could not read on from the history of %s for a client behind on it (%s); it gets reset",
-                            t.name, exc)
+                log.warning("could not read on from the history of %s for a client behind on it (%s); %s",
+                            t.name, exc, self._then(buffer))
                 return await self._reset_joiner(sub, t, buffer, latest=False)
 
     def _drop_joiner(self, t: _Topic, sub: Subscriber, buffer: _Waiting) -> None:
@@ -370,13 +372,31 @@ class Hub:
         (read first, so a refetch after the reset covers everything up to it), or, without
         `latest`, what its join buffer dropped (the frames it holds come after that). Never below
         what a read-on (`stands`) sent it already: the frames waiting from before a read failed
-        midway would go out to it a second time."""
+        midway would go out to it a second time.
+
+        No reset for a read-on whose join buffer dropped nothing: made as the read-on began, at the
+        cursor, it holds every live message since (and a `reset` wherever the live stream had a
+        gap), all that history would have sent: the joiner goes on from where it stands."""
+        if self._covered(buffer):
+            assert buffer.stands is not None
+            return offset_key(buffer.stands)
         floor = offset_key(await self.fanout.alatest_offset(t.name)) if latest else buffer.dropped
         if not self._left(t, sub, buffer):
             sub.send(protocol.reset(t.name))
             metrics.RESETS.labels("history").inc()
         sent = offset_key(buffer.stands) if buffer.stands is not None else NO_KEY
         return max(floor, buffer.dropped, sent)
+
+    @classmethod
+    def _then(cls, buffer: _Waiting) -> str:
+        """What a read-on that history cannot serve ends in, for its log line."""
+        return "the live messages that waited for it cover that" if cls._covered(buffer) else "it gets reset"
+
+    @staticmethod
+    def _covered(buffer: _Waiting) -> bool:
+        """Whether `buffer` is a read-on's that dropped nothing: what its history read was for
+        waits in it already (`_reset_joiner`)."""
+        return buffer.stands is not None and buffer.whole
 
     def _start_read(self, t: _Topic) -> None:
         if not t.reading:
@@ -867,12 +887,7 @@ class Hub:
                 return offset_key(last)
             next_page = await self.fanout.history(topic, last)
             if next_page is None:  # pruned while we read: the client refetches
-                latest = await self.fanout.alatest_offset(topic)
-                if self._left(t, sub, buffer):
-                    return offset_key(latest)
-                sub.send(protocol.reset(topic))
-                metrics.RESETS.labels("history").inc()
-                return offset_key(latest)
+                return await self._reset_joiner(sub, t, buffer)
             page = next_page
 
     async def _snapshot(self, sub: Subscriber, t: _Topic, since: Offset | None, ref: protocol.Ref,

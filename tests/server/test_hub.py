@@ -787,18 +787,59 @@ class LostHistory(YieldingLocal):
         return None
 
 
-async def test_a_subscriber_whose_share_fills_gets_reset_when_history_no_longer_holds_its_place() -> None:
-    """Where history cannot serve what follows the last message a subscriber whose share filled
-    was given, it gets `reset` (it refetches), then live messages, never a hole."""
-    sub = Overflowing(at=3)
-    fanout = LostHistory()
+async def past_its_join_buffer(fanout: LocalFanOut, hub: Hub, sub: OverflowingSlowly) -> None:
+    """While `sub` (of `burst_past_the_share`) waits to read on, two messages on `burst` too large
+    for its join buffer together: the buffer drops what waited, so it covers nothing."""
+    await async_wait_for(lambda: sub in hub._topics["burst"].joining, message="the read-on")
+    buffer = hub._topics["burst"].joining[sub]
+    for n in (1, 2):
+        fanout.publish("burst", {"big": n, "pad": "x" * 200_000})
+    await async_wait_for(lambda: not buffer.whole, message="the join buffer to drop what waited")
+
+
+async def read_on_past_its_buffer(fanout: LocalFanOut, *, reset: bool) -> OverflowingSlowly:
+    """A subscriber of `burst_past_the_share` whose join buffer drops what waited for it
+    (`past_its_join_buffer`) before it reads on from `fanout`'s history; returned once it went
+    live again (after its `reset`, when one is expected) and got the live message "live"."""
+    sub = OverflowingSlowly(at=3)
     hub = await burst_past_the_share(fanout, sub)
-    await async_wait_for(lambda: "reset" in [f["op"] for f in sub.frames], message="the reset")
+    await past_its_join_buffer(fanout, hub, sub)
+    sub.reading.set()
+    if reset:
+        await async_wait_for(lambda: "reset" in [f["op"] for f in sub.frames], message="the reset")
     await async_wait_for(lambda: sub in hub._topics["burst"].subscribers, message="the subscriber to go live again")
     fanout.publish("burst", "live")
     await async_wait_for(lambda: "live" in sub.data(), message="the live message")
+    return sub
+
+
+def big_as_number(data: list) -> list:
+    return [d["big"] if isinstance(d, dict) else d for d in data]
+
+
+async def test_a_subscriber_whose_share_fills_gets_reset_when_history_no_longer_holds_its_place() -> None:
+    """Where history cannot serve what follows the last message a subscriber whose share filled
+    was given, and the live messages that waited for it meanwhile were dropped (past its share),
+    it gets `reset` (it refetches), then live messages, never a hole."""
+    sub = await read_on_past_its_buffer(LostHistory(), reset=True)
     assert [f["op"] for f in sub.frames] == ["subscribed", "message", "message", "message", "reset", "message"]
     assert sub.data() == [0, 1, 2, "live"]
+
+
+async def test_a_subscriber_whose_share_fills_gets_what_waited_for_it_when_that_covers_what_history_lost() -> None:
+    """Where history cannot serve what follows the last message a subscriber whose share filled
+    was given, but every live message since waited for it (fewer than its share), those cover
+    it: it gets them, then live messages, with no `reset` (there is nothing to refetch)."""
+    sub = Overflowing(at=3)
+    fanout = LostHistory()
+    hub = await burst_past_the_share(fanout, sub)
+    await async_wait_for(lambda: sub in hub._topics["burst"].subscribers and len(sub.data()) == 10,
+                         message="the burst, and the subscriber to go live again")
+    fanout.publish("burst", "live")
+    await async_wait_for(lambda: "live" in sub.data(), message="the live message")
+    assert sub.handed_over == [True]
+    assert [f["op"] for f in sub.frames] == ["subscribed", *["message"] * 11]
+    assert sub.data() == [*range(10), "live"]
 
 
 class SlowFirstAnchor(DoorbellLocal):
@@ -910,38 +951,19 @@ class ShortPagesFailingAfter(YieldingLocal):
         return await super().history(topic, since, limit=5)
 
 
-async def read_on_through(fanout: YieldingLocal, *, reset: bool) -> Overflowing:
-    """A subscriber of topic `burst` whose share fills at the 3rd of 20 messages, so that it reads
-    on from `fanout`'s history; returned once it went live again (after its `reset`, when one is
-    expected) and got the live message "live" published then."""
-    sub = Overflowing(at=3)
-    await fanout.listen()
-    hub = overflowing_hub(fanout)
-    await hub.subscribe(sub, "burst", None, 1)
-    for i in range(20):
-        fanout.publish("burst", i)
-    if reset:
-        await async_wait_for(lambda: "reset" in [f["op"] for f in sub.frames], message="the reset")
-    await async_wait_for(lambda: len(sub.data()) >= 20, message="the burst")
-    await async_wait_for(lambda: sub in hub._topics["burst"].subscribers, message="the subscriber to go live again")
-    fanout.publish("burst", "live")
-    await async_wait_for(lambda: "live" in sub.data(), message="the live message")
-    return sub
-
-
 async def test_a_subscriber_whose_read_on_from_history_fails_midway_gets_no_message_twice(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A subscriber whose share filled reads on from history; after a page of it went out, the
-    next read fails past the read-on's retry bound (none here), so it gets `reset`: the live
-    messages that waited for it meanwhile follow the reset from past the last one it was sent,
-    never one it had already (in order, once)."""
+    """A subscriber whose share filled reads on from history, and the live messages that wait for
+    it meanwhile pass its share; after a page of history went out, the next read fails past the
+    read-on's retry bound (none here), so it gets `reset`: the live message still waiting follows
+    the reset, never one it had already (in order, once)."""
     from livepush.server import hub as hub_module
     monkeypatch.setattr(hub_module, "READ_ON_RETRY_SECONDS", 0.0)
-    sub = await read_on_through(ShortPagesFailingAfter(served=1), reset=True)
+    sub = await read_on_past_its_buffer(ShortPagesFailingAfter(served=1), reset=True)
     offsets = [f["offset"] for f in sub.frames if f["op"] == "message"]
-    assert len(offsets) == len(set(offsets)), f"sent twice: {sub.data()}"
-    assert sub.data() == [*range(20), "live"]
-    assert [f["op"] for f in sub.frames] == ["subscribed", *["message"] * 8, "reset", *["message"] * 13]
+    assert len(offsets) == len(set(offsets)), f"sent twice: {big_as_number(sub.data())}"
+    assert big_as_number(sub.data()) == [*range(8), 2, "live"]
+    assert [f["op"] for f in sub.frames] == ["subscribed", *["message"] * 8, "reset", "message", "message"]
 
 
 class ShortPagesFailingOnce(ShortPagesFailingAfter):
@@ -958,12 +980,13 @@ class ShortPagesFailingOnce(ShortPagesFailingAfter):
 
 async def test_a_read_on_from_history_that_fails_midway_goes_on_from_where_it_stood(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A read-on whose read fails once after a page went out is tried again, from the last message
-    it sent: the subscriber gets every message once, in order, and no `reset`."""
+    """A read-on whose read fails once after a page went out, while the live messages that wait
+    for it pass its share (so they cannot stand in for history), is tried again, from the last
+    message it sent: the subscriber gets every message once, in order, and no `reset`."""
     from livepush.server import hub as hub_module
     monkeypatch.setattr(hub_module, "READ_RETRY_SECONDS", 0.01)
     fanout = ShortPagesFailingOnce(served=1)
-    sub = await read_on_through(fanout, reset=False)
+    sub = await read_on_past_its_buffer(fanout, reset=False)
     assert fanout.served == -1, "the read never failed: this test shows nothing"
-    assert sub.data() == [*range(20), "live"]
-    assert [f["op"] for f in sub.frames] == ["subscribed", *["message"] * 21]
+    assert big_as_number(sub.data()) == [*range(10), 1, 2, "live"]
+    assert [f["op"] for f in sub.frames] == ["subscribed", *["message"] * 13]

@@ -23,7 +23,7 @@ from livepush import jobs, metrics
 from livepush.server import connection, core
 from livepush.server.app import PushServer
 from livepush.server.connection import Connection
-from tests.server.conftest import Served
+from tests.server.conftest import Served, make_settings, start_served
 from tests.support.http import upgrade_request
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
@@ -618,3 +618,35 @@ async def test_a_client_subscribing_to_many_finished_jobs_at_once_gets_every_sna
     assert got == {handle.topic: "succeeded" for handle in handles}
     assert not server_side(served_jobs.server, client).closing
     await client.close()
+
+
+async def test_a_client_reading_on_after_history_expired_gets_the_messages_that_waited_without_reset(
+        pg_url: str, secret: str) -> None:
+    """A client past its share, whose place in history expires before it reads again, but whose
+    live messages since all waited for it (fewer than a share): those cover what history no longer
+    holds, so it gets every message, in order, none twice, and no `reset` (nothing to refetch)."""
+    served = await start_served(make_settings("postgres", secret, pg_url, None, history_ttl=1.0))
+    try:
+        topic = "room:expired-read-on"
+        slow = await open_client(served.url)
+        assert (await slow.subscribe(served.sign(topic)))["op"] == "subscribed"
+        slow.ws.transport.pause_reading()
+        replayed = count("replayed")
+        sent: list[str] = []
+        while count("replayed") == replayed and len(sent) < 2000:
+            sent.append(await served.publish(topic, {"n": len(sent), "pad": "x" * 1000}))
+        await async_wait_for(lambda: count("replayed") > replayed, 5, message="the server to read on from history")
+        sent += [await served.publish(topic, {"n": len(sent) + n, "pad": "x" * 1000}) for n in range(50)]
+
+        async def expired() -> bool:
+            await served.fanout.prune()
+            return await served.fanout.history(topic, sent[-2]) is None  # its last message is gone too
+
+        await async_wait_for(expired, 10, message="the topic's history to expire")
+
+        slow.ws.transport.resume_reading()
+        assert await offsets_read(slow, len(sent)) == sent, "every message once, in order, no reset"
+        assert not server_side(served.server, slow).closing
+        await slow.close()
+    finally:
+        await served.stop()
