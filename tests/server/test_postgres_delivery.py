@@ -17,8 +17,10 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from tests.conftest import ROOT
+from tests.faults.test_history_reads import backends_waiting_for_a_lock, terminate
 from tests.server.conftest import Served, make_settings, start_served
 from tests.server.test_server import http_get
+from tests.server.test_slow_clients import offsets_read, paused_past_its_share, server_side
 from tests.support import services
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
@@ -702,3 +704,33 @@ async def test_publishers_in_several_processes_deliver_exactly_what_committed_in
     with pytest.raises(asyncio.TimeoutError):
         await client.recv(timeout=0.3)
     await client.close()
+
+
+async def test_a_client_reading_on_from_history_whose_read_is_killed_gets_every_message_without_reset(
+        pg_served: Served, pg_url: str, pg_admin_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A client past its share reads on from history; that read waits behind a lock and its backend
+    is killed (as in a restart or a failover), while the log still holds the client's place: the
+    read is tried again, as a live read is, and the client gets every message, in order, none
+    twice, and no `reset`."""
+    topic = "room:killed-read-on"
+    slow, sent = await paused_past_its_share(pg_served, topic, 600)
+    locker = await psycopg.AsyncConnection.connect(pg_url)
+    try:
+        await locker.execute("LOCK TABLE livepush_messages IN ACCESS EXCLUSIVE MODE")
+        slow.ws.transport.resume_reading()
+        read = asyncio.ensure_future(offsets_read(slow, len(sent)))
+        dbname, locker_pid = services.dbname_of(pg_url), locker.info.backend_pid
+
+        async def read_on_failed() -> bool:
+            # Every read waiting behind the lock is killed (a live read, if one waits, is retried too).
+            for pid in await asyncio.to_thread(backends_waiting_for_a_lock, pg_admin_url, dbname, but=locker_pid):
+                await asyncio.to_thread(terminate, pg_admin_url, pid)
+            return f"could not read on from the history of {topic}" in caplog.text or read.done()
+
+        await async_wait_for(read_on_failed, 10, message="the read-on's read to be killed")
+        await locker.rollback()
+        assert await asyncio.wait_for(read, 30) == sent, "every message once, in order, no reset"
+        assert not server_side(pg_served.server, slow).closing
+    finally:
+        await locker.close()
+        await slow.close()

@@ -10,9 +10,8 @@ import redis
 from livepush.fanout.redis import RedisFanOut
 from livepush.server import hub
 from livepush.server.hub import Hub
-from tests.server.conftest import Served, make_settings, start_served
-from tests.server.test_slow_clients import count as slow_count
-from tests.server.test_slow_clients import offsets_read, open_client, server_side
+from tests.server.conftest import make_settings, start_served
+from tests.server.test_slow_clients import offsets_read, paused_past_its_share, server_side
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 from tests.test_fanout_conformance import PrivateRedis, private_redis  # noqa: F401  (a fixture)
@@ -145,19 +144,6 @@ async def test_messages_published_while_the_servers_redis_listener_is_away_reach
     finally:
         admin.close()
         await served.stop()
-
-
-async def paused_past_its_share(served: Served, topic: str, count_sent: int) -> tuple[WSClient, list[str]]:
-    """A client that stops reading while `count_sent` messages of 2 KB go out on `topic`: far more
-    than its share, so live messages past the join buffer are dropped too and the rest of the
-    topic must come from history. Returns once the server reads on for it (waiting for it to read)."""
-    client = await open_client(served.url)
-    assert (await client.subscribe(served.sign(topic)))["op"] == "subscribed"
-    client.ws.transport.pause_reading()
-    replayed = slow_count("replayed")
-    sent = [await served.publish(topic, {"n": n, "pad": "x" * 2000}) for n in range(count_sent)]
-    await async_wait_for(lambda: slow_count("replayed") > replayed, 5, message="the server to read on from history")
-    return client, sent
 
 
 async def test_a_client_reading_on_from_history_through_a_redis_restart_gets_every_message_without_reset(

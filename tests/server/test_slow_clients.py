@@ -190,6 +190,20 @@ async def offsets_read(client: WSClient, count: int) -> list[str]:
     return got
 
 
+async def paused_past_its_share(served: Served, topic: str, count_sent: int) -> tuple[WSClient, list[str]]:
+    """A client that stops reading while `count_sent` messages of 2 KB go out on `topic` (600 are
+    far more than its share: live messages past its join buffer are dropped too, and the rest of
+    the topic must come from history). Returns once the server reads on for it, which waits for
+    it to read."""
+    client = await open_client(served.url)
+    assert (await client.subscribe(served.sign(topic)))["op"] == "subscribed"
+    client.ws.transport.pause_reading()
+    replayed = count("replayed")
+    sent = [await served.publish(topic, {"n": n, "pad": "x" * 2000}) for n in range(count_sent)]
+    await async_wait_for(lambda: count("replayed") > replayed, 5, message="the server to read on from history")
+    return client, sent
+
+
 async def test_a_client_that_stops_reading_on_a_message_topic_gets_every_message_once_it_reads_again(served: Served) -> None:
     """A client that does not read while 600 messages of 2 KB go out (more than a topic's share of what may wait for it) is neither reset nor closed: past the share, what follows waits in history; reading again within the slow-client bound, it gets every message, in order, none twice."""
     topic = "room:busy"
