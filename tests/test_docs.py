@@ -343,6 +343,110 @@ def test_an_alert_that_fires_on_none_fires_too_when_no_process_exports_the_gauge
             assert f"absent({gauge})" in rule, f"{rule!r} stays silent while no process exports {gauge}"
 
 
+def _frame_keys(text: str) -> dict[str, set[str]]:
+    """The keys of each `{"op":NAME,...}` frame a section of the reference shows, by NAME; a key
+    whose value is an object adds that object's keys as `key.inner`."""
+    frames: dict[str, set[str]] = {}
+    for frame in re.findall(r'`(\{"op":"\w+".*?\})`', text):
+        name = re.match(r'\{"op":"(\w+)"', frame).group(1)  # type: ignore[union-attr]
+        keys = set(re.findall(r'[{,]"(\w+)":', re.sub(r"(?<=.)\{[^{}]*\}", "", frame))) - {"op"}
+        keys |= {f"{outer}.{inner}" for outer, body in re.findall(r'"(\w+)":\{([^{}]*)\}', frame)
+                 for inner in re.findall(r'"(\w+)":', body)}
+        frames[name] = keys
+    return frames
+
+
+def _keys_of(frame: dict[str, Any]) -> set[str]:
+    return {key for key in frame if key != "op"} | {f"{key}.{inner}" for key, value in frame.items()
+                                                    if isinstance(value, dict) for inner in value}
+
+
+def test_each_frame_the_reference_shows_has_the_fields_the_server_sends_and_reads() -> None:
+    """Reference §5 shows every frame the server sends, each with the fields the code writes, and
+    every op a client sends, with the fields the server reads: a client author who codes against
+    the page meets no field it lacks and misses none."""
+    import json
+
+    from livepush import protocol
+
+    sent = {"hello": protocol.hello("user-7", 25), "subscribed": protocol.subscribed("r", "t", "1"),
+            "refused": protocol.refused("r", "limit"), "message": protocol.message("t", "1", "{}"),
+            "reset": protocol.reset("t"), "pong": protocol.pong("r"), "error": protocol.error("bad_frame", "d")}
+    built = {name for name, value in vars(protocol).items() if callable(value) and not name.startswith("_")
+             and getattr(value, "__module__", None) == protocol.__name__ and name.islower() and name != "parse"}
+    assert built == set(sent), f"protocol.py builds frames this test does not know: {sorted(built ^ set(sent))}"
+    shown = _frame_keys(section("docs/reference.md", "Server to client"))
+    code = {name: _keys_of(json.loads(frame)) for name, frame in sent.items()}
+    assert shown == code, {name: (sorted(shown.get(name, ())), sorted(code.get(name, ())))
+                           for name in set(shown) | set(code) if shown.get(name) != code.get(name)}
+    # What the client sends: each op the reference shows parses as that op, its fields read.
+    commands = {"subscribe": protocol.Subscribe, "unsubscribe": protocol.Unsubscribe, "ping": protocol.Ping}
+    shown = _frame_keys(section("docs/reference.md", "Client to server"))
+    assert set(shown) == set(commands), set(shown) ^ set(commands)
+    for op, command in commands.items():
+        read = {field for field in command.__dataclass_fields__}  # type: ignore[attr-defined]
+        assert shown[op] == read, f"reference §5 shows {op} with {sorted(shown[op])}; the server reads {sorted(read)}"
+        frame = {"op": op, **{field: "x" if field != "since" else None for field in shown[op]}}
+        assert isinstance(protocol.parse(json.dumps(frame)), command), frame
+
+
+def _checked(migration: str, table: str, column: str) -> set[str]:
+    """The values the CHECK of `column` of `table` allows, as the migration creating it writes them."""
+    text = (ROOT / "sql" / migration).read_text()
+    create = re.search(rf"CREATE TABLE {table} \((.*?)\n\);", text, re.S)
+    assert create, f"sql/{migration}: no CREATE TABLE {table}"
+    check = re.search(rf"CHECK \({column} IN \(([^)]*)\)", create.group(1), re.S)
+    assert check, f"sql/{migration}: {table}.{column} has no CHECK ... IN"
+    return set(re.findall(r"'(\w+)'", check.group(1)))
+
+
+def _quoted_after(text: str, lead: str) -> set[str]:
+    """The backticked words of the sentence of `text` that starts with `lead`, its asides in
+    parentheses left out."""
+    found = re.search(rf"{re.escape(lead)}(.*?)\.(?:\s|$)", re.sub(r"\([^()]*\)", "", " ".join(text.split())))
+    assert found, f"no {lead!r}"
+    return set(re.findall(r"`(\w+)`", found.group(1)))
+
+
+def test_the_state_topics_show_the_events_states_and_fields_the_reference_gives() -> None:
+    """Reference §6 (and its workflows part) give each state topic's events, its object's fields and
+    its states as the migrations allow them and livepush.jobs.events.views builds them: a page that
+    switches on `event` or `state` by the reference handles every value a topic shows."""
+    from livepush.jobs.events import views
+
+    events = section("docs/reference.md", "6. Events on state topics")
+    workflows = section("docs/reference.md", "Workflows")
+
+    def shape(text: str, topic: str) -> tuple[set[str], set[str]]:
+        block = re.search(r'\{"event":((?:"\w+"\|?)+),\s*"' + topic + r'":\{(.*?)\}\}\s*$', text, re.S | re.M)
+        assert block, f"reference: no {topic}:<id> shape"
+        body = re.sub(r"\{[^{}]*\}", "", block.group(2))  # the nested objects' own keys aside
+        return set(re.findall(r'"(\w+)"', block.group(1))), set(re.findall(r'"(\w+)"', body))
+
+    row = {"id": 1, "name": "n", "queue": "q", "state": "running", "attempt": 1, "max_attempts": 3,
+           "progress": None, "error": None, "run_at": None, "event": "started"}
+    job_events, job_keys = shape(events, "job")
+    assert job_events == _checked("0003_jobs.sql", "livepush_jobs", "event")
+    assert job_keys == set(views.job_view(row)), job_keys ^ set(views.job_view(row))
+    assert _quoted_after(events, "Job states:") == _checked("0003_jobs.sql", "livepush_jobs", "state")
+
+    group_events, group_keys = shape(events, "group")
+    # A finished or cancelled group shows that label for every change from then on (views.group_event).
+    shown = _checked("0004_groups.sql", "livepush_groups", "event") | {"finished", "cancelled"}
+    assert group_events == shown, group_events ^ shown
+    assert group_keys == set(views.GROUP_KEYS), group_keys ^ set(views.GROUP_KEYS)
+    assert _quoted_after(events, "Group states:") == _checked("0004_groups.sql", "livepush_groups", "state")
+
+    run_events, run_keys = shape(workflows, "workflow")
+    assert run_events == _checked("0006_workflows.sql", "livepush_workflows", "event")
+    run = {"id": 1, "name": "n", "state": "running", "steps": {}}
+    assert run_keys == set(views.workflow_view(run)), run_keys ^ set(views.workflow_view(run))
+    # `waiting` is shown, not stored: a running run whose active steps all wait (views.workflow_view).
+    states = _quoted_after(workflows, "Run states:")
+    assert states == _checked("0006_workflows.sql", "livepush_workflows", "state") | {"waiting"}, states
+    assert _quoted_after(workflows, "Step states:") == _checked("0006_workflows.sql", "livepush_workflow_steps", "state")
+
+
 def _resolve(dotted: str) -> bool:
     import importlib
 
