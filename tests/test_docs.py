@@ -310,11 +310,26 @@ def test_the_pages_list_where_a_token_comes_from_in_the_order_the_server_takes_t
 
 
 def test_every_metric_the_reference_lists_is_served() -> None:
-    """The metrics table of reference §9 names exactly the families /metrics serves."""
+    """The metrics table of reference §9 names exactly the families /metrics serves, each with the
+    type and the labels the code gives it: an alert written from the table (`sum by (queue)`, a
+    `rate()` of a counter) selects what a scrape has."""
     table = section("docs/reference.md", "9. Operations")
-    listed = {re.sub(r"_total$", "", m) for m in re.findall(r"^\s*\| `(livepush_[a-z_]+)", table, re.M)}
-    served = {family.name for family in metrics.REGISTRY.collect()}
-    assert listed == served, listed ^ served
+    listed = {re.sub(r"_total$", "", name): (kind, set(labels.split(",")) - {""})
+              for name, labels, kind in re.findall(r"^\s*\| `(livepush_[a-z_]+)(?:\{([a-z_,]*)\})?` \| (\w+) \|", table, re.M)}
+    import prometheus_client
+
+    # The labels of each family: a metric object's own, and for the gauges read from the database
+    # those of the samples a read with one queue and one runtime gives (a fresh collector's).
+    labels = {metric._name: set(metric._labelnames) for metric in vars(metrics).values()  # noqa: SLF001
+              if isinstance(metric, prometheus_client.metrics.MetricWrapperBase)}
+    gauges = metrics._DatabaseGauges()  # noqa: SLF001
+    gauges.queues, gauges.runtimes_alive = {"q": (1, 0.0, 0, False)}, 1
+    for family in gauges.collect():
+        labels[family.name] = {label for sample in family.samples for label in sample.labels}
+    served = {family.name: (family.type, labels[family.name]) for family in metrics.REGISTRY.collect()}
+    assert set(listed) == set(served), set(listed) ^ set(served)
+    wrong = {name: (listed[name], served[name]) for name in served if listed[name] != served[name]}
+    assert not wrong, f"reference §9 (type, labels) against the code's: {wrong}"
 
 
 def test_every_series_the_docs_select_by_label_is_one_a_scrape_has() -> None:
