@@ -332,6 +332,32 @@ def test_every_metric_the_reference_lists_is_served() -> None:
     assert not wrong, f"reference §9 (type, labels) against the code's: {wrong}"
 
 
+def test_the_reference_gives_each_field_and_status_of_the_health_and_readiness_bodies() -> None:
+    """The JSON bodies of `/healthz` and `/readyz`, which probes and scripts read, are shown in
+    reference §5's routes and §9 with each field and `status` word the server writes, ready or
+    not: a probe written from the page that matched `"status":"ready"` alone learned of
+    `"unavailable"` only from an outage."""
+    import json
+
+    from livepush.fanout.local import LocalFanOut
+    from livepush.server import http
+    from livepush.server.readiness import Readiness
+
+    said = section("docs/reference.md", "HTTP routes") + section("docs/reference.md", "9. Operations")
+    said = re.sub(r'"\s*:\s*', '":', " ".join(said.split()))  # `"status": "ready"` is `"status":"ready"`
+    bodies = [json.loads(http.healthz(up, "postgres").body) for up in (True, False)]
+    ready = Readiness(LocalFanOut(), away=lambda: "x", draining=lambda: True, full=lambda: "x", worker=1)
+    bodies.append(json.loads(ready.report()[1]))
+    wrong = []
+    for body in bodies:
+        for key, value in body.items():
+            if f'"{key}":' not in said:
+                wrong.append(f"field {key}")
+            if key == "status" and f'"status":"{value}"' not in said:
+                wrong.append(f"status {value}")
+    assert not wrong, f"reference §5 and §9 do not show the bodies' {sorted(set(wrong))}"
+
+
 def test_every_series_the_docs_select_by_label_is_one_a_scrape_has() -> None:
     """A `livepush_...{label="value"}` in the docs is a query an operator copies: it names a series
     as /metrics writes it (a counter's with `_total`). `livepush_resets{cause="slow_client"}`
