@@ -744,6 +744,18 @@ def test_every_keyword_of_the_public_functions_is_in_the_docs() -> None:
     assert not missing, missing
 
 
+def test_the_reference_gives_every_option_of_the_job_decorator_and_of_an_enqueue() -> None:
+    """`@jobs.job(...)` and `.enqueue(...)` take their options as `**options`, which no signature
+    shows to the check above: reference §4 writes each of them `name=`, as the code takes them.
+    `backoff=` was only in jobs.md."""
+    from livepush.jobs.api import functions
+
+    text = (ROOT / "docs" / "reference.md").read_text()
+    options = functions.OPTIONS | set(functions.ENQUEUE_OPTIONS) | set(functions.REQUEST_OPTIONS)
+    missing = sorted(option for option in options if not re.search(rf"\b{option}=", text))
+    assert not missing, f"reference.md does not give {missing}"
+
+
 def test_each_error_the_docs_give_a_base_class_is_one() -> None:
     """Where the docs write "`SomeError` (a `ValueError`...)", SomeError is a subclass of it: code
     that catches the base, as the docs say it may, catches the error."""
