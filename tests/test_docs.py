@@ -191,6 +191,24 @@ def test_the_settings_tables_give_the_defaults_the_code_has(page: str, heading: 
     assert not wrong, wrong
 
 
+def test_the_reference_gives_the_bounds_of_the_publish_calls_the_code_has() -> None:
+    """Reference §4's numbers for publish() and publish_many() (a batch's statements and script
+    calls, a message's size, the Redis calls' pool and timeouts) are the code's: it said a
+    Postgres batch went in one round trip per 1,000 messages, and it also splits at 8 MiB."""
+    from livepush.fanout import base, postgres, redis
+    from livepush.redis import client
+
+    text = " ".join(section("docs/reference.md", "4. Python API").split())
+    said = [f"one statement per {postgres.MANY_CHUNK:,} messages or about {postgres.MANY_CHUNK_BYTES >> 20} MiB of data",
+            f"one script call per {redis.PUBLISH_CHUNK:,} messages or {redis.PUBLISH_CHUNK_BYTES >> 20} MiB of data",
+            f"plain JSON of at most {base.MAX_PAYLOAD_BYTES >> 20} MiB",
+            f"gives no answer within {redis.CALL_TIMEOUT:g} s",
+            f"share up to {client.POOL_CONNECTIONS} connections",
+            f"waits up to {client.POOL_WAIT_SECONDS:g} s for one of them"]
+    missing = [words for words in said if words not in text]
+    assert not missing, f"reference §4 does not say {missing}"
+
+
 def test_the_reference_and_help_give_each_range_the_code_checks() -> None:
     """Where the code refuses a setting outside a range, reference §2 states that range; where
     `livepush jobs` refuses a flag outside one, reference §3 and --help state it."""
