@@ -209,6 +209,41 @@ def test_the_reference_gives_the_bounds_of_the_publish_calls_the_code_has() -> N
     assert not missing, f"reference §4 does not say {missing}"
 
 
+def test_the_reference_gives_the_limits_of_a_connection_the_code_has() -> None:
+    """Reference §3, §5 and §8 give each bound the server puts on one connection (its frames,
+    subscribes, frame budget, send queue, the closes 1008 and 1013, its keepalive) as the number
+    the code uses: a client author sizes a page's subscribes and bursts by these."""
+    import inspect
+
+    from livepush import protocol
+    from livepush.server import app, backlog, connection, core, limits
+
+    def spaced(heading: str) -> str:
+        return " ".join(section("docs/reference.md", heading).split())
+
+    said = {
+        "3. Commands": [f"(`hello`'s `heartbeat`, {app.HEARTBEAT_SECONDS:g} s)"],
+        "Limits": [f"A client frame is at most {protocol.MAX_FRAME_BYTES >> 10} KiB",
+                   f"more than {protocol.BAD_FRAMES_PER_MINUTE} bad frames in a minute is closed with {protocol.CLOSE_POLICY}"],
+        "8. Trust boundaries": [
+            f"at most {limits.SUBSCRIBES_PER_SECOND:g} times a second (bursts of {limits.SUBSCRIBE_BURST:g})",
+            f"`App(max_subscriptions={inspect.signature(livepush.App).parameters['max_subscriptions'].default})`",
+            f"{limits.FRAMES_PER_SECOND} frames a second or {limits.FRAME_BYTES_PER_SECOND >> 10} KiB of frames a second",
+            f"with up to {limits.FRAME_BUDGET_SECONDS:g} seconds saved",
+            f"capped at {connection.SOCKET_SEND_BUFFER >> 10} KiB",
+            f"Past {connection.WRITE_HIGH >> 10} KiB unsent",
+            f"at most {backlog.TOPIC_FRAMES:,} messages or {backlog.TOPIC_BYTES >> 10} KiB wait",
+            f"more than {connection.BACKLOG_BYTES >> 20} MiB waiting",
+            f"missing a frame for {connection.BEHIND_SECONDS:g} s, is closed with {protocol.CLOSE_TOO_SLOW}",
+            f"(at least {core.DESCRIPTOR_RESERVE} files)",
+            f"backlog is {core.LISTEN_BACKLOG}"],
+    }
+    assert limits.FRAME_RESUME_SECONDS == 0.25 and "until a quarter of a second of budget is back" in spaced("8. Trust boundaries")
+    missing = [f"{heading}: {words}" for heading, all_words in said.items() for words in all_words
+               if words not in spaced(heading)]
+    assert not missing, missing
+
+
 def test_the_reference_and_help_give_each_range_the_code_checks() -> None:
     """Where the code refuses a setting outside a range, reference §2 states that range; where
     `livepush jobs` refuses a flag outside one, reference §3 and --help state it."""
