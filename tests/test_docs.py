@@ -244,6 +244,35 @@ def test_the_reference_gives_the_limits_of_a_connection_the_code_has() -> None:
     assert not missing, missing
 
 
+def test_the_docs_give_the_lengths_and_counts_the_jobs_api_keeps_and_takes() -> None:
+    """What the jobs API cuts (a failed job's error, a progress message) and what it refuses past
+    a bound (tags, keys, queue and job names, a page of jobs, a group's members, a durable name)
+    is the code's number in reference §4 and jobs.md: a job's error was cut to its first 4,000
+    characters, which no page said."""
+    from livepush.jobs.api import limits, options, reads
+    from livepush.jobs.durable import run
+    from livepush.jobs.groups import building
+    from livepush.jobs.runtime import completer, context
+
+    reference = " ".join(section("docs/reference.md", "4. Python API").split())
+    jobs_page = " ".join((ROOT / "docs" / "jobs.md").read_text().split())
+    durable = " ".join((ROOT / "docs" / "durable.md").read_text().split())
+    said = [
+        (jobs_page, f"keeps its last error, its first {completer.MAX_ERROR:,} characters"),
+        (jobs_page, f"The message is kept to {context.MAX_MESSAGE:,} characters"),
+        (reference, f"up to {options.MAX_TAGS} distinct strings of 1 to {options.MAX_TAG_LENGTH} characters"),
+        (reference, f"({options.MAX_KEY_LENGTH} characters, {limits.MAX_NAME_AND_KEY_BYTES:,} bytes of UTF-8"),
+        (jobs_page, f"Keys are strings of 1 to {options.MAX_KEY_LENGTH} characters"),
+        (jobs_page, f"a string of at most {options.MAX_NAME_LENGTH} characters"),
+        (jobs_page, f"most {options.MAX_QUEUE_LENGTH} characters with no comma"),
+        (reference, f"at most {reads.MAX_LISTED:,} a call"),
+        (reference, f"at most `MAX_GROUP_MEMBERS` ({building.MAX_GROUP_MEMBERS:,}) members"),
+        (durable, f"Names are non-empty strings of at most {run.MAX_NAME} characters"),
+    ]
+    missing = [words for text, words in said if words not in text]
+    assert not missing, missing
+
+
 def test_the_reference_and_help_give_each_range_the_code_checks() -> None:
     """Where the code refuses a setting outside a range, reference §2 states that range; where
     `livepush jobs` refuses a flag outside one, reference §3 and --help state it."""
