@@ -792,6 +792,29 @@ def test_the_reference_names_everything_livepush_and_livepush_jobs_export() -> N
     assert not missing, missing
 
 
+def test_the_reference_gives_each_keyword_of_the_classes_an_application_makes_with_its_default() -> None:
+    """`livepush.App`, `livepush.Allow` and `jobs.Runtime` are made by the application: reference
+    writes each of their keywords `name=default`, as the code has it (the function check above
+    does not look at classes; App's defaults were only in security.md). Runtime's other
+    keywords are livepush's own wiring, which the reference says it keeps out of the contract."""
+    import inspect
+
+    text = " ".join((ROOT / "docs" / "reference.md").read_text().split())
+    wiring = {"modules", "flush_delay", "listener", "listen", "publisher", "listen_url", "option_names"}
+
+    def written(value: Any) -> str:
+        return f"{value:g}" if isinstance(value, float) else repr(value)
+
+    missing = []
+    for cls in (livepush.App, livepush.Allow, jobs.Runtime):
+        for parameter in inspect.signature(cls).parameters.values():
+            if parameter.default is parameter.empty or (cls is jobs.Runtime and parameter.name in wiring):
+                continue
+            if f"{parameter.name}={written(parameter.default)}" not in text:
+                missing.append(f"{cls.__name__}({parameter.name}={written(parameter.default)})")
+    assert not missing, missing
+
+
 def test_the_error_trees_name_every_error_their_module_defines() -> None:
     """livepush.errors' and livepush.jobs.errors' docstrings, the trees a reader goes to for what to
     catch, name every exception class their module defines."""
