@@ -861,6 +861,55 @@ def test_the_reference_gives_every_option_of_the_job_decorator_and_of_an_enqueue
     assert not missing, f"reference.md does not give {missing}"
 
 
+def _call_arguments(text: str, start: int) -> str:
+    """The top level of the arguments of the call whose `(` ends at `start`: nested brackets
+    (a list, a dict, another call) left out."""
+    depth, end = 1, start
+    while end < len(text) and depth:
+        depth += {"(": 1, ")": -1}.get(text[end], 0)
+        end += 1
+    depth, top = 0, []
+    for ch in text[start:end - 1]:
+        depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(ch, 0)
+        if depth == 0 and ch not in ")]}":
+            top.append(ch)
+    return "".join(top)
+
+
+def test_every_keyword_the_docs_pass_to_a_livepush_function_is_one_it_takes() -> None:
+    """A `livepush.f(name=...)` or `jobs.f(name=...)` the docs write (a reader copies it) passes
+    only keywords f takes (`@jobs.job` and `@jobs.periodic` take the job options): the check
+    above goes from the code to the docs; this one goes back, so a renamed keyword fails here
+    rather than with a reader's TypeError."""
+    import inspect
+
+    from livepush.jobs.api import functions
+
+    wrong, checked = [], 0
+    for page in PAGES:
+        text = page.read_text()
+        for call in re.finditer(r"(?<![\w.])((?:livepush|jobs)(?:\.\w+)+)\(", text):
+            dotted = re.sub(r"^jobs\.", "livepush.jobs.", call.group(1))
+            if not _resolve(dotted):
+                continue
+            obj: Any = livepush
+            for part in dotted.split(".")[1:]:
+                obj = getattr(obj, part)
+            try:
+                parameters = inspect.signature(obj).parameters
+            except (TypeError, ValueError):
+                continue
+            takes = set(parameters)
+            if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+                takes |= functions.OPTIONS
+            for keyword in re.findall(r"(?<![\w.=<>!])([a-z_]\w*)=(?!=)", _call_arguments(text, call.end())):
+                checked += 1
+                if keyword not in takes:
+                    wrong.append(f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, call.start()) + 1}: "
+                                 f"{dotted}({keyword}=)")
+    assert checked > 100 and not wrong, (checked, wrong)
+
+
 def test_each_error_the_docs_give_a_base_class_is_one() -> None:
     """Where the docs write "`SomeError` (a `ValueError`...)", SomeError is a subclass of it: code
     that catches the base, as the docs say it may, catches the error."""
