@@ -815,6 +815,18 @@ def test_the_reference_gives_each_keyword_of_the_classes_an_application_makes_wi
     assert not missing, missing
 
 
+def test_the_reference_names_every_field_of_a_job_info() -> None:
+    """Reference §4's `jobs.get_job(id)` sentence names each field a `JobInfo` has (what
+    `get_job()`, `list_failed()` and `list_tagged()` return): a script that reads a failed job's
+    `max_attempts` or a scheduled job's `run_at` learns of them there."""
+    import dataclasses
+
+    said = re.search(r"`jobs\.get_job\(id\)` returns a `JobInfo`: (.*?)\.\n", section("docs/reference.md", "Jobs"), re.S)
+    assert said, "reference §4: no \"`jobs.get_job(id)` returns a `JobInfo`: ...\" sentence"
+    missing = [field.name for field in dataclasses.fields(jobs.JobInfo) if not re.search(rf"\b{field.name}\b", said.group(1))]
+    assert not missing, f"reference §4's JobInfo lacks {missing}"
+
+
 def test_the_error_trees_name_every_error_their_module_defines() -> None:
     """livepush.errors' and livepush.jobs.errors' docstrings, the trees a reader goes to for what to
     catch, name every exception class their module defines."""
