@@ -827,6 +827,22 @@ def test_the_reference_names_every_field_of_a_job_info() -> None:
     assert not missing, f"reference §4's JobInfo lacks {missing}"
 
 
+def test_the_reference_names_what_each_handle_has() -> None:
+    """The comments of reference §4 that say what a `JobHandle`, `GroupHandle` and
+    `WorkflowHandle` has name each of its public attributes and methods (an async twin by its sync
+    name; `kind` is the prefix `topic` already shows): `handle.name` and `handle.sign(ttl=)` were
+    left out."""
+    text = (ROOT / "docs" / "reference.md").read_text()
+    missing = []
+    for cls in (jobs.JobHandle, jobs.GroupHandle, jobs.WorkflowHandle):
+        said = re.search(rf"# {cls.__name__}: (.*)$", text, re.M)
+        assert said, f"reference.md: no \"# {cls.__name__}: ...\" comment"
+        names = {name for name in dir(cls) if not name.startswith("_") and name != "kind"}
+        names -= {name for name in names if name.startswith("a") and name[1:] in names}  # aadd beside add
+        missing += [f"{cls.__name__}.{name}" for name in sorted(names) if not re.search(rf"\b{name}\b", said.group(1))]
+    assert not missing, missing
+
+
 def test_the_error_trees_name_every_error_their_module_defines() -> None:
     """livepush.errors' and livepush.jobs.errors' docstrings, the trees a reader goes to for what to
     catch, name every exception class their module defines."""
