@@ -440,6 +440,23 @@ def test_the_reference_gives_each_field_and_status_of_the_health_and_readiness_b
     assert not wrong, f"reference §5 and §9 do not show the bodies' {sorted(set(wrong))}"
 
 
+def test_the_metrics_table_names_each_label_value_the_code_counts() -> None:
+    """Each label value a counter of reference §9 can take is named in its row: those made at 0
+    from the start, and the handshake's `session_<reason>` refusals, which only said `<reason>`:
+    an operator who alerts on revoked sessions had to guess `session_revoked`."""
+    from livepush.sessions import handshake
+
+    table = section("docs/reference.md", "9. Operations")
+    rows = {name: row for name, row in re.findall(r"^\s*\| `(livepush_[a-z_]+?)(?:_total)?(?:\{[a-z_,]*\})?` \|(.*)$", table, re.M)}
+    values = {counter._name: set(labels) for counter, labels in metrics._KNOWN_LABELS}  # noqa: SLF001
+    values[metrics.REFUSALS._name] |= {f"session_{reason}" for reason in handshake.REASONS}  # noqa: SLF001
+    missing = [f"{name}: {value}" for name, named in values.items() for value in sorted(named)
+               if not re.search(rf"`{value}`", rows[name]) and not (
+                   value.startswith("session_") and f"`{value.removeprefix('session_')}`" in rows[name]
+                   and "`session_<reason>`" in rows[name])]
+    assert not missing, missing
+
+
 def test_every_series_the_docs_select_by_label_is_one_a_scrape_has() -> None:
     """A `livepush_...{label="value"}` in the docs is a query an operator copies: it names a series
     as /metrics writes it (a counter's with `_total`). `livepush_resets{cause="slow_client"}`
