@@ -34,6 +34,10 @@ MAX_DRAIN_SECONDS = 300.0
 # The longest a `livepush migrate` statement may be told to wait for a table's lock (a day): an
 # application's statements on that table wait behind it all that time.
 MAX_MIGRATE_LOCK_TIMEOUT = 86400.0
+# The most server processes `serve --workers N` runs (livepush.cli.workers checks it); here with
+# the other settings' bounds so that `livepush serve --help` can state it without importing the
+# supervisor's modules.
+MAX_WORKERS = 1024
 # History is kept at most a year: past that, the stores' time arithmetic overflows (and Redis
 # streams and the Postgres log are no archive).
 MAX_HISTORY_TTL = 366 * 86400.0

@@ -310,6 +310,28 @@ def test_the_reference_and_help_give_each_range_the_code_checks() -> None:
     assert not wrong, wrong
 
 
+def test_each_commands_help_gives_the_range_the_code_checks_for_its_flags() -> None:
+    """`livepush serve`, `migrate`, `token` and `status --help` state the range each of their
+    flags is refused outside of, as `livepush jobs --help` does (above) and the reference does: a
+    reader of --help learned `--drain-seconds 600` was too many only from the refusal."""
+    from livepush import config, sessions
+    from livepush.cli.workers import MAX_WORKERS
+    from livepush.jobs.api.status import MAX_LIMIT
+
+    ranges = [("serve", "--drain-seconds", f"from 0 to {config.MAX_DRAIN_SECONDS:g}"),
+              ("serve", "--workers", f"from 1 to {MAX_WORKERS}"),
+              ("migrate", "--lock-timeout", f"from 0 to {config.MAX_MIGRATE_LOCK_TIMEOUT:g}"),
+              ("token", "--ttl", f"for a session, which lasts at most {sessions.MAX_TTL / 86400:.0f} days"),
+              ("status", "--limit", f"from 1 to {MAX_LIMIT}")]
+    parsers = _parsers()
+    wrong = []
+    for command, flag, said in ranges:
+        action = next(a for a in parsers[command]._actions if flag in a.option_strings)
+        if said not in " ".join((action.help or "").split()):
+            wrong.append(f"livepush {command} --help, {flag}: not {said!r}: {action.help!r}")
+    assert not wrong, wrong
+
+
 def _parsers() -> dict[str, Any]:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")

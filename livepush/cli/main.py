@@ -382,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also grant ROLE exactly what serve, jobs, publish() and enqueues need")
     p.add_argument("--lock-timeout", type=flags.seconds, metavar="S",
                    help="seconds each migration waits for a table's lock before it tries again "
-                        "(LIVEPUSH_MIGRATE_LOCK_TIMEOUT; default: the role's lock_timeout, else 5; 0: no limit)")
+                        "(LIVEPUSH_MIGRATE_LOCK_TIMEOUT; default: the role's lock_timeout, else 5; 0: no limit; "
+                        f"from 0 to {config.MAX_MIGRATE_LOCK_TIMEOUT:g})")
     p.set_defaults(func=cmd_migrate)
 
     p = command("serve", "run the WebSocket server")
@@ -398,9 +399,10 @@ def build_parser() -> argparse.ArgumentParser:
     _log_format(p)
     p.add_argument("--drain-seconds", type=flags.seconds, metavar="S",
                    help="on SIGTERM, close connections in batches over S seconds "
-                        "(LIVEPUSH_DRAIN_SECONDS; default 0: all at once)")
+                        f"(LIVEPUSH_DRAIN_SECONDS; default 0: all at once; from 0 to {config.MAX_DRAIN_SECONDS:g})")
     p.add_argument("--workers", metavar="N",
-                   help="N server processes on one port (LIVEPUSH_WORKERS; default 1; auto: one per core)")
+                   help=f"N server processes on one port, from 1 to {config.MAX_WORKERS} (LIVEPUSH_WORKERS; "
+                        "default 1; auto: one per core)")
     p.add_argument("--supervised-as", help=argparse.SUPPRESS)  # set by the supervisor of --workers
     p.set_defaults(func=cmd_serve)
 
@@ -431,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="session: a session token for SUBJECT; topic: TOPIC signed, its own permission")
     p.add_argument("value", metavar="SUBJECT|TOPIC", help="the session's subject, or the topic to sign")
     p.add_argument("--ttl", type=flags.positive_seconds, metavar="S", help="seconds until it expires (default: 86400 for a session, "
-                   "LIVEPUSH_SIGNED_TOPIC_TTL for a topic)")
+                   "which lasts at most 366 days; LIVEPUSH_SIGNED_TOPIC_TTL for a topic)")
     p.set_defaults(func=cmd_token)
     return parser
 

@@ -25,13 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import metrics
-from ..config import Settings, read_number
+from ..config import MAX_WORKERS, Settings, read_number
 from ..errors import ConfigError
 
 log = logging.getLogger("livepush.workers")
 
 WORKERS_VARIABLE = "LIVEPUSH_WORKERS"
-MAX_WORKERS = 1024
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # The workers' metrics folder, in the temporary folder, and the file in it that the supervisor and
 # each of its workers hold locked (shared) for as long as they live: a folder whose lock anyone
