@@ -479,6 +479,22 @@ def test_the_metrics_table_names_each_label_value_the_code_counts() -> None:
     assert not missing, missing
 
 
+def test_the_reference_says_which_passing_readiness_check_still_gives_a_detail() -> None:
+    """§9 says a check has `detail` when not ok; a passing check that has one all the same is
+    named there with it: a probe that took any `detail` for a failure read the `schema` check of a
+    server without a database (ok, "no database") as one."""
+    import json
+
+    from livepush.fanout.local import LocalFanOut
+    from livepush.server.readiness import Readiness
+
+    said = " ".join(section("docs/reference.md", "9. Operations").split())
+    body = json.loads(Readiness(LocalFanOut(), away=lambda: None, draining=lambda: False).report()[1])
+    unsaid = [f"{name}: {check['detail']!r}" for name, check in body["checks"].items()
+              if check["ok"] and "detail" in check and f"`{check['detail']}`" not in said]
+    assert not unsaid, f"reference §9 does not give these ok checks' detail: {unsaid}"
+
+
 def test_every_series_the_docs_select_by_label_is_one_a_scrape_has() -> None:
     """A `livepush_...{label="value"}` in the docs is a query an operator copies: it names a series
     as /metrics writes it (a counter's with `_total`). `livepush_resets{cause="slow_client"}`
