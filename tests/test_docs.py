@@ -495,6 +495,26 @@ def test_the_reference_says_which_passing_readiness_check_still_gives_a_detail()
     assert not unsaid, f"reference §9 does not give these ok checks' detail: {unsaid}"
 
 
+def test_the_reference_names_every_key_of_a_json_log_line() -> None:
+    """Each key `--log-format json` writes (a worker's line with an exception: every key there is)
+    is named in reference §9's logs: a collector's parser is written from that list."""
+    import json
+    import logging
+
+    from livepush.cli.logs import JsonLines
+
+    try:
+        raise ValueError("bad input")
+    except ValueError:
+        record = logging.LogRecord("livepush", logging.ERROR, __file__, 1, "failed", None, sys.exc_info())
+    record.livepush_process, record.livepush_worker = "worker 1", 1
+    keys = set(json.loads(JsonLines().format(record)))
+    logs = re.search(r"^- \*\*Logs\*\*:(.*?)(?=^- \*\*|\Z)", section("docs/reference.md", "9. Operations"), re.M | re.S)
+    assert logs, "reference §9: no **Logs** item"
+    missing = sorted(key for key in keys if f"`{key}`" not in logs.group(1))
+    assert not missing, f"reference §9's logs do not name {missing}"
+
+
 def test_every_series_the_docs_select_by_label_is_one_a_scrape_has() -> None:
     """A `livepush_...{label="value"}` in the docs is a query an operator copies: it names a series
     as /metrics writes it (a counter's with `_total`). `livepush_resets{cause="slow_client"}`
