@@ -935,6 +935,22 @@ async def test_durable_sleep_parks_then_goes_on(durable_db: str) -> None:
     assert done.result == "rested" and bodies(durable_db, h.id) == ["before", "after"]
 
 
+async def test_a_drain_counts_a_parked_job_in_none_of_its_outcomes_until_one_runs_it_to_its_end(
+        durable_db: str) -> None:
+    """jobs.adrain() returns counts by outcome: a durable job that parks is not among them (it is
+    `waiting`, no outcome yet), and a later drain, once its sleep is over, counts it succeeded."""
+    h = await dj.sleeper.aenqueue(0.3)
+    assert await jobs.adrain(["default"]) == {}
+    assert (await info(h.id)).state == "waiting"
+
+    async def sleep_over() -> bool:
+        return bool(q(durable_db, "SELECT run_at <= now() FROM livepush_jobs WHERE id = %s", (h.id,))[0][0])
+
+    await async_wait_for(sleep_over, 5, message="the sleep to end")
+    assert await jobs.adrain(["default"]) == {"succeeded": 1}
+    assert (await info(h.id)).result == "rested"
+
+
 async def test_a_durable_sleep_spans_a_drain_and_wakes_under_the_next_runtime(durable_db: str) -> None:
     """A drain (what SIGTERM starts) does not wait for a sleeping job, which holds no slot; the
     sleep ends while no runtime runs, and the next runtime to start runs it on from there, its

@@ -3,7 +3,7 @@ built from their rows in one place:
 
     job:<id>    {"event": ..., "job": {"id", "name", "queue", "state", "attempt", "max_attempts",
                                        "progress": {"done", "total", "message"}, "error", "run_at"}}
-                and, for durable jobs: "result" once succeeded, "waiting": {"for", "name"} while
+                and "result" once succeeded; for durable jobs, "waiting": {"for", "name"} while
                 waiting, "checkpoint": NAME on a `checkpoint` event
     group:<id>  {"event": ..., "group": {"id", "state", "total", "pending", "succeeded", "failed",
                                          "cancelled"}}
