@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -814,6 +815,29 @@ async def test_an_origin_held_while_its_topic_was_published_and_forgotten_gets_r
     again = fanout.publish("forgot:a", {"i": 3})
     replay = await read_history(fanout, "forgot:a", rendered)
     assert replay is None, f"the origin replayed {offsets_of(replay)} without {missed}, before {again}"
+
+
+async def test_a_topic_kept_by_keep_chains_outlives_its_idle_time_and_its_next_message_follows_on(
+        make_fanout: MakeFanOut) -> None:
+    """keep_chains() is what a server calls for the topics its subscribers watch: a topic kept
+    more often than its idle time is not forgotten, however long nothing is published on it, and
+    its next message follows its last offset (a replay from there holds just that message), while
+    a topic nobody keeps is forgotten as before. A topic with no chain is passed over."""
+    fanout = await make_fanout(listen=False, history_ttl=0.1, idle_expire=1)
+    kept = fanout.publish("keep:a", {"i": 0})
+    fanout.publish("keep:b", {"i": 0})
+    quiet_since = time.monotonic()
+
+    async def past_the_idle_time() -> bool:
+        await fanout.keep_chains(["keep:a", "keep:never"])
+        await fanout.prune()
+        forgotten = fanout.latest_offset("keep:b") == fanout.latest_offset("keep:never")
+        return forgotten and time.monotonic() - quiet_since > 2 * fanout.idle_expire
+
+    await async_wait_for(past_the_idle_time, WAIT, interval=0.05, message="the topic nobody keeps to be forgotten")
+    assert fanout.latest_offset("keep:a") == kept, "the kept topic was forgotten"
+    after = fanout.publish("keep:a", {"i": 1})
+    assert offsets_of(await read_history(fanout, "keep:a", kept)) == [after]
 
 
 async def test_an_origin_from_before_the_origin_moved_on_still_replays_everything(make_fanout: MakeFanOut) -> None:

@@ -121,6 +121,21 @@ async def test_a_topic_being_published_to_is_not_forgotten(fanout: PostgresFanOu
     assert offsets_of(await read_history(fanout, "open:a", offsets[-1])) == [late]
 
 
+async def test_keeping_a_topic_being_published_to_waits_for_no_publisher(fanout: PostgresFanOut, pg_url: str) -> None:
+    """A server keeps the chains of its watched topics beside publishers: a row a transaction is
+    publishing on (and locks until it ends, which may be long) is passed over, not waited for, and
+    the other topics of the call are kept all the same."""
+    fanout.publish("keeping:other", {"i": 0})
+    fanout.publish("keeping:busy", {"i": 0})
+    age(pg_url, "keeping:other", seconds=DAY + 60)
+    with psycopg.connect(pg_url) as conn:
+        fanout.publish("keeping:busy", {"i": 1}, conn=conn)
+        await asyncio.wait_for(fanout.keep_chains(["keeping:busy", "keeping:other"]), 5)
+        conn.commit()
+    await prune_all(fanout)
+    assert has_row(pg_url, "keeping:other"), "the topic kept beside a busy one was forgotten"
+
+
 async def test_an_origin_held_while_its_topic_was_published_and_forgotten_gets_reset(pg_url: str) -> None:
     """A page renders a topic's origin and is away while messages are published, pruned and the
     idle topic forgotten, then another is published: the topic reads as having one message, but

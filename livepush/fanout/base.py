@@ -25,6 +25,11 @@ Contract (docs/reference.md#4-python-api, #7-guarantees):
   may hold no message and say `more` when the read's byte bound was reached before its topic (read
   it again); it raises DependencyError when the store cannot be reached, and answers None for a
   topic whose read failed otherwise.
+- `keep_chains(topics)` keeps each topic's chain (its offsets, so its next message follows its
+  last) from being forgotten as idle for another `idle_expire` seconds: a server calls it for the
+  topics its subscribers watch (the hub, more often than that), so a page live all along gets a
+  rarely published topic's next message, not `reset`. A topic nothing was ever published on, or
+  already forgotten, has no chain and is left as it is.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import abc
 import asyncio
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,6 +176,9 @@ class FanOut(abc.ABC):
     """Base of the three fan-outs. Subclasses implement the abstract methods."""
 
     name: str = "abstract"
+    # Seconds without a publish (or a keep_chains()) after which a topic is forgotten: each fan-out
+    # sets it from idle_expiry().
+    idle_expire: float = IDLE_EXPIRE
 
     def __init__(self) -> None:
         self._heard: Handlers[Message] = Handlers(f"the {self.name} fan-out", log)
@@ -256,6 +264,12 @@ class FanOut(abc.ABC):
 
     @abc.abstractmethod
     async def alatest_offset(self, topic: Topic) -> Offset: ...
+
+    @abc.abstractmethod
+    async def keep_chains(self, topics: Sequence[Topic]) -> None:
+        """Keep the chains of `topics` for another `idle_expire` seconds, as a publish would, but
+        without a message: their subscribers stand on their last offsets. One round trip per few
+        thousand topics; raises DependencyError when the store cannot be reached."""
 
     @abc.abstractmethod
     def latest_offset(self, topic: Topic) -> Offset: ...

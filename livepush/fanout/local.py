@@ -11,7 +11,8 @@ with an offset of another one (one `since` rendered for two topics) has seen non
 gets `reset` too, as on Postgres, rather than the topic's messages numbered past it.
 
 A topic nothing is published on for a day (or twice the TTL), whose messages are all pruned, is
-forgotten, as on Postgres and Redis: a process that serves many short-lived topics (a user's, a
+forgotten, as on Postgres and Redis, unless keep_chains() was called for it meanwhile (the hub
+does, for the topics its subscribers watch): a process that serves many short-lived topics (a user's, a
 document's) would otherwise keep each one for ever. Published again, it takes a new EPOCH, so a
 forgotten topic's numbers are never given out again.
 
@@ -32,7 +33,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,7 +77,7 @@ class _Log:
     prefix: str  # "EPOCH-" of this topic's offsets
     origin: Offset  # the `prev` of its first message: the origin when it was made
     last: int = 0
-    touched: float = 0.0  # time.monotonic() of the last publish
+    touched: float = 0.0  # time.monotonic() of the last publish, or of the last keep_chains()
     # seq, time, json, its size in bytes (counted once, at publish, for the page limit)
     entries: deque[tuple[int, float, str, int]] = field(default_factory=deque)
     dropped_through: int = 0  # every seq <= this one is gone
@@ -234,6 +235,14 @@ class LocalFanOut(FanOut):
 
     async def alatest_offset(self, topic: Topic) -> Offset:
         return self.latest_offset(topic)
+
+    async def keep_chains(self, topics: Sequence[Topic]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for topic in topics:
+                log = self._logs.get(topic)
+                if log is not None:
+                    log.touched = now
 
     async def prune(self) -> int:
         now = time.monotonic()

@@ -12,7 +12,8 @@ so they are gap-free and in commit order. The epoch changes only when a crash em
 (unlogged) tables, so an offset from before a crash can never be mistaken for a newer one. A
 topic nothing was published on has "0-ORIGIN" as its offset (its origin): the log's epoch,
 moved on by whole steps of half the idle time, which a crash outdates in the same way (the
-steps of a new epoch are other numbers). An idle topic that is forgotten reads as never
+steps of a new epoch are other numbers). An idle topic that is forgotten (one nothing was
+published on, and no server kept with keep_chains(), for the idle time) reads as never
 published, so an origin given out more than the idle time ago may have seen the topic published
 and forgotten since: such an origin gets `reset`, as on Redis. Epoch 0 puts an origin below
 every offset the topic will have: the log's epoch may be read from the clock after the epoch of
@@ -32,7 +33,7 @@ import contextlib
 import json
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import psycopg
@@ -144,14 +145,16 @@ DELETE FROM livepush_messages WHERE ctid = ANY (ARRAY(
 # writes a message, so a row locked now is being published to and is skipped; one published to
 # and committed since this statement's snapshot has a greater last_seq, which FOR UPDATE's
 # re-check of the newest version sees against the snapshot's `scanned` value, so it is kept.
-# Servers sweeping at once only skip each other's rows. Returns the stretch's last topic, how
-# many topics it held and how many rows went.
+# Servers sweeping at once only skip each other's rows. A row KEEP_CHAINS touched since the
+# snapshot has a newer touched_at, which the same re-check sees: it is kept too. Returns the
+# stretch's last topic, how many topics it held and how many rows went.
 FORGET_IDLE = """
 WITH scanned AS MATERIALIZED (
     SELECT topic, last_seq, touched_at FROM livepush_topics
     WHERE topic > %(after)s ORDER BY topic LIMIT %(batch)s
 ), idle AS (
-    SELECT t.topic FROM livepush_topics t JOIN scanned s ON s.topic = t.topic AND s.last_seq = t.last_seq
+    SELECT t.topic FROM livepush_topics t
+    JOIN scanned s ON s.topic = t.topic AND s.last_seq = t.last_seq AND s.touched_at = t.touched_at
     WHERE s.touched_at < now() - make_interval(secs => %(idle)s)
       AND NOT EXISTS (SELECT FROM livepush_messages m WHERE m.topic = t.topic)
     FOR UPDATE OF t SKIP LOCKED
@@ -160,6 +163,19 @@ WITH scanned AS MATERIALIZED (
 )
 SELECT (SELECT max(topic) FROM scanned), (SELECT count(*) FROM scanned)::int, (SELECT count(*) FROM gone)::int
 """
+# name: keep_chains -- the rows of the topics a server's subscribers watch, touched as a publish
+# touches them (no message, no notification), so that FORGET_IDLE leaves them for another idle
+# time: their next message follows their last offset. A row locked now is being published to,
+# which touches it: skipped rather than waited for (a publisher's transaction may run long), so
+# this never blocks, and servers touching the same rows at once skip each other's. A topic with
+# no row (never published, or already forgotten) has nothing to keep.
+KEEP_CHAINS = """
+UPDATE livepush_topics t SET touched_at = now()
+FROM (SELECT topic FROM livepush_topics WHERE topic = ANY(%(topics)s::text[]) FOR UPDATE SKIP LOCKED) k
+WHERE t.topic = k.topic
+"""
+# Topics per KEEP_CHAINS statement.
+KEEP_BATCH = 5_000
 
 _OFFSET = re.compile(r"([0-9]{1,19})-([0-9]{1,19})")
 _DOORBELL = re.compile(r"([0-9]{1,19})-([0-9]{1,19}) ([A-Za-z0-9_.:/-]{1,200})")
@@ -548,6 +564,12 @@ class PostgresFanOut(FanOut):
         with translated(self.url):
             async with (await self._pools.aget()).connection() as c:
                 return self._latest(await (await c.execute(LATEST, {"topic": topic})).fetchone())
+
+    async def keep_chains(self, topics: Sequence[Topic]) -> None:
+        with translated(self.url):
+            async with (await self._pools.aget()).connection() as c:
+                for start in range(0, len(topics), KEEP_BATCH):
+                    await c.execute(KEEP_CHAINS, {"topics": list(topics[start:start + KEEP_BATCH])})
 
     async def prune(self) -> int:
         """Drops a bounded batch of expired messages, then the rows of idle topics among the next

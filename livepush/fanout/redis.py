@@ -40,8 +40,9 @@ Retention: trimmed by length (MAXLEN, `max_len`) at each publish, and by age (hi
 process that only publishes, which may run with another LIVEPUSH_HISTORY_TTL (the default). The
 newest entry of a topic is kept past the TTL so the chain stays anchored (`since` == the latest
 offset replays nothing rather than `reset`). A topic idle for
-`idle_expire` seconds loses its key (each publish sets its expiry, and prune() lengthens one that a
-publisher with a shorter idle time set): its next message starts a new chain and a client still
+`idle_expire` seconds loses its key (each publish sets its expiry, prune() lengthens one that a
+publisher with a shorter idle time set, and keep_chains() one whose topic a server's subscribers
+watch): its next message starts a new chain and a client still
 holding an older offset, or an origin given out more than `idle_expire` seconds ago, gets
 `reset`. The origin moves on by the idle time of whichever process reads it: a shorter one only
 resets origins sooner, and prune() keeps a topic for the servers' idle time, which
@@ -55,7 +56,7 @@ import os
 import re
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import redis
@@ -171,6 +172,22 @@ local minid = string.format('%d', cutoff)
 if newest_ms < cutoff then minid = newest[1][1] end
 return redis.call('XTRIM', key, 'MINID', minid)
 """
+
+# KEYS: the streams of topics a server's subscribers watch; ARGV: idle_ms. Each key set to expire
+# sooner than the idle time from now is kept that long, as a publish would keep it (no entry, no
+# frame): their next message follows their newest entry. A key that is gone (never published, or
+# forgotten) has nothing to keep, and one without an expiry is left as it is. PTTL first, so a
+# pass writes only what is due, and no GT, which a Redis before 7 refuses.
+_KEEP_LUA = """
+local idle = tonumber(ARGV[1])
+for _, key in ipairs(KEYS) do
+  local left = redis.call('PTTL', key)
+  if left >= 0 and left < idle then redis.call('PEXPIRE', key, idle) end
+end
+return 0
+"""
+# Keys per call of the keep script: Redis serves nobody else while a script runs.
+KEEP_BATCH = 500
 
 # KEYS: stream, origin keys; ARGV: idle_ms. The topic's latest offset: its newest entry's id, or the origin.
 _LATEST_LUA = _ORIGIN_LUA + """
@@ -311,6 +328,7 @@ class _LoopSide:
         self.prune = client.register_script(_PRUNE_LUA)
         self.history = client.register_script(_HISTORY_LUA)
         self.latest = client.register_script(_LATEST_LUA)
+        self.keep = client.register_script(_KEEP_LUA)
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -584,6 +602,15 @@ class RedisFanOut(FanOut):
             # Someone else's data under our key: refuse rather than guess.
             logger.warning("livepush: malformed history stream %r in Redis; answering reset", key)
             return None
+
+    async def keep_chains(self, topics: Sequence[Topic]) -> None:
+        side = self._loops.get()
+        try:
+            for start in range(0, len(topics), KEEP_BATCH):
+                await side.keep(keys=[self.key_prefix + topic for topic in topics[start:start + KEEP_BATCH]],
+                                args=[self._idle_ms])
+        except (RedisError, OSError) as exc:
+            raise failed(self.url, exc, f"keeping the history of {len(topics)} watched topics", reads=True) from exc
 
     async def prune(self) -> int:
         """Trim bounded batches of topics (SCAN steps, cursor kept between calls) until one drops

@@ -10,7 +10,11 @@ that skips ahead makes the hub read the log from its own cursor, a page at a tim
 notification claims, only what the log holds is delivered, and a notification that does not
 check out costs one read. Doorbells that come during a read are served by one more read, never
 by one read each. A range the log cannot fill becomes a `reset` to every subscriber: recovery
-is never partial.
+is never partial. The fan-out forgets a topic nothing was published on for its idle time (a day),
+and a cursor on a forgotten chain cannot show that nothing was published and forgotten after it:
+so the hub keeps the chains of the topics it watches (`_keep_chains`, every quarter of the idle
+time, and a topic newly watched within a second), and a page live all along on a topic published
+less than once a day gets its next message, not `reset`.
 
 State topics (`job:<id>`, `group:<id>`, `workflow:<id>`: a StateSource's rows). Their offset is the state's
 version. A change rings the source; the hub reads the current state of every rung topic it
@@ -39,6 +43,7 @@ order all the same, and counted as states by the slow-client bound).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -79,6 +84,14 @@ SPLIT_AFTER = 3
 # Topics per log read at most, so that a topic rung among thousands waits for one read, not for
 # all of them (the Postgres fan-out reads as many in one statement).
 READ_BATCH = 500
+# The chains of the watched message topics are kept (FanOut.keep_chains) every this share of the
+# fan-out's idle time, so that a keep that comes late, or fails once, still comes in time.
+KEEP_SHARE = 0.25
+# A topic newly watched is kept within this long, with every other one watched meanwhile in one
+# call: its last message may be most of an idle time old already.
+KEEP_NEW_SECONDS = 1.0
+# A keep that failed (the store away) is tried again after this long, while anyone watches.
+KEEP_RETRY_SECONDS = 1.0
 # A replay waits for the client after about this many bytes of frames, within a page too: a page
 # holds up to a MiB of data before its last message, which may be a MiB itself, and all of it
 # sent at once would wait past the 2 MiB a client may have waiting (server/connection.py), so a
@@ -223,6 +236,11 @@ class Hub:
         # pause, until a read of theirs succeeds (`_read_apart`).
         self._read_failing: set[str] = set()
         self._log_reading = False
+        # Message topics anchored since the last keep of their chains, the event that says one
+        # came, and the task that keeps them (running while any message topic is watched).
+        self._keep_new: set[str] = set()
+        self._keep_woken = asyncio.Event()
+        self._keeping: asyncio.Task[None] | None = None
         self._closed = False
         self._tally = metrics.TALLY
 
@@ -815,6 +833,59 @@ class Hub:
         # newer subscribers follow, whose messages would then wait for ever.
         if t.wanted > t.cursor_key and self._topics.get(t.name) is t:
             self._start_read(t)
+        if self._topics.get(t.name) is t:
+            self._keep(t)
+
+    # -- keeping the watched topics' chains ------------------------------------------------
+    def _keep(self, t: _Topic) -> None:
+        """Keep the chain of `t`, newly anchored, within KEEP_NEW_SECONDS, then with the others."""
+        self._keep_new.add(t.name)
+        self._keep_woken.set()
+        if self._keeping is None and not self._closed:
+            self._keeping = self._spawn(self._keep_chains(), "livepush-keep-chains")
+
+    async def _keep_chains(self) -> None:
+        """While anyone watches a message topic: keep the chains of the topics newly watched, and
+        every quarter of the fan-out's idle time those of every topic watched, so that none is
+        forgotten under its subscribers. A keep that fails is tried again (with every topic) after
+        KEEP_RETRY_SECONDS; one that comes too late all the same (the store away for most of a
+        day) leaves the topic forgotten, whose next message is a `reset`, as before."""
+        loop = asyncio.get_running_loop()
+        every = self.fanout.idle_expire * KEEP_SHARE
+        due = loop.time() + every
+        failures = 0
+        try:
+            while True:
+                if failures:
+                    await asyncio.sleep(KEEP_RETRY_SECONDS)
+                else:
+                    if not self._keep_new:
+                        self._keep_woken.clear()
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._keep_woken.wait(), max(due - loop.time(), 0))
+                    # Topics watched in a burst of subscribes are kept together.
+                    await asyncio.sleep(max(min(KEEP_NEW_SECONDS, due - loop.time()), 0))
+                watched = [t.name for t in self._topics.values() if t.source is None and t.cursor is not None]
+                if not watched:
+                    self._keep_new.clear()
+                    return
+                every_one = bool(failures) or loop.time() >= due
+                names = watched if every_one else [n for n in watched if n in self._keep_new]
+                self._keep_new.clear()
+                if every_one:
+                    due = loop.time() + every
+                try:
+                    await self.fanout.keep_chains(names)
+                except Exception as exc:
+                    failures += 1
+                    (log.warning if failures == 1 else log.debug)(
+                        "could not keep the history of %s (%s); trying again every %g s (a topic forgotten "
+                        "meanwhile gets its subscribers reset at its next message)", _names(names), exc,
+                        KEEP_RETRY_SECONDS)
+                    continue
+                failures = 0
+        finally:
+            self._keeping = None
 
     @staticmethod
     def _left(t: _Topic, sub: Subscriber, buffer: _Waiting) -> bool:

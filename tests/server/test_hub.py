@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Mapping
 
 import pytest
@@ -17,7 +18,9 @@ from livepush.fanout.base import HISTORY_PAGE, History
 from livepush.fanout.local import LocalFanOut
 from livepush.server.hub import Hub
 from livepush.types import Message, Receiver
+from tests.support.fanouts import WAIT
 from tests.support.waiting import async_wait_for
+from tests.test_fanout_conformance import MakeFanOut, kind, make_fanout  # noqa: F401  (fixtures)
 
 
 class Sub:
@@ -248,6 +251,35 @@ async def test_a_topic_anchored_on_an_origin_gets_its_first_message_without_a_re
     await async_wait_for(lambda: len(sub.frames) > 1, 10, message="the first message")
     await settle()
     assert [(f["op"], f.get("offset")) for f in sub.frames[1:]] == [("message", offset)]
+
+
+async def test_a_subscriber_live_through_its_topics_idle_time_gets_the_next_message_without_a_reset(
+        make_fanout: MakeFanOut) -> None:
+    """A page kept open on a topic published less than once per idle time (a day; here a second)
+    has received every message: its next one reaches it as that message, never as `reset`. The hub
+    keeps the chains of the topics its subscribers watch, so the fan-out does not forget them while
+    they are watched, however long nothing is published and however often history is pruned."""
+    fanout = await make_fanout(history_ttl=0.1, idle_expire=1)
+    hub = Hub(fanout, fan)
+    fanout.register(hub.on_message)
+    try:
+        sub = Sub()
+        await hub.subscribe(sub, "kept:a", None, 1)
+        first = await fanout.apublish("kept:a", "first")
+        await async_wait_for(lambda: len(sub.frames) > 1, WAIT, message="the first message")
+        quiet_since = time.monotonic()
+
+        async def idle_time_passed() -> bool:
+            await fanout.prune()  # what every server does meanwhile
+            return time.monotonic() - quiet_since > 2 * fanout.idle_expire
+
+        await async_wait_for(idle_time_passed, WAIT, interval=0.05, message="twice the idle time to pass")
+        second = await fanout.apublish("kept:a", "second")
+        await async_wait_for(lambda: len(sub.frames) > 2, WAIT, message="an answer to the next message")
+        await settle()
+        assert [(f["op"], f.get("offset")) for f in sub.frames[1:]] == [("message", first), ("message", second)]
+    finally:
+        await hub.aclose()
 
 
 async def test_subscribers_of_a_topic_whose_first_message_comes_past_the_idle_time_get_reset() -> None:

@@ -208,13 +208,14 @@ async def test_a_two_phase_transaction_that_published_fails_its_prepare_and_deli
     await client.close()
 
 
-async def test_a_client_that_stays_subscribed_to_a_topic_forgotten_while_idle_gets_reset_at_its_next_message(
+async def test_a_watched_topic_forgotten_all_the_same_gets_its_subscribers_reset_at_its_next_message(
         pg_served: Served, pg_url: str) -> None:
-    """A topic nothing was published on for a day is forgotten (its row goes once its messages are
-    pruned), and its next message starts a new chain. A client subscribed all along gets `reset`
-    for it (refetch), then the live messages: the server cannot tell, from a chain it no longer
-    finds, that nothing was published and forgotten after the last message it sent
-    (docs/guarantees.md). A day is simulated by moving the topic's times back."""
+    """The server keeps the topics its subscribers watch from being forgotten as idle (every
+    quarter of the idle time). One forgotten all the same (its keeps failed for most of a day:
+    simulated by moving the topic's times back past them) starts a new chain at its next message,
+    and a client subscribed all along gets `reset` for it (refetch), then the live messages: the
+    server cannot tell, from a chain it no longer finds, that nothing was published and forgotten
+    after the last message it sent (docs/guarantees.md)."""
     client = await WSClient.open(pg_served.url)
     await client.subscribe(pg_served.sign("quiet"))
     await pg_served.publish("quiet", {"n": 1})
