@@ -14,7 +14,9 @@ is never partial. The fan-out forgets a topic nothing was published on for its i
 and a cursor on a forgotten chain cannot show that nothing was published and forgotten after it:
 so the hub keeps the chains of the topics it watches (`_keep_chains`, every quarter of the idle
 time, and a topic newly watched within a second), and a page live all along on a topic published
-less than once a day gets its next message, not `reset`.
+less than once a day gets its next message, not `reset`. A topic nothing was published on has an
+origin as its cursor, which vouches for the idle time only: the same pass reads every watched
+topic, and an empty page moves such a cursor on to the origin of the moment.
 
 State topics (`job:<id>`, `group:<id>`, `workflow:<id>`: a StateSource's rows). Their offset is the state's
 version. A change rings the source; the hub reads the current state of every rung topic it
@@ -555,6 +557,11 @@ class Hub:
             if page.more and not t.idle:
                 self._queue_read(t, new_round=False)
                 return
+            if not page.messages and not page.more and _ahead(page.latest, t.cursor_key):
+                # Nothing lies between the cursor and the topic's latest offset (History's `more`):
+                # an origin that moved on while nothing was published. Standing on the newer one
+                # keeps the cursor young enough to vouch that nothing was published and forgotten.
+                t.move(page.latest)
         # The round is over: what came live meanwhile goes out, or asks for one more round.
         pending, t.pending = t.pending, []
         for m in pending:
@@ -884,6 +891,14 @@ class Hub:
                         KEEP_RETRY_SECONDS)
                     continue
                 failures = 0
+                if every_one:
+                    # A topic nothing was published on has no chain to keep: its cursor is an
+                    # origin, good for the idle time only. A read now finds nothing after it and
+                    # moves the cursor to the origin of the moment (_take_page), so that the
+                    # topic's first message, however late, still follows on from it.
+                    for t in list(self._topics.values()):
+                        if t.source is None and t.cursor is not None and not t.idle:
+                            self._start_read(t)
         finally:
             self._keeping = None
 
