@@ -176,13 +176,14 @@ return redis.call('XTRIM', key, 'MINID', minid)
 # KEYS: the streams of topics a server's subscribers watch; ARGV: idle_ms. Each key set to expire
 # sooner than the idle time from now is kept that long, as a publish would keep it (no entry, no
 # frame): their next message follows their newest entry. A key that is gone (never published, or
-# forgotten) has nothing to keep, and one without an expiry is left as it is. PTTL first, so a
-# pass writes only what is due, and no GT, which a Redis before 7 refuses.
+# forgotten) has nothing to keep. GT (Redis 7) writes nothing where the expiry is as long already,
+# and leaves one without an expiry as it is; a Redis before 7 refuses GT (pcall) and gets the idle
+# time from now, which the servers' idle time is. Only PEXPIRE: the ACL docs/security.md shows
+# allows it, and no read of the expiry (PTTL) that it does not.
 _KEEP_LUA = """
-local idle = tonumber(ARGV[1])
 for _, key in ipairs(KEYS) do
-  local left = redis.call('PTTL', key)
-  if left >= 0 and left < idle then redis.call('PEXPIRE', key, idle) end
+  local kept = redis.pcall('PEXPIRE', key, ARGV[1], 'GT')
+  if type(kept) == 'table' and kept.err then redis.call('PEXPIRE', key, ARGV[1]) end
 end
 return 0
 """

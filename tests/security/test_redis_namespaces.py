@@ -101,7 +101,8 @@ def test_every_key_and_channel_is_under_the_prefix(redis_url: str) -> None:
 
 async def test_a_server_runs_as_the_redis_user_the_docs_show(acl_user: Callable[[str], str], secret: str) -> None:
     """A deployment whose Redis user has exactly the ACL docs/security.md shows works: a publish
-    reaches a subscriber, history replays it, prune() runs, and a revocation closes a session."""
+    reaches a subscriber, history replays it, prune() runs, the topics it watches are kept from
+    being forgotten as idle, and a revocation closes a session."""
     url = acl_user(DOCUMENTED_PREFIX)
     served = await start_served(make_settings("redis", secret, None, url))
     token = sessions.issue("frank")
@@ -117,6 +118,7 @@ async def test_a_server_runs_as_the_redis_user_the_docs_show(acl_user: Callable[
         page = await served.fanout.history("room:acl", origin)
         assert page is not None and [m.offset for m in page.messages] == [offset]
         await served.fanout.prune()
+        await served.fanout.keep_chains(["room:acl"])
         await store.aadd_subject("frank", time.time())
         assert await client.closed_with() == 4403  # well before the 60 s re-check, had the ring been lost
     finally:
