@@ -136,6 +136,26 @@ async def test_keeping_a_topic_being_published_to_waits_for_no_publisher(fanout:
     assert has_row(pg_url, "keeping:other"), "the topic kept beside a busy one was forgotten"
 
 
+async def test_keeping_a_topic_published_to_or_kept_lately_writes_nothing(fanout: PostgresFanOut, pg_url: str) -> None:
+    """Pages subscribe to busy topics all day, and each subscribe has its topic kept: a row
+    published to or kept within a quarter of the idle time is kept long enough already, and is
+    not written again (its row version stays); one older than that is."""
+    fanout.publish("keeping:fresh", {"i": 0})
+    fanout.publish("keeping:old", {"i": 0})
+    age(pg_url, "keeping:old", seconds=fanout.idle_expire * 0.3, messages_too=False)
+
+    def versions() -> dict[str, str]:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            return dict(conn.execute("SELECT topic, xmin::text FROM livepush_topics WHERE topic LIKE 'keeping:%'"
+                                     ).fetchall())
+
+    before = versions()
+    await asyncio.wait_for(fanout.keep_chains(["keeping:fresh", "keeping:old"]), 5)
+    after = versions()
+    assert after["keeping:fresh"] == before["keeping:fresh"], "a fresh row was written again"
+    assert after["keeping:old"] != before["keeping:old"], "a row a quarter of the idle time old was not kept"
+
+
 async def test_an_origin_held_while_its_topic_was_published_and_forgotten_gets_reset(pg_url: str) -> None:
     """A page renders a topic's origin and is away while messages are published, pruned and the
     idle topic forgotten, then another is published: the topic reads as having one message, but

@@ -29,7 +29,8 @@ Contract (docs/reference.md#4-python-api, #7-guarantees):
   last) from being forgotten as idle for another `idle_expire` seconds: a server calls it for the
   topics its subscribers watch (the hub, more often than that), so a page live all along gets a
   rarely published topic's next message, not `reset`. A topic nothing was ever published on, or
-  already forgotten, has no chain and is left as it is.
+  already forgotten, has no chain and is left as it is; one published to or kept within the last
+  quarter of the idle time may be left as it is too (kept long enough already).
 """
 
 from __future__ import annotations

@@ -168,12 +168,18 @@ SELECT (SELECT max(topic) FROM scanned), (SELECT count(*) FROM scanned)::int, (S
 # time: their next message follows their last offset. A row locked now is being published to,
 # which touches it: skipped rather than waited for (a publisher's transaction may run long), so
 # this never blocks, and servers touching the same rows at once skip each other's. A topic with
-# no row (never published, or already forgotten) has nothing to keep.
+# no row (never published, or already forgotten) has nothing to keep. Nor has a row touched within
+# `fresh` seconds (a quarter of the idle time, as often as a hub keeps its topics): it is kept
+# long enough already, and pages subscribing all day to busy topics then write nothing.
 KEEP_CHAINS = """
 UPDATE livepush_topics t SET touched_at = now()
-FROM (SELECT topic FROM livepush_topics WHERE topic = ANY(%(topics)s::text[]) FOR UPDATE SKIP LOCKED) k
+FROM (SELECT topic FROM livepush_topics
+      WHERE topic = ANY(%(topics)s::text[]) AND touched_at < now() - make_interval(secs => %(fresh)s)
+      FOR UPDATE SKIP LOCKED) k
 WHERE t.topic = k.topic
 """
+# The share of the idle time a kept row stays fresh for (KEEP_CHAINS).
+KEEP_FRESH_SHARE = 0.25
 # Topics per KEEP_CHAINS statement.
 KEEP_BATCH = 5_000
 
@@ -569,7 +575,8 @@ class PostgresFanOut(FanOut):
         with translated(self.url):
             async with (await self._pools.aget()).connection() as c:
                 for start in range(0, len(topics), KEEP_BATCH):
-                    await c.execute(KEEP_CHAINS, {"topics": list(topics[start:start + KEEP_BATCH])})
+                    await c.execute(KEEP_CHAINS, {"topics": list(topics[start:start + KEEP_BATCH]),
+                                                  "fresh": self.idle_expire * KEEP_FRESH_SHARE})
 
     async def prune(self) -> int:
         """Drops a bounded batch of expired messages, then the rows of idle topics among the next
