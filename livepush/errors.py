@@ -2,6 +2,8 @@
 
     LivepushError
     ├── ConfigError            a setting is missing or wrong (CLI: exit 2)
+    │   └── LoginRefused       Postgres or Redis is up and refused the URL's login (also a DependencyError)
+    │       └── ListenLoginRefused  the same, met by listen() (also a ListenError)
     ├── DependencyError        Postgres or Redis cannot be reached (CLI: exit 1)
     │   ├── ListenError        listen() could not subscribe
     │   └── SchemaBusyError    a lock held past a read's or migrate's lock timeout (CLI: exit 75)
@@ -35,6 +37,18 @@ class DependencyError(LivepushError):
 
 class ListenError(DependencyError):
     """`FanOut.listen()` could not put its subscription in effect."""
+
+
+class LoginRefused(ConfigError, DependencyError):
+    """Postgres or Redis is up and refused the login its URL gives: a wrong password, none where
+    one is needed, a role or database that does not exist, no pg_hba.conf line for it. A setting
+    to correct, so the CLI exits 2 (a process manager restarting it would be refused forever); a
+    DependencyError too, so code that retries a lost connection goes on retrying when a password
+    changed under a running process, until the server or the setting is put right."""
+
+
+class ListenLoginRefused(LoginRefused, ListenError):
+    """LoginRefused, met by `listen()` as it starts: a ListenError, as everything listen() raises."""
 
 
 class SchemaBusyError(DependencyError):
@@ -109,7 +123,9 @@ __all__ = [
     "InvalidSession",
     "InvalidTopic",
     "ListenError",
+    "ListenLoginRefused",
     "LivepushError",
+    "LoginRefused",
     "NotListeningError",
     "PayloadTooLarge",
     "SchemaBusyError",

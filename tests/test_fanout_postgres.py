@@ -819,3 +819,25 @@ async def test_a_payload_too_large_with_conn_leaves_the_callers_transaction_usab
         await aconn.commit()
     assert fanout.latest_offset("big:conn") == akept
     assert offsets_of(await read_history(fanout, "big:conn", f"{kept.split('-')[0]}-0")) == [kept, akept]
+
+
+async def test_a_login_postgres_refuses_raises_login_refused_from_publish_and_listen(pg_admin_url: str,
+                                                                                   pg_url: str) -> None:
+    """A wrong password raised DependencyError ("cannot reach Postgres ... check that the server is
+    running") from publish() and ListenError from listen(), of a server that is up. Both raise
+    LoginRefused (a ConfigError, and still a DependencyError), listen()'s a ListenError too, naming
+    the setting and what the server said, never the password."""
+    with services.pg_password_role(pg_admin_url, "s3cret-pw") as role_url:
+        url = make_conninfo(services.db_url(role_url, services.dbname_of(pg_url)), password="wrong-pw")
+        fanout = PostgresFanOut(url)
+        try:
+            with pytest.raises(livepush.LoginRefused, match="password authentication failed") as caught:
+                fanout.publish("refused:a", {"i": 0})
+            assert isinstance(caught.value, livepush.DependencyError), caught.value
+            assert "LIVEPUSH_DATABASE_URL" in str(caught.value) and "wrong-pw" not in str(caught.value)
+            with pytest.raises(livepush.ListenLoginRefused, match="password authentication failed") as listening:
+                await asyncio.wait_for(fanout.listen(), 20)
+            assert isinstance(listening.value, livepush.ListenError), listening.value
+            assert "wrong-pw" not in str(listening.value)
+        finally:
+            await fanout.aclose()

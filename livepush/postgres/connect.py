@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +21,7 @@ from psycopg.types.string import TextLoader
 from psycopg_pool import PoolTimeout
 
 from ..config import get_settings
-from ..errors import ArgumentValueError, ConfigError, DependencyError, SchemaError, first_line
+from ..errors import ArgumentValueError, ConfigError, DependencyError, LoginRefused, SchemaError, first_line
 from .urls import check_url, redact
 
 
@@ -179,8 +180,39 @@ def unreachable(url: str, exc: BaseException) -> DependencyError:
     )
 
 
+# What libpq says when the server refused the login itself (a wrong password, a role or database
+# that does not exist, no pg_hba.conf line, NOLOGIN, no CONNECT privilege). A failed connect
+# carries no SQLSTATE in psycopg 3 (libpq keeps the server's code to itself: the error's sqlstate
+# and diag are empty), so these words are the one sign left. They are bound to the texts of
+# Postgres (10 to 18) and libpq, in English: a server whose lc_messages is another language says
+# them in its own, and its refusal is then told as an unreachable server (exit 1), as before.
+_LOGIN_REFUSED = re.compile(r'authentication failed for user|no pg_hba\.conf entry for|is not permitted to log in'
+                            r'|\b(?:role|database) ".*" does not exist|does not have CONNECT privilege')
+
+
+def _login_refused(url: str, exc: BaseException) -> LoginRefused | None:
+    """LoginRefused when `exc` is a connect that the server refused for its login, else None.
+    psycopg keeps the failed connection on the error (`pgconn`, psycopg 3.1 and later), whose
+    needs_password says, whatever the language, that the server asked for a password the URL
+    (and PGPASSWORD, ~/.pgpass) did not give."""
+    pgconn = getattr(exc, "pgconn", None)
+    if not isinstance(exc, psycopg.OperationalError) or pgconn is None or exc.sqlstate:
+        return None  # not a failed connect (a statement's error has a SQLSTATE)
+    setting = _setting_of(url)
+    if getattr(pgconn, "needs_password", False):
+        return LoginRefused(f"Postgres at {redact(url)} asked for a password, which {setting} does not give "
+                            f"({_reason(url, exc)}): put it in the URL (postgresql://USER:PASSWORD@HOST/DB)")
+    if _LOGIN_REFUSED.search(str(exc)):
+        return LoginRefused(f"Postgres at {redact(url)} is up and refused the login ({_reason(url, exc)}): correct "
+                            f"the user, password or database in {setting}, or the role or pg_hba.conf on the server")
+    return None
+
+
 def translate(url: str, exc: BaseException) -> Exception:
     """Our error for a psycopg (or pool) error raised while working on the database at `url`."""
+    refused = _login_refused(url, exc)
+    if refused is not None:
+        return refused
     if isinstance(exc, (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction,
                         psycopg.errors.UndefinedColumn)):
         return SchemaError(

@@ -30,7 +30,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ..channels import Channels, Resync
-from ..errors import DependencyError, ListenError, first_line
+from ..errors import DependencyError, ListenError, ListenLoginRefused, LoginRefused, first_line
 from ..tasks import Backoff, stop
 from .connect import aconnect, connect, redact, translate, translated
 
@@ -95,7 +95,10 @@ class Listener:
                 try:
                     conn = await self._connect()
                 except (DependencyError, psycopg.Error, OSError) as exc:
-                    raise ListenError(first_line(self._said(exc))) from None
+                    said = self._said(exc)
+                    # A refused login stays a setting to correct (`serve` exits 2), not an outage.
+                    refused = isinstance(said, LoginRefused)
+                    raise (ListenLoginRefused if refused else ListenError)(first_line(said)) from None
                 self._listening = True
                 self._task = asyncio.create_task(self._run(conn), name=self.name)
                 return

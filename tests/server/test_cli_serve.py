@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from livepush import topics
@@ -170,6 +171,41 @@ def test_unreachable_postgres_exits_1(procs, livepush_env) -> None:
     child = procs.livepush("serve", env=livepush_env(database_url=url), wait_healthy=False)
     assert child.wait(20) == 1
     assert_one_line_no_traceback(child.stderr(), "LIVEPUSH_DATABASE_URL")
+
+
+@pytest.mark.parametrize("command", [["serve"], ["jobs", "tests.jobs.sample_jobs"], ["migrate"]])
+def test_a_login_postgres_refuses_exits_2_naming_the_setting(procs, livepush_env, pg_admin_url, pg_url,
+                                                             command) -> None:
+    """A wrong password, none where Postgres asks for one, an unknown role or a database that does
+    not exist exited 1, "a dependency is down", which a process manager retries in a loop that
+    never ends: Postgres is up and a setting is wrong. Each exits 2 with one line naming
+    LIVEPUSH_DATABASE_URL and what the server said, never the password; a database refusing
+    connections for a while (ALLOW_CONNECTIONS false) still exits 1."""
+    from tests.support import services
+
+    with services.pg_password_role(pg_admin_url, "s3cret-pw") as role_url:
+        on_db = services.db_url(role_url, services.dbname_of(pg_url))
+        refused = {
+            "password authentication failed": psycopg.conninfo.make_conninfo(on_db, password="wrong-pw"),
+            "asked for a password": on_db,
+            'role "lp_no_such_role" does not exist': psycopg.conninfo.make_conninfo(pg_url, user="lp_no_such_role"),
+            'database "lp_no_such_db" does not exist': services.db_url(pg_url, "lp_no_such_db"),
+        }
+        for said, url in refused.items():
+            child = procs.livepush(*command, env=livepush_env(database_url=url), wait_healthy=False)
+            assert child.wait(20) == 2, child.output()
+            assert_one_line_no_traceback(child.stderr(), "LIVEPUSH_DATABASE_URL", said)
+            assert "wrong-pw" not in child.output(), child.output()
+        if command[0] != "migrate":
+            # The LISTEN connection's own URL, refused, is named as its own setting.
+            env = livepush_env(database_url=pg_url, listen_database_url=refused["password authentication failed"])
+            child = procs.livepush(*command, env=env, wait_healthy=False)
+            assert child.wait(20) == 2, child.output()
+            assert_one_line_no_traceback(child.stderr(), "LIVEPUSH_LISTEN_DATABASE_URL", "password authentication")
+    with services.pg_refusing_connections(pg_admin_url, services.dbname_of(pg_url)):
+        child = procs.livepush(*command, env=livepush_env(database_url=pg_url), wait_healthy=False)
+        assert child.wait(20) == 1, child.output()
+        assert_one_line_no_traceback(child.stderr(), "LIVEPUSH_DATABASE_URL")
 
 
 @pytest.mark.parametrize("command", [["serve"], ["jobs", "tests.jobs.sample_jobs"]])

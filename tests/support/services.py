@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+from psycopg import sql as pgsql
 import pytest
 import redis
 
@@ -109,6 +110,42 @@ def pg_refusing_connections(admin_url: str, dbname: str) -> Iterator[None]:
     finally:
         with _admin(admin_url) as conn:
             conn.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def pg_password_role(admin_url: str, password: str) -> Iterator[str]:
+    """A login role whose password Postgres checks (scram-sha-256), though the test cluster trusts
+    every other login: yields its URL without the password (the test adds a right or wrong one).
+    Its lines go first in pg_hba.conf, and the file is put back and reloaded after the block."""
+    role = f"lp_pw_{os.urandom(3).hex()}"
+    with _admin(admin_url) as conn:
+        conn.execute(pgsql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+            pgsql.Identifier(role), pgsql.Literal(password)))
+        hba = Path(conn.execute("SHOW hba_file").fetchone()[0])  # type: ignore[index]
+    before = hba.read_text()
+    url = psycopg.conninfo.make_conninfo(admin_url, user=role)
+    try:
+        hba.write_text("".join(f"{kind} all {role} {where} scram-sha-256\n"
+                               for kind, where in (("local", ""), ("host", "0.0.0.0/0"), ("host", "::/0")))
+                       + before)
+        with _admin(admin_url) as conn:
+            conn.execute("SELECT pg_reload_conf()")
+
+        def checked() -> bool:
+            # The postmaster reads the file when it gets the reload's signal: poll until it has.
+            try:
+                psycopg.connect(url, password="not-" + password, connect_timeout=5).close()
+            except psycopg.OperationalError:
+                return True
+            return False
+
+        wait_for(checked, 10, message="Postgres checking the role's password after pg_reload_conf()")
+        yield url
+    finally:
+        hba.write_text(before)
+        with _admin(admin_url) as conn:
+            conn.execute("SELECT pg_reload_conf()")
+            conn.execute(pgsql.SQL("DROP ROLE IF EXISTS {}").format(pgsql.Identifier(role)))
 
 
 # ---- PostgreSQL: stop and start the server ------------------------------------------------------
