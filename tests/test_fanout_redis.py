@@ -656,8 +656,13 @@ async def test_a_redis_that_refuses_says_why_rather_than_to_check_that_it_runs(
             with pytest.raises(livepush.DependencyError, match=expected) as caught:
                 fanout.publish("refused:a", {"i": 0})
             assert "Redis is running" not in str(caught.value) and "wrong-pw" not in str(caught.value)
-            with pytest.raises(livepush.ListenError, match=expected):
+            with pytest.raises(livepush.ListenError, match=expected) as listening:
                 await asyncio.wait_for(fanout.listen(), WAIT)
+            # A refused password is a setting to correct (the CLI's exit 2); an ACL that denies
+            # the deployment's keys is a refusal after the login, as before.
+            refused = url == wrong_password
+            assert isinstance(caught.value, livepush.LoginRefused) is refused, caught.value
+            assert isinstance(listening.value, livepush.ListenLoginRefused) is refused, listening.value
 
 
 async def test_a_redis_that_wants_a_password_says_what_the_url_lacks(private_redis: PrivateRedis) -> None:

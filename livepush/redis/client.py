@@ -22,7 +22,7 @@ from redis.exceptions import (AskError, AuthenticationError, BusyLoadingError, C
                               TimeoutError as RedisTimeout, TryAgainError)
 from redis.retry import Retry
 
-from ..errors import ConfigError, DependencyError
+from ..errors import ConfigError, DependencyError, ListenError, ListenLoginRefused, LoginRefused
 
 CONNECT_TIMEOUT = 5.0
 # A client's connections (an event loop's, or a process's sync calls from all its threads), and
@@ -264,6 +264,10 @@ def failed(url: str, exc: BaseException, doing: str, cls: type[DependencyError] 
     caller knows it (Redis' refusal names none), with what `deleting` it costs."""
     remedy = (_url_remedy(url, exc) or (_wrong_key_remedy(key, deleting) if key and wrong_type(exc) else None)
               or _remedy(exc, reads))
+    if isinstance(exc, AuthenticationError):
+        # Redis is up and refused the URL's password or user: a setting to correct (the CLI's
+        # exit 2), and still `cls`'s kind (a ListenError from listen()) for those who catch it.
+        cls = ListenLoginRefused if issubclass(cls, ListenError) else LoginRefused
     return cls(f"Redis at {redact(url)} failed while {doing} ({one_line(exc)}): {remedy}")
 
 

@@ -252,6 +252,19 @@ def test_unreachable_redis_exits_1(procs, livepush_env) -> None:
     assert_one_line_no_traceback(child.stderr(), "LIVEPUSH_REDIS_URL")
 
 
+def test_a_redis_refusing_the_urls_password_exits_2_naming_the_setting(procs, livepush_env, pg_url,
+                                                                      redis_url) -> None:
+    """A Redis URL whose password Redis refuses made `serve` exit 1, "a dependency is down", which
+    a process manager restarts for ever: Redis is up and the setting is wrong. It exits 2 with one
+    line naming LIVEPUSH_REDIS_URL, never the password."""
+    wrong = redis_url.replace("redis://", "redis://nobody:wrong-pw@", 1)
+    child = procs.livepush("serve", env=livepush_env(database_url=pg_url, redis_url=wrong, fanout="redis"),
+                           wait_healthy=False)
+    assert child.wait(20) == 2, child.output()
+    assert_one_line_no_traceback(child.stderr(), "LIVEPUSH_REDIS_URL", "refused the user or password")
+    assert "wrong-pw" not in child.output(), child.output()
+
+
 def test_schema_older_than_needed_exits_2(procs, livepush_env, pg_admin_url) -> None:
     """`serve` refuses an unmigrated database and says to run `livepush migrate`."""
     from tests.support import services
