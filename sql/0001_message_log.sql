@@ -19,9 +19,10 @@ CREATE UNLOGGED TABLE livepush_topics (
     -- Microseconds since 1970 when the row was created: a larger value after any crash.
     epoch      bigint NOT NULL DEFAULT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint,
     last_seq   bigint NOT NULL,
-    -- The start of the last publish's transaction. A row idle for a day goes (the fan-out's
-    -- IDLE_EXPIRE: see prune in livepush/fanout/postgres.py), so topics that are never published
-    -- again do not pile up; not indexed, so a publish's update of this row stays a HOT update.
+    -- The start of the last publish's transaction, or when a server whose pages watch the topic
+    -- last kept it (keep_chains in livepush/fanout/postgres.py). A row idle for a day goes (the
+    -- fan-out's IDLE_EXPIRE: see prune there), so topics that are never published again do not
+    -- pile up; not indexed, so a publish's update of this row stays a HOT update.
     touched_at timestamptz NOT NULL DEFAULT now()
 );
 
