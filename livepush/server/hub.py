@@ -353,8 +353,9 @@ class Hub:
         if self._left(t, sub, buffer):
             return offset_key(since)
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + READ_ON_RETRY_SECONDS
-        failures = 0
+        # The bound runs from the first failure where the client stands: a read-on that reads a
+        # long backlog for a slow client may have run past it before the store fails once.
+        give_up, failed_at, failures = 0.0, None, 0
         while True:
             # Where the client stands: after a failure midway, what was sent is not sent again.
             last = buffer.stands if buffer.stands is not None else since
@@ -366,6 +367,9 @@ class Hub:
             except ConnectionClosed:
                 raise
             except DependencyError as exc:
+                stands = buffer.stands if buffer.stands is not None else since
+                if failed_at != stands:  # the first failure, or the first since the read got further
+                    give_up, failed_at, failures = loop.time() + READ_ON_RETRY_SECONDS, stands, 0
                 failures += 1
                 if loop.time() >= give_up:
                     log.warning("could not read on from the history of %s for a client behind on it for %g s (%s); "

@@ -1029,3 +1029,33 @@ async def test_a_read_on_from_history_that_fails_midway_goes_on_from_where_it_st
     assert fanout.served == -1, "the read never failed: this test shows nothing"
     assert big_as_number(sub.data()) == [*range(10), 1, 2, "live"]
     assert [f["op"] for f in sub.frames] == ["subscribed", *["message"] * 13]
+
+
+class SlowPagesFailingOnce(ShortPagesFailingOnce):
+    """ShortPagesFailingOnce whose pages served before the failure take `slow` seconds each, as a
+    long read-on does when its client reads slowly between pages."""
+
+    def __init__(self, served: int, slow: float) -> None:
+        super().__init__(served)
+        self.slow = slow
+
+    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE) -> History | None:
+        if self.served > 0:
+            await asyncio.sleep(self.slow)  # the time a long read-on takes, not a wait for an event
+        return await super().history(topic, since, limit=limit)
+
+
+async def test_a_read_on_that_fails_after_reading_for_longer_than_its_retry_bound_is_still_retried(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read-on's retry bound counts from the read that failed, not from the start of the
+    read-on: one that has been reading a long backlog for longer than the bound (a slow client)
+    when Postgres restarts waits the restart out like any other, and its client gets every
+    message once, in order, with no `reset`."""
+    from livepush.server import hub as hub_module
+    monkeypatch.setattr(hub_module, "READ_RETRY_SECONDS", 0.01)
+    monkeypatch.setattr(hub_module, "READ_ON_RETRY_SECONDS", 0.2)
+    fanout = SlowPagesFailingOnce(served=1, slow=0.3)
+    sub = await read_on_past_its_buffer(fanout, reset=False)
+    assert fanout.served == -1, "the read never failed: this test shows nothing"
+    assert big_as_number(sub.data()) == [*range(10), 1, 2, "live"]
+    assert [f["op"] for f in sub.frames] == ["subscribed", *["message"] * 13]
