@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from .. import api, migrate, sessions
+from .. import api, jobs, migrate, sessions
 from ..config import get_settings
 from ..errors import ConfigError
 from ..jobs import database
@@ -32,10 +32,27 @@ def _jobs_database() -> bool:
     return True
 
 
+def _jobs_without_database() -> str | None:
+    """What to tell an app whose modules define jobs but that has no database to enqueue them in
+    (jobs live in Postgres, whatever the fan-out), else None. Each enqueue failed at its call,
+    request after request, with nothing said at the start."""
+    names = jobs.REGISTRY.names()
+    if not names or _jobs_database():
+        return None
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (f"this app defines jobs ({shown}) but has no database to enqueue them in: jobs live in Postgres "
+            "whatever the fan-out, so every enqueue would fail; set LIVEPUSH_DATABASE_URL to the database "
+            "`livepush jobs` uses, or name it with jobs.configure(url) before the app starts")
+
+
 async def aopen() -> None:
     """Check the settings and the schema, then open the running loop's pools and clients."""
     settings = get_settings()
     settings.require_secret()  # every session cookie and signed topic needs it
+    unqueueable = _jobs_without_database()
+    # The local fan-out is an app run alone on purpose (its own tests): warned below, not refused.
+    if unqueueable is not None and settings.fanout != "local":
+        raise ConfigError(unqueueable)
     # The jobs may be kept in another database (jobs.configure()): its schema is checked too.
     urls = dict.fromkeys([settings.database_url, database.database_url() if _jobs_database() else None])
     for url in filter(None, urls):
@@ -56,6 +73,8 @@ async def aopen() -> None:
         log.warning("livepush: LIVEPUSH_FANOUT is local, so what this app publishes reaches no `livepush serve` (the "
                     "local fan-out delivers inside this process only): give the app the servers' fan-out, "
                     "LIVEPUSH_FANOUT and LIVEPUSH_DATABASE_URL or LIVEPUSH_REDIS_URL as they have them")
+    if unqueueable is not None:
+        log.warning("livepush: %s", unqueueable)
     if not store.shared:
         log.warning("livepush: this app has neither a database nor Redis, so neither signing out nor "
                     "another user signing in can revoke a session: set LIVEPUSH_DATABASE_URL (or LIVEPUSH_REDIS_URL) to the one the servers use")

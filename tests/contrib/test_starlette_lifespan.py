@@ -21,10 +21,11 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 import livepush
-from livepush import config
+from livepush import config, jobs
 from livepush.contrib.starlette import current_session, lifespan, with_livepush
 from livepush.errors import ArgumentTypeError, ConfigError, DependencyError, SchemaError
 from livepush.jobs import database
+from livepush.jobs.api.registry import Registry
 from livepush.sessions import issue
 from examples.fastapi_app import tasks
 from tests.contrib.conftest import connections, cookie_header, forget_defaults, serving
@@ -197,14 +198,8 @@ def test_a_lifespan_with_livepush_cannot_run_is_refused_where_the_app_is_written
             with_livepush(wrong)
 
 
-@pytest.mark.parametrize("database", [False, True], ids=["nothing-shared", "fanout-local-beside-a-database"])
-async def test_a_local_fan_out_is_a_warning_naming_the_setting(database: bool, pg_url: str,
-                                                                livepush_env: Callable[..., dict[str, str]],
-                                                                caplog: pytest.LogCaptureFixture) -> None:
-    """The local fan-out delivers only inside the app's own process, where no `livepush serve`
-    runs: the start warns, naming LIVEPUSH_FANOUT, that the app's messages reach no server (the
-    app still starts: a test of the app may want exactly that)."""
-    env = livepush_env(database_url=pg_url if database else None, fanout="local")
+async def warned_at_start(env: dict[str, str], caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The warnings an app's start and stop log on `env`'s settings (the start must succeed)."""
     forget_defaults()
     config.set_settings(config.Settings.from_env(env))
     try:
@@ -213,8 +208,65 @@ async def test_a_local_fan_out_is_a_warning_naming_the_setting(database: bool, p
                 pass
     finally:
         forget_defaults()
-    said = [r.getMessage() for r in caplog.records if r.name == "livepush.contrib"]
+    return [r.getMessage() for r in caplog.records if r.name == "livepush.contrib"]
+
+
+@pytest.mark.parametrize("database", [False, True], ids=["nothing-shared", "fanout-local-beside-a-database"])
+async def test_a_local_fan_out_is_a_warning_naming_the_setting(database: bool, pg_url: str,
+                                                                livepush_env: Callable[..., dict[str, str]],
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """The local fan-out delivers only inside the app's own process, where no `livepush serve`
+    runs: the start warns, naming LIVEPUSH_FANOUT, that the app's messages reach no server (the
+    app still starts: a test of the app may want exactly that)."""
+    said = await warned_at_start(livepush_env(database_url=pg_url if database else None, fanout="local"), caplog)
     assert any("LIVEPUSH_FANOUT" in line and "reaches no" in line for line in said), said
+
+
+async def test_an_app_that_defines_jobs_on_redis_alone_is_refused_at_start(
+        redis_url: str, livepush_env: Callable[..., dict[str, str]]) -> None:
+    """Jobs live in Postgres. An app on the Redis fan-out with no database, whose modules define
+    jobs (the example's build_report, imported by this file), failed each enqueue with ConfigError
+    at the call, request after request; its start fails instead, with one line naming
+    LIVEPUSH_DATABASE_URL and a job it defines, and leaves no Redis client open."""
+    forget_defaults()
+    env = livepush_env(redis_url=redis_url, fanout="redis")
+    with pytest.raises(ConfigError, match="LIVEPUSH_DATABASE_URL") as refused:
+        await start_with(config.Settings.from_env(env))
+    said = str(refused.value)
+    assert "build_report" in said and "enqueue" in said and "\n" not in said, said
+    await async_wait_for(lambda: redis_clients(redis_url) == [], timeout=5, message="no livepush Redis client left")
+
+
+@pytest.mark.parametrize("case", ["no-jobs-defined", "jobs-configured-elsewhere"])
+async def test_an_app_on_redis_alone_starts_when_its_enqueues_have_a_database_or_none_are_defined(
+        case: str, redis_url: str, pg_url: str, livepush_env: Callable[..., dict[str, str]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The refusal above is for enqueues that cannot work: a Redis-only app that defines no job
+    starts as before, and so does one whose jobs' database jobs.configure() named before its start
+    (its enqueues go there)."""
+    forget_defaults()
+    config.set_settings(config.Settings.from_env(livepush_env(redis_url=redis_url, fanout="redis")))
+    if case == "no-jobs-defined":
+        monkeypatch.setattr(jobs, "REGISTRY", Registry())
+    else:
+        database.configure(pg_url)
+    try:
+        async with serving(make_app()) as client:
+            assert (await client.post("/async")).status_code == 200
+            if case == "jobs-configured-elsewhere":
+                assert (await client.post("/enqueue")).status_code == 200
+    finally:
+        forget_defaults()
+
+
+async def test_an_app_alone_that_defines_jobs_is_warned_at_start(livepush_env: Callable[..., dict[str, str]],
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """With the local fan-out and no database the app runs alone on purpose (its own tests), so it
+    still starts; one warning says that its jobs (build_report) cannot be enqueued without
+    LIVEPUSH_DATABASE_URL, instead of the first enqueue saying it."""
+    said = await warned_at_start(livepush_env(fanout="local"), caplog)
+    assert any("LIVEPUSH_DATABASE_URL" in line and "build_report" in line and "enqueue" in line
+               for line in said), said
 
 
 def test_livepush_imports_without_starlette() -> None:
