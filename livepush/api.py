@@ -4,8 +4,10 @@ that serves in-process (the local fan-out) has the wiring install the server's o
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -24,13 +26,18 @@ _default: FanOut | None = None
 # Whether this process still has to be told that its local fan-out reaches no server: said once,
 # by default_fanout() or by an integration that says it in its own words at its start.
 _local_warning_due = True
+# Whether this process still has to be told that a sync publish ran on an event loop: said once,
+# since a view that does it does it at every request.
+_loop_warning_due = True
 
 
 def _after_fork() -> None:
     """In a forked child: a thread of the parent may have held the lock at the fork, and no
-    thread of the child would ever release it. (The fan-out sets its own connections aside.)"""
-    global _lock
+    thread of the child would ever release it. (The fan-out sets its own connections aside.)
+    A forked worker is a process of its own, which says its own warning."""
+    global _lock, _loop_warning_due
     _lock = threading.Lock()
+    _loop_warning_due = True
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -102,9 +109,32 @@ def publishable(topic: Topic) -> Topic:
     return topic
 
 
+def warn_if_on_event_loop(call: str, instead: str) -> None:
+    """Warn, once a process, when the sync `call` runs on a running event loop (an async view or
+    endpoint, an async job): it works, but the loop waits for its round trip and serves nothing
+    else meanwhile, so the app slows down without an error. A thread (asyncio.to_thread(),
+    sync_to_async()) has no running loop and is silent. On the hot path it costs a flag and
+    get_running_loop(), a C call that reads the thread's state: well under a microsecond."""
+    global _loop_warning_due
+    if not _loop_warning_due:
+        return
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return  # sync code, or a thread: what a sync call is for
+    _loop_warning_due = False
+    caller = sys._getframe(2)  # the code that called `call` (this is called by `call` itself)
+    log.warning("livepush: %s was called on a running event loop, at %s:%d (an async view or endpoint, an async "
+                "job): it publishes, but the loop waits for its round trip and serves nothing else meanwhile; "
+                "write `await %s` there, or call it in a thread (asyncio.to_thread(), sync_to_async()). "
+                "Said once a process, for its first such call", call, caller.f_code.co_filename, caller.f_lineno,
+                instead)
+
+
 def publish(topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
     """Publish `data` on `topic`; returns its offset. With `conn=` (a psycopg connection, Postgres
     fan-out only) it is delivered if and only if conn's transaction commits."""
+    warn_if_on_event_loop("livepush.publish()", "livepush.apublish()")
     return default_fanout().publish(publishable(topic), data, conn=conn)
 
 
@@ -117,6 +147,7 @@ def publish_many(messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) ->
     """Publish a batch of (topic, data) pairs in one go; their offsets, in batch order. A topic's
     messages of one batch are delivered in batch order. Every item is checked before anything
     is published. Postgres: one transaction (conn's, with `conn=`); Redis: a script call per 1,000."""
+    warn_if_on_event_loop("livepush.publish_many()", "livepush.apublish_many()")
     return default_fanout().publish_many(publishable_many(messages), conn=conn)
 
 

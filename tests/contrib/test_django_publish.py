@@ -195,3 +195,38 @@ def test_a_request_that_fails_under_atomic_requests_enqueues_and_publishes_nothi
     assert answer.status_code == 200
     assert livepush.latest_offset(REQUESTS) != before
     assert jobs.drain() == {"succeeded": 1}
+
+
+def loop_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "livepush" and "event loop" in r.getMessage()]
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["publish", "publish_many"])
+def test_a_sync_publish_in_an_async_view_warns_once_naming_the_call_and_apublish(
+        many: bool, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """publish() in an async view works, but the request's event loop waits for its round trip and
+    serves no other request meanwhile: one WARNING per process names the call, where it was made,
+    and `await livepush.apublish()`, as Django refuses its sync ORM there. The same call through
+    sync_to_async, or in a sync view (a thread under ASGI), is right and says nothing."""
+    from django.test import AsyncClient
+
+    from livepush import api
+
+    monkeypatch.setattr(api, "_loop_warning_due", True)  # this process may have warned already
+    call, instead = ("publish_many()", "apublish_many()") if many else ("publish()", "apublish()")
+
+    async def requests() -> None:
+        client = AsyncClient()
+        for right in ("/thread/", "/sync/"):
+            assert (await client.get(right)).status_code == 200
+        assert loop_warnings(caplog) == []
+        for _ in range(2):
+            assert (await client.get("/loop/", {"many": "1"} if many else {})).status_code == 200
+
+    with override_settings(ROOT_URLCONF="tests.contrib.django_async_urls"), \
+            caplog.at_level("WARNING", logger="livepush"):
+        asyncio.run(requests())
+    said = loop_warnings(caplog)
+    assert len(said) == 1, said
+    assert f"livepush.contrib.django.{call}" in said[0] and f"await livepush.{instead}" in said[0], said
+    assert "django_async_urls.py" in said[0], said

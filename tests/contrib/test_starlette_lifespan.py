@@ -6,6 +6,7 @@ imports without Starlette."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -21,7 +22,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 import livepush
-from livepush import config, jobs
+from livepush import api, config, jobs
 from livepush.contrib.starlette import current_session, lifespan, with_livepush
 from livepush.errors import ArgumentTypeError, ConfigError, DependencyError, SchemaError
 from livepush.jobs import database
@@ -36,6 +37,11 @@ from tests.support.waiting import async_wait_for
 def publish_sync(request: Request) -> JSONResponse:
     # A sync endpoint runs in a thread: publish() uses the fan-out's sync pool.
     return JSONResponse({"offset": livepush.publish("news:sync", {"n": 1})})
+
+
+async def publish_on_the_loop(request: Request) -> JSONResponse:
+    # The mistake: the sync publish() in an async endpoint, which waits on the app's loop.
+    return JSONResponse({"offset": livepush.publish("news:loop", {"n": 3})})
 
 
 async def publish_async(request: Request) -> JSONResponse:
@@ -55,7 +61,8 @@ async def me(request: Request) -> JSONResponse:
 
 def make_app(lifespan_: Callable[[Any], Any] = lifespan) -> Starlette:
     routes = [Route("/sync", publish_sync, methods=["POST"]), Route("/async", publish_async, methods=["POST"]),
-              Route("/enqueue", enqueue, methods=["POST"]), Route("/me", me)]
+              Route("/enqueue", enqueue, methods=["POST"]), Route("/me", me),
+              Route("/loop", publish_on_the_loop, methods=["POST"])]
     return Starlette(routes=routes, lifespan=lifespan_)
 
 
@@ -89,6 +96,30 @@ async def test_a_second_start_after_a_stop_works(app_env: dict[str, str], pg_adm
             await use_everything(client)
     await async_wait_for(lambda: connections(pg_admin_url, app_env["LIVEPUSH_DATABASE_URL"]) == 0, timeout=5,
                          message="every connection closed")
+
+
+def loop_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "livepush" and "event loop" in r.getMessage()]
+
+
+async def test_a_sync_publish_in_an_async_endpoint_warns_once_naming_apublish(
+        app_env: dict[str, str], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """livepush.publish() in an async endpoint works, but the app's loop waits for its round trip
+    and serves no other request meanwhile: one WARNING per process names the call, where it was
+    made, and `await livepush.apublish()`. From a sync endpoint (Starlette runs it in a thread) or
+    through asyncio.to_thread() it is right, and says nothing."""
+    monkeypatch.setattr(api, "_loop_warning_due", True)  # this process may have warned already
+    with caplog.at_level("WARNING", logger="livepush"):
+        async with serving(make_app()) as client:
+            assert (await client.post("/sync")).status_code == 200
+            await asyncio.to_thread(livepush.publish, "news:thread", {"n": 4})
+            assert loop_warnings(caplog) == []
+            for _ in range(2):
+                assert (await client.post("/loop")).status_code == 200
+    said = loop_warnings(caplog)
+    assert len(said) == 1, said
+    assert "livepush.publish()" in said[0] and "await livepush.apublish()" in said[0], said
+    assert "test_starlette_lifespan.py" in said[0], said
 
 
 def redis_clients(url: str) -> list[str]:

@@ -46,6 +46,8 @@ def publish(topic: Topic, data: JSON, *, conn: Any = None, using: str = DEFAULT_
     returned: the offset is not known yet); outside one: at once, returning the offset. `conn=`
     (a psycopg connection, Postgres fan-out) publishes in that connection's transaction instead,
     as livepush.publish() does. The topic and data are checked now, in both cases."""
+    # Named as the caller wrote it: livepush.publish() below then finds the warning said.
+    api.warn_if_on_event_loop("livepush.contrib.django.publish()", "livepush.apublish()")
     if conn is not None or not connections[using].in_atomic_block:
         return api.publish(topic, data, conn=conn)
     # Checked now, where the caller can handle a mistake, and copied: what is sent at commit is the
@@ -61,6 +63,7 @@ def publish_many(messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None,
     """publish_many() as publish() above does it: inside `transaction.atomic(using=using)` the batch
     goes out once it commits (None is returned), outside one at once (its offsets). Every item is
     checked now, and the data sent at commit is the data as it was at this call."""
+    api.warn_if_on_event_loop("livepush.contrib.django.publish_many()", "livepush.apublish_many()")
     if conn is not None or not connections[using].in_atomic_block:
         return api.publish_many(messages, conn=conn)
     checked = api.publishable_many(messages)
