@@ -122,6 +122,8 @@ def warn_if_on_event_loop(call: str, instead: str) -> None:
         asyncio.get_running_loop()
     except RuntimeError:
         return  # sync code, or a thread: what a sync call is for
+    if default_fanout().name == "local":
+        return  # publishes into this process, on no round trip: nothing for the loop to wait for
     _loop_warning_due = False
     caller = sys._getframe(2)  # the code that called `call` (this is called by `call` itself)
     log.warning("livepush: %s was called on a running event loop, at %s:%d (an async view or endpoint, an async "

@@ -122,6 +122,23 @@ async def test_a_sync_publish_in_an_async_endpoint_warns_once_naming_apublish(
     assert "test_starlette_lifespan.py" in said[0], said
 
 
+async def test_a_sync_publish_on_the_local_fan_out_in_an_async_endpoint_says_nothing(
+        livepush_env: Callable[..., dict[str, str]], caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the local fan-out a publish goes into the app's own process, with no round trip for the
+    loop to wait for: livepush.publish() in an async endpoint is right there, and says nothing."""
+    monkeypatch.setattr(api, "_loop_warning_due", True)
+    forget_defaults()
+    config.set_settings(config.Settings.from_env(livepush_env(fanout="local")))
+    try:
+        with caplog.at_level("WARNING", logger="livepush"):
+            async with serving(make_app()) as client:
+                assert (await client.post("/loop")).status_code == 200
+        assert loop_warnings(caplog) == []
+    finally:
+        forget_defaults()
+
+
 def redis_clients(url: str) -> list[str]:
     client = redis.Redis.from_url(url)
     try:
