@@ -456,6 +456,24 @@ def test_the_report_is_printed_when_redis_is_down(pg_url: str, procs: Processes,
     assert json.loads(out)["queues"] == [] and "Traceback" not in err and "Redis" in err, err
 
 
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_redis_refusing_the_urls_password_exits_2_after_the_report(
+        pg_url: str, redis_url: str, procs: Processes, livepush_env: Callable[..., dict[str, str]],
+        as_json: bool) -> None:
+    """A Redis URL whose password Redis refuses was taken for Redis down: the report, then exit 1,
+    which a monitoring script reads as "retry later", though nothing will change until the setting
+    is corrected. The report is printed all the same, then one line names LIVEPUSH_REDIS_URL, never
+    the password, and status exits 2 (bad configuration), as a refused Postgres login does."""
+    wrong = redis_url.replace("redis://", "redis://nobody:wrong-pw@", 1)
+    env = livepush_env(database_url=pg_url, redis_url=wrong, fanout="postgres")
+    code, out, err = run_status(procs, env, *(["--json"] if as_json else []))
+    assert code == 2, err
+    assert (json.loads(out)["queues"] == []) if as_json else ("Queues (0)" in out), out
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "LIVEPUSH_REDIS_URL" in err and "refused the user or password" in err, err
+    assert "wrong-pw" not in out + err, out + err
+
+
 def test_listing_the_servers_on_a_redis_that_answers_nothing_gives_up_within_its_bound(
         redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A Redis that takes connections and answers nothing (a hung server, a network dropping

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..config import Settings, read_number
-from ..errors import DependencyError
+from ..errors import DependencyError, LoginRefused
 from ..jobs import database
 from ..jobs.api.status import DEFAULT_LIMIT, MAX_LIMIT, Status, status
 from ..jobs.events.views import iso
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         # A one-shot command: close the pool now rather than leave it to interpreter exit.
         database.close_pools()
-    servers, complete = listening_servers(settings)
+    servers, missing = listening_servers(settings)
     at = datetime.fromisoformat(report.at)
     servers = [_dated(s, at) for s in servers]
     if args.json:
@@ -64,12 +64,19 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                          indent=2, default=str))
     else:
         print(render(report, redact(url), servers))
-    return 0 if complete else 1
+    if isinstance(missing, LoginRefused):
+        # Redis is up and refused the URL's login: the report is printed, and the command ends as a
+        # refused Postgres login ends it (exit 2, one line), not as Redis down, which a script
+        # retries though nothing changes until the setting is corrected.
+        sys.stdout.flush()  # the report before the line, and a reader gone is still caught as one
+        raise LoginRefused(f"the servers listening on Redis are not listed: {missing}") from None
+    return 0 if missing is None else 1
 
 
-def listening_servers(settings: Settings) -> tuple[list[dict[str, Any]], bool]:
+def listening_servers(settings: Settings) -> tuple[list[dict[str, Any]], DependencyError | None]:
     """The listening connections of servers: on the database, and on Redis when one is set; and
-    whether Redis could be asked (False when it is down)."""
+    why Redis could not be asked (None when it could). Redis down is said on stderr here; a
+    refused login is left to the caller, whose exit status differs."""
     servers: list[dict[str, Any]] = [{"via": "postgres", **row}
                                      for row in listening_backends(settings.require_database())]
     if settings.redis_url:
@@ -77,17 +84,19 @@ def listening_servers(settings: Settings) -> tuple[list[dict[str, Any]], bool]:
         prefix = deployment_prefix(settings.redis_url, settings.redis_prefix)
         try:
             on_redis = subscribed_clients(settings.redis_url, listener_name(prefix))
+        except LoginRefused as exc:
+            return servers, exc
         except DependencyError as exc:
             # Redis down is when an operator most needs the jobs' report: print it with the
             # database's servers, say what is missing, and exit 1 as for any dependency that failed.
             print(f"livepush status: the servers listening on Redis are not listed: {exc}", file=sys.stderr)
-            return servers, False
+            return servers, exc
         if on_redis is None:
             # The rest of the report stands: say what is missing rather than fail the command.
             print("livepush status: the servers listening on Redis are not listed: its user may not run CLIENT LIST "
                   "(a user limited to the deployment's prefix, as docs/security.md shows, may not)", file=sys.stderr)
         servers += [{"via": "redis", **row} for row in on_redis or ()]
-    return servers, True
+    return servers, None
 
 
 def _dated(server: dict[str, Any], at: datetime) -> dict[str, Any]:
