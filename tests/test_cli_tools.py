@@ -351,6 +351,38 @@ def test_publish_without_a_shared_fan_out_exits_2_instead_of_losing_the_message(
     assert child.stdout() == ""
 
 
+@pytest.mark.parametrize("command", [["publish", "chat:lobby", '{"text": "hi"}'], ["status"], ["demo"]])
+def test_a_login_postgres_or_redis_refuses_exits_2_naming_the_setting(procs, livepush_env, pg_admin_url, pg_url,
+                                                                      redis_url, command) -> None:
+    """Every command that connects, not only serve, jobs and migrate, takes a login refused by a
+    Postgres or Redis that is up for what it is: a setting to correct, exit 2, one line naming it
+    (LIVEPUSH_DATABASE_URL, LIVEPUSH_REDIS_URL) and never the password. (`status` on Redis prints
+    its report first: tests/test_status.py.)"""
+    import psycopg
+
+    from tests.support import services
+
+    with services.pg_password_role(pg_admin_url, "s3cret-pw") as role_url:
+        wrong = psycopg.conninfo.make_conninfo(services.db_url(role_url, services.dbname_of(pg_url)),
+                                               password="wrong-pw")
+        child = procs.livepush(*command, env=livepush_env(database_url=wrong), wait_healthy=False)
+        assert child.wait(30) == 2, child.output()
+        lines = child.stderr().strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in child.stderr(), child.output()
+        assert "LIVEPUSH_DATABASE_URL" in lines[0] and "password authentication failed" in lines[0], lines
+        assert "wrong-pw" not in child.output(), child.output()
+    if command[0] == "status":
+        return
+    wrong = redis_url.replace("redis://", "redis://nobody:wrong-pw@", 1)
+    child = procs.livepush(*command, env=livepush_env(database_url=pg_url if command[0] == "demo" else None,
+                                                      redis_url=wrong, fanout="redis"), wait_healthy=False)
+    assert child.wait(30) == 2, child.output()
+    lines = child.stderr().strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in child.stderr(), child.output()
+    assert "LIVEPUSH_REDIS_URL" in lines[0] and "refused the user or password" in lines[0], lines
+    assert "wrong-pw" not in child.output(), child.output()
+
+
 def test_token_without_a_secret_exits_2(procs, livepush_env) -> None:
     """Signing without LIVEPUSH_SECRET says how to set it."""
     env = livepush_env()
