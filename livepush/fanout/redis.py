@@ -176,10 +176,12 @@ return redis.call('XTRIM', key, 'MINID', minid)
 # KEYS: the streams of topics a server's subscribers watch; ARGV: idle_ms. Each key set to expire
 # sooner than the idle time from now is kept that long, as a publish would keep it (no entry, no
 # frame): their next message follows their newest entry. A key that is gone (never published, or
-# forgotten) has nothing to keep. GT (Redis 7) writes nothing where the expiry is as long already,
-# and leaves one without an expiry as it is; a Redis before 7 refuses GT (pcall) and gets the idle
-# time from now, which the servers' idle time is. Only PEXPIRE: the ACL docs/security.md shows
-# allows it, and no read of the expiry (PTTL) that it does not.
+# forgotten) has nothing to keep. GT (Redis 7) never shortens an expiry that a publisher with a
+# longer idle time set, and leaves a key without one as it is; a Redis before 7 refuses GT (pcall)
+# and gets the idle time from now, which the servers' idle time is. Only PEXPIRE: the ACL
+# docs/security.md shows allows it, and no read of the expiry (PTTL) that it does not. So each keep
+# is a write (to the AOF and the replicas), unlike Postgres' (which skips a row kept lately): one a
+# watched topic every quarter of the idle time, and one as a page first watches it.
 _KEEP_LUA = """
 for _, key in ipairs(KEYS) do
   local kept = redis.pcall('PEXPIRE', key, ARGV[1], 'GT')
