@@ -74,10 +74,11 @@ STATE_RETRY_SECONDS = 1.0
 # A history read that Postgres or Redis failed (a restart under way) is tried again after this
 # long, while someone still listens: the log still holds the range, so it is no gap.
 READ_RETRY_SECONDS = 0.5
-# How long a read-on from history (Hub._read_on) goes on trying a read that Postgres or Redis
-# failed, every READ_RETRY_SECONDS, before its client gets `reset`: a restart or a blip is no gap,
-# and this is as long as a client may be missing a frame before it is closed as too slow
-# (server/connection.py); its live messages meanwhile wait in its bounded join buffer.
+# How long a replay from history (a subscribe's after its `subscribed`, or a read-on: Hub._read_on)
+# goes on trying a read that Postgres or Redis failed, every READ_RETRY_SECONDS, before its client
+# gets `reset`: a restart or a blip is no gap, and this is as long as a client may be missing a
+# frame before it is closed as too slow (server/connection.py); its live messages meanwhile wait
+# in its bounded join buffer.
 READ_ON_RETRY_SECONDS = 20.0
 # Tries of a batch's read, failing while the fan-out still hears (so the store answers), before
 # the batch is split apart: a read that fails the same way every time (the store refuses one
@@ -140,17 +141,19 @@ class _Waiting:
     frame alone); past it every frame waiting is dropped, and `dropped` remembers the
     newest key dropped, which the replay then reads on to from the log."""
 
-    __slots__ = ("frames", "bytes", "dropped", "whole", "bounded", "stands")
+    __slots__ = ("frames", "bytes", "dropped", "whole", "bounded", "stands", "reading_on")
 
-    def __init__(self, bounded: bool, stands: Offset | None = None) -> None:
+    def __init__(self, bounded: bool, stands: Offset | None = None, *, reading_on: bool = False) -> None:
         self.frames: list[tuple[Key | None, str]] = []
         self.bytes = 0
         self.dropped: Key = NO_KEY
         self.whole = True  # nothing dropped: every live frame since it began is here (resets too)
         self.bounded = bounded  # a message topic's; a state topic's waits for one read only
-        # A subscriber reading on from history past its share (Hub._read_on): the last offset it
-        # was sent, where a second subscription of its connection goes on from. None: a subscribe's.
+        # The last offset a replay from history sent it (None: none yet), where a read that failed
+        # midway goes on from, and where a second subscription of its connection goes on from.
         self.stands = stands
+        # A subscriber reading on from history past its share (Hub._read_on), not a subscribe's.
+        self.reading_on = reading_on
 
     def __len__(self) -> int:
         return len(self.frames)
@@ -321,7 +324,7 @@ class Hub:
                 continue
             t.subscribers.discard(sub)
             t.floors.pop(sub, None)
-            buffer = _Waiting(bounded=True, stands=since)
+            buffer = _Waiting(bounded=True, stands=since, reading_on=True)
             t.joining[sub] = buffer
             self._spawn(self._read_on_from(sub, t, since, buffer), "livepush-read-on")
         t.overflowed.clear()
@@ -343,15 +346,32 @@ class Hub:
 
     async def _history_after(self, sub: Subscriber, t: _Topic, since: Offset, buffer: _Waiting) -> Key:
         """The replay of `_read_on_from`; return the key of the last offset sent. A read that
-        Postgres or Redis fails (a restart under way) is tried again from the last offset sent, as
-        a live read is, for READ_ON_RETRY_SECONDS; history that no longer holds that offset, a read
-        that fails otherwise, or the store still down past that bound ends in `reset` (unless the
-        join buffer holds all it missed: `_reset_joiner`)."""
+        Postgres or Redis fails is tried again (`_replay_retrying`); history that no longer holds
+        the client's place, a read that fails otherwise, or the store still down past the retry
+        bound ends in `reset` (unless the join buffer holds all it missed: `_reset_joiner`)."""
         # First the client reads what waits for it already (its share, and the rest of its
         # backlog): read on before that, and the replay's frames would wait beside them.
         await sub.drain()
         if self._left(t, sub, buffer):
             return offset_key(since)
+        try:
+            return await self._replay_retrying(sub, t, since, None, buffer,
+                                               f"read on from the history of {t.name} for a client behind on it")
+        except ConnectionClosed:
+            raise
+        except Exception as exc:
+            log.warning("could not read on from the history of %s for a client behind on it (%s); %s",
+                        t.name, exc, self._then(buffer))
+            return await self._reset_joiner(sub, t, buffer, latest=False)
+
+    async def _replay_retrying(self, sub: Subscriber, t: _Topic, since: Offset, page: History | None,
+                               buffer: _Waiting, what: str) -> Key:
+        """Send `sub` the messages of `t` after `since` from history (`page` first: the first page,
+        read already, or None) with `_replay`; return the key of the last offset sent. A read that
+        Postgres or Redis fails (a restart, a blip) is no gap, as for a live read: it is tried again
+        every READ_RETRY_SECONDS from the last offset sent (nothing is sent twice), for up to
+        READ_ON_RETRY_SECONDS; past that the client gets `reset` (`_reset_joiner`). Any other
+        failure is the caller's to answer. `what` names the read in the log."""
         loop = asyncio.get_running_loop()
         # The bound runs from the first failure where the client stands: a read-on that reads a
         # long backlog for a slow client may have run past it before the store fails once.
@@ -360,31 +380,26 @@ class Hub:
             # Where the client stands: after a failure midway, what was sent is not sent again.
             last = buffer.stands if buffer.stands is not None else since
             try:
-                page = await self.fanout.history(t.name, last)
-                if page is None:  # pruned meanwhile: the client refetches
-                    return await self._reset_joiner(sub, t, buffer)
+                if page is None:
+                    page = await self.fanout.history(t.name, last)
+                    if page is None:  # pruned meanwhile: the client refetches
+                        return await self._reset_joiner(sub, t, buffer)
                 return await self._replay(sub, t, last, page, buffer)
-            except ConnectionClosed:
-                raise
             except DependencyError as exc:
+                page = None
                 stands = buffer.stands if buffer.stands is not None else since
                 if failed_at != stands:  # the first failure, or the first since the read got further
                     give_up, failed_at, failures = loop.time() + READ_ON_RETRY_SECONDS, stands, 0
                 failures += 1
                 if loop.time() >= give_up:
-                    log.warning("could not read on from the history of %s for a client behind on it for %g s (%s); "
-                                "%s", t.name, READ_ON_RETRY_SECONDS, exc, self._then(buffer))
+                    log.warning("could not %s for %g s (%s); %s", what, READ_ON_RETRY_SECONDS, exc,
+                                self._then(buffer))
                     return await self._reset_joiner(sub, t, buffer, latest=False)
                 (log.warning if failures == 1 else log.debug)(
-                    "could not read on from the history of %s for a client behind on it (%s); reading again every "
-                    "%g s", t.name, exc, READ_RETRY_SECONDS)
+                    "could not %s (%s); reading again every %g s", what, exc, READ_RETRY_SECONDS)
                 await asyncio.sleep(READ_RETRY_SECONDS)
                 if self._left(t, sub, buffer):
-                    return offset_key(last)
-            except Exception as exc:
-                log.warning("could not read on from the history of %s for a client behind on it (%s); %s",
-                            t.name, exc, self._then(buffer))
-                return await self._reset_joiner(sub, t, buffer, latest=False)
+                    return offset_key(buffer.stands if buffer.stands is not None else since)
 
     def _drop_joiner(self, t: _Topic, sub: Subscriber, buffer: _Waiting) -> None:
         if t.joining.get(sub) is buffer:
@@ -395,12 +410,13 @@ class Hub:
         """Send a joiner `reset`; return the key it goes on live from: the topic's latest offset
         (read first, so a refetch after the reset covers everything up to it), or, without
         `latest`, what its join buffer dropped (the frames it holds come after that). Never below
-        what a read-on (`stands`) sent it already: the frames waiting from before a read failed
+        what its replay (`stands`) sent it already: the frames waiting from before a read failed
         midway would go out to it a second time.
 
         No reset for a read-on whose join buffer dropped nothing: made as the read-on began, at the
         cursor, it holds every live message since (and a `reset` wherever the live stream had a
-        gap), all that history would have sent: the joiner goes on from where it stands."""
+        gap), all that history would have sent: the joiner goes on from where it stands. (A
+        subscribe's join buffer began at the cursor, past what its replay had to send.)"""
         if self._covered(buffer):
             assert buffer.stands is not None
             return offset_key(buffer.stands)
@@ -413,14 +429,14 @@ class Hub:
 
     @classmethod
     def _then(cls, buffer: _Waiting) -> str:
-        """What a read-on that history cannot serve ends in, for its log line."""
+        """What a replay or read-on that history cannot serve ends in, for its log line."""
         return "the live messages that waited for it cover that" if cls._covered(buffer) else "it gets reset"
 
     @staticmethod
     def _covered(buffer: _Waiting) -> bool:
         """Whether `buffer` is a read-on's that dropped nothing: what its history read was for
         waits in it already (`_reset_joiner`)."""
-        return buffer.stands is not None and buffer.whole
+        return buffer.reading_on and buffer.stands is not None and buffer.whole
 
     def _start_read(self, t: _Topic) -> None:
         if not t.reading:
@@ -754,7 +770,7 @@ class Hub:
         if sub in t.subscribers or sub in t.joining:
             if sub in t.subscribers:
                 since = self._resumes_from(t, sub, since)
-            elif (stands := t.joining[sub].stands) is not None:
+            elif t.joining[sub].reading_on and (stands := t.joining[sub].stands) is not None:
                 # Reading on from history past its share, it is live all the same: as above.
                 since = stands if since is None or _ahead(since, offset_key(stands)) else since
             self._leave(t, sub)
@@ -932,7 +948,8 @@ class Hub:
         metrics.RECOVERIES.inc()
         sub.send(protocol.subscribed(ref, topic, page.latest))
         try:
-            return await self._replay(sub, t, since, page, buffer)
+            # Past its `subscribed`, a store that is away for a moment only delays the replay.
+            return await self._replay_retrying(sub, t, since, page, buffer, f"read the replay of {topic}")
         except ConnectionClosed:
             raise
         except Exception as exc:
@@ -957,8 +974,7 @@ class Hub:
                 frame = protocol.message(topic, message.offset, message.data_json or "null")
                 sub.send(frame)
                 last = message.offset
-                if buffer.stands is not None:
-                    buffer.stands = last
+                buffer.stands = last
                 unread += len(frame)
             if not page.more:
                 if unread:

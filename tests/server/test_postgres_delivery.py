@@ -618,26 +618,32 @@ async def test_a_message_published_late_in_a_long_transaction_stays_recoverable_
         await served.stop()
 
 
-async def test_a_replay_that_cannot_read_its_next_page_closes_the_connection_never_refuses_after_subscribed(
-        pg_served: Served, pg_url: str) -> None:
-    """A subscribe's first answer is final: once `subscribed` went out, a replay whose next page
-    cannot be read closes the connection with 1011 (the client reconnects and resumes from the
-    last offset it got), never `refused`, which a client takes for no answer at all and so keeps
-    a subscription the server dropped."""
-    first = await pg_served.publish("replayed", {"n": 0})
+async def waiting_inside_a_replay(served: Served, topic: str) -> tuple[WSClient, list[str]]:
+    """A client that subscribes to `topic` with `since` before 299 messages of 8 KB (three pages
+    of history), reads `subscribed`, then nothing more: returns once the server waits for it
+    inside the replay's first page, with the offsets of the messages it is to be replayed."""
+    first = await served.publish(topic, {"n": 0})
     blob = "x" * 8000
-    for n in range(1, 300):  # past a page: a page holds at most a MiB
-        await pg_served.publish("replayed", {"n": n, "blob": blob})
+    sent = [await served.publish(topic, {"n": n, "blob": blob}) for n in range(1, 300)]  # a page holds a MiB
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the first page cannot fit in buffers
     sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", pg_served.server.port))
-    client = await WSClient.open(pg_served.url, sock=sock)
-    await client.send({"op": "subscribe", "topic": pg_served.sign("replayed"), "since": first, "ref": "r"})
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", served.server.port))
+    client = await WSClient.open(served.url, sock=sock)
+    await client.send({"op": "subscribe", "topic": served.sign(topic), "since": first, "ref": "r"})
     assert (await client.recv())["op"] == "subscribed"
-    # The client reads nothing more: the server waits for it inside the first page.
-    await async_wait_for(lambda: any(c.paused for c in pg_served.server.clients), 10,
+    await async_wait_for(lambda: any(c.paused for c in served.server.clients), 10,
                          message="the server to wait for the client inside the replay's first page")
+    return client, sent
+
+
+async def test_a_replay_that_cannot_read_its_next_page_closes_the_connection_never_refuses_after_subscribed(
+        pg_served: Served, pg_url: str) -> None:
+    """A subscribe's first answer is final: once `subscribed` went out, a replay whose next page
+    cannot be read (the schema is gone: no outage to wait out) closes the connection with 1011
+    (the client reconnects and resumes from the last offset it got), never `refused`, which a
+    client takes for no answer at all and so keeps a subscription the server dropped."""
+    client, _ = await waiting_inside_a_replay(pg_served, "replayed")
     async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as admin:
         await admin.execute("ALTER TABLE livepush_messages RENAME TO livepush_messages_away")
         try:
@@ -653,6 +659,51 @@ async def test_a_replay_that_cannot_read_its_next_page_closes_the_connection_nev
             assert code == 1011
         finally:
             await admin.execute("ALTER TABLE livepush_messages_away RENAME TO livepush_messages")
+
+
+async def read_while_log_reads_are_killed(pg_url: str, pg_admin_url: str, client: WSClient, count: int,
+                                         logged: str, caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The offsets of the next `count` messages `client` reads (its reads resumed, if paused),
+    while the message log is locked and every read waiting behind the lock is killed (as in a
+    restart or a failover; a live read, if one waits, is retried too), until `logged` (the
+    server's read failed) is in the log; then the lock goes."""
+    locker = await psycopg.AsyncConnection.connect(pg_url)
+    try:
+        await locker.execute("LOCK TABLE livepush_messages IN ACCESS EXCLUSIVE MODE")
+        client.ws.transport.resume_reading()
+        read = asyncio.ensure_future(offsets_read(client, count))
+        dbname, locker_pid = services.dbname_of(pg_url), locker.info.backend_pid
+
+        async def read_failed() -> bool:
+            for pid in await asyncio.to_thread(backends_waiting_for_a_lock, pg_admin_url, dbname, but=locker_pid):
+                await asyncio.to_thread(terminate, pg_admin_url, pid)
+            return logged in caplog.text or read.done()
+
+        await async_wait_for(read_failed, 10, message="the server's read to be killed")
+        await locker.rollback()
+        return await asyncio.wait_for(read, 30)
+    finally:
+        await locker.close()
+
+
+async def test_a_replay_whose_next_page_read_is_killed_goes_on_from_where_the_client_stands(
+        pg_served: Served, pg_url: str, pg_admin_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A client resumes with `since`; after its `subscribed` and part of the replay, the read of the
+    replay's next page waits behind a lock and its backend is killed (as in a restart or a
+    failover), while the log still holds the rest: the read is tried again from the last message
+    the client was sent, as a read-on's is, and the client gets every message once, in order, no
+    `reset`, and keeps its connection (no 1011, no reconnect of its other subscriptions)."""
+    topic = "room:killed-replay"
+    client, sent = await waiting_inside_a_replay(pg_served, topic)
+    try:
+        got = await read_while_log_reads_are_killed(
+            pg_url, pg_admin_url, client, len(sent), f"could not read the replay of {topic}", caplog)
+        assert got == sent, "every message once, in order, no reset"
+        await client.send({"op": "ping", "ref": "after"})
+        assert await client.recv(timeout=10) == {"op": "pong", "ref": "after"}
+        assert not server_side(pg_served.server, client).closing
+    finally:
+        await client.close()
 
 
 # A publisher process: `rounds` transactions on one topic, each publishing one to three messages
@@ -715,23 +766,10 @@ async def test_a_client_reading_on_from_history_whose_read_is_killed_gets_every_
     twice, and no `reset`."""
     topic = "room:killed-read-on"
     slow, sent = await paused_past_its_share(pg_served, topic, 600)
-    locker = await psycopg.AsyncConnection.connect(pg_url)
     try:
-        await locker.execute("LOCK TABLE livepush_messages IN ACCESS EXCLUSIVE MODE")
-        slow.ws.transport.resume_reading()
-        read = asyncio.ensure_future(offsets_read(slow, len(sent)))
-        dbname, locker_pid = services.dbname_of(pg_url), locker.info.backend_pid
-
-        async def read_on_failed() -> bool:
-            # Every read waiting behind the lock is killed (a live read, if one waits, is retried too).
-            for pid in await asyncio.to_thread(backends_waiting_for_a_lock, pg_admin_url, dbname, but=locker_pid):
-                await asyncio.to_thread(terminate, pg_admin_url, pid)
-            return f"could not read on from the history of {topic}" in caplog.text or read.done()
-
-        await async_wait_for(read_on_failed, 10, message="the read-on's read to be killed")
-        await locker.rollback()
-        assert await asyncio.wait_for(read, 30) == sent, "every message once, in order, no reset"
+        got = await read_while_log_reads_are_killed(
+            pg_url, pg_admin_url, slow, len(sent), f"could not read on from the history of {topic}", caplog)
+        assert got == sent, "every message once, in order, no reset"
         assert not server_side(pg_served.server, slow).closing
     finally:
-        await locker.close()
         await slow.close()

@@ -10,12 +10,13 @@ import redis
 from livepush.fanout.redis import RedisFanOut
 from livepush.server import hub
 from livepush.server.hub import Hub
-from tests.server.conftest import make_settings, start_served
+from tests.server.conftest import Served, make_settings, start_served
 from tests.server.test_slow_clients import offsets_read, paused_past_its_share, server_side
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 from tests.test_fanout_conformance import PrivateRedis, private_redis  # noqa: F401  (a fixture)
 from tests.server.test_hub import Sub, fan
+from tests.server.test_postgres_delivery import waiting_inside_a_replay
 from tests.server.test_server import http_get
 
 
@@ -146,6 +147,38 @@ async def test_messages_published_while_the_servers_redis_listener_is_away_reach
         await served.stop()
 
 
+async def read_through_a_redis_restart(private_redis: PrivateRedis, client: WSClient, count: int, logged: str,
+                                       caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The offsets of the next `count` messages `client` reads (its reads resumed, if paused), while
+    Redis restarts with persistence: stopped before it reads, started again once `logged` (the
+    server's read failed) is in the log."""
+    await asyncio.to_thread(private_redis.stop, save=True)
+    client.ws.transport.resume_reading()
+    read = asyncio.ensure_future(offsets_read(client, count))
+    await async_wait_for(lambda: logged in caplog.text or read.done(), 10, message="the read to fail while Redis is down")
+    await asyncio.to_thread(private_redis.start)
+    return await asyncio.wait_for(read, 30)
+
+
+async def read_while_redis_stays_down(served: Served, private_redis: PrivateRedis, client: WSClient,
+                                      topic: str) -> list[str]:
+    """Redis stops while `client` has more of `topic` to read from history, and stays down until the
+    client gets `reset`; returns the offsets of the messages it got before it. Once Redis is back,
+    a message published on `topic` reaches the client, whose connection stays open."""
+    await asyncio.to_thread(private_redis.stop, save=True)
+    client.ws.transport.resume_reading()
+    frames = []
+    while not frames or frames[-1]["op"] != "reset":
+        frames.append(await client.recv(timeout=10))
+    await asyncio.to_thread(private_redis.start)
+    await async_wait_for(lambda: served.fanout.listening, 20, message="the listener to come back")
+    after = await served.publish(topic, {"after": True})
+    while (frame := await client.recv(timeout=10)).get("offset") != after:
+        assert frame["op"] in ("message", "reset"), frame
+    assert not server_side(served.server, client).closing
+    return [f["offset"] for f in frames[:-1]]
+
+
 async def test_a_client_reading_on_from_history_through_a_redis_restart_gets_every_message_without_reset(
         private_redis: PrivateRedis, secret: str, caplog: pytest.LogCaptureFixture) -> None:
     """A client past its share reads on from history while Redis restarts (with persistence, so
@@ -154,18 +187,51 @@ async def test_a_client_reading_on_from_history_through_a_redis_restart_gets_eve
     served = await start_served(make_settings("redis", secret, None, private_redis.url))
     try:
         slow, sent = await paused_past_its_share(served, "room:restart-read-on", 600)
-        await asyncio.to_thread(private_redis.stop, save=True)
-        slow.ws.transport.resume_reading()
-        read = asyncio.ensure_future(offsets_read(slow, len(sent)))
-        await async_wait_for(lambda: "could not read on from the history of room:restart-read-on" in caplog.text
-                             or read.done(), 10, message="the read-on to fail while Redis is down")
-        await asyncio.to_thread(private_redis.start)
-
-        assert await asyncio.wait_for(read, 30) == sent, "every message once, in order, no reset"
+        got = await read_through_a_redis_restart(
+            private_redis, slow, len(sent), "could not read on from the history of room:restart-read-on", caplog)
+        assert got == sent, "every message once, in order, no reset"
         assert not server_side(served.server, slow).closing
         await slow.close()
     finally:
         await served.stop()
+
+
+@pytest.fixture
+async def redis_served(private_redis: PrivateRedis, secret: str):
+    served = await start_served(make_settings("redis", secret, None, private_redis.url))
+    try:
+        yield served
+    finally:
+        await served.stop()
+
+
+async def test_a_replay_through_a_redis_restart_goes_on_from_where_the_client_stands(
+        redis_served: Served, private_redis: PrivateRedis, caplog: pytest.LogCaptureFixture) -> None:
+    """A client resumes with `since`; after its `subscribed` and part of the replay, Redis restarts
+    (with persistence, so history still holds the rest): the replay's failed read is tried again
+    from the last message the client was sent, and the client gets every message once, in order,
+    no `reset`, and keeps its connection (no 1011, no reconnect of its other subscriptions)."""
+    topic = "room:restart-replay"
+    client, sent = await waiting_inside_a_replay(redis_served, topic)
+    got = await read_through_a_redis_restart(private_redis, client, len(sent), f"could not read the replay of {topic}",
+                                             caplog)
+    assert got == sent, "every message once, in order, no reset"
+    await client.send({"op": "ping", "ref": "after"})
+    assert await client.recv(timeout=10) == {"op": "pong", "ref": "after"}
+    assert not server_side(redis_served.server, client).closing
+    await client.close()
+
+
+async def test_a_replay_while_redis_stays_down_gets_reset_after_the_bound(
+        redis_served: Served, private_redis: PrivateRedis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same client, but Redis stays down past the retry bound: it gets `reset` (what it was
+    sent before it comes first, in order, none twice), then the topic's messages live once Redis is
+    back, on the same connection."""
+    monkeypatch.setattr(hub, "READ_ON_RETRY_SECONDS", 1.0)
+    client, sent = await waiting_inside_a_replay(redis_served, "room:down-replay")
+    offsets = await read_while_redis_stays_down(redis_served, private_redis, client, "room:down-replay")
+    assert 0 < len(offsets) < len(sent) and offsets == sent[:len(offsets)], "in order, none twice"
+    await client.close()
 
 
 async def test_a_client_reading_on_from_history_while_redis_stays_down_gets_reset_after_the_bound(
@@ -177,20 +243,8 @@ async def test_a_client_reading_on_from_history_while_redis_stays_down_gets_rese
     try:
         topic = "room:down-read-on"
         slow, sent = await paused_past_its_share(served, topic, 600)
-        await asyncio.to_thread(private_redis.stop, save=True)
-        slow.ws.transport.resume_reading()
-        frames = []
-        while not frames or frames[-1]["op"] != "reset":
-            frames.append(await slow.recv(timeout=10))
-        offsets = [f["offset"] for f in frames[:-1]]
+        offsets = await read_while_redis_stays_down(served, private_redis, slow, topic)
         assert offsets == sent[:len(offsets)], "what came before the reset is in order, none twice"
-
-        await asyncio.to_thread(private_redis.start)
-        await async_wait_for(lambda: served.fanout.listening, 20, message="the listener to come back")
-        after = await served.publish(topic, {"after": True})
-        while (frame := await slow.recv(timeout=10)).get("offset") != after:
-            assert frame["op"] in ("message", "reset"), frame
-        assert not server_side(served.server, slow).closing
         await slow.close()
     finally:
         await served.stop()
