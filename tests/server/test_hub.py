@@ -1059,3 +1059,30 @@ async def test_a_read_on_that_fails_after_reading_for_longer_than_its_retry_boun
     assert fanout.served == -1, "the read never failed: this test shows nothing"
     assert big_as_number(sub.data()) == [*range(10), 1, 2, "live"]
     assert [f["op"] for f in sub.frames] == ["subscribed", *["message"] * 13]
+
+
+async def test_a_replay_whose_read_fails_once_after_it_ran_longer_than_the_retry_bound_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The retry bound counts from when the store began to fail, not from when the replay began: a
+    client that read its first page for longer than the bound, whose next read then fails once (a
+    blip), is read again from where it stands and gets the rest, in order, once, and no `reset`."""
+    from livepush.server import hub as hub_module
+    monkeypatch.setattr(hub_module, "READ_ON_RETRY_SECONDS", 0.05)
+    monkeypatch.setattr(hub_module, "READ_RETRY_SECONDS", 0.01)
+    fanout = ShortPagesFailingOnce(served=1)
+    since = fanout.publish("t", 0)
+    for n in range(1, 13):
+        fanout.publish("t", n)
+    hub = Hub(fanout, fan)
+    sub = SlowReader()
+    try:
+        subscribe = asyncio.ensure_future(hub.subscribe(sub, "t", since, 1))
+        await async_wait_for(lambda: len(sub.frames) == 6, message="the first page")
+        await asyncio.sleep(0.2)  # the client reads it past the bound: time is what this test is about
+        sub.reading.set()
+        await asyncio.wait_for(subscribe, 10)
+    finally:
+        await hub.aclose()
+    assert fanout.served == -1, "the read never failed: this test shows nothing"
+    assert [f["op"] for f in sub.frames] == ["subscribed", *["message"] * 12]
+    assert sub.data() == list(range(1, 13))
