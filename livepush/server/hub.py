@@ -241,6 +241,10 @@ class Hub:
         # pause, until a read of theirs succeeds (`_read_apart`).
         self._read_failing: set[str] = set()
         self._log_reading = False
+        # Replays and read-ons from history (`_replay_retrying`) whose reads are failing now, and
+        # whether one of them gave up meanwhile: an outage is said once, not once per client.
+        self._read_ons_failing = 0
+        self._read_on_gave_up = False
         # Message topics anchored since the last keep of their chains, the event that says one
         # came, and the task that keeps them (running while any message topic is watched).
         self._keep_new: set[str] = set()
@@ -376,30 +380,48 @@ class Hub:
         # The bound runs from the first failure where the client stands: a read-on that reads a
         # long backlog for a slow client may have run past it before the store fails once.
         give_up, failed_at, failures = 0.0, None, 0
-        while True:
-            # Where the client stands: after a failure midway, what was sent is not sent again.
-            last = buffer.stands if buffer.stands is not None else since
-            try:
-                if page is None:
-                    page = await self.fanout.history(t.name, last)
-                    if page is None:  # pruned meanwhile: the client refetches
-                        return await self._reset_joiner(sub, t, buffer)
-                return await self._replay(sub, t, last, page, buffer)
-            except DependencyError as exc:
-                page = None
-                stands = buffer.stands if buffer.stands is not None else since
-                if failed_at != stands:  # the first failure, or the first since the read got further
-                    give_up, failed_at, failures = loop.time() + READ_ON_RETRY_SECONDS, stands, 0
-                failures += 1
-                if loop.time() >= give_up:
-                    log.warning("could not %s for %g s (%s); %s", what, READ_ON_RETRY_SECONDS, exc,
-                                self._then(buffer))
-                    return await self._reset_joiner(sub, t, buffer, latest=False)
-                (log.warning if failures == 1 else log.debug)(
-                    "could not %s (%s); reading again every %g s", what, exc, READ_RETRY_SECONDS)
-                await asyncio.sleep(READ_RETRY_SECONDS)
-                if self._left(t, sub, buffer):
-                    return offset_key(buffer.stands if buffer.stands is not None else since)
+        counted = False  # among the reads failing now (`_read_ons_failing`)
+        try:
+            while True:
+                # Where the client stands: after a failure midway, what was sent is not sent again.
+                last = buffer.stands if buffer.stands is not None else since
+                try:
+                    if page is None:
+                        page = await self.fanout.history(t.name, last)
+                        if page is None:  # pruned meanwhile: the client refetches
+                            return await self._reset_joiner(sub, t, buffer)
+                    return await self._replay(sub, t, last, page, buffer)
+                except DependencyError as exc:
+                    page = None
+                    stands = buffer.stands if buffer.stands is not None else since
+                    if failed_at != stands:  # the first failure, or the first since the read got further
+                        give_up, failed_at, failures = loop.time() + READ_ON_RETRY_SECONDS, stands, 0
+                    failures += 1
+                    if not counted:
+                        counted = True
+                        self._read_ons_failing += 1
+                    if loop.time() >= give_up:
+                        self._say_read_on_gave_up(what, exc, buffer)
+                        return await self._reset_joiner(sub, t, buffer, latest=False)
+                    # One outage fails every client's read at once: said once, not once a client.
+                    said = failures == 1 and self._read_ons_failing == 1
+                    (log.warning if said else log.debug)(
+                        "could not %s (%s); reading again every %g s", what, exc, READ_RETRY_SECONDS)
+                    await asyncio.sleep(READ_RETRY_SECONDS)
+                    if self._left(t, sub, buffer):
+                        return offset_key(buffer.stands if buffer.stands is not None else since)
+        finally:
+            if counted:
+                self._read_ons_failing -= 1
+                if not self._read_ons_failing:
+                    self._read_on_gave_up = False  # the outage is over: the next one is said again
+
+    def _say_read_on_gave_up(self, what: str, exc: Exception, buffer: _Waiting) -> None:
+        """The line of a replay or read-on that gives up on a store down past READ_ON_RETRY_SECONDS:
+        the first of an outage is a warning, the other clients' that give up in it are debug lines."""
+        (log.debug if self._read_on_gave_up else log.warning)(
+            "could not %s for %g s (%s); %s", what, READ_ON_RETRY_SECONDS, exc, self._then(buffer))
+        self._read_on_gave_up = True
 
     def _drop_joiner(self, t: _Topic, sub: Subscriber, buffer: _Waiting) -> None:
         if t.joining.get(sub) is buffer:
