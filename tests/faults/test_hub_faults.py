@@ -8,18 +8,26 @@ each cause once, not once per client or per retry."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import psycopg
 import pytest
 
+from livepush.fanout.base import FanOut
+from livepush.fanout.postgres import PostgresFanOut
+from livepush.fanout.redis import RedisFanOut
+from livepush.server.hub import Hub
+from livepush.types import offset_key
 from tests.faults.fleet import postgres_down
 from tests.faults.test_history_reads import backends_waiting_for_a_lock, terminate
 from tests.server.conftest import Served, make_settings, start_served
+from tests.server.test_hub import Sub, fan
 from tests.server.test_slow_clients import count, open_client, server_side
 from tests.support import services
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
+from tests.test_fanout_conformance import PrivateRedis, private_redis  # noqa: F401  (fixture)
 
 
 def warnings_with(caplog: pytest.LogCaptureFixture, words: str) -> list[str]:
@@ -110,3 +118,111 @@ async def test_clients_whose_read_ons_are_killed_together_get_every_message_and_
             await sub.close()
     finally:
         await served.stop()
+
+
+IDLE = 2.0  # seconds: the fan-outs' idle time in the tests below (a day in production)
+
+
+async def watched(fanout: FanOut, topics: list[str]) -> tuple[Hub, dict[str, Sub]]:
+    """A hub on `fanout` listening, and a subscriber of each of `topics` (subscribed from now)."""
+    hub = Hub(fanout, fan)
+    await fanout.listen()
+    fanout.register(hub.on_message)
+    subs = {topic: Sub() for topic in topics}
+    for topic, sub in subs.items():
+        await hub.subscribe(sub, topic, None, 1)
+    return hub, subs
+
+
+def delivered_or_reset(sub: Sub, published: list[str]) -> None:
+    """What `sub` got after its `subscribed`: messages in order, none twice and none not published,
+    each one of `published`; without a `reset`, every one of them."""
+    frames = sub.frames[1:]
+    offsets = [f["offset"] for f in frames if f["op"] == "message"]
+    assert len(offsets) == len(set(offsets)), frames
+    assert set(offsets) <= set(published), frames
+    assert offsets == sorted(offsets, key=offset_key), frames
+    if not any(f["op"] == "reset" for f in frames):
+        assert offsets == published, frames  # no reset: nothing may be missing
+
+
+async def delivered_at_last(fanout: FanOut, subs: dict[str, Sub], published: dict[str, list[str]],
+                            topics: list[str]) -> None:
+    """Publish on each of `topics` until a message reaches its subscriber as a message (one
+    published before a `reset` the hub read the topic's latest offset for is covered by it, not
+    sent), recording each offset in `published`."""
+    for topic in topics:
+        for attempt in range(5):
+            published[topic].append(await fanout.apublish(topic, {"attempt": attempt}))
+            with contextlib.suppress(AssertionError):
+                await async_wait_for(lambda: subs[topic].frames[-1].get("offset") == published[topic][-1], 5,
+                                     message=f"the message on {topic}")
+                break
+        else:
+            raise AssertionError(f"{topic}: no message reached its subscriber: {subs[topic].frames}")
+
+
+@pytest.mark.parametrize("published_before", [True, False], ids=["chain", "origin"])
+async def test_a_kept_topic_whose_postgres_is_down_past_the_idle_time_gets_its_next_message_or_reset(
+        pg_url: str, published_before: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """A topic watched all along (its last message before the outage, or none: its cursor an
+    origin) while Postgres is down for longer than the idle time, so that its keeps fail and the
+    log may forget it before the next keep: its subscriber gets the next message, or `reset` and
+    then the next message, never a wrong or duplicated one; the failed keeps are said once."""
+    caplog.set_level(logging.INFO, logger="livepush")
+    fanout = PostgresFanOut(pg_url, history_ttl=IDLE / 2, idle_expire=IDLE)
+    topic = "kept:pg"
+    hub, subs = await watched(fanout, [topic])
+    try:
+        published = [await fanout.apublish(topic, {"n": 0})] if published_before else []
+        await async_wait_for(lambda: len(subs[topic].frames) > len(published), 10, message="the first message")
+        async with postgres_down():
+            await asyncio.sleep(IDLE * 1.5)  # the outage: time passing, nothing to await
+        await async_wait_for(lambda: fanout.listening, 20, message="the listener to come back")
+        for _ in range(3):
+            await fanout.prune()  # what every server does meanwhile
+            await asyncio.sleep(0.3)
+        await delivered_at_last(fanout, subs, {topic: published}, [topic])
+        delivered_or_reset(subs[topic], published)
+        said = warnings_with(caplog, "could not keep the history")
+        assert len(said) <= 1, said
+    finally:
+        await hub.aclose()
+        await fanout.aclose()
+
+
+@pytest.mark.parametrize("save", [True, False], ids=["persistent", "no-persistence"])
+async def test_thousands_of_kept_redis_topics_through_a_restart_past_the_idle_time_get_their_next_message_or_reset(
+        private_redis: PrivateRedis, save: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """2,000 watched topics (kept in batches), some published before, while Redis is down for
+    longer than the idle time (with persistence its keys expire meanwhile; without, all is
+    lost): each subscriber gets its topic's next messages, or `reset` and then them, never a wrong
+    or duplicated one; the failed keeps and reads are said once each."""
+    caplog.set_level(logging.INFO, logger="livepush")
+    fanout = RedisFanOut(private_redis.url, history_ttl=IDLE / 2, idle_expire=IDLE)
+    names = [f"many:{i}" for i in range(2000)]
+    hub, subs = await watched(fanout, names)
+    try:
+        published: dict[str, list[str]] = {name: [] for name in names}
+        for name in names[::100]:
+            published[name].append(await fanout.apublish(name, {"before": True}))
+        await async_wait_for(lambda: all(len(subs[n].frames) > len(published[n]) for n in names[::100]), 10,
+                             message="the messages before the outage")
+        await asyncio.to_thread(private_redis.stop, save=save)
+        await asyncio.sleep(IDLE * 1.5)  # the outage: time passing, nothing to await
+        await asyncio.to_thread(private_redis.start)
+        await async_wait_for(lambda: fanout.listening, 20, message="the listener to come back")
+        await fanout.prune()
+        picked = names[::100] + names[1::100]
+        for round_ in range(2):
+            for name in picked:
+                published[name].append(await fanout.apublish(name, {"after": round_}))
+        await delivered_at_last(fanout, subs, published, picked)
+        for name in picked:
+            delivered_or_reset(subs[name], published[name])
+        for words in ("could not keep the history", "could not read the history"):
+            said = warnings_with(caplog, words)
+            assert len(said) <= 1, said
+    finally:
+        await hub.aclose()
+        await fanout.aclose()
