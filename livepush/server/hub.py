@@ -433,7 +433,10 @@ class Hub:
         (read first, so a refetch after the reset covers everything up to it), or, without
         `latest`, what its join buffer dropped (the frames it holds come after that). Never below
         what its replay (`stands`) sent it already: the frames waiting from before a read failed
-        midway would go out to it a second time.
+        midway would go out to it a second time. With `latest`, nor below the frames waiting for it
+        before that offset was read: published before it, they are what the refetch covers, and
+        after a crash emptied the log the latest offset is an origin or a new epoch's, whose key
+        does not compare with theirs.
 
         No reset for a read-on whose join buffer dropped nothing: made as the read-on began, at the
         cursor, it holds every live message since (and a `reset` wherever the live stream had a
@@ -442,12 +445,13 @@ class Hub:
         if self._covered(buffer):
             assert buffer.stands is not None
             return offset_key(buffer.stands)
+        waited = max((k for k, _ in buffer.frames if k is not None), default=NO_KEY) if latest else NO_KEY
         floor = offset_key(await self.fanout.alatest_offset(t.name)) if latest else buffer.dropped
         if not self._left(t, sub, buffer):
             sub.send(protocol.reset(t.name))
             metrics.RESETS.labels("history").inc()
         sent = offset_key(buffer.stands) if buffer.stands is not None else NO_KEY
-        return max(floor, buffer.dropped, sent)
+        return max(floor, waited, buffer.dropped, sent)
 
     @classmethod
     def _then(cls, buffer: _Waiting) -> str:

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 import psycopg
 import pytest
 
-from livepush.fanout.base import FanOut
+from livepush.fanout.base import IDLE_EXPIRE, FanOut
 from livepush.fanout.postgres import PostgresFanOut
 from livepush.fanout.redis import RedisFanOut
+from livepush.server import hub
 from livepush.server.hub import Hub
 from livepush.types import offset_key
 from tests.faults.fleet import postgres_down
@@ -272,4 +273,98 @@ async def test_pages_subscribing_in_a_burst_after_a_server_restart_are_kept_toge
     finally:
         for page in pages:
             await page.close()
+        await served.stop()
+
+
+async def frames_upto_reset(client: WSClient, count: int, timeout: float = 30.0) -> tuple[list[str], bool]:
+    """The offsets of the next `count` message frames, or of those before a `reset`; and whether
+    one came."""
+    got: list[str] = []
+    while len(got) < count:
+        frame = await client.recv(timeout=timeout)
+        if frame["op"] == "reset":
+            return got, True
+        assert frame["op"] == "message", (frame, len(got))
+        got.append(frame["offset"])
+    return got, False
+
+
+async def live_again(served: Served, client: WSClient, topic: str) -> None:
+    """Publish on `topic` until a message reaches `client` as a message; before it only `reset`s
+    may come (one for which the server read the topic's latest offset after a publish covers it)."""
+    for attempt in range(3):
+        offset = await served.publish(topic, {"attempt": attempt})
+        with contextlib.suppress(TimeoutError):
+            while (frame := await client.recv(timeout=3)).get("offset") != offset:
+                assert frame["op"] == "reset", frame  # of this topic or another the page watches
+            return
+    raise AssertionError(f"no message on {topic} reached the client")
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+async def test_a_postgres_restart_while_a_client_reads_on_and_the_server_keeps_its_topics(
+        mode: str, pg_url: str, secret: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Postgres restarts while a client past its share reads on from history and the server keeps
+    the chains of 500 watched topics (every half second here): the slow client gets every message
+    once, in order, without `reset` (after a crash, which empties the log: those it was sent
+    before, in order, then `reset`); then its next message, and the pages watching the other
+    topics theirs (after a crash, `reset` first); the failed reads and keeps are each said at
+    most once."""
+    caplog.set_level(logging.INFO, logger="livepush")
+    monkeypatch.setattr(hub, "KEEP_SHARE", 0.5 / IDLE_EXPIRE)
+    served = await start_served(make_settings("postgres", secret, pg_url, None))
+    names = [f"watched:{i}" for i in range(500)]
+    pages: list[WSClient] = []
+    try:
+        pages = [await WSClient.open(served.url) for _ in range(5)]
+        for i, page in enumerate(pages):
+            for topic in names[i::5]:
+                assert (await page.subscribe(served.sign(topic)))["op"] == "subscribed"
+        slow, sent = await paused_clients(served, "room:slow", 1, 600)
+        async with postgres_down(mode):
+            reads = [asyncio.ensure_future(frames_upto_reset(sub, len(sent))) for sub in slow]
+            for sub in slow:
+                sub.ws.transport.resume_reading()
+            # The outage: time passing (the reads and keeps under way wait for the pool meanwhile).
+            await asyncio.sleep(2)
+        await async_wait_for(lambda: served.fanout.listening, 20, message="the listener to come back")
+        for read in reads:
+            got, reset = await asyncio.wait_for(read, 40)
+            assert got == (sent[:len(got)] if mode == "immediate" else sent), "in order, none twice"
+            assert reset == (mode == "immediate" and len(got) < len(sent))
+        for sub in [*slow, *pages]:
+            await live_again(served, sub, "room:slow" if sub in slow else names[pages.index(sub)])
+        for words in ("could not keep the history", "could not read on from the history",
+                      "could not read the history"):
+            said = warnings_with(caplog, words)
+            assert len(said) <= 1, said
+        for sub in slow:
+            await sub.close()
+    finally:
+        for page in pages:
+            await page.close()
+        await served.stop()
+
+
+async def test_a_client_reading_on_through_a_redis_restart_that_lost_everything_gets_reset_never_an_old_message(
+        private_redis: PrivateRedis, secret: str) -> None:
+    """A client past its share reads on from history while Redis restarts without persistence
+    (history and origins lost): it gets the messages it was sent before, in order, then `reset`,
+    then only messages published after it."""
+    served = await start_served(make_settings("redis", secret, None, private_redis.url))
+    try:
+        (slow,), sent = await paused_clients(served, "room:lost", 1, 600)
+        await asyncio.to_thread(private_redis.stop, save=False)
+        read = asyncio.ensure_future(frames_upto_reset(slow, len(sent)))
+        slow.ws.transport.resume_reading()
+        await asyncio.sleep(1)  # the outage: time passing, nothing to await
+        await asyncio.to_thread(private_redis.start)
+        got, reset = await asyncio.wait_for(read, 40)
+        assert got == sent[:len(got)], "in order, none twice"
+        assert reset or got == sent
+        await async_wait_for(lambda: served.fanout.listening, 20, message="the listener to come back")
+        await live_again(served, slow, "room:lost")
+        await slow.close()
+    finally:
         await served.stop()
