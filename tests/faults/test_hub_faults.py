@@ -1,9 +1,11 @@
 """The hub's newest paths together under the faults users meet: clients reading on from history
 past their share (server/hub.py `_read_on`), the keeping of watched topics' chains
-(`_keep_chains`), through a Postgres restart or a Redis restart, with an in-process server
-(tests/server/conftest.py) and real WebSocket clients. Each checks what a client gets (every
-message once, in order, or `reset`; never a wrong or duplicated one) and that the server says
-each cause once, not once per client or per retry."""
+(`_keep_chains`), the per-connection frame budget, through a Postgres restart, crash or backend
+kill, or a Redis restart. An in-process server (tests/server/conftest.py) with real WebSocket
+clients, or, where the fan-out's idle time must be short (IDLE), a hub on a real fan-out with
+recording subscribers. Each checks what a client gets (every message once, in order, or
+`reset`; never a wrong or duplicated one) and that the server says each cause once, not once
+per client or per retry."""
 
 from __future__ import annotations
 
@@ -15,10 +17,11 @@ from collections.abc import Sequence
 import psycopg
 import pytest
 
+from livepush import metrics
 from livepush.fanout.base import IDLE_EXPIRE, FanOut
 from livepush.fanout.postgres import PostgresFanOut
 from livepush.fanout.redis import RedisFanOut
-from livepush.server import hub
+from livepush.server import hub, limits
 from livepush.server.hub import Hub
 from livepush.types import offset_key
 from tests.faults.fleet import postgres_down
@@ -365,6 +368,44 @@ async def test_a_client_reading_on_through_a_redis_restart_that_lost_everything_
         assert reset or got == sent
         await async_wait_for(lambda: served.fanout.listening, 20, message="the listener to come back")
         await live_again(served, slow, "room:lost")
+        await slow.close()
+    finally:
+        await served.stop()
+
+
+async def test_a_client_reading_on_through_a_postgres_restart_while_past_its_frame_budget_gets_everything(
+        pg_url: str, secret: str) -> None:
+    """A client past its share reads on from history while Postgres restarts, and meanwhile sends
+    pings worth three frame budgets (the server stops reading it for a while): it gets every
+    message once, in order, without `reset`, every pong in order, and stays connected."""
+    served = await start_served(make_settings("postgres", secret, pg_url, None))
+    try:
+        (slow,), sent = await paused_clients(served, "room:budget", 1, 600)
+        pings = 3 * int(limits.FRAME_BUDGET_SECONDS * limits.FRAMES_PER_SECOND)
+        messages: list[str] = []
+        pongs: list[int] = []
+        pauses = metrics.FRAME_BUDGET_PAUSES._value.get()
+
+        async def read_all() -> None:
+            while len(messages) < len(sent) or len(pongs) < pings:
+                frame = await slow.recv(timeout=30)
+                if frame["op"] == "pong":
+                    pongs.append(frame["ref"])
+                else:
+                    assert frame["op"] == "message", frame
+                    messages.append(frame["offset"])
+
+        async with postgres_down():
+            reading = asyncio.ensure_future(read_all())
+            slow.ws.transport.resume_reading()
+            for ref in range(pings):
+                await slow.send({"op": "ping", "ref": ref})
+            await asyncio.sleep(1)  # the outage: time passing, nothing to await
+        await asyncio.wait_for(reading, 60)
+        assert messages == sent, "every message once, in order, no reset"
+        assert pongs == list(range(pings))
+        assert metrics.FRAME_BUDGET_PAUSES._value.get() > pauses, "the budget never held its reads back"
+        assert not server_side(served.server, slow).closing
         await slow.close()
     finally:
         await served.stop()
