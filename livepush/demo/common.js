@@ -83,7 +83,10 @@ function recall(key) {
 // `follow(started, n)`s it; an error shows on `note`. A reloaded page follows what this tab
 // started last, at once.
 export function startButton({ key, button, rows, most, fallback, path, note, follow }) {
-  button.addEventListener("click", async () => {
+  button.addEventListener("click", async (event) => {
+    // The second click of a double-click (detail 2) starts nothing: disabling the button while
+    // the request is out does not cover a demo that answered before that click came.
+    if (event.detail > 1) return;
     const n = Math.max(1, Math.min(most, parseInt(rows.value, 10) || fallback));
     let started;
     try {

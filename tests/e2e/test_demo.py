@@ -425,6 +425,29 @@ async def test_an_import_cancelled_on_the_demo_page_stops_and_shows_cancelled(pa
     assert refused == [409, 405, 403, 400, 404, 404], refused
 
 
+async def test_a_double_clicks_second_click_after_the_answer_starts_nothing(page: Page, demo: Demo) -> None:
+    """A demo on the same machine can answer a Start before a double-click's second click comes,
+    when the button is usable again: that click (its `detail` is 2) starts nothing either."""
+    starts: list[str] = []
+    page.on("request", lambda request: starts.append(request.url.split("?")[0].removeprefix(demo.url))
+            if request.method == "POST" and request.url.split("?")[0].endswith("/start") else None)
+    await open_demo(page, demo)
+    for field, button, note, shown in [("#n", "#start", "#started", "import "),
+                                       ("#durable-n", "#durable-start", "#durable-started", "job "),
+                                       ("#workflow-n", "#workflow-start", "#workflow-started", "run ")]:
+        await page.fill(field, "1")
+        await page.click(button)
+        await page.wait_for_function(
+            "([note, shown, button]) => document.querySelector(note).textContent.startsWith(shown)"
+            " && !document.querySelector(button).disabled", arg=[note, shown, button])
+        # The second click of the double-click, come after the answer, as Chromium sends it: a
+        # click that starts something disables its button before it returns, so this one did not.
+        disabled = await page.eval_on_selector(
+            button, "b => { b.dispatchEvent(new MouseEvent('click', {bubbles: true, detail: 2})); return b.disabled; }")
+        assert not disabled, f"the second click of a double-click on {button} sent a request"
+    assert starts == ["demo/start", "demo/durable/start", "demo/workflow/start"], starts
+
+
 async def test_a_double_click_on_a_start_button_starts_one_import(page: Page, demo: Demo) -> None:
     """Each Start button double-clicked sends one request and starts one import, the one the
     page follows: a second would run unseen (a durable import or a workflow run then waiting an
