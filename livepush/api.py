@@ -4,15 +4,13 @@ that serves in-process (the local fan-out) has the wiring install the server's o
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import sys
 import threading
 from collections.abc import Iterable
 from typing import Any
 
-from . import topics
+from . import blocking, topics
 from .config import get_settings
 from .errors import InvalidTopic
 from .fanout import FanOut, from_env
@@ -26,18 +24,13 @@ _default: FanOut | None = None
 # Whether this process still has to be told that its local fan-out reaches no server: said once,
 # by default_fanout() or by an integration that says it in its own words at its start.
 _local_warning_due = True
-# Whether this process still has to be told that a sync publish ran on an event loop: said once,
-# since a view that does it does it at every request.
-_loop_warning_due = True
 
 
 def _after_fork() -> None:
     """In a forked child: a thread of the parent may have held the lock at the fork, and no
-    thread of the child would ever release it. (The fan-out sets its own connections aside.)
-    A forked worker is a process of its own, which says its own warning."""
-    global _lock, _loop_warning_due
+    thread of the child would ever release it. (The fan-out sets its own connections aside.)"""
+    global _lock
     _lock = threading.Lock()
-    _loop_warning_due = True
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -110,27 +103,11 @@ def publishable(topic: Topic) -> Topic:
 
 
 def warn_if_on_event_loop(call: str, instead: str) -> None:
-    """Warn, once a process, when the sync `call` runs on a running event loop (an async view or
-    endpoint, an async job): it works, but the loop waits for its round trip and serves nothing
-    else meanwhile, so the app slows down without an error. A thread (asyncio.to_thread(),
-    sync_to_async()) has no running loop and is silent. On the hot path it costs a flag and
-    get_running_loop(), a C call that reads the thread's state: well under a microsecond."""
-    global _loop_warning_due
-    if not _loop_warning_due:
-        return
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return  # sync code, or a thread: what a sync call is for
-    if default_fanout().name == "local":
-        return  # publishes into this process, on no round trip: nothing for the loop to wait for
-    _loop_warning_due = False
-    caller = sys._getframe(2)  # the code that called `call` (this is called by `call` itself)
-    log.warning("livepush: %s was called on a running event loop, at %s:%d (an async view or endpoint, an async "
-                "job): it publishes, but the loop waits for its round trip and serves nothing else meanwhile; "
-                "write `await %s` there, or call it in a thread (asyncio.to_thread(), sync_to_async()). "
-                "Said once a process, for its first such call", call, caller.f_code.co_filename, caller.f_lineno,
-                instead)
+    """Warn, once a process, when the sync publishing `call` runs on a running event loop
+    (blocking.py), except on the local fan-out: it publishes into this process, with no round trip
+    for the loop to wait for."""
+    if blocking.due(call) and default_fanout().name != "local":
+        blocking.say(call, instead, 3)  # 0: say, 1: this, 2: `call`, 3: its caller
 
 
 def publish(topic: Topic, data: JSON, *, conn: Any = None) -> Offset:

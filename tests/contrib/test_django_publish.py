@@ -210,9 +210,9 @@ def test_a_sync_publish_in_an_async_view_warns_once_naming_the_call_and_apublish
     sync_to_async, or in a sync view (a thread under ASGI), is right and says nothing."""
     from django.test import AsyncClient
 
-    from livepush import api
+    from livepush import blocking
 
-    monkeypatch.setattr(api, "_loop_warning_due", True)  # this process may have warned already
+    monkeypatch.setattr(blocking, "_said", set())  # this process may have warned already
     call, instead = ("publish_many()", "apublish_many()") if many else ("publish()", "apublish()")
 
     async def requests() -> None:

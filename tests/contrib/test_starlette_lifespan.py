@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 import livepush
-from livepush import api, config, jobs
+from livepush import blocking, config, jobs
 from livepush.contrib.starlette import current_session, lifespan, with_livepush
 from livepush.errors import ArgumentTypeError, ConfigError, DependencyError, SchemaError
 from livepush.jobs import database
@@ -108,7 +108,7 @@ async def test_a_sync_publish_in_an_async_endpoint_warns_once_naming_apublish(
     and serves no other request meanwhile: one WARNING per process names the call, where it was
     made, and `await livepush.apublish()`. From a sync endpoint (Starlette runs it in a thread) or
     through asyncio.to_thread() it is right, and says nothing."""
-    monkeypatch.setattr(api, "_loop_warning_due", True)  # this process may have warned already
+    monkeypatch.setattr(blocking, "_said", set())  # this process may have warned already
     with caplog.at_level("WARNING", logger="livepush"):
         async with serving(make_app()) as client:
             assert (await client.post("/sync")).status_code == 200
@@ -127,7 +127,7 @@ async def test_a_sync_publish_on_the_local_fan_out_in_an_async_endpoint_says_not
         monkeypatch: pytest.MonkeyPatch) -> None:
     """On the local fan-out a publish goes into the app's own process, with no round trip for the
     loop to wait for: livepush.publish() in an async endpoint is right there, and says nothing."""
-    monkeypatch.setattr(api, "_loop_warning_due", True)
+    monkeypatch.setattr(blocking, "_said", set())
     forget_defaults()
     config.set_settings(config.Settings.from_env(livepush_env(fanout="local")))
     try:

@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from ...blocking import warn_if_on_event_loop
 from ...errors import ArgumentValueError, DependencyError
 from ...postgres.text import BIGINT_MAX
 from ...tasks import carried_through
@@ -42,6 +43,7 @@ def cancel(job_id: int) -> bool:
     stops at its next await or `ctx.progress()` call, ending as `cancelled`. Returns False when
     the job is already finished or unknown. Retried when Postgres broke a deadlock (a cancel
     meets a completer finishing the same group)."""
+    warn_if_on_event_loop("jobs.cancel()", "jobs.acancel()")
     return bool(_cancel(checked_id(job_id, "job_id")))
 
 
@@ -99,6 +101,7 @@ def cancel_tagged(tag: str) -> int:
     many of them were cancelled or told, by their own cancel or their waiting parent's; a job
     that finished meanwhile is not counted. A job enqueued with the tag while this runs may be
     left out."""
+    warn_if_on_event_loop("jobs.cancel_tagged()", "jobs.acancel_tagged()")
     ids = tagged_unfinished(tag)
     # Queued lone jobs (most, for a tag on a backlog) a thousand to a statement; then the rest
     # one by one, as cancel() does them: a transaction per job cost about a millisecond each.
@@ -153,6 +156,7 @@ def retry_failed(job_id: int) -> bool:
     group's member is refused (GroupClosedError): its failure is counted in its group. So is a
     workflow step's job (ValueError): its failure ended its run, which does not go on (run again,
     the job would end cancelled at once, its error lost)."""
+    warn_if_on_event_loop("jobs.retry_failed()", "jobs.aretry_failed()")
     job_id = checked_id(job_id, "job_id")
     with database.connection() as conn:
         found = _refused_member(conn.execute(queries.JOB_GROUP, {"id": job_id}).fetchone(), job_id, _RETRY_INSTEAD)
@@ -262,6 +266,7 @@ def _refused_member(found: tuple[Any, ...] | None, job_id: int, instead: str) ->
 def discard_failed(job_id: int) -> bool:
     """Delete a failed job for good. False unless it was failed. A task group's member is refused
     (GroupClosedError): its group counts it, and retention deletes it with its group."""
+    warn_if_on_event_loop("jobs.discard_failed()", "jobs.adiscard_failed()")
     job_id = checked_id(job_id, "job_id")
     with database.connection() as conn:
         if _refused_member(conn.execute(queries.JOB_GROUP, {"id": job_id}).fetchone(), job_id,
@@ -284,6 +289,7 @@ async def adiscard_failed(job_id: int) -> bool:
 
 def job_state(job_id: int) -> dict[str, Any] | None:
     """The job's current `job` object as its state topic shows it, or None."""
+    warn_if_on_event_loop("jobs.job_state()", "jobs.ajob_state()")
     job_id = checked_id(job_id, "job_id")
     with database.connection() as conn:
         with conn.cursor(row_factory=dict_row) as cur:
@@ -309,6 +315,7 @@ def _queue_name(queue: Any) -> str:
 def pause_queue(queue: str) -> bool:
     """Stop every runtime claiming from `queue` within a second (at once where its ring is heard);
     enqueues are still accepted and jobs already running finish. False when it was already paused."""
+    warn_if_on_event_loop("jobs.pause_queue()", "jobs.apause_queue()")
     name = _queue_name(queue)  # a bad name is the caller's to fix, whatever the database's state
     with database.connection() as conn:
         return bool(conn.execute(queries.PAUSE_QUEUE, {"queue": name}).fetchall())
@@ -324,6 +331,7 @@ async def apause_queue(queue: str) -> bool:
 def resume_queue(queue: str) -> bool:
     """Let runtimes claim from `queue` again; idle ones are rung and claim at once. False when it
     was not paused."""
+    warn_if_on_event_loop("jobs.resume_queue()", "jobs.aresume_queue()")
     name = _queue_name(queue)  # a bad name is the caller's to fix, whatever the database's state
     with database.connection() as conn:
         return bool(conn.execute(queries.RESUME_QUEUE, {"queue": name}).fetchall())

@@ -22,6 +22,7 @@ from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
 from typing import Any
 
+from ...blocking import warn_if_on_event_loop
 from ...postgres.connect import cursor_on, translated, translated_on
 from ...postgres.pools import aautocommitted, autocommitted
 from ...postgres.savepoints import Savepoint, akept, in_callers_transaction, kept
@@ -499,6 +500,7 @@ def enqueue_many(items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
     """Enqueue many jobs in one statement: items are `job.request(*args)` values or `(job, args)`
     / `(job, args, options)` tuples, options a dict of wait=, at=, key=, tags=. Handles in item
     order; an item whose key an unfinished job (or an earlier item) holds gets that job's handle."""
+    warn_if_on_event_loop("jobs.enqueue_many()", "jobs.aenqueue_many()")
     return run_batch(many(items, "enqueue_many"), conn, call="enqueue_many")
 
 

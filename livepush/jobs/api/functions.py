@@ -16,6 +16,7 @@ from .limits import Limits, check_claim_entry, limits_of
 from .options import check_name, check_queue
 from .registry import REGISTRY, JobRequest
 from .schema import compile_schema
+from ...blocking import due, say
 from ...errors import ArgumentTypeError, ArgumentValueError, ConfigError
 from ...types import Seconds, as_seconds
 from ...usercode import cannot_take
@@ -255,6 +256,8 @@ class JobFunction:
         `conn=` (a psycopg Connection) enqueues inside the caller's transaction; `key=`,
         `debounce=`, `tags=`: docs/jobs.md "Enqueue options". The job's arguments go by position
         (`unknown`, typed Never so that a type checker flags a keyword, is refused naming it)."""
+        if due("enqueue()"):  # one warning for every job's enqueue(), naming the first
+            say("enqueue()", f"{self.name}.aenqueue()", 2, f"{self.name}.enqueue()")  # 2: the caller
         if unknown:
             refuse_keywords(self.func, self.name, "enqueue", unknown, ENQUEUE_OPTIONS)
         return _enqueue.enqueue(self, args, wait=wait, at=at, conn=conn, key=key, debounce=debounce, tags=tags)

@@ -7,6 +7,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
+from ...blocking import warn_if_on_event_loop
 from .. import database, queries
 from ..events.views import job_view
 from .handles import checked_cursor, checked_id
@@ -51,6 +52,7 @@ class JobInfo:
 
 def get_job(job_id: int) -> JobInfo | None:
     """The job with that id, or None (never enqueued, or deleted after its retention time)."""
+    warn_if_on_event_loop("jobs.get_job()", "jobs.aget_job()")
     job_id = checked_id(job_id, "job_id")
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         cur.execute(queries.JOB_INFOS, {"ids": [job_id]})
@@ -90,6 +92,7 @@ def list_tagged(tag: str, *, limit: int = 100, unfinished: bool = False, before:
     """The jobs with `tag` (enqueue(tags=...)), newest first, at most `limit`; only those not
     finished yet with `unfinished=True`; with `before=` an id (the last a call listed), only
     the jobs older than it: the next page. Finished jobs are listed until retention deletes them."""
+    warn_if_on_event_loop("jobs.list_tagged()", "jobs.alist_tagged()")
     params = tagged_params(tag, limit, unfinished, before)
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(queries.TAGGED_JOBS, params).fetchall()
@@ -122,6 +125,7 @@ def list_failed(queue: str | None = None, *, name: str | None = None, limit: int
     """The failed jobs (of `queue`, of the function `name`, when given), newest first, at most
     `limit`: what `retry_failed()` and `discard_failed()` take, with each one's error; with
     `before=` an id (the last a call listed), only the jobs older than it: the next page."""
+    warn_if_on_event_loop("jobs.list_failed()", "jobs.alist_failed()")
     params = failed_params(queue, name, limit, before)
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(queries.FAILED_JOBS, params).fetchall()

@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 
+from ...blocking import warn_if_on_event_loop
 from ... import metrics
 from .. import queries
 from ..events.views import iso, workflow_view
@@ -218,6 +219,7 @@ def status(limit: int = DEFAULT_LIMIT) -> Status:
     """The job runtime as the database shows it now: queues, runtimes, and the newest `limit`
     (1 to 1000) task groups and workflow runs in progress, with counts of all of them. Raises
     SchemaBusyError when a schema change holds the tables for more than LOCK_TIMEOUT seconds."""
+    warn_if_on_event_loop("jobs.status()", "jobs.astatus()")
     limit = checked_limit(limit)
     with _lock_bounded():
         return in_tx(lambda: _reads(limit), None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...blocking import warn_if_on_event_loop
 from ...errors import ArgumentValueError
 from ...postgres.text import unstorable
 from ..api.args import encode, stored_whole
@@ -101,6 +102,7 @@ def signal(job_id: int, name: str, data: Any = None, *, conn: Any = None, key: s
     names this signal (send that with jobs.workflows.signal()). `conn=`: in the caller's transaction. `key=`: a send of a key already sent to
     this job sends nothing (a retry after a lost reply) and returns the first one's id. Returns the
     signal's id."""
+    warn_if_on_event_loop("jobs.signal()", "jobs.asignal()")
     job_id, name, text, key = _checked(job_id, name, data, key)
     with stored_whole("data"):
         return in_tx(lambda: _send_steps(job_id, name, text, key), conn)

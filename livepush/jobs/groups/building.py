@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Never
 
+from ...blocking import warn_if_on_event_loop
 from ...postgres.connect import cursor_on, translated, translated_on
 from ...postgres.text import BIGINT_MAX
 from .. import database
@@ -51,11 +52,13 @@ class GroupHandle(StateTopicHandle):
     def add(self, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None, at: datetime | None = None,
             conn: Any = None, key: str | None = None, tags: Sequence[str] | None = None,
             **unknown: Never) -> JobHandle:
+        warn_if_on_event_loop("handle.add()", "handle.aadd()")
         if unknown:  # refused, named as this method's
             job_and_args(fn, args, "add", unknown, ADD_OPTIONS)
         return add_to_group(self.id, fn, *args, wait=wait, at=at, conn=conn, key=key, tags=tags)
 
     def seal(self, conn: Any = None) -> bool:
+        warn_if_on_event_loop("handle.seal()", "handle.aseal()")
         return seal_group(self.id, conn=conn)
 
     async def aadd(self, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None, at: datetime | None = None,
@@ -326,6 +329,7 @@ def create_group(on_finish: JobRequest | None = None, on_success: JobRequest | N
                  shards: int = DEFAULT_SHARDS) -> GroupHandle:
     """Create an open group, to fill with add_to_group() and close with seal_group() (in as many
     transactions as you like). It cannot finish before it is sealed."""
+    warn_if_on_event_loop("jobs.create_group()", "jobs.acreate_group()")
     cbs, n = _callbacks(on_finish, on_success, on_failure), _shards(shards)
     with _callbacks_stored():
         made = in_tx(lambda: _create_steps(cbs, n), conn)
@@ -404,6 +408,7 @@ def add_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wait: Seco
     """Add one member to an open group. Raises GroupClosedError once it is sealed (running members
     can still add through ctx.group.enqueue), GroupLimitError past the member limit. With `key=`
     held by an unfinished job, that job's handle is returned and it is not a member."""
+    warn_if_on_event_loop("jobs.add_to_group()", "jobs.aadd_to_group()")
     group_id = _group_id(group_id)
     batch = _one(group_id, fn, args, wait, at, key, tags, "add_to_group", unknown)
     with batch.stored_whole("add_to_group"):
@@ -412,6 +417,7 @@ def add_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wait: Seco
 
 def add_many_to_group(group_id: int, items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
     """Add many members in one transaction (items as for jobs.enqueue_many)."""
+    warn_if_on_event_loop("jobs.add_many_to_group()", "jobs.aadd_many_to_group()")
     group_id = _group_id(group_id)
     batch = _batch_of(group_id, items, "add_many_to_group")
     with batch.stored_whole("add_many_to_group"):
@@ -447,6 +453,7 @@ def _seal_steps(group_id: int) -> steps.Steps[bool]:
 def seal_group(group_id: int, *, conn: Any = None) -> bool:
     """Seal an open group: no more adds from outside; it finishes (callbacks run) once no member is
     pending, at once if none is. False if it was not open (already sealed, cancelled or finished)."""
+    warn_if_on_event_loop("jobs.seal_group()", "jobs.aseal_group()")
     group_id = _group_id(group_id)
     return in_tx(lambda: _seal_steps(group_id), conn)
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from ...blocking import warn_if_on_event_loop
 from ...tasks import carried_through
 from ..api.handles import checked_id
 from . import queries as gq
@@ -110,6 +111,7 @@ def cancel_group(group_id: int) -> bool:
     answers for an unknown job; add and seal raise GroupNotFound); called again on a cancelled
     group that has not finished, it still cancels what is queued (completing a cancel that failed
     part-way)."""
+    warn_if_on_event_loop("jobs.cancel_group()", "jobs.acancel_group()")
     marked, parked, _ = _cancel_one(checked_id(group_id, "group_id"))
     cancel_children(parked)
     return marked

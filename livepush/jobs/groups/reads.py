@@ -8,6 +8,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
+from ...blocking import warn_if_on_event_loop
 from ...postgres.text import BIGINT_MAX
 from .. import database
 from ..api.handles import checked_cursor, checked_id, page_of
@@ -38,6 +39,7 @@ async def _aread(sql: str, params: dict[str, Any] | None) -> list[dict[str, Any]
 def get_group(group_id: int) -> dict[str, Any] | None:
     """The group as its state topic shows it ({id, state, total, pending, succeeded, failed,
     cancelled}) plus created_at, sealed_at, cancelled_at, finished_at (UTC); None if unknown."""
+    warn_if_on_event_loop("jobs.get_group()", "jobs.aget_group()")
     return _group(_read(gq.GROUP_VIEWS, {"ids": [checked_id(group_id, "group_id")]}))
 
 
@@ -74,6 +76,7 @@ def _check_limit(limit: Any) -> None:
 def group_members(group_id: int, after: int | None = None, limit: int = 100) -> Page:
     """One page of members in id order: (rows, next_cursor). Pass next_cursor as `after` for the
     next page; it is None on the last page (even a full one)."""
+    warn_if_on_event_loop("jobs.group_members()", "jobs.agroup_members()")
     return _page(_read(*_members(group_id, after, limit)), limit, "id", _member_row)
 
 
@@ -84,6 +87,7 @@ async def agroup_members(group_id: int, after: int | None = None, limit: int = 1
 
 def group_history(group_id: int, before: int | None = None, limit: int = 50) -> Page:
     """The group's events, newest first: (rows of {seq, event, data, at}, next_cursor)."""
+    warn_if_on_event_loop("jobs.group_history()", "jobs.agroup_history()")
     return _page(_read(*_history(group_id, before, limit)), limit, "seq", _event_row)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...blocking import warn_if_on_event_loop
 from ...errors import ArgumentTypeError, ArgumentValueError
 from .. import database
 from .. import queries as job_queries
@@ -37,6 +38,7 @@ def _not_found(name: str) -> PeriodicNotFound:
 def forget_periodic(name: str) -> None:
     """Delete the newest tick of periodic job `name`, which no live runtime schedules any more.
     Raises PeriodicStillScheduled when one does, PeriodicNotFound when there is no such tick."""
+    warn_if_on_event_loop("jobs.forget_periodic()", "jobs.aforget_periodic()")
     name = _checked(name)
     with database.connection() as conn:
         live = conn.execute(job_queries.LIVE_RUNTIMES_SCHEDULING, {"name": name}).fetchall()

@@ -14,6 +14,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
+from ...blocking import warn_if_on_event_loop
 from .. import database
 from .. import queries as job_queries
 from ..api.args import encode, stored_whole
@@ -89,24 +90,28 @@ async def _averb(run_id: Any, verb: str, step: str | None, actor: Any, reason: A
 def pause(run_id: int, *, actor: str | None = None, reason: str | None = None) -> bool:
     """Pause a running run: steps running now finish, nothing new starts until resume(). False if it
     was not running."""
+    warn_if_on_event_loop("jobs.workflows.pause()", "jobs.workflows.apause()")
     return _verb(run_id, "pause", None, actor, reason)
 
 
 def resume(run_id: int, *, actor: str | None = None, reason: str | None = None) -> bool:
     """Resume a paused run: ready steps start (a step paused by its batch's failures runs again,
     with only the members of its batch that failed or were cancelled). False if it was not paused."""
+    warn_if_on_event_loop("jobs.workflows.resume()", "jobs.workflows.aresume()")
     return _verb(run_id, "resume", None, actor, reason)
 
 
 def cancel_run(run_id: int, *, actor: str | None = None, reason: str | None = None) -> bool:
     """Cancel a run: its running steps' jobs are cancelled, nothing more starts. False if it had
     finished."""
+    warn_if_on_event_loop("jobs.workflows.cancel()", "jobs.workflows.acancel()")
     return _verb(run_id, "cancel", None, actor, reason)
 
 
 def skip(run_id: int, step: str, *, actor: str | None = None, reason: str | None = None) -> bool:
     """Skip a step that has not finished (its job, if running, is cancelled): what comes after it
     runs as if it had succeeded. False if it had finished."""
+    warn_if_on_event_loop("jobs.workflows.skip()", "jobs.workflows.askip()")
     return _verb(run_id, "skip", check_name(step, "skip()"), actor, reason)
 
 
@@ -244,6 +249,7 @@ def signal(run_id: int, name: str, data: Any = None, *, actor: str | None = None
     """Send signal `name` to the run: the first unfinished step with `wait_for=name` gets it (now,
     or when it starts). Raises ValueError when no step waits for it, WorkflowNotFound for no run.
     `key=`: a send of a key already sent to this run sends nothing (a retry after a lost reply)."""
+    warn_if_on_event_loop("jobs.workflows.signal()", "jobs.workflows.asignal()")
     run_id, name = _run_id(run_id), check_name(name, "signal()")
     text, actor = encode(data, "data", InvalidArgumentsError, "signal data"), _text(actor, "actor")
     key = check_key(key, "jobs.workflows.signal(key=)")
@@ -281,6 +287,7 @@ def get(run_id: int) -> dict[str, Any] | None:
     """A run: id, name, state, key (flow.start(key=), else None), input, output, error, steps (state,
     attempt, group, output, error, job) and its audit trail (verb, step, actor, reason, at), oldest
     first; None for no such run."""
+    warn_if_on_event_loop("jobs.workflows.get()", "jobs.workflows.aget()")
     run_id = checked_id(run_id, "run_id")
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         cur.execute(wq.RUN_SNAPSHOT)
@@ -313,6 +320,7 @@ def list_runs(name: str | None = None, state: str | None = None, *, before: int 
               limit: int = 100, key: str | None = None) -> tuple[list[dict[str, Any]], int | None]:
     """Runs newest first (id, name, state, created_at, finished_at, key), by name, state and the
     key they were started with (flow.start(key=)) if given: (page, cursor for the next page or None)."""
+    warn_if_on_event_loop("jobs.workflows.list()", "jobs.workflows.alist()")
     statement, params = _list_params(name, state, before, limit, key)
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         cur.execute(statement, params, prepare=False)  # planned for its values: see wq.LIST_RUNS
