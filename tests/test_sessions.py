@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import livepush
-from livepush import sessions
+from livepush import blocking, sessions
 from livepush.config import Settings, set_settings
 from livepush.errors import ArgumentTypeError, ArgumentValueError, ConfigError, DependencyError, InvalidSession
 from livepush.sessions import (
@@ -988,3 +988,23 @@ async def test_a_postgres_revocation_that_raises_revoked_nothing(pg_url: str, mo
         assert not await store.is_revoked(s), "async subject"
     finally:
         await close_store(store)
+
+
+async def test_a_sync_revoke_on_a_running_loop_warns_once_a_call_naming_its_async_twin(
+    shared_store: sessions.RevocationStore, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """revoke() and revoke_subject() in an async view (a sign-out) hold the loop for the store's
+    round trip: each warns once, naming `await sessions.arevoke()` or `arevoke_subject()`; through
+    asyncio.to_thread() neither says anything."""
+    monkeypatch.setattr(blocking, "_said", set())  # this process may have warned already
+    caplog.set_level(logging.WARNING, logger="livepush")
+    await asyncio.to_thread(sessions.revoke, sessions.issue("user-8"), store=shared_store)
+    await asyncio.to_thread(sessions.revoke_subject, "user-8", store=shared_store)
+    for _ in range(2):
+        sessions.revoke(sessions.issue("user-9"), store=shared_store)
+        sessions.revoke_subject("user-9", store=shared_store)
+    said = [r.getMessage() for r in caplog.records if "event loop" in r.getMessage()]
+    assert len(said) == 2, said
+    assert "livepush.sessions.revoke()" in said[0] and "await livepush.sessions.arevoke()" in said[0], said
+    assert "await livepush.sessions.arevoke_subject()" in said[1], said
+    assert "test_sessions.py" in said[0], said

@@ -20,6 +20,7 @@ import os
 import threading
 import time
 
+from ..blocking import warn_if_on_event_loop
 from ..config import get_settings
 from ..errors import ArgumentTypeError, ConfigError
 from .revocations import (
@@ -125,6 +126,7 @@ def revoke(token: str | Session, *, store: RevocationStore | None = None) -> Ses
     this process has no shared store or no LIVEPUSH_SECRET, and DependencyError when the store
     cannot be reached, or a lock on its table holds the write past READ_TIMEOUT (nothing was
     revoked then)."""
+    warn_if_on_event_loop("livepush.sessions.revoke()", "livepush.sessions.arevoke()")
     chosen = _shared(store, "revoke")
     session = _session_of(token, "revoke()")
     chosen.add_session(session.id, session.expires_at + CLOCK_ALLOWANCE)
@@ -154,6 +156,7 @@ def _within(cutoff_ms: int) -> bool:
 def revoke_subject(subject: str, *, store: RevocationStore | None = None, now: float | None = None) -> float:
     """Revoke every session of `subject` issued up to now ("sign out everywhere"); sessions
     issued afterwards (once this returns) are unaffected. Returns the cut-off time."""
+    warn_if_on_event_loop("livepush.sessions.revoke_subject()", "livepush.sessions.arevoke_subject()")
     check_subject(subject, "revoke_subject()")  # the caller's mistake first, whatever the store
     chosen = _shared(store, "revoke_subject")
     cutoff_ms = stamp_ms(now)
