@@ -155,6 +155,7 @@ def latest_offset(topic: Topic) -> Offset:
     """The offset of the newest message on `topic`, to embed beside what a page rendered; the
     client subscribes with it as `since` and misses nothing published in between. Read it before
     the page's data: read after, it may count a message the data lacks, which is never sent."""
+    warn_if_on_event_loop("livepush.latest_offset()", "livepush.alatest_offset()")
     return default_fanout().latest_offset(_message_topic(topic, _NO_OFFSET))
 
 

@@ -1,4 +1,4 @@
-"""A sync jobs call made on a running event loop (an async view or endpoint, an async job) works,
+"""A sync call made on a running event loop (an async view or endpoint, an async job) works,
 but the loop waits for its round trip: the first such call of each name logs one WARNING a
 process naming it, where it was made, and its async twin; from a thread it says nothing."""
 
@@ -91,3 +91,15 @@ async def test_each_sync_jobs_call_on_the_loop_warns_once_naming_its_twin(
     assert len(said) == 1, said
     assert call in said[0] and f"await {twin}" in said[0], said
     assert "test_loop_warnings.py" in said[0], said
+
+
+async def test_a_sync_latest_offset_on_the_loop_warns_once_naming_alatest_offset(
+        jobs_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """latest_offset() (read in an async view, before the page's data) is a round trip too."""
+    with caplog.at_level("WARNING", logger="livepush"):
+        await asyncio.to_thread(livepush.latest_offset, "news:loop")
+        for _ in range(2):
+            livepush.latest_offset("news:loop")
+    said = loop_warnings(caplog)
+    assert len(said) == 1, said
+    assert "livepush.latest_offset()" in said[0] and "await livepush.alatest_offset()" in said[0], said
