@@ -270,12 +270,21 @@ async def test_a_local_fan_out_is_a_warning_naming_the_setting(database: bool, p
     assert any("LIVEPUSH_FANOUT" in line and "reaches no" in line for line in said), said
 
 
+def only_the_examples_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process's registry as the example app's process has it: other tests' jobs, defined in
+    this process too, would come first among the names its start says."""
+    registry = Registry()
+    registry.add(tasks.build_report, origin=tasks.build_report.origin)
+    monkeypatch.setattr(jobs, "REGISTRY", registry)
+
+
 async def test_an_app_that_defines_jobs_on_redis_alone_is_refused_at_start(
-        redis_url: str, livepush_env: Callable[..., dict[str, str]]) -> None:
+        redis_url: str, livepush_env: Callable[..., dict[str, str]], monkeypatch: pytest.MonkeyPatch) -> None:
     """Jobs live in Postgres. An app on the Redis fan-out with no database, whose modules define
     jobs (the example's build_report, imported by this file), failed each enqueue with ConfigError
     at the call, request after request; its start fails instead, with one line naming
     LIVEPUSH_DATABASE_URL and a job it defines, and leaves no Redis client open."""
+    only_the_examples_jobs(monkeypatch)
     forget_defaults()
     env = livepush_env(redis_url=redis_url, fanout="redis")
     with pytest.raises(ConfigError, match="LIVEPUSH_DATABASE_URL") as refused:
@@ -308,10 +317,12 @@ async def test_an_app_on_redis_alone_starts_when_its_enqueues_have_a_database_or
 
 
 async def test_an_app_alone_that_defines_jobs_is_warned_at_start(livepush_env: Callable[..., dict[str, str]],
-                                                                  caplog: pytest.LogCaptureFixture) -> None:
+                                                                  caplog: pytest.LogCaptureFixture,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """With the local fan-out and no database the app runs alone on purpose (its own tests), so it
     still starts; one warning says that its jobs (build_report) cannot be enqueued without
     LIVEPUSH_DATABASE_URL, instead of the first enqueue saying it."""
+    only_the_examples_jobs(monkeypatch)
     said = await warned_at_start(livepush_env(fanout="local"), caplog)
     assert any("LIVEPUSH_DATABASE_URL" in line and "build_report" in line and "enqueue" in line
                for line in said), said
