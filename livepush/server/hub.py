@@ -644,12 +644,16 @@ class Hub:
         topic's latest offset. That offset is read before the reset goes out: a refetch (which
         follows the reset) covers everything up to it, and everything after it is live.
 
-        A subscriber that subscribed while that offset was read stands where its own read said (its
-        floor): at or past that offset it missed nothing, so it gets no reset. Floors are kept: each
+        A subscriber whose subscribe began while that offset was read stands where its own read said
+        (its floor), read after the gap was found: at or past that offset it missed nothing, so it
+        gets no reset. One already joining when the gap was found gets the reset, whether its
+        subscribe ends before that offset is read or after (then from its join buffer): its own read
+        may have been answered before a loss of the history, whose offsets' keys sort above the
+        origin the topic has after it, and say nothing across it. Floors are kept: each
         skips what its subscriber was sent already, and goes once live messages pass it; a reset
         subscriber's goes with the reset, which covers what it skipped (and a floor from before a
         loss of the history would hold back the next chain)."""
-        before = set(t.subscribers)
+        before = set(t.subscribers) | set(t.joining)
         latest: Offset | None = None
         try:
             latest = await self.fanout.alatest_offset(t.name)

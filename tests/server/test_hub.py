@@ -16,7 +16,7 @@ import pytest
 
 from livepush.errors import DependencyError
 from livepush.fanout.base import HISTORY_PAGE, FanOut, History
-from livepush.fanout.local import LocalFanOut
+from livepush.fanout.local import LocalFanOut, _new_epoch
 from livepush.server.hub import Hub
 from livepush.types import Message, Receiver
 from tests.support.fanouts import WAIT
@@ -1086,3 +1086,66 @@ async def test_a_replay_whose_read_fails_once_after_it_ran_longer_than_the_retry
     assert fanout.served == -1, "the read never failed: this test shows nothing"
     assert [f["op"] for f in sub.frames] == ["subscribed", *["message"] * 12]
     assert sub.data() == list(range(1, 13))
+
+
+class HeldLatest(YieldingLocal):
+    """Latest-offset reads that each answer from the moment they are asked (a database read
+    answers from its snapshot) but only once the gate queued for them opens: `hold()` queues one
+    for the next read and returns it; `held` counts the reads that are waiting."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gates: list[asyncio.Event] = []
+        self.held = 0
+
+    def hold(self) -> asyncio.Event:
+        gate = asyncio.Event()
+        self.gates.append(gate)
+        return gate
+
+    async def alatest_offset(self, topic: str) -> str:
+        latest = self.latest_offset(topic)
+        if self.gates:
+            gate = self.gates.pop(0)
+            self.held += 1
+            await gate.wait()
+            self.held -= 1
+        return latest
+
+    def lose_history(self) -> None:
+        """What a Postgres crash does to the unlogged log, or a Redis restart without persistence:
+        every topic and the epoch go, and a topic's latest offset is a new epoch's origin, whose key
+        sorts below every offset given out before."""
+        self._logs.clear()
+        self.epoch = _new_epoch()
+
+
+async def test_a_subscriber_whose_subscribe_ends_while_a_history_loss_is_reset_still_gets_its_reset() -> None:
+    """A subscriber whose `subscribed` offset was read before the history was lost, and whose
+    subscribe ends while the hub reads the latest offset to reset the topic's subscribers, gets
+    `reset` as they do: that offset is of the epoch before the loss, and what was published after
+    it is gone. Its key sorts above the new epoch's origin the reset goes on from, which says
+    nothing across a loss (the client would otherwise never learn what it missed)."""
+    fanout, hub = await make(HeldLatest())
+    assert isinstance(fanout, HeldLatest)
+    old, new = Sub(), Sub()
+    await hub.subscribe(old, "t", None, 1)
+    fanout.publish("t", "a")
+    await async_wait_for(lambda: old.data() == ["a"], message="the first message")
+    publish_unheard(fanout, "t", "before its subscribe")  # its `subscribed` stands past the hub's cursor
+    subscribe_read = fanout.hold()
+    joining = asyncio.ensure_future(hub.subscribe(new, "t", None, 2))
+    await async_wait_for(lambda: fanout.held == 1, message="the subscribe's read of the latest offset")
+    publish_unheard(fanout, "t", "lost")  # after its `subscribed`: the loss takes it
+    fanout.lose_history()
+    reset_read = fanout.hold()
+    await hub.resync()  # the listener is back: the read finds the gap and resets the topic
+    await async_wait_for(lambda: fanout.held == 2, message="the reset's read of the latest offset")
+    subscribe_read.set()
+    await asyncio.wait_for(joining, WAIT)  # live, while the reset's read is still under way
+    reset_read.set()
+    await settle()
+    fanout.publish("t", "b")
+    await async_wait_for(lambda: "b" in old.data() and "b" in new.data(), message="the next message")
+    assert [f["op"] for f in old.frames] == ["subscribed", "message", "reset", "message"]
+    assert [f["op"] for f in new.frames] == ["subscribed", "reset", "message"] and new.data() == ["b"]
