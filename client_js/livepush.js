@@ -60,7 +60,7 @@ const SUBPROTOCOL_CHARS = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
 /**
  * How long a ping may go unanswered on top of the heartbeat before the connection is declared
  * dead; also all a waking page gives the server to answer the ping it sends at once (while no
- * subscribe awaits its answer).
+ * subscribe awaits its answer or its replay).
  */
 export const HEARTBEAT_GRACE_MS = 2_000;
 /**
@@ -311,8 +311,10 @@ class Timer {
  * would find a silence the page caused itself and drop a live connection again and again.
  *
  * The server answers a connection's frames in order, so a ping sent while it still decides the
- * client's subscribes (an `authorize` may take seconds each) is answered only after them: while
- * any is awaited (`hooks.busy`), a ping gets the whole heartbeat and grace, never the grace alone.
+ * client's subscribes (an `authorize` may take seconds each), or sends a replay after their
+ * `subscribed` (one waiting out a store restart sends nothing for up to 20 s), is answered only
+ * after them: while any is awaited (`hooks.busy`), a ping gets the whole heartbeat and grace,
+ * never the grace alone.
  */
 class Heartbeat {
   /**
@@ -669,6 +671,12 @@ class Registry {
     this._byTopic = new Map();
     /** @type {Map<string, Subscription>} refs of this connection only */
     this._pending = new Map();
+    /**
+     * Refs of subscribes sent with a `since`, not refused: after `subscribed` the server sends
+     * their replay (or snapshot), and answers a ping sent meanwhile only once it is done.
+     * @type {Set<string>}
+     */
+    this._replaying = new Set();
   }
 
   /** @param {Subscription} sub */
@@ -711,19 +719,23 @@ class Registry {
   /**
    * @param {string} ref
    * @param {Subscription} sub
+   * @param {string | null} since the offset the subscribe asks to resume from
    */
-  expect(ref, sub) {
+  expect(ref, sub, since) {
     this._pending.set(ref, sub);
+    if (since !== null && since !== undefined) this._replaying.add(ref);
   }
 
   /**
    * @param {unknown} ref
+   * @param {boolean} [refused] a refusal: no replay follows it
    * @returns {Subscription | undefined}
    */
-  answer(ref) {
+  answer(ref, refused = false) {
     const key = String(ref);
     const sub = this._pending.get(key);
     this._pending.delete(key);
+    if (refused) this._replaying.delete(key);
     return sub;
   }
 
@@ -731,7 +743,7 @@ class Registry {
    * The pong of the ping sent with `ref` came. The server answers a connection's frames in order,
    * so a subscribe sent before that ping and still unanswered never will be: the server could
    * not read it and said so in an `error`, which has no ref. It stops counting as awaited, or
-   * every later wake-up ping would wait the whole heartbeat for it.
+   * every later wake-up ping would wait the whole heartbeat for it. Their replays are done too.
    * @param {unknown} ref
    */
   answeredBefore(ref) {
@@ -739,20 +751,26 @@ class Registry {
     if (!Number.isFinite(upTo)) return;
     // Refs increase and are expected in the order they are sent: the first one not below the
     // ping's went out after it.
-    for (const key of this._pending.keys()) {
-      if (Number(key) >= upTo) break;
-      this._pending.delete(key);
+    for (const refs of [this._pending, this._replaying]) {
+      for (const key of refs.keys()) {
+        if (Number(key) >= upTo) break;
+        refs.delete(key);
+      }
     }
   }
 
-  /** Whether a subscribe of this connection still awaits its answer. */
+  /**
+   * Whether a subscribe of this connection still awaits its answer, or its replay may still be
+   * under way: no frame says a replay ended, only the pong of a ping sent after its subscribe.
+   */
   get awaiting() {
-    return this._pending.size > 0;
+    return this._pending.size > 0 || this._replaying.size > 0;
   }
 
   /** A new connection: answers to the old one's refs will never come. */
   forgetRefs() {
     this._pending.clear();
+    this._replaying.clear();
   }
 
   /**
@@ -1091,7 +1109,7 @@ export class LivePush {
         return sub._subscribed(frame);
       }
       case 'refused': {
-        const sub = this._registry.answer(frame.ref);
+        const sub = this._registry.answer(frame.ref, true);
         if (!sub || sub.state !== 'pending') return;
         const reason = String(frame.reason ?? 'refused');
         if (TRANSIENT_REFUSALS.has(reason)) return this._retrySubscribe(sub);
@@ -1161,7 +1179,7 @@ export class LivePush {
       if (sub.state !== 'pending') continue; // unsubscribed while it waited
       this._subscribeTokens -= 1;
       const ref = this._nextRef();
-      this._registry.expect(ref, sub);
+      this._registry.expect(ref, sub, sub.offset);
       // Its offset is where the subscription stood when it was queued: a pending one takes no
       // message, so the replay this asks for is all it gets of what came after.
       this._send({ op: 'subscribe', topic: sub.topic, since: sub.offset, ref });

@@ -334,6 +334,18 @@ test('waking up keeps a connection that answers the ping', () => {
   h.lp.close();
 });
 
+/**
+ * With nothing awaited, a wake-up ping gets the grace alone: a silent socket is replaced then.
+ * @param {ReturnType<typeof harness>} h
+ * @param {string} [why]
+ */
+function wakingUpGivesTheGraceAlone(h, why) {
+  h.document.dispatch('visibilitychange');
+  h.clock.advance(HEARTBEAT_GRACE_MS);
+  assert.equal(h.lp.status, 'reconnecting', why);
+  h.lp.close();
+}
+
 test('a tab switch while the server decides its subscribes keeps the connection: their answers come first', () => {
   // The server answers a connection's frames in order: a ping sent behind a subscribe whose
   // authorize() takes seconds is answered after it. The grace alone would drop a live socket,
@@ -358,10 +370,43 @@ test('a tab switch while the server decides its subscribes keeps the connection:
   assert.equal(h.sockets.length, 1);
 
   // With nothing awaited, waking up gives the grace alone again.
-  h.document.dispatch('visibilitychange');
-  h.clock.advance(HEARTBEAT_GRACE_MS);
-  assert.equal(h.lp.status, 'reconnecting');
-  h.lp.close();
+  wakingUpGivesTheGraceAlone(h);
+});
+
+test('a tab switch while the server sends a replay keeps the connection: the pong comes after the replay', () => {
+  // After `subscribed`, a subscribe with `since` goes on with its replay, and the server answers
+  // a ping sent meanwhile only after it. A replay whose read waits on the store (a restart, which
+  // the server waits out for up to 20 s) sends nothing meanwhile: the grace alone dropped the
+  // socket, and every reconnect resubscribed and met the same wait again.
+  const h = harness();
+  h.lp.subscribe('room:7', () => {}, { since: '1700000000000000-3' });
+  const ws = h.last();
+  ws.hello({ heartbeat: 25 });
+  const [sub] = ws.frames('subscribe');
+  ws.receive({ op: 'subscribed', ref: sub.ref, topic: 'room:7', offset: '1700000000000000-9' });
+  ws.receive({ op: 'message', topic: 'room:7', offset: '1700000000000000-4', data: { n: 4 } });
+  h.clock.advance(1_000);
+  h.document.dispatch('visibilitychange'); // the replay's next read waits on the store
+  h.clock.advance(HEARTBEAT_GRACE_MS + 15_000);
+  assert.equal(h.lp.status, 'open', 'a socket the server is busy replaying on was declared dead');
+  ws.receive({ op: 'message', topic: 'room:7', offset: '1700000000000000-5', data: { n: 5 } });
+  ws.receive({ op: 'pong', ref: ws.frames('ping').at(-1).ref });
+  assert.equal(h.sockets.length, 1);
+
+  // The pong said the replay is done: waking up gives the grace alone again.
+  wakingUpGivesTheGraceAlone(h);
+});
+
+test('a subscribe from now or a refused one has no replay to wait for: waking up gives the grace alone', () => {
+  const h = harness();
+  h.lp.subscribe('room:7', () => {});
+  h.lp.subscribe('room:8', () => {}, { since: '1700000000000000-3' });
+  const ws = h.last();
+  ws.hello({ heartbeat: 25 });
+  const [now, since] = ws.frames('subscribe');
+  ws.receive({ op: 'subscribed', ref: now.ref, topic: 'room:7', offset: '1700000000000000-9' });
+  ws.receive({ op: 'refused', ref: since.ref, reason: 'forbidden' });
+  wakingUpGivesTheGraceAlone(h);
 });
 
 test('a subscribe the server answered with a ref-less error stops counting as awaited once a later ping is answered', () => {
@@ -383,10 +428,7 @@ test('a subscribe the server answered with a ref-less error stops counting as aw
   assert.equal(h.lp.status, 'open', 'the subscribe sent after the ping no longer counted as awaited');
   ws.receive({ op: 'subscribed', ref: ws.frames('subscribe').at(-1).ref, topic: 'team:8', offset: null });
   ws.receive({ op: 'pong', ref: ws.frames('ping').at(-1).ref });
-  h.document.dispatch('visibilitychange');
-  h.clock.advance(HEARTBEAT_GRACE_MS);
-  assert.equal(h.lp.status, 'reconnecting', 'the wake-up ping waited for an answer that never comes');
-  h.lp.close();
+  wakingUpGivesTheGraceAlone(h, 'the wake-up ping waited for an answer that never comes');
 });
 
 test('a socket that dies while its subscribes wait for answers is still replaced, within heartbeat and grace', () => {
