@@ -706,6 +706,40 @@ async def test_a_replay_whose_next_page_read_is_killed_goes_on_from_where_the_cl
         await client.close()
 
 
+async def test_a_ping_sent_while_a_replay_waits_on_the_store_is_answered_after_that_replay(
+        pg_served: Served, pg_url: str, pg_admin_url: str) -> None:
+    """A connection's frames are answered in order (docs/reference.md §5): a ping sent after a
+    subscribe's `subscribed`, while the replay's next page read waits behind a lock (as behind a
+    store restart), gets its pong only after every message of that replay. Clients' liveness
+    checks rely on it: the JS client gives such a ping the whole heartbeat, not the grace."""
+    topic = "room:ping-behind-replay"
+    client, sent = await waiting_inside_a_replay(pg_served, topic)
+    locker = await psycopg.AsyncConnection.connect(pg_url)
+    got: list[str] = []
+
+    async def until_pong() -> None:
+        while (frame := await client.recv(timeout=30))["op"] == "message":
+            got.append(frame["offset"])
+        assert frame == {"op": "pong", "ref": "wake"}, frame
+
+    try:
+        await locker.execute("LOCK TABLE livepush_messages IN ACCESS EXCLUSIVE MODE")
+        await client.send({"op": "ping", "ref": "wake"})
+        client.ws.transport.resume_reading()
+        read = asyncio.ensure_future(until_pong())
+        dbname, locker_pid = services.dbname_of(pg_url), locker.info.backend_pid
+        await async_wait_for(
+            lambda: asyncio.to_thread(backends_waiting_for_a_lock, pg_admin_url, dbname, but=locker_pid), 10,
+            message="the replay's next page read to wait behind the lock")
+        assert not read.done() and len(got) < len(sent), "the pong waits, and the replay stopped at its read"
+        await locker.rollback()
+        await asyncio.wait_for(read, 30)
+        assert got == sent, "the whole replay, then the pong"
+    finally:
+        await locker.close()
+        await client.close()
+
+
 # A publisher process: `rounds` transactions on one topic, each publishing one to three messages
 # with conn= and holding its transaction a moment, then committing, or rolling back one in four.
 # Prints the offset and data of each message that committed.
