@@ -388,6 +388,11 @@ class Hub:
                 try:
                     if page is None:
                         page = await self.fanout.history(t.name, last)
+                        if counted:
+                            # The store answers again: this replay is no longer failing, though it
+                            # may run long yet (a slow client), and a next outage is said anew.
+                            counted = False
+                            self._read_on_recovered()
                         if page is None:  # pruned meanwhile: the client refetches
                             return await self._reset_joiner(sub, t, buffer)
                     return await self._replay(sub, t, last, page, buffer)
@@ -412,9 +417,14 @@ class Hub:
                         return offset_key(buffer.stands if buffer.stands is not None else since)
         finally:
             if counted:
-                self._read_ons_failing -= 1
-                if not self._read_ons_failing:
-                    self._read_on_gave_up = False  # the outage is over: the next one is said again
+                self._read_on_recovered()
+
+    def _read_on_recovered(self) -> None:
+        """A replay or read-on counted among the failing ones (`_read_ons_failing`) read again, or
+        ended (done, given up, or its client gone)."""
+        self._read_ons_failing -= 1
+        if not self._read_ons_failing:
+            self._read_on_gave_up = False  # the outage is over: the next one is said again
 
     def _say_read_on_gave_up(self, what: str, exc: Exception, buffer: _Waiting) -> None:
         """The line of a replay or read-on that gives up on a store down past READ_ON_RETRY_SECONDS:

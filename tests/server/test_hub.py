@@ -1149,3 +1149,63 @@ async def test_a_subscriber_whose_subscribe_ends_while_a_history_loss_is_reset_s
     await async_wait_for(lambda: "b" in old.data() and "b" in new.data(), message="the next message")
     assert [f["op"] for f in old.frames] == ["subscribed", "message", "reset", "message"]
     assert [f["op"] for f in new.frames] == ["subscribed", "reset", "message"] and new.data() == ["b"]
+
+
+class StoreAway(YieldingLocal):
+    """History in pages of 5 messages; a read of a topic in `down` raises, as while the store
+    restarts, and is counted per topic."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down: set[str] = set()
+        self.failed: dict[str, int] = {}
+
+    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE) -> History | None:
+        await asyncio.sleep(0)
+        if topic in self.down:
+            self.failed[topic] = self.failed.get(topic, 0) + 1
+            raise DependencyError("cannot reach Postgres (the database system is starting up)")
+        return await YieldingLocal.history(self, topic, since, limit=5)
+
+
+async def test_a_second_outage_warns_while_a_replay_that_waited_out_the_first_still_runs(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A replay that waited out one outage and goes on (its client reading a long backlog slowly)
+    is no longer failing: a second outage meanwhile, which fails another client's replay, is said
+    with a warning as the first was, not only in debug lines."""
+    from livepush.server import hub as hub_module
+    monkeypatch.setattr(hub_module, "READ_RETRY_SECONDS", 0.01)
+    fanout = StoreAway()
+    since = {topic: fanout.publish(topic, 0) for topic in ("a", "b")}
+    for n in range(1, 16):
+        fanout.publish("a", n)
+        fanout.publish("b", n)
+    hub = Hub(fanout, fan)
+    a, b = SlowReader(), SlowReader()
+    subscribes = []
+    try:
+        with caplog.at_level("DEBUG", logger="livepush.hub"):
+            subscribes.append(asyncio.ensure_future(hub.subscribe(a, "a", since["a"], 1)))
+            await async_wait_for(lambda: len(a.frames) == 6, message="a's first page")
+            fanout.down.add("a")  # the first outage
+            a.reading.set()
+            await async_wait_for(lambda: fanout.failed.get("a"), message="a's read failing")
+            a.reading.clear()  # a's client is slow: its replay waits for it after its next page
+            fanout.down.clear()
+            await async_wait_for(lambda: len(a.frames) == 11, message="a's second page, after the outage")
+
+            subscribes.append(asyncio.ensure_future(hub.subscribe(b, "b", since["b"], 1)))
+            await async_wait_for(lambda: len(b.frames) == 6, message="b's first page")
+            fanout.down.add("b")  # the second outage, while a's replay still runs
+            b.reading.set()
+            await async_wait_for(lambda: fanout.failed.get("b"), message="b's read failing")
+            fanout.down.clear()
+            a.reading.set()
+            await asyncio.wait_for(asyncio.gather(*subscribes), 10)
+    finally:
+        for subscribe in subscribes:
+            subscribe.cancel()
+        await hub.aclose()
+    assert a.data() == list(range(1, 16)) and b.data() == list(range(1, 16))
+    warnings = [r.getMessage() for r in caplog.records if r.name == "livepush.hub" and r.levelname == "WARNING"]
+    assert [w.split(" (")[0] for w in warnings] == ["could not read the replay of a", "could not read the replay of b"]
