@@ -103,3 +103,19 @@ async def test_a_sync_latest_offset_on_the_loop_warns_once_naming_alatest_offset
     said = loop_warnings(caplog)
     assert len(said) == 1, said
     assert "livepush.latest_offset()" in said[0] and "await livepush.alatest_offset()" in said[0], said
+
+
+async def test_a_sync_workflow_start_on_the_loop_warns_once_naming_astart(
+        jobs_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A workflow's start() (in an async view, as a job's enqueue() is) enqueues its first steps in
+    a round trip to Postgres, and has astart() as its twin."""
+    from tests.jobs import workflow_defs
+
+    with caplog.at_level("WARNING", logger="livepush"):
+        await asyncio.to_thread(workflow_defs.diamond.start, {"n": 1})
+        for _ in range(2):
+            workflow_defs.diamond.start({"n": 1})
+    said = loop_warnings(caplog)
+    assert len(said) == 1, said
+    assert "t_diamond.start()" in said[0] and "await t_diamond.astart()" in said[0], said
+    assert "test_loop_warnings.py" in said[0], said

@@ -22,6 +22,7 @@ from ..api.options import check_queue
 from ..api.registry import REGISTRY, place_of, where_defined
 from ..durable.run import MAX_SECONDS, check_name
 from ..errors import ConfigError, WorkflowDefinitionError
+from ...blocking import due, say
 from ...types import as_seconds
 from ...usercode import cannot_take
 
@@ -265,6 +266,8 @@ class Workflow:
         enqueued in this transaction (the caller's with `conn=`). Returns a WorkflowHandle.
         `key=`: while a run of this workflow started with the key is unfinished, a start with it
         writes nothing and returns that run's handle (a retry after a lost reply starts no second run)."""
+        if due("workflow.start()"):  # one warning for every workflow's start(), naming the first
+            say("workflow.start()", f"{self.name}.astart()", 2, f"{self.name}.start()")  # 2: the caller
         return self.engine.start(self, input, conn, key)
 
     async def astart(self, input: Any = None, *, conn: Any = None, key: str | None = None) -> Any:
