@@ -932,15 +932,18 @@ class Hub:
                             await asyncio.wait_for(self._keep_woken.wait(), max(due - loop.time(), 0))
                     # Topics watched in a burst of subscribes are kept together.
                     await asyncio.sleep(max(min(KEEP_NEW_SECONDS, due - loop.time()), 0))
-                watched = [t.name for t in self._topics.values() if t.source is None and t.cursor is not None]
-                if not watched:
-                    self._keep_new.clear()
-                    return
                 every_one = bool(failures) or loop.time() >= due
-                names = watched if every_one else [n for n in watched if n in self._keep_new]
+                # Between the passes over every topic only the new ones are looked at: a burst of
+                # subscribes costs what it brings, not a walk of every topic watched.
+                names = [name for name in (self._topics if every_one else self._keep_new)
+                         if (t := self._topics.get(name)) is not None and t.source is None and t.cursor is not None]
                 self._keep_new.clear()
                 if every_one:
                     due = loop.time() + every
+                    if not names:
+                        return  # nobody watches a message topic: the next one watched starts it again
+                if not names:
+                    continue  # the new topics went within the second
                 try:
                     await self.fanout.keep_chains(names)
                 except Exception as exc:
