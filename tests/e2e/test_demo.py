@@ -425,21 +425,37 @@ async def test_an_import_cancelled_on_the_demo_page_stops_and_shows_cancelled(pa
     assert refused == [409, 405, 403, 400, 404, 404], refused
 
 
-async def test_a_double_clicks_second_click_after_the_answer_starts_nothing(page: Page, demo: Demo) -> None:
-    """A demo on the same machine can answer a Start before a double-click's second click comes,
-    when the button is usable again: that click (its `detail` is 2) starts nothing either."""
+# Each section's Start: its rows field, its button, the line that says what it follows, and how
+# that line begins once it follows what the button started.
+START_BUTTONS = [("#n", "#start", "#started", "import "),
+                 ("#durable-n", "#durable-start", "#durable-started", "job "),
+                 ("#workflow-n", "#workflow-start", "#workflow-started", "run ")]
+
+
+def start_requests(page: Page, demo: Demo) -> list[str]:
+    """The Start requests the page sends from now on, as paths ("demo/start"), filled as they go."""
     starts: list[str] = []
     page.on("request", lambda request: starts.append(request.url.split("?")[0].removeprefix(demo.url))
             if request.method == "POST" and request.url.split("?")[0].endswith("/start") else None)
+    return starts
+
+
+async def followed_and_usable(page: Page, note: str, shown: str, button: str) -> None:
+    """Wait until the section follows what its button started and the button is usable again."""
+    await page.wait_for_function(
+        "([note, shown, button]) => document.querySelector(note).textContent.startsWith(shown)"
+        " && !document.querySelector(button).disabled", arg=[note, shown, button])
+
+
+async def test_a_double_clicks_second_click_after_the_answer_starts_nothing(page: Page, demo: Demo) -> None:
+    """A demo on the same machine can answer a Start before a double-click's second click comes,
+    when the button is usable again: that click (its `detail` is 2) starts nothing either."""
+    starts = start_requests(page, demo)
     await open_demo(page, demo)
-    for field, button, note, shown in [("#n", "#start", "#started", "import "),
-                                       ("#durable-n", "#durable-start", "#durable-started", "job "),
-                                       ("#workflow-n", "#workflow-start", "#workflow-started", "run ")]:
+    for field, button, note, shown in START_BUTTONS:
         await page.fill(field, "1")
         await page.click(button)
-        await page.wait_for_function(
-            "([note, shown, button]) => document.querySelector(note).textContent.startsWith(shown)"
-            " && !document.querySelector(button).disabled", arg=[note, shown, button])
+        await followed_and_usable(page, note, shown, button)
         # The second click of the double-click, come after the answer, as Chromium sends it: a
         # click that starts something disables its button before it returns, so this one did not.
         disabled = await page.eval_on_selector(
@@ -452,19 +468,13 @@ async def test_a_double_click_on_a_start_button_starts_one_import(page: Page, de
     """Each Start button double-clicked sends one request and starts one import, the one the
     page follows: a second would run unseen (a durable import or a workflow run then waiting an
     hour for an Approve the page never shows)."""
-    starts: list[str] = []
-    page.on("request", lambda request: starts.append(request.url.split("?")[0].removeprefix(demo.url))
-            if request.method == "POST" and request.url.split("?")[0].endswith("/start") else None)
+    starts = start_requests(page, demo)
     await open_demo(page, demo)
-    for field, button, note, shown in [("#n", "#start", "#started", "import "),
-                                       ("#durable-n", "#durable-start", "#durable-started", "job "),
-                                       ("#workflow-n", "#workflow-start", "#workflow-started", "run ")]:
+    for field, button, note, shown in START_BUTTONS:
         await page.fill(field, "1")
         await page.dblclick(button)
         # Followed, and the button usable again: its clicks have done all they do.
-        await page.wait_for_function(
-            "([note, shown, button]) => document.querySelector(note).textContent.startsWith(shown)"
-            " && !document.querySelector(button).disabled", arg=[note, shown, button])
+        await followed_and_usable(page, note, shown, button)
     assert starts == ["demo/start", "demo/durable/start", "demo/workflow/start"], starts
     imports = await query(demo.database_url, "SELECT count(*) FROM livepush_groups WHERE on_finish->>'name' = %s",
                           (FINISH_CALLBACK,))
