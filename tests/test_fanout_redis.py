@@ -987,6 +987,23 @@ async def test_a_publish_to_a_redis_that_never_answers_fails_within_the_call_tim
         await fanout.release_loop()
 
 
+async def test_a_history_read_given_a_timeout_fails_within_it_not_the_call_timeout(make_redis: MakeRedis) -> None:
+    """history(timeout=) on a Redis that takes the connection and never answers raises
+    DependencyError within that timeout, not CALL_TIMEOUT (nor a wait for a pool connection and a
+    connect before it): the hub's replay retries keep their bound (docs/reference.md §5)."""
+    async with silent_redis() as url:
+        fanout = await make_redis(url=url, listen=False)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        with pytest.raises(livepush.DependencyError) as raised:
+            await asyncio.wait_for(fanout.history("silent:a", "0-1", timeout=0.5), CALL_TIMEOUT + 10)
+        took = loop.time() - began
+        assert took < CALL_TIMEOUT / 2, took
+        said = str(raised.value)
+        assert "no answer within 0.5 s" in said and "check LIVEPUSH_REDIS_URL and that Redis is running" in said, said
+        await fanout.release_loop()
+
+
 async def test_a_read_from_a_redis_that_never_answers_says_to_check_the_url_not_a_publishs_advice(
         make_redis: MakeRedis, monkeypatch: pytest.MonkeyPatch) -> None:
     """latest_offset(), alatest_offset() and history() on a Redis that takes the connection and

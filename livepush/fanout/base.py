@@ -234,7 +234,12 @@ class FanOut(abc.ABC):
 
     # -- history ----------------------------------------------------------------------
     @abc.abstractmethod
-    async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE) -> History | None: ...
+    async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE,
+                      timeout: float | None = None) -> History | None:
+        """The page of `topic` after `since` (None: history cannot serve it). `timeout`: seconds the
+        read may wait for the store (a pool's connection, a call's answer) before it raises
+        DependencyError, so that a caller with a deadline (the hub's replay retries) keeps it
+        whatever the store's own waits are; None leaves those. A fan-out that never waits ignores it."""
 
     async def histories(self, reads: Mapping[Topic, Offset]) -> dict[Topic, History | None]:
         """A page after each topic's offset, as `history()` reads it, READ_AT_ONCE topics at a

@@ -162,7 +162,8 @@ class LocalFanOut(FanOut):
     async def apublish(self, topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
         return self.publish(topic, data, conn=conn)
 
-    async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE) -> History | None:
+    async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE,
+                      timeout: float | None = None) -> History | None:
         with self._lock:
             origin = self._origin()
             good_origin = self._good_origin(since)

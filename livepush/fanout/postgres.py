@@ -517,8 +517,9 @@ class PostgresFanOut(FanOut):
             self._heard.deliver(message)
 
     # -- history ----------------------------------------------------------------------
-    async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE) -> History | None:
-        return (await self._read({topic: since}, limit))[topic]
+    async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE,
+                      timeout: float | None = None) -> History | None:
+        return (await self._read({topic: since}, limit, timeout))[topic]
 
     async def histories(self, reads: Mapping[Topic, Offset]) -> dict[Topic, History | None]:
         found: dict[Topic, History | None] = {}
@@ -532,7 +533,8 @@ class PostgresFanOut(FanOut):
             found.update(await self._read(batch, HISTORY_PAGE))
         return found
 
-    async def _read(self, reads: Mapping[Topic, Offset], limit: int) -> dict[Topic, History | None]:
+    async def _read(self, reads: Mapping[Topic, Offset], limit: int,
+                    timeout: float | None = None) -> dict[Topic, History | None]:
         found: dict[Topic, History | None] = {}
         asked: list[tuple[Topic, int, int]] = []
         for topic, since in reads.items():
@@ -548,7 +550,10 @@ class PostgresFanOut(FanOut):
                   "limit": limit,
                   "bytes": max(HISTORY_PAGE_BYTES // len(asked), MIN_PAGE_BYTES), "read_bytes": READ_BYTES}
         with translated(self.url):
-            async with (await self._pools.aget()).connection() as c:
+            # `timeout` caps the wait for a connection, psycopg_pool's 30 s otherwise: while Postgres
+            # restarts that wait is all a read does. A statement sent is not cut short: cancelling
+            # one waits for the server's answer to the cancel, and a restart fails it at once.
+            async with (await self._pools.aget()).connection(timeout=timeout) as c:
                 rows = await (await c.execute(HISTORIES, params)).fetchall()
         by_pair: dict[int, list[tuple[Any, ...]]] = {}
         for row in rows:

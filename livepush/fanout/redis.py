@@ -51,6 +51,7 @@ their reads of origins count on.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -62,6 +63,7 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..channels import ListenerSlot
 from ..redis.client import (LoopClients, answered_at_start, async_client, deployment_prefix, failed, listener_name,
@@ -549,7 +551,8 @@ class RedisFanOut(FanOut):
             wrong = await self._wrong_key(exc, keys)
             raise self._failed(exc, f"reading the latest offset of {topic!r}", wrong, reads=True) from exc
 
-    async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE) -> History | None:
+    async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE,
+                      timeout: float | None = None) -> History | None:
         if not isinstance(since, str) or not _is_stream_id(since) or since == LAST_ID:
             # Not an offset this fan-out ever gave out. The last id is one too: XADD * never
             # reaches it, and Redis refuses a range that starts after it.
@@ -557,8 +560,19 @@ class RedisFanOut(FanOut):
         key = self.key_prefix + topic
         side = self._loops.get()
         try:
-            (now_s, now_us), page, latest_id, current, previous = await side.history(
-                keys=[key, *self._origin_keys], args=[since, limit, HISTORY_PAGE_BYTES, self._idle_ms])
+            # `timeout` bounds the whole call: the wait for one of the pool's connections (up to
+            # POOL_WAIT_SECONDS), a connect, and CALL_TIMEOUT for the answer could add up past it.
+            # The script only reads (and makes an origin that is missing), so cutting it short is safe.
+            bound = asyncio.timeout(timeout)
+            try:
+                async with bound:
+                    (now_s, now_us), page, latest_id, current, previous = await side.history(
+                        keys=[key, *self._origin_keys], args=[since, limit, HISTORY_PAGE_BYTES, self._idle_ms])
+            except TimeoutError:
+                if not bound.expired():
+                    raise  # not ours: said below as any other failure
+                raise failed(self.url, RedisTimeoutError(f"no answer within {timeout:g} s"),
+                             f"reading the history of {topic!r}", reads=True) from None
             latest = text(latest_id)
             # An origin held past the idle time may have seen the topic published and forgotten
             # since: only the two newest origins, while younger than that, are still good.

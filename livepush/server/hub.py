@@ -78,7 +78,11 @@ READ_RETRY_SECONDS = 0.5
 # goes on trying a read that Postgres or Redis failed, every READ_RETRY_SECONDS, before its client
 # gets `reset`: a restart or a blip is no gap, and this is as long as a client may be missing a
 # frame before it is closed as too slow (server/connection.py); its live messages meanwhile wait
-# in its bounded join buffer.
+# in its bounded join buffer. It counts from when the first failing read began, and each read
+# waits for the store only what is left of it (at least READ_RETRY_SECONDS, the last try's
+# chance): the give-up comes within READ_ON_RETRY_SECONDS + READ_RETRY_SECONDS of that read's
+# start whatever the pool does, the silence a client's liveness check allows for
+# (docs/protocol.md, "Connecting").
 READ_ON_RETRY_SECONDS = 20.0
 # Tries of a batch's read, failing while the fan-out still hears (so the store answers), before
 # the batch is split apart: a read that fails the same way every time (the store refuses one
@@ -166,6 +170,36 @@ class _Waiting:
             self.frames, self.bytes, self.whole = [], 0, False
         self.frames.append((key, frame))
         self.bytes += len(frame)
+
+
+class _Retries:
+    """The retry bound of one replay or read-on (`Hub._replay_retrying`): when its read under way
+    began, and, once reads fail where the client stands, where and until when they may go on
+    failing. Counted from the start of the first failing read, not its failure: a read may wait
+    for the store (a pool's connection) long before it fails."""
+
+    __slots__ = ("began", "give_up", "failed_at")
+
+    def __init__(self) -> None:
+        self.began = 0.0
+        self.give_up = 0.0
+        self.failed_at: Offset | None = None  # where the client stood at the run's first failure
+
+    def timeout(self, stands: Offset, now: float) -> float:
+        """How long a read beginning `now` where the client stands at `stands` may wait for the
+        store: the bound left of the failing run it continues, or the whole bound for a read that
+        may be a run's first; never less than READ_RETRY_SECONDS, the last try's chance."""
+        self.began = now
+        left = self.give_up - now if self.failed_at == stands else READ_ON_RETRY_SECONDS
+        return max(left, READ_RETRY_SECONDS)
+
+    def failed(self, stands: Offset) -> bool:
+        """A read where the client stands at `stands` failed; whether it is the first of its run
+        (the first failure, or the first since the read got further)."""
+        if self.failed_at == stands:
+            return False
+        self.give_up, self.failed_at = self.began + READ_ON_RETRY_SECONDS, stands
+        return True
 
 
 @dataclass(eq=False)
@@ -377,9 +411,9 @@ class Hub:
         READ_ON_RETRY_SECONDS; past that the client gets `reset` (`_reset_joiner`). Any other
         failure is the caller's to answer. `what` names the read in the log."""
         loop = asyncio.get_running_loop()
-        # The bound runs from the first failure where the client stands: a read-on that reads a
-        # long backlog for a slow client may have run past it before the store fails once.
-        give_up, failed_at, failures = 0.0, None, 0
+        # The bound runs from the first failing read where the client stands: a read-on that reads
+        # a long backlog for a slow client may have run past it before the store fails once.
+        retries, failures = _Retries(), 0
         counted = False  # among the reads failing now (`_read_ons_failing`)
         try:
             while True:
@@ -387,7 +421,7 @@ class Hub:
                 last = buffer.stands if buffer.stands is not None else since
                 try:
                     if page is None:
-                        page = await self.fanout.history(t.name, last)
+                        page = await self.fanout.history(t.name, last, timeout=retries.timeout(last, loop.time()))
                         if counted:
                             # The store answers again: this replay is no longer failing, though it
                             # may run long yet (a slow client), and a next outage is said anew.
@@ -395,24 +429,24 @@ class Hub:
                             self._read_on_recovered()
                         if page is None:  # pruned meanwhile: the client refetches
                             return await self._reset_joiner(sub, t, buffer)
-                    return await self._replay(sub, t, last, page, buffer)
+                    return await self._replay(sub, t, last, page, buffer, retries)
                 except DependencyError as exc:
                     page = None
-                    stands = buffer.stands if buffer.stands is not None else since
-                    if failed_at != stands:  # the first failure, or the first since the read got further
-                        give_up, failed_at, failures = loop.time() + READ_ON_RETRY_SECONDS, stands, 0
+                    if retries.failed(buffer.stands if buffer.stands is not None else since):
+                        failures = 0
                     failures += 1
                     if not counted:
                         counted = True
                         self._read_ons_failing += 1
-                    if loop.time() >= give_up:
+                    if loop.time() >= retries.give_up:
                         self._say_read_on_gave_up(what, exc, buffer)
                         return await self._reset_joiner(sub, t, buffer, latest=False)
                     # One outage fails every client's read at once: said once, not once a client.
                     said = failures == 1 and self._read_ons_failing == 1
                     (log.warning if said else log.debug)(
                         "could not %s (%s); reading again every %g s", what, exc, READ_RETRY_SECONDS)
-                    await asyncio.sleep(READ_RETRY_SECONDS)
+                    # The last try comes by the bound at the latest, so the give-up comes in time.
+                    await asyncio.sleep(min(READ_RETRY_SECONDS, retries.give_up - loop.time()))
                     if self._left(t, sub, buffer):
                         return offset_key(buffer.stands if buffer.stands is not None else since)
         finally:
@@ -998,10 +1032,12 @@ class Hub:
         except Exception as exc:
             raise Interrupted(f"the replay of {topic} failed after its subscribed: {exc}") from exc
 
-    async def _replay(self, sub: Subscriber, t: _Topic, since: Offset, page: History, buffer: _Waiting) -> Key:
+    async def _replay(self, sub: Subscriber, t: _Topic, since: Offset, page: History, buffer: _Waiting,
+                      retries: _Retries) -> Key:
         """Send the messages of `page` and the pages after it, waiting for the client between
         them; return the key of the last offset sent. An unsubscribe while a page was read, or
-        while the client read, ends it: the client wants no more."""
+        while the client read, ends it: the client wants no more. Each read waits for the store
+        as long as `retries` allows."""
         topic = t.name
         last = since
         unread = 0
@@ -1034,7 +1070,8 @@ class Hub:
             unread = 0
             if self._left(t, sub, buffer):
                 return offset_key(last)
-            next_page = await self.fanout.history(topic, last)
+            next_page = await self.fanout.history(topic, last,
+                                                  timeout=retries.timeout(last, asyncio.get_running_loop().time()))
             if next_page is None:  # pruned while we read: the client refetches
                 return await self._reset_joiner(sub, t, buffer)
             page = next_page

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from livepush import metrics
-from livepush.fanout.base import IDLE_EXPIRE, FanOut
+from livepush.fanout.base import HISTORY_PAGE, IDLE_EXPIRE, FanOut
 from livepush.fanout.postgres import PostgresFanOut
 from livepush.fanout.redis import RedisFanOut
 from livepush.server import hub, limits
@@ -27,7 +27,7 @@ from livepush.types import offset_key
 from tests.faults.fleet import postgres_down
 from tests.faults.test_history_reads import backends_waiting_for_a_lock, terminate
 from tests.server.conftest import Served, make_settings, start_served
-from tests.server.test_hub import Sub, fan
+from tests.server.test_hub import SlowReader, Sub, fan
 from tests.server.test_slow_clients import count, open_client, server_side
 from tests.support import services
 from tests.support.waiting import async_wait_for
@@ -409,3 +409,37 @@ async def test_a_client_reading_on_through_a_postgres_restart_while_past_its_fra
         await slow.close()
     finally:
         await served.stop()
+
+
+async def test_a_replay_whose_reads_wait_for_a_pool_that_never_frees_gets_reset_within_the_bound(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client resumes with `since`; after its `subscribed` and first page, every connection of
+    the server's pool is held (as while Postgres restarts: psycopg_pool waits up to 30 s for one):
+    the replay's next read waits only the time left of the retry bound, counted from when that
+    read began, so the client gets `reset` within the bound, not after the pool's own wait."""
+    monkeypatch.setattr(hub, "READ_ON_RETRY_SECONDS", 1.0)
+    monkeypatch.setattr(hub, "READ_RETRY_SECONDS", 0.1)
+    fanout = PostgresFanOut(pg_url)
+    topic = "room:pool-held"
+    since = await fanout.alatest_offset(topic)
+    await fanout.apublish_many([(topic, n) for n in range(HISTORY_PAGE)])
+    await fanout.apublish(topic, HISTORY_PAGE)  # two pages: the replay reads again between them
+    the_hub, _ = await watched(fanout, [])
+    sub = SlowReader()
+    pool = await fanout._pools.aget()
+    held: list[psycopg.AsyncConnection] = []
+    try:
+        subscribe = asyncio.ensure_future(the_hub.subscribe(sub, topic, since, 1))
+        await async_wait_for(lambda: len(sub.frames) == 1 + HISTORY_PAGE, 10, message="the first page")
+        held = [await pool.getconn() for _ in range(pool.max_size)]
+        began = asyncio.get_running_loop().time()
+        sub.reading.set()
+        await asyncio.wait_for(subscribe, 10)
+        took = asyncio.get_running_loop().time() - began
+    finally:
+        for conn in held:
+            await pool.putconn(conn)
+        await the_hub.aclose()
+        await fanout.aclose()
+    assert [f["op"] for f in sub.frames] == ["subscribed", *["message"] * HISTORY_PAGE, "reset"]
+    assert took < hub.READ_ON_RETRY_SECONDS + 1.0, took

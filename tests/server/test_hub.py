@@ -55,7 +55,8 @@ class YieldingLocal(LocalFanOut):
         await asyncio.sleep(0)
         return await super().alatest_offset(topic)
 
-    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE) -> History | None:
+    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE,
+                      timeout: float | None = None) -> History | None:
         await asyncio.sleep(0)
         return await super().history(topic, since, limit=limit)
 
@@ -81,7 +82,8 @@ class DoorbellLocal(YieldingLocal):
         self.batches.append(len(reads))
         return await super().histories(reads)
 
-    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE) -> History | None:
+    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE,
+                      timeout: float | None = None) -> History | None:
         self.reads += 1
         if self.snapshot_first:
             page = await super().history(topic, since, limit=limit)
@@ -152,7 +154,8 @@ class GatedReads(YieldingLocal):
         await self.gate.wait()
         return await super().alatest_offset(topic)
 
-    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE) -> History | None:
+    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE,
+                      timeout: float | None = None) -> History | None:
         await self.gate.wait()
         return await super().history(topic, since, limit=limit)
 
@@ -354,7 +357,8 @@ class FlakyHistory(DoorbellLocal):
         super().__init__()
         self.failures = 0
 
-    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE) -> History | None:
+    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE,
+                      timeout: float | None = None) -> History | None:
         if self.failures:
             self.failures -= 1
             self.reads += 1
@@ -821,7 +825,8 @@ async def test_subscribing_again_from_now_while_reading_on_from_history_loses_no
 class LostHistory(YieldingLocal):
     """History that no longer holds anything the hub asks for (pruned past it)."""
 
-    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE) -> History | None:
+    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE,
+                      timeout: float | None = None) -> History | None:
         await asyncio.sleep(0)
         return None
 
@@ -982,7 +987,8 @@ class ShortPagesFailingAfter(YieldingLocal):
         super().__init__()
         self.served = served
 
-    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE) -> History | None:
+    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE,
+                      timeout: float | None = None) -> History | None:
         if self.served == 0:
             await asyncio.sleep(0)
             raise DependencyError("cannot reach Postgres (terminating connection due to administrator command)")
@@ -1009,7 +1015,8 @@ class ShortPagesFailingOnce(ShortPagesFailingAfter):
     """History in pages of 5 messages; the read after the first `served` raises once, as a store
     that restarts in the middle of a read-on does, then every read succeeds."""
 
-    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE) -> History | None:
+    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE,
+                      timeout: float | None = None) -> History | None:
         if self.served == 0:
             self.served = -1
             raise DependencyError("cannot reach Postgres (terminating connection due to administrator command)")
@@ -1039,7 +1046,8 @@ class SlowPagesFailingOnce(ShortPagesFailingOnce):
         super().__init__(served)
         self.slow = slow
 
-    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE) -> History | None:
+    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE,
+                      timeout: float | None = None) -> History | None:
         if self.served > 0:
             await asyncio.sleep(self.slow)  # the time a long read-on takes, not a wait for an event
         return await super().history(topic, since, limit=limit)
@@ -1160,7 +1168,8 @@ class StoreAway(YieldingLocal):
         self.down: set[str] = set()
         self.failed: dict[str, int] = {}
 
-    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE) -> History | None:
+    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE,
+                      timeout: float | None = None) -> History | None:
         await asyncio.sleep(0)
         if topic in self.down:
             self.failed[topic] = self.failed.get(topic, 0) + 1
