@@ -36,6 +36,8 @@ export declare const WAKE_MIN_MS: number;
 export declare const WAKE_MAX_MS: number;
 export declare const CONNECT_TIMEOUT_MS: number;
 export declare const HEARTBEAT_GRACE_MS: number;
+/** The longest a server's replay may be silent while it waits out a store restart; a ping behind a subscribe gets at least this and the grace. */
+export declare const REPLAY_SILENCE_MS: number;
 /** The subprotocol the server selects; a token travels beside it as `livepush.token.<token>`. */
 export declare const SUBPROTOCOL: 'livepush';
 /** Subscribes sent at once on a new connection; the rest follow at SUBSCRIBES_PER_SECOND. */

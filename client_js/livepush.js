@@ -64,6 +64,14 @@ const SUBPROTOCOL_CHARS = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
  */
 export const HEARTBEAT_GRACE_MS = 2_000;
 /**
+ * The longest a server may send nothing while it serves a subscribe's replay (or reads on from
+ * history for a client behind) whose history read Postgres or Redis fails, before it gives up
+ * with `reset`: 20 s of retries counted from the start of the first failing read, and its last
+ * read's half second (docs/protocol.md#connecting). The pong of a ping sent meanwhile waits
+ * behind it, so while a subscribe is awaited a ping gets this and the grace, whatever the heartbeat.
+ */
+export const REPLAY_SILENCE_MS = 21_000;
+/**
  * The server takes at most 100 subscribes a second per connection, in bursts of 100, and refuses
  * the rest with `limit`, which drops them for good (docs/reference.md#8-trust-boundaries-and-abuse).
  * A page may hold more subscriptions than that (two listeners on a topic are two subscribes),
@@ -312,9 +320,9 @@ class Timer {
  *
  * The server answers a connection's frames in order, so a ping sent while it still decides the
  * client's subscribes (an `authorize` may take seconds each), or sends a replay after their
- * `subscribed` (one waiting out a store restart sends nothing for up to 20 s), is answered only
- * after them: while any is awaited (`hooks.busy`), a ping gets the whole heartbeat and grace,
- * never the grace alone.
+ * `subscribed` (one waiting out a store restart sends nothing for up to REPLAY_SILENCE_MS), is
+ * answered only after them: while any is awaited (`hooks.busy`), a ping gets the whole heartbeat,
+ * or REPLAY_SILENCE_MS when that is longer, and the grace, never the grace alone.
  */
 class Heartbeat {
   /**
@@ -369,7 +377,10 @@ class Heartbeat {
   probe(answerMs) {
     if (!this._intervalMs) return;
     // Subscribes still awaited: the answer queues behind them, and each answer to them counts.
-    if (this._hooks.busy()) answerMs = Math.max(answerMs, this._intervalMs + HEARTBEAT_GRACE_MS);
+    // A replay may be silent for REPLAY_SILENCE_MS, longer than a short heartbeat.
+    if (this._hooks.busy()) {
+      answerMs = Math.max(answerMs, Math.max(this._intervalMs, REPLAY_SILENCE_MS) + HEARTBEAT_GRACE_MS);
+    }
     this._hooks.ping();
     const now = this._clock.now();
     const dueAt = this._deadTimer.dueAt;

@@ -1,7 +1,13 @@
 import assert from 'node:assert/strict';
 import test from 'node:test';
 
-import { GOING_AWAY_MAX_MS, GOING_AWAY_MIN_MS, HEARTBEAT_GRACE_MS, STABLE_AFTER_MS } from '../livepush.js';
+import {
+  GOING_AWAY_MAX_MS,
+  GOING_AWAY_MIN_MS,
+  HEARTBEAT_GRACE_MS,
+  REPLAY_SILENCE_MS,
+  STABLE_AFTER_MS,
+} from '../livepush.js';
 import { fakeWebSocketClass, harness, seededRandom } from '../testing/fakes.mjs';
 
 const MID = () => 0.5; // jitter factor 1.0: delays equal the backoff, so they are exact
@@ -373,17 +379,23 @@ test('a tab switch while the server decides its subscribes keeps the connection:
   wakingUpGivesTheGraceAlone(h);
 });
 
+/** A client whose subscribe to room:7 with `since` got its `subscribed`: its replay follows. */
+function replayingAfterSubscribed(heartbeat) {
+  const h = harness();
+  h.lp.subscribe('room:7', () => {}, { since: '1700000000000000-3' });
+  const ws = h.last();
+  ws.hello({ heartbeat });
+  const [sub] = ws.frames('subscribe');
+  ws.receive({ op: 'subscribed', ref: sub.ref, topic: 'room:7', offset: '1700000000000000-9' });
+  return { h, ws };
+}
+
 test('a tab switch while the server sends a replay keeps the connection: the pong comes after the replay', () => {
   // After `subscribed`, a subscribe with `since` goes on with its replay, and the server answers
   // a ping sent meanwhile only after it. A replay whose read waits on the store (a restart, which
   // the server waits out for up to 20 s) sends nothing meanwhile: the grace alone dropped the
   // socket, and every reconnect resubscribed and met the same wait again.
-  const h = harness();
-  h.lp.subscribe('room:7', () => {}, { since: '1700000000000000-3' });
-  const ws = h.last();
-  ws.hello({ heartbeat: 25 });
-  const [sub] = ws.frames('subscribe');
-  ws.receive({ op: 'subscribed', ref: sub.ref, topic: 'room:7', offset: '1700000000000000-9' });
+  const { h, ws } = replayingAfterSubscribed(25);
   ws.receive({ op: 'message', topic: 'room:7', offset: '1700000000000000-4', data: { n: 4 } });
   h.clock.advance(1_000);
   h.document.dispatch('visibilitychange'); // the replay's next read waits on the store
@@ -395,6 +407,35 @@ test('a tab switch while the server sends a replay keeps the connection: the pon
 
   // The pong said the replay is done: waking up gives the grace alone again.
   wakingUpGivesTheGraceAlone(h);
+});
+
+test('with a short heartbeat, a replay silent while the server waits out a store restart keeps the connection', () => {
+  // A replay whose read fails (Postgres or Redis restarting) sends nothing until the server gives
+  // up with `reset`, within REPLAY_SILENCE_MS of the read's start, and the pong waits behind it:
+  // with a 10 s heartbeat, heartbeat and grace alone (12 s) dropped the socket, and every
+  // reconnect resubscribed and met the same wait again.
+  assert.ok(REPLAY_SILENCE_MS >= 21_000, 'the server may be silent for 20 s of retries and its last read');
+  const { h, ws } = replayingAfterSubscribed(10);
+  h.clock.advance(9_999);
+  ws.receive({ op: 'message', topic: 'room:7', offset: '1700000000000000-4', data: { n: 4 } });
+  h.clock.advance(1); // the heartbeat's ping, just after the replay's last frame before its read fails
+  assert.equal(ws.frames('ping').length, 1);
+  h.clock.advance(21_000);
+  assert.equal(h.lp.status, 'open', 'a socket the server is busy replaying on was declared dead');
+  ws.receive({ op: 'reset', topic: 'room:7' });
+  for (const ping of ws.frames('ping')) ws.receive({ op: 'pong', ref: ping.ref });
+  assert.equal(h.sockets.length, 1);
+
+  // Nothing awaited any more: a silent server is dropped after heartbeat and grace again.
+  const pings = ws.frames('ping').length;
+  h.clock.advance(h.clock.pending()[0]);
+  assert.equal(ws.frames('ping').length, pings + 1);
+  h.clock.advance(10_000 + HEARTBEAT_GRACE_MS - 1);
+  assert.equal(h.lp.status, 'open');
+  h.clock.advance(1);
+  assert.equal(h.lp.status, 'reconnecting');
+  assert.equal(h.statuses.at(-1).reason, 'heartbeat timeout');
+  h.lp.close();
 });
 
 test('a subscribe from now or a refused one has no replay to wait for: waking up gives the grace alone', () => {

@@ -82,7 +82,7 @@ READ_RETRY_SECONDS = 0.5
 # waits for the store only what is left of it (at least READ_RETRY_SECONDS, the last try's
 # chance): the give-up comes within READ_ON_RETRY_SECONDS + READ_RETRY_SECONDS of that read's
 # start whatever the pool does, the silence a client's liveness check allows for
-# (docs/protocol.md, "Connecting").
+# (docs/protocol.md, "Connecting"; livepush.js REPLAY_SILENCE_MS).
 READ_ON_RETRY_SECONDS = 20.0
 # Tries of a batch's read, failing while the fan-out still hears (so the store answers), before
 # the batch is split apart: a read that fails the same way every time (the store refuses one
