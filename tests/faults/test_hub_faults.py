@@ -236,8 +236,9 @@ async def test_thousands_of_kept_redis_topics_through_a_restart_past_the_idle_ti
 async def test_pages_subscribing_in_a_burst_after_a_server_restart_are_kept_together_within_a_second(
         pg_url: str, secret: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A server restarts and 20 pages resubscribe at once to 100 topics each, whose rows were last
-    touched most of an idle time ago: the server keeps all 2,000 within about a second, in a few
-    calls (each one statement: up to 5,000 topics), not one call per topic."""
+    touched most of an idle time ago: the server keeps all 2,000 in about one call a second while
+    they come (each one statement: up to 5,000 topics), not one call per topic. (How many seconds
+    the subscribes take depends on the machine's load, so the calls are counted against them.)"""
     calls: list[int] = []
     keep = PostgresFanOut.keep_chains
 
@@ -263,6 +264,7 @@ async def test_pages_subscribing_in_a_burst_after_a_server_restart_are_kept_toge
             for topic in topics:
                 assert (await page.subscribe(served.sign(topic)))["op"] == "subscribed"
 
+        began = asyncio.get_running_loop().time()
         await asyncio.gather(*(subscribe_all(page, names[i::20]) for i, page in enumerate(pages)))
 
         def stale() -> int:
@@ -272,7 +274,8 @@ async def test_pages_subscribing_in_a_burst_after_a_server_restart_are_kept_toge
             return int(row[0]) if row else -1
 
         await async_wait_for(lambda: asyncio.to_thread(lambda: stale() == 0), 5, message="every topic to be kept")
-        assert sum(calls) == len(names) and len(calls) <= 4, calls
+        seconds = asyncio.get_running_loop().time() - began
+        assert sum(calls) == len(names) and len(calls) <= seconds + 2, (calls, seconds)
     finally:
         for page in pages:
             await page.close()
