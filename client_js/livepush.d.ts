@@ -167,7 +167,7 @@ export declare class LivePush {
     onMessage: (data: T, meta: MessageMeta) => void,
     options?: SubscribeOptions | null,
   ): Subscription;
-  /** Close for good: no reconnect, status `closed`. */
+  /** Close for good: no reconnect, status `closed`. On a client already closed or `unauthorized` it changes nothing. */
   close(): void;
 }
 

@@ -1011,8 +1011,13 @@ export class LivePush {
     return sub;
   }
 
-  /** Close for good: no reconnect, status `closed`. */
+  /**
+   * Close for good: no reconnect, status `closed`. On a client already ended (closed, or
+   * `unauthorized`) it changes nothing: a page that tidies up on `unauthorized` must not turn
+   * that status into `closed` for the listeners after it, which then never send the user to sign in.
+   */
   close() {
+    if (this._stopped) return;
     this._shutdown();
     this._setStatus(Status.CLOSED, { code: CloseCode.NORMAL });
   }

@@ -549,6 +549,30 @@ test('close() in a status listener leaves every listener on closed, none on the 
   assert.deepEqual(h.clock.pending(), []);
 });
 
+test('close() on a client the server refused (unauthorized) changes nothing: every listener hears unauthorized', () => {
+  // A page that tidies up on `unauthorized` (close() from a logout helper or a component's
+  // teardown), and a router registered after it that sends the user to sign in on that status.
+  const h = harness();
+  h.lp.on('status', (status) => {
+    if (status === 'unauthorized') h.lp.close();
+  });
+  let routed = null;
+  h.lp.on('status', (status) => (routed = status));
+  h.last().hello();
+  h.last().serverClose(4403, 'session revoked');
+  assert.equal(routed, 'unauthorized');
+  assert.equal(h.lp.status, 'unauthorized');
+  // Later calls, and a second close() of a closed client, announce nothing either.
+  h.lp.close();
+  assert.equal(h.lp.status, 'unauthorized');
+  assert.deepEqual(h.statuses.map((s) => s.status), ['open', 'unauthorized']);
+  assert.throws(() => h.lp.subscribe('chat:a', () => {}), /refused its session \(4403/);
+  const closed = harness();
+  closed.lp.close();
+  closed.lp.close();
+  assert.deepEqual(closed.statuses.map((s) => s.status), ['closed']);
+});
+
 test('a status listener removed by an earlier one during the same change is not called', () => {
   // A page whose router unmounts a component on `unauthorized`: the component's cleanup removes
   // its listener, which must not then run against what was torn down (as with DOM events).
