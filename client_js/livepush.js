@@ -1437,6 +1437,9 @@ export class LivePush {
       this._registry.remove(sub);
     }
     this._closeSocket('client closed');
+    // Not connected any more: `session` is null then, as after a lost connection (a page that
+    // signed the user out and closed the client must not go on showing who was signed in).
+    this._session = null;
     this._document?.removeEventListener?.('visibilitychange', this._onVisibility);
     this._window?.removeEventListener?.('online', this._onOnline);
   }

@@ -532,6 +532,16 @@ test('close() stops everything: no timers, no reconnect, listeners removed', () 
   assert.equal(h.sockets.length, 1);
 });
 
+test('after close() lp.session is null: a closed client holds no session', () => {
+  // A page that signs the user out closes the client; a header reading lp.session must not go
+  // on naming the user who left.
+  const h = harness();
+  h.last().hello({ session: { subject: 'alice' } });
+  assert.deepEqual(h.lp.session, { subject: 'alice' });
+  h.lp.close();
+  assert.equal(h.lp.session, null);
+});
+
 test('close() in a status listener leaves every listener on closed, none on the status it replaced', () => {
   const h = harness();
   // A page that gives up after a few failed attempts, and an indicator registered after it.
