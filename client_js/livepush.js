@@ -171,6 +171,21 @@ function checkUrlScheme(url) {
     + (hostPort ? ` (for a host and port, write ws://${url.split(/[?#]/)[0]})` : ''));
 }
 
+/**
+ * Throw a TypeError unless `token` is a string, a function or absent. Anything else (a Promise,
+ * from `token: getToken()` with an async getToken) could never be sent: every attempt would fail
+ * the same way, reported as connect_failed for as long as the page is open, so it is said at the
+ * call. Only its kind is named: it may be a token.
+ * @param {unknown} token
+ */
+function checkToken(token) {
+  if (token === undefined || token === null || typeof token === 'string' || typeof token === 'function') return;
+  const kind = typeof (/** @type {any} */ (token)).then === 'function' ? 'a Promise'
+    : typeof token === 'object' ? 'an object' : `a ${typeof token}`;
+  throw new TypeError(`LivePush options.token is ${kind}: pass the token string, or a function that returns it`
+    + (kind === 'a Promise' ? ' (await the token before creating the LivePush, or keep the latest one at hand for the function to return)' : ''));
+}
+
 /** WebSocket.OPEN; spelled out so a fake WebSocket class need not define it. */
 const WS_OPEN = 1;
 
@@ -870,6 +885,7 @@ export class LivePush {
     checkCallback('LivePush options.onError', options.onError, 'pass the function itself, not what calling it returns');
     checkCallback('LivePush options.reconnectAfterMs', options.reconnectAfterMs,
       'it is asked for the delay before each retry, e.g. reconnectAfterMs: (tries) => 1000');
+    checkToken(options.token);
     const g = /** @type {any} */ (globalThis);
     this._url = url;
     this._token = options.token ?? null;

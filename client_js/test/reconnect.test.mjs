@@ -709,6 +709,19 @@ test('a token function that returns a Promise is reported as such, and no socket
   h.lp.close();
 });
 
+test('a token option that is neither a string nor a function throws at the call, not on every attempt', () => {
+  // `token: getToken()` with an async getToken hands over a Promise: no attempt could ever send
+  // it, so it is said at the line that passed it, not as connect_failed every retry for good.
+  for (const [token, said] of [[Promise.resolve('tok'), /options.token is a Promise: pass the token string, or a function that returns it/],
+    [42, /options.token is a number: pass the token string/], [{ token: 'tok' }, /options.token is an object: pass the token string/]]) {
+    const h = { errors: [] };
+    assert.throws(() => harness({ token, onError: (e) => h.errors.push(e) }), { name: 'TypeError', message: said });
+    assert.deepEqual(h.errors, []);
+  }
+  // A string, a function, null or nothing are tokens (or none).
+  for (const token of ['tok', () => 'tok', null, undefined]) harness({ token }).lp.close();
+});
+
 test('a token a subprotocol cannot carry is reported without the token, and no socket goes out with it', () => {
   // A token read from a response body often ends in a newline; the browser would refuse it with
   // a SyntaxError quoting the whole token, on every retry.
