@@ -748,15 +748,18 @@ SELECT m.id FROM moved m CROSS JOIN rung
 # transaction that ended it, which holds the run's row: a queued or parked one is cancelled, a
 # running one flagged and told (as CANCEL does). SKIP LOCKED, because the lock order is job rows
 # before workflow rows: a job whose row is busy right now (its outcome or progress being written,
-# a checkpoint, a claim) is left alone here. Its runtimes are told too: they read it after this
-# commits (CANCEL_REQUESTS_FOR), see that its step no longer runs it, and stop it if it runs; its
-# end, recorded on the run afterwards, changes nothing there.
+# a checkpoint, a park, a claim) is left alone here. Its runtimes are told too: they read it after
+# this commits (CANCEL_REQUESTS_FOR), see that its step no longer runs it, and stop it if it runs;
+# its end, recorded on the run afterwards, changes nothing there. NO KEY UPDATE, as CANCEL: a
+# signal's key-share lock (jobs.signal, held until its caller commits with conn=) is no busy row,
+# and FOR UPDATE passed over a parked job it held, which no runtime runs to be told, so the job
+# stayed parked for ever in a run that had ended.
 STOP_JOBS = f"""
 WITH target AS (
     SELECT id, state FROM livepush_jobs
     WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('available', 'scheduled', 'waiting', 'running')
     ORDER BY id
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ), moved AS (
     UPDATE livepush_jobs j SET
         state = CASE WHEN t.state = 'running' THEN 'running' ELSE 'cancelled' END,

@@ -89,6 +89,25 @@ async def test_a_run_that_fails_stops_the_step_waiting_for_a_signal(jobs_db: str
     assert step_states(done) == {"start": "succeeded", "breaks": "failed", "waits": "cancelled"}
 
 
+async def test_a_run_that_fails_stops_its_parked_step_while_a_caller_holds_a_signal_to_its_job(jobs_db: str) -> None:
+    """A step parked on a signal is cancelled when a sibling fails the run, also while a caller's
+    open transaction has sent its job a signal of another name (jobs.signal(conn=), which key-share
+    locks the job's row until it commits): the run's stop passed over the row as busy, and the
+    job was left parked for ever."""
+    async with running(queues=[wc.QUEUE]):
+        run = await wc.fails_while_waiting.astart()
+        await async_wait_for(lambda: step_is(run.id, "waits", "waiting"), 10.0, message="the step to park")
+        [(job_id,)] = q(jobs_db, "SELECT id FROM livepush_jobs WHERE name = 'wfd_fails_while_waiting.waits'")
+        with psycopg.connect(jobs_db) as conn:
+            await asyncio.to_thread(jobs.signal, job_id, "note", {"by": "ana"}, conn=conn)
+            q(jobs_db, "INSERT INTO job_flags VALUES ('break-now')")
+            done = await run_state(run.id, "failed")
+            conn.commit()
+        assert await async_wait_for(lambda: job_ended(jobs_db, "wfd_fails_while_waiting.waits"), 10.0,
+                                    message="the parked step's job to end") == "cancelled"
+    assert step_states(done) == {"start": "succeeded", "breaks": "failed", "waits": "cancelled"}
+
+
 @pytest.mark.parametrize("flow", [wc.waits_for_its_own, wc.sync_waits_for_its_own], ids=["async", "sync"])
 async def test_a_step_waiting_in_its_body_for_its_own_wait_for_signal_is_refused_at_once(
         jobs_db: str, flow: Any) -> None:

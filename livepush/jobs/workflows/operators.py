@@ -185,9 +185,11 @@ def _to_job(run_id: int, step: dict[str, Any], name: str, data: str) -> steps.St
     if not delivered:
         yield steps.Query(wq.SIGNAL_UNDO, {})
     if not runs:
-        # Its step ended without it while this send held the job's row, which that decision's stop
-        # passes over (it cannot wait for a job row after the run's): nothing else stops a parked
-        # job, which would wait for ever. This transaction holds the row, so it stops the job.
+        # Its step ended without it while this send held the job's row: the send's wake-up (an
+        # update of the row) makes that decision's stop pass the job over (it cannot wait for a job
+        # row after the run's), and nothing else stops a parked job, which would wait for ever.
+        # This transaction holds the row, so it stops the job (a job the decision stopped, which
+        # only this send's key-share lock held, is no longer active and is left as it is).
         yield steps.Query(job_queries.STOP_JOBS, {"ids": [step["job_id"]]})
     yield steps.Query(wq.SIGNAL_RELEASE, {})
     return delivered
