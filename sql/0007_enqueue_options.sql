@@ -207,7 +207,12 @@ $$;
 -- CLAIMED). A plain keyed enqueue takes no lock: when it
 -- commits a pending job between the UPDATE and the choice of a place, the choice sees it and the
 -- next round replaces it; when both insert at place 0, they meet on the unique index (the second
--- waits for the first, inserts nothing, and its next round finds the first's job).
+-- waits for the first, inserts nothing, and its next round finds the first's job). They do not
+-- meet when this one queues behind a started job (a place above 0) and that job ends before this
+-- commits: a plain enqueue of the key (or jobs.retry_failed() of a failed job with it) in that
+-- moment finds place 0 free and this job not yet there, and the key gets two pending jobs: the one
+-- race left, accepted in docs/jobs.md "Enqueue options" (closing it would take a lock per key from
+-- every plain keyed enqueue).
 -- SET enable_seqscan = off: as for livepush_enqueue_one_keyed.
 CREATE FUNCTION livepush_enqueue_debounced(p_batch jsonb, p_delay float8) RETURNS TABLE (id bigint, name text, created boolean)
 LANGUAGE plpgsql VOLATILE SET enable_seqscan = off AS $$

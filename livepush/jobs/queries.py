@@ -799,11 +799,14 @@ JOB_ARGS = "SELECT args FROM livepush_job_payloads WHERE id = %(id)s"
 # makes two concurrent retries re-queue it once. A job with an idempotency key stays failed when
 # another unfinished job holds its key, in any place (sql/0007_enqueue_options.sql: a debounce
 # may have queued one behind it): that job is the key's run now. The retried job takes the key's
-# first place, as a new enqueue's job would: an enqueue of the key that this statement's snapshot
-# does not show (uncommitted, or committed since) then meets it on the key's unique index, where
-# this update waits for that transaction and fails with a unique violation if it committed; the
-# caller answers False for it (control.retry_failed). Left in a later place (a job a debounce had
-# queued behind another), the retried job met no one there, and the key got two unfinished jobs.
+# first place, as a new enqueue's job would: an enqueue of the key into that place that this
+# statement's snapshot does not show (uncommitted, or committed since) then meets it on the key's
+# unique index, where this update waits for that transaction and fails with a unique violation if
+# it committed; the caller answers False for it (control.retry_failed). Left in a later place (a
+# job a debounce had queued behind another), the retried job met no one there, and the key got two
+# unfinished jobs. One is not met: a debounce that queues a job behind a started one (a later
+# place) and commits after that one ended and after this statement; the key then gets two pending
+# jobs, the race docs/jobs.md "Enqueue options" accepts for plain enqueues too.
 # Queued again, the job is marked for the claim as an enqueue marks it, by the caller's definition
 # of its function (`limited`, `concurrency_key`; NULL `limited`: the caller does not define it,
 # and the mark stays): a start marks only the unfinished jobs, so the mark a job failed with
