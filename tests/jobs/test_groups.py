@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -714,6 +715,25 @@ def test_a_group_cancelled_after_every_member_succeeded_runs_on_failure_not_on_s
     view = jobs.get_group(h.id)
     assert (view["state"], view["succeeded"], view["failed"], view["cancelled"]) == ("cancelled", 1, 0, 0)
     assert sorted(r[0] for r in gj.callback_runs(groups_db)) == ["bad", "fin"]
+
+
+def test_a_group_cancel_does_not_wait_for_a_callers_open_signal_to_a_member(groups_db: str) -> None:
+    """A caller's transaction that sent a member a signal (jobs.signal(conn=), a key-share lock on
+    the member's row until it commits) does not hold up cancel_group: it waited for that commit,
+    holding the members before it meanwhile, whose outcomes (and the completer's whole batch with
+    them) waited in turn. Its members are cancelled, as jobs.cancel() cancels a job the signal holds."""
+    h = jobs.create_group()
+    first, second = h.add(gj.member, "a"), h.add(gj.member, "b")
+    h.seal()
+    with psycopg.connect(groups_db) as conn, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        jobs.signal(second.id, "note", {"by": "ana"}, conn=conn)
+        cancelled = pool.submit(jobs.cancel_group, h.id)
+        try:
+            wait_for(lambda: cancelled.done(), 10.0, message="the cancel to end while the signal's transaction is open")
+        finally:
+            conn.commit()
+        assert cancelled.result(10) is True
+    assert [jobs.get_job(j.id).state for j in (first, second)] == ["cancelled", "cancelled"]  # type: ignore[union-attr]
 
 
 def test_a_callback_argument_json_cannot_carry_is_refused_as_a_members_is(groups_db: str) -> None:

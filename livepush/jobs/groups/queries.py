@@ -445,17 +445,21 @@ SELECT m.id FROM marked m CROSS JOIN rung
 # cancel_group, one chunk of members in id order: queued ones (available, scheduled, i.e.
 # also those waiting for a retry) and parked ones (waiting) are cancelled, running ones flagged and told
 # (livepush_jobs_cancel_requested(), at commit) so they stop cooperatively and end `cancelled` (COMPLETE turns any outcome of a
-# flagged job into cancelled, except success). FOR UPDATE without SKIP LOCKED: a member
+# flagged job into cancelled, except success). Without SKIP LOCKED: a member
 # being claimed right now is waited for, and READ COMMITTED re-checks the locked row, so it
 # is seen as running and flagged rather than missed. Claimers use SKIP LOCKED and never wait
-# for us. A member that succeeds meanwhile is left alone (it no longer matches).
+# for us. A member that succeeds meanwhile is left alone (it no longer matches). NO KEY UPDATE,
+# as CANCEL: it still waits for a claim, an outcome, a park (FENCE) or an add from inside
+# (FENCE_MEMBER's FOR SHARE), but not for a signal's key-share lock (jobs.signal(conn=), held until
+# its caller commits), for which FOR UPDATE waited while holding the chunk's earlier members,
+# whose outcomes, and their completer's whole batch, waited in turn.
 CANCEL_MEMBERS = f"""
 WITH target AS (
     SELECT id FROM livepush_jobs
     WHERE group_id = %(id)s AND id > %(after)s AND state IN ('available', 'scheduled', 'waiting', 'running')
     ORDER BY id
     LIMIT %(limit)s
-    FOR UPDATE
+    FOR NO KEY UPDATE
 ), moved AS (
     UPDATE livepush_jobs j SET
         state = CASE WHEN j.state = 'running' THEN 'running' ELSE 'cancelled' END,
