@@ -2,7 +2,8 @@
 
     LivepushError
     ├── ArgumentTypeError (TypeError) > InvalidArgumentsError  job arguments are not plain JSON;
-    │                                      names the path
+    │                                      names the path; > MessageTooLarge (internal) JSON text
+    │                                      past one message to Postgres, named by the call
     ├── InvalidProgressError (ValueError)  ctx.progress() got something other than numbers
     ├── InvalidResultError (TypeError)     a job's or a checkpoint's result is not plain JSON
     ├── UnknownJobError (LookupError)      a job name this process has no function for
@@ -43,6 +44,12 @@ from ..errors import ArgumentTypeError, ArgumentValueError, ConfigError, Livepus
 class InvalidArgumentsError(ArgumentTypeError):
     """Job arguments are not plain JSON. The message names the first offending path,
     e.g. ``args[1]["when"] is a datetime``."""
+
+
+class MessageTooLarge(InvalidArgumentsError):
+    """JSON text of one statement longer than one message to Postgres carries (api/args.py:
+    check_sendable), raised before anything is sent. The calls that store it name what was too
+    large (args.stored_whole); a job's result and a checkpoint's are said as InvalidResultError."""
 
 
 class InvalidProgressError(LivepushError, ValueError):

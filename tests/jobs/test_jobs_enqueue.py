@@ -676,6 +676,33 @@ async def test_an_async_refusal_of_arguments_too_large_leaves_the_callers_transa
     assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
 
 
+def test_arguments_past_one_message_to_postgres_are_refused_leaving_the_callers_transaction_usable(
+        jobs_db: str) -> None:
+    """Arguments whose JSON passes what one message to Postgres carries (1 GiB), one job's or a
+    batch's together, raise InvalidArgumentsError saying they are too large, before anything is
+    sent, and with conn= the caller's transaction goes on. Postgres closed the connection on such
+    a message: a DependencyError after seconds, said as an outage, inviting a retry that met the same."""
+    huge = "x" * 1_100_000_000
+    with pytest.raises(InvalidArgumentsError, match=r"the arguments of t.record are too large for Postgres to store "
+                                                    r"\(past the 1 GiB one message to Postgres carries\)"):
+        sample_jobs.record.enqueue(huge)
+    with psycopg.connect(jobs_db) as conn:
+        conn.execute("INSERT INTO job_flags (name) VALUES ('before')")
+        with pytest.raises(InvalidArgumentsError, match="too large for Postgres to store"):
+            sample_jobs.record.enqueue(huge, conn=conn)
+        # Jobs that jsonb takes one by one, but that no message takes together.
+        part = huge[:250_000_000]
+        del huge
+        with pytest.raises(InvalidArgumentsError, match=r"the arguments of enqueue_many\(\)'s 5 jobs are too large .* "
+                                                        "or enqueue fewer jobs at a time"):
+            enqueue_many([(sample_jobs.record, [part])] * 5, conn=conn)
+        del part
+        conn.execute("INSERT INTO job_flags (name) VALUES ('after')")
+        conn.commit()
+    assert q(jobs_db, "SELECT name FROM job_flags ORDER BY name") == [("after",), ("before",)]
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
+
+
 def test_only_an_enqueue_postgres_may_refuse_as_too_large_takes_a_savepoint(jobs_db: str, tmp_path: Path) -> None:
     """The savepoint that keeps the caller's transaction usable after a refusal costs two round
     trips: an enqueue whose JSON is shorter than Postgres could ever refuse (a sixth of the limit

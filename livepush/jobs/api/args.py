@@ -22,7 +22,7 @@ import psycopg
 
 from ...errors import DependencyError
 from ...postgres.text import unstorable
-from ..errors import InvalidArgumentsError
+from ..errors import InvalidArgumentsError, MessageTooLarge
 
 _MAX_DEPTH = 100
 
@@ -196,22 +196,65 @@ def encode(value: Any, path: str, error: type[Exception], what: str) -> str:
         raise
 
 
+# Postgres closes the connection, rather than refuse the statement, on a message from a client
+# past 1 GiB (PQ_LARGE_MESSAGE_LIMIT, 0x3fffffff bytes): to psycopg an OperationalError, said as an
+# outage after seconds of sending, and met again by every retry. A statement's parameters travel
+# in one message, so JSON text past it, all of a statement's together, is refused before anything
+# is sent. SENDABLE leaves 1 MiB of the message for the rest (other parameters, their lengths).
+MESSAGE_LIMIT = 0x3FFFFFFF
+SENDABLE = MESSAGE_LIMIT - 2**20
+PAST_ONE_MESSAGE = "past the 1 GiB one message to Postgres carries"
+_CHUNK = 2**24  # characters encoded at a time to measure a text in bytes: no second copy of it
+
+
+def _utf8_length(text: str) -> int:
+    if text.isascii():
+        return len(text)
+    # surrogatepass: a lone surrogate is refused elsewhere, and takes three bytes meanwhile.
+    return sum(len(text[at:at + _CHUNK].encode("utf-8", "surrogatepass")) for at in range(0, len(text), _CHUNK))
+
+
+def check_sendable(params: Mapping[str, Any], limit: int | None = None) -> None:
+    """Raise MessageTooLarge when a statement's str parameters (its JSON text), together, are
+    longer in UTF-8 than `limit` bytes (SENDABLE): Postgres would close the connection on them.
+    A text is measured in bytes only when its length in characters does not settle it (at most
+    4 bytes a character)."""
+    limit = SENDABLE if limit is None else limit
+    texts = [value for value in params.values() if isinstance(value, str)]
+    chars = sum(len(text) for text in texts)
+    if chars * 4 <= limit:
+        return
+    if chars > limit or sum(_utf8_length(text) for text in texts) > limit:
+        raise MessageTooLarge(f"a statement's JSON text is {PAST_ONE_MESSAGE}: keep large data elsewhere "
+                              "(a table, a file) and pass a reference to it")
+
+
 @contextlib.contextmanager
-def stored_whole(what: str, *, plural: bool = False, advice: str = "") -> Iterator[None]:
+def stored_whole(what: str, *, plural: bool = False, advice: str = "",
+                 sent: Mapping[str, Any] | None = None) -> Iterator[None]:
     """Around a call that stores `what` (JSON text from encode()): a value larger than one jsonb
-    value holds (256 MiB) raises InvalidArgumentsError naming it, `advice` appended (a batch's:
-    fewer jobs at a time). Postgres' refusal reached the caller as a DependencyError, which says
-    the database failed and invites a retry that meets the same refusal."""
+    value holds (256 MiB), or than one message to Postgres carries (check_sendable: of `sent`, the
+    parameters of the call's statement, first, and on every other path that sends such text),
+    raises InvalidArgumentsError naming it, `advice` appended (a batch's: fewer jobs at a time).
+    Postgres' refusal reached the caller as a DependencyError, which says the database failed and
+    invites a retry that meets the same refusal."""
     try:
+        if sent is not None:
+            check_sendable(sent)
         yield
+    except MessageTooLarge as exc:
+        raise InvalidArgumentsError(_too_large(what, plural, PAST_ONE_MESSAGE, advice)) from exc
     except DependencyError as exc:
         cause = exc.__cause__
         if not isinstance(cause, psycopg.errors.ProgramLimitExceeded):
             raise
         said = cause.diag.message_primary or str(cause).splitlines()[0]
-        raise InvalidArgumentsError(f"{what} {'are' if plural else 'is'} too large for Postgres to store ({said}): "
-                                    f"keep large data elsewhere (a table, a file) and pass a reference to it{advice}"
-                                    ) from exc
+        raise InvalidArgumentsError(_too_large(what, plural, said, advice)) from exc
+
+
+def _too_large(what: str, plural: bool, said: str, advice: str) -> str:
+    return (f"{what} {'are' if plural else 'is'} too large for Postgres to store ({said}): "
+            f"keep large data elsewhere (a table, a file) and pass a reference to it{advice}")
 
 
 # Postgres refuses a jsonb value whose contents pass 2**28 - 1 bytes (a container's offsets have

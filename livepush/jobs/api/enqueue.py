@@ -267,14 +267,15 @@ class Batch:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def stored_whole(self, call: str) -> contextlib.AbstractContextManager[None]:
-        """args.stored_whole() around this batch's statement: arguments too large for one jsonb
-        value (one job's, or the whole document's) are refused naming the job, or the batch and
-        `call`, whose jobs can also be enqueued fewer at a time."""
+    def stored_whole(self, call: str, sent: Mapping[str, Any] | None = None) -> contextlib.AbstractContextManager[None]:
+        """args.stored_whole() around this batch's statement (`sent`: its parameters, measured
+        before anything is sent): arguments too large for one jsonb value or one message to
+        Postgres (one job's, or the whole document's) are refused naming the job, or the batch
+        and `call`, whose jobs can also be enqueued fewer at a time."""
         if len(self.rows) == 1:
-            return stored_whole(f"the arguments of {next(iter(self.specs))[0]}", plural=True)
+            return stored_whole(f"the arguments of {next(iter(self.specs))[0]}", plural=True, sent=sent)
         return stored_whole(f"the arguments of {call}()'s {len(self.rows)} jobs", plural=True,
-                            advice=", or enqueue fewer jobs at a time")
+                            advice=", or enqueue fewer jobs at a time", sent=sent)
 
 
 ITEM_OPTIONS = frozenset({"wait", "at", "key", "tags"})
@@ -437,11 +438,11 @@ def run_batch(batch: Batch, conn: Any = None, debounce: float | None = None,
         return []
     sql, params = batch.statement(debounce)
     if conn is None:
-        with batch.stored_whole(call), translated(url), database.pools().sync().connection() as own, \
+        with batch.stored_whole(call, params), translated(url), database.pools().sync().connection() as own, \
                 autocommitted(own):
             rows = own.execute(sql, params).fetchall()
     else:
-        with batch.stored_whole(call), translated_on(url, conn), \
+        with batch.stored_whole(call, params), translated_on(url, conn), \
                 kept(conn, _REFUSABLE) if _guarded(conn, params) else contextlib.nullcontext(), cursor_on(conn) as cur:
             rows = cur.execute(sql, params).fetchall()
     look_for_script_runtimes(batch)
@@ -460,11 +461,11 @@ async def arun_batch(batch: Batch, conn: Any = None, debounce: float | None = No
         return []
     sql, params = batch.statement(debounce)
     if conn is None:
-        with batch.stored_whole(call), translated(url):
+        with batch.stored_whole(call, params), translated(url):
             async with (await database.pools().aget()).connection() as own, aautocommitted(own):
                 rows = await (await own.execute(sql, params)).fetchall()
     else:
-        with batch.stored_whole(call), translated_on(url, conn):
+        with batch.stored_whole(call, params), translated_on(url, conn):
             async with akept(conn, _REFUSABLE) if _guarded(conn, params) else contextlib.nullcontext(), \
                     cursor_on(conn) as cur:
                 rows = await (await cur.execute(sql, params)).fetchall()
