@@ -243,6 +243,15 @@ async def progress_unless_flag(ctx: Any, flag: str) -> None:
         raise RuntimeError(f"no flag {flag} yet")
 
 
+@jobs.job(name="t.returns_text", max_attempts=3, backoff=lambda attempt: 0.0)
+async def returns_text(ctx: Any, size: int, count: int = 1, flag: str | None = None, char: str = "x") -> list[str]:
+    """Returns one string of `size` times `char` `count` times (JSON text that long, for the
+    memory of one string), after the row `flag` is in job_flags when one is given."""
+    if flag is not None:
+        await until_flag(flag)
+    return [char * size] * count
+
+
 @jobs.job(name="t.progress_then_wait", timeout=120)
 async def progress_then_wait(ctx: Any, message: str, flag: str) -> None:
     """Reports progress with `message`, then runs until the row `flag` appears in job_flags."""

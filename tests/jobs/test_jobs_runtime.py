@@ -430,6 +430,51 @@ async def test_an_outcome_over_a_postgres_limit_fails_alone_rather_than_hold_up_
         assert rt.state == "running"
 
 
+async def test_a_result_past_one_message_to_postgres_fails_its_job_and_the_runtime_goes_on(jobs_db: str) -> None:
+    """A result whose JSON passes what one message to Postgres carries (1 GiB) fails its job at
+    once with InvalidResultError saying it is too large, and the runtime runs the next job.
+    Postgres closed the connection on the batch holding it: the completer took that for an outage
+    and retried the batch for ever, every outcome of the runtime held up behind it."""
+    # Encoding and handling 1.1 GB holds the loop for seconds: a heartbeat of a few seconds keeps
+    # the runtime from being taken for dead meanwhile.
+    async with running(heartbeat=5.0) as rt:
+        huge = await sample_jobs.returns_text.aenqueue(100_000_000, 11)
+        await wait_state(huge.id, "failed", timeout=120.0)
+        after = await sample_jobs.record.aenqueue("after")
+        await wait_state(after.id, "succeeded")
+        assert rt.state == "running"
+    s = await asyncio.to_thread(jobs.job_state, huge.id)
+    assert s is not None and s["attempt"] == 1, s
+    assert (s["error"] or "").startswith("InvalidResultError: the job's result is too large for Postgres to store "
+                                         "(past the 1 GiB one message to Postgres carries)"), s["error"]
+
+
+async def test_results_that_pass_one_message_only_together_are_written_apart(
+        jobs_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Results each of which one message to Postgres carries, but not all of a batch together
+    (the limit lowered here to 100,000 bytes), are written in smaller statements: every job
+    succeeds with its result. A result that passes it only as the batch's JSON carries it (45,000
+    quotes, each escaped twice there) fails its job only."""
+    from livepush.jobs.api import args
+
+    monkeypatch.setattr(args, "SENDABLE", 100_000)
+    async with running(concurrency=10) as rt:
+        handles = await jobs.aenqueue_many([(sample_jobs.returns_text, [30_000, 1, "results"])] * 5
+                                           + [(sample_jobs.returns_text, [45_000, 1, "results", '"'])])
+        await async_wait_for(lambda: asyncio.to_thread(lambda: q(jobs_db, "SELECT count(*) FROM livepush_jobs "
+                                                                 "WHERE state = 'running'") == [(6,)]),
+                             10.0, message="the six jobs to run")
+        await asyncio.to_thread(q, jobs_db, "INSERT INTO job_flags VALUES ('results')")
+        for h in handles[:5]:
+            await wait_state(h.id, "succeeded")
+        await wait_state(handles[5].id, "failed")
+        assert rt.state == "running"
+    for h in handles[:5]:
+        assert q(jobs_db, "SELECT length(result ->> 0) FROM livepush_job_payloads WHERE id = %s", (h.id,)) == [(30_000,)]
+    s = await asyncio.to_thread(jobs.job_state, handles[5].id)
+    assert s is not None and (s["error"] or "").startswith("InvalidResultError: the job's result is too large"), s
+
+
 async def test_progress_postgres_refuses_is_dropped(jobs_db: str) -> None:
     """Progress Postgres refuses is dropped, the job's own and the batch's other work written:
     a running job's (written alone, then dropped) and a finishing job's (its outcome is then

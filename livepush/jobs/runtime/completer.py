@@ -35,12 +35,13 @@ from ... import metrics
 from ...postgres.pools import aautocommitted
 from ...tasks import Backoff, reraise_if_cancelled
 from .. import queries
-from ..api.args import dumps
+from ..api.args import PAST_ONE_MESSAGE, check_sendable, dumps
+from ..errors import MessageTooLarge
 from ..groups import outcomes as group_outcomes
 from ..groups import queries as gq
 from ..groups.progress import ProgressPublisher
 from .context import ClaimedJob, JobContext
-from .executor import Outcome
+from .executor import Outcome, result_too_large
 
 log = logging.getLogger("livepush.jobs")
 
@@ -52,9 +53,9 @@ MAX_ERROR = 4000  # characters of an error kept with the job and shown on its to
 # of jobs that had run, which then ran again.
 _TRANSIENT = (psycopg.OperationalError, psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure,
               psycopg.errors.ReadOnlySqlTransaction)
-# Anything else Postgres (or the encoding of a parameter) refuses would be refused again on every
-# retry. Ask _transient() first.
-_REFUSED = (psycopg.Error, ValueError)
+# Anything else Postgres (or the encoding of a parameter, or check_sendable() before it is sent)
+# refuses would be refused again on every retry. Ask _transient() first.
+_REFUSED = (psycopg.Error, ValueError, MessageTooLarge)
 
 
 def _transient(exc: BaseException) -> bool:
@@ -68,11 +69,12 @@ UNSTORABLE_OUTCOME = "livepush could not store this job's outcome; the runtime's
 
 def _unstorable(outcome: Outcome, refused: BaseException) -> str:
     """The error of a job whose outcome Postgres refused. A result past what a jsonb value holds
-    (256 MiB) is said as such: the job's code, not the runtime, is what to change."""
-    if outcome.result is not None and isinstance(refused, psycopg.errors.ProgramLimitExceeded):
-        said = refused.diag.message_primary or str(refused).splitlines()[0]
-        return (f"InvalidResultError: the job's result is too large for Postgres to store ({said}): keep large "
-                "data elsewhere (a table, a file) and return a reference to it")
+    (256 MiB), or one message to Postgres (1 GiB), is said as such: the job's code, not the
+    runtime, is what to change."""
+    if outcome.result is not None and isinstance(refused, (psycopg.errors.ProgramLimitExceeded, MessageTooLarge)):
+        said = (PAST_ONE_MESSAGE if isinstance(refused, MessageTooLarge)
+                else refused.diag.message_primary or str(refused).splitlines()[0])
+        return f"InvalidResultError: {result_too_large(said)}"
     return UNSTORABLE_OUTCOME
 
 # Batches larger than this are planned for their actual size. A prepared statement's generic plan
@@ -330,8 +332,14 @@ class Completer:
 
     @staticmethod
     def _outcome_params(outcomes: list[Outcome], started: list[tuple[int, int]]) -> dict[str, str]:
-        return complete_params(((o.ctx.job_id, o.ctx.job.lease, o.kind, o.error, o.delay, o.ctx.latest, o.result)
-                                for o in outcomes), started)
+        """The outcome statement's parameters, refused (MessageTooLarge) past one message to
+        Postgres, which closed the connection on them: taken for an outage, the batch was retried
+        for ever. Refused, it is written one outcome at a time (_salvage), and a result too large
+        alone fails its job."""
+        params = complete_params(((o.ctx.job_id, o.ctx.job.lease, o.kind, o.error, o.delay, o.ctx.latest, o.result)
+                                  for o in outcomes), started)
+        check_sendable(params)
+        return params
 
     async def _complete(self, outcomes: list[Outcome], started: list[tuple[int, int]]) -> list[dict[str, Any]]:
         """Outcomes of jobs outside any group or workflow: one statement, in autocommit (one round trip)."""

@@ -21,7 +21,7 @@ from typing import Any
 
 from ...errors import ArgumentTypeError
 from ...postgres.text import storable_text
-from ..api.args import encode
+from ..api.args import PAST_ONE_MESSAGE, check_sendable, encode
 from ..api.functions import default_backoff
 from ...types import as_seconds
 from ..errors import (
@@ -33,6 +33,7 @@ from ..errors import (
     InvalidArgumentsError,
     InvalidResultError,
     JobCancelled,
+    MessageTooLarge,
     Parked,
     Reattempt,
     ReplayMismatch,
@@ -205,11 +206,22 @@ async def execute(
         return Outcome(ctx, "succeeded")
     try:
         result = encode(value, "result", InvalidResultError, "job results")
+        # Alone past one message to Postgres, it could never be written: said now, rather than
+        # once the completer encoded it again into each statement it tried (seconds of the loop).
+        check_sendable({"result": result})
     except InvalidResultError as exc:
         # A workflow step's job names the step and its output, not the result wrapping it.
         explained = fn.refused_result(value) if fn.refused_result is not None else None
         return _failure(fn, ctx, explained or exc)
+    except MessageTooLarge:
+        return _failure(fn, ctx, InvalidResultError(result_too_large(PAST_ONE_MESSAGE)))
     return Outcome(ctx, "succeeded", result=result)
+
+
+def result_too_large(said: str) -> str:
+    """InvalidResultError's text for a result Postgres cannot take (`said`: which limit)."""
+    return (f"the job's result is too large for Postgres to store ({said}): keep large data elsewhere (a table, "
+            "a file) and return a reference to it")
 
 
 def refuse_coroutine(name: str, is_async: bool, value: Any) -> None:
