@@ -367,6 +367,22 @@ async def test_a_checkpoint_result_too_large_to_store_fails_the_job_at_once(dura
     assert bodies(durable_db, h.id) == ["huge"]
 
 
+async def test_a_checkpoint_result_past_one_message_to_postgres_fails_the_job_at_once(
+        durable_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint result whose JSON passes what one message to Postgres carries (lowered here to
+    100,000 bytes) fails the job at once with InvalidResultError naming the checkpoint, before it
+    is sent: Postgres closed the connection on such a message, and each retry ran the body again."""
+    from livepush.jobs.api import args
+
+    monkeypatch.setattr(args, "SENDABLE", 100_000)
+    async with running():
+        h = await dj.bad_result.aenqueue("long checkpoint")
+        failed = await wait_state(h.id, "failed")
+    assert (failed.error or "").startswith("InvalidResultError: checkpoint 'long' result is too large for Postgres "
+                                           "to store (past the 1 GiB one message to Postgres carries)"), failed.error
+    assert failed.attempt == 1
+
+
 async def test_a_step_error_inside_a_task_group_fails_the_job_at_once(durable_db: str) -> None:
     """An error a retry would meet again (here InvalidResultError) fails the job at once also when
     an asyncio.TaskGroup raises it inside an exception group."""
@@ -1351,6 +1367,26 @@ async def test_signal_data_too_large_to_store_is_refused_naming_it(durable_db: s
     del half
     assert q(durable_db, "SELECT count(*) FROM livepush_job_signals") == [(0,)]
     await jobs.asignal(h.id, "approval", {"by": "ana"})  # the job still takes one
+
+
+async def test_signal_data_past_one_message_to_postgres_is_refused_leaving_the_callers_transaction_usable(
+        durable_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """jobs.signal() data whose JSON passes what one message to Postgres carries (lowered here to
+    100,000 bytes) raises InvalidArgumentsError naming it before anything is sent, and with conn=
+    the caller's transaction goes on: Postgres closed the connection on such a message, which was
+    said as an outage."""
+    from livepush.jobs.api import args
+
+    monkeypatch.setattr(args, "SENDABLE", 100_000)
+    h = await dj.waiter.aenqueue("approval")
+    with psycopg.connect(durable_db) as conn:
+        conn.execute("INSERT INTO job_flags (name) VALUES ('before')")
+        with pytest.raises(jobs.InvalidArgumentsError, match=r"data is too large for Postgres to store \(past the 1 GiB"):
+            jobs.signal(h.id, "approval", "x" * 150_000, conn=conn)
+        conn.execute("INSERT INTO job_flags (name) VALUES ('after')")
+        conn.commit()
+    assert q(durable_db, "SELECT name FROM job_flags ORDER BY name") == [("after",), ("before",)]
+    assert q(durable_db, "SELECT count(*) FROM livepush_job_signals") == [(0,)]
 
 
 async def test_children_too_large_to_store_fail_their_parent_naming_them(durable_db: str) -> None:

@@ -1508,3 +1508,25 @@ async def test_members_or_callbacks_too_large_to_store_are_refused_naming_them(g
     assert info is not None and info.state == "failed", info
     assert info.error.startswith("InvalidArgumentsError: the arguments of g.callback are too large for Postgres"), \
         info.error
+
+
+async def test_members_past_one_message_to_postgres_are_refused_naming_them(
+        groups_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group's members whose arguments' JSON passes what one message to Postgres carries
+    together (lowered here to 100,000 bytes) raise InvalidArgumentsError naming them before
+    anything is sent, and nothing is written: Postgres closed the connection on such a message."""
+    from livepush.jobs.api import args
+
+    monkeypatch.setattr(args, "SENDABLE", 100_000)
+    part = "x" * 40_000
+    with pytest.raises(jobs.InvalidArgumentsError, match=r"the arguments of the members and callbacks of task group "
+                                                         r"\d+ are too large for Postgres to store \(past the 1 GiB"):
+        with jobs.group() as g:
+            for _ in range(3):
+                g.enqueue(gj.member, part)
+    h = jobs.create_group()
+    with pytest.raises(jobs.InvalidArgumentsError,
+                       match=r"the arguments of aadd_many_to_group\(\)'s 3 jobs are too large .*\(past the 1 GiB"):
+        await jobs.aadd_many_to_group(h.id, [(gj.member, [part])] * 3)
+    assert q(groups_db, "SELECT id FROM livepush_groups") == [(h.id,)]
+    assert q(groups_db, "SELECT count(*) FROM livepush_jobs")[0][0] == 0

@@ -68,14 +68,15 @@ def test_json_past_one_message_to_postgres_is_refused_in_bytes_before_it_is_sent
     """A statement's JSON text, all of its str parameters together, longer in UTF-8 bytes than one
     message to Postgres carries (a small limit here) raises MessageTooLarge, an
     InvalidArgumentsError: Postgres closes the connection on such a message. Characters past ASCII
-    count as their bytes; other parameters do not count."""
+    count as their bytes, and so do the str items of a list (a statement's array of JSON texts);
+    other parameters do not count."""
     from livepush.jobs.api.args import check_sendable
     from livepush.jobs.errors import MessageTooLarge
 
     check_sendable({"args": "x" * 60, "more": "y" * 40, "n": 10**50, "none": None}, limit=100)
     check_sendable({"args": "é" * 50}, limit=100)  # 100 bytes
     for params in ({"args": "x" * 60, "more": "y" * 41}, {"args": "é" * 51}, {"args": "😀" * 26},
-                   {"args": "x" * 101}):
+                   {"args": "x" * 101}, {"outputs": ["x" * 60, None, "y" * 41]}):
         with pytest.raises(MessageTooLarge, match="one message to Postgres"):
             check_sendable(params, limit=100)
     assert issubclass(MessageTooLarge, InvalidArgumentsError)

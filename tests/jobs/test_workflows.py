@@ -1519,6 +1519,24 @@ def test_an_input_too_large_with_conn_leaves_the_callers_transaction_usable(flow
     assert jobs.workflows.list(name="t_approval") == ([], None)
 
 
+def test_an_input_past_one_message_to_postgres_is_refused_leaving_the_callers_transaction_usable(
+        flows_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """start(conn=) with an input whose JSON passes what one message to Postgres carries (lowered
+    here to 100,000 bytes) raises InvalidArgumentsError naming it before anything is sent, and the
+    caller's transaction goes on: Postgres closed the connection on such a message."""
+    from livepush.jobs.api import args
+
+    monkeypatch.setattr(args, "SENDABLE", 100_000)
+    with psycopg.connect(flows_db) as conn:
+        conn.execute("INSERT INTO job_flags (name) VALUES ('before')")
+        with pytest.raises(jobs.InvalidArgumentsError, match=r"input is too large for Postgres to store \(past the 1 GiB"):
+            wd.approval.start({"rows": "x" * 150_000}, conn=conn)
+        conn.execute("INSERT INTO job_flags (name) VALUES ('after')")
+        conn.commit()
+    assert q(flows_db, "SELECT name FROM job_flags ORDER BY name") == [("after",), ("before",)]
+    assert jobs.workflows.list(name="t_approval") == ([], None)
+
+
 async def test_a_wait_that_runs_out_while_its_run_is_paused_times_out_at_the_resume(flows_db: str) -> None:
     """A step's wait_timeout= counts while its run is paused: a wait that ran out meanwhile leaves
     the run paused, and its on_timeout= applies as soon as the run is resumed (here the run is

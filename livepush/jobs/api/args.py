@@ -215,12 +215,13 @@ def _utf8_length(text: str) -> int:
 
 
 def check_sendable(params: Mapping[str, Any], limit: int | None = None) -> None:
-    """Raise MessageTooLarge when a statement's str parameters (its JSON text), together, are
-    longer in UTF-8 than `limit` bytes (SENDABLE): Postgres would close the connection on them.
-    A text is measured in bytes only when its length in characters does not settle it (at most
-    4 bytes a character)."""
+    """Raise MessageTooLarge when a statement's str parameters (its JSON text: each str, and
+    each str in a list), together, are longer in UTF-8 than `limit` bytes (SENDABLE): Postgres
+    would close the connection on them. A text is measured in bytes only when its length in
+    characters does not settle it (at most 4 bytes a character)."""
     limit = SENDABLE if limit is None else limit
     texts = [value for value in params.values() if isinstance(value, str)]
+    texts += [item for value in params.values() if isinstance(value, list) for item in value if isinstance(item, str)]
     chars = sum(len(text) for text in texts)
     if chars * 4 <= limit:
         return

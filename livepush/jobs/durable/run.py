@@ -30,7 +30,7 @@ from psycopg.rows import dict_row
 from ...postgres.connect import translated
 from ...postgres.pools import aautocommitted
 from ...postgres.text import unstorable
-from ..api.args import dumps, encode, stored_whole
+from ..api.args import PAST_ONE_MESSAGE, check_sendable, dumps, encode, stored_whole
 from ..api.enqueue import Batch, alook_for_script_runtimes
 from ...types import as_seconds
 from ..api.registry import REGISTRY, JobRequest
@@ -40,6 +40,7 @@ from ..errors import (
     DuplicateStepError,
     InvalidResultError,
     JobCancelled,
+    MessageTooLarge,
     Parked,
     ReplayMismatch,
     RunAbandoned,
@@ -147,12 +148,13 @@ def _when(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text)
 
 
-def _too_large(name: str, exc: psycopg.Error) -> InvalidResultError:
-    """A result larger than a jsonb value may be (a string or the whole value past 256 MB): every
-    retry would run the checkpoint's body again and meet the same refusal, so the job fails at
-    once, as for a result that is not JSON."""
+def _too_large(name: str, said: str) -> InvalidResultError:
+    """A result larger than a jsonb value may be (a string or the whole value past 256 MB), or
+    than one message to Postgres carries (1 GiB, `said` names which): every retry would run the
+    checkpoint's body again and meet the same refusal, so the job fails at once, as for a result
+    that is not JSON."""
     return InvalidResultError(f"checkpoint {name!r} result is too large for Postgres to store "
-                              f"({exc.diag.message_primary or exc}): keep checkpoint results small (ids, counts, "
+                              f"({said}): keep checkpoint results small (ids, counts, "
                               "short texts); write large data to your tables inside the checkpoint and return its id")
 
 
@@ -268,16 +270,20 @@ class DurableRun:
         """Store a checkpoint's result (fenced by the run's lease); returns it as a replay will."""
         text = encode(value, f"checkpoint {name!r} result", InvalidResultError, "checkpoint results")
         self.ctx.check_cancelled()
+        params = {"id": self.ctx.job_id, "lease": self.ctx.job.lease, "name": name, "result": f'{{"value":{text}}}',
+                  "fingerprint": fingerprint}
+        try:
+            check_sendable(params)
+        except MessageTooLarge as exc:
+            raise _too_large(name, PAST_ONE_MESSAGE) from exc
         # One statement in autocommit: one round trip (queries.SAVE_CHECKPOINT).
         try:
             with translated(self.ctx.url or ""):
                 async with self._connection() as conn, aautocommitted(conn), conn.cursor() as cur:
                     try:
-                        await cur.execute(dq.SAVE_CHECKPOINT, {"id": self.ctx.job_id, "lease": self.ctx.job.lease,
-                                                               "name": name, "result": f'{{"value":{text}}}',
-                                                               "fingerprint": fingerprint})
+                        await cur.execute(dq.SAVE_CHECKPOINT, params)
                     except psycopg.errors.ProgramLimitExceeded as exc:
-                        raise _too_large(name, exc) from exc
+                        raise _too_large(name, exc.diag.message_primary or str(exc)) from exc
                     stored = await cur.fetchone()
                     saved = None if stored is None else stored[1]
                     if stored is not None and not stored[2]:

@@ -19,7 +19,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ...postgres.connect import cursor_on
-from ..api.args import dumps, encode
+from ..api.args import check_sendable, dumps, encode
 from ..api.enqueue import is_spec
 from ..api.registry import JobRequest
 from ..errors import InvalidArgumentsError
@@ -44,9 +44,13 @@ Steps = Generator[Query, list[Row], T]
 
 
 def run(conn: psycopg.Connection, steps: Steps[T]) -> T:
+    """Drive `steps` on `conn`. A statement whose JSON passes one message to Postgres raises
+    MessageTooLarge before it is sent (args.check_sendable; the caller's args.stored_whole names
+    what it held): Postgres would close the connection on it."""
     try:
         query = next(steps)
         while True:
+            check_sendable(query.params)
             with cursor_on(conn, dict_row) as cur:
                 cur.execute(query.sql, query.params)  # type: ignore[arg-type]
                 rows = cur.fetchall() if cur.description else []
@@ -56,9 +60,11 @@ def run(conn: psycopg.Connection, steps: Steps[T]) -> T:
 
 
 async def arun(aconn: psycopg.AsyncConnection, steps: Steps[T]) -> T:
+    """run() for an AsyncConnection."""
     try:
         query = next(steps)
         while True:
+            check_sendable(query.params)
             async with cursor_on(aconn, dict_row) as cur:
                 await cur.execute(query.sql, query.params)  # type: ignore[arg-type]
                 rows = await cur.fetchall() if cur.description else []
