@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -450,14 +451,16 @@ async def test_a_result_past_one_message_to_postgres_fails_its_job_and_the_runti
 
 
 async def test_results_that_pass_one_message_only_together_are_written_apart(
-        jobs_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        jobs_db: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Results each of which one message to Postgres carries, but not all of a batch together
     (the limit lowered here to 100,000 bytes), are written in smaller statements: every job
     succeeds with its result. A result that passes it only as the batch's JSON carries it (45,000
-    quotes, each escaped twice there) fails its job only."""
+    quotes, each escaped twice there) fails its job only. The log says the batch was too large,
+    as a warning: Postgres refused nothing."""
     from livepush.jobs.api import args
 
     monkeypatch.setattr(args, "SENDABLE", 100_000)
+    caplog.set_level(logging.WARNING, logger="livepush.jobs")
     async with running(concurrency=10) as rt:
         handles = await jobs.aenqueue_many([(sample_jobs.returns_text, [30_000, 1, "results"])] * 5
                                            + [(sample_jobs.returns_text, [45_000, 1, "results", '"'])])
@@ -473,6 +476,8 @@ async def test_results_that_pass_one_message_only_together_are_written_apart(
         assert q(jobs_db, "SELECT length(result ->> 0) FROM livepush_job_payloads WHERE id = %s", (h.id,)) == [(30_000,)]
     s = await asyncio.to_thread(jobs.job_state, handles[5].id)
     assert s is not None and (s["error"] or "").startswith("InvalidResultError: the job's result is too large"), s
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "a batch of job updates" in r.getMessage()]
+    assert said and all(level == logging.WARNING and "past the 1 GiB" in text for level, text in said), said
 
 
 async def test_progress_postgres_refuses_is_dropped(jobs_db: str) -> None:

@@ -207,7 +207,12 @@ class Completer:
         outcome alone (refused again: without its progress; refused again: as a failure with a
         fixed error), then each pending progress alone (refused again: dropped). Raises if even a
         fixed failure is refused (the runtime then stops and gives its jobs back)."""
-        log.error("Postgres refused a batch of job updates (%s); writing them one at a time", exc)
+        if isinstance(exc, MessageTooLarge):
+            # Outcomes each within the limit that pass it together (several large results): no
+            # refusal of Postgres', and nothing wrong with any one of them.
+            log.warning("a batch of job updates is %s; writing them one at a time", PAST_ONE_MESSAGE)
+        else:
+            log.error("Postgres refused a batch of job updates (%s); writing them one at a time", exc)
         suspects = self._outcomes[: self.max_batch]  # at the front, in order: executors only append
         dirty, self._dirty = self._dirty, {}  # kept out of the pieces until their own turn
         try:
