@@ -177,23 +177,16 @@ async def arevoke_subject(subject: str, *, store: RevocationStore | None = None,
     return cutoff_ms / 1000
 
 
+# What the docs describe (docs/reference.md, docs/security.md). The revocation stores, their
+# constants and default_store()/set_default_store() stay importable for livepush's own modules
+# and tests, but are its plumbing, not API: they are not exported.
 __all__ = [
     "CLOCK_ALLOWANCE",
-    "MAX_TOKEN_LENGTH",
-    "MAX_TTL",
-    "MEMORY",
-    "MemoryRevocations",
-    "PostgresRevocations",
-    "RedisRevocations",
-    "RevocationStore",
     "Session",
     "arevoke",
     "arevoke_subject",
     "decode",
-    "default_store",
     "issue",
     "revoke",
     "revoke_subject",
-    "set_default_store",
-    "store_from_settings",
 ]

@@ -1,0 +1,38 @@
+"""The public surface pinned to the docs: every public name of the objects a user is handed (a
+job's `ctx`, a JobFunction, a JobInfo, an App, `livepush.sessions.__all__`) is described in
+docs/, so that none of livepush's own plumbing reads, under a public name, as supported API."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# architecture.md describes livepush's inside (its modules and classes), not what users may rely on.
+USER_DOCS = "\n".join(p.read_text() for p in sorted((ROOT / "docs").glob("*.md")) if p.name != "architecture.md")
+_FENCED = re.compile(r"```.*?```", re.S)
+# What the docs show as code: fenced blocks and `inline spans`, where an API name is written.
+CODE = "\n".join(_FENCED.findall(USER_DOCS) + re.findall(r"`[^`\n]+`", _FENCED.sub("", USER_DOCS)))
+
+
+def public(obj: object) -> list[str]:
+    return sorted(name for name in dir(obj) if not name.startswith("_"))
+
+
+def named_in_code(name: str) -> bool:
+    """Whether the docs show `name` as code: an attribute (`.name`), a keyword (`name=`), or a
+    span of its own (`name`, `name()`)."""
+    word = re.escape(name)
+    return re.search(rf"\.{word}\b|\b{word}=|`{word}(\(.*?\))?`", CODE) is not None
+
+
+def undocumented(names: list[str], named: object = named_in_code) -> list[str]:
+    return [name for name in names if not named(name)]  # type: ignore[operator]
+
+
+def test_every_name_livepush_sessions_exports_is_described_in_the_docs() -> None:
+    """`from livepush.sessions import *` and the module's `__all__` offer what the docs describe
+    only: its revocation stores, their constants and the default store's setters are livepush's own."""
+    import livepush.sessions
+
+    assert undocumented(list(livepush.sessions.__all__)) == []
