@@ -36,3 +36,13 @@ def test_every_name_livepush_sessions_exports_is_described_in_the_docs() -> None
     import livepush.sessions
 
     assert undocumented(list(livepush.sessions.__all__)) == []
+
+
+def test_every_public_name_of_a_job_info_is_described_in_the_docs() -> None:
+    """What `jobs.get_job()`, `list_failed()` and `list_tagged()` return shows its documented
+    fields only: how it is made from a row is livepush's own."""
+    from livepush.jobs import JobInfo
+
+    info = JobInfo(id=1, name="myapp.job", queue="default", state="available", attempt=0, max_attempts=5,
+                   result=None, error=None, progress={}, run_at=None, waiting=None)
+    assert undocumented(public(info)) == []

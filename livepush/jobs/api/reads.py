@@ -40,8 +40,9 @@ class JobInfo:
     args: list[Any] | None = None
     priority: int = 0
 
+    # A row's shape is livepush's own (its tables change with its migrations): not API.
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> JobInfo:
+    def _from_row(cls, row: dict[str, Any]) -> JobInfo:
         view = job_view(row)
         return cls(id=view["id"], name=view["name"], queue=view["queue"], state=view["state"],
                    attempt=view["attempt"], max_attempts=view["max_attempts"], result=view.get("result"),
@@ -57,7 +58,7 @@ def get_job(job_id: int) -> JobInfo | None:
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         cur.execute(queries.JOB_INFOS, {"ids": [job_id]})
         row = cur.fetchone()
-    return None if row is None else JobInfo.from_row(row)
+    return None if row is None else JobInfo._from_row(row)
 
 
 async def aget_job(job_id: int) -> JobInfo | None:
@@ -65,7 +66,7 @@ async def aget_job(job_id: int) -> JobInfo | None:
     async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(queries.JOB_INFOS, {"ids": [job_id]})
         row = await cur.fetchone()
-    return None if row is None else JobInfo.from_row(row)
+    return None if row is None else JobInfo._from_row(row)
 
 
 def _checked_limit(limit: int) -> int:
@@ -96,7 +97,7 @@ def list_tagged(tag: str, *, limit: int = 100, unfinished: bool = False, before:
     params = tagged_params(tag, limit, unfinished, before)
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(queries.TAGGED_JOBS, params).fetchall()
-    return [JobInfo.from_row(r) for r in rows]
+    return [JobInfo._from_row(r) for r in rows]
 
 
 async def alist_tagged(tag: str, *, limit: int = 100, unfinished: bool = False,
@@ -105,7 +106,7 @@ async def alist_tagged(tag: str, *, limit: int = 100, unfinished: bool = False,
     async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(queries.TAGGED_JOBS, params)
         rows = await cur.fetchall()
-    return [JobInfo.from_row(r) for r in rows]
+    return [JobInfo._from_row(r) for r in rows]
 
 
 def failed_params(queue: str | None, name: str | None, limit: int, before: int | None = None) -> dict[str, Any]:
@@ -129,7 +130,7 @@ def list_failed(queue: str | None = None, *, name: str | None = None, limit: int
     params = failed_params(queue, name, limit, before)
     with database.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(queries.FAILED_JOBS, params).fetchall()
-    return [JobInfo.from_row(r) for r in rows]
+    return [JobInfo._from_row(r) for r in rows]
 
 
 async def alist_failed(queue: str | None = None, *, name: str | None = None, limit: int = 100,
@@ -138,4 +139,4 @@ async def alist_failed(queue: str | None = None, *, name: str | None = None, lim
     async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(queries.FAILED_JOBS, params)
         rows = await cur.fetchall()
-    return [JobInfo.from_row(r) for r in rows]
+    return [JobInfo._from_row(r) for r in rows]
