@@ -1296,9 +1296,9 @@ async def test_the_rules_of_the_pages_app_allow_what_they_say(page: str) -> None
     ns = await run(*(example(page, "# myapp/push.py")), {})
     app = ns["app"]
     seven = Session(id="sid", subject="7", expires_at=9e9, issued_at=1.0)
-    assert app.allowed_by_rules(None, "public:news") and app.allowed_by_rules(seven, "public:news")
-    assert app.allowed_by_rules(seven, "user:7")
-    assert not app.allowed_by_rules(seven, "user:8") and not app.allowed_by_rules(None, "user:7")
+    assert await app.check(None, "public:news") is None and await app.check(seven, "public:news") is None
+    assert await app.check(seven, "user:7") is None
+    assert await app.check(seven, "user:8") == "forbidden" and await app.check(None, "user:7") == "forbidden"
 
 
 async def test_the_groups_page_example_runs_its_callbacks(docs_db: str) -> None:

@@ -46,3 +46,12 @@ def test_every_public_name_of_a_job_info_is_described_in_the_docs() -> None:
     info = JobInfo(id=1, name="myapp.job", queue="default", state="available", attempt=0, max_attempts=5,
                    result=None, error=None, progress={}, run_at=None, waiting=None)
     assert undocumented(public(info)) == []
+
+
+def test_every_public_name_of_an_app_is_described_in_the_docs() -> None:
+    """The `--app` object shows its documented settings and calls only: the helpers the server
+    uses to read its rules are livepush's own."""
+    import livepush
+
+    app = livepush.App(rules=[livepush.Allow("public:*", anonymous=True)])
+    assert undocumented(public(app)) == []

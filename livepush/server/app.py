@@ -135,7 +135,7 @@ class PushServer:
         """Say once, as the server is made, that the app's rules that need a session allow nothing
         here: every connection is anonymous, and each of their subscribes was a `forbidden`, which
         the client takes as final, with nothing anywhere saying why."""
-        patterns = self.app.session_rules()
+        patterns = self.app._session_rules()
         if patterns:
             log.warning("LIVEPUSH_AUTHENTICATE=off makes every connection anonymous, so %s%s need a session and "
                         "allow nothing: set LIVEPUSH_AUTHENTICATE=optional (the default) to read sessions, or give "

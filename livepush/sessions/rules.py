@@ -355,13 +355,14 @@ class App:
     def __repr__(self) -> str:
         return f"App(rules={list(self.rules)!r}, authorize={self.authorize!r}, max_subscriptions={self.max_subscriptions})"
 
-    def session_rules(self) -> tuple[str, ...]:
+    def _session_rules(self) -> tuple[str, ...]:
         """The patterns of the rules that need a session (not anonymous=True): on a server that
         ignores tokens (LIVEPUSH_AUTHENTICATE=off), where every connection is anonymous, they
-        allow nothing."""
+        allow nothing. The server's own, to warn so as it starts: not API."""
         return tuple(rule.pattern for rule in self.rules if not rule.anonymous)
 
-    def allowed_by_rules(self, session: Session | None, topic: str) -> bool:
+    def _allowed_by_rules(self, session: Session | None, topic: str) -> bool:
+        # The rules' part of check(), which is the answer users may rely on.
         return any(rule.allows(session, topic) for rule in self.rules)
 
     async def check(self, session: Session | None, topic: str) -> str | None:
@@ -373,7 +374,7 @@ class App:
             return "invalid_topic"
         if topic.startswith(RESERVED_PREFIX):
             return "forbidden"
-        if self.allowed_by_rules(session, topic):
+        if self._allowed_by_rules(session, topic):
             return None
         if self.authorize is None:
             if not self.rules:
