@@ -55,3 +55,14 @@ def test_every_public_name_of_an_app_is_described_in_the_docs() -> None:
 
     app = livepush.App(rules=[livepush.Allow("public:*", anonymous=True)])
     assert undocumented(public(app)) == []
+
+
+def test_every_public_name_of_a_job_function_is_described_in_the_docs() -> None:
+    """What `@jobs.job` returns shows the calls and options the docs describe: the runtime's
+    bookkeeping (its arity, schema check, claim limits, workflow step) is livepush's own."""
+    from livepush import jobs
+
+    def send(ctx: object, to: str) -> None: ...
+
+    fn = jobs.JobFunction(send, name="tests.public_names.send", concurrency=("to", 1), schema={"type": "array"})
+    assert undocumented(public(fn)) == []

@@ -461,7 +461,7 @@ def test_an_object_whose_call_is_async_runs_as_an_async_job(jobs_db: str) -> Non
     returned its coroutine unrun, and the job failed."""
     job = jobs.job(name="t.async_object")(_AsyncCallable())  # type: ignore[arg-type]
     partial = jobs.job(name="t.async_partial")(functools.partial(_send, template="welcome"))
-    assert job.is_async and partial.is_async
+    assert job._is_async and partial._is_async
     first, second = job.enqueue("a@example.com"), partial.enqueue("b@example.com")
     assert jobs.drain(registry=jobs.REGISTRY) == {"succeeded": 2}
     assert jobs.get_job(first.id).result == "called for a@example.com"  # type: ignore[union-attr]

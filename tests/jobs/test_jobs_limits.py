@@ -85,7 +85,7 @@ def test_the_options_are_checked_when_the_function_is_declared() -> None:
     for bad in ["100", "0/s", "-1/s", "5/h", 5]:
         with pytest.raises(ConfigError):
             jobs.job(name="t.bad", rate=bad)(f)
-    assert jobs.job(name="t.ok", rate="30/m")(f).limits.rate == 0.5
+    assert jobs.job(name="t.ok", rate="30/m")(f)._limits.rate == 0.5
 
 
 def test_the_concurrency_key_is_the_parameter_of_what_the_runtime_calls(limits_db: str) -> None:
@@ -139,7 +139,7 @@ def test_a_concurrency_key_default_json_cannot_hold_fails_at_declaration() -> No
 
     with pytest.raises(ConfigError, match="concurrency=\\('tenant', 1\\).*default"):
         jobs.job(name="t.dated_key", concurrency=("tenant", 1))(dated)
-    assert jobs.job(name="t.shared_key", concurrency=("tenant", 1))(shared).limits.key_of([]) == '{"org":null}'
+    assert jobs.job(name="t.shared_key", concurrency=("tenant", 1))(shared)._limits.key_of([]) == '{"org":null}'
 
 
 @pytest.mark.parametrize("default", [float("nan"), float("inf"), -float("inf"), [1, {"org": float("nan")}]],
@@ -208,7 +208,7 @@ def test_a_rate_too_large_to_count_fails_at_declaration(rate: str) -> None:
 
     with pytest.raises(ConfigError, match="rate="):
         jobs.job(name="t.huge_rate", rate=rate)(f)
-    assert jobs.job(name="t.largest_rate", rate="1000000000/s")(f).limits.rate == 1e9
+    assert jobs.job(name="t.largest_rate", rate="1000000000/s")(f)._limits.rate == 1e9
 
 
 def test_the_key_is_the_named_argument_at_enqueue(limits_db: str) -> None:

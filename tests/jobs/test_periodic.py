@@ -431,7 +431,7 @@ def test_a_concurrency_keyed_on_the_tick_fails_at_decoration_saying_how_to_run_o
 
     fn = jobs.periodic("*/5 * * * *", queue="periodic-in-process", name="tests.periodic.one_at_a_time",
                        concurrency=("only", 1))(one_at_a_time)
-    assert fn.limits.max_running == 1
+    assert fn._limits.max_running == 1
 
 
 def test_a_periodic_job_is_a_registered_job_with_its_options() -> None:

@@ -206,7 +206,7 @@ def _limits_now(found: tuple[Any, ...], job_id: int) -> Limits | None:
     Limits()), or None when it does not define it (an operator's script that imports no jobs).
     retry_failed() enqueues the job again, and an enqueue is held to its caller's definition."""
     fn = REGISTRY.find(found[3])
-    limits = getattr(fn, "limits", None)
+    limits = getattr(fn, "_limits", None)
     if not isinstance(limits, Limits):
         return None
     if limits.any and found[4] != fn.queue:

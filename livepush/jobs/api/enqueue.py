@@ -129,7 +129,7 @@ class Batch:
         self._fns: dict[tuple[JobSpec, str | None], tuple[int, Any, Any, tuple[int, int]]] = {}
 
     def _fn(self, fn: JobSpec, queue: str | None) -> tuple[int, Any, Any, tuple[int, int]]:
-        limits = getattr(fn, "limits", None)  # JobFunction's claim limits; None for other specs
+        limits = getattr(fn, "_limits", None)  # JobFunction's claim limits; None for other specs
         limited = limits is not None and limits.any
         if limited and queue is not None and queue != fn.queue:
             # Its own queue was measured at the decorator; another (a durable child on its
@@ -139,8 +139,8 @@ class Batch:
         index = self.specs.get(spec)
         if index is None:
             index = self.specs[spec] = len(self.specs)
-        found = (index, getattr(fn, "validate_args", None), limits if limited else None,
-                 getattr(fn, "arity", ANY_NUMBER))
+        found = (index, getattr(fn, "_validate_args", None), limits if limited else None,
+                 getattr(fn, "_arity", ANY_NUMBER))
         with contextlib.suppress(TypeError):  # an unhashable spec (a plain dataclass) is looked up each time
             self._fns[fn, queue] = found
         return found

@@ -135,15 +135,18 @@ def _default_name(func: Callable[..., Any]) -> str:
 
 
 class JobFunction:
-    """What `@jobs.job` returns: still callable as the plain function, plus enqueue."""
+    """What `@jobs.job` returns: still callable as the plain function, plus enqueue.
+
+    Its public names are what docs/reference.md describes (the function, the decorator's
+    options, request/enqueue/aenqueue); the underscored ones are the runtime's bookkeeping."""
 
     # The workflow whose step this job runs (workflows/definition.py), else None: its jobs take
     # the steps' claim (workflows/queries.py: CLAIM_STEPS).
-    step_of: str | None = None
+    _step_of: str | None = None
     # For a job whose result wraps what its function's own code returned (a workflow step's), what
     # the runtime raises for a result the JSON check refused, naming that code's value; None
     # keeps the check's own error. Called only once the check refused: the hot path encodes once.
-    refused_result: Callable[[Any], Exception | None] | None = None
+    _refused_result: Callable[[Any], Exception | None] | None = None
 
     def __init__(
         self,
@@ -189,15 +192,15 @@ class JobFunction:
         _check_backoff(backoff)
         self.backoff = backoff
         # Claim limits (docs/jobs.md "Limits and paused queues"): runtimes store them at start.
-        self.limits: Limits = limits_of(func, concurrency, rate, self.name)
-        if self.limits.any:
+        self._limits: Limits = limits_of(func, concurrency, rate, self.name)
+        if self._limits.any:
             check_claim_entry(self.name, queue, "@jobs.job")
         self.schema = schema
         # Checks the arguments (a JSON array) against `schema` at enqueue; None without one.
-        self.validate_args = None if schema is None else compile_schema(schema, self.name)
+        self._validate_args = None if schema is None else compile_schema(schema, self.name)
         # How many arguments it takes after ctx, checked at enqueue: a call it cannot take would
         # fail every attempt in a runtime, found in its log rather than at the call.
-        self.arity = arity(func)
+        self._arity = arity(func)
         # Which no enqueue can pass: every attempt of every job would fail with a TypeError in a
         # runtime, found in its log after the retries rather than at import.
         keywords = required_keywords(func)
@@ -205,7 +208,7 @@ class JobFunction:
             raise ConfigError(f"@jobs.job: {self.name} has keyword-only parameters without a default "
                               f"({', '.join(keywords)}), but a job's arguments are passed by position after ctx: "
                               "make them positional, or give them a default")
-        if self.arity[1] < 0:
+        if self._arity[1] < 0:
             # Called func(ctx, *args), it fails every attempt; said here rather than at its enqueue.
             raise ConfigError(f"@jobs.job: {self.name} takes no parameter, but a job function is called with ctx "
                               "first, then the job's arguments: add ctx as its first parameter")
@@ -220,7 +223,7 @@ class JobFunction:
             # that is not JSON, where the mistake (a `yield`) is plain at import.
             raise ConfigError(f"@jobs.job: {self.name} is a generator function: a job returns its result (JSON); "
                               "use return, not yield (ctx.progress() reports on the way)")
-        self.is_async = is_async_callable(func)
+        self._is_async = is_async_callable(func)
         self.__name__ = getattr(func, "__name__", self.name)
         self.__qualname__ = getattr(func, "__qualname__", self.name)
         self.__doc__ = func.__doc__
@@ -240,13 +243,13 @@ class JobFunction:
             refuse_keywords(self.func, self.name, "request", unknown, REQUEST_OPTIONS)
         if queue is not None:
             check_queue(queue, "request(queue=)")
-            if self.limits.any:
+            if self._limits.any:
                 check_claim_entry(self.name, queue, "request(queue=)")
         check_args(args)
-        if self.validate_args is not None:
-            self.validate_args(list(args))
-        if not self.arity[0] <= len(args) <= self.arity[1]:
-            refuse_arity(self.name, self.arity, len(args))
+        if self._validate_args is not None:
+            self._validate_args(list(args))
+        if not self._arity[0] <= len(args) <= self._arity[1]:
+            refuse_arity(self.name, self._arity, len(args))
         return JobRequest(self.name, args, queue)
 
     def enqueue(self, *args: Any, wait: Seconds | None = None, at: datetime | None = None, conn: Any = None,

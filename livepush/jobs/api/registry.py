@@ -163,7 +163,7 @@ def _warn_if_redefined(held: Any, fn: Any) -> None:
 def _options_of(fn: Any) -> dict[str, Any]:
     """What a registration decides beyond its function, comparable across a re-import (callables
     and exception classes by where they are defined, not by identity)."""
-    limits = getattr(fn, "limits", None)
+    limits = getattr(fn, "_limits", None)
     return {
         "queue": getattr(fn, "queue", None), "priority": getattr(fn, "priority", None),
         "max_attempts": getattr(fn, "max_attempts", None), "timeout": getattr(fn, "timeout", None),

@@ -189,7 +189,7 @@ def callback_spec(request: Any, keyword: str) -> str | None:
     # The function's claim limits hold for its callbacks as for its other jobs: without `limited`
     # the plain claim would take them, past its concurrency= and rate=. The key is taken now, as
     # enqueue takes it (a missing or oversized one is refused here, not when the group finishes).
-    limits = getattr(fn, "limits", None)
+    limits = getattr(fn, "_limits", None)
     limited = limits is not None and limits.any
     # dumps() as enqueue writes arguments: json.dumps writes a float from 1e16 up with an exponent,
     # which jsonb keeps as the integer it equals, so the callback would get an int in its place.

@@ -124,11 +124,11 @@ def _check_signature(cron: str, func: Callable[..., Any]) -> None:
 def _check_schema(fn: JobFunction, cron: Cron) -> None:
     # A schema= that refuses the tick it is given mostly refuses every one, and each would only be
     # logged as not enqueued (periodic/scheduler.py): refused now, at import, where it is seen.
-    if fn.validate_args is None:
+    if fn._validate_args is None:
         return
     tick = cron.latest_due(datetime.now(UTC)).isoformat()
     try:
-        fn.validate_args([tick])
+        fn._validate_args([tick])
     except InvalidArgumentsError as exc:
         raise InvalidScheduleError(f"periodic {cron.expression!r}: {fn.name} is enqueued with its tick as its one "
                                    f"argument, which its schema refuses: {exc}") from None
@@ -137,7 +137,7 @@ def _check_schema(fn: JobFunction, cron: Cron) -> None:
 def _check_concurrency(fn: JobFunction, cron: Cron) -> None:
     # The tick is the job's first argument and differs each time: a concurrency key taken from it
     # never holds a run back, and a user who meant "one at a time" would get overlapping runs.
-    limits = fn.limits
+    limits = fn._limits
     if limits.key_index == 0:
         raise InvalidScheduleError(
             f"periodic {cron.expression!r}: {fn.name}'s concurrency=({limits.key_param!r}, {limits.max_running}) "

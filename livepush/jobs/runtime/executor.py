@@ -98,7 +98,7 @@ async def execute(
     try:
         if job.callback_of is not None:
             await ctx.load_group()  # a group callback: ctx.group shows the finished group
-        if fn.is_async:
+        if fn._is_async:
             # Its timeout is the runtime's: it cancels the task and sets ctx.timed_out, handled below.
             if arm is not None and fn.timeout is not None:
                 arm(fn, ctx)
@@ -139,7 +139,7 @@ async def execute(
             if isinstance(value, Raised):
                 raise value.exc  # caught below, in this frame (leaving it, it would become a RuntimeError)
         if inspect.iscoroutine(value):
-            refuse_coroutine(fn.name, fn.is_async, value)
+            refuse_coroutine(fn.name, fn._is_async, value)
     except Parked:
         return None
     except RunAbandoned as exc:
@@ -211,7 +211,7 @@ async def execute(
         check_sendable({"result": result})
     except InvalidResultError as exc:
         # A workflow step's job names the step and its output, not the result wrapping it.
-        explained = fn.refused_result(value) if fn.refused_result is not None else None
+        explained = fn._refused_result(value) if fn._refused_result is not None else None
         return _failure(fn, ctx, explained or exc)
     except MessageTooLarge:
         return _failure(fn, ctx, InvalidResultError(result_too_large(PAST_ONE_MESSAGE)))

@@ -31,7 +31,7 @@ def definitions(registry: Registry) -> dict[str, Limits | None]:
     """Each registered function's limits as its definition states them (None: it has none)."""
     found = {}
     for name in registry.names():
-        limits = getattr(registry.find(name), "limits", None)
+        limits = getattr(registry.find(name), "_limits", None)
         found[name] = limits if limits is not None and limits.any else None
     return found
 
@@ -81,7 +81,7 @@ async def names(pool: AsyncConnectionPool, registry: Registry) -> tuple[list[str
     definition marked take their limited claim."""
     async with pool.connection() as conn:
         stored = {r[0]: r[1] for r in await (await conn.execute(queries.LIMITED_NAMES)).fetchall()}
-    own = {n for n in registry.names() if getattr(registry.find(n), "limits", None) and registry.find(n).limits.any}
+    own = {n for n in registry.names() if getattr(registry.find(n), "_limits", None) and registry.find(n)._limits.any}
     mine = sorted(n for n in stored.keys() | own if n in registry)
     return mine, frozenset(n for n in mine if stored.get(n))
 

@@ -1120,7 +1120,7 @@ class Runtime:
         start and again when the registry counts new registrations, so that the steps of a
         workflow defined later in this process (a module imported after the start) are claimed."""
         self.step_names = [name for name in self.registry.names()
-                           if getattr(self.registry.find(name), "step_of", None) is not None]
+                           if getattr(self.registry.find(name), "_step_of", None) is not None]
 
     async def _release_unheard(self) -> None:
         """Give back (attempt not spent) the jobs a failed claim committed to this runtime without
@@ -1179,9 +1179,9 @@ class Runtime:
             self._completer.submit(Outcome(ctx, "released"))
             return
         task = asyncio.create_task(self._run_job(fn, ctx), name=f"livepush-job-{job.id}")
-        entry = self.in_hand[job.id] = _InHand(ctx, task, fn.is_async)
+        entry = self.in_hand[job.id] = _InHand(ctx, task, fn._is_async)
         self.peak_in_hand = max(self.peak_in_hand, len(self.in_hand))
-        if ctx.cancel_requested and fn.is_async:
+        if ctx.cancel_requested and fn._is_async:
             self._stop_async(entry)
 
     def _stop_async(self, entry: _InHand) -> None:

@@ -212,8 +212,8 @@ class Workflow:
             raise WorkflowDefinitionError(f"{where}: step {name!r}: {exc}") from None
         # Marked a step before it is registered: a runtime that sees the registration (registry.changes)
         # reads its steps then, from another thread too, and must find this one marked.
-        function.step_of = self.name
-        function.refused_result = functools.partial(self.engine.refused_output, self, name)
+        function._step_of = self.name
+        function._refused_result = functools.partial(self.engine.refused_output, self, name)
         job = REGISTRY.add(function, origin, place_of(fn))  # named by the user's step, not its runner
         spec = StepSpec(name, kind, deps, fn, job_name, wait_for,
                         None if wait_timeout is None else float(wait_timeout), on_timeout, on_batch_failure,
