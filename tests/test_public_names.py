@@ -66,3 +66,20 @@ def test_every_public_name_of_a_job_function_is_described_in_the_docs() -> None:
 
     fn = jobs.JobFunction(send, name="tests.public_names.send", concurrency=("to", 1), schema={"type": "array"})
     assert undocumented(public(fn)) == []
+
+
+def test_every_public_name_of_a_jobs_ctx_is_described_in_the_docs() -> None:
+    """`dir(ctx)` in a job, async or sync, lists the `ctx.` names the docs describe only: the
+    runtime's state (its pool, lease, progress bookkeeping) and its hooks are livepush's own."""
+    from livepush.jobs import JobContext, SyncJobContext
+    from livepush.jobs.runtime.context import ClaimedJob
+
+    job = ClaimedJob(id=1, name="myapp.job", queue="default", priority=0, attempt=1, max_attempts=5, lease=1,
+                     args=[], run_at=None)  # type: ignore[arg-type]
+    ctx = JobContext(job, None)
+
+    def ctx_name(name: str) -> bool:
+        return re.search(rf"\bctx\.{re.escape(name)}\b", USER_DOCS) is not None
+
+    assert undocumented(public(ctx), ctx_name) == []
+    assert undocumented(public(SyncJobContext(ctx, None)), ctx_name) == []  # type: ignore[arg-type]

@@ -81,7 +81,7 @@ async def test_checkpoints_replayed_side_by_side_read_the_stored_steps_once(
 
     async def counted(self: DurableRun, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         if sql == dq.LOAD_STEPS:
-            loads.append(self.ctx.job.attempt)
+            loads.append(self.ctx._job.attempt)
         return await real_read(self, sql, params)
 
     monkeypatch.setattr(DurableRun, "_read", counted)

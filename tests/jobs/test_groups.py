@@ -1386,11 +1386,11 @@ def test_a_member_reading_kind_is_told_it_is_a_callbacks_only_attribute() -> Non
 
     from livepush.jobs.groups.context import GroupContext
 
-    member = GroupContext(SimpleNamespace(job=SimpleNamespace(callback_of=None, group_id=5)))
+    member = GroupContext(SimpleNamespace(_job=SimpleNamespace(callback_of=None, group_id=5)))
     with pytest.raises(AttributeError, match=r"ctx\.group\.kind is which callback .*known to its callbacks only"):
         member.kind
     assert not hasattr(member, "kind")
-    callback = GroupContext(SimpleNamespace(job=SimpleNamespace(callback_of=5, group_id=None)), {"state": "finished"},
+    callback = GroupContext(SimpleNamespace(_job=SimpleNamespace(callback_of=5, group_id=None)), {"state": "finished"},
                             "success")
     assert callback.kind == "success" and callback.id == 5
 
@@ -1412,7 +1412,7 @@ def test_sync_group_enqueue_does_not_wait_for_ever_on_a_loop_that_stopped(monkey
     class Blocked(GroupContext):
         enqueue = Stuck()
 
-    inner = Blocked(SimpleNamespace(job=SimpleNamespace(callback_of=None, group_id=5)))
+    inner = Blocked(SimpleNamespace(_job=SimpleNamespace(callback_of=None, group_id=5)))
     caller = Caller(lambda: SyncGroupContext(inner, runtime_loop.loop).enqueue(gj.member, 1, timeout=0.2))
     assert Blocked.enqueue.started.wait(5)
     runtime_loop.stop()
@@ -1438,7 +1438,7 @@ def test_sync_group_enqueue_gives_up_on_a_stopped_loop_within_a_second_not_its_t
     class Blocked(GroupContext):
         enqueue = Stuck()
 
-    inner = Blocked(SimpleNamespace(job=SimpleNamespace(callback_of=None, group_id=5)))
+    inner = Blocked(SimpleNamespace(_job=SimpleNamespace(callback_of=None, group_id=5)))
     caller = Caller(lambda: SyncGroupContext(inner, runtime_loop.loop).enqueue(gj.member, 1))  # timeout=30.0
     assert Blocked.enqueue.started.wait(5)
     runtime_loop.stop()

@@ -88,4 +88,4 @@ def _what_the_runtime_saw(runtime: Runtime, url: str, job_id: int) -> str:
     entry = runtime.in_hand.get(job_id)
     return (f"row (state, cancel_requested, runtime_id) {row}; runtime id {runtime.id}, its listener listening "
             f"{runtime._listener.listening}, cancels due {runtime._cancels_due}, cancel check "
-            f"{runtime._cancel_check}, in hand {entry is not None}, told {entry and entry.ctx.cancel_requested}")
+            f"{runtime._cancel_check}, in hand {entry is not None}, told {entry and entry.ctx._cancel_requested}")

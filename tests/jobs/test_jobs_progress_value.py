@@ -66,7 +66,7 @@ def test_an_async_jobs_progress_from_a_thread_it_started_is_handed_to_the_loop()
         await asyncio.to_thread(ctx.progress, 4, 10, "from a thread")
         for _ in range(3):  # the hand-over's turn of the loop
             await asyncio.sleep(0)
-        return threading.get_ident(), sink.threads, ctx.latest
+        return threading.get_ident(), sink.threads, ctx._latest
 
     loop_thread, threads, latest = asyncio.run(main())
     assert threads == [loop_thread]

@@ -1279,7 +1279,7 @@ async def test_a_timed_out_sync_thread_that_ended_no_longer_counts_as_hung(
 
 async def test_a_job_started_before_its_runtime_took_fresh_threads_still_runs_sync_work(jobs_db: str) -> None:
     """After as many hung sync threads as slots, new sync work goes to a fresh thread pool. A job
-    that started before that holds the old pool as ctx.threads, and its sync checkpoint still
+    that started before that holds the old pool as ctx._threads, and its sync checkpoint still
     runs there: the old pool is left to end with its threads, not shut down under it."""
     sample_jobs.UNSTICK.clear()
     sample_jobs.CHECKPOINT_GO.clear()
@@ -1401,7 +1401,7 @@ async def test_a_job_past_its_timeout_when_the_runtime_gives_its_jobs_back_still
     deaf: list[asyncio.Task[Any]] = []
     try:
         async with running(concurrency=1) as rt:
-            await async_wait_for(lambda: h.id in rt.in_hand and rt.in_hand[h.id].ctx.timed_out, 5.0,
+            await async_wait_for(lambda: h.id in rt.in_hand and rt.in_hand[h.id].ctx._timed_out, 5.0,
                                  message="the job to pass its timeout")
             deaf.append(rt.in_hand[h.id].task)
             rt.stop(now=True)  # within its grace (runtime.TIMEOUT_GRACE)

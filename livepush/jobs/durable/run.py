@@ -61,20 +61,20 @@ from ...errors import ArgumentTypeError, ArgumentValueError, DependencyError
 class RunContext(Protocol):
     """What the durable calls need of a running job's context (runtime/context.JobContext)."""
 
-    job: Any  # its ClaimedJob: id, lease, queue, has_steps
-    pool: Any  # the runtime's connection pool
-    threads: Any  # the runtime's threads for sync work (None: the loop's default pool)
-    url: str | None
-    latest: dict[str, Any] | None  # the newest progress, written with the park
-    dirty: bool
-    cancel_requested: bool
-    released: bool  # handed back by the runtime: its lease is gone
-    timed_out: bool  # the attempt failed by its timeout (a sync job's thread runs on)
+    _job: Any  # its ClaimedJob: id, lease, queue, has_steps
+    _pool: Any  # the runtime's connection pool
+    _threads: Any  # the runtime's threads for sync work (None: the loop's default pool)
+    _url: str | None
+    _latest: dict[str, Any] | None  # the newest progress, written with the park
+    _dirty: bool
+    _cancel_requested: bool
+    _released: bool  # handed back by the runtime: its lease is gone
+    _timed_out: bool  # the attempt failed by its timeout (a sync job's thread runs on)
 
     @property
     def job_id(self) -> int: ...
 
-    def check_cancelled(self) -> None: ...
+    def _check_cancelled(self) -> None: ...
 
 MAX_NAME = 200  # characters of a checkpoint, sleep or signal name
 _RETRIES = 5  # a parking transaction Postgres broke (deadlock) is run again
@@ -208,7 +208,7 @@ class DurableRun:
             async with self._loading:
                 if self._stored is None or self._reload:
                     stored: dict[tuple[str, str], dict[str, Any]] = {}
-                    if self.ctx.job.has_steps or self._reload:
+                    if self.ctx._job.has_steps or self._reload:
                         for row in await self._read(dq.LOAD_STEPS, {"id": self.ctx.job_id}):
                             stored[(row["kind"], row["name"])] = row
                     # What this run knew stands (stored by it, or read before): a store that
@@ -218,12 +218,12 @@ class DurableRun:
         return self._stored
 
     def _connection(self) -> Any:
-        return self.ctx.pool.connection()
+        return self.ctx._pool.connection()
 
     async def _read(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         """One read of the durable calls; psycopg's errors become livepush's (DependencyError), as
         around every other call a job makes through ctx, so that a job catches the one it knows."""
-        with translated(self.ctx.url or ""):
+        with translated(self.ctx._url or ""):
             async with self._connection() as conn, conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(sql, params)
                 return await cur.fetchall()
@@ -269,8 +269,8 @@ class DurableRun:
     async def store(self, name: str, value: Any, fingerprint: str | None) -> Any:
         """Store a checkpoint's result (fenced by the run's lease); returns it as a replay will."""
         text = encode(value, f"checkpoint {name!r} result", InvalidResultError, "checkpoint results")
-        self.ctx.check_cancelled()
-        params = {"id": self.ctx.job_id, "lease": self.ctx.job.lease, "name": name, "result": f'{{"value":{text}}}',
+        self.ctx._check_cancelled()
+        params = {"id": self.ctx.job_id, "lease": self.ctx._job.lease, "name": name, "result": f'{{"value":{text}}}',
                   "fingerprint": fingerprint}
         try:
             check_sendable(params)
@@ -278,7 +278,7 @@ class DurableRun:
             raise _too_large(name, PAST_ONE_MESSAGE) from exc
         # One statement in autocommit: one round trip (queries.SAVE_CHECKPOINT).
         try:
-            with translated(self.ctx.url or ""):
+            with translated(self.ctx._url or ""):
                 async with self._connection() as conn, aautocommitted(conn), conn.cursor() as cur:
                     try:
                         await cur.execute(dq.SAVE_CHECKPOINT, params)
@@ -344,7 +344,7 @@ class DurableRun:
             # only a few). call_in_thread: a StopIteration it raises would never reach us through
             # a bare run_in_executor (an asyncio future refuses it), and the job would hang.
             try:
-                result = await call_in_thread(self.ctx.threads, fn, *args)
+                result = await call_in_thread(self.ctx._threads, fn, *args)
                 if inspect.isawaitable(result):
                     result = await result
             except BaseException:
@@ -384,7 +384,7 @@ class DurableRun:
         back (the thread runs on): its result could not be stored, and the body would run again on
         the replay."""
         self._refuse_late_body()
-        if self.ctx.released or self.ctx.timed_out:
+        if self.ctx._released or self.ctx._timed_out:
             raise RunAbandoned(f"job {self.ctx.job_id}: a checkpoint started after its attempt had ended; the next "
                                "run will replay it")
 
@@ -395,7 +395,7 @@ class DurableRun:
         run replays them instead of running them again. Not for a run cancelled or past its
         timeout: it ends now (a sync function that runs on in its thread stores what it can)."""
         self._ended = True
-        if self.ctx.cancel_requested or self.ctx.timed_out:
+        if self.ctx._cancel_requested or self.ctx._timed_out:
             return
         await self._no_bodies.wait()
 
@@ -404,7 +404,7 @@ class DurableRun:
         """Around a parking transaction: no new checkpoint body starts, and the running ones have
         stored their results, before it parks; a second parking call (asyncio.gather) ends with
         the run once the first parked, instead of finding the claim gone."""
-        if self.ctx.timed_out or self.ctx.released:
+        if self.ctx._timed_out or self.ctx._released:
             # Its lease holds until the runtime writes the attempt's outcome (batched): parked
             # meanwhile, the job would wait, and the timeout's failure be fenced off and lost.
             raise RunAbandoned(f"job {self.ctx.job_id}: a parking call after its attempt had ended (past its "
@@ -468,15 +468,15 @@ class DurableRun:
         ctx = self.ctx
 
         def tx() -> steps.Steps[Any]:
-            fenced = yield steps.Query(dq.FENCE, {"id": ctx.job_id, "lease": ctx.job.lease})
+            fenced = yield steps.Query(dq.FENCE, {"id": ctx.job_id, "lease": ctx._job.lease})
             if not fenced:
                 raise _Lost()
             if fenced[0]["cancel_requested"]:
-                ctx.cancel_requested = True
+                ctx._cancel_requested = True
                 raise JobCancelled(f"job {ctx.job_id} was cancelled")
             return (yield from body(fenced[0]["now"]))
 
-        with translated(ctx.url or ""):
+        with translated(ctx._url or ""):
             for attempt in range(_RETRIES):
                 try:
                     async with self._connection() as conn:
@@ -496,18 +496,18 @@ class DurableRun:
               then: steps.Steps[None] | None = None) -> steps.Steps[None]:
         """PARK (then `then`, in the same transaction), and end the run with Parked."""
         ctx = self.ctx
-        progress = dumps(ctx.latest) if ctx.latest is not None else None
-        moved = yield steps.Query(dq.PARK, {"id": ctx.job_id, "lease": ctx.job.lease, "until": until,
+        progress = dumps(ctx._latest) if ctx._latest is not None else None
+        moved = yield steps.Query(dq.PARK, {"id": ctx.job_id, "lease": ctx._job.lease, "until": until,
                                             "waiting": dumps(waiting), "progress": progress})
         if not moved:
             raise _Lost()
         if moved[0]["run_touched"] < 0:
             # A workflow step whose run ended meanwhile: roll the park back and end as cancelled.
-            ctx.cancel_requested = True
+            ctx._cancel_requested = True
             raise JobCancelled(f"job {ctx.job_id}: its workflow run has ended; it does not wait")
         if then is not None:
             yield from then
-        ctx.dirty = False
+        ctx._dirty = False
         raise Parked()
 
     def _save(self, kind: str, name: str, result: dict[str, Any]) -> steps.Steps[None]:
@@ -567,8 +567,8 @@ class DurableRun:
             except Parked:
                 # The children are enqueued (committed with the park): a script's job among them
                 # warns as its enqueue does, on the queue _spawn put it on.
-                await alook_for_script_runtimes(Batch(), [(r.name, r.queue or self.ctx.job.queue) for r in requests],
-                                                pool=self.ctx.pool)
+                await alook_for_script_runtimes(Batch(), [(r.name, r.queue or self.ctx._job.queue) for r in requests],
+                                                pool=self.ctx._pool)
                 raise
             raise AssertionError("unreachable: _spawn parks")
         group_id, count = stored["result"]["group"], stored["result"]["count"]
@@ -593,7 +593,7 @@ class DurableRun:
         group_id = int(row["nextval"])
         batch = Batch()
         for r in requests:
-            batch.add(REGISTRY.get(r.name), r.args, None, group_id, r.queue or ctx.job.queue)
+            batch.add(REGISTRY.get(r.name), r.args, None, group_id, r.queue or ctx._job.queue)
         yield from steps.create(group_id, building.DEFAULT_SHARDS, {"on_finish": None, "on_success": None,
                                                                       "on_failure": None}, parent_id=ctx.job_id)
         yield from building.add_steps(group_id, batch, states=["open"], seal=True)

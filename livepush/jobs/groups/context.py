@@ -35,7 +35,7 @@ class GroupContext:
 
     def __init__(self, ctx: Any, view: dict[str, Any] | None = None, kind: str | None = None) -> None:
         self._ctx = ctx
-        job = ctx.job
+        job = ctx._job
         self.is_callback = job.callback_of is not None
         self.id: int = job.callback_of if self.is_callback else job.group_id
         self._kind = kind
@@ -69,12 +69,12 @@ class GroupContext:
         return f"<group {self.id}{' callback ' + str(self._kind) if self.is_callback else ''}>"
 
     async def _pool(self) -> Any:
-        pool = getattr(self._ctx, "pool", None)
+        pool = getattr(self._ctx, "_pool", None)
         return pool if pool is not None else await database.pools().aget()
 
     @property
     def _url(self) -> str:
-        return getattr(self._ctx, "url", None) or database.database_url()
+        return getattr(self._ctx, "_url", None) or database.database_url()
 
     async def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None,
                       at: datetime | None = None, key: str | None = None,
@@ -87,8 +87,8 @@ class GroupContext:
         fn, args, queue = job_and_args(fn, args, "ctx.group.enqueue", unknown, BLOCK_OPTIONS)
         batch = Batch()
         batch.add(fn, args, run_at(wait, at), self.id, queue, key=key, tags=tags)
-        job = self._ctx.job
-        publisher = getattr(self._ctx, "group_progress", None)
+        job = self._ctx._job
+        publisher = getattr(self._ctx, "_group_progress", None)
         with batch.stored_whole("ctx.group.enqueue"), translated(self._url):
             async with (await self._pool()).connection() as conn:
                 # With a publisher (a runtime's), it rings the add after the commit, coalesced.
@@ -98,7 +98,7 @@ class GroupContext:
         if publisher is not None:
             publisher.mark([self.id])  # after the commit: one read is enough
         # A member is enqueued as any job is: a script's job among them warns as its enqueue does.
-        await alook_for_script_runtimes(batch, pool=getattr(self._ctx, "pool", None))
+        await alook_for_script_runtimes(batch, pool=getattr(self._ctx, "_pool", None))
         return JobHandle(rows[0]["id"], rows[0]["name"])
 
     aenqueue = enqueue
@@ -151,7 +151,7 @@ async def load_callback_context(ctx: Any) -> GroupContext:
     with translated(group._url):
         async with (await group._pool()).connection() as conn:
             async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(gq.CALLBACK_CONTEXT, {"group_id": group.id, "job_id": ctx.job.id})
+                await cur.execute(gq.CALLBACK_CONTEXT, {"group_id": group.id, "job_id": ctx._job.id})
                 row = await cur.fetchone()
     if row is None:
         return group

@@ -176,7 +176,7 @@ class Completer:
                     await asyncio.sleep(self.flush_delay)  # gather a batch
             elif not self._closing:
                 # Progress only: wait until the earliest job is due (or an outcome arrives).
-                due = min(c.next_publish_at for c in self._dirty.values()) - time.monotonic()
+                due = min(c._next_publish_at for c in self._dirty.values()) - time.monotonic()
                 if due > 0:
                     self._wake.clear()
                     try:
@@ -220,7 +220,7 @@ class Completer:
                 refused: BaseException = exc
                 for attempt in ("as is", "without its progress", "as a failure"):
                     if attempt == "without its progress":
-                        o.ctx.latest = None
+                        o.ctx._latest = None
                     elif attempt == "as a failure":
                         # Without its result too: a result past what jsonb holds was refused again
                         # in the failure, which stopped the runtime, and the next one to run it.
@@ -243,15 +243,15 @@ class Completer:
                 continue  # finished or written meanwhile
             del self._dirty[job_id]
             others, self._dirty = self._dirty, {job_id: ctx}
-            ctx.next_publish_at = 0.0  # due now, written alone
+            ctx._next_publish_at = 0.0  # due now, written alone
             try:
                 await self.flush(limit=0)
             except _REFUSED as again:
                 if _transient(again):
                     raise
                 log.error("job %s (%s): Postgres refused its progress %r (%s); dropped", job_id, ctx.name,
-                          ctx.latest, again)
-                ctx.dirty, ctx.latest = False, None  # nor tried again with its outcome
+                          ctx._latest, again)
+                ctx._dirty, ctx._latest = False, None  # nor tried again with its outcome
                 self._dirty = {}
             finally:
                 self._dirty = {**others, **self._dirty}
@@ -267,11 +267,11 @@ class Completer:
         ending = {o.ctx.job_id for o in outcomes}
         progress_ctxs = [
             c for c in self._dirty.values()
-            if c.job_id not in ending and (self._closing or c.next_publish_at <= now)
+            if c.job_id not in ending and (self._closing or c._next_publish_at <= now)
         ]
         # A job that reported progress but had none written yet gets one progress write just
         # before its final one.
-        first_progress = [o.ctx for o in outcomes if o.ctx.latest is not None and o.ctx.published == 0
+        first_progress = [o.ctx for o in outcomes if o.ctx._latest is not None and o.ctx._published == 0
                           and o.kind != "released"]
         writes = progress_ctxs + first_progress
         if writes:
@@ -284,7 +284,7 @@ class Completer:
                 await self._ring_started(started)
                 del self._started[: len(starting)]
             return
-        if all(o.ctx.job.group_id is None and o.ctx.job.workflow_id is None for o in outcomes):
+        if all(o.ctx._job.group_id is None and o.ctx._job.workflow_id is None for o in outcomes):
             rows, touched = await self._complete(outcomes, started), set()
         else:
             rows, touched = await self._complete_counting(outcomes, started)
@@ -302,7 +302,7 @@ class Completer:
             else:
                 key = _count_key(row)
                 self.counts[key] += 1
-                ended[key, o.ctx.job.queue] += 1
+                ended[key, o.ctx._job.queue] += 1
         for (key, queue), n in ended.items():
             counter = _COUNTERS.get(key)
             if counter is not None:
@@ -314,21 +314,21 @@ class Completer:
             self.on_ended(o.ctx.name for o in outcomes if o.ctx.job_id in by_id)
 
     async def _write_progress(self, writes: list[JobContext], due: list[JobContext]) -> None:
-        written = {c.job_id: c.latest for c in writes}
+        written = {c.job_id: c._latest for c in writes}
         async with self._pool.connection() as conn, aautocommitted(conn), conn.cursor() as cur:
             await cur.execute(queries.WRITE_PROGRESS, {
                 "ids": [c.job_id for c in writes],
-                "leases": [c.job.lease for c in writes],
+                "leases": [c._job.lease for c in writes],
                 "progress": [json.dumps(written[c.job_id]) for c in writes],
             }, prepare=_prepare(writes))
             live = {r[0] for r in await cur.fetchall()}
         for c in writes:
             if c.job_id in live:
-                c.mark_published()
-                if c.latest is written[c.job_id]:
-                    c.dirty = False  # nothing newer arrived while we wrote
+                c._mark_published()
+                if c._latest is written[c.job_id]:
+                    c._dirty = False  # nothing newer arrived while we wrote
         for c in due:
-            if (not c.dirty or c.job_id not in live) and self._dirty.get(c.job_id) is c:
+            if (not c._dirty or c.job_id not in live) and self._dirty.get(c.job_id) is c:
                 del self._dirty[c.job_id]  # written, or fenced: the job is no longer ours
 
     async def _ring_started(self, started: list[tuple[int, int]]) -> None:
@@ -341,7 +341,7 @@ class Completer:
         Postgres, which closed the connection on them: taken for an outage, the batch was retried
         for ever. Refused, it is written one outcome at a time (_salvage), and a result too large
         alone fails its job."""
-        params = complete_params(((o.ctx.job_id, o.ctx.job.lease, o.kind, o.error, o.delay, o.ctx.latest, o.result)
+        params = complete_params(((o.ctx.job_id, o.ctx._job.lease, o.kind, o.error, o.delay, o.ctx._latest, o.result)
                                   for o in outcomes), started)
         check_sendable(params)
         return params

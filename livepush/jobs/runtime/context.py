@@ -96,30 +96,32 @@ class ProgressSink(Protocol):
 class JobContext:
     """The `ctx` of an async job (sync jobs get a SyncJobContext around one of these).
 
-    `pool`, `url`, `group_progress` and `threads` are the runtime's (its connection pool, its
+    `_pool`, `_url`, `_group_progress` and `_threads` are the runtime's (its connection pool, its
     database, its group progress publisher, the threads its sync jobs run in), so what a job does
-    through ctx (ctx.group.enqueue, a workflow's sync step) uses them."""
+    through ctx (ctx.group.enqueue, a workflow's sync step) uses them. Its public names are the
+    `ctx.` calls the docs describe; the underscored ones are the runtime's state and hooks, which
+    the runtime, the completer, task groups and durable calls read and set."""
 
     _group: Any = None  # GroupContext, made on first use (or loaded first, for a callback)
     _durable: Any = None  # durable.run.DurableRun, made on first use
 
     def __init__(self, job: ClaimedJob, completer: ProgressSink | None, *, pool: Any = None, url: str | None = None,
                  group_progress: Any = None, threads: concurrent.futures.Executor | None = None) -> None:
-        self.job = job
+        self._job = job
         self._completer = completer
-        self.pool = pool
-        self.threads = threads
-        self.url = url
-        self.group_progress = group_progress
-        self.cancel_requested = job.cancel_requested
-        self.released = False  # set by the runtime when it hands the job back (drain)
-        self.timed_out = False  # set by the runtime when a job passed its timeout (an async one is cancelled)
+        self._pool = pool
+        self._threads = threads
+        self._url = url
+        self._group_progress = group_progress
+        self._cancel_requested = job.cancel_requested
+        self._released = False  # set by the runtime when it hands the job back (drain)
+        self._timed_out = False  # set by the runtime when a job passed its timeout (an async one is cancelled)
         # Set when JobCancelled was raised to the job: one that returns after that swallowed it.
-        self.told_cancelled = False
-        self.latest: dict[str, Any] | None = None  # newest progress, written or not
-        self.dirty = False  # latest not yet written
-        self.published = 0  # progress writes so far
-        self.next_publish_at = 0.0  # monotonic time before which no new progress is written
+        self._told_cancelled = False
+        self._latest: dict[str, Any] | None = None  # newest progress, written or not
+        self._dirty = False  # latest not yet written
+        self._published = 0  # progress writes so far
+        self._next_publish_at = 0.0  # monotonic time before which no new progress is written
         # The runtime's loop, which owns this state: progress reported from a thread the job
         # started is handed to it (none when made outside a loop, as a test may).
         try:
@@ -130,14 +132,14 @@ class JobContext:
     @property
     def group(self) -> Any:
         """The job's task group (jobs.groups.context.GroupContext), or None for a lone job."""
-        if self._group is None and (self.job.group_id is not None or self.job.callback_of is not None):
+        if self._group is None and (self._job.group_id is not None or self._job.callback_of is not None):
             from ..groups.context import GroupContext
 
             self._group = GroupContext(self)
         return self._group
 
     @property
-    def durable(self) -> Any:
+    def _durable_calls(self) -> Any:
         if self._durable is None:
             from ..durable.run import DurableRun
 
@@ -149,7 +151,7 @@ class JobContext:
         success stores its result (JSON), every later run returns that without calling `fn`.
         `input=`: its fingerprint is stored too, and a replay given a different one raises
         CheckpointInputConflict before `fn` runs."""
-        return await self.durable.checkpoint(name, fn, *args, input=input)
+        return await self._durable_calls.checkpoint(name, fn, *args, input=input)
 
     async def run_child(self, request: JobRequest) -> Any:
         """Run a child job (`some_job.request(*args)`, on this job's queue unless the request names
@@ -157,74 +159,74 @@ class JobContext:
         if it did not succeed."""
         from ..durable.run import child_asked
 
-        return (await self.durable.run_children([child_asked(request)]))[0]
+        return (await self._durable_calls.run_children([child_asked(request)]))[0]
 
     async def run_children(self, requests: Iterable[JobRequest]) -> list[Any]:
         """Run child jobs as a task group and return their results, in order. Parks this job until
         every child has finished; raises ChildFailed naming those that did not succeed."""
-        return await self.durable.run_children(requests)
+        return await self._durable_calls.run_children(requests)
 
     async def wait_for_signal(self, name: str, timeout: Seconds | None = None) -> Any:
         """The data of the next signal `name` sent to this job (jobs.signal), parking until one
         comes; raises SignalTimeout after `timeout` seconds (or a timedelta) without one, counted
         from the first time a run reached this wait: that deadline is stored, and a timeout= changed
         since does not move it."""
-        return await self.durable.wait_for_signal(name, timeout)
+        return await self._durable_calls.wait_for_signal(name, timeout)
 
     async def sleep(self, name: str, seconds: Seconds) -> None:
         """A durable sleep: park for `seconds` (or a timedelta; no slot held), then go on. `name` is
         unique in a job."""
-        await self.durable.sleep(name, seconds)
+        await self._durable_calls.sleep(name, seconds)
 
     @property
-    def durable_run(self) -> Any:
+    def _durable_run(self) -> Any:
         """The durable calls of this run (durable.run.DurableRun), or None if it made none."""
         return self._durable
 
-    async def load_group(self) -> None:
+    async def _load_group(self) -> None:
         """Before a group callback runs: load its group's final state into ctx.group."""
-        if self.job.callback_of is not None:
+        if self._job.callback_of is not None:
             from ..groups.context import load_callback_context
 
             self._group = await load_callback_context(self)
 
     @property
     def job_id(self) -> int:
-        return self.job.id
+        return self._job.id
 
     @property
     def attempt(self) -> int:
-        return self.job.attempt
+        return self._job.attempt
 
     @property
     def name(self) -> str:
-        return self.job.name
+        return self._job.name
 
     @property
-    def args(self) -> list[Any]:
-        return self.job.args
+    def _args(self) -> list[Any]:
+        return self._job.args
 
     @property
     def cancelled(self) -> bool:
         """Whether the job's cancel was requested. Read as True, the job was told, as by the
         JobCancelled of ctx.progress(): one that stops early and returns ends `cancelled`, not
         `succeeded` with what it got done as its result."""
-        if self.cancel_requested:
-            self.told_cancelled = True
-        return self.cancel_requested
+        if self._cancel_requested:
+            self._told_cancelled = True
+        return self._cancel_requested
 
-    def check_cancelled(self) -> None:
-        if self.cancel_requested:
-            self.told_cancelled = True
-            raise JobCancelled(f"job {self.job.id} was cancelled")
+    def _check_cancelled(self) -> None:
+        if self._cancel_requested:
+            self._told_cancelled = True
+            raise JobCancelled(f"job {self._job.id} was cancelled")
 
-    def record_progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
+    def _record_progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
         """The non-blocking core of progress(): remember the latest value, mark it dirty."""
-        self.check_cancelled()
+        self._check_cancelled()
         self._record(progress_value(done, total, message))
 
     def _record(self, value: dict[str, Any]) -> None:
-        if self.released:
+        if self._released:
             # Given back, or ended without its task (an async job deaf to its cancels, which runs
             # on): its lease is gone. Queued, it took the job's place in the completer's progress
             # queue (one per job id), keeping out the progress of the job's next attempt, should
@@ -232,15 +234,15 @@ class JobContext:
             return
         # Stored with its attempt: the row keeps it after the attempt ends (`retrying` shows how
         # far it got), and the view hides it from the next attempt (events.views.job_view).
-        self.latest = {**value, "attempt": self.job.attempt}
-        self.dirty = True
+        self._latest = {**value, "attempt": self._job.attempt}
+        self._dirty = True
         if self._completer is not None:
             self._completer.progress(self)
 
-    def record_progress_quiet(self, value: dict[str, Any]) -> None:
-        """record_progress() for a value a sync job's thread checked (progress_value)."""
+    def _record_progress_quiet(self, value: dict[str, Any]) -> None:
+        """_record_progress() for a value a sync job's thread checked (progress_value)."""
         # Cancelled: the thread raises JobCancelled on its next call. Timed out: its lease is gone.
-        if not self.cancel_requested and not self.timed_out:
+        if not self._cancel_requested and not self._timed_out:
             self._record(value)
 
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> Awaitable[None]:
@@ -250,12 +252,12 @@ class JobContext:
         if self._loop is not None and not _on_loop(self._loop):
             hand_progress_over(self, self._loop, done, total, message)  # a thread the job started
         else:
-            self.record_progress(done, total, message)
+            self._record_progress(done, total, message)
         return _ONE_LOOP_TURN
 
-    def mark_published(self) -> None:
-        self.published += 1
-        self.next_publish_at = time.monotonic() + PROGRESS_INTERVAL
+    def _mark_published(self) -> None:
+        self._published += 1
+        self._next_publish_at = time.monotonic() + PROGRESS_INTERVAL
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
@@ -270,11 +272,11 @@ def hand_progress_over(ctx: JobContext, loop: asyncio.AbstractEventLoop, done: f
     """Progress reported in a thread other than the loop's (a sync job's, or one an async job
     started): checked there, where a bad value or a cancel is raised, then recorded on the loop,
     which owns the context's state (asyncio's objects are not thread-safe)."""
-    ctx.check_cancelled()
-    if ctx.released or ctx.timed_out:
+    ctx._check_cancelled()
+    if ctx._released or ctx._timed_out:
         return  # given back, or failed by its timeout: this attempt's lease is gone
     value = progress_value(done, total, message)
-    loop.call_soon_threadsafe(ctx.record_progress_quiet, value)
+    loop.call_soon_threadsafe(ctx._record_progress_quiet, value)
 
 
 class _OneLoopTurn:
@@ -337,7 +339,7 @@ class SyncJobContext:
         from ..durable.run import check_callable
 
         check_callable(name, fn)
-        durable = self._inner.durable
+        durable = self._inner._durable_calls
         found, value, fingerprint = self._call(durable.lookup(name, input))
         if found:
             return value

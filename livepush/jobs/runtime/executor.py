@@ -1,7 +1,7 @@
 """The executor: runs one claimed job and classifies how it ended.
 
 Async jobs run on the loop, their timeouts kept by the runtime (runtime/deadlines.py): it
-cancels a job past its own and marks `ctx.timed_out`. Sync jobs run in the runtime's thread
+cancels a job past its own and marks `ctx._timed_out`. Sync jobs run in the runtime's thread
 pool. A sync job cannot be killed: past its timeout the attempt fails and the runtime moves
 on, the thread runs to its end, and whatever it returns is fenced off (its lease is gone).
 """
@@ -87,19 +87,19 @@ async def execute(
     arm: Callable[[Any, JobContext], None] | None = None,
     stuck: Callable[[concurrent.futures.Executor | None], Callable[[], None]] | None = None,
 ) -> Outcome | None:
-    """Run `fn` for `ctx.job` and return its outcome, or None when there is nothing to write: the
+    """Run `fn` for `ctx._job` and return its outcome, or None when there is nothing to write: the
     runtime released the job meanwhile (it recorded that), or the job parked (its parking
     transaction wrote that). `arm(fn, ctx)` starts an async job's timeout, just before its
     function runs; `stuck(pool)` is told when a sync job's thread runs on past its timeout, and
     what it returns is called once that thread has ended."""
-    job = ctx.job
+    job = ctx._job
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     try:
         if job.callback_of is not None:
-            await ctx.load_group()  # a group callback: ctx.group shows the finished group
+            await ctx._load_group()  # a group callback: ctx.group shows the finished group
         if fn._is_async:
-            # Its timeout is the runtime's: it cancels the task and sets ctx.timed_out, handled below.
+            # Its timeout is the runtime's: it cancels the task and sets ctx._timed_out, handled below.
             if arm is not None and fn.timeout is not None:
                 arm(fn, ctx)
             started = loop.time()
@@ -109,10 +109,10 @@ async def execute(
                 if limit is not None and loop.time() - started > limit:
                     # A blocking call (time.sleep) held the loop past its timeout, so no cancel
                     # could reach it: it ran past its timeout all the same, and fails by it.
-                    ctx.timed_out = True
+                    ctx._timed_out = True
             finally:
                 # Checkpoints it left running (beside one that raised) store before its outcome.
-                durable = ctx.durable_run
+                durable = ctx._durable_run
                 if durable is not None:
                     await durable.settle()
         else:
@@ -128,7 +128,7 @@ async def execute(
                 # queued it took the job's place in the completer's progress queue (one per job
                 # id), keeping out the progress of the job's next attempt, should this runtime
                 # run that meanwhile.
-                ctx.timed_out = True
+                ctx._timed_out = True
                 future.cancel()
                 if stuck is not None:
                     thread.tell(loop, stuck(pool))
@@ -148,15 +148,15 @@ async def execute(
     except Reattempt as again:
         return Outcome(ctx, "released", delay=min(again.seconds, MAX_RETRY_DELAY))
     except asyncio.CancelledError as exc:
-        if ctx.released:
+        if ctx._released:
             if task is not None:
                 task.uncancel()
             return None
-        if ctx.cancel_requested:
+        if ctx._cancel_requested:
             if task is not None:
                 task.uncancel()
             return Outcome(ctx, "cancelled", error="cancelled")
-        if ctx.timed_out:
+        if ctx._timed_out:
             if task is not None:
                 task.uncancel()
             return timeout_failure(fn, ctx)
@@ -168,7 +168,7 @@ async def execute(
             return _failure(fn, ctx, exc)
         raise
     except JobCancelled:
-        if ctx.released:
+        if ctx._released:
             return None
         return Outcome(ctx, "cancelled", error="cancelled")
     except BaseException as exc:  # noqa: BLE001 - any failure of user code fails the attempt
@@ -176,27 +176,27 @@ async def execute(
         # code it calls; the runtime handles SIGINT itself, and a sync job's come from its
         # thread). Re-raised, they ended the whole process at once: every job in hand lost its
         # attempt to the rescue, and the runtime's row stayed until then.
-        if ctx.released:
+        if ctx._released:
             return None
         if _run_ended(exc, job.id, fn.name):
             return _abandoned(fn, ctx, task)
-        if ctx.timed_out:
+        if ctx._timed_out:
             # It turned the timeout's cancel into an error of its own: the attempt still failed
             # by its timeout.
             if task is not None:
                 task.uncancel()
             return timeout_failure(fn, ctx)
         return _failure(fn, ctx, exc)
-    if ctx.released:
+    if ctx._released:
         return None
-    if ctx.cancel_requested and (ctx.told_cancelled or (task is not None and task.cancelling())):
+    if ctx._cancel_requested and (ctx._told_cancelled or (task is not None and task.cancelling())):
         # It swallowed its cancel (the task's cancellation, or JobCancelled, which a sync job
         # meets at ctx.progress()) and returned: it was cancelled all the same, and what it
         # returned came too late (as a job that swallows it and runs on: _time_out).
         if task is not None and task.cancelling():
             task.uncancel()
         return Outcome(ctx, "cancelled", error="cancelled")
-    if ctx.timed_out:
+    if ctx._timed_out:
         # It swallowed the timeout's cancel and returned: it still ran past its timeout, and
         # whatever it returned came too late.
         if task is not None:
@@ -243,7 +243,7 @@ def _abandoned(fn: Any, ctx: JobContext, task: asyncio.Task[Any] | None) -> Outc
     """The outcome of a run a durable call ended as abandoned: none (its lease is gone, or it
     parked), but for an async job past its timeout that swallowed the cancel and went on: its
     attempt failed by its timeout, and its lease is still held for that failure to be written."""
-    if ctx.timed_out and not ctx.released:
+    if ctx._timed_out and not ctx._released:
         if task is not None:
             task.uncancel()
         return timeout_failure(fn, ctx)
@@ -317,12 +317,12 @@ def _met_its_groups_cancel(exc: BaseException, group_id: int | None) -> bool:
 
 
 def _failure(fn: Any, ctx: JobContext, exc: BaseException, *, timed_out: bool = False) -> Outcome:
-    job = ctx.job
+    job = ctx._job
     # Recorded as itself, not as the group's "unhandled errors in a TaskGroup", which names nothing.
     never = NEVER_RETRIED + fn.never_retry
     exc = _never_retried_in_group(exc, never) or exc
     error = _error_text(exc)
-    if ctx.cancel_requested or _met_its_groups_cancel(exc, job.group_id):
+    if ctx._cancel_requested or _met_its_groups_cancel(exc, job.group_id):
         return Outcome(ctx, "cancelled", error="cancelled")
     if not timed_out and _never_retried(exc, never):
         log.warning("job %s (%s) failed for good (%s): %s", job.id, fn.name,

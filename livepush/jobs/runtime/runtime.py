@@ -708,10 +708,10 @@ class Runtime:
         assert self._completer is not None
         for entry in list(self.in_hand.values()):
             ctx = entry.ctx
-            if ctx.released:
+            if ctx._released:
                 continue
-            ctx.released = True
-            self._completer.submit(timeout_failure(self.registry.find(ctx.job.name), ctx) if ctx.timed_out
+            ctx._released = True
+            self._completer.submit(timeout_failure(self.registry.find(ctx._job.name), ctx) if ctx._timed_out
                                    else Outcome(ctx, "released"))
             entry.task.cancel()
             self._deadlines.discard(entry.deadline, ctx.job_id)
@@ -898,9 +898,9 @@ class Runtime:
             if not self._claim_returned.is_set():  # confirmed before the claim that took it returned: see _claim
                 self._heard_while_claiming.add(job_id)
             return False
-        if entry.ctx.cancel_requested:
+        if entry.ctx._cancel_requested:
             return False
-        entry.ctx.cancel_requested = True
+        entry.ctx._cancel_requested = True
         if entry.is_async:
             self._stop_async(entry)
         return True
@@ -1080,7 +1080,7 @@ class Runtime:
                 # started they would be cut off when it ends. Give them back untouched (attempt
                 # not spent); should the completer have closed already, deregistration does.
                 ctx = JobContext(job, self._completer, pool=self._pool, url=self.url)
-                ctx.released = True
+                ctx._released = True
                 self._completer.submit(Outcome(ctx, "released"))
                 continue
             self._start(job)
@@ -1175,13 +1175,13 @@ class Runtime:
                         "defined here (%s)",
                         job.id, job.name, _fix_for_unknown(job.name))
             self.excluded.add(job.name)
-            ctx.released = True
+            ctx._released = True
             self._completer.submit(Outcome(ctx, "released"))
             return
         task = asyncio.create_task(self._run_job(fn, ctx), name=f"livepush-job-{job.id}")
         entry = self.in_hand[job.id] = _InHand(ctx, task, fn._is_async)
         self.peak_in_hand = max(self.peak_in_hand, len(self.in_hand))
-        if ctx.cancel_requested and fn._is_async:
+        if ctx._cancel_requested and fn._is_async:
             self._stop_async(entry)
 
     def _stop_async(self, entry: _InHand) -> None:
@@ -1231,7 +1231,7 @@ class Runtime:
         the pool's queue until its own timeout failed it, never run, and so would every sync job
         after it. A fresh pool then takes the new jobs; the old one's threads end with their
         functions (they hold nothing: their leases are gone). It is not shut down: jobs started
-        before hold it as `ctx.threads` (a checkpoint's or a workflow step's sync function runs
+        before hold it as `ctx._threads` (a checkpoint's or a workflow step's sync function runs
         there), and a shut-down pool refuses work; once nothing holds it, its idle threads end.
         Returns what to call once the thread has ended: it no longer holds a thread of the pool."""
         assert self._threads is not None
@@ -1258,21 +1258,21 @@ class Runtime:
         if self.in_hand.get(entry.ctx.job_id) is not entry or entry.task.done():
             return
         ctx = entry.ctx
-        if not ctx.timed_out and not ctx.cancel_requested:
-            ctx.timed_out = True
+        if not ctx._timed_out and not ctx._cancel_requested:
+            ctx._timed_out = True
             entry.task.cancel()
             entry.deadline = self._deadlines.add(ctx.job_id, TIMEOUT_GRACE, entry)
             return
         assert self._completer is not None
         log.warning("async job %s (%s) did not end within %g s of being cancelled (it swallows "
                     "cancellations): it ends now, %s, and its slot is freed; its task runs on, its outcome "
-                    "ignored", ctx.job_id, ctx.job.name, TIMEOUT_GRACE,
-                    "cancelled" if ctx.cancel_requested else "its attempt failed by its timeout")
-        outcome = (Outcome(ctx, "cancelled", error="cancelled") if ctx.cancel_requested
-                   else timeout_failure(self.registry.find(ctx.job.name), ctx))
+                    "ignored", ctx.job_id, ctx._job.name, TIMEOUT_GRACE,
+                    "cancelled" if ctx._cancel_requested else "its attempt failed by its timeout")
+        outcome = (Outcome(ctx, "cancelled", error="cancelled") if ctx._cancel_requested
+                   else timeout_failure(self.registry.find(ctx._job.name), ctx))
         # Released: whatever the task still does (its outcome, its progress) is dropped, and
         # _run_job's end finds its slot already given up.
-        ctx.released = True
+        ctx._released = True
         self._completer.submit(outcome)
         del self.in_hand[ctx.job_id]
         entry.task.cancel()
@@ -1282,15 +1282,15 @@ class Runtime:
         assert self._completer is not None
         try:
             outcome = await execute(fn, ctx, self._threads, self._arm, self._thread_stuck)
-            if outcome is not None and not ctx.released:
+            if outcome is not None and not ctx._released:
                 self._completer.submit(outcome)
-            elif outcome is None and not ctx.released:
+            elif outcome is None and not ctx._released:
                 # Parked (or its claim lost): the completer writes nothing, and a limited job's
                 # slot is already free in the database, which nothing else rings for.
-                self._on_ended(iter((ctx.job.name,)))
+                self._on_ended(iter((ctx._job.name,)))
         except asyncio.CancelledError:
-            if not ctx.released:
-                ctx.released = True
+            if not ctx._released:
+                ctx._released = True
                 self._completer.submit(Outcome(ctx, "released"))
             raise
         finally:

@@ -235,7 +235,7 @@ class Runner:
             raise WorkflowDefinitionError(f"workflow {flow.name!r} has no step {step!r} in this deploy: "
                                           "keep a step defined while runs may still reach it")
         # One read in autocommit: no BEGIN and COMMIT round trips on the path between two steps.
-        async with ctx.pool.connection() as conn, aautocommitted(conn), conn.cursor(row_factory=dict_row) as cur:
+        async with ctx._pool.connection() as conn, aautocommitted(conn), conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(wq.STEP_INPUTS, {"id": run_id, "step": step})
             row = await cur.fetchone()
         if (row is None or row["state"] in engine.RUN_FINISHED or row["step_job"] != ctx.job_id
@@ -312,7 +312,7 @@ class Runner:
             sync_ctx = StepContext(SyncJobContext(ctx, loop), sctx.run_id, sctx.step, sctx.input, sctx.outputs,
                                    wait_for=sctx._wait_for)
             sync_ctx.signal = sctx.signal
-            value = await call_in_thread(ctx.threads, spec.fn, sync_ctx, *extra)
+            value = await call_in_thread(ctx._threads, spec.fn, sync_ctx, *extra)
         if inspect.iscoroutine(value):
             # A forgotten `await` (or a sync wrapper around an async function): refused as a job's
             # is, naming the step, not as an output that is not JSON.
@@ -343,7 +343,7 @@ class Runner:
             if earlier:
                 # Called until the new batch is written, on a replay too: the earlier batch has
                 # finished, so its members' rows read the same each time.
-                async with ctx.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+                async with ctx._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
                     await cur.execute(wq.FAILED_MEMBERS, {"group_id": earlier["group"]})
                     failed = await cur.fetchall()
                 return [JobRequest(r["name"], tuple(r["args"]), r["queue"]) for r in failed]
@@ -360,7 +360,7 @@ class Runner:
         def remember(group_id: int) -> steps.Steps[None]:
             yield steps.Query(wq.SET_STEP_GROUP, {"id": sctx.run_id, "name": spec.name, "group_id": group_id})
 
-        counts = await ctx.durable.fan_out(make, remember)
+        counts = await ctx._durable_calls.fan_out(make, remember)
         if earlier:
             counts["succeeded"] += earlier["succeeded"]
             counts["total"] += earlier["succeeded"]
