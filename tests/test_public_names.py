@@ -83,3 +83,19 @@ def test_every_public_name_of_a_jobs_ctx_is_described_in_the_docs() -> None:
 
     assert undocumented(public(ctx), ctx_name) == []
     assert undocumented(public(SyncJobContext(ctx, None)), ctx_name) == []  # type: ignore[arg-type]
+
+
+def test_every_public_name_of_a_jobs_ctx_group_is_described_in_the_docs() -> None:
+    """`dir(ctx.group)` of a member or a callback, async or sync, lists what groups.md describes."""
+    from types import SimpleNamespace
+
+    from livepush.jobs import GroupContext
+    from livepush.jobs.groups.context import SyncGroupContext
+
+    def group_name(name: str) -> bool:  # groups.md writes `ctx.group.id`, `.kind`, ...
+        return re.search(rf"\bctx\.group\.{re.escape(name)}\b|`\.{re.escape(name)}`", USER_DOCS) is not None
+
+    member = GroupContext(SimpleNamespace(_job=SimpleNamespace(callback_of=None, group_id=5)))
+    callback = GroupContext(SimpleNamespace(_job=SimpleNamespace(callback_of=5, group_id=None)), {}, "finish")
+    for group in (member, callback, SyncGroupContext(member, None)):  # type: ignore[arg-type]
+        assert undocumented(public(group), group_name) == []

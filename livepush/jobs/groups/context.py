@@ -36,8 +36,8 @@ class GroupContext:
     def __init__(self, ctx: Any, view: dict[str, Any] | None = None, kind: str | None = None) -> None:
         self._ctx = ctx
         job = ctx._job
-        self.is_callback = job.callback_of is not None
-        self.id: int = job.callback_of if self.is_callback else job.group_id
+        self._is_callback = job.callback_of is not None
+        self.id: int = job.callback_of if self._is_callback else job.group_id
         self._kind = kind
         self._view = view or {}
 
@@ -53,10 +53,10 @@ class GroupContext:
     def _check_callback(self, name: str) -> None:
         """A member has no counts here (they change while it runs, and are loaded for callbacks
         only): None would read as a group that has none, so say where the current ones are."""
-        if not self.is_callback and name == "kind":
+        if not self._is_callback and name == "kind":
             raise AttributeError("ctx.group.kind is which callback of the group runs (\"finish\", \"success\" or "
                                  "\"failure\"), known to its callbacks only: a member has none")
-        if not self.is_callback:
+        if not self._is_callback:
             raise AttributeError(f"ctx.group.{name} is the finished group's, known to its callbacks only: a member "
                                  f"reads its group's current counts with `await jobs.aget_group(ctx.group.id)` "
                                  f"(jobs.get_group in a sync job)")
@@ -66,7 +66,7 @@ class GroupContext:
         return {"id": self.id, **{k: self._view.get(k) for k in GROUP_KEYS if k != "id"}}
 
     def __repr__(self) -> str:
-        return f"<group {self.id}{' callback ' + str(self._kind) if self.is_callback else ''}>"
+        return f"<group {self.id}{' callback ' + str(self._kind) if self._is_callback else ''}>"
 
     async def _pool(self) -> Any:
         pool = getattr(self._ctx, "_pool", None)
@@ -81,7 +81,7 @@ class GroupContext:
                       tags: Sequence[str] | None = None, **unknown: Never) -> JobHandle:
         """Add a member to this job's group; returns its handle once committed. With `key=` held
         by an unfinished job, that job's handle is returned and it is not a member."""
-        if self.is_callback:
+        if self._is_callback:
             raise GroupClosedError(f"this callback runs after group {self.id} finished: it takes no more members "
                                    "(enqueue a job of your own, or start a new group)")
         fn, args, queue = job_and_args(fn, args, "ctx.group.enqueue", unknown, BLOCK_OPTIONS)
@@ -100,8 +100,6 @@ class GroupContext:
         # A member is enqueued as any job is: a script's job among them warns as its enqueue does.
         await alook_for_script_runtimes(batch, pool=getattr(self._ctx, "_pool", None))
         return JobHandle(rows[0]["id"], rows[0]["name"])
-
-    aenqueue = enqueue
 
 
 class SyncGroupContext:
