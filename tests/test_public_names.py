@@ -99,3 +99,14 @@ def test_every_public_name_of_a_jobs_ctx_group_is_described_in_the_docs() -> Non
     callback = GroupContext(SimpleNamespace(_job=SimpleNamespace(callback_of=5, group_id=None)), {}, "finish")
     for group in (member, callback, SyncGroupContext(member, None)):  # type: ignore[arg-type]
         assert undocumented(public(group), group_name) == []
+
+
+def test_every_public_name_of_a_workflow_is_described_in_the_docs() -> None:
+    """What `jobs.workflow()` returns shows the decorators and starts workflows.md describes: the
+    engine that runs it and the graph a run stores are livepush's own."""
+    from livepush import jobs
+    from livepush.jobs.workflows.definition import WORKFLOWS
+
+    flow = jobs.workflow("tests.public_names_flow")
+    WORKFLOWS.pop(flow.name)  # defined to be looked at only: no runtime of this process serves it
+    assert undocumented(public(flow)) == []

@@ -91,14 +91,14 @@ class Workflow:
             raise WorkflowDefinitionError(str(exc)) from None
         self.name = name
         self.queue = queue
-        self.engine = engine
+        self._engine = engine  # runs its steps and starts its runs (runner.Runner): not API
         self.steps: dict[str, StepSpec] = {}
         WORKFLOWS[name] = self  # a re-import defines it again: the newest definition wins
 
     def __repr__(self) -> str:
         return f"<workflow {self.name} steps={list(self.steps)}>"
 
-    def graph(self) -> dict[str, Any]:
+    def _graph(self) -> dict[str, Any]:
         """The graph as a run stores it: steps in definition order (a topological order)."""
         return {"steps": {name: spec.as_json() for name, spec in self.steps.items()}, "order": list(self.steps)}
 
@@ -213,7 +213,7 @@ class Workflow:
         # Marked a step before it is registered: a runtime that sees the registration (registry.changes)
         # reads its steps then, from another thread too, and must find this one marked.
         function._step_of = self.name
-        function._refused_result = functools.partial(self.engine.refused_output, self, name)
+        function._refused_result = functools.partial(self._engine.refused_output, self, name)
         job = REGISTRY.add(function, origin, place_of(fn))  # named by the user's step, not its runner
         spec = StepSpec(name, kind, deps, fn, job_name, wait_for,
                         None if wait_timeout is None else float(wait_timeout), on_timeout, on_batch_failure,
@@ -223,7 +223,7 @@ class Workflow:
 
     def _runner(self, step: str) -> Callable[..., Any]:
         async def run(ctx: Any, run_id: int) -> Any:
-            return await self.engine.run_step(self, step, ctx, run_id)
+            return await self._engine.run_step(self, step, ctx, run_id)
 
         run.__name__ = run.__qualname__ = f"{self.name}.{step}"
         return run
@@ -268,7 +268,7 @@ class Workflow:
         writes nothing and returns that run's handle (a retry after a lost reply starts no second run)."""
         if due("workflow.start()"):  # one warning for every workflow's start(), naming the first
             say("workflow.start()", f"{self.name}.astart()", 2, f"{self.name}.start()")  # 2: the caller
-        return self.engine.start(self, input, conn, key)
+        return self._engine.start(self, input, conn, key)
 
     async def astart(self, input: Any = None, *, conn: Any = None, key: str | None = None) -> Any:
-        return await self.engine.astart(self, input, conn, key)
+        return await self._engine.astart(self, input, conn, key)

@@ -381,13 +381,13 @@ class Runner:
     def start(self, flow: Workflow, input: Any, conn: Any, key: str | None = None) -> WorkflowHandle:
         text, key = self._input(flow, input), check_key(key)
         with stored_whole("input"):
-            run_id = in_tx(lambda: engine.start_run(flow.name, flow.queue, flow.graph(), text, key), conn)
+            run_id = in_tx(lambda: engine.start_run(flow.name, flow.queue, flow._graph(), text, key), conn)
         return WorkflowHandle(run_id, flow.name)
 
     async def astart(self, flow: Workflow, input: Any, conn: Any, key: str | None = None) -> WorkflowHandle:
         text, key = self._input(flow, input), check_key(key)
         with stored_whole("input"):
-            run_id = await ain_tx(lambda: engine.start_run(flow.name, flow.queue, flow.graph(), text, key), conn)
+            run_id = await ain_tx(lambda: engine.start_run(flow.name, flow.queue, flow._graph(), text, key), conn)
         return WorkflowHandle(run_id, flow.name)
 
 
