@@ -110,3 +110,19 @@ def test_every_public_name_of_a_workflow_is_described_in_the_docs() -> None:
     flow = jobs.workflow("tests.public_names_flow")
     WORKFLOWS.pop(flow.name)  # defined to be looked at only: no runtime of this process serves it
     assert undocumented(public(flow)) == []
+
+
+def test_every_public_name_of_a_handle_is_described_in_the_docs() -> None:
+    """A job's, group's and workflow run's handle shows what the docs list for it (`JobHandle: id,
+    name, topic, ...`, or `GroupHandle.aadd()`): how it builds its topic is livepush's own."""
+    from livepush.jobs import GroupHandle, JobHandle, WorkflowHandle
+
+    for handle in (JobHandle(1, "myapp.job"), GroupHandle(1), WorkflowHandle(1, "nightly")):
+        kind = type(handle).__name__
+        listed = " ".join(re.findall(rf"\b{kind}: ([^\n]*)", USER_DOCS))
+
+        def handle_name(name: str, listed: str = listed, kind: str = kind) -> bool:
+            word = re.escape(name)
+            return re.search(rf"\b{word}\b", listed) is not None or re.search(rf"\b{kind}\.{word}\b", USER_DOCS) is not None
+
+        assert undocumented(public(handle), handle_name) == [], kind

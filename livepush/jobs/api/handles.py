@@ -25,7 +25,7 @@ def signed_for_page(topic: str, ttl: Seconds | None = None, *, call: str = "sign
 
 
 class StateTopicHandle:
-    """What every handle of a row with a state topic has: `topic` (`<kind>:<id>`) and
+    """What every handle of a row with a state topic has: `topic` (`<_kind>:<id>`) and
     `signed_topic`, signed when read (it expires LIVEPUSH_SIGNED_TOPIC_TTL after that read; use
     `sign(ttl=...)` for another lifetime), so creating a handle works without LIVEPUSH_SECRET;
     reading it without one raises ConfigError.
@@ -35,11 +35,11 @@ class StateTopicHandle:
 
     __slots__ = ("_signed",)
     id: int
-    kind: str = ""
+    _kind: str = ""  # the topic's prefix, set by each handle class
 
     @property
     def topic(self) -> str:
-        return f"{self.kind}:{self.id}"
+        return f"{self._kind}:{self.id}"
 
     @property
     def signed_topic(self) -> str:
@@ -64,7 +64,7 @@ class JobHandle(StateTopicHandle):
 
     id: int
     name: str = ""
-    kind = "job"
+    _kind = "job"
 
 
 # Ids are Postgres bigints, from 1 up. An int outside that range names nothing; it becomes

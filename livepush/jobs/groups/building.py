@@ -47,7 +47,7 @@ class GroupHandle(StateTopicHandle):
     """A task group: its id and the state topic a page subscribes to (`group:<id>`)."""
 
     id: int
-    kind = "group"
+    _kind = "group"
 
     def add(self, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None, at: datetime | None = None,
             conn: Any = None, key: str | None = None, tags: Sequence[str] | None = None,

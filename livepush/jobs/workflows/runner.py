@@ -48,7 +48,7 @@ class WorkflowHandle(StateTopicHandle):
 
     id: int
     name: str = ""
-    kind = "workflow"
+    _kind = "workflow"
 
 
 class FlowVerb(BaseException):
