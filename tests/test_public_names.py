@@ -126,3 +126,14 @@ def test_every_public_name_of_a_handle_is_described_in_the_docs() -> None:
             return re.search(rf"\b{word}\b", listed) is not None or re.search(rf"\b{kind}\.{word}\b", USER_DOCS) is not None
 
         assert undocumented(public(handle), handle_name) == [], kind
+
+
+def test_every_public_name_of_a_rule_and_a_session_is_described_in_the_docs() -> None:
+    """A `livepush.Allow` rule and the `Session` that `revoke()` and the frameworks' session
+    dependencies hand back show what the docs describe."""
+    import livepush
+    from livepush.sessions import Session
+
+    session = Session(id="sid", subject="7", expires_at=9e9, issued_at=1.0)
+    assert undocumented(public(livepush.Allow("user:{subject}"))) == []
+    assert undocumented(public(session)) == []
