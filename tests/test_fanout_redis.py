@@ -987,16 +987,20 @@ async def test_a_publish_to_a_redis_that_never_answers_fails_within_the_call_tim
         await fanout.release_loop()
 
 
-async def test_a_history_read_given_a_timeout_fails_within_it_not_the_call_timeout(make_redis: MakeRedis) -> None:
-    """history(timeout=) on a Redis that takes the connection and never answers raises
-    DependencyError within that timeout, not CALL_TIMEOUT (nor a wait for a pool connection and a
-    connect before it): the hub's replay retries keep their bound (docs/reference.md §5)."""
+@pytest.mark.parametrize("read", ["history", "alatest_offset"])
+async def test_a_read_given_a_timeout_fails_within_it_not_the_call_timeout(make_redis: MakeRedis, read: str) -> None:
+    """history(timeout=) and alatest_offset(timeout=) on a Redis that takes the connection and
+    never answers raise DependencyError within that timeout, not CALL_TIMEOUT (nor a wait for a
+    pool connection and a connect before it): the hub's subscribes and replay retries keep their
+    bound (docs/reference.md §5)."""
     async with silent_redis() as url:
         fanout = await make_redis(url=url, listen=False)
         loop = asyncio.get_running_loop()
         began = loop.time()
+        reading = fanout.history("silent:a", "0-1", timeout=0.5) if read == "history" else \
+            fanout.alatest_offset("silent:a", timeout=0.5)
         with pytest.raises(livepush.DependencyError) as raised:
-            await asyncio.wait_for(fanout.history("silent:a", "0-1", timeout=0.5), CALL_TIMEOUT + 10)
+            await asyncio.wait_for(reading, CALL_TIMEOUT + 10)
         took = loop.time() - began
         assert took < CALL_TIMEOUT / 2, took
         said = str(raised.value)

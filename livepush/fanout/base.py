@@ -269,7 +269,10 @@ class FanOut(abc.ABC):
         return found
 
     @abc.abstractmethod
-    async def alatest_offset(self, topic: Topic) -> Offset: ...
+    async def alatest_offset(self, topic: Topic, *, timeout: float | None = None) -> Offset:
+        """The offset a subscriber of `topic` from now stands on. `timeout`: as history()'s, the
+        most the read may wait for the store before it raises DependencyError (the hub's
+        subscribes keep their bound with it); None leaves the store's own waits."""
 
     @abc.abstractmethod
     async def keep_chains(self, topics: Sequence[Topic]) -> None:

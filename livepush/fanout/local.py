@@ -234,7 +234,7 @@ class LocalFanOut(FanOut):
             log = self._logs.get(topic)
             return f"{log.prefix}{log.last}" if log else self._origin()
 
-    async def alatest_offset(self, topic: Topic) -> Offset:
+    async def alatest_offset(self, topic: Topic, *, timeout: float | None = None) -> Offset:
         return self.latest_offset(topic)
 
     async def keep_chains(self, topics: Sequence[Topic]) -> None:

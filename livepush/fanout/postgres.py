@@ -33,7 +33,7 @@ import contextlib
 import json
 import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import psycopg
@@ -549,12 +549,8 @@ class PostgresFanOut(FanOut):
         params = {"reads": json.dumps([[topic, 0 if epoch == 0 else after] for topic, epoch, after in asked]),
                   "limit": limit,
                   "bytes": max(HISTORY_PAGE_BYTES // len(asked), MIN_PAGE_BYTES), "read_bytes": READ_BYTES}
-        with translated(self.url):
-            # `timeout` caps the wait for a connection, psycopg_pool's 30 s otherwise: while Postgres
-            # restarts that wait is all a read does. A statement sent is not cut short: cancelling
-            # one waits for the server's answer to the cancel, and a restart fails it at once.
-            async with (await self._pools.aget()).connection(timeout=timeout) as c:
-                rows = await (await c.execute(HISTORIES, params)).fetchall()
+        async with self._reading(timeout) as c:
+            rows = await (await c.execute(HISTORIES, params)).fetchall()
         by_pair: dict[int, list[tuple[Any, ...]]] = {}
         for row in rows:
             by_pair.setdefault(row[0], []).append(row)
@@ -571,10 +567,19 @@ class PostgresFanOut(FanOut):
         with translated(self.url), self._pools.sync().connection() as c:
             return self._latest(c.execute(LATEST, {"topic": topic}).fetchone())
 
-    async def alatest_offset(self, topic: Topic) -> Offset:
+    async def alatest_offset(self, topic: Topic, *, timeout: float | None = None) -> Offset:
+        async with self._reading(timeout) as c:
+            return self._latest(await (await c.execute(LATEST, {"topic": topic})).fetchone())
+
+    @contextlib.asynccontextmanager
+    async def _reading(self, timeout: float | None) -> AsyncIterator[psycopg.AsyncConnection]:
+        """A pool connection for a read (history(), alatest_offset()), its failures translated.
+        `timeout` caps the wait for the connection, psycopg_pool's 30 s otherwise: while Postgres
+        restarts that wait is all a read does. A statement sent is not cut short: cancelling one
+        waits for the server's answer to the cancel, and a restart fails it at once."""
         with translated(self.url):
-            async with (await self._pools.aget()).connection() as c:
-                return self._latest(await (await c.execute(LATEST, {"topic": topic})).fetchone())
+            async with (await self._pools.aget()).connection(timeout=timeout) as c:
+                yield c
 
     async def keep_chains(self, topics: Sequence[Topic]) -> None:
         with translated(self.url):

@@ -57,8 +57,8 @@ import os
 import re
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 import redis
 import redis.asyncio as aredis
@@ -76,6 +76,7 @@ from .base import (HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, FanOut, Histor
                    idle_expiry, plain_topic)
 
 logger = logging.getLogger("livepush.fanout.redis")
+T = TypeVar("T")
 
 _STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 STREAM_ID_PART_MAX = 2**64 - 1  # each half of a stream id is an unsigned 64-bit number
@@ -542,14 +543,29 @@ class RedisFanOut(FanOut):
             wrong = self._wrong_key_sync(exc, keys)
             raise self._failed(exc, f"reading the latest offset of {topic!r}", wrong, reads=True) from exc
 
-    async def alatest_offset(self, topic: Topic) -> Offset:
+    async def alatest_offset(self, topic: Topic, *, timeout: float | None = None) -> Offset:
         side = self._loops.get()
         keys = [self.key_prefix + topic, *self._origin_keys]
+        doing = f"reading the latest offset of {topic!r}"
         try:
-            return text(await side.latest(keys=keys, args=[self._idle_ms]))
+            return text(await self._within(timeout, doing, side.latest(keys=keys, args=[self._idle_ms])))
         except (RedisError, OSError) as exc:
             wrong = await self._wrong_key(exc, keys)
-            raise self._failed(exc, f"reading the latest offset of {topic!r}", wrong, reads=True) from exc
+            raise self._failed(exc, doing, wrong, reads=True) from exc
+
+    async def _within(self, timeout: float | None, doing: str, call: Awaitable[T]) -> T:
+        """`call` (a read: history(), alatest_offset()), bounded by `timeout` as a whole: the wait
+        for one of the pool's connections (up to POOL_WAIT_SECONDS), a connect, and CALL_TIMEOUT
+        for the answer could add up past it. The scripts only read (and make an origin that is
+        missing), so cutting one short is safe. None leaves those waits."""
+        bound = asyncio.timeout(timeout)
+        try:
+            async with bound:
+                return await call
+        except TimeoutError:
+            if not bound.expired():
+                raise  # not ours: the caller says it as any other failure
+            raise failed(self.url, RedisTimeoutError(f"no answer within {timeout:g} s"), doing, reads=True) from None
 
     async def history(self, topic: Topic, since: Offset, *, limit: int = HISTORY_PAGE,
                       timeout: float | None = None) -> History | None:
@@ -560,19 +576,9 @@ class RedisFanOut(FanOut):
         key = self.key_prefix + topic
         side = self._loops.get()
         try:
-            # `timeout` bounds the whole call: the wait for one of the pool's connections (up to
-            # POOL_WAIT_SECONDS), a connect, and CALL_TIMEOUT for the answer could add up past it.
-            # The script only reads (and makes an origin that is missing), so cutting it short is safe.
-            bound = asyncio.timeout(timeout)
-            try:
-                async with bound:
-                    (now_s, now_us), page, latest_id, current, previous = await side.history(
-                        keys=[key, *self._origin_keys], args=[since, limit, HISTORY_PAGE_BYTES, self._idle_ms])
-            except TimeoutError:
-                if not bound.expired():
-                    raise  # not ours: said below as any other failure
-                raise failed(self.url, RedisTimeoutError(f"no answer within {timeout:g} s"),
-                             f"reading the history of {topic!r}", reads=True) from None
+            (now_s, now_us), page, latest_id, current, previous = await self._within(
+                timeout, f"reading the history of {topic!r}",
+                side.history(keys=[key, *self._origin_keys], args=[since, limit, HISTORY_PAGE_BYTES, self._idle_ms]))
             latest = text(latest_id)
             # An origin held past the idle time may have seen the topic published and forgotten
             # since: only the two newest origins, while younger than that, are still good.

@@ -82,7 +82,9 @@ READ_RETRY_SECONDS = 0.5
 # waits for the store only what is left of it (at least READ_RETRY_SECONDS, the last try's
 # chance): the give-up comes within READ_ON_RETRY_SECONDS + READ_RETRY_SECONDS of that read's
 # start whatever the pool does, the silence a client's liveness check allows for
-# (docs/protocol.md, "Connecting"; livepush.js REPLAY_SILENCE_MS).
+# (docs/protocol.md, "Connecting"; livepush.js REPLAY_SILENCE_MS). The reads a subscribe makes
+# before its `subscribed` share as long from the subscribe's start, and a store down past it makes
+# the answer `refused unavailable`, within the same silence.
 READ_ON_RETRY_SECONDS = 20.0
 # Tries of a batch's read, failing while the fan-out still hears (so the store answers), before
 # the batch is split apart: a read that fails the same way every time (the store refuses one
@@ -119,6 +121,12 @@ def _names(topics: Iterable[str], shown: int = 3) -> str:
     names = list(topics)
     head = ", ".join(names[:shown])
     return head if len(names) <= shown else f"{head} and {len(names) - shown} more"
+
+
+def _time_left(deadline: float) -> float:
+    """How long a read may wait for the store (a fan-out read's `timeout`) to end by `deadline`
+    (loop time): what is left of it, and never less than READ_RETRY_SECONDS, the read's chance."""
+    return max(deadline - asyncio.get_running_loop().time(), READ_RETRY_SECONDS)
 
 
 class Interrupted(Exception):
@@ -836,6 +844,9 @@ class Hub:
     # -- subscribing ------------------------------------------------------------------
     async def subscribe(self, sub: Subscriber, topic: str, since: Offset | None, ref: protocol.Ref) -> None:
         """Send `subscribed`, then the state or the missed messages, then go live."""
+        # The reads before the answer wait for the store until then at most (a pool waits 30 s
+        # for a connection): a client's liveness check allows a subscribe no more.
+        deadline = asyncio.get_running_loop().time() + READ_ON_RETRY_SECONDS
         t = self._topics.get(topic)
         if t is None:
             t = self._topics[topic] = _Topic(topic, self.source_of(topic))
@@ -852,8 +863,8 @@ class Hub:
         t.joining[sub] = buffer
         try:
             if t.source is None:
-                await self._anchor(t)
-                floor = await self._catch_up(sub, t, since, ref, buffer)
+                await self._anchor(t, deadline)
+                floor = await self._catch_up(sub, t, since, ref, buffer, deadline)
             else:
                 floor = await self._snapshot(sub, t, since, ref, buffer)
         except BaseException:
@@ -913,19 +924,20 @@ class Hub:
             return since
         return "-".join(map(str, stands)) if since is None or _ahead(since, stands) else since
 
-    async def _anchor(self, t: _Topic) -> None:
+    async def _anchor(self, t: _Topic, deadline: float) -> None:
         """The first joiner of a message topic starts the read of its latest offset: the cursor
         live reads start from. Every joiner reads its replay after it, so nothing falls between.
         The read is a task of its own: a joiner that leaves (its connection lost) ends its own
-        wait, never the read the others wait for."""
+        wait, never the read the others wait for. It waits for the store until the first joiner's
+        `deadline`: the later joiners' come after it, and its failure is their answer too."""
         if t.anchored is None:
-            t.anchored = self._spawn(self._read_anchor(t), "livepush-anchor")
+            t.anchored = self._spawn(self._read_anchor(t, deadline), "livepush-anchor")
             t.anchored.add_done_callback(_retrieve)  # its error is its joiners', who may all have left
         await asyncio.shield(t.anchored)
 
-    async def _read_anchor(self, t: _Topic) -> None:
+    async def _read_anchor(self, t: _Topic, deadline: float) -> None:
         try:
-            t.move(await self.fanout.alatest_offset(t.name))
+            t.move(await self.fanout.alatest_offset(t.name, timeout=_time_left(deadline)))
         except BaseException:
             t.anchored = None  # the next joiner reads again
             raise
@@ -1006,17 +1018,18 @@ class Hub:
         return t.joining.get(sub) is not buffer
 
     async def _catch_up(self, sub: Subscriber, t: _Topic, since: Offset | None, ref: protocol.Ref,
-                        buffer: _Waiting) -> Key:
-        """Send `subscribed` and what precedes the live stream; return the key of the last offset sent."""
+                        buffer: _Waiting, deadline: float) -> Key:
+        """Send `subscribed` and what precedes the live stream; return the key of the last offset
+        sent. The reads before `subscribed` wait for the store until `deadline` (loop time)."""
         topic = t.name
         if since is None:
-            latest = await self.fanout.alatest_offset(topic)
+            latest = await self.fanout.alatest_offset(topic, timeout=_time_left(deadline))
             sub.send(protocol.subscribed(ref, topic, latest))
             return offset_key(latest)
-        page = await self.fanout.history(topic, since)
+        page = await self.fanout.history(topic, since, timeout=_time_left(deadline))
         if page is None:
             # Older than the history kept, or unknown: the client refetches.
-            latest = await self.fanout.alatest_offset(topic)
+            latest = await self.fanout.alatest_offset(topic, timeout=_time_left(deadline))
             sub.send(protocol.subscribed(ref, topic, latest))
             if not self._left(t, sub, buffer):
                 sub.send(protocol.reset(topic))

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from livepush import metrics
+from livepush.errors import DependencyError
 from livepush.fanout.base import HISTORY_PAGE, IDLE_EXPIRE, FanOut
 from livepush.fanout.postgres import PostgresFanOut
 from livepush.fanout.redis import RedisFanOut
@@ -445,4 +446,38 @@ async def test_a_replay_whose_reads_wait_for_a_pool_that_never_frees_gets_reset_
         await the_hub.aclose()
         await fanout.aclose()
     assert [f["op"] for f in sub.frames] == ["subscribed", *["message"] * HISTORY_PAGE, "reset"]
+    assert took < hub.READ_ON_RETRY_SECONDS + 1.0, took
+
+
+@pytest.mark.parametrize("resumes", [False, True], ids=["from-now", "with-since"])
+async def test_a_subscribe_whose_reads_wait_for_a_pool_that_never_frees_is_refused_within_the_bound(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch, resumes: bool) -> None:
+    """A client subscribes to a topic new to the server (from now, or with `since`) while every
+    connection of the server's pool is held (as while Postgres restarts: psycopg_pool waits up to
+    30 s for one): the reads before its `subscribed` share the retry bound from the subscribe's
+    start, so it is refused (`unavailable`: the subscribe raises DependencyError) within the
+    bound, before the client's liveness check gives up on it, not after the pool's own waits.
+    A second subscriber joining the same anchor read meanwhile is refused with it."""
+    monkeypatch.setattr(hub, "READ_ON_RETRY_SECONDS", 1.0)
+    monkeypatch.setattr(hub, "READ_RETRY_SECONDS", 0.1)
+    fanout = PostgresFanOut(pg_url)
+    topic = "room:pool-held-subscribe"
+    since = await fanout.alatest_offset(topic) if resumes else None
+    the_hub, _ = await watched(fanout, [])
+    first, second = Sub(), Sub()
+    pool = await fanout._pools.aget()
+    held = [await pool.getconn() for _ in range(pool.max_size)]
+    try:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        subscribes = [asyncio.ensure_future(the_hub.subscribe(sub, topic, since, 1)) for sub in (first, second)]
+        answers = await asyncio.wait_for(asyncio.gather(*subscribes, return_exceptions=True), 10)
+        took = loop.time() - began
+    finally:
+        for conn in held:
+            await pool.putconn(conn)
+        await the_hub.aclose()
+        await fanout.aclose()
+    assert all(isinstance(a, DependencyError) for a in answers), answers
+    assert first.frames == second.frames == []
     assert took < hub.READ_ON_RETRY_SECONDS + 1.0, took

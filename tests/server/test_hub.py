@@ -51,7 +51,7 @@ async def settle() -> None:
 class YieldingLocal(LocalFanOut):
     """Reads that yield to the loop, as a real database read does: joins can overlap."""
 
-    async def alatest_offset(self, topic: str) -> str:
+    async def alatest_offset(self, topic: str, *, timeout: float | None = None) -> str:
         await asyncio.sleep(0)
         return await super().alatest_offset(topic)
 
@@ -150,7 +150,7 @@ class GatedReads(YieldingLocal):
         super().__init__()
         self.gate = asyncio.Event()
 
-    async def alatest_offset(self, topic: str) -> str:
+    async def alatest_offset(self, topic: str, *, timeout: float | None = None) -> str:
         await self.gate.wait()
         return await super().alatest_offset(topic)
 
@@ -896,7 +896,7 @@ class SlowFirstAnchor(DoorbellLocal):
         self.anchor_gate = asyncio.Event()
         self.anchors = 0
 
-    async def alatest_offset(self, topic: str) -> str:
+    async def alatest_offset(self, topic: str, *, timeout: float | None = None) -> str:
         self.anchors += 1
         latest = await super().alatest_offset(topic)
         if self.anchors == 1:
@@ -941,7 +941,7 @@ class SlowLatestWhenAsked(YieldingLocal):
         self.slow_next = False
         self.waiting = False
 
-    async def alatest_offset(self, topic: str) -> str:
+    async def alatest_offset(self, topic: str, *, timeout: float | None = None) -> str:
         latest = await super().alatest_offset(topic)
         if self.slow_next:
             self.slow_next, self.waiting = False, True
@@ -1111,7 +1111,7 @@ class HeldLatest(YieldingLocal):
         self.gates.append(gate)
         return gate
 
-    async def alatest_offset(self, topic: str) -> str:
+    async def alatest_offset(self, topic: str, *, timeout: float | None = None) -> str:
         latest = self.latest_offset(topic)
         if self.gates:
             gate = self.gates.pop(0)
@@ -1218,3 +1218,55 @@ async def test_a_second_outage_warns_while_a_replay_that_waited_out_the_first_st
     assert a.data() == list(range(1, 16)) and b.data() == list(range(1, 16))
     warnings = [r.getMessage() for r in caplog.records if r.name == "livepush.hub" and r.levelname == "WARNING"]
     assert [w.split(" (")[0] for w in warnings] == ["could not read the replay of a", "could not read the replay of b"]
+
+
+class StoreSlowThenAway(YieldingLocal):
+    """A store whose latest offset comes only after `latest_takes` s (a pool slow to hand out a
+    connection), and whose history reads wait out their whole `timeout`, then fail, as reads
+    waiting for a pool that never frees do. Records each read's `timeout`."""
+
+    def __init__(self, latest_takes: float) -> None:
+        super().__init__()
+        self.latest_takes = latest_takes
+        self.timeouts: list[tuple[str, float | None]] = []
+
+    async def alatest_offset(self, topic: str, *, timeout: float | None = None) -> str:
+        self.timeouts.append(("latest", timeout))
+        await asyncio.sleep(self.latest_takes)  # the store's own time, not a wait for an event
+        return await super().alatest_offset(topic)
+
+    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE,
+                      timeout: float | None = None) -> History | None:
+        self.timeouts.append(("history", timeout))
+        await asyncio.sleep(30.0 if timeout is None else timeout)  # the pool's own wait without one
+        raise DependencyError("cannot reach Postgres (couldn't get a connection)")
+
+
+async def test_the_reads_before_a_subscribed_share_one_bound_counted_from_the_subscribe(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subscribe with `since` to a new topic whose anchor read takes most of the retry bound,
+    and whose history read then waits for a store that never answers: that read waits only what
+    is left of the bound, so the subscribe fails (answered `refused unavailable`) within the bound
+    from its start, with nothing sent, not after the anchor's time and a whole bound more (nor a
+    pool's 30 s)."""
+    from livepush.server import hub as hub_module
+    monkeypatch.setattr(hub_module, "READ_ON_RETRY_SECONDS", 1.0)
+    monkeypatch.setattr(hub_module, "READ_RETRY_SECONDS", 0.1)
+    fanout = StoreSlowThenAway(latest_takes=0.6)
+    hub = Hub(fanout, fan)
+    sub = Sub()
+    topic = "room:slow-then-away"
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    try:
+        with pytest.raises(DependencyError):
+            await asyncio.wait_for(hub.subscribe(sub, topic, fanout.latest_offset(topic), 1), 10)
+        took = loop.time() - began
+    finally:
+        await hub.aclose()
+    assert sub.frames == []
+    assert took < 1.0 + 0.3, took
+    (latest, anchor_timeout), (history, history_timeout) = fanout.timeouts
+    assert (latest, history) == ("latest", "history")
+    assert anchor_timeout is not None and 0.9 < anchor_timeout <= 1.0, anchor_timeout
+    assert history_timeout is not None and history_timeout <= 0.45, history_timeout
