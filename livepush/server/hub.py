@@ -436,7 +436,7 @@ class Hub:
                             counted = False
                             self._read_on_recovered()
                         if page is None:  # pruned meanwhile: the client refetches
-                            return await self._reset_joiner(sub, t, buffer)
+                            return await self._reset_joiner(sub, t, buffer, timeout=retries.timeout(last, loop.time()))
                     return await self._replay(sub, t, last, page, buffer, retries)
                 except DependencyError as exc:
                     page = None
@@ -480,9 +480,11 @@ class Hub:
             del t.joining[sub]
         self._forget_if_idle(t)
 
-    async def _reset_joiner(self, sub: Subscriber, t: _Topic, buffer: _Waiting, *, latest: bool = True) -> Key:
+    async def _reset_joiner(self, sub: Subscriber, t: _Topic, buffer: _Waiting, *, latest: bool = True,
+                            timeout: float | None = None) -> Key:
         """Send a joiner `reset`; return the key it goes on live from: the topic's latest offset
-        (read first, so a refetch after the reset covers everything up to it), or, without
+        (read first, waiting for the store `timeout` at most, a replay's retry bound, so a refetch
+        after the reset covers everything up to it), or, without
         `latest`, what its join buffer dropped (the frames it holds come after that). Never below
         what its replay (`stands`) sent it already: the frames waiting from before a read failed
         midway would go out to it a second time. With `latest`, nor below the frames waiting for it
@@ -498,7 +500,7 @@ class Hub:
             assert buffer.stands is not None
             return offset_key(buffer.stands)
         waited = max((k for k, _ in buffer.frames if k is not None), default=NO_KEY) if latest else NO_KEY
-        floor = offset_key(await self.fanout.alatest_offset(t.name)) if latest else buffer.dropped
+        floor = offset_key(await self.fanout.alatest_offset(t.name, timeout=timeout)) if latest else buffer.dropped
         if not self._left(t, sub, buffer):
             sub.send(protocol.reset(t.name))
             metrics.RESETS.labels("history").inc()
@@ -1086,7 +1088,8 @@ class Hub:
             next_page = await self.fanout.history(topic, last,
                                                   timeout=retries.timeout(last, asyncio.get_running_loop().time()))
             if next_page is None:  # pruned while we read: the client refetches
-                return await self._reset_joiner(sub, t, buffer)
+                return await self._reset_joiner(
+                    sub, t, buffer, timeout=retries.timeout(last, asyncio.get_running_loop().time()))
             page = next_page
 
     async def _snapshot(self, sub: Subscriber, t: _Topic, since: Offset | None, ref: protocol.Ref,

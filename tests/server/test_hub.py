@@ -1270,3 +1270,54 @@ async def test_the_reads_before_a_subscribed_share_one_bound_counted_from_the_su
     assert (latest, history) == ("latest", "history")
     assert anchor_timeout is not None and 0.9 < anchor_timeout <= 1.0, anchor_timeout
     assert history_timeout is not None and history_timeout <= 0.45, history_timeout
+
+
+class PrunedThenAway(YieldingLocal):
+    """History in pages of 5 messages whose rest is pruned after the first page (every later read
+    finds nothing to serve), and a store that goes away after the topic's anchor was read: each
+    later latest-offset read waits out its whole `timeout`, then fails, as one waiting for a pool
+    that never frees does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pages = 0
+        self.latest_reads: list[float | None] = []
+
+    async def alatest_offset(self, topic: str, *, timeout: float | None = None) -> str:
+        self.latest_reads.append(timeout)
+        if len(self.latest_reads) == 1:
+            return await super().alatest_offset(topic)
+        await asyncio.sleep(30.0 if timeout is None else timeout)  # the pool's own wait without one
+        raise DependencyError("cannot reach Postgres (couldn't get a connection)")
+
+    async def history(self, topic: str, since: str, *, limit: int = HISTORY_PAGE,
+                      timeout: float | None = None) -> History | None:
+        self.pages += 1
+        return await super().history(topic, since, limit=5) if self.pages == 1 else None
+
+
+async def test_a_replay_whose_rest_is_pruned_while_the_store_goes_away_gets_reset_within_the_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay whose rest was pruned reads the topic's latest offset before its `reset`; when the
+    store is away then, that read waits only the replay's retry bound, not the pool's own 30 s: the
+    client gets its first page, then `reset`, within the bound."""
+    from livepush.server import hub as hub_module
+    monkeypatch.setattr(hub_module, "READ_ON_RETRY_SECONDS", 1.0)
+    monkeypatch.setattr(hub_module, "READ_RETRY_SECONDS", 0.1)
+    fanout = PrunedThenAway()
+    topic = "room:pruned-then-away"
+    since = fanout.latest_offset(topic)
+    fanout.publish_many([(topic, n) for n in range(10)])
+    hub = Hub(fanout, fan)
+    sub = Sub()
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    try:
+        await asyncio.wait_for(hub.subscribe(sub, topic, since, 1), 10)
+        took = loop.time() - began
+    finally:
+        await hub.aclose()
+    assert [f["op"] for f in sub.frames] == ["subscribed", *["message"] * 5, "reset"]
+    assert sub.data() == list(range(5))
+    assert took < 1.0 + 0.5, took
+    assert fanout.latest_reads[1] is not None and fanout.latest_reads[1] <= 1.0, fanout.latest_reads
