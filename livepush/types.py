@@ -125,7 +125,9 @@ class StateSource(RingPath, Protocol):
     async def listen(self) -> None:
         """Start watching; returns once changes are heard (raises ListenError otherwise)."""
 
-    async def read(self, topics: Sequence[Topic]) -> dict[Topic, State]:
-        """The current state of each topic that has one (an unknown id has none)."""
+    async def read(self, topics: Sequence[Topic], *, timeout: float | None = None) -> dict[Topic, State]:
+        """The current state of each topic that has one (an unknown id has none). `timeout`: the
+        most the read may wait for the store (a pool's connection) before it raises
+        DependencyError, as FanOut.history()'s; None leaves the store's own waits."""
 
     async def aclose(self) -> None: ...

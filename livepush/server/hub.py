@@ -868,7 +868,7 @@ class Hub:
                 await self._anchor(t, deadline)
                 floor = await self._catch_up(sub, t, since, ref, buffer, deadline)
             else:
-                floor = await self._snapshot(sub, t, since, ref, buffer)
+                floor = await self._snapshot(sub, t, since, ref, buffer, deadline)
         except BaseException:
             if t.joining.get(sub) is buffer:
                 del t.joining[sub]
@@ -1093,9 +1093,11 @@ class Hub:
             page = next_page
 
     async def _snapshot(self, sub: Subscriber, t: _Topic, since: Offset | None, ref: protocol.Ref,
-                        buffer: _Waiting) -> Key:
+                        buffer: _Waiting, deadline: float) -> Key:
+        """Send `subscribed` and the state topic's current state; its read waits for the store
+        until `deadline` (loop time), as a message topic's reads before `subscribed` do."""
         assert t.source is not None
-        state = (await t.source.read([t.name])).get(t.name)
+        state = (await t.source.read([t.name], timeout=_time_left(deadline))).get(t.name)
         if state is None:
             sub.send(protocol.subscribed(ref, t.name, None))  # no such job or group (yet): nothing to show
             return NO_KEY

@@ -22,6 +22,7 @@ from livepush.errors import DependencyError
 from livepush.fanout.base import HISTORY_PAGE, IDLE_EXPIRE, FanOut
 from livepush.fanout.postgres import PostgresFanOut
 from livepush.fanout.redis import RedisFanOut
+from livepush.jobs.events.source import JobStates
 from livepush.server import hub, limits
 from livepush.server.hub import Hub
 from livepush.types import offset_key
@@ -480,4 +481,35 @@ async def test_a_subscribe_whose_reads_wait_for_a_pool_that_never_frees_is_refus
         await fanout.aclose()
     assert all(isinstance(a, DependencyError) for a in answers), answers
     assert first.frames == second.frames == []
+    assert took < hub.READ_ON_RETRY_SECONDS + 1.0, took
+
+
+async def test_a_state_topic_subscribe_whose_read_waits_for_a_pool_that_never_frees_is_refused_within_the_bound(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As for a message topic: a subscribe to `job:<id>` while every connection of the states'
+    pool is held (as while Postgres restarts) is refused (`unavailable`) within the retry bound from
+    the subscribe's start, before the client's liveness check gives up on it, not after the pool's
+    own 30 s wait."""
+    monkeypatch.setattr(hub, "READ_ON_RETRY_SECONDS", 1.0)
+    monkeypatch.setattr(hub, "READ_RETRY_SECONDS", 0.1)
+    fanout = PostgresFanOut(pg_url)
+    states = JobStates(pg_url)
+    the_hub = Hub(fanout, fan, states=[states])
+    await states.read(["job:1"])  # the pool is open: what follows waits for one of its connections
+    pool = await states._pools.aget()
+    held = [await pool.getconn() for _ in range(pool.max_size)]
+    sub = Sub()
+    try:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        with pytest.raises(DependencyError):
+            await asyncio.wait_for(the_hub.subscribe(sub, "job:1", None, 1), 10)
+        took = loop.time() - began
+    finally:
+        for conn in held:
+            await pool.putconn(conn)
+        await the_hub.aclose()
+        await states.aclose()
+        await fanout.aclose()
+    assert sub.frames == []
     assert took < hub.READ_ON_RETRY_SECONDS + 1.0, took

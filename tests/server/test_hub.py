@@ -610,7 +610,7 @@ class Rows:
         self.rows: dict[int, int] = {}  # id -> version
         self.asked: list[list[str]] = []
 
-    async def read(self, topics):  # type: ignore[no-untyped-def]
+    async def read(self, topics, *, timeout=None):  # type: ignore[no-untyped-def]
         from livepush.types import State
 
         self.asked.append(list(topics))
@@ -684,7 +684,7 @@ class FlakyRows(Rows):
         self.down = False
         self.failed = 0
 
-    async def read(self, topics):  # type: ignore[no-untyped-def]
+    async def read(self, topics, *, timeout=None):  # type: ignore[no-untyped-def]
         if self.down:
             self.failed += 1
             raise DependencyError("the database is restarting")

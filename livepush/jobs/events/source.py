@@ -112,7 +112,7 @@ class JobStates:
         for prefix, first, last in ring.created:
             self._on_created(prefix, first, last)
 
-    async def read(self, topics: Sequence[Topic]) -> dict[Topic, State]:
+    async def read(self, topics: Sequence[Topic], *, timeout: float | None = None) -> dict[Topic, State]:
         ids: dict[str, list[int]] = {"job": [], "group": [], "workflow": []}
         for topic in topics:
             kind, _, ident = topic.partition(":")
@@ -123,7 +123,9 @@ class JobStates:
         if not jobs and not groups and not workflows:
             return out
         with translated(self.url):
-            async with (await self._pools.aget()).connection() as conn:
+            # `timeout` caps the wait for a connection (psycopg_pool's 30 s otherwise), all a read
+            # does while Postgres restarts: a subscribe's answer keeps its bound with it.
+            async with (await self._pools.aget()).connection(timeout=timeout) as conn:
                 async with conn.cursor(row_factory=dict_row) as cur:
                     if jobs:
                         await cur.execute(queries.JOB_STATES, {"ids": jobs})
