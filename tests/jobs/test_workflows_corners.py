@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from livepush import jobs
+from livepush.jobs.api.registry import REGISTRY, Registry
 from livepush.jobs.groups.transactions import in_tx
 from livepush.jobs.workflows import operators
 from tests.jobs import workflow_corner_defs as wc
@@ -108,6 +109,54 @@ async def test_a_run_that_fails_stops_its_parked_step_while_a_caller_holds_a_sig
     assert step_states(done) == {"start": "succeeded", "breaks": "failed", "waits": "cancelled"}
 
 
+async def test_a_callers_open_signal_to_a_step_holds_up_only_its_own_run(jobs_db: str) -> None:
+    """A caller's open transaction that woke a parked step's job (jobs.signal(conn=)) holds its
+    run's row until it commits. A claim that took a job of another step of that run waited for
+    that row, and the runtime started nothing at all meanwhile: another run's step and a plain job
+    waited for the caller's commit. Now the claim passes over that run's steps, and they start
+    once the caller commits, each once."""
+    only_parked = Registry()
+    only_parked.add(REGISTRY.get("wfd_parks_beside.parked"))
+    run = await wc.parks_beside.astart()
+    # A runtime that defines only `parked` parks it and leaves `beside` available.
+    async with running(registry=only_parked, queues=[wc.QUEUE]):
+        await async_wait_for(lambda: step_is(run.id, "parked", "waiting"), 10.0, message="the step to park")
+    [(job_id,)] = q(jobs_db, "SELECT id FROM livepush_jobs WHERE name = 'wfd_parks_beside.parked'")
+    with psycopg.connect(jobs_db) as conn:
+        await asyncio.to_thread(jobs.signal, job_id, "note", {"by": "ana"}, conn=conn)
+        # A poll far longer than the test: what starts the held run's steps is the commit's ring.
+        async with running(queues=[wc.QUEUE], poll_interval=60.0):
+            other = await wc.floats.astart()
+            await wc.plain.aenqueue()
+            await run_state(other.id, "succeeded")
+            await async_wait_for(lambda: job_ended(jobs_db, "wfd.plain"), 10.0, message="the plain job to end")
+            assert step_states(await jobs.workflows.aget(run.id)) == {"parked": "waiting", "beside": "running"}
+            assert q(jobs_db, "SELECT state, attempt FROM livepush_jobs WHERE name = 'wfd_parks_beside.beside'") \
+                == [("available", 0)]
+            conn.commit()
+            done = await run_state(run.id, "succeeded")
+    assert done["steps"]["parked"]["output"] == {"by": "ana"} and done["steps"]["beside"]["output"] == "beside"
+    assert {s["attempt"] for s in done["steps"].values()} == {1}
+    assert await job_ended(jobs_db, "wfd.plain") == "succeeded"
+
+
+async def test_a_step_passed_over_for_its_busy_run_is_claimed_again_without_a_ring(jobs_db: str) -> None:
+    """A claim passes over the steps of a run whose row someone holds, and the holder may ring
+    nothing at its commit (another runtime's claim of a sibling step, a park of one): the runtime
+    claims again within a moment, not at its next poll, and the step starts once."""
+    run = await wc.floats.astart()
+    with psycopg.connect(jobs_db) as conn:
+        conn.execute("SELECT 1 FROM livepush_workflows WHERE id = %s FOR NO KEY UPDATE", (run.id,))
+        async with running(queues=[wc.QUEUE], poll_interval=60.0):
+            # A plain job that ran: the runtime has claimed, and passed the run over, meanwhile.
+            await wc.plain.aenqueue()
+            await async_wait_for(lambda: job_ended(jobs_db, "wfd.plain"), 10.0, message="the plain job to end")
+            assert q(jobs_db, "SELECT state FROM livepush_jobs WHERE name = 'wfd_floats.measure'") == [("available",)]
+            conn.commit()
+            done = await run_state(run.id, "succeeded", timeout=10.0)
+    assert done["steps"]["measure"]["attempt"] == 1
+
+
 @pytest.mark.parametrize("flow", [wc.waits_for_its_own, wc.sync_waits_for_its_own], ids=["async", "sync"])
 async def test_a_step_waiting_in_its_body_for_its_own_wait_for_signal_is_refused_at_once(
         jobs_db: str, flow: Any) -> None:
@@ -170,7 +219,7 @@ async def test_skipping_a_step_before_what_it_comes_after_finished_keeps_the_ord
         run = await wc.chain.astart()
         await async_wait_for(lambda: step_is(run.id, "load", "running"), 10.0, message="load to run")
         assert await jobs.workflows.askip(run.id, "check", actor="ana", reason="checked by hand")
-        assert step_states(jobs.workflows.get(run.id)) == {"load": "running", "check": "skipped", "publish": "pending"}
+        assert step_states(await jobs.workflows.aget(run.id)) == {"load": "running", "check": "skipped", "publish": "pending"}
         q(jobs_db, "INSERT INTO job_flags VALUES (%s)", (f"load-{run.id}",))
         done = await run_state(run.id, "succeeded")
     assert step_states(done) == {"load": "succeeded", "check": "skipped", "publish": "succeeded"}

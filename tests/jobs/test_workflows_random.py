@@ -259,8 +259,9 @@ class Seed:
             # As a runtime that defines the steps claims: their jobs first (their own claim), then
             # the members (the plain one).
             step_names = [spec.job for flow in rd.FLOWS.values() for spec in flow.steps.values()]
-            rows = await fetch(conn, wq.CLAIM_STEPS, {"queue": rd.QUEUE, "names": step_names, "limit": limit,
-                                                      "runtime_id": rt["id"]})
+            stepped = await fetch(conn, wq.CLAIM_STEPS, {"queue": rd.QUEUE, "names": step_names, "limit": limit,
+                                                         "runtime_id": rt["id"]})
+            rows = [r for r in stepped if r["id"] is not None]  # its one row when it claimed none
             await conn.commit()
             if len(rows) < limit:
                 rows += await fetch(conn, queries.CLAIM, {"queue": rd.QUEUE, "excluded": [], "limit": limit - len(rows),

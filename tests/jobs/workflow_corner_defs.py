@@ -313,3 +313,23 @@ async def too_much(ctx: Any) -> Any:
 @outputs_too_much.step(after="too_much")
 async def after_too_much(ctx: Any) -> Any:
     return "never"
+
+
+# A step parked in its body on a signal of its own (ctx.wait_for_signal), beside a step of the
+# same run that only a runtime defining it claims.
+parks_beside = jobs.workflow("wfd_parks_beside", queue=QUEUE)
+
+
+@parks_beside.step()
+async def parked(ctx: Any) -> Any:
+    return await ctx.wait_for_signal("note")
+
+
+@parks_beside.step()
+async def beside(ctx: Any) -> Any:
+    return "beside"
+
+
+@jobs.job(name="wfd.plain", queue=QUEUE)
+async def plain(ctx: Any) -> None:
+    """A plain job on the steps' queue."""

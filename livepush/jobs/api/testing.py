@@ -114,10 +114,11 @@ async def adrain(queues: Sequence[str] | None = None, *, registry: Registry = RE
             # just ran may have enqueued one: every claim here looks again.
             rt._limited_empty.clear()
             if await rt._claim(1) == 0:
-                if rt._token_due is None:
+                if rt._claim_due is None:
                     break
-                # A start rate's bucket held due jobs back: they start when its next token is.
-                await asyncio.sleep(max(rt._token_due - asyncio.get_running_loop().time(), 0.0))
+                # A start rate's bucket held due jobs back (they start when its next token is), or a
+                # step's run was busy: claim again then.
+                await asyncio.sleep(max(rt._claim_due - asyncio.get_running_loop().time(), 0.0))
                 continue
             ran += 1
             await rt.in_hand_ended()

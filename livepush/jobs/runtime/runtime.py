@@ -170,6 +170,11 @@ def parse_ids(payload: str, channel: str) -> list[int]:
 # (sql/0003_jobs.sql holds the heartbeat to it too).
 MIN_BEAT = 0.01
 MAX_HEARTBEAT = 86400.0
+# A step claim that passed over steps whose run's row was busy (workflows/queries.py: CLAIM_STEPS)
+# claims again this soon, then twice as late each time it meets a busy run again, up to the poll
+# interval: a decision or another claim holds the row for milliseconds, a caller's open
+# transaction for as long as it likes (its commit rings the doorbell).
+BUSY_RUN_RETRY = 0.02
 # The most jobs one runtime holds at once: its row in livepush_runtimes keeps it in an integer
 # column, and far more than one process can run anyway.
 MAX_CONCURRENCY = 100_000
@@ -361,8 +366,10 @@ class Runtime:
         # their own (workflows/queries.py: CLAIM_STEPS), which a runtime without steps never runs.
         self.step_names: list[str] = []
         # Names whose jobs take the limited claim (limits.names(), re-read every beat). And when
-        # the next token of a rate-limited name is due, if a bucket held jobs back (loop time): the
-        # producer wakes then rather than polling or spinning.
+        # the next claim is due without a ring (loop time): a rate-limited name's next token, if a
+        # bucket held jobs back, or the retry of steps passed over because their run was busy
+        # (`_busy_retry`, the next such retry's delay): the producer wakes then rather than
+        # polling or spinning.
         self.limited: list[str] = []
         self._limited_turn = 0  # claim rounds so far: which limited name of a priority is asked first (limits.in_turn)
         self.limits_dropped: frozenset[str] = frozenset()  # of them, rows whose limits a newer definition dropped
@@ -372,7 +379,8 @@ class Runtime:
         self._limits_written: dict[str, Limits | None] = {}
         self._registry_seen = -1
         self._limits_writing: asyncio.Task[None] | None = None
-        self._token_due: float | None = None
+        self._claim_due: float | None = None
+        self._busy_retry = BUSY_RUN_RETRY
         # (name, queue) whose last limited claim found nothing it could start, and when (loop
         # time): skipped until the doorbell rings (not for limits_dropped), a job of the name ends
         # here, or a poll interval passes, so that a runtime with limited functions does not pay
@@ -948,10 +956,10 @@ class Runtime:
             more = claimed >= free
 
     def _idle_wait(self) -> float:
-        """Seconds to wait for the doorbell: the poll interval, or less when a token is due sooner."""
-        if self._token_due is None:
+        """Seconds to wait for the doorbell: the poll interval, or less when a claim is due sooner."""
+        if self._claim_due is None:
             return self.poll_interval
-        return min(self.poll_interval, max(self._token_due - asyncio.get_running_loop().time(), 0.0))
+        return min(self.poll_interval, max(self._claim_due - asyncio.get_running_loop().time(), 0.0))
 
     async def _settle(self) -> None:
         """Yield while jobs are still finishing, so that the next claim is a batch rather than one
@@ -1015,7 +1023,7 @@ class Runtime:
         if len(limited) > 1:
             limited = limits.in_turn(limited, self.registry, self._limited_turn)
             self._limited_turn += 1
-        self._token_due = None
+        self._claim_due = None
         if self._claims_unheard:
             await self._release_unheard()
             self._claims_unheard = False
@@ -1023,6 +1031,7 @@ class Runtime:
         kept = self._claim_conn
         conn = await self._claim_connection()
         held = conn is kept  # kept from an earlier claim, not opened for this one
+        busy = False  # whether a step claim passed over steps whose run's row was busy
         try:
             async with conn.cursor(row_factory=dict_row) as cur:
                 now = asyncio.get_running_loop().time()
@@ -1044,6 +1053,8 @@ class Runtime:
                         await cur.execute(workflow_queries.CLAIM_STEPS, {
                             "queue": queue, "limit": want, "names": self.step_names, "runtime_id": self.id})
                         claimed = await cur.fetchall()
+                        busy = busy or bool(claimed[0]["busy"])
+                        claimed = [row for row in claimed if row["id"] is not None]
                         if claimed:
                             rows.extend(claimed)
                             metrics.JOBS_CLAIMED.labels(queue).inc(len(claimed))
@@ -1071,6 +1082,7 @@ class Runtime:
                 raise
             reraise_if_cancelled()
             log.warning("claim failed after %d jobs were claimed (%s); running those", len(rows), exc)
+        self._retry_if_busy(busy)
         assert self._completer is not None
         for row in rows:
             job = ClaimedJob.from_row(row)
@@ -1085,6 +1097,17 @@ class Runtime:
                 continue
             self._start(job)
         return len(rows)
+
+    def _retry_if_busy(self, busy: bool) -> None:
+        """After a claim round: when its step claims passed over steps whose run's row someone
+        held, claim again soon (BUSY_RUN_RETRY, doubling while rounds find runs busy), not only at
+        the next ring or poll."""
+        if not busy:
+            self._busy_retry = BUSY_RUN_RETRY
+            return
+        due = asyncio.get_running_loop().time() + self._busy_retry
+        self._claim_due = due if self._claim_due is None else min(self._claim_due, due)
+        self._busy_retry = min(self._busy_retry * 2, self.poll_interval)
 
     def _include_defined(self) -> None:
         """Claim again the names given back as unknown whose function was defined since (their
@@ -1161,7 +1184,7 @@ class Runtime:
             self._limited_empty[(name, queue)] = asyncio.get_running_loop().time()
         if wait is not None:
             due = asyncio.get_running_loop().time() + wait
-            self._token_due = due if self._token_due is None else min(self._token_due, due)
+            self._claim_due = due if self._claim_due is None else min(self._claim_due, due)
 
     def _start(self, job: ClaimedJob) -> None:
         assert self._completer is not None

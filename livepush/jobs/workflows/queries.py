@@ -11,7 +11,8 @@ a step is started (its job created) by exactly one of them.
 
 Lock order, extending the jobs' and groups' (job rows -> shards -> groups -> parent jobs):
 job rows -> workflow rows. A step's end is recorded in the transaction that ended its job (the
-job row is locked first); a step's claim (CLAIM_STEPS) locks its job's row, then the run's.
+job row is locked first); a step's claim (CLAIM_STEPS) locks its job's row, then the run's, both
+SKIP LOCKED: it waits for neither.
 Decisions and operator verbs lock the run first and never wait for a job row after it: the jobs
 a decision stops (livepush/jobs/queries.py: STOP_JOBS) are locked with SKIP LOCKED, and what a
 verb does to the rest is done in later transactions. The one exception is a signal
@@ -155,26 +156,46 @@ WHERE workflow_id = %(id)s AND group_id IS NOT NULL
 # Safe under concurrency as CLAIM is: SKIP LOCKED hands each available row to exactly one claimer,
 # and the partial index (sql/0006_workflows.sql) holds only available steps' jobs. In the same
 # statement, each unfinished run among them gets a new version showing its step's new attempt
-# (livepush_workflow_steps_claimed(), after the job rows are locked here: the lock order job rows
-# -> workflow rows), so no version of `workflow:<id>` shows two attempts. FOR NO KEY UPDATE, not
-# FOR UPDATE: a signal that holds a run's row (LOCK_RUN_FOR_SIGNAL) key-share locks its step's job row
-# (operators.py), which FOR UPDATE would hold off while this claim waits for that run's row.
+# (livepush_workflow_steps_claimed()), so no version of `workflow:<id>` shows two attempts. For
+# that the claim takes the candidates' rows, then their runs' rows (the lock order job rows ->
+# workflow rows), both SKIP LOCKED, and claims only the jobs whose run it holds (or whose run is
+# gone): it never waits. A run's row is held until commit by whoever changes the run: a decision,
+# a park or a wake of one of its steps' jobs, another claim of its steps, and a caller's open
+# transaction that woke one with jobs.signal(conn=). Waiting for it would hold every claim of this
+# runtime until that commit: instead those steps stay available, untouched, and `busy` says so
+# (the runtime claims again shortly, runtime.py: _retry_if_busy; the waking signal rings the
+# doorbell at its commit). Nor can a claim blocked on a lock commit after the runtime gave back
+# what a failed claim took (runtime.py: _release_unheard). FOR NO KEY UPDATE on the jobs, not FOR UPDATE: a signal's open transaction
+# key-share locks a job's row (durable/queries.py: SIGNAL_TARGET), which FOR UPDATE would pass over.
+# The runs are looked up by their key (= ANY of an array: an index scan whatever the plan thinks
+# of the candidates' count). Always one row: `busy`, and the claimed jobs' columns (all null when
+# none was claimed).
 # Committed synchronously, unlike CLAIM: a run's version rung and then lost in a crash would be
 # given again to a different state.
 CLAIM_STEPS = f"""
-WITH picked AS (
-    SELECT id, version FROM livepush_jobs
+WITH candidates AS (
+    SELECT id, version, workflow_id FROM livepush_jobs
     WHERE state = 'available' AND workflow_id IS NOT NULL AND queue = %(queue)s AND name = ANY(%(names)s::text[])
       AND NOT EXISTS (SELECT FROM livepush_workflows w WHERE w.id = livepush_jobs.workflow_id AND w.state = 'paused')
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
+), runs AS (
+    SELECT id FROM livepush_workflows WHERE id = ANY(ARRAY(SELECT DISTINCT workflow_id FROM candidates))
+    FOR NO KEY UPDATE SKIP LOCKED
+), picked AS (
+    SELECT c.id, c.version FROM candidates c
+    WHERE c.workflow_id IN (SELECT id FROM runs)
+       OR NOT EXISTS (SELECT FROM livepush_workflows w WHERE w.id = c.workflow_id)
 ), {queries.CLAIMED}, shown AS (
     SELECT livepush_workflow_steps_claimed(array_agg(c.id), array_agg(c.workflow_id), array_agg(c.attempt)) AS n
     FROM claimed c
+), passed AS (
+    SELECT (SELECT count(*) FROM candidates) > (SELECT count(*) FROM picked) AS busy
 )
-SELECT {queries.CLAIMED_COLUMNS}
-FROM claimed j JOIN livepush_job_payloads p ON p.id = j.id CROSS JOIN shown
+SELECT {queries.CLAIMED_COLUMNS}, b.busy
+FROM passed b CROSS JOIN shown
+LEFT JOIN (claimed j JOIN livepush_job_payloads p ON p.id = j.id) ON true
 ORDER BY j.priority, j.run_at, j.id
 """
 
