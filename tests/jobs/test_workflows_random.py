@@ -195,8 +195,8 @@ async def step_gone(conn: psycopg.AsyncConnection[Any], job: dict[str, Any]) -> 
 def durable_ctx(job: dict[str, Any]) -> Any:
     """What DurableRun's transaction steps read of a running job's context."""
     claimed = SimpleNamespace(id=job["id"], lease=job["lease"], queue=job["queue"], has_steps=job["has_steps"])
-    return SimpleNamespace(job=claimed, job_id=job["id"], latest=None, dirty=False, pool=None, url=None,
-                           cancel_requested=False)
+    return SimpleNamespace(_job=claimed, job_id=job["id"], _latest=None, _dirty=False, _pool=None, _url=None,
+                           _cancel_requested=False)
 
 
 class Seed:
