@@ -321,7 +321,7 @@ async def child(ctx: Any, value: Any, fail: bool = False) -> Any:
     await body(ctx, f"child:{value}")
     if fail:
         raise ValueError(f"child {value} fails")
-    return {"child": value, "queue": ctx._job.queue}
+    return {"child": value, "queue": ctx.queue}
 
 
 @jobs.job(name="d.too_large_children", max_attempts=1)
@@ -333,7 +333,7 @@ async def too_large_children(ctx: Any) -> Any:
 
 @jobs.job(name="d.child_elsewhere", queue="elsewhere", max_attempts=1)
 async def child_elsewhere(ctx: Any, value: Any) -> Any:
-    return {"child": value, "queue": ctx._job.queue}
+    return {"child": value, "queue": ctx.queue}
 
 
 @jobs.job(name="d.parent", max_attempts=3, backoff=lambda attempt: 0.0)

@@ -191,6 +191,11 @@ async def other_queue(ctx: Any, key: Any = None) -> None:
     await note(ctx, "done", key)
 
 
+@jobs.job(name="t.where_sync", queue="second")
+def where_sync(ctx: Any) -> dict[str, Any]:
+    return {"name": ctx.name, "queue": ctx.queue, "attempt": ctx.attempt}
+
+
 FLAGS_TABLE = "CREATE TABLE IF NOT EXISTS job_flags (name text PRIMARY KEY)"
 
 

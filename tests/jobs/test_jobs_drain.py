@@ -44,6 +44,13 @@ def test_drain_runs_every_due_job_and_counts(jobs_db: str) -> None:
     assert names_of(jobs_db, later.id) == ["enqueued/scheduled"]
 
 
+def test_a_job_knows_its_name_queue_and_attempt(jobs_db: str) -> None:
+    """`ctx.queue` is the queue the job was claimed from, in a sync job (a thread) as in an async one."""
+    h = sample_jobs.where_sync.enqueue()
+    assert jobs.drain(["second"]) == {"succeeded": 1}
+    assert jobs.get_job(h.id).result == {"name": "t.where_sync", "queue": "second", "attempt": 1}  # type: ignore[union-attr]
+
+
 def test_drain_leaves_a_paused_queue_alone_as_runtimes_do(jobs_db: str) -> None:
     """drain() claims as a runtime does: a paused queue's jobs wait, named or not, until it is resumed."""
     jobs.pause_queue("second")

@@ -61,7 +61,7 @@ from ...errors import ArgumentTypeError, ArgumentValueError, DependencyError
 class RunContext(Protocol):
     """What the durable calls need of a running job's context (runtime/context.JobContext)."""
 
-    _job: Any  # its ClaimedJob: id, lease, queue, has_steps
+    _job: Any  # its ClaimedJob: id, lease, has_steps
     _pool: Any  # the runtime's connection pool
     _threads: Any  # the runtime's threads for sync work (None: the loop's default pool)
     _url: str | None
@@ -73,6 +73,9 @@ class RunContext(Protocol):
 
     @property
     def job_id(self) -> int: ...
+
+    @property
+    def queue(self) -> str: ...
 
     def _check_cancelled(self) -> None: ...
 
@@ -567,7 +570,7 @@ class DurableRun:
             except Parked:
                 # The children are enqueued (committed with the park): a script's job among them
                 # warns as its enqueue does, on the queue _spawn put it on.
-                await alook_for_script_runtimes(Batch(), [(r.name, r.queue or self.ctx._job.queue) for r in requests],
+                await alook_for_script_runtimes(Batch(), [(r.name, r.queue or self.ctx.queue) for r in requests],
                                                 pool=self.ctx._pool)
                 raise
             raise AssertionError("unreachable: _spawn parks")
@@ -593,7 +596,7 @@ class DurableRun:
         group_id = int(row["nextval"])
         batch = Batch()
         for r in requests:
-            batch.add(REGISTRY.get(r.name), r.args, None, group_id, r.queue or ctx._job.queue)
+            batch.add(REGISTRY.get(r.name), r.args, None, group_id, r.queue or ctx.queue)
         yield from steps.create(group_id, building.DEFAULT_SHARDS, {"on_finish": None, "on_success": None,
                                                                       "on_failure": None}, parent_id=ctx.job_id)
         yield from building.add_steps(group_id, batch, states=["open"], seal=True)

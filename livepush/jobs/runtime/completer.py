@@ -302,7 +302,7 @@ class Completer:
             else:
                 key = _count_key(row)
                 self.counts[key] += 1
-                ended[key, o.ctx._job.queue] += 1
+                ended[key, o.ctx.queue] += 1
         for (key, queue), n in ended.items():
             counter = _COUNTERS.get(key)
             if counter is not None:

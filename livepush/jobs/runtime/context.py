@@ -203,6 +203,11 @@ class JobContext:
         return self._job.name
 
     @property
+    def queue(self) -> str:
+        """The queue the job was claimed from: where a child or follow-up of the same kind goes."""
+        return self._job.queue
+
+    @property
     def _args(self) -> list[Any]:
         return self._job.args
 
@@ -321,6 +326,10 @@ class SyncJobContext:
     @property
     def name(self) -> str:
         return self._inner.name
+
+    @property
+    def queue(self) -> str:
+        return self._inner.queue
 
     @property
     def cancelled(self) -> bool:
