@@ -84,7 +84,14 @@ $$;
 -- until it committed. The UPDATE re-checks that each row is still available and
 -- unchanged since this statement read it (its version): a cancel meanwhile leaves it out, and so
 -- does a debounce that gave it new arguments, maybe a new concurrency key (this statement's
--- count and the arguments it returns are of the old ones); the next claim takes it. The bucket is debited in the same statement. With no token left one
+-- count and the arguments it returns are of the old ones); the next claim takes it. It re-checks
+-- the concurrency key too: a start that keys the name's jobs anew (queries.py: MARK_LIMITED)
+-- changes the key and not the version, which is the offset of the job's state topic and moves
+-- only with what a page sees; a job it re-keyed after this statement's snapshot, counted here in
+-- its old key's slots, started past its new key's limit. Safe under concurrency: the UPDATE
+-- evaluates these checks on the row's newest committed version, which `locked` holds, so a key
+-- changed by a transaction that committed after the snapshot leaves the job out, and one not yet
+-- committed holds the row, which `locked` skips. The bucket is debited in the same statement. With no token left one
 -- candidate is read, enough to tell whether the bucket holds anything back.
 -- Returns one row with wait_token (seconds until the next token, when the bucket held eligible
 -- jobs back, or until the next try, when the claim lock was held: the runtime sleeps that long
@@ -143,21 +150,22 @@ BEGIN
         -- With no token, one candidate is enough to tell whether the bucket holds anything back.
         LIMIT CASE WHEN (SELECT n FROM room) > 0 THEN p_scan ELSE 1 END
     ), eligible AS (
-        SELECT c.id, c.priority, c.run_at, c.version FROM (
+        SELECT c.id, c.priority, c.run_at, c.version, c.concurrency_key FROM (
             SELECT c.*, row_number() OVER (PARTITION BY c.concurrency_key ORDER BY c.priority, c.run_at, c.id) AS nth
             FROM candidates c) c
         WHERE c.concurrency_key IS NULL OR (SELECT max_running FROM lim) IS NULL
            OR c.busy + c.nth <= (SELECT max_running FROM lim)
     ), chosen AS (
-        SELECT id, version FROM eligible ORDER BY priority, run_at, id LIMIT coalesce((SELECT n FROM room), 0)
+        SELECT id, version, concurrency_key FROM eligible ORDER BY priority, run_at, id LIMIT coalesce((SELECT n FROM room), 0)
     ), locked AS (
-        SELECT c.id, c.version FROM chosen c JOIN livepush_jobs j ON j.id = c.id
+        SELECT c.id, c.version, c.concurrency_key FROM chosen c JOIN livepush_jobs j ON j.id = c.id
         FOR NO KEY UPDATE OF j SKIP LOCKED
     ), claimed AS (
         UPDATE livepush_jobs j
         SET state = 'running', attempt = j.attempt + 1, runtime_id = p_runtime_id,
             lease = livepush_job_lease(), version = j.version + 1, event = 'started'
         FROM locked WHERE j.id = locked.id AND j.state = 'available' AND j.version = locked.version
+          AND j.concurrency_key IS NOT DISTINCT FROM locked.concurrency_key
         RETURNING j.*
     ), took AS (
         UPDATE livepush_job_limits l SET tokens = lim.tokens - (SELECT count(*) FROM claimed), refilled_at = lim.at

@@ -304,7 +304,9 @@ LIMIT %(page)s
 # then waited for, deadlocked, and its runtime failed to start. Each locked row is re-checked on
 # its newest version: the version check leaves a job that changed after it was read (a debounce
 # that replaced its arguments, a claim, an outcome) to be read again, and the state check a job
-# that ended (a job enqueued since was never read).
+# that ended (a job enqueued since was never read). The version is not raised: nothing `job:<id>`
+# shows changes; a limited claim that read the job before re-checks its key instead
+# (sql/0008_claim_limits.sql).
 MARK_LIMITED = """
 WITH target AS (
     SELECT j.id, u.key

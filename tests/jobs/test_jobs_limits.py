@@ -369,6 +369,57 @@ def test_a_limited_claim_skips_a_job_an_open_transaction_holds_and_the_next_clai
     assert jobs.get_job(moved.id).args == ["b", "m-go"]  # type: ignore[union-attr]
 
 
+def test_a_job_keyed_anew_while_a_limited_claim_reads_it_is_left_to_the_next_claim(limits_db: str) -> None:
+    """A start that keys a function's jobs anew (MARK_LIMITED) changes a job's concurrency key
+    without a new version. A limited claim that read the job under its old key (free here) before
+    that committed, and locks the row after, must not start it: its new key is full, and the
+    claim counted the old one. The next claim counts it under its new key."""
+    assert jobs.drain(max_jobs=0) == {}  # a runtime started: the limits are stored
+    holder = limit_jobs.tenant_flag.enqueue("b", "b-go")
+    moved = limit_jobs.tenant_flag.enqueue("a", "m-go")
+    q(limits_db, "UPDATE livepush_jobs SET state = 'running' WHERE id = %s", (holder.id,))  # b's only slot
+    (version,), = q(limits_db, "SELECT version FROM livepush_jobs WHERE id = %s", (moved.id,))
+    # The claim's statement calls clock_timestamp() once, after its snapshot and before its row
+    # locks: a stand-in ahead of pg_catalog's in the claiming session's search_path holds it there
+    # until the test's transaction, holding an advisory lock, ends.
+    q(limits_db, "CREATE SCHEMA claim_pause")
+    q(limits_db, """
+        CREATE FUNCTION claim_pause.clock_timestamp() RETURNS timestamptz LANGUAGE plpgsql VOLATILE AS $$
+        BEGIN
+            PERFORM pg_advisory_xact_lock_shared(20261207);
+            RETURN pg_catalog.clock_timestamp();
+        END $$""")
+    claim = {"name": "t.tenant_flag", "queue": "default", "limit": 4, "scan": 100, "runtime_id": 1}
+    with psycopg.connect(limits_db) as marker, psycopg.connect(limits_db, autocommit=True) as claimer:
+        (schema,), = claimer.execute("SELECT current_schema()").fetchall()
+        claimer.execute(f"SET search_path = claim_pause, pg_catalog, {schema}")  # type: ignore[arg-type]
+        claimer.execute("SET lock_timeout = '10s'")
+        marker.execute("SELECT pg_advisory_xact_lock(20261207)")
+        pid = claimer.info.backend_pid
+        result: dict[str, Any] = {}
+
+        def run_claim() -> None:
+            result["rows"] = claimer.execute(queries.CLAIM_LIMITED, claim).fetchall()
+
+        thread = threading.Thread(target=run_claim)
+        thread.start()
+        wait_for(lambda: q(limits_db, "SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,))
+                 == [("advisory",)], 10.0, message="the claim to read its candidates and wait")
+        # The start keys the job anew, as a deploy that keys the function by another parameter
+        # does: to the full key "b".
+        marked = marker.execute(queries.MARK_LIMITED, {"ids": [moved.id], "versions": [version], "keys": ['"b"']})
+        assert [r[0] for r in marked.fetchall()] == [moved.id]
+        marker.commit()
+        thread.join(10.0)
+        assert not thread.is_alive()
+    assert [r[1] for r in result["rows"] if r[1] is not None] == []
+    assert count(limits_db, "SELECT count(*) FROM livepush_jobs WHERE state = 'running' AND concurrency_key = %s",
+                 ('"b"',)) == 1
+    again = q(limits_db, queries.CLAIM_LIMITED, claim)
+    assert [r[1] for r in again if r[1] is not None] == []  # "b" is full
+    assert jobs.get_job(moved.id).state == "available"  # type: ignore[union-attr]
+
+
 def test_drain_runs_jobs_with_limits(limits_db: str) -> None:
     """jobs.drain() takes the limited claim too: every job of a limited function runs."""
     jobs.enqueue_many([limit_jobs.per_tenant.request(t, 0.0) for t in ("a", "a", "b")])
