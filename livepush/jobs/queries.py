@@ -667,6 +667,9 @@ WHERE state = 'running' AND runtime_id = %(runtime_id)s
 # same but for the jobs the runtime knows (`keep`): only its own producer claims for it, and it
 # runs this between claims, so a job running under its id is in `keep` or was claimed by a
 # statement whose reply never came; a job of `keep` that ends meanwhile is no longer `running`.
+# The producer runs it after a failed claim and every minute or so (runtime.py: RECONCILE_SECONDS):
+# an index scan of livepush_jobs_running_idx (runtime_id, on running rows only, sql/0003_jobs.sql),
+# so that each run reads this runtime's running jobs, not the table.
 RELEASE_ALL_OF_RUNTIME = f"""
 WITH moved AS (
     UPDATE livepush_jobs j SET

@@ -967,6 +967,13 @@ async def test_waiting_for_a_runtime_whose_task_was_cancelled_while_it_opened_sa
     assert "stop() (or a stop signal) came" not in message and "Runtime(...)" in message, message
 
 
+def claimed_unheard(url: str, runtime_id: int | None, job_id: int) -> None:
+    """Leave the job's row as a claim of that runtime's leaves it whose reply never reached it."""
+    q(url, """UPDATE livepush_jobs SET state = 'running', attempt = attempt + 1, runtime_id = %s,
+              lease = livepush_job_lease(), version = version + 1, event = 'started' WHERE id = %s""",
+      (runtime_id, job_id))
+
+
 async def test_a_claim_whose_reply_was_lost_is_given_back_once_the_runtime_claims_again(
         jobs_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A claim that commits in Postgres but whose reply never reaches the runtime (its connection
@@ -983,9 +990,7 @@ async def test_a_claim_whose_reply_was_lost_is_given_back_once_the_runtime_claim
         known = await sample_jobs.wait_flag.aenqueue("go")
         await async_wait_for(lambda: known.id in rt.in_hand, 5.0, message="a job in hand")
         h = await sample_jobs.record.aenqueue("unheard", wait=3600)
-        q(jobs_db, """UPDATE livepush_jobs SET state = 'running', attempt = attempt + 1, runtime_id = %s,
-                      lease = livepush_job_lease(), version = version + 1, event = 'started' WHERE id = %s""",
-          (rt.id, h.id))
+        claimed_unheard(jobs_db, rt.id, h.id)
         assert rt._claim_conn is not None
         q(jobs_db, "SELECT pg_terminate_backend(%s)", (rt._claim_conn.info.backend_pid,))  # the next claim fails
         await wait_state(h.id, "succeeded", timeout=15.0)
@@ -996,6 +1001,94 @@ async def test_a_claim_whose_reply_was_lost_is_given_back_once_the_runtime_claim
         q(jobs_db, "INSERT INTO job_flags VALUES ('go')")
         await wait_state(known.id, "succeeded")
     assert q(jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s AND phase = 'start'", (known.id,)) == [(1,)]
+
+
+async def test_a_claim_that_commits_after_the_runtime_gave_back_is_given_back_within_a_reconcile(
+        jobs_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A claim whose connection breaks mid-statement can commit after the runtime has reconnected
+    and already given back what failed claims took: its job is `running` under the live runtime,
+    which never heard of it, and its heartbeat keeps the rescue away. It stayed so until that
+    runtime restarted. The runtime now gives back, every reconcile period, what the database says
+    it holds and it does not know: the job runs, its attempt not spent. The row is set here as
+    such a late commit leaves it, with no claim of the runtime's failing."""
+    caplog.set_level(logging.WARNING, logger="livepush.jobs")
+    async with running(queues=["default"], poll_interval=0.2) as rt:
+        rt.reconcile_seconds = 0.3
+        h = await sample_jobs.record.aenqueue("late", wait=3600)
+        claimed_unheard(jobs_db, rt.id, h.id)
+        await wait_state(h.id, "succeeded", timeout=10.0)
+    assert q(jobs_db, "SELECT attempt FROM job_runs WHERE job_id = %s", (h.id,)) == [(1,)]
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("gave back 1 job")]
+    assert len(said) == 1, said
+
+
+async def test_a_runtime_with_every_slot_taken_still_gives_back_what_a_late_claim_left(jobs_db: str) -> None:
+    """A runtime whose every slot a long job holds makes no claim, before which to give back what
+    a late-committing claim left under its id: it gives it back all the same within a reconcile
+    period, and it is `available` for any runtime; the job in hand is kept."""
+    async with running(queues=["default"], poll_interval=0.2, concurrency=1) as rt:
+        rt.reconcile_seconds = 0.3
+        long = await sample_jobs.wait_flag.aenqueue("full")
+        await async_wait_for(lambda: long.id in rt.in_hand, 5.0, message="the job in hand")
+        h = await sample_jobs.record.aenqueue("late", wait=3600)
+        claimed_unheard(jobs_db, rt.id, h.id)
+        await wait_state(h.id, "available")
+        assert q(jobs_db, "SELECT state, attempt FROM livepush_jobs WHERE id = %s", (long.id,)) == [("running", 1)]
+        q(jobs_db, "INSERT INTO job_flags VALUES ('full')")
+        await wait_state(h.id, "succeeded")
+    assert q(jobs_db, "SELECT attempt FROM job_runs WHERE job_id = %s", (h.id,)) == [(1,)]
+
+
+async def test_the_reconcile_never_gives_back_a_job_in_hand_or_one_whose_outcome_waits(
+        jobs_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The periodic give-back of what a runtime does not know keeps every job it knows: one in
+    hand across several reconciles, then its outcome held in the completer across several more,
+    finishes once, attempt 1; and jobs claimed and started while reconciles run on every claim
+    round each start once."""
+    from livepush.jobs.runtime import maintenance
+
+    reconciles = 0
+    release_unknown = maintenance.release_unknown
+
+    async def counted(*args: Any) -> tuple[int, set[int]]:
+        nonlocal reconciles
+        reconciles += 1
+        given_back, touched = await release_unknown(*args)
+        assert given_back == 0, "the reconcile gave back a job the runtime knows"
+        return given_back, touched
+
+    monkeypatch.setattr(maintenance, "release_unknown", counted)
+    async with running(queues=["default"], poll_interval=0.05, concurrency=4) as rt:
+        rt.reconcile_seconds = 0.05  # about every claim round
+        assert rt._completer is not None
+        completer, flush = rt._completer, rt._completer.flush
+        gate = asyncio.Event()
+
+        async def held_flush(limit: int | None = None) -> None:
+            if completer._outcomes and not gate.is_set():
+                await gate.wait()
+            await flush(limit)
+
+        async def several_reconciles(what: str) -> None:
+            seen = reconciles
+            await async_wait_for(lambda: reconciles >= seen + 3, 5.0, message=f"reconciles with {what}")
+
+        h = await sample_jobs.wait_flag.aenqueue("reconciled")
+        await async_wait_for(lambda: h.id in rt.in_hand, 5.0, message="the job in hand")
+        await several_reconciles("the job in hand")
+        monkeypatch.setattr(completer, "flush", held_flush)
+        q(jobs_db, "INSERT INTO job_flags VALUES ('reconciled')")
+        await async_wait_for(lambda: h.id in completer.pending(), 5.0, message="its outcome waiting")
+        await several_reconciles("its outcome waiting")
+        gate.set()
+        await wait_state(h.id, "succeeded")
+        many = [await sample_jobs.record.aenqueue(i) for i in range(20)]
+        for job in many:
+            await wait_state(job.id, "succeeded")
+    assert q(jobs_db, "SELECT phase, attempt FROM job_runs WHERE job_id = %s ORDER BY at", (h.id,)) == [
+        ("start", 1), ("done", 1)]
+    assert q(jobs_db, "SELECT count(*), max(attempt) FROM job_runs WHERE job_id = ANY(%s)",
+             ([job.id for job in many],)) == [(20, 1)]
 
 
 async def test_a_job_given_back_by_a_draining_runtime_wakes_an_idle_one_at_once(jobs_db: str) -> None:

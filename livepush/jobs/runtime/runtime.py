@@ -10,7 +10,9 @@ runtime with an error, so its process exits non-zero):
   given, in one statement per queue (SKIP LOCKED), on its own connection, and starts them. Job
   names with limits (concurrency per key, a start rate) take a claim of their own, one short
   transaction per name, before the queue's other jobs (limits.py). Paused queues are skipped: the set is read again
-  when a pause or resume rings, and at least every PAUSED_REFRESH_SECONDS.
+  when a pause or resume rings, and at least every PAUSED_REFRESH_SECONDS. Between claims, after a
+  failed one and every RECONCILE_SECONDS, it gives back the jobs running under its id that it does
+  not know (a claim whose reply never reached it took them).
 - executor (one task per job): runs the function, hands the outcome to the completer.
 - completer: writes outcomes and progress in batches (see completer.py).
 - heartbeat: beats every `heartbeat` s; after each beat, prunes dead runtimes and rescues their
@@ -99,6 +101,13 @@ CLAIM_RETURN_WAIT = 5.0
 # next, before it counts as a step of that clock; compared with the offsets of this many beats.
 CLOCK_STEP = 0.5
 CLOCK_SAMPLES = 3
+# Seconds between a runtime's give-backs of the jobs the database says it runs and it does not know
+# (_release_unheard). After a failed claim it gives them back before its next claim; but a claim
+# whose connection broke mid-statement can commit after that, once its backend gets to it, and its
+# job would stay `running` under this live runtime, which never runs it, until it restarts (its
+# beats keep the rescue away). About a minute: a job stuck so is back within it, for one cheap
+# statement a minute per runtime.
+RECONCILE_SECONDS = 60.0
 # Seconds a publication of the runtime's own state (runtime:<id>, runtimes) gets on each topic:
 # informative only, it must never hold up a start or a stop.
 STATE_PUBLISH_TIMEOUT = 2.0
@@ -430,6 +439,10 @@ class Runtime:
         # A claim statement failed: it may have committed jobs to this runtime whose reply never
         # came (the connection broke on the way back). Looked for before the next claim.
         self._claims_unheard = False
+        # And looked for every `reconcile_seconds` anyway (RECONCILE_SECONDS says why), by the
+        # producer between claims; `_reconciled_at` is when it last did (loop time).
+        self.reconcile_seconds = RECONCILE_SECONDS
+        self._reconciled_at = 0.0
         self._host = socket.gethostname()
         # The periodic jobs it schedules (run() sets them before it registers; drain() schedules
         # none), in its row: jobs.forget_periodic() refuses to forget them while it lives.
@@ -917,11 +930,18 @@ class Runtime:
     async def _produce(self) -> None:
         more = True  # whether the last claim filled every slot (so more may be waiting)
         retry = Backoff(0.05, 5.0)
+        self._reconciled_at = asyncio.get_running_loop().time()  # a new runtime's id holds nothing yet
         while not self._stop.is_set():
             free = self.concurrency - len(self.in_hand)
             if free <= 0:
                 self._slot_freed.clear()
-                await self._slot_freed.wait()
+                try:
+                    await asyncio.wait_for(self._slot_freed.wait(), self._until_reconcile())
+                except TimeoutError:
+                    # Every slot taken by long jobs: no claim comes to give back what a late claim
+                    # left, so the reconcile runs here, between claims all the same.
+                    await self._reconcile_between_claims()
+                    continue
                 await self._settle()
                 continue
             if not more:
@@ -956,10 +976,26 @@ class Runtime:
             more = claimed >= free
 
     def _idle_wait(self) -> float:
-        """Seconds to wait for the doorbell: the poll interval, or less when a claim is due sooner."""
+        """Seconds to wait for the doorbell: the poll interval, or less when a claim (or the
+        reconcile before it) is due sooner."""
+        wait = min(self.poll_interval, self._until_reconcile())
         if self._claim_due is None:
-            return self.poll_interval
-        return min(self.poll_interval, max(self._claim_due - asyncio.get_running_loop().time(), 0.0))
+            return wait
+        return min(wait, max(self._claim_due - asyncio.get_running_loop().time(), 0.0))
+
+    def _until_reconcile(self) -> float:
+        """Seconds until the producer's next periodic give-back of the jobs it does not know."""
+        return max(self._reconciled_at + self.reconcile_seconds - asyncio.get_running_loop().time(), 0.0)
+
+    async def _reconcile_between_claims(self) -> None:
+        """The periodic give-back while every slot is taken, its failure logged (the claims' own
+        path raises it as a failed claim): tried again a reconcile period later."""
+        try:
+            await self._release_unheard()
+        except _DB_ERRORS as exc:
+            reraise_if_cancelled()
+            self._failures.warning("giving back jobs this runtime does not know failed (%s); trying again in "
+                                   "%g s", exc, self.reconcile_seconds)
 
     async def _settle(self) -> None:
         """Yield while jobs are still finishing, so that the next claim is a batch rather than one
@@ -1024,7 +1060,7 @@ class Runtime:
             limited = limits.in_turn(limited, self.registry, self._limited_turn)
             self._limited_turn += 1
         self._claim_due = None
-        if self._claims_unheard:
+        if self._claims_unheard or self._until_reconcile() <= 0:
             await self._release_unheard()
             self._claims_unheard = False
         # Each queue's plain claim is one statement in autocommit: one round trip, no BEGIN/COMMIT.
@@ -1148,14 +1184,21 @@ class Runtime:
     async def _release_unheard(self) -> None:
         """Give back (attempt not spent) the jobs a failed claim committed to this runtime without
         its reply reaching it: `running` under its id, unknown here, nothing would ever end them
-        while it lives. Every other job running under its id is in hand, or has its outcome
-        waiting in the completer: only this producer claims, and it is here, between claims."""
+        while it lives. Run after a failed claim and every `reconcile_seconds` (a claim can commit
+        after the first). Every other job running under its id is in hand, or has its outcome
+        waiting in the completer: only this producer claims, and it is here, between claims, with
+        every row of its last claim started (_start puts a job in hand, or its give-back in the
+        completer, in the loop turn the claim returned in). The ids it keeps are read before the
+        statement goes out: a job among them that ends meanwhile is no longer `running`, and the
+        completer forgets an outcome only once its write committed."""
         assert self._pool is not None and self._completer is not None and self.id is not None
+        self._reconciled_at = asyncio.get_running_loop().time()  # a failure too waits a period to try again
         given_back, touched = await maintenance.release_unknown(self._pool, self.id,
                                                                 [*self.in_hand, *self._completer.pending()])
         if given_back:
-            log.warning("gave back %d jobs a failed claim had taken without its reply reaching this runtime",
-                        given_back)
+            log.warning("gave back %d job%s running under this runtime's id that it did not know: a claim whose "
+                        "reply never reached it (its connection broke) had taken them", given_back,
+                        "" if given_back == 1 else "s")
         if touched and self._group_progress is not None:
             self._group_progress.mark(touched)
 
