@@ -443,6 +443,7 @@ class Runtime:
         # producer between claims; `_reconciled_at` is when it last did (loop time).
         self.reconcile_seconds = RECONCILE_SECONDS
         self._reconciled_at = 0.0
+        self._reconcile_wake: asyncio.TimerHandle | None = None  # ends a wait for a free slot then
         self._host = socket.gethostname()
         # The periodic jobs it schedules (run() sets them before it registers; drain() schedules
         # none), in its row: jobs.forget_periodic() refuses to forget them while it lives.
@@ -934,14 +935,14 @@ class Runtime:
         while not self._stop.is_set():
             free = self.concurrency - len(self.in_hand)
             if free <= 0:
-                self._slot_freed.clear()
-                try:
-                    await asyncio.wait_for(self._slot_freed.wait(), self._until_reconcile())
-                except TimeoutError:
+                if self._until_reconcile() <= 0:
                     # Every slot taken by long jobs: no claim comes to give back what a late claim
                     # left, so the reconcile runs here, between claims all the same.
                     await self._reconcile_between_claims()
                     continue
+                self._slot_freed.clear()
+                self._wake_for_reconcile()
+                await self._slot_freed.wait()
                 await self._settle()
                 continue
             if not more:
@@ -986,6 +987,17 @@ class Runtime:
     def _until_reconcile(self) -> float:
         """Seconds until the producer's next periodic give-back of the jobs it does not know."""
         return max(self._reconciled_at + self.reconcile_seconds - asyncio.get_running_loop().time(), 0.0)
+
+    def _wake_for_reconcile(self) -> None:
+        """Have the wait for a free slot end when the reconcile is due: one timer, moved only when
+        the reconcile's time moves, where a timeout on each wait (a task per wait_for) would cost
+        every claim round of a busy runtime."""
+        due = self._reconciled_at + self.reconcile_seconds
+        if self._reconcile_wake is not None and self._reconcile_wake.when() == due:
+            return
+        if self._reconcile_wake is not None:
+            self._reconcile_wake.cancel()
+        self._reconcile_wake = asyncio.get_running_loop().call_at(due, self._slot_freed.set)
 
     async def _reconcile_between_claims(self) -> None:
         """The periodic give-back while every slot is taken, its failure logged (the claims' own
