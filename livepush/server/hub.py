@@ -123,10 +123,13 @@ def _names(topics: Iterable[str], shown: int = 3) -> str:
     return head if len(names) <= shown else f"{head} and {len(names) - shown} more"
 
 
-def _time_left(deadline: float) -> float:
-    """How long a read may wait for the store (a fan-out read's `timeout`) to end by `deadline`
-    (loop time): what is left of it, and never less than READ_RETRY_SECONDS, the read's chance."""
-    return max(deadline - asyncio.get_running_loop().time(), READ_RETRY_SECONDS)
+def _time_left(deadline: float, now: float | None = None) -> float:
+    """How long a read beginning `now` (loop time; by default the loop's time) may wait for the
+    store (a fan-out read's `timeout`) to end by `deadline`: what is left of it, and never less
+    than READ_RETRY_SECONDS, the read's chance."""
+    if now is None:
+        now = asyncio.get_running_loop().time()
+    return max(deadline - now, READ_RETRY_SECONDS)
 
 
 class Interrupted(Exception):
@@ -198,8 +201,7 @@ class _Retries:
         store: the bound left of the failing run it continues, or the whole bound for a read that
         may be a run's first; never less than READ_RETRY_SECONDS, the last try's chance."""
         self.began = now
-        left = self.give_up - now if self.failed_at == stands else READ_ON_RETRY_SECONDS
-        return max(left, READ_RETRY_SECONDS)
+        return _time_left(self.give_up if self.failed_at == stands else now + READ_ON_RETRY_SECONDS, now)
 
     def failed(self, stands: Offset) -> bool:
         """A read where the client stands at `stands` failed; whether it is the first of its run
