@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import psycopg
 import pytest
@@ -23,6 +23,7 @@ from livepush.fanout.base import HISTORY_PAGE, IDLE_EXPIRE, FanOut
 from livepush.fanout.postgres import PostgresFanOut
 from livepush.fanout.redis import RedisFanOut
 from livepush.jobs.events.source import JobStates
+from livepush.postgres.pools import LoopPools
 from livepush.server import hub, limits
 from livepush.server.hub import Hub
 from livepush.types import offset_key
@@ -416,14 +417,36 @@ async def test_a_client_reading_on_through_a_postgres_restart_while_past_its_fra
         await served.stop()
 
 
-async def test_a_replay_whose_reads_wait_for_a_pool_that_never_frees_gets_reset_within_the_bound(
-        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def short_retry_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hub's retry bound 1 s, its reads tried again every 0.1 s, so that a test of the bound
+    takes a second rather than 20."""
+    monkeypatch.setattr(hub, "READ_ON_RETRY_SECONDS", 1.0)
+    monkeypatch.setattr(hub, "READ_RETRY_SECONDS", 0.1)
+
+
+@contextlib.asynccontextmanager
+async def pool_held(pools: LoopPools) -> AsyncIterator[None]:
+    """Inside the block every connection of this loop's pool of `pools` is taken, as while
+    Postgres restarts, so a read waits for one (psycopg_pool waits up to 30 s); given back after
+    it, whatever happens, before the pool is closed."""
+    pool = await pools.aget()
+    held: list[psycopg.AsyncConnection] = []
+    try:
+        for _ in range(pool.max_size):
+            held.append(await pool.getconn())
+        yield
+    finally:
+        for conn in held:
+            await pool.putconn(conn)
+
+
+@pytest.mark.usefixtures("short_retry_bound")
+async def test_a_replay_whose_reads_wait_for_a_pool_that_never_frees_gets_reset_within_the_bound(pg_url: str) -> None:
     """A client resumes with `since`; after its `subscribed` and first page, every connection of
     the server's pool is held (as while Postgres restarts: psycopg_pool waits up to 30 s for one):
     the replay's next read waits only the time left of the retry bound, counted from when that
     read began, so the client gets `reset` within the bound, not after the pool's own wait."""
-    monkeypatch.setattr(hub, "READ_ON_RETRY_SECONDS", 1.0)
-    monkeypatch.setattr(hub, "READ_RETRY_SECONDS", 0.1)
     fanout = PostgresFanOut(pg_url)
     topic = "room:pool-held"
     since = await fanout.alatest_offset(topic)
@@ -431,52 +454,45 @@ async def test_a_replay_whose_reads_wait_for_a_pool_that_never_frees_gets_reset_
     await fanout.apublish(topic, HISTORY_PAGE)  # two pages: the replay reads again between them
     the_hub, _ = await watched(fanout, [])
     sub = SlowReader()
-    pool = await fanout._pools.aget()
-    held: list[psycopg.AsyncConnection] = []
+    loop = asyncio.get_running_loop()
     try:
         subscribe = asyncio.ensure_future(the_hub.subscribe(sub, topic, since, 1))
         await async_wait_for(lambda: len(sub.frames) == 1 + HISTORY_PAGE, 10, message="the first page")
-        held = [await pool.getconn() for _ in range(pool.max_size)]
-        began = asyncio.get_running_loop().time()
-        sub.reading.set()
-        await asyncio.wait_for(subscribe, 10)
-        took = asyncio.get_running_loop().time() - began
+        async with pool_held(fanout._pools):
+            began = loop.time()
+            sub.reading.set()
+            await asyncio.wait_for(subscribe, 10)
+            took = loop.time() - began
     finally:
-        for conn in held:
-            await pool.putconn(conn)
         await the_hub.aclose()
         await fanout.aclose()
     assert [f["op"] for f in sub.frames] == ["subscribed", *["message"] * HISTORY_PAGE, "reset"]
     assert took < hub.READ_ON_RETRY_SECONDS + 1.0, took
 
 
+@pytest.mark.usefixtures("short_retry_bound")
 @pytest.mark.parametrize("resumes", [False, True], ids=["from-now", "with-since"])
 async def test_a_subscribe_whose_reads_wait_for_a_pool_that_never_frees_is_refused_within_the_bound(
-        pg_url: str, monkeypatch: pytest.MonkeyPatch, resumes: bool) -> None:
+        pg_url: str, resumes: bool) -> None:
     """A client subscribes to a topic new to the server (from now, or with `since`) while every
     connection of the server's pool is held (as while Postgres restarts: psycopg_pool waits up to
     30 s for one): the reads before its `subscribed` share the retry bound from the subscribe's
     start, so it is refused (`unavailable`: the subscribe raises DependencyError) within the
     bound, before the client's liveness check gives up on it, not after the pool's own waits.
     A second subscriber joining the same anchor read meanwhile is refused with it."""
-    monkeypatch.setattr(hub, "READ_ON_RETRY_SECONDS", 1.0)
-    monkeypatch.setattr(hub, "READ_RETRY_SECONDS", 0.1)
     fanout = PostgresFanOut(pg_url)
     topic = "room:pool-held-subscribe"
     since = await fanout.alatest_offset(topic) if resumes else None
     the_hub, _ = await watched(fanout, [])
     first, second = Sub(), Sub()
-    pool = await fanout._pools.aget()
-    held = [await pool.getconn() for _ in range(pool.max_size)]
+    loop = asyncio.get_running_loop()
     try:
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        subscribes = [asyncio.ensure_future(the_hub.subscribe(sub, topic, since, 1)) for sub in (first, second)]
-        answers = await asyncio.wait_for(asyncio.gather(*subscribes, return_exceptions=True), 10)
-        took = loop.time() - began
+        async with pool_held(fanout._pools):
+            began = loop.time()
+            subscribes = [asyncio.ensure_future(the_hub.subscribe(sub, topic, since, 1)) for sub in (first, second)]
+            answers = await asyncio.wait_for(asyncio.gather(*subscribes, return_exceptions=True), 10)
+            took = loop.time() - began
     finally:
-        for conn in held:
-            await pool.putconn(conn)
         await the_hub.aclose()
         await fanout.aclose()
     assert all(isinstance(a, DependencyError) for a in answers), answers
@@ -484,30 +500,26 @@ async def test_a_subscribe_whose_reads_wait_for_a_pool_that_never_frees_is_refus
     assert took < hub.READ_ON_RETRY_SECONDS + 1.0, took
 
 
+@pytest.mark.usefixtures("short_retry_bound")
 async def test_a_state_topic_subscribe_whose_read_waits_for_a_pool_that_never_frees_is_refused_within_the_bound(
-        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        pg_url: str) -> None:
     """As for a message topic: a subscribe to `job:<id>` while every connection of the states'
     pool is held (as while Postgres restarts) is refused (`unavailable`) within the retry bound from
     the subscribe's start, before the client's liveness check gives up on it, not after the pool's
     own 30 s wait."""
-    monkeypatch.setattr(hub, "READ_ON_RETRY_SECONDS", 1.0)
-    monkeypatch.setattr(hub, "READ_RETRY_SECONDS", 0.1)
     fanout = PostgresFanOut(pg_url)
     states = JobStates(pg_url)
     the_hub = Hub(fanout, fan, states=[states])
     await states.read(["job:1"])  # the pool is open: what follows waits for one of its connections
-    pool = await states._pools.aget()
-    held = [await pool.getconn() for _ in range(pool.max_size)]
     sub = Sub()
+    loop = asyncio.get_running_loop()
     try:
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        with pytest.raises(DependencyError):
-            await asyncio.wait_for(the_hub.subscribe(sub, "job:1", None, 1), 10)
-        took = loop.time() - began
+        async with pool_held(states._pools):
+            began = loop.time()
+            with pytest.raises(DependencyError):
+                await asyncio.wait_for(the_hub.subscribe(sub, "job:1", None, 1), 10)
+            took = loop.time() - began
     finally:
-        for conn in held:
-            await pool.putconn(conn)
         await the_hub.aclose()
         await states.aclose()
         await fanout.aclose()
