@@ -3,7 +3,9 @@
     LivepushError
     ├── ArgumentTypeError (TypeError) > InvalidArgumentsError  job arguments are not plain JSON;
     │                                      names the path; > MessageTooLarge (internal) JSON text
-    │                                      past one message to Postgres, named by the call
+    │                                      past one message to Postgres, named by the call;
+    │                                      > OutputsTooLarge (internal) a workflow decision's
+    │                                      outputs together, naming the run and the steps
     ├── InvalidProgressError (ValueError)  ctx.progress() got something other than numbers
     ├── InvalidResultError (TypeError)     a job's or a checkpoint's result is not plain JSON
     ├── UnknownJobError (LookupError)      a job name this process has no function for
@@ -50,6 +52,12 @@ class MessageTooLarge(InvalidArgumentsError):
     """JSON text of one statement longer than one message to Postgres carries (api/args.py:
     check_sendable), raised before anything is sent. The calls that store it name what was too
     large (args.stored_whole); a job's result and a checkpoint's are said as InvalidResultError."""
+
+
+class OutputsTooLarge(MessageTooLarge):
+    """The outputs one workflow decision writes (workflows/engine.py) together past one message to
+    Postgres. The message names the run and the steps; the job whose end took the decision fails
+    with it (runtime/completer.py), as InvalidResultError, since its output is what to change."""
 
 
 class InvalidProgressError(LivepushError, ValueError):

@@ -1537,6 +1537,29 @@ def test_an_input_past_one_message_to_postgres_is_refused_leaving_the_callers_tr
     assert jobs.workflows.list(name="t_approval") == ([], None)
 
 
+async def test_a_decision_whose_outputs_pass_one_message_to_postgres_names_the_run_and_the_step(
+        flows_db: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """ctx.flow.finish(output) with an output that one message to Postgres carries (lowered here to
+    100,000 bytes), but not twice over, as the decision writes it (the step's output and the run's):
+    the step's job fails, and so the run, with an error (and a log line) naming the run, the step
+    and what to do, not only that "the job's result" was too large (it was not, alone)."""
+    from livepush.jobs.api import args
+
+    monkeypatch.setattr(args, "SENDABLE", 100_000)
+    async with running():
+        run = await wd.verbs.astart({"first": "finish large", "chars": 60_000})
+        done = await run_state(run.id, {"succeeded", "failed", "cancelled"})
+    assert done["state"] == "failed", done["state"]
+    step_job = jobs.get_job(done["steps"]["first"]["job"])
+    assert step_job is not None
+    for said in (done["error"], step_job.error):
+        assert f"workflow 't_verbs' run {run.id}" in said, said
+        assert "the output of step 'first' and the run's own output (ctx.flow.finish)" in said, said
+        assert "past the 1 GiB one message to Postgres carries" in said, said
+        assert "return a reference to it" in said, said
+    assert any(f"workflow 't_verbs' run {run.id}" in r.getMessage() for r in caplog.records), caplog.text
+
+
 async def test_a_wait_that_runs_out_while_its_run_is_paused_times_out_at_the_resume(flows_db: str) -> None:
     """A step's wait_timeout= counts while its run is paused: a wait that ran out meanwhile leaves
     the run paused, and its on_timeout= applies as soon as the run is resumed (here the run is

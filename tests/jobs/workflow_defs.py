@@ -49,6 +49,8 @@ async def first(ctx: Any) -> Any:
         getattr(ctx.flow, what)(f"asked to {what}")
     if what == "finish":
         ctx.flow.finish({"early": True})
+    if what == "finish large":  # the output the input sizes: the run's own output is the same again
+        ctx.flow.finish({"rows": "x" * ctx.input["chars"]})
     if what in ("skip in a task", "finish in a task"):
         # The verb in one of the step's own tasks, beside another that it cuts short.
         async def verb() -> None:

@@ -36,7 +36,7 @@ from ...postgres.pools import aautocommitted
 from ...tasks import Backoff, reraise_if_cancelled
 from .. import queries
 from ..api.args import PAST_ONE_MESSAGE, check_sendable, dumps
-from ..errors import MessageTooLarge
+from ..errors import MessageTooLarge, OutputsTooLarge
 from ..groups import outcomes as group_outcomes
 from ..groups import queries as gq
 from ..groups.progress import ProgressPublisher
@@ -70,7 +70,10 @@ UNSTORABLE_OUTCOME = "livepush could not store this job's outcome; the runtime's
 def _unstorable(outcome: Outcome, refused: BaseException) -> str:
     """The error of a job whose outcome Postgres refused. A result past what a jsonb value holds
     (256 MiB), or one message to Postgres (1 GiB), is said as such: the job's code, not the
-    runtime, is what to change."""
+    runtime, is what to change. A workflow step's output that its run's decision would write past
+    one message (with others) is said as the decision said it: naming the run and the steps."""
+    if isinstance(refused, OutputsTooLarge):
+        return f"InvalidResultError: {refused}"
     if outcome.result is not None and isinstance(refused, (psycopg.errors.ProgramLimitExceeded, MessageTooLarge)):
         said = (PAST_ONE_MESSAGE if isinstance(refused, MessageTooLarge)
                 else refused.diag.message_primary or str(refused).splitlines()[0])

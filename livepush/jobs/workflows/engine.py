@@ -22,7 +22,8 @@ from typing import Any
 
 from ...errors import LivepushError
 from .. import queries as job_queries
-from ..api.args import dumps
+from ..api.args import PAST_ONE_MESSAGE, check_sendable, dumps
+from ..errors import MessageTooLarge, OutputsTooLarge
 from ..groups.steps import Query, Steps
 from . import queries as wq
 
@@ -237,7 +238,7 @@ def _write(plan: Plan) -> Steps[None]:
     audit = plan.audit
     # Outputs come back from jsonb as the step returned them; written again with json.dumps, a
     # float from 1e16 up ("1e+16") would be stored as the int it equals (api/args.py: dumps).
-    yield Query(wq.DECIDE, {
+    params = {
         "id": plan.id, "queue": plan.run["queue"],
         "start": ready, "jobs": [specs[n]["job"] for n in ready],
         "priorities": [specs[n].get("priority", 0) for n in ready],
@@ -250,9 +251,29 @@ def _write(plan: Plan) -> Steps[None]:
         "verbs": [a["verb"] for a in audit], "verb_steps": [a["step"] for a in audit],
         "actors": [a["actor"] for a in audit], "reasons": [a["reason"] for a in audit],
         "state": plan.state, "event": plan.event, "error": plan.error, "wake": plan.event == "resumed",
-        "output": None if plan.output is None else dumps(plan.output)})
+        "output": None if plan.output is None else dumps(plan.output)}
+    try:
+        # Checked here as well as where the statement is sent (groups/steps.py), which cannot say
+        # whose outputs they are: outputs each within the limit may pass it together.
+        check_sendable(params)
+    except MessageTooLarge as exc:
+        raise OutputsTooLarge(_outputs_too_large(plan, names)) from exc
+    yield Query(wq.DECIDE, params)
     for name in ready:
         plan.steps[name]["state"] = "running"
+
+
+def _outputs_too_large(plan: Plan, names: Sequence[str]) -> str:
+    """OutputsTooLarge's text: the run, the outputs its decision writes, and what to do."""
+    stepped = [n for n in names if plan.steps[n].get("output") is not None]
+    said = [f"the output of step {stepped[0]!r}"] if len(stepped) == 1 else (
+        [f"the outputs of steps {', '.join(map(repr, stepped))}"] if stepped else [])
+    if plan.output is not None:
+        said.append("the run's own output (ctx.flow.finish)")
+    what = " and ".join(said) or "what one decision about it writes"
+    verb = "is" if len(stepped) + (plan.output is not None) <= 1 else "are together"
+    return (f"workflow {plan.run['name']!r} run {plan.id}: {what} {verb} {PAST_ONE_MESSAGE}: keep large "
+            f"data elsewhere (a table, a file) and return a reference to it from the step{'s' * (len(stepped) > 1)}")
 
 
 def start_run(name: str, queue: str, graph: dict[str, Any], input_json: str, key: str | None = None) -> Steps[int]:
