@@ -24,7 +24,7 @@ ENVIRONMENT = frozenset({
     "LIVEPUSH_QUERY_TOKENS", "LIVEPUSH_PREPARED_STATEMENTS", "LIVEPUSH_REDIS_URL", "LIVEPUSH_SECRET",
     "LIVEPUSH_SECRET_FALLBACKS", "LIVEPUSH_AUTHENTICATE", "LIVEPUSH_HOST", "LIVEPUSH_PORT", "LIVEPUSH_HISTORY_TTL",
     "LIVEPUSH_ENV", "LIVEPUSH_REDIS_PREFIX", "LIVEPUSH_SIGNED_TOPIC_TTL", "LIVEPUSH_DRAIN_SECONDS",
-    "LIVEPUSH_LISTEN_DATABASE_URL", "LIVEPUSH_MIGRATE_LOCK_TIMEOUT"})
+    "LIVEPUSH_LISTEN_DATABASE_URL", "LIVEPUSH_MIGRATE_LOCK_TIMEOUT", "LIVEPUSH_WORKER_STOP_MARGIN"})
 AUTH_MODES = ("required", "optional", "off")
 MIN_SECRET_LENGTH = 32
 MIN_SECRET_DISTINCT = 8  # fewer distinct characters than this is not a random secret (e.g. 32 times "a")
@@ -34,6 +34,10 @@ MAX_DRAIN_SECONDS = 300.0
 # The longest a `livepush migrate` statement may be told to wait for a table's lock (a day): an
 # application's statements on that table wait behind it all that time.
 MAX_MIGRATE_LOCK_TIMEOUT = 86400.0
+# How long a worker of `serve --workers N` may outlive its stop's bound before the supervisor
+# kills it (docs/reference.md#3-commands); at most an hour, as a stop nobody waits for is no stop.
+DEFAULT_WORKER_STOP_MARGIN = 10.0
+MAX_WORKER_STOP_MARGIN = 3600.0
 # The most server processes `serve --workers N` runs (livepush.cli.workers checks it); here with
 # the other settings' bounds so that `livepush serve --help` can state it without importing the
 # supervisor's modules.
@@ -69,6 +73,7 @@ class Settings:
     signed_topic_ttl: float = DEFAULT_SIGNED_TOPIC_TTL
     query_tokens: bool = True
     drain_seconds: float = 0.0  # 0: on SIGTERM close every connection at once
+    worker_stop_margin: float = DEFAULT_WORKER_STOP_MARGIN
     # Where the LISTEN connection goes when it must bypass a pooler that cannot keep it (None: database_url).
     listen_database_url: str | None = dataclasses.field(default=None, repr=False)
     # False behind a pooler that cannot keep prepared statements (PgBouncer in transaction mode before 1.22).
@@ -181,6 +186,8 @@ class Settings:
                                     "seconds, e.g. 86400"),
             query_tokens=query_tokens == "on",
             drain_seconds=number("LIVEPUSH_DRAIN_SECONDS", "0", float, "seconds, e.g. 10 (0: close every connection at once)"),
+            worker_stop_margin=number("LIVEPUSH_WORKER_STOP_MARGIN", str(DEFAULT_WORKER_STOP_MARGIN), float,
+                                      "seconds, e.g. 10"),
             listen_database_url=get("LIVEPUSH_LISTEN_DATABASE_URL"),
             prepared_statements=prepared == "on",
             migrate_lock_timeout=(number("LIVEPUSH_MIGRATE_LOCK_TIMEOUT", migrate_lock_timeout, float,
@@ -273,6 +280,9 @@ class Settings:
                 f"LIVEPUSH_DRAIN_SECONDS={self.drain_seconds:g} (or --drain-seconds) is out of range: use 0 to "
                 f"{MAX_DRAIN_SECONDS:g} seconds (0: close every connection at once)"
             )
+        if not 0 <= self.worker_stop_margin <= MAX_WORKER_STOP_MARGIN:
+            raise ConfigError(f"LIVEPUSH_WORKER_STOP_MARGIN={self.worker_stop_margin:g} is out of range: use 0 to "
+                              f"{MAX_WORKER_STOP_MARGIN:g} seconds, e.g. {DEFAULT_WORKER_STOP_MARGIN:g}")
         if self.migrate_lock_timeout is not None and not 0 <= self.migrate_lock_timeout <= MAX_MIGRATE_LOCK_TIMEOUT:
             raise ConfigError(f"LIVEPUSH_MIGRATE_LOCK_TIMEOUT={self.migrate_lock_timeout:g} (or --lock-timeout) is out "
                               f"of range: use 0 to {MAX_MIGRATE_LOCK_TIMEOUT:g} seconds (0: wait as long as it takes)")

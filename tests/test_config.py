@@ -100,7 +100,7 @@ def test_livepush_env_test_is_read_in_any_case(value: str) -> None:
 
 
 NUMBER_VARIABLES = ["LIVEPUSH_PORT", "LIVEPUSH_HISTORY_TTL", "LIVEPUSH_MAX_CONNECTIONS", "LIVEPUSH_SIGNED_TOPIC_TTL",
-                    "LIVEPUSH_DRAIN_SECONDS", "LIVEPUSH_MIGRATE_LOCK_TIMEOUT"]
+                    "LIVEPUSH_DRAIN_SECONDS", "LIVEPUSH_MIGRATE_LOCK_TIMEOUT", "LIVEPUSH_WORKER_STOP_MARGIN"]
 
 
 @pytest.mark.parametrize("name", NUMBER_VARIABLES)
@@ -110,6 +110,16 @@ def test_every_number_variable_takes_plain_ascii_digits_only(name: str, text: st
     naming it and its value, not only LIVEPUSH_PORT."""
     with pytest.raises(ConfigError, match=rf"^{name}={text!r} is not a number: set "):
         Settings.from_env({name: text})
+
+
+@pytest.mark.parametrize("text", ["-1", "3601", "inf", "nan"])
+def test_a_worker_stop_margin_out_of_range_is_refused(text: str) -> None:
+    """LIVEPUSH_WORKER_STOP_MARGIN takes 0 to 3600 seconds (default 10); anything else exits 2 with
+    its range, rather than a supervisor that kills at once or never."""
+    with pytest.raises(ConfigError, match=r"^LIVEPUSH_WORKER_STOP_MARGIN=.* is out of range: use 0 to 3600"):
+        Settings.from_env({"LIVEPUSH_WORKER_STOP_MARGIN": text})
+    assert Settings.from_env({}).worker_stop_margin == 10
+    assert Settings.from_env({"LIVEPUSH_WORKER_STOP_MARGIN": "0.5"}).worker_stop_margin == 0.5
 
 
 def test_workers_takes_plain_ascii_digits_only() -> None:

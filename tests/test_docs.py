@@ -168,6 +168,7 @@ def _code_defaults() -> dict[str, list[str]]:
         "LIVEPUSH_QUERY_TOKENS": [word(unset.query_tokens)],
         "LIVEPUSH_WORKERS": [word(worker_count(None, {}))],
         "LIVEPUSH_DRAIN_SECONDS": [word(unset.drain_seconds)],
+        "LIVEPUSH_WORKER_STOP_MARGIN": [word(unset.worker_stop_margin)],
         "LIVEPUSH_LISTEN_DATABASE_URL": ["`LIVEPUSH_DATABASE_URL`" if with_database.listen_url == with_database.database_url
                                          else "a URL of its own"],
         "LIVEPUSH_PREPARED_STATEMENTS": [word(unset.prepared_statements)],
@@ -287,6 +288,7 @@ def test_the_reference_and_help_give_each_range_the_code_checks() -> None:
         "LIVEPUSH_SIGNED_TOPIC_TTL": f"({config.MIN_SIGNED_TOPIC_TTL:g} or more)",
         "LIVEPUSH_WORKERS": f"from 1 to {MAX_WORKERS}",
         "LIVEPUSH_DRAIN_SECONDS": f"from 0 to {config.MAX_DRAIN_SECONDS:g}",
+        "LIVEPUSH_WORKER_STOP_MARGIN": f"from 0 to {config.MAX_WORKER_STOP_MARGIN:g}",
         "LIVEPUSH_MIGRATE_LOCK_TIMEOUT": f"from 0 to {config.MAX_MIGRATE_LOCK_TIMEOUT:g}",
         "LIVEPUSH_REDIS_PREFIX": f"1 to {PREFIX_MAX} printable characters",
     }

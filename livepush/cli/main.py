@@ -221,7 +221,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               "LIVEPUSH_FANOUT=redis), or run one worker")
         if count > 1:
             logs.setup(args.log_format, supervisor=True)
-            return workers.supervise(count, args.argv, settings)
+            return workers.supervise(count, args.argv, settings, with_jobs=bool(args.with_jobs))
     else:
         from .. import metrics
 

@@ -22,11 +22,14 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import metrics
 from ..config import MAX_WORKERS, Settings, read_number
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..server.supervisor import StopBound
 
 log = logging.getLogger("livepush.workers")
 
@@ -268,7 +271,30 @@ def _interpreter_options() -> list[str]:
     return [] if package_root == here else ["-P"]
 
 
-def supervise(count: int, argv: Sequence[str], settings: Settings) -> int:
+def stop_bound(settings: Settings, *, with_jobs: bool) -> StopBound:
+    """How long a worker's stop may take (docs/reference.md#3-commands): the longer of its paced
+    drain and, with --with-jobs, its runtime's shutdown timeout, plus the closes (the close
+    handshakes, then the loop's wait for tasks that run on); after a second signal, which ends
+    both at once, the closes alone. Each plus LIVEPUSH_WORKER_STOP_MARGIN."""
+    from ..loops import SETTLE_SECONDS
+    from ..server.core import STOP_SECONDS
+    from ..server.supervisor import StopBound
+
+    closes = STOP_SECONDS + SETTLE_SECONDS
+    why = f"--drain-seconds {settings.drain_seconds:g}"
+    longest = settings.drain_seconds
+    if with_jobs:
+        from ..jobs.runtime.runtime import DEFAULT_SHUTDOWN_TIMEOUT
+
+        why = f"the longer of {why} and the job runtime's shutdown timeout of {DEFAULT_SHUTDOWN_TIMEOUT:g} s"
+        longest = max(longest, DEFAULT_SHUTDOWN_TIMEOUT)
+    margin = f"plus LIVEPUSH_WORKER_STOP_MARGIN's {settings.worker_stop_margin:g} s"
+    return StopBound(seconds=longest + closes, hurried=closes, margin=settings.worker_stop_margin,
+                     why=f"{why}, plus {closes:g} s for the closes, {margin}",
+                     hurried_why=f"which hurries its stop: {closes:g} s for the closes, {margin}")
+
+
+def supervise(count: int, argv: Sequence[str], settings: Settings, *, with_jobs: bool = False) -> int:
     """Run `count` workers of `livepush serve ARGV` on one port until a signal; the exit status."""
     import asyncio
 
@@ -308,7 +334,7 @@ def supervise(count: int, argv: Sequence[str], settings: Settings) -> int:
                 metrics.forget_worker(slot.index, metrics_dir)
 
     supervisor = Supervisor(count, command, env={**os.environ, metrics.MULTIPROCESS_DIR_VARIABLE: metrics_dir},
-                            on_exit=exited)
+                            on_exit=exited, stop_bound=stop_bound(settings, with_jobs=with_jobs))
     try:
         _watch_workers_without_threads()
         return asyncio.run(supervisor.run(ready=serving))

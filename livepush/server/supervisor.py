@@ -12,6 +12,10 @@ to the supervisor stops them.
 
 Workers run in a process group of their own: a terminal's Ctrl-C reaches the supervisor alone,
 which forwards it, so each worker hears one signal (a second one would cut its drain short).
+
+A stop is bounded, as gunicorn's graceful timeout bounds one: a worker that outlives its stop's
+bound (StopBound) by the margin is killed with SIGKILL, named in an error, and the supervisor
+exits 1, rather than wait for ever on a user's hook that never returns.
 """
 
 from __future__ import annotations
@@ -51,6 +55,19 @@ class RestartPolicy:
         return min(self.max_delay, self.first_delay * 2 ** max(recent_exits - 1, 0))
 
 
+@dataclass(frozen=True)
+class StopBound:
+    """How long a worker's stop may take before the supervisor kills it: `seconds` from the first
+    stop signal, `hurried` from a second one (which cuts the stop short), each plus `margin`.
+    `why` and `hurried_why` say in the error what each bound is made of."""
+
+    seconds: float = 5.0
+    hurried: float = 5.0
+    margin: float = 10.0
+    why: str = "its stop's bound plus a margin"
+    hurried_why: str = "its hurried stop's bound plus a margin"
+
+
 @dataclass
 class _Slot:
     """One worker's place: the process holding it now, and its recent unexpected exits."""
@@ -61,6 +78,7 @@ class _Slot:
     exits: collections.deque[float] = field(default_factory=collections.deque)
     last_status: int | None = None
     served: bool = False  # a process of this slot said it serves, once at least
+    killed: bool = False  # outlived its stop's bound: the supervisor killed it
 
 
 def describe_exit(status: int) -> str:
@@ -83,12 +101,14 @@ class Supervisor:
         env: Mapping[str, str] | None = None,
         policy: RestartPolicy | None = None,
         on_exit: Callable[[int], None] | None = None,
+        stop_bound: StopBound | None = None,
     ) -> None:
         self.count = count
         self.command = command
         self.env = dict(env) if env is not None else None
         self.policy = policy or RestartPolicy(limit=max(10, 2 * count))
         self.on_exit = on_exit  # called with a worker's pid once it has exited, whatever the reason
+        self.stop_bound = stop_bound or StopBound()
         self.slots = [_Slot(i) for i in range(1, count + 1)]
         self._done = asyncio.Event()  # a signal came, a worker failed to boot, or restarts gave up
         self._stopping = False
@@ -98,6 +118,11 @@ class Supervisor:
         self._exits: collections.deque[float] = collections.deque()
         self._keepers: list[asyncio.Task[None]] = []
         self._hearing: set[asyncio.Task[None]] = set()
+        # When a stopping worker is killed (loop time), and the signal it counts from; a second
+        # signal brings it closer, and wakes the wait in _stop_all through `_deadline_moved`.
+        self._deadline: float | None = None
+        self._deadline_from, self._deadline_why, self._deadline_since = "the stop signal", "", 0.0
+        self._deadline_moved = asyncio.Event()
 
     @property
     def pids(self) -> list[int]:
@@ -225,6 +250,9 @@ class Supervisor:
         """Forward the signal to every worker: the first one stops them, a second one hurries them."""
         if not self._stopping:
             log.info("stopping: %s to every worker", signal.Signals(sig).name)
+            self._set_deadline(self.stop_bound.seconds, "the stop signal", self.stop_bound.why)
+        else:  # forwarded, it is each worker's second signal (after a give-up's SIGTERM too)
+            self._set_deadline(self.stop_bound.hurried, "the second stop signal", self.stop_bound.hurried_why)
         self._stopping = self._signalled = True
         self._forward(sig)
         self._done.set()
@@ -234,6 +262,7 @@ class Supervisor:
             return
         self._status = status
         self._stopping = True
+        self._set_deadline(self.stop_bound.seconds, "the supervisor's SIGTERM", self.stop_bound.why)
         self._forward(signal.SIGTERM)
         self._done.set()
 
@@ -243,12 +272,50 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     slot.process.send_signal(sig)
 
+    def _set_deadline(self, seconds: float, since: str, why: str) -> None:
+        """Kill what still runs `seconds` plus the margin from now, unless an earlier kill is due."""
+        now = asyncio.get_running_loop().time()
+        deadline = now + seconds + self.stop_bound.margin
+        if self._deadline is None or deadline < self._deadline:
+            self._deadline, self._deadline_from, self._deadline_why, self._deadline_since = deadline, since, why, now
+            self._deadline_moved.set()
+
     async def _stop_all(self) -> int:
-        """Wait for every worker to exit; 0 when a signal stopped them and each exited cleanly."""
-        await asyncio.gather(*self._keepers, return_exceptions=True)
+        """Wait for every worker to exit, killing those that outlive their stop's bound; 0 when a
+        signal stopped them and each exited cleanly."""
+        loop = asyncio.get_running_loop()
+        ended = asyncio.ensure_future(asyncio.gather(*self._keepers, return_exceptions=True))
+        while not ended.done():
+            left = None if self._deadline is None else self._deadline - loop.time()
+            if left is not None and left <= 0:
+                self._kill_stragglers(loop.time() - self._deadline_since)
+                # SIGKILL cannot be caught: each keeper's wait ends with its process.
+                await ended
+                break
+            self._deadline_moved.clear()
+            moved = asyncio.create_task(self._deadline_moved.wait())
+            try:
+                await asyncio.wait([ended, moved], timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                moved.cancel()
         if self._status is not None:
             return self._status
         failed = [s for s in self.slots if s.last_status is not None and s.last_status not in _STOPPED]
         for slot in failed:
-            log.error("worker %d %s while stopping", slot.index, describe_exit(slot.last_status or 0))
+            if not slot.killed:  # its own error was logged as it was killed
+                log.error("worker %d %s while stopping", slot.index, describe_exit(slot.last_status or 0))
         return 1 if failed else 0
+
+    def _kill_stragglers(self, waited: float) -> None:
+        for slot in self.slots:
+            process = slot.process
+            if process is None or process.returncode is not None:
+                continue
+            # Why it is late is the worker's own (a hook of the app, a job, a thread that never
+            # ends): say where to look; its jobs in hand are left as after a crash (docs/jobs.md).
+            log.error("worker %d (pid %d) did not stop within %.1f s of %s (%s): killed it with SIGKILL; look "
+                      "for code of your app or jobs that does not end on a stop", slot.index, process.pid, waited,
+                      self._deadline_from, self._deadline_why)
+            slot.killed = True
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()

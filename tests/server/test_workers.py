@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from livepush import topics
-from livepush.cli.workers import WorkerRole, cpu_count, supervise
+from livepush.cli.workers import WorkerRole, cpu_count, stop_bound, supervise
 from livepush.config import Settings
 from livepush.errors import ConfigError
 from livepush.fanout import from_env
-from livepush.server.supervisor import READY_LINE, RestartPolicy, Supervisor
+from livepush.server.supervisor import READY_LINE, RestartPolicy, StopBound, Supervisor
 from tests.support.procs import ChildProcess, Processes, free_port
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
@@ -446,6 +446,57 @@ async def test_a_second_signal_after_the_workers_stopped_still_exits_0(procs, li
     assert await child.await_exit(15) == 0, child.output()
 
 
+# An --app module whose worker 2 never finishes its stop: a thread the user's code started, not a
+# daemon, which the interpreter waits for as the process exits, for ever. Worker 1 stops as usual.
+_WEDGED_APP = (
+    "import sys, threading\n"
+    "import livepush\n"
+    "app = livepush.App(rules=[])\n"
+    "if any(arg.startswith('index=2,') for arg in sys.argv):\n"
+    "    threading.Thread(target=threading.Event().wait, name='never-ends').start()\n"
+)
+
+
+async def test_a_worker_that_outlives_its_stop_is_killed_and_the_supervisor_exits_1(
+        procs, livepush_env, pg_url, tmp_path: Path) -> None:
+    """A worker stuck in its stop kept `serve --workers N` from ever exiting. Once it outlives its
+    bound (here the closes and a margin made short), the supervisor kills it with SIGKILL, logs an
+    error naming it, its pid and why, and exits 1; the worker that stopped in time is not killed."""
+    (tmp_path / "wedged_push.py").write_text(_WEDGED_APP)
+    env = livepush_env(database_url=pg_url, port=0, worker_stop_margin="0.5")
+    child, port = await start_app_workers(procs, env, tmp_path, "wedged_push")
+    workers = await workers_by_index(port, 2)
+    try:
+        child.signal(signal.SIGTERM)
+        assert await child.await_exit(20) == 1, child.output()
+    finally:
+        for pid in workers.values():  # without the fix, worker 2 outlives the test
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    killed = [line for line in child.stderr().splitlines() if "SIGKILL" in line]
+    assert len(killed) == 1, child.output()
+    assert re.search(rf"worker 2 \(pid {workers[2]}\) did not stop within [\d.]+ s of the stop signal "
+                     r"\(.+\): killed it with SIGKILL", killed[0]), killed[0]
+    await async_wait_for(lambda: not any(alive(p) for p in workers.values()), timeout=5,
+                         message="both workers gone")
+
+
+async def test_a_worker_whose_paced_drain_outlasts_the_margin_is_not_killed(procs, livepush_env, pg_url,
+                                                                          secret) -> None:
+    """The bound counts --drain-seconds: workers draining their clients over 2 s, four times the
+    margin, stop in time, are never killed, and the supervisor exits 0."""
+    env = livepush_env(database_url=pg_url, drain_seconds="2", worker_stop_margin="0.5")
+    child, port = await start_workers(procs, env, "--workers", "2")
+    pids = set((await workers_by_index(port, 2)).values())
+    clients = await open_clients(f"ws://127.0.0.1:{port}/", 20, topics.sign("room:drain", [secret]))
+    assert {holder_of(c, port, pids) for c in clients} == pids
+    child.signal(signal.SIGTERM)
+    frames = await asyncio.gather(*(c.close_frame(timeout=10) for c in clients))
+    assert [f.code if f else None for f in frames] == [1001] * 20
+    assert await child.await_exit(15) == 0, child.output()
+    assert "SIGKILL" not in child.stderr(), child.output()
+
+
 async def metric_is(port: int, name: str, expected: float) -> bool:
     return await metric(port, name) == expected
 
@@ -811,6 +862,49 @@ async def test_a_worker_stopped_on_purpose_while_it_boots_is_restarted(tmp_path:
     assert len(served[0]) == 2 and stopped not in served[0]
     os.kill(os.getpid(), signal.SIGTERM)  # heard by the supervisor's handler while it runs
     assert await asyncio.wait_for(run, 10) == 0
+
+
+# Ignores SIGTERM: a worker that never stops on its own.
+_DEAF_WORKER = (
+    "import os, signal, sys\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "os.write(int(sys.argv[1]), {ready!r}); os.close(int(sys.argv[1]))\n"
+    "while True: signal.pause()\n"
+).format(ready=READY_LINE)
+
+
+async def test_a_second_signal_brings_the_kill_of_a_worker_that_does_not_stop_closer(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The first signal's bound is long (a minute here); a second signal hurries the stop, so a
+    worker that still runs is killed once the hurried bound and the margin have passed."""
+    supervisor = Supervisor(2, lambda index, fd: [sys.executable, "-c", _FAKE_WORKER if index == 1 else _DEAF_WORKER,
+                                                  str(fd)],
+                            stop_bound=StopBound(seconds=60, hurried=0.1, margin=0.2, hurried_why="a test's bound"))
+    served: list[list[int]] = []
+    run = asyncio.create_task(supervisor.run(ready=served.append))
+    await async_wait_for(lambda: served, timeout=BOOT, message="both fake workers ready")
+    deaf = served[0][1]
+    os.kill(os.getpid(), signal.SIGTERM)  # heard by the supervisor's handler while it runs
+    await async_wait_for(lambda: supervisor.pids == [deaf], timeout=5, message="worker 1 stopped")
+    assert not run.done()
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert await asyncio.wait_for(run, 5) == 1
+    assert not alive(deaf)
+    killed = [r.getMessage() for r in caplog.records if "SIGKILL" in r.getMessage()]
+    assert len(killed) == 1 and f"worker 2 (pid {deaf}) did not stop" in killed[0], killed
+    assert "of the second stop signal (a test's bound): killed it with SIGKILL" in killed[0], killed
+
+
+@pytest.mark.parametrize("drain,with_jobs,seconds", [(0, False, 5), (60, False, 65), (0, True, 35), (60, True, 65)])
+def test_a_workers_stop_is_bounded_by_its_drain_and_its_runtimes_shutdown_timeout(drain: float, with_jobs: bool,
+                                                                                 seconds: float) -> None:
+    """The bound the supervisor gives a worker's stop: the longer of --drain-seconds and, with
+    --with-jobs, the runtime's 30 s shutdown timeout, plus 5 s for the closes; after a second
+    signal, the closes alone; each plus LIVEPUSH_WORKER_STOP_MARGIN."""
+    bound = stop_bound(Settings(drain_seconds=drain, worker_stop_margin=2.5), with_jobs=with_jobs)
+    assert (bound.seconds, bound.hurried, bound.margin) == (seconds, 5, 2.5)
+    assert "LIVEPUSH_WORKER_STOP_MARGIN's 2.5 s" in bound.why and f"--drain-seconds {drain:g}" in bound.why
+    assert ("shutdown timeout of 30 s" in bound.why) == with_jobs
 
 
 def test_a_worker_whose_supervisor_is_gone_when_it_serves_says_ready_to_no_one_without_failing() -> None:

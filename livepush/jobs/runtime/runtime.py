@@ -94,6 +94,9 @@ TIMEOUT_GRACE = 2.0
 # Seconds the stop's last writes (outcomes, deregistration, state) still get after a second
 # signal, all together: enough for a healthy Postgres, short for one that is down.
 STOP_NOW_GRACE = 2.0
+# The jobs in hand's time to finish on a stop, unless told otherwise (`livepush jobs
+# --shutdown-timeout`); `serve --with-jobs` runs with it, and its supervisor bounds a worker's stop by it.
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 # Seconds the stop waits for a claim on its way to return before giving back the jobs in hand: a
 # healthy Postgres answers in milliseconds; one that does not answer must not hold the jobs on.
 CLAIM_RETURN_WAIT = 5.0
@@ -289,7 +292,7 @@ class Runtime:
         *,
         queues: Sequence[str] | None = None,
         concurrency: int = 10,
-        shutdown_timeout: Seconds = 30.0,
+        shutdown_timeout: Seconds = DEFAULT_SHUTDOWN_TIMEOUT,
         heartbeat: Seconds = 10.0,
         poll_interval: Seconds = 1.0,
         url: str | None = None,
