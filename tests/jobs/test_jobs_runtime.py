@@ -1039,6 +1039,23 @@ async def test_a_runtime_with_every_slot_taken_still_gives_back_what_a_late_clai
     assert q(jobs_db, "SELECT attempt FROM job_runs WHERE job_id = %s", (h.id,)) == [(1,)]
 
 
+async def test_a_stopped_runtime_leaves_no_reconcile_timer_on_its_loop(jobs_db: str) -> None:
+    """A runtime whose every slot is taken arms a timer that ends its wait for a free slot at the
+    next reconcile. Stopped, it left that timer on the loop, which goes on in an app that embeds
+    the runtime: for up to a minute it held the stopped runtime (its completer, its contexts) and
+    then woke a producer that no longer ran. Once run() has returned, nothing of it is scheduled."""
+    loop = asyncio.get_running_loop()
+    async with running(queues=["default"], poll_interval=0.2, concurrency=1) as rt:
+        h = await sample_jobs.wait_flag.aenqueue("armed")
+        await async_wait_for(lambda: h.id in rt.in_hand, 5.0, message="the job in hand")
+        await async_wait_for(lambda: rt._reconcile_wake is not None, 5.0, message="the reconcile's timer")
+        q(jobs_db, "INSERT INTO job_flags VALUES ('armed')")
+        await wait_state(h.id, "succeeded")
+    armed = [h for h in loop._scheduled  # type: ignore[attr-defined]
+             if not h.cancelled() and getattr(h._callback, "__self__", None) is rt._slot_freed]
+    assert armed == [], "a stopped runtime left its reconcile timer on the loop"
+
+
 async def test_the_reconcile_never_gives_back_a_job_in_hand_or_one_whose_outcome_waits(
         jobs_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The periodic give-back of what a runtime does not know keeps every job it knows: one in

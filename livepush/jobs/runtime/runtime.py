@@ -782,6 +782,11 @@ class Runtime:
             if pending:
                 log.warning("side tasks %s still stopping", [t.get_name() for t in pending])
         self._tasks = []
+        if self._reconcile_wake is not None:
+            # The producer's wake at the next reconcile (_wake_for_reconcile): left armed on a loop
+            # that goes on (an app's), it held this stopped runtime for up to a reconcile period.
+            self._reconcile_wake.cancel()
+            self._reconcile_wake = None
         try:
             await self._close_completer()
         except Exception as exc:
