@@ -478,6 +478,9 @@ async def test_results_that_pass_one_message_only_together_are_written_apart(
     assert s is not None and (s["error"] or "").startswith("InvalidResultError: the job's result is too large"), s
     said = [(r.levelno, r.getMessage()) for r in caplog.records if "a batch of job updates" in r.getMessage()]
     assert said and all(level == logging.WARNING and "past the 1 GiB" in text for level, text in said), said
+    # The job whose result alone passes it is said as held back by livepush, which sent nothing.
+    refused = [r.getMessage() for r in caplog.records if "Postgres refused" in r.getMessage()]
+    assert refused == [], refused
 
 
 async def test_progress_postgres_refuses_is_dropped(jobs_db: str) -> None:

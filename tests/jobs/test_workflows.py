@@ -1558,6 +1558,8 @@ async def test_a_decision_whose_outputs_pass_one_message_to_postgres_names_the_r
         assert "past the 1 GiB one message to Postgres carries" in said, said
         assert "return a reference to it" in said, said
     assert any(f"workflow 't_verbs' run {run.id}" in r.getMessage() for r in caplog.records), caplog.text
+    # livepush held the decision back before sending it: Postgres refused nothing.
+    assert not any("Postgres refused" in r.getMessage() for r in caplog.records), caplog.text
 
 
 async def test_a_wait_that_runs_out_while_its_run_is_paused_times_out_at_the_resume(flows_db: str) -> None:

@@ -236,10 +236,11 @@ class Completer:
                         refused = again
                         if _transient(again) or attempt == "as a failure":
                             raise  # transient: o and the rest are still queued, first
-                        # Refused by Postgres, by psycopg's adaptation or by our own size check
-                        # before sending: the log says what, not who.
-                        log.error("job %s (%s): its outcome %r could not be stored (%s); trying it %s",
-                                  o.ctx.job_id, o.ctx.name, o.kind, again,
+                        # Past one message (check_sendable) it was never sent: said as livepush's
+                        # own refusal, lest the operator look for one in the database.
+                        who = "livepush held back" if isinstance(again, MessageTooLarge) else "Postgres refused"
+                        log.error("job %s (%s): %s its outcome %r (%s); trying it %s",
+                                  o.ctx.job_id, o.ctx.name, who, o.kind, again,
                                   "without its progress" if attempt == "as is" else "as a failure")
         finally:
             self._dirty = {**dirty, **self._dirty}
@@ -254,7 +255,7 @@ class Completer:
             except _REFUSED as again:
                 if _transient(again):
                     raise
-                log.error("job %s (%s): its progress %r could not be stored (%s); dropped", job_id, ctx.name,
+                log.error("job %s (%s): Postgres refused its progress %r (%s); dropped", job_id, ctx.name,
                           ctx._latest, again)
                 ctx._dirty, ctx._latest = False, None  # nor tried again with its outcome
                 self._dirty = {}
