@@ -51,6 +51,26 @@ def test_a_job_knows_its_name_queue_and_attempt(jobs_db: str) -> None:
     assert jobs.get_job(h.id).result == {"name": "t.where_sync", "queue": "second", "attempt": 1}  # type: ignore[union-attr]
 
 
+def test_drain_gives_back_nothing_it_does_not_know_before_a_reconcile_is_due(
+        jobs_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runtime's periodic give-back of jobs it does not know counts from its registration: a
+    drain's first claim sends no such statement, as a new runtime's id holds nothing yet."""
+    from livepush.jobs.runtime import maintenance
+
+    calls = 0
+    release_unknown = maintenance.release_unknown
+
+    async def counted(*args: Any) -> tuple[int, set[int]]:
+        nonlocal calls
+        calls += 1
+        return await release_unknown(*args)
+
+    monkeypatch.setattr(maintenance, "release_unknown", counted)
+    sample_jobs.record.enqueue("a")
+    assert jobs.drain() == {"succeeded": 1}
+    assert calls == 0
+
+
 def test_drain_leaves_a_paused_queue_alone_as_runtimes_do(jobs_db: str) -> None:
     """drain() claims as a runtime does: a paused queue's jobs wait, named or not, until it is resumed."""
     jobs.pause_queue("second")

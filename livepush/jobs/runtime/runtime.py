@@ -665,6 +665,7 @@ class Runtime:
             await listener.start()
         self.state = "running"
         self.id = await maintenance.register(self._pool, self.info)
+        self._reconciled_at = asyncio.get_running_loop().time()  # a new runtime's id holds nothing yet
         self._registry_seen = self.registry.changes
         written = limits.definitions(self.registry)
         await limits.store(self._pool, self.registry)
@@ -939,7 +940,6 @@ class Runtime:
     async def _produce(self) -> None:
         more = True  # whether the last claim filled every slot (so more may be waiting)
         retry = Backoff(0.05, 5.0)
-        self._reconciled_at = asyncio.get_running_loop().time()  # a new runtime's id holds nothing yet
         while not self._stop.is_set():
             free = self.concurrency - len(self.in_hand)
             if free <= 0:
