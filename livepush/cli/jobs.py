@@ -15,6 +15,7 @@ from ..config import Settings, read_number
 from ..errors import ConfigError
 from ..jobs import database
 from ..jobs.api.status import arefresh_metrics
+from ..jobs.runtime.runtime import DEFAULT_SHUTDOWN_TIMEOUT
 from ..usercode import importable_from_cwd
 from . import flags
 
@@ -29,8 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the flag may be repeated)")
     parser.add_argument("--concurrency", type=flags.whole_number, metavar="N", default=10,
                         help="jobs run at once, from 1 to 100000 (default 10)")
-    parser.add_argument("--shutdown-timeout", type=flags.seconds, metavar="S", default=30.0,
-                        help="seconds the jobs in hand get to finish on SIGTERM before they are given back (default 30)")
+    parser.add_argument("--shutdown-timeout", type=flags.seconds, metavar="S", default=DEFAULT_SHUTDOWN_TIMEOUT,
+                        help="seconds the jobs in hand get to finish on SIGTERM before they are given back "
+                             f"(default {DEFAULT_SHUTDOWN_TIMEOUT:g})")
     parser.add_argument("--heartbeat", type=flags.seconds, metavar="S", default=10.0,
                         help="seconds between heartbeats; three missed beats and the runtime is dead "
                              "(default 10; from 0.01 to 86400)")

@@ -1550,7 +1550,7 @@ async def test_a_decision_whose_outputs_pass_one_message_to_postgres_names_the_r
         run = await wd.verbs.astart({"first": "finish large", "chars": 60_000})
         done = await run_state(run.id, {"succeeded", "failed", "cancelled"})
     assert done["state"] == "failed", done["state"]
-    step_job = jobs.get_job(done["steps"]["first"]["job"])
+    step_job = await jobs.aget_job(done["steps"]["first"]["job"])
     assert step_job is not None
     for said in (done["error"], step_job.error):
         assert f"workflow 't_verbs' run {run.id}" in said, said
