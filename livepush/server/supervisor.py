@@ -252,7 +252,9 @@ class Supervisor:
             log.info("stopping: %s to every worker", signal.Signals(sig).name)
             self._set_deadline(self.stop_bound.seconds, "the stop signal", self.stop_bound.why)
         else:  # forwarded, it is each worker's second signal (after a give-up's SIGTERM too)
-            self._set_deadline(self.stop_bound.hurried, "the second stop signal", self.stop_bound.hurried_why)
+            since = ("the second stop signal" if self._signalled
+                     else "a stop signal after the supervisor's own SIGTERM")  # the operator's first
+            self._set_deadline(self.stop_bound.hurried, since, self.stop_bound.hurried_why)
         self._stopping = self._signalled = True
         self._forward(sig)
         self._done.set()

@@ -895,6 +895,23 @@ async def test_a_second_signal_brings_the_kill_of_a_worker_that_does_not_stop_cl
     assert "of the second stop signal (a test's bound): killed it with SIGKILL" in killed[0], killed
 
 
+async def test_an_operators_signal_after_the_supervisor_stopped_its_workers_is_named_as_such(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A boot failure makes the supervisor stop the workers itself; an operator's signal then is
+    their second, which hurries them, but the operator's first: the kill it brings names it so."""
+    supervisor = Supervisor(2, lambda index, fd: [sys.executable, "-c",
+                                                  _DEAF_WORKER if index == 1 else "import sys; sys.exit(3)", str(fd)],
+                            stop_bound=StopBound(seconds=60, hurried=0.1, margin=0.2, hurried_why="a test's bound"))
+    run = asyncio.create_task(supervisor.run())
+    await async_wait_for(lambda: "before it served: stopping" in caplog.text, timeout=BOOT,
+                         message="worker 2's boot failure")
+    os.kill(os.getpid(), signal.SIGTERM)  # heard by the supervisor's handler while it runs
+    assert await asyncio.wait_for(run, 5) == 3
+    killed = [r.getMessage() for r in caplog.records if "SIGKILL" in r.getMessage()]
+    assert len(killed) == 1 and "worker 1 (pid" in killed[0], killed
+    assert "of a stop signal after the supervisor's own SIGTERM (a test's bound)" in killed[0], killed
+
+
 @pytest.mark.parametrize("drain,with_jobs,seconds", [(0, False, 5), (60, False, 65), (0, True, 35), (60, True, 65)])
 def test_a_workers_stop_is_bounded_by_its_drain_and_its_runtimes_shutdown_timeout(drain: float, with_jobs: bool,
                                                                                  seconds: float) -> None:
