@@ -392,6 +392,23 @@ def test_every_exit_status_of_the_commands_is_in_the_reference_the_readme_and_he
     assert helped == codes, f"livepush --help lacks {sorted(codes - helped)}, has more: {sorted(helped - codes)}"
 
 
+def test_exit_status_1_names_a_supervisor_whose_stop_failed_beside_a_dependency_down() -> None:
+    """`serve --workers N` exits 1 when it killed a worker that outlived its stop's bound (or a
+    worker failed to stop cleanly, or restarts stormed): reference §3's table, README's sentence
+    and `livepush --help` say so where they give status 1, lest an operator whose deploy ended in
+    1 look for a Postgres or Redis outage that never was."""
+    row = re.search(r"^\| 1 \|(.*)$", section("docs/reference.md", "3. Commands"), re.M)
+    assert row, "reference §3: no row for exit status 1"
+    sentence = re.search(r"^Exit status of every command:(.*?)(?:\n\n|\Z)",
+                         (ROOT / "README.md").read_text(), re.M | re.S)
+    assert sentence, "README.md: no \"Exit status of every command:\" paragraph"
+    said = re.search(r"exit status: (.*)", " ".join(build_parser().format_help().split()))
+    assert said, "livepush --help says nothing of its exit status"
+    for where, text in (("reference §3", row.group(1)), ("README.md", sentence.group(1)),
+                        ("livepush --help", said.group(1))):
+        text = " ".join(text.split())
+        assert "--workers" in text and "killed" in text, f"{where} gives status 1 as a dependency down only: {text}"
+
 def test_the_pages_list_where_a_token_comes_from_in_the_order_the_server_takes_them() -> None:
     """Reference §5's handshake list and security.md's numbered list give the places a session token
     comes from in the order the server counts them (the first valid one is the session): a list

@@ -365,7 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     # The statuses a script tests for: 75 is "try again", not "down" (reference §3).
     parser = _Parser(prog="livepush", description="Real-time push for Python applications.",
-                     epilog=f"exit status: {EXIT_OK} done (or a clean stop), {EXIT_DEPENDENCY} Postgres or Redis down, "
+                     epilog=f"exit status: {EXIT_OK} done (or a clean stop), {EXIT_DEPENDENCY} Postgres or Redis down "
+                            "(or serve --workers killed a worker that outlived its stop), "
                             f"{EXIT_USAGE} bad usage or configuration, {EXIT_TRY_AGAIN} a lock held too long "
                             f"(try again), {EXIT_INTERRUPTED} {', '.join(_PRINTING[:-1])} or {_PRINTING[-1]} "
                             "stopped by Ctrl-C before it finished (docs/reference.md, Commands)")
