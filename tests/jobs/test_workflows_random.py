@@ -194,9 +194,9 @@ async def step_gone(conn: psycopg.AsyncConnection[Any], job: dict[str, Any]) -> 
 
 def durable_ctx(job: dict[str, Any]) -> Any:
     """What DurableRun's transaction steps read of a running job's context."""
-    claimed = SimpleNamespace(id=job["id"], lease=job["lease"], queue=job["queue"], has_steps=job["has_steps"])
-    return SimpleNamespace(_job=claimed, job_id=job["id"], _latest=None, _dirty=False, _pool=None, _url=None,
-                           _cancel_requested=False)
+    claimed = SimpleNamespace(id=job["id"], lease=job["lease"], has_steps=job["has_steps"])
+    return SimpleNamespace(_job=claimed, job_id=job["id"], queue=job["queue"], _latest=None, _dirty=False, _pool=None,
+                           _url=None, _cancel_requested=False)
 
 
 class Seed:
