@@ -238,12 +238,14 @@ class Soak:
         self.log_to_file()
         self.pg_url = self.services.start_postgres(a.pg_port, settings={"max_connections": "300"})
         self.redis_url = self.services.start_redis(a.redis_port) if "redis" in self.fanouts else ""
+        # Before the first connection: livepush reads this process's settings once, on first use
+        # (a connection's options are among them), and sign_topic() needs the secret in them.
+        os.environ.update(LIVEPUSH_SECRET=SECRET, LIVEPUSH_DATABASE_URL=self.pg_url)
         migrate(self.pg_url)
         from soak_jobs import RUNS_TABLE
 
         with psycopg.connect(self.pg_url, autocommit=True) as c:
             c.execute(RUNS_TABLE)
-        os.environ.update(LIVEPUSH_SECRET=SECRET, LIVEPUSH_DATABASE_URL=self.pg_url)
         log(f"PostgreSQL {self.pg_url}, Redis {self.redis_url or '-'}; logs in {self.logs}")
 
         for fanout in self.fanouts:
