@@ -72,7 +72,8 @@ export interface LivePushOptions {
    * `forbidden` on a connection that sent one the server did not take (it then reconnects with it). Prefer the `__Host-livepush_session` cookie when
    * the push server is the page's own host. */
   token?: string | (() => string | null | undefined) | null;
-  /** Server `error` frames and exceptions thrown by your callbacks. Default: console.warn. */
+  /** Server `error` frames and exceptions thrown by your callbacks. Never called before `new LivePush()`
+   * returns, so it may name the client. Default: console.warn. */
   onError?: ((err: LivePushError) => void) | null;
   /** Delay before retry number `tries` (1-based). Default: 500 ms × 2^(tries-1), capped at
    * 30 s, times a uniform factor in [0.5, 1.5). */

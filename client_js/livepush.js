@@ -845,7 +845,8 @@ class Registry {
  *   take (the client then reconnects with it). Prefer the
  *   `__Host-livepush_session` cookie when the server shares the page's site.
  * @property {((err: LivePushError) => void) | null} [onError] server `error` frames and exceptions from
- *   your callbacks; the connection keeps going. Default: console.warn.
+ *   your callbacks; the connection keeps going. Never called before `new LivePush()` returns, so
+ *   it may name the client. Default: console.warn.
  * @property {((tries: number) => number) | null} [reconnectAfterMs] the delay before retry number `tries`
  * @property {any} [WebSocket] WebSocket constructor (tests inject a fake)
  * @property {() => number} [random]
@@ -953,7 +954,19 @@ export class LivePush {
     this._document?.addEventListener?.('visibilitychange', this._onVisibility);
     this._window?.addEventListener?.('online', this._onOnline);
 
+    /** @type {LivePushError[] | null} what went wrong while the constructor ran, said once it returned */
+    this._heldReports = [];
     this._connect();
+    const held = this._heldReports;
+    this._heldReports = null;
+    if (held.length > 0) {
+      // The page's onError may name the client it is given to (`lp.close()` on connect_failed),
+      // which the page holds only once `new` returned: what the first attempt reported is said
+      // just after, as a browser's WebSocket says its own failures; not once the page closed it.
+      queueMicrotask(() => {
+        for (const err of held) if (!this._stopped) this._report(err);
+      });
+    }
   }
 
   /** @returns {LivePushStatus} */
@@ -1518,6 +1531,10 @@ export class LivePush {
    * @param {LivePushError} err
    */
   _report(err) {
+    if (this._heldReports) {
+      this._heldReports.push(err);
+      return;
+    }
     try {
       this._onError(err);
     } catch {

@@ -5,10 +5,11 @@ import {
   GOING_AWAY_MAX_MS,
   GOING_AWAY_MIN_MS,
   HEARTBEAT_GRACE_MS,
+  LivePush,
   REPLAY_SILENCE_MS,
   STABLE_AFTER_MS,
 } from '../livepush.js';
-import { fakeWebSocketClass, harness, seededRandom } from '../testing/fakes.mjs';
+import { FakeClock, fakeWebSocketClass, harness, seededRandom } from '../testing/fakes.mjs';
 
 const MID = () => 0.5; // jitter factor 1.0: delays equal the backoff, so they are exact
 
@@ -699,10 +700,11 @@ test('a token function that closes the client (the user signed out) leaves it cl
   assert.equal(retries, asked, 'no retry delay asked after closed');
 });
 
-test('a token function that returns a Promise is reported as such, and no socket goes out with it', () => {
+test('a token function that returns a Promise is reported as such, and no socket goes out with it', async () => {
   const h = harness({ token: async () => 'tok' });
   assert.equal(h.sockets.length, 0, 'no handshake offers "livepush.token.[object Promise]"');
   assert.equal(h.lp.status, 'reconnecting');
+  await Promise.resolve(); // the constructor's attempt is reported once `new` returned
   assert.equal(h.errors.length, 1);
   assert.equal(h.errors[0].reason, 'connect_failed');
   assert.match(h.errors[0].detail, /token function returned a Promise: return the token itself/);
@@ -722,11 +724,12 @@ test('a token option that is neither a string nor a function throws at the call,
   for (const token of ['tok', () => 'tok', null, undefined]) harness({ token }).lp.close();
 });
 
-test('a token a subprotocol cannot carry is reported without the token, and no socket goes out with it', () => {
+test('a token a subprotocol cannot carry is reported without the token, and no socket goes out with it', async () => {
   // A token read from a response body often ends in a newline; the browser would refuse it with
   // a SyntaxError quoting the whole token, on every retry.
   const h = harness({ token: 'secret-session-token\n' });
   assert.equal(h.sockets.length, 0);
+  await Promise.resolve(); // the constructor's attempt is reported once `new` returned
   assert.equal(h.errors.length, 1);
   assert.equal(h.errors[0].reason, 'connect_failed');
   assert.match(h.errors[0].detail, /the token has characters a WebSocket subprotocol cannot carry/);
@@ -833,6 +836,44 @@ test('a client closed from onError while it reports a failed attempt stays close
     h.clock.advance(3_600_000);
     assert.equal(h.sockets.length, 1);
   }
+});
+
+test('a failure of the first attempt reaches onError after `new` returned, so an onError that closes the client it names works', async () => {
+  // const lp = new LivePush(url, {onError: () => lp.close()}): had onError run inside the
+  // constructor, `lp` would not exist yet, its call would throw, and the client would retry for good.
+  let attempts = 0;
+  const Refusing = class {
+    constructor() {
+      attempts += 1;
+      throw new SyntaxError("The URL's scheme must be either 'ws' or 'wss'"); // as a browser's WebSocket throws
+    }
+  };
+  for (const options of [{ token: async () => 'tok' }, { WebSocket: Refusing }]) {
+    const said = [];
+    const clock = new FakeClock();
+    const { WebSocket } = fakeWebSocketClass();
+    const lp = new LivePush('ws://push.test/', {
+      WebSocket, now: clock.now, setTimeout: clock.setTimeout, clearTimeout: clock.clearTimeout,
+      document: null, window: null, ...options,
+      onError: (err) => {
+        said.push(err.reason);
+        lp.close();
+      },
+    });
+    assert.deepEqual(said, [], 'nothing said before `new` returned');
+    await Promise.resolve();
+    assert.deepEqual(said, ['connect_failed']);
+    assert.equal(lp.status, 'closed');
+    assert.deepEqual(clock.pending(), [], 'no retry scheduled');
+  }
+  assert.equal(attempts, 1, 'the refused socket was attempted once, not retried');
+});
+
+test('what the first attempt reported is not said once the page closed the client', async () => {
+  const h = harness({ token: async () => 'tok' });
+  h.lp.close();
+  await Promise.resolve();
+  assert.deepEqual(h.errors, []);
 });
 
 test('a client closed from onError while a transient refusal is reported leaves no retry timer', () => {
