@@ -110,6 +110,14 @@ def publish_unheard(fanout: LocalFanOut, topic: str, data: object) -> None:
         fanout._loop = loop
 
 
+def lose_unheard(fanout: LocalFanOut, topic: str) -> None:
+    """After one message: publish a second while the listener is away, and lose it from history
+    too, so that the next message reveals a gap history cannot fill."""
+    publish_unheard(fanout, topic, "lost")
+    fanout._logs[topic].entries.clear()
+    fanout._logs[topic].dropped_through = 2
+
+
 async def test_a_listener_gap_during_a_read_is_caught_up_once_that_read_ends() -> None:
     """A listener that comes back while a read of a topic is under way (that read answering from
     a snapshot taken before the gap): what was published while nobody listened is read and sent
@@ -338,9 +346,7 @@ async def test_a_gap_history_cannot_fill_becomes_reset_then_live() -> None:
     await hub.subscribe(sub, "t", None, 1)
     fanout.publish("t", "a")
     await settle()
-    publish_unheard(fanout, "t", "lost")
-    fanout._logs["t"].entries.clear()  # the history lost it
-    fanout._logs["t"].dropped_through = 2
+    lose_unheard(fanout, "t")
     fanout.publish("t", "b")
     await settle()
     ops = [f["op"] for f in sub.frames if f["op"] in ("message", "reset")]
@@ -348,6 +354,31 @@ async def test_a_gap_history_cannot_fill_becomes_reset_then_live() -> None:
     fanout.publish("t", "c")
     await settle()
     assert sub.data() == ["a", "c"]
+
+
+async def test_a_refetch_after_a_reset_gets_what_came_after_the_reset_once_after_its_subscribed() -> None:
+    """A client that refetches after `reset` by subscribing again with no `since` (the connection
+    follows the topic still) goes on from where its stream stood: the reset's latest offset. A
+    message published after that read, not yet heard live, comes after the new `subscribed`,
+    whose offset it is (at or below it, as a replay's), once; then the live stream, in order."""
+    fanout, hub = await make()
+    sub = Sub()
+    await hub.subscribe(sub, "t", None, 1)
+    fanout.publish("t", "a")
+    await async_wait_for(lambda: sub.data() == ["a"], message="the first message")
+    lose_unheard(fanout, "t")
+    fanout.publish("t", "b")
+    await async_wait_for(lambda: "reset" in [f["op"] for f in sub.frames], message="the reset")
+    await settle()
+    publish_unheard(fanout, "t", "c")  # after the reset's read; its live frame not here yet
+    await hub.subscribe(sub, "t", None, 2)  # the refetch
+    fanout.publish("t", "d")
+    await async_wait_for(lambda: "d" in sub.data(), message="the next live message")
+    await settle()
+    assert [f["op"] for f in sub.frames] == ["subscribed", "message", "reset", "subscribed", "message", "message"]
+    refetch = sub.frames[3]
+    assert refetch["offset"] == sub.frames[4]["offset"]  # "c": at the new subscribed's offset, after it
+    assert sub.data() == ["a", "c", "d"]
 
 
 class FlakyHistory(DoorbellLocal):
@@ -959,9 +990,7 @@ async def test_a_subscriber_that_joined_during_a_reset_gets_neither_the_reset_no
     await hub.subscribe(old, "t", None, 1)
     fanout.publish("t", "a")
     await async_wait_for(lambda: old.data() == ["a"], message="the first message")
-    publish_unheard(fanout, "t", "lost")
-    fanout._logs["t"].entries.clear()  # the history lost it: the next message reveals a gap
-    fanout._logs["t"].dropped_through = 2
+    lose_unheard(fanout, "t")
     fanout.slow_next = True
     fanout.publish("t", "b")
     await async_wait_for(lambda: fanout.waiting, message="the reset's read of the latest offset")
