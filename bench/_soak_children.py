@@ -8,7 +8,8 @@
 - `clients`: many `websockets` clients that behave like the JS client: on a close they
   reconnect after a jittered, capped exponential backoff and resubscribe with `since` = the
   last offset they saw; on `reset` they refetch (subscribe again with no `since`: what the
-  `subscribed` offset names is what the refetch covers). On SIGTERM (or once every topic got
+  `subscribed` offset names is what the refetch covers; the connection's stream goes on from
+  where it stood, so messages at or below that offset may follow it, once). On SIGTERM (or once every topic got
   its end marker and the parent says stop) it writes what it saw as JSON to its output file.
 
 Run as `python bench/_soak_children.py publisher|clients ...` (soak.py does).
@@ -75,7 +76,8 @@ class Pair:
     topic: str
     signed: str
     base: str | None = None  # offset `subscribed` named at the first subscribe
-    last: str | None = None  # newest offset seen: the `since` of a resubscribe
+    last: str | None = None  # where the client stands (newest offset seen, or a refetch's): a resubscribe's `since`
+    seen: str | None = None  # newest offset delivered (or a first subscribe's): one at or below it is a duplicate
     replay_to: tuple[int, ...] = ()  # messages up to here came by a `since` replay
     reset_to: str | None = None  # what the newest refetch covered
     # When the last refetch found the topic without history (after Redis lost its streams, or a
@@ -152,6 +154,12 @@ class Client:
                 if not frame["ref"].endswith(":since") and offset is not None and (
                         p.last is None or offset_key(offset) > offset_key(p.last)):
                     p.last = offset
+                # A first subscribe's stream starts after its offset. A refetch's does not: the
+                # connection follows the topic still, and its stream goes on from where it stood
+                # (docs/protocol.md), so what was published after the reset's read may follow at or
+                # below that offset, once; counted a duplicate only if it comes again.
+                if frame["ref"].endswith(":first") and offset is not None and p.seen is None:
+                    p.seen = offset
             elif op == "reset":
                 p = self.pairs[frame["topic"]]
                 p.resets += 1
@@ -170,14 +178,18 @@ class Client:
 
     async def _subscribe(self, ws, p: Pair, since: str | None, refetch: bool = False) -> None:  # type: ignore[no-untyped-def]
         kind = "refetch" if refetch else ("since" if since is not None else "first")
+        if since is not None and (p.seen is None or offset_key(since) > offset_key(p.seen)):
+            p.seen = since  # a resume's stream starts after `since` (past what a refetch covered)
         await ws.send(json.dumps({"op": "subscribe", "topic": p.signed, "since": since, "ref": f"{p.topic}|:{kind}"}))
 
     def _message(self, p: Pair, frame: dict, now: float) -> None:
         key = offset_key(frame["offset"])
-        if p.last is not None and key <= offset_key(p.last):
+        if p.seen is not None and key <= offset_key(p.seen):
             p.dups += 1  # at or below what was seen: a duplicate (or out of order)
             return
-        p.last = frame["offset"]
+        p.seen = frame["offset"]
+        if p.last is None or key > offset_key(p.last):
+            p.last = frame["offset"]
         data = frame["data"]
         if data.get("end"):
             p.done = True
