@@ -150,6 +150,30 @@ def test_a_missing_secret_is_an_error_naming_it() -> None:
     assert found[0].level == checks.ERROR and "LIVEPUSH_SECRET" in found[0].msg
 
 
+@pytest.mark.parametrize(("name", "value"), [("LIVEPUSH_SECRET", "too-short"), ("LIVEPUSH_FANOUT", "kafka")])
+def test_a_setting_livepush_cannot_read_is_one_error_naming_it_not_a_missing_jobs_database(
+        monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    """A short LIVEPUSH_SECRET or an unknown LIVEPUSH_FANOUT in an environment that has its
+    LIVEPUSH_DATABASE_URL: one error naming that setting. A second one said the site had no jobs'
+    database and told the user to set LIVEPUSH_DATABASE_URL, which was set."""
+    from livepush.jobs import database
+
+    before, configured = config.get_settings(), database.configured_url()
+    monkeypatch.setenv("LIVEPUSH_DATABASE_URL", before.database_url or "")
+    monkeypatch.setenv("LIVEPUSH_SECRET", before.secret or "")
+    monkeypatch.setenv(name, value)
+    config.set_settings(None)  # read from this environment, as a fresh process does
+    database.configure(None)  # the jobs' database is LIVEPUSH_DATABASE_URL's, as without OPTIONS['DATABASE_URL']
+    try:
+        found = livepush_messages()
+    finally:
+        database.configure(configured)
+        config.set_settings(before)
+    assert [m.id for m in found] == ["livepush.E001"], found
+    assert name in found[0].msg
+    assert "LIVEPUSH_DATABASE_URL" not in found[0].msg + (found[0].hint or "")
+
+
 def test_a_livepush_backend_without_a_jobs_database_is_an_error_naming_the_setting(redis_url: str) -> None:
     """A site on the Redis fan-out, with a LivePushBackend in TASKS and no LIVEPUSH_DATABASE_URL
     (nor OPTIONS['DATABASE_URL']): its jobs have nowhere to go, and every enqueue raised

@@ -166,12 +166,25 @@ def _jobs_database(aliases: Sequence[str]) -> list[checks.CheckMessage]:
     try:
         jobs_database.database_url()  # configured from OPTIONS['DATABASE_URL'] at Django's start
     except ConfigError as exc:
+        if not _settings_read():
+            # The settings' own E001 names what is wrong (a short secret, an unknown fan-out): this
+            # one repeated it as a missing database, and sent the user to a URL that was set.
+            return []
         named = ", ".join(f"TASKS[{alias!r}]" for alias in aliases)
         return [checks.Error(f"{named} is a LivePushBackend, whose tasks are jobs in livepush's Postgres, and this "
                              f"process has none, so every enqueue would fail: {exc}", id="livepush.E001",
                              hint="set LIVEPUSH_DATABASE_URL in the web processes' environment (the database "
                                   "`livepush migrate` ran on), or OPTIONS['DATABASE_URL'] in the backend's entry")]
     return []
+
+
+def _settings_read() -> bool:
+    """Whether livepush's settings read from the environment without a ConfigError."""
+    try:
+        get_settings()
+    except ConfigError:
+        return False
+    return True
 
 
 def _has(middleware: Sequence[str], kind: type) -> bool:
