@@ -246,6 +246,17 @@ def test_a_lifespan_with_livepush_cannot_run_is_refused_where_the_app_is_written
             with_livepush(wrong)
 
 
+async def test_with_livepush_given_as_the_lifespan_itself_stops_the_start_saying_what_to_write() -> None:
+    """`lifespan=with_livepush`, the wrapper not called with a lifespan of yours: Starlette calls it
+    with the app at the start, which failed with "'function' object does not support the
+    asynchronous context manager protocol" from inside Starlette's router. ArgumentTypeError
+    says to write with_livepush(yours), or lifespan alone."""
+    app = Starlette(lifespan=with_livepush)
+    with pytest.raises(ArgumentTypeError, match=r"with_livepush\(your_lifespan\).*lifespan=lifespan"):
+        async with app.router.lifespan_context(app):
+            pass
+
+
 async def warned_at_start(env: dict[str, str], caplog: pytest.LogCaptureFixture) -> list[str]:
     """The warnings an app's start and stop log on `env`'s settings (the start must succeed)."""
     forget_defaults()

@@ -7,6 +7,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
 
+from starlette.applications import Starlette
+
 from ...errors import ArgumentTypeError
 from .. import _process
 
@@ -42,6 +44,12 @@ def with_livepush(inner: Lifespan[App]) -> Lifespan[App]:
 def _check_lifespan(inner: object) -> None:
     """ArgumentTypeError, where the app is written, for what no start could enter: it failed at the
     server's start with a TypeError from inside the lifespan, naming neither the cause nor the fix."""
+    if isinstance(inner, Starlette):
+        # `lifespan=with_livepush`, not called: Starlette calls it with the app at the start, and
+        # entering what it returned failed inside Starlette's router, naming neither.
+        raise ArgumentTypeError(f"with_livepush() was given the app ({type(inner).__name__}): it wraps a lifespan of "
+                                "yours, so write lifespan=with_livepush(your_lifespan), or lifespan=lifespan "
+                                "(from livepush.contrib.starlette) when you have none")
     name = getattr(inner, "__qualname__", type(inner).__qualname__)
     if inspect.isasyncgenfunction(inner) or inspect.isgeneratorfunction(inner):
         raise ArgumentTypeError(f"with_livepush({name}): a lifespan is a function of the app that returns an async "
