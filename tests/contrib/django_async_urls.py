@@ -1,12 +1,13 @@
 """A URLconf for the event-loop tests: an async view that calls the sync publish() on the
 request's loop (the mistake), an async view that calls it through sync_to_async, and a sync view
-(which Django runs in a thread under ASGI)."""
+(which Django runs in a thread under ASGI); and the same for subscription(), which reads the
+topic's latest offset."""
 
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse
 from django.urls import path
 
-from livepush.contrib.django import publish, publish_many
+from livepush.contrib.django import publish, publish_many, subscription
 
 TOPIC = "notices:async"
 
@@ -25,4 +26,18 @@ def sync_view(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"offset": publish(TOPIC, {"on": "a sync view"})})
 
 
-urlpatterns = [path("loop/", on_the_loop), path("thread/", through_a_thread), path("sync/", sync_view)]
+async def page_on_the_loop(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"since": subscription(TOPIC).since})
+
+
+async def page_through_a_thread(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"since": (await sync_to_async(subscription)(TOPIC)).since})
+
+
+def sync_page(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"since": subscription(TOPIC).since})
+
+
+urlpatterns = [path("loop/", on_the_loop), path("thread/", through_a_thread), path("sync/", sync_view),
+               path("page/loop/", page_on_the_loop), path("page/thread/", page_through_a_thread),
+               path("page/sync/", sync_page)]

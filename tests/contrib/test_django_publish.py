@@ -230,3 +230,32 @@ def test_a_sync_publish_in_an_async_view_warns_once_naming_the_call_and_apublish
     assert len(said) == 1, said
     assert f"livepush.contrib.django.{call}" in said[0] and f"await livepush.{instead}" in said[0], said
     assert "django_async_urls.py" in said[0], said
+
+
+def test_a_subscription_made_in_an_async_view_warns_once_naming_the_call_and_a_thread(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """subscription() reads the topic's latest offset, a round trip: in an async view the request's
+    loop waits for it, as for publish(). One WARNING per process names subscription(), where it
+    was called, and sync_to_async to call it through; a thread, or a sync view, says nothing. The
+    latest_offset() it calls is livepush's own call, so nothing was said."""
+    from django.test import AsyncClient
+
+    from livepush import blocking
+
+    monkeypatch.setattr(blocking, "_said", set())  # this process may have warned already
+
+    async def requests() -> None:
+        client = AsyncClient()
+        for right in ("/page/thread/", "/page/sync/"):
+            assert (await client.get(right)).status_code == 200
+        assert loop_warnings(caplog) == []
+        for _ in range(2):
+            assert (await client.get("/page/loop/")).status_code == 200
+
+    with override_settings(ROOT_URLCONF="tests.contrib.django_async_urls"), \
+            caplog.at_level("WARNING", logger="livepush"):
+        asyncio.run(requests())
+    said = loop_warnings(caplog)
+    assert len(said) == 1, said
+    assert "livepush.contrib.django.subscription()" in said[0] and "sync_to_async(subscription)" in said[0], said
+    assert "django_async_urls.py" in said[0], said

@@ -38,6 +38,10 @@ class Subscription:
 def subscription(topic: str, ttl: Seconds | None = None) -> Subscription:
     """`topic`'s latest offset, then the topic signed for `ttl` seconds or a timedelta (default
     LIVEPUSH_SIGNED_TOPIC_TTL). Call it in the view before reading the data the page shows."""
+    if topics.state_topic_id(topics.validate_topic(topic)) is None:  # a state topic reads nothing
+        # Named here, as the caller wrote it: the latest_offset() below is livepush's own call,
+        # which warns of nothing, and Django has no async twin of this one to name.
+        api.warn_if_on_event_loop("livepush.contrib.django.subscription()", "sync_to_async(subscription)(topic)")
     since = page_since(topic)
     return Subscription(topic, signed_for_page(topic, ttl, call="subscription()"), since)
 
