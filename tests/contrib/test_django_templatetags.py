@@ -13,6 +13,7 @@ from django.template import Context, Template
 import livepush
 from livepush.contrib.django import Subscription, job_topic, subscription
 from livepush.contrib.django.tasks_api import TaskResultDoesNotExist
+from livepush.errors import ArgumentValueError
 
 pytestmark = pytest.mark.usefixtures("django_site")
 
@@ -83,3 +84,24 @@ def test_job_topic_of_an_id_no_job_can_have_does_not_exist() -> None:
             job_topic(forged)
     assert job_topic("9223372036854775807")  # the largest id is a topic
 
+
+
+@pytest.mark.parametrize(("source", "named"), [
+    ('{% livepush_subscription "notices:tags" ttl="1h" %}', "{% livepush_subscription %}"),
+    ('{% livepush_signed_topic "notices:tags" ttl="3600" %}', "{% livepush_signed_topic %}"),
+    ('{% livepush_job_topic result ttl="3600" %}', "{% livepush_job_topic %}"),
+])
+def test_a_ttl_the_tag_cannot_use_is_refused_naming_the_tag(source: str, named: str) -> None:
+    """A ttl written in quotes in a template is text, not seconds: the error names the tag the
+    template wrote, where it named subscription() or JobHandle.sign(), calls the template has not."""
+    tasks = importlib.import_module("tests.contrib.sample_django_tasks")
+    with pytest.raises(ArgumentValueError) as refused:
+        render(source, result=tasks.add.enqueue(1))
+    assert str(refused.value).startswith(named), refused.value
+
+
+def test_job_topic_given_a_ttl_it_cannot_use_is_refused_naming_it() -> None:
+    """job_topic(result, ttl=...) refuses a bad ttl naming job_topic(), the caller's call."""
+    tasks = importlib.import_module("tests.contrib.sample_django_tasks")
+    with pytest.raises(ArgumentValueError, match=r"^job_topic\(\): ttl"):
+        job_topic(tasks.add.enqueue(1), ttl=0)

@@ -42,8 +42,14 @@ def subscription(topic: str, ttl: Seconds | None = None) -> Subscription:
         # Named here, as the caller wrote it: the latest_offset() below is livepush's own call,
         # which warns of nothing, and Django has no async twin of this one to name.
         api.warn_if_on_event_loop("livepush.contrib.django.subscription()", "sync_to_async(subscription)(topic)")
+    return made_subscription(topic, ttl, call="subscription()")
+
+
+def made_subscription(topic: str, ttl: Seconds | None, *, call: str) -> Subscription:
+    """subscription() for `call`, the name a bad `ttl` is refused under: the template tags' own,
+    since a template calls no subscription() its author could look for."""
     since = page_since(topic)
-    return Subscription(topic, signed_for_page(topic, ttl, call="subscription()"), since)
+    return Subscription(topic, signed_for_page(topic, ttl, call=call), since)
 
 
 def page_since(topic: str) -> str | None:
@@ -57,9 +63,15 @@ def page_since(topic: str) -> str | None:
 
 def job_topic(result: object, ttl: Seconds | None = None) -> str:
     """The signed `job:<id>` topic of a TaskResult enqueued through LivePushBackend (or of its id)."""
+    return signed_job_topic(result, ttl, call="job_topic()")
+
+
+def signed_job_topic(result: object, ttl: Seconds | None, *, call: str) -> str:
+    """job_topic() for `call`, the name a bad `ttl` is refused under, not the JobHandle.sign() the
+    caller never wrote."""
     # Imported here: results needs the Tasks framework, which the rest of this module (and the
     # template tags that import it) does without, on a site that has none.
     from .results import job_id_of
 
     job_id = job_id_of(getattr(result, "id", result))
-    return JobHandle(job_id).sign(ttl)
+    return signed_for_page(JobHandle(job_id).topic, ttl, call=call)

@@ -15,7 +15,7 @@ from django import template
 
 from ....jobs.api.handles import signed_for_page
 from ....types import Seconds
-from ..pages import Subscription, job_topic, page_since, subscription
+from ..pages import Subscription, made_subscription, page_since, signed_job_topic
 
 register = template.Library()
 
@@ -25,7 +25,9 @@ def livepush_subscription(topic: str | Subscription, ttl: Seconds | None = None)
     """Renders as `data-livepush-topic="..." data-livepush-since="..."`; `as var` keeps the object.
     A topic given as text has its offset read now, after the view read its data: make the
     Subscription in the view (pages.subscription) when missing a message in between matters."""
-    return topic if isinstance(topic, Subscription) else subscription(topic, ttl)
+    if isinstance(topic, Subscription):
+        return topic
+    return made_subscription(topic, ttl, call="{% livepush_subscription %}")
 
 
 @register.simple_tag
@@ -36,12 +38,12 @@ def livepush_signed_topic(topic: str, ttl: Seconds | None = None) -> str:
 
 @register.simple_tag
 def livepush_latest_offset(topic: str) -> str:
-    """The offset of the newest message on `topic` ("" when none, and for a state topic, whose page
-    gets the current state), for the client's `since`."""
+    """The offset of the newest message on `topic` (the topic's origin when none was published yet),
+    for the client's `since`; "" for a state topic, whose page gets the current state."""
     return page_since(topic) or ""
 
 
 @register.simple_tag
 def livepush_job_topic(result: Any, ttl: Seconds | None = None) -> str:
     """The signed `job:<id>` topic of a task result (or result id) of LivePushBackend."""
-    return job_topic(result, ttl)
+    return signed_job_topic(result, ttl, call="{% livepush_job_topic %}")
