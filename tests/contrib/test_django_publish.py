@@ -201,6 +201,31 @@ def loop_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "livepush" and "event loop" in r.getMessage()]
 
 
+def warned_by_async_views(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, right: tuple[str, ...],
+                          wrong: str, params: dict[str, str] | None = None) -> list[str]:
+    """The event-loop warnings of tests.contrib.django_async_urls' views, as an ASGI site calls
+    them: the `right` ones (a call through a thread, a sync view) say nothing, then `wrong` (the
+    sync call on the request's loop) is requested twice."""
+    from django.test import AsyncClient
+
+    from livepush import blocking
+
+    monkeypatch.setattr(blocking, "_said", set())  # this process may have warned already
+
+    async def requests() -> None:
+        client = AsyncClient()
+        for path in right:
+            assert (await client.get(path)).status_code == 200
+        assert loop_warnings(caplog) == []
+        for _ in range(2):
+            assert (await client.get(wrong, params or {})).status_code == 200
+
+    with override_settings(ROOT_URLCONF="tests.contrib.django_async_urls"), \
+            caplog.at_level("WARNING", logger="livepush"):
+        asyncio.run(requests())
+    return loop_warnings(caplog)
+
+
 @pytest.mark.parametrize("many", [False, True], ids=["publish", "publish_many"])
 def test_a_sync_publish_in_an_async_view_warns_once_naming_the_call_and_apublish(
         many: bool, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -208,25 +233,8 @@ def test_a_sync_publish_in_an_async_view_warns_once_naming_the_call_and_apublish
     serves no other request meanwhile: one WARNING per process names the call, where it was made,
     and `await livepush.apublish()`, as Django refuses its sync ORM there. The same call through
     sync_to_async, or in a sync view (a thread under ASGI), is right and says nothing."""
-    from django.test import AsyncClient
-
-    from livepush import blocking
-
-    monkeypatch.setattr(blocking, "_said", set())  # this process may have warned already
     call, instead = ("publish_many()", "apublish_many()") if many else ("publish()", "apublish()")
-
-    async def requests() -> None:
-        client = AsyncClient()
-        for right in ("/thread/", "/sync/"):
-            assert (await client.get(right)).status_code == 200
-        assert loop_warnings(caplog) == []
-        for _ in range(2):
-            assert (await client.get("/loop/", {"many": "1"} if many else {})).status_code == 200
-
-    with override_settings(ROOT_URLCONF="tests.contrib.django_async_urls"), \
-            caplog.at_level("WARNING", logger="livepush"):
-        asyncio.run(requests())
-    said = loop_warnings(caplog)
+    said = warned_by_async_views(caplog, monkeypatch, ("/thread/", "/sync/"), "/loop/", {"many": "1"} if many else {})
     assert len(said) == 1, said
     assert f"livepush.contrib.django.{call}" in said[0] and f"await livepush.{instead}" in said[0], said
     assert "django_async_urls.py" in said[0], said
@@ -238,24 +246,7 @@ def test_a_subscription_made_in_an_async_view_warns_once_naming_the_call_and_a_t
     loop waits for it, as for publish(). One WARNING per process names subscription(), where it
     was called, and sync_to_async to call it through; a thread, or a sync view, says nothing. The
     latest_offset() it calls is livepush's own call, so nothing was said."""
-    from django.test import AsyncClient
-
-    from livepush import blocking
-
-    monkeypatch.setattr(blocking, "_said", set())  # this process may have warned already
-
-    async def requests() -> None:
-        client = AsyncClient()
-        for right in ("/page/thread/", "/page/sync/"):
-            assert (await client.get(right)).status_code == 200
-        assert loop_warnings(caplog) == []
-        for _ in range(2):
-            assert (await client.get("/page/loop/")).status_code == 200
-
-    with override_settings(ROOT_URLCONF="tests.contrib.django_async_urls"), \
-            caplog.at_level("WARNING", logger="livepush"):
-        asyncio.run(requests())
-    said = loop_warnings(caplog)
+    said = warned_by_async_views(caplog, monkeypatch, ("/page/thread/", "/page/sync/"), "/page/loop/")
     assert len(said) == 1, said
     assert "livepush.contrib.django.subscription()" in said[0] and "sync_to_async(subscription)" in said[0], said
     assert "django_async_urls.py" in said[0], said
