@@ -9,9 +9,11 @@ import re
 
 import pytest
 from django.template import Context, Template
+from django.test import override_settings
 
 import livepush
-from livepush.contrib.django import Subscription, job_topic, subscription
+from livepush.contrib.django import Subscription, TaskNotSupported, job_topic, subscription
+from livepush.contrib.django.tasks_api import MODULE as tasks_module
 from livepush.contrib.django.tasks_api import TaskResultDoesNotExist
 from livepush.errors import ArgumentValueError
 
@@ -105,3 +107,15 @@ def test_job_topic_given_a_ttl_it_cannot_use_is_refused_naming_it() -> None:
     tasks = importlib.import_module("tests.contrib.sample_django_tasks")
     with pytest.raises(ArgumentValueError, match=r"^job_topic\(\): ttl"):
         job_topic(tasks.add.enqueue(1), ttl=0)
+
+
+def test_job_topic_of_a_result_from_another_backend_is_refused_naming_the_backend() -> None:
+    """A TaskResult of another backend (the immediate backend tests often swap in) has no livepush
+    job to follow: job_topic() and {% livepush_job_topic %} raise TaskNotSupported naming the
+    backend and its alias, where they said `no task result '<its id>'` of a result that exists."""
+    tasks = importlib.import_module("tests.contrib.sample_django_tasks")
+    with override_settings(TASKS={"default": {"BACKEND": f"{tasks_module}.backends.immediate.ImmediateBackend"}}):
+        result = tasks.add.enqueue(1)
+        for make in (lambda: job_topic(result), lambda: render("{% livepush_job_topic result %}", result=result)):
+            with pytest.raises(TaskNotSupported, match=r"TASKS\['default'\].*ImmediateBackend"):
+                make()

@@ -71,7 +71,20 @@ def signed_job_topic(result: object, ttl: Seconds | None, *, call: str) -> str:
     caller never wrote."""
     # Imported here: results needs the Tasks framework, which the rest of this module (and the
     # template tags that import it) does without, on a site that has none.
+    from .errors import TaskNotSupported
     from .results import job_id_of
+    from .tasks_api import TaskResult, task_backends
 
+    if isinstance(result, TaskResult):
+        backend = task_backends[result.backend]
+        # As task_group() tells it: the backend module imports this one, so no isinstance().
+        if not callable(getattr(backend, "transaction_conn", None)):
+            # Its id is another backend's (a random string): "no task result" of a result in hand
+            # sent the user looking for a missing row, not at the backend a test swapped in.
+            raise TaskNotSupported(
+                f"{call} follows a livepush job, and this result's backend, TASKS[{result.backend!r}], is "
+                f"{type(backend).__module__}.{type(backend).__qualname__}, which runs no livepush job: enqueue "
+                "through livepush.contrib.django.LivePushBackend (in tests too: ENQUEUE_ON_COMMIT False and "
+                "livepush.jobs.drain())")
     job_id = job_id_of(getattr(result, "id", result))
     return signed_for_page(JobHandle(job_id).topic, ttl, call=call)
