@@ -1,13 +1,14 @@
 """A URLconf for the event-loop tests: an async view that calls the sync publish() on the
 request's loop (the mistake), an async view that calls it through sync_to_async, and a sync view
 (which Django runs in a thread under ASGI); and the same for subscription(), which reads the
-topic's latest offset."""
+topic's latest offset, and for a task_group() block, which creates and seals its group."""
 
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse
 from django.urls import path
 
-from livepush.contrib.django import publish, publish_many, subscription
+from livepush.contrib.django import publish, publish_many, subscription, task_group
+from tests.contrib.sample_django_tasks import add
 
 TOPIC = "notices:async"
 
@@ -38,6 +39,27 @@ def sync_page(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"since": subscription(TOPIC).since})
 
 
+async def group_on_the_loop(request: HttpRequest) -> JsonResponse:
+    with task_group() as group:
+        await add.aenqueue(1)
+    return JsonResponse({"group": group.id})
+
+
+def _group() -> int:
+    with task_group() as group:
+        add.enqueue(1)
+    return group.id
+
+
+async def group_through_a_thread(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"group": await sync_to_async(_group)()})
+
+
+def sync_group(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"group": _group()})
+
+
 urlpatterns = [path("loop/", on_the_loop), path("thread/", through_a_thread), path("sync/", sync_view),
                path("page/loop/", page_on_the_loop), path("page/thread/", page_through_a_thread),
-               path("page/sync/", sync_page)]
+               path("page/sync/", sync_page), path("group/loop/", group_on_the_loop),
+               path("group/thread/", group_through_a_thread), path("group/sync/", sync_group)]

@@ -250,3 +250,15 @@ def test_a_subscription_made_in_an_async_view_warns_once_naming_the_call_and_a_t
     assert len(said) == 1, said
     assert "livepush.contrib.django.subscription()" in said[0] and "sync_to_async(subscription)" in said[0], said
     assert "django_async_urls.py" in said[0], said
+
+
+def test_a_task_group_in_an_async_view_warns_once_naming_it_and_a_thread(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task_group() block creates its group and seals it, two round trips the request's loop
+    waits for, and has no async twin: one WARNING per process names task_group(), the line of the
+    `with`, and sync_to_async; a block in a thread, or in a sync view, says nothing. The group
+    calls it makes are livepush's own, so nothing was said."""
+    said = warned_by_async_views(caplog, monkeypatch, ("/group/thread/", "/group/sync/"), "/group/loop/")
+    assert len(said) == 1, said
+    assert "livepush.contrib.django.task_group()" in said[0] and "sync_to_async" in said[0], said
+    assert "django_async_urls.py" in said[0], said

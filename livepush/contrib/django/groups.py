@@ -20,12 +20,13 @@ from typing import Any
 
 from django.db import transaction
 
-from ... import jobs
+from ... import blocking, jobs
 from ...errors import ArgumentTypeError
 from .errors import TaskNotSupported, arguments_error, refuse_uncallable
 from .execution import run_task
 from .tasks_api import Task, normalize_json, task_backends
 
+CALL = "livepush.contrib.django.task_group()"  # named as the caller wrote it, in the event-loop warning
 _open: contextvars.ContextVar[OpenGroup | None] = contextvars.ContextVar("livepush_django_group", default=None)
 
 
@@ -83,6 +84,10 @@ def task_group(on_finish: jobs.JobRequest | None = None, on_success: jobs.JobReq
             f"task_group() makes a livepush task group, which needs TASKS[{backend!r}] to be "
             f"livepush.contrib.django.LivePushBackend; it is {type(tasks).__module__}.{type(tasks).__qualname__}: "
             "pass backend= the alias of a LivePushBackend")
+    if blocking.due(CALL):
+        # The group's own calls are livepush's, which warn of nothing, and this has no async twin.
+        # 0: say, 1: this body, 2: contextlib's __enter__, 3: the `with` in the caller's code.
+        blocking.say(CALL, "sync_to_async(f)()` with the block in a sync function `f", 3)
     conn = tasks.transaction_conn()
     with transaction.atomic(using=tasks.database) if conn is not None else contextlib.nullcontext():
         handle = jobs.create_group(on_finish=on_finish, on_success=on_success, on_failure=on_failure, conn=conn)
