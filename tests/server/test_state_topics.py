@@ -14,6 +14,7 @@ subscribe's snapshot goes out before the next frame is read.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -232,4 +233,67 @@ async def test_a_job_topic_shows_the_job_of_the_database_jobs_configure_chose(ma
             await served.stop()
     finally:
         database.configure(None)
+        set_settings(None)
+
+
+
+async def events_until(client: WSClient, final: str) -> list[dict[str, Any]]:
+    """The messages the client gets, up to and with the first whose event is `final`."""
+    got: list[dict[str, Any]] = []
+    while not got or got[-1]["data"]["event"] != final:
+        got.extend(await client.messages(1, timeout=15))
+    return got
+
+
+@pytest.mark.parametrize("kind", ["local", "postgres", "redis"])
+async def test_a_workflow_and_a_group_topic_show_their_states_through_a_server_on_every_fan_out(
+        kind: str, pg_url: str, secret: str, request: pytest.FixtureRequest) -> None:
+    """workflow:<id> and group:<id> are state topics as job:<id> is, on every fan-out: a subscriber
+    gets `subscribed` at the current version and its snapshot, then only later versions, rising,
+    each as the row had it, up to the final one (the run `finished`, the group `finished`), and
+    nothing after it."""
+    from tests.jobs import durable_jobs as dj
+    from tests.jobs import group_jobs as gj
+    from tests.jobs import sample_jobs
+    from tests.jobs import workflow_defs as wd
+    from tests.jobs.conftest import q, read_states, running
+
+    for table in (dj.BODIES_TABLE, sample_jobs.RUNS_TABLE, gj.CALLBACK_RUNS_TABLE):
+        q(pg_url, table)
+    redis_url = request.getfixturevalue("redis_url") if kind == "redis" else None
+    served = await start_served(Settings(fanout=kind, database_url=pg_url, redis_url=redis_url, secret=secret,
+                                         port=0, env="test"))
+    database.configure(pg_url)
+    clients: list[WSClient] = []
+    try:
+        run = await wd.diamond.astart({"n": 2})
+        with jobs.group(on_finish=gj.callback.request("fin")) as g:
+            for i in range(5):
+                g.enqueue(gj.member, i)
+        watched = {run.topic: run.signed_topic, g.handle.topic: served.sign(g.handle.topic)}
+        firsts: dict[str, int] = {}
+        for topic, signed in watched.items():
+            clients.append(client := await WSClient.open(served.url))
+            answer = await client.subscribe(signed)
+            assert (answer["op"], answer["topic"]) == ("subscribed", topic), answer
+            (snapshot,) = await client.messages(1)
+            assert (snapshot["offset"], snapshot["data"]["event"]) == (answer["offset"], "snapshot"), snapshot
+            firsts[topic] = int(answer["offset"])
+
+        async with running(queues=["flows", "default"]):
+            shown = {topic: await events_until(client, "finished") for topic, client in zip(watched, clients)}
+        final = await asyncio.to_thread(read_states, pg_url, list(watched))
+        for (topic, events), client in zip(shown.items(), clients):
+            versions = [int(m["offset"]) for m in events]
+            assert versions == sorted(set(versions)) and versions[0] > firsts[topic], f"{topic}: {versions}"
+            assert versions[-1] == final[topic].version, f"{topic}: the final version is never dropped"
+            assert events[-1]["data"] == json.loads(final[topic].data_json()), f"{topic}: as the row has it"
+            await nothing_else(client)
+        assert shown[run.topic][-1]["data"]["workflow"]["state"] == "succeeded"
+        assert shown[g.handle.topic][-1]["data"]["group"]["succeeded"] == 5
+    finally:
+        for client in clients:
+            await client.close()
+        database.configure(None)
+        await served.stop()
         set_settings(None)
