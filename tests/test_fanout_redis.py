@@ -309,7 +309,8 @@ async def test_a_read_of_many_topics_behind_by_large_messages_holds_a_bounded_am
 
 
 async def test_concurrent_publishers_agree_on_one_order(make_redis: MakeRedis) -> None:
-    """Two processes publishing on one topic at once: delivery order, offsets and history all agree."""
+    """Two processes publishing on one topic at once: delivery order, offsets and history all
+    agree, and each process's own messages keep its call order."""
     fanout = await make_redis()
     got = Collector()
     fanout.register(got)
@@ -324,6 +325,9 @@ async def test_concurrent_publishers_agree_on_one_order(make_redis: MakeRedis) -
     assert set(offsets) == set(a) | set(b) and len(set(offsets)) == 400
     assert [m.prev for m in received] == [origin, *offsets[:-1]]
     assert offsets_of(await read_history(fanout, "race:a", origin)) == offsets
+    for own in (a, b):
+        mine = set(own)
+        assert [o for o in offsets if o in mine] == own, "a process's messages arrive in its call order"
 
 
 # ---- retention ----------------------------------------------------------------------------------
@@ -483,6 +487,24 @@ async def test_idle_topic_key_expires(make_redis: MakeRedis, raw: redis.Redis) -
     fanout = await make_redis(listen=False, history_ttl=10, idle_expire=60)
     fanout.publish("idle:a", {"i": 0})
     assert 0 < raw.pttl(fanout.key_prefix + "idle:a") <= 60_000
+
+
+async def test_a_topic_redis_forgot_reads_as_never_published_and_its_old_offsets_get_reset(
+        make_redis: MakeRedis, raw: redis.Redis) -> None:
+    """Once an idle topic's key has expired, the topic reads as never published (latest_offset()
+    gives the origin), its next message starts a new chain from that origin, and a client holding
+    an offset of a message from before gets None (`reset`), never the new chain as if it followed
+    on from it."""
+    fanout = await make_redis(listen=False, history_ttl=0.1, idle_expire=0.5)
+    old = [fanout.publish("forgot:b", {"i": i}) for i in range(3)]
+    await async_wait_for(lambda: not raw.exists(fanout.key_prefix + "forgot:b"), WAIT,
+                         message="the idle topic to be forgotten")
+    origin = fanout.latest_offset("forgot:never")
+    assert fanout.latest_offset("forgot:b") == origin
+    again = [fanout.publish("forgot:b", {"i": i}) for i in range(2)]
+    for held in old:
+        assert await fanout.history("forgot:b", held) is None, f"{held} replayed the new chain {again}"
+    assert offsets_of(await read_history(fanout, "forgot:b", origin)) == again
 
 
 async def test_an_origin_held_while_its_topic_was_published_and_forgotten_gets_reset(
