@@ -9,9 +9,11 @@ import os
 import re
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from livepush import topics
@@ -948,3 +950,56 @@ def test_workers_with_no_writable_temporary_folder_are_refused_naming_tmpdir(
     with pytest.raises(ConfigError, match="TMPDIR") as refused:
         supervise(2, ["serve", "--workers", "2"], settings)
     assert str(not_a_folder) in str(refused.value)
+
+
+async def test_a_deploys_sigterm_lets_every_workers_runtime_finish_the_job_in_hand(procs, livepush_env,
+                                                                                 pg_url) -> None:
+    """serve --workers 2 --with-jobs, SIGTERM to the supervisor (a deploy) while a worker runs a
+    3 s job: that worker's runtime finishes it before the worker exits, the supervisor exits 0,
+    and the job succeeded on its one attempt, neither given back nor left running."""
+    from tests.support.slow_jobs import started_slow_job
+
+    env = livepush_env(database_url=pg_url, port=0)
+    child, port = await start_workers(procs, env, "--workers", "2", "--with-jobs", "tests.support.slow_jobs")
+    await workers_by_index(port, 2)
+    job = await started_slow_job(pg_url, 3.0)
+    child.signal(signal.SIGTERM)
+    assert await child.await_exit(30) == 0, child.output()
+    assert (job(), attempt_of(pg_url, job.id)) == ("succeeded", 1)
+
+async def test_the_job_a_killed_worker_ran_runs_again_on_the_worker_started_in_its_place_at_once(
+        procs, livepush_env, pg_url) -> None:
+    """serve --workers 2 --with-jobs, kill -9 of the worker running a job: nothing is lost. The
+    worker started in its place runs on the same machine, so its runtime finds the dead process at
+    its start and gives the job back at once (attempt counted), not after three of the 10 s beats
+    the surviving worker would wait; the job runs again and succeeds."""
+    from tests.support.slow_jobs import started_slow_job
+
+    env = livepush_env(database_url=pg_url, port=0)
+    child, port = await start_workers(procs, env, "--workers", "2", "--with-jobs", "tests.support.slow_jobs")
+    workers = await workers_by_index(port, 2)
+    job = await started_slow_job(pg_url, 3.0)
+
+    def holder() -> int:
+        with psycopg.connect(pg_url) as conn:
+            row = conn.execute("SELECT r.pid FROM livepush_jobs j JOIN livepush_job_runtimes r ON r.id = j.runtime_id "
+                               "WHERE j.id = %s", (job.id,)).fetchone()
+        assert row is not None, "the running job names a registered runtime"
+        return int(row[0])
+
+    victim = holder()
+    assert victim in workers.values()
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    await async_wait_for(lambda: job() == "running" and attempt_of(pg_url, job.id) == 2, timeout=15, interval=0.05,
+                         message="the job to run again")
+    # Well within the three 10 s beats a rescue by the surviving worker alone would take.
+    assert time.monotonic() - killed_at < 15
+    await async_wait_for(lambda: job() == "succeeded", timeout=15, message="the job to succeed")
+    assert child.running
+    assert child.stop(15) == 0, child.output()
+
+
+def attempt_of(pg_url: str, job_id: int) -> int:
+    with psycopg.connect(pg_url) as conn:
+        return int(conn.execute("SELECT attempt FROM livepush_jobs WHERE id = %s", (job_id,)).fetchone()[0])
