@@ -99,6 +99,27 @@ def test_failures_and_retries(groups_db: str) -> None:
     assert sorted(r[0] for r in gj.callback_runs(groups_db)) == ["bad", "fin"]
 
 
+
+def test_a_callback_that_raises_is_retried_as_one_job_and_never_enqueued_again(groups_db: str) -> None:
+    """A group's callback is a job of its own: one that raises is retried (its attempt counted)
+    until it succeeds, and the retry is that same job, not a second callback enqueued by the
+    group; the group's finish enqueued exactly one job per callback."""
+    with jobs.group(on_finish=gj.flaky.request(2, "fin"), on_failure=gj.callback.request("bad")) as g:
+        for i in range(3):
+            g.enqueue(gj.member, i)
+    for _ in range(10):  # the retries have no backoff: each drain runs the next attempt
+        jobs.drain()
+        if q(groups_db, "SELECT count(*) FROM job_runs WHERE key = 'fin' AND phase = 'done'")[0][0]:
+            break
+    runs = q(groups_db, "SELECT job_id, attempt, phase FROM job_runs WHERE key = 'fin' ORDER BY at")
+    (callback_id,) = {job_id for job_id, _, _ in runs}
+    assert [(attempt, phase) for _, attempt, phase in runs] == [(1, "start"), (2, "start"), (3, "start"),
+                                                               (3, "done")], runs
+    assert q(groups_db, "SELECT count(*) FROM livepush_jobs WHERE name = 'g.flaky'") == [(1,)]
+    info = jobs.get_job(callback_id)
+    assert info is not None and (info.state, info.attempt) == ("succeeded", 3)
+    assert gj.callback_runs(groups_db) == [], "on_failure does not run: every member succeeded"
+
 def test_empty_group_finishes_at_the_seal(groups_db: str) -> None:
     """An empty sealed group finishes at once: on_finish and on_success are enqueued by the seal."""
     with jobs.group(on_finish=gj.callback.request("fin"), on_success=gj.callback.request("ok")) as g:
