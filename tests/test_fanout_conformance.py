@@ -817,6 +817,27 @@ async def test_an_origin_held_while_its_topic_was_published_and_forgotten_gets_r
     assert replay is None, f"the origin replayed {offsets_of(replay)} without {missed}, before {again}"
 
 
+
+async def test_a_topic_is_kept_for_twice_the_history_ttl_when_that_is_longer_than_its_idle_time(
+        make_fanout: MakeFanOut) -> None:
+    """A topic is forgotten once idle for a day or for twice the TTL, whichever is longer: with a
+    TTL past half the idle time, a topic idle for longer than that idle time but not yet twice
+    the TTL is still known (its latest offset is its last message's, a replay from there holds
+    nothing, not `reset`) once its messages are pruned, and its next message follows on."""
+    fanout = await make_fanout(listen=False, history_ttl=1.0, idle_expire=0.2)
+    last = fanout.publish("twice:ttl", {"i": 0})
+    quiet_since = time.monotonic()
+
+    async def past_the_ttl() -> bool:
+        await fanout.prune()
+        return time.monotonic() - quiet_since > 1.2
+
+    await async_wait_for(past_the_ttl, WAIT, interval=0.05, message="the TTL to pass")
+    assert fanout.latest_offset("twice:ttl") == last, "forgotten within twice the TTL"
+    assert await read_history(fanout, "twice:ttl", last) == []
+    after = fanout.publish("twice:ttl", {"i": 1})
+    assert offsets_of(await read_history(fanout, "twice:ttl", last)) == [after]
+
 async def test_a_topic_kept_by_keep_chains_outlives_its_idle_time_and_its_next_message_follows_on(
         make_fanout: MakeFanOut) -> None:
     """keep_chains() is what a server calls for the topics its subscribers watch: a topic kept
