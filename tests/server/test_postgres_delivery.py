@@ -260,6 +260,26 @@ async def test_a_gap_in_the_log_becomes_reset_never_a_silent_hole(pg_served: Ser
     await client.close()
 
 
+
+async def test_a_replay_across_a_hole_inside_its_page_gets_reset_before_any_message(pg_served: Served,
+                                                                                   pg_url: str) -> None:
+    """A `since` whose next messages are all there but one further on is gone (a row deleted
+    inside the range, as a prune by publish time would leave after the clock stepped back) gets
+    `reset` before any message: the page is checked whole, not only where it starts. A `since`
+    past the hole replays what follows it."""
+    offsets = [await pg_served.publish("inner:hole", {"n": n}) for n in range(5)]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM livepush_messages WHERE topic = 'inner:hole' AND seq = %s",
+                     (int(offsets[3].split("-")[1]),))
+    client = await WSClient.open(pg_served.url)
+    assert (await client.subscribe(pg_served.sign("inner:hole"), since=offsets[0]))["op"] == "subscribed"
+    assert (await client.recv())["op"] == "reset", "a message before the hole was sent as if none were missing"
+    past = await WSClient.open(pg_served.url)
+    await past.subscribe(pg_served.sign("inner:hole"), since=offsets[3])
+    assert [m["offset"] for m in await past.messages(1)] == [offsets[4]]
+    await client.close()
+    await past.close()
+
 async def test_other_fanouts_refuse_conn(secret: str) -> None:
     """conn= is a Postgres-only feature: the local fan-out refuses it with ValueError."""
     from livepush.fanout.local import LocalFanOut
