@@ -99,6 +99,23 @@ async def test_a_client_that_was_away_gets_one_snapshot_never_a_replay(served_jo
     await current.close()
 
 
+
+async def test_a_since_that_is_not_the_current_version_gets_the_snapshot_even_ahead_of_it(served_jobs: Served) -> None:
+    """Only a `since` that is the current version goes without a snapshot. One ahead of it (a
+    page that held a later version before the jobs' database was restored from a backup) or one
+    that is no version at all gets the current state, so the page never keeps a state the row
+    does not have."""
+    handle = await asyncio.to_thread(steps.enqueue, 1)
+    client = await WSClient.open(served_jobs.url)
+    for since in ("2", "99", "01", "x"):
+        answer = await client.subscribe(handle.signed_topic, since=since)
+        assert answer["offset"] == "1", answer
+        (snapshot,) = await client.messages(1)
+        assert (snapshot["offset"], snapshot["data"]["event"]) == ("1", "snapshot"), (since, snapshot)
+        await nothing_else(client, f"after since={since}")
+        await client.send({"op": "unsubscribe", "topic": handle.topic})
+    await client.close()
+
 async def test_an_unknown_job_topic_subscribes_without_a_snapshot(served_jobs: Served) -> None:
     """job:<id> of a job that does not exist is subscribable: `subscribed` with offset null, and nothing else."""
     client = await WSClient.open(served_jobs.url)
