@@ -728,6 +728,18 @@ async def test_expired_range_is_none(make_fanout: MakeFanOut) -> None:
     assert await read_history(fanout, "ttl:a", fresh) == []
 
 
+
+async def test_a_prune_keeps_every_message_younger_than_the_ttl(make_fanout: MakeFanOut) -> None:
+    """A message stays recoverable for the TTL: a prune drops what is past it and nothing
+    younger, so a client that saw the expired message and was away for less than the TTL since
+    the next ones gets every one of them, not `reset`."""
+    fanout = await make_fanout(listen=False, history_ttl=0.5)
+    seen = fanout.publish("young:a", {"i": 0})
+    await asyncio.sleep(0.7)  # the TTL is wall-clock time: there is no event to await
+    missed = [fanout.publish("young:a", {"i": i}) for i in (1, 2)]
+    await fanout.prune()
+    assert offsets_of(await read_history(fanout, "young:a", seen)) == missed
+
 async def test_the_local_history_keeps_the_newest_10000_messages_of_a_topic() -> None:
     """The local fan-out keeps at most 10,000 messages per topic (docs/guarantees.md): a `since`
     whose next message is still kept replays the rest; one older than that gets None (`reset`),
