@@ -482,6 +482,16 @@ async def test_max_len_bounds_a_busy_topic_and_resets_beyond_it(make_redis: Make
     assert offsets_of(await read_history(fanout, "busy:a", offsets[-51])) == offsets[-50:]
 
 
+
+async def test_a_busy_topic_keeps_at_least_its_newest_10000_messages(make_redis: MakeRedis) -> None:
+    """The memory bound trims a topic to about its newest 10,000 entries, never fewer
+    (docs/guarantees.md): a client whose next message is among the newest 10,000 replays all of
+    them, however many more were published before."""
+    fanout = await make_redis(listen=False)
+    offsets = fanout.publish_many([("kept:busy", {"i": i}) for i in range(12_000)])
+    since = offsets[-10_001]  # the newest 10,000 come after it
+    assert offsets_of(await read_history(fanout, "kept:busy", since)) == offsets[-10_000:]
+
 async def test_idle_topic_key_expires(make_redis: MakeRedis, raw: redis.Redis) -> None:
     """Each publish sets the topic's key to expire after idle_expire, so dead topics free their memory."""
     fanout = await make_redis(listen=False, history_ttl=10, idle_expire=60)
