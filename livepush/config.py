@@ -270,28 +270,35 @@ class Settings:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"LIVEPUSH_PORT={self.port} (or --port) is out of range: use a port from 0 to 65535")
         if not MIN_HISTORY_TTL <= self.history_ttl <= MAX_HISTORY_TTL:
-            raise ConfigError(f"LIVEPUSH_HISTORY_TTL={self.history_ttl:g} is out of range: set seconds from "
-                              f"{MIN_HISTORY_TTL:g} to {MAX_HISTORY_TTL:g} (a year), e.g. 300")
+            raise ConfigError(f"LIVEPUSH_HISTORY_TTL={_digits(self.history_ttl)} is out of range: set seconds from "
+                              f"{_digits(MIN_HISTORY_TTL)} to {_digits(MAX_HISTORY_TTL)} (a year), e.g. 300")
         if not MIN_SIGNED_TOPIC_TTL <= self.signed_topic_ttl < float("inf"):
-            raise ConfigError(f"LIVEPUSH_SIGNED_TOPIC_TTL={self.signed_topic_ttl:g} is out of range: set seconds, "
-                              f"{MIN_SIGNED_TOPIC_TTL:g} or more and finite, e.g. 86400")
+            raise ConfigError(f"LIVEPUSH_SIGNED_TOPIC_TTL={_digits(self.signed_topic_ttl)} is out of range: set "
+                              f"seconds, {_digits(MIN_SIGNED_TOPIC_TTL)} or more and finite, e.g. 86400")
         if not 0 <= self.drain_seconds <= MAX_DRAIN_SECONDS:
             raise ConfigError(
-                f"LIVEPUSH_DRAIN_SECONDS={self.drain_seconds:g} (or --drain-seconds) is out of range: use 0 to "
-                f"{MAX_DRAIN_SECONDS:g} seconds (0: close every connection at once)"
+                f"LIVEPUSH_DRAIN_SECONDS={_digits(self.drain_seconds)} (or --drain-seconds) is out of range: use 0 to "
+                f"{_digits(MAX_DRAIN_SECONDS)} seconds (0: close every connection at once)"
             )
         if not 0 <= self.worker_stop_margin <= MAX_WORKER_STOP_MARGIN:
-            raise ConfigError(f"LIVEPUSH_WORKER_STOP_MARGIN={self.worker_stop_margin:g} is out of range: use 0 to "
-                              f"{MAX_WORKER_STOP_MARGIN:g} seconds, e.g. {DEFAULT_WORKER_STOP_MARGIN:g}")
+            raise ConfigError(f"LIVEPUSH_WORKER_STOP_MARGIN={_digits(self.worker_stop_margin)} is out of range: use 0 "
+                              f"to {_digits(MAX_WORKER_STOP_MARGIN)} seconds, e.g. {_digits(DEFAULT_WORKER_STOP_MARGIN)}")
         if self.migrate_lock_timeout is not None and not 0 <= self.migrate_lock_timeout <= MAX_MIGRATE_LOCK_TIMEOUT:
-            raise ConfigError(f"LIVEPUSH_MIGRATE_LOCK_TIMEOUT={self.migrate_lock_timeout:g} (or --lock-timeout) is out "
-                              f"of range: use 0 to {MAX_MIGRATE_LOCK_TIMEOUT:g} seconds (0: wait as long as it takes)")
+            raise ConfigError(f"LIVEPUSH_MIGRATE_LOCK_TIMEOUT={_digits(self.migrate_lock_timeout)} (or --lock-timeout) "
+                              f"is out of range: use 0 to {_digits(MAX_MIGRATE_LOCK_TIMEOUT)} seconds (0: wait as long "
+                              "as it takes)")
         if self.max_connections is not None and self.max_connections < 1:
             raise ConfigError(f"LIVEPUSH_MAX_CONNECTIONS={self.max_connections} must be at least 1 (or unset: no cap)")
         if self.redis_prefix is not None:
             from .redis.client import check_prefix  # the redis package only where a prefix is set
 
             check_prefix(self.redis_prefix)
+
+
+def _digits(value: float) -> str:
+    """A number in a setting's error line, every digit kept: `:g` keeps six, and a value just past
+    its limit read as the limit itself (31622401 and 31622400 both as 3.16224e+07)."""
+    return f"{value:.15g}"
 
 
 def read_number(text: str, kind: type[int] | type[float]) -> Any:

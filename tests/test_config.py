@@ -122,6 +122,22 @@ def test_a_worker_stop_margin_out_of_range_is_refused(text: str) -> None:
     assert Settings.from_env({"LIVEPUSH_WORKER_STOP_MARGIN": "0.5"}).worker_stop_margin == 0.5
 
 
+@pytest.mark.parametrize("name,text,limit", [
+    ("LIVEPUSH_HISTORY_TTL", "31622401", "31622400"),
+    ("LIVEPUSH_MIGRATE_LOCK_TIMEOUT", "86400.01", "86400"),
+    ("LIVEPUSH_DRAIN_SECONDS", "300.0001", "300"),
+    ("LIVEPUSH_WORKER_STOP_MARGIN", "3600.001", "3600"),
+])
+def test_a_number_just_past_its_limit_is_said_with_every_digit(name: str, text: str, limit: str) -> None:
+    """The line says the value as written and the limit in full: rounded to six digits, a value just
+    past the limit read as the limit itself ("3.16224e+07 is out of range: ... to 3.16224e+07")."""
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({name: text})
+    said = str(raised.value)
+    assert said.startswith(f"{name}={text} "), said
+    assert f" {limit} " in said and "e+" not in said, said
+
+
 def test_workers_takes_plain_ascii_digits_only() -> None:
     """LIVEPUSH_WORKERS=1_0 (or --workers ١٠) is refused, not read as ten processes."""
     from livepush.cli.workers import worker_count
