@@ -383,6 +383,25 @@ def test_a_login_postgres_or_redis_refuses_exits_2_naming_the_setting(procs, liv
     assert "wrong-pw" not in child.output(), child.output()
 
 
+@pytest.mark.parametrize("command", [["publish", "chat:lobby", '{"text": "hi"}'], ["status"], ["serve"]])
+def test_a_redis_database_number_redis_does_not_have_exits_2_naming_the_setting(procs, livepush_env, pg_url,
+                                                                                 redis_url, command) -> None:
+    """A Redis that is up and has no database of the URL's number (`/99` where Redis has 16) is a
+    setting to correct, as a Postgres database that does not exist is: exit 2 with one line naming
+    LIVEPUSH_REDIS_URL, not 1, which a process manager or a script retries though nothing changes
+    until the URL does. (`status` prints the database's report first.)"""
+    base, _, _ = redis_url.rpartition("/")
+    env = livepush_env(database_url=pg_url, redis_url=f"{base}/99",
+                       fanout=None if command[0] == "status" else "redis")
+    child = procs.livepush(*command, env=env, wait_healthy=False)
+    assert child.wait(30) == 2, child.output()
+    lines = child.stderr().strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in child.stderr(), child.output()
+    assert "LIVEPUSH_REDIS_URL" in lines[0] and "no database of the number" in lines[0], lines
+    if command[0] == "status":
+        assert "Queues" in child.stdout(), child.output()
+
+
 def test_token_without_a_secret_exits_2(procs, livepush_env) -> None:
     """Signing without LIVEPUSH_SECRET says how to set it."""
     env = livepush_env()

@@ -264,8 +264,9 @@ def failed(url: str, exc: BaseException, doing: str, cls: type[DependencyError] 
     caller knows it (Redis' refusal names none), with what `deleting` it costs."""
     remedy = (_url_remedy(url, exc) or (_wrong_key_remedy(key, deleting) if key and wrong_type(exc) else None)
               or _remedy(exc, reads))
-    if isinstance(exc, AuthenticationError):
-        # Redis is up and refused the URL's password or user: a setting to correct (the CLI's
+    if isinstance(exc, AuthenticationError) or no_such_database(exc):
+        # Redis is up and refused the URL's password or user, or has no database of its number
+        # (as Postgres refuses a database that does not exist): a setting to correct (the CLI's
         # exit 2), and still `cls`'s kind (a ListenError from listen()) for those who catch it.
         cls = ListenLoginRefused if issubclass(cls, ListenError) else LoginRefused
     return cls(f"Redis at {redact(url)} failed while {doing} ({one_line(exc)}): {remedy}")
@@ -377,6 +378,11 @@ def in_cluster(exc: BaseException) -> bool:
         isinstance(exc, ResponseError) and "not allowed in cluster mode" in str(exc))
 
 
+def no_such_database(exc: BaseException) -> bool:
+    """Whether `exc` is Redis' refusal of the URL's database number (SELECT past its `databases`)."""
+    return isinstance(exc, ResponseError) and "DB index is out of range" in str(exc)
+
+
 def unknown_command(exc: BaseException) -> bool:
     """Whether `exc` is Redis' answer to a command it does not know (`unknown command 'EVALSHA'`,
     older ones quote it with backticks): a Sentinel's to everything livepush runs but PING and
@@ -418,7 +424,7 @@ def _remedy(exc: BaseException, reads: bool) -> str:
         return ("Redis is up but in protected mode, which takes connections only from Redis' own host while its "
                 "default user has no password: give Redis a password (requirepass, or an ACL user as docs/security.md "
                 "shows) and put it in LIVEPUSH_REDIS_URL")
-    if isinstance(exc, ResponseError) and "DB index is out of range" in str(exc):
+    if no_such_database(exc):
         return ("Redis is up but has no database of the number LIVEPUSH_REDIS_URL names: name one below its "
                 "`databases` setting (16 unless configured)")
     if "max number of clients reached" in str(exc):
