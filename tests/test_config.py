@@ -138,6 +138,24 @@ def test_a_number_just_past_its_limit_is_said_with_every_digit(name: str, text: 
     assert f" {limit} " in said and "e+" not in said, said
 
 
+@pytest.mark.parametrize("url,needle", [
+    ("redis://127.0.0.1:6379?db=abc", "names database 'abc', which is not a database number"),
+    ("redis://127.0.0.1:6379/0?socket_timeout=abc",
+     "its socket_timeout parameter has a value Redis connections do not take"),
+    ("redis://127.0.0.1:99999/0", "its port is not a number from 0 to 65535"),
+    ("redis://127.0.0.1:s3cret-pw/0", "its port is not a number from 0 to 65535"),
+])
+def test_a_redis_url_that_cannot_be_read_names_the_part_to_fix(url: str, needle: str) -> None:
+    """A LIVEPUSH_REDIS_URL redis-py cannot read says which part is wrong, as one with a database
+    path that is no number does, rather than only "is not a Redis URL"; never what sits where the
+    port goes (a password written there)."""
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({"LIVEPUSH_REDIS_URL": url})
+    said = str(raised.value)
+    assert said.startswith("LIVEPUSH_REDIS_URL ") and needle in said, said
+    assert "s3cret" not in said, said
+
+
 def test_workers_takes_plain_ascii_digits_only() -> None:
     """LIVEPUSH_WORKERS=1_0 (or --workers ١٠) is refused, not read as ten processes."""
     from livepush.cli.workers import worker_count

@@ -79,13 +79,10 @@ def check_url(url: str) -> None:
                           "the URL's path: percent-encode them (%2F for '/', %3F for '?', %23 for '#')")
     _check_scheme(url)
     try:
-        parse_url(url)
         parts = urlsplit(url)
         query = parse_qsl(parts.query)
-    except (ValueError, TypeError):
-        raise ConfigError(
-            f"LIVEPUSH_REDIS_URL {redact(url)} is not a Redis URL: use redis://[:PASSWORD@]HOST:PORT/DB"
-        ) from None
+    except (ValueError, TypeError) as exc:
+        raise _unreadable(url, exc) from None
     host = parts.netloc.rpartition("@")[2]
     if parts.scheme == "unix" and host:
         # redis-py takes the socket's path from the URL's path alone: `unix://run/redis.sock`
@@ -113,7 +110,33 @@ def check_url(url: str) -> None:
             f"LIVEPUSH_REDIS_URL {redact(url)} names two databases ({numbers[0]} and {numbers[1]}) in its path and "
             "db parameters: keep the one you mean (redis://[:PASSWORD@]HOST:PORT/DB)"
         )
+    try:
+        # After the database check: redis-py's refusal of `?db=abc` names no database.
+        parse_url(url)
+    except (ValueError, TypeError) as exc:
+        raise _unreadable(url, exc) from None
     _check_parameters(url)
+
+
+# redis-py's words for a parameter whose value it cannot convert, and for the URL's port.
+_INVALID_VALUE = re.compile(r"Invalid value for '(\w{1,60})'")
+_PORT_WORDS = ("Port out of range", "Port could not be cast")
+
+
+def _unreadable(url: str, exc: BaseException) -> ConfigError:
+    """The error for a URL that cannot be read, saying which part when the parser's words do:
+    "not a Redis URL" alone left the operator to find it. The parser's own words are not quoted,
+    as they may hold what sits where the port goes (a password written there)."""
+    said = str(exc)
+    invalid = _INVALID_VALUE.search(said)
+    if invalid is not None:
+        why = f" (its {invalid.group(1)} parameter has a value Redis connections do not take)"
+    elif said.startswith(_PORT_WORDS):
+        why = " (its port is not a number from 0 to 65535)"
+    else:
+        why = ""
+    return ConfigError(f"LIVEPUSH_REDIS_URL {redact(url)} is not a Redis URL{why}: use "
+                       "redis://[:PASSWORD@]HOST:PORT/DB")
 
 
 def _check_scheme(url: str) -> None:
