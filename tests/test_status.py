@@ -8,6 +8,7 @@ import asyncio
 import concurrent.futures
 import json
 import re
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -17,9 +18,10 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from livepush import jobs
+from livepush import jobs, migrate
 from livepush.errors import DependencyError, SchemaBusyError
 from livepush.migrate import MIGRATION_LOCK_KEY
+from tests.support import services
 from tests.support.procs import Processes
 from tests.support.redis_acl import documented_user
 from tests.support.settings import jobs_settings
@@ -300,6 +302,34 @@ def test_tags_and_queue_names_cannot_write_control_characters_to_the_terminal(
     code, out, err = run_status(procs, livepush_env(database_url=status_db), "--json")
     assert code == 0, err
     assert json.loads(out)["tags"] == {forged: 1, "\x1b[2J\x1b[31mred": 1}
+
+
+def test_a_schema_behind_or_out_of_the_search_path_is_named_as_serve_and_jobs_name_it(
+        pg_url: str, pg_admin_url: str, procs: Processes, livepush_env: Callable[..., dict[str, str]]) -> None:
+    """A database whose livepush schema is one migration behind, or in a schema the role's
+    search_path misses, exits 2 with the line serve and jobs give (the version it is at; the
+    schema and how to reach it), not "lacks livepush's schema: run `livepush migrate`", which
+    for the second sends the operator to a migrate that cannot help."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        # As before the periodic jobs' migration, 0009, ran.
+        conn.execute("DELETE FROM livepush_schema WHERE version = 9")
+        conn.execute("DROP TABLE livepush_periodic")
+    code, out, err = run_status(procs, livepush_env(database_url=pg_url))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert f"schema is at version 8 but livepush status needs {migrate.required_version()}" in err, err
+
+    # A database of its own, migrated only into schema lp.
+    name = f"lp_elsewhere_{uuid.uuid4().hex[:8]}"
+    url = services.create_database(pg_admin_url, name)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE SCHEMA lp")
+        assert migrate.migrate(url + ("&" if "?" in url else "?") + "options=-csearch_path%3Dlp")
+        code, out, err = run_status(procs, livepush_env(database_url=url))
+    finally:
+        services.drop_database(pg_admin_url, name)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert 'has livepush\'s schema in schema "lp"' in err and "search_path" in err, err
 
 
 def test_an_unreachable_database_exits_1_with_one_line(procs: Processes, free_port: int,
