@@ -544,6 +544,19 @@ def check_schema(url: str, who: str = "this livepush") -> None:
     _judge(url, applied, who)
 
 
+@contextlib.contextmanager
+def schema_named_when_missing(url: str, who: str) -> Iterator[None]:
+    """Around work on the database at `url` whose SchemaError names a missing table or function:
+    the schema may be there, older than this code needs or in a schema the search_path misses,
+    which check_schema() names with its fix (`livepush migrate` would not help the second). The
+    work's own error when the check finds nothing more to say."""
+    try:
+        yield
+    except SchemaError:
+        check_schema(url, who)
+        raise
+
+
 async def acheck_schema(url: str, who: str = "this livepush") -> None:
     """check_schema() for async code. A stop asked for while it waits on a database that does not
     answer cancels it at once, where a thread's connect would hold the process for its timeout."""

@@ -402,6 +402,20 @@ def test_a_redis_database_number_redis_does_not_have_exits_2_naming_the_setting(
         assert "Queues" in child.stdout(), child.output()
 
 
+def test_publish_to_a_schema_out_of_the_search_path_names_that_schema(procs, livepush_env, pg_admin_url) -> None:
+    """`livepush publish` on a database whose livepush schema is in a schema the role's search_path
+    misses names that schema and how to reach it, as serve and jobs do, not "lacks livepush's
+    schema: run `livepush migrate`", a migrate that refuses to make a second copy."""
+    from tests.support import services
+
+    with services.pg_migrated_into_schema_app(pg_admin_url) as (url, _):
+        child = procs.livepush("publish", "chat:lobby", '{"text": "hi"}', env=livepush_env(database_url=url))
+        assert child.wait(30) == 2, child.output()
+    lines = child.stderr().strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in child.stderr(), child.output()
+    assert 'in schema "app"' in lines[0] and "search_path" in lines[0], lines
+
+
 def test_token_without_a_secret_exits_2(procs, livepush_env) -> None:
     """Signing without LIVEPUSH_SECRET says how to set it."""
     env = livepush_env()

@@ -210,28 +210,11 @@ def _outcome(call: Callable[[], object]) -> object:
         return exc
 
 
-@contextlib.contextmanager
-def _migrated_into_schema_app(pg_admin_url: str) -> Iterator[tuple[str, str]]:
-    """A new database migrated into a schema of its own, `app`, as an owner whose search_path
-    starts there migrates it (a schema named after its role, or `ALTER ROLE ... SET search_path`):
-    (the URL with the default search_path, the URL whose search_path is `app`)."""
-    name = f"t_migrate_schema_{uuid.uuid4().hex[:12]}"
-    url = services.create_database(pg_admin_url, name)
-    try:
-        with psycopg.connect(url, autocommit=True) as admin:
-            admin.execute("CREATE SCHEMA app")
-        in_app = psycopg.conninfo.make_conninfo(url, options="-csearch_path=app")
-        assert [m.version for m in migrate.migrate(in_app)] == [m.version for m in migrate.bundled()]
-        yield url, in_app
-    finally:
-        services.drop_database(pg_admin_url, name)
-
-
 def test_a_search_path_that_misses_the_migrated_schema_is_named_instead_of_run_migrate(pg_admin_url: str) -> None:
     """A server or runtime whose role's search_path does not reach the schema `migrate` put
     livepush's tables in is told which schema holds them and how to reach it, not "schema at
     version 0: run livepush migrate", which the owner runs to be told there is nothing to do."""
-    with _migrated_into_schema_app(pg_admin_url) as (url, in_app):
+    with services.pg_migrated_into_schema_app(pg_admin_url) as (url, in_app):
         migrate.check_schema(in_app)
         for call in (migrate.check_schema, acheck_schema):
             with pytest.raises(SchemaError) as refused:
@@ -245,7 +228,7 @@ def test_a_role_without_usage_on_the_migrated_schema_is_told_to_run_migrate_runt
         pg_admin_url: str) -> None:
     """A role whose search_path names the schema but that was never granted its use (migrate ran
     without --runtime-role) is told to grant it, not to run a migrate that has nothing to do."""
-    with _migrated_into_schema_app(pg_admin_url) as (url, in_app):
+    with services.pg_migrated_into_schema_app(pg_admin_url) as (url, in_app):
         role = f"r_{uuid.uuid4().hex[:10]}"
         with psycopg.connect(in_app, autocommit=True) as admin:
             admin.execute(psycopg.sql.SQL("CREATE ROLE {} LOGIN").format(psycopg.sql.Identifier(role)))
@@ -265,7 +248,7 @@ def test_migrate_makes_no_second_schema_beside_one_its_search_path_misses(pg_adm
     role than the owner, or without the owner's URL options) exits 2 naming that schema, rather
     than make a second copy where it looks: processes on the two copies would share the
     notification channels but not the messages or the jobs."""
-    with _migrated_into_schema_app(pg_admin_url) as (url, _):
+    with services.pg_migrated_into_schema_app(pg_admin_url) as (url, _):
         child = procs.livepush("migrate", env=livepush_env(database_url=url))
         assert child.wait(30) == 2, child.output()
         err = child.stderr()

@@ -8,7 +8,6 @@ import asyncio
 import concurrent.futures
 import json
 import re
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -318,18 +317,10 @@ def test_a_schema_behind_or_out_of_the_search_path_is_named_as_serve_and_jobs_na
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     assert f"schema is at version 8 but livepush status needs {migrate.required_version()}" in err, err
 
-    # A database of its own, migrated only into schema lp.
-    name = f"lp_elsewhere_{uuid.uuid4().hex[:8]}"
-    url = services.create_database(pg_admin_url, name)
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("CREATE SCHEMA lp")
-        assert migrate.migrate(url + ("&" if "?" in url else "?") + "options=-csearch_path%3Dlp")
+    with services.pg_migrated_into_schema_app(pg_admin_url) as (url, _):
         code, out, err = run_status(procs, livepush_env(database_url=url))
-    finally:
-        services.drop_database(pg_admin_url, name)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
-    assert 'has livepush\'s schema in schema "lp"' in err and "search_path" in err, err
+    assert 'has livepush\'s schema in schema "app"' in err and "search_path" in err, err
 
 
 def test_an_unreachable_database_exits_1_with_one_line(procs: Processes, free_port: int,

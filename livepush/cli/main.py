@@ -5,6 +5,7 @@ stopped by Ctrl-C; errors are one line on stderr, never a traceback."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import os
@@ -277,7 +278,14 @@ def cmd_publish(args: argparse.Namespace) -> int:
         raise ConfigError("LIVEPUSH_FANOUT=local reaches only the process that publishes, and no server is part "
                           "of this one: set LIVEPUSH_DATABASE_URL (or LIVEPUSH_REDIS_URL with LIVEPUSH_FANOUT=redis) "
                           "as your servers have it")
-    print(api.publish(args.topic, data))
+    from ..migrate import schema_named_when_missing
+
+    # Through Postgres, a function it lacks may be a schema out of the role's reach: say which.
+    named = (schema_named_when_missing(settings.require_database(), "livepush publish")
+             if settings.fanout == "postgres" else contextlib.nullcontext())
+    with named:
+        offset = api.publish(args.topic, data)
+    print(offset)
     return EXIT_OK
 
 

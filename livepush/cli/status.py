@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..config import Settings, read_number
-from ..errors import DependencyError, LoginRefused, SchemaError
+from ..errors import DependencyError, LoginRefused
 from ..jobs import database
 from ..jobs.api.status import DEFAULT_LIMIT, MAX_LIMIT, Status, status
 from ..jobs.events.views import iso
@@ -49,17 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    from ..migrate import schema_named_when_missing
+
     url = settings.require_database()
     try:
-        report = status(args.limit)
-    except SchemaError:
-        # A table the report reads is missing: the schema may be there, older than this livepush's
-        # or in a schema the search_path misses, which the check serve and jobs run names, with its
-        # fix (`livepush migrate` would not help the second). Its own line when it finds no more.
-        from .. import migrate
-
-        migrate.check_schema(url, "livepush status")
-        raise
+        with schema_named_when_missing(url, "livepush status"):
+            report = status(args.limit)
     finally:
         # A one-shot command: close the pool now rather than leave it to interpreter exit.
         database.close_pools()

@@ -79,6 +79,25 @@ def drop_database(admin_url: str, name: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # type: ignore[arg-type]
 
 
+@contextlib.contextmanager
+def pg_migrated_into_schema_app(admin_url: str) -> Iterator[tuple[str, str]]:
+    """A new database migrated into a schema of its own, `app`, as an owner whose search_path
+    starts there migrates it (a schema named after its role, or `ALTER ROLE ... SET search_path`):
+    (the URL with the default search_path, the URL whose search_path is `app`). Dropped after."""
+    from livepush import migrate
+
+    name = f"t_migrate_schema_{os.urandom(6).hex()}"
+    url = create_database(admin_url, name)
+    try:
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute("CREATE SCHEMA app")
+        in_app = psycopg.conninfo.make_conninfo(url, options="-csearch_path=app")
+        assert [m.version for m in migrate.migrate(in_app)] == [m.version for m in migrate.bundled()]
+        yield url, in_app
+    finally:
+        drop_database(admin_url, name)
+
+
 def pg_terminate(admin_url: str, dbname: str, application_name: str | None = None) -> int:
     """Kill the client backends on `dbname` (only those with `application_name`, if given), as a
     crashed connection would look to its owner. Returns how many were terminated."""
