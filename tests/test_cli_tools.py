@@ -756,6 +756,19 @@ def test_app_given_twice_exits_2_naming_the_flag(capsys: pytest.CaptureFixture[s
     assert "argument --app" in err and "once" in err, err
 
 
+def test_runtime_role_given_twice_exits_2_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """`migrate --runtime-role app_a --runtime-role app_b` granted app_b alone and said so, app_a's
+    runtime left without its grants to fail at its first query: it exits 2 before migrating,
+    saying to give the flag once (one migrate run for each runtime role)."""
+    from livepush.cli.main import build_parser
+
+    with pytest.raises(SystemExit) as raised:
+        build_parser().parse_args(["migrate", "--runtime-role", "app_a", "--runtime-role", "app_b"])
+    assert raised.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --runtime-role" in err and "app_a" in err and "once for each runtime role" in err, err
+
+
 def test_serve_on_a_redis_url_where_nothing_answers_says_to_check_the_url(procs, livepush_env, pg_url) -> None:
     """A Redis URL whose port takes the connection and never answers (a paused Redis, a port that
     is not Redis'): serve exits 1 saying to check LIVEPUSH_REDIS_URL and that Redis runs, not a

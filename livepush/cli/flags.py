@@ -47,12 +47,17 @@ class Joined(argparse.Action):
 
 
 class Once(argparse.Action):
-    """A flag only one value can answer (`--app`: a server has one App): a second is refused, where
-    argparse would keep it and silently drop the first."""
+    """A flag only one value can answer (`--app`: a server has one App; `--runtime-role`: one role
+    per migrate run): a second is refused, where argparse would keep it and silently drop the
+    first. `instead` says what to do to have both, when there is a way."""
+
+    def __init__(self, *args: Any, instead: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.instead = instead
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         if getattr(namespace, self.dest, None) is not None:
             raise argparse.ArgumentError(self, f"given more than once ({getattr(namespace, self.dest)!r:.80}, then "
-                                               f"{values!r:.80}): give it once")
+                                               f"{values!r:.80}): give it once{self.instead}")
         setattr(namespace, self.dest, values)

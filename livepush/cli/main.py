@@ -387,7 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".", **more)
 
     p = command("migrate", "apply the database migrations (safe to repeat)")
-    p.add_argument("--runtime-role", metavar="ROLE",
+    p.add_argument("--runtime-role", metavar="ROLE", action=flags.Once,
+                   instead=" (run livepush migrate once for each runtime role)",
                    help="also grant ROLE exactly what serve, jobs, publish() and enqueues need")
     p.add_argument("--lock-timeout", type=flags.seconds, metavar="S",
                    help="seconds each migration waits for a table's lock before it tries again "
