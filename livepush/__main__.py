@@ -1,5 +1,6 @@
 import sys
 
-from .cli.main import main
+# The package's entry, not livepush.cli.main's: it holds the stop signals back before that imports.
+from .cli import main
 
 sys.exit(main())
