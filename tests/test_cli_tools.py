@@ -352,6 +352,21 @@ def test_publish_without_a_shared_fan_out_exits_2_instead_of_losing_the_message(
     assert child.stdout() == ""
 
 
+@pytest.mark.parametrize("argv", [["serve", "--workers", "2"], ["publish", "chat:lobby", "{}"]])
+def test_the_local_fan_out_chosen_beside_a_database_url_says_to_drop_that_choice(procs, livepush_env,
+                                                                                argv: list[str]) -> None:
+    """With a database URL set and the local fan-out chosen anyway, `serve --workers 2` and
+    `publish` said to set LIVEPUSH_DATABASE_URL, which is set: they say to drop the choice of the
+    local fan-out (the database's is the default then), or to run one worker."""
+    env = livepush_env(database_url="postgresql://app@db.example/app", fanout="local")
+    child = procs.livepush(*argv, env=env, wait_healthy=False)
+    assert child.wait(20) == 2, child.output()
+    err = child.stderr()
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "set LIVEPUSH_DATABASE_URL" not in err.replace("Set", "set"), err
+    assert "LIVEPUSH_FANOUT (with LIVEPUSH_DATABASE_URL set the fan-out is then postgres)" in err, err
+
+
 @pytest.mark.parametrize("command", [["publish", "chat:lobby", '{"text": "hi"}'], ["status"], ["demo"]])
 def test_a_login_postgres_or_redis_refuses_exits_2_naming_the_setting(procs, livepush_env, pg_admin_url, pg_url,
                                                                       redis_url, command) -> None:

@@ -155,6 +155,16 @@ def _flags_of_this_command(message: str, args: argparse.Namespace) -> str:
     return message
 
 
+def _shared_fan_out(settings: config.Settings, unset: str = "unset LIVEPUSH_FANOUT") -> str:
+    """What gives a command that refuses the local fan-out one that other processes hear: with a
+    database URL set, the local one was chosen over the database's, and setting the URL is no fix.
+    `unset`: how this command's choice of it is undone."""
+    if settings.database_url:
+        return (f"{unset} (with {settings.database_url_setting} set the fan-out is then postgres), or set "
+                "LIVEPUSH_FANOUT=redis with LIVEPUSH_REDIS_URL")
+    return "set LIVEPUSH_DATABASE_URL (or LIVEPUSH_REDIS_URL with LIVEPUSH_FANOUT=redis)"
+
+
 # -- commands ------------------------------------------------------------------------
 def cmd_migrate(args: argparse.Namespace) -> int:
     from .. import migrate
@@ -216,10 +226,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             # Each worker is a process of its own: what one publishes (its jobs, the app's hooks)
             # would reach only the clients the kernel happened to give it, and its history only
             # them, with nothing to say so.
-            raise ConfigError(f"--workers {count} (or LIVEPUSH_WORKERS) with LIVEPUSH_FANOUT=local: the local "
-                              "fan-out reaches only the process that publishes, so each worker's clients would "
-                              "miss what the others publish. Set LIVEPUSH_DATABASE_URL (or LIVEPUSH_REDIS_URL with "
-                              "LIVEPUSH_FANOUT=redis), or run one worker")
+            raise ConfigError(f"--workers {count} (or LIVEPUSH_WORKERS) with LIVEPUSH_FANOUT=local (or --fanout "
+                              "local): the local fan-out reaches only the process that publishes, so each worker's "
+                              "clients would miss what the others publish: "
+                              f"{_shared_fan_out(settings, 'leave out --fanout local and LIVEPUSH_FANOUT')}, or run "
+                              "one worker")
         if count > 1:
             logs.setup(args.log_format, supervisor=True)
             return workers.supervise(count, args.argv, settings, with_jobs=bool(args.with_jobs))
@@ -276,8 +287,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         api.publishable(args.topic)
         encode_payload(data)
         raise ConfigError("LIVEPUSH_FANOUT=local reaches only the process that publishes, and no server is part "
-                          "of this one: set LIVEPUSH_DATABASE_URL (or LIVEPUSH_REDIS_URL with LIVEPUSH_FANOUT=redis) "
-                          "as your servers have it")
+                          f"of this one: {_shared_fan_out(settings)}, as your servers have it")
     from ..migrate import schema_named_when_missing
 
     # Through Postgres, a function it lacks may be a schema out of the role's reach: say which.
