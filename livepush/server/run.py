@@ -11,6 +11,7 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from .. import metrics
 from ..errors import ConfigError
@@ -90,6 +91,11 @@ def listen_error(host: str, port: int, exc: OSError, *, what: str = "listen",
         # An IPv6 address as a URL writes it: the resolver takes the brackets for part of a name.
         where = f"{host}:{port}"
         fix = f"write {host_setting} without the brackets: {host[1:-1]}"
+    elif "://" in host and _url_host(host):
+        # A URL (the page's, a client's): its colon made it look like an IPv6 address above.
+        where = f"{host}:{port}"
+        fix = (f"write {host_setting} as the host alone, without its scheme: {_url_host(host)}"
+               + _url_port(host, port_setting))
     elif isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
         fix = (f"set {host_setting} to an address of this machine, e.g. 127.0.0.1, "
                "or 0.0.0.0 for every interface")
@@ -98,6 +104,23 @@ def listen_error(host: str, port: int, exc: OSError, *, what: str = "listen",
     else:
         fix = f"set {port_setting} to a free port"
     return ConfigError(f"cannot {what} on {where} ({exc.strerror or exc}): {fix}")
+
+
+def _url_host(url: str) -> str | None:
+    """The host a URL names, None when it names none or cannot be read."""
+    try:
+        return urlsplit(url).hostname or None
+    except ValueError:
+        return None
+
+
+def _url_port(url: str, port_setting: str) -> str:
+    """Where the port a URL names goes (its setting), or nothing when it names none."""
+    try:
+        port = urlsplit(url).port
+    except ValueError:
+        return ""
+    return f", and its port in {port_setting}: {port}" if port else ""
 
 
 async def _all_started(started: Sequence[asyncio.Event], enders: Sequence[asyncio.Future[Any]]) -> bool:

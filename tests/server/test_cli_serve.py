@@ -312,6 +312,17 @@ def test_an_ipv6_host_written_in_brackets_is_told_to_drop_them(procs, livepush_e
     assert "[[" not in child.stderr()
 
 
+@pytest.mark.parametrize("host", ["http://localhost", "ws://localhost:8765"])
+def test_a_host_written_as_a_url_is_told_to_drop_its_scheme(procs, livepush_env, host: str) -> None:
+    """`LIVEPUSH_HOST=http://localhost`, copied from where the page's URL is set: the one line says
+    to write the host alone, rather than call `[http://localhost]` (bracketed as if an IPv6
+    address) a name that does not resolve."""
+    child = procs.livepush("serve", env=livepush_env(host=host), wait_healthy=False)
+    assert child.wait(15) == 2, child.output()
+    assert_one_line_no_traceback(child.stderr(), "LIVEPUSH_HOST", "without its scheme", ": localhost")
+    assert f"[{host}]" not in child.stderr()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_second_signal_while_it_exits_still_exits_0(procs, livepush_env, sig) -> None:
     """Ctrl-C twice, a process manager that signals twice, or a closing terminal (the shell and the
