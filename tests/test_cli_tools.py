@@ -613,7 +613,7 @@ def test_output_to_a_reader_that_went_away_ends_quietly(livepush_env, pg_url, ar
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, a device every write to fails")
-@pytest.mark.parametrize("argv", [["token", "session", "user-7"], ["status"]])
+@pytest.mark.parametrize("argv", [["token", "session", "user-7"], ["status"], ["--version"]])
 def test_output_that_cannot_be_written_is_one_line_and_exit_1(livepush_env, pg_url, argv: list[str]) -> None:
     """`livepush status > file` on a full disk (here /dev/full) exits 1 with one line that says the
     output could not be written and why, not an OSError traceback."""

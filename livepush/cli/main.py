@@ -374,6 +374,12 @@ class _Version(argparse.Action):
             # left unwritten would fail again at exit: it goes nowhere.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             parser.exit(EXIT_DEPENDENCY)
+        except OSError as exc:
+            if exc.errno not in _OUTPUT_ERRNOS:
+                raise
+            # A full disk, as _main() treats the printing commands': one line, exit 1.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            parser.exit(EXIT_DEPENDENCY, logs.error_line(_unwritten("--version", exc), "text") + "\n")
         parser.exit(EXIT_OK)
 
 
@@ -479,6 +485,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         stopsignals.release_start()
 
 
+def _unwritten(command: str, exc: OSError) -> str:
+    """The line for output that standard output could not take (a full disk)."""
+    return (f"could not write the output of `livepush {command}` to standard output ({exc.strerror or exc}); "
+            "free space or write it elsewhere")
+
+
 def _not_installed(module: str) -> str:
     """What to do when `module`, which livepush imports, is not installed in this Python."""
     checkout = Path(__file__).resolve().parents[2]
@@ -542,8 +554,7 @@ def _main(argv: Sequence[str] | None) -> int:
         # `livepush status > file` on a full disk: what was printed is lost, and saying so is
         # the whole answer. The unwritten rest would fail again at exit: it goes nowhere.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        status = fail(OSError(f"could not write the output of `livepush {args.command}` to standard output "
-                              f"({exc.strerror or exc}); free space or write it elsewhere"), EXIT_DEPENDENCY)
+        status = fail(OSError(_unwritten(args.command, exc)), EXIT_DEPENDENCY)
     except ConfigError as exc:
         status = fail(ConfigError(_flags_of_this_command(str(exc), args)), EXIT_USAGE)
     except (SchemaError, InvalidTopic) as exc:
