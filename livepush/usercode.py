@@ -35,6 +35,18 @@ def importable_from_cwd() -> None:
         sys.path.insert(0, cwd)
 
 
+def is_a_path(name: str) -> bool:
+    """Whether `name`, given where a module goes, is a file path or a relative name (`myapp/jobs.py`,
+    `./jobs`): importlib would say "No module named 'myapp/jobs'", or raise a TypeError about
+    packages, where the fix is to write the module's name."""
+    return name.startswith(".") or "/" in name or os.sep in name
+
+
+def as_module(path: str) -> str:
+    """The module a file path names, as Python imports it: `myapp/jobs.py` is `myapp.jobs`."""
+    return path.removeprefix("./").removesuffix(".py").replace(os.sep, ".").replace("/", ".").strip(".")
+
+
 def names_the_module(exc: ImportError, name: str) -> bool:
     """Whether `exc` says the module `name` itself (or a package on its path) is not found, rather
     than something the module imports: then its name or the folder is wrong, not its code."""

@@ -670,6 +670,10 @@ def test_load_app_finds_the_object(project: Path) -> None:
         ("nopkg_xyz.push:app", "no module named 'nopkg_xyz'"),
         ("pushcfg.good:missing", "has no attribute 'missing'"),
         ("pushcfg.good:not_an_app", "is a dict, not a livepush.App"),
+        # A file path where the module goes: the line gives the spec to write, as `livepush jobs` does.
+        ("pushcfg/good.py:app", r"is a file path, not a module: .* e\.g\. --app pushcfg\.good:app$"),
+        ("./pushcfg/good.py:app", r"is a file path, not a module: .* e\.g\. --app pushcfg\.good:app$"),
+        ("pushcfg.good.py:app", r"is a file path, not a module: .* e\.g\. --app pushcfg\.good:app$"),
         ("pushcfg.broken:app", r"\(pushcfg/broken.py:1\): RuntimeError: boom at import"),
         ("pushcfg.needs_missing:app", r"importing 'pushcfg.needs_missing' failed \(pushcfg/needs_missing.py:1\)"),
         # The user's own line, not livepush's or the import machinery's, as `livepush jobs` says it.

@@ -49,7 +49,8 @@ from ..errors import ArgumentTypeError, ArgumentValueError, ConfigError
 from .tokens import Session
 from ..topics import MAX_TOPIC_LENGTH, RESERVED_PREFIX, TOPIC_RE, livepush_owned
 from ..types import Seconds, as_seconds
-from ..usercode import cannot_take, importable_from_cwd, names_the_module, not_found, what_raised, where_raised
+from ..usercode import (as_module, cannot_take, importable_from_cwd, is_a_path, names_the_module, not_found, what_raised,
+                        where_raised)
 
 log = logging.getLogger("livepush.rules")
 
@@ -543,6 +544,12 @@ class App:
             executor.shutdown(wait=False, cancel_futures=True)
 
 
+def _a_path(spec: str, module_name: str, attr_path: str) -> ConfigError:
+    """--app's module given as a file path, with the spec to write instead (as `livepush jobs` says it)."""
+    return ConfigError(f"--app {spec!r}: {module_name!r} is a file path, not a module: name the module as Python "
+                       f"imports it, e.g. --app {as_module(module_name) or 'myapp.push'}:{attr_path}")
+
+
 def load_app(spec: str) -> App:
     """The App named by `spec` ("package.module:attr"), for `serve --app`.
 
@@ -555,11 +562,15 @@ def load_app(spec: str) -> App:
     module_name, attr_path = (part.strip() for part in spec.split(":"))
     if not module_name or not attr_path:
         raise ConfigError(f"--app {spec!r}: expected MODULE:ATTR, e.g. --app myapp.push:app")
+    if is_a_path(module_name):
+        raise _a_path(spec, module_name, attr_path)
     importable_from_cwd()
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if names_the_module(exc, module_name):
+            if module_name.endswith(".py"):  # only when not found: `pkg.py` may be a module named py
+                raise _a_path(spec, module_name, attr_path) from None
             raise ConfigError(f"--app {spec!r}: {not_found(exc.name or module_name)}") from None
         raise ConfigError(f"--app {spec!r}: importing {module_name!r} failed ({where_raised(exc)}): "
                           f"{what_raised(exc)}") from exc

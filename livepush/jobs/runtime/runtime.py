@@ -59,7 +59,7 @@ from ...postgres.text import BIGINT_MAX
 from ...repeats import Repeats
 from ...tasks import Backoff, reraise_if_cancelled, supervise
 from ...types import Seconds, as_seconds, is_finite
-from ...usercode import names_the_module, not_found, what_raised, where_raised
+from ...usercode import as_module, is_a_path, names_the_module, not_found, what_raised, where_raised
 from .. import database, queries
 from ..api.enqueue import SCRIPT_PREFIX
 from ..api.limits import Limits
@@ -131,9 +131,7 @@ def load_modules(modules: Iterable[str]) -> None:
     at import (a decorator refusing its options, a mistake in the module) becomes a ConfigError
     naming the module and the line of the user's code it came from: one line, not a traceback."""
     for name in modules:
-        if name.startswith(".") or "/" in name or os.sep in name:
-            # A path, or a relative name: importlib would say "No module named 'myapp/jobs'", or
-            # raise a TypeError about packages, where the fix is to write the module's name.
+        if is_a_path(name):
             raise _a_path(name)
         try:
             importlib.import_module(name)
@@ -160,7 +158,7 @@ def load_modules(modules: Iterable[str]) -> None:
 
 
 def _a_path(name: str) -> ConfigError:
-    dotted = name.removeprefix("./").removesuffix(".py").replace(os.sep, ".").replace("/", ".").strip(".")
+    dotted = as_module(name)
     return ConfigError(f"job module {name!r} is a file path, not a module: name the module as Python imports it, "
                        f"e.g. {dotted or 'myapp.jobs'}")
 
