@@ -1,6 +1,6 @@
 import sys
 
-# The package's entry, not livepush.cli.main's: it holds the stop signals back before that imports.
+# The package's entry, not livepush.cli.commands': it holds the stop signals back before that imports.
 from .cli import main
 
 sys.exit(main())

@@ -433,14 +433,14 @@ def test_publish_to_a_schema_out_of_the_search_path_names_that_schema(procs, liv
 
 
 # The command line started as the console script does (`from livepush.cli import main`), or as
-# `python -m livepush`, its own modules' import (livepush.cli.main: the parser, the settings, the
+# `python -m livepush`, its own modules' import (livepush.cli.commands: the parser, the settings, the
 # logs) held up until a signal came.
 STALLED_COMMAND_LINE = """
 import importlib.abc, os, runpy, sys, time
 
 class Stall(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name == "livepush.cli.main":
+        if name == "livepush.cli.commands":
             sys.meta_path.remove(self)
             open(os.environ["IMPORT_STARTED"], "w").close()
             time.sleep(3)
@@ -527,7 +527,7 @@ def test_the_demo_serves_when_its_standard_output_cannot_take_the_url(procs, liv
 def test_a_number_flag_takes_plain_ascii_digits_only(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """A numeric flag reads what was typed as its variable would: `--port 1_000` or digits of another
     script exit 2 naming the flag, where Python's int() and float() took them as another number."""
-    from livepush.cli.main import build_parser
+    from livepush.cli.commands import build_parser
 
     with pytest.raises(SystemExit) as raised:
         build_parser().parse_args(argv)
@@ -545,7 +545,7 @@ def test_a_list_given_with_spaces_is_refused_saying_to_join_it_with_commas(
         argv: list[str], example: str, capsys: pytest.CaptureFixture[str]) -> None:
     """`livepush jobs myapp.jobs other.jobs`, as many commands take a list, answered only
     "unrecognized arguments: other.jobs". The line now says the list takes commas, as written."""
-    from livepush.cli.main import main
+    from livepush.cli.commands import main
 
     with pytest.raises(SystemExit) as raised:
         main(argv)
@@ -556,7 +556,7 @@ def test_a_list_given_with_spaces_is_refused_saying_to_join_it_with_commas(
 
 def test_a_word_left_after_a_flags_value_is_not_taken_for_a_list(capsys: pytest.CaptureFixture[str]) -> None:
     """`--concurrency 3 4` is no list of modules: the line names the word alone, suggesting no commas."""
-    from livepush.cli.main import main
+    from livepush.cli.commands import main
 
     with pytest.raises(SystemExit):
         main(["jobs", "myapp.jobs", "--concurrency", "3", "4"])
@@ -569,7 +569,7 @@ def test_an_unknown_argument_to_a_command_shows_that_commands_usage(argv: list[s
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """A flag or argument a command does not take exits 2 with that command's usage (what it does
     take) and the argument named, not the usage of `livepush` itself."""
-    from livepush.cli.main import main
+    from livepush.cli.commands import main
 
     with pytest.raises(SystemExit) as raised:
         main(argv)
@@ -586,7 +586,7 @@ def test_a_serve_flag_given_to_the_demo_names_the_variable_that_sets_it(
     """`livepush demo --port 9000` is refused (the demo listens where the variables say), naming
     the variable that does what the flag would have done; a command that does not listen at all
     is pointed at no variable."""
-    from livepush.cli.main import main
+    from livepush.cli.commands import main
 
     with pytest.raises(SystemExit) as raised:
         main(argv)
@@ -652,7 +652,7 @@ def test_a_migration_with_stdout_closed_runs_all_the_same(livepush_env, pg_url: 
 def test_a_flag_overrides_its_variable_even_when_the_variable_is_bad(monkeypatch: pytest.MonkeyPatch) -> None:
     """A flag of `serve` replaces its variable, which is then not read: a stale, bad LIVEPUSH_PORT
     (or host, fan-out, authenticate, drain seconds) does not refuse `--port 9000`."""
-    from livepush.cli.main import _settings, build_parser
+    from livepush.cli.commands import _settings, build_parser
 
     monkeypatch.setattr("livepush.config._current", None)  # _settings() sets the process's: undone after
     for variable in ("LIVEPUSH_HOST", "LIVEPUSH_PORT", "LIVEPUSH_FANOUT", "LIVEPUSH_AUTHENTICATE",
@@ -670,7 +670,7 @@ def test_migrate_lock_timeout_overrides_its_variable_and_a_bad_one_names_both(
     """`migrate --lock-timeout S` replaces LIVEPUSH_MIGRATE_LOCK_TIMEOUT, which is then not read; a
     bad value there refuses a command without the flag naming the variable alone (`status` has no
     --lock-timeout to give)."""
-    from livepush.cli.main import main
+    from livepush.cli.commands import main
 
     monkeypatch.setattr("livepush.config._current", None)
     monkeypatch.setenv("LIVEPUSH_MIGRATE_LOCK_TIMEOUT", "90000")
@@ -687,7 +687,7 @@ def test_migrate_lock_timeout_overrides_its_variable_and_a_bad_one_names_both(
 
 def test_the_choice_flags_take_any_case_as_their_variables_do() -> None:
     """LIVEPUSH_FANOUT=Redis is read as redis; `--fanout Redis` is too, not refused."""
-    from livepush.cli.main import build_parser
+    from livepush.cli.commands import build_parser
 
     args = build_parser().parse_args(["serve", "--fanout", "Redis", "--authenticate", "OFF"])
     assert (args.fanout, args.authenticate) == ("redis", "off")
@@ -706,7 +706,7 @@ def test_a_socket_that_cannot_listen_names_only_settings_its_command_takes(procs
     import re
     import socket
 
-    from livepush.cli.main import build_parser
+    from livepush.cli.commands import build_parser
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -800,7 +800,7 @@ def test_a_list_flag_given_twice_keeps_every_value(argv: list[str], dest: str, j
     """`--queues default --queues emails` serves both queues, as `--queues default,emails` does:
     argparse keeps the last alone, and the runtime left the first queue's jobs to pile up unserved
     without a word."""
-    from livepush.cli.main import build_parser
+    from livepush.cli.commands import build_parser
 
     assert getattr(build_parser().parse_args(argv), dest) == joined
 
@@ -808,7 +808,7 @@ def test_a_list_flag_given_twice_keeps_every_value(argv: list[str], dest: str, j
 def test_app_given_twice_exits_2_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     """A server has one App: `--app a:app --app b:app` exits 2 rather than serve under the last one's
     topic rules with the first's silently dropped."""
-    from livepush.cli.main import build_parser
+    from livepush.cli.commands import build_parser
 
     with pytest.raises(SystemExit) as raised:
         build_parser().parse_args(["serve", "--app", "base.push:app", "--app", "other.push:app"])
@@ -821,7 +821,7 @@ def test_runtime_role_given_twice_exits_2_naming_the_flag(capsys: pytest.Capture
     """`migrate --runtime-role app_a --runtime-role app_b` granted app_b alone and said so, app_a's
     runtime left without its grants to fail at its first query: it exits 2 before migrating,
     saying to give the flag once (one migrate run for each runtime role)."""
-    from livepush.cli.main import build_parser
+    from livepush.cli.commands import build_parser
 
     with pytest.raises(SystemExit) as raised:
         build_parser().parse_args(["migrate", "--runtime-role", "app_a", "--runtime-role", "app_b"])
@@ -856,7 +856,7 @@ def test_version_prints_livepushs_version_and_the_schema_it_needs(capsys: pytest
     from importlib.metadata import version
 
     from livepush import migrate
-    from livepush.cli.main import main
+    from livepush.cli.commands import main
 
     with pytest.raises(SystemExit) as exited:
         main(["--version"])
@@ -887,7 +887,7 @@ def test_each_commands_help_says_what_it_does(command: str, capsys: pytest.Captu
     """`livepush demo --help` (and `bin/demo --help`) listed --log-format alone: nothing said what the
     command does, nor that LIVEPUSH_PORT picks the demo's port, where --port is refused. Each
     command's help opens with the line the command list gives it; the demo's names its variables."""
-    from livepush.cli.main import build_parser, main
+    from livepush.cli.commands import build_parser, main
 
     summary = build_parser().commands[command].description
     assert summary, f"{command} has no description"

@@ -21,7 +21,7 @@ import pytest
 
 import livepush
 from livepush import jobs, metrics
-from livepush.cli.main import build_parser
+from livepush.cli.commands import build_parser
 from tests.support.settings import jobs_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -375,9 +375,9 @@ def test_every_exit_status_of_the_commands_is_in_the_reference_the_readme_and_he
     status the `livepush` command exits with (its EXIT_ constants), and no other: a deploy script
     that tells a migrate to try again (75) from a database that is down (1) learns of both from
     any of them."""
-    import livepush.cli.main
+    import livepush.cli.commands
 
-    codes = {str(value) for name, value in vars(sys.modules["livepush.cli.main"]).items() if name.startswith("EXIT_")}
+    codes = {str(value) for name, value in vars(sys.modules["livepush.cli.commands"]).items() if name.startswith("EXIT_")}
     table = set(re.findall(r"^\| (\d+) \|", section("docs/reference.md", "3. Commands"), re.M))
     sentence = re.search(r"^Exit status of every command:(.*?)(?:\n\n|\Z)",
                          (ROOT / "README.md").read_text(), re.M | re.S)

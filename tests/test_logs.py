@@ -164,7 +164,7 @@ def test_a_usage_error_is_one_json_line_however_the_parser_took_log_format_json(
         spelling: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """`--log-format json` in any spelling the parser accepts (`=json`, or the flag shortened)
     makes a usage error one JSON line too, not the usage text."""
-    from livepush.cli.main import main
+    from livepush.cli.commands import main
 
     with pytest.raises(SystemExit) as raised:
         main(["jobs", "some.module", *spelling, "--concurrency", "x"])

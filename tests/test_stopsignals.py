@@ -47,7 +47,7 @@ def test_the_command_line_run_in_process_leaves_the_signal_mask_as_it_found_it()
     """`livepush` holds the stop signals back while it starts. Whichever way main() ends (here a
     usage error, before any command ran), it lets them through again: else the program that
     called it, and every process it starts, never hears SIGTERM or Ctrl-C again."""
-    from livepush.cli.main import main
+    from livepush.cli.commands import main
 
     before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     with pytest.raises(SystemExit):

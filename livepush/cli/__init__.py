@@ -1,4 +1,5 @@
-"""The `livepush` command: parsing and exit statuses (`main`), and the wiring of parts."""
+"""The `livepush` command: its entry (`main`), parsing and exit statuses (`commands`), and the
+wiring of parts."""
 
 from __future__ import annotations
 
@@ -8,21 +9,16 @@ from .. import stopsignals
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line (livepush.cli.main.main), the stop signals held back before its modules
-    import: that import is a good part of every command's start, and a Ctrl-C or SIGTERM in it
-    came before the command had set what they do (a traceback, or death by the signal)."""
+    """The command line (livepush.cli.commands.main), the stop signals held back before its
+    modules import: that import is a good part of every command's start, and a Ctrl-C or SIGTERM
+    in it came before the command had set what they do (a traceback, or death by the signal)."""
     stopsignals.hold_start()
     try:
-        from .main import main as command_line
+        from .commands import main as command_line
     except BaseException:
         stopsignals.release_start()  # a caller in-process keeps its signals
         raise
-    finally:
-        # Importing the module named the package's `main` after it: keep the name this function's.
-        globals()["main"] = _entry
     return command_line(argv)
 
-
-_entry = main
 
 __all__ = ["main"]

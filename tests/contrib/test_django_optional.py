@@ -23,7 +23,7 @@ def run(code: str) -> subprocess.CompletedProcess[str]:
 
 def test_livepush_imports_without_django() -> None:
     """livepush, its jobs, its CLI, the cookie helper and livepush.contrib.django itself import without Django."""
-    done = run("import livepush, livepush.jobs, livepush.cli.main, livepush.contrib._cookies, "
+    done = run("import livepush, livepush.jobs, livepush.cli.commands, livepush.contrib._cookies, "
                "livepush.contrib.django; print('ok')")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"

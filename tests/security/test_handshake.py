@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from livepush import sessions
-from livepush.cli.main import main as cli
+from livepush.cli.commands import main as cli
 from livepush.config import Settings, set_settings
 from livepush.errors import ConfigError, DependencyError
 from livepush.fanout.local import LocalFanOut

@@ -364,7 +364,7 @@ async def test_a_flood_of_silent_connections_leaves_the_server_descriptors_of_it
     env = livepush_env()
     port = int(env["LIVEPUSH_PORT"])
     limited = ("import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, ({0}, {0})); "
-               "from livepush.cli.main import main; sys.argv[0] = 'livepush'; sys.exit(main())").format(SMALL_FILE_LIMIT)
+               "from livepush.cli.commands import main; sys.argv[0] = 'livepush'; sys.exit(main())").format(SMALL_FILE_LIMIT)
     server = procs.start([sys.executable, "-c", limited, "serve"], env=env, port=port, name="livepush serve")
     await server.await_healthy()
     client = await WSClient.open(f"ws://127.0.0.1:{port}/")
@@ -386,7 +386,7 @@ async def test_a_flood_of_silent_connections_to_the_runtimes_metrics_port_leaves
     env = livepush_env(database_url=pg_url)
     port = int(env["LIVEPUSH_PORT"])
     limited = ("import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, ({0}, {0})); "
-               "from livepush.cli.main import main; sys.argv[0] = 'livepush'; sys.exit(main())").format(SMALL_FILE_LIMIT)
+               "from livepush.cli.commands import main; sys.argv[0] = 'livepush'; sys.exit(main())").format(SMALL_FILE_LIMIT)
     runtime = procs.start([sys.executable, "-c", limited, "jobs", "tests.jobs.sample_jobs", "--metrics-port", str(port)],
                           env=env, port=port, name="livepush jobs")
     await runtime.await_healthy()
@@ -406,7 +406,7 @@ async def test_the_connection_budget_counts_the_file_limit_that_serve_raised(
     env = livepush_env()
     port = int(env["LIVEPUSH_PORT"])
     limited = ("import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, ({0}, {1})); "
-               "from livepush.cli.main import main; sys.argv[0] = 'livepush'; sys.exit(main())"
+               "from livepush.cli.commands import main; sys.argv[0] = 'livepush'; sys.exit(main())"
                ).format(SMALL_FILE_LIMIT, 4 * SMALL_FILE_LIMIT)
     server = procs.start([sys.executable, "-c", limited, "serve"], env=env, port=port, name="livepush serve")
     await server.await_healthy()

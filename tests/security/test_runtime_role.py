@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from livepush import topics
-from livepush.cli.main import main as cli
+from livepush.cli.commands import main as cli
 from livepush.fanout.postgres import PostgresFanOut
 from livepush.jobs import database
 from tests.security import role_jobs

@@ -17,7 +17,7 @@ from itsdangerous import Signer
 
 import livepush
 from livepush import config, sessions, topics
-from livepush.cli.main import main as cli
+from livepush.cli.commands import main as cli
 from livepush.config import Settings
 from livepush.errors import ConfigError, InvalidSession, InvalidTopic
 from livepush.jobs import JobHandle
