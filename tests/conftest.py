@@ -2,7 +2,9 @@
 
 Servers: `bin/test` starts a private PostgreSQL and Redis and exports LIVEPUSH_TEST_PG_ADMIN_URL
 and LIVEPUSH_TEST_REDIS_URL; without them the tests that need a server are skipped with a
-message saying to run `bin/test`.
+message saying to run `bin/test`. Running the whole suite, `bin/test` starts one pytest process
+per core (pytest-xdist) and a PostgreSQL and Redis for each; a process takes its own from the
+file `bin/test` wrote for it, before any fixture reads them.
 
 - `pg_admin_url` (session)  the admin URL (database `postgres`, trust auth).
 - `pg_template` (session)   name of a database migrated once with `livepush.migrate.migrate()`.
@@ -41,6 +43,27 @@ ROOT = Path(__file__).resolve().parent.parent
 # `from tests.support... import` works from any test folder, whatever pytest's import mode.
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+def _take_own_servers() -> None:
+    """Under several pytest processes, point this one's variables at the servers started for it
+    (LIVEPUSH_TEST_TMP/gwN/env): a test that restarts or flushes its Redis, or stops its
+    PostgreSQL, then reaches no other process' tests."""
+    worker, tmp = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("LIVEPUSH_TEST_TMP")
+    if not worker or not tmp:
+        return
+    count = len(list(Path(tmp).glob("gw*/env")))
+    if not count:
+        return  # one set of servers, given from outside or started for a single process
+    # A process xdist starts in place of one that crashed gets a number past the last: it shares
+    # a set of servers rather than having none.
+    own = Path(tmp) / f"gw{int(worker.removeprefix('gw')) % count}" / "env"
+    for line in own.read_text().splitlines():
+        name, _, value = line.partition("=")
+        os.environ[name] = value
+
+
+_take_own_servers()
 
 from tests.support import services  # noqa: E402
 from tests.support.procs import Processes  # noqa: E402
@@ -106,6 +129,26 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         report.seek(0)
         report.truncate()
         report.flush()
+
+
+def _utf8(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A test's report crosses to pytest-xdist's main process as UTF-8: a lone surrogate in what a
+    test logged or printed (tests of text Postgres cannot store log one) would crash the process
+    that ran it. Such characters are written as escapes instead."""
+    outcome = yield
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    report.sections = [(title, _utf8(content)) for title, content in report.sections]
+    if report.longrepr is not None:
+        text = str(report.longrepr)
+        if _utf8(text) != text:
+            report.longrepr = _utf8(text)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
