@@ -9,7 +9,7 @@ import concurrent.futures
 import json
 import re
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from livepush import jobs, migrate
+from livepush.cli.status import render
 from livepush.errors import DependencyError, SchemaBusyError
+from livepush.jobs.api.status import GroupStatus, PeriodicStatus, QueueStatus, RuntimeStatus, Status, WorkflowStatus
 from livepush.migrate import MIGRATION_LOCK_KEY
 from tests.support import services
 from tests.support.procs import Processes
@@ -618,3 +620,28 @@ def test_the_json_has_the_keys_the_jobs_page_documents(busy_db: dict[str, Any], 
         for run in doc["workflows"]:
             run["steps"] = {}
     assert _shape(printed) == _shape(documented)
+
+
+def test_the_jobs_pages_example_report_is_what_the_command_prints_for_its_figures() -> None:
+    """docs/jobs.md's example of `livepush status` is the report the command prints for the
+    figures it shows, line for line: a server's address is the host alone, as the database
+    (`host(client_addr)`) and Redis (its `addr` less the port) give it."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "jobs.md").read_text()
+    documented = page.split("```\n$ livepush status\n", 1)[1].split("```", 1)[0].rstrip("\n")
+    at = datetime(2030, 1, 1, 12, tzinfo=timezone.utc)
+    report = Status(
+        at=at.isoformat(),
+        queues=[QueueStatus("default", False, 0, None, 40, 2, 3, 0, 1),
+                QueueStatus("imports", True, 120, 245.0, 0, 0, 16, 2, 0)],
+        runtimes=[RuntimeStatus(7, "web-1", 4121, ["imports", "default"], 16, "running", 16, 10.0, 2.1, False,
+                                at.isoformat()),
+                  RuntimeStatus(8, "web-2", 4388, ["default"], 10, "draining", 3, 10.0, 45.0, True, at.isoformat())],
+        groups=[GroupStatus(31, "sealed", 500, 136, 364, 0, 0, at.isoformat(), 252.0)], groups_in_progress=1,
+        workflows=[WorkflowStatus(5, "nightly_import", "waiting",
+                                  {"fetch": "succeeded", "rows": "waiting", "report": "pending"},
+                                  at.isoformat(), 260.0)],
+        workflows_in_progress=1, limit=20, tags={"import:7": 136}, tags_carried=1,
+        periodic=[PeriodicStatus("myapp.jobs.sweep", at.isoformat(), 0.0)])
+    servers = [{"via": "postgres", "pid": 5120, "address": "10.0.0.21", "since": at - timedelta(hours=3, minutes=2)},
+               {"via": "postgres", "pid": 5121, "address": "10.0.0.22", "since": at - timedelta(hours=3, minutes=1)}]
+    assert render(report, "app@db-1:5432", servers) == documented
