@@ -90,10 +90,14 @@ def server_parts(settings: Settings, *, app: App | None = None, with_jobs: Seque
         database.database_url()
     health = [lambda: runtime.healthy] if runtime is not None else []
     url = settings.database_url
+    # The queue and runtime gauges come from the jobs' database, which the modules may have chosen
+    # (jobs.configure()) with no LIVEPUSH_DATABASE_URL: left out there, `absent()` of the runtime
+    # gauge said no runtime ran beside a runtime that did.
+    jobs_have_database = bool(url) or database.configured_url() is not None
     server = PushServer(settings, fanout, app=app, store=store, states=states, ring_store=ring_store,
                         pages=pages, health=health,
                         schema=(lambda: migrate.aschema_behind(url)) if url else None,
-                        refreshers=[arefresh_metrics] if url else [], worker=worker)
+                        refreshers=[arefresh_metrics] if jobs_have_database else [], worker=worker)
     closers: list[Callable[[], Awaitable[None]]] = [fanout.aclose, store.aclose, *(s.aclose for s in states)]
     closers += [c.aclose for c in (listener, subscriber) if c is not None]
     closers.append(_forget_defaults)

@@ -3,13 +3,16 @@ clients and publishers did (docs/reference.md#9-operations, docs/operations.md).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server.conftest import Served
+from livepush import jobs, metrics
+from livepush.jobs import database
+from tests.server.conftest import Served, make_settings, start_served
 from tests.server.test_server import http_get
 from tests.support.procs import ChildProcess, Processes
 from tests.support.waiting import async_wait_for
@@ -172,3 +175,33 @@ async def test_the_counters_the_alerts_read_are_scraped_at_zero_before_anything_
                 ("livepush_refusals_total", "reason", "origin"), ("livepush_refusals_total", "reason", "full")]
     assert [samples.get((name, ((label, v),))) for name, label, v in expected] == [0.0] * len(expected)
     assert child.stop(15) == 0, child.output()
+
+
+@jobs.job(name="t.metrics.backlog", queue="metrics-backlog")
+def _backlog(ctx: object) -> None:
+    pass
+
+
+async def test_a_server_whose_modules_chose_the_jobs_database_serves_its_queue_and_runtime_gauges(
+        pg_url: str, redis_url: str, secret: str) -> None:
+    """Without LIVEPUSH_DATABASE_URL, the jobs' database that an --app or --with-jobs module chose
+    with jobs.configure() is the one the server reads its job topics from, and the one its
+    /metrics reads the queue and runtime gauges from: without them, the `no runtime` alert, which
+    fires on the gauge's absence, would fire beside a runtime that runs in that very server."""
+    database.configure(pg_url)
+    metrics.DATABASE_GAUGES.forget()  # nothing an earlier read in this process left
+    try:
+        served = await start_served(make_settings("redis", secret, None, redis_url))
+        try:
+            await asyncio.to_thread(_backlog.enqueue)
+
+            async def gauged() -> bool:
+                samples = await scrape(served.server.port)
+                return (value(samples, "livepush_queue_depth", queue="metrics-backlog") >= 1
+                        and ("livepush_runtimes_alive", ()) in samples)
+
+            await async_wait_for(gauged, 5.0, message="the queue and runtime gauges of the jobs' database")
+        finally:
+            await served.stop()
+    finally:
+        database.configure(None)
