@@ -155,6 +155,13 @@ def _from_zero() -> None:
             metric.labels(label)
 
 
+def count_refusals(reasons: Iterable[str]) -> None:
+    """Make the refusal series of `reasons` at 0, for those known only once the server's settings
+    are (a required session's reasons): the first expired session refused is then an increase."""
+    for reason in reasons:
+        REFUSALS.labels(reason)
+
+
 def count_queues(queues: Iterable[str]) -> None:
     """Make each job counter's series of `queues` at 0, as a runtime starts serving them: a queue's
     first job failed for good is then an increase the failures alert sees."""

@@ -28,6 +28,7 @@ from .. import metrics, protocol, topics
 from ..config import Settings
 from ..errors import DependencyError, InvalidTopic, first_line
 from ..fanout import FanOut
+from ..sessions.handshake import REASONS as SESSION_REASONS
 from ..sessions.handshake import authenticate, duplicated_header, ignored_token, origin_allowed
 from ..sessions.revocations import MEMORY, READ_TIMEOUT, RevocationStore
 from ..sessions.rules import App
@@ -104,6 +105,8 @@ class PushServer:
         self.app = app if app is not None else App()  # default: signed topics only
         if settings.authenticate == "off":
             self._warn_session_rules()
+        elif settings.authenticate == "required":
+            metrics.count_refusals(f"session_{reason}" for reason in SESSION_REASONS)
         self.store = store if store is not None else MEMORY
         self.states = list(states)
         self.hub = Hub(fanout, broadcast, states=self.states)

@@ -177,6 +177,19 @@ async def test_the_counters_the_alerts_read_are_scraped_at_zero_before_anything_
     assert child.stop(15) == 0, child.output()
 
 
+@pytest.mark.parametrize("workers", [None, "2"])
+async def test_a_required_sessions_refusals_are_scraped_at_zero_before_the_first(
+        procs: Processes, livepush_env: Callable[..., dict[str, str]], pg_url: str, workers: str | None) -> None:
+    """With a session required, the first refusal of each reason (an expired session, a revoked one)
+    is an increase the alerts see: its series is in the first scrape at 0."""
+    env = livepush_env(database_url=pg_url, port=0 if workers else None, authenticate="required")
+    child, port = await serve(procs, env, workers)
+    samples = await scrape(port)
+    reasons = ["missing", "malformed", "bad_signature", "expired", "revoked"]
+    assert [samples.get(("livepush_refusals_total", (("reason", f"session_{r}"),))) for r in reasons] == [0.0] * 5
+    assert child.stop(15) == 0, child.output()
+
+
 @jobs.job(name="t.metrics.backlog", queue="metrics-backlog")
 def _backlog(ctx: object) -> None:
     pass
