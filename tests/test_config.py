@@ -156,6 +156,24 @@ def test_a_redis_url_that_cannot_be_read_names_the_part_to_fix(url: str, needle:
     assert "s3cret" not in said, said
 
 
+@pytest.mark.parametrize("parameter,takes", [
+    ("health_check_interval=-1", "seconds, 0 or more"),
+    ("socket_timeout=-1", "seconds above 0"),
+    ("socket_connect_timeout=0", "seconds above 0"),
+    ("socket_timeout=nan", "seconds above 0"),
+    ("max_connections=0", "a whole number above 0"),
+])
+def test_a_redis_url_parameter_out_of_range_is_a_setting_to_fix(parameter: str, takes: str) -> None:
+    """A number Redis' client reads from the URL without a range (a negative timeout or check interval)
+    is refused when the settings are read, naming the parameter and what it takes: it failed only at
+    the first connect or PING, and was told as Redis being down (exit 1 rather than 2)."""
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({"LIVEPUSH_REDIS_URL": f"redis://127.0.0.1:6379/0?{parameter}"})
+    said = str(raised.value)
+    assert said.startswith("LIVEPUSH_REDIS_URL ") and parameter.split("=")[0] in said and takes in said, said
+    assert Settings.from_env({"LIVEPUSH_REDIS_URL": "redis://127.0.0.1:6379/0?health_check_interval=0"})
+
+
 def test_workers_takes_plain_ascii_digits_only() -> None:
     """LIVEPUSH_WORKERS=1_0 (or --workers ١٠) is refused, not read as ten processes."""
     from livepush.cli.workers import worker_count

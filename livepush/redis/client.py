@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import os
 import re
 import stat
@@ -112,10 +113,27 @@ def check_url(url: str) -> None:
         )
     try:
         # After the database check: redis-py's refusal of `?db=abc` names no database.
-        parse_url(url)
+        parsed = parse_url(url)
     except (ValueError, TypeError) as exc:
         raise _unreadable(url, exc) from None
+    _check_numbers(url, parsed)
     _check_parameters(url)
+
+
+# The URL's numeric parameters, which redis-py reads with no range, and what each takes: a negative
+# timeout or check interval failed only at the first connect or PING, told as Redis being down.
+_NUMBERS = {"socket_timeout": (False, "seconds above 0"), "socket_connect_timeout": (False, "seconds above 0"),
+            "timeout": (False, "seconds above 0"), "health_check_interval": (True, "seconds, 0 or more"),
+            "max_connections": (False, "a whole number above 0"), "socket_read_size": (False, "a whole number above 0")}
+
+
+def _check_numbers(url: str, parsed: dict[str, Any]) -> None:
+    for name, (zero_too, takes) in _NUMBERS.items():
+        value = parsed.get(name)
+        if value is None or (math.isfinite(value) and (value > 0 or (zero_too and value == 0))):
+            continue
+        raise ConfigError(f"LIVEPUSH_REDIS_URL {redact(url)} has {name}={value}: it takes {takes}; fix it, or "
+                          "leave it out")
 
 
 # redis-py's words for a parameter whose value it cannot convert, and for the URL's port.
