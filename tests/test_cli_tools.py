@@ -596,7 +596,8 @@ def test_a_serve_flag_given_to_the_demo_names_the_variable_that_sets_it(
     assert (f"{argv[0]} reads {variable} instead" in err) if variable else "instead" not in err, err
 
 
-@pytest.mark.parametrize("argv", [["token", "session", "user-7"], ["status"], ["--version"]])
+@pytest.mark.parametrize("argv", [["token", "session", "user-7"], ["status"], ["--version"], ["--help"],
+                                  ["status", "--help"]])
 def test_output_to_a_reader_that_went_away_ends_quietly(livepush_env, pg_url, argv: list[str]) -> None:
     """A command whose reader has gone (`livepush status | head -1` once head has its line) exits 1
     with nothing on stderr, not a BrokenPipeError traceback."""
@@ -613,7 +614,8 @@ def test_output_to_a_reader_that_went_away_ends_quietly(livepush_env, pg_url, ar
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, a device every write to fails")
-@pytest.mark.parametrize("argv", [["token", "session", "user-7"], ["status"], ["--version"]])
+@pytest.mark.parametrize("argv", [["token", "session", "user-7"], ["status"], ["--version"], ["--help"],
+                                  ["status", "--help"]])
 def test_output_that_cannot_be_written_is_one_line_and_exit_1(livepush_env, pg_url, argv: list[str]) -> None:
     """`livepush status > file` on a full disk (here /dev/full) exits 1 with one line that says the
     output could not be written and why, not an OSError traceback."""

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from .. import config, stopsignals
 from ..errors import ConfigError, DependencyError, InvalidTopic, LivepushError, SchemaBusyError, SchemaError
@@ -57,6 +57,14 @@ class _Parser(argparse.ArgumentParser):
                                                    f"{_variable_instead(extras, command)}"
                                                    f"{_commas_instead(given, extras, command)}")
         return parsed
+
+    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+        # argparse drops a write's OSError, so `--help` to a full disk exited 0 with nothing
+        # written: standard output gets what the printing commands get (stderr stays argparse's).
+        if message and file is sys.stdout:
+            _print_or_exit(self, message, f"{self.prog.partition(' ')[2]} --help".lstrip())
+        else:
+            super()._print_message(message, file)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         if _Parser.json_errors:
@@ -367,20 +375,25 @@ class _Version(argparse.Action):
             mine = version("livepush")
         except PackageNotFoundError:  # run from a checkout on PYTHONPATH, not installed
             mine = "(not installed: run from its source)"
-        try:
-            print(f"livepush {mine} (schema {migrate.required_version()})", flush=True)  # stdout, as argparse's
-        except BrokenPipeError:
-            # Its reader gone, as _main() treats the printing commands': exit 1, saying nothing. What is
-            # left unwritten would fail again at exit: it goes nowhere.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            parser.exit(EXIT_DEPENDENCY)
-        except OSError as exc:
-            if exc.errno not in _OUTPUT_ERRNOS:
-                raise
-            # A full disk, as _main() treats the printing commands': one line, exit 1.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            parser.exit(EXIT_DEPENDENCY, logs.error_line(_unwritten("--version", exc), "text") + "\n")
+        _print_or_exit(parser, f"livepush {mine} (schema {migrate.required_version()})\n", "--version")
         parser.exit(EXIT_OK)
+
+
+def _print_or_exit(parser: argparse.ArgumentParser, text: str, command: str) -> None:
+    """`text` on standard output (argparse's own answers: `--version`, `--help`), or exit 1 as
+    _main() does for the printing commands: saying nothing when the reader went away, one line
+    for a full disk. What is left unwritten would fail again at exit: it goes nowhere."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        parser.exit(EXIT_DEPENDENCY)
+    except OSError as exc:
+        if exc.errno not in _OUTPUT_ERRNOS:
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        parser.exit(EXIT_DEPENDENCY, logs.error_line(_unwritten(command, exc), "text") + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
