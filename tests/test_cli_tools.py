@@ -687,6 +687,26 @@ def test_migrate_lock_timeout_overrides_its_variable_and_a_bad_one_names_both(
         assert said in err.getvalue(), (argv, err.getvalue())
 
 
+@pytest.mark.parametrize("argv,said", [
+    (["migrate", "--lock-timeout", "-1"], "livepush: --lock-timeout -1 is out of range"),
+    (["serve", "--port", "70000"], "livepush: --port 70000 is out of range"),
+    (["serve", "--drain-seconds", "999"], "livepush: --drain-seconds 999 is out of range"),
+])
+def test_a_flag_out_of_range_is_named_as_typed_not_as_its_variable(
+        monkeypatch: pytest.MonkeyPatch, argv: list[str], said: str) -> None:
+    """A value given by flag is refused naming the flag and the value typed: the variable it stands
+    in for is not read then, and naming it (`LIVEPUSH_PORT=70000 (or --port)`) sent the operator
+    looking for a setting they never made."""
+    from livepush.cli.commands import main
+
+    monkeypatch.setattr("livepush.config._current", None)
+    monkeypatch.setenv("LIVEPUSH_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/nothing")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(argv) == 2
+    assert err.getvalue().startswith(said) and "LIVEPUSH_" not in err.getvalue(), err.getvalue()
+
+
 def test_the_choice_flags_take_any_case_as_their_variables_do() -> None:
     """LIVEPUSH_FANOUT=Redis is read as redis; `--fanout Redis` is too, not refused."""
     from livepush.cli.commands import build_parser

@@ -9,6 +9,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
@@ -155,11 +156,14 @@ def _settings(args: argparse.Namespace, *, replaced: Collection[str] = ()) -> co
 
 def _flags_of_this_command(message: str, args: argparse.Namespace) -> str:
     """A setting's error names `serve`'s flag beside its variable; on a command without that flag
-    (`demo`, `jobs`, ...) it names the variable alone, the one way that command can set it."""
+    (`demo`, `jobs`, ...) it names the variable alone, the one way that command can set it; when
+    the flag was given, the flag alone, whose value it is (the variable is not read then)."""
     for name, variable in {**_FLAG_VARIABLES, **_OTHER_FLAG_VARIABLES}.items():
+        flag = "--" + name.replace("_", "-")
         if not hasattr(args, name):
-            flag = "--" + name.replace("_", "-")
             message = message.replace(f" (or {flag})", "").replace(f"{flag} (or {variable})", variable)
+        elif getattr(args, name) is not None:
+            message = re.sub(rf"\b{variable}=(\S+) \(or {flag}\)", lambda m: f"{flag} {m.group(1)}", message)
     return message
 
 
