@@ -123,6 +123,20 @@ async def test_a_path_parameter_never_reaches_another_namespace(client: httpx.As
         assert answer.json() == {"detail": "no such topic"}
 
 
+async def test_page_topic_written_as_a_dependency_signs_nothing_a_request_names(app_env: dict[str, str]) -> None:
+    """`Depends(page_topic)`, written by mistake for `Depends(SignedTopic(...))`, would take the
+    topic from the query string and sign any topic a visitor asks for: every request fails instead."""
+    app = FastAPI(lifespan=lifespan)
+
+    @app.get("/page")
+    async def page(page: PageTopic = Depends(page_topic)) -> dict[str, str | None]:
+        return page.as_dict()
+
+    async with serving(app) as client:
+        with pytest.raises(TypeError, match="positional-only"):
+            await client.get("/page", params={"topic": "admin:secrets"})
+
+
 @pytest.mark.parametrize("template", ["chat:{room", "chat:{}", "chat:{0}", "chat:{room.upper}", "chat:{room[0]}",
                                       "chat:{room!r}", "chat:{room:>9}", "chat {room}"])
 def test_a_template_no_request_could_fill_is_refused_where_the_route_is_written(template: str) -> None:

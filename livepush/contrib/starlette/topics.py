@@ -37,10 +37,13 @@ class PageTopic:
         return {"topic": self.signed, "since": self.since}
 
 
-async def page_topic(topic: str, *, ttl: Seconds | None = None) -> PageTopic:
+async def page_topic(topic: str, /, *, ttl: Seconds | None = None) -> PageTopic:
     """`topic` signed for `ttl` seconds or a timedelta (LIVEPUSH_SIGNED_TOPIC_TTL unless given) and its latest
     offset. Call it before reading what the page shows: a message published in between then
     reaches the page twice (render idempotently) rather than never."""
+    # `topic` is positional-only so that `Depends(page_topic)`, written by mistake, fails every
+    # request (FastAPI passes a dependency's arguments by keyword) rather than signing whatever
+    # topic the query string names.
     # A state topic's offset is its version: without one the page gets the current state.
     state = topics.state_topic_id(topics.validate_topic(topic)) is not None
     since = None if state else await api.alatest_offset(topic)
