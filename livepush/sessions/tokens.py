@@ -78,17 +78,17 @@ def check_subject(subject: object, call: str = "issue()") -> str:
     return subject
 
 
-def _check_ttl(given: object) -> float:
+def _check_ttl(given: object, call: str) -> float:
     ttl = as_seconds(given)  # a timedelta is checked as its seconds, with the errors a number gets
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
-        raise ArgumentValueError(f"issue(ttl=) takes a number of seconds or a timedelta, got {type(ttl).__name__} "
+        raise ArgumentValueError(f"{call}(ttl=) takes a number of seconds or a timedelta, got {type(ttl).__name__} "
                                  f"{ttl!r:.60}")
     # Compared, not passed to math.isfinite(): an int past a float's range (10**400) raised a bare
     # OverflowError there.
     if not ttl > 0:  # NaN too
-        raise ArgumentValueError(f"issue(ttl=) must be a positive number of seconds, got {ttl!r:.60}")
+        raise ArgumentValueError(f"{call}(ttl=) must be a positive number of seconds, got {ttl!r:.60}")
     if ttl > MAX_TTL:
-        raise ArgumentValueError(f"issue(ttl=) is at most {int(MAX_TTL)} seconds (366 days), got {ttl!r:.60}: "
+        raise ArgumentValueError(f"{call}(ttl=) is at most {int(MAX_TTL)} seconds (366 days), got {ttl!r:.60}: "
                                  "issue a new token instead")
     return float(ttl)
 
@@ -101,11 +101,17 @@ def issue(subject: str, ttl: Seconds = 86400, *, now: float | None = None) -> st
     HTTP), or hand it to the page's JS client, which sends it in the Sec-WebSocket-Protocol header
     (other clients: the `token` query parameter); what the page passes counts before the cookie.
     """
-    check_subject(subject)
-    ttl = _check_ttl(ttl)
+    return issue_for("issue", subject, ttl, now=now)
+
+
+def issue_for(call: str, subject: object, ttl: object, *, now: float | None = None) -> str:
+    """issue(), for a helper named `call` that takes the subject and ttl from the app: a bad one is
+    named as an argument of the call the app wrote, not of issue(), which it never called."""
+    subject = check_subject(subject, f"{call}()")
+    seconds = _check_ttl(ttl, call)
     settings = get_settings()
     settings.require_secret()
-    return _encode(subject, ttl, settings.secrets, now=now)
+    return _encode(subject, seconds, settings.secrets, now=now)
 
 
 def stamp_ms(now: float | None = None) -> int:

@@ -109,6 +109,21 @@ def test_a_timedelta_ttl_sets_a_cookie_for_its_seconds(app_env: dict[str, str]) 
     assert 55 <= session.expires_at - time.time() <= 61
 
 
+async def test_a_bad_subject_or_ttl_is_named_as_the_helpers_argument(app_env: dict[str, str]) -> None:
+    """set_session_cookie(response, request, 7) or ttl=0: the error names the helper the app
+    called, not sessions.issue(), which it never wrote; nothing is set."""
+    request, response = _bare_request("https"), Response()
+    with pytest.raises(ArgumentValueError, match=r"^set_session_cookie\(\) takes the session subject as a str"):
+        set_session_cookie(response, request, 7)  # type: ignore[arg-type]
+    with pytest.raises(ArgumentValueError, match=r"^set_session_cookie\(ttl=\) must be a positive"):
+        set_session_cookie(response, request, "ana", ttl=0)
+    with pytest.raises(ArgumentValueError, match=r"^aset_session_cookie\(\) takes the session subject as a str"):
+        await aset_session_cookie(response, request, 7)  # type: ignore[arg-type]
+    with pytest.raises(ArgumentValueError, match=r"^aset_session_cookie\(ttl=\) is at most"):
+        await aset_session_cookie(response, request, "ana", ttl=10**9)
+    assert "set-cookie" not in response.headers
+
+
 def _bare_request(scheme: str, cookie: str | None = None) -> Request:
     headers = [(b"cookie", cookie.encode())] if cookie else []
     return Request({"type": "http", "scheme": scheme, "method": "GET", "path": "/", "headers": headers,

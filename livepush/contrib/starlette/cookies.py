@@ -14,6 +14,7 @@ from ... import sessions
 from ...errors import ArgumentTypeError, ArgumentValueError, DependencyError, InvalidSession
 from ...sessions import Session
 from ...sessions.revocations import READ_TIMEOUT
+from ...sessions.tokens import issue_for
 from ...types import Seconds, as_seconds
 from .._cookies import (SessionCookie, deleting_cookies, domain_for, is_host_name, nowhere_to_revoke,
                        other_subjects, private_cache_control, session_cookie, session_cookies, stale_cookies,
@@ -69,7 +70,8 @@ def set_session_cookie(response: Response, request: Request, subject: str, *, tt
     aset_session_cookie()."""
     _check_order("set_session_cookie", response, request)
     _check_domain("set_session_cookie", domain)
-    return _set_session(response, request, sessions.issue(subject, ttl), as_seconds(ttl), secure, domain)
+    token = issue_for("set_session_cookie", subject, ttl)
+    return _set_session(response, request, token, as_seconds(ttl), secure, domain)
 
 
 async def aset_session_cookie(response: Response, request: Request, subject: str, *, ttl: Seconds = 86400,
@@ -82,7 +84,7 @@ async def aset_session_cookie(response: Response, request: Request, subject: str
     cookie set all the same: the push store never keeps a user out of the app."""
     _check_order("aset_session_cookie", response, request)
     _check_domain("aset_session_cookie", domain)
-    token = sessions.issue(subject, ttl)  # a bad subject or ttl raises before anything is revoked
+    token = issue_for("aset_session_cookie", subject, ttl)  # a bad subject or ttl raises before anything is revoked
     await _revoke_others(request, subject)
     return _set_session(response, request, token, as_seconds(ttl), secure, domain)
 
