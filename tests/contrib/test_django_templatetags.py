@@ -15,7 +15,7 @@ import livepush
 from livepush.contrib.django import Subscription, TaskNotSupported, job_topic, subscription
 from livepush.contrib.django.tasks_api import MODULE as tasks_module
 from livepush.contrib.django.tasks_api import TaskResultDoesNotExist
-from livepush.errors import ArgumentValueError
+from livepush.errors import ArgumentValueError, InvalidTopic
 
 pytestmark = pytest.mark.usefixtures("django_site")
 
@@ -100,6 +100,21 @@ def test_a_ttl_the_tag_cannot_use_is_refused_naming_the_tag(source: str, named: 
     with pytest.raises(ArgumentValueError) as refused:
         render(source, result=tasks.add.enqueue(1))
     assert str(refused.value).startswith(named), refused.value
+
+
+@pytest.mark.parametrize(("source", "error"), [
+    ("{% livepush_subscription topik %}", InvalidTopic),
+    ("{% livepush_signed_topic topik %}", InvalidTopic),
+    ("{% livepush_latest_offset topik %}", InvalidTopic),
+    ("{% livepush_job_topic reslt %}", ArgumentValueError),
+])
+def test_a_variable_missing_from_the_context_is_named_as_such(source: str, error: type[Exception]) -> None:
+    """A misspelt variable renders as '' in Django: the error names the tag and says a variable
+    may be missing, where it said `invalid topic ''` or `no task result ''`, values the template
+    never wrote."""
+    tag = source.split()[1]
+    with pytest.raises(error, match=rf"^\{{% {tag} %\}} got an empty .*variable missing from the template's context"):
+        render(source, topic=TOPIC)
 
 
 def test_job_topic_given_a_ttl_it_cannot_use_is_refused_naming_it() -> None:

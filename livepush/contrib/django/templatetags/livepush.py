@@ -13,11 +13,23 @@ from typing import Any
 
 from django import template
 
+from ....errors import ArgumentValueError, InvalidTopic
 from ....jobs.api.handles import signed_for_page
 from ....types import Seconds
 from ..pages import Subscription, made_subscription, page_since, signed_job_topic
 
 register = template.Library()
+
+
+def _given(value: Any, tag: str, what: str = "topic") -> Any:
+    """`value`, unless it is the '' Django renders for a variable the context lacks: then an error
+    naming the tag and that likely cause, where the checks further in said `invalid topic ''` or
+    `no task result ''` of a value the template never wrote."""
+    if isinstance(value, str) and not value:
+        why = (f"{{% {tag} %}} got an empty {what}: a variable missing from the template's context "
+               "renders as ''; check its name, or put it in the view's context")
+        raise InvalidTopic(why) if what == "topic" else ArgumentValueError(why)
+    return value
 
 
 @register.simple_tag
@@ -27,23 +39,23 @@ def livepush_subscription(topic: str | Subscription, ttl: Seconds | None = None)
     Subscription in the view (pages.subscription) when missing a message in between matters."""
     if isinstance(topic, Subscription):
         return topic
-    return made_subscription(topic, ttl, call="{% livepush_subscription %}")
+    return made_subscription(_given(topic, "livepush_subscription"), ttl, call="{% livepush_subscription %}")
 
 
 @register.simple_tag
 def livepush_signed_topic(topic: str, ttl: Seconds | None = None) -> str:
     """`topic` signed for the page (valid `ttl` seconds, default LIVEPUSH_SIGNED_TOPIC_TTL)."""
-    return signed_for_page(topic, ttl, call="{% livepush_signed_topic %}")
+    return signed_for_page(_given(topic, "livepush_signed_topic"), ttl, call="{% livepush_signed_topic %}")
 
 
 @register.simple_tag
 def livepush_latest_offset(topic: str) -> str:
     """The offset of the newest message on `topic` (the topic's origin when none was published yet),
     for the client's `since`; "" for a state topic, whose page gets the current state."""
-    return page_since(topic) or ""
+    return page_since(_given(topic, "livepush_latest_offset")) or ""
 
 
 @register.simple_tag
 def livepush_job_topic(result: Any, ttl: Seconds | None = None) -> str:
     """The signed `job:<id>` topic of a task result (or result id) of LivePushBackend."""
-    return signed_job_topic(result, ttl, call="{% livepush_job_topic %}")
+    return signed_job_topic(_given(result, "livepush_job_topic", "task result"), ttl, call="{% livepush_job_topic %}")
