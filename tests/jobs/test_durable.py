@@ -688,7 +688,10 @@ async def test_cancelling_a_waiting_parent_cancels_its_unfinished_children(durab
         await wait_state(kids[0], "succeeded")
         assert await jobs.acancel(h.id)
         assert (await info(h.id)).state == "cancelled"
-        assert [(await info(k)).state for k in kids] == ["succeeded", "cancelled", "cancelled"]
+        assert (await info(kids[0])).state == "succeeded"
+        # A child may still be running (not yet parked) when told: it ends at its worker's turn.
+        for k in kids[1:]:
+            await wait_state(k, "cancelled")
         assert jobs.get_group(group)["state"] == "cancelled"
 
 
