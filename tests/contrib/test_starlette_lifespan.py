@@ -187,7 +187,9 @@ async def test_bad_settings_stop_the_start_with_one_clear_error(app_env: dict[st
         conn.execute("DROP TABLE livepush_schema")
     with pytest.raises(SchemaError, match="livepush migrate"):
         await start_with(settings.replace(database_url=bare))
-    assert connections(pg_admin_url, bare) == 0
+    # A closed connection's backend leaves pg_stat_activity as it exits, a moment after the close.
+    await async_wait_for(lambda: connections(pg_admin_url, bare) == 0, timeout=5,
+                         message="no connection left open by the refused start")
 
 
 async def test_a_jobs_database_that_was_never_migrated_stops_the_start(app_env: dict[str, str], pg_admin_url: str,
@@ -201,7 +203,9 @@ async def test_a_jobs_database_that_was_never_migrated_stops_the_start(app_env: 
     database.configure(bare)
     with pytest.raises(SchemaError, match="livepush migrate"):
         await start_with(config.Settings.from_env(app_env))
-    assert connections(pg_admin_url, bare) == 0
+    # A closed connection's backend leaves pg_stat_activity as it exits, a moment after the close.
+    await async_wait_for(lambda: connections(pg_admin_url, bare) == 0, timeout=5,
+                         message="no connection left open on the jobs' database by the refused start")
 
 
 async def test_a_user_lifespan_runs_inside_and_keeps_its_state(app_env: dict[str, str], pg_admin_url: str) -> None:
