@@ -50,6 +50,16 @@ async def database_away(url: str, mode: str) -> AsyncIterator[None]:
         yield
 
 
+async def commits_written(url: str) -> None:
+    """Wait until Postgres has written out its WAL as far as it reached now. Claims commit
+    asynchronously (docs/jobs.md): their commit records wait in the WAL buffers for the WAL
+    writer's next turn, and a crash ("immediate") before it forgets them."""
+    ((reached,),) = await asyncio.to_thread(q, url, "SELECT pg_current_wal_insert_lsn()::text")
+    await async_wait_for(lambda: asyncio.to_thread(
+        lambda: q(url, "SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (reached,))[0][0]), 10.0,
+        message="the WAL to be written out past the claims' commits")
+
+
 @pytest.mark.parametrize("mode", ["fast", "immediate", "refused"])
 async def test_runtimes_alive_through_an_outage_keep_their_jobs(fleet: Fleet, mode: str) -> None:
     """Two runtimes, each running one job, while the database is out of their reach for ten
@@ -63,7 +73,7 @@ async def test_runtimes_alive_through_an_outage_keep_their_jobs(fleet: Fleet, mo
         return len(q(fleet.url, "SELECT DISTINCT pid FROM job_runs WHERE phase = 'start'")) == 2
 
     await async_wait_for(lambda: asyncio.to_thread(started), 15.0, message="each runtime to start its job")
-    await asyncio.sleep(0.5)  # the claims' asynchronous commits reach the WAL (docs/jobs.md)
+    await commits_written(fleet.url)
     async with database_away(fleet.url, mode):
         await asyncio.sleep(OUTAGE)
 
@@ -175,7 +185,7 @@ async def test_a_workflow_run_through_a_postgres_restart_mid_step_runs_each_step
         return q(fleet.url, "SELECT count(*) FROM job_runs WHERE phase = 'start'") == [(1,)]
 
     await async_wait_for(lambda: asyncio.to_thread(first_started), 15.0, message="the first step to start")
-    await asyncio.sleep(0.5)  # the claim's commit reaches the WAL
+    await commits_written(fleet.url)
     async with database_away(fleet.url, mode):
         await asyncio.sleep(OUTAGE)
 
