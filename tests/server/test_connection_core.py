@@ -61,6 +61,15 @@ def on_server(server: PushServer, client: WSClient) -> Connection:
     return next(c for c in server.clients if c.remote_address[1] == port)
 
 
+# tcpi_state, the first byte of TCP_INFO, of a socket whose peer reset it.
+TCP_CLOSE = 7
+
+
+def tcp_state(sock: Any) -> int:
+    """The kernel's TCP state of `sock`, read without taking its pending error."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+
+
 def record_writes(conn: Connection, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """What the server writes to this connection's transport, as the objects it writes."""
     written: list[bytes] = []
@@ -327,10 +336,12 @@ async def test_a_client_that_resets_before_its_replay_goes_out_leaves_no_warning
     writer.write(b"".join(Frame(Opcode.TEXT, frame).serialize(mask=True) for frame in [subscribe, *pings]))
     await async_wait_for(lambda: len(server.clients) == 1 and next(iter(server.clients)).unread, 5,
                          message="the server to hold the client's frames unread")
+    held = next(iter(server.clients)).transport.get_extra_info("socket")
     writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                                                (1).to_bytes(4, sys.byteorder) + bytes(4))  # close: reset
     writer.transport.abort()
-    await asyncio.sleep(0.1)  # the reset reaches the server's socket, which nobody reads
+    # The reset reaches the server's socket, which nobody reads, in the kernel's own time.
+    await async_wait_for(lambda: tcp_state(held) == TCP_CLOSE, 5, message="the reset to reach the server's socket")
     decide.set()
     await async_wait_for(lambda: not server.clients, 5, message="the reset connection to go")
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
