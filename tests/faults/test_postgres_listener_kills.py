@@ -28,6 +28,8 @@ LOAD_BETWEEN = 20
 RECOVERY_BOUND = 10.0
 # Seconds within which a message published once the listener is back reaches a client.
 DELIVER_BOUND = 3.0
+# What a server says once its listener is back after a loss.
+BACK = "the Postgres listener is back after"
 
 
 async def test_killing_the_listener_backend_again_and_again_turns_healthz_503_then_200_and_loses_no_message(
@@ -128,6 +130,10 @@ async def test_killing_every_backend_of_a_server_logs_livepushs_own_lines_and_no
                                  message=f"round {round_}: every topic's message")
             killed = await asyncio.to_thread(services.pg_terminate, pg_admin_url, services.dbname_of(fleet.url))
             assert killed >= 2, f"round {round_}: {killed} backends: the listener and the server's pool at least"
+            # /healthz answers 200 until the server's loop has read of the loss: wait for this
+            # round's line that the listener is back, which the next round's deliveries need.
+            await async_wait_for(lambda: len(fleet.server_log(BACK).splitlines()) > round_, RECOVERY_BOUND,
+                                 message=f"round {round_}: the listener to be back")
             await server.child.await_healthy(RECOVERY_BOUND)
         sent = [await fanout.apublish(t, {"round": "last"}) for t in TOPICS]
         await async_wait_for(lambda: [client.offsets[t] for t in TOPICS] == sent, DELIVER_BOUND,
