@@ -83,6 +83,10 @@ class Settings:
     migrate_lock_timeout: float | None = None
     # The variable database_url was read from, for messages that tell the operator what to check.
     database_url_setting: str = "LIVEPUSH_DATABASE_URL"
+    # How the command that reads these settings names them (see named()): its flags, by setting
+    # (`{"port": "--port"}`), and the settings those flags gave on its command line.
+    flags: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    flagged: frozenset[str] = dataclasses.field(default=frozenset(), repr=False, compare=False)
 
     @property
     def is_test(self) -> bool:
@@ -114,18 +118,33 @@ class Settings:
             )
         return self.database_url
 
+    def named(self, name: str, value: object = None) -> str:
+        """How an error names setting `name` (holding `value`, when given) to the operator: as the
+        flag that gave it, whose variable is then not read (`--port 70000`); else as its variable,
+        with the command's flag for it beside (`LIVEPUSH_PORT=70000 (or --port)`), or alone on a
+        command without that flag, where the flag would be refused as usage."""
+        variable, flag = variable_of(name), self.flags.get(name)
+        if flag is not None and name in self.flagged:
+            return flag if value is None else f"{flag} {value}"
+        said = variable if value is None else f"{variable}={value}"
+        return said if flag is None else f"{said} (or {flag})"
+
     def replace(self, **changes: Any) -> Settings:
-        """A copy with CLI overrides applied (None means "not given") and re-validated."""
+        """A copy with CLI overrides applied (None means "not given") and re-validated. A change
+        to a setting the command has a flag for is that flag's value: errors name the flag."""
         given = {k: v for k, v in changes.items() if v is not None}
-        new = dataclasses.replace(self, **given)
+        new = dataclasses.replace(self, **given, flagged=self.flagged | (given.keys() & self.flags.keys()))
         new._validate()
         return new
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, *, validate: bool = True) -> Settings:
+    def from_env(cls, environ: Mapping[str, str] | None = None, *, validate: bool = True,
+                 flags: Mapping[str, str] | None = None) -> Settings:
         """The settings `environ` (default os.environ) gives; `validate=False` reads each variable
         as usual but skips the checks across them, for comparing one variable's readings (a
-        Django setting against the environment's) where the environment itself may be incomplete."""
+        Django setting against the environment's) where the environment itself may be incomplete.
+        `flags`: the command's flags that stand in for settings, by setting, named beside their
+        variables in errors (see named())."""
         env = os.environ if environ is None else environ
 
         def get(name: str) -> str | None:
@@ -193,6 +212,7 @@ class Settings:
             migrate_lock_timeout=(number("LIVEPUSH_MIGRATE_LOCK_TIMEOUT", migrate_lock_timeout, float,
                                          "seconds, e.g. 5 (0: wait as long as it takes)")
                                   if migrate_lock_timeout else None),
+            flags=dict(flags or {}),
         )
         if validate:
             settings._validate()
@@ -257,7 +277,7 @@ class Settings:
         if not self.host.strip():
             # An empty bind address is every interface: a `--host "$UNSET"` must not publish the
             # server to the network when an empty LIVEPUSH_HOST means the loopback default.
-            raise ConfigError("--host (or LIVEPUSH_HOST) is empty: give the address to listen on, e.g. 127.0.0.1, "
+            raise ConfigError(f"{self.named('host')} is empty: give the address to listen on, e.g. 127.0.0.1, "
                               "or 0.0.0.0 for every interface")
         try:
             # What the resolver is handed (socket and uvloop both encode the name so): an empty or
@@ -265,10 +285,10 @@ class Settings:
             self.host.encode("idna")
         except UnicodeError as exc:
             reason = exc.__cause__ or exc.__context__ or exc
-            raise ConfigError(f"--host (or LIVEPUSH_HOST) {self.host[:100]!r} is not a host name ({reason}): give "
+            raise ConfigError(f"{self.named('host', repr(self.host[:100]))} is not a host name ({reason}): give "
                               "an address to listen on, e.g. 127.0.0.1, or 0.0.0.0 for every interface") from None
         if not 0 <= self.port <= 65535:
-            raise ConfigError(f"LIVEPUSH_PORT={self.port} (or --port) is out of range: use a port from 0 to 65535")
+            raise ConfigError(f"{self.named('port', self.port)} is out of range: use a port from 0 to 65535")
         if not MIN_HISTORY_TTL <= self.history_ttl <= MAX_HISTORY_TTL:
             raise ConfigError(f"LIVEPUSH_HISTORY_TTL={_digits(self.history_ttl)} is out of range: set seconds from "
                               f"{_digits(MIN_HISTORY_TTL)} to {_digits(MAX_HISTORY_TTL)} (a year), e.g. 300")
@@ -277,14 +297,14 @@ class Settings:
                               f"seconds, {_digits(MIN_SIGNED_TOPIC_TTL)} or more and finite, e.g. 86400")
         if not 0 <= self.drain_seconds <= MAX_DRAIN_SECONDS:
             raise ConfigError(
-                f"LIVEPUSH_DRAIN_SECONDS={_digits(self.drain_seconds)} (or --drain-seconds) is out of range: use 0 to "
+                f"{self.named('drain_seconds', _digits(self.drain_seconds))} is out of range: use 0 to "
                 f"{_digits(MAX_DRAIN_SECONDS)} seconds (0: close every connection at once)"
             )
         if not 0 <= self.worker_stop_margin <= MAX_WORKER_STOP_MARGIN:
             raise ConfigError(f"LIVEPUSH_WORKER_STOP_MARGIN={_digits(self.worker_stop_margin)} is out of range: use 0 "
                               f"to {_digits(MAX_WORKER_STOP_MARGIN)} seconds, e.g. {_digits(DEFAULT_WORKER_STOP_MARGIN)}")
         if self.migrate_lock_timeout is not None and not 0 <= self.migrate_lock_timeout <= MAX_MIGRATE_LOCK_TIMEOUT:
-            raise ConfigError(f"LIVEPUSH_MIGRATE_LOCK_TIMEOUT={_digits(self.migrate_lock_timeout)} (or --lock-timeout) "
+            raise ConfigError(f"{self.named('migrate_lock_timeout', _digits(self.migrate_lock_timeout))} "
                               f"is out of range: use 0 to {_digits(MAX_MIGRATE_LOCK_TIMEOUT)} seconds (0: wait as long "
                               "as it takes)")
         if self.max_connections is not None and self.max_connections < 1:
@@ -293,6 +313,11 @@ class Settings:
             from .redis.client import check_prefix  # the redis package only where a prefix is set
 
             check_prefix(self.redis_prefix)
+
+
+def variable_of(name: str) -> str:
+    """The environment variable of setting `name`, for the settings a flag can stand in for."""
+    return f"LIVEPUSH_{name.upper()}"
 
 
 def _digits(value: float) -> str:

@@ -112,6 +112,23 @@ def test_every_number_variable_takes_plain_ascii_digits_only(name: str, text: st
         Settings.from_env({name: text})
 
 
+def test_a_setting_is_named_as_the_operator_gave_it() -> None:
+    """An error names a setting the way this command's operator could have set it: the flag that
+    gave the value (its variable is not read then), else the variable, with the command's flag
+    beside it only on a command that has that flag."""
+    plain = Settings.from_env({"LIVEPUSH_PORT": "70000"}, validate=False)
+    assert plain.named("port", 70000) == "LIVEPUSH_PORT=70000" and plain.named("host") == "LIVEPUSH_HOST"
+    serve = Settings.from_env({}, flags={"port": "--port", "host": "--host"})
+    assert serve.named("port", 8765) == "LIVEPUSH_PORT=8765 (or --port)"
+    given = serve.replace(port=9000)
+    assert given.named("port", 9000) == "--port 9000" and given.named("port") == "--port"
+    assert given.named("host") == "LIVEPUSH_HOST (or --host)", "only the flags given are named alone"
+    with pytest.raises(ConfigError, match=r"^LIVEPUSH_PORT=70000 \(or --port\) is out of range"):
+        Settings.from_env({"LIVEPUSH_PORT": "70000"}, flags={"port": "--port"})
+    with pytest.raises(ConfigError, match=r"^LIVEPUSH_PORT=70000 is out of range"):
+        Settings.from_env({"LIVEPUSH_PORT": "70000"})
+
+
 @pytest.mark.parametrize("text", ["-1", "3601", "inf", "nan"])
 def test_a_worker_stop_margin_out_of_range_is_refused(text: str) -> None:
     """LIVEPUSH_WORKER_STOP_MARGIN takes 0 to 3600 seconds (default 10); anything else exits 2 with

@@ -9,7 +9,6 @@ import contextlib
 import errno
 import json
 import os
-import re
 import sys
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
@@ -86,14 +85,12 @@ def _asks_json(argv: Sequence[str]) -> bool:
     return False
 
 
-# The settings a flag of `serve` stands in for, and their variables.
-_FLAG_VARIABLES = {"host": "LIVEPUSH_HOST", "port": "LIVEPUSH_PORT", "fanout": "LIVEPUSH_FANOUT",
-                   "authenticate": "LIVEPUSH_AUTHENTICATE", "drain_seconds": "LIVEPUSH_DRAIN_SECONDS"}
-
-
-# Flags of other commands that stand in for a variable every command reads: a setting's error
-# names the flag only on the command that has it.
-_OTHER_FLAG_VARIABLES = {"lock_timeout": "LIVEPUSH_MIGRATE_LOCK_TIMEOUT"}
+# The flags that stand in for a setting (and so for its variable), by their argparse names: the
+# setting and the flag. A command has those of them its parser defines: `serve` the first five,
+# `migrate` --lock-timeout.
+_FLAGS = {"host": ("host", "--host"), "port": ("port", "--port"), "fanout": ("fanout", "--fanout"),
+          "authenticate": ("authenticate", "--authenticate"), "drain_seconds": ("drain_seconds", "--drain-seconds"),
+          "lock_timeout": ("migrate_lock_timeout", "--lock-timeout")}
 
 
 # The flags of `serve` that a command without them reads from its variable instead.
@@ -106,7 +103,7 @@ def _variable_instead(extras: Sequence[str], command: str) -> str:
     for extra in extras:
         name = extra.partition("=")[0].removeprefix("--").replace("-", "_")
         if extra.startswith("--") and name in _READ_FROM_VARIABLES.get(command, ()):
-            variable = _FLAG_VARIABLES[name]
+            variable = config.variable_of(_FLAGS[name][0])
             return f" ({command} reads {variable} instead, e.g. {variable}=... livepush {command})"
     return ""
 
@@ -142,29 +139,19 @@ def _commas_instead(given: Sequence[str], extras: Sequence[str], command: str) -
 
 
 def _settings(args: argparse.Namespace, *, replaced: Collection[str] = ()) -> config.Settings:
-    """The settings, with the flags of `serve` applied; `replaced` names further variables a flag
-    given on this command line stands in for."""
-    overrides = {name: getattr(args, name, None) for name in _FLAG_VARIABLES}
+    """The settings, with this command's flags applied (their errors name them as the operator gave
+    them: `Settings.named()`); `replaced` names further variables a flag given on this command
+    line stands in for."""
+    flags = {setting: flag for name, (setting, flag) in _FLAGS.items() if hasattr(args, name)}
+    given = {setting: getattr(args, name) for name, (setting, _) in _FLAGS.items()
+             if getattr(args, name, None) is not None}
     # A flag overrides its variable (docs/reference.md#2-configuration): a variable the flag
     # replaces is not read at all, so a stale bad value there does not refuse `--port 9000`.
-    unread = {_FLAG_VARIABLES[name] for name, value in overrides.items() if value is not None} | set(replaced)
+    unread = {config.variable_of(setting) for setting in given} | set(replaced)
     environ = {k: v for k, v in os.environ.items() if k not in unread}
-    settings = config.Settings.from_env(environ).replace(**overrides)
+    settings = config.Settings.from_env(environ, flags=flags).replace(**given)
     config.set_settings(settings)
     return settings
-
-
-def _flags_of_this_command(message: str, args: argparse.Namespace) -> str:
-    """A setting's error names `serve`'s flag beside its variable; on a command without that flag
-    (`demo`, `jobs`, ...) it names the variable alone, the one way that command can set it; when
-    the flag was given, the flag alone, whose value it is (the variable is not read then)."""
-    for name, variable in {**_FLAG_VARIABLES, **_OTHER_FLAG_VARIABLES}.items():
-        flag = "--" + name.replace("_", "-")
-        if not hasattr(args, name):
-            message = message.replace(f" (or {flag})", "").replace(f"{flag} (or {variable})", variable)
-        elif getattr(args, name) is not None:
-            message = re.sub(rf"\b{variable}=(\S+) \(or {flag}\)", lambda m: f"{flag} {m.group(1)}", message)
-    return message
 
 
 def _shared_fan_out(settings: config.Settings, unset: str = "unset LIVEPUSH_FANOUT") -> str:
@@ -182,10 +169,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from .. import migrate
     from ..postgres.text import unstorable
 
-    # --lock-timeout stands in for LIVEPUSH_MIGRATE_LOCK_TIMEOUT, which is then not read.
-    given = args.lock_timeout is not None
-    settings = _settings(args, replaced=("LIVEPUSH_MIGRATE_LOCK_TIMEOUT",) if given else ())
-    settings = settings.replace(migrate_lock_timeout=args.lock_timeout)
+    settings = _settings(args)  # --lock-timeout stands in for LIVEPUSH_MIGRATE_LOCK_TIMEOUT
     if args.runtime_role is not None and not args.runtime_role.strip():
         # `--runtime-role "$ROLE"` with the variable unset: "no such role ''" would send the
         # operator to create a role, when what is missing is the variable.
@@ -238,8 +222,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             # Each worker is a process of its own: what one publishes (its jobs, the app's hooks)
             # would reach only the clients the kernel happened to give it, and its history only
             # them, with nothing to say so.
-            raise ConfigError(f"--workers {count} (or LIVEPUSH_WORKERS) with LIVEPUSH_FANOUT=local (or --fanout "
-                              "local): the local fan-out reaches only the process that publishes, so each worker's "
+            raise ConfigError(f"--workers {count} (or LIVEPUSH_WORKERS) with {settings.named('fanout', 'local')}: "
+                              "the local fan-out reaches only the process that publishes, so each worker's "
                               "clients would miss what the others publish: "
                               f"{_shared_fan_out(settings, 'leave out --fanout local and LIVEPUSH_FANOUT')}, or run "
                               "one worker")
@@ -573,7 +557,7 @@ def _main(argv: Sequence[str] | None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         status = fail(OSError(_unwritten(args.command, exc)), EXIT_DEPENDENCY)
     except ConfigError as exc:
-        status = fail(ConfigError(_flags_of_this_command(str(exc), args)), EXIT_USAGE)
+        status = fail(exc, EXIT_USAGE)
     except (SchemaError, InvalidTopic) as exc:
         status = fail(exc, EXIT_USAGE)
     except (ValueError, TypeError) as exc:

@@ -100,7 +100,7 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         except OSError as exc:
             # A host that names no address of this machine is LIVEPUSH_HOST's fault, not the port's.
             raise listen_error(settings.host, args.metrics_port, exc, what="serve metrics",
-                               port_setting="--metrics-port", host_setting="LIVEPUSH_HOST") from None
+                               port_setting="--metrics-port", host_setting=settings.named("host")) from None
         # With --metrics-port 0 the kernel picks the port: without this line no one could scrape it.
         port = exposer.sockets[0].getsockname()[1] if exposer.sockets else args.metrics_port
         log.info("metrics on http://%s/metrics", host_port(settings.host, port))

@@ -180,12 +180,13 @@ class WorkerRole:
             os.close(self.ready_fd)
 
 
-def reserve_port(host: str, port: int) -> tuple[list[socket.socket], int]:
-    """Bind (never listen) `host:port` with SO_REUSEPORT on each of the host's addresses; with
-    port 0, the first address's pick is the port of all. The sockets hold it while workers come
-    and go."""
+def reserve_port(settings: Settings) -> tuple[list[socket.socket], int]:
+    """Bind (never listen) the settings' host and port with SO_REUSEPORT on each of the host's
+    addresses; with port 0, the first address's pick is the port of all. The sockets hold it
+    while workers come and go."""
     from ..server.run import listen_error
 
+    host, port = settings.host, settings.port
     held: list[socket.socket] = []
     try:
         # Inside the try: a host that does not resolve is the operator's to fix, not a traceback.
@@ -201,7 +202,8 @@ def reserve_port(host: str, port: int) -> tuple[list[socket.socket], int]:
     except OSError as exc:
         for sock in held:
             sock.close()
-        raise listen_error(host, port, exc) from None
+        raise listen_error(host, port, exc, host_setting=settings.named("host"),
+                           port_setting=settings.named("port")) from None
     return held, port
 
 
@@ -304,7 +306,7 @@ def supervise(count: int, argv: Sequence[str], settings: Settings, *, with_jobs:
     if not sys.platform.startswith("linux"):
         raise ConfigError("--workers above 1 needs Linux (the kernel's SO_REUSEPORT balancing): run one "
                           "`livepush serve` per port instead")
-    held, port = reserve_port(settings.host, settings.port)
+    held, port = reserve_port(settings)
     # Every worker's metrics go to files here; /metrics on any worker adds them up (livepush/metrics.py).
     try:
         metrics_dir, hold = make_metrics_folder()

@@ -343,9 +343,7 @@ def run() -> int:
 
         async def main() -> int:
             parts = server_parts(settings, with_jobs=[DEMO_JOBS], pages=routes)
-            # The demo has no --host or --port: only the variables choose where it listens.
-            return await serve(parts.server, sidecars=parts.sidecars, closers=[parts.close], ready=ready,
-                               listen_settings=("LIVEPUSH_HOST", "LIVEPUSH_PORT"))
+            return await serve(parts.server, sidecars=parts.sidecars, closers=[parts.close], ready=ready)
 
         return run_async(main())
     finally:

@@ -76,13 +76,8 @@ def host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-# The settings that choose where `serve` listens. A command without these flags (`demo`, and
-# `jobs` for its metrics) names the variables alone: a flag it lacks would be refused as usage.
-LISTEN_SETTINGS = ("LIVEPUSH_HOST (or --host)", "LIVEPUSH_PORT (or --port)")
-
-
-def listen_error(host: str, port: int, exc: OSError, *, what: str = "listen",
-                 port_setting: str = LISTEN_SETTINGS[1], host_setting: str = LISTEN_SETTINGS[0]) -> ConfigError:
+def listen_error(host: str, port: int, exc: OSError, *, port_setting: str, host_setting: str,
+                 what: str = "listen") -> ConfigError:
     """The one line for a listening socket that cannot be made, naming what to change: the host
     (`host_setting`) when it names no address of this machine (it does not resolve, is another
     machine's, or is an IPv6 address in a URL's brackets), else the port (`port_setting`: the setting that chose it)."""
@@ -143,11 +138,9 @@ async def serve(
     sidecars: Sequence[Sidecar] = (),
     closers: Sequence[Callable[[], Awaitable[None]]] = (),
     ready: Callable[[PushServer], None] | None = None,
-    listen_settings: tuple[str, str] = LISTEN_SETTINGS,
 ) -> int:
     """Run until SIGTERM or SIGINT (or a sidecar ending); return the exit status. A sidecar that
-    failed re-raises its error once everything is closed. `listen_settings` (host, port) are what
-    an error to listen names."""
+    failed re-raises its error once everything is closed."""
     raise_fd_limit()
     stop, hurry = asyncio.Event(), asyncio.Event()
     install_stop_signals(stop, hurry)
@@ -157,8 +150,8 @@ async def serve(
         try:
             await server.start()
         except OSError as exc:
-            raise listen_error(settings.host, settings.port, exc, host_setting=listen_settings[0],
-                               port_setting=listen_settings[1]) from None
+            raise listen_error(settings.host, settings.port, exc, host_setting=settings.named("host"),
+                               port_setting=settings.named("port")) from None
         log.info("livepush serving on ws://%s (fan-out: %s)", host_port(settings.host, server.port),
                  server.fanout.name)
         metrics.SERVING.set(1)

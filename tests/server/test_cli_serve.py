@@ -290,6 +290,22 @@ def test_port_in_use_exits_2(procs, livepush_env) -> None:
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_port_in_use_given_by_flag_is_named_as_the_flag(procs, livepush_env, pg_url, workers) -> None:
+    """`serve --port N` with N in use: the one line says to change --port, which chose it, not
+    LIVEPUSH_PORT, which is not read when the flag is given (under --workers too, where the
+    supervisor holds the port)."""
+    env = livepush_env(database_url=pg_url)  # several workers need a shared fan-out
+    first = procs.livepush("serve", env=env)
+    taken = env["LIVEPUSH_PORT"]
+    second = procs.livepush("serve", "--workers", workers, "--port", taken,
+                            env={**env, "LIVEPUSH_PORT": "0"}, wait_healthy=False)
+    assert second.wait(15) == 2, second.output()
+    assert_one_line_no_traceback(second.stderr(), f":{taken}", "set --port to a free port")
+    assert "LIVEPUSH_PORT" not in second.stderr(), second.stderr()
+    first.stop()
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
 @pytest.mark.parametrize("host", ["no-such-host.invalid", "192.0.2.1"])
 def test_a_host_it_cannot_listen_on_exits_2_naming_the_host_not_the_port(procs, livepush_env, pg_url, host,
                                                                          workers) -> None:

@@ -150,8 +150,11 @@ def test_the_drain_setting_defaults_to_0_and_the_flag_overrides_the_variable() -
     settings = Settings.from_env({"LIVEPUSH_DRAIN_SECONDS": "12.5"})
     assert settings.drain_seconds == 12.5
     assert settings.replace(drain_seconds=3.0).drain_seconds == 3.0
-    with pytest.raises(ConfigError, match="--drain-seconds"):
+    with pytest.raises(ConfigError, match="^LIVEPUSH_DRAIN_SECONDS=-2 is out of range"):
         settings.replace(drain_seconds=-2.0)
+    serve = Settings.from_env({"LIVEPUSH_DRAIN_SECONDS": "12.5"}, flags={"drain_seconds": "--drain-seconds"})
+    with pytest.raises(ConfigError, match="^--drain-seconds -2 is out of range"):
+        serve.replace(drain_seconds=-2.0)
 
 
 def test_serve_with_a_bad_drain_flag_exits_2_with_one_line(procs, livepush_env) -> None:
