@@ -102,7 +102,7 @@ SERVING = Gauge("livepush_serving_processes", "Server processes serving now (1 i
                 "the live workers that serve).", registry=REGISTRY, multiprocess_mode="livesum")
 PUBLISHED = Counter("livepush_published", "Messages published from this process (publish() returned an offset).", ["fanout"],
                     registry=REGISTRY)
-DELIVERED = Counter("livepush_delivered", "Message frames written to clients (one per recipient).",
+DELIVERED = Counter("livepush_delivered", "Message frames handed live to clients' connections (one per recipient).",
                     registry=REGISTRY)
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 LAG = Histogram("livepush_deliver_lag_seconds",
