@@ -10,12 +10,13 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 from livepush import InvalidTopic, sessions, topics
 from livepush.demo import demo_secret
+from tests.support.procs import stalled_import_script
 from tests.support.waiting import wait_for
 
 
@@ -432,27 +433,9 @@ def test_publish_to_a_schema_out_of_the_search_path_names_that_schema(procs, liv
     assert 'in schema "app"' in lines[0] and "search_path" in lines[0], lines
 
 
-# The command line started as the console script does (`from livepush.cli import main`), or as
-# `python -m livepush`, its own modules' import (livepush.cli.commands: the parser, the settings, the
-# logs) held up until a signal came.
-STALLED_COMMAND_LINE = """
-import importlib.abc, os, runpy, sys, time
-
-class Stall(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name == "livepush.cli.commands":
-            sys.meta_path.remove(self)
-            open(os.environ["IMPORT_STARTED"], "w").close()
-            time.sleep(3)
-        return None
-
-sys.meta_path.insert(0, Stall())
-sys.argv[0] = "livepush"
-if os.environ["ENTRY"] == "script":
-    from livepush.cli import main
-    sys.exit(main())
-runpy.run_module("livepush", run_name="__main__", alter_sys=True)
-"""
+# The command line's own modules' import (livepush.cli.commands: the parser, the settings, the
+# logs) held up until a signal came, started as the console script does or as `python -m livepush`.
+COMMAND_LINE_MODULES = "livepush.cli.commands"
 
 
 @pytest.mark.parametrize("entry", ["script", "module"])
@@ -462,15 +445,15 @@ runpy.run_module("livepush", run_name="__main__", alter_sys=True)
     (["serve"], signal.SIGINT, 0, ""),
 ], ids=["status-SIGINT", "serve-SIGTERM", "serve-SIGINT"])
 def test_a_stop_signal_while_the_command_lines_modules_import_is_taken_as_later(
-        procs, livepush_env, tmp_path: Path, entry: str, argv: list[str], sig: signal.Signals, status: int,
-        said: str) -> None:
+        procs, livepush_env, tmp_path: Path, entry: Literal["script", "module"], argv: list[str],
+        sig: signal.Signals, status: int, said: str) -> None:
     """Ctrl-C or SIGTERM while the command line's own modules import, the first moments of every
     command, gets what it gets a moment later: `status` exits 130 with its one line, `serve` stops
     with exit 0. Both came before anything held them back: a KeyboardInterrupt traceback, or
     death by SIGTERM (143)."""
     started = tmp_path / "import-started"
-    env = livepush_env(extra={"IMPORT_STARTED": str(started), "ENTRY": entry})
-    child = procs.start([sys.executable, "-c", STALLED_COMMAND_LINE, *argv], env=env, name=f"livepush {argv[0]}")
+    script = stalled_import_script(COMMAND_LINE_MODULES, 3, started, entry)
+    child = procs.start([sys.executable, "-c", script, *argv], env=livepush_env(), name=f"livepush {argv[0]}")
     wait_for(started.exists, 20.0, message="the command line's import to start")
     child.signal(sig)
     assert child.wait(10) == status, child.output()

@@ -18,7 +18,7 @@ from livepush.jobs.runtime import runtime
 from tests.jobs import sample_jobs
 from tests.jobs.conftest import events_of, names_of, q, registered, runtime_starter
 from tests.support import services
-from tests.support.procs import ChildProcess, Processes, stop_while_connecting
+from tests.support.procs import ChildProcess, Processes, stalled_import_script, stop_while_connecting
 from tests.support.waiting import wait_for
 
 MODULE = "tests.jobs.sample_jobs"
@@ -414,21 +414,7 @@ def test_sigterm_while_the_modules_import_is_a_clean_stop(jobs_db: str, procs: P
 
 # `python -m livepush ARGS`, its import of the package's API (drivers, fan-outs: the bulk of its
 # start) held up until a signal came: the moment before `livepush jobs` set any handler.
-STALLED_START = """
-import importlib.abc, os, runpy, sys, time
-
-class Stall(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name == "livepush.api":
-            sys.meta_path.remove(self)
-            open(os.environ["IMPORT_STARTED"], "w").close()
-            time.sleep(2)
-        return None
-
-sys.meta_path.insert(0, Stall())
-sys.argv[0] = "livepush"
-runpy.run_module("livepush", run_name="__main__", alter_sys=True)
-"""
+PACKAGE_API = "livepush.api"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
@@ -439,8 +425,9 @@ def test_a_stop_signal_while_livepush_itself_imports_is_a_clean_stop(
     (before the command could set any handler), stops it with exit 0 as one a moment later does.
     SIGTERM and SIGHUP killed it with their default action (143, 129), SIGINT with a traceback."""
     started = tmp_path / "import-started"
-    env = livepush_env(database_url=jobs_db, extra={"IMPORT_STARTED": str(started)})
-    child = procs.start([sys.executable, "-c", STALLED_START, "jobs", MODULE], env=env, name="livepush jobs (stalled)")
+    script = stalled_import_script(PACKAGE_API, 2, started)
+    child = procs.start([sys.executable, "-c", script, "jobs", MODULE], env=livepush_env(database_url=jobs_db),
+                        name="livepush jobs (stalled)")
     wait_for(started.exists, 20.0, message="livepush's own import to start")
     child.signal(sig)
     assert child.wait(10) == 0, child.output()

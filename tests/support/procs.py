@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Literal
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,6 +107,39 @@ def stop_while_connecting(start: Callable[[str], ChildProcess], timeout: float =
         finally:
             peer.close()
     return child
+
+
+# The child's source: a finder placed first on sys.meta_path holds the named module's import up,
+# once, after creating the marker file that tells the test the stall has begun.
+_STALLED_IMPORT = """
+import importlib.abc, runpy, sys, time
+
+class Stall(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r}:
+            sys.meta_path.remove(self)
+            open({started!r}, "w").close()
+            time.sleep({stall!r})
+        return None
+
+sys.meta_path.insert(0, Stall())
+sys.argv[0] = "livepush"
+{entry}
+"""
+
+# How the command line is started: as the console script does, or as `python -m livepush`.
+_ENTRIES = {
+    "script": "from livepush.cli import main\nsys.exit(main())",
+    "module": 'runpy.run_module("livepush", run_name="__main__", alter_sys=True)',
+}
+
+
+def stalled_import_script(module: str, stall: float, started: Path,
+                          entry: Literal["script", "module"] = "module") -> str:
+    """Source for `python -c SOURCE ARGS...` that runs `livepush ARGS...` from `entry` with the
+    import of `module` held up `stall` seconds; the file `started` appears as the stall begins,
+    so a test can send a signal at that moment of the start."""
+    return _STALLED_IMPORT.format(module=module, started=str(started), stall=stall, entry=_ENTRIES[entry])
 
 
 class ChildProcess:
