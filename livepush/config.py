@@ -219,12 +219,16 @@ class Settings:
         return settings
 
     def _validate(self) -> None:
+        # Named by named(): `serve --fanout redis` leaves LIVEPUSH_FANOUT unread, so naming it sent
+        # the operator to a variable they never set.
         if self.fanout not in FANOUTS:
-            raise ConfigError(f"LIVEPUSH_FANOUT={self.fanout!r} is unknown: use one of {', '.join(FANOUTS)}")
+            raise ConfigError(f"{self.named('fanout', repr(self.fanout))} is unknown: use one of {', '.join(FANOUTS)}")
         if self.fanout == "postgres" and not self.database_url:
-            raise ConfigError("LIVEPUSH_FANOUT=postgres needs LIVEPUSH_DATABASE_URL (or DATABASE_URL): set it to a Postgres URL")
+            raise ConfigError(f"{self.named('fanout', 'postgres')} needs LIVEPUSH_DATABASE_URL (or DATABASE_URL): set "
+                              "it to a Postgres URL")
         if self.fanout == "redis" and not self.redis_url:
-            raise ConfigError("LIVEPUSH_FANOUT=redis needs LIVEPUSH_REDIS_URL: set it to a URL such as redis://localhost:6379/0")
+            raise ConfigError(f"{self.named('fanout', 'redis')} needs LIVEPUSH_REDIS_URL: set it to a URL such as "
+                              "redis://localhost:6379/0")
         if self.database_url:
             from .postgres.urls import check_url
 
@@ -241,7 +245,8 @@ class Settings:
 
             check_redis_url(self.redis_url)
         if self.authenticate not in AUTH_MODES:
-            raise ConfigError(f"LIVEPUSH_AUTHENTICATE={self.authenticate!r} is unknown: use one of {', '.join(AUTH_MODES)}")
+            raise ConfigError(f"{self.named('authenticate', repr(self.authenticate))} is unknown: use one of "
+                              f"{', '.join(AUTH_MODES)}")
         if self.secret is not None:
             _check_secret("LIVEPUSH_SECRET", self.secret)
             if "," in self.secret:

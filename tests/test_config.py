@@ -129,6 +129,26 @@ def test_a_setting_is_named_as_the_operator_gave_it() -> None:
         Settings.from_env({"LIVEPUSH_PORT": "70000"})
 
 
+def test_a_fan_out_that_needs_a_url_is_named_as_the_operator_gave_it() -> None:
+    """`serve --fanout redis` without LIVEPUSH_REDIS_URL names --fanout, which chose it: naming
+    LIVEPUSH_FANOUT, which is not read when the flag is given, sent the operator to a variable
+    that was never set. Given by the variable, it is named with the flag beside it."""
+    serve = Settings.from_env({}, flags={"fanout": "--fanout", "authenticate": "--authenticate"})
+    with pytest.raises(ConfigError, match=r"^--fanout redis needs LIVEPUSH_REDIS_URL"):
+        serve.replace(fanout="redis")
+    with pytest.raises(ConfigError, match=r"^--fanout postgres needs LIVEPUSH_DATABASE_URL"):
+        serve.replace(fanout="postgres")
+    flags = {"fanout": "--fanout", "authenticate": "--authenticate"}
+    with pytest.raises(ConfigError, match=r"^LIVEPUSH_FANOUT=redis \(or --fanout\) needs LIVEPUSH_REDIS_URL"):
+        Settings.from_env({"LIVEPUSH_FANOUT": "redis"}, flags=flags)
+    with pytest.raises(ConfigError, match=r"^LIVEPUSH_FANOUT='bogus' \(or --fanout\) is unknown"):
+        Settings.from_env({"LIVEPUSH_FANOUT": "bogus"}, flags=flags)
+    with pytest.raises(ConfigError, match=r"^LIVEPUSH_AUTHENTICATE='bogus' \(or --authenticate\) is unknown"):
+        Settings.from_env({"LIVEPUSH_AUTHENTICATE": "bogus"}, flags=flags)
+    with pytest.raises(ConfigError, match=r"^LIVEPUSH_FANOUT=redis needs LIVEPUSH_REDIS_URL"):
+        Settings.from_env({"LIVEPUSH_FANOUT": "redis"})
+
+
 @pytest.mark.parametrize("text", ["-1", "3601", "inf", "nan"])
 def test_a_worker_stop_margin_out_of_range_is_refused(text: str) -> None:
     """LIVEPUSH_WORKER_STOP_MARGIN takes 0 to 3600 seconds (default 10); anything else exits 2 with

@@ -123,6 +123,15 @@ def test_a_bad_port_flag_is_named_as_the_flag(procs, livepush_env) -> None:
     assert_one_line_no_traceback(child.stderr(), "--port")
 
 
+def test_a_fan_out_flag_without_its_url_is_named_as_the_flag(procs, livepush_env) -> None:
+    """`serve --fanout redis` with no LIVEPUSH_REDIS_URL names --fanout redis, which chose it, not
+    LIVEPUSH_FANOUT, which is not read when the flag is given."""
+    child = procs.livepush("serve", "--fanout", "redis", env=livepush_env(), wait_healthy=False)
+    assert child.wait(15) == 2, child.output()
+    assert_one_line_no_traceback(child.stderr(), "--fanout redis needs LIVEPUSH_REDIS_URL")
+    assert "LIVEPUSH_FANOUT" not in child.stderr(), child.stderr()
+
+
 @pytest.mark.parametrize("command, variable, value, flag", [
     (["demo"], "LIVEPUSH_PORT", "70000", "--port"),
     (["jobs", "tests.jobs.sample_jobs"], "LIVEPUSH_PORT", "70000", "--port"),
