@@ -283,7 +283,8 @@ def stop_bound(settings: Settings, *, with_jobs: bool) -> StopBound:
     from ..server.supervisor import StopBound
 
     closes = STOP_SECONDS + SETTLE_SECONDS
-    why = f"--drain-seconds {settings.drain_seconds:g}"
+    # As the operator gave it: a LIVEPUSH_DRAIN_SECONDS named as --drain-seconds sent them to a flag they never typed.
+    why = settings.named("drain_seconds", f"{settings.drain_seconds:g}")
     longest = settings.drain_seconds
     if with_jobs:
         from ..jobs.runtime.runtime import DEFAULT_SHUTDOWN_TIMEOUT

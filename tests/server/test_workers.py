@@ -922,8 +922,20 @@ def test_a_workers_stop_is_bounded_by_its_drain_and_its_runtimes_shutdown_timeou
     signal, the closes alone; each plus LIVEPUSH_WORKER_STOP_MARGIN."""
     bound = stop_bound(Settings(drain_seconds=drain, worker_stop_margin=2.5), with_jobs=with_jobs)
     assert (bound.seconds, bound.hurried, bound.margin) == (seconds, 5, 2.5)
-    assert "LIVEPUSH_WORKER_STOP_MARGIN's 2.5 s" in bound.why and f"--drain-seconds {drain:g}" in bound.why
+    assert "LIVEPUSH_WORKER_STOP_MARGIN's 2.5 s" in bound.why and f"LIVEPUSH_DRAIN_SECONDS={drain:g}" in bound.why
     assert ("shutdown timeout of 30 s" in bound.why) == with_jobs
+
+
+def test_a_workers_stop_bound_names_the_drain_as_the_operator_gave_it() -> None:
+    """The bound's reason, in the line of a worker killed for outliving it, names the drain's
+    setting as it was given: LIVEPUSH_DRAIN_SECONDS when the variable set it, not a --drain-seconds
+    the operator never typed."""
+    flags = {"drain_seconds": "--drain-seconds"}
+    by_variable = Settings.from_env({"LIVEPUSH_DRAIN_SECONDS": "60"}, flags=flags)
+    assert "LIVEPUSH_DRAIN_SECONDS=60 (or --drain-seconds)" in stop_bound(by_variable, with_jobs=False).why
+    by_flag = Settings.from_env({}, flags=flags).replace(drain_seconds=60.0)
+    why = stop_bound(by_flag, with_jobs=False).why
+    assert "--drain-seconds 60" in why and "LIVEPUSH_DRAIN_SECONDS" not in why, why
 
 
 def test_a_worker_whose_supervisor_is_gone_when_it_serves_says_ready_to_no_one_without_failing() -> None:
