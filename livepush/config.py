@@ -161,7 +161,10 @@ class Settings:
             try:
                 return read_number(text, kind)
             except ValueError:
-                raise ConfigError(f"{name}={text!r} is not a number: set {hint}") from None
+                # Always the variable's text (a flag given leaves it unread), with the command's flag beside it.
+                flag = (flags or {}).get(name.removeprefix("LIVEPUSH_").lower())
+                said = f"{name}={text!r}" + (f" (or {flag})" if flag else "")
+                raise ConfigError(f"{said} is not a number: set {hint}") from None
 
         database_url = get("LIVEPUSH_DATABASE_URL")
         database_url_setting = "LIVEPUSH_DATABASE_URL"

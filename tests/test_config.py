@@ -127,6 +127,8 @@ def test_a_setting_is_named_as_the_operator_gave_it() -> None:
         Settings.from_env({"LIVEPUSH_PORT": "70000"}, flags={"port": "--port"})
     with pytest.raises(ConfigError, match=r"^LIVEPUSH_PORT=70000 is out of range"):
         Settings.from_env({"LIVEPUSH_PORT": "70000"})
+    with pytest.raises(ConfigError, match=r"^LIVEPUSH_PORT='80a' \(or --port\) is not a number"):
+        Settings.from_env({"LIVEPUSH_PORT": "80a"}, flags={"port": "--port"})
 
 
 def test_a_fan_out_that_needs_a_url_is_named_as_the_operator_gave_it() -> None:
