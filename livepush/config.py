@@ -123,11 +123,7 @@ class Settings:
         flag that gave it, whose variable is then not read (`--port 70000`); else as its variable,
         with the command's flag for it beside (`LIVEPUSH_PORT=70000 (or --port)`), or alone on a
         command without that flag, where the flag would be refused as usage."""
-        variable, flag = variable_of(name), self.flags.get(name)
-        if flag is not None and name in self.flagged:
-            return flag if value is None else f"{flag} {value}"
-        said = variable if value is None else f"{variable}={value}"
-        return said if flag is None else f"{said} (or {flag})"
+        return _named(name, value, self.flags.get(name), given_by_flag=name in self.flagged)
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with CLI overrides applied (None means "not given") and re-validated. A change
@@ -161,9 +157,9 @@ class Settings:
             try:
                 return read_number(text, kind)
             except ValueError:
-                # Always the variable's text (a flag given leaves it unread), with the command's flag beside it.
-                flag = (flags or {}).get(name.removeprefix("LIVEPUSH_").lower())
-                said = f"{name}={text!r}" + (f" (or {flag})" if flag else "")
+                # Always the variable's text: a flag given leaves its variable unread.
+                setting = name.removeprefix("LIVEPUSH_").lower()
+                said = _named(setting, repr(text), (flags or {}).get(setting), given_by_flag=False)
                 raise ConfigError(f"{said} is not a number: set {hint}") from None
 
         database_url = get("LIVEPUSH_DATABASE_URL")
@@ -326,6 +322,16 @@ class Settings:
 def variable_of(name: str) -> str:
     """The environment variable of setting `name`, for the settings a flag can stand in for."""
     return f"LIVEPUSH_{name.upper()}"
+
+
+def _named(name: str, value: object, flag: str | None, *, given_by_flag: bool) -> str:
+    """Settings.named() for setting `name` holding `value` (None: not shown), whose command has
+    `flag` for it (None: no such flag)."""
+    if flag is not None and given_by_flag:
+        return flag if value is None else f"{flag} {value}"
+    variable = variable_of(name)
+    said = variable if value is None else f"{variable}={value}"
+    return said if flag is None else f"{said} (or {flag})"
 
 
 def _digits(value: float) -> str:
