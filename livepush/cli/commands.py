@@ -222,7 +222,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             # Each worker is a process of its own: what one publishes (its jobs, the app's hooks)
             # would reach only the clients the kernel happened to give it, and its history only
             # them, with nothing to say so.
-            raise ConfigError(f"--workers {count} (or LIVEPUSH_WORKERS) with {settings.named('fanout', 'local')}: "
+            raise ConfigError(f"{workers.workers_named(args.workers)} with {settings.named('fanout', 'local')}: "
                               "the local fan-out reaches only the process that publishes, so each worker's "
                               "clients would miss what the others publish: "
                               f"{_shared_fan_out(settings, 'leave out --fanout local and LIVEPUSH_FANOUT')}, or run "

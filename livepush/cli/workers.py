@@ -19,7 +19,7 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -119,9 +119,19 @@ def worker_count(flag: str | None, environ: Mapping[str, str] | None = None) -> 
     except ValueError:
         count = 0
     if not 1 <= count <= MAX_WORKERS:
-        raise ConfigError(f"--workers {text!r} (or {WORKERS_VARIABLE}) is not a number of processes: use a whole "
+        raise ConfigError(f"{workers_named(flag, env, repr)} is not a number of processes: use a whole "
                           f"number from 1 to {MAX_WORKERS}, or auto (one per core)")
     return count
+
+
+def workers_named(flag: str | None, environ: Mapping[str, str] | None = None,
+                  shown: Callable[[str], str] = str) -> str:
+    """The worker count as the operator gave it, for an error: the flag, whose variable is then
+    not read, else the variable with the flag beside it (as Settings.named() does)."""
+    if flag is not None:
+        return f"--workers {shown(flag.strip())}"
+    env = os.environ if environ is None else environ
+    return f"{WORKERS_VARIABLE}={shown(env.get(WORKERS_VARIABLE, '').strip())} (or --workers)"
 
 
 @dataclass(frozen=True)

@@ -690,14 +690,21 @@ async def test_the_workers_variable_is_the_flags_twin(procs, livepush_env, pg_ur
 @pytest.mark.parametrize("flag,variable", [("0", None), ("two", None), ("1.5", None), ("", None), (" ", None),
                                            (None, "-1")])
 def test_a_bad_workers_value_exits_2_naming_the_flag(procs, livepush_env, flag, variable) -> None:
-    """--workers (or LIVEPUSH_WORKERS) that is not a whole number from 1, nor auto: exit 2, one line.
-    An empty flag too (`--workers "$N"` with N unset), which would run one process where many
-    were meant."""
+    """--workers (or LIVEPUSH_WORKERS) that is not a whole number from 1, nor auto: exit 2, one line
+    naming it as given: the flag as typed (its variable is not read then), else the variable with
+    the flag beside it. An empty flag too (`--workers "$N"` with N unset), which would run one
+    process where many were meant."""
     args = ["serve"] + (["--workers", flag] if flag is not None else [])
     child = procs.livepush(*args, env=livepush_env(workers=variable), wait_healthy=False)
     assert child.wait(15) == 2
     lines = child.stderr().strip().splitlines()
-    assert len(lines) == 1 and "--workers" in lines[0] and "LIVEPUSH_WORKERS" in lines[0], child.output()
+    assert len(lines) == 1 and "Traceback" not in child.stderr(), child.output()
+    if variable is not None:
+        assert f"LIVEPUSH_WORKERS={variable!r} (or --workers)" in lines[0], lines[0]
+    elif flag.strip():
+        assert f"--workers {flag!r}" in lines[0] and "LIVEPUSH_WORKERS" not in lines[0], lines[0]
+    else:
+        assert f"--workers {flag!r} is empty" in lines[0], lines[0]
 
 
 @pytest.mark.parametrize("args", [(), ("--workers", "1")])
