@@ -140,9 +140,9 @@ class PushServer:
         the client takes as final, with nothing anywhere saying why."""
         patterns = self.app._session_rules()
         if patterns:
-            log.warning("LIVEPUSH_AUTHENTICATE=off makes every connection anonymous, so %s%s need a session and "
-                        "allow nothing: set LIVEPUSH_AUTHENTICATE=optional (the default) to read sessions, or give "
-                        "the rules meant for everyone anonymous=True",
+            log.warning("%s makes every connection anonymous, so %s%s need a session and allow nothing: make it "
+                        "optional (the default) to read sessions, or give the rules meant for everyone anonymous=True",
+                        self.settings.named("authenticate", "off"),
                         ", ".join(f"Allow({p!r})" for p in patterns[:3]), " ..." if len(patterns) > 3 else "")
 
     # -- lifecycle --------------------------------------------------------------------

@@ -149,6 +149,17 @@ def test_a_bad_setting_on_a_command_without_its_flag_names_the_variable_alone(
     assert flag not in child.stderr(), child.stderr()
 
 
+def test_rules_that_allow_nothing_without_sessions_are_said_naming_the_flag_that_turned_them_off(
+        procs, livepush_env) -> None:
+    """`serve --authenticate off` with rules that need a session: the start's warning names the flag
+    that turned sessions off, not LIVEPUSH_AUTHENTICATE, which is not read when the flag is given."""
+    child = procs.livepush("serve", "--authenticate", "off", "--app", "tests.support.security_app:app",
+                           env=livepush_env(authenticate="optional"))
+    said = [line for line in child.stderr().splitlines() if "makes every connection anonymous" in line]
+    assert len(said) == 1 and "--authenticate off makes" in said[0] and "LIVEPUSH_AUTHENTICATE" not in said[0], said
+    child.stop()
+
+
 def test_missing_app_module_exits_2(procs, livepush_env) -> None:
     """--app naming a module that does not exist exits 2 with one line."""
     child = procs.livepush("serve", "--app", "no_such_module_xyz:app", env=livepush_env(), wait_healthy=False)
