@@ -76,6 +76,12 @@ from tests.support.procs import free_port as _free_port  # noqa: E402
 # command does.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+# Likewise SIGHUP under `nohup bin/test`: every livepush child would keep its documented nohup
+# behaviour (a hangup ignored) and the tests of a hangup's drain would fail. Caught by a handler
+# that does nothing, this process still outlives a hangup, as nohup meant, and children start
+# with the default.
+if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, lambda signum, frame: None)
 
 
 @pytest.fixture(autouse=True)
