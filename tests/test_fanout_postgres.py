@@ -841,3 +841,34 @@ async def test_a_login_postgres_refuses_raises_login_refused_from_publish_and_li
             assert "wrong-pw" not in str(listening.value)
         finally:
             await fanout.aclose()
+
+
+@pytest.mark.parametrize("how", ["an error", "a cancel"])
+async def test_a_failed_transaction_handed_back_to_a_livepush_pool_logs_no_warning_of_psycopg(
+        pg_url: str, caplog: pytest.LogCaptureFixture, how: str) -> None:
+    """A connection of livepush's pools handed back in a failed transaction (its caller got the
+    error, or a stop cancelled its statement mid-way, as a runtime's shutdown does) is rolled back
+    by psycopg_pool without its WARNING "rolling back returned connection", which said nothing the
+    caller was not told; the connection serves the next caller. Another pool's still says it."""
+    import psycopg_pool
+
+    caplog.set_level(logging.WARNING, logger="psycopg.pool")
+    for kind, name in ((pools.AsyncPool, "livepush-test"), (psycopg_pool.AsyncConnectionPool, "theirs")):
+        pool = kind(pg_url, min_size=1, max_size=1, open=False, name=name)
+        await pool.open(wait=True)
+        try:
+            # Handed back as the caller left it: `pool.connection()` rolls back itself, unless
+            # that rollback is cut short too (a stop's cancel that lands as it runs).
+            conn = await pool.getconn()
+            with pytest.raises((psycopg.errors.DivisionByZero, TimeoutError)):
+                if how == "an error":
+                    await conn.execute("SELECT 1/0")
+                else:
+                    await asyncio.wait_for(conn.execute("SELECT pg_sleep(30)"), 0.2)
+            await pool.putconn(conn)
+            async with pool.connection() as conn:
+                assert await (await conn.execute("SELECT 1")).fetchone() == (1,)
+        finally:
+            await pool.close()
+    said = [r.getMessage() for r in caplog.records if r.name == "psycopg.pool" and r.levelno >= logging.WARNING]
+    assert len(said) == 1 and "theirs" not in said[0] and said[0].startswith("rolling back returned connection"), said

@@ -63,33 +63,43 @@ class _QuietReconnects(logging.Filter):
         return True
 
 
-class _QuietDiscards(logging.Filter):
-    """psycopg_pool logs a WARNING for each closed connection handed back to it ("discarding
-    closed connection: <psycopg.AsyncConnection [BAD] at 0x...>"): after a Postgres restart or a
-    purge of backends, a server logged one per pooled connection beside livepush's own line that
-    said what happened. A connection of livepush's pools handed back closed (`_handing_back`) is
-    replaced without that line: its loss shows in the error its caller got, or in the listener's
-    line, and one found closed while idle is replaced before anyone used it."""
+class _QuietHandBacks(logging.Filter):
+    """psycopg_pool logs a WARNING for each connection handed back to it broken ("discarding
+    closed connection: <psycopg.AsyncConnection [BAD] at 0x...>") or in a failed transaction
+    ("rolling back returned connection: <... [INERROR] ...>"), then mends it. Of livepush's
+    pools (`_handing_back`) neither line says anything its caller was not told: a closed one's
+    loss shows in the error its caller got, or in the listener's line (after a Postgres restart
+    a server logged one per pooled connection), and a failed transaction is the error its caller
+    got, or a statement cancelled mid-way by a stop, which a runtime's shutdown does by design.
+    Other pools' lines, and a transaction handed back open without an error, pass untouched."""
+
+    QUIET = {"discarding closed connection: %s": psycopg.pq.TransactionStatus.UNKNOWN,
+             "rolling back returned connection: %s": psycopg.pq.TransactionStatus.INERROR}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        return not (record.msg == "discarding closed connection: %s" and isinstance(args, tuple) and args
-                    and args[0] in _CLOSED_HANDED_BACK)
+        args, status = record.args, self.QUIET.get(record.msg)  # type: ignore[call-overload]
+        return not (status is not None and isinstance(args, tuple) and args
+                    and _HANDED_BACK.get(args[0]) == status)
 
 
-# Connections of livepush's pools handed back closed, until the pool has replaced them.
-_CLOSED_HANDED_BACK: weakref.WeakSet[Any] = weakref.WeakSet()
+# Connections of livepush's pools handed back broken or in a failed transaction (their status
+# then), until the pool has mended or replaced them.
+_HANDED_BACK: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 def _handing_back(conn: Any) -> None:
-    """Note `conn`, about to go back to a livepush pool, if the server closed it (as psycopg_pool
-    tells a connection to discard: its transaction status is unknown)."""
-    if conn.info.transaction_status == psycopg.pq.TransactionStatus.UNKNOWN:
-        _CLOSED_HANDED_BACK.add(conn)
+    """Note `conn`, about to go back to a livepush pool, if psycopg_pool will mend it with a
+    WARNING that says nothing new: closed by the server (its transaction status is unknown), or
+    in a failed transaction."""
+    status = conn.info.transaction_status
+    if status in _QuietHandBacks.QUIET.values():
+        _HANDED_BACK[conn] = status
+    else:
+        _HANDED_BACK.pop(conn, None)
 
 
 logging.getLogger("psycopg.pool").addFilter(_QuietReconnects())
-logging.getLogger("psycopg.pool").addFilter(_QuietDiscards())
+logging.getLogger("psycopg.pool").addFilter(_QuietHandBacks())
 
 
 # A statement that is atomic on its own runs in one round trip in autocommit, where BEGIN, the
