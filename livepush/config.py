@@ -123,7 +123,7 @@ class Settings:
         flag that gave it, whose variable is then not read (`--port 70000`); else as its variable,
         with the command's flag for it beside (`LIVEPUSH_PORT=70000 (or --port)`), or alone on a
         command without that flag, where the flag would be refused as usage."""
-        return _named(name, value, self.flags.get(name), given_by_flag=name in self.flagged)
+        return named_setting(name, value, self.flags.get(name), given_by_flag=name in self.flagged)
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with CLI overrides applied (None means "not given") and re-validated. A change
@@ -159,7 +159,7 @@ class Settings:
             except ValueError:
                 # Always the variable's text: a flag given leaves its variable unread.
                 setting = name.removeprefix("LIVEPUSH_").lower()
-                said = _named(setting, repr(text), (flags or {}).get(setting), given_by_flag=False)
+                said = named_setting(setting, repr(text), (flags or {}).get(setting), given_by_flag=False)
                 raise ConfigError(f"{said} is not a number: set {hint}") from None
 
         database_url = get("LIVEPUSH_DATABASE_URL")
@@ -324,9 +324,10 @@ def variable_of(name: str) -> str:
     return f"LIVEPUSH_{name.upper()}"
 
 
-def _named(name: str, value: object, flag: str | None, *, given_by_flag: bool) -> str:
+def named_setting(name: str, value: object, flag: str | None, *, given_by_flag: bool) -> str:
     """Settings.named() for setting `name` holding `value` (None: not shown), whose command has
-    `flag` for it (None: no such flag)."""
+    `flag` for it (None: no such flag); also for a command-line setting outside Settings
+    (`--workers`)."""
     if flag is not None and given_by_flag:
         return flag if value is None else f"{flag} {value}"
     variable = variable_of(name)

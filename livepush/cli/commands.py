@@ -85,12 +85,16 @@ def _asks_json(argv: Sequence[str]) -> bool:
     return False
 
 
-# The flags that stand in for a setting (and so for its variable), by their argparse names: the
-# setting and the flag. A command has those of them its parser defines: `serve` the first five,
-# `migrate` --lock-timeout.
-_FLAGS = {"host": ("host", "--host"), "port": ("port", "--port"), "fanout": ("fanout", "--fanout"),
-          "authenticate": ("authenticate", "--authenticate"), "drain_seconds": ("drain_seconds", "--drain-seconds"),
-          "lock_timeout": ("migrate_lock_timeout", "--lock-timeout")}
+# The flags that stand in for a setting (and so for its variable): their argparse names, which
+# spell the flag, and the setting. A command has those of them its parser defines: `serve` the
+# first five, `migrate` --lock-timeout.
+_FLAGS = {"host": "host", "port": "port", "fanout": "fanout", "authenticate": "authenticate",
+          "drain_seconds": "drain_seconds", "lock_timeout": "migrate_lock_timeout"}
+
+
+def _flag(name: str) -> str:
+    """The flag of argparse name `name`."""
+    return "--" + name.replace("_", "-")
 
 
 # The flags of `serve` that a command without them reads from its variable instead.
@@ -103,7 +107,7 @@ def _variable_instead(extras: Sequence[str], command: str) -> str:
     for extra in extras:
         name = extra.partition("=")[0].removeprefix("--").replace("-", "_")
         if extra.startswith("--") and name in _READ_FROM_VARIABLES.get(command, ()):
-            variable = config.variable_of(_FLAGS[name][0])
+            variable = config.variable_of(_FLAGS[name])
             return f" ({command} reads {variable} instead, e.g. {variable}=... livepush {command})"
     return ""
 
@@ -142,9 +146,8 @@ def _settings(args: argparse.Namespace, *, replaced: Collection[str] = ()) -> co
     """The settings, with this command's flags applied (their errors name them as the operator gave
     them: `Settings.named()`); `replaced` names further variables a flag given on this command
     line stands in for."""
-    flags = {setting: flag for name, (setting, flag) in _FLAGS.items() if hasattr(args, name)}
-    given = {setting: getattr(args, name) for name, (setting, _) in _FLAGS.items()
-             if getattr(args, name, None) is not None}
+    flags = {setting: _flag(name) for name, setting in _FLAGS.items() if hasattr(args, name)}
+    given = {setting: getattr(args, name) for name, setting in _FLAGS.items() if getattr(args, name, None) is not None}
     # A flag overrides its variable (docs/reference.md#2-configuration): a variable the flag
     # replaces is not read at all, so a stale bad value there does not refuse `--port 9000`.
     unread = {config.variable_of(setting) for setting in given} | set(replaced)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import metrics
-from ..config import MAX_WORKERS, Settings, read_number
+from ..config import MAX_WORKERS, Settings, named_setting, read_number
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
@@ -128,10 +128,9 @@ def workers_named(flag: str | None, environ: Mapping[str, str] | None = None,
                   shown: Callable[[str], str] = str) -> str:
     """The worker count as the operator gave it, for an error: the flag, whose variable is then
     not read, else the variable with the flag beside it (as Settings.named() does)."""
-    if flag is not None:
-        return f"--workers {shown(flag.strip())}"
     env = os.environ if environ is None else environ
-    return f"{WORKERS_VARIABLE}={shown(env.get(WORKERS_VARIABLE, '').strip())} (or --workers)"
+    text = flag if flag is not None else env.get(WORKERS_VARIABLE, "")
+    return named_setting("workers", shown(text.strip()), "--workers", given_by_flag=flag is not None)
 
 
 @dataclass(frozen=True)
