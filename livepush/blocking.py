@@ -46,21 +46,25 @@ def due(call: str) -> bool:
     return True
 
 
-def say(call: str, instead: str, depth: int, shown: str | None = None) -> None:
+def say(call: str, instead: str, depth: int, shown: str | None = None, where: str | None = None,
+        advice: str | None = None) -> None:
     """Warn once about `call` (shown as `shown`, a job's own name in it, when given), made by the
     code `depth` frames above this one, unless that code is livepush's own (its user's call, if
-    any, is warned about where it was made)."""
+    any, is warned about where it was made). `where` names the place instead of that frame, and
+    `advice` replaces the advice to await `instead`: for a template tag, whose caller is the
+    template engine and whose template cannot await."""
     caller = sys._getframe(depth)
     if caller.f_code.co_filename.startswith(_PACKAGE):
         return
     if call in _said:
         return
     _said.add(call)
-    log.warning("livepush: %s was called on a running event loop, at %s:%d (an async view or endpoint, an async "
+    advice = advice or (f"write `await {instead}` there, or call it in a thread (asyncio.to_thread(), "
+                        "sync_to_async())")
+    log.warning("livepush: %s was called on a running event loop, at %s (an async view or endpoint, an async "
                 "job): it works, but the loop waits for its round trip and serves nothing else meanwhile; "
-                "write `await %s` there, or call it in a thread (asyncio.to_thread(), sync_to_async()). "
-                "Said once a process for each such call, at its first", shown or call, caller.f_code.co_filename,
-                caller.f_lineno, instead)
+                "%s. Said once a process for each such call, at its first", shown or call,
+                where or f"{caller.f_code.co_filename}:{caller.f_lineno}", advice)
 
 
 def warn_if_on_event_loop(call: str, instead: str) -> None:

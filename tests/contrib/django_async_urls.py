@@ -1,10 +1,14 @@
 """A URLconf for the event-loop tests: an async view that calls the sync publish() on the
 request's loop (the mistake), an async view that calls it through sync_to_async, and a sync view
 (which Django runs in a thread under ASGI); and the same for subscription(), which reads the
-topic's latest offset, and for a task_group() block, which creates and seals its group."""
+topic's latest offset, for a task_group() block, which creates and seals its group, and for the
+template tags that read a latest offset, rendered on the loop, by a TemplateResponse (which Django
+renders in a thread) and in a sync view."""
 
 from asgiref.sync import sync_to_async
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.template import Context, Origin, Template, engines
+from django.template.response import TemplateResponse
 from django.urls import path
 
 from livepush.contrib.django import publish, publish_many, subscription, task_group
@@ -59,7 +63,29 @@ def sync_group(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"group": _group()})
 
 
+PAGE = '{% load livepush %}<ul {% livepush_subscription "notices:async" %}></ul>{% livepush_latest_offset "notices:async" %}'
+
+
+def _page() -> Template:
+    """PAGE as a site's template file would be: named, as the warning names it."""
+    return Template(PAGE, origin=Origin("notices.html", template_name="notices.html"))
+
+
+async def tags_on_the_loop(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(_page().render(Context()))
+
+
+async def tags_in_a_template_response(request: HttpRequest) -> TemplateResponse:
+    return TemplateResponse(request, engines["django"].from_string(PAGE))
+
+
+def sync_tags(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(_page().render(Context()))
+
+
 urlpatterns = [path("loop/", on_the_loop), path("thread/", through_a_thread), path("sync/", sync_view),
                path("page/loop/", page_on_the_loop), path("page/thread/", page_through_a_thread),
                path("page/sync/", sync_page), path("group/loop/", group_on_the_loop),
-               path("group/thread/", group_through_a_thread), path("group/sync/", sync_group)]
+               path("group/thread/", group_through_a_thread), path("group/sync/", sync_group),
+               path("tags/loop/", tags_on_the_loop), path("tags/response/", tags_in_a_template_response),
+               path("tags/sync/", sync_tags)]

@@ -252,6 +252,22 @@ def test_a_subscription_made_in_an_async_view_warns_once_naming_the_call_and_a_t
     assert "django_async_urls.py" in said[0], said
 
 
+def test_template_tags_reading_an_offset_on_the_loop_warn_once_each_naming_the_template_and_the_way_out(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """{% livepush_subscription "topic" %} and {% livepush_latest_offset %} read the topic's latest
+    offset, a round trip: in a template rendered on the request's loop (render() in an async view)
+    the loop waits for it. One WARNING per process for each tag names it and the template (the
+    tag's caller is the template engine), and says to make the Subscription in the view through
+    sync_to_async or return a TemplateResponse; a TemplateResponse, rendered in a thread, and a
+    sync view say nothing."""
+    said = warned_by_async_views(caplog, monkeypatch, ("/tags/response/", "/tags/sync/"), "/tags/loop/")
+    assert len(said) == 2, said
+    for tag, line in zip(("{% livepush_subscription %}", "{% livepush_latest_offset %}"), said):
+        assert line.startswith(f"livepush: {tag} was called on a running event loop, at template notices.html "), line
+        assert "`await sync_to_async(livepush.contrib.django.subscription)(topic)`" in line, line
+        assert "TemplateResponse" in line, line
+
+
 def test_a_task_group_in_an_async_view_warns_once_naming_it_and_a_thread(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """A task_group() block creates its group and seals it, two round trips the request's loop

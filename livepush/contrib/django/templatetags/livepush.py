@@ -12,7 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from django import template
+from django.template import Context
 
+from .... import api, blocking, topics
 from ....errors import ArgumentValueError, InvalidTopic
 from ....jobs.api.handles import signed_for_page
 from ....types import Seconds
@@ -32,14 +34,35 @@ def _given(value: Any, tag: str, what: str = "topic") -> Any:
     return value
 
 
-@register.simple_tag
-def livepush_subscription(topic: str | Subscription, ttl: Seconds | None = None) -> Subscription:
+def _warn_if_on_event_loop(context: Context, tag: str, topic: str) -> None:
+    """Once a process, when `tag` reads `topic`'s latest offset (a round trip; a state topic, or
+    the local fan-out, reads nothing remote) in a template rendered on a running event loop
+    (render() in an async view), whose loop waits for it, as for subscription() there. The
+    warning names the template, since the tag's caller is the template engine, and what to do
+    instead, since a template cannot await."""
+    call = f"{{% {tag} %}}"
+    if not blocking.due(call) or topics.state_topic_id(topics.validate_topic(topic)) is not None:
+        return
+    if api.default_fanout().name == "local":  # publishes into this process: no round trip to wait for
+        return
+    origin = getattr(getattr(context, "template", None), "origin", None)
+    where = f"template {origin.template_name or origin.name}" if origin is not None else "a template"
+    # 0: say, 1: this, 2: the tag, 3: the template engine (not livepush's own code, so it is said).
+    blocking.say(call, "", 3, where=where,
+                 advice="make the Subscription in the view, `await sync_to_async(livepush.contrib.django."
+                        "subscription)(topic)`, and pass it to the tag (`{% livepush_subscription sub %}`), or "
+                        "return a TemplateResponse, which Django renders in a thread")
+
+
+@register.simple_tag(takes_context=True)
+def livepush_subscription(context: Context, topic: str | Subscription, ttl: Seconds | None = None) -> Subscription:
     """Renders as `data-livepush-topic="..." data-livepush-since="..."`; `as var` keeps the object.
     A topic given as text has its offset read now, after the view read its data: make the
     Subscription in the view (pages.subscription) when missing a message in between matters."""
     if isinstance(topic, Subscription):
         return topic
-    return made_subscription(_given(topic, "livepush_subscription"), ttl, call="{% livepush_subscription %}")
+    _warn_if_on_event_loop(context, "livepush_subscription", _given(topic, "livepush_subscription"))
+    return made_subscription(topic, ttl, call="{% livepush_subscription %}")
 
 
 @register.simple_tag
@@ -48,11 +71,12 @@ def livepush_signed_topic(topic: str, ttl: Seconds | None = None) -> str:
     return signed_for_page(_given(topic, "livepush_signed_topic"), ttl, call="{% livepush_signed_topic %}")
 
 
-@register.simple_tag
-def livepush_latest_offset(topic: str) -> str:
+@register.simple_tag(takes_context=True)
+def livepush_latest_offset(context: Context, topic: str) -> str:
     """The offset of the newest message on `topic` (the topic's origin when none was published yet),
     for the client's `since`; "" for a state topic, whose page gets the current state."""
-    return page_since(_given(topic, "livepush_latest_offset")) or ""
+    _warn_if_on_event_loop(context, "livepush_latest_offset", _given(topic, "livepush_latest_offset"))
+    return page_since(topic) or ""
 
 
 @register.simple_tag
