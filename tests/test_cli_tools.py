@@ -623,6 +623,26 @@ def test_a_printing_command_started_with_stdout_closed_exits_2(livepush_env) -> 
     assert done.returncode == 2 and "standard output is closed" in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("shell,given,needle", [
+    ('exec "$@" <&-', None, "JSON argument '-' reads the message from standard input, which is closed"),
+    ('exec "$@"', b'{"text": "hi"', "JSON from standard input is not valid JSON"),
+    ('exec "$@"', b"", "JSON from standard input is not valid JSON"),
+    ('exec "$@"', b'{"text": "\xe9"}', "JSON from standard input is not UTF-8"),
+], ids=["closed", "not JSON", "empty", "not UTF-8"])
+def test_publish_reading_a_bad_message_from_standard_input_exits_2_naming_it(
+        livepush_env, shell: str, given: bytes | None, needle: str) -> None:
+    """`livepush publish TOPIC -` reads the message from standard input: closed, empty, not JSON or
+    not UTF-8 there, it exits 2 with one line saying so, and publishes nothing."""
+    import subprocess
+
+    done = subprocess.run(["sh", "-c", shell, "sh", sys.executable, "-m", "livepush", "publish", "chat:lobby", "-"],
+                          input=given, stdin=None if given is not None else subprocess.DEVNULL,
+                          capture_output=True, env=livepush_env(), timeout=30)
+    err = done.stderr.decode()
+    assert done.returncode == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert needle in err, err
+
+
 def test_a_migration_with_stdout_closed_runs_all_the_same(livepush_env, pg_url: str) -> None:
     """`livepush migrate >&-` (a deploy script that throws the report away) runs and exits 0: the
     migration, not its report, is what it gives, and its exit status says how it went."""

@@ -272,14 +272,17 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from ..fanout.base import encode_payload
 
     settings = _settings(args)
+    text, given = _publish_json(args.json)
     try:
-        data = json.loads(args.json)
+        data = json.loads(text)
     except ValueError as exc:
-        raise ConfigError(f"JSON argument is not valid JSON ({exc}): quote it, e.g. '{{\"text\": \"hi\"}}'") from None
+        fix = ("write one JSON document to it" if args.json == "-"
+               else "quote it, e.g. '{\"text\": \"hi\"}'")
+        raise ConfigError(f"{given} is not valid JSON ({exc}): {fix}") from None
     except RecursionError:
         # The decoder recurses once per level: a document deeper than the interpreter's stack
         # allows is the user's input, not a crash.
-        raise ConfigError("JSON argument is nested too deeply to decode: publish a flatter document") from None
+        raise ConfigError(f"{given} is nested too deeply to decode: publish a flatter document") from None
     if settings.fanout == "local":
         # What the operator typed is checked first; then, since the local fan-out reaches only
         # this process, which no server is part of, the message would be lost whatever it is.
@@ -296,6 +299,22 @@ def cmd_publish(args: argparse.Namespace) -> int:
         offset = api.publish(args.topic, data)
     print(offset)
     return EXIT_OK
+
+
+def _publish_json(argument: str) -> tuple[str, str]:
+    """`publish`'s JSON text and how to name it in an error: the argument, or for `-` standard
+    input (a document from a file or a program, or too long for a command line), as `-` means to
+    most commands that read data. `-` is no JSON, so no message is taken for it."""
+    if argument != "-":
+        return argument, "JSON argument"
+    if sys.stdin is None:
+        raise ConfigError("JSON argument '-' reads the message from standard input, which is closed: "
+                          "give the JSON as the argument, or pipe it in (... | livepush publish TOPIC -)")
+    try:  # read as bytes: JSON is UTF-8 whatever the locale decodes stdin with
+        return sys.stdin.buffer.read().decode("utf-8"), "JSON from standard input"
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"JSON from standard input is not UTF-8 ({exc.reason} at byte {exc.start}): "
+                          "write the document as UTF-8") from None
 
 
 def cmd_token(args: argparse.Namespace) -> int:
@@ -455,7 +474,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("publish", "publish a message")
     p.add_argument("topic", metavar="TOPIC", help="the topic, e.g. chat:lobby (not a job:, group: or workflow: state topic)")
-    p.add_argument("json", metavar="JSON", help="the message's data as JSON, e.g. '{\"text\": \"hi\"}'")
+    p.add_argument("json", metavar="JSON", help="the message's data as JSON, e.g. '{\"text\": \"hi\"}', or - to "
+                                                "read it from standard input")
     p.set_defaults(func=cmd_publish)
 
     p = command("token", "make a session token or a signed topic")
