@@ -73,6 +73,18 @@ def test_the_ids_parser_drops_ids_no_row_can_have() -> None:
     assert parse_ids(f"7,{2**63},{2**63 - 1},9999999999999999999", "livepush_jobs_cancel") == [7, 2**63 - 1]
 
 
+@pytest.mark.parametrize("digit", ["１", "٣", "²"], ids=["fullwidth one", "arabic-indic three", "superscript two"])
+def test_digits_that_are_not_ascii_name_nothing_on_any_channel(digit: str) -> None:
+    """Only ASCII digits count in a notification: `１` and `٣`, which int() reads as 1 and 3, name no
+    offset, id or version any more than `²`, which int() refuses."""
+    assert parse_doorbell(f"{digit}-1 room:a") == parse_doorbell(f"1-{digit} room:a") == []
+    assert parse_offset(f"{digit}-1") is None and parse_offset(f"1-{digit}") is None
+    for line in (f"job:{digit}", f"job:1 {digit}", f"job:1-{digit}", f"group:{digit}"):
+        ring = parse_ring(line)
+        assert ring.changed == [] and ring.created == [], line
+    assert parse_ids(digit, "livepush_jobs_cancel") == parse_ids(f"1,{digit}", "livepush_jobs_cancel") == []
+
+
 @SOME
 @given(st.binary(max_size=300) | st.text(max_size=300).map(str.encode))
 def test_the_redis_frame_parser_takes_anything(raw: bytes) -> None:

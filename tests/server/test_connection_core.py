@@ -530,6 +530,77 @@ async def test_a_client_that_never_reads_a_plain_http_answer_is_dropped_within_t
         sock.close()
 
 
+async def _dropped(reader: asyncio.StreamReader) -> bytes:
+    """What the server sent before it ended the connection (a reset counts as its end)."""
+    try:
+        return await asyncio.wait_for(reader.read(), 10)
+    except ConnectionResetError:
+        return b""
+
+
+HALF_A_HEAD = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+
+
+async def _trickle(writer: asyncio.StreamWriter, data: bytes, every: float) -> None:
+    """Send `data` a byte at a time, `every` seconds apart, until done or the server drops us."""
+    try:
+        for i in range(len(data)):
+            writer.write(data[i:i + 1])
+            await writer.drain()
+            await asyncio.sleep(every)
+    except ConnectionError:
+        pass  # dropped: what is tested
+
+
+@pytest.mark.parametrize("sending", ["nothing", "half a request head", "a request head a byte at a time"])
+async def test_a_connection_that_never_finishes_its_request_is_dropped_at_the_open_timeout(
+    start_server: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, sending: str,
+) -> None:
+    """A half-open upgrade (a client that connects and sends nothing, stops part-way through its
+    request head, or trickles it in slower than the open timeout) holds its connection and
+    descriptor no longer than the open timeout, unanswered: a flood of them must not keep the
+    server's connections for ever. The timeout runs from the connection, not from its last byte."""
+    monkeypatch.setattr(core, "OPEN_TIMEOUT", 1.0)
+    server = await start_server()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    opened = time.monotonic()
+    trickling: asyncio.Future[None] | None = None
+    try:
+        if sending == "half a request head":
+            writer.write(HALF_A_HEAD)
+        elif sending == "a request head a byte at a time":
+            trickling = asyncio.ensure_future(_trickle(writer, upgrade_request(server.port), 0.1))
+        assert await _dropped(reader) == b""
+        assert time.monotonic() - opened <= 1.0 + 4 * core.TICK
+        assert server._core is not None
+        await async_wait_for(lambda: server._core._live == 0, 5, message="the connection to be forgotten")
+    finally:
+        if trickling is not None:
+            trickling.cancel()
+        writer.close()
+
+
+async def test_a_client_that_never_answers_the_servers_close_is_dropped_at_the_close_timeout(
+    start_server: Callable[..., Any],
+) -> None:
+    """A client the server closes (here for too many bad frames) that neither answers the close
+    frame nor ends its side of the connection is aborted once the close timeout is over: a peer
+    cannot hold a closing connection open by keeping silent."""
+    server = await start_server()
+    ws = await RawWS.open(server.port)
+    try:
+        await ws.send(b"".join(text("not json") for _ in range(protocol.BAD_FRAMES_PER_MINUTE + 1)))
+        heard = await ws.until_pong("never sent", timeout=5)  # reads up to the close frame, answers nothing
+        assert heard.close_code == protocol.CLOSE_POLICY
+        closed = time.monotonic()
+        assert await _dropped(ws.reader) == b""
+        assert time.monotonic() - closed <= core.CLOSE_TIMEOUT + 4 * core.TICK
+        assert server._core is not None
+        await async_wait_for(lambda: server._core._live == 0, 5, message="the connection to be forgotten")
+    finally:
+        ws.writer.close()
+
+
 def _listen_backlog(port: int) -> int:
     """The backlog of the socket listening on 127.0.0.1:port, as the kernel holds it (`ss`'s
     Send-Q for a listening socket): what it took of listen()'s argument, capped at somaxconn."""
