@@ -64,6 +64,22 @@ async def test_subscribes_past_100_a_second_are_refused_with_limit(served: Serve
     await client.close()
 
 
+async def test_a_client_offering_compression_gets_none(served: Served) -> None:
+    """permessage-deflate is never negotiated, whatever a client offers: the 64 KiB frame limit then
+    bounds what the server reads, with no small compressed frame inflating to megabytes, and no
+    compression state kept per connection."""
+    port = served.server.port
+    offer = [(b"Sec-WebSocket-Extensions", b"permessage-deflate; client_max_window_bits; server_no_context_takeover")]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(upgrade_request(port, headers=offer))
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    finally:
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 101"), head
+    assert b"sec-websocket-extensions" not in head.lower(), head
+
+
 async def test_unsubscribing_a_topic_not_subscribed_does_nothing(served: Served) -> None:
     """An unsubscribe of a topic the connection does not hold gets no answer and counts as no bad frame."""
     client = await WSClient.open(served.url)
