@@ -61,6 +61,12 @@ def on_server(server: PushServer, client: WSClient) -> Connection:
     return next(c for c in server.clients if c.remote_address[1] == port)
 
 
+def on_server_raw(server: PushServer, writer: asyncio.StreamWriter) -> Connection:
+    """The server's side of a raw client's connection."""
+    port = writer.get_extra_info("sockname")[1]
+    return next(c for c in server.clients if c.remote_address[1] == port)
+
+
 # tcpi_state, the first byte of TCP_INFO, of a socket whose peer reset it.
 TCP_CLOSE = 7
 
@@ -388,6 +394,53 @@ async def test_frames_sent_while_a_subscribe_is_served_are_answered_after_it_in_
     assert [(a["op"], a["ref"]) for a in answers] == [("subscribed", "s"), ("pong", 1), ("pong", 2), ("pong", 3)]
     await async_wait_for(lambda: not on_server(server, client).topics, 5, message="the unsubscribe")
     await client.close()
+
+
+def unread_bytes(sock: Any) -> int:
+    """Bytes the kernel holds for `sock` that the server has not read (FIONREAD)."""
+    import fcntl
+    import termios
+
+    return int.from_bytes(fcntl.ioctl(sock.fileno(), termios.FIONREAD, bytes(4)), sys.byteorder)
+
+
+async def test_a_client_whose_subscribe_waits_is_not_read_past_its_inbox(start_server: Callable[..., Any]) -> None:
+    """While a subscribe waits (on a slow `authorize`), the server reads at most INBOX_FRAMES more
+    of that client's frames (and the rest of the read that brought them); what it sends after
+    stays in the socket, unread, so a client cannot make the server hold its frames by the
+    thousand. All are answered, in order, once the subscribe is."""
+    decide = asyncio.Event()
+
+    async def authorize(session: object, topic: str) -> bool:
+        await decide.wait()
+        return True
+
+    server = await start_server(app=livepush.App(authorize=authorize, authorize_timeout=30))
+    bystander = await WSClient.open(url(server))
+    reader, writer = await raw_upgrade(server.port)
+    ws = RawWS(reader, writer)
+    try:
+        subscribe = text(json.dumps({"op": "subscribe", "topic": "feed", "since": None, "ref": "s"}))
+        first = [text(json.dumps({"op": "ping", "ref": i})) for i in range(INBOX_FRAMES)]
+        await ws.send(subscribe + b"".join(first))
+        conn = on_server_raw(server, writer)
+        await async_wait_for(lambda: conn.unread, 5, message="the server to stop reading the client")
+        more = b"".join(text(json.dumps({"op": "ping", "ref": i})) for i in range(INBOX_FRAMES, 4 * INBOX_FRAMES))
+        await ws.send(more)
+        # A bystander's ping, sent once those bytes are in the server's socket, is answered in a
+        # turn of the server's loop that would have read them too, had it been reading.
+        await bystander.send({"op": "ping", "ref": "after"})
+        assert await bystander.recv() == {"op": "pong", "ref": "after"}
+        assert unread_bytes(conn.transport.get_extra_info("socket")) == len(more)
+        assert len(conn.inbox or ()) <= INBOX_FRAMES
+        decide.set()
+        last = 4 * INBOX_FRAMES - 1
+        heard = await ws.until_pong(last, timeout=10)  # type: ignore[arg-type]
+        answered = [t["ref"] for t in heard.texts if t["op"] != "hello"]
+        assert answered == ["s", *range(last)], heard.texts
+    finally:
+        await ws.close()
+        await bystander.close()
 
 
 async def test_a_frame_that_waits_behind_a_subscribe_is_parsed_once(
