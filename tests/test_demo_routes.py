@@ -36,8 +36,9 @@ async def test_the_demos_files_answer_get_and_head_and_refuse_other_methods_with
 async def test_a_demo_action_needs_the_signs_of_its_own_page_not_only_no_sign_of_another_site() -> None:
     """Work starts only on a POST that shows it comes from the demo's own page
     (`Sec-Fetch-Site: same-origin`, or an `Origin` equal to its host; docs/security.md): one with
-    neither, or with `Sec-Fetch-Site: same-origin` beside another site's Origin, gets 403 before
-    the action reads its parameters; the page's own POST gets to them (here a 400: no `job`)."""
+    neither, with another `Sec-Fetch-Site`, or with `Sec-Fetch-Site: same-origin` beside another
+    site's Origin, gets 403 before the action reads its parameters; the page's own POST gets to
+    them (here a 400: no `job`)."""
     action = "/demo/durable/approve"  # refuses a missing `job` parameter without the database
 
     async def post(**headers: str) -> int:
@@ -48,6 +49,8 @@ async def test_a_demo_action_needs_the_signs_of_its_own_page_not_only_no_sign_of
 
     assert await post() == 403
     assert await post(Sec_Fetch_Site="same-origin", Origin="https://evil.example") == 403
+    for site in ("cross-site", "same-site", "none"):  # another site's sign, even with no Origin beside it
+        assert await post(Sec_Fetch_Site=site) == 403, site
     assert await post(Sec_Fetch_Site="same-origin") == 400
     assert await post(Origin="http://127.0.0.1:8765") == 400
 
