@@ -73,6 +73,14 @@ def test_the_ids_parser_drops_ids_no_row_can_have() -> None:
     assert parse_ids(f"7,{2**63},{2**63 - 1},9999999999999999999", "livepush_jobs_cancel") == [7, 2**63 - 1]
 
 
+@pytest.mark.parametrize("name", ["room a", "room:é", 'room"x', "room\\x", "a" * 201, ""],
+                         ids=["a space", "non-ascii", "a quote", "a backslash", "201 characters", "empty"])
+def test_a_doorbell_naming_no_topic_is_dropped(name: str) -> None:
+    """A doorbell whose topic no client could subscribe to (a character no topic has, or too
+    long) names nothing: it is no ring, whatever its offset."""
+    assert parse_doorbell(f"1-1 {name}") == []
+
+
 @pytest.mark.parametrize("digit", ["１", "٣", "²"], ids=["fullwidth one", "arabic-indic three", "superscript two"])
 def test_digits_that_are_not_ascii_name_nothing_on_any_channel(digit: str) -> None:
     """Only ASCII digits count in a notification: `１` and `٣`, which int() reads as 1 and 3, name no
