@@ -856,11 +856,16 @@ class Hub:
             t = self._topics[topic] = _Topic(topic, self.source_of(topic))
             if t.source is not None:
                 self._await_birth(topic)
+        # Where the connection's stream of a message topic it follows already stands: a `since`
+        # history cannot resume from resets the new subscription, and the stream goes on from here.
+        stood: Offset | None = None
         if sub in t.subscribers or sub in t.joining:
             if sub in t.subscribers:
+                stood = self._stands(t, sub)
                 since = self._resumes_from(t, sub, since)
             elif t.joining[sub].reading_on and (stands := t.joining[sub].stands) is not None:
                 # Reading on from history past its share, it is live all the same: as above.
+                stood = stands
                 since = stands if since is None or _ahead(since, offset_key(stands)) else since
             self._leave(t, sub)
         buffer = _Waiting(bounded=t.source is None)
@@ -868,7 +873,7 @@ class Hub:
         try:
             if t.source is None:
                 await self._anchor(t, deadline)
-                floor = await self._catch_up(sub, t, since, ref, buffer, deadline)
+                floor = await self._catch_up(sub, t, since, ref, buffer, deadline, stood)
             else:
                 floor = await self._snapshot(sub, t, since, ref, buffer, deadline)
         except BaseException:
@@ -927,6 +932,14 @@ class Hub:
         if t.cursor is None:
             return since
         return "-".join(map(str, stands)) if since is None or _ahead(since, stands) else since
+
+    @staticmethod
+    def _stands(t: _Topic, sub: Subscriber) -> Offset | None:
+        """The last offset of message topic `t` that its subscriber `sub` was sent (None on a state
+        topic, or on a message topic with no cursor yet)."""
+        if t.source is not None or t.cursor is None:
+            return None
+        return "-".join(map(str, max(t.cursor_key, t.floors.get(sub, NO_KEY))))
 
     async def _anchor(self, t: _Topic, deadline: float) -> None:
         """The first joiner of a message topic starts the read of its latest offset: the cursor
@@ -1022,9 +1035,10 @@ class Hub:
         return t.joining.get(sub) is not buffer
 
     async def _catch_up(self, sub: Subscriber, t: _Topic, since: Offset | None, ref: protocol.Ref,
-                        buffer: _Waiting, deadline: float) -> Key:
+                        buffer: _Waiting, deadline: float, stood: Offset | None = None) -> Key:
         """Send `subscribed` and what precedes the live stream; return the key of the last offset
-        sent. The reads before `subscribed` wait for the store until `deadline` (loop time)."""
+        sent. The reads before `subscribed` wait for the store until `deadline` (loop time).
+        `stood`: where the connection's stream stood, when it followed the topic already."""
         topic = t.name
         if since is None:
             latest = await self.fanout.alatest_offset(topic, timeout=_time_left(deadline))
@@ -1035,12 +1049,20 @@ class Hub:
             # Older than the history kept, or unknown: the client refetches.
             latest = await self.fanout.alatest_offset(topic, timeout=_time_left(deadline))
             sub.send(protocol.subscribed(ref, topic, latest))
-            if not self._left(t, sub, buffer):
-                sub.send(protocol.reset(topic))
-                metrics.RESETS.labels("history").inc()
-            return offset_key(latest)
-        metrics.RECOVERIES.inc()
-        sub.send(protocol.subscribed(ref, topic, page.latest))
+            if self._left(t, sub, buffer):
+                return offset_key(latest)
+            sub.send(protocol.reset(topic))
+            metrics.RESETS.labels("history").inc()
+            if stood is None or stood == since:
+                return offset_key(latest)
+            # A second subscription of the page, from a `since` older than the stream: the reset is
+            # its own, and the connection's one stream goes on from where it stood, or the page's
+            # first subscription would lose what it had not been sent yet. The new one drops that:
+            # its `subscribed` named `latest`.
+            since = stood
+        else:
+            metrics.RECOVERIES.inc()
+            sub.send(protocol.subscribed(ref, topic, page.latest))
         try:
             # Past its `subscribed`, a store that is away for a moment only delays the replay.
             return await self._replay_retrying(sub, t, since, page, buffer, f"read the replay of {topic}")

@@ -231,6 +231,26 @@ async def test_subscribing_again_from_an_offset_ahead_of_the_connection_loses_no
     assert sub.data() == [1, 2, 3, 4]
 
 
+async def test_subscribing_again_with_a_since_history_cannot_resume_from_loses_nothing_for_the_first() -> None:
+    """A page's second subscription to a topic the connection follows, with a `since` history
+    cannot resume from (a page cached from an earlier epoch of the topic): that subscription gets
+    `subscribed` and `reset`, and the connection's one stream of the topic goes on from where it
+    stood, so what the first subscription had not been sent yet still reaches it, in order."""
+    fanout, hub = await make()
+    sub = Sub()
+    await hub.subscribe(sub, "t", None, 1)
+    fanout.publish("t", 1)
+    await async_wait_for(lambda: sub.data() == [1], timeout=5)
+    publish_unheard(fanout, "t", 2)  # committed, not heard live yet: the first one was not sent it
+    publish_unheard(fanout, "t", 3)
+    await hub.subscribe(sub, "t", "1-1", 2)
+    fanout.publish("t", 4)
+    await async_wait_for(lambda: 4 in sub.data(), timeout=5)
+    await settle()
+    assert [f["op"] for f in sub.frames] == ["subscribed", "message", "subscribed", "reset", "message", "message", "message"]
+    assert sub.data() == [1, 2, 3, 4]
+
+
 async def test_a_message_that_skips_ahead_is_filled_from_history_in_order() -> None:
     """A live message whose prev is not the cursor makes the hub read the gap first."""
     fanout, hub = await make()
