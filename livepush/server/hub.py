@@ -866,7 +866,7 @@ class Hub:
             elif t.joining[sub].reading_on and (stands := t.joining[sub].stands) is not None:
                 # Reading on from history past its share, it is live all the same: as above.
                 stood = stands
-                since = stands if since is None or _ahead(since, offset_key(stands)) else since
+                since = stands if since is None else since
             self._leave(t, sub)
         buffer = _Waiting(bounded=t.source is None)
         t.joining[sub] = buffer
@@ -919,9 +919,11 @@ class Hub:
     def _resumes_from(t: _Topic, sub: Subscriber, since: Offset | None) -> Offset | None:
         """The `since` a subscriber that follows `t` already subscribes again with (a page's second
         subscription): the connection has one stream of the topic, which goes on from where it
-        stands, or from `since` when that is older. "From now", or a `since` ahead of what it was
-        sent (read from a database this server's listener lags behind), would drop what lies
-        between for the page's other subscription; on a state topic, the state it has not been
+        stands (_catch_up, told where that is), or from `since` when that is older. "From now"
+        would drop what lies between for the page's other subscription, so it is where the stream
+        stands; a `since` ahead of it (read from a database this server's listener lags behind, or
+        of an earlier epoch, above a topic's `0-EPOCH` origin) stays, for history to say whether it
+        resumes or resets. On a state topic, a `since` ahead would drop the state it has not been
         sent, which may be the final one."""
         stands = max(t.cursor_key, t.floors.get(sub, NO_KEY))
         if t.source is not None:
@@ -931,7 +933,7 @@ class Hub:
             return None if since is not None and _ahead(since, stands) else since
         if t.cursor is None:
             return since
-        return "-".join(map(str, stands)) if since is None or _ahead(since, stands) else since
+        return "-".join(map(str, stands)) if since is None else since
 
     @staticmethod
     def _stands(t: _Topic, sub: Subscriber) -> Offset | None:
@@ -1063,6 +1065,11 @@ class Hub:
         else:
             metrics.RECOVERIES.inc()
             sub.send(protocol.subscribed(ref, topic, page.latest))
+            if stood is not None and _ahead(since, offset_key(stood)):
+                # History resumes from `since`, which is ahead of the connection's stream: the
+                # stream goes on from where it stood, as above, and the new subscription drops
+                # what it had (up to its `since`).
+                since, page = stood, None
         try:
             # Past its `subscribed`, a store that is away for a moment only delays the replay.
             return await self._replay_retrying(sub, t, since, page, buffer, f"read the replay of {topic}")

@@ -251,6 +251,26 @@ async def test_subscribing_again_with_a_since_history_cannot_resume_from_loses_n
     assert sub.data() == [1, 2, 3, 4]
 
 
+async def test_subscribing_again_with_a_stale_since_to_a_topic_with_no_message_yet_gets_a_reset() -> None:
+    """On a topic with no message in its current epoch, the connection's stream stands at the
+    topic's origin (`0-EPOCH`), below any real offset: a page's second subscription with a `since`
+    of an earlier epoch (a page cached before a restart) compares as ahead of it, yet history cannot
+    resume from it. It gets `reset`, as it would alone, not a quiet `subscribed` that leaves the
+    page showing what it had; and the topic's first message then reaches the connection once."""
+    fanout, hub = await make()
+    alone = Sub()
+    await hub.subscribe(alone, "u", "1-1", 1)
+    assert [f["op"] for f in alone.frames] == ["subscribed", "reset"]
+    sub = Sub()
+    await hub.subscribe(sub, "t", None, 1)
+    await hub.subscribe(sub, "t", "1-1", 2)
+    assert [f["op"] for f in sub.frames] == ["subscribed", "subscribed", "reset"]
+    fanout.publish("t", 1)
+    await async_wait_for(lambda: sub.data() == [1], timeout=5)
+    await settle()
+    assert sub.data() == [1]
+
+
 async def test_a_message_that_skips_ahead_is_filled_from_history_in_order() -> None:
     """A live message whose prev is not the cursor makes the hub read the gap first."""
     fanout, hub = await make()
