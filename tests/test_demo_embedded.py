@@ -7,6 +7,7 @@ that next demo fail or harm another program.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import sys
@@ -237,6 +238,30 @@ def test_a_demo_that_cannot_write_its_data_folder_says_so_and_what_to_do_instead
     err = demo.stderr()
     assert "Traceback" not in err, err
     assert str(folder / ".livepush") in err and "LIVEPUSH_DATABASE_URL" in err, err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give the demo's folder to another user")
+def test_a_demo_whose_data_folder_another_user_made_leaves_it_alone_and_says_whose_it_is(
+    procs: Processes, livepush_env: Callable[..., dict[str, str]], folder: Path
+) -> None:
+    """A `.livepush/` that a demo run as another user made (the user's own, then `sudo bin/demo`;
+    or the reverse) is left as it is: root's demo would hand that user's Postgres data to its own
+    system user, and the user's demo cannot use root's. The demo exits 2 with one line naming
+    the folder, its owner and what to do, instead of advice to remove or copy what cannot be."""
+    data = folder / ".livepush"
+    (data / "pg").mkdir(parents=True)
+    (data / "pg" / "PG_VERSION").write_text("16\n")
+    nobody = pwd.getpwnam("nobody")
+    for path in (data, data / "pg", data / "pg" / "PG_VERSION"):
+        os.chown(path, nobody.pw_uid, nobody.pw_gid)
+    env = livepush_env()
+    demo = procs.start([sys.executable, "-m", "livepush", "demo"], env=env, cwd=folder, name="livepush demo")
+    assert demo.wait(START_TIMEOUT) == 2, demo.output()
+    err = demo.stderr().strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert str(data) in err and "nobody's" in err and "run the demo as nobody" in err and "rm -rf" in err, err
+    assert [p.stat().st_uid for p in (data, data / "pg")] == [nobody.pw_uid] * 2
+    assert postmaster(folder) is None
 
 
 def test_a_start_pressed_while_the_demos_database_is_down_is_answered_503_saying_so(

@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import secrets
+import shlex
 import signal
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -378,6 +379,7 @@ def _data_folder() -> Path:
     folder = Path(current_folder(), ".livepush")
     try:
         folder.mkdir(exist_ok=True)
+        _check_made_by_this_user(folder)
         # mkdir accepts a folder that exists: only writing in it shows that this user may.
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as exc:
@@ -388,6 +390,30 @@ def _data_folder() -> Path:
                           "folder you can write to (bin/demo runs it in its checkout: copy the checkout to a folder "
                           "of yours), or set LIVEPUSH_DATABASE_URL and LIVEPUSH_SECRET") from None
     return folder
+
+
+def _check_made_by_this_user(folder: Path) -> None:
+    """Refuse a `.livepush/` that a demo run as another user made (the user's own, then `sudo
+    bin/demo`, or the reverse). Root's embedded Postgres takes its data over for its own system
+    user, which left the user's demo unable to start, or to delete the folder as it advised; a
+    user's demo cannot read root's data, and was told to copy a checkout that is its own."""
+    owner, me = folder.stat().st_uid, os.geteuid()
+    if owner == me:
+        return
+    name, quoted = _user_name(owner), shlex.quote(str(folder))
+    made = "a demo run as root (with sudo, say)" if owner == 0 else f"a demo run as {name}"
+    delete = f"sudo rm -rf {quoted}" if owner == 0 else f"rm -rf {quoted}" if me == 0 else f"as {name}: rm -rf {quoted}"
+    raise ConfigError(f"the demo's data in {folder} is {name}'s, made by {made}, and this demo runs as "
+                      f"{_user_name(me)}: run the demo as {name}, or delete that folder ({delete}) to start afresh")
+
+
+def _user_name(uid: int) -> str:
+    import pwd  # here, as fcntl below: a demo on a database and a secret of the user's own reads no accounts
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:  # a uid with no account, as in a container that a folder came into from outside
+        return f"uid {uid}"
 
 
 def _migrate(settings: config.Settings, *, folder: Path | None) -> None:
