@@ -222,6 +222,30 @@ def test_a_demo_in_a_folder_whose_path_has_spaces_or_punctuation_starts_its_post
     assert postmaster(project) is None
 
 
+@pytest.mark.parametrize("shared", [
+    "group-writable",
+    pytest.param("another-users", marks=pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a folder away")),
+])
+def test_a_demo_in_a_folder_another_user_could_replace_starts_without_a_runtime_folder_warning(
+    start_demo: StartDemo, folder: Path, shared: str
+) -> None:
+    """A project in a folder its group may write (a shared one), or one of another user's, as
+    `sudo bin/demo` in a user's checkout or root in a container on a mounted checkout: the demo
+    starts and stops with its Postgres and says nothing of its runtime folder, where platformdirs
+    took none below such a folder and warned, with a line of its own source, on every start."""
+    project = folder / "project"
+    project.mkdir()
+    if shared == "group-writable":
+        project.chmod(0o775)
+    else:
+        os.chown(project, pwd.getpwnam("nobody").pw_uid, -1)
+    demo = start_demo(project)
+    demo.wait_healthy(START_TIMEOUT)
+    assert demo.stop(STOP_TIMEOUT) == 0, demo.output()
+    assert postmaster(project) is None
+    assert "XDG_RUNTIME_DIR" not in demo.stderr() and "Warning" not in demo.stderr(), demo.output()
+
+
 @pytest.mark.parametrize("configured", [False, True], ids=["embedded-postgres", "own-database-no-secret"])
 def test_a_demo_that_cannot_write_its_data_folder_says_so_and_what_to_do_instead_of_a_traceback(
     procs: Processes, livepush_env: Callable[..., dict[str, str]], folder: Path, pg_url: str, configured: bool

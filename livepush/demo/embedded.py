@@ -77,14 +77,16 @@ def start(folder: Path) -> tuple[str, Any]:
 
 def _runtime_dir(folder: Path) -> Path:
     """A private folder for pgserver's lock and, when it cannot be in the data directory,
-    Postgres' socket: `folder`/run, or for a project folder too deep for that or whose path has
-    spaces or punctuation (see _socket_folder), one in /tmp.
+    Postgres' socket: `folder`/run, or for a project folder too deep for that, whose path has
+    spaces or punctuation (see _socket_folder), or that other users could replace, one in /tmp.
 
     A Unix socket's path holds at most 107 bytes. pgserver puts the socket in the data directory
     when it fits, else in <runtime dir>/python_PostgresServer/<10 hex digits>/, which below
-    `folder` would be longer still: the demo could not start at all."""
+    `folder` would be longer still: the demo could not start at all. And platformdirs takes no
+    runtime folder below a folder another user could replace (see _private_parents)."""
     run_dir = folder / "run"
-    if len(os.fsencode(_pgdata(folder) / ".s.PGSQL.5432")) > 107 or not _plain(_pgdata(folder)):
+    if (len(os.fsencode(_pgdata(folder) / ".s.PGSQL.5432")) > 107 or not _plain(_pgdata(folder))
+            or not _private_parents(folder)):
         run_dir = Path(tempfile.gettempdir()) / f"livepush-demo-{os.geteuid()}"
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     # In a folder everyone may write to, another user may have made it first, or made it a link.
@@ -94,6 +96,21 @@ def _runtime_dir(folder: Path) -> Path:
                               "private folder of yours")
     run_dir.chmod(0o700)
     return run_dir
+
+
+def _private_parents(folder: Path) -> bool:
+    """Whether `folder` and every folder above it belong to this user or root and no one else
+    may write in them (unless sticky, as /tmp): platformdirs takes a runtime folder only there.
+    Elsewhere (a group-writable project folder, another user's checkout run with sudo) it warned
+    on every start, with a line of its own source, and chose a folder of its own."""
+    for path in (folder.resolve(), *folder.resolve().parents):
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            continue  # made by this demo, for this user
+        if info.st_uid not in (0, os.geteuid()) or (info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX):
+            return False
+    return True
 
 
 def _start(folder: Path) -> tuple[str, Any]:
