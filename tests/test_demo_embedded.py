@@ -192,6 +192,25 @@ def test_a_demo_started_with_nohup_keeps_running_when_its_terminal_closes(
     assert demo.stop(STOP_TIMEOUT) == 0, demo.output()
 
 
+def test_a_first_demo_says_it_creates_its_postgres_before_the_wait_and_a_second_does_not(
+    start_demo: StartDemo
+) -> None:
+    """A first start creates the embedded Postgres (initdb: seconds on a busy machine) before the
+    URL comes: it says so as it begins, where the terminal stayed silent. A start that finds
+    the database made says nothing of it."""
+    demo = start_demo()
+    demo.wait_healthy(START_TIMEOUT)
+    first = demo.stderr()
+    assert "creating the embedded Postgres" in first, demo.output()
+    assert first.index("creating the embedded Postgres") < first.index("livepush serving"), demo.output()
+    assert demo.stop(STOP_TIMEOUT) == 0, demo.output()
+
+    again = start_demo()
+    again.wait_healthy(START_TIMEOUT)
+    assert again.stop(STOP_TIMEOUT) == 0, again.output()
+    assert "creating the embedded Postgres" not in again.stderr(), again.output()
+
+
 def test_a_demo_in_a_folder_too_deep_for_a_socket_path_in_it_still_starts(start_demo: StartDemo, folder: Path) -> None:
     """A Unix socket's path holds at most 107 bytes: in a project folder deeper than about 80
     characters, Postgres' socket cannot be in .livepush/pg/, and the demo still starts, serves

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import ConfigError, DependencyError
 
+log = logging.getLogger("livepush.demo")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # The characters, besides letters and digits, that a socket folder's path may have: pgserver
 # hands it to pg_ctl as `-o "-k DIR"`, which pg_ctl puts unquoted in a shell command line (a space
@@ -124,6 +125,9 @@ def _start(folder: Path) -> tuple[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     pgdata = _pgdata(folder)
     try:
+        if not (pgdata / "PG_VERSION").exists():
+            # initdb takes seconds (more on a busy machine) before the URL is printed: say why.
+            log.info("creating the embedded Postgres in %s (its first start takes a few seconds)", pgdata)
         with _pgserver_lock():
             _live_handles(pgdata)
             _postmaster(pgdata)
