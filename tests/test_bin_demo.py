@@ -124,6 +124,33 @@ def test_bin_demo_reached_through_a_symlink_runs_in_its_checkout(
     assert not (tmp_path / ".venv").exists(), "bin/demo made a .venv beside its link"
 
 
+def test_bin_demo_in_a_copied_checkout_makes_its_venv_again_for_the_copy(
+    tmp_path: Path, procs: Processes, livepush_env: Callable[..., dict[str, str]], pg_url: str
+) -> None:
+    """A checkout copied with its .venv (`cp -r`, as bin/demo advises for a checkout of someone
+    else's) has a venv that names the folder it was made in: its activate script and commands,
+    and its editable install, would run the other checkout. bin/demo says so, makes .venv again
+    in the copy and serves the demo (exit 0 on SIGTERM)."""
+    (tmp_path / "original").mkdir()
+    original = installed(project_copy(tmp_path / "original"))
+    shutil.rmtree(original / ".venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(original / ".venv")], check=True, timeout=60)
+    (original / ".venv" / ".livepush-demo-stamp").write_text(
+        hashlib.sha256((original / "pyproject.toml").read_bytes()).hexdigest() + "\n")
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy, symlinks=True)
+
+    env = livepush_env(database_url=pg_url)
+    demo = procs.start([str(copy / "bin" / "demo")], env=env, cwd=copy, port=int(env["LIVEPUSH_PORT"]), name="bin/demo")
+    wait_for(lambda: "making it again" in demo.stderr() or not demo.running, 30.0,
+             message="bin/demo to make the copied .venv again or to end")
+    assert f".venv was made for {original}" in demo.stderr(), demo.output()
+    demo.wait_healthy(INSTALL_TIMEOUT)
+    assert demo.stop(15) == 0, demo.output()
+    assert str(original) not in (copy / ".venv" / "bin" / "activate").read_text()
+    assert f"{copy}/.venv" in (copy / ".venv" / "pyvenv.cfg").read_text()
+
+
 def test_bin_demo_waits_while_bin_setup_installs_into_the_same_venv(
     tmp_path: Path, procs: Processes, livepush_env: Callable[..., dict[str, str]], pg_url: str
 ) -> None:
